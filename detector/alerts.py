@@ -1,0 +1,156 @@
+"""From findings to alerts: ids, lifecycle, and what a person reads.
+
+Detection and notification stay apart: detectors emit findings, the
+:class:`AlertManager` turns them into alert records (one per episode, with a
+deterministic id), and only :mod:`detector.delivery` talks to Slack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import msgspec
+
+from detector.detectors import REGISTRY, Finding
+from detector.units import format_duration, rfc3339
+
+__all__ = ["Alert", "AlertManager", "alert_id", "from_finding"]
+
+_TITLES = {"idle_gpu": "Idle GPUs"}
+
+
+def alert_id(rule: str, resource_id: str, episode_start: float) -> str:
+    """Same rule, resource and episode start → same id, on every replay and every worker."""
+    digest = hashlib.blake2b(f"{rule}\x1f{resource_id}\x1f{episode_start:.3f}".encode(), digest_size=8)
+    return digest.hexdigest()
+
+
+class Alert(msgspec.Struct, kw_only=True):
+    """One episode of one problem on one resource, as stored and as shown."""
+
+    alert_id: str
+    type: str
+    rule: str
+    resource_id: str
+    status: Literal["firing", "resolved"]
+    change: Literal["fired", "updated", "resolved"]
+    """What this record says happened: people hear of openings and resolutions, not cost updates."""
+    severity: str
+    episode_start: float
+    fired_at: float
+    updated_at: float
+    resolved_at: float | None = None
+    waste_usd: float = 0.0
+    usd_per_hour: float = 0.0
+    resource_type: str = ""
+    account: str = ""
+    region: str = ""
+    instance_type: str = ""
+    tags: dict[str, str] = {}
+    details: dict[str, Any] = {}
+
+    @property
+    def title(self) -> str:
+        return _TITLES.get(self.type, self.type.replace("_", " ").capitalize())
+
+    @property
+    def suggestion(self) -> str:
+        cls = REGISTRY.get(self.type)
+        return cls.suggestion if cls is not None else ""
+
+    @property
+    def duration_s(self) -> float:
+        end = self.resolved_at if self.resolved_at is not None else self.updated_at
+        return max(0.0, end - self.episode_start)
+
+    def summary(self) -> str:
+        """One line for logs, the console and Slack's notification text."""
+        who = self.tags.get("team") or "no team tag"
+        if self.status == "resolved":
+            reason = str(self.details.get("reason", "")).replace("_", " ")
+            return (
+                f"RESOLVED {self.title} on {self.resource_id} ({who}) after {format_duration(self.duration_s)}: "
+                f"${self.waste_usd:,.2f} wasted" + (f" ({reason})" if reason else "")
+            )
+        return (
+            f"{self.severity.upper()} {self.title} on {self.resource_id} ({who}) for "
+            f"{format_duration(self.duration_s)}: ${self.waste_usd:,.2f} so far, ${self.usd_per_hour:,.2f}/h"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The record ``backtest --json`` prints: times in RFC 3339 event time."""
+        return {
+            "alert_id": self.alert_id,
+            "type": self.type,
+            "rule": self.rule,
+            "resource_id": self.resource_id,
+            "status": self.status,
+            "severity": self.severity,
+            "episode_start": rfc3339(self.episode_start),
+            "fired_at": rfc3339(self.fired_at),
+            "resolved_at": rfc3339(self.resolved_at) if self.resolved_at is not None else None,
+            "waste_usd": round(self.waste_usd, 2),
+            "usd_per_hour": round(self.usd_per_hour, 4),
+            "resource_type": self.resource_type,
+            "account": self.account,
+            "region": self.region,
+            "instance_type": self.instance_type,
+            "tags": self.tags,
+            "details": self.details,
+        }
+
+
+def from_finding(finding: Finding) -> Alert:
+    res = finding.resource
+    resolved = finding.action == "resolve"
+    return Alert(
+        alert_id=alert_id(finding.rule, finding.resource_id, finding.episode_start),
+        type=finding.type,
+        rule=finding.rule,
+        resource_id=finding.resource_id,
+        status="resolved" if resolved else "firing",
+        change={"fire": "fired", "update": "updated", "resolve": "resolved"}[finding.action],  # type: ignore[arg-type]
+        severity=finding.severity,
+        episode_start=finding.episode_start,
+        fired_at=finding.fired_at,
+        updated_at=finding.at,
+        resolved_at=finding.at if resolved else None,
+        waste_usd=finding.waste_usd,
+        usd_per_hour=finding.usd_per_hour,
+        resource_type=res.resource_type if res else "",
+        account=res.account if res else "",
+        region=res.region if res else "",
+        instance_type=res.instance_type if res else "",
+        tags=dict(res.tags) if res else {},
+        details=dict(finding.details),
+    )
+
+
+class AlertManager:
+    """Turns findings into alert state changes, once each.
+
+    ``known`` holds ids already fired (loaded from the store after a restart),
+    so a finding re-derived from replayed input does not open its alert twice.
+    """
+
+    def __init__(self, known_fired: Iterable[str] = ()) -> None:
+        self._fired: set[str] = set(known_fired)
+        self._resolved: set[str] = set()
+
+    def handle(self, findings: Iterable[Finding]) -> list[Alert]:
+        """Return the alert records to store, in order."""
+        out = []
+        for finding in findings:
+            alert = from_finding(finding)
+            if finding.action == "fire":
+                if alert.alert_id in self._fired:
+                    continue
+                self._fired.add(alert.alert_id)
+            elif finding.action == "resolve":
+                if alert.alert_id in self._resolved:
+                    continue
+                self._resolved.add(alert.alert_id)
+            out.append(alert)
+        return out

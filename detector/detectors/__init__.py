@@ -1,0 +1,17 @@
+"""Detector registry: one module per rule ``type``, registered here.
+
+A new detector is a module beside these that keeps the contract in
+:mod:`detector.detectors.base`, one line below, and its docs in ``docs/``.
+"""
+
+from __future__ import annotations
+
+from detector.detectors.base import Detector, Finding, Params, ResourceInfo
+from detector.detectors.idle_gpu import IdleGpu
+
+__all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo"]
+
+REGISTRY: dict[str, type[Detector]] = {
+    cls.type: cls  # type: ignore[misc]
+    for cls in (IdleGpu,)
+}

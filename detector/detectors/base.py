@@ -1,0 +1,100 @@
+"""The contract every detector keeps.
+
+A detector is a small class: its rule ``type``, a pydantic model of its params,
+a msgspec struct for its per-resource state, and a pure ``step`` that folds one
+event into that state and returns findings. No I/O and no clock: time is the
+event's, so the worker, ``backtest`` and a replay all see the same findings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+
+import msgspec
+from pydantic import BaseModel, ConfigDict
+
+from detector.events import Event
+
+__all__ = ["Detector", "Finding", "Params", "ResourceInfo"]
+
+
+class Params(BaseModel):
+    """Base of every detector's params: unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ResourceInfo(msgspec.Struct, kw_only=True):
+    """What the latest usage event said about a resource: who owns it, whether it is billed, its price."""
+
+    resource_id: str = ""
+    resource_type: str = ""
+    provider: str = ""
+    account: str = ""
+    region: str = ""
+    instance_type: str = ""
+    pricing: str = ""
+    state: str = ""
+    """running | stopped | terminated; empty until a usage event has been seen."""
+    usd_per_hour: float | None = None
+    tags: dict[str, str] = {}
+
+    @property
+    def known(self) -> bool:
+        return bool(self.state)
+
+    @property
+    def billed(self) -> bool:
+        return self.state == "running"
+
+
+class Finding(msgspec.Struct, kw_only=True, frozen=True):
+    """What a detector concluded about one problem of one resource at one event time.
+
+    ``fire`` opens an episode, ``update`` reports its growing cost, ``resolve``
+    closes it. ``episode_start`` together with rule and resource identifies the
+    episode, so the same input always yields the same alert id.
+    """
+
+    action: Literal["fire", "update", "resolve"]
+    rule: str
+    type: str
+    resource_id: str
+    episode_start: float
+    fired_at: float
+    at: float
+    waste_usd: float
+    usd_per_hour: float
+    severity: str
+    details: dict[str, Any] = {}
+    resource: ResourceInfo | None = None
+    """A copy of what was known about the resource when the finding was made (owner tags, account)."""
+
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+class Detector(Protocol, Generic[S]):  # type: ignore[misc]
+    """One rule type. Instances are built from a validated rule and are stateless themselves."""
+
+    type: ClassVar[str]
+    Params: ClassVar[type[Params]]
+    State: ClassVar[type[msgspec.Struct]]
+    consumes: ClassVar[tuple[type, ...]]
+    """Event classes the detector wants; the engine routes nothing else to it."""
+    suggestion: ClassVar[str]
+    """The next step a person should take, shown in the alert."""
+
+    name: str
+    severity: str
+    params: Any
+
+    def new_state(self) -> S: ...
+
+    def step(self, state: S, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+        """Fold one event (``t`` is its time in epoch seconds) into ``state``; return findings."""
+        ...
+
+    def open_episode(self, state: S, resource: ResourceInfo) -> Finding | None:
+        """The still-open episode in ``state`` as an ``update``, for reports at the end of data."""
+        ...

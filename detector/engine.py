@@ -1,0 +1,197 @@
+"""Per-resource state and the routing of events to the rules that apply.
+
+The engine owns one :class:`KeyState` per key (resource id, or run id for run
+events): what the latest usage event said about the resource, and each rule's
+detector state. State is bounded: keys that go quiet for ``state_ttl_s`` of
+event time are dropped. The streaming worker persists the keys the engine
+marks dirty, and restores a key with :meth:`Engine.restore` after a restart or
+rebalance; ``backtest`` simply never persists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from detector.detectors import Finding, ResourceInfo
+from detector.events import Event, UsageEvent
+from detector.rules import RuleSet
+
+__all__ = ["Engine", "KeyState"]
+
+_SNAPSHOT_VERSION = 1
+
+
+class KeyState(msgspec.Struct, kw_only=True):
+    info: ResourceInfo
+    rules: dict[str, Any] = {}
+    """Rule name → that rule's detector state."""
+    last_t: float = 0.0
+
+
+class _Snapshot(msgspec.Struct, kw_only=True):
+    v: int
+    info: ResourceInfo
+    rules: dict[str, msgspec.Raw]
+    last_t: float
+
+
+class Engine:
+    """Folds events into per-key state and returns the detectors' findings."""
+
+    def __init__(
+        self,
+        ruleset: RuleSet,
+        *,
+        state_ttl_s: float = 2 * 86_400.0,
+        loader: Callable[[str], bytes | None] | None = None,
+    ) -> None:
+        self.ruleset = ruleset
+        self.state_ttl_s = state_ttl_s
+        self._loader = loader
+        self._keys: dict[str, KeyState] = {}
+        self._rules_for: dict[str, dict[type, list]] = {}
+        """Per key and event type, the rules whose match passes: computed once per resource."""
+        self.dirty: set[str] = set()
+        self.watermark = 0.0
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(_Snapshot)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    # -- processing -----------------------------------------------------------------
+
+    def process(self, events: Iterable[Event]) -> list[Finding]:
+        """Fold events in order; return every finding they produced."""
+        findings: list[Finding] = []
+        keys = self._keys
+        for event in events:
+            t = event.t
+            key = event.key
+            state = keys.get(key)
+            if state is None:
+                state = self._load(key)
+            if t > state.last_t:
+                state.last_t = t
+            if t > self.watermark:
+                self.watermark = t
+            if type(event) is UsageEvent:
+                self._update_info(state.info, event)
+            for rule in self._rules(state, type(event)):
+                name = rule.detector.name
+                rule_state = state.rules.get(name)
+                if rule_state is None:
+                    rule_state = state.rules[name] = rule.detector.new_state()
+                found = rule.detector.step(rule_state, state.info, event, t)
+                if found:
+                    findings.extend(found)
+            self.dirty.add(key)
+        return findings
+
+    def _rules(self, state: KeyState, event_type: type) -> list:
+        """Rules that see this event: those whose match passes, or all candidates while the resource is unknown."""
+        info = state.info
+        if not info.known:
+            return [r for r in self.ruleset.rules if event_type in r.consumes]
+        cached = self._rules_for.setdefault(info.resource_id, {})
+        rules = cached.get(event_type)
+        if rules is None:
+            rules = cached[event_type] = [r for r in self.ruleset.rules if event_type in r.consumes and r.matches(info)]
+            live = {r.detector.name for r in self.ruleset.rules if r.matches(info)}
+            for name in [n for n in state.rules if n not in live]:
+                del state.rules[name]
+        return rules
+
+    def _update_info(self, info: ResourceInfo, ev: UsageEvent) -> None:
+        changed = (
+            ev.resource_type != info.resource_type
+            or ev.tags != info.tags
+            or ev.account != info.account
+            or ev.region != info.region
+            or ev.instance_type != info.instance_type
+        )
+        info.resource_type = ev.resource_type
+        info.provider = ev.provider
+        info.account = ev.account
+        info.region = ev.region
+        info.instance_type = ev.instance_type
+        info.pricing = ev.pricing
+        info.state = ev.state
+        info.tags = ev.tags
+        if ev.cost_usd is not None and ev.state == "running":
+            info.usd_per_hour = ev.cost_usd * 3600.0 / ev.interval_s
+        elif ev.state == "running":
+            hourly = self.ruleset.pricing.hourly(ev.instance_type, ev.pricing)
+            if hourly is not None:
+                info.usd_per_hour = hourly
+        if changed:
+            self._rules_for.pop(info.resource_id, None)
+
+    # -- end of data, TTL, persistence -------------------------------------------------
+
+    def open_episodes(self) -> list[Finding]:
+        """Every episode that has fired and not resolved, with its dollars so far."""
+        found = []
+        for state in self._keys.values():
+            for rule in self.ruleset.rules:
+                rule_state = state.rules.get(rule.detector.name)
+                if rule_state is not None:
+                    finding = rule.detector.open_episode(rule_state, state.info)
+                    if finding is not None:
+                        found.append(finding)
+        return found
+
+    def expire(self) -> list[str]:
+        """Drop keys with no event for ``state_ttl_s`` of event time; return them."""
+        horizon = self.watermark - self.state_ttl_s
+        gone = [k for k, s in self._keys.items() if s.last_t < horizon]
+        for key in gone:
+            self.forget(key)
+        return gone
+
+    def forget(self, key: str) -> None:
+        """Drop a key from memory (after expiry, or when its partition moves away)."""
+        self._keys.pop(key, None)
+        self.dirty.discard(key)
+        self._rules_for.pop(key, None)
+
+    def forget_all(self) -> None:
+        self._keys.clear()
+        self._rules_for.clear()
+        self.dirty.clear()
+
+    def snapshot(self, key: str) -> bytes | None:
+        """The key's state as bytes, for a changelog-backed table."""
+        state = self._keys.get(key)
+        if state is None:
+            return None
+        return self._encoder.encode(
+            {"v": _SNAPSHOT_VERSION, "info": state.info, "rules": state.rules, "last_t": state.last_t}
+        )
+
+    def restore(self, key: str, data: bytes) -> KeyState:
+        """Rebuild a key's state from :meth:`snapshot` bytes; state of rules no longer loaded is dropped."""
+        snap = self._decoder.decode(data)
+        rules = {}
+        for name, raw in snap.rules.items():
+            rule = self.ruleset.by_name(name)
+            if rule is not None:
+                try:
+                    rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()))
+                except msgspec.ValidationError:
+                    continue  # the rule's state shape changed with a new version: start it afresh
+        snap.info.resource_id = key
+        state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t)
+        self._keys[key] = state
+        return state
+
+    def _load(self, key: str) -> KeyState:
+        if self._loader is not None:
+            data = self._loader(key)
+            if data is not None:
+                return self.restore(key, data)
+        state = self._keys[key] = KeyState(info=ResourceInfo(resource_id=key))
+        return state

@@ -1,0 +1,355 @@
+"""A synthetic ML fleet with injected waste, and the ground truth to score detection against.
+
+What it makes, per resource, is a timeline of segments:
+
+- training hosts (8 or 4 GPUs) run jobs for hours, with the few-minute dips
+  between epochs real jobs have; between jobs some hosts are left idle while
+  billed (a labelled ``idle_gpu`` episode), some are stopped, some run a
+  single-GPU job on one GPU of eight (busy, not idle), and some lose their GPU
+  telemetry for an hour (missing data, not idle);
+- notebooks (1 GPU) are used in bursts during the day and are either stopped
+  or left running idle overnight (labelled);
+- inference endpoints stay moderately busy; buckets and vector databases grow;
+  CPU instances only bill.
+
+Exporters batch like real ones: a host's GPU samples (every 30 s) go out once
+a minute as one message holding every GPU's samples; usage comes once a minute
+per resource. Records are ordered by the time the exporter would send them.
+Everything is derived from the seed, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE, TOPIC_RUN_EVENTS
+from detector.pricing import Pricing
+from detector.units import rfc3339
+
+__all__ = ["Label", "Record", "SimConfig", "simulate"]
+
+Record = tuple[float, str, str, Any]
+"""(send time, topic, key, value): value is one event or a list of events."""
+
+TEAMS = [
+    ("nlp", ["llm-pretrain", "summarizer"], ["alice", "bogdan", "chen"]),
+    ("vision", ["detector-v3", "segmentation"], ["dana", "emeka"]),
+    ("recsys", ["ranker", "two-tower"], ["farah", "gus"]),
+    ("research", ["rl-agents", "diffusion"], ["hiro", "ines", "jamal"]),
+]
+HOSTS = [("p4d.24xlarge", 8, "A100-SXM4-40GB", 400.0), ("g5.12xlarge", 4, "A10G", 150.0), ("p5.48xlarge", 8, "H100-SXM5-80GB", 700.0)]
+NOTEBOOKS = [("g5.xlarge", "A10G", 150.0), ("g4dn.xlarge", "T4", 70.0), ("g6.xlarge", "L4", 72.0)]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    start: float = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
+    hours: float = 24.0
+    training_hosts: int = 12
+    notebooks: int = 8
+    inference_endpoints: int = 3
+    buckets: int = 2
+    vector_dbs: int = 2
+    cpu_instances: int = 3
+    seed: int = 7
+    scrape_s: float = 30.0
+    usage_interval_s: float = 60.0
+    flush_s: float = 60.0
+    """A GPU exporter sends what it gathered once per flush interval, as one message per host."""
+    usage_flush_s: float = 300.0
+    """A usage exporter sends each resource's intervals every five minutes, as one message."""
+
+
+@dataclass
+class Label:
+    """One injected waste episode: what detection should find, and its dollars."""
+
+    type: str
+    resource_id: str
+    start: float
+    end: float
+    usd_per_hour: float
+    note: str = ""
+
+    @property
+    def waste_usd(self) -> float:
+        return (self.end - self.start) * self.usd_per_hour / 3600.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "resource_id": self.resource_id,
+            "start": rfc3339(self.start),
+            "end": rfc3339(self.end),
+            "waste_usd": round(self.waste_usd, 2),
+            "usd_per_hour": self.usd_per_hour,
+            "note": self.note,
+        }
+
+
+@dataclass
+class _Segment:
+    start: float
+    end: float
+    mode: str  # busy | idle | dip | single | gap | stopped
+    label: bool = False
+
+
+@dataclass
+class _Resource:
+    resource_id: str
+    resource_type: str
+    instance_type: str
+    gpus: int
+    gpu_model: str
+    max_power: float
+    tags: dict[str, str]
+    account: str
+    region: str
+    hourly: float
+    send_cost: bool
+    segments: list[_Segment] = field(default_factory=list)
+
+
+def _grid(t: float, step: float) -> float:
+    return round(t / step) * step
+
+
+class _Builder:
+    def __init__(self, cfg: SimConfig, pricing: Pricing) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.pricing = pricing
+        self.end = cfg.start + cfg.hours * 3600
+        self.labels: list[Label] = []
+        self.runs: list[Record] = []
+
+    def tags(self, untagged_p: float = 0.1) -> dict[str, str]:
+        team, projects, owners = self.rng.choice(TEAMS)
+        if self.rng.random() < untagged_p:
+            return {"env": "dev"}
+        return {"team": team, "project": self.rng.choice(projects), "owner": self.rng.choice(owners), "env": "prod"}
+
+    def minutes(self, lo: float, hi: float) -> float:
+        return _grid(self.rng.uniform(lo, hi) * 60, self.cfg.scrape_s)
+
+    def add(self, res: _Resource, start: float, length: float, mode: str, label: bool = False) -> float:
+        end = min(start + length, self.end)
+        if end <= start:
+            return end
+        if label:
+            # GPUs already idle just before (a pause, a dip) make the episode start earlier.
+            idle_from = start
+            for prev in reversed(res.segments):
+                if prev.mode not in ("idle", "dip") or prev.end != idle_from:
+                    break
+                idle_from = prev.start
+            # At least 31 minutes, so a sample past the 30-minute mark exists in the data.
+            if end - idle_from >= 1800 + 60:
+                note = "left idle after a run" if res.resource_type == "gpu_instance" else "left running overnight"
+                self.labels.append(Label("idle_gpu", res.resource_id, idle_from, end, res.hourly, note))
+        res.segments.append(_Segment(start, end, mode, label))
+        return end
+
+    def training_host(self, i: int) -> _Resource:
+        itype, gpus, model, power = HOSTS[i % len(HOSTS)]
+        res = _Resource(f"gpu-host-{i:03d}", "gpu_instance", itype, gpus, model, power, self.tags(),
+                        f"ml-prod-{i % 2}", "us-east-1", self.pricing.hourly(itype) or 10.0, send_cost=True)
+        t = self.cfg.start
+        run = 0
+        while t < self.end:
+            run += 1
+            project = res.tags.get("project", "adhoc")
+            run_id = f"run-{res.resource_id}-{run}"
+            run_start = t
+            run_end = min(t + self.minutes(120, 360), self.end)
+            self.runs.append((run_start, TOPIC_RUN_EVENTS, run_id, self._run_event(run_start, run_id, "started", res, project)))
+            while t < run_end:  # epochs with short dips between them
+                t = self.add(res, t, min(self.minutes(35, 90), run_end - t), "busy")
+                if t < run_end and self.rng.random() < 0.7:
+                    t = self.add(res, t, self.minutes(2, 6), "dip")
+            status = "failed" if self.rng.random() < 0.15 else "succeeded"
+            self.runs.append((t, TOPIC_RUN_EVENTS, run_id, self._run_event(t, run_id, status, res, project)))
+            roll = self.rng.random()
+            if roll < 0.40:
+                t = self.add(res, t, self.minutes(45, 150), "idle", label=True)
+            elif roll < 0.55:
+                t = self.add(res, t, self.minutes(60, 180), "stopped")
+            elif roll < 0.68:
+                t = self.add(res, t, self.minutes(60, 120), "single")
+            elif roll < 0.78:  # a short idle spell, then the exporter dies for an hour: not an idle episode
+                t = self.add(res, t, self.minutes(10, 20), "idle")
+                t = self.add(res, t, self.minutes(50, 80), "gap")
+            else:
+                t = self.add(res, t, self.minutes(5, 20), "idle")
+        return res
+
+    def _run_event(self, t: float, run_id: str, status: str, res: _Resource, project: str) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "ts": rfc3339(t), "run_id": run_id, "status": status, "resource_ids": [res.resource_id],
+            "gpu_count": res.gpus, "project": project, "tags": res.tags,
+        }  # fmt: skip
+        if status == "failed":
+            event["error"] = self.rng.choice(["CUDA out of memory", "NCCL timeout", "Loss is NaN", "OOMKilled"])
+        return event
+
+    def notebook(self, i: int) -> _Resource:
+        itype, model, power = NOTEBOOKS[i % len(NOTEBOOKS)]
+        res = _Resource(f"notebook-{i:03d}", "notebook", itype, 1, model, power, self.tags(0.2),
+                        "ml-dev", "us-west-2", self.pricing.hourly(itype) or 1.0, send_cost=False)
+        t = self.cfg.start
+        while t < self.end:
+            hour = datetime.fromtimestamp(t, tz=timezone.utc).hour
+            if 9 <= hour < 18:  # working hours: bursts of work, short pauses
+                t = self.add(res, t, self.minutes(10, 45), "busy")
+                t = self.add(res, t, self.minutes(3, 20), "idle")
+            else:
+                morning = _grid(self._next_morning(t), self.cfg.scrape_s)
+                mode = "idle" if self.rng.random() < 0.5 else "stopped"
+                t = self.add(res, t, morning - t, mode, label=mode == "idle")
+        return res
+
+    def _next_morning(self, t: float) -> float:
+        day = datetime.fromtimestamp(t, tz=timezone.utc).replace(hour=9, minute=0, second=0, microsecond=0)
+        morning = day.timestamp()
+        return morning if morning > t else morning + 86_400
+
+    def inference(self, i: int) -> _Resource:
+        res = _Resource(f"inference-{i:03d}", "inference_endpoint", "g5.2xlarge", 1, "A10G", 150.0,
+                        self.tags(0.0), "ml-prod-0", "eu-west-1", self.pricing.hourly("g5.2xlarge") or 1.2, send_cost=True)
+        res.segments.append(_Segment(self.cfg.start, self.end, "serving"))
+        return res
+
+
+def _gpu_util(rng: random.Random, mode: str, gpu: int, t: float) -> tuple[float, float | None]:
+    if mode == "busy":
+        return rng.uniform(70, 100), rng.uniform(0.55, 0.9)
+    if mode == "single":
+        return (rng.uniform(80, 100), rng.uniform(0.6, 0.9)) if gpu == 0 else (0.0, 0.0)
+    if mode == "serving":
+        hour = datetime.fromtimestamp(t, tz=timezone.utc).hour
+        base = 25 + 20 * (1 if 8 <= hour < 20 else 0)
+        return rng.uniform(base - 10, base + 15), rng.uniform(0.15, 0.5)
+    return rng.uniform(0, 2.5), rng.uniform(0, 0.02)  # idle or dip
+
+
+def _gpu_records(res: _Resource, cfg: SimConfig, rng: random.Random) -> Iterator[Record]:
+    pending: list[dict[str, Any]] = []
+    next_flush = cfg.start + cfg.flush_s
+    for seg in res.segments:
+        if seg.mode in ("stopped", "gap"):
+            continue
+        t = seg.start
+        while t < seg.end:
+            if t >= next_flush and pending:
+                yield (next_flush, TOPIC_GPU_METRICS, res.resource_id, pending)
+                pending = []
+            while next_flush <= t:
+                next_flush += cfg.flush_s
+            for gpu in range(res.gpus):
+                util, sm = _gpu_util(rng, seg.mode, gpu, t)
+                busy = util > 10
+                pending.append({
+                    "ts": rfc3339(t), "resource_id": res.resource_id, "gpu_index": gpu,
+                    "gpu_uuid": f"GPU-{res.resource_id}-{gpu}", "model": res.gpu_model,
+                    "util_pct": round(util, 1), "mem_used_mib": 30000.0 if busy else 400.0,
+                    "mem_total_mib": 40960.0, "power_w": round(res.max_power * (0.8 if busy else 0.15), 1),
+                    "sm_active": round(sm, 3) if sm is not None else None,
+                })  # fmt: skip
+            t += cfg.scrape_s
+    if pending:
+        yield (next_flush, TOPIC_GPU_METRICS, res.resource_id, pending)
+
+
+def _batched(records: Iterator[Record], flush_s: float) -> Iterator[Record]:
+    """Group one key's records into one message per ``flush_s`` window, sent at its end."""
+    pending: list[Any] = []
+    window_end = 0.0
+    topic = key = ""
+    for send_t, topic, key, value in records:
+        if pending and send_t > window_end:
+            yield (window_end, topic, key, pending)
+            pending = []
+        if not pending:
+            window_end = (send_t // flush_s + 1) * flush_s if send_t % flush_s else send_t
+        pending.append(value)
+    if pending:
+        yield (window_end, topic, key, pending)
+
+
+def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Record]:
+    step = cfg.usage_interval_s
+    t = cfg.start
+    seg_i = 0
+    segments = res.segments
+    while t < end:
+        while seg_i + 1 < len(segments) and segments[seg_i].end <= t:
+            seg_i += 1
+        seg = segments[seg_i] if segments else None
+        state = "stopped" if seg is not None and seg.mode == "stopped" and seg.start <= t else "running"
+        event: dict[str, Any] = {
+            "ts": rfc3339(t), "resource_id": res.resource_id, "resource_type": res.resource_type,
+            "provider": "aws", "account": res.account, "region": res.region,
+            "instance_type": res.instance_type, "pricing": "on_demand", "state": state,
+            "interval_s": step, "tags": res.tags,
+        }  # fmt: skip
+        if res.send_cost:
+            event["cost_usd"] = round(res.hourly * step / 3600, 6) if state == "running" else 0.0
+        yield (t + step, TOPIC_RESOURCE_USAGE, res.resource_id, event)
+        t += step
+
+
+def _storage_records(kind: str, i: int, cfg: SimConfig, b: _Builder, end: float) -> Iterator[Record]:
+    rid = f"{kind}-{i:03d}"
+    rtype = "vector_db" if kind == "vectordb" else "storage_bucket"
+    tags = b.tags(0.1)
+    size = b.rng.uniform(0.5e12, 5e12)
+    capacity = 10e12
+    growth = b.rng.uniform(0.002, 0.02) / 86_400  # fraction per second
+    step = 300.0
+    t = cfg.start
+    while t < end:
+        size *= 1 + growth * step
+        event: dict[str, Any] = {
+            "ts": rfc3339(t), "resource_id": rid, "resource_type": rtype, "provider": "aws",
+            "account": "ml-data", "region": "us-east-1", "state": "running", "interval_s": step,
+            "storage_bytes": int(size), "cost_usd": round(size / 1e9 * 0.023 / 730 * step / 3600, 6),
+            "tags": tags,
+        }  # fmt: skip
+        if rtype == "vector_db":
+            event["capacity_bytes"] = int(capacity)
+            event["vector_count"] = int(size / 3072)
+        yield (t + step, TOPIC_RESOURCE_USAGE, rid, event)
+        t += step
+
+
+def _cpu_resource(i: int, b: _Builder) -> _Resource:
+    itype = "m6i.2xlarge" if i % 2 else "c6i.4xlarge"
+    return _Resource(f"cpu-{i:03d}", "cpu_instance", itype, 0, "", 0.0, b.tags(), "ml-prod-0",
+                     "us-east-1", b.pricing.hourly(itype) or 0.4, send_cost=False,
+                     segments=[_Segment(b.cfg.start, b.end, "running")])  # fmt: skip
+
+
+def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[Label]]:
+    """Build the fleet; return its records in send order (lazily) and the labels."""
+    b = _Builder(cfg, pricing)
+    gpu_resources = [b.training_host(i) for i in range(cfg.training_hosts)]
+    gpu_resources += [b.notebook(i) for i in range(cfg.notebooks)]
+    gpu_resources += [b.inference(i) for i in range(cfg.inference_endpoints)]
+    streams: list[Iterator[Record]] = []
+    for res in gpu_resources:
+        streams.append(_gpu_records(res, cfg, random.Random(f"{cfg.seed}-{res.resource_id}")))
+        streams.append(_batched(_usage_records(res, cfg, b.end), cfg.usage_flush_s))
+    for i in range(cfg.cpu_instances):
+        streams.append(_batched(_usage_records(_cpu_resource(i, b), cfg, b.end), cfg.usage_flush_s))
+    streams += [_storage_records("bucket", i, cfg, b, b.end) for i in range(cfg.buckets)]
+    streams += [_storage_records("vectordb", i, cfg, b, b.end) for i in range(cfg.vector_dbs)]
+    streams.append(iter(sorted(b.runs, key=lambda r: r[0])))
+    merged = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
+    labels = sorted(b.labels, key=lambda label: (label.start, label.resource_id))
+    return merged, labels

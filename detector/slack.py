@@ -1,0 +1,173 @@
+"""Slack: Block Kit rendering and the slack-sdk notifier (bot token or incoming webhook).
+
+With a bot token the opening is a ``chat.postMessage`` and the resolution a
+reply in its thread (plus an edit of the parent, so the channel view shows it
+closed). A webhook cannot thread, so the resolution is its own message.
+``base_url`` / the webhook URL are injectable, which is how the tests point
+slack-sdk at a local server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slack_sdk import WebClient, WebhookClient
+from slack_sdk.http_retry.builtin_handlers import (
+    ConnectionErrorRetryHandler,
+    RateLimitErrorRetryHandler,
+    ServerErrorRetryHandler,
+)
+
+from detector.alerts import Alert
+from detector.units import format_duration, rfc3339
+
+__all__ = ["SlackError", "SlackNotifier", "render_blocks", "render_resolution"]
+
+_EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
+
+
+class SlackError(RuntimeError):
+    """Slack refused or could not be reached; ``retryable`` says whether trying again can help."""
+
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def _owner(alert: Alert) -> str:
+    return alert.tags.get("owner", "") or "_unknown_"
+
+
+def _fields(alert: Alert) -> list[dict[str, str]]:
+    tags = alert.tags
+    fields = [
+        ("Resource", f"`{alert.resource_id}`" + (f" ({alert.resource_type})" if alert.resource_type else "")),
+        ("Team", tags.get("team") or ":warning: untagged"),
+        ("Owner", _owner(alert)),
+        ("Project", tags.get("project") or "_none_"),
+    ]
+    details = alert.details
+    if details.get("gpu_count"):
+        model = f" × {details['gpu_model']}" if details.get("gpu_model") else " GPUs"
+        fields.append(("GPUs", f"{details['gpu_count']}{model}"))
+    fields += [
+        ("Idle for" if alert.type == "idle_gpu" else "Duration", format_duration(alert.duration_s)),
+        ("Wasted so far", f"*${alert.waste_usd:,.2f}*"),
+        ("Burn rate", f"${alert.usd_per_hour:,.2f}/h (${alert.usd_per_hour * 730:,.0f}/month if left)"),
+        ("Account / region", f"{alert.account or '?'} / {alert.region or '?'}"),
+    ]
+    if alert.instance_type:
+        fields.append(("Instance", alert.instance_type))
+    return [{"type": "mrkdwn", "text": f"*{name}*\n{value}"} for name, value in fields[:10]]
+
+
+def render_blocks(alert: Alert) -> list[dict[str, Any]]:
+    """The incident's parent message."""
+    if alert.status == "resolved":
+        header = f":white_check_mark: Resolved: {alert.title} on {alert.resource_id}"
+    else:
+        header = f"{_EMOJI.get(alert.severity, '')} {alert.title} on {alert.resource_id}: ${alert.usd_per_hour:,.2f}/h"
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
+        {"type": "section", "fields": _fields(alert)},
+    ]
+    if alert.status == "resolved":
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}})
+    elif alert.suggestion:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Next step:* {alert.suggestion}"}})
+    blocks.append(
+        {
+            "type": "context",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": f"rule `{alert.rule}` · alert `{alert.alert_id}` · "
+                    f"idle since {rfc3339(alert.episode_start)} · fired {rfc3339(alert.fired_at)} (event time)",
+                }
+            ],
+        }
+    )
+    return blocks
+
+
+def _resolution_text(alert: Alert) -> str:
+    reason = str(alert.details.get("reason", "")).replace("_", " ")
+    return (
+        f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
+        + (f" ({reason})" if reason else "")
+        + f" after {format_duration(alert.duration_s)}: *${alert.waste_usd:,.2f} wasted* in total."
+    )
+
+
+def render_resolution(alert: Alert) -> list[dict[str, Any]]:
+    """The reply in the incident's thread when it resolves."""
+    return [{"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}}]
+
+
+def _retry_handlers() -> list:
+    return [
+        RateLimitErrorRetryHandler(max_retry_count=2),
+        ServerErrorRetryHandler(max_retry_count=2),
+        ConnectionErrorRetryHandler(max_retry_count=2),
+    ]
+
+
+class SlackNotifier:
+    """Posts alert openings and resolutions through slack-sdk."""
+
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        channel: str | None = None,
+        webhook_url: str | None = None,
+        base_url: str | None = None,
+        timeout: int = 10,
+    ) -> None:
+        if token:
+            if not channel:
+                raise ValueError("a Slack bot token needs a channel (SLACK_CHANNEL)")
+            kwargs = {"base_url": base_url} if base_url else {}
+            self._web: WebClient | None = WebClient(
+                token=token, timeout=timeout, retry_handlers=_retry_handlers(), **kwargs
+            )
+            self._hook: WebhookClient | None = None
+        elif webhook_url:
+            self._web = None
+            self._hook = WebhookClient(webhook_url, timeout=timeout, retry_handlers=_retry_handlers())
+        else:
+            raise ValueError("Slack needs a bot token and channel, or a webhook URL")
+        self.channel = channel or "webhook"
+
+    @property
+    def threads(self) -> bool:
+        return self._web is not None
+
+    def post(self, alert: Alert, thread: tuple[str, str] | None = None) -> tuple[str, str]:
+        """Deliver one alert change; return (channel, message ts) ('' ts for a webhook)."""
+        text = alert.summary()
+        try:
+            if self._web is None:
+                assert self._hook is not None
+                response = self._hook.send(text=text, blocks=render_blocks(alert))
+                if response.status_code != 200:
+                    raise SlackError(
+                        f"webhook answered {response.status_code}: {response.body}",
+                        retryable=response.status_code == 429 or response.status_code >= 500,
+                    )
+                return self.channel, ""
+            if alert.change == "resolved" and thread is not None:
+                channel, parent_ts = thread
+                self._web.chat_postMessage(
+                    channel=channel, thread_ts=parent_ts, text=text, blocks=render_resolution(alert)
+                )
+                self._web.chat_update(channel=channel, ts=parent_ts, text=text, blocks=render_blocks(alert))
+                return channel, parent_ts
+            response = self._web.chat_postMessage(channel=self.channel, text=text, blocks=render_blocks(alert))
+            return str(response["channel"]), str(response["ts"])
+        except SlackError:
+            raise
+        except Exception as exc:  # slack-sdk raises SlackApiError, URLError, timeouts...
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            retryable = status is None or status == 429 or status >= 500
+            raise SlackError(f"Slack delivery failed: {exc}", retryable=retryable) from exc

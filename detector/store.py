@@ -1,0 +1,343 @@
+"""The ClickHouse store: schema, columnar batch inserts, alert records.
+
+One code path for the embedded engine (``chdb://``, via clickhouse-connect's
+chdb backend) and a ClickHouse server (``http://``). Events are buffered as
+columns and inserted in large batches; a chdb insert costs ~5 ms per call, so
+one insert per event would cap the whole worker at ~200 events/s.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timezone
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import clickhouse_connect
+import msgspec
+
+from detector.alerts import Alert
+from detector.events import GpuMetric, RunEvent, UsageEvent
+
+__all__ = ["EventBatch", "Store", "alert_from_row", "connect"]
+
+_json = msgspec.json.Encoder()
+
+
+def _schema(db: str) -> list[str]:
+    return [
+        f"CREATE DATABASE IF NOT EXISTS {db}",
+        f"""CREATE TABLE IF NOT EXISTS {db}.resource_usage (
+            ts DateTime64(3, 'UTC'),
+            resource_id String,
+            resource_type LowCardinality(String),
+            provider LowCardinality(String),
+            account LowCardinality(String),
+            region LowCardinality(String),
+            instance_type LowCardinality(String),
+            pricing LowCardinality(String),
+            state LowCardinality(String),
+            interval_s Float32,
+            cost_usd Nullable(Float64),
+            egress_bytes Nullable(UInt64),
+            dest_region LowCardinality(String),
+            storage_bytes Nullable(UInt64),
+            capacity_bytes Nullable(UInt64),
+            vector_count Nullable(UInt64),
+            requests Nullable(UInt64),
+            tags Map(LowCardinality(String), String),
+            extra String CODEC(ZSTD(3))
+        ) ENGINE = MergeTree
+        PARTITION BY toYYYYMM(ts)
+        ORDER BY (resource_id, ts)""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.gpu_metrics (
+            ts DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1)),
+            resource_id String,
+            gpu_index UInt8,
+            gpu_uuid String,
+            model LowCardinality(String),
+            util_pct Float32,
+            mem_used_mib Float32,
+            mem_total_mib Float32,
+            power_w Float32,
+            sm_active Nullable(Float32),
+            extra String CODEC(ZSTD(3))
+        ) ENGINE = MergeTree
+        PARTITION BY toYYYYMM(ts)
+        ORDER BY (resource_id, gpu_index, ts)""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.run_events (
+            ts DateTime64(3, 'UTC'),
+            run_id String,
+            status LowCardinality(String),
+            resource_ids Array(String),
+            gpu_count UInt16,
+            project LowCardinality(String),
+            tags Map(LowCardinality(String), String),
+            error String,
+            extra String CODEC(ZSTD(3))
+        ) ENGINE = MergeTree
+        PARTITION BY toYYYYMM(ts)
+        ORDER BY (run_id, ts)""",
+        # One row per state change; ReplacingMergeTree keeps the latest per alert
+        # (query with FINAL), and the history stays readable in alert_changes.
+        f"""CREATE TABLE IF NOT EXISTS {db}.alerts (
+            alert_id String,
+            type LowCardinality(String),
+            rule LowCardinality(String),
+            resource_id String,
+            status LowCardinality(String),
+            severity LowCardinality(String),
+            episode_start DateTime64(3, 'UTC'),
+            fired_at DateTime64(3, 'UTC'),
+            updated_at DateTime64(3, 'UTC'),
+            resolved_at Nullable(DateTime64(3, 'UTC')),
+            waste_usd Float64,
+            usd_per_hour Float64,
+            resource_type LowCardinality(String),
+            account LowCardinality(String),
+            region LowCardinality(String),
+            instance_type LowCardinality(String),
+            tags Map(LowCardinality(String), String),
+            details String,
+            version UInt64
+        ) ENGINE = ReplacingMergeTree(version)
+        ORDER BY alert_id""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.alert_changes (
+            alert_id String,
+            change LowCardinality(String),
+            at DateTime64(3, 'UTC'),
+            waste_usd Float64,
+            recorded_at DateTime64(3, 'UTC') DEFAULT now64(3)
+        ) ENGINE = MergeTree
+        ORDER BY (alert_id, at)""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.alert_deliveries (
+            alert_id String,
+            kind LowCardinality(String),
+            channel String,
+            message_ts String,
+            delivered_at DateTime64(3, 'UTC') DEFAULT now64(3)
+        ) ENGINE = ReplacingMergeTree
+        ORDER BY (alert_id, kind)""",
+    ]
+
+
+_USAGE_COLS = [
+    "ts", "resource_id", "resource_type", "provider", "account", "region", "instance_type", "pricing",
+    "state", "interval_s", "cost_usd", "egress_bytes", "dest_region", "storage_bytes", "capacity_bytes",
+    "vector_count", "requests", "tags", "extra",
+]  # fmt: skip
+_GPU_COLS = [
+    "ts", "resource_id", "gpu_index", "gpu_uuid", "model", "util_pct", "mem_used_mib", "mem_total_mib",
+    "power_w", "sm_active", "extra",
+]  # fmt: skip
+_RUN_COLS = ["ts", "run_id", "status", "resource_ids", "gpu_count", "project", "tags", "error", "extra"]
+_ALERT_COLS = [
+    "alert_id", "type", "rule", "resource_id", "status", "severity", "episode_start", "fired_at",
+    "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
+    "instance_type", "tags", "details", "version",
+]  # fmt: skip
+
+
+def alert_from_row(row: dict[str, Any], change: str | None = None) -> Alert:
+    """Rebuild an :class:`Alert` from a row of :meth:`Store.alerts` (naive UTC datetimes)."""
+
+    def t(value: Any) -> float:
+        return value.replace(tzinfo=timezone.utc).timestamp()
+
+    return Alert(
+        alert_id=row["alert_id"],
+        type=row["type"],
+        rule=row["rule"],
+        resource_id=row["resource_id"],
+        status=row["status"],
+        change=change or ("resolved" if row["status"] == "resolved" else "fired"),  # type: ignore[arg-type]
+        severity=row["severity"],
+        episode_start=t(row["episode_start"]),
+        fired_at=t(row["fired_at"]),
+        updated_at=t(row["updated_at"]),
+        resolved_at=t(row["resolved_at"]) if row["resolved_at"] is not None else None,
+        waste_usd=row["waste_usd"],
+        usd_per_hour=row["usd_per_hour"],
+        resource_type=row["resource_type"],
+        account=row["account"],
+        region=row["region"],
+        instance_type=row["instance_type"],
+        tags=dict(row["tags"]),
+        details=msgspec.json.decode(row["details"]) if row["details"] else {},
+    )
+
+
+def _ms(t: float) -> int:
+    return int(round(t * 1000))
+
+
+def _extra(event: Any) -> str:
+    return _json.encode(event.extra).decode() if event.extra else ""
+
+
+class EventBatch:
+    """Column buffers for the three event tables; cheap to append to, flushed as one insert per table."""
+
+    def __init__(self) -> None:
+        self.usage: list[list] = [[] for _ in _USAGE_COLS]
+        self.gpu: list[list] = [[] for _ in _GPU_COLS]
+        self.runs: list[list] = [[] for _ in _RUN_COLS]
+
+    def __len__(self) -> int:
+        return len(self.usage[0]) + len(self.gpu[0]) + len(self.runs[0])
+
+    def add(self, event: Any) -> None:
+        ts = _ms(event.t)
+        cls = type(event)
+        if cls is GpuMetric:
+            row = (
+                ts, event.resource_id, event.gpu_index, event.gpu_uuid, event.model, event.util_pct,
+                event.mem_used_mib, event.mem_total_mib, event.power_w, event.sm_active, _extra(event),
+            )  # fmt: skip
+            cols = self.gpu
+        elif cls is UsageEvent:
+            row = (
+                ts, event.resource_id, event.resource_type, event.provider, event.account, event.region,
+                event.instance_type, event.pricing, event.state, event.interval_s, event.cost_usd,
+                event.egress_bytes, event.dest_region, event.storage_bytes, event.capacity_bytes,
+                event.vector_count, event.requests, event.tags, _extra(event),
+            )  # fmt: skip
+            cols = self.usage
+        elif cls is RunEvent:
+            row = (
+                ts, event.run_id, event.status, event.resource_ids, event.gpu_count, event.project,
+                event.tags, event.error, _extra(event),
+            )  # fmt: skip
+            cols = self.runs
+        else:
+            raise TypeError(f"not an event: {cls.__name__}")
+        for col, value in zip(cols, row):
+            col.append(value)
+
+    def extend(self, events: Iterable[Any]) -> None:
+        for event in events:
+            self.add(event)
+
+
+def connect(dsn: str) -> Any:
+    """A clickhouse-connect client for ``chdb:///dir``, ``chdb://memory`` or ``http(s)://…``."""
+    parsed = urlparse(dsn)
+    if parsed.scheme == "chdb" and parsed.path not in ("", "/memory") and parsed.netloc != "memory":
+        Path(parsed.path).mkdir(parents=True, exist_ok=True)
+    return clickhouse_connect.get_client(dsn=dsn)
+
+
+class Store:
+    """burnwatch's tables in one ClickHouse database. Thread-safe: calls are serialised."""
+
+    def __init__(self, client: Any, database: str = "burnwatch") -> None:
+        self.client = client
+        self.db = database
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, dsn: str, database: str = "burnwatch") -> Store:
+        store = cls(connect(dsn), database)
+        store.migrate()
+        return store
+
+    def close(self) -> None:
+        with self._lock:
+            self.client.close()
+
+    def migrate(self) -> None:
+        """Create what is missing; safe to run on every start."""
+        with self._lock:
+            for statement in _schema(self.db):
+                self.client.command(statement)
+
+    # -- events ------------------------------------------------------------------
+
+    def insert_events(self, batch: EventBatch) -> int:
+        """Insert a batch: one columnar insert per non-empty table. Returns rows written."""
+        written = 0
+        with self._lock:
+            for table, names, cols in (
+                ("gpu_metrics", _GPU_COLS, batch.gpu),
+                ("resource_usage", _USAGE_COLS, batch.usage),
+                ("run_events", _RUN_COLS, batch.runs),
+            ):
+                if cols[0]:
+                    self.client.insert(
+                        f"{self.db}.{table}", cols, column_names=names, column_oriented=True
+                    )
+                    written += len(cols[0])
+        return written
+
+    # -- alerts ------------------------------------------------------------------
+
+    def record_alerts(self, alerts: Sequence[Alert], version: int) -> None:
+        """Write alert state changes; ``version`` orders them (a counter or ns timestamp)."""
+        if not alerts:
+            return
+        rows, changes = [], []
+        for i, a in enumerate(alerts):
+            rows.append([
+                a.alert_id, a.type, a.rule, a.resource_id, a.status, a.severity, _ms(a.episode_start),
+                _ms(a.fired_at), _ms(a.updated_at), _ms(a.resolved_at) if a.resolved_at is not None else None,
+                a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
+                _json.encode(a.details).decode(), version + i,
+            ])  # fmt: skip
+            changes.append([a.alert_id, a.change, _ms(a.updated_at), a.waste_usd])
+        with self._lock:
+            self.client.insert(f"{self.db}.alerts", rows, column_names=_ALERT_COLS)
+            self.client.insert(
+                f"{self.db}.alert_changes", changes, column_names=["alert_id", "change", "at", "waste_usd"]
+            )
+
+    def alerts(self, where: str = "1", parameters: dict | None = None) -> list[dict[str, Any]]:
+        """Latest state of each alert, as dicts."""
+        return self.query(
+            f"SELECT * EXCEPT version FROM {self.db}.alerts FINAL WHERE {where} ORDER BY fired_at, alert_id",
+            parameters,
+        )
+
+    def fired_alert_ids(self) -> set[str]:
+        with self._lock:
+            result = self.client.query(f"SELECT DISTINCT alert_id FROM {self.db}.alerts")
+        return {row[0] for row in result.result_rows}
+
+    def record_delivery(self, alert_id: str, kind: str, channel: str, message_ts: str) -> None:
+        with self._lock:
+            self.client.insert(
+                f"{self.db}.alert_deliveries",
+                [[alert_id, kind, channel, message_ts]],
+                column_names=["alert_id", "kind", "channel", "message_ts"],
+            )
+
+    def deliveries(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """(alert_id, kind) → (channel, message ts) of every delivery made."""
+        with self._lock:
+            result = self.client.query(
+                f"SELECT alert_id, kind, channel, message_ts FROM {self.db}.alert_deliveries FINAL"
+            )
+        return {(r[0], r[1]): (r[2], r[3]) for r in result.result_rows}
+
+    def undelivered(self) -> list[tuple[str, str]]:
+        """(alert_id, change) pairs people should have heard of but have not: the outbox after a restart."""
+        rows = self.query(
+            f"""SELECT alert_id, change FROM (
+                    SELECT alert_id, change, min(at) AS at FROM {self.db}.alert_changes
+                    WHERE change IN ('fired', 'resolved') GROUP BY alert_id, change)
+                WHERE (alert_id, change) NOT IN (SELECT alert_id, kind FROM {self.db}.alert_deliveries)
+                ORDER BY at, change"""
+        )
+        return [(r["alert_id"], r["change"]) for r in rows]
+
+    # -- ad hoc --------------------------------------------------------------------
+
+    def query(self, sql: str, parameters: dict | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            result = self.client.query(sql, parameters=parameters or {})
+        return [dict(zip(result.column_names, row)) for row in result.result_rows]
+
+    def count(self, table: str) -> int:
+        with self._lock:
+            return int(self.client.command(f"SELECT count() FROM {self.db}.{table}"))

@@ -1,0 +1,86 @@
+"""Durations, percentages and money as users write them in rule files.
+
+The annotated types here validate at load time, so a rule's params are plain
+floats by the time detection runs.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
+__all__ = ["Duration", "Money", "Percent", "format_duration", "parse_duration", "rfc3339"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
+
+
+def parse_duration(value: Any) -> float:
+    """``'30m'`` → 1800.0 seconds; a bare number is taken as seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}; expected e.g. 30m")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"invalid duration {value!r}; must not be negative")
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"invalid duration {str(value)!r}; expected e.g. 30m, 6h, 7d")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def _parse_percent(value: Any) -> float:
+    """``'5%'`` or ``5`` → 5.0 (percent points, like ``util_pct``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid percentage {value!r}; expected e.g. 5%")
+    text = str(value).strip()
+    try:
+        number = float(text[:-1] if text.endswith("%") else text)
+    except ValueError:
+        raise ValueError(f"invalid percentage {text!r}; expected e.g. 5%") from None
+    if not 0 <= number <= 100:
+        raise ValueError(f"invalid percentage {text!r}; must be between 0% and 100%")
+    return number
+
+
+def _parse_money(value: Any) -> float:
+    """``20``, ``'20'``, ``'$20'`` or ``'20 USD'`` → 20.0 dollars."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid amount {value!r}; expected e.g. 20 (USD)")
+    text = str(value).strip().removeprefix("$").removesuffix("USD").strip()
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"invalid amount {value!r}; expected e.g. 20 (USD)") from None
+    if number < 0:
+        raise ValueError(f"invalid amount {value!r}; must not be negative")
+    return number
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Percent = Annotated[float, BeforeValidator(_parse_percent)]
+Money = Annotated[float, BeforeValidator(_parse_money)]
+
+
+def format_duration(seconds: float) -> str:
+    """1h 25m style, for humans reading alerts."""
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    parts = [f"{days}d"] if days else []
+    if hours:
+        parts.append(f"{hours}h")
+    if minutes or not parts:
+        parts.append(f"{minutes}m")
+    return " ".join(parts)
+
+
+def rfc3339(t: float) -> str:
+    """Epoch seconds → ``2026-11-02T03:04:05Z`` (milliseconds when present)."""
+    dt = datetime.fromtimestamp(t, tz=timezone.utc)
+    text = dt.isoformat(timespec="milliseconds" if dt.microsecond else "seconds")
+    return text.replace("+00:00", "Z")
