@@ -1,0 +1,102 @@
+"""Configuration: environment variables, optionally over one YAML file.
+
+Every setting has a default that runs on one machine with nothing installed:
+an embedded broker, the embedded ClickHouse engine under ``./.burnwatch/``,
+the rules in ``./rules/``. ``BURNWATCH_CONFIG`` (or ``--config``) names a YAML
+file with the same keys in lower case; environment variables win over it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+__all__ = ["Settings", "load_settings"]
+
+ENV = {
+    "kafka_bootstrap": "BURNWATCH_KAFKA_BOOTSTRAP",
+    "clickhouse_dsn": "BURNWATCH_CLICKHOUSE_DSN",
+    "clickhouse_database": "BURNWATCH_CLICKHOUSE_DATABASE",
+    "rules_path": "BURNWATCH_RULES",
+    "data_dir": "BURNWATCH_DATA_DIR",
+    "app_id": "BURNWATCH_APP_ID",
+    "partitions": "BURNWATCH_PARTITIONS",
+    "web_port": "BURNWATCH_WEB_PORT",
+    "web_host": "BURNWATCH_WEB_HOST",
+    "batch_max_messages": "BURNWATCH_BATCH_MAX_MESSAGES",
+    "batch_within_s": "BURNWATCH_BATCH_WITHIN_S",
+    "session_timeout_s": "BURNWATCH_SESSION_TIMEOUT_S",
+    "log_format": "BURNWATCH_LOG_FORMAT",
+    "log_level": "BURNWATCH_LOG_LEVEL",
+    "slack_bot_token": "SLACK_BOT_TOKEN",
+    "slack_channel": "SLACK_CHANNEL",
+    "slack_webhook_url": "SLACK_WEBHOOK_URL",
+    "slack_base_url": "SLACK_BASE_URL",
+}
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kafka_bootstrap: str = ""
+    """host:port[,host:port]; empty starts the embedded broker (demo) or is an error (worker)."""
+    clickhouse_dsn: str = ""
+    """``chdb:///abs/dir``, ``chdb://memory`` or ``http://user:pass@host:8123``; empty: embedded under data_dir."""
+    clickhouse_database: str = "burnwatch"
+    rules_path: Path = Path("rules")
+    data_dir: Path = Path(".burnwatch")
+    app_id: str = "burnwatch"
+    partitions: int = Field(default=4, ge=1)
+    web_port: int = 6066
+    web_host: str = "127.0.0.1"
+    batch_max_messages: int = Field(default=5000, ge=1)
+    batch_within_s: float = Field(default=0.25, gt=0)
+    session_timeout_s: float = Field(default=10.0, gt=0)
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    slack_bot_token: SecretStr | None = None
+    slack_channel: str | None = None
+    slack_webhook_url: SecretStr | None = None
+    slack_base_url: str | None = None
+    """Only for pointing slack-sdk at a local Slack stand-in (tests, demo)."""
+
+    @property
+    def dsn(self) -> str:
+        if self.clickhouse_dsn:
+            return self.clickhouse_dsn
+        return f"chdb://{(self.data_dir / 'clickhouse').resolve()}"
+
+    @property
+    def slack_configured(self) -> bool:
+        return bool((self.slack_bot_token and self.slack_channel) or self.slack_webhook_url)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """File (if any) < environment < explicit overrides. Errors name the file or variable."""
+    values: dict[str, Any] = {}
+    config_file = config_file or os.environ.get("BURNWATCH_CONFIG")
+    if config_file:
+        try:
+            loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"{config_file}: cannot read config: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{config_file}: a config file is a mapping of setting: value")
+        values.update(loaded)
+    for key, var in ENV.items():
+        if os.environ.get(var):
+            values[key] = os.environ[var]
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else ""
+            source = ENV.get(key, key) if key not in (overrides or {}) else f"--{key}"
+            lines.append(f"{source}: {err['msg']}")
+        raise ValueError("invalid settings:\n  " + "\n  ".join(lines)) from None

@@ -1,0 +1,190 @@
+"""The Faust topology: one agent over the three input topics, a changelog-backed
+state table, the dead-letter topic, the Slack delivery task, and web views.
+
+Thin on purpose: the work is in :mod:`streams.pipeline` and :mod:`detector`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import faust
+import structlog
+from aiokafka.errors import KafkaError
+
+from detector.alerts import AlertManager
+from detector.delivery import Outbox
+from detector.engine import Engine
+from detector.events import TOPICS
+from detector.rules import load_rules
+from detector.settings import Settings
+from detector.slack import SlackError, SlackNotifier
+from detector.store import Store
+from streams.kafka import DEAD_LETTER_TOPIC
+from streams.pipeline import Message, Pipeline
+
+__all__ = ["build_worker_app"]
+
+log = structlog.get_logger("burnwatch.worker")
+
+STATE_TABLE = "detector-state"
+
+
+def _notifier(settings: Settings) -> SlackNotifier | None:
+    if settings.slack_bot_token and settings.slack_channel:
+        return SlackNotifier(
+            token=settings.slack_bot_token.get_secret_value(),
+            channel=settings.slack_channel,
+            base_url=settings.slack_base_url,
+        )
+    if settings.slack_webhook_url:
+        return SlackNotifier(webhook_url=settings.slack_webhook_url.get_secret_value())
+    return None
+
+
+def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipeline]:
+    """Build the Faust app around an open store; rules are loaded (and validated) here."""
+    ruleset = load_rules(settings.rules_path)
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        store="memory://",
+        datadir=str(settings.data_dir / "faust"),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=1,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+        consumer_auto_offset_reset="earliest",
+        web_port=settings.web_port,
+        web_host=settings.web_host,
+        web_bind=settings.web_host,
+        producer_max_request_size=8 << 20,
+        stream_buffer_maxsize=max(4096, settings.batch_max_messages * 2),
+        table_standby_replicas=0,
+    )
+    source = app.topic(
+        *TOPICS, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+        partitions=settings.partitions,
+    )  # fmt: skip
+    dead_letters = app.topic(
+        DEAD_LETTER_TOPIC, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+        partitions=settings.partitions,
+    )  # fmt: skip
+    # Written through the producer's partitioner, so a resource's state lands on the
+    # same partition number as its events (the inputs are keyed by resource id).
+    state = app.Table(
+        STATE_TABLE,
+        default=None,
+        schema=faust.Schema(key_type=str, value_type=bytes, key_serializer="raw", value_serializer="raw"),
+        partitions=settings.partitions,
+        use_partitioner=True,
+    )
+
+    engine = Engine(ruleset, loader=state.get)
+    outbox = Outbox(store, _notifier(settings))
+
+    async def send_dead_letter(key: bytes | None, value: bytes) -> None:
+        await dead_letters.send(key=key, value=value)
+
+    def save_state(key: str, snapshot: bytes) -> None:
+        state[key] = snapshot
+
+    pipeline = Pipeline(
+        engine=engine,
+        store=store,
+        outbox=outbox,
+        manager=AlertManager(store.fired_alert_ids()),
+        send_dead_letter=send_dead_letter,
+        save_state=save_state,
+    )
+
+    @app.agent(source, name="detect")
+    async def detect(stream: faust.StreamT) -> Any:
+        async for events in stream.take_events(settings.batch_max_messages, within=settings.batch_within_s):
+            messages = [
+                Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value) for e in events
+            ]
+            await pipeline.process(messages)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        # State moves with partitions: drop what is cached, reload from the table on next use.
+        engine.forget_all()
+
+    @app.task
+    async def deliver_alerts() -> None:
+        loop = asyncio.get_running_loop()
+        recovered = await loop.run_in_executor(None, outbox.recover)
+        if recovered:
+            log.info("outbox_recovered", pending=recovered)
+            pipeline.outbox_ready.set()
+        if outbox.notifier is None:
+            log.info("slack_not_configured", hint="set SLACK_BOT_TOKEN and SLACK_CHANNEL, or SLACK_WEBHOOK_URL")
+            return
+        backoff = 1.0
+        while True:
+            await pipeline.outbox_ready.wait()
+            pipeline.outbox_ready.clear()
+            try:
+                await loop.run_in_executor(None, outbox.deliver_pending)
+                backoff = 1.0
+            except SlackError as exc:
+                log.warning("slack_delivery_retry", error=str(exc), retry_in_s=backoff, pending=len(outbox))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+                pipeline.outbox_ready.set()
+
+    @app.timer(interval=60.0)
+    async def expire_state() -> None:
+        for key in engine.expire():
+            state.pop(key, None)
+
+    @app.timer(interval=10.0)
+    async def report() -> None:
+        s = pipeline.stats
+        log.info(
+            "worker_stats", messages=s.messages, events=s.events, dead_letters=s.dead_letters,
+            alerts_fired=s.alerts_fired, alerts_resolved=s.alerts_resolved, keys=len(engine),
+            slack_pending=len(outbox), slack_delivered=outbox.delivered,
+        )  # fmt: skip
+
+    @app.page("/healthz")
+    async def healthz(web: Any, request: Any) -> Any:
+        s = pipeline.stats
+        return web.json(
+            {
+                "status": "ok",
+                "messages": s.messages,
+                "events": s.events,
+                "dead_letters": s.dead_letters,
+                "alerts_fired": s.alerts_fired,
+                "alerts_resolved": s.alerts_resolved,
+                "slack_pending": len(outbox),
+                "slack_delivered": outbox.delivered,
+            }
+        )
+
+    return app, pipeline
+
+
+def run_worker(settings: Settings) -> None:
+    """Open the store (creating the schema), then run the Faust worker until stopped."""
+    asyncio.run(_ensure(settings))
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    store = Store.open(settings.dsn, settings.clickhouse_database)
+    try:
+        app, _ = build_worker_app(settings, store)
+        worker = faust.Worker(app, loglevel="warn" if settings.log_level == "warning" else settings.log_level)
+        worker.execute_from_commandline()
+    finally:
+        store.close()
+
+
+async def _ensure(settings: Settings) -> None:
+    from streams.kafka import ensure_topics
+
+    try:
+        await ensure_topics(settings.kafka_bootstrap, settings.partitions)
+    except KafkaError as exc:
+        raise SystemExit(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc

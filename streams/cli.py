@@ -1,0 +1,238 @@
+"""``burnwatch``: the command line.
+
+    burnwatch demo                          embedded broker + ClickHouse + worker + simulated fleet
+    burnwatch worker                        the streaming worker (Faust)
+    burnwatch simulate --out fleet.jsonl    a synthetic fleet with labelled waste
+    burnwatch replay fleet.jsonl            publish a replay file to Kafka
+    burnwatch backtest fleet.jsonl --json   run the rules in-process, print the alerts
+    burnwatch rules check [PATH]            validate rule files; exit 1 on any error
+    burnwatch sql "SELECT ..."              ad hoc post-mortem query against the store
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from detector.logs import configure_logging
+from detector.settings import Settings, load_settings
+
+__all__ = ["main"]
+
+
+def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
+    try:
+        return load_settings(getattr(args, "config", None), **overrides)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    configure_logging(settings.log_format, settings.log_level)
+    if not settings.kafka_bootstrap:
+        raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set (host:port of a Kafka broker); `burnwatch demo` starts an embedded one")
+    from detector.rules import RulesInvalid
+    from streams.app import run_worker
+
+    try:
+        run_worker(settings)
+    except RulesInvalid as exc:
+        raise SystemExit(f"rules refused:\n{exc}") from None
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from detector.pricing import load_pricing
+    from detector.replay import write_replay
+    from detector.simulate import SimConfig, simulate
+
+    settings = _settings(args)
+    cfg = SimConfig(
+        hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks,
+        inference_endpoints=args.inference, seed=args.seed,
+    )  # fmt: skip
+    pricing = load_pricing(settings.rules_path / "pricing.yaml")
+    records, labels = simulate(cfg, pricing)
+    if args.labels:
+        Path(args.labels).write_text("".join(json.dumps(label.to_json()) + "\n" for label in labels))
+    if args.publish:
+        from streams.kafka import ensure_topics, publish_records
+
+        bootstrap = settings.kafka_bootstrap or sys.exit("--publish needs BURNWATCH_KAFKA_BOOTSTRAP")
+        encoded = ((topic, key, json.dumps(value).encode()) for _, topic, key, value in records)
+
+        async def go() -> int:
+            await ensure_topics(bootstrap, settings.partitions)
+            return await publish_records(bootstrap, encoded, speed=args.speed)
+
+        n = asyncio.run(go())
+        print(f"published {n} messages; {len(labels)} labelled waste episodes", file=sys.stderr)
+        return 0
+    out = open(args.out, "wb") if args.out and args.out != "-" else sys.stdout.buffer
+    try:
+        n = write_replay(records, out)
+    finally:
+        if out is not sys.stdout.buffer:
+            out.close()
+    print(f"wrote {n} messages; {len(labels)} labelled waste episodes", file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from detector.replay import ReplayError
+    from streams.kafka import publish_file
+
+    settings = _settings(args)
+    if not settings.kafka_bootstrap:
+        raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set")
+    try:
+        n = asyncio.run(publish_file(settings.kafka_bootstrap, args.file, settings.partitions, speed=args.speed))
+    except ReplayError as exc:
+        raise SystemExit(str(exc)) from None
+    print(f"published {n} messages from {args.file}", file=sys.stderr)
+    return 0
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    import time
+
+    from detector.backtest import backtest
+    from detector.replay import ReplayError
+    from detector.rules import RulesInvalid, load_rules
+
+    settings = _settings(args)
+    try:
+        ruleset = load_rules(args.rules or settings.rules_path)
+    except RulesInvalid as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    started = time.perf_counter()
+    try:
+        result = backtest(args.file, ruleset)
+    except ReplayError as exc:
+        raise SystemExit(str(exc)) from None
+    elapsed = time.perf_counter() - started
+    if args.json:
+        for alert in result.alerts:
+            print(json.dumps(alert.to_json()))
+    else:
+        for alert in result.alerts:
+            print(alert.summary())
+    print(
+        f"{len(result.alerts)} alerts from {result.events} events in {result.messages} messages "
+        f"({result.events / max(elapsed, 1e-9):,.0f} events/s); {len(result.invalid)} invalid",
+        file=sys.stderr,
+    )
+    for line, reason in result.invalid[:20]:
+        print(f"{args.file}:{line}: {reason}", file=sys.stderr)
+    return 0
+
+
+def cmd_rules_check(args: argparse.Namespace) -> int:
+    from detector.rules import RulesInvalid, load_rules
+
+    path = args.path or _settings(args).rules_path
+    try:
+        ruleset = load_rules(path)
+    except RulesInvalid as exc:
+        print(exc, file=sys.stderr)
+        print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+        return 1
+    print(f"{path}: {len(ruleset.rules)} enabled rule(s) OK: {', '.join(ruleset.names)}")
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from detector.store import Store
+
+    settings = _settings(args)
+    store = Store.open(settings.dsn, settings.clickhouse_database)
+    try:
+        rows = store.query(args.query)
+    finally:
+        store.close()
+    if args.format == "json":
+        for row in rows:
+            print(json.dumps(row, default=str))
+    else:
+        _print_table(rows)
+    return 0
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("(no rows)")
+        return
+    cols = list(rows[0])
+    cells = [[str(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from streams.demo import run_demo
+
+    return run_demo(_settings(args), hours=args.hours, speed=args.speed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="burnwatch", description="Catch ML cloud waste while it happens.")
+    parser.add_argument("--config", help="YAML config file (env: BURNWATCH_CONFIG)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("worker", help="run the streaming worker").set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("simulate", help="generate a simulated fleet with labelled waste")
+    p.add_argument("--hours", type=float, default=24.0)
+    p.add_argument("--hosts", type=int, default=12, help="GPU training hosts")
+    p.add_argument("--notebooks", type=int, default=8)
+    p.add_argument("--inference", type=int, default=3)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out", default="-", help="replay file to write ('-' for stdout)")
+    p.add_argument("--labels", help="write the ground-truth labels (JSON lines) here")
+    p.add_argument("--publish", action="store_true", help="publish to Kafka instead of writing a file")
+    p.add_argument("--speed", type=float, help="with --publish: event-time acceleration (e.g. 600)")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("replay", help="publish a replay file to Kafka")
+    p.add_argument("file")
+    p.add_argument("--speed", type=float, help="pace by event time at this acceleration; default: as fast as possible")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("backtest", help="run the rules over a replay file in-process")
+    p.add_argument("file")
+    p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
+    p.add_argument("--json", action="store_true", help="one JSON object per alert")
+    p.set_defaults(func=cmd_backtest)
+
+    rules = sub.add_parser("rules", help="rule files").add_subparsers(dest="rules_command", required=True)
+    p = rules.add_parser("check", help="validate rule files, report every error")
+    p.add_argument("path", nargs="?")
+    p.set_defaults(func=cmd_rules_check)
+
+    p = sub.add_parser("sql", help="run a query against the store")
+    p.add_argument("query")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("demo", help="everything on embedded defaults, with a simulated fleet")
+    p.add_argument("--hours", type=float, default=24.0, help="hours of simulated fleet time")
+    p.add_argument("--speed", type=float, default=1800.0, help="event-time acceleration")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
