@@ -85,7 +85,9 @@ def _compile_selector(selector: Selector) -> Callable[[str], bool]:
     inc = re.compile("|".join(fnmatch.translate(p) for p in include)) if include else None
     exc = re.compile("|".join(fnmatch.translate(p) for p in exclude)) if exclude else None
 
-    def matches(value: str) -> bool:
+    def matches(value: str | None) -> bool:
+        if value is None:  # a missing tag: only a purely negative selector (``!*``) accepts it
+            return inc is None
         if inc is not None and not inc.match(value):
             return False
         return exc is None or not exc.match(value)
@@ -94,7 +96,7 @@ def _compile_selector(selector: Selector) -> Callable[[str], bool]:
 
 
 def compile_match(match: Match) -> Callable[[ResourceInfo], bool]:
-    """Turn a :class:`Match` into one predicate over a resource. A missing tag reads as ''."""
+    """Turn a :class:`Match` into one predicate over a resource. ``team: '!*'`` selects resources without a team tag."""
     checks: list[Callable[[ResourceInfo], bool]] = []
     for attr in ("resource_type", "account", "region", "instance_type"):
         selector = getattr(match, attr)
@@ -103,7 +105,7 @@ def compile_match(match: Match) -> Callable[[ResourceInfo], bool]:
             checks.append(lambda r, a=attr, f=test: f(getattr(r, a)))
     for tag, selector in match.tags.items():
         test = _compile_selector(selector)
-        checks.append(lambda r, k=tag, f=test: f(r.tags.get(k, "")))
+        checks.append(lambda r, k=tag, f=test: f(r.tags.get(k)))
     return lambda resource: all(check(resource) for check in checks)
 
 

@@ -1,0 +1,168 @@
+"""A local stand-in for Slack's Web API and incoming webhooks, for tests and benchmarks.
+
+Slack cannot be reached from CI, so slack-sdk is pointed here (``base_url`` /
+the webhook URL) and the tests assert on what this server received. It can be
+told to answer 429 with Retry-After, 500, or to hang, to exercise delivery.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs
+
+__all__ = ["LocalSlack", "SlackRequest"]
+
+
+@dataclass
+class SlackRequest:
+    method: str
+    """API method (``chat.postMessage``) or ``webhook``."""
+    body: dict[str, Any]
+    received_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def blocks(self) -> list[dict[str, Any]]:
+        blocks = self.body.get("blocks") or []
+        return json.loads(blocks) if isinstance(blocks, str) else blocks
+
+    def text_of_blocks(self) -> str:
+        """Every text in the blocks, joined: what a person would read."""
+        out: list[str] = []
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                if isinstance(node.get("text"), str):
+                    out.append(node["text"])
+                for value in node.values():
+                    walk(value)
+            elif isinstance(node, list):
+                for item in node:
+                    walk(item)
+
+        walk(self.blocks)
+        return "\n".join(out)
+
+
+class LocalSlack:
+    """``with LocalSlack() as slack:`` then ``slack.api_url`` / ``slack.webhook_url``."""
+
+    def __init__(self) -> None:
+        self.requests: list[SlackRequest] = []
+        self._failures: list[tuple[int, dict[str, str]]] = []
+        self._hang_s = 0.0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._ts = 0
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/"
+
+    @property
+    def webhook_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/services/T000/B000/XXXX"
+
+    def __enter__(self) -> LocalSlack:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- behaviour -----------------------------------------------------------------
+
+    def fail_next(self, count: int, status: int = 500, retry_after: int | None = None) -> None:
+        """Answer the next ``count`` requests with ``status`` (429 gets Retry-After)."""
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        with self._lock:
+            self._failures.extend([(status, headers)] * count)
+
+    def hang(self, seconds: float) -> None:
+        """Hold every request this long before answering (0 to stop)."""
+        self._hang_s = seconds
+
+    # -- what was received --------------------------------------------------------
+
+    def calls(self, method: str | None = None) -> list[SlackRequest]:
+        with self._lock:
+            return [r for r in self.requests if method is None or r.method == method]
+
+    def wait_for(self, predicate: Any, timeout: float = 30.0) -> bool:
+        """Block until ``predicate(requests)`` is true or the timeout passes."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate(list(self.requests)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    # -- the server ------------------------------------------------------------------
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        slack = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if slack._hang_s:
+                    time.sleep(slack._hang_s)
+                with slack._lock:
+                    failure = slack._failures.pop(0) if slack._failures else None
+                if failure is not None:
+                    status, headers = failure
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    body = b'{"ok": false, "error": "ratelimited"}' if status == 429 else b"server error"
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                if self.headers.get("Content-Type", "").startswith("application/json"):
+                    body = json.loads(raw or b"{}")
+                else:
+                    body = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+                if self.path.startswith("/services/"):
+                    method, reply = "webhook", b"ok"
+                else:
+                    method = self.path.removeprefix("/api/")
+                    reply = slack._reply(method, body)
+                with slack._cond:
+                    slack.requests.append(SlackRequest(method, body))
+                    slack._cond.notify_all()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain" if method == "webhook" else "application/json")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        return Handler
+
+    def _reply(self, method: str, body: dict[str, Any]) -> bytes:
+        with self._lock:
+            self._ts += 1
+            ts = f"1700000000.{self._ts:06d}"
+        channel = body.get("channel", "C0CHANNEL")
+        if method in ("chat.postMessage", "chat.update"):
+            return json.dumps({"ok": True, "channel": channel, "ts": body.get("ts", ts) if method == "chat.update" else ts}).encode()
+        if method == "auth.test":
+            return json.dumps({"ok": True, "user_id": "U0BOT", "team_id": "T000"}).encode()
+        return json.dumps({"ok": False, "error": "unknown_method"}).encode()

@@ -1,0 +1,46 @@
+"""Builders for crafted event sequences (the detector tests' vocabulary)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from detector.events import GpuMetric, UsageEvent
+
+T0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
+MIN = 60.0
+
+
+def at(t: float) -> datetime:
+    return datetime.fromtimestamp(t, tz=timezone.utc)
+
+
+def usage(t: float, rid: str = "host-1", state: str = "running", usd_per_hour: float | None = 32.0,
+          resource_type: str = "gpu_instance", tags: dict | None = None, interval_s: float = 60.0) -> UsageEvent:
+    return UsageEvent(
+        ts=at(t), resource_id=rid, resource_type=resource_type, instance_type="p4d.24xlarge",
+        account="acct", region="us-east-1", state=state, interval_s=interval_s,
+        cost_usd=None if usd_per_hour is None else usd_per_hour * interval_s / 3600,
+        tags=tags if tags is not None else {"team": "nlp", "owner": "alice", "project": "llm"},
+    )  # fmt: skip
+
+
+def scrape(t: float, utils: list[float], rid: str = "host-1", sm: list[float] | None = None) -> list[GpuMetric]:
+    """One exporter scrape of a host: one sample per GPU."""
+    return [
+        GpuMetric(ts=at(t), resource_id=rid, gpu_index=i, model="A100", util_pct=u,
+                  sm_active=None if sm is None else sm[i])
+        for i, u in enumerate(utils)
+    ]  # fmt: skip
+
+
+def timeline(start: float, end: float, utils: list[float], rid: str = "host-1", step: float = 30.0,
+             with_usage: bool = True, usd_per_hour: float = 32.0) -> list:
+    """Scrapes every ``step`` seconds in [start, end), with a usage event every minute."""
+    events: list = []
+    t = start
+    while t < end:
+        if with_usage and (t - start) % 60 == 0:
+            events.append(usage(t, rid, usd_per_hour=usd_per_hour))
+        events.extend(scrape(t, utils, rid))
+        t += step
+    return events

@@ -1,0 +1,67 @@
+"""Backtest over a simulated fleet: every labelled episode found once, with its dollars, and nothing else."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from detector.backtest import backtest
+from detector.replay import write_replay
+from detector.simulate import SimConfig, simulate
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, ruleset):
+    path = tmp_path_factory.mktemp("fleet") / "fleet.jsonl"
+    records, labels = simulate(SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11), ruleset.pricing)
+    with open(path, "wb") as out:
+        write_replay(records, out)
+    return path, labels
+
+
+def match(alerts, labels):
+    """Pair each label with the alerts whose episode overlaps it on the same resource."""
+    return {id(label): [a for a in alerts if a.resource_id == label.resource_id and label.start <= a.fired_at <= label.end]
+            for label in labels}  # fmt: skip
+
+
+def test_every_labelled_episode_alerts_exactly_once_with_its_dollars(fleet, ruleset):
+    path, labels = fleet
+    assert len(labels) >= 20
+    result = backtest(path, ruleset)
+    assert result.invalid == []
+    pairs = match(result.alerts, labels)
+    for label in labels:
+        found = pairs[id(label)]
+        assert len(found) == 1, (label.to_json(), [a.to_json() for a in found])
+        assert found[0].waste_usd == pytest.approx(label.waste_usd, rel=0.10)
+    matched = {a.alert_id for alerts in pairs.values() for a in alerts}
+    assert [a.to_json() for a in result.alerts if a.alert_id not in matched] == []  # no alert on busy resources
+
+
+def test_cli_json_output(fleet):
+    path, labels = fleet
+    out = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "backtest", str(path), "--json"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(records) == len(labels)
+    required = {"alert_id", "type", "resource_id", "episode_start", "fired_at", "resolved_at", "waste_usd",
+                "usd_per_hour", "tags", "severity"}  # fmt: skip
+    for record in records:
+        assert required <= record.keys()
+        assert record["type"] == "idle_gpu"
+        assert record["fired_at"].endswith("Z")
+    assert any(r["resolved_at"] is None for r in records) and any(r["resolved_at"] for r in records)
+
+
+def test_malformed_replay_line_names_file_and_line(tmp_path, ruleset):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"topic": "gpu-metrics", "key": "h", "value": {}}\nnot json\n')
+    out = subprocess.run([sys.executable, "-m", "streams.cli", "backtest", str(path)], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert f"{path}:2: not a replay record" in out.stderr

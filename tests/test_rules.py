@@ -1,0 +1,84 @@
+"""Rule files: every error at once with file:line, selectors, and the shipped rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.detectors import ResourceInfo
+from detector.rules import Match, RulesInvalid, compile_match, load_rules
+from detector.units import parse_duration
+
+
+def test_shipped_rules_load_with_their_defaults(ruleset):
+    rule = ruleset.by_name("idle-gpu")
+    assert rule is not None
+    params = rule.detector.params
+    assert (params.util_below, params.for_, params.stale_after) == (5.0, 1800.0, 300.0)
+    assert ruleset.pricing.hourly("p4d.24xlarge") == pytest.approx(32.77)
+
+
+def test_every_error_reported_with_file_line_and_path(tmp_path):
+    path = tmp_path / "team-nlp.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - name: ok\n"
+        "    type: idle_gpu\n"
+        "  - name: slow\n"
+        "    type: idle_gpu\n"
+        "    params:\n"
+        "      for: 30 minutes\n"
+        "  - name: typo\n"
+        "    type: idle_gpus\n"
+        "  - name: extra\n"
+        "    type: idle_gpu\n"
+        "    colour: red\n"
+    )
+    with pytest.raises(RulesInvalid) as info:
+        load_rules(path)
+    lines = str(info.value).splitlines()
+    assert f"{path}:7 rules[1].params.for: invalid duration '30 minutes'; expected e.g. 30m, 6h, 7d" in lines
+    assert f"{path}:9 rules[2].type: unknown rule type 'idle_gpus'; did you mean 'idle_gpu'?" in lines
+    assert f"{path}:12 rules[3].colour: unknown key" in lines
+    assert len(info.value.errors) == 3
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("rules:\n  - name: a\n    type: [idle_gpu\n")
+    with pytest.raises(RulesInvalid) as info:
+        load_rules(path)
+    assert str(info.value).startswith(f"{path}:")
+    assert "invalid YAML" in str(info.value)
+
+
+def test_duplicate_names_across_files(tmp_path):
+    (tmp_path / "a.yaml").write_text("rules:\n  - {name: idle, type: idle_gpu}\n")
+    (tmp_path / "b.yaml").write_text("rules:\n  - {name: idle, type: idle_gpu}\n")
+    with pytest.raises(RulesInvalid, match="duplicate rule name 'idle'"):
+        load_rules(tmp_path)
+
+
+def test_disabled_rules_are_not_compiled(tmp_path):
+    (tmp_path / "r.yaml").write_text("rules:\n  - {name: idle, type: idle_gpu, enabled: false}\n")
+    assert load_rules(tmp_path).rules == ()
+
+
+@pytest.mark.parametrize(
+    "match, resource, expected",
+    [
+        ({"resource_type": ["gpu_instance", "notebook"]}, {"resource_type": "notebook"}, True),
+        ({"resource_type": "gpu_*"}, {"resource_type": "cpu_instance"}, False),
+        ({"instance_type": ["p4d.*", "!p4d.24xlarge"]}, {"instance_type": "p4d.24xlarge"}, False),
+        ({"tags": {"env": "!dev*"}}, {"tags": {"env": "prod"}}, True),
+        ({"tags": {"env": "!dev*"}}, {"tags": {"env": "dev-1"}}, False),
+        ({"tags": {"team": "!*"}}, {"tags": {}}, True),  # selects untagged resources
+        ({"account": "ml-*", "region": "us-*"}, {"account": "ml-prod", "region": "eu-west-1"}, False),
+    ],
+)
+def test_selectors(match, resource, expected):
+    assert compile_match(Match(**match))(ResourceInfo(**resource)) is expected
+
+
+@pytest.mark.parametrize("text, seconds", [("30m", 1800), ("6h", 21600), ("7d", 604800), ("45s", 45), (90, 90)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds

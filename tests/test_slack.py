@@ -1,0 +1,104 @@
+"""Slack delivery through slack-sdk against a local Slack server, with the outbox in ClickHouse."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.alerts import Alert
+from detector.delivery import Outbox
+from detector.slack import SlackError, SlackNotifier
+from detector.testing import LocalSlack
+from tests.helpers import T0
+
+
+def alert(change: str = "fired", alert_id: str = "a1", **kw) -> Alert:
+    resolved = change == "resolved"
+    return Alert(
+        alert_id=alert_id, type="idle_gpu", rule="idle-gpu", resource_id="gpu-host-007",
+        status="resolved" if resolved else "firing", change=change, severity="warning",
+        episode_start=T0, fired_at=T0 + 1800, updated_at=T0 + (5400 if resolved else 1800),
+        resolved_at=T0 + 5400 if resolved else None, waste_usd=49.16 if resolved else 16.39,
+        usd_per_hour=32.77, resource_type="gpu_instance", account="ml-prod", region="us-east-1",
+        instance_type="p4d.24xlarge", tags={"team": "nlp", "owner": "alice", "project": "llm"},
+        details={"gpu_count": 8, "gpu_model": "A100-SXM4-40GB", **({"reason": "gpu_busy"} if resolved else {})},
+        **kw,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def slack():
+    with LocalSlack() as server:
+        yield server
+
+
+def bot(slack: LocalSlack) -> SlackNotifier:
+    return SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+
+
+def test_opening_is_block_kit_with_dollars_owner_and_next_step(slack):
+    channel, ts = bot(slack).post(alert())
+    (post,) = slack.calls("chat.postMessage")
+    assert post.body["channel"] == "#ml-cost" and channel == "#ml-cost" and ts
+    text = post.text_of_blocks()
+    for expected in ("gpu-host-007", "$32.77/h", "$16.39", "alice", "nlp", "8 × A100-SXM4-40GB", "30m",
+                     "Stop the instance", "idle-gpu", "a1"):  # fmt: skip
+        assert expected in text, expected
+    assert post.blocks[0]["type"] == "header"
+
+
+def test_resolution_replies_in_thread_and_edits_parent(slack):
+    notifier = bot(slack)
+    channel, parent = notifier.post(alert())
+    notifier.post(alert("resolved"), thread=(channel, parent))
+    reply = slack.calls("chat.postMessage")[1]
+    assert reply.body["thread_ts"] == parent
+    assert "$49.16 wasted" in reply.text_of_blocks() and "1h 30m" in reply.text_of_blocks()
+    (update,) = slack.calls("chat.update")
+    assert update.body["ts"] == parent and "Resolved" in update.text_of_blocks()
+
+
+def test_webhook(slack):
+    SlackNotifier(webhook_url=slack.webhook_url).post(alert())
+    (hook,) = slack.calls("webhook")
+    assert "gpu-host-007" in hook.text_of_blocks()
+
+
+def test_rate_limit_honours_retry_after_then_delivers_once(slack):
+    slack.fail_next(1, status=429, retry_after=1)
+    bot(slack).post(alert())
+    assert len(slack.calls("chat.postMessage")) == 1  # the 429 was retried, and not recorded as a post
+
+
+def test_server_errors_are_retryable_and_client_errors_are_not(slack):
+    slack.fail_next(3, status=500)
+    with pytest.raises(SlackError) as info:
+        bot(slack).post(alert())
+    assert info.value.retryable
+    slack.fail_next(1, status=404)
+    with pytest.raises(SlackError) as info:
+        bot(slack).post(alert())
+    assert not info.value.retryable
+
+
+def test_outbox_survives_an_outage_and_a_restart_without_double_posting(slack, store):
+    """Slack down: nothing is lost. Worker restart: nothing is posted twice."""
+    opened, resolved, other = alert(), alert("resolved"), alert(alert_id="a2")
+    store.record_alerts([opened, other], version=1)
+    outbox = Outbox(store, bot(slack))
+    outbox.add([opened, other])
+    slack.fail_next(3, status=503)  # the first try and both of slack-sdk's retries fail
+    with pytest.raises(SlackError):
+        outbox.deliver_pending()
+    assert len(outbox) == 2 and slack.calls("chat.postMessage") == []
+
+    assert outbox.deliver_pending() == 2  # Slack is back
+    store.record_alerts([resolved], version=2)
+    # The worker dies before delivering the resolution; a new one rebuilds the outbox from the store.
+    restarted = Outbox(store, bot(slack))
+    assert restarted.recover() == 1
+    assert restarted.deliver_pending() == 1
+    assert Outbox(store, bot(slack)).recover() == 0
+    posts = slack.calls("chat.postMessage")
+    assert len(posts) == 3
+    assert posts[0].body.get("thread_ts") is None and posts[1].body.get("thread_ts") is None
+    assert posts[2].body["thread_ts"] == "1700000000.000001"  # the resolution threads under a1's opening
