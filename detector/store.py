@@ -9,6 +9,7 @@ one insert per event would cap the whole worker at ~200 events/s.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timezone
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -112,6 +113,16 @@ def _schema(db: str) -> list[str]:
             recorded_at DateTime64(3, 'UTC') DEFAULT now64(3)
         ) ENGINE = MergeTree
         ORDER BY (alert_id, at)""",
+        # Per-key detector state (engine snapshots), written with each batch's events so a
+        # worker that takes over a partition resumes open episodes. Latest version wins.
+        f"""CREATE TABLE IF NOT EXISTS {db}.detector_state (
+            key String,
+            partition UInt16,
+            snapshot String,
+            deleted UInt8,
+            version UInt64
+        ) ENGINE = ReplacingMergeTree(version)
+        ORDER BY key""",
         f"""CREATE TABLE IF NOT EXISTS {db}.alert_deliveries (
             alert_id String,
             kind LowCardinality(String),
@@ -270,6 +281,44 @@ class Store:
                     )
                     written += len(cols[0])
         return written
+
+    # -- detector state ------------------------------------------------------------
+
+    def save_states(self, states: Sequence[tuple[str, int, bytes]], version: int) -> None:
+        """Write (key, partition, snapshot) rows; the newest version of a key wins."""
+        if not states:
+            return
+        cols = [[k for k, _, _ in states], [p for _, p, _ in states], [s for _, _, s in states],
+                [0] * len(states), [version] * len(states)]  # fmt: skip
+        with self._lock:
+            self.client.insert(
+                f"{self.db}.detector_state", cols, column_oriented=True,
+                column_names=["key", "partition", "snapshot", "deleted", "version"],
+            )  # fmt: skip
+
+    def load_states(self, partitions: Sequence[int]) -> dict[str, bytes]:
+        """Latest snapshot of every live key on these partitions."""
+        if not partitions:
+            return {}
+        with self._lock:
+            result = self.client.query(
+                f"SELECT key, snapshot FROM {self.db}.detector_state FINAL "
+                "WHERE partition IN %(partitions)s AND deleted = 0",
+                parameters={"partitions": list(partitions)},
+                column_formats={"snapshot": "bytes"},
+            )
+        return {row[0]: row[1] for row in result.result_rows}
+
+    def delete_states(self, keys: Sequence[str]) -> None:
+        """Tombstone keys whose state expired, so a restart does not bring them back."""
+        if not keys:
+            return
+        with self._lock:
+            self.client.insert(
+                f"{self.db}.detector_state",
+                [[k, 0, b"", 1, time.time_ns()] for k in keys],
+                column_names=["key", "partition", "snapshot", "deleted", "version"],
+            )
 
     # -- alerts ------------------------------------------------------------------
 

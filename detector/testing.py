@@ -23,6 +23,8 @@ class SlackRequest:
     method: str
     """API method (``chat.postMessage``) or ``webhook``."""
     body: dict[str, Any]
+    response: dict[str, Any] = field(default_factory=dict)
+    """What the server answered (``ts`` of a posted message, for threading checks)."""
     received_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -146,7 +148,8 @@ class LocalSlack:
                     method = self.path.removeprefix("/api/")
                     reply = slack._reply(method, body)
                 with slack._cond:
-                    slack.requests.append(SlackRequest(method, body))
+                    answer = json.loads(reply) if method != "webhook" else {}
+                    slack.requests.append(SlackRequest(method, body, answer))
                     slack._cond.notify_all()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain" if method == "webhook" else "application/json")

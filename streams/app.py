@@ -1,5 +1,5 @@
-"""The Faust topology: one agent over the three input topics, a changelog-backed
-state table, the dead-letter topic, the Slack delivery task, and web views.
+"""The Faust topology: one agent over the three input topics, the dead-letter topic,
+the Slack delivery task, timers and web views.
 
 Thin on purpose: the work is in :mod:`streams.pipeline` and :mod:`detector`.
 """
@@ -28,7 +28,6 @@ __all__ = ["build_worker_app"]
 
 log = structlog.get_logger("burnwatch.worker")
 
-STATE_TABLE = "detector-state"
 
 
 def _notifier(settings: Settings) -> SlackNotifier | None:
@@ -71,24 +70,14 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         DEAD_LETTER_TOPIC, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
         partitions=settings.partitions,
     )  # fmt: skip
-    # Written through the producer's partitioner, so a resource's state lands on the
-    # same partition number as its events (the inputs are keyed by resource id).
-    state = app.Table(
-        STATE_TABLE,
-        default=None,
-        schema=faust.Schema(key_type=str, value_type=bytes, key_serializer="raw", value_serializer="raw"),
-        partitions=settings.partitions,
-        use_partitioner=True,
-    )
-
-    engine = Engine(ruleset, loader=state.get)
+    # Per-resource state lives in ClickHouse beside the events it was built from, written
+    # in the same step before offsets are acked, and loaded when partitions are assigned.
+    assigned_states: dict[str, bytes] = {}
+    engine = Engine(ruleset, loader=lambda key: assigned_states.pop(key, None))
     outbox = Outbox(store, _notifier(settings))
 
     async def send_dead_letter(key: bytes | None, value: bytes) -> None:
         await dead_letters.send(key=key, value=value)
-
-    def save_state(key: str, snapshot: bytes) -> None:
-        state[key] = snapshot
 
     pipeline = Pipeline(
         engine=engine,
@@ -96,7 +85,6 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         outbox=outbox,
         manager=AlertManager(store.fired_alert_ids()),
         send_dead_letter=send_dead_letter,
-        save_state=save_state,
     )
 
     @app.agent(source, name="detect")
@@ -109,8 +97,19 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
-        # State moves with partitions: drop what is cached, reload from the table on next use.
-        engine.forget_all()
+        # State moves with partitions: what this worker holds may now belong to another.
+        pipeline.reset()
+        assigned_states.clear()
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
+        loop = asyncio.get_running_loop()
+        states = await loop.run_in_executor(None, store.load_states, partitions)
+        pipeline.reset()
+        assigned_states.clear()
+        assigned_states.update(states)
+        log.info("state_loaded", partitions=partitions, keys=len(states))
 
     @app.task
     async def deliver_alerts() -> None:
@@ -137,8 +136,9 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
 
     @app.timer(interval=60.0)
     async def expire_state() -> None:
-        for key in engine.expire():
-            state.pop(key, None)
+        expired = engine.expire()
+        if expired:
+            await asyncio.get_running_loop().run_in_executor(None, store.delete_states, expired)
 
     @app.timer(interval=10.0)
     async def report() -> None:

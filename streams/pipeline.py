@@ -78,7 +78,6 @@ class Pipeline:
         outbox: Outbox,
         manager: AlertManager,
         send_dead_letter: Callable[[bytes | None, bytes], Awaitable[None]],
-        save_state: Callable[[str, bytes], None],
         decoder: EventDecoder | None = None,
     ) -> None:
         self.engine = engine
@@ -87,9 +86,12 @@ class Pipeline:
         self.manager = manager
         self.decoder = decoder or EventDecoder()
         self._send_dead_letter = send_dead_letter
-        self._save_state = save_state
+        self._partition_of: dict[str, int] = {}
+        """Key → partition it arrived on, so its state is filed under that partition."""
         self.stats = Stats()
         self.outbox_ready = asyncio.Event()
+        self._positions: dict[tuple[str, int], int] = {}
+        """Next expected offset per topic-partition: a jump or a rewind is logged."""
 
     async def process(self, messages: Sequence[Message]) -> list[Alert]:
         stats = self.stats
@@ -97,29 +99,34 @@ class Pipeline:
         events: list = []
         dead: list[tuple[Message, str]] = []
         decode = self.decoder.decode
+        positions = self._positions
         for message in messages:
+            tp = (message.topic, message.partition)
+            expected = positions.get(tp)
+            if expected != message.offset:
+                log.info("partition_position", topic=tp[0], partition=tp[1], offset=message.offset, expected=expected)
+            positions[tp] = message.offset + 1
             try:
                 decoded = decode(message.topic, message.value)
             except InvalidMessage as exc:
                 dead.append((message, exc.reason))
                 continue
+            partition_of = self._partition_of
+            for event in decoded:
+                partition_of[event.key] = message.partition
             events.extend(decoded)
         batch.extend(events)
         alerts = self.manager.handle(self.engine.process(events))
+        states = self._dirty_states()
 
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        await loop.run_in_executor(None, self._write, batch, alerts)
+        await loop.run_in_executor(None, self._write, batch, alerts, states)
         stats.insert_s += time.perf_counter() - started
 
         self.outbox.add(alerts)
         if len(self.outbox):
             self.outbox_ready.set()
-        for key in self.engine.dirty:
-            snapshot = self.engine.snapshot(key)
-            if snapshot is not None:
-                self._save_state(key, snapshot)
-        self.engine.dirty.clear()
         for message, reason in dead:
             await self._send_dead_letter(message.key, dead_letter(message, reason))
             log.warning("dead_letter", topic=message.topic, partition=message.partition, offset=message.offset, reason=reason)
@@ -137,9 +144,26 @@ class Pipeline:
                 log.info(f"alert_{alert.change}", alert_id=alert.alert_id, summary=alert.summary())
         return alerts
 
-    def _write(self, batch: EventBatch, alerts: list[Alert]) -> None:
-        """Events first, then alert changes: an alert is stored before it can be delivered."""
+    def reset(self) -> None:
+        """Partitions moved: drop every key's cached state (it reloads from the store)."""
+        self.engine.forget_all()
+        self._partition_of.clear()
+
+    def _dirty_states(self) -> list[tuple[str, int, bytes]]:
+        engine, states = self.engine, []
+        for key in engine.dirty:
+            snapshot = engine.snapshot(key)
+            if snapshot is not None:
+                states.append((key, self._partition_of.get(key, 0), snapshot))
+        engine.dirty.clear()
+        return states
+
+    def _write(self, batch: EventBatch, alerts: list[Alert], states: list[tuple[str, int, bytes]]) -> None:
+        """Events, then alert changes (an alert is stored before it can be delivered), then
+        the state that reflects them. All before the batch's offsets are acked."""
+        version = time.time_ns()
         if len(batch):
             self.store.insert_events(batch)
         if alerts:
-            self.store.record_alerts(alerts, version=time.time_ns())
+            self.store.record_alerts(alerts, version=version)
+        self.store.save_states(states, version=version)

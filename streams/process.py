@@ -1,0 +1,83 @@
+"""A worker in a child process, watched through its /healthz view.
+
+Shared by ``burnwatch demo``, the benchmarks and the end-to-end tests, which
+all need the real worker exactly as an operator runs it, plus a way to wait
+for a condition instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WorkerProcess"]
+
+
+class WorkerProcess:
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = {**os.environ, **env}
+        self.port = int(self.env.get("BURNWATCH_WEB_PORT", "6066"))
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        log = open(self.log_path, "ab")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "streams.cli", "worker"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def health(self) -> dict[str, Any] | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as response:
+                return json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def wait_until(self, predicate: Callable[[dict[str, Any]], bool], timeout: float, poll_s: float = 0.2) -> dict[str, Any]:
+        """Poll /healthz until ``predicate(health)`` holds; raise with the log's tail on timeout or exit."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise RuntimeError(f"worker exited ({self._proc.returncode if self._proc else '?'}):\n{self.tail()}")
+            last = self.health()
+            if last is not None and predicate(last):
+                return last
+            time.sleep(poll_s)
+        raise TimeoutError(f"worker condition not met in {timeout}s; last health {last}\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (Faust stops cleanly and commits), then SIGKILL if it does not exit in time."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+        return self._proc.returncode
