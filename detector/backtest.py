@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from detector.align import EventTimeAligner
 from detector.alerts import Alert, AlertManager, from_finding
 from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage
@@ -25,8 +26,12 @@ class BacktestResult:
     """(line, reason) of every message the worker would send to the dead-letter topic."""
 
 
-def backtest(path: str | Path, ruleset: RuleSet, decoder: EventDecoder | None = None) -> BacktestResult:
+def backtest(
+    path: str | Path, ruleset: RuleSet, decoder: EventDecoder | None = None, lateness_s: float = 60.0
+) -> BacktestResult:
+    """Detect over the whole file, topics aligned on event time as the worker aligns them."""
     decoder = decoder or EventDecoder()
+    aligner: EventTimeAligner[None] = EventTimeAligner(lateness_s)
     engine = Engine(ruleset)
     manager = AlertManager()
     latest: dict[str, Alert] = {}
@@ -39,8 +44,14 @@ def backtest(path: str | Path, ruleset: RuleSet, decoder: EventDecoder | None = 
             result.invalid.append((line_no, exc.reason))
             continue
         result.events += len(events)
-        for alert in manager.handle(engine.process(events)):
-            latest[alert.alert_id] = alert
+        aligner.push(record.topic, events)
+        if result.messages % 1000 == 0:  # as the worker does per batch
+            released, _ = aligner.release()
+            for alert in manager.handle(engine.process_timed(released)):
+                latest[alert.alert_id] = alert
+    released, _ = aligner.release(everything=True)
+    for alert in manager.handle(engine.process_timed(released)):
+        latest[alert.alert_id] = alert
     for finding in engine.open_episodes():
         alert = from_finding(finding)
         latest[alert.alert_id] = alert

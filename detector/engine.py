@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from detector.detectors import Finding, ResourceInfo
-from detector.events import Event, UsageEvent
+from detector.events import Event, RunEvent, UsageEvent
 from detector.rules import RuleSet
 
 __all__ = ["Engine", "KeyState"]
@@ -24,11 +24,17 @@ __all__ = ["Engine", "KeyState"]
 _SNAPSHOT_VERSION = 1
 
 
-class KeyState(msgspec.Struct, kw_only=True):
-    info: ResourceInfo
-    rules: dict[str, Any] = {}
-    """Rule name → that rule's detector state."""
-    last_t: float = 0.0
+class KeyState:
+    """Everything known about one key. ``routes`` is derived (rules per event type), never saved."""
+
+    __slots__ = ("info", "rules", "last_t", "routes")
+
+    def __init__(self, info: ResourceInfo, rules: dict[str, Any] | None = None, last_t: float = 0.0) -> None:
+        self.info = info
+        self.rules: dict[str, Any] = rules if rules is not None else {}
+        """Rule name → that rule's detector state."""
+        self.last_t = last_t
+        self.routes: dict[type, list] = {}
 
 
 class _Snapshot(msgspec.Struct, kw_only=True):
@@ -52,8 +58,6 @@ class Engine:
         self.state_ttl_s = state_ttl_s
         self._loader = loader
         self._keys: dict[str, KeyState] = {}
-        self._rules_for: dict[str, dict[type, list]] = {}
-        """Per key and event type, the rules whose match passes: computed once per resource."""
         self.dirty: set[str] = set()
         self.watermark = 0.0
         self._encoder = msgspec.msgpack.Encoder()
@@ -66,21 +70,30 @@ class Engine:
 
     def process(self, events: Iterable[Event]) -> list[Finding]:
         """Fold events in order; return every finding they produced."""
+        return self.process_timed((event.ts.timestamp(), event) for event in events)
+
+    def process_timed(self, items: Iterable[tuple[float, Event]]) -> list[Finding]:
+        """:meth:`process` for ``(t, event)`` pairs whose time is already computed (the aligner's)."""
         findings: list[Finding] = []
         keys = self._keys
-        for event in events:
-            t = event.t
-            key = event.key
+        mark_dirty = self.dirty.add
+        watermark = self.watermark
+        for t, event in items:
+            etype = type(event)
+            key = event.run_id if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
             state = keys.get(key)
             if state is None:
                 state = self._load(key)
             if t > state.last_t:
                 state.last_t = t
-            if t > self.watermark:
-                self.watermark = t
-            if type(event) is UsageEvent:
-                self._update_info(state.info, event)
-            for rule in self._rules(state, type(event)):
+                if t > watermark:
+                    watermark = t
+            if etype is UsageEvent:
+                self._update_info(state, event)  # type: ignore[arg-type]
+            rules = state.routes.get(etype)
+            if rules is None:
+                rules = self._route(state, etype)
+            for rule in rules:
                 name = rule.detector.name
                 rule_state = state.rules.get(name)
                 if rule_state is None:
@@ -88,30 +101,32 @@ class Engine:
                 found = rule.detector.step(rule_state, state.info, event, t)
                 if found:
                     findings.extend(found)
-            self.dirty.add(key)
+            mark_dirty(key)
+        self.watermark = watermark
         return findings
 
-    def _rules(self, state: KeyState, event_type: type) -> list:
-        """Rules that see this event: those whose match passes, or all candidates while the resource is unknown."""
+    def _route(self, state: KeyState, event_type: type) -> list:
+        """Rules that see this event type: those whose match passes, or every candidate
+        while the resource is unknown (no usage event yet). Cached until the resource changes."""
         info = state.info
+        candidates = [r for r in self.ruleset.rules if event_type in r.consumes]
         if not info.known:
-            return [r for r in self.ruleset.rules if event_type in r.consumes]
-        cached = self._rules_for.setdefault(info.resource_id, {})
-        rules = cached.get(event_type)
-        if rules is None:
-            rules = cached[event_type] = [r for r in self.ruleset.rules if event_type in r.consumes and r.matches(info)]
-            live = {r.detector.name for r in self.ruleset.rules if r.matches(info)}
-            for name in [n for n in state.rules if n not in live]:
-                del state.rules[name]
+            return candidates
+        rules = state.routes[event_type] = [r for r in candidates if r.matches(info)]
+        live = {r.detector.name for r in self.ruleset.rules if r.matches(info)}
+        for name in [n for n in state.rules if n not in live]:
+            del state.rules[name]
         return rules
 
-    def _update_info(self, info: ResourceInfo, ev: UsageEvent) -> None:
+    def _update_info(self, state: KeyState, ev: UsageEvent) -> None:
+        info = state.info
         changed = (
             ev.resource_type != info.resource_type
             or ev.tags != info.tags
             or ev.account != info.account
             or ev.region != info.region
             or ev.instance_type != info.instance_type
+            or not info.known
         )
         info.resource_type = ev.resource_type
         info.provider = ev.provider
@@ -128,7 +143,7 @@ class Engine:
             if hourly is not None:
                 info.usd_per_hour = hourly
         if changed:
-            self._rules_for.pop(info.resource_id, None)
+            state.routes.clear()
 
     # -- end of data, TTL, persistence -------------------------------------------------
 
@@ -156,11 +171,9 @@ class Engine:
         """Drop a key from memory (after expiry, or when its partition moves away)."""
         self._keys.pop(key, None)
         self.dirty.discard(key)
-        self._rules_for.pop(key, None)
 
     def forget_all(self) -> None:
         self._keys.clear()
-        self._rules_for.clear()
         self.dirty.clear()
 
     def snapshot(self, key: str) -> bytes | None:

@@ -12,6 +12,7 @@ from typing import Any
 import faust
 import structlog
 from aiokafka.errors import KafkaError
+from faust.types import TP
 
 from detector.alerts import AlertManager
 from detector.delivery import Outbox
@@ -79,21 +80,30 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     async def send_dead_letter(key: bytes | None, value: bytes) -> None:
         await dead_letters.send(key=key, value=value)
 
+    def caught_up(topic: str, partition: int, offset: int) -> bool:
+        highwater = app.consumer.highwater(TP(topic, partition))
+        return highwater is None or offset + 1 >= highwater
+
     pipeline = Pipeline(
         engine=engine,
         store=store,
         outbox=outbox,
         manager=AlertManager(store.fired_alert_ids()),
         send_dead_letter=send_dead_letter,
+        caught_up=caught_up,
     )
 
     @app.agent(source, name="detect")
     async def detect(stream: faust.StreamT) -> Any:
-        async for events in stream.take_events(settings.batch_max_messages, within=settings.batch_within_s):
+        # Manual acks: a message is acknowledged only once detection has seen all of its
+        # events, which the event-time aligner may hold back for a while.
+        manual = stream.noack()
+        async for events in manual.take_events(settings.batch_max_messages, within=settings.batch_within_s):
             messages = [
-                Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value) for e in events
+                Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value, e) for e in events
             ]
-            await pipeline.process(messages)
+            for message in await pipeline.process(messages):
+                await manual.ack(message.token)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
@@ -109,6 +119,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         pipeline.reset()
         assigned_states.clear()
         assigned_states.update(states)
+        pipeline.stats.partitions = len(partitions)
         log.info("state_loaded", partitions=partitions, keys=len(states))
 
     @app.task
@@ -155,8 +166,11 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         return web.json(
             {
                 "status": "ok",
+                "partitions": s.partitions,
                 "messages": s.messages,
                 "events": s.events,
+                "detected": s.detected,
+                "held": len(pipeline.aligner),
                 "dead_letters": s.dead_letters,
                 "alerts_fired": s.alerts_fired,
                 "alerts_resolved": s.alerts_resolved,

@@ -37,8 +37,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not settings.kafka_bootstrap:
         raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set (host:port of a Kafka broker); `burnwatch demo` starts an embedded one")
     from detector.rules import RulesInvalid
+    from detector.runtime import tune_gc
     from streams.app import run_worker
 
+    tune_gc()
     try:
         run_worker(settings)
     except RulesInvalid as exc:
@@ -104,7 +106,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from detector.backtest import backtest
     from detector.replay import ReplayError
     from detector.rules import RulesInvalid, load_rules
+    from detector.runtime import tune_gc
 
+    tune_gc()
     settings = _settings(args)
     try:
         ruleset = load_rules(args.rules or settings.rules_path)

@@ -16,10 +16,12 @@ import base64
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import structlog
 
+from detector.align import EventTimeAligner
 from detector.alerts import Alert, AlertManager
 from detector.delivery import Outbox
 from detector.engine import Engine
@@ -40,17 +42,24 @@ class Message(msgspec.Struct):
     offset: int
     key: bytes | None
     value: bytes
+    token: Any = None
+    """What the consumer needs to acknowledge this message (the Faust event)."""
 
 
 @dataclass
 class Stats:
     messages: int = 0
     events: int = 0
+    """Events decoded and stored."""
+    detected: int = 0
+    """Events released by the aligner to the detectors."""
     dead_letters: int = 0
     alerts_fired: int = 0
     alerts_resolved: int = 0
     batches: int = 0
     insert_s: float = 0.0
+    partitions: int = 0
+    """Input partitions assigned to this worker (0 until the group has settled)."""
     started: float = field(default_factory=time.monotonic)
 
 
@@ -78,6 +87,8 @@ class Pipeline:
         outbox: Outbox,
         manager: AlertManager,
         send_dead_letter: Callable[[bytes | None, bytes], Awaitable[None]],
+        caught_up: Callable[[str, int, int], bool] = lambda topic, partition, offset: True,
+        lateness_s: float = 60.0,
         decoder: EventDecoder | None = None,
     ) -> None:
         self.engine = engine
@@ -86,6 +97,8 @@ class Pipeline:
         self.manager = manager
         self.decoder = decoder or EventDecoder()
         self._send_dead_letter = send_dead_letter
+        self._caught_up = caught_up
+        self.aligner: EventTimeAligner[Message] = EventTimeAligner(lateness_s)
         self._partition_of: dict[str, int] = {}
         """Key → partition it arrived on, so its state is filed under that partition."""
         self.stats = Stats()
@@ -93,13 +106,19 @@ class Pipeline:
         self._positions: dict[tuple[str, int], int] = {}
         """Next expected offset per topic-partition: a jump or a rewind is logged."""
 
-    async def process(self, messages: Sequence[Message]) -> list[Alert]:
+    async def process(self, messages: Sequence[Message]) -> list[Message]:
+        """Handle one batch; return the messages whose every event detection has now seen,
+        which are the ones to acknowledge (the aligner may still hold others)."""
         stats = self.stats
         batch = EventBatch()
-        events: list = []
-        dead: list[tuple[Message, str]] = []
+        dead: list[Message] = []
+        reasons: list[str] = []
+        done: list[Message] = []
         decode = self.decoder.decode
         positions = self._positions
+        aligner = self.aligner
+        partition_of = self._partition_of
+        n_events = 0
         for message in messages:
             tp = (message.topic, message.partition)
             expected = positions.get(tp)
@@ -109,14 +128,18 @@ class Pipeline:
             try:
                 decoded = decode(message.topic, message.value)
             except InvalidMessage as exc:
-                dead.append((message, exc.reason))
+                dead.append(message)
+                reasons.append(exc.reason)
                 continue
-            partition_of = self._partition_of
             for event in decoded:
                 partition_of[event.key] = message.partition
-            events.extend(decoded)
-        batch.extend(events)
-        alerts = self.manager.handle(self.engine.process(events))
+            batch.extend(decoded)
+            aligner.push(tp, decoded, message)
+            n_events += len(decoded)
+        for (topic, partition), next_offset in positions.items():
+            aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
+        events, done = aligner.release()
+        alerts = self.manager.handle(self.engine.process_timed(events))
         states = self._dirty_states()
 
         loop = asyncio.get_running_loop()
@@ -127,13 +150,15 @@ class Pipeline:
         self.outbox.add(alerts)
         if len(self.outbox):
             self.outbox_ready.set()
-        for message, reason in dead:
+        for message, reason in zip(dead, reasons):
             await self._send_dead_letter(message.key, dead_letter(message, reason))
             log.warning("dead_letter", topic=message.topic, partition=message.partition, offset=message.offset, reason=reason)
+        done.extend(dead)
 
         stats.batches += 1
         stats.messages += len(messages)
-        stats.events += len(events)
+        stats.events += n_events
+        stats.detected += len(events)
         stats.dead_letters += len(dead)
         for alert in alerts:
             if alert.change == "fired":
@@ -142,12 +167,15 @@ class Pipeline:
                 stats.alerts_resolved += 1
             if alert.change != "updated":
                 log.info(f"alert_{alert.change}", alert_id=alert.alert_id, summary=alert.summary())
-        return alerts
+        return done
 
     def reset(self) -> None:
-        """Partitions moved: drop every key's cached state (it reloads from the store)."""
+        """Partitions moved: drop every key's cached state (it reloads from the store) and
+        whatever the aligner holds (unacknowledged, so it is read again by the new owner)."""
         self.engine.forget_all()
         self._partition_of.clear()
+        self._positions.clear()
+        self.aligner.clear()
 
     def _dirty_states(self) -> list[tuple[str, int, bytes]]:
         engine, states = self.engine, []

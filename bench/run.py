@@ -1,0 +1,180 @@
+"""``make bench``: throughput and alert latency on real parts. Not part of ``make test``.
+
+1. backtest: events/s of the detection code in-process over a simulated fleet
+   of at least one million events;
+2. streaming: the same file replayed into the embedded broker, then one worker
+   process consumes it into ClickHouse; events/s from its first to its last
+   event (also the replay producer's rate);
+3. latency: a live, paced fleet into a caught-up worker; for each alert, wall
+   time from publishing the message that completes the idle threshold to the
+   local Slack server receiving the post; p50 / p99.
+
+Prints a Markdown table for docs/performance.md and writes bench/out/results.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from detector.backtest import backtest  # noqa: E402
+from detector.replay import write_replay  # noqa: E402
+from detector.rules import load_rules  # noqa: E402
+from detector.runtime import tune_gc  # noqa: E402
+from detector.simulate import SimConfig, simulate  # noqa: E402
+from detector.testing import LocalSlack  # noqa: E402
+from streams.embedded import EmbeddedBroker, free_port  # noqa: E402
+from streams.kafka import ensure_topics, file_records, publish_records, value_end_time  # noqa: E402
+from streams.process import WorkerProcess  # noqa: E402
+
+PARTITIONS = 4
+BIG = SimConfig(hours=24, training_hosts=46, notebooks=24, inference_endpoints=8, seed=21)
+LIVE = SimConfig(hours=10, training_hosts=16, notebooks=8, inference_endpoints=2, seed=22)
+LIVE_SPEED = 1200.0
+
+
+def count_events(messages: list[tuple[str, str, bytes]]) -> int:
+    return sum(len(v) if isinstance(v, list) else 1 for v in (json.loads(m[2]) for m in messages))
+
+
+def worker_env(bootstrap: str, workdir: Path, **extra: str) -> dict[str, str]:
+    return {
+        "BURNWATCH_KAFKA_BOOTSTRAP": bootstrap,
+        "BURNWATCH_DATA_DIR": str(workdir),
+        "BURNWATCH_RULES": str(ROOT / "rules"),
+        "BURNWATCH_PARTITIONS": str(PARTITIONS),
+        "BURNWATCH_WEB_PORT": str(free_port()),
+        "BURNWATCH_LOG_FORMAT": "json",
+        "BURNWATCH_SESSION_TIMEOUT_S": "6",
+        **extra,
+    }
+
+
+def bench_backtest(path: Path, ruleset) -> dict:
+    started = time.perf_counter()
+    result = backtest(path, ruleset)
+    elapsed = time.perf_counter() - started
+    return {"events": result.events, "messages": result.messages, "seconds": elapsed,
+            "events_per_s": result.events / elapsed, "alerts": len(result.alerts)}  # fmt: skip
+
+
+def bench_streaming(path: Path, workdir: Path) -> dict:
+    messages = list(file_records(path))
+    n_events = count_events(messages)
+    with EmbeddedBroker(log_path=workdir / "broker-stream.log") as broker:
+
+        async def publish() -> float:
+            await ensure_topics(broker.bootstrap, PARTITIONS)
+            started = time.perf_counter()
+            await publish_records(broker.bootstrap, messages)
+            return time.perf_counter() - started
+
+        publish_s = asyncio.run(publish())
+        worker = WorkerProcess(worker_env(broker.bootstrap, workdir / "stream"), workdir / "worker-stream.log").start()
+        try:
+            worker.wait_until(lambda h: h["events"] > 0, timeout=120, poll_s=0.02)
+            first = time.perf_counter()
+            health = worker.wait_until(lambda h: h["events"] >= n_events, timeout=900, poll_s=0.05)
+            elapsed = time.perf_counter() - first
+        finally:
+            worker.stop()
+    return {"events": n_events, "messages": len(messages), "seconds": elapsed,
+            "events_per_s": n_events / elapsed, "messages_per_s": len(messages) / elapsed,
+            "replay_messages_per_s": len(messages) / publish_s, "replay_events_per_s": n_events / publish_s,
+            "alerts_fired": health["alerts_fired"]}  # fmt: skip
+
+
+def bench_latency(workdir: Path, ruleset) -> dict:
+    records, labels = simulate(LIVE, ruleset.pricing)
+    path = workdir / "live.jsonl"
+    with open(path, "wb") as out:
+        write_replay(records, out)
+    messages = list(file_records(path))
+    # The message that completes each episode's threshold: the first of that resource
+    # whose samples reach 30 minutes after the episode's start.
+    expected = backtest(path, ruleset).alerts
+    completing: dict[int, str] = {}
+    for alert in expected:
+        for i, (topic, key, value) in enumerate(messages):
+            if topic == "gpu-metrics" and key == alert.resource_id and (value_end_time(value) or 0) >= alert.fired_at:
+                completing[i] = alert.alert_id
+                break
+    sent_at: dict[str, float] = {}
+
+    def on_sent(index: int) -> None:
+        alert_id = completing.get(index - 1)
+        if alert_id is not None:
+            sent_at[alert_id] = time.monotonic()
+
+    with EmbeddedBroker(log_path=workdir / "broker-live.log") as broker, LocalSlack() as slack:
+        env = worker_env(broker.bootstrap, workdir / "live", SLACK_BOT_TOKEN="xoxb-bench",
+                         SLACK_CHANNEL="#bench", SLACK_BASE_URL=slack.api_url)  # fmt: skip
+        asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
+        worker = WorkerProcess(env, workdir / "worker-live.log").start()
+        try:
+            worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
+            asyncio.run(publish_records(broker.bootstrap, messages, speed=LIVE_SPEED, on_sent=on_sent))
+            slack.wait_for(lambda reqs: sum("thread_ts" not in r.body for r in reqs) >= len(expected), timeout=60)
+        finally:
+            worker.stop()
+    pattern = re.compile(r"alert `([0-9a-f]{16})`")
+    received = {}
+    for request in slack.calls("chat.postMessage"):
+        if "thread_ts" not in request.body:
+            match = pattern.search(request.text_of_blocks())
+            if match:
+                received[match.group(1)] = request.received_at
+    delays = sorted((received[a] - sent_at[a]) * 1000 for a in sent_at if a in received)
+    if not delays:
+        return {"alerts": 0}
+    p99 = delays[min(len(delays) - 1, round(0.99 * (len(delays) - 1)))]
+    return {"alerts": len(delays), "p50_ms": statistics.median(delays), "p99_ms": p99, "max_ms": delays[-1],
+            "speed": LIVE_SPEED}  # fmt: skip
+
+
+def main() -> int:
+    tune_gc()  # as `burnwatch backtest` and `burnwatch worker` do
+    ruleset = load_rules(ROOT / "rules")
+    out_dir = ROOT / "bench" / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="burnwatch-bench-") as tmp:
+        workdir = Path(tmp)
+        records, labels = simulate(BIG, ruleset.pricing)
+        path = workdir / "fleet.jsonl"
+        with open(path, "wb") as out:
+            write_replay(records, out)
+        print(f"fleet: {path.stat().st_size / 1e6:.0f} MB replay file", flush=True)
+        results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
+        results["backtest"] = bench_backtest(path, ruleset)
+        print("backtest", results["backtest"], flush=True)
+        results["streaming"] = bench_streaming(path, workdir)
+        print("streaming", results["streaming"], flush=True)
+        results["latency"] = bench_latency(workdir, ruleset)
+        print("latency", results["latency"], flush=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    b, s, lat = results["backtest"], results["streaming"], results["latency"]
+    print()
+    print(f"| measure | figure |\n|---|---|")
+    print(f"| fleet | {b['events']:,} events in {b['messages']:,} messages ({b['events'] / b['messages']:.1f} events/message) |")
+    print(f"| backtest | {b['events_per_s']:,.0f} events/s |")
+    print(f"| replay (aiokafka producer) | {s['replay_messages_per_s']:,.0f} messages/s, {s['replay_events_per_s']:,.0f} events/s |")
+    print(f"| streaming, one worker, into ClickHouse | {s['events_per_s']:,.0f} events/s ({s['messages_per_s']:,.0f} messages/s) |")
+    if lat.get("alerts"):
+        print(f"| publish → Slack post, {lat['alerts']} alerts at {lat['speed']:g}x | p50 {lat['p50_ms']:,.0f} ms, p99 {lat['p99_ms']:,.0f} ms |")
+    print(f"| machine | {results['machine']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""``burnwatch demo``: the whole pipeline on one machine, on embedded defaults.
+
+Starts the embedded broker, the worker (its ClickHouse under
+``.burnwatch/demo/``), replays a simulated fleet at accelerated event time,
+prints each alert as the worker fires it, then a summary scored against the
+simulator's ground truth and one post-mortem query. Every process it starts
+is stopped on exit, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+from detector.replay import write_replay
+from detector.rules import load_rules
+from detector.settings import Settings
+from detector.simulate import SimConfig, simulate
+from detector.store import Store, epoch
+from detector.units import rfc3339
+from streams.embedded import EmbeddedBroker, free_port
+from streams.kafka import ensure_topics, file_records, publish_records
+from streams.process import WorkerProcess
+
+__all__ = ["run_demo"]
+
+POSTMORTEM_SQL = """\
+SELECT tags['team'] AS team,
+       count() AS episodes,
+       round(sum(waste_usd), 2) AS wasted_usd,
+       round(sum(dateDiff('second', episode_start, coalesce(resolved_at, updated_at))) / 3600, 1) AS idle_hours
+FROM burnwatch.alerts FINAL
+WHERE type = 'idle_gpu'
+GROUP BY team
+ORDER BY wasted_usd DESC"""
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _follow_alerts(log_path: Path, stop: threading.Event) -> None:
+    """Print the worker's alert lines as they appear in its log."""
+    position = 0
+    while not stop.is_set():
+        try:
+            with open(log_path, "rb") as log:
+                log.seek(position)
+                for line in log:
+                    position += len(line)
+                    if not line.startswith(b"{"):
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    if record.get("event") in ("alert_fired", "alert_resolved"):
+                        marker = "🔥" if record["event"] == "alert_fired" else "✅"
+                        _say(f"  {marker} {record['summary']}")
+                    elif record.get("level") in ("error", "critical"):
+                        _say(f"  ! worker: {record.get('event')} {record}")
+        except FileNotFoundError:
+            pass
+        stop.wait(0.2)
+
+
+def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> int:
+    workdir = (settings.data_dir / "demo").resolve()
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    ruleset = load_rules(settings.rules_path)
+    cfg = SimConfig(hours=hours)
+    records, labels = simulate(cfg, ruleset.pricing)
+    replay = workdir / "fleet.jsonl"
+    with open(replay, "wb") as out:
+        n_messages = write_replay(records, out)
+    (workdir / "labels.jsonl").write_text("".join(json.dumps(label.to_json()) + "\n" for label in labels))
+    messages = list(file_records(replay))
+    n_events = sum(len(v) if isinstance(v, list) else 1 for v in (json.loads(m[2]) for m in messages))
+
+    _say(f"burnwatch demo: {hours:g}h of a simulated fleet ({n_events:,} events in {n_messages:,} messages,")
+    _say(f"  {len(labels)} injected idle-GPU episodes) replayed at {speed:g}x event time")
+    broker = worker = None
+    stop_follow = threading.Event()
+    started = time.monotonic()
+    try:
+        if settings.kafka_bootstrap:
+            bootstrap = settings.kafka_bootstrap
+            _say(f"- Kafka: {bootstrap}")
+        else:
+            broker = EmbeddedBroker(log_path=workdir / "broker.log").start()
+            bootstrap = broker.bootstrap
+            _say(f"- Kafka: embedded Tansu broker on {bootstrap}")
+        dsn = settings.clickhouse_dsn or f"chdb://{workdir / 'clickhouse'}"
+        _say(f"- ClickHouse: {dsn}")
+        slack = "posting to Slack" if settings.slack_configured else "Slack not configured: alerts are printed here"
+        _say(f"- Slack: {slack}")
+        asyncio.run(ensure_topics(bootstrap, settings.partitions))
+        env = {
+            "BURNWATCH_KAFKA_BOOTSTRAP": bootstrap,
+            "BURNWATCH_CLICKHOUSE_DSN": dsn,
+            "BURNWATCH_DATA_DIR": str(workdir),
+            "BURNWATCH_RULES": str(settings.rules_path.resolve()),
+            "BURNWATCH_PARTITIONS": str(settings.partitions),
+            "BURNWATCH_WEB_PORT": str(free_port()),
+            "BURNWATCH_LOG_FORMAT": "json",
+            "BURNWATCH_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
+        }
+        log_path = workdir / "worker.log"
+        worker = WorkerProcess(env, log_path).start()
+        follower = threading.Thread(target=_follow_alerts, args=(log_path, stop_follow), daemon=True)
+        follower.start()
+        worker.wait_until(lambda h: True, timeout=90)
+        _say(f"- worker up ({time.monotonic() - started:.0f}s); replaying the fleet...")
+        _say()
+        asyncio.run(publish_records(bootstrap, messages, speed=speed))
+        health = worker.wait_until(lambda h: h["events"] >= n_events and h["slack_pending"] == 0, timeout=120)
+        stop_follow.set()
+        follower.join(timeout=2)
+        worker.stop()
+        worker = None
+        _say()
+        _say(f"Processed {health['events']:,} events ({health['dead_letters']} to dead-letter) "
+             f"in {time.monotonic() - started:.0f}s of wall time.")  # fmt: skip
+        _summary(dsn, settings.clickhouse_database, labels)
+        return 0
+    except KeyboardInterrupt:
+        _say("\ninterrupted; stopping")
+        return 130
+    finally:
+        stop_follow.set()
+        if worker is not None:
+            worker.stop(timeout=15)
+        if broker is not None:
+            broker.stop()
+
+
+def _summary(dsn: str, database: str, labels: list) -> None:
+    store = Store.open(dsn, database)
+    try:
+        alerts = store.alerts("type = 'idle_gpu'")
+        wasted = sum(a["waste_usd"] for a in alerts)
+        found = sum(
+            any(a["resource_id"] == label.resource_id
+                and label.start <= epoch(a["episode_start"]) <= label.end
+                for a in alerts)
+            for label in labels
+        )  # fmt: skip
+        _say(f"{len(alerts)} idle-GPU alerts, ${wasted:,.2f} of idle GPU time caught; "
+             f"{found} of {len(labels)} injected episodes found.")  # fmt: skip
+        _say()
+        _say("A post-mortem query (burnwatch sql '...' runs any other):")
+        _say()
+        _say("    " + POSTMORTEM_SQL.replace("\n", "\n    "))
+        _say()
+        rows = store.query(POSTMORTEM_SQL)
+        cols = ["team", "episodes", "wasted_usd", "idle_hours"]
+        _say("    " + "  ".join(f"{c:>12}" for c in cols))
+        for row in rows:
+            _say("    " + "  ".join(f"{str(row[c] or '(untagged)'):>12}" for c in cols))
+        first = min((a["fired_at"] for a in alerts), default=None)
+        if first is not None:
+            _say()
+            _say(f"Alerts and events stay in ClickHouse ({dsn}); first alert fired at "
+                 f"{rfc3339(epoch(first))} event time.")  # fmt: skip
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo(Settings()))
