@@ -40,6 +40,10 @@ from streams.process import WorkerProcess  # noqa: E402
 
 PARTITIONS = 4
 BIG = SimConfig(hours=24, training_hosts=46, notebooks=24, inference_endpoints=8, seed=21)
+# The same fleet with exporters that send every 5 minutes (GPU) and 15 minutes (usage):
+# the same events in a fifth of the messages.
+BIG_BATCHED = SimConfig(hours=24, training_hosts=46, notebooks=24, inference_endpoints=8, seed=21,
+                        flush_s=300, usage_flush_s=900)  # fmt: skip
 LIVE = SimConfig(hours=10, training_hosts=16, notebooks=8, inference_endpoints=2, seed=22)
 LIVE_SPEED = 1200.0
 
@@ -69,7 +73,7 @@ def bench_backtest(path: Path, ruleset) -> dict:
             "events_per_s": result.events / elapsed, "alerts": len(result.alerts)}  # fmt: skip
 
 
-def bench_streaming(path: Path, workdir: Path) -> dict:
+def bench_streaming(path: Path, workdir: Path, name: str) -> dict:
     messages = list(file_records(path))
     n_events = count_events(messages)
     with EmbeddedBroker(log_path=workdir / "broker-stream.log") as broker:
@@ -81,7 +85,7 @@ def bench_streaming(path: Path, workdir: Path) -> dict:
             return time.perf_counter() - started
 
         publish_s = asyncio.run(publish())
-        worker = WorkerProcess(worker_env(broker.bootstrap, workdir / "stream"), workdir / "worker-stream.log").start()
+        worker = WorkerProcess(worker_env(broker.bootstrap, workdir / name), workdir / f"worker-{name}.log").start()
         try:
             worker.wait_until(lambda h: h["events"] > 0, timeout=120, poll_s=0.02)
             first = time.perf_counter()
@@ -158,18 +162,26 @@ def main() -> int:
         results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
         results["backtest"] = bench_backtest(path, ruleset)
         print("backtest", results["backtest"], flush=True)
-        results["streaming"] = bench_streaming(path, workdir)
+        results["streaming"] = bench_streaming(path, workdir, "stream")
         print("streaming", results["streaming"], flush=True)
+        records, _ = simulate(BIG_BATCHED, ruleset.pricing)
+        batched_path = workdir / "fleet-batched.jsonl"
+        with open(batched_path, "wb") as out:
+            write_replay(records, out)
+        results["streaming_batched"] = bench_streaming(batched_path, workdir, "stream-batched")
+        print("streaming, batched exporters", results["streaming_batched"], flush=True)
         results["latency"] = bench_latency(workdir, ruleset)
         print("latency", results["latency"], flush=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
-    b, s, lat = results["backtest"], results["streaming"], results["latency"]
+    b, s, sb, lat = results["backtest"], results["streaming"], results["streaming_batched"], results["latency"]
     print()
     print(f"| measure | figure |\n|---|---|")
     print(f"| fleet | {b['events']:,} events in {b['messages']:,} messages ({b['events'] / b['messages']:.1f} events/message) |")
     print(f"| backtest | {b['events_per_s']:,.0f} events/s |")
     print(f"| replay (aiokafka producer) | {s['replay_messages_per_s']:,.0f} messages/s, {s['replay_events_per_s']:,.0f} events/s |")
     print(f"| streaming, one worker, into ClickHouse | {s['events_per_s']:,.0f} events/s ({s['messages_per_s']:,.0f} messages/s) |")
+    per_msg = sb["events"] / sb["messages"]
+    print(f"| same, exporters batching 5 min ({per_msg:.0f} events/message) | {sb['events_per_s']:,.0f} events/s ({sb['messages_per_s']:,.0f} messages/s) |")
     if lat.get("alerts"):
         print(f"| publish → Slack post, {lat['alerts']} alerts at {lat['speed']:g}x | p50 {lat['p50_ms']:,.0f} ms, p99 {lat['p99_ms']:,.0f} ms |")
     print(f"| machine | {results['machine']} |")

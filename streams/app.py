@@ -61,6 +61,8 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         web_bind=settings.web_host,
         producer_max_request_size=8 << 20,
         stream_buffer_maxsize=max(4096, settings.batch_max_messages * 2),
+        broker_max_poll_records=settings.batch_max_messages,
+        consumer_max_fetch_size=8 << 20,
         table_standby_replicas=0,
     )
     source = app.topic(
@@ -102,12 +104,12 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
             messages = [
                 Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value, e) for e in events
             ]
-            for message in await pipeline.process(messages):
-                await manual.ack(message.token)
+            await pipeline.process(messages, ack=lambda message: manual.ack(message.token))
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
         # State moves with partitions: what this worker holds may now belong to another.
+        await pipeline.drain()
         pipeline.reset()
         assigned_states.clear()
 

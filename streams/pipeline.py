@@ -1,12 +1,12 @@
 """What the worker does with one batch of messages, apart from Faust.
 
-Per batch, in this order: decode (bad messages to the dead-letter topic),
-detect, write events and alert changes to ClickHouse, queue alert changes for
-Slack, persist the state of the keys the batch touched. Only then does the
-agent ask for the next batch, and only then are the batch's offsets acked, so
-a crash re-reads at most the batch in flight. Re-reading is safe: detector
-steps ignore samples they have already seen and alert ids are deterministic,
-so nothing is alerted twice.
+Per batch: decode (bad messages to the dead-letter topic), align on event
+time, detect; then, in a writer thread while the next batch is detected, write
+the events, alert changes and the state of the keys the batch touched to
+ClickHouse; then queue alert changes for Slack and acknowledge the messages
+whose events detection has seen. A crash re-reads what was not acknowledged.
+Re-reading is safe: detector steps ignore samples they have already seen and
+alert ids are deterministic, so nothing is alerted twice.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from detector.align import EventTimeAligner
 from detector.alerts import Alert, AlertManager
 from detector.delivery import Outbox
 from detector.engine import Engine
-from detector.events import EventDecoder, InvalidMessage
+from detector.events import EventDecoder, InvalidMessage, RunEvent
 from detector.store import EventBatch, Store
 
 __all__ = ["Message", "Pipeline", "Stats"]
@@ -78,6 +79,23 @@ def dead_letter(message: Message, reason: str) -> bytes:
     )
 
 
+@dataclass
+class _Step:
+    """One batch between detection and acknowledgement."""
+
+    batch: EventBatch = field(default_factory=EventBatch)
+    dead: list[tuple[Message, str]] = field(default_factory=list)
+    done: list[Message] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+    states: list[tuple[str, int, bytes]] = field(default_factory=list)
+    detected: int = 0
+    messages: int = 0
+
+
+def _key(event: Any) -> str:
+    return event.run_id if type(event) is RunEvent else event.resource_id
+
+
 class Pipeline:
     def __init__(
         self,
@@ -105,20 +123,32 @@ class Pipeline:
         self.outbox_ready = asyncio.Event()
         self._positions: dict[tuple[str, int], int] = {}
         """Next expected offset per topic-partition: a jump or a rewind is logged."""
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
+        self._inflight: asyncio.Future | None = None
 
-    async def process(self, messages: Sequence[Message]) -> list[Message]:
-        """Handle one batch; return the messages whose every event detection has now seen,
-        which are the ones to acknowledge (the aligner may still hold others)."""
-        stats = self.stats
-        batch = EventBatch()
-        dead: list[Message] = []
-        reasons: list[str] = []
-        done: list[Message] = []
+    async def process(self, messages: Sequence[Message], ack: Callable[[Message], Awaitable[Any]]) -> None:
+        """Handle one batch. Detection runs now; the ClickHouse write runs in a writer
+        thread while the next batch is detected. Once written, alert changes are queued
+        for Slack and ``ack`` is called for each message detection has fully seen (the
+        aligner may hold some back). At most one write is in flight."""
+        step = self._detect(messages)
+        await self.drain()
+        loop = asyncio.get_running_loop()
+        write = loop.run_in_executor(self._writer, self._write, step)
+        self._inflight = asyncio.ensure_future(self._finish(write, step, ack))
+
+    async def drain(self) -> None:
+        """Wait for the write in flight, if any, and its acknowledgements."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            await inflight
+
+    def _detect(self, messages: Sequence[Message]) -> _Step:
+        step = _Step()
         decode = self.decoder.decode
         positions = self._positions
         aligner = self.aligner
         partition_of = self._partition_of
-        n_events = 0
         for message in messages:
             tp = (message.topic, message.partition)
             expected = positions.get(tp)
@@ -128,46 +158,46 @@ class Pipeline:
             try:
                 decoded = decode(message.topic, message.value)
             except InvalidMessage as exc:
-                dead.append(message)
-                reasons.append(exc.reason)
+                step.dead.append((message, exc.reason))
                 continue
             for event in decoded:
-                partition_of[event.key] = message.partition
-            batch.extend(decoded)
+                partition_of[_key(event)] = message.partition
+            step.batch.extend(decoded)
             aligner.push(tp, decoded, message)
-            n_events += len(decoded)
         for (topic, partition), next_offset in positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
-        events, done = aligner.release()
-        alerts = self.manager.handle(self.engine.process_timed(events))
-        states = self._dirty_states()
+        events, step.done = aligner.release()
+        step.detected = len(events)
+        step.alerts = self.manager.handle(self.engine.process_timed(events))
+        step.states = self._dirty_states()
+        step.messages = len(messages)
+        return step
 
-        loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        await loop.run_in_executor(None, self._write, batch, alerts, states)
-        stats.insert_s += time.perf_counter() - started
-
-        self.outbox.add(alerts)
+    async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[Message], Awaitable[Any]]) -> None:
+        stats = self.stats
+        stats.insert_s += await write
+        self.outbox.add(step.alerts)
         if len(self.outbox):
             self.outbox_ready.set()
-        for message, reason in zip(dead, reasons):
+        for message, reason in step.dead:
             await self._send_dead_letter(message.key, dead_letter(message, reason))
             log.warning("dead_letter", topic=message.topic, partition=message.partition, offset=message.offset, reason=reason)
-        done.extend(dead)
-
+        for message in step.done:
+            await ack(message)
+        for message, _ in step.dead:
+            await ack(message)
         stats.batches += 1
-        stats.messages += len(messages)
-        stats.events += n_events
-        stats.detected += len(events)
-        stats.dead_letters += len(dead)
-        for alert in alerts:
+        stats.messages += step.messages
+        stats.events += len(step.batch)
+        stats.detected += step.detected
+        stats.dead_letters += len(step.dead)
+        for alert in step.alerts:
             if alert.change == "fired":
                 stats.alerts_fired += 1
             elif alert.change == "resolved":
                 stats.alerts_resolved += 1
             if alert.change != "updated":
                 log.info(f"alert_{alert.change}", alert_id=alert.alert_id, summary=alert.summary())
-        return done
 
     def reset(self) -> None:
         """Partitions moved: drop every key's cached state (it reloads from the store) and
@@ -186,12 +216,15 @@ class Pipeline:
         engine.dirty.clear()
         return states
 
-    def _write(self, batch: EventBatch, alerts: list[Alert], states: list[tuple[str, int, bytes]]) -> None:
+    def _write(self, step: _Step) -> float:
         """Events, then alert changes (an alert is stored before it can be delivered), then
-        the state that reflects them. All before the batch's offsets are acked."""
+        the state that reflects them: all before the batch's messages are acknowledged.
+        Runs in the writer thread; returns the seconds it took."""
+        started = time.perf_counter()
         version = time.time_ns()
-        if len(batch):
-            self.store.insert_events(batch)
-        if alerts:
-            self.store.record_alerts(alerts, version=version)
-        self.store.save_states(states, version=version)
+        if len(step.batch):
+            self.store.insert_events(step.batch)
+        if step.alerts:
+            self.store.record_alerts(step.alerts, version=version)
+        self.store.save_states(step.states, version=version)
+        return time.perf_counter() - started
