@@ -65,6 +65,11 @@ class EventTimeAligner(Generic[T]):
         if not events:
             self._pending.pop(msg)
 
+    def expect(self, source: Hashable) -> None:
+        """Hold everything back until ``source`` has given its first events or is caught up:
+        a partition just assigned may hold older events than the others have shown yet."""
+        self._source_t.setdefault(source, float("-inf"))
+
     def caught_up(self, source: Hashable, value: bool = True) -> None:
         """Say whether ``source`` has nothing more to read right now."""
         if value:

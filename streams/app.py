@@ -82,8 +82,11 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     async def send_dead_letter(key: bytes | None, value: bytes) -> None:
         await dead_letters.send(key=key, value=value)
 
-    def caught_up(topic: str, partition: int, offset: int) -> bool:
+    def caught_up(topic: str, partition: int, offset: int | None) -> bool:
+        """Nothing more to read now; ``offset`` None: nothing read yet since assignment."""
         highwater = app.consumer.highwater(TP(topic, partition))
+        if offset is None:
+            return highwater == 0
         return highwater is None or offset + 1 >= highwater
 
     pipeline = Pipeline(
@@ -119,6 +122,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         loop = asyncio.get_running_loop()
         states = await loop.run_in_executor(None, store.load_states, partitions)
         pipeline.reset()
+        pipeline.expect((tp.topic, tp.partition) for tp in assigned if tp.topic in TOPICS)
         assigned_states.clear()
         assigned_states.update(states)
         pipeline.stats.partitions = len(partitions)

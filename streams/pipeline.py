@@ -15,7 +15,7 @@ import asyncio
 import base64
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +105,8 @@ class Pipeline:
         outbox: Outbox,
         manager: AlertManager,
         send_dead_letter: Callable[[bytes | None, bytes], Awaitable[None]],
-        caught_up: Callable[[str, int, int], bool] = lambda topic, partition, offset: True,
+        caught_up: Callable[[str, int, int | None], bool] = lambda topic, partition, offset: True,
+        startup_grace_s: float = 10.0,
         lateness_s: float = 60.0,
         decoder: EventDecoder | None = None,
     ) -> None:
@@ -123,6 +124,10 @@ class Pipeline:
         self.outbox_ready = asyncio.Event()
         self._positions: dict[tuple[str, int], int] = {}
         """Next expected offset per topic-partition: a jump or a rewind is logged."""
+        self._expected: dict[tuple[str, int], float] = {}
+        """Assigned partitions not seen yet → wall-clock deadline after which they stop holding
+        the others back (flow control only: detection itself never reads the clock)."""
+        self._startup_grace_s = startup_grace_s
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
         self._inflight: asyncio.Future | None = None
 
@@ -166,6 +171,14 @@ class Pipeline:
             aligner.push(tp, decoded, message)
         for (topic, partition), next_offset in positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
+        if self._expected:
+            now = time.monotonic()
+            for tp, deadline in list(self._expected.items()):
+                if tp in positions:
+                    del self._expected[tp]
+                elif now > deadline or self._caught_up(tp[0], tp[1], None):
+                    aligner.caught_up(tp)
+                    del self._expected[tp]
         events, step.done = aligner.release()
         step.detected = len(events)
         step.alerts = self.manager.handle(self.engine.process_timed(events))
@@ -199,12 +212,20 @@ class Pipeline:
             if alert.change != "updated":
                 log.info(f"alert_{alert.change}", alert_id=alert.alert_id, summary=alert.summary())
 
+    def expect(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Newly assigned input partitions: align on them as soon as they deliver."""
+        deadline = time.monotonic() + self._startup_grace_s
+        for tp in partitions:
+            self._expected[tp] = deadline
+            self.aligner.expect(tp)
+
     def reset(self) -> None:
         """Partitions moved: drop every key's cached state (it reloads from the store) and
         whatever the aligner holds (unacknowledged, so it is read again by the new owner)."""
         self.engine.forget_all()
         self._partition_of.clear()
         self._positions.clear()
+        self._expected.clear()
         self.aligner.clear()
 
     def _dirty_states(self) -> list[tuple[str, int, bytes]]:

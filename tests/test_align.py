@@ -1,0 +1,86 @@
+"""Event-time alignment: a source running ahead waits for the one behind; tokens come back
+only when every event of their message has been released."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from detector.align import EventTimeAligner
+
+
+@dataclass(frozen=True)
+class Ev:
+    t: float
+
+    @property
+    def ts(self):  # the aligner reads ts.timestamp(), as on real events
+        return self
+
+    def timestamp(self) -> float:
+        return self.t
+
+
+def times(released):
+    return [t for t, _ in released]
+
+
+def test_a_source_ahead_waits_for_the_one_behind():
+    aligner = EventTimeAligner(lateness_s=0)
+    aligner.push("usage", [Ev(100), Ev(400), Ev(700)], token="u1")  # hours ahead in a backlog
+    aligner.push("gpu", [Ev(10), Ev(20)], token="g1")
+    released, tokens = aligner.release()
+    assert times(released) == [10, 20]  # usage at 100 must wait: gpu has only reached 20
+    assert tokens == ["g1"]
+    aligner.push("gpu", [Ev(450)], token="g2")
+    released, tokens = aligner.release()
+    assert times(released) == [100, 400, 450]
+    assert tokens == ["g2"]  # u1 still has an event (700) held
+    aligner.caught_up("gpu")  # nothing more to read on gpu: it no longer holds usage back
+    released, tokens = aligner.release()
+    assert times(released) == [700] and tokens == ["u1"]
+
+
+def test_lateness_holds_events_inside_the_window():
+    aligner = EventTimeAligner(lateness_s=60)
+    aligner.push("a", [Ev(0), Ev(50), Ev(100)])
+    assert times(aligner.release()[0]) == [0]  # watermark = 100 - 60 = 40
+    assert times(aligner.release(everything=True)[0]) == [50, 100]
+
+
+def test_an_expected_source_holds_everything_until_it_reports():
+    aligner = EventTimeAligner(lateness_s=0)
+    aligner.expect("slow")
+    aligner.push("fast", [Ev(5)], token="f")
+    assert aligner.release() == ([], [])
+    aligner.push("slow", [Ev(3)], token="s")
+    released, tokens = aligner.release()
+    assert times(released) == [3] and tokens == ["s"]
+
+
+def test_clear_drops_everything_held():
+    aligner = EventTimeAligner()
+    aligner.push("a", [Ev(1)], token="x")
+    aligner.clear()
+    assert len(aligner) == 0 and aligner.release(everything=True) == ([], [])
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.lists(st.floats(0, 1e6), min_size=1, max_size=5)), max_size=40))
+def test_everything_comes_out_once_in_time_order(messages):
+    """Whatever the interleaving, every event is released exactly once, in time order, and
+    every message's token once."""
+    aligner = EventTimeAligner(lateness_s=0)
+    out, tokens = [], []
+    for i, (source, ts) in enumerate(messages):
+        aligner.push(source, [Ev(t) for t in sorted(ts)], token=i)
+        released, done = aligner.release()
+        assert times(released) == sorted(times(released))
+        out += times(released)
+        tokens += done
+    released, done = aligner.release(everything=True)
+    out += times(released)
+    tokens += done
+    assert sorted(out) == sorted(t for _, ts in messages for t in ts)
+    assert sorted(tokens) == list(range(len(messages)))
