@@ -21,6 +21,9 @@ demo: install
 test: install
 	$(BIN)/python -m pytest
 
+lint: install
+	$(BIN)/ruff check detector streams bench tests
+
 test-fast: install
 	$(BIN)/python -m pytest -m "not integration"
 

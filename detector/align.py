@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from operator import itemgetter
 from collections.abc import Hashable, Sequence
+from operator import itemgetter
 from typing import Any, Generic, TypeVar
 
 __all__ = ["EventTimeAligner"]

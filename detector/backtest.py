@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from detector.align import EventTimeAligner
 from detector.alerts import Alert, AlertManager, from_finding
+from detector.align import EventTimeAligner
 from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage
 from detector.replay import read_replay

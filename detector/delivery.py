@@ -40,7 +40,8 @@ class Outbox:
             return 0
         self._done = self.store.deliveries()
         pending = self.store.undelivered()
-        rows = {r["alert_id"]: r for r in self.store.alerts("alert_id IN %(ids)s", {"ids": [p[0] for p in pending]})} if pending else {}
+        ids = [alert_id for alert_id, _ in pending]
+        rows = {r["alert_id"]: r for r in self.store.alerts("alert_id IN %(ids)s", {"ids": ids})} if pending else {}
         for alert_id, change in pending:
             if alert_id in rows:
                 self._queue.append(alert_from_row(rows[alert_id], change))

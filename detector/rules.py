@@ -237,7 +237,8 @@ def validate_rule_files(path: str | Path) -> tuple[list[tuple[Path, Any]], list[
         errors.extend(errs)
         for i, rule in enumerate(parsed):
             if rule.name in seen:
-                errors.append(RuleError(str(file), 0, f"rules[{i}].name", f"duplicate rule name {rule.name!r} (also in {seen[rule.name]})"))
+                message = f"duplicate rule name {rule.name!r} (also in {seen[rule.name]})"
+                errors.append(RuleError(str(file), 0, f"rules[{i}].name", message))
             seen[rule.name] = str(file)
             rules.append((file, rule))
     return rules, errors

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from detector.events import TOPICS, _TYPES
+from detector.events import _TYPES, TOPICS
 
 __all__ = ["topic_schema", "write_schemas"]
 

@@ -42,7 +42,11 @@ TEAMS = [
     ("recsys", ["ranker", "two-tower"], ["farah", "gus"]),
     ("research", ["rl-agents", "diffusion"], ["hiro", "ines", "jamal"]),
 ]
-HOSTS = [("p4d.24xlarge", 8, "A100-SXM4-40GB", 400.0), ("g5.12xlarge", 4, "A10G", 150.0), ("p5.48xlarge", 8, "H100-SXM5-80GB", 700.0)]
+HOSTS = [
+    ("p4d.24xlarge", 8, "A100-SXM4-40GB", 400.0),
+    ("g5.12xlarge", 4, "A10G", 150.0),
+    ("p5.48xlarge", 8, "H100-SXM5-80GB", 700.0),
+]
 NOTEBOOKS = [("g5.xlarge", "A10G", 150.0), ("g4dn.xlarge", "T4", 70.0), ("g6.xlarge", "L4", 72.0)]
 
 

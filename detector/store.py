@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -393,7 +393,7 @@ class Store:
     def query(self, sql: str, parameters: dict | None = None) -> list[dict[str, Any]]:
         with self._lock:
             result = self.client.query(sql, parameters=parameters or {})
-        return [dict(zip(result.column_names, row)) for row in result.result_rows]
+        return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 
     def count(self, table: str) -> int:
         with self._lock:

@@ -165,7 +165,8 @@ class LocalSlack:
             ts = f"1700000000.{self._ts:06d}"
         channel = body.get("channel", "C0CHANNEL")
         if method in ("chat.postMessage", "chat.update"):
-            return json.dumps({"ok": True, "channel": channel, "ts": body.get("ts", ts) if method == "chat.update" else ts}).encode()
+            message_ts = body.get("ts", ts) if method == "chat.update" else ts
+            return json.dumps({"ok": True, "channel": channel, "ts": message_ts}).encode()
         if method == "auth.test":
             return json.dumps({"ok": True, "user_id": "U0BOT", "team_id": "T000"}).encode()
         return json.dumps({"ok": False, "error": "unknown_method"}).encode()

@@ -35,7 +35,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(settings.log_format, settings.log_level)
     if not settings.kafka_bootstrap:
-        raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set (host:port of a Kafka broker); `burnwatch demo` starts an embedded one")
+        raise SystemExit(
+            "BURNWATCH_KAFKA_BOOTSTRAP is not set (host:port of a Kafka broker); `burnwatch demo` starts an embedded one"
+        )
     from detector.rules import RulesInvalid
     from detector.runtime import tune_gc
     from streams.app import run_worker
@@ -175,9 +177,9 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     cols = list(rows[0])
     cells = [[str(r[c]) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
     for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

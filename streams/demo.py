@@ -23,9 +23,9 @@ from detector.settings import Settings
 from detector.simulate import SimConfig, simulate
 from detector.store import Store, epoch
 from detector.units import rfc3339
-from streams.embedded import EmbeddedBroker, free_port
-from streams.kafka import ensure_topics, file_records, publish_records
-from streams.process import WorkerProcess
+from streams.embedded import EmbeddedBroker
+from streams.kafka import count_events, ensure_topics, file_records, publish_records
+from streams.process import WorkerProcess, worker_env
 
 __all__ = ["run_demo"]
 
@@ -81,7 +81,7 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> 
         n_messages = write_replay(records, out)
     (workdir / "labels.jsonl").write_text("".join(json.dumps(label.to_json()) + "\n" for label in labels))
     messages = list(file_records(replay))
-    n_events = sum(len(v) if isinstance(v, list) else 1 for v in (json.loads(m[2]) for m in messages))
+    n_events = count_events(messages)
 
     _say(f"burnwatch demo: {hours:g}h of a simulated fleet ({n_events:,} events in {n_messages:,} messages,")
     _say(f"  {len(labels)} injected idle-GPU episodes) replayed at {speed:g}x event time")
@@ -101,16 +101,8 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> 
         slack = "posting to Slack" if settings.slack_configured else "Slack not configured: alerts are printed here"
         _say(f"- Slack: {slack}")
         asyncio.run(ensure_topics(bootstrap, settings.partitions))
-        env = {
-            "BURNWATCH_KAFKA_BOOTSTRAP": bootstrap,
-            "BURNWATCH_CLICKHOUSE_DSN": dsn,
-            "BURNWATCH_DATA_DIR": str(workdir),
-            "BURNWATCH_RULES": str(settings.rules_path.resolve()),
-            "BURNWATCH_PARTITIONS": str(settings.partitions),
-            "BURNWATCH_WEB_PORT": str(free_port()),
-            "BURNWATCH_LOG_FORMAT": "json",
-            "BURNWATCH_SESSION_TIMEOUT_S": str(settings.session_timeout_s),
-        }
+        env = worker_env(bootstrap, workdir, settings.rules_path.resolve(), settings.partitions,
+                         BURNWATCH_CLICKHOUSE_DSN=dsn)  # fmt: skip
         log_path = workdir / "worker.log"
         worker = WorkerProcess(env, log_path).start()
         follower = threading.Thread(target=_follow_alerts, args=(log_path, stop_follow), daemon=True)

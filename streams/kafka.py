@@ -16,7 +16,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 from detector.events import TOPICS
 from detector.replay import read_replay
 
-__all__ = ["DEAD_LETTER_TOPIC", "ensure_topics", "publish_file", "publish_records"]
+__all__ = ["DEAD_LETTER_TOPIC", "count_events", "ensure_topics", "file_records", "publish_file", "publish_records"]
 
 DEAD_LETTER_TOPIC = "dead-letter"
 
@@ -101,6 +101,11 @@ def value_end_time(value: bytes) -> float | None:
                 continue
             latest = t if latest is None or t > latest else latest
     return latest
+
+
+def count_events(records: Iterable[tuple[str, str, bytes]]) -> int:
+    """Events in ``(topic, key, value)`` records (a value is one event or an array)."""
+    return sum(len(v) if isinstance(v, list) else 1 for v in (msgspec.json.decode(r[2]) for r in records))
 
 
 def file_records(path: str | Path) -> Iterator[tuple[str, str, bytes]]:

@@ -14,16 +14,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import structlog
 
-from detector.align import EventTimeAligner
 from detector.alerts import Alert, AlertManager
+from detector.align import EventTimeAligner
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage, RunEvent

@@ -19,7 +19,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkerProcess"]
+__all__ = ["WorkerProcess", "worker_env"]
+
+
+def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **extra: str) -> dict[str, str]:
+    """Environment for a worker on loopback: its own web port, JSON logs, a short session timeout."""
+    from streams.embedded import free_port
+
+    return {
+        "BURNWATCH_KAFKA_BOOTSTRAP": bootstrap,
+        "BURNWATCH_DATA_DIR": str(data_dir),
+        "BURNWATCH_RULES": str(rules),
+        "BURNWATCH_PARTITIONS": str(partitions),
+        "BURNWATCH_WEB_PORT": str(free_port()),
+        "BURNWATCH_LOG_FORMAT": "json",
+        "BURNWATCH_SESSION_TIMEOUT_S": "6",
+        **extra,
+    }
 
 
 class WorkerProcess:

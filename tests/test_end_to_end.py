@@ -23,9 +23,9 @@ from detector.backtest import backtest
 from detector.replay import write_replay
 from detector.simulate import SimConfig, simulate
 from detector.testing import LocalSlack
-from streams.embedded import EmbeddedBroker, free_port
-from streams.kafka import DEAD_LETTER_TOPIC, ensure_topics, file_records, publish_records, value_end_time
-from streams.process import WorkerProcess
+from streams.embedded import EmbeddedBroker
+from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, file_records, publish_records, value_end_time
+from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -95,20 +95,10 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
     first, second = messages[:split], messages[split:]
 
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
-        env = {
-            "BURNWATCH_KAFKA_BOOTSTRAP": broker.bootstrap,
-            "BURNWATCH_DATA_DIR": str(tmp_path / "data"),
-            "BURNWATCH_RULES": str(ROOT / "rules"),
-            "BURNWATCH_PARTITIONS": str(PARTITIONS),
-            "BURNWATCH_WEB_PORT": str(free_port()),
-            "BURNWATCH_LOG_FORMAT": "json",
-            "BURNWATCH_SESSION_TIMEOUT_S": "6",
-            "SLACK_BOT_TOKEN": "xoxb-local",
-            "SLACK_CHANNEL": "#ml-cost",
-            "SLACK_BASE_URL": slack.api_url,
-        }
+        env = worker_env(broker.bootstrap, tmp_path / "data", ROOT / "rules", PARTITIONS,
+                         SLACK_BOT_TOKEN="xoxb-local", SLACK_CHANNEL="#ml-cost", SLACK_BASE_URL=slack.api_url)  # fmt: skip
         publish(broker.bootstrap, first)
-        events_first = sum(len(v) if isinstance(v, list) else 1 for v in (json.loads(m[2]) for m in first))
+        events_first = count_events(first)
 
         worker = WorkerProcess(env, tmp_path / "worker-1.log").start()
         try:
@@ -119,7 +109,7 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
         assert straddling.alert_id in fired_before
 
         publish(broker.bootstrap, second + [(t, k, v) for t, k, v, _ in MALFORMED])
-        events_second = sum(len(v) if isinstance(v, list) else 1 for v in (json.loads(m[2]) for m in second))
+        events_second = count_events(second)
         worker = WorkerProcess(env, tmp_path / "worker-2.log").start()
         try:
             n_resolved = sum(a.resolved_at is not None for a in expected.values())
@@ -141,7 +131,7 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
         replies = [p for p in posts if "thread_ts" in p.body]
         resolved_ids = [alert_by_ts[r.body["thread_ts"]] for r in replies]
         assert sorted(resolved_ids) == sorted(a for a, alert in expected.items() if alert.resolved_at is not None)
-        for reply, alert_id in zip(replies, resolved_ids):
+        for reply, alert_id in zip(replies, resolved_ids, strict=True):
             assert f"${expected[alert_id].waste_usd:,.2f} wasted" in reply.text_of_blocks()
         assert straddling.alert_id in resolved_ids  # opened before the restart, resolved after, same thread
         edited = [alert_by_ts[u.body["ts"]] for u in slack.calls("chat.update")]

@@ -117,7 +117,8 @@ def test_late_and_reordered_samples_give_the_same_alerts(ruleset):
     _, in_order = run(ruleset, events)
     _, shuffled = run(ruleset, jittered)
     assert actions(shuffled) == actions(in_order) == ["fire", "resolve"]
-    for a, b in zip([f for f in in_order if f.action != "update"], [f for f in shuffled if f.action != "update"]):
+    opened_closed = ([f for f in in_order if f.action != "update"], [f for f in shuffled if f.action != "update"])
+    for a, b in zip(*opened_closed, strict=True):
         assert (a.episode_start, a.fired_at, a.at) == (b.episode_start, b.fired_at, b.at)
         assert b.waste_usd == pytest.approx(a.waste_usd, rel=0.02)
 
