@@ -151,6 +151,10 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
                 backoff = min(backoff * 2, 60.0)
                 pipeline.outbox_ready.set()
 
+    @app.timer(interval=1.0)
+    async def release_held() -> None:
+        await pipeline.tick()
+
     @app.timer(interval=60.0)
     async def expire_state() -> None:
         expired = engine.expire()

@@ -107,7 +107,7 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> 
         worker = WorkerProcess(env, log_path).start()
         follower = threading.Thread(target=_follow_alerts, args=(log_path, stop_follow), daemon=True)
         follower.start()
-        worker.wait_until(lambda h: True, timeout=90)
+        worker.wait_until(lambda h: h["partitions"] > 0, timeout=90)
         _say(f"- worker up ({time.monotonic() - started:.0f}s); replaying the fleet...")
         _say()
         asyncio.run(publish_records(bootstrap, messages, speed=speed))

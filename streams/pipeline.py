@@ -130,17 +130,28 @@ class Pipeline:
         self._startup_grace_s = startup_grace_s
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
         self._inflight: asyncio.Future | None = None
+        self._ack: Callable[[Message], Awaitable[Any]] | None = None
+        self._serial = asyncio.Lock()
+        """The agent and the release timer both call :meth:`process`; one batch at a time."""
 
     async def process(self, messages: Sequence[Message], ack: Callable[[Message], Awaitable[Any]]) -> None:
         """Handle one batch. Detection runs now; the ClickHouse write runs in a writer
         thread while the next batch is detected. Once written, alert changes are queued
         for Slack and ``ack`` is called for each message detection has fully seen (the
         aligner may hold some back). At most one write is in flight."""
-        step = self._detect(messages)
-        await self.drain()
-        loop = asyncio.get_running_loop()
-        write = loop.run_in_executor(self._writer, self._write, step)
-        self._inflight = asyncio.ensure_future(self._finish(write, step, ack))
+        async with self._serial:
+            self._ack = ack
+            step = self._detect(messages)
+            await self.drain()
+            loop = asyncio.get_running_loop()
+            write = loop.run_in_executor(self._writer, self._write, step)
+            self._inflight = asyncio.ensure_future(self._finish(write, step, ack))
+
+    async def tick(self) -> None:
+        """Re-check what the aligner holds when no batch comes (a quiet stream): partitions
+        may have caught up or passed their startup grace since the last batch."""
+        if len(self.aligner) and self._ack is not None and not self._serial.locked():
+            await self.process([], self._ack)
 
     async def drain(self) -> None:
         """Wait for the write in flight, if any, and its acknowledgements."""
