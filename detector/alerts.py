@@ -8,7 +8,7 @@ deterministic id), and only :mod:`detector.delivery` talks to Slack.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -131,26 +131,39 @@ def from_finding(finding: Finding) -> Alert:
 class AlertManager:
     """Turns findings into alert state changes, once each.
 
-    ``known`` holds ids already fired (loaded from the store after a restart),
-    so a finding re-derived from replayed input does not open its alert twice.
+    It remembers which alert ids fired and resolved, seeded from the store after a
+    restart, so a finding re-derived from re-read input does not open or close its
+    alert twice. Memory is bounded: ids whose episode started more than
+    ``horizon_s`` of event time before the newest one are forgotten (input that old
+    is not re-read).
     """
 
-    def __init__(self, known_fired: Iterable[str] = ()) -> None:
-        self._fired: set[str] = set(known_fired)
-        self._resolved: set[str] = set()
+    def __init__(self, known: Mapping[str, tuple[float, bool]] | None = None, horizon_s: float = 7 * 86_400.0) -> None:
+        self._seen: dict[str, tuple[float, bool]] = dict(known or {})
+        """alert id → (episode start, resolved)."""
+        self._horizon_s = horizon_s
+        self._newest = max((start for start, _ in self._seen.values()), default=0.0)
+        self._prune_at = len(self._seen) + 10_000
 
     def handle(self, findings: Iterable[Finding]) -> list[Alert]:
         """Return the alert records to store, in order."""
         out = []
+        seen = self._seen
         for finding in findings:
             alert = from_finding(finding)
+            known = seen.get(alert.alert_id)
             if finding.action == "fire":
-                if alert.alert_id in self._fired:
+                if known is not None:
                     continue
-                self._fired.add(alert.alert_id)
+                seen[alert.alert_id] = (alert.episode_start, False)
             elif finding.action == "resolve":
-                if alert.alert_id in self._resolved:
+                if known is not None and known[1]:
                     continue
-                self._resolved.add(alert.alert_id)
+                seen[alert.alert_id] = (alert.episode_start, True)
+            self._newest = max(self._newest, alert.episode_start)
             out.append(alert)
+        if len(seen) > self._prune_at:
+            horizon = self._newest - self._horizon_s
+            self._seen = {k: v for k, v in seen.items() if v[0] >= horizon}
+            self._prune_at = len(self._seen) + 10_000
         return out

@@ -8,15 +8,46 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 
-__all__ = ["configure_logging"]
+__all__ = ["configure_logging", "stdlib_logging_config"]
+
+
+def _renderer(fmt: str) -> Any:
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    if use_json:
+        return structlog.processors.JSONRenderer()
+    return structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+
+
+def stdlib_logging_config(fmt: str = "auto", level: str = "info") -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` that renders stdlib records (Faust's, aiokafka's)
+    like structlog's, so a container's log is one format, not two."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "structlog": {
+                "()": structlog.stdlib.ProcessorFormatter,
+                "processor": _renderer(fmt),
+                "foreign_pre_chain": [
+                    structlog.stdlib.add_logger_name,
+                    structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                ],
+            }
+        },
+        "handlers": {
+            "default": {"class": "logging.StreamHandler", "formatter": "structlog", "stream": "ext://sys.stderr"}
+        },
+        "root": {"level": level.upper(), "handlers": ["default"]},
+    }
 
 
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
-    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    renderer = structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    renderer = _renderer(fmt)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -356,10 +356,16 @@ class Store:
             parameters,
         )
 
-    def fired_alert_ids(self) -> set[str]:
-        with self._lock:
-            result = self.client.query(f"SELECT DISTINCT alert_id FROM {self.db}.alerts")
-        return {row[0] for row in result.result_rows}
+    def recent_alerts(self, horizon_s: float = 7 * 86_400.0) -> dict[str, tuple[float, bool]]:
+        """alert id → (episode start, resolved) for alerts whose episode started within
+        ``horizon_s`` of event time before the newest: what the alert manager must remember."""
+        rows = self.query(
+            f"""SELECT alert_id, episode_start, status = 'resolved' AS resolved FROM {self.db}.alerts FINAL
+                WHERE episode_start >= (SELECT max(episode_start) FROM {self.db}.alerts)
+                                       - toIntervalSecond(%(horizon)s)""",
+            {"horizon": int(horizon_s)},
+        )
+        return {r["alert_id"]: (epoch(r["episode_start"]), bool(r["resolved"])) for r in rows}
 
     def record_delivery(self, alert_id: str, kind: str, channel: str, message_ts: str) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ from faust.types import TP
 from detector.alerts import AlertManager
 from detector.delivery import Outbox
 from detector.engine import Engine
+from detector.logs import stdlib_logging_config
 from detector.events import TOPICS
 from detector.rules import load_rules
 from detector.settings import Settings
@@ -93,7 +94,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         engine=engine,
         store=store,
         outbox=outbox,
-        manager=AlertManager(store.fired_alert_ids()),
+        manager=AlertManager(store.recent_alerts()),
         send_dead_letter=send_dead_letter,
         caught_up=caught_up,
     )
@@ -199,7 +200,11 @@ def run_worker(settings: Settings) -> None:
     store = Store.open(settings.dsn, settings.clickhouse_database)
     try:
         app, _ = build_worker_app(settings, store)
-        worker = faust.Worker(app, loglevel="warn" if settings.log_level == "warning" else settings.log_level)
+        worker = faust.Worker(
+            app,
+            loglevel="warn" if settings.log_level == "warning" else settings.log_level,
+            logging_config=stdlib_logging_config(settings.log_format, settings.log_level),
+        )
         worker.execute_from_commandline()
     finally:
         store.close()

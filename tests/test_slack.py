@@ -102,3 +102,21 @@ def test_outbox_survives_an_outage_and_a_restart_without_double_posting(slack, s
     assert len(posts) == 3
     assert posts[0].body.get("thread_ts") is None and posts[1].body.get("thread_ts") is None
     assert posts[2].body["thread_ts"] == "1700000000.000001"  # the resolution threads under a1's opening
+
+
+def test_alert_manager_remembers_across_a_restart(store):
+    """Findings re-derived after a restart neither re-open nor re-resolve an alert."""
+    from detector.alerts import AlertManager
+    from detector.detectors import Finding, ResourceInfo
+
+    def finding(action: str, at: float) -> Finding:
+        return Finding(action=action, rule="idle-gpu", type="idle_gpu", resource_id="h1", episode_start=T0,
+                       fired_at=T0 + 1800, at=at, waste_usd=1.0, usd_per_hour=2.0, severity="warning",
+                       resource=ResourceInfo(resource_id="h1"))  # fmt: skip
+
+    first = AlertManager()
+    changes = first.handle([finding("fire", T0 + 1800), finding("fire", T0 + 1800), finding("resolve", T0 + 3600)])
+    assert [a.change for a in changes] == ["fired", "resolved"]
+    store.record_alerts(changes, version=1)
+    restarted = AlertManager(store.recent_alerts())
+    assert restarted.handle([finding("fire", T0 + 1800), finding("resolve", T0 + 3600)]) == []
