@@ -17,8 +17,8 @@ from faust.types import TP
 from detector.alerts import AlertManager
 from detector.delivery import Outbox
 from detector.engine import Engine
-from detector.logs import stdlib_logging_config
 from detector.events import TOPICS
+from detector.logs import stdlib_logging_config
 from detector.rules import load_rules
 from detector.settings import Settings
 from detector.slack import SlackError, SlackNotifier
