@@ -93,12 +93,12 @@ class Engine:
             rules = state.routes.get(etype)
             if rules is None:
                 rules = self._route(state, etype)
-            for rule in rules:
-                name = rule.detector.name
+            for detector in rules:
+                name = detector.name
                 rule_state = state.rules.get(name)
                 if rule_state is None:
-                    rule_state = state.rules[name] = rule.detector.new_state()
-                found = rule.detector.step(rule_state, state.info, event, t)
+                    rule_state = state.rules[name] = detector.new_state()
+                found = detector.step(rule_state, state.info, event, t)
                 if found:
                     findings.extend(found)
             mark_dirty(key)
@@ -106,13 +106,14 @@ class Engine:
         return findings
 
     def _route(self, state: KeyState, event_type: type) -> list:
-        """Rules that see this event type: those whose match passes, or every candidate
-        while the resource is unknown (no usage event yet). Cached until the resource changes."""
+        """Detectors that see this event type: of the rules whose match passes, each with the
+        params its overrides give this resource; every candidate rule as written while the
+        resource is unknown (no usage event yet). Cached until the resource changes."""
         info = state.info
         candidates = [r for r in self.ruleset.rules if event_type in r.consumes]
         if not info.known:
-            return candidates
-        rules = state.routes[event_type] = [r for r in candidates if r.matches(info)]
+            return [r.detector for r in candidates]
+        rules = state.routes[event_type] = [r.for_resource(info) for r in candidates if r.matches(info)]
         live = {r.detector.name for r in self.ruleset.rules if r.matches(info)}
         for name in [n for n in state.rules if n not in live]:
             del state.rules[name]
@@ -144,6 +145,17 @@ class Engine:
                 info.usd_per_hour = hourly
         if changed:
             state.routes.clear()
+
+    def set_ruleset(self, ruleset: RuleSet) -> None:
+        """Swap rules in place (hot reload). Open episodes of rules that remain continue
+        with the new params; state of rules removed, or whose type changed, is dropped."""
+        self.ruleset = ruleset
+        for state in self._keys.values():
+            state.routes.clear()
+            for name, rule_state in list(state.rules.items()):
+                rule = ruleset.by_name(name)
+                if rule is None or not isinstance(rule_state, rule.detector.State):
+                    del state.rules[name]
 
     # -- end of data, TTL, persistence -------------------------------------------------
 

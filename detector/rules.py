@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from detector.detectors import REGISTRY, Detector, ResourceInfo
 from detector.pricing import Pricing, load_pricing
+from detector.units import _parse_percent, format_duration, parse_duration
 
 __all__ = [
     "Match",
@@ -29,6 +30,7 @@ __all__ = [
     "RuleSet",
     "RulesInvalid",
     "compile_match",
+    "explain",
     "load_rules",
     "validate_rule_files",
 ]
@@ -49,6 +51,20 @@ class Match(BaseModel):
     tags: dict[str, Selector] = {}
 
 
+Severity = Literal["info", "warning", "critical"]
+
+
+class Override(BaseModel):
+    """Different params (or severity) for the resources an override's ``match`` selects,
+    e.g. a longer idle time for the research team, without copying the rule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    match: Match
+    params: dict[str, Any] = {}
+    severity: Severity | None = None
+
+
 class RuleBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,7 +72,9 @@ class RuleBase(BaseModel):
     enabled: bool = True
     description: str = ""
     match: Match = Match()
-    severity: Literal["info", "warning", "critical"] = "warning"
+    severity: Severity = "warning"
+    overrides: list[Override] = []
+    """First match wins; a resource no override selects gets the rule's own params."""
 
 
 def _rule_models() -> Any:
@@ -212,10 +230,26 @@ def _validate_file(path: Path) -> tuple[list[Any], list[RuleError]]:
             errors.append(type_error)
             continue
         try:
-            rules.append(_RULE.validate_python(item))
+            rule = _RULE.validate_python(item)
         except ValidationError as exc:
             errors.extend(_errors_from(exc, ("rules", i), file, lines))
+            continue
+        override_errors = []
+        for j, override in enumerate(rule.overrides):
+            try:
+                _override_params(rule, override)
+            except ValidationError as exc:
+                override_errors.extend(_errors_from(exc, ("rules", i, "overrides", j, "params"), file, lines))
+        errors.extend(override_errors)
+        if not override_errors:
+            rules.append(rule)
     return (rules if not errors else []), errors
+
+
+def _override_params(rule: Any, override: Override) -> Any:
+    """The rule's params with the override's on top, validated by the detector's own model."""
+    merged = {**rule.params.model_dump(by_alias=True), **override.params}
+    return type(rule.params).model_validate(merged)
 
 
 def _rule_files(path: Path) -> list[Path]:
@@ -250,8 +284,19 @@ def validate_rule_files(path: str | Path) -> tuple[list[tuple[Path, Any]], list[
 @dataclass(frozen=True)
 class CompiledRule:
     detector: Detector
+    """The rule as written; overrides are variants of it under the same name (same state)."""
     matches: Callable[[ResourceInfo], bool]
     consumes: tuple[type, ...]
+    overrides: tuple[tuple[Callable[[ResourceInfo], bool], Detector], ...] = ()
+    source: Any = None
+    """The validated rule model, for ``rules explain``."""
+
+    def for_resource(self, resource: ResourceInfo) -> Detector:
+        """The detector with the params that apply to this resource."""
+        for matches, detector in self.overrides:
+            if matches(resource):
+                return detector
+        return self.detector
 
 
 @dataclass(frozen=True)
@@ -275,7 +320,12 @@ def compile_rules(rules: Iterable[Any], pricing: Pricing | None = None) -> RuleS
         if not rule.enabled:
             continue
         cls = REGISTRY[rule.type]
-        compiled.append(CompiledRule(cls(rule.name, rule.severity, rule.params), compile_match(rule.match), cls.consumes))
+        overrides = tuple(
+            (compile_match(o.match), cls(rule.name, o.severity or rule.severity, _override_params(rule, o)))
+            for o in rule.overrides
+        )
+        base = cls(rule.name, rule.severity, rule.params)
+        compiled.append(CompiledRule(base, compile_match(rule.match), cls.consumes, overrides, rule))
     return RuleSet(tuple(compiled), pricing or Pricing())
 
 
@@ -298,3 +348,45 @@ def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> Rule
     return compile_rules((rule for _, rule in found), pricing)
 
 
+
+
+# -- explain ----------------------------------------------------------------------------
+
+
+def _human(params: Any) -> dict[str, Any]:
+    """Params as a user would write them: durations as 30m, percentages as 5%."""
+    out = {}
+    for field_name, info in type(params).model_fields.items():
+        value = getattr(params, field_name)
+        parsers = {getattr(m, "func", None) for m in info.metadata}
+        if parse_duration in parsers:
+            value = format_duration(value).replace(" ", "")
+        elif _parse_percent in parsers:
+            value = f"{value:g}%"
+        out[info.alias or field_name] = value
+    return out
+
+
+def explain(ruleset: RuleSet, name: str) -> str:
+    """The effective rule ``name`` as YAML: its params after defaults, and each override's
+    params after merging, which is what detection uses."""
+    rule = ruleset.by_name(name)
+    if rule is None:
+        near = difflib.get_close_matches(name, ruleset.names, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f"; rules: {', '.join(ruleset.names) or '(none enabled)'}"
+        raise KeyError(f"no enabled rule {name!r}{hint}")
+    source = rule.source
+    doc: dict[str, Any] = {
+        "name": source.name,
+        "type": source.type,
+        "severity": source.severity,
+        "match": source.match.model_dump(exclude_defaults=True) or "(every resource)",
+        "params": _human(rule.detector.params),
+    }
+    if rule.overrides:
+        doc["overrides"] = [
+            {"match": o.match.model_dump(exclude_defaults=True), "severity": detector.severity,
+             "params": _human(detector.params)}
+            for o, (_, detector) in zip(source.overrides, rule.overrides, strict=True)
+        ]  # fmt: skip
+    return yaml.safe_dump(doc, sort_keys=False)

@@ -19,6 +19,7 @@ from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.events import TOPICS
 from detector.logs import stdlib_logging_config
+from detector.reload import RulesWatcher
 from detector.rules import load_rules
 from detector.settings import Settings
 from detector.slack import SlackError, SlackNotifier
@@ -155,6 +156,18 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     @app.timer(interval=1.0)
     async def release_held() -> None:
         await pipeline.tick()
+
+    watcher = RulesWatcher(settings.rules_path, ruleset)
+
+    @app.timer(interval=5.0)
+    async def reload_rules() -> None:
+        ruleset, refused = await asyncio.get_running_loop().run_in_executor(None, watcher.poll)
+        if refused is not None:
+            log.error("rules_refused", path=str(settings.rules_path), errors=[str(e) for e in refused.errors],
+                      kept=[r.detector.name for r in watcher.current.rules])  # fmt: skip
+        elif ruleset is not None:
+            engine.set_ruleset(ruleset)
+            log.info("rules_reloaded", path=str(settings.rules_path), rules=ruleset.names)
 
     @app.timer(interval=60.0)
     async def expire_state() -> None:

@@ -153,6 +153,21 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rules_explain(args: argparse.Namespace) -> int:
+    from detector.rules import RulesInvalid, explain, load_rules
+
+    path = args.path or _settings(args).rules_path
+    try:
+        print(explain(load_rules(path), args.name), end="")
+    except RulesInvalid as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except KeyError as exc:
+        print(exc.args[0], file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     from detector.store import Store
 
@@ -222,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = rules.add_parser("check", help="validate rule files, report every error")
     p.add_argument("path", nargs="?")
     p.set_defaults(func=cmd_rules_check)
+    p = rules.add_parser("explain", help="print a rule as detection uses it: defaults and overrides applied")
+    p.add_argument("name")
+    p.add_argument("--path", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
+    p.set_defaults(func=cmd_rules_explain)
 
     p = sub.add_parser("sql", help="run a query against the store")
     p.add_argument("query")
