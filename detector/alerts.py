@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from detector.detectors import REGISTRY, Finding
+from detector.rules import RuleSet
 from detector.units import format_duration, rfc3339
 
 __all__ = ["Alert", "AlertManager", "alert_id", "from_finding"]
@@ -50,6 +51,8 @@ class Alert(msgspec.Struct, kw_only=True):
     instance_type: str = ""
     tags: dict[str, str] = {}
     details: dict[str, Any] = {}
+    silenced: str = ""
+    """The reason of the silence that covers it: recorded, not posted."""
 
     @property
     def title(self) -> str:
@@ -99,6 +102,7 @@ class Alert(msgspec.Struct, kw_only=True):
             "instance_type": self.instance_type,
             "tags": self.tags,
             "details": self.details,
+            "silenced": self.silenced or None,
         }
 
 
@@ -138,9 +142,16 @@ class AlertManager:
     is not re-read).
     """
 
-    def __init__(self, known: Mapping[str, tuple[float, bool]] | None = None, horizon_s: float = 7 * 86_400.0) -> None:
+    def __init__(
+        self,
+        known: Mapping[str, tuple[float, bool]] | None = None,
+        horizon_s: float = 7 * 86_400.0,
+        ruleset: RuleSet | None = None,
+    ) -> None:
         self._seen: dict[str, tuple[float, bool]] = dict(known or {})
         """alert id → (episode start, resolved)."""
+        self.ruleset = ruleset
+        """For its silences; replaced on hot reload."""
         self._horizon_s = horizon_s
         self._newest = max((start for start, _ in self._seen.values()), default=0.0)
         self._prune_at = len(self._seen) + 10_000
@@ -149,8 +160,12 @@ class AlertManager:
         """Return the alert records to store, in order."""
         out = []
         seen = self._seen
+        silence_for = self.ruleset.silence_for if self.ruleset is not None and self.ruleset.silences else None
         for finding in findings:
             alert = from_finding(finding)
+            if silence_for is not None and finding.resource is not None:
+                # Judged at the episode's fire time, so its opening and closing are silenced alike.
+                alert.silenced = silence_for(finding.rule, finding.type, finding.resource, finding.fired_at) or ""
             known = seen.get(alert.alert_id)
             if finding.action == "fire":
                 if known is not None:

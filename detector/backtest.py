@@ -33,7 +33,7 @@ def backtest(
     decoder = decoder or EventDecoder()
     aligner: EventTimeAligner[None] = EventTimeAligner(lateness_s)
     engine = Engine(ruleset)
-    manager = AlertManager()
+    manager = AlertManager(ruleset=ruleset)
     latest: dict[str, Alert] = {}
     result = BacktestResult(alerts=[])
     for line_no, record in read_replay(path):

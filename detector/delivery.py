@@ -51,7 +51,7 @@ class Outbox:
         if self.notifier is None:
             return
         for alert in alerts:
-            if alert.change != "updated" and (alert.alert_id, alert.change) not in self._done:
+            if alert.change != "updated" and not alert.silenced and (alert.alert_id, alert.change) not in self._done:
                 self._queue.append(alert)
 
     def deliver_pending(self) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, field_validator
 
 from detector.detectors import REGISTRY, Detector, ResourceInfo
 from detector.pricing import Pricing, load_pricing
@@ -63,6 +63,38 @@ class Override(BaseModel):
     match: Match
     params: dict[str, Any] = {}
     severity: Severity | None = None
+
+
+class Silence(BaseModel):
+    """Findings it matches are recorded but not posted, until ``until`` (event time).
+
+    Example::
+
+        silences:
+          - match: {tags: {team: nlp}}
+            types: [idle_gpu]
+            until: 2026-12-01T08:00:00Z
+            reason: cluster drained for the driver upgrade
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    match: Match = Match()
+    rules: list[str] = []
+    """Rule names it applies to; empty: every rule."""
+    types: list[str] = []
+    """Rule types it applies to; empty: every type."""
+    until: AwareDatetime
+    reason: Annotated[str, Field(min_length=1)]
+    created_by: str = ""
+
+    @field_validator("types")
+    @classmethod
+    def _known_types(cls, types: list[str]) -> list[str]:
+        unknown = [t for t in types if t not in REGISTRY]
+        if unknown:
+            raise ValueError(f"unknown rule type(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(REGISTRY))}")
+        return types
 
 
 class RuleBase(BaseModel):
@@ -202,28 +234,37 @@ def _errors_from(exc: ValidationError, prefix: tuple, file: str, lines: dict[tup
     return errors
 
 
-def _validate_file(path: Path) -> tuple[list[Any], list[RuleError]]:
+def _validate_file(path: Path) -> tuple[list[Any], list[Silence], list[RuleError]]:
     """Validate one file rule by rule, so one bad rule does not hide the errors of the others."""
     file = str(path)
     try:
         text = path.read_text()
     except OSError as exc:
-        return [], [RuleError(file, 0, "", f"cannot read: {exc.strerror}")]
+        return [], [], [RuleError(file, 0, "", f"cannot read: {exc.strerror}")]
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        return [], [RuleError(file, mark.line + 1 if mark else 0, "", f"invalid YAML: {getattr(exc, 'problem', exc)}")]
+        problem = f"invalid YAML: {getattr(exc, 'problem', exc)}"
+        return [], [], [RuleError(file, mark.line + 1 if mark else 0, "", problem)]
     if data is None:
-        return [], []
+        return [], [], []
     lines = _line_index(node) if node is not None else {}
-    if not isinstance(data, dict) or set(data) - {"rules"}:
-        return [], [RuleError(file, 1, "", "a rule file is a mapping with one key, 'rules', holding a list of rules")]
+    if not isinstance(data, dict) or set(data) - {"rules", "silences"}:
+        return [], [], [RuleError(file, 1, "", "a rule file is a mapping with the keys 'rules' and/or 'silences'")]
     items = data.get("rules") or []
     if not isinstance(items, list):
-        return [], [RuleError(file, lines.get(("rules",), 0), "rules", "expected a list of rules")]
-    rules, errors = [], []
+        return [], [], [RuleError(file, lines.get(("rules",), 0), "rules", "expected a list of rules")]
+    silence_items = data.get("silences") or []
+    if not isinstance(silence_items, list):
+        return [], [], [RuleError(file, lines.get(("silences",), 0), "silences", "expected a list of silences")]
+    rules, silences, errors = [], [], []
+    for i, item in enumerate(silence_items):
+        try:
+            silences.append(Silence.model_validate(item))
+        except ValidationError as exc:
+            errors.extend(_errors_from(exc, ("silences", i), file, lines))
     for i, item in enumerate(items):
         type_error = _type_error(item, ("rules", i), file, lines)
         if type_error:
@@ -243,7 +284,7 @@ def _validate_file(path: Path) -> tuple[list[Any], list[RuleError]]:
         errors.extend(override_errors)
         if not override_errors:
             rules.append(rule)
-    return (rules if not errors else []), errors
+    return (rules, silences, []) if not errors else ([], [], errors)
 
 
 def _override_params(rule: Any, override: Override) -> Any:
@@ -258,24 +299,31 @@ def _rule_files(path: Path) -> list[Path]:
     return [path]
 
 
-def validate_rule_files(path: str | Path) -> tuple[list[tuple[Path, Any]], list[RuleError]]:
-    """Validate every rule file under ``path``; return the rules with their files, and all errors."""
+def validate_rule_files(path: str | Path) -> tuple[list[tuple[Path, Any]], list[RuleError], list[Silence]]:
+    """Validate every rule file under ``path``; return the rules with their files, all errors,
+    and the silences."""
     path = Path(path)
     if not path.exists():
-        return [], [RuleError(str(path), 0, "", "no such file or directory")]
+        return [], [RuleError(str(path), 0, "", "no such file or directory")], []
     rules: list[tuple[Path, Any]] = []
     errors: list[RuleError] = []
+    silences: list[tuple[Path, int, Silence]] = []
     seen: dict[str, str] = {}
     for file in _rule_files(path):
-        parsed, errs = _validate_file(file)
+        parsed, file_silences, errs = _validate_file(file)
         errors.extend(errs)
+        silences.extend((file, i, s) for i, s in enumerate(file_silences))
         for i, rule in enumerate(parsed):
             if rule.name in seen:
                 message = f"duplicate rule name {rule.name!r} (also in {seen[rule.name]})"
                 errors.append(RuleError(str(file), 0, f"rules[{i}].name", message))
             seen[rule.name] = str(file)
             rules.append((file, rule))
-    return rules, errors
+    for file, i, silence in silences:
+        for name in silence.rules:
+            if name not in seen:
+                errors.append(RuleError(str(file), 0, f"silences[{i}].rules", f"no rule named {name!r}"))
+    return rules, errors, [s for _, _, s in silences]
 
 
 # -- the compiled rule set ------------------------------------------------------------
@@ -300,11 +348,33 @@ class CompiledRule:
 
 
 @dataclass(frozen=True)
+class CompiledSilence:
+    matches: Callable[[ResourceInfo], bool]
+    rules: frozenset[str]
+    types: frozenset[str]
+    until: float
+    reason: str
+
+    def applies(self, rule: str, rule_type: str, resource: ResourceInfo, at: float) -> bool:
+        return (
+            at < self.until
+            and (not self.rules or rule in self.rules)
+            and (not self.types or rule_type in self.types)
+            and self.matches(resource)
+        )
+
+
+@dataclass(frozen=True)
 class RuleSet:
-    """Enabled rules, compiled, plus the price list they use."""
+    """Enabled rules, compiled, plus the price list they use and the silences in force."""
 
     rules: tuple[CompiledRule, ...]
     pricing: Pricing = field(default_factory=Pricing)
+    silences: tuple[CompiledSilence, ...] = ()
+
+    def silence_for(self, rule: str, rule_type: str, resource: ResourceInfo, at: float) -> str | None:
+        """The reason of the first silence covering this finding at event time ``at``, if any."""
+        return next((s.reason for s in self.silences if s.applies(rule, rule_type, resource, at)), None)
 
     @property
     def names(self) -> list[str]:
@@ -314,7 +384,7 @@ class RuleSet:
         return next((r for r in self.rules if r.detector.name == name), None)
 
 
-def compile_rules(rules: Iterable[Any], pricing: Pricing | None = None) -> RuleSet:
+def compile_rules(rules: Iterable[Any], pricing: Pricing | None = None, silences: Iterable[Silence] = ()) -> RuleSet:
     compiled = []
     for rule in rules:
         if not rule.enabled:
@@ -326,7 +396,11 @@ def compile_rules(rules: Iterable[Any], pricing: Pricing | None = None) -> RuleS
         )
         base = cls(rule.name, rule.severity, rule.params)
         compiled.append(CompiledRule(base, compile_match(rule.match), cls.consumes, overrides, rule))
-    return RuleSet(tuple(compiled), pricing or Pricing())
+    compiled_silences = tuple(
+        CompiledSilence(compile_match(s.match), frozenset(s.rules), frozenset(s.types), s.until.timestamp(), s.reason)
+        for s in silences
+    )
+    return RuleSet(tuple(compiled), pricing or Pricing(), compiled_silences)
 
 
 def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> RuleSet:
@@ -335,7 +409,7 @@ def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> Rule
     ``pricing_path`` defaults to ``pricing.yaml`` beside the rules.
     """
     path = Path(path)
-    found, errors = validate_rule_files(path)
+    found, errors, silences = validate_rule_files(path)
     pricing = Pricing()
     pricing_file = Path(pricing_path) if pricing_path else (path if path.is_dir() else path.parent) / "pricing.yaml"
     if pricing_file.exists():
@@ -345,7 +419,7 @@ def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> Rule
             errors.append(RuleError(str(pricing_file), 0, "", str(exc)))
     if errors:
         raise RulesInvalid(errors)
-    return compile_rules((rule for _, rule in found), pricing)
+    return compile_rules((rule for _, rule in found), pricing, silences)
 
 
 

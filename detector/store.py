@@ -105,6 +105,8 @@ def _schema(db: str) -> list[str]:
             version UInt64
         ) ENGINE = ReplacingMergeTree(version)
         ORDER BY alert_id""",
+        # Columns added after the first release: idempotent, forward-only.
+        f"ALTER TABLE {db}.alerts ADD COLUMN IF NOT EXISTS silenced String DEFAULT '' AFTER details",
         f"""CREATE TABLE IF NOT EXISTS {db}.alert_changes (
             alert_id String,
             change LowCardinality(String),
@@ -147,7 +149,7 @@ _RUN_COLS = ["ts", "run_id", "status", "resource_ids", "gpu_count", "project", "
 _ALERT_COLS = [
     "alert_id", "type", "rule", "resource_id", "status", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
-    "instance_type", "tags", "details", "version",
+    "instance_type", "tags", "details", "silenced", "version",
 ]  # fmt: skip
 
 
@@ -179,6 +181,7 @@ def alert_from_row(row: dict[str, Any], change: str | None = None) -> Alert:
         instance_type=row["instance_type"],
         tags=dict(row["tags"]),
         details=msgspec.json.decode(row["details"]) if row["details"] else {},
+        silenced=row.get("silenced", ""),
     )
 
 
@@ -340,7 +343,7 @@ class Store:
                 a.alert_id, a.type, a.rule, a.resource_id, a.status, a.severity, _ms(a.episode_start),
                 _ms(a.fired_at), _ms(a.updated_at), _ms(a.resolved_at) if a.resolved_at is not None else None,
                 a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
-                _json.encode(a.details).decode(), version + i,
+                _json.encode(a.details).decode(), a.silenced, version + i,
             ])  # fmt: skip
             changes.append([a.alert_id, a.change, _ms(a.updated_at), a.waste_usd])
         with self._lock:

@@ -95,7 +95,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         engine=engine,
         store=store,
         outbox=outbox,
-        manager=AlertManager(store.recent_alerts()),
+        manager=AlertManager(store.recent_alerts(), ruleset=ruleset),
         send_dead_letter=send_dead_letter,
         caught_up=caught_up,
     )
@@ -167,6 +167,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
                       kept=[r.detector.name for r in watcher.current.rules])  # fmt: skip
         elif ruleset is not None:
             engine.set_ruleset(ruleset)
+            pipeline.manager.ruleset = ruleset
             log.info("rules_reloaded", path=str(settings.rules_path), rules=ruleset.names)
 
     @app.timer(interval=60.0)

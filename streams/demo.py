@@ -61,7 +61,8 @@ def _follow_alerts(log_path: Path, stop: threading.Event) -> None:
                         continue
                     if record.get("event") in ("alert_fired", "alert_resolved"):
                         marker = "🔥" if record["event"] == "alert_fired" else "✅"
-                        _say(f"  {marker} {record['summary']}")
+                        silenced = f"  (silenced: {record['silenced']})" if record.get("silenced") else ""
+                        _say(f"  {marker} {record['summary']}{silenced}")
                     elif record.get("level") in ("error", "critical"):
                         _say(f"  ! worker: {record.get('event')} {record}")
         except FileNotFoundError:

@@ -221,7 +221,8 @@ class Pipeline:
             elif alert.change == "resolved":
                 stats.alerts_resolved += 1
             if alert.change != "updated":
-                log.info(f"alert_{alert.change}", alert_id=alert.alert_id, summary=alert.summary())
+                log.info(f"alert_{alert.change}", alert_id=alert.alert_id, summary=alert.summary(),
+                         silenced=alert.silenced or None)  # fmt: skip
 
     def expect(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Newly assigned input partitions: align on them as soon as they deliver."""
