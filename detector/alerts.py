@@ -53,6 +53,8 @@ class Alert(msgspec.Struct, kw_only=True):
     details: dict[str, Any] = {}
     silenced: str = ""
     """The reason of the silence that covers it: recorded, not posted."""
+    channel: str = ""
+    """Where it is posted ('' = the notifier's default channel)."""
 
     @property
     def title(self) -> str:
@@ -103,6 +105,7 @@ class Alert(msgspec.Struct, kw_only=True):
             "tags": self.tags,
             "details": self.details,
             "silenced": self.silenced or None,
+            "channel": self.channel or None,
         }
 
 
@@ -160,9 +163,12 @@ class AlertManager:
         """Return the alert records to store, in order."""
         out = []
         seen = self._seen
-        silence_for = self.ruleset.silence_for if self.ruleset is not None and self.ruleset.silences else None
+        ruleset = self.ruleset
+        silence_for = ruleset.silence_for if ruleset is not None and ruleset.silences else None
         for finding in findings:
             alert = from_finding(finding)
+            if ruleset is not None:
+                alert.channel = ruleset.channel_for(alert.rule, alert.tags)
             if silence_for is not None and finding.resource is not None:
                 # Judged at the episode's fire time, so its opening and closing are silenced alike.
                 alert.silenced = silence_for(finding.rule, finding.type, finding.resource, finding.fired_at) or ""

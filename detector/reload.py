@@ -20,7 +20,10 @@ class RulesWatcher:
         self._stamp = self._fingerprint()
 
     def _fingerprint(self) -> tuple:
-        files = sorted(self.path.glob("*.y*ml")) if self.path.is_dir() else [self.path, self.path.parent / "pricing.yaml"]
+        if self.path.is_dir():
+            files = sorted(self.path.glob("*.y*ml"))
+        else:
+            files = [self.path, self.path.parent / "pricing.yaml", self.path.parent / "routing.yaml"]
         stamp = []
         for file in files:
             try:

@@ -35,7 +35,7 @@ __all__ = [
     "validate_rule_files",
 ]
 
-SPECIAL_FILES = {"pricing.yaml": "pricing"}
+SPECIAL_FILES = {"pricing.yaml": "pricing", "routing.yaml": "routing"}
 Selector = Union[str, list[str]]
 
 
@@ -63,6 +63,28 @@ class Override(BaseModel):
     match: Match
     params: dict[str, Any] = {}
     severity: Severity | None = None
+
+
+class Route(BaseModel):
+    """A rule's own destination, ahead of routing by team."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    channel: Annotated[str, Field(min_length=1)]
+
+
+class Routing(BaseModel):
+    """``rules/routing.yaml``: which Slack channel an alert goes to.
+
+    A rule's ``route`` wins; then the channel mapped from the resource's ``by_tag`` tag
+    (its team); then ``default_channel``; then the notifier's own (``SLACK_CHANNEL``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default_channel: str = ""
+    by_tag: str = "team"
+    channels: dict[str, str] = {}
 
 
 class Silence(BaseModel):
@@ -107,6 +129,7 @@ class RuleBase(BaseModel):
     severity: Severity = "warning"
     overrides: list[Override] = []
     """First match wins; a resource no override selects gets the rule's own params."""
+    route: Route | None = None
 
 
 def _rule_models() -> Any:
@@ -371,6 +394,15 @@ class RuleSet:
     rules: tuple[CompiledRule, ...]
     pricing: Pricing = field(default_factory=Pricing)
     silences: tuple[CompiledSilence, ...] = ()
+    routing: Routing = field(default_factory=Routing)
+
+    def channel_for(self, rule: str, tags: dict[str, str]) -> str:
+        """The Slack channel for an alert of ``rule`` on a resource with ``tags`` ('' = the notifier's)."""
+        compiled = self.by_name(rule)
+        if compiled is not None and compiled.source is not None and compiled.source.route is not None:
+            return compiled.source.route.channel
+        routing = self.routing
+        return routing.channels.get(tags.get(routing.by_tag, ""), routing.default_channel)
 
     def silence_for(self, rule: str, rule_type: str, resource: ResourceInfo, at: float) -> str | None:
         """The reason of the first silence covering this finding at event time ``at``, if any."""
@@ -384,7 +416,12 @@ class RuleSet:
         return next((r for r in self.rules if r.detector.name == name), None)
 
 
-def compile_rules(rules: Iterable[Any], pricing: Pricing | None = None, silences: Iterable[Silence] = ()) -> RuleSet:
+def compile_rules(
+    rules: Iterable[Any],
+    pricing: Pricing | None = None,
+    silences: Iterable[Silence] = (),
+    routing: Routing | None = None,
+) -> RuleSet:
     compiled = []
     for rule in rules:
         if not rule.enabled:
@@ -400,7 +437,7 @@ def compile_rules(rules: Iterable[Any], pricing: Pricing | None = None, silences
         CompiledSilence(compile_match(s.match), frozenset(s.rules), frozenset(s.types), s.until.timestamp(), s.reason)
         for s in silences
     )
-    return RuleSet(tuple(compiled), pricing or Pricing(), compiled_silences)
+    return RuleSet(tuple(compiled), pricing or Pricing(), compiled_silences, routing or Routing())
 
 
 def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> RuleSet:
@@ -417,9 +454,32 @@ def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> Rule
             pricing = load_pricing(pricing_file)
         except ValueError as exc:
             errors.append(RuleError(str(pricing_file), 0, "", str(exc)))
+    routing = Routing()
+    routing_file = (path if path.is_dir() else path.parent) / "routing.yaml"
+    if routing_file.exists():
+        routing_or_errors = _load_model(routing_file, Routing)
+        if isinstance(routing_or_errors, list):
+            errors.extend(routing_or_errors)
+        else:
+            routing = routing_or_errors
     if errors:
         raise RulesInvalid(errors)
-    return compile_rules((rule for _, rule in found), pricing, silences)
+    return compile_rules((rule for _, rule in found), pricing, silences, routing)
+
+
+def _load_model(path: Path, model: type[BaseModel]) -> Any:
+    """A whole-file model (routing) with the same file:line errors as rule files."""
+    file = str(path)
+    try:
+        text = path.read_text()
+        node, data = yaml.compose(text), yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        return [RuleError(file, mark.line + 1 if mark else 0, "", f"cannot read: {exc}")]
+    try:
+        return model.model_validate(data or {})
+    except ValidationError as exc:
+        return _errors_from(exc, (), file, _line_index(node) if node is not None else {})
 
 
 

@@ -163,7 +163,8 @@ class SlackNotifier:
                 )
                 self._web.chat_update(channel=channel, ts=parent_ts, text=text, blocks=render_blocks(alert))
                 return channel, parent_ts
-            response = self._web.chat_postMessage(channel=self.channel, text=text, blocks=render_blocks(alert))
+            channel = alert.channel or self.channel
+            response = self._web.chat_postMessage(channel=channel, text=text, blocks=render_blocks(alert))
             return str(response["channel"]), str(response["ts"])
         except SlackError:
             raise

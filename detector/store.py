@@ -107,6 +107,7 @@ def _schema(db: str) -> list[str]:
         ORDER BY alert_id""",
         # Columns added after the first release: idempotent, forward-only.
         f"ALTER TABLE {db}.alerts ADD COLUMN IF NOT EXISTS silenced String DEFAULT '' AFTER details",
+        f"ALTER TABLE {db}.alerts ADD COLUMN IF NOT EXISTS channel String DEFAULT '' AFTER silenced",
         f"""CREATE TABLE IF NOT EXISTS {db}.alert_changes (
             alert_id String,
             change LowCardinality(String),
@@ -149,7 +150,7 @@ _RUN_COLS = ["ts", "run_id", "status", "resource_ids", "gpu_count", "project", "
 _ALERT_COLS = [
     "alert_id", "type", "rule", "resource_id", "status", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
-    "instance_type", "tags", "details", "silenced", "version",
+    "instance_type", "tags", "details", "silenced", "channel", "version",
 ]  # fmt: skip
 
 
@@ -182,6 +183,7 @@ def alert_from_row(row: dict[str, Any], change: str | None = None) -> Alert:
         tags=dict(row["tags"]),
         details=msgspec.json.decode(row["details"]) if row["details"] else {},
         silenced=row.get("silenced", ""),
+        channel=row.get("channel", ""),
     )
 
 
@@ -343,7 +345,7 @@ class Store:
                 a.alert_id, a.type, a.rule, a.resource_id, a.status, a.severity, _ms(a.episode_start),
                 _ms(a.fired_at), _ms(a.updated_at), _ms(a.resolved_at) if a.resolved_at is not None else None,
                 a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
-                _json.encode(a.details).decode(), a.silenced, version + i,
+                _json.encode(a.details).decode(), a.silenced, a.channel, version + i,
             ])  # fmt: skip
             changes.append([a.alert_id, a.change, _ms(a.updated_at), a.waste_usd])
         with self._lock:
