@@ -19,7 +19,7 @@ from detector.units import format_duration, rfc3339
 
 __all__ = ["Alert", "AlertManager", "alert_id", "from_finding"]
 
-_TITLES = {"idle_gpu": "Idle GPUs"}
+_TITLES = {"idle_gpu": "Idle GPUs", "untagged": "Untagged spend"}
 
 
 def alert_id(rule: str, resource_id: str, episode_start: float) -> str:
@@ -73,11 +73,12 @@ class Alert(msgspec.Struct, kw_only=True):
     def summary(self) -> str:
         """One line for logs, the console and Slack's notification text."""
         who = self.tags.get("team") or "no team tag"
+        spent = "spent" if self.type == "untagged" else "wasted"
         if self.status == "resolved":
             reason = str(self.details.get("reason", "")).replace("_", " ")
             return (
                 f"RESOLVED {self.title} on {self.resource_id} ({who}) after {format_duration(self.duration_s)}: "
-                f"${self.waste_usd:,.2f} wasted" + (f" ({reason})" if reason else "")
+                f"${self.waste_usd:,.2f} {spent}" + (f" ({reason})" if reason else "")
             )
         return (
             f"{self.severity.upper()} {self.title} on {self.resource_id} ({who}) for "

@@ -10,7 +10,9 @@ What it makes, per resource, is a timeline of segments:
 - notebooks (1 GPU) are used in bursts during the day and are either stopped
   or left running idle overnight (labelled);
 - inference endpoints stay moderately busy; buckets and vector databases grow;
-  CPU instances only bill.
+  CPU instances only bill;
+- about one GPU host in ten and one notebook in five carries no team/project tags
+  (labelled ``untagged``, with its spend while running).
 
 Exporters batch like real ones: a host's GPU samples (every 30 s) go out once
 a minute as one message holding every GPU's samples; usage comes once a minute
@@ -79,9 +81,13 @@ class Label:
     end: float
     usd_per_hour: float
     note: str = ""
+    usd: float | None = None
+    """Dollars when they are not rate × duration (spend over running intervals only)."""
 
     @property
     def waste_usd(self) -> float:
+        if self.usd is not None:
+            return self.usd
         return (self.end - self.start) * self.usd_per_hour / 3600.0
 
     def to_json(self) -> dict[str, Any]:
@@ -311,7 +317,7 @@ def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Recor
 def _storage_records(kind: str, i: int, cfg: SimConfig, b: _Builder, end: float) -> Iterator[Record]:
     rid = f"{kind}-{i:03d}"
     rtype = "vector_db" if kind == "vectordb" else "storage_bucket"
-    tags = b.tags(0.1)
+    tags = b.tags(0.0)
     size = b.rng.uniform(0.5e12, 5e12)
     capacity = 10e12
     growth = b.rng.uniform(0.002, 0.02) / 86_400  # fraction per second
@@ -334,9 +340,23 @@ def _storage_records(kind: str, i: int, cfg: SimConfig, b: _Builder, end: float)
 
 def _cpu_resource(i: int, b: _Builder) -> _Resource:
     itype = "m6i.2xlarge" if i % 2 else "c6i.4xlarge"
-    return _Resource(f"cpu-{i:03d}", "cpu_instance", itype, 0, "", 0.0, b.tags(), "ml-prod-0",
+    return _Resource(f"cpu-{i:03d}", "cpu_instance", itype, 0, "", 0.0, b.tags(0.0), "ml-prod-0",
                      "us-east-1", b.pricing.hourly(itype) or 0.4, send_cost=False,
                      segments=[_Segment(b.cfg.start, b.end, "running")])  # fmt: skip
+
+
+def _untagged_label(res: _Resource, cfg: SimConfig, end: float) -> Label | None:
+    """Ground truth for a resource without team/project tags: its spend over running intervals."""
+    if res.tags.get("team") and res.tags.get("project"):
+        return None
+    step = cfg.usage_interval_s
+    stopped = [(s.start, s.end) for s in res.segments if s.mode == "stopped"]
+    running = sum(
+        1 for k in range(int((end - cfg.start) // step))
+        if not any(a <= cfg.start + k * step < b for a, b in stopped)
+    )  # fmt: skip
+    per_interval = round(res.hourly * step / 3600, 6) if res.send_cost else res.hourly * step / 3600
+    return Label("untagged", res.resource_id, cfg.start, end, res.hourly, "no team/project tags", running * per_interval)
 
 
 def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[Label]]:
@@ -355,5 +375,7 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
     streams += [_storage_records("vectordb", i, cfg, b, b.end) for i in range(cfg.vector_dbs)]
     streams.append(iter(sorted(b.runs, key=lambda r: r[0])))
     merged = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
-    labels = sorted(b.labels, key=lambda label: (label.start, label.resource_id))
+    untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
+    labels = sorted(b.labels + [label for label in untagged if label is not None],
+                    key=lambda label: (label.start, label.resource_id))  # fmt: skip
     return merged, labels

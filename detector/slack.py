@@ -47,6 +47,8 @@ def _fields(alert: Alert) -> list[dict[str, str]]:
         ("Project", tags.get("project") or "_none_"),
     ]
     details = alert.details
+    if details.get("missing_tags"):
+        fields.append(("Missing tags", ", ".join(f"`{t}`" for t in details["missing_tags"])))
     if details.get("gpu_count"):
         model = f" × {details['gpu_model']}" if details.get("gpu_model") else " GPUs"
         fields.append(("GPUs", f"{details['gpu_count']}{model}"))
@@ -95,7 +97,8 @@ def _resolution_text(alert: Alert) -> str:
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
         + (f" ({reason})" if reason else "")
-        + f" after {format_duration(alert.duration_s)}: *${alert.waste_usd:,.2f} wasted* in total."
+        + f" after {format_duration(alert.duration_s)}: "
+        + f"*${alert.waste_usd:,.2f} {'spent untagged' if alert.type == 'untagged' else 'wasted'}* in total."
     )
 
 

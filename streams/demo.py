@@ -85,7 +85,8 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> 
     n_events = count_events(messages)
 
     _say(f"burnwatch demo: {hours:g}h of a simulated fleet ({n_events:,} events in {n_messages:,} messages,")
-    _say(f"  {len(labels)} injected idle-GPU episodes) replayed at {speed:g}x event time")
+    kinds = ", ".join(f"{sum(label.type == k for label in labels)} {k}" for k in sorted({lb.type for lb in labels}))
+    _say(f"  injected waste: {kinds}) replayed at {speed:g}x event time")
     broker = worker = None
     stop_follow = threading.Event()
     started = time.monotonic()
@@ -136,16 +137,19 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> 
 def _summary(dsn: str, database: str, labels: list) -> None:
     store = Store.open(dsn, database)
     try:
-        alerts = store.alerts("type = 'idle_gpu'")
-        wasted = sum(a["waste_usd"] for a in alerts)
+        alerts = store.alerts()
+        for rule_type in sorted({a["type"] for a in alerts} | {label.type for label in labels}):
+            of_type = [a for a in alerts if a["type"] == rule_type]
+            dollars = sum(a["waste_usd"] for a in of_type)
+            what = "of idle GPU time caught" if rule_type == "idle_gpu" else "of spend nobody could be charged for"
+            _say(f"{rule_type}: {len(of_type)} alerts, ${dollars:,.2f} {what}.")
         found = sum(
-            any(a["resource_id"] == label.resource_id
+            any(a["type"] == label.type and a["resource_id"] == label.resource_id
                 and label.start <= epoch(a["episode_start"]) <= label.end
                 for a in alerts)
             for label in labels
         )  # fmt: skip
-        _say(f"{len(alerts)} idle-GPU alerts, ${wasted:,.2f} of idle GPU time caught; "
-             f"{found} of {len(labels)} injected episodes found.")  # fmt: skip
+        _say(f"{found} of {len(labels)} injected episodes found.")
         _say()
         _say("A post-mortem query (burnwatch sql '...' runs any other):")
         _say()

@@ -24,7 +24,8 @@ def fleet(tmp_path_factory, ruleset):
 
 def match(alerts, labels):
     """Pair each label with the alerts whose episode overlaps it on the same resource."""
-    return {id(label): [a for a in alerts if a.resource_id == label.resource_id and label.start <= a.fired_at <= label.end]
+    return {id(label): [a for a in alerts if a.type == label.type and a.resource_id == label.resource_id
+                        and label.start <= a.fired_at <= label.end]
             for label in labels}  # fmt: skip
 
 
@@ -50,11 +51,11 @@ def test_cli_json_output(fleet):
     )  # fmt: skip
     records = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(records) == len(labels)
+    assert {r["type"] for r in records} == {label.type for label in labels} == {"idle_gpu", "untagged"}
     required = {"alert_id", "type", "resource_id", "episode_start", "fired_at", "resolved_at", "waste_usd",
                 "usd_per_hour", "tags", "severity"}  # fmt: skip
     for record in records:
         assert required <= record.keys()
-        assert record["type"] == "idle_gpu"
         assert record["fired_at"].endswith("Z")
     assert any(r["resolved_at"] is None for r in records) and any(r["resolved_at"] for r in records)
 

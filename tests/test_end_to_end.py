@@ -141,7 +141,7 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
         stored = {r["alert_id"]: r for r in sql(env, "SELECT * FROM burnwatch.alerts FINAL")}
         assert set(stored) == set(expected)
         for label in labels:
-            (row,) = [r for r in stored.values() if r["resource_id"] == label.resource_id
+            (row,) = [r for r in stored.values() if r["type"] == label.type and r["resource_id"] == label.resource_id
                       and label.start <= expected[r["alert_id"]].fired_at <= label.end]  # fmt: skip
             if row["resolved_at"] is not None:
                 assert row["waste_usd"] == pytest.approx(label.waste_usd, rel=0.10)

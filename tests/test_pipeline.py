@@ -19,7 +19,7 @@ def gpu_message(offset: int, t: float, util: float, host: str = "h1") -> Message
 
 def usage_message(offset: int, t: float, host: str = "h1") -> Message:
     value = {"ts": at(t).isoformat(), "resource_id": host, "resource_type": "gpu_instance", "cost_usd": 0.5,
-             "interval_s": 60, "tags": {"team": "nlp"}}  # fmt: skip
+             "interval_s": 60, "tags": {"team": "nlp", "project": "llm"}}  # fmt: skip
     return Message("resource-usage", 0, offset, host.encode(), json.dumps(value).encode())
 
 
@@ -69,5 +69,5 @@ def test_acks_follow_detection_and_everything_is_stored(store, ruleset):
     assert len(dead) == 1 and "not JSON" in json.loads(dead[0])["reason"]
     assert store.count("gpu_metrics") == 200 and store.count("resource_usage") == 4
     (alert,) = store.alerts()
-    assert alert["resource_id"] == "h1" and alert["tags"] == {"team": "nlp"}
+    assert alert["resource_id"] == "h1" and alert["tags"] == {"team": "nlp", "project": "llm"}
     assert store.load_states([0]).keys() == {"h1"}

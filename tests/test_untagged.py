@@ -1,0 +1,59 @@
+"""The untagged detector on crafted usage sequences."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.engine import Engine
+from tests.helpers import MIN, T0, usage
+
+TAGGED = {"team": "nlp", "project": "llm", "owner": "alice"}
+
+
+def untagged_findings(ruleset, events):
+    return [f for f in Engine(ruleset).process(events) if f.type == "untagged"]
+
+
+def run_for(minutes: int, tags: dict, start: float = T0, state: str = "running") -> list:
+    return [usage(start + i * MIN, "r1", tags=tags, state=state, usd_per_hour=6.0) for i in range(minutes)]
+
+
+def test_fires_after_grace_with_spend_and_resolves_when_tagged(ruleset):
+    events = run_for(90, {"team": "nlp"}) + run_for(5, TAGGED, start=T0 + 90 * MIN)
+    found = [f for f in untagged_findings(ruleset, events) if f.action != "update"]
+    assert [f.action for f in found] == ["fire", "resolve"]
+    fire, resolve = found
+    assert fire.fired_at == T0 + 3600 and fire.details["missing_tags"] == ["project"]
+    assert resolve.at == T0 + 90 * MIN and resolve.details["reason"] == "tags_added"
+    assert resolve.waste_usd == pytest.approx(6.0 * 90 / 60)  # 90 running minutes at $6/h
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        run_for(120, TAGGED),  # tagged: nothing to say
+        run_for(50, {}),  # untagged for 50 minutes: still inside the grace period
+        run_for(50, {"team": "nlp"}) + run_for(30, TAGGED, start=T0 + 50 * MIN),  # tagged in time
+    ],
+    ids=["tagged", "under-grace", "tagged-in-time"],
+)
+def test_no_alert(ruleset, events):
+    assert untagged_findings(ruleset, events) == []
+
+
+def test_stopped_time_costs_nothing_and_termination_resolves(ruleset):
+    events = run_for(70, {}) + run_for(60, {}, start=T0 + 70 * MIN, state="stopped")
+    events.append(usage(T0 + 130 * MIN, "r1", tags={}, state="terminated"))
+    found = [f for f in untagged_findings(ruleset, events) if f.action != "update"]
+    assert [f.action for f in found] == ["fire", "resolve"]
+    assert found[-1].details["reason"] == "terminated"
+    assert found[-1].waste_usd == pytest.approx(6.0 * 70 / 60)
+
+
+def test_reread_intervals_are_not_counted_twice(ruleset):
+    events = run_for(90, {})
+    engine = Engine(ruleset)
+    engine.process(events)
+    engine.process(events[40:])
+    (open_episode,) = [f for f in engine.open_episodes() if f.type == "untagged"]
+    assert open_episode.waste_usd == pytest.approx(6.0 * 90 / 60)
