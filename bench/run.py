@@ -92,13 +92,15 @@ def bench_latency(workdir: Path, ruleset) -> dict:
     with open(path, "wb") as out:
         write_replay(records, out)
     messages = list(file_records(path))
-    # The message that completes each episode's threshold: the first of that resource
-    # whose samples reach 30 minutes after the episode's start.
+    # The message that completes each alert's threshold: the first of that resource, on the
+    # topic its detector reads (GPU samples for idle GPUs, usage for untagged), whose events
+    # reach the alert's fire time.
     expected = backtest(path, ruleset).alerts
     completing: dict[int, str] = {}
     for alert in expected:
+        wanted = "gpu-metrics" if alert.type == "idle_gpu" else "resource-usage"
         for i, (topic, key, value) in enumerate(messages):
-            if topic == "gpu-metrics" and key == alert.resource_id and (value_end_time(value) or 0) >= alert.fired_at:
+            if topic == wanted and key == alert.resource_id and (value_end_time(value) or 0) >= alert.fired_at:
                 completing[i] = alert.alert_id
                 break
     sent_at: dict[str, float] = {}
