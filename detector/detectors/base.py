@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from detector.events import Event
 
-__all__ = ["Detector", "Finding", "Params", "ResourceInfo"]
+__all__ = ["Detector", "Finding", "Params", "ResourceInfo", "make_finding"]
 
 
 class Params(BaseModel):
@@ -69,6 +69,34 @@ class Finding(msgspec.Struct, kw_only=True, frozen=True):
     details: dict[str, Any] = {}
     resource: ResourceInfo | None = None
     """A copy of what was known about the resource when the finding was made (owner tags, account)."""
+
+
+def make_finding(
+    detector: Any,
+    action: str,
+    resource: ResourceInfo,
+    *,
+    episode_start: float,
+    fired_at: float,
+    at: float,
+    usd: float,
+    details: dict[str, Any],
+) -> Finding:
+    """A finding of ``detector`` about ``resource``: the fields every detector fills the same way."""
+    return Finding(
+        action=action,  # type: ignore[arg-type]
+        rule=detector.name,
+        type=detector.type,
+        resource_id=resource.resource_id,
+        episode_start=episode_start,
+        fired_at=fired_at,
+        at=at,
+        waste_usd=round(usd, 4),
+        usd_per_hour=resource.usd_per_hour or 0.0,
+        severity=detector.severity,
+        details=details,
+        resource=msgspec.structs.replace(resource),
+    )
 
 
 S = TypeVar("S", bound=msgspec.Struct)

@@ -33,7 +33,7 @@ from typing import ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Finding, Params, ResourceInfo
+from detector.detectors.base import Finding, Params, ResourceInfo, make_finding
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.units import Duration, Percent
 
@@ -174,26 +174,15 @@ class IdleGpu:
 
     def _finding(self, action: str, st: IdleGpuState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.idle_since is not None and st.fired_at is not None
-        return Finding(
-            action=action,  # type: ignore[arg-type]
-            rule=self.name,
-            type=self.type,
-            resource_id=res.resource_id,
-            episode_start=st.idle_since,
-            fired_at=st.fired_at,
-            at=at,
-            waste_usd=round(st.waste_usd, 4),
-            usd_per_hour=res.usd_per_hour or 0.0,
-            severity=self.severity,
-            details={
-                "gpu_count": len(st.gpus),
-                "gpu_model": st.model,
-                "idle_s": round(max(at, st.covered_until) - st.idle_since, 3),
-                "util_below_pct": self.params.util_below,
-                **extra,
-            },
-            resource=msgspec.structs.replace(res),
-        )
+        details = {
+            "gpu_count": len(st.gpus),
+            "gpu_model": st.model,
+            "idle_s": round(max(at, st.covered_until) - st.idle_since, 3),
+            "util_below_pct": self.params.util_below,
+            **extra,
+        }
+        return make_finding(self, action, res, episode_start=st.idle_since, fired_at=st.fired_at, at=at,
+                            usd=st.waste_usd, details=details)  # fmt: skip
 
     def open_episode(self, state: IdleGpuState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:

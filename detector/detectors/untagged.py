@@ -25,7 +25,7 @@ from typing import ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Finding, Params, ResourceInfo
+from detector.detectors.base import Finding, Params, ResourceInfo, make_finding
 from detector.events import Event, UsageEvent
 from detector.units import Duration
 
@@ -104,20 +104,9 @@ class Untagged:
 
     def _finding(self, action: str, st: UntaggedState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.missing_since is not None and st.fired_at is not None
-        return Finding(
-            action=action,  # type: ignore[arg-type]
-            rule=self.name,
-            type=self.type,
-            resource_id=res.resource_id,
-            episode_start=st.missing_since,
-            fired_at=st.fired_at,
-            at=at,
-            waste_usd=round(st.spend_usd, 4),
-            usd_per_hour=res.usd_per_hour or 0.0,
-            severity=self.severity,
-            details={"missing_tags": list(st.missing), "untagged_s": round(at - st.missing_since, 3), **extra},
-            resource=msgspec.structs.replace(res),
-        )
+        details = {"missing_tags": list(st.missing), "untagged_s": round(at - st.missing_since, 3), **extra}
+        return make_finding(self, action, res, episode_start=st.missing_since, fired_at=st.fired_at, at=at,
+                            usd=st.spend_usd, details=details)  # fmt: skip
 
     def open_episode(self, state: UntaggedState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:
