@@ -11,6 +11,8 @@ What it makes, per resource, is a timeline of segments:
   or left running idle overnight (labelled);
 - inference endpoints stay moderately busy; buckets and vector databases grow;
   CPU instances only bill;
+- some runs hang in a collective for half an hour or more before they are killed:
+  GPUs at 100 % utilisation with idle SMs and idle power (labelled ``stuck_gpu``);
 - about one GPU host in ten and one notebook in five carries no team/project tags
   (labelled ``untagged``, with its spend while running).
 
@@ -152,7 +154,10 @@ class _Builder:
         end = min(start + length, self.end)
         if end <= start:
             return end
-        if label:
+        if label and mode == "stuck":
+            if end - start >= 1200 + 60:
+                self.labels.append(Label("stuck_gpu", res.resource_id, start, end, res.hourly, "job hung in a collective"))
+        elif label:
             # GPUs already idle just before (a pause, a dip) make the episode start earlier.
             idle_from = start
             for prev in reversed(res.segments):
@@ -184,6 +189,9 @@ class _Builder:
                 if t < run_end and self.rng.random() < 0.7:
                     t = self.add(res, t, self.minutes(2, 6), "dip")
             status = "failed" if self.rng.random() < 0.15 else "succeeded"
+            if t < self.end and self.rng.random() < 0.12:  # the job hangs in a collective, then is killed
+                t = self.add(res, t, self.minutes(25, 70), "stuck", label=True)
+                status = "failed"
             self.runs.append((t, TOPIC_RUN_EVENTS, run_id, self._run_event(t, run_id, status, res, project)))
             roll = self.rng.random()
             if roll < 0.40:
@@ -205,7 +213,7 @@ class _Builder:
             "gpu_count": res.gpus, "project": project, "tags": res.tags,
         }  # fmt: skip
         if status == "failed":
-            event["error"] = self.rng.choice(["CUDA out of memory", "NCCL timeout", "Loss is NaN", "OOMKilled"])
+            event["error"] = self.rng.choice(["CUDA out of memory", "NCCL watchdog timeout", "Loss is NaN", "OOMKilled"])
         return event
 
     def notebook(self, i: int) -> _Resource:
@@ -239,6 +247,8 @@ class _Builder:
 def _gpu_util(rng: random.Random, mode: str, gpu: int, t: float) -> tuple[float, float | None]:
     if mode == "busy":
         return rng.uniform(70, 100), rng.uniform(0.55, 0.9)
+    if mode == "stuck":  # a kernel stays resident, the SMs do nothing
+        return 100.0, rng.uniform(0.0, 0.01)
     if mode == "single":
         return (rng.uniform(80, 100), rng.uniform(0.6, 0.9)) if gpu == 0 else (0.0, 0.0)
     if mode == "serving":
@@ -263,7 +273,7 @@ def _gpu_records(res: _Resource, cfg: SimConfig, rng: random.Random) -> Iterator
                 next_flush += cfg.flush_s
             for gpu in range(res.gpus):
                 util, sm = _gpu_util(rng, seg.mode, gpu, t)
-                busy = util > 10
+                busy = util > 10 and seg.mode != "stuck"
                 pending.append({
                     "ts": rfc3339(t), "resource_id": res.resource_id, "gpu_index": gpu,
                     "gpu_uuid": f"GPU-{res.resource_id}-{gpu}", "model": res.gpu_model,

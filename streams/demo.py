@@ -141,7 +141,8 @@ def _summary(dsn: str, database: str, labels: list) -> None:
         for rule_type in sorted({a["type"] for a in alerts} | {label.type for label in labels}):
             of_type = [a for a in alerts if a["type"] == rule_type]
             dollars = sum(a["waste_usd"] for a in of_type)
-            what = "of idle GPU time caught" if rule_type == "idle_gpu" else "of spend nobody could be charged for"
+            what = {"idle_gpu": "of idle GPU time", "stuck_gpu": "burned by hung jobs",
+                    "untagged": "of spend nobody could be charged for"}.get(rule_type, "involved")  # fmt: skip
             _say(f"{rule_type}: {len(of_type)} alerts, ${dollars:,.2f} {what}.")
         found = sum(
             any(a["type"] == label.type and a["resource_id"] == label.resource_id

@@ -1,0 +1,189 @@
+"""What the GPU detectors share: episodes of a host whose every GPU sample shows a
+waste condition, held for a sustained time while the host is billed.
+
+A subclass says which sample *breaks* an episode (``breaks``) and what its findings
+add (``describe``); this class does the rest the same way for all of them:
+
+- the episode starts at the first sample after the last breaking one, and fires when
+  samples cover ``for`` of it, with ``fired_at = start + for`` (event time);
+- it fires only while the host is billed (its latest usage event says ``running``);
+  a stop resolves it;
+- silence is not evidence: a telemetry gap longer than ``stale_after`` restarts a
+  candidate episode and is not counted (time or dollars) in an open one;
+- dollars accrue over sample-covered time at the host's price; time seen before the
+  price is known is priced once it is, so topic arrival order does not matter;
+- a sample already seen (a re-read batch) or a late one changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+from pydantic import Field
+
+from detector.detectors.base import Finding, Params, ResourceInfo, make_finding
+from detector.events import Event, GpuMetric, UsageEvent
+from detector.units import Duration
+
+__all__ = ["GpuEpisode", "GpuEpisodeParams", "GpuEpisodeState"]
+
+
+class GpuEpisodeParams(Params):
+    for_: Duration = Field(default=1800.0, alias="for", gt=0)
+    stale_after: Duration = Field(default=300.0, gt=0)
+    """A gap in GPU telemetry longer than this is missing data, not evidence."""
+    update_every: Duration = Field(default=900.0, gt=0)
+    """How often an open episode reports its growing dollars (event time)."""
+
+
+class GpuEpisodeState(msgspec.Struct, kw_only=True):
+    gpus: list[int] = []
+    model: str = ""
+    peak_power_w: dict[int, float] = {}
+    """Highest power each GPU has drawn: a reference for detectors that read power."""
+    last_break: float = 0.0
+    """Time of the newest sample that breaks an episode."""
+    covered_until: float = 0.0
+    """Time of the newest sample seen: episode time is only counted up to here."""
+    since: float | None = None
+    waste_usd: float = 0.0
+    unpriced_s: float = 0.0
+    """Episode seconds seen before the host's price was known."""
+    fired_at: float | None = None
+    last_report: float = 0.0
+
+
+class GpuEpisode:
+    """Base of the GPU-sample episode detectors (see the module docstring)."""
+
+    type: ClassVar[str]
+    Params: ClassVar[type[GpuEpisodeParams]]
+    State: ClassVar[type[GpuEpisodeState]] = GpuEpisodeState
+    consumes: ClassVar[tuple[type, ...]] = (GpuMetric, UsageEvent)
+    suggestion: ClassVar[str]
+    break_reason: ClassVar[str]
+    """The ``reason`` a resolution by a breaking sample carries."""
+
+    def __init__(self, name: str, severity: str, params: Any) -> None:
+        self.name = name
+        self.severity = severity
+        self.params = params
+
+    def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
+        """Whether this sample shows the waste condition does not hold (ends an episode)."""
+        raise NotImplementedError
+
+    def describe(self, st: GpuEpisodeState) -> dict[str, Any]:
+        """What this detector adds to its findings' details."""
+        return {}
+
+    def new_state(self) -> GpuEpisodeState:
+        return self.State()
+
+    def step(self, state: GpuEpisodeState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+        if type(event) is GpuMetric:
+            return self._on_sample(state, resource, event, t)
+        if type(event) is UsageEvent:
+            return self._on_usage(state, resource, t)
+        return []
+
+    def open_episode(self, state: GpuEpisodeState, resource: ResourceInfo) -> Finding | None:
+        if state.fired_at is None:
+            return None
+        return self._finding("update", state, resource, state.covered_until)
+
+    # -- events -------------------------------------------------------------
+
+    def _on_sample(self, st: GpuEpisodeState, res: ResourceInfo, ev: GpuMetric, t: float) -> list[Finding]:
+        if ev.gpu_index not in st.gpus:
+            st.gpus.append(ev.gpu_index)
+        if ev.model:
+            st.model = ev.model
+        if ev.power_w > st.peak_power_w.get(ev.gpu_index, 0.0):
+            st.peak_power_w[ev.gpu_index] = ev.power_w
+        if self.breaks(st, ev):
+            found: list[Finding] = []
+            if t > st.last_break:
+                st.last_break = t
+            if st.since is not None and t >= st.since:
+                if st.fired_at is not None:
+                    self._accrue(st, res, t)
+                    found.append(self._finding("resolve", st, res, t, reason=self.break_reason))
+                self._reset(st)
+            if t > st.covered_until:
+                st.covered_until = t
+            return found
+        if t <= st.last_break:
+            return []  # a late reading from before the latest breaking one
+        if st.since is None:
+            st.since = t
+            st.covered_until = max(st.covered_until, t)
+        elif t > st.covered_until:
+            if t - st.covered_until > self.params.stale_after and st.fired_at is None:
+                st.since = t  # telemetry gap: the count starts again
+                st.waste_usd = st.unpriced_s = 0.0
+                st.covered_until = t
+            else:
+                self._accrue(st, res, t)
+        return self._maybe_fire_or_report(st, res)
+
+    def _on_usage(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> list[Finding]:
+        if st.since is None:
+            return []
+        if not res.billed:
+            found: list[Finding] = []
+            if st.fired_at is not None:
+                self._accrue(st, res, t)
+                found.append(self._finding("resolve", st, res, max(t, st.since), reason=f"instance_{res.state}"))
+            self._reset(st)
+            return found
+        if st.unpriced_s and res.usd_per_hour is not None:
+            st.waste_usd += st.unpriced_s * res.usd_per_hour / 3600.0
+            st.unpriced_s = 0.0
+        return self._maybe_fire_or_report(st, res)
+
+    # -- helpers ------------------------------------------------------------
+
+    def _accrue(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> None:
+        """Count episode time from the last covered instant to ``t`` unless the gap is telemetry loss."""
+        gap = t - st.covered_until
+        if gap <= 0:
+            return
+        if gap <= self.params.stale_after:
+            if res.usd_per_hour is None:
+                st.unpriced_s += gap
+            else:
+                st.waste_usd += gap * res.usd_per_hour / 3600.0
+        st.covered_until = t
+
+    def _maybe_fire_or_report(self, st: GpuEpisodeState, res: ResourceInfo) -> list[Finding]:
+        if st.since is None or not res.billed:
+            return []
+        if st.fired_at is None:
+            if st.covered_until - st.since < self.params.for_:
+                return []
+            st.fired_at = st.since + self.params.for_
+            st.last_report = st.covered_until
+            return [self._finding("fire", st, res, st.fired_at)]
+        if st.covered_until - st.last_report >= self.params.update_every:
+            st.last_report = st.covered_until
+            return [self._finding("update", st, res, st.covered_until)]
+        return []
+
+    def _reset(self, st: GpuEpisodeState) -> None:
+        st.since = st.fired_at = None
+        st.waste_usd = st.unpriced_s = 0.0
+        st.last_report = 0.0
+
+    def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, **extra: object) -> Finding:
+        assert st.since is not None and st.fired_at is not None
+        details = {
+            "gpu_count": len(st.gpus),
+            "gpu_model": st.model,
+            "episode_s": round(max(at, st.covered_until) - st.since, 3),
+            **self.describe(st),
+            **extra,
+        }
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
+                            usd=st.waste_usd, details=details)  # fmt: skip
