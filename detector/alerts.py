@@ -19,7 +19,8 @@ from detector.units import format_duration, rfc3339
 
 __all__ = ["Alert", "AlertManager", "alert_id", "from_finding"]
 
-_TITLES = {"idle_gpu": "Idle GPUs", "stuck_gpu": "Stuck GPUs (busy, nothing running)", "untagged": "Untagged spend"}
+_TITLES = {"idle_gpu": "Idle GPUs", "stuck_gpu": "Stuck GPUs (busy, nothing running)", "untagged": "Untagged spend",
+           "telemetry_stale": "GPU telemetry missing"}
 
 
 def alert_id(rule: str, resource_id: str, episode_start: float) -> str:

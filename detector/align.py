@@ -25,6 +25,10 @@ __all__ = ["EventTimeAligner"]
 
 T = TypeVar("T")
 _time = itemgetter(0)
+_order = itemgetter(0, 1)
+_RANK: dict[str, int] = {"GpuMetric": 0, "UsageEvent": 1, "RunEvent": 2}
+"""At equal timestamps, samples before usage intervals before run events: every consumer
+of the same events then sees the same order, whichever topic was read first."""
 
 
 class EventTimeAligner(Generic[T]):
@@ -37,9 +41,9 @@ class EventTimeAligner(Generic[T]):
 
     def __init__(self, lateness_s: float = 60.0) -> None:
         self.lateness_s = lateness_s
-        self._held: list[tuple[float, Any, int]] = []
-        """(t, event, message id); sorted lazily (and stably) at release. Input is nearly
-        in order, so the sort is a merge of a few runs: linear in practice."""
+        self._held: list[tuple[float, int, Any, int]] = []
+        """(t, rank of the event's type, event, message id); sorted lazily (and stably) at
+        release. Input is nearly in order, so the sort is a merge of a few runs: linear in practice."""
         self._source_t: dict[Hashable, float] = {}
         self._caught_up: set[Hashable] = set()
         self._pending: dict[int, list] = {}
@@ -55,7 +59,8 @@ class EventTimeAligner(Generic[T]):
         self._next_msg += 1
         self._pending[msg] = [len(events), token]
         times = [event.ts.timestamp() for event in events]
-        self._held.extend(zip(times, events, itertools.repeat(msg)))
+        rank = _RANK.get(type(events[0]).__name__, 9) if events else 9
+        self._held.extend(zip(times, itertools.repeat(rank), events, itertools.repeat(msg)))
         latest = max(times) if times else float("-inf")
         if latest > self._source_t.get(source, float("-inf")):
             self._source_t[source] = latest
@@ -89,21 +94,21 @@ class EventTimeAligner(Generic[T]):
         held = self._held
         if not held:
             return [], []
-        held.sort(key=_time)
+        held.sort(key=_order)
         cut = len(held) if limit == float("inf") else bisect.bisect_right(held, limit, key=_time)
         if not cut:
             return [], []
         out, self._held = held[:cut], held[cut:]
         pending = self._pending
         tokens: list[T] = []
-        for _, _, msg in out:
+        for _, _, _, msg in out:
             entry = pending[msg]
             entry[0] -= 1
             if entry[0] == 0:
                 del pending[msg]
                 if entry[1] is not None:
                     tokens.append(entry[1])
-        return [(item[0], item[1]) for item in out], tokens
+        return [(item[0], item[2]) for item in out], tokens
 
     def clear(self) -> None:
         """Partitions moved: drop what is held. Its messages were never acknowledged, so

@@ -13,6 +13,8 @@ What it makes, per resource, is a timeline of segments:
   CPU instances only bill;
 - some runs hang in a collective for half an hour or more before they are killed:
   GPUs at 100 % utilisation with idle SMs and idle power (labelled ``stuck_gpu``);
+- some hosts lose their GPU exporter for an hour while billed (labelled
+  ``telemetry_stale``; never idle, since silence is not evidence);
 - about one GPU host in ten and one notebook in five carries no team/project tags
   (labelled ``untagged``, with its spend while running).
 
@@ -154,7 +156,12 @@ class _Builder:
         end = min(start + length, self.end)
         if end <= start:
             return end
-        if label and mode == "stuck":
+        if label and mode == "gap":
+            last_sample = start - self.cfg.scrape_s
+            if end - last_sample >= 600 + 60:
+                self.labels.append(Label("telemetry_stale", res.resource_id, last_sample, end, res.hourly,
+                                         "GPU exporter down while billed"))  # fmt: skip
+        elif label and mode == "stuck":
             if end - start >= 1200 + 60:
                 self.labels.append(Label("stuck_gpu", res.resource_id, start, end, res.hourly, "job hung in a collective"))
         elif label:
@@ -202,7 +209,7 @@ class _Builder:
                 t = self.add(res, t, self.minutes(60, 120), "single")
             elif roll < 0.78:  # a short idle spell, then the exporter dies for an hour: not an idle episode
                 t = self.add(res, t, self.minutes(10, 20), "idle")
-                t = self.add(res, t, self.minutes(50, 80), "gap")
+                t = self.add(res, t, self.minutes(50, 80), "gap", label=True)
             else:
                 t = self.add(res, t, self.minutes(5, 20), "idle")
         return res

@@ -142,7 +142,8 @@ def _summary(dsn: str, database: str, labels: list) -> None:
             of_type = [a for a in alerts if a["type"] == rule_type]
             dollars = sum(a["waste_usd"] for a in of_type)
             what = {"idle_gpu": "of idle GPU time", "stuck_gpu": "burned by hung jobs",
-                    "untagged": "of spend nobody could be charged for"}.get(rule_type, "involved")  # fmt: skip
+                    "untagged": "of spend nobody could be charged for",
+                    "telemetry_stale": "spent while blind"}.get(rule_type, "involved")  # fmt: skip
             _say(f"{rule_type}: {len(of_type)} alerts, ${dollars:,.2f} {what}.")
         found = sum(
             any(a["type"] == label.type and a["resource_id"] == label.resource_id

@@ -9,11 +9,12 @@ from __future__ import annotations
 from detector.detectors.base import Detector, Finding, Params, ResourceInfo
 from detector.detectors.idle_gpu import IdleGpu
 from detector.detectors.stuck_gpu import StuckGpu
+from detector.detectors.telemetry_stale import TelemetryStale
 from detector.detectors.untagged import Untagged
 
 __all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo"]
 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
-    for cls in (IdleGpu, StuckGpu, Untagged)
+    for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged)
 }

@@ -1,0 +1,48 @@
+"""Telemetry health: a billed host whose GPU metrics stop is a data-quality finding."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.engine import Engine
+from tests.helpers import MIN, T0, scrape, usage
+
+
+def stale(ruleset, events):
+    return [f for f in Engine(ruleset).process(events) if f.type == "telemetry_stale" and f.action != "update"]
+
+
+def metrics(start: float, minutes: int) -> list:
+    return [e for i in range(minutes * 2) for e in scrape(start + i * 30, [50.0] * 2)]
+
+
+def billing(start: float, minutes: int, state: str = "running") -> list:
+    return [usage(start + i * MIN, state=state, usd_per_hour=12.0) for i in range(minutes)]
+
+
+def ordered(events):
+    return sorted(events, key=lambda e: e.t)
+
+
+def test_exporter_down_while_billed_fires_then_resolves_when_samples_return(ruleset):
+    events = ordered(metrics(T0, 10) + billing(T0, 70) + metrics(T0 + 60 * MIN, 5))
+    found = stale(ruleset, events)
+    assert [f.action for f in found] == ["fire", "resolve"]
+    last_sample = T0 + 10 * MIN - 30
+    assert found[0].episode_start == last_sample and found[0].fired_at == last_sample + 600
+    assert found[1].details["reason"] == "telemetry_back"
+    assert found[1].waste_usd == pytest.approx(12.0 * 50 / 60, rel=0.05)  # ~50 blind minutes at $12/h
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        ordered(metrics(T0, 60) + billing(T0, 60)),  # healthy
+        ordered(metrics(T0, 10) + billing(T0, 10) + billing(T0 + 10 * MIN, 60, state="stopped")),  # stopped host
+        billing(T0, 60),  # never sent GPU metrics (a CPU instance, say)
+        ordered(metrics(T0, 10) + billing(T0, 17)),  # a 7-minute gap: under the threshold
+    ],
+    ids=["healthy", "stopped", "no-gpu-metrics-ever", "short-gap"],
+)
+def test_no_finding(ruleset, events):
+    assert stale(ruleset, events) == []
