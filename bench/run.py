@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from detector.backtest import backtest  # noqa: E402
 from detector.replay import write_replay  # noqa: E402
-from detector.rules import load_rules  # noqa: E402
+from detector.rules import RuleSet, load_rules  # noqa: E402
 from detector.runtime import tune_gc  # noqa: E402
 from detector.simulate import SimConfig, simulate  # noqa: E402
 from detector.testing import LocalSlack  # noqa: E402
@@ -151,6 +151,9 @@ def main() -> int:
         results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
         results["backtest"] = bench_backtest(path, ruleset)
         print("backtest", results["backtest"], flush=True)
+        idle_only = RuleSet(tuple(r for r in ruleset.rules if r.detector.type == "idle_gpu"), ruleset.pricing)
+        results["backtest_idle_only"] = bench_backtest(path, idle_only)
+        print("backtest, idle-gpu rule only", results["backtest_idle_only"], flush=True)
         results["streaming"] = bench_streaming(path, workdir, "stream")
         print("streaming", results["streaming"], flush=True)
         records, _ = simulate(BIG_BATCHED, ruleset.pricing)
@@ -167,7 +170,8 @@ def main() -> int:
     print("| measure | figure |\n|---|---|")
     rows = [
         ("fleet", f"{b['events']:,} events in {b['messages']:,} messages ({b['events'] / b['messages']:.1f} events/message)"),
-        ("backtest", f"{b['events_per_s']:,.0f} events/s"),
+        (f"backtest, the {len(ruleset.rules)} shipped rules", f"{b['events_per_s']:,.0f} events/s"),
+        ("backtest, the idle-gpu rule alone", f"{results['backtest_idle_only']['events_per_s']:,.0f} events/s"),
         ("replay (aiokafka producer)",
          f"{s['replay_messages_per_s']:,.0f} messages/s, {s['replay_events_per_s']:,.0f} events/s"),
         ("streaming, one worker, into ClickHouse",

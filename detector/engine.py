@@ -35,6 +35,7 @@ class KeyState:
         """Rule name → that rule's detector state."""
         self.last_t = last_t
         self.routes: dict[type, list] = {}
+        """Event type → ``(detector.step, rule state)`` pairs; rebuilt when the resource changes."""
 
 
 class _Snapshot(msgspec.Struct, kw_only=True):
@@ -78,46 +79,57 @@ class Engine:
         keys = self._keys
         mark_dirty = self.dirty.add
         watermark = self.watermark
+        last_key: str | None = None
+        state: KeyState | None = None
         for t, event in items:
             etype = type(event)
             key = event.run_id if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
-            state = keys.get(key)
-            if state is None:
-                state = self._load(key)
-            if t > state.last_t:
+            if key != last_key:  # time-sorted input keeps a scrape's samples together
+                state = keys.get(key)
+                if state is None:
+                    state = self._load(key)
+                mark_dirty(key)
+                last_key = key
+            if t > state.last_t:  # type: ignore[union-attr]
                 state.last_t = t
                 if t > watermark:
                     watermark = t
             if etype is UsageEvent:
                 self._update_info(state, event)  # type: ignore[arg-type]
-            rules = state.routes.get(etype)
-            if rules is None:
-                rules = self._route(state, etype)
-            for detector in rules:
-                name = detector.name
-                rule_state = state.rules.get(name)
-                if rule_state is None:
-                    rule_state = state.rules[name] = detector.new_state()
-                found = detector.step(rule_state, state.info, event, t)
+            steps = state.routes.get(etype)
+            if steps is None:
+                steps = self._route(state, etype)
+            info = state.info
+            for step, rule_state in steps:
+                found = step(rule_state, info, event, t)
                 if found:
                     findings.extend(found)
-            mark_dirty(key)
         self.watermark = watermark
         return findings
 
     def _route(self, state: KeyState, event_type: type) -> list:
-        """Detectors that see this event type: of the rules whose match passes, each with the
-        params its overrides give this resource; every candidate rule as written while the
-        resource is unknown (no usage event yet). Cached until the resource changes."""
+        """``(step, rule state)`` of the detectors that see this event type: of the rules whose
+        match passes, each with the params its overrides give this resource; every candidate
+        rule as written while the resource is unknown (no usage event yet). Cached until the
+        resource changes (the hot loop then does no lookups per detector)."""
         info = state.info
         candidates = [r for r in self.ruleset.rules if event_type in r.consumes]
-        if not info.known:
-            return [r.detector for r in candidates]
-        rules = state.routes[event_type] = [r.for_resource(info) for r in candidates if r.matches(info)]
-        live = {r.detector.name for r in self.ruleset.rules if r.matches(info)}
-        for name in [n for n in state.rules if n not in live]:
-            del state.rules[name]
-        return rules
+        if info.known:
+            detectors = [r.for_resource(info) for r in candidates if r.matches(info)]
+            live = {r.detector.name for r in self.ruleset.rules if r.matches(info)}
+            for name in [n for n in state.rules if n not in live]:
+                del state.rules[name]
+        else:
+            detectors = [r.detector for r in candidates]
+        steps = []
+        for detector in detectors:
+            rule_state = state.rules.get(detector.name)
+            if rule_state is None:
+                rule_state = state.rules[detector.name] = detector.new_state()
+            steps.append((detector.step, rule_state))
+        if info.known:
+            state.routes[event_type] = steps
+        return steps
 
     def _update_info(self, state: KeyState, ev: UsageEvent) -> None:
         info = state.info

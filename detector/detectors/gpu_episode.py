@@ -41,7 +41,7 @@ class GpuEpisodeState(msgspec.Struct, kw_only=True):
     gpus: list[int] = []
     model: str = ""
     peak_power_w: dict[int, float] = {}
-    """Highest power each GPU has drawn: a reference for detectors that read power."""
+    """Highest power each GPU has drawn, kept by the detectors that read power."""
     last_break: float = 0.0
     """Time of the newest sample that breaks an episode."""
     covered_until: float = 0.0
@@ -83,7 +83,40 @@ class GpuEpisode:
 
     def step(self, state: GpuEpisodeState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         if type(event) is GpuMetric:
-            return self._on_sample(state, resource, event, t)
+            # Inlined sample path: this runs for every GPU sample of every host.
+            st, ev = state, event
+            if ev.gpu_index not in st.gpus:
+                st.gpus.append(ev.gpu_index)
+            if ev.model:
+                st.model = ev.model
+            if self.breaks(st, ev):
+                if t > st.last_break:
+                    st.last_break = t
+                found: list[Finding] = []
+                if st.since is not None and t >= st.since:
+                    if st.fired_at is not None:
+                        self._accrue(st, resource, t)
+                        found.append(self._finding("resolve", st, resource, t, reason=self.break_reason))
+                    self._reset(st)
+                if t > st.covered_until:
+                    st.covered_until = t
+                return found
+            if t <= st.last_break:
+                return []  # a late reading from before the latest breaking one
+            if st.since is None:
+                st.since = t
+                if t > st.covered_until:
+                    st.covered_until = t
+            elif t > st.covered_until:
+                if t - st.covered_until > self.params.stale_after and st.fired_at is None:
+                    st.since = t  # telemetry gap: the count starts again
+                    st.waste_usd = st.unpriced_s = 0.0
+                    st.covered_until = t
+                else:
+                    self._accrue(st, resource, t)
+            else:
+                return []  # another GPU of a scrape already counted
+            return self._maybe_fire_or_report(st, resource)
         if type(event) is UsageEvent:
             return self._on_usage(state, resource, t)
         return []
@@ -94,39 +127,6 @@ class GpuEpisode:
         return self._finding("update", state, resource, state.covered_until)
 
     # -- events -------------------------------------------------------------
-
-    def _on_sample(self, st: GpuEpisodeState, res: ResourceInfo, ev: GpuMetric, t: float) -> list[Finding]:
-        if ev.gpu_index not in st.gpus:
-            st.gpus.append(ev.gpu_index)
-        if ev.model:
-            st.model = ev.model
-        if ev.power_w > st.peak_power_w.get(ev.gpu_index, 0.0):
-            st.peak_power_w[ev.gpu_index] = ev.power_w
-        if self.breaks(st, ev):
-            found: list[Finding] = []
-            if t > st.last_break:
-                st.last_break = t
-            if st.since is not None and t >= st.since:
-                if st.fired_at is not None:
-                    self._accrue(st, res, t)
-                    found.append(self._finding("resolve", st, res, t, reason=self.break_reason))
-                self._reset(st)
-            if t > st.covered_until:
-                st.covered_until = t
-            return found
-        if t <= st.last_break:
-            return []  # a late reading from before the latest breaking one
-        if st.since is None:
-            st.since = t
-            st.covered_until = max(st.covered_until, t)
-        elif t > st.covered_until:
-            if t - st.covered_until > self.params.stale_after and st.fired_at is None:
-                st.since = t  # telemetry gap: the count starts again
-                st.waste_usd = st.unpriced_s = 0.0
-                st.covered_until = t
-            else:
-                self._accrue(st, res, t)
-        return self._maybe_fire_or_report(st, res)
 
     def _on_usage(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> list[Finding]:
         if st.since is None:

@@ -53,11 +53,13 @@ class StuckGpu(GpuEpisode):
 
     def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
         p = self.params
+        peak = st.peak_power_w.get(ev.gpu_index, 0.0)
+        if ev.power_w > peak:
+            st.peak_power_w[ev.gpu_index] = ev.power_w
         if ev.util_pct < p.util_above:
             return True
         if ev.sm_active is not None:
             return ev.sm_active * 100 >= p.sm_below
-        peak = st.peak_power_w.get(ev.gpu_index, 0.0)
         return peak <= 0 or ev.power_w >= peak * p.power_below / 100
 
     def describe(self, st: GpuEpisodeState) -> dict[str, Any]:
