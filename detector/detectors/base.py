@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from detector.events import Event
 
-__all__ = ["Detector", "Finding", "Params", "ResourceInfo", "make_finding"]
+__all__ = ["Detector", "DetectorBase", "Finding", "Params", "ResourceInfo", "make_finding"]
 
 
 class Params(BaseModel):
@@ -69,6 +69,20 @@ class Finding(msgspec.Struct, kw_only=True, frozen=True):
     details: dict[str, Any] = {}
     resource: ResourceInfo | None = None
     """A copy of what was known about the resource when the finding was made (owner tags, account)."""
+
+
+class DetectorBase:
+    """What every detector's constructor and state factory do; subclasses declare the rest."""
+
+    State: ClassVar[type[msgspec.Struct]]
+
+    def __init__(self, name: str, severity: str, params: Any) -> None:
+        self.name = name
+        self.severity = severity
+        self.params = params
+
+    def new_state(self) -> Any:
+        return self.State()
 
 
 def make_finding(

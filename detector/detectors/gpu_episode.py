@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.units import Duration
 
@@ -54,7 +54,7 @@ class GpuEpisodeState(msgspec.Struct, kw_only=True):
     last_report: float = 0.0
 
 
-class GpuEpisode:
+class GpuEpisode(DetectorBase):
     """Base of the GPU-sample episode detectors (see the module docstring)."""
 
     type: ClassVar[str]
@@ -65,11 +65,6 @@ class GpuEpisode:
     break_reason: ClassVar[str]
     """The ``reason`` a resolution by a breaking sample carries."""
 
-    def __init__(self, name: str, severity: str, params: Any) -> None:
-        self.name = name
-        self.severity = severity
-        self.params = params
-
     def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
         """Whether this sample shows the waste condition does not hold (ends an episode)."""
         raise NotImplementedError
@@ -77,9 +72,6 @@ class GpuEpisode:
     def describe(self, st: GpuEpisodeState) -> dict[str, Any]:
         """What this detector adds to its findings' details."""
         return {}
-
-    def new_state(self) -> GpuEpisodeState:
-        return self.State()
 
     def step(self, state: GpuEpisodeState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         if type(event) is GpuMetric:

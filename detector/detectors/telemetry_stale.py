@@ -25,7 +25,7 @@ from typing import ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.units import Duration
 
@@ -45,7 +45,7 @@ class TelemetryStaleState(msgspec.Struct, kw_only=True):
     last_report: float = 0.0
 
 
-class TelemetryStale:
+class TelemetryStale(DetectorBase):
     type: ClassVar[str] = "telemetry_stale"
     Params: ClassVar[type[TelemetryStaleParams]] = TelemetryStaleParams
     State: ClassVar[type[TelemetryStaleState]] = TelemetryStaleState
@@ -54,14 +54,6 @@ class TelemetryStale:
         "Check the host's dcgm-exporter (and its scrape job): until its metrics return, idle "
         "and stuck GPUs on it cannot be detected."
     )
-
-    def __init__(self, name: str, severity: str, params: TelemetryStaleParams) -> None:
-        self.name = name
-        self.severity = severity
-        self.params = params
-
-    def new_state(self) -> TelemetryStaleState:
-        return TelemetryStaleState()
 
     def step(self, state: TelemetryStaleState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         st = state

@@ -25,7 +25,7 @@ from typing import ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.events import Event, UsageEvent
 from detector.units import Duration
 
@@ -48,7 +48,7 @@ class UntaggedState(msgspec.Struct, kw_only=True):
     last_report: float = 0.0
 
 
-class Untagged:
+class Untagged(DetectorBase):
     type: ClassVar[str] = "untagged"
     Params: ClassVar[type[UntaggedParams]] = UntaggedParams
     State: ClassVar[type[UntaggedState]] = UntaggedState
@@ -57,14 +57,6 @@ class Untagged:
         "Add the missing tags (or ask the account owner who runs it); until then this spend "
         "cannot be charged to a team."
     )
-
-    def __init__(self, name: str, severity: str, params: UntaggedParams) -> None:
-        self.name = name
-        self.severity = severity
-        self.params = params
-
-    def new_state(self) -> UntaggedState:
-        return UntaggedState()
 
     def step(self, state: UntaggedState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         if type(event) is not UsageEvent or t <= state.last_t:
