@@ -79,6 +79,21 @@ class WorkerProcess:
             time.sleep(poll_s)
         raise TimeoutError(f"worker condition not met in {timeout}s; last health {last}\n{self.tail()}")
 
+    def wait_for_log(self, text: str, timeout: float, poll_s: float = 0.2) -> str:
+        """Wait until a line containing ``text`` appears in the worker's log; return it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                for line in self.log_path.read_text(errors="replace").splitlines():
+                    if text in line:
+                        return line
+            except OSError:
+                pass
+            if not self.running:
+                break
+            time.sleep(poll_s)
+        raise TimeoutError(f"{text!r} not in the worker's log within {timeout}s\n{self.tail()}")
+
     def tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,7 +96,9 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
     first, second = messages[:split], messages[split:]
 
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
-        env = worker_env(broker.bootstrap, tmp_path / "data", ROOT / "rules", PARTITIONS,
+        rules = tmp_path / "rules"
+        shutil.copytree(ROOT / "rules", rules)
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules, PARTITIONS,
                          SLACK_BOT_TOKEN="xoxb-local", SLACK_CHANNEL="#ml-cost", SLACK_BASE_URL=slack.api_url)  # fmt: skip
         publish(broker.bootstrap, first)
         events_first = count_events(first)
@@ -118,6 +121,17 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
                 timeout=180,
             )
             assert slack.wait_for(lambda reqs: len(reqs) >= len(expected) + 2 * n_resolved, timeout=30)
+            # Hot reload: a bad edit is refused with its error and the rules in force kept;
+            # a good one is taken up, without a restart.
+            rules_file = rules / "rules.yaml"
+            good = rules_file.read_text()
+            rules_file.write_text(good.replace("for: 30m", "for: 30 minutes"))
+            refused = json.loads(worker.wait_for_log('"rules_refused"', timeout=30))
+            assert any("rules.yaml:" in e and "invalid duration '30 minutes'" in e for e in refused["errors"])
+            assert "idle-gpu" in refused["kept"]
+            rules_file.write_text(good.replace("for: 30m", "for: 45m"))
+            reloaded = json.loads(worker.wait_for_log('"rules_reloaded"', timeout=30))
+            assert "idle-gpu" in reloaded["rules"]
         finally:
             assert worker.stop() == 0, worker.tail()
 
