@@ -147,6 +147,7 @@ _GPU_COLS = [
     "power_w", "sm_active", "extra",
 ]  # fmt: skip
 _RUN_COLS = ["ts", "run_id", "status", "resource_ids", "gpu_count", "project", "tags", "error", "extra"]
+_STATE_COLS = ["key", "partition", "snapshot", "deleted", "version"]
 _ALERT_COLS = [
     "alert_id", "type", "rule", "resource_id", "status", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
@@ -210,12 +211,6 @@ class EventBatch:
 
     def __len__(self) -> int:
         return len(self.usage) + len(self.gpu) + len(self.runs)
-
-    def add(self, event: Any) -> None:
-        try:
-            self._by_type[type(event)](event)
-        except KeyError:
-            raise TypeError(f"not an event: {type(event).__name__}") from None
 
     def extend(self, events: Iterable[Any]) -> None:
         by_type = self._by_type
@@ -305,9 +300,8 @@ class Store:
                 [0] * len(states), [version] * len(states)]  # fmt: skip
         with self._lock:
             self.client.insert(
-                f"{self.db}.detector_state", cols, column_oriented=True,
-                column_names=["key", "partition", "snapshot", "deleted", "version"],
-            )  # fmt: skip
+                f"{self.db}.detector_state", cols, column_oriented=True, column_names=_STATE_COLS
+            )
 
     def load_states(self, partitions: Sequence[int]) -> dict[str, bytes]:
         """Latest snapshot of every live key on these partitions."""
@@ -330,7 +324,7 @@ class Store:
             self.client.insert(
                 f"{self.db}.detector_state",
                 [[k, 0, b"", 1, time.time_ns()] for k in keys],
-                column_names=["key", "partition", "snapshot", "deleted", "version"],
+                column_names=_STATE_COLS,
             )
 
     # -- alerts ------------------------------------------------------------------

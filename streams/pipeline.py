@@ -26,7 +26,7 @@ from detector.alerts import Alert, AlertManager
 from detector.align import EventTimeAligner
 from detector.delivery import Outbox
 from detector.engine import Engine
-from detector.events import EventDecoder, InvalidMessage, RunEvent
+from detector.events import EventDecoder, InvalidMessage
 from detector.store import EventBatch, Store
 
 __all__ = ["Message", "Pipeline", "Stats"]
@@ -90,10 +90,6 @@ class _Step:
     states: list[tuple[str, int, bytes]] = field(default_factory=list)
     detected: int = 0
     messages: int = 0
-
-
-def _key(event: Any) -> str:
-    return event.run_id if type(event) is RunEvent else event.resource_id
 
 
 class Pipeline:
@@ -177,7 +173,7 @@ class Pipeline:
                 step.dead.append((message, exc.reason))
                 continue
             for event in decoded:
-                partition_of[_key(event)] = message.partition
+                partition_of[event.key] = message.partition
             step.batch.extend(decoded)
             aligner.push(tp, decoded, message)
         for (topic, partition), next_offset in positions.items():
