@@ -19,10 +19,6 @@ from detector.units import format_duration, rfc3339
 
 __all__ = ["Alert", "AlertManager", "alert_id", "from_finding"]
 
-_TITLES = {"idle_gpu": "Idle GPUs", "stuck_gpu": "Stuck GPUs (busy, nothing running)", "untagged": "Untagged spend",
-           "telemetry_stale": "GPU telemetry missing"}
-
-
 def alert_id(rule: str, resource_id: str, episode_start: float) -> str:
     """Same rule, resource and episode start → same id, on every replay and every worker."""
     digest = hashlib.blake2b(f"{rule}\x1f{resource_id}\x1f{episode_start:.3f}".encode(), digest_size=8)
@@ -59,7 +55,8 @@ class Alert(msgspec.Struct, kw_only=True):
 
     @property
     def title(self) -> str:
-        return _TITLES.get(self.type, self.type.replace("_", " ").capitalize())
+        cls = REGISTRY.get(self.type)
+        return cls.title if cls is not None else self.type.replace("_", " ").capitalize()
 
     @property
     def suggestion(self) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["InstancePrice", "Pricing", "load_pricing"]
+__all__ = ["EgressPrices", "InstancePrice", "Pricing", "egress_destination", "load_pricing"]
 
 
 class InstancePrice(BaseModel):
@@ -20,6 +20,16 @@ class InstancePrice(BaseModel):
     gpu_model: str = ""
 
 
+class EgressPrices(BaseModel):
+    """USD per GB of network egress by destination class (AWS list prices, first tier)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    same_region: float = Field(default=0.01, ge=0)
+    inter_region: float = Field(default=0.02, ge=0)
+    internet: float = Field(default=0.09, ge=0)
+
+
 class Pricing(BaseModel):
     """Price list; ``hourly`` answers None for an instance type it does not know."""
 
@@ -27,6 +37,7 @@ class Pricing(BaseModel):
 
     reserved_discount: float = Field(default=0.6, gt=0, le=1)
     instances: dict[str, InstancePrice] = {}
+    egress_per_gb: EgressPrices = EgressPrices()
 
     def hourly(self, instance_type: str, pricing: str = "on_demand") -> float | None:
         price = self.instances.get(instance_type)
@@ -37,6 +48,14 @@ class Pricing(BaseModel):
         if pricing == "reserved":
             return price.reserved if price.reserved is not None else price.on_demand * self.reserved_discount
         return price.on_demand
+
+
+def egress_destination(region: str, dest_region: str) -> str:
+    """``same_region``, ``inter_region`` or ``internet``: how the clouds bill a transfer.
+    An empty ``dest_region`` (or ``internet``) is traffic leaving the cloud."""
+    if not dest_region or dest_region == "internet":
+        return "internet"
+    return "same_region" if dest_region == region else "inter_region"
 
 
 def load_pricing(path: str | Path) -> Pricing:

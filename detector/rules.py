@@ -422,22 +422,23 @@ def compile_rules(
     silences: Iterable[Silence] = (),
     routing: Routing | None = None,
 ) -> RuleSet:
+    pricing = pricing or Pricing()
     compiled = []
     for rule in rules:
         if not rule.enabled:
             continue
         cls = REGISTRY[rule.type]
         overrides = tuple(
-            (compile_match(o.match), cls(rule.name, o.severity or rule.severity, _override_params(rule, o)))
+            (compile_match(o.match), cls(rule.name, o.severity or rule.severity, _override_params(rule, o), pricing))
             for o in rule.overrides
         )
-        base = cls(rule.name, rule.severity, rule.params)
+        base = cls(rule.name, rule.severity, rule.params, pricing)
         compiled.append(CompiledRule(base, compile_match(rule.match), cls.consumes, overrides, rule))
     compiled_silences = tuple(
         CompiledSilence(compile_match(s.match), frozenset(s.rules), frozenset(s.types), s.until.timestamp(), s.reason)
         for s in silences
     )
-    return RuleSet(tuple(compiled), pricing or Pricing(), compiled_silences, routing or Routing())
+    return RuleSet(tuple(compiled), pricing, compiled_silences, routing or Routing())
 
 
 def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> RuleSet:

@@ -9,8 +9,12 @@ What it makes, per resource, is a timeline of segments:
   telemetry for an hour (missing data, not idle);
 - notebooks (1 GPU) are used in bursts during the day and are either stopped
   or left running idle overnight (labelled);
-- inference endpoints stay moderately busy; buckets and vector databases grow;
-  CPU instances only bill;
+- inference endpoints stay moderately busy and send responses to the internet on a
+  daily cycle; buckets and vector databases grow;
+- CPU (ETL) instances copy data to another region: some run away (a sync loop at
+  8-30x the usual rate for up to 2.5 hours, labelled ``egress_runaway`` with the
+  excess dollars); hard negatives: a runaway too cheap to matter, a slow drift, and
+  3-minute checkpoint bursts;
 - some runs hang in a collective for half an hour or more before they are killed:
   GPUs at 100 % utilisation with idle SMs and idle power (labelled ``stuck_gpu``);
 - some hosts lose their GPU exporter for an hour while billed (labelled
@@ -27,6 +31,7 @@ Everything is derived from the seed, so a run is reproducible.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -65,7 +70,7 @@ class SimConfig:
     inference_endpoints: int = 3
     buckets: int = 2
     vector_dbs: int = 2
-    cpu_instances: int = 3
+    cpu_instances: int = 6
     seed: int = 7
     scrape_s: float = 30.0
     usage_interval_s: float = 60.0
@@ -107,6 +112,31 @@ class Label:
 
 
 @dataclass
+class _Egress:
+    """A resource's network egress: a base rate with a daily cycle, a drift, and bursts."""
+
+    dest_region: str
+    gb_per_hour: float
+    diurnal: float = 0.0
+    """Amplitude of the daily cycle, as a fraction of the base rate."""
+    drift_per_day: float = 0.0
+    since: float = 0.0
+    """Where the drift starts."""
+    bursts: list[tuple[float, float, float]] = field(default_factory=list)
+    """(start, end, factor) spells of many times the usual rate."""
+
+    def base(self, t: float) -> float:
+        """GB per hour at ``t`` without bursts."""
+        day = (t % 86_400) / 86_400
+        cycle = 1 + self.diurnal * math.sin(2 * math.pi * (day - 0.25))
+        return self.gb_per_hour * cycle * (1 + self.drift_per_day) ** ((t - self.since) / 86_400)
+
+    def rate(self, t: float) -> float:
+        factor = next((f for a, b, f in self.bursts if a <= t < b), 1.0)
+        return self.base(t) * factor
+
+
+@dataclass
 class _Segment:
     start: float
     end: float
@@ -128,6 +158,13 @@ class _Resource:
     hourly: float
     send_cost: bool
     segments: list[_Segment] = field(default_factory=list)
+    egress: _Egress | None = None
+
+
+def _frange(start: float, end: float, step: float) -> Iterator[float]:
+    while start < end:
+        yield start
+        start += step
 
 
 def _grid(t: float, step: float) -> float:
@@ -248,6 +285,39 @@ class _Builder:
         res = _Resource(f"inference-{i:03d}", "inference_endpoint", "g5.2xlarge", 1, "A10G", 150.0,
                         self.tags(0.0), "ml-prod-0", "eu-west-1", self.pricing.hourly("g5.2xlarge") or 1.2, send_cost=True)
         res.segments.append(_Segment(self.cfg.start, self.end, "serving"))
+        # Responses to clients: internet egress following the day (hard negative for egress_runaway).
+        res.egress = _Egress("", self.rng.uniform(15, 40), diurnal=0.5)
+        return res
+
+    def etl_instance(self, i: int) -> _Resource:
+        """A CPU instance moving data to another region. One in three has a runaway (a sync
+        loop re-sending a dataset), labelled; the others are hard negatives: one whose
+        runaway is too cheap to matter, one with a slow drift and short checkpoint bursts."""
+        itype = "m6i.2xlarge" if i % 2 else "c6i.4xlarge"
+        res = _Resource(f"cpu-{i:03d}", "cpu_instance", itype, 0, "", 0.0, self.tags(0.0), "ml-prod-0",
+                        "us-east-1", self.pricing.hourly(itype) or 0.4, send_cost=False,
+                        segments=[_Segment(self.cfg.start, self.end, "running")])  # fmt: skip
+        kind = i % 3
+        egress = _Egress("eu-west-1", self.rng.uniform(30, 80) if kind != 1 else 0.05)
+        if kind == 2:
+            egress.drift_per_day, egress.since = 0.5, self.cfg.start
+        t = self.cfg.start + 7 * 3600 + self.minutes(0, 120)  # after the detector's 6 h of baseline
+        while t < self.end - 3600:
+            if kind == 2:  # checkpoint uploads: 3 minutes at 10x, every few hours
+                egress.bursts.append((t, t + 180, 10.0))
+                t += self.minutes(120, 240)
+                continue
+            end = min(t + self.minutes(40, 150), self.end)
+            factor = self.rng.uniform(8, 30)
+            egress.bursts.append((t, end, factor))
+            if kind == 0:
+                price = self.pricing.egress_per_gb.inter_region
+                step = self.cfg.usage_interval_s
+                excess_gb = sum((factor - 1) * egress.base(a) * step / 3600 for a in _frange(t, end, step))
+                self.labels.append(Label("egress_runaway", res.resource_id, t, end, 0.0,
+                                         "dataset sync loop to another region", excess_gb * price))  # fmt: skip
+            t = end + self.minutes(8 * 60, 12 * 60)
+        res.egress = egress
         return res
 
 
@@ -311,6 +381,7 @@ def _batched(records: Iterator[Record], flush_s: float) -> Iterator[Record]:
 
 def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Record]:
     step = cfg.usage_interval_s
+    noise = random.Random(f"{cfg.seed}-egress-{res.resource_id}")
     t = cfg.start
     seg_i = 0
     segments = res.segments
@@ -327,6 +398,10 @@ def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Recor
         }  # fmt: skip
         if res.send_cost:
             event["cost_usd"] = round(res.hourly * step / 3600, 6) if state == "running" else 0.0
+        if res.egress is not None and state == "running":
+            gb = res.egress.rate(t) * step / 3600 * noise.uniform(0.8, 1.2)
+            event["egress_bytes"] = int(gb * 1e9)
+            event["dest_region"] = res.egress.dest_region
         yield (t + step, TOPIC_RESOURCE_USAGE, res.resource_id, event)
         t += step
 
@@ -355,13 +430,6 @@ def _storage_records(kind: str, i: int, cfg: SimConfig, b: _Builder, end: float)
         t += step
 
 
-def _cpu_resource(i: int, b: _Builder) -> _Resource:
-    itype = "m6i.2xlarge" if i % 2 else "c6i.4xlarge"
-    return _Resource(f"cpu-{i:03d}", "cpu_instance", itype, 0, "", 0.0, b.tags(0.0), "ml-prod-0",
-                     "us-east-1", b.pricing.hourly(itype) or 0.4, send_cost=False,
-                     segments=[_Segment(b.cfg.start, b.end, "running")])  # fmt: skip
-
-
 def _untagged_label(res: _Resource, cfg: SimConfig, end: float) -> Label | None:
     """Ground truth for a resource without team/project tags: its spend over running intervals."""
     if res.tags.get("team") and res.tags.get("project"):
@@ -387,7 +455,7 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
         streams.append(_gpu_records(res, cfg, random.Random(f"{cfg.seed}-{res.resource_id}")))
         streams.append(_batched(_usage_records(res, cfg, b.end), cfg.usage_flush_s))
     for i in range(cfg.cpu_instances):
-        streams.append(_batched(_usage_records(_cpu_resource(i, b), cfg, b.end), cfg.usage_flush_s))
+        streams.append(_batched(_usage_records(b.etl_instance(i), cfg, b.end), cfg.usage_flush_s))
     streams += [_storage_records("bucket", i, cfg, b, b.end) for i in range(cfg.buckets)]
     streams += [_storage_records("vectordb", i, cfg, b, b.end) for i in range(cfg.vector_dbs)]
     streams.append(iter(sorted(b.runs, key=lambda r: r[0])))

@@ -7,6 +7,7 @@ A new detector is a module beside these that keeps the contract in
 from __future__ import annotations
 
 from detector.detectors.base import Detector, Finding, Params, ResourceInfo
+from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.idle_gpu import IdleGpu
 from detector.detectors.stuck_gpu import StuckGpu
 from detector.detectors.telemetry_stale import TelemetryStale
@@ -16,5 +17,5 @@ __all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo"]
 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
-    for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged)
+    for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway)
 }

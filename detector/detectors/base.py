@@ -14,6 +14,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict
 
 from detector.events import Event
+from detector.pricing import Pricing
 
 __all__ = ["Detector", "DetectorBase", "Finding", "Params", "ResourceInfo", "make_finding"]
 
@@ -76,10 +77,12 @@ class DetectorBase:
 
     State: ClassVar[type[msgspec.Struct]]
 
-    def __init__(self, name: str, severity: str, params: Any) -> None:
+    def __init__(self, name: str, severity: str, params: Any, pricing: Pricing | None = None) -> None:
         self.name = name
         self.severity = severity
         self.params = params
+        self.pricing = pricing or Pricing()
+        """The rule set's price list, for detectors that price what events do not (egress, tiers)."""
 
     def new_state(self) -> Any:
         return self.State()
@@ -95,8 +98,10 @@ def make_finding(
     at: float,
     usd: float,
     details: dict[str, Any],
+    usd_per_hour: float | None = None,
 ) -> Finding:
-    """A finding of ``detector`` about ``resource``: the fields every detector fills the same way."""
+    """A finding of ``detector`` about ``resource``: the fields every detector fills the same way.
+    ``usd_per_hour`` defaults to the resource's price (the rate of waste of an idle host)."""
     return Finding(
         action=action,  # type: ignore[arg-type]
         rule=detector.name,
@@ -106,7 +111,7 @@ def make_finding(
         fired_at=fired_at,
         at=at,
         waste_usd=round(usd, 4),
-        usd_per_hour=resource.usd_per_hour or 0.0,
+        usd_per_hour=round(usd_per_hour if usd_per_hour is not None else resource.usd_per_hour or 0.0, 4),
         severity=detector.severity,
         details=details,
         resource=msgspec.structs.replace(resource),
@@ -124,6 +129,8 @@ class Detector(Protocol, Generic[S]):  # type: ignore[misc]
     State: ClassVar[type[msgspec.Struct]]
     consumes: ClassVar[tuple[type, ...]]
     """Event classes the detector wants; the engine routes nothing else to it."""
+    title: ClassVar[str]
+    """What the problem is called in alerts ("Idle GPUs")."""
     suggestion: ClassVar[str]
     """The next step a person should take, shown in the alert."""
 

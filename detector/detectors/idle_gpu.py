@@ -44,6 +44,7 @@ class IdleGpuParams(GpuEpisodeParams):
 
 class IdleGpu(GpuEpisode):
     type: ClassVar[str] = "idle_gpu"
+    title: ClassVar[str] = "Idle GPUs"
     Params: ClassVar[type[IdleGpuParams]] = IdleGpuParams
     suggestion: ClassVar[str] = (
         "Stop the instance (or scale the node group down) if no job is queued for it; "

@@ -44,6 +44,7 @@ class StuckGpuParams(GpuEpisodeParams):
 
 class StuckGpu(GpuEpisode):
     type: ClassVar[str] = "stuck_gpu"
+    title: ClassVar[str] = "Stuck GPUs (busy, nothing running)"
     Params: ClassVar[type[StuckGpuParams]] = StuckGpuParams
     suggestion: ClassVar[str] = (
         "The job looks hung (often in an NCCL collective): check its logs and stack traces "

@@ -47,6 +47,7 @@ class TelemetryStaleState(msgspec.Struct, kw_only=True):
 
 class TelemetryStale(DetectorBase):
     type: ClassVar[str] = "telemetry_stale"
+    title: ClassVar[str] = "GPU telemetry missing"
     Params: ClassVar[type[TelemetryStaleParams]] = TelemetryStaleParams
     State: ClassVar[type[TelemetryStaleState]] = TelemetryStaleState
     consumes: ClassVar[tuple[type, ...]] = (GpuMetric, UsageEvent)

@@ -50,6 +50,7 @@ class UntaggedState(msgspec.Struct, kw_only=True):
 
 class Untagged(DetectorBase):
     type: ClassVar[str] = "untagged"
+    title: ClassVar[str] = "Untagged spend"
     Params: ClassVar[type[UntaggedParams]] = UntaggedParams
     State: ClassVar[type[UntaggedState]] = UntaggedState
     consumes: ClassVar[tuple[type, ...]] = (UsageEvent,)

@@ -1,0 +1,197 @@
+"""``egress_runaway``: a resource sending far more data than it usually does, at a price.
+
+Example rule::
+
+    - name: egress-runaway
+      type: egress_runaway
+      params:
+        window: 15m          # the recent rate is the egress over this much event time
+        multiple: 5          # runaway when the recent rate exceeds this many times the baseline
+        baseline: 24h        # the baseline is the median 5-minute rate over this trailing time
+        min_history: 6h      # judge nothing before this much baseline exists
+        min_excess_usd_per_hour: 1   # and the excess must cost at least this much
+        resolve_multiple: 2  # resolved once the last 5 minutes are back under this multiple
+      severity: warning
+
+Why these defaults: egress anomalies in practice (a loop re-downloading a dataset
+across regions, a misrouted replication, a public bucket being scraped) run at tens
+of times normal; a 5x multiple over a 15-minute window ignores checkpoint uploads of a
+few minutes and diurnal traffic (day peaks are 1.5-3x the daily median), and the
+median over 24 hours is not dragged up by the runaway itself (5-minute buckets inside
+an open episode are left out of it). The dollar floor keeps a tiny resource's 10x
+jump quiet. Each destination class (same region, inter-region, internet; see
+``rules/pricing.yaml``) has its own baseline and price. The dollars are the egress in
+excess of the baseline since the first runaway interval.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import ClassVar
+
+import msgspec
+from pydantic import Field
+
+from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.events import Event, UsageEvent
+from detector.pricing import egress_destination
+from detector.units import Duration, Money
+
+__all__ = ["EgressRunaway", "EgressRunawayParams", "EgressRunawayState"]
+
+BUCKET_S = 300.0
+"""Baseline resolution: the median is taken over 5-minute rates."""
+GB = 1e9
+
+
+class EgressRunawayParams(Params):
+    window: Duration = Field(default=900.0, gt=0)
+    multiple: float = Field(default=5.0, gt=1)
+    baseline: Duration = Field(default=86_400.0, gt=0)
+    min_history: Duration = Field(default=6 * 3600.0, ge=0)
+    min_excess_usd_per_hour: Money = 1.0
+    resolve_multiple: float = Field(default=2.0, ge=1)
+    update_every: Duration = Field(default=900.0, gt=0)
+
+
+class DestinationState(msgspec.Struct, kw_only=True):
+    """Egress of one resource to one destination class."""
+
+    dest_region: str = ""
+    last_t: float = 0.0
+    first_t: float | None = None
+    recent: list[tuple[float, float, float]] = []
+    """(t, bytes, interval_s) of the intervals inside the short window."""
+    bucket: float = 0.0
+    bucket_bytes: float = 0.0
+    bucket_s: float = 0.0
+    history: list[tuple[float, float]] = []
+    """(bucket start, bytes/s) of closed 5-minute buckets inside the baseline window."""
+    baseline: float | None = None
+    """Median of ``history``, bytes/s."""
+    above_since: float | None = None
+    pending_bytes: float = 0.0
+    """Excess bytes since the first interval over the multiple, before the episode fired."""
+    since: float | None = None
+    fired_at: float | None = None
+    excess_bytes: float = 0.0
+    last_report: float = 0.0
+    rate: float = 0.0
+    """The short-window rate at the latest interval, bytes/s."""
+
+
+class EgressRunawayState(msgspec.Struct, kw_only=True):
+    destinations: dict[str, DestinationState] = {}
+
+
+class EgressRunaway(DetectorBase):
+    type: ClassVar[str] = "egress_runaway"
+    title: ClassVar[str] = "Egress runaway"
+    Params: ClassVar[type[EgressRunawayParams]] = EgressRunawayParams
+    State: ClassVar[type[EgressRunawayState]] = EgressRunawayState
+    consumes: ClassVar[tuple[type, ...]] = (UsageEvent,)
+    suggestion: ClassVar[str] = (
+        "Find what is sending (VPC flow logs or the bucket's access logs for this resource): a "
+        "re-download loop, a misrouted replication or a public object; stop it or move the "
+        "consumer into the same region."
+    )
+    def step(self, state: EgressRunawayState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+        if type(event) is not UsageEvent or event.egress_bytes is None:
+            return []
+        dest = egress_destination(event.region, event.dest_region)
+        st = state.destinations.get(dest)
+        if st is None:
+            st = state.destinations[dest] = DestinationState()
+        if t <= st.last_t:
+            return []  # a re-read interval
+        st.last_t = t
+        st.dest_region = event.dest_region
+        if st.first_t is None:
+            st.first_t = t
+        size, interval = float(event.egress_bytes), event.interval_s
+        self._add_to_window(st, t, size, interval)
+        self._add_to_baseline(st, t, size, interval)
+        base = st.baseline
+        if base is None or t - st.first_t < self.params.min_history:
+            return []
+        price = self._price(dest)
+        excess = max(0.0, size - base * interval)
+        found: list[Finding] = []
+        if st.fired_at is None:
+            if size > self.params.multiple * base * interval:
+                if st.above_since is None:
+                    st.above_since = t
+                st.pending_bytes += excess
+            else:
+                st.above_since, st.pending_bytes = None, 0.0
+            excess_usd_h = (st.rate - base) * 3600.0 / GB * price
+            if st.above_since is not None and st.rate > self.params.multiple * base \
+                    and excess_usd_h >= self.params.min_excess_usd_per_hour:  # fmt: skip
+                st.since, st.fired_at, st.last_report = st.above_since, t, t
+                st.excess_bytes = st.pending_bytes
+                found.append(self._finding("fire", st, dest, resource, t))
+            return found
+        st.excess_bytes += excess
+        if self._recent_rate(st, t) <= self.params.resolve_multiple * base or resource.state == "terminated":
+            found.append(self._finding("resolve", st, dest, resource, t, reason="rate_back_to_baseline"))
+            st.since = st.fired_at = st.above_since = None
+            st.excess_bytes = st.pending_bytes = 0.0
+        elif t - st.last_report >= self.params.update_every:
+            st.last_report = t
+            found.append(self._finding("update", st, dest, resource, t))
+        return found
+
+    def open_episode(self, state: EgressRunawayState, resource: ResourceInfo) -> Finding | None:
+        for dest, st in state.destinations.items():
+            if st.fired_at is not None:
+                return self._finding("update", st, dest, resource, st.last_t)
+        return None
+
+    # -- rates --------------------------------------------------------------------
+
+    def _add_to_window(self, st: DestinationState, t: float, size: float, interval: float) -> None:
+        st.recent.append((t, size, interval))
+        horizon = t + interval - self.params.window
+        while st.recent and st.recent[0][0] < horizon:
+            st.recent.pop(0)
+        st.rate = sum(r[1] for r in st.recent) / sum(r[2] for r in st.recent)
+
+    def _recent_rate(self, st: DestinationState, t: float) -> float:
+        """The rate over the last baseline bucket's length: resolution needs no full window."""
+        recent = [r for r in st.recent if r[0] >= t - BUCKET_S + 1e-6]
+        return sum(r[1] for r in recent) / sum(r[2] for r in recent)
+
+    def _add_to_baseline(self, st: DestinationState, t: float, size: float, interval: float) -> None:
+        bucket = t - t % BUCKET_S
+        if bucket != st.bucket:
+            if st.bucket_s > 0 and st.fired_at is None and st.above_since is None:
+                st.history.append((st.bucket, st.bucket_bytes / st.bucket_s))
+            horizon = t - self.params.baseline
+            while st.history and st.history[0][0] < horizon:
+                st.history.pop(0)
+            if st.history:
+                st.baseline = statistics.median(r for _, r in st.history)
+            st.bucket, st.bucket_bytes, st.bucket_s = bucket, 0.0, 0.0
+        st.bucket_bytes += size
+        st.bucket_s += interval
+
+    def _price(self, dest: str) -> float:
+        return float(getattr(self.pricing.egress_per_gb, dest))
+
+    def _finding(self, action: str, st: DestinationState, dest: str, res: ResourceInfo, at: float,
+                 **extra: object) -> Finding:  # fmt: skip
+        assert st.since is not None and st.fired_at is not None and st.baseline is not None
+        price = self._price(dest)
+        details = {
+            "destination": dest,
+            "dest_region": st.dest_region or "internet",
+            "excess_gb": round(st.excess_bytes / GB, 3),
+            "rate_gb_per_hour": round(st.rate * 3600 / GB, 3),
+            "baseline_gb_per_hour": round(st.baseline * 3600 / GB, 3),
+            "usd_per_gb": price,
+            "episode_s": round(at - st.since, 3),
+            **extra,
+        }
+        excess_usd_h = max(0.0, st.rate - st.baseline) * 3600.0 / GB * price
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
+                            usd=st.excess_bytes / GB * price, details=details, usd_per_hour=excess_usd_h)  # fmt: skip

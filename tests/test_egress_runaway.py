@@ -1,0 +1,105 @@
+"""The egress_runaway detector on crafted usage sequences (one event per minute)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from detector.engine import Engine
+from detector.events import UsageEvent
+from tests.helpers import MIN, T0, at
+
+GB = 1e9
+HOUR = 3600.0
+
+
+def egress(t: float, gb_per_hour: float, rid: str = "etl-1", dest_region: str = "") -> UsageEvent:
+    return UsageEvent(ts=at(t), resource_id=rid, resource_type="cpu_instance", instance_type="m6i.2xlarge",
+                      account="acct", region="us-east-1", interval_s=60.0, cost_usd=0.0064,
+                      egress_bytes=int(gb_per_hour * GB / 60), dest_region=dest_region,
+                      tags={"team": "data", "project": "etl"})  # fmt: skip
+
+
+def series(rate, minutes: int, start: float = T0, **kw) -> list[UsageEvent]:
+    """One usage event a minute for ``minutes``, at ``rate(minute)`` GB/h."""
+    return [egress(start + i * MIN, rate(i), **kw) for i in range(minutes)]
+
+
+def findings(ruleset, events):
+    return [f for f in Engine(ruleset).process(events) if f.type == "egress_runaway"]
+
+
+def runaway_at(hour: float, length_min: int, factor: float, base: float = 20.0):
+    start, end = hour * 60, hour * 60 + length_min
+    return lambda i: base * factor if start <= i < end else base
+
+
+def test_runaway_fires_once_with_excess_dollars_and_resolves_when_back(ruleset):
+    # 8 h at 20 GB/h to the internet, then 60 minutes at 20x, then normal again.
+    events = series(runaway_at(8, 60, 20), 10 * 60)
+    found = findings(ruleset, events)
+    fire = [f for f in found if f.action == "fire"]
+    resolve = [f for f in found if f.action == "resolve"]
+    assert len(fire) == 1 and len(resolve) == 1
+    start = T0 + 8 * HOUR
+    assert fire[0].episode_start == start
+    assert start < fire[0].fired_at <= start + 5 * MIN  # the 15-minute rate passes 5x within minutes
+    assert start + 60 * MIN <= resolve[0].at <= start + 66 * MIN  # back under 2x over the last 5 minutes
+    excess_gb = 60 * (400 - 20) / 60
+    assert resolve[0].details["excess_gb"] == pytest.approx(excess_gb, rel=0.01)
+    assert resolve[0].waste_usd == pytest.approx(excess_gb * 0.09, rel=0.01)  # internet price
+    assert fire[0].details["destination"] == "internet"
+    assert fire[0].usd_per_hour > 1.0
+
+
+@pytest.mark.parametrize(
+    "rate",
+    [
+        # steady traffic: nothing to say
+        lambda i: 20.0,
+        # a diurnal cycle between 10 and 40 GB/h over 30 hours: the peak is 2x the median
+        lambda i: 25 + 15 * math.sin(2 * math.pi * i / (24 * 60)),
+        # a slow drift: traffic doubles every 10 hours
+        lambda i: 20 * 2 ** (i / 600),
+        # a 3-minute checkpoint upload at 10x: under 5x over a 15-minute window
+        runaway_at(10, 3, 10),
+        # a runaway of a resource that sends little: 0.05 -> 1 GB/h costs $0.09/h, under the $1/h floor
+        runaway_at(10, 60, 20, base=0.05),
+        # a runaway two hours in: no 6 h of baseline yet, so no judgement
+        runaway_at(2, 60, 20),
+    ],
+    ids=["steady", "diurnal", "drift", "short-burst", "cheap", "no-history"],
+)
+def test_no_alert(ruleset, rate):
+    assert findings(ruleset, series(rate, 30 * 60)) == []
+
+
+def test_each_destination_has_its_own_baseline_and_price(ruleset):
+    # Steady 200 GB/h to the same region; then 100 GB/h to another region for an hour.
+    # The same-region baseline says nothing about the new destination, which is new traffic.
+    same = series(lambda i: 200.0, 10 * 60, dest_region="us-east-1")
+    other = series(runaway_at(8, 60, 20, base=5.0), 10 * 60, dest_region="eu-west-1")
+    events = sorted(same + other, key=lambda e: e.ts)
+    found = findings(ruleset, events)
+    assert [f.action for f in found if f.action != "update"] == ["fire", "resolve"]
+    assert {f.details["destination"] for f in found} == {"inter_region"}
+    assert found[-1].details["usd_per_gb"] == 0.02
+    assert found[-1].waste_usd == pytest.approx(60 * 95 / 60 * 0.02, rel=0.01)
+
+
+def test_a_long_runaway_does_not_become_the_baseline(ruleset):
+    # 14 hours at 20x after 8 hours of normal traffic: still one open episode at the end.
+    engine = Engine(ruleset)
+    engine.process(series(runaway_at(8, 14 * 60, 20), 22 * 60))
+    (open_episode,) = [f for f in engine.open_episodes() if f.type == "egress_runaway"]
+    assert open_episode.details["baseline_gb_per_hour"] == pytest.approx(20.0, rel=0.01)
+
+
+def test_reread_intervals_are_not_counted_twice(ruleset):
+    events = series(runaway_at(8, 120, 20), 9 * 60)
+    engine = Engine(ruleset)
+    engine.process(events)
+    engine.process(events[-90:])
+    (open_episode,) = [f for f in engine.open_episodes() if f.type == "egress_runaway"]
+    assert open_episode.details["excess_gb"] == pytest.approx(60 * 380 / 60, rel=0.01)
