@@ -1,6 +1,6 @@
 """Per-resource state and the routing of events to the rules that apply.
 
-The engine owns one :class:`KeyState` per key (resource id, or run id for run
+The engine owns one :class:`KeyState` per key (resource id, or the project for run
 events): what the latest usage event said about the resource, and each rule's
 detector state. State is bounded: keys that go quiet for ``state_ttl_s`` of
 event time are dropped. The streaming worker persists the keys the engine
@@ -11,6 +11,7 @@ rebalance; ``backtest`` simply never persists.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -83,7 +84,7 @@ class Engine:
         state: KeyState | None = None
         for t, event in items:
             etype = type(event)
-            key = event.run_id if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
+            key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
             if key != last_key:  # time-sorted input keeps a scrape's samples together
                 state = keys.get(key)
                 if state is None:
@@ -126,10 +127,16 @@ class Engine:
             rule_state = state.rules.get(detector.name)
             if rule_state is None:
                 rule_state = state.rules[detector.name] = detector.new_state()
-            steps.append((detector.step, rule_state))
+            step = partial(detector.step, fleet=self.resource) if getattr(detector, "uses_fleet", False) else detector.step
+            steps.append((step, rule_state))
         if info.known:
             state.routes[event_type] = steps
         return steps
+
+    def resource(self, resource_id: str) -> ResourceInfo | None:
+        """What is known of a resource held by this engine (for detectors that look across keys)."""
+        state = self._keys.get(resource_id)
+        return state.info if state is not None and state.info.known else None
 
     def _update_info(self, state: KeyState, ev: UsageEvent) -> None:
         info = state.info

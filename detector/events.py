@@ -110,7 +110,8 @@ class RunEvent(_Base, kw_only=True):
 
     @property
     def key(self) -> str:
-        return self.run_id
+        """The project: a project's runs (and its crash-loop state) live on one partition."""
+        return self.project or self.run_id
 
 
 Event = Union[UsageEvent, GpuMetric, RunEvent]

@@ -15,6 +15,11 @@ What it makes, per resource, is a timeline of segments:
   8-30x the usual rate for up to 2.5 hours, labelled ``egress_runaway`` with the
   excess dollars); hard negatives: a runaway too cheap to matter, a slow drift, and
   3-minute checkpoint bursts;
+- runs end ``succeeded``, ``killed`` (deliberately: not waste) or ``failed``; a failed
+  run costing $20 or more is labelled ``failed_run_spend``, and a job retried three
+  or more times within six hours, failing within minutes each time, is one labelled
+  crash loop with its total; configuration errors that fail in minutes are cheap
+  hard negatives;
 - some runs hang in a collective for half an hour or more before they are killed:
   GPUs at 100 % utilisation with idle SMs and idle power (labelled ``stuck_gpu``);
 - some hosts lose their GPU exporter for an hour while billed (labelled
@@ -137,6 +142,16 @@ class _Egress:
 
 
 @dataclass
+class _RunEnd:
+    project: str
+    run_id: str
+    start: float
+    end: float
+    status: str
+    usd: float
+
+
+@dataclass
 class _Segment:
     start: float
     end: float
@@ -179,6 +194,7 @@ class _Builder:
         self.end = cfg.start + cfg.hours * 3600
         self.labels: list[Label] = []
         self.runs: list[Record] = []
+        self.run_ends: list[_RunEnd] = []
 
     def tags(self, untagged_p: float = 0.1) -> dict[str, str]:
         team, projects, owners = self.rng.choice(TEAMS)
@@ -220,23 +236,27 @@ class _Builder:
         res = _Resource(f"gpu-host-{i:03d}", "gpu_instance", itype, gpus, model, power, self.tags(),
                         f"ml-prod-{i % 2}", "us-east-1", self.pricing.hourly(itype) or 10.0, send_cost=True)
         t = self.cfg.start
-        run = 0
         while t < self.end:
-            run += 1
-            project = res.tags.get("project", "adhoc")
-            run_id = f"run-{res.resource_id}-{run}"
-            run_start = t
-            run_end = min(t + self.minutes(120, 360), self.end)
-            self.runs.append((run_start, TOPIC_RUN_EVENTS, run_id, self._run_event(run_start, run_id, "started", res, project)))
-            while t < run_end:  # epochs with short dips between them
-                t = self.add(res, t, min(self.minutes(35, 90), run_end - t), "busy")
-                if t < run_end and self.rng.random() < 0.7:
-                    t = self.add(res, t, self.minutes(2, 6), "dip")
-            status = "failed" if self.rng.random() < 0.15 else "succeeded"
-            if t < self.end and self.rng.random() < 0.12:  # the job hangs in a collective, then is killed
-                t = self.add(res, t, self.minutes(25, 70), "stuck", label=True)
-                status = "failed"
-            self.runs.append((t, TOPIC_RUN_EVENTS, run_id, self._run_event(t, run_id, status, res, project)))
+            if self.rng.random() < 0.08:  # a job retried by its scheduler, failing within minutes each time
+                for _ in range(self.rng.randint(3, 5)):
+                    t = self._run(res, t, self.add(res, t, self.minutes(8, 25), "busy"), "failed")
+                    t = self.add(res, t, self.minutes(2, 5), "dip")
+                continue
+            run_start, roll = t, self.rng.random()
+            if roll < 0.05:  # a configuration error: fails in minutes, cheaply
+                t = self._run(res, run_start, self.add(res, t, self.minutes(5, 15), "busy"), "failed")
+            else:
+                run_end = min(t + self.minutes(120, 360), self.end)
+                while t < run_end:  # epochs with short dips between them
+                    t = self.add(res, t, min(self.minutes(35, 90), run_end - t), "busy")
+                    if t < run_end and self.rng.random() < 0.7:
+                        t = self.add(res, t, self.minutes(2, 6), "dip")
+                roll = self.rng.random()
+                status = "failed" if roll < 0.12 else "killed" if roll < 0.2 else "succeeded"
+                if t < self.end and self.rng.random() < 0.12:  # the job hangs in a collective, then is killed
+                    t = self.add(res, t, self.minutes(25, 70), "stuck", label=True)
+                    status = "failed"
+                t = self._run(res, run_start, t, status)
             roll = self.rng.random()
             if roll < 0.40:
                 t = self.add(res, t, self.minutes(45, 150), "idle", label=True)
@@ -251,6 +271,15 @@ class _Builder:
                 t = self.add(res, t, self.minutes(5, 20), "idle")
         return res
 
+    def _run(self, res: _Resource, start: float, end: float, status: str) -> float:
+        """Emit a run's start and end events (keyed by project) and remember what it cost."""
+        project = res.tags.get("project", "adhoc")
+        run_id = f"run-{res.resource_id}-{len(self.run_ends) + 1}"
+        self.runs.append((start, TOPIC_RUN_EVENTS, project, self._run_event(start, run_id, "started", res, project)))
+        self.runs.append((end, TOPIC_RUN_EVENTS, project, self._run_event(end, run_id, status, res, project)))
+        self.run_ends.append(_RunEnd(project, run_id, start, end, status, res.hourly * (end - start) / 3600))
+        return end
+
     def _run_event(self, t: float, run_id: str, status: str, res: _Resource, project: str) -> dict[str, Any]:
         event: dict[str, Any] = {
             "ts": rfc3339(t), "run_id": run_id, "status": status, "resource_ids": [res.resource_id],
@@ -259,6 +288,40 @@ class _Builder:
         if status == "failed":
             event["error"] = self.rng.choice(["CUDA out of memory", "NCCL watchdog timeout", "Loss is NaN", "OOMKilled"])
         return event
+
+    def run_labels(self, min_usd: float = 20.0, loop_runs: int = 3, loop_window: float = 6 * 3600) -> list[Label]:
+        """``failed_run_spend`` ground truth from the runs' true costs, by the definition users
+        configure: a failed run costing at least ``min_usd``; ``loop_runs`` failures of one
+        project within ``loop_window`` are one crash-loop episode with their total."""
+        labels: list[Label] = []
+        by_project: dict[str, list[_RunEnd]] = {}
+        for end in sorted(self.run_ends, key=lambda r: (r.end, r.run_id)):
+            by_project.setdefault(end.project, []).append(end)
+        for project, ends in by_project.items():
+            window: list[_RunEnd] = []
+            loop: Label | None = None
+            for run in ends:
+                if loop is not None and run.end - window[-1].end >= loop_window:
+                    loop, window = None, []
+                if run.status == "succeeded":
+                    if loop is not None:
+                        loop, window = None, []
+                    continue
+                if run.status != "failed":
+                    continue
+                if loop is None:
+                    window = [r for r in window if r.end >= run.end - loop_window]
+                window.append(run)
+                if loop is not None:
+                    loop.usd = (loop.usd or 0.0) + run.usd
+                    loop.end = run.end
+                elif len(window) >= loop_runs and sum(r.usd for r in window) >= min_usd:
+                    loop = Label("failed_run_spend", f"project/{project}", window[0].end, run.end, 0.0,
+                                 "crash loop", sum(r.usd for r in window))  # fmt: skip
+                    labels.append(loop)
+                elif run.usd >= min_usd:
+                    labels.append(Label("failed_run_spend", run.run_id, run.start, run.end, 0.0, "run failed", run.usd))
+        return labels
 
     def notebook(self, i: int) -> _Resource:
         itype, model, power = NOTEBOOKS[i % len(NOTEBOOKS)]
@@ -461,6 +524,6 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
     streams.append(iter(sorted(b.runs, key=lambda r: r[0])))
     merged = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
-    labels = sorted(b.labels + [label for label in untagged if label is not None],
+    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None],
                     key=lambda label: (label.start, label.resource_id))  # fmt: skip
     return merged, labels

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from detector.detectors.base import Detector, Finding, Params, ResourceInfo
 from detector.detectors.egress_runaway import EgressRunaway
+from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
 from detector.detectors.stuck_gpu import StuckGpu
 from detector.detectors.telemetry_stale import TelemetryStale
@@ -17,5 +18,5 @@ __all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo"]
 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
-    for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway)
+    for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend)
 }

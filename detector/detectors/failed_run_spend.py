@@ -1,0 +1,212 @@
+"""``failed_run_spend``: a training run that failed after burning real money, and crash loops.
+
+Example rule::
+
+    - name: failed-run-spend
+      type: failed_run_spend
+      params:
+        min_usd: 20          # a failed run that cost at least this alerts
+        count_killed: false  # killed runs are deliberate unless a rule says otherwise
+        loop_runs: 3         # this many failed runs of one project...
+        loop_window: 6h      # ...within this time are one crash-loop alert
+      severity: warning
+
+Run events are keyed by project (``run-events`` contract), so one project's runs and
+its crash-loop state live together. A run's cost is its hosts' price over its
+lifetime (from ``started``, or the first event seen, to ``failed``), shared by GPU
+count when the run uses only some of a host's GPUs: the hosts' prices come from their
+own usage events (what they are billed), which the engine holds. Why these defaults:
+$20 is about 40 minutes of an 8-GPU A100 host, which is when a failure stops being a
+quick misconfiguration; three failures in six hours is a job retried by a scheduler
+without anyone fixing it (Kubernetes' default Job ``backoffLimit`` is 6 retries with
+exponential back-off over minutes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import msgspec
+from pydantic import Field
+
+from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.events import Event, RunEvent
+from detector.units import Duration, Money
+
+__all__ = ["FailedRunSpend", "FailedRunSpendParams", "FailedRunSpendState"]
+
+Fleet = Callable[[str], "ResourceInfo | None"]
+
+
+class FailedRunSpendParams(Params):
+    min_usd: Money = 20.0
+    count_killed: bool = False
+    loop_runs: int = Field(default=3, ge=2)
+    loop_window: Duration = Field(default=6 * 3600.0, gt=0)
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    start: float
+    resource_ids: list[str] = []
+    gpu_count: int = 0
+    tags: dict[str, str] = {}
+
+
+class Failure(msgspec.Struct, kw_only=True):
+    t: float
+    run_id: str
+    usd: float
+    gpu_hours: float
+    error: str = ""
+
+
+class FailedRunSpendState(msgspec.Struct, kw_only=True):
+    runs: dict[str, RunState] = {}
+    """Runs of the project that have started and not ended."""
+    ended: dict[str, float] = {}
+    """Run id → end time, so a re-read end event is not a second failure."""
+    failures: list[Failure] = []
+    """Failures inside the crash-loop window."""
+    loop_since: float | None = None
+    loop_fired_at: float | None = None
+    loop_tags: dict[str, str] = {}
+    last_t: float = 0.0
+
+
+class FailedRunSpend(DetectorBase):
+    type: ClassVar[str] = "failed_run_spend"
+    title: ClassVar[str] = "Failed run spend"
+    Params: ClassVar[type[FailedRunSpendParams]] = FailedRunSpendParams
+    State: ClassVar[type[FailedRunSpendState]] = FailedRunSpendState
+    consumes: ClassVar[tuple[type, ...]] = (RunEvent,)
+    uses_fleet: ClassVar[bool] = True
+    """The engine passes ``fleet``: the latest known info of any resource, by id."""
+    suggestion: ClassVar[str] = (
+        "Read the run's error before retrying; for a crash loop, stop the retries (scheduler "
+        "backoff or the pipeline's trigger) until the cause is fixed."
+    )
+
+    def step(self, state: FailedRunSpendState, resource: ResourceInfo, event: Event, t: float,
+             fleet: Fleet | None = None) -> list[Finding]:  # fmt: skip
+        if type(event) is not RunEvent:
+            return []
+        st, ev = state, event
+        if ev.run_id in st.ended:
+            return []  # a re-read event of a run that already ended
+        st.last_t = max(st.last_t, t)
+        found = self._maybe_end_loop(st, t, resource)
+        run = st.runs.get(ev.run_id)
+        if run is None:
+            run = st.runs[ev.run_id] = RunState(start=t)
+        if ev.resource_ids:
+            run.resource_ids = list(ev.resource_ids)
+        if ev.gpu_count:
+            run.gpu_count = ev.gpu_count
+        if ev.tags:
+            run.tags = dict(ev.tags)
+        if ev.status in ("started", "running"):
+            return found
+        del st.runs[ev.run_id]
+        st.ended[ev.run_id] = t
+        self._prune(st, t)
+        if ev.status == "succeeded":
+            if st.loop_fired_at is not None:
+                found.append(self._loop_finding("resolve", st, resource, t, reason="run_succeeded"))
+                self._reset_loop(st)
+            return found
+        if ev.status == "killed" and not self.params.count_killed:
+            return found
+        usd, gpu_hours, info = self._cost(run, t, fleet)
+        if usd is None:
+            return found  # no price known for its hosts: nothing to weigh against the floor
+        failure = Failure(t=t, run_id=ev.run_id, usd=usd, gpu_hours=gpu_hours, error=ev.error)
+        st.failures.append(failure)
+        if st.loop_fired_at is not None:
+            found.append(self._loop_finding("update", st, resource, t))
+            return found
+        if len(st.failures) >= self.params.loop_runs and sum(f.usd for f in st.failures) >= self.params.min_usd:
+            st.loop_since, st.loop_fired_at = st.failures[0].t, t
+            st.loop_tags = {**run.tags, "project": ev.project or run.tags.get("project", "")}
+            found.append(self._loop_finding("fire", st, resource, t))
+            return found
+        if usd >= self.params.min_usd:
+            found.append(self._run_finding(ev, run, failure, info))
+        return found
+
+    def open_episode(self, state: FailedRunSpendState, resource: ResourceInfo) -> Finding | None:
+        if state.loop_fired_at is None:
+            return None
+        return self._loop_finding("update", state, resource, state.last_t)
+
+    # -- cost -----------------------------------------------------------------------
+
+    def _cost(self, run: RunState, end: float, fleet: Fleet | None) -> tuple[float | None, float, ResourceInfo]:
+        """(dollars or None when unpriced, GPU-hours, the first host's info)."""
+        hours = max(0.0, end - run.start) / 3600.0
+        hosts = [fleet(rid) for rid in run.resource_ids] if fleet is not None else []
+        known = [h for h in hosts if h is not None and h.usd_per_hour is not None]
+        first = known[0] if known else ResourceInfo()
+        host_gpus = sum(self._gpus(h) for h in known)
+        gpu_hours = (run.gpu_count or host_gpus) * hours
+        if not known:
+            return None, gpu_hours, first
+        share = min(1.0, run.gpu_count / host_gpus) if run.gpu_count and host_gpus else 1.0
+        hourly = sum(h.usd_per_hour or 0.0 for h in known)
+        return hourly * share * hours, gpu_hours, first
+
+    def _gpus(self, host: ResourceInfo) -> int:
+        price = self.pricing.instances.get(host.instance_type)
+        return price.gpus if price is not None else 0
+
+    # -- loop bookkeeping -------------------------------------------------------------
+
+    def _prune(self, st: FailedRunSpendState, t: float) -> None:
+        horizon = t - self.params.loop_window
+        if st.loop_fired_at is None:
+            st.failures = [f for f in st.failures if f.t >= horizon]
+        st.ended = {k: v for k, v in st.ended.items() if v >= horizon - self.params.loop_window}
+
+    def _maybe_end_loop(self, st: FailedRunSpendState, t: float, res: ResourceInfo) -> list[Finding]:
+        """A loop with no failure for a whole window is over."""
+        if st.loop_fired_at is None or t - st.failures[-1].t < self.params.loop_window:
+            return []
+        finding = self._loop_finding("resolve", st, res, t, reason="no_failure_in_window")
+        self._reset_loop(st)
+        return [finding]
+
+    def _reset_loop(self, st: FailedRunSpendState) -> None:
+        st.loop_since = st.loop_fired_at = None
+        st.failures = []
+
+    # -- findings -------------------------------------------------------------------
+
+    def _run_finding(self, ev: RunEvent, run: RunState, failure: Failure, host: ResourceInfo) -> Finding:
+        res = ResourceInfo(resource_id=ev.run_id, resource_type="run", account=host.account, region=host.region,
+                           instance_type=host.instance_type, state="terminated",
+                           tags={**run.tags, "project": ev.project or run.tags.get("project", "")})  # fmt: skip
+        hours = failure.t - run.start
+        details = {
+            "run_id": ev.run_id, "project": ev.project, "owner": run.tags.get("owner", ""),
+            "error": ev.error, "status": ev.status, "gpu_hours": round(failure.gpu_hours, 3),
+            "resource_ids": list(run.resource_ids), "run_s": round(hours, 3),
+        }  # fmt: skip
+        usd_per_hour = failure.usd * 3600 / hours if hours > 0 else 0.0
+        return make_finding(self, "fire", res, episode_start=run.start, fired_at=failure.t, at=failure.t,
+                            usd=failure.usd, details=details, usd_per_hour=usd_per_hour)  # fmt: skip
+
+    def _loop_finding(self, action: str, st: FailedRunSpendState, res: ResourceInfo, at: float,
+                      **extra: object) -> Finding:  # fmt: skip
+        assert st.loop_since is not None and st.loop_fired_at is not None
+        project = st.loop_tags.get("project", "")
+        info = ResourceInfo(resource_id=f"project/{project or res.resource_id}", resource_type="project",
+                            tags=dict(st.loop_tags))  # fmt: skip
+        total = sum(f.usd for f in st.failures)
+        details = {
+            "crash_loop": True, "project": project, "failed_runs": len(st.failures),
+            "run_ids": [f.run_id for f in st.failures], "errors": sorted({f.error for f in st.failures if f.error}),
+            "gpu_hours": round(sum(f.gpu_hours for f in st.failures), 3), **extra,
+        }  # fmt: skip
+        span = max(at, st.failures[-1].t) - st.loop_since
+        return make_finding(self, action, info, episode_start=st.loop_since, fired_at=st.loop_fired_at, at=at,
+                            usd=total, details=details, usd_per_hour=total * 3600 / span if span > 0 else 0.0)  # fmt: skip

@@ -1,0 +1,109 @@
+"""The failed_run_spend detector on crafted run lifecycles over priced hosts."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.engine import Engine
+from detector.events import RunEvent
+from detector.rules import load_rules
+from tests.helpers import MIN, T0, at, usage
+
+HOUR = 3600.0
+
+
+def run(t: float, run_id: str, status: str, hosts=("host-1",), gpus: int = 8, project: str = "llm",
+        error: str = "") -> RunEvent:  # fmt: skip
+    return RunEvent(ts=at(t), run_id=run_id, status=status, resource_ids=list(hosts), gpu_count=gpus,
+                    project=project, error=error, tags={"team": "nlp", "owner": "alice"})  # fmt: skip
+
+
+def billed(hosts=("host-1",), hours: float = 12, usd_per_hour: float = 32.0) -> list:
+    """Each host's usage, one event a minute (p4d.24xlarge: 8 GPUs)."""
+    return [usage(T0 + i * MIN, rid, usd_per_hour=usd_per_hour) for rid in hosts for i in range(int(hours * 60))]
+
+
+def findings(ruleset, *runs, hosts=("host-1",)):
+    events = sorted(billed(hosts) + list(runs), key=lambda e: e.ts)
+    return [f for f in Engine(ruleset).process(events) if f.type == "failed_run_spend"]
+
+
+def test_failed_run_alerts_with_cost_gpu_hours_owner_and_error(ruleset):
+    (fire,) = findings(ruleset, run(T0 + HOUR, "r1", "started"), run(T0 + 3 * HOUR, "r1", "failed", error="CUDA OOM"))
+    assert fire.action == "fire" and fire.resource_id == "r1"
+    assert fire.fired_at == T0 + 3 * HOUR and fire.episode_start == T0 + HOUR
+    assert fire.waste_usd == pytest.approx(64.0, rel=1e-4)  # 2 h of a $32/h host
+    assert fire.details["gpu_hours"] == 16 and fire.details["error"] == "CUDA OOM"
+    assert fire.details["owner"] == "alice" and fire.details["project"] == "llm"
+    assert fire.resource.tags["team"] == "nlp"
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        # it succeeded: the money bought a model
+        [run(T0 + HOUR, "r1", "started"), run(T0 + 5 * HOUR, "r1", "succeeded")],
+        # killed on purpose: not counted by default
+        [run(T0 + HOUR, "r1", "started"), run(T0 + 5 * HOUR, "r1", "killed")],
+        # failed after 20 minutes: $10.67, under the $20 floor
+        [run(T0 + HOUR, "r1", "started"), run(T0 + HOUR + 20 * MIN, "r1", "failed")],
+        # on a host burnwatch has no usage (price) for: nothing to weigh against the floor
+        [run(T0 + HOUR, "r1", "started", hosts=("elsewhere",)), run(T0 + 5 * HOUR, "r1", "failed", hosts=("elsewhere",))],
+        # two cheap failures of a project in six hours: not yet a crash loop
+        [run(T0 + HOUR, "a", "started"), run(T0 + HOUR + 20 * MIN, "a", "failed"),
+         run(T0 + 2 * HOUR, "b", "started"), run(T0 + 2 * HOUR + 20 * MIN, "b", "failed")],
+    ],
+    ids=["succeeded", "killed", "cheap", "unpriced", "two-failures"],
+)
+def test_no_alert(ruleset, runs):
+    assert findings(ruleset, *runs) == []
+
+
+def test_killed_runs_count_when_the_rule_says_so(tmp_path):
+    (tmp_path / "rules.yaml").write_text(
+        "rules:\n  - {name: failed, type: failed_run_spend, params: {count_killed: true}}\n"
+    )
+    ruleset = load_rules(tmp_path / "rules.yaml")
+    (fire,) = findings(ruleset, run(T0 + HOUR, "r1", "started"), run(T0 + 5 * HOUR, "r1", "killed"))
+    assert fire.details["status"] == "killed" and fire.waste_usd == pytest.approx(128.0, rel=1e-4)
+
+
+def test_runs_sharing_a_host_pay_by_gpu_count(ruleset):
+    # Two GPUs of an eight-GPU host for four hours: a quarter of $128.
+    (fire,) = findings(ruleset, run(T0 + HOUR, "r1", "started", gpus=2), run(T0 + 5 * HOUR, "r1", "failed", gpus=2))
+    assert fire.waste_usd == pytest.approx(32.0, rel=1e-4) and fire.details["gpu_hours"] == 8
+
+
+def test_a_multi_host_run_pays_for_every_host(ruleset):
+    hosts = ("host-1", "host-2")
+    runs = [run(T0 + HOUR, "r1", "started", hosts=hosts, gpus=16), run(T0 + 2 * HOUR, "r1", "failed", hosts=hosts, gpus=16)]
+    (fire,) = findings(ruleset, *runs, hosts=hosts)
+    assert fire.waste_usd == pytest.approx(64.0, rel=1e-4) and fire.details["gpu_hours"] == 16
+
+
+def test_crash_loop_is_one_alert_with_the_total_until_a_run_succeeds(ruleset):
+    # Four 20-minute failures of one project, 40 minutes apart ($10.67 each), then a success.
+    runs = []
+    for k in range(4):
+        start = T0 + HOUR + k * 40 * MIN
+        runs += [run(start, f"r{k}", "started", error="OOM"), run(start + 20 * MIN, f"r{k}", "failed", error="OOM")]
+    runs += [run(T0 + 5 * HOUR, "ok", "started"), run(T0 + 7 * HOUR, "ok", "succeeded")]
+    found = findings(ruleset, *runs)
+    assert [f.action for f in found] == ["fire", "update", "resolve"]
+    fire, update, resolve = found
+    assert fire.resource_id == "project/llm" and fire.details["crash_loop"] is True
+    assert fire.fired_at == T0 + HOUR + 80 * MIN + 20 * MIN  # the third failure
+    assert fire.episode_start == T0 + HOUR + 20 * MIN  # the first failure
+    assert fire.details["failed_runs"] == 3 and fire.waste_usd == pytest.approx(32.0, rel=1e-3)
+    assert update.details["failed_runs"] == 4 and update.waste_usd == pytest.approx(128 / 3, rel=1e-3)
+    assert resolve.details["reason"] == "run_succeeded" and resolve.waste_usd == update.waste_usd
+
+
+def test_reread_run_events_do_not_fail_twice(ruleset):
+    started = run(T0 + HOUR, "r1", "started")
+    events = sorted(billed() + [started, run(T0 + 3 * HOUR, "r1", "failed")], key=lambda e: e.ts)
+    engine = Engine(ruleset)
+    first = engine.process(events)
+    again = engine.process(events[events.index(started):])  # the run's events, re-read after a restart
+    assert len([f for f in first if f.type == "failed_run_spend"]) == 1
+    assert [f for f in again if f.type == "failed_run_spend"] == []
