@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["EgressPrices", "InstancePrice", "Pricing", "egress_destination", "load_pricing"]
+__all__ = ["CapacityTier", "EgressPrices", "InstancePrice", "Pricing", "egress_destination", "load_pricing"]
 
 
 class InstancePrice(BaseModel):
@@ -30,6 +30,16 @@ class EgressPrices(BaseModel):
     internet: float = Field(default=0.09, ge=0)
 
 
+class CapacityTier(BaseModel):
+    """One size of a managed store (a vector database plan, a volume size) and its price."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = ""
+    capacity_gb: float = Field(gt=0)
+    usd_per_month: float = Field(ge=0)
+
+
 class Pricing(BaseModel):
     """Price list; ``hourly`` answers None for an instance type it does not know."""
 
@@ -38,6 +48,15 @@ class Pricing(BaseModel):
     reserved_discount: float = Field(default=0.6, gt=0, le=1)
     instances: dict[str, InstancePrice] = {}
     egress_per_gb: EgressPrices = EgressPrices()
+    storage_usd_per_gb_month: float = Field(default=0.023, ge=0)
+    """Object storage, for buckets whose usage events carry no cost (S3 Standard list price)."""
+    capacity_tiers: dict[str, list[CapacityTier]] = {}
+    """Resource type → its sizes, so a capacity alert can name the next one and its price."""
+
+    def next_tier(self, resource_type: str, capacity_bytes: float) -> CapacityTier | None:
+        """The smallest listed size above ``capacity_bytes``, or None."""
+        bigger = [t for t in self.capacity_tiers.get(resource_type, []) if t.capacity_gb * 1e9 > capacity_bytes * 1.0001]
+        return min(bigger, key=lambda t: t.capacity_gb, default=None)
 
     def hourly(self, instance_type: str, pricing: str = "on_demand") -> float | None:
         price = self.instances.get(instance_type)

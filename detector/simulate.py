@@ -10,7 +10,12 @@ What it makes, per resource, is a timeline of segments:
 - notebooks (1 GPU) are used in bursts during the day and are either stopped
   or left running idle overnight (labelled);
 - inference endpoints stay moderately busy and send responses to the internet on a
-  daily cycle; buckets and vector databases grow;
+  daily cycle;
+- vector databases grow in hourly ingestion batches: some fill their capacity within
+  weeks, some grow by a fifth a day (both labelled ``vector_db_growth``), some grow
+  slowly; dataset buckets only grow (labelled ``storage_growth`` when the data spans
+  more than a day), checkpoint buckets have a lifecycle rule (a daily sawtooth) and
+  some buckets grow slowly;
 - CPU (ETL) instances copy data to another region: some run away (a sync loop at
   8-30x the usual rate for up to 2.5 hours, labelled ``egress_runaway`` with the
   excess dollars); hard negatives: a runaway too cheap to matter, a slow drift, and
@@ -73,8 +78,8 @@ class SimConfig:
     training_hosts: int = 12
     notebooks: int = 8
     inference_endpoints: int = 3
-    buckets: int = 2
-    vector_dbs: int = 2
+    buckets: int = 3
+    vector_dbs: int = 3
     cpu_instances: int = 6
     seed: int = 7
     scrape_s: float = 30.0
@@ -97,6 +102,9 @@ class Label:
     note: str = ""
     usd: float | None = None
     """Dollars when they are not rate × duration (spend over running intervals only)."""
+    expect: dict[str, float] = field(default_factory=dict)
+    """Figures the alert's details should give, for types whose news is not dollars
+    (a growth rate); scored like dollars."""
 
     @property
     def waste_usd(self) -> float:
@@ -113,6 +121,7 @@ class Label:
             "waste_usd": round(self.waste_usd, 2),
             "usd_per_hour": self.usd_per_hour,
             "note": self.note,
+            **({"expect": self.expect} if self.expect else {}),
         }
 
 
@@ -139,6 +148,25 @@ class _Egress:
     def rate(self, t: float) -> float:
         factor = next((f for a, b, f in self.bursts if a <= t < b), 1.0)
         return self.base(t) * factor
+
+
+@dataclass
+class _Store:
+    """A bucket or vector database whose size grows in hourly ingestion batches."""
+
+    resource_id: str
+    resource_type: str
+    tags: dict[str, str]
+    start: float
+    size0: float
+    bytes_per_day: float
+    capacity: float | None = None
+    expires_daily: bool = False
+    """A lifecycle rule deletes what was written, once a day (a sawtooth)."""
+
+    def size(self, t: float) -> float:
+        days = int((t - self.start) // 3600) / 24  # hourly ingestion batches
+        return self.size0 + self.bytes_per_day * (days % 1.0 if self.expires_daily else days)
 
 
 @dataclass
@@ -352,6 +380,44 @@ class _Builder:
         res.egress = _Egress("", self.rng.uniform(15, 40), diurnal=0.5)
         return res
 
+    def vector_db(self, i: int) -> _Store:
+        """One in three fills its 10 TB within weeks, one in three grows by a fifth a day from
+        a small start (both labelled); the rest grow slowly (hard negatives)."""
+        cap, kind = 10e12, i % 3
+        if kind == 0:
+            size0 = cap * self.rng.uniform(0.6, 0.75)
+            per_day = (cap - size0) / self.rng.uniform(8, 25)
+        elif kind == 1:
+            size0 = cap * self.rng.uniform(0.2, 0.4)
+            per_day = size0 * self.rng.uniform(0.002, 0.008)
+        else:
+            size0 = self.rng.uniform(0.3e12, 0.8e12)
+            per_day = size0 * self.rng.uniform(0.15, 0.3)
+        store = _Store(f"vectordb-{i:03d}", "vector_db", self.tags(0.0), self.cfg.start, size0, per_day, capacity=cap)
+        if kind != 1:
+            note = "fills its capacity within weeks" if kind == 0 else "grows by a fifth a day"
+            self.labels.append(Label("vector_db_growth", store.resource_id, self.cfg.start, self.end, 0.0, note, 0.0,
+                                     expect={"growth_gb_per_day": per_day / 1e9}))  # fmt: skip
+        return store
+
+    def bucket(self, i: int) -> _Store:
+        """Dataset buckets that only grow (labelled when a day of data shows it), checkpoint
+        buckets whose lifecycle rule expires each day's writes, and slow ones."""
+        kind = i % 3
+        if kind == 0:
+            store = _Store(f"bucket-{i:03d}", "storage_bucket", self.tags(0.0), self.cfg.start,
+                           self.rng.uniform(20e12, 80e12), self.rng.uniform(0.5e12, 2e12))  # fmt: skip
+            if self.cfg.hours >= 25:  # growth is judged on a day of data, so a lifecycle job would have shown
+                self.labels.append(Label("storage_growth", store.resource_id, self.cfg.start, self.end, 0.0,
+                                         "dataset copies, no lifecycle rule", 0.0,
+                                         expect={"growth_gb_per_day": store.bytes_per_day / 1e9}))  # fmt: skip
+            return store
+        if kind == 1:
+            return _Store(f"bucket-{i:03d}", "storage_bucket", self.tags(0.0), self.cfg.start - self.minutes(0, 600),
+                          self.rng.uniform(5e12, 20e12), self.rng.uniform(2e12, 4e12), expires_daily=True)  # fmt: skip
+        return _Store(f"bucket-{i:03d}", "storage_bucket", self.tags(0.0), self.cfg.start,
+                      self.rng.uniform(5e12, 20e12), self.rng.uniform(5e9, 15e9))  # fmt: skip
+
     def etl_instance(self, i: int) -> _Resource:
         """A CPU instance moving data to another region. One in three has a runaway (a sync
         loop re-sending a dataset), labelled; the others are hard negatives: one whose
@@ -469,27 +535,21 @@ def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Recor
         t += step
 
 
-def _storage_records(kind: str, i: int, cfg: SimConfig, b: _Builder, end: float) -> Iterator[Record]:
-    rid = f"{kind}-{i:03d}"
-    rtype = "vector_db" if kind == "vectordb" else "storage_bucket"
-    tags = b.tags(0.0)
-    size = b.rng.uniform(0.5e12, 5e12)
-    capacity = 10e12
-    growth = b.rng.uniform(0.002, 0.02) / 86_400  # fraction per second
+def _storage_records(store: _Store, cfg: SimConfig, end: float) -> Iterator[Record]:
     step = 300.0
     t = cfg.start
     while t < end:
-        size *= 1 + growth * step
+        size = store.size(t)
         event: dict[str, Any] = {
-            "ts": rfc3339(t), "resource_id": rid, "resource_type": rtype, "provider": "aws",
-            "account": "ml-data", "region": "us-east-1", "state": "running", "interval_s": step,
+            "ts": rfc3339(t), "resource_id": store.resource_id, "resource_type": store.resource_type,
+            "provider": "aws", "account": "ml-data", "region": "us-east-1", "state": "running", "interval_s": step,
             "storage_bytes": int(size), "cost_usd": round(size / 1e9 * 0.023 / 730 * step / 3600, 6),
-            "tags": tags,
+            "tags": store.tags,
         }  # fmt: skip
-        if rtype == "vector_db":
-            event["capacity_bytes"] = int(capacity)
+        if store.capacity is not None:
+            event["capacity_bytes"] = int(store.capacity)
             event["vector_count"] = int(size / 3072)
-        yield (t + step, TOPIC_RESOURCE_USAGE, rid, event)
+        yield (t + step, TOPIC_RESOURCE_USAGE, store.resource_id, event)
         t += step
 
 
@@ -519,8 +579,8 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
         streams.append(_batched(_usage_records(res, cfg, b.end), cfg.usage_flush_s))
     for i in range(cfg.cpu_instances):
         streams.append(_batched(_usage_records(b.etl_instance(i), cfg, b.end), cfg.usage_flush_s))
-    streams += [_storage_records("bucket", i, cfg, b, b.end) for i in range(cfg.buckets)]
-    streams += [_storage_records("vectordb", i, cfg, b, b.end) for i in range(cfg.vector_dbs)]
+    stores = [b.bucket(i) for i in range(cfg.buckets)] + [b.vector_db(i) for i in range(cfg.vector_dbs)]
+    streams += [_storage_records(store, cfg, b.end) for store in stores]
     streams.append(iter(sorted(b.runs, key=lambda r: r[0])))
     merged = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)

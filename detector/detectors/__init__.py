@@ -10,13 +10,15 @@ from detector.detectors.base import Detector, Finding, Params, ResourceInfo
 from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
+from detector.detectors.storage_growth import StorageGrowth
 from detector.detectors.stuck_gpu import StuckGpu
 from detector.detectors.telemetry_stale import TelemetryStale
 from detector.detectors.untagged import Untagged
+from detector.detectors.vector_db_growth import VectorDbGrowth
 
 __all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo"]
 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
-    for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend)
+    for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend, VectorDbGrowth, StorageGrowth)
 }

@@ -1,0 +1,110 @@
+"""``storage_growth``: a checkpoint or dataset bucket that only ever grows.
+
+Example rule::
+
+    - name: storage-growth
+      type: storage_growth
+      match: {resource_type: storage_bucket}
+      params:
+        min_monthly_growth_usd: 50   # the bill must grow at least this much a month
+        max_drop: 1%                 # a fall bigger than this is a retention policy at work
+        window: 7d                   # the trend is fitted over this trailing time
+        min_history: 1d              # and judged once it spans a day (a daily lifecycle shows)
+      severity: info
+
+Checkpoints and dataset copies accumulate because nobody set a lifecycle rule; each
+month's bill is bigger than the last and nothing ever says so. A bucket is "growing
+without bound" when its size has not fallen by more than ``max_drop`` anywhere in the
+window (a retention or lifecycle policy deletes, which shows as a fall) and the trend
+adds at least ``min_monthly_growth_usd`` to the monthly bill every month. A day of
+history first, so a daily lifecycle job has had the chance to run. The alert gives
+the monthly cost now and in 30 and 90 days if the trend continues; it resolves when a
+deletion shows up or the growth slows under three quarters of the floor.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from detector.detectors.base import Finding, ResourceInfo, make_finding
+from detector.detectors.growth import DAY_S, GrowthBase, GrowthParams, GrowthState, Trend
+from detector.events import Event, UsageEvent
+from detector.units import Duration, Money, Percent
+
+__all__ = ["StorageGrowth", "StorageGrowthParams"]
+
+GB = 1e9
+MONTH_H = 730.0
+
+
+class StorageGrowthParams(GrowthParams):
+    window: Duration = Field(default=7 * DAY_S, gt=0)
+    min_history: Duration = Field(default=DAY_S, ge=0)
+    min_monthly_growth_usd: Money = 50.0
+    max_drop: Percent = 1.0
+
+
+class StorageGrowth(GrowthBase):
+    type: ClassVar[str] = "storage_growth"
+    title: ClassVar[str] = "Storage growing without bound"
+    Params: ClassVar[type[StorageGrowthParams]] = StorageGrowthParams
+    consumes: ClassVar[tuple[type, ...]] = (UsageEvent,)
+    suggestion: ClassVar[str] = (
+        "Add a lifecycle rule (expire old checkpoints, keep the last N; move cold datasets to an "
+        "infrequent-access class) or delete what no run reads any more."
+    )
+
+    def step(self, state: GrowthState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+        if type(event) is not UsageEvent or event.storage_bytes is None:
+            return []
+        st = state
+        if event.cost_usd is not None and event.storage_bytes > 0:
+            gb_hours = event.storage_bytes / GB * event.interval_s / 3600.0
+            st.notified["usd_per_gb_month"] = event.cost_usd / gb_hours * MONTH_H
+        trend = self.observe(st, t, float(event.storage_bytes))
+        if trend is None:
+            return []
+        growth_usd = self._monthly_growth_usd(st, trend)
+        unbounded = trend.drop * 100 <= self.params.max_drop
+        if st.fired_at is None:
+            if unbounded and growth_usd >= self.params.min_monthly_growth_usd:
+                st.since = st.fired_at = t
+                return [self._finding("fire", st, resource, t, trend)]
+            return []
+        if not unbounded or growth_usd < 0.75 * self.params.min_monthly_growth_usd:
+            reason = "deletions_seen" if not unbounded else "growth_slowed"
+            finding = self._finding("resolve", st, resource, t, trend, reason=reason)
+            st.since = st.fired_at = None
+            return [finding]
+        return [self._finding("update", st, resource, t, trend)]
+
+    def open_episode(self, state: GrowthState, resource: ResourceInfo) -> Finding | None:
+        if state.fired_at is None:
+            return None
+        return self._finding("update", state, resource, state.last_t, self.current(state))
+
+    def _price(self, st: GrowthState) -> float:
+        return float(st.notified.get("usd_per_gb_month", self.pricing.storage_usd_per_gb_month))
+
+    def _monthly_growth_usd(self, st: GrowthState, trend: Trend) -> float:
+        """How much the monthly bill grows each month on this trend."""
+        return trend.per_day * 30 / GB * self._price(st)
+
+    def _finding(self, action: str, st: GrowthState, res: ResourceInfo, at: float, trend: Trend,
+                 **extra: object) -> Finding:  # fmt: skip
+        assert st.since is not None and st.fired_at is not None
+        price = self._price(st)
+        monthly = trend.size / GB * price
+        details = {
+            "size_gb": round(trend.size / GB, 3),
+            "growth_gb_per_day": round(trend.per_day / GB, 3),
+            "usd_per_gb_month": round(price, 5),
+            "monthly_usd_now": round(monthly, 2),
+            "monthly_usd_in_30d": round((trend.size + 30 * trend.per_day) / GB * price, 2),
+            "monthly_usd_in_90d": round((trend.size + 90 * trend.per_day) / GB * price, 2),
+            **extra,
+        }
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=0.0,
+                            details=details, usd_per_hour=monthly / MONTH_H)  # fmt: skip
