@@ -18,6 +18,9 @@ class InstancePrice(BaseModel):
     reserved: float | None = Field(default=None, ge=0)
     gpus: int = Field(default=0, ge=0)
     gpu_model: str = ""
+    gpu_mem_gb: float = Field(default=0, ge=0)
+    """Memory of one GPU, so a downsizing suggestion keeps the model in memory."""
+    provider: str = ""
 
 
 class EgressPrices(BaseModel):

@@ -202,6 +202,10 @@ class _Resource:
     send_cost: bool
     segments: list[_Segment] = field(default_factory=list)
     egress: _Egress | None = None
+    model_mib: float = 0.0
+    """GPU memory a served model holds, whatever the load."""
+    requests_per_s: tuple[float, float] | None = None
+    """Request rate at night and in office hours, for endpoints."""
 
 
 def _frange(start: float, end: float, step: float) -> Iterator[float]:
@@ -373,11 +377,25 @@ class _Builder:
         return morning if morning > t else morning + 86_400
 
     def inference(self, i: int) -> _Resource:
-        res = _Resource(f"inference-{i:03d}", "inference_endpoint", "g5.2xlarge", 1, "A10G", 150.0,
-                        self.tags(0.0), "ml-prod-0", "eu-west-1", self.pricing.hourly("g5.2xlarge") or 1.2, send_cost=True)
-        res.segments.append(_Segment(self.cfg.start, self.end, "serving"))
+        """Endpoints serving a 6 GiB model on an A10G: one in three is busy around the clock,
+        one in three is quiet (labelled ``inference_overprovisioned`` when a day of data shows
+        it, with the saving of the cheapest instance type that holds the model), and one is
+        quiet at night but busy by day (a hard negative)."""
+        itype = "g5.2xlarge"
+        res = _Resource(f"inference-{i:03d}", "inference_endpoint", itype, 1, "A10G", 150.0,
+                        self.tags(0.0), "ml-prod-0", "eu-west-1", self.pricing.hourly(itype) or 1.2, send_cost=True)
+        mode = ("serving", "serving_quiet", "serving_peaky")[i % 3]
+        res.segments.append(_Segment(self.cfg.start, self.end, mode))
+        res.model_mib = 6144.0
+        res.requests_per_s = {"serving": (30.0, 120.0), "serving_quiet": (1.0, 4.0), "serving_peaky": (2.0, 150.0)}[mode]
         # Responses to clients: internet egress following the day (hard negative for egress_runaway).
         res.egress = _Egress("", self.rng.uniform(15, 40), diurnal=0.5)
+        if mode == "serving_quiet" and self.cfg.hours >= 25:  # judged on a whole day of traffic
+            fits = [self.pricing.hourly(name) or 0.0 for name, p in self.pricing.instances.items()
+                    if p.provider == "aws" and p.gpus >= 1 and p.gpu_mem_gb * 1024 >= 2 * res.model_mib]  # fmt: skip
+            saving = res.hourly - min(fits)
+            self.labels.append(Label("inference_overprovisioned", res.resource_id, self.cfg.start, self.end, saving,
+                                     "endpoint at 3-15 % on an A10G"))  # fmt: skip
         return res
 
     def vector_db(self, i: int) -> _Store:
@@ -394,7 +412,7 @@ class _Builder:
             size0 = self.rng.uniform(0.3e12, 0.8e12)
             per_day = size0 * self.rng.uniform(0.15, 0.3)
         store = _Store(f"vectordb-{i:03d}", "vector_db", self.tags(0.0), self.cfg.start, size0, per_day, capacity=cap)
-        if kind != 1:
+        if kind != 1 and self.cfg.hours >= 13:  # a trend needs half a day of data to be told from a bulk load
             note = "fills its capacity within weeks" if kind == 0 else "grows by a fifth a day"
             self.labels.append(Label("vector_db_growth", store.resource_id, self.cfg.start, self.end, 0.0, note, 0.0,
                                      expect={"growth_gb_per_day": per_day / 1e9}))  # fmt: skip
@@ -461,6 +479,11 @@ def _gpu_util(rng: random.Random, mode: str, gpu: int, t: float) -> tuple[float,
         hour = datetime.fromtimestamp(t, tz=timezone.utc).hour
         base = 25 + 20 * (1 if 8 <= hour < 20 else 0)
         return rng.uniform(base - 10, base + 15), rng.uniform(0.15, 0.5)
+    if mode == "serving_quiet":  # a model on a bigger GPU than its traffic needs
+        return rng.uniform(3, 15), rng.uniform(0.02, 0.1)
+    if mode == "serving_peaky":  # quiet at night, busy in office hours
+        day = 9 <= datetime.fromtimestamp(t, tz=timezone.utc).hour < 18
+        return (rng.uniform(60, 80), rng.uniform(0.4, 0.6)) if day else (rng.uniform(2, 8), rng.uniform(0.01, 0.05))
     return rng.uniform(0, 2.5), rng.uniform(0, 0.02)  # idle or dip
 
 
@@ -480,10 +503,11 @@ def _gpu_records(res: _Resource, cfg: SimConfig, rng: random.Random) -> Iterator
             for gpu in range(res.gpus):
                 util, sm = _gpu_util(rng, seg.mode, gpu, t)
                 busy = util > 10 and seg.mode != "stuck"
+                mem = res.model_mib or (30000.0 if busy else 400.0)
                 pending.append({
                     "ts": rfc3339(t), "resource_id": res.resource_id, "gpu_index": gpu,
                     "gpu_uuid": f"GPU-{res.resource_id}-{gpu}", "model": res.gpu_model,
-                    "util_pct": round(util, 1), "mem_used_mib": 30000.0 if busy else 400.0,
+                    "util_pct": round(util, 1), "mem_used_mib": mem,
                     "mem_total_mib": 40960.0, "power_w": round(res.max_power * (0.8 if busy else 0.15), 1),
                     "sm_active": round(sm, 3) if sm is not None else None,
                 })  # fmt: skip
@@ -527,6 +551,10 @@ def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Recor
         }  # fmt: skip
         if res.send_cost:
             event["cost_usd"] = round(res.hourly * step / 3600, 6) if state == "running" else 0.0
+        if res.requests_per_s is not None and state == "running":
+            night, day = res.requests_per_s
+            busy = 9 <= datetime.fromtimestamp(t, tz=timezone.utc).hour < 18
+            event["requests"] = int((day if busy else night) * step * noise.uniform(0.8, 1.2))
         if res.egress is not None and state == "running":
             gb = res.egress.rate(t) * step / 3600 * noise.uniform(0.8, 1.2)
             event["egress_bytes"] = int(gb * 1e9)

@@ -1,0 +1,208 @@
+"""``inference_overprovisioned``: an inference endpoint on more GPU than its traffic needs.
+
+Example rule::
+
+    - name: inference-overprovisioned
+      type: inference_overprovisioned
+      match: {resource_type: inference_endpoint}
+      params:
+        window: 24h                  # judged on a whole day of traffic (it is diurnal)
+        util_p95_below: 30%          # the busiest 5 % of samples stay under this
+        max_requests_per_s: 20       # and the request rate under this (when reported)
+        mem_headroom: 20%            # the smaller GPU must hold the peak memory plus this
+        min_saving_usd_per_hour: 0.1
+      severity: info
+
+Why these defaults: AWS Compute Optimizer and GCP's rightsizing recommender judge
+over days of data and flag instances whose peak stays low; a p95 under 30 % leaves
+room for a GPU two to three times slower (an A10G's load on a T4) to stay under
+90 %, and a day covers the daily peak. The suggested instance is the cheapest in
+``rules/pricing.yaml`` from the same provider whose GPU memory holds the endpoint's
+peak with headroom. The dollars are the saving over the time the episode covers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import msgspec
+from pydantic import Field
+
+from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.events import Event, GpuMetric, UsageEvent
+from detector.units import Duration, Money, Percent
+
+__all__ = ["InferenceOverprovisioned", "InferenceOverprovisionedParams", "InferenceOverprovisionedState"]
+
+HOUR_S = 3600.0
+BINS = 20
+"""Utilisation histogram of 5 % bins: enough to place a p95 against a 30 % bar."""
+
+
+class InferenceOverprovisionedParams(Params):
+    window: Duration = Field(default=86_400.0, ge=HOUR_S)
+    util_p95_below: Percent = 30.0
+    max_requests_per_s: float | None = Field(default=20.0, ge=0)
+    mem_headroom: Percent = 20.0
+    min_saving_usd_per_hour: Money = 0.1
+
+
+class HourStats(msgspec.Struct, kw_only=True, array_like=True):
+    start: float
+    hist: list[int]
+    mem_peak_mib: float = 0.0
+    requests: float = 0.0
+    request_s: float = 0.0
+
+
+class InferenceOverprovisionedState(msgspec.Struct, kw_only=True):
+    hours: list[HourStats] = []
+    first_t: float | None = None
+    gpu_last: dict[int, float] = {}
+    """Latest sample time per GPU, so a re-read sample is not counted twice."""
+    usage_last: float = 0.0
+    last_t: float = 0.0
+    since: float | None = None
+    fired_at: float | None = None
+    saving_usd_h: float = 0.0
+    advice: dict[str, Any] = {}
+
+
+class InferenceOverprovisioned(DetectorBase):
+    type: ClassVar[str] = "inference_overprovisioned"
+    title: ClassVar[str] = "Inference endpoint overprovisioned"
+    Params: ClassVar[type[InferenceOverprovisionedParams]] = InferenceOverprovisionedParams
+    State: ClassVar[type[InferenceOverprovisionedState]] = InferenceOverprovisionedState
+    consumes: ClassVar[tuple[type, ...]] = (GpuMetric, UsageEvent)
+    suggestion: ClassVar[str] = (
+        "Move the endpoint to the suggested instance type (or fewer replicas), then watch its "
+        "latency; keep the model in memory headroom."
+    )
+
+    def step(self, state: InferenceOverprovisionedState, resource: ResourceInfo, event: Event,
+             t: float) -> list[Finding]:  # fmt: skip
+        st = state
+        if type(event) is GpuMetric:
+            if t <= st.gpu_last.get(event.gpu_index, 0.0):
+                return []
+            st.gpu_last[event.gpu_index] = t
+            found = self._roll(st, resource, t)
+            hour = st.hours[-1]
+            hour.hist[min(BINS - 1, int(event.util_pct * BINS / 100.0))] += 1
+            hour.mem_peak_mib = max(hour.mem_peak_mib, event.mem_used_mib)
+            return found
+        if type(event) is UsageEvent:
+            if t <= st.usage_last:
+                return []
+            st.usage_last = t
+            if event.state != "running" and st.fired_at is not None:
+                found = [self._finding("resolve", st, resource, t, reason=f"instance_{event.state}")]
+                self._reset(st)
+                return found
+            found = self._roll(st, resource, t)
+            if event.requests is not None:
+                st.hours[-1].requests += event.requests
+                st.hours[-1].request_s += event.interval_s
+            return found
+        return []
+
+    def open_episode(self, state: InferenceOverprovisionedState, resource: ResourceInfo) -> Finding | None:
+        if state.fired_at is None:
+            return None
+        return self._finding("update", state, resource, state.last_t)
+
+    # -- hours and judgement --------------------------------------------------------
+
+    def _roll(self, st: InferenceOverprovisionedState, res: ResourceInfo, t: float) -> list[Finding]:
+        """Open the hour ``t`` falls in; when an hour closes, judge the window."""
+        if st.first_t is None:
+            st.first_t = t
+        st.last_t = max(st.last_t, t)
+        start = t - t % HOUR_S
+        if st.hours and st.hours[-1].start >= start:
+            return []
+        found = self._judge(st, res, t) if st.hours else []
+        st.hours.append(HourStats(start=start, hist=[0] * BINS))
+        while st.hours and st.hours[0].start <= start - self.params.window:
+            st.hours.pop(0)
+        return found
+
+    def _judge(self, st: InferenceOverprovisionedState, res: ResourceInfo, t: float) -> list[Finding]:
+        if t - st.first_t < self.params.window or not res.billed:  # type: ignore[operator]
+            return []
+        hist = [sum(h.hist[i] for h in st.hours) for i in range(BINS)]
+        samples = sum(hist)
+        if samples == 0:
+            return []
+        p95 = _quantile_upper(hist, 0.95)
+        request_s = sum(h.request_s for h in st.hours)
+        rate = sum(h.requests for h in st.hours) / request_s if request_s else None
+        quiet = p95 <= self.params.util_p95_below and (
+            self.params.max_requests_per_s is None or rate is None or rate < self.params.max_requests_per_s
+        )
+        advice = self._cheaper(res, max(h.mem_peak_mib for h in st.hours), p95) if quiet else None
+        if advice is None:
+            if st.fired_at is None:
+                return []
+            found = [self._finding("resolve", st, res, t, reason="load_grew")]
+            self._reset(st)
+            return found
+        advice.update(util_p95_pct=p95, requests_per_s=round(rate, 3) if rate is not None else None)
+        st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
+        if st.fired_at is None:
+            st.since, st.fired_at = max(st.first_t, t - self.params.window), t  # type: ignore[type-var]
+            return [self._finding("fire", st, res, t)]
+        return [self._finding("update", st, res, t)]
+
+    def _cheaper(self, res: ResourceInfo, mem_peak_mib: float, p95: float) -> dict[str, Any] | None:
+        """The cheapest listed instance from the same provider that holds the peak memory."""
+        prices = self.pricing.instances
+        current = prices.get(res.instance_type)
+        if current is None or not current.gpus or res.usd_per_hour is None:
+            return None
+        need_gb = mem_peak_mib / 1024.0 * (1 + self.params.mem_headroom / 100.0)
+        need_gpus = max(1, math.ceil(current.gpus * p95 / 60.0))
+        best: tuple[float, str] | None = None
+        for name, price in prices.items():
+            if name == res.instance_type or price.provider != current.provider or price.gpus < need_gpus:
+                continue
+            if price.gpu_mem_gb < need_gb:
+                continue
+            hourly = self.pricing.hourly(name, res.pricing or "on_demand")
+            if hourly is not None and (best is None or hourly < best[0]):
+                best = (hourly, name)
+        if best is None or res.usd_per_hour - best[0] < self.params.min_saving_usd_per_hour:
+            return None
+        hourly, name = best
+        return {
+            "suggested_instance_type": name,
+            "suggested_gpu_model": prices[name].gpu_model,
+            "suggested_usd_per_hour": hourly,
+            "saving_usd_per_hour": round(res.usd_per_hour - hourly, 4),
+            "gpu_mem_peak_gb": round(mem_peak_mib / 1024.0, 2),
+        }
+
+    def _reset(self, st: InferenceOverprovisionedState) -> None:
+        st.since = st.fired_at = None
+        st.saving_usd_h = 0.0
+        st.advice = {}
+
+    def _finding(self, action: str, st: InferenceOverprovisionedState, res: ResourceInfo, at: float,
+                 **extra: object) -> Finding:  # fmt: skip
+        assert st.since is not None and st.fired_at is not None
+        usd = st.saving_usd_h * max(0.0, at - st.since) / HOUR_S
+        details = {**st.advice, "episode_s": round(at - st.since, 3), **extra}
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=usd,
+                            details=details, usd_per_hour=st.saving_usd_h)  # fmt: skip
+
+
+def _quantile_upper(hist: list[int], q: float) -> float:
+    """The upper edge (percent) of the bin holding the ``q`` quantile: a conservative p95."""
+    target = q * sum(hist)
+    seen = 0
+    for i, count in enumerate(hist):
+        seen += count
+        if seen >= target:
+            return (i + 1) * 100.0 / BINS
+    return 100.0

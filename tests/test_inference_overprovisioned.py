@@ -1,0 +1,76 @@
+"""The inference_overprovisioned detector on crafted endpoint days (one sample a minute)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from detector.engine import Engine
+from detector.events import GpuMetric, UsageEvent
+from tests.helpers import MIN, T0, at
+
+HOUR = 3600.0
+
+
+def minute(t: float, util: float, mem_gib: float, rps: float) -> list:
+    return [
+        UsageEvent(ts=at(t), resource_id="ep-1", resource_type="inference_endpoint", instance_type="g5.2xlarge",
+                   account="acct", region="eu-west-1", interval_s=60.0, cost_usd=1.212 / 60,
+                   requests=int(rps * 60), tags={"team": "search", "project": "rag"}),
+        GpuMetric(ts=at(t), resource_id="ep-1", gpu_index=0, model="A10G", util_pct=util,
+                  mem_used_mib=mem_gib * 1024, mem_total_mib=24 * 1024),
+    ]  # fmt: skip
+
+
+def day(hours: float, util=lambda h: 10.0, mem_gib: float = 6.0, rps=lambda h: 2.0) -> list:
+    events: list = []
+    for i in range(int(hours * 60)):
+        h = i / 60
+        events += minute(T0 + i * MIN, util(h), mem_gib, rps(h))
+    return events
+
+
+def findings(ruleset, events):
+    return [f for f in Engine(ruleset).process(events) if f.type == "inference_overprovisioned"]
+
+
+def test_quiet_endpoint_fires_after_a_day_with_the_cheaper_type_and_saving(ruleset):
+    # A g5.2xlarge (A10G, $1.212/h) serving 2 req/s at 5-15 % with a 6 GiB model.
+    found = findings(ruleset, day(30, util=lambda h: 10 + 5 * math.sin(h)))
+    fires = [f for f in found if f.action == "fire"]
+    assert len(fires) == 1 and all(f.action == "update" for f in found[1:])
+    fire = fires[0]
+    assert T0 + 24 * HOUR <= fire.fired_at <= T0 + 25 * HOUR
+    assert fire.details["suggested_instance_type"] == "g4dn.xlarge"  # a T4's 16 GiB holds 6 GiB + 20 %
+    assert fire.details["saving_usd_per_hour"] == pytest.approx(1.212 - 0.526, abs=1e-3)
+    assert fire.usd_per_hour == pytest.approx(0.686, abs=1e-3)
+    assert fire.waste_usd == pytest.approx(0.686 * 24, rel=0.05)  # the saving over the day it covers
+    assert fire.details["util_p95_pct"] <= 30
+
+
+def test_a_model_needing_more_memory_gets_a_bigger_gpu_suggestion(ruleset):
+    # 18 GiB + 20 % needs a 24 GiB GPU: the L4 (g6.xlarge, $0.805) rather than the T4.
+    (fire,) = [f for f in findings(ruleset, day(26, mem_gib=18)) if f.action == "fire"]
+    assert fire.details["suggested_instance_type"] == "g6.xlarge"
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        day(30, util=lambda h: 55.0),  # busy enough
+        day(30, util=lambda h: 70.0 if 9 <= h % 24 < 18 else 5.0),  # quiet at night, busy by day: p95 is high
+        day(30, mem_gib=22),  # the model fills the GPU: nothing cheaper holds it
+        day(30, rps=lambda h: 50.0),  # low utilisation but heavy traffic (batching well)
+        day(20),  # less than a day seen
+    ],
+    ids=["busy", "diurnal-peaks", "memory-bound", "heavy-traffic", "short-history"],
+)
+def test_no_alert(ruleset, events):
+    assert findings(ruleset, events) == []
+
+
+def test_resolves_when_traffic_grows(ruleset):
+    events = day(60, util=lambda h: 10.0 if h < 30 else 60.0)
+    found = [f for f in findings(ruleset, events) if f.action != "update"]
+    assert [(f.action, f.details.get("reason")) for f in found] == [("fire", None), ("resolve", "load_grew")]
