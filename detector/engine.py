@@ -185,9 +185,7 @@ class Engine:
             for rule in self.ruleset.rules:
                 rule_state = state.rules.get(rule.detector.name)
                 if rule_state is not None:
-                    finding = rule.detector.open_episode(rule_state, state.info)
-                    if finding is not None:
-                        found.append(finding)
+                    found.extend(rule.detector.open_episodes(rule_state, state.info))
         return found
 
     def expire(self) -> list[str]:

@@ -25,6 +25,10 @@ What it makes, per resource, is a timeline of segments:
   or more times within six hours, failing within minutes each time, is one labelled
   crash loop with its total; configuration errors that fail in minutes are cheap
   hard negatives;
+- about half the long runs checkpoint (a ``checkpoint`` run tag); those of four hours
+  or more on on-demand hosts are labelled ``spot_eligible`` with the spot saving; one
+  training host in four already runs on spot (a hard negative); runs send a
+  ``running`` heartbeat every 30 minutes;
 - some runs hang in a collective for half an hour or more before they are killed:
   GPUs at 100 % utilisation with idle SMs and idle power (labelled ``stuck_gpu``);
 - some hosts lose their GPU exporter for an hour while billed (labelled
@@ -202,6 +206,7 @@ class _Resource:
     send_cost: bool
     segments: list[_Segment] = field(default_factory=list)
     egress: _Egress | None = None
+    pricing: str = "on_demand"
     model_mib: float = 0.0
     """GPU memory a served model holds, whatever the load."""
     requests_per_s: tuple[float, float] | None = None
@@ -265,8 +270,10 @@ class _Builder:
 
     def training_host(self, i: int) -> _Resource:
         itype, gpus, model, power = HOSTS[i % len(HOSTS)]
+        pricing = "spot" if i % 4 == 3 else "on_demand"  # some training already runs on spot
         res = _Resource(f"gpu-host-{i:03d}", "gpu_instance", itype, gpus, model, power, self.tags(),
-                        f"ml-prod-{i % 2}", "us-east-1", self.pricing.hourly(itype) or 10.0, send_cost=True)
+                        f"ml-prod-{i % 2}", "us-east-1", self.pricing.hourly(itype, pricing) or 10.0, send_cost=True,
+                        pricing=pricing)  # fmt: skip
         t = self.cfg.start
         while t < self.end:
             if self.rng.random() < 0.08:  # a job retried by its scheduler, failing within minutes each time
@@ -278,6 +285,7 @@ class _Builder:
             if roll < 0.05:  # a configuration error: fails in minutes, cheaply
                 t = self._run(res, run_start, self.add(res, t, self.minutes(5, 15), "busy"), "failed")
             else:
+                checkpoint = self.rng.random() < 0.5
                 run_end = min(t + self.minutes(120, 360), self.end)
                 while t < run_end:  # epochs with short dips between them
                     t = self.add(res, t, min(self.minutes(35, 90), run_end - t), "busy")
@@ -288,7 +296,7 @@ class _Builder:
                 if t < self.end and self.rng.random() < 0.12:  # the job hangs in a collective, then is killed
                     t = self.add(res, t, self.minutes(25, 70), "stuck", label=True)
                     status = "failed"
-                t = self._run(res, run_start, t, status)
+                t = self._run(res, run_start, t, status, checkpoint)
             roll = self.rng.random()
             if roll < 0.40:
                 t = self.add(res, t, self.minutes(45, 150), "idle", label=True)
@@ -303,19 +311,29 @@ class _Builder:
                 t = self.add(res, t, self.minutes(5, 20), "idle")
         return res
 
-    def _run(self, res: _Resource, start: float, end: float, status: str) -> float:
-        """Emit a run's start and end events (keyed by project) and remember what it cost."""
+    def _run(self, res: _Resource, start: float, end: float, status: str, checkpoint: bool = False) -> float:
+        """Emit a run's events (keyed by project; a heartbeat every 30 minutes) and remember
+        what it cost. A checkpointing run of 4 hours or more on on-demand capacity is
+        labelled ``spot_eligible`` with what spot would have saved over it."""
         project = res.tags.get("project", "adhoc")
         run_id = f"run-{res.resource_id}-{len(self.run_ends) + 1}"
-        self.runs.append((start, TOPIC_RUN_EVENTS, project, self._run_event(start, run_id, "started", res, project)))
-        self.runs.append((end, TOPIC_RUN_EVENTS, project, self._run_event(end, run_id, status, res, project)))
+        tags = {**res.tags, "checkpoint": f"s3://checkpoints/{run_id}"} if checkpoint else res.tags
+        self.runs.append((start, TOPIC_RUN_EVENTS, project, self._run_event(start, run_id, "started", res, project, tags)))
+        for beat in _frange(start + 1800, end, 1800):
+            self.runs.append((beat, TOPIC_RUN_EVENTS, project, self._run_event(beat, run_id, "running", res, project, tags)))
+        self.runs.append((end, TOPIC_RUN_EVENTS, project, self._run_event(end, run_id, status, res, project, tags)))
         self.run_ends.append(_RunEnd(project, run_id, start, end, status, res.hourly * (end - start) / 3600))
+        spot = self.pricing.hourly(res.instance_type, "spot")
+        if checkpoint and res.pricing == "on_demand" and spot is not None and end - start >= 4 * 3600:
+            saving = res.hourly - spot
+            self.labels.append(Label("spot_eligible", run_id, start, end, saving, "checkpointing run on on-demand"))
         return end
 
-    def _run_event(self, t: float, run_id: str, status: str, res: _Resource, project: str) -> dict[str, Any]:
+    def _run_event(self, t: float, run_id: str, status: str, res: _Resource, project: str,
+                   tags: dict[str, str]) -> dict[str, Any]:  # fmt: skip
         event: dict[str, Any] = {
             "ts": rfc3339(t), "run_id": run_id, "status": status, "resource_ids": [res.resource_id],
-            "gpu_count": res.gpus, "project": project, "tags": res.tags,
+            "gpu_count": res.gpus, "project": project, "tags": tags,
         }  # fmt: skip
         if status == "failed":
             event["error"] = self.rng.choice(["CUDA out of memory", "NCCL watchdog timeout", "Loss is NaN", "OOMKilled"])
@@ -546,7 +564,7 @@ def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Recor
         event: dict[str, Any] = {
             "ts": rfc3339(t), "resource_id": res.resource_id, "resource_type": res.resource_type,
             "provider": "aws", "account": res.account, "region": res.region,
-            "instance_type": res.instance_type, "pricing": "on_demand", "state": state,
+            "instance_type": res.instance_type, "pricing": res.pricing, "state": state,
             "interval_s": step, "tags": res.tags,
         }  # fmt: skip
         if res.send_cost:

@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from detector.detectors import REGISTRY
+from detector.detectors import REGISTRY, ResourceInfo
+from detector.engine import Engine
 from detector.rules import load_rules
 from tests.conftest import ROOT
 
@@ -22,6 +23,10 @@ def test_documented_example_validates(rule_type, tmp_path):
     (tmp_path / "example.yaml").write_text("rules:\n" + textwrap.indent(textwrap.dedent(match.group(1)), "  "))
     ruleset = load_rules(tmp_path / "example.yaml")
     assert [r.detector.type for r in ruleset.rules] == [rule_type]
+    engine = Engine(ruleset)
+    assert engine.process([]) == [] and engine.open_episodes() == []  # no input, nothing to say
+    detector = ruleset.rules[0].detector
+    assert detector.open_episodes(detector.new_state(), ResourceInfo()) == []
 
 
 @pytest.mark.parametrize("rule_type", sorted(REGISTRY))

@@ -11,6 +11,7 @@ from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
 from detector.detectors.inference_overprovisioned import InferenceOverprovisioned
+from detector.detectors.spot_eligible import SpotEligible
 from detector.detectors.storage_growth import StorageGrowth
 from detector.detectors.stuck_gpu import StuckGpu
 from detector.detectors.telemetry_stale import TelemetryStale
@@ -22,5 +23,5 @@ __all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo"]
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
     for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend, VectorDbGrowth, StorageGrowth,
-                InferenceOverprovisioned)
+                InferenceOverprovisioned, SpotEligible)
 }

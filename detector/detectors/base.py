@@ -87,6 +87,16 @@ class DetectorBase:
     def new_state(self) -> Any:
         return self.State()
 
+    def open_episode(self, state: Any, resource: ResourceInfo) -> Finding | None:
+        return None
+
+    def open_episodes(self, state: Any, resource: ResourceInfo) -> list[Finding]:
+        """Every episode in ``state`` that fired and has not resolved, as ``update`` findings
+        with the dollars so far (for reports at the end of data). Most detectors hold at
+        most one per key and define :meth:`open_episode` instead."""
+        finding = self.open_episode(state, resource)
+        return [finding] if finding is not None else []
+
 
 def make_finding(
     detector: Any,
@@ -144,6 +154,6 @@ class Detector(Protocol, Generic[S]):  # type: ignore[misc]
         """Fold one event (``t`` is its time in epoch seconds) into ``state``; return findings."""
         ...
 
-    def open_episode(self, state: S, resource: ResourceInfo) -> Finding | None:
-        """The still-open episode in ``state`` as an ``update``, for reports at the end of data."""
+    def open_episodes(self, state: S, resource: ResourceInfo) -> list[Finding]:
+        """The still-open episodes in ``state`` as ``update`` findings, for reports at the end of data."""
         ...

@@ -24,33 +24,23 @@ exponential back-off over minutes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import ClassVar
 
 import msgspec
 from pydantic import Field
 
 from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.runs import Fleet, RunState, follow, hosts_of
 from detector.events import Event, RunEvent
 from detector.units import Duration, Money
 
 __all__ = ["FailedRunSpend", "FailedRunSpendParams", "FailedRunSpendState"]
-
-Fleet = Callable[[str], "ResourceInfo | None"]
-
 
 class FailedRunSpendParams(Params):
     min_usd: Money = 20.0
     count_killed: bool = False
     loop_runs: int = Field(default=3, ge=2)
     loop_window: Duration = Field(default=6 * 3600.0, gt=0)
-
-
-class RunState(msgspec.Struct, kw_only=True):
-    start: float
-    resource_ids: list[str] = []
-    gpu_count: int = 0
-    tags: dict[str, str] = {}
 
 
 class Failure(msgspec.Struct, kw_only=True):
@@ -96,15 +86,7 @@ class FailedRunSpend(DetectorBase):
             return []  # a re-read event of a run that already ended
         st.last_t = max(st.last_t, t)
         found = self._maybe_end_loop(st, t, resource)
-        run = st.runs.get(ev.run_id)
-        if run is None:
-            run = st.runs[ev.run_id] = RunState(start=t)
-        if ev.resource_ids:
-            run.resource_ids = list(ev.resource_ids)
-        if ev.gpu_count:
-            run.gpu_count = ev.gpu_count
-        if ev.tags:
-            run.tags = dict(ev.tags)
+        run = follow(st.runs, ev, t)
         if ev.status in ("started", "running"):
             return found
         del st.runs[ev.run_id]
@@ -144,20 +126,11 @@ class FailedRunSpend(DetectorBase):
     def _cost(self, run: RunState, end: float, fleet: Fleet | None) -> tuple[float | None, float, ResourceInfo]:
         """(dollars or None when unpriced, GPU-hours, the first host's info)."""
         hours = max(0.0, end - run.start) / 3600.0
-        hosts = [fleet(rid) for rid in run.resource_ids] if fleet is not None else []
-        known = [h for h in hosts if h is not None and h.usd_per_hour is not None]
-        first = known[0] if known else ResourceInfo()
-        host_gpus = sum(self._gpus(h) for h in known)
-        gpu_hours = (run.gpu_count or host_gpus) * hours
-        if not known:
-            return None, gpu_hours, first
-        share = min(1.0, run.gpu_count / host_gpus) if run.gpu_count and host_gpus else 1.0
-        hourly = sum(h.usd_per_hour or 0.0 for h in known)
-        return hourly * share * hours, gpu_hours, first
-
-    def _gpus(self, host: ResourceInfo) -> int:
-        price = self.pricing.instances.get(host.instance_type)
-        return price.gpus if price is not None else 0
+        hosts = hosts_of(run, fleet, self.pricing)
+        if not hosts.hosts:
+            return None, hosts.gpus * hours, hosts.first
+        hourly = sum(h.usd_per_hour or 0.0 for h in hosts.hosts)
+        return hourly * hosts.share * hours, hosts.gpus * hours, hosts.first
 
     # -- loop bookkeeping -------------------------------------------------------------
 
