@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install demo test test-fast bench eval lint clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ test-fast: install
 
 bench: install
 	$(BIN)/python bench/run.py
+
+eval: install
+	$(BIN)/burnwatch eval
+	$(BIN)/burnwatch eval --messy
 
 clean:
 	rm -rf $(VENV) .burnwatch .pytest_cache *.egg-info

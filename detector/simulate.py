@@ -92,6 +92,20 @@ class SimConfig:
     """A GPU exporter sends what it gathered once per flush interval, as one message per host."""
     usage_flush_s: float = 300.0
     """A usage exporter sends each resource's intervals every five minutes, as one message."""
+    drop_p: float = 0.0
+    """Messy delivery: the share of GPU scrapes lost (an exporter timeout)."""
+    jitter_s: float = 0.0
+    """Messy delivery: GPU sample timestamps off by up to this many seconds."""
+    duplicate_p: float = 0.0
+    """Messy delivery: the share of messages delivered twice (at-least-once producers)."""
+    delay_s: float = 0.0
+    """Messy delivery: messages sent up to this late, so topics arrive out of order."""
+
+    @classmethod
+    def messy(cls, **kw: Any) -> SimConfig:
+        """The same fleet as real pipelines deliver it: 2 % of scrapes lost, 2 s clock jitter,
+        1 % of messages duplicated, and up to 45 s of delivery delay."""
+        return cls(drop_p=0.02, jitter_s=2.0, duplicate_p=0.01, delay_s=45.0, **kw)
 
 
 @dataclass
@@ -518,12 +532,16 @@ def _gpu_records(res: _Resource, cfg: SimConfig, rng: random.Random) -> Iterator
                 pending = []
             while next_flush <= t:
                 next_flush += cfg.flush_s
+            if cfg.drop_p and rng.random() < cfg.drop_p:
+                t += cfg.scrape_s
+                continue
+            stamp = rfc3339(t + rng.uniform(-cfg.jitter_s, cfg.jitter_s)) if cfg.jitter_s else rfc3339(t)
             for gpu in range(res.gpus):
                 util, sm = _gpu_util(rng, seg.mode, gpu, t)
                 busy = util > 10 and seg.mode != "stuck"
                 mem = res.model_mib or (30000.0 if busy else 400.0)
                 pending.append({
-                    "ts": rfc3339(t), "resource_id": res.resource_id, "gpu_index": gpu,
+                    "ts": stamp, "resource_id": res.resource_id, "gpu_index": gpu,
                     "gpu_uuid": f"GPU-{res.resource_id}-{gpu}", "model": res.gpu_model,
                     "util_pct": round(util, 1), "mem_used_mib": mem,
                     "mem_total_mib": 40960.0, "power_w": round(res.max_power * (0.8 if busy else 0.15), 1),
@@ -613,6 +631,23 @@ def _untagged_label(res: _Resource, cfg: SimConfig, end: float) -> Label | None:
     return Label("untagged", res.resource_id, cfg.start, end, res.hourly, "no team/project tags", running * per_interval)
 
 
+def _messy_delivery(records: Iterator[Record], cfg: SimConfig, rng: random.Random) -> Iterator[Record]:
+    """Delay each message by up to ``delay_s`` (reordering across resources and topics) and
+    deliver some twice, as at-least-once producers and retries do."""
+    pending: list[tuple[float, int, Record]] = []
+    n = 0
+    for record in records:
+        copies = 2 if rng.random() < cfg.duplicate_p else 1
+        for _ in range(copies):
+            late = record[0] + rng.uniform(0, cfg.delay_s)
+            heapq.heappush(pending, (late, n, (late, *record[1:])))  # type: ignore[arg-type]
+            n += 1
+        while pending and pending[0][0] <= record[0]:
+            yield heapq.heappop(pending)[2]
+    while pending:
+        yield heapq.heappop(pending)[2]
+
+
 def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[Label]]:
     """Build the fleet; return its records in send order (lazily) and the labels."""
     b = _Builder(cfg, pricing)
@@ -628,7 +663,9 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
     stores = [b.bucket(i) for i in range(cfg.buckets)] + [b.vector_db(i) for i in range(cfg.vector_dbs)]
     streams += [_storage_records(store, cfg, b.end) for store in stores]
     streams.append(iter(sorted(b.runs, key=lambda r: r[0])))
-    merged = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
+    merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
+    if cfg.duplicate_p or cfg.delay_s:
+        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-delivery"))
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
     labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None],
                     key=lambda label: (label.start, label.resource_id))  # fmt: skip

@@ -5,6 +5,7 @@
     burnwatch simulate --out fleet.jsonl    a synthetic fleet with labelled waste
     burnwatch replay fleet.jsonl            publish a replay file to Kafka
     burnwatch backtest fleet.jsonl --json   run the rules in-process, print the alerts
+    burnwatch eval                          precision/recall/dollar error per type, simulated fleets
     burnwatch rules check [PATH]            validate rule files; exit 1 on any error
     burnwatch sql "SELECT ..."              ad hoc post-mortem query against the store
 """
@@ -139,6 +140,39 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    import time
+
+    from detector.evaluate import evaluate
+    from detector.rules import RulesInvalid, load_rules
+    from detector.runtime import tune_gc
+
+    tune_gc()
+    try:
+        ruleset = load_rules(args.rules or _settings(args).rules_path)
+    except RulesInvalid as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    seeds = [int(s) for s in args.seeds.split(",")]
+    started = time.perf_counter()
+    totals, runs = evaluate(ruleset, seeds, hours=args.hours, messy=args.messy)
+    if args.json:
+        print(json.dumps({"seeds": seeds, "hours": args.hours, "runs": runs,
+                          "totals": {t: s.to_json() for t, s in sorted(totals.items())}}))  # fmt: skip
+        return 0
+    how = "delivered messily (lost scrapes, jitter, duplicates, delays)" if args.messy else "delivered cleanly"
+    print(f"{len(seeds)} fleets of {args.hours:g} h (seeds {args.seeds}), {how}; {time.perf_counter() - started:.0f} s")
+    print(f"{'type':<28}{'labels':>7}{'alerts':>7}{'found':>7}{'precision':>11}{'recall':>8}{'median err':>12}")
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    for rule_type, s in sorted(totals.items()):
+        error = "-" if s.median_error is None else f"{100 * s.median_error:.1f} %"
+        print(f"{rule_type:<28}{s.labels:>7}{s.alerts:>7}{s.found:>7}{pct(s.precision):>11}{pct(s.recall):>8}{error:>12}")
+    return 0
+
+
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from detector.rules import RulesInvalid, load_rules
 
@@ -232,6 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
     p.add_argument("--json", action="store_true", help="one JSON object per alert")
     p.set_defaults(func=cmd_backtest)
+
+    p = sub.add_parser("eval", help="precision, recall and dollar error per type on simulated fleets")
+    p.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated simulator seeds")
+    p.add_argument("--hours", type=float, default=48.0, help="hours of fleet time per seed")
+    p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
+    p.add_argument("--messy", action="store_true", help="lose 2 %% of scrapes, jitter clocks, duplicate and delay messages")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_eval)
 
     rules = sub.add_parser("rules", help="rule files").add_subparsers(dest="rules_command", required=True)
     p = rules.add_parser("check", help="validate rule files, report every error")

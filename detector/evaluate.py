@@ -1,0 +1,133 @@
+"""Detection quality against ground truth: precision, recall and dollar error per type.
+
+``make eval`` simulates fresh fleets with several seeds, backtests the rules over
+each, and scores the alerts against the simulator's labels. A label is found when an
+alert of its type on its resource fired inside the labelled episode; an alert no
+label explains (or a second alert for one label) is a false positive. The dollar
+error compares the alert's final dollars with the label's; for types whose news is
+a figure rather than dollars (a growth rate), the label's ``expect`` figures are
+compared with the alert's details instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from detector.alerts import Alert
+from detector.backtest import backtest
+from detector.replay import write_replay
+from detector.rules import RuleSet
+from detector.simulate import Label, SimConfig, simulate
+
+__all__ = ["TypeScore", "evaluate", "match", "score"]
+
+
+@dataclass
+class TypeScore:
+    type: str
+    labels: int = 0
+    alerts: int = 0
+    found: int = 0
+    true_alerts: int = 0
+    errors: list[float] = field(default_factory=list)
+    """Relative dollar (or figure) error of each found label."""
+
+    @property
+    def precision(self) -> float | None:
+        return self.true_alerts / self.alerts if self.alerts else None
+
+    @property
+    def recall(self) -> float | None:
+        return self.found / self.labels if self.labels else None
+
+    @property
+    def median_error(self) -> float | None:
+        return statistics.median(self.errors) if self.errors else None
+
+    def add(self, other: TypeScore) -> None:
+        self.labels += other.labels
+        self.alerts += other.alerts
+        self.found += other.found
+        self.true_alerts += other.true_alerts
+        self.errors += other.errors
+
+    def to_json(self) -> dict[str, Any]:
+        def rounded(x: float | None) -> float | None:
+            return None if x is None else round(x, 4)
+
+        return {"type": self.type, "labels": self.labels, "alerts": self.alerts, "found": self.found,
+                "precision": rounded(self.precision), "recall": rounded(self.recall),
+                "median_error": rounded(self.median_error)}  # fmt: skip
+
+
+def match(alert: Alert, label: Label) -> bool:
+    return (
+        alert.type == label.type
+        and alert.resource_id == label.resource_id
+        and label.start <= alert.fired_at <= label.end
+    )
+
+
+def _error(alert: Alert, label: Label) -> float | None:
+    if label.expect:
+        errors = []
+        for key, want in label.expect.items():
+            got = alert.details.get(key)
+            if isinstance(got, (int, float)) and want:
+                errors.append(abs(got - want) / abs(want))
+        return max(errors) if errors else None
+    if label.waste_usd > 0:
+        return abs(alert.waste_usd - label.waste_usd) / label.waste_usd
+    return None
+
+
+def score(alerts: Iterable[Alert], labels: Iterable[Label]) -> dict[str, TypeScore]:
+    """Per-type scores of one run's alerts against its labels."""
+    alerts, labels = list(alerts), list(labels)
+    scores: dict[str, TypeScore] = {}
+    for label in labels:
+        scores.setdefault(label.type, TypeScore(label.type)).labels += 1
+    explained: set[str] = set()
+    for label in labels:
+        hits = [a for a in alerts if match(a, label) and a.alert_id not in explained]
+        if hits:
+            s = scores[label.type]
+            s.found += 1
+            explained.add(hits[0].alert_id)
+            error = _error(hits[0], label)
+            if error is not None:
+                s.errors.append(error)
+    for alert in alerts:
+        s = scores.setdefault(alert.type, TypeScore(alert.type))
+        s.alerts += 1
+        s.true_alerts += alert.alert_id in explained
+    return scores
+
+
+def evaluate(
+    ruleset: RuleSet, seeds: Sequence[int], hours: float = 48.0, messy: bool = False
+) -> tuple[dict[str, TypeScore], list[dict]]:
+    """Score the rules over one simulated fleet per seed (delivered messily: lost scrapes,
+    jitter, duplicates, delays, with ``messy``); return the totals and each run's."""
+    totals: dict[str, TypeScore] = {}
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="burnwatch-eval-") as tmp:
+        for seed in seeds:
+            cfg = SimConfig.messy(hours=hours, seed=seed) if messy else SimConfig(hours=hours, seed=seed)
+            records, labels = simulate(cfg, ruleset.pricing)
+            path = Path(tmp) / f"fleet-{seed}.jsonl"
+            with open(path, "wb") as out:
+                write_replay(records, out)
+            result = backtest(path, ruleset)
+            scores = score(result.alerts, labels)
+            runs.append({"seed": seed, "events": result.events, "labels": len(labels), "alerts": len(result.alerts),
+                         "types": {t: s.to_json() for t, s in sorted(scores.items())}})  # fmt: skip
+            for rule_type, s in scores.items():
+                totals.setdefault(rule_type, TypeScore(rule_type)).add(s)
+            path.unlink()
+    return totals, runs
