@@ -290,6 +290,41 @@ class Store:
                 written += len(cols[0])
         return written
 
+    def event_span(self) -> tuple[float, float] | None:
+        """(earliest, latest) event time stored across the three tables, or None when empty."""
+        sql = " UNION ALL ".join(
+            f"SELECT min(ts) AS lo, max(ts) AS hi, count() AS n FROM {self.db}.{table}"
+            for table in ("resource_usage", "gpu_metrics", "run_events")
+        )
+        rows = [r for r in self.query(sql) if r["n"]]
+        if not rows:
+            return None
+        return min(epoch(r["lo"]) for r in rows), max(epoch(r["hi"]) for r in rows)
+
+    def events(self, start: float, end: float) -> list[tuple[float, Any]]:
+        """Stored events with ``start <= ts < end`` as typed events, in event-time order
+        (ties: GPU samples, then usage, then run events, as the worker's aligner ranks them)."""
+        bounds = {"lo": _ms(start), "hi": _ms(end)}
+        where = "ts >= fromUnixTimestamp64Milli(%(lo)s, 'UTC') AND ts < fromUnixTimestamp64Milli(%(hi)s, 'UTC')"
+        out: list[tuple[float, int, Any]] = []
+        for rank, (table, cls, cols) in enumerate(
+            (("gpu_metrics", GpuMetric, _GPU_COLS), ("resource_usage", UsageEvent, _USAGE_COLS),
+             ("run_events", RunEvent, _RUN_COLS))
+        ):  # fmt: skip
+            with self._lock:
+                result = self.client.query(
+                    f"SELECT {', '.join(cols)} FROM {self.db}.{table} WHERE {where} ORDER BY ts", parameters=bounds
+                )
+            for row in result.result_rows:
+                fields = dict(zip(cols, row, strict=True))
+                ts = fields["ts"].replace(tzinfo=timezone.utc)
+                fields["ts"] = ts
+                fields["extra"] = msgspec.json.decode(fields["extra"]) if fields["extra"] else {}
+                fields = {k: v for k, v in fields.items() if v is not None}
+                out.append((ts.timestamp(), rank, cls(**fields)))
+        out.sort(key=lambda item: (item[0], item[1]))
+        return [(t, event) for t, _, event in out]
+
     # -- detector state ------------------------------------------------------------
 
     def save_states(self, states: Sequence[tuple[str, int, bytes]], version: int) -> None:

@@ -5,6 +5,7 @@
     burnwatch simulate --out fleet.jsonl    a synthetic fleet with labelled waste
     burnwatch replay fleet.jsonl            publish a replay file to Kafka
     burnwatch backtest fleet.jsonl --json   run the rules in-process, print the alerts
+    burnwatch backtest --since 7d --compare rules-new/   what a rules change would add or remove
     burnwatch eval                          precision/recall/dollar error per type, simulated fleets
     burnwatch rules check [PATH]            validate rule files; exit 1 on any error
     burnwatch sql "SELECT ..."              ad hoc post-mortem query against the store
@@ -103,41 +104,91 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_rules_or_exit(path: Any) -> Any:
+    from detector.rules import RulesInvalid, load_rules
+
+    try:
+        return load_rules(path)
+    except RulesInvalid as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 def cmd_backtest(args: argparse.Namespace) -> int:
     import time
 
-    from detector.backtest import backtest
+    from detector.backtest import backtest, backtest_store, compare
     from detector.replay import ReplayError
-    from detector.rules import RulesInvalid, load_rules
     from detector.runtime import tune_gc
+    from detector.units import format_duration, parse_duration, rfc3339
 
     tune_gc()
     settings = _settings(args)
-    try:
-        ruleset = load_rules(args.rules or settings.rules_path)
-    except RulesInvalid as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    if bool(args.file) == bool(args.since):
+        raise SystemExit("backtest needs a replay file or --since DURATION (events stored in ClickHouse), not both")
+    ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
+    other = _load_rules_or_exit(args.compare) if args.compare else None
     started = time.perf_counter()
-    try:
-        result = backtest(args.file, ruleset)
-    except ReplayError as exc:
-        raise SystemExit(str(exc)) from None
+    if args.since:
+        from detector.store import Store
+
+        try:
+            since = parse_duration(args.since)
+        except ValueError as exc:
+            raise SystemExit(f"--since: {exc}") from None
+        try:
+            store = Store.open(settings.dsn, settings.clickhouse_database)
+        except Exception as exc:  # chdb refuses a data directory another process (the worker) holds
+            raise SystemExit(f"cannot open the store {settings.dsn}: {exc}") from None
+        try:
+            result = backtest_store(store, since, ruleset, other)
+        finally:
+            store.close()
+        source = (f"{settings.dsn} from {rfc3339(result.span[0])} to {rfc3339(result.span[1])} "
+                  f"({format_duration(result.span[1] - result.span[0])})") if result.span else "an empty store"  # fmt: skip
+    else:
+        try:
+            result = backtest(args.file, ruleset, other=other)
+        except ReplayError as exc:
+            raise SystemExit(str(exc)) from None
+        source = args.file
     elapsed = time.perf_counter() - started
-    if args.json:
+    if other is not None and result.other is not None:
+        _print_comparison(compare(result.alerts, result.other), args.json)
+    elif args.json:
         for alert in result.alerts:
             print(json.dumps(alert.to_json()))
     else:
         for alert in result.alerts:
             print(alert.summary())
     print(
-        f"{len(result.alerts)} alerts from {result.events} events in {result.messages} messages "
+        f"{len(result.alerts)} alerts from {result.events} events of {source} "
         f"({result.events / max(elapsed, 1e-9):,.0f} events/s); {len(result.invalid)} invalid",
         file=sys.stderr,
     )
     for line, reason in result.invalid[:20]:
         print(f"{args.file}:{line}: {reason}", file=sys.stderr)
     return 0
+
+
+def _print_comparison(diff: Any, as_json: bool) -> None:
+    if as_json:
+        for change, alerts in (("added", diff.added), ("removed", diff.removed)):
+            for alert in alerts:
+                print(json.dumps({"change": change, **alert.to_json()}))
+        return
+    print(f"The change would add {len(diff.added)} alerts (${diff.added_usd:,.2f}) and remove "
+          f"{len(diff.removed)} (${diff.removed_usd:,.2f}); {len(diff.kept)} stay "
+          f"(their dollars change by ${diff.kept_usd_change:+,.2f}).")  # fmt: skip
+    by_type: dict[str, list[int]] = {}
+    for change, alerts in ((0, diff.added), (1, diff.removed)):
+        for alert in alerts:
+            by_type.setdefault(alert.type, [0, 0])[change] += 1
+    for rule_type, (added, removed) in sorted(by_type.items()):
+        print(f"  {rule_type}: +{added} -{removed}")
+    for sign, alerts in (("+", diff.added), ("-", diff.removed)):
+        for alert in alerts:
+            print(f"{sign} {alert.summary()}")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -261,9 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, help="pace by event time at this acceleration; default: as fast as possible")
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("backtest", help="run the rules over a replay file in-process")
-    p.add_argument("file")
+    p = sub.add_parser("backtest", help="run the rules over a replay file, or stored events, in-process")
+    p.add_argument("file", nargs="?", help="replay file (JSON lines of topic/key/value)")
+    p.add_argument("--since", help="instead of a file: the events stored in ClickHouse over this much event "
+                   "time before the newest (e.g. 7d)")  # fmt: skip
     p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
+    p.add_argument("--compare", metavar="OTHER_RULES",
+                   help="also run these rules over the same events; print what they would add or remove")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object per alert")
     p.set_defaults(func=cmd_backtest)
 

@@ -11,6 +11,7 @@ import pytest
 from detector.backtest import backtest
 from detector.replay import write_replay
 from detector.simulate import SimConfig, simulate
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +69,41 @@ def test_malformed_replay_line_names_file_and_line(tmp_path, ruleset):
     out = subprocess.run([sys.executable, "-m", "streams.cli", "backtest", str(path)], capture_output=True, text=True)
     assert out.returncode != 0
     assert f"{path}:2: not a replay record" in out.stderr
+
+
+def test_history_in_clickhouse_gives_the_alerts_of_the_replay(fleet, ruleset, store):
+    """`backtest --since`: the events the worker stored, read back an hour at a time."""
+    from detector.backtest import backtest_store
+    from detector.events import EventDecoder
+    from detector.replay import read_replay
+    from detector.store import EventBatch
+
+    path, _ = fleet
+    decoder = EventDecoder()
+    batch = EventBatch()
+    for _, record in read_replay(path):
+        batch.extend(decoder.decode(record.topic, bytes(record.value)))
+    store.insert_events(batch)
+    from_file = backtest(path, ruleset)
+    from_store = backtest_store(store, 31 * 3600, ruleset)  # the fleet spans 30 h
+    assert from_store.events == len(batch)
+    assert [a.to_json() for a in from_store.alerts] == [a.to_json() for a in from_file.alerts]
+    last_day = backtest_store(store, 6 * 3600, ruleset)  # only the last six hours of event time
+    assert 0 < last_day.events < len(batch) and last_day.span[1] - last_day.span[0] <= 6 * 3600
+
+
+def test_compare_prints_what_a_rules_change_adds_and_removes(fleet, tmp_path):
+    path, _ = fleet
+    stricter = tmp_path / "rules"
+    stricter.mkdir()
+    for name in ("rules.yaml", "pricing.yaml", "routing.yaml"):
+        text = (ROOT / "rules" / name).read_text()
+        (stricter / name).write_text(text.replace("for: 30m           # sustained", "for: 2h           # sustained"))
+    out = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "backtest", str(path), "--compare", str(stricter), "--json"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    changes = [json.loads(line) for line in out.stdout.splitlines()]
+    assert changes and {c["change"] for c in changes} == {"removed"}  # waiting longer only drops alerts
+    assert {c["type"] for c in changes} == {"idle_gpu"}
+    assert all(c["episode_start"] < c["fired_at"] for c in changes)
