@@ -149,9 +149,15 @@ class AlertManager:
         known: Mapping[str, tuple[float, bool]] | None = None,
         horizon_s: float = 7 * 86_400.0,
         ruleset: RuleSet | None = None,
+        realert: tuple[Mapping[tuple[str, str], float], Iterable[str]] | None = None,
     ) -> None:
         self._seen: dict[str, tuple[float, bool]] = dict(known or {})
         """alert id → (episode start, resolved)."""
+        last, held = realert or ({}, ())
+        self._last_posted: dict[tuple[str, str], float] = dict(last)
+        """(rule, resource) → fire time of its latest posted alert, for ``realert``."""
+        self._held: set[str] = set(held)
+        """Alerts held back by ``realert``: their later changes are held back too."""
         self.ruleset = ruleset
         """For its silences; replaced on hot reload."""
         self._horizon_s = horizon_s
@@ -176,14 +182,34 @@ class AlertManager:
                 if known is not None:
                     continue
                 seen[alert.alert_id] = (alert.episode_start, False)
+                if not alert.silenced and ruleset is not None:
+                    self._apply_realert(alert, ruleset.realert_for(alert.rule))
             elif finding.action == "resolve":
                 if known is not None and known[1]:
                     continue
                 seen[alert.alert_id] = (alert.episode_start, True)
+            if alert.alert_id in self._held and not alert.silenced:
+                alert.silenced = _held_reason(alert.rule)
             self._newest = max(self._newest, alert.episode_start)
             out.append(alert)
         if len(seen) > self._prune_at:
             horizon = self._newest - self._horizon_s
             self._seen = {k: v for k, v in seen.items() if v[0] >= horizon}
+            self._held &= self._seen.keys()
+            self._last_posted = {k: t for k, t in self._last_posted.items() if t >= horizon}
             self._prune_at = len(self._seen) + 10_000
         return out
+
+    def _apply_realert(self, alert: Alert, realert_s: float) -> None:
+        key = (alert.rule, alert.resource_id)
+        last = self._last_posted.get(key)
+        if realert_s and last is not None and alert.fired_at - last < realert_s:
+            alert.silenced = _held_reason(alert.rule)
+            alert.details = {**alert.details, "realert_after": rfc3339(last + realert_s)}
+            self._held.add(alert.alert_id)
+        else:
+            self._last_posted[key] = alert.fired_at
+
+
+def _held_reason(rule: str) -> str:
+    return f"realert: rule {rule} alerted on this resource within its realert interval"

@@ -22,7 +22,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, V
 
 from detector.detectors import REGISTRY, Detector, ResourceInfo
 from detector.pricing import Pricing, load_pricing
-from detector.units import _parse_percent, format_duration, parse_duration
+from detector.units import Duration, _parse_percent, format_duration, parse_duration
 
 __all__ = [
     "Match",
@@ -130,6 +130,9 @@ class RuleBase(BaseModel):
     overrides: list[Override] = []
     """First match wins; a resource no override selects gets the rule's own params."""
     route: Route | None = None
+    realert: Duration = 0.0
+    """The minimum event time between two posted alerts of this rule on one resource: a
+    problem that comes back sooner is recorded, not posted. 0: every episode is posted."""
 
 
 def _rule_models() -> Any:
@@ -404,6 +407,10 @@ class RuleSet:
         routing = self.routing
         return routing.channels.get(tags.get(routing.by_tag, ""), routing.default_channel)
 
+    def realert_for(self, rule: str) -> float:
+        compiled = self.by_name(rule)
+        return compiled.source.realert if compiled is not None and compiled.source is not None else 0.0
+
     def silence_for(self, rule: str, rule_type: str, resource: ResourceInfo, at: float) -> str | None:
         """The reason of the first silence covering this finding at event time ``at``, if any."""
         return next((s.reason for s in self.silences if s.applies(rule, rule_type, resource, at)), None)
@@ -518,6 +525,8 @@ def explain(ruleset: RuleSet, name: str) -> str:
         "match": source.match.model_dump(exclude_defaults=True) or "(every resource)",
         "params": _human(rule.detector.params),
     }
+    if source.realert:
+        doc["realert"] = format_duration(source.realert).replace(" ", "")
     if rule.overrides:
         doc["overrides"] = [
             {"match": o.match.model_dump(exclude_defaults=True), "severity": detector.severity,

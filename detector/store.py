@@ -401,6 +401,23 @@ class Store:
         )
         return {r["alert_id"]: (epoch(r["episode_start"]), bool(r["resolved"])) for r in rows}
 
+    def realert_memory(self, horizon_s: float = 7 * 86_400.0) -> tuple[dict[tuple[str, str], float], set[str]]:
+        """What ``realert`` must remember across a restart: the fire time of the latest posted
+        alert per (rule, resource), and the alerts held back."""
+        rows = self.query(
+            f"""SELECT rule, resource_id, alert_id, fired_at, startsWith(silenced, 'realert:') AS held,
+                       silenced = '' AS posted
+                FROM {self.db}.alerts FINAL
+                WHERE fired_at >= (SELECT max(fired_at) FROM {self.db}.alerts) - toIntervalSecond(%(horizon)s)""",
+            {"horizon": int(horizon_s)},
+        )
+        last: dict[tuple[str, str], float] = {}
+        for r in rows:
+            if r["posted"]:
+                key = (r["rule"], r["resource_id"])
+                last[key] = max(last.get(key, 0.0), epoch(r["fired_at"]))
+        return last, {r["alert_id"] for r in rows if r["held"]}
+
     def record_delivery(self, alert_id: str, kind: str, channel: str, message_ts: str) -> None:
         with self._lock:
             self.client.insert(

@@ -95,7 +95,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         engine=engine,
         store=store,
         outbox=outbox,
-        manager=AlertManager(store.recent_alerts(), ruleset=ruleset),
+        manager=AlertManager(store.recent_alerts(), ruleset=ruleset, realert=store.realert_memory()),
         send_dead_letter=send_dead_letter,
         caught_up=caught_up,
     )
