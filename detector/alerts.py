@@ -64,6 +64,17 @@ class Alert(msgspec.Struct, kw_only=True):
         return cls.suggestion if cls is not None else ""
 
     @property
+    def dollars(self) -> str:
+        """What the dollars are, in words ('' when the alert is a forecast, not money gone)."""
+        cls = REGISTRY.get(self.type)
+        return cls.dollars if cls is not None else "wasted"
+
+    @property
+    def facts(self) -> list[tuple[str, str]]:
+        cls = REGISTRY.get(self.type)
+        return cls.facts(self.details) if cls is not None else []
+
+    @property
     def duration_s(self) -> float:
         end = self.resolved_at if self.resolved_at is not None else self.updated_at
         return max(0.0, end - self.episode_start)
@@ -71,17 +82,17 @@ class Alert(msgspec.Struct, kw_only=True):
     def summary(self) -> str:
         """One line for logs, the console and Slack's notification text."""
         who = self.tags.get("team") or "no team tag"
-        spent = "spent" if self.type == "untagged" else "wasted"
+        facts = "; ".join(f"{k}: {v}" for k, v in self.facts[:2]).replace("`", "")
         if self.status == "resolved":
             reason = str(self.details.get("reason", "")).replace("_", " ")
+            money = f": ${self.waste_usd:,.2f} {self.dollars}" if self.dollars else ""
             return (
-                f"RESOLVED {self.title} on {self.resource_id} ({who}) after {format_duration(self.duration_s)}: "
-                f"${self.waste_usd:,.2f} {spent}" + (f" ({reason})" if reason else "")
+                f"RESOLVED {self.title} on {self.resource_id} ({who}) after {format_duration(self.duration_s)}"
+                + money + (f" ({reason})" if reason else "")
             )
-        return (
-            f"{self.severity.upper()} {self.title} on {self.resource_id} ({who}) for "
-            f"{format_duration(self.duration_s)}: ${self.waste_usd:,.2f} so far, ${self.usd_per_hour:,.2f}/h"
-        )
+        money = f": ${self.waste_usd:,.2f} so far, ${self.usd_per_hour:,.2f}/h" if self.dollars else f" ({facts})"
+        since = format_duration(self.duration_s)
+        return f"{self.severity.upper()} {self.title} on {self.resource_id} ({who}) for {since}" + money
 
     def to_json(self) -> dict[str, Any]:
         """The record ``backtest --json`` prints: times in RFC 3339 event time."""

@@ -45,22 +45,25 @@ def _fields(alert: Alert) -> list[dict[str, str]]:
         ("Team", tags.get("team") or ":warning: untagged"),
         ("Owner", _owner(alert)),
         ("Project", tags.get("project") or "_none_"),
-    ]
-    details = alert.details
-    if details.get("missing_tags"):
-        fields.append(("Missing tags", ", ".join(f"`{t}`" for t in details["missing_tags"])))
-    if details.get("gpu_count"):
-        model = f" × {details['gpu_model']}" if details.get("gpu_model") else " GPUs"
-        fields.append(("GPUs", f"{details['gpu_count']}{model}"))
-    fields += [
         ("Idle for" if alert.type == "idle_gpu" else "Duration", format_duration(alert.duration_s)),
-        ("Wasted so far", f"*${alert.waste_usd:,.2f}*"),
-        ("Burn rate", f"${alert.usd_per_hour:,.2f}/h (${alert.usd_per_hour * 730:,.0f}/month if left)"),
-        ("Account / region", f"{alert.account or '?'} / {alert.region or '?'}"),
     ]
+    if alert.dollars:
+        fields += [
+            (f"{alert.dollars.capitalize()} so far", f"*${alert.waste_usd:,.2f}*"),
+            ("Burn rate", f"${alert.usd_per_hour:,.2f}/h (${alert.usd_per_hour * 730:,.0f}/month if left)"),
+        ]
+    fields.append(("Account / region", f"{alert.account or '?'} / {alert.region or '?'}"))
     if alert.instance_type:
         fields.append(("Instance", alert.instance_type))
     return [{"type": "mrkdwn", "text": f"*{name}*\n{value}"} for name, value in fields[:10]]
+
+
+def _facts(alert: Alert) -> list[dict[str, Any]]:
+    """What this type of problem adds (GPUs, destination, forecast date...), as its own section."""
+    facts = alert.facts[:10]
+    if not facts:
+        return []
+    return [{"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in facts]}]
 
 
 def render_blocks(alert: Alert) -> list[dict[str, Any]]:
@@ -72,6 +75,7 @@ def render_blocks(alert: Alert) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
         {"type": "section", "fields": _fields(alert)},
+        *_facts(alert),
     ]
     if alert.status == "resolved":
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}})
@@ -84,7 +88,7 @@ def render_blocks(alert: Alert) -> list[dict[str, Any]]:
                 {
                     "type": "mrkdwn",
                     "text": f"rule `{alert.rule}` · alert `{alert.alert_id}` · "
-                    f"idle since {rfc3339(alert.episode_start)} · fired {rfc3339(alert.fired_at)} (event time)",
+                    f"since {rfc3339(alert.episode_start)} · fired {rfc3339(alert.fired_at)} (event time)",
                 }
             ],
         }
@@ -97,8 +101,8 @@ def _resolution_text(alert: Alert) -> str:
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
         + (f" ({reason})" if reason else "")
-        + f" after {format_duration(alert.duration_s)}: "
-        + f"*${alert.waste_usd:,.2f} {'spent untagged' if alert.type == 'untagged' else 'wasted'}* in total."
+        + f" after {format_duration(alert.duration_s)}"
+        + (f": *${alert.waste_usd:,.2f} {alert.dollars}* in total." if alert.dollars else ".")
     )
 
 

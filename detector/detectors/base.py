@@ -84,8 +84,17 @@ class DetectorBase:
         self.pricing = pricing or Pricing()
         """The rule set's price list, for detectors that price what events do not (egress, tiers)."""
 
+    dollars: ClassVar[str] = "wasted"
+    """What an alert's dollars are, in words: "wasted", "spent untagged", "could be saved",
+    or "" for forecasts whose news is not money already gone."""
+
     def new_state(self) -> Any:
         return self.State()
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        """(label, value) pairs from a finding's details, for the alert message."""
+        return []
 
     def open_episode(self, state: Any, resource: ResourceInfo) -> Finding | None:
         return None
@@ -141,6 +150,8 @@ class Detector(Protocol, Generic[S]):  # type: ignore[misc]
     """Event classes the detector wants; the engine routes nothing else to it."""
     title: ClassVar[str]
     """What the problem is called in alerts ("Idle GPUs")."""
+    dollars: ClassVar[str]
+    """What an alert's dollars are, in words ("wasted")."""
     suggestion: ClassVar[str]
     """The next step a person should take, shown in the alert."""
 

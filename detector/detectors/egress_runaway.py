@@ -27,7 +27,7 @@ excess of the baseline since the first runaway interval.
 from __future__ import annotations
 
 import statistics
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
@@ -95,6 +95,17 @@ class EgressRunaway(DetectorBase):
         "re-download loop, a misrouted replication or a public object; stop it or move the "
         "consumer into the same region."
     )
+    dollars: ClassVar[str] = "paid for excess egress"
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        return [
+            ("Destination", f"{details.get('destination', '?').replace('_', ' ')} ({details.get('dest_region')})"),
+            ("Excess egress", f"{details.get('excess_gb', 0):,.1f} GB at ${details.get('usd_per_gb', 0):g}/GB"),
+            ("Rate", f"{details.get('rate_gb_per_hour', 0):,.1f} GB/h vs "
+                     f"{details.get('baseline_gb_per_hour', 0):,.1f} GB/h usual"),
+        ]  # fmt: skip
+
     def step(self, state: EgressRunawayState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         if type(event) is not UsageEvent or event.egress_bytes is None:
             return []

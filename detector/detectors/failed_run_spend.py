@@ -24,7 +24,7 @@ exponential back-off over minutes).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
@@ -76,6 +76,15 @@ class FailedRunSpend(DetectorBase):
         "Read the run's error before retrying; for a crash loop, stop the retries (scheduler "
         "backoff or the pipeline's trigger) until the cause is fixed."
     )
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        gpu_hours = ("GPU-hours", f"{details.get('gpu_hours', 0):,.1f}")
+        if details.get("crash_loop"):
+            return [("Crash loop", f"{details.get('failed_runs')} failed runs of `{details.get('project')}`"),
+                    ("Errors", ", ".join(details.get("errors", [])) or "_none reported_"), gpu_hours]  # fmt: skip
+        return [("Run", f"`{details.get('run_id')}` ({details.get('status')})"),
+                ("Error", details.get("error") or "_none reported_"), gpu_hours]  # fmt: skip
 
     def step(self, state: FailedRunSpendState, resource: ResourceInfo, event: Event, t: float,
              fleet: Fleet | None = None) -> list[Finding]:  # fmt: skip

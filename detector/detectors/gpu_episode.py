@@ -69,6 +69,13 @@ class GpuEpisode(DetectorBase):
         """Whether this sample shows the waste condition does not hold (ends an episode)."""
         raise NotImplementedError
 
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        if not details.get("gpu_count"):
+            return []
+        model = f" × {details['gpu_model']}" if details.get("gpu_model") else " GPUs"
+        return [("GPUs", f"{details['gpu_count']}{model}")]
+
     def describe(self, st: GpuEpisodeState) -> dict[str, Any]:
         """What this detector adds to its findings' details."""
         return {}

@@ -80,6 +80,20 @@ class InferenceOverprovisioned(DetectorBase):
         "latency; keep the model in memory headroom."
     )
 
+    dollars: ClassVar[str] = "could have been saved"
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        rps = details.get("requests_per_s")
+        return [
+            ("Suggested", f"{details.get('suggested_instance_type')} ({details.get('suggested_gpu_model')}, "
+                          f"${details.get('suggested_usd_per_hour', 0):,.3f}/h)"),
+            ("Saving", f"${details.get('saving_usd_per_hour', 0):,.3f}/h"),
+            ("Load", f"p95 GPU {details.get('util_pct', details.get('util_p95_pct'))} %"
+                     + (f", {rps:,.1f} req/s" if rps is not None else "")
+                     + f", peak memory {details.get('gpu_mem_peak_gb')} GB"),
+        ]  # fmt: skip
+
     def step(self, state: InferenceOverprovisionedState, resource: ResourceInfo, event: Event,
              t: float) -> list[Finding]:  # fmt: skip
         st = state

@@ -23,7 +23,7 @@ rate against their spot price, shared by GPU count.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
@@ -73,6 +73,15 @@ class SpotEligible(DetectorBase):
         "Run this project's next training on spot capacity (it checkpoints, so an interruption "
         "costs one checkpoint interval), with on-demand as the fallback."
     )
+
+    dollars: ClassVar[str] = "could have been saved on spot"
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        return [
+            ("Run", f"`{details.get('run_id')}` on {details.get('instance_type')}"),
+            ("Spot", f"${details.get('spot_usd_per_hour', 0):,.2f}/h, saving ${details.get('saving_usd_per_hour', 0):,.2f}/h"),
+        ]
 
     def step(self, state: SpotEligibleState, resource: ResourceInfo, event: Event, t: float,
              fleet: Fleet | None = None) -> list[Finding]:  # fmt: skip

@@ -24,7 +24,7 @@ deletion shows up or the growth slows under three quarters of the floor.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -55,6 +55,16 @@ class StorageGrowth(GrowthBase):
         "Add a lifecycle rule (expire old checkpoints, keep the last N; move cold datasets to an "
         "infrequent-access class) or delete what no run reads any more."
     )
+
+    dollars: ClassVar[str] = ""
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        return [
+            ("Size", f"{details.get('size_gb', 0):,.0f} GB, +{details.get('growth_gb_per_day', 0):,.0f} GB/day"),
+            ("Monthly bill", f"${details.get('monthly_usd_now', 0):,.0f} now, ${details.get('monthly_usd_in_30d', 0):,.0f} "
+                             f"in 30 days, ${details.get('monthly_usd_in_90d', 0):,.0f} in 90"),
+        ]  # fmt: skip
 
     def step(self, state: GrowthState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         if type(event) is not UsageEvent or event.storage_bytes is None:

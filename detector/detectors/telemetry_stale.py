@@ -56,6 +56,8 @@ class TelemetryStale(DetectorBase):
         "and stuck GPUs on it cannot be detected."
     )
 
+    dollars: ClassVar[str] = "spent while blind"
+
     def step(self, state: TelemetryStaleState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         st = state
         if type(event) is GpuMetric:

@@ -20,7 +20,7 @@ is a sum over the ``alerts`` table.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
@@ -58,6 +58,12 @@ class Untagged(DetectorBase):
         "Add the missing tags (or ask the account owner who runs it); until then this spend "
         "cannot be charged to a team."
     )
+
+    dollars: ClassVar[str] = "spent untagged"
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        return [("Missing tags", ", ".join(f"`{t}`" for t in details.get("missing_tags", [])))]
 
     def step(self, state: UntaggedState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         if type(event) is not UsageEvent or t <= state.last_t:

@@ -57,6 +57,20 @@ class VectorDbGrowth(GrowthBase):
         "vectors; re-indexing into a bigger size takes time, so start now."
     )
 
+    dollars: ClassVar[str] = ""
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        facts = [
+            ("Full by", f"{details.get('forecast_full') or 'not forecast'} ({details.get('days_to_full')} days)"),
+            ("Fill", f"{details.get('fill_pct')} % of {details.get('capacity_gb')} GB"),
+            ("Growth", f"{details.get('growth_gb_per_day', 0):,.1f} GB/day ({details.get('growth_pct_per_day', 0):.1f} %/day)"),
+        ]
+        tier = details.get("next_tier")
+        if tier:
+            facts.append(("Next size", f"{tier['name']}: ${tier['usd_per_month']:,.0f}/month"))
+        return facts
+
     def step(self, state: GrowthState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         if type(event) is not UsageEvent:
             return []
