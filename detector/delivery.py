@@ -4,16 +4,23 @@ Alerts are written to ClickHouse before they are queued here, and every
 delivery is recorded there too, so after a crash or a rebalance the outbox is
 rebuilt from the store (:meth:`Outbox.recover`) and what was already posted is
 not posted again: the alert id is the idempotency key.
+
+Openings of a type that groups (``untagged``, by account) wait ``group_wait_s`` in
+the queue for company: the ones that share the group and fired within
+``group_window_s`` of event time go out as one message, every alert id recorded
+against it; their resolutions reply in its thread without editing it.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
 from detector.alerts import Alert
+from detector.detectors import REGISTRY
 from detector.slack import SlackError, SlackNotifier
 from detector.store import Store, alert_from_row
 
@@ -23,13 +30,29 @@ log = structlog.get_logger("burnwatch.delivery")
 
 
 class Outbox:
-    def __init__(self, store: Store, notifier: SlackNotifier | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        notifier: SlackNotifier | None,
+        *,
+        group_wait_s: float = 2.0,
+        group_window_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.notifier = notifier
+        self.group_wait_s = group_wait_s
+        self.group_window_s = group_window_s
+        self._clock = clock
         self._queue: deque[Alert] = deque()
+        self._queued_at: dict[str, float] = {}
         self._done: dict[tuple[str, str], tuple[str, str]] = {}
+        self._group_ts: set[str] = set()
+        """Message ts of group posts: resolutions reply there but do not edit them."""
         self.delivered = 0
         self.failed = 0
+        self.hold_s = 0.0
+        """After a pass: seconds until a group waiting for company is due (0: none waits)."""
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -39,6 +62,10 @@ class Outbox:
         if self.notifier is None:
             return 0
         self._done = self.store.deliveries()
+        seen: set[str] = set()
+        for (_, kind), (_, ts) in self._done.items():
+            if kind == "fired" and ts:
+                (self._group_ts.add if ts in seen else seen.add)(ts)
         pending = self.store.undelivered()
         ids = [alert_id for alert_id, _ in pending]
         rows = {r["alert_id"]: r for r in self.store.alerts("alert_id IN %(ids)s", {"ids": ids})} if pending else {}
@@ -50,33 +77,70 @@ class Outbox:
     def add(self, alerts: Iterable[Alert]) -> None:
         if self.notifier is None:
             return
+        now = self._clock()
         for alert in alerts:
             if alert.change != "updated" and not alert.silenced and (alert.alert_id, alert.change) not in self._done:
                 self._queue.append(alert)
+                self._queued_at.setdefault(alert.alert_id, now)
 
     def deliver_pending(self) -> int:
         """Deliver queued changes in order. A retryable failure stops the pass and leaves the
         rest queued (raise :class:`SlackError`); a permanent one is logged and skipped."""
         sent = 0
+        self.hold_s = 0.0
         while self._queue and self.notifier is not None:
             alert = self._queue[0]
             key = (alert.alert_id, alert.change)
             if key in self._done:
                 self._queue.popleft()
                 continue
-            thread = self._done.get((alert.alert_id, "fired"))
+            group = self._group_of(alert)
+            if group is None:
+                return sent  # waiting for the rest of its group
             try:
-                channel, ts = self.notifier.post(alert, thread=thread)
+                if len(group) > 1:
+                    channel, ts = self.notifier.post_group(group)
+                    if ts:
+                        self._group_ts.add(ts)
+                else:
+                    thread = self._done.get((alert.alert_id, "fired"))
+                    edit = thread is None or thread[1] not in self._group_ts
+                    channel, ts = self.notifier.post(alert, thread=thread, edit_parent=edit)
             except SlackError as exc:
                 self.failed += 1
                 if exc.retryable:
                     raise
-                log.error("slack_delivery_refused", alert_id=alert.alert_id, change=alert.change, reason=str(exc))
-                self._queue.popleft()
+                log.error("slack_delivery_refused", alert_ids=[a.alert_id for a in group], change=alert.change,
+                          reason=str(exc))  # fmt: skip
+                self._drop(group)
                 continue
-            self.store.record_delivery(alert.alert_id, alert.change, channel, ts)
-            self._done[key] = (channel, ts)
-            self._queue.popleft()
+            for member in group:
+                self.store.record_delivery(member.alert_id, member.change, channel, ts)
+                self._done[(member.alert_id, member.change)] = (channel, ts)
+            self._drop(group)
             sent += 1
-            self.delivered += 1
+            self.delivered += len(group)
         return sent
+
+    def _group_of(self, alert: Alert) -> list[Alert] | None:
+        """The openings to post with ``alert`` (just it, for types that do not group), or None
+        while its group is still collecting."""
+        cls = REGISTRY.get(alert.type)
+        attr = getattr(cls, "group_by", None)
+        if alert.change != "fired" or attr is None:
+            return [alert]
+        waited = self._clock() - self._queued_at.get(alert.alert_id, 0.0)
+        if waited < self.group_wait_s:
+            self.hold_s = self.group_wait_s - waited
+            return None
+        value = getattr(alert, attr)
+        return [a for a in self._queue
+                if a.change == "fired" and a.type == alert.type and getattr(a, attr) == value
+                and a.channel == alert.channel and abs(a.fired_at - alert.fired_at) <= self.group_window_s
+                and (a.alert_id, a.change) not in self._done]  # fmt: skip
+
+    def _drop(self, group: list[Alert]) -> None:
+        ids = {(a.alert_id, a.change) for a in group}
+        self._queue = deque(a for a in self._queue if (a.alert_id, a.change) not in ids)
+        for a in group:
+            self._queued_at.pop(a.alert_id, None)

@@ -21,7 +21,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from detector.alerts import Alert
 from detector.units import format_duration, rfc3339
 
-__all__ = ["SlackError", "SlackNotifier", "render_blocks", "render_resolution"]
+__all__ = ["SlackError", "SlackNotifier", "render_blocks", "render_group", "render_resolution"]
 
 _EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
 
@@ -106,6 +106,33 @@ def _resolution_text(alert: Alert) -> str:
     )
 
 
+def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
+    """One message listing several openings of one type (untagged resources of one account)."""
+    head = alerts[0]
+    rate = sum(a.usd_per_hour for a in alerts)
+    spent = sum(a.waste_usd for a in alerts)
+    header = f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} resources in {head.account or '?'}: ${rate:,.2f}/h"
+    lines = []
+    for a in sorted(alerts, key=lambda a: -a.usd_per_hour)[:25]:
+        facts = "; ".join(f"{k.lower()} {v}" for k, v in a.facts)
+        lines.append(f"• `{a.resource_id}` ({a.resource_type or '?'}, {a.region or '?'}): ${a.usd_per_hour:,.2f}/h, "
+                     f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else ""))  # fmt: skip
+    if len(alerts) > 25:
+        lines.append(f"…and {len(alerts) - 25} more (`burnwatch sql` on `alerts` lists them all)")
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": (
+            f"*${spent:,.2f}* {head.dollars or 'so far'} in total, *${rate:,.2f}/h* "
+            f"(${rate * 730:,.0f}/month if left).")}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:2900]}},
+    ]  # fmt: skip
+    if head.suggestion:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Next step:* {head.suggestion}"}})
+    ids = ", ".join(f"`{a.alert_id}`" for a in alerts[:10]) + (" …" if len(alerts) > 10 else "")
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"rule `{head.rule}` · alerts {ids}"}]})
+    return blocks
+
+
 def render_resolution(alert: Alert) -> list[dict[str, Any]]:
     """The reply in the incident's thread when it resolves."""
     return [{"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}}]
@@ -150,28 +177,41 @@ class SlackNotifier:
     def threads(self) -> bool:
         return self._web is not None
 
-    def post(self, alert: Alert, thread: tuple[str, str] | None = None) -> tuple[str, str]:
-        """Deliver one alert change; return (channel, message ts) ('' ts for a webhook)."""
-        text = alert.summary()
+    def post(self, alert: Alert, thread: tuple[str, str] | None = None, edit_parent: bool = True) -> tuple[str, str]:
+        """Deliver one alert change; return (channel, message ts) ('' ts for a webhook).
+        A resolution replies in ``thread`` and, unless ``edit_parent`` is False (a group's
+        message lists others still open), edits the parent to show it resolved."""
+        return self._send(alert.channel, alert.summary(), render_blocks(alert), alert=alert, thread=thread,
+                          edit_parent=edit_parent)  # fmt: skip
+
+    def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
+        """One message for several openings of one type and group (untagged resources of one account)."""
+        head = alerts[0]
+        text = f"{head.title}: {len(alerts)} resources in {head.account or 'an unknown account'}"
+        return self._send(head.channel, text, render_group(alerts))
+
+    def _send(self, channel: str, text: str, blocks: list[dict[str, Any]], alert: Alert | None = None,
+              thread: tuple[str, str] | None = None, edit_parent: bool = True) -> tuple[str, str]:  # fmt: skip
         try:
             if self._web is None:
                 assert self._hook is not None
-                response = self._hook.send(text=text, blocks=render_blocks(alert))
+                response = self._hook.send(text=text, blocks=blocks)
                 if response.status_code != 200:
                     raise SlackError(
                         f"webhook answered {response.status_code}: {response.body}",
                         retryable=response.status_code == 429 or response.status_code >= 500,
                     )
                 return self.channel, ""
-            if alert.change == "resolved" and thread is not None:
+            if alert is not None and alert.change == "resolved" and thread is not None:
                 channel, parent_ts = thread
                 self._web.chat_postMessage(
                     channel=channel, thread_ts=parent_ts, text=text, blocks=render_resolution(alert)
                 )
-                self._web.chat_update(channel=channel, ts=parent_ts, text=text, blocks=render_blocks(alert))
+                if edit_parent:
+                    self._web.chat_update(channel=channel, ts=parent_ts, text=text, blocks=blocks)
                 return channel, parent_ts
-            channel = alert.channel or self.channel
-            response = self._web.chat_postMessage(channel=channel, text=text, blocks=render_blocks(alert))
+            channel = channel or self.channel
+            response = self._web.chat_postMessage(channel=channel, text=text, blocks=blocks)
             return str(response["channel"]), str(response["ts"])
         except SlackError:
             raise

@@ -147,6 +147,8 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
             try:
                 await loop.run_in_executor(None, outbox.deliver_pending)
                 backoff = 1.0
+                if outbox.hold_s:  # a group collecting company: come back when it is due
+                    loop.call_later(outbox.hold_s, pipeline.outbox_ready.set)
             except SlackError as exc:
                 log.warning("slack_delivery_retry", error=str(exc), retry_in_s=backoff, pending=len(outbox))
                 await asyncio.sleep(backoff)

@@ -120,3 +120,45 @@ def test_alert_manager_remembers_across_a_restart(store):
     store.record_alerts(changes, version=1)
     restarted = AlertManager(store.recent_alerts())
     assert restarted.handle([finding("fire", T0 + 1800), finding("resolve", T0 + 3600)]) == []
+
+
+def untagged(alert_id: str, account: str, rid: str, fired_at: float = T0 + 3600, change: str = "fired") -> Alert:
+    resolved = change == "resolved"
+    return Alert(alert_id=alert_id, type="untagged", rule="untagged", resource_id=rid,
+                 status="resolved" if resolved else "firing", change=change, severity="info", episode_start=T0,
+                 fired_at=fired_at, updated_at=fired_at, resolved_at=fired_at + 600 if resolved else None,
+                 waste_usd=12.5, usd_per_hour=6.0, resource_type="gpu_instance", account=account,
+                 region="us-east-1", details={"missing_tags": ["team", "project"],
+                                              **({"reason": "tags_added"} if resolved else {})})  # fmt: skip
+
+
+def test_untagged_resources_of_one_account_are_one_message(slack, store):
+    now = [100.0]
+    outbox = Outbox(store, bot(slack), group_wait_s=2.0, clock=lambda: now[0])
+    acct_a = [untagged(f"u{i}", "ml-prod", f"host-{i}") for i in range(5)]
+    acct_b = [untagged(f"v{i}", "ml-dev", f"nb-{i}") for i in range(2)]
+    late = untagged("u9", "ml-prod", "host-9", fired_at=T0 + 7200)  # an hour later: its own message
+    outbox.add([acct_a[0], alert(), *acct_a[1:3], *acct_b, *acct_a[3:], late])
+    assert outbox.deliver_pending() == 0 and outbox.hold_s == pytest.approx(2.0)  # collecting the group
+    assert slack.calls("chat.postMessage") == []
+    now[0] += 2.5
+    assert outbox.deliver_pending() == 4  # ml-prod's five, the idle alert, ml-dev's two, the late one
+    posts = slack.calls("chat.postMessage")
+    texts = [p.text_of_blocks() for p in posts]
+    assert "5 resources in ml-prod" in texts[0] and all(f"host-{i}" in texts[0] for i in range(5))
+    assert "$30.00/h" in texts[0] and "$62.50" in texts[0]  # the group's rate and spend
+    assert "gpu-host-007" in texts[1] and "2 resources in ml-dev" in texts[2] and "host-9" in texts[3]
+    deliveries = store.deliveries()
+    assert {deliveries[(f"u{i}", "fired")] for i in range(5)} == {("#ml-cost", posts[0].response["ts"])}
+    # One resource gets its tags: a reply in the group's thread, and the group message is not rewritten.
+    outbox.add([untagged("u2", "ml-prod", "host-2", change="resolved")])
+    outbox.deliver_pending()
+    reply = slack.calls("chat.postMessage")[-1]
+    assert reply.body["thread_ts"] == posts[0].response["ts"] and "tags added" in reply.text_of_blocks()
+    assert slack.calls("chat.update") == []
+    # After a restart, the outbox still knows that message is a group's.
+    restarted = Outbox(store, bot(slack))
+    restarted.recover()
+    restarted.add([untagged("u3", "ml-prod", "host-3", change="resolved")])
+    restarted.deliver_pending()
+    assert slack.calls("chat.update") == [] and slack.calls("chat.postMessage")[-1].body["thread_ts"] == posts[0].response["ts"]

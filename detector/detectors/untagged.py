@@ -60,6 +60,7 @@ class Untagged(DetectorBase):
     )
 
     dollars: ClassVar[str] = "spent untagged"
+    group_by: ClassVar[str | None] = "account"
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
