@@ -128,14 +128,18 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     ]  # fmt: skip
     if head.suggestion:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Next step:* {head.suggestion}"}})
-    ids = ", ".join(f"`{a.alert_id}`" for a in alerts[:10]) + (" …" if len(alerts) > 10 else "")
-    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"rule `{head.rule}` · alerts {ids}"}]})
+    ids = " · ".join(f"alert `{a.alert_id}`" for a in alerts[:80]) + (" …" if len(alerts) > 80 else "")
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"rule `{head.rule}` · {ids}"}]})
     return blocks
 
 
 def render_resolution(alert: Alert) -> list[dict[str, Any]]:
-    """The reply in the incident's thread when it resolves."""
-    return [{"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}}]
+    """The reply in the incident's thread when it resolves (naming the resource: a group's
+    thread holds the resolutions of several)."""
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": f"`{alert.resource_id}` · alert `{alert.alert_id}`"}]},
+    ]
 
 
 def _retry_handlers() -> list:

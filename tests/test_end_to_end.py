@@ -137,19 +137,22 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
 
         # -- Slack: one opening per episode, each resolution in its own thread, nothing twice.
         posts = slack.calls("chat.postMessage")
-        opening_ts = {ALERT_ID.search(p.text_of_blocks()).group(1): p.response["ts"]
-                      for p in posts if "thread_ts" not in p.body}  # fmt: skip
-        assert len(opening_ts) == len([p for p in posts if "thread_ts" not in p.body]), "an incident opened twice"
-        assert set(opening_ts) == set(expected), "each episode opens exactly one incident"
-        alert_by_ts = {ts: alert_id for alert_id, ts in opening_ts.items()}
+        openings = [(ALERT_ID.findall(p.text_of_blocks()), p.response["ts"]) for p in posts if "thread_ts" not in p.body]
+        opened = [alert_id for ids, _ in openings for alert_id in ids]
+        assert len(opened) == len(set(opened)), "an incident opened twice"
+        assert set(opened) == set(expected), "each episode opens exactly one incident (grouped ones in one message)"
+        opening_ts = {alert_id: ts for ids, ts in openings for alert_id in ids}
+        group_ts = {ts for ids, ts in openings if len(ids) > 1}
         replies = [p for p in posts if "thread_ts" in p.body]
-        resolved_ids = [alert_by_ts[r.body["thread_ts"]] for r in replies]
+        resolved_ids = [ALERT_ID.search(r.text_of_blocks()).group(1) for r in replies]
         assert sorted(resolved_ids) == sorted(a for a, alert in expected.items() if alert.resolved_at is not None)
         for reply, alert_id in zip(replies, resolved_ids, strict=True):
-            assert f"${expected[alert_id].waste_usd:,.2f} wasted" in reply.text_of_blocks()
+            assert reply.body["thread_ts"] == opening_ts[alert_id]  # in its incident's thread
+            alert = expected[alert_id]
+            assert f"${alert.waste_usd:,.2f} {alert.dollars}" in reply.text_of_blocks()
         assert straddling.alert_id in resolved_ids  # opened before the restart, resolved after, same thread
-        edited = [alert_by_ts[u.body["ts"]] for u in slack.calls("chat.update")]
-        assert sorted(edited) == sorted(resolved_ids)
+        edited = sorted(u.body["ts"] for u in slack.calls("chat.update"))
+        assert edited == sorted(opening_ts[a] for a in resolved_ids if opening_ts[a] not in group_ts)
 
         # -- every labelled episode alerted once, on the right resource, dollars within 10 %.
         stored = {r["alert_id"]: r for r in sql(env, "SELECT * FROM burnwatch.alerts FINAL")}
