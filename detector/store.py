@@ -126,6 +126,11 @@ def _schema(db: str) -> list[str]:
             version UInt64
         ) ENGINE = ReplacingMergeTree(version)
         ORDER BY key""",
+        # Spend nobody can be charged for, per account: what the untagged detector found.
+        f"""CREATE VIEW IF NOT EXISTS {db}.unattributed_spend AS
+            SELECT account, count() AS resources, countIf(status = 'firing') AS still_untagged,
+                   round(sum(waste_usd), 2) AS usd, round(sumIf(usd_per_hour, status = 'firing'), 4) AS usd_per_hour_now
+            FROM {db}.alerts FINAL WHERE type = 'untagged' GROUP BY account""",
         f"""CREATE TABLE IF NOT EXISTS {db}.alert_deliveries (
             alert_id String,
             kind LowCardinality(String),

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from detector.detectors import REGISTRY
 from detector.replay import write_replay
 from detector.rules import load_rules
 from detector.settings import Settings
@@ -141,13 +142,12 @@ def _summary(dsn: str, database: str, labels: list) -> None:
         for rule_type in sorted({a["type"] for a in alerts} | {label.type for label in labels}):
             of_type = [a for a in alerts if a["type"] == rule_type]
             dollars = sum(a["waste_usd"] for a in of_type)
-            what = {"idle_gpu": "of idle GPU time", "stuck_gpu": "burned by hung jobs",
-                    "untagged": "of spend nobody could be charged for",
-                    "telemetry_stale": "spent while blind"}.get(rule_type, "involved")  # fmt: skip
-            _say(f"{rule_type}: {len(of_type)} alerts, ${dollars:,.2f} {what}.")
+            cls = REGISTRY.get(rule_type)
+            what = f", ${dollars:,.2f} {cls.dollars}" if cls is not None and cls.dollars else ""
+            _say(f"{rule_type}: {len(of_type)} alerts{what}.")
         found = sum(
             any(a["type"] == label.type and a["resource_id"] == label.resource_id
-                and label.start <= epoch(a["episode_start"]) <= label.end
+                and label.start <= epoch(a["fired_at"]) <= label.end
                 for a in alerts)
             for label in labels
         )  # fmt: skip

@@ -57,3 +57,18 @@ def test_reread_intervals_are_not_counted_twice(ruleset):
     engine.process(events[40:])
     (open_episode,) = [f for f in engine.open_episodes() if f.type == "untagged"]
     assert open_episode.waste_usd == pytest.approx(6.0 * 90 / 60)
+
+
+def test_unattributed_spend_per_account_is_a_view(ruleset, store):
+    from detector.alerts import AlertManager
+
+    events = sorted(run_for(90, {}) + [usage(T0 + i * MIN, "r2", tags={"team": "nlp"}, usd_per_hour=3.0)
+                                       for i in range(120)], key=lambda e: e.ts)  # fmt: skip
+    engine = Engine(ruleset)
+    alerts = AlertManager(ruleset=ruleset).handle(engine.process(events))
+    store.record_alerts(alerts, version=1)
+    (row,) = store.query(f"SELECT * FROM {store.db}.unattributed_spend")
+    assert row["account"] == "acct" and row["resources"] == 2 and row["still_untagged"] == 2
+    last = {a.alert_id: a for a in alerts}.values()
+    assert row["usd"] == pytest.approx(round(sum(a.waste_usd for a in last), 2))
+    assert row["usd_per_hour_now"] == pytest.approx(6.0 + 3.0)
