@@ -53,6 +53,9 @@ class Outbox:
         self.failed = 0
         self.hold_s = 0.0
         """After a pass: seconds until a group waiting for company is due (0: none waits)."""
+        self._snoozed: dict[str, float] = {}
+        """Alert id → wall time its snooze (a button) ends: its changes are not posted until then."""
+        self._wall = time.time
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -62,6 +65,7 @@ class Outbox:
         if self.notifier is None:
             return 0
         self._done = self.store.deliveries()
+        self._snoozed = self.store.snoozed(self._wall())
         seen: set[str] = set()
         for (_, kind), (_, ts) in self._done.items():
             if kind == "fired" and ts:
@@ -74,11 +78,22 @@ class Outbox:
                 self._queue.append(alert_from_row(rows[alert_id], change))
         return len(pending)
 
+    def snooze(self, alert_id: str, until: float) -> None:
+        """Keep this incident's changes out of Slack until wall time ``until``."""
+        self._snoozed[alert_id] = until
+
     def add(self, alerts: Iterable[Alert]) -> None:
         if self.notifier is None:
             return
         now = self._clock()
+        wall = self._wall()
+        self._snoozed = {k: until for k, until in self._snoozed.items() if until > wall}
         for alert in alerts:
+            if alert.alert_id in self._snoozed:
+                if alert.change != "updated":  # recorded as handled, so a restart does not post it late
+                    self.store.record_delivery(alert.alert_id, alert.change, "", "snoozed")
+                    self._done[(alert.alert_id, alert.change)] = ("", "snoozed")
+                continue
             if alert.change != "updated" and not alert.silenced and (alert.alert_id, alert.change) not in self._done:
                 self._queue.append(alert)
                 self._queued_at.setdefault(alert.alert_id, now)

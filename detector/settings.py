@@ -36,6 +36,7 @@ ENV = {
     "slack_channel": "SLACK_CHANNEL",
     "slack_webhook_url": "SLACK_WEBHOOK_URL",
     "slack_base_url": "SLACK_BASE_URL",
+    "slack_signing_secret": "SLACK_SIGNING_SECRET",
 }
 
 
@@ -61,6 +62,8 @@ class Settings(BaseModel):
     slack_bot_token: SecretStr | None = None
     slack_channel: str | None = None
     slack_webhook_url: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = None
+    """Verifies button clicks sent to ``/slack/actions``; without it the endpoint refuses them."""
     slack_base_url: str | None = None
     """Only for pointing slack-sdk at a local Slack stand-in (tests, demo)."""
 

@@ -9,6 +9,7 @@ slack-sdk at a local server.
 
 from __future__ import annotations
 
+from datetime import timezone
 from typing import Any
 
 from slack_sdk import WebClient, WebhookClient
@@ -18,8 +19,16 @@ from slack_sdk.http_retry.builtin_handlers import (
     ServerErrorRetryHandler,
 )
 
+from detector.actions import BUTTONS
 from detector.alerts import Alert
 from detector.units import format_duration, rfc3339
+
+
+def epoch_of(value: Any) -> float:
+    """Epoch seconds from a float or a naive-UTC datetime read back from ClickHouse."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    return value.replace(tzinfo=timezone.utc).timestamp()
 
 __all__ = ["SlackError", "SlackNotifier", "render_blocks", "render_group", "render_resolution"]
 
@@ -66,8 +75,36 @@ def _facts(alert: Alert) -> list[dict[str, Any]]:
     return [{"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in facts]}]
 
 
-def render_blocks(alert: Alert) -> list[dict[str, Any]]:
-    """The incident's parent message."""
+def _buttons(alert: Alert) -> dict[str, Any]:
+    return {
+        "type": "actions",
+        "block_id": f"burnwatch:{alert.alert_id}",
+        "elements": [
+            {"type": "button", "text": {"type": "plain_text", "text": label}, "action_id": action_id,
+             "value": alert.alert_id, **({"style": "primary"} if action_id == "burnwatch_ack" else {})}
+            for label, action_id in BUTTONS
+        ],
+    }  # fmt: skip
+
+
+_DONE = {"acknowledged": ":ballot_box_with_check: Acknowledged", "snoozed": ":zzz: Snoozed",
+         "expected": ":information_source: Marked as expected"}  # fmt: skip
+
+
+def _action_lines(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Who clicked what, when: one context line."""
+    if not actions:
+        return []
+    parts = []
+    for a in actions:
+        who = f"<@{a['user_id']}>" if a.get("user_id") else a.get("user_name") or "someone"
+        until = f" until {rfc3339(epoch_of(a['until']))}" if a.get("until") else ""
+        parts.append(f"{_DONE.get(a['action'], a['action'])} by {who} at {rfc3339(epoch_of(a['at']))}{until}")
+    return [{"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(parts)[:2900]}]}]
+
+
+def render_blocks(alert: Alert, actions: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The incident's parent message: with buttons while it is open, and what people did about it."""
     if alert.status == "resolved":
         header = f":white_check_mark: Resolved: {alert.title} on {alert.resource_id}"
     else:
@@ -81,6 +118,9 @@ def render_blocks(alert: Alert) -> list[dict[str, Any]]:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}})
     elif alert.suggestion:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Next step:* {alert.suggestion}"}})
+    if alert.status != "resolved":
+        blocks.append(_buttons(alert))
+    blocks += _action_lines(actions or [])
     blocks.append(
         {
             "type": "context",
@@ -187,6 +227,16 @@ class SlackNotifier:
         message lists others still open), edits the parent to show it resolved."""
         return self._send(alert.channel, alert.summary(), render_blocks(alert), alert=alert, thread=thread,
                           edit_parent=edit_parent)  # fmt: skip
+
+    def show_actions(self, alert: Alert, actions: list[dict[str, Any]], channel: str, ts: str) -> None:
+        """Edit the incident's message to show who acknowledged, snoozed or marked it."""
+        if self._web is None:
+            return  # a webhook message cannot be edited
+        try:
+            self._web.chat_update(channel=channel, ts=ts, text=alert.summary(), blocks=render_blocks(alert, actions))
+        except Exception as exc:
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
 
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
         """One message for several openings of one type and group (untagged resources of one account)."""

@@ -126,6 +126,18 @@ def _schema(db: str) -> list[str]:
             version UInt64
         ) ENGINE = ReplacingMergeTree(version)
         ORDER BY key""",
+        # Clicks on an incident's buttons: who did what, when (a snooze also until when).
+        f"""CREATE TABLE IF NOT EXISTS {db}.alert_actions (
+            alert_id String,
+            action LowCardinality(String),
+            user_id String,
+            user_name String,
+            channel String,
+            message_ts String,
+            at DateTime64(3, 'UTC'),
+            until Nullable(DateTime64(3, 'UTC'))
+        ) ENGINE = MergeTree
+        ORDER BY (alert_id, at)""",
         # Spend nobody can be charged for, per account: what the untagged detector found.
         f"""CREATE VIEW IF NOT EXISTS {db}.unattributed_spend AS
             SELECT account, count() AS resources, countIf(status = 'firing') AS still_untagged,
@@ -153,6 +165,7 @@ _GPU_COLS = [
 ]  # fmt: skip
 _RUN_COLS = ["ts", "run_id", "status", "resource_ids", "gpu_count", "project", "tags", "error", "extra"]
 _STATE_COLS = ["key", "partition", "snapshot", "deleted", "version"]
+_ACTION_COLS = ["alert_id", "action", "user_id", "user_name", "channel", "message_ts", "at", "until"]
 _ALERT_COLS = [
     "alert_id", "type", "rule", "resource_id", "status", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
@@ -422,6 +435,30 @@ class Store:
                 key = (r["rule"], r["resource_id"])
                 last[key] = max(last.get(key, 0.0), epoch(r["fired_at"]))
         return last, {r["alert_id"] for r in rows if r["held"]}
+
+    def record_action(self, click: Any, at: float, until: float | None = None) -> None:
+        """Record a button click (a :class:`detector.actions.Click`) at wall time ``at``."""
+        row = [click.alert_id, click.action, click.user_id, click.user_name, click.channel, click.message_ts,
+               _ms(at), _ms(until) if until is not None else None]  # fmt: skip
+        with self._lock:
+            self.client.insert(f"{self.db}.alert_actions", [row], column_names=_ACTION_COLS)
+
+    def actions(self, alert_id: str) -> list[dict[str, Any]]:
+        """Clicks on one alert, oldest first."""
+        return self.query(
+            f"SELECT action, user_id, user_name, at, until FROM {self.db}.alert_actions "
+            "WHERE alert_id = %(id)s ORDER BY at",
+            {"id": alert_id},
+        )
+
+    def snoozed(self, now: float) -> dict[str, float]:
+        """Alert id → wall time its snooze ends, for snoozes still running at ``now``."""
+        rows = self.query(
+            f"SELECT alert_id, max(until) AS until FROM {self.db}.alert_actions "
+            "WHERE action = 'snoozed' GROUP BY alert_id HAVING until > fromUnixTimestamp64Milli(%(now)s, 'UTC')",
+            {"now": _ms(now)},
+        )
+        return {r["alert_id"]: epoch(r["until"]) for r in rows}
 
     def record_delivery(self, alert_id: str, kind: str, channel: str, message_ts: str) -> None:
         with self._lock:

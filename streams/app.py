@@ -13,7 +13,9 @@ import faust
 import structlog
 from aiokafka.errors import KafkaError
 from faust.types import TP
+from faust.web import View
 
+from detector.actions import ActionHandler, RequestVerifier
 from detector.alerts import AlertManager
 from detector.delivery import Outbox
 from detector.engine import Engine
@@ -186,6 +188,24 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
             alerts_fired=s.alerts_fired, alerts_resolved=s.alerts_resolved, keys=len(engine),
             slack_pending=len(outbox), slack_delivered=outbox.delivered,
         )  # fmt: skip
+
+    verifier = (
+        RequestVerifier(settings.slack_signing_secret.get_secret_value()) if settings.slack_signing_secret else None
+    )
+    actions = ActionHandler(verifier, store, outbox.notifier, outbox) if verifier is not None else None
+
+    @app.page("/slack/actions")
+    class SlackActions(View):
+        """Slack's interactivity endpoint: Acknowledge, Snooze 24h, Mark as expected."""
+
+        async def post(self, request: Any, **kwargs: Any) -> Any:
+            if actions is None:
+                return self.json({"error": "Slack actions are not configured (SLACK_SIGNING_SECRET)"}, status=404)
+            body = await request.read()
+            headers = dict(request.headers)
+            loop = asyncio.get_running_loop()
+            status, answer = await loop.run_in_executor(None, actions.handle, body, headers)
+            return self.json(answer, status=status)
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:

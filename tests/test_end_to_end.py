@@ -15,6 +15,9 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ from streams.embedded import EmbeddedBroker
 from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, file_records, publish_records, value_end_time
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
+from tests.test_actions import click_body, signed
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +44,17 @@ MALFORMED = [
                                                 "gpu_index": 0, "util_pct": 1}).encode(), "in the future"),
 ]  # fmt: skip
 ALERT_ID = re.compile(r"alert `([0-9a-f]{16})`")
+SIGNING_SECRET = "e2e-signing-secret"
+
+
+def post_click(port: int, body: bytes, headers: dict[str, str]) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/slack/actions", data=body, method="POST",
+                                     headers={**headers, "Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def publish(bootstrap: str, records) -> int:
@@ -99,7 +114,8 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
         rules = tmp_path / "rules"
         shutil.copytree(ROOT / "rules", rules)
         env = worker_env(broker.bootstrap, tmp_path / "data", rules, PARTITIONS,
-                         SLACK_BOT_TOKEN="xoxb-local", SLACK_CHANNEL="#ml-cost", SLACK_BASE_URL=slack.api_url)  # fmt: skip
+                         SLACK_BOT_TOKEN="xoxb-local", SLACK_CHANNEL="#ml-cost", SLACK_BASE_URL=slack.api_url,
+                         SLACK_SIGNING_SECRET=SIGNING_SECRET)  # fmt: skip
         publish(broker.bootstrap, first)
         events_first = count_events(first)
 
@@ -132,8 +148,21 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
             rules_file.write_text(good.replace("for: 30m", "for: 45m"))
             reloaded = json.loads(worker.wait_for_log('"rules_reloaded"', timeout=30))
             assert "idle-gpu" in reloaded["rules"]
+            # A button click reaches the worker's web view: signed ones count, forged ones are refused.
+            opening = next(p for p in slack.calls("chat.postMessage")
+                           if "thread_ts" not in p.body and straddling.alert_id in p.text_of_blocks())  # fmt: skip
+            body = click_body("burnwatch_ack", straddling.alert_id, opening.response["ts"])
+            assert post_click(worker.port, body, signed(body, at=int(time.time()), secret=SIGNING_SECRET)) == 200
+            forged = signed(body, at=int(time.time()), secret="guessed")
+            assert post_click(worker.port, body, forged) == 401
+            assert post_click(worker.port, body, signed(body, at=int(time.time()) - 600, secret=SIGNING_SECRET)) == 401
+            acked = slack.calls("chat.update")[-1]
+            assert acked.body["ts"] == opening.response["ts"] and "Acknowledged by <@U123>" in acked.text_of_blocks()
         finally:
             assert worker.stop() == 0, worker.tail()
+
+        (click,) = sql(env, "SELECT alert_id, action, user_id FROM burnwatch.alert_actions")
+        assert click == {"alert_id": straddling.alert_id, "action": "acknowledged", "user_id": "U123"}
 
         # -- Slack: one opening per episode, each resolution in its own thread, nothing twice.
         posts = slack.calls("chat.postMessage")
@@ -151,7 +180,7 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
             alert = expected[alert_id]
             assert f"${alert.waste_usd:,.2f} {alert.dollars}" in reply.text_of_blocks()
         assert straddling.alert_id in resolved_ids  # opened before the restart, resolved after, same thread
-        edited = sorted(u.body["ts"] for u in slack.calls("chat.update"))
+        edited = sorted(u.body["ts"] for u in slack.calls("chat.update") if "Acknowledged by" not in u.text_of_blocks())
         assert edited == sorted(opening_ts[a] for a in resolved_ids if opening_ts[a] not in group_ts)
 
         # -- every labelled episode alerted once, on the right resource, dollars within 10 %.

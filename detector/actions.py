@@ -1,0 +1,149 @@
+"""Slack buttons: who may click (request signatures), what a click says, and what it does.
+
+Slack posts a click to the worker's ``/slack/actions`` as a form with a JSON
+``payload``, signed with the app's signing secret. A request is refused (401) when its
+signature does not match, when its timestamp is more than five minutes from now
+(Slack's own rule against replays), or when the same signed request was seen before.
+A click is recorded in ClickHouse (``alert_actions``: who, what, when) and shown on
+the incident's message; a snooze also keeps that incident's later changes out of the
+channel for 24 hours, and "expected" is kept as feedback for the model and for rule
+tuning.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+import structlog
+from slack_sdk.signature import SignatureVerifier
+
+__all__ = ["ACTIONS", "BUTTONS", "ActionHandler", "Click", "RequestVerifier", "Unauthorized", "parse_click"]
+
+log = structlog.get_logger("burnwatch.actions")
+
+ACTIONS = {"burnwatch_ack": "acknowledged", "burnwatch_snooze": "snoozed", "burnwatch_expected": "expected"}
+"""Button action id → what is recorded."""
+BUTTONS = (("Acknowledge", "burnwatch_ack"), ("Snooze 24h", "burnwatch_snooze"), ("Mark as expected", "burnwatch_expected"))
+SNOOZE_S = 86_400.0
+MAX_AGE_S = 300.0
+
+
+class Unauthorized(Exception):
+    """A request that did not come from Slack, or came too late or twice; ``reason`` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RequestVerifier:
+    """Checks Slack's ``X-Slack-Signature`` (HMAC-SHA256 of ``v0:timestamp:body``) and
+    ``X-Slack-Request-Timestamp``, and remembers signatures for the window in which a
+    replay could pass the timestamp check."""
+
+    def __init__(self, signing_secret: str, *, max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.time):
+        self._signer = SignatureVerifier(signing_secret)
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._seen: dict[str, float] = {}
+
+    def verify(self, body: bytes, headers: Mapping[str, str]) -> None:
+        """Return if the request is Slack's, fresh and new; raise :class:`Unauthorized` if not."""
+        lower = {k.lower(): v for k, v in headers.items()}
+        timestamp, signature = lower.get("x-slack-request-timestamp"), lower.get("x-slack-signature")
+        if not timestamp or not signature:
+            raise Unauthorized("missing X-Slack-Request-Timestamp or X-Slack-Signature")
+        try:
+            sent = int(timestamp)
+        except ValueError:
+            raise Unauthorized(f"bad timestamp {timestamp!r}") from None
+        now = self._clock()
+        if abs(now - sent) > self._max_age_s:
+            raise Unauthorized(f"stale request: signed {now - sent:.0f} s ago (over {self._max_age_s:.0f} s)")
+        expected = self._signer.generate_signature(timestamp=timestamp, body=body)
+        if expected is None or not hmac.compare_digest(expected, signature):
+            raise Unauthorized("signature does not match (wrong signing secret, or the body was altered)")
+        self._seen = {s: t for s, t in self._seen.items() if now - t <= self._max_age_s}
+        if signature in self._seen:
+            raise Unauthorized("replayed request: this signed request was already handled")
+        self._seen[signature] = sent
+
+
+@dataclass(frozen=True)
+class Click:
+    action: str
+    """acknowledged | snoozed | expected"""
+    alert_id: str
+    user_id: str
+    user_name: str
+    channel: str
+    message_ts: str
+
+
+def parse_click(body: bytes) -> Click:
+    """The click in a ``block_actions`` request; ``ValueError`` names what is missing."""
+    try:
+        payload = json.loads(parse_qs(body.decode("utf-8"))["payload"][0])
+        action = payload["actions"][0]
+    except (KeyError, IndexError, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not a Slack block_actions payload: {exc}") from None
+    kind = ACTIONS.get(action.get("action_id", ""))
+    if kind is None:
+        raise ValueError(f"unknown action {action.get('action_id')!r}; expected one of {', '.join(ACTIONS)}")
+    user = payload.get("user") or {}
+    return Click(
+        action=kind,
+        alert_id=str(action.get("value", "")),
+        user_id=str(user.get("id", "")),
+        user_name=str(user.get("username") or user.get("name") or ""),
+        channel=str((payload.get("channel") or {}).get("id", "")),
+        message_ts=str((payload.get("message") or {}).get("ts", "")),
+    )
+
+
+class ActionHandler:
+    """What the worker's ``/slack/actions`` view does with a request (blocking: run it in an
+    executor). Returns (HTTP status, JSON body)."""
+
+    def __init__(self, verifier: RequestVerifier, store: Any, notifier: Any, outbox: Any,
+                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        self.verifier = verifier
+        self.store = store
+        self.notifier = notifier
+        self.outbox = outbox
+        self._clock = clock
+
+    def handle(self, body: bytes, headers: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        try:
+            self.verifier.verify(body, headers)
+        except Unauthorized as exc:
+            log.warning("slack_action_refused", reason=exc.reason)
+            return 401, {"error": exc.reason}
+        try:
+            click = parse_click(body)
+        except ValueError as exc:
+            return 400, {"error": str(exc)}
+        from detector.store import alert_from_row
+
+        rows = self.store.alerts("alert_id = %(id)s", {"id": click.alert_id})
+        if not rows:
+            return 404, {"error": f"no alert {click.alert_id!r}"}
+        now = self._clock()
+        until = now + SNOOZE_S if click.action == "snoozed" else None
+        self.store.record_action(click, at=now, until=until)
+        if until is not None and self.outbox is not None:
+            self.outbox.snooze(click.alert_id, until)
+        log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
+        if self.notifier is not None and click.channel and click.message_ts:
+            alert = alert_from_row(rows[0])
+            try:
+                self.notifier.show_actions(alert, self.store.actions(click.alert_id), click.channel, click.message_ts)
+            except Exception as exc:  # recorded already; the message just does not show it yet
+                log.warning("slack_action_not_shown", alert_id=click.alert_id, error=str(exc))
+        return 200, {"ok": True, "action": click.action, "alert_id": click.alert_id}

@@ -1,0 +1,118 @@
+"""Slack buttons: signed requests only, and a click is recorded, shown and (snooze) obeyed."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode
+
+import pytest
+from slack_sdk.signature import SignatureVerifier
+
+from detector.actions import ActionHandler, RequestVerifier, Unauthorized, parse_click
+from detector.delivery import Outbox
+from detector.slack import SlackNotifier
+from detector.testing import LocalSlack
+from tests.test_slack import alert
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+NOW = 1_800_000_000
+
+
+def click_body(action_id: str = "burnwatch_ack", alert_id: str = "a1", ts: str = "1700000000.000001") -> bytes:
+    payload = {"type": "block_actions", "user": {"id": "U123", "username": "alice"},
+               "actions": [{"action_id": action_id, "value": alert_id}],
+               "channel": {"id": "C42"}, "message": {"ts": ts}}  # fmt: skip
+    return urlencode({"payload": json.dumps(payload)}).encode()
+
+
+def signed(body: bytes, at: int = NOW, secret: str = SECRET) -> dict[str, str]:
+    signature = SignatureVerifier(secret).generate_signature(timestamp=str(at), body=body)
+    return {"X-Slack-Request-Timestamp": str(at), "X-Slack-Signature": signature}
+
+
+def verifier() -> RequestVerifier:
+    return RequestVerifier(SECRET, clock=lambda: NOW)
+
+
+def test_a_signed_fresh_request_passes_once():
+    v, body = verifier(), click_body()
+    v.verify(body, signed(body))
+    with pytest.raises(Unauthorized, match="replayed"):
+        v.verify(body, signed(body))  # the same signed request again, inside the 5 minutes
+
+
+@pytest.mark.parametrize(
+    "headers, reason",
+    [
+        (signed(click_body(), at=NOW - 301), "stale"),  # signed over five minutes ago
+        (signed(click_body(), at=NOW + 400), "stale"),  # or claims to come from the future
+        (signed(click_body(), secret="not-the-secret"), "does not match"),  # forged
+        (signed(click_body(alert_id="other")), "does not match"),  # a signature for another body
+        ({}, "missing"),  # no signature at all
+        ({"X-Slack-Request-Timestamp": "soon", "X-Slack-Signature": "v0=00"}, "bad timestamp"),
+    ],
+    ids=["stale", "future", "forged", "other-body", "unsigned", "bad-timestamp"],
+)
+def test_refused(headers, reason):
+    with pytest.raises(Unauthorized, match=reason):
+        verifier().verify(click_body(), headers)
+
+
+def test_parse_click_names_what_is_wrong():
+    assert parse_click(click_body("burnwatch_snooze")).action == "snoozed"
+    with pytest.raises(ValueError, match="unknown action"):
+        parse_click(click_body("delete_everything"))
+    with pytest.raises(ValueError, match="block_actions"):
+        parse_click(b"payload=not-json")
+
+
+@pytest.fixture
+def slack():
+    with LocalSlack() as server:
+        yield server
+
+
+def handler_for(store, slack):
+    notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+    outbox = Outbox(store, notifier, group_wait_s=0)
+    return ActionHandler(verifier(), store, notifier, outbox, clock=lambda: NOW), outbox
+
+
+def test_acknowledge_is_recorded_and_shown_on_the_message(store, slack):
+    store.record_alerts([alert()], version=1)
+    handler, _ = handler_for(store, slack)
+    body = click_body("burnwatch_ack")
+    status, answer = handler.handle(body, signed(body))
+    assert status == 200 and answer["action"] == "acknowledged"
+    (row,) = store.query(f"SELECT * FROM {store.db}.alert_actions")
+    assert (row["alert_id"], row["action"], row["user_id"], row["user_name"]) == ("a1", "acknowledged", "U123", "alice")
+    (update,) = slack.calls("chat.update")
+    assert update.body["channel"] == "C42" and update.body["ts"] == "1700000000.000001"
+    assert "Acknowledged by <@U123>" in update.text_of_blocks()
+    assert any(b["type"] == "actions" for b in update.blocks)  # still open: the buttons stay
+
+
+def test_snooze_keeps_the_incident_quiet_and_survives_a_restart(store, slack):
+    store.record_alerts([alert()], version=1)
+    store.record_delivery("a1", "fired", "C42", "1700000000.000001")  # the message the button is on
+    handler, outbox = handler_for(store, slack)
+    body = click_body("burnwatch_snooze")
+    assert handler.handle(body, signed(body))[0] == 200
+    (row,) = store.query(f"SELECT until, at FROM {store.db}.alert_actions")
+    assert (row["until"] - row["at"]).total_seconds() == 86_400
+    store.record_alerts([alert("resolved")], version=2)  # stored first, as the worker does
+    outbox.add([alert("resolved")])  # resolved while snoozed: recorded, not posted
+    outbox.deliver_pending()
+    assert slack.calls("chat.postMessage") == []
+    restarted = Outbox(store, handler.notifier)
+    restarted.recover()
+    assert len(restarted) == 0  # not posted late after a restart either
+
+
+def test_unknown_alert_and_bad_payload(store, slack):
+    handler, _ = handler_for(store, slack)
+    body = click_body(alert_id="nope")
+    assert handler.handle(body, signed(body))[0] == 404
+    body = b"payload=%7B%7D"
+    assert handler.handle(body, signed(body))[0] == 400
+    assert handler.handle(body, {})[0] == 401
