@@ -184,7 +184,7 @@ class AlertManager:
         for finding in findings:
             alert = from_finding(finding)
             if ruleset is not None:
-                alert.channel = ruleset.channel_for(alert.rule, alert.tags)
+                alert.channel = ruleset.channel_for(alert.rule, alert.tags, alert.severity)
             if silence_for is not None and finding.resource is not None:
                 # Judged at the episode's fire time, so its opening and closing are silenced alike.
                 alert.silenced = silence_for(finding.rule, finding.type, finding.resource, finding.fired_at) or ""

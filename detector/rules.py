@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
+import string
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +26,11 @@ from detector.pricing import Pricing, load_pricing
 from detector.units import Duration, _parse_percent, format_duration, parse_duration
 
 __all__ = [
+    "LINK_FIELDS",
+    "Link",
     "Match",
     "RuleError",
+    "Routing",
     "RuleSet",
     "RulesInvalid",
     "compile_match",
@@ -73,11 +77,42 @@ class Route(BaseModel):
     channel: Annotated[str, Field(min_length=1)]
 
 
-class Routing(BaseModel):
-    """``rules/routing.yaml``: which Slack channel an alert goes to.
+LINK_FIELDS = frozenset({"resource_id", "region", "account", "type", "rule", "alert_id", "instance_type", "team",
+                         "owner", "project", "episode_start", "fired_at"})  # fmt: skip
 
-    A rule's ``route`` wins; then the channel mapped from the resource's ``by_tag`` tag
-    (its team); then ``default_channel``; then the notifier's own (``SLACK_CHANNEL``).
+
+class Link(BaseModel):
+    """A link shown on every alert: ``url`` is a template over the alert's fields
+    (``{resource_id}``, ``{region}``, ``{account}``, ``{type}``, ``{rule}``, ``{alert_id}``,
+    ``{instance_type}``, ``{team}``, ``{owner}``, ``{project}``, ``{episode_start}``,
+    ``{fired_at}``), each URL-quoted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1)]
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    types: list[str] = []
+    """Rule types it applies to; empty: every type."""
+
+    @field_validator("url")
+    @classmethod
+    def _known_fields(cls, url: str) -> str:
+        try:
+            names = {name for _, name, _, _ in string.Formatter().parse(url) if name is not None}
+        except ValueError as exc:
+            raise ValueError(f"invalid URL template: {exc}") from None
+        unknown = sorted(names - LINK_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(unknown)} in the URL; known: {', '.join(sorted(LINK_FIELDS))}")
+        return url
+
+
+class Routing(BaseModel):
+    """``rules/routing.yaml``: which Slack channel an alert goes to, who to mention, what to link.
+
+    A rule's ``route`` wins; then the channel for the alert's severity (``by_severity``);
+    then the channel mapped from the resource's ``by_tag`` tag (its team); then
+    ``default_channel``; then the notifier's own (``SLACK_CHANNEL``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -85,6 +120,11 @@ class Routing(BaseModel):
     default_channel: str = ""
     by_tag: str = "team"
     channels: dict[str, str] = {}
+    by_severity: dict[Severity, str] = {}
+    owner_tag: str = "owner"
+    users: dict[str, str] = {}
+    """Owner tag value → Slack user id (``U012AB3CD``), so alerts mention the owner."""
+    links: list[Link] = []
 
 
 class Silence(BaseModel):
@@ -399,12 +439,15 @@ class RuleSet:
     silences: tuple[CompiledSilence, ...] = ()
     routing: Routing = field(default_factory=Routing)
 
-    def channel_for(self, rule: str, tags: dict[str, str]) -> str:
+    def channel_for(self, rule: str, tags: dict[str, str], severity: str = "") -> str:
         """The Slack channel for an alert of ``rule`` on a resource with ``tags`` ('' = the notifier's)."""
         compiled = self.by_name(rule)
         if compiled is not None and compiled.source is not None and compiled.source.route is not None:
             return compiled.source.route.channel
         routing = self.routing
+        by_severity = routing.by_severity.get(severity)  # type: ignore[call-overload]
+        if by_severity:
+            return by_severity
         return routing.channels.get(tags.get(routing.by_tag, ""), routing.default_channel)
 
     def realert_for(self, rule: str) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import timezone
 from typing import Any
+from urllib.parse import quote
 
 from slack_sdk import WebClient, WebhookClient
 from slack_sdk.http_retry.builtin_handlers import (
@@ -21,6 +22,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 
 from detector.actions import BUTTONS
 from detector.alerts import Alert
+from detector.rules import Routing
 from detector.units import format_duration, rfc3339
 
 
@@ -43,16 +45,35 @@ class SlackError(RuntimeError):
         self.retryable = retryable
 
 
-def _owner(alert: Alert) -> str:
-    return alert.tags.get("owner", "") or "_unknown_"
+def _owner(alert: Alert, routing: Routing) -> str:
+    owner = alert.tags.get(routing.owner_tag, "")
+    user = routing.users.get(owner) if owner else None
+    return f"<@{user}>" if user else owner or "_unknown_"
 
 
-def _fields(alert: Alert) -> list[dict[str, str]]:
+def _links(alert: Alert, routing: Routing) -> list[dict[str, Any]]:
+    """The configured links (console, dashboards, a ClickHouse query), filled in for this alert."""
+    values = {
+        "resource_id": alert.resource_id, "region": alert.region, "account": alert.account, "type": alert.type,
+        "rule": alert.rule, "alert_id": alert.alert_id, "instance_type": alert.instance_type,
+        "team": alert.tags.get("team", ""), "owner": alert.tags.get(routing.owner_tag, ""),
+        "project": alert.tags.get("project", ""), "episode_start": rfc3339(alert.episode_start),
+        "fired_at": rfc3339(alert.fired_at),
+    }  # fmt: skip
+    quoted = {k: quote(str(v), safe="") for k, v in values.items()}
+    links = [f"<{link.url.format_map(quoted)}|{link.name}>" for link in routing.links
+             if not link.types or alert.type in link.types]  # fmt: skip
+    if not links:
+        return []
+    return [{"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(links)}]}]
+
+
+def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
     tags = alert.tags
     fields = [
         ("Resource", f"`{alert.resource_id}`" + (f" ({alert.resource_type})" if alert.resource_type else "")),
         ("Team", tags.get("team") or ":warning: untagged"),
-        ("Owner", _owner(alert)),
+        ("Owner", _owner(alert, routing)),
         ("Project", tags.get("project") or "_none_"),
         ("Idle for" if alert.type == "idle_gpu" else "Duration", format_duration(alert.duration_s)),
     ]
@@ -103,21 +124,26 @@ def _action_lines(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(parts)[:2900]}]}]
 
 
-def render_blocks(alert: Alert, actions: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """The incident's parent message: with buttons while it is open, and what people did about it."""
+def render_blocks(
+    alert: Alert, actions: list[dict[str, Any]] | None = None, routing: Routing | None = None
+) -> list[dict[str, Any]]:
+    """The incident's parent message: with buttons while it is open, and what people did about it.
+    ``routing`` (``rules/routing.yaml``) supplies owner mentions and links."""
+    routing = routing or Routing()
     if alert.status == "resolved":
         header = f":white_check_mark: Resolved: {alert.title} on {alert.resource_id}"
     else:
         header = f"{_EMOJI.get(alert.severity, '')} {alert.title} on {alert.resource_id}: ${alert.usd_per_hour:,.2f}/h"
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
-        {"type": "section", "fields": _fields(alert)},
+        {"type": "section", "fields": _fields(alert, routing)},
         *_facts(alert),
     ]
     if alert.status == "resolved":
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}})
     elif alert.suggestion:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Next step:* {alert.suggestion}"}})
+    blocks += _links(alert, routing)
     if alert.status != "resolved":
         blocks.append(_buttons(alert))
     blocks += _action_lines(actions or [])
@@ -216,6 +242,8 @@ class SlackNotifier:
         else:
             raise ValueError("Slack needs a bot token and channel, or a webhook URL")
         self.channel = channel or "webhook"
+        self.routing = Routing()
+        """Owner mentions and links; the worker replaces it when the rules reload."""
 
     @property
     def threads(self) -> bool:
@@ -225,15 +253,16 @@ class SlackNotifier:
         """Deliver one alert change; return (channel, message ts) ('' ts for a webhook).
         A resolution replies in ``thread`` and, unless ``edit_parent`` is False (a group's
         message lists others still open), edits the parent to show it resolved."""
-        return self._send(alert.channel, alert.summary(), render_blocks(alert), alert=alert, thread=thread,
-                          edit_parent=edit_parent)  # fmt: skip
+        return self._send(alert.channel, alert.summary(), render_blocks(alert, routing=self.routing), alert=alert,
+                          thread=thread, edit_parent=edit_parent)  # fmt: skip
 
     def show_actions(self, alert: Alert, actions: list[dict[str, Any]], channel: str, ts: str) -> None:
         """Edit the incident's message to show who acknowledged, snoozed or marked it."""
         if self._web is None:
             return  # a webhook message cannot be edited
         try:
-            self._web.chat_update(channel=channel, ts=ts, text=alert.summary(), blocks=render_blocks(alert, actions))
+            blocks = render_blocks(alert, actions, self.routing)
+            self._web.chat_update(channel=channel, ts=ts, text=alert.summary(), blocks=blocks)
         except Exception as exc:
             status = getattr(getattr(exc, "response", None), "status_code", None)
             raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc

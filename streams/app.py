@@ -82,6 +82,8 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     assigned_states: dict[str, bytes] = {}
     engine = Engine(ruleset, loader=lambda key: assigned_states.pop(key, None))
     outbox = Outbox(store, _notifier(settings))
+    if outbox.notifier is not None:
+        outbox.notifier.routing = ruleset.routing
 
     async def send_dead_letter(key: bytes | None, value: bytes) -> None:
         await dead_letters.send(key=key, value=value)
@@ -172,6 +174,8 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         elif ruleset is not None:
             engine.set_ruleset(ruleset)
             pipeline.manager.ruleset = ruleset
+            if outbox.notifier is not None:
+                outbox.notifier.routing = ruleset.routing
             log.info("rules_reloaded", path=str(settings.rules_path), rules=ruleset.names)
 
     @app.timer(interval=60.0)
