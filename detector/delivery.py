@@ -37,12 +37,17 @@ class Outbox:
         *,
         group_wait_s: float = 2.0,
         group_window_s: float = 120.0,
+        edit_every_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.notifier = notifier
         self.group_wait_s = group_wait_s
         self.group_window_s = group_window_s
+        self.edit_every_s = edit_every_s
+        self._edits: dict[str, Alert] = {}
+        """Alert id → its latest cost update not yet shown on its message."""
+        self._edited_at: dict[str, float] = {}
         self._clock = clock
         self._queue: deque[Alert] = deque()
         self._queued_at: dict[str, float] = {}
@@ -89,6 +94,13 @@ class Outbox:
         wall = self._wall()
         self._snoozed = {k: until for k, until in self._snoozed.items() if until > wall}
         for alert in alerts:
+            if alert.change == "updated":
+                if not alert.silenced and alert.alert_id not in self._snoozed:
+                    self._edits[alert.alert_id] = alert  # only the latest matters
+                continue
+            if alert.change == "resolved":
+                self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
+                self._edited_at.pop(alert.alert_id, None)
             if alert.alert_id in self._snoozed:
                 if alert.change != "updated":  # recorded as handled, so a restart does not post it late
                     self.store.record_delivery(alert.alert_id, alert.change, "", "snoozed")
@@ -120,7 +132,8 @@ class Outbox:
                 else:
                     thread = self._done.get((alert.alert_id, "fired"))
                     edit = thread is None or thread[1] not in self._group_ts
-                    channel, ts = self.notifier.post(alert, thread=thread, edit_parent=edit)
+                    acted = self.store.actions(alert.alert_id) if thread is not None and edit else None
+                    channel, ts = self.notifier.post(alert, thread=thread, edit_parent=edit, actions=acted)
             except SlackError as exc:
                 self.failed += 1
                 if exc.retryable:
@@ -135,7 +148,31 @@ class Outbox:
             self._drop(group)
             sent += 1
             self.delivered += len(group)
+        if self._edits and self.notifier is not None and self.notifier.threads:
+            self._edit_messages()
         return sent
+
+    def _edit_messages(self) -> None:
+        """Show open incidents' growing dollars on their message, at most once per ``edit_every_s``
+        per incident (Slack limits chat.update to about one a second per channel)."""
+        now = self._clock()
+        due_in = []
+        for alert_id, alert in list(self._edits.items()):
+            thread = self._done.get((alert_id, "fired"))
+            if thread is None or not thread[1] or thread[1] in self._group_ts:
+                if thread is not None:  # a group's message, or a webhook's: nothing to edit
+                    del self._edits[alert_id]
+                continue  # not posted yet: wait for the opening
+            wait = self._edited_at.get(alert_id, -1e18) + self.edit_every_s - now
+            if wait > 0:
+                due_in.append(wait)
+                continue
+            assert self.notifier is not None
+            self.notifier.edit(alert, thread, self.store.actions(alert_id))  # SlackError propagates: retried
+            self._edited_at[alert_id] = now
+            del self._edits[alert_id]
+        if due_in:
+            self.hold_s = min([self.hold_s or min(due_in), *due_in])
 
     def _group_of(self, alert: Alert) -> list[Alert] | None:
         """The openings to post with ``alert`` (just it, for types that do not group), or None

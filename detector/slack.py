@@ -249,12 +249,18 @@ class SlackNotifier:
     def threads(self) -> bool:
         return self._web is not None
 
-    def post(self, alert: Alert, thread: tuple[str, str] | None = None, edit_parent: bool = True) -> tuple[str, str]:
+    def post(self, alert: Alert, thread: tuple[str, str] | None = None, edit_parent: bool = True,
+             actions: list[dict[str, Any]] | None = None) -> tuple[str, str]:  # fmt: skip
         """Deliver one alert change; return (channel, message ts) ('' ts for a webhook).
         A resolution replies in ``thread`` and, unless ``edit_parent`` is False (a group's
-        message lists others still open), edits the parent to show it resolved."""
-        return self._send(alert.channel, alert.summary(), render_blocks(alert, routing=self.routing), alert=alert,
-                          thread=thread, edit_parent=edit_parent)  # fmt: skip
+        message lists others still open), edits the parent to show it resolved (keeping
+        what people did about it: ``actions``)."""
+        blocks = render_blocks(alert, actions, self.routing)
+        return self._send(alert.channel, alert.summary(), blocks, alert=alert, thread=thread, edit_parent=edit_parent)
+
+    def edit(self, alert: Alert, thread: tuple[str, str], actions: list[dict[str, Any]] | None = None) -> None:
+        """Rewrite an incident's message with the alert's latest figures (bot token only)."""
+        self.show_actions(alert, actions or [], *thread)
 
     def show_actions(self, alert: Alert, actions: list[dict[str, Any]], channel: str, ts: str) -> None:
         """Edit the incident's message to show who acknowledged, snoozed or marked it."""

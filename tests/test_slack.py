@@ -13,11 +13,12 @@ from tests.helpers import T0
 
 def alert(change: str = "fired", alert_id: str = "a1", **kw) -> Alert:
     resolved = change == "resolved"
+    kw.setdefault("waste_usd", 49.16 if resolved else 16.39)
+    kw.setdefault("updated_at", T0 + (5400 if resolved else 1800))
     return Alert(
         alert_id=alert_id, type="idle_gpu", rule="idle-gpu", resource_id="gpu-host-007",
         status="resolved" if resolved else "firing", change=change, severity="warning",
-        episode_start=T0, fired_at=T0 + 1800, updated_at=T0 + (5400 if resolved else 1800),
-        resolved_at=T0 + 5400 if resolved else None, waste_usd=49.16 if resolved else 16.39,
+        episode_start=T0, fired_at=T0 + 1800, resolved_at=T0 + 5400 if resolved else None,
         usd_per_hour=32.77, resource_type="gpu_instance", account="ml-prod", region="us-east-1",
         instance_type="p4d.24xlarge", tags={"team": "nlp", "owner": "alice", "project": "llm"},
         details={"gpu_count": 8, "gpu_model": "A100-SXM4-40GB", **({"reason": "gpu_busy"} if resolved else {})},
@@ -162,3 +163,26 @@ def test_untagged_resources_of_one_account_are_one_message(slack, store):
     restarted.add([untagged("u3", "ml-prod", "host-3", change="resolved")])
     restarted.deliver_pending()
     assert slack.calls("chat.update") == [] and slack.calls("chat.postMessage")[-1].body["thread_ts"] == posts[0].response["ts"]
+
+
+def test_growing_dollars_edit_the_message_at_most_once_a_minute(slack, store):
+    now = [0.0]
+    outbox = Outbox(store, bot(slack), edit_every_s=60.0, clock=lambda: now[0])
+    outbox.add([alert()])
+    outbox.deliver_pending()
+    parent = slack.calls("chat.postMessage")[0].response["ts"]
+    for k, usd in enumerate((20.0, 25.0, 30.0)):  # three cost updates within the minute
+        outbox.add([alert("updated", waste_usd=usd, updated_at=T0 + 1800 + 900 * (k + 1))])
+        outbox.deliver_pending()
+        now[0] += 10
+    edits = slack.calls("chat.update")
+    assert len(edits) == 1 and "$20.00" in edits[0].text_of_blocks() and edits[0].body["ts"] == parent
+    assert outbox.hold_s == pytest.approx(40.0)  # at the last pass (20 s in), the next edit was 40 s away
+    now[0] += 30
+    outbox.deliver_pending()
+    edits = slack.calls("chat.update")
+    assert len(edits) == 2 and "$30.00" in edits[1].text_of_blocks()  # the latest figure, not each one
+    outbox.add([alert("updated", waste_usd=35.0), alert("resolved")])  # a pending edit gives way to the resolution
+    now[0] += 120
+    outbox.deliver_pending()
+    assert len(slack.calls("chat.update")) == 3 and "Resolved" in slack.calls("chat.update")[-1].text_of_blocks()
