@@ -48,6 +48,7 @@ class Match(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    resource_id: Selector | None = None
     resource_type: Selector | None = None
     account: Selector | None = None
     region: Selector | None = None
@@ -141,6 +142,8 @@ class Silence(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    id: str = ""
+    """Set by ``burnwatch silence add``, for ``burnwatch silence expire``."""
     match: Match = Match()
     rules: list[str] = []
     """Rule names it applies to; empty: every rule."""
@@ -214,7 +217,7 @@ def _compile_selector(selector: Selector) -> Callable[[str], bool]:
 def compile_match(match: Match) -> Callable[[ResourceInfo], bool]:
     """Turn a :class:`Match` into one predicate over a resource. ``team: '!*'`` selects resources without a team tag."""
     checks: list[Callable[[ResourceInfo], bool]] = []
-    for attr in ("resource_type", "account", "region", "instance_type"):
+    for attr in ("resource_id", "resource_type", "account", "region", "instance_type"):
         selector = getattr(match, attr)
         if selector is not None:
             test = _compile_selector(selector)

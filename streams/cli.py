@@ -8,6 +8,7 @@
     burnwatch backtest --since 7d --compare rules-new/   what a rules change would add or remove
     burnwatch eval                          precision/recall/dollar error per type, simulated fleets
     burnwatch rules check [PATH]            validate rule files; exit 1 on any error
+    burnwatch silence add --match team=nlp --type idle_gpu --for 8h --reason "..."   (list, expire ID)
     burnwatch sql "SELECT ..."              ad hoc post-mortem query against the store
 """
 
@@ -224,6 +225,42 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_silence(args: argparse.Namespace) -> int:
+    import getpass
+
+    from detector.rules import RulesInvalid
+    from detector.silencing import add_silence, expire_silence, list_silences, now_utc, parse_match
+    from detector.units import parse_duration
+
+    rules_dir = Path(args.rules or _settings(args).rules_path)
+    now = now_utc()
+    try:
+        if args.silence_command == "add":
+            silence = add_silence(
+                rules_dir, parse_match(args.match or []), types=args.type or [], rules=args.rule or [],
+                until=now + parse_duration(args.duration), reason=args.reason, created_by=args.by or getpass.getuser(),
+            )  # fmt: skip
+            print(f"silence {silence.id} until {silence.until.isoformat()} added to {rules_dir}/silences.yaml; "
+                  "a running worker takes it up within seconds")  # fmt: skip
+        elif args.silence_command == "expire":
+            silence = expire_silence(rules_dir, args.id, now)
+            print(f"silence {silence.id} expired")
+        else:
+            rows = [r for r in list_silences(rules_dir, now) if args.all or r["active"]]
+            if args.json:
+                for row in rows:
+                    print(json.dumps(row))
+            else:
+                _print_table(rows) if rows else print("no silences in force" + ("" if args.all else " (--all lists ended ones)"))
+    except RulesInvalid as exc:
+        print(f"refused, the rules would not load:\n{exc}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError) as exc:
+        print(str(exc).strip("'\""), file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from detector.rules import RulesInvalid, load_rules
 
@@ -329,6 +366,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--messy", action="store_true", help="lose 2 %% of scrapes, jitter clocks, duplicate and delay messages")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
+
+    silence = sub.add_parser("silence", help="silences (kept in rules/silences.yaml)").add_subparsers(
+        dest="silence_command", required=True)  # fmt: skip
+    p = silence.add_parser("add", help="record matching findings without posting them, for a while")
+    p.add_argument("--match", action="append", metavar="KEY=VALUE",
+                   help="team=nlp, resource_type=notebook, resource_id=i-0abc, account=..., any tag (repeatable)")
+    p.add_argument("--type", action="append", help="rule type (repeatable); default: all")
+    p.add_argument("--rule", action="append", help="rule name (repeatable); default: all")
+    p.add_argument("--for", dest="duration", required=True, help="how long, e.g. 8h, 2d")
+    p.add_argument("--reason", required=True)
+    p.add_argument("--by", help="who (default: $USER)")
+    p.add_argument("--rules", help="rules directory (default: BURNWATCH_RULES or rules/)")
+    p.set_defaults(func=cmd_silence)
+    p = silence.add_parser("list", help="silences in force")
+    p.add_argument("--all", action="store_true", help="also the ones that ended")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--rules", help="rules directory (default: BURNWATCH_RULES or rules/)")
+    p.set_defaults(func=cmd_silence)
+    p = silence.add_parser("expire", help="end a silence now")
+    p.add_argument("id")
+    p.add_argument("--rules", help="rules directory (default: BURNWATCH_RULES or rules/)")
+    p.set_defaults(func=cmd_silence)
 
     rules = sub.add_parser("rules", help="rule files").add_subparsers(dest="rules_command", required=True)
     p = rules.add_parser("check", help="validate rule files, report every error")

@@ -1,0 +1,119 @@
+"""``burnwatch silence add|list|expire``: silences kept in ``rules/silences.yaml``.
+
+Silences are part of the rules, so the worker takes a new one up with its hot reload
+(within seconds) and a replay is silenced exactly as the live stream was. The CLI
+writes only its own file (``silences.yaml`` beside the rules), validates the whole
+rules directory with the change before keeping it, and never rewrites a file a person
+edits by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from detector.rules import Match, RulesInvalid, Silence, load_rules, validate_rule_files
+from detector.units import rfc3339
+
+__all__ = ["SILENCES_FILE", "add_silence", "expire_silence", "list_silences", "parse_match"]
+
+SILENCES_FILE = "silences.yaml"
+_HEADER = "# Silences written by `burnwatch silence add`; the worker reloads this file like any rule file.\n"
+
+
+def parse_match(pairs: list[str]) -> Match:
+    """``["team=nlp", "resource_type=notebook"]`` → a :class:`Match` (tags for unknown keys)."""
+    fields: dict[str, Any] = {}
+    tags: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"--match {pair!r}: expected KEY=VALUE, e.g. team=nlp")
+        if key in Match.model_fields and key != "tags":
+            fields[key] = value
+        else:
+            tags[key.removeprefix("tags.")] = value
+    return Match(**fields, tags=tags)
+
+
+def _file(rules_dir: Path) -> Path:
+    if not rules_dir.is_dir():
+        raise ValueError(f"{rules_dir}: silences are written beside the rules, which must be a directory")
+    return rules_dir / SILENCES_FILE
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    data = yaml.safe_load(path.read_text()) or {}
+    return list(data.get("silences") or [])
+
+
+def _write_checked(rules_dir: Path, path: Path, silences: list[dict[str, Any]]) -> None:
+    """Write, then load the whole rules directory; on any error put the old file back."""
+    old = path.read_text() if path.exists() else None
+    path.write_text(_HEADER + yaml.safe_dump({"silences": silences}, sort_keys=False, allow_unicode=True))
+    try:
+        load_rules(rules_dir)
+    except RulesInvalid:
+        if old is None:
+            path.unlink()
+        else:
+            path.write_text(old)
+        raise
+
+
+def add_silence(rules_dir: str | Path, match: Match, *, types: list[str], rules: list[str], until: float,
+                reason: str, created_by: str = "") -> Silence:  # fmt: skip
+    """Append a silence to ``silences.yaml``; return it (with its new id)."""
+    rules_dir = Path(rules_dir)
+    path = _file(rules_dir)
+    entry: dict[str, Any] = {
+        "match": match.model_dump(exclude_defaults=True),
+        "types": types,
+        "rules": rules,
+        "until": rfc3339(until),
+        "reason": reason,
+        "created_by": created_by,
+    }
+    entry["id"] = hashlib.blake2b(repr(sorted(entry.items())).encode(), digest_size=4).hexdigest()
+    entry = {"id": entry.pop("id"), **entry}
+    _write_checked(rules_dir, path, [*_read(path), entry])
+    return Silence.model_validate(entry)
+
+
+def expire_silence(rules_dir: str | Path, silence_id: str, now: float) -> Silence:
+    """End a silence written by the CLI now (its record stays, with the earlier end)."""
+    rules_dir = Path(rules_dir)
+    path = _file(rules_dir)
+    entries = _read(path)
+    for entry in entries:
+        if entry.get("id") == silence_id:
+            entry["until"] = rfc3339(now)
+            _write_checked(rules_dir, path, entries)
+            return Silence.model_validate(entry)
+    raise KeyError(f"no silence {silence_id!r} in {path} (only silences added with the CLI can be expired by id)")
+
+
+def list_silences(rules_path: str | Path, now: float) -> list[dict[str, Any]]:
+    """Every silence in the rule files, with whether it is in force at ``now``."""
+    _, errors, silences = validate_rule_files(rules_path)
+    if errors:
+        raise RulesInvalid(errors)
+    out = []
+    for s in silences:
+        until = s.until.timestamp()
+        out.append({
+            "id": s.id or "(file)", "active": until > now, "until": rfc3339(until),
+            "match": s.match.model_dump(exclude_defaults=True) or "(everything)",
+            "types": s.types or "(all)", "rules": s.rules or "(all)", "reason": s.reason, "created_by": s.created_by,
+        })  # fmt: skip
+    return out
+
+
+def now_utc() -> float:
+    return datetime.now(timezone.utc).timestamp()
