@@ -75,6 +75,15 @@ class Alert(msgspec.Struct, kw_only=True):
         return cls.facts(self.details) if cls is not None else []
 
     @property
+    def group(self) -> tuple[str, str] | None:
+        """(what, value) openings of this type are grouped by, e.g. ("team", "nlp"); None: never."""
+        cls = REGISTRY.get(self.type)
+        by = cls.group_by if cls is not None else None
+        if by is None:
+            return None
+        return by, (self.account if by == "account" else self.tags.get(by, ""))
+
+    @property
     def duration_s(self) -> float:
         end = self.resolved_at if self.resolved_at is not None else self.updated_at
         return max(0.0, end - self.episode_start)

@@ -5,10 +5,10 @@ delivery is recorded there too, so after a crash or a rebalance the outbox is
 rebuilt from the store (:meth:`Outbox.recover`) and what was already posted is
 not posted again: the alert id is the idempotency key.
 
-Openings of a type that groups (``untagged``, by account) wait ``group_wait_s`` in
-the queue for company: the ones that share the group and fired within
-``group_window_s`` of event time go out as one message, every alert id recorded
-against it; their resolutions reply in its thread without editing it.
+Openings wait ``group_wait_s`` in the queue for company: those of one type and one
+group (the team; the account for ``untagged``) that fired within ``group_window_s``
+of event time go out as one message, every alert id recorded against it; their
+resolutions reply in its thread without editing it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from detector.alerts import Alert
-from detector.detectors import REGISTRY
 from detector.slack import SlackError, SlackNotifier
 from detector.store import Store, alert_from_row
 
@@ -177,17 +176,15 @@ class Outbox:
     def _group_of(self, alert: Alert) -> list[Alert] | None:
         """The openings to post with ``alert`` (just it, for types that do not group), or None
         while its group is still collecting."""
-        cls = REGISTRY.get(alert.type)
-        attr = getattr(cls, "group_by", None)
-        if alert.change != "fired" or attr is None:
+        group = alert.group
+        if alert.change != "fired" or group is None:
             return [alert]
         waited = self._clock() - self._queued_at.get(alert.alert_id, 0.0)
         if waited < self.group_wait_s:
             self.hold_s = self.group_wait_s - waited
             return None
-        value = getattr(alert, attr)
         return [a for a in self._queue
-                if a.change == "fired" and a.type == alert.type and getattr(a, attr) == value
+                if a.change == "fired" and a.type == alert.type and a.group == group
                 and a.channel == alert.channel and abs(a.fired_at - alert.fired_at) <= self.group_window_s
                 and (a.alert_id, a.change) not in self._done]  # fmt: skip
 

@@ -172,12 +172,19 @@ def _resolution_text(alert: Alert) -> str:
     )
 
 
+def _group_words(alert: Alert) -> str:
+    by, value = alert.group or ("team", "")
+    if by == "account":
+        return f"resources in {value or 'an unknown account'}"
+    return f"resources of {by} {value}" if value else f"resources without a {by} tag"
+
+
 def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     """One message listing several openings of one type (untagged resources of one account)."""
     head = alerts[0]
     rate = sum(a.usd_per_hour for a in alerts)
     spent = sum(a.waste_usd for a in alerts)
-    header = f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} resources in {head.account or '?'}: ${rate:,.2f}/h"
+    header = f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} {_group_words(head)}: ${rate:,.2f}/h"
     lines = []
     for a in sorted(alerts, key=lambda a: -a.usd_per_hour)[:25]:
         facts = "; ".join(f"{k.lower()} {v}" for k, v in a.facts)
@@ -276,8 +283,7 @@ class SlackNotifier:
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
         """One message for several openings of one type and group (untagged resources of one account)."""
         head = alerts[0]
-        text = f"{head.title}: {len(alerts)} resources in {head.account or 'an unknown account'}"
-        return self._send(head.channel, text, render_group(alerts))
+        return self._send(head.channel, f"{head.title}: {len(alerts)} {_group_words(head)}", render_group(alerts))
 
     def _send(self, channel: str, text: str, blocks: list[dict[str, Any]], alert: Alert | None = None,
               thread: tuple[str, str] | None = None, edit_parent: bool = True) -> tuple[str, str]:  # fmt: skip

@@ -15,12 +15,14 @@ def alert(change: str = "fired", alert_id: str = "a1", **kw) -> Alert:
     resolved = change == "resolved"
     kw.setdefault("waste_usd", 49.16 if resolved else 16.39)
     kw.setdefault("updated_at", T0 + (5400 if resolved else 1800))
+    kw.setdefault("tags", {"team": "nlp", "owner": "alice", "project": "llm"})
+    kw.setdefault("fired_at", T0 + 1800)
     return Alert(
         alert_id=alert_id, type="idle_gpu", rule="idle-gpu", resource_id="gpu-host-007",
         status="resolved" if resolved else "firing", change=change, severity="warning",
-        episode_start=T0, fired_at=T0 + 1800, resolved_at=T0 + 5400 if resolved else None,
+        episode_start=T0, resolved_at=T0 + 5400 if resolved else None,
         usd_per_hour=32.77, resource_type="gpu_instance", account="ml-prod", region="us-east-1",
-        instance_type="p4d.24xlarge", tags={"team": "nlp", "owner": "alice", "project": "llm"},
+        instance_type="p4d.24xlarge",
         details={"gpu_count": 8, "gpu_model": "A100-SXM4-40GB", **({"reason": "gpu_busy"} if resolved else {})},
         **kw,
     )  # fmt: skip
@@ -83,9 +85,10 @@ def test_server_errors_are_retryable_and_client_errors_are_not(slack):
 
 def test_outbox_survives_an_outage_and_a_restart_without_double_posting(slack, store):
     """Slack down: nothing is lost. Worker restart: nothing is posted twice."""
-    opened, resolved, other = alert(), alert("resolved"), alert(alert_id="a2")
+    other = alert(alert_id="a2", tags={"team": "vision", "owner": "dana", "project": "det"})  # another team's
+    opened, resolved = alert(), alert("resolved")
     store.record_alerts([opened, other], version=1)
-    outbox = Outbox(store, bot(slack))
+    outbox = Outbox(store, bot(slack), group_wait_s=0)
     outbox.add([opened, other])
     slack.fail_next(3, status=503)  # the first try and both of slack-sdk's retries fail
     with pytest.raises(SlackError):
@@ -95,7 +98,7 @@ def test_outbox_survives_an_outage_and_a_restart_without_double_posting(slack, s
     assert outbox.deliver_pending() == 2  # Slack is back
     store.record_alerts([resolved], version=2)
     # The worker dies before delivering the resolution; a new one rebuilds the outbox from the store.
-    restarted = Outbox(store, bot(slack))
+    restarted = Outbox(store, bot(slack), group_wait_s=0)
     assert restarted.recover() == 1
     assert restarted.deliver_pending() == 1
     assert Outbox(store, bot(slack)).recover() == 0
@@ -167,7 +170,7 @@ def test_untagged_resources_of_one_account_are_one_message(slack, store):
 
 def test_growing_dollars_edit_the_message_at_most_once_a_minute(slack, store):
     now = [0.0]
-    outbox = Outbox(store, bot(slack), edit_every_s=60.0, clock=lambda: now[0])
+    outbox = Outbox(store, bot(slack), group_wait_s=0, edit_every_s=60.0, clock=lambda: now[0])
     outbox.add([alert()])
     outbox.deliver_pending()
     parent = slack.calls("chat.postMessage")[0].response["ts"]
@@ -186,3 +189,18 @@ def test_growing_dollars_edit_the_message_at_most_once_a_minute(slack, store):
     now[0] += 120
     outbox.deliver_pending()
     assert len(slack.calls("chat.update")) == 3 and "Resolved" in slack.calls("chat.update")[-1].text_of_blocks()
+
+
+def test_openings_of_one_type_and_team_within_two_minutes_are_one_message(slack, store):
+    def idle(alert_id: str, team: str, fired_at: float) -> Alert:
+        return alert(alert_id=alert_id, fired_at=fired_at, tags={"team": team, "owner": "x", "project": "p"})
+
+    outbox = Outbox(store, bot(slack), group_wait_s=0)
+    outbox.add([idle("n1", "nlp", T0 + 1800), idle("n2", "nlp", T0 + 1830), idle("v1", "vision", T0 + 1830),
+                idle("n3", "nlp", T0 + 1900), idle("n4", "nlp", T0 + 1800 + 600)])  # fmt: skip
+    outbox.deliver_pending()
+    texts = [p.text_of_blocks() for p in slack.calls("chat.postMessage")]
+    assert len(texts) == 3
+    assert "3 resources of team nlp" in texts[0] and all(f"alert `n{i}`" in texts[0] for i in (1, 2, 3))
+    assert "$98.31/h" in texts[0]  # the three hosts' rate together
+    assert "alert `v1`" in texts[1] and "alert `n4`" in texts[2]  # another team; ten minutes later

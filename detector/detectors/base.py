@@ -87,9 +87,9 @@ class DetectorBase:
     dollars: ClassVar[str] = "wasted"
     """What an alert's dollars are, in words: "wasted", "spent untagged", "could be saved",
     or "" for forecasts whose news is not money already gone."""
-    group_by: ClassVar[str | None] = None
-    """An alert attribute (``account``): openings of this type that share it and arrive
-    together are posted as one Slack message listing them."""
+    group_by: ClassVar[str | None] = "team"
+    """What openings of this type are grouped by (``team``, ``account``): those that share
+    it and fire together are posted as one Slack message listing them. None: never."""
 
     def new_state(self) -> Any:
         return self.State()
