@@ -60,6 +60,8 @@ class Outbox:
         self._snoozed: dict[str, float] = {}
         """Alert id → wall time its snooze (a button) ends: its changes are not posted until then."""
         self._wall = time.time
+        self.on_opened: Callable[[Alert, str, str], None] | None = None
+        """Called with (alert, channel, message ts) after an opening is posted alone (charts)."""
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -145,6 +147,8 @@ class Outbox:
                 self.store.record_delivery(member.alert_id, member.change, channel, ts)
                 self._done[(member.alert_id, member.change)] = (channel, ts)
             self._drop(group)
+            if self.on_opened is not None and len(group) == 1 and alert.change == "fired" and ts:
+                self.on_opened(alert, channel, ts)
             sent += 1
             self.delivered += len(group)
         if self._edits and self.notifier is not None and self.notifier.threads:

@@ -37,6 +37,7 @@ ENV = {
     "slack_webhook_url": "SLACK_WEBHOOK_URL",
     "slack_base_url": "SLACK_BASE_URL",
     "slack_signing_secret": "SLACK_SIGNING_SECRET",
+    "slack_charts": "BURNWATCH_SLACK_CHARTS",
 }
 
 
@@ -62,6 +63,8 @@ class Settings(BaseModel):
     slack_bot_token: SecretStr | None = None
     slack_channel: str | None = None
     slack_webhook_url: SecretStr | None = None
+    slack_charts: bool = True
+    """Attach a chart of the metric in each incident's thread (bot token only)."""
     slack_signing_secret: SecretStr | None = None
     """Verifies button clicks sent to ``/slack/actions``; without it the endpoint refuses them."""
     slack_base_url: str | None = None

@@ -265,6 +265,15 @@ class SlackNotifier:
         blocks = render_blocks(alert, actions, self.routing)
         return self._send(alert.channel, alert.summary(), blocks, alert=alert, thread=thread, edit_parent=edit_parent)
 
+    def upload_chart(self, alert: Alert, png: bytes, channel: str, thread_ts: str) -> None:
+        """Attach a chart in the incident's thread (``files_upload_v2``; bot token only)."""
+        if self._web is None:
+            return
+        from detector.charts import chart_title
+
+        self._web.files_upload_v2(channel=channel, thread_ts=thread_ts, file=png, filename=f"{alert.alert_id}.png",
+                                  title=chart_title(alert))  # fmt: skip
+
     def edit(self, alert: Alert, thread: tuple[str, str], actions: list[dict[str, Any]] | None = None) -> None:
         """Rewrite an incident's message with the alert's latest figures (bot token only)."""
         self.show_actions(alert, actions or [], *thread)

@@ -1,5 +1,9 @@
 """A local stand-in for Slack's Web API and incoming webhooks, for tests and benchmarks.
 
+It implements what burnwatch calls: ``chat.postMessage``, ``chat.update``, the three
+steps of ``files_upload_v2`` (``files.getUploadURLExternal``, the upload itself,
+``files.completeUploadExternal``) and incoming webhooks.
+
 Slack cannot be reached from CI, so slack-sdk is pointed here (``base_url`` /
 the webhook URL) and the tests assert on what this server received. It can be
 told to answer 429 with Retry-After, 500, or to hang, to exercise delivery.
@@ -55,6 +59,8 @@ class LocalSlack:
 
     def __init__(self) -> None:
         self.requests: list[SlackRequest] = []
+        self.uploads: dict[str, bytes] = {}
+        """File id → the bytes uploaded for it (files_upload_v2)."""
         self._failures: list[tuple[int, dict[str, str]]] = []
         self._hang_s = 0.0
         self._lock = threading.Lock()
@@ -124,6 +130,18 @@ class LocalSlack:
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.startswith("/upload/"):  # step 2 of files_upload_v2: the bytes themselves
+                    file_id = self.path.removeprefix("/upload/")
+                    with slack._cond:
+                        slack.uploads[file_id] = raw
+                        slack.requests.append(SlackRequest("upload", {"file_id": file_id, "bytes": len(raw)}))
+                        slack._cond.notify_all()
+                    reply = f"OK - {len(raw)}".encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                    return
                 if slack._hang_s:
                     time.sleep(slack._hang_s)
                 with slack._lock:
@@ -167,6 +185,13 @@ class LocalSlack:
         if method in ("chat.postMessage", "chat.update"):
             message_ts = body.get("ts", ts) if method == "chat.update" else ts
             return json.dumps({"ok": True, "channel": channel, "ts": message_ts}).encode()
+        if method == "files.getUploadURLExternal":
+            file_id = f"F{ts.replace('.', '')[-8:]}"
+            return json.dumps({"ok": True, "file_id": file_id,
+                               "upload_url": f"http://127.0.0.1:{self.port}/upload/{file_id}"}).encode()  # fmt: skip
+        if method == "files.completeUploadExternal":
+            files = json.loads(body.get("files", "[]"))
+            return json.dumps({"ok": True, "files": [{"id": f["id"], "title": f.get("title", "")} for f in files]}).encode()
         if method == "auth.test":
             return json.dumps({"ok": True, "user_id": "U0BOT", "team_id": "T000"}).encode()
         return json.dumps({"ok": False, "error": "unknown_method"}).encode()

@@ -17,6 +17,7 @@ from faust.web import View
 
 from detector.actions import ActionHandler, RequestVerifier
 from detector.alerts import AlertManager
+from detector.charts import ChartWorker
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.events import TOPICS
@@ -84,6 +85,8 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     outbox = Outbox(store, _notifier(settings))
     if outbox.notifier is not None:
         outbox.notifier.routing = ruleset.routing
+        if outbox.notifier.threads and settings.slack_charts:
+            outbox.on_opened = ChartWorker(store, outbox.notifier).start().submit
 
     async def send_dead_letter(key: bytes | None, value: bytes) -> None:
         await dead_letters.send(key=key, value=value)

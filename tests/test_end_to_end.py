@@ -180,6 +180,8 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
             alert = expected[alert_id]
             assert f"${alert.waste_usd:,.2f} {alert.dollars}" in reply.text_of_blocks()
         assert straddling.alert_id in resolved_ids  # opened before the restart, resolved after, same thread
+        charts = slack.calls("files.completeUploadExternal")  # a chart in incidents' threads
+        assert charts and {c.body["thread_ts"] for c in charts} <= set(opening_ts.values()) - group_ts
         last_edit = {u.body["ts"]: u.text_of_blocks() for u in slack.calls("chat.update")}
         assert not group_ts & last_edit.keys()  # a group's message is never rewritten for one member
         for alert_id in resolved_ids:  # every other resolved incident's message ends up saying so
