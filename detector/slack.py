@@ -265,6 +265,15 @@ class SlackNotifier:
         blocks = render_blocks(alert, actions, self.routing)
         return self._send(alert.channel, alert.summary(), blocks, alert=alert, thread=thread, edit_parent=edit_parent)
 
+    def post_digest(self, digest: Any, blocks: list[dict[str, Any]], png: bytes | None) -> tuple[str, str]:
+        """Post a daily digest (and its bar chart in its thread); return (channel, ts)."""
+        text = f"Cost waste on {digest.date}: ${digest.total:,.2f}"
+        channel, ts = self._send(digest.channel, text, blocks)
+        if png is not None and self._web is not None and ts:
+            self._web.files_upload_v2(channel=channel, thread_ts=ts, file=png, filename=f"digest-{digest.date}.png",
+                                      title=f"Cost waste by team, {digest.date}")  # fmt: skip
+        return channel, ts
+
     def upload_chart(self, alert: Alert, png: bytes, channel: str, thread_ts: str) -> None:
         """Attach a chart in the incident's thread (``files_upload_v2``; bot token only)."""
         if self._web is None:

@@ -138,6 +138,14 @@ def _schema(db: str) -> list[str]:
             until Nullable(DateTime64(3, 'UTC'))
         ) ENGINE = MergeTree
         ORDER BY (alert_id, at)""",
+        # Daily digests sent, so a restart sends none twice.
+        f"""CREATE TABLE IF NOT EXISTS {db}.digests (
+            day DateTime('UTC'),
+            channel String,
+            message_ts String,
+            sent_at DateTime64(3, 'UTC') DEFAULT now64(3)
+        ) ENGINE = ReplacingMergeTree
+        ORDER BY (day, channel)""",
         # Spend nobody can be charged for, per account: what the untagged detector found.
         f"""CREATE VIEW IF NOT EXISTS {db}.unattributed_spend AS
             SELECT account, count() AS resources, countIf(status = 'firing') AS still_untagged,
@@ -459,6 +467,15 @@ class Store:
             {"now": _ms(now)},
         )
         return {r["alert_id"]: epoch(r["until"]) for r in rows}
+
+    def last_digest_day(self) -> float | None:
+        rows = self.query(f"SELECT max(day) AS day, count() AS n FROM {self.db}.digests")
+        return rows[0]["day"].replace(tzinfo=timezone.utc).timestamp() if rows and rows[0]["n"] else None
+
+    def record_digest(self, day: float, channel: str, message_ts: str) -> None:
+        with self._lock:
+            self.client.insert(f"{self.db}.digests", [[int(day), channel, message_ts]],
+                               column_names=["day", "channel", "message_ts"])  # fmt: skip
 
     def record_delivery(self, alert_id: str, kind: str, channel: str, message_ts: str) -> None:
         with self._lock:

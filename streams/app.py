@@ -19,6 +19,7 @@ from detector.actions import ActionHandler, RequestVerifier
 from detector.alerts import AlertManager
 from detector.charts import ChartWorker
 from detector.delivery import Outbox
+from detector.digest import send_due_digests
 from detector.engine import Engine
 from detector.events import TOPICS
 from detector.logs import stdlib_logging_config
@@ -180,6 +181,20 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
             if outbox.notifier is not None:
                 outbox.notifier.routing = ruleset.routing
             log.info("rules_reloaded", path=str(settings.rules_path), rules=ruleset.names)
+
+    @app.timer(interval=15.0)
+    async def daily_digest() -> None:
+        """Once the stream's event time has passed a day's end, post that day's digest per channel."""
+        if outbox.notifier is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            sent = await loop.run_in_executor(None, send_due_digests, store, outbox.notifier, engine.watermark)
+        except SlackError as exc:
+            log.warning("digest_retry", error=str(exc))
+            return
+        for digest in sent:
+            log.info("digest_sent", day=digest.date, channel=digest.channel or "(default)", usd=round(digest.total, 2))
 
     @app.timer(interval=60.0)
     async def expire_state() -> None:

@@ -261,6 +261,44 @@ def cmd_silence(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_digest(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from detector.digest import build_digests, digest_chart, render_digest
+    from detector.store import Store
+
+    settings = _settings(args)
+    try:
+        day = datetime.strptime(args.day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        raise SystemExit(f"--day {args.day!r}: expected YYYY-MM-DD") from None
+    store = Store.open(settings.dsn, settings.clickhouse_database)
+    try:
+        digests = build_digests(store, day)
+    finally:
+        store.close()
+    if not digests:
+        print(f"nothing burned on {args.day}")
+        return 0
+    notifier = None
+    if args.post:
+        from streams.app import _notifier
+
+        notifier = _notifier(settings) or sys.exit("--post needs SLACK_BOT_TOKEN and SLACK_CHANNEL, or SLACK_WEBHOOK_URL")
+    for d in digests:
+        print(f"{d.channel or '(default channel)'}: ${d.total:,.2f} on {d.date}; {d.incidents} incidents, "
+              f"{d.open_incidents} open at the end (${d.open_usd_per_hour:,.2f}/h)")  # fmt: skip
+        for rule_type, usd in sorted(d.by_type.items(), key=lambda kv: -kv[1]):
+            print(f"  {rule_type:<28}${usd:>12,.2f}")
+        for team, usd in sorted(d.by_team.items(), key=lambda kv: -kv[1]):
+            print(f"  team {team:<23}${usd:>12,.2f}")
+        for o in d.top:
+            print(f"  top: {o['resource_id']} ({o['type']}, {o['team']}) ${o['usd']:,.2f}")
+        if notifier is not None:
+            notifier.post_digest(d, render_digest(d), digest_chart(d))
+    return 0
+
+
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from detector.rules import RulesInvalid, load_rules
 
@@ -388,6 +426,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("--rules", help="rules directory (default: BURNWATCH_RULES or rules/)")
     p.set_defaults(func=cmd_silence)
+
+    p = sub.add_parser("digest", help="a day's waste by type and team, top offenders (what the worker posts daily)")
+    p.add_argument("--day", required=True, help="UTC day, YYYY-MM-DD")
+    p.add_argument("--post", action="store_true", help="also post it to Slack")
+    p.set_defaults(func=cmd_digest)
 
     rules = sub.add_parser("rules", help="rule files").add_subparsers(dest="rules_command", required=True)
     p = rules.add_parser("check", help="validate rule files, report every error")

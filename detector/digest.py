@@ -1,0 +1,156 @@
+"""The daily digest per channel: yesterday's waste by type and team, top offenders,
+what is still open, and a bar chart.
+
+A day's dollars are the growth of each alert's dollars within the day (from
+``alert_changes``), so an episode spanning midnight is split between the two days it
+burned. The worker sends the digest of a day once its stream has passed the day's
+end in event time (a replay gets the digests the live stream got), and records it in
+``digests`` so a restart does not send it twice. ``burnwatch digest --day`` prints or
+posts any day's.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from detector.detectors import REGISTRY
+
+__all__ = ["Digest", "build_digests", "digest_chart", "render_digest", "send_due_digests"]
+
+DAY_S = 86_400.0
+
+
+@dataclass
+class Digest:
+    channel: str
+    """'' = the notifier's default channel."""
+    day: float
+    """Start of the day (UTC midnight), epoch seconds."""
+    by_type: dict[str, float] = field(default_factory=dict)
+    by_team: dict[str, float] = field(default_factory=dict)
+    by_team_type: dict[tuple[str, str], float] = field(default_factory=dict)
+    top: list[dict[str, Any]] = field(default_factory=list)
+    incidents: int = 0
+    open_incidents: int = 0
+    open_usd_per_hour: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.by_type.values())
+
+    @property
+    def date(self) -> str:
+        return datetime.fromtimestamp(self.day, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+def _money_types() -> list[str]:
+    return [t for t, cls in REGISTRY.items() if cls.dollars]
+
+
+def build_digests(store: Any, day: float, top_n: int = 5) -> list[Digest]:
+    """One digest per channel with activity in the UTC day starting at ``day``."""
+    lo, hi = int(day * 1000), int((day + DAY_S) * 1000)
+    rows = store.query(
+        f"""SELECT a.alert_id AS alert_id, a.type AS type, a.resource_id AS resource_id, a.channel AS channel,
+                   a.tags['team'] AS team, a.status AS status, a.usd_per_hour AS usd_per_hour,
+                   a.resolved_at AS resolved_at, c.usd_end - c.usd_start AS usd
+            FROM (SELECT alert_id,
+                         argMaxIf(waste_usd, at, at < fromUnixTimestamp64Milli(%(hi)s, 'UTC')) AS usd_end,
+                         argMaxIf(waste_usd, at, at < fromUnixTimestamp64Milli(%(lo)s, 'UTC')) AS usd_start,
+                         countIf(at >= fromUnixTimestamp64Milli(%(lo)s, 'UTC')
+                                 AND at < fromUnixTimestamp64Milli(%(hi)s, 'UTC')) AS changes
+                  FROM {store.db}.alert_changes GROUP BY alert_id HAVING changes > 0) AS c
+            INNER JOIN (SELECT * FROM {store.db}.alerts FINAL) AS a ON a.alert_id = c.alert_id
+            WHERE a.type IN %(types)s AND a.silenced = ''""",
+        {"lo": lo, "hi": hi, "types": _money_types()},
+    )
+    digests: dict[str, Digest] = {}
+    for r in rows:
+        d = digests.setdefault(r["channel"], Digest(channel=r["channel"], day=day))
+        team = r["team"] or "(untagged)"
+        usd = max(0.0, float(r["usd"]))
+        d.by_type[r["type"]] = d.by_type.get(r["type"], 0.0) + usd
+        d.by_team[team] = d.by_team.get(team, 0.0) + usd
+        d.by_team_type[(team, r["type"])] = d.by_team_type.get((team, r["type"]), 0.0) + usd
+        d.incidents += 1
+        resolved = r["resolved_at"].replace(tzinfo=timezone.utc).timestamp() if r["resolved_at"] is not None else None
+        still_open = r["status"] == "firing" or (resolved is not None and resolved >= day + DAY_S)
+        if still_open:
+            d.open_incidents += 1
+            d.open_usd_per_hour += r["usd_per_hour"]
+        d.top.append({"resource_id": r["resource_id"], "type": r["type"], "team": team, "usd": usd})
+    for d in digests.values():
+        d.top = sorted(d.top, key=lambda x: -x["usd"])[:top_n]
+    return sorted(digests.values(), key=lambda d: d.channel)
+
+
+def render_digest(d: Digest) -> list[dict[str, Any]]:
+    def lines(pairs: dict[str, float]) -> str:
+        return "\n".join(f"• {k}: *${v:,.2f}*" for k, v in sorted(pairs.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+
+    titles = {t: cls.title for t, cls in REGISTRY.items()}
+    top = "\n".join(f"{i}. `{o['resource_id']}` ({titles.get(o['type'], o['type'])}, {o['team']}): ${o['usd']:,.2f}"
+                    for i, o in enumerate(d.top, 1))  # fmt: skip
+    return [
+        {"type": "header", "text": {"type": "plain_text", "text": f"Cost waste on {d.date}: ${d.total:,.2f}"}},
+        {"type": "section", "fields": [
+            {"type": "mrkdwn", "text": "*By type*\n" + (lines({titles.get(k, k): v for k, v in d.by_type.items()}) or "_none_")},
+            {"type": "mrkdwn", "text": "*By team*\n" + (lines(d.by_team) or "_none_")},
+        ]},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Top offenders*\n" + (top or "_none_")}},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": (
+            f"{d.incidents} incidents burned money that day; {d.open_incidents} still open at its end, "
+            f"${d.open_usd_per_hour:,.2f}/h. Dollars are each incident's growth within the UTC day.")}]},
+    ]  # fmt: skip
+
+
+def digest_chart(d: Digest) -> bytes:
+    """Bars per team, stacked by type."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    teams = sorted(d.by_team, key=lambda t: -d.by_team[t])[:12]
+    types = sorted(d.by_type, key=lambda t: -d.by_type[t])
+    fig = Figure(figsize=(8, 3.4), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    bottom = [0.0] * len(teams)
+    for rule_type in types:
+        heights = [d.by_team_type.get((team, rule_type), 0.0) for team in teams]
+        ax.bar(teams, heights, bottom=bottom, label=REGISTRY[rule_type].title if rule_type in REGISTRY else rule_type)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set_ylabel("USD")
+    ax.set_title(f"Cost waste by team on {d.date} (UTC)", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def send_due_digests(store: Any, notifier: Any, watermark: float, settle_s: float = 600.0) -> list[Digest]:
+    """Post the digest of every finished day not yet sent: a day is finished once the
+    stream's event time is ``settle_s`` past its end. The first day burnwatch sees is
+    its first digest; days before it are not sent."""
+    if watermark <= 0:
+        return []
+    last = store.last_digest_day()
+    if last is None:
+        store.record_digest(watermark - watermark % DAY_S - DAY_S, "", "")  # the day before the stream began
+        return []
+    sent: list[Digest] = []
+    day = last + DAY_S
+    while day + DAY_S + settle_s <= watermark:
+        digests = build_digests(store, day)
+        for d in digests:
+            channel, ts = notifier.post_digest(d, render_digest(d), digest_chart(d) if d.by_type else None)
+            store.record_digest(day, d.channel, ts)
+            sent.append(d)
+        if not digests:
+            store.record_digest(day, "", "")  # nothing burned that day: remembered, not posted
+        day += DAY_S
+    return sent

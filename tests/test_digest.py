@@ -1,0 +1,62 @@
+"""The daily digest: each incident's dollars split by day, per channel, sent once."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.alerts import Alert
+from detector.digest import DAY_S, build_digests, send_due_digests
+from detector.slack import SlackNotifier
+from detector.testing import LocalSlack
+from tests.helpers import T0
+
+HOUR = 3600.0
+
+
+def change(alert_id: str, at: float, usd: float, *, rule_type: str = "idle_gpu", team: str = "nlp", rid: str = "h1",
+           channel: str = "", change: str = "updated", resolved: bool = False, silenced: str = "") -> Alert:  # fmt: skip
+    return Alert(alert_id=alert_id, type=rule_type, rule=rule_type, resource_id=rid,
+                 status="resolved" if resolved else "firing", change=change, severity="warning",
+                 episode_start=T0, fired_at=T0, updated_at=at, resolved_at=at if resolved else None,
+                 waste_usd=usd, usd_per_hour=10.0, tags={"team": team} if team else {}, channel=channel,
+                 silenced=silenced)  # fmt: skip
+
+
+@pytest.fixture
+def history(store):
+    """Day 1 (T0) and day 2: an episode across midnight, others within a day, two channels."""
+    store.record_alerts([
+        change("a", T0 + 22 * HOUR, 0.0, change="fired"), change("a", T0 + 23 * HOUR, 10.0),
+        change("a", T0 + DAY_S + 2 * HOUR, 40.0, resolved=True, change="resolved"),  # $10 on day 1, $30 on day 2
+        change("b", T0 + 5 * HOUR, 25.0, rid="h2", team="vision", change="fired"),  # $25 on day 1
+        change("c", T0 + 6 * HOUR, 7.0, rule_type="untagged", team="", rid="nb1", change="fired"),  # $7, untagged
+        change("d", T0 + 7 * HOUR, 99.0, rid="h3", channel="#oncall", change="fired"),  # its own channel
+        change("e", T0 + 8 * HOUR, 50.0, rid="h4", change="fired", silenced="offsite"),  # silenced: not in the digest
+        change("f", T0 + 9 * HOUR, 0.0, rule_type="vector_db_growth", rid="v1", change="fired"),  # a forecast: no $
+    ], version=1)  # fmt: skip
+    return store
+
+
+def test_a_day_counts_what_each_incident_burned_that_day(history):
+    default, oncall = build_digests(history, T0)
+    assert (default.channel, oncall.channel) == ("", "#oncall")
+    assert default.by_type == pytest.approx({"idle_gpu": 35.0, "untagged": 7.0})
+    assert default.by_team == pytest.approx({"nlp": 10.0, "vision": 25.0, "(untagged)": 7.0})
+    assert [o["resource_id"] for o in default.top] == ["h2", "h1", "nb1"]
+    assert default.open_incidents == 3  # a (resolved the next day), b, c
+    (second,) = build_digests(history, T0 + DAY_S)
+    assert second.by_type == pytest.approx({"idle_gpu": 30.0}) and second.open_incidents == 0
+
+
+def test_due_digests_are_posted_once_with_a_chart(history):
+    with LocalSlack() as slack:
+        notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+        assert send_due_digests(history, notifier, watermark=T0 + 3 * HOUR) == []  # the first day seen starts here
+        assert send_due_digests(history, notifier, watermark=T0 + DAY_S + 300) == []  # not settled yet
+        sent = send_due_digests(history, notifier, watermark=T0 + DAY_S + 900)
+        assert [d.channel for d in sent] == ["", "#oncall"]
+        posts = slack.calls("chat.postMessage")
+        assert [p.body["channel"] for p in posts] == ["#ml-cost", "#oncall"]
+        assert "Cost waste on 2026-11-02: $42.00" in posts[0].text_of_blocks()
+        assert len(slack.calls("files.completeUploadExternal")) == 2  # the bar chart, in each digest's thread
+        assert send_due_digests(history, notifier, watermark=T0 + DAY_S + 3600) == []  # never twice
