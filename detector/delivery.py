@@ -60,6 +60,8 @@ class Outbox:
         self._snoozed: dict[str, float] = {}
         """Alert id → wall time its snooze (a button) ends: its changes are not posted until then."""
         self._wall = time.time
+        self._maybe_posted: set[str] = set()
+        """Openings whose post timed out: looked for in the channel before posting again."""
         self.on_opened: Callable[[Alert, str, str], None] | None = None
         """Called with (alert, channel, message ts) after an opening is posted alone (charts)."""
 
@@ -125,11 +127,16 @@ class Outbox:
             group = self._group_of(alert)
             if group is None:
                 return sent  # waiting for the rest of its group
+            if alert.alert_id in self._maybe_posted:
+                found = self.notifier.find_posted(alert.alert_id, alert.channel or self.notifier.channel)
+                self._maybe_posted.discard(alert.alert_id)
+                if found is not None:  # the timed-out post did land: record it, do not post twice
+                    log.info("slack_post_found_after_timeout", alert_id=alert.alert_id)
+                    self._delivered(group, *found)
+                    continue
             try:
                 if len(group) > 1:
                     channel, ts = self.notifier.post_group(group)
-                    if ts:
-                        self._group_ts.add(ts)
                 else:
                     thread = self._done.get((alert.alert_id, "fired"))
                     edit = thread is None or thread[1] not in self._group_ts
@@ -137,23 +144,30 @@ class Outbox:
                     channel, ts = self.notifier.post(alert, thread=thread, edit_parent=edit, actions=acted)
             except SlackError as exc:
                 self.failed += 1
+                if exc.maybe_posted and alert.change == "fired":
+                    self._maybe_posted.add(alert.alert_id)
                 if exc.retryable:
                     raise
                 log.error("slack_delivery_refused", alert_ids=[a.alert_id for a in group], change=alert.change,
                           reason=str(exc))  # fmt: skip
                 self._drop(group)
                 continue
-            for member in group:
-                self.store.record_delivery(member.alert_id, member.change, channel, ts)
-                self._done[(member.alert_id, member.change)] = (channel, ts)
-            self._drop(group)
+            self._delivered(group, channel, ts)
             if self.on_opened is not None and len(group) == 1 and alert.change == "fired" and ts:
                 self.on_opened(alert, channel, ts)
             sent += 1
-            self.delivered += len(group)
         if self._edits and self.notifier is not None and self.notifier.threads:
             self._edit_messages()
         return sent
+
+    def _delivered(self, group: list[Alert], channel: str, ts: str) -> None:
+        for member in group:
+            self.store.record_delivery(member.alert_id, member.change, channel, ts)
+            self._done[(member.alert_id, member.change)] = (channel, ts)
+        if len(group) > 1 and ts:
+            self._group_ts.add(ts)
+        self._drop(group)
+        self.delivered += len(group)
 
     def _edit_messages(self) -> None:
         """Show open incidents' growing dollars on their message, at most once per ``edit_every_s``

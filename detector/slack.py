@@ -9,10 +9,12 @@ slack-sdk at a local server.
 
 from __future__ import annotations
 
+import json
 from datetime import timezone
 from typing import Any
 from urllib.parse import quote
 
+import structlog
 from slack_sdk import WebClient, WebhookClient
 from slack_sdk.http_retry.builtin_handlers import (
     ConnectionErrorRetryHandler,
@@ -34,15 +36,19 @@ def epoch_of(value: Any) -> float:
 
 __all__ = ["SlackError", "SlackNotifier", "render_blocks", "render_group", "render_resolution"]
 
+log = structlog.get_logger("burnwatch.slack")
+
 _EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
 
 
 class SlackError(RuntimeError):
-    """Slack refused or could not be reached; ``retryable`` says whether trying again can help."""
+    """Slack refused or could not be reached; ``retryable`` says whether trying again can help,
+    ``maybe_posted`` that the request timed out after it was sent (Slack may have taken it)."""
 
-    def __init__(self, message: str, retryable: bool) -> None:
+    def __init__(self, message: str, retryable: bool, maybe_posted: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.maybe_posted = maybe_posted
 
 
 def _owner(alert: Alert, routing: Routing) -> str:
@@ -265,6 +271,23 @@ class SlackNotifier:
         blocks = render_blocks(alert, actions, self.routing)
         return self._send(alert.channel, alert.summary(), blocks, alert=alert, thread=thread, edit_parent=edit_parent)
 
+    def find_posted(self, alert_id: str, channel: str, limit: int = 200) -> tuple[str, str] | None:
+        """(channel, ts) of a message already in ``channel`` that opens ``alert_id``, if any: after
+        a timeout, Slack may have posted what we never heard back about. None when it is not
+        there or cannot be looked up (then the caller posts: at least once beats never)."""
+        if self._web is None:
+            return None
+        try:
+            history = self._web.conversations_history(channel=channel, limit=limit)
+        except Exception as exc:
+            log.warning("slack_history_unavailable", channel=channel, error=str(exc))
+            return None
+        needle = f"alert `{alert_id}`"
+        for message in history.get("messages", []):
+            if needle in json.dumps(message.get("blocks", [])):
+                return str(history.get("channel") or channel), str(message["ts"])
+        return None
+
     def post_digest(self, digest: Any, blocks: list[dict[str, Any]], png: bytes | None) -> tuple[str, str]:
         """Post a daily digest (and its bar chart in its thread); return (channel, ts)."""
         text = f"Cost waste on {digest.date}: ${digest.total:,.2f}"
@@ -331,4 +354,5 @@ class SlackNotifier:
         except Exception as exc:  # slack-sdk raises SlackApiError, URLError, timeouts...
             status = getattr(getattr(exc, "response", None), "status_code", None)
             retryable = status is None or status == 429 or status >= 500
-            raise SlackError(f"Slack delivery failed: {exc}", retryable=retryable) from exc
+            timed_out = isinstance(exc, TimeoutError) or "timed out" in str(exc)
+            raise SlackError(f"Slack delivery failed: {exc}", retryable=retryable, maybe_posted=timed_out) from exc

@@ -169,11 +169,14 @@ class LocalSlack:
                     answer = json.loads(reply) if method != "webhook" else {}
                     slack.requests.append(SlackRequest(method, body, answer))
                     slack._cond.notify_all()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain" if method == "webhook" else "application/json")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain" if method == "webhook" else "application/json")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (a hang): the request still counts, as on Slack
 
         return Handler
 
@@ -192,6 +195,14 @@ class LocalSlack:
         if method == "files.completeUploadExternal":
             files = json.loads(body.get("files", "[]"))
             return json.dumps({"ok": True, "files": [{"id": f["id"], "title": f.get("title", "")} for f in files]}).encode()
+        if method == "conversations.history":  # what was posted to a channel, newest first
+            with self._lock:
+                posted = [
+                    {"ts": r.response["ts"], "text": r.body.get("text", ""), "blocks": r.blocks}
+                    for r in self.requests
+                    if r.method == "chat.postMessage" and r.body.get("channel") == channel and "thread_ts" not in r.body
+                ]
+            return json.dumps({"ok": True, "messages": posted[::-1][: int(body.get("limit", 100))]}).encode()
         if method == "auth.test":
             return json.dumps({"ok": True, "user_id": "U0BOT", "team_id": "T000"}).encode()
         return json.dumps({"ok": False, "error": "unknown_method"}).encode()

@@ -204,3 +204,34 @@ def test_openings_of_one_type_and_team_within_two_minutes_are_one_message(slack,
     assert "3 resources of team nlp" in texts[0] and all(f"alert `n{i}`" in texts[0] for i in (1, 2, 3))
     assert "$98.31/h" in texts[0]  # the three hosts' rate together
     assert "alert `v1`" in texts[1] and "alert `n4`" in texts[2]  # another team; ten minutes later
+
+
+def test_a_post_that_timed_out_but_landed_is_not_posted_again(slack, store):
+    """Slack took the message but the answer never came: the outbox looks before re-posting."""
+    notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=1)
+    outbox = Outbox(store, notifier, group_wait_s=0)
+    outbox.add([alert()])
+    slack.hang(1.5)
+    with pytest.raises(SlackError) as info:
+        outbox.deliver_pending()
+    assert info.value.retryable and info.value.maybe_posted
+    slack.hang(0)
+    assert slack.wait_for(lambda reqs: any(r.method == "chat.postMessage" for r in reqs), timeout=10)
+    outbox.deliver_pending()
+    assert len(slack.calls("chat.postMessage")) == 1  # found in the channel's history, not re-posted
+    assert store.deliveries()[("a1", "fired")] == ("#ml-cost", slack.calls("chat.postMessage")[0].response["ts"])
+    outbox.add([alert("resolved")])
+    outbox.deliver_pending()
+    assert slack.calls("chat.postMessage")[-1].body["thread_ts"] == slack.calls("chat.postMessage")[0].response["ts"]
+
+
+def test_a_post_that_timed_out_and_never_landed_is_posted(slack, store):
+    notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=1)
+    outbox = Outbox(store, notifier, group_wait_s=0)
+    outbox.add([alert()])
+    slack.fail_next(3, status=503)  # not a timeout: Slack said no, so nothing landed
+    with pytest.raises(SlackError) as info:
+        outbox.deliver_pending()
+    assert not info.value.maybe_posted
+    outbox.deliver_pending()
+    assert len(slack.calls("chat.postMessage")) == 1 and slack.calls("conversations.history") == []
