@@ -138,6 +138,17 @@ def _schema(db: str) -> list[str]:
             until Nullable(DateTime64(3, 'UTC'))
         ) ENGINE = MergeTree
         ORDER BY (alert_id, at)""",
+        # Rule tuning: per rule, how people answered its alerts. A high share marked "expected"
+        # says the rule flags what its owners consider normal.
+        f"""CREATE VIEW IF NOT EXISTS {db}.rule_feedback AS
+            SELECT a.rule AS rule, a.type AS type, count() AS alerts,
+                   countIf(x.acknowledged = 1) AS acknowledged, countIf(x.snoozed = 1) AS snoozed,
+                   countIf(x.expected = 1) AS expected, round(countIf(x.expected = 1) / count(), 3) AS expected_share
+            FROM (SELECT alert_id, rule, type FROM {db}.alerts FINAL WHERE silenced = '') AS a
+            LEFT JOIN (SELECT alert_id, max(action = 'acknowledged') AS acknowledged, max(action = 'snoozed') AS snoozed,
+                              max(action = 'expected') AS expected
+                       FROM {db}.alert_actions GROUP BY alert_id) AS x ON a.alert_id = x.alert_id
+            GROUP BY a.rule, a.type""",
         # Daily digests sent, so a restart sends none twice.
         f"""CREATE TABLE IF NOT EXISTS {db}.digests (
             day DateTime('UTC'),

@@ -116,3 +116,14 @@ def test_unknown_alert_and_bad_payload(store, slack):
     body = b"payload=%7B%7D"
     assert handler.handle(body, signed(body))[0] == 400
     assert handler.handle(body, {})[0] == 401
+
+
+def test_expected_is_kept_as_feedback_per_rule(store, slack):
+    store.record_alerts([alert(), alert(alert_id="a2")], version=1)
+    handler, _ = handler_for(store, slack)
+    for action_id, alert_id in (("burnwatch_expected", "a1"), ("burnwatch_ack", "a2")):
+        body = click_body(action_id, alert_id)
+        assert handler.handle(body, signed(body))[0] == 200
+    (row,) = store.query(f"SELECT * FROM {store.db}.rule_feedback")
+    assert (row["rule"], row["alerts"], row["acknowledged"], row["expected"], row["expected_share"]) == (
+        "idle-gpu", 2, 1, 1, 0.5)
