@@ -60,6 +60,8 @@ class Outbox:
         self._snoozed: dict[str, float] = {}
         """Alert id → wall time its snooze (a button) ends: its changes are not posted until then."""
         self._wall = time.time
+        self.snooze_refresh_s = 30.0
+        self._snoozes_read = clock()
         self._maybe_posted: set[str] = set()
         """Openings whose post timed out: looked for in the channel before posting again."""
         self.on_opened: Callable[[Alert, str, str], None] | None = None
@@ -95,6 +97,9 @@ class Outbox:
             return
         now = self._clock()
         wall = self._wall()
+        if now - self._snoozes_read >= self.snooze_refresh_s:  # a click may have reached another worker
+            self._snoozed = {**self._snoozed, **self.store.snoozed(wall)}
+            self._snoozes_read = now
         self._snoozed = {k: until for k, until in self._snoozed.items() if until > wall}
         for alert in alerts:
             if alert.change == "updated":

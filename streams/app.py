@@ -136,6 +136,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         assigned_states.clear()
         assigned_states.update(states)
         pipeline.stats.partitions = len(partitions)
+        digest_owner[0] = 0 in partitions  # one worker of the group posts the digests: partition 0's
         log.info("state_loaded", partitions=partitions, keys=len(states))
 
     @app.task
@@ -182,10 +183,12 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
                 outbox.notifier.routing = ruleset.routing
             log.info("rules_reloaded", path=str(settings.rules_path), rules=ruleset.names)
 
+    digest_owner = [False]
+
     @app.timer(interval=15.0)
     async def daily_digest() -> None:
         """Once the stream's event time has passed a day's end, post that day's digest per channel."""
-        if outbox.notifier is None:
+        if outbox.notifier is None or not digest_owner[0]:
             return
         loop = asyncio.get_running_loop()
         try:
