@@ -1,0 +1,204 @@
+"""Feature windows: what the anomaly model sees of a resource, one row per window.
+
+Per resource and tumbling window of event time (5 minutes by default), from its usage
+events and GPU samples: the cost rate, GPU utilisation mean and p95, GPU memory in use,
+power per GPU, power relative to utilisation, egress rate, storage change and request
+rate. Each is also taken relative to the resource's own trailing baseline (an
+exponentially weighted mean with a 24-hour half-life), so "this host draws twice its
+usual power" is a feature as much as "this host draws 600 W".
+
+The same :class:`WindowBuilder` runs in the stream (inside the ``anomaly`` detector)
+and over history in ClickHouse (``burnwatch model train``), so the model is trained
+on exactly the rows it will score. Which features a resource type gets is decided
+here, in :data:`FEATURE_SETS`, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from detector.events import Event, GpuMetric, UsageEvent
+
+__all__ = ["BASE_FEATURES", "FEATURE_SETS", "Window", "WindowBuilder", "WindowState", "feature_names", "model_group"]
+
+BASE_FEATURES = {
+    "cost_usd_per_hour": "what the resource costs per hour in the window (cost_usd, else the price list)",
+    "gpu_util_mean": "mean util_pct over every GPU sample",
+    "gpu_util_p95": "95th percentile of util_pct over every GPU sample",
+    "gpu_mem_frac": "mean mem_used_mib / mem_total_mib",
+    "power_w_per_gpu": "mean power_w per GPU sample",
+    "power_per_util": "power per GPU over (utilisation + 5 %): high when power is drawn without work",
+    "egress_gb_per_hour": "egress_bytes per hour",
+    "storage_delta_gb": "change of storage_bytes over the window",
+    "requests_per_s": "requests served per second",
+}
+_GPU = ["cost_usd_per_hour", "gpu_util_mean", "gpu_util_p95", "gpu_mem_frac", "power_w_per_gpu", "power_per_util",
+        "egress_gb_per_hour"]  # fmt: skip
+FEATURE_SETS: dict[str, list[str]] = {
+    "gpu": _GPU,
+    "inference": [*_GPU, "requests_per_s"],
+    "cpu": ["cost_usd_per_hour", "egress_gb_per_hour"],
+    "storage": ["cost_usd_per_hour", "storage_delta_gb"],
+}
+"""Model group → its base features. Every base feature also appears relative to the
+resource's baseline (``<name>_rel``)."""
+_GROUP_OF = {"gpu_instance": "gpu", "notebook": "gpu", "inference_endpoint": "inference", "cpu_instance": "cpu",
+             "storage_bucket": "storage", "vector_db": "storage"}  # fmt: skip
+HALF_LIFE_S = 86_400.0
+
+
+def model_group(resource_type: str) -> str:
+    """The model a resource type is scored by (one IsolationForest per group)."""
+    return _GROUP_OF.get(resource_type, "cpu")
+
+
+def feature_names(group: str) -> list[str]:
+    base = FEATURE_SETS[group]
+    return [*base, *(f"{name}_rel" for name in base)]
+
+
+class WindowState(msgspec.Struct, kw_only=True):
+    """One resource's open window and its baselines."""
+
+    start: float | None = None
+    cost_usd: float = 0.0
+    usage_s: float = 0.0
+    utils: list[float] = []
+    mem_frac_sum: float = 0.0
+    power_sum: float = 0.0
+    gpu_samples: int = 0
+    gpu_last: dict[int, float] = {}
+    usage_last: float = 0.0
+    egress_bytes: float = 0.0
+    storage_first: float | None = None
+    storage_last: float | None = None
+    requests: float = 0.0
+    request_s: float = 0.0
+    baseline: dict[str, float] = {}
+    spread: dict[str, float] = {}
+    """Exponentially weighted variance per feature, for explanations."""
+    windows: int = 0
+
+
+class Window(msgspec.Struct, kw_only=True, frozen=True):
+    """A closed window: its features (base and relative), the baseline they were judged
+    against, and the dollars it cost."""
+
+    resource_id: str
+    group: str
+    start: float
+    end: float
+    values: dict[str, float]
+    usual: dict[str, tuple[float, float]]
+    """feature → (baseline mean, baseline std) before this window."""
+    cost_usd: float
+    history: int
+    """Windows the baseline had seen before this one."""
+
+    def vector(self) -> list[float]:
+        return [self.values[name] for name in feature_names(self.group)]
+
+
+class WindowBuilder:
+    """Folds a resource's events into tumbling windows; returns a :class:`Window` when one closes."""
+
+    def __init__(self, window_s: float = 300.0, half_life_s: float = HALF_LIFE_S) -> None:
+        self.window_s = window_s
+        self.alpha = 1.0 - 0.5 ** (window_s / half_life_s)
+
+    def add(self, st: WindowState, resource_id: str, resource_type: str, usd_per_hour: float | None, event: Event,
+            t: float) -> Window | None:  # fmt: skip
+        closed = None
+        start = t - t % self.window_s
+        if st.start is None:
+            st.start = start
+        elif start > st.start:
+            closed = self._close(st, resource_id, resource_type)
+            st.start = start
+        elif start < st.start:
+            return None  # late for a window already closed
+        if type(event) is GpuMetric:
+            if t <= st.gpu_last.get(event.gpu_index, 0.0):
+                return closed
+            st.gpu_last[event.gpu_index] = t
+            st.utils.append(event.util_pct)
+            if event.mem_total_mib > 0:
+                st.mem_frac_sum += event.mem_used_mib / event.mem_total_mib
+            st.power_sum += event.power_w
+            st.gpu_samples += 1
+        elif type(event) is UsageEvent:
+            if t <= st.usage_last:
+                return closed
+            st.usage_last = t
+            if event.state == "running":
+                if event.cost_usd is not None:
+                    st.cost_usd += event.cost_usd
+                elif usd_per_hour is not None:
+                    st.cost_usd += usd_per_hour * event.interval_s / 3600.0
+                st.usage_s += event.interval_s
+            if event.egress_bytes is not None:
+                st.egress_bytes += event.egress_bytes
+            if event.storage_bytes is not None:
+                if st.storage_first is None:
+                    st.storage_first = float(event.storage_bytes)
+                st.storage_last = float(event.storage_bytes)
+            if event.requests is not None:
+                st.requests += event.requests
+                st.request_s += event.interval_s
+        return closed
+
+    def _close(self, st: WindowState, resource_id: str, resource_type: str) -> Window | None:
+        group = model_group(resource_type)
+        base = self._base_values(st)
+        start = st.start or 0.0
+        window = None
+        if st.usage_s > 0:  # a window with no billed usage (stopped, or only GPU samples) is not judged
+            values = dict(base)
+            usual = {}
+            for name in FEATURE_SETS[group]:
+                mean = st.baseline.get(name, base[name])
+                usual[name] = (mean, math.sqrt(st.spread.get(name, 0.0)))
+                values[f"{name}_rel"] = (base[name] + 1e-3) / (abs(mean) + 1e-3)
+            window = Window(resource_id=resource_id, group=group, start=start, end=start + self.window_s,
+                            values={k: values[k] for k in feature_names(group)}, usual=usual,
+                            cost_usd=st.cost_usd, history=st.windows)  # fmt: skip
+            self._learn(st, group, base)
+        self._reset(st)
+        return window
+
+    def _base_values(self, st: WindowState) -> dict[str, float]:
+        utils = sorted(st.utils)
+        n = st.gpu_samples
+        util_mean = sum(utils) / n if n else 0.0
+        power = st.power_sum / n if n else 0.0
+        hours = st.usage_s / 3600.0
+        storage = (st.storage_last - st.storage_first) / 1e9 if st.storage_first is not None and st.storage_last is not None else 0.0
+        return {
+            "cost_usd_per_hour": st.cost_usd / hours if hours else 0.0,
+            "gpu_util_mean": util_mean,
+            "gpu_util_p95": utils[min(len(utils) - 1, int(0.95 * len(utils)))] if utils else 0.0,
+            "gpu_mem_frac": st.mem_frac_sum / n if n else 0.0,
+            "power_w_per_gpu": power,
+            "power_per_util": power / (util_mean + 5.0) if n else 0.0,
+            "egress_gb_per_hour": st.egress_bytes / 1e9 / hours if hours else 0.0,
+            "storage_delta_gb": storage,
+            "requests_per_s": st.requests / st.request_s if st.request_s else 0.0,
+        }
+
+    def _learn(self, st: WindowState, group: str, base: dict[str, float]) -> None:
+        a = self.alpha if st.windows else 1.0
+        for name in FEATURE_SETS[group]:
+            old = st.baseline.get(name, base[name])
+            new = old + a * (base[name] - old)
+            st.spread[name] = (1 - a) * (st.spread.get(name, 0.0) + a * (base[name] - old) ** 2)
+            st.baseline[name] = new
+        st.windows += 1
+
+    def _reset(self, st: WindowState) -> None:
+        st.cost_usd = st.usage_s = st.mem_frac_sum = st.power_sum = 0.0
+        st.utils = []
+        st.gpu_samples = 0
+        st.egress_bytes = st.requests = st.request_s = 0.0
+        st.storage_first = st.storage_last = None
