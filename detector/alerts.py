@@ -170,6 +170,7 @@ class AlertManager:
         horizon_s: float = 7 * 86_400.0,
         ruleset: RuleSet | None = None,
         realert: tuple[Mapping[tuple[str, str], float], Iterable[str]] | None = None,
+        open_incidents: Mapping[str, str] | None = None,
     ) -> None:
         self._seen: dict[str, tuple[float, bool]] = dict(known or {})
         """alert id → (episode start, resolved)."""
@@ -178,6 +179,10 @@ class AlertManager:
         """(rule, resource) → fire time of its latest posted alert, for ``realert``."""
         self._held: set[str] = set(held)
         """Alerts held back by ``realert``: their later changes are held back too."""
+        self._open: dict[str, str] = dict(open_incidents or {})
+        """Resource → a rule incident open on it, which an anomaly on the resource joins."""
+        self._joined: dict[str, str] = {}
+        """Anomaly alert id → the incident it joined (its changes are recorded, not posted)."""
         self.ruleset = ruleset
         """For its silences; replaced on hot reload."""
         self._horizon_s = horizon_s
@@ -202,12 +207,24 @@ class AlertManager:
                 if known is not None:
                     continue
                 seen[alert.alert_id] = (alert.episode_start, False)
+                if alert.type == "anomaly" and alert.resource_id in self._open:
+                    self._joined[alert.alert_id] = self._open[alert.resource_id]
+                elif _is_behaviour(alert.type):
+                    self._open[alert.resource_id] = alert.alert_id
                 if not alert.silenced and ruleset is not None:
                     self._apply_realert(alert, ruleset.realert_for(alert.rule))
             elif finding.action == "resolve":
                 if known is not None and known[1]:
                     continue
                 seen[alert.alert_id] = (alert.episode_start, True)
+                if self._open.get(alert.resource_id) == alert.alert_id:
+                    del self._open[alert.resource_id]
+            joined = self._joined.get(alert.alert_id)
+            if joined is not None and not alert.silenced:
+                alert.silenced = f"joined incident {joined}: a rule's incident was open on this resource"
+                alert.details = {**alert.details, "joined_alert_id": joined}
+                if finding.action == "resolve":
+                    del self._joined[alert.alert_id]
             if alert.alert_id in self._held and not alert.silenced:
                 alert.silenced = _held_reason(alert.rule)
             self._newest = max(self._newest, alert.episode_start)
@@ -229,6 +246,11 @@ class AlertManager:
             self._held.add(alert.alert_id)
         else:
             self._last_posted[key] = alert.fired_at
+
+
+def _is_behaviour(rule_type: str) -> bool:
+    cls = REGISTRY.get(rule_type)
+    return cls is not None and cls.behaviour and rule_type != "anomaly"
 
 
 def _held_reason(rule: str) -> str:

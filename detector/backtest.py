@@ -42,8 +42,10 @@ class BacktestResult:
 class _Detection:
     """One rule set's engine and alert manager, fed time-ordered events."""
 
-    def __init__(self, ruleset: RuleSet) -> None:
+    def __init__(self, ruleset: RuleSet, models: Any = None, on_windows: Any = None) -> None:
         self.engine = Engine(ruleset)
+        self.engine.on_windows = on_windows
+        self.engine.set_models(models)
         self.manager = AlertManager(ruleset=ruleset)
         self.latest: dict[str, Alert] = {}
 
@@ -58,8 +60,9 @@ class _Detection:
         return sorted(self.latest.values(), key=lambda a: (a.fired_at, a.alert_id))
 
 
-def _run(batches: Iterable[list[tuple[float, Any]]], ruleset: RuleSet, other: RuleSet | None, result: BacktestResult) -> None:
-    runs = [_Detection(ruleset)] + ([_Detection(other)] if other is not None else [])
+def _run(batches: Iterable[list[tuple[float, Any]]], ruleset: RuleSet, other: RuleSet | None, result: BacktestResult,
+         models: Any = None, on_windows: Any = None) -> None:  # fmt: skip
+    runs = [_Detection(ruleset, models, on_windows)] + ([_Detection(other, models)] if other is not None else [])
     for items in batches:
         for detection in runs:
             detection.feed(items)
@@ -74,8 +77,11 @@ def backtest(
     decoder: EventDecoder | None = None,
     lateness_s: float = 60.0,
     other: RuleSet | None = None,
+    models: Any = None,
+    on_windows: Any = None,
 ) -> BacktestResult:
-    """Detect over a whole replay file, topics aligned on event time as the worker aligns them."""
+    """Detect over a whole replay file, topics aligned on event time as the worker aligns them.
+    ``models`` scores the ``anomaly`` rule's windows; ``on_windows`` sees them (training)."""
     decoder = decoder or EventDecoder()
     result = BacktestResult(alerts=[])
 
@@ -94,11 +100,12 @@ def backtest(
                 yield aligner.release()[0]
         yield aligner.release(everything=True)[0]
 
-    _run(batches(), ruleset, other, result)
+    _run(batches(), ruleset, other, result, models, on_windows)
     return result
 
 
-def backtest_store(store: Any, since_s: float, ruleset: RuleSet, other: RuleSet | None = None) -> BacktestResult:
+def backtest_store(store: Any, since_s: float, ruleset: RuleSet, other: RuleSet | None = None, models: Any = None,
+                   on_windows: Any = None) -> BacktestResult:  # fmt: skip
     """Detect over the events stored in ClickHouse in the last ``since_s`` of event time
     (before the newest stored event, so a replayed history works as a live one)."""
     result = BacktestResult(alerts=[])
@@ -118,7 +125,7 @@ def backtest_store(store: Any, since_s: float, ruleset: RuleSet, other: RuleSet 
             yield items
             t += HOUR_S
 
-    _run(batches(), ruleset, other, result)
+    _run(batches(), ruleset, other, result, models, on_windows)
     return result
 
 

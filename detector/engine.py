@@ -62,6 +62,11 @@ class Engine:
         self._keys: dict[str, KeyState] = {}
         self.dirty: set[str] = set()
         self.watermark = 0.0
+        self.models: Any = None
+        """The anomaly model's artifacts (:class:`detector.model.forest.ModelSet`); None: rules only."""
+        self.on_windows: Callable[[list[tuple]], None] | None = None
+        """Sees every batch's closed feature windows before scoring (model training)."""
+        self._windows: list[tuple] = []
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(_Snapshot)
 
@@ -106,7 +111,22 @@ class Engine:
                 if found:
                     findings.extend(found)
         self.watermark = watermark
+        if self._windows:
+            findings.extend(self._score_windows())
         return findings
+
+    def _score_windows(self) -> list[Finding]:
+        """Score the batch's closed windows together: one model call per group, not per event."""
+        items, self._windows[:] = list(self._windows), []
+        if self.on_windows is not None:
+            self.on_windows(items)
+        by_detector: dict[int, list[tuple]] = {}
+        for item in items:
+            by_detector.setdefault(id(item[0]), []).append(item)
+        found: list[Finding] = []
+        for group in by_detector.values():
+            found.extend(group[0][0].score_windows(group, self.models))
+        return found
 
     def _route(self, state: KeyState, event_type: type) -> list:
         """``(step, rule state)`` of the detectors that see this event type: of the rules whose
@@ -127,8 +147,16 @@ class Engine:
             rule_state = state.rules.get(detector.name)
             if rule_state is None:
                 rule_state = state.rules[detector.name] = detector.new_state()
-            step = partial(detector.step, fleet=self.resource) if getattr(detector, "uses_fleet", False) else detector.step
-            steps.append((step, rule_state))
+            bound: dict[str, Any] = {}
+            if getattr(detector, "uses_fleet", False):
+                bound["fleet"] = self.resource  # run detectors: their hosts' state
+            if getattr(detector, "uses_sink", False):
+                # The anomaly model: windows scored per batch, and what the rules are tracking on
+                # the resource. Without a model (nor training), the step returns at once.
+                wanted = bool(self.models) or self.on_windows is not None
+                bound["sink"] = self._windows.append if wanted else None
+                bound["siblings"] = state.rules
+            steps.append((partial(detector.step, **bound) if bound else detector.step, rule_state))
         if info.known:
             state.routes[event_type] = steps
         return steps
@@ -163,6 +191,13 @@ class Engine:
             if hourly is not None:
                 info.usd_per_hour = hourly
         if changed:
+            state.routes.clear()
+
+    def set_models(self, models: Any) -> None:
+        """Use these anomaly models from now on (a new artifact, or none): routes are rebuilt
+        so the ``anomaly`` rule starts (or stops) building windows."""
+        self.models = models
+        for state in self._keys.values():
             state.routes.clear()
 
     def set_ruleset(self, ruleset: RuleSet) -> None:

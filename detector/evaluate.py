@@ -88,7 +88,8 @@ def _error(alert: Alert, label: Label) -> float | None:
 
 def score(alerts: Iterable[Alert], labels: Iterable[Label]) -> dict[str, TypeScore]:
     """Per-type scores of one run's alerts against its labels."""
-    alerts, labels = list(alerts), list(labels)
+    alerts = [a for a in alerts if not a.silenced]  # recorded, not posted: not an alert anyone saw
+    labels = list(labels)
     scores: dict[str, TypeScore] = {}
     for label in labels:
         scores.setdefault(label.type, TypeScore(label.type)).labels += 1

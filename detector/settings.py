@@ -38,6 +38,9 @@ ENV = {
     "slack_base_url": "SLACK_BASE_URL",
     "slack_signing_secret": "SLACK_SIGNING_SECRET",
     "slack_charts": "BURNWATCH_SLACK_CHARTS",
+    "model_dir": "BURNWATCH_MODEL_DIR",
+    "model_retrain_every": "BURNWATCH_MODEL_RETRAIN_EVERY",
+    "model_train_since": "BURNWATCH_MODEL_TRAIN_SINCE",
 }
 
 
@@ -63,6 +66,11 @@ class Settings(BaseModel):
     slack_bot_token: SecretStr | None = None
     slack_channel: str | None = None
     slack_webhook_url: SecretStr | None = None
+    model_dir: Path | None = None
+    """Anomaly model artifacts; default: <data dir>/models."""
+    model_retrain_every: str = ""
+    """Retrain on this schedule (e.g. 24h) over ``model_train_since`` of stored events; empty: never."""
+    model_train_since: str = "14d"
     slack_charts: bool = True
     """Attach a chart of the metric in each incident's thread (bot token only)."""
     slack_signing_secret: SecretStr | None = None
@@ -75,6 +83,10 @@ class Settings(BaseModel):
         if self.clickhouse_dsn:
             return self.clickhouse_dsn
         return f"chdb://{(self.data_dir / 'clickhouse').resolve()}"
+
+    @property
+    def model_path(self) -> Path:
+        return self.model_dir or self.data_dir / "models"
 
     @property
     def slack_configured(self) -> bool:

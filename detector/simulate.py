@@ -100,6 +100,11 @@ class SimConfig:
     """Messy delivery: the share of messages delivered twice (at-least-once producers)."""
     delay_s: float = 0.0
     """Messy delivery: messages sent up to this late, so topics arrive out of order."""
+    anomalies: bool = False
+    """Inject what no rule covers, labelled ``anomaly``: GPUs at full power with little
+    utilisation, a silent price change, egress shifted to 3x (under the runaway bar)."""
+    anomalies_from: float = 0.0
+    """Hours from the start before which nothing anomalous happens (the model's training span)."""
 
     @classmethod
     def messy(cls, **kw: Any) -> SimConfig:
@@ -221,6 +226,8 @@ class _Resource:
     segments: list[_Segment] = field(default_factory=list)
     egress: _Egress | None = None
     pricing: str = "on_demand"
+    price_change: tuple[float, float] | None = None
+    """(from, factor): the resource's billed price changes at that time."""
     model_mib: float = 0.0
     """GPU memory a served model holds, whatever the load."""
     requests_per_s: tuple[float, float] | None = None
@@ -311,6 +318,13 @@ class _Builder:
                     t = self.add(res, t, self.minutes(25, 70), "stuck", label=True)
                     status = "failed"
                 t = self._run(res, run_start, t, status, checkpoint)
+            calm = t < self.cfg.start + self.cfg.anomalies_from * 3600
+            if self.cfg.anomalies and self.rng.random() < 0.08 and not calm:  # full power with little work
+                end = self.add(res, t, self.minutes(60, 110), "hot_idle")
+                if end - t >= 60 * 60:  # the model's 30 minutes, after its recent level has moved
+                    self.labels.append(Label("anomaly", res.resource_id, t, end, res.hourly,
+                                             "full power at low utilisation", 0.0))  # fmt: skip
+                t = end
             roll = self.rng.random()
             if roll < 0.40:
                 t = self.add(res, t, self.minutes(45, 150), "idle", label=True)
@@ -497,6 +511,15 @@ class _Builder:
                                          "dataset sync loop to another region", excess_gb * price))  # fmt: skip
             t = end + self.minutes(8 * 60, 12 * 60)
         res.egress = egress
+        if self.cfg.anomalies and kind in (1, 2) and self.cfg.hours >= self.cfg.anomalies_from + 20:
+            at = self.cfg.start + (max(14, self.cfg.anomalies_from + 2)) * 3600 + self.minutes(0, 300)
+            if kind == 1:  # the provider's price rises 80 % without notice
+                res.send_cost, res.price_change = True, (at, 1.8)
+                note = "price rose 80 %"
+            else:  # a new consumer triples the traffic: under the runaway bar of 5x
+                egress.bursts.append((at, self.end, 3.0))
+                note = "egress tripled"
+            self.labels.append(Label("anomaly", res.resource_id, at, at + 2 * 3600, res.hourly, note, 0.0))
         return res
 
 
@@ -505,6 +528,8 @@ def _gpu_util(rng: random.Random, mode: str, gpu: int, t: float) -> tuple[float,
         return rng.uniform(70, 100), rng.uniform(0.55, 0.9)
     if mode == "stuck":  # a kernel stays resident, the SMs do nothing
         return 100.0, rng.uniform(0.0, 0.01)
+    if mode == "hot_idle":  # a little work, full power (a runaway clock, a spinning kernel)
+        return rng.uniform(6, 12), rng.uniform(0.06, 0.12)
     if mode == "single":
         return (rng.uniform(80, 100), rng.uniform(0.6, 0.9)) if gpu == 0 else (0.0, 0.0)
     if mode == "serving":
@@ -540,11 +565,12 @@ def _gpu_records(res: _Resource, cfg: SimConfig, rng: random.Random) -> Iterator
                 util, sm = _gpu_util(rng, seg.mode, gpu, t)
                 busy = util > 10 and seg.mode != "stuck"
                 mem = res.model_mib or (30000.0 if busy else 400.0)
+                power = res.max_power * (0.9 if seg.mode == "hot_idle" else 0.8 if busy else 0.15)
                 pending.append({
                     "ts": stamp, "resource_id": res.resource_id, "gpu_index": gpu,
                     "gpu_uuid": f"GPU-{res.resource_id}-{gpu}", "model": res.gpu_model,
                     "util_pct": round(util, 1), "mem_used_mib": mem,
-                    "mem_total_mib": 40960.0, "power_w": round(res.max_power * (0.8 if busy else 0.15), 1),
+                    "mem_total_mib": 40960.0, "power_w": round(power, 1),
                     "sm_active": round(sm, 3) if sm is not None else None,
                 })  # fmt: skip
             t += cfg.scrape_s
@@ -586,7 +612,10 @@ def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Recor
             "interval_s": step, "tags": res.tags,
         }  # fmt: skip
         if res.send_cost:
-            event["cost_usd"] = round(res.hourly * step / 3600, 6) if state == "running" else 0.0
+            hourly = res.hourly
+            if res.price_change is not None and t >= res.price_change[0]:
+                hourly *= res.price_change[1]
+            event["cost_usd"] = round(hourly * step / 3600, 6) if state == "running" else 0.0
         if res.requests_per_s is not None and state == "running":
             night, day = res.requests_per_s
             busy = 9 <= datetime.fromtimestamp(t, tz=timezone.utc).hour < 18

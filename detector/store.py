@@ -20,6 +20,7 @@ import clickhouse_connect
 import msgspec
 
 from detector.alerts import Alert
+from detector.detectors import REGISTRY
 from detector.events import GpuMetric, RunEvent, UsageEvent
 
 __all__ = ["EventBatch", "Store", "alert_from_row", "connect", "epoch"]
@@ -437,6 +438,13 @@ class Store:
             {"horizon": int(horizon_s)},
         )
         return {r["alert_id"]: (epoch(r["episode_start"]), bool(r["resolved"])) for r in rows}
+
+    def open_incidents(self) -> dict[str, str]:
+        """Resource → an open rule incident on it (what an anomaly joins), for a restart."""
+        rows = self.query(f"SELECT resource_id, any(alert_id) AS alert_id FROM {self.db}.alerts FINAL "
+                          "WHERE status = 'firing' AND type IN %(types)s GROUP BY resource_id",
+                          {"types": [t for t, cls in REGISTRY.items() if cls.behaviour and t != "anomaly"]})  # fmt: skip
+        return {r["resource_id"]: r["alert_id"] for r in rows}
 
     def realert_memory(self, horizon_s: float = 7 * 86_400.0) -> tuple[dict[tuple[str, str], float], set[str]]:
         """What ``realert`` must remember across a restart: the fire time of the latest posted

@@ -23,6 +23,7 @@ from detector.digest import send_due_digests
 from detector.engine import Engine
 from detector.events import TOPICS
 from detector.logs import stdlib_logging_config
+from detector.model.forest import ModelSet
 from detector.reload import RulesWatcher
 from detector.rules import load_rules
 from detector.settings import Settings
@@ -103,7 +104,8 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         engine=engine,
         store=store,
         outbox=outbox,
-        manager=AlertManager(store.recent_alerts(), ruleset=ruleset, realert=store.realert_memory()),
+        manager=AlertManager(store.recent_alerts(), ruleset=ruleset, realert=store.realert_memory(),
+                             open_incidents=store.open_incidents()),
         send_dead_letter=send_dead_letter,
         caught_up=caught_up,
     )
@@ -198,6 +200,38 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
             return
         for digest in sent:
             log.info("digest_sent", day=digest.date, channel=digest.channel or "(default)", usd=round(digest.total, 2))
+
+    model_dir = settings.model_path
+    engine.set_models(ModelSet.load(model_dir))
+    if engine.models:
+        log.info("model_loaded", dir=str(model_dir), groups=sorted(engine.models.artifacts))
+    else:
+        log.info("model_absent", dir=str(model_dir), note="rules only until a model is trained (burnwatch model train)")
+
+    @app.timer(interval=30.0)
+    async def reload_models() -> None:
+        if not engine.models.changed(model_dir):
+            return
+        models = await asyncio.get_running_loop().run_in_executor(None, ModelSet.load, model_dir)
+        engine.set_models(models)
+        log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
+
+    if settings.model_retrain_every:
+        from detector.model.train import train_from_store
+        from detector.units import parse_duration
+
+        since = parse_duration(settings.model_train_since)
+
+        @app.timer(interval=parse_duration(settings.model_retrain_every))
+        async def retrain_model() -> None:
+            loop = asyncio.get_running_loop()
+            try:
+                artifacts, _ = await loop.run_in_executor(None, lambda: train_from_store(store, since, watcher.current,
+                                                                                         model_dir))  # fmt: skip
+            except Exception as exc:  # a failed retrain keeps the model in use
+                log.error("model_retrain_failed", error=str(exc))
+                return
+            log.info("model_retrained", groups=[a.group for a in artifacts], samples=[a.samples for a in artifacts])
 
     @app.timer(interval=60.0)
     async def expire_state() -> None:

@@ -299,6 +299,37 @@ def cmd_digest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model(args: argparse.Namespace) -> int:
+    from detector.model.forest import ModelSet
+
+    settings = _settings(args)
+    out = Path(args.dir) if args.dir else settings.model_path
+    if args.model_command == "show":
+        models = ModelSet.load(out)
+        if not models:
+            print(f"no model in {out}: the worker runs rules only")
+            return 0
+        for artifact in models.artifacts.values():
+            print(json.dumps(artifact.meta(), indent=2))
+        return 0
+    from detector.model.train import train_from_store
+    from detector.store import Store
+    from detector.units import parse_duration
+
+    ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
+    store = Store.open(settings.dsn, settings.clickhouse_database)
+    try:
+        artifacts, ts = train_from_store(store, parse_duration(args.since), ruleset, out, quantile=args.quantile)
+    finally:
+        store.close()
+    for group, windows in sorted(ts.windows.items()):
+        trained = next((a for a in artifacts if a.group == group), None)
+        what = f"trained on {trained.samples}, threshold {trained.threshold:.4f}" if trained else "too few windows: no model"
+        print(f"{group}: {len(windows)} windows, {ts.excluded.get(group, 0)} left out (behaviour incidents); {what}")
+    print(f"artifacts in {out}; a running worker loads them within 30 s")
+    return 0
+
+
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from detector.rules import RulesInvalid, load_rules
 
@@ -431,6 +462,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--day", required=True, help="UTC day, YYYY-MM-DD")
     p.add_argument("--post", action="store_true", help="also post it to Slack")
     p.set_defaults(func=cmd_digest)
+
+    model = sub.add_parser("model", help="the anomaly model").add_subparsers(dest="model_command", required=True)
+    p = model.add_parser("train", help="train the isolation forests on the events stored in ClickHouse")
+    p.add_argument("--since", default="14d", help="event time before the newest stored event (default 14d)")
+    p.add_argument("--quantile", type=float, default=0.9999, help="training score quantile the threshold starts at")
+    p.add_argument("--dir", help="model directory (default: BURNWATCH_MODEL_DIR or <data dir>/models)")
+    p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
+    p.set_defaults(func=cmd_model)
+    p = model.add_parser("show", help="what the model directory holds")
+    p.add_argument("--dir", help="model directory (default: BURNWATCH_MODEL_DIR or <data dir>/models)")
+    p.set_defaults(func=cmd_model)
 
     rules = sub.add_parser("rules", help="rule files").add_subparsers(dest="rules_command", required=True)
     p = rules.add_parser("check", help="validate rule files, report every error")

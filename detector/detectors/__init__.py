@@ -6,6 +6,7 @@ A new detector is a module beside these that keeps the contract in
 
 from __future__ import annotations
 
+from detector.detectors.anomaly import Anomaly
 from detector.detectors.base import Detector, Finding, Params, ResourceInfo
 from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
@@ -23,5 +24,5 @@ __all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo"]
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
     for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend, VectorDbGrowth, StorageGrowth,
-                InferenceOverprovisioned, SpotEligible)
+                InferenceOverprovisioned, SpotEligible, Anomaly)
 }

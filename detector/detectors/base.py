@@ -87,6 +87,9 @@ class DetectorBase:
     dollars: ClassVar[str] = "wasted"
     """What an alert's dollars are, in words: "wasted", "spent untagged", "could be saved",
     or "" for forecasts whose news is not money already gone."""
+    behaviour: ClassVar[bool] = False
+    """Its episodes are a resource behaving unusually (idle, hung, runaway): the anomaly model
+    leaves those windows out of training. False for attribution, capacity and advice."""
     group_by: ClassVar[str | None] = "team"
     """What openings of this type are grouped by (``team``, ``account``): those that share
     it and fire together are posted as one Slack message listing them. None: never."""

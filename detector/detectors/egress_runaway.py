@@ -83,6 +83,10 @@ class DestinationState(msgspec.Struct, kw_only=True):
 class EgressRunawayState(msgspec.Struct, kw_only=True):
     destinations: dict[str, DestinationState] = {}
 
+    @property
+    def behaviour_active(self) -> bool:
+        return any(d.above_since is not None or d.fired_at is not None for d in self.destinations.values())
+
 
 class EgressRunaway(DetectorBase):
     type: ClassVar[str] = "egress_runaway"
@@ -96,6 +100,7 @@ class EgressRunaway(DetectorBase):
         "consumer into the same region."
     )
     dollars: ClassVar[str] = "paid for excess egress"
+    behaviour: ClassVar[bool] = True
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:

@@ -53,6 +53,11 @@ class GpuEpisodeState(msgspec.Struct, kw_only=True):
     fired_at: float | None = None
     last_report: float = 0.0
 
+    @property
+    def behaviour_active(self) -> bool:
+        """An episode is being counted or is open (the anomaly model stays out of it)."""
+        return self.since is not None
+
 
 class GpuEpisode(DetectorBase):
     """Base of the GPU-sample episode detectors (see the module docstring)."""
@@ -61,6 +66,7 @@ class GpuEpisode(DetectorBase):
     Params: ClassVar[type[GpuEpisodeParams]]
     State: ClassVar[type[GpuEpisodeState]] = GpuEpisodeState
     consumes: ClassVar[tuple[type, ...]] = (GpuMetric, UsageEvent)
+    behaviour: ClassVar[bool] = True
     suggestion: ClassVar[str]
     break_reason: ClassVar[str]
     """The ``reason`` a resolution by a breaking sample carries."""

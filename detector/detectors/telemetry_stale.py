@@ -44,6 +44,10 @@ class TelemetryStaleState(msgspec.Struct, kw_only=True):
     fired_at: float | None = None
     last_report: float = 0.0
 
+    @property
+    def behaviour_active(self) -> bool:
+        return self.fired_at is not None
+
 
 class TelemetryStale(DetectorBase):
     type: ClassVar[str] = "telemetry_stale"
@@ -57,6 +61,7 @@ class TelemetryStale(DetectorBase):
     )
 
     dollars: ClassVar[str] = "spent while blind"
+    behaviour: ClassVar[bool] = True
 
     def step(self, state: TelemetryStaleState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
         st = state

@@ -3,9 +3,10 @@
 Per resource and tumbling window of event time (5 minutes by default), from its usage
 events and GPU samples: the cost rate, GPU utilisation mean and p95, GPU memory in use,
 power per GPU, power relative to utilisation, egress rate, storage change and request
-rate. Each is also taken relative to the resource's own trailing baseline (an
-exponentially weighted mean with a 24-hour half-life), so "this host draws twice its
-usual power" is a feature as much as "this host draws 600 W".
+rate. Each is also taken relative to the resource's own trailing baseline: its recent
+level (a 15-minute half-life mean, so one odd window moves it a little and a shift
+that lasts moves it a lot) over its usual level (a 24-hour half-life mean), so "this
+host draws twice its usual power" is a feature as much as "this host draws 600 W".
 
 The same :class:`WindowBuilder` runs in the stream (inside the ``anomaly`` detector)
 and over history in ClickHouse (``burnwatch model train``), so the model is trained
@@ -47,6 +48,7 @@ resource's baseline (``<name>_rel``)."""
 _GROUP_OF = {"gpu_instance": "gpu", "notebook": "gpu", "inference_endpoint": "inference", "cpu_instance": "cpu",
              "storage_bucket": "storage", "vector_db": "storage"}  # fmt: skip
 HALF_LIFE_S = 86_400.0
+RECENT_HALF_LIFE_S = 900.0
 
 
 def model_group(resource_type: str) -> str:
@@ -72,11 +74,15 @@ class WindowState(msgspec.Struct, kw_only=True):
     gpu_last: dict[int, float] = {}
     usage_last: float = 0.0
     egress_bytes: float = 0.0
+    covered: bool = False
+    """A rule tracked unusual behaviour during the window: not judged, not learnt."""
     storage_first: float | None = None
     storage_last: float | None = None
     requests: float = 0.0
     request_s: float = 0.0
     baseline: dict[str, float] = {}
+    recent: dict[str, float] = {}
+    """The recent level per feature (15-minute half-life)."""
     spread: dict[str, float] = {}
     """Exponentially weighted variance per feature, for explanations."""
     windows: int = 0
@@ -98,7 +104,15 @@ class Window(msgspec.Struct, kw_only=True, frozen=True):
     """Windows the baseline had seen before this one."""
 
     def vector(self) -> list[float]:
-        return [self.values[name] for name in feature_names(self.group)]
+        """The row the model sees: levels as log(1 + x), ratios as log(x). Costs and rates
+        span orders of magnitude across resources, and an isolation forest splits at
+        uniform random points between a feature's extremes: on a log scale a 3x change
+        means the same on a $0.50/h instance as on a $55/h one."""
+        row = []
+        for name in feature_names(self.group):
+            x = self.values[name]
+            row.append(math.log(max(x, 1e-6)) if name.endswith("_rel") else math.copysign(math.log1p(abs(x)), x))
+        return row
 
 
 class WindowBuilder:
@@ -107,9 +121,12 @@ class WindowBuilder:
     def __init__(self, window_s: float = 300.0, half_life_s: float = HALF_LIFE_S) -> None:
         self.window_s = window_s
         self.alpha = 1.0 - 0.5 ** (window_s / half_life_s)
+        self.alpha_recent = 1.0 - 0.5 ** (window_s / RECENT_HALF_LIFE_S)
 
     def add(self, st: WindowState, resource_id: str, resource_type: str, usd_per_hour: float | None, event: Event,
-            t: float) -> Window | None:  # fmt: skip
+            t: float, covered: bool = False) -> Window | None:  # fmt: skip
+        """Fold one event in; ``covered``: a rule is tracking unusual behaviour on the resource
+        now, so this window is neither judged nor learnt into the baselines (as in training)."""
         closed = None
         start = t - t % self.window_s
         if st.start is None:
@@ -119,6 +136,8 @@ class WindowBuilder:
             st.start = start
         elif start < st.start:
             return None  # late for a window already closed
+        if covered:
+            st.covered = True
         if type(event) is GpuMetric:
             if t <= st.gpu_last.get(event.gpu_index, 0.0):
                 return closed
@@ -154,13 +173,18 @@ class WindowBuilder:
         base = self._base_values(st)
         start = st.start or 0.0
         window = None
-        if st.usage_s > 0:  # a window with no billed usage (stopped, or only GPU samples) is not judged
+        gpu_blind = group in ("gpu", "inference") and st.gpu_samples == 0
+        # Not judged: no billed usage, a GPU host's telemetry missing, or a rule's episode.
+        if st.usage_s > 0 and not gpu_blind and not st.covered:
             values = dict(base)
             usual = {}
             for name in FEATURE_SETS[group]:
                 mean = st.baseline.get(name, base[name])
                 usual[name] = (mean, math.sqrt(st.spread.get(name, 0.0)))
-                values[f"{name}_rel"] = (base[name] + 1e-3) / (abs(mean) + 1e-3)
+                recent = st.recent.get(name, base[name])
+                recent += (self.alpha_recent if st.windows else 1.0) * (base[name] - recent)
+                st.recent[name] = recent
+                values[f"{name}_rel"] = (recent + 1e-3) / (abs(mean) + 1e-3)
             window = Window(resource_id=resource_id, group=group, start=start, end=start + self.window_s,
                             values={k: values[k] for k in feature_names(group)}, usual=usual,
                             cost_usd=st.cost_usd, history=st.windows)  # fmt: skip
@@ -174,7 +198,8 @@ class WindowBuilder:
         util_mean = sum(utils) / n if n else 0.0
         power = st.power_sum / n if n else 0.0
         hours = st.usage_s / 3600.0
-        storage = (st.storage_last - st.storage_first) / 1e9 if st.storage_first is not None and st.storage_last is not None else 0.0
+        first, last = st.storage_first, st.storage_last
+        storage = (last - first) / 1e9 if first is not None and last is not None else 0.0
         return {
             "cost_usd_per_hour": st.cost_usd / hours if hours else 0.0,
             "gpu_util_mean": util_mean,
@@ -202,3 +227,4 @@ class WindowBuilder:
         st.gpu_samples = 0
         st.egress_bytes = st.requests = st.request_s = 0.0
         st.storage_first = st.storage_last = None
+        st.covered = False

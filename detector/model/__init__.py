@@ -1,0 +1,1 @@
+"""The anomaly model: feature windows (``features``) and the isolation forest (``forest``)."""
