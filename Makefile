@@ -29,10 +29,12 @@ test-fast: install
 
 bench: install
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/model.py
 
 eval: install
 	$(BIN)/burnwatch eval
 	$(BIN)/burnwatch eval --messy
+	$(BIN)/burnwatch eval --model --seeds 1,2,3
 
 clean:
 	rm -rf $(VENV) .burnwatch .pytest_cache *.egg-info

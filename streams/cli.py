@@ -207,6 +207,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 1
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.perf_counter()
+    if args.model:
+        from detector.evaluate import evaluate_model
+
+        anomaly, false_rate, model_runs = evaluate_model(ruleset, seeds)
+        if args.json:
+            print(json.dumps({"seeds": seeds, "runs": model_runs, "total": anomaly.to_json(),
+                              "false_alerts_per_1000_resource_hours": round(false_rate, 3)}))  # fmt: skip
+            return 0
+        print(f"anomaly model, {len(seeds)} fleets of 96 h (seeds {args.seeds}): trained on the first 48 h, "
+              f"scored on the last 48 h; {time.perf_counter() - started:.0f} s")  # fmt: skip
+        for run in model_runs:
+            print(f"  seed {run['seed']}: {run['labels']} injected, {run['alerts']} alerts, {run['found']} found, "
+                  f"{run['false_alerts']} false over {run['resource_hours']:.0f} resource-hours")  # fmt: skip
+        p, r = anomaly.precision, anomaly.recall
+        print(f"precision {p if p is None else round(p, 3)}, recall {r if r is None else round(r, 3)}, "
+              f"{false_rate:.2f} false alerts per 1,000 resource-hours (targets: recall >= 0.8, <= 1)")  # fmt: skip
+        return 0
     totals, runs = evaluate(ruleset, seeds, hours=args.hours, messy=args.messy)
     if args.json:
         print(json.dumps({"seeds": seeds, "hours": args.hours, "runs": runs,
@@ -319,7 +336,8 @@ def cmd_model(args: argparse.Namespace) -> int:
     ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
     store = Store.open(settings.dsn, settings.clickhouse_database)
     try:
-        artifacts, ts = train_from_store(store, parse_duration(args.since), ruleset, out, quantile=args.quantile)
+        artifacts, ts = train_from_store(store, parse_duration(args.since), ruleset, out, quantile=args.quantile,
+                                         margin=args.margin)  # fmt: skip
     finally:
         store.close()
     for group, windows in sorted(ts.windows.items()):
@@ -433,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hours", type=float, default=48.0, help="hours of fleet time per seed")
     p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
     p.add_argument("--messy", action="store_true", help="lose 2 %% of scrapes, jitter clocks, duplicate and delay messages")
+    p.add_argument("--model", action="store_true", help="the anomaly model: train on 48 h, score the next 48 h")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
 
@@ -467,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = model.add_parser("train", help="train the isolation forests on the events stored in ClickHouse")
     p.add_argument("--since", default="14d", help="event time before the newest stored event (default 14d)")
     p.add_argument("--quantile", type=float, default=0.9999, help="training score quantile the threshold starts at")
+    p.add_argument("--margin", type=float, default=0.15, help="added to that quantile's score (fewer false alerts)")
     p.add_argument("--dir", help="model directory (default: BURNWATCH_MODEL_DIR or <data dir>/models)")
     p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
     p.set_defaults(func=cmd_model)

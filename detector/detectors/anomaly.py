@@ -122,8 +122,7 @@ class Anomaly(DetectorBase):
             if artifact is None:
                 continue  # cold start for this group: rules only
             rows = np.array([items[i][3].vector() for i in indexes])
-            ids = [items[i][3].resource_id for i in indexes]
-            for i, score in zip(indexes, artifact.score(rows, ids), strict=True):
+            for i, score in zip(indexes, artifact.score(rows), strict=True):
                 scores[i] = (float(score), artifact.threshold)
         found: list[Finding] = []
         for i, (_, state, resource, window) in enumerate(items):

@@ -52,31 +52,27 @@ class ModelArtifact:
     threshold: float
     threshold_quantile: float
     ranges: list[tuple[float, float]] = field(default_factory=list)
-    """Per feature: the group's training range, for resources the training did not see."""
-    resource_ranges: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    """Per resource seen in training: its own range of each relative feature."""
+    """Per feature: the training range the guard measures against."""
     version: int = MODEL_VERSION
     created_at: float = field(default_factory=time.time)
     model: Any = None
 
-    def score(self, rows: np.ndarray, resource_ids: Sequence[str] | None = None) -> np.ndarray:
+    def score(self, rows: np.ndarray) -> np.ndarray:
         """Anomaly scores, higher = more anomalous: the forest's (sklearn's sign turned here,
-        once) plus how far outside its training range the row lies."""
-        return -self.model.score_samples(rows) + self.guard(rows, resource_ids)
+        once) plus how far outside the training range the row lies."""
+        return -self.model.score_samples(rows) + self.guard(rows)
 
-    def guard(self, rows: np.ndarray, resource_ids: Sequence[str] | None = None) -> np.ndarray:
-        """Distance outside the training range, of the relative features only (a level, a
-        bigger bucket or a dearer host, legitimately differs from the resources trained on;
-        a resource departing from its own usual level is what the guard is for), against
-        the resource's own range when training saw it, else the group's."""
+    def guard(self, rows: np.ndarray) -> np.ndarray:
+        """Distance outside the group's training range, of the relative features only: a level
+        (a bigger bucket, a dearer host) legitimately differs from the resources trained on; a
+        resource departing from its own usual level is what the guard is for. (Ranges per
+        resource were tried: 48 hours of one resource do not cover its normal modes, and they
+        doubled the false alerts.)"""
         relative = [i for i, name in enumerate(self.features) if name.endswith("_rel")]
         if not self.ranges or not relative:
             return np.zeros(len(rows))
-        ranges = [self.resource_ranges.get(rid, self.ranges) for rid in resource_ids] if resource_ids else None
-        if ranges is None:
-            ranges = [self.ranges] * len(rows)
-        lo = np.array([[r[i][0] for i in relative] for r in ranges])
-        hi = np.array([[r[i][1] for i in relative] for r in ranges])
+        lo = np.array([self.ranges[i][0] for i in relative])
+        hi = np.array([self.ranges[i][1] for i in relative])
         width = np.maximum(hi - lo, MIN_WIDTH)
         x = rows[:, relative]
         beyond = np.maximum(np.maximum(x - hi, lo - x), 0.0) / width
@@ -97,9 +93,8 @@ class ModelArtifact:
         return path
 
 
-def fit(group: str, rows: Sequence[Sequence[float]], *, resource_ids: Sequence[str] = (), trained_from: float,
-        trained_to: float, excluded: int = 0,
-        threshold_quantile: float = 0.9999, margin: float = 0.03, n_estimators: int = 200, max_samples: int = 256,
+def fit(group: str, rows: Sequence[Sequence[float]], *, trained_from: float, trained_to: float, excluded: int = 0,
+        threshold_quantile: float = 0.9999, margin: float = 0.15, n_estimators: int = 200, max_samples: int = 256,
         seed: int = 0) -> ModelArtifact:  # fmt: skip
     """Train one group's forest; its threshold is ``threshold_quantile`` of the training rows'
     scores plus ``margin`` (normal data the model has not seen scores a little higher than
@@ -117,16 +112,7 @@ def fit(group: str, rows: Sequence[Sequence[float]], *, resource_ids: Sequence[s
         ranges=[(float(a), float(b)) for a, b in zip(np.quantile(x, 0.001, axis=0), np.quantile(x, 0.999, axis=0),
                                                       strict=True)],
     )  # fmt: skip
-    by_resource: dict[str, list[int]] = {}
-    for i, rid in enumerate(resource_ids):
-        by_resource.setdefault(rid, []).append(i)
-    for rid, idx in by_resource.items():
-        if len(idx) >= 48:  # four hours of windows, at least, to know a resource's own range
-            own = x[idx]
-            artifact.resource_ranges[rid] = [(float(a), float(b)) for a, b in zip(own.min(axis=0), own.max(axis=0),
-                                                                                  strict=True)]
-    ids = list(resource_ids) if resource_ids else None
-    artifact.threshold = float(np.quantile(artifact.score(x, ids), threshold_quantile)) + margin
+    artifact.threshold = float(np.quantile(artifact.score(x), threshold_quantile)) + margin
     return artifact
 
 

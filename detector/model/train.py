@@ -70,23 +70,22 @@ def _incidents(alerts: Iterable[Alert], expected: set[str]) -> dict[str, list[tu
 
 
 def train(ts: TrainingSet, alerts: list[Alert], expected: set[str], out_dir: str | Path, *, quantile: float = 0.9999,
-          min_samples: int = 500, seed: int = 0) -> list[ModelArtifact]:  # fmt: skip
+          margin: float = 0.15, min_samples: int = 500, seed: int = 0) -> list[ModelArtifact]:  # fmt: skip
     """Fit one forest per group from the collected windows and save the artifacts."""
     incidents = _incidents(alerts, expected)
     artifacts = []
     for group, windows in sorted(ts.windows.items()):
-        rows, ids, left_out = [], [], 0
+        rows, left_out = [], 0
         for w in windows:
             if any(lo < w.end and w.start < hi for lo, hi in incidents.get(w.resource_id, ())):
                 left_out += 1
             else:
                 rows.append(w.vector())
-                ids.append(w.resource_id)
         ts.excluded[group] = left_out
         if len(rows) < min_samples:
             continue
-        artifact = fit(group, rows, resource_ids=ids, trained_from=ts.span[0], trained_to=ts.span[1], excluded=left_out,
-                       threshold_quantile=quantile, seed=seed)  # fmt: skip
+        artifact = fit(group, rows, trained_from=ts.span[0], trained_to=ts.span[1], excluded=left_out,
+                       threshold_quantile=quantile, margin=margin, seed=seed)  # fmt: skip
         artifact.save(Path(out_dir))
         artifacts.append(artifact)
     return artifacts
