@@ -122,6 +122,7 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
         worker = WorkerProcess(env, tmp_path / "worker-1.log").start()
         try:
             worker.wait_until(lambda h: h["events"] >= events_first and h["slack_pending"] == 0, timeout=180)
+            assert "rules only" in worker.wait_for_log('"model_absent"', timeout=10)  # cold start, said once
         finally:
             assert worker.stop() == 0, worker.tail()
         fired_before = {m for p in slack.calls("chat.postMessage") for m in ALERT_ID.findall(p.text_of_blocks())}
