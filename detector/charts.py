@@ -78,7 +78,7 @@ def _gpu_chart(alert: Alert, store: Any) -> bytes | None:
         ys.append(r["util_pct"])
     for gpu, (xs, ys) in sorted(series.items())[:16]:
         ax.plot(xs, ys, linewidth=1, label=f"GPU {gpu}")
-    ax.axvspan(_utc_dt(alert.episode_start), _utc_dt(alert.resolved_at or alert.updated_at), color="tab:red", alpha=0.08)
+    _shade_episode(ax, alert)
     ax.set_ylim(-2, 102)
     ax.set_ylabel("GPU utilisation %")
     ax.set_title(f"{alert.title}: {alert.resource_id}", fontsize=10)
@@ -87,12 +87,21 @@ def _gpu_chart(alert: Alert, store: Any) -> bytes | None:
     return _png(fig)
 
 
-def _egress_chart(alert: Alert, store: Any) -> bytes | None:
-    rows = store.query(
-        f"SELECT ts, egress_bytes, interval_s FROM {store.db}.resource_usage WHERE resource_id = %(rid)s "
-        f"AND egress_bytes IS NOT NULL AND ts BETWEEN {_MS} ORDER BY ts",
-        _window(alert, 6 * 3600),
+def _usage(store: Any, alert: Alert, columns: str, present: str, before_s: float) -> list[dict[str, Any]]:
+    """The resource's usage rows with ``present`` set, from ``before_s`` before the episode to its end."""
+    return store.query(
+        f"SELECT ts, {columns} FROM {store.db}.resource_usage WHERE resource_id = %(rid)s "
+        f"AND {present} IS NOT NULL AND ts BETWEEN {_MS} ORDER BY ts",
+        _window(alert, before_s),
     )
+
+
+def _shade_episode(ax: Any, alert: Alert) -> None:
+    ax.axvspan(_utc_dt(alert.episode_start), _utc_dt(alert.resolved_at or alert.updated_at), color="tab:red", alpha=0.08)
+
+
+def _egress_chart(alert: Alert, store: Any) -> bytes | None:
+    rows = _usage(store, alert, "egress_bytes, interval_s", "egress_bytes", 6 * 3600)
     if not rows:
         return None
     fig, ax = _figure()
@@ -101,7 +110,7 @@ def _egress_chart(alert: Alert, store: Any) -> bytes | None:
     baseline = alert.details.get("baseline_gb_per_hour")
     if baseline is not None:
         ax.axhline(baseline, color="tab:green", linestyle="--", linewidth=1, label="usual (24 h median)")
-    ax.axvspan(_utc_dt(alert.episode_start), _utc_dt(alert.resolved_at or alert.updated_at), color="tab:red", alpha=0.08)
+    _shade_episode(ax, alert)
     ax.set_ylabel("GB per hour")
     ax.set_title(f"Egress of {alert.resource_id} to {alert.details.get('dest_region', '?')}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
@@ -109,11 +118,7 @@ def _egress_chart(alert: Alert, store: Any) -> bytes | None:
 
 
 def _growth_chart(alert: Alert, store: Any) -> bytes | None:
-    rows = store.query(
-        f"SELECT ts, storage_bytes, capacity_bytes FROM {store.db}.resource_usage WHERE resource_id = %(rid)s "
-        f"AND storage_bytes IS NOT NULL AND ts BETWEEN {_MS} ORDER BY ts",
-        _window(alert, 3 * 86_400),
-    )
+    rows = _usage(store, alert, "storage_bytes, capacity_bytes", "storage_bytes", 3 * 86_400)
     if not rows:
         return None
     fig, ax = _figure()
