@@ -3,7 +3,8 @@ against off. In-process (the worker runs the same engine code per batch).
 
 A 48-hour fleet: a model is trained on its first 24 hours, then the whole fleet is
 backtested with the 10 rules alone, with the ``anomaly`` rule building windows but no
-model (the cold-start cost), and with the model scoring. Writes bench/out/model.json.
+model (the cold-start cost), and with the model scoring; then streamed through one
+worker without and with the model (``BURNWATCH_MODEL_DIR``). Writes bench/out/model.json.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def main() -> int:
             out[name] = {"events_per_s": result.events / seconds, "events": result.events,
                          "anomaly_alerts": sum(a.type == "anomaly" for a in result.alerts)}  # fmt: skip
             print(name, out[name], flush=True)
+        from bench.run import bench_streaming
+
+        with_model = {"BURNWATCH_MODEL_DIR": str(Path(tmp) / "models")}
+        for name, extra in (("streaming_no_model", {}), ("streaming_with_model", with_model)):
+            out[name] = bench_streaming(path, Path(tmp), name, **extra)
+            print(name, out[name], flush=True)
     (ROOT / "bench" / "out").mkdir(exist_ok=True)
     (ROOT / "bench" / "out" / "model.json").write_text(json.dumps(out, indent=2))
     print(f"\n| measure | figure |\n|---|---|\n"
@@ -74,7 +81,9 @@ def main() -> int:
           f"| the same, one window per call | {out['score_windows_per_s_one_by_one']:,.0f} windows/s |\n"
           f"| backtest, 10 rules | {out['rules']['events_per_s']:,.0f} events/s |\n"
           f"| + anomaly rule, no model (cold start) | {out['anomaly_rule_no_model']['events_per_s']:,.0f} events/s |\n"
-          f"| + anomaly rule with the model | {out['anomaly_rule_with_model']['events_per_s']:,.0f} events/s |")
+          f"| + anomaly rule with the model | {out['anomaly_rule_with_model']['events_per_s']:,.0f} events/s |\n"
+          f"| streaming, one worker, no model | {out['streaming_no_model']['events_per_s']:,.0f} events/s |\n"
+          f"| streaming, one worker, with the model | {out['streaming_with_model']['events_per_s']:,.0f} events/s |")
     return 0
 
 

@@ -60,7 +60,7 @@ def bench_backtest(path: Path, ruleset) -> dict:
             "events_per_s": result.events / elapsed, "alerts": len(result.alerts)}  # fmt: skip
 
 
-def bench_streaming(path: Path, workdir: Path, name: str) -> dict:
+def bench_streaming(path: Path, workdir: Path, name: str, **extra_env: str) -> dict:
     messages = list(file_records(path))
     n_events = count_events(messages)
     with EmbeddedBroker(log_path=workdir / "broker-stream.log") as broker:
@@ -72,7 +72,7 @@ def bench_streaming(path: Path, workdir: Path, name: str) -> dict:
             return time.perf_counter() - started
 
         publish_s = asyncio.run(publish())
-        worker = WorkerProcess(env(broker.bootstrap, workdir / name), workdir / f"worker-{name}.log").start()
+        worker = WorkerProcess(env(broker.bootstrap, workdir / name, **extra_env), workdir / f"worker-{name}.log").start()
         try:
             worker.wait_until(lambda h: h["events"] > 0, timeout=120, poll_s=0.02)
             first = time.perf_counter()
