@@ -70,6 +70,11 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._queue)
 
+    @property
+    def has_work(self) -> bool:
+        """Changes to post, or messages to edit with newer figures."""
+        return bool(self._queue or self._edits)
+
     def recover(self) -> int:
         """Load past deliveries and queue what was stored but never delivered; return how many."""
         if self.notifier is None:
@@ -109,12 +114,11 @@ class Outbox:
             if alert.change == "resolved":
                 self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
                 self._edited_at.pop(alert.alert_id, None)
-            if alert.alert_id in self._snoozed:
-                if alert.change != "updated":  # recorded as handled, so a restart does not post it late
-                    self.store.record_delivery(alert.alert_id, alert.change, "", "snoozed")
-                    self._done[(alert.alert_id, alert.change)] = ("", "snoozed")
+            if alert.alert_id in self._snoozed:  # recorded as handled, so a restart does not post it late
+                self.store.record_delivery(alert.alert_id, alert.change, "", "snoozed")
+                self._done[(alert.alert_id, alert.change)] = ("", "snoozed")
                 continue
-            if alert.change != "updated" and not alert.silenced and (alert.alert_id, alert.change) not in self._done:
+            if not alert.silenced and (alert.alert_id, alert.change) not in self._done:
                 self._queue.append(alert)
                 self._queued_at.setdefault(alert.alert_id, now)
 

@@ -197,7 +197,7 @@ class Pipeline:
         stats = self.stats
         stats.insert_s += await write
         self.outbox.add(step.alerts)
-        if len(self.outbox):
+        if self.outbox.has_work:
             self.outbox_ready.set()
         for message, reason in step.dead:
             await self._send_dead_letter(message.key, dead_letter(message, reason))

@@ -185,6 +185,8 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
         assert charts and {c.body["thread_ts"] for c in charts} <= set(opening_ts.values()) - group_ts
         last_edit = {u.body["ts"]: u.text_of_blocks() for u in slack.calls("chat.update")}
         assert not group_ts & last_edit.keys()  # a group's message is never rewritten for one member
+        still_open = {opening_ts[a] for a, alert in expected.items() if alert.resolved_at is None} - group_ts
+        assert still_open & last_edit.keys()  # open incidents' messages were edited as their dollars grew
         for alert_id in resolved_ids:  # every other resolved incident's message ends up saying so
             if opening_ts[alert_id] not in group_ts:
                 assert "Resolved" in last_edit[opening_ts[alert_id]]
