@@ -169,20 +169,19 @@ class AlertManager:
         known: Mapping[str, tuple[float, bool]] | None = None,
         horizon_s: float = 7 * 86_400.0,
         ruleset: RuleSet | None = None,
-        realert: tuple[Mapping[tuple[str, str], float], Iterable[str]] | None = None,
+        realert: tuple[Mapping[tuple[str, str], float], Mapping[str, str]] | None = None,
         open_incidents: Mapping[str, str] | None = None,
     ) -> None:
         self._seen: dict[str, tuple[float, bool]] = dict(known or {})
         """alert id → (episode start, resolved)."""
-        last, held = realert or ({}, ())
+        last, quiet = realert or ({}, {})
         self._last_posted: dict[tuple[str, str], float] = dict(last)
         """(rule, resource) → fire time of its latest posted alert, for ``realert``."""
-        self._held: set[str] = set(held)
-        """Alerts held back by ``realert``: their later changes are held back too."""
+        self._quiet: dict[str, str] = dict(quiet)
+        """Alert id → why its opening was held back (realert, or joined to another incident):
+        its later changes are held back too."""
         self._open: dict[str, str] = dict(open_incidents or {})
         """Resource → a rule incident open on it, which an anomaly on the resource joins."""
-        self._joined: dict[str, str] = {}
-        """Anomaly alert id → the incident it joined (its changes are recorded, not posted)."""
         self.ruleset = ruleset
         """For its silences; replaced on hot reload."""
         self._horizon_s = horizon_s
@@ -207,8 +206,10 @@ class AlertManager:
                 if known is not None:
                     continue
                 seen[alert.alert_id] = (alert.episode_start, False)
-                if alert.type == "anomaly" and alert.resource_id in self._open:
-                    self._joined[alert.alert_id] = self._open[alert.resource_id]
+                if alert.type == "anomaly" and alert.resource_id in self._open and not alert.silenced:
+                    joined = self._open[alert.resource_id]
+                    alert.silenced = self._quiet[alert.alert_id] = f"joined incident {joined}: a rule's incident is open here"
+                    alert.details = {**alert.details, "joined_alert_id": joined}
                 elif _is_behaviour(alert.type):
                     self._open[alert.resource_id] = alert.alert_id
                 if not alert.silenced and ruleset is not None:
@@ -219,20 +220,14 @@ class AlertManager:
                 seen[alert.alert_id] = (alert.episode_start, True)
                 if self._open.get(alert.resource_id) == alert.alert_id:
                     del self._open[alert.resource_id]
-            joined = self._joined.get(alert.alert_id)
-            if joined is not None and not alert.silenced:
-                alert.silenced = f"joined incident {joined}: a rule's incident was open on this resource"
-                alert.details = {**alert.details, "joined_alert_id": joined}
-                if finding.action == "resolve":
-                    del self._joined[alert.alert_id]
-            if alert.alert_id in self._held and not alert.silenced:
-                alert.silenced = _held_reason(alert.rule)
+            if not alert.silenced and alert.alert_id in self._quiet:
+                alert.silenced = self._quiet[alert.alert_id]
             self._newest = max(self._newest, alert.episode_start)
             out.append(alert)
         if len(seen) > self._prune_at:
             horizon = self._newest - self._horizon_s
             self._seen = {k: v for k, v in seen.items() if v[0] >= horizon}
-            self._held &= self._seen.keys()
+            self._quiet = {k: v for k, v in self._quiet.items() if k in self._seen}
             self._last_posted = {k: t for k, t in self._last_posted.items() if t >= horizon}
             self._prune_at = len(self._seen) + 10_000
         return out
@@ -241,9 +236,8 @@ class AlertManager:
         key = (alert.rule, alert.resource_id)
         last = self._last_posted.get(key)
         if realert_s and last is not None and alert.fired_at - last < realert_s:
-            alert.silenced = _held_reason(alert.rule)
+            alert.silenced = self._quiet[alert.alert_id] = _held_reason(alert.rule)
             alert.details = {**alert.details, "realert_after": rfc3339(last + realert_s)}
-            self._held.add(alert.alert_id)
         else:
             self._last_posted[key] = alert.fired_at
 

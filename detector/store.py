@@ -446,11 +446,13 @@ class Store:
                           {"types": [t for t, cls in REGISTRY.items() if cls.behaviour and t != "anomaly"]})  # fmt: skip
         return {r["resource_id"]: r["alert_id"] for r in rows}
 
-    def realert_memory(self, horizon_s: float = 7 * 86_400.0) -> tuple[dict[tuple[str, str], float], set[str]]:
-        """What ``realert`` must remember across a restart: the fire time of the latest posted
-        alert per (rule, resource), and the alerts held back."""
+    def realert_memory(self, horizon_s: float = 7 * 86_400.0) -> tuple[dict[tuple[str, str], float], dict[str, str]]:
+        """What the alert manager must remember across a restart: the fire time of the latest
+        posted alert per (rule, resource), for ``realert``; and the alerts held back at their
+        opening (realert, joined to another incident), whose later changes stay held back."""
         rows = self.query(
-            f"""SELECT rule, resource_id, alert_id, fired_at, startsWith(silenced, 'realert:') AS held,
+            f"""SELECT rule, resource_id, alert_id, fired_at, silenced,
+                       startsWith(silenced, 'realert:') OR startsWith(silenced, 'joined incident') AS held,
                        silenced = '' AS posted
                 FROM {self.db}.alerts FINAL
                 WHERE fired_at >= (SELECT max(fired_at) FROM {self.db}.alerts) - toIntervalSecond(%(horizon)s)""",
@@ -461,7 +463,7 @@ class Store:
             if r["posted"]:
                 key = (r["rule"], r["resource_id"])
                 last[key] = max(last.get(key, 0.0), epoch(r["fired_at"]))
-        return last, {r["alert_id"] for r in rows if r["held"]}
+        return last, {r["alert_id"]: r["silenced"] for r in rows if r["held"]}
 
     def record_action(self, click: Any, at: float, until: float | None = None) -> None:
         """Record a button click (a :class:`detector.actions.Click`) at wall time ``at``."""

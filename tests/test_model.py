@@ -118,3 +118,25 @@ def test_train_from_the_store_writes_artifacts_a_worker_reloads(store, tmp_path)
     assert len(artifact.ranges) == len(artifact.features)
     assert models.changed(tmp_path) and ModelSet.load(tmp_path).get("gpu").threshold == artifact.threshold
     assert (tmp_path / "gpu.json").exists()
+
+
+def test_an_anomaly_on_a_resource_with_an_open_rule_incident_joins_it(store):
+    from detector.alerts import AlertManager
+    from detector.detectors import Finding, ResourceInfo
+
+    def finding(rule_type: str, action: str, start: float, at: float) -> Finding:
+        return Finding(action=action, rule=rule_type, type=rule_type, resource_id="h1", episode_start=start,
+                       fired_at=start + 1800, at=at, waste_usd=1.0, usd_per_hour=2.0, severity="info",
+                       resource=ResourceInfo(resource_id="h1"))  # fmt: skip
+
+    manager = AlertManager()
+    idle = manager.handle([finding("idle_gpu", "fire", T0, T0 + 1800)])
+    joined = manager.handle([finding("anomaly", "fire", T0 + 600, T0 + 2400)])
+    assert idle[0].silenced == "" and joined[0].silenced.startswith(f"joined incident {idle[0].alert_id}")
+    store.record_alerts(idle + joined, version=1)
+    restarted = AlertManager(store.recent_alerts(), realert=store.realert_memory(), open_incidents=store.open_incidents())
+    (resolved,) = restarted.handle([finding("anomaly", "resolve", T0 + 600, T0 + 3600)])
+    assert resolved.silenced.startswith("joined incident")  # still not posted after a restart
+    restarted.handle([finding("idle_gpu", "resolve", T0, T0 + 4000)])
+    (alone,) = restarted.handle([finding("anomaly", "fire", T0 + 5000, T0 + 7000)])
+    assert alone.silenced == ""  # no incident open any more: this one is posted

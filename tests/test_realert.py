@@ -59,4 +59,4 @@ def test_realert_survives_a_restart(tmp_path, store):
     assert changes(again) == [("fired", T0 + 80 * MIN, True), ("resolved", T0 + 80 * MIN, True)]
     store.record_alerts(again, version=2)
     last, held = store.realert_memory()
-    assert last == {("idle-gpu", "host-1"): T0 + 30 * MIN} and held == {again[0].alert_id}
+    assert last == {("idle-gpu", "host-1"): T0 + 30 * MIN} and list(held) == [again[0].alert_id]
