@@ -35,6 +35,9 @@ from detector.model.features import feature_names
 __all__ = ["MODEL_VERSION", "ModelArtifact", "ModelSet", "fit"]
 
 MODEL_VERSION = 1
+GUARD_TOLERANCE = 1.0
+"""The guard starts counting this many range-widths outside the trained range: closer in is
+the unseen-but-normal variation any finite training misses."""
 MIN_WIDTH = 0.3
 """Narrowest range the guard measures in, on the features' log scale (a 35 % change)."""
 
@@ -75,8 +78,8 @@ class ModelArtifact:
         hi = np.array([self.ranges[i][1] for i in relative])
         width = np.maximum(hi - lo, MIN_WIDTH)
         x = rows[:, relative]
-        beyond = np.maximum(np.maximum(x - hi, lo - x), 0.0) / width
-        return beyond.max(axis=1)
+        beyond = np.maximum(x - hi, lo - x) / width - GUARD_TOLERANCE
+        return np.maximum(beyond, 0.0).max(axis=1)
 
     def meta(self) -> dict[str, Any]:
         data = asdict(self)
