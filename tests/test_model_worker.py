@@ -1,0 +1,49 @@
+"""The worker with the anomaly model: it starts with rules only, retrains on schedule from
+what it stored, and picks the artifacts up; on the embedded broker and ClickHouse.
+(Scoring in the stream is the engine's, tested in test_model.py; the demo ran it.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from detector.model.forest import ModelSet
+from detector.replay import write_replay
+from detector.simulate import SimConfig, simulate
+from streams.embedded import EmbeddedBroker
+from streams.kafka import count_events, file_records
+from streams.process import WorkerProcess, worker_env
+from tests.conftest import ROOT
+from tests.test_end_to_end import PARTITIONS, publish
+
+pytestmark = pytest.mark.integration
+
+
+def test_scheduled_retrain_is_loaded(tmp_path: Path, ruleset):
+    records, _ = simulate(SimConfig(hours=14, training_hosts=6, notebooks=2, inference_endpoints=1, seed=5),
+                          ruleset.pricing)  # fmt: skip
+    path = tmp_path / "fleet.jsonl"
+    with open(path, "wb") as out:
+        write_replay(records, out)
+    messages = list(file_records(path))
+    models = tmp_path / "models"
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        publish(broker.bootstrap, messages)
+        env = worker_env(broker.bootstrap, tmp_path / "data", ROOT / "rules", PARTITIONS,
+                         BURNWATCH_MODEL_DIR=str(models), BURNWATCH_MODEL_RETRAIN_EVERY="5s",
+                         BURNWATCH_MODEL_TRAIN_SINCE="14h")  # fmt: skip
+        worker = WorkerProcess(env, tmp_path / "worker.log").start()
+        try:
+            worker.wait_until(lambda h: h["events"] >= count_events(messages), timeout=180)
+            assert "rules only" in worker.wait_for_log('"model_absent"', timeout=10)
+            retrained = json.loads(worker.wait_for_log('"model_retrained"', timeout=120))
+            loaded = json.loads(worker.wait_for_log('"model_loaded"', timeout=60))
+        finally:
+            assert worker.stop() == 0, worker.tail()
+    assert retrained["groups"] and set(retrained["groups"]) <= set(loaded["groups"])
+    artifacts = ModelSet.load(models)
+    assert set(artifacts.artifacts) == set(retrained["groups"])
+    for artifact in artifacts.artifacts.values():
+        assert artifact.samples >= 500 and artifact.trained_to > artifact.trained_from
