@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from detector.alerts import Alert
+from detector.metrics import METRICS
 from detector.slack import SlackError, SlackNotifier
 from detector.store import Store, alert_from_row
 
@@ -153,6 +154,7 @@ class Outbox:
                     channel, ts = self.notifier.post(alert, thread=thread, edit_parent=edit, actions=acted)
             except SlackError as exc:
                 self.failed += 1
+                METRICS.slack.labels("retry" if exc.retryable else "refused").inc()
                 if exc.maybe_posted and alert.change == "fired":
                     self._maybe_posted.add(alert.alert_id)
                 if exc.retryable:
@@ -162,6 +164,7 @@ class Outbox:
                 self._drop(group)
                 continue
             self._delivered(group, channel, ts)
+            METRICS.slack.labels("ok").inc()
             if self.on_opened is not None and len(group) == 1 and alert.change == "fired" and ts:
                 self.on_opened(alert, channel, ts)
             sent += 1

@@ -22,6 +22,7 @@ import msgspec
 from detector.alerts import Alert
 from detector.detectors import REGISTRY
 from detector.events import GpuMetric, RunEvent, UsageEvent
+from detector.metrics import METRICS
 
 __all__ = ["EventBatch", "Store", "alert_from_row", "connect", "epoch"]
 
@@ -324,7 +325,10 @@ class Store:
         written = 0
         with self._lock:
             for table, names, cols in batch.tables():
+                started = time.perf_counter()
                 self.client.insert(f"{self.db}.{table}", cols, column_names=names, column_oriented=True)
+                METRICS.insert_seconds.observe(time.perf_counter() - started)
+                METRICS.insert_rows.observe(len(cols[0]))
                 written += len(cols[0])
         return written
 

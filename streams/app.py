@@ -7,6 +7,7 @@ Thin on purpose: the work is in :mod:`streams.pipeline` and :mod:`detector`.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import faust
@@ -23,6 +24,7 @@ from detector.digest import send_due_digests
 from detector.engine import Engine
 from detector.events import TOPICS
 from detector.logs import stdlib_logging_config
+from detector.metrics import METRICS
 from detector.model.forest import ModelSet
 from detector.reload import RulesWatcher
 from detector.rules import load_rules
@@ -265,6 +267,22 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
             loop = asyncio.get_running_loop()
             status, answer = await loop.run_in_executor(None, actions.handle, body, headers)
             return self.json(answer, status=status)
+
+    def consumer_lag() -> list[tuple[str, int, int]]:
+        out = []
+        for (topic, partition), next_offset in list(pipeline.positions.items()):
+            highwater = app.consumer.highwater(TP(topic, partition))
+            if highwater is not None:
+                out.append((topic, partition, max(0, highwater - next_offset)))
+        return out
+
+    METRICS.watch(lag=consumer_lag,
+                  freshness=lambda: time.time() - engine.watermark if engine.watermark else None)  # fmt: skip
+
+    @app.page("/metrics")
+    async def metrics(web: Any, request: Any) -> Any:
+        """Prometheus text exposition of :mod:`detector.metrics`."""
+        return web.bytes(METRICS.render(), content_type="text/plain; version=0.0.4")
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:

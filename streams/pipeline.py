@@ -27,6 +27,7 @@ from detector.align import EventTimeAligner
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage
+from detector.metrics import METRICS
 from detector.store import EventBatch, Store
 
 __all__ = ["Message", "Pipeline", "Stats"]
@@ -90,6 +91,9 @@ class _Step:
     states: list[tuple[str, int, bytes]] = field(default_factory=list)
     detected: int = 0
     messages: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    per_topic: dict[str, list[int]] = field(default_factory=dict)
+    """topic → [messages, events], for the metrics."""
 
 
 class Pipeline:
@@ -143,6 +147,11 @@ class Pipeline:
             write = loop.run_in_executor(self._writer, self._write, step)
             self._inflight = asyncio.ensure_future(self._finish(write, step, ack))
 
+    @property
+    def positions(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) → the next offset this worker will read (for consumer lag)."""
+        return self._positions
+
     async def tick(self) -> None:
         """Re-check what the aligner holds when no batch comes (a quiet stream): partitions
         may have caught up or passed their startup grace since the last batch."""
@@ -161,8 +170,13 @@ class Pipeline:
         positions = self._positions
         aligner = self.aligner
         partition_of = self._partition_of
+        per_topic = step.per_topic
         for message in messages:
             tp = (message.topic, message.partition)
+            counts = per_topic.get(message.topic)
+            if counts is None:
+                counts = per_topic[message.topic] = [0, 0]
+            counts[0] += 1
             expected = positions.get(tp)
             if expected != message.offset:
                 log.info("partition_position", topic=tp[0], partition=tp[1], offset=message.offset, expected=expected)
@@ -172,6 +186,7 @@ class Pipeline:
             except InvalidMessage as exc:
                 step.dead.append((message, exc.reason))
                 continue
+            counts[1] += len(decoded)
             for event in decoded:
                 partition_of[event.key] = message.partition
             step.batch.extend(decoded)
@@ -206,12 +221,19 @@ class Pipeline:
             await ack(message)
         for message, _ in step.dead:
             await ack(message)
+        for topic, (n_messages, n_events) in step.per_topic.items():
+            METRICS.messages.labels(topic).inc(n_messages)
+            METRICS.events.labels(topic).inc(n_events)
+        METRICS.dead_letters.inc(len(step.dead))
+        if step.messages:
+            METRICS.batch_seconds.observe(time.perf_counter() - step.started)
         stats.batches += 1
         stats.messages += step.messages
         stats.events += len(step.batch)
         stats.detected += step.detected
         stats.dead_letters += len(step.dead)
         for alert in step.alerts:
+            METRICS.alerts.labels(alert.type, alert.change).inc()
             if alert.change == "fired":
                 stats.alerts_fired += 1
             elif alert.change == "resolved":

@@ -159,6 +159,14 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
             assert post_click(worker.port, body, signed(body, at=int(time.time()) - 600, secret=SIGNING_SECRET)) == 401
             acked = slack.calls("chat.update")[-1]
             assert acked.body["ts"] == opening.response["ts"] and "Acknowledged by <@U123>" in acked.text_of_blocks()
+            # Prometheus metrics on the web port.
+            with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/metrics", timeout=10) as response:
+                metrics = response.read().decode()
+            assert re.search(r'^burnwatch_events_total\{topic="gpu-metrics"\} [1-9]', metrics, re.M)
+            assert re.search(r'^burnwatch_consumer_lag\{partition="0",topic="gpu-metrics"\} 0\.0$', metrics, re.M)
+            assert re.search(r'^burnwatch_dead_letters_total [1-9]', metrics, re.M)
+            assert re.search(r'^burnwatch_slack_requests_total\{outcome="ok"\} [1-9]', metrics, re.M)
+            assert "burnwatch_clickhouse_insert_seconds_bucket" in metrics and "burnwatch_batch_seconds_count" in metrics
         finally:
             assert worker.stop() == 0, worker.tail()
 

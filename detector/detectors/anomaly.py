@@ -34,6 +34,7 @@ from pydantic import Field
 
 from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.metrics import METRICS
 from detector.model.features import BASE_FEATURES, FEATURE_SETS, Window, WindowBuilder, WindowState
 from detector.units import Duration
 
@@ -122,8 +123,11 @@ class Anomaly(DetectorBase):
             if artifact is None:
                 continue  # cold start for this group: rules only
             rows = np.array([items[i][3].vector() for i in indexes])
-            for i, score in zip(indexes, artifact.score(rows), strict=True):
+            group_scores = artifact.score(rows)
+            observe = METRICS.anomaly_scores.labels(group).observe
+            for i, score in zip(indexes, group_scores, strict=True):
                 scores[i] = (float(score), artifact.threshold)
+                observe(float(score))
         found: list[Finding] = []
         for i, (_, state, resource, window) in enumerate(items):
             if i in scores:

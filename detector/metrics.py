@@ -1,0 +1,64 @@
+"""Prometheus metrics of the worker, served at ``/metrics`` (``prometheus_client``).
+
+One registry for the process, filled where the work happens: the batch pipeline
+(events and messages per topic, dead letters, batch latency, alerts), the store
+(ClickHouse insert latency and size), the outbox (Slack deliveries, failures, retries)
+and the anomaly model (scores). Consumer lag and event-time freshness are read when
+Prometheus scrapes, from callbacks the worker registers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+__all__ = ["METRICS", "Metrics"]
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.messages = Counter("burnwatch_messages", "Kafka messages consumed", ["topic"], registry=r)
+        self.events = Counter("burnwatch_events", "Events decoded", ["topic"], registry=r)
+        self.dead_letters = Counter("burnwatch_dead_letters", "Messages sent to the dead-letter topic", registry=r)
+        self.batch_seconds = Histogram("burnwatch_batch_seconds", "Time from a batch's arrival to its acknowledgement",
+                                       buckets=_LATENCY, registry=r)  # fmt: skip
+        self.alerts = Counter("burnwatch_alerts", "Alert changes", ["type", "change"], registry=r)
+        self.insert_seconds = Histogram("burnwatch_clickhouse_insert_seconds", "ClickHouse insert of a batch's events",
+                                        buckets=_LATENCY, registry=r)  # fmt: skip
+        self.insert_rows = Histogram("burnwatch_clickhouse_insert_rows", "Rows per ClickHouse insert",
+                                     buckets=(10, 100, 1_000, 10_000, 100_000, 1_000_000), registry=r)  # fmt: skip
+        self.slack = Counter("burnwatch_slack_requests", "Slack deliveries by outcome (ok, retry, refused)",
+                             ["outcome"], registry=r)  # fmt: skip
+        self.anomaly_scores = Histogram("burnwatch_anomaly_score", "Anomaly scores of closed windows (higher = odder)",
+                                        ["group"], buckets=(0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 5.0), registry=r)  # fmt: skip
+        self._lag: Callable[[], Iterable[tuple[str, int, int]]] | None = None
+        self._freshness: Callable[[], float | None] | None = None
+        r.register(self)  # type: ignore[arg-type]  # the gauges read at scrape time
+
+    def watch(self, lag: Callable[[], Iterable[tuple[str, int, int]]], freshness: Callable[[], float | None]) -> None:
+        """``lag()`` gives (topic, partition, messages behind); ``freshness()`` the seconds between
+        now and the newest event time detected."""
+        self._lag, self._freshness = lag, freshness
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        lag = GaugeMetricFamily("burnwatch_consumer_lag", "Messages not yet consumed, per input partition",
+                                labels=["topic", "partition"])  # fmt: skip
+        for topic, partition, behind in self._lag() if self._lag else ():
+            lag.add_metric([topic, str(partition)], behind)
+        yield lag
+        fresh = self._freshness() if self._freshness else None
+        yield GaugeMetricFamily("burnwatch_event_time_lag_seconds", "Wall clock minus the newest event time detected",
+                                value=fresh if fresh is not None else 0.0)  # fmt: skip
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+METRICS = Metrics()
+"""The process's metrics (one worker per process)."""
