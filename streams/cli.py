@@ -377,6 +377,19 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_db_migrate(args: argparse.Namespace) -> int:
+    from detector.store import Store
+
+    settings = _settings(args)
+    store = Store.open(settings.dsn, settings.clickhouse_database)  # opening applies what is missing
+    try:
+        tables = [r["name"] for r in store.query(f"SHOW TABLES FROM {settings.clickhouse_database}")]
+    finally:
+        store.close()
+    print(f"{settings.dsn} database {settings.clickhouse_database}: {', '.join(sorted(tables))}")
+    return 0
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     from detector.store import Store
 
@@ -502,6 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--path", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
     p.set_defaults(func=cmd_rules_explain)
+
+    db = sub.add_parser("db", help="the ClickHouse store").add_subparsers(dest="db_command", required=True)
+    db.add_parser("migrate", help="create what the schema lacks (the worker does it on start too)").set_defaults(
+        func=cmd_db_migrate)  # fmt: skip
 
     p = sub.add_parser("sql", help="run a query against the store")
     p.add_argument("query")
