@@ -17,10 +17,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from detector.detectors import REGISTRY
+from detector.events import DAY_S
+from detector.units import epoch
 
 __all__ = ["Digest", "build_digests", "digest_chart", "render_digest", "send_due_digests"]
 
-DAY_S = 86_400.0
 
 
 @dataclass
@@ -76,7 +77,7 @@ def build_digests(store: Any, day: float, top_n: int = 5) -> list[Digest]:
         d.by_team[team] = d.by_team.get(team, 0.0) + usd
         d.by_team_type[(team, r["type"])] = d.by_team_type.get((team, r["type"]), 0.0) + usd
         d.incidents += 1
-        resolved = r["resolved_at"].replace(tzinfo=timezone.utc).timestamp() if r["resolved_at"] is not None else None
+        resolved = epoch(r["resolved_at"]) if r["resolved_at"] is not None else None
         still_open = r["status"] == "firing" or (resolved is not None and resolved >= day + DAY_S)
         if still_open:
             d.open_incidents += 1

@@ -10,7 +10,6 @@ slack-sdk at a local server.
 from __future__ import annotations
 
 import json
-from datetime import timezone
 from typing import Any
 from urllib.parse import quote
 
@@ -25,14 +24,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from detector.actions import BUTTONS
 from detector.alerts import Alert
 from detector.rules import Routing
-from detector.units import format_duration, rfc3339
-
-
-def epoch_of(value: Any) -> float:
-    """Epoch seconds from a float or a naive-UTC datetime read back from ClickHouse."""
-    if isinstance(value, (int, float)):
-        return float(value)
-    return value.replace(tzinfo=timezone.utc).timestamp()
+from detector.units import epoch, format_duration, rfc3339
 
 __all__ = ["SlackError", "SlackNotifier", "render_blocks", "render_group", "render_resolution"]
 
@@ -125,8 +117,8 @@ def _action_lines(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     parts = []
     for a in actions:
         who = f"<@{a['user_id']}>" if a.get("user_id") else a.get("user_name") or "someone"
-        until = f" until {rfc3339(epoch_of(a['until']))}" if a.get("until") else ""
-        parts.append(f"{_DONE.get(a['action'], a['action'])} by {who} at {rfc3339(epoch_of(a['at']))}{until}")
+        until = f" until {rfc3339(epoch(a['until']))}" if a.get("until") else ""
+        parts.append(f"{_DONE.get(a['action'], a['action'])} by {who} at {rfc3339(epoch(a['at']))}{until}")
     return [{"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(parts)[:2900]}]}]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -23,6 +23,7 @@ from detector.alerts import Alert
 from detector.detectors import REGISTRY
 from detector.events import GpuMetric, RunEvent, UsageEvent
 from detector.metrics import METRICS
+from detector.units import epoch
 
 __all__ = ["EventBatch", "Store", "alert_from_row", "connect", "epoch"]
 
@@ -192,11 +193,6 @@ _ALERT_COLS = [
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
     "instance_type", "tags", "details", "silenced", "channel", "version",
 ]  # fmt: skip
-
-
-def epoch(value: datetime) -> float:
-    """Epoch seconds of a DateTime64 read back: clickhouse-connect returns naive UTC datetimes."""
-    return value.replace(tzinfo=timezone.utc).timestamp()
 
 
 def alert_from_row(row: dict[str, Any], change: str | None = None) -> Alert:
@@ -495,7 +491,7 @@ class Store:
 
     def last_digest_day(self) -> float | None:
         rows = self.query(f"SELECT max(day) AS day, count() AS n FROM {self.db}.digests")
-        return rows[0]["day"].replace(tzinfo=timezone.utc).timestamp() if rows and rows[0]["n"] else None
+        return epoch(rows[0]["day"]) if rows and rows[0]["n"] else None
 
     def record_digest(self, day: float, channel: str, message_ts: str) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-__all__ = ["Duration", "Money", "Percent", "format_duration", "parse_duration", "rfc3339"]
+__all__ = ["Duration", "Money", "Percent", "epoch", "format_duration", "parse_duration", "rfc3339"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
@@ -84,3 +84,8 @@ def rfc3339(t: float) -> str:
     dt = datetime.fromtimestamp(t, tz=timezone.utc)
     text = dt.isoformat(timespec="milliseconds" if dt.microsecond else "seconds")
     return text.replace("+00:00", "Z")
+
+
+def epoch(value: datetime) -> float:
+    """Epoch seconds of a DateTime64 read back: clickhouse-connect returns naive UTC datetimes."""
+    return value.replace(tzinfo=timezone.utc).timestamp()

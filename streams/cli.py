@@ -196,15 +196,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import time
 
     from detector.evaluate import evaluate
-    from detector.rules import RulesInvalid, load_rules
     from detector.runtime import tune_gc
 
     tune_gc()
-    try:
-        ruleset = load_rules(args.rules or _settings(args).rules_path)
-    except RulesInvalid as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    ruleset = _load_rules_or_exit(args.rules or _settings(args).rules_path)
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.perf_counter()
     if args.model:

@@ -14,12 +14,12 @@ import msgspec
 from pydantic import Field
 
 from detector.detectors.base import DetectorBase, Params
+from detector.events import DAY_S
 from detector.units import Duration
 
 __all__ = ["GrowthBase", "GrowthParams", "GrowthState", "Trend", "fit"]
 
 POINT_S = 900.0
-DAY_S = 86_400.0
 
 
 class GrowthParams(Params):

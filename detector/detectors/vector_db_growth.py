@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from detector.detectors.base import Finding, ResourceInfo, make_finding
-from detector.detectors.growth import DAY_S, GrowthBase, GrowthParams, GrowthState, Trend
-from detector.events import Event, UsageEvent
+from detector.detectors.growth import GrowthBase, GrowthParams, GrowthState, Trend
+from detector.events import DAY_S, Event, UsageEvent
 from detector.units import Duration, Percent, rfc3339
 
 __all__ = ["VectorDbGrowth", "VectorDbGrowthParams"]
