@@ -102,23 +102,14 @@ class Outbox:
         if self.notifier is None:
             return
         now = self._clock()
-        wall = self._wall()
-        if now - self._snoozes_read >= self.snooze_refresh_s:  # a click may have reached another worker
-            self._snoozed = {**self._snoozed, **self.store.snoozed(wall)}
-            self._snoozes_read = now
-        self._snoozed = {k: until for k, until in self._snoozed.items() if until > wall}
-        for alert in alerts:
+        for alert in alerts:  # no I/O here: this runs on the worker's event loop
             if alert.change == "updated":
-                if not alert.silenced and alert.alert_id not in self._snoozed:
+                if not alert.silenced:
                     self._edits[alert.alert_id] = alert  # only the latest matters
                 continue
             if alert.change == "resolved":
                 self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
                 self._edited_at.pop(alert.alert_id, None)
-            if alert.alert_id in self._snoozed:  # recorded as handled, so a restart does not post it late
-                self.store.record_delivery(alert.alert_id, alert.change, "", "snoozed")
-                self._done[(alert.alert_id, alert.change)] = ("", "snoozed")
-                continue
             if not alert.silenced and (alert.alert_id, alert.change) not in self._done:
                 self._queue.append(alert)
                 self._queued_at.setdefault(alert.alert_id, now)
@@ -128,10 +119,16 @@ class Outbox:
         rest queued (raise :class:`SlackError`); a permanent one is logged and skipped."""
         sent = 0
         self.hold_s = 0.0
+        self._refresh_snoozes()
         while self._queue and self.notifier is not None:
             alert = self._queue[0]
             key = (alert.alert_id, alert.change)
             if key in self._done:
+                self._queue.popleft()
+                continue
+            if alert.alert_id in self._snoozed:  # recorded as handled, so a restart does not post it late
+                self.store.record_delivery(alert.alert_id, alert.change, "", "snoozed")
+                self._done[key] = ("", "snoozed")
                 self._queue.popleft()
                 continue
             group = self._group_of(alert)
@@ -172,6 +169,15 @@ class Outbox:
             self._edit_messages()
         return sent
 
+    def _refresh_snoozes(self) -> None:
+        """Snoozes end on the wall clock; a click may have reached another worker, so the
+        store is re-read every ``snooze_refresh_s``."""
+        now, wall = self._clock(), self._wall()
+        if now - self._snoozes_read >= self.snooze_refresh_s:
+            self._snoozed = {**self._snoozed, **self.store.snoozed(wall)}
+            self._snoozes_read = now
+        self._snoozed = {k: until for k, until in self._snoozed.items() if until > wall}
+
     def _delivered(self, group: list[Alert], channel: str, ts: str) -> None:
         for member in group:
             self.store.record_delivery(member.alert_id, member.change, channel, ts)
@@ -187,6 +193,9 @@ class Outbox:
         now = self._clock()
         due_in = []
         for alert_id, alert in list(self._edits.items()):
+            if alert_id in self._snoozed:
+                del self._edits[alert_id]
+                continue
             thread = self._done.get((alert_id, "fired"))
             if thread is None or not thread[1] or thread[1] in self._group_ts:
                 if thread is not None:  # a group's message, or a webhook's: nothing to edit
