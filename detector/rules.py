@@ -36,6 +36,7 @@ __all__ = [
     "compile_match",
     "explain",
     "load_rules",
+    "parse_rule",
     "validate_rule_files",
 ]
 
@@ -194,6 +195,11 @@ def _rule_models() -> Any:
 _RULE: TypeAdapter[Any] = TypeAdapter(_rule_models())
 
 
+def parse_rule(data: dict[str, Any]) -> Any:
+    """One rule from its mapping, validated as a rule file's entry is (``ValidationError`` if not)."""
+    return _RULE.validate_python(data)
+
+
 # -- selectors ------------------------------------------------------------------
 
 
@@ -340,7 +346,7 @@ def _validate_file(path: Path) -> tuple[list[Any], list[Silence], list[RuleError
             errors.append(type_error)
             continue
         try:
-            rule = _RULE.validate_python(item)
+            rule = parse_rule(item)
         except ValidationError as exc:
             errors.extend(_errors_from(exc, ("rules", i), file, lines))
             continue

@@ -30,7 +30,7 @@ from detector.backtest import BacktestResult
 from detector.detectors import REGISTRY
 from detector.model.features import Window
 from detector.model.forest import ModelArtifact, fit
-from detector.rules import RuleSet, compile_rules
+from detector.rules import RuleSet, compile_rules, parse_rule
 
 __all__ = ["TrainingSet", "anomaly_ruleset", "train", "train_from_file", "train_from_store"]
 
@@ -50,9 +50,7 @@ def anomaly_ruleset(ruleset: RuleSet) -> RuleSet:
     """The rule set as given, with an ``anomaly`` rule added if it has none (training needs its windows)."""
     if any(r.detector.type == "anomaly" for r in ruleset.rules):
         return ruleset
-    from detector.rules import _RULE
-
-    extra = _RULE.validate_python({"name": "cost-anomaly", "type": "anomaly"})
+    extra = parse_rule({"name": "cost-anomaly", "type": "anomaly"})
     sources = [r.source for r in ruleset.rules if r.source is not None] + [extra]
     return compile_rules(sources, ruleset.pricing, routing=ruleset.routing)
 
