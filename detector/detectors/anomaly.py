@@ -19,7 +19,9 @@ one episode; the alert names the three features furthest from the resource's usu
 range, the score against the threshold, and the dollars the resource cost meanwhile.
 A window in which a rule is already tracking unusual behaviour on the resource (an idle
 or hung episode, dark telemetry, a runaway: ``behaviour_active`` on its state) is not
-judged: the rules get the first word. And when a rule's incident opens on a resource
+judged: the rules get the first word. Its baselines wait out a pause of the resource's
+work (idle, hung, dark) and learn a runaway's level (``pauses_work = False`` on the
+state), so an anomaly does not repeat the rule's alert once the rule lets go. And when a rule's incident opens on a resource
 whose anomaly is open, the alert manager joins the anomaly to it rather than posting
 both.
 """
@@ -97,13 +99,17 @@ class Anomaly(DetectorBase):
         if sink is None:
             return []  # no model loaded: rules only (the worker said so in its log)
         # A rule already on it (idle, hung, dark, runaway) covers the window: the rules get the
-        # first word, and the window neither opens an anomaly nor moves the baselines. Asked
-        # on usage events (a minute apart), not on every GPU sample.
-        covered = type(event) is UsageEvent and bool(siblings) and any(
-            getattr(s, "behaviour_active", False) for s in siblings.values()  # type: ignore[union-attr]
-        )
+        # first word, and the window opens no anomaly; a pause of the resource's work (idle,
+        # hung, dark) does not move the baselines either. Asked on usage events (a minute
+        # apart), not on every GPU sample.
+        covered = paused = False
+        if type(event) is UsageEvent and siblings:
+            for s in siblings.values():
+                if getattr(s, "behaviour_active", False):
+                    covered = True
+                    paused = paused or getattr(s, "pauses_work", True)
         window = self._builder.add(state.windows, resource.resource_id, resource.resource_type, resource.usd_per_hour,
-                                   event, t, covered)  # fmt: skip
+                                   event, t, covered, paused)  # fmt: skip
         if window is None or window.history * self.params.window < self.params.min_history:
             return []
         sink((self, state, msgspec.structs.replace(resource), window))

@@ -82,6 +82,9 @@ class DestinationState(msgspec.Struct, kw_only=True):
 
 class EgressRunawayState(msgspec.Struct, kw_only=True):
     destinations: dict[str, DestinationState] = {}
+    pauses_work: ClassVar[bool] = False
+    """A runaway is a level, not a pause of the resource's work: the anomaly model's baselines
+    keep learning while it is open (see :mod:`detector.detectors.anomaly`)."""
 
     @property
     def behaviour_active(self) -> bool:

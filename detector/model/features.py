@@ -75,7 +75,9 @@ class WindowState(msgspec.Struct, kw_only=True):
     usage_last: float = 0.0
     egress_bytes: float = 0.0
     covered: bool = False
-    """A rule tracked unusual behaviour during the window: not judged, not learnt."""
+    """A rule tracked unusual behaviour during the window: not judged."""
+    paused: bool = False
+    """... and that behaviour was a pause of the resource's usual work: not learnt either."""
     storage_first: float | None = None
     storage_last: float | None = None
     requests: float = 0.0
@@ -124,9 +126,14 @@ class WindowBuilder:
         self.alpha_recent = 1.0 - 0.5 ** (window_s / RECENT_HALF_LIFE_S)
 
     def add(self, st: WindowState, resource_id: str, resource_type: str, usd_per_hour: float | None, event: Event,
-            t: float, covered: bool = False) -> Window | None:  # fmt: skip
-        """Fold one event in; ``covered``: a rule is tracking unusual behaviour on the resource
-        now, so this window is neither judged nor learnt into the baselines (as in training)."""
+            t: float, covered: bool = False, paused: bool = False) -> Window | None:  # fmt: skip
+        """Fold one event in. ``covered``: a rule is tracking unusual behaviour on the resource
+        now, so the window is not judged (nor trained on). ``paused``: that behaviour is a
+        pause of the resource's usual work (idle, hung, dark), so the baselines do not learn
+        the window either and wait for the work to come back. A covered window that is not a
+        pause (a runaway: a level) is learnt, so that when the rule lets go of it, having
+        absorbed the level into its own baseline, the model judges what follows against the
+        resource's present and does not alert on the same change again."""
         closed = None
         start = t - t % self.window_s
         if st.start is None:
@@ -138,6 +145,7 @@ class WindowBuilder:
             return None  # late for a window already closed
         if covered:
             st.covered = True
+            st.paused = st.paused or paused
         if type(event) is GpuMetric:
             if t <= st.gpu_last.get(event.gpu_index, 0.0):
                 return closed
@@ -174,8 +182,10 @@ class WindowBuilder:
         start = st.start or 0.0
         window = None
         gpu_blind = group in ("gpu", "inference") and st.gpu_samples == 0
-        # Not judged: no billed usage, a GPU host's telemetry missing, or a rule's episode.
-        if st.usage_s > 0 and not gpu_blind and not st.covered:
+        # Nothing judged or learnt without billed usage, with a GPU host's telemetry missing,
+        # or while a rule tracks a pause of the resource's work; a rule's other episodes are
+        # learnt, not judged (see ``add``).
+        if st.usage_s > 0 and not gpu_blind and not st.paused:
             values = dict(base)
             usual = {}
             for name in FEATURE_SETS[group]:
@@ -185,9 +195,10 @@ class WindowBuilder:
                 recent += (self.alpha_recent if st.windows else 1.0) * (base[name] - recent)
                 st.recent[name] = recent
                 values[f"{name}_rel"] = (recent + 1e-3) / (abs(mean) + 1e-3)
-            window = Window(resource_id=resource_id, group=group, start=start, end=start + self.window_s,
-                            values={k: values[k] for k in feature_names(group)}, usual=usual,
-                            cost_usd=st.cost_usd, history=st.windows)  # fmt: skip
+            if not st.covered:
+                window = Window(resource_id=resource_id, group=group, start=start, end=start + self.window_s,
+                                values={k: values[k] for k in feature_names(group)}, usual=usual,
+                                cost_usd=st.cost_usd, history=st.windows)  # fmt: skip
             self._learn(st, group, base)
         self._reset(st)
         return window
@@ -227,4 +238,4 @@ class WindowBuilder:
         st.gpu_samples = 0
         st.egress_bytes = st.requests = st.request_s = 0.0
         st.storage_first = st.storage_last = None
-        st.covered = False
+        st.covered = st.paused = False
