@@ -33,6 +33,9 @@ class Metrics:
                                         buckets=_LATENCY, registry=r)  # fmt: skip
         self.insert_rows = Histogram("burnwatch_clickhouse_insert_rows", "Rows per ClickHouse insert",
                                      buckets=(10, 100, 1_000, 10_000, 100_000, 1_000_000), registry=r)  # fmt: skip
+        self.duplicates_skipped = Counter("burnwatch_duplicate_events_skipped",
+                                          "Events of messages already stored (read again), not inserted twice",
+                                          registry=r)  # fmt: skip
         self.slack = Counter("burnwatch_slack_requests", "Slack deliveries by outcome (ok, retry, refused)",
                              ["outcome"], registry=r)  # fmt: skip
         self.anomaly_scores = Histogram("burnwatch_anomaly_score", "Anomaly scores of closed windows (higher = odder)",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["CapacityTier", "EgressPrices", "InstancePrice", "Pricing", "egress_destination", "load_pricing"]
+__all__ = ["CapacityTier", "EgressPrices", "InstancePrice", "Pricing", "egress_destination", "interval_usd", "load_pricing"]
 
 
 class InstancePrice(BaseModel):
@@ -70,6 +71,29 @@ class Pricing(BaseModel):
         if pricing == "reserved":
             return price.reserved if price.reserved is not None else price.on_demand * self.reserved_discount
         return price.on_demand
+
+
+_MONTH_S = 730 * 3600.0
+
+
+def interval_usd(pricing: Pricing, event: Any) -> tuple[float, float]:
+    """(resource dollars, egress dollars) of one usage interval, as stored with it: the cost the
+    exporter sent, else the list price of the instance while it runs (or of the bytes a bucket
+    holds); egress priced by destination class. Rollups sum these and need no price list."""
+    usd = event.cost_usd
+    if usd is None:
+        usd = 0.0
+        if event.state == "running":
+            hourly = pricing.hourly(event.instance_type, event.pricing)
+            if hourly is not None:
+                usd = hourly * event.interval_s / 3600.0
+            elif event.storage_bytes is not None and event.resource_type == "storage_bucket":
+                usd = event.storage_bytes / 1e9 * pricing.storage_usd_per_gb_month * event.interval_s / _MONTH_S
+    egress = 0.0
+    if event.egress_bytes:
+        price = getattr(pricing.egress_per_gb, egress_destination(event.region, event.dest_region))
+        egress = event.egress_bytes / 1e9 * price
+    return usd, egress
 
 
 def egress_destination(region: str, dest_region: str) -> str:

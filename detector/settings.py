@@ -41,6 +41,7 @@ ENV = {
     "model_dir": "BURNWATCH_MODEL_DIR",
     "model_retrain_every": "BURNWATCH_MODEL_RETRAIN_EVERY",
     "model_train_since": "BURNWATCH_MODEL_TRAIN_SINCE",
+    "event_ttl_days": "BURNWATCH_EVENT_TTL_DAYS",
 }
 
 
@@ -71,6 +72,9 @@ class Settings(BaseModel):
     model_retrain_every: str = ""
     """Retrain on this schedule (e.g. 24h) over ``model_train_since`` of stored events; empty: never."""
     model_train_since: str = "14d"
+    event_ttl_days: int = Field(default=30, ge=0)
+    """Raw events are deleted this many days after their event time (0: kept forever); the
+    hourly and daily rollups are kept. Longer than ``model_train_since``."""
     slack_charts: bool = True
     """Attach a chart of the metric in each incident's thread (bot token only)."""
     slack_signing_secret: SecretStr | None = None

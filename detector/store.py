@@ -8,9 +8,12 @@ one insert per event would cap the whole worker at ~200 events/s.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timezone
 from pathlib import Path
 from typing import Any
@@ -18,162 +21,54 @@ from urllib.parse import urlparse
 
 import clickhouse_connect
 import msgspec
+import structlog
 
 from detector.alerts import Alert
 from detector.detectors import REGISTRY
 from detector.events import GpuMetric, RunEvent, UsageEvent
 from detector.metrics import METRICS
+from detector.pricing import Pricing, interval_usd
 from detector.units import epoch
 
-__all__ = ["EventBatch", "Store", "alert_from_row", "connect", "epoch"]
+__all__ = ["EventBatch", "Migration", "Store", "alert_from_row", "connect", "epoch", "migrations"]
+
+log = structlog.get_logger("burnwatch.store")
 
 _json = msgspec.json.Encoder()
 
 
-def _schema(db: str) -> list[str]:
-    return [
-        f"CREATE DATABASE IF NOT EXISTS {db}",
-        f"""CREATE TABLE IF NOT EXISTS {db}.resource_usage (
-            ts DateTime64(3, 'UTC'),
-            resource_id String,
-            resource_type LowCardinality(String),
-            provider LowCardinality(String),
-            account LowCardinality(String),
-            region LowCardinality(String),
-            instance_type LowCardinality(String),
-            pricing LowCardinality(String),
-            state LowCardinality(String),
-            interval_s Float32,
-            cost_usd Nullable(Float64),
-            egress_bytes Nullable(UInt64),
-            dest_region LowCardinality(String),
-            storage_bytes Nullable(UInt64),
-            capacity_bytes Nullable(UInt64),
-            vector_count Nullable(UInt64),
-            requests Nullable(UInt64),
-            tags Map(LowCardinality(String), String),
-            extra String CODEC(ZSTD(3))
-        ) ENGINE = MergeTree
-        PARTITION BY toYYYYMM(ts)
-        ORDER BY (resource_id, ts)""",
-        f"""CREATE TABLE IF NOT EXISTS {db}.gpu_metrics (
-            ts DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1)),
-            resource_id String,
-            gpu_index UInt8,
-            gpu_uuid String,
-            model LowCardinality(String),
-            util_pct Float32,
-            mem_used_mib Float32,
-            mem_total_mib Float32,
-            power_w Float32,
-            sm_active Nullable(Float32),
-            extra String CODEC(ZSTD(3))
-        ) ENGINE = MergeTree
-        PARTITION BY toYYYYMM(ts)
-        ORDER BY (resource_id, gpu_index, ts)""",
-        f"""CREATE TABLE IF NOT EXISTS {db}.run_events (
-            ts DateTime64(3, 'UTC'),
-            run_id String,
-            status LowCardinality(String),
-            resource_ids Array(String),
-            gpu_count UInt16,
-            project LowCardinality(String),
-            tags Map(LowCardinality(String), String),
-            error String,
-            extra String CODEC(ZSTD(3))
-        ) ENGINE = MergeTree
-        PARTITION BY toYYYYMM(ts)
-        ORDER BY (run_id, ts)""",
-        # One row per state change; ReplacingMergeTree keeps the latest per alert
-        # (query with FINAL), and the history stays readable in alert_changes.
-        f"""CREATE TABLE IF NOT EXISTS {db}.alerts (
-            alert_id String,
-            type LowCardinality(String),
-            rule LowCardinality(String),
-            resource_id String,
-            status LowCardinality(String),
-            severity LowCardinality(String),
-            episode_start DateTime64(3, 'UTC'),
-            fired_at DateTime64(3, 'UTC'),
-            updated_at DateTime64(3, 'UTC'),
-            resolved_at Nullable(DateTime64(3, 'UTC')),
-            waste_usd Float64,
-            usd_per_hour Float64,
-            resource_type LowCardinality(String),
-            account LowCardinality(String),
-            region LowCardinality(String),
-            instance_type LowCardinality(String),
-            tags Map(LowCardinality(String), String),
-            details String,
-            version UInt64
-        ) ENGINE = ReplacingMergeTree(version)
-        ORDER BY alert_id""",
-        # Columns added after the first release: idempotent, forward-only.
-        f"ALTER TABLE {db}.alerts ADD COLUMN IF NOT EXISTS silenced String DEFAULT '' AFTER details",
-        f"ALTER TABLE {db}.alerts ADD COLUMN IF NOT EXISTS channel String DEFAULT '' AFTER silenced",
-        f"""CREATE TABLE IF NOT EXISTS {db}.alert_changes (
-            alert_id String,
-            change LowCardinality(String),
-            at DateTime64(3, 'UTC'),
-            waste_usd Float64,
-            recorded_at DateTime64(3, 'UTC') DEFAULT now64(3)
-        ) ENGINE = MergeTree
-        ORDER BY (alert_id, at)""",
-        # Per-key detector state (engine snapshots), written with each batch's events so a
-        # worker that takes over a partition resumes open episodes. Latest version wins.
-        f"""CREATE TABLE IF NOT EXISTS {db}.detector_state (
-            key String,
-            partition UInt16,
-            snapshot String,
-            deleted UInt8,
-            version UInt64
-        ) ENGINE = ReplacingMergeTree(version)
-        ORDER BY key""",
-        # Clicks on an incident's buttons: who did what, when (a snooze also until when).
-        f"""CREATE TABLE IF NOT EXISTS {db}.alert_actions (
-            alert_id String,
-            action LowCardinality(String),
-            user_id String,
-            user_name String,
-            channel String,
-            message_ts String,
-            at DateTime64(3, 'UTC'),
-            until Nullable(DateTime64(3, 'UTC'))
-        ) ENGINE = MergeTree
-        ORDER BY (alert_id, at)""",
-        # Rule tuning: per rule, how people answered its alerts. A high share marked "expected"
-        # says the rule flags what its owners consider normal.
-        f"""CREATE VIEW IF NOT EXISTS {db}.rule_feedback AS
-            SELECT a.rule AS rule, a.type AS type, count() AS alerts,
-                   countIf(x.acknowledged = 1) AS acknowledged, countIf(x.snoozed = 1) AS snoozed,
-                   countIf(x.expected = 1) AS expected, round(countIf(x.expected = 1) / count(), 3) AS expected_share
-            FROM (SELECT alert_id, rule, type FROM {db}.alerts FINAL WHERE silenced = '') AS a
-            LEFT JOIN (SELECT alert_id, max(action = 'acknowledged') AS acknowledged, max(action = 'snoozed') AS snoozed,
-                              max(action = 'expected') AS expected
-                       FROM {db}.alert_actions GROUP BY alert_id) AS x ON a.alert_id = x.alert_id
-            GROUP BY a.rule, a.type""",
-        # Daily digests sent, so a restart sends none twice.
-        f"""CREATE TABLE IF NOT EXISTS {db}.digests (
-            day DateTime('UTC'),
-            channel String,
-            message_ts String,
-            sent_at DateTime64(3, 'UTC') DEFAULT now64(3)
-        ) ENGINE = ReplacingMergeTree
-        ORDER BY (day, channel)""",
-        # Spend nobody can be charged for, per account: what the untagged detector found.
-        f"""CREATE VIEW IF NOT EXISTS {db}.unattributed_spend AS
-            SELECT account, count() AS resources, countIf(status = 'firing') AS still_untagged,
-                   round(sum(waste_usd), 2) AS usd, round(sumIf(usd_per_hour, status = 'firing'), 4) AS usd_per_hour_now
-            FROM {db}.alerts FINAL WHERE type = 'untagged' GROUP BY account""",
-        f"""CREATE TABLE IF NOT EXISTS {db}.alert_deliveries (
-            alert_id String,
-            kind LowCardinality(String),
-            channel String,
-            message_ts String,
-            delivered_at DateTime64(3, 'UTC') DEFAULT now64(3)
-        ) ENGINE = ReplacingMergeTree
-        ORDER BY (alert_id, kind)""",
-    ]
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+RAW_TABLES = ("resource_usage", "gpu_metrics", "run_events")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One file of ``detector/migrations``: ``NNNN_name.sql``, statements separated by ``;``
+    at a line's end, ``{db}`` standing for the database. Forward-only: a released
+    migration is never edited; a change is a new file. Every statement is idempotent (``IF
+    NOT EXISTS``), so two workers starting together, or a store made before migrations
+    were recorded, apply them safely."""
+
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()[:16]
+
+    def statements(self, db: str) -> list[str]:
+        body = "\n".join(line for line in self.sql.splitlines() if not line.lstrip().startswith("--"))
+        return [part.strip().replace("{db}", db) for part in re.split(r";\s*(?:\n|$)", body) if part.strip()]
+
+
+def migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """The migrations in version order."""
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        version, _, name = path.stem.partition("_")
+        found.append(Migration(int(version), name, path.read_text()))
+    return found
 
 
 _USAGE_COLS = [
@@ -186,6 +81,7 @@ _GPU_COLS = [
     "power_w", "sm_active", "extra",
 ]  # fmt: skip
 _RUN_COLS = ["ts", "run_id", "status", "resource_ids", "gpu_count", "project", "tags", "error", "extra"]
+_CHANGE_COLS = ["alert_id", "change", "at", "waste_usd", "type", "rule", "resource_id", "team", "silenced"]
 _STATE_COLS = ["key", "partition", "snapshot", "deleted", "version"]
 _ACTION_COLS = ["alert_id", "action", "user_id", "user_name", "channel", "message_ts", "at", "until"]
 _ALERT_COLS = [
@@ -231,8 +127,13 @@ def _extra(event: Any) -> str:
     return _json.encode(event.extra).decode()
 
 
+_NO_SOURCE = ("", 0, 0)
+_SOURCE_COLS = ["src_topic", "src_partition", "src_offset"]
+
+
 class EventBatch:
-    """Events buffered per table, turned into columns at insert time.
+    """Events buffered per table, with the Kafka message each came from, turned into columns
+    at insert time.
 
     Building columns with one comprehension per column costs a fraction of
     appending each event's values one by one.
@@ -242,44 +143,58 @@ class EventBatch:
         self.usage: list[UsageEvent] = []
         self.gpu: list[GpuMetric] = []
         self.runs: list[RunEvent] = []
-        self._by_type = {UsageEvent: self.usage.append, GpuMetric: self.gpu.append, RunEvent: self.runs.append}
+        self._sources: dict[type, list[tuple[str, int, int]]] = {UsageEvent: [], GpuMetric: [], RunEvent: []}
+        self._lists: dict[type, list] = {UsageEvent: self.usage, GpuMetric: self.gpu, RunEvent: self.runs}
 
     def __len__(self) -> int:
         return len(self.usage) + len(self.gpu) + len(self.runs)
 
-    def extend(self, events: Iterable[Any]) -> None:
-        by_type = self._by_type
+    def extend(self, events: Iterable[Any], source: tuple[str, int, int] = _NO_SOURCE) -> None:
+        """Add events; ``source``: (topic, partition, offset) of the message they came in."""
+        lists, sources = self._lists, self._sources
         for event in events:
-            by_type[type(event)](event)
+            kind = type(event)
+            lists[kind].append(event)
+            sources[kind].append(source)
 
-    def tables(self) -> Iterator[tuple[str, list[str], list[list]]]:
-        """(table, column names, columns) for each table with rows."""
+    def tables(self, pricing: Pricing | None = None) -> Iterator[tuple[str, list[str], list[list]]]:
+        """(table, column names, columns) for each table with rows; the last three columns
+        are the source topic, partition and offset. ``pricing`` prices usage intervals that
+        carry no cost (the ``usd`` column)."""
+        pricing = pricing or Pricing()
         if self.gpu:
             ev = self.gpu
-            yield "gpu_metrics", _GPU_COLS, [
+            yield "gpu_metrics", [*_GPU_COLS, *_SOURCE_COLS], [
                 [round(e.ts.timestamp() * 1000) for e in ev], [e.resource_id for e in ev], [e.gpu_index for e in ev],
                 [e.gpu_uuid for e in ev], [e.model for e in ev], [e.util_pct for e in ev],
                 [e.mem_used_mib for e in ev], [e.mem_total_mib for e in ev], [e.power_w for e in ev],
-                [e.sm_active for e in ev], [_extra(e) if e.extra else "" for e in ev],
+                [e.sm_active for e in ev], [_extra(e) if e.extra else "" for e in ev], *_source_columns(self._sources[GpuMetric]),
             ]  # fmt: skip
         if self.usage:
             ev = self.usage
-            yield "resource_usage", _USAGE_COLS, [
+            priced = [interval_usd(pricing, e) for e in ev]
+            yield "resource_usage", [*_USAGE_COLS, "usd", "egress_usd", *_SOURCE_COLS], [
                 [round(e.ts.timestamp() * 1000) for e in ev], [e.resource_id for e in ev], [e.resource_type for e in ev],
                 [e.provider for e in ev], [e.account for e in ev], [e.region for e in ev],
                 [e.instance_type for e in ev], [e.pricing for e in ev], [e.state for e in ev],
                 [e.interval_s for e in ev], [e.cost_usd for e in ev], [e.egress_bytes for e in ev],
                 [e.dest_region for e in ev], [e.storage_bytes for e in ev], [e.capacity_bytes for e in ev],
                 [e.vector_count for e in ev], [e.requests for e in ev], [e.tags for e in ev],
-                [_extra(e) if e.extra else "" for e in ev],
+                [_extra(e) if e.extra else "" for e in ev], [p[0] for p in priced], [p[1] for p in priced],
+                *_source_columns(self._sources[UsageEvent]),
             ]  # fmt: skip
         if self.runs:
             ev = self.runs
-            yield "run_events", _RUN_COLS, [
+            yield "run_events", [*_RUN_COLS, *_SOURCE_COLS], [
                 [round(e.ts.timestamp() * 1000) for e in ev], [e.run_id for e in ev], [e.status for e in ev],
                 [e.resource_ids for e in ev], [e.gpu_count for e in ev], [e.project for e in ev],
                 [e.tags for e in ev], [e.error for e in ev], [_extra(e) if e.extra else "" for e in ev],
+                *_source_columns(self._sources[RunEvent]),
             ]  # fmt: skip
+
+
+def _source_columns(sources: list[tuple[str, int, int]]) -> list[list]:
+    return [[s[0] for s in sources], [s[1] for s in sources], [s[2] for s in sources]]
 
 
 def connect(dsn: str) -> Any:
@@ -297,6 +212,8 @@ class Store:
         self.client = client
         self.db = database
         self._lock = threading.Lock()
+        self._stored: dict[tuple[str, str, int], int] = {}
+        """(table, topic, partition) → highest offset whose events are stored (-1: none)."""
 
     @classmethod
     def open(cls, dsn: str, database: str = "burnwatch") -> Store:
@@ -308,25 +225,104 @@ class Store:
         with self._lock:
             self.client.close()
 
-    def migrate(self) -> None:
-        """Create what is missing; safe to run on every start."""
+    def migrate(self) -> list[str]:
+        """Apply the migrations not yet recorded in ``schema_migrations``, in order; returns
+        their names. Safe on every start (and by ``burnwatch db migrate``)."""
+        applied_now = []
         with self._lock:
-            for statement in _schema(self.db):
+            self.client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
+            self.client.command(
+                f"""CREATE TABLE IF NOT EXISTS {self.db}.schema_migrations (
+                    version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
+                ) ENGINE = ReplacingMergeTree ORDER BY version"""
+            )
+            result = self.client.query(f"SELECT version, checksum FROM {self.db}.schema_migrations FINAL")
+            applied = {int(v): c for v, c in result.result_rows}
+            for migration in migrations():
+                if migration.version in applied:
+                    if applied[migration.version] != migration.checksum:
+                        log.warning("migration_edited", version=migration.version, name=migration.name,
+                                    hint="released migrations are never edited: add a new one")  # fmt: skip
+                    continue
+                for statement in migration.statements(self.db):
+                    self.client.command(statement)
+                self.client.insert(f"{self.db}.schema_migrations",
+                                   [[migration.version, migration.name, migration.checksum]],
+                                   column_names=["version", "name", "checksum"])  # fmt: skip
+                applied_now.append(f"{migration.version:04d}_{migration.name}")
+        if applied_now:
+            log.info("migrations_applied", database=self.db, migrations=applied_now)
+        return applied_now
+
+    def applied_migrations(self) -> list[dict[str, Any]]:
+        return self.query(f"SELECT version, name, checksum, applied_at FROM {self.db}.schema_migrations FINAL "
+                          "ORDER BY version")  # fmt: skip
+
+    def set_event_ttl(self, days: int) -> None:
+        """Keep raw events ``days`` days of event time (0: forever); rollups are kept. A change
+        applies to existing data as ClickHouse merges it, not in one rewrite at start."""
+        for table in RAW_TABLES:
+            ddl = self.query("SELECT create_table_query AS ddl FROM system.tables WHERE database = %(db)s "
+                             "AND name = %(table)s", {"db": self.db, "table": table})[0]["ddl"]  # fmt: skip
+            ttl = f"toDateTime(ts) + toIntervalDay({days})"
+            has_ttl = " TTL " in ddl
+            if days > 0 and ttl not in ddl:
+                statement = f"ALTER TABLE {self.db}.{table} MODIFY TTL {ttl} SETTINGS materialize_ttl_after_modify = 0"
+            elif days <= 0 and has_ttl:
+                statement = f"ALTER TABLE {self.db}.{table} REMOVE TTL"
+            else:
+                continue
+            with self._lock:
                 self.client.command(statement)
+            log.info("event_ttl_set", table=table, days=days)
 
     # -- events ------------------------------------------------------------------
 
-    def insert_events(self, batch: EventBatch) -> int:
-        """Insert a batch: one columnar insert per non-empty table. Returns rows written."""
+    def insert_events(self, batch: EventBatch, pricing: Pricing | None = None) -> int:
+        """Insert a batch: one columnar insert per non-empty table. Events of a Kafka message
+        whose offset is already stored for its table (a batch read again after a crash, a
+        retry or a rebalance) are left out, so nothing counts twice. Returns rows written."""
         written = 0
         with self._lock:
-            for table, names, cols in batch.tables():
+            for table, names, cols in batch.tables(pricing):
+                cols = self._unseen(table, cols)
+                if not cols[0]:
+                    continue
                 started = time.perf_counter()
                 self.client.insert(f"{self.db}.{table}", cols, column_names=names, column_oriented=True)
                 METRICS.insert_seconds.observe(time.perf_counter() - started)
                 METRICS.insert_rows.observe(len(cols[0]))
                 written += len(cols[0])
+                stored = self._stored
+                for topic, partition, offset in zip(cols[-3], cols[-2], cols[-1], strict=True):
+                    if topic and offset > stored.get((table, topic, partition), -1):
+                        stored[table, topic, partition] = offset
         return written
+
+    def _unseen(self, table: str, cols: list[list]) -> list[list]:
+        """The rows of ``cols`` (source columns last) not stored yet."""
+        topics, partitions, offsets = cols[-3], cols[-2], cols[-1]
+        stored = self._stored
+        missing = {(t, p) for t, p in zip(topics, partitions, strict=True) if t and (table, t, p) not in stored}
+        if missing:
+            result = self.client.query(
+                f"SELECT topic, partition, max(offset) FROM {self.db}.ingest_positions "
+                "WHERE table = %(table)s GROUP BY topic, partition", parameters={"table": table},
+            )  # fmt: skip
+            found = {(t, int(p)): int(o) for t, p, o in result.result_rows}
+            for t, p in missing:
+                stored[table, t, p] = found.get((t, p), -1)
+        keep = [i for i, (t, p, o) in enumerate(zip(topics, partitions, offsets, strict=True))
+                if not t or o > stored[table, t, p]]  # fmt: skip
+        if len(keep) == len(offsets):
+            return cols
+        METRICS.duplicates_skipped.inc(len(offsets) - len(keep))
+        return [[col[i] for i in keep] for col in cols]
+
+    def forget_positions(self) -> None:
+        """Partitions moved: read the stored offsets again before the next insert."""
+        with self._lock:
+            self._stored.clear()
 
     def event_span(self) -> tuple[float, float] | None:
         """(earliest, latest) event time stored across the three tables, or None when empty."""
@@ -414,12 +410,11 @@ class Store:
                 a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
                 _json.encode(a.details).decode(), a.silenced, a.channel, version + i,
             ])  # fmt: skip
-            changes.append([a.alert_id, a.change, _ms(a.updated_at), a.waste_usd])
+            changes.append([a.alert_id, a.change, _ms(a.updated_at), a.waste_usd, a.type, a.rule, a.resource_id,
+                            a.tags.get("team", ""), a.silenced])  # fmt: skip
         with self._lock:
             self.client.insert(f"{self.db}.alerts", rows, column_names=_ALERT_COLS)
-            self.client.insert(
-                f"{self.db}.alert_changes", changes, column_names=["alert_id", "change", "at", "waste_usd"]
-            )
+            self.client.insert(f"{self.db}.alert_changes", changes, column_names=_CHANGE_COLS)
 
     def alerts(self, where: str = "1", parameters: dict | None = None) -> list[dict[str, Any]]:
         """Latest state of each alert, as dicts."""

@@ -311,6 +311,7 @@ def run_worker(settings: Settings) -> None:
     asyncio.run(_ensure(settings))
     asyncio.set_event_loop(asyncio.new_event_loop())
     store = Store.open(settings.dsn, settings.clickhouse_database)
+    store.set_event_ttl(settings.event_ttl_days)
     try:
         app, _ = build_worker_app(settings, store)
         worker = faust.Worker(

@@ -214,7 +214,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
               f"scored on the last 48 h; {time.perf_counter() - started:.0f} s")  # fmt: skip
         for run in model_runs:
             print(f"  seed {run['seed']}: {run['labels']} injected, {run['alerts']} alerts, {run['found']} found, "
-                  f"{run['false_alerts']} false over {run['resource_hours']:.0f} resource-hours")  # fmt: skip
+                  f"{run['false_alerts']} false over {run['resource_hours']:.0f} resource-hours; of the missed, "
+                  f"{run['missed_but_reported_by_a_rule']} reported by a rule's alert")  # fmt: skip
         p, r = anomaly.precision, anomaly.recall
         print(f"precision {p if p is None else round(p, 3)}, recall {r if r is None else round(r, 3)}, "
               f"{false_rate:.2f} false alerts per 1,000 resource-hours (targets: recall >= 0.8, <= 1)")  # fmt: skip
@@ -373,15 +374,22 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_db_migrate(args: argparse.Namespace) -> int:
-    from detector.store import Store
+    from detector.store import Store, connect
 
     settings = _settings(args)
-    store = Store.open(settings.dsn, settings.clickhouse_database)  # opening applies what is missing
+    store = Store(connect(settings.dsn), settings.clickhouse_database)
     try:
-        tables = [r["name"] for r in store.query(f"SHOW TABLES FROM {settings.clickhouse_database}")]
+        applied = store.migrate()
+        store.set_event_ttl(settings.event_ttl_days)
+        history = store.applied_migrations()
     finally:
         store.close()
-    print(f"{settings.dsn} database {settings.clickhouse_database}: {', '.join(sorted(tables))}")
+    print(f"{settings.dsn} database {settings.clickhouse_database}: "
+          f"{'applied ' + ', '.join(applied) if applied else 'up to date'}")  # fmt: skip
+    for m in history:
+        print(f"  {m['version']:04d}_{m['name']}  {m['checksum']}  applied {m['applied_at']:%Y-%m-%d %H:%M:%S}")
+    ttl = f"{settings.event_ttl_days} days of event time" if settings.event_ttl_days else "forever"
+    print(f"raw events kept {ttl}; rollups kept forever")
     return 0
 
 

@@ -189,7 +189,7 @@ class Pipeline:
             counts[1] += len(decoded)
             for event in decoded:
                 partition_of[event.key] = message.partition
-            step.batch.extend(decoded)
+            step.batch.extend(decoded, (message.topic, message.partition, message.offset))
             aligner.push(tp, decoded, message)
         for (topic, partition), next_offset in positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
@@ -253,6 +253,7 @@ class Pipeline:
         """Partitions moved: drop every key's cached state (it reloads from the store) and
         whatever the aligner holds (unacknowledged, so it is read again by the new owner)."""
         self.engine.forget_all()
+        self.store.forget_positions()
         self._partition_of.clear()
         self._positions.clear()
         self._expected.clear()
@@ -274,7 +275,7 @@ class Pipeline:
         started = time.perf_counter()
         version = time.time_ns()
         if len(step.batch):
-            self.store.insert_events(step.batch)
+            self.store.insert_events(step.batch, self.engine.ruleset.pricing)
         if step.alerts:
             self.store.record_alerts(step.alerts, version=version)
         self.store.save_states(step.states, version=version)

@@ -34,6 +34,7 @@ def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **e
         "BURNWATCH_WEB_PORT": str(free_port()),
         "BURNWATCH_LOG_FORMAT": "json",
         "BURNWATCH_SESSION_TIMEOUT_S": "6",
+        "BURNWATCH_EVENT_TTL_DAYS": "0",  # simulated and replayed fleets are dated in the past: keep them
         **extra,
     }
 

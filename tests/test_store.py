@@ -1,0 +1,151 @@
+"""The store on the embedded ClickHouse engine: migrations, event TTL, deduplication of
+messages read again, and the rollups the materialized views keep."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import msgspec
+import pytest
+
+from detector.store import EventBatch, Store, migrations
+from tests.helpers import MIN, T0, at, scrape, usage
+from tests.test_pipeline import gpu_message, make, usage_message
+
+HOUR = 3600.0
+
+
+def test_migrations_are_recorded_and_applied_once(store):
+    recorded = store.applied_migrations()
+    assert [m["version"] for m in recorded] == [m.version for m in migrations()]
+    assert [m["checksum"] for m in recorded] == [m.checksum for m in migrations()]
+    assert store.migrate() == []  # nothing left to apply
+
+
+def test_a_store_from_before_recorded_migrations_is_migrated_in_place(chdb_client):
+    """A database made by the first release (its tables, no schema_migrations): migrating
+    adds what is new and keeps the rows."""
+    db = "t_pre_migrations"
+    chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
+    first, *_ = migrations()
+    for statement in first.statements(db):
+        chdb_client.command(statement)
+    chdb_client.command(f"INSERT INTO {db}.resource_usage (ts, resource_id, resource_type, interval_s) "
+                        "VALUES (now64(3), 'old-host', 'gpu_instance', 60)")  # fmt: skip
+    store = Store(chdb_client, db)
+    applied = store.migrate()
+    assert applied == [f"{m.version:04d}_{m.name}" for m in migrations()]
+    assert store.count("resource_usage") == 1
+    assert store.query(f"SELECT src_topic, usd FROM {db}.resource_usage") == [{"src_topic": "", "usd": 0.0}]
+
+
+def test_db_migrate_applies_then_reports_up_to_date(tmp_path):
+    env = {**os.environ, "BURNWATCH_CLICKHOUSE_DSN": f"chdb://{tmp_path / 'ch'}", "BURNWATCH_EVENT_TTL_DAYS": "45"}
+    runs = [subprocess.run([sys.executable, "-m", "streams.cli", "db", "migrate"], env=env, capture_output=True,
+                           text=True, check=True).stdout for _ in range(2)]  # fmt: skip
+    names = [f"{m.version:04d}_{m.name}" for m in migrations()]
+    assert f"applied {', '.join(names)}" in runs[0]
+    assert "up to date" in runs[1] and "applied" not in runs[1].splitlines()[0]
+    assert all(name in runs[1] for name in names)  # the history is listed
+    assert "raw events kept 45 days of event time" in runs[1]
+
+
+def test_event_ttl_drops_old_raw_events_and_keeps_the_rollups(store):
+    now = time.time()
+    batch = EventBatch()
+    batch.extend([usage(now - 100 * 86_400, rid="old"), usage(now - HOUR, rid="recent")])
+    store.insert_events(batch)
+    store.set_event_ttl(30)
+    store.set_event_ttl(30)  # unchanged: nothing to alter
+    store.client.command(f"OPTIMIZE TABLE {store.db}.resource_usage FINAL")  # the merge that applies TTL
+    raw = store.query(f"SELECT resource_id FROM {store.db}.resource_usage")
+    assert raw == [{"resource_id": "recent"}]
+    kept = store.query(f"SELECT DISTINCT resource_id FROM {store.db}.cost_hourly ORDER BY resource_id")
+    assert kept == [{"resource_id": "old"}, {"resource_id": "recent"}]
+    store.set_event_ttl(0)
+    ddl = store.query("SELECT create_table_query AS q FROM system.tables WHERE database = %(d)s AND name = "
+                      "'resource_usage'", {"d": store.db})[0]["q"]  # fmt: skip
+    assert " TTL " not in ddl
+
+
+def test_messages_read_again_are_not_stored_twice(store, ruleset):
+    """A worker restarts (a new pipeline, nothing in memory) and reads from an older offset:
+    the messages already stored are detected again but not inserted again, so no total in
+    the raw tables or the rollups counts them twice; the new ones are stored."""
+    first = [usage_message(i, T0 + i * MIN) for i in range(30)]
+    first += [gpu_message(i, T0 + i * MIN, 1.0) for i in range(30)]
+    again = first[10:30] + first[40:60]  # from an older offset
+    again += [usage_message(30 + i, T0 + (30 + i) * MIN) for i in range(10)]
+
+    async def ack(message):
+        pass
+
+    async def run(messages):
+        pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+        await pipeline.process(messages, ack)
+        await pipeline.drain()
+
+    asyncio.run(run(first))
+    assert store.count("resource_usage") == 30 and store.count("gpu_metrics") == 60
+    asyncio.run(run(again))
+    assert store.count("resource_usage") == 40 and store.count("gpu_metrics") == 60
+    (hourly,) = store.query(f"SELECT sum(usd) AS usd, sum(running_hours) AS hours FROM {store.db}.cost_hourly")
+    assert hourly["usd"] == pytest.approx(40 * 0.5)  # each usage message cost $0.50
+    assert hourly["hours"] == pytest.approx(40 / 60)
+    offsets = store.query(f"SELECT table, topic, max(offset) AS offset FROM {store.db}.ingest_positions "
+                          "GROUP BY table, topic ORDER BY table")  # fmt: skip
+    assert offsets == [{"table": "gpu_metrics", "topic": "gpu-metrics", "offset": 29},
+                       {"table": "resource_usage", "topic": "resource-usage", "offset": 39}]  # fmt: skip
+
+
+def test_hourly_rollups_add_up_to_the_raw_events(store, ruleset):
+    """Two hours of one 4-GPU host, idle for the first 45 minutes; one priced instance
+    without a cost; egress priced by destination."""
+    events = []
+    for m in range(120):
+        t = T0 + m * MIN
+        events.append(usage(t, rid="gpu-1", usd_per_hour=32.0))
+        events += scrape(t, [1.0] * 4 if m < 45 else [90.0] * 4, rid="gpu-1")
+        cpu = usage(t, rid="cpu-1", usd_per_hour=None, resource_type="cpu_instance",
+                    tags={"team": "data", "project": "etl"})  # fmt: skip
+        events.append(msgspec.structs.replace(cpu, instance_type="m6i.2xlarge", egress_bytes=10**9,
+                                              dest_region="eu-west-1"))  # fmt: skip
+    batch = EventBatch()
+    batch.extend(events)
+    store.insert_events(batch, ruleset.pricing)
+    rows = store.query(f"""SELECT resource_id, team, project, round(sum(usd), 6) AS usd, sum(gpu_hours) AS gpu_hours,
+                                  sum(idle_gpu_hours) AS idle, sum(egress_bytes) AS egress, sum(egress_usd) AS egress_usd
+                           FROM {store.db}.cost_hourly GROUP BY resource_id, team, project ORDER BY resource_id""")
+    cpu, gpu = rows
+    m6i = ruleset.pricing.hourly("m6i.2xlarge")
+    assert m6i and cpu["usd"] == pytest.approx(2 * m6i) and cpu["team"] == "data" and cpu["project"] == "etl"
+    assert cpu["egress"] == 120 * 10**9
+    assert cpu["egress_usd"] == pytest.approx(120 * ruleset.pricing.egress_per_gb.inter_region)
+    assert gpu["usd"] == pytest.approx(64.0) and gpu["gpu_hours"] == pytest.approx(8.0)
+    assert gpu["idle"] == pytest.approx(4 * 45 / 60)  # 4 GPUs idle for 45 minutes
+    assert gpu["egress"] == 0 and gpu["team"] == "nlp"
+
+
+def test_daily_waste_splits_an_incident_across_midnight(store):
+    """An alert whose dollars grow from $10 before midnight to $25 after counts $10 on the
+    first day and $15 on the second; a change recorded twice does not add."""
+    from detector.alerts import Alert
+
+    midnight = T0 + 86_400
+    base = dict(alert_id="a1", type="idle_gpu", rule="idle-gpu", resource_id="gpu-1", status="firing",
+                severity="warning", episode_start=midnight - 3 * HOUR, fired_at=midnight - 2 * HOUR,
+                tags={"team": "nlp"})  # fmt: skip
+    changes = [Alert(**base, change="fired", updated_at=midnight - 2 * HOUR, waste_usd=4.0),
+               Alert(**base, change="updated", updated_at=midnight - 60, waste_usd=10.0),
+               Alert(**base, change="updated", updated_at=midnight + HOUR, waste_usd=25.0)]  # fmt: skip
+    store.record_alerts(changes, version=1)
+    store.record_alerts(changes[2:], version=4)  # written again after a retry
+    rows = store.query(f"SELECT day, type, team, sum(usd) AS usd FROM {store.db}.waste_by_day "
+                       "GROUP BY day, type, team ORDER BY day")  # fmt: skip
+    assert [(r["day"].isoformat(), r["usd"]) for r in rows] == [(at(T0).date().isoformat(), 10.0),
+                                                                 (at(midnight).date().isoformat(), 15.0)]  # fmt: skip
+    assert {(r["type"], r["team"]) for r in rows} == {("idle_gpu", "nlp")}
