@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from detector.detectors import REGISTRY
+from detector.detectors import REGISTRY, money_types
 from detector.events import DAY_S
 from detector.units import epoch
 
@@ -47,10 +47,6 @@ class Digest:
         return datetime.fromtimestamp(self.day, tz=timezone.utc).strftime("%Y-%m-%d")
 
 
-def _money_types() -> list[str]:
-    return [t for t, cls in REGISTRY.items() if cls.dollars]
-
-
 def build_digests(store: Any, day: float, top_n: int = 5) -> list[Digest]:
     """One digest per channel with activity in the UTC day starting at ``day``."""
     lo, hi = int(day * 1000), int((day + DAY_S) * 1000)
@@ -66,7 +62,7 @@ def build_digests(store: Any, day: float, top_n: int = 5) -> list[Digest]:
                   FROM {store.db}.alert_changes GROUP BY alert_id HAVING changes > 0) AS c
             INNER JOIN (SELECT * FROM {store.db}.alerts FINAL) AS a ON a.alert_id = c.alert_id
             WHERE a.type IN %(types)s AND a.silenced = ''""",
-        {"lo": lo, "hi": hi, "types": _money_types()},
+        {"lo": lo, "hi": hi, "types": money_types()},
     )
     digests: dict[str, Digest] = {}
     for r in rows:

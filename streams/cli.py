@@ -9,6 +9,7 @@
     burnwatch eval                          precision/recall/dollar error per type, simulated fleets
     burnwatch rules check [PATH]            validate rule files; exit 1 on any error
     burnwatch silence add --match team=nlp --type idle_gpu --for 8h --reason "..."   (list, expire ID)
+    burnwatch query waste --since 7d --team nlp --format csv   a named post-mortem report
     burnwatch sql "SELECT ..."              ad hoc post-mortem query against the store
 """
 
@@ -393,6 +394,28 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_query(args: argparse.Namespace) -> int:
+    from detector.reports import REPORTS, format_rows, run_report
+    from detector.store import Store
+    from detector.units import parse_duration
+
+    if args.report not in REPORTS:
+        known = "\n".join(f"  {name:<12} {r.title}" for name, r in REPORTS.items())
+        raise SystemExit(f"unknown report {args.report!r}; the reports:\n{known}")
+    try:
+        since = parse_duration(args.since)
+    except ValueError as exc:
+        raise SystemExit(f"--since: {exc}") from None
+    settings = _settings(args)
+    store = Store.open(settings.dsn, settings.clickhouse_database)
+    try:
+        rows = run_report(store, args.report, since, args.team or "")
+    finally:
+        store.close()
+    sys.stdout.write(format_rows(rows, args.format))
+    return 0
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     from detector.store import Store
 
@@ -522,6 +545,16 @@ def build_parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="the ClickHouse store").add_subparsers(dest="db_command", required=True)
     db.add_parser("migrate", help="create what the schema lacks (the worker does it on start too)").set_defaults(
         func=cmd_db_migrate)  # fmt: skip
+
+    from detector.reports import REPORTS
+
+    p = sub.add_parser("query", help="a named post-mortem report over the store (docs/postmortem.md)",
+                       description="Reports: " + "; ".join(f"{n} ({r.title})" for n, r in REPORTS.items()))  # fmt: skip
+    p.add_argument("report", help=", ".join(REPORTS))
+    p.add_argument("--since", default="7d", help="period before the newest stored event time (default 7d)")
+    p.add_argument("--team", help="only this team (the team tag)")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("sql", help="run a query against the store")
     p.add_argument("query")

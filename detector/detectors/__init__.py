@@ -19,10 +19,15 @@ from detector.detectors.telemetry_stale import TelemetryStale
 from detector.detectors.untagged import Untagged
 from detector.detectors.vector_db_growth import VectorDbGrowth
 
-__all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo"]
+__all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo", "money_types"]
 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
     for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend, VectorDbGrowth, StorageGrowth,
                 InferenceOverprovisioned, SpotEligible, Anomaly)
 }
+
+
+def money_types() -> list[str]:
+    """Alert types whose dollars are money (spent, wasted or to be saved), not a forecast."""
+    return [t for t, cls in REGISTRY.items() if cls.dollars]

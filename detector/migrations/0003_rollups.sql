@@ -1,6 +1,6 @@
 -- Rollups kept by materialized views as events arrive, for post-mortems that answer in
 -- seconds over months: hourly cost, running time and egress per resource (with its team,
--- project and account), hourly GPU telemetry per host, and each alert's dollars per day.
+-- project, owner and account: the tags team, project and owner), hourly GPU telemetry per host, and each alert's dollars per day.
 -- Raw events may expire (the worker's event TTL); these do not.
 
 CREATE TABLE IF NOT EXISTS {db}.usage_hourly (
@@ -13,6 +13,7 @@ CREATE TABLE IF NOT EXISTS {db}.usage_hourly (
     instance_type SimpleAggregateFunction(anyLast, String),
     team SimpleAggregateFunction(anyLast, String),
     project SimpleAggregateFunction(anyLast, String),
+    owner SimpleAggregateFunction(anyLast, String),
     usd SimpleAggregateFunction(sum, Float64),
     running_s SimpleAggregateFunction(sum, Float64),
     egress_bytes SimpleAggregateFunction(sum, UInt64),
@@ -26,7 +27,7 @@ CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.usage_hourly_mv TO {db}.usage_hourly
 SELECT toStartOfHour(ts) AS hour, resource_id, dest_region,
        anyLast(toString(resource_type)) AS resource_type, anyLast(toString(account)) AS account,
        anyLast(toString(region)) AS region, anyLast(toString(instance_type)) AS instance_type,
-       anyLast(tags['team']) AS team, anyLast(tags['project']) AS project,
+       anyLast(tags['team']) AS team, anyLast(tags['project']) AS project, anyLast(tags['owner']) AS owner,
        sum(usd) AS usd, sumIf(toFloat64(interval_s), state = 'running') AS running_s,
        sum(ifNull(egress_bytes, 0)) AS egress_bytes, sum(egress_usd) AS egress_usd, count() AS events
 FROM {db}.resource_usage
@@ -58,12 +59,12 @@ GROUP BY hour, resource_id;
 CREATE VIEW IF NOT EXISTS {db}.cost_hourly AS
 SELECT u.hour AS hour, u.resource_id AS resource_id, u.resource_type AS resource_type, u.account AS account,
        u.region AS region, u.instance_type AS instance_type, u.team AS team, u.project AS project,
-       u.usd AS usd, u.running_s / 3600 AS running_hours, u.egress_bytes AS egress_bytes, u.egress_usd AS egress_usd,
+       u.owner AS owner, u.usd AS usd, u.running_s / 3600 AS running_hours, u.egress_bytes AS egress_bytes, u.egress_usd AS egress_usd,
        g.gpus * u.running_s / 3600 AS gpu_hours,
        if(g.samples > 0, g.gpus * u.running_s / 3600 * g.idle_samples / g.samples, 0) AS idle_gpu_hours
 FROM (SELECT hour, resource_id, anyLast(resource_type) AS resource_type, anyLast(account) AS account,
              anyLast(region) AS region, anyLast(instance_type) AS instance_type, anyLast(team) AS team,
-             anyLast(project) AS project, sum(usd) AS usd, sum(running_s) AS running_s,
+             anyLast(project) AS project, anyLast(owner) AS owner, sum(usd) AS usd, sum(running_s) AS running_s,
              sum(egress_bytes) AS egress_bytes, sum(egress_usd) AS egress_usd
       FROM {db}.usage_hourly GROUP BY hour, resource_id) AS u
 LEFT JOIN (SELECT hour, resource_id, max(gpus) AS gpus, sum(samples) AS samples, sum(idle_samples) AS idle_samples

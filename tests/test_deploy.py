@@ -1,0 +1,219 @@
+"""The deployment files, validated offline (no Docker or Kubernetes runs here): the
+compose file against the Compose specification's schema, the Kubernetes manifests
+against the Kubernetes schemas, the KEDA ScaledObject against KEDA's documented fields;
+and every burnwatch command, setting and rule they carry is checked by the same code
+the tests run locally (the CLI's parser, the settings model, the rules loader), and the
+Grafana dashboards' queries run on the embedded engine against the migrated schema."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from detector.rules import load_rules
+from detector.settings import ENV, Settings
+from streams.cli import build_parser
+from tests.conftest import ROOT
+
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+K8S = [doc for doc in yaml.safe_load_all((ROOT / "deploy/k8s/worker.yaml").read_text()) if doc]
+DASHBOARDS = sorted((ROOT / "deploy/grafana/dashboards").glob("*.json"))
+_BY_VAR = {var: key for key, var in ENV.items()}
+
+
+def _interpolate(value: str) -> str:
+    """Compose's ``${VAR:-default}`` with nothing exported: the default."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+def settings_from(env: dict[str, str]) -> Settings:
+    """The worker's settings from these variables, as ``load_settings`` reads them; an unknown
+    ``BURNWATCH_`` variable (a typo the worker would ignore) fails."""
+    unknown = sorted(var for var in env if var.startswith(("BURNWATCH_", "SLACK_")) and var not in _BY_VAR)
+    assert not unknown, f"settings the worker does not read: {unknown}"
+    return Settings.model_validate({_BY_VAR[var]: value for var, value in env.items() if value and var in _BY_VAR})
+
+
+def test_compose_file_follows_the_compose_specification():
+    schema_file = resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+    schema = json.loads(schema_file.read_text())
+    assert schema["$schema"].startswith("https://json-schema.org/draft-07/")  # written without the '#'
+    validator = jsonschema.Draft7Validator(schema)
+    errors = sorted(validator.iter_errors(COMPOSE), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
+
+
+def test_compose_stack_has_kafka_kraft_clickhouse_two_workers_grafana_and_start_order():
+    services = COMPOSE["services"]
+    kafka = services["kafka"]["environment"]
+    assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+    assert {"kafka", "clickhouse", "worker-1", "worker-2", "grafana", "simulator"} <= services.keys()
+    assert services["simulator"]["profiles"] == ["sim"]
+    for name in ("kafka", "clickhouse", "worker-1", "worker-2", "grafana"):
+        assert "healthcheck" in services[name], name
+    for worker in ("worker-1", "worker-2"):
+        assert services[worker]["depends_on"] == {"kafka": {"condition": "service_healthy"},
+                                                  "clickhouse": {"condition": "service_healthy"}}  # fmt: skip
+    for volume in [v.split(":")[0] for s in services.values() for v in s.get("volumes", []) if v.startswith("./")]:
+        assert (ROOT / volume).exists(), volume
+
+
+@pytest.mark.parametrize("service", ["worker-1", "worker-2", "simulator"])
+def test_compose_burnwatch_commands_and_settings_are_the_ones_tested_here(service):
+    spec = COMPOSE["services"][service]
+    args = build_parser().parse_args(spec["command"])  # the CLI the tests drive
+    env = {k: _interpolate(str(v)) for k, v in spec["environment"].items()}
+    settings = settings_from(env)
+    assert settings.partitions == int(COMPOSE["services"]["kafka"]["environment"]["KAFKA_NUM_PARTITIONS"])
+    if service.startswith("worker"):
+        assert args.func.__name__ == "cmd_worker"
+        assert settings.clickhouse_dsn.startswith("http://") and "@clickhouse:8123" in settings.clickhouse_dsn
+        health = " ".join(spec["healthcheck"]["test"])
+        assert f":{settings.web_port}/healthz" in health and settings.web_host == "0.0.0.0"
+        assert "./rules:" + str(settings.rules_path) + ":ro" in spec["volumes"]  # the rules the tests load
+
+
+def test_grafana_provisioning_points_the_dashboards_at_the_clickhouse_data_source():
+    sources = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/clickhouse.yaml").read_text())
+    (source,) = sources["datasources"]
+    assert source["type"] == "grafana-clickhouse-datasource" and source["jsonData"]["host"] == "clickhouse"
+    grafana = COMPOSE["services"]["grafana"]
+    assert "grafana-clickhouse-datasource" in grafana["environment"]["GF_INSTALL_PLUGINS"]
+    assert {d.stem for d in DASHBOARDS} == {"fleet-cost", "waste", "idle-gpus", "open-incidents"}
+    for path in DASHBOARDS:
+        dashboard = json.loads(path.read_text())
+        for panel in dashboard["panels"]:
+            assert panel["datasource"]["uid"] == source["uid"], (path.name, panel["title"])
+
+
+def _grafana_sql(sql: str, db: str) -> str:
+    """A panel's query as the ClickHouse plugin sends it, for the last 30 days."""
+    sql = re.sub(r"\$__timeFilter\((\w+)\)", r"\1 >= now() - INTERVAL 30 DAY AND \1 <= now()", sql)
+    sql = sql.replace("$__fromTime", "(now() - INTERVAL 30 DAY)").replace("$__toTime", "now()")
+    return sql.replace("burnwatch.", f"{db}.")
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_every_dashboard_query_runs_on_the_schema(path, store):
+    import time
+
+    from detector.store import EventBatch
+    from tests.helpers import scrape, usage
+
+    now = time.time()
+    batch = EventBatch()
+    for minute in range(90):
+        batch.extend([usage(now - 3600 * 2 + minute * 60), *scrape(now - 3600 * 2 + minute * 60, [1.0, 80.0])])
+    store.insert_events(batch)
+    for panel in json.loads(path.read_text())["panels"]:
+        for target in panel["targets"]:
+            rows = store.query(_grafana_sql(target["rawSql"], store.db))
+            if path.stem in ("fleet-cost", "idle-gpus"):
+                assert rows, panel["title"]  # the two hours of usage above are in them
+
+
+def test_kubernetes_manifests_validate_against_the_kubernetes_schemas():
+    kinds = [doc["kind"] for doc in K8S]
+    assert kinds == ["ConfigMap", "Secret", "Deployment", "Service", "ScaledObject"]
+    for doc in K8S:
+        if doc["apiVersion"].startswith("keda.sh/"):
+            continue  # a CRD: not in the Kubernetes schemas (checked below)
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+# The ScaledObject fields we use, as KEDA documents them (keda.sh/docs, "ScaledObject
+# specification" and the "Apache Kafka" scaler): the package with Kubernetes schemas does
+# not carry CRDs, so this is ours. Trigger metadata values are strings in KEDA.
+SCALED_OBJECT = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                   "properties": {"name": {"type": "string"}, "kind": {"type": "string"},
+                                                  "apiVersion": {"type": "string"}}},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "triggers": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "required": ["type", "metadata"],
+                    "properties": {
+                        "type": {"const": "kafka"},
+                        "metadata": {
+                            "type": "object", "required": ["bootstrapServers", "consumerGroup"],
+                            "additionalProperties": {"type": "string"},
+                            "properties": {
+                                "lagThreshold": {"type": "string", "pattern": "^[0-9]+$"},
+                                "activationLagThreshold": {"type": "string", "pattern": "^[0-9]+$"},
+                                "offsetResetPolicy": {"enum": ["earliest", "latest"]},
+                                "allowIdleConsumers": {"enum": ["true", "false"]},
+                            },
+                        },
+                    },
+                }},
+            },
+        },
+    },
+}  # fmt: skip
+
+
+def test_keda_scales_the_worker_on_its_consumer_lag_up_to_the_partition_count():
+    docs = {doc["kind"]: doc for doc in K8S}
+    scaled, deployment = docs["ScaledObject"], docs["Deployment"]
+    jsonschema.validate(scaled, SCALED_OBJECT)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    settings = settings_from({e["name"]: e["value"] for e in container["env"]})
+    spec = scaled["spec"]
+    (trigger,) = spec["triggers"]
+    assert spec["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert "replicas" not in deployment["spec"]  # the autoscaler owns it
+    assert spec["maxReplicaCount"] == settings.partitions  # more would sit idle
+    assert spec["minReplicaCount"] >= 1  # Slack's callbacks and the digest need a worker
+    assert trigger["metadata"]["consumerGroup"] == settings.app_id  # Faust's group is the app id
+    assert trigger["metadata"]["bootstrapServers"] == settings.kafka_bootstrap
+    assert trigger["metadata"]["allowIdleConsumers"] == "false"
+
+
+def test_the_worker_pod_runs_the_tested_command_with_its_rules_and_secrets(tmp_path):
+    docs = {doc["kind"]: doc for doc in K8S}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert build_parser().parse_args(container["args"]).func.__name__ == "cmd_worker"
+    settings = settings_from({e["name"]: e["value"] for e in container["env"]})
+    port = next(p for p in container["ports"] if p["name"] == "web")["containerPort"]
+    assert port == settings.web_port and settings.web_host == "0.0.0.0"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "web"}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "rules")
+    assert Path(mount["mountPath"]) == settings.rules_path
+    for name, text in docs["ConfigMap"]["data"].items():
+        (tmp_path / name).write_text(text)
+    assert load_rules(tmp_path).rules  # the loader the worker uses
+    secret_vars = docs["Secret"]["stringData"]
+    settings_from(secret_vars)  # every key is a setting the worker reads
+    assert container["envFrom"] == [{"secretRef": {"name": docs["Secret"]["metadata"]["name"]}}]
+
+
+def test_the_image_runs_the_cli_with_known_settings():
+    dockerfile = (ROOT / "deploy/Dockerfile").read_text()
+    entry = json.loads(re.search(r"^ENTRYPOINT (.*)$", dockerfile, re.M).group(1))
+    cmd = json.loads(re.search(r"^CMD (.*)$", dockerfile, re.M).group(1))
+    assert entry == ["burnwatch"]  # the console script of pyproject.toml
+    assert build_parser().parse_args(cmd).func.__name__ == "cmd_worker"
+    env = dict(re.findall(r"(BURNWATCH_[A-Z_]+)=(\S+)", dockerfile))
+    assert settings_from(env).web_host == "0.0.0.0"

@@ -1,0 +1,175 @@
+"""Named reports over a store filled the way the worker fills it: a simulated fleet's
+messages through the real pipeline (decoder, aligner, engine, alert manager, store), then
+each report checked against the alerts, the labels or the raw events."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import pytest
+
+from detector.actions import Click
+from detector.alerts import AlertManager
+from detector.delivery import Outbox
+from detector.engine import Engine
+from detector.replay import read_replay, write_replay
+from detector.reports import REPORTS, format_rows, run_report
+from detector.simulate import SimConfig, simulate
+from detector.store import Store
+from streams.pipeline import Message, Pipeline
+
+ALL = 40 * 86_400.0  # longer than the fleet: every report covers all of it
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory, chdb_client, ruleset):
+    """A 30-hour fleet stored by the pipeline (about 10 s)."""
+    path = tmp_path_factory.mktemp("fleet") / "fleet.jsonl"
+    records, labels = simulate(SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11), ruleset.pricing)
+    with open(path, "wb") as out:
+        write_replay(records, out)
+    chdb_client.command("DROP DATABASE IF EXISTS t_reports")
+    store = Store(chdb_client, "t_reports")
+    store.migrate()
+    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None),
+                        manager=AlertManager(ruleset=ruleset), send_dead_letter=_ignore)  # fmt: skip
+    offsets: dict[str, int] = {}
+    messages = []
+    for _, record in read_replay(path):
+        offset = offsets[record.topic] = offsets.get(record.topic, -1) + 1
+        messages.append(Message(record.topic, 0, offset, record.key.encode() if record.key else None,
+                                bytes(record.value)))  # fmt: skip
+
+    async def feed():
+        for i in range(0, len(messages), 2000):
+            await pipeline.process(messages[i:i + 2000], _ignore)
+        await pipeline.drain()
+
+    asyncio.run(feed())
+    return store, labels
+
+
+async def _ignore(*_):
+    pass
+
+
+def alerts_of(store, rule_type):
+    return [a for a in store.alerts() if a["type"] == rule_type and not a["silenced"]]
+
+
+def test_waste_per_day_adds_up_to_the_alerts_dollars(filled):
+    store, _ = filled
+    rows = run_report(store, "waste", ALL)
+    by_type: dict[str, float] = {}
+    for r in rows:
+        by_type[r["type"]] = by_type.get(r["type"], 0.0) + r["usd"]
+    for rule_type in ("idle_gpu", "failed_run_spend", "egress_runaway"):
+        expected = sum(a["waste_usd"] for a in alerts_of(store, rule_type))
+        assert expected > 0 and by_type[rule_type] == pytest.approx(expected, abs=0.01 * len(rows))
+    assert len({r["day"] for r in rows}) == 2  # the 30 hours span two days
+
+
+def test_idle_gpu_hours_cover_every_idle_episode(filled):
+    store, labels = filled
+    rows = {r["resource_id"]: r for r in run_report(store, "idle-gpus", ALL)}
+    idle = [label for label in labels if label.type == "idle_gpu"]
+    assert idle
+    for label in idle:
+        # every GPU of the host idle for the labelled span (one GPU at least)
+        assert rows[label.resource_id]["idle_gpu_hours"] >= 0.9 * (label.end - label.start) / 3600
+    assert all(0 <= r["idle_pct"] <= 100 and r["idle_usd"] >= 0 for r in rows.values())
+    assert list(rows.values()) == sorted(rows.values(), key=lambda r: -r["idle_gpu_hours"])
+
+
+def test_failed_run_spend_by_project_and_error(filled):
+    store, _ = filled
+    rows = run_report(store, "failed-runs", ALL)
+    failures = [a for a in alerts_of(store, "failed_run_spend") if not a["details"].startswith('{"crash_loop"')]
+    assert rows and sum(r["failures"] for r in rows) == len(failures)
+    assert sum(r["usd"] for r in rows) == pytest.approx(sum(a["waste_usd"] for a in failures), abs=0.01 * len(rows))
+
+
+def test_untagged_spend_by_account(filled):
+    store, _ = filled
+    rows = run_report(store, "untagged", ALL)
+    flagged = {a["account"] for a in alerts_of(store, "untagged")}
+    assert flagged and flagged <= {r["account"] for r in rows}
+    assert all(r["usd"] > 0 and r["resources"] >= 1 for r in rows)
+
+
+def test_egress_by_destination_matches_the_raw_events(filled):
+    store, _ = filled
+    rows = run_report(store, "egress", ALL)
+    (raw,) = store.query(f"SELECT sum(egress_bytes) / 1e9 AS gb, sum(egress_usd) AS usd FROM {store.db}.resource_usage")
+    assert sum(r["gb"] for r in rows) == pytest.approx(raw["gb"], abs=0.1 * len(rows))
+    assert sum(r["usd"] for r in rows) == pytest.approx(raw["usd"], abs=0.01 * len(rows))
+    runaways = {a["resource_id"] for a in alerts_of(store, "egress_runaway")}
+    assert runaways & {r["top_resource"] for r in rows}
+
+
+def test_vector_db_fill_and_forecast(filled):
+    store, _ = filled
+    rows = {r["resource_id"]: r for r in run_report(store, "vector-db", ALL)}
+    assert rows and all(0 < r["fill_pct"] <= 100 for r in rows.values())
+    for alert in alerts_of(store, "vector_db_growth"):
+        if alert["status"] == "firing":
+            assert rows[alert["resource_id"]]["forecast_full"]
+
+
+def test_incidents_time_to_acknowledge_and_resolve_and_precision_by_rule(filled):
+    store, _ = filled
+    idle = alerts_of(store, "idle_gpu")
+    acked, expected = idle[0], idle[1]
+    posted = time.time()
+    store.record_delivery(acked["alert_id"], "fired", "#ml-cost", "1.0")
+    store.record_action(Click("acknowledged", acked["alert_id"], "U1", "alice", "#ml-cost", "1.0"), posted + 300)
+    store.record_action(Click("expected", expected["alert_id"], "U2", "bob", "#ml-cost", "2.0"), posted + 60)
+    incidents = {r["alert_id"]: r for r in run_report(store, "incidents", ALL)}
+    assert len(incidents) == len([a for a in store.alerts() if not a["silenced"]])
+    row = incidents[acked["alert_id"]]
+    assert row["acked_by"] == "alice" and row["minutes_to_ack"] == pytest.approx(5.0, abs=0.2)
+    resolved = next(a for a in idle if a["resolved_at"] is not None)
+    hours = (resolved["resolved_at"] - resolved["fired_at"]).total_seconds() / 3600
+    assert incidents[resolved["alert_id"]]["hours_to_resolve"] == pytest.approx(hours, abs=0.01)
+    precision = {r["rule"]: r for r in run_report(store, "precision", ALL)}
+    rule = precision[acked["rule"]]
+    assert (rule["acknowledged"], rule["expected"], rule["precision"]) == (1, 1, 0.5)
+    assert rule["alerts"] == len(idle)
+
+
+def test_team_filter_is_bound_not_pasted(filled):
+    store, _ = filled
+    teams = {r["team"] for r in run_report(store, "idle-gpus", ALL)}
+    team = sorted(t for t in teams if t)[0]
+    rows = run_report(store, "idle-gpus", ALL, team=team)
+    assert rows and {r["team"] for r in rows} == {team}
+    assert run_report(store, "idle-gpus", ALL, team="x' OR '1'='1") == []
+
+
+def test_every_report_runs_and_formats(filled):
+    store, _ = filled
+    for name in REPORTS:
+        rows = run_report(store, name, ALL)
+        assert rows, name
+        csv_text = format_rows(rows, "csv")
+        assert csv_text.splitlines()[0] == ",".join(rows[0]) and len(csv_text.splitlines()) == len(rows) + 1
+        assert len(format_rows(rows, "json").splitlines()) == len(rows)
+        assert format_rows(rows, "table").splitlines()[0].split() == list(rows[0])
+    short = run_report(store, "incidents", 6 * 3600)  # only the last six hours of event time
+    assert 0 < len(short) < len(run_report(store, "incidents", ALL))
+
+
+def test_query_command_names_the_reports_on_a_typo(tmp_path):
+    import os
+
+    env = {**os.environ, "BURNWATCH_CLICKHOUSE_DSN": f"chdb://{tmp_path / 'ch'}"}
+    out = subprocess.run([sys.executable, "-m", "streams.cli", "query", "wast"], env=env, capture_output=True,
+                         text=True)  # fmt: skip
+    assert out.returncode != 0 and "unknown report 'wast'" in out.stderr
+    assert all(name in out.stderr for name in REPORTS)
+    out = subprocess.run([sys.executable, "-m", "streams.cli", "query", "waste", "--since", "7x"], env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode != 0 and "--since" in out.stderr
