@@ -173,3 +173,13 @@ def test_query_command_names_the_reports_on_a_typo(tmp_path):
     out = subprocess.run([sys.executable, "-m", "streams.cli", "query", "waste", "--since", "7x"], env=env,
                          capture_output=True, text=True)  # fmt: skip
     assert out.returncode != 0 and "--since" in out.stderr
+
+
+def test_docs_show_each_reports_sql_as_it_runs():
+    """docs/postmortem.md shows the SQL a user can run in clickhouse-client: the very text."""
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "docs" / "postmortem.md").read_text()
+    for name, report in REPORTS.items():
+        assert f"### `{name}`" in doc
+        assert report.query("burnwatch").strip() in doc, f"docs/postmortem.md: the SQL of {name} is out of date"
