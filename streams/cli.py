@@ -425,24 +425,16 @@ def cmd_sql(args: argparse.Namespace) -> int:
         rows = store.query(args.query)
     finally:
         store.close()
-    if args.format == "json":
-        for row in rows:
-            print(json.dumps(row, default=str))
-    else:
-        _print_table(rows)
+    from detector.reports import format_rows
+
+    sys.stdout.write(format_rows(rows, args.format))
     return 0
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        print("(no rows)")
-        return
-    cols = list(rows[0])
-    cells = [[str(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+    from detector.reports import format_rows
+
+    sys.stdout.write(format_rows(rows, "table"))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -558,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sql", help="run a query against the store")
     p.add_argument("query")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("demo", help="everything on embedded defaults, with a simulated fleet")
