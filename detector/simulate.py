@@ -656,6 +656,8 @@ def _untagged_label(res: _Resource, cfg: SimConfig, end: float) -> Label | None:
         1 for k in range(int((end - cfg.start) // step))
         if not any(a <= cfg.start + k * step < b for a, b in stopped)
     )  # fmt: skip
+    if not running:
+        return None  # never ran: no spend to attribute, nothing to say
     per_interval = round(res.hourly * step / 3600, 6) if res.send_cost else res.hourly * step / 3600
     return Label("untagged", res.resource_id, cfg.start, end, res.hourly, "no team/project tags", running * per_interval)
 

@@ -34,8 +34,10 @@ def test_fires_after_grace_with_spend_and_resolves_when_tagged(ruleset):
         run_for(120, TAGGED),  # tagged: nothing to say
         run_for(50, {}),  # untagged for 50 minutes: still inside the grace period
         run_for(50, {"team": "nlp"}) + run_for(30, TAGGED, start=T0 + 50 * MIN),  # tagged in time
+        run_for(180, {}, state="stopped"),  # stopped all along: no spend to attribute
+        run_for(120, {}, state="stopped") + run_for(50, {}, start=T0 + 120 * MIN),  # runs, still inside the grace
     ],
-    ids=["tagged", "under-grace", "tagged-in-time"],
+    ids=["tagged", "under-grace", "tagged-in-time", "stopped", "grace-from-first-run"],
 )
 def test_no_alert(ruleset, events):
     assert untagged_findings(ruleset, events) == []

@@ -12,8 +12,9 @@ Example rule::
 Why these defaults: cost-allocation policies (AWS, GCP and Azure tag policies, Cloud
 Custodian's ``tag-compliance`` examples) most often require an owning team and a
 project or cost centre; an hour leaves provisioning pipelines that tag after launch
-alone. One alert per resource and episode: it resolves when the tags are added or the
-resource is terminated. The dollars are the spend while untagged (running intervals
+alone. The grace starts when an untagged resource first runs (a stopped one spends
+nothing to attribute). One alert per resource and episode: it resolves when the tags are
+added or the resource is terminated. The dollars are the spend while untagged (running intervals
 only, as billed: ``cost_usd``, or the price list), so unattributable spend per account
 is a sum over the ``alerts`` table.
 """
@@ -79,6 +80,8 @@ class Untagged(DetectorBase):
             self._reset(state)
             return found
         if state.missing_since is None:
+            if event.state != "running":
+                return found  # a stopped resource spends nothing: the grace starts when it runs
             state.missing_since = t
         state.missing = missing
         if event.state == "running":
