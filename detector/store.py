@@ -12,7 +12,7 @@ import hashlib
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timezone
 from pathlib import Path
@@ -143,24 +143,33 @@ class EventBatch:
         self.usage: list[UsageEvent] = []
         self.gpu: list[GpuMetric] = []
         self.runs: list[RunEvent] = []
-        self._sources: dict[type, list[tuple[str, int, int]]] = {UsageEvent: [], GpuMetric: [], RunEvent: []}
+        self._runs: dict[type, list[tuple[tuple[str, int, int], int]]] = {UsageEvent: [], GpuMetric: [], RunEvent: []}
+        """Per type: (source, number of events) in the order added (a message's events are one run)."""
         self._lists: dict[type, list] = {UsageEvent: self.usage, GpuMetric: self.gpu, RunEvent: self.runs}
 
     def __len__(self) -> int:
         return len(self.usage) + len(self.gpu) + len(self.runs)
 
-    def extend(self, events: Iterable[Any], source: tuple[str, int, int] = _NO_SOURCE) -> None:
-        """Add events; ``source``: (topic, partition, offset) of the message they came in."""
-        lists, sources = self._lists, self._sources
-        for event in events:
+    def extend(self, events: Sequence[Any], source: tuple[str, int, int] = _NO_SOURCE) -> None:
+        """Add events; ``source``: (topic, partition, offset) of the message they came in. A
+        message holds events of one type (its topic's), kept as one run, not per event."""
+        if not events:
+            return
+        kinds = set(map(type, events))
+        if len(kinds) == 1:
+            kind = kinds.pop()
+            self._lists[kind].extend(events)
+            self._runs[kind].append((source, len(events)))
+            return
+        for event in events:  # mixed types (built by hand, not decoded from one message)
             kind = type(event)
-            lists[kind].append(event)
-            sources[kind].append(source)
+            self._lists[kind].append(event)
+            self._runs[kind].append((source, 1))
 
-    def tables(self, pricing: Pricing | None = None) -> Iterator[tuple[str, list[str], list[list]]]:
-        """(table, column names, columns) for each table with rows; the last three columns
-        are the source topic, partition and offset. ``pricing`` prices usage intervals that
-        carry no cost (the ``usd`` column)."""
+    def tables(self, pricing: Pricing | None = None) -> Iterator[tuple[str, list[str], list[list], list]]:
+        """(table, column names, columns, source runs) for each table with rows; the last
+        three columns are the source topic, partition and offset. ``pricing`` prices usage
+        intervals that carry no cost (the ``usd`` column)."""
         pricing = pricing or Pricing()
         if self.gpu:
             ev = self.gpu
@@ -168,8 +177,8 @@ class EventBatch:
                 [round(e.ts.timestamp() * 1000) for e in ev], [e.resource_id for e in ev], [e.gpu_index for e in ev],
                 [e.gpu_uuid for e in ev], [e.model for e in ev], [e.util_pct for e in ev],
                 [e.mem_used_mib for e in ev], [e.mem_total_mib for e in ev], [e.power_w for e in ev],
-                [e.sm_active for e in ev], [_extra(e) if e.extra else "" for e in ev], *_source_columns(self._sources[GpuMetric]),
-            ]  # fmt: skip
+                [e.sm_active for e in ev], [_extra(e) if e.extra else "" for e in ev], *_source_columns(self._runs[GpuMetric]),
+            ], self._runs[GpuMetric]  # fmt: skip
         if self.usage:
             ev = self.usage
             priced = [interval_usd(pricing, e) for e in ev]
@@ -181,20 +190,27 @@ class EventBatch:
                 [e.dest_region for e in ev], [e.storage_bytes for e in ev], [e.capacity_bytes for e in ev],
                 [e.vector_count for e in ev], [e.requests for e in ev], [e.tags for e in ev],
                 [_extra(e) if e.extra else "" for e in ev], [p[0] for p in priced], [p[1] for p in priced],
-                *_source_columns(self._sources[UsageEvent]),
-            ]  # fmt: skip
+                *_source_columns(self._runs[UsageEvent]),
+            ], self._runs[UsageEvent]  # fmt: skip
         if self.runs:
             ev = self.runs
             yield "run_events", [*_RUN_COLS, *_SOURCE_COLS], [
                 [round(e.ts.timestamp() * 1000) for e in ev], [e.run_id for e in ev], [e.status for e in ev],
                 [e.resource_ids for e in ev], [e.gpu_count for e in ev], [e.project for e in ev],
                 [e.tags for e in ev], [e.error for e in ev], [_extra(e) if e.extra else "" for e in ev],
-                *_source_columns(self._sources[RunEvent]),
-            ]  # fmt: skip
+                *_source_columns(self._runs[RunEvent]),
+            ], self._runs[RunEvent]  # fmt: skip
 
 
-def _source_columns(sources: list[tuple[str, int, int]]) -> list[list]:
-    return [[s[0] for s in sources], [s[1] for s in sources], [s[2] for s in sources]]
+def _source_columns(runs: list[tuple[tuple[str, int, int], int]]) -> list[list]:
+    topics: list[str] = []
+    partitions: list[int] = []
+    offsets: list[int] = []
+    for (topic, partition, offset), n in runs:
+        topics += [topic] * n
+        partitions += [partition] * n
+        offsets += [offset] * n
+    return [topics, partitions, offsets]
 
 
 def connect(dsn: str) -> Any:
@@ -284,9 +300,9 @@ class Store:
         retry or a rebalance) are left out, so nothing counts twice. Returns rows written."""
         written = 0
         with self._lock:
-            for table, names, cols in batch.tables(pricing):
-                cols = self._unseen(table, cols)
-                if not cols[0]:
+            for table, names, cols, runs in batch.tables(pricing):
+                cols, runs = self._unseen(table, cols, runs)
+                if not runs:
                     continue
                 started = time.perf_counter()
                 self.client.insert(f"{self.db}.{table}", cols, column_names=names, column_oriented=True)
@@ -294,16 +310,15 @@ class Store:
                 METRICS.insert_rows.observe(len(cols[0]))
                 written += len(cols[0])
                 stored = self._stored
-                for topic, partition, offset in zip(cols[-3], cols[-2], cols[-1], strict=True):
+                for (topic, partition, offset), _ in runs:
                     if topic and offset > stored.get((table, topic, partition), -1):
                         stored[table, topic, partition] = offset
         return written
 
-    def _unseen(self, table: str, cols: list[list]) -> list[list]:
-        """The rows of ``cols`` (source columns last) not stored yet."""
-        topics, partitions, offsets = cols[-3], cols[-2], cols[-1]
+    def _unseen(self, table: str, cols: list[list], runs: list) -> tuple[list[list], list]:
+        """The rows (and runs) of messages not stored yet."""
         stored = self._stored
-        missing = {(t, p) for t, p in zip(topics, partitions, strict=True) if t and (table, t, p) not in stored}
+        missing = {(t, p) for (t, p, _), _ in runs if t and (table, t, p) not in stored}
         if missing:
             result = self.client.query(
                 f"SELECT topic, partition, max(offset) FROM {self.db}.ingest_positions "
@@ -312,12 +327,19 @@ class Store:
             found = {(t, int(p)): int(o) for t, p, o in result.result_rows}
             for t, p in missing:
                 stored[table, t, p] = found.get((t, p), -1)
-        keep = [i for i, (t, p, o) in enumerate(zip(topics, partitions, offsets, strict=True))
-                if not t or o > stored[table, t, p]]  # fmt: skip
-        if len(keep) == len(offsets):
-            return cols
-        METRICS.duplicates_skipped.inc(len(offsets) - len(keep))
-        return [[col[i] for i in keep] for col in cols]
+        new = [not t or o > stored[table, t, p] for (t, p, o), _ in runs]
+        if all(new):
+            return cols, runs
+        keep: list[int] = []
+        kept = []
+        start = 0
+        for is_new, run in zip(new, runs, strict=True):
+            if is_new:
+                keep.extend(range(start, start + run[1]))
+                kept.append(run)
+            start += run[1]
+        METRICS.duplicates_skipped.inc(len(cols[0]) - len(keep))
+        return [[col[i] for i in keep] for col in cols], kept
 
     def forget_positions(self) -> None:
         """Partitions moved: read the stored offsets again before the next insert."""
