@@ -1,9 +1,9 @@
 """The daily digest per channel: yesterday's waste by type and team, top offenders,
 what is still open, and a bar chart.
 
-A day's dollars are the growth of each alert's dollars within the day (from
-``alert_changes``), so an episode spanning midnight is split between the two days it
-burned. The worker sends the digest of a day once its stream has passed the day's
+A day's dollars are the growth of each alert's dollars within the day (the store's
+``waste_by_day``, which ``burnwatch query waste`` reads too), so an episode spanning
+midnight is split between the two days it burned. The worker sends the digest of a day once its stream has passed the day's
 end in event time (a replay gets the digests the live stream got), and records it in
 ``digests`` so a restart does not send it twice. ``burnwatch digest --day`` prints or
 posts any day's.
@@ -49,20 +49,15 @@ class Digest:
 
 def build_digests(store: Any, day: float, top_n: int = 5) -> list[Digest]:
     """One digest per channel with activity in the UTC day starting at ``day``."""
-    lo, hi = int(day * 1000), int((day + DAY_S) * 1000)
     rows = store.query(
         f"""SELECT a.alert_id AS alert_id, a.type AS type, a.resource_id AS resource_id, a.channel AS channel,
                    a.tags['team'] AS team, a.status AS status, a.usd_per_hour AS usd_per_hour,
-                   a.resolved_at AS resolved_at, c.usd_end - c.usd_start AS usd
-            FROM (SELECT alert_id,
-                         argMaxIf(waste_usd, at, at < fromUnixTimestamp64Milli(%(hi)s, 'UTC')) AS usd_end,
-                         argMaxIf(waste_usd, at, at < fromUnixTimestamp64Milli(%(lo)s, 'UTC')) AS usd_start,
-                         countIf(at >= fromUnixTimestamp64Milli(%(lo)s, 'UTC')
-                                 AND at < fromUnixTimestamp64Milli(%(hi)s, 'UTC')) AS changes
-                  FROM {store.db}.alert_changes GROUP BY alert_id HAVING changes > 0) AS c
-            INNER JOIN (SELECT * FROM {store.db}.alerts FINAL) AS a ON a.alert_id = c.alert_id
+                   a.resolved_at AS resolved_at, w.usd AS usd
+            FROM (SELECT alert_id, usd FROM {store.db}.waste_by_day
+                  WHERE day = %(day)s) AS w
+            INNER JOIN (SELECT * FROM {store.db}.alerts FINAL) AS a ON a.alert_id = w.alert_id
             WHERE a.type IN %(types)s AND a.silenced = ''""",
-        {"lo": lo, "hi": hi, "types": money_types()},
+        {"day": datetime.fromtimestamp(day, tz=timezone.utc).date(), "types": money_types()},
     )
     digests: dict[str, Digest] = {}
     for r in rows:

@@ -149,3 +149,6 @@ def test_daily_waste_splits_an_incident_across_midnight(store):
     assert [(r["day"].isoformat(), r["usd"]) for r in rows] == [(at(T0).date().isoformat(), 10.0),
                                                                  (at(midnight).date().isoformat(), 15.0)]  # fmt: skip
     assert {(r["type"], r["team"]) for r in rows} == {("idle_gpu", "nlp")}
+    second_day = store.query(f"SELECT usd FROM {store.db}.waste_by_day WHERE day = %(day)s",
+                             {"day": at(midnight).date()})  # fmt: skip
+    assert second_day == [{"usd": 15.0}]  # a filter on the day does not reach under the running difference
