@@ -6,7 +6,8 @@ the events, alert changes and the state of the keys the batch touched to
 ClickHouse; then queue alert changes for Slack and acknowledge the messages
 whose events detection has seen. A crash re-reads what was not acknowledged.
 Re-reading is safe: detector steps ignore samples they have already seen and
-alert ids are deterministic, so nothing is alerted twice.
+alert ids are deterministic, so nothing is alerted twice; the store leaves out the
+events of messages it already holds, so nothing is stored twice.
 """
 
 from __future__ import annotations
