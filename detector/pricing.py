@@ -8,7 +8,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["CapacityTier", "EgressPrices", "InstancePrice", "Pricing", "egress_destination", "interval_usd", "load_pricing"]
+__all__ = ["HOURS_PER_MONTH", "CapacityTier", "EgressPrices", "InstancePrice", "Pricing", "egress_destination",
+           "interval_usd", "load_pricing"]
 
 
 class InstancePrice(BaseModel):
@@ -73,7 +74,8 @@ class Pricing(BaseModel):
         return price.on_demand
 
 
-_MONTH_S = 730 * 3600.0
+HOURS_PER_MONTH = 730.0
+"""The clouds' billing month (8,760 hours / 12): monthly prices and "per month if left"."""
 
 
 def interval_usd(pricing: Pricing, event: Any) -> tuple[float, float]:
@@ -88,7 +90,8 @@ def interval_usd(pricing: Pricing, event: Any) -> tuple[float, float]:
             if hourly is not None:
                 usd = hourly * event.interval_s / 3600.0
             elif event.storage_bytes is not None and event.resource_type == "storage_bucket":
-                usd = event.storage_bytes / 1e9 * pricing.storage_usd_per_gb_month * event.interval_s / _MONTH_S
+                gb_months = event.storage_bytes / 1e9 * event.interval_s / (HOURS_PER_MONTH * 3600.0)
+                usd = gb_months * pricing.storage_usd_per_gb_month
     egress = 0.0
     if event.egress_bytes:
         price = getattr(pricing.egress_per_gb, egress_destination(event.region, event.dest_region))

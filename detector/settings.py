@@ -9,6 +9,7 @@ file with the same keys in lower case; environment variables win over it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,10 +98,13 @@ class Settings(BaseModel):
         return bool((self.slack_bot_token and self.slack_channel) or self.slack_webhook_url)
 
 
-def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """File (if any) < environment < explicit overrides. Errors name the file or variable."""
+def load_settings(config_file: str | Path | None = None, environ: Mapping[str, str] | None = None,
+                  **overrides: Any) -> Settings:  # fmt: skip
+    """File (if any) < environment (``environ``, default the process's) < explicit overrides.
+    Errors name the file or variable."""
+    env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    config_file = config_file or os.environ.get("BURNWATCH_CONFIG")
+    config_file = config_file or env.get("BURNWATCH_CONFIG")
     if config_file:
         try:
             loaded = yaml.safe_load(Path(config_file).read_text()) or {}
@@ -110,8 +114,8 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
             raise ValueError(f"{config_file}: a config file is a mapping of setting: value")
         values.update(loaded)
     for key, var in ENV.items():
-        if os.environ.get(var):
-            values[key] = os.environ[var]
+        if env.get(var):
+            values[key] = env[var]
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return Settings.model_validate(values)

@@ -23,6 +23,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 
 from detector.actions import BUTTONS
 from detector.alerts import Alert
+from detector.pricing import HOURS_PER_MONTH
 from detector.rules import Routing
 from detector.units import epoch, format_duration, rfc3339
 
@@ -78,7 +79,7 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
     if alert.dollars:
         fields += [
             (f"{alert.dollars.capitalize()} so far", f"*${alert.waste_usd:,.2f}*"),
-            ("Burn rate", f"${alert.usd_per_hour:,.2f}/h (${alert.usd_per_hour * 730:,.0f}/month if left)"),
+            ("Burn rate", f"${alert.usd_per_hour:,.2f}/h (${alert.usd_per_hour * HOURS_PER_MONTH:,.0f}/month if left)"),
         ]
     fields.append(("Account / region", f"{alert.account or '?'} / {alert.region or '?'}"))
     if alert.instance_type:
@@ -194,7 +195,7 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
         {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
         {"type": "section", "text": {"type": "mrkdwn", "text": (
             f"*${spent:,.2f}* {head.dollars or 'so far'} in total, *${rate:,.2f}/h* "
-            f"(${rate * 730:,.0f}/month if left).")}},
+            f"(${rate * HOURS_PER_MONTH:,.0f}/month if left).")}},
         {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:2900]}},
     ]  # fmt: skip
     if head.suggestion:

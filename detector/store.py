@@ -350,7 +350,7 @@ class Store:
         """(earliest, latest) event time stored across the three tables, or None when empty."""
         sql = " UNION ALL ".join(
             f"SELECT min(ts) AS lo, max(ts) AS hi, count() AS n FROM {self.db}.{table}"
-            for table in ("resource_usage", "gpu_metrics", "run_events")
+            for table in RAW_TABLES
         )
         rows = [r for r in self.query(sql) if r["n"]]
         if not rows:

@@ -18,14 +18,14 @@ import pytest
 import yaml
 
 from detector.rules import load_rules
-from detector.settings import ENV, Settings
+from detector.settings import ENV, Settings, load_settings
 from streams.cli import build_parser
 from tests.conftest import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 K8S = [doc for doc in yaml.safe_load_all((ROOT / "deploy/k8s/worker.yaml").read_text()) if doc]
 DASHBOARDS = sorted((ROOT / "deploy/grafana/dashboards").glob("*.json"))
-_BY_VAR = {var: key for key, var in ENV.items()}
+KNOWN = set(ENV.values())
 
 
 def _interpolate(value: str) -> str:
@@ -34,11 +34,11 @@ def _interpolate(value: str) -> str:
 
 
 def settings_from(env: dict[str, str]) -> Settings:
-    """The worker's settings from these variables, as ``load_settings`` reads them; an unknown
+    """The worker's settings from these variables, read by ``load_settings``; an unknown
     ``BURNWATCH_`` variable (a typo the worker would ignore) fails."""
-    unknown = sorted(var for var in env if var.startswith(("BURNWATCH_", "SLACK_")) and var not in _BY_VAR)
+    unknown = sorted(var for var in env if var.startswith(("BURNWATCH_", "SLACK_")) and var not in KNOWN)
     assert not unknown, f"settings the worker does not read: {unknown}"
-    return Settings.model_validate({_BY_VAR[var]: value for var, value in env.items() if value and var in _BY_VAR})
+    return load_settings(environ=env)
 
 
 def test_compose_file_follows_the_compose_specification():

@@ -31,12 +31,12 @@ from pydantic import Field
 from detector.detectors.base import Finding, ResourceInfo, make_finding
 from detector.detectors.growth import GrowthBase, GrowthParams, GrowthState, Trend
 from detector.events import DAY_S, Event, UsageEvent
+from detector.pricing import HOURS_PER_MONTH
 from detector.units import Duration, Money, Percent
 
 __all__ = ["StorageGrowth", "StorageGrowthParams"]
 
 GB = 1e9
-MONTH_H = 730.0
 
 
 class StorageGrowthParams(GrowthParams):
@@ -72,7 +72,7 @@ class StorageGrowth(GrowthBase):
         st = state
         if event.cost_usd is not None and event.storage_bytes > 0:
             gb_hours = event.storage_bytes / GB * event.interval_s / 3600.0
-            st.notified["usd_per_gb_month"] = event.cost_usd / gb_hours * MONTH_H
+            st.notified["usd_per_gb_month"] = event.cost_usd / gb_hours * HOURS_PER_MONTH
         trend = self.observe(st, t, float(event.storage_bytes))
         if trend is None:
             return []
@@ -117,4 +117,4 @@ class StorageGrowth(GrowthBase):
             **extra,
         }
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=0.0,
-                            details=details, usd_per_hour=monthly / MONTH_H)  # fmt: skip
+                            details=details, usd_per_hour=monthly / HOURS_PER_MONTH)  # fmt: skip
