@@ -3,10 +3,10 @@ what is still open, and a bar chart.
 
 A day's dollars are the growth of each alert's dollars within the day (the store's
 ``waste_by_day``, which ``burnwatch query waste`` reads too), so an episode spanning
-midnight is split between the two days it burned. The worker sends the digest of a day once its stream has passed the day's
-end in event time (a replay gets the digests the live stream got), and records it in
-``digests`` so a restart does not send it twice. ``burnwatch digest --day`` prints or
-posts any day's.
+midnight is split between the two days it burned. The worker sends the digest of a day
+once its stream has passed the day's end in event time (a replay gets the digests the
+live stream got), and records it in ``digests`` so a restart does not send it twice.
+``burnwatch digest --day`` prints or posts any day's.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ A window in which a rule is already tracking unusual behaviour on the resource (
 or hung episode, dark telemetry, a runaway: ``behaviour_active`` on its state) is not
 judged: the rules get the first word. Its baselines wait out a pause of the resource's
 work (idle, hung, dark) and learn a runaway's level (``pauses_work = False`` on the
-state), so an anomaly does not repeat the rule's alert once the rule lets go. And when a rule's incident opens on a resource
-whose anomaly is open, the alert manager joins the anomaly to it rather than posting
-both.
+state), so an anomaly does not repeat the rule's alert once the rule lets go. And when
+a rule's incident opens on a resource whose anomaly is open, the alert manager joins
+the anomaly to it rather than posting both.
 """
 
 from __future__ import annotations

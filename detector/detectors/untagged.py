@@ -13,10 +13,10 @@ Why these defaults: cost-allocation policies (AWS, GCP and Azure tag policies, C
 Custodian's ``tag-compliance`` examples) most often require an owning team and a
 project or cost centre; an hour leaves provisioning pipelines that tag after launch
 alone. The grace starts when an untagged resource first runs (a stopped one spends
-nothing to attribute). One alert per resource and episode: it resolves when the tags are
-added or the resource is terminated. The dollars are the spend while untagged (running intervals
-only, as billed: ``cost_usd``, or the price list), so unattributable spend per account
-is a sum over the ``alerts`` table.
+nothing to attribute). One alert per resource and episode: it resolves when the tags
+are added or the resource is terminated. The dollars are the spend while untagged
+(running intervals only, as billed: ``cost_usd``, or the price list), so
+unattributable spend per account is a sum over the ``alerts`` table.
 """
 
 from __future__ import annotations
