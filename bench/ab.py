@@ -1,0 +1,66 @@
+"""A/B of the worker's streaming throughput: a past commit against the working tree.
+
+    .venv/bin/python bench/ab.py e0a0a47 --runs 2 [--batched]
+
+Both workers read the same fleet file from a fresh embedded broker into a fresh embedded
+ClickHouse (``bench.run.bench_streaming``), alternating so that drift on the machine
+falls on both sides; the past commit's worker runs from a git worktree put first on
+``PYTHONPATH``. On a small shared VM one commit's figure spans ±15 % and more, so
+compare means over several runs, never one pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from statistics import mean
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.run import BIG, BIG_BATCHED, bench_streaming  # noqa: E402
+from detector.replay import write_replay  # noqa: E402
+from detector.rules import load_rules  # noqa: E402
+from detector.simulate import simulate  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("rev", help="the commit to compare the working tree with")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--batched", action="store_true", help="exporters batching 5 minutes (32 events/message)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="burnwatch-ab-") as tmp:
+        workdir = Path(tmp)
+        tree = workdir / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.rev], check=True)
+        try:
+            records, _ = simulate(BIG_BATCHED if args.batched else BIG, load_rules(ROOT / "rules").pricing)
+            fleet = workdir / "fleet.jsonl"
+            with open(fleet, "wb") as out:
+                write_replay(records, out)
+            figures: dict[str, list[float]] = {args.rev: [], "working tree": []}
+            for i in range(args.runs):
+                for side in figures:
+                    if side == args.rev:
+                        os.environ["PYTHONPATH"] = str(tree)  # the worker subprocess imports the old code
+                    else:
+                        os.environ.pop("PYTHONPATH", None)
+                    result = bench_streaming(fleet, workdir, f"run-{i}-{len(figures[side])}-{side[:7]}")
+                    figures[side].append(result["events_per_s"])
+                    print(f"{side}: {result['events_per_s']:,.0f} events/s", flush=True)
+            for side, runs in figures.items():
+                print(f"{side}: mean {mean(runs):,.0f} events/s over {len(runs)} runs "
+                      f"({', '.join(f'{r:,.0f}' for r in runs)})")  # fmt: skip
+        finally:
+            os.environ.pop("PYTHONPATH", None)
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
