@@ -33,6 +33,7 @@ from detector.slack import SlackError, SlackNotifier
 from detector.store import Store
 from streams.kafka import DEAD_LETTER_TOPIC
 from streams.pipeline import Message, Pipeline
+from streams.web import serve_only_burnwatch
 
 __all__ = ["build_worker_app"]
 
@@ -74,6 +75,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         consumer_max_fetch_size=8 << 20,
         table_standby_replicas=0,
     )
+    serve_only_burnwatch(app)  # /healthz, /metrics, /slack/actions; not Faust's own views
     source = app.topic(
         *TOPICS, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
         partitions=settings.partitions,
