@@ -218,7 +218,12 @@ def connect(dsn: str) -> Any:
     parsed = urlparse(dsn)
     if parsed.scheme == "chdb" and parsed.path not in ("", "/memory") and parsed.netloc != "memory":
         Path(parsed.path).mkdir(parents=True, exist_ok=True)
-    return clickhouse_connect.get_client(dsn=dsn)
+    try:
+        return clickhouse_connect.get_client(dsn=dsn)
+    except Exception as exc:  # its message may quote the DSN, password included
+        from detector.logs import redact, redact_dsn
+
+        raise ConnectionError(f"cannot connect to ClickHouse at {redact_dsn(dsn)}: {redact(str(exc))}") from None
 
 
 class Store:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from detector.logs import configure_logging
+from detector.logs import configure_logging, install_redaction, redact, redact_dsn, register_settings
 from detector.settings import Settings, load_settings
 
 __all__ = ["main"]
@@ -30,9 +30,11 @@ __all__ = ["main"]
 
 def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     try:
-        return load_settings(getattr(args, "config", None), **overrides)
+        settings = load_settings(getattr(args, "config", None), **overrides)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    register_settings(settings)  # from here on, no log line, error or message shows its secrets
+    return settings
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -141,12 +143,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         try:
             store = Store.open(settings.dsn, settings.clickhouse_database)
         except Exception as exc:  # chdb refuses a data directory another process (the worker) holds
-            raise SystemExit(f"cannot open the store {settings.dsn}: {exc}") from None
+            raise SystemExit(f"cannot open the store {redact_dsn(settings.dsn)}: {redact(str(exc))}") from None
         try:
             result = backtest_store(store, since, ruleset, other)
         finally:
             store.close()
-        source = (f"{settings.dsn} from {rfc3339(result.span[0])} to {rfc3339(result.span[1])} "
+        source = (f"{redact_dsn(settings.dsn)} from {rfc3339(result.span[0])} to {rfc3339(result.span[1])} "
                   f"({format_duration(result.span[1] - result.span[0])})") if result.span else "an empty store"  # fmt: skip
     else:
         try:
@@ -385,7 +387,7 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
         history = store.applied_migrations()
     finally:
         store.close()
-    print(f"{settings.dsn} database {settings.clickhouse_database}: "
+    print(f"{redact_dsn(settings.dsn)} database {settings.clickhouse_database}: "
           f"{'applied ' + ', '.join(applied) if applied else 'up to date'}")  # fmt: skip
     for m in history:
         print(f"  {m['version']:04d}_{m['name']}  {m['checksum']}  applied {m['applied_at']:%Y-%m-%d %H:%M:%S}")
@@ -562,7 +564,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    install_redaction()
+    try:
+        return int(args.func(args) or 0)
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # a message for the user: it may quote a DSN or an error
+            raise SystemExit(redact(exc.code)) from None
+        raise
 
 
 if __name__ == "__main__":
