@@ -21,6 +21,7 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+import msgspec
 import structlog
 from slack_sdk import WebClient, WebhookClient
 from slack_sdk.http_retry.builtin_handlers import (
@@ -129,11 +130,27 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
     return [{"type": "mrkdwn", "text": f"*{name}*\n{value}"} for name, value in fields[:10]]
 
 
+def _facts_of(alert: Alert) -> list[tuple[str, str]]:
+    """The alert's facts, computed from details whose texts hold no backtick: a fact puts a
+    run id in a code span, which a backtick in the id would close."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace("`", "\u02cb")
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    return msgspec.structs.replace(alert, details=clean(alert.details)).facts
+
+
 def _facts(alert: Alert) -> list[dict[str, Any]]:
     """What this type of problem adds (GPUs, destination, forecast date...), as its own section.
     A fact mixes our formatting with event values (run ids, errors, regions); it holds no
     markup of ours that ``escape`` would break, so it is escaped whole."""
-    facts = alert.facts[:10]
+    facts = _facts_of(alert)[:10]
     if not facts:
         return []
     return [{"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{escape(k)}*\n{escape(v)}"} for k, v in facts]}]
@@ -232,7 +249,7 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     header = f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} {_group_words(head)}: ${rate:,.2f}/h"
     lines = []
     for a in sorted(alerts, key=lambda a: -a.usd_per_hour)[:25]:
-        facts = escape("; ".join(f"{k.lower()} {v}" for k, v in a.facts))
+        facts = escape("; ".join(f"{k.lower()} {v}" for k, v in _facts_of(a)))
         lines.append(f"• {code(a.resource_id)} ({escape(a.resource_type or '?')}, {escape(a.region or '?')}): "
                      f"${a.usd_per_hour:,.2f}/h, "
                      f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else ""))  # fmt: skip

@@ -162,6 +162,15 @@ def test_a_failed_runs_error_is_text(slack):
     assert "OOM &lt;https://evil.example|logs&gt;" in post.text_of_blocks()
 
 
+def test_a_backtick_in_a_run_id_cannot_close_the_facts_code_span(slack):
+    a = alert(type="failed_run_spend", rule="failed-run",
+              details={"run_id": "r`1", "status": "failed", "error": "", "gpu_hours": 3.0})  # fmt: skip
+    bot(slack).post(a)
+    (post,) = slack.calls("chat.postMessage")
+    run = next(f["text"] for f in post.blocks[2]["fields"] if f["text"].startswith("*Run*"))
+    assert run == "*Run*\n`r\u02cb1` (failed)"
+
+
 def test_webhook_payload_is_inert(slack):
     notifier = SlackNotifier(webhook_url=slack.webhook_url, timeout=2)
     notifier.routing = ROUTING
