@@ -163,3 +163,42 @@ def test_events_are_stored_once_by_content_whatever_their_offsets(store, ruleset
     assert store.count("resource_usage") == 55
     (hourly,) = store.query(f"SELECT sum(usd) AS usd FROM {store.db}.cost_hourly")
     assert hourly["usd"] == pytest.approx(55 * 0.5)
+
+
+def test_an_assigned_partition_holds_event_time_until_it_delivers_or_has_nothing_to_read(store, ruleset):
+    """Partition 1 delivers two hours of samples; partition 0, assigned too, has delivered
+    nothing. However long that takes (a busy machine), partition 0 holds the watermark as
+    long as its position is short of its end offset or cannot be read; it stops holding it
+    only once its position reaches its end offset. No clock decides."""
+    answers: list = [RuntimeError("broker unreachable"), {("gpu-metrics", 0): (5, 12)}, {("gpu-metrics", 0): (12, 12)}]
+
+    async def end_positions(tps):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    pipeline._end_positions = end_positions
+    acked: list[tuple[str, int]] = []
+
+    async def ack(message):
+        acked.append((message.topic, message.offset))
+
+    async def go():
+        pipeline.expect([("gpu-metrics", 0), ("gpu-metrics", 1)])
+        messages = [Message("gpu-metrics", 1, m.offset, m.key, m.value)
+                    for m in (gpu_message(i, T0 + i * MIN, 1.0) for i in range(120))]  # fmt: skip
+        await pipeline.process(messages, ack)
+        await pipeline.drain()
+        seen = []
+        for _ in range(3):
+            await pipeline.tick()
+            await pipeline.drain()
+            seen.append((dict(pipeline.holding), len(acked), pipeline.stats.detected))
+        return seen
+
+    unreachable, behind, caught_up = asyncio.run(go())
+    assert "broker unreachable" in unreachable[0][("gpu-metrics", 0)] and unreachable[1:] == (0, 0)
+    assert "5 < end offset 12" in behind[0][("gpu-metrics", 0)] and behind[1:] == (0, 0)
+    assert caught_up[0] == {} and caught_up[1] == 120 and caught_up[2] == 240
