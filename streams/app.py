@@ -77,6 +77,10 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         broker_max_poll_records=settings.batch_max_messages,
         consumer_max_fetch_size=8 << 20,
         table_standby_replicas=0,
+        # Faust's own wait for every delivered message to be acknowledged (at a rebalance or a
+        # stop) never ends while the aligner holds messages back; the revocation handler below
+        # drains the write in flight and commits what is done instead.
+        stream_wait_empty=False,
     )
     source = app.topic(
         *TOPICS, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
@@ -151,8 +155,10 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
-        # State moves with partitions: what this worker holds may now belong to another.
+        # State moves with partitions: what this worker holds may now belong to another. The
+        # write in flight lands and what is done is committed before the group reassigns.
         await pipeline.drain()
+        await app.consumer.commit()
         pipeline.reset()
         assigned_states.clear()
 
