@@ -26,7 +26,7 @@ from detector.charts import ChartWorker
 from detector.delivery import Outbox
 from detector.digest import send_due_digests
 from detector.engine import Engine
-from detector.events import TOPICS
+from detector.events import TOPICS, EventDecoder
 from detector.logs import stdlib_logging_config
 from detector.metrics import METRICS
 from detector.model.forest import ModelSet
@@ -127,6 +127,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         send_dead_letter=send_dead_letter,
         caught_up=caught_up,
         end_positions=end_positions,
+        decoder=EventDecoder(limits=ruleset.limits),
     )
 
     def fail(reason: str, **details: Any) -> None:
@@ -228,6 +229,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         elif ruleset is not None:
             engine.set_ruleset(ruleset)
             pipeline.manager.ruleset = ruleset
+            pipeline.decoder = EventDecoder(limits=ruleset.limits)
             if outbox.notifier is not None:
                 outbox.notifier.routing = ruleset.routing
             log.info("rules_reloaded", path=str(settings.rules_path), rules=ruleset.names)
