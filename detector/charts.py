@@ -81,7 +81,7 @@ def _gpu_chart(alert: Alert, store: Any) -> bytes | None:
     _shade_episode(ax, alert)
     ax.set_ylim(-2, 102)
     ax.set_ylabel("GPU utilisation %")
-    ax.set_title(f"{alert.title}: {alert.resource_id}", fontsize=10)
+    ax.set_title(f"{alert.title}: {alert.resource_id}", fontsize=10, parse_math=False)
     if len(series) <= 8:
         ax.legend(fontsize=7, ncols=4, loc="upper right")
     return _png(fig)
@@ -112,7 +112,8 @@ def _egress_chart(alert: Alert, store: Any) -> bytes | None:
         ax.axhline(baseline, color="tab:green", linestyle="--", linewidth=1, label="usual (24 h median)")
     _shade_episode(ax, alert)
     ax.set_ylabel("GB per hour")
-    ax.set_title(f"Egress of {alert.resource_id} to {alert.details.get('dest_region', '?')}", fontsize=10)
+    ax.set_title(f"Egress of {alert.resource_id} to {alert.details.get('dest_region', '?')}", fontsize=10,
+                 parse_math=False)
     ax.legend(fontsize=7, loc="upper left")
     return _png(fig)
 
@@ -135,7 +136,7 @@ def _growth_chart(alert: Alert, store: Any) -> bytes | None:
         ax.plot([xs[-1], _utc_dt(end)], [last, last + per_day / 1000 * (end - xs[-1].timestamp()) / 86_400],
                 linestyle=":", color="tab:orange", label="trend")  # fmt: skip
     ax.set_ylabel("TB")
-    ax.set_title(f"{alert.title}: {alert.resource_id}", fontsize=10)
+    ax.set_title(f"{alert.title}: {alert.resource_id}", fontsize=10, parse_math=False)
     ax.legend(fontsize=7, loc="upper left")
     return _png(fig)
 

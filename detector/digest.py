@@ -7,6 +7,10 @@ midnight is split between the two days it burned. The worker sends the digest of
 once its stream has passed the day's end in event time (a replay gets the digests the
 live stream got), and records it in ``digests`` so a restart does not send it twice.
 ``burnwatch digest --day`` prints or posts any day's.
+
+Team names and resource ids come from events: the message escapes them
+(:func:`detector.slack.escape`), and the chart shows a ``$`` in them as itself
+rather than as the start of matplotlib math, which would fail the chart.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 from detector.detectors import REGISTRY, money_types
 from detector.events import DAY_S
+from detector.slack import code, escape
 from detector.units import epoch
 
 __all__ = ["Digest", "build_digests", "digest_chart", "render_digest", "send_due_digests"]
@@ -81,10 +86,11 @@ def build_digests(store: Any, day: float, top_n: int = 5) -> list[Digest]:
 
 def render_digest(d: Digest) -> list[dict[str, Any]]:
     def lines(pairs: dict[str, float]) -> str:
-        return "\n".join(f"• {k}: *${v:,.2f}*" for k, v in sorted(pairs.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+        return "\n".join(f"• {escape(k)}: *${v:,.2f}*" for k, v in sorted(pairs.items(), key=lambda kv: -kv[1]) if v >= 0.005)
 
     titles = {t: cls.title for t, cls in REGISTRY.items()}
-    top = "\n".join(f"{i}. `{o['resource_id']}` ({titles.get(o['type'], o['type'])}, {o['team']}): ${o['usd']:,.2f}"
+    top = "\n".join(f"{i}. {code(o['resource_id'])} ({escape(titles.get(o['type'], o['type']))}, {escape(o['team'])}): "
+                    f"${o['usd']:,.2f}"
                     for i, o in enumerate(d.top, 1))  # fmt: skip
     return [
         {"type": "header", "text": {"type": "plain_text", "text": f"Cost waste on {d.date}: ${d.total:,.2f}"}},
@@ -108,12 +114,13 @@ def digest_chart(d: Digest) -> bytes:
 
     teams = sorted(d.by_team, key=lambda t: -d.by_team[t])[:12]
     types = sorted(d.by_type, key=lambda t: -d.by_type[t])
+    labels = [team.replace("$", r"\$") for team in teams]  # a tag's "$" is text, not matplotlib math
     fig = Figure(figsize=(8, 3.4), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     bottom = [0.0] * len(teams)
     for rule_type in types:
         heights = [d.by_team_type.get((team, rule_type), 0.0) for team in teams]
-        ax.bar(teams, heights, bottom=bottom, label=REGISTRY[rule_type].title if rule_type in REGISTRY else rule_type)
+        ax.bar(labels, heights, bottom=bottom, label=REGISTRY[rule_type].title if rule_type in REGISTRY else rule_type)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set_ylabel("USD")
     ax.set_title(f"Cost waste by team on {d.date} (UTC)", fontsize=10)

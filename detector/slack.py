@@ -5,11 +5,19 @@ reply in its thread (plus an edit of the parent, so the channel view shows it
 closed). A webhook cannot thread, so the resolution is its own message.
 ``base_url`` / the webhook URL are injectable, which is how the tests point
 slack-sdk at a local server.
+
+Anything that came from events (ids, tags, names, run errors, details) is put in a
+message through :func:`escape` or :func:`code`, so a tag such as ``<!channel>`` or
+``<https://evil.example|click here>`` reads as text and pings or links nobody; every
+mrkdwn text is sent ``verbatim`` so Slack does not turn ``@here`` or ``#channel`` in
+it into mentions either. Our own mentions (``routing.yaml`` ``users``) and links
+(``routing.yaml`` ``links``, their fields URL-encoded) are the only markup.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -27,11 +35,45 @@ from detector.pricing import HOURS_PER_MONTH
 from detector.rules import Routing
 from detector.units import epoch, format_duration, rfc3339
 
-__all__ = ["SlackError", "SlackNotifier", "render_blocks", "render_group", "render_resolution"]
+__all__ = ["SlackError", "SlackNotifier", "code", "escape", "render_blocks", "render_group", "render_resolution"]
 
 log = structlog.get_logger("burnwatch.slack")
 
 _EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
+_ENTITIES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_BREAKS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+_USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
+
+
+def escape(value: object) -> str:
+    """Text from events made inert in a Slack message (mrkdwn or plain text): ``& < >``
+    become entities, as Slack asks, so nothing in it can mention, link or format a
+    channel; line breaks become spaces, so one value cannot fake a field of its own."""
+    return _BREAKS.sub(" ", str(value)).translate(_ENTITIES)
+
+
+def code(value: object) -> str:
+    """An event value as inline code (ids): escaped, and its backticks replaced (Slack has no
+    escape for them), so it cannot close our code span and format what follows."""
+    return "`" + escape(value).replace("`", "\u02cb") + "`"
+
+
+def _verbatim(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mark every mrkdwn text ``verbatim``: Slack then parses only explicit markup (``<@U1>``,
+    ``<url|name>``), not bare ``@channel``, ``#channel`` or URLs that came from events."""
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "mrkdwn":
+                node["verbatim"] = True
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(blocks)
+    return blocks
 
 
 class SlackError(RuntimeError):
@@ -47,7 +89,7 @@ class SlackError(RuntimeError):
 def _owner(alert: Alert, routing: Routing) -> str:
     owner = alert.tags.get(routing.owner_tag, "")
     user = routing.users.get(owner) if owner else None
-    return f"<@{user}>" if user else owner or "_unknown_"
+    return f"<@{user}>" if user else escape(owner) if owner else "_unknown_"
 
 
 def _links(alert: Alert, routing: Routing) -> list[dict[str, Any]]:
@@ -60,7 +102,7 @@ def _links(alert: Alert, routing: Routing) -> list[dict[str, Any]]:
         "fired_at": rfc3339(alert.fired_at),
     }  # fmt: skip
     quoted = {k: quote(str(v), safe="") for k, v in values.items()}
-    links = [f"<{link.url.format_map(quoted)}|{link.name}>" for link in routing.links
+    links = [f"<{escape(link.url.format_map(quoted))}|{escape(link.name).replace('|', '/')}>" for link in routing.links
              if not link.types or alert.type in link.types]  # fmt: skip
     if not links:
         return []
@@ -70,10 +112,10 @@ def _links(alert: Alert, routing: Routing) -> list[dict[str, Any]]:
 def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
     tags = alert.tags
     fields = [
-        ("Resource", f"`{alert.resource_id}`" + (f" ({alert.resource_type})" if alert.resource_type else "")),
-        ("Team", tags.get("team") or ":warning: untagged"),
+        ("Resource", code(alert.resource_id) + (f" ({escape(alert.resource_type)})" if alert.resource_type else "")),
+        ("Team", escape(tags["team"]) if tags.get("team") else ":warning: untagged"),
         ("Owner", _owner(alert, routing)),
-        ("Project", tags.get("project") or "_none_"),
+        ("Project", escape(tags["project"]) if tags.get("project") else "_none_"),
         ("Idle for" if alert.type == "idle_gpu" else "Duration", format_duration(alert.duration_s)),
     ]
     if alert.dollars:
@@ -81,18 +123,20 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
             (f"{alert.dollars.capitalize()} so far", f"*${alert.waste_usd:,.2f}*"),
             ("Burn rate", f"${alert.usd_per_hour:,.2f}/h (${alert.usd_per_hour * HOURS_PER_MONTH:,.0f}/month if left)"),
         ]
-    fields.append(("Account / region", f"{alert.account or '?'} / {alert.region or '?'}"))
+    fields.append(("Account / region", f"{escape(alert.account or '?')} / {escape(alert.region or '?')}"))
     if alert.instance_type:
-        fields.append(("Instance", alert.instance_type))
+        fields.append(("Instance", escape(alert.instance_type)))
     return [{"type": "mrkdwn", "text": f"*{name}*\n{value}"} for name, value in fields[:10]]
 
 
 def _facts(alert: Alert) -> list[dict[str, Any]]:
-    """What this type of problem adds (GPUs, destination, forecast date...), as its own section."""
+    """What this type of problem adds (GPUs, destination, forecast date...), as its own section.
+    A fact mixes our formatting with event values (run ids, errors, regions); it holds no
+    markup of ours that ``escape`` would break, so it is escaped whole."""
     facts = alert.facts[:10]
     if not facts:
         return []
-    return [{"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in facts]}]
+    return [{"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{escape(k)}*\n{escape(v)}"} for k, v in facts]}]
 
 
 def _buttons(alert: Alert) -> dict[str, Any]:
@@ -117,9 +161,10 @@ def _action_lines(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return []
     parts = []
     for a in actions:
-        who = f"<@{a['user_id']}>" if a.get("user_id") else a.get("user_name") or "someone"
+        user_id = str(a.get("user_id") or "")
+        who = f"<@{user_id}>" if _USER_ID.fullmatch(user_id) else escape(a.get("user_name") or "someone")
         until = f" until {rfc3339(epoch(a['until']))}" if a.get("until") else ""
-        parts.append(f"{_DONE.get(a['action'], a['action'])} by {who} at {rfc3339(epoch(a['at']))}{until}")
+        parts.append(f"{_DONE.get(a['action'], escape(a['action']))} by {who} at {rfc3339(epoch(a['at']))}{until}")
     return [{"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(parts)[:2900]}]}]
 
 
@@ -130,9 +175,10 @@ def render_blocks(
     ``routing`` (``rules/routing.yaml``) supplies owner mentions and links."""
     routing = routing or Routing()
     if alert.status == "resolved":
-        header = f":white_check_mark: Resolved: {alert.title} on {alert.resource_id}"
+        header = f":white_check_mark: Resolved: {alert.title} on {escape(alert.resource_id)}"
     else:
-        header = f"{_EMOJI.get(alert.severity, '')} {alert.title} on {alert.resource_id}: ${alert.usd_per_hour:,.2f}/h"
+        header = (f"{_EMOJI.get(alert.severity, '')} {alert.title} on {escape(alert.resource_id)}: "
+                  f"${alert.usd_per_hour:,.2f}/h")  # fmt: skip
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
         {"type": "section", "fields": _fields(alert, routing)},
@@ -152,7 +198,7 @@ def render_blocks(
             "elements": [
                 {
                     "type": "mrkdwn",
-                    "text": f"rule `{alert.rule}` · alert `{alert.alert_id}` · "
+                    "text": f"rule {code(alert.rule)} · alert {code(alert.alert_id)} · "
                     f"since {rfc3339(alert.episode_start)} · fired {rfc3339(alert.fired_at)} (event time)",
                 }
             ],
@@ -162,7 +208,7 @@ def render_blocks(
 
 
 def _resolution_text(alert: Alert) -> str:
-    reason = str(alert.details.get("reason", "")).replace("_", " ")
+    reason = escape(alert.details.get("reason", "")).replace("_", " ")
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
         + (f" ({reason})" if reason else "")
@@ -174,8 +220,8 @@ def _resolution_text(alert: Alert) -> str:
 def _group_words(alert: Alert) -> str:
     by, value = alert.group or ("team", "")
     if by == "account":
-        return f"resources in {value or 'an unknown account'}"
-    return f"resources of {by} {value}" if value else f"resources without a {by} tag"
+        return f"resources in {escape(value) if value else 'an unknown account'}"
+    return f"resources of {escape(by)} {escape(value)}" if value else f"resources without a {escape(by)} tag"
 
 
 def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
@@ -186,8 +232,9 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     header = f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} {_group_words(head)}: ${rate:,.2f}/h"
     lines = []
     for a in sorted(alerts, key=lambda a: -a.usd_per_hour)[:25]:
-        facts = "; ".join(f"{k.lower()} {v}" for k, v in a.facts)
-        lines.append(f"• `{a.resource_id}` ({a.resource_type or '?'}, {a.region or '?'}): ${a.usd_per_hour:,.2f}/h, "
+        facts = escape("; ".join(f"{k.lower()} {v}" for k, v in a.facts))
+        lines.append(f"• {code(a.resource_id)} ({escape(a.resource_type or '?')}, {escape(a.region or '?')}): "
+                     f"${a.usd_per_hour:,.2f}/h, "
                      f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else ""))  # fmt: skip
     if len(alerts) > 25:
         lines.append(f"…and {len(alerts) - 25} more (`burnwatch sql` on `alerts` lists them all)")
@@ -200,8 +247,8 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     ]  # fmt: skip
     if head.suggestion:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Next step:* {head.suggestion}"}})
-    ids = " · ".join(f"alert `{a.alert_id}`" for a in alerts[:80]) + (" …" if len(alerts) > 80 else "")
-    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"rule `{head.rule}` · {ids}"}]})
+    ids = " · ".join(f"alert {code(a.alert_id)}" for a in alerts[:80]) + (" …" if len(alerts) > 80 else "")
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"rule {code(head.rule)} · {ids}"}]})
     return blocks
 
 
@@ -210,7 +257,8 @@ def render_resolution(alert: Alert) -> list[dict[str, Any]]:
     thread holds the resolutions of several)."""
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}},
-        {"type": "context", "elements": [{"type": "mrkdwn", "text": f"`{alert.resource_id}` · alert `{alert.alert_id}`"}]},
+        {"type": "context",
+         "elements": [{"type": "mrkdwn", "text": f"{code(alert.resource_id)} · alert {code(alert.alert_id)}"}]},
     ]
 
 
@@ -262,7 +310,8 @@ class SlackNotifier:
         message lists others still open), edits the parent to show it resolved (keeping
         what people did about it: ``actions``)."""
         blocks = render_blocks(alert, actions, self.routing)
-        return self._send(alert.channel, alert.summary(), blocks, alert=alert, thread=thread, edit_parent=edit_parent)
+        return self._send(alert.channel, escape(alert.summary()), blocks, alert=alert, thread=thread,
+                          edit_parent=edit_parent)  # fmt: skip
 
     def find_posted(self, alert_id: str, channel: str, limit: int = 200) -> tuple[str, str] | None:
         """(channel, ts) of a message already in ``channel`` that opens ``alert_id``, if any: after
@@ -297,7 +346,7 @@ class SlackNotifier:
         from detector.charts import chart_title
 
         self._web.files_upload_v2(channel=channel, thread_ts=thread_ts, file=png, filename=f"{alert.alert_id}.png",
-                                  title=chart_title(alert))  # fmt: skip
+                                  title=escape(chart_title(alert)))  # fmt: skip
 
     def edit(self, alert: Alert, thread: tuple[str, str], actions: list[dict[str, Any]] | None = None) -> None:
         """Rewrite an incident's message with the alert's latest figures (bot token only)."""
@@ -309,7 +358,7 @@ class SlackNotifier:
             return  # a webhook message cannot be edited
         try:
             blocks = render_blocks(alert, actions, self.routing)
-            self._web.chat_update(channel=channel, ts=ts, text=alert.summary(), blocks=blocks)
+            self._web.chat_update(channel=channel, ts=ts, text=escape(alert.summary()), blocks=_verbatim(blocks))
         except Exception as exc:
             status = getattr(getattr(exc, "response", None), "status_code", None)
             raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
@@ -317,10 +366,12 @@ class SlackNotifier:
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
         """One message for several openings of one type and group (untagged resources of one account)."""
         head = alerts[0]
-        return self._send(head.channel, f"{head.title}: {len(alerts)} {_group_words(head)}", render_group(alerts))
+        return self._send(head.channel, f"{escape(head.title)}: {len(alerts)} {_group_words(head)}", render_group(alerts))
 
     def _send(self, channel: str, text: str, blocks: list[dict[str, Any]], alert: Alert | None = None,
               thread: tuple[str, str] | None = None, edit_parent: bool = True) -> tuple[str, str]:  # fmt: skip
+        """Every message leaves through here (``text`` already escaped by the caller)."""
+        blocks = _verbatim(blocks)
         try:
             if self._web is None:
                 assert self._hook is not None
@@ -334,7 +385,7 @@ class SlackNotifier:
             if alert is not None and alert.change == "resolved" and thread is not None:
                 channel, parent_ts = thread
                 self._web.chat_postMessage(
-                    channel=channel, thread_ts=parent_ts, text=text, blocks=render_resolution(alert)
+                    channel=channel, thread_ts=parent_ts, text=text, blocks=_verbatim(render_resolution(alert))
                 )
                 if edit_parent:
                     self._web.chat_update(channel=channel, ts=parent_ts, text=text, blocks=blocks)

@@ -37,6 +37,7 @@ from detector.slack import SlackError, SlackNotifier
 from detector.store import Store
 from streams.kafka import DEAD_LETTER_TOPIC
 from streams.pipeline import Message, Pipeline, PipelineStopped
+from streams.web import serve_only_burnwatch
 
 __all__ = ["build_worker_app"]
 
@@ -82,6 +83,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         # drains the write in flight and commits what is done instead.
         stream_wait_empty=False,
     )
+    serve_only_burnwatch(app)  # /healthz, /metrics, /slack/actions; not Faust's own views
     source = app.topic(
         *TOPICS, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
         partitions=settings.partitions,

@@ -1,0 +1,64 @@
+"""The worker's web port serves burnwatch's three paths and refuses Faust's own views.
+
+A real worker against the embedded broker: every route of every blueprint Faust 0.15
+can mount (``/router/``, ``/table/``, the index, ``/graph/``, statistics,
+``/performance/``) answers 404, while ``/healthz``, ``/metrics`` and ``/slack/actions``
+still work.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from faust.web import base as faust_web
+from mode.utils.imports import symbol_by_name
+
+from streams.embedded import EmbeddedBroker
+from streams.process import WorkerProcess, worker_env
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def faust_paths() -> list[str]:
+    """Every path Faust's own blueprints register, placeholders filled in."""
+    blueprints = [*faust_web.DEFAULT_BLUEPRINTS, *faust_web.PRODUCTION_BLUEPRINTS, *faust_web.DEBUG_BLUEPRINTS,
+                  *faust_web.OPTIONAL_BLUEPRINTS]  # fmt: skip
+    paths = set()
+    for prefix, name in blueprints:
+        for route in symbol_by_name(name).routes:
+            paths.add((prefix + route.uri).replace("{name}", "detect").replace("{key}", "k"))
+    return sorted(paths)
+
+
+def request(port: int, path: str, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_only_burnwatch_paths_are_served(tmp_path):
+    paths = faust_paths()
+    assert {"/router/", "/table/", "/"} <= set(paths)  # the registry this test walks is Faust's real one
+    with EmbeddedBroker() as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", ROOT / "rules", 2)
+        worker = WorkerProcess(env, tmp_path / "worker.log").start()
+        try:
+            worker.wait_until(lambda h: h["status"] == "ok", timeout=60)
+            refused = {path: request(worker.port, path)[0] for path in [*paths, "/router/topics/", "/static/x"]}
+            assert {p: s for p, s in refused.items() if s != 404} == {}
+            assert request(worker.port, "/router/", method="POST", body=b"{}")[0] == 404
+            status, body = request(worker.port, "/healthz")
+            assert status == 200 and json.loads(body)["status"] == "ok"
+            status, body = request(worker.port, "/metrics")
+            assert status == 200 and b"burnwatch_messages_total" in body
+            status, body = request(worker.port, "/slack/actions", method="POST", body=b"payload=x")
+            assert status == 404 and b"SLACK_SIGNING_SECRET" in body  # our view answered: not configured here
+        finally:
+            worker.stop()
