@@ -350,6 +350,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
                 "detected": s.detected,
                 "held": len(pipeline.aligner),
                 "dead_letters": s.dead_letters,
+                "detector_errors": engine.errors,
                 "alerts_fired": s.alerts_fired,
                 "alerts_resolved": s.alerts_resolved,
                 "slack_pending": len(outbox),
