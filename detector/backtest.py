@@ -81,8 +81,9 @@ def backtest(
     on_windows: Any = None,
 ) -> BacktestResult:
     """Detect over a whole replay file, topics aligned on event time as the worker aligns them.
-    ``models`` scores the ``anomaly`` rule's windows; ``on_windows`` sees them (training)."""
-    decoder = decoder or EventDecoder()
+    ``models`` scores the ``anomaly`` rule's windows; ``on_windows`` sees them (training). Without
+    a ``decoder``, events are decoded with the rule set's plausibility bounds, as the worker does."""
+    decoder = decoder or EventDecoder(limits=ruleset.limits)
     result = BacktestResult(alerts=[])
 
     def batches() -> Iterable[list[tuple[float, Any]]]:

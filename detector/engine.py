@@ -15,12 +15,15 @@ from functools import partial
 from typing import Any
 
 import msgspec
+import structlog
 
 from detector.detectors import Finding, ResourceInfo
 from detector.events import Event, RunEvent, UsageEvent
 from detector.rules import RuleSet
 
 __all__ = ["Engine", "KeyState"]
+
+log = structlog.get_logger("burnwatch.engine")
 
 _SNAPSHOT_VERSION = 1
 
@@ -36,7 +39,7 @@ class KeyState:
         """Rule name → that rule's detector state."""
         self.last_t = last_t
         self.routes: dict[type, list] = {}
-        """Event type → ``(detector.step, rule state)`` pairs; rebuilt when the resource changes."""
+        """Event type → ``(detector.step, rule state, detector)``; rebuilt when the resource changes."""
 
 
 class _Snapshot(msgspec.Struct, kw_only=True):
@@ -67,6 +70,9 @@ class Engine:
         self.on_windows: Callable[[list[tuple]], None] | None = None
         """Sees every batch's closed feature windows before scoring (model training)."""
         self._windows: list[tuple] = []
+        self.errors: dict[str, int] = {}
+        """Rule name → events its detector raised on (skipped for that rule)."""
+        self._errors_logged: set[tuple[str, type]] = set()
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(_Snapshot)
 
@@ -106,14 +112,29 @@ class Engine:
             if steps is None:
                 steps = self._route(state, etype)
             info = state.info
-            for step, rule_state in steps:
-                found = step(rule_state, info, event, t)
+            for step, rule_state, detector in steps:
+                try:
+                    found = step(rule_state, info, event, t)
+                except Exception as exc:  # noqa: BLE001 - one rule's bug on one event must not stop the rest
+                    self._step_failed(detector, key, event, exc)
+                    continue
                 if found:
                     findings.extend(found)
         self.watermark = watermark
         if self._windows:
             findings.extend(self._score_windows())
         return findings
+
+    def _step_failed(self, detector: Any, key: str, event: Event, exc: Exception) -> None:
+        """A detector raised on an event: the event is skipped for that rule (the same in the
+        worker and in backtest), counted, and logged once per rule and error type, so a hostile
+        or unforeseen event can neither stop detection nor flood the log."""
+        name = detector.name
+        self.errors[name] = self.errors.get(name, 0) + 1
+        if (name, type(exc)) not in self._errors_logged:
+            self._errors_logged.add((name, type(exc)))
+            log.error("detector_error", rule=name, type=detector.type, key=key, error=f"{type(exc).__name__}: {exc}",
+                      sample=msgspec.json.encode(event)[:500].decode("utf-8", "replace"))  # fmt: skip
 
     def _score_windows(self) -> list[Finding]:
         """Score the batch's closed windows together: one model call per group, not per event."""
@@ -129,7 +150,7 @@ class Engine:
         return found
 
     def _route(self, state: KeyState, event_type: type) -> list:
-        """``(step, rule state)`` of the detectors that see this event type: of the rules whose
+        """``(step, rule state, detector)`` of the detectors that see this event type: of the rules whose
         match passes, each with the params its overrides give this resource; every candidate
         rule as written while the resource is unknown (no usage event yet). Cached until the
         resource changes (the hot loop then does no lookups per detector)."""
@@ -156,7 +177,7 @@ class Engine:
                 wanted = bool(self.models) or self.on_windows is not None
                 bound["sink"] = self._windows.append if wanted else None
                 bound["siblings"] = state.rules
-            steps.append((partial(detector.step, **bound) if bound else detector.step, rule_state))
+            steps.append((partial(detector.step, **bound) if bound else detector.step, rule_state, detector))
         if info.known:
             state.routes[event_type] = steps
         return steps

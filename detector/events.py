@@ -5,16 +5,25 @@ is typed (msgspec), which is an order of magnitude faster than building
 ``faust.Record`` objects, and it is strict about what detection relies on
 (types, RFC 3339 timestamps with a zone) while keeping fields it does not know
 in ``extra`` so nothing a producer sent is lost on the way to ClickHouse.
+
+Every bound here is the column's range in ClickHouse (or tighter), so whatever the
+decoder accepts can be stored: a message that could not be would otherwise fail
+the insert of the whole batch. Plausibility (an absurd price, interval or egress)
+is a separate, configurable check: :mod:`detector.limits`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
+
+from detector.limits import Limits
+from detector.units import format_duration
 
 __all__ = [
     "DAY_S",
@@ -27,6 +36,8 @@ __all__ = [
     "TOPIC_RESOURCE_USAGE",
     "TOPIC_RUN_EVENTS",
     "TOPICS",
+    "TS_MAX",
+    "TS_MIN",
     "UsageEvent",
 ]
 
@@ -36,10 +47,42 @@ TOPIC_RUN_EVENTS = "run-events"
 TOPICS = (TOPIC_RESOURCE_USAGE, TOPIC_GPU_METRICS, TOPIC_RUN_EVENTS)
 DAY_S = 86_400.0
 
+# Column ranges (detector/migrations). msgspec cannot bound an int beyond int64, so the
+# UInt64 columns take up to 2^63 - 1 (9.2 EB, 9.2e18 requests): ample, and storable.
+UINT8_MAX = 2**8 - 1
+UINT16_MAX = 2**16 - 1
+INT64_MAX = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT64_MAX = 1.7976931348623157e308
+TS_MIN = datetime(1970, 1, 1, tzinfo=timezone.utc)
+TS_MAX = datetime(2200, 1, 1, tzinfo=timezone.utc)
+"""DateTime64 stores 1900 to 2299; events before the epoch or after 2200 are errors."""
+MIN_INTERVAL_S = 0.001
+"""The timestamps' resolution (DateTime64(3)); also keeps rates per second finite."""
+
+# Lengths in characters: far above any real value, low enough that one field cannot
+# carry megabytes (cloud tags: keys <= 128-512, values <= 256, at most 50 per resource).
+MAX_ID = 1024
+"""Ids and names: resource_id, run_id, account, region, instance_type, model, ..."""
+MAX_TAG_VALUE = 4096
+MAX_TAGS = 1024
+MAX_RESOURCE_IDS = 65_536
+MAX_ERROR = 65_536
+"""A run's error text: room for a stack trace."""
+MAX_EXTRA_DEPTH = 32
+"""Nesting of unknown fields' values; a deeper one is refused, not stored."""
+
 Timestamp = Annotated[datetime, msgspec.Meta(tz=True)]
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
-NonNegative = Annotated[float, msgspec.Meta(ge=0)]
-Count = Annotated[int, msgspec.Meta(ge=0)]
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID)]
+Name = Annotated[str, msgspec.Meta(max_length=MAX_ID)]
+Tags = Annotated[
+    dict[Name, Annotated[str, msgspec.Meta(max_length=MAX_TAG_VALUE)]], msgspec.Meta(max_length=MAX_TAGS)
+]
+Float32 = Annotated[float, msgspec.Meta(ge=0, le=FLOAT32_MAX)]
+Float64 = Annotated[float, msgspec.Meta(ge=0, le=FLOAT64_MAX)]
+UInt8 = Annotated[int, msgspec.Meta(ge=0, le=UINT8_MAX)]
+UInt16 = Annotated[int, msgspec.Meta(ge=0, le=UINT16_MAX)]
+UInt64 = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 
 
 class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
@@ -56,23 +99,23 @@ class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
 class UsageEvent(_Base, kw_only=True):
     """One billing/usage interval of one cloud resource."""
 
-    resource_id: NonEmpty
-    resource_type: NonEmpty
-    provider: str = ""
-    account: str = ""
-    region: str = ""
-    instance_type: str = ""
+    resource_id: Id
+    resource_type: Id
+    provider: Name = ""
+    account: Name = ""
+    region: Name = ""
+    instance_type: Name = ""
     pricing: Literal["on_demand", "spot", "reserved"] = "on_demand"
     state: Literal["running", "stopped", "terminated"] = "running"
-    interval_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
-    cost_usd: NonNegative | None = None
-    egress_bytes: Count | None = None
-    dest_region: str = ""
-    storage_bytes: Count | None = None
-    capacity_bytes: Count | None = None
-    vector_count: Count | None = None
-    requests: Count | None = None
-    tags: dict[str, str] = {}
+    interval_s: Annotated[float, msgspec.Meta(ge=MIN_INTERVAL_S, le=FLOAT32_MAX)] = 60.0
+    cost_usd: Float64 | None = None
+    egress_bytes: UInt64 | None = None
+    dest_region: Name = ""
+    storage_bytes: UInt64 | None = None
+    capacity_bytes: UInt64 | None = None
+    vector_count: UInt64 | None = None
+    requests: UInt64 | None = None
+    tags: Tags = {}
 
     @property
     def key(self) -> str:
@@ -82,14 +125,14 @@ class UsageEvent(_Base, kw_only=True):
 class GpuMetric(_Base, kw_only=True):
     """One DCGM-exporter-like sample of one GPU of a host."""
 
-    resource_id: NonEmpty
-    gpu_index: Count
-    gpu_uuid: str = ""
-    model: str = ""
+    resource_id: Id
+    gpu_index: UInt8
+    gpu_uuid: Name = ""
+    model: Name = ""
     util_pct: Annotated[float, msgspec.Meta(ge=0, le=100)]
-    mem_used_mib: NonNegative = 0.0
-    mem_total_mib: NonNegative = 0.0
-    power_w: NonNegative = 0.0
+    mem_used_mib: Float32 = 0.0
+    mem_total_mib: Float32 = 0.0
+    power_w: Float32 = 0.0
     sm_active: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
 
     @property
@@ -100,13 +143,13 @@ class GpuMetric(_Base, kw_only=True):
 class RunEvent(_Base, kw_only=True):
     """A lifecycle change of a training or batch run."""
 
-    run_id: NonEmpty
+    run_id: Id
     status: Literal["started", "running", "succeeded", "failed", "killed"]
-    resource_ids: list[str] = []
-    gpu_count: Count = 0
-    project: str = ""
-    tags: dict[str, str] = {}
-    error: str = ""
+    resource_ids: Annotated[list[Name], msgspec.Meta(max_length=MAX_RESOURCE_IDS)] = []
+    gpu_count: UInt16 = 0
+    project: Name = ""
+    tags: Tags = {}
+    error: Annotated[str, msgspec.Meta(max_length=MAX_ERROR)] = ""
 
     @property
     def key(self) -> str:
@@ -136,6 +179,10 @@ class EventDecoder:
     The fast path decodes straight into structs and refuses unknown fields;
     only a message that fails it takes the slow path, which separates unknown
     fields into ``extra`` and produces a precise reason when the message is bad.
+
+    :meth:`decode` is total: whatever the bytes, it returns events or raises
+    :class:`InvalidMessage`, so one hostile message goes to the dead-letter topic
+    and never stops the partition.
     """
 
     def __init__(
@@ -143,6 +190,7 @@ class EventDecoder:
         *,
         max_future_s: float = DAY_S,
         clock: Callable[[], float] = time.time,
+        limits: Limits | None = None,
     ) -> None:
         self._fast = {
             topic: msgspec.json.Decoder(Union[list[cls], cls])  # type: ignore[valid-type]
@@ -153,33 +201,98 @@ class EventDecoder:
         }
         self._max_future_s = max_future_s
         self._clock = clock
+        self.limits = limits or Limits()
+        self._max_usd_per_s = self.limits.max_usd_per_hour / 3600.0
+        self._max_egress_per_s = self.limits.max_egress_bytes_per_s
 
     def decode(self, topic: str, value: bytes) -> list[Event]:
         """Return the events in one message value, or raise :class:`InvalidMessage`."""
+        try:
+            return self._decode(topic, value)
+        except InvalidMessage:
+            raise
+        except RecursionError:
+            raise InvalidMessage("JSON nested too deeply to decode (about 1,000 levels or more)") from None
+        except UnicodeDecodeError as exc:
+            raise InvalidMessage(f"not valid UTF-8: {exc.reason} at byte {exc.start}") from None
+        except Exception as exc:  # a bug of ours or msgspec's: still this message's problem only
+            raise InvalidMessage(f"undecodable message: {type(exc).__name__}: {exc}") from None
+
+    def _decode(self, topic: str, value: bytes) -> list[Event]:
         decoder = self._fast.get(topic)
         if decoder is None:
             raise InvalidMessage(f"unknown topic {topic!r}; expected one of {', '.join(TOPICS)}")
+        if value is None:
+            raise InvalidMessage("no value (a tombstone): expected an event or an array of events")
+        lenient = False
         try:
             decoded = decoder.decode(value)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            decoded = self._decode_lenient(topic, value)
-        events = decoded if isinstance(decoded, list) else [decoded]
+        except msgspec.ValidationError as exc:
+            decoded = self._decode_lenient(topic, value, exc)
+            lenient = True
+        except msgspec.DecodeError as exc:
+            raise InvalidMessage(f"not JSON: {exc}") from None
+        batch = isinstance(decoded, list)
+        events = decoded if batch else [decoded]
         if not events:
             raise InvalidMessage("empty batch: the array holds no events")
-        latest = datetime.fromtimestamp(self._clock() + self._max_future_s, tz=timezone.utc)
+        now = self._clock()
+        latest = min(datetime.fromtimestamp(now + self._max_future_s, tz=timezone.utc), TS_MAX)
+        usage = topic == TOPIC_RESOURCE_USAGE
         for i, event in enumerate(events):
-            if event.ts > latest:
-                where = f"$[{i}].ts" if isinstance(decoded, list) else "$.ts"
-                raise InvalidMessage(
-                    f"timestamp {event.ts.isoformat()} is more than "
-                    f"{self._max_future_s / 3600:g}h in the future - at `{where}`"
-                )
+            if event.ts > latest or event.ts < TS_MIN:
+                raise InvalidMessage(self._ts_reason(event.ts, latest, f"$[{i}].ts" if batch else "$.ts"))
+            if usage:
+                self._check_plausible(event, f"$[{i}]" if batch else "$")  # type: ignore[arg-type]
+            if event.extra:
+                _check_depth(event.extra, f"$[{i}]" if batch else "$", "" if lenient else ".extra")
         return events
 
-    def _decode_lenient(self, topic: str, value: bytes) -> Any:
+    def _ts_reason(self, ts: datetime, latest: datetime, where: str) -> str:
+        if ts < TS_MIN:
+            return f"timestamp {ts.isoformat()} is before {TS_MIN.isoformat()} - at `{where}`"
+        if latest == TS_MAX:
+            return f"timestamp {ts.isoformat()} is after {TS_MAX.isoformat()} - at `{where}`"
+        return f"timestamp {ts.isoformat()} is more than {self._max_future_s / 3600:g}h in the future - at `{where}`"
+
+    def _check_plausible(self, event: UsageEvent, where: str) -> None:
+        """The bounds of :class:`~detector.limits.Limits`: refuse what can be stored but is absurd."""
+        interval = event.interval_s
+        limits = self.limits
+        if interval > limits.max_interval:
+            raise InvalidMessage(
+                f"interval_s {interval:g} ({format_duration(interval)}) is longer than the plausible "
+                f"{format_duration(limits.max_interval)} (max_interval in limits.yaml, raise it there if real) "
+                f"- at `{where}.interval_s`"
+            )
+        cost = event.cost_usd
+        if cost is not None and cost > self._max_usd_per_s * interval:
+            per_hour = cost / interval * 3600.0
+            rate = f"${per_hour:,.2f}/h" if per_hour < 1e12 else f"${per_hour:.3g}/h"
+            rate = rate if per_hour < math.inf else "beyond any $/h"
+            raise InvalidMessage(
+                f"cost_usd {cost:g} over interval_s {interval:g} is {rate}, above the plausible "
+                f"${limits.max_usd_per_hour:,.2f}/h per resource (max_usd_per_hour in limits.yaml, raise it "
+                f"there if real) - at `{where}.cost_usd`"
+            )
+        egress = event.egress_bytes
+        if egress and egress > self._max_egress_per_s * interval:
+            gbit = egress * 8 / 1e9 / interval
+            raise InvalidMessage(
+                f"egress_bytes {egress} over interval_s {interval:g} is {gbit:,.1f} Gbit/s, above the plausible "
+                f"{limits.max_egress_gbit_per_s:g} Gbit/s (max_egress_gbit_per_s in limits.yaml, raise it there "
+                f"if real) - at `{where}.egress_bytes`"
+            )
+
+    def _decode_lenient(self, topic: str, value: bytes, fast_error: msgspec.ValidationError) -> Any:
         try:
             raw = msgspec.json.decode(value)
         except msgspec.DecodeError as exc:
+            # Valid JSON the generic decoder cannot hold (a number beyond float64 or int64):
+            # the typed decoder's error names the field when it is one of the contract's.
+            fast = str(fast_error)
+            if "unknown field" not in fast:
+                raise InvalidMessage(fast) from None
             raise InvalidMessage(f"not JSON: {exc}") from None
         cls, known = _TYPES[topic], self._fields[topic]
         items = raw if isinstance(raw, list) else [raw]
@@ -200,3 +313,16 @@ class EventDecoder:
                     message = f"{message} - at `{where}`"
                 raise InvalidMessage(message) from None
         return out if isinstance(raw, list) else out[0]
+
+
+def _check_depth(extra: dict[str, Any], where: str, prefix: str) -> None:
+    """Refuse unknown fields nested deeper than :data:`MAX_EXTRA_DEPTH` (iteratively: a
+    recursive walk would itself overflow the stack on the values it is meant to refuse)."""
+    for key, value in extra.items():
+        stack = [(value, 1)]
+        while stack:
+            item, depth = stack.pop()
+            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+            if children and depth > MAX_EXTRA_DEPTH:
+                raise InvalidMessage(f"nested deeper than {MAX_EXTRA_DEPTH} levels - at `{where}{prefix}.{key}`")
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))

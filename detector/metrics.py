@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 __all__ = ["METRICS", "Metrics"]
@@ -34,8 +34,14 @@ class Metrics:
         self.insert_rows = Histogram("burnwatch_clickhouse_insert_rows", "Rows per ClickHouse insert",
                                      buckets=(10, 100, 1_000, 10_000, 100_000, 1_000_000), registry=r)  # fmt: skip
         self.duplicates_skipped = Counter("burnwatch_duplicate_events_skipped",
-                                          "Events of messages already stored (read again), not inserted twice",
+                                          "Events already stored (the same content read again or re-sent), not inserted twice",
                                           registry=r)  # fmt: skip
+        self.holding_partitions = Gauge("burnwatch_partitions_holding_watermark",
+                                        "Assigned input partitions that cannot yet show they have nothing to read, "
+                                        "holding event time back", registry=r)  # fmt: skip
+        self.stalled_seconds = Gauge("burnwatch_store_stalled_seconds",
+                                     "Seconds the worker has been unable to write to ClickHouse (0: writing)",
+                                     registry=r)  # fmt: skip
         self.slack = Counter("burnwatch_slack_requests", "Slack deliveries by outcome (ok, retry, refused)",
                              ["outcome"], registry=r)  # fmt: skip
         self.anomaly_scores = Histogram("burnwatch_anomaly_score", "Anomaly scores of closed windows (higher = odder)",

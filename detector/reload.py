@@ -23,7 +23,7 @@ class RulesWatcher:
         if self.path.is_dir():
             files = sorted(self.path.glob("*.y*ml"))
         else:
-            files = [self.path, self.path.parent / "pricing.yaml", self.path.parent / "routing.yaml"]
+            files = [self.path, *(self.path.parent / name for name in ("pricing.yaml", "routing.yaml", "limits.yaml"))]
         stamp = []
         for file in files:
             try:

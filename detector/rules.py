@@ -22,6 +22,7 @@ import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, field_validator
 
 from detector.detectors import REGISTRY, Detector, ResourceInfo
+from detector.limits import LIMITS_FILE, Limits
 from detector.pricing import Pricing, load_pricing
 from detector.units import Duration, _parse_percent, format_duration, parse_duration
 
@@ -40,7 +41,8 @@ __all__ = [
     "validate_rule_files",
 ]
 
-SPECIAL_FILES = {"pricing.yaml": "pricing", "routing.yaml": "routing"}
+SPECIAL_FILES = {"pricing.yaml": "pricing", "routing.yaml": "routing", LIMITS_FILE: "limits"}
+FILE_KEYS = ("rules", "silences", "allow_no_rules")
 Selector = Union[str, list[str]]
 
 
@@ -309,31 +311,45 @@ def _errors_from(exc: ValidationError, prefix: tuple, file: str, lines: dict[tup
     return errors
 
 
-def _validate_file(path: Path) -> tuple[list[Any], list[Silence], list[RuleError]]:
+@dataclass
+class _RuleFile:
+    rules: list[Any] = field(default_factory=list)
+    silences: list[Silence] = field(default_factory=list)
+    errors: list[RuleError] = field(default_factory=list)
+    allow_no_rules: bool = False
+    """The file says that no enabled rule (detection off) is intended."""
+
+
+def _validate_file(path: Path) -> _RuleFile:
     """Validate one file rule by rule, so one bad rule does not hide the errors of the others."""
     file = str(path)
     try:
         text = path.read_text()
     except OSError as exc:
-        return [], [], [RuleError(file, 0, "", f"cannot read: {exc.strerror}")]
+        return _RuleFile(errors=[RuleError(file, 0, "", f"cannot read: {exc.strerror}")])
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = f"invalid YAML: {getattr(exc, 'problem', exc)}"
-        return [], [], [RuleError(file, mark.line + 1 if mark else 0, "", problem)]
+        return _RuleFile(errors=[RuleError(file, mark.line + 1 if mark else 0, "", problem)])
     if data is None:
-        return [], [], []
+        return _RuleFile()
     lines = _line_index(node) if node is not None else {}
-    if not isinstance(data, dict) or set(data) - {"rules", "silences"}:
-        return [], [], [RuleError(file, 1, "", "a rule file is a mapping with the keys 'rules' and/or 'silences'")]
+    if not isinstance(data, dict) or set(data) - set(FILE_KEYS):
+        keys = "'rules', 'silences' and 'allow_no_rules'"
+        return _RuleFile(errors=[RuleError(file, 1, "", f"a rule file is a mapping with the keys {keys}")])
     items = data.get("rules") or []
     if not isinstance(items, list):
-        return [], [], [RuleError(file, lines.get(("rules",), 0), "rules", "expected a list of rules")]
+        return _RuleFile(errors=[RuleError(file, lines.get(("rules",), 0), "rules", "expected a list of rules")])
     silence_items = data.get("silences") or []
     if not isinstance(silence_items, list):
-        return [], [], [RuleError(file, lines.get(("silences",), 0), "silences", "expected a list of silences")]
+        return _RuleFile(errors=[RuleError(file, lines.get(("silences",), 0), "silences", "expected a list of silences")])
+    allow = data.get("allow_no_rules", False)
+    if not isinstance(allow, bool):
+        line = lines.get(("allow_no_rules",), 0)
+        return _RuleFile(errors=[RuleError(file, line, "allow_no_rules", f"expected true or false, got {allow!r}")])
     rules, silences, errors = [], [], []
     for i, item in enumerate(silence_items):
         try:
@@ -359,7 +375,7 @@ def _validate_file(path: Path) -> tuple[list[Any], list[Silence], list[RuleError
         errors.extend(override_errors)
         if not override_errors:
             rules.append(rule)
-    return (rules, silences, []) if not errors else ([], [], errors)
+    return _RuleFile(rules, silences, allow_no_rules=allow) if not errors else _RuleFile(errors=errors)
 
 
 def _override_params(rule: Any, override: Override) -> Any:
@@ -377,18 +393,26 @@ def _rule_files(path: Path) -> list[Path]:
 def validate_rule_files(path: str | Path) -> tuple[list[tuple[Path, Any]], list[RuleError], list[Silence]]:
     """Validate every rule file under ``path``; return the rules with their files, all errors,
     and the silences."""
+    rules, errors, silences, _ = _validate_rule_files(path)
+    return rules, errors, silences
+
+
+def _validate_rule_files(path: str | Path) -> tuple[list[tuple[Path, Any]], list[RuleError], list[Silence], bool]:
+    """:func:`validate_rule_files`, and whether a file allows no enabled rule."""
     path = Path(path)
     if not path.exists():
-        return [], [RuleError(str(path), 0, "", "no such file or directory")], []
+        return [], [RuleError(str(path), 0, "", "no such file or directory")], [], False
     rules: list[tuple[Path, Any]] = []
     errors: list[RuleError] = []
     silences: list[tuple[Path, int, Silence]] = []
     seen: dict[str, str] = {}
+    allow_no_rules = False
     for file in _rule_files(path):
-        parsed, file_silences, errs = _validate_file(file)
-        errors.extend(errs)
-        silences.extend((file, i, s) for i, s in enumerate(file_silences))
-        for i, rule in enumerate(parsed):
+        contents = _validate_file(file)
+        errors.extend(contents.errors)
+        allow_no_rules = allow_no_rules or contents.allow_no_rules
+        silences.extend((file, i, s) for i, s in enumerate(contents.silences))
+        for i, rule in enumerate(contents.rules):
             if rule.name in seen:
                 message = f"duplicate rule name {rule.name!r} (also in {seen[rule.name]})"
                 errors.append(RuleError(str(file), 0, f"rules[{i}].name", message))
@@ -398,7 +422,7 @@ def validate_rule_files(path: str | Path) -> tuple[list[tuple[Path, Any]], list[
         for name in silence.rules:
             if name not in seen:
                 errors.append(RuleError(str(file), 0, f"silences[{i}].rules", f"no rule named {name!r}"))
-    return rules, errors, [s for _, _, s in silences]
+    return rules, errors, [s for _, _, s in silences], allow_no_rules
 
 
 # -- the compiled rule set ------------------------------------------------------------
@@ -441,12 +465,14 @@ class CompiledSilence:
 
 @dataclass(frozen=True)
 class RuleSet:
-    """Enabled rules, compiled, plus the price list they use and the silences in force."""
+    """Enabled rules, compiled, plus the price list they use, the silences in force and the
+    plausibility bounds events are decoded with."""
 
     rules: tuple[CompiledRule, ...]
     pricing: Pricing = field(default_factory=Pricing)
     silences: tuple[CompiledSilence, ...] = ()
     routing: Routing = field(default_factory=Routing)
+    limits: Limits = field(default_factory=Limits)
 
     def channel_for(self, rule: str, tags: dict[str, str], severity: str = "") -> str:
         """The Slack channel for an alert of ``rule`` on a resource with ``tags`` ('' = the notifier's)."""
@@ -480,6 +506,7 @@ def compile_rules(
     pricing: Pricing | None = None,
     silences: Iterable[Silence] = (),
     routing: Routing | None = None,
+    limits: Limits | None = None,
 ) -> RuleSet:
     pricing = pricing or Pricing()
     compiled = []
@@ -497,34 +524,52 @@ def compile_rules(
         CompiledSilence(compile_match(s.match), frozenset(s.rules), frozenset(s.types), s.until.timestamp(), s.reason)
         for s in silences
     )
-    return RuleSet(tuple(compiled), pricing, compiled_silences, routing or Routing())
+    return RuleSet(tuple(compiled), pricing, compiled_silences, routing or Routing(), limits or Limits())
+
+
+NO_RULES = (
+    "no rule is enabled, so nothing would be detected; enable a rule, or add 'allow_no_rules: true' to a "
+    "rule file if detection is meant to be off"
+)
 
 
 def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> RuleSet:
     """Load, validate and compile rules; raise :class:`RulesInvalid` with every error found.
 
-    ``pricing_path`` defaults to ``pricing.yaml`` beside the rules.
+    ``pricing_path`` defaults to ``pricing.yaml`` beside the rules; ``routing.yaml`` and
+    ``limits.yaml`` are read from beside them. Rules that leave no rule enabled (an
+    empty or deleted rule file, every rule disabled) are refused unless a rule file
+    says ``allow_no_rules: true``: detection switched off by accident is silent.
     """
     path = Path(path)
-    found, errors, silences = validate_rule_files(path)
+    found, errors, silences, allow_no_rules = _validate_rule_files(path)
+    beside = path if path.is_dir() else path.parent
     pricing = Pricing()
-    pricing_file = Path(pricing_path) if pricing_path else (path if path.is_dir() else path.parent) / "pricing.yaml"
+    pricing_file = Path(pricing_path) if pricing_path else beside / "pricing.yaml"
     if pricing_file.exists():
         try:
             pricing = load_pricing(pricing_file)
         except ValueError as exc:
             errors.append(RuleError(str(pricing_file), 0, "", str(exc)))
-    routing = Routing()
-    routing_file = (path if path.is_dir() else path.parent) / "routing.yaml"
-    if routing_file.exists():
-        routing_or_errors = _load_model(routing_file, Routing)
-        if isinstance(routing_or_errors, list):
-            errors.extend(routing_or_errors)
-        else:
-            routing = routing_or_errors
+    routing = _optional_model(beside / "routing.yaml", Routing, errors)
+    limits = _optional_model(beside / LIMITS_FILE, Limits, errors)
+    if not errors and not allow_no_rules and not any(rule.enabled for _, rule in found):
+        errors.append(RuleError(str(path), 0, "", NO_RULES))
     if errors:
         raise RulesInvalid(errors)
-    return compile_rules((rule for _, rule in found), pricing, silences, routing)
+    return compile_rules((rule for _, rule in found), pricing, silences, routing, limits)
+
+
+def _optional_model(path: Path, model: type[BaseModel], errors: list[RuleError]) -> Any:
+    """A whole-file model from ``path``; its defaults when the file is absent or invalid
+    (its errors then added to ``errors``)."""
+    if not path.exists():
+        return model()
+    loaded = _load_model(path, model)
+    if isinstance(loaded, list):
+        errors.extend(loaded)
+        return model()
+    return loaded
 
 
 def _load_model(path: Path, model: type[BaseModel]) -> Any:

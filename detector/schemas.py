@@ -24,7 +24,10 @@ def topic_schema(topic: str) -> dict[str, Any]:
     event = msgspec.json.schema(cls)["$defs"][cls.__name__]
     event["properties"].pop("extra", None)
     event["additionalProperties"] = True  # unknown fields are kept, never rejected
-    event["properties"]["ts"]["description"] = "RFC 3339 event time with a zone, e.g. 2026-11-02T08:00:00Z"
+    event["properties"]["ts"]["description"] = (
+        "RFC 3339 event time with a zone, e.g. 2026-11-02T08:00:00Z; from 1970-01-01 to 2200-01-01 and at "
+        "most a day ahead of the worker's clock"
+    )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"burnwatch/{topic}.schema.json",

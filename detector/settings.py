@@ -43,6 +43,7 @@ ENV = {
     "model_retrain_every": "BURNWATCH_MODEL_RETRAIN_EVERY",
     "model_train_since": "BURNWATCH_MODEL_TRAIN_SINCE",
     "event_ttl_days": "BURNWATCH_EVENT_TTL_DAYS",
+    "stall_exit_s": "BURNWATCH_STALL_EXIT_S",
 }
 
 
@@ -76,6 +77,9 @@ class Settings(BaseModel):
     event_ttl_days: int = Field(default=30, ge=0)
     """Raw events are deleted this many days after their event time (0: kept forever); the
     hourly and daily rollups are kept. Longer than ``model_train_since``."""
+    stall_exit_s: float = Field(default=300.0, gt=0)
+    """A worker that could not write to ClickHouse for this long exits non-zero, so that its
+    orchestrator restarts it; until then /healthz answers 503 ``stalled``."""
     slack_charts: bool = True
     """Attach a chart of the metric in each incident's thread (bot token only)."""
     slack_signing_secret: SecretStr | None = None

@@ -128,7 +128,18 @@ def _extra(event: Any) -> str:
 
 
 _NO_SOURCE = ("", 0, 0)
-_SOURCE_COLS = ["src_topic", "src_partition", "src_offset"]
+_KEY_COLUMN = {"resource_usage": "resource_id", "gpu_metrics": "resource_id", "run_events": "run_id"}
+_DAY_MS = 86_400_000
+_MAX_SPANS = 16
+_INSERT_SETTINGS = {"max_partitions_per_insert_block": 0}
+"""A message may carry events of any age: an insert touching many monthly partitions is valid."""
+
+
+def _one_line(exc: BaseException, limit: int = 500) -> str:
+    """An exception as one bounded line (ClickHouse errors carry stack traces)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:limit]}"
+_SOURCE_COLS = ["event_id", "src_topic", "src_partition", "src_offset"]
 
 
 class EventBatch:
@@ -166,10 +177,10 @@ class EventBatch:
             self._lists[kind].append(event)
             self._runs[kind].append((source, 1))
 
-    def tables(self, pricing: Pricing | None = None) -> Iterator[tuple[str, list[str], list[list], list]]:
-        """(table, column names, columns, source runs) for each table with rows; the last
-        three columns are the source topic, partition and offset. ``pricing`` prices usage
-        intervals that carry no cost (the ``usd`` column)."""
+    def tables(self, pricing: Pricing | None = None) -> Iterator[tuple[str, list[str], list[list]]]:
+        """(table, column names, columns) for each table with rows; the last four columns are
+        the event id (from its content) and the source topic, partition and offset.
+        ``pricing`` prices usage intervals that carry no cost (the ``usd`` column)."""
         pricing = pricing or Pricing()
         if self.gpu:
             ev = self.gpu
@@ -177,8 +188,9 @@ class EventBatch:
                 [round(e.ts.timestamp() * 1000) for e in ev], [e.resource_id for e in ev], [e.gpu_index for e in ev],
                 [e.gpu_uuid for e in ev], [e.model for e in ev], [e.util_pct for e in ev],
                 [e.mem_used_mib for e in ev], [e.mem_total_mib for e in ev], [e.power_w for e in ev],
-                [e.sm_active for e in ev], [_extra(e) if e.extra else "" for e in ev], *_source_columns(self._runs[GpuMetric]),
-            ], self._runs[GpuMetric]  # fmt: skip
+                [e.sm_active for e in ev], [_extra(e) if e.extra else "" for e in ev],
+                event_ids(b"gpu", ev), *_source_columns(self._runs[GpuMetric]),
+            ]  # fmt: skip
         if self.usage:
             ev = self.usage
             priced = [interval_usd(pricing, e) for e in ev]
@@ -190,16 +202,24 @@ class EventBatch:
                 [e.dest_region for e in ev], [e.storage_bytes for e in ev], [e.capacity_bytes for e in ev],
                 [e.vector_count for e in ev], [e.requests for e in ev], [e.tags for e in ev],
                 [_extra(e) if e.extra else "" for e in ev], [p[0] for p in priced], [p[1] for p in priced],
-                *_source_columns(self._runs[UsageEvent]),
-            ], self._runs[UsageEvent]  # fmt: skip
+                event_ids(b"usage", ev), *_source_columns(self._runs[UsageEvent]),
+            ]  # fmt: skip
         if self.runs:
             ev = self.runs
             yield "run_events", [*_RUN_COLS, *_SOURCE_COLS], [
                 [round(e.ts.timestamp() * 1000) for e in ev], [e.run_id for e in ev], [e.status for e in ev],
                 [e.resource_ids for e in ev], [e.gpu_count for e in ev], [e.project for e in ev],
                 [e.tags for e in ev], [e.error for e in ev], [_extra(e) if e.extra else "" for e in ev],
-                *_source_columns(self._runs[RunEvent]),
-            ], self._runs[RunEvent]  # fmt: skip
+                event_ids(b"run", ev), *_source_columns(self._runs[RunEvent]),
+            ]  # fmt: skip
+
+
+def event_ids(kind: bytes, events: Sequence[Any]) -> list[int]:
+    """A 64-bit id per event from its content (every field, ``extra`` included): the same
+    event read twice, re-sent by its producer, or read again from a recreated topic has the
+    same id, so the store keeps it once."""
+    encode, blake2b = _json.encode, hashlib.blake2b
+    return [int.from_bytes(blake2b(encode(e), digest_size=8, person=kind).digest(), "little") for e in events]
 
 
 def _source_columns(runs: list[tuple[tuple[str, int, int], int]]) -> list[list]:
@@ -233,8 +253,6 @@ class Store:
         self.client = client
         self.db = database
         self._lock = threading.Lock()
-        self._stored: dict[tuple[str, str, int], int] = {}
-        """(table, topic, partition) → highest offset whose events are stored (-1: none)."""
 
     @classmethod
     def open(cls, dsn: str, database: str = "burnwatch") -> Store:
@@ -300,56 +318,75 @@ class Store:
     # -- events ------------------------------------------------------------------
 
     def insert_events(self, batch: EventBatch, pricing: Pricing | None = None) -> int:
-        """Insert a batch: one columnar insert per non-empty table. Events of a Kafka message
-        whose offset is already stored for its table (a batch read again after a crash, a
-        retry or a rebalance) are left out, so nothing counts twice. Returns rows written."""
+        """Insert a batch: one columnar insert per non-empty table. Events already stored
+        (the same content: read again after a crash or a rebalance, re-sent by a producer,
+        or read from a recreated topic) and repeats within the batch are left out, so
+        nothing counts twice. Returns rows written. Raises whatever the client raises: the
+        caller tells a store that cannot be written from rows it refuses (:meth:`writable`)."""
         written = 0
         with self._lock:
-            for table, names, cols, runs in batch.tables(pricing):
-                cols, runs = self._unseen(table, cols, runs)
-                if not runs:
+            for table, names, cols in batch.tables(pricing):
+                keep = self._new_rows(table, names, cols)
+                if keep is not None:
+                    cols = [[col[i] for i in keep] for col in cols]
+                if not cols[0]:
                     continue
                 started = time.perf_counter()
-                self.client.insert(f"{self.db}.{table}", cols, column_names=names, column_oriented=True)
+                self.client.insert(f"{self.db}.{table}", cols, column_names=names, column_oriented=True,
+                                   settings=_INSERT_SETTINGS)  # fmt: skip
                 METRICS.insert_seconds.observe(time.perf_counter() - started)
                 METRICS.insert_rows.observe(len(cols[0]))
                 written += len(cols[0])
-                stored = self._stored
-                for (topic, partition, offset), _ in runs:
-                    if topic and offset > stored.get((table, topic, partition), -1):
-                        stored[table, topic, partition] = offset
         return written
 
-    def _unseen(self, table: str, cols: list[list], runs: list) -> tuple[list[list], list]:
-        """The rows (and runs) of messages not stored yet."""
-        stored = self._stored
-        missing = {(t, p) for (t, p, _), _ in runs if t and (table, t, p) not in stored}
-        if missing:
-            result = self.client.query(
-                f"SELECT topic, partition, max(offset) FROM {self.db}.ingest_positions "
-                "WHERE table = %(table)s GROUP BY topic, partition", parameters={"table": table},
-            )  # fmt: skip
-            found = {(t, int(p)): int(o) for t, p, o in result.result_rows}
-            for t, p in missing:
-                stored[table, t, p] = found.get((t, p), -1)
-        new = [not t or o > stored[table, t, p] for (t, p, o), _ in runs]
-        if all(new):
-            return cols, runs
-        keep: list[int] = []
-        kept = []
-        start = 0
-        for is_new, run in zip(new, runs, strict=True):
-            if is_new:
-                keep.extend(range(start, start + run[1]))
-                kept.append(run)
-            start += run[1]
-        METRICS.duplicates_skipped.inc(len(cols[0]) - len(keep))
-        return [[col[i] for i in keep] for col in cols], kept
+    def _new_rows(self, table: str, names: list[str], cols: list[list]) -> list[int] | None:
+        """Indexes of the rows to insert (the first of each event id, not stored yet); None: all."""
+        ids = cols[names.index("event_id")]
+        seen = self._stored_ids(table, cols[names.index(_KEY_COLUMN[table])], cols[0])
+        keep = []
+        for i, event_id in enumerate(ids):
+            if event_id not in seen:
+                seen.add(event_id)
+                keep.append(i)
+        if len(keep) == len(ids):
+            return None
+        METRICS.duplicates_skipped.inc(len(ids) - len(keep))
+        return keep
 
-    def forget_positions(self) -> None:
-        """Partitions moved: read the stored offsets again before the next insert."""
-        with self._lock:
-            self._stored.clear()
+    def _stored_ids(self, table: str, keys: list[str], ts_ms: list[int]) -> set[int]:
+        """Event ids already stored for these keys within the batch's time span, looked up
+        per day the batch touches (through the table's (key, ts) order, so the cost follows
+        what is stored there, which is nothing for new data)."""
+        spans: dict[int, list] = {}
+        for key, t in zip(keys, ts_ms, strict=True):
+            span = spans.get(t // _DAY_MS)
+            if span is None:
+                spans[t // _DAY_MS] = [t, t, {key}]
+            else:
+                span[0], span[1] = min(span[0], t), max(span[1], t)
+                span[2].add(key)
+        if len(spans) > _MAX_SPANS:  # events over many days in one batch (a replay): one wider look-up
+            spans = {0: [min(ts_ms), max(ts_ms), set(keys)]}
+        column = _KEY_COLUMN[table]
+        clauses, parameters = [], {}
+        for n, (lo, hi, span_keys) in enumerate(spans.values()):
+            clauses.append(f"({column} IN %(k{n})s AND ts BETWEEN fromUnixTimestamp64Milli(%(lo{n})s, 'UTC') "
+                           f"AND fromUnixTimestamp64Milli(%(hi{n})s, 'UTC'))")  # fmt: skip
+            parameters.update({f"k{n}": list(span_keys), f"lo{n}": lo, f"hi{n}": hi})
+        result = self.client.query(f"SELECT event_id FROM {self.db}.{table} WHERE {' OR '.join(clauses)}",
+                                   parameters=parameters)  # fmt: skip
+        return {row[0] for row in result.result_rows}
+
+    def writable(self, writer: str = "worker") -> bool:
+        """Whether the store takes a write now: after an insert failed, this tells a store that
+        cannot be written (retry later, drop nothing) from rows it refuses (isolate them)."""
+        try:
+            with self._lock:
+                self.client.insert(f"{self.db}.write_probe", [[writer, _ms(time.time())]], column_names=["writer", "at"])
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not writable now"
+            log.warning("store_not_writable", error=_one_line(exc))
+            return False
 
     def event_span(self) -> tuple[float, float] | None:
         """(earliest, latest) event time stored across the three tables, or None when empty."""

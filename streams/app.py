@@ -7,7 +7,11 @@ Thin on purpose: the work is in :mod:`streams.pipeline` and :mod:`detector`.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import sys
 import time
+import traceback
 from typing import Any
 
 import faust
@@ -22,7 +26,7 @@ from detector.charts import ChartWorker
 from detector.delivery import Outbox
 from detector.digest import send_due_digests
 from detector.engine import Engine
-from detector.events import TOPICS
+from detector.events import TOPICS, EventDecoder
 from detector.logs import stdlib_logging_config
 from detector.metrics import METRICS
 from detector.model.forest import ModelSet
@@ -32,7 +36,7 @@ from detector.settings import Settings
 from detector.slack import SlackError, SlackNotifier
 from detector.store import Store
 from streams.kafka import DEAD_LETTER_TOPIC
-from streams.pipeline import Message, Pipeline
+from streams.pipeline import Message, Pipeline, PipelineStopped
 from streams.web import serve_only_burnwatch
 
 __all__ = ["build_worker_app"]
@@ -74,6 +78,10 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         broker_max_poll_records=settings.batch_max_messages,
         consumer_max_fetch_size=8 << 20,
         table_standby_replicas=0,
+        # Faust's own wait for every delivered message to be acknowledged (at a rebalance or a
+        # stop) never ends while the aligner holds messages back; the revocation handler below
+        # drains the write in flight and commits what is done instead.
+        stream_wait_empty=False,
     )
     serve_only_burnwatch(app)  # /healthz, /metrics, /slack/actions; not Faust's own views
     source = app.topic(
@@ -97,12 +105,20 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     async def send_dead_letter(key: bytes | None, value: bytes) -> None:
         await dead_letters.send(key=key, value=value)
 
-    def caught_up(topic: str, partition: int, offset: int | None) -> bool:
-        """Nothing more to read now; ``offset`` None: nothing read yet since assignment."""
+    def caught_up(topic: str, partition: int, offset: int) -> bool:
+        """Nothing more to read now: ``offset`` (the last one read) is the last the latest fetch
+        reported. A partition whose fetch reported no high watermark is not caught up."""
         highwater = app.consumer.highwater(TP(topic, partition))
-        if offset is None:
-            return highwater == 0
-        return highwater is None or offset + 1 >= highwater
+        return highwater is not None and offset + 1 >= highwater
+
+    async def end_positions(tps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+        """(position, end offset) of assigned partitions that have delivered nothing yet."""
+        partitions = [TP(topic, partition) for topic, partition in tps]
+        ends = await app.consumer.highwaters(*partitions)
+        out: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+        for tp in partitions:
+            out[(tp.topic, tp.partition)] = (await app.consumer.position(tp), ends.get(tp))
+        return out
 
     pipeline = Pipeline(
         engine=engine,
@@ -112,7 +128,17 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
                              open_incidents=store.open_incidents()),
         send_dead_letter=send_dead_letter,
         caught_up=caught_up,
+        end_positions=end_positions,
+        decoder=EventDecoder(limits=ruleset.limits),
     )
+
+    def fail(reason: str, **details: Any) -> None:
+        """The pipeline cannot make progress: exit non-zero so that an orchestrator restarts the
+        worker. Nothing unfinished was acknowledged, so a restart reads it again."""
+        log.critical("worker_failed", reason=reason, **details)
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(70)
 
     @app.agent(source, name="detect")
     async def detect(stream: faust.StreamT) -> Any:
@@ -123,12 +149,19 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
             messages = [
                 Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value, e) for e in events
             ]
-            await pipeline.process(messages, ack=lambda message: manual.ack(message.token))
+            try:
+                await pipeline.process(messages, ack=lambda message: manual.ack(message.token))
+            except PipelineStopped:
+                return
+            except Exception as exc:  # noqa: BLE001 - a bug must stop the worker, not the agent alone
+                fail("pipeline_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
-        # State moves with partitions: what this worker holds may now belong to another.
+        # State moves with partitions: what this worker holds may now belong to another. The
+        # write in flight lands and what is done is committed before the group reassigns.
         await pipeline.drain()
+        await app.consumer.commit()
         pipeline.reset()
         assigned_states.clear()
 
@@ -139,6 +172,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         states = await loop.run_in_executor(None, store.load_states, partitions)
         pipeline.reset()
         pipeline.expect((tp.topic, tp.partition) for tp in assigned if tp.topic in TOPICS)
+        await pipeline.check_expected()
         assigned_states.clear()
         assigned_states.update(states)
         pipeline.stats.partitions = len(partitions)
@@ -174,6 +208,18 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     async def release_held() -> None:
         await pipeline.tick()
 
+    @app.timer(interval=5.0)
+    async def watch_progress() -> None:
+        """A store that has taken no write for ``stall_exit_s`` will not by itself: exit, so the
+        orchestrator restarts the worker (and it says why); until then /healthz says stalled."""
+        stalled = pipeline.stalled_for()
+        if stalled > settings.stall_exit_s:
+            fail("store_unavailable", stalled_s=round(stalled, 1), error=pipeline.stall_reason)
+
+    @app.on_before_shutdown.connect
+    async def stopping(sender: Any, **kwargs: Any) -> None:
+        pipeline.stop()  # a write waiting for the store gives up; its messages are not acknowledged
+
     watcher = RulesWatcher(settings.rules_path, ruleset)
 
     @app.timer(interval=5.0)
@@ -185,6 +231,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         elif ruleset is not None:
             engine.set_ruleset(ruleset)
             pipeline.manager.ruleset = ruleset
+            pipeline.decoder = EventDecoder(limits=ruleset.limits)
             if outbox.notifier is not None:
                 outbox.notifier.routing = ruleset.routing
             log.info("rules_reloaded", path=str(settings.rules_path), rules=ruleset.names)
@@ -278,6 +325,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
                 out.append((topic, partition, max(0, highwater - next_offset)))
         return out
 
+    METRICS.stalled_seconds.set_function(pipeline.stalled_for)
     METRICS.watch(lag=consumer_lag,
                   freshness=lambda: time.time() - engine.watermark if engine.watermark else None)  # fmt: skip
 
@@ -289,20 +337,26 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
         s = pipeline.stats
+        stalled = pipeline.stalled_for()
         return web.json(
             {
-                "status": "ok",
+                "status": "stalled" if stalled else "ok",
+                "stalled_s": round(stalled, 1),
+                "stall_reason": pipeline.stall_reason or None,
+                "holding_watermark": {f"{t}/{p}": why for (t, p), why in pipeline.holding.items()},
                 "partitions": s.partitions,
                 "messages": s.messages,
                 "events": s.events,
                 "detected": s.detected,
                 "held": len(pipeline.aligner),
                 "dead_letters": s.dead_letters,
+                "detector_errors": engine.errors,
                 "alerts_fired": s.alerts_fired,
                 "alerts_resolved": s.alerts_resolved,
                 "slack_pending": len(outbox),
                 "slack_delivered": outbox.delivered,
-            }
+            },
+            status=503 if stalled else 200,
         )
 
     return app, pipeline

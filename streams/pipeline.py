@@ -3,17 +3,25 @@
 Per batch: decode (bad messages to the dead-letter topic), align on event
 time, detect; then, in a writer thread while the next batch is detected, write
 the events, alert changes and the state of the keys the batch touched to
-ClickHouse; then queue alert changes for Slack and acknowledge the messages
-whose events detection has seen. A crash re-reads what was not acknowledged.
-Re-reading is safe: detector steps ignore samples they have already seen and
-alert ids are deterministic, so nothing is alerted twice; the store leaves out the
-events of messages it already holds, so nothing is stored twice.
+ClickHouse; then queue alert changes for Slack and acknowledge, in offset order,
+the messages whose events are stored and detected. A crash re-reads what was
+not acknowledged. Re-reading is safe: detector steps ignore samples they have
+already seen and alert ids are deterministic, so nothing is alerted twice; the
+store leaves out events it already holds (by content), so nothing is stored twice.
+
+Failures are told apart: a message the store refuses is isolated (the batch is
+split until the refused message is alone), dead-lettered with the reason, and the
+partition goes on; a store that cannot be written at all is retried, never
+dropped from, and reported as a stall (``/healthz``), which the worker turns into
+an exit after a while so that an orchestrator restarts it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,14 +35,21 @@ from detector.alerts import Alert, AlertManager
 from detector.align import EventTimeAligner
 from detector.delivery import Outbox
 from detector.engine import Engine
-from detector.events import EventDecoder, InvalidMessage
+from detector.events import Event, EventDecoder, InvalidMessage
 from detector.metrics import METRICS
 from detector.store import EventBatch, Store
+from streams.acks import InOrderAcks
 
-__all__ = ["Message", "Pipeline", "Stats"]
+__all__ = ["DEAD_LETTER_MAX_VALUE", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable", "dead_letter"]
 
 log = structlog.get_logger("burnwatch.worker")
 _json = msgspec.json.Encoder()
+
+TP = tuple[str, int]
+DEAD_LETTER_MAX_VALUE = 1 << 20
+"""Bytes of a refused message kept in its dead-letter record; a larger one is kept truncated
+(with its size and SHA-256), so the record always fits the producer's request limit."""
+_MAX_REASON = 2_000
 
 
 class Message(msgspec.Struct):
@@ -47,6 +62,14 @@ class Message(msgspec.Struct):
     value: bytes
     token: Any = None
     """What the consumer needs to acknowledge this message (the Faust event)."""
+
+
+class StoreUnavailable(Exception):
+    """The store takes no write at all (down, read-only, full): retry, drop nothing."""
+
+
+class PipelineStopped(Exception):
+    """The worker is stopping while a write waits for the store: nothing is acknowledged."""
 
 
 @dataclass
@@ -67,16 +90,22 @@ class Stats:
 
 
 def dead_letter(message: Message, reason: str) -> bytes:
-    """The dead-letter record: where the message came from, why it was refused, its exact bytes."""
+    """The dead-letter record: where the message came from, why it was refused, its bytes
+    (the first :data:`DEAD_LETTER_MAX_VALUE` of them, with the size and hash of the whole)."""
+    value = message.value
+    kept = value[:DEAD_LETTER_MAX_VALUE]
     return _json.encode(
         {
             "topic": message.topic,
             "partition": message.partition,
             "offset": message.offset,
-            "key": message.key.decode("utf-8", "replace") if message.key else None,
-            "reason": reason,
-            "value_base64": base64.b64encode(message.value).decode(),
-            "value_preview": message.value[:500].decode("utf-8", "replace"),
+            "key": message.key[:1024].decode("utf-8", "replace") if message.key else None,
+            "reason": reason if len(reason) <= _MAX_REASON else reason[:_MAX_REASON] + "…",
+            "size": len(value),
+            "sha256": hashlib.sha256(value).hexdigest(),
+            "truncated": len(kept) < len(value),
+            "value_base64": base64.b64encode(kept).decode(),
+            "value_preview": value[:500].decode("utf-8", "replace"),
         }
     )
 
@@ -85,11 +114,17 @@ def dead_letter(message: Message, reason: str) -> bytes:
 class _Step:
     """One batch between detection and acknowledgement."""
 
-    batch: EventBatch = field(default_factory=EventBatch)
+    stored: list[tuple[Message, list[Event]]] = field(default_factory=list)
+    """Each decoded message with its events: what the write stores."""
     dead: list[tuple[Message, str]] = field(default_factory=list)
+    """Messages that are not events (decoder's reason): dead-lettered, then done."""
+    refused: list[tuple[Message, str]] = field(default_factory=list)
+    """Messages whose events the store refused (filled by the write): dead-lettered; done
+    once detection has seen them, like any other."""
     done: list[Message] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
     states: list[tuple[str, int, bytes]] = field(default_factory=list)
+    events: int = 0
     detected: int = 0
     messages: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -106,10 +141,11 @@ class Pipeline:
         outbox: Outbox,
         manager: AlertManager,
         send_dead_letter: Callable[[bytes | None, bytes], Awaitable[None]],
-        caught_up: Callable[[str, int, int | None], bool] = lambda topic, partition, offset: True,
-        startup_grace_s: float = 10.0,
+        caught_up: Callable[[str, int, int], bool] = lambda topic, partition, offset: True,
+        end_positions: Callable[[list[TP]], Awaitable[dict[TP, tuple[int | None, int | None]]]] | None = None,
         lateness_s: float = 60.0,
         decoder: EventDecoder | None = None,
+        retry_max_s: float = 30.0,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -118,17 +154,26 @@ class Pipeline:
         self.decoder = decoder or EventDecoder()
         self._send_dead_letter = send_dead_letter
         self._caught_up = caught_up
+        self._end_positions = end_positions
         self.aligner: EventTimeAligner[Message] = EventTimeAligner(lateness_s)
         self._partition_of: dict[str, int] = {}
         """Key → partition it arrived on, so its state is filed under that partition."""
         self.stats = Stats()
         self.outbox_ready = asyncio.Event()
-        self._positions: dict[tuple[str, int], int] = {}
+        self._positions: dict[TP, int] = {}
         """Next expected offset per topic-partition: a jump or a rewind is logged."""
-        self._expected: dict[tuple[str, int], float] = {}
-        """Assigned partitions not seen yet → wall-clock deadline after which they stop holding
-        the others back (flow control only: detection itself never reads the clock)."""
-        self._startup_grace_s = startup_grace_s
+        self._expected: set[TP] = set()
+        """Assigned partitions that have delivered nothing yet: they hold the watermark until
+        they deliver or their position reaches their end offset (a condition, never a timeout)."""
+        self.holding: dict[TP, str] = {}
+        """Partitions holding the watermark back, and why (for /healthz and the metrics)."""
+        self._holding_logged: dict[TP, float] = {}
+        self._acks = InOrderAcks()
+        self._retry_max_s = retry_max_s
+        self._stopping = threading.Event()
+        self.stalled_since: float | None = None
+        """Monotonic time since which writes have been failing for want of a writable store."""
+        self.stall_reason = ""
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
         self._inflight: asyncio.Future | None = None
         self._ack: Callable[[Message], Awaitable[Any]] | None = None
@@ -138,8 +183,9 @@ class Pipeline:
     async def process(self, messages: Sequence[Message], ack: Callable[[Message], Awaitable[Any]]) -> None:
         """Handle one batch. Detection runs now; the ClickHouse write runs in a writer
         thread while the next batch is detected. Once written, alert changes are queued
-        for Slack and ``ack`` is called for each message detection has fully seen (the
-        aligner may hold some back). At most one write is in flight."""
+        for Slack and ``ack`` is called, in offset order, for each message that is stored
+        and that detection has fully seen (the aligner may hold some back). At most one
+        write is in flight."""
         async with self._serial:
             self._ack = ack
             step = self._detect(messages)
@@ -149,21 +195,65 @@ class Pipeline:
             self._inflight = asyncio.ensure_future(self._finish(write, step, ack))
 
     @property
-    def positions(self) -> dict[tuple[str, int], int]:
+    def positions(self) -> dict[TP, int]:
         """(topic, partition) → the next offset this worker will read (for consumer lag)."""
         return self._positions
 
+    def stalled_for(self) -> float:
+        """Seconds the pipeline has been unable to write (0: it is not stalled)."""
+        since = self.stalled_since
+        return 0.0 if since is None else time.monotonic() - since
+
     async def tick(self) -> None:
-        """Re-check what the aligner holds when no batch comes (a quiet stream): partitions
-        may have caught up or passed their startup grace since the last batch."""
+        """Re-check what holds the watermark and what the aligner holds when no batch comes
+        (a quiet stream): partitions may have caught up since the last batch."""
+        await self.check_expected()
         if len(self.aligner) and self._ack is not None and not self._serial.locked():
             await self.process([], self._ack)
+
+    async def check_expected(self) -> None:
+        """Assigned partitions that have delivered nothing: each stops holding the watermark
+        once its position has reached its end offset (there is nothing to read). One that
+        cannot report both keeps holding it, and says so."""
+        waiting = sorted(self._expected - self._positions.keys())
+        self._expected.difference_update(self._positions.keys())
+        if not waiting:
+            self.holding = {tp: why for tp, why in self.holding.items() if tp in self._expected}
+            return
+        try:
+            found = await self._end_positions(waiting) if self._end_positions is not None else {}
+        except Exception as exc:  # noqa: BLE001 - the broker may be unreachable for a while
+            found = {}
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            error = ""
+        for tp in waiting:
+            position, end = found.get(tp, (None, None))
+            if tp in self._positions or tp not in self._expected:
+                continue
+            if position is not None and end is not None and position >= end:
+                self._expected.discard(tp)
+                self.holding.pop(tp, None)
+                self.aligner.caught_up(tp)
+                continue
+            why = (f"position {position} < end offset {end}: not delivered yet" if position is not None and end is not None
+                   else f"position or end offset unknown{' (' + error + ')' if error else ''}")  # fmt: skip
+            self.holding[tp] = why
+            now = time.monotonic()
+            if now - self._holding_logged.get(tp, -1e9) >= 30.0:  # logging only: alignment never reads the clock
+                self._holding_logged[tp] = now
+                log.warning("partition_holding_watermark", topic=tp[0], partition=tp[1], reason=why)
+        METRICS.holding_partitions.set(len(self.holding))
 
     async def drain(self) -> None:
         """Wait for the write in flight, if any, and its acknowledgements."""
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
             await inflight
+
+    def stop(self) -> None:
+        """The worker is stopping: a write waiting for the store gives up (unacknowledged)."""
+        self._stopping.set()
 
     def _detect(self, messages: Sequence[Message]) -> _Step:
         step = _Step()
@@ -172,6 +262,7 @@ class Pipeline:
         aligner = self.aligner
         partition_of = self._partition_of
         per_topic = step.per_topic
+        received = self._acks.received
         for message in messages:
             tp = (message.topic, message.partition)
             counts = per_topic.get(message.topic)
@@ -182,6 +273,7 @@ class Pipeline:
             if expected != message.offset:
                 log.info("partition_position", topic=tp[0], partition=tp[1], offset=message.offset, expected=expected)
             positions[tp] = message.offset + 1
+            received(message)
             try:
                 decoded = decode(message.topic, message.value)
             except InvalidMessage as exc:
@@ -190,18 +282,11 @@ class Pipeline:
             counts[1] += len(decoded)
             for event in decoded:
                 partition_of[event.key] = message.partition
-            step.batch.extend(decoded, (message.topic, message.partition, message.offset))
+            step.stored.append((message, decoded))
+            step.events += len(decoded)
             aligner.push(tp, decoded, message)
         for (topic, partition), next_offset in positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
-        if self._expected:
-            now = time.monotonic()
-            for tp, deadline in list(self._expected.items()):
-                if tp in positions:
-                    del self._expected[tp]
-                elif now > deadline or self._caught_up(tp[0], tp[1], None):
-                    aligner.caught_up(tp)
-                    del self._expected[tp]
         events, step.done = aligner.release()
         step.detected = len(events)
         step.alerts = self.manager.handle(self.engine.process_timed(events))
@@ -211,28 +296,34 @@ class Pipeline:
 
     async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[Message], Awaitable[Any]]) -> None:
         stats = self.stats
-        stats.insert_s += await write
+        try:
+            stats.insert_s += await write
+        except PipelineStopped:
+            return  # nothing acknowledged: read again after the restart
         self.outbox.add(step.alerts)
         if self.outbox.has_work:
             self.outbox_ready.set()
-        for message, reason in step.dead:
-            await self._send_dead_letter(message.key, dead_letter(message, reason))
-            log.warning("dead_letter", topic=message.topic, partition=message.partition, offset=message.offset, reason=reason)
-        for message in step.done:
-            await ack(message)
+        finished: list[Message] = []
+        for message, reason in step.dead + step.refused:
+            await self._dead_letter(message, reason)
         for message, _ in step.dead:
+            finished += self._acks.done(message)
+        for message in step.done:
+            finished += self._acks.done(message)
+        for message in finished:
             await ack(message)
         for topic, (n_messages, n_events) in step.per_topic.items():
             METRICS.messages.labels(topic).inc(n_messages)
             METRICS.events.labels(topic).inc(n_events)
-        METRICS.dead_letters.inc(len(step.dead))
+        METRICS.dead_letters.inc(len(step.dead) + len(step.refused))
         if step.messages:
             METRICS.batch_seconds.observe(time.perf_counter() - step.started)
         stats.batches += 1
         stats.messages += step.messages
-        stats.events += len(step.batch)
+        refused = {id(message) for message, _ in step.refused}
+        stats.events += step.events - sum(len(events) for message, events in step.stored if id(message) in refused)
         stats.detected += step.detected
-        stats.dead_letters += len(step.dead)
+        stats.dead_letters += len(step.dead) + len(step.refused)
         for alert in step.alerts:
             METRICS.alerts.labels(alert.type, alert.change).inc()
             if alert.change == "fired":
@@ -243,22 +334,41 @@ class Pipeline:
                 log.info(f"alert_{alert.change}", alert_id=alert.alert_id, summary=alert.summary(),
                          silenced=alert.silenced or None)  # fmt: skip
 
-    def expect(self, partitions: Iterable[tuple[str, int]]) -> None:
-        """Newly assigned input partitions: align on them as soon as they deliver."""
-        deadline = time.monotonic() + self._startup_grace_s
+    async def _dead_letter(self, message: Message, reason: str) -> None:
+        """Send the dead-letter record; a failed send is retried (the message stays unacknowledged)."""
+        record = dead_letter(message, reason)
+        backoff = 0.5
+        while True:
+            try:
+                await self._send_dead_letter(message.key, record)
+                break
+            except Exception as exc:  # noqa: BLE001 - the broker's errors are many; all mean "not sent"
+                log.error("dead_letter_send_failed", topic=message.topic, partition=message.partition,
+                          offset=message.offset, error=f"{type(exc).__name__}: {exc}", retry_in_s=backoff)  # fmt: skip
+                if self._stopping.is_set():
+                    raise PipelineStopped from exc
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._retry_max_s)
+        log.warning("dead_letter", topic=message.topic, partition=message.partition, offset=message.offset,
+                    reason=reason[:_MAX_REASON])  # fmt: skip
+
+    def expect(self, partitions: Iterable[TP]) -> None:
+        """Newly assigned input partitions: each holds the watermark until it delivers or is
+        found to have nothing to read (:meth:`check_expected`)."""
         for tp in partitions:
-            self._expected[tp] = deadline
+            self._expected.add(tp)
             self.aligner.expect(tp)
 
     def reset(self) -> None:
         """Partitions moved: drop every key's cached state (it reloads from the store) and
         whatever the aligner holds (unacknowledged, so it is read again by the new owner)."""
         self.engine.forget_all()
-        self.store.forget_positions()
         self._partition_of.clear()
         self._positions.clear()
         self._expected.clear()
+        self.holding.clear()
         self.aligner.clear()
+        self._acks.clear()
 
     def _dirty_states(self) -> list[tuple[str, int, bytes]]:
         engine, states = self.engine, []
@@ -272,12 +382,60 @@ class Pipeline:
     def _write(self, step: _Step) -> float:
         """Events, then alert changes (an alert is stored before it can be delivered), then
         the state that reflects them: all before the batch's messages are acknowledged.
-        Runs in the writer thread; returns the seconds it took."""
+        Runs in the writer thread; returns the seconds it took. A store that takes no write
+        is retried with backoff until it does or the worker stops (:class:`PipelineStopped`)."""
         started = time.perf_counter()
+        backoff = 0.5
         version = time.time_ns()
-        if len(step.batch):
-            self.store.insert_events(step.batch, self.engine.ruleset.pricing)
-        if step.alerts:
-            self.store.record_alerts(step.alerts, version=version)
-        self.store.save_states(step.states, version=version)
-        return time.perf_counter() - started
+        while True:
+            try:
+                step.refused = self._store_events(step.stored)
+                if step.alerts:
+                    self._write_own(lambda: self.store.record_alerts(step.alerts, version=version))
+                self._write_own(lambda: self.store.save_states(step.states, version=version))
+            except StoreUnavailable as exc:
+                if self.stalled_since is None:
+                    self.stalled_since = time.monotonic()
+                    log.error("store_unavailable", error=str(exc), note="retrying; nothing is acknowledged until stored")
+                self.stall_reason = str(exc)
+                if self._stopping.wait(backoff):
+                    raise PipelineStopped from exc
+                backoff = min(backoff * 2, self._retry_max_s)
+                continue
+            if self.stalled_since is not None:
+                log.info("store_available", stalled_s=round(self.stalled_for(), 1))
+                self.stalled_since, self.stall_reason = None, ""
+            return time.perf_counter() - started
+
+    def _write_own(self, write: Callable[[], Any]) -> None:
+        """Write rows burnwatch made (alerts, state): a failure is the store's, never the data's."""
+        try:
+            write()
+        except Exception as exc:
+            if not self.store.writable():
+                raise StoreUnavailable(f"{type(exc).__name__}: {exc}"[:500]) from exc
+            raise
+
+    def _store_events(self, items: list[tuple[Message, list[Event]]]) -> list[tuple[Message, str]]:
+        """Store the messages' events; return the messages the store refused, each with the
+        reason. A failed insert is split in halves until the refused message is alone (what
+        was stored meanwhile is not stored again: the store leaves out what it holds)."""
+        if not items:
+            return []
+        batch = EventBatch()
+        for message, events in items:
+            batch.extend(events, (message.topic, message.partition, message.offset))
+        try:
+            self.store.insert_events(batch, self.engine.ruleset.pricing)
+            return []
+        except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
+            if not self.store.writable():
+                raise StoreUnavailable(" ".join(f"{type(exc).__name__}: {exc}".split())[:500]) from exc
+            if len(items) == 1:
+                message = items[0][0]
+                reason = " ".join(f"the store refused this message's events: {type(exc).__name__}: {exc}".split())
+                log.error("store_refused_message", topic=message.topic, partition=message.partition,
+                          offset=message.offset, error=reason[:_MAX_REASON])  # fmt: skip
+                return [(message, reason)]
+        half = len(items) // 2
+        return self._store_events(items[:half]) + self._store_events(items[half:])

@@ -42,3 +42,31 @@ def test_quiet_keys_expire_by_event_time(ruleset):
     engine.process(timeline(T0 + 3 * 3600, T0 + 3 * 3600 + 60, [1.0], rid="new"))
     assert engine.expire() == ["old"]
     assert len(engine) == 1
+
+
+def test_a_detector_that_raises_on_one_event_skips_it_and_detection_goes_on(ruleset):
+    """A rule's detector raises on one resource's events (a bug an event found): that rule skips
+    those events, the error is counted per rule, every other rule and resource is detected as if
+    nothing happened."""
+    from detector.rules import load_rules
+    from tests.conftest import ROOT
+
+    rules = load_rules(ROOT / "rules")
+    idle = rules.by_name("idle-gpu").detector
+    real_step = idle.step
+
+    def brittle(state, info, event, t, **kwargs):
+        if event.resource_id == "bad-host":
+            raise ZeroDivisionError("float division by zero")
+        return real_step(state, info, event, t, **kwargs)
+
+    idle.step = brittle  # the detector's step, broken for one resource: the engine is what is tested
+    bad = timeline(T0, T0 + 60 * MIN, [0.0] * 4, rid="bad-host")
+    good = timeline(T0, T0 + 60 * MIN, [0.0] * 4, rid="good-host")
+    events = sorted(bad + good, key=lambda e: e.ts)
+    engine = Engine(rules)
+    fired = {(f.rule, f.resource_id) for f in engine.process(events) if f.action == "fire"}
+    expected = {(f.rule, f.resource_id) for f in Engine(ruleset).process(good) if f.action == "fire"}
+    assert ("idle-gpu", "good-host") in fired and ("idle-gpu", "bad-host") not in fired
+    assert {f for f in fired if f[1] == "good-host"} == expected
+    assert engine.errors == {"idle-gpu": len(bad)}  # its samples and its usage intervals

@@ -59,8 +59,9 @@ def test_duplicate_names_across_files(tmp_path):
 
 
 def test_disabled_rules_are_not_compiled(tmp_path):
-    (tmp_path / "r.yaml").write_text("rules:\n  - {name: idle, type: idle_gpu, enabled: false}\n")
-    assert load_rules(tmp_path).rules == ()
+    (tmp_path / "r.yaml").write_text("rules:\n  - {name: idle, type: idle_gpu, enabled: false}\n"
+                                     "  - {name: stuck, type: stuck_gpu}\n")  # fmt: skip
+    assert load_rules(tmp_path).names == ["stuck"]
 
 
 @pytest.mark.parametrize(

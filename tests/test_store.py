@@ -152,3 +152,29 @@ def test_daily_waste_splits_an_incident_across_midnight(store):
     second_day = store.query(f"SELECT usd FROM {store.db}.waste_by_day WHERE day = %(day)s",
                              {"day": at(midnight).date()})  # fmt: skip
     assert second_day == [{"usd": 15.0}]  # a filter on the day does not reach under the running difference
+
+
+def test_a_batch_spanning_many_months_is_stored_once(store):
+    """Events of 101 calendar months in one batch (a replay, or one hostile message): ClickHouse's
+    default refuses an insert touching over 100 partitions; the store takes it, and the same
+    batch written again (a retry) adds nothing."""
+    events = [usage(T0 - m * 31 * 86_400, rid=f"host-{m % 7}") for m in range(101)]
+    for _ in range(2):
+        batch = EventBatch()
+        batch.extend(events)
+        store.insert_events(batch)
+    (row,) = store.query(f"SELECT count() AS n, uniqExact(toYYYYMM(ts)) AS months FROM {store.db}.resource_usage")
+    assert row == {"n": 101, "months": 101}
+
+
+def test_the_same_event_is_stored_once_and_a_changed_one_again(store):
+    """Identity is the whole content: a repeat is left out, an event that differs in any field
+    (a corrected cost, an extra field) is a new event."""
+    event = usage(T0, rid="gpu-1")
+    corrected = msgspec.structs.replace(event, cost_usd=event.cost_usd + 1)
+    tagged = msgspec.structs.replace(event, extra={"scrape": "b"})
+    for events in ([event, event], [event, corrected], [tagged]):
+        batch = EventBatch()
+        batch.extend(events)
+        store.insert_events(batch)
+    assert store.count("resource_usage") == 3
