@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from detector.detectors import REGISTRY
+from detector.logs import redact_dsn
 from detector.replay import write_replay
 from detector.rules import load_rules
 from detector.settings import Settings
@@ -100,7 +101,7 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> 
             bootstrap = broker.bootstrap
             _say(f"- Kafka: embedded Tansu broker on {bootstrap}")
         dsn = settings.clickhouse_dsn or f"chdb://{workdir / 'clickhouse'}"
-        _say(f"- ClickHouse: {dsn}")
+        _say(f"- ClickHouse: {redact_dsn(dsn)}")
         slack = "posting to Slack" if settings.slack_configured else "Slack not configured: alerts are printed here"
         _say(f"- Slack: {slack}")
         asyncio.run(ensure_topics(bootstrap, settings.partitions))
@@ -165,7 +166,7 @@ def _summary(dsn: str, database: str, labels: list) -> None:
         first = min((a["fired_at"] for a in alerts), default=None)
         if first is not None:
             _say()
-            _say(f"Alerts and events stay in ClickHouse ({dsn}); first alert fired at "
+            _say(f"Alerts and events stay in ClickHouse ({redact_dsn(dsn)}); first alert fired at "
                  f"{rfc3339(epoch(first))} event time.")  # fmt: skip
     finally:
         store.close()
