@@ -112,8 +112,8 @@ def _redact_event(logger: Any, name: str, event_dict: dict[str, Any]) -> dict[st
 
 
 class _Redacted:
-    """The renderer, with its output redacted once more (a secret split across values, or
-    escaped by the renderer, cannot slip through the per-value pass unnoticed twice)."""
+    """The renderer, with the line it renders redacted once more: a second pass for a secret
+    that only appears once values are put together."""
 
     def __init__(self, renderer: Any) -> None:
         self._renderer = renderer
