@@ -3,7 +3,16 @@
 Alerts are written to ClickHouse before they are queued here, and every
 delivery is recorded there too, so after a crash or a rebalance the outbox is
 rebuilt from the store (:meth:`Outbox.recover`) and what was already posted is
-not posted again: the alert id is the idempotency key.
+not posted again: the alert id is the idempotency key. A post is marked begun in
+the store before it is sent; after a kill, one begun and never recorded as
+delivered may be in Slack already, so it is looked for there before it is sent
+again.
+
+Threads: :meth:`Outbox.add` runs on the worker's event loop, :meth:`Outbox.snooze`
+on a web request's thread, the delivery passes on the delivery thread. ``add`` only
+appends to an inbox, which the delivery pass drains; the inbox, the snoozes and the
+counts other threads read are guarded by one lock, and everything else belongs to
+the delivery thread alone.
 
 Openings wait ``group_wait_s`` in the queue for company: those of one type and one
 group (the team; the account for ``untagged``) that fired within ``group_window_s``
@@ -13,6 +22,7 @@ resolutions reply in its thread without editing it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -45,115 +55,143 @@ class Outbox:
         self.group_wait_s = group_wait_s
         self.group_window_s = group_window_s
         self.edit_every_s = edit_every_s
-        self._edits: dict[str, Alert] = {}
-        """Alert id → its latest cost update not yet shown on its message."""
-        self._edited_at: dict[str, float] = {}
         self._clock = clock
+        self._wall = time.time
+        self.snooze_refresh_s = 30.0
+        self.on_opened: Callable[[Alert, str, str], None] | None = None
+        """Called with (alert, channel, message ts) after an opening is posted alone (charts)."""
+        # Shared with other threads, under the lock.
+        self._lock = threading.Lock()
+        self._inbox: deque[tuple[Alert, float]] = deque()
+        """Changes added (with the clock when added) that the next delivery pass takes in."""
+        self._snoozed: dict[str, float] = {}
+        """Alert id → wall time its snooze (a button) ends: its changes are not posted until then."""
+        self._counts = (0, 0, 0)
+        """(changes queued, edits waiting, delivered) as of the delivery thread's last step."""
+        # The delivery thread's own.
         self._queue: deque[Alert] = deque()
+        self._queued: set[tuple[str, str]] = set()
         self._queued_at: dict[str, float] = {}
         self._done: dict[tuple[str, str], tuple[str, str]] = {}
         self._group_ts: set[str] = set()
         """Message ts of group posts: resolutions reply there but do not edit them."""
-        self.delivered = 0
+        self._edits: dict[str, Alert] = {}
+        """Alert id → its latest cost update not yet shown on its message."""
+        self._edited_at: dict[str, float] = {}
+        self._maybe_posted: set[tuple[str, str]] = set()
+        """Posts that timed out, or were begun by a worker that died: looked for in Slack first."""
+        self._begun: set[tuple[str, str]] = set()
+        """Posts marked begun in the store by this outbox (marked once, however often retried)."""
+        self._snoozes_read = clock()
         self.failed = 0
         self.hold_s = 0.0
         """After a pass: seconds until a group waiting for company is due (0: none waits)."""
-        self._snoozed: dict[str, float] = {}
-        """Alert id → wall time its snooze (a button) ends: its changes are not posted until then."""
-        self._wall = time.time
-        self.snooze_refresh_s = 30.0
-        self._snoozes_read = clock()
-        self._maybe_posted: set[str] = set()
-        """Openings whose post timed out: looked for in the channel before posting again."""
-        self.on_opened: Callable[[Alert, str, str], None] | None = None
-        """Called with (alert, channel, message ts) after an opening is posted alone (charts)."""
 
     def __len__(self) -> int:
-        return len(self._queue)
+        """Changes waiting to be posted."""
+        with self._lock:
+            return len(self._inbox) + self._counts[0]
 
     @property
     def has_work(self) -> bool:
         """Changes to post, or messages to edit with newer figures."""
-        return bool(self._queue or self._edits)
+        with self._lock:
+            return bool(self._inbox) or self._counts[0] > 0 or self._counts[1] > 0
+
+    @property
+    def delivered(self) -> int:
+        """Changes delivered since start."""
+        with self._lock:
+            return self._counts[2]
 
     def recover(self) -> int:
-        """Load past deliveries and queue what was stored but never delivered; return how many."""
+        """Load past deliveries and queue what was stored but never delivered; return how many.
+        Posts begun and never recorded as delivered are looked for in Slack before posting."""
         if self.notifier is None:
             return 0
         self._done = self.store.deliveries()
-        self._snoozed = self.store.snoozed(self._wall())
+        snoozed = self.store.snoozed(self._wall())
+        with self._lock:
+            self._snoozed.update(snoozed)
         seen: set[str] = set()
         for (_, kind), (_, ts) in self._done.items():
             if kind == "fired" and ts:
                 (self._group_ts.add if ts in seen else seen.add)(ts)
         pending = self.store.undelivered()
+        self._maybe_posted |= self.store.attempted() & set(pending)
+        self._begun |= self._maybe_posted
         ids = [alert_id for alert_id, _ in pending]
         rows = {r["alert_id"]: r for r in self.store.alerts("alert_id IN %(ids)s", {"ids": ids})} if pending else {}
+        now = self._clock()
         for alert_id, change in pending:
             if alert_id in rows:
-                self._queue.append(alert_from_row(rows[alert_id], change))
+                self._enqueue(alert_from_row(rows[alert_id], change), now - self.group_wait_s)
+        self._publish()
         return len(pending)
 
     def snooze(self, alert_id: str, until: float) -> None:
-        """Keep this incident's changes out of Slack until wall time ``until``."""
-        self._snoozed[alert_id] = until
+        """Keep this incident's changes out of Slack until wall time ``until`` (any thread)."""
+        with self._lock:
+            self._snoozed[alert_id] = until
 
     def add(self, alerts: Iterable[Alert]) -> None:
+        """Hand changes to the outbox (any thread; no I/O: this runs on the worker's event loop).
+        Silenced changes are recorded in the store only."""
         if self.notifier is None:
             return
         now = self._clock()
-        for alert in alerts:  # no I/O here: this runs on the worker's event loop
-            if alert.change == "updated":
-                if not alert.silenced:
-                    self._edits[alert.alert_id] = alert  # only the latest matters
-                continue
-            if alert.change == "resolved":
-                self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
-                self._edited_at.pop(alert.alert_id, None)
-            if not alert.silenced and (alert.alert_id, alert.change) not in self._done:
-                self._queue.append(alert)
-                self._queued_at.setdefault(alert.alert_id, now)
+        items = [(alert, now) for alert in alerts if not alert.silenced]
+        if items:
+            with self._lock:
+                self._inbox.extend(items)
 
     def deliver_pending(self) -> int:
-        """Deliver queued changes in order. A retryable failure stops the pass and leaves the
-        rest queued (raise :class:`SlackError`); a permanent one is logged and skipped."""
+        """Deliver queued changes in order (the delivery thread). A retryable failure stops
+        the pass and leaves the rest queued (raise :class:`SlackError`); a permanent one is
+        logged and skipped."""
+        try:
+            return self._deliver()
+        finally:
+            self._publish()
+
+    def _deliver(self) -> int:
         sent = 0
         self.hold_s = 0.0
+        self._take_inbox()
         self._refresh_snoozes()
         while self._queue and self.notifier is not None:
             alert = self._queue[0]
             key = (alert.alert_id, alert.change)
             if key in self._done:
-                self._queue.popleft()
+                self._drop([alert])
                 continue
-            if alert.alert_id in self._snoozed:  # recorded as handled, so a restart does not post it late
+            if self._is_snoozed(alert.alert_id):  # recorded as handled, so a restart does not post it late
                 self.store.record_delivery(alert.alert_id, alert.change, "", "snoozed")
                 self._done[key] = ("", "snoozed")
-                self._queue.popleft()
+                self._drop([alert])
                 continue
             group = self._group_of(alert)
             if group is None:
                 return sent  # waiting for the rest of its group
-            if alert.alert_id in self._maybe_posted:
-                found = self.notifier.find_posted(alert.alert_id, alert.channel or self.notifier.channel)
-                self._maybe_posted.discard(alert.alert_id)
-                if found is not None:  # the timed-out post did land: record it, do not post twice
-                    log.info("slack_post_found_after_timeout", alert_id=alert.alert_id)
-                    self._delivered(group, *found)
-                    continue
+            thread = self._done.get((alert.alert_id, "fired"))
+            if key in self._maybe_posted and self._found(alert, group, thread):
+                continue
+            begun = [a.alert_id for a in group if (a.alert_id, a.change) not in self._begun]
+            if begun:  # before sending: a kill from here on leaves the mark for the next worker
+                self.store.record_attempt(begun, alert.change)
+                self._begun.update((alert_id, alert.change) for alert_id in begun)
             try:
                 if len(group) > 1:
                     channel, ts = self.notifier.post_group(group)
                 else:
-                    thread = self._done.get((alert.alert_id, "fired"))
                     edit = thread is None or thread[1] not in self._group_ts
                     acted = self.store.actions(alert.alert_id) if thread is not None and edit else None
                     channel, ts = self.notifier.post(alert, thread=thread, edit_parent=edit, actions=acted)
             except SlackError as exc:
                 self.failed += 1
                 METRICS.slack.labels("retry" if exc.retryable else "refused").inc()
-                if exc.maybe_posted and alert.change == "fired":
-                    self._maybe_posted.add(alert.alert_id)
+                if exc.maybe_posted:
+                    self._maybe_posted.update((a.alert_id, a.change) for a in group)
                 if exc.retryable:
                     raise
                 log.error("slack_delivery_refused", alert_ids=[a.alert_id for a in group], change=alert.change,
@@ -169,23 +207,82 @@ class Outbox:
             self._edit_messages()
         return sent
 
+    def _take_inbox(self) -> None:
+        """Move what :meth:`add` handed over into the delivery thread's own queue and edits."""
+        with self._lock:
+            taken = list(self._inbox)
+            self._inbox.clear()
+        for alert, added_at in taken:
+            if alert.change == "updated":
+                self._edits[alert.alert_id] = alert  # only the latest matters
+                continue
+            if alert.change == "resolved":
+                self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
+                self._edited_at.pop(alert.alert_id, None)
+            self._enqueue(alert, added_at)
+
+    def _enqueue(self, alert: Alert, added_at: float) -> None:
+        key = (alert.alert_id, alert.change)
+        if key in self._done or key in self._queued:
+            return
+        self._queue.append(alert)
+        self._queued.add(key)
+        self._queued_at.setdefault(alert.alert_id, added_at)
+
+    def _found(self, alert: Alert, group: list[Alert], thread: tuple[str, str] | None) -> bool:
+        """Whether a post that may have landed is in Slack: if so it is recorded as delivered."""
+        assert self.notifier is not None
+        self._maybe_posted.difference_update((a.alert_id, a.change) for a in group)
+        if alert.change == "resolved":
+            if thread is None or not thread[1]:
+                return False
+            found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1])
+        else:
+            found = self.notifier.find_posted(alert.alert_id, alert.channel or self.notifier.channel)
+        if found is None:
+            return False
+        log.info("slack_post_found", alert_id=alert.alert_id, change=alert.change)
+        self._delivered(group, *(thread if alert.change == "resolved" and thread else found))
+        if alert.change == "resolved" and thread is not None and thread[1] not in self._group_ts:
+            try:  # the parent's edit may not have followed the reply
+                self.notifier.edit(alert, thread, self.store.actions(alert.alert_id))
+            except SlackError as exc:
+                log.warning("slack_edit_failed", alert_id=alert.alert_id, error=str(exc))
+        return True
+
+    def _is_snoozed(self, alert_id: str) -> bool:
+        with self._lock:
+            return alert_id in self._snoozed
+
     def _refresh_snoozes(self) -> None:
         """Snoozes end on the wall clock; a click may have reached another worker, so the
         store is re-read every ``snooze_refresh_s``."""
         now, wall = self._clock(), self._wall()
+        read = None
         if now - self._snoozes_read >= self.snooze_refresh_s:
-            self._snoozed = {**self._snoozed, **self.store.snoozed(wall)}
+            read = self.store.snoozed(wall)
             self._snoozes_read = now
-        self._snoozed = {k: until for k, until in self._snoozed.items() if until > wall}
+        with self._lock:
+            if read:
+                self._snoozed.update(read)
+            for alert_id in [k for k, until in self._snoozed.items() if until <= wall]:
+                del self._snoozed[alert_id]
+
+    def _publish(self) -> None:
+        """Let other threads see how much is queued (``len``, ``has_work``)."""
+        with self._lock:
+            self._counts = (len(self._queue), len(self._edits), self._counts[2])
 
     def _delivered(self, group: list[Alert], channel: str, ts: str) -> None:
+        self.store.record_deliveries([(m.alert_id, m.change, channel, ts) for m in group])
         for member in group:
-            self.store.record_delivery(member.alert_id, member.change, channel, ts)
             self._done[(member.alert_id, member.change)] = (channel, ts)
         if len(group) > 1 and ts:
             self._group_ts.add(ts)
         self._drop(group)
-        self.delivered += len(group)
+        with self._lock:
+            queued, edits, delivered = self._counts
+            self._counts = (queued, edits, delivered + len(group))
 
     def _edit_messages(self) -> None:
         """Show open incidents' growing dollars on their message, at most once per ``edit_every_s``
@@ -193,7 +290,7 @@ class Outbox:
         now = self._clock()
         due_in = []
         for alert_id, alert in list(self._edits.items()):
-            if alert_id in self._snoozed:
+            if self._is_snoozed(alert_id):
                 del self._edits[alert_id]
                 continue
             thread = self._done.get((alert_id, "fired"))
@@ -230,5 +327,6 @@ class Outbox:
     def _drop(self, group: list[Alert]) -> None:
         ids = {(a.alert_id, a.change) for a in group}
         self._queue = deque(a for a in self._queue if (a.alert_id, a.change) not in ids)
+        self._queued -= ids
         for a in group:
             self._queued_at.pop(a.alert_id, None)

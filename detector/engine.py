@@ -6,10 +6,18 @@ detector state. State is bounded: keys that go quiet for ``state_ttl_s`` of
 event time are dropped. The streaming worker persists the keys the engine
 marks dirty, and restores a key with :meth:`Engine.restore` after a restart or
 rebalance; ``backtest`` simply never persists.
+
+The engine's watermark (how far event time has got: what expiry, the daily digest
+and the freshness metric go by) is not the newest timestamp seen, which one
+future-dated event would move by days and so expire every other key's state. A key
+vouches only for the second-latest distinct time it has sent (its latest may be an
+outlier), and the watermark is the time at least ``min(3, n)`` of the ``n`` keys that
+moved past it have reached. It is computed once per batch, not per event.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -26,6 +34,8 @@ __all__ = ["Engine", "KeyState"]
 log = structlog.get_logger("burnwatch.engine")
 
 _SNAPSHOT_VERSION = 1
+_WATERMARK_KEYS = 3
+"""How many keys must have reached a time for the watermark to move there (fewer keys: all)."""
 
 
 class KeyState:
@@ -65,6 +75,10 @@ class Engine:
         self._keys: dict[str, KeyState] = {}
         self.dirty: set[str] = set()
         self.watermark = 0.0
+        """Event time reached: see the module's docstring."""
+        self._ahead: dict[str, float] = {}
+        """Key → the time it vouches for (its second-latest distinct event time), for keys past
+        the watermark (at most two between batches)."""
         self.models: Any = None
         """The anomaly model's artifacts (:class:`detector.model.forest.ModelSet`); None: rules only."""
         self.on_windows: Callable[[list[tuple]], None] | None = None
@@ -91,6 +105,7 @@ class Engine:
         keys = self._keys
         mark_dirty = self.dirty.add
         watermark = self.watermark
+        ahead = self._ahead
         last_key: str | None = None
         state: KeyState | None = None
         for t, event in items:
@@ -102,10 +117,13 @@ class Engine:
                     state = self._load(key)
                 mark_dirty(key)
                 last_key = key
-            if t > state.last_t:  # type: ignore[union-attr]
-                state.last_t = t
-                if t > watermark:
-                    watermark = t
+            last_t = state.last_t  # type: ignore[union-attr]
+            if t > last_t:
+                state.last_t = t  # type: ignore[union-attr]
+                if last_t > watermark:  # the key vouches for its time before this one
+                    ahead[key] = last_t
+            elif last_t > t > watermark and t > ahead.get(key, 0.0):  # samples after an outlier
+                ahead[key] = t
             if etype is UsageEvent:
                 self._update_info(state, event)  # type: ignore[arg-type]
             steps = state.routes.get(etype)
@@ -120,7 +138,8 @@ class Engine:
                     continue
                 if found:
                     findings.extend(found)
-        self.watermark = watermark
+        if ahead:
+            self._advance(ahead)
         if self._windows:
             findings.extend(self._score_windows())
         return findings
@@ -135,6 +154,14 @@ class Engine:
             self._errors_logged.add((name, type(exc)))
             log.error("detector_error", rule=name, type=detector.type, key=key, error=f"{type(exc).__name__}: {exc}",
                       sample=msgspec.json.encode(event)[:500].decode("utf-8", "replace"))  # fmt: skip
+
+    def _advance(self, ahead: dict[str, float]) -> None:
+        """Move the watermark to the time reached by ``min(3, n)`` of the ``n`` keys past it;
+        keep the (at most two) keys still past it for the next batch."""
+        k = min(_WATERMARK_KEYS, len(ahead))
+        watermark = heapq.nlargest(k, ahead.values())[-1] if k > 1 else max(ahead.values())
+        self.watermark = watermark
+        self._ahead = {key: t for key, t in ahead.items() if t > watermark}
 
     def _score_windows(self) -> list[Finding]:
         """Score the batch's closed windows together: one model call per group, not per event."""
@@ -245,7 +272,8 @@ class Engine:
         return found
 
     def expire(self) -> list[str]:
-        """Drop keys with no event for ``state_ttl_s`` of event time; return them."""
+        """Drop keys with no event for ``state_ttl_s`` of event time before the watermark (which
+        a single future-dated event cannot move); return them."""
         horizon = self.watermark - self.state_ttl_s
         gone = [k for k, s in self._keys.items() if s.last_t < horizon]
         for key in gone:
@@ -260,6 +288,7 @@ class Engine:
     def forget_all(self) -> None:
         self._keys.clear()
         self.dirty.clear()
+        self._ahead.clear()
 
     def snapshot(self, key: str) -> bytes | None:
         """The key's state as bytes, for a changelog-backed table."""

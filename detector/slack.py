@@ -330,20 +330,25 @@ class SlackNotifier:
         return self._send(alert.channel, escape(alert.summary()), blocks, alert=alert, thread=thread,
                           edit_parent=edit_parent)  # fmt: skip
 
-    def find_posted(self, alert_id: str, channel: str, limit: int = 200) -> tuple[str, str] | None:
-        """(channel, ts) of a message already in ``channel`` that opens ``alert_id``, if any: after
-        a timeout, Slack may have posted what we never heard back about. None when it is not
-        there or cannot be looked up (then the caller posts: at least once beats never)."""
+    def find_posted(self, alert_id: str, channel: str, limit: int = 200,
+                    thread_ts: str | None = None) -> tuple[str, str] | None:  # fmt: skip
+        """(channel, ts) of a message already in ``channel`` that opens ``alert_id`` (with
+        ``thread_ts``: a reply in that thread that names it), if any: after a timeout or a
+        worker's death, Slack may have posted what we never heard back about. None when it is
+        not there or cannot be looked up (then the caller posts: at least once beats never)."""
         if self._web is None:
             return None
         try:
-            history = self._web.conversations_history(channel=channel, limit=limit)
+            if thread_ts is None:
+                history = self._web.conversations_history(channel=channel, limit=limit)
+            else:
+                history = self._web.conversations_replies(channel=channel, ts=thread_ts, limit=limit)
         except Exception as exc:
             log.warning("slack_history_unavailable", channel=channel, error=str(exc))
             return None
         needle = f"alert `{alert_id}`"
         for message in history.get("messages", []):
-            if needle in json.dumps(message.get("blocks", [])):
+            if message.get("ts") != thread_ts and needle in json.dumps(message.get("blocks", [])):
                 return str(history.get("channel") or channel), str(message["ts"])
         return None
 

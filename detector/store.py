@@ -81,14 +81,15 @@ _GPU_COLS = [
     "power_w", "sm_active", "extra",
 ]  # fmt: skip
 _RUN_COLS = ["ts", "run_id", "status", "resource_ids", "gpu_count", "project", "tags", "error", "extra"]
-_CHANGE_COLS = ["alert_id", "change", "at", "waste_usd", "type", "rule", "resource_id", "team", "silenced"]
 _STATE_COLS = ["key", "partition", "snapshot", "deleted", "version"]
 _ACTION_COLS = ["alert_id", "action", "user_id", "user_name", "channel", "message_ts", "at", "until"]
 _ALERT_COLS = [
-    "alert_id", "type", "rule", "resource_id", "status", "severity", "episode_start", "fired_at",
+    "alert_id", "type", "rule", "resource_id", "status", "change", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
     "instance_type", "tags", "details", "silenced", "channel", "version",
 ]  # fmt: skip
+_ATTEMPT = "posting:"
+"""Prefix of an ``alert_deliveries`` kind that marks a post begun (``posting:fired``)."""
 
 
 def alert_from_row(row: dict[str, Any], change: str | None = None) -> Alert:
@@ -463,27 +464,28 @@ class Store:
     # -- alerts ------------------------------------------------------------------
 
     def record_alerts(self, alerts: Sequence[Alert], version: int) -> None:
-        """Write alert state changes; ``version`` orders them (a counter or ns timestamp)."""
+        """Write alert state changes; ``version`` orders them (a counter or ns timestamp).
+
+        One insert into ``alerts`` is the whole record of a change: the alert manager's
+        memory and the outbox's recovery read it alone, and ``alert_changes`` (history,
+        reports) follows from it by a materialized view. A kill cannot land between two
+        records of one change and leave them disagreeing."""
         if not alerts:
             return
-        rows, changes = [], []
-        for i, a in enumerate(alerts):
-            rows.append([
-                a.alert_id, a.type, a.rule, a.resource_id, a.status, a.severity, _ms(a.episode_start),
-                _ms(a.fired_at), _ms(a.updated_at), _ms(a.resolved_at) if a.resolved_at is not None else None,
-                a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
-                _json.encode(a.details).decode(), a.silenced, a.channel, version + i,
-            ])  # fmt: skip
-            changes.append([a.alert_id, a.change, _ms(a.updated_at), a.waste_usd, a.type, a.rule, a.resource_id,
-                            a.tags.get("team", ""), a.silenced])  # fmt: skip
+        rows = [
+            [a.alert_id, a.type, a.rule, a.resource_id, a.status, a.change, a.severity, _ms(a.episode_start),
+             _ms(a.fired_at), _ms(a.updated_at), _ms(a.resolved_at) if a.resolved_at is not None else None,
+             a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
+             _json.encode(a.details).decode(), a.silenced, a.channel, version + i]
+            for i, a in enumerate(alerts)
+        ]  # fmt: skip
         with self._lock:
             self.client.insert(f"{self.db}.alerts", rows, column_names=_ALERT_COLS)
-            self.client.insert(f"{self.db}.alert_changes", changes, column_names=_CHANGE_COLS)
 
     def alerts(self, where: str = "1", parameters: dict | None = None) -> list[dict[str, Any]]:
         """Latest state of each alert, as dicts."""
         return self.query(
-            f"SELECT * EXCEPT version FROM {self.db}.alerts FINAL WHERE {where} ORDER BY fired_at, alert_id",
+            f"SELECT * EXCEPT (version, change) FROM {self.db}.alerts FINAL WHERE {where} ORDER BY fired_at, alert_id",
             parameters,
         )
 
@@ -558,29 +560,53 @@ class Store:
                                column_names=["day", "channel", "message_ts"])  # fmt: skip
 
     def record_delivery(self, alert_id: str, kind: str, channel: str, message_ts: str) -> None:
+        self.record_deliveries([(alert_id, kind, channel, message_ts)])
+
+    def record_deliveries(self, rows: Sequence[tuple[str, str, str, str]]) -> None:
+        """Record (alert_id, kind, channel, message ts) rows in one insert: a group's members together."""
+        if not rows:
+            return
         with self._lock:
-            self.client.insert(
-                f"{self.db}.alert_deliveries",
-                [[alert_id, kind, channel, message_ts]],
-                column_names=["alert_id", "kind", "channel", "message_ts"],
-            )
+            self.client.insert(f"{self.db}.alert_deliveries", [list(r) for r in rows],
+                               column_names=["alert_id", "kind", "channel", "message_ts"])  # fmt: skip
+
+    def record_attempt(self, alert_ids: Sequence[str], change: str) -> None:
+        """Mark a post as about to be sent, before it is: if the worker dies before the post is
+        recorded as delivered, the next one looks for it in Slack before posting again."""
+        self.record_deliveries([(alert_id, _ATTEMPT + change, "", "") for alert_id in alert_ids])
 
     def deliveries(self) -> dict[tuple[str, str], tuple[str, str]]:
         """(alert_id, kind) → (channel, message ts) of every delivery made."""
         with self._lock:
             result = self.client.query(
-                f"SELECT alert_id, kind, channel, message_ts FROM {self.db}.alert_deliveries FINAL"
-            )
+                f"SELECT alert_id, kind, channel, message_ts FROM {self.db}.alert_deliveries FINAL "
+                "WHERE NOT startsWith(kind, %(attempt)s)", parameters={"attempt": _ATTEMPT},
+            )  # fmt: skip
         return {(r[0], r[1]): (r[2], r[3]) for r in result.result_rows}
 
+    def attempted(self) -> set[tuple[str, str]]:
+        """(alert_id, change) of posts begun but not recorded as delivered: maybe in Slack already."""
+        rows = self.query(
+            f"""SELECT alert_id, substring(kind, %(n)s) AS change FROM {self.db}.alert_deliveries
+                WHERE startsWith(kind, %(attempt)s)
+                  AND (alert_id, change) NOT IN (SELECT alert_id, kind FROM {self.db}.alert_deliveries)""",
+            {"attempt": _ATTEMPT, "n": len(_ATTEMPT) + 1},
+        )
+        return {(r["alert_id"], r["change"]) for r in rows}
+
     def undelivered(self) -> list[tuple[str, str]]:
-        """(alert_id, change) pairs people should have heard of but have not: the outbox after a restart."""
+        """(alert_id, change) pairs people should have heard of but have not, oldest first: the
+        outbox after a restart. Read from the alerts' latest state alone (every posted alert
+        opened; a resolved one also closed), so it agrees with the alert manager's memory."""
         rows = self.query(
             f"""SELECT alert_id, change FROM (
-                    SELECT alert_id, change, min(at) AS at FROM {self.db}.alert_changes
-                    WHERE change IN ('fired', 'resolved') GROUP BY alert_id, change)
+                    SELECT alert_id, 'fired' AS change, fired_at AS at, 0 AS o FROM {self.db}.alerts FINAL
+                    WHERE silenced = ''
+                    UNION ALL
+                    SELECT alert_id, 'resolved' AS change, assumeNotNull(resolved_at) AS at, 1 AS o
+                    FROM {self.db}.alerts FINAL WHERE silenced = '' AND status = 'resolved')
                 WHERE (alert_id, change) NOT IN (SELECT alert_id, kind FROM {self.db}.alert_deliveries)
-                ORDER BY at, change"""
+                ORDER BY at, o, alert_id"""
         )
         return [(r["alert_id"], r["change"]) for r in rows]
 

@@ -203,6 +203,15 @@ class LocalSlack:
                     if r.method == "chat.postMessage" and r.body.get("channel") == channel and "thread_ts" not in r.body
                 ]
             return json.dumps({"ok": True, "messages": posted[::-1][: int(body.get("limit", 100))]}).encode()
+        if method == "conversations.replies":  # a thread: its parent, then its replies
+            with self._lock:
+                thread = [
+                    {"ts": r.response["ts"], "text": r.body.get("text", ""), "blocks": r.blocks}
+                    for r in self.requests
+                    if r.method == "chat.postMessage" and r.body.get("channel") == channel
+                    and body.get("ts") in (r.body.get("thread_ts"), r.response.get("ts"))
+                ]  # fmt: skip
+            return json.dumps({"ok": True, "messages": thread[: int(body.get("limit", 100))]}).encode()
         if method == "auth.test":
             return json.dumps({"ok": True, "user_id": "U0BOT", "team_id": "T000"}).encode()
         return json.dumps({"ok": False, "error": "unknown_method"}).encode()

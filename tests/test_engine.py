@@ -70,3 +70,63 @@ def test_a_detector_that_raises_on_one_event_skips_it_and_detection_goes_on(rule
     assert ("idle-gpu", "good-host") in fired and ("idle-gpu", "bad-host") not in fired
     assert {f for f in fired if f[1] == "good-host"} == expected
     assert engine.errors == {"idle-gpu": len(bad)}  # its samples and its usage intervals
+
+
+DAY = 86_400.0
+FLEET = [f"host-{i:02d}" for i in range(32)]
+
+
+def fleet_until(start: float, end: float, rids: list[str] = FLEET) -> list:
+    """The fleet's scrapes in [start, end), every 10 minutes, in time order (as the aligner releases them)."""
+    events = [e for rid in rids for e in timeline(start, end, [1.0], rid=rid, step=600.0)]
+    return sorted(events, key=lambda e: e.ts)
+
+
+def test_one_future_dated_event_does_not_move_the_watermark(ruleset):
+    """A backlog replay at day D; one event dated D+1.9 days (the contract accepts a day ahead
+    of the wall clock, and the replay is older than that) must not expire the fleet's state."""
+    engine = Engine(ruleset)  # state TTL: two days
+    engine.process(fleet_until(T0, T0 + 6 * 3600))
+    reached = engine.watermark
+    assert T0 + 5 * 3600 < reached < T0 + 6 * 3600
+    engine.process([usage(T0 + 1.9 * DAY, rid="host-07")])  # the outlier, alone in its batch
+    engine.process(fleet_until(T0 + 6 * 3600, T0 + 7 * 3600))  # the replay goes on, the outlier's host too
+    assert engine.watermark < T0 + 7 * 3600
+    assert engine.expire() == [] and len(engine) == 32
+    engine.process([usage(T0 + 1.95 * DAY, rid="host-new")])  # an outlier on a key never seen
+    assert engine.watermark < T0 + 7 * 3600 and engine.expire() == []
+
+
+def test_a_burst_from_one_host_with_a_skewed_clock_does_not_move_the_watermark(ruleset):
+    """A batched exporter on a host whose clock is 1.9 days ahead sends many samples at once:
+    one key vouching for a future time does not move event time while others report theirs."""
+    engine = Engine(ruleset)
+    engine.process(fleet_until(T0, T0 + 6 * 3600))
+    skewed = timeline(T0 + 1.9 * DAY, T0 + 1.9 * DAY + 300, [1.0], rid="host-07")
+    engine.process(sorted(fleet_until(T0 + 6 * 3600, T0 + 7 * 3600) + skewed, key=lambda e: e.ts))
+    assert engine.watermark < T0 + 7 * 3600
+    assert engine.expire() == []
+
+
+def test_real_progress_of_the_fleet_past_the_ttl_expires_quiet_keys(ruleset):
+    engine = Engine(ruleset, state_ttl_s=DAY)
+    engine.process(fleet_until(T0, T0 + 3600))
+    engine.process([usage(T0 + 1.5 * DAY, rid="host-07")])  # an outlier first
+    assert engine.expire() == []
+    active = FLEET[:3]  # three hosts keep sending; the rest went quiet at T0 + 1 h
+    for day in range(3):
+        engine.process(fleet_until(T0 + 3600 + day * DAY / 2, T0 + 3600 + (day + 1) * DAY / 2, active))
+    assert engine.watermark > T0 + DAY + 3600
+    assert sorted(engine.expire()) == sorted(set(FLEET) - set(active) - {"host-07"})
+    assert len(engine) == 4  # the three, and host-07, whose outlier is later than the watermark less a day
+
+
+def test_a_single_key_stream_still_advances_the_watermark(ruleset):
+    """One resource alone (or one still sending among quiet ones) moves event time on."""
+    engine = Engine(ruleset, state_ttl_s=3600)
+    engine.process(timeline(T0, T0 + 10 * MIN, [1.0], rid="quiet-1"))
+    engine.process(timeline(T0, T0 + 10 * MIN, [1.0], rid="quiet-2"))
+    for hour in range(4):
+        engine.process(timeline(T0 + hour * 3600, T0 + (hour + 1) * 3600, [1.0], rid="alone"))
+        assert engine.watermark >= T0 + (hour + 1) * 3600 - 60
+    assert sorted(engine.expire()) == ["quiet-1", "quiet-2"]

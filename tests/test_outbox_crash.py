@@ -1,0 +1,293 @@
+"""A worker killed at any point posts every opening and resolution once, and the outbox's
+threads do not trip over each other.
+
+A kill is simulated on the real parts: the store's chdb client dies before its n-th
+write (nothing after it happens), Slack (the local server) keeps what it received, and a
+fresh alert manager and outbox are built from the same database, as a restarted worker
+builds them. Slack must then have received exactly one message opening each incident
+and exactly one reply resolving it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import nullcontext
+from functools import partial
+from typing import Any
+
+import pytest
+
+from detector import alerts
+from detector.alerts import Alert, AlertManager
+from detector.delivery import Outbox
+from detector.detectors import Finding, ResourceInfo
+from detector.slack import SlackError, SlackNotifier
+from detector.store import Store
+from detector.testing import LocalSlack
+from tests.helpers import T0
+
+
+class Killed(Exception):
+    """The worker died here (kill -9): nothing after this point ran."""
+
+
+class DiesBeforeWrite:
+    """The store's real ClickHouse client, except that the process dies before its ``n``-th
+    write (counting from 0); ``None``: it never dies, it counts."""
+
+    def __init__(self, client: Any, n: int | None) -> None:
+        self._client = client
+        self._n = n
+        self.writes = 0
+
+    def insert(self, *args: Any, **kwargs: Any) -> Any:
+        if self._n is not None and self.writes >= self._n:
+            raise Killed(f"killed before write {self.writes}")
+        self.writes += 1
+        return self._client.insert(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def finding(action: str, rid: str, at: float, episode_start: float = T0, fired_at: float = T0 + 1800) -> Finding:
+    return Finding(action=action, rule="idle-gpu", type="idle_gpu", resource_id=rid, episode_start=episode_start,
+                   fired_at=fired_at, at=at, waste_usd=(at - episode_start) / 100, usd_per_hour=32.77,
+                   severity="warning", details={"reason": "gpu_busy"} if action == "resolve" else {},
+                   resource=ResourceInfo(resource_id=rid, account="ml-prod", tags={"team": "nlp"}))  # fmt: skip
+
+
+LATER = T0 + 86_400.0
+BATCHES = [
+    # Two hosts of one team open together: one group message.
+    [finding("fire", "h1", T0 + 1800), finding("fire", "h2", T0 + 1800)],
+    [finding("update", "h1", T0 + 2400), finding("update", "h2", T0 + 2400)],
+    # h1 resolves (a reply in the group's thread); a third host opens alone, a day later.
+    [finding("resolve", "h1", T0 + 3600), finding("fire", "h3", LATER + 1800, LATER, LATER + 1800)],
+    [finding("resolve", "h2", LATER + 600), finding("resolve", "h3", LATER + 3600, LATER, LATER + 1800)],
+]
+HOSTS = {"h1", "h2", "h3"}
+"""Each host's incident opens and resolves."""
+
+
+@pytest.fixture
+def slack():
+    with LocalSlack() as server:
+        yield server
+
+
+def run_worker(store: Store, slack: LocalSlack, acked: list[int], channel: str) -> None:
+    """What the worker does with the batches not yet acknowledged: detect, write, acknowledge,
+    deliver (the pipeline's order). A batch is acknowledged once its changes are written."""
+    manager = AlertManager(store.recent_alerts(), realert=store.realert_memory(),
+                           open_incidents=store.open_incidents())  # fmt: skip
+    outbox = Outbox(store, SlackNotifier(token="xoxb-test", channel=channel, base_url=slack.api_url, timeout=2),
+                    group_wait_s=0)  # fmt: skip
+    outbox.recover()
+    outbox.deliver_pending()
+    for i, batch in enumerate(BATCHES):
+        if i < len(acked):
+            continue
+        changes = manager.handle(batch)
+        store.record_alerts(changes, version=time.time_ns())
+        acked.append(i)
+        outbox.add(changes)
+        outbox.deliver_pending()
+    outbox.deliver_pending()
+
+
+def posted(slack: LocalSlack, channel: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Alert id → ts of the top-level messages in ``channel`` naming it; alert id → thread of
+    each reply naming it."""
+    openings: dict[str, list[str]] = {}
+    replies: dict[str, list[str]] = {}
+    for post in slack.calls("chat.postMessage"):
+        if post.body["channel"] != channel:
+            continue
+        text = post.text_of_blocks()
+        for alert_id in ALERT_IDS:
+            if f"alert `{alert_id}`" in text:
+                if "thread_ts" in post.body:
+                    replies.setdefault(alert_id, []).append(post.body["thread_ts"])
+                else:
+                    openings.setdefault(alert_id, []).append(post.response["ts"])
+    return openings, replies
+
+
+ALERT_IDS = {alerts.alert_id(f.rule, f.resource_id, f.episode_start): f.resource_id for batch in BATCHES for f in batch}
+"""Alert id → host."""
+
+
+def test_a_kill_before_any_write_loses_no_post_and_doubles_none(chdb_client, slack):
+    """For every write of a clean run, a worker killed just before it and restarted leaves
+    Slack with each opening once and each resolution once, in its opening's thread."""
+    counted = DiesBeforeWrite(chdb_client, None)
+    run_worker(Store(counted, _fresh(chdb_client, "t_kill_clean").db), slack, [], "#clean")
+    clean = posted(slack, "#clean")
+    assert {ALERT_IDS[a] for a in clean[0]} == HOSTS and len(clean[1]) == 3
+    assert len({ts for (ts,) in clean[0].values()}) == 2  # h1 and h2 in one group message
+    assert counted.writes >= 9  # at least: 4 batches of changes, 5 posts recorded (14: each post marked begun too)
+    for n in range(counted.writes + 1):
+        store, channel, acked = _fresh(chdb_client, f"t_kill_{n}"), f"#kill-{n}", []
+        with pytest.raises(Killed) if n < counted.writes else nullcontext():
+            run_worker(Store(DiesBeforeWrite(chdb_client, n), store.db), slack, acked, channel)
+        run_worker(store, slack, acked, channel)  # the restarted worker, on the same database
+        openings, replies = posted(slack, channel)
+        assert {ALERT_IDS[a]: len(ts) for a, ts in openings.items()} == dict.fromkeys(HOSTS, 1), f"killed at {n}"
+        assert {ALERT_IDS[a]: len(ts) for a, ts in replies.items()} == dict.fromkeys(HOSTS, 1), f"killed at {n}"
+        for alert_id, (thread,) in replies.items():
+            assert thread == openings[alert_id][0], f"killed at {n}: {ALERT_IDS[alert_id]} resolved outside its thread"
+        assert store.undelivered() == [], n
+
+
+def _fresh(client: Any, name: str) -> Store:
+    client.command(f"DROP DATABASE IF EXISTS {name}")
+    store = Store(client, database=name)
+    store.migrate()
+    return store
+
+
+def idle(change: str = "fired", alert_id: str = "a1") -> Alert:
+    resolved = change == "resolved"
+    return Alert(alert_id=alert_id, type="idle_gpu", rule="idle-gpu", resource_id=f"host-{alert_id}",
+                 status="resolved" if resolved else "firing", change=change, severity="warning", episode_start=T0,
+                 fired_at=T0 + 1800, updated_at=T0 + (5400 if resolved else 1800),
+                 resolved_at=T0 + 5400 if resolved else None, waste_usd=10.0, usd_per_hour=32.77,
+                 tags={"team": alert_id}, details={"reason": "gpu_busy"} if resolved else {})  # fmt: skip
+
+
+def impatient(slack: LocalSlack) -> SlackNotifier:
+    return SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=1)
+
+
+@pytest.mark.parametrize("change", ["fired", "resolved"])
+def test_a_post_hanging_when_the_worker_dies_is_looked_for_after_the_restart(slack, store, change):
+    """The post hung (Slack took it, the answer never came) and the worker died: the next
+    worker finds it in the channel (or the thread) and does not post it again."""
+    store.record_alerts([idle()], version=1)
+    outbox = Outbox(store, impatient(slack), group_wait_s=0)
+    outbox.add([idle()])
+    if change == "resolved":
+        outbox.deliver_pending()
+        store.record_alerts([idle("resolved")], version=2)
+        outbox.add([idle("resolved")])
+    slack.hang(1.5)
+    with pytest.raises(SlackError):
+        outbox.deliver_pending()  # the worker dies here, with the post in flight
+    slack.hang(0)
+    expected = 2 if change == "resolved" else 1
+    assert slack.wait_for(lambda reqs: sum(r.method == "chat.postMessage" for r in reqs) == expected, timeout=10)
+
+    restarted = Outbox(store, impatient(slack), group_wait_s=0)
+    assert restarted.recover() == 1
+    restarted.deliver_pending()
+    posts = slack.calls("chat.postMessage")
+    assert len(posts) == expected  # found, not posted twice
+    assert store.undelivered() == []
+    assert store.deliveries()[("a1", change)] == ("#ml-cost", posts[0].response["ts"])
+    lookups = slack.calls("conversations.replies" if change == "resolved" else "conversations.history")
+    assert len(lookups) == 1
+
+
+def test_a_post_begun_but_never_sent_is_posted_after_the_restart(slack, store):
+    """The worker died after marking the post begun but before sending it: the lookup finds
+    nothing, so it is posted (once)."""
+    store.record_alerts([idle()], version=1)
+    store.record_attempt(["a1"], "fired")
+    restarted = Outbox(store, impatient(slack), group_wait_s=0)
+    assert restarted.recover() == 1
+    assert restarted.deliver_pending() == 1
+    assert len(slack.calls("chat.postMessage")) == 1 and len(slack.calls("conversations.history")) == 1
+
+
+class PausingNotifier(SlackNotifier):
+    """A real notifier that stops inside its first ``edit`` until the test lets it go on."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.editing = threading.Event()
+        self.go_on = threading.Event()
+
+    def edit(self, alert: Alert, thread: tuple[str, str], actions: list[dict[str, Any]] | None = None) -> None:
+        if not self.editing.is_set():
+            self.editing.set()
+            assert self.go_on.wait(10)
+        super().edit(alert, thread, actions)
+
+
+def test_a_change_added_while_a_message_is_edited_is_kept(slack, store):
+    """The event loop adds a resolution while the delivery thread edits the same incident's
+    message: the edit finishes, the resolution is posted (no KeyError, nothing lost)."""
+    notifier = PausingNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+    outbox = Outbox(store, notifier, group_wait_s=0, edit_every_s=0)
+    outbox.add([idle()])
+    outbox.deliver_pending()
+    outbox.add([idle("updated")])
+    errors: list[BaseException] = []
+
+    def deliver() -> None:
+        try:
+            outbox.deliver_pending()
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            errors.append(exc)
+
+    thread = threading.Thread(target=deliver)
+    thread.start()
+    assert notifier.editing.wait(10)
+    outbox.add([idle("resolved")])  # from the event loop, mid-edit
+    notifier.go_on.set()
+    thread.join(10)
+    assert errors == []
+    outbox.deliver_pending()
+    replies = [p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body]
+    assert len(replies) == 1 and not outbox.has_work and len(outbox) == 0
+
+
+def edited(alert_id: str, requests: list) -> bool:
+    return any(r.method == "chat.update" and f"alert `{alert_id}`" in r.text_of_blocks() for r in requests)
+
+
+def test_adds_hammered_during_delivery_passes_are_all_posted_once(slack, store):
+    """One thread adds openings, cost updates and resolutions while another runs delivery
+    passes back to back: each resolution is added the moment Slack sees its incident's edit,
+    while the delivery thread finishes that edit. Every incident is opened once and resolved
+    once, and the delivery thread never fails."""
+    outbox = Outbox(store, SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=5),
+                    group_wait_s=0, edit_every_s=0)  # fmt: skip
+    ids = [f"a{i}" for i in range(40)]
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def add() -> None:
+        try:
+            outbox.add([idle("fired", alert_id) for alert_id in ids])
+            for alert_id in ids:
+                outbox.add([idle("updated", alert_id)])
+                assert slack.wait_for(partial(edited, alert_id), timeout=10), alert_id
+                outbox.add([idle("resolved", alert_id)])
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            errors.append(exc)
+        finally:
+            done.set()
+
+    def deliver() -> None:
+        try:
+            while not done.is_set() or outbox.has_work:
+                outbox.deliver_pending()
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            errors.append(exc)
+            done.set()
+
+    threads = [threading.Thread(target=add), threading.Thread(target=deliver)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+    posts = slack.calls("chat.postMessage")
+    opened = [p for p in posts if "thread_ts" not in p.body]
+    resolved = [p for p in posts if "thread_ts" in p.body]
+    named = sorted(a for p in opened for a in ids if f"alert `{a}`" in p.text_of_blocks())
+    assert named == sorted(ids)  # each opening once
+    assert sorted(a for p in resolved for a in ids if f"alert `{a}`" in p.text_of_blocks()) == sorted(ids)
