@@ -52,6 +52,11 @@ class Alert(msgspec.Struct, kw_only=True):
     """The reason of the silence that covers it: recorded, not posted."""
     channel: str = ""
     """Where it is posted ('' = the notifier's default channel)."""
+    key: str = ""
+    """The engine key whose state made it (not stored)."""
+    partition: int = -1
+    """The input partition of that key: the worker holding it delivers the alert (-1: unknown,
+    delivered by the holder of partition 0)."""
 
     @property
     def title(self) -> str:
@@ -151,6 +156,7 @@ def from_finding(finding: Finding) -> Alert:
         instance_type=res.instance_type if res else "",
         tags=dict(res.tags) if res else {},
         details=dict(finding.details),
+        key=finding.key or finding.resource_id,
     )
 
 

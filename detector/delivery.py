@@ -14,6 +14,11 @@ appends to an inbox, which the delivery pass drains; the inbox, the snoozes and 
 counts other threads read are guarded by one lock, and everything else belongs to
 the delivery thread alone.
 
+With several workers, each delivers the alerts of the keys on the input partitions it
+holds (:meth:`Outbox.assign`); at a rebalance the old holder stops and drops what it had
+queued (:meth:`Outbox.revoke`, after any post in progress), the new one recovers what is
+stored and not posted, so no post is made by two workers.
+
 Openings wait ``group_wait_s`` in the queue for company: those of one type and one
 group (the team; the account for ``untagged``) that fired within ``group_window_s``
 of event time go out as one message, every alert id recorded against it; their
@@ -68,6 +73,10 @@ class Outbox:
         """Alert id → wall time its snooze (a button) ends: its changes are not posted until then."""
         self._counts = (0, 0, 0)
         """(changes queued, edits waiting, delivered) as of the delivery thread's last step."""
+        self._pass = threading.RLock()
+        """Held by a delivery pass, and by :meth:`assign` / :meth:`revoke`, which change what it works on."""
+        self._owned: set[int] | None = None
+        """Input partitions whose alerts this outbox delivers (None: all, a single worker)."""
         # The delivery thread's own.
         self._queue: deque[Alert] = deque()
         self._queued: set[tuple[str, str]] = set()
@@ -104,9 +113,35 @@ class Outbox:
         with self._lock:
             return self._counts[2]
 
+    def assign(self, partitions: Iterable[int]) -> int:
+        """This worker now holds these input partitions: deliver the alerts of their keys, and
+        recover those stored and not yet delivered (posted meanwhile by no one else, since the
+        previous holder revoked first). Returns how many were recovered."""
+        with self._pass:
+            self._owned = set(partitions)
+            return self.recover()
+
+    def revoke(self) -> None:
+        """The partitions are going to other workers: once any post in progress is done, drop
+        what is queued (stored, so the next holder recovers it) and deliver nothing until
+        :meth:`assign`."""
+        with self._pass:
+            self._owned = set()
+            with self._lock:
+                self._inbox.clear()
+            self._queue.clear()
+            self._queued.clear()
+            self._queued_at.clear()
+            self._edits.clear()
+            self._publish()
+
+    def _owns(self, alert: Alert) -> bool:
+        return self._owned is None or max(alert.partition, 0) in self._owned
+
     def recover(self) -> int:
-        """Load past deliveries and queue what was stored but never delivered; return how many.
-        Posts begun and never recorded as delivered are looked for in Slack before posting."""
+        """Load past deliveries and queue what was stored but never delivered (of the partitions
+        held); return how many. Posts begun and never recorded as delivered are looked for in
+        Slack before posting."""
         if self.notifier is None:
             return 0
         self._done = self.store.deliveries()
@@ -117,7 +152,7 @@ class Outbox:
         for (_, kind), (_, ts) in self._done.items():
             if kind == "fired" and ts:
                 (self._group_ts.add if ts in seen else seen.add)(ts)
-        pending = self.store.undelivered()
+        pending = self.store.undelivered(sorted(self._owned) if self._owned is not None else None)
         self._maybe_posted |= self.store.attempted() & set(pending)
         self._begun |= self._maybe_posted
         ids = [alert_id for alert_id, _ in pending]
@@ -149,10 +184,11 @@ class Outbox:
         """Deliver queued changes in order (the delivery thread). A retryable failure stops
         the pass and leaves the rest queued (raise :class:`SlackError`); a permanent one is
         logged and skipped."""
-        try:
-            return self._deliver()
-        finally:
-            self._publish()
+        with self._pass:
+            try:
+                return self._deliver()
+            finally:
+                self._publish()
 
     def _deliver(self) -> int:
         sent = 0
@@ -213,6 +249,8 @@ class Outbox:
             taken = list(self._inbox)
             self._inbox.clear()
         for alert, added_at in taken:
+            if not self._owns(alert):
+                continue  # its partition moved on: the new holder recovers it from the store
             if alert.change == "updated":
                 self._edits[alert.alert_id] = alert  # only the latest matters
                 continue

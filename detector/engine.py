@@ -137,7 +137,7 @@ class Engine:
                     self._step_failed(detector, key, event, exc)
                     continue
                 if found:
-                    findings.extend(found)
+                    findings.extend(f if f.key == key else msgspec.structs.replace(f, key=key) for f in found)
         if ahead:
             self._advance(ahead)
         if self._windows:

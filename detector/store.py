@@ -86,7 +86,7 @@ _ACTION_COLS = ["alert_id", "action", "user_id", "user_name", "channel", "messag
 _ALERT_COLS = [
     "alert_id", "type", "rule", "resource_id", "status", "change", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
-    "instance_type", "tags", "details", "silenced", "channel", "version",
+    "instance_type", "tags", "details", "silenced", "channel", "partition", "version",
 ]  # fmt: skip
 _ATTEMPT = "posting:"
 """Prefix of an ``alert_deliveries`` kind that marks a post begun (``posting:fired``)."""
@@ -117,6 +117,7 @@ def alert_from_row(row: dict[str, Any], change: str | None = None) -> Alert:
         details=msgspec.json.decode(row["details"]) if row["details"] else {},
         silenced=row.get("silenced", ""),
         channel=row.get("channel", ""),
+        partition=row.get("partition", -1),
     )
 
 
@@ -476,7 +477,7 @@ class Store:
             [a.alert_id, a.type, a.rule, a.resource_id, a.status, a.change, a.severity, _ms(a.episode_start),
              _ms(a.fired_at), _ms(a.updated_at), _ms(a.resolved_at) if a.resolved_at is not None else None,
              a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
-             _json.encode(a.details).decode(), a.silenced, a.channel, version + i]
+             _json.encode(a.details).decode(), a.silenced, a.channel, a.partition, version + i]
             for i, a in enumerate(alerts)
         ]  # fmt: skip
         with self._lock:
@@ -594,19 +595,25 @@ class Store:
         )
         return {(r["alert_id"], r["change"]) for r in rows}
 
-    def undelivered(self) -> list[tuple[str, str]]:
+    def undelivered(self, partitions: Sequence[int] | None = None) -> list[tuple[str, str]]:
         """(alert_id, change) pairs people should have heard of but have not, oldest first: the
-        outbox after a restart. Read from the alerts' latest state alone (every posted alert
-        opened; a resolved one also closed), so it agrees with the alert manager's memory."""
+        outbox after a restart or a rebalance. Read from the alerts' latest state alone (every
+        posted alert opened; a resolved one also closed), so it agrees with the alert manager's
+        memory. ``partitions``: only the alerts of keys on these input partitions (those of
+        unknown partition count as partition 0's)."""
+        owned = "1"
+        if partitions is not None:
+            owned = "if(partition < 0, 0, partition) IN %(partitions)s" if partitions else "0"
         rows = self.query(
             f"""SELECT alert_id, change FROM (
                     SELECT alert_id, 'fired' AS change, fired_at AS at, 0 AS o FROM {self.db}.alerts FINAL
-                    WHERE silenced = ''
+                    WHERE silenced = '' AND {owned}
                     UNION ALL
                     SELECT alert_id, 'resolved' AS change, assumeNotNull(resolved_at) AS at, 1 AS o
-                    FROM {self.db}.alerts FINAL WHERE silenced = '' AND status = 'resolved')
+                    FROM {self.db}.alerts FINAL WHERE silenced = '' AND status = 'resolved' AND {owned})
                 WHERE (alert_id, change) NOT IN (SELECT alert_id, kind FROM {self.db}.alert_deliveries)
-                ORDER BY at, o, alert_id"""
+                ORDER BY at, o, alert_id""",
+            {"partitions": list(partitions or [])},
         )
         return [(r["alert_id"], r["change"]) for r in rows]
 

@@ -102,6 +102,11 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         if outbox.notifier.threads and settings.slack_charts:
             outbox.on_opened = ChartWorker(store, outbox.notifier).start().submit
 
+    def alert_manager(rules: Any) -> AlertManager:
+        """An alert manager that remembers what the store says was alerted (from any worker)."""
+        return AlertManager(store.recent_alerts(), ruleset=rules, realert=store.realert_memory(),
+                            open_incidents=store.open_incidents())  # fmt: skip
+
     async def send_dead_letter(key: bytes | None, value: bytes) -> None:
         await dead_letters.send(key=key, value=value)
 
@@ -124,8 +129,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         engine=engine,
         store=store,
         outbox=outbox,
-        manager=AlertManager(store.recent_alerts(), ruleset=ruleset, realert=store.realert_memory(),
-                             open_incidents=store.open_incidents()),
+        manager=alert_manager(ruleset),
         send_dead_letter=send_dead_letter,
         caught_up=caught_up,
         end_positions=end_positions,
@@ -160,16 +164,23 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
         # State moves with partitions: what this worker holds may now belong to another. The
         # write in flight lands and what is done is committed before the group reassigns.
+        pipeline.ready.clear()  # no batch until the next assignment's state is loaded
         await pipeline.drain()
         await app.consumer.commit()
         pipeline.reset()
         assigned_states.clear()
+        # Slack posts move with partitions too: after any post in progress, drop what is queued
+        # (stored: the next holder recovers it), so no alert is posted by two workers.
+        await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
         loop = asyncio.get_running_loop()
         states = await loop.run_in_executor(None, store.load_states, partitions)
+        # What another worker alerted on these keys until now is in the store: the alert manager
+        # learns it again, so re-read input neither re-opens nor re-closes those alerts.
+        pipeline.manager = await loop.run_in_executor(None, alert_manager, pipeline.manager.ruleset)
         pipeline.reset()
         pipeline.expect((tp.topic, tp.partition) for tp in assigned if tp.topic in TOPICS)
         await pipeline.check_expected()
@@ -178,14 +189,15 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         pipeline.stats.partitions = len(partitions)
         digest_owner[0] = 0 in partitions  # one worker of the group posts the digests: partition 0's
         log.info("state_loaded", partitions=partitions, keys=len(states))
+        recovered = await loop.run_in_executor(None, outbox.assign, partitions)
+        if recovered:
+            log.info("outbox_recovered", pending=recovered)
+        pipeline.outbox_ready.set()
+        pipeline.ready.set()
 
     @app.task
     async def deliver_alerts() -> None:
         loop = asyncio.get_running_loop()
-        recovered = await loop.run_in_executor(None, outbox.recover)
-        if recovered:
-            log.info("outbox_recovered", pending=recovered)
-            pipeline.outbox_ready.set()
         if outbox.notifier is None:
             log.info("slack_not_configured", hint="set SLACK_BOT_TOKEN and SLACK_CHANNEL, or SLACK_WEBHOOK_URL")
             return

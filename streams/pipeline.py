@@ -127,6 +127,8 @@ class _Step:
     events: int = 0
     detected: int = 0
     messages: int = 0
+    elsewhere: int = 0
+    """Messages of partitions this worker no longer holds: left alone."""
     started: float = field(default_factory=time.perf_counter)
     per_topic: dict[str, list[int]] = field(default_factory=dict)
     """topic → [messages, events], for the metrics."""
@@ -162,6 +164,13 @@ class Pipeline:
         self.outbox_ready = asyncio.Event()
         self._positions: dict[TP, int] = {}
         """Next expected offset per topic-partition: a jump or a rewind is logged."""
+        self.ready = asyncio.Event()
+        """Open while the pipeline may process: the worker closes it from a revocation until the
+        new assignment's state is loaded, so no batch runs on state that is being replaced."""
+        self.ready.set()
+        self._assigned: set[TP] | None = None
+        """Input partitions this worker holds (None: all, when nothing assigns them). A message
+        of another, handed over before a rebalance, is left unacknowledged for its new holder."""
         self._expected: set[TP] = set()
         """Assigned partitions that have delivered nothing yet: they hold the watermark until
         they deliver or their position reaches their end offset (a condition, never a timeout)."""
@@ -186,6 +195,7 @@ class Pipeline:
         for Slack and ``ack`` is called, in offset order, for each message that is stored
         and that detection has fully seen (the aligner may hold some back). At most one
         write is in flight."""
+        await self.ready.wait()
         async with self._serial:
             self._ack = ack
             step = self._detect(messages)
@@ -208,7 +218,7 @@ class Pipeline:
         """Re-check what holds the watermark and what the aligner holds when no batch comes
         (a quiet stream): partitions may have caught up since the last batch."""
         await self.check_expected()
-        if len(self.aligner) and self._ack is not None and not self._serial.locked():
+        if len(self.aligner) and self._ack is not None and self.ready.is_set() and not self._serial.locked():
             await self.process([], self._ack)
 
     async def check_expected(self) -> None:
@@ -263,8 +273,12 @@ class Pipeline:
         partition_of = self._partition_of
         per_topic = step.per_topic
         received = self._acks.received
+        assigned = self._assigned
         for message in messages:
             tp = (message.topic, message.partition)
+            if assigned is not None and tp not in assigned:
+                step.elsewhere += 1  # its partition moved on: its new holder reads it
+                continue
             counts = per_topic.get(message.topic)
             if counts is None:
                 counts = per_topic[message.topic] = [0, 0]
@@ -290,8 +304,12 @@ class Pipeline:
         events, step.done = aligner.release()
         step.detected = len(events)
         step.alerts = self.manager.handle(self.engine.process_timed(events))
+        for alert in step.alerts:  # whoever holds this partition delivers it
+            alert.partition = partition_of.get(alert.key, -1)
         step.states = self._dirty_states()
-        step.messages = len(messages)
+        step.messages = len(messages) - step.elsewhere
+        if step.elsewhere:
+            log.info("messages_left_to_new_holder", messages=step.elsewhere)
         return step
 
     async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[Message], Awaitable[Any]]) -> None:
@@ -355,7 +373,10 @@ class Pipeline:
     def expect(self, partitions: Iterable[TP]) -> None:
         """Newly assigned input partitions: each holds the watermark until it delivers or is
         found to have nothing to read (:meth:`check_expected`)."""
+        if self._assigned is None:
+            self._assigned = set()
         for tp in partitions:
+            self._assigned.add(tp)
             self._expected.add(tp)
             self.aligner.expect(tp)
 
@@ -366,6 +387,8 @@ class Pipeline:
         self._partition_of.clear()
         self._positions.clear()
         self._expected.clear()
+        if self._assigned is not None:
+            self._assigned.clear()
         self.holding.clear()
         self.aligner.clear()
         self._acks.clear()

@@ -70,6 +70,9 @@ class Finding(msgspec.Struct, kw_only=True, frozen=True):
     details: dict[str, Any] = {}
     resource: ResourceInfo | None = None
     """A copy of what was known about the resource when the finding was made (owner tags, account)."""
+    key: str = ""
+    """The engine key whose state made it (the resource; the project for run events), set by
+    the engine: the worker that holds the key's partition delivers the alert."""
 
 
 class DetectorBase:
