@@ -211,7 +211,7 @@ def test_compressed_inserts_and_form_encoded_parameters(server, compress):
     client = clickhouse_connect.get_client(dsn=server.url, compress=compress, form_encode_query_params=True)
     table = f"default.compressed_{compress or 'none'}"
     client.command(f"CREATE OR REPLACE TABLE {table} (n UInt32, s String) ENGINE = MergeTree ORDER BY n")
-    rows = [[i, f"row {i} " * (i % 7)] for i in range(20_000)]
+    rows = [[i, f"row {i} " * (i % 60)] for i in range(20_000)]  # about 3 MiB: several blocks, several frames
     client.insert(table, rows, column_names=["n", "s"])
     assert client.command(f"SELECT count() FROM {table}") == 20_000
     result = client.query(f"SELECT sum(n) FROM {table} WHERE s != {{skip:String}} AND n IN {{ns:Array(UInt32)}}",
