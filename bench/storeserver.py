@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/storeserver.py [--rows 100000] [--runs 3]
 
-Two measures per side: ``client.insert`` of usage-like columns (the wire and the engine),
-and ``Store.insert_events`` (what the worker calls: the deduplication look-up, then the
-insert). The server runs in its own process, as an operator runs it; medians of ``--runs``.
+Three measures per side: ``client.insert`` of usage-like columns (the wire and the
+engine), ``Store.insert_events`` (what the worker calls: the deduplication look-up, then
+the insert), and the time of one small query (what a request costs by itself). The server
+runs in its own process, as an operator runs it; medians of ``--runs``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from streams.embedded import free_port  # noqa: E402
 from tests.helpers import T0, usage  # noqa: E402
 
 
-def measure(store: Store, rows: int, runs: int) -> tuple[float, float]:
-    """(rows/s of a raw columnar insert, rows/s of Store.insert_events), medians."""
+def measure(store: Store, rows: int, runs: int) -> tuple[float, float, float]:
+    """(rows/s of a raw columnar insert, rows/s of Store.insert_events, ms per small query), medians."""
     store.client.command(f"CREATE OR REPLACE TABLE {store.db}.raw (ts DateTime64(3, 'UTC'), resource_id String, "
                          "cost_usd Float64, tags Map(String, String)) ENGINE = MergeTree ORDER BY (resource_id, ts)")  # fmt: skip
     cols = [[int(T0 * 1000) + i * 60_000 for i in range(rows)], [f"host-{i % 500}" for i in range(rows)],
@@ -45,7 +46,13 @@ def measure(store: Store, rows: int, runs: int) -> tuple[float, float]:
         started = time.perf_counter()
         assert store.insert_events(batch) == rows
         events.append(rows / (time.perf_counter() - started))
-    return median(raw), median(events)
+    small = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        for _ in range(100):
+            store.query("SELECT 1 AS one")
+        small.append((time.perf_counter() - started) * 10)
+    return median(raw), median(events), median(small)
 
 
 def main() -> None:
@@ -82,6 +89,7 @@ def main() -> None:
     print(f"{args.rows:,} rows, median of {args.runs}:")
     print(f"  raw columnar insert:  in-process {in_process[0]:>10,.0f} rows/s   through the server {served[0]:>10,.0f} rows/s")
     print(f"  Store.insert_events:  in-process {in_process[1]:>10,.0f} rows/s   through the server {served[1]:>10,.0f} rows/s")
+    print(f"  one small query:      in-process {in_process[2]:>10.2f} ms       through the server {served[2]:>10.2f} ms")
 
 
 if __name__ == "__main__":
