@@ -409,6 +409,8 @@ class _Handler(BaseHTTPRequestHandler):
                     size = int(line.split(b";", 1)[0].strip(), 16)
                 except ValueError:
                     raise StoreError(CANNOT_PARSE_INPUT, f"bad chunk size line {line[:40]!r}", status=400) from None
+                if size < 0:
+                    raise StoreError(CANNOT_PARSE_INPUT, f"bad chunk size line {line[:40]!r}", status=400)
                 if size == 0:
                     while self.rfile.readline(1024).strip():  # trailers, then the blank line
                         pass
@@ -418,7 +420,12 @@ class _Handler(BaseHTTPRequestHandler):
                     raise StoreError(TOO_LARGE_REQUEST, f"request body over {MAX_BODY_BYTES} bytes", status=413)
                 parts.append(self.rfile.read(size))
                 self.rfile.readline(8)  # the CRLF after the chunk
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            raise StoreError(CANNOT_PARSE_INPUT, f"bad Content-Length {self.headers.get('Content-Length')!r}", status=400)
         if length > MAX_BODY_BYTES:
             raise StoreError(TOO_LARGE_REQUEST, f"request body over {MAX_BODY_BYTES} bytes", status=413)
         return self.rfile.read(length) if length else b""

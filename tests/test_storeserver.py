@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -236,6 +237,10 @@ def test_hostile_requests_get_a_clickhouse_error_and_the_server_goes_on(server):
     assert (status, code) == (400, "271") and "Unsupported Content-Encoding 'snappy'" in text
     status, code, text = post(b"\x01\x01", {})  # a truncated Native block for a missing table
     assert status == 500 and code and text.startswith(f"Code: {code}. DB::Exception:")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\nSELECT 1")
+        reply = b"".join(iter(lambda: sock.recv(4096), b"")).decode()  # it closes the connection
+    assert reply.startswith("HTTP/1.1 400") and "Code: 27. DB::Exception: bad Content-Length '-5'" in reply
     with urllib.request.urlopen(f"{server.url}/ping", timeout=5) as response:
         assert response.read() == b"Ok.\n"
 
