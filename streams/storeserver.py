@@ -30,6 +30,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -418,7 +419,7 @@ class _Handler(BaseHTTPRequestHandler):
                 total += size
                 if total > MAX_BODY_BYTES:
                     raise StoreError(TOO_LARGE_REQUEST, f"request body over {MAX_BODY_BYTES} bytes", status=413)
-                parts.append(self.rfile.read(size))
+                parts.append(self._read_exactly(size))
                 self.rfile.readline(8)  # the CRLF after the chunk
         try:
             length = int(self.headers.get("Content-Length") or 0)
@@ -428,7 +429,16 @@ class _Handler(BaseHTTPRequestHandler):
             raise StoreError(CANNOT_PARSE_INPUT, f"bad Content-Length {self.headers.get('Content-Length')!r}", status=400)
         if length > MAX_BODY_BYTES:
             raise StoreError(TOO_LARGE_REQUEST, f"request body over {MAX_BODY_BYTES} bytes", status=413)
-        return self.rfile.read(length) if length else b""
+        return self._read_exactly(length) if length else b""
+
+    def _read_exactly(self, size: int) -> bytes:
+        """``size`` bytes, or an error: a client that went away mid-body (killed while sending
+        an insert) must not have the part that arrived inserted."""
+        data = self.rfile.read(size)
+        if len(data) < size:
+            self.close_connection = True
+            raise StoreError(CANNOT_PARSE_INPUT, f"the request body ended after {len(data)} of {size} bytes", 400)
+        return data
 
     def _fail(self, exc: StoreError, query_id: str) -> None:
         text = exc.text
@@ -460,12 +470,19 @@ def _content_type(fmt: str | None) -> str:
     return "application/octet-stream"
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that broke outside a request's own handling (reset, timed out while
+        sending): one line, not the standard library's traceback on stderr."""
+        exc = sys.exc_info()[1]
+        log.warning("store_connection_failed", client=client_address[0], error=f"{type(exc).__name__}: {exc}"[:300])
+
+
 def make_server(engine: StoreEngine, host: str = "127.0.0.1", port: int = 8123) -> ThreadingHTTPServer:
     """An HTTP server (not started) answering for ``engine``; ``port`` 0 picks a free one."""
-    handler = type("StoreHandler", (_Handler,), {"engine": engine})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), type("StoreHandler", (_Handler,), {"engine": engine}))
 
 
 def redact_dsn(dsn: str) -> str:

@@ -241,6 +241,19 @@ def test_hostile_requests_get_a_clickhouse_error_and_the_server_goes_on(server):
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\nSELECT 1")
         reply = b"".join(iter(lambda: sock.recv(4096), b"")).decode()  # it closes the connection
     assert reply.startswith("HTTP/1.1 400") and "Code: 27. DB::Exception: bad Content-Length '-5'" in reply
+    # A client killed while sending an insert: what arrived is not inserted.
+    client = clickhouse_connect.get_client(dsn=server.url)
+    client.command("CREATE OR REPLACE TABLE default.partial (n UInt32) ENGINE = MergeTree ORDER BY n")
+    for framing in (b"Content-Length: 1000\r\n", b"Transfer-Encoding: chunked\r\n"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            rows = b"INSERT INTO default.partial FORMAT TSV\n1\n2\n3\n"
+            chunk = rows if framing.startswith(b"Content") else b"%x\r\n%s\r\n" % (len(rows), rows)
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n" + chunk)
+            sock.shutdown(socket.SHUT_WR)
+            reply = b"".join(iter(lambda: sock.recv(4096), b"")).decode()
+        assert reply.startswith("HTTP/1.1 400") and "Code: 27." in reply
+    assert client.command("SELECT count() FROM default.partial") == 0
+    client.close()
     with urllib.request.urlopen(f"{server.url}/ping", timeout=5) as response:
         assert response.read() == b"Ok.\n"
 
