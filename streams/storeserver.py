@@ -14,7 +14,9 @@ INFILE``, as clickhouse-connect's chdb backend does), errors as ``Code: N.
 DB::Exception: ...`` with ``X-ClickHouse-Exception-Code``, and ``GET /ping``.
 
 One engine, one lock: requests are read, decompressed and answered in parallel threads,
-but the engine runs one statement at a time. It is not a ClickHouse server: no sessions
+but the engine runs one statement at a time. A body is read whole before anything runs,
+so an insert cut short (its client killed mid-send) is refused, never stored in part;
+results are built whole too (no streaming). It is not a ClickHouse server: no sessions
 (a ``SET`` or ``USE`` statement is refused; settings are request parameters), no users
 or authentication (it binds to loopback unless told otherwise), no replication.
 """
