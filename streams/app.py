@@ -378,6 +378,7 @@ def run_worker(settings: Settings) -> None:
     """Open the store (creating the schema), then run the Faust worker until stopped."""
     asyncio.run(_ensure(settings))
     asyncio.set_event_loop(asyncio.new_event_loop())
+    settings.data_dir.mkdir(parents=True, exist_ok=True)  # Faust's data; with a server DSN nothing else makes it
     store = Store.open(settings.dsn, settings.clickhouse_database)
     store.set_event_ttl(settings.event_ttl_days)
     try:

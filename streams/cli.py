@@ -11,6 +11,7 @@
     burnwatch silence add --match team=nlp --type idle_gpu --for 8h --reason "..."   (list, expire ID)
     burnwatch query waste --since 7d --team nlp --format csv   a named post-mortem report
     burnwatch sql "SELECT ..."              ad hoc post-mortem query against the store
+    burnwatch store serve [--port 8123]     own the embedded store, serve it to several workers over HTTP
 """
 
 from __future__ import annotations
@@ -433,6 +434,19 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_store_serve(args: argparse.Namespace) -> int:
+    from streams.storeserver import redact_dsn, serve
+
+    settings = _settings(args)
+    configure_logging(settings.log_format, settings.log_level)
+    embedded = settings.dsn if settings.dsn.startswith("chdb:") else f"chdb://{(settings.data_dir / 'clickhouse').resolve()}"
+    dsn = args.dsn or embedded
+    try:
+        return serve(dsn, args.host, args.port)
+    except Exception as exc:  # a DSN that is not chdb, a directory another process holds, a port in use
+        raise SystemExit(f"store serve {redact_dsn(dsn)} on {args.host}:{args.port}: {exc}") from None
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
     from detector.reports import format_rows
 
@@ -554,6 +568,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.set_defaults(func=cmd_sql)
+
+    store = sub.add_parser("store", help="the store several workers share").add_subparsers(
+        dest="store_command", required=True)  # fmt: skip
+    p = store.add_parser("serve", help="own the embedded ClickHouse engine and serve it over ClickHouse's HTTP "
+                         "interface (workers: BURNWATCH_CLICKHOUSE_DSN=http://127.0.0.1:PORT)")  # fmt: skip
+    p.add_argument("--dsn", help="chdb:///dir to own (default: BURNWATCH_CLICKHOUSE_DSN if chdb://, "
+                   "else <data dir>/clickhouse)")  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback: there is no auth)")
+    p.add_argument("--port", type=int, default=8123, help="port (default 8123, ClickHouse's; 0 picks a free one)")
+    p.set_defaults(func=cmd_store_serve)
 
     p = sub.add_parser("demo", help="everything on embedded defaults, with a simulated fleet")
     p.add_argument("--hours", type=float, default=24.0, help="hours of simulated fleet time")

@@ -1,0 +1,378 @@
+"""``burnwatch store serve``: one process owns the embedded engine and several processes use
+it through clickhouse-connect's unmodified HTTP client, as they would a ClickHouse server.
+
+The server runs as its own process (as an operator runs it); the store's code, the
+reports and the CLI run against ``http://127.0.0.1:PORT`` and must behave as they do
+on the engine in-process (the ``store`` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import clickhouse_connect
+import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError
+
+from detector.alerts import Alert
+from detector.events import RunEvent
+from detector.reports import run_report
+from detector.store import EventBatch, Store, alert_from_row, connect, migrations
+from streams.embedded import free_port
+from streams.storeserver import redact_dsn
+from tests.conftest import ROOT
+from tests.helpers import MIN, T0, at, scrape, usage
+
+HOUR = 3600.0
+
+
+class ServerProcess:
+    """``burnwatch store serve`` in a child process, ready once ``GET /ping`` answers."""
+
+    def __init__(self, dsn: str, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = {**os.environ, "BURNWATCH_LOG_FORMAT": "json"}
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", dsn, "--port", str(self.port)],
+                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 60.0) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"store serve exited ({self.proc.returncode}):\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/ping", timeout=2) as response:
+                    if response.read() == b"Ok.\n":
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"store serve did not answer /ping within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_events(self, event: str) -> list[dict]:
+        return [json.loads(line) for line in self.log().splitlines() if f'"event": "{event}"' in line]
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[ServerProcess]:
+    directory = tmp_path_factory.mktemp("store")
+    proc = ServerProcess(f"chdb://{directory / 'ch'}", directory / "server.log").wait_ready()
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.log()  # SIGTERM: a clean stop, the engine closed
+
+
+@pytest.fixture
+def remote(server, request) -> Iterator[Store]:
+    """A fresh database on the server, through the HTTP client, with the schema applied."""
+    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
+    store = Store(connect(server.url), database=name)
+    store.client.command(f"DROP DATABASE IF EXISTS {name}")
+    store.migrate()
+    yield store
+    store.close()
+
+
+def one_of_each() -> EventBatch:
+    """A batch with every event type, tags, extras and nulls."""
+    run = RunEvent(ts=at(T0 + 5 * MIN), run_id="run-1", status="failed", resource_ids=["host-1", "host-2"],
+                   gpu_count=16, project="llm", error="NCCL timeout", tags={"team": "nlp"}, extra={"attempt": 2})  # fmt: skip
+    events = [usage(T0 + i * MIN, rid=f"host-{i % 3}") for i in range(30)]
+    events += [e for i in range(10) for e in scrape(T0 + i * MIN, [0.0, 55.5, 100.0], sm=[0.0, 0.25, None])]
+    events += [usage(T0, rid="cpu-1", usd_per_hour=None, resource_type="cpu_instance", tags={})]
+    batch = EventBatch()
+    batch.extend(events)
+    batch.extend([run], source=("run-events", 3, 42))
+    return batch
+
+
+def test_events_round_trip_as_they_do_in_process(remote, store):
+    """Migrations, a batch of each event type, its read-back, and the deduplication look-up
+    (client-side ``%(x)s`` parameters, insert ``settings=``): through the server exactly what
+    the engine in-process gives."""
+    assert [m["version"] for m in remote.applied_migrations()] == [m.version for m in migrations()]
+    assert remote.insert_events(one_of_each()) == store.insert_events(one_of_each()) == 62
+    assert remote.insert_events(one_of_each()) == 0  # read again: stored once
+    span = remote.event_span()
+    assert span == store.event_span() == (T0, T0 + 29 * MIN)
+    events = remote.events(T0, T0 + HOUR)
+    assert len(events) == 62 and events == store.events(T0, T0 + HOUR)
+    for table in ("resource_usage", "gpu_metrics", "run_events"):
+        assert remote.count(table) == store.count(table) > 0
+    sql = "SELECT src_topic, src_partition, src_offset, error FROM {db}.run_events"
+    assert remote.query(sql.format(db=remote.db)) == [{"src_topic": "run-events", "src_partition": 3,
+                                                       "src_offset": 42, "error": "NCCL timeout"}]  # fmt: skip
+
+
+def test_alerts_states_and_deliveries_round_trip(remote):
+    base = dict(alert_id="a1", type="idle_gpu", rule="idle-gpu", resource_id="gpu-1", status="firing",
+                severity="warning", episode_start=T0, fired_at=T0 + HOUR, tags={"team": "nlp", "owner": "<!channel>"},
+                details={"gpus": 8, "note": "tab\there"})  # fmt: skip
+    fired = Alert(**base, change="fired", updated_at=T0 + HOUR, waste_usd=4.0)
+    resolved = Alert(**{**base, "status": "resolved"}, change="resolved", updated_at=T0 + 2 * HOUR,
+                     resolved_at=T0 + 2 * HOUR, waste_usd=9.5)  # fmt: skip
+    remote.record_alerts([fired], version=1)
+    remote.record_alerts([resolved], version=2)
+    (row,) = remote.alerts()
+    back = alert_from_row(row)
+    assert (back.status, back.resolved_at, back.waste_usd, back.tags, back.details) == (
+        "resolved", T0 + 2 * HOUR, 9.5, base["tags"], base["details"])  # fmt: skip
+    assert remote.undelivered() == [("a1", "fired"), ("a1", "resolved")]
+    remote.record_delivery("a1", "fired", "#ml-cost", "1700000000.000100")
+    assert remote.deliveries() == {("a1", "fired"): ("#ml-cost", "1700000000.000100")}
+    assert remote.undelivered() == [("a1", "resolved")]
+    snapshot = bytes(range(256))  # any bytes, read back as bytes (column_formats)
+    remote.save_states([("gpu-1", 2, snapshot), ("gpu-2", 3, b"x")], version=1)
+    remote.delete_states(["gpu-2"])
+    assert remote.load_states([2, 3]) == {"gpu-1": snapshot}
+
+
+def test_a_report_with_server_side_parameters_matches_in_process(remote, store):
+    """Reports bind ``{since:DateTime('UTC')}``, ``{types:Array(String)}`` on the server
+    (``param_*``): the same rows as in-process."""
+    midnight = T0 + 86_400
+    base = dict(alert_id="a1", type="idle_gpu", rule="idle-gpu", resource_id="gpu-1", status="firing",
+                severity="warning", episode_start=midnight - 3 * HOUR, fired_at=midnight - 2 * HOUR,
+                tags={"team": "nlp"})  # fmt: skip
+    changes = [Alert(**base, change="fired", updated_at=midnight - 2 * HOUR, waste_usd=4.0),
+               Alert(**base, change="updated", updated_at=midnight + HOUR, waste_usd=25.0)]  # fmt: skip
+    for s in (remote, store):
+        s.record_alerts(changes, version=1)
+        batch = EventBatch()
+        batch.extend([usage(midnight - 2 * HOUR + i * MIN, rid="gpu-1") for i in range(180)])
+        s.insert_events(batch)
+    for report in ("waste", "incidents", "untagged"):
+        assert run_report(remote, report, 7 * 86_400.0) == run_report(store, report, 7 * 86_400.0)
+    waste = run_report(remote, "waste", 7 * 86_400.0, team="nlp")
+    assert [(r["type"], r["usd"]) for r in waste] == [("idle_gpu", 4.0), ("idle_gpu", 21.0)]
+
+
+def test_bad_sql_is_a_database_error_with_clickhouse_message(remote, server):
+    """A refused statement reaches the caller as ClickHouse's error, is logged once by the
+    server, and the server goes on."""
+    with pytest.raises(DatabaseError) as caught:
+        remote.query("SELEC 1")
+    assert caught.value.code == 62 and "Code: 62. DB::Exception: Syntax error" in str(caught.value)
+    with pytest.raises(DatabaseError, match=r"UNKNOWN_TABLE|does not exist"):
+        remote.count("no_such_table")
+    failed = server.log_events("store_request_failed")
+    assert any(e["code"] == 62 for e in failed) and any(e["code"] == 60 for e in failed)
+    assert remote.query("SELECT 1 AS one") == [{"one": 1}]
+
+
+def test_settings_apply_to_their_request_only(server):
+    """A setting sent with one request (as inserts send ``max_partitions_per_insert_block``)
+    does not stay on the shared engine for the next; SET would, so it is refused."""
+    client = clickhouse_connect.get_client(dsn=server.url)
+    probe = "SELECT getSetting('max_partitions_per_insert_block') AS v"
+    assert client.query(probe, settings={"max_partitions_per_insert_block": 0}).result_rows == [(0,)]
+    assert client.query(probe).result_rows == [(100,)]
+    with pytest.raises(DatabaseError, match="SET and USE"):
+        client.command("SET max_partitions_per_insert_block = 0")
+    with pytest.raises(DatabaseError, match="Unknown setting|UNKNOWN_SETTING"):
+        client.query("SELECT 1", settings={"no_such_setting": 1})
+    assert client.query(probe).result_rows == [(100,)]
+    client.close()
+
+
+@pytest.mark.parametrize("compress", ["lz4", "zstd", "gzip", False])
+def test_compressed_inserts_and_form_encoded_parameters(server, compress):
+    """What clickhouse-connect may send: bodies compressed block by block, and long
+    server-side parameters as a multipart form."""
+    client = clickhouse_connect.get_client(dsn=server.url, compress=compress, form_encode_query_params=True)
+    table = f"default.compressed_{compress or 'none'}"
+    client.command(f"CREATE OR REPLACE TABLE {table} (n UInt32, s String) ENGINE = MergeTree ORDER BY n")
+    rows = [[i, f"row {i} " * (i % 60)] for i in range(20_000)]  # about 3 MiB: several blocks, several frames
+    client.insert(table, rows, column_names=["n", "s"])
+    assert client.command(f"SELECT count() FROM {table}") == 20_000
+    result = client.query(f"SELECT sum(n) FROM {table} WHERE s != {{skip:String}} AND n IN {{ns:Array(UInt32)}}",
+                          parameters={"skip": "x", "ns": list(range(0, 20_000, 2))})  # fmt: skip
+    assert result.result_rows == [(sum(range(0, 20_000, 2)),)]
+    client.close()
+
+
+def test_hostile_requests_get_a_clickhouse_error_and_the_server_goes_on(server):
+    def post(body: bytes, headers: dict[str, str]) -> tuple[int, str, str]:
+        request = urllib.request.Request(f"{server.url}/?query=INSERT%20INTO%20default.x%20FORMAT%20Native",
+                                         data=body, headers=headers, method="POST")  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.headers.get("X-ClickHouse-Exception-Code", ""), response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers.get("X-ClickHouse-Exception-Code", ""), exc.read().decode()
+
+    status, code, text = post(b"\x04\x22\x4d\x18garbage", {"Content-Encoding": "lz4"})
+    assert (status, code) == (400, "271") and text.startswith("Code: 271. DB::Exception: Cannot decompress")
+    status, code, text = post(b"x", {"Content-Encoding": "snappy"})
+    assert (status, code) == (400, "271") and "Unsupported Content-Encoding 'snappy'" in text
+    status, code, text = post(b"\x01\x01", {})  # a truncated Native block for a missing table
+    assert status == 500 and code and text.startswith(f"Code: {code}. DB::Exception:")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\nSELECT 1")
+        reply = b"".join(iter(lambda: sock.recv(4096), b"")).decode()  # it closes the connection
+    assert reply.startswith("HTTP/1.1 400") and "Code: 27. DB::Exception: bad Content-Length '-5'" in reply
+    # A client killed while sending an insert: what arrived is not inserted.
+    client = clickhouse_connect.get_client(dsn=server.url)
+    client.command("CREATE OR REPLACE TABLE default.partial (n UInt32) ENGINE = MergeTree ORDER BY n")
+    for framing in (b"Content-Length: 1000\r\n", b"Transfer-Encoding: chunked\r\n"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            rows = b"INSERT INTO default.partial FORMAT TSV\n1\n2\n3\n"
+            chunk = rows if framing.startswith(b"Content") else b"%x\r\n%s\r\n" % (len(rows), rows)
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n" + chunk)
+            sock.shutdown(socket.SHUT_WR)
+            reply = b"".join(iter(lambda: sock.recv(4096), b"")).decode()
+        assert reply.startswith("HTTP/1.1 400") and "Code: 27." in reply
+    assert client.command("SELECT count() FROM default.partial") == 0
+    client.close()
+    with urllib.request.urlopen(f"{server.url}/ping", timeout=5) as response:
+        assert response.read() == b"Ok.\n"
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from detector.store import EventBatch, Store, connect
+from tests.helpers import T0, usage
+
+url, db, name, batches, per, flags = sys.argv[1:7]
+batches, per, flags = int(batches), int(per), Path(flags)
+store = Store(connect(url), db)
+store.migrate()  # both writers migrate the same new database at once, as two workers starting together
+(flags / f"ready-{name}").touch()
+deadline = time.monotonic() + 60
+while not (flags / "go").exists():
+    assert time.monotonic() < deadline, "no go"
+    time.sleep(0.01)
+for b in range(batches):
+    batch = EventBatch()
+    batch.extend([usage(T0 + (b * per + i) * 60, rid=f"{name}-{i % 10}") for i in range(per)])
+    assert store.insert_events(batch) == per
+store.close()
+"""
+
+
+def test_two_processes_write_to_one_store_at_once(server, tmp_path):
+    """The point of the server: two processes (as two workers) migrate and write the same
+    store concurrently, and every row of both is there afterwards."""
+    db, batches, per = "t_two_writers", 20, 500
+    setup = clickhouse_connect.get_client(dsn=server.url)
+    setup.command(f"DROP DATABASE IF EXISTS {db}")
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, server.url, db, name, str(batches), str(per), str(tmp_path)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        for name in ("w1", "w2")
+    ]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready-{n}").exists() for n in ("w1", "w2")):
+        assert time.monotonic() < deadline and all(w.poll() is None for w in writers), [w.communicate() for w in writers]
+        time.sleep(0.05)
+    (tmp_path / "go").touch()
+    for w in writers:
+        out, _ = w.communicate(timeout=120)
+        assert w.returncode == 0, out.decode()
+    counts = setup.query(f"SELECT substring(resource_id, 1, 2) AS w, count() FROM {db}.resource_usage "
+                         "GROUP BY w ORDER BY w").result_rows  # fmt: skip
+    assert counts == [("w1", batches * per), ("w2", batches * per)]
+    versions = setup.query(f"SELECT version FROM {db}.schema_migrations FINAL ORDER BY version").result_rows
+    assert [v for (v,) in versions] == [m.version for m in migrations()]
+    setup.close()
+
+
+def test_serve_refuses_a_dsn_it_cannot_own_without_showing_its_password():
+    out = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", "http://ops:s3cret@127.0.0.1:8123",
+         "--port", str(free_port())],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "needs a chdb:// DSN" in out.stderr and "s3cret" not in out.stderr + out.stdout
+    assert redact_dsn("http://ops:s3cret@host:8123/db") == "http://ops:***@host:8123/db"
+
+
+@pytest.mark.integration
+def test_a_worker_stores_through_the_server(tmp_path, ruleset):
+    """The real worker with ``BURNWATCH_CLICKHOUSE_DSN=http://...``: every event of a small
+    fleet is stored; ``burnwatch sql`` and ``backtest --since`` work against the same
+    server while it serves, and the stored history gives the file's alerts."""
+    from detector.backtest import backtest
+    from detector.replay import write_replay
+    from detector.simulate import SimConfig, simulate
+    from streams.embedded import EmbeddedBroker
+    from streams.kafka import count_events, ensure_topics, file_records, publish_records
+    from streams.process import WorkerProcess, worker_env
+
+    records, _ = simulate(SimConfig(hours=6, training_hosts=3, notebooks=2, inference_endpoints=1, seed=3),
+                          ruleset.pricing)  # fmt: skip
+    replay = tmp_path / "fleet.jsonl"
+    with open(replay, "wb") as out:
+        write_replay(records, out)
+    messages = list(file_records(replay))
+    events = count_events(messages)
+    expected = sorted(a.alert_id for a in backtest(replay, ruleset).alerts)
+    assert expected
+
+    server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "server.log").wait_ready()
+    try:
+        with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+            import asyncio
+
+            async def publish() -> None:
+                await ensure_topics(broker.bootstrap, 2)
+                await publish_records(broker.bootstrap, messages)
+
+            asyncio.run(publish())
+            rules = tmp_path / "rules"
+            shutil.copytree(ROOT / "rules", rules)
+            env = worker_env(broker.bootstrap, tmp_path / "data", rules, 2, BURNWATCH_CLICKHOUSE_DSN=server.url)
+            worker = WorkerProcess(env, tmp_path / "worker.log").start()
+            try:
+                worker.wait_until(lambda h: h["events"] >= events, timeout=60)
+                cli_env = {**os.environ, **env}
+                stored = subprocess.run(
+                    [sys.executable, "-m", "streams.cli", "sql", "SELECT (SELECT count() FROM burnwatch.resource_usage)"
+                     " + (SELECT count() FROM burnwatch.gpu_metrics) + (SELECT count() FROM burnwatch.run_events) AS n",
+                     "--format", "json"], env=cli_env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                )  # fmt: skip
+                assert stored.returncode == 0, stored.stderr
+                assert json.loads(stored.stdout) == {"n": events}
+                replayed = subprocess.run(
+                    [sys.executable, "-m", "streams.cli", "backtest", "--since", "30d", "--json"],
+                    env=cli_env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                )  # fmt: skip
+                assert replayed.returncode == 0, replayed.stderr
+                assert sorted(json.loads(line)["alert_id"] for line in replayed.stdout.splitlines()) == expected
+            finally:
+                assert worker.stop() == 0, worker.tail()
+    finally:
+        assert server.stop() == 0, server.log()
+    assert not server.log_events("store_request_failed")
