@@ -592,3 +592,36 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
     report.posts = compare_posts(slack, fl.expected)
     report.wall_s = time.monotonic() - started
     return report
+
+
+# -- crafted traffic ------------------------------------------------------------------
+
+
+def rfc(t: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def idle_host(resource_id: str, start: float, minutes: int = 60, gpus: int = 2, usd_per_hour: float = 32.0) -> list[Record]:
+    """A tagged GPU host billed while its GPUs sit idle for ``minutes`` (an idle-gpu episode
+    fires after 30), sent as exporters send it: usage every minute and scrapes every 30 s,
+    one message per five minutes per topic."""
+    tags = {"team": "nlp", "owner": "alice", "project": "llm"}
+    out: list[Record] = []
+    for block in range(0, minutes, 5):
+        t0 = start + block * 60
+        usage = [
+            {"ts": rfc(t0 + m * 60), "resource_id": resource_id, "resource_type": "gpu_instance", "provider": "aws",
+             "account": "ml", "region": "us-east-1", "instance_type": "p4d.24xlarge", "state": "running",
+             "interval_s": 60, "cost_usd": round(usd_per_hour / 60, 6), "tags": tags}
+            for m in range(5)
+        ]  # fmt: skip
+        scrapes = [
+            {"ts": rfc(t0 + s * 30), "resource_id": resource_id, "gpu_index": g, "model": "A100", "util_pct": 0.0,
+             "mem_used_mib": 0.0, "mem_total_mib": 40960.0, "power_w": 60.0}
+            for s in range(10) for g in range(gpus)
+        ]  # fmt: skip
+        out += [("gpu-metrics", resource_id, msgspec.json.encode(scrapes)),
+                ("resource-usage", resource_id, msgspec.json.encode(usage))]  # fmt: skip
+    return out

@@ -7,16 +7,37 @@ The harness is ``tests/reliability.py``; ``docs/reliability.md`` says what each 
 
 from __future__ import annotations
 
+import base64
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from detector.simulate import SimConfig
 from detector.testing import LocalSlack
 from streams.embedded import EmbeddedBroker
+from streams.kafka import count_events
 from tests.conftest import ROOT
-from tests.reliability import chaos
+from tests.reliability import (
+    PARTITIONS,
+    Worker,
+    chaos,
+    compare_alerts,
+    expected_counts,
+    idle_host,
+    publish,
+    read_dead_letters,
+    reported_alerts,
+    rfc,
+    sql,
+    stored,
+    stored_alerts,
+    wait_acknowledged,
+    worker_env,
+    write_records,
+)  # fmt: skip
 
 pytestmark = pytest.mark.integration
 
@@ -43,3 +64,110 @@ def test_chaos_kills_and_flaky_slack_change_nothing(tmp_path: Path, ruleset, rul
     assert report.events_lost == 0 and report.events_doubled == 0, report
     assert report.alerts.ok, report
     assert report.posts.ok, report
+
+
+def _usage(resource_id: str, t: float, **fields) -> dict:
+    event = {"ts": rfc(t), "resource_id": resource_id, "resource_type": "gpu_instance", "account": "ml",
+             "region": "us-east-1", "instance_type": "p4d.24xlarge", "state": "running", "interval_s": 60,
+             "cost_usd": 0.53, "tags": {"team": "nlp", "project": "llm"}}  # fmt: skip
+    return {**event, **fields}
+
+
+def _gpu(resource_id: str, t: float, **fields) -> dict:
+    return {"ts": rfc(t), "resource_id": resource_id, "gpu_index": 0, "util_pct": 1.0, **fields}
+
+
+def _nested(rid: str, t: float) -> bytes:
+    head = b'{"ts": "%s", "resource_id": "%s", "gpu_index": 0, "util_pct": 1, "x": ' % (rfc(t).encode(), rid.encode())
+    return head + b"[" * 5000 + b"]" * 5000 + b"}"
+
+
+def _months(rid: str, t: float) -> bytes:
+    first = [datetime(2018 + m // 12, m % 12 + 1, 1, tzinfo=timezone.utc).timestamp() for m in range(101)]
+    return _enc([_usage(rid, ts) for ts in first])
+
+
+def _big(rid: str, t: float) -> bytes:
+    return _enc([_gpu(rid, t, util_pct="high")] + [_gpu(rid, t + i, gpu_uuid="x" * 64) for i in range(37_000)])
+
+
+def _run(rid: str, t: float) -> bytes:
+    return _enc({"ts": rfc(t), "run_id": f"run-{rid}", "status": "failed", "resource_ids": [rid], "gpu_count": 70000})
+
+
+_enc = msgspec.json.encode
+POISON = [  # name, topic, value(resource_id, t), words one of which the dead-letter reason must contain
+    ("gpu_index 300", "gpu-metrics", lambda r, t: _enc(_gpu(r, t, gpu_index=300)), ("gpu_index",)),
+    ("gpu_count 70000", "run-events", _run, ("gpu_count",)),
+    ("interval_s 1e308", "resource-usage", lambda r, t: _enc(_usage(r, t, interval_s=1e308)), ("interval_s",)),
+    ("egress_bytes 2**64", "resource-usage", lambda r, t: _enc(_usage(r, t, egress_bytes=2**64)), ("egress_bytes",)),
+    ("invalid UTF-8 in a string", "resource-usage",
+     lambda r, t: _enc(_usage(r, t, region="REGION")).replace(b"REGION", b"us-\xff\xfe-1"), ("region", "utf-8", "UTF-8")),
+    ("JSON nested 5000 deep", "gpu-metrics", _nested, ("nest", "deep", "depth", "recursion")),
+    ("events over 101 months", "resource-usage", _months, ("ts", "month", "partition")),
+    ("invalid message over 6 MB", "gpu-metrics", _big, ("util_pct", "size", "large", "bytes")),
+    ("cost_usd 1e6 a minute", "resource-usage", lambda r, t: _enc(_usage(r, t, cost_usd=1e6)), ("cost_usd",)),
+    ("interval_s 1e9", "resource-usage", lambda r, t: _enc(_usage(r, t, interval_s=1e9)), ("interval_s",)),
+    ("egress_bytes 2**64-1", "resource-usage", lambda r, t: _enc(_usage(r, t, egress_bytes=2**64 - 1)), ("egress_bytes",)),
+    ("cost_usd 1e308", "resource-usage", lambda r, t: _enc(_usage(r, t, cost_usd=1e308)), ("cost_usd",)),
+]  # fmt: skip
+
+
+def test_poison_messages_are_dead_lettered_and_the_partition_goes_on(tmp_path: Path, ruleset, rules_dir: Path):
+    """Each poison case, then an hour of a good idle host on the same key (so the same
+    partition) after it: the poison is on dead-letter with a reason naming the field, the
+    good events are all stored and their alert fires, /healthz answers, SIGTERM stops it."""
+    t0 = SimConfig().start
+    records: list[tuple[str, str, bytes]] = []
+    good: list[tuple[str, str, bytes]] = []
+    poison: dict[str, tuple[str, tuple[str, ...], int]] = {}
+    for i, (name, topic, make, words) in enumerate(POISON):
+        rid, start = f"poison-{i:02d}", t0 + i * 3 * 3600
+        value = make(rid, start)
+        host = idle_host(rid, start + 60)
+        records += [(topic, rid, value)] + host
+        good += host
+        poison[rid] = (name, words, len(value))
+    expected = reported_alerts(write_records(tmp_path / "good.jsonl", good), ruleset)
+    assert {a.resource_id for a in expected} >= set(poison)  # every case's good hour makes an alert
+    want = expected_counts(good)
+
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, records)
+        worker = Worker(env, tmp_path / "worker.log").start()
+        try:
+            try:
+                wait_acknowledged(broker.bootstrap, worker, timeout=120,
+                                  extra=lambda h: h["dead_letters"] >= len(poison))  # fmt: skip
+                stalled = ""
+            except (TimeoutError, RuntimeError) as exc:
+                stalled = str(exc)
+            status, _ = worker.http_health()
+        finally:
+            code, took = worker.stop_timed(timeout=30)
+        dead = {d["key"]: d for d in read_dead_letters(broker.bootstrap, len(poison))}
+
+    rows = stored(env)
+    per_resource = {r["resource_id"]: int(r["n"]) for r in sql(env, "SELECT resource_id, count() AS n FROM ("
+                    "SELECT resource_id FROM burnwatch.resource_usage UNION ALL SELECT resource_id FROM "
+                    "burnwatch.gpu_metrics) GROUP BY resource_id")}  # fmt: skip
+    good_per_resource = {rid: count_events([r for r in good if r[1] == rid]) for rid in poison}
+    problems = []
+    for rid, (name, words, size) in poison.items():
+        record = dead.get(rid)
+        if record is None:
+            problems.append(f"{name}: not on dead-letter")
+        elif not any(w in record["reason"] for w in words):
+            problems.append(f"{name}: reason {record['reason'][:200]!r} names none of {words}")
+        elif size > 1 << 20 and len(base64.b64decode(record.get("value_base64") or "")) >= size:
+            problems.append(f"{name}: dead-letter copy not truncated")
+        if per_resource.get(rid, 0) != good_per_resource[rid]:
+            problems.append(f"{name}: {per_resource.get(rid, 0)} events of the good {good_per_resource[rid]} after it stored")
+    diff = compare_alerts(expected, stored_alerts(env))
+    problems += [f"stalled: {stalled[:1500]}"] if stalled else []
+    problems += [f"stored {rows.rows} ({rows.doubled} doubled), want {want}"] if rows.rows != want or rows.doubled else []
+    problems += [str(diff)] if not diff.ok else []
+    problems += ["/healthz did not answer"] if status is None else []
+    problems += [f"SIGTERM: exit {code} after {took:.0f}s"] if code != 0 else []
+    assert not problems, "\n".join(problems)
