@@ -8,6 +8,7 @@ The harness is ``tests/reliability.py``; ``docs/reliability.md`` says what each 
 from __future__ import annotations
 
 import base64
+import random
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.reliability import (
     chaos,
     compare_alerts,
     expected_counts,
+    fleet,
     idle_host,
     publish,
     read_dead_letters,
@@ -171,3 +173,82 @@ def test_poison_messages_are_dead_lettered_and_the_partition_goes_on(tmp_path: P
     problems += ["/healthz did not answer"] if status is None else []
     problems += [f"SIGTERM: exit {code} after {took:.0f}s"] if code != 0 else []
     assert not problems, "\n".join(problems)
+
+
+SMALL = SimConfig(hours=6, training_hosts=3, notebooks=2, inference_endpoints=1, buckets=1, vector_dbs=1,
+                  cpu_instances=1, seed=5)  # fmt: skip
+
+
+def _halves(records: list, at: float = 0.5) -> tuple[list, list]:
+    split = int(len(records) * at)
+    return records[:split], records[split:]
+
+
+def _run_until_acknowledged(env: dict[str, str], bootstrap: str, log: Path, timeout: float = 180) -> None:
+    worker = Worker(env, log).start()
+    try:
+        wait_acknowledged(bootstrap, worker, timeout=timeout)
+    finally:
+        assert worker.stop() == 0, worker.tail()
+
+
+def test_topic_reset_keeps_every_event(tmp_path: Path, ruleset, rules_dir: Path):
+    """The broker restarts empty (a recreated topic: offsets start at 0 again); what is
+    sent afterwards is stored, all of it, not skipped as already stored."""
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    before, after = _halves(fl.records)
+    broker = EmbeddedBroker(log_path=tmp_path / "broker.log").start()
+    try:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, before)
+        _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-1.log")
+        broker.stop()
+        broker.start()  # same port, no topics, no offsets
+        publish(broker.bootstrap, after)
+        _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-2.log")
+    finally:
+        broker.stop()
+    rows = stored(env)
+    assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    assert diff.ok, diff
+
+
+def test_producer_duplicates_are_stored_once(tmp_path: Path, ruleset, rules_dir: Path):
+    """Messages re-sent by an at-least-once producer (same events, new offsets) are stored
+    once: row counts and the cost totals stay those of one copy."""
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, fl.records)
+        _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-1.log")
+        (once,) = sql(env, "SELECT count() AS n, round(sum(usd), 2) AS usd FROM burnwatch.resource_usage")
+        resent = random.Random(7).sample(fl.records, len(fl.records) // 3)
+        publish(broker.bootstrap, resent)
+        _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-2.log")
+    (twice,) = sql(env, "SELECT count() AS n, round(sum(usd), 2) AS usd FROM burnwatch.resource_usage")
+    assert int(once["n"]) == expected_counts(fl.records)["resource_usage"]
+    assert (int(twice["n"]), twice["usd"]) == (int(once["n"]), once["usd"])
+    rows = stored(env)
+    assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    assert diff.ok, diff
+
+
+def test_an_empty_rules_file_is_refused_and_detection_goes_on(tmp_path: Path, ruleset, rules_dir: Path):
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    before, after = _halves(fl.records)
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, before)
+        worker = Worker(env, tmp_path / "worker.log").start()
+        try:
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+            (rules_dir / "rules.yaml").write_text("")
+            line = worker.wait_for_log('"rules_re', timeout=60)  # reloaded or refused: the watcher has looked
+            publish(broker.bootstrap, after)
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+        finally:
+            assert worker.stop() == 0, worker.tail()
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    assert '"rules_refused"' in line and '"level": "error"' in line and diff.ok, f"{line}\n{diff}"
