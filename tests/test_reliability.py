@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import random
 import shutil
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from streams.kafka import count_events
 from tests.conftest import ROOT
 from tests.reliability import (
     PARTITIONS,
+    CpuLoad,
     Worker,
     chaos,
     compare_alerts,
@@ -33,6 +35,7 @@ from tests.reliability import (
     read_dead_letters,
     reported_alerts,
     rfc,
+    set_immutable,
     sql,
     stored,
     stored_alerts,
@@ -252,3 +255,95 @@ def test_an_empty_rules_file_is_refused_and_detection_goes_on(tmp_path: Path, ru
             assert worker.stop() == 0, worker.tail()
     diff = compare_alerts(fl.expected, stored_alerts(env))
     assert '"rules_refused"' in line and '"level": "error"' in line and diff.ok, f"{line}\n{diff}"
+
+
+def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_dir: Path):
+    """A replay weeks old with one event dated 20 h ahead of the wall clock (the contract
+    accepts up to a day) in its middle: the other resources' alerts equal backtest's
+    without that event, and all their events are stored. The state expiry runs on a
+    60 s timer, so the test waits for seven 10 s stats reports after the event."""
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    before, after = _halves(fl.records)
+    ahead = time.time() + 20 * 3600
+    future = ("resource-usage", "future-host", msgspec.json.encode(
+        {"ts": rfc(ahead), "resource_id": "future-host", "resource_type": "cpu_instance", "state": "running",
+         "interval_s": 60, "cost_usd": 0.01, "tags": {"team": "a", "project": "b"}}))  # fmt: skip
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, before + [future])
+        worker = Worker(env, tmp_path / "worker.log").start()
+        try:
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+            reports = worker.log_path.read_text().count('"worker_stats"')
+            deadline = time.monotonic() + 180
+            while worker.log_path.read_text().count('"worker_stats"') < reports + 7:  # the expiry timer has run
+                assert time.monotonic() < deadline and worker.running, worker.tail()
+                time.sleep(1)
+            publish(broker.bootstrap, after)
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+        finally:
+            assert worker.stop() == 0, worker.tail()
+    rows = stored(env, where="resource_id != 'future-host'")
+    assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
+    got = {k: v for k, v in stored_alerts(env).items() if v["resource_id"] != "future-host"}
+    diff = compare_alerts(fl.expected, got)
+    assert diff.ok, diff
+
+
+def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Path):
+    """The ClickHouse directory made immutable (``chattr +i`` on every file: we run as root, so a
+    chmod would not stop the writes) while events flow: /healthz says not ready, or the
+    worker exits non-zero; once writable again every event is stored, by the same
+    worker or by a restarted one."""
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    before, after = _halves(fl.records)
+    chdb_dir = tmp_path / "data" / "clickhouse"
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, before)
+        worker = Worker(env, tmp_path / "worker-1.log").start()
+        try:
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+            set_immutable(chdb_dir, True)
+            try:
+                publish(broker.bootstrap, after)
+                deadline, seen = time.monotonic() + 90, None
+                while time.monotonic() < deadline and worker.running:
+                    status, body = worker.http_health()
+                    if status is not None and (status != 200 or (body or {}).get("status") != "ok"):
+                        seen = (status, body)
+                        break
+                    time.sleep(0.5)
+                said = seen if seen is not None else f"exit {worker.returncode}" if not worker.running else None
+            finally:
+                set_immutable(chdb_dir, False)
+            if not worker.running:
+                assert worker.returncode not in (0, None), worker.tail()
+                worker = Worker(env, tmp_path / "worker-2.log").start()
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+        finally:
+            code = worker.stop()
+    rows = stored(env)
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    problems = ["/healthz said ok all along while the store could not be written"] if said is None else []
+    problems += [f"stored {rows}, want {fl.events}"] if rows.total != fl.events or rows.doubled else []
+    problems += [f"SIGTERM: exit {code}"] if code != 0 else []
+    problems += [str(diff)] if not diff.ok else []
+    assert not problems, "\n".join(problems)
+
+
+def test_backlog_replay_under_cpu_load_equals_backtest(tmp_path: Path, ruleset, rules_dir: Path):
+    """One event per message, a backlog in 4 partitions, a process spinning on every core
+    while the worker catches up: the same alerts as backtest, to the millisecond and cent."""
+    cfg = SimConfig(hours=8, training_hosts=3, notebooks=2, inference_endpoints=1, buckets=1, vector_dbs=1,
+                    cpu_instances=1, seed=9)  # fmt: skip
+    fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset, single_events=True)
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, fl.records)
+        with CpuLoad():
+            _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker.log", timeout=400)
+    rows = stored(env)
+    assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    assert diff.ok, diff
