@@ -8,6 +8,7 @@ The harness is ``tests/reliability.py``; ``docs/reliability.md`` says what each 
 from __future__ import annotations
 
 import base64
+import os
 import random
 import shutil
 import time
@@ -333,15 +334,15 @@ def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Pat
 
 
 def test_backlog_replay_under_cpu_load_equals_backtest(tmp_path: Path, ruleset, rules_dir: Path):
-    """One event per message, a backlog in 4 partitions, a process spinning on every core
+    """One event per message (146k messages), a backlog in 4 partitions, three processes spinning per core
     while the worker catches up: the same alerts as backtest, to the millisecond and cent."""
-    cfg = SimConfig(hours=8, training_hosts=3, notebooks=2, inference_endpoints=1, buckets=1, vector_dbs=1,
-                    cpu_instances=1, seed=9)  # fmt: skip
+    cfg = SimConfig(hours=24, training_hosts=6, notebooks=4, inference_endpoints=2, buckets=1, vector_dbs=1,
+                    cpu_instances=2, seed=9)  # fmt: skip
     fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset, single_events=True)
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
         env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
         publish(broker.bootstrap, fl.records)
-        with CpuLoad():
+        with CpuLoad(3 * (os.cpu_count() or 2)):
             _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker.log", timeout=400)
     rows = stored(env)
     assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
