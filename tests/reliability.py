@@ -11,6 +11,8 @@ resolution in its own thread.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import json
 import os
 import re
@@ -40,7 +42,7 @@ from detector.replay import read_replay, write_replay
 from detector.rules import RuleSet
 from detector.simulate import SimConfig, simulate
 from detector.testing import LocalSlack
-from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, publish_records
+from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, publish_records, value_end_time
 from streams.process import WorkerProcess, worker_env
 
 __all__ = [
@@ -455,7 +457,7 @@ class CpuLoad:
 # -- the chaos scenario ---------------------------------------------------------------
 
 
-FAULT_WINDOW_S = 10.0
+FAULT_WINDOW_S = 15.0
 """How long Slack answers 429 or 500 once a window opens."""
 
 
@@ -526,7 +528,12 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
     report.messages, report.events_published = n, fl.events
     kill_at = sorted(rng.sample(range(n // 10, n * 9 // 10), kills))
     plan: list[tuple[int, str]] = [(i, "kill") for i in kill_at]
-    faults = [(rng.randrange(n // 10, n * 8 // 10), "429"), (rng.randrange(n // 10, n * 8 // 10), "500")]
+    # Slack fails where it has work: a window opens as the messages behind a seeded alert's
+    # firing (or resolution) are sent.
+    ends = list(itertools.accumulate((value_end_time(v) or 0.0 for _, _, v in fl.records), max))
+    moments = [t for a in fl.expected for t in (a.fired_at, a.resolved_at) if t is not None] or [ends[n // 2]]
+    picked = rng.sample(moments, 2) if len(moments) > 1 else moments * 2
+    faults = [(min(n - 1, bisect.bisect_left(ends, t - 120)), kind) for t, kind in zip(picked, ("429", "500"), strict=True)]
     plan += faults if slack_faults else []
     if kill_at and slack_faults:  # a kill while a post hangs past the client's timeout
         hang = rng.choice(kill_at)
