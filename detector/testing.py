@@ -6,7 +6,9 @@ steps of ``files_upload_v2`` (``files.getUploadURLExternal``, the upload itself,
 
 Slack cannot be reached from CI, so slack-sdk is pointed here (``base_url`` /
 the webhook URL) and the tests assert on what this server received. It can be
-told to answer 429 with Retry-After, 500, or to hang, to exercise delivery.
+told to answer 429 with Retry-After, 500, or to hang, to exercise delivery: for the
+next requests (:meth:`LocalSlack.fail_next`, :meth:`LocalSlack.hang`) or during windows
+of wall-clock time (:meth:`LocalSlack.fail_window`), as an outage would.
 """
 
 from __future__ import annotations
@@ -19,7 +21,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-__all__ = ["LocalSlack", "SlackRequest"]
+__all__ = ["FaultWindow", "LocalSlack", "SlackRequest"]
+
+
+@dataclass
+class FaultWindow:
+    """Requests arriving in ``[start, end)`` (``time.monotonic()``) fail: with ``status`` (429
+    gets ``Retry-After``) or, with ``hang_s``, are held that long before being answered."""
+
+    start: float
+    end: float
+    status: int | None = None
+    retry_after: int | None = None
+    hang_s: float = 0.0
+    hits: int = 0
+    """Requests this window failed or held."""
 
 
 @dataclass
@@ -63,6 +79,7 @@ class LocalSlack:
         """File id → the bytes uploaded for it (files_upload_v2)."""
         self._failures: list[tuple[int, dict[str, str]]] = []
         self._hang_s = 0.0
+        self.windows: list[FaultWindow] = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._ts = 0
@@ -101,6 +118,25 @@ class LocalSlack:
     def hang(self, seconds: float) -> None:
         """Hold every request this long before answering (0 to stop)."""
         self._hang_s = seconds
+
+    def fail_window(self, start_in: float, duration: float, *, status: int | None = None,
+                    retry_after: int | None = None, hang_s: float = 0.0) -> FaultWindow:  # fmt: skip
+        """From ``start_in`` seconds from now, for ``duration`` seconds, answer ``status`` (429
+        with Retry-After) or hold each request ``hang_s`` seconds (then answer normally)."""
+        if (status is None) == (not hang_s):
+            raise ValueError("a fault window either fails with a status or hangs")
+        now = time.monotonic()
+        window = FaultWindow(now + start_in, now + start_in + duration, status, retry_after, hang_s)
+        with self._lock:
+            self.windows.append(window)
+        return window
+
+    def _window_at(self, t: float) -> FaultWindow | None:
+        with self._lock:
+            window = next((w for w in self.windows if w.start <= t < w.end), None)
+            if window is not None:
+                window.hits += 1
+            return window
 
     # -- what was received --------------------------------------------------------
 
@@ -142,10 +178,14 @@ class LocalSlack:
                     self.end_headers()
                     self.wfile.write(reply)
                     return
-                if slack._hang_s:
-                    time.sleep(slack._hang_s)
+                window = slack._window_at(time.monotonic())
+                if slack._hang_s or (window is not None and window.hang_s):
+                    time.sleep(max(slack._hang_s, window.hang_s if window is not None else 0.0))
                 with slack._lock:
                     failure = slack._failures.pop(0) if slack._failures else None
+                if failure is None and window is not None and window.status is not None:
+                    headers = {"Retry-After": str(window.retry_after)} if window.retry_after is not None else {}
+                    failure = (window.status, headers)
                 if failure is not None:
                     status, headers = failure
                     self.send_response(status)

@@ -1,0 +1,350 @@
+"""Nothing lost, nothing invented (issue 11): the real worker through crashes, a flaky
+Slack, a reset topic, producer duplicates, a read-only store, a future-dated event,
+an emptied rules file and a busy machine. Each ends with the same comparison: the
+stored alerts equal backtest's, every event is stored once, every post sent once.
+The harness is ``tests/reliability.py``; ``docs/reliability.md`` says what each checks.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from detector.simulate import SimConfig
+from detector.testing import LocalSlack
+from streams.embedded import EmbeddedBroker
+from streams.kafka import count_events
+from tests.conftest import ROOT
+from tests.reliability import (
+    PARTITIONS,
+    CpuLoad,
+    Worker,
+    chaos,
+    compare_alerts,
+    expected_counts,
+    fleet,
+    idle_host,
+    publish,
+    read_dead_letters,
+    reported_alerts,
+    rfc,
+    set_immutable,
+    sql,
+    stored,
+    stored_alerts,
+    wait_acknowledged,
+    worker_env,
+    write_records,
+)  # fmt: skip
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def rules_dir(tmp_path: Path) -> Path:
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    return rules
+
+
+def test_chaos_kills_and_flaky_slack_change_nothing(tmp_path: Path, ruleset, rules_dir: Path):
+    """SIGKILL at seeded points (one while a Slack post hangs), Slack answering 429, 500 and
+    hanging past the client's timeout in seeded windows: same alerts, same events, same posts.
+    (A second worker joining and leaving is not here: two workers cannot share one chdb
+    directory; that needs a ClickHouse server.)"""
+    cfg = SimConfig(hours=10, training_hosts=4, notebooks=3, inference_endpoints=1, buckets=1, vector_dbs=1,
+                    cpu_instances=2, seed=3)  # fmt: skip
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
+        report = chaos(tmp_path, ruleset, broker.bootstrap, slack, seed=11, cfg=cfg, kills=3, speed=900,
+                       rules_dir=rules_dir, log=print)  # fmt: skip
+    print(report)
+    assert report.kills == 3
+    assert report.events_lost == 0 and report.events_doubled == 0, report
+    assert report.alerts.ok, report
+    assert report.posts.ok, report
+
+
+def _usage(resource_id: str, t: float, **fields) -> dict:
+    event = {"ts": rfc(t), "resource_id": resource_id, "resource_type": "gpu_instance", "account": "ml",
+             "region": "us-east-1", "instance_type": "p4d.24xlarge", "state": "running", "interval_s": 60,
+             "cost_usd": 0.53, "tags": {"team": "nlp", "project": "llm"}}  # fmt: skip
+    return {**event, **fields}
+
+
+def _gpu(resource_id: str, t: float, **fields) -> dict:
+    return {"ts": rfc(t), "resource_id": resource_id, "gpu_index": 0, "util_pct": 1.0, **fields}
+
+
+def _nested(rid: str, t: float) -> bytes:
+    head = b'{"ts": "%s", "resource_id": "%s", "gpu_index": 0, "util_pct": 1, "x": ' % (rfc(t).encode(), rid.encode())
+    return head + b"[" * 5000 + b"]" * 5000 + b"}"
+
+
+def _months(rid: str, t: float) -> bytes:
+    first = [datetime(2018 + m // 12, m % 12 + 1, 1, tzinfo=timezone.utc).timestamp() for m in range(101)]
+    return _enc([_usage(rid, ts) for ts in first])
+
+
+def _big(rid: str, t: float) -> bytes:
+    return _enc([_gpu(rid, t, util_pct="high")] + [_gpu(rid, t + i, gpu_uuid="x" * 64) for i in range(37_000)])
+
+
+def _run(rid: str, t: float) -> bytes:
+    return _enc({"ts": rfc(t), "run_id": f"run-{rid}", "status": "failed", "resource_ids": [rid], "gpu_count": 70000})
+
+
+_enc = msgspec.json.encode
+POISON = [  # name, topic, value(resource_id, t), words one of which the dead-letter reason must contain
+    ("gpu_index 300", "gpu-metrics", lambda r, t: _enc(_gpu(r, t, gpu_index=300)), ("gpu_index",)),
+    ("gpu_count 70000", "run-events", _run, ("gpu_count",)),
+    ("interval_s 1e308", "resource-usage", lambda r, t: _enc(_usage(r, t, interval_s=1e308)), ("interval_s",)),
+    ("egress_bytes 2**64", "resource-usage", lambda r, t: _enc(_usage(r, t, egress_bytes=2**64)), ("egress_bytes",)),
+    ("invalid UTF-8 in a string", "resource-usage",
+     lambda r, t: _enc(_usage(r, t, region="REGION")).replace(b"REGION", b"us-\xff\xfe-1"), ("region", "utf-8", "UTF-8")),
+    ("JSON nested 5000 deep", "gpu-metrics", _nested, ("nest", "deep", "depth", "recursion")),
+    ("events over 101 months", "resource-usage", _months, ("ts", "month", "partition")),
+    ("invalid message over 6 MB", "gpu-metrics", _big, ("util_pct", "size", "large", "bytes")),
+    ("cost_usd 1e6 a minute", "resource-usage", lambda r, t: _enc(_usage(r, t, cost_usd=1e6)), ("cost_usd",)),
+    ("interval_s 1e9", "resource-usage", lambda r, t: _enc(_usage(r, t, interval_s=1e9)), ("interval_s",)),
+    ("egress_bytes 2**64-1", "resource-usage", lambda r, t: _enc(_usage(r, t, egress_bytes=2**64 - 1)), ("egress_bytes",)),
+    ("cost_usd 1e308", "resource-usage", lambda r, t: _enc(_usage(r, t, cost_usd=1e308)), ("cost_usd",)),
+]  # fmt: skip
+
+
+def test_poison_messages_are_dead_lettered_and_the_partition_goes_on(tmp_path: Path, ruleset, rules_dir: Path):
+    """Each poison case, then an hour of a good idle host on the same key (so the same
+    partition) after it: the poison is on dead-letter with a reason naming the field, the
+    good events are all stored and their alert fires, /healthz answers, SIGTERM stops it."""
+    t0 = SimConfig().start
+    records: list[tuple[str, str, bytes]] = []
+    good: list[tuple[str, str, bytes]] = []
+    poison: dict[str, tuple[str, tuple[str, ...], int]] = {}
+    for i, (name, topic, make, words) in enumerate(POISON):
+        rid, start = f"poison-{i:02d}", t0 + i * 3 * 3600
+        value = make(rid, start)
+        host = idle_host(rid, start + 60)
+        records += [(topic, rid, value)] + host
+        good += host
+        poison[rid] = (name, words, len(value))
+    expected = reported_alerts(write_records(tmp_path / "good.jsonl", good), ruleset)
+    assert {a.resource_id for a in expected} >= set(poison)  # every case's good hour makes an alert
+    want = expected_counts(good)
+
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, records)
+        worker = Worker(env, tmp_path / "worker.log").start()
+        try:
+            try:
+                wait_acknowledged(broker.bootstrap, worker, timeout=120,
+                                  extra=lambda h: h["dead_letters"] >= len(poison))  # fmt: skip
+                stalled = ""
+            except (TimeoutError, RuntimeError) as exc:
+                stalled = str(exc)
+            status, _ = worker.http_health()
+        finally:
+            code, took = worker.stop_timed(timeout=30)
+        dead = {d["key"]: d for d in read_dead_letters(broker.bootstrap, len(poison))}
+
+    rows = stored(env)
+    per_resource = {r["resource_id"]: int(r["n"]) for r in sql(env, "SELECT resource_id, count() AS n FROM ("
+                    "SELECT resource_id FROM burnwatch.resource_usage UNION ALL SELECT resource_id FROM "
+                    "burnwatch.gpu_metrics) GROUP BY resource_id")}  # fmt: skip
+    good_per_resource = {rid: count_events([r for r in good if r[1] == rid]) for rid in poison}
+    problems = []
+    for rid, (name, words, size) in poison.items():
+        record = dead.get(rid)
+        if record is None:
+            problems.append(f"{name}: not on dead-letter")
+        elif not any(w in record["reason"] for w in words):
+            problems.append(f"{name}: reason {record['reason'][:200]!r} names none of {words}")
+        elif size > 1 << 20 and len(base64.b64decode(record.get("value_base64") or "")) >= size:
+            problems.append(f"{name}: dead-letter copy not truncated")
+        if per_resource.get(rid, 0) != good_per_resource[rid]:
+            problems.append(f"{name}: {per_resource.get(rid, 0)} events of the good {good_per_resource[rid]} after it stored")
+    diff = compare_alerts(expected, stored_alerts(env))
+    problems += [f"stalled: {stalled[:1500]}"] if stalled else []
+    problems += [f"stored {rows.rows} ({rows.doubled} doubled), want {want}"] if rows.rows != want or rows.doubled else []
+    problems += [str(diff)] if not diff.ok else []
+    problems += ["/healthz did not answer"] if status is None else []
+    problems += [f"SIGTERM: exit {code} after {took:.0f}s"] if code != 0 else []
+    assert not problems, "\n".join(problems)
+
+
+SMALL = SimConfig(hours=6, training_hosts=3, notebooks=2, inference_endpoints=1, buckets=1, vector_dbs=1,
+                  cpu_instances=1, seed=5)  # fmt: skip
+
+
+def _halves(records: list, at: float = 0.5) -> tuple[list, list]:
+    split = int(len(records) * at)
+    return records[:split], records[split:]
+
+
+def _run_until_acknowledged(env: dict[str, str], bootstrap: str, log: Path, timeout: float = 180) -> None:
+    worker = Worker(env, log).start()
+    try:
+        wait_acknowledged(bootstrap, worker, timeout=timeout)
+    finally:
+        assert worker.stop() == 0, worker.tail()
+
+
+def test_topic_reset_keeps_every_event(tmp_path: Path, ruleset, rules_dir: Path):
+    """The broker restarts empty (a recreated topic: offsets start at 0 again); what is
+    sent afterwards is stored, all of it, not skipped as already stored."""
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    before, after = _halves(fl.records)
+    broker = EmbeddedBroker(log_path=tmp_path / "broker.log").start()
+    try:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, before)
+        _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-1.log")
+        broker.stop()
+        broker.start()  # same port, no topics, no offsets
+        publish(broker.bootstrap, after)
+        _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-2.log")
+    finally:
+        broker.stop()
+    rows = stored(env)
+    assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    assert diff.ok, diff
+
+
+def test_producer_duplicates_are_stored_once(tmp_path: Path, ruleset, rules_dir: Path):
+    """Messages re-sent by an at-least-once producer (same events, new offsets) are stored
+    once: row counts and the cost totals stay those of one copy."""
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, fl.records)
+        _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-1.log")
+        (once,) = sql(env, "SELECT count() AS n, round(sum(usd), 2) AS usd FROM burnwatch.resource_usage")
+        resent = random.Random(7).sample(fl.records, len(fl.records) // 3)
+        publish(broker.bootstrap, resent)
+        _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-2.log")
+    (twice,) = sql(env, "SELECT count() AS n, round(sum(usd), 2) AS usd FROM burnwatch.resource_usage")
+    assert int(once["n"]) == expected_counts(fl.records)["resource_usage"]
+    assert (int(twice["n"]), twice["usd"]) == (int(once["n"]), once["usd"])
+    rows = stored(env)
+    assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    assert diff.ok, diff
+
+
+def test_an_empty_rules_file_is_refused_and_detection_goes_on(tmp_path: Path, ruleset, rules_dir: Path):
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    before, after = _halves(fl.records)
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, before)
+        worker = Worker(env, tmp_path / "worker.log").start()
+        try:
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+            (rules_dir / "rules.yaml").write_text("")
+            line = worker.wait_for_log('"rules_re', timeout=60)  # reloaded or refused: the watcher has looked
+            publish(broker.bootstrap, after)
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+        finally:
+            assert worker.stop() == 0, worker.tail()
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    assert '"rules_refused"' in line and '"level": "error"' in line and diff.ok, f"{line}\n{diff}"
+
+
+def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_dir: Path):
+    """A replay weeks old with one event dated 20 h ahead of the wall clock (the contract
+    accepts up to a day) in its middle: the other resources' alerts equal backtest's
+    without that event, and all their events are stored. The state expiry runs on a
+    60 s timer, so the test waits for seven 10 s stats reports after the event."""
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    before, after = _halves(fl.records)
+    ahead = time.time() + 20 * 3600
+    future = ("resource-usage", "future-host", msgspec.json.encode(
+        {"ts": rfc(ahead), "resource_id": "future-host", "resource_type": "cpu_instance", "state": "running",
+         "interval_s": 60, "cost_usd": 0.01, "tags": {"team": "a", "project": "b"}}))  # fmt: skip
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, before + [future])
+        worker = Worker(env, tmp_path / "worker.log").start()
+        try:
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+            reports = worker.log_path.read_text().count('"worker_stats"')
+            deadline = time.monotonic() + 180
+            while worker.log_path.read_text().count('"worker_stats"') < reports + 7:  # the expiry timer has run
+                assert time.monotonic() < deadline and worker.running, worker.tail()
+                time.sleep(1)
+            publish(broker.bootstrap, after)
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+        finally:
+            assert worker.stop() == 0, worker.tail()
+    rows = stored(env, where="resource_id != 'future-host'")
+    assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
+    got = {k: v for k, v in stored_alerts(env).items() if v["resource_id"] != "future-host"}
+    diff = compare_alerts(fl.expected, got)
+    assert diff.ok, diff
+
+
+def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Path):
+    """The ClickHouse directory made immutable (``chattr +i`` on every file: we run as root, so a
+    chmod would not stop the writes) while events flow: /healthz says not ready, or the
+    worker exits non-zero; once writable again every event is stored, by the same
+    worker or by a restarted one."""
+    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    before, after = _halves(fl.records)
+    chdb_dir = tmp_path / "data" / "clickhouse"
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, before)
+        worker = Worker(env, tmp_path / "worker-1.log").start()
+        try:
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+            set_immutable(chdb_dir, True)
+            try:
+                publish(broker.bootstrap, after)
+                deadline, seen = time.monotonic() + 90, None
+                while time.monotonic() < deadline and worker.running:
+                    status, body = worker.http_health()
+                    if status is not None and (status != 200 or (body or {}).get("status") != "ok"):
+                        seen = (status, body)
+                        break
+                    time.sleep(0.5)
+                said = seen if seen is not None else f"exit {worker.returncode}" if not worker.running else None
+            finally:
+                set_immutable(chdb_dir, False)
+            if not worker.running:
+                assert worker.returncode not in (0, None), worker.tail()
+                worker = Worker(env, tmp_path / "worker-2.log").start()
+            wait_acknowledged(broker.bootstrap, worker, timeout=180)
+        finally:
+            code = worker.stop()
+    rows = stored(env)
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    problems = ["/healthz said ok all along while the store could not be written"] if said is None else []
+    problems += [f"stored {rows}, want {fl.events}"] if rows.total != fl.events or rows.doubled else []
+    problems += [f"SIGTERM: exit {code}"] if code != 0 else []
+    problems += [str(diff)] if not diff.ok else []
+    assert not problems, "\n".join(problems)
+
+
+def test_backlog_replay_under_cpu_load_equals_backtest(tmp_path: Path, ruleset, rules_dir: Path):
+    """One event per message (146k messages), a backlog in 4 partitions, three processes spinning per core
+    while the worker catches up: the same alerts as backtest, to the millisecond and cent."""
+    cfg = SimConfig(hours=24, training_hosts=6, notebooks=4, inference_endpoints=2, buckets=1, vector_dbs=1,
+                    cpu_instances=2, seed=9)  # fmt: skip
+    fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset, single_events=True)
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
+        publish(broker.bootstrap, fl.records)
+        with CpuLoad(3 * (os.cpu_count() or 2)):
+            _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker.log", timeout=400)
+    rows = stored(env)
+    assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
+    diff = compare_alerts(fl.expected, stored_alerts(env))
+    assert diff.ok, diff
