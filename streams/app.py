@@ -77,7 +77,10 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         stream_buffer_maxsize=max(4096, settings.batch_max_messages * 2),
         broker_max_poll_records=settings.batch_max_messages,
         consumer_max_fetch_size=8 << 20,
-        table_standby_replicas=0,
+        # Faust's own partition assignor: it co-partitions the three inputs (a resource's usage
+        # and its GPU metrics on one worker). Faust picks aiokafka's round-robin, which does
+        # not, unless standby replicas are asked for; with no tables, they cost nothing.
+        table_standby_replicas=1,
         # Faust's own wait for every delivered message to be acknowledged (at a rebalance or a
         # stop) never ends while the aligner holds messages back; the revocation handler below
         # drains the write in flight and commits what is done instead.
