@@ -16,8 +16,18 @@ from detector.testing import LocalSlack
 from streams.embedded import EmbeddedBroker
 from tests.conftest import ROOT
 from tests.reliability import (
-    Pacer, Worker, compare_alerts, compare_posts, expected_counts, fleet, offsets, publish, slack_env, stored,
-    stored_alerts, worker_env,
+    Pacer,
+    Worker,
+    compare_alerts,
+    compare_posts,
+    expected_counts,
+    fleet,
+    offsets,
+    publish,
+    slack_env,
+    stored,
+    stored_alerts,
+    worker_env,
 )  # fmt: skip
 from tests.test_storeserver import ServerProcess
 
