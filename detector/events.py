@@ -56,7 +56,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT64_MAX = 1.7976931348623157e308
 TS_MIN = datetime(1970, 1, 1, tzinfo=timezone.utc)
 TS_MAX = datetime(2200, 1, 1, tzinfo=timezone.utc)
-"""DateTime64 stores 1900 to 2299; events before the epoch or after 2200 are errors."""
+"""ClickHouse documents DateTime64 from 1900 to 2299; before the epoch or after 2200 is a producer's error."""
 MIN_INTERVAL_S = 0.001
 """The timestamps' resolution (DateTime64(3)); also keeps rates per second finite."""
 
@@ -250,9 +250,9 @@ class EventDecoder:
 
     def _ts_reason(self, ts: datetime, latest: datetime, where: str) -> str:
         if ts < TS_MIN:
-            return f"timestamp {ts.isoformat()} is before {TS_MIN.isoformat()} - at `{where}`"
+            return f"timestamp {ts.isoformat()} is before {TS_MIN:%Y-%m-%dT%H:%M:%SZ} - at `{where}`"
         if latest == TS_MAX:
-            return f"timestamp {ts.isoformat()} is after {TS_MAX.isoformat()} - at `{where}`"
+            return f"timestamp {ts.isoformat()} is after {TS_MAX:%Y-%m-%dT%H:%M:%SZ} - at `{where}`"
         return f"timestamp {ts.isoformat()} is more than {self._max_future_s / 3600:g}h in the future - at `{where}`"
 
     def _check_plausible(self, event: UsageEvent, where: str) -> None:
