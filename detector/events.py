@@ -202,6 +202,7 @@ class EventDecoder:
         self._max_future_s = max_future_s
         self._clock = clock
         self.limits = limits or Limits()
+        self._max_interval = self.limits.max_interval
         self._max_usd_per_s = self.limits.max_usd_per_hour / 3600.0
         self._max_egress_per_s = self.limits.max_egress_bytes_per_s
 
@@ -242,10 +243,11 @@ class EventDecoder:
         for i, event in enumerate(events):
             if event.ts > latest or event.ts < TS_MIN:
                 raise InvalidMessage(self._ts_reason(event.ts, latest, f"$[{i}].ts" if batch else "$.ts"))
-            if usage:
-                self._check_plausible(event, f"$[{i}]" if batch else "$")  # type: ignore[arg-type]
-            if event.extra:
-                _check_depth(event.extra, f"$[{i}]" if batch else "$", "" if lenient else ".extra")
+            if usage and not self._plausible(event):  # type: ignore[arg-type]
+                self._refuse_implausible(event, f"$[{i}]" if batch else "$")  # type: ignore[arg-type]
+            if event.extra and _too_deep(event.extra):
+                where = (f"$[{i}]" if batch else "$") + ("" if lenient else ".extra")
+                raise InvalidMessage(f"nested deeper than {MAX_EXTRA_DEPTH} levels - at `{where}.{_too_deep(event.extra)}`")
         return events
 
     def _ts_reason(self, ts: datetime, latest: datetime, where: str) -> str:
@@ -255,8 +257,18 @@ class EventDecoder:
             return f"timestamp {ts.isoformat()} is after {TS_MAX:%Y-%m-%dT%H:%M:%SZ} - at `{where}`"
         return f"timestamp {ts.isoformat()} is more than {self._max_future_s / 3600:g}h in the future - at `{where}`"
 
-    def _check_plausible(self, event: UsageEvent, where: str) -> None:
-        """The bounds of :class:`~detector.limits.Limits`: refuse what can be stored but is absurd."""
+    def _plausible(self, event: UsageEvent) -> bool:
+        """Within the bounds of :class:`~detector.limits.Limits` (what can be stored may still be absurd)."""
+        interval = event.interval_s
+        cost, egress = event.cost_usd, event.egress_bytes
+        return (
+            interval <= self._max_interval
+            and (cost is None or cost <= self._max_usd_per_s * interval)
+            and (not egress or egress <= self._max_egress_per_s * interval)
+        )
+
+    def _refuse_implausible(self, event: UsageEvent, where: str) -> None:
+        """Say which bound the event is beyond: the field, its value, the bound and where to change it."""
         interval = event.interval_s
         limits = self.limits
         if interval > limits.max_interval:
@@ -315,14 +327,17 @@ class EventDecoder:
         return out if isinstance(raw, list) else out[0]
 
 
-def _check_depth(extra: dict[str, Any], where: str, prefix: str) -> None:
-    """Refuse unknown fields nested deeper than :data:`MAX_EXTRA_DEPTH` (iteratively: a
-    recursive walk would itself overflow the stack on the values it is meant to refuse)."""
+def _too_deep(extra: dict[str, Any]) -> str | None:
+    """The first unknown field nested deeper than :data:`MAX_EXTRA_DEPTH`, if any (walked
+    iteratively: recursion would itself overflow the stack on the values it refuses)."""
     for key, value in extra.items():
+        if not isinstance(value, (dict, list)):
+            continue
         stack = [(value, 1)]
         while stack:
             item, depth = stack.pop()
-            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+            children = item.values() if isinstance(item, dict) else item
             if children and depth > MAX_EXTRA_DEPTH:
-                raise InvalidMessage(f"nested deeper than {MAX_EXTRA_DEPTH} levels - at `{where}{prefix}.{key}`")
+                return key
             stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return None
