@@ -287,3 +287,38 @@ def test_a_value_beyond_a_limit_is_refused_naming_field_value_and_limit(limit, i
     reason = info.value.reason
     assert reason.endswith(f"- at `$.{field}`") and limit in reason and "limits.yaml" in reason
     assert f"{field} {beyond[field]:g}" in reason or f"{field} {beyond[field]}" in reason
+
+
+# -- and detected: no accepted event stops the engine ---------------------------------------
+
+RESOURCE_TYPES = ["gpu_instance", "notebook", "storage_bucket", "vector_db", "inference_endpoint", "cpu_instance"]
+
+
+@pytest.mark.parametrize("limits", [UNBOUNDED, Limits()], ids=["contract", "default-limits"])
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_whatever_the_decoder_accepts_is_detected(ruleset, limits, data):
+    """Events from the contract's bounds, on two resources over three days so that the
+    detectors see sequences, go through every shipped rule without an exception."""
+    from detector.alerts import AlertManager
+    from detector.engine import Engine
+
+    decoder = EventDecoder(clock=lambda: NOW, limits=limits)
+    engine, manager = Engine(ruleset), AlertManager(ruleset=ruleset)
+    start = datetime(2026, 11, 2, tzinfo=timezone.utc)
+    for _ in range(data.draw(st.integers(1, 12))):
+        topic = data.draw(st.sampled_from(list(_TYPES)))
+        message = data.draw(messages(topic, limits))
+        for event in message:
+            for key in ("resource_id", "run_id", "project"):
+                if key in event:
+                    event[key] = data.draw(st.sampled_from(["h1", "h2"]))
+            if "resource_type" in event:
+                event["resource_type"] = data.draw(st.sampled_from(RESOURCE_TYPES))
+            if topic == "run-events":
+                event["resource_ids"] = ["h1", "h2"]
+            event["ts"] = (start + timedelta(seconds=data.draw(st.integers(0, 3 * 86400)))).isoformat()
+        events = decoder.decode(topic, msgspec.json.encode(message))
+        for alert in manager.handle(engine.process(events)):
+            assert alert.to_json()
+    engine.open_episodes()
