@@ -245,9 +245,9 @@ class EventDecoder:
                 raise InvalidMessage(self._ts_reason(event.ts, latest, f"$[{i}].ts" if batch else "$.ts"))
             if usage and not self._plausible(event):  # type: ignore[arg-type]
                 self._refuse_implausible(event, f"$[{i}]" if batch else "$")  # type: ignore[arg-type]
-            if event.extra and _too_deep(event.extra):
+            if event.extra and (deep := _too_deep(event.extra)) is not None:
                 where = (f"$[{i}]" if batch else "$") + ("" if lenient else ".extra")
-                raise InvalidMessage(f"nested deeper than {MAX_EXTRA_DEPTH} levels - at `{where}.{_too_deep(event.extra)}`")
+                raise InvalidMessage(f"nested deeper than {MAX_EXTRA_DEPTH} levels - at `{where}.{deep}`")
         return events
 
     def _ts_reason(self, ts: datetime, latest: datetime, where: str) -> str:
