@@ -56,7 +56,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT64_MAX = 1.7976931348623157e308
 TS_MIN = datetime(1970, 1, 1, tzinfo=timezone.utc)
 TS_MAX = datetime(2200, 1, 1, tzinfo=timezone.utc)
-"""DateTime64 stores 1900 to 2299; events before the epoch or after 2200 are errors."""
+"""ClickHouse documents DateTime64 from 1900 to 2299; before the epoch or after 2200 is a producer's error."""
 MIN_INTERVAL_S = 0.001
 """The timestamps' resolution (DateTime64(3)); also keeps rates per second finite."""
 
@@ -202,6 +202,7 @@ class EventDecoder:
         self._max_future_s = max_future_s
         self._clock = clock
         self.limits = limits or Limits()
+        self._max_interval = self.limits.max_interval
         self._max_usd_per_s = self.limits.max_usd_per_hour / 3600.0
         self._max_egress_per_s = self.limits.max_egress_bytes_per_s
 
@@ -242,21 +243,32 @@ class EventDecoder:
         for i, event in enumerate(events):
             if event.ts > latest or event.ts < TS_MIN:
                 raise InvalidMessage(self._ts_reason(event.ts, latest, f"$[{i}].ts" if batch else "$.ts"))
-            if usage:
-                self._check_plausible(event, f"$[{i}]" if batch else "$")  # type: ignore[arg-type]
-            if event.extra:
-                _check_depth(event.extra, f"$[{i}]" if batch else "$", "" if lenient else ".extra")
+            if usage and not self._plausible(event):  # type: ignore[arg-type]
+                self._refuse_implausible(event, f"$[{i}]" if batch else "$")  # type: ignore[arg-type]
+            if event.extra and (deep := _too_deep(event.extra)) is not None:
+                where = (f"$[{i}]" if batch else "$") + ("" if lenient else ".extra")
+                raise InvalidMessage(f"nested deeper than {MAX_EXTRA_DEPTH} levels - at `{where}.{deep}`")
         return events
 
     def _ts_reason(self, ts: datetime, latest: datetime, where: str) -> str:
         if ts < TS_MIN:
-            return f"timestamp {ts.isoformat()} is before {TS_MIN.isoformat()} - at `{where}`"
+            return f"timestamp {ts.isoformat()} is before {TS_MIN:%Y-%m-%dT%H:%M:%SZ} - at `{where}`"
         if latest == TS_MAX:
-            return f"timestamp {ts.isoformat()} is after {TS_MAX.isoformat()} - at `{where}`"
+            return f"timestamp {ts.isoformat()} is after {TS_MAX:%Y-%m-%dT%H:%M:%SZ} - at `{where}`"
         return f"timestamp {ts.isoformat()} is more than {self._max_future_s / 3600:g}h in the future - at `{where}`"
 
-    def _check_plausible(self, event: UsageEvent, where: str) -> None:
-        """The bounds of :class:`~detector.limits.Limits`: refuse what can be stored but is absurd."""
+    def _plausible(self, event: UsageEvent) -> bool:
+        """Within the bounds of :class:`~detector.limits.Limits` (what can be stored may still be absurd)."""
+        interval = event.interval_s
+        cost, egress = event.cost_usd, event.egress_bytes
+        return (
+            interval <= self._max_interval
+            and (cost is None or cost <= self._max_usd_per_s * interval)
+            and (not egress or egress <= self._max_egress_per_s * interval)
+        )
+
+    def _refuse_implausible(self, event: UsageEvent, where: str) -> None:
+        """Say which bound the event is beyond: the field, its value, the bound and where to change it."""
         interval = event.interval_s
         limits = self.limits
         if interval > limits.max_interval:
@@ -315,14 +327,17 @@ class EventDecoder:
         return out if isinstance(raw, list) else out[0]
 
 
-def _check_depth(extra: dict[str, Any], where: str, prefix: str) -> None:
-    """Refuse unknown fields nested deeper than :data:`MAX_EXTRA_DEPTH` (iteratively: a
-    recursive walk would itself overflow the stack on the values it is meant to refuse)."""
+def _too_deep(extra: dict[str, Any]) -> str | None:
+    """The first unknown field nested deeper than :data:`MAX_EXTRA_DEPTH`, if any (walked
+    iteratively: recursion would itself overflow the stack on the values it refuses)."""
     for key, value in extra.items():
+        if not isinstance(value, (dict, list)):
+            continue
         stack = [(value, 1)]
         while stack:
             item, depth = stack.pop()
-            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+            children = item.values() if isinstance(item, dict) else item
             if children and depth > MAX_EXTRA_DEPTH:
-                raise InvalidMessage(f"nested deeper than {MAX_EXTRA_DEPTH} levels - at `{where}{prefix}.{key}`")
+                return key
             stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return None

@@ -358,6 +358,9 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         print(f"{len(exc.errors)} error(s)", file=sys.stderr)
         return 1
+    if not ruleset.rules:
+        print(f"{path}: no rule enabled (allow_no_rules: true): detection is off")
+        return 0
     print(f"{path}: {len(ruleset.rules)} enabled rule(s) OK: {', '.join(ruleset.names)}")
     return 0
 

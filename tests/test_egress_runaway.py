@@ -103,3 +103,13 @@ def test_reread_intervals_are_not_counted_twice(ruleset):
     engine.process(events[-90:])
     (open_episode,) = [f for f in engine.open_episodes() if f.type == "egress_runaway"]
     assert open_episode.details["excess_gb"] == pytest.approx(60 * 380 / 60, rel=0.01)
+
+
+def test_intervals_longer_than_the_window_are_judged_not_a_crash(ruleset):
+    """An hourly exporter (interval_s 3600 > the 15-minute window) once emptied the window
+    and divided by zero, which stopped the worker."""
+    hourly = [UsageEvent(ts=at(T0 + h * HOUR), resource_id="etl-1", resource_type="cpu_instance", region="us-east-1",
+                         interval_s=HOUR, egress_bytes=int((20 if h < 10 else 400) * GB), tags={"team": "data"})
+              for h in range(14)]  # fmt: skip
+    fired = [f for f in findings(ruleset, hourly) if f.action == "fire"]
+    assert [f.fired_at for f in fired] == [T0 + 10 * HOUR]  # 400 GB/h after 20: the hour it starts

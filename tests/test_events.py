@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detector.events import EventDecoder, GpuMetric, InvalidMessage, RunEvent, UsageEvent
 
@@ -55,3 +57,90 @@ def test_bad_messages_name_the_problem(topic, value, reason):
     with pytest.raises(InvalidMessage) as info:
         decoder.decode(topic, value)
     assert reason in info.value.reason
+
+
+# -- hostile input: refused with the field named, never an exception of another type ------
+
+DEEP = b"[" * 5000 + b"]" * 5000
+
+
+def _raw(fields: dict, **raw: bytes) -> bytes:
+    """A JSON object with some values as raw JSON text (numbers json.dumps cannot write)."""
+    body = json.dumps(fields)[:-1]
+    return (body + "".join(f', "{k}": {v.decode()}' for k, v in raw.items()) + "}").encode()
+
+
+POISON = [
+    ("gpu-metrics", json.dumps([{**GPU, "gpu_index": 300}]).encode(), "Expected `int` <= 255 - at `$[0].gpu_index`"),
+    ("run-events", json.dumps({**RUN, "gpu_count": 70000}).encode(), "Expected `int` <= 65535 - at `$.gpu_count`"),
+    ("resource-usage", json.dumps({**USAGE, "interval_s": 1e308}).encode(), "- at `$.interval_s`"),
+    ("resource-usage", json.dumps({**USAGE, "egress_bytes": 2**64}).encode(), "- at `$.egress_bytes`"),
+    ("resource-usage", json.dumps({**USAGE, "egress_bytes": 2**64 - 1}).encode(), "- at `$.egress_bytes`"),
+    ("gpu-metrics", json.dumps({**GPU, "power_w": 1e39}).encode(), "- at `$.power_w`"),  # beyond Float32
+    ("gpu-metrics", _raw(GPU, mem_used_mib=b"1e999"), "Number out of range - at `$.mem_used_mib`"),
+    ("resource-usage", _raw(USAGE, cost_usd=b"1e999"), "Number out of range - at `$.cost_usd`"),
+    ("resource-usage", json.dumps({**USAGE, "cost_usd": 1e6, "interval_s": 60}).encode(),
+     "cost_usd 1e+06 over interval_s 60 is $60,000,000.00/h, above the plausible $2,000.00/h per resource "
+     "(max_usd_per_hour in limits.yaml"),
+    ("resource-usage", json.dumps({**USAGE, "cost_usd": 1e308}).encode(), "max_usd_per_hour"),
+    ("resource-usage", json.dumps({**USAGE, "interval_s": 1e9}).encode(), "(max_interval in limits.yaml"),
+    ("resource-usage", json.dumps({**USAGE, "egress_bytes": 2**62, "interval_s": 60}).encode(),
+     "above the plausible 400 Gbit/s (max_egress_gbit_per_s in limits.yaml"),
+    ("gpu-metrics", json.dumps(GPU).replace('"h1"', '"h\\u00e9"').encode().replace(b"\\u00e9", b"\xc3"),
+     "not valid UTF-8"),
+    ("gpu-metrics", json.dumps({**GPU, "model": "A100"}).encode().replace(b"A100", b"A\xff\xfe0"), "not valid UTF-8"),
+    ("gpu-metrics", DEEP, "nested too deeply"),
+    ("gpu-metrics", _raw(GPU, labels=DEEP), "nested too deeply"),
+    ("gpu-metrics", _raw(GPU, labels=b"[" * 40 + b"]" * 40), "nested deeper than 32 levels - at `$.labels`"),
+    ("gpu-metrics", _raw(GPU, extra=b'{"a": ' + b"[" * 40 + b"]" * 40 + b"}"), "- at `$.extra.a`"),
+    ("gpu-metrics", json.dumps({**GPU, "resource_id": "h" * 2000}).encode(), "<= 1024 - at `$.resource_id`"),
+    ("resource-usage", json.dumps({**USAGE, "tags": {str(i): "" for i in range(1025)}}).encode(), "- at `$.tags`"),
+    ("run-events", json.dumps({**RUN, "error": "x" * 70_000}).encode(), "- at `$.error`"),
+    ("run-events", json.dumps({**RUN, "ts": "1969-12-31T23:59:59Z"}).encode(), "is before 1970-01-01T00:00:00Z - at `$.ts`"),
+    ("run-events", None, "no value"),
+]
+
+
+@pytest.mark.parametrize("topic, value, reason", POISON, ids=[
+    "gpu_index-300", "gpu_count-70000", "interval-1e308", "egress-2^64", "egress-2^64-1", "float32-overflow",
+    "float64-overflow", "cost-1e999", "cost-1e6-per-minute", "cost-1e308", "interval-1e9", "egress-400G+",
+    "truncated-utf8", "invalid-utf8", "deep-5000", "deep-5000-in-unknown-field", "deep-40-in-unknown-field",
+    "deep-40-in-extra", "long-id", "too-many-tags", "long-error", "before-1970", "tombstone"])  # fmt: skip
+def test_poison_is_refused_with_its_field(topic, value, reason):
+    with pytest.raises(InvalidMessage) as info:
+        decoder.decode(topic, value)
+    assert reason in info.value.reason
+
+
+def _json(max_leaves: int = 8) -> st.SearchStrategy:
+    leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6),
+                       st.sampled_from(["2026-11-02T00:00:00Z", "running", "failed", "spot"]))  # fmt: skip
+    return st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                             max_size=3),
+                        max_leaves=max_leaves)  # fmt: skip
+
+
+def _total(topic: str, value: bytes) -> None:
+    try:
+        events = decoder.decode(topic, value)
+    except InvalidMessage as exc:
+        assert exc.reason
+    else:
+        assert events and all(type(e).__name__ in ("UsageEvent", "GpuMetric", "RunEvent") for e in events)
+
+
+@settings(max_examples=300, deadline=None)
+@given(topic=st.sampled_from(["gpu-metrics", "resource-usage", "run-events"]), value=st.binary(max_size=200))
+def test_any_bytes_decode_or_are_refused(topic, value):
+    _total(topic, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(topic=st.sampled_from(["gpu-metrics", "resource-usage", "run-events"]), data=st.data())
+def test_any_field_values_decode_or_are_refused(topic, data):
+    base = {"gpu-metrics": GPU, "resource-usage": USAGE, "run-events": RUN}[topic]
+    names = sorted(set(base) | {"interval_s", "cost_usd", "egress_bytes", "tags", "gpu_count", "extra", "x"})
+    changed = data.draw(st.dictionaries(st.sampled_from(names), _json(), max_size=4))
+    message = {**base, **changed}
+    as_batch = data.draw(st.booleans())
+    _total(topic, json.dumps([message] if as_batch else message, allow_nan=True).encode())

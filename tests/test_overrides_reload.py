@@ -88,3 +88,32 @@ def test_bad_edit_is_refused_and_the_rules_in_force_stay(rules_dir):
     assert str(refused) == f"{path}:8 rules[0].overrides[0].params.for: invalid duration 'two hours'; expected e.g. 30m, 6h, 7d"
     assert watcher.current is before
     assert watcher.poll() == (None, None)  # refused once, not on every poll
+
+
+@pytest.mark.parametrize("change", ["empty", "all-disabled", "deleted"])
+def test_a_reload_that_leaves_no_rule_enabled_is_refused(rules_dir, change):
+    watcher = RulesWatcher(rules_dir, load_rules(rules_dir))
+    before = watcher.current
+    path = rules_dir / "rules.yaml"
+    if change == "deleted":
+        path.unlink()
+    else:
+        path.write_text("" if change == "empty" else RULES.replace("type: idle_gpu", "type: idle_gpu\n    enabled: false"))
+        os.utime(path, ns=(1, 10**18))
+    ruleset, refused = watcher.poll()
+    assert ruleset is None and "no rule is enabled" in str(refused)
+    assert watcher.current is before and watcher.current.names == ["idle-gpu"]
+    path.write_text("allow_no_rules: true\n")  # meant: taken up
+    os.utime(path, ns=(2, 2 * 10**18))
+    ruleset, refused = watcher.poll()
+    assert refused is None and ruleset is not None and ruleset.rules == ()
+
+
+def test_a_deleted_rules_file_is_refused_on_reload(tmp_path):
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES)
+    watcher = RulesWatcher(path, load_rules(path))
+    path.unlink()
+    ruleset, refused = watcher.poll()
+    assert ruleset is None and "no such file or directory" in str(refused)
+    assert watcher.current.names == ["idle-gpu"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from detector.detectors import ResourceInfo
@@ -83,3 +87,66 @@ def test_selectors(match, resource, expected):
 @pytest.mark.parametrize("text, seconds", [("30m", 1800), ("6h", 21600), ("7d", 604800), ("45s", 45), (90, 90)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
+
+
+# -- detection switched off by accident is refused ---------------------------------------
+
+NO_RULES = "no rule is enabled, so nothing would be detected"
+
+
+@pytest.mark.parametrize("content", ["", "# every rule removed\n", "rules: []\n",
+                                     "rules:\n  - {name: idle, type: idle_gpu, enabled: false}\n"],
+                         ids=["empty", "comments-only", "empty-list", "all-disabled"])  # fmt: skip
+def test_rules_that_leave_nothing_enabled_are_refused_unless_intended(tmp_path, content):
+    (tmp_path / "rules.yaml").write_text(content)
+    with pytest.raises(RulesInvalid, match=NO_RULES) as info:
+        load_rules(tmp_path)
+    assert "allow_no_rules: true" in str(info.value)  # says how to mean it
+    (tmp_path / "rules.yaml").write_text(content + "allow_no_rules: true\n")
+    assert load_rules(tmp_path).rules == ()
+
+
+def test_a_deleted_rules_file_is_refused(tmp_path):
+    (tmp_path / "pricing.yaml").write_text("instances: {}\n")
+    with pytest.raises(RulesInvalid, match=NO_RULES):
+        load_rules(tmp_path)  # a rules directory left with no rule file
+    with pytest.raises(RulesInvalid, match="no such file or directory"):
+        load_rules(tmp_path / "rules.yaml")  # a rules file that is gone
+
+
+def test_allow_no_rules_must_be_a_boolean(tmp_path):
+    (tmp_path / "rules.yaml").write_text("rules: []\nallow_no_rules: maybe\n")
+    with pytest.raises(RulesInvalid) as info:
+        load_rules(tmp_path)
+    assert str(info.value) == f"{tmp_path / 'rules.yaml'}:2 allow_no_rules: expected true or false, got 'maybe'"
+
+
+def rules_check(path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streams.cli", "rules", "check", str(path)],
+                          capture_output=True, text=True)  # fmt: skip
+
+
+def test_rules_check_says_the_same(tmp_path):
+    (tmp_path / "rules.yaml").write_text("rules: []\n")
+    out = rules_check(tmp_path)
+    assert out.returncode == 1 and NO_RULES in out.stderr
+    (tmp_path / "rules.yaml").write_text("rules: []\nallow_no_rules: true\n")
+    out = rules_check(tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "no rule enabled (allow_no_rules: true): detection is off" in out.stdout
+
+
+@pytest.mark.integration
+def test_the_worker_does_not_start_without_an_enabled_rule(tmp_path):
+    from streams.embedded import EmbeddedBroker
+    from streams.process import worker_env
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "rules.yaml").write_text("rules: []\n")
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = {**os.environ, **worker_env(broker.bootstrap, tmp_path / "data", rules, 1)}
+        out = subprocess.run([sys.executable, "-m", "streams.cli", "worker"], env=env, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert out.returncode != 0
+    assert "rules refused" in out.stderr and NO_RULES in out.stderr

@@ -171,7 +171,7 @@ class EgressRunaway(DetectorBase):
     def _add_to_window(self, st: DestinationState, t: float, size: float, interval: float) -> None:
         st.recent.append((t, size, interval))
         horizon = t + interval - self.params.window
-        while st.recent and st.recent[0][0] < horizon:
+        while len(st.recent) > 1 and st.recent[0][0] < horizon:  # the latest interval stays, however long
             st.recent.pop(0)
         st.rate = sum(r[1] for r in st.recent) / sum(r[2] for r in st.recent)
 
