@@ -53,6 +53,7 @@ class Outbox:
         group_wait_s: float = 2.0,
         group_window_s: float = 120.0,
         edit_every_s: float = 60.0,
+        landing_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -87,10 +88,10 @@ class Outbox:
         self._edits: dict[str, Alert] = {}
         """Alert id → its latest cost update not yet shown on its message."""
         self._edited_at: dict[str, float] = {}
-        self._maybe_posted: set[tuple[str, str]] = set()
-        """Posts that timed out, or were begun by a worker that died: looked for in Slack first."""
-        self._begun: set[tuple[str, str]] = set()
-        """Posts marked begun in the store by this outbox (marked once, however often retried)."""
+        self._maybe_posted: dict[tuple[str, str], float] = {}
+        """Posts that timed out, or were begun by a worker that died → wall time after which they
+        are looked for in Slack (a request cut off may still land until then), then sent if absent."""
+        self.landing_s = landing_s
         self._snoozes_read = clock()
         self.failed = 0
         self.hold_s = 0.0
@@ -153,8 +154,10 @@ class Outbox:
             if kind == "fired" and ts:
                 (self._group_ts.add if ts in seen else seen.add)(ts)
         pending = self.store.undelivered(sorted(self._owned) if self._owned is not None else None)
-        self._maybe_posted |= self.store.attempted() & set(pending)
-        self._begun |= self._maybe_posted
+        pending_keys = set(pending)
+        for key, at in self.store.attempted().items():
+            if key in pending_keys:
+                self._maybe_posted[key] = max(self._maybe_posted.get(key, 0.0), at + self.landing_s)
         ids = [alert_id for alert_id, _ in pending]
         rows = {r["alert_id"]: r for r in self.store.alerts("alert_id IN %(ids)s", {"ids": ids})} if pending else {}
         now = self._clock()
@@ -210,12 +213,15 @@ class Outbox:
             if group is None:
                 return sent  # waiting for the rest of its group
             thread = self._done.get((alert.alert_id, "fired"))
-            if key in self._maybe_posted and self._found(alert, group, thread):
-                continue
-            begun = [a.alert_id for a in group if (a.alert_id, a.change) not in self._begun]
-            if begun:  # before sending: a kill from here on leaves the mark for the next worker
-                self.store.record_attempt(begun, alert.change)
-                self._begun.update((alert_id, alert.change) for alert_id in begun)
+            if key in self._maybe_posted:
+                wait = self._maybe_posted[key] - self._wall()
+                if wait > 0:  # a post cut off by a timeout or a kill may still land: look after it could
+                    self.hold_s = wait
+                    return sent
+                if self._found(alert, group, thread):
+                    continue
+            # Before sending (every try): a kill from here on leaves the mark, and its time, for the next worker.
+            self.store.record_attempt([a.alert_id for a in group], alert.change)
             try:
                 if len(group) > 1:
                     channel, ts = self.notifier.post_group(group)
@@ -227,7 +233,8 @@ class Outbox:
                 self.failed += 1
                 METRICS.slack.labels("retry" if exc.retryable else "refused").inc()
                 if exc.maybe_posted:
-                    self._maybe_posted.update((a.alert_id, a.change) for a in group)
+                    landed_by = self._wall() + self.landing_s
+                    self._maybe_posted.update(((a.alert_id, a.change), landed_by) for a in group)
                 if exc.retryable:
                     raise
                 log.error("slack_delivery_refused", alert_ids=[a.alert_id for a in group], change=alert.change,
@@ -270,7 +277,8 @@ class Outbox:
     def _found(self, alert: Alert, group: list[Alert], thread: tuple[str, str] | None) -> bool:
         """Whether a post that may have landed is in Slack: if so it is recorded as delivered."""
         assert self.notifier is not None
-        self._maybe_posted.difference_update((a.alert_id, a.change) for a in group)
+        for member in group:
+            self._maybe_posted.pop((member.alert_id, member.change), None)
         if alert.change == "resolved":
             if thread is None or not thread[1]:
                 return False

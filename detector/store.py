@@ -585,15 +585,18 @@ class Store:
             )  # fmt: skip
         return {(r[0], r[1]): (r[2], r[3]) for r in result.result_rows}
 
-    def attempted(self) -> set[tuple[str, str]]:
-        """(alert_id, change) of posts begun but not recorded as delivered: maybe in Slack already."""
+    def attempted(self) -> dict[tuple[str, str], float]:
+        """(alert_id, change) of posts begun but not recorded as delivered (maybe in Slack
+        already, or about to land there) → wall time of the latest attempt."""
         rows = self.query(
-            f"""SELECT alert_id, substring(kind, %(n)s) AS change FROM {self.db}.alert_deliveries
+            f"""SELECT alert_id, substring(kind, %(n)s) AS change, max(delivered_at) AS at
+                FROM {self.db}.alert_deliveries
                 WHERE startsWith(kind, %(attempt)s)
-                  AND (alert_id, change) NOT IN (SELECT alert_id, kind FROM {self.db}.alert_deliveries)""",
+                  AND (alert_id, change) NOT IN (SELECT alert_id, kind FROM {self.db}.alert_deliveries)
+                GROUP BY alert_id, change""",
             {"attempt": _ATTEMPT, "n": len(_ATTEMPT) + 1},
         )
-        return {(r["alert_id"], r["change"]) for r in rows}
+        return {(r["alert_id"], r["change"]): epoch(r["at"]) for r in rows}
 
     def undelivered(self, partitions: Sequence[int] | None = None) -> list[tuple[str, str]]:
         """(alert_id, change) pairs people should have heard of but have not, oldest first: the

@@ -83,7 +83,7 @@ def run_worker(store: Store, slack: LocalSlack, acked: list[int], channel: str) 
     manager = AlertManager(store.recent_alerts(), realert=store.realert_memory(),
                            open_incidents=store.open_incidents())  # fmt: skip
     outbox = Outbox(store, SlackNotifier(token="xoxb-test", channel=channel, base_url=slack.api_url, timeout=2),
-                    group_wait_s=0)  # fmt: skip
+                    group_wait_s=0, landing_s=0)  # fmt: skip
     outbox.recover()
     outbox.deliver_pending()
     for i, batch in enumerate(BATCHES):
@@ -179,7 +179,7 @@ def test_a_post_hanging_when_the_worker_dies_is_looked_for_after_the_restart(sla
     expected = 2 if change == "resolved" else 1
     assert slack.wait_for(lambda reqs: sum(r.method == "chat.postMessage" for r in reqs) == expected, timeout=10)
 
-    restarted = Outbox(store, impatient(slack), group_wait_s=0)
+    restarted = Outbox(store, impatient(slack), group_wait_s=0, landing_s=0)  # it has landed: look at once
     assert restarted.recover() == 1
     restarted.deliver_pending()
     posts = slack.calls("chat.postMessage")
@@ -195,7 +195,7 @@ def test_a_post_begun_but_never_sent_is_posted_after_the_restart(slack, store):
     nothing, so it is posted (once)."""
     store.record_alerts([idle()], version=1)
     store.record_attempt(["a1"], "fired")
-    restarted = Outbox(store, impatient(slack), group_wait_s=0)
+    restarted = Outbox(store, impatient(slack), group_wait_s=0, landing_s=0)
     assert restarted.recover() == 1
     assert restarted.deliver_pending() == 1
     assert len(slack.calls("chat.postMessage")) == 1 and len(slack.calls("conversations.history")) == 1
@@ -291,3 +291,25 @@ def test_adds_hammered_during_delivery_passes_are_all_posted_once(slack, store):
     named = sorted(a for p in opened for a in ids if f"alert `{a}`" in p.text_of_blocks())
     assert named == sorted(ids)  # each opening once
     assert sorted(a for p in resolved for a in ids if f"alert `{a}`" in p.text_of_blocks()) == sorted(ids)
+
+
+def test_a_post_that_lands_after_the_restart_is_not_posted_twice(slack, store):
+    """The worker died while a post hung, and Slack takes that post only after the next worker
+    has started: the next worker waits out the time a cut-off post may still land (from the
+    attempt's recorded time), then finds it in the channel instead of posting it again."""
+    store.record_alerts([idle()], version=1)
+    outbox = Outbox(store, impatient(slack), group_wait_s=0)  # the client gives up after 1 s
+    outbox.add([idle()])
+    slack.hang(2.5)  # Slack takes the post 2.5 s after it was sent
+    with pytest.raises(SlackError):
+        outbox.deliver_pending()  # the worker dies here, with the post in flight
+    restarted = Outbox(store, impatient(slack), group_wait_s=0, landing_s=4.0)
+    assert restarted.recover() == 1
+    assert restarted.deliver_pending() == 0 and restarted.hold_s > 0  # too early to tell: it waits
+    slack.hang(0)
+    deadline = time.monotonic() + 20
+    while store.undelivered() and time.monotonic() < deadline:
+        time.sleep(min(restarted.hold_s, 0.5) or 0.05)  # the outbox's own hold, as the worker's task waits
+        restarted.deliver_pending()
+    assert store.undelivered() == []
+    assert len(slack.calls("chat.postMessage")) == 1  # the late one, found; not posted again

@@ -209,7 +209,7 @@ def test_openings_of_one_type_and_team_within_two_minutes_are_one_message(slack,
 def test_a_post_that_timed_out_but_landed_is_not_posted_again(slack, store):
     """Slack took the message but the answer never came: the outbox looks before re-posting."""
     notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=1)
-    outbox = Outbox(store, notifier, group_wait_s=0)
+    outbox = Outbox(store, notifier, group_wait_s=0, landing_s=0)  # the test waits for the landing itself
     outbox.add([alert()])
     slack.hang(1.5)
     with pytest.raises(SlackError) as info:
