@@ -46,9 +46,10 @@ from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, publis
 from streams.process import WorkerProcess, worker_env
 
 __all__ = [
-    "ALERT_ID", "AlertDiff", "CpuLoad", "Fleet", "Pacer", "PostsDiff", "Stored", "Worker", "compare_alerts",
-    "compare_posts", "fleet", "publish", "read_dead_letters", "reported_alerts", "single_event_messages", "sql", "stored",
-    "stored_alerts", "wait_acknowledged", "worker_env", "write_records",
+    "ALERT_ID", "AlertDiff", "ChaosReport", "CpuLoad", "Fleet", "Pacer", "PostsDiff", "Stored", "Worker", "chaos",
+    "compare_alerts", "compare_posts", "expected_counts", "fleet", "idle_host", "offsets", "publish",
+    "read_dead_letters", "reported_alerts", "rfc", "set_immutable", "single_event_messages", "slack_env", "sql",
+    "stored", "stored_alerts", "wait_acknowledged", "worker_env", "write_records",
 ]  # fmt: skip
 
 PARTITIONS = 4
