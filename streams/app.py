@@ -120,12 +120,16 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         return highwater is not None and offset + 1 >= highwater
 
     async def end_positions(tps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int | None, int | None]]:
-        """(position, end offset) of assigned partitions that have delivered nothing yet."""
+        """(position, end offset) of assigned partitions that have delivered nothing yet. The
+        end is the larger of the broker's listed end offset and a fetch's high watermark: some
+        brokers (the embedded one) list the last batch's base offset + 1, short of the end."""
         partitions = [TP(topic, partition) for topic, partition in tps]
         ends = await app.consumer.highwaters(*partitions)
         out: dict[tuple[str, int], tuple[int | None, int | None]] = {}
         for tp in partitions:
-            out[(tp.topic, tp.partition)] = (await app.consumer.position(tp), ends.get(tp))
+            listed, fetched = ends.get(tp), app.consumer.highwater(tp)
+            end = max(listed, fetched) if listed is not None and fetched is not None else listed
+            out[(tp.topic, tp.partition)] = (await app.consumer.position(tp), end)
         return out
 
     pipeline = Pipeline(
