@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -133,6 +134,12 @@ _NO_SOURCE = ("", 0, 0)
 _KEY_COLUMN = {"resource_usage": "resource_id", "gpu_metrics": "resource_id", "run_events": "run_id"}
 _DAY_MS = 86_400_000
 _MAX_SPANS = 16
+_MAX_KEYS = 2_000
+"""Keys in one look-up's text; with more, the look-up reads the span's rows of every key."""
+_CODE = re.compile(r"Code: (\d+)\.")
+_DATA_ERRORS = {6, 26, 27, 32, 33, 36, 38, 41, 43, 53, 69, 70, 72, 117, 131, 321, 407, 469}
+"""ClickHouse error codes that mean the rows themselves were refused (cannot parse or convert,
+type mismatch, argument or value out of bound, incorrect data, a violated constraint)."""
 _INSERT_SETTINGS = {"max_partitions_per_insert_block": 0}
 """A message may carry events of any age: an insert touching many monthly partitions is valid."""
 
@@ -342,12 +349,15 @@ class Store:
         return written
 
     def _new_rows(self, table: str, names: list[str], cols: list[list]) -> list[int] | None:
-        """Indexes of the rows to insert (the first of each event id, not stored yet); None: all."""
+        """Indexes of the rows to insert (the first of each event id, not stored yet); None: all.
+        Rows stored before events had ids (``event_id`` 0) are matched by their Kafka source."""
         ids = cols[names.index("event_id")]
-        seen = self._stored_ids(table, cols[names.index(_KEY_COLUMN[table])], cols[0])
+        seen, legacy = self._stored_ids(table, cols[names.index(_KEY_COLUMN[table])], cols[0])
+        sources = zip(*(cols[names.index(c)] for c in _SOURCE_COLS[1:]), strict=True) if legacy else None
         keep = []
         for i, event_id in enumerate(ids):
-            if event_id not in seen:
+            source = next(sources) if sources is not None else None
+            if event_id not in seen and source not in legacy:
                 seen.add(event_id)
                 keep.append(i)
         if len(keep) == len(ids):
@@ -355,10 +365,11 @@ class Store:
         METRICS.duplicates_skipped.inc(len(ids) - len(keep))
         return keep
 
-    def _stored_ids(self, table: str, keys: list[str], ts_ms: list[int]) -> set[int]:
+    def _stored_ids(self, table: str, keys: list[str], ts_ms: list[int]) -> tuple[set[int], set[tuple]]:
         """Event ids already stored for these keys within the batch's time span, looked up
         per day the batch touches (through the table's (key, ts) order, so the cost follows
-        what is stored there, which is nothing for new data)."""
+        what is stored there, which is nothing for new data); and the Kafka sources of rows
+        stored there without an id (before migration 0005)."""
         spans: dict[int, list] = {}
         for key, t in zip(keys, ts_ms, strict=True):
             span = spans.get(t // _DAY_MS)
@@ -372,12 +383,36 @@ class Store:
         column = _KEY_COLUMN[table]
         clauses, parameters = [], {}
         for n, (lo, hi, span_keys) in enumerate(spans.values()):
-            clauses.append(f"({column} IN %(k{n})s AND ts BETWEEN fromUnixTimestamp64Milli(%(lo{n})s, 'UTC') "
-                           f"AND fromUnixTimestamp64Milli(%(hi{n})s, 'UTC'))")  # fmt: skip
-            parameters.update({f"k{n}": list(span_keys), f"lo{n}": lo, f"hi{n}": hi})
-        result = self.client.query(f"SELECT event_id FROM {self.db}.{table} WHERE {' OR '.join(clauses)}",
-                                   parameters=parameters)  # fmt: skip
-        return {row[0] for row in result.result_rows}
+            within = (f"ts BETWEEN fromUnixTimestamp64Milli(%(lo{n})s, 'UTC') "
+                      f"AND fromUnixTimestamp64Milli(%(hi{n})s, 'UTC')")  # fmt: skip
+            if len(span_keys) <= _MAX_KEYS:  # the keys go into the query's text: bounded
+                within = f"{column} IN %(k{n})s AND {within}"
+                parameters[f"k{n}"] = list(span_keys)
+            clauses.append(f"({within})")
+            parameters.update({f"lo{n}": lo, f"hi{n}": hi})
+        result = self.client.query(
+            f"SELECT event_id, src_topic, src_partition, src_offset FROM {self.db}.{table} WHERE {' OR '.join(clauses)}",
+            parameters=parameters,
+        )  # fmt: skip
+        ids, legacy = set(), set()
+        for event_id, topic, partition, offset in result.result_rows:
+            if event_id:
+                ids.add(event_id)
+            elif topic:
+                legacy.add((topic, partition, offset))
+        return ids, legacy
+
+    def refused(self, exc: BaseException) -> bool:
+        """Whether an insert's error says ClickHouse (or the client, building the block) refused
+        these rows, as opposed to the store being unavailable, overloaded or slow: only then is a
+        batch split to isolate a message, which is dead-lettered; any other error is retried."""
+        if isinstance(exc, (OverflowError, struct.error, ValueError, TypeError, UnicodeError)):
+            return True
+        code = getattr(exc, "code", None)
+        if code is None:
+            found = _CODE.search(str(exc))
+            code = int(found.group(1)) if found else None
+        return code in _DATA_ERRORS
 
     def writable(self, writer: str = "worker") -> bool:
         """Whether the store takes a write now: after an insert failed, this tells a store that

@@ -44,7 +44,6 @@ __all__ = ["build_worker_app"]
 log = structlog.get_logger("burnwatch.worker")
 
 
-
 def _notifier(settings: Settings) -> SlackNotifier | None:
     if settings.slack_bot_token and settings.slack_channel:
         return SlackNotifier(
@@ -171,8 +170,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
         # State moves with partitions: what this worker holds may now belong to another. The
         # write in flight lands and what is done is committed before the group reassigns.
-        pipeline.ready.clear()  # no batch until the next assignment's state is loaded
-        await pipeline.drain()
+        await pipeline.pause()  # no batch until the next assignment's state is loaded
         await app.consumer.commit()
         pipeline.reset()
         assigned_states.clear()
@@ -217,8 +215,9 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
                 backoff = 1.0
                 if outbox.hold_s:  # a group collecting company: come back when it is due
                     loop.call_later(outbox.hold_s, pipeline.outbox_ready.set)
-            except SlackError as exc:
-                log.warning("slack_delivery_retry", error=str(exc), retry_in_s=backoff, pending=len(outbox))
+            except Exception as exc:  # noqa: BLE001 - Slack's or the store's (deliveries are recorded there)
+                event = "slack_delivery_retry" if isinstance(exc, SlackError) else "delivery_store_error"
+                log.warning(event, error=f"{type(exc).__name__}: {exc}"[:500], retry_in_s=backoff, pending=len(outbox))
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 60.0)
                 pipeline.outbox_ready.set()

@@ -46,9 +46,9 @@ log = structlog.get_logger("burnwatch.worker")
 _json = msgspec.json.Encoder()
 
 TP = tuple[str, int]
-DEAD_LETTER_MAX_VALUE = 1 << 20
+DEAD_LETTER_MAX_VALUE = 512 << 10
 """Bytes of a refused message kept in its dead-letter record; a larger one is kept truncated
-(with its size and SHA-256), so the record always fits the producer's request limit."""
+(with its size and SHA-256), so the record (base64) fits a broker's default 1 MB message limit."""
 _MAX_REASON = 2_000
 
 
@@ -195,14 +195,26 @@ class Pipeline:
         for Slack and ``ack`` is called, in offset order, for each message that is stored
         and that detection has fully seen (the aligner may hold some back). At most one
         write is in flight."""
-        await self.ready.wait()
+        while True:
+            await self.ready.wait()
+            async with self._serial:
+                if not self.ready.is_set():
+                    continue  # paused (a revocation) while this batch waited for its turn
+                self._ack = ack
+                step = self._detect(messages)
+                await self.drain()
+                loop = asyncio.get_running_loop()
+                write = loop.run_in_executor(self._writer, self._write, step)
+                self._inflight = asyncio.ensure_future(self._finish(write, step, ack))
+                return
+
+    async def pause(self) -> None:
+        """Take no batch until :attr:`ready` is set again, and wait for the batch being
+        detected and the write in flight to land (a revocation: nothing may be written for
+        partitions once their new holder may read them)."""
+        self.ready.clear()
         async with self._serial:
-            self._ack = ack
-            step = self._detect(messages)
             await self.drain()
-            loop = asyncio.get_running_loop()
-            write = loop.run_in_executor(self._writer, self._write, step)
-            self._inflight = asyncio.ensure_future(self._finish(write, step, ack))
 
     @property
     def positions(self) -> dict[TP, int]:
@@ -230,8 +242,8 @@ class Pipeline:
         if not waiting:
             self.holding = {tp: why for tp, why in self.holding.items() if tp in self._expected}
             return
-        try:
-            found = await self._end_positions(waiting) if self._end_positions is not None else {}
+        try:  # bounded: a broker that does not answer leaves the partitions holding, and says so
+            found = await asyncio.wait_for(self._end_positions(waiting), 10.0) if self._end_positions else {}
         except Exception as exc:  # noqa: BLE001 - the broker may be unreachable for a while
             found = {}
             error = f"{type(exc).__name__}: {exc}"
@@ -356,6 +368,7 @@ class Pipeline:
         """Send the dead-letter record; a failed send is retried (the message stays unacknowledged)."""
         record = dead_letter(message, reason)
         backoff = 0.5
+        stalled = False
         while True:
             try:
                 await self._send_dead_letter(message.key, record)
@@ -365,8 +378,14 @@ class Pipeline:
                           offset=message.offset, error=f"{type(exc).__name__}: {exc}", retry_in_s=backoff)  # fmt: skip
                 if self._stopping.is_set():
                     raise PipelineStopped from exc
+                if self.stalled_since is None:  # no progress past this message: /healthz and the exit apply
+                    self.stalled_since = time.monotonic()
+                self.stall_reason = f"dead-letter topic: {type(exc).__name__}: {exc}"[:500]
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._retry_max_s)
+                stalled = True
+        if stalled:
+            self.stalled_since, self.stall_reason = None, ""
         log.warning("dead_letter", topic=message.topic, partition=message.partition, offset=message.offset,
                     reason=reason[:_MAX_REASON])  # fmt: skip
 
@@ -452,7 +471,7 @@ class Pipeline:
             self.store.insert_events(batch, self.engine.ruleset.pricing)
             return []
         except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
-            if not self.store.writable():
+            if not self.store.refused(exc) or not self.store.writable():  # not the rows: retry, drop nothing
                 raise StoreUnavailable(" ".join(f"{type(exc).__name__}: {exc}".split())[:500]) from exc
             if len(items) == 1:
                 message = items[0][0]

@@ -202,3 +202,50 @@ def test_an_assigned_partition_holds_event_time_until_it_delivers_or_has_nothing
     assert "broker unreachable" in unreachable[0][("gpu-metrics", 0)] and unreachable[1:] == (0, 0)
     assert "5 < end offset 12" in behind[0][("gpu-metrics", 0)] and behind[1:] == (0, 0)
     assert caught_up[0] == {} and caught_up[1] == 120 and caught_up[2] == 240
+
+
+def test_a_pause_waits_for_the_batch_being_written_and_the_one_behind_it(store, ruleset):
+    """A revocation pauses the pipeline while a batch's write is in flight and the next batch,
+    detected, waits for it: the pause returns only once both writes have landed, and no batch
+    is taken after it (a write landing later could race the partitions' new holder)."""
+    import threading
+
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    gate, written = threading.Event(), []
+    real_write = pipeline._write
+
+    def slow_write(step):
+        gate.wait(30)
+        result = real_write(step)
+        written.append(step.messages)
+        return result
+
+    pipeline._write = slow_write
+
+    async def ack(message):
+        pass
+
+    async def go():
+        await pipeline.process([gpu_message(i, T0 + i * 60, 50.0) for i in range(5)], ack)  # its write waits
+        second = asyncio.create_task(pipeline.process([gpu_message(5 + i, T0 + (5 + i) * 60, 50.0) for i in range(5)], ack))
+        while not pipeline._serial.locked():  # the second batch is detected and waits for the first write
+            await asyncio.sleep(0)
+        pausing = asyncio.create_task(pipeline.pause())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        paused_early = pausing.done()
+        gate.set()
+        await pausing
+        landed = list(written)
+        third = asyncio.create_task(pipeline.process([gpu_message(10, T0 + 600, 50.0)], ack))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        taken_while_paused = third.done()
+        pipeline.ready.set()
+        await asyncio.gather(second, third)
+        await pipeline.drain()
+        return paused_early, landed, taken_while_paused
+
+    paused_early, landed, taken_while_paused = asyncio.run(go())
+    assert not paused_early and landed == [5, 5] and not taken_while_paused
+    assert store.count("gpu_metrics") == 22

@@ -178,3 +178,32 @@ def test_the_same_event_is_stored_once_and_a_changed_one_again(store):
         batch.extend(events)
         store.insert_events(batch)
     assert store.count("resource_usage") == 3
+
+
+def test_rows_stored_before_events_had_ids_are_not_stored_again(store):
+    """After the upgrade that gave events their content ids, messages read again (not yet
+    acknowledged before the upgrade) match their old rows by Kafka source, not by id."""
+    events = [usage(T0 + i * MIN, rid="gpu-1") for i in range(10)]
+    batch = EventBatch()
+    for i, event in enumerate(events):
+        batch.extend([event], ("resource-usage", 0, i))
+    store.insert_events(batch)
+    store.client.command(f"ALTER TABLE {store.db}.resource_usage UPDATE event_id = 0 WHERE 1 SETTINGS mutations_sync = 1")
+    again = EventBatch()
+    for i, event in enumerate(events[5:] + [usage(T0 + 10 * MIN, rid="gpu-1")], start=5):
+        again.extend([event], ("resource-usage", 0, i))
+    assert store.insert_events(again) == 1  # the five read again are left out, the new one stored
+    assert store.count("resource_usage") == 11
+
+
+def test_an_insert_error_is_the_rows_fault_only_when_clickhouse_says_so(store):
+    """Only a refusal of the rows (a type, a range, a constraint) isolates a message; an
+    unavailable, overloaded or slow store is retried, whatever its message."""
+    from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+    assert store.refused(OverflowError("int too big to convert"))
+    assert store.refused(DatabaseError("Code: 469. DB::Exception: Constraint `c` is violated. (VIOLATED_CONSTRAINT)"))
+    assert store.refused(DatabaseError("Code: 53. DB::Exception: Type mismatch. (TYPE_MISMATCH)"))
+    assert not store.refused(DatabaseError("Code: 252. DB::Exception: Too many parts (300). (TOO_MANY_PARTS)"))
+    assert not store.refused(DatabaseError("Code: 241. DB::Exception: Memory limit exceeded. (MEMORY_LIMIT_EXCEEDED)"))
+    assert not store.refused(OperationalError("Error HTTPConnectionPool: Read timed out"))
