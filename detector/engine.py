@@ -84,6 +84,11 @@ class Engine:
         self.on_windows: Callable[[list[tuple]], None] | None = None
         """Sees every batch's closed feature windows before scoring (model training)."""
         self._windows: list[tuple] = []
+        self.directory: Callable[[str, float], ResourceInfo | None] | None = None
+        """Resources this engine does not hold, as of an event time: with several workers, a run's
+        hosts may live on another (the worker looks them up in the store). None: every key is here."""
+        self._run_t = 0.0
+        """Event time of the run event being processed (what a directory look-up is as of)."""
         self.errors: dict[str, int] = {}
         """Rule name → events its detector raised on (skipped for that rule)."""
         self._errors_logged: set[tuple[str, type]] = set()
@@ -126,6 +131,8 @@ class Engine:
                 ahead[key] = t
             if etype is UsageEvent:
                 self._update_info(state, event)  # type: ignore[arg-type]
+            elif etype is RunEvent:
+                self._run_t = t
             steps = state.routes.get(etype)
             if steps is None:
                 steps = self._route(state, etype)
@@ -210,9 +217,15 @@ class Engine:
         return steps
 
     def resource(self, resource_id: str) -> ResourceInfo | None:
-        """What is known of a resource held by this engine (for detectors that look across keys)."""
+        """What is known of a resource (for detectors that look across keys, as a run's hosts):
+        held by this engine, else from :attr:`directory` as of the run event's time (another
+        worker holds it)."""
         state = self._keys.get(resource_id)
-        return state.info if state is not None and state.info.known else None
+        if state is not None and state.info.known:
+            return state.info
+        if self.directory is not None:
+            return self.directory(resource_id, self._run_t)
+        return None
 
     def _update_info(self, state: KeyState, ev: UsageEvent) -> None:
         info = state.info

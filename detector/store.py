@@ -25,7 +25,7 @@ import msgspec
 import structlog
 
 from detector.alerts import Alert
-from detector.detectors import REGISTRY
+from detector.detectors import REGISTRY, ResourceInfo
 from detector.events import GpuMetric, RunEvent, UsageEvent
 from detector.metrics import METRICS
 from detector.pricing import Pricing, interval_usd
@@ -424,6 +424,29 @@ class Store:
         except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not writable now"
             log.warning("store_not_writable", error=_one_line(exc))
             return False
+
+    def resource_info(self, resource_id: str, at: float) -> ResourceInfo | None:
+        """What the usage events stored for a resource up to event time ``at`` say of it, as
+        the engine that holds it knows it (state, tags, price per hour while running): how a
+        worker sees a run's host that another worker holds. None when nothing is stored."""
+        rows = self.query(
+            f"""SELECT argMax(resource_type, ts) AS r_type, argMax(provider, ts) AS r_provider,
+                       argMax(account, ts) AS r_account, argMax(region, ts) AS r_region,
+                       argMax(instance_type, ts) AS r_instance, argMax(pricing, ts) AS r_pricing,
+                       argMax(state, ts) AS r_state, argMax(tags, ts) AS r_tags,
+                       argMaxIf(usd * 3600 / interval_s, ts, state = 'running') AS r_usd_per_hour,
+                       countIf(state = 'running') AS running, count() AS n
+                FROM {self.db}.resource_usage
+                WHERE resource_id = %(rid)s AND ts <= fromUnixTimestamp64Milli(%(at)s, 'UTC')""",
+            {"rid": resource_id, "at": _ms(at)},
+        )
+        if not rows or not rows[0]["n"]:
+            return None
+        r = rows[0]
+        return ResourceInfo(resource_id=resource_id, resource_type=r["r_type"], provider=r["r_provider"],
+                            account=r["r_account"], region=r["r_region"], instance_type=r["r_instance"],
+                            pricing=r["r_pricing"], state=r["r_state"], tags=dict(r["r_tags"]),
+                            usd_per_hour=r["r_usd_per_hour"] if r["running"] else None)  # fmt: skip
 
     def event_span(self) -> tuple[float, float] | None:
         """(earliest, latest) event time stored across the three tables, or None when empty."""

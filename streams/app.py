@@ -56,6 +56,28 @@ def _notifier(settings: Settings) -> SlackNotifier | None:
     return None
 
 
+class HostDirectory:
+    """Resources another worker holds, as the store has them at an event time (a run's hosts,
+    for the run detectors). A look-up blocks the event loop for one small query, so answers
+    are kept for 5 minutes of event time (a host's price and owner change rarely)."""
+
+    def __init__(self, store: Store, keep_s: float = 300.0) -> None:
+        self.store = store
+        self.keep_s = keep_s
+        self._known: dict[str, tuple[float, Any]] = {}
+
+    def __call__(self, resource_id: str, at: float) -> Any:
+        found = self._known.get(resource_id)
+        if found is not None and 0 <= at - found[0] < self.keep_s:
+            return found[1]
+        info = self.store.resource_info(resource_id, at)
+        if info is not None:  # not known yet: asked again at the next run event
+            if len(self._known) > 100_000:
+                self._known.clear()
+            self._known[resource_id] = (at, info)
+        return info
+
+
 def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipeline]:
     """Build the Faust app around an open store; rules are loaded (and validated) here."""
     ruleset = load_rules(settings.rules_path)
@@ -98,6 +120,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     # in the same step before offsets are acked, and loaded when partitions are assigned.
     assigned_states: dict[str, bytes] = {}
     engine = Engine(ruleset, loader=lambda key: assigned_states.pop(key, None))
+    engine.directory = HostDirectory(store)  # a run's hosts held by another worker
     outbox = Outbox(store, _notifier(settings))
     if outbox.notifier is not None:
         outbox.notifier.routing = ruleset.routing

@@ -107,3 +107,25 @@ def test_reread_run_events_do_not_fail_twice(ruleset):
     again = engine.process(events[events.index(started):])  # the run's events, re-read after a restart
     assert len([f for f in first if f.type == "failed_run_spend"]) == 1
     assert [f for f in again if f.type == "failed_run_spend"] == []
+
+
+def test_a_run_whose_hosts_another_worker_holds_is_priced_from_the_store(store, ruleset):
+    """With several workers, the run's project and its host can sit on different workers: the
+    run's engine holds no state for the host and looks it up in the store, as of the run's
+    events, and prices the failure as one engine holding both does."""
+    from detector.store import EventBatch
+
+    runs = [run(T0 + HOUR, "r1", "started"), run(T0 + 3 * HOUR, "r1", "failed", error="CUDA OOM")]
+    batch = EventBatch()
+    batch.extend(billed())  # the host, stored by the worker that holds it
+    store.insert_events(batch, ruleset.pricing)
+    alone = Engine(ruleset)
+    alone.directory = store.resource_info
+    (fire,) = [f for f in alone.process(runs) if f.type == "failed_run_spend"]
+    (together,) = findings(ruleset, *runs)
+    assert fire.waste_usd == pytest.approx(together.waste_usd) == pytest.approx(64.0, rel=1e-4)
+    assert fire.resource.instance_type == together.resource.instance_type == "p4d.24xlarge"
+    nowhere = Engine(ruleset)  # a host nothing knows of, here or in the store: unpriced, no alert
+    nowhere.directory = store.resource_info
+    assert [f for f in nowhere.process([run(T0 + HOUR, "r2", "started", hosts=("gone",)),
+                                         run(T0 + 3 * HOUR, "r2", "failed", hosts=("gone",))])] == []  # fmt: skip
