@@ -21,16 +21,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from detector.backtest import backtest
 from detector.replay import write_replay
 from detector.simulate import SimConfig, simulate
 from detector.testing import LocalSlack
 from streams.embedded import EmbeddedBroker
-from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, file_records, publish_records, value_end_time
+from streams.kafka import count_events, ensure_topics, file_records, publish_records, value_end_time
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
+from tests.reliability import read_dead_letters
 from tests.test_actions import click_body, signed
 
 pytestmark = pytest.mark.integration
@@ -61,27 +61,6 @@ def publish(bootstrap: str, records) -> int:
     async def go() -> int:
         await ensure_topics(bootstrap, PARTITIONS)
         return await publish_records(bootstrap, records)
-
-    return asyncio.run(go())
-
-
-def read_dead_letters(bootstrap: str, expected: int) -> list[dict]:
-    async def go() -> list[dict]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-        await consumer.start()
-        try:
-            parts = [TopicPartition(DEAD_LETTER_TOPIC, p) for p in range(PARTITIONS)]
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-            out: list[dict] = []
-            for _ in range(50):
-                batch = await consumer.getmany(timeout_ms=200)
-                out += [json.loads(m.value) for msgs in batch.values() for m in msgs]
-                if len(out) >= expected:
-                    break
-            return out
-        finally:
-            await consumer.stop()
 
     return asyncio.run(go())
 
