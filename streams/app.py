@@ -328,6 +328,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     @app.timer(interval=60.0)
     async def expire_state() -> None:
         expired = engine.expire()
+        pipeline.forget(expired)
         if expired:
             await asyncio.get_running_loop().run_in_executor(None, store.delete_states, expired)
 

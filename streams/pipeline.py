@@ -273,6 +273,11 @@ class Pipeline:
         if inflight is not None:
             await inflight
 
+    def forget(self, keys: Iterable[str]) -> None:
+        """Keys whose state expired: what the pipeline keeps per key goes too."""
+        for key in keys:
+            self._partition_of.pop(key, None)
+
     def stop(self) -> None:
         """The worker is stopping: a write waiting for the store gives up (unacknowledged)."""
         self._stopping.set()
