@@ -409,8 +409,11 @@ class SlackNotifier:
                 self._web.chat_postMessage(
                     channel=channel, thread_ts=parent_ts, text=text, blocks=_verbatim(render_resolution(alert))
                 )
-                if edit_parent:
-                    self._web.chat_update(channel=channel, ts=parent_ts, text=text, blocks=blocks)
+                if edit_parent:  # the reply is the delivery: a failed edit must not send it again
+                    try:
+                        self._web.chat_update(channel=channel, ts=parent_ts, text=text, blocks=blocks)
+                    except Exception as exc:  # noqa: BLE001 - slack-sdk's errors, timeouts...
+                        log.warning("slack_parent_edit_failed", alert_id=alert.alert_id, error=str(exc)[:500])
                 return channel, parent_ts
             channel = channel or self.channel
             response = self._web.chat_postMessage(channel=channel, text=text, blocks=blocks)

@@ -77,7 +77,7 @@ class LocalSlack:
         self.requests: list[SlackRequest] = []
         self.uploads: dict[str, bytes] = {}
         """File id → the bytes uploaded for it (files_upload_v2)."""
-        self._failures: list[tuple[int, dict[str, str]]] = []
+        self._failures: list[tuple[int, dict[str, str], str | None]] = []
         self._hang_s = 0.0
         self.windows: list[FaultWindow] = []
         self._lock = threading.Lock()
@@ -109,11 +109,12 @@ class LocalSlack:
 
     # -- behaviour -----------------------------------------------------------------
 
-    def fail_next(self, count: int, status: int = 500, retry_after: int | None = None) -> None:
-        """Answer the next ``count`` requests with ``status`` (429 gets Retry-After)."""
+    def fail_next(self, count: int, status: int = 500, retry_after: int | None = None, method: str | None = None) -> None:
+        """Answer the next ``count`` requests (of ``method`` only, if given) with ``status``
+        (429 gets Retry-After)."""
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
         with self._lock:
-            self._failures.extend([(status, headers)] * count)
+            self._failures.extend([(status, headers, method)] * count)
 
     def hang(self, seconds: float) -> None:
         """Hold every request this long before answering (0 to stop)."""
@@ -181,8 +182,10 @@ class LocalSlack:
                 window = slack._window_at(time.monotonic())
                 if slack._hang_s or (window is not None and window.hang_s):
                     time.sleep(max(slack._hang_s, window.hang_s if window is not None else 0.0))
+                called = self.path.removeprefix("/api/")
                 with slack._lock:
-                    failure = slack._failures.pop(0) if slack._failures else None
+                    index = next((i for i, f in enumerate(slack._failures) if f[2] in (None, called)), None)
+                    failure = slack._failures.pop(index)[:2] if index is not None else None
                 if failure is None and window is not None and window.status is not None:
                     headers = {"Retry-After": str(window.retry_after)} if window.retry_after is not None else {}
                     failure = (window.status, headers)

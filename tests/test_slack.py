@@ -235,3 +235,17 @@ def test_a_post_that_timed_out_and_never_landed_is_posted(slack, store):
     assert not info.value.maybe_posted
     outbox.deliver_pending()
     assert len(slack.calls("chat.postMessage")) == 1 and slack.calls("conversations.history") == []
+
+
+def test_a_resolution_whose_parent_edit_fails_is_not_replied_twice(slack, store):
+    """The reply in the thread is the resolution's delivery: when the edit of the parent that
+    follows it fails, the delivery stands (the reply is not sent again on retry)."""
+    outbox = Outbox(store, bot(slack), group_wait_s=0)
+    outbox.add([alert()])
+    outbox.deliver_pending()
+    slack.fail_next(5, status=500, method="chat.update")  # slack-sdk's own retries included
+    outbox.add([alert("resolved")])
+    outbox.deliver_pending()
+    outbox.deliver_pending()
+    replies = [p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body]
+    assert len(replies) == 1 and store.undelivered() == []
