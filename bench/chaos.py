@@ -28,6 +28,7 @@ from detector.simulate import SimConfig  # noqa: E402
 from detector.testing import LocalSlack  # noqa: E402
 from streams.embedded import EmbeddedBroker  # noqa: E402
 from tests.reliability import chaos  # noqa: E402
+from tests.test_storeserver import ServerProcess  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=4, help="SIGKILLs of the worker (default 4)")
     parser.add_argument("--speed", type=float, default=1200.0, help="event seconds per wall second (default 1200)")
     parser.add_argument("--no-slack-faults", action="store_true", help="Slack answers every request")
+    parser.add_argument("--second-worker", action="store_true",
+                        help="a second worker joins and leaves (both on one `burnwatch store serve`)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, store)")
     args = parser.parse_args(argv)
 
@@ -47,10 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="burnwatch-chaos-"))
     try:
         shutil.copytree(ROOT / "rules", workdir / "rules")
-        with EmbeddedBroker(log_path=workdir / "broker.log") as broker, LocalSlack() as slack:
-            report = chaos(workdir, ruleset, broker.bootstrap, slack, seed=args.seed, cfg=cfg, kills=args.kills,
-                           speed=args.speed, rules_dir=workdir / "rules", slack_faults=not args.no_slack_faults,
-                           timeout=900, log=lambda line: print(line, file=sys.stderr))  # fmt: skip
+        server = ServerProcess(f"chdb://{workdir / 'ch'}", workdir / "store.log").wait_ready() \
+            if args.second_worker else None  # fmt: skip
+        try:
+            with EmbeddedBroker(log_path=workdir / "broker.log") as broker, LocalSlack() as slack:
+                report = chaos(workdir, ruleset, broker.bootstrap, slack, seed=args.seed, cfg=cfg, kills=args.kills,
+                               speed=args.speed, rules_dir=workdir / "rules", slack_faults=not args.no_slack_faults,
+                               timeout=900, store_url=server.url if server else None,
+                               log=lambda line: print(line, file=sys.stderr))  # fmt: skip
+        finally:
+            if server is not None:
+                server.stop()
     finally:
         if args.keep:
             print(f"kept {workdir}", file=sys.stderr)

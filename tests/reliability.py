@@ -533,10 +533,12 @@ class ChaosReport:
 
 def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSlack, *, seed: int, cfg: SimConfig,
           kills: int, speed: float, rules_dir: Path, slack_faults: bool = True, timeout: float = 300.0,
-          log: Callable[[str], None] = lambda line: None) -> ChaosReport:  # fmt: skip
+          store_url: str | None = None, log: Callable[[str], None] = lambda line: None) -> ChaosReport:  # fmt: skip
     """A seeded fleet replayed paced while the worker is SIGKILLed ``kills`` times at seeded
     points (one of them while a Slack post hangs) and Slack answers 429, 500 or hangs in
-    seeded windows; then everything is compared. The broker and Slack are the caller's."""
+    seeded windows; then everything is compared. The broker and Slack are the caller's.
+    With ``store_url`` (a shared store: ``burnwatch store serve``), a second worker joins
+    at a seeded point and leaves cleanly at a later one."""
     import random
 
     started = time.monotonic()
@@ -557,8 +559,12 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
     if kill_at and slack_faults:  # a kill while a post hangs past the client's timeout
         hang = rng.choice(kill_at)
         plan[kill_at.index(hang)] = (hang, "hang+kill")
+    if store_url:  # a second worker shares the partitions for a while
+        plan += [(rng.randrange(n // 5, n * 2 // 5), "join"), (rng.randrange(n * 3 // 5, n * 4 // 5), "leave")]
     plan.sort()
-    env = worker_env(broker_bootstrap, workdir / "data", rules_dir, PARTITIONS, **slack_env(slack))
+    shared = {"BURNWATCH_CLICKHOUSE_DSN": store_url} if store_url else {}
+    env = worker_env(broker_bootstrap, workdir / "data", rules_dir, PARTITIONS, **slack_env(slack), **shared)
+    helper: Worker | None = None
     generation = [0]
 
     def start() -> Worker:
@@ -582,6 +588,20 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
         for index, what in plan:
             pacer.wait_sent(index, timeout=timeout)
             worker = supervise(worker)
+            if what == "join":
+                helper_env = worker_env(broker_bootstrap, workdir / "data-2", rules_dir, PARTITIONS,
+                                        **slack_env(slack), **shared)  # fmt: skip
+                helper = Worker(helper_env, workdir / "helper.log").start()
+                helper.wait_until(lambda h: h["partitions"] > 0, timeout=120)
+                log(f"message {index}: a second worker joined")
+                continue
+            if what == "leave" and helper is not None:
+                code = helper.stop()
+                if code != 0:
+                    report.crashes.append(f"second worker's stop: exit {code}: {helper.tail(1)}")
+                helper = None
+                log(f"message {index}: the second worker left")
+                continue
             if what in ("429", "500"):
                 window = slack.fail_window(0, FAULT_WINDOW_S, status=int(what), retry_after=1 if what == "429" else None)
                 windows.append((what, window))
@@ -610,6 +630,8 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
             report.crashes.append(f"stop: exit {code}: {worker.tail(1)}")
     finally:
         worker.kill()
+        if helper is not None:
+            helper.kill()
     for kind, window in windows:
         report.slack_faults[kind] = report.slack_faults.get(kind, 0) + window.hits
     counts = stored(env)

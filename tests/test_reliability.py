@@ -44,6 +44,7 @@ from tests.reliability import (
     worker_env,
     write_records,
 )  # fmt: skip
+from tests.test_storeserver import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -57,14 +58,18 @@ def rules_dir(tmp_path: Path) -> Path:
 
 def test_chaos_kills_and_flaky_slack_change_nothing(tmp_path: Path, ruleset, rules_dir: Path):
     """SIGKILL at seeded points (one while a Slack post hangs), Slack answering 429, 500 and
-    hanging past the client's timeout in seeded windows: same alerts, same events, same posts.
-    (A second worker joining and leaving is not here: two workers cannot share one chdb
-    directory; that needs a ClickHouse server.)"""
+    hanging past the client's timeout in seeded windows, a second worker joining and leaving
+    (the two share one store through `burnwatch store serve`): same alerts, same events,
+    same posts."""
     cfg = SimConfig(hours=10, training_hosts=4, notebooks=3, inference_endpoints=1, buckets=1, vector_dbs=1,
                     cpu_instances=2, seed=3)  # fmt: skip
-    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
-        report = chaos(tmp_path, ruleset, broker.bootstrap, slack, seed=11, cfg=cfg, kills=3, speed=900,
-                       rules_dir=rules_dir, log=print)  # fmt: skip
+    server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "store.log").wait_ready()  # shared by two workers
+    try:
+        with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
+            report = chaos(tmp_path, ruleset, broker.bootstrap, slack, seed=11, cfg=cfg, kills=3, speed=900,
+                           rules_dir=rules_dir, store_url=server.url, log=print)  # fmt: skip
+    finally:
+        server.stop()
     print(report)
     assert report.kills == 3
     assert report.events_lost == 0 and report.events_doubled == 0, report
