@@ -27,8 +27,8 @@ from detector.rules import load_rules  # noqa: E402
 from detector.simulate import SimConfig  # noqa: E402
 from detector.testing import LocalSlack  # noqa: E402
 from streams.embedded import EmbeddedBroker  # noqa: E402
+from streams.process import StoreServerProcess  # noqa: E402
 from tests.reliability import chaos  # noqa: E402
-from tests.test_storeserver import ServerProcess  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="burnwatch-chaos-"))
     try:
         shutil.copytree(ROOT / "rules", workdir / "rules")
-        server = ServerProcess(f"chdb://{workdir / 'ch'}", workdir / "store.log").wait_ready() \
+        server = StoreServerProcess(f"chdb://{workdir / 'ch'}", workdir / "store.log").wait_ready() \
             if args.second_worker else None  # fmt: skip
         try:
             with EmbeddedBroker(log_path=workdir / "broker.log") as broker, LocalSlack() as slack:

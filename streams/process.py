@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkerProcess", "worker_env"]
+__all__ = ["StoreServerProcess", "WorkerProcess", "stop_group", "worker_env"]
 
 
 def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **extra: str) -> dict[str, str]:
@@ -103,13 +103,56 @@ class WorkerProcess:
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (Faust stops cleanly and commits), then SIGKILL if it does not exit in time."""
-        if self._proc is None:
-            return None
-        if self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGTERM)
+        return stop_group(self._proc, timeout) if self._proc is not None else None
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    """SIGTERM a child's process group, then SIGKILL if it does not exit in time; its status."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
+class StoreServerProcess:
+    """``burnwatch store serve`` in a child process, ready once ``GET /ping`` answers: the
+    store several workers share (tests, benchmarks)."""
+
+    def __init__(self, dsn: str, log_path: Path) -> None:
+        from streams.embedded import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = {**os.environ, "BURNWATCH_LOG_FORMAT": "json"}
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", dsn, "--port", str(self.port)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 60.0) -> StoreServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"store serve exited ({self.proc.returncode}):\n{self.log()}")
             try:
-                self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait()
-        return self._proc.returncode
+                with urllib.request.urlopen(f"{self.url}/ping", timeout=2) as response:
+                    if response.read() == b"Ok.\n":
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"store serve did not answer /ping within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_events(self, event: str) -> list[dict]:
+        return [json.loads(line) for line in self.log().splitlines() if f'"event": "{event}"' in line]
+
+    def stop(self, timeout: float = 30.0) -> int:
+        return stop_group(self.proc, timeout)

@@ -22,6 +22,7 @@ from detector.simulate import SimConfig
 from detector.testing import LocalSlack
 from streams.embedded import EmbeddedBroker
 from streams.kafka import count_events
+from streams.process import StoreServerProcess as ServerProcess
 from tests.conftest import ROOT
 from tests.reliability import (
     PARTITIONS,
@@ -44,7 +45,6 @@ from tests.reliability import (
     worker_env,
     write_records,
 )  # fmt: skip
-from tests.test_storeserver import ServerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,7 @@ import pytest
 from detector.simulate import SimConfig
 from detector.testing import LocalSlack
 from streams.embedded import EmbeddedBroker
+from streams.process import StoreServerProcess as ServerProcess
 from tests.conftest import ROOT
 from tests.reliability import (
     Pacer,
@@ -29,7 +30,6 @@ from tests.reliability import (
     stored_alerts,
     worker_env,
 )  # fmt: skip
-from tests.test_storeserver import ServerProcess
 
 pytestmark = pytest.mark.integration
 

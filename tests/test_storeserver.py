@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import clickhouse_connect
 import pytest
@@ -30,56 +28,12 @@ from detector.events import RunEvent
 from detector.reports import run_report
 from detector.store import EventBatch, Store, alert_from_row, connect, migrations
 from streams.embedded import free_port
+from streams.process import StoreServerProcess as ServerProcess
 from streams.storeserver import redact_dsn
 from tests.conftest import ROOT
 from tests.helpers import MIN, T0, at, scrape, usage
 
 HOUR = 3600.0
-
-
-class ServerProcess:
-    """``burnwatch store serve`` in a child process, ready once ``GET /ping`` answers."""
-
-    def __init__(self, dsn: str, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        env = {**os.environ, "BURNWATCH_LOG_FORMAT": "json"}
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", dsn, "--port", str(self.port)],
-                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )  # fmt: skip
-
-    def wait_ready(self, timeout: float = 60.0) -> ServerProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"store serve exited ({self.proc.returncode}):\n{self.log()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/ping", timeout=2) as response:
-                    if response.read() == b"Ok.\n":
-                        return self
-            except OSError:
-                time.sleep(0.1)
-        raise TimeoutError(f"store serve did not answer /ping within {timeout}s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def log_events(self, event: str) -> list[dict]:
-        return [json.loads(line) for line in self.log().splitlines() if f'"event": "{event}"' in line]
-
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
