@@ -239,8 +239,9 @@ class Pipeline:
         cannot report both keeps holding it, and says so."""
         waiting = sorted(self._expected - self._positions.keys())
         self._expected.difference_update(self._positions.keys())
+        self.holding = {tp: why for tp, why in self.holding.items() if tp in self._expected}  # delivered since
         if not waiting:
-            self.holding = {tp: why for tp, why in self.holding.items() if tp in self._expected}
+            METRICS.holding_partitions.set(len(self.holding))
             return
         try:  # bounded: a broker that does not answer leaves the partitions holding, and says so
             found = await asyncio.wait_for(self._end_positions(waiting), 10.0) if self._end_positions else {}
