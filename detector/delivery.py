@@ -213,13 +213,15 @@ class Outbox:
             if group is None:
                 return sent  # waiting for the rest of its group
             thread = self._done.get((alert.alert_id, "fired"))
-            if key in self._maybe_posted:
-                wait = self._maybe_posted[key] - self._wall()
+            doubtful = [a for a in group if (a.alert_id, a.change) in self._maybe_posted]
+            if doubtful:  # any member of the message, not only its first: a group may form anew after a restart
+                wait = max(self._maybe_posted[(a.alert_id, a.change)] for a in doubtful) - self._wall()
                 if wait > 0:  # a post cut off by a timeout or a kill may still land: look after it could
                     self.hold_s = wait
                     return sent
-                if self._found(alert, group, thread):
-                    continue
+                found = [a for a in doubtful if self._found(a, [a], self._done.get((a.alert_id, "fired")))]
+                if found:
+                    continue  # those are delivered; the rest forms its message again
             # Before sending (every try): a kill from here on leaves the mark, and its time, for the next worker.
             self.store.record_attempt([a.alert_id for a in group], alert.change)
             try:

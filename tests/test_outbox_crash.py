@@ -313,3 +313,24 @@ def test_a_post_that_lands_after_the_restart_is_not_posted_twice(slack, store):
         restarted.deliver_pending()
     assert store.undelivered() == []
     assert len(slack.calls("chat.postMessage")) == 1  # the late one, found; not posted again
+
+
+def test_a_group_posted_before_a_kill_is_not_posted_again_nor_taken_for_a_new_member(slack, store):
+    """Two openings of a team went out as one message, then the worker died before recording
+    it. After the restart a third opening of the same team joins the queue: the two are found
+    in the channel (each once), and the third is posted, not taken as delivered with them."""
+    first, second, third = idle(alert_id="a1"), idle(alert_id="a2"), idle(alert_id="a3")
+    for a in (first, second, third):
+        a.tags = {"team": "nlp"}
+    store.record_alerts([first, second], version=1)
+    store.record_attempt(["a1", "a2"], "fired")
+    impatient(slack).post_group([first, second])  # it landed; the worker died before recording it
+    restarted = Outbox(store, impatient(slack), group_wait_s=0, landing_s=0)
+    assert restarted.recover() == 2
+    store.record_alerts([third], version=2)
+    restarted.add([third])
+    restarted.deliver_pending()
+    restarted.deliver_pending()
+    opened = [alert_id for p in slack.calls("chat.postMessage") if "thread_ts" not in p.body
+              for alert_id in ("a1", "a2", "a3") if f"alert `{alert_id}`" in p.text_of_blocks()]  # fmt: skip
+    assert sorted(opened) == ["a1", "a2", "a3"] and store.undelivered() == []
