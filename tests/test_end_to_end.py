@@ -100,7 +100,8 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
 
         worker = WorkerProcess(env, tmp_path / "worker-1.log").start()
         try:
-            worker.wait_until(lambda h: h["events"] >= events_first and h["slack_pending"] == 0, timeout=180)
+            worker.wait_until(lambda h: h["events"] >= events_first and h["detected"] >= events_first
+                              and h["slack_pending"] == 0, timeout=180)  # fmt: skip
             assert "rules only" in worker.wait_for_log('"model_absent"', timeout=10)  # cold start, said once
         finally:
             assert worker.stop() == 0, worker.tail()
