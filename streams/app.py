@@ -259,12 +259,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
 
     @app.on_before_shutdown.connect
     async def stopping(sender: Any, **kwargs: Any) -> None:
-        """A clean stop hands the partitions over as a revocation does (Faust does not call the
-        revocation handler at a stop): the batch being written lands and the outbox finishes any
-        post in progress, before the worker leaves the group."""
         pipeline.stop()  # a write waiting for a store that takes none gives up, unacknowledged
-        await pipeline.pause()  # the consumer commits what is acknowledged as it stops, after this
-        await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
 
     watcher = RulesWatcher(settings.rules_path, ruleset)
 
