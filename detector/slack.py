@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -36,7 +37,7 @@ from detector.pricing import HOURS_PER_MONTH
 from detector.rules import Routing
 from detector.units import epoch, format_duration, rfc3339
 
-__all__ = ["SlackError", "SlackNotifier", "code", "escape", "render_blocks", "render_group", "render_resolution"]
+__all__ = ["SlackError", "SlackNotifier", "block_objects", "code", "escape", "render_blocks", "render_group", "render_resolution"]
 
 log = structlog.get_logger("burnwatch.slack")
 
@@ -59,21 +60,23 @@ def code(value: object) -> str:
     return "`" + escape(value).replace("`", "\u02cb") + "`"
 
 
+def block_objects(node: Any) -> Iterator[dict[str, Any]]:
+    """Every object (dict) in a Block Kit tree, depth first: blocks, elements, text objects."""
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from block_objects(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from block_objects(item)
+
+
 def _verbatim(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mark every mrkdwn text ``verbatim``: Slack then parses only explicit markup (``<@U1>``,
     ``<url|name>``), not bare ``@channel``, ``#channel`` or URLs that came from events."""
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "mrkdwn":
-                node["verbatim"] = True
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(blocks)
+    for obj in block_objects(blocks):
+        if obj.get("type") == "mrkdwn":
+            obj["verbatim"] = True
     return blocks
 
 

@@ -54,20 +54,9 @@ class SlackRequest:
 
     def text_of_blocks(self) -> str:
         """Every text in the blocks, joined: what a person would read."""
-        out: list[str] = []
+        from detector.slack import block_objects
 
-        def walk(node: Any) -> None:
-            if isinstance(node, dict):
-                if isinstance(node.get("text"), str):
-                    out.append(node["text"])
-                for value in node.values():
-                    walk(value)
-            elif isinstance(node, list):
-                for item in node:
-                    walk(item)
-
-        walk(self.blocks)
-        return "\n".join(out)
+        return "\n".join(obj["text"] for obj in block_objects(self.blocks) if isinstance(obj.get("text"), str))
 
 
 class LocalSlack:

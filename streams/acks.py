@@ -30,9 +30,6 @@ class InOrderAcks:
         """(topic, partition) → messages received and not yet acknowledged, in offset order."""
         self._done: set[tuple[str, int, int]] = set()
 
-    def __len__(self) -> int:
-        return sum(len(queue) for queue in self._pending.values())
-
     def received(self, message: M) -> None:
         """A message read from Kafka (in offset order within its partition)."""
         self._pending.setdefault((message.topic, message.partition), deque()).append(message)

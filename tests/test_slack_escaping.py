@@ -16,7 +16,7 @@ import pytest
 from detector.alerts import Alert
 from detector.digest import Digest, digest_chart, render_digest
 from detector.rules import Link, Routing
-from detector.slack import SlackNotifier
+from detector.slack import SlackNotifier, block_objects
 from detector.testing import LocalSlack, SlackRequest
 from tests.helpers import T0, at
 
@@ -64,20 +64,7 @@ def assert_inert(request: SlackRequest, allowed: tuple[str, ...] = ("@U012AB3CD"
 
 
 def all_mrkdwn(request: SlackRequest) -> list[dict]:
-    out: list[dict] = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("type") == "mrkdwn":
-                out.append(node)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(request.blocks)
-    return out
+    return [obj for obj in block_objects(request.blocks) if obj.get("type") == "mrkdwn"]
 
 
 @pytest.fixture
