@@ -29,7 +29,7 @@ from detector.detectors import REGISTRY, ResourceInfo
 from detector.events import GpuMetric, RunEvent, UsageEvent
 from detector.metrics import METRICS
 from detector.pricing import Pricing, interval_usd
-from detector.units import epoch
+from detector.units import epoch, one_line
 
 __all__ = ["EventBatch", "Migration", "Store", "alert_from_row", "connect", "epoch", "migrations"]
 
@@ -142,12 +142,6 @@ _DATA_ERRORS = {6, 26, 27, 32, 33, 36, 38, 41, 43, 53, 69, 70, 72, 117, 131, 321
 type mismatch, argument or value out of bound, incorrect data, a violated constraint)."""
 _INSERT_SETTINGS = {"max_partitions_per_insert_block": 0}
 """A message may carry events of any age: an insert touching many monthly partitions is valid."""
-
-
-def _one_line(exc: BaseException, limit: int = 500) -> str:
-    """An exception as one bounded line (ClickHouse errors carry stack traces)."""
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:limit]}"
 _SOURCE_COLS = ["event_id", "src_topic", "src_partition", "src_offset"]
 
 
@@ -422,7 +416,7 @@ class Store:
                 self.client.insert(f"{self.db}.write_probe", [[writer, _ms(time.time())]], column_names=["writer", "at"])
             return True
         except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not writable now"
-            log.warning("store_not_writable", error=_one_line(exc))
+            log.warning("store_not_writable", error=one_line(exc))
             return False
 
     def resource_info(self, resource_id: str, at: float) -> ResourceInfo | None:

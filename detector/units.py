@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-__all__ = ["Duration", "Money", "Percent", "epoch", "format_duration", "parse_duration", "rfc3339"]
+__all__ = ["Duration", "Money", "Percent", "epoch", "format_duration", "one_line", "parse_duration", "rfc3339"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
@@ -89,3 +89,10 @@ def rfc3339(t: float) -> str:
 def epoch(value: datetime) -> float:
     """Epoch seconds of a DateTime64 read back: clickhouse-connect returns naive UTC datetimes."""
     return value.replace(tzinfo=timezone.utc).timestamp()
+
+
+def one_line(exc: BaseException, limit: int = 500) -> str:
+    """An exception as one bounded line, its type first (ClickHouse and Kafka errors carry
+    stack traces and newlines; a log line, a dead-letter reason or /healthz wants one line)."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= limit else text[:limit] + "…"

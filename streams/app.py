@@ -35,6 +35,7 @@ from detector.rules import load_rules
 from detector.settings import Settings
 from detector.slack import SlackError, SlackNotifier
 from detector.store import Store
+from detector.units import one_line
 from streams.kafka import DEAD_LETTER_TOPIC
 from streams.pipeline import Message, Pipeline, PipelineStopped
 from streams.web import serve_only_burnwatch
@@ -240,7 +241,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
                     loop.call_later(outbox.hold_s, pipeline.outbox_ready.set)
             except Exception as exc:  # noqa: BLE001 - Slack's or the store's (deliveries are recorded there)
                 event = "slack_delivery_retry" if isinstance(exc, SlackError) else "delivery_store_error"
-                log.warning(event, error=f"{type(exc).__name__}: {exc}"[:500], retry_in_s=backoff, pending=len(outbox))
+                log.warning(event, error=one_line(exc), retry_in_s=backoff, pending=len(outbox))
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 60.0)
                 pipeline.outbox_ready.set()

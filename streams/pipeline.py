@@ -38,6 +38,7 @@ from detector.engine import Engine
 from detector.events import Event, EventDecoder, InvalidMessage
 from detector.metrics import METRICS
 from detector.store import EventBatch, Store
+from detector.units import one_line
 from streams.acks import InOrderAcks
 
 __all__ = ["DEAD_LETTER_MAX_VALUE", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable", "dead_letter"]
@@ -247,7 +248,7 @@ class Pipeline:
             found = await asyncio.wait_for(self._end_positions(waiting), 10.0) if self._end_positions else {}
         except Exception as exc:  # noqa: BLE001 - the broker may be unreachable for a while
             found = {}
-            error = f"{type(exc).__name__}: {exc}"
+            error = one_line(exc)
         else:
             error = ""
         for tp in waiting:
@@ -381,12 +382,12 @@ class Pipeline:
                 break
             except Exception as exc:  # noqa: BLE001 - the broker's errors are many; all mean "not sent"
                 log.error("dead_letter_send_failed", topic=message.topic, partition=message.partition,
-                          offset=message.offset, error=f"{type(exc).__name__}: {exc}", retry_in_s=backoff)  # fmt: skip
+                          offset=message.offset, error=one_line(exc), retry_in_s=backoff)  # fmt: skip
                 if self._stopping.is_set():
                     raise PipelineStopped from exc
                 if self.stalled_since is None:  # no progress past this message: /healthz and the exit apply
                     self.stalled_since = time.monotonic()
-                self.stall_reason = f"dead-letter topic: {type(exc).__name__}: {exc}"[:500]
+                self.stall_reason = f"dead-letter topic: {one_line(exc)}"
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._retry_max_s)
                 stalled = True
@@ -461,7 +462,7 @@ class Pipeline:
             write()
         except Exception as exc:
             if not self.store.writable():
-                raise StoreUnavailable(f"{type(exc).__name__}: {exc}"[:500]) from exc
+                raise StoreUnavailable(one_line(exc)) from exc
             raise
 
     def _store_events(self, items: list[tuple[Message, list[Event]]]) -> list[tuple[Message, str]]:
@@ -478,10 +479,10 @@ class Pipeline:
             return []
         except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
             if not self.store.refused(exc) or not self.store.writable():  # not the rows: retry, drop nothing
-                raise StoreUnavailable(" ".join(f"{type(exc).__name__}: {exc}".split())[:500]) from exc
+                raise StoreUnavailable(one_line(exc)) from exc
             if len(items) == 1:
                 message = items[0][0]
-                reason = " ".join(f"the store refused this message's events: {type(exc).__name__}: {exc}".split())
+                reason = f"the store refused this message's events: {one_line(exc, _MAX_REASON)}"
                 log.error("store_refused_message", topic=message.topic, partition=message.partition,
                           offset=message.offset, error=reason[:_MAX_REASON])  # fmt: skip
                 return [(message, reason)]
