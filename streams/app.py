@@ -176,10 +176,12 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
 
     @app.agent(source, name="detect")
     async def detect(stream: faust.StreamT) -> Any:
-        # Manual acks: a message is acknowledged only once detection has seen all of its
-        # events, which the event-time aligner may hold back for a while.
+        # Manual acks: a message is acknowledged only once it is stored and detection has seen all
+        # of its events, which the event-time aligner may hold back for a while. ``noack_take``,
+        # not ``take_events``: the latter acknowledges a whole batch as soon as the loop body
+        # returns (and when the agent is cancelled at a stop), whatever became of it.
         manual = stream.noack()
-        async for events in manual.take_events(settings.batch_max_messages, within=settings.batch_within_s):
+        async for events in manual.noack_take(settings.batch_max_messages, within=settings.batch_within_s):
             messages = [
                 Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value, e) for e in events
             ]

@@ -303,11 +303,14 @@ def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_di
     assert diff.ok, diff
 
 
-def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Path):
+@pytest.mark.parametrize("then", ["wait", "stop"])
+def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Path, then: str):
     """The ClickHouse directory made immutable (``chattr +i`` on every file: we run as root, so a
     chmod would not stop the writes) while events flow: /healthz says not ready, or the
     worker exits non-zero; once writable again every event is stored, by the same
-    worker or by a restarted one."""
+    worker or by a restarted one. ``stop``: the worker is stopped (SIGTERM) while its writes
+    fail, so what it read and could not store must not be committed (Faust's ``take_events``
+    acknowledged a batch as soon as it was handed over, and a restart skipped it)."""
     fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
     before, after = _halves(fl.records)
     chdb_dir = tmp_path / "data" / "clickhouse"
@@ -328,9 +331,13 @@ def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Pat
                         break
                     time.sleep(0.5)
                 said = seen if seen is not None else f"exit {worker.returncode}" if not worker.running else None
+                stopped = worker.stop() if then == "stop" and worker.running else None
+                assert stopped in (0, None), f"SIGTERM while the store is read-only: exit {stopped}\n{worker.tail()}"
             finally:
                 set_immutable(chdb_dir, False)
-            if not worker.running:
+            if stopped == 0:
+                worker = Worker(env, tmp_path / "worker-2.log").start()
+            elif not worker.running:
                 assert worker.returncode not in (0, None), worker.tail()
                 worker = Worker(env, tmp_path / "worker-2.log").start()
             wait_acknowledged(broker.bootstrap, worker, timeout=180)
