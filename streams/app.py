@@ -224,7 +224,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         if recovered:
             log.info("outbox_recovered", pending=recovered)
         pipeline.outbox_ready.set()
-        pipeline.ready.set()
+        pipeline.resume()
 
     @app.task
     async def deliver_alerts() -> None:
@@ -262,7 +262,13 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
 
     @app.on_before_shutdown.connect
     async def stopping(sender: Any, **kwargs: Any) -> None:
-        pipeline.stop()  # a write waiting for a store that takes none gives up, unacknowledged
+        """A clean stop hands the partitions over as a revocation does (Faust does not call the
+        revocation handler at a stop): the write in flight lands (or, for a store that takes
+        none, gives up unacknowledged) and any Slack post in progress finishes, before the
+        consumer commits what is acknowledged and leaves the group."""
+        pipeline.stop()
+        await pipeline.pause()
+        await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
 
     watcher = RulesWatcher(settings.rules_path, ruleset)
 

@@ -281,8 +281,17 @@ class Pipeline:
             self._partition_of.pop(key, None)
 
     def stop(self) -> None:
-        """The worker is stopping: a write waiting for the store gives up (unacknowledged)."""
+        """The worker is stopping: a write waiting for the store gives up (unacknowledged), and
+        no batch is taken again (:meth:`resume` is refused)."""
         self._stopping.set()
+
+    def resume(self) -> bool:
+        """Take batches again (the new assignment's state is loaded), unless the worker is
+        stopping: an assignment that finishes during a stop must not undo its pause."""
+        if self._stopping.is_set():
+            return False
+        self.ready.set()
+        return True
 
     def _detect(self, messages: Sequence[Message]) -> _Step:
         step = _Step()
