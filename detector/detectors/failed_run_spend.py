@@ -32,6 +32,7 @@ from pydantic import Field
 from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.runs import Fleet, RunState, follow, hosts_of
 from detector.events import Event, RunEvent
+from detector.pricing import usd_over
 from detector.units import Duration, Money
 
 __all__ = ["FailedRunSpend", "FailedRunSpendParams", "FailedRunSpendState"]
@@ -134,12 +135,13 @@ class FailedRunSpend(DetectorBase):
 
     def _cost(self, run: RunState, end: float, fleet: Fleet | None) -> tuple[float | None, float, ResourceInfo]:
         """(dollars or None when unpriced, GPU-hours, the first host's info)."""
-        hours = max(0.0, end - run.start) / 3600.0
+        seconds = max(0.0, end - run.start)
         hosts = hosts_of(run, fleet, self.pricing)
+        gpu_hours = hosts.gpus * seconds / 3600.0
         if not hosts.hosts:
-            return None, hosts.gpus * hours, hosts.first
+            return None, gpu_hours, hosts.first
         hourly = sum(h.usd_per_hour or 0.0 for h in hosts.hosts)
-        return hourly * hosts.share * hours, hosts.gpus * hours, hosts.first
+        return usd_over(hourly * hosts.share, seconds), gpu_hours, hosts.first
 
     # -- loop bookkeeping -------------------------------------------------------------
 
