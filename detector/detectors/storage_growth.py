@@ -31,7 +31,7 @@ from pydantic import Field
 from detector.detectors.base import Finding, ResourceInfo, make_finding
 from detector.detectors.growth import GrowthBase, GrowthParams, GrowthState, Trend
 from detector.events import DAY_S, Event, UsageEvent
-from detector.pricing import HOURS_PER_MONTH, Pricer
+from detector.pricing import HOURS_PER_MONTH
 from detector.units import Duration, Money, Percent
 
 __all__ = ["StorageGrowth", "StorageGrowthParams"]
