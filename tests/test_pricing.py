@@ -12,7 +12,7 @@ import pytest
 
 from detector.engine import Engine
 from detector.events import UsageEvent
-from detector.model.features import WindowBuilder, WindowState
+from detector.model.train import anomaly_ruleset
 from detector.pricing import Pricer, Pricing, storage_usd, usd_over
 from detector.store import EventBatch
 from tests.helpers import MIN, T0, at, scrape, usage
@@ -63,17 +63,17 @@ def test_telemetry_stale_counts_an_interval_as_the_store_prices_it(ruleset, stor
     assert blind.waste_usd == pytest.approx(stored, abs=1e-3)
 
 
-def test_the_cost_feature_is_the_stored_cost():
-    """The anomaly model's cost rate is the pricer's: a bucket priced by its bytes is not free."""
-    pricer = Pricer(Pricing())
-    builder = WindowBuilder(300.0)
-    st = WindowState()
-    window = None
-    for i in range(3):
-        ev = bucket(T0 + i * 300)
-        window = builder.add(st, "bkt-1", "storage_bucket", pricer.cost(ev).usd, ev, ev.t) or window
-    assert window is not None
-    assert window.values["cost_usd_per_hour"] == pytest.approx(storage_usd(BUCKET_BYTES, 3600, 0.023))
+def test_the_cost_feature_is_the_stored_cost(ruleset):
+    """The anomaly model's cost rate is the pricer's: a bucket priced by its bytes is not free
+    to the model while the store says it costs $1.58 an hour."""
+    engine = Engine(anomaly_ruleset(ruleset))
+    windows: list = []
+    engine.on_windows = windows.extend
+    engine.set_models(None)
+    engine.process([bucket(T0 + i * 300) for i in range(90)])  # past the rule's 6 h of history
+    assert windows
+    for _, _, _, window in windows:
+        assert window.values["cost_usd_per_hour"] == pytest.approx(storage_usd(BUCKET_BYTES, 3600, 0.023))
 
 
 def test_interval_cost():
