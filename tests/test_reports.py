@@ -188,3 +188,18 @@ def test_docs_show_each_reports_sql_as_it_runs():
     for name, report in REPORTS.items():
         assert f"### `{name}`" in doc
         assert report.query("burnwatch").strip() in doc, f"docs/postmortem.md: the SQL of {name} is out of date"
+
+
+def test_the_ledger_of_a_worker_filled_store_is_held_to_the_bill(filled):
+    """The worker records every change of an incident (an update every 15 minutes): the
+    ledger spreads what each added since the one before, and still no resource-hour, kind
+    by kind, is charged more than it cost; idle GPUs, first in precedence, keep all their dollars."""
+    store, _ = filled
+    over = store.query(f"""SELECT resource_id, hour, kind, sum(usd) AS usd, any(bill_usd) AS bill
+                           FROM {store.db}.waste_ledger GROUP BY resource_id, hour, kind
+                           HAVING usd > bill + 1e-6""")  # fmt: skip
+    assert over == []
+    pieces = store.query(f"SELECT count() AS n FROM {store.db}.alert_changes WHERE type = 'idle_gpu'")[0]["n"]
+    assert pieces > 2 * len(alerts_of(store, "idle_gpu"))  # several changes per incident: spread piece by piece
+    ledger = store.query(f"SELECT sum(usd) AS usd FROM {store.db}.waste_ledger WHERE type = 'idle_gpu'")[0]["usd"]
+    assert ledger == pytest.approx(sum(a["waste_usd"] for a in alerts_of(store, "idle_gpu")), abs=0.01)
