@@ -27,6 +27,7 @@ import structlog
 
 from detector.detectors import Finding, ResourceInfo
 from detector.events import Event, RunEvent, UsageEvent
+from detector.pricing import Pricer
 from detector.rules import RuleSet
 
 __all__ = ["Engine", "KeyState"]
@@ -70,6 +71,8 @@ class Engine:
         loader: Callable[[str], bytes | None] | None = None,
     ) -> None:
         self.ruleset = ruleset
+        self.pricer = Pricer(ruleset.pricing)
+        """Prices each usage event once, for every detector (see :mod:`detector.pricing`)."""
         self.state_ttl_s = state_ttl_s
         self._loader = loader
         self._keys: dict[str, KeyState] = {}
@@ -245,12 +248,10 @@ class Engine:
         info.pricing = ev.pricing
         info.state = ev.state
         info.tags = ev.tags
-        if ev.cost_usd is not None and ev.state == "running":
-            info.usd_per_hour = ev.cost_usd * 3600.0 / ev.interval_s
-        elif ev.state == "running":
-            hourly = self.ruleset.pricing.hourly(ev.instance_type, ev.pricing)
-            if hourly is not None:
-                info.usd_per_hour = hourly
+        cost = self.pricer.cost(ev)
+        info.interval_usd = cost.usd
+        if cost.usd_per_hour is not None:
+            info.usd_per_hour = cost.usd_per_hour
         if changed:
             state.routes.clear()
 
@@ -265,6 +266,7 @@ class Engine:
         """Swap rules in place (hot reload). Open episodes of rules that remain continue
         with the new params; state of rules removed, or whose type changed, is dropped."""
         self.ruleset = ruleset
+        self.pricer = Pricer(ruleset.pricing)
         for state in self._keys.values():
             state.routes.clear()
             for name, rule_state in list(state.rules.items()):

@@ -28,7 +28,7 @@ from detector.alerts import Alert
 from detector.detectors import REGISTRY, ResourceInfo
 from detector.events import GpuMetric, RunEvent, UsageEvent
 from detector.metrics import METRICS
-from detector.pricing import Pricing, interval_usd
+from detector.pricing import Pricer, Pricing
 from detector.units import epoch, one_line
 
 __all__ = ["EventBatch", "Migration", "Store", "alert_from_row", "connect", "epoch", "migrations"]
@@ -180,11 +180,12 @@ class EventBatch:
             self._lists[kind].append(event)
             self._runs[kind].append((source, 1))
 
-    def tables(self, pricing: Pricing | None = None) -> Iterator[tuple[str, list[str], list[list]]]:
+    def tables(self, pricing: Pricing | Pricer | None = None) -> Iterator[tuple[str, list[str], list[list]]]:
         """(table, column names, columns) for each table with rows; the last four columns are
         the event id (from its content) and the source topic, partition and offset.
-        ``pricing`` prices usage intervals that carry no cost (the ``usd`` column)."""
-        pricing = pricing or Pricing()
+        ``pricing`` prices usage intervals (the ``usd`` and ``egress_usd`` columns) with the
+        same :class:`~detector.pricing.Pricer` the engine hands the detectors."""
+        pricer = pricing if isinstance(pricing, Pricer) else Pricer(pricing)
         if self.gpu:
             ev = self.gpu
             yield "gpu_metrics", [*_GPU_COLS, *_SOURCE_COLS], [
@@ -196,7 +197,7 @@ class EventBatch:
             ]  # fmt: skip
         if self.usage:
             ev = self.usage
-            priced = [interval_usd(pricing, e) for e in ev]
+            priced = [pricer.cost(e) for e in ev]
             yield "resource_usage", [*_USAGE_COLS, "usd", "egress_usd", *_SOURCE_COLS], [
                 [round(e.ts.timestamp() * 1000) for e in ev], [e.resource_id for e in ev], [e.resource_type for e in ev],
                 [e.provider for e in ev], [e.account for e in ev], [e.region for e in ev],
@@ -204,7 +205,7 @@ class EventBatch:
                 [e.interval_s for e in ev], [e.cost_usd for e in ev], [e.egress_bytes for e in ev],
                 [e.dest_region for e in ev], [e.storage_bytes for e in ev], [e.capacity_bytes for e in ev],
                 [e.vector_count for e in ev], [e.requests for e in ev], [e.tags for e in ev],
-                [_extra(e) if e.extra else "" for e in ev], [p[0] for p in priced], [p[1] for p in priced],
+                [_extra(e) if e.extra else "" for e in ev], [p.usd for p in priced], [p.egress_usd for p in priced],
                 event_ids(b"usage", ev), *_source_columns(self._runs[UsageEvent]),
             ]  # fmt: skip
         if self.runs:

@@ -12,6 +12,7 @@ from detector.events import GpuMetric, UsageEvent
 from detector.model.features import WindowBuilder, WindowState, feature_names
 from detector.model.forest import ModelSet, fit
 from detector.model.train import TrainingSet, anomaly_ruleset, train, train_from_store
+from detector.pricing import Pricer
 from detector.rules import load_rules
 from detector.store import EventBatch
 from tests.conftest import ROOT
@@ -44,9 +45,14 @@ def working(start: float, hours: float, rid: str = "h1") -> list:
 
 def test_window_features_are_what_the_minute_said():
     builder, st = WindowBuilder(300.0), WindowState()
-    closed = [w for e in minute(T0, 50.0, 200.0) * 1 + [] for w in [builder.add(st, "h1", "gpu_instance", 32.0, e, e.t)] if w]
+    pricer = Pricer()
+
+    def add(e):  # a usage event's interval as the engine prices it
+        return builder.add(st, "h1", "gpu_instance", pricer.cost(e).usd if isinstance(e, UsageEvent) else 0.0, e, e.t)
+
+    closed = [w for e in minute(T0, 50.0, 200.0) if (w := add(e))]
     for k in range(1, 6):
-        closed += [w for e in minute(T0 + k * MIN, 50.0, 200.0) if (w := builder.add(st, "h1", "gpu_instance", 32.0, e, e.t))]
+        closed += [w for e in minute(T0 + k * MIN, 50.0, 200.0) if (w := add(e))]
     (window,) = closed  # the minute at T0+5m opened the next window and closed the first
     assert window.start == T0 and window.end == T0 + 300
     assert window.values["cost_usd_per_hour"] == pytest.approx(32.0)
