@@ -166,7 +166,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             print(json.dumps(alert.to_json()))
     else:
         for alert in result.alerts:
-            print(alert.summary())
+            print(alert.summary() + (f"  (held back, {alert.held.kind}: {alert.held.reason})" if alert.held else ""))
     print(
         f"{len(result.alerts)} alerts from {result.events} events of {source} "
         f"({result.events / max(elapsed, 1e-9):,.0f} events/s); {len(result.invalid)} invalid",

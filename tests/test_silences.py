@@ -229,3 +229,7 @@ def test_backtest_says_how_many_alerts_were_silenced_and_by_what(tmp_path, small
     assert all(a["held"] is None or a["held"]["kind"] != "silenced" for a in alerts if a not in silenced)
     line = f"{len(silenced)} of {len(alerts)} alerts held back, recorded but not posted: "
     assert line + f"{len(silenced)} silenced ({len(silenced)} by silence {silence_id} 'maintenance')" in result.stderr
+    text = subprocess.run([sys.executable, "-m", "streams.cli", "backtest", str(small_fleet), "--rules", str(rules)],
+                          capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    assert len(text) == len(alerts)
+    assert sum(line.endswith("  (held back, silenced: maintenance)") for line in text) == len(silenced)
