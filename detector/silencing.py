@@ -31,7 +31,7 @@ _HEADER = "# Silences written by `burnwatch silence add`; the worker reloads thi
 def parse_match(pairs: list[str]) -> Match:
     """``["team=nlp", "resource_type=notebook"]`` → a :class:`Match` (tags for unknown keys)."""
     fields: dict[str, Any] = {}
-    tags: dict[str, str] = {}
+    tags: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key or not value:

@@ -4,7 +4,7 @@ docstring for the order and why). A stage that holds an opening back returns a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from detector.detectors import REGISTRY
@@ -83,7 +83,9 @@ class Silencing:
     """Holds back an opening that a silence covers at its event time (its ``fired_at``)."""
 
     @staticmethod
-    def hold(alert: Alert, silences: Iterable[Silence]) -> Hold | None:
+    def hold(alert: Alert, silences: Sequence[Silence]) -> Hold | None:
+        if not silences:
+            return None
         resource = ResourceInfo(
             resource_id=alert.resource_id, resource_type=alert.resource_type, account=alert.account,
             region=alert.region, instance_type=alert.instance_type, tags=alert.tags,
