@@ -12,6 +12,7 @@ from datetime import datetime
 import pytest
 
 from detector.alerts import AlertManager
+from detector.backtest import backtest
 from detector.delivery import Outbox
 from detector.detectors import ResourceInfo
 from detector.engine import Engine
@@ -233,3 +234,16 @@ def test_backtest_says_how_many_alerts_were_silenced_and_by_what(tmp_path, small
                           capture_output=True, text=True).stdout.splitlines()  # fmt: skip
     assert len(text) == len(alerts)
     assert sum(line.endswith("  (held back, silenced: maintenance)") for line in text) == len(silenced)
+
+
+def test_episodes_still_open_at_the_end_of_a_backtest_stay_silenced(tmp_path, small_fleet):
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    out = cli("add", "--match", "resource_type=*", "--start", "2026-11-01T00:00:00Z", "--for", "30d", "--reason",
+              "all month", rules=rules)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    alerts = backtest(small_fleet, load_rules(rules)).alerts
+    still_open = [a for a in alerts if a.status == "firing"]
+    assert still_open and len(still_open) < len(alerts)
+    assert {a.silenced for a in alerts} == {"all month"}
+    assert {a.held.kind if a.held else None for a in still_open} == {"silenced"}
