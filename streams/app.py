@@ -163,6 +163,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         caught_up=caught_up,
         end_positions=end_positions,
         decoder=EventDecoder(limits=ruleset.limits),
+        generation=lambda: app.consumer_generation_id,
     )
 
     def fail(reason: str, **details: Any) -> None:
@@ -182,7 +183,9 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         manual = stream.noack()
         async for events in manual.noack_take(settings.batch_max_messages, within=settings.batch_within_s):
             messages = [
-                Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value, e) for e in events
+                Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value, e,
+                        e.message.generation_id)  # fmt: skip
+                for e in events
             ]
             try:
                 await pipeline.process(messages, ack=lambda message: manual.ack(message.token))

@@ -63,6 +63,8 @@ class Message(msgspec.Struct):
     value: bytes
     token: Any = None
     """What the consumer needs to acknowledge this message (the Faust event)."""
+    generation: int | None = None
+    """The consumer group generation it was fetched in (None: unknown, always current)."""
 
 
 class StoreUnavailable(Exception):
@@ -130,6 +132,8 @@ class _Step:
     messages: int = 0
     elsewhere: int = 0
     """Messages of partitions this worker no longer holds: left alone."""
+    stale: int = 0
+    """Messages fetched before the last rebalance: left alone (read again from the committed offset)."""
     started: float = field(default_factory=time.perf_counter)
     per_topic: dict[str, list[int]] = field(default_factory=dict)
     """topic → [messages, events], for the metrics."""
@@ -149,6 +153,7 @@ class Pipeline:
         lateness_s: float = 60.0,
         decoder: EventDecoder | None = None,
         retry_max_s: float = 30.0,
+        generation: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -158,6 +163,8 @@ class Pipeline:
         self._send_dead_letter = send_dead_letter
         self._caught_up = caught_up
         self._end_positions = end_positions
+        self._generation = generation
+        """The group generation now: a message fetched in an earlier one is stale (below)."""
         self.aligner: EventTimeAligner[Message] = EventTimeAligner(lateness_s)
         self._partition_of: dict[str, int] = {}
         """Key → partition it arrived on, so its state is filed under that partition."""
@@ -302,10 +309,17 @@ class Pipeline:
         per_topic = step.per_topic
         received = self._acks.received
         assigned = self._assigned
+        generation = self._generation()
         for message in messages:
             tp = (message.topic, message.partition)
             if assigned is not None and tp not in assigned:
                 step.elsewhere += 1  # its partition moved on: its new holder reads it
+                continue
+            if generation is not None and message.generation is not None and message.generation != generation:
+                # Fetched before the last rebalance (a batch being gathered, or waiting for the
+                # pause to end): the consumer reads the partition again from its committed
+                # offset, so taking it now would run detection ahead of that and then rewind.
+                step.stale += 1
                 continue
             counts = per_topic.get(message.topic)
             if counts is None:
@@ -335,9 +349,12 @@ class Pipeline:
         for alert in step.alerts:  # whoever holds this partition delivers it
             alert.partition = partition_of.get(alert.key, -1)
         step.states = self._dirty_states()
-        step.messages = len(messages) - step.elsewhere
+        step.messages = len(messages) - step.elsewhere - step.stale
         if step.elsewhere:
             log.info("messages_left_to_new_holder", messages=step.elsewhere)
+        if step.stale:
+            log.info("stale_messages_left", messages=step.stale, generation=generation,
+                     note="fetched before the last rebalance; read again from the committed offset")  # fmt: skip
         return step
 
     async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[Message], Awaitable[Any]]) -> None:
