@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from detector import store as store_module
@@ -118,6 +120,11 @@ def ruleset(tmp_path):
     return load_rules(tmp_path)
 
 
+def load_rules_without_silences(ruleset):
+    """The same rules after the silences were removed (a hot reload)."""
+    return replace(ruleset, silences=())
+
+
 def test_the_first_stage_that_holds_an_opening_back_says_why_and_its_later_changes_follow(ruleset):
     manager = AlertManager(ruleset=ruleset)
     idle, anomaly = manager.handle([finding(), finding("fire", "anomaly", start=T0 + 600, rule="anomaly")])
@@ -133,15 +140,9 @@ def test_a_held_back_opening_does_not_count_as_posted_for_realert(ruleset):
     manager = AlertManager(ruleset=ruleset)
     (silenced,) = manager.handle([finding(rid="h9")])
     assert silenced.held is not None and silenced.held.kind == "silenced"
-    manager.ruleset = load_rules_without_silences(ruleset)  # the silence is removed (hot reload)
+    manager.ruleset = load_rules_without_silences(ruleset)
     (soon,) = manager.handle([finding(rid="h9", start=T0 + HOUR)])
     assert soon.held is None  # nothing was posted before it: realert does not hold it back
-
-
-def load_rules_without_silences(ruleset):
-    from dataclasses import replace
-
-    return replace(ruleset, silences=())
 
 
 def test_the_memory_a_restart_loads_holds_back_what_was_held_back(ruleset, store):

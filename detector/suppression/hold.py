@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
+
+if TYPE_CHECKING:
+    from detector.alerts import Alert
 
 __all__ = ["HOLD_KINDS", "Hold", "HoldKind", "describe_holds"]
 
@@ -29,7 +32,7 @@ class Hold(msgspec.Struct, frozen=True, kw_only=True):
         return {"kind": self.kind, "by": self.by, "reason": self.reason}
 
 
-def describe_holds(alerts: Iterable[Any]) -> str:
+def describe_holds(alerts: Iterable[Alert]) -> str:
     """One line saying how many alerts were held back and by what, e.g. for ``backtest``:
     ``3 of 72 alerts held back, not posted: 2 silenced (silence 1f2e3d4c "offsite"), 1 realert``.
     '' when every alert would be posted."""
