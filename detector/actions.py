@@ -23,6 +23,8 @@ from urllib.parse import parse_qs
 import structlog
 from slack_sdk.signature import SignatureVerifier
 
+from detector.suppression import snooze
+
 __all__ = ["ACTIONS", "BUTTONS", "ActionHandler", "Click", "RequestVerifier", "Unauthorized", "parse_click"]
 
 log = structlog.get_logger("burnwatch.actions")
@@ -138,7 +140,7 @@ class ActionHandler:
         until = now + SNOOZE_S if click.action == "snoozed" else None
         self.store.record_action(click, at=now, until=until)
         if until is not None and self.outbox is not None:
-            self.outbox.snooze(click.alert_id, until)
+            self.outbox.snooze(snooze(click.alert_id, now, until, click.user_name or click.user_id))
         log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
         if self.notifier is not None and click.channel and click.message_ts:
             alert = alert_from_row(rows[0])

@@ -29,6 +29,7 @@ from detector.detectors import REGISTRY, ResourceInfo
 from detector.events import GpuMetric, RunEvent, UsageEvent
 from detector.metrics import METRICS
 from detector.pricing import Pricer, Pricing
+from detector.suppression import Hold, Silence, snooze
 from detector.units import epoch, one_line
 
 __all__ = ["EventBatch", "Migration", "Store", "alert_from_row", "connect", "epoch", "migrations"]
@@ -87,7 +88,7 @@ _ACTION_COLS = ["alert_id", "action", "user_id", "user_name", "channel", "messag
 _ALERT_COLS = [
     "alert_id", "type", "rule", "resource_id", "status", "change", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
-    "instance_type", "tags", "details", "silenced", "channel", "partition", "version",
+    "instance_type", "tags", "details", "silenced", "held", "held_by", "channel", "partition", "version",
 ]  # fmt: skip
 _ATTEMPT = "posting:"
 """Prefix of an ``alert_deliveries`` kind that marks a post begun (``posting:fired``)."""
@@ -116,6 +117,7 @@ def alert_from_row(row: dict[str, Any], change: str | None = None) -> Alert:
         instance_type=row["instance_type"],
         tags=dict(row["tags"]),
         details=msgspec.json.decode(row["details"]) if row["details"] else {},
+        held=Hold(kind=row["held"], by=row.get("held_by", ""), reason=row.get("silenced", "")) if row.get("held") else None,
         silenced=row.get("silenced", ""),
         channel=row.get("channel", ""),
         partition=row.get("partition", -1),
@@ -530,7 +532,8 @@ class Store:
             [a.alert_id, a.type, a.rule, a.resource_id, a.status, a.change, a.severity, _ms(a.episode_start),
              _ms(a.fired_at), _ms(a.updated_at), _ms(a.resolved_at) if a.resolved_at is not None else None,
              a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
-             _json.encode(a.details).decode(), a.silenced, a.channel, a.partition, version + i]
+             _json.encode(a.details).decode(), a.silenced, a.held.kind if a.held else "", a.held.by if a.held else "",
+             a.channel, a.partition, version + i]
             for i, a in enumerate(alerts)
         ]  # fmt: skip
         with self._lock:
@@ -561,24 +564,25 @@ class Store:
                           {"types": [t for t, cls in REGISTRY.items() if cls.behaviour and t != "anomaly"]})  # fmt: skip
         return {r["resource_id"]: r["alert_id"] for r in rows}
 
-    def realert_memory(self, horizon_s: float = 7 * 86_400.0) -> tuple[dict[tuple[str, str], float], dict[str, str]]:
-        """What the alert manager must remember across a restart: the fire time of the latest
-        posted alert per (rule, resource), for ``realert``; and the alerts held back at their
-        opening (realert, joined to another incident), whose later changes stay held back."""
+    def suppression_memory(self, horizon_s: float = 7 * 86_400.0) -> tuple[dict[tuple[str, str], float], dict[str, Hold]]:
+        """For :class:`detector.suppression.AlertMemory`: the fire time of the latest posted
+        opening per (rule, resource), for ``realert``; and why each held-back alert was held
+        back, whose later changes stay held back. Within ``horizon_s`` of the newest alert."""
         rows = self.query(
-            f"""SELECT rule, resource_id, alert_id, fired_at, silenced,
-                       startsWith(silenced, 'realert:') OR startsWith(silenced, 'joined incident') AS held,
-                       silenced = '' AS posted
+            f"""SELECT rule, resource_id, alert_id, fired_at, held, held_by, silenced
                 FROM {self.db}.alerts FINAL
                 WHERE fired_at >= (SELECT max(fired_at) FROM {self.db}.alerts) - toIntervalSecond(%(horizon)s)""",
             {"horizon": int(horizon_s)},
         )
         last: dict[tuple[str, str], float] = {}
+        held: dict[str, Hold] = {}
         for r in rows:
-            if r["posted"]:
+            if r["held"]:
+                held[r["alert_id"]] = Hold(kind=r["held"], by=r["held_by"], reason=r["silenced"])
+            else:
                 key = (r["rule"], r["resource_id"])
                 last[key] = max(last.get(key, 0.0), epoch(r["fired_at"]))
-        return last, {r["alert_id"]: r["silenced"] for r in rows if r["held"]}
+        return last, held
 
     def record_action(self, click: Any, at: float, until: float | None = None) -> None:
         """Record a button click (a :class:`detector.actions.Click`) at wall time ``at``."""
@@ -595,14 +599,16 @@ class Store:
             {"id": alert_id},
         )
 
-    def snoozed(self, now: float) -> dict[str, float]:
-        """Alert id → wall time its snooze ends, for snoozes still running at ``now``."""
+    def snoozed(self, now: float) -> dict[str, Silence]:
+        """Alert id → its snooze (a silence of that one alert, from the click to its end, wall
+        time), for snoozes still running at ``now``."""
         rows = self.query(
-            f"SELECT alert_id, max(until) AS until FROM {self.db}.alert_actions "
-            "WHERE action = 'snoozed' GROUP BY alert_id HAVING until > fromUnixTimestamp64Milli(%(now)s, 'UTC')",
+            f"SELECT alert_id, max(until) AS ends, argMax(at, until) AS starts, argMax(user_name, until) AS by "
+            f"FROM {self.db}.alert_actions WHERE action = 'snoozed' "
+            "GROUP BY alert_id HAVING ends > fromUnixTimestamp64Milli(%(now)s, 'UTC')",
             {"now": _ms(now)},
         )
-        return {r["alert_id"]: epoch(r["until"]) for r in rows}
+        return {r["alert_id"]: snooze(r["alert_id"], epoch(r["starts"]), epoch(r["ends"]), r["by"]) for r in rows}
 
     def last_digest_day(self) -> float | None:
         rows = self.query(f"SELECT max(day) AS day, count() AS n FROM {self.db}.digests")

@@ -21,7 +21,7 @@ from faust.types import TP
 from faust.web import View
 
 from detector.actions import ActionHandler, RequestVerifier
-from detector.alerts import AlertManager
+from detector.alerts import AlertManager, AlertMemory
 from detector.charts import ChartWorker
 from detector.delivery import Outbox
 from detector.digest import send_due_digests
@@ -130,8 +130,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
 
     def alert_manager(rules: Any) -> AlertManager:
         """An alert manager that remembers what the store says was alerted (from any worker)."""
-        return AlertManager(store.recent_alerts(), ruleset=rules, realert=store.realert_memory(),
-                            open_incidents=store.open_incidents())  # fmt: skip
+        return AlertManager(AlertMemory.load(store), ruleset=rules)
 
     async def send_dead_letter(key: bytes | None, value: bytes) -> None:
         await dead_letters.send(key=key, value=value)

@@ -127,8 +127,9 @@ def test_train_from_the_store_writes_artifacts_a_worker_reloads(store, tmp_path)
 
 
 def test_an_anomaly_on_a_resource_with_an_open_rule_incident_joins_it(store):
-    from detector.alerts import AlertManager
+    from detector.alerts import AlertManager, AlertMemory
     from detector.detectors import Finding, ResourceInfo
+    from detector.suppression import Hold
 
     def finding(rule_type: str, action: str, start: float, at: float) -> Finding:
         return Finding(action=action, rule=rule_type, type=rule_type, resource_id="h1", episode_start=start,
@@ -138,11 +139,12 @@ def test_an_anomaly_on_a_resource_with_an_open_rule_incident_joins_it(store):
     manager = AlertManager()
     idle = manager.handle([finding("idle_gpu", "fire", T0, T0 + 1800)])
     joined = manager.handle([finding("anomaly", "fire", T0 + 600, T0 + 2400)])
-    assert idle[0].silenced == "" and joined[0].silenced.startswith(f"joined incident {idle[0].alert_id}")
+    assert idle[0].held is None and joined[0].held == Hold(
+        kind="inhibited", by=idle[0].alert_id, reason=f"joined incident {idle[0].alert_id}: a rule's incident is open here")
     store.record_alerts(idle + joined, version=1)
-    restarted = AlertManager(store.recent_alerts(), realert=store.realert_memory(), open_incidents=store.open_incidents())
+    restarted = AlertManager(AlertMemory.load(store))
     (resolved,) = restarted.handle([finding("anomaly", "resolve", T0 + 600, T0 + 3600)])
-    assert resolved.silenced.startswith("joined incident")  # still not posted after a restart
+    assert resolved.held == joined[0].held  # still not posted after a restart
     restarted.handle([finding("idle_gpu", "resolve", T0, T0 + 4000)])
     (alone,) = restarted.handle([finding("anomaly", "fire", T0 + 5000, T0 + 7000)])
-    assert alone.silenced == ""  # no incident open any more: this one is posted
+    assert alone.held is None and alone.silenced == ""  # no incident open any more: this one is posted
