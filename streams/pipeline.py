@@ -67,6 +67,10 @@ class Message(msgspec.Struct):
     """The consumer group generation it was fetched in (None: unknown, always current)."""
 
 
+PROGRESS = "\x00read/"
+"""Key prefix of the progress rows kept among the detector states (one per input partition)."""
+
+
 class StoreUnavailable(Exception):
     """The store takes no write at all (down, read-only, full): retry, drop nothing."""
 
@@ -82,6 +86,8 @@ class Stats:
     """Events decoded and stored."""
     detected: int = 0
     """Events released by the aligner to the detectors."""
+    replayed: int = 0
+    """Events read again that the loaded state already held: not detected twice."""
     dead_letters: int = 0
     alerts_fired: int = 0
     alerts_resolved: int = 0
@@ -132,6 +138,9 @@ class _Step:
     messages: int = 0
     elsewhere: int = 0
     """Messages of partitions this worker no longer holds: left alone."""
+    replayed: int = 0
+    """Events read again after a restart or a handover that the loaded state already holds:
+    stored (a no-op, by content) but not detected twice."""
     stale: int = 0
     """Messages fetched before the last rebalance: left alone (read again from the committed offset)."""
     started: float = field(default_factory=time.perf_counter)
@@ -186,6 +195,10 @@ class Pipeline:
         """Partitions holding the watermark back, and why (for /healthz and the metrics)."""
         self._holding_logged: dict[TP, float] = {}
         self._acks = InOrderAcks()
+        self._read_before: dict[TP, int] = {}
+        """Per input partition, the offset up to which messages had been read when the state
+        loaded at assignment was saved (:data:`PROGRESS`): below it, an event that state has
+        already folded in is not detected again."""
         self._retry_max_s = retry_max_s
         self._stopping = threading.Event()
         self.stalled_since: float | None = None
@@ -310,6 +323,8 @@ class Pipeline:
         received = self._acks.received
         assigned = self._assigned
         generation = self._generation()
+        read_before = self._read_before
+        already_done: list[Message] = []
         for message in messages:
             tp = (message.topic, message.partition)
             if assigned is not None and tp not in assigned:
@@ -340,15 +355,27 @@ class Pipeline:
                 partition_of[event.key] = message.partition
             step.stored.append((message, decoded))
             step.events += len(decoded)
-            aligner.push(tp, decoded, message)
+            fresh = decoded
+            if message.offset < read_before.get(tp, -1):  # read before the state was saved
+                fresh = [e for e in decoded if not self.engine.already_seen(e.ts.timestamp(), e)]
+                step.replayed += len(decoded) - len(fresh)
+                if not fresh:
+                    aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
+                    already_done.append(message)
+                    continue
+            aligner.push(tp, fresh, message)
         for (topic, partition), next_offset in positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
-        events, step.done = aligner.release()
+        events, released = aligner.release()
+        step.done = already_done + released
         step.detected = len(events)
         step.alerts = self.manager.handle(self.engine.process_timed(events))
         for alert in step.alerts:  # whoever holds this partition delivers it
             alert.partition = partition_of.get(alert.key, -1)
-        step.states = self._dirty_states()
+        step.states = self._dirty_states() + self._progress()
+        if step.replayed:
+            log.info("replayed_events_skipped", events=step.replayed,
+                     note="read again after a restart or handover; the loaded state already holds them")  # fmt: skip
         step.messages = len(messages) - step.elsewhere - step.stale
         if step.elsewhere:
             log.info("messages_left_to_new_holder", messages=step.elsewhere)
@@ -386,6 +413,7 @@ class Pipeline:
         refused = {id(message) for message, _ in step.refused}
         stats.events += step.events - sum(len(events) for message, events in step.stored if id(message) in refused)
         stats.detected += step.detected
+        stats.replayed += step.replayed
         stats.dead_letters += len(step.dead) + len(step.refused)
         for alert in step.alerts:
             METRICS.alerts.labels(alert.type, alert.change).inc()
@@ -444,6 +472,28 @@ class Pipeline:
         self.holding.clear()
         self.aligner.clear()
         self._acks.clear()
+        self._read_before.clear()
+
+    def restore(self, states: dict[str, bytes]) -> dict[str, bytes]:
+        """States loaded at assignment: keep the progress rows' read offsets (which messages the
+        keys' states have seen: they were saved in the same write) and return the keys' states."""
+        keys: dict[str, bytes] = {}
+        for key, data in states.items():
+            if key.startswith(PROGRESS):
+                for topic, (partition, offset) in msgspec.msgpack.decode(data, type=dict[str, tuple[int, int]]).items():
+                    self._read_before[(topic, partition)] = offset
+            else:
+                keys[key] = data
+        return keys
+
+    def _progress(self) -> list[tuple[str, int, bytes]]:
+        """One row per input partition read (all its topics): the offsets read so far, saved with
+        the keys' states so that a restart knows which re-read events those states hold."""
+        by_partition: dict[int, dict[str, tuple[int, int]]] = {}
+        for (topic, partition), position in self._positions.items():
+            offset = max(position, self._read_before.get((topic, partition), 0))
+            by_partition.setdefault(partition, {})[topic] = (partition, offset)
+        return [(f"{PROGRESS}{p}", p, msgspec.msgpack.encode(row)) for p, row in sorted(by_partition.items())]
 
     def _dirty_states(self) -> list[tuple[str, int, bytes]]:
         engine, states = self.engine, []
