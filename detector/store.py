@@ -26,7 +26,7 @@ import structlog
 
 from detector.alerts import Alert
 from detector.detectors import REGISTRY, ResourceInfo
-from detector.events import GpuMetric, RunEvent, UsageEvent
+from detector.events import Event, GpuMetric, RunEvent, UsageEvent
 from detector.metrics import METRICS
 from detector.pricing import Pricer, Pricing
 from detector.suppression import Hold, Silence, snooze
@@ -134,6 +134,9 @@ def _extra(event: Any) -> str:
 
 _NO_SOURCE = ("", 0, 0)
 _KEY_COLUMN = {"resource_usage": "resource_id", "gpu_metrics": "resource_id", "run_events": "run_id"}
+_KIND: dict[type, tuple[bytes, str]] = {GpuMetric: (b"gpu", "gpu_metrics"), UsageEvent: (b"usage", "resource_usage"),
+                                        RunEvent: (b"run", "run_events")}  # fmt: skip
+"""Event type → (the id's personalisation, its table)."""
 _DAY_MS = 86_400_000
 _MAX_SPANS = 16
 _MAX_KEYS = 2_000
@@ -322,6 +325,25 @@ class Store:
             log.info("event_ttl_set", table=table, days=days)
 
     # -- events ------------------------------------------------------------------
+
+    @staticmethod
+    def event_ids(events: Sequence[Event]) -> list[int]:
+        """The content id :meth:`insert_events` gives each event (its deduplication key)."""
+        return [event_ids(_KIND[type(e)][0], [e])[0] for e in events]
+
+    def stored_ids(self, events: Sequence[Event]) -> set[int]:
+        """Ids of these events already stored (events read again after a restart, or re-sent)."""
+        found: set[int] = set()
+        by_type: dict[type, list[Event]] = {}
+        for event in events:
+            by_type.setdefault(type(event), []).append(event)
+        for etype, group in by_type.items():
+            kind, table = _KIND[etype]
+            keys = [e.run_id if etype is RunEvent else e.resource_id for e in group]  # type: ignore[union-attr]
+            with self._lock:
+                ids, _ = self._stored_ids(table, keys, [round(e.ts.timestamp() * 1000) for e in group])
+            found.update(ids.intersection(event_ids(kind, group)))
+        return found
 
     def insert_events(self, batch: EventBatch, pricing: Pricing | None = None) -> int:
         """Insert a batch: one columnar insert per non-empty table. Events already stored

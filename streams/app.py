@@ -210,12 +210,11 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
         loop = asyncio.get_running_loop()
-        loaded = await loop.run_in_executor(None, store.load_states, partitions)
+        states = await loop.run_in_executor(None, store.load_states, partitions)
         # What another worker alerted on these keys until now is in the store: the alert manager
         # learns it again, so re-read input neither re-opens nor re-closes those alerts.
         pipeline.manager = await loop.run_in_executor(None, alert_manager, pipeline.manager.ruleset)
         pipeline.reset()
-        states = pipeline.restore(loaded)
         pipeline.expect((tp.topic, tp.partition) for tp in assigned if tp.topic in TOPICS)
         await pipeline.check_expected()
         assigned_states.clear()

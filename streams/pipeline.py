@@ -67,10 +67,6 @@ class Message(msgspec.Struct):
     """The consumer group generation it was fetched in (None: unknown, always current)."""
 
 
-PROGRESS = "\x00read/"
-"""Key prefix of the progress rows kept among the detector states (one per input partition)."""
-
-
 class StoreUnavailable(Exception):
     """The store takes no write at all (down, read-only, full): retry, drop nothing."""
 
@@ -195,10 +191,6 @@ class Pipeline:
         """Partitions holding the watermark back, and why (for /healthz and the metrics)."""
         self._holding_logged: dict[TP, float] = {}
         self._acks = InOrderAcks()
-        self._read_before: dict[TP, int] = {}
-        """Per input partition, the offset up to which messages had been read when the state
-        loaded at assignment was saved (:data:`PROGRESS`): below it, an event that state has
-        already folded in is not detected again."""
         self._retry_max_s = retry_max_s
         self._stopping = threading.Event()
         self.stalled_since: float | None = None
@@ -222,7 +214,11 @@ class Pipeline:
                 if not self.ready.is_set():
                     continue  # paused (a revocation) while this batch waited for its turn
                 self._ack = ack
-                step = self._detect(messages)
+                step = self._read(messages)
+                replays = self._maybe_replayed(step)
+                stored = await asyncio.get_running_loop().run_in_executor(None, self.store.stored_ids, replays) \
+                    if replays else set()  # fmt: skip
+                self._detect(step, stored)
                 await self.drain()
                 loop = asyncio.get_running_loop()
                 write = loop.run_in_executor(self._writer, self._write, step)
@@ -313,7 +309,9 @@ class Pipeline:
         self.ready.set()
         return True
 
-    def _detect(self, messages: Sequence[Message]) -> _Step:
+    def _read(self, messages: Sequence[Message]) -> _Step:
+        """Decode a batch and track positions; messages of partitions held elsewhere, or fetched
+        before the last rebalance, are left alone."""
         step = _Step()
         decode = self.decoder.decode
         positions = self._positions
@@ -323,8 +321,6 @@ class Pipeline:
         received = self._acks.received
         assigned = self._assigned
         generation = self._generation()
-        read_before = self._read_before
-        already_done: list[Message] = []
         for message in messages:
             tp = (message.topic, message.partition)
             if assigned is not None and tp not in assigned:
@@ -355,27 +351,6 @@ class Pipeline:
                 partition_of[event.key] = message.partition
             step.stored.append((message, decoded))
             step.events += len(decoded)
-            fresh = decoded
-            if message.offset < read_before.get(tp, -1):  # read before the state was saved
-                fresh = [e for e in decoded if not self.engine.already_seen(e.ts.timestamp(), e)]
-                step.replayed += len(decoded) - len(fresh)
-                if not fresh:
-                    aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
-                    already_done.append(message)
-                    continue
-            aligner.push(tp, fresh, message)
-        for (topic, partition), next_offset in positions.items():
-            aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
-        events, released = aligner.release()
-        step.done = already_done + released
-        step.detected = len(events)
-        step.alerts = self.manager.handle(self.engine.process_timed(events))
-        for alert in step.alerts:  # whoever holds this partition delivers it
-            alert.partition = partition_of.get(alert.key, -1)
-        step.states = self._dirty_states() + self._progress()
-        if step.replayed:
-            log.info("replayed_events_skipped", events=step.replayed,
-                     note="read again after a restart or handover; the loaded state already holds them")  # fmt: skip
         step.messages = len(messages) - step.elsewhere - step.stale
         if step.elsewhere:
             log.info("messages_left_to_new_holder", messages=step.elsewhere)
@@ -383,6 +358,43 @@ class Pipeline:
             log.info("stale_messages_left", messages=step.stale, generation=generation,
                      note="fetched before the last rebalance; read again from the committed offset")  # fmt: skip
         return step
+
+    def _maybe_replayed(self, step: _Step) -> list[Event]:
+        """Events no later than their key's restored state: read again after a restart or a
+        handover (or re-sent). Which of them that state holds is asked of the store."""
+        seen = self.engine.already_seen
+        return [e for _, decoded in step.stored for e in decoded if seen(e.ts.timestamp(), e)]
+
+    def _detect(self, step: _Step, stored: set[int]) -> None:
+        """Run detection on the batch's events, except those the restored state already holds
+        (no later than it, and stored: ``stored`` has their ids); hold what is ahead of event time."""
+        aligner = self.aligner
+        already_done: list[Message] = []
+        for message, decoded in step.stored:
+            tp = (message.topic, message.partition)
+            fresh = decoded
+            if stored:
+                ids = self.store.event_ids(decoded)
+                fresh = [e for e, i in zip(decoded, ids, strict=True) if i not in stored]
+                step.replayed += len(decoded) - len(fresh)
+                if not fresh:  # every event read again: done, and its time still counts
+                    aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
+                    already_done.append(message)
+                    continue
+            aligner.push(tp, fresh, message)
+        for (topic, partition), next_offset in self._positions.items():
+            aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
+        events, released = aligner.release()
+        step.done = already_done + released
+        step.detected = len(events)
+        step.alerts = self.manager.handle(self.engine.process_timed(events))
+        partition_of = self._partition_of
+        for alert in step.alerts:  # whoever holds this partition delivers it
+            alert.partition = partition_of.get(alert.key, -1)
+        step.states = self._dirty_states()
+        if step.replayed:
+            log.info("replayed_events_skipped", events=step.replayed,
+                     note="read again after a restart or handover; the restored state holds them")  # fmt: skip
 
     async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[Message], Awaitable[Any]]) -> None:
         stats = self.stats
@@ -472,28 +484,6 @@ class Pipeline:
         self.holding.clear()
         self.aligner.clear()
         self._acks.clear()
-        self._read_before.clear()
-
-    def restore(self, states: dict[str, bytes]) -> dict[str, bytes]:
-        """States loaded at assignment: keep the progress rows' read offsets (which messages the
-        keys' states have seen: they were saved in the same write) and return the keys' states."""
-        keys: dict[str, bytes] = {}
-        for key, data in states.items():
-            if key.startswith(PROGRESS):
-                for topic, (partition, offset) in msgspec.msgpack.decode(data, type=dict[str, tuple[int, int]]).items():
-                    self._read_before[(topic, partition)] = offset
-            else:
-                keys[key] = data
-        return keys
-
-    def _progress(self) -> list[tuple[str, int, bytes]]:
-        """One row per input partition read (all its topics): the offsets read so far, saved with
-        the keys' states so that a restart knows which re-read events those states hold."""
-        by_partition: dict[int, dict[str, tuple[int, int]]] = {}
-        for (topic, partition), position in self._positions.items():
-            offset = max(position, self._read_before.get((topic, partition), 0))
-            by_partition.setdefault(partition, {})[topic] = (partition, offset)
-        return [(f"{PROGRESS}{p}", p, msgspec.msgpack.encode(row)) for p, row in sorted(by_partition.items())]
 
     def _dirty_states(self) -> list[tuple[str, int, bytes]]:
         engine, states = self.engine, []
