@@ -29,7 +29,7 @@ from detector.engine import Engine
 from detector.events import TOPICS, EventDecoder
 from detector.logs import stdlib_logging_config
 from detector.metrics import METRICS
-from detector.model.forest import ModelSet
+from detector.model.forest import ModelRefused, ModelSet
 from detector.reload import RulesWatcher
 from detector.rules import load_rules
 from detector.settings import Settings
@@ -303,7 +303,11 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
             log.info("digest_sent", day=digest.date, channel=digest.channel or "(default)", usd=round(digest.total, 2))
 
     model_dir = settings.model_path
-    engine.set_models(ModelSet.load(model_dir))
+    try:
+        engine.set_models(ModelSet.load(model_dir))
+    except ModelRefused as exc:
+        log.error("model_refused", dir=str(model_dir), errors=str(exc).splitlines(), note="rules only")
+        engine.set_models(ModelSet(signature=ModelSet.fingerprint(model_dir)))
     if engine.models:
         log.info("model_loaded", dir=str(model_dir), groups=sorted(engine.models.artifacts))
     else:
@@ -313,7 +317,12 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     async def reload_models() -> None:
         if not engine.models.changed(model_dir):
             return
-        models = await asyncio.get_running_loop().run_in_executor(None, ModelSet.load, model_dir)
+        try:
+            models = await asyncio.get_running_loop().run_in_executor(None, ModelSet.load, model_dir)
+        except ModelRefused as exc:
+            log.error("model_refused", dir=str(model_dir), errors=str(exc).splitlines(), note="the models in use stay")
+            engine.models.signature = ModelSet.fingerprint(model_dir)  # said once per change of the files
+            return
         engine.set_models(models)
         log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
 
