@@ -9,7 +9,7 @@ import asyncio
 import structlog
 
 from detector.digest import send_due_digests
-from detector.model.forest import ModelRefused, ModelSet
+from detector.model.forest import ModelSet
 from detector.slack import SlackError
 from detector.units import one_line, parse_duration
 from streams.parts import WorkerParts, fail
@@ -106,13 +106,12 @@ def _daily_digest(parts: WorkerParts) -> None:
 
 
 def load_models(parts: WorkerParts) -> None:
-    """The anomaly models at start: a refused file is logged and the worker runs rules only."""
+    """The anomaly models at start: the files that load are used, each refused one is named."""
     engine, model_dir = parts.engine, parts.settings.model_path
-    try:
-        engine.set_models(ModelSet.load(model_dir))
-    except ModelRefused as exc:
-        log.error("model_refused", dir=str(model_dir), errors=str(exc).splitlines(), note="rules only")
-        engine.set_models(ModelSet(signature=ModelSet.fingerprint(model_dir)))
+    models, refused = ModelSet.read(model_dir)
+    if refused:
+        log.error("model_refused", dir=str(model_dir), errors=refused)
+    engine.set_models(models)
     if engine.models:
         log.info("model_loaded", dir=str(model_dir), groups=sorted(engine.models.artifacts))
     else:
@@ -125,14 +124,13 @@ def _models(parts: WorkerParts) -> None:
 
     @app.timer(interval=30.0)
     async def reload_models() -> None:
+        """A change of the model files: use the artifacts that load; a refused file is named
+        (once per change of the files) and its group keeps no model from it."""
         if not engine.models.changed(model_dir):
             return
-        try:
-            models = await asyncio.get_running_loop().run_in_executor(None, ModelSet.load, model_dir)
-        except ModelRefused as exc:
-            log.error("model_refused", dir=str(model_dir), errors=str(exc).splitlines(), note="the models in use stay")
-            engine.models.signature = ModelSet.fingerprint(model_dir)  # said once per change of the files
-            return
+        models, refused = await asyncio.get_running_loop().run_in_executor(None, ModelSet.read, model_dir)
+        if refused:
+            log.error("model_refused", dir=str(model_dir), errors=refused)
         engine.set_models(models)
         log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
 

@@ -104,6 +104,15 @@ def test_a_file_that_is_not_a_model_is_named(tmp_path, content, reason):
     assert "gpu.skops" not in str(caught.value)  # the good file is not blamed
 
 
+def test_the_worker_reads_what_loads_and_is_told_what_does_not(tmp_path):
+    artifact().save(tmp_path)
+    (tmp_path / "storage.pkl").write_bytes(pickle.dumps(_RunsCode(str(tmp_path / "ran"))))
+    models, refused = ModelSet.read(tmp_path)
+    assert set(models.artifacts) == {GROUP}
+    assert len(refused) == 1 and "storage.pkl: a model file in the old pickle format" in refused[0]
+    assert not (tmp_path / "ran").exists()
+
+
 def test_a_new_or_replaced_file_is_a_change(tmp_path):
     models = ModelSet.load(tmp_path)
     (tmp_path / "gpu.pkl").write_bytes(b"")

@@ -223,6 +223,15 @@ class ModelSet:
     def load(cls, directory: str | Path) -> ModelSet:
         """Every artifact of the directory; :class:`ModelRefused` (naming each file and why)
         if any file is not loaded, so that nobody runs on part of a model set unawares."""
+        models, refused = cls.read(directory)
+        if refused:
+            raise ModelRefused("\n".join(refused))
+        return models
+
+    @classmethod
+    def read(cls, directory: str | Path) -> tuple[ModelSet, list[str]]:
+        """The artifacts that load, and why each other file does not (the worker's way: it
+        scores with what loads and says what it refused)."""
         directory = Path(directory)
         artifacts, refused = {}, []
         if directory.is_dir():
@@ -240,9 +249,7 @@ class ModelSet:
                                    f"{artifact.group!r}; retrain with `burnwatch model train`")  # fmt: skip
                     continue
                 artifacts[artifact.group] = artifact
-        if refused:
-            raise ModelRefused("\n".join(refused))
-        return cls(artifacts, cls.fingerprint(directory))
+        return cls(artifacts, cls.fingerprint(directory)), refused
 
     def changed(self, directory: str | Path) -> bool:
         return self.fingerprint(Path(directory)) != self.signature
