@@ -32,41 +32,41 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True,
                                       case_sensitive=True, env_ignore_empty=True)  # fmt: skip
 
-    kafka_bootstrap: str = Field("", validation_alias="BURNWATCH_KAFKA_BOOTSTRAP")
+    kafka_bootstrap: str = Field(default="", validation_alias="BURNWATCH_KAFKA_BOOTSTRAP")
     """host:port[,host:port]; empty starts the embedded broker (demo) or is an error (worker)."""
-    clickhouse_dsn: str = Field("", validation_alias="BURNWATCH_CLICKHOUSE_DSN")
+    clickhouse_dsn: str = Field(default="", validation_alias="BURNWATCH_CLICKHOUSE_DSN")
     """``chdb:///abs/dir``, ``chdb://memory`` or ``http://user:pass@host:8123``; empty: embedded under data_dir."""
-    clickhouse_database: str = Field("burnwatch", validation_alias="BURNWATCH_CLICKHOUSE_DATABASE")
-    rules_path: Path = Field(Path("rules"), validation_alias="BURNWATCH_RULES")
-    data_dir: Path = Field(Path(".burnwatch"), validation_alias="BURNWATCH_DATA_DIR")
-    app_id: str = Field("burnwatch", validation_alias="BURNWATCH_APP_ID")
-    partitions: int = Field(4, ge=1, validation_alias="BURNWATCH_PARTITIONS")
-    web_port: int = Field(6066, validation_alias="BURNWATCH_WEB_PORT")
-    web_host: str = Field("127.0.0.1", validation_alias="BURNWATCH_WEB_HOST")
-    batch_max_messages: int = Field(5000, ge=1, validation_alias="BURNWATCH_BATCH_MAX_MESSAGES")
-    batch_within_s: float = Field(0.25, gt=0, validation_alias="BURNWATCH_BATCH_WITHIN_S")
-    session_timeout_s: float = Field(10.0, gt=0, validation_alias="BURNWATCH_SESSION_TIMEOUT_S")
-    log_format: Literal["auto", "json", "console"] = Field("auto", validation_alias="BURNWATCH_LOG_FORMAT")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", validation_alias="BURNWATCH_LOG_LEVEL")
-    slack_bot_token: SecretStr | None = Field(None, validation_alias="SLACK_BOT_TOKEN")
-    slack_channel: str | None = Field(None, validation_alias="SLACK_CHANNEL")
-    slack_webhook_url: SecretStr | None = Field(None, validation_alias="SLACK_WEBHOOK_URL")
-    model_dir: Path | None = Field(None, validation_alias="BURNWATCH_MODEL_DIR")
+    clickhouse_database: str = Field(default="burnwatch", validation_alias="BURNWATCH_CLICKHOUSE_DATABASE")
+    rules_path: Path = Field(default=Path("rules"), validation_alias="BURNWATCH_RULES")
+    data_dir: Path = Field(default=Path(".burnwatch"), validation_alias="BURNWATCH_DATA_DIR")
+    app_id: str = Field(default="burnwatch", validation_alias="BURNWATCH_APP_ID")
+    partitions: int = Field(default=4, ge=1, validation_alias="BURNWATCH_PARTITIONS")
+    web_port: int = Field(default=6066, validation_alias="BURNWATCH_WEB_PORT")
+    web_host: str = Field(default="127.0.0.1", validation_alias="BURNWATCH_WEB_HOST")
+    batch_max_messages: int = Field(default=5000, ge=1, validation_alias="BURNWATCH_BATCH_MAX_MESSAGES")
+    batch_within_s: float = Field(default=0.25, gt=0, validation_alias="BURNWATCH_BATCH_WITHIN_S")
+    session_timeout_s: float = Field(default=10.0, gt=0, validation_alias="BURNWATCH_SESSION_TIMEOUT_S")
+    log_format: Literal["auto", "json", "console"] = Field(default="auto", validation_alias="BURNWATCH_LOG_FORMAT")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", validation_alias="BURNWATCH_LOG_LEVEL")
+    slack_bot_token: SecretStr | None = Field(default=None, validation_alias="SLACK_BOT_TOKEN")
+    slack_channel: str | None = Field(default=None, validation_alias="SLACK_CHANNEL")
+    slack_webhook_url: SecretStr | None = Field(default=None, validation_alias="SLACK_WEBHOOK_URL")
+    model_dir: Path | None = Field(default=None, validation_alias="BURNWATCH_MODEL_DIR")
     """Anomaly model artifacts; default: <data dir>/models."""
-    model_retrain_every: str = Field("", validation_alias="BURNWATCH_MODEL_RETRAIN_EVERY")
+    model_retrain_every: str = Field(default="", validation_alias="BURNWATCH_MODEL_RETRAIN_EVERY")
     """Retrain on this schedule (e.g. 24h) over ``model_train_since`` of stored events; empty: never."""
-    model_train_since: str = Field("14d", validation_alias="BURNWATCH_MODEL_TRAIN_SINCE")
-    event_ttl_days: int = Field(30, ge=0, validation_alias="BURNWATCH_EVENT_TTL_DAYS")
+    model_train_since: str = Field(default="14d", validation_alias="BURNWATCH_MODEL_TRAIN_SINCE")
+    event_ttl_days: int = Field(default=30, ge=0, validation_alias="BURNWATCH_EVENT_TTL_DAYS")
     """Raw events are deleted this many days after their event time (0: kept forever); the
     hourly and daily rollups are kept. Longer than ``model_train_since``."""
-    stall_exit_s: float = Field(300.0, gt=0, validation_alias="BURNWATCH_STALL_EXIT_S")
+    stall_exit_s: float = Field(default=300.0, gt=0, validation_alias="BURNWATCH_STALL_EXIT_S")
     """A worker that could not write to ClickHouse for this long exits non-zero, so that its
     orchestrator restarts it; until then /healthz answers 503 ``stalled``."""
-    slack_charts: bool = Field(True, validation_alias="BURNWATCH_SLACK_CHARTS")
+    slack_charts: bool = Field(default=True, validation_alias="BURNWATCH_SLACK_CHARTS")
     """Attach a chart of the metric in each incident's thread (bot token only)."""
-    slack_signing_secret: SecretStr | None = Field(None, validation_alias="SLACK_SIGNING_SECRET")
+    slack_signing_secret: SecretStr | None = Field(default=None, validation_alias="SLACK_SIGNING_SECRET")
     """Verifies button clicks sent to ``/slack/actions``; without it the endpoint refuses them."""
-    slack_base_url: str | None = Field(None, validation_alias="SLACK_BASE_URL")
+    slack_base_url: str | None = Field(default=None, validation_alias="SLACK_BASE_URL")
     """Only for pointing slack-sdk at a local Slack stand-in (tests, demo)."""
 
     @classmethod
@@ -129,7 +129,7 @@ def load_settings(config_file: str | Path | None = None, environ: Mapping[str, s
     given = {k: v for k, v in overrides.items() if v is not None}
     sources = (InitSettingsSource(Settings, given), _Environment(Settings, env), InitSettingsSource(Settings, from_file))
     try:
-        return Settings(_build_sources=(sources, {}))
+        return Settings(_build_sources=(sources, {}))  # type: ignore[call-arg]  # BaseSettings' own argument
     except ValidationError as exc:
         lines = []
         for err in exc.errors():

@@ -10,10 +10,8 @@ import asyncio
 from typing import Any
 
 import faust
-import structlog
 from aiokafka.errors import KafkaError
 
-from detector.alerts import AlertManager
 from detector.charts import ChartWorker
 from detector.delivery import Outbox
 from detector.engine import Engine
@@ -23,15 +21,13 @@ from detector.slack import SlackNotifier
 from detector.store import Store
 from streams.config import LiveConfig
 from streams.handover import install_handover
-from streams.parts import WorkerParts
+from streams.parts import WorkerParts, remembering_manager
 from streams.pipeline import Pipeline
 from streams.timers import install_timers, load_models
 from streams.topology import caught_up, dead_letter_sender, end_positions, install_agent, make_app
 from streams.web import install_views, serve_only_burnwatch
 
 __all__ = ["build_worker_app"]
-
-log = structlog.get_logger("burnwatch.worker")
 
 
 def _notifier(settings: Settings) -> SlackNotifier | None:
@@ -88,7 +84,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         engine=engine,
         store=store,
         outbox=outbox,
-        manager=AlertManager(),  # replaced by the store's memory at the first assignment
+        manager=remembering_manager(store, config.current.ruleset),
         send_dead_letter=dead_letter_sender(app, settings),
         caught_up=caught_up(app),
         end_positions=end_positions(app),
@@ -96,7 +92,6 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     )
     parts = WorkerParts(settings=settings, store=store, app=app, config=config, engine=engine, outbox=outbox,
                         pipeline=pipeline, assigned_states=assigned_states)  # fmt: skip
-    pipeline.manager = parts.alert_manager()
     pipeline.configure()  # the rules' Slack routing, before anything is posted
     install_agent(parts)
     install_handover(parts)

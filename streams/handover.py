@@ -28,7 +28,8 @@ log = structlog.get_logger("burnwatch.worker")
 def install_handover(parts: WorkerParts) -> None:
     app, store, pipeline, outbox = parts.app, parts.store, parts.pipeline, parts.outbox
 
-    @app.on_partitions_revoked.connect
+    # Faust's signal types say a receiver takes any positional arguments; Faust passes these.
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
         # State moves with partitions: what this worker holds may now belong to another. The
         # write in flight lands and what is done is committed before the group reassigns.
@@ -40,7 +41,7 @@ def install_handover(parts: WorkerParts) -> None:
         # (stored: the next holder recovers it), so no alert is posted by two workers.
         await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
         loop = asyncio.get_running_loop()
@@ -62,7 +63,7 @@ def install_handover(parts: WorkerParts) -> None:
         pipeline.outbox_ready.set()
         pipeline.resume()
 
-    @app.on_before_shutdown.connect
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stopping(sender: Any, **kwargs: Any) -> None:
         """A clean stop hands the partitions over as a revocation does (Faust does not call the
         revocation handler at a stop): the write in flight lands (or, for a store that takes

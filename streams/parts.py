@@ -15,12 +15,13 @@ import structlog
 from detector.alerts import AlertManager
 from detector.delivery import Outbox
 from detector.engine import Engine
+from detector.rules import RuleSet
 from detector.settings import Settings
 from detector.store import Store
 from streams.config import LiveConfig
 from streams.pipeline import Pipeline
 
-__all__ = ["EXIT_FAILED", "WorkerParts", "fail"]
+__all__ = ["EXIT_FAILED", "WorkerParts", "fail", "remembering_manager"]
 
 log = structlog.get_logger("burnwatch.worker")
 
@@ -44,11 +45,16 @@ class WorkerParts:
     """This worker holds input partition 0, so it posts the daily digests (one worker of the group)."""
 
     def alert_manager(self) -> AlertManager:
-        """An alert manager that remembers what the store says was alerted (from any worker).
-        Blocking (queries): run it in an executor."""
-        store = self.store
-        return AlertManager(store.recent_alerts(), ruleset=self.config.current.ruleset, realert=store.realert_memory(),
-                            open_incidents=store.open_incidents())  # fmt: skip
+        """Blocking (queries): :func:`remembering_manager` under the rules in force."""
+        return remembering_manager(self.store, self.config.current.ruleset)
+
+
+def remembering_manager(store: Store, ruleset: RuleSet) -> AlertManager:
+    """An alert manager that remembers what the store says was alerted (from any worker), so
+    re-read input neither re-opens nor re-closes those alerts. Blocking: run it in an executor
+    on the event loop."""
+    return AlertManager(store.recent_alerts(), ruleset=ruleset, realert=store.realert_memory(),
+                        open_incidents=store.open_incidents())  # fmt: skip
 
 
 def fail(reason: str, **details: Any) -> NoReturn:

@@ -110,7 +110,7 @@ def install_agent(parts: WorkerParts) -> None:
         # of its events, which the event-time aligner may hold back for a while. ``noack_take``,
         # not ``take_events``: the latter acknowledges a whole batch as soon as the loop body
         # returns (and when the agent is cancelled at a stop), whatever became of it.
-        manual = stream.noack()
+        manual = stream.noack()  # type: ignore[attr-defined]  # Stream has it, StreamT does not declare it
         async for events in manual.noack_take(settings.batch_max_messages, within=settings.batch_within_s):
             messages = [
                 Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value, e) for e in events
