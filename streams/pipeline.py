@@ -35,11 +35,12 @@ from detector.alerts import Alert, AlertManager
 from detector.align import EventTimeAligner
 from detector.delivery import Outbox
 from detector.engine import Engine
-from detector.events import Event, EventDecoder, InvalidMessage
+from detector.events import Event, InvalidMessage
 from detector.metrics import METRICS
 from detector.store import EventBatch, Store
 from detector.units import one_line
 from streams.acks import InOrderAcks
+from streams.config import Config, LiveConfig
 
 __all__ = ["DEAD_LETTER_MAX_VALUE", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable", "dead_letter"]
 
@@ -156,7 +157,7 @@ class Pipeline:
         caught_up: Callable[[str, int, int], bool] = lambda topic, partition, offset: True,
         end_positions: Callable[[list[TP]], Awaitable[dict[TP, tuple[int | None, int | None]]]] | None = None,
         lateness_s: float = 60.0,
-        decoder: EventDecoder | None = None,
+        config: LiveConfig | None = None,
         retry_max_s: float = 30.0,
         generation: Callable[[], int | None] = lambda: None,
     ) -> None:
@@ -164,7 +165,8 @@ class Pipeline:
         self.store = store
         self.outbox = outbox
         self.manager = manager
-        self.decoder = decoder or EventDecoder()
+        self.config = config or LiveConfig(Config.of(engine.ruleset))
+        """The configuration in force: read at the start of each batch (:meth:`configure`)."""
         self._send_dead_letter = send_dead_letter
         self._caught_up = caught_up
         self._end_positions = end_positions
@@ -245,7 +247,10 @@ class Pipeline:
 
     async def tick(self) -> None:
         """Re-check what holds the watermark and what the aligner holds when no batch comes
-        (a quiet stream): partitions may have caught up since the last batch."""
+        (a quiet stream): partitions may have caught up since the last batch. A reload reaches
+        the parts here too when no batch comes."""
+        if not self._serial.locked():
+            self.configure()
         await self.check_expected()
         if len(self.aligner) and self._ack is not None and self.ready.is_set() and not self._serial.locked():
             await self.process([], self._ack)
@@ -309,13 +314,26 @@ class Pipeline:
         self.ready.set()
         return True
 
+    def configure(self) -> Config:
+        """The snapshot in force, handed to the parts that keep their own reference to it (each
+        only when it has another): the engine (its rules; state moves to changed rules), the
+        alert manager (routes, silences, realert) and Slack's notifier (mentions, links)."""
+        config = self.config.current
+        if self.engine.ruleset is not config.ruleset:
+            self.engine.set_ruleset(config.ruleset)
+        if self.manager.ruleset is not config.ruleset:
+            self.manager.ruleset = config.ruleset
+        notifier = self.outbox.notifier
+        if notifier is not None and notifier.routing is not config.routing:
+            notifier.routing = config.routing
+        return config
+
     def _read(self, messages: Sequence[Message]) -> _Step:
         """Decode a batch and track positions; messages of partitions held elsewhere, or fetched
         before the last rebalance, are left alone."""
         step = _Step()
-        decode = self.decoder.decode
+        decode = self.configure().decoder.decode
         positions = self._positions
-        aligner = self.aligner
         partition_of = self._partition_of
         per_topic = step.per_topic
         received = self._acks.received
