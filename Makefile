@@ -23,6 +23,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check detector streams bench tests
+	$(BIN)/python -m mypy
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not integration"

@@ -243,8 +243,8 @@ class EventDecoder:
         for i, event in enumerate(events):
             if event.ts > latest or event.ts < TS_MIN:
                 raise InvalidMessage(self._ts_reason(event.ts, latest, f"$[{i}].ts" if batch else "$.ts"))
-            if usage and not self._plausible(event):  # type: ignore[arg-type]
-                self._refuse_implausible(event, f"$[{i}]" if batch else "$")  # type: ignore[arg-type]
+            if usage and not self._plausible(event):
+                self._refuse_implausible(event, f"$[{i}]" if batch else "$")
             if event.extra and (deep := _too_deep(event.extra)) is not None:
                 where = (f"$[{i}]" if batch else "$") + ("" if lenient else ".extra")
                 raise InvalidMessage(f"nested deeper than {MAX_EXTRA_DEPTH} levels - at `{where}.{deep}`")

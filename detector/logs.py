@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import structlog
+from structlog.typing import EventDict, Processor, ProcessorReturnValue, WrappedLogger
 
 __all__ = [
     "REDACTED",
@@ -104,7 +105,7 @@ def _redact_value(value: Any) -> Any:
     return redact(str(value))
 
 
-def _redact_event(logger: Any, name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _redact_event(logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
     """structlog processor: exceptions rendered to text, then every value redacted."""
     if event_dict.get("exc_info"):
         event_dict = structlog.processors.format_exc_info(logger, name, event_dict)
@@ -115,10 +116,10 @@ class _Redacted:
     """The renderer, with the line it renders redacted once more: a second pass for a secret
     that only appears once values are put together."""
 
-    def __init__(self, renderer: Any) -> None:
+    def __init__(self, renderer: Processor) -> None:
         self._renderer = renderer
 
-    def __call__(self, logger: Any, name: str, event_dict: dict[str, Any]) -> Any:
+    def __call__(self, logger: WrappedLogger, name: str, event_dict: EventDict) -> ProcessorReturnValue:
         out = self._renderer(logger, name, event_dict)
         return redact(out) if isinstance(out, str) else out
 
@@ -142,7 +143,7 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def _renderer(fmt: str) -> Any:
+def _renderer(fmt: str) -> Processor:
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     if use_json:
         return structlog.processors.JSONRenderer()

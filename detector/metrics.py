@@ -48,7 +48,7 @@ class Metrics:
                                         ["group"], buckets=(0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 5.0), registry=r)  # fmt: skip
         self._lag: Callable[[], Iterable[tuple[str, int, int]]] | None = None
         self._freshness: Callable[[], float | None] | None = None
-        r.register(self)  # type: ignore[arg-type]  # the gauges read at scrape time
+        r.register(self)  # the gauges read at scrape time
 
     def watch(self, lag: Callable[[], Iterable[tuple[str, int, int]]], freshness: Callable[[], float | None]) -> None:
         """``lag()`` gives (topic, partition, messages behind); ``freshness()`` the seconds between

@@ -16,7 +16,7 @@ import string
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, cast
 
 import yaml
 from pydantic import (
@@ -204,17 +204,22 @@ class RuleBase(BaseModel):
     problem that comes back sooner is recorded, not posted. 0: every episode is posted."""
 
 
+def _literal(value: str) -> Any:
+    """``Literal[value]`` for a value known only at run time (a type checker cannot see it)."""
+    return cast(Any, Literal)[value]
+
+
 def _rule_models() -> Any:
     models = [
         create_model(
             f"{cls.__name__}Rule",
             __base__=RuleBase,
-            type=(Literal[cls.type], ...),  # type: ignore[valid-type]
+            type=(_literal(cls.type), ...),
             params=(cls.Params, cls.Params()),
         )
         for cls in REGISTRY.values()
     ]
-    return Annotated[Union[tuple(models)], Field(discriminator="type")]  # type: ignore[arg-type]
+    return Annotated[Union[tuple(models)], Field(discriminator="type")]
 
 
 _RULE: TypeAdapter[Any] = TypeAdapter(_rule_models())
@@ -228,7 +233,7 @@ def parse_rule(data: dict[str, Any]) -> Any:
 # -- selectors ------------------------------------------------------------------
 
 
-def _compile_selector(selector: Selector) -> Callable[[str], bool]:
+def _compile_selector(selector: Selector) -> Callable[[str | None], bool]:
     patterns = [selector] if isinstance(selector, str) else list(selector)
     include = [p for p in patterns if not p.startswith("!")]
     exclude = [p[1:] for p in patterns if p.startswith("!")]
@@ -251,12 +256,18 @@ def compile_match(match: Match) -> Callable[[ResourceInfo], bool]:
     for attr in ("resource_id", "resource_type", "account", "region", "instance_type"):
         selector = getattr(match, attr)
         if selector is not None:
-            test = _compile_selector(selector)
-            checks.append(lambda r, a=attr, f=test: f(getattr(r, a)))
+            checks.append(_field_check(attr, _compile_selector(selector)))
     for tag, selector in match.tags.items():
-        test = _compile_selector(selector)
-        checks.append(lambda r, k=tag, f=test: f(r.tags.get(k)))
+        checks.append(_tag_check(tag, _compile_selector(selector)))
     return lambda resource: all(check(resource) for check in checks)
+
+
+def _field_check(attr: str, test: Callable[[str | None], bool]) -> Callable[[ResourceInfo], bool]:
+    return lambda resource: test(getattr(resource, attr))
+
+
+def _tag_check(tag: str, test: Callable[[str | None], bool]) -> Callable[[ResourceInfo], bool]:
+    return lambda resource: test(resource.tags.get(tag))
 
 
 # -- loading with file:line errors -----------------------------------------------
@@ -487,7 +498,7 @@ class RuleSet:
         if compiled is not None and compiled.source is not None and compiled.source.route is not None:
             return compiled.source.route.channel
         routing = self.routing
-        by_severity = routing.by_severity.get(severity)  # type: ignore[call-overload]
+        by_severity = routing.by_severity.get(severity)  # type: ignore[call-overload]  # dict.get wants a Severity key; any str may be asked
         if by_severity:
             return by_severity
         return routing.channels.get(tags.get(routing.by_tag, ""), routing.default_channel)

@@ -672,7 +672,7 @@ def _messy_delivery(records: Iterator[Record], cfg: SimConfig, rng: random.Rando
         copies = 2 if rng.random() < cfg.duplicate_p else 1
         for _ in range(copies):
             late = record[0] + rng.uniform(0, cfg.delay_s)
-            heapq.heappush(pending, (late, n, (late, *record[1:])))  # type: ignore[arg-type]
+            heapq.heappush(pending, (late, n, (late, *record[1:])))
             n += 1
         while pending and pending[0][0] <= record[0]:
             yield heapq.heappop(pending)[2]

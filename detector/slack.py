@@ -305,9 +305,8 @@ class SlackNotifier:
         if token:
             if not channel:
                 raise ValueError("a Slack bot token needs a channel (SLACK_CHANNEL)")
-            kwargs = {"base_url": base_url} if base_url else {}
             self._web: WebClient | None = WebClient(
-                token=token, timeout=timeout, retry_handlers=_retry_handlers(), **kwargs
+                token=token, timeout=timeout, retry_handlers=_retry_handlers(), base_url=base_url or WebClient.BASE_URL
             )
             self._hook: WebhookClient | None = None
         elif webhook_url:
@@ -350,7 +349,8 @@ class SlackNotifier:
             log.warning("slack_history_unavailable", channel=channel, error=str(exc))
             return None
         needle = f"alert `{alert_id}`"
-        for message in history.get("messages", []):
+        messages: list[dict[str, Any]] = history.get("messages", [])
+        for message in messages:
             if message.get("ts") != thread_ts and needle in json.dumps(message.get("blocks", [])):
                 return str(history.get("channel") or channel), str(message["ts"])
         return None
@@ -400,11 +400,11 @@ class SlackNotifier:
         try:
             if self._web is None:
                 assert self._hook is not None
-                response = self._hook.send(text=text, blocks=blocks)
-                if response.status_code != 200:
+                answer = self._hook.send(text=text, blocks=blocks)
+                if answer.status_code != 200:
                     raise SlackError(
-                        f"webhook answered {response.status_code}: {response.body}",
-                        retryable=response.status_code == 429 or response.status_code >= 500,
+                        f"webhook answered {answer.status_code}: {answer.body}",
+                        retryable=answer.status_code == 429 or answer.status_code >= 500,
                     )
                 return self.channel, ""
             if alert is not None and alert.change == "resolved" and thread is not None:

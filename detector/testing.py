@@ -183,11 +183,12 @@ class LocalSlack:
                     self.send_response(status)
                     for name, value in headers.items():
                         self.send_header(name, value)
-                    body = b'{"ok": false, "error": "ratelimited"}' if status == 429 else b"server error"
-                    self.send_header("Content-Length", str(len(body)))
+                    refusal = b'{"ok": false, "error": "ratelimited"}' if status == 429 else b"server error"
+                    self.send_header("Content-Length", str(len(refusal)))
                     self.end_headers()
-                    self.wfile.write(body)
+                    self.wfile.write(refusal)
                     return
+                body: dict[str, Any]
                 if self.headers.get("Content-Type", "").startswith("application/json"):
                     body = json.loads(raw or b"{}")
                 else:

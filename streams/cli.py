@@ -190,9 +190,9 @@ def _print_comparison(diff: Any, as_json: bool) -> None:
           f"{len(diff.removed)} (${diff.removed_usd:,.2f}); {len(diff.kept)} stay "
           f"(their dollars change by ${diff.kept_usd_change:+,.2f}).")  # fmt: skip
     by_type: dict[str, list[int]] = {}
-    for change, alerts in ((0, diff.added), (1, diff.removed)):
+    for column, alerts in ((0, diff.added), (1, diff.removed)):
         for alert in alerts:
-            by_type.setdefault(alert.type, [0, 0])[change] += 1
+            by_type.setdefault(alert.type, [0, 0])[column] += 1
     for rule_type, (added, removed) in sorted(by_type.items()):
         print(f"  {rule_type}: +{added} -{removed}")
     for sign, alerts in (("+", diff.added), ("-", diff.removed)):

@@ -297,17 +297,17 @@ def decompress(body: bytes, encoding: str) -> bytes:
                 body = frame.unused_data
             return b"".join(parts)
         if encoding == "zstd":
-            try:
+            if sys.version_info >= (3, 14):
+                from compression import zstd
+            else:
                 from backports import zstd  # what clickhouse-connect depends on (Python < 3.14)
-            except ImportError:
-                from compression import zstd  # type: ignore[no-redef]
             return zstd.decompress(body)
         if encoding in ("gzip", "x-gzip"):
             return gzip.decompress(body)
         if encoding == "deflate":
             return zlib.decompress(body)
         if encoding == "br":
-            import brotli  # type: ignore[import-not-found]
+            import brotli
 
             return brotli.decompress(body)
     except ImportError:
@@ -329,8 +329,8 @@ def form_fields(body: bytes, content_type: str) -> dict[str, str]:
         if part.get_filename() is not None:
             raise StoreError(NOT_IMPLEMENTED, f"external data ({name}) is not supported", status=400)
         if name:
-            payload = part.get_payload(decode=True) or b""
-            fields[str(name)] = payload.decode()
+            payload = part.get_payload(decode=True)  # bytes for a part that is not itself multipart
+            fields[str(name)] = payload.decode() if isinstance(payload, bytes) else ""
     return fields
 
 
@@ -405,7 +405,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            parts, total = [], 0
+            parts: list[bytes] = []
+            total = 0
             while True:
                 line = self.rfile.readline(1024)
                 try:
