@@ -22,6 +22,11 @@ from detector.units import format_duration, rfc3339
 
 __all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "from_finding"]
 
+Change = Literal["fired", "updated", "resolved"]
+_CHANGES: dict[str, Change] = {"fire": "fired", "update": "updated", "resolve": "resolved"}
+"""A finding's action, said of the alert it changes."""
+
+
 def alert_id(rule: str, resource_id: str, episode_start: float) -> str:
     """Same rule, resource and episode start → same id, on every replay and every worker."""
     digest = hashlib.blake2b(f"{rule}\x1f{resource_id}\x1f{episode_start:.3f}".encode(), digest_size=8)
@@ -36,7 +41,7 @@ class Alert(msgspec.Struct, kw_only=True):
     rule: str
     resource_id: str
     status: Literal["firing", "resolved"]
-    change: Literal["fired", "updated", "resolved"]
+    change: Change
     """What this record says happened: people hear of openings and resolutions, not cost updates."""
     severity: str
     episode_start: float
@@ -148,7 +153,7 @@ def from_finding(finding: Finding) -> Alert:
         rule=finding.rule,
         resource_id=finding.resource_id,
         status="resolved" if resolved else "firing",
-        change={"fire": "fired", "update": "updated", "resolve": "resolved"}[finding.action],  # type: ignore[arg-type]
+        change=_CHANGES[finding.action],
         severity=finding.severity,
         episode_start=finding.episode_start,
         fired_at=finding.fired_at,

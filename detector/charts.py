@@ -35,9 +35,9 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc)
 
 
-def _window(alert: Alert, before_s: float) -> dict[str, int]:
+def _window(alert: Alert, before_s: float) -> dict[str, str | int]:
     end = alert.resolved_at if alert.resolved_at is not None else alert.updated_at
-    return {"rid": alert.resource_id, "lo": int((alert.episode_start - before_s) * 1000), "hi": int(end * 1000) + 1}  # type: ignore[dict-item]
+    return {"rid": alert.resource_id, "lo": int((alert.episode_start - before_s) * 1000), "hi": int(end * 1000) + 1}
 
 
 def _figure() -> tuple[Any, Any]:

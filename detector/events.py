@@ -193,7 +193,7 @@ class EventDecoder:
         limits: Limits | None = None,
     ) -> None:
         self._fast = {
-            topic: msgspec.json.Decoder(Union[list[cls], cls])  # type: ignore[valid-type]
+            topic: msgspec.json.Decoder(Union[list[cls], cls])  # type: ignore[valid-type]  # a type made at run time
             for topic, cls in _TYPES.items()
         }
         self._fields = {

@@ -104,6 +104,14 @@ def test_a_file_that_is_not_a_model_is_named(tmp_path, content, reason):
     assert "gpu.skops" not in str(caught.value)  # the good file is not blamed
 
 
+@pytest.mark.parametrize("ranges", [[["low", "high"]], [[0.0, 1.0, 2.0]], [5.0]], ids=["words", "a-triple", "a-number"])
+def test_a_file_whose_ranges_are_not_pairs_of_numbers_is_refused(tmp_path, ranges):
+    saved = artifact()
+    (tmp_path / "gpu.skops").write_bytes(sio.dumps({"meta": {**saved.meta(), "ranges": ranges}, "model": saved.model}))
+    with pytest.raises(ModelRefused, match="gpu.skops: bad metadata"):
+        ModelSet.load(tmp_path)
+
+
 def test_the_worker_reads_what_loads_and_is_told_what_does_not(tmp_path):
     artifact().save(tmp_path)
     (tmp_path / "storage.pkl").write_bytes(pickle.dumps(_RunsCode(str(tmp_path / "ran"))))

@@ -133,9 +133,9 @@ class ModelArtifact:
             raise ModelRefused(f"{path}: the model is a {type(forest).__name__}, not an IsolationForest")
         try:
             artifact = cls(**meta, model=forest)
-        except TypeError as exc:
+            artifact.ranges = [(float(lo), float(hi)) for lo, hi in artifact.ranges]  # JSON-like lists in the file
+        except (TypeError, ValueError) as exc:
             raise ModelRefused(f"{path}: bad metadata ({exc})") from None
-        artifact.ranges = [tuple(r) for r in artifact.ranges]  # type: ignore[misc]
         _check_forest(path, forest, len(artifact.features))
         return artifact
 
