@@ -21,11 +21,14 @@ import sys
 import threading
 import traceback
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import structlog
 from structlog.typing import EventDict, Processor, ProcessorReturnValue, WrappedLogger
+
+if TYPE_CHECKING:  # for the type only: logging does not load the settings (pydantic-settings)
+    from detector.settings import Settings
 
 __all__ = [
     "REDACTED",
@@ -58,7 +61,7 @@ def register_secrets(*values: str | None) -> None:
         _secrets = tuple(sorted(set(_secrets) | new, key=len, reverse=True))
 
 
-def register_settings(settings: Any) -> None:
+def register_settings(settings: Settings) -> None:
     """Register every secret the settings hold: call once, right after loading them."""
     values: list[str | None] = []
     for name in ("slack_bot_token", "slack_webhook_url", "slack_signing_secret"):

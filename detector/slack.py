@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import msgspec
@@ -36,6 +36,9 @@ from detector.alerts import Alert
 from detector.pricing import HOURS_PER_MONTH
 from detector.rules import Routing
 from detector.units import epoch, format_duration, rfc3339
+
+if TYPE_CHECKING:  # detector.digest imports this module
+    from detector.digest import Digest
 
 __all__ = ["SlackError", "SlackNotifier", "block_objects", "code", "escape", "render_blocks", "render_group", "render_resolution"]
 
@@ -355,7 +358,7 @@ class SlackNotifier:
                 return str(history.get("channel") or channel), str(message["ts"])
         return None
 
-    def post_digest(self, digest: Any, blocks: list[dict[str, Any]], png: bytes | None) -> tuple[str, str]:
+    def post_digest(self, digest: Digest, blocks: list[dict[str, Any]], png: bytes | None) -> tuple[str, str]:
         """Post a daily digest (and its bar chart in its thread); return (channel, ts)."""
         text = f"Cost waste on {digest.date}: ${digest.total:,.2f}"
         channel, ts = self._send(digest.channel, text, blocks)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -134,7 +135,7 @@ class LocalSlack:
         with self._lock:
             return [r for r in self.requests if method is None or r.method == method]
 
-    def wait_for(self, predicate: Any, timeout: float = 30.0) -> bool:
+    def wait_for(self, predicate: Callable[[list[SlackRequest]], bool], timeout: float = 30.0) -> bool:
         """Block until ``predicate(requests)`` is true or the timeout passes."""
         deadline = time.monotonic() + timeout
         with self._cond:

@@ -21,10 +21,14 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detector.logs import configure_logging, install_redaction, redact, redact_dsn, register_settings
 from detector.settings import Settings, load_settings
+
+if TYPE_CHECKING:  # imported where used, so the CLI starts fast
+    from detector.backtest import RuleDiff
+    from detector.rules import RuleSet
 
 __all__ = ["main"]
 
@@ -109,7 +113,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_rules_or_exit(path: Any) -> Any:
+def _load_rules_or_exit(path: str | Path) -> RuleSet:
     from detector.rules import RulesInvalid, load_rules
 
     try:
@@ -180,7 +184,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_comparison(diff: Any, as_json: bool) -> None:
+def _print_comparison(diff: RuleDiff, as_json: bool) -> None:
     if as_json:
         for change, alerts in (("added", diff.added), ("removed", diff.removed)):
             for alert in alerts:
