@@ -286,9 +286,9 @@ def _print_comparison(diff: Any, as_json: bool) -> None:
           f"{len(diff.removed)} (${diff.removed_usd:,.2f}); {len(diff.kept)} stay "
           f"(their dollars change by ${diff.kept_usd_change:+,.2f}).")  # fmt: skip
     by_type: dict[str, list[int]] = {}
-    for change, alerts in ((0, diff.added), (1, diff.removed)):
+    for column, alerts in ((0, diff.added), (1, diff.removed)):
         for alert in alerts:
-            by_type.setdefault(alert.type, [0, 0])[change] += 1
+            by_type.setdefault(alert.type, [0, 0])[column] += 1
     for rule_type, (added, removed) in sorted(by_type.items()):
         print(f"  {rule_type}: +{added} -{removed}")
     for sign, alerts in (("+", diff.added), ("-", diff.removed)):
@@ -643,10 +643,10 @@ _ENV_HELP = {
 def _environment_help() -> str:
     """The worker's settings, for ``worker --help``: each variable, what it does, its default."""
     lines = ["environment (or, in --config FILE, the same settings by their lower-case names: "
-             "kafka_bootstrap: ...):"]  # fmt: skip
+             "kafka_bootstrap: ...):", f"  {'BURNWATCH_CONFIG':<30} that YAML file (the environment wins over it)"]  # fmt: skip
     for key, var in ENV.items():
         default = Settings.model_fields[key].default
-        shown = "" if default in (None, "") else f" [{default}]"
+        shown = "" if default in (None, "") else f" [{str(default).lower() if isinstance(default, bool) else default}]"
         if key == "clickhouse_dsn":
             shown = " [chdb://<data dir>/clickhouse]"
         lines.append(f"  {var:<30} {_ENV_HELP.get(key, '')}{shown}")
