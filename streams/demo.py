@@ -112,7 +112,7 @@ def follow_up_commands(settings: Settings, workdir: Path, hours: float, first_da
         f"{burnwatch} query waste --since {since}",
         f"{burnwatch} query idle-gpus --since {since}",
         f"{burnwatch} query egress --since {since}",
-        f"{burnwatch} sql {shlex.quote(sql)}",
+        f'{burnwatch} sql "{sql}"',  # no character a shell expands inside double quotes
     ]
     if first_day:
         commands.append(f"{burnwatch} digest --day {first_day}")
