@@ -110,6 +110,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "worker_starting", store=redact_dsn(settings.dsn), database=settings.clickhouse_database,
         kafka=settings.kafka_bootstrap, rules=str(settings.rules_path),
     )  # fmt: skip
+    from streams.kafka import ensure_topics
+
+    bootstrap = settings.kafka_bootstrap
+    _kafka(bootstrap, lambda: ensure_topics(bootstrap, settings.partitions))  # a broker not answering: exit 69
     tune_gc()
     try:
         run_worker(settings)

@@ -192,12 +192,17 @@ def test_the_embedded_store_held_by_another_process(made):
         holder.wait(timeout=30)
 
 
-def test_a_server_that_does_not_answer(tmp_path):
+def test_a_server_or_broker_that_does_not_answer(tmp_path):
     from streams.embedded import free_port
 
     out = burnwatch("query", "waste", env={"BURNWATCH_CLICKHOUSE_DSN": f"http://127.0.0.1:{free_port()}"})
     no_traceback(out)
     assert out.returncode == EXIT_UNAVAILABLE and "cannot connect to ClickHouse at http://127.0.0.1:" in out.stderr
+    kafka = f"127.0.0.1:{free_port()}"
+    for args in (["worker"], ["simulate", "--hours", "0.1", "--publish"]):
+        out = burnwatch(*args, env={"BURNWATCH_KAFKA_BOOTSTRAP": kafka, "BURNWATCH_DATA_DIR": str(tmp_path)})
+        no_traceback(out)
+        assert out.returncode == EXIT_UNAVAILABLE and f"cannot reach Kafka at {kafka}" in out.stderr, (args, out.stderr)
 
 
 def test_missing_files_bad_paths_and_bad_seeds(tmp_path):
