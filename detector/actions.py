@@ -12,7 +12,6 @@ tuning.
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -21,7 +20,9 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import structlog
-from slack_sdk.signature import SignatureVerifier
+from slack_sdk.signature import Clock, SignatureVerifier
+
+from detector.suppression import snooze
 
 __all__ = ["ACTIONS", "BUTTONS", "ActionHandler", "Click", "RequestVerifier", "Unauthorized", "parse_click"]
 
@@ -32,6 +33,7 @@ ACTIONS = {"burnwatch_ack": "acknowledged", "burnwatch_snooze": "snoozed", "burn
 BUTTONS = (("Acknowledge", "burnwatch_ack"), ("Snooze 24h", "burnwatch_snooze"), ("Mark as expected", "burnwatch_expected"))
 SNOOZE_S = 86_400.0
 MAX_AGE_S = 300.0
+"""Slack's rule, which slack-sdk's verifier applies: a request signed longer ago is refused."""
 
 
 class Unauthorized(Exception):
@@ -42,14 +44,24 @@ class Unauthorized(Exception):
         self.reason = reason
 
 
-class RequestVerifier:
-    """Checks Slack's ``X-Slack-Signature`` (HMAC-SHA256 of ``v0:timestamp:body``) and
-    ``X-Slack-Request-Timestamp``, and remembers signatures for the window in which a
-    replay could pass the timestamp check."""
+class _Clock(Clock):
+    """slack-sdk's clock, read from ours (tests inject the time)."""
 
-    def __init__(self, signing_secret: str, *, max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.time):
-        self._signer = SignatureVerifier(signing_secret)
-        self._max_age_s = max_age_s
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now()
+
+
+class RequestVerifier:
+    """Slack's request signature (``X-Slack-Signature``, HMAC-SHA256 of ``v0:timestamp:body``)
+    and freshness (``X-Slack-Request-Timestamp`` within five minutes) as slack-sdk's
+    :class:`SignatureVerifier` checks them; this class adds the reason for a refusal and
+    remembers signatures for the window in which a replay could pass the timestamp check."""
+
+    def __init__(self, signing_secret: str, *, clock: Callable[[], float] = time.time):
+        self._slack = SignatureVerifier(signing_secret, clock=_Clock(clock))
         self._clock = clock
         self._seen: dict[str, float] = {}
 
@@ -63,13 +75,13 @@ class RequestVerifier:
             sent = int(timestamp)
         except ValueError:
             raise Unauthorized(f"bad timestamp {timestamp!r}") from None
-        now = self._clock()
-        if abs(now - sent) > self._max_age_s:
-            raise Unauthorized(f"stale request: signed {now - sent:.0f} s ago (over {self._max_age_s:.0f} s)")
-        expected = self._signer.generate_signature(timestamp=timestamp, body=body)
-        if expected is None or not hmac.compare_digest(expected, signature):
+        if not self._slack.is_valid(body=body, timestamp=timestamp, signature=signature):
+            age = self._clock() - sent
+            if abs(age) > MAX_AGE_S:
+                raise Unauthorized(f"stale request: signed {age:.0f} s ago (over {MAX_AGE_S:.0f} s)")
             raise Unauthorized("signature does not match (wrong signing secret, or the body was altered)")
-        self._seen = {s: t for s, t in self._seen.items() if now - t <= self._max_age_s}
+        now = self._clock()
+        self._seen = {s: t for s, t in self._seen.items() if now - t <= MAX_AGE_S}
         if signature in self._seen:
             raise Unauthorized("replayed request: this signed request was already handled")
         self._seen[signature] = sent
@@ -138,7 +150,7 @@ class ActionHandler:
         until = now + SNOOZE_S if click.action == "snoozed" else None
         self.store.record_action(click, at=now, until=until)
         if until is not None and self.outbox is not None:
-            self.outbox.snooze(click.alert_id, until)
+            self.outbox.snooze(snooze(click.alert_id, now, until, click.user_name or click.user_id))
         log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
         if self.notifier is not None and click.channel and click.message_ts:
             alert = alert_from_row(rows[0])

@@ -8,16 +8,19 @@ deterministic id), and only :mod:`detector.delivery` talks to Slack.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import msgspec
 
 from detector.detectors import REGISTRY, Finding
 from detector.rules import RuleSet
+from detector.suppression.hold import Hold
+from detector.suppression.memory import HORIZON_S, AlertMemory
+from detector.suppression.stages import Dedup, Inhibit, Realert, Route, Silencing
 from detector.units import format_duration, rfc3339
 
-__all__ = ["Alert", "AlertManager", "alert_id", "from_finding"]
+__all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "from_finding"]
 
 def alert_id(rule: str, resource_id: str, episode_start: float) -> str:
     """Same rule, resource and episode start → same id, on every replay and every worker."""
@@ -48,8 +51,10 @@ class Alert(msgspec.Struct, kw_only=True):
     instance_type: str = ""
     tags: dict[str, str] = {}
     details: dict[str, Any] = {}
+    held: Hold | None = None
+    """Why it is recorded and not posted (which stage, on whose account); None: posted."""
     silenced: str = ""
-    """The reason of the silence that covers it: recorded, not posted."""
+    """The hold's reason, for people ('' = posted): stored in ``alerts.silenced``."""
     channel: str = ""
     """Where it is posted ('' = the notifier's default channel)."""
     key: str = ""
@@ -129,6 +134,7 @@ class Alert(msgspec.Struct, kw_only=True):
             "tags": self.tags,
             "details": self.details,
             "silenced": self.silenced or None,
+            "held": self.held.to_json() if self.held is not None else None,
             "channel": self.channel or None,
         }
 
@@ -161,97 +167,72 @@ def from_finding(finding: Finding) -> Alert:
 
 
 class AlertManager:
-    """Turns findings into alert state changes, once each.
+    """Turns findings into alert state changes, once each, through the stages of
+    :mod:`detector.suppression`: dedup → route → inhibit → silence → realert.
 
-    It remembers which alert ids fired and resolved, seeded from the store after a
-    restart, so a finding re-derived from re-read input does not open or close its
-    alert twice. Memory is bounded: ids whose episode started more than
-    ``horizon_s`` of event time before the newest one are forgotten (input that old
-    is not re-read).
+    What the stages remember is an :class:`AlertMemory` (``AlertMemory.load(store)`` after a
+    restart). Memory is bounded: alerts whose episode started more than ``horizon_s`` of event
+    time before the newest one are forgotten (input that old is not re-read), checked each
+    time ``prune_every`` more alerts are remembered.
     """
 
     def __init__(
         self,
-        known: Mapping[str, tuple[float, bool]] | None = None,
-        horizon_s: float = 7 * 86_400.0,
+        memory: AlertMemory | None = None,
         ruleset: RuleSet | None = None,
-        realert: tuple[Mapping[tuple[str, str], float], Mapping[str, str]] | None = None,
-        open_incidents: Mapping[str, str] | None = None,
+        *,
+        horizon_s: float = HORIZON_S,
+        prune_every: int = 10_000,
     ) -> None:
-        self._seen: dict[str, tuple[float, bool]] = dict(known or {})
-        """alert id → (episode start, resolved)."""
-        last, quiet = realert or ({}, {})
-        self._last_posted: dict[tuple[str, str], float] = dict(last)
-        """(rule, resource) → fire time of its latest posted alert, for ``realert``."""
-        self._quiet: dict[str, str] = dict(quiet)
-        """Alert id → why its opening was held back (realert, or joined to another incident):
-        its later changes are held back too."""
-        self._open: dict[str, str] = dict(open_incidents or {})
-        """Resource → a rule incident open on it, which an anomaly on the resource joins."""
+        memory = memory or AlertMemory()
+        self._dedup = Dedup(memory.seen)
+        self._inhibit = Inhibit(memory.open_incidents)
+        self._realert = Realert(memory.last_posted)
+        self._held: dict[str, Hold] = dict(memory.held)
+        """Alert id → why its opening was held back: its later changes are held back too."""
         self.ruleset = ruleset
-        """For its silences; replaced on hot reload."""
+        """For routing, silences and realert intervals; replaced on hot reload."""
         self._horizon_s = horizon_s
-        self._newest = max((start for start, _ in self._seen.values()), default=0.0)
-        self._prune_at = len(self._seen) + 10_000
+        self._prune_every = prune_every
+        self._newest = max((start for start, _ in memory.seen.values()), default=0.0)
+        self._prune_at = len(memory.seen) + prune_every
 
     def handle(self, findings: Iterable[Finding]) -> list[Alert]:
-        """Return the alert records to store, in order."""
+        """Return the alert records to store, in order; held-back ones carry their :class:`Hold`."""
         out = []
-        seen = self._seen
         ruleset = self.ruleset
-        silence_for = ruleset.silence_for if ruleset is not None and ruleset.silences else None
+        silences = ruleset.silences if ruleset is not None else ()
         for finding in findings:
             alert = from_finding(finding)
+            first_sight = alert.alert_id not in self._dedup.seen
+            if not self._dedup.admit(alert):
+                continue
             if ruleset is not None:
-                alert.channel = ruleset.channel_for(alert.rule, alert.tags, alert.severity)
-            if silence_for is not None and finding.resource is not None:
-                # Judged at the episode's fire time, so its opening and closing are silenced alike.
-                alert.silenced = silence_for(finding.rule, finding.type, finding.resource, finding.fired_at) or ""
-            known = seen.get(alert.alert_id)
-            if finding.action == "fire":
-                if known is not None:
-                    continue
-                seen[alert.alert_id] = (alert.episode_start, False)
-                if alert.type == "anomaly" and alert.resource_id in self._open and not alert.silenced:
-                    joined = self._open[alert.resource_id]
-                    alert.silenced = self._quiet[alert.alert_id] = f"joined incident {joined}: a rule's incident is open here"
-                    alert.details = {**alert.details, "joined_alert_id": joined}
-                elif _is_behaviour(alert.type):
-                    self._open[alert.resource_id] = alert.alert_id
-                if not alert.silenced and ruleset is not None:
-                    self._apply_realert(alert, ruleset.realert_for(alert.rule))
-            elif finding.action == "resolve":
-                if known is not None and known[1]:
-                    continue
-                seen[alert.alert_id] = (alert.episode_start, True)
-                if self._open.get(alert.resource_id) == alert.alert_id:
-                    del self._open[alert.resource_id]
-            if not alert.silenced and alert.alert_id in self._quiet:
-                alert.silenced = self._quiet[alert.alert_id]
+                Route.apply(alert, ruleset)
+            hold: Hold | None
+            if alert.change == "fired":
+                realert_s = ruleset.realert_for(alert.rule) if ruleset is not None else 0.0
+                hold = (self._inhibit.hold(alert) or Silencing.hold(alert, silences)
+                        or self._realert.hold(alert, realert_s))  # fmt: skip
+                if hold is not None:
+                    self._held[alert.alert_id] = hold
+            else:
+                if alert.change == "resolved":
+                    self._inhibit.resolved(alert)
+                hold = self._held.get(alert.alert_id)
+                if hold is None and first_sight:  # its opening came before this manager's memory
+                    hold = Silencing.hold(alert, silences)
+            if hold is not None:
+                alert.held, alert.silenced = hold, hold.reason
             self._newest = max(self._newest, alert.episode_start)
             out.append(alert)
-        if len(seen) > self._prune_at:
-            horizon = self._newest - self._horizon_s
-            self._seen = {k: v for k, v in seen.items() if v[0] >= horizon}
-            self._quiet = {k: v for k, v in self._quiet.items() if k in self._seen}
-            self._last_posted = {k: t for k, t in self._last_posted.items() if t >= horizon}
-            self._prune_at = len(self._seen) + 10_000
+        if len(self._dedup.seen) > self._prune_at:
+            self._prune()
         return out
 
-    def _apply_realert(self, alert: Alert, realert_s: float) -> None:
-        key = (alert.rule, alert.resource_id)
-        last = self._last_posted.get(key)
-        if realert_s and last is not None and alert.fired_at - last < realert_s:
-            alert.silenced = self._quiet[alert.alert_id] = _held_reason(alert.rule)
-            alert.details = {**alert.details, "realert_after": rfc3339(last + realert_s)}
-        else:
-            self._last_posted[key] = alert.fired_at
-
-
-def _is_behaviour(rule_type: str) -> bool:
-    cls = REGISTRY.get(rule_type)
-    return cls is not None and cls.behaviour and rule_type != "anomaly"
-
-
-def _held_reason(rule: str) -> str:
-    return f"realert: rule {rule} alerted on this resource within its realert interval"
+    def _prune(self) -> None:
+        horizon = self._newest - self._horizon_s
+        self._dedup.prune(horizon)
+        self._held = {k: v for k, v in self._held.items() if k in self._dedup.seen}
+        self._realert.prune(horizon)
+        self._prune_at = len(self._dedup.seen) + self._prune_every

@@ -70,6 +70,13 @@ class EventTimeAligner(Generic[T]):
         if not events:
             self._pending.pop(msg)
 
+    def advance(self, source: Hashable, t: float) -> None:
+        """``source`` has given data up to ``t`` that needs no detection (read again after a
+        restart, already seen): it may move the watermark as a push would."""
+        if t > self._source_t.get(source, float("-inf")):
+            self._source_t[source] = t
+        self._caught_up.discard(source)
+
     def expect(self, source: Hashable) -> None:
         """Hold everything back until ``source`` has given its first events or is caught up:
         a partition just assigned may hold older events than the others have shown yet."""

@@ -56,6 +56,10 @@ class _Detection:
     def finish(self) -> list[Alert]:
         for finding in self.engine.open_episodes():
             alert = from_finding(finding)
+            before = self.latest.get(alert.alert_id)
+            if before is not None:  # its latest figures, as routed and held back when it opened
+                alert.channel, alert.held, alert.silenced = before.channel, before.held, before.silenced
+                alert.details = {**before.details, **alert.details}
             self.latest[alert.alert_id] = alert
         return sorted(self.latest.values(), key=lambda a: (a.fired_at, a.alert_id))
 

@@ -38,6 +38,7 @@ from detector.alerts import Alert
 from detector.metrics import METRICS
 from detector.slack import SlackError, SlackNotifier
 from detector.store import Store, alert_from_row
+from detector.suppression import Silence
 
 __all__ = ["Outbox"]
 
@@ -55,6 +56,7 @@ class Outbox:
         edit_every_s: float = 60.0,
         landing_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.notifier = notifier
@@ -62,7 +64,8 @@ class Outbox:
         self.group_window_s = group_window_s
         self.edit_every_s = edit_every_s
         self._clock = clock
-        self._wall = time.time
+        self._wall = wall
+        """The wall clock snoozes are judged on."""
         self.snooze_refresh_s = 30.0
         self.on_opened: Callable[[Alert, str, str], None] | None = None
         """Called with (alert, channel, message ts) after an opening is posted alone (charts)."""
@@ -70,8 +73,9 @@ class Outbox:
         self._lock = threading.Lock()
         self._inbox: deque[tuple[Alert, float]] = deque()
         """Changes added (with the clock when added) that the next delivery pass takes in."""
-        self._snoozed: dict[str, float] = {}
-        """Alert id → wall time its snooze (a button) ends: its changes are not posted until then."""
+        self._snoozed: dict[str, Silence] = {}
+        """Alert id → its snooze (Slack's button: a silence of that one alert, on the wall clock):
+        its changes are not posted while it is in force."""
         self._counts = (0, 0, 0)
         """(changes queued, edits waiting, delivered) as of the delivery thread's last step."""
         self._pass = threading.RLock()
@@ -167,10 +171,11 @@ class Outbox:
         self._publish()
         return len(pending)
 
-    def snooze(self, alert_id: str, until: float) -> None:
-        """Keep this incident's changes out of Slack until wall time ``until`` (any thread)."""
+    def snooze(self, silence: Silence) -> None:
+        """Keep the incident a snooze names out of Slack while it is in force (any thread)."""
         with self._lock:
-            self._snoozed[alert_id] = until
+            for alert_id in silence.alert_ids:
+                self._snoozed[alert_id] = silence
 
     def add(self, alerts: Iterable[Alert]) -> None:
         """Hand changes to the outbox (any thread; no I/O: this runs on the worker's event loop).
@@ -300,7 +305,8 @@ class Outbox:
 
     def _is_snoozed(self, alert_id: str) -> bool:
         with self._lock:
-            return alert_id in self._snoozed
+            snoozed = self._snoozed.get(alert_id)
+        return snoozed is not None and snoozed.active_at(self._wall())
 
     def _refresh_snoozes(self) -> None:
         """Snoozes end on the wall clock; a click may have reached another worker, so the
@@ -313,7 +319,7 @@ class Outbox:
         with self._lock:
             if read:
                 self._snoozed.update(read)
-            for alert_id in [k for k, until in self._snoozed.items() if until <= wall]:
+            for alert_id in [k for k, silence in self._snoozed.items() if silence.ends <= wall]:
                 del self._snoozed[alert_id]
 
     def _publish(self) -> None:

@@ -1,9 +1,13 @@
 """The daily digest per channel: yesterday's waste by type and team, top offenders,
-what is still open, and a bar chart.
+what could be saved, what is still open, and a bar chart.
 
-A day's dollars are the growth of each alert's dollars within the day (the store's
-``waste_by_day``, which ``burnwatch query waste`` reads too), so an episode spanning
-midnight is split between the two days it burned. The worker sends the digest of a day
+A day's dollars are the waste ledger's (the store's ``waste_ledger``, which ``burnwatch
+query waste`` reads too): each alert's dollars charged to the resource-hours they were
+spent in, every dollar of a resource-hour to one category at most, so an episode spanning
+midnight is split between the two days it burned and the day's total is never more than
+what the resources cost (an untagged host's idle GPUs are not counted twice). "Could be
+saved" (spot, a smaller instance) is a total of its own, never added to the waste.
+The worker sends the digest of a day
 once its stream has passed the day's end in event time (a replay gets the digests the
 live stream got), and records it in ``digests`` so a restart does not send it twice.
 ``burnwatch digest --day`` prints or posts any day's.
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from detector.detectors import REGISTRY, money_types
+from detector.detectors import REGISTRY
 from detector.events import DAY_S
 from detector.slack import code, escape
 from detector.units import epoch
@@ -36,12 +40,17 @@ class Digest:
     day: float
     """Start of the day (UTC midnight), epoch seconds."""
     by_type: dict[str, float] = field(default_factory=dict)
+    """Waste by alert type (the ledger's kind ``waste``); :attr:`total` is their sum."""
     by_team: dict[str, float] = field(default_factory=dict)
     by_team_type: dict[tuple[str, str], float] = field(default_factory=dict)
     top: list[dict[str, Any]] = field(default_factory=list)
     incidents: int = 0
     open_incidents: int = 0
     open_usd_per_hour: float = 0.0
+    """Burn rate of the open incidents: per resource the fastest of its incidents, since a
+    host's idle GPUs and its untagged spend burn the same dollars."""
+    could_save: dict[str, float] = field(default_factory=dict)
+    """What could have been saved that day by type (the ledger's kind ``could_save``)."""
 
     @property
     def total(self) -> float:
@@ -57,18 +66,22 @@ def build_digests(store: Any, day: float, top_n: int = 5) -> list[Digest]:
     rows = store.query(
         f"""SELECT a.alert_id AS alert_id, a.type AS type, a.resource_id AS resource_id, a.channel AS channel,
                    a.tags['team'] AS team, a.status AS status, a.usd_per_hour AS usd_per_hour,
-                   a.resolved_at AS resolved_at, w.usd AS usd
-            FROM (SELECT alert_id, usd FROM {store.db}.waste_by_day
-                  WHERE day = %(day)s) AS w
+                   a.resolved_at AS resolved_at, w.kind AS kind, w.usd AS usd
+            FROM (SELECT alert_id, kind, sum(usd) AS usd FROM {store.db}.waste_ledger
+                  WHERE toDate(hour) = %(day)s GROUP BY alert_id, kind HAVING usd > 0) AS w
             INNER JOIN (SELECT * FROM {store.db}.alerts FINAL) AS a ON a.alert_id = w.alert_id
-            WHERE a.type IN %(types)s AND a.silenced = ''""",
-        {"day": datetime.fromtimestamp(day, tz=timezone.utc).date(), "types": money_types()},
+            WHERE a.silenced = ''""",
+        {"day": datetime.fromtimestamp(day, tz=timezone.utc).date()},
     )
     digests: dict[str, Digest] = {}
+    open_rates: dict[str, dict[str, float]] = {}
     for r in rows:
         d = digests.setdefault(r["channel"], Digest(channel=r["channel"], day=day))
-        team = r["team"] or "(untagged)"
         usd = max(0.0, float(r["usd"]))
+        if r["kind"] != "waste":
+            d.could_save[r["type"]] = d.could_save.get(r["type"], 0.0) + usd
+            continue
+        team = r["team"] or "(untagged)"
         d.by_type[r["type"]] = d.by_type.get(r["type"], 0.0) + usd
         d.by_team[team] = d.by_team.get(team, 0.0) + usd
         d.by_team_type[(team, r["type"])] = d.by_team_type.get((team, r["type"]), 0.0) + usd
@@ -77,9 +90,11 @@ def build_digests(store: Any, day: float, top_n: int = 5) -> list[Digest]:
         still_open = r["status"] == "firing" or (resolved is not None and resolved >= day + DAY_S)
         if still_open:
             d.open_incidents += 1
-            d.open_usd_per_hour += r["usd_per_hour"]
+            rates = open_rates.setdefault(r["channel"], {})
+            rates[r["resource_id"]] = max(rates.get(r["resource_id"], 0.0), r["usd_per_hour"])
         d.top.append({"resource_id": r["resource_id"], "type": r["type"], "team": team, "usd": usd})
     for d in digests.values():
+        d.open_usd_per_hour = sum(open_rates.get(d.channel, {}).values())
         d.top = sorted(d.top, key=lambda x: -x["usd"])[:top_n]
     return sorted(digests.values(), key=lambda d: d.channel)
 
@@ -99,9 +114,13 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
             {"type": "mrkdwn", "text": "*By team*\n" + (lines(d.by_team) or "_none_")},
         ]},
         {"type": "section", "text": {"type": "mrkdwn", "text": "*Top offenders*\n" + (top or "_none_")}},
+        *([{"type": "section", "text": {"type": "mrkdwn", "text": (
+            f"*Could be saved* (apart from the waste): ${sum(d.could_save.values()):,.2f}\n"
+            + lines({titles.get(k, k): v for k, v in d.could_save.items()}))}}] if d.could_save else []),
         {"type": "context", "elements": [{"type": "mrkdwn", "text": (
             f"{d.incidents} incidents burned money that day; {d.open_incidents} still open at its end, "
-            f"${d.open_usd_per_hour:,.2f}/h. Dollars are each incident's growth within the UTC day.")}]},
+            f"${d.open_usd_per_hour:,.2f}/h. Dollars are each incident's share of that UTC day's bill, each "
+            "dollar counted once (docs/architecture.md, Dollars).")}]},
     ]  # fmt: skip
 
 

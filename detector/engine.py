@@ -27,6 +27,7 @@ import structlog
 
 from detector.detectors import Finding, ResourceInfo
 from detector.events import Event, RunEvent, UsageEvent
+from detector.pricing import Pricer
 from detector.rules import RuleSet
 
 __all__ = ["Engine", "KeyState"]
@@ -70,9 +71,13 @@ class Engine:
         loader: Callable[[str], bytes | None] | None = None,
     ) -> None:
         self.ruleset = ruleset
+        self.pricer = Pricer(ruleset.pricing)
+        """Prices each usage event once, for every detector (see :mod:`detector.pricing`)."""
         self.state_ttl_s = state_ttl_s
         self._loader = loader
         self._keys: dict[str, KeyState] = {}
+        self._restored_t: dict[str, float] = {}
+        """Key → the time its state had reached when restored (see :meth:`already_seen`)."""
         self.dirty: set[str] = set()
         self.watermark = 0.0
         """Event time reached: see the module's docstring."""
@@ -150,6 +155,16 @@ class Engine:
         if self._windows:
             findings.extend(self._score_windows())
         return findings
+
+    def already_seen(self, t: float, event: Event) -> bool:
+        """Whether the event's key, as its state was restored, had folded in an event at ``t`` or
+        later: true of an event read again after a restart that the saved state already holds
+        (the worker's replay check). The restored time, not the key's time now: events read
+        again in another order than the first time must not hide one another."""
+        key = event.key if type(event) is RunEvent else event.resource_id  # type: ignore[union-attr]
+        if key not in self._keys:
+            self._load(key)
+        return t <= self._restored_t.get(key, float("-inf"))
 
     def _step_failed(self, detector: Any, key: str, event: Event, exc: Exception) -> None:
         """A detector raised on an event: the event is skipped for that rule (the same in the
@@ -245,12 +260,10 @@ class Engine:
         info.pricing = ev.pricing
         info.state = ev.state
         info.tags = ev.tags
-        if ev.cost_usd is not None and ev.state == "running":
-            info.usd_per_hour = ev.cost_usd * 3600.0 / ev.interval_s
-        elif ev.state == "running":
-            hourly = self.ruleset.pricing.hourly(ev.instance_type, ev.pricing)
-            if hourly is not None:
-                info.usd_per_hour = hourly
+        cost = self.pricer.cost(ev)
+        info.interval_usd = cost.usd
+        if cost.usd_per_hour is not None:
+            info.usd_per_hour = cost.usd_per_hour
         if changed:
             state.routes.clear()
 
@@ -265,6 +278,7 @@ class Engine:
         """Swap rules in place (hot reload). Open episodes of rules that remain continue
         with the new params; state of rules removed, or whose type changed, is dropped."""
         self.ruleset = ruleset
+        self.pricer = Pricer(ruleset.pricing)
         for state in self._keys.values():
             state.routes.clear()
             for name, rule_state in list(state.rules.items()):
@@ -296,10 +310,12 @@ class Engine:
     def forget(self, key: str) -> None:
         """Drop a key from memory (after expiry, or when its partition moves away)."""
         self._keys.pop(key, None)
+        self._restored_t.pop(key, None)
         self.dirty.discard(key)
 
     def forget_all(self) -> None:
         self._keys.clear()
+        self._restored_t.clear()
         self.dirty.clear()
         self._ahead.clear()
 
@@ -326,6 +342,7 @@ class Engine:
         snap.info.resource_id = key
         state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t)
         self._keys[key] = state
+        self._restored_t[key] = snap.last_t
         return state
 
     def _load(self, key: str) -> KeyState:

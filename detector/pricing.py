@@ -1,15 +1,26 @@
-"""Hourly prices from ``rules/pricing.yaml``, for usage events that carry no cost."""
+"""Prices (``rules/pricing.yaml``) and the one pricer that turns them into dollars.
+
+Every dollar burnwatch reports starts here. :meth:`Pricer.cost` says what one usage
+interval cost (the exporter's ``cost_usd``, else the price list's rate over the interval,
+or the bytes a bucket holds; egress by destination class), and :func:`usd_over` is the
+only place a rate per hour meets a duration. The engine prices each usage event once and
+hands the result to the detectors (``ResourceInfo.interval_usd``, ``usd_per_hour``) and
+the anomaly model's features; the store writes the same figure into the ``usd`` column.
+A cost is a pure function of the event and the price list, so all of them agree, and
+an untagged bucket's alert adds up to what its stored rows say it cost.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["HOURS_PER_MONTH", "CapacityTier", "EgressPrices", "InstancePrice", "Pricing", "egress_destination",
-           "interval_usd", "load_pricing"]
+__all__ = ["HOURS_PER_MONTH", "CapacityTier", "EgressPrices", "InstancePrice", "IntervalCost", "Pricer", "Pricing",
+           "egress_destination", "load_pricing", "usd_over"]
 
 
 class InstancePrice(BaseModel):
@@ -78,25 +89,73 @@ HOURS_PER_MONTH = 730.0
 """The clouds' billing month (8,760 hours / 12): monthly prices and "per month if left"."""
 
 
-def interval_usd(pricing: Pricing, event: Any) -> tuple[float, float]:
-    """(resource dollars, egress dollars) of one usage interval, as stored with it: the cost the
-    exporter sent, else the list price of the instance while it runs (or of the bytes a bucket
-    holds); egress priced by destination class. Rollups sum these and need no price list."""
-    usd = event.cost_usd
-    if usd is None:
-        usd = 0.0
+def usd_over(usd_per_hour: float, seconds: float) -> float:
+    """Dollars of a rate per hour held for ``seconds``: the one place a price meets a duration."""
+    return usd_per_hour * seconds / 3600.0
+
+
+def storage_usd(stored_bytes: float, seconds: float, usd_per_gb_month: float) -> float:
+    """Dollars of keeping ``stored_bytes`` for ``seconds`` at a price per GB-month (the clouds'
+    month: :data:`HOURS_PER_MONTH`)."""
+    return usd_over(stored_bytes / 1e9 * usd_per_gb_month / HOURS_PER_MONTH, seconds)
+
+
+class IntervalCost(msgspec.Struct, frozen=True, gc=False):
+    """What one usage interval cost, as stored with it and as detectors count it."""
+
+    usd: float
+    """The resource's dollars (0 while stopped or when nothing prices it)."""
+    egress_usd: float
+    """Its egress, priced by destination class."""
+    usd_per_hour: float | None
+    """The rate the interval was billed at while running; None when stopped or unpriced."""
+
+
+class Pricer:
+    """Prices usage intervals from one price list (see the module docstring)."""
+
+    def __init__(self, pricing: Pricing | None = None) -> None:
+        self.pricing = pricing or Pricing()
+
+    def cost(self, event: Any) -> IntervalCost:
+        """The cost of one usage interval: ``cost_usd`` when the exporter sent it, else (while
+        running) the list price of its instance type and pricing model, else the bytes a
+        storage bucket holds at the object-storage price; nothing else prices it."""
+        usd = event.cost_usd
+        rate = None
         if event.state == "running":
-            hourly = pricing.hourly(event.instance_type, event.pricing)
-            if hourly is not None:
-                usd = hourly * event.interval_s / 3600.0
-            elif event.storage_bytes is not None and event.resource_type == "storage_bucket":
-                gb_months = event.storage_bytes / 1e9 * event.interval_s / (HOURS_PER_MONTH * 3600.0)
-                usd = gb_months * pricing.storage_usd_per_gb_month
-    egress = 0.0
-    if event.egress_bytes:
-        price = getattr(pricing.egress_per_gb, egress_destination(event.region, event.dest_region))
-        egress = event.egress_bytes / 1e9 * price
-    return usd, egress
+            if usd is None:
+                rate = self.pricing.hourly(event.instance_type, event.pricing)
+                if rate is None and event.storage_bytes is not None and event.resource_type == "storage_bucket":
+                    rate = self.storage_rate(event.storage_bytes, self.pricing.storage_usd_per_gb_month)
+                usd = usd_over(rate, event.interval_s) if rate is not None else 0.0
+            else:
+                rate = usd * 3600.0 / event.interval_s
+        elif usd is None:
+            usd = 0.0
+        return IntervalCost(usd=usd, egress_usd=self.egress_usd(event), usd_per_hour=rate)
+
+    def egress_usd(self, event: Any) -> float:
+        """An interval's egress dollars at its destination class's price."""
+        if not event.egress_bytes:
+            return 0.0
+        return event.egress_bytes / 1e9 * self.egress_usd_per_gb(event.region, event.dest_region)
+
+    def egress_usd_per_gb(self, region: str, dest_region: str) -> float:
+        return float(getattr(self.pricing.egress_per_gb, egress_destination(region, dest_region)))
+
+    def storage_usd_per_gb_month(self, event: Any) -> float | None:
+        """What a bucket pays per GB-month: from its billed cost when the exporter sent one,
+        else None (the price list's :attr:`Pricing.storage_usd_per_gb_month` then applies)."""
+        if event.cost_usd is None or not event.storage_bytes:
+            return None
+        gb_months = event.storage_bytes / 1e9 * event.interval_s / (HOURS_PER_MONTH * 3600.0)
+        return event.cost_usd / gb_months
+
+    @staticmethod
+    def storage_rate(stored_bytes: float, usd_per_gb_month: float) -> float:
+        """Dollars per hour of keeping ``stored_bytes``."""
+        return storage_usd(stored_bytes, 3600.0, usd_per_gb_month)
 
 
 def egress_destination(region: str, dest_region: str) -> str:

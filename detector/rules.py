@@ -19,11 +19,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from detector.detectors import REGISTRY, Detector, ResourceInfo
 from detector.limits import LIMITS_FILE, Limits
 from detector.pricing import Pricing, load_pricing
+from detector.suppression.silence import Silence as CompiledSilence
 from detector.units import Duration, _parse_percent, format_duration, parse_duration
 
 __all__ = [
@@ -132,13 +143,15 @@ class Routing(BaseModel):
 
 
 class Silence(BaseModel):
-    """Findings it matches are recorded but not posted, until ``until`` (event time).
+    """Findings it matches are recorded but not posted when their opening's event time falls
+    in [``starts``, ``until``). It needs at least one matcher (``match``, ``rules``, ``types``).
 
     Example::
 
         silences:
           - match: {tags: {team: nlp}}
             types: [idle_gpu]
+            starts: 2026-11-30T20:00:00Z
             until: 2026-12-01T08:00:00Z
             reason: cluster drained for the driver upgrade
     """
@@ -152,6 +165,7 @@ class Silence(BaseModel):
     """Rule names it applies to; empty: every rule."""
     types: list[str] = []
     """Rule types it applies to; empty: every type."""
+    starts: AwareDatetime
     until: AwareDatetime
     reason: Annotated[str, Field(min_length=1)]
     created_by: str = ""
@@ -163,6 +177,15 @@ class Silence(BaseModel):
         if unknown:
             raise ValueError(f"unknown rule type(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(REGISTRY))}")
         return types
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Silence:
+        if self.match == Match() and not self.rules and not self.types:
+            raise ValueError("a silence needs at least one matcher (match, types or rules): one without would hold "
+                             "back every alert")  # fmt: skip
+        if self.until < self.starts:
+            raise ValueError(f"until ({self.until.isoformat()}) is before starts ({self.starts.isoformat()})")
+        return self
 
 
 class RuleBase(BaseModel):
@@ -454,23 +477,6 @@ class CompiledRule:
 
 
 @dataclass(frozen=True)
-class CompiledSilence:
-    matches: Callable[[ResourceInfo], bool]
-    rules: frozenset[str]
-    types: frozenset[str]
-    until: float
-    reason: str
-
-    def applies(self, rule: str, rule_type: str, resource: ResourceInfo, at: float) -> bool:
-        return (
-            at < self.until
-            and (not self.rules or rule in self.rules)
-            and (not self.types or rule_type in self.types)
-            and self.matches(resource)
-        )
-
-
-@dataclass(frozen=True)
 class RuleSet:
     """Enabled rules, compiled, plus the price list they use, the silences in force and the
     plausibility bounds events are decoded with."""
@@ -478,6 +484,7 @@ class RuleSet:
     rules: tuple[CompiledRule, ...]
     pricing: Pricing = field(default_factory=Pricing)
     silences: tuple[CompiledSilence, ...] = ()
+    """Rule-file silences (:mod:`detector.suppression.silence`), judged at an opening's event time."""
     routing: Routing = field(default_factory=Routing)
     limits: Limits = field(default_factory=Limits)
 
@@ -495,10 +502,6 @@ class RuleSet:
     def realert_for(self, rule: str) -> float:
         compiled = self.by_name(rule)
         return compiled.source.realert if compiled is not None and compiled.source is not None else 0.0
-
-    def silence_for(self, rule: str, rule_type: str, resource: ResourceInfo, at: float) -> str | None:
-        """The reason of the first silence covering this finding at event time ``at``, if any."""
-        return next((s.reason for s in self.silences if s.applies(rule, rule_type, resource, at)), None)
 
     @property
     def names(self) -> list[str]:
@@ -528,7 +531,11 @@ def compile_rules(
         base = cls(rule.name, rule.severity, rule.params, pricing)
         compiled.append(CompiledRule(base, compile_match(rule.match), cls.consumes, overrides, rule))
     compiled_silences = tuple(
-        CompiledSilence(compile_match(s.match), frozenset(s.rules), frozenset(s.types), s.until.timestamp(), s.reason)
+        CompiledSilence(
+            starts=s.starts.timestamp(), ends=s.until.timestamp(), reason=s.reason, id=s.id,
+            matches=compile_match(s.match) if s.match != Match() else None,
+            rules=frozenset(s.rules), types=frozenset(s.types),
+        )  # fmt: skip
         for s in silences
     )
     return RuleSet(tuple(compiled), pricing, compiled_silences, routing or Routing(), limits or Limits())

@@ -3,7 +3,11 @@
 Every setting has a default that runs on one machine with nothing installed:
 an embedded broker, the embedded ClickHouse engine under ``./.burnwatch/``,
 the rules in ``./rules/``. ``BURNWATCH_CONFIG`` (or ``--config``) names a YAML
-file with the same keys in lower case; environment variables win over it.
+file with the same keys in lower case; environment variables win over it, and
+command-line options over both.
+
+Read with pydantic-settings: each field names its environment variable
+(``validation_alias``), so a bad value's error names the variable it came from.
 """
 
 from __future__ import annotations
@@ -14,78 +18,62 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, EnvSettingsSource, InitSettingsSource, SettingsConfigDict
+from pydantic_settings import PydanticBaseSettingsSource as Source
 
-__all__ = ["Settings", "load_settings"]
-
-ENV = {
-    "kafka_bootstrap": "BURNWATCH_KAFKA_BOOTSTRAP",
-    "clickhouse_dsn": "BURNWATCH_CLICKHOUSE_DSN",
-    "clickhouse_database": "BURNWATCH_CLICKHOUSE_DATABASE",
-    "rules_path": "BURNWATCH_RULES",
-    "data_dir": "BURNWATCH_DATA_DIR",
-    "app_id": "BURNWATCH_APP_ID",
-    "partitions": "BURNWATCH_PARTITIONS",
-    "web_port": "BURNWATCH_WEB_PORT",
-    "web_host": "BURNWATCH_WEB_HOST",
-    "batch_max_messages": "BURNWATCH_BATCH_MAX_MESSAGES",
-    "batch_within_s": "BURNWATCH_BATCH_WITHIN_S",
-    "session_timeout_s": "BURNWATCH_SESSION_TIMEOUT_S",
-    "log_format": "BURNWATCH_LOG_FORMAT",
-    "log_level": "BURNWATCH_LOG_LEVEL",
-    "slack_bot_token": "SLACK_BOT_TOKEN",
-    "slack_channel": "SLACK_CHANNEL",
-    "slack_webhook_url": "SLACK_WEBHOOK_URL",
-    "slack_base_url": "SLACK_BASE_URL",
-    "slack_signing_secret": "SLACK_SIGNING_SECRET",
-    "slack_charts": "BURNWATCH_SLACK_CHARTS",
-    "model_dir": "BURNWATCH_MODEL_DIR",
-    "model_retrain_every": "BURNWATCH_MODEL_RETRAIN_EVERY",
-    "model_train_since": "BURNWATCH_MODEL_TRAIN_SINCE",
-    "event_ttl_days": "BURNWATCH_EVENT_TTL_DAYS",
-    "stall_exit_s": "BURNWATCH_STALL_EXIT_S",
-}
+__all__ = ["ENV", "Settings", "load_settings"]
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Settings(BaseSettings):
+    """The worker's and the CLI's settings. Built by :func:`load_settings`; ``Settings(...)``
+    alone reads only its arguments, never the environment."""
 
-    kafka_bootstrap: str = ""
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True,
+                                      case_sensitive=True, env_ignore_empty=True)  # fmt: skip
+
+    kafka_bootstrap: str = Field(default="", validation_alias="BURNWATCH_KAFKA_BOOTSTRAP")
     """host:port[,host:port]; empty starts the embedded broker (demo) or is an error (worker)."""
-    clickhouse_dsn: str = ""
+    clickhouse_dsn: str = Field(default="", validation_alias="BURNWATCH_CLICKHOUSE_DSN")
     """``chdb:///abs/dir``, ``chdb://memory`` or ``http://user:pass@host:8123``; empty: embedded under data_dir."""
-    clickhouse_database: str = "burnwatch"
-    rules_path: Path = Path("rules")
-    data_dir: Path = Path(".burnwatch")
-    app_id: str = "burnwatch"
-    partitions: int = Field(default=4, ge=1)
-    web_port: int = 6066
-    web_host: str = "127.0.0.1"
-    batch_max_messages: int = Field(default=5000, ge=1)
-    batch_within_s: float = Field(default=0.25, gt=0)
-    session_timeout_s: float = Field(default=10.0, gt=0)
-    log_format: Literal["auto", "json", "console"] = "auto"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    slack_bot_token: SecretStr | None = None
-    slack_channel: str | None = None
-    slack_webhook_url: SecretStr | None = None
-    model_dir: Path | None = None
+    clickhouse_database: str = Field(default="burnwatch", validation_alias="BURNWATCH_CLICKHOUSE_DATABASE")
+    rules_path: Path = Field(default=Path("rules"), validation_alias="BURNWATCH_RULES")
+    data_dir: Path = Field(default=Path(".burnwatch"), validation_alias="BURNWATCH_DATA_DIR")
+    app_id: str = Field(default="burnwatch", validation_alias="BURNWATCH_APP_ID")
+    partitions: int = Field(default=4, ge=1, validation_alias="BURNWATCH_PARTITIONS")
+    web_port: int = Field(default=6066, validation_alias="BURNWATCH_WEB_PORT")
+    web_host: str = Field(default="127.0.0.1", validation_alias="BURNWATCH_WEB_HOST")
+    batch_max_messages: int = Field(default=5000, ge=1, validation_alias="BURNWATCH_BATCH_MAX_MESSAGES")
+    batch_within_s: float = Field(default=0.25, gt=0, validation_alias="BURNWATCH_BATCH_WITHIN_S")
+    session_timeout_s: float = Field(default=10.0, gt=0, validation_alias="BURNWATCH_SESSION_TIMEOUT_S")
+    log_format: Literal["auto", "json", "console"] = Field(default="auto", validation_alias="BURNWATCH_LOG_FORMAT")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", validation_alias="BURNWATCH_LOG_LEVEL")
+    slack_bot_token: SecretStr | None = Field(default=None, validation_alias="SLACK_BOT_TOKEN")
+    slack_channel: str | None = Field(default=None, validation_alias="SLACK_CHANNEL")
+    slack_webhook_url: SecretStr | None = Field(default=None, validation_alias="SLACK_WEBHOOK_URL")
+    model_dir: Path | None = Field(default=None, validation_alias="BURNWATCH_MODEL_DIR")
     """Anomaly model artifacts; default: <data dir>/models."""
-    model_retrain_every: str = ""
+    model_retrain_every: str = Field(default="", validation_alias="BURNWATCH_MODEL_RETRAIN_EVERY")
     """Retrain on this schedule (e.g. 24h) over ``model_train_since`` of stored events; empty: never."""
-    model_train_since: str = "14d"
-    event_ttl_days: int = Field(default=30, ge=0)
+    model_train_since: str = Field(default="14d", validation_alias="BURNWATCH_MODEL_TRAIN_SINCE")
+    event_ttl_days: int = Field(default=30, ge=0, validation_alias="BURNWATCH_EVENT_TTL_DAYS")
     """Raw events are deleted this many days after their event time (0: kept forever); the
     hourly and daily rollups are kept. Longer than ``model_train_since``."""
-    stall_exit_s: float = Field(default=300.0, gt=0)
+    stall_exit_s: float = Field(default=300.0, gt=0, validation_alias="BURNWATCH_STALL_EXIT_S")
     """A worker that could not write to ClickHouse for this long exits non-zero, so that its
     orchestrator restarts it; until then /healthz answers 503 ``stalled``."""
-    slack_charts: bool = True
+    slack_charts: bool = Field(default=True, validation_alias="BURNWATCH_SLACK_CHARTS")
     """Attach a chart of the metric in each incident's thread (bot token only)."""
-    slack_signing_secret: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = Field(default=None, validation_alias="SLACK_SIGNING_SECRET")
     """Verifies button clicks sent to ``/slack/actions``; without it the endpoint refuses them."""
-    slack_base_url: str | None = None
+    slack_base_url: str | None = Field(default=None, validation_alias="SLACK_BASE_URL")
     """Only for pointing slack-sdk at a local Slack stand-in (tests, demo)."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Source, env_settings: Source,
+                                   dotenv_settings: Source, file_secret_settings: Source) -> tuple[Source, ...]:  # fmt: skip
+        """Arguments only: the environment and the file are read by :func:`load_settings`."""
+        return (init_settings,)
 
     @property
     def dsn(self) -> str:
@@ -102,31 +90,57 @@ class Settings(BaseModel):
         return bool((self.slack_bot_token and self.slack_channel) or self.slack_webhook_url)
 
 
+ENV: dict[str, str] = {name: str(field.validation_alias) for name, field in Settings.model_fields.items()}
+"""Setting → the environment variable it is read from."""
+_SECRET = {name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation)}
+"""Settings whose bad value is not repeated in the error."""
+
+
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping (the process's by default),
+    so that tests read the variables exactly as the worker does."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {var: value for var, value in self._environ.items() if value != ""}
+
+
+def _config_file(path: str | Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: cannot read config: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a config file is a mapping of setting: value")
+    return loaded
+
+
 def load_settings(config_file: str | Path | None = None, environ: Mapping[str, str] | None = None,
                   **overrides: Any) -> Settings:  # fmt: skip
     """File (if any) < environment (``environ``, default the process's) < explicit overrides.
-    Errors name the file or variable."""
+    Every bad value is reported at once, as ``ValueError`` naming where it came from: the
+    variable, the ``--option`` or the config file's key."""
     env = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
     config_file = config_file or env.get("BURNWATCH_CONFIG")
-    if config_file:
-        try:
-            loaded = yaml.safe_load(Path(config_file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"{config_file}: cannot read config: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{config_file}: a config file is a mapping of setting: value")
-        values.update(loaded)
-    for key, var in ENV.items():
-        if env.get(var):
-            values[key] = env[var]
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    from_file = _config_file(config_file) if config_file else {}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    sources = (InitSettingsSource(Settings, given), _Environment(Settings, env), InitSettingsSource(Settings, from_file))
     try:
-        return Settings.model_validate(values)
+        return Settings(_build_sources=(sources, {}))  # type: ignore[call-arg]  # BaseSettings' own argument
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
             key = str(err["loc"][0]) if err["loc"] else ""
-            source = ENV.get(key, key) if key not in (overrides or {}) else f"--{key}"
-            lines.append(f"{source}: {err['msg']}")
+            name = next((n for n, var in ENV.items() if key in (n, var)), key)
+            if name in given:
+                source = f"--{name.replace('_', '-')}"
+            elif env.get(ENV.get(name, "")):
+                source = ENV[name]
+            else:
+                source = f"{config_file}: {name}"
+            shown = "" if name in _SECRET or err["type"] == "extra_forbidden" else f" (got {err.get('input')!r})"
+            lines.append(f"{source}: {err['msg']}{shown}")
         raise ValueError("invalid settings:\n  " + "\n  ".join(lines)) from None

@@ -1,10 +1,12 @@
 """``burnwatch silence add|list|expire``: silences kept in ``rules/silences.yaml``.
 
 Silences are part of the rules, so the worker takes a new one up with its hot reload
-(within seconds) and a replay is silenced exactly as the live stream was. The CLI
-writes only its own file (``silences.yaml`` beside the rules), validates the whole
-rules directory with the change before keeping it, and never rewrites a file a person
-edits by hand.
+(within seconds) and a replay is silenced exactly as the live stream was. A silence
+holds back the alerts that open in [starts, until) of event time; ``add`` starts it now
+(or at ``--start``), ``expire`` ends it now, so it keeps covering only what opened while
+it was in force. The CLI writes only its own file (``silences.yaml`` beside the rules),
+validates the whole rules directory with the change before keeping it, and never
+rewrites a file a person edits by hand.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any
 import yaml
 
 from detector.rules import Match, RulesInvalid, Silence, load_rules, validate_rule_files
+from detector.suppression.silence import SilenceInvalid
 from detector.units import rfc3339
 
-__all__ = ["SILENCES_FILE", "add_silence", "expire_silence", "list_silences", "parse_match"]
+__all__ = ["SILENCES_FILE", "add_silence", "expire_silence", "list_silences", "parse_match", "parse_time"]
 
 SILENCES_FILE = "silences.yaml"
 _HEADER = "# Silences written by `burnwatch silence add`; the worker reloads this file like any rule file.\n"
@@ -28,7 +31,7 @@ _HEADER = "# Silences written by `burnwatch silence add`; the worker reloads thi
 def parse_match(pairs: list[str]) -> Match:
     """``["team=nlp", "resource_type=notebook"]`` → a :class:`Match` (tags for unknown keys)."""
     fields: dict[str, Any] = {}
-    tags: dict[str, str] = {}
+    tags: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key or not value:
@@ -38,6 +41,17 @@ def parse_match(pairs: list[str]) -> Match:
         else:
             tags[key.removeprefix("tags.")] = value
     return Match(**fields, tags=tags)
+
+
+def parse_time(text: str) -> float:
+    """``2026-11-02T00:00:00Z`` (RFC 3339, with its zone) → epoch seconds."""
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--start {text!r}: expected an RFC 3339 time such as 2026-11-02T08:00:00Z") from None
+    if when.tzinfo is None:
+        raise ValueError(f"--start {text!r}: give the time zone, e.g. 2026-11-02T08:00:00Z")
+    return when.timestamp()
 
 
 def _file(rules_dir: Path) -> Path:
@@ -67,15 +81,22 @@ def _write_checked(rules_dir: Path, path: Path, silences: list[dict[str, Any]]) 
         raise
 
 
-def add_silence(rules_dir: str | Path, match: Match, *, types: list[str], rules: list[str], until: float,
-                reason: str, created_by: str = "") -> Silence:  # fmt: skip
-    """Append a silence to ``silences.yaml``; return it (with its new id)."""
+def add_silence(rules_dir: str | Path, match: Match, *, types: list[str], rules: list[str], starts: float,
+                until: float, reason: str, created_by: str = "") -> Silence:  # fmt: skip
+    """Append a silence to ``silences.yaml``; return it (with its new id). One without a matcher
+    is refused (:class:`SilenceInvalid`): it would hold back every alert."""
+    if match == Match() and not types and not rules:
+        raise SilenceInvalid("refused: a silence needs at least one matcher (--match KEY=VALUE, --type or --rule); "
+                             "one without would hold back every alert")  # fmt: skip
+    if until <= starts:
+        raise SilenceInvalid("refused: the silence would end before it starts")
     rules_dir = Path(rules_dir)
     path = _file(rules_dir)
     entry: dict[str, Any] = {
         "match": match.model_dump(exclude_defaults=True),
         "types": types,
         "rules": rules,
+        "starts": rfc3339(starts),
         "until": rfc3339(until),
         "reason": reason,
         "created_by": created_by,
@@ -87,29 +108,36 @@ def add_silence(rules_dir: str | Path, match: Match, *, types: list[str], rules:
 
 
 def expire_silence(rules_dir: str | Path, silence_id: str, now: float) -> Silence:
-    """End a silence written by the CLI now (its record stays, with the earlier end)."""
+    """End a silence written by the CLI now (its record stays, with the earlier end): it keeps
+    holding back what opened while it was in force, and nothing after. One not started yet
+    ends where it starts, covering nothing."""
     rules_dir = Path(rules_dir)
     path = _file(rules_dir)
     entries = _read(path)
     for entry in entries:
         if entry.get("id") == silence_id:
-            entry["until"] = rfc3339(now)
+            starts = parse_time(str(entry["starts"])) if "starts" in entry else now
+            entry.setdefault("starts", rfc3339(starts))  # written before silences had a start
+            entry["until"] = rfc3339(max(now, starts))
             _write_checked(rules_dir, path, entries)
             return Silence.model_validate(entry)
     raise KeyError(f"no silence {silence_id!r} in {path} (only silences added with the CLI can be expired by id)")
 
 
 def list_silences(rules_path: str | Path, now: float) -> list[dict[str, Any]]:
-    """Every silence in the rule files, with whether it is in force at ``now``."""
+    """Every silence in the rule files, with its state at ``now``: pending (starts later),
+    active (in force) or expired."""
     _, errors, silences = validate_rule_files(rules_path)
     if errors:
         raise RulesInvalid(errors)
     out = []
     for s in silences:
-        until = s.until.timestamp()
+        starts, until = s.starts.timestamp(), s.until.timestamp()
+        state = "pending" if now < starts else "active" if now < until else "expired"
         out.append({
-            "id": s.id or "(file)", "active": until > now, "until": rfc3339(until),
-            "match": s.match.model_dump(exclude_defaults=True) or "(everything)",
+            "id": s.id or "(file)", "state": state, "active": state == "active", "starts": rfc3339(starts),
+            "until": rfc3339(until),
+            "match": s.match.model_dump(exclude_defaults=True) or "(any resource)",
             "types": s.types or "(all)", "rules": s.rules or "(all)", "reason": s.reason, "created_by": s.created_by,
         })  # fmt: skip
     return out

@@ -53,7 +53,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE, TOPIC_RUN_EVENTS
-from detector.pricing import Pricing
+from detector.pricing import Pricing, storage_usd, usd_over
 from detector.units import rfc3339
 
 __all__ = ["Label", "Record", "SimConfig", "simulate"]
@@ -133,7 +133,7 @@ class Label:
     def waste_usd(self) -> float:
         if self.usd is not None:
             return self.usd
-        return (self.end - self.start) * self.usd_per_hour / 3600.0
+        return usd_over(self.usd_per_hour, self.end - self.start)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -350,7 +350,7 @@ class _Builder:
         for beat in _frange(start + 1800, end, 1800):
             self.runs.append((beat, TOPIC_RUN_EVENTS, project, self._run_event(beat, run_id, "running", res, project, tags)))
         self.runs.append((end, TOPIC_RUN_EVENTS, project, self._run_event(end, run_id, status, res, project, tags)))
-        self.run_ends.append(_RunEnd(project, run_id, start, end, status, res.hourly * (end - start) / 3600))
+        self.run_ends.append(_RunEnd(project, run_id, start, end, status, usd_over(res.hourly, end - start)))
         spot = self.pricing.hourly(res.instance_type, "spot")
         if checkpoint and res.pricing == "on_demand" and spot is not None and end - start >= 4 * 3600:
             saving = res.hourly - spot
@@ -615,7 +615,7 @@ def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Recor
             hourly = res.hourly
             if res.price_change is not None and t >= res.price_change[0]:
                 hourly *= res.price_change[1]
-            event["cost_usd"] = round(hourly * step / 3600, 6) if state == "running" else 0.0
+            event["cost_usd"] = round(usd_over(hourly, step), 6) if state == "running" else 0.0
         if res.requests_per_s is not None and state == "running":
             night, day = res.requests_per_s
             busy = 9 <= datetime.fromtimestamp(t, tz=timezone.utc).hour < 18
@@ -628,7 +628,8 @@ def _usage_records(res: _Resource, cfg: SimConfig, end: float) -> Iterator[Recor
         t += step
 
 
-def _storage_records(store: _Store, cfg: SimConfig, end: float) -> Iterator[Record]:
+def _storage_records(store: _Store, cfg: SimConfig, end: float, usd_per_gb_month: float) -> Iterator[Record]:
+    """A bucket's usage every 5 minutes, billed at the price list's object-storage price."""
     step = 300.0
     t = cfg.start
     while t < end:
@@ -636,7 +637,7 @@ def _storage_records(store: _Store, cfg: SimConfig, end: float) -> Iterator[Reco
         event: dict[str, Any] = {
             "ts": rfc3339(t), "resource_id": store.resource_id, "resource_type": store.resource_type,
             "provider": "aws", "account": "ml-data", "region": "us-east-1", "state": "running", "interval_s": step,
-            "storage_bytes": int(size), "cost_usd": round(size / 1e9 * 0.023 / 730 * step / 3600, 6),
+            "storage_bytes": int(size), "cost_usd": round(storage_usd(size, step, usd_per_gb_month), 6),
             "tags": store.tags,
         }  # fmt: skip
         if store.capacity is not None:
@@ -658,7 +659,7 @@ def _untagged_label(res: _Resource, cfg: SimConfig, end: float) -> Label | None:
     )  # fmt: skip
     if not running:
         return None  # never ran: no spend to attribute, nothing to say
-    per_interval = round(res.hourly * step / 3600, 6) if res.send_cost else res.hourly * step / 3600
+    per_interval = round(usd_over(res.hourly, step), 6) if res.send_cost else usd_over(res.hourly, step)
     return Label("untagged", res.resource_id, cfg.start, end, res.hourly, "no team/project tags", running * per_interval)
 
 
@@ -692,7 +693,7 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
     for i in range(cfg.cpu_instances):
         streams.append(_batched(_usage_records(b.etl_instance(i), cfg, b.end), cfg.usage_flush_s))
     stores = [b.bucket(i) for i in range(cfg.buckets)] + [b.vector_db(i) for i in range(cfg.vector_dbs)]
-    streams += [_storage_records(store, cfg, b.end) for store in stores]
+    streams += [_storage_records(store, cfg, b.end, pricing.storage_usd_per_gb_month) for store in stores]
     streams.append(iter(sorted(b.runs, key=lambda r: r[0])))
     merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
     if cfg.duplicate_p or cfg.delay_s:

@@ -27,9 +27,10 @@ import structlog
 
 from detector.alerts import Alert
 from detector.detectors import REGISTRY, ResourceInfo
-from detector.events import GpuMetric, RunEvent, UsageEvent
+from detector.events import Event, GpuMetric, RunEvent, UsageEvent
 from detector.metrics import METRICS
-from detector.pricing import Pricing, interval_usd
+from detector.pricing import Pricer, Pricing
+from detector.suppression import Hold, Silence, snooze
 from detector.units import epoch, one_line
 
 __all__ = [
@@ -93,7 +94,7 @@ _ACTION_COLS = ["alert_id", "action", "user_id", "user_name", "channel", "messag
 _ALERT_COLS = [
     "alert_id", "type", "rule", "resource_id", "status", "change", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
-    "instance_type", "tags", "details", "silenced", "channel", "partition", "version",
+    "instance_type", "tags", "details", "silenced", "held", "held_by", "channel", "partition", "version",
 ]  # fmt: skip
 _ATTEMPT = "posting:"
 """Prefix of an ``alert_deliveries`` kind that marks a post begun (``posting:fired``)."""
@@ -122,6 +123,7 @@ def alert_from_row(row: dict[str, Any], change: str | None = None) -> Alert:
         instance_type=row["instance_type"],
         tags=dict(row["tags"]),
         details=msgspec.json.decode(row["details"]) if row["details"] else {},
+        held=Hold(kind=row["held"], by=row.get("held_by", ""), reason=row.get("silenced", "")) if row.get("held") else None,
         silenced=row.get("silenced", ""),
         channel=row.get("channel", ""),
         partition=row.get("partition", -1),
@@ -138,6 +140,9 @@ def _extra(event: Any) -> str:
 
 _NO_SOURCE = ("", 0, 0)
 _KEY_COLUMN = {"resource_usage": "resource_id", "gpu_metrics": "resource_id", "run_events": "run_id"}
+_KIND: dict[type, tuple[bytes, str]] = {GpuMetric: (b"gpu", "gpu_metrics"), UsageEvent: (b"usage", "resource_usage"),
+                                        RunEvent: (b"run", "run_events")}  # fmt: skip
+"""Event type → (the id's personalisation, its table)."""
 _DAY_MS = 86_400_000
 _MAX_SPANS = 16
 _MAX_KEYS = 2_000
@@ -186,11 +191,12 @@ class EventBatch:
             self._lists[kind].append(event)
             self._runs[kind].append((source, 1))
 
-    def tables(self, pricing: Pricing | None = None) -> Iterator[tuple[str, list[str], list[list]]]:
+    def tables(self, pricing: Pricing | Pricer | None = None) -> Iterator[tuple[str, list[str], list[list]]]:
         """(table, column names, columns) for each table with rows; the last four columns are
         the event id (from its content) and the source topic, partition and offset.
-        ``pricing`` prices usage intervals that carry no cost (the ``usd`` column)."""
-        pricing = pricing or Pricing()
+        ``pricing`` prices usage intervals (the ``usd`` and ``egress_usd`` columns) with the
+        same :class:`~detector.pricing.Pricer` the engine hands the detectors."""
+        pricer = pricing if isinstance(pricing, Pricer) else Pricer(pricing)
         if self.gpu:
             ev = self.gpu
             yield "gpu_metrics", [*_GPU_COLS, *_SOURCE_COLS], [
@@ -202,7 +208,7 @@ class EventBatch:
             ]  # fmt: skip
         if self.usage:
             ev = self.usage
-            priced = [interval_usd(pricing, e) for e in ev]
+            priced = [pricer.cost(e) for e in ev]
             yield "resource_usage", [*_USAGE_COLS, "usd", "egress_usd", *_SOURCE_COLS], [
                 [round(e.ts.timestamp() * 1000) for e in ev], [e.resource_id for e in ev], [e.resource_type for e in ev],
                 [e.provider for e in ev], [e.account for e in ev], [e.region for e in ev],
@@ -210,7 +216,7 @@ class EventBatch:
                 [e.interval_s for e in ev], [e.cost_usd for e in ev], [e.egress_bytes for e in ev],
                 [e.dest_region for e in ev], [e.storage_bytes for e in ev], [e.capacity_bytes for e in ev],
                 [e.vector_count for e in ev], [e.requests for e in ev], [e.tags for e in ev],
-                [_extra(e) if e.extra else "" for e in ev], [p[0] for p in priced], [p[1] for p in priced],
+                [_extra(e) if e.extra else "" for e in ev], [p.usd for p in priced], [p.egress_usd for p in priced],
                 event_ids(b"usage", ev), *_source_columns(self._runs[UsageEvent]),
             ]  # fmt: skip
         if self.runs:
@@ -458,6 +464,25 @@ class Store:
 
     # -- events ------------------------------------------------------------------
 
+    @staticmethod
+    def event_ids(events: Sequence[Event]) -> list[int]:
+        """The content id :meth:`insert_events` gives each event (its deduplication key)."""
+        return [event_ids(_KIND[type(e)][0], [e])[0] for e in events]
+
+    def stored_ids(self, events: Sequence[Event]) -> set[int]:
+        """Ids of these events already stored (events read again after a restart, or re-sent)."""
+        found: set[int] = set()
+        by_type: dict[type, list[Event]] = {}
+        for event in events:
+            by_type.setdefault(type(event), []).append(event)
+        for etype, group in by_type.items():
+            kind, table = _KIND[etype]
+            keys = [e.run_id if etype is RunEvent else e.resource_id for e in group]  # type: ignore[union-attr]
+            with self._lock:
+                ids, _ = self._stored_ids(table, keys, [round(e.ts.timestamp() * 1000) for e in group])
+            found.update(ids.intersection(event_ids(kind, group)))
+        return found
+
     def insert_events(self, batch: EventBatch, pricing: Pricing | None = None) -> int:
         """Insert a batch: one columnar insert per non-empty table. Events already stored
         (the same content: read again after a crash or a rebalance, re-sent by a producer,
@@ -667,7 +692,8 @@ class Store:
             [a.alert_id, a.type, a.rule, a.resource_id, a.status, a.change, a.severity, _ms(a.episode_start),
              _ms(a.fired_at), _ms(a.updated_at), _ms(a.resolved_at) if a.resolved_at is not None else None,
              a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
-             _json.encode(a.details).decode(), a.silenced, a.channel, a.partition, version + i]
+             _json.encode(a.details).decode(), a.silenced, a.held.kind if a.held else "", a.held.by if a.held else "",
+             a.channel, a.partition, version + i]
             for i, a in enumerate(alerts)
         ]  # fmt: skip
         with self._lock:
@@ -698,24 +724,25 @@ class Store:
                           {"types": [t for t, cls in REGISTRY.items() if cls.behaviour and t != "anomaly"]})  # fmt: skip
         return {r["resource_id"]: r["alert_id"] for r in rows}
 
-    def realert_memory(self, horizon_s: float = 7 * 86_400.0) -> tuple[dict[tuple[str, str], float], dict[str, str]]:
-        """What the alert manager must remember across a restart: the fire time of the latest
-        posted alert per (rule, resource), for ``realert``; and the alerts held back at their
-        opening (realert, joined to another incident), whose later changes stay held back."""
+    def suppression_memory(self, horizon_s: float = 7 * 86_400.0) -> tuple[dict[tuple[str, str], float], dict[str, Hold]]:
+        """For :class:`detector.suppression.AlertMemory`: the fire time of the latest posted
+        opening per (rule, resource), for ``realert``; and why each held-back alert was held
+        back, whose later changes stay held back. Within ``horizon_s`` of the newest alert."""
         rows = self.query(
-            f"""SELECT rule, resource_id, alert_id, fired_at, silenced,
-                       startsWith(silenced, 'realert:') OR startsWith(silenced, 'joined incident') AS held,
-                       silenced = '' AS posted
+            f"""SELECT rule, resource_id, alert_id, fired_at, held, held_by, silenced
                 FROM {self.db}.alerts FINAL
                 WHERE fired_at >= (SELECT max(fired_at) FROM {self.db}.alerts) - toIntervalSecond(%(horizon)s)""",
             {"horizon": int(horizon_s)},
         )
         last: dict[tuple[str, str], float] = {}
+        held: dict[str, Hold] = {}
         for r in rows:
-            if r["posted"]:
+            if r["held"]:
+                held[r["alert_id"]] = Hold(kind=r["held"], by=r["held_by"], reason=r["silenced"])
+            else:
                 key = (r["rule"], r["resource_id"])
                 last[key] = max(last.get(key, 0.0), epoch(r["fired_at"]))
-        return last, {r["alert_id"]: r["silenced"] for r in rows if r["held"]}
+        return last, held
 
     def record_action(self, click: Any, at: float, until: float | None = None) -> None:
         """Record a button click (a :class:`detector.actions.Click`) at wall time ``at``."""
@@ -732,14 +759,16 @@ class Store:
             {"id": alert_id},
         )
 
-    def snoozed(self, now: float) -> dict[str, float]:
-        """Alert id → wall time its snooze ends, for snoozes still running at ``now``."""
+    def snoozed(self, now: float) -> dict[str, Silence]:
+        """Alert id → its snooze (a silence of that one alert, from the click to its end, wall
+        time), for snoozes still running at ``now``."""
         rows = self.query(
-            f"SELECT alert_id, max(until) AS until FROM {self.db}.alert_actions "
-            "WHERE action = 'snoozed' GROUP BY alert_id HAVING until > fromUnixTimestamp64Milli(%(now)s, 'UTC')",
+            f"SELECT alert_id, max(until) AS ends, argMax(at, until) AS starts, argMax(user_name, until) AS by "
+            f"FROM {self.db}.alert_actions WHERE action = 'snoozed' "
+            "GROUP BY alert_id HAVING ends > fromUnixTimestamp64Milli(%(now)s, 'UTC')",
             {"now": _ms(now)},
         )
-        return {r["alert_id"]: epoch(r["until"]) for r in rows}
+        return {r["alert_id"]: snooze(r["alert_id"], epoch(r["starts"]), epoch(r["ends"]), r["by"]) for r in rows}
 
     def last_digest_day(self) -> float | None:
         rows = self.query(f"SELECT max(day) AS day, count() AS n FROM {self.db}.digests")

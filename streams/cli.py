@@ -232,6 +232,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from detector.backtest import backtest, backtest_store, compare
     from detector.replay import ReplayError
     from detector.runtime import tune_gc
+    from detector.suppression import describe_holds
     from detector.units import format_duration, parse_duration, rfc3339
 
     tune_gc()
@@ -269,12 +270,15 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             print(json.dumps(alert.to_json()))
     else:
         for alert in result.alerts:
-            print(alert.summary())
+            print(alert.summary() + (f"  (held back, {alert.held.kind}: {alert.held.reason})" if alert.held else ""))
     print(
         f"{len(result.alerts)} alerts from {result.events} events of {source} "
         f"({result.events / max(elapsed, 1e-9):,.0f} events/s); {len(result.invalid)} invalid",
         file=sys.stderr,
     )
+    held = describe_holds(result.alerts)
+    if held:
+        print(held, file=sys.stderr)
     for line, reason in result.invalid[:20]:
         print(f"{args.file}:{line}: {reason}", file=sys.stderr)
     return 0
@@ -353,24 +357,25 @@ def cmd_silence(args: argparse.Namespace) -> int:
     import getpass
 
     from detector.rules import RulesInvalid
-    from detector.silencing import add_silence, expire_silence, list_silences, now_utc, parse_match
+    from detector.silencing import add_silence, expire_silence, list_silences, now_utc, parse_match, parse_time
     from detector.units import parse_duration
 
     rules_dir = Path(args.rules or _settings(args).rules_path)
     now = now_utc()
     try:
         if args.silence_command == "add":
+            starts = parse_time(args.start) if args.start else now
             silence = add_silence(
-                rules_dir, parse_match(args.match or []), types=args.type or [], rules=args.rule or [],
-                until=now + parse_duration(args.duration), reason=args.reason, created_by=args.by or getpass.getuser(),
+                rules_dir, parse_match(args.match or []), types=args.type or [], rules=args.rule or [], starts=starts,
+                until=starts + parse_duration(args.duration), reason=args.reason, created_by=args.by or getpass.getuser(),
             )  # fmt: skip
-            print(f"silence {silence.id} until {silence.until.isoformat()} added to {rules_dir}/silences.yaml; "
-                  "a running worker takes it up within seconds")  # fmt: skip
+            print(f"silence {silence.id} from {silence.starts.isoformat()} until {silence.until.isoformat()} added to "
+                  f"{rules_dir}/silences.yaml; a running worker takes it up within seconds")  # fmt: skip
         elif args.silence_command == "expire":
             silence = expire_silence(rules_dir, args.id, now)
             print(f"silence {silence.id} expired")
         else:
-            rows = [r for r in list_silences(rules_dir, now) if args.all or r["active"]]
+            rows = [r for r in list_silences(rules_dir, now) if args.all or r["state"] != "expired"]
             if args.json:
                 for row in rows:
                     print(json.dumps(row))
@@ -722,12 +727,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="team=nlp, resource_type=notebook, resource_id=i-0abc, account=..., any tag (repeatable)")
     p.add_argument("--type", action="append", help="rule type (repeatable); default: all")
     p.add_argument("--rule", action="append", help="rule name (repeatable); default: all")
-    p.add_argument("--for", dest="duration", required=True, help="how long, e.g. 8h, 2d")
+    p.add_argument("--start", help="when it starts, RFC 3339 event time (default: now); alerts that opened "
+                   "before it are not silenced")
+    p.add_argument("--for", dest="duration", required=True, help="how long from its start, e.g. 8h, 2d")
     p.add_argument("--reason", required=True)
     p.add_argument("--by", help="who (default: $USER)")
     p.add_argument("--rules", help="rules directory (default: BURNWATCH_RULES or rules/)")
     p.set_defaults(func=cmd_silence)
-    p = silence.add_parser("list", help="silences in force")
+    p = silence.add_parser("list", help="silences in force or pending")
     p.add_argument("--all", action="store_true", help="also the ones that ended")
     p.add_argument("--json", action="store_true")
     p.add_argument("--rules", help="rules directory (default: BURNWATCH_RULES or rules/)")

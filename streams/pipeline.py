@@ -35,11 +35,12 @@ from detector.alerts import Alert, AlertManager
 from detector.align import EventTimeAligner
 from detector.delivery import Outbox
 from detector.engine import Engine
-from detector.events import Event, EventDecoder, InvalidMessage
+from detector.events import Event, InvalidMessage
 from detector.metrics import METRICS
 from detector.store import EventBatch, Store
 from detector.units import one_line
 from streams.acks import InOrderAcks
+from streams.config import Config, LiveConfig
 
 __all__ = ["DEAD_LETTER_MAX_VALUE", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable", "dead_letter"]
 
@@ -63,6 +64,8 @@ class Message(msgspec.Struct):
     value: bytes
     token: Any = None
     """What the consumer needs to acknowledge this message (the Faust event)."""
+    generation: int | None = None
+    """The consumer group generation it was fetched in (None: unknown, always current)."""
 
 
 class StoreUnavailable(Exception):
@@ -80,6 +83,8 @@ class Stats:
     """Events decoded and stored."""
     detected: int = 0
     """Events released by the aligner to the detectors."""
+    replayed: int = 0
+    """Events read again that the loaded state already held: not detected twice."""
     dead_letters: int = 0
     alerts_fired: int = 0
     alerts_resolved: int = 0
@@ -130,6 +135,11 @@ class _Step:
     messages: int = 0
     elsewhere: int = 0
     """Messages of partitions this worker no longer holds: left alone."""
+    replayed: int = 0
+    """Events read again after a restart or a handover that the loaded state already holds:
+    stored (a no-op, by content) but not detected twice."""
+    stale: int = 0
+    """Messages fetched before the last rebalance: left alone (read again from the committed offset)."""
     started: float = field(default_factory=time.perf_counter)
     per_topic: dict[str, list[int]] = field(default_factory=dict)
     """topic → [messages, events], for the metrics."""
@@ -147,17 +157,21 @@ class Pipeline:
         caught_up: Callable[[str, int, int], bool] = lambda topic, partition, offset: True,
         end_positions: Callable[[list[TP]], Awaitable[dict[TP, tuple[int | None, int | None]]]] | None = None,
         lateness_s: float = 60.0,
-        decoder: EventDecoder | None = None,
+        config: LiveConfig | None = None,
         retry_max_s: float = 30.0,
+        generation: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.engine = engine
         self.store = store
         self.outbox = outbox
         self.manager = manager
-        self.decoder = decoder or EventDecoder()
+        self.config = config or LiveConfig(Config.of(engine.ruleset))
+        """The configuration in force: read at the start of each batch (:meth:`configure`)."""
         self._send_dead_letter = send_dead_letter
         self._caught_up = caught_up
         self._end_positions = end_positions
+        self._generation = generation
+        """The group generation now: a message fetched in an earlier one is stale (below)."""
         self.aligner: EventTimeAligner[Message] = EventTimeAligner(lateness_s)
         self._partition_of: dict[str, int] = {}
         """Key → partition it arrived on, so its state is filed under that partition."""
@@ -202,7 +216,11 @@ class Pipeline:
                 if not self.ready.is_set():
                     continue  # paused (a revocation) while this batch waited for its turn
                 self._ack = ack
-                step = self._detect(messages)
+                step = self._read(messages)
+                replays = self._maybe_replayed(step)
+                stored = await asyncio.get_running_loop().run_in_executor(None, self.store.stored_ids, replays) \
+                    if replays else set()  # fmt: skip
+                self._detect(step, stored)
                 await self.drain()
                 loop = asyncio.get_running_loop()
                 write = loop.run_in_executor(self._writer, self._write, step)
@@ -229,7 +247,10 @@ class Pipeline:
 
     async def tick(self) -> None:
         """Re-check what holds the watermark and what the aligner holds when no batch comes
-        (a quiet stream): partitions may have caught up since the last batch."""
+        (a quiet stream): partitions may have caught up since the last batch. A reload reaches
+        the parts here too when no batch comes."""
+        if not self._serial.locked():
+            self.configure()
         await self.check_expected()
         if len(self.aligner) and self._ack is not None and self.ready.is_set() and not self._serial.locked():
             await self.process([], self._ack)
@@ -293,19 +314,41 @@ class Pipeline:
         self.ready.set()
         return True
 
-    def _detect(self, messages: Sequence[Message]) -> _Step:
+    def configure(self) -> Config:
+        """The snapshot in force, handed to the parts that keep their own reference to it (each
+        only when it has another): the engine (its rules; state moves to changed rules), the
+        alert manager (routes, silences, realert) and Slack's notifier (mentions, links)."""
+        config = self.config.current
+        if self.engine.ruleset is not config.ruleset:
+            self.engine.set_ruleset(config.ruleset)
+        if self.manager.ruleset is not config.ruleset:
+            self.manager.ruleset = config.ruleset
+        notifier = self.outbox.notifier
+        if notifier is not None and notifier.routing is not config.routing:
+            notifier.routing = config.routing
+        return config
+
+    def _read(self, messages: Sequence[Message]) -> _Step:
+        """Decode a batch and track positions; messages of partitions held elsewhere, or fetched
+        before the last rebalance, are left alone."""
         step = _Step()
-        decode = self.decoder.decode
+        decode = self.configure().decoder.decode
         positions = self._positions
-        aligner = self.aligner
         partition_of = self._partition_of
         per_topic = step.per_topic
         received = self._acks.received
         assigned = self._assigned
+        generation = self._generation()
         for message in messages:
             tp = (message.topic, message.partition)
             if assigned is not None and tp not in assigned:
                 step.elsewhere += 1  # its partition moved on: its new holder reads it
+                continue
+            if generation is not None and message.generation is not None and message.generation != generation:
+                # Fetched before the last rebalance (a batch being gathered, or waiting for the
+                # pause to end): the consumer reads the partition again from its committed
+                # offset, so taking it now would run detection ahead of that and then rewind.
+                step.stale += 1
                 continue
             counts = per_topic.get(message.topic)
             if counts is None:
@@ -326,19 +369,50 @@ class Pipeline:
                 partition_of[event.key] = message.partition
             step.stored.append((message, decoded))
             step.events += len(decoded)
-            aligner.push(tp, decoded, message)
-        for (topic, partition), next_offset in positions.items():
+        step.messages = len(messages) - step.elsewhere - step.stale
+        if step.elsewhere:
+            log.info("messages_left_to_new_holder", messages=step.elsewhere)
+        if step.stale:
+            log.info("stale_messages_left", messages=step.stale, generation=generation,
+                     note="fetched before the last rebalance; read again from the committed offset")  # fmt: skip
+        return step
+
+    def _maybe_replayed(self, step: _Step) -> list[Event]:
+        """Events no later than their key's restored state: read again after a restart or a
+        handover (or re-sent). Which of them that state holds is asked of the store."""
+        seen = self.engine.already_seen
+        return [e for _, decoded in step.stored for e in decoded if seen(e.ts.timestamp(), e)]
+
+    def _detect(self, step: _Step, stored: set[int]) -> None:
+        """Run detection on the batch's events, except those the restored state already holds
+        (no later than it, and stored: ``stored`` has their ids); hold what is ahead of event time."""
+        aligner = self.aligner
+        already_done: list[Message] = []
+        for message, decoded in step.stored:
+            tp = (message.topic, message.partition)
+            fresh = decoded
+            if stored:
+                ids = self.store.event_ids(decoded)
+                fresh = [e for e, i in zip(decoded, ids, strict=True) if i not in stored]
+                step.replayed += len(decoded) - len(fresh)
+                if not fresh:  # every event read again: done, and its time still counts
+                    aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
+                    already_done.append(message)
+                    continue
+            aligner.push(tp, fresh, message)
+        for (topic, partition), next_offset in self._positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
-        events, step.done = aligner.release()
+        events, released = aligner.release()
+        step.done = already_done + released
         step.detected = len(events)
         step.alerts = self.manager.handle(self.engine.process_timed(events))
+        partition_of = self._partition_of
         for alert in step.alerts:  # whoever holds this partition delivers it
             alert.partition = partition_of.get(alert.key, -1)
         step.states = self._dirty_states()
-        step.messages = len(messages) - step.elsewhere
-        if step.elsewhere:
-            log.info("messages_left_to_new_holder", messages=step.elsewhere)
-        return step
+        if step.replayed:
+            log.info("replayed_events_skipped", events=step.replayed,
+                     note="read again after a restart or handover; the restored state holds them")  # fmt: skip
 
     async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[Message], Awaitable[Any]]) -> None:
         stats = self.stats
@@ -369,6 +443,7 @@ class Pipeline:
         refused = {id(message) for message, _ in step.refused}
         stats.events += step.events - sum(len(events) for message, events in step.stored if id(message) in refused)
         stats.detected += step.detected
+        stats.replayed += step.replayed
         stats.dead_letters += len(step.dead) + len(step.refused)
         for alert in step.alerts:
             METRICS.alerts.labels(alert.type, alert.change).inc()

@@ -1,5 +1,9 @@
 """The worker's web surface: ``/healthz``, ``/metrics`` and ``/slack/actions``, nothing else.
 
+``/healthz`` answers 503 while the store takes no write (an orchestrator's readiness
+probe); ``/metrics`` is Prometheus' text format; ``/slack/actions`` takes Slack's button
+clicks, signed (:class:`detector.actions.RequestVerifier`).
+
 Faust serves its own views on the same port: ``/router/`` and ``/table/`` (which
 partition holds a key, and table contents), an index at ``/``, and with ``debug``
 ``/graph/``, ``/assignment/`` and statistics. None asks for credentials, and in a
@@ -12,12 +16,21 @@ before any view runs.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import faust
 from aiohttp import web
+from faust.types import TP
+from faust.web import View
 
-__all__ = ["SERVED_PATHS", "serve_only_burnwatch"]
+from detector.actions import ActionHandler, RequestVerifier
+from detector.metrics import METRICS
+from streams.parts import WorkerParts
+
+__all__ = ["SERVED_PATHS", "install_views", "serve_only_burnwatch"]
 
 SERVED_PATHS = frozenset({"/healthz", "/metrics", "/slack/actions"})
 _FAUST_VIEWS = ("web_router_enabled", "web_tables_enabled", "web_graph_enabled", "web_stats_enabled",
@@ -43,3 +56,80 @@ def serve_only_burnwatch(app: faust.App, paths: Iterable[str] = SERVED_PATHS) ->
         return await handler(request)
 
     server.middlewares.append(only_burnwatch)
+
+
+def install_views(parts: WorkerParts) -> None:
+    """The three views, and the gauges ``/metrics`` reads from the pipeline and the consumer."""
+    _slack_actions(parts)
+    _metrics(parts)
+    _healthz(parts)
+
+
+def _slack_actions(parts: WorkerParts) -> None:
+    secret = parts.settings.slack_signing_secret
+    outbox = parts.outbox
+    actions = (ActionHandler(RequestVerifier(secret.get_secret_value()), parts.store, outbox.notifier, outbox)
+               if secret else None)  # fmt: skip
+
+    @parts.app.page("/slack/actions")
+    class SlackActions(View):
+        """Slack's interactivity endpoint: Acknowledge, Snooze 24h, Mark as expected."""
+
+        async def post(self, request: Any, **kwargs: Any) -> Any:
+            if actions is None:
+                return self.json({"error": "Slack actions are not configured (SLACK_SIGNING_SECRET)"}, status=404)
+            body = await request.read()
+            headers = dict(request.headers)
+            loop = asyncio.get_running_loop()
+            status, answer = await loop.run_in_executor(None, actions.handle, body, headers)
+            return self.json(answer, status=status)
+
+
+def _metrics(parts: WorkerParts) -> None:
+    app, pipeline, engine = parts.app, parts.pipeline, parts.engine
+
+    def consumer_lag() -> list[tuple[str, int, int]]:
+        out = []
+        for (topic, partition), next_offset in list(pipeline.positions.items()):
+            highwater = app.consumer.highwater(TP(topic, partition))
+            if highwater is not None:
+                out.append((topic, partition, max(0, highwater - next_offset)))
+        return out
+
+    METRICS.stalled_seconds.set_function(pipeline.stalled_for)
+    METRICS.watch(lag=consumer_lag,
+                  freshness=lambda: time.time() - engine.watermark if engine.watermark else None)  # fmt: skip
+
+    @app.page("/metrics")
+    async def metrics(web: Any, request: Any) -> Any:
+        """Prometheus text exposition of :mod:`detector.metrics`."""
+        return web.bytes(METRICS.render(), content_type="text/plain; version=0.0.4")
+
+
+def _healthz(parts: WorkerParts) -> None:
+    pipeline, engine, outbox = parts.pipeline, parts.engine, parts.outbox
+
+    @parts.app.page("/healthz")
+    async def healthz(web: Any, request: Any) -> Any:
+        s = pipeline.stats
+        stalled = pipeline.stalled_for()
+        return web.json(
+            {
+                "status": "stalled" if stalled else "ok",
+                "stalled_s": round(stalled, 1),
+                "stall_reason": pipeline.stall_reason or None,
+                "holding_watermark": {f"{t}/{p}": why for (t, p), why in pipeline.holding.items()},
+                "partitions": s.partitions,
+                "messages": s.messages,
+                "events": s.events,
+                "detected": s.detected,
+                "held": len(pipeline.aligner),
+                "dead_letters": s.dead_letters,
+                "detector_errors": engine.errors,
+                "alerts_fired": s.alerts_fired,
+                "alerts_resolved": s.alerts_resolved,
+                "slack_pending": len(outbox),
+                "slack_delivered": outbox.delivered,
+            },
+            status=503 if stalled else 200,
+        )

@@ -74,7 +74,7 @@ def slack():
 
 def handler_for(store, slack):
     notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
-    outbox = Outbox(store, notifier, group_wait_s=0)
+    outbox = Outbox(store, notifier, group_wait_s=0, wall=lambda: NOW)
     return ActionHandler(verifier(), store, notifier, outbox, clock=lambda: NOW), outbox
 
 
@@ -104,7 +104,7 @@ def test_snooze_keeps_the_incident_quiet_and_survives_a_restart(store, slack):
     outbox.add([alert("resolved")])  # resolved while snoozed: recorded, not posted
     outbox.deliver_pending()
     assert slack.calls("chat.postMessage") == []
-    restarted = Outbox(store, handler.notifier)
+    restarted = Outbox(store, handler.notifier, wall=lambda: NOW + 60)
     restarted.recover()
     assert len(restarted) == 0  # not posted late after a restart either
 

@@ -12,6 +12,7 @@ from detector.events import GpuMetric, UsageEvent
 from detector.model.features import WindowBuilder, WindowState, feature_names
 from detector.model.forest import ModelSet, fit
 from detector.model.train import TrainingSet, anomaly_ruleset, train, train_from_store
+from detector.pricing import Pricer
 from detector.rules import load_rules
 from detector.store import EventBatch
 from tests.conftest import ROOT
@@ -44,9 +45,14 @@ def working(start: float, hours: float, rid: str = "h1") -> list:
 
 def test_window_features_are_what_the_minute_said():
     builder, st = WindowBuilder(300.0), WindowState()
-    closed = [w for e in minute(T0, 50.0, 200.0) * 1 + [] for w in [builder.add(st, "h1", "gpu_instance", 32.0, e, e.t)] if w]
+    pricer = Pricer()
+
+    def add(e):  # a usage event's interval as the engine prices it
+        return builder.add(st, "h1", "gpu_instance", pricer.cost(e).usd if isinstance(e, UsageEvent) else 0.0, e, e.t)
+
+    closed = [w for e in minute(T0, 50.0, 200.0) if (w := add(e))]
     for k in range(1, 6):
-        closed += [w for e in minute(T0 + k * MIN, 50.0, 200.0) if (w := builder.add(st, "h1", "gpu_instance", 32.0, e, e.t))]
+        closed += [w for e in minute(T0 + k * MIN, 50.0, 200.0) if (w := add(e))]
     (window,) = closed  # the minute at T0+5m opened the next window and closed the first
     assert window.start == T0 and window.end == T0 + 300
     assert window.values["cost_usd_per_hour"] == pytest.approx(32.0)
@@ -121,8 +127,9 @@ def test_train_from_the_store_writes_artifacts_a_worker_reloads(store, tmp_path)
 
 
 def test_an_anomaly_on_a_resource_with_an_open_rule_incident_joins_it(store):
-    from detector.alerts import AlertManager
+    from detector.alerts import AlertManager, AlertMemory
     from detector.detectors import Finding, ResourceInfo
+    from detector.suppression import Hold
 
     def finding(rule_type: str, action: str, start: float, at: float) -> Finding:
         return Finding(action=action, rule=rule_type, type=rule_type, resource_id="h1", episode_start=start,
@@ -132,11 +139,12 @@ def test_an_anomaly_on_a_resource_with_an_open_rule_incident_joins_it(store):
     manager = AlertManager()
     idle = manager.handle([finding("idle_gpu", "fire", T0, T0 + 1800)])
     joined = manager.handle([finding("anomaly", "fire", T0 + 600, T0 + 2400)])
-    assert idle[0].silenced == "" and joined[0].silenced.startswith(f"joined incident {idle[0].alert_id}")
+    assert idle[0].held is None and joined[0].held == Hold(
+        kind="inhibited", by=idle[0].alert_id, reason=f"joined incident {idle[0].alert_id}: a rule's incident is open here")
     store.record_alerts(idle + joined, version=1)
-    restarted = AlertManager(store.recent_alerts(), realert=store.realert_memory(), open_incidents=store.open_incidents())
+    restarted = AlertManager(AlertMemory.load(store))
     (resolved,) = restarted.handle([finding("anomaly", "resolve", T0 + 600, T0 + 3600)])
-    assert resolved.silenced.startswith("joined incident")  # still not posted after a restart
+    assert resolved.held == joined[0].held  # still not posted after a restart
     restarted.handle([finding("idle_gpu", "resolve", T0, T0 + 4000)])
     (alone,) = restarted.handle([finding("anomaly", "fire", T0 + 5000, T0 + 7000)])
-    assert alone.silenced == ""  # no incident open any more: this one is posted
+    assert alone.held is None and alone.silenced == ""  # no incident open any more: this one is posted

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from detector import alerts
-from detector.alerts import Alert, AlertManager
+from detector.alerts import Alert, AlertManager, AlertMemory
 from detector.delivery import Outbox
 from detector.detectors import Finding, ResourceInfo
 from detector.slack import SlackError, SlackNotifier
@@ -80,8 +80,7 @@ def slack():
 def run_worker(store: Store, slack: LocalSlack, acked: list[int], channel: str) -> None:
     """What the worker does with the batches not yet acknowledged: detect, write, acknowledge,
     deliver (the pipeline's order). A batch is acknowledged once its changes are written."""
-    manager = AlertManager(store.recent_alerts(), realert=store.realert_memory(),
-                           open_incidents=store.open_incidents())  # fmt: skip
+    manager = AlertManager(AlertMemory.load(store))
     outbox = Outbox(store, SlackNotifier(token="xoxb-test", channel=channel, base_url=slack.api_url, timeout=2),
                     group_wait_s=0, landing_s=0)  # fmt: skip
     outbox.recover()

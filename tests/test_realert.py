@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from detector.alerts import AlertManager
+from detector.alerts import AlertManager, AlertMemory
 from detector.engine import Engine
 from detector.rules import load_rules
+from detector.suppression import Hold
 from tests.helpers import MIN, T0, timeline
 
 RULES = """\
@@ -39,7 +40,8 @@ def test_a_relapse_inside_realert_is_held_back_with_its_resolution(tmp_path):
         ("fired", T0 + 210 * MIN, False), ("resolved", T0 + 210 * MIN, False),  # 3 h after: posted
     ]  # fmt: skip
     held = [a for a in alerts if a.silenced]
-    assert all(a.silenced.startswith("realert:") for a in held)
+    assert {a.held for a in held} == {Hold(kind="realert", by="idle-gpu", reason=held[0].silenced)}
+    assert held[0].silenced == "realert: rule idle-gpu alerted on this resource within its realert interval"
     assert held[0].details["realert_after"] == "2026-11-02T02:30:00Z"
 
 
@@ -54,9 +56,9 @@ def test_realert_survives_a_restart(tmp_path, store):
     engine = Engine(ruleset)
     first = AlertManager(ruleset=ruleset).handle(engine.process(episodes([T0])))
     store.record_alerts(first, version=1)
-    restarted = AlertManager(store.recent_alerts(), ruleset=ruleset, realert=store.realert_memory())
+    restarted = AlertManager(AlertMemory.load(store), ruleset=ruleset)
     again = restarted.handle(engine.process(episodes([T0 + 50 * MIN])))
     assert changes(again) == [("fired", T0 + 80 * MIN, True), ("resolved", T0 + 80 * MIN, True)]
     store.record_alerts(again, version=2)
-    last, held = store.realert_memory()
-    assert last == {("idle-gpu", "host-1"): T0 + 30 * MIN} and list(held) == [again[0].alert_id]
+    last, held = store.suppression_memory()
+    assert last == {("idle-gpu", "host-1"): T0 + 30 * MIN} and held == {again[0].alert_id: again[0].held}

@@ -1,4 +1,4 @@
-"""Silences: matching findings are recorded but not posted, until their expiry in event time."""
+"""Silences: what they match is recorded but not posted when it opens within [starts, until) of event time."""
 
 from __future__ import annotations
 
@@ -7,14 +7,21 @@ import shutil
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pytest
 
 from detector.alerts import AlertManager
+from detector.backtest import backtest
 from detector.delivery import Outbox
+from detector.detectors import ResourceInfo
 from detector.engine import Engine
+from detector.replay import write_replay
 from detector.rules import RulesInvalid, load_rules
+from detector.simulate import SimConfig, simulate
 from detector.slack import SlackNotifier
+from detector.store import alert_from_row
+from detector.suppression import Hold, Silence, SilenceInvalid, snooze
 from detector.testing import LocalSlack
 from tests.conftest import ROOT
 from tests.helpers import MIN, T0, at, timeline
@@ -25,15 +32,19 @@ rules:
     type: idle_gpu
     match: {resource_type: [gpu_instance, notebook]}
 silences:
-  - match: {tags: {team: nlp}}
+  - id: drain1
+    match: {tags: {team: nlp}}
     types: [idle_gpu]
+    starts: {starts}
     until: {until}
     reason: cluster drained for the driver upgrade
 """
+REASON = "cluster drained for the driver upgrade"
 
 
-def alerts_for(tmp_path, until: float):
-    (tmp_path / "rules.yaml").write_text(RULES.replace("{until}", at(until).isoformat()))
+def alerts_for(tmp_path, until: float, starts: float = T0):
+    (tmp_path / "rules.yaml").write_text(RULES.replace("{until}", at(until).isoformat())
+                                         .replace("{starts}", at(starts).isoformat()))  # fmt: skip
     ruleset = load_rules(tmp_path)
     events = timeline(T0, T0 + 60 * MIN, [0.0] * 4) + timeline(T0 + 60 * MIN, T0 + 65 * MIN, [90.0] * 4)
     findings = Engine(ruleset).process(events)
@@ -42,10 +53,13 @@ def alerts_for(tmp_path, until: float):
 
 def test_silenced_alerts_are_recorded_not_posted(tmp_path, store):
     alerts = alerts_for(tmp_path, until=T0 + 2 * 3600)  # the episode fires at T0+30m, inside the silence
-    assert [(a.change, a.silenced) for a in alerts if a.change != "updated"] == [
-        ("fired", "cluster drained for the driver upgrade"), ("resolved", "cluster drained for the driver upgrade")]
+    hold = Hold(kind="silenced", by="drain1", reason=REASON)
+    assert [(a.change, a.held, a.silenced) for a in alerts if a.change != "updated"] == [
+        ("fired", hold, REASON), ("resolved", hold, REASON)]
     store.record_alerts(alerts, version=1)
-    assert store.alerts()[0]["silenced"] == "cluster drained for the driver upgrade"
+    (row,) = store.alerts()
+    assert (row["held"], row["held_by"], row["silenced"]) == ("silenced", "drain1", REASON)
+    assert alert_from_row(row).held == hold
     with LocalSlack() as slack:
         outbox = Outbox(store, SlackNotifier(token="x", channel="#c", base_url=slack.api_url))
         outbox.add(alerts)
@@ -54,16 +68,45 @@ def test_silenced_alerts_are_recorded_not_posted(tmp_path, store):
 
 def test_expired_silence_does_not_apply(tmp_path):
     alerts = alerts_for(tmp_path, until=T0 + 10 * MIN)  # expired before the episode fired
-    assert [a.silenced for a in alerts if a.change == "fired"] == [""]
+    assert [a.held for a in alerts if a.change == "fired"] == [None]
+
+
+def test_a_silence_does_not_reach_back_before_its_start(tmp_path):
+    """Figure 4 of issue 12: a silence had no start, so it silenced all the past."""
+    alerts = alerts_for(tmp_path, starts=T0 + 31 * MIN, until=T0 + 5 * 3600)  # the episode fired at T0+30m
+    assert [(a.change, a.silenced) for a in alerts if a.change != "updated"] == [("fired", ""), ("resolved", "")]
+
+
+def test_the_start_is_in_the_window_and_the_end_is_not():
+    silence = Silence(starts=100.0, ends=200.0, reason="r", types=frozenset({"idle_gpu"}))
+    assert [silence.active_at(t) for t in (99.9, 100.0, 199.9, 200.0)] == [False, True, True, False]
+
+
+def test_a_silence_without_a_matcher_cannot_be_made():
+    with pytest.raises(SilenceInvalid, match="needs at least one matcher"):
+        Silence(starts=0.0, ends=1.0, reason="everything")
+    assert snooze("a1", 0.0, 1.0, "alice").covers(at=0.5, rule="r", rule_type="idle_gpu",
+                                                  resource=ResourceInfo(), alert_id="a1")  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "silence, message",
     [
-        ("  - {types: [idle_gpus], until: 2026-12-01T00:00:00Z, reason: x}", "unknown rule type(s) 'idle_gpus'"),
-        ("  - {rules: [nope], until: 2026-12-01T00:00:00Z, reason: x}", "silences[0].rules: no rule named 'nope'"),
-        ("  - {until: 2026-12-01T00:00:00, reason: x}", "silences[0].until: Input should have timezone info"),
-        ("  - {until: 2026-12-01T00:00:00Z}", "silences[0].reason: Field required"),
+        ("  - {types: [idle_gpus], starts: 2026-11-01T00:00:00Z, until: 2026-12-01T00:00:00Z, reason: x}",
+         "unknown rule type(s) 'idle_gpus'"),
+        ("  - {rules: [nope], starts: 2026-11-01T00:00:00Z, until: 2026-12-01T00:00:00Z, reason: x}",
+         "silences[0].rules: no rule named 'nope'"),
+        ("  - {types: [idle_gpu], starts: 2026-11-01T00:00:00Z, until: 2026-12-01T00:00:00, reason: x}",
+         "silences[0].until: Input should have timezone info"),
+        ("  - {types: [idle_gpu], starts: 2026-11-01T00:00:00Z, until: 2026-12-01T00:00:00Z}",
+         "silences[0].reason: Field required"),
+        ("  - {types: [idle_gpu], until: 2026-12-01T00:00:00Z, reason: x}", "silences[0].starts: Field required"),
+        ("  - {types: [idle_gpu], starts: 2026-12-02T00:00:00Z, until: 2026-12-01T00:00:00Z, reason: x}",
+         "silences[0]: until (2026-12-01T00:00:00+00:00) is before starts (2026-12-02T00:00:00+00:00)"),
+        ("  - {starts: 2026-11-01T00:00:00Z, until: 2026-12-01T00:00:00Z, reason: everything}",
+         "silences[0]: a silence needs at least one matcher (match, types or rules)"),
+        ("  - {match: {}, starts: 2026-11-01T00:00:00Z, until: 2026-12-01T00:00:00Z, reason: everything}",
+         "silences[0]: a silence needs at least one matcher (match, types or rules)"),
     ],
 )
 def test_bad_silences_are_refused_with_their_place(tmp_path, silence, message):
@@ -87,14 +130,31 @@ def test_silence_cli_adds_lists_and_expires(tmp_path):
     silence_id = out.stdout.split()[1]
     ruleset = load_rules(rules)  # the worker's reload sees exactly this
     (silence,) = ruleset.silences
-    assert silence.types == frozenset({"idle_gpu"}) and silence.reason == "offsite"
-    assert silence.until - time.time() == pytest.approx(8 * 3600, abs=60)
+    assert silence.types == frozenset({"idle_gpu"}) and silence.reason == "offsite" and silence.id == silence_id
+    assert silence.starts == pytest.approx(time.time(), abs=60)  # from now on, not over the past
+    assert silence.ends - silence.starts == pytest.approx(8 * 3600, abs=1)
     listed = cli("list", "--json", rules=rules)
     (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
-    assert row["id"] == silence_id and row["active"] and row["match"] == {"resource_type": "notebook", "tags": {"team": "nlp"}}
+    assert row["id"] == silence_id and row["state"] == "active"
+    assert row["match"] == {"resource_type": "notebook", "tags": {"team": "nlp"}}
     assert cli("expire", silence_id, rules=rules).returncode == 0
     assert cli("list", "--json", rules=rules).stdout == ""  # ended: not in force
-    assert json.loads(cli("list", "--all", "--json", rules=rules).stdout)["active"] is False
+    assert json.loads(cli("list", "--all", "--json", rules=rules).stdout)["state"] == "expired"
+    (expired,) = load_rules(rules).silences
+    assert expired.starts == silence.starts and expired.ends == pytest.approx(time.time(), abs=60)
+
+
+def test_a_silence_that_has_not_started_lists_as_pending_and_expires_empty(tmp_path):
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    out = cli("add", "--type", "idle_gpu", "--start", "2099-01-01T00:00:00Z", "--for", "2h", "--reason", "later",
+              rules=rules)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    silence_id = out.stdout.split()[1]
+    assert json.loads(cli("list", "--json", rules=rules).stdout)["state"] == "pending"
+    assert cli("expire", silence_id, rules=rules).returncode == 0
+    (silence,) = load_rules(rules).silences
+    assert silence.starts == silence.ends == at_time("2099-01-01T00:00:00Z")  # covers nothing
 
 
 @pytest.mark.parametrize(
@@ -102,10 +162,15 @@ def test_silence_cli_adds_lists_and_expires(tmp_path):
     [
         (["--match", "team", "--for", "1h", "--reason", "x"], "expected KEY=VALUE"),
         (["--type", "idle_gpus", "--for", "1h", "--reason", "x"], "unknown rule type(s) 'idle_gpus'"),
-        (["--for", "soon", "--reason", "x"], "invalid duration 'soon'"),
+        (["--type", "idle_gpu", "--for", "soon", "--reason", "x"], "invalid duration 'soon'"),
         (["--rule", "no-such-rule", "--for", "1h", "--reason", "x"], "no rule named 'no-such-rule'"),
+        (["--for", "1h", "--reason", "x"], "refused: a silence needs at least one matcher (--match KEY=VALUE, --type"),
+        (["--type", "idle_gpu", "--start", "tomorrow", "--for", "1h", "--reason", "x"],
+         "--start 'tomorrow': expected an RFC 3339 time"),
+        (["--type", "idle_gpu", "--start", "2026-11-02T00:00:00", "--for", "1h", "--reason", "x"],
+         "--start '2026-11-02T00:00:00': give the time zone"),
     ],
-    ids=["bad-match", "unknown-type", "bad-duration", "unknown-rule"],
+    ids=["bad-match", "unknown-type", "bad-duration", "unknown-rule", "no-matcher", "bad-start", "start-without-zone"],
 )
 def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, args, error):
     rules = tmp_path / "rules"
@@ -114,3 +179,71 @@ def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, args, error):
     assert out.returncode == 1 and error in out.stderr
     assert not (rules / "silences.yaml").exists()
     assert cli("expire", "deadbeef", rules=rules).returncode == 1
+
+
+def at_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@pytest.fixture(scope="module")
+def small_fleet(tmp_path_factory, ruleset):
+    path = tmp_path_factory.mktemp("fleet") / "fleet.jsonl"
+    records, _ = simulate(SimConfig(hours=12, training_hosts=6, notebooks=4, seed=5), ruleset.pricing)
+    with open(path, "wb") as out:
+        write_replay(records, out)
+    return path
+
+
+def backtest_cli(fleet, rules) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streams.cli", "backtest", str(fleet), "--json", "--rules", str(rules)],
+                          capture_output=True, text=True)  # fmt: skip
+
+
+def test_an_expired_silence_does_not_silence_the_past(tmp_path, small_fleet):
+    """Figure 4 of issue 12: after adding and expiring a silence, backtest still silenced most alerts."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    out = cli("add", "--match", "resource_type=*", "--for", "8h", "--reason", "oops", rules=rules)
+    assert out.returncode == 0, out.stderr
+    assert cli("expire", out.stdout.split()[1], rules=rules).returncode == 0
+    result = backtest_cli(small_fleet, rules)
+    assert result.returncode == 0, result.stderr
+    alerts = [json.loads(line) for line in result.stdout.splitlines()]
+    assert alerts and sum(bool(a["silenced"]) for a in alerts) == 0
+    assert [a for a in alerts if a["held"]] == []
+    assert "held back" not in result.stderr
+
+
+def test_backtest_says_how_many_alerts_were_silenced_and_by_what(tmp_path, small_fleet):
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    out = cli("add", "--match", "resource_type=*", "--start", "2026-11-02T00:00:00Z", "--for", "6h", "--reason",
+              "maintenance", rules=rules)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    silence_id = out.stdout.split()[1]
+    result = backtest_cli(small_fleet, rules)
+    alerts = [json.loads(line) for line in result.stdout.splitlines()]
+    six_hours = at_time("2026-11-02T06:00:00Z")
+    silenced = [a for a in alerts if at_time(a["fired_at"]) < six_hours]
+    assert silenced and len(silenced) < len(alerts)  # the silence covers the first six hours only
+    assert all(a["held"] == {"kind": "silenced", "by": silence_id, "reason": "maintenance"} for a in silenced)
+    assert all(a["held"] is None or a["held"]["kind"] != "silenced" for a in alerts if a not in silenced)
+    line = f"{len(silenced)} of {len(alerts)} alerts held back, recorded but not posted: "
+    assert line + f"{len(silenced)} silenced ({len(silenced)} by silence {silence_id} 'maintenance')" in result.stderr
+    text = subprocess.run([sys.executable, "-m", "streams.cli", "backtest", str(small_fleet), "--rules", str(rules)],
+                          capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    assert len(text) == len(alerts)
+    assert sum(line.endswith("  (held back, silenced: maintenance)") for line in text) == len(silenced)
+
+
+def test_episodes_still_open_at_the_end_of_a_backtest_stay_silenced(tmp_path, small_fleet):
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    out = cli("add", "--match", "resource_type=*", "--start", "2026-11-01T00:00:00Z", "--for", "30d", "--reason",
+              "all month", rules=rules)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    alerts = backtest(small_fleet, load_rules(rules)).alerts
+    still_open = [a for a in alerts if a.status == "firing"]
+    assert still_open and len(still_open) < len(alerts)
+    assert {a.silenced for a in alerts} == {"all month"}
+    assert {a.held.kind if a.held else None for a in still_open} == {"silenced"}

@@ -110,7 +110,7 @@ def test_outbox_survives_an_outage_and_a_restart_without_double_posting(slack, s
 
 def test_alert_manager_remembers_across_a_restart(store):
     """Findings re-derived after a restart neither re-open nor re-resolve an alert."""
-    from detector.alerts import AlertManager
+    from detector.alerts import AlertManager, AlertMemory
     from detector.detectors import Finding, ResourceInfo
 
     def finding(action: str, at: float) -> Finding:
@@ -122,7 +122,7 @@ def test_alert_manager_remembers_across_a_restart(store):
     changes = first.handle([finding("fire", T0 + 1800), finding("fire", T0 + 1800), finding("resolve", T0 + 3600)])
     assert [a.change for a in changes] == ["fired", "resolved"]
     store.record_alerts(changes, version=1)
-    restarted = AlertManager(store.recent_alerts())
+    restarted = AlertManager(AlertMemory.load(store))
     assert restarted.handle([finding("fire", T0 + 1800), finding("resolve", T0 + 3600)]) == []
 
 

@@ -108,7 +108,7 @@ class Anomaly(DetectorBase):
                 if getattr(s, "behaviour_active", False):
                     covered = True
                     paused = paused or getattr(s, "pauses_work", True)
-        window = self._builder.add(state.windows, resource.resource_id, resource.resource_type, resource.usd_per_hour,
+        window = self._builder.add(state.windows, resource.resource_id, resource.resource_type, resource.interval_usd,
                                    event, t, covered, paused)  # fmt: skip
         if window is None or window.history * self.params.window < self.params.min_history:
             return []

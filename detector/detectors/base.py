@@ -14,7 +14,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict
 
 from detector.events import Event
-from detector.pricing import Pricing
+from detector.pricing import Pricer, Pricing
 
 __all__ = ["Detector", "DetectorBase", "Finding", "Params", "ResourceInfo", "make_finding"]
 
@@ -38,6 +38,10 @@ class ResourceInfo(msgspec.Struct, kw_only=True):
     state: str = ""
     """running | stopped | terminated; empty until a usage event has been seen."""
     usd_per_hour: float | None = None
+    """The rate its latest priced running interval was billed at (:class:`~detector.pricing.Pricer`)."""
+    interval_usd: float = 0.0
+    """What its latest usage interval cost, priced once by the engine's pricer: detectors that
+    add up spend add this, so their dollars are the stored rows' dollars."""
     tags: dict[str, str] = {}
 
     @property
@@ -85,7 +89,9 @@ class DetectorBase:
         self.severity = severity
         self.params = params
         self.pricing = pricing or Pricing()
-        """The rule set's price list, for detectors that price what events do not (egress, tiers)."""
+        """The rule set's price list, for detectors that compare prices (spot, a smaller instance, tiers)."""
+        self.pricer = Pricer(self.pricing)
+        """Its dollars (:mod:`detector.pricing`): what detectors use to turn usage into money."""
 
     dollars: ClassVar[str] = "wasted"
     """What an alert's dollars are, in words: "wasted", "spent untagged", "could be saved",

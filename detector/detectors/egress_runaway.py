@@ -195,7 +195,7 @@ class EgressRunaway(DetectorBase):
         st.bucket_s += interval
 
     def _price(self, dest: str) -> float:
-        return float(getattr(self.pricing.egress_per_gb, dest))
+        return float(getattr(self.pricer.pricing.egress_per_gb, dest))
 
     def _finding(self, action: str, st: DestinationState, dest: str, res: ResourceInfo, at: float,
                  **extra: object) -> Finding:  # fmt: skip

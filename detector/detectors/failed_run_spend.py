@@ -32,6 +32,7 @@ from pydantic import Field
 from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.runs import Fleet, RunState, follow, hosts_of
 from detector.events import Event, RunEvent
+from detector.pricing import usd_over
 from detector.units import Duration, Money
 
 __all__ = ["FailedRunSpend", "FailedRunSpendParams", "FailedRunSpendState"]
@@ -49,6 +50,10 @@ class Failure(msgspec.Struct, kw_only=True):
     usd: float
     gpu_hours: float
     error: str = ""
+    start: float = 0.0
+    resource_ids: list[str] = []
+    """The run's hosts and start: a crash loop lists its runs so the waste ledger can charge
+    each run's dollars to its hosts' hours, once (a run alerted alone and in a loop)."""
 
 
 class FailedRunSpendState(msgspec.Struct, kw_only=True):
@@ -108,10 +113,11 @@ class FailedRunSpend(DetectorBase):
             return found
         if ev.status == "killed" and not self.params.count_killed:
             return found
-        usd, gpu_hours, info = self._cost(run, t, fleet)
+        usd, gpu_hours, info, hosts = self._cost(run, t, fleet)
         if usd is None:
             return found  # no price known for its hosts: nothing to weigh against the floor
-        failure = Failure(t=t, run_id=ev.run_id, usd=usd, gpu_hours=gpu_hours, error=ev.error)
+        failure = Failure(t=t, run_id=ev.run_id, usd=usd, gpu_hours=gpu_hours, error=ev.error, start=run.start,
+                          resource_ids=[h.resource_id for h in hosts])
         st.failures.append(failure)
         if st.loop_fired_at is not None:
             found.append(self._loop_finding("update", st, resource, t))
@@ -132,14 +138,16 @@ class FailedRunSpend(DetectorBase):
 
     # -- cost -----------------------------------------------------------------------
 
-    def _cost(self, run: RunState, end: float, fleet: Fleet | None) -> tuple[float | None, float, ResourceInfo]:
-        """(dollars or None when unpriced, GPU-hours, the first host's info)."""
-        hours = max(0.0, end - run.start) / 3600.0
+    def _cost(self, run: RunState, end: float, fleet: Fleet | None
+              ) -> tuple[float | None, float, ResourceInfo, list[ResourceInfo]]:  # fmt: skip
+        """(dollars or None when unpriced, GPU-hours, the first host's info, the priced hosts)."""
+        seconds = max(0.0, end - run.start)
         hosts = hosts_of(run, fleet, self.pricing)
+        gpu_hours = hosts.gpus * seconds / 3600.0
         if not hosts.hosts:
-            return None, hosts.gpus * hours, hosts.first
+            return None, gpu_hours, hosts.first, []
         hourly = sum(h.usd_per_hour or 0.0 for h in hosts.hosts)
-        return hourly * hosts.share * hours, hosts.gpus * hours, hosts.first
+        return usd_over(hourly * hosts.share, seconds), gpu_hours, hosts.first, hosts.hosts
 
     # -- loop bookkeeping -------------------------------------------------------------
 
@@ -187,7 +195,9 @@ class FailedRunSpend(DetectorBase):
         details = {
             "crash_loop": True, "project": project, "failed_runs": len(st.failures),
             "run_ids": [f.run_id for f in st.failures], "errors": sorted({f.error for f in st.failures if f.error}),
-            "gpu_hours": round(sum(f.gpu_hours for f in st.failures), 3), **extra,
+            "gpu_hours": round(sum(f.gpu_hours for f in st.failures), 3),
+            "runs": [{"run_id": f.run_id, "start": f.start, "end": f.t, "usd": round(f.usd, 4),
+                      "resource_ids": f.resource_ids} for f in st.failures], **extra,
         }  # fmt: skip
         span = max(at, st.failures[-1].t) - st.loop_since
         return make_finding(self, action, info, episode_start=st.loop_since, fired_at=st.loop_fired_at, at=at,

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.pricing import usd_over
 from detector.units import Duration
 
 __all__ = ["GpuEpisode", "GpuEpisodeParams", "GpuEpisodeState"]
@@ -144,7 +145,7 @@ class GpuEpisode(DetectorBase):
             self._reset(st)
             return found
         if st.unpriced_s and res.usd_per_hour is not None:
-            st.waste_usd += st.unpriced_s * res.usd_per_hour / 3600.0
+            st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
         return self._maybe_fire_or_report(st, res)
 
@@ -159,7 +160,7 @@ class GpuEpisode(DetectorBase):
             if res.usd_per_hour is None:
                 st.unpriced_s += gap
             else:
-                st.waste_usd += gap * res.usd_per_hour / 3600.0
+                st.waste_usd += usd_over(res.usd_per_hour, gap)
         st.covered_until = t
 
     def _maybe_fire_or_report(self, st: GpuEpisodeState, res: ResourceInfo) -> list[Finding]:

@@ -31,6 +31,7 @@ from pydantic import Field
 
 from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.pricing import usd_over
 from detector.units import Duration, Money, Percent
 
 __all__ = ["InferenceOverprovisioned", "InferenceOverprovisionedParams", "InferenceOverprovisionedState"]
@@ -205,7 +206,7 @@ class InferenceOverprovisioned(DetectorBase):
     def _finding(self, action: str, st: InferenceOverprovisionedState, res: ResourceInfo, at: float,
                  **extra: object) -> Finding:  # fmt: skip
         assert st.since is not None and st.fired_at is not None
-        usd = st.saving_usd_h * max(0.0, at - st.since) / HOUR_S
+        usd = usd_over(st.saving_usd_h, max(0.0, at - st.since))
         details = {**st.advice, "episode_s": round(at - st.since, 3), **extra}
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=usd,
                             details=details, usd_per_hour=st.saving_usd_h)  # fmt: skip

@@ -31,6 +31,7 @@ from pydantic import Field
 from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.runs import Fleet, RunState, follow, hosts_of
 from detector.events import Event, RunEvent
+from detector.pricing import usd_over
 from detector.units import Duration, Money
 
 __all__ = ["SpotEligible", "SpotEligibleParams", "SpotEligibleState"]
@@ -142,4 +143,4 @@ class SpotEligible(DetectorBase):
             "run_s": round(runtime, 3), **extra,
         }  # fmt: skip
         return make_finding(self, action, res, episode_start=run.start, fired_at=c.fired_at, at=at,
-                            usd=c.saving_usd_h * runtime / 3600.0, details=details, usd_per_hour=c.saving_usd_h)  # fmt: skip
+                            usd=usd_over(c.saving_usd_h, runtime), details=details, usd_per_hour=c.saving_usd_h)  # fmt: skip

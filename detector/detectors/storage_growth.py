@@ -70,9 +70,9 @@ class StorageGrowth(GrowthBase):
         if type(event) is not UsageEvent or event.storage_bytes is None:
             return []
         st = state
-        if event.cost_usd is not None and event.storage_bytes > 0:
-            gb_hours = event.storage_bytes / GB * event.interval_s / 3600.0
-            st.notified["usd_per_gb_month"] = event.cost_usd / gb_hours * HOURS_PER_MONTH
+        billed = self.pricer.storage_usd_per_gb_month(event)
+        if billed is not None:
+            st.notified["usd_per_gb_month"] = billed
         trend = self.observe(st, t, float(event.storage_bytes))
         if trend is None:
             return []

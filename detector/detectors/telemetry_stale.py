@@ -84,10 +84,9 @@ class TelemetryStale(DetectorBase):
             self._reset(st)
             st.last_sample = None  # a stopped host sends nothing: start afresh when it runs again
             return found
-        if event.cost_usd is not None:  # spend since the last sample: counted once the gap is long enough
-            st.blind_usd += event.cost_usd
-        elif resource.usd_per_hour is not None:
-            st.blind_usd += resource.usd_per_hour * event.interval_s / 3600.0
+        # Spend since the last sample (the engine's price of the interval, as stored), counted
+        # once the gap is long enough.
+        st.blind_usd += resource.interval_usd
         if t - st.last_sample < self.params.after:
             return []
         if st.fired_at is None:

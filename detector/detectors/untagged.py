@@ -15,7 +15,8 @@ project or cost centre; an hour leaves provisioning pipelines that tag after lau
 alone. The grace starts when an untagged resource first runs (a stopped one spends
 nothing to attribute). One alert per resource and episode: it resolves when the tags
 are added or the resource is terminated. The dollars are the spend while untagged
-(running intervals only, as billed: ``cost_usd``, or the price list), so
+(running intervals only, priced by :class:`~detector.pricing.Pricer` as the store prices
+them: ``cost_usd``, else the price list, else a bucket's bytes), so
 unattributable spend per account is a sum over the ``alerts`` table.
 """
 
@@ -85,10 +86,7 @@ class Untagged(DetectorBase):
             state.missing_since = t
         state.missing = missing
         if event.state == "running":
-            if event.cost_usd is not None:
-                state.spend_usd += event.cost_usd
-            elif resource.usd_per_hour is not None:
-                state.spend_usd += resource.usd_per_hour * event.interval_s / 3600.0
+            state.spend_usd += resource.interval_usd  # the engine's price of this interval, as stored
         if state.fired_at is None:
             if t - state.missing_since >= self.params.grace:
                 state.fired_at = state.missing_since + self.params.grace

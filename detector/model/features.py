@@ -25,7 +25,7 @@ from detector.events import Event, GpuMetric, UsageEvent
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "Window", "WindowBuilder", "WindowState", "feature_names", "model_group"]
 
 BASE_FEATURES = {
-    "cost_usd_per_hour": "what the resource costs per hour in the window (cost_usd, else the price list)",
+    "cost_usd_per_hour": "what the resource costs per hour in the window (its intervals as priced and stored)",
     "gpu_util_mean": "mean util_pct over every GPU sample",
     "gpu_util_p95": "95th percentile of util_pct over every GPU sample",
     "gpu_mem_frac": "mean mem_used_mib / mem_total_mib",
@@ -125,9 +125,11 @@ class WindowBuilder:
         self.alpha = 1.0 - 0.5 ** (window_s / half_life_s)
         self.alpha_recent = 1.0 - 0.5 ** (window_s / RECENT_HALF_LIFE_S)
 
-    def add(self, st: WindowState, resource_id: str, resource_type: str, usd_per_hour: float | None, event: Event,
+    def add(self, st: WindowState, resource_id: str, resource_type: str, interval_usd: float, event: Event,
             t: float, covered: bool = False, paused: bool = False) -> Window | None:  # fmt: skip
-        """Fold one event in. ``covered``: a rule is tracking unusual behaviour on the resource
+        """Fold one event in. ``interval_usd``: what a usage event's interval cost, priced by the
+        engine's :class:`~detector.pricing.Pricer` (the figure the store keeps), so the cost
+        feature is the stored cost. ``covered``: a rule is tracking unusual behaviour on the resource
         now, so the window is not judged (nor trained on). ``paused``: that behaviour is a
         pause of the resource's usual work (idle, hung, dark), so the baselines do not learn
         the window either and wait for the work to come back. A covered window that is not a
@@ -160,10 +162,7 @@ class WindowBuilder:
                 return closed
             st.usage_last = t
             if event.state == "running":
-                if event.cost_usd is not None:
-                    st.cost_usd += event.cost_usd
-                elif usd_per_hour is not None:
-                    st.cost_usd += usd_per_hour * event.interval_s / 3600.0
+                st.cost_usd += interval_usd
                 st.usage_s += event.interval_s
             if event.egress_bytes is not None:
                 st.egress_bytes += event.egress_bytes

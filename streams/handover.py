@@ -1,0 +1,74 @@
+"""Partitions moving between workers, and what moves with them: per-resource state, the
+alert manager's memory and the Slack posts still to make (docs/reliability.md).
+
+- **revoked**: the write in flight lands and what is done is committed, then the cached
+  state and held messages are dropped (unacknowledged: the next holder reads them again),
+  and Slack posts still queued are left to the next holder.
+- **assigned**: the state of the new partitions and the alerts every worker made are loaded
+  from the store, then batches resume.
+- **stopping** (Faust does not call the revocation handler at a stop): the same handover as
+  a revocation, before the consumer commits and leaves the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+from detector.events import TOPICS
+from streams.parts import WorkerParts
+
+__all__ = ["install_handover"]
+
+log = structlog.get_logger("burnwatch.worker")
+
+
+def install_handover(parts: WorkerParts) -> None:
+    app, store, pipeline, outbox = parts.app, parts.store, parts.pipeline, parts.outbox
+
+    # Faust's signal types say a receiver takes any positional arguments; Faust passes these.
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        # State moves with partitions: what this worker holds may now belong to another. The
+        # write in flight lands and what is done is committed before the group reassigns.
+        await pipeline.pause()  # no batch until the next assignment's state is loaded
+        await app.consumer.commit()
+        pipeline.reset()
+        parts.assigned_states.clear()
+        # Slack posts move with partitions too: after any post in progress, drop what is queued
+        # (stored: the next holder recovers it), so no alert is posted by two workers.
+        await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
+        loop = asyncio.get_running_loop()
+        states = await loop.run_in_executor(None, store.load_states, partitions)
+        # What another worker alerted on these keys until now is in the store: the alert manager
+        # learns it again, so re-read input neither re-opens nor re-closes those alerts.
+        pipeline.manager = await loop.run_in_executor(None, parts.alert_manager)
+        pipeline.reset()
+        pipeline.expect((tp.topic, tp.partition) for tp in assigned if tp.topic in TOPICS)
+        await pipeline.check_expected()
+        parts.assigned_states.clear()
+        parts.assigned_states.update(states)
+        pipeline.stats.partitions = len(partitions)
+        parts.owns_digest = 0 in partitions  # one worker of the group posts the digests: partition 0's
+        log.info("state_loaded", partitions=partitions, keys=len(states))
+        recovered = await loop.run_in_executor(None, outbox.assign, partitions)
+        if recovered:
+            log.info("outbox_recovered", pending=recovered)
+        pipeline.outbox_ready.set()
+        pipeline.resume()
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def stopping(sender: Any, **kwargs: Any) -> None:
+        """A clean stop hands the partitions over as a revocation does (Faust does not call the
+        revocation handler at a stop): the write in flight lands (or, for a store that takes
+        none, gives up unacknowledged) and any Slack post in progress finishes, before the
+        consumer commits what is acknowledged and leaves the group."""
+        pipeline.stop()
+        await pipeline.pause()
+        await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)

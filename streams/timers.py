@@ -1,0 +1,172 @@
+"""What the worker does on a schedule, beside the agent: Slack delivery, releasing held
+events on a quiet stream, the stall exit, rules and model reloads, retraining, the daily
+digest, state expiry and the stats line. Each is small and reads the shared parts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from detector.digest import send_due_digests
+from detector.model.forest import ModelSet
+from detector.slack import SlackError
+from detector.units import one_line, parse_duration
+from streams.parts import WorkerParts, fail
+
+__all__ = ["install_timers", "load_models"]
+
+log = structlog.get_logger("burnwatch.worker")
+
+
+def install_timers(parts: WorkerParts) -> None:
+    _deliver_alerts(parts)
+    _pipeline_timers(parts)
+    _reload_rules(parts)
+    _daily_digest(parts)
+    _models(parts)
+    _housekeeping(parts)
+
+
+def _deliver_alerts(parts: WorkerParts) -> None:
+    pipeline, outbox = parts.pipeline, parts.outbox
+
+    @parts.app.task
+    async def deliver_alerts() -> None:
+        """Post queued alert changes to Slack when the pipeline says there are some; a failure
+        is retried with backoff (the changes are stored, nothing is lost meanwhile)."""
+        loop = asyncio.get_running_loop()
+        if outbox.notifier is None:
+            log.info("slack_not_configured", hint="set SLACK_BOT_TOKEN and SLACK_CHANNEL, or SLACK_WEBHOOK_URL")
+            return
+        backoff = 1.0
+        while True:
+            await pipeline.outbox_ready.wait()
+            pipeline.outbox_ready.clear()
+            try:
+                await loop.run_in_executor(None, outbox.deliver_pending)
+                backoff = 1.0
+                if outbox.hold_s:  # a group collecting company: come back when it is due
+                    loop.call_later(outbox.hold_s, pipeline.outbox_ready.set)
+            except Exception as exc:  # noqa: BLE001 - Slack's or the store's (deliveries are recorded there)
+                event = "slack_delivery_retry" if isinstance(exc, SlackError) else "delivery_store_error"
+                log.warning(event, error=one_line(exc), retry_in_s=backoff, pending=len(outbox))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+                pipeline.outbox_ready.set()
+
+
+def _pipeline_timers(parts: WorkerParts) -> None:
+    app, pipeline, settings = parts.app, parts.pipeline, parts.settings
+
+    @app.timer(interval=1.0)
+    async def release_held() -> None:
+        await pipeline.tick()
+
+    @app.timer(interval=5.0)
+    async def watch_progress() -> None:
+        """A store that has taken no write for ``stall_exit_s`` will not by itself: exit, so the
+        orchestrator restarts the worker (and it says why); until then /healthz says stalled."""
+        stalled = pipeline.stalled_for()
+        if stalled > settings.stall_exit_s:
+            fail("store_unavailable", stalled_s=round(stalled, 1), error=pipeline.stall_reason)
+
+
+def _reload_rules(parts: WorkerParts) -> None:
+    config, path = parts.config, str(parts.settings.rules_path)
+
+    @parts.app.timer(interval=5.0)
+    async def reload_rules() -> None:
+        """An edit of the rule files swaps the configuration snapshot; the pipeline hands it on
+        at its next batch. An invalid edit is refused whole, the rules in force stay."""
+        new, refused = await asyncio.get_running_loop().run_in_executor(None, config.reload)
+        if refused is not None:
+            log.error("rules_refused", path=path, errors=[str(e) for e in refused.errors],
+                      kept=[r.detector.name for r in config.current.ruleset.rules])  # fmt: skip
+        elif new is not None:
+            log.info("rules_reloaded", path=path, rules=new.ruleset.names)
+
+
+def _daily_digest(parts: WorkerParts) -> None:
+    store, outbox, engine = parts.store, parts.outbox, parts.engine
+
+    @parts.app.timer(interval=15.0)
+    async def daily_digest() -> None:
+        """Once the stream's event time has passed a day's end, post that day's digest per channel."""
+        if outbox.notifier is None or not parts.owns_digest:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            sent = await loop.run_in_executor(None, send_due_digests, store, outbox.notifier, engine.watermark)
+        except SlackError as exc:
+            log.warning("digest_retry", error=str(exc))
+            return
+        for digest in sent:
+            log.info("digest_sent", day=digest.date, channel=digest.channel or "(default)", usd=round(digest.total, 2))
+
+
+def load_models(parts: WorkerParts) -> None:
+    """The anomaly models at start: the files that load are used, each refused one is named."""
+    engine, model_dir = parts.engine, parts.settings.model_path
+    models, refused = ModelSet.read(model_dir)
+    if refused:
+        log.error("model_refused", dir=str(model_dir), errors=refused)
+    engine.set_models(models)
+    if engine.models:
+        log.info("model_loaded", dir=str(model_dir), groups=sorted(engine.models.artifacts))
+    else:
+        log.info("model_absent", dir=str(model_dir), note="rules only until a model is trained (burnwatch model train)")
+
+
+def _models(parts: WorkerParts) -> None:
+    app, engine, settings, store = parts.app, parts.engine, parts.settings, parts.store
+    model_dir = settings.model_path
+
+    @app.timer(interval=30.0)
+    async def reload_models() -> None:
+        """A change of the model files: use the artifacts that load; a refused file is named
+        (once per change of the files) and its group keeps no model from it."""
+        if not engine.models.changed(model_dir):
+            return
+        models, refused = await asyncio.get_running_loop().run_in_executor(None, ModelSet.read, model_dir)
+        if refused:
+            log.error("model_refused", dir=str(model_dir), errors=refused)
+        engine.set_models(models)
+        log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
+
+    if not settings.model_retrain_every:
+        return
+    from detector.model.train import train_from_store
+
+    since = parse_duration(settings.model_train_since)
+
+    @app.timer(interval=parse_duration(settings.model_retrain_every))
+    async def retrain_model() -> None:
+        loop = asyncio.get_running_loop()
+        ruleset = parts.config.current.ruleset
+        try:
+            artifacts, _ = await loop.run_in_executor(None, lambda: train_from_store(store, since, ruleset, model_dir))
+        except Exception as exc:  # a failed retrain keeps the model in use
+            log.error("model_retrain_failed", error=str(exc))
+            return
+        log.info("model_retrained", groups=[a.group for a in artifacts], samples=[a.samples for a in artifacts])
+
+
+def _housekeeping(parts: WorkerParts) -> None:
+    app, engine, pipeline, store, outbox = parts.app, parts.engine, parts.pipeline, parts.store, parts.outbox
+
+    @app.timer(interval=60.0)
+    async def expire_state() -> None:
+        expired = engine.expire()
+        pipeline.forget(expired)
+        if expired:
+            await asyncio.get_running_loop().run_in_executor(None, store.delete_states, expired)
+
+    @app.timer(interval=10.0)
+    async def report() -> None:
+        s = pipeline.stats
+        log.info(
+            "worker_stats", messages=s.messages, events=s.events, dead_letters=s.dead_letters,
+            alerts_fired=s.alerts_fired, alerts_resolved=s.alerts_resolved, keys=len(engine),
+            slack_pending=len(outbox), slack_delivered=outbox.delivered,
+        )  # fmt: skip

@@ -1,0 +1,125 @@
+"""The Faust app, its topics and the one agent over the three input topics.
+
+The agent acknowledges nothing itself: the pipeline acknowledges each message, in offset
+order, once it is stored and detection has seen all of its events (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from detector.events import TOPICS
+from detector.settings import Settings
+from streams.kafka import DEAD_LETTER_TOPIC
+from streams.parts import WorkerParts, fail
+from streams.pipeline import Message, PipelineStopped
+
+__all__ = ["caught_up", "dead_letter_sender", "end_positions", "install_agent", "make_app"]
+
+Positions = dict[tuple[str, int], tuple[int | None, int | None]]
+
+
+def make_app(settings: Settings) -> faust.App:
+    """The Faust app, configured for manual acknowledgement and co-partitioned inputs."""
+    return faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        store="memory://",
+        datadir=str(settings.data_dir / "faust"),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=1,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+        consumer_auto_offset_reset="earliest",
+        web_port=settings.web_port,
+        web_host=settings.web_host,
+        web_bind=settings.web_host,
+        producer_max_request_size=8 << 20,
+        stream_buffer_maxsize=max(4096, settings.batch_max_messages * 2),
+        broker_max_poll_records=settings.batch_max_messages,
+        consumer_max_fetch_size=8 << 20,
+        # Faust's own partition assignor: it co-partitions the three inputs (a resource's usage
+        # and its GPU metrics on one worker). Faust picks aiokafka's round-robin, which does
+        # not, unless standby replicas are asked for; with no tables, they cost nothing.
+        table_standby_replicas=1,
+        # Faust's own wait for every delivered message to be acknowledged (at a rebalance or a
+        # stop) never ends while the aligner holds messages back; the revocation handler
+        # (streams.handover) drains the write in flight and commits what is done instead.
+        stream_wait_empty=False,
+    )
+
+
+def _raw_topic(app: faust.App, settings: Settings, *names: str) -> faust.TopicT:
+    return app.topic(*names, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+                     partitions=settings.partitions)  # fmt: skip
+
+
+def dead_letter_sender(app: faust.App, settings: Settings) -> Callable[[bytes | None, bytes], Awaitable[None]]:
+    """Sends a dead-letter record (the pipeline retries a failed send)."""
+    dead_letters = _raw_topic(app, settings, DEAD_LETTER_TOPIC)
+
+    async def send(key: bytes | None, value: bytes) -> None:
+        await dead_letters.send(key=key, value=value)
+
+    return send
+
+
+def caught_up(app: faust.App) -> Callable[[str, int, int], bool]:
+    """Whether a partition has nothing more to read now: ``offset`` (the last one read) is the
+    last the latest fetch reported. A partition whose fetch reported no high watermark is not
+    caught up."""
+
+    def check(topic: str, partition: int, offset: int) -> bool:
+        highwater = app.consumer.highwater(TP(topic, partition))
+        return highwater is not None and offset + 1 >= highwater
+
+    return check
+
+
+def end_positions(app: faust.App) -> Callable[[list[tuple[str, int]]], Awaitable[Positions]]:
+    """(position, end offset) of assigned partitions that have delivered nothing yet. The end is
+    the larger of the broker's listed end offset and a fetch's high watermark: some brokers
+    (the embedded one) list the last batch's base offset + 1, short of the end."""
+
+    async def positions(tps: list[tuple[str, int]]) -> Positions:
+        partitions = [TP(topic, partition) for topic, partition in tps]
+        ends = await app.consumer.highwaters(*partitions)
+        out: Positions = {}
+        for tp in partitions:
+            listed, fetched = ends.get(tp), app.consumer.highwater(tp)
+            end = max(listed, fetched) if listed is not None and fetched is not None else listed
+            out[(tp.topic, tp.partition)] = (await app.consumer.position(tp), end)
+        return out
+
+    return positions
+
+
+def install_agent(parts: WorkerParts) -> None:
+    """The ``detect`` agent: batches of messages into the pipeline, acknowledged by it alone."""
+    app, settings, pipeline = parts.app, parts.settings, parts.pipeline
+    source = _raw_topic(app, settings, *TOPICS)
+
+    @app.agent(source, name="detect")
+    async def detect(stream: faust.StreamT) -> Any:
+        # Manual acks: a message is acknowledged only once it is stored and detection has seen all
+        # of its events, which the event-time aligner may hold back for a while. ``noack_take``,
+        # not ``take_events``: the latter acknowledges a whole batch as soon as the loop body
+        # returns (and when the agent is cancelled at a stop), whatever became of it.
+        manual = stream.noack()  # type: ignore[attr-defined]  # Stream has it, StreamT does not declare it
+        async for events in manual.noack_take(settings.batch_max_messages, within=settings.batch_within_s):
+            messages = [
+                Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value, e,
+                        e.message.generation_id)  # fmt: skip
+                for e in events
+            ]
+            try:
+                await pipeline.process(messages, ack=lambda message: manual.ack(message.token))
+            except PipelineStopped:
+                return
+            except Exception as exc:  # noqa: BLE001 - a bug must stop the worker, not the agent alone
+                fail("pipeline_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())

@@ -1,0 +1,93 @@
+"""A rules reload reaches every part that uses the rule files: the engine (rules), the alert
+manager (routes), the decoder (limits) and Slack (mentions). Real pipeline, engine, store
+(chdb), outbox and Slack stand-in; the reload is the worker's own (:class:`LiveConfig`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import yaml
+
+from detector.alerts import AlertManager
+from detector.delivery import Outbox
+from detector.engine import Engine
+from detector.slack import SlackNotifier
+from detector.testing import LocalSlack
+from streams.config import LiveConfig
+from streams.pipeline import Message, Pipeline
+from tests.conftest import ROOT
+from tests.helpers import MIN, T0, at
+
+TAGS = {"team": "nlp", "project": "llm", "owner": "alice"}
+
+
+def minute(offset: int, t: float, usd: float = 0.5) -> list[Message]:
+    """One minute of an idle GPU host: its bill and its two GPUs at 1 %."""
+    usage = {"ts": at(t).isoformat(), "resource_id": "h1", "resource_type": "gpu_instance", "cost_usd": usd,
+             "interval_s": 60, "tags": TAGS}  # fmt: skip
+    gpus = [{"ts": at(t).isoformat(), "resource_id": "h1", "gpu_index": i, "util_pct": 1.0} for i in range(2)]
+    return [Message("resource-usage", 0, offset, b"h1", json.dumps(usage).encode()),
+            Message("gpu-metrics", 0, offset, b"h1", json.dumps(gpus).encode())]  # fmt: skip
+
+
+def edit(path, change) -> None:
+    data = yaml.safe_load(path.read_text()) or {}
+    change(data)
+    path.write_text(yaml.safe_dump(data))
+
+
+def idle_for(duration: str):
+    def change(data):
+        (rule,) = [r for r in data["rules"] if r["name"] == "idle-gpu"]
+        rule["params"]["for"] = duration
+
+    return change
+
+
+def test_a_reload_reaches_the_engine_the_manager_the_decoder_and_slack(store, tmp_path):
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    edit(rules / "rules.yaml", idle_for("6h"))  # before the reload: an hour idle is not alerted
+    config = LiveConfig.load(rules)
+    dead: list[dict] = []
+
+    async def send_dead_letter(key, value):
+        dead.append(json.loads(value))
+
+    async def ack(message):
+        pass
+
+    with LocalSlack() as slack:
+        outbox = Outbox(store, SlackNotifier(token="x", channel="#fallback", base_url=slack.api_url), group_wait_s=0)
+        pipeline = Pipeline(engine=Engine(config.current.ruleset), store=store, outbox=outbox,
+                            manager=AlertManager(ruleset=config.current.ruleset), send_dead_letter=send_dead_letter,
+                            config=config)  # fmt: skip
+
+        async def run(messages):
+            await pipeline.process(messages, ack)
+            await pipeline.drain()
+
+        asyncio.run(run([m for i in range(10) for m in minute(i, T0 + i * MIN)]))
+        assert store.alerts() == [] and dead == []
+
+        edit(rules / "rules.yaml", idle_for("30m"))  # the engine
+        edit(rules / "routing.yaml", lambda r: r.update(channels={"nlp": "#nlp-cost"}))  # the manager
+        edit(rules / "routing.yaml", lambda r: r.update(users={"alice": "U0ALICE"}))  # Slack's rendering
+        edit(rules / "limits.yaml", lambda r: r.update(max_usd_per_hour=100))  # the decoder
+        new, refused = config.reload()
+        assert refused is None and new is config.current
+
+        after = [m for i in range(10, 60) for m in minute(i, T0 + i * MIN)]
+        after += minute(60, T0 + 60 * MIN, usd=2.0)  # $120/h: over the new bound
+        asyncio.run(run(after))
+        outbox.deliver_pending()
+
+        (alert,) = store.alerts()
+        assert alert["rule"] == "idle-gpu" and alert["channel"] == "#nlp-cost"
+        (post,) = slack.calls("chat.postMessage")
+        assert post.body["channel"] == "#nlp-cost"
+        assert "<@U0ALICE>" in json.dumps(post.body["blocks"])
+        (letter,) = dead
+        assert letter["topic"] == "resource-usage" and "max_usd_per_hour" in letter["reason"]

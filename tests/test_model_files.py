@@ -1,0 +1,119 @@
+"""Model files are loaded from a directory others may write to: loading runs no code from a
+file, refuses what is not a model (naming the file and why), and a pickle from an earlier
+version is refused with the instruction to retrain."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import skops.io as sio
+
+from detector.model.features import feature_names
+from detector.model.forest import ModelArtifact, ModelRefused, ModelSet, fit
+
+GROUP = "gpu"
+
+
+def artifact() -> ModelArtifact:
+    width = len(feature_names(GROUP))
+    rows = np.random.default_rng(1).normal(size=(300, width))
+    return fit(GROUP, rows, trained_from=0.0, trained_to=3600.0, n_estimators=10, max_samples=64)
+
+
+class _RunsCode:
+    """Unpickling this creates ``marker``: what a hostile pickle could do instead."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_saved_model_loads_and_scores_the_same(tmp_path):
+    saved = artifact()
+    path = saved.save(tmp_path)
+    assert path.suffix == ".skops" and (tmp_path / "gpu.json").exists()
+    loaded = ModelSet.load(tmp_path).get(GROUP)
+    rows = np.random.default_rng(2).normal(size=(20, len(saved.features)))
+    assert loaded is not None and loaded.meta() == {**saved.meta(), "ranges": loaded.ranges}
+    assert loaded.ranges == saved.ranges
+    assert np.array_equal(loaded.score(rows), saved.score(rows))
+
+
+def test_an_old_pickle_is_refused_unopened_saying_to_retrain(tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "gpu.pkl").write_bytes(pickle.dumps(_RunsCode(str(marker))))
+    with pytest.raises(ModelRefused) as caught:
+        ModelSet.load(tmp_path)
+    assert "gpu.pkl: a model file in the old pickle format" in str(caught.value)
+    assert "retrain with `burnwatch model train`" in str(caught.value)
+    assert not marker.exists()
+
+
+def test_a_file_with_other_types_is_refused_unopened(tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "gpu.skops").write_bytes(sio.dumps({"meta": artifact().meta(), "model": _RunsCode(str(marker))}))
+    with pytest.raises(ModelRefused, match=r"gpu.skops: holds types no model file has \(.*_RunsCode\)"):
+        ModelSet.load(tmp_path)
+    assert not marker.exists()
+
+
+def test_a_tree_pointing_outside_itself_is_refused(tmp_path):
+    """scikit-learn follows a tree's child indices without bounds checks: a crafted file
+    could make scoring read outside the tree, so the loader checks them."""
+    saved = artifact()
+    tree = saved.model.estimators_[3].tree_
+    state = tree.__getstate__()
+    state["nodes"]["left_child"][0] = 10**6
+    tree.__setstate__(state)
+    saved.save(tmp_path)
+    with pytest.raises(ModelRefused, match="gpu.skops: tree 3 has node or feature indices out of bounds"):
+        ModelSet.load(tmp_path)
+
+
+def test_a_tree_that_loops_is_refused(tmp_path):
+    saved = artifact()
+    tree = saved.model.estimators_[0].tree_
+    state = tree.__getstate__()
+    split = int(np.flatnonzero(state["nodes"]["left_child"] != -1)[-1])
+    state["nodes"]["right_child"][split] = 0  # back to the root: scoring would never end
+    tree.__setstate__(state)
+    saved.save(tmp_path)
+    with pytest.raises(ModelRefused, match="tree 0 has node or feature indices out of bounds"):
+        ModelSet.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"not a zip at all", "not a burnwatch model file (BadZipFile"),
+        (sio.dumps([1, 2, 3]), "not a burnwatch model file (no metadata)"),
+        (sio.dumps({"meta": {"version": 1}, "model": None}), "model version 1, this burnwatch reads 2: retrain"),
+    ],
+    ids=["damaged", "a-list", "old-version"],
+)
+def test_a_file_that_is_not_a_model_is_named(tmp_path, content, reason):
+    artifact().save(tmp_path)
+    (tmp_path / "storage.skops").write_bytes(content)
+    with pytest.raises(ModelRefused) as caught:
+        ModelSet.load(tmp_path)
+    assert f"storage.skops: {reason}" in str(caught.value)
+    assert "gpu.skops" not in str(caught.value)  # the good file is not blamed
+
+
+def test_the_worker_reads_what_loads_and_is_told_what_does_not(tmp_path):
+    artifact().save(tmp_path)
+    (tmp_path / "storage.pkl").write_bytes(pickle.dumps(_RunsCode(str(tmp_path / "ran"))))
+    models, refused = ModelSet.read(tmp_path)
+    assert set(models.artifacts) == {GROUP}
+    assert len(refused) == 1 and "storage.pkl: a model file in the old pickle format" in refused[0]
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_new_or_replaced_file_is_a_change(tmp_path):
+    models = ModelSet.load(tmp_path)
+    (tmp_path / "gpu.pkl").write_bytes(b"")
+    assert models.changed(tmp_path)

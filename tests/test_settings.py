@@ -1,0 +1,83 @@
+"""Settings from the environment, a config file and options (pydantic-settings): which wins,
+and a bad value's error names where it came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detector.settings import ENV, Settings, load_settings
+
+
+def test_environment_variables_keep_their_names():
+    """Deployments set these names (docker-compose.yml, deploy/k8s): renaming one silently
+    drops a setting."""
+    assert ENV["rules_path"] == "BURNWATCH_RULES"
+    assert ENV["slack_bot_token"] == "SLACK_BOT_TOKEN" and ENV["slack_signing_secret"] == "SLACK_SIGNING_SECRET"
+    assert ENV["slack_charts"] == "BURNWATCH_SLACK_CHARTS"
+    assert all(var == f"BURNWATCH_{name.upper()}" for name, var in ENV.items()
+               if not name.startswith("slack_") and name != "rules_path")  # fmt: skip
+    settings = load_settings(environ={"BURNWATCH_RULES": "/etc/rules", "BURNWATCH_PARTITIONS": "8",
+                                      "SLACK_BOT_TOKEN": "xoxb-1", "BURNWATCH_SLACK_CHARTS": "false",
+                                      "BURNWATCH_LOG_LEVEL": ""})  # fmt: skip
+    assert settings.rules_path == Path("/etc/rules") and settings.partitions == 8
+    assert settings.slack_bot_token is not None and settings.slack_bot_token.get_secret_value() == "xoxb-1"
+    assert settings.slack_charts is False
+    assert settings.log_level == "info"  # an empty variable is unset, not an invalid level
+
+
+def test_file_then_environment_then_options(tmp_path):
+    config = tmp_path / "burnwatch.yaml"
+    config.write_text("partitions: 2\nweb_port: 7000\napp_id: from-file\n")
+    settings = load_settings(config, environ={"BURNWATCH_PARTITIONS": "3", "BURNWATCH_WEB_PORT": "7001"}, web_port=7002)
+    assert (settings.app_id, settings.partitions, settings.web_port) == ("from-file", 3, 7002)
+    assert load_settings(environ={"BURNWATCH_CONFIG": str(config)}).app_id == "from-file"
+
+
+def test_settings_alone_read_no_environment(monkeypatch):
+    monkeypatch.setenv("BURNWATCH_PARTITIONS", "9")
+    assert Settings().partitions == 4
+    assert load_settings().partitions == 9
+
+
+@pytest.mark.parametrize(
+    "environ, overrides, config, expected",
+    [
+        ({"BURNWATCH_PARTITIONS": "eight"}, {}, None, "BURNWATCH_PARTITIONS: Input should be a valid integer"),
+        ({"BURNWATCH_PARTITIONS": "0"}, {}, None, "BURNWATCH_PARTITIONS: Input should be greater than or equal to 1"),
+        ({"BURNWATCH_SLACK_CHARTS": "perhaps"}, {}, None, "BURNWATCH_SLACK_CHARTS: Input should be a valid boolean"),
+        ({"BURNWATCH_LOG_LEVEL": "warn"}, {}, None, "BURNWATCH_LOG_LEVEL: Input should be 'debug', 'info'"),
+        ({"BURNWATCH_PARTITIONS": "2"}, {"partitions": 0}, None, "--partitions: Input should be greater"),
+        ({}, {}, "batch_max_messages: 0\n", "burnwatch.yaml: batch_max_messages: Input should be greater"),
+        ({}, {}, "partition: 2\n", "burnwatch.yaml: partition: Extra inputs are not permitted"),
+    ],
+)
+def test_a_bad_value_names_its_variable(tmp_path, environ, overrides, config, expected):
+    path = None
+    if config is not None:
+        path = tmp_path / "burnwatch.yaml"
+        path.write_text(config)
+    with pytest.raises(ValueError) as caught:
+        load_settings(path, environ=environ, **overrides)
+    assert expected in str(caught.value).replace(str(tmp_path) + "/", "")
+
+
+def test_every_bad_value_is_reported_at_once_and_secrets_are_not_echoed(tmp_path):
+    config = tmp_path / "burnwatch.yaml"
+    config.write_text("slack_signing_secret: {value: s3cr3t}\n")
+    with pytest.raises(ValueError) as caught:
+        load_settings(config, environ={"BURNWATCH_PARTITIONS": "x", "BURNWATCH_WEB_PORT": "y",
+                                       "BURNWATCH_BATCH_WITHIN_S": "-1"})  # fmt: skip
+    text = str(caught.value)
+    assert "BURNWATCH_PARTITIONS" in text and "BURNWATCH_WEB_PORT" in text and "BURNWATCH_BATCH_WITHIN_S" in text
+    assert "burnwatch.yaml: slack_signing_secret: Input should be a valid string" in text
+    assert "(got 'x')" in text and "s3cr3t" not in text
+
+
+def test_an_unreadable_config_file_is_named(tmp_path):
+    with pytest.raises(ValueError, match="missing.yaml: cannot read config"):
+        load_settings(tmp_path / "missing.yaml", environ={})
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ValueError, match="list.yaml: a config file is a mapping"):
+        load_settings(tmp_path / "list.yaml", environ={})
