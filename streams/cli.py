@@ -427,13 +427,22 @@ def cmd_digest(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_model(args: argparse.Namespace) -> int:
-    from detector.model.forest import ModelSet
+def _load_models_or_exit(directory: Path) -> Any:
+    """The models in ``directory``; a refused file (an old pickle, a foreign or damaged file) is
+    a one-line error naming it, not a traceback."""
+    from detector.model.forest import ModelRefused, ModelSet
 
+    try:
+        return ModelSet.load(directory)
+    except ModelRefused as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def cmd_model(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.dir) if args.dir else settings.model_path
     if args.model_command == "show":
-        models = ModelSet.load(out)
+        models = _load_models_or_exit(out)
         if not models:
             print(f"no model in {out}: the worker runs rules only")
             return 0
@@ -448,7 +457,7 @@ def cmd_model(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"--since: {exc}") from None
     ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
-    before = ModelSet.load(out)
+    before = _load_models_or_exit(out)
     store = _open_store(settings)
     try:
         artifacts, ts = train_from_store(store, since, ruleset, out, quantile=args.quantile, margin=args.margin)

@@ -267,3 +267,14 @@ def test_replay_refuses_the_topics_backtest_refuses(tmp_path):
     no_traceback(out)
     assert out.returncode == EXIT_FAILED, out.stderr
     assert f"{fleet}:2: topic 'gpu_metrics'" in out.stderr and "nothing was published" in out.stderr
+
+
+@pytest.mark.parametrize("name, content", [("gpu.pkl", b"\x80\x04junk"), ("gpu.skops", b"PK not a zip")])
+def test_a_model_file_that_is_refused_is_one_line_naming_it(tmp_path, name, content):
+    """`model show` (and `model train`, which reads what stays in use) on a directory holding an
+    old pickle or a damaged file: the file named and why, exit 1, no traceback."""
+    (tmp_path / name).write_bytes(content)
+    out = burnwatch("model", "show", "--dir", str(tmp_path))
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and str(tmp_path / name) in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
