@@ -422,6 +422,10 @@ def cmd_digest(args: argparse.Namespace) -> int:
             print(f"  team {team:<23}${usd:>12,.2f}")
         for o in d.top:
             print(f"  top: {o['resource_id']} ({o['type']}, {o['team']}) ${o['usd']:,.2f}")
+        if d.could_save:  # kept apart from the waste above, as in the Slack digest
+            print(f"  could be saved (not waste, not in the total): ${sum(d.could_save.values()):,.2f}")
+            for rule_type, usd in sorted(d.could_save.items(), key=lambda kv: -kv[1]):
+                print(f"    {rule_type:<26}${usd:>12,.2f}")
         if notifier is not None:
             notifier.post_digest(d, render_digest(d), digest_chart(d))
     return 0

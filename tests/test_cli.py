@@ -278,3 +278,24 @@ def test_a_model_file_that_is_refused_is_one_line_naming_it(tmp_path, name, cont
     no_traceback(out)
     assert out.returncode == EXIT_FAILED and str(tmp_path / name) in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_digest_prints_what_could_be_saved_apart_from_the_waste(made):
+    """The digest's could-be-saved dollars (spot, right-size) are printed on their own line,
+    never added to the day's waste total."""
+    usage = ("INSERT INTO burnwatch.resource_usage (ts, resource_id, resource_type, interval_s, usd) "
+             "SELECT toDateTime64('2026-11-02 00:00:00', 3, 'UTC') + toIntervalHour(number), 'h1', 'gpu_instance', "
+             "3600, 10 FROM numbers(24)")  # fmt: skip
+    alerts = ("INSERT INTO burnwatch.alerts (alert_id, type, rule, resource_id, status, change, severity, "
+              "episode_start, fired_at, updated_at, waste_usd, usd_per_hour, details, silenced, version) VALUES "
+              "('s1', 'spot_eligible', 'spot-eligible', 'run-1', 'resolved', 'resolved', 'info', "
+              "'2026-11-02 02:00:00', '2026-11-02 02:00:00', '2026-11-02 06:00:00', 12, 3, "
+              "'{\"resource_ids\": [\"h1\"]}', '', 1)")  # fmt: skip
+    for statement in (usage, alerts):
+        out = burnwatch("sql", statement, env=made)
+        assert out.returncode == 0, out.stderr
+    out = burnwatch("digest", "--day", "2026-11-02", env=made)
+    no_traceback(out)
+    assert out.returncode == 0, out.stderr
+    assert "could be saved (not waste, not in the total): $12.00" in out.stdout, out.stdout
+    assert "spot_eligible" in out.stdout
