@@ -44,7 +44,7 @@ def measure(store: Store, rows: int, runs: int) -> tuple[float, float, float]:
         batch = EventBatch()
         batch.extend([usage(T0 + (run * rows + i) * 60, rid=f"host-{i % 500}") for i in range(rows)])
         started = time.perf_counter()
-        assert store.insert_events(batch) == rows
+        assert store.events.insert(batch) == rows
         events.append(rows / (time.perf_counter() - started))
     small = []
     for _ in range(runs):

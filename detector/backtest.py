@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert, AlertManager, from_finding
 from detector.align import EventTimeAligner
@@ -19,6 +19,9 @@ from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage
 from detector.replay import read_replay
 from detector.rules import RuleSet
+
+if TYPE_CHECKING:
+    from detector.store import EventHistory
 
 __all__ = ["BacktestResult", "RuleDiff", "backtest", "backtest_store", "compare"]
 
@@ -109,12 +112,12 @@ def backtest(
     return result
 
 
-def backtest_store(store: Any, since_s: float, ruleset: RuleSet, other: RuleSet | None = None, models: Any = None,
+def backtest_store(history: EventHistory, since_s: float, ruleset: RuleSet, other: RuleSet | None = None, models: Any = None,
                    on_windows: Any = None) -> BacktestResult:  # fmt: skip
-    """Detect over the events stored in ClickHouse in the last ``since_s`` of event time
-    (before the newest stored event, so a replayed history works as a live one)."""
+    """Detect over the events stored in ClickHouse (``store.history``) in the last ``since_s``
+    of event time (before the newest stored event, so a replayed history works as a live one)."""
     result = BacktestResult(alerts=[])
-    span = store.event_span()
+    span = history.span()
     if span is None:
         _run([], ruleset, other, result)
         return result
@@ -125,7 +128,7 @@ def backtest_store(store: Any, since_s: float, ruleset: RuleSet, other: RuleSet 
     def batches() -> Iterable[list[tuple[float, Any]]]:
         t = start
         while t < end:  # an hour at a time: memory stays bounded over weeks of history
-            items = store.events(t, min(t + HOUR_S, end))
+            items = history.between(t, min(t + HOUR_S, end))
             result.events += len(items)
             yield items
             t += HOUR_S

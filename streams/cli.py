@@ -147,7 +147,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         except Exception as exc:  # chdb refuses a data directory another process (the worker) holds
             raise SystemExit(f"cannot open the store {redact_dsn(settings.dsn)}: {redact(str(exc))}") from None
         try:
-            result = backtest_store(store, since, ruleset, other)
+            result = backtest_store(store.history, since, ruleset, other)
         finally:
             store.close()
         source = (f"{redact_dsn(settings.dsn)} from {rfc3339(result.span[0])} to {rfc3339(result.span[1])} "
@@ -296,7 +296,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         raise SystemExit(f"--day {args.day!r}: expected YYYY-MM-DD") from None
     store = Store.open(settings.dsn, settings.clickhouse_database)
     try:
-        digests = build_digests(store, day)
+        digests = build_digests(store.digests, day)
     finally:
         store.close()
     if not digests:
@@ -392,8 +392,8 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
     store = Store(connect(settings.dsn), settings.clickhouse_database)
     try:
         applied = store.migrate()
-        store.set_event_ttl(settings.event_ttl_days)
-        history = store.applied_migrations()
+        store.schema.set_event_ttl(settings.event_ttl_days)
+        history = store.schema.applied()
     finally:
         store.close()
     print(f"{redact_dsn(settings.dsn)} database {settings.clickhouse_database}: "

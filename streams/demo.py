@@ -139,7 +139,7 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> 
 def _summary(dsn: str, database: str, labels: list) -> None:
     store = Store.open(dsn, database)
     try:
-        alerts = store.alerts()
+        alerts = store.alerts.latest()
         for rule_type in sorted({a["type"] for a in alerts} | {label.type for label in labels}):
             of_type = [a for a in alerts if a["type"] == rule_type]
             dollars = sum(a["waste_usd"] for a in of_type)

@@ -97,7 +97,7 @@ def _daily_digest(parts: WorkerParts) -> None:
             return
         loop = asyncio.get_running_loop()
         try:
-            sent = await loop.run_in_executor(None, send_due_digests, store, outbox.notifier, engine.watermark)
+            sent = await loop.run_in_executor(None, send_due_digests, store.digests, outbox.notifier, engine.watermark)
         except SlackError as exc:
             log.warning("digest_retry", error=str(exc))
             return
@@ -160,7 +160,7 @@ def _housekeeping(parts: WorkerParts) -> None:
         expired = engine.expire()
         pipeline.forget(expired)
         if expired:
-            await asyncio.get_running_loop().run_in_executor(None, store.delete_states, expired)
+            await asyncio.get_running_loop().run_in_executor(None, store.states.delete, expired)
 
     @app.timer(interval=10.0)
     async def report() -> None:

@@ -115,7 +115,7 @@ def test_cold_start_no_model_no_windows_no_findings():
 def test_train_from_the_store_writes_artifacts_a_worker_reloads(store, tmp_path):
     batch = EventBatch()
     batch.extend(working(T0, 14) + working(T0, 14, rid="h2"))  # judged after 6 h of baseline: 8 h each
-    store.insert_events(batch)
+    store.events.insert(batch)
     models = ModelSet.load(tmp_path)
     assert not models
     artifacts, ts = train_from_store(store, 15 * HOUR, load_rules(ROOT / "rules"), tmp_path, min_samples=50)
@@ -141,8 +141,8 @@ def test_an_anomaly_on_a_resource_with_an_open_rule_incident_joins_it(store):
     joined = manager.handle([finding("anomaly", "fire", T0 + 600, T0 + 2400)])
     assert idle[0].held is None and joined[0].held == Hold(
         kind="inhibited", by=idle[0].alert_id, reason=f"joined incident {idle[0].alert_id}: a rule's incident is open here")
-    store.record_alerts(idle + joined, version=1)
-    restarted = AlertManager(AlertMemory.load(store))
+    store.alerts.record(idle + joined, version=1)
+    restarted = AlertManager(AlertMemory.load(store.memory))
     (resolved,) = restarted.handle([finding("anomaly", "resolve", T0 + 600, T0 + 3600)])
     assert resolved.held == joined[0].held  # still not posted after a restart
     restarted.handle([finding("idle_gpu", "resolve", T0, T0 + 4000)])

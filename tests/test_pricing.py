@@ -36,7 +36,7 @@ def test_untagged_bucket_without_cost_is_alerted_at_what_its_stored_rows_cost(ru
     found = [f for f in engine.process(events) if f.type == "untagged"]
     batch = EventBatch()
     batch.extend(events)
-    store.insert_events(batch, ruleset.pricing)
+    store.events.insert(batch, ruleset.pricing)
     stored = store.query(f"SELECT sum(usd) AS usd FROM {store.db}.resource_usage WHERE resource_id = 'bkt-1'")[0]["usd"]
     assert stored == pytest.approx(4.73, abs=0.005)
     assert found and found[0].action == "fire"
@@ -58,7 +58,7 @@ def test_telemetry_stale_counts_an_interval_as_the_store_prices_it(ruleset, stor
     (blind,) = [f for f in engine.open_episodes() if f.type == "telemetry_stale"]
     batch = EventBatch()
     batch.extend([e for e in events if isinstance(e, UsageEvent)])
-    store.insert_events(batch, ruleset.pricing)
+    store.events.insert(batch, ruleset.pricing)
     stored = store.query(f"SELECT sum(usd) AS usd FROM {store.db}.resource_usage")[0]["usd"]
     assert blind.waste_usd == pytest.approx(stored, abs=1e-3)
 

@@ -56,8 +56,8 @@ def test_silenced_alerts_are_recorded_not_posted(tmp_path, store):
     hold = Hold(kind="silenced", by="drain1", reason=REASON)
     assert [(a.change, a.held, a.silenced) for a in alerts if a.change != "updated"] == [
         ("fired", hold, REASON), ("resolved", hold, REASON)]
-    store.record_alerts(alerts, version=1)
-    (row,) = store.alerts()
+    store.alerts.record(alerts, version=1)
+    (row,) = store.alerts.latest()
     assert (row["held"], row["held_by"], row["silenced"]) == ("silenced", "drain1", REASON)
     assert alert_from_row(row).held == hold
     with LocalSlack() as slack:
