@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from detector.store.actions import Actions
 from detector.store.alerts import Alerts
 from detector.store.connection import Connection, connect
@@ -22,7 +24,7 @@ class Store(Connection):
     Code that needs one concern takes that repository (``store.states``, ``store.digests``…),
     not the whole store."""
 
-    def __init__(self, client: object, database: str = "burnwatch") -> None:
+    def __init__(self, client: Any, database: str = "burnwatch") -> None:
         super().__init__(client, database)
         self.schema = Schema(self)
         self.events = Events(self)
