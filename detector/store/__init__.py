@@ -21,7 +21,7 @@
 from detector.store.actions import Actions
 from detector.store.alerts import Alerts, alert_from_row
 from detector.store.batch import EventBatch, event_ids
-from detector.store.connection import Connection, connect, named_sql
+from detector.store.connection import Connection, StoreBusy, StoreNotFound, StoreOutdated, chdb_dir, connect, named_sql
 from detector.store.deliveries import Deliveries
 from detector.store.digests import Digests
 from detector.store.events import Events
@@ -34,6 +34,6 @@ from detector.units import epoch
 
 __all__ = [
     "MIGRATIONS_DIR", "RAW_TABLES", "Actions", "Alerts", "Connection", "Deliveries", "Digests", "EventBatch",
-    "EventHistory", "Events", "ManagerMemory", "Migration", "Schema", "States", "Store", "alert_from_row", "connect",
-    "epoch", "event_ids", "migrations", "named_sql",
+    "EventHistory", "Events", "ManagerMemory", "Migration", "Schema", "States", "Store", "StoreBusy", "StoreNotFound",
+    "StoreOutdated", "alert_from_row", "chdb_dir", "connect", "epoch", "event_ids", "migrations", "named_sql",
 ]  # fmt: skip

@@ -7,6 +7,7 @@ engine is one per process, and the repositories share its client.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import threading
@@ -21,7 +22,7 @@ import structlog
 
 from detector.units import one_line
 
-__all__ = ["Connection", "connect", "ms", "named_sql"]
+__all__ = ["Connection", "StoreBusy", "StoreNotFound", "StoreOutdated", "chdb_dir", "connect", "ms", "named_sql"]
 
 log = structlog.get_logger("burnwatch.store")
 
@@ -45,16 +46,86 @@ def named_sql(name: str) -> str:
     return (SQL_DIR / f"{name}.sql").read_text()
 
 
-def connect(dsn: str) -> Any:
-    """A clickhouse-connect client for ``chdb:///dir``, ``chdb://memory`` or ``http(s)://…``."""
+class StoreNotFound(LookupError):
+    """No burnwatch store where the settings point (or one whose schema is behind this
+    code): commands that only read never create one, so a mistyped path is an error."""
+
+
+class StoreOutdated(StoreNotFound):
+    """The store's schema is behind this code: ``burnwatch db migrate`` brings it up to date."""
+
+
+class StoreBusy(ConnectionError):
+    """The embedded store's directory is held by another process (chdb: one per directory)."""
+
+
+def chdb_dir(dsn: str) -> Path | None:
+    """The directory of a ``chdb:///dir`` DSN; None for ``chdb://memory`` and servers."""
     parsed = urlparse(dsn)
     if parsed.scheme == "chdb" and parsed.path not in ("", "/memory") and parsed.netloc != "memory":
-        Path(parsed.path).mkdir(parents=True, exist_ok=True)
+        return Path(parsed.path)
+    return None
+
+
+def _holder(directory: Path) -> str | None:
+    """Who holds an embedded store (``a running worker (pid N: command)``): the process whose
+    pid ClickHouse wrote in the store's ``status`` file, if it still has that file open. None
+    when nobody does, or this process does. Read from /proc, so nothing is locked to find out."""
+    status = directory / "status"
+    try:
+        found = re.search(r"PID: (\d+)", status.read_text(errors="replace"))
+    except OSError:
+        return None
+    pid = int(found.group(1)) if found else os.getpid()
+    if pid == os.getpid():
+        return None
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:  # gone (or no /proc here)
+        return None
+    except PermissionError:  # another user's process: alive, and most likely the holder
+        fds = []
+    else:
+        target = str(status.resolve())
+        opened = []
+        for fd in fds:
+            try:
+                opened.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+        if target not in opened:
+            return None
+    try:
+        command = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split())
+    except OSError:
+        command = ""
+    what = "a running worker" if " worker" in command else "another process"
+    return f"{what} (pid {pid}" + (f": {command[:120]}" if command else "") + ")"
+
+
+def connect(dsn: str, create: bool = True) -> Any:
+    """A clickhouse-connect client for ``chdb:///dir``, ``chdb://memory`` or ``http(s)://…``.
+    ``create=False``: an embedded store's directory must hold one already (:class:`StoreNotFound`).
+    An embedded store another process holds is :class:`StoreBusy`, saying who and what to do."""
+    from detector.logs import redact, redact_dsn
+
+    directory = chdb_dir(dsn)
+    if directory is not None:
+        if not create and not (directory / "metadata").is_dir():
+            raise StoreNotFound(f"no store at {directory}" + (" (the directory holds no ClickHouse data)"
+                                                              if directory.exists() else ""))  # fmt: skip
+        holder = _holder(directory)
+        if holder is not None:
+            raise StoreBusy(
+                f"the embedded store {directory} is held by {holder}, and one process at a time opens it. To query "
+                "it, stop that process, or have one process own the store and share it: `burnwatch store serve "
+                f"--dsn chdb://{directory}`, then BURNWATCH_CLICKHOUSE_DSN=http://127.0.0.1:8123 for the workers "
+                "and for these commands"
+            )
+        directory.mkdir(parents=True, exist_ok=True)
     try:
         return clickhouse_connect.get_client(dsn=dsn)
     except Exception as exc:  # its message may quote the DSN, password included
-        from detector.logs import redact, redact_dsn
-
         raise ConnectionError(f"cannot connect to ClickHouse at {redact_dsn(dsn)}: {redact(str(exc))}") from None
 
 

@@ -41,10 +41,20 @@ class Store(Connection):
         self.deliveries = Deliveries(self)
 
     @classmethod
-    def open(cls, dsn: str, database: str = "burnwatch") -> Store:
-        """Connect to ``dsn`` and bring the schema up to date."""
-        store = cls(connect(dsn), database)
-        store.migrate()
+    def open(cls, dsn: str, database: str = "burnwatch", *, create: bool = True) -> Store:
+        """The store at ``dsn``. ``create``: make it, or migrate it, as needed (the worker,
+        ``db migrate``); otherwise it must exist with its schema up to date (the commands
+        that only read: a mistyped path or database is
+        :class:`~detector.store.connection.StoreNotFound`, not a new empty store)."""
+        store = cls(connect(dsn, create=create), database)
+        try:
+            if create:
+                store.migrate()
+            else:
+                store.schema.check()
+        except BaseException:
+            store.close()
+            raise
         return store
 
     def migrate(self) -> list[str]:

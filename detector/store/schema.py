@@ -10,7 +10,7 @@ from typing import Any
 
 import structlog
 
-from detector.store.connection import Connection
+from detector.store.connection import Connection, StoreNotFound, StoreOutdated
 
 __all__ = ["MIGRATIONS_DIR", "RAW_TABLES", "Migration", "Schema", "migrations"]
 
@@ -18,6 +18,8 @@ log = structlog.get_logger("burnwatch.store")
 
 MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 RAW_TABLES = ("resource_usage", "gpu_metrics", "run_events")
+_MADE = re.compile(r"CREATE\s+(?:TABLE|(?:MATERIALIZED\s+)?VIEW)\s+IF\s+NOT\s+EXISTS\s+\{db\}\.(\w+)", re.IGNORECASE)
+"""The name of each table or view a migration makes."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,26 @@ def migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
 
 
 class Schema:
-    """Applies the migrations and sets how long raw events are kept."""
+    """Applies the migrations, checks a store is up to date, and sets how long raw events are kept."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.created = False
+        """Whether :meth:`migrate` made this store's tables (it found none)."""
+
+    def check(self) -> None:
+        """Raise :class:`StoreNotFound` unless the database exists with every migration applied."""
+        db, client = self.conn.db, self.conn.client
+        with self.conn.lock:
+            if not int(client.command(f"EXISTS DATABASE {db}")):
+                raise StoreNotFound(f"the store has no database {db!r}")
+            applied = set()
+            if int(client.command(f"EXISTS TABLE {db}.schema_migrations")):
+                applied = {int(r[0]) for r in client.query(f"SELECT version FROM {db}.schema_migrations").result_rows}
+        pending = [f"{m.version:04d}_{m.name}" for m in migrations() if m.version not in applied]
+        if pending:
+            raise StoreOutdated(f"the store's schema is behind this burnwatch ({', '.join(pending)} not applied): "
+                                "run `burnwatch db migrate`")  # fmt: skip
 
     def migrate(self) -> list[str]:
         """Apply the migrations not yet recorded in ``schema_migrations``, in order; returns
@@ -62,6 +80,7 @@ class Schema:
         db, client = self.conn.db, self.conn.client
         applied_now = []
         with self.conn.lock:
+            self.created = self.created or not int(client.command(f"EXISTS TABLE {db}.resource_usage"))
             client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
             client.command(
                 f"""CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
@@ -90,9 +109,44 @@ class Schema:
         return self.conn.query(f"SELECT version, name, checksum, applied_at FROM {self.conn.db}.schema_migrations FINAL "
                                "ORDER BY version")  # fmt: skip
 
-    def set_event_ttl(self, days: int) -> None:
+    def missing_tables(self) -> list[str]:
+        """Tables and views the migrations make that the database lacks (dropped by hand, or
+        lost): a store missing one is not up to date, whatever ``schema_migrations`` says."""
+        made = dict.fromkeys(name for m in migrations() for name in _MADE.findall(m.sql))
+        present = {r["name"] for r in self.conn.query("SELECT name FROM system.tables WHERE database = %(db)s",
+                                                      {"db": self.conn.db})}  # fmt: skip
+        return [name for name in made if name not in present]
+
+    def restore_missing(self) -> list[str]:
+        """Make the tables :meth:`missing_tables` names again, by running every migration's
+        statements again in order (each is idempotent); returns those it made."""
+        missing = self.missing_tables()
+        if missing:
+            with self.conn.lock:
+                for migration in migrations():
+                    for statement in migration.statements(self.conn.db):
+                        self.conn.client.command(statement)
+            log.warning("tables_restored", database=self.conn.db, tables=missing)
+        return [name for name in missing if name not in self.missing_tables()]
+
+    def event_ttl(self) -> int:
+        """Days of event time the raw tables keep (0: forever), as the store says."""
+        ddl = self.conn.query("SELECT create_table_query AS ddl FROM system.tables WHERE database = %(db)s "
+                              "AND name = 'resource_usage'", {"db": self.conn.db})  # fmt: skip
+        found = re.search(r"TTL toDateTime\(ts\) \+ toIntervalDay\((\d+)\)", ddl[0]["ddl"]) if ddl else None
+        return int(found.group(1)) if found else 0
+
+    def set_event_ttl(self, days: int, *, explicit: bool = True) -> int:
         """Keep raw events ``days`` days of event time (0: forever); rollups are kept. A change
-        applies to existing data as ClickHouse merges it, not in one rewrite at start."""
+        applies to existing data as ClickHouse merges it, not in one rewrite at start. Returns
+        the days in force.
+
+        ``explicit=False`` says ``days`` is only the default, which nobody set: it applies to
+        a store this process created, and a store that exists keeps its own, so that a store
+        kept forever (the demo's, a replay dated in the past) does not start deleting its
+        events because a command ran with the environment's default."""
+        if not explicit and not self.created:
+            return self.event_ttl()
         db = self.conn.db
         for table in RAW_TABLES:
             ddl = self.conn.query("SELECT create_table_query AS ddl FROM system.tables WHERE database = %(db)s "
@@ -107,3 +161,4 @@ class Schema:
                 continue
             self.conn.command(statement)
             log.info("event_ttl_set", table=table, days=days)
+        return max(days, 0)
