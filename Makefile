@@ -1,30 +1,38 @@
-# burnwatch: `make demo` and `make test` are the two commands; both install into .venv first.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# burnwatch: `make demo` and `make test` are the two commands; both install into .venv first
+# (`make install`: burnwatch and what it runs on; `make test` adds the test tools).
+PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.13 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install demo test test-fast bench eval lint clean
+.PHONY: install install-test demo test test-fast bench eval lint clean
 
 install: $(STAMP)
 
+install-test: $(TEST_STAMP)
+
 $(STAMP): pyproject.toml
-	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "burnwatch needs Python 3.11, found " + sys.version'
+	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "burnwatch needs Python 3.11, 3.12 or 3.13, found " + sys.version'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(TEST_STAMP)
 
 demo: install
 	$(BIN)/burnwatch demo
 
-test: install
+test: install-test
 	$(BIN)/python -m pytest
 
-lint: install
+lint: install-test
 	$(BIN)/ruff check detector streams bench tests
 
-test-fast: install
+test-fast: install-test
 	$(BIN)/python -m pytest -m "not integration"
 
 bench: install

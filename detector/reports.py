@@ -1,8 +1,9 @@
 """Named post-mortem reports: one parameterised query each over the rollups and alerts.
 
 ``burnwatch query REPORT [--since 7d] [--team T] [--format table|csv|json]`` runs one.
-The period ends at the newest event time in the store (so a replayed or simulated fleet
-reports like a live one) and starts ``--since`` before it. Parameters are bound by
+The period ends at the newest event time in the store, rounded up to a whole hour (so a
+replayed or simulated fleet reports like a live one, and every hourly rollup of the period
+counts) and starts ``--since`` before it. Parameters are bound by
 ClickHouse (``{since:DateTime('UTC')}``), never pasted into the SQL: the same text runs
 in ``clickhouse-client --param_since=... --param_until=... --param_team=...`` after
 ``USE burnwatch``; docs/postmortem.md shows each one. ``{db}`` is the only thing
@@ -14,11 +15,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["REPORTS", "Report", "format_rows", "period", "run_report"]
+__all__ = ["REPORTS", "Report", "format_rows", "newest_event_time", "period", "run_report"]
 
 
 @dataclass(frozen=True)
@@ -138,15 +140,28 @@ ORDER BY alerts DESC"""),
 ]}  # fmt: skip
 
 
-def period(store: Any, since_s: float) -> tuple[datetime, datetime]:
-    """(since, until): until is the newest event time in the store (rollups or alerts)."""
-    rows = store.query(
-        f"SELECT greatest((SELECT max(hour) + 3600 FROM {store.db}.usage_hourly), "
-        f"(SELECT toDateTime(max(updated_at)) + 1 FROM {store.db}.alerts)) AS until"
+def newest_event_time(store: Any) -> float | None:
+    """The newest event time the store knows (the end of its newest hourly rollup, or its
+    newest alert change), in epoch seconds; None when it holds neither."""
+    (row,) = store.query(
+        f"SELECT (SELECT count() FROM {store.db}.usage_hourly) AS hours, "
+        f"(SELECT toUnixTimestamp(max(hour)) + 3600 FROM {store.db}.usage_hourly) AS rollups_end, "
+        f"(SELECT count() FROM {store.db}.alerts) AS changes, "
+        f"(SELECT toUnixTimestamp64Milli(max(updated_at)) FROM {store.db}.alerts) AS alerts_end_ms"
     )
-    until = rows[0]["until"].replace(tzinfo=timezone.utc)
-    since = datetime.fromtimestamp(until.timestamp() - since_s, tz=timezone.utc)
-    return since, until
+    ends = ([float(row["rollups_end"])] if row["hours"] else []) + ([row["alerts_end_ms"] / 1000] if row["changes"] else [])
+    return max(ends) if ends else None
+
+
+def period(store: Any, since_s: float) -> tuple[datetime, datetime]:
+    """[since, until): until is the newest event time in the store rounded up to a whole
+    hour (a time on the hour stays), since is ``since_s`` before it. Whole hours, because
+    the reports read hourly rollups: a period ending a second past the hour would start a
+    second past the hour too, and leave out its first rollup (``--since 1d`` read 23 hours)."""
+    newest = newest_event_time(store) or 0.0
+    until = math.ceil(newest / 3600) * 3600
+    return (datetime.fromtimestamp(until - since_s, tz=timezone.utc),
+            datetime.fromtimestamp(until, tz=timezone.utc))  # fmt: skip
 
 
 def run_report(store: Any, name: str, since_s: float, team: str = "") -> list[dict[str, Any]]:

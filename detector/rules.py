@@ -341,6 +341,9 @@ class _RuleFile:
     errors: list[RuleError] = field(default_factory=list)
     allow_no_rules: bool = False
     """The file says that no enabled rule (detection off) is intended."""
+    names: list[tuple[int, str, int]] = field(default_factory=list)
+    """(index, name, line) of every rule that has a name, valid or not: duplicates are
+    reported with the file's other errors, not only once those are fixed."""
 
 
 def _validate_file(path: Path) -> _RuleFile:
@@ -369,6 +372,8 @@ def _validate_file(path: Path) -> _RuleFile:
     silence_items = data.get("silences") or []
     if not isinstance(silence_items, list):
         return _RuleFile(errors=[RuleError(file, lines.get(("silences",), 0), "silences", "expected a list of silences")])
+    names = [(i, item["name"], lines.get(("rules", i, "name"), 0)) for i, item in enumerate(items)
+             if isinstance(item, dict) and isinstance(item.get("name"), str)]  # fmt: skip
     allow = data.get("allow_no_rules", False)
     if not isinstance(allow, bool):
         line = lines.get(("allow_no_rules",), 0)
@@ -398,7 +403,9 @@ def _validate_file(path: Path) -> _RuleFile:
         errors.extend(override_errors)
         if not override_errors:
             rules.append(rule)
-    return _RuleFile(rules, silences, allow_no_rules=allow) if not errors else _RuleFile(errors=errors)
+    if errors:
+        return _RuleFile(errors=errors, names=names)
+    return _RuleFile(rules, silences, allow_no_rules=allow, names=names)
 
 
 def _override_params(rule: Any, override: Override) -> Any:
@@ -435,12 +442,12 @@ def _validate_rule_files(path: str | Path) -> tuple[list[tuple[Path, Any]], list
         errors.extend(contents.errors)
         allow_no_rules = allow_no_rules or contents.allow_no_rules
         silences.extend((file, i, s) for i, s in enumerate(contents.silences))
-        for i, rule in enumerate(contents.rules):
-            if rule.name in seen:
-                message = f"duplicate rule name {rule.name!r} (also in {seen[rule.name]})"
-                errors.append(RuleError(str(file), 0, f"rules[{i}].name", message))
-            seen[rule.name] = str(file)
-            rules.append((file, rule))
+        for i, name, line in contents.names:
+            if name in seen:
+                errors.append(RuleError(str(file), line, f"rules[{i}].name",
+                                        f"duplicate rule name {name!r} (also in {seen[name]})"))  # fmt: skip
+            seen.setdefault(name, f"{file}:{line}")
+        rules.extend((file, rule) for rule in contents.rules)
     for file, i, silence in silences:
         for name in silence.rules:
             if name not in seen:

@@ -9,6 +9,7 @@ one insert per event would cap the whole worker at ~200 events/s.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import struct
 import threading
@@ -32,7 +33,10 @@ from detector.pricing import Pricer, Pricing
 from detector.suppression import Hold, Silence, snooze
 from detector.units import epoch, one_line
 
-__all__ = ["EventBatch", "Migration", "Store", "alert_from_row", "connect", "epoch", "migrations"]
+__all__ = [
+    "EventBatch", "Migration", "Store", "StoreBusy", "StoreNotFound", "StoreOutdated", "alert_from_row", "chdb_dir",
+    "connect", "epoch", "migrations",
+]  # fmt: skip
 
 log = structlog.get_logger("burnwatch.store")
 
@@ -41,6 +45,8 @@ _json = msgspec.json.Encoder()
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 RAW_TABLES = ("resource_usage", "gpu_metrics", "run_events")
+_MADE = re.compile(r"CREATE\s+(?:TABLE|(?:MATERIALIZED\s+)?VIEW)\s+IF\s+NOT\s+EXISTS\s+\{db\}\.(\w+)", re.IGNORECASE)
+"""The name of each table or view a migration makes."""
 
 
 @dataclass(frozen=True)
@@ -242,16 +248,86 @@ def _source_columns(runs: list[tuple[tuple[str, int, int], int]]) -> list[list]:
     return [topics, partitions, offsets]
 
 
-def connect(dsn: str) -> Any:
-    """A clickhouse-connect client for ``chdb:///dir``, ``chdb://memory`` or ``http(s)://…``."""
+class StoreNotFound(LookupError):
+    """No burnwatch store where the settings point (or one whose schema is behind this
+    code): commands that only read never create one, so a mistyped path is an error."""
+
+
+class StoreOutdated(StoreNotFound):
+    """The store's schema is behind this code: ``burnwatch db migrate`` brings it up to date."""
+
+
+class StoreBusy(ConnectionError):
+    """The embedded store's directory is held by another process (chdb: one per directory)."""
+
+
+def chdb_dir(dsn: str) -> Path | None:
+    """The directory of a ``chdb:///dir`` DSN; None for ``chdb://memory`` and servers."""
     parsed = urlparse(dsn)
     if parsed.scheme == "chdb" and parsed.path not in ("", "/memory") and parsed.netloc != "memory":
-        Path(parsed.path).mkdir(parents=True, exist_ok=True)
+        return Path(parsed.path)
+    return None
+
+
+def _holder(directory: Path) -> str | None:
+    """Who holds an embedded store (``a running worker (pid N: command)``): the process whose
+    pid ClickHouse wrote in the store's ``status`` file, if it still has that file open. None
+    when nobody does, or this process does. Read from /proc, so nothing is locked to find out."""
+    status = directory / "status"
+    try:
+        found = re.search(r"PID: (\d+)", status.read_text(errors="replace"))
+    except OSError:
+        return None
+    pid = int(found.group(1)) if found else os.getpid()
+    if pid == os.getpid():
+        return None
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:  # gone (or no /proc here)
+        return None
+    except PermissionError:  # another user's process: alive, and most likely the holder
+        fds = []
+    else:
+        target = str(status.resolve())
+        opened = []
+        for fd in fds:
+            try:
+                opened.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+        if target not in opened:
+            return None
+    try:
+        command = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split())
+    except OSError:
+        command = ""
+    what = "a running worker" if " worker" in command else "another process"
+    return f"{what} (pid {pid}" + (f": {command[:120]}" if command else "") + ")"
+
+
+def connect(dsn: str, create: bool = True) -> Any:
+    """A clickhouse-connect client for ``chdb:///dir``, ``chdb://memory`` or ``http(s)://…``.
+    ``create=False``: an embedded store's directory must hold one already (:class:`StoreNotFound`).
+    An embedded store another process holds is :class:`StoreBusy`, saying who and what to do."""
+    from detector.logs import redact, redact_dsn
+
+    directory = chdb_dir(dsn)
+    if directory is not None:
+        if not create and not (directory / "metadata").is_dir():
+            raise StoreNotFound(f"no store at {directory}" + (" (the directory holds no ClickHouse data)"
+                                                              if directory.exists() else ""))  # fmt: skip
+        holder = _holder(directory)
+        if holder is not None:
+            raise StoreBusy(
+                f"the embedded store {directory} is held by {holder}, and one process at a time opens it. To query "
+                "it, stop that process, or have one process own the store and share it: `burnwatch store serve "
+                f"--dsn chdb://{directory}`, then BURNWATCH_CLICKHOUSE_DSN=http://127.0.0.1:8123 for the workers "
+                "and for these commands"
+            )
+        directory.mkdir(parents=True, exist_ok=True)
     try:
         return clickhouse_connect.get_client(dsn=dsn)
     except Exception as exc:  # its message may quote the DSN, password included
-        from detector.logs import redact, redact_dsn
-
         raise ConnectionError(f"cannot connect to ClickHouse at {redact_dsn(dsn)}: {redact(str(exc))}") from None
 
 
@@ -262,12 +338,37 @@ class Store:
         self.client = client
         self.db = database
         self._lock = threading.Lock()
+        self.created = False
+        """Whether :meth:`migrate` made this store's tables (it found none)."""
 
     @classmethod
-    def open(cls, dsn: str, database: str = "burnwatch") -> Store:
-        store = cls(connect(dsn), database)
-        store.migrate()
+    def open(cls, dsn: str, database: str = "burnwatch", *, create: bool = True) -> Store:
+        """The store at ``dsn``. ``create``: make it, or migrate it, as needed (the worker,
+        ``db migrate``); otherwise it must exist with its schema up to date (the commands
+        that only read: a mistyped path or database is :class:`StoreNotFound`, not a new
+        empty store)."""
+        store = cls(connect(dsn, create=create), database)
+        try:
+            if create:
+                store.migrate()
+            else:
+                store.check_schema()
+        except BaseException:
+            store.close()
+            raise
         return store
+
+    def check_schema(self) -> None:
+        """Raise :class:`StoreNotFound` unless the database exists with every migration applied."""
+        if not int(self.client.command(f"EXISTS DATABASE {self.db}")):
+            raise StoreNotFound(f"the store has no database {self.db!r}")
+        applied = set()
+        if int(self.client.command(f"EXISTS TABLE {self.db}.schema_migrations")):
+            applied = {int(r[0]) for r in self.client.query(f"SELECT version FROM {self.db}.schema_migrations").result_rows}
+        pending = [f"{m.version:04d}_{m.name}" for m in migrations() if m.version not in applied]
+        if pending:
+            raise StoreOutdated(f"the store's schema is behind this burnwatch ({', '.join(pending)} not applied): "
+                                "run `burnwatch db migrate`")  # fmt: skip
 
     def close(self) -> None:
         with self._lock:
@@ -278,6 +379,7 @@ class Store:
         their names. Safe on every start (and by ``burnwatch db migrate``)."""
         applied_now = []
         with self._lock:
+            self.created = self.created or not int(self.client.command(f"EXISTS TABLE {self.db}.resource_usage"))
             self.client.command(f"CREATE DATABASE IF NOT EXISTS {self.db}")
             self.client.command(
                 f"""CREATE TABLE IF NOT EXISTS {self.db}.schema_migrations (
@@ -306,9 +408,44 @@ class Store:
         return self.query(f"SELECT version, name, checksum, applied_at FROM {self.db}.schema_migrations FINAL "
                           "ORDER BY version")  # fmt: skip
 
-    def set_event_ttl(self, days: int) -> None:
+    def missing_tables(self) -> list[str]:
+        """Tables and views the migrations make that the database lacks (dropped by hand, or
+        lost): a store missing one is not up to date, whatever ``schema_migrations`` says."""
+        made = dict.fromkeys(name for m in migrations() for name in _MADE.findall(m.sql))
+        present = {r["name"] for r in self.query("SELECT name FROM system.tables WHERE database = %(db)s",
+                                                 {"db": self.db})}  # fmt: skip
+        return [name for name in made if name not in present]
+
+    def restore_missing(self) -> list[str]:
+        """Make the tables :meth:`missing_tables` names again, by running every migration's
+        statements again in order (each is idempotent); returns those it made."""
+        missing = self.missing_tables()
+        if missing:
+            with self._lock:
+                for migration in migrations():
+                    for statement in migration.statements(self.db):
+                        self.client.command(statement)
+            log.warning("tables_restored", database=self.db, tables=missing)
+        return [name for name in missing if name not in self.missing_tables()]
+
+    def event_ttl(self) -> int:
+        """Days of event time the raw tables keep (0: forever), as the store says."""
+        ddl = self.query("SELECT create_table_query AS ddl FROM system.tables WHERE database = %(db)s "
+                         "AND name = 'resource_usage'", {"db": self.db})  # fmt: skip
+        found = re.search(r"TTL toDateTime\(ts\) \+ toIntervalDay\((\d+)\)", ddl[0]["ddl"]) if ddl else None
+        return int(found.group(1)) if found else 0
+
+    def set_event_ttl(self, days: int, *, explicit: bool = True) -> int:
         """Keep raw events ``days`` days of event time (0: forever); rollups are kept. A change
-        applies to existing data as ClickHouse merges it, not in one rewrite at start."""
+        applies to existing data as ClickHouse merges it, not in one rewrite at start. Returns
+        the days in force.
+
+        ``explicit=False`` says ``days`` is only the default, which nobody set: it applies to
+        a store this process created, and a store that exists keeps its own, so that a store
+        kept forever (the demo's, a replay dated in the past) does not start deleting its
+        events because a command ran with the environment's default."""
+        if not explicit and not self.created:
+            return self.event_ttl()
         for table in RAW_TABLES:
             ddl = self.query("SELECT create_table_query AS ddl FROM system.tables WHERE database = %(db)s "
                              "AND name = %(table)s", {"db": self.db, "table": table})[0]["ddl"]  # fmt: skip
@@ -323,6 +460,7 @@ class Store:
             with self._lock:
                 self.client.command(statement)
             log.info("event_ttl_set", table=table, days=days)
+        return max(days, 0)
 
     # -- events ------------------------------------------------------------------
 

@@ -108,7 +108,7 @@ def run_worker(settings: Settings) -> None:
     asyncio.set_event_loop(asyncio.new_event_loop())
     settings.data_dir.mkdir(parents=True, exist_ok=True)  # Faust's data; with a server DSN nothing else makes it
     store = Store.open(settings.dsn, settings.clickhouse_database)
-    store.set_event_ttl(settings.event_ttl_days)
+    store.set_event_ttl(settings.event_ttl_days, explicit="event_ttl_days" in settings.model_fields_set)
     try:
         app, _ = build_worker_app(settings, store)
         worker = faust.Worker(

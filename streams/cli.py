@@ -1,7 +1,7 @@
 """``burnwatch``: the command line.
 
     burnwatch demo                          embedded broker + ClickHouse + worker + simulated fleet
-    burnwatch worker                        the streaming worker (Faust)
+    burnwatch worker                        the streaming worker (Faust); --help lists its environment
     burnwatch simulate --out fleet.jsonl    a synthetic fleet with labelled waste
     burnwatch replay fleet.jsonl            publish a replay file to Kafka
     burnwatch backtest fleet.jsonl --json   run the rules in-process, print the alerts
@@ -12,6 +12,11 @@
     burnwatch query waste --since 7d --team nlp --format csv   a named post-mortem report
     burnwatch sql "SELECT ..."              ad hoc post-mortem query against the store
     burnwatch store serve [--port 8123]     own the embedded store, serve it to several workers over HTTP
+
+Every command that uses the store says which one on stderr, and the commands that only
+read it (``query``, ``sql``, ``backtest --since``, ``digest``, ``model train``) never
+create one: a mistyped data directory is an error, not a new empty store. An expected
+failure is one line on stderr and an exit code (docs/cli.md), never a traceback.
 """
 
 from __future__ import annotations
@@ -19,14 +24,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from detector.logs import configure_logging, install_redaction, redact, redact_dsn, register_settings
-from detector.settings import Settings, load_settings
+from detector.settings import ENV, Settings, load_settings
 
-__all__ = ["main"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_UNAVAILABLE", "EXIT_USAGE", "main"]
+
+EXIT_FAILED = 1
+"""The command failed for a reason it printed: invalid input, rules refused, no store, a query refused."""
+EXIT_USAGE = 2
+"""The command line itself is wrong (argparse's code)."""
+EXIT_UNAVAILABLE = 69
+"""A service is unreachable, or the embedded store is held by another process: trying later may work."""
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+"""Whoever read the output stopped reading (``| head``): as a process killed by SIGPIPE."""
 
 
 def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
@@ -38,6 +55,44 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
     return settings
 
 
+def _note(text: str) -> None:
+    """A line for the person at the terminal, on stderr: stdout stays the command's output."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _say_store(settings: Settings) -> None:
+    _note(f"store: {redact_dsn(settings.dsn)}, database {settings.clickhouse_database}")
+
+
+def _open_store(settings: Settings) -> Any:
+    """The configured store for a command that only reads it: it must exist."""
+    from detector.store import Store, StoreNotFound, StoreOutdated
+
+    _say_store(settings)
+    try:
+        return Store.open(settings.dsn, settings.clickhouse_database, create=False)
+    except StoreOutdated as exc:
+        raise SystemExit(str(exc)) from None
+    except StoreNotFound as exc:
+        raise SystemExit(_no_store(settings, exc)) from None
+
+
+def _no_store(settings: Settings, exc: Exception) -> str:
+    """Why there is no store, where its address came from, and where one may be."""
+    if settings.clickhouse_dsn:
+        source = "BURNWATCH_CLICKHOUSE_DSN"
+    else:
+        default = "" if "data_dir" in settings.model_fields_set else ", the default"
+        source = f"BURNWATCH_DATA_DIR={settings.data_dir}{default}"
+    lines = [f"{exc} (the store's address comes from {source}); nothing was created."]
+    demo = settings.data_dir / "demo"
+    if not settings.clickhouse_dsn and (demo / "clickhouse" / "metadata").is_dir():
+        lines.append(f"`burnwatch demo` keeps its store in {demo}: put BURNWATCH_DATA_DIR={shlex.quote(str(demo))} "
+                     "before the command.")  # fmt: skip
+    lines.append("A worker creates its store when it starts; `burnwatch db migrate` creates an empty one.")
+    return "\n".join(lines)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(settings.log_format, settings.log_level)
@@ -45,10 +100,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise SystemExit(
             "BURNWATCH_KAFKA_BOOTSTRAP is not set (host:port of a Kafka broker); `burnwatch demo` starts an embedded one"
         )
+    import structlog
+
     from detector.rules import RulesInvalid
     from detector.runtime import tune_gc
     from streams.app import run_worker
 
+    structlog.get_logger("burnwatch.cli").info(
+        "worker_starting", store=redact_dsn(settings.dsn), database=settings.clickhouse_database,
+        kafka=settings.kafka_bootstrap, rules=str(settings.rules_path),
+    )  # fmt: skip
+    from streams.kafka import ensure_topics
+
+    bootstrap = settings.kafka_bootstrap
+    _kafka(bootstrap, lambda: ensure_topics(bootstrap, settings.partitions))  # a broker not answering: exit 69
     tune_gc()
     try:
         run_worker(settings)
@@ -67,24 +132,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks,
         inference_endpoints=args.inference, seed=args.seed,
     )  # fmt: skip
+    bootstrap = settings.kafka_bootstrap
+    if args.publish and not bootstrap:
+        raise SystemExit("--publish needs BURNWATCH_KAFKA_BOOTSTRAP")
+    # the files are opened before the fleet is simulated: a bad path fails at once
+    labels_file = _open_for_writing(args.labels, "--labels") if args.labels else None
+    to_stdout = args.publish or not args.out or args.out == "-"
+    out = sys.stdout.buffer if to_stdout else _open_for_writing(args.out, "--out", binary=True)
     pricing = load_pricing(settings.rules_path / "pricing.yaml")
     records, labels = simulate(cfg, pricing)
-    if args.labels:
-        Path(args.labels).write_text("".join(json.dumps(label.to_json()) + "\n" for label in labels))
+    if labels_file is not None:
+        with labels_file:
+            labels_file.write("".join(json.dumps(label.to_json()) + "\n" for label in labels))
     if args.publish:
         from streams.kafka import ensure_topics, publish_records
 
-        bootstrap = settings.kafka_bootstrap or sys.exit("--publish needs BURNWATCH_KAFKA_BOOTSTRAP")
         encoded = ((topic, key, json.dumps(value).encode()) for _, topic, key, value in records)
 
         async def go() -> int:
             await ensure_topics(bootstrap, settings.partitions)
             return await publish_records(bootstrap, encoded, speed=args.speed)
 
-        n = asyncio.run(go())
+        n = _kafka(bootstrap, go)
         print(f"published {n} messages; {len(labels)} labelled waste episodes", file=sys.stderr)
         return 0
-    out = open(args.out, "wb") if args.out and args.out != "-" else sys.stdout.buffer
     try:
         n = write_replay(records, out)
     finally:
@@ -94,17 +165,53 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_for_writing(path: str, option: str, binary: bool = False) -> Any:
+    try:
+        return open(path, "wb" if binary else "w")
+    except OSError as exc:
+        raise SystemExit(f"{option} {path}: {exc.strerror}") from None
+
+
+def _kafka(bootstrap: str, go: Any) -> Any:
+    """Run the coroutine function ``go``; a broker that cannot be reached is a one-line error."""
+    from aiokafka.errors import KafkaError
+
+    try:
+        return asyncio.run(go())
+    except KafkaError as exc:
+        raise ConnectionError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+
+
+def _check_replay(path: str) -> None:
+    """Refuse a replay file before anything is published: unreadable, malformed, or with
+    records on topics burnwatch does not read (which ``backtest`` refuses as well)."""
+    from detector.events import TOPICS
+    from detector.replay import ReplayError, read_replay
+
+    stray: list[str] = []
+    try:
+        for line, record in read_replay(path):
+            if record.topic not in TOPICS:
+                stray.append(f"{path}:{line}: topic {record.topic!r}")
+    except OSError as exc:
+        raise SystemExit(f"{path}: {exc.strerror}") from None
+    except ReplayError as exc:
+        raise SystemExit(f"{exc}; nothing was published") from None
+    if stray:
+        more = f"\n... and {len(stray) - 20} more" if len(stray) > 20 else ""
+        raise SystemExit(f"{len(stray)} record(s) on a topic burnwatch does not read (it reads {', '.join(TOPICS)}; "
+                         "backtest refuses them too); nothing was published:\n" + "\n".join(stray[:20]) + more)  # fmt: skip
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
-    from detector.replay import ReplayError
     from streams.kafka import publish_file
 
     settings = _settings(args)
     if not settings.kafka_bootstrap:
         raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set")
-    try:
-        n = asyncio.run(publish_file(settings.kafka_bootstrap, args.file, settings.partitions, speed=args.speed))
-    except ReplayError as exc:
-        raise SystemExit(str(exc)) from None
+    _check_replay(args.file)
+    bootstrap = settings.kafka_bootstrap
+    n = _kafka(bootstrap, lambda: publish_file(bootstrap, args.file, settings.partitions, speed=args.speed))
     print(f"published {n} messages from {args.file}", file=sys.stderr)
     return 0
 
@@ -136,16 +243,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     other = _load_rules_or_exit(args.compare) if args.compare else None
     started = time.perf_counter()
     if args.since:
-        from detector.store import Store
-
         try:
             since = parse_duration(args.since)
         except ValueError as exc:
             raise SystemExit(f"--since: {exc}") from None
-        try:
-            store = Store.open(settings.dsn, settings.clickhouse_database)
-        except Exception as exc:  # chdb refuses a data directory another process (the worker) holds
-            raise SystemExit(f"cannot open the store {redact_dsn(settings.dsn)}: {redact(str(exc))}") from None
+        store = _open_store(settings)
         try:
             result = backtest_store(store, since, ruleset, other)
         finally:
@@ -157,6 +259,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             result = backtest(args.file, ruleset, other=other)
         except ReplayError as exc:
             raise SystemExit(str(exc)) from None
+        except OSError as exc:
+            raise SystemExit(f"{args.file}: {exc.strerror}") from None
         source = args.file
     elapsed = time.perf_counter() - started
     if other is not None and result.other is not None:
@@ -190,9 +294,9 @@ def _print_comparison(diff: Any, as_json: bool) -> None:
           f"{len(diff.removed)} (${diff.removed_usd:,.2f}); {len(diff.kept)} stay "
           f"(their dollars change by ${diff.kept_usd_change:+,.2f}).")  # fmt: skip
     by_type: dict[str, list[int]] = {}
-    for change, alerts in ((0, diff.added), (1, diff.removed)):
+    for column, alerts in ((0, diff.added), (1, diff.removed)):
         for alert in alerts:
-            by_type.setdefault(alert.type, [0, 0])[change] += 1
+            by_type.setdefault(alert.type, [0, 0])[column] += 1
     for rule_type, (added, removed) in sorted(by_type.items()):
         print(f"  {rule_type}: +{added} -{removed}")
     for sign, alerts in (("+", diff.added), ("-", diff.removed)):
@@ -206,9 +310,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from detector.evaluate import evaluate
     from detector.runtime import tune_gc
 
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"--seeds {args.seeds!r}: expected simulator seeds as integers with commas, e.g. 1,2,3") from None
     tune_gc()
     ruleset = _load_rules_or_exit(args.rules or _settings(args).rules_path)
-    seeds = [int(s) for s in args.seeds.split(",")]
     started = time.perf_counter()
     if args.model:
         from detector.evaluate import evaluate_model
@@ -287,14 +394,13 @@ def cmd_digest(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
     from detector.digest import build_digests, digest_chart, render_digest
-    from detector.store import Store
 
     settings = _settings(args)
     try:
         day = datetime.strptime(args.day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
     except ValueError:
         raise SystemExit(f"--day {args.day!r}: expected YYYY-MM-DD") from None
-    store = Store.open(settings.dsn, settings.clickhouse_database)
+    store = _open_store(settings)
     try:
         digests = build_digests(store, day)
     finally:
@@ -316,40 +422,77 @@ def cmd_digest(args: argparse.Namespace) -> int:
             print(f"  team {team:<23}${usd:>12,.2f}")
         for o in d.top:
             print(f"  top: {o['resource_id']} ({o['type']}, {o['team']}) ${o['usd']:,.2f}")
+        if d.could_save:  # kept apart from the waste above, as in the Slack digest
+            print(f"  could be saved (not waste, not in the total): ${sum(d.could_save.values()):,.2f}")
+            for rule_type, usd in sorted(d.could_save.items(), key=lambda kv: -kv[1]):
+                print(f"    {rule_type:<26}${usd:>12,.2f}")
         if notifier is not None:
             notifier.post_digest(d, render_digest(d), digest_chart(d))
     return 0
 
 
-def cmd_model(args: argparse.Namespace) -> int:
-    from detector.model.forest import ModelSet
+def _load_models_or_exit(directory: Path) -> Any:
+    """The models in ``directory``; a refused file (an old pickle, a foreign or damaged file) is
+    a one-line error naming it, not a traceback."""
+    from detector.model.forest import ModelRefused, ModelSet
 
+    try:
+        return ModelSet.load(directory)
+    except ModelRefused as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def cmd_model(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.dir) if args.dir else settings.model_path
     if args.model_command == "show":
-        models = ModelSet.load(out)
+        models = _load_models_or_exit(out)
         if not models:
             print(f"no model in {out}: the worker runs rules only")
             return 0
         for artifact in models.artifacts.values():
             print(json.dumps(artifact.meta(), indent=2))
         return 0
-    from detector.model.train import train_from_store
-    from detector.store import Store
-    from detector.units import parse_duration
+    from detector.model.train import MIN_SAMPLES, train_from_store
+    from detector.units import format_duration, parse_duration, rfc3339
 
-    ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
-    store = Store.open(settings.dsn, settings.clickhouse_database)
     try:
-        artifacts, ts = train_from_store(store, parse_duration(args.since), ruleset, out, quantile=args.quantile,
-                                         margin=args.margin)  # fmt: skip
+        since = parse_duration(args.since)
+    except ValueError as exc:
+        raise SystemExit(f"--since: {exc}") from None
+    ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
+    before = _load_models_or_exit(out)
+    store = _open_store(settings)
+    try:
+        artifacts, ts = train_from_store(store, since, ruleset, out, quantile=args.quantile, margin=args.margin)
     finally:
         store.close()
-    for group, windows in sorted(ts.windows.items()):
-        trained = next((a for a in artifacts if a.group == group), None)
-        what = f"trained on {trained.samples}, threshold {trained.threshold:.4f}" if trained else "too few windows: no model"
+    trained = {a.group: a for a in artifacts}
+
+    def kept(group: str) -> str:
+        old = before.get(group)
+        if old is None:
+            return "no model: the worker runs rules only for it"
+        return f"the model trained on {rfc3339(old.trained_from)} to {rfc3339(old.trained_to)} stays in use"
+
+    for group in sorted(set(ts.windows) | set(before.artifacts)):
+        windows = ts.windows.get(group, [])
+        a = trained.get(group)
+        if a is not None:
+            what = f"trained on {a.samples}, threshold {a.threshold:.4f}"
+        else:
+            what = f"too few windows to train (it takes {MIN_SAMPLES}): {kept(group)}"
         print(f"{group}: {len(windows)} windows, {ts.excluded.get(group, 0)} left out (behaviour incidents); {what}")
-    print(f"artifacts in {out}; a running worker loads them within 30 s")
+    if not artifacts:
+        total = sum(len(w) for w in ts.windows.values())
+        span = f" ({format_duration(ts.span[1] - ts.span[0])} of event time)" if total else ""
+        old = (f"the models already in {out} stay in use ({', '.join(sorted(before.artifacts))})" if before
+               else f"{out} holds no model: the worker runs rules only")  # fmt: skip
+        _note(f"trained nothing: {total} windows in the {args.since} before the newest stored event{span}, and no "
+              f"group has {MIN_SAMPLES} to learn from (a longer --since, or more history, gives more); {old}")  # fmt: skip
+        return EXIT_FAILED
+    print(f"trained {len(artifacts)} of {len(set(ts.windows) | set(before.artifacts))} groups; artifacts in {out}; "
+          "a running worker loads them within 30 s")  # fmt: skip
     return 0
 
 
@@ -386,28 +529,46 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_db_migrate(args: argparse.Namespace) -> int:
-    from detector.store import Store, connect
+    from detector.store import RAW_TABLES, Store, connect
 
     settings = _settings(args)
+    explicit_ttl = "event_ttl_days" in settings.model_fields_set
+    _say_store(settings)
     store = Store(connect(settings.dsn), settings.clickhouse_database)
     try:
         applied = store.migrate()
-        store.set_event_ttl(settings.event_ttl_days)
+        restored = store.restore_missing()
+        missing = store.missing_tables()
+        days = store.set_event_ttl(settings.event_ttl_days, explicit=explicit_ttl)
+        expiring = 0
+        if explicit_ttl and days > 0:
+            expiring = sum(store.query(f"SELECT count() AS n FROM {store.db}.{table} "
+                                       f"WHERE ts < now() - toIntervalDay({days})")[0]["n"] for table in RAW_TABLES)  # fmt: skip
         history = store.applied_migrations()
     finally:
         store.close()
-    print(f"{redact_dsn(settings.dsn)} database {settings.clickhouse_database}: "
-          f"{'applied ' + ', '.join(applied) if applied else 'up to date'}")  # fmt: skip
+    done = (["created the store"] if store.created else []) + (["applied " + ", ".join(applied)] if applied else [])
+    done += [f"made again the missing {', '.join(restored)}"] if restored else []
+    print(f"{redact_dsn(settings.dsn)} database {settings.clickhouse_database}: {'; '.join(done) or 'up to date'}")
     for m in history:
         print(f"  {m['version']:04d}_{m['name']}  {m['checksum']}  applied {m['applied_at']:%Y-%m-%d %H:%M:%S}")
-    ttl = f"{settings.event_ttl_days} days of event time" if settings.event_ttl_days else "forever"
-    print(f"raw events kept {ttl}; rollups kept forever")
+    if explicit_ttl:
+        why = "(BURNWATCH_EVENT_TTL_DAYS)"
+    elif store.created:
+        why = "(the default for a new store; BURNWATCH_EVENT_TTL_DAYS sets it)"
+    else:
+        why = "(the store's own: BURNWATCH_EVENT_TTL_DAYS changes it, a default never does)"
+    print(f"raw events kept {f'{days} days of event time' if days else 'forever'} {why}; rollups kept forever")
+    if expiring:
+        print(f"{expiring:,} raw events are older than {days} days of event time: ClickHouse deletes them as it "
+              "merges (their hourly rollups stay)")  # fmt: skip
+    if missing:
+        raise SystemExit(f"still missing after migrating: {', '.join(missing)}")
     return 0
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from detector.reports import REPORTS, format_rows, run_report
-    from detector.store import Store
+    from detector.reports import REPORTS, format_rows, newest_event_time, period, run_report
     from detector.units import parse_duration
 
     if args.report not in REPORTS:
@@ -418,8 +579,14 @@ def cmd_query(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"--since: {exc}") from None
     settings = _settings(args)
-    store = Store.open(settings.dsn, settings.clickhouse_database)
+    store = _open_store(settings)
     try:
+        if newest_event_time(store) is None:
+            _note("the store holds no events yet")
+        else:
+            start, end = period(store, since)
+            _note(f"period: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, the {args.since} before the newest "
+                  "event time")  # fmt: skip
         rows = run_report(store, args.report, since, args.team or "")
     finally:
         store.close()
@@ -428,16 +595,14 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from detector.store import Store
+    from detector.reports import format_rows
 
     settings = _settings(args)
-    store = Store.open(settings.dsn, settings.clickhouse_database)
+    store = _open_store(settings)
     try:
         rows = store.query(args.query)
     finally:
         store.close()
-    from detector.reports import format_rows
-
     sys.stdout.write(format_rows(rows, args.format))
     return 0
 
@@ -464,15 +629,73 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from streams.demo import run_demo
 
-    return run_demo(_settings(args), hours=args.hours, speed=args.speed)
+    return run_demo(_settings(args), hours=args.hours, speed=args.speed, config=args.config)
+
+
+_ENV_HELP = {
+    "kafka_bootstrap": "host:port[,...] of the Kafka brokers (required)",
+    "clickhouse_dsn": "chdb:///dir, chdb://memory or http://user:pass@host:8123",
+    "clickhouse_database": "database of all tables",
+    "rules_path": "rules file or directory (pricing, routing, limits beside it)",
+    "data_dir": "local data: the embedded ClickHouse (<data dir>/clickhouse), Faust's state",
+    "app_id": "Kafka consumer group: workers with one id share the partitions",
+    "partitions": "partitions of the topics it creates",
+    "web_port": "port of /healthz, /metrics, /slack/actions",
+    "web_host": "address that web server binds",
+    "batch_max_messages": "a batch closes at this many messages",
+    "batch_within_s": "... or after this many seconds",
+    "session_timeout_s": "Kafka group session timeout",
+    "log_format": "auto, json or console",
+    "log_level": "debug, info, warning or error",
+    "slack_bot_token": "post with a bot (with SLACK_CHANNEL)",
+    "slack_channel": "the bot's default channel",
+    "slack_webhook_url": "or post through an incoming webhook",
+    "slack_base_url": "a local Slack stand-in (tests)",
+    "slack_signing_secret": "verifies button clicks on /slack/actions",
+    "slack_charts": "a chart in each incident's thread",
+    "model_dir": "anomaly model artifacts (default <data dir>/models)",
+    "model_retrain_every": "retrain on this schedule, e.g. 24h (default: never)",
+    "model_train_since": "history a retraining reads",
+    "event_ttl_days": "days of event time raw events are kept, 0 forever; a new store "
+                      "takes it, an existing one keeps its own unless this is set",
+    "stall_exit_s": "exit 70 after this long without a write to ClickHouse",
+}  # fmt: skip
+
+
+def _environment_help() -> str:
+    """The worker's settings, for ``worker --help``: each variable, what it does, its default."""
+    lines = ["environment (or, in --config FILE, the same settings by their lower-case names: "
+             "kafka_bootstrap: ...):", f"  {'BURNWATCH_CONFIG':<30} that YAML file (the environment wins over it)"]  # fmt: skip
+    for key, var in ENV.items():
+        default = Settings.model_fields[key].default
+        shown = "" if default in (None, "") else f" [{str(default).lower() if isinstance(default, bool) else default}]"
+        if key == "clickhouse_dsn":
+            shown = " [chdb://<data dir>/clickhouse]"
+        lines.append(f"  {var:<30} {_ENV_HELP.get(key, '')}{shown}")
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("burnwatch")
+    except PackageNotFoundError:
+        installed = "(not installed)"
+    return f"burnwatch {installed} (Python {platform.python_version()})"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="burnwatch", description="Catch ML cloud waste while it happens.")
+    parser = argparse.ArgumentParser(prog="burnwatch", description="Catch ML cloud waste while it happens.",
+                                     epilog="Exit codes: docs/cli.md.")  # fmt: skip
     parser.add_argument("--config", help="YAML config file (env: BURNWATCH_CONFIG)")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("worker", help="run the streaming worker").set_defaults(func=cmd_worker)
+    sub.add_parser("worker", help="run the streaming worker", description="Run the streaming worker: read the "
+                   "input topics, store every event, detect, alert.", epilog=_environment_help(),
+                   formatter_class=argparse.RawDescriptionHelpFormatter).set_defaults(func=cmd_worker)  # fmt: skip
 
     p = sub.add_parser("simulate", help="generate a simulated fleet with labelled waste")
     p.add_argument("--hours", type=float, default=24.0)
@@ -596,15 +819,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _expected_failure(exc: Exception) -> tuple[str, int] | None:
+    """(message, exit code) for a failure a user can meet and act on; None for a bug (its
+    traceback is shown). Library types are looked up only if the command imported them."""
+    if isinstance(exc, ConnectionError):  # the embedded store held by a worker; a server or broker not answering
+        return str(exc), EXIT_UNAVAILABLE
+    clickhouse = sys.modules.get("clickhouse_connect.driver.exceptions")
+    if clickhouse is not None and isinstance(exc, clickhouse.OperationalError):
+        return f"ClickHouse is unavailable: {_first_line(exc)}", EXIT_UNAVAILABLE
+    if clickhouse is not None and isinstance(exc, clickhouse.ClickHouseError):
+        return f"ClickHouse refused the query: {_first_line(exc)}", EXIT_FAILED
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror}", EXIT_FAILED
+    return None
+
+
+def _first_line(exc: Exception, limit: int = 600) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit code (docs/cli.md)."""
     args = build_parser().parse_args(argv)
     install_redaction()
+    if args.func not in (cmd_worker, cmd_store_serve):  # those configure it from their settings
+        configure_logging("auto", "warning")  # stdout is the command's output: log lines go to stderr
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone away shows here, not as a traceback at exit
+        return code
     except SystemExit as exc:
         if isinstance(exc.code, str):  # a message for the user: it may quote a DSN or an error
             raise SystemExit(redact(exc.code)) from None
         raise
+    except BrokenPipeError:  # `burnwatch ... | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit has nowhere to fail
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        _note("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        failure = _expected_failure(exc)
+        if failure is None:
+            raise
+        _note(redact(failure[0]))
+        return failure[1]
 
 
 if __name__ == "__main__":

@@ -3,14 +3,18 @@
 Starts the embedded broker, the worker (its ClickHouse under
 ``.burnwatch/demo/``), replays a simulated fleet at accelerated event time,
 prints each alert as the worker fires it, then a summary scored against the
-simulator's ground truth and one post-mortem query. Every process it starts
-is stopped on exit, Ctrl-C included.
+simulator's ground truth, one post-mortem query, and follow-up commands that
+read the demo's store as typed (it is not the default store, so they name it).
+Every process it starts is stopped on exit, Ctrl-C included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import os
+import shlex
 import shutil
 import sys
 import threading
@@ -72,7 +76,50 @@ def _follow_alerts(log_path: Path, stop: threading.Event) -> None:
         stop.wait(0.2)
 
 
-def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> int:
+def burnwatch_command(config: str | None = None) -> str:
+    """How to run this burnwatch again from the current directory, as typed into a shell:
+    ``burnwatch`` when that is on PATH, else the script beside this Python (``.venv/bin/burnwatch``)."""
+    script = Path(sys.executable).parent / "burnwatch"
+    on_path = shutil.which("burnwatch")
+    if on_path and script.exists() and Path(on_path).resolve() == script.resolve():
+        command = "burnwatch"
+    elif script.exists():
+        command = shlex.quote(_as_typed(script))
+    else:
+        command = f"{shlex.quote(sys.executable)} -m streams.cli"
+    return command + (f" --config {shlex.quote(config)}" if config else "")
+
+
+def _as_typed(path: Path) -> str:
+    """``path`` relative to the current directory when it lies under it, else absolute."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+def follow_up_commands(settings: Settings, workdir: Path, hours: float, first_day: str | None,
+                       config: str | None = None) -> list[str]:  # fmt: skip
+    """Commands that read the demo's store, runnable verbatim from the current directory."""
+    env = "" if settings.clickhouse_dsn else f"BURNWATCH_DATA_DIR={shlex.quote(_as_typed(workdir))} "
+    burnwatch = env + burnwatch_command(config)
+    since = f"{max(1, math.ceil(hours / 24))}d"
+    db = settings.clickhouse_database
+    sql = (f"SELECT type, count() AS alerts, round(sum(waste_usd), 2) AS usd FROM {db}.alerts FINAL "
+           "WHERE silenced = '' GROUP BY type ORDER BY usd DESC")  # fmt: skip
+    commands = [
+        f"{burnwatch} query waste --since {since}",
+        f"{burnwatch} query idle-gpus --since {since}",
+        f"{burnwatch} query egress --since {since}",
+        f'{burnwatch} sql "{sql}"',  # no character a shell expands inside double quotes
+    ]
+    if first_day:
+        commands.append(f"{burnwatch} digest --day {first_day}")
+    return commands
+
+
+def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0, config: str | None = None) -> int:
     workdir = (settings.data_dir / "demo").resolve()
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -123,7 +170,13 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> 
         _say()
         _say(f"Processed {health['events']:,} events ({health['dead_letters']} to dead-letter) "
              f"in {time.monotonic() - started:.0f}s of wall time.")  # fmt: skip
-        _summary(dsn, settings.clickhouse_database, labels)
+        first_day = _summary(dsn, settings.clickhouse_database, labels)
+        _say()
+        where = "its store" if settings.clickhouse_dsn else f"its store, {workdir / 'clickhouse'}"
+        _say(f"The demo's worker has stopped; these commands read {where} (not the default store):")
+        _say()
+        for command in follow_up_commands(settings, workdir, hours, first_day, config):
+            _say(f"    {command}")
         return 0
     except KeyboardInterrupt:
         _say("\ninterrupted; stopping")
@@ -136,7 +189,8 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0) -> 
             broker.stop()
 
 
-def _summary(dsn: str, database: str, labels: list) -> None:
+def _summary(dsn: str, database: str, labels: list) -> str | None:
+    """Print the summary; return the first alert's day of event time (YYYY-MM-DD), if any."""
     store = Store.open(dsn, database)
     try:
         alerts = store.alerts()
@@ -164,10 +218,12 @@ def _summary(dsn: str, database: str, labels: list) -> None:
         for row in rows:
             _say("    " + "  ".join(f"{str(row[c] or '(untagged)'):>12}" for c in cols))
         first = min((a["fired_at"] for a in alerts), default=None)
-        if first is not None:
-            _say()
-            _say(f"Alerts and events stay in ClickHouse ({redact_dsn(dsn)}); first alert fired at "
-                 f"{rfc3339(epoch(first))} event time.")  # fmt: skip
+        if first is None:
+            return None
+        _say()
+        _say(f"Alerts and events stay in ClickHouse ({redact_dsn(dsn)}); first alert fired at "
+             f"{rfc3339(epoch(first))} event time.")  # fmt: skip
+        return rfc3339(epoch(first))[:10]
     finally:
         store.close()
 

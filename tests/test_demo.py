@@ -1,10 +1,15 @@
-"""`burnwatch demo` end to end, on a short fleet: what `make demo` runs, kept working."""
+"""`burnwatch demo` end to end, on a short fleet: what `make demo` runs, kept working, and the
+follow-up commands it prints working as printed."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -12,21 +17,67 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
+MARK = "BURNWATCH_TEST_DEMO_RUN"
+"""Set in the demo's environment only, and so inherited by every process it starts (the
+broker, the worker): what tells them from other demos, workers or brokers on the machine."""
 
-def pids(pattern: str) -> set[str]:
-    return set(subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split())
+
+def started_by(run: str) -> set[int]:
+    """Live processes whose environment carries this run's mark: the demo and its children."""
+    found = set()
+    needle = f"{MARK}={run}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:  # gone, or another user's
+            continue
+        if needle in environ.split(b"\0"):
+            found.add(int(entry))
+    return found
 
 
-def test_demo_shows_alerts_summary_and_a_postmortem(tmp_path):
-    before = pids("streams.cli worker") | pids("tansu")
-    env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_RULES": str(ROOT / "rules"), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_demo_shows_alerts_summary_a_postmortem_and_commands_that_work(tmp_path):
+    run = uuid.uuid4().hex
+    env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_RULES": str(ROOT / "rules"), "PATH": "/usr/bin:/bin",
+           MARK: run}  # fmt: skip
+    demo = subprocess.Popen(
         [sys.executable, "-m", "streams.cli", "demo", "--hours", "12", "--speed", "3600"],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "🔥 WARNING Idle GPUs on" in out.stdout and "✅ RESOLVED Idle GPUs on" in out.stdout
-    found, injected = map(int, re.search(r"(\d+) of (\d+) injected episodes found", out.stdout).groups())
+    try:
+        # the mark finds the demo, its broker and its worker while they run (so finding none later means something)
+        wait_for(lambda: len(started_by(run) - {demo.pid}) >= 2 or demo.poll() is not None, 120, "the demo's broker and worker")
+        stdout, stderr = demo.communicate(timeout=300)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "🔥 WARNING Idle GPUs on" in stdout and "✅ RESOLVED Idle GPUs on" in stdout
+    found, injected = map(int, re.search(r"(\d+) of (\d+) injected episodes found", stdout).groups())
     assert found == injected > 0
-    assert "FROM burnwatch.alerts FINAL" in out.stdout and "wasted_usd" in out.stdout
-    assert pids("streams.cli worker") | pids("tansu") <= before  # the demo stopped what it started
+    assert "FROM burnwatch.alerts FINAL" in stdout and "wasted_usd" in stdout
+    wait_for(lambda: not started_by(run), 30, "every process the demo started to stop")
+
+    # the follow-up commands, run exactly as printed, from the directory the demo ran in
+    commands = [line.strip() for line in stdout.split("(not the default store):", 1)[1].splitlines() if line.strip()]
+    assert len(commands) >= 4 and any(" query waste " in c for c in commands)
+    for command in commands:
+        out = subprocess.run(["bash", "-c", command], env={"PATH": "/usr/bin:/bin"}, cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, f"{command}\n{out.stderr[-2000:]}"
+        assert out.stdout.strip() and "(no rows)" not in out.stdout, f"{command}\n{out.stdout}"
+        assert f"store: chdb://{tmp_path / 'demo' / 'clickhouse'}" in out.stderr  # it says which store it read
+    assert not (tmp_path / "clickhouse").exists()  # no command created a store where the demo's is not

@@ -15,7 +15,8 @@ then kept or left out deliberately:
   how the resource behaves, and the model should learn it.
 
 One isolation forest per model group (:data:`detector.model.features.FEATURE_SETS`);
-a group with fewer than ``min_samples`` windows gets no model (cold start continues).
+a group with fewer than ``min_samples`` windows gets no new model: the one it had, if any,
+stays in use (and ``burnwatch model train`` says so), else cold start continues.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ from detector.model.features import Window
 from detector.model.forest import ModelArtifact, fit
 from detector.rules import RuleSet, compile_rules, parse_rule
 
-__all__ = ["TrainingSet", "anomaly_ruleset", "train", "train_from_file", "train_from_store"]
+__all__ = ["MIN_SAMPLES", "TrainingSet", "anomaly_ruleset", "train", "train_from_file", "train_from_store"]
+
+MIN_SAMPLES = 500
+"""Windows a group needs (after leaving incidents out) to get a model."""
 
 
 @dataclass
@@ -68,7 +72,7 @@ def _incidents(alerts: Iterable[Alert], expected: set[str]) -> dict[str, list[tu
 
 
 def train(ts: TrainingSet, alerts: list[Alert], expected: set[str], out_dir: str | Path, *, quantile: float = 0.9999,
-          margin: float = 0.15, min_samples: int = 500, seed: int = 0) -> list[ModelArtifact]:  # fmt: skip
+          margin: float = 0.15, min_samples: int = MIN_SAMPLES, seed: int = 0) -> list[ModelArtifact]:  # fmt: skip
     """Fit one forest per group from the collected windows and save the artifacts."""
     incidents = _incidents(alerts, expected)
     artifacts = []

@@ -1,0 +1,301 @@
+"""The command line a newcomer meets: which store a command reads, the commands that only
+read never creating one, what ``db migrate`` and ``model train`` say and keep, and an
+expected failure being one line and an exit code (docs/cli.md), never a traceback.
+
+Each test runs ``burnwatch`` as a user does, in a subprocess (one embedded ClickHouse per
+process: the test process has its own)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from detector.settings import ENV, load_settings
+from detector.store import Store
+from streams.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_UNAVAILABLE
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def burnwatch(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("BURNWATCH_", "SLACK_"))}
+    return subprocess.run([sys.executable, "-m", "streams.cli", *args], env={**base, **(env or {})}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, **kw)  # fmt: skip
+
+
+def no_traceback(out: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, out.stderr
+
+
+@pytest.fixture
+def made(tmp_path):
+    """A data directory with an empty store in it, kept forever (as the demo's is)."""
+    env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_EVENT_TTL_DAYS": "0"}
+    out = burnwatch("db", "migrate", env=env)
+    assert out.returncode == 0, out.stderr
+    return {"BURNWATCH_DATA_DIR": str(tmp_path)}
+
+
+# -- figure 5: which store, and never a new empty one --------------------------------------------
+
+
+@pytest.mark.parametrize("command", [
+    ["query", "waste"],
+    ["sql", "SELECT 1"],
+    ["backtest", "--since", "1d"],
+    ["digest", "--day", "2026-11-02"],
+    ["model", "train"],
+])  # fmt: skip
+def test_commands_that_read_say_which_store_and_never_create_one(tmp_path, command):
+    """A mistyped data directory used to give ``(no rows)``, exit 0, and a new empty store there."""
+    typo = tmp_path / "burnwach"
+    out = burnwatch(*command, env={"BURNWATCH_DATA_DIR": str(typo), "BURNWATCH_MODEL_DIR": str(tmp_path / "m")})
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED, out.stdout
+    assert f"store: chdb://{typo / 'clickhouse'}, database burnwatch" in out.stderr
+    assert f"no store at {typo / 'clickhouse'}" in out.stderr and "BURNWATCH_DATA_DIR" in out.stderr
+    assert "(no rows)" not in out.stdout
+    assert not typo.exists()
+
+
+def test_without_a_store_the_default_data_dir_points_at_the_demos(tmp_path):
+    """``make demo`` then ``burnwatch query waste``: the demo's store is not the default one, and
+    the error says where it is and how to read it."""
+    burnwatch("db", "migrate", env={"BURNWATCH_DATA_DIR": str(tmp_path / "demo")})
+    out = burnwatch("query", "waste", env={"BURNWATCH_DATA_DIR": str(tmp_path)})
+    assert out.returncode == EXIT_FAILED
+    assert f"BURNWATCH_DATA_DIR={tmp_path / 'demo'} before the command" in out.stderr
+    assert not (tmp_path / "clickhouse").exists()
+
+
+def test_a_database_that_is_not_there_is_not_created(made):
+    out = burnwatch("query", "waste", env={**made, "BURNWATCH_CLICKHOUSE_DATABASE": "burnwatcj"})
+    assert out.returncode == EXIT_FAILED and "has no database 'burnwatcj'" in out.stderr
+    out = burnwatch("sql", "SELECT count() AS n FROM system.databases WHERE name = 'burnwatcj'", "--format", "csv",
+                    env=made)  # fmt: skip
+    assert out.stdout.splitlines() == ["n", "0"]
+
+
+def test_db_migrate_says_it_created_the_store(tmp_path):
+    out = burnwatch("db", "migrate", env={"BURNWATCH_DATA_DIR": str(tmp_path)})
+    assert out.returncode == 0 and "created the store" in out.stdout.splitlines()[0]
+    assert "raw events kept 30 days of event time (the default for a new store" in out.stdout
+
+
+def test_query_says_its_store_and_period(made):
+    out = burnwatch("query", "untagged", "--since", "1d", env=made)
+    assert out.returncode == 0 and out.stdout == "(no rows)\n"
+    assert "store: chdb://" in out.stderr and "the store holds no events yet" in out.stderr
+
+
+# -- figure 6: db migrate and model train ---------------------------------------------------------
+
+
+def test_db_migrate_leaves_a_stores_event_expiry_alone_unless_told(made):
+    """On a copy of the demo's store (kept forever, events dated in the past), ``db migrate``
+    with the environment's default turned the 30-day expiry on: 43,488 usage rows went to 0."""
+    old = ("INSERT INTO burnwatch.resource_usage (ts, resource_id, resource_type, interval_s, usd) "
+           "SELECT now64(3) - toIntervalDay(100) + toIntervalMinute(number), 'old-host', 'gpu_instance', 60, 1 "
+           "FROM numbers(300)")  # fmt: skip
+    assert burnwatch("sql", old, env=made).returncode == 0
+    out = burnwatch("db", "migrate", env=made)
+    burnwatch("sql", "OPTIMIZE TABLE burnwatch.resource_usage FINAL", env=made)  # the merge that applies a TTL
+    count = burnwatch("sql", "SELECT count() AS n FROM burnwatch.resource_usage", "--format", "csv", env=made)
+    assert count.stdout.splitlines() == ["n", "300"]
+    assert out.returncode == 0 and "raw events kept forever (the store's own" in out.stdout, out.stdout
+    told = burnwatch("db", "migrate", env={**made, "BURNWATCH_EVENT_TTL_DAYS": "30"})  # set on purpose: applied
+    assert "raw events kept 30 days of event time (BURNWATCH_EVENT_TTL_DAYS)" in told.stdout
+    assert "300 raw events are older than 30 days" in told.stdout
+
+
+def test_a_default_event_expiry_applies_to_a_new_store_only(chdb_client):
+    """What the worker's start relies on (``explicit`` is whether the setting was given)."""
+    for db in ("t_ttl_existing", "t_ttl_new"):
+        chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
+    first = Store(chdb_client, "t_ttl_existing")
+    first.migrate()
+    assert first.created and first.set_event_ttl(0) == 0
+    again = Store(chdb_client, "t_ttl_existing")
+    again.migrate()
+    assert not again.created
+    assert again.set_event_ttl(30, explicit=False) == 0 and again.event_ttl() == 0
+    assert again.set_event_ttl(30, explicit=True) == 30 and again.event_ttl() == 30
+    new = Store(chdb_client, "t_ttl_new")
+    new.migrate()
+    assert new.set_event_ttl(30, explicit=False) == 30 and new.event_ttl() == 30
+    assert "event_ttl_days" not in load_settings(environ={}).model_fields_set
+    assert "event_ttl_days" in load_settings(environ={"BURNWATCH_EVENT_TTL_DAYS": "0"}).model_fields_set
+
+
+def test_db_migrate_makes_a_missing_table_again_instead_of_saying_up_to_date(made):
+    assert burnwatch("sql", "DROP TABLE burnwatch.alert_actions", env=made).returncode == 0
+    out = burnwatch("db", "migrate", env=made)
+    assert out.returncode == 0, out.stderr
+    said = next(line for line in out.stdout.splitlines() if " database burnwatch: " in line)
+    assert "up to date" not in said and said.endswith("made again the missing alert_actions")
+    tables = burnwatch("sql", "EXISTS TABLE burnwatch.alert_actions", "--format", "csv", env=made)
+    assert tables.stdout.splitlines()[1] == "1"
+    assert burnwatch("db", "migrate", env=made).stdout.splitlines()[0].endswith(": up to date")
+
+
+def test_model_train_that_trains_nothing_says_so_and_what_stays_in_use(made, tmp_path):
+    import numpy as np
+
+    from detector.model.features import FEATURE_SETS, feature_names
+    from detector.model.forest import fit
+
+    group = sorted(FEATURE_SETS)[0]
+    rows = np.random.default_rng(0).normal(size=(600, len(feature_names(group))))
+    models = tmp_path / "models"
+    path = fit(group, rows, trained_from=1.7e9, trained_to=1.7e9 + 86_400).save(models)
+    before = path.stat().st_mtime_ns
+    out = burnwatch("model", "train", "--dir", str(models), env=made)
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED, out.stdout
+    assert "trained nothing" in out.stderr and f"the models already in {models} stay in use ({group})" in out.stderr
+    assert f"{group}: 0 windows" in out.stdout and "stays in use" in out.stdout
+    assert "loads them within" not in out.stdout
+    assert path.stat().st_mtime_ns == before
+
+
+# -- expected failures: one line, an exit code -----------------------------------------------------
+
+
+def test_a_query_clickhouse_refuses(made):
+    out = burnwatch("sql", "SELEC 1", env=made)
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and "ClickHouse refused the query: Code: 62" in out.stderr
+
+
+def test_the_embedded_store_held_by_another_process(made):
+    directory = Path(made["BURNWATCH_DATA_DIR"]) / "clickhouse"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from detector.store import connect; "
+         f"c = connect('chdb://{directory}'); print('open', flush=True); sys.stdin.read()"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        for command in (["query", "waste"], ["backtest", "--since", "1d"]):
+            out = burnwatch(*command, env=made)
+            no_traceback(out)
+            assert out.returncode == EXIT_UNAVAILABLE
+            assert f"is held by another process (pid {holder.pid}" in out.stderr
+            assert f"burnwatch store serve --dsn chdb://{directory}" in out.stderr
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def test_a_server_or_broker_that_does_not_answer(tmp_path):
+    from streams.embedded import free_port
+
+    out = burnwatch("query", "waste", env={"BURNWATCH_CLICKHOUSE_DSN": f"http://127.0.0.1:{free_port()}"})
+    no_traceback(out)
+    assert out.returncode == EXIT_UNAVAILABLE and "cannot connect to ClickHouse at http://127.0.0.1:" in out.stderr
+    kafka = f"127.0.0.1:{free_port()}"
+    for args in (["worker"], ["simulate", "--hours", "0.1", "--publish"]):
+        out = burnwatch(*args, env={"BURNWATCH_KAFKA_BOOTSTRAP": kafka, "BURNWATCH_DATA_DIR": str(tmp_path)})
+        no_traceback(out)
+        assert out.returncode == EXIT_UNAVAILABLE and f"cannot reach Kafka at {kafka}" in out.stderr, (args, out.stderr)
+
+
+def test_missing_files_bad_paths_and_bad_seeds(tmp_path):
+    missing = str(tmp_path / "nope.jsonl")
+    cases = [
+        (["backtest", missing], f"{missing}: No such file or directory"),
+        (["replay", missing], f"{missing}: No such file or directory"),
+        (["simulate", "--hours", "1", "--out", str(tmp_path / "no" / "dir.jsonl")], "--out"),
+        (["simulate", "--hours", "1", "--labels", str(tmp_path / "no" / "l.jsonl"), "--out", missing], "--labels"),
+        (["eval", "--seeds", "1,two"], "--seeds '1,two': expected"),
+        (["--config", missing, "rules", "check"], "cannot read config"),
+    ]
+    for args, message in cases:
+        out = burnwatch(*args, env={"BURNWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+        no_traceback(out)
+        assert out.returncode == EXIT_FAILED and message in out.stderr, (args, out.stderr)
+    assert not Path(missing).exists()  # --labels failed before anything was written
+
+
+def test_output_piped_into_head_stops_quietly():
+    reader = subprocess.Popen([sys.executable, "-m", "streams.cli", "simulate", "--hours", "2"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert reader.stdout.read(100)
+    reader.stdout.close()  # what `| head -c 100` does
+    stderr = reader.stderr.read().decode()
+    assert reader.wait(timeout=120) == EXIT_BROKEN_PIPE
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr
+
+
+# -- the rest of what a newcomer meets -------------------------------------------------------------
+
+
+def test_version_and_the_workers_environment_in_its_help():
+    from importlib.metadata import version
+
+    out = burnwatch("--version")
+    assert out.returncode == 0 and out.stdout.startswith(f"burnwatch {version('burnwatch')} (Python ")
+    text = burnwatch("worker", "--help").stdout
+    assert all(var in text for var in ENV.values()), [var for var in ENV.values() if var not in text]
+
+
+def test_rules_check_reports_duplicate_names_with_every_other_error(tmp_path):
+    """A duplicate rule name used to be hidden while its file had any other error."""
+    (tmp_path / "a.yaml").write_text("rules:\n  - name: idle-gpu\n    type: idle_gpu\n"
+                                     "  - name: broken\n    type: idle_gpu\n    params: {for: 30 minutes}\n")  # fmt: skip
+    (tmp_path / "b.yaml").write_text("rules:\n  - name: idle-gpu\n    type: idle_gpu\n")
+    out = burnwatch("rules", "check", str(tmp_path))
+    assert out.returncode == EXIT_FAILED
+    assert f"{tmp_path / 'a.yaml'}:6 rules[1].params.for: invalid duration '30 minutes'" in out.stderr
+    assert (f"{tmp_path / 'b.yaml'}:2 rules[0].name: duplicate rule name 'idle-gpu' (also in {tmp_path / 'a.yaml'}:2)"
+            in out.stderr)  # fmt: skip
+    assert "2 error(s)" in out.stderr
+
+
+def test_replay_refuses_the_topics_backtest_refuses(tmp_path):
+    fleet = tmp_path / "fleet.jsonl"
+    fleet.write_text('{"topic": "resource-usage", "key": "h", "value": {}}\n'
+                     '{"topic": "gpu_metrics", "key": "h", "value": {}}\n')  # fmt: skip
+    refused = burnwatch("backtest", str(fleet))
+    assert f"{fleet}:2: unknown topic 'gpu_metrics'" in refused.stderr
+    out = burnwatch("replay", str(fleet), env={"BURNWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1"})  # never reached
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED, out.stderr
+    assert f"{fleet}:2: topic 'gpu_metrics'" in out.stderr and "nothing was published" in out.stderr
+
+
+@pytest.mark.parametrize("name, content", [("gpu.pkl", b"\x80\x04junk"), ("gpu.skops", b"PK not a zip")])
+def test_a_model_file_that_is_refused_is_one_line_naming_it(tmp_path, name, content):
+    """`model show` (and `model train`, which reads what stays in use) on a directory holding an
+    old pickle or a damaged file: the file named and why, exit 1, no traceback."""
+    (tmp_path / name).write_bytes(content)
+    out = burnwatch("model", "show", "--dir", str(tmp_path))
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and str(tmp_path / name) in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_digest_prints_what_could_be_saved_apart_from_the_waste(made):
+    """The digest's could-be-saved dollars (spot, right-size) are printed on their own line,
+    never added to the day's waste total."""
+    usage = ("INSERT INTO burnwatch.resource_usage (ts, resource_id, resource_type, interval_s, usd) "
+             "SELECT toDateTime64('2026-11-02 00:00:00', 3, 'UTC') + toIntervalHour(number), 'h1', 'gpu_instance', "
+             "3600, 10 FROM numbers(24)")  # fmt: skip
+    alerts = ("INSERT INTO burnwatch.alerts (alert_id, type, rule, resource_id, status, change, severity, "
+              "episode_start, fired_at, updated_at, waste_usd, usd_per_hour, details, silenced, version) VALUES "
+              "('s1', 'spot_eligible', 'spot-eligible', 'run-1', 'resolved', 'resolved', 'info', "
+              "'2026-11-02 02:00:00', '2026-11-02 02:00:00', '2026-11-02 06:00:00', 12, 3, "
+              "'{\"resource_ids\": [\"h1\"]}', '', 1)")  # fmt: skip
+    for statement in (usage, alerts):
+        out = burnwatch("sql", statement, env=made)
+        assert out.returncode == 0, out.stderr
+    out = burnwatch("digest", "--day", "2026-11-02", env=made)
+    no_traceback(out)
+    assert out.returncode == 0, out.stderr
+    assert "could be saved (not waste, not in the total): $12.00" in out.stdout, out.stdout
+    assert "spot_eligible" in out.stdout
