@@ -88,3 +88,23 @@ def test_a_detector_on_the_lifecycle_re_fires_as_a_new_alert():
     assert found[3].episode_start == T0 + 70 * MIN
     assert found[2].waste_usd == pytest.approx(32.0, abs=1e-3)  # an hour untagged at $32/h, counted once
     assert found[4].waste_usd == pytest.approx(32.0 * 46 / 60, abs=1e-3)  # the second spell from zero
+
+
+def _holds_episodes(state_cls: type) -> bool:
+    """The state is an Episode, or keeps Episodes by key (per destination, per run)."""
+    import typing
+
+    if issubclass(state_cls, Episode):
+        return True
+    for hint in typing.get_type_hints(state_cls).values():
+        for arg in typing.get_args(hint):
+            if isinstance(arg, type) and issubclass(arg, Episode):
+                return True
+    return False
+
+
+def test_every_registered_detector_keeps_its_episodes_on_the_lifecycle():
+    """A new detector's episodes go through the one lifecycle (docs/detectors.md)."""
+    from detector.detectors import REGISTRY
+
+    assert [t for t, cls in sorted(REGISTRY.items()) if not _holds_episodes(cls.State)] == []
