@@ -9,12 +9,14 @@ events in one pass, and :func:`compare` says what the change would add or remove
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert, AlertManager, from_finding
 from detector.align import EventTimeAligner
+from detector.detectors.anomaly import Scoring, scoring_during
 from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage
 from detector.replay import read_replay
@@ -45,10 +47,8 @@ class BacktestResult:
 class _Detection:
     """One rule set's engine and alert manager, fed time-ordered events."""
 
-    def __init__(self, ruleset: RuleSet, models: Any = None, on_windows: Any = None) -> None:
+    def __init__(self, ruleset: RuleSet) -> None:
         self.engine = Engine(ruleset)
-        self.engine.on_windows = on_windows
-        self.engine.set_models(models)
         self.manager = AlertManager(ruleset=ruleset)
         self.latest: dict[str, Alert] = {}
 
@@ -69,13 +69,17 @@ class _Detection:
 
 def _run(batches: Iterable[list[tuple[float, Any]]], ruleset: RuleSet, other: RuleSet | None, result: BacktestResult,
          models: Any = None, on_windows: Any = None) -> None:  # fmt: skip
-    runs = [_Detection(ruleset, models, on_windows)] + ([_Detection(other, models)] if other is not None else [])
-    for items in batches:
-        for detection in runs:
-            detection.feed(items)
-    result.alerts = runs[0].finish()
-    if other is not None:
-        result.other = runs[1].finish()
+    runs = [_Detection(ruleset)] + ([_Detection(other)] if other is not None else [])
+    with ExitStack() as lent:  # the anomaly rules score with ``models`` for this run only
+        lent.enter_context(scoring_during(ruleset.rules, Scoring(models, on_windows)))
+        if other is not None:
+            lent.enter_context(scoring_during(other.rules, Scoring(models)))
+        for items in batches:
+            for detection in runs:
+                detection.feed(items)
+        result.alerts = runs[0].finish()
+        if other is not None:
+            result.other = runs[1].finish()
 
 
 def backtest(

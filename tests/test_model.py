@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from detector.detectors.anomaly import Scoring, use_scoring
 from detector.engine import Engine
 from detector.events import GpuMetric, UsageEvent
 from detector.model.features import WindowBuilder, WindowState, feature_names
@@ -76,9 +77,8 @@ def test_higher_score_means_more_anomalous_and_the_guard_sees_beyond_training():
 def trained_on(events, tmp_path, min_samples: int = 50) -> ModelSet:
     ruleset = anomaly_ruleset(load_rules(ROOT / "rules"))
     ts = TrainingSet()
+    use_scoring(ruleset.rules, Scoring(observe=ts.collect))
     engine = Engine(ruleset)
-    engine.on_windows = ts.collect
-    engine.set_models(None)
     engine.process(events)
     train(ts, [], set(), tmp_path, min_samples=min_samples)
     return ModelSet.load(tmp_path)
@@ -89,8 +89,8 @@ def test_full_power_at_low_utilisation_is_an_anomaly_that_names_power(tmp_path):
     history = working(T0, 12)
     models = trained_on(history, tmp_path)
     assert models.get("gpu") is not None
+    use_scoring(ruleset.rules, Scoring(models))
     engine = Engine(ruleset)
-    engine.set_models(models)
     engine.process(history)
     hot = [e for i in range(60) for e in minute(T0 + 12 * HOUR + i * MIN, 9.0, 380.0)]  # an hour at full power, 9 %
     after = working(T0 + 13 * HOUR, 3)
@@ -105,11 +105,15 @@ def test_full_power_at_low_utilisation_is_an_anomaly_that_names_power(tmp_path):
 
 def test_cold_start_no_model_no_windows_no_findings():
     ruleset = anomaly_ruleset(load_rules(ROOT / "rules"))
+    windows: list = []
+    scoring = Scoring(ModelSet())
+    use_scoring(ruleset.rules, scoring)
     engine = Engine(ruleset)
-    engine.set_models(ModelSet())
     events = working(T0, 8) + [e for i in range(60) for e in minute(T0 + 8 * HOUR + i * MIN, 9.0, 380.0)]
     assert [f for f in engine.process(events) if f.type == "anomaly"] == []
-    assert engine._windows == []
+    scoring.observe = windows.extend  # someone watching: the same events do close windows
+    engine = Engine(ruleset)
+    assert [f for f in engine.process(events) if f.type == "anomaly"] == [] and windows
 
 
 def test_train_from_the_store_writes_artifacts_a_worker_reloads(store, tmp_path):

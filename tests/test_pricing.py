@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from detector.detectors.anomaly import Scoring, use_scoring
 from detector.engine import Engine
 from detector.events import UsageEvent
 from detector.model.train import anomaly_ruleset
@@ -66,10 +67,10 @@ def test_telemetry_stale_counts_an_interval_as_the_store_prices_it(ruleset, stor
 def test_the_cost_feature_is_the_stored_cost(ruleset):
     """The anomaly model's cost rate is the pricer's: a bucket priced by its bytes is not free
     to the model while the store says it costs $1.58 an hour."""
-    engine = Engine(anomaly_ruleset(ruleset))
+    rules = anomaly_ruleset(ruleset)
     windows: list = []
-    engine.on_windows = windows.extend
-    engine.set_models(None)
+    use_scoring(rules.rules, Scoring(observe=windows.extend))
+    engine = Engine(rules)
     engine.process([bucket(T0 + i * 300) for i in range(90)])  # past the rule's 6 h of history
     assert windows
     for _, _, _, window in windows:
