@@ -9,18 +9,15 @@ import sys
 import pytest
 
 from detector.backtest import backtest
-from detector.replay import write_replay
-from detector.simulate import SimConfig, simulate
+from detector.simulate import SimConfig
 from tests.conftest import ROOT
+from tests.helpers import fleet_file
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, ruleset):
-    path = tmp_path_factory.mktemp("fleet") / "fleet.jsonl"
-    records, labels = simulate(SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11), ruleset.pricing)
-    with open(path, "wb") as out:
-        write_replay(records, out)
-    return path, labels
+    return fleet_file(tmp_path_factory.mktemp("fleet") / "fleet.jsonl",
+                      SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11), ruleset.pricing)  # fmt: skip
 
 
 def match(alerts, labels):
