@@ -32,6 +32,10 @@ from detector.units import Duration
 
 __all__ = ["TelemetryStale", "TelemetryStaleParams", "TelemetryStaleState"]
 
+_KEEP_COUNTED = 16
+"""Intervals kept for the take-back: more than a minute's worth at any usage cadence in use
+(the allowed lateness is 60 s)."""
+
 
 class TelemetryStaleParams(Params):
     after: Duration = Field(default=600.0, gt=0)
@@ -44,10 +48,14 @@ class TelemetryStaleState(Episode, kw_only=True):
     last_sample: float | None = None
     blind_usd: float = 0.0
     last_usage: float = 0.0
+    counted: list[tuple[float, float]] = []
+    """The latest intervals counted blind, (time, dollars): taken back at the resolution if
+    they turn out to come after the sample that ended the spell (see :meth:`TelemetryStale.step`)."""
 
     def clear(self) -> None:
         super().clear()
         self.blind_usd = 0.0
+        self.counted = []
 
 
 class TelemetryStale(DetectorBase):
@@ -74,6 +82,10 @@ class TelemetryStale(DetectorBase):
         if type(event) is GpuMetric:
             if st.last_sample is not None and t <= st.last_sample:
                 return []
+            # Live, the host's usage can reach detection ahead of this sample (a caught-up
+            # partition does not wait): intervals from its time on were not spent blind.
+            st.blind_usd -= sum(usd for at, usd in st.counted if at >= t)
+            st.counted = []
             found = end(st, lambda: self._finding("resolve", st, resource, t, reason="telemetry_back"))
             st.last_sample = t
             return found
@@ -87,6 +99,7 @@ class TelemetryStale(DetectorBase):
         # Spend since the last sample (the engine's price of the interval, as stored), counted
         # once the gap is long enough.
         st.blind_usd += resource.interval_usd
+        st.counted = [*st.counted[-(_KEEP_COUNTED - 1):], (t, resource.interval_usd)]
         if t - st.last_sample < self.params.after:
             return []
         p = self.params
