@@ -3,7 +3,7 @@
     .venv/bin/python bench/storeserver.py [--rows 100000] [--runs 3]
 
 Three measures per side: ``client.insert`` of usage-like columns (the wire and the
-engine), ``Store.insert_events`` (what the worker calls: the deduplication look-up, then
+engine), ``Store.events.insert`` (what the worker calls: the deduplication look-up, then
 the insert), and the time of one small query (what a request costs by itself). The server
 runs in its own process, as an operator runs it; medians of ``--runs``.
 """
@@ -30,7 +30,7 @@ from tests.helpers import T0, usage  # noqa: E402
 
 
 def measure(store: Store, rows: int, runs: int) -> tuple[float, float, float]:
-    """(rows/s of a raw columnar insert, rows/s of Store.insert_events, ms per small query), medians."""
+    """(rows/s of a raw columnar insert, rows/s of Store.events.insert, ms per small query), medians."""
     store.client.command(f"CREATE OR REPLACE TABLE {store.db}.raw (ts DateTime64(3, 'UTC'), resource_id String, "
                          "cost_usd Float64, tags Map(String, String)) ENGINE = MergeTree ORDER BY (resource_id, ts)")  # fmt: skip
     cols = [[int(T0 * 1000) + i * 60_000 for i in range(rows)], [f"host-{i % 500}" for i in range(rows)],
@@ -44,7 +44,7 @@ def measure(store: Store, rows: int, runs: int) -> tuple[float, float, float]:
         batch = EventBatch()
         batch.extend([usage(T0 + (run * rows + i) * 60, rid=f"host-{i % 500}") for i in range(rows)])
         started = time.perf_counter()
-        assert store.insert_events(batch) == rows
+        assert store.events.insert(batch) == rows
         events.append(rows / (time.perf_counter() - started))
     small = []
     for _ in range(runs):
@@ -88,7 +88,7 @@ def main() -> None:
             server.wait(timeout=30)
     print(f"{args.rows:,} rows, median of {args.runs}:")
     print(f"  raw columnar insert:  in-process {in_process[0]:>10,.0f} rows/s   through the server {served[0]:>10,.0f} rows/s")
-    print(f"  Store.insert_events:  in-process {in_process[1]:>10,.0f} rows/s   through the server {served[1]:>10,.0f} rows/s")
+    print(f"  Store.events.insert:  in-process {in_process[1]:>10,.0f} rows/s   through the server {served[1]:>10,.0f} rows/s")
     print(f"  one small query:      in-process {in_process[2]:>10.2f} ms       through the server {served[2]:>10.2f} ms")
 
 

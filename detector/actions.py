@@ -16,13 +16,16 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import structlog
 from slack_sdk.signature import Clock, SignatureVerifier
 
 from detector.suppression import snooze
+
+if TYPE_CHECKING:
+    from detector.store import Store
 
 __all__ = ["ACTIONS", "BUTTONS", "ActionHandler", "Click", "RequestVerifier", "Unauthorized", "parse_click"]
 
@@ -123,7 +126,7 @@ class ActionHandler:
     """What the worker's ``/slack/actions`` view does with a request (blocking: run it in an
     executor). Returns (HTTP status, JSON body)."""
 
-    def __init__(self, verifier: RequestVerifier, store: Any, notifier: Any, outbox: Any,
+    def __init__(self, verifier: RequestVerifier, store: Store, notifier: Any, outbox: Any,
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.verifier = verifier
         self.store = store
@@ -143,19 +146,19 @@ class ActionHandler:
             return 400, {"error": str(exc)}
         from detector.store import alert_from_row
 
-        rows = self.store.alerts("alert_id = %(id)s", {"id": click.alert_id})
-        if not rows:
+        row = self.store.alerts.get(click.alert_id)
+        if row is None:
             return 404, {"error": f"no alert {click.alert_id!r}"}
         now = self._clock()
         until = now + SNOOZE_S if click.action == "snoozed" else None
-        self.store.record_action(click, at=now, until=until)
+        self.store.actions.record(click, at=now, until=until)
         if until is not None and self.outbox is not None:
             self.outbox.snooze(snooze(click.alert_id, now, until, click.user_name or click.user_id))
         log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
         if self.notifier is not None and click.channel and click.message_ts:
-            alert = alert_from_row(rows[0])
+            alert = alert_from_row(row)
             try:
-                self.notifier.show_actions(alert, self.store.actions(click.alert_id), click.channel, click.message_ts)
+                self.notifier.show_actions(alert, self.store.actions.of(click.alert_id), click.channel, click.message_ts)
             except Exception as exc:  # recorded already; the message just does not show it yet
                 log.warning("slack_action_not_shown", alert_id=click.alert_id, error=str(exc))
         return 200, {"ok": True, "action": click.action, "alert_id": click.alert_id}

@@ -175,7 +175,7 @@ class AlertManager:
     """Turns findings into alert state changes, once each, through the stages of
     :mod:`detector.suppression`: dedup → route → inhibit → silence → realert.
 
-    What the stages remember is an :class:`AlertMemory` (``AlertMemory.load(store)`` after a
+    What the stages remember is an :class:`AlertMemory` (``AlertMemory.load(store.memory)`` after a
     restart). Memory is bounded: alerts whose episode started more than ``horizon_s`` of event
     time before the newest one are forgotten (input that old is not re-read), checked each
     time ``prune_every`` more alerts are remembered.

@@ -9,16 +9,21 @@ events in one pass, and :func:`compare` says what the change would add or remove
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert, AlertManager, from_finding
 from detector.align import EventTimeAligner
+from detector.detectors.anomaly import Scoring, scoring_during
 from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage
 from detector.replay import read_replay
 from detector.rules import RuleSet
+
+if TYPE_CHECKING:
+    from detector.store import EventHistory
 
 __all__ = ["BacktestResult", "RuleDiff", "backtest", "backtest_store", "compare"]
 
@@ -42,10 +47,8 @@ class BacktestResult:
 class _Detection:
     """One rule set's engine and alert manager, fed time-ordered events."""
 
-    def __init__(self, ruleset: RuleSet, models: Any = None, on_windows: Any = None) -> None:
+    def __init__(self, ruleset: RuleSet) -> None:
         self.engine = Engine(ruleset)
-        self.engine.on_windows = on_windows
-        self.engine.set_models(models)
         self.manager = AlertManager(ruleset=ruleset)
         self.latest: dict[str, Alert] = {}
 
@@ -66,13 +69,17 @@ class _Detection:
 
 def _run(batches: Iterable[list[tuple[float, Any]]], ruleset: RuleSet, other: RuleSet | None, result: BacktestResult,
          models: Any = None, on_windows: Any = None) -> None:  # fmt: skip
-    runs = [_Detection(ruleset, models, on_windows)] + ([_Detection(other, models)] if other is not None else [])
-    for items in batches:
-        for detection in runs:
-            detection.feed(items)
-    result.alerts = runs[0].finish()
-    if other is not None:
-        result.other = runs[1].finish()
+    runs = [_Detection(ruleset)] + ([_Detection(other)] if other is not None else [])
+    with ExitStack() as lent:  # the anomaly rules score with ``models`` for this run only
+        lent.enter_context(scoring_during(ruleset.rules, Scoring(models, on_windows)))
+        if other is not None:
+            lent.enter_context(scoring_during(other.rules, Scoring(models)))
+        for items in batches:
+            for detection in runs:
+                detection.feed(items)
+        result.alerts = runs[0].finish()
+        if other is not None:
+            result.other = runs[1].finish()
 
 
 def backtest(
@@ -109,12 +116,12 @@ def backtest(
     return result
 
 
-def backtest_store(store: Any, since_s: float, ruleset: RuleSet, other: RuleSet | None = None, models: Any = None,
+def backtest_store(history: EventHistory, since_s: float, ruleset: RuleSet, other: RuleSet | None = None, models: Any = None,
                    on_windows: Any = None) -> BacktestResult:  # fmt: skip
-    """Detect over the events stored in ClickHouse in the last ``since_s`` of event time
-    (before the newest stored event, so a replayed history works as a live one)."""
+    """Detect over the events stored in ClickHouse (``store.history``) in the last ``since_s``
+    of event time (before the newest stored event, so a replayed history works as a live one)."""
     result = BacktestResult(alerts=[])
-    span = store.event_span()
+    span = history.span()
     if span is None:
         _run([], ruleset, other, result)
         return result
@@ -125,7 +132,7 @@ def backtest_store(store: Any, since_s: float, ruleset: RuleSet, other: RuleSet 
     def batches() -> Iterable[list[tuple[float, Any]]]:
         t = start
         while t < end:  # an hour at a time: memory stays bounded over weeks of history
-            items = store.events(t, min(t + HOUR_S, end))
+            items = history.between(t, min(t + HOUR_S, end))
             result.events += len(items)
             yield items
             t += HOUR_S

@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from detector.alerts import Alert
+from detector.store.connection import Connection
 from detector.units import rfc3339
 
 __all__ = ["CHARTED_TYPES", "ChartWorker", "render_chart"]
@@ -28,7 +29,6 @@ log = structlog.get_logger("burnwatch.charts")
 GPU_TYPES = frozenset({"idle_gpu", "stuck_gpu", "inference_overprovisioned"})
 GROWTH_TYPES = frozenset({"vector_db_growth", "storage_growth"})
 CHARTED_TYPES = GPU_TYPES | GROWTH_TYPES | {"egress_runaway"}
-_MS = "fromUnixTimestamp64Milli(%(lo)s, 'UTC') AND fromUnixTimestamp64Milli(%(hi)s, 'UTC')"
 
 
 def _utc(value: datetime) -> datetime:
@@ -36,6 +36,7 @@ def _utc(value: datetime) -> datetime:
 
 
 def _window(alert: Alert, before_s: float) -> dict[str, str | int]:
+    """The query parameters of a chart: the resource, from ``before_s`` before the episode to its end."""
     end = alert.resolved_at if alert.resolved_at is not None else alert.updated_at
     return {"rid": alert.resource_id, "lo": int((alert.episode_start - before_s) * 1000), "hi": int(end * 1000) + 1}
 
@@ -62,12 +63,8 @@ def _png(fig: Any) -> bytes:
     return out.getvalue()
 
 
-def _gpu_chart(alert: Alert, store: Any) -> bytes | None:
-    rows = store.query(
-        f"SELECT gpu_index, ts, util_pct, sm_active FROM {store.db}.gpu_metrics "
-        f"WHERE resource_id = %(rid)s AND ts BETWEEN {_MS} ORDER BY gpu_index, ts",
-        _window(alert, 1800),
-    )
+def _gpu_chart(alert: Alert, store: Connection) -> bytes | None:
+    rows = store.named("charts/gpu", _window(alert, 1800))
     if not rows:
         return None
     fig, ax = _figure()
@@ -87,21 +84,12 @@ def _gpu_chart(alert: Alert, store: Any) -> bytes | None:
     return _png(fig)
 
 
-def _usage(store: Any, alert: Alert, columns: str, present: str, before_s: float) -> list[dict[str, Any]]:
-    """The resource's usage rows with ``present`` set, from ``before_s`` before the episode to its end."""
-    return store.query(
-        f"SELECT ts, {columns} FROM {store.db}.resource_usage WHERE resource_id = %(rid)s "
-        f"AND {present} IS NOT NULL AND ts BETWEEN {_MS} ORDER BY ts",
-        _window(alert, before_s),
-    )
-
-
 def _shade_episode(ax: Any, alert: Alert) -> None:
     ax.axvspan(_utc_dt(alert.episode_start), _utc_dt(alert.resolved_at or alert.updated_at), color="tab:red", alpha=0.08)
 
 
-def _egress_chart(alert: Alert, store: Any) -> bytes | None:
-    rows = _usage(store, alert, "egress_bytes, interval_s", "egress_bytes", 6 * 3600)
+def _egress_chart(alert: Alert, store: Connection) -> bytes | None:
+    rows = store.named("charts/egress", _window(alert, 6 * 3600))
     if not rows:
         return None
     fig, ax = _figure()
@@ -118,8 +106,8 @@ def _egress_chart(alert: Alert, store: Any) -> bytes | None:
     return _png(fig)
 
 
-def _growth_chart(alert: Alert, store: Any) -> bytes | None:
-    rows = _usage(store, alert, "storage_bytes, capacity_bytes", "storage_bytes", 3 * 86_400)
+def _growth_chart(alert: Alert, store: Connection) -> bytes | None:
+    rows = store.named("charts/growth", _window(alert, 3 * 86_400))
     if not rows:
         return None
     fig, ax = _figure()
@@ -145,8 +133,9 @@ def _utc_dt(t: float) -> datetime:
     return datetime.fromtimestamp(t, tz=timezone.utc)
 
 
-def render_chart(alert: Alert, store: Any) -> bytes | None:
-    """A PNG for this alert, or None when its type has no chart or there is no data."""
+def render_chart(alert: Alert, store: Connection) -> bytes | None:
+    """A PNG for this alert, or None when its type has no chart or there is no data (the
+    queries: ``detector/store/sql/charts/``)."""
     if alert.type in GPU_TYPES:
         return _gpu_chart(alert, store)
     if alert.type == "egress_runaway":
@@ -159,7 +148,7 @@ def render_chart(alert: Alert, store: Any) -> bytes | None:
 class ChartWorker:
     """Renders and uploads charts on its own thread, after the alert is posted."""
 
-    def __init__(self, store: Any, notifier: Any, max_pending: int = 200) -> None:
+    def __init__(self, store: Connection, notifier: Any, max_pending: int = 200) -> None:
         self.store = store
         self.notifier = notifier
         self._queue: queue.Queue[tuple[Alert, str, str] | None] = queue.Queue(maxsize=max_pending)

@@ -149,21 +149,21 @@ class Outbox:
         Slack before posting."""
         if self.notifier is None:
             return 0
-        self._done = self.store.deliveries()
-        snoozed = self.store.snoozed(self._wall())
+        self._done = self.store.deliveries.made()
+        snoozed = self.store.actions.snoozed(self._wall())
         with self._lock:
             self._snoozed.update(snoozed)
         seen: set[str] = set()
         for (_, kind), (_, ts) in self._done.items():
             if kind == "fired" and ts:
                 (self._group_ts.add if ts in seen else seen.add)(ts)
-        pending = self.store.undelivered(sorted(self._owned) if self._owned is not None else None)
+        pending = self.store.deliveries.undelivered(sorted(self._owned) if self._owned is not None else None)
         pending_keys = set(pending)
-        for key, at in self.store.attempted().items():
+        for key, at in self.store.deliveries.attempted().items():
             if key in pending_keys:
                 self._maybe_posted[key] = max(self._maybe_posted.get(key, 0.0), at + self.landing_s)
         ids = [alert_id for alert_id, _ in pending]
-        rows = {r["alert_id"]: r for r in self.store.alerts("alert_id IN %(ids)s", {"ids": ids})} if pending else {}
+        rows = {r["alert_id"]: r for r in self.store.alerts.latest("alert_id IN %(ids)s", {"ids": ids})} if pending else {}
         now = self._clock()
         for alert_id, change in pending:
             if alert_id in rows:
@@ -210,7 +210,7 @@ class Outbox:
                 self._drop([alert])
                 continue
             if self._is_snoozed(alert.alert_id):  # recorded as handled, so a restart does not post it late
-                self.store.record_delivery(alert.alert_id, alert.change, "", "snoozed")
+                self.store.deliveries.record(alert.alert_id, alert.change, "", "snoozed")
                 self._done[key] = ("", "snoozed")
                 self._drop([alert])
                 continue
@@ -228,13 +228,13 @@ class Outbox:
                 if found:
                     continue  # those are delivered; the rest forms its message again
             # Before sending (every try): a kill from here on leaves the mark, and its time, for the next worker.
-            self.store.record_attempt([a.alert_id for a in group], alert.change)
+            self.store.deliveries.record_attempt([a.alert_id for a in group], alert.change)
             try:
                 if len(group) > 1:
                     channel, ts = self.notifier.post_group(group)
                 else:
                     edit = thread is None or thread[1] not in self._group_ts
-                    acted = self.store.actions(alert.alert_id) if thread is not None and edit else None
+                    acted = self.store.actions.of(alert.alert_id) if thread is not None and edit else None
                     channel, ts = self.notifier.post(alert, thread=thread, edit_parent=edit, actions=acted)
             except SlackError as exc:
                 self.failed += 1
@@ -298,7 +298,7 @@ class Outbox:
         self._delivered(group, *(thread if alert.change == "resolved" and thread else found))
         if alert.change == "resolved" and thread is not None and thread[1] not in self._group_ts:
             try:  # the parent's edit may not have followed the reply
-                self.notifier.edit(alert, thread, self.store.actions(alert.alert_id))
+                self.notifier.edit(alert, thread, self.store.actions.of(alert.alert_id))
             except SlackError as exc:
                 log.warning("slack_edit_failed", alert_id=alert.alert_id, error=str(exc))
         return True
@@ -314,7 +314,7 @@ class Outbox:
         now, wall = self._clock(), self._wall()
         read = None
         if now - self._snoozes_read >= self.snooze_refresh_s:
-            read = self.store.snoozed(wall)
+            read = self.store.actions.snoozed(wall)
             self._snoozes_read = now
         with self._lock:
             if read:
@@ -328,7 +328,7 @@ class Outbox:
             self._counts = (len(self._queue), len(self._edits), self._counts[2])
 
     def _delivered(self, group: list[Alert], channel: str, ts: str) -> None:
-        self.store.record_deliveries([(m.alert_id, m.change, channel, ts) for m in group])
+        self.store.deliveries.record_many([(m.alert_id, m.change, channel, ts) for m in group])
         for member in group:
             self._done[(member.alert_id, member.change)] = (channel, ts)
         if len(group) > 1 and ts:
@@ -357,7 +357,7 @@ class Outbox:
                 due_in.append(wait)
                 continue
             assert self.notifier is not None
-            self.notifier.edit(alert, thread, self.store.actions(alert_id))  # SlackError propagates: retried
+            self.notifier.edit(alert, thread, self.store.actions.of(alert_id))  # SlackError propagates: retried
             self._edited_at[alert_id] = now
             del self._edits[alert_id]
         if due_in:

@@ -27,6 +27,7 @@ from typing import Any
 from detector.detectors import REGISTRY
 from detector.events import DAY_S
 from detector.slack import code, escape
+from detector.store.digests import Digests
 from detector.units import epoch
 
 __all__ = ["Digest", "build_digests", "digest_chart", "render_digest", "send_due_digests"]
@@ -61,18 +62,9 @@ class Digest:
         return datetime.fromtimestamp(self.day, tz=timezone.utc).strftime("%Y-%m-%d")
 
 
-def build_digests(store: Any, day: float, top_n: int = 5) -> list[Digest]:
+def build_digests(repo: Digests, day: float, top_n: int = 5) -> list[Digest]:
     """One digest per channel with activity in the UTC day starting at ``day``."""
-    rows = store.query(
-        f"""SELECT a.alert_id AS alert_id, a.type AS type, a.resource_id AS resource_id, a.channel AS channel,
-                   a.tags['team'] AS team, a.status AS status, a.usd_per_hour AS usd_per_hour,
-                   a.resolved_at AS resolved_at, w.kind AS kind, w.usd AS usd
-            FROM (SELECT alert_id, kind, sum(usd) AS usd FROM {store.db}.waste_ledger
-                  WHERE toDate(hour) = %(day)s GROUP BY alert_id, kind HAVING usd > 0) AS w
-            INNER JOIN (SELECT * FROM {store.db}.alerts FINAL) AS a ON a.alert_id = w.alert_id
-            WHERE a.silenced = ''""",
-        {"day": datetime.fromtimestamp(day, tz=timezone.utc).date()},
-    )
+    rows = repo.day_rows(day)
     digests: dict[str, Digest] = {}
     open_rates: dict[str, dict[str, float]] = {}
     for r in rows:
@@ -150,25 +142,25 @@ def digest_chart(d: Digest) -> bytes:
     return out.getvalue()
 
 
-def send_due_digests(store: Any, notifier: Any, watermark: float, settle_s: float = 600.0) -> list[Digest]:
+def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: float = 600.0) -> list[Digest]:
     """Post the digest of every finished day not yet sent: a day is finished once the
     stream's event time is ``settle_s`` past its end. The first day burnwatch sees is
     its first digest; days before it are not sent."""
     if watermark <= 0:
         return []
-    last = store.last_digest_day()
+    last = repo.last_day()
     if last is None:
-        store.record_digest(watermark - watermark % DAY_S - DAY_S, "", "")  # the day before the stream began
+        repo.record(watermark - watermark % DAY_S - DAY_S, "", "")  # the day before the stream began
         return []
     sent: list[Digest] = []
     day = last + DAY_S
     while day + DAY_S + settle_s <= watermark:
-        digests = build_digests(store, day)
+        digests = build_digests(repo, day)
         for d in digests:
             channel, ts = notifier.post_digest(d, render_digest(d), digest_chart(d) if d.by_type else None)
-            store.record_digest(day, d.channel, ts)
+            repo.record(day, d.channel, ts)
             sent.append(d)
         if not digests:
-            store.record_digest(day, "", "")  # nothing burned that day: remembered, not posted
+            repo.record(day, "", "")  # nothing burned that day: remembered, not posted
         day += DAY_S
     return sent

@@ -13,19 +13,26 @@ future-dated event would move by days and so expire every other key's state. A k
 vouches only for the second-latest distinct time it has sent (its latest may be an
 outlier), and the watermark is the time at least ``min(3, n)`` of the ``n`` keys that
 moved past it have reached. It is computed once per batch, not per event.
+
+A step reads its key's :class:`~detector.detectors.base.Context` (the resource, a look-up
+of other resources, what the key's rules are tracking) and may defer work to the end of
+the batch, where each detector's :meth:`~detector.detectors.base.Detector.end_batch`
+judges it together (the anomaly rule scores a batch's windows in one model call per
+group). The engine holds no model: the anomaly rule has its scorer injected
+(:func:`detector.detectors.anomaly.use_scoring`).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import Any
 
 import msgspec
 import structlog
 
-from detector.detectors import Finding, ResourceInfo
+from detector.detectors import Detector, Finding, ResourceInfo
+from detector.detectors.base import BatchPhase, Behaviour, Context
 from detector.events import Event, RunEvent, UsageEvent
 from detector.pricing import Pricer
 from detector.rules import RuleSet
@@ -39,18 +46,24 @@ _WATERMARK_KEYS = 3
 """How many keys must have reached a time for the watermark to move there (fewer keys: all)."""
 
 
-class KeyState:
-    """Everything known about one key. ``routes`` is derived (rules per event type), never saved."""
+Route = tuple[Any, Any, Detector[Any]]
+"""``(detector.step, rule state, detector)``."""
 
-    __slots__ = ("info", "rules", "last_t", "routes")
+
+class KeyState:
+    """Everything known about one key. ``routes`` and ``context`` are derived, never saved."""
+
+    __slots__ = ("info", "rules", "last_t", "routes", "context")
 
     def __init__(self, info: ResourceInfo, rules: dict[str, Any] | None = None, last_t: float = 0.0) -> None:
         self.info = info
         self.rules: dict[str, Any] = rules if rules is not None else {}
         """Rule name → that rule's detector state."""
         self.last_t = last_t
-        self.routes: dict[type, list] = {}
-        """Event type → ``(detector.step, rule state, detector)``; rebuilt when the resource changes."""
+        self.routes: dict[type, list[Route]] = {}
+        """Event type → its routes; rebuilt when the resource changes."""
+        self.context: Context | None = None
+        """What this key's steps read (:class:`Context`), made by the engine at the key's first event."""
 
 
 class _Snapshot(msgspec.Struct, kw_only=True):
@@ -84,11 +97,9 @@ class Engine:
         self._ahead: dict[str, float] = {}
         """Key → the time it vouches for (its second-latest distinct event time), for keys past
         the watermark (at most two between batches)."""
-        self.models: Any = None
-        """The anomaly model's artifacts (:class:`detector.model.forest.ModelSet`); None: rules only."""
-        self.on_windows: Callable[[list[tuple]], None] | None = None
-        """Sees every batch's closed feature windows before scoring (model training)."""
-        self._windows: list[tuple] = []
+        self._deferred: list[tuple[BatchPhase, Any]] = []
+        """What the batch's steps deferred to :meth:`Detector.end_batch`, in order."""
+        self._by_name: dict[str, Detector[Any]] = {r.detector.name: r.detector for r in ruleset.rules}
         self.directory: Callable[[str, float], ResourceInfo | None] | None = None
         """Resources this engine does not hold, as of an event time: with several workers, a run's
         hosts may live on another (the worker looks them up in the store). None: every key is here."""
@@ -117,19 +128,18 @@ class Engine:
         watermark = self.watermark
         ahead = self._ahead
         last_key: str | None = None
-        state: KeyState | None = None
+        state = KeyState(ResourceInfo())  # replaced at the first event (no key is None)
         for t, event in items:
             etype = type(event)
             key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
             if key != last_key:  # time-sorted input keeps a scrape's samples together
-                state = keys.get(key)
-                if state is None:
-                    state = self._load(key)
+                held = keys.get(key)
+                state = held if held is not None else self._load(key)
                 mark_dirty(key)
                 last_key = key
-            last_t = state.last_t  # type: ignore[union-attr]
+            last_t = state.last_t
             if t > last_t:
-                state.last_t = t  # type: ignore[union-attr]
+                state.last_t = t
                 if last_t > watermark:  # the key vouches for its time before this one
                     ahead[key] = last_t
             elif last_t > t > watermark and t > ahead.get(key, 0.0):  # samples after an outlier
@@ -141,10 +151,12 @@ class Engine:
             steps = state.routes.get(etype)
             if steps is None:
                 steps = self._route(state, etype)
-            info = state.info
+            ctx = state.context
+            if ctx is None:
+                ctx = state.context = self._context(state)
             for step, rule_state, detector in steps:
                 try:
-                    found = step(rule_state, info, event, t)
+                    found = step(rule_state, ctx, event, t)
                 except Exception as exc:  # noqa: BLE001 - one rule's bug on one event must not stop the rest
                     self._step_failed(detector, key, event, exc)
                     continue
@@ -152,8 +164,8 @@ class Engine:
                     findings.extend(f if f.key == key else msgspec.structs.replace(f, key=key) for f in found)
         if ahead:
             self._advance(ahead)
-        if self._windows:
-            findings.extend(self._score_windows())
+        if self._deferred:
+            findings.extend(self._end_batch())
         return findings
 
     def already_seen(self, t: float, event: Event) -> bool:
@@ -166,7 +178,7 @@ class Engine:
             self._load(key)
         return t <= self._restored_t.get(key, float("-inf"))
 
-    def _step_failed(self, detector: Any, key: str, event: Event, exc: Exception) -> None:
+    def _step_failed(self, detector: Detector[Any], key: str, event: Event, exc: Exception) -> None:
         """A detector raised on an event: the event is skipped for that rule (the same in the
         worker and in backtest), counted, and logged once per rule and error type, so a hostile
         or unforeseen event can neither stop detection nor flood the log."""
@@ -185,20 +197,37 @@ class Engine:
         self.watermark = watermark
         self._ahead = {key: t for key, t in ahead.items() if t > watermark}
 
-    def _score_windows(self) -> list[Finding]:
-        """Score the batch's closed windows together: one model call per group, not per event."""
-        items, self._windows[:] = list(self._windows), []
-        if self.on_windows is not None:
-            self.on_windows(items)
-        by_detector: dict[int, list[tuple]] = {}
-        for item in items:
-            by_detector.setdefault(id(item[0]), []).append(item)
+    def _end_batch(self) -> list[Finding]:
+        """The batch phase: each detector judges what its steps deferred in this batch, together
+        (the anomaly rule: one model call per group, not per event), detectors in the order
+        they first deferred."""
+        deferred, self._deferred = self._deferred, []
+        by_detector: dict[int, tuple[BatchPhase, list[Any]]] = {}
+        for detector, item in deferred:
+            by_detector.setdefault(id(detector), (detector, []))[1].append(item)
         found: list[Finding] = []
-        for group in by_detector.values():
-            found.extend(group[0][0].score_windows(group, self.models))
+        for detector, items in by_detector.values():
+            found.extend(detector.end_batch(items))
         return found
 
-    def _route(self, state: KeyState, event_type: type) -> list:
+    def _context(self, state: KeyState) -> Context:
+        """The key's context: its resource, the fleet look-up, its rules' behaviour, the batch phase."""
+        rules = state.rules
+
+        def others() -> Behaviour:
+            most, by_name = Behaviour.NONE, self._by_name  # the rules in force now (a reload swaps them)
+            for name, rule_state in rules.items():
+                detector = by_name.get(name)
+                if detector is not None:
+                    most = max(most, detector.tracking(rule_state))
+            return most
+
+        return Context(state.info, self.resource, others, self._defer)
+
+    def _defer(self, detector: BatchPhase, item: Any) -> None:
+        self._deferred.append((detector, item))
+
+    def _route(self, state: KeyState, event_type: type) -> list[Route]:
         """``(step, rule state, detector)`` of the detectors that see this event type: of the rules whose
         match passes, each with the params its overrides give this resource; every candidate
         rule as written while the resource is unknown (no usage event yet). Cached until the
@@ -212,21 +241,12 @@ class Engine:
                 del state.rules[name]
         else:
             detectors = [r.detector for r in candidates]
-        steps = []
+        steps: list[Route] = []
         for detector in detectors:
             rule_state = state.rules.get(detector.name)
             if rule_state is None:
                 rule_state = state.rules[detector.name] = detector.new_state()
-            bound: dict[str, Any] = {}
-            if getattr(detector, "uses_fleet", False):
-                bound["fleet"] = self.resource  # run detectors: their hosts' state
-            if getattr(detector, "uses_sink", False):
-                # The anomaly model: windows scored per batch, and what the rules are tracking on
-                # the resource. Without a model (nor training), the step returns at once.
-                wanted = bool(self.models) or self.on_windows is not None
-                bound["sink"] = self._windows.append if wanted else None
-                bound["siblings"] = state.rules
-            steps.append((partial(detector.step, **bound) if bound else detector.step, rule_state, detector))
+            steps.append((detector.step, rule_state, detector))
         if info.known:
             state.routes[event_type] = steps
         return steps
@@ -267,18 +287,12 @@ class Engine:
         if changed:
             state.routes.clear()
 
-    def set_models(self, models: Any) -> None:
-        """Use these anomaly models from now on (a new artifact, or none): routes are rebuilt
-        so the ``anomaly`` rule starts (or stops) building windows."""
-        self.models = models
-        for state in self._keys.values():
-            state.routes.clear()
-
     def set_ruleset(self, ruleset: RuleSet) -> None:
         """Swap rules in place (hot reload). Open episodes of rules that remain continue
         with the new params; state of rules removed, or whose type changed, is dropped."""
         self.ruleset = ruleset
         self.pricer = Pricer(ruleset.pricing)
+        self._by_name = {r.detector.name: r.detector for r in ruleset.rules}
         for state in self._keys.values():
             state.routes.clear()
             for name, rule_state in list(state.rules.items()):

@@ -18,7 +18,7 @@ from detector.engine import Engine
 from detector.logs import stdlib_logging_config
 from detector.settings import Settings
 from detector.slack import SlackNotifier
-from detector.store import Store
+from detector.store import EventHistory, Store
 from streams.config import LiveConfig
 from streams.handover import install_handover
 from streams.parts import WorkerParts, remembering_manager
@@ -47,8 +47,8 @@ class HostDirectory:
     for the run detectors). A look-up blocks the event loop for one small query, so answers
     are kept for 5 minutes of event time (a host's price and owner change rarely)."""
 
-    def __init__(self, store: Store, keep_s: float = 300.0) -> None:
-        self.store = store
+    def __init__(self, history: EventHistory, keep_s: float = 300.0) -> None:
+        self.history = history
         self.keep_s = keep_s
         self._known: dict[str, tuple[float, Any]] = {}
 
@@ -56,7 +56,7 @@ class HostDirectory:
         found = self._known.get(resource_id)
         if found is not None and 0 <= at - found[0] < self.keep_s:
             return found[1]
-        info = self.store.resource_info(resource_id, at)
+        info = self.history.resource_info(resource_id, at)
         if info is not None:  # not known yet: asked again at the next run event
             if len(self._known) > 100_000:
                 self._known.clear()
@@ -76,7 +76,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     # in the same step before offsets are acked, and loaded when partitions are assigned.
     assigned_states: dict[str, bytes] = {}
     engine = Engine(config.current.ruleset, loader=lambda key: assigned_states.pop(key, None))
-    engine.directory = HostDirectory(store)  # a run's hosts held by another worker
+    engine.directory = HostDirectory(store.history)  # a run's hosts held by another worker
     outbox = Outbox(store, _notifier(settings))
     if outbox.notifier is not None and outbox.notifier.threads and settings.slack_charts:
         outbox.on_opened = ChartWorker(store, outbox.notifier).start().submit
@@ -108,7 +108,7 @@ def run_worker(settings: Settings) -> None:
     asyncio.set_event_loop(asyncio.new_event_loop())
     settings.data_dir.mkdir(parents=True, exist_ok=True)  # Faust's data; with a server DSN nothing else makes it
     store = Store.open(settings.dsn, settings.clickhouse_database)
-    store.set_event_ttl(settings.event_ttl_days, explicit="event_ttl_days" in settings.model_fields_set)
+    store.schema.set_event_ttl(settings.event_ttl_days, explicit="event_ttl_days" in settings.model_fields_set)
     try:
         app, _ = build_worker_app(settings, store)
         worker = faust.Worker(

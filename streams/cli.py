@@ -253,7 +253,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             raise SystemExit(f"--since: {exc}") from None
         store = _open_store(settings)
         try:
-            result = backtest_store(store, since, ruleset, other)
+            result = backtest_store(store.history, since, ruleset, other)
         finally:
             store.close()
         source = (f"{redact_dsn(settings.dsn)} from {rfc3339(result.span[0])} to {rfc3339(result.span[1])} "
@@ -406,7 +406,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         raise SystemExit(f"--day {args.day!r}: expected YYYY-MM-DD") from None
     store = _open_store(settings)
     try:
-        digests = build_digests(store, day)
+        digests = build_digests(store.digests, day)
     finally:
         store.close()
     if not digests:
@@ -541,24 +541,24 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
     store = Store(connect(settings.dsn), settings.clickhouse_database)
     try:
         applied = store.migrate()
-        restored = store.restore_missing()
-        missing = store.missing_tables()
-        days = store.set_event_ttl(settings.event_ttl_days, explicit=explicit_ttl)
+        restored = store.schema.restore_missing()
+        missing = store.schema.missing_tables()
+        days = store.schema.set_event_ttl(settings.event_ttl_days, explicit=explicit_ttl)
         expiring = 0
         if explicit_ttl and days > 0:
             expiring = sum(store.query(f"SELECT count() AS n FROM {store.db}.{table} "
                                        f"WHERE ts < now() - toIntervalDay({days})")[0]["n"] for table in RAW_TABLES)  # fmt: skip
-        history = store.applied_migrations()
+        history = store.schema.applied()
     finally:
         store.close()
-    done = (["created the store"] if store.created else []) + (["applied " + ", ".join(applied)] if applied else [])
+    done = (["created the store"] if store.schema.created else []) + (["applied " + ", ".join(applied)] if applied else [])
     done += [f"made again the missing {', '.join(restored)}"] if restored else []
     print(f"{redact_dsn(settings.dsn)} database {settings.clickhouse_database}: {'; '.join(done) or 'up to date'}")
     for m in history:
         print(f"  {m['version']:04d}_{m['name']}  {m['checksum']}  applied {m['applied_at']:%Y-%m-%d %H:%M:%S}")
     if explicit_ttl:
         why = "(BURNWATCH_EVENT_TTL_DAYS)"
-    elif store.created:
+    elif store.schema.created:
         why = "(the default for a new store; BURNWATCH_EVENT_TTL_DAYS sets it)"
     else:
         why = "(the store's own: BURNWATCH_EVENT_TTL_DAYS changes it, a default never does)"

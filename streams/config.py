@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from detector.detectors.anomaly import Scoring, use_scoring
 from detector.events import EventDecoder
 from detector.reload import RulesWatcher
 from detector.rules import Routing, RuleSet, RulesInvalid, load_rules
@@ -40,9 +41,14 @@ class Config:
 
 class LiveConfig:
     """The snapshot in force. :meth:`reload` replaces it whole after a valid edit of the rule
-    files; readers take :attr:`current` once per unit of work and never see a mix."""
+    files; readers take :attr:`current` once per unit of work and never see a mix. The anomaly
+    rules of every snapshot score with one :attr:`scoring`, so a model reload (which swaps its
+    scorer) and a rules reload never undo each other."""
 
     def __init__(self, config: Config, rules_path: str | Path | None = None) -> None:
+        self.scoring = Scoring()
+        """The anomaly model in use (:mod:`streams.timers` swaps its scorer)."""
+        use_scoring(config.ruleset.rules, self.scoring)
         self.current = config
         self._watcher = RulesWatcher(rules_path, config.ruleset) if rules_path is not None else None
 
@@ -60,5 +66,6 @@ class LiveConfig:
         ruleset, refused = self._watcher.poll()
         if ruleset is None:
             return None, refused
+        use_scoring(ruleset.rules, self.scoring)  # before any batch can read the new snapshot
         self.current = Config.of(ruleset)
         return self.current, None

@@ -193,7 +193,7 @@ def _summary(dsn: str, database: str, labels: list) -> str | None:
     """Print the summary; return the first alert's day of event time (YYYY-MM-DD), if any."""
     store = Store.open(dsn, database)
     try:
-        alerts = store.alerts()
+        alerts = store.alerts.latest()
         for rule_type in sorted({a["type"] for a in alerts} | {label.type for label in labels}):
             of_type = [a for a in alerts if a["type"] == rule_type]
             dollars = sum(a["waste_usd"] for a in of_type)

@@ -45,7 +45,7 @@ def install_handover(parts: WorkerParts) -> None:
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
         loop = asyncio.get_running_loop()
-        states = await loop.run_in_executor(None, store.load_states, partitions)
+        states = await loop.run_in_executor(None, store.states.load, partitions)
         # What another worker alerted on these keys until now is in the store: the alert manager
         # learns it again, so re-read input neither re-opens nor re-closes those alerts.
         pipeline.manager = await loop.run_in_executor(None, parts.alert_manager)

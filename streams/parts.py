@@ -53,7 +53,7 @@ def remembering_manager(store: Store, ruleset: RuleSet) -> AlertManager:
     """An alert manager that remembers what the store says was alerted (from any worker), so
     re-read input neither re-opens nor re-closes those alerts. Blocking: run it in an executor
     on the event loop."""
-    return AlertManager(AlertMemory.load(store), ruleset=ruleset)
+    return AlertManager(AlertMemory.load(store.memory), ruleset=ruleset)
 
 
 def fail(reason: str, **details: Any) -> NoReturn:

@@ -218,7 +218,7 @@ class Pipeline:
                 self._ack = ack
                 step = self._read(messages)
                 replays = self._maybe_replayed(step)
-                stored = await asyncio.get_running_loop().run_in_executor(None, self.store.stored_ids, replays) \
+                stored = await asyncio.get_running_loop().run_in_executor(None, self.store.events.stored_ids, replays) \
                     if replays else set()  # fmt: skip
                 self._detect(step, stored)
                 await self.drain()
@@ -392,7 +392,7 @@ class Pipeline:
             tp = (message.topic, message.partition)
             fresh = decoded
             if stored:
-                ids = self.store.event_ids(decoded)
+                ids = self.store.events.event_ids(decoded)
                 fresh = [e for e, i in zip(decoded, ids, strict=True) if i not in stored]
                 step.replayed += len(decoded) - len(fresh)
                 if not fresh:  # every event read again: done, and its time still counts
@@ -524,8 +524,8 @@ class Pipeline:
             try:
                 step.refused = self._store_events(step.stored)
                 if step.alerts:
-                    self._write_own(lambda: self.store.record_alerts(step.alerts, version=version))
-                self._write_own(lambda: self.store.save_states(step.states, version=version))
+                    self._write_own(lambda: self.store.alerts.record(step.alerts, version=version))
+                self._write_own(lambda: self.store.states.save(step.states, version=version))
             except StoreUnavailable as exc:
                 if self.stalled_since is None:
                     self.stalled_since = time.monotonic()
@@ -559,7 +559,7 @@ class Pipeline:
         for message, events in items:
             batch.extend(events, (message.topic, message.partition, message.offset))
         try:
-            self.store.insert_events(batch, self.engine.ruleset.pricing)
+            self.store.events.insert(batch, self.engine.ruleset.pricing)
             return []
         except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
             if not self.store.refused(exc) or not self.store.writable():  # not the rows: retry, drop nothing

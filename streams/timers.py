@@ -97,7 +97,7 @@ def _daily_digest(parts: WorkerParts) -> None:
             return
         loop = asyncio.get_running_loop()
         try:
-            sent = await loop.run_in_executor(None, send_due_digests, store, outbox.notifier, engine.watermark)
+            sent = await loop.run_in_executor(None, send_due_digests, store.digests, outbox.notifier, engine.watermark)
         except SlackError as exc:
             log.warning("digest_retry", error=str(exc))
             return
@@ -106,32 +106,34 @@ def _daily_digest(parts: WorkerParts) -> None:
 
 
 def load_models(parts: WorkerParts) -> None:
-    """The anomaly models at start: the files that load are used, each refused one is named."""
-    engine, model_dir = parts.engine, parts.settings.model_path
+    """The anomaly models at start: the files that load are used, each refused one is named.
+    They are handed to the anomaly rules (the configuration's :class:`Scoring`), not the engine."""
+    model_dir = parts.settings.model_path
     models, refused = ModelSet.read(model_dir)
     if refused:
         log.error("model_refused", dir=str(model_dir), errors=refused)
-    engine.set_models(models)
-    if engine.models:
-        log.info("model_loaded", dir=str(model_dir), groups=sorted(engine.models.artifacts))
+    parts.config.scoring.scorer = models
+    if models:
+        log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
     else:
         log.info("model_absent", dir=str(model_dir), note="rules only until a model is trained (burnwatch model train)")
 
 
 def _models(parts: WorkerParts) -> None:
-    app, engine, settings, store = parts.app, parts.engine, parts.settings, parts.store
+    app, settings, store, scoring = parts.app, parts.settings, parts.store, parts.config.scoring
     model_dir = settings.model_path
 
     @app.timer(interval=30.0)
     async def reload_models() -> None:
         """A change of the model files: use the artifacts that load; a refused file is named
         (once per change of the files) and its group keeps no model from it."""
-        if not engine.models.changed(model_dir):
+        in_use = scoring.scorer
+        if isinstance(in_use, ModelSet) and not in_use.changed(model_dir):
             return
         models, refused = await asyncio.get_running_loop().run_in_executor(None, ModelSet.read, model_dir)
         if refused:
             log.error("model_refused", dir=str(model_dir), errors=refused)
-        engine.set_models(models)
+        scoring.scorer = models  # every anomaly rule, of this rule set and the next, scores with it
         log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
 
     if not settings.model_retrain_every:
@@ -160,7 +162,7 @@ def _housekeeping(parts: WorkerParts) -> None:
         expired = engine.expire()
         pipeline.forget(expired)
         if expired:
-            await asyncio.get_running_loop().run_in_executor(None, store.delete_states, expired)
+            await asyncio.get_running_loop().run_in_executor(None, store.states.delete, expired)
 
     @app.timer(interval=10.0)
     async def report() -> None:

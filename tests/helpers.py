@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 from detector.events import GpuMetric, UsageEvent
+from detector.pricing import Pricing
+from detector.replay import write_replay
+from detector.simulate import Label, SimConfig, simulate
 
 T0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
 MIN = 60.0
@@ -44,3 +48,11 @@ def timeline(start: float, end: float, utils: list[float], rid: str = "host-1", 
         events.extend(scrape(t, utils, rid))
         t += step
     return events
+
+
+def fleet_file(path: Path, cfg: SimConfig, pricing: Pricing) -> tuple[Path, list[Label]]:
+    """A simulated fleet written as a replay file (what backtest and replay read), and its labels."""
+    records, labels = simulate(cfg, pricing)
+    with open(path, "wb") as out:
+        write_replay(records, out)
+    return path, labels

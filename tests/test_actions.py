@@ -79,7 +79,7 @@ def handler_for(store, slack):
 
 
 def test_acknowledge_is_recorded_and_shown_on_the_message(store, slack):
-    store.record_alerts([alert()], version=1)
+    store.alerts.record([alert()], version=1)
     handler, _ = handler_for(store, slack)
     body = click_body("burnwatch_ack")
     status, answer = handler.handle(body, signed(body))
@@ -93,14 +93,14 @@ def test_acknowledge_is_recorded_and_shown_on_the_message(store, slack):
 
 
 def test_snooze_keeps_the_incident_quiet_and_survives_a_restart(store, slack):
-    store.record_alerts([alert()], version=1)
-    store.record_delivery("a1", "fired", "C42", "1700000000.000001")  # the message the button is on
+    store.alerts.record([alert()], version=1)
+    store.deliveries.record("a1", "fired", "C42", "1700000000.000001")  # the message the button is on
     handler, outbox = handler_for(store, slack)
     body = click_body("burnwatch_snooze")
     assert handler.handle(body, signed(body))[0] == 200
     (row,) = store.query(f"SELECT until, at FROM {store.db}.alert_actions")
     assert (row["until"] - row["at"]).total_seconds() == 86_400
-    store.record_alerts([alert("resolved")], version=2)  # stored first, as the worker does
+    store.alerts.record([alert("resolved")], version=2)  # stored first, as the worker does
     outbox.add([alert("resolved")])  # resolved while snoozed: recorded, not posted
     outbox.deliver_pending()
     assert slack.calls("chat.postMessage") == []
@@ -119,7 +119,7 @@ def test_unknown_alert_and_bad_payload(store, slack):
 
 
 def test_expected_is_kept_as_feedback_per_rule(store, slack):
-    store.record_alerts([alert(), alert(alert_id="a2")], version=1)
+    store.alerts.record([alert(), alert(alert_id="a2")], version=1)
     handler, _ = handler_for(store, slack)
     for action_id, alert_id in (("burnwatch_expected", "a1"), ("burnwatch_ack", "a2")):
         body = click_body(action_id, alert_id)

@@ -9,18 +9,15 @@ import sys
 import pytest
 
 from detector.backtest import backtest
-from detector.replay import write_replay
-from detector.simulate import SimConfig, simulate
+from detector.simulate import SimConfig
 from tests.conftest import ROOT
+from tests.helpers import fleet_file
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, ruleset):
-    path = tmp_path_factory.mktemp("fleet") / "fleet.jsonl"
-    records, labels = simulate(SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11), ruleset.pricing)
-    with open(path, "wb") as out:
-        write_replay(records, out)
-    return path, labels
+    return fleet_file(tmp_path_factory.mktemp("fleet") / "fleet.jsonl",
+                      SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11), ruleset.pricing)  # fmt: skip
 
 
 def match(alerts, labels):
@@ -83,12 +80,12 @@ def test_history_in_clickhouse_gives_the_alerts_of_the_replay(fleet, ruleset, st
     batch = EventBatch()
     for _, record in read_replay(path):
         batch.extend(decoder.decode(record.topic, bytes(record.value)))
-    store.insert_events(batch)
+    store.events.insert(batch)
     from_file = backtest(path, ruleset)
-    from_store = backtest_store(store, 31 * 3600, ruleset)  # the fleet spans 30 h
+    from_store = backtest_store(store.history, 31 * 3600, ruleset)  # the fleet spans 30 h
     assert from_store.events == len(batch)
     assert [a.to_json() for a in from_store.alerts] == [a.to_json() for a in from_file.alerts]
-    last_day = backtest_store(store, 6 * 3600, ruleset)  # only the last six hours of event time
+    last_day = backtest_store(store.history, 6 * 3600, ruleset)  # only the last six hours of event time
     assert 0 < last_day.events < len(batch) and last_day.span[1] - last_day.span[0] <= 6 * 3600
 
 

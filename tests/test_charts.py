@@ -34,7 +34,7 @@ def slack():
 def stored(store, events) -> None:
     batch = EventBatch()
     batch.extend(events)
-    store.insert_events(batch)
+    store.events.insert(batch)
 
 
 def test_idle_gpu_chart_is_uploaded_in_the_thread_after_the_alert_is_posted(store, slack):

@@ -119,15 +119,15 @@ def test_a_default_event_expiry_applies_to_a_new_store_only(chdb_client):
         chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
     first = Store(chdb_client, "t_ttl_existing")
     first.migrate()
-    assert first.created and first.set_event_ttl(0) == 0
+    assert first.schema.created and first.schema.set_event_ttl(0) == 0
     again = Store(chdb_client, "t_ttl_existing")
     again.migrate()
-    assert not again.created
-    assert again.set_event_ttl(30, explicit=False) == 0 and again.event_ttl() == 0
-    assert again.set_event_ttl(30, explicit=True) == 30 and again.event_ttl() == 30
+    assert not again.schema.created
+    assert again.schema.set_event_ttl(30, explicit=False) == 0 and again.schema.event_ttl() == 0
+    assert again.schema.set_event_ttl(30, explicit=True) == 30 and again.schema.event_ttl() == 30
     new = Store(chdb_client, "t_ttl_new")
     new.migrate()
-    assert new.set_event_ttl(30, explicit=False) == 30 and new.event_ttl() == 30
+    assert new.schema.set_event_ttl(30, explicit=False) == 30 and new.schema.event_ttl() == 30
     assert "event_ttl_days" not in load_settings(environ={}).model_fields_set
     assert "event_ttl_days" in load_settings(environ={"BURNWATCH_EVENT_TTL_DAYS": "0"}).model_fields_set
 

@@ -30,7 +30,7 @@ def _fill(store, hours: int) -> None:
                    tags={"team": "research"})
         for i in minutes
     ])  # fmt: skip
-    store.insert_events(batch)
+    store.events.insert(batch)
     end = datetime.fromtimestamp(T0 + hours * HOUR, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     store.client.command(
         f"INSERT INTO {store.db}.alerts (alert_id, type, rule, resource_id, status, episode_start, fired_at, "
@@ -54,7 +54,7 @@ def test_the_period_ends_at_the_end_of_the_newest_hour(store):
     _fill(store, hours=3)
     batch = EventBatch()
     batch.extend([usage(T0 + 3 * HOUR + 10 * MIN, rid="untagged-host", usd_per_hour=10.0, tags={})])
-    store.insert_events(batch)
+    store.events.insert(batch)
     since, until = period(store, 2 * HOUR)
     assert (since.timestamp(), until.timestamp()) == (T0 + 2 * HOUR, T0 + 4 * HOUR)
     (untagged,) = run_report(store, "untagged", 2 * HOUR)

@@ -70,7 +70,7 @@ def test_a_reload_reaches_the_engine_the_manager_the_decoder_and_slack(store, tm
             await pipeline.drain()
 
         asyncio.run(run([m for i in range(10) for m in minute(i, T0 + i * MIN)]))
-        assert store.alerts() == [] and dead == []
+        assert store.alerts.latest() == [] and dead == []
 
         edit(rules / "rules.yaml", idle_for("30m"))  # the engine
         edit(rules / "routing.yaml", lambda r: r.update(channels={"nlp": "#nlp-cost"}))  # the manager
@@ -84,7 +84,7 @@ def test_a_reload_reaches_the_engine_the_manager_the_decoder_and_slack(store, tm
         asyncio.run(run(after))
         outbox.deliver_pending()
 
-        (alert,) = store.alerts()
+        (alert,) = store.alerts.latest()
         assert alert["rule"] == "idle-gpu" and alert["channel"] == "#nlp-cost"
         (post,) = slack.calls("chat.postMessage")
         assert post.body["channel"] == "#nlp-cost"

@@ -178,7 +178,7 @@ def test_whatever_the_decoder_accepts_is_stored_as_sent(store, topic, limits, da
     batch = EventBatch()
     batch.extend(events)
     events = list({msgspec.json.encode(e): e for e in events}.values())  # an event drawn twice is stored once
-    assert store.insert_events(batch) == len(events)
+    assert store.events.insert(batch) == len(events)
     types = {r["name"]: r["type"] for r in store.query(f"DESCRIBE TABLE {table}")}
     names = list(INFO[topic])
     rows = store.query(f"SELECT {', '.join(names)} FROM {table}")

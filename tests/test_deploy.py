@@ -111,7 +111,7 @@ def test_every_dashboard_query_runs_on_the_schema(path, store):
     batch = EventBatch()
     for minute in range(90):
         batch.extend([usage(now - 3600 * 2 + minute * 60), *scrape(now - 3600 * 2 + minute * 60, [1.0, 80.0])])
-    store.insert_events(batch)
+    store.events.insert(batch)
     for panel in json.loads(path.read_text())["panels"]:
         for target in panel["targets"]:
             rows = store.query(_grafana_sql(target["rawSql"], store.db))

@@ -30,8 +30,8 @@ def history(store):
     batch = EventBatch()
     batch.extend([usage(T0 + k * HOUR, rid, usd_per_hour=50.0, interval_s=HOUR)
                   for rid in ("h1", "h2", "h3", "h4", "nb1") for k in range(48)])  # fmt: skip
-    store.insert_events(batch)
-    store.record_alerts([
+    store.events.insert(batch)
+    store.alerts.record([
         change("a", T0 + 22 * HOUR, 0.0, change="fired"), change("a", T0 + 23 * HOUR, 10.0),
         change("a", T0 + DAY_S + 2 * HOUR, 40.0, resolved=True, change="resolved"),  # $20 on day 1, $20 on day 2
         change("b", T0 + 5 * HOUR, 25.0, rid="h2", team="vision", change="fired"),  # $25 on day 1
@@ -46,40 +46,40 @@ def history(store):
 def test_a_day_counts_what_each_incident_burned_that_day(history):
     """A change's added dollars are spread over the hours since the change before: "a" added
     $30 over the three hours across midnight, one of them on day 1."""
-    default, oncall = build_digests(history, T0)
+    default, oncall = build_digests(history.digests, T0)
     assert (default.channel, oncall.channel) == ("", "#oncall")
     assert default.by_type == pytest.approx({"idle_gpu": 45.0, "untagged": 7.0})
     assert default.by_team == pytest.approx({"nlp": 20.0, "vision": 25.0, "(untagged)": 7.0})
     assert [o["resource_id"] for o in default.top] == ["h2", "h1", "nb1"]
     assert default.open_incidents == 3  # a (resolved the next day), b, c
     assert default.open_usd_per_hour == pytest.approx(30.0)  # three resources at $10/h
-    (second,) = build_digests(history, T0 + DAY_S)
+    (second,) = build_digests(history.digests, T0 + DAY_S)
     assert second.by_type == pytest.approx({"idle_gpu": 20.0}) and second.open_incidents == 0
 
 
 def test_due_digests_are_posted_once_with_a_chart(history):
     with LocalSlack() as slack:
         notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
-        assert send_due_digests(history, notifier, watermark=T0 + 3 * HOUR) == []  # the first day seen starts here
-        assert send_due_digests(history, notifier, watermark=T0 + DAY_S + 300) == []  # not settled yet
-        sent = send_due_digests(history, notifier, watermark=T0 + DAY_S + 900)
+        assert send_due_digests(history.digests, notifier, watermark=T0 + 3 * HOUR) == []  # the first day seen starts here
+        assert send_due_digests(history.digests, notifier, watermark=T0 + DAY_S + 300) == []  # not settled yet
+        sent = send_due_digests(history.digests, notifier, watermark=T0 + DAY_S + 900)
         assert [d.channel for d in sent] == ["", "#oncall"]
         posts = slack.calls("chat.postMessage")
         assert [p.body["channel"] for p in posts] == ["#ml-cost", "#oncall"]
         assert "Cost waste on 2026-11-02: $52.00" in posts[0].text_of_blocks()
         assert len(slack.calls("files.completeUploadExternal")) == 2  # the bar chart, in each digest's thread
-        assert send_due_digests(history, notifier, watermark=T0 + DAY_S + 3600) == []  # never twice
+        assert send_due_digests(history.digests, notifier, watermark=T0 + DAY_S + 3600) == []  # never twice
 
 
 def test_open_burn_rate_counts_a_host_once(store):
     """An untagged host whose GPUs sit idle burns its price once, not once per incident on it."""
     batch = EventBatch()
     batch.extend([usage(T0 + k * HOUR, "h9", usd_per_hour=10.0, interval_s=HOUR) for k in range(3)])
-    store.insert_events(batch)
-    store.record_alerts([change("idle", T0 + HOUR, 10.0, rid="h9", change="fired"),
+    store.events.insert(batch)
+    store.alerts.record([change("idle", T0 + HOUR, 10.0, rid="h9", change="fired"),
                          change("untag", T0 + 2 * HOUR, 20.0, rule_type="untagged", team="", rid="h9",
                                 change="fired")], version=1)  # fmt: skip
-    (digest,) = build_digests(store, T0)
+    (digest,) = build_digests(store.digests, T0)
     assert digest.open_incidents == 2
     assert digest.open_usd_per_hour == pytest.approx(10.0)
     assert digest.by_type == pytest.approx({"idle_gpu": 10.0, "untagged": 10.0})  # the idle hour is not untagged too

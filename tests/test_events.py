@@ -56,7 +56,7 @@ def test_unknown_fields_are_kept_not_rejected():
 def test_bad_messages_name_the_problem(topic, value, reason):
     with pytest.raises(InvalidMessage) as info:
         decoder.decode(topic, value)
-    assert reason in info.value.reason
+    assert any(r in info.value.reason for r in reason.split("|")), info.value.reason
 
 
 # -- hostile input: refused with the field named, never an exception of another type ------
@@ -89,8 +89,10 @@ POISON = [
     ("gpu-metrics", json.dumps(GPU).replace('"h1"', '"h\\u00e9"').encode().replace(b"\\u00e9", b"\xc3"),
      "not valid UTF-8"),
     ("gpu-metrics", json.dumps({**GPU, "model": "A100"}).encode().replace(b"A100", b"A\xff\xfe0"), "not valid UTF-8"),
-    ("gpu-metrics", DEEP, "nested too deeply"),
-    ("gpu-metrics", _raw(GPU, labels=DEEP), "nested too deeply"),
+    # Python 3.11 and 3.12 stop at their recursion limit; 3.13's is higher, so the decoder gets
+    # further and names what it found there. Either way the message is refused with a reason.
+    ("gpu-metrics", DEEP, "nested too deeply|expected an event object, got list - at `$[0]`"),
+    ("gpu-metrics", _raw(GPU, labels=DEEP), "nested too deeply|nested deeper than 32 levels - at `$.labels`"),
     ("gpu-metrics", _raw(GPU, labels=b"[" * 40 + b"]" * 40), "nested deeper than 32 levels - at `$.labels`"),
     ("gpu-metrics", _raw(GPU, extra=b'{"a": ' + b"[" * 40 + b"]" * 40 + b"}"), "- at `$.extra.a`"),
     ("gpu-metrics", json.dumps({**GPU, "resource_id": "h" * 2000}).encode(), "<= 1024 - at `$.resource_id`"),
@@ -109,7 +111,7 @@ POISON = [
 def test_poison_is_refused_with_its_field(topic, value, reason):
     with pytest.raises(InvalidMessage) as info:
         decoder.decode(topic, value)
-    assert reason in info.value.reason
+    assert any(r in info.value.reason for r in reason.split("|")), info.value.reason
 
 
 def _json(max_leaves: int = 8) -> st.SearchStrategy:

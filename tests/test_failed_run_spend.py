@@ -118,14 +118,14 @@ def test_a_run_whose_hosts_another_worker_holds_is_priced_from_the_store(store, 
     runs = [run(T0 + HOUR, "r1", "started"), run(T0 + 3 * HOUR, "r1", "failed", error="CUDA OOM")]
     batch = EventBatch()
     batch.extend(billed())  # the host, stored by the worker that holds it
-    store.insert_events(batch, ruleset.pricing)
+    store.events.insert(batch, ruleset.pricing)
     alone = Engine(ruleset)
-    alone.directory = store.resource_info
+    alone.directory = store.history.resource_info
     (fire,) = [f for f in alone.process(runs) if f.type == "failed_run_spend"]
     (together,) = findings(ruleset, *runs)
     assert fire.waste_usd == pytest.approx(together.waste_usd) == pytest.approx(64.0, rel=1e-4)
     assert fire.resource.instance_type == together.resource.instance_type == "p4d.24xlarge"
     nowhere = Engine(ruleset)  # a host nothing knows of, here or in the store: unpriced, no alert
-    nowhere.directory = store.resource_info
+    nowhere.directory = store.history.resource_info
     assert [f for f in nowhere.process([run(T0 + HOUR, "r2", "started", hosts=("gone",)),
                                          run(T0 + 3 * HOUR, "r2", "failed", hosts=("gone",))])] == []  # fmt: skip

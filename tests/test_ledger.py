@@ -47,8 +47,8 @@ def demo(tmp_path_factory, chdb_client, ruleset):
     batch = EventBatch()
     for _, record in read_replay(path):
         batch.extend(decoder.decode(record.topic, bytes(record.value)))
-    store.insert_events(batch, ruleset.pricing)
-    store.record_alerts(result.alerts, version=1)
+    store.events.insert(batch, ruleset.pricing)
+    store.alerts.record(result.alerts, version=1)
     return store, result.alerts
 
 
@@ -146,7 +146,7 @@ def test_the_digest_headline_is_held_to_the_days_bill(demo):
     and what could be saved apart from it."""
     store, _ = demo
     day = SimConfig().start - SimConfig().start % DAY_S
-    digests = build_digests(store, day)
+    digests = build_digests(store.digests, day)
     assert digests
     untagged = sum(d.by_team.get("(untagged)", 0.0) for d in digests)
     assert 0 < untagged <= untagged_bill(store) + CENT  # the whole fleet runs within this one day
@@ -165,7 +165,7 @@ def test_failed_runs_report_is_held_to_its_hosts_bill(demo):
     store, _ = demo
     rows = run_report(store, "failed-runs", ALL)
     assert rows
-    alerts = [a for a in store.alerts() if a["type"] == "failed_run_spend" and not a["silenced"]]
+    alerts = [a for a in store.alerts.latest() if a["type"] == "failed_run_spend" and not a["silenced"]]
     hosts = {h for a in alerts for h in hosts_of(a)}
     bill = bills(store)
     assert sum(r["usd"] for r in rows) <= sum(bill.get(h, 0.0) for h in hosts) + CENT
@@ -185,7 +185,7 @@ def billed(store: Store, hours: int, usd_per_hour: float, rid: str = "h1") -> No
     """``rid`` running for ``hours`` from T0 at ``usd_per_hour`` (its stored rows are the bill)."""
     batch = EventBatch()
     batch.extend([usage(T0 + i * 60, rid, usd_per_hour=usd_per_hour) for i in range(hours * 60)])
-    store.insert_events(batch)
+    store.events.insert(batch)
 
 
 def ledger(store: Store) -> dict[tuple[str, str], float]:
@@ -196,7 +196,7 @@ def ledger(store: Store) -> dict[tuple[str, str], float]:
 def test_idle_before_untagged_on_the_same_hours(store):
     """An untagged host idle for one of its two hours: $10 idle, the other $10 untagged, not $30."""
     billed(store, 2, 10.0)
-    store.record_alerts([alert("idle", "idle_gpu", 10.0, T0, T0 + HOUR),
+    store.alerts.record([alert("idle", "idle_gpu", 10.0, T0, T0 + HOUR),
                          alert("untag", "untagged", 20.0, T0, T0 + 2 * HOUR, team="")], version=1)  # fmt: skip
     assert ledger(store) == pytest.approx({("idle", "waste"): 10.0, ("untag", "waste"): 10.0})
 
@@ -206,7 +206,7 @@ def test_could_be_saved_is_apart_from_waste_and_never_on_wasted_dollars(store):
     dollars, and what could be saved is its own total (here, on the hour the run did not fail)."""
     billed(store, 2, 10.0)
     run = {"run_id": "r1", "resource_ids": ["h1"]}
-    store.record_alerts([alert("failed", "failed_run_spend", 10.0, T0, T0 + HOUR, rid="r1", details=run),
+    store.alerts.record([alert("failed", "failed_run_spend", 10.0, T0, T0 + HOUR, rid="r1", details=run),
                          alert("spot", "spot_eligible", 12.0, T0, T0 + 2 * HOUR, rid="r1", details=run)], version=1)  # fmt: skip
     assert ledger(store) == pytest.approx({("failed", "waste"): 10.0, ("spot", "could_save"): 6.0})
 
@@ -215,7 +215,7 @@ def test_could_be_saved_still_counts_untagged_dollars(store):
     """Spend that is untagged is not wasted: spot could still save on it (two totals, each within the bill)."""
     billed(store, 1, 10.0)
     run = {"run_id": "r1", "resource_ids": ["h1"]}
-    store.record_alerts([alert("untag", "untagged", 10.0, T0, T0 + HOUR, team=""),
+    store.alerts.record([alert("untag", "untagged", 10.0, T0, T0 + HOUR, team=""),
                          alert("spot", "spot_eligible", 4.0, T0, T0 + HOUR, rid="r1", details=run)], version=1)  # fmt: skip
     assert ledger(store) == pytest.approx({("untag", "waste"): 10.0, ("spot", "could_save"): 4.0})
 
@@ -226,7 +226,7 @@ def test_a_run_in_a_crash_loop_and_alerted_alone_is_claimed_once(store):
         {"run_id": "a", "start": T0, "end": T0 + HOUR / 2, "usd": 5.0, "resource_ids": ["h1"]},
         {"run_id": "b", "start": T0 + HOUR, "end": T0 + 1.5 * HOUR, "usd": 5.0, "resource_ids": ["h1"]},
     ]}  # fmt: skip
-    store.record_alerts([
+    store.alerts.record([
         alert("run-a", "failed_run_spend", 5.0, T0, T0 + HOUR / 2, rid="a", details={"run_id": "a", "resource_ids": ["h1"]}),
         alert("loop", "failed_run_spend", 10.0, T0, T0 + 1.5 * HOUR, rid="project/p", details=loop),
     ], version=1)  # fmt: skip
@@ -235,7 +235,7 @@ def test_a_run_in_a_crash_loop_and_alerted_alone_is_claimed_once(store):
 
 def test_a_claim_beyond_the_bill_is_cut_and_silenced_alerts_claim_nothing(store):
     billed(store, 1, 10.0)
-    store.record_alerts([alert("stale", "telemetry_stale", 25.0, T0, T0 + HOUR),
+    store.alerts.record([alert("stale", "telemetry_stale", 25.0, T0, T0 + HOUR),
                          alert("quiet", "idle_gpu", 10.0, T0, T0 + HOUR, silenced="maintenance"),
                          alert("nobill", "idle_gpu", 7.0, T0, T0 + HOUR, rid="h-unknown")], version=1)  # fmt: skip
     assert ledger(store) == pytest.approx({("stale", "waste"): 10.0, ("nobill", "waste"): 0.0})

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from detector.detectors.anomaly import Scoring, use_scoring
 from detector.engine import Engine
 from detector.events import GpuMetric, UsageEvent
 from detector.model.features import WindowBuilder, WindowState, feature_names
@@ -76,9 +77,8 @@ def test_higher_score_means_more_anomalous_and_the_guard_sees_beyond_training():
 def trained_on(events, tmp_path, min_samples: int = 50) -> ModelSet:
     ruleset = anomaly_ruleset(load_rules(ROOT / "rules"))
     ts = TrainingSet()
+    use_scoring(ruleset.rules, Scoring(observe=ts.collect))
     engine = Engine(ruleset)
-    engine.on_windows = ts.collect
-    engine.set_models(None)
     engine.process(events)
     train(ts, [], set(), tmp_path, min_samples=min_samples)
     return ModelSet.load(tmp_path)
@@ -89,8 +89,8 @@ def test_full_power_at_low_utilisation_is_an_anomaly_that_names_power(tmp_path):
     history = working(T0, 12)
     models = trained_on(history, tmp_path)
     assert models.get("gpu") is not None
+    use_scoring(ruleset.rules, Scoring(models))
     engine = Engine(ruleset)
-    engine.set_models(models)
     engine.process(history)
     hot = [e for i in range(60) for e in minute(T0 + 12 * HOUR + i * MIN, 9.0, 380.0)]  # an hour at full power, 9 %
     after = working(T0 + 13 * HOUR, 3)
@@ -105,17 +105,21 @@ def test_full_power_at_low_utilisation_is_an_anomaly_that_names_power(tmp_path):
 
 def test_cold_start_no_model_no_windows_no_findings():
     ruleset = anomaly_ruleset(load_rules(ROOT / "rules"))
+    windows: list = []
+    scoring = Scoring(ModelSet())
+    use_scoring(ruleset.rules, scoring)
     engine = Engine(ruleset)
-    engine.set_models(ModelSet())
     events = working(T0, 8) + [e for i in range(60) for e in minute(T0 + 8 * HOUR + i * MIN, 9.0, 380.0)]
     assert [f for f in engine.process(events) if f.type == "anomaly"] == []
-    assert engine._windows == []
+    scoring.observe = windows.extend  # someone watching: the same events do close windows
+    engine = Engine(ruleset)
+    assert [f for f in engine.process(events) if f.type == "anomaly"] == [] and windows
 
 
 def test_train_from_the_store_writes_artifacts_a_worker_reloads(store, tmp_path):
     batch = EventBatch()
     batch.extend(working(T0, 14) + working(T0, 14, rid="h2"))  # judged after 6 h of baseline: 8 h each
-    store.insert_events(batch)
+    store.events.insert(batch)
     models = ModelSet.load(tmp_path)
     assert not models
     artifacts, ts = train_from_store(store, 15 * HOUR, load_rules(ROOT / "rules"), tmp_path, min_samples=50)
@@ -141,8 +145,8 @@ def test_an_anomaly_on_a_resource_with_an_open_rule_incident_joins_it(store):
     joined = manager.handle([finding("anomaly", "fire", T0 + 600, T0 + 2400)])
     assert idle[0].held is None and joined[0].held == Hold(
         kind="inhibited", by=idle[0].alert_id, reason=f"joined incident {idle[0].alert_id}: a rule's incident is open here")
-    store.record_alerts(idle + joined, version=1)
-    restarted = AlertManager(AlertMemory.load(store))
+    store.alerts.record(idle + joined, version=1)
+    restarted = AlertManager(AlertMemory.load(store.memory))
     (resolved,) = restarted.handle([finding("anomaly", "resolve", T0 + 600, T0 + 3600)])
     assert resolved.held == joined[0].held  # still not posted after a restart
     restarted.handle([finding("idle_gpu", "resolve", T0, T0 + 4000)])

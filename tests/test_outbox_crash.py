@@ -80,7 +80,7 @@ def slack():
 def run_worker(store: Store, slack: LocalSlack, acked: list[int], channel: str) -> None:
     """What the worker does with the batches not yet acknowledged: detect, write, acknowledge,
     deliver (the pipeline's order). A batch is acknowledged once its changes are written."""
-    manager = AlertManager(AlertMemory.load(store))
+    manager = AlertManager(AlertMemory.load(store.memory))
     outbox = Outbox(store, SlackNotifier(token="xoxb-test", channel=channel, base_url=slack.api_url, timeout=2),
                     group_wait_s=0, landing_s=0)  # fmt: skip
     outbox.recover()
@@ -89,7 +89,7 @@ def run_worker(store: Store, slack: LocalSlack, acked: list[int], channel: str) 
         if i < len(acked):
             continue
         changes = manager.handle(batch)
-        store.record_alerts(changes, version=time.time_ns())
+        store.alerts.record(changes, version=time.time_ns())
         acked.append(i)
         outbox.add(changes)
         outbox.deliver_pending()
@@ -137,7 +137,7 @@ def test_a_kill_before_any_write_loses_no_post_and_doubles_none(chdb_client, sla
         assert {ALERT_IDS[a]: len(ts) for a, ts in replies.items()} == dict.fromkeys(HOSTS, 1), f"killed at {n}"
         for alert_id, (thread,) in replies.items():
             assert thread == openings[alert_id][0], f"killed at {n}: {ALERT_IDS[alert_id]} resolved outside its thread"
-        assert store.undelivered() == [], n
+        assert store.deliveries.undelivered() == [], n
 
 
 def _fresh(client: Any, name: str) -> Store:
@@ -164,12 +164,12 @@ def impatient(slack: LocalSlack) -> SlackNotifier:
 def test_a_post_hanging_when_the_worker_dies_is_looked_for_after_the_restart(slack, store, change):
     """The post hung (Slack took it, the answer never came) and the worker died: the next
     worker finds it in the channel (or the thread) and does not post it again."""
-    store.record_alerts([idle()], version=1)
+    store.alerts.record([idle()], version=1)
     outbox = Outbox(store, impatient(slack), group_wait_s=0)
     outbox.add([idle()])
     if change == "resolved":
         outbox.deliver_pending()
-        store.record_alerts([idle("resolved")], version=2)
+        store.alerts.record([idle("resolved")], version=2)
         outbox.add([idle("resolved")])
     slack.hang(1.5)
     with pytest.raises(SlackError):
@@ -183,8 +183,8 @@ def test_a_post_hanging_when_the_worker_dies_is_looked_for_after_the_restart(sla
     restarted.deliver_pending()
     posts = slack.calls("chat.postMessage")
     assert len(posts) == expected  # found, not posted twice
-    assert store.undelivered() == []
-    assert store.deliveries()[("a1", change)] == ("#ml-cost", posts[0].response["ts"])
+    assert store.deliveries.undelivered() == []
+    assert store.deliveries.made()[("a1", change)] == ("#ml-cost", posts[0].response["ts"])
     lookups = slack.calls("conversations.replies" if change == "resolved" else "conversations.history")
     assert len(lookups) == 1
 
@@ -192,8 +192,8 @@ def test_a_post_hanging_when_the_worker_dies_is_looked_for_after_the_restart(sla
 def test_a_post_begun_but_never_sent_is_posted_after_the_restart(slack, store):
     """The worker died after marking the post begun but before sending it: the lookup finds
     nothing, so it is posted (once)."""
-    store.record_alerts([idle()], version=1)
-    store.record_attempt(["a1"], "fired")
+    store.alerts.record([idle()], version=1)
+    store.deliveries.record_attempt(["a1"], "fired")
     restarted = Outbox(store, impatient(slack), group_wait_s=0, landing_s=0)
     assert restarted.recover() == 1
     assert restarted.deliver_pending() == 1
@@ -296,7 +296,7 @@ def test_a_post_that_lands_after_the_restart_is_not_posted_twice(slack, store):
     """The worker died while a post hung, and Slack takes that post only after the next worker
     has started: the next worker waits out the time a cut-off post may still land (from the
     attempt's recorded time), then finds it in the channel instead of posting it again."""
-    store.record_alerts([idle()], version=1)
+    store.alerts.record([idle()], version=1)
     outbox = Outbox(store, impatient(slack), group_wait_s=0)  # the client gives up after 1 s
     outbox.add([idle()])
     slack.hang(2.5)  # Slack takes the post 2.5 s after it was sent
@@ -307,10 +307,10 @@ def test_a_post_that_lands_after_the_restart_is_not_posted_twice(slack, store):
     assert restarted.deliver_pending() == 0 and restarted.hold_s > 0  # too early to tell: it waits
     slack.hang(0)
     deadline = time.monotonic() + 20
-    while store.undelivered() and time.monotonic() < deadline:
+    while store.deliveries.undelivered() and time.monotonic() < deadline:
         time.sleep(min(restarted.hold_s, 0.5) or 0.05)  # the outbox's own hold, as the worker's task waits
         restarted.deliver_pending()
-    assert store.undelivered() == []
+    assert store.deliveries.undelivered() == []
     assert len(slack.calls("chat.postMessage")) == 1  # the late one, found; not posted again
 
 
@@ -321,15 +321,15 @@ def test_a_group_posted_before_a_kill_is_not_posted_again_nor_taken_for_a_new_me
     first, second, third = idle(alert_id="a1"), idle(alert_id="a2"), idle(alert_id="a3")
     for a in (first, second, third):
         a.tags = {"team": "nlp"}
-    store.record_alerts([first, second], version=1)
-    store.record_attempt(["a1", "a2"], "fired")
+    store.alerts.record([first, second], version=1)
+    store.deliveries.record_attempt(["a1", "a2"], "fired")
     impatient(slack).post_group([first, second])  # it landed; the worker died before recording it
     restarted = Outbox(store, impatient(slack), group_wait_s=0, landing_s=0)
     assert restarted.recover() == 2
-    store.record_alerts([third], version=2)
+    store.alerts.record([third], version=2)
     restarted.add([third])
     restarted.deliver_pending()
     restarted.deliver_pending()
     opened = [alert_id for p in slack.calls("chat.postMessage") if "thread_ts" not in p.body
               for alert_id in ("a1", "a2", "a3") if f"alert `{alert_id}`" in p.text_of_blocks()]  # fmt: skip
-    assert sorted(opened) == ["a1", "a2", "a3"] and store.undelivered() == []
+    assert sorted(opened) == ["a1", "a2", "a3"] and store.deliveries.undelivered() == []

@@ -32,7 +32,7 @@ def posted_ids(slack: LocalSlack) -> list[str]:
 
 def test_each_worker_posts_its_partitions_and_a_rebalance_moves_the_rest(store):
     alerts = [opening(f"h{i}", i % 4) for i in range(8)]
-    store.record_alerts(alerts, version=1)
+    store.alerts.record(alerts, version=1)
     with LocalSlack() as slack:
         notifier = SlackNotifier(token="xoxb-test", channel="#c", base_url=slack.api_url)
         first, second = Outbox(store, notifier, group_wait_s=0), Outbox(store, notifier, group_wait_s=0)

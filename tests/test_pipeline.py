@@ -82,9 +82,9 @@ def test_acks_follow_detection_and_everything_is_stored(store, ruleset):
     assert_in_offset_order(acked)
     assert len(dead) == 1 and "not JSON" in json.loads(dead[0])["reason"]
     assert store.count("gpu_metrics") == 200 and store.count("resource_usage") == 4
-    (alert,) = store.alerts()
+    (alert,) = store.alerts.latest()
     assert alert["resource_id"] == "h1" and alert["tags"] == {"team": "nlp", "project": "llm"}
-    assert store.load_states([0]).keys() == {"h1"}
+    assert store.states.load([0]).keys() == {"h1"}
 
 
 def run_batches(pipeline, batches, acked):
@@ -294,7 +294,7 @@ def test_events_read_again_after_a_restart_are_detected_once(store, ruleset):
             send_dead_letter=lambda key, value: asyncio.sleep(0),
             caught_up=lambda topic, p, offset: not behind.get(topic, False),
         )  # fmt: skip
-        states.update(store.load_states([0]))
+        states.update(store.states.load([0]))
         return pipeline
 
     held = usage_message(0, T0 + 90 * MIN)  # ahead of the gpu topic: held

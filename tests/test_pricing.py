@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from detector.detectors.anomaly import Scoring, use_scoring
 from detector.engine import Engine
 from detector.events import UsageEvent
 from detector.model.train import anomaly_ruleset
@@ -36,7 +37,7 @@ def test_untagged_bucket_without_cost_is_alerted_at_what_its_stored_rows_cost(ru
     found = [f for f in engine.process(events) if f.type == "untagged"]
     batch = EventBatch()
     batch.extend(events)
-    store.insert_events(batch, ruleset.pricing)
+    store.events.insert(batch, ruleset.pricing)
     stored = store.query(f"SELECT sum(usd) AS usd FROM {store.db}.resource_usage WHERE resource_id = 'bkt-1'")[0]["usd"]
     assert stored == pytest.approx(4.73, abs=0.005)
     assert found and found[0].action == "fire"
@@ -58,7 +59,7 @@ def test_telemetry_stale_counts_an_interval_as_the_store_prices_it(ruleset, stor
     (blind,) = [f for f in engine.open_episodes() if f.type == "telemetry_stale"]
     batch = EventBatch()
     batch.extend([e for e in events if isinstance(e, UsageEvent)])
-    store.insert_events(batch, ruleset.pricing)
+    store.events.insert(batch, ruleset.pricing)
     stored = store.query(f"SELECT sum(usd) AS usd FROM {store.db}.resource_usage")[0]["usd"]
     assert blind.waste_usd == pytest.approx(stored, abs=1e-3)
 
@@ -66,10 +67,10 @@ def test_telemetry_stale_counts_an_interval_as_the_store_prices_it(ruleset, stor
 def test_the_cost_feature_is_the_stored_cost(ruleset):
     """The anomaly model's cost rate is the pricer's: a bucket priced by its bytes is not free
     to the model while the store says it costs $1.58 an hour."""
-    engine = Engine(anomaly_ruleset(ruleset))
+    rules = anomaly_ruleset(ruleset)
     windows: list = []
-    engine.on_windows = windows.extend
-    engine.set_models(None)
+    use_scoring(rules.rules, Scoring(observe=windows.extend))
+    engine = Engine(rules)
     engine.process([bucket(T0 + i * 300) for i in range(90)])  # past the rule's 6 h of history
     assert windows
     for _, _, _, window in windows:

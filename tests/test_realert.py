@@ -55,10 +55,10 @@ def test_realert_survives_a_restart(tmp_path, store):
     ruleset = load_rules(tmp_path / "rules.yaml")
     engine = Engine(ruleset)
     first = AlertManager(ruleset=ruleset).handle(engine.process(episodes([T0])))
-    store.record_alerts(first, version=1)
-    restarted = AlertManager(AlertMemory.load(store), ruleset=ruleset)
+    store.alerts.record(first, version=1)
+    restarted = AlertManager(AlertMemory.load(store.memory), ruleset=ruleset)
     again = restarted.handle(engine.process(episodes([T0 + 50 * MIN])))
     assert changes(again) == [("fired", T0 + 80 * MIN, True), ("resolved", T0 + 80 * MIN, True)]
-    store.record_alerts(again, version=2)
-    last, held = store.suppression_memory()
+    store.alerts.record(again, version=2)
+    last, held = store.memory.suppression()
     assert last == {("idle-gpu", "host-1"): T0 + 30 * MIN} and held == {again[0].alert_id: again[0].held}

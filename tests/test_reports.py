@@ -57,7 +57,7 @@ async def _ignore(*_):
 
 
 def alerts_of(store, rule_type):
-    return [a for a in store.alerts() if a["type"] == rule_type and not a["silenced"]]
+    return [a for a in store.alerts.latest() if a["type"] == rule_type and not a["silenced"]]
 
 
 def test_waste_per_day_adds_up_to_the_alerts_dollars(filled):
@@ -129,11 +129,11 @@ def test_incidents_time_to_acknowledge_and_resolve_and_precision_by_rule(filled)
     idle = alerts_of(store, "idle_gpu")
     acked, expected = idle[0], idle[1]
     posted = time.time()
-    store.record_delivery(acked["alert_id"], "fired", "#ml-cost", "1.0")
-    store.record_action(Click("acknowledged", acked["alert_id"], "U1", "alice", "#ml-cost", "1.0"), posted + 300)
-    store.record_action(Click("expected", expected["alert_id"], "U2", "bob", "#ml-cost", "2.0"), posted + 60)
+    store.deliveries.record(acked["alert_id"], "fired", "#ml-cost", "1.0")
+    store.actions.record(Click("acknowledged", acked["alert_id"], "U1", "alice", "#ml-cost", "1.0"), posted + 300)
+    store.actions.record(Click("expected", expected["alert_id"], "U2", "bob", "#ml-cost", "2.0"), posted + 60)
     incidents = {r["alert_id"]: r for r in run_report(store, "incidents", ALL)}
-    assert len(incidents) == len([a for a in store.alerts() if not a["silenced"]])
+    assert len(incidents) == len([a for a in store.alerts.latest() if not a["silenced"]])
     row = incidents[acked["alert_id"]]
     assert row["acked_by"] == "alice" and row["minutes_to_ack"] == pytest.approx(5.0, abs=0.2)
     resolved = next(a for a in idle if a["resolved_at"] is not None)
@@ -187,7 +187,7 @@ def test_docs_show_each_reports_sql_as_it_runs():
     doc = (ROOT / "docs" / "postmortem.md").read_text()
     for name, report in REPORTS.items():
         assert f"### `{name}`" in doc
-        assert report.query("burnwatch").strip() in doc, f"docs/postmortem.md: the SQL of {name} is out of date"
+        assert report.body in doc, f"docs/postmortem.md: the SQL of {name} is out of date"
 
 
 def test_the_ledger_of_a_worker_filled_store_is_held_to_the_bill(filled):

@@ -16,15 +16,14 @@ from detector.backtest import backtest
 from detector.delivery import Outbox
 from detector.detectors import ResourceInfo
 from detector.engine import Engine
-from detector.replay import write_replay
 from detector.rules import RulesInvalid, load_rules
-from detector.simulate import SimConfig, simulate
+from detector.simulate import SimConfig
 from detector.slack import SlackNotifier
 from detector.store import alert_from_row
 from detector.suppression import Hold, Silence, SilenceInvalid, snooze
 from detector.testing import LocalSlack
 from tests.conftest import ROOT
-from tests.helpers import MIN, T0, at, timeline
+from tests.helpers import MIN, T0, at, fleet_file, timeline
 
 RULES = """\
 rules:
@@ -56,8 +55,8 @@ def test_silenced_alerts_are_recorded_not_posted(tmp_path, store):
     hold = Hold(kind="silenced", by="drain1", reason=REASON)
     assert [(a.change, a.held, a.silenced) for a in alerts if a.change != "updated"] == [
         ("fired", hold, REASON), ("resolved", hold, REASON)]
-    store.record_alerts(alerts, version=1)
-    (row,) = store.alerts()
+    store.alerts.record(alerts, version=1)
+    (row,) = store.alerts.latest()
     assert (row["held"], row["held_by"], row["silenced"]) == ("silenced", "drain1", REASON)
     assert alert_from_row(row).held == hold
     with LocalSlack() as slack:
@@ -187,10 +186,8 @@ def at_time(text: str) -> float:
 
 @pytest.fixture(scope="module")
 def small_fleet(tmp_path_factory, ruleset):
-    path = tmp_path_factory.mktemp("fleet") / "fleet.jsonl"
-    records, _ = simulate(SimConfig(hours=12, training_hosts=6, notebooks=4, seed=5), ruleset.pricing)
-    with open(path, "wb") as out:
-        write_replay(records, out)
+    path, _ = fleet_file(tmp_path_factory.mktemp("fleet") / "fleet.jsonl",
+                         SimConfig(hours=12, training_hosts=6, notebooks=4, seed=5), ruleset.pricing)  # fmt: skip
     return path
 
 

@@ -87,7 +87,7 @@ def test_outbox_survives_an_outage_and_a_restart_without_double_posting(slack, s
     """Slack down: nothing is lost. Worker restart: nothing is posted twice."""
     other = alert(alert_id="a2", tags={"team": "vision", "owner": "dana", "project": "det"})  # another team's
     opened, resolved = alert(), alert("resolved")
-    store.record_alerts([opened, other], version=1)
+    store.alerts.record([opened, other], version=1)
     outbox = Outbox(store, bot(slack), group_wait_s=0)
     outbox.add([opened, other])
     slack.fail_next(3, status=503)  # the first try and both of slack-sdk's retries fail
@@ -96,7 +96,7 @@ def test_outbox_survives_an_outage_and_a_restart_without_double_posting(slack, s
     assert len(outbox) == 2 and slack.calls("chat.postMessage") == []
 
     assert outbox.deliver_pending() == 2  # Slack is back
-    store.record_alerts([resolved], version=2)
+    store.alerts.record([resolved], version=2)
     # The worker dies before delivering the resolution; a new one rebuilds the outbox from the store.
     restarted = Outbox(store, bot(slack), group_wait_s=0)
     assert restarted.recover() == 1
@@ -121,8 +121,8 @@ def test_alert_manager_remembers_across_a_restart(store):
     first = AlertManager()
     changes = first.handle([finding("fire", T0 + 1800), finding("fire", T0 + 1800), finding("resolve", T0 + 3600)])
     assert [a.change for a in changes] == ["fired", "resolved"]
-    store.record_alerts(changes, version=1)
-    restarted = AlertManager(AlertMemory.load(store))
+    store.alerts.record(changes, version=1)
+    restarted = AlertManager(AlertMemory.load(store.memory))
     assert restarted.handle([finding("fire", T0 + 1800), finding("resolve", T0 + 3600)]) == []
 
 
@@ -152,7 +152,7 @@ def test_untagged_resources_of_one_account_are_one_message(slack, store):
     assert "5 resources in ml-prod" in texts[0] and all(f"host-{i}" in texts[0] for i in range(5))
     assert "$30.00/h" in texts[0] and "$62.50" in texts[0]  # the group's rate and spend
     assert "gpu-host-007" in texts[1] and "2 resources in ml-dev" in texts[2] and "host-9" in texts[3]
-    deliveries = store.deliveries()
+    deliveries = store.deliveries.made()
     assert {deliveries[(f"u{i}", "fired")] for i in range(5)} == {("#ml-cost", posts[0].response["ts"])}
     # One resource gets its tags: a reply in the group's thread, and the group message is not rewritten.
     outbox.add([untagged("u2", "ml-prod", "host-2", change="resolved")])
@@ -219,7 +219,7 @@ def test_a_post_that_timed_out_but_landed_is_not_posted_again(slack, store):
     assert slack.wait_for(lambda reqs: any(r.method == "chat.postMessage" for r in reqs), timeout=10)
     outbox.deliver_pending()
     assert len(slack.calls("chat.postMessage")) == 1  # found in the channel's history, not re-posted
-    assert store.deliveries()[("a1", "fired")] == ("#ml-cost", slack.calls("chat.postMessage")[0].response["ts"])
+    assert store.deliveries.made()[("a1", "fired")] == ("#ml-cost", slack.calls("chat.postMessage")[0].response["ts"])
     outbox.add([alert("resolved")])
     outbox.deliver_pending()
     assert slack.calls("chat.postMessage")[-1].body["thread_ts"] == slack.calls("chat.postMessage")[0].response["ts"]
@@ -248,4 +248,4 @@ def test_a_resolution_whose_parent_edit_fails_is_not_replied_twice(slack, store)
     outbox.deliver_pending()
     outbox.deliver_pending()
     replies = [p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body]
-    assert len(replies) == 1 and store.undelivered() == []
+    assert len(replies) == 1 and store.deliveries.undelivered() == []

@@ -199,7 +199,7 @@ def test_an_incident_chart_survives_a_dollar_in_its_resource_id(store):
     rid = "h$x^$"
     batch = EventBatch()
     batch.extend(timeline(T0, T0 + 60 * MIN, [0.0, 0.0], rid=rid))
-    store.insert_events(batch)
+    store.events.insert(batch)
     a = alert(resource_id=rid, episode_start=T0 + 20 * MIN, fired_at=T0 + 50 * MIN, updated_at=T0 + 50 * MIN)
     png = render_chart(a, store)
     assert png is not None and png.startswith(b"\x89PNG")

@@ -20,7 +20,7 @@ HOUR = 3600.0
 
 
 def test_migrations_are_recorded_and_applied_once(store):
-    recorded = store.applied_migrations()
+    recorded = store.schema.applied()
     assert [m["version"] for m in recorded] == [m.version for m in migrations()]
     assert [m["checksum"] for m in recorded] == [m.checksum for m in migrations()]
     assert store.migrate() == []  # nothing left to apply
@@ -58,15 +58,15 @@ def test_event_ttl_drops_old_raw_events_and_keeps_the_rollups(store):
     now = time.time()
     batch = EventBatch()
     batch.extend([usage(now - 100 * 86_400, rid="old"), usage(now - HOUR, rid="recent")])
-    store.insert_events(batch)
-    store.set_event_ttl(30)
-    store.set_event_ttl(30)  # unchanged: nothing to alter
+    store.events.insert(batch)
+    store.schema.set_event_ttl(30)
+    store.schema.set_event_ttl(30)  # unchanged: nothing to alter
     store.client.command(f"OPTIMIZE TABLE {store.db}.resource_usage FINAL")  # the merge that applies TTL
     raw = store.query(f"SELECT resource_id FROM {store.db}.resource_usage")
     assert raw == [{"resource_id": "recent"}]
     kept = store.query(f"SELECT DISTINCT resource_id FROM {store.db}.cost_hourly ORDER BY resource_id")
     assert kept == [{"resource_id": "old"}, {"resource_id": "recent"}]
-    store.set_event_ttl(0)
+    store.schema.set_event_ttl(0)
     ddl = store.query("SELECT create_table_query AS q FROM system.tables WHERE database = %(d)s AND name = "
                       "'resource_usage'", {"d": store.db})[0]["q"]  # fmt: skip
     assert " TTL " not in ddl
@@ -116,7 +116,7 @@ def test_hourly_rollups_add_up_to_the_raw_events(store, ruleset):
                                               dest_region="eu-west-1"))  # fmt: skip
     batch = EventBatch()
     batch.extend(events)
-    store.insert_events(batch, ruleset.pricing)
+    store.events.insert(batch, ruleset.pricing)
     rows = store.query(f"""SELECT resource_id, team, project, round(sum(usd), 6) AS usd, sum(gpu_hours) AS gpu_hours,
                                   sum(idle_gpu_hours) AS idle, sum(egress_bytes) AS egress, sum(egress_usd) AS egress_usd
                            FROM {store.db}.cost_hourly GROUP BY resource_id, team, project ORDER BY resource_id""")
@@ -142,8 +142,8 @@ def test_daily_waste_splits_an_incident_across_midnight(store):
     changes = [Alert(**base, change="fired", updated_at=midnight - 2 * HOUR, waste_usd=4.0),
                Alert(**base, change="updated", updated_at=midnight - 60, waste_usd=10.0),
                Alert(**base, change="updated", updated_at=midnight + HOUR, waste_usd=25.0)]  # fmt: skip
-    store.record_alerts(changes, version=1)
-    store.record_alerts(changes[2:], version=4)  # written again after a retry
+    store.alerts.record(changes, version=1)
+    store.alerts.record(changes[2:], version=4)  # written again after a retry
     rows = store.query(f"SELECT day, type, team, sum(usd) AS usd FROM {store.db}.waste_by_day "
                        "GROUP BY day, type, team ORDER BY day")  # fmt: skip
     assert [(r["day"].isoformat(), r["usd"]) for r in rows] == [(at(T0).date().isoformat(), 10.0),
@@ -162,7 +162,7 @@ def test_a_batch_spanning_many_months_is_stored_once(store):
     for _ in range(2):
         batch = EventBatch()
         batch.extend(events)
-        store.insert_events(batch)
+        store.events.insert(batch)
     (row,) = store.query(f"SELECT count() AS n, uniqExact(toYYYYMM(ts)) AS months FROM {store.db}.resource_usage")
     assert row == {"n": 101, "months": 101}
 
@@ -176,7 +176,7 @@ def test_the_same_event_is_stored_once_and_a_changed_one_again(store):
     for events in ([event, event], [event, corrected], [tagged]):
         batch = EventBatch()
         batch.extend(events)
-        store.insert_events(batch)
+        store.events.insert(batch)
     assert store.count("resource_usage") == 3
 
 
@@ -187,12 +187,12 @@ def test_rows_stored_before_events_had_ids_are_not_stored_again(store):
     batch = EventBatch()
     for i, event in enumerate(events):
         batch.extend([event], ("resource-usage", 0, i))
-    store.insert_events(batch)
+    store.events.insert(batch)
     store.client.command(f"ALTER TABLE {store.db}.resource_usage UPDATE event_id = 0 WHERE 1 SETTINGS mutations_sync = 1")
     again = EventBatch()
     for i, event in enumerate(events[5:] + [usage(T0 + 10 * MIN, rid="gpu-1")], start=5):
         again.extend([event], ("resource-usage", 0, i))
-    assert store.insert_events(again) == 1  # the five read again are left out, the new one stored
+    assert store.events.insert(again) == 1  # the five read again are left out, the new one stored
     assert store.count("resource_usage") == 11
 
 

@@ -74,13 +74,13 @@ def test_events_round_trip_as_they_do_in_process(remote, store):
     """Migrations, a batch of each event type, its read-back, and the deduplication look-up
     (client-side ``%(x)s`` parameters, insert ``settings=``): through the server exactly what
     the engine in-process gives."""
-    assert [m["version"] for m in remote.applied_migrations()] == [m.version for m in migrations()]
-    assert remote.insert_events(one_of_each()) == store.insert_events(one_of_each()) == 62
-    assert remote.insert_events(one_of_each()) == 0  # read again: stored once
-    span = remote.event_span()
-    assert span == store.event_span() == (T0, T0 + 29 * MIN)
-    events = remote.events(T0, T0 + HOUR)
-    assert len(events) == 62 and events == store.events(T0, T0 + HOUR)
+    assert [m["version"] for m in remote.schema.applied()] == [m.version for m in migrations()]
+    assert remote.events.insert(one_of_each()) == store.events.insert(one_of_each()) == 62
+    assert remote.events.insert(one_of_each()) == 0  # read again: stored once
+    span = remote.history.span()
+    assert span == store.history.span() == (T0, T0 + 29 * MIN)
+    events = remote.history.between(T0, T0 + HOUR)
+    assert len(events) == 62 and events == store.history.between(T0, T0 + HOUR)
     for table in ("resource_usage", "gpu_metrics", "run_events"):
         assert remote.count(table) == store.count(table) > 0
     sql = "SELECT src_topic, src_partition, src_offset, error FROM {db}.run_events"
@@ -95,20 +95,20 @@ def test_alerts_states_and_deliveries_round_trip(remote):
     fired = Alert(**base, change="fired", updated_at=T0 + HOUR, waste_usd=4.0)
     resolved = Alert(**{**base, "status": "resolved"}, change="resolved", updated_at=T0 + 2 * HOUR,
                      resolved_at=T0 + 2 * HOUR, waste_usd=9.5)  # fmt: skip
-    remote.record_alerts([fired], version=1)
-    remote.record_alerts([resolved], version=2)
-    (row,) = remote.alerts()
+    remote.alerts.record([fired], version=1)
+    remote.alerts.record([resolved], version=2)
+    (row,) = remote.alerts.latest()
     back = alert_from_row(row)
     assert (back.status, back.resolved_at, back.waste_usd, back.tags, back.details) == (
         "resolved", T0 + 2 * HOUR, 9.5, base["tags"], base["details"])  # fmt: skip
-    assert remote.undelivered() == [("a1", "fired"), ("a1", "resolved")]
-    remote.record_delivery("a1", "fired", "#ml-cost", "1700000000.000100")
-    assert remote.deliveries() == {("a1", "fired"): ("#ml-cost", "1700000000.000100")}
-    assert remote.undelivered() == [("a1", "resolved")]
+    assert remote.deliveries.undelivered() == [("a1", "fired"), ("a1", "resolved")]
+    remote.deliveries.record("a1", "fired", "#ml-cost", "1700000000.000100")
+    assert remote.deliveries.made() == {("a1", "fired"): ("#ml-cost", "1700000000.000100")}
+    assert remote.deliveries.undelivered() == [("a1", "resolved")]
     snapshot = bytes(range(256))  # any bytes, read back as bytes (column_formats)
-    remote.save_states([("gpu-1", 2, snapshot), ("gpu-2", 3, b"x")], version=1)
-    remote.delete_states(["gpu-2"])
-    assert remote.load_states([2, 3]) == {"gpu-1": snapshot}
+    remote.states.save([("gpu-1", 2, snapshot), ("gpu-2", 3, b"x")], version=1)
+    remote.states.delete(["gpu-2"])
+    assert remote.states.load([2, 3]) == {"gpu-1": snapshot}
 
 
 def test_a_report_with_server_side_parameters_matches_in_process(remote, store):
@@ -121,10 +121,10 @@ def test_a_report_with_server_side_parameters_matches_in_process(remote, store):
     changes = [Alert(**base, change="fired", updated_at=midnight - 2 * HOUR, waste_usd=4.0),
                Alert(**base, change="updated", updated_at=midnight + HOUR, waste_usd=25.0)]  # fmt: skip
     for s in (remote, store):
-        s.record_alerts(changes, version=1)
+        s.alerts.record(changes, version=1)
         batch = EventBatch()
         batch.extend([usage(midnight - 2 * HOUR + i * MIN, rid="gpu-1") for i in range(180)])
-        s.insert_events(batch)
+        s.events.insert(batch)
     for report in ("waste", "incidents", "untagged"):
         assert run_report(remote, report, 7 * 86_400.0) == run_report(store, report, 7 * 86_400.0)
     waste = run_report(remote, "waste", 7 * 86_400.0, team="nlp")
@@ -233,7 +233,7 @@ while not (flags / "go").exists():
 for b in range(batches):
     batch = EventBatch()
     batch.extend([usage(T0 + (b * per + i) * 60, rid=f"{name}-{i % 10}") for i in range(per)])
-    assert store.insert_events(batch) == per
+    assert store.events.insert(batch) == per
 store.close()
 """
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from detector import store as store_module
 from detector.alerts import Alert, AlertManager, AlertMemory, from_finding
 from detector.detectors import Finding, ResourceInfo
 from detector.rules import load_rules
 from detector.store import alert_from_row
+from detector.store import schema as store_module
 from detector.suppression import Hold, Silence, describe_holds
 from detector.suppression.stages import Dedup, Inhibit, Realert, Route, Silencing
 from tests.helpers import T0, at
@@ -152,10 +152,10 @@ def test_the_memory_a_restart_loads_holds_back_what_was_held_back(ruleset, store
         finding("fire", "anomaly", rid="h1", start=T0 + 600, rule="anomaly"),  # inhibited
         finding(rid="h9"),  # silenced
     ])  # fmt: skip
-    store.record_alerts(alerts, version=1)
-    stored = {r["alert_id"]: alert_from_row(r).held for r in store.alerts()}
+    store.alerts.record(alerts, version=1)
+    stored = {r["alert_id"]: alert_from_row(r).held for r in store.alerts.latest()}
     assert stored == {a.alert_id: a.held for a in alerts}
-    memory = AlertMemory.load(store)
+    memory = AlertMemory.load(store.memory)
     assert memory.held == {a.alert_id: a.held for a in alerts if a.held is not None}
     assert sorted(h.kind for h in memory.held.values()) == ["inhibited", "realert", "silenced"]
     assert memory.last_posted == {("idle-gpu", "h1"): T0 + 1800}
@@ -188,7 +188,7 @@ def test_rows_stored_before_the_hold_columns_read_back_as_holds(store, monkeypat
     ], column_names=cols)  # fmt: skip
     monkeypatch.undo()
     assert store.migrate() == ["0008_alert_holds"]
-    held = {r["alert_id"]: (r["held"], r["held_by"]) for r in store.alerts()}
+    held = {r["alert_id"]: (r["held"], r["held_by"]) for r in store.alerts.latest()}
     assert held == {"a1": ("realert", "idle-gpu"), "a2": ("inhibited", "a9"), "a3": ("silenced", ""), "a4": ("", "")}
 
 

@@ -46,3 +46,17 @@ def test_exporter_down_while_billed_fires_then_resolves_when_samples_return(rule
 )
 def test_no_finding(ruleset, events):
     assert stale(ruleset, events) == []
+
+
+def test_usage_reaching_detection_before_the_returning_sample_is_not_spent_blind(ruleset):
+    """Live, a caught-up partition does not wait: the host's next usage intervals can reach
+    detection before the GPU sample that ends the blind spell, though they come after it. The
+    dollars are those of event order (backtest's): a chaos run's resolution read $2.91 for $2.80."""
+    back = T0 + 60 * MIN
+    before = ordered(metrics(T0, 10) + billing(T0, 61))  # usage up to `back`, samples stop at T0+10m
+    after_usage = billing(back + MIN, 3)
+    in_order = stale(ruleset, before + ordered(metrics(back, 5) + after_usage))
+    usage_first = stale(ruleset, before + after_usage + metrics(back, 5))
+    assert [f.action for f in usage_first] == [f.action for f in in_order] == ["fire", "resolve"]
+    assert usage_first[1].waste_usd == pytest.approx(in_order[1].waste_usd)
+    assert usage_first[1].at == in_order[1].at == back

@@ -68,7 +68,7 @@ def test_unattributed_spend_per_account_is_a_view(ruleset, store):
                                        for i in range(120)], key=lambda e: e.ts)  # fmt: skip
     engine = Engine(ruleset)
     alerts = AlertManager(ruleset=ruleset).handle(engine.process(events))
-    store.record_alerts(alerts, version=1)
+    store.alerts.record(alerts, version=1)
     (row,) = store.query(f"SELECT * FROM {store.db}.unattributed_spend")
     assert row["account"] == "acct" and row["resources"] == 2 and row["still_untagged"] == 2
     last = {a.alert_id: a for a in alerts}.values()

@@ -1,13 +1,14 @@
 """Detector registry: one module per rule ``type``, registered here.
 
 A new detector is a module beside these that keeps the contract in
-:mod:`detector.detectors.base`, one line below, and its docs in ``docs/``.
+:mod:`detector.detectors.base` (episodes through :mod:`detector.detectors.episode`), one
+line below, and its docs in ``docs/detectors.md`` ("Writing a detector").
 """
 
 from __future__ import annotations
 
 from detector.detectors.anomaly import Anomaly
-from detector.detectors.base import Detector, Finding, Params, ResourceInfo
+from detector.detectors.base import Behaviour, Context, Detector, Finding, Params, ResourceInfo
 from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
@@ -19,7 +20,7 @@ from detector.detectors.telemetry_stale import TelemetryStale
 from detector.detectors.untagged import Untagged
 from detector.detectors.vector_db_growth import VectorDbGrowth
 
-__all__ = ["REGISTRY", "Detector", "Finding", "Params", "ResourceInfo", "money_types"]
+__all__ = ["REGISTRY", "Behaviour", "Context", "Detector", "Finding", "Params", "ResourceInfo", "money_types"]
 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]

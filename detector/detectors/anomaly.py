@@ -12,37 +12,117 @@ Example rule::
       severity: info
 
 The step only folds events into feature windows (:mod:`detector.model.features`); a
-closed window goes to the engine's batch, which scores every window of the batch in
-one ``score_samples`` call per model group (``score_windows``). With no model for a
-resource's group (cold start) nothing is judged. Consecutive anomalous windows are
+closed window is deferred to the batch phase (``end_batch``), which scores every window
+of the batch in one ``score_samples`` call per model group. The model comes from outside:
+a :class:`Scoring` handed to the rule set's anomaly rules (:func:`use_scoring`) holds the
+scorer in use (the worker swaps it when the model files change) and whoever watches the
+windows (training). With no scorer and no watcher the step returns at once; with no
+model for a resource's group (cold start) nothing is judged. Consecutive anomalous windows are
 one episode; the alert names the three features furthest from the resource's usual
 range, the score against the threshold, and the dollars the resource cost meanwhile.
 A window in which a rule is already tracking unusual behaviour on the resource (an idle
-or hung episode, dark telemetry, a runaway: ``behaviour_active`` on its state) is not
-judged: the rules get the first word. Its baselines wait out a pause of the resource's
-work (idle, hung, dark) and learn a runaway's level (``pauses_work = False`` on the
-state), so an anomaly does not repeat the rule's alert once the rule lets go. And when
+or hung episode, dark telemetry, a runaway: the rules' ``tracking``, read through the
+step's context) is not judged: the rules get the first word. Its baselines wait out a
+pause of the resource's work (idle, hung, dark: ``Behaviour.PAUSE``) and learn a
+runaway's level (``Behaviour.LEVEL``), so an anomaly does not repeat the rule's alert once the rule lets go. And when
 a rule's incident opens on a resource whose anomaly is open, the alert manager joins
 the anomaly to it rather than posting both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+import builtins
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.metrics import METRICS
 from detector.model.features import BASE_FEATURES, FEATURE_SETS, Window, WindowBuilder, WindowState
 from detector.units import Duration
 
-__all__ = ["Anomaly", "AnomalyParams", "AnomalyState"]
+if TYPE_CHECKING:
+    from detector.rules import CompiledRule
 
-Sink = Callable[[tuple], None]
+__all__ = ["Anomaly", "AnomalyParams", "AnomalyState", "ClosedWindow", "GroupModel", "Scorer", "Scoring",
+           "scoring_during", "use_scoring"]
+
+
+class GroupModel(Protocol):
+    """One model group's scorer: higher scores are more unusual; above ``threshold`` is anomalous."""
+
+    threshold: float
+
+    def score(self, rows: Any) -> Any: ...
+
+
+class Scorer(Protocol):
+    """The models by group (:class:`detector.model.forest.ModelSet`); false when it has none."""
+
+    def __bool__(self) -> bool: ...
+
+    def get(self, group: str) -> GroupModel | None: ...
+
+
+class ClosedWindow(NamedTuple):
+    """A closed window waiting for the batch phase, with what judging it needs."""
+
+    detector: Anomaly
+    state: AnomalyState
+    resource: ResourceInfo
+    window: Window
+
+
+class Scoring:
+    """What the anomaly rules score with, shared by every anomaly rule it is handed to: swapping
+    ``scorer`` (a model reload) reaches all of them at once, through rule reloads too."""
+
+    def __init__(self, scorer: Scorer | None = None,
+                 observe: Callable[[list[ClosedWindow]], None] | None = None) -> None:  # fmt: skip
+        self.scorer = scorer
+        """The models in use; None or empty: nothing is judged (cold start)."""
+        self.observe = observe
+        """Sees each batch's closed windows before they are scored (training collects them)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether windows are worth building: a model to score them, or someone watching."""
+        return bool(self.scorer) or self.observe is not None
+
+
+def _anomaly_rules(rules: Iterable[CompiledRule]) -> list[Anomaly]:
+    found: list[Anomaly] = []
+    for rule in rules:
+        for detector in (rule.detector, *(d for _, d in rule.overrides)):
+            if isinstance(detector, Anomaly):
+                found.append(detector)
+    return found
+
+
+def use_scoring(rules: Iterable[CompiledRule], scoring: Scoring) -> None:
+    """Hand ``scoring`` to every anomaly rule among ``rules`` (and their overrides)."""
+    for detector in _anomaly_rules(rules):
+        detector.scoring = scoring
+
+
+@contextmanager
+def scoring_during(rules: Iterable[CompiledRule], scoring: Scoring) -> Iterator[None]:
+    """:func:`use_scoring` for a block (a backtest): each rule gets back what it had after it,
+    so a rule set reused afterwards is not left scoring with a model it was lent."""
+    detectors = _anomaly_rules(rules)
+    before = [d.scoring for d in detectors]
+    for detector in detectors:
+        detector.scoring = scoring
+    try:
+        yield
+    finally:
+        for detector, previous in zip(detectors, before, strict=True):
+            detector.scoring = previous
 
 
 class AnomalyParams(Params):
@@ -52,13 +132,11 @@ class AnomalyParams(Params):
     quiet_windows: int = Field(default=2, ge=1)
 
 
-class AnomalyState(msgspec.Struct, kw_only=True):
+class AnomalyState(Episode, kw_only=True):
     windows: WindowState = msgspec.field(default_factory=WindowState)
     candidate: float | None = None
     """Start of the current run of anomalous windows, before it has lasted ``for``."""
     candidate_usd: float = 0.0
-    since: float | None = None
-    fired_at: float | None = None
     usd: float = 0.0
     score: float = 0.0
     threshold: float = 0.0
@@ -66,16 +144,18 @@ class AnomalyState(msgspec.Struct, kw_only=True):
     quiet: int = 0
     last_end: float = 0.0
 
+    def clear(self) -> None:
+        super().clear()
+        self.usd, self.quiet, self.stands_out = 0.0, 0, []
+
 
 class Anomaly(DetectorBase):
     type: ClassVar[str] = "anomaly"
     title: ClassVar[str] = "Cost anomaly"
-    Params: ClassVar[type[AnomalyParams]] = AnomalyParams
-    State: ClassVar[type[AnomalyState]] = AnomalyState
-    consumes: ClassVar[tuple[type, ...]] = (GpuMetric, UsageEvent)
-    uses_sink: ClassVar[bool] = True
+    Params: ClassVar[builtins.type[AnomalyParams]] = AnomalyParams
+    State: ClassVar[builtins.type[AnomalyState]] = AnomalyState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
     behaviour: ClassVar[bool] = True
-    """The engine passes ``sink``: closed windows are scored together at the end of the batch."""
     dollars: ClassVar[str] = "spent during it"
     suggestion: ClassVar[str] = (
         "Look at what changed on the resource at the window's start (a deploy, a price or "
@@ -85,6 +165,8 @@ class Anomaly(DetectorBase):
     def __init__(self, name: str, severity: str, params: Any, pricing: Any = None) -> None:
         super().__init__(name, severity, params, pricing)
         self._builder = WindowBuilder(params.window)
+        self.scoring = Scoring()
+        """The scorer in use (:func:`use_scoring`); none until one is handed over: rules only."""
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
@@ -94,32 +176,34 @@ class Anomaly(DetectorBase):
             out.append((f["feature"], f"{f['value']:,.3g} (usually {lo:,.3g} to {hi:,.3g})"))
         return out
 
-    def step(self, state: AnomalyState, resource: ResourceInfo, event: Event, t: float,
-             sink: Sink | None = None, siblings: dict[str, Any] | None = None) -> list[Finding]:  # fmt: skip
-        if sink is None:
+    def step(self, state: AnomalyState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        if not self.scoring.active:
             return []  # no model loaded: rules only (the worker said so in its log)
+        resource = ctx.resource
         # A rule already on it (idle, hung, dark, runaway) covers the window: the rules get the
         # first word, and the window opens no anomaly; a pause of the resource's work (idle,
         # hung, dark) does not move the baselines either. Asked on usage events (a minute
         # apart), not on every GPU sample.
         covered = paused = False
-        if type(event) is UsageEvent and siblings:
-            for s in siblings.values():
-                if getattr(s, "behaviour_active", False):
-                    covered = True
-                    paused = paused or getattr(s, "pauses_work", True)
+        if type(event) is UsageEvent:
+            others = ctx.others()
+            covered, paused = others is not Behaviour.NONE, others is Behaviour.PAUSE
         window = self._builder.add(state.windows, resource.resource_id, resource.resource_type, resource.interval_usd,
                                    event, t, covered, paused)  # fmt: skip
         if window is None or window.history * self.params.window < self.params.min_history:
             return []
-        sink((self, state, msgspec.structs.replace(resource), window))
+        ctx.defer(self, ClosedWindow(self, state, msgspec.structs.replace(resource), window))
         return []
 
-    def score_windows(self, items: list[tuple], models: Any) -> list[Finding]:
-        """Score a batch's closed windows (``(detector, state, resource, window)``), one call per
-        model group, and turn them into findings in window order."""
+    def end_batch(self, items: list[ClosedWindow]) -> list[Finding]:
+        """Score a batch's closed windows, one call per model group, and turn them into findings
+        in window order."""
         import numpy as np
 
+        scoring = self.scoring
+        if scoring.observe is not None:
+            scoring.observe(items)
+        models = scoring.scorer
         scores: dict[int, tuple[float, float]] = {}
         by_group: dict[str, list[int]] = {}
         for i, (_, _, _, window) in enumerate(items):
@@ -156,10 +240,11 @@ class Anomaly(DetectorBase):
                 st.candidate_usd += w.cost_usd
                 if w.end - st.candidate < self.params.for_:
                     return []
-                st.since, st.fired_at, st.usd = st.candidate, w.end, st.candidate_usd
-                st.candidate = None
-                return [self._finding("fire", st, res, w)]
+                action = fire(st, since=st.candidate, fired_at=w.end, at=w.end)
+                st.usd, st.candidate = st.candidate_usd, None
+                return [self._finding(action, st, res, w)]
             st.usd += w.cost_usd
+            st.last_report = w.end  # every anomalous window of an open episode reports it
             if score > st.score:
                 st.score, st.stands_out = score, stands_out(w)
             return [self._finding("update", st, res, w)]
@@ -169,10 +254,7 @@ class Anomaly(DetectorBase):
         st.quiet += 1
         if st.quiet < self.params.quiet_windows:
             return []
-        finding = self._finding("resolve", st, res, w, reason="back_to_normal")
-        st.since = st.fired_at = None
-        st.usd, st.quiet, st.stands_out = 0.0, 0, []
-        return [finding]
+        return end(st, lambda: self._finding("resolve", st, res, w, reason="back_to_normal"))
 
     def open_episode(self, state: AnomalyState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:

@@ -4,10 +4,20 @@ A detector is a small class: its rule ``type``, a pydantic model of its params,
 a msgspec struct for its per-resource state, and a pure ``step`` that folds one
 event into that state and returns findings. No I/O and no clock: time is the
 event's, so the worker, ``backtest`` and a replay all see the same findings.
+
+:class:`Detector` declares everything the engine and the rest of burnwatch use of a
+detector, and nothing is probed: what a step may read besides its state and the
+event comes in a :class:`Context`, a detector that judges a batch's work together
+(the anomaly model) does it in :meth:`Detector.end_batch`, and what a rule is
+tracking on its resource (for the anomaly model to stay out of it) is
+:meth:`Detector.tracking`. :class:`DetectorBase` gives the defaults.
 """
 
 from __future__ import annotations
 
+import builtins
+import enum
+from collections.abc import Callable
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import msgspec
@@ -16,7 +26,8 @@ from pydantic import BaseModel, ConfigDict
 from detector.events import Event
 from detector.pricing import Pricer, Pricing
 
-__all__ = ["Detector", "DetectorBase", "Finding", "Params", "ResourceInfo", "make_finding"]
+__all__ = ["BatchPhase", "Behaviour", "Context", "Detector", "DetectorBase", "Finding", "Params", "ResourceInfo",
+           "make_finding"]
 
 
 class Params(BaseModel):
@@ -79,10 +90,65 @@ class Finding(msgspec.Struct, kw_only=True, frozen=True):
     the engine: the worker that holds the key's partition delivers the alert."""
 
 
+class Behaviour(enum.IntEnum):
+    """What unusual behaviour of its resource a rule is tracking now (:meth:`Detector.tracking`).
+    Ordered: of several rules on one resource, the highest answer stands."""
+
+    NONE = 0
+    """Nothing unusual (or a rule about attribution, capacity or advice)."""
+    LEVEL = 1
+    """An unusual level while the work goes on (a runaway): the anomaly model's baselines learn it."""
+    PAUSE = 2
+    """The resource's work paused (idle, hung, dark): the anomaly model's baselines wait it out."""
+
+
+class BatchPhase(Protocol):
+    """What the engine calls at the end of a batch (:meth:`Detector.end_batch`)."""
+
+    def end_batch(self, items: list[Any]) -> list[Finding]: ...
+
+
+class Context:
+    """What a step may read besides its state and the event, one per key.
+
+    ``resource`` is what the key's latest usage event said, with the pricer's figures for
+    it (``usd_per_hour``, ``interval_usd``: see :mod:`detector.pricing`). :meth:`lookup`
+    finds another resource (a run's hosts), :meth:`others` says what the key's rules are
+    tracking, and :meth:`defer` hands work to the batch phase (:meth:`Detector.end_batch`).
+    The engine builds it; a test can build one with only a resource."""
+
+    __slots__ = ("resource", "_lookup", "_others", "_defer")
+
+    def __init__(
+        self,
+        resource: ResourceInfo,
+        lookup: Callable[[str], ResourceInfo | None] | None = None,
+        others: Callable[[], Behaviour] | None = None,
+        defer: Callable[[BatchPhase, Any], None] | None = None,
+    ) -> None:
+        self.resource = resource
+        self._lookup = lookup
+        self._others = others
+        self._defer = defer
+
+    def lookup(self, resource_id: str) -> ResourceInfo | None:
+        """What is known of another resource (held here, or by another worker), or None."""
+        return self._lookup(resource_id) if self._lookup is not None else None
+
+    def others(self) -> Behaviour:
+        """The most unusual behaviour any rule on this key is tracking now."""
+        return self._others() if self._others is not None else Behaviour.NONE
+
+    def defer(self, detector: BatchPhase, item: Any) -> None:
+        """Hand ``item`` to ``detector.end_batch`` at the end of this batch."""
+        if self._defer is not None:
+            self._defer(detector, item)
+
+
 class DetectorBase:
     """What every detector's constructor and state factory do; subclasses declare the rest."""
 
-    State: ClassVar[type[msgspec.Struct]]
+    State: ClassVar[builtins.type[msgspec.Struct]]
 
     def __init__(self, name: str, severity: str, params: Any, pricing: Pricing | None = None) -> None:
         self.name = name
@@ -105,6 +171,12 @@ class DetectorBase:
 
     def new_state(self) -> Any:
         return self.State()
+
+    def tracking(self, state: Any) -> Behaviour:
+        return Behaviour.NONE
+
+    def end_batch(self, items: list[Any]) -> list[Finding]:
+        return []
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
@@ -155,29 +227,50 @@ def make_finding(
 S = TypeVar("S", bound=msgspec.Struct)
 
 
-class Detector(Protocol, Generic[S]):  # type: ignore[misc]
-    """One rule type. Instances are built from a validated rule and are stateless themselves."""
+class Detector(Protocol, Generic[S]):
+    """One rule type. Instances are built from a validated rule and keep no per-resource state
+    themselves (that is ``S``, which the engine holds and persists)."""
 
     type: ClassVar[str]
-    Params: ClassVar[type[Params]]
-    State: ClassVar[type[msgspec.Struct]]
-    consumes: ClassVar[tuple[type, ...]]
+    Params: ClassVar[builtins.type[Params]]
+    State: ClassVar[builtins.type[msgspec.Struct]]
+    consumes: ClassVar[tuple[builtins.type, ...]]
     """Event classes the detector wants; the engine routes nothing else to it."""
     title: ClassVar[str]
     """What the problem is called in alerts ("Idle GPUs")."""
     dollars: ClassVar[str]
-    """What an alert's dollars are, in words ("wasted")."""
+    """What an alert's dollars are, in words ("wasted"); "" for forecasts."""
     suggestion: ClassVar[str]
     """The next step a person should take, shown in the alert."""
+    behaviour: ClassVar[bool]
+    """Its episodes are unusual behaviour (left out of the anomaly model's training)."""
+    group_by: ClassVar[str | None]
+    """What openings of this type are grouped by in Slack (``team``, ``account``), or None."""
 
     name: str
     severity: str
     params: Any
 
+    def __init__(self, name: str, severity: str, params: Any, pricing: Pricing | None = None) -> None: ...
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        """(label, value) pairs from a finding's details, for the alert message."""
+        ...
+
     def new_state(self) -> S: ...
 
-    def step(self, state: S, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+    def step(self, state: S, ctx: Context, event: Event, t: float) -> list[Finding]:
         """Fold one event (``t`` is its time in epoch seconds) into ``state``; return findings."""
+        ...
+
+    def end_batch(self, items: list[Any]) -> list[Finding]:
+        """The batch phase: judge together what this detector's steps deferred in the batch
+        (:meth:`Context.defer`), in the order deferred. Most detectors defer nothing."""
+        ...
+
+    def tracking(self, state: S) -> Behaviour:
+        """What unusual behaviour of its resource ``state`` is tracking now."""
         ...
 
     def open_episodes(self, state: S, resource: ResourceInfo) -> list[Finding]:

@@ -26,13 +26,15 @@ excess of the baseline since the first runaway interval.
 
 from __future__ import annotations
 
+import builtins
 import statistics
 from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, due, end, fire
 from detector.events import Event, UsageEvent
 from detector.pricing import egress_destination
 from detector.units import Duration, Money
@@ -54,8 +56,8 @@ class EgressRunawayParams(Params):
     update_every: Duration = Field(default=900.0, gt=0)
 
 
-class DestinationState(msgspec.Struct, kw_only=True):
-    """Egress of one resource to one destination class."""
+class DestinationState(Episode, kw_only=True):
+    """Egress of one resource to one destination class, and its episode."""
 
     dest_region: str = ""
     last_t: float = 0.0
@@ -72,31 +74,26 @@ class DestinationState(msgspec.Struct, kw_only=True):
     above_since: float | None = None
     pending_bytes: float = 0.0
     """Excess bytes since the first interval over the multiple, before the episode fired."""
-    since: float | None = None
-    fired_at: float | None = None
     excess_bytes: float = 0.0
-    last_report: float = 0.0
     rate: float = 0.0
     """The short-window rate at the latest interval, bytes/s."""
+
+    def clear(self) -> None:
+        super().clear()
+        self.above_since = None
+        self.excess_bytes = self.pending_bytes = 0.0
 
 
 class EgressRunawayState(msgspec.Struct, kw_only=True):
     destinations: dict[str, DestinationState] = {}
-    pauses_work: ClassVar[bool] = False
-    """A runaway is a level, not a pause of the resource's work: the anomaly model's baselines
-    keep learning while it is open (see :mod:`detector.detectors.anomaly`)."""
-
-    @property
-    def behaviour_active(self) -> bool:
-        return any(d.above_since is not None or d.fired_at is not None for d in self.destinations.values())
 
 
 class EgressRunaway(DetectorBase):
     type: ClassVar[str] = "egress_runaway"
     title: ClassVar[str] = "Egress runaway"
-    Params: ClassVar[type[EgressRunawayParams]] = EgressRunawayParams
-    State: ClassVar[type[EgressRunawayState]] = EgressRunawayState
-    consumes: ClassVar[tuple[type, ...]] = (UsageEvent,)
+    Params: ClassVar[builtins.type[EgressRunawayParams]] = EgressRunawayParams
+    State: ClassVar[builtins.type[EgressRunawayState]] = EgressRunawayState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (UsageEvent,)
     suggestion: ClassVar[str] = (
         "Find what is sending (VPC flow logs or the bucket's access logs for this resource): a "
         "re-download loop, a misrouted replication or a public object; stop it or move the "
@@ -114,7 +111,15 @@ class EgressRunaway(DetectorBase):
                      f"{details.get('baseline_gb_per_hour', 0):,.1f} GB/h usual"),
         ]  # fmt: skip
 
-    def step(self, state: EgressRunawayState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+    def tracking(self, state: EgressRunawayState) -> Behaviour:
+        """A runaway is a level, not a pause of the resource's work: the anomaly model's baselines
+        keep learning while it is open (see :mod:`detector.detectors.anomaly`)."""
+        if any(d.above_since is not None or d.fired_at is not None for d in state.destinations.values()):
+            return Behaviour.LEVEL
+        return Behaviour.NONE
+
+    def step(self, state: EgressRunawayState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        resource = ctx.resource
         if type(event) is not UsageEvent or event.egress_bytes is None:
             return []
         dest = egress_destination(event.region, event.dest_region)
@@ -146,17 +151,13 @@ class EgressRunaway(DetectorBase):
             excess_usd_h = (st.rate - base) * 3600.0 / GB * price
             if st.above_since is not None and st.rate > self.params.multiple * base \
                     and excess_usd_h >= self.params.min_excess_usd_per_hour:  # fmt: skip
-                st.since, st.fired_at, st.last_report = st.above_since, t, t
                 st.excess_bytes = st.pending_bytes
-                found.append(self._finding("fire", st, dest, resource, t))
+                found.append(self._finding(fire(st, since=st.above_since, fired_at=t, at=t), st, dest, resource, t))
             return found
         st.excess_bytes += excess
         if self._recent_rate(st, t) <= self.params.resolve_multiple * base or resource.state == "terminated":
-            found.append(self._finding("resolve", st, dest, resource, t, reason="rate_back_to_baseline"))
-            st.since = st.fired_at = st.above_since = None
-            st.excess_bytes = st.pending_bytes = 0.0
-        elif t - st.last_report >= self.params.update_every:
-            st.last_report = t
+            found.extend(end(st, lambda: self._finding("resolve", st, dest, resource, t, reason="rate_back_to_baseline")))
+        elif due(st, t, self.params.update_every):
             found.append(self._finding("update", st, dest, resource, t))
         return found
 

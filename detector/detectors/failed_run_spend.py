@@ -24,12 +24,14 @@ exponential back-off over minutes).
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, end, fire
 from detector.detectors.runs import Fleet, RunState, follow, hosts_of
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
@@ -56,27 +58,31 @@ class Failure(msgspec.Struct, kw_only=True):
     each run's dollars to its hosts' hours, once (a run alerted alone and in a loop)."""
 
 
-class FailedRunSpendState(msgspec.Struct, kw_only=True):
+class FailedRunSpendState(Episode, kw_only=True):
+    """A project's runs, and its crash loop as the episode."""
+
+    since: float | None = msgspec.field(default=None, name="loop_since")
+    fired_at: float | None = msgspec.field(default=None, name="loop_fired_at")
     runs: dict[str, RunState] = {}
     """Runs of the project that have started and not ended."""
     ended: dict[str, float] = {}
     """Run id → end time, so a re-read end event is not a second failure."""
     failures: list[Failure] = []
     """Failures inside the crash-loop window."""
-    loop_since: float | None = None
-    loop_fired_at: float | None = None
     loop_tags: dict[str, str] = {}
     last_t: float = 0.0
+
+    def clear(self) -> None:
+        super().clear()
+        self.failures = []
 
 
 class FailedRunSpend(DetectorBase):
     type: ClassVar[str] = "failed_run_spend"
     title: ClassVar[str] = "Failed run spend"
-    Params: ClassVar[type[FailedRunSpendParams]] = FailedRunSpendParams
-    State: ClassVar[type[FailedRunSpendState]] = FailedRunSpendState
-    consumes: ClassVar[tuple[type, ...]] = (RunEvent,)
-    uses_fleet: ClassVar[bool] = True
-    """The engine passes ``fleet``: the latest known info of any resource, by id."""
+    Params: ClassVar[builtins.type[FailedRunSpendParams]] = FailedRunSpendParams
+    State: ClassVar[builtins.type[FailedRunSpendState]] = FailedRunSpendState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (RunEvent,)
     suggestion: ClassVar[str] = (
         "Read the run's error before retrying; for a crash loop, stop the retries (scheduler "
         "backoff or the pipeline's trigger) until the cause is fixed."
@@ -91,8 +97,8 @@ class FailedRunSpend(DetectorBase):
         return [("Run", f"`{details.get('run_id')}` ({details.get('status')})"),
                 ("Error", details.get("error") or "_none reported_"), gpu_hours]  # fmt: skip
 
-    def step(self, state: FailedRunSpendState, resource: ResourceInfo, event: Event, t: float,
-             fleet: Fleet | None = None) -> list[Finding]:  # fmt: skip
+    def step(self, state: FailedRunSpendState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        resource = ctx.resource
         if type(event) is not RunEvent:
             return []
         st, ev = state, event
@@ -107,32 +113,32 @@ class FailedRunSpend(DetectorBase):
         st.ended[ev.run_id] = t
         self._prune(st, t)
         if ev.status == "succeeded":
-            if st.loop_fired_at is not None:
-                found.append(self._loop_finding("resolve", st, resource, t, reason="run_succeeded"))
-                self._reset_loop(st)
+            if st.fired_at is not None:
+                found.extend(end(st, lambda: self._loop_finding("resolve", st, resource, t, reason="run_succeeded")))
             return found
         if ev.status == "killed" and not self.params.count_killed:
             return found
-        usd, gpu_hours, info, hosts = self._cost(run, t, fleet)
+        usd, gpu_hours, info, hosts = self._cost(run, t, ctx.lookup)
         if usd is None:
             return found  # no price known for its hosts: nothing to weigh against the floor
         failure = Failure(t=t, run_id=ev.run_id, usd=usd, gpu_hours=gpu_hours, error=ev.error, start=run.start,
                           resource_ids=[h.resource_id for h in hosts])
         st.failures.append(failure)
-        if st.loop_fired_at is not None:
+        if st.fired_at is not None:
+            st.last_report = t  # every failure inside an open loop reports it
             found.append(self._loop_finding("update", st, resource, t))
             return found
         if len(st.failures) >= self.params.loop_runs and sum(f.usd for f in st.failures) >= self.params.min_usd:
-            st.loop_since, st.loop_fired_at = st.failures[0].t, t
+            action = fire(st, since=st.failures[0].t, fired_at=t, at=t)
             st.loop_tags = {**run.tags, "project": ev.project or run.tags.get("project", "")}
-            found.append(self._loop_finding("fire", st, resource, t))
+            found.append(self._loop_finding(action, st, resource, t))
             return found
         if usd >= self.params.min_usd:
             found.append(self._run_finding(ev, run, failure, info))
         return found
 
     def open_episode(self, state: FailedRunSpendState, resource: ResourceInfo) -> Finding | None:
-        if state.loop_fired_at is None:
+        if state.fired_at is None:
             return None
         return self._loop_finding("update", state, resource, state.last_t)
 
@@ -153,21 +159,15 @@ class FailedRunSpend(DetectorBase):
 
     def _prune(self, st: FailedRunSpendState, t: float) -> None:
         horizon = t - self.params.loop_window
-        if st.loop_fired_at is None:
+        if st.fired_at is None:
             st.failures = [f for f in st.failures if f.t >= horizon]
         st.ended = {k: v for k, v in st.ended.items() if v >= horizon - self.params.loop_window}
 
     def _maybe_end_loop(self, st: FailedRunSpendState, t: float, res: ResourceInfo) -> list[Finding]:
         """A loop with no failure for a whole window is over."""
-        if st.loop_fired_at is None or t - st.failures[-1].t < self.params.loop_window:
+        if st.fired_at is None or t - st.failures[-1].t < self.params.loop_window:
             return []
-        finding = self._loop_finding("resolve", st, res, t, reason="no_failure_in_window")
-        self._reset_loop(st)
-        return [finding]
-
-    def _reset_loop(self, st: FailedRunSpendState) -> None:
-        st.loop_since = st.loop_fired_at = None
-        st.failures = []
+        return end(st, lambda: self._loop_finding("resolve", st, res, t, reason="no_failure_in_window"))
 
     # -- findings -------------------------------------------------------------------
 
@@ -187,7 +187,7 @@ class FailedRunSpend(DetectorBase):
 
     def _loop_finding(self, action: str, st: FailedRunSpendState, res: ResourceInfo, at: float,
                       **extra: object) -> Finding:  # fmt: skip
-        assert st.loop_since is not None and st.loop_fired_at is not None
+        assert st.since is not None and st.fired_at is not None
         project = st.loop_tags.get("project", "")
         info = ResourceInfo(resource_id=f"project/{project or res.resource_id}", resource_type="project",
                             tags=dict(st.loop_tags))  # fmt: skip
@@ -199,6 +199,6 @@ class FailedRunSpend(DetectorBase):
             "runs": [{"run_id": f.run_id, "start": f.start, "end": f.t, "usd": round(f.usd, 4),
                       "resource_ids": f.resource_ids} for f in st.failures], **extra,
         }  # fmt: skip
-        span = max(at, st.failures[-1].t) - st.loop_since
-        return make_finding(self, action, info, episode_start=st.loop_since, fired_at=st.loop_fired_at, at=at,
+        span = max(at, st.failures[-1].t) - st.since
+        return make_finding(self, action, info, episode_start=st.since, fired_at=st.fired_at, at=at,
                             usd=total, details=details, usd_per_hour=total * 3600 / span if span > 0 else 0.0)  # fmt: skip

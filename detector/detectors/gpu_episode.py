@@ -17,12 +17,13 @@ add (``describe``); this class does the rest the same way for all of them:
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, ClassVar
 
-import msgspec
 from pydantic import Field
 
-from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, advance, end
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.pricing import usd_over
 from detector.units import Duration
@@ -38,7 +39,7 @@ class GpuEpisodeParams(Params):
     """How often an open episode reports its growing dollars (event time)."""
 
 
-class GpuEpisodeState(msgspec.Struct, kw_only=True):
+class GpuEpisodeState(Episode, kw_only=True):
     gpus: list[int] = []
     model: str = ""
     peak_power_w: dict[int, float] = {}
@@ -47,26 +48,22 @@ class GpuEpisodeState(msgspec.Struct, kw_only=True):
     """Time of the newest sample that breaks an episode."""
     covered_until: float = 0.0
     """Time of the newest sample seen: episode time is only counted up to here."""
-    since: float | None = None
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
-    fired_at: float | None = None
-    last_report: float = 0.0
 
-    @property
-    def behaviour_active(self) -> bool:
-        """An episode is being counted or is open (the anomaly model stays out of it)."""
-        return self.since is not None
+    def clear(self) -> None:
+        super().clear()
+        self.waste_usd = self.unpriced_s = 0.0
 
 
 class GpuEpisode(DetectorBase):
     """Base of the GPU-sample episode detectors (see the module docstring)."""
 
     type: ClassVar[str]
-    Params: ClassVar[type[GpuEpisodeParams]]
-    State: ClassVar[type[GpuEpisodeState]] = GpuEpisodeState
-    consumes: ClassVar[tuple[type, ...]] = (GpuMetric, UsageEvent)
+    Params: ClassVar[builtins.type[GpuEpisodeParams]]
+    State: ClassVar[builtins.type[GpuEpisodeState]] = GpuEpisodeState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
     behaviour: ClassVar[bool] = True
     suggestion: ClassVar[str]
     break_reason: ClassVar[str]
@@ -87,7 +84,12 @@ class GpuEpisode(DetectorBase):
         """What this detector adds to its findings' details."""
         return {}
 
-    def step(self, state: GpuEpisodeState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+    def tracking(self, state: GpuEpisodeState) -> Behaviour:
+        """An episode being counted or open is a pause of the host's work (the anomaly model stays out)."""
+        return Behaviour.PAUSE if state.since is not None else Behaviour.NONE
+
+    def step(self, state: GpuEpisodeState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        resource = ctx.resource
         if type(event) is GpuMetric:
             # Inlined sample path: this runs for every GPU sample of every host.
             st, ev = state, event
@@ -102,8 +104,7 @@ class GpuEpisode(DetectorBase):
                 if st.since is not None and t >= st.since:
                     if st.fired_at is not None:
                         self._accrue(st, resource, t)
-                        found.append(self._finding("resolve", st, resource, t, reason=self.break_reason))
-                    self._reset(st)
+                    found = end(st, lambda: self._finding("resolve", st, resource, t, reason=self.break_reason))
                 if t > st.covered_until:
                     st.covered_until = t
                 return found
@@ -138,12 +139,10 @@ class GpuEpisode(DetectorBase):
         if st.since is None:
             return []
         if not res.billed:
-            found: list[Finding] = []
+            since = st.since
             if st.fired_at is not None:
                 self._accrue(st, res, t)
-                found.append(self._finding("resolve", st, res, max(t, st.since), reason=f"instance_{res.state}"))
-            self._reset(st)
-            return found
+            return end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
@@ -166,21 +165,11 @@ class GpuEpisode(DetectorBase):
     def _maybe_fire_or_report(self, st: GpuEpisodeState, res: ResourceInfo) -> list[Finding]:
         if st.since is None or not res.billed:
             return []
-        if st.fired_at is None:
-            if st.covered_until - st.since < self.params.for_:
-                return []
-            st.fired_at = st.since + self.params.for_
-            st.last_report = st.covered_until
-            return [self._finding("fire", st, res, st.fired_at)]
-        if st.covered_until - st.last_report >= self.params.update_every:
-            st.last_report = st.covered_until
-            return [self._finding("update", st, res, st.covered_until)]
-        return []
-
-    def _reset(self, st: GpuEpisodeState) -> None:
-        st.since = st.fired_at = None
-        st.waste_usd = st.unpriced_s = 0.0
-        st.last_report = 0.0
+        p, at = self.params, st.covered_until
+        action = advance(st, at, start=st.since, held_s=at - st.since, need_s=p.for_, every_s=p.update_every)
+        if action is None or st.fired_at is None:
+            return []
+        return [self._finding(action, st, res, st.fired_at if action == "fire" else at)]
 
     def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None

@@ -14,6 +14,7 @@ import msgspec
 from pydantic import Field
 
 from detector.detectors.base import DetectorBase, Params
+from detector.detectors.episode import Episode
 from detector.events import DAY_S
 from detector.units import Duration
 
@@ -30,14 +31,12 @@ class GrowthParams(Params):
     evaluate_every: Duration = Field(default=3600.0, gt=0)
 
 
-class GrowthState(msgspec.Struct, kw_only=True):
+class GrowthState(Episode, kw_only=True):
     points: list[tuple[float, float]] = []
     """(t, bytes): the latest sample of each 15-minute slot inside the window."""
     last_t: float = 0.0
     evaluated_at: float = 0.0
     capacity: float | None = None
-    since: float | None = None
-    fired_at: float | None = None
     notified: dict[str, Any] = {}
     """The trend as last alerted, to tell a changed trend from noise."""
 

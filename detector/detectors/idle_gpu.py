@@ -28,6 +28,7 @@ does not change the figure.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, ClassVar
 
 from detector.detectors.gpu_episode import GpuEpisode, GpuEpisodeParams, GpuEpisodeState
@@ -45,7 +46,7 @@ class IdleGpuParams(GpuEpisodeParams):
 class IdleGpu(GpuEpisode):
     type: ClassVar[str] = "idle_gpu"
     title: ClassVar[str] = "Idle GPUs"
-    Params: ClassVar[type[IdleGpuParams]] = IdleGpuParams
+    Params: ClassVar[builtins.type[IdleGpuParams]] = IdleGpuParams
     suggestion: ClassVar[str] = (
         "Stop the instance (or scale the node group down) if no job is queued for it; "
         "for notebooks, turn on idle shutdown."

@@ -23,13 +23,15 @@ peak with headroom. The dollars are the saving over the time the episode covers.
 
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.pricing import usd_over
 from detector.units import Duration, Money, Percent
@@ -57,25 +59,28 @@ class HourStats(msgspec.Struct, kw_only=True, array_like=True):
     request_s: float = 0.0
 
 
-class InferenceOverprovisionedState(msgspec.Struct, kw_only=True):
+class InferenceOverprovisionedState(Episode, kw_only=True):
     hours: list[HourStats] = []
     first_t: float | None = None
     gpu_last: dict[int, float] = {}
     """Latest sample time per GPU, so a re-read sample is not counted twice."""
     usage_last: float = 0.0
     last_t: float = 0.0
-    since: float | None = None
-    fired_at: float | None = None
     saving_usd_h: float = 0.0
     advice: dict[str, Any] = {}
+
+    def clear(self) -> None:
+        super().clear()
+        self.saving_usd_h = 0.0
+        self.advice = {}
 
 
 class InferenceOverprovisioned(DetectorBase):
     type: ClassVar[str] = "inference_overprovisioned"
     title: ClassVar[str] = "Inference endpoint overprovisioned"
-    Params: ClassVar[type[InferenceOverprovisionedParams]] = InferenceOverprovisionedParams
-    State: ClassVar[type[InferenceOverprovisionedState]] = InferenceOverprovisionedState
-    consumes: ClassVar[tuple[type, ...]] = (GpuMetric, UsageEvent)
+    Params: ClassVar[builtins.type[InferenceOverprovisionedParams]] = InferenceOverprovisionedParams
+    State: ClassVar[builtins.type[InferenceOverprovisionedState]] = InferenceOverprovisionedState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
     suggestion: ClassVar[str] = (
         "Move the endpoint to the suggested instance type (or fewer replicas), then watch its "
         "latency; keep the model in memory headroom."
@@ -95,8 +100,8 @@ class InferenceOverprovisioned(DetectorBase):
                      + f", peak memory {details.get('gpu_mem_peak_gb')} GB"),
         ]  # fmt: skip
 
-    def step(self, state: InferenceOverprovisionedState, resource: ResourceInfo, event: Event,
-             t: float) -> list[Finding]:  # fmt: skip
+    def step(self, state: InferenceOverprovisionedState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        resource = ctx.resource
         st = state
         if type(event) is GpuMetric:
             if t <= st.gpu_last.get(event.gpu_index, 0.0):
@@ -112,9 +117,7 @@ class InferenceOverprovisioned(DetectorBase):
                 return []
             st.usage_last = t
             if event.state != "running" and st.fired_at is not None:
-                found = [self._finding("resolve", st, resource, t, reason=f"instance_{event.state}")]
-                self._reset(st)
-                return found
+                return end(st, lambda: self._finding("resolve", st, resource, t, reason=f"instance_{event.state}"))
             found = self._roll(st, resource, t)
             if event.requests is not None:
                 st.hours[-1].requests += event.requests
@@ -158,16 +161,13 @@ class InferenceOverprovisioned(DetectorBase):
         )
         advice = self._cheaper(res, max(h.mem_peak_mib for h in st.hours), p95) if quiet else None
         if advice is None:
-            if st.fired_at is None:
-                return []
-            found = [self._finding("resolve", st, res, t, reason="load_grew")]
-            self._reset(st)
-            return found
+            return end(st, lambda: self._finding("resolve", st, res, t, reason="load_grew"))
         advice.update(util_p95_pct=p95, requests_per_s=round(rate, 3) if rate is not None else None)
         st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
         if st.fired_at is None:
-            st.since, st.fired_at = max(st.first_t, t - self.params.window), t  # type: ignore[type-var]
-            return [self._finding("fire", st, res, t)]
+            assert st.first_t is not None
+            return [self._finding(fire(st, since=max(st.first_t, t - self.params.window), fired_at=t, at=t), st, res, t)]
+        st.last_report = t  # every judgement of an open episode reports it
         return [self._finding("update", st, res, t)]
 
     def _cheaper(self, res: ResourceInfo, mem_peak_mib: float, p95: float) -> dict[str, Any] | None:
@@ -197,11 +197,6 @@ class InferenceOverprovisioned(DetectorBase):
             "saving_usd_per_hour": round(res.usd_per_hour - hourly, 4),
             "gpu_mem_peak_gb": round(mem_peak_mib / 1024.0, 2),
         }
-
-    def _reset(self, st: InferenceOverprovisionedState) -> None:
-        st.since = st.fired_at = None
-        st.saving_usd_h = 0.0
-        st.advice = {}
 
     def _finding(self, action: str, st: InferenceOverprovisionedState, res: ResourceInfo, at: float,
                  **extra: object) -> Finding:  # fmt: skip

@@ -1,8 +1,8 @@
 """What run detectors share: following a project's runs, and a run's share of its hosts.
 
 Run events are keyed by project, so a detector's state holds that project's open
-runs. The hosts a run uses are other keys: the engine passes ``fleet``, a lookup of
-what their own usage events said (price, instance type, pricing model).
+runs. The hosts a run uses are other keys: the step's context looks them up
+(``ctx.lookup``: what their own usage events said, price, instance type, pricing model).
 """
 
 from __future__ import annotations

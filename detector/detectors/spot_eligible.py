@@ -23,12 +23,14 @@ rate against their spot price, shared by GPU count.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, end, fire
 from detector.detectors.runs import Fleet, RunState, follow, hosts_of
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
@@ -45,10 +47,9 @@ class SpotEligibleParams(Params):
     min_saving_usd_per_hour: Money = 1.0
 
 
-class Candidate(msgspec.Struct, kw_only=True):
-    """A run found eligible: the alert's figures."""
+class Candidate(Episode, kw_only=True):
+    """A run found eligible (its episode, from the run's start): the alert's figures."""
 
-    fired_at: float
     saving_usd_h: float
     instance_type: str
     spot_usd_h: float
@@ -66,10 +67,9 @@ class SpotEligibleState(msgspec.Struct, kw_only=True):
 class SpotEligible(DetectorBase):
     type: ClassVar[str] = "spot_eligible"
     title: ClassVar[str] = "Training could run on spot"
-    Params: ClassVar[type[SpotEligibleParams]] = SpotEligibleParams
-    State: ClassVar[type[SpotEligibleState]] = SpotEligibleState
-    consumes: ClassVar[tuple[type, ...]] = (RunEvent,)
-    uses_fleet: ClassVar[bool] = True
+    Params: ClassVar[builtins.type[SpotEligibleParams]] = SpotEligibleParams
+    State: ClassVar[builtins.type[SpotEligibleState]] = SpotEligibleState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (RunEvent,)
     suggestion: ClassVar[str] = (
         "Run this project's next training on spot capacity (it checkpoints, so an interruption "
         "costs one checkpoint interval), with on-demand as the fallback."
@@ -84,8 +84,7 @@ class SpotEligible(DetectorBase):
             ("Spot", f"${details.get('spot_usd_per_hour', 0):,.2f}/h, saving ${details.get('saving_usd_per_hour', 0):,.2f}/h"),
         ]
 
-    def step(self, state: SpotEligibleState, resource: ResourceInfo, event: Event, t: float,
-             fleet: Fleet | None = None) -> list[Finding]:  # fmt: skip
+    def step(self, state: SpotEligibleState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if type(event) is not RunEvent or event.run_id in state.ended:
             return []
         st = state
@@ -94,17 +93,20 @@ class SpotEligible(DetectorBase):
         found: list[Finding] = []
         for run_id, run in list(st.runs.items()):  # a project's few open runs, judged at each of its events
             if run_id not in st.fired and t - run.start >= self.params.min_runtime:
-                candidate = self._candidate(run, t, fleet)
+                candidate = self._candidate(run, t, ctx.lookup)
                 if candidate is not None:
                     st.fired[run_id] = candidate
-                    found.append(self._finding("fire", run_id, run, candidate, t))
+                    action = fire(candidate, since=run.start, fired_at=t, at=t)
+                    found.append(self._finding(action, run_id, run, candidate, t))
         if event.status in ("succeeded", "failed", "killed"):
             run = st.runs.pop(event.run_id)
             st.ended[event.run_id] = t
             st.ended = {k: v for k, v in st.ended.items() if v >= t - 2 * 86_400}
             candidate = st.fired.pop(event.run_id, None)
             if candidate is not None:
-                found.append(self._finding("resolve", event.run_id, run, candidate, t, reason=f"run_{event.status}"))
+                ended = candidate
+                found.extend(end(ended, lambda: self._finding("resolve", event.run_id, run, ended, t,
+                                                             reason=f"run_{event.status}")))  # fmt: skip
         return found
 
     def open_episodes(self, state: SpotEligibleState, resource: ResourceInfo) -> list[Finding]:
@@ -129,10 +131,11 @@ class SpotEligible(DetectorBase):
         if saving < self.params.min_saving_usd_per_hour:
             return None
         first = hosts.first
-        return Candidate(fired_at=t, saving_usd_h=saving, instance_type=first.instance_type,
+        return Candidate(saving_usd_h=saving, instance_type=first.instance_type,
                          spot_usd_h=spot * hosts.share, host=first)  # fmt: skip
 
     def _finding(self, action: str, run_id: str, run: RunState, c: Candidate, at: float, **extra: object) -> Finding:
+        assert c.fired_at is not None
         res = ResourceInfo(resource_id=run_id, resource_type="run", account=c.host.account, region=c.host.region,
                            instance_type=c.instance_type, pricing="on_demand", state="running", tags=dict(run.tags))  # fmt: skip
         runtime = max(0.0, at - run.start)

@@ -24,11 +24,13 @@ deletion shows up or the growth slows under three quarters of the floor.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from detector.detectors.base import Finding, ResourceInfo, make_finding
+from detector.detectors.base import Context, Finding, ResourceInfo, make_finding
+from detector.detectors.episode import end, fire
 from detector.detectors.growth import GrowthBase, GrowthParams, GrowthState, Trend
 from detector.events import DAY_S, Event, UsageEvent
 from detector.pricing import HOURS_PER_MONTH
@@ -49,8 +51,8 @@ class StorageGrowthParams(GrowthParams):
 class StorageGrowth(GrowthBase):
     type: ClassVar[str] = "storage_growth"
     title: ClassVar[str] = "Storage growing without bound"
-    Params: ClassVar[type[StorageGrowthParams]] = StorageGrowthParams
-    consumes: ClassVar[tuple[type, ...]] = (UsageEvent,)
+    Params: ClassVar[builtins.type[StorageGrowthParams]] = StorageGrowthParams
+    consumes: ClassVar[tuple[builtins.type, ...]] = (UsageEvent,)
     suggestion: ClassVar[str] = (
         "Add a lifecycle rule (expire old checkpoints, keep the last N; move cold datasets to an "
         "infrequent-access class) or delete what no run reads any more."
@@ -66,7 +68,8 @@ class StorageGrowth(GrowthBase):
                              f"in 30 days, ${details.get('monthly_usd_in_90d', 0):,.0f} in 90"),
         ]  # fmt: skip
 
-    def step(self, state: GrowthState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+    def step(self, state: GrowthState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        resource = ctx.resource
         if type(event) is not UsageEvent or event.storage_bytes is None:
             return []
         st = state
@@ -80,14 +83,12 @@ class StorageGrowth(GrowthBase):
         unbounded = trend.drop * 100 <= self.params.max_drop
         if st.fired_at is None:
             if unbounded and growth_usd >= self.params.min_monthly_growth_usd:
-                st.since = st.fired_at = t
-                return [self._finding("fire", st, resource, t, trend)]
+                return [self._finding(fire(st, since=t, fired_at=t, at=t), st, resource, t, trend)]
             return []
         if not unbounded or growth_usd < 0.75 * self.params.min_monthly_growth_usd:
             reason = "deletions_seen" if not unbounded else "growth_slowed"
-            finding = self._finding("resolve", st, resource, t, trend, reason=reason)
-            st.since = st.fired_at = None
-            return [finding]
+            return end(st, lambda: self._finding("resolve", st, resource, t, trend, reason=reason))
+        st.last_report = t  # every evaluation of an open episode reports its trend
         return [self._finding("update", st, resource, t, trend)]
 
     def open_episode(self, state: GrowthState, resource: ResourceInfo) -> Finding | None:

@@ -24,6 +24,7 @@ that looks alive, or idle, ends the episode.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -45,7 +46,7 @@ class StuckGpuParams(GpuEpisodeParams):
 class StuckGpu(GpuEpisode):
     type: ClassVar[str] = "stuck_gpu"
     title: ClassVar[str] = "Stuck GPUs (busy, nothing running)"
-    Params: ClassVar[type[StuckGpuParams]] = StuckGpuParams
+    Params: ClassVar[builtins.type[StuckGpuParams]] = StuckGpuParams
     suggestion: ClassVar[str] = (
         "The job looks hung (often in an NCCL collective): check its logs and stack traces "
         "(py-spy dump), then kill and restart it from its last checkpoint."

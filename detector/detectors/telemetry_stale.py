@@ -20,16 +20,21 @@ dollars are the spend while blind.
 
 from __future__ import annotations
 
+import builtins
 from typing import ClassVar
 
-import msgspec
 from pydantic import Field
 
-from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, advance, end
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.units import Duration
 
 __all__ = ["TelemetryStale", "TelemetryStaleParams", "TelemetryStaleState"]
+
+_KEEP_COUNTED = 16
+"""Intervals kept for the take-back: more than a minute's worth at any usage cadence in use
+(the allowed lateness is 60 s)."""
 
 
 class TelemetryStaleParams(Params):
@@ -37,24 +42,28 @@ class TelemetryStaleParams(Params):
     update_every: Duration = Field(default=900.0, gt=0)
 
 
-class TelemetryStaleState(msgspec.Struct, kw_only=True):
+class TelemetryStaleState(Episode, kw_only=True):
+    """The episode starts at the last sample (``since`` once it fires)."""
+
     last_sample: float | None = None
     blind_usd: float = 0.0
     last_usage: float = 0.0
-    fired_at: float | None = None
-    last_report: float = 0.0
+    counted: list[tuple[float, float]] = []
+    """The latest intervals counted blind, (time, dollars): taken back at the resolution if
+    they turn out to come after the sample that ended the spell (see :meth:`TelemetryStale.step`)."""
 
-    @property
-    def behaviour_active(self) -> bool:
-        return self.fired_at is not None
+    def clear(self) -> None:
+        super().clear()
+        self.blind_usd = 0.0
+        self.counted = []
 
 
 class TelemetryStale(DetectorBase):
     type: ClassVar[str] = "telemetry_stale"
     title: ClassVar[str] = "GPU telemetry missing"
-    Params: ClassVar[type[TelemetryStaleParams]] = TelemetryStaleParams
-    State: ClassVar[type[TelemetryStaleState]] = TelemetryStaleState
-    consumes: ClassVar[tuple[type, ...]] = (GpuMetric, UsageEvent)
+    Params: ClassVar[builtins.type[TelemetryStaleParams]] = TelemetryStaleParams
+    State: ClassVar[builtins.type[TelemetryStaleState]] = TelemetryStaleState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
     suggestion: ClassVar[str] = (
         "Check the host's dcgm-exporter (and its scrape job): until its metrics return, idle "
         "and stuck GPUs on it cannot be detected."
@@ -63,45 +72,41 @@ class TelemetryStale(DetectorBase):
     dollars: ClassVar[str] = "spent while blind"
     behaviour: ClassVar[bool] = True
 
-    def step(self, state: TelemetryStaleState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+    def tracking(self, state: TelemetryStaleState) -> Behaviour:
+        """Dark telemetry is a pause of what can be seen of the host's work."""
+        return Behaviour.PAUSE if state.fired_at is not None else Behaviour.NONE
+
+    def step(self, state: TelemetryStaleState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        resource = ctx.resource
         st = state
         if type(event) is GpuMetric:
             if st.last_sample is not None and t <= st.last_sample:
                 return []
-            found = []
-            if st.fired_at is not None:
-                found.append(self._finding("resolve", st, resource, t, reason="telemetry_back"))
-            self._reset(st)
+            # Live, the host's usage can reach detection ahead of this sample (a caught-up
+            # partition does not wait): intervals from its time on were not spent blind.
+            st.blind_usd -= sum(usd for at, usd in st.counted if at >= t)
+            st.counted = []
+            found = end(st, lambda: self._finding("resolve", st, resource, t, reason="telemetry_back"))
             st.last_sample = t
             return found
         if type(event) is not UsageEvent or st.last_sample is None or t <= st.last_usage or t <= st.last_sample:
             return []  # no GPU host yet, a re-read interval, or one from before the latest sample
         st.last_usage = t
         if not resource.billed:
-            found = []
-            if st.fired_at is not None:
-                found.append(self._finding("resolve", st, resource, t, reason=f"instance_{resource.state}"))
-            self._reset(st)
+            found = end(st, lambda: self._finding("resolve", st, resource, t, reason=f"instance_{resource.state}"))
             st.last_sample = None  # a stopped host sends nothing: start afresh when it runs again
             return found
         # Spend since the last sample (the engine's price of the interval, as stored), counted
         # once the gap is long enough.
         st.blind_usd += resource.interval_usd
+        st.counted = [*st.counted[-(_KEEP_COUNTED - 1):], (t, resource.interval_usd)]
         if t - st.last_sample < self.params.after:
             return []
-        if st.fired_at is None:
-            st.fired_at = st.last_sample + self.params.after
-            st.last_report = t
-            return [self._finding("fire", st, resource, st.fired_at)]
-        if t - st.last_report >= self.params.update_every:
-            st.last_report = t
-            return [self._finding("update", st, resource, t)]
-        return []
-
-    def _reset(self, st: TelemetryStaleState) -> None:
-        st.fired_at = None
-        st.blind_usd = 0.0
-        st.last_report = 0.0
+        p = self.params
+        action = advance(st, t, start=st.last_sample, held_s=t - st.last_sample, need_s=p.after, every_s=p.update_every)
+        if action is None or st.fired_at is None:
+            return []
+        return [self._finding(action, st, resource, st.fired_at if action == "fire" else t)]
 
     def _finding(self, action: str, st: TelemetryStaleState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.last_sample is not None and st.fired_at is not None

@@ -22,12 +22,14 @@ unattributable spend per account is a sum over the ``alerts`` table.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, advance, end
 from detector.events import Event, UsageEvent
 from detector.units import Duration
 
@@ -40,22 +42,26 @@ class UntaggedParams(Params):
     update_every: Duration = Field(default=900.0, gt=0)
 
 
-class UntaggedState(msgspec.Struct, kw_only=True):
-    missing_since: float | None = None
+class UntaggedState(Episode, kw_only=True):
+    since: float | None = msgspec.field(default=None, name="missing_since")
+    """When the resource first ran untagged (the grace starts there)."""
     missing: list[str] = []
     spend_usd: float = 0.0
     last_t: float = 0.0
     """Time of the latest usage interval counted: a re-read interval is not counted twice."""
-    fired_at: float | None = None
-    last_report: float = 0.0
+
+    def clear(self) -> None:
+        super().clear()
+        self.missing = []
+        self.spend_usd = 0.0
 
 
 class Untagged(DetectorBase):
     type: ClassVar[str] = "untagged"
     title: ClassVar[str] = "Untagged spend"
-    Params: ClassVar[type[UntaggedParams]] = UntaggedParams
-    State: ClassVar[type[UntaggedState]] = UntaggedState
-    consumes: ClassVar[tuple[type, ...]] = (UsageEvent,)
+    Params: ClassVar[builtins.type[UntaggedParams]] = UntaggedParams
+    State: ClassVar[builtins.type[UntaggedState]] = UntaggedState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (UsageEvent,)
     suggestion: ClassVar[str] = (
         "Add the missing tags (or ask the account owner who runs it); until then this spend "
         "cannot be charged to a team."
@@ -68,45 +74,32 @@ class Untagged(DetectorBase):
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         return [("Missing tags", ", ".join(f"`{t}`" for t in details.get("missing_tags", [])))]
 
-    def step(self, state: UntaggedState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+    def step(self, state: UntaggedState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        resource = ctx.resource
         if type(event) is not UsageEvent or t <= state.last_t:
             return []
         state.last_t = t
         missing = [tag for tag in self.params.required_tags if not event.tags.get(tag)]
-        found: list[Finding] = []
         if not missing or event.state == "terminated":
-            if state.fired_at is not None:
-                reason = "tags_added" if not missing else "terminated"
-                found.append(self._finding("resolve", state, resource, t, reason=reason))
-            self._reset(state)
-            return found
-        if state.missing_since is None:
+            reason = "tags_added" if not missing else "terminated"
+            return end(state, lambda: self._finding("resolve", state, resource, t, reason=reason))
+        if state.since is None:
             if event.state != "running":
-                return found  # a stopped resource spends nothing: the grace starts when it runs
-            state.missing_since = t
+                return []  # a stopped resource spends nothing: the grace starts when it runs
+            state.since = t
         state.missing = missing
         if event.state == "running":
             state.spend_usd += resource.interval_usd  # the engine's price of this interval, as stored
-        if state.fired_at is None:
-            if t - state.missing_since >= self.params.grace:
-                state.fired_at = state.missing_since + self.params.grace
-                state.last_report = t
-                found.append(self._finding("fire", state, resource, state.fired_at))
-        elif t - state.last_report >= self.params.update_every:
-            state.last_report = t
-            found.append(self._finding("update", state, resource, t))
-        return found
-
-    def _reset(self, state: UntaggedState) -> None:
-        state.missing_since = state.fired_at = None
-        state.missing = []
-        state.spend_usd = 0.0
-        state.last_report = 0.0
+        p = self.params
+        action = advance(state, t, start=state.since, held_s=t - state.since, need_s=p.grace, every_s=p.update_every)
+        if action is None or state.fired_at is None:
+            return []
+        return [self._finding(action, state, resource, state.fired_at if action == "fire" else t)]
 
     def _finding(self, action: str, st: UntaggedState, res: ResourceInfo, at: float, **extra: object) -> Finding:
-        assert st.missing_since is not None and st.fired_at is not None
-        details = {"missing_tags": list(st.missing), "untagged_s": round(at - st.missing_since, 3), **extra}
-        return make_finding(self, action, res, episode_start=st.missing_since, fired_at=st.fired_at, at=at,
+        assert st.since is not None and st.fired_at is not None
+        details = {"missing_tags": list(st.missing), "untagged_s": round(at - st.since, 3), **extra}
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
                             usd=st.spend_usd, details=details)  # fmt: skip
 
     def open_episode(self, state: UntaggedState, resource: ResourceInfo) -> Finding | None:

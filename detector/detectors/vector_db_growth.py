@@ -25,11 +25,13 @@ horizon and the growth well under the rate (1.5x and 0.75x: no flapping at the e
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from detector.detectors.base import Finding, ResourceInfo, make_finding
+from detector.detectors.base import Context, Finding, ResourceInfo, make_finding
+from detector.detectors.episode import end, fire
 from detector.detectors.growth import GrowthBase, GrowthParams, GrowthState, Trend
 from detector.events import DAY_S, Event, UsageEvent
 from detector.units import Duration, Percent, rfc3339
@@ -50,8 +52,8 @@ class VectorDbGrowthParams(GrowthParams):
 class VectorDbGrowth(GrowthBase):
     type: ClassVar[str] = "vector_db_growth"
     title: ClassVar[str] = "Vector database filling up"
-    Params: ClassVar[type[VectorDbGrowthParams]] = VectorDbGrowthParams
-    consumes: ClassVar[tuple[type, ...]] = (UsageEvent,)
+    Params: ClassVar[builtins.type[VectorDbGrowthParams]] = VectorDbGrowthParams
+    consumes: ClassVar[tuple[builtins.type, ...]] = (UsageEvent,)
     suggestion: ClassVar[str] = (
         "Raise the database's capacity (or shard it) before the forecast date, or prune stale "
         "vectors; re-indexing into a bigger size takes time, so start now."
@@ -71,16 +73,15 @@ class VectorDbGrowth(GrowthBase):
             facts.append(("Next size", f"{tier['name']}: ${tier['usd_per_month']:,.0f}/month"))
         return facts
 
-    def step(self, state: GrowthState, resource: ResourceInfo, event: Event, t: float) -> list[Finding]:
+    def step(self, state: GrowthState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        resource = ctx.resource
         if type(event) is not UsageEvent:
             return []
         st = state
         if event.capacity_bytes:
             st.capacity = float(event.capacity_bytes)
         if event.state == "terminated" and st.fired_at is not None and t > st.last_t:
-            finding = self._finding("resolve", st, resource, t, self.current(st), reason="terminated")
-            st.since = st.fired_at = None
-            return [finding]
+            return end(st, lambda: self._finding("resolve", st, resource, t, self.current(st), reason="terminated"))
         if event.storage_bytes is not None:
             size = float(event.storage_bytes)
         elif event.vector_count is not None:
@@ -99,12 +100,11 @@ class VectorDbGrowth(GrowthBase):
             return [self._fire(st, resource, t, trend, days)]
         eased = (days is None or days > 1.5 * horizon_days) and trend.pct_per_day < 0.75 * self.params.max_growth_per_day
         if eased:
-            finding = self._finding("resolve", st, resource, t, trend, reason="trend_eased")
-            st.since = st.fired_at = None
-            return [finding]
+            return end(st, lambda: self._finding("resolve", st, resource, t, trend, reason="trend_eased"))
         if t - st.fired_at >= self.params.window and self._sooner(st.notified.get("days"), days):
-            resolved = self._finding("resolve", st, resource, t, trend, reason="trend_changed")
-            return [resolved, self._fire(st, resource, t, trend, days)]
+            resolved = end(st, lambda: self._finding("resolve", st, resource, t, trend, reason="trend_changed"))
+            return [*resolved, self._fire(st, resource, t, trend, days)]  # a new episode, its own alert
+        st.last_report = t  # every evaluation of an open episode reports its trend
         return [self._finding("update", st, resource, t, trend)]
 
     def open_episode(self, state: GrowthState, resource: ResourceInfo) -> Finding | None:
@@ -113,9 +113,9 @@ class VectorDbGrowth(GrowthBase):
         return self._finding("update", state, resource, state.last_t, self.current(state))
 
     def _fire(self, st: GrowthState, res: ResourceInfo, t: float, trend: Trend, days: float | None) -> Finding:
-        st.since = st.fired_at = t
+        action = fire(st, since=t, fired_at=t, at=t)
         st.notified = {"days": days}
-        return self._finding("fire", st, res, t, trend)
+        return self._finding(action, st, res, t, trend)
 
     def _sooner(self, before: float | None, now: float | None) -> bool:
         """Whether the forecast moved closer by ``trend_change`` of the time that was left."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert
 from detector.backtest import BacktestResult
@@ -32,6 +32,9 @@ from detector.detectors import REGISTRY
 from detector.model.features import Window
 from detector.model.forest import ModelArtifact, fit
 from detector.rules import RuleSet, compile_rules, parse_rule
+
+if TYPE_CHECKING:
+    from detector.store import Store
 
 __all__ = ["MIN_SAMPLES", "TrainingSet", "anomaly_ruleset", "train", "train_from_file", "train_from_store"]
 
@@ -110,12 +113,11 @@ def train_from_file(path: str | Path, ruleset: RuleSet, out_dir: str | Path,
     return _train(lambda rs, collect: backtest(path, rs, on_windows=collect), ruleset, out_dir, set(), **kw)
 
 
-def train_from_store(store: Any, since_s: float, ruleset: RuleSet, out_dir: str | Path,
+def train_from_store(store: Store, since_s: float, ruleset: RuleSet, out_dir: str | Path,
                      **kw: Any) -> tuple[list[ModelArtifact], TrainingSet]:  # fmt: skip
     """Train from the events stored in ClickHouse over ``since_s`` of event time before the newest."""
     from detector.backtest import backtest_store
 
-    expected = {r["alert_id"] for r in store.query(f"SELECT DISTINCT alert_id FROM {store.db}.alert_actions "
-                                                   "WHERE action = 'expected'")}  # fmt: skip
-    return _train(lambda rs, collect: backtest_store(store, since_s, rs, on_windows=collect), ruleset, out_dir,
+    expected = store.actions.marked_expected()
+    return _train(lambda rs, collect: backtest_store(store.history, since_s, rs, on_windows=collect), ruleset, out_dir,
                   expected, **kw)  # fmt: skip

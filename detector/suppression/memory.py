@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from detector.suppression.hold import Hold
+
+if TYPE_CHECKING:
+    from detector.store import ManagerMemory
 
 __all__ = ["HORIZON_S", "AlertMemory"]
 
@@ -29,9 +32,11 @@ class AlertMemory:
     """(rule, resource) → fire time of its latest posted opening: :class:`~detector.suppression.stages.Realert`."""
 
     @classmethod
-    def load(cls, store: Any, horizon_s: float = HORIZON_S) -> AlertMemory:
-        """Read it from the store (every worker's alerts: the memory is shared), within
-        ``horizon_s`` of event time before the newest alert."""
-        last_posted, held = store.suppression_memory(horizon_s)
-        return cls(seen=store.recent_alerts(horizon_s), held=held, open_incidents=store.open_incidents(),
+    def load(cls, memory: ManagerMemory, horizon_s: float = HORIZON_S) -> AlertMemory:
+        """Read it from the store (``store.memory``: every worker's alerts, since the memory is
+        shared), within ``horizon_s`` of event time before the newest alert."""
+        from detector.suppression.stages import inhibiting_types
+
+        last_posted, held = memory.suppression(horizon_s)
+        return cls(seen=memory.recent_alerts(horizon_s), held=held, open_incidents=memory.open_incidents(inhibiting_types()),
                    last_posted=last_posted)  # fmt: skip

@@ -120,6 +120,11 @@ class Realert:
         self.last_posted = {k: t for k, t in self.last_posted.items() if t >= horizon}
 
 
+def inhibiting_types() -> list[str]:
+    """The rule types whose open incident holds back an anomaly on its resource."""
+    return [t for t in REGISTRY if _is_behaviour(t)]
+
+
 def _is_behaviour(rule_type: str) -> bool:
     cls = REGISTRY.get(rule_type)
     return cls is not None and cls.behaviour and rule_type != "anomaly"

@@ -1,0 +1,87 @@
+"""The one lifecycle of an episode: it fires once, reports its growing dollars, resolves, and
+may fire again as a new episode.
+
+Every episode-style detector keeps each episode in a state that extends :class:`Episode`
+and moves it only through these functions, so the lifecycle's rules hold the same way for
+all of them (a detector decides *when* its condition holds, never how an episode moves):
+
+- **fire** opens the episode once: ``since`` (with rule and resource, the alert's identity)
+  and ``fired_at`` are set, and an open episode never fires again;
+- **update** comes while it is open, at most every ``every_s`` of event time (:func:`due`);
+- **resolve** comes only for an episode that fired, made from its figures *before* they
+  are cleared (:func:`end`); a candidate that never fired ends silently;
+- after a resolve the state is clear, so the next fire is a new episode with its own
+  ``since`` and so its own alert id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
+
+from detector.detectors.base import Finding
+
+__all__ = ["Action", "Episode", "advance", "due", "end", "fire"]
+
+Action = Literal["fire", "update", "resolve"]
+
+
+class Episode(msgspec.Struct, kw_only=True):
+    """One episode's place in the lifecycle. A detector's state extends it (or holds one per
+    destination, run...) and adds its own figures; :meth:`clear` clears those too."""
+
+    since: float | None = None
+    """Start of the episode (event time); set when it fires, or earlier by a detector that
+    counts a candidate from it."""
+    fired_at: float | None = None
+    """When it fired (event time); None: not open."""
+    last_report: float = 0.0
+    """Event time of its latest fire or update."""
+
+    @property
+    def open(self) -> bool:
+        """Fired and not resolved."""
+        return self.fired_at is not None
+
+    def clear(self) -> None:
+        """Forget the episode; a subclass clears its own figures of it too (and calls this)."""
+        self.since = self.fired_at = None
+        self.last_report = 0.0
+
+
+def fire(ep: Episode, *, since: float, fired_at: float, at: float) -> Action:
+    """Open ``ep``: it started at ``since``, fires dated ``fired_at``, reported as of ``at``."""
+    if ep.fired_at is not None:
+        raise ValueError("an open episode does not fire again")
+    ep.since, ep.fired_at, ep.last_report = since, fired_at, at
+    return "fire"
+
+
+def due(ep: Episode, at: float, every_s: float) -> bool:
+    """Whether an update of the open ``ep`` is due at ``at`` (``every_s`` after the latest
+    report); when it is, it counts as made."""
+    if ep.fired_at is None or at - ep.last_report < every_s:
+        return False
+    ep.last_report = at
+    return True
+
+
+def advance(ep: Episode, at: float, *, start: float, held_s: float, need_s: float, every_s: float) -> Action | None:
+    """The condition has held since ``start``, for ``held_s``, as of ``at``: the episode fires
+    once it has held ``need_s`` (dated ``start + need_s``, so the same input always dates it
+    the same), then updates every ``every_s``. None: nothing to say yet."""
+    if ep.fired_at is None:
+        if held_s < need_s:
+            return None
+        return fire(ep, since=start, fired_at=start + need_s, at=at)
+    return "update" if due(ep, at, every_s) else None
+
+
+def end(ep: Episode, resolve: Callable[[], Finding]) -> list[Finding]:
+    """The condition no longer holds: the ``resolve`` finding if ``ep`` fired (made before
+    anything is cleared), then ``ep`` is cleared for the next episode."""
+    found = [resolve()] if ep.fired_at is not None else []
+    ep.clear()
+    return found

@@ -1,0 +1,39 @@
+"""The ClickHouse store, as small repositories on one connection.
+
+- :mod:`~detector.store.connection`: the client, the database's name, the lock, ad hoc and
+  named queries (``sql/*.sql``: the reports', the charts' and the digest's), the probes that
+  tell a store that takes no write from rows it refuses;
+- :mod:`~detector.store.schema`: migrations (``detector/migrations``) and the events' expiry;
+- :mod:`~detector.store.batch` and :mod:`~detector.store.events`: events buffered as columns,
+  inserted in batches, each event once (by its content's id);
+- :mod:`~detector.store.history`: stored events read back (backtest, training, a resource
+  another worker holds);
+- :mod:`~detector.store.states`: detector state per key;
+- :mod:`~detector.store.alerts`: alert changes, the latest state of each;
+- :mod:`~detector.store.memory`: what the alert manager remembers after a restart;
+- :mod:`~detector.store.actions`: clicks on an alert's buttons, and snoozes;
+- :mod:`~detector.store.digests`: daily digests sent, and a day's ledger rows;
+- :mod:`~detector.store.deliveries`: Slack posts made and begun (the outbox's record).
+
+:class:`~detector.store.facade.Store` opens all of them at once.
+"""
+
+from detector.store.actions import Actions
+from detector.store.alerts import Alerts, alert_from_row
+from detector.store.batch import EventBatch, event_ids
+from detector.store.connection import Connection, StoreBusy, StoreNotFound, StoreOutdated, chdb_dir, connect, named_sql
+from detector.store.deliveries import Deliveries
+from detector.store.digests import Digests
+from detector.store.events import Events
+from detector.store.facade import Store
+from detector.store.history import EventHistory
+from detector.store.memory import ManagerMemory
+from detector.store.schema import MIGRATIONS_DIR, RAW_TABLES, Migration, Schema, migrations
+from detector.store.states import States
+from detector.units import epoch
+
+__all__ = [
+    "MIGRATIONS_DIR", "RAW_TABLES", "Actions", "Alerts", "Connection", "Deliveries", "Digests", "EventBatch",
+    "EventHistory", "Events", "ManagerMemory", "Migration", "Schema", "States", "Store", "StoreBusy", "StoreNotFound",
+    "StoreOutdated", "alert_from_row", "chdb_dir", "connect", "epoch", "event_ids", "migrations", "named_sql",
+]  # fmt: skip

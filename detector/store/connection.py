@@ -1,0 +1,190 @@
+"""One ClickHouse database and the client that reaches it, shared by the repositories.
+
+One code path for the embedded engine (``chdb://``, via clickhouse-connect's chdb backend)
+and a ClickHouse server (``http://``). Calls are serialised by one lock: the embedded
+engine is one per process, and the repositories share its client.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import threading
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import clickhouse_connect
+import structlog
+
+from detector.units import one_line
+
+__all__ = ["Connection", "StoreBusy", "StoreNotFound", "StoreOutdated", "chdb_dir", "connect", "ms", "named_sql"]
+
+log = structlog.get_logger("burnwatch.store")
+
+SQL_DIR = Path(__file__).with_name("sql")
+_CODE = re.compile(r"Code: (\d+)\.")
+_DATA_ERRORS = {6, 26, 27, 32, 33, 36, 38, 41, 43, 53, 69, 70, 72, 117, 131, 321, 407, 469}
+"""ClickHouse error codes that mean the rows themselves were refused (cannot parse or convert,
+type mismatch, argument or value out of bound, incorrect data, a violated constraint)."""
+
+
+def ms(t: float) -> int:
+    """Epoch seconds as the integer milliseconds ``fromUnixTimestamp64Milli`` takes."""
+    return int(round(t * 1000))
+
+
+@cache
+def named_sql(name: str) -> str:
+    """The text of ``detector/store/sql/NAME.sql``: a report's, a chart's or the digest's
+    query, kept as a file so that the same text runs in ``clickhouse-client --queries-file``.
+    The database is the bound parameter ``{db:Identifier}``, like every other parameter."""
+    return (SQL_DIR / f"{name}.sql").read_text()
+
+
+class StoreNotFound(LookupError):
+    """No burnwatch store where the settings point (or one whose schema is behind this
+    code): commands that only read never create one, so a mistyped path is an error."""
+
+
+class StoreOutdated(StoreNotFound):
+    """The store's schema is behind this code: ``burnwatch db migrate`` brings it up to date."""
+
+
+class StoreBusy(ConnectionError):
+    """The embedded store's directory is held by another process (chdb: one per directory)."""
+
+
+def chdb_dir(dsn: str) -> Path | None:
+    """The directory of a ``chdb:///dir`` DSN; None for ``chdb://memory`` and servers."""
+    parsed = urlparse(dsn)
+    if parsed.scheme == "chdb" and parsed.path not in ("", "/memory") and parsed.netloc != "memory":
+        return Path(parsed.path)
+    return None
+
+
+def _holder(directory: Path) -> str | None:
+    """Who holds an embedded store (``a running worker (pid N: command)``): the process whose
+    pid ClickHouse wrote in the store's ``status`` file, if it still has that file open. None
+    when nobody does, or this process does. Read from /proc, so nothing is locked to find out."""
+    status = directory / "status"
+    try:
+        found = re.search(r"PID: (\d+)", status.read_text(errors="replace"))
+    except OSError:
+        return None
+    pid = int(found.group(1)) if found else os.getpid()
+    if pid == os.getpid():
+        return None
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:  # gone (or no /proc here)
+        return None
+    except PermissionError:  # another user's process: alive, and most likely the holder
+        fds = []
+    else:
+        target = str(status.resolve())
+        opened = []
+        for fd in fds:
+            try:
+                opened.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+        if target not in opened:
+            return None
+    try:
+        command = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split())
+    except OSError:
+        command = ""
+    what = "a running worker" if " worker" in command else "another process"
+    return f"{what} (pid {pid}" + (f": {command[:120]}" if command else "") + ")"
+
+
+def connect(dsn: str, create: bool = True) -> Any:
+    """A clickhouse-connect client for ``chdb:///dir``, ``chdb://memory`` or ``http(s)://…``.
+    ``create=False``: an embedded store's directory must hold one already (:class:`StoreNotFound`).
+    An embedded store another process holds is :class:`StoreBusy`, saying who and what to do."""
+    from detector.logs import redact, redact_dsn
+
+    directory = chdb_dir(dsn)
+    if directory is not None:
+        if not create and not (directory / "metadata").is_dir():
+            raise StoreNotFound(f"no store at {directory}" + (" (the directory holds no ClickHouse data)"
+                                                              if directory.exists() else ""))  # fmt: skip
+        holder = _holder(directory)
+        if holder is not None:
+            raise StoreBusy(
+                f"the embedded store {directory} is held by {holder}, and one process at a time opens it. To query "
+                "it, stop that process, or have one process own the store and share it: `burnwatch store serve "
+                f"--dsn chdb://{directory}`, then BURNWATCH_CLICKHOUSE_DSN=http://127.0.0.1:8123 for the workers "
+                "and for these commands"
+            )
+        directory.mkdir(parents=True, exist_ok=True)
+    try:
+        return clickhouse_connect.get_client(dsn=dsn)
+    except Exception as exc:  # its message may quote the DSN, password included
+        raise ConnectionError(f"cannot connect to ClickHouse at {redact_dsn(dsn)}: {redact(str(exc))}") from None
+
+
+class Connection:
+    """burnwatch's database on one client. Thread-safe: calls are serialised by :attr:`lock`
+    (a repository that makes several calls as one, like an insert and its look-ups, holds
+    it and uses :attr:`client` directly)."""
+
+    def __init__(self, client: Any, database: str = "burnwatch") -> None:
+        self.client = client
+        self.db = database
+        """The database's name: tables are ``{db}.name``."""
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        with self.lock:
+            self.client.close()
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Rows as dicts (column name → value)."""
+        with self.lock:
+            result = self.client.query(sql, parameters=parameters or {})
+        return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+
+    def named(self, name: str, parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Rows of the named query :func:`named_sql` ``(name)``, with ``db`` bound to this database."""
+        return self.query(named_sql(name), {**(parameters or {}), "db": self.db})
+
+    def insert(self, table: str, rows: list[list[Any]], column_names: list[str]) -> None:
+        """Insert rows (row-oriented) into ``{db}.table``."""
+        with self.lock:
+            self.client.insert(f"{self.db}.{table}", rows, column_names=column_names)
+
+    def command(self, sql: str) -> Any:
+        with self.lock:
+            return self.client.command(sql)
+
+    def count(self, table: str) -> int:
+        return int(self.command(f"SELECT count() FROM {self.db}.{table}"))
+
+    @staticmethod
+    def refused(exc: BaseException) -> bool:
+        """Whether an insert's error says ClickHouse (or the client, building the block) refused
+        these rows, as opposed to the store being unavailable, overloaded or slow: only then is a
+        batch split to isolate a message, which is dead-lettered; any other error is retried."""
+        if isinstance(exc, (OverflowError, struct.error, ValueError, TypeError, UnicodeError)):
+            return True
+        code = getattr(exc, "code", None)
+        if code is None:
+            found = _CODE.search(str(exc))
+            code = int(found.group(1)) if found else None
+        return code in _DATA_ERRORS
+
+    def writable(self, writer: str = "worker") -> bool:
+        """Whether the store takes a write now: after an insert failed, this tells a store that
+        cannot be written (retry later, drop nothing) from rows it refuses (isolate them)."""
+        try:
+            self.insert("write_probe", [[writer, ms(time.time())]], column_names=["writer", "at"])
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not writable now"
+            log.warning("store_not_writable", error=one_line(exc))
+            return False

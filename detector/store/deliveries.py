@@ -1,0 +1,82 @@
+"""Slack posts made, and posts begun: the outbox's record, read back after a restart or a
+rebalance so that every change people should hear of is posted once (docs/reliability.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from detector.store.connection import Connection
+from detector.units import epoch
+
+__all__ = ["ATTEMPT", "Deliveries"]
+
+ATTEMPT = "posting:"
+"""Prefix of an ``alert_deliveries`` kind that marks a post begun (``posting:fired``)."""
+
+
+class Deliveries:
+    """The ``alert_deliveries`` table, against the alerts' latest state."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def record(self, alert_id: str, kind: str, channel: str, message_ts: str) -> None:
+        """Record one delivery (``kind``: ``fired`` or ``resolved``)."""
+        self.record_many([(alert_id, kind, channel, message_ts)])
+
+    def record_many(self, rows: Sequence[tuple[str, str, str, str]]) -> None:
+        """Record (alert_id, kind, channel, message ts) rows in one insert: a group's members together."""
+        if not rows:
+            return
+        self.conn.insert("alert_deliveries", [list(r) for r in rows], column_names=["alert_id", "kind", "channel", "message_ts"])
+
+    def record_attempt(self, alert_ids: Sequence[str], change: str) -> None:
+        """Mark a post as about to be sent, before it is: if the worker dies before the post is
+        recorded as delivered, the next one looks for it in Slack before posting again."""
+        self.record_many([(alert_id, ATTEMPT + change, "", "") for alert_id in alert_ids])
+
+    def made(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """(alert_id, kind) → (channel, message ts) of every delivery made."""
+        with self.conn.lock:
+            result = self.conn.client.query(
+                f"SELECT alert_id, kind, channel, message_ts FROM {self.conn.db}.alert_deliveries FINAL "
+                "WHERE NOT startsWith(kind, %(attempt)s)", parameters={"attempt": ATTEMPT},
+            )  # fmt: skip
+        return {(r[0], r[1]): (r[2], r[3]) for r in result.result_rows}
+
+    def attempted(self) -> dict[tuple[str, str], float]:
+        """(alert_id, change) of posts begun but not recorded as delivered (maybe in Slack
+        already, or about to land there) → wall time of the latest attempt."""
+        db = self.conn.db
+        rows = self.conn.query(
+            f"""SELECT alert_id, substring(kind, %(n)s) AS change, max(delivered_at) AS at
+                FROM {db}.alert_deliveries
+                WHERE startsWith(kind, %(attempt)s)
+                  AND (alert_id, change) NOT IN (SELECT alert_id, kind FROM {db}.alert_deliveries)
+                GROUP BY alert_id, change""",
+            {"attempt": ATTEMPT, "n": len(ATTEMPT) + 1},
+        )
+        return {(r["alert_id"], r["change"]): epoch(r["at"]) for r in rows}
+
+    def undelivered(self, partitions: Sequence[int] | None = None) -> list[tuple[str, str]]:
+        """(alert_id, change) pairs people should have heard of but have not, oldest first: the
+        outbox after a restart or a rebalance. Read from the alerts' latest state alone (every
+        posted alert opened; a resolved one also closed), so it agrees with the alert manager's
+        memory. ``partitions``: only the alerts of keys on these input partitions (those of
+        unknown partition count as partition 0's)."""
+        db = self.conn.db
+        owned = "1"
+        if partitions is not None:
+            owned = "if(partition < 0, 0, partition) IN %(partitions)s" if partitions else "0"
+        rows = self.conn.query(
+            f"""SELECT alert_id, change FROM (
+                    SELECT alert_id, 'fired' AS change, fired_at AS at, 0 AS o FROM {db}.alerts FINAL
+                    WHERE silenced = '' AND {owned}
+                    UNION ALL
+                    SELECT alert_id, 'resolved' AS change, assumeNotNull(resolved_at) AS at, 1 AS o
+                    FROM {db}.alerts FINAL WHERE silenced = '' AND status = 'resolved' AND {owned})
+                WHERE (alert_id, change) NOT IN (SELECT alert_id, kind FROM {db}.alert_deliveries)
+                ORDER BY at, o, alert_id""",
+            {"partitions": list(partitions or [])},
+        )
+        return [(r["alert_id"], r["change"]) for r in rows]

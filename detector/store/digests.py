@@ -1,0 +1,34 @@
+"""Daily digests: the day's waste per alert read from the ledger, and the digests sent."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from detector.store.connection import Connection
+from detector.units import epoch
+
+__all__ = ["Digests"]
+
+
+class Digests:
+    """The ``digests`` table (days sent, so a restart does not send one twice) and the day's
+    rows of the waste ledger (``sql/digest.sql``)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def day_rows(self, day: float) -> list[dict[str, Any]]:
+        """Per alert posted (not held back) and kind (``waste`` or ``could_save``): its dollars
+        in the waste ledger on the UTC day starting at ``day``, with the alert's channel, team,
+        status, burn rate and resolution time."""
+        return self.conn.named("digest", {"day": datetime.fromtimestamp(day, tz=timezone.utc).date()})
+
+    def last_day(self) -> float | None:
+        """Start of the last day a digest was recorded for; None before the first."""
+        rows = self.conn.query(f"SELECT max(day) AS day, count() AS n FROM {self.conn.db}.digests")
+        return epoch(rows[0]["day"]) if rows and rows[0]["n"] else None
+
+    def record(self, day: float, channel: str, message_ts: str) -> None:
+        """Record a day's digest as sent to ``channel`` ('' with no ts: nothing to post that day)."""
+        self.conn.insert("digests", [[int(day), channel, message_ts]], column_names=["day", "channel", "message_ts"])

@@ -1,0 +1,134 @@
+"""Writing events: columnar batch inserts that leave out what is stored already.
+
+An event's id is its content's hash (:func:`~detector.store.batch.event_ids`): an event read
+again after a crash or a rebalance, re-sent by its producer, or read from a recreated topic
+has the same id, and an insert leaves out the ids stored in the batch's time span
+(docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from detector.events import Event, RunEvent
+from detector.metrics import METRICS
+from detector.pricing import Pricer, Pricing
+from detector.store.batch import KIND, SOURCE_COLS, EventBatch, event_ids
+from detector.store.connection import Connection
+
+__all__ = ["Events"]
+
+_KEY_COLUMN = {"resource_usage": "resource_id", "gpu_metrics": "resource_id", "run_events": "run_id"}
+_DAY_MS = 86_400_000
+_MAX_SPANS = 16
+_MAX_KEYS = 2_000
+"""Keys in one look-up's text; with more, the look-up reads the span's rows of every key."""
+_INSERT_SETTINGS = {"max_partitions_per_insert_block": 0}
+"""A message may carry events of any age: an insert touching many monthly partitions is valid."""
+
+
+class Events:
+    """The raw event tables (``resource_usage``, ``gpu_metrics``, ``run_events``), written."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    @staticmethod
+    def event_ids(events: Sequence[Event]) -> list[int]:
+        """The content id :meth:`insert` gives each event (its deduplication key)."""
+        return [event_ids(KIND[type(e)][0], [e])[0] for e in events]
+
+    def stored_ids(self, events: Sequence[Event]) -> set[int]:
+        """Ids of these events already stored (events read again after a restart, or re-sent)."""
+        found: set[int] = set()
+        by_type: dict[type, list[Event]] = {}
+        for event in events:
+            by_type.setdefault(type(event), []).append(event)
+        for etype, group in by_type.items():
+            kind, table = KIND[etype]
+            keys = [e.run_id if isinstance(e, RunEvent) else e.resource_id for e in group]
+            with self.conn.lock:
+                ids, _ = self._stored_ids(table, keys, [round(e.ts.timestamp() * 1000) for e in group])
+            found.update(ids.intersection(event_ids(kind, group)))
+        return found
+
+    def insert(self, batch: EventBatch, pricing: Pricing | Pricer | None = None) -> int:
+        """Insert a batch: one columnar insert per non-empty table. Events already stored
+        (the same content: read again after a crash or a rebalance, re-sent by a producer,
+        or read from a recreated topic) and repeats within the batch are left out, so
+        nothing counts twice. Returns rows written. Raises whatever the client raises: the
+        caller tells a store that cannot be written from rows it refuses
+        (:meth:`~detector.store.connection.Connection.writable`)."""
+        written = 0
+        client = self.conn.client
+        with self.conn.lock:
+            for table, names, cols in batch.tables(pricing):
+                keep = self._new_rows(table, names, cols)
+                if keep is not None:
+                    cols = [[col[i] for i in keep] for col in cols]
+                if not cols[0]:
+                    continue
+                started = time.perf_counter()
+                client.insert(f"{self.conn.db}.{table}", cols, column_names=names, column_oriented=True,
+                              settings=_INSERT_SETTINGS)  # fmt: skip
+                METRICS.insert_seconds.observe(time.perf_counter() - started)
+                METRICS.insert_rows.observe(len(cols[0]))
+                written += len(cols[0])
+        return written
+
+    def _new_rows(self, table: str, names: list[str], cols: list[list[Any]]) -> list[int] | None:
+        """Indexes of the rows to insert (the first of each event id, not stored yet); None: all.
+        Rows stored before events had ids (``event_id`` 0) are matched by their Kafka source."""
+        ids = cols[names.index("event_id")]
+        seen, legacy = self._stored_ids(table, cols[names.index(_KEY_COLUMN[table])], cols[0])
+        sources = zip(*(cols[names.index(c)] for c in SOURCE_COLS[1:]), strict=True) if legacy else None
+        keep = []
+        for i, event_id in enumerate(ids):
+            source = next(sources) if sources is not None else None
+            if event_id not in seen and source not in legacy:
+                seen.add(event_id)
+                keep.append(i)
+        if len(keep) == len(ids):
+            return None
+        METRICS.duplicates_skipped.inc(len(ids) - len(keep))
+        return keep
+
+    def _stored_ids(self, table: str, keys: list[str], ts_ms: list[int]) -> tuple[set[int], set[tuple[Any, ...]]]:
+        """Event ids already stored for these keys within the batch's time span, looked up
+        per day the batch touches (through the table's (key, ts) order, so the cost follows
+        what is stored there, which is nothing for new data); and the Kafka sources of rows
+        stored there without an id (before migration 0005). The caller holds the lock."""
+        spans: dict[int, tuple[int, int, set[str]]] = {}
+        for key, t in zip(keys, ts_ms, strict=True):
+            span = spans.get(t // _DAY_MS)
+            if span is None:
+                spans[t // _DAY_MS] = (t, t, {key})
+            else:
+                span[2].add(key)
+                spans[t // _DAY_MS] = (min(span[0], t), max(span[1], t), span[2])
+        if len(spans) > _MAX_SPANS:  # events over many days in one batch (a replay): one wider look-up
+            spans = {0: (min(ts_ms), max(ts_ms), set(keys))}
+        column = _KEY_COLUMN[table]
+        clauses: list[str] = []
+        parameters: dict[str, Any] = {}
+        for n, (lo, hi, span_keys) in enumerate(spans.values()):
+            within = (f"ts BETWEEN fromUnixTimestamp64Milli(%(lo{n})s, 'UTC') "
+                      f"AND fromUnixTimestamp64Milli(%(hi{n})s, 'UTC')")  # fmt: skip
+            if len(span_keys) <= _MAX_KEYS:  # the keys go into the query's text: bounded
+                within = f"{column} IN %(k{n})s AND {within}"
+                parameters[f"k{n}"] = list(span_keys)
+            clauses.append(f"({within})")
+            parameters.update({f"lo{n}": lo, f"hi{n}": hi})
+        result = self.conn.client.query(
+            f"SELECT event_id, src_topic, src_partition, src_offset FROM {self.conn.db}.{table} WHERE {' OR '.join(clauses)}",
+            parameters=parameters,
+        )  # fmt: skip
+        ids, legacy = set(), set()
+        for event_id, topic, partition, offset in result.result_rows:
+            if event_id:
+                ids.add(event_id)
+            elif topic:
+                legacy.add((topic, partition, offset))
+        return ids, legacy

@@ -1,0 +1,164 @@
+"""The schema: the migrations of ``detector/migrations`` and the raw events' expiry."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from detector.store.connection import Connection, StoreNotFound, StoreOutdated
+
+__all__ = ["MIGRATIONS_DIR", "RAW_TABLES", "Migration", "Schema", "migrations"]
+
+log = structlog.get_logger("burnwatch.store")
+
+MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
+RAW_TABLES = ("resource_usage", "gpu_metrics", "run_events")
+_MADE = re.compile(r"CREATE\s+(?:TABLE|(?:MATERIALIZED\s+)?VIEW)\s+IF\s+NOT\s+EXISTS\s+\{db\}\.(\w+)", re.IGNORECASE)
+"""The name of each table or view a migration makes."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One file of ``detector/migrations``: ``NNNN_name.sql``, statements separated by ``;``
+    at a line's end, ``{db}`` standing for the database. Forward-only: a released
+    migration is never edited; a change is a new file. Every statement is idempotent (``IF
+    NOT EXISTS``), so two workers starting together, or a store made before migrations
+    were recorded, apply them safely."""
+
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()[:16]
+
+    def statements(self, db: str) -> list[str]:
+        body = "\n".join(line for line in self.sql.splitlines() if not line.lstrip().startswith("--"))
+        return [part.strip().replace("{db}", db) for part in re.split(r";\s*(?:\n|$)", body) if part.strip()]
+
+
+def migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """The migrations in version order."""
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        version, _, name = path.stem.partition("_")
+        found.append(Migration(int(version), name, path.read_text()))
+    return found
+
+
+class Schema:
+    """Applies the migrations, checks a store is up to date, and sets how long raw events are kept."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.created = False
+        """Whether :meth:`migrate` made this store's tables (it found none)."""
+
+    def check(self) -> None:
+        """Raise :class:`StoreNotFound` unless the database exists with every migration applied."""
+        db, client = self.conn.db, self.conn.client
+        with self.conn.lock:
+            if not int(client.command(f"EXISTS DATABASE {db}")):
+                raise StoreNotFound(f"the store has no database {db!r}")
+            applied = set()
+            if int(client.command(f"EXISTS TABLE {db}.schema_migrations")):
+                applied = {int(r[0]) for r in client.query(f"SELECT version FROM {db}.schema_migrations").result_rows}
+        pending = [f"{m.version:04d}_{m.name}" for m in migrations() if m.version not in applied]
+        if pending:
+            raise StoreOutdated(f"the store's schema is behind this burnwatch ({', '.join(pending)} not applied): "
+                                "run `burnwatch db migrate`")  # fmt: skip
+
+    def migrate(self) -> list[str]:
+        """Apply the migrations not yet recorded in ``schema_migrations``, in order; returns
+        their names. Safe on every start (and by ``burnwatch db migrate``)."""
+        db, client = self.conn.db, self.conn.client
+        applied_now = []
+        with self.conn.lock:
+            self.created = self.created or not int(client.command(f"EXISTS TABLE {db}.resource_usage"))
+            client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+            client.command(
+                f"""CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
+                    version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
+                ) ENGINE = ReplacingMergeTree ORDER BY version"""
+            )
+            result = client.query(f"SELECT version, checksum FROM {db}.schema_migrations FINAL")
+            applied = {int(v): c for v, c in result.result_rows}
+            for migration in migrations():
+                if migration.version in applied:
+                    if applied[migration.version] != migration.checksum:
+                        log.warning("migration_edited", version=migration.version, name=migration.name,
+                                    hint="released migrations are never edited: add a new one")  # fmt: skip
+                    continue
+                for statement in migration.statements(db):
+                    client.command(statement)
+                client.insert(f"{db}.schema_migrations", [[migration.version, migration.name, migration.checksum]],
+                              column_names=["version", "name", "checksum"])  # fmt: skip
+                applied_now.append(f"{migration.version:04d}_{migration.name}")
+        if applied_now:
+            log.info("migrations_applied", database=db, migrations=applied_now)
+        return applied_now
+
+    def applied(self) -> list[dict[str, Any]]:
+        """The migrations recorded as applied, in version order."""
+        return self.conn.query(f"SELECT version, name, checksum, applied_at FROM {self.conn.db}.schema_migrations FINAL "
+                               "ORDER BY version")  # fmt: skip
+
+    def missing_tables(self) -> list[str]:
+        """Tables and views the migrations make that the database lacks (dropped by hand, or
+        lost): a store missing one is not up to date, whatever ``schema_migrations`` says."""
+        made = dict.fromkeys(name for m in migrations() for name in _MADE.findall(m.sql))
+        present = {r["name"] for r in self.conn.query("SELECT name FROM system.tables WHERE database = %(db)s",
+                                                      {"db": self.conn.db})}  # fmt: skip
+        return [name for name in made if name not in present]
+
+    def restore_missing(self) -> list[str]:
+        """Make the tables :meth:`missing_tables` names again, by running every migration's
+        statements again in order (each is idempotent); returns those it made."""
+        missing = self.missing_tables()
+        if missing:
+            with self.conn.lock:
+                for migration in migrations():
+                    for statement in migration.statements(self.conn.db):
+                        self.conn.client.command(statement)
+            log.warning("tables_restored", database=self.conn.db, tables=missing)
+        return [name for name in missing if name not in self.missing_tables()]
+
+    def event_ttl(self) -> int:
+        """Days of event time the raw tables keep (0: forever), as the store says."""
+        ddl = self.conn.query("SELECT create_table_query AS ddl FROM system.tables WHERE database = %(db)s "
+                              "AND name = 'resource_usage'", {"db": self.conn.db})  # fmt: skip
+        found = re.search(r"TTL toDateTime\(ts\) \+ toIntervalDay\((\d+)\)", ddl[0]["ddl"]) if ddl else None
+        return int(found.group(1)) if found else 0
+
+    def set_event_ttl(self, days: int, *, explicit: bool = True) -> int:
+        """Keep raw events ``days`` days of event time (0: forever); rollups are kept. A change
+        applies to existing data as ClickHouse merges it, not in one rewrite at start. Returns
+        the days in force.
+
+        ``explicit=False`` says ``days`` is only the default, which nobody set: it applies to
+        a store this process created, and a store that exists keeps its own, so that a store
+        kept forever (the demo's, a replay dated in the past) does not start deleting its
+        events because a command ran with the environment's default."""
+        if not explicit and not self.created:
+            return self.event_ttl()
+        db = self.conn.db
+        for table in RAW_TABLES:
+            ddl = self.conn.query("SELECT create_table_query AS ddl FROM system.tables WHERE database = %(db)s "
+                                  "AND name = %(table)s", {"db": db, "table": table})[0]["ddl"]  # fmt: skip
+            ttl = f"toDateTime(ts) + toIntervalDay({days})"
+            has_ttl = " TTL " in ddl
+            if days > 0 and ttl not in ddl:
+                statement = f"ALTER TABLE {db}.{table} MODIFY TTL {ttl} SETTINGS materialize_ttl_after_modify = 0"
+            elif days <= 0 and has_ttl:
+                statement = f"ALTER TABLE {db}.{table} REMOVE TTL"
+            else:
+                continue
+            self.conn.command(statement)
+            log.info("event_ttl_set", table=table, days=days)
+        return max(days, 0)

@@ -1,0 +1,171 @@
+"""Each repository of ``detector.store`` read back on its own, on the embedded engine: what
+a restarted worker's alert manager, outbox and partition handover rely on, checked where
+it is read rather than only through the worker."""
+
+from __future__ import annotations
+
+from detector.actions import Click
+from detector.alerts import Alert
+from detector.store import Store
+from detector.suppression import Hold
+from detector.suppression.stages import inhibiting_types
+from tests.helpers import T0, at
+
+HOUR = 3600.0
+DAY = 86_400.0
+
+
+def alert(alert_id: str, start: float, *, rule_type: str = "idle_gpu", rid: str = "h1", resolved: bool = False,
+          held: Hold | None = None, partition: int = -1, fired: float | None = None) -> Alert:  # fmt: skip
+    """An alert's latest change: fired at ``fired`` (its episode's start unless said)."""
+    fired_at = start if fired is None else fired
+    return Alert(alert_id=alert_id, type=rule_type, rule=rule_type.replace("_", "-"), resource_id=rid,
+                 status="resolved" if resolved else "firing", change="resolved" if resolved else "fired",
+                 severity="warning", episode_start=start, fired_at=fired_at, updated_at=fired_at + HOUR,
+                 resolved_at=fired_at + HOUR if resolved else None, held=held,
+                 silenced=held.reason if held else "", partition=partition)  # fmt: skip
+
+
+def click(alert_id: str, action: str, user: str = "ana") -> Click:
+    return Click(action=action, alert_id=alert_id, user_id="U1", user_name=user, channel="#c", message_ts="1.2")
+
+
+# -- the alert manager's memory ---------------------------------------------------------
+
+
+def test_memory_remembers_recent_episodes_and_whether_they_closed(store: Store):
+    """Dedup after a restart: each alert's episode start and whether it resolved, for
+    episodes within the horizon before the newest; older ones are forgotten."""
+    store.alerts.record([alert("old", T0), alert("open", T0 + 6 * DAY), alert("closed", T0 + 8 * DAY, resolved=True)],
+                        version=1)  # fmt: skip
+    assert store.memory.recent_alerts(horizon_s=7 * DAY) == {"open": (T0 + 6 * DAY, False),
+                                                             "closed": (T0 + 8 * DAY, True)}  # fmt: skip
+    assert set(store.memory.recent_alerts(horizon_s=9 * DAY)) == {"old", "open", "closed"}
+
+
+def test_memory_reads_the_latest_change_of_each_alert(store: Store):
+    """An alert fired then resolved is remembered as resolved (the newest version wins)."""
+    store.alerts.record([alert("a", T0)], version=1)
+    store.alerts.record([alert("a", T0, resolved=True)], version=2)
+    assert store.memory.recent_alerts() == {"a": (T0, True)}
+
+
+def test_memory_finds_open_incidents_of_the_types_an_anomaly_joins(store: Store):
+    """Inhibit after a restart: per resource, an open incident of a rule that holds back an
+    anomaly; resolved incidents, anomalies and other types are not."""
+    store.alerts.record([
+        alert("idle-h1", T0, rid="h1"),
+        alert("idle-h2", T0, rid="h2", resolved=True),
+        alert("anomaly-h3", T0, rid="h3", rule_type="anomaly"),
+        alert("untagged-h4", T0, rid="h4", rule_type="untagged"),
+    ], version=1)  # fmt: skip
+    assert "anomaly" not in inhibiting_types() and "idle_gpu" in inhibiting_types()
+    assert store.memory.open_incidents(inhibiting_types()) == {"h1": "idle-h1"}
+    assert store.memory.open_incidents(["idle_gpu", "untagged"]) == {"h1": "idle-h1", "h4": "untagged-h4"}
+
+
+def test_memory_tells_held_back_alerts_from_the_last_posted_opening(store: Store):
+    """Realert after a restart counts from the latest posted opening per (rule, resource);
+    an alert held back keeps its hold, and is not a posted opening."""
+    silence = Hold(kind="silenced", by="s1", reason="maintenance")
+    store.alerts.record([
+        alert("a1", T0, fired=T0),
+        alert("a2", T0 + HOUR, fired=T0 + 5 * HOUR),
+        alert("a3", T0 + 9 * HOUR, held=silence),
+        alert("b1", T0, rid="h2", rule_type="stuck_gpu"),
+    ], version=1)  # fmt: skip
+    last, held = store.memory.suppression()
+    assert last == {("idle-gpu", "h1"): T0 + 5 * HOUR, ("stuck-gpu", "h2"): T0}
+    assert held == {"a3": silence}
+
+
+def test_memory_of_holds_and_openings_stops_at_the_horizon(store: Store):
+    store.alerts.record([alert("old", T0, held=Hold(kind="realert", by="idle-gpu", reason="realert: r")),
+                         alert("new", T0 + 3 * DAY)], version=1)  # fmt: skip
+    assert store.memory.suppression(horizon_s=DAY) == ({("idle-gpu", "h1"): T0 + 3 * DAY}, {})
+
+
+# -- deliveries --------------------------------------------------------------------------
+
+
+def test_deliveries_made_leave_out_posts_only_begun(store: Store):
+    store.deliveries.record_attempt(["a1", "a2"], "fired")
+    store.deliveries.record("a1", "fired", "#c", "1.1")
+    store.deliveries.record_many([("a3", "fired", "#d", "2.1"), ("a3", "resolved", "#d", "2.2")])
+    assert store.deliveries.made() == {("a1", "fired"): ("#c", "1.1"), ("a3", "fired"): ("#d", "2.1"),
+                                       ("a3", "resolved"): ("#d", "2.2")}  # fmt: skip
+    attempted = store.deliveries.attempted()
+    assert list(attempted) == [("a2", "fired")]  # a1's post landed and was recorded
+    assert attempted[("a2", "fired")] > 0
+
+
+def test_undelivered_is_what_people_should_have_heard_of(store: Store):
+    """Openings, then resolutions, oldest first; never what a stage held back, nor what was
+    delivered; per input partition (an unknown partition counts as partition 0's)."""
+    store.alerts.record([
+        alert("p0", T0, partition=0),
+        alert("unknown", T0 + HOUR, partition=-1, resolved=True),
+        alert("p1", T0 + 3 * HOUR, partition=1),
+        alert("held", T0 + 4 * HOUR, partition=1, held=Hold(kind="silenced", by="s", reason="quiet")),
+    ], version=1)  # fmt: skip
+    store.deliveries.record("p0", "fired", "#c", "1.1")
+    assert store.deliveries.undelivered() == [("unknown", "fired"), ("unknown", "resolved"), ("p1", "fired")]
+    assert store.deliveries.undelivered([0]) == [("unknown", "fired"), ("unknown", "resolved")]
+    assert store.deliveries.undelivered([1]) == [("p1", "fired")]
+    assert store.deliveries.undelivered([]) == []  # no partitions held: nothing to deliver
+
+
+# -- clicks and snoozes, detector state, digests -----------------------------------------
+
+
+def test_a_snooze_runs_from_its_latest_click_to_its_end(store: Store):
+    store.actions.record(click("a1", "snoozed", "ana"), at=T0, until=T0 + HOUR)
+    store.actions.record(click("a1", "snoozed", "bo"), at=T0 + 10, until=T0 + 2 * HOUR)
+    store.actions.record(click("a2", "snoozed"), at=T0, until=T0 + 60)
+    store.actions.record(click("a3", "acknowledged"), at=T0)
+    running = store.actions.snoozed(now=T0 + 120)
+    assert list(running) == ["a1"]
+    assert (running["a1"].starts, running["a1"].ends) == (T0 + 10, T0 + 2 * HOUR)
+    assert running["a1"].reason == "snoozed in Slack by bo"
+    assert store.actions.snoozed(now=T0 + 2 * HOUR) == {}
+    assert [c["action"] for c in store.actions.of("a1")] == ["snoozed", "snoozed"]
+
+
+def test_alerts_marked_expected_are_known_to_training(store: Store):
+    store.actions.record(click("a1", "expected"), at=T0)
+    store.actions.record(click("a2", "acknowledged"), at=T0)
+    assert store.actions.marked_expected() == {"a1"}
+
+
+def test_states_newest_version_wins_and_a_tombstone_deletes(store: Store):
+    store.states.save([("k1", 0, b"v1"), ("k2", 1, b"x"), ("k3", 2, b"other partition")], version=1)
+    store.states.save([("k1", 0, b"v2")], version=2)
+    store.states.delete(["k2"])
+    assert store.states.load([0, 1]) == {"k1": b"v2"}
+    assert store.states.load([]) == {}
+
+
+def test_digests_remember_the_last_day_sent(store: Store):
+    assert store.digests.last_day() is None
+    store.digests.record(T0, "", "")
+    store.digests.record(T0 + DAY, "#c", "1.1")
+    assert store.digests.last_day() == T0 + DAY
+
+
+def test_an_alert_is_got_by_id(store: Store):
+    store.alerts.record([alert("a1", T0)], version=1)
+    assert store.alerts.get("a1")["resource_id"] == "h1"
+    assert store.alerts.get("nope") is None
+
+
+def test_named_queries_read_their_own_database(store: Store, chdb_client):
+    """A named query binds the store's database: two stores on one engine do not mix."""
+    other = Store(chdb_client, database=store.db + "_other")
+    other.migrate()
+    try:
+        other.alerts.record([alert("a1", T0)], version=1)
+        period = {"since": at(T0 - DAY), "until": at(T0 + DAY), "team": ""}
+        assert store.named("reports/incidents", period) == []
+        assert [r["alert_id"] for r in other.named("reports/incidents", period)] == ["a1"]
+    finally:
+        chdb_client.command(f"DROP DATABASE IF EXISTS {other.db}")
