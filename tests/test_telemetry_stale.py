@@ -60,3 +60,17 @@ def test_usage_reaching_detection_before_the_returning_sample_is_not_spent_blind
     assert [f.action for f in usage_first] == [f.action for f in in_order] == ["fire", "resolve"]
     assert usage_first[1].waste_usd == pytest.approx(in_order[1].waste_usd)
     assert usage_first[1].at == in_order[1].at == back
+
+
+def test_usage_reaching_detection_after_the_returning_sample_is_still_spent_blind(ruleset):
+    """The other order: the sample that ends the spell reaches detection before the host's last
+    blind intervals. They still count, and the resolution is dated at the sample (a baseline
+    chaos run stored $60.54 where backtest has $64.21)."""
+    back = T0 + 60 * MIN
+    before = ordered(metrics(T0, 10) + billing(T0, 56))  # usage up to `back` - 5 minutes
+    late_usage = billing(T0 + 56 * MIN, 8)  # 4 blind minutes, then 4 after the sample
+    in_order = stale(ruleset, before + ordered(metrics(back, 5) + late_usage))
+    samples_first = stale(ruleset, before + metrics(back, 5) + late_usage)
+    assert [f.action for f in samples_first] == [f.action for f in in_order] == ["fire", "resolve"]
+    assert samples_first[1].waste_usd == pytest.approx(in_order[1].waste_usd)
+    assert samples_first[1].at == in_order[1].at == back

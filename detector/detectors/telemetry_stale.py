@@ -49,13 +49,16 @@ class TelemetryStaleState(Episode, kw_only=True):
     blind_usd: float = 0.0
     last_usage: float = 0.0
     counted: list[tuple[float, float]] = []
-    """The latest intervals counted blind, (time, dollars): taken back at the resolution if
-    they turn out to come after the sample that ended the spell (see :meth:`TelemetryStale.step`)."""
+    """The latest intervals counted blind, (time, dollars): taken back if they turn out to come
+    after the sample that ended the spell (see :meth:`TelemetryStale.step`)."""
+    back_at: float | None = None
+    """The time of the sample that ended a fired spell, while usage has not reached it yet."""
 
     def clear(self) -> None:
         super().clear()
         self.blind_usd = 0.0
         self.counted = []
+        self.back_at = None
 
 
 class TelemetryStale(DetectorBase):
@@ -77,21 +80,36 @@ class TelemetryStale(DetectorBase):
         return Behaviour.PAUSE if state.fired_at is not None else Behaviour.NONE
 
     def step(self, state: TelemetryStaleState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        # Live, a caught-up partition does not wait for the others, so a host's usage and its
+        # GPU samples can reach detection in either order around the sample that ends a spell.
+        # The dollars are those of event order (backtest's) either way: intervals counted blind
+        # that come after that sample are taken back, and the resolution waits until usage has
+        # reached the sample, so intervals before it that arrive after it still count.
         resource = ctx.resource
         st = state
         if type(event) is GpuMetric:
-            if st.last_sample is not None and t <= st.last_sample:
+            latest = st.back_at if st.back_at is not None else st.last_sample
+            if latest is not None and t <= latest:
                 return []
-            # Live, the host's usage can reach detection ahead of this sample (a caught-up
-            # partition does not wait): intervals from its time on were not spent blind.
+            if st.fired_at is None:  # nothing open: a candidate spell, if any, ends
+                st.clear()
+                st.last_sample = t
+                return []
+            if st.back_at is not None:  # the spell has ended already; waiting for usage to reach it
+                return []
             st.blind_usd -= sum(usd for at, usd in st.counted if at >= t)
             st.counted = []
-            found = end(st, lambda: self._finding("resolve", st, resource, t, reason="telemetry_back"))
-            st.last_sample = t
-            return found
-        if type(event) is not UsageEvent or st.last_sample is None or t <= st.last_usage or t <= st.last_sample:
-            return []  # no GPU host yet, a re-read interval, or one from before the latest sample
+            if st.last_usage >= t:
+                return self._telemetry_back(st, resource, t)
+            st.back_at = t
+            return []
+        if type(event) is not UsageEvent or st.last_sample is None or t <= st.last_usage:
+            return []  # no GPU host yet, or a re-read interval
+        if st.back_at is None and t <= st.last_sample:
+            return []  # an interval from before the latest sample
         st.last_usage = t
+        if st.back_at is not None and t >= st.back_at:
+            return self._telemetry_back(st, resource, st.back_at)
         if not resource.billed:
             found = end(st, lambda: self._finding("resolve", st, resource, t, reason=f"instance_{resource.state}"))
             st.last_sample = None  # a stopped host sends nothing: start afresh when it runs again
@@ -100,6 +118,8 @@ class TelemetryStale(DetectorBase):
         # once the gap is long enough.
         st.blind_usd += resource.interval_usd
         st.counted = [*st.counted[-(_KEEP_COUNTED - 1):], (t, resource.interval_usd)]
+        if st.back_at is not None:
+            return []  # blind, though it reached detection after the sample that ended the spell
         if t - st.last_sample < self.params.after:
             return []
         p = self.params
@@ -107,6 +127,12 @@ class TelemetryStale(DetectorBase):
         if action is None or st.fired_at is None:
             return []
         return [self._finding(action, st, resource, st.fired_at if action == "fire" else t)]
+
+    def _telemetry_back(self, st: TelemetryStaleState, resource: ResourceInfo, at: float) -> list[Finding]:
+        """Resolve the spell ended by the sample at ``at``; that sample is the latest now."""
+        found = end(st, lambda: self._finding("resolve", st, resource, at, reason="telemetry_back"))
+        st.last_sample = at
+        return found
 
     def _finding(self, action: str, st: TelemetryStaleState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.last_sample is not None and st.fired_at is not None
