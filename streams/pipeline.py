@@ -218,9 +218,7 @@ class Pipeline:
                 self._ack = ack
                 step = self._read(messages)
                 replays = self._maybe_replayed(step)
-                stored = await asyncio.get_running_loop().run_in_executor(None, self.store.events.stored_ids, replays) \
-                    if replays else set()  # fmt: skip
-                self._detect(step, stored)
+                self._detect(step, await self._stored(replays) if replays else set())
                 await self.drain()
                 loop = asyncio.get_running_loop()
                 write = loop.run_in_executor(self._writer, self._write, step)
@@ -382,6 +380,29 @@ class Pipeline:
         handover (or re-sent). Which of them that state holds is asked of the store."""
         seen = self.engine.already_seen
         return [e for _, decoded in step.stored for e in decoded if seen(e.ts.timestamp(), e)]
+
+    async def _stored(self, events: list[Event]) -> set[int]:
+        """Ids of these events the store holds, asked off the event loop. A store that cannot
+        answer stalls the batch as a failed write does (retried with backoff, /healthz says
+        stalled), until it answers or the worker stops (:class:`PipelineStopped`)."""
+        backoff = 0.5
+        while True:
+            try:
+                found = await asyncio.get_running_loop().run_in_executor(None, self.store.events.stored_ids, events)
+            except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
+                if self._stopping.is_set():
+                    raise PipelineStopped from exc
+                if self.stalled_since is None:
+                    self.stalled_since = time.monotonic()
+                    log.error("store_unavailable", error=one_line(exc), note="looking up events read again; retrying")
+                self.stall_reason = f"replay check: {one_line(exc)}"
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._retry_max_s)
+                continue
+            if self.stalled_since is not None:
+                log.info("store_available", stalled_s=round(self.stalled_for(), 1))
+                self.stalled_since, self.stall_reason = None, ""
+            return found
 
     def _detect(self, step: _Step, stored: set[int]) -> None:
         """Run detection on the batch's events, except those the restored state already holds

@@ -278,12 +278,15 @@ def test_messages_fetched_before_a_rebalance_are_left_for_the_reread(store, rule
     assert store.count("gpu_metrics") == 20
 
 
-def test_events_read_again_after_a_restart_are_detected_once(store, ruleset):
+@pytest.mark.parametrize("store_answers", [True, False], ids=["store-up", "store-down-then-up"])
+def test_events_read_again_after_a_restart_are_detected_once(store, ruleset, store_answers):
     """A message detected but not acknowledged (one before it in its partition is still held)
     is read again after a crash. The state saved with it already holds its events (stored,
     and no later than the restored state), so the restarted pipeline does not fold them in
     twice (a stopped host's old busy samples opened a second, $0 stuck-GPU incident this
-    way); what was held is detected, once."""
+    way); what was held is detected, once. ``store-down-then-up``: the store cannot answer
+    the look-up at first (its event tables renamed away): the batch stalls, as a failed write
+    does, and goes on once it answers."""
     behind = {"gpu-metrics": True}
 
     def start():
@@ -308,7 +311,31 @@ def test_events_read_again_after_a_restart_are_detected_once(store, ruleset):
     behind["gpu-metrics"] = False
     again = [m for m in [held, early] + gpu if (m.topic, m.offset) not in acked]
     second, acked = start(), []
-    run_batches(second, [again], acked)
+    if store_answers:
+        run_batches(second, [again], acked)
+    else:
+        second._retry_max_s = 0.2
+        tables = ["gpu_metrics", "resource_usage"]
+
+        async def ack(message):
+            acked.append((message.topic, message.offset))
+
+        async def go():
+            for table in tables:
+                store.client.command(f"RENAME TABLE {store.db}.{table} TO {store.db}.{table}_away")
+            batch = asyncio.create_task(second.process(again, ack))
+            deadline = time.monotonic() + 30
+            while second.stalled_for() == 0.0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            stalled = "replay check" in second.stall_reason and not batch.done()
+            for table in tables:
+                store.client.command(f"RENAME TABLE {store.db}.{table}_away TO {store.db}.{table}")
+            await batch
+            await second.drain()
+            return stalled
+
+        assert asyncio.run(go()), "the look-up's failure did not stall the batch"
+        assert second.stalled_for() == 0.0
     assert sorted(acked) == sorted((m.topic, m.offset) for m in again)
     assert first.stats.detected + second.stats.detected == 22  # every event once
     assert second.stats.replayed == 1  # the early usage event
