@@ -25,6 +25,7 @@ group). The engine holds no model: the anomaly rule has its scorer injected
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -33,7 +34,7 @@ import structlog
 
 from detector.detectors import Detector, Finding, ResourceInfo
 from detector.detectors.base import BatchPhase, Behaviour, Context
-from detector.events import Event, RunEvent, UsageEvent
+from detector.events import Event, GpuMetric, RunEvent, UsageEvent
 from detector.pricing import Pricer
 from detector.rules import RuleSet
 
@@ -53,13 +54,17 @@ Route = tuple[Any, Any, Detector[Any]]
 class KeyState:
     """Everything known about one key. ``routes`` and ``context`` are derived, never saved."""
 
-    __slots__ = ("info", "rules", "last_t", "routes", "context")
+    __slots__ = ("info", "rules", "last_t", "kind_t", "routes", "context")
 
-    def __init__(self, info: ResourceInfo, rules: dict[str, Any] | None = None, last_t: float = 0.0) -> None:
+    def __init__(self, info: ResourceInfo, rules: dict[str, Any] | None = None, last_t: float = 0.0,
+                 kind_t: dict[str, float] | None = None) -> None:  # fmt: skip
         self.info = info
         self.rules: dict[str, Any] = rules if rules is not None else {}
         """Rule name → that rule's detector state."""
         self.last_t = last_t
+        self.kind_t: dict[str, float] = kind_t if kind_t is not None else {}
+        """Event kind (:data:`_KIND`) → the latest time of that kind folded in: what a restart
+        may skip of the events it reads again (:meth:`Engine.already_seen`)."""
         self.routes: dict[type, list[Route]] = {}
         """Event type → its routes; rebuilt when the resource changes."""
         self.context: Context | None = None
@@ -71,6 +76,11 @@ class _Snapshot(msgspec.Struct, kw_only=True):
     info: ResourceInfo
     rules: dict[str, msgspec.Raw]
     last_t: float
+    kind_t: dict[str, float] = {}
+    """Empty in snapshots saved before it existed."""
+
+
+_KIND: dict[type, str] = {GpuMetric: "gpu", UsageEvent: "usage", RunEvent: "run"}
 
 
 class Engine:
@@ -89,7 +99,7 @@ class Engine:
         self.state_ttl_s = state_ttl_s
         self._loader = loader
         self._keys: dict[str, KeyState] = {}
-        self._restored_t: dict[str, float] = {}
+        self._restored_t: dict[str, tuple[dict[str, float], float]] = {}
         """Key → the time its state had reached when restored (see :meth:`already_seen`)."""
         self.dirty: set[str] = set()
         self.watermark = 0.0
@@ -144,6 +154,9 @@ class Engine:
                     ahead[key] = last_t
             elif last_t > t > watermark and t > ahead.get(key, 0.0):  # samples after an outlier
                 ahead[key] = t
+            kind = _KIND[etype]
+            if t > state.kind_t.get(kind, -math.inf):
+                state.kind_t[kind] = t
             if etype is UsageEvent:
                 self._update_info(state, event)  # type: ignore[arg-type]
             elif etype is RunEvent:
@@ -176,7 +189,15 @@ class Engine:
         key = event.key if type(event) is RunEvent else event.resource_id  # type: ignore[union-attr]
         if key not in self._keys:
             self._load(key)
-        return t <= self._restored_t.get(key, float("-inf"))
+        restored = self._restored_t.get(key)
+        if restored is None:
+            return False
+        kinds, last_t = restored
+        # Per kind: one topic can run ahead of another for the same key (a caught-up partition
+        # does not wait), so the key's latest time may be past events of another kind that
+        # were read, stored and still held when the state was saved. A snapshot from before
+        # kinds were kept has only the key's time.
+        return t <= (kinds.get(_KIND[type(event)], -math.inf) if kinds else last_t)
 
     def _step_failed(self, detector: Detector[Any], key: str, event: Event, exc: Exception) -> None:
         """A detector raised on an event: the event is skipped for that rule (the same in the
@@ -339,7 +360,8 @@ class Engine:
         if state is None:
             return None
         return self._encoder.encode(
-            {"v": _SNAPSHOT_VERSION, "info": state.info, "rules": state.rules, "last_t": state.last_t}
+            {"v": _SNAPSHOT_VERSION, "info": state.info, "rules": state.rules, "last_t": state.last_t,
+             "kind_t": state.kind_t}
         )
 
     def restore(self, key: str, data: bytes) -> KeyState:
@@ -354,9 +376,9 @@ class Engine:
                 except msgspec.ValidationError:
                     continue  # the rule's state shape changed with a new version: start it afresh
         snap.info.resource_id = key
-        state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t)
+        state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t, kind_t=dict(snap.kind_t))
         self._keys[key] = state
-        self._restored_t[key] = snap.last_t
+        self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
         return state
 
     def _load(self, key: str) -> KeyState:

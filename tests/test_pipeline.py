@@ -339,3 +339,35 @@ def test_events_read_again_after_a_restart_are_detected_once(store, ruleset, sto
     assert sorted(acked) == sorted((m.topic, m.offset) for m in again)
     assert first.stats.detected + second.stats.detected == 22  # every event once
     assert second.stats.replayed == 1  # the early usage event
+
+
+def test_a_kind_held_behind_another_is_detected_after_a_restart(store, ruleset):
+    """One topic ran ahead for a key (its partition caught up, so it did not wait): the host's
+    GPU samples were folded up to 9 minutes while its usage, read later as a backlog, was
+    partly held. After a crash the held usage is read again: it is stored, and earlier than
+    the key's latest time, but not of a kind folded that far, so it is detected, once."""
+    behind = {"resource-usage": False}
+
+    def start():
+        states: dict[str, bytes] = {}
+        engine = Engine(ruleset, loader=lambda key: states.pop(key, None))
+        pipeline = Pipeline(
+            engine=engine, store=store, outbox=Outbox(store, None), manager=AlertManager(),
+            send_dead_letter=lambda key, value: asyncio.sleep(0),
+            caught_up=lambda topic, p, offset: not behind.get(topic, False),
+        )  # fmt: skip
+        states.update(store.states.load([0]))
+        return pipeline
+
+    gpu = [gpu_message(i, T0 + i * 60, 1.0) for i in range(10)]  # released at once: caught up
+    usage = [usage_message(i, T0 + i * MIN) for i in range(6)]  # a backlog: its last minute held
+    first, acked = start(), []
+    run_batches(first, [gpu], acked)
+    behind["resource-usage"] = True
+    run_batches(first, [usage], acked)
+    assert ("resource-usage", 5) not in acked and ("resource-usage", 4) in acked
+    behind["resource-usage"] = False
+    again = [m for m in gpu + usage if (m.topic, m.offset) not in acked]
+    second, acked = start(), []
+    run_batches(second, [again], acked)
+    assert first.stats.detected + second.stats.detected == 20 + 6  # every event once
