@@ -74,3 +74,25 @@ def test_usage_reaching_detection_after_the_returning_sample_is_still_spent_blin
     assert [f.action for f in samples_first] == [f.action for f in in_order] == ["fire", "resolve"]
     assert samples_first[1].waste_usd == pytest.approx(in_order[1].waste_usd)
     assert samples_first[1].at == in_order[1].at == back
+
+
+def test_samples_back_but_usage_never_again_resolves_after_settling(ruleset):
+    """Samples return, but the host's usage stops coming: the spell resolves once samples have
+    run `settle` (30 min) past the returning one, dated at it (it was left firing for good)."""
+    back = T0 + 60 * MIN
+    events = ordered(metrics(T0, 10) + billing(T0, 60)) + metrics(back, 35)  # no usage from `back` on
+    found = stale(ruleset, events)
+    assert [f.action for f in found] == ["fire", "resolve"]
+    assert found[1].at == back and found[1].details["reason"] == "telemetry_back"
+
+
+def test_a_host_stopped_as_samples_return_does_not_alert_when_it_runs_again(ruleset):
+    """The first usage at or after the returning sample says the host stopped: the spell
+    resolves, and the host running again days later, billed before its exporter is up, starts
+    afresh (it fired at once: blind since the returning sample, three days before)."""
+    back = T0 + 60 * MIN
+    later = T0 + 3 * 86_400
+    events = (ordered(metrics(T0, 10) + billing(T0, 60)) + metrics(back, 1) + billing(back + MIN, 1, state="stopped")
+              + ordered(metrics(later + 12 * MIN, 3) + billing(later, 15)))  # its exporter starts late  # fmt: skip
+    found = stale(ruleset, events)
+    assert [f.action for f in found] == ["fire", "resolve"]

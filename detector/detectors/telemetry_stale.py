@@ -40,6 +40,12 @@ _KEEP_COUNTED = 16
 class TelemetryStaleParams(Params):
     after: Duration = Field(default=600.0, gt=0)
     update_every: Duration = Field(default=900.0, gt=0)
+    settle: Duration = Field(default=1800.0, gt=0)
+    """Once samples return, how long (by their own times) to wait for the host's usage to reach
+    the returning sample before resolving without it: a host whose usage stopped coming must
+    not stay alerted forever. Long, because an accelerated replay turns a second's fetch gap
+    between the two topics into many minutes of event time; the GPU detectors are not paused
+    meanwhile."""
 
 
 class TelemetryStaleState(Episode, kw_only=True):
@@ -53,12 +59,14 @@ class TelemetryStaleState(Episode, kw_only=True):
     after the sample that ended the spell (see :meth:`TelemetryStale.step`)."""
     back_at: float | None = None
     """The time of the sample that ended a fired spell, while usage has not reached it yet."""
+    back_latest: float | None = None
+    """The latest sample seen since ``back_at`` (the latest sample once the spell resolves)."""
 
     def clear(self) -> None:
         super().clear()
         self.blind_usd = 0.0
         self.counted = []
-        self.back_at = None
+        self.back_at = self.back_latest = None
 
 
 class TelemetryStale(DetectorBase):
@@ -77,7 +85,7 @@ class TelemetryStale(DetectorBase):
 
     def tracking(self, state: TelemetryStaleState) -> Behaviour:
         """Dark telemetry is a pause of what can be seen of the host's work."""
-        return Behaviour.PAUSE if state.fired_at is not None else Behaviour.NONE
+        return Behaviour.PAUSE if state.fired_at is not None and state.back_at is None else Behaviour.NONE
 
     def step(self, state: TelemetryStaleState, ctx: Context, event: Event, t: float) -> list[Finding]:
         # Live, a caught-up partition does not wait for the others, so a host's usage and its
@@ -96,6 +104,9 @@ class TelemetryStale(DetectorBase):
                 st.last_sample = t
                 return []
             if st.back_at is not None:  # the spell has ended already; waiting for usage to reach it
+                st.back_latest = t
+                if t >= st.back_at + self.params.settle:  # usage is not coming: resolve without it
+                    return self._telemetry_back(st, resource, st.back_at)
                 return []
             st.blind_usd -= sum(usd for at, usd in st.counted if at >= t)
             st.counted = []
@@ -109,7 +120,10 @@ class TelemetryStale(DetectorBase):
             return []  # an interval from before the latest sample
         st.last_usage = t
         if st.back_at is not None and t >= st.back_at:
-            return self._telemetry_back(st, resource, st.back_at)
+            found = self._telemetry_back(st, resource, st.back_at)
+            if not resource.billed:
+                st.last_sample = None  # stopped as samples returned: start afresh when it runs again
+            return found
         if not resource.billed:
             found = end(st, lambda: self._finding("resolve", st, resource, t, reason=f"instance_{resource.state}"))
             st.last_sample = None  # a stopped host sends nothing: start afresh when it runs again
@@ -129,9 +143,11 @@ class TelemetryStale(DetectorBase):
         return [self._finding(action, st, resource, st.fired_at if action == "fire" else t)]
 
     def _telemetry_back(self, st: TelemetryStaleState, resource: ResourceInfo, at: float) -> list[Finding]:
-        """Resolve the spell ended by the sample at ``at``; that sample is the latest now."""
+        """Resolve the spell ended by the sample at ``at``; the latest sample seen since is the
+        latest now (samples kept coming while usage caught up)."""
+        latest = max(at, st.back_latest or at)
         found = end(st, lambda: self._finding("resolve", st, resource, at, reason="telemetry_back"))
-        st.last_sample = at
+        st.last_sample = latest
         return found
 
     def _finding(self, action: str, st: TelemetryStaleState, res: ResourceInfo, at: float, **extra: object) -> Finding:
