@@ -57,6 +57,8 @@ def install_handover(parts: WorkerParts) -> None:
         pipeline.stats.partitions = len(partitions)
         parts.owns_digest = 0 in partitions  # one worker of the group posts the digests: partition 0's
         log.info("state_loaded", partitions=partitions, keys=len(states))
+        if pipeline.stopping:  # a stop came during the assignment: its hook revoked the outbox
+            return
         recovered = await loop.run_in_executor(None, outbox.assign, partitions)
         if recovered:
             log.info("outbox_recovered", pending=recovered)

@@ -68,6 +68,10 @@ class Message(msgspec.Struct):
     """The consumer group generation it was fetched in (None: unknown, always current)."""
 
 
+_LOOKUP_TIMEOUT_S = 30.0
+"""How long the replay look-up may take before it counts as failed (and is retried)."""
+
+
 class StoreUnavailable(Exception):
     """The store takes no write at all (down, read-only, full): retry, drop nothing."""
 
@@ -304,6 +308,11 @@ class Pipeline:
         no batch is taken again (:meth:`resume` is refused)."""
         self._stopping.set()
 
+    @property
+    def stopping(self) -> bool:
+        """The worker is stopping (:meth:`stop`): an assignment finishing now hands nothing on."""
+        return self._stopping.is_set()
+
     def resume(self) -> bool:
         """Take batches again (the new assignment's state is loaded), unless the worker is
         stopping: an assignment that finishes during a stop must not undo its pause."""
@@ -386,23 +395,36 @@ class Pipeline:
         answer stalls the batch as a failed write does (retried with backoff, /healthz says
         stalled), until it answers or the worker stops (:class:`PipelineStopped`)."""
         backoff = 0.5
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                found = await asyncio.get_running_loop().run_in_executor(None, self.store.events.stored_ids, events)
+            try:  # bounded: a look-up that hangs must not hold the batch lock through a revocation
+                found = await asyncio.wait_for(loop.run_in_executor(None, self.store.events.stored_ids, events),
+                                               _LOOKUP_TIMEOUT_S)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
                 if self._stopping.is_set():
                     raise PipelineStopped from exc
                 if self.stalled_since is None:
                     self.stalled_since = time.monotonic()
-                    log.error("store_unavailable", error=one_line(exc), note="looking up events read again; retrying")
-                self.stall_reason = f"replay check: {one_line(exc)}"
-                await asyncio.sleep(backoff)
+                    log.error("store_unavailable", error=one_line(exc) or type(exc).__name__,
+                              note="looking up events read again; retrying")  # fmt: skip
+                self.stall_reason = f"replay check: {one_line(exc) or type(exc).__name__}"
+                await self._wait_or_stop(backoff)
                 backoff = min(backoff * 2, self._retry_max_s)
                 continue
             if self.stalled_since is not None:
                 log.info("store_available", stalled_s=round(self.stalled_for(), 1))
                 self.stalled_since, self.stall_reason = None, ""
             return found
+
+    async def _wait_or_stop(self, seconds: float) -> None:
+        """Back off for ``seconds``, or less if the worker stops (:class:`PipelineStopped`)."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 0.1))
+        raise PipelineStopped
 
     def _detect(self, step: _Step, stored: set[int]) -> None:
         """Run detection on the batch's events, except those the restored state already holds
