@@ -222,7 +222,7 @@ class Pipeline:
                 self._ack = ack
                 step = self._read(messages)
                 replays = self._maybe_replayed(step)
-                self._detect(step, await self._stored(replays) if replays else set())
+                self._detect(step, await self._already_held(replays) if replays else set())
                 await self.drain()
                 loop = asyncio.get_running_loop()
                 write = loop.run_in_executor(self._writer, self._write, step)
@@ -390,31 +390,40 @@ class Pipeline:
         seen = self.engine.already_seen
         return [e for _, decoded in step.stored for e in decoded if seen(e.ts.timestamp(), e)]
 
-    async def _stored(self, events: list[Event]) -> set[int]:
-        """Ids of these events the store holds, asked off the event loop. A store that cannot
-        answer stalls the batch as a failed write does (retried with backoff, /healthz says
-        stalled), until it answers or the worker stops (:class:`PipelineStopped`)."""
+    async def _already_held(self, events: list[Event]) -> set[int]:
+        """The ``id()`` of each of these events the store holds, asked off the event loop. A store
+        that cannot answer stalls the batch as a failed write does (retried with backoff,
+        /healthz says stalled), until it answers or the worker stops (:class:`PipelineStopped`)."""
         backoff = 0.5
         loop = asyncio.get_running_loop()
         while True:
             try:  # bounded: a look-up that hangs must not hold the batch lock through a revocation
-                found = await asyncio.wait_for(loop.run_in_executor(None, self.store.events.stored_ids, events),
-                                               _LOOKUP_TIMEOUT_S)  # fmt: skip
+                stored = await asyncio.wait_for(loop.run_in_executor(None, self.store.events.stored, events),
+                                                _LOOKUP_TIMEOUT_S)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
                 if self._stopping.is_set():
                     raise PipelineStopped from exc
-                if self.stalled_since is None:
-                    self.stalled_since = time.monotonic()
-                    log.error("store_unavailable", error=one_line(exc) or type(exc).__name__,
-                              note="looking up events read again; retrying")  # fmt: skip
-                self.stall_reason = f"replay check: {one_line(exc) or type(exc).__name__}"
+                error = one_line(exc) or type(exc).__name__
+                self._store_stalled(error, f"replay check: {error}", note="looking up events read again; retrying")
                 await self._wait_or_stop(backoff)
                 backoff = min(backoff * 2, self._retry_max_s)
                 continue
-            if self.stalled_since is not None:
-                log.info("store_available", stalled_s=round(self.stalled_for(), 1))
-                self.stalled_since, self.stall_reason = None, ""
-            return found
+            self._store_available()
+            return {id(event) for event, held in zip(events, stored, strict=True) if held}
+
+    def _store_stalled(self, error: str, reason: str, note: str) -> None:
+        """The store took no write or answered no look-up: /healthz and the stall exit apply
+        from the first failure (logged once per stall)."""
+        if self.stalled_since is None:
+            self.stalled_since = time.monotonic()
+            log.error("store_unavailable", error=error, note=note)
+        self.stall_reason = reason
+
+    def _store_available(self) -> None:
+        """The store answered again: the stall, if any, is over."""
+        if self.stalled_since is not None:
+            log.info("store_available", stalled_s=round(self.stalled_for(), 1))
+            self.stalled_since, self.stall_reason = None, ""
 
     async def _wait_or_stop(self, seconds: float) -> None:
         """Back off for ``seconds``, or less if the worker stops (:class:`PipelineStopped`)."""
@@ -426,17 +435,16 @@ class Pipeline:
             await asyncio.sleep(min(left, 0.1))
         raise PipelineStopped
 
-    def _detect(self, step: _Step, stored: set[int]) -> None:
+    def _detect(self, step: _Step, held: set[int]) -> None:
         """Run detection on the batch's events, except those the restored state already holds
-        (no later than it, and stored: ``stored`` has their ids); hold what is ahead of event time."""
+        (no later than it, and stored: ``held`` has their ``id()``); hold what is ahead of event time."""
         aligner = self.aligner
         already_done: list[Message] = []
         for message, decoded in step.stored:
             tp = (message.topic, message.partition)
             fresh = decoded
-            if stored:
-                ids = self.store.events.event_ids(decoded)
-                fresh = [e for e, i in zip(decoded, ids, strict=True) if i not in stored]
+            if held:
+                fresh = [e for e in decoded if id(e) not in held]
                 step.replayed += len(decoded) - len(fresh)
                 if not fresh:  # every event read again: done, and its time still counts
                     aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
@@ -570,17 +578,12 @@ class Pipeline:
                     self._write_own(lambda: self.store.alerts.record(step.alerts, version=version))
                 self._write_own(lambda: self.store.states.save(step.states, version=version))
             except StoreUnavailable as exc:
-                if self.stalled_since is None:
-                    self.stalled_since = time.monotonic()
-                    log.error("store_unavailable", error=str(exc), note="retrying; nothing is acknowledged until stored")
-                self.stall_reason = str(exc)
+                self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")
                 if self._stopping.wait(backoff):
                     raise PipelineStopped from exc
                 backoff = min(backoff * 2, self._retry_max_s)
                 continue
-            if self.stalled_since is not None:
-                log.info("store_available", stalled_s=round(self.stalled_for(), 1))
-                self.stalled_since, self.stall_reason = None, ""
+            self._store_available()
             return time.perf_counter() - started
 
     def _write_own(self, write: Callable[[], Any]) -> None:

@@ -35,24 +35,22 @@ class Events:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    @staticmethod
-    def event_ids(events: Sequence[Event]) -> list[int]:
-        """The content id :meth:`insert` gives each event (its deduplication key)."""
-        return [event_ids(KIND[type(e)][0], [e])[0] for e in events]
-
-    def stored_ids(self, events: Sequence[Event]) -> set[int]:
-        """Ids of these events already stored (events read again after a restart, or re-sent)."""
-        found: set[int] = set()
-        by_type: dict[type, list[Event]] = {}
-        for event in events:
-            by_type.setdefault(type(event), []).append(event)
-        for etype, group in by_type.items():
+    def stored(self, events: Sequence[Event]) -> list[bool]:
+        """For each event, whether one with its content is stored already (read again after a
+        restart, or re-sent): the ids :meth:`insert` deduplicates by."""
+        flags = [False] * len(events)
+        by_type: dict[type, list[int]] = {}
+        for i, event in enumerate(events):
+            by_type.setdefault(type(event), []).append(i)
+        for etype, indexes in by_type.items():
+            group = [events[i] for i in indexes]
             kind, table = KIND[etype]
             keys = [e.run_id if isinstance(e, RunEvent) else e.resource_id for e in group]
             with self.conn.lock:
                 ids, _ = self._stored_ids(table, keys, [round(e.ts.timestamp() * 1000) for e in group])
-            found.update(ids.intersection(event_ids(kind, group)))
-        return found
+            for i, event_id in zip(indexes, event_ids(kind, group), strict=True):
+                flags[i] = event_id in ids
+        return flags
 
     def insert(self, batch: EventBatch, pricing: Pricing | Pricer | None = None) -> int:
         """Insert a batch: one columnar insert per non-empty table. Events already stored
