@@ -87,6 +87,18 @@ def test_acks_follow_detection_and_everything_is_stored(store, ruleset):
     assert store.states.load([0]).keys() == {"h1"}
 
 
+def started(store, ruleset, behind: dict[str, bool]) -> Pipeline:
+    """A pipeline as a worker (re)starts one: its engine loads the keys' states saved in the
+    store; a topic in ``behind`` is not caught up."""
+    states: dict[str, bytes] = store.states.load([0])
+    engine = Engine(ruleset, loader=lambda key: states.pop(key, None))
+    return Pipeline(
+        engine=engine, store=store, outbox=Outbox(store, None), manager=AlertManager(),
+        send_dead_letter=lambda key, value: asyncio.sleep(0),
+        caught_up=lambda topic, p, offset: not behind.get(topic, False),
+    )  # fmt: skip
+
+
 def run_batches(pipeline, batches, acked):
     async def ack(message):
         acked.append((message.topic, message.offset))
@@ -289,28 +301,17 @@ def test_events_read_again_after_a_restart_are_detected_once(store, ruleset, sto
     does, and goes on once it answers."""
     behind = {"gpu-metrics": True}
 
-    def start():
-        states: dict[str, bytes] = {}
-        engine = Engine(ruleset, loader=lambda key: states.pop(key, None))
-        pipeline = Pipeline(
-            engine=engine, store=store, outbox=Outbox(store, None), manager=AlertManager(),
-            send_dead_letter=lambda key, value: asyncio.sleep(0),
-            caught_up=lambda topic, p, offset: not behind.get(topic, False),
-        )  # fmt: skip
-        states.update(store.states.load([0]))
-        return pipeline
-
     held = usage_message(0, T0 + 90 * MIN)  # ahead of the gpu topic: held
     early = usage_message(1, T0 + MIN)  # detected once the gpu topic passes it; not acknowledged
     gpu = [gpu_message(i, T0 + i * 60, 1.0) for i in range(10)]
-    first, acked = start(), []
+    first, acked = started(store, ruleset, behind), []
     run_batches(first, [[held, early] + gpu], acked)
     assert ("resource-usage", 0) not in acked and ("resource-usage", 1) not in acked
     assert 0 < first.stats.detected < 22 and first.stats.replayed == 0
     # The worker dies; what was not acknowledged is read again.
     behind["gpu-metrics"] = False
     again = [m for m in [held, early] + gpu if (m.topic, m.offset) not in acked]
-    second, acked = start(), []
+    second, acked = started(store, ruleset, behind), []
     if store_answers:
         run_batches(second, [again], acked)
     else:
@@ -348,26 +349,15 @@ def test_a_kind_held_behind_another_is_detected_after_a_restart(store, ruleset):
     the key's latest time, but not of a kind folded that far, so it is detected, once."""
     behind = {"resource-usage": False}
 
-    def start():
-        states: dict[str, bytes] = {}
-        engine = Engine(ruleset, loader=lambda key: states.pop(key, None))
-        pipeline = Pipeline(
-            engine=engine, store=store, outbox=Outbox(store, None), manager=AlertManager(),
-            send_dead_letter=lambda key, value: asyncio.sleep(0),
-            caught_up=lambda topic, p, offset: not behind.get(topic, False),
-        )  # fmt: skip
-        states.update(store.states.load([0]))
-        return pipeline
-
     gpu = [gpu_message(i, T0 + i * 60, 1.0) for i in range(10)]  # released at once: caught up
     usage = [usage_message(i, T0 + i * MIN) for i in range(6)]  # a backlog: its last minute held
-    first, acked = start(), []
+    first, acked = started(store, ruleset, behind), []
     run_batches(first, [gpu], acked)
     behind["resource-usage"] = True
     run_batches(first, [usage], acked)
     assert ("resource-usage", 5) not in acked and ("resource-usage", 4) in acked
     behind["resource-usage"] = False
     again = [m for m in gpu + usage if (m.topic, m.offset) not in acked]
-    second, acked = start(), []
+    second, acked = started(store, ruleset, behind), []
     run_batches(second, [again], acked)
     assert first.stats.detected + second.stats.detected == 20 + 6  # every event once

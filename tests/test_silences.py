@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -196,13 +197,20 @@ def backtest_cli(fleet, rules) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)  # fmt: skip
 
 
-def test_an_expired_silence_does_not_silence_the_past(tmp_path, small_fleet):
-    """Figure 4 of issue 12: after adding and expiring a silence, backtest still silenced most alerts."""
+def rules_with_silence(tmp_path: Path, *add: str) -> tuple[Path, str]:
+    """A copy of the shipped rules with one silence over every resource (``silence add`` with
+    ``add``); its id."""
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
-    out = cli("add", "--match", "resource_type=*", "--for", "8h", "--reason", "oops", rules=rules)
+    out = cli("add", "--match", "resource_type=*", *add, rules=rules)
     assert out.returncode == 0, out.stderr
-    assert cli("expire", out.stdout.split()[1], rules=rules).returncode == 0
+    return rules, out.stdout.split()[1]
+
+
+def test_an_expired_silence_does_not_silence_the_past(tmp_path, small_fleet):
+    """Figure 4 of issue 12: after adding and expiring a silence, backtest still silenced most alerts."""
+    rules, silence_id = rules_with_silence(tmp_path, "--for", "8h", "--reason", "oops")
+    assert cli("expire", silence_id, rules=rules).returncode == 0
     result = backtest_cli(small_fleet, rules)
     assert result.returncode == 0, result.stderr
     alerts = [json.loads(line) for line in result.stdout.splitlines()]
@@ -212,12 +220,8 @@ def test_an_expired_silence_does_not_silence_the_past(tmp_path, small_fleet):
 
 
 def test_backtest_says_how_many_alerts_were_silenced_and_by_what(tmp_path, small_fleet):
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
-    out = cli("add", "--match", "resource_type=*", "--start", "2026-11-02T00:00:00Z", "--for", "6h", "--reason",
-              "maintenance", rules=rules)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    silence_id = out.stdout.split()[1]
+    rules, silence_id = rules_with_silence(tmp_path, "--start", "2026-11-02T00:00:00Z", "--for", "6h",
+                                           "--reason", "maintenance")  # fmt: skip
     result = backtest_cli(small_fleet, rules)
     alerts = [json.loads(line) for line in result.stdout.splitlines()]
     six_hours = at_time("2026-11-02T06:00:00Z")
@@ -234,11 +238,8 @@ def test_backtest_says_how_many_alerts_were_silenced_and_by_what(tmp_path, small
 
 
 def test_episodes_still_open_at_the_end_of_a_backtest_stay_silenced(tmp_path, small_fleet):
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
-    out = cli("add", "--match", "resource_type=*", "--start", "2026-11-01T00:00:00Z", "--for", "30d", "--reason",
-              "all month", rules=rules)  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    rules, _ = rules_with_silence(tmp_path, "--start", "2026-11-01T00:00:00Z", "--for", "30d", "--reason",
+                                  "all month")  # fmt: skip
     alerts = backtest(small_fleet, load_rules(rules)).alerts
     still_open = [a for a in alerts if a.status == "firing"]
     assert still_open and len(still_open) < len(alerts)
