@@ -83,9 +83,12 @@ Float64 = Annotated[float, msgspec.Meta(ge=0, le=FLOAT64_MAX)]
 UInt8 = Annotated[int, msgspec.Meta(ge=0, le=UINT8_MAX)]
 UInt16 = Annotated[int, msgspec.Meta(ge=0, le=UINT16_MAX)]
 UInt64 = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
-class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
+class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
+    # omit_defaults: an event encodes (and so hashes into its id, detector.store.batch) only what it
+    # carries, so adding an optional field to the contract changes no stored event's id.
     ts: Timestamp
     extra: dict[str, Any] = {}
     """Fields the contract does not name, kept verbatim for storage."""
@@ -133,11 +136,37 @@ class GpuMetric(_Base, kw_only=True):
     mem_used_mib: Float32 = 0.0
     mem_total_mib: Float32 = 0.0
     power_w: Float32 = 0.0
-    sm_active: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    sm_active: Ratio | None = None
+    """``DCGM_FI_PROF_SM_ACTIVE``: off in dcgm-exporter's default counters."""
+    gr_engine_active: Ratio | None = None
+    """``DCGM_FI_PROF_GR_ENGINE_ACTIVE``: on by default; the profiling form of ``util_pct``."""
+    tensor_active: Ratio | None = None
+    """``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE``: on by default."""
+    dram_active: Ratio | None = None
+    """``DCGM_FI_PROF_DRAM_ACTIVE``: on by default; real work almost always moves memory."""
+    mig_profile: Name = ""
+    """``GPU_I_PROFILE`` of a MIG instance (``1g.10gb``); empty for a whole GPU."""
+    mig_instance: Name = ""
+    """``GPU_I_ID`` of a MIG instance; a MIG GPU reports one sample per instance."""
+    hostname: Name = ""
+    """The exporter's host label, when ``resource_id`` was mapped from it (a node to its instance)."""
+    namespace: Name = ""
+    pod: Name = ""
+    container: Name = ""
+    """The Kubernetes pod holding this GPU (dcgm-exporter's Kubernetes mode)."""
+    allocated: bool | None = None
+    """Whether a Kubernetes pod holds this GPU; ``None``: unknown, or not a Kubernetes node."""
+    tags: Tags = {}
+    """Ownership labels of the pod and its namespace (``team``, ``owner``, ``project``, ...)."""
 
     @property
     def key(self) -> str:
         return self.resource_id
+
+    @property
+    def unit(self) -> tuple[int, str]:
+        """The GPU this sample is of: its index, and its MIG instance when it is one."""
+        return self.gpu_index, self.mig_instance
 
 
 class RunEvent(_Base, kw_only=True):

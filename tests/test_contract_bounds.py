@@ -95,6 +95,8 @@ def strategy(t: Any) -> st.SearchStrategy[Any]:
         return _strings(t)
     if isinstance(t, mi.LiteralType):
         return st.sampled_from(t.values)
+    if isinstance(t, mi.BoolType):
+        return st.booleans()
     if isinstance(t, mi.DateTimeType):
         zones = st.sampled_from([timezone.utc, timezone(timedelta(hours=14)), timezone(timedelta(hours=-12))])
         inner = st.datetimes(TS_MIN.replace(tzinfo=None) + timedelta(days=1), TS_MAX.replace(tzinfo=None) - timedelta(days=1),
@@ -213,6 +215,8 @@ def _outside(t: Any) -> list[tuple[str, Any]]:
         out += [("max_length", "x" * (t.max_length + 1))] if t.max_length is not None else []
     elif isinstance(t, mi.LiteralType):
         out += [("literal", "not-" + t.values[0])]
+    elif isinstance(t, mi.BoolType):
+        out += [("type", "yes")]  # JSON true/false only, never a string or a number
     elif isinstance(t, mi.ListType):
         out += [("max_length", [""] * (t.max_length + 1))]
         out += [(f"item {bound}", [value]) for bound, value in _outside(t.item_type)]

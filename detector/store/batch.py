@@ -26,7 +26,8 @@ USAGE_COLS = [
 ]  # fmt: skip
 GPU_COLS = [
     "ts", "resource_id", "gpu_index", "gpu_uuid", "model", "util_pct", "mem_used_mib", "mem_total_mib",
-    "power_w", "sm_active", "extra",
+    "power_w", "sm_active", "gr_engine_active", "tensor_active", "dram_active", "mig_profile", "mig_instance",
+    "hostname", "namespace", "pod", "container", "allocated", "tags", "extra",
 ]  # fmt: skip
 RUN_COLS = ["ts", "run_id", "status", "resource_ids", "gpu_count", "project", "tags", "error", "extra"]
 SOURCE_COLS = ["event_id", "src_topic", "src_partition", "src_offset"]
@@ -90,7 +91,10 @@ class EventBatch:
                 [round(e.ts.timestamp() * 1000) for e in gpu], [e.resource_id for e in gpu], [e.gpu_index for e in gpu],
                 [e.gpu_uuid for e in gpu], [e.model for e in gpu], [e.util_pct for e in gpu],
                 [e.mem_used_mib for e in gpu], [e.mem_total_mib for e in gpu], [e.power_w for e in gpu],
-                [e.sm_active for e in gpu], [_extra(e) if e.extra else "" for e in gpu],
+                [e.sm_active for e in gpu], [e.gr_engine_active for e in gpu], [e.tensor_active for e in gpu],
+                [e.dram_active for e in gpu], [e.mig_profile for e in gpu], [e.mig_instance for e in gpu],
+                [e.hostname for e in gpu], [e.namespace for e in gpu], [e.pod for e in gpu], [e.container for e in gpu],
+                [e.allocated for e in gpu], [e.tags for e in gpu], [_extra(e) if e.extra else "" for e in gpu],
                 event_ids(b"gpu", gpu), *_source_columns(self._runs[GpuMetric]),
             ]  # fmt: skip
         if self.usage:
