@@ -154,6 +154,9 @@ class GpuMetric(_Base, kw_only=True):
     pod: Name = ""
     container: Name = ""
     """The Kubernetes pod holding this GPU (dcgm-exporter's Kubernetes mode)."""
+    workload: Name = ""
+    """``Kind/name`` of the pod's controller (``Deployment/web``, ``Job/train``, ``StatefulSet/nb``),
+    from kube-state-metrics' ``kube_pod_owner``: what to scale or delete to stop it."""
     allocated: bool | None = None
     """Whether a Kubernetes pod holds this GPU; ``None``: unknown, or not a Kubernetes node."""
     tags: Tags = {}

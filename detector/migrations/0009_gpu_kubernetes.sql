@@ -11,5 +11,6 @@ ALTER TABLE {db}.gpu_metrics ADD COLUMN IF NOT EXISTS hostname LowCardinality(St
 ALTER TABLE {db}.gpu_metrics ADD COLUMN IF NOT EXISTS namespace LowCardinality(String) DEFAULT '' AFTER hostname;
 ALTER TABLE {db}.gpu_metrics ADD COLUMN IF NOT EXISTS pod String DEFAULT '' AFTER namespace;
 ALTER TABLE {db}.gpu_metrics ADD COLUMN IF NOT EXISTS container LowCardinality(String) DEFAULT '' AFTER pod;
-ALTER TABLE {db}.gpu_metrics ADD COLUMN IF NOT EXISTS allocated Nullable(Bool) AFTER container;
+ALTER TABLE {db}.gpu_metrics ADD COLUMN IF NOT EXISTS workload String DEFAULT '' AFTER container;
+ALTER TABLE {db}.gpu_metrics ADD COLUMN IF NOT EXISTS allocated Nullable(Bool) AFTER workload;
 ALTER TABLE {db}.gpu_metrics ADD COLUMN IF NOT EXISTS tags Map(LowCardinality(String), String) AFTER allocated;

@@ -27,7 +27,7 @@ USAGE_COLS = [
 GPU_COLS = [
     "ts", "resource_id", "gpu_index", "gpu_uuid", "model", "util_pct", "mem_used_mib", "mem_total_mib",
     "power_w", "sm_active", "gr_engine_active", "tensor_active", "dram_active", "mig_profile", "mig_instance",
-    "hostname", "namespace", "pod", "container", "allocated", "tags", "extra",
+    "hostname", "namespace", "pod", "container", "workload", "allocated", "tags", "extra",
 ]  # fmt: skip
 RUN_COLS = ["ts", "run_id", "status", "resource_ids", "gpu_count", "project", "tags", "error", "extra"]
 SOURCE_COLS = ["event_id", "src_topic", "src_partition", "src_offset"]
@@ -94,7 +94,7 @@ class EventBatch:
                 [e.sm_active for e in gpu], [e.gr_engine_active for e in gpu], [e.tensor_active for e in gpu],
                 [e.dram_active for e in gpu], [e.mig_profile for e in gpu], [e.mig_instance for e in gpu],
                 [e.hostname for e in gpu], [e.namespace for e in gpu], [e.pod for e in gpu], [e.container for e in gpu],
-                [e.allocated for e in gpu], [e.tags for e in gpu], [_extra(e) if e.extra else "" for e in gpu],
+                [e.workload for e in gpu],                 [e.allocated for e in gpu], [e.tags for e in gpu], [_extra(e) if e.extra else "" for e in gpu],
                 event_ids(b"gpu", gpu), *_source_columns(self._runs[GpuMetric]),
             ]  # fmt: skip
         if self.usage:
