@@ -94,7 +94,8 @@ class EventBatch:
                 [e.sm_active for e in gpu], [e.gr_engine_active for e in gpu], [e.tensor_active for e in gpu],
                 [e.dram_active for e in gpu], [e.mig_profile for e in gpu], [e.mig_instance for e in gpu],
                 [e.hostname for e in gpu], [e.namespace for e in gpu], [e.pod for e in gpu], [e.container for e in gpu],
-                [e.workload for e in gpu],                 [e.allocated for e in gpu], [e.tags for e in gpu], [_extra(e) if e.extra else "" for e in gpu],
+                [e.workload for e in gpu], [e.allocated for e in gpu], [e.tags for e in gpu],
+                [_extra(e) if e.extra else "" for e in gpu],
                 event_ids(b"gpu", gpu), *_source_columns(self._runs[GpuMetric]),
             ]  # fmt: skip
         if self.usage:
