@@ -58,6 +58,24 @@ class IdleGpu(GpuEpisode):
         "for notebooks, turn on idle shutdown."
     )
     break_reason: ClassVar[str] = "gpu_busy"
+    pod_commands: ClassVar[bool] = True
+    pod_suggestion: ClassVar[str] = (
+        "Kubernetes pods hold these GPUs and leave them idle: if nobody needs them, stop what holds them "
+        "(below). Stopping the instance would only make the node group replace it; once its pods are gone "
+        "the cluster autoscaler removes the node."
+    )
+    empty_suggestion: ClassVar[str] = (
+        "No pod requested any of these GPUs: they are unallocated, not held and idle. Let the cluster "
+        "autoscaler remove the node (check scale-down is not disabled on it), or shrink the node pool."
+    )
+
+    @classmethod
+    def suggest(cls, details: dict[str, Any]) -> str:
+        if details.get("pods"):
+            return cls.pod_suggestion
+        if details.get("gpus_unallocated") and details.get("gpus_unallocated") == details.get("gpu_count"):
+            return cls.empty_suggestion
+        return cls.suggestion
 
     def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
         return busy(ev, self.params.util_below)
