@@ -26,7 +26,7 @@ __all__ = ["CHARTED_TYPES", "ChartWorker", "render_chart"]
 
 log = structlog.get_logger("burnwatch.charts")
 
-GPU_TYPES = frozenset({"idle_gpu", "stuck_gpu", "inference_overprovisioned"})
+GPU_TYPES = frozenset({"idle_gpu", "partly_idle_gpu", "unallocated_gpu", "stuck_gpu", "inference_overprovisioned"})
 GROWTH_TYPES = frozenset({"vector_db_growth", "storage_growth"})
 CHARTED_TYPES = GPU_TYPES | GROWTH_TYPES | {"egress_runaway"}
 

@@ -45,6 +45,9 @@ __all__ = ["SlackError", "SlackNotifier", "block_objects", "code", "escape", "re
 log = structlog.get_logger("burnwatch.slack")
 
 _EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
+_DURATION = {"idle_gpu": "Idle for", "partly_idle_gpu": "Idle for", "unallocated_gpu": "Unallocated for"}
+"""What an alert's duration field is called, where "Duration" says less."""
+_MAX_COMMANDS = 5
 _ENTITIES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 _BREAKS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
 _USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
@@ -123,7 +126,7 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
         ("Team", escape(tags["team"]) if tags.get("team") else ":warning: untagged"),
         ("Owner", _owner(alert, routing)),
         ("Project", escape(tags["project"]) if tags.get("project") else "_none_"),
-        ("Idle for" if alert.type == "idle_gpu" else "Duration", format_duration(alert.duration_s)),
+        (_DURATION.get(alert.type, "Duration"), format_duration(alert.duration_s)),
     ]
     if alert.dollars:
         fields += [
@@ -210,7 +213,8 @@ def render_blocks(
     if alert.status == "resolved":
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}})
     elif alert.suggestion:
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Next step:* {alert.suggestion}"}})
+        text = f"*Next step:* {alert.suggestion}" + "".join(f"\n{code(c)}" for c in _commands(alert))
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text[:2900]}})
     blocks += _links(alert, routing)
     if alert.status != "resolved":
         blocks.append(_buttons(alert))
@@ -228,6 +232,19 @@ def render_blocks(
         }
     )
     return blocks
+
+
+def _commands(alert: Alert) -> list[str]:
+    """The commands that stop what holds an alert's GPUs (its pods' ``command``), each once, at most
+    :data:`_MAX_COMMANDS`. They are built only from valid Kubernetes names
+    (:mod:`detector.detectors.pods`), and still put in a message through :func:`code`."""
+    pods = alert.details.get("pods")
+    found: list[str] = []
+    for pod in pods if isinstance(pods, list) else []:
+        command = pod.get("command") if isinstance(pod, dict) else None
+        if isinstance(command, str) and command and command not in found:
+            found.append(command)
+    return found[:_MAX_COMMANDS]
 
 
 def _resolution_text(alert: Alert) -> str:
@@ -256,9 +273,11 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     lines = []
     for a in sorted(alerts, key=lambda a: -a.usd_per_hour)[:25]:
         facts = escape("; ".join(f"{k.lower()} {v}" for k, v in _facts_of(a)))
+        commands = _commands(a)
         lines.append(f"• {code(a.resource_id)} ({escape(a.resource_type or '?')}, {escape(a.region or '?')}): "
                      f"${a.usd_per_hour:,.2f}/h, "
-                     f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else ""))  # fmt: skip
+                     f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else "")
+                     + "".join(f"; run {code(c)}" for c in commands[:2]))  # fmt: skip
     if len(alerts) > 25:
         lines.append(f"…and {len(alerts) - 25} more (`burnwatch sql` on `alerts` lists them all)")
     blocks: list[dict[str, Any]] = [

@@ -1,0 +1,79 @@
+"""GPUs no pod requested: a waste type of its own, apart from held-and-idle and from a wholly idle host."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.alerts import from_finding
+from detector.engine import Engine
+from tests.helpers import MIN, T0
+from tests.test_partly_idle_gpu import PRICE, gpu, host
+
+POD = {"namespace": "ml", "pod": "train-abc", "workload": "Job/train", "tags": {"team": "nlp", "owner": "alice"}}
+GPU_TYPES = ("idle_gpu", "partly_idle_gpu", "unallocated_gpu")
+
+
+def held(index: int, util: float = 95.0) -> dict:
+    return gpu(index, util, allocated=True, **POD)
+
+
+def free(index: int, util: float = 1.0) -> dict:
+    return gpu(index, util, allocated=False)
+
+
+SIX_HELD_TWO_FREE = [held(g) for g in range(6)] + [free(6), free(7)]
+
+
+def openings(ruleset, events) -> list[tuple[str, float, list[int] | None]]:
+    """(type, minutes since T0 it fired, the GPUs it counts) of every GPU alert that fired."""
+    found = Engine(ruleset).process(events)
+    return [(f.type, (f.fired_at - T0) / MIN, f.details.get("gpus_idle")) for f in found
+            if f.action == "fire" and f.type in GPU_TYPES]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("segments", "expected"),
+    [
+        # six GPUs held and busy, two no pod requested: the two, after 30 m; nothing else
+        ([(60, SIX_HELD_TWO_FREE)], [("unallocated_gpu", 30, [6, 7])]),
+        # 29 minutes unrequested, then a pod takes them: nothing (a queue's next job)
+        ([(29, SIX_HELD_TWO_FREE), (30, [held(g) for g in range(8)])], []),
+        # allocation unknown (not Kubernetes): never this rule's; held-and-idle is partly_idle_gpu's
+        ([(60, [held(g) for g in range(6)] + [gpu(6), gpu(7)])], [("partly_idle_gpu", 30, [6, 7])]),
+        # no pod requested them but something uses them (outside Kubernetes' accounting): not waste
+        ([(60, [held(g) for g in range(6)] + [free(6, 90.0), free(7, 90.0)])], []),
+        # one held GPU idle beside the unrequested ones: each rule counts its own GPUs, none twice
+        ([(60, [held(g) for g in range(5)] + [held(5, 1.0), free(6), free(7)])],
+         [("partly_idle_gpu", 30, [5]), ("unallocated_gpu", 30, [6, 7])]),
+        # an empty node (every GPU unrequested and idle): idle_gpu's whole-host episode, not this rule's
+        ([(60, [free(g) for g in range(8)])], [("idle_gpu", 30, None)]),
+    ],
+    ids=["two-unrequested", "requested-again-in-29m", "allocation-unknown", "unrequested-but-busy",
+         "held-idle-and-unrequested", "empty-node-is-idle-gpu"],
+)
+def test_which_rule_counts_which_gpus(ruleset, segments, expected):
+    assert openings(ruleset, host(segments)) == expected
+
+
+def test_priced_as_their_share_and_resolved_when_a_pod_takes_them(ruleset):
+    events = host([(60, SIX_HELD_TWO_FREE), (10, [held(g) for g in range(8)])])
+    found = [f for f in Engine(ruleset).process(events) if f.type == "unallocated_gpu" and f.action != "update"]
+    fire, resolve = found
+    assert fire.usd_per_hour == pytest.approx(PRICE * 2 / 8)
+    assert resolve.details["reason"] == "allocation_changed" and resolve.at == T0 + 60 * MIN
+    assert resolve.waste_usd == pytest.approx(PRICE * 2 / 8, rel=1e-4)  # 60 minutes of two eighths
+
+
+def test_the_count_starts_when_the_pod_lets_go(ruleset):
+    """A held GPU idle 40 m, then released: partly_idle_gpu's until then, unallocated 30 m after the release."""
+    events = host([(40, [held(g) for g in range(7)] + [held(7, 1.0)]), (40, [held(g) for g in range(7)] + [free(7)])])
+    assert openings(ruleset, events) == [("partly_idle_gpu", 30, [7]), ("unallocated_gpu", 70, [7])]
+
+
+def test_the_alert_says_unallocated_not_idle(ruleset):
+    found = Engine(ruleset).process(host([(40, SIX_HELD_TWO_FREE)]))
+    (fire,) = [f for f in found if f.type == "unallocated_gpu"]
+    alert = from_finding(fire)
+    assert "no pod requested" in alert.suggestion and "autoscaler" in alert.suggestion
+    assert ("Unallocated GPUs", "2 of 8 × A100 (GPU 6, 7)") in alert.facts
+    assert "pods" not in fire.details  # nobody holds them: no pod to name
