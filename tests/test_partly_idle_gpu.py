@@ -72,16 +72,18 @@ def story(found) -> list[tuple]:
           ("partly_idle_gpu", "resolve", 60, [2, 3, 4, 5, 6, 7])]),
         # partly idle, then the whole host idle 60 m, then partly again: handed over to idle_gpu and back.
         # The partly episode resolves when idle_gpu fires, dated at the start of the whole-host spell
-        # (where idle_gpu's episode starts)
+        # (where idle_gpu's episode starts); once a GPU works again the others count 30 m afresh
         ([(60, ONE_BUSY), (60, ALL_IDLE), (60, ONE_BUSY)],
          [("partly_idle_gpu", "fire", 30, [1, 2, 3, 4, 5, 6, 7]), ("idle_gpu", "fire", 90, None),
           ("partly_idle_gpu", "resolve", 60, [1, 2, 3, 4, 5, 6, 7]),
-          ("idle_gpu", "resolve", 120, None), ("partly_idle_gpu", "fire", 120, [1, 2, 3, 4, 5, 6, 7])]),
+          ("idle_gpu", "resolve", 120, None), ("partly_idle_gpu", "fire", 150, [1, 2, 3, 4, 5, 6, 7])]),
+        # a job resumes after an idle_gpu episode with its GPUs starting minutes apart: not partly idle
+        ([(60, ALL_IDLE), (5, ONE_BUSY), (30, ALL_BUSY)], [("idle_gpu", "fire", 30, None), ("idle_gpu", "resolve", 60, None)]),
         # a whole-host idle spell shorter than `for` (a dip between epochs): the episode stays open
         ([(60, ONE_BUSY), (10, ALL_IDLE), (60, ONE_BUSY)], [("partly_idle_gpu", "fire", 30, [1, 2, 3, 4, 5, 6, 7])]),
     ],
     ids=["one-busy-of-eight", "all-idle-is-idle-gpu", "under-30m", "gpu-leaves-then-resolves", "hand-over-and-back",
-         "short-whole-idle-spell"],
+         "staggered-restart", "short-whole-idle-spell"],
 )
 def test_lifecycle(ruleset, segments, expected):
     _, found = run(ruleset, host(segments))

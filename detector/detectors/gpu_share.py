@@ -17,8 +17,9 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
   that moment. An open episode waits through a short whole-host idle spell without
   counting it, and hands over (resolves, ``reason: whole_host_idle``, dated when the spell
   began) once the spell lasts ``for``, when ``idle_gpu`` (same threshold and ``for`` by
-  default) fires. Idle time a GPU spends before it counts is priced too, once it counts,
-  but only the part while another GPU was busy.
+  default) fires. After such a spell the GPUs' counts start again when a GPU works (the
+  staggered start of a resumed job is not partly idle). Idle time a GPU spends before it
+  counts is priced too, once it counts, but only the part while another GPU was busy.
 - **Priced as a share.** ``idle GPUs / GPUs of the host`` (physical GPUs) of the host's price
   (:attr:`~detector.detectors.base.ResourceInfo.usd_per_hour`), over time that samples
   cover only; time seen before the price is known is priced once it is.
@@ -105,6 +106,9 @@ class GpuShareState(Episode, kw_only=True):
     """Time of the newest sample seen: time is only counted up to here."""
     whole_idle_since: float | None = None
     """Start of the current spell with no GPU of the host busy."""
+    rebase_at: float = 0.0
+    """End of the latest whole-host idle spell that lasted ``for`` (``idle_gpu``'s): GPUs count
+    their idle time again from here, as if their idle runs began then."""
     stopped_at: float = 0.0
     """When the host was last seen stopped: samples from before it are history."""
     listed: list[int] = []
@@ -254,10 +258,15 @@ class GpuShare(DetectorBase):
                 reason = "gpu_busy" if s.busy else "allocation_changed"
         found: list[Finding] = []
         if any_busy:
+            if st.whole_idle_since is not None and c - st.whole_idle_since >= p.for_:
+                # The host was idle_gpu's: what the GPUs did before is its business, and counts start again.
+                st.rebase_at = c
+                for track in st.gpus.values():
+                    track.pending_s, track.pending_from = 0.0, None
             st.whole_idle_since = None
             for gpu, track in st.gpus.items():
                 if (not track.counted and mine(gpu) and track.idle_since is not None
-                        and c - track.idle_since >= p.for_):  # fmt: skip
+                        and c - max(track.idle_since, st.rebase_at) >= p.for_):  # fmt: skip
                     track.counted, changed = True, True
                     self._charge(st, res, track.pending_s)
                     start = track.pending_from if track.pending_from is not None else c
@@ -279,7 +288,7 @@ class GpuShare(DetectorBase):
                 found = end(st, lambda: self._finding("resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
             if any_busy and res.billed and len(counted) >= p.min_gpus and st.since is not None:
-                qualified = sorted(st.gpus[g].idle_since or c for g in counted)
+                qualified = sorted(max(st.gpus[g].idle_since or c, st.rebase_at) for g in counted)
                 fired_at = min(c, max(st.since, qualified[p.min_gpus - 1] + p.for_))
                 fire(st, since=st.since, fired_at=fired_at, at=c)
                 found = [self._finding("fire", st, res, fired_at)]
