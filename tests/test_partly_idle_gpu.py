@@ -90,16 +90,29 @@ def test_lifecycle(ruleset, segments, expected):
     assert story(found) == expected
 
 
-def test_priced_as_the_idle_share_of_the_host_over_partly_busy_time_only(ruleset):
-    """7 of 8 GPUs idle: 7/8 of $32/h. The 10-minute whole-host dip is counted by neither rule."""
-    engine, found = run(ruleset, host([(60, ONE_BUSY), (10, ALL_IDLE), (60, ONE_BUSY)]))
-    (fire,) = [f for f in found if f.action == "fire"]
+@pytest.mark.parametrize(
+    ("dip", "counted_min"),
+    [
+        # a 10-minute whole-host dip: idle_gpu never fires for it, so its seven idle GPUs are this rule's
+        (10, 130),
+        # a 40-minute whole-host spell is idle_gpu's (it fires at 30 m): this rule counts none of it,
+        # and its GPUs count 30 m afresh after it (fired again at 130 m, counted from 100 m)
+        (40, 60 + 60),
+    ],
+    ids=["short-dip-counted-here", "long-spell-is-idle-gpus"],
+)
+def test_priced_as_the_idle_share_of_the_host(ruleset, dip, counted_min):
+    """7 of 8 GPUs idle: 7/8 of $32/h, over every idle minute that is not idle_gpu's."""
+    engine, found = run(ruleset, host([(60, ONE_BUSY), (dip, ALL_IDLE), (60, ONE_BUSY)]))
+    fire = next(f for f in found if f.action == "fire")
     assert fire.usd_per_hour == pytest.approx(PRICE * 7 / 8)
     assert fire.waste_usd == pytest.approx(PRICE * 7 / 8 * 30 / 60, rel=1e-4)  # its first 30 minutes, priced once counted
-    (open_ep,) = [f for f in engine.open_episodes() if f.type == "partly_idle_gpu"]
-    # 130 minutes of samples, less the 10-minute dip and the last scrape's unclosed 30 s
-    assert open_ep.waste_usd == pytest.approx(PRICE * 7 / 8 * (120 * MIN - 30) / 3600, rel=1e-4)
-    assert [f for f in found if f.type == "idle_gpu"] == []
+    partly = {f.episode_start: f for f in [*found, *engine.open_episodes()] if f.type == "partly_idle_gpu"}
+    idle = [f for f in [*found, *engine.open_episodes()] if f.type == "idle_gpu" and f.action != "fire"]
+    # the last scrape's 30 s are not closed by a later sample
+    assert sum(f.waste_usd for f in partly.values()) == pytest.approx(PRICE * 7 / 8 * (counted_min * MIN - 30) / 3600,
+                                                                      rel=1e-4)  # fmt: skip
+    assert sum(f.waste_usd for f in idle[-1:]) == pytest.approx(PRICE * (dip if dip >= 30 else 0) / 60, rel=1e-4)
 
 
 def test_never_the_same_hours_as_idle_gpu(ruleset):

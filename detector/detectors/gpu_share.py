@@ -12,14 +12,16 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
   been idle for ``for`` (its idle run starts at its first idle sample after its last busy
   one); it then leaves the episode's set at its first busy sample (an ``update``, or the
   ``resolve`` when none is left).
-- **Never the same hours as ``idle_gpu``.** Dollars accrue only while at least one GPU of the
-  host is busy: when every GPU is idle the host is ``idle_gpu``'s, whose episode starts at
-  that moment. An open episode waits through a short whole-host idle spell without
-  counting it, and hands over (resolves, ``reason: whole_host_idle``, dated when the spell
-  began) once the spell lasts ``for``, when ``idle_gpu`` (same threshold and ``for`` by
-  default) fires. After such a spell the GPUs' counts start again when a GPU works (the
-  staggered start of a resumed job is not partly idle). Idle time a GPU spends before it
-  counts is priced too, once it counts, but only the part while another GPU was busy.
+- **Never the same hours as ``idle_gpu``.** A spell with every GPU of the host idle is
+  ``idle_gpu``'s once it lasts ``for`` (same threshold and ``for`` by default): its episode
+  starts where the spell does. So time in such a spell is held apart: a spell that ends
+  sooner (a dip between epochs, which ``idle_gpu`` never alerts on) is counted here when it
+  ends; one that lasts ``for`` is dropped, and an open episode hands over then (resolves,
+  ``reason: whole_host_idle``, dated when the spell began). Each idle second is thus
+  counted by one of the two rules, never both. After a spell that was ``idle_gpu``'s, the
+  GPUs' counts start again when a GPU works (the staggered start of a resumed job is not
+  part of a host idle). Idle time a GPU spends before it counts is priced too, once it
+  counts.
 - **Priced as a share.** ``idle GPUs / GPUs of the host`` (physical GPUs) of the host's price
   (:attr:`~detector.detectors.base.ResourceInfo.usd_per_hour`), over time that samples
   cover only; time seen before the price is known is priced once it is.
@@ -118,10 +120,13 @@ class GpuShareState(Episode, kw_only=True):
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Host-seconds counted before the host's price was known."""
+    spell_s: float = 0.0
+    """Host-seconds of the counted GPUs in the current whole-host idle spell: charged if it ends
+    short of ``for``, dropped if it lasts (then it is ``idle_gpu``'s)."""
 
     def clear(self) -> None:
         super().clear()
-        self.waste_usd = self.unpriced_s = 0.0
+        self.waste_usd = self.unpriced_s = self.spell_s = 0.0
 
 
 class _Status(msgspec.Struct):
@@ -221,7 +226,7 @@ class GpuShare(DetectorBase):
                 st.stopped_at = t
             for track in st.gpus.values():
                 _restart(track)
-            st.whole_idle_since = None
+            st.whole_idle_since, st.spell_s = None, 0.0
             return found
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
@@ -260,9 +265,13 @@ class GpuShare(DetectorBase):
         if any_busy:
             if st.whole_idle_since is not None and c - st.whole_idle_since >= p.for_:
                 # The host was idle_gpu's: what the GPUs did before is its business, and counts start again.
-                st.rebase_at = c
+                st.rebase_at, st.spell_s = c, 0.0
                 for track in st.gpus.values():
                     track.pending_s, track.pending_from = 0.0, None
+            elif st.whole_idle_since is not None:
+                # A spell idle_gpu never fires for (a dip): its idle time is this rule's after all.
+                self._charge(st, res, st.spell_s)
+                st.spell_s = 0.0
             st.whole_idle_since = None
             for gpu, track in st.gpus.items():
                 if (not track.counted and mine(gpu) and track.idle_since is not None
@@ -277,7 +286,7 @@ class GpuShare(DetectorBase):
             if st.whole_idle_since is None:
                 st.whole_idle_since = c
             if c - st.whole_idle_since >= p.for_ and any(tr.counted for tr in st.gpus.values()):
-                spell = st.whole_idle_since
+                spell, st.spell_s = st.whole_idle_since, 0.0
                 for track in st.gpus.values():
                     track.counted = False
                 return end(st, lambda: self._finding("resolve", st, res, max(spell, st.since or spell),
@@ -296,7 +305,7 @@ class GpuShare(DetectorBase):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
         gap = t - c
-        if any_busy and gap <= p.stale_after:
+        if gap <= p.stale_after:
             share_s = gap / len(st.gpus)
             n = 0
             for gpu, track in st.gpus.items():
@@ -308,8 +317,10 @@ class GpuShare(DetectorBase):
                     track.pending_s += share_s
                     if track.pending_from is None:
                         track.pending_from = c
-            if n:
+            if n and any_busy:
                 self._charge(st, res, share_s * n)
+            elif n:
+                st.spell_s += share_s * n
         return found
 
     # -- helpers ------------------------------------------------------------

@@ -17,8 +17,8 @@ running wastes seven eighths of its price. This rule is the per-GPU view: one ep
 per host listing its idle GPUs ("6 of 8 GPUs on i-0abc idle"), priced as their share of
 the host. Its defaults are ``idle_gpu``'s, for the same reasons (dstack's 30-minute
 windows; 5 % leaves the dips between epochs alone), and because the two must split a
-host's hours exactly: this rule counts only while at least one GPU of the host is busy,
-``idle_gpu`` only while none is, so no hour is alerted (or priced) twice.
+host's hours exactly: a spell with every GPU idle for ``for`` is ``idle_gpu``'s, every
+other idle GPU-second this rule's, so no hour is alerted (or priced) twice.
 
 GPUs that a pod holds, and GPUs whose holder is unknown (no Kubernetes, ``allocated``
 absent), count here. GPUs that no pod requested (``allocated: false``) are

@@ -30,9 +30,9 @@ not remove (the node is more than half requested, its pods cannot move, scale-do
 disabled, or there is no autoscaler): the waste is real and somebody must act.
 
 Only idle unrequested GPUs count (a process using a GPU outside Kubernetes' accounting
-is not waste), and only while another GPU of the node is busy: a node where every GPU
-is idle is ``idle_gpu``'s, whose alert says when no pod requested any of them, so no
-hour is priced twice. Everything else (per-GPU and MIG tracking, gaps, re-read input,
+is not waste), and never in a whole-node idle spell that is ``idle_gpu``'s: a node where
+every GPU is idle for ``for`` is ``idle_gpu``'s, whose alert says when no pod requested
+any of them, so no hour is priced twice. Everything else (per-GPU and MIG tracking, gaps, re-read input,
 pricing as the GPUs' share of the host) is :mod:`detector.detectors.gpu_share`.
 """
 
