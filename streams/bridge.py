@@ -214,14 +214,7 @@ class Bridge:
         fresh = [s for s in self._kube.values() if t - s.t <= KUBE_FRESH_INTERVALS * self.config.interval]
         if len(fresh) <= 1:
             return fresh[0] if fresh else None
-        merged = KubeState(t=max(s.t for s in fresh))
-        for s in fresh:
-            merged.nodes.update(s.nodes)
-            merged.workloads.update(s.workloads)
-            merged.pod_tags.update(s.pod_tags)
-            merged.namespace_tags.update(s.namespace_tags)
-            merged._by_ip.update(s._by_ip)
-        return merged
+        return KubeState.merged(fresh)
 
     # -- rounds and the loop ---------------------------------------------------------------
 
@@ -301,7 +294,11 @@ async def serve_metrics(bridge: Bridge, listen: str) -> Any:
     runner = web.AppRunner(app)
     await runner.setup()
     host, _, port = listen.rpartition(":")
-    await web.TCPSite(runner, host.strip("[]") or "127.0.0.1", int(port)).start()
+    try:
+        await web.TCPSite(runner, host.strip("[]") or "127.0.0.1", int(port)).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise SystemExit(f"bridge: cannot serve /metrics on {listen} (listen in the config): {exc.strerror}") from None
     return runner
 
 

@@ -115,6 +115,18 @@ class KubeState:
             found = self.nodes.get(self._by_ip[host])
         return found
 
+    @classmethod
+    def merged(cls, states: list[KubeState]) -> KubeState:
+        """Several clusters' states (one kube-state-metrics each) as one."""
+        out = cls(t=max(s.t for s in states))
+        for s in states:
+            out.nodes.update(s.nodes)
+            out.workloads.update(s.workloads)
+            out.pod_tags.update(s.pod_tags)
+            out.namespace_tags.update(s.namespace_tags)
+            out._by_ip.update(s._by_ip)
+        return out
+
     def tags(self, namespace: str, pod: str) -> dict[str, str]:
         """Ownership tags of a pod: its namespace's labels, overridden by its own."""
         return {**self.namespace_tags.get(namespace, {}), **self.pod_tags.get((namespace, pod), {})}
