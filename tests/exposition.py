@@ -158,3 +158,25 @@ def merge(*parts: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, li
         for name, samples in part.items():
             out.setdefault(name, []).extend(samples)
     return out
+
+
+def federate_text(pages: list[tuple[str, dict[str, str]]], ts_ms: int) -> str:
+    """What a Prometheus server's ``/federate`` answers for these scraped pages: each page's
+    samples with its target labels attached (a sample's own label that collides with one
+    becomes ``exported_<name>``, honor_labels being false), labels sorted, every family
+    ``untyped``, and the timestamp of Prometheus' scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    by_name: dict[str, list[str]] = {}
+    for text, target in pages:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                name = family.name if family.type == "counter" else s.name
+                labels = {(f"exported_{k}" if k in target else k): v for k, v in s.labels.items()} | target
+                body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                value = repr(float(s.value)) if not float(s.value).is_integer() else str(int(s.value))
+                by_name.setdefault(name, []).append(f"{name}{{{body}}} {value} {ts_ms}")
+    out = []
+    for name, lines in by_name.items():
+        out += [f"# TYPE {name} untyped", *lines]
+    return "\n".join(out) + "\n"

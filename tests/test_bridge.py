@@ -15,10 +15,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE, EventDecoder, GpuMetric, UsageEvent
-from streams.cli import main
 from streams.embedded import EmbeddedBroker
-from tests.exposition import Gpu, dcgm_text, gpu_values, ksm_text, merge, node, pod
+from tests.exposition import Gpu, dcgm_text, federate_text, gpu_values, ksm_text, merge, node, pod
 from tests.reliability import true_ends
+from tests.test_cli import burnwatch, no_traceback
 
 PARTITIONS = 4
 
@@ -36,7 +36,7 @@ class Exporters:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 exporters.requests.append(self.path)
-                body = exporters.pages.get(self.path)
+                body = exporters.pages.get(self.path.split("?")[0])
                 if self.path.startswith("/slow"):
                     exporters.release.wait(30)
                     body = ""
@@ -110,6 +110,10 @@ def read_topic(bootstrap: str, topic: str) -> list[tuple[str, bytes]]:
             await consumer.stop()
 
     return asyncio.run(go())
+
+
+def kafka_env(broker: EmbeddedBroker) -> dict[str, str]:
+    return {"BURNWATCH_KAFKA_BOOTSTRAP": broker.bootstrap, "BURNWATCH_PARTITIONS": str(PARTITIONS)}
 
 
 def decoded(messages: list[tuple[str, bytes]], topic: str) -> dict[str, list[Any]]:
@@ -198,17 +202,14 @@ def write_config(tmp_path: Path, exporters: Exporters, **extra: Any) -> Path:
 
 
 @pytest.mark.integration
-def test_once_publishes_one_message_per_host(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker,
-                                             monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                             ) -> None:  # fmt: skip
-    monkeypatch.setenv("BURNWATCH_KAFKA_BOOTSTRAP", broker.bootstrap)
-    monkeypatch.setenv("BURNWATCH_PARTITIONS", str(PARTITIONS))
+def test_once_publishes_one_message_per_host(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker) -> None:
     config = write_config(tmp_path, exporters)
 
-    code = main(["bridge", "--config", str(config), "--once"])
+    run = burnwatch("bridge", "--config", str(config), "--once", env=kafka_env(broker))
 
-    out, err = capsys.readouterr()
-    assert code == 1, out + err  # two targets failed; the others were published all the same
+    no_traceback(run)
+    out, err = run.stdout, run.stderr
+    assert run.returncode == 1, out + err  # two targets failed; the others were published all the same
     assert f"FAILED dcgm               http://{exporters.address}/slow/metrics: no answer within 0.5s" in out
     assert f"http://{exporters.address}/garbage/metrics: not Prometheus text at line 1 (invalid metric name)" in out
     assert "2 of 6 targets failed" in err
@@ -243,12 +244,54 @@ def test_once_publishes_one_message_per_host(tmp_path: Path, exporters: Exporter
 
 
 @pytest.mark.integration
-def test_bad_config_names_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_config_names_file_and_field(tmp_path: Path) -> None:
     path = tmp_path / "bridge.yaml"
     path.write_text("interval: 30s\ntargets:\n  - url: http://127.0.0.1:9400/metrics\n    job: dcgm-exporter\n"
                     "    timeot: 5s\n")  # fmt: skip
-    with pytest.raises(SystemExit) as exc:
-        main(["bridge", "--config", str(path), "--once"])
-    message = str(exc.value.code)
+    run = burnwatch("bridge", "--config", str(path), "--once", env={"BURNWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    no_traceback(run)
+    assert run.returncode == 1  # as for any refused config; nothing was scraped or published
+    message = run.stderr
     assert f"{path}:4 targets[0].job: Input should be 'dcgm', 'kube-state-metrics' or 'federate'" in message
     assert f"{path}:5 targets[0].timeot: unknown key" in message
+
+
+def federated() -> str:
+    """A Prometheus that scrapes the cluster's exporters through Kubernetes service discovery
+    (target labels namespace/pod/container/instance/job), federated: the GPU's pod labels
+    become exported_*, and node-b's exporter says no host name (only its address)."""
+    dcgm_target = {"namespace": "gpu-operator", "container": "nvidia-dcgm-exporter", "job": "nvidia-dcgm-exporter"}
+    node_b_anonymous = dcgm_text([
+        Gpu(0, gpu_values(40), labels={"pod": "eval-1", "namespace": "ml", "container": "eval"}),
+        Gpu(1, gpu_values(0), labels={"pod": "eval-1", "namespace": "ml", "container": "eval"}),
+    ])  # fmt: skip
+    return federate_text([
+        (cluster_ksm(), {"instance": "10.2.0.8:8080", "job": "kube-state-metrics"}),
+        (node_a(), {**dcgm_target, "pod": "nvidia-dcgm-exporter-7xk2p", "instance": "10.0.1.10:9400"}),
+        (node_b_anonymous, {**dcgm_target, "pod": "nvidia-dcgm-exporter-q9w4r", "instance": "10.0.1.11:9400"}),
+    ], ts_ms=1_796_000_000_250)  # fmt: skip
+
+
+@pytest.mark.integration
+def test_federate(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker) -> None:
+    """The second path: an existing Prometheus' /federate, many hosts per response, samples with their timestamps."""
+    exporters.pages["/federate"] = federated()
+    path = tmp_path / "bridge.yaml"
+    path.write_text(f"listen: ''\ntargets:\n  - url: http://{exporters.address}\n    job: federate\n")
+    before = {k: len(v) for k, v in decoded(read_topic(broker.bootstrap, TOPIC_GPU_METRICS), TOPIC_GPU_METRICS).items()}
+
+    run = burnwatch("bridge", "--config", str(path), "--once", env=kafka_env(broker))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [r for r in exporters.requests if r.startswith("/federate")] == [
+        "/federate?match%5B%5D=%7B__name__%3D~%22DCGM_FI_.*%7Ckube_.*%22%7D"]  # fmt: skip
+
+    metrics = decoded(read_topic(broker.bootstrap, TOPIC_GPU_METRICS), TOPIC_GPU_METRICS)
+    new = {k: v[before.get(k, 0):] for k, v in metrics.items() if len(v) > before.get(k, 0)}
+    # one message per host; node-b known only by its address, found through the node's internal IP
+    assert {k: len(v) for k, v in new.items()} == {"i-0aaa111": 1, "gpu-node-b": 1}
+    a: list[GpuMetric] = new["i-0aaa111"][0]
+    assert {e.ts.isoformat() for e in a} == {"2026-11-30T00:53:20.250000+00:00"}  # Prometheus' timestamp
+    assert [(e.pod, e.namespace, e.container) for e in a[:1]] == [("train-6c5d8-abcde", "ml", "trainer")]  # not the exporter's
+    assert [e.allocated for e in a] == [True] * 5 + [False] * 3
+    b: list[GpuMetric] = new["gpu-node-b"][0]
+    assert [(e.hostname, e.pod, e.allocated) for e in b] == [("10.0.1.11", "eval-1", True)] * 2

@@ -209,3 +209,28 @@ def test_garbage_names_target_and_line(body: bytes, reason: str) -> None:
         parse_exposition(body, "http://10.0.3.7:9400/metrics")
     assert str(err.value).startswith("http://10.0.3.7:9400/metrics: ")
     assert reason in str(err.value)
+
+
+def test_a_pod_that_requests_no_gpu_holds_none() -> None:
+    """dcgm-exporter names only pods the device plugin gave a GPU; a `pod` label naming a pod that
+    kube-state-metrics says requests none is a scraper's label (the exporter's own pod), not a holder."""
+    text = ksm_text(merge(node("gpu-node-1", "aws:///us-east-1a/i-0abc123", "p4d.24xlarge", "us-east-1", 8),
+                          pod("gpu-operator", "nvidia-dcgm-exporter-x7k", "gpu-node-1", 0)))  # fmt: skip
+    kube = kube_state(parse_exposition(text, "ksm"), T)
+    mapper = DcgmMapper()
+    labels = {"pod": "nvidia-dcgm-exporter-x7k", "namespace": "gpu-operator", "container": "exporter"}
+    event = only(mapped(dcgm_text([Gpu(0, gpu_values(0), "gpu-node-1", labels=labels)]), mapper, kube=kube))
+    assert "pod" not in event and event["allocated"] is False
+    assert mapper.skipped == {"pod label names a pod that requests no GPU (the exporter's own?)": 1}
+
+
+def test_mig_instances_are_the_units() -> None:
+    """A MIG GPU: one event per instance (all with the GPU's index); the whole GPU's own series
+    (power, framebuffer without GPU_I_ID) is no unit of its own."""
+    mapper = DcgmMapper()
+    gpus = [Gpu(0, {"DCGM_FI_DEV_POWER_USAGE": 120.0}, "h"),
+            Gpu(0, without_util(gpu_values(0, power=None, gr=0.5)), "h", mig=("3g.20gb", "1")),
+            Gpu(0, without_util(gpu_values(0, power=None, gr=0.0)), "h", mig=("3g.20gb", "2"))]  # fmt: skip
+    (batch,) = mapped(dcgm_text(gpus), mapper)
+    assert [(e["gpu_index"], e["mig_instance"], e["util_pct"]) for e in batch.events] == [(0, "1", 50.0), (0, "2", 0.0)]
+    assert mapper.skipped == {"MIG parent GPU (its instances are published)": 1}

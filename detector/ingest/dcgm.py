@@ -98,10 +98,14 @@ class DcgmMapper:
         by_host: dict[str, list[_Unit]] = {}
         for unit in units.values():
             by_host.setdefault(unit.host, []).append(unit)
+        # Through Prometheus, an exporter whose GPUs' pods come as exported_pod has its own pod as
+        # `pod` on every series: on the others (no exported_pod) that one names no GPU's pod.
+        relabelled = {u.labels.get("instance") for u in units.values() if "exported_pod" in u.labels}
         batches = []
         for name, host_units in by_host.items():
             host = resolve_host(name, kube, hosts or {})
-            events = [e for e in (self._event(u, host, t, kube) for u in self._gpus(host_units)) if e is not None]
+            events = [e for e in (self._event(u, host, t, kube, relabelled) for u in self._gpus(host_units))
+                      if e is not None]  # fmt: skip
             if not events:
                 continue
             self._allocate(events, host, kube, kubernetes)
@@ -144,7 +148,8 @@ class DcgmMapper:
             out.append(u)
         return out
 
-    def _event(self, unit: _Unit, host: Host, t: float, kube: KubeState | None) -> tuple[dict[str, Any], float] | None:
+    def _event(self, unit: _Unit, host: Host, t: float, kube: KubeState | None,
+               relabelled: set[str | None]) -> tuple[dict[str, Any], float] | None:  # fmt: skip
         util_sample = unit.values.get(GPU_UTIL)
         ratios = {fld: self._ratio(unit.values[name], fld) for name, fld in RATIOS.items() if name in unit.values}
         if util_sample is not None:
@@ -189,9 +194,8 @@ class DcgmMapper:
         if host.resource_id != host.name:
             event["hostname"] = host.name
         tags = dict(host.static.tags) if host.static else {}
-        pod = label(labels, "pod", "pod_name")
+        pod, namespace = self._pod(labels, kube, relabelled)
         if pod:
-            namespace = label(labels, "namespace", "pod_namespace")
             event["namespace"], event["pod"] = namespace, pod
             if container := label(labels, "container", "container_name"):
                 event["container"] = container
@@ -202,6 +206,19 @@ class DcgmMapper:
         if tags:
             event["tags"] = tags
         return event, te
+
+    def _pod(self, labels: dict[str, str], kube: KubeState | None, relabelled: set[str | None]) -> tuple[str, str]:
+        """(pod, namespace) holding the GPU, or empty: a ``pod`` label that is the scraped
+        exporter's own (see :meth:`map`), or that names a pod kube-state-metrics knows and
+        which requests no GPU (dcgm-exporter names only pods the device plugin gave a GPU)."""
+        if "exported_pod" not in labels and labels.get("instance") in relabelled:
+            return "", ""
+        pod = label(labels, "pod", "pod_name")
+        namespace = label(labels, "namespace", "pod_namespace")
+        if pod and kube is not None and (namespace, pod) in kube.pods and (namespace, pod) not in kube.gpu_pods:
+            self.skipped["pod label names a pod that requests no GPU (the exporter's own?)"] += 1
+            return "", ""
+        return pod, namespace
 
     def _bounded(self, value: float, top: float, name: str) -> float | None:
         """``value`` within 0..top, clamped within the slack; None (counted) beyond it."""

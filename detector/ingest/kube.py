@@ -106,6 +106,10 @@ class KubeState:
     """(namespace, pod) -> ``Kind/name`` of its controller."""
     pod_tags: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     namespace_tags: dict[str, dict[str, str]] = field(default_factory=dict)
+    pods: set[tuple[str, str]] = field(default_factory=set)
+    """(namespace, pod) of every pod ``kube_pod_info`` lists."""
+    gpu_pods: set[tuple[str, str]] = field(default_factory=set)
+    """(namespace, pod) of the unfinished pods that request a GPU."""
     _by_ip: dict[str, str] = field(default_factory=dict)
 
     def node(self, host: str) -> Node | None:
@@ -124,6 +128,8 @@ class KubeState:
             out.workloads.update(s.workloads)
             out.pod_tags.update(s.pod_tags)
             out.namespace_tags.update(s.namespace_tags)
+            out.pods |= s.pods
+            out.gpu_pods |= s.gpu_pods
             out._by_ip.update(s._by_ip)
         return out
 
@@ -178,6 +184,7 @@ def kube_state(samples: Iterable[Sample], t: float, tag_labels: Iterable[str] = 
             phases.setdefault((label(s.labels, "namespace"), label(s.labels, "pod")), set()).add(s.labels.get("phase", ""))
     pod_node = {(label(s.labels, "namespace"), label(s.labels, "pod")): label(s.labels, "node")
                 for s in by_name.get("kube_pod_info", ())}  # fmt: skip
+    state.pods = set(pod_node)
     for s in by_name.get("kube_pod_container_resource_requests", ()):
         if not gpu_resource(s.labels.get("resource", "")) or not s.value > 0:
             continue
@@ -185,6 +192,7 @@ def kube_state(samples: Iterable[Sample], t: float, tag_labels: Iterable[str] = 
         phase = phases.get(held_by)
         if phase is not None and not phase & _HOLDING:  # finished (or unknown): holds nothing
             continue
+        state.gpu_pods.add(held_by)
         name = label(s.labels, "node") or pod_node.get(held_by, "")
         if name:  # a pending pod not yet scheduled holds no node's GPU
             node(name).gpus_requested += s.value
