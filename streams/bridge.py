@@ -86,7 +86,7 @@ class Bridge:
         self._kube: dict[str, KubeState] = {}
         self._usage = UsageClock(config.interval)
         self._file_sd: dict[int, list[Target]] = {}
-        self._file_sd_stamp: dict[int, tuple[float, ...]] = {}
+        self._file_sd_stamp: dict[int, tuple[tuple[int, int], ...]] = {}
         self._encode = msgspec.json.Encoder()
         self._session: aiohttp.ClientSession | None = None
 
@@ -111,12 +111,14 @@ class Bridge:
             unique.setdefault((target.address(), target.job), target)
         return list(unique.values())
 
-    def _mtime(self, name: str) -> float:
+    def _mtime(self, name: str) -> tuple[int, int]:
+        """(modification time, size) of a file_sd file: what says it changed."""
         path = Path(name) if self._base is None or Path(name).is_absolute() else self._base / name
         try:
-            return path.stat().st_mtime
+            stat = path.stat()
         except OSError:
-            return -1.0
+            return -1, -1
+        return stat.st_mtime_ns, stat.st_size
 
     # -- one scrape ------------------------------------------------------------------------
 
@@ -228,26 +230,42 @@ class Bridge:
         return results
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Scrape until ``stop`` is set: one round, then a task per target on its own schedule;
-        targets that file_sd adds or removes are started or stopped as the files change."""
-        await self.round()
+        """Scrape until ``stop`` is set, a task per target on its own schedule: a target that
+        hangs until its timeout holds no other back. At the start the DCGM targets wait for
+        kube-state-metrics' first answer (at most its timeout), so that no first sample is keyed
+        by a host name instead of its instance. Targets that file_sd adds or removes are
+        started or stopped as the files change."""
         tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        ready: asyncio.Future[Any] | None = None
         try:
             while not stop.is_set():
                 wanted = {(t.address(), t.job): t for t in self.targets()}
                 for key in [k for k in tasks if k not in wanted]:
                     tasks.pop(key).cancel()
                     log.info("target_removed", target=key[0], job=key[1])
-                for key, target in wanted.items():
-                    if key not in tasks:
-                        tasks[key] = asyncio.create_task(self._loop(target, stop))
+                new = {k: t for k, t in wanted.items() if k not in tasks}
+                if ready is None:  # the first targets: cluster state first
+                    ready = asyncio.gather(*(self.scrape(t) for t in new.values() if t.job != "dcgm"))
+                    for key, target in new.items():
+                        dcgm = target.job == "dcgm"
+                        tasks[key] = asyncio.create_task(self._loop(target, stop, ready if dcgm else None, first=dcgm))
+                else:
+                    for key, target in new.items():
+                        log.info("target_added", target=key[0], job=key[1])
+                        tasks[key] = asyncio.create_task(self._loop(target, stop, None, first=True))
                 await _wait(stop, min(5.0, self.config.interval))
         finally:
             for task in tasks.values():
                 task.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            if ready is not None:
+                ready.cancel()
+            await asyncio.gather(*tasks.values(), *([ready] if ready else []), return_exceptions=True)
 
-    async def _loop(self, target: Target, stop: asyncio.Event) -> None:
+    async def _loop(self, target: Target, stop: asyncio.Event, ready: asyncio.Future[Any] | None, first: bool) -> None:
+        if ready is not None:
+            await asyncio.shield(ready)
+        if first:
+            await self.scrape(target)
         loop = asyncio.get_running_loop()
         due = loop.time() + self.config.interval
         while not await _wait(stop, due - loop.time()):

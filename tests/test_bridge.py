@@ -295,3 +295,83 @@ def test_federate(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker) 
     assert [e.allocated for e in a] == [True] * 5 + [False] * 3
     b: list[GpuMetric] = new["gpu-node-b"][0]
     assert [(e.hostname, e.pod, e.allocated) for e in b] == [("10.0.1.11", "eval-1", True)] * 2
+
+
+def wait_for(condition: Any, timeout: float = 30.0) -> Any:
+    """Poll an async condition until it holds (raising with what it last was otherwise)."""
+
+    async def go() -> Any:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"condition not met within {timeout}s")
+            await asyncio.sleep(0.05)
+
+    return go()
+
+
+@pytest.mark.integration
+def test_loop_rereads_file_sd_and_a_hung_target_delays_no_other(tmp_path: Path, exporters: Exporters) -> None:
+    """The scrape loop: every target on its own schedule, so one that hangs (until its timeout) holds
+    no other back; a file_sd file is re-read when it changes; the counters are on /metrics."""
+    from detector.ingest.config import load_bridge_config
+    from streams.bridge import Bridge, serve_metrics
+    from streams.embedded import free_port
+
+    exporters.pages["/a/metrics"] = node_a()
+    exporters.pages["/lab/metrics"] = bare_metal()
+    sd = tmp_path / "dcgm.json"
+    sd.write_text(json.dumps([{"targets": [exporters.address], "labels": {"__metrics_path__": "/a/metrics"}}]))
+    port = free_port()
+    (tmp_path / "bridge.yaml").write_text(json.dumps({
+        "interval": "0.1s", "listen": f"127.0.0.1:{port}", "file_sd": [{"files": [str(sd)]}],
+        "targets": [{"url": f"http://{exporters.address}/slow/metrics", "timeout": "60s"}],
+        "hosts": {"lab-box-1": {"resource_id": "i-0lab0001", "instance_type": "g5.xlarge"}},
+    }))  # fmt: skip
+    config = load_bridge_config(tmp_path / "bridge.yaml")
+    sent: list[tuple[str, str, list[dict[str, Any]]]] = []
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        sent.append((topic, key, json.loads(value)))
+
+    def keys(topic: str = TOPIC_GPU_METRICS) -> list[str]:
+        return [k for t, k, _ in sent if t == topic]
+
+    async def go() -> str:
+        bridge = Bridge(config, send)
+        runner = await serve_metrics(bridge, config.listen)
+        stop = asyncio.Event()
+        task = asyncio.create_task(bridge.run(stop))
+        try:
+            # the hung target is still waiting for its answer while node-a is scraped again and again
+            await wait_for(lambda: keys().count("gpu-node-a") >= 3)
+            assert "/slow/metrics" in exporters.requests
+            slow = {"target": f"http://{exporters.address}/slow/metrics", "job": "dcgm", "result": "failed"}
+            assert not bridge.metrics.registry.get_sample_value("burnwatch_bridge_scrapes_total", slow)
+            # a new target in the file_sd file is picked up, without a restart
+            sd.write_text(json.dumps([{"targets": [exporters.address], "labels": {"__metrics_path__": "/lab/metrics"}}]))
+            await wait_for(lambda: "i-0lab0001" in keys())
+            count = keys().count("gpu-node-a")
+            await wait_for(lambda: keys().count("i-0lab0001") >= 3)
+            assert keys().count("gpu-node-a") <= count + 1  # ... and the one it lost is no longer scraped
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                    return await response.text()
+        finally:
+            stop.set()
+            await task
+            await bridge.close()
+            await runner.cleanup()
+
+    import aiohttp
+
+    metrics = asyncio.run(go())
+    lab = [events for t, k, events in sent if t == TOPIC_GPU_METRICS and k == "i-0lab0001"]
+    # the energy counter's second reading gives power; the static host's usage follows its scrapes
+    assert lab[0][0].get("power_w") is None and lab[1][0].get("power_w") == 0.0
+    assert keys(TOPIC_RESOURCE_USAGE).count("i-0lab0001") == len(lab)
+    assert f'burnwatch_bridge_scrapes_total{{job="dcgm",result="ok",target="http://{exporters.address}/a/metrics"}}' in metrics
+    assert 'burnwatch_bridge_messages_total{topic="gpu-metrics"}' in metrics
