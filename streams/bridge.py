@@ -157,14 +157,17 @@ class Bridge:
             async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
                 if response.status != 200:
                     raise _FetchError(f"{url}: HTTP {response.status} {response.reason or ''}".rstrip())
-                body = await response.content.read(limit + 1)
+                chunks, size = [], 0
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    size += len(chunk)
+                    if size > limit:
+                        raise _FetchError(f"{url}: response longer than max_bytes ({limit} bytes)")
+                    chunks.append(chunk)
         except asyncio.TimeoutError:
             raise _FetchError(f"{url}: no answer within {timeout:g}s") from None
         except aiohttp.ClientError as exc:
             raise _FetchError(f"{url}: unreachable: {exc}") from None
-        if len(body) > limit:
-            raise _FetchError(f"{url}: response longer than max_bytes ({limit} bytes)")
-        return body
+        return b"".join(chunks)
 
     async def _publish_samples(self, target: Target, samples: list[Sample], t: float, result: ScrapeResult) -> None:
         if target.job in ("kube-state-metrics", "federate"):

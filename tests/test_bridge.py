@@ -375,3 +375,28 @@ def test_loop_rereads_file_sd_and_a_hung_target_delays_no_other(tmp_path: Path, 
     assert keys(TOPIC_RESOURCE_USAGE).count("i-0lab0001") == len(lab)
     assert f'burnwatch_bridge_scrapes_total{{job="dcgm",result="ok",target="http://{exporters.address}/a/metrics"}}' in metrics
     assert 'burnwatch_bridge_messages_total{topic="gpu-metrics"}' in metrics
+
+
+@pytest.mark.integration
+def test_a_response_beyond_max_bytes_is_refused(exporters: Exporters) -> None:
+    """A wrong URL serving a large file, or a runaway exporter, is a failed scrape, not memory exhausted."""
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    exporters.pages["/a/metrics"] = node_a()  # about 20 kB
+    target = Target(url=f"http://{exporters.address}/a/metrics")
+    sent: list[str] = []
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        sent.append(key)
+
+    async def go(max_bytes: int) -> Any:
+        bridge = Bridge(BridgeConfig(targets=[target], max_bytes=max_bytes), send)
+        try:
+            return await bridge.scrape(target)
+        finally:
+            await bridge.close()
+
+    refused = asyncio.run(go(4096))
+    assert (refused.ok, refused.error, sent) == (False, f"{target.address()}: response longer than max_bytes (4096 bytes)", [])
+    assert asyncio.run(go(1 << 20)).ok and sent == ["gpu-node-a"]
