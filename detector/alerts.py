@@ -75,8 +75,9 @@ class Alert(msgspec.Struct, kw_only=True):
 
     @property
     def suggestion(self) -> str:
+        """The next step, in our words (a pod's alert: what kind of command; the commands are in details)."""
         cls = REGISTRY.get(self.type)
-        return cls.suggestion if cls is not None else ""
+        return cls.suggest(self.details) if cls is not None else ""
 
     @property
     def dollars(self) -> str:

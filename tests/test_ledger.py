@@ -241,10 +241,31 @@ def test_a_claim_beyond_the_bill_is_cut_and_silenced_alerts_claim_nothing(store)
     assert ledger(store) == pytest.approx({("stale", "waste"): 10.0, ("nobill", "waste"): 0.0})
 
 
+def test_per_gpu_idle_and_unallocated_gpus_are_wasted_dollars(store):
+    """Part of a host idle ($7) and GPUs no pod requested ($2) in one $10 hour: both waste, and
+    spot can save only on the $1 nothing wasted (migration 0010 ranks them with idle_gpu)."""
+    billed(store, 1, 10.0)
+    run = {"run_id": "r1", "resource_ids": ["h1"]}
+    store.alerts.record([alert("partly", "partly_idle_gpu", 7.0, T0, T0 + HOUR),
+                         alert("unalloc", "unallocated_gpu", 2.0, T0, T0 + HOUR),
+                         alert("spot", "spot_eligible", 5.0, T0, T0 + HOUR, rid="r1", details=run)], version=1)  # fmt: skip
+    assert ledger(store) == pytest.approx({("partly", "waste"): 7.0, ("unalloc", "waste"): 2.0,
+                                           ("spot", "could_save"): 1.0})
+
+
+def test_whole_host_and_per_gpu_idle_never_claim_an_hour_twice(store):
+    """An hour half partly idle, half wholly idle: what both claim is held to the bill."""
+    billed(store, 1, 10.0)
+    store.alerts.record([alert("idle", "idle_gpu", 5.0, T0 + HOUR / 2, T0 + HOUR),
+                         alert("partly", "partly_idle_gpu", 8.0, T0, T0 + HOUR / 2)], version=1)  # fmt: skip
+    assert ledger(store) == pytest.approx({("idle", "waste"): 5.0, ("partly", "waste"): 5.0})
+
+
 def test_every_money_type_has_a_place_in_the_precedence():
     """A new detector whose dollars are money must be given a rank, or its alerts would be
     left out of every total; forecasts have none."""
-    sql = (ROOT / "detector/migrations/0007_waste_ledger.sql").read_text()
+    latest = max(p for p in (ROOT / "detector/migrations").glob("*.sql") if "AS precedence" in p.read_text())
+    sql = latest.read_text()
     precedence = re.search(r"\[('idle_gpu'.*?)\] AS precedence", sql, re.S)
     assert precedence is not None
     ranked = re.findall(r"'(\w+)'", precedence.group(1))

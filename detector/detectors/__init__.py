@@ -13,10 +13,12 @@ from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
 from detector.detectors.inference_overprovisioned import InferenceOverprovisioned
+from detector.detectors.partly_idle_gpu import PartlyIdleGpu
 from detector.detectors.spot_eligible import SpotEligible
 from detector.detectors.storage_growth import StorageGrowth
 from detector.detectors.stuck_gpu import StuckGpu
 from detector.detectors.telemetry_stale import TelemetryStale
+from detector.detectors.unallocated_gpu import UnallocatedGpu
 from detector.detectors.untagged import Untagged
 from detector.detectors.vector_db_growth import VectorDbGrowth
 
@@ -24,8 +26,8 @@ __all__ = ["REGISTRY", "Behaviour", "Context", "Detector", "Finding", "Params", 
 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
-    for cls in (IdleGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend, VectorDbGrowth, StorageGrowth,
-                InferenceOverprovisioned, SpotEligible, Anomaly)
+    for cls in (IdleGpu, PartlyIdleGpu, UnallocatedGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend,
+                VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, Anomaly)
 }
 
 

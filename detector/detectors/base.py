@@ -183,6 +183,13 @@ class DetectorBase:
         """(label, value) pairs from a finding's details, for the alert message."""
         return []
 
+    @classmethod
+    def suggest(cls, details: dict[str, Any]) -> str:
+        """The next step for one alert, from its details (a pod's idle GPUs want a command, not
+        "stop the instance"): the class's ``suggestion`` unless a detector knows better. Our own
+        words only: what came from events goes in the details, where it is escaped."""
+        return str(getattr(cls, "suggestion", ""))
+
     def open_episode(self, state: Any, resource: ResourceInfo) -> Finding | None:
         return None
 
@@ -256,6 +263,11 @@ class Detector(Protocol, Generic[S]):
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         """(label, value) pairs from a finding's details, for the alert message."""
+        ...
+
+    @classmethod
+    def suggest(cls, details: dict[str, Any]) -> str:
+        """The next step for the alert with these details (``suggestion`` unless the details say more)."""
         ...
 
     def new_state(self) -> S: ...

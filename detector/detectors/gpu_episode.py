@@ -12,7 +12,9 @@ add (``describe``); this class does the rest the same way for all of them:
   candidate episode and is not counted (time or dollars) in an open one;
 - dollars accrue over sample-covered time at the host's price; time seen before the
   price is known is priced once it is, so topic arrival order does not matter;
-- a sample already seen (a re-read batch) or a late one changes nothing.
+- a sample already seen (a re-read batch) or a late one changes nothing;
+- on Kubernetes, the pods holding the GPUs (their latest samples) are named in the findings,
+  and their owner labels decide the alert's owner (:mod:`detector.detectors.pods`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pydantic import Field
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, advance, end
+from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.pricing import usd_over
 from detector.units import Duration
@@ -51,6 +54,10 @@ class GpuEpisodeState(Episode, kw_only=True):
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
+    pods: dict[str, Pod] = {}
+    """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named."""
+    allocated: dict[str, bool] = {}
+    """Unit → whether a pod holds it, for units whose samples say."""
 
     def clear(self) -> None:
         super().clear()
@@ -68,6 +75,9 @@ class GpuEpisode(DetectorBase):
     suggestion: ClassVar[str]
     break_reason: ClassVar[str]
     """The ``reason`` a resolution by a breaking sample carries."""
+    pod_commands: ClassVar[bool] = False
+    """Whether its findings say what to run to stop the pods (what stops an idle pod would
+    only restart a hung one)."""
 
     def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
         """Whether this sample shows the waste condition does not hold (ends an episode)."""
@@ -78,7 +88,10 @@ class GpuEpisode(DetectorBase):
         if not details.get("gpu_count"):
             return []
         model = f" × {details['gpu_model']}" if details.get("gpu_model") else " GPUs"
-        return [("GPUs", f"{details['gpu_count']}{model}")]
+        facts = [("GPUs", f"{details['gpu_count']}{model}")]
+        if details.get("gpus_unallocated"):
+            facts.append(("Unallocated", f"{details['gpus_unallocated']} of {details['gpu_count']} (no pod requested them)"))
+        return facts + pod_facts(details)
 
     def describe(self, st: GpuEpisodeState) -> dict[str, Any]:
         """What this detector adds to its findings' details."""
@@ -97,6 +110,8 @@ class GpuEpisode(DetectorBase):
                 st.gpus.append(ev.gpu_index)
             if ev.model:
                 st.model = ev.model
+            if ev.pod or ev.allocated is not None or st.pods or st.allocated:
+                _note_pod(st, ev)
             if self.breaks(st, ev):
                 if t > st.last_break:
                     st.last_break = t
@@ -180,5 +195,33 @@ class GpuEpisode(DetectorBase):
             **self.describe(st),
             **extra,
         }
+        if st.allocated:
+            by_gpu: dict[str, list[bool]] = {}
+            for unit, held in st.allocated.items():
+                by_gpu.setdefault(unit.partition("/")[0], []).append(held)
+            free = sum(1 for helds in by_gpu.values() if not any(helds))
+            if free:
+                details["gpus_unallocated"] = free
+        if st.pods:
+            pods: dict[int, list[Pod]] = {}
+            for unit, pod in st.pods.items():
+                pods.setdefault(int(unit.partition("/")[0]), []).append(pod)
+            details.update(listing(pods, commands=self.pod_commands))
+            res = with_owner(res, [pod for ps in pods.values() for pod in ps])
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
                             usd=st.waste_usd, details=details)  # fmt: skip
+
+
+def _note_pod(st: GpuEpisodeState, ev: GpuMetric) -> None:
+    """Keep the pod and allocation its latest sample says of the unit (bounded: a unit past
+    :data:`~detector.detectors.pods.MAX_UNITS` is not kept)."""
+    unit = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else str(ev.gpu_index)
+    pod = pod_of(ev)
+    if pod is None:
+        st.pods.pop(unit, None)
+    elif unit in st.pods or len(st.pods) < MAX_UNITS:
+        st.pods[unit] = pod
+    if ev.allocated is None:
+        st.allocated.pop(unit, None)
+    elif unit in st.allocated or len(st.allocated) < MAX_UNITS:
+        st.allocated[unit] = ev.allocated

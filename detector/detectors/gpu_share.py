@@ -1,0 +1,374 @@
+"""What the per-GPU detectors share: episodes of *some* GPUs of a host wasting their share of
+its price while other GPUs of it work.
+
+``idle_gpu`` sees a host: one busy GPU clears it. These detectors see each GPU: a host of
+eight with one GPU busy and six idle wastes six eighths of its price. A subclass says which
+GPUs it counts (:meth:`GpuShare.counts`: held by a pod or unknown, for ``partly_idle_gpu``;
+held by none, for ``unallocated_gpu``); this class does the rest the same way for both:
+
+- **Per GPU.** GPUs are tracked by :attr:`~detector.events.GpuMetric.unit` (a MIG instance is
+  a unit of its GPU): a GPU is busy if any of its instances' latest sample is busy
+  (:func:`detector.detectors.activity.busy`), idle if all are idle. A GPU counts once it has
+  been idle for ``for`` (its idle run starts at its first idle sample after its last busy
+  one); it then leaves the episode's set at its first busy sample (an ``update``, or the
+  ``resolve`` when none is left).
+- **Never the same hours as ``idle_gpu``.** Dollars accrue only while at least one GPU of the
+  host is busy: when every GPU is idle the host is ``idle_gpu``'s, whose episode starts at
+  that moment. An open episode waits through a short whole-host idle spell without
+  counting it, and hands over (resolves, ``reason: whole_host_idle``, dated when the spell
+  began) once the spell lasts ``for``, when ``idle_gpu`` (same threshold and ``for`` by
+  default) fires. Idle time a GPU spends before it counts is priced too, once it counts,
+  but only the part while another GPU was busy.
+- **Priced as a share.** ``idle GPUs / GPUs of the host`` (physical GPUs) of the host's price
+  (:attr:`~detector.detectors.base.ResourceInfo.usd_per_hour`), over time that samples
+  cover only; time seen before the price is known is priced once it is.
+- **Evidence, not silence.** A GPU counts only while its samples are fresh: a gap longer than
+  ``stale_after`` (of the host, or of that GPU) is not idle time, and restarts the count of a
+  GPU not yet counting. A GPU silent for an hour is forgotten.
+- **Event time only.** A sample at or before the latest of its unit (a re-read batch, a
+  duplicate) changes nothing; a late one updates its unit without recounting the past.
+  Findings are dated by sample times.
+- **Billed only.** It fires only while the host's latest usage says ``running``; a stop
+  resolves it (``reason: instance_stopped``) and every GPU's count starts again.
+- **Bounded.** At most :data:`MAX_UNITS` units per host (the least recently seen gives way).
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any, ClassVar
+
+import msgspec
+from pydantic import Field
+
+from detector.detectors.activity import busy
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, end, fire
+from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
+from detector.events import Event, GpuMetric, UsageEvent
+from detector.pricing import usd_over
+from detector.units import Duration, Percent
+
+__all__ = ["MAX_UNITS", "GpuShare", "GpuShareParams", "GpuShareState"]
+
+FORGET_S = 3600.0
+"""A unit with no sample for this long (while the host's others report) is gone."""
+
+
+class GpuShareParams(Params):
+    util_below: Percent = 5.0
+    """A GPU is busy at or above this ``util_pct`` (or any activity ratio × 100): keep it equal
+    to ``idle_gpu``'s, so the two split a host's hours exactly."""
+    for_: Duration = Field(default=1800.0, alias="for", gt=0)
+    """How long a GPU must be idle before it counts, and how long a whole-host idle spell lasts
+    before ``idle_gpu`` takes the host over."""
+    min_gpus: int = Field(default=1, ge=1)
+    """Fire only with at least this many GPUs counted at once."""
+    stale_after: Duration = Field(default=300.0, gt=0)
+    """A gap in GPU telemetry longer than this is missing data, not idle time."""
+    update_every: Duration = Field(default=900.0, gt=0)
+    """How often an open episode reports its growing dollars (event time)."""
+
+
+class Unit(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The latest sample of one GPU or MIG instance."""
+
+    gpu: int
+    seen: float
+    busy: bool = False
+    allocated: bool | None = None
+    pod: Pod | None = None
+
+
+class GpuTrack(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One physical GPU's idle run and its place in the episode."""
+
+    units: list[str] = []
+    """Its units' keys (one, or its MIG instances)."""
+    seen: float = 0.0
+    """Its newest sample (of any of its units)."""
+    idle_since: float | None = None
+    """Its first idle sample after its last busy one (None: busy, or not seen idle yet)."""
+    pending_s: float = 0.0
+    """Host-seconds (its share of the host: seconds / GPUs) idle while another GPU worked,
+    before it counted: priced once it does."""
+    pending_from: float | None = None
+    counted: bool = False
+    """In the episode's set."""
+
+
+class GpuShareState(Episode, kw_only=True):
+    units: dict[str, Unit] = {}
+    gpus: dict[int, GpuTrack] = {}
+    model: str = ""
+    covered_until: float = 0.0
+    """Time of the newest sample seen: time is only counted up to here."""
+    whole_idle_since: float | None = None
+    """Start of the current spell with no GPU of the host busy."""
+    stopped_at: float = 0.0
+    """When the host was last seen stopped: samples from before it are history."""
+    listed: list[int] = []
+    """The GPUs of the latest finding (a resolution names what was idle)."""
+    left: str = ""
+    """Why a GPU left the set since the clock last moved ('' = none left)."""
+    waste_usd: float = 0.0
+    unpriced_s: float = 0.0
+    """Host-seconds counted before the host's price was known."""
+
+    def clear(self) -> None:
+        super().clear()
+        self.waste_usd = self.unpriced_s = 0.0
+
+
+class _Status(msgspec.Struct):
+    """A GPU at one instant, from its units' latest samples."""
+
+    fresh: bool = False
+    busy: bool = False
+    allocated: bool | None = None
+    pods: list[Pod] = []
+
+
+class GpuShare(DetectorBase):
+    """Base of the per-GPU share detectors (see the module docstring)."""
+
+    type: ClassVar[str]
+    title: ClassVar[str]
+    suggestion: ClassVar[str]
+    Params: ClassVar[builtins.type[GpuShareParams]]
+    State: ClassVar[builtins.type[GpuShareState]] = GpuShareState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
+    behaviour: ClassVar[bool] = True
+    noun: ClassVar[str] = "idle"
+    """What the counted GPUs are, in the facts ("6 of 8 idle")."""
+
+    def counts(self, allocated: bool | None) -> bool:
+        """Whether an idle GPU with this allocation is this detector's."""
+        raise NotImplementedError
+
+    def tracking(self, state: GpuShareState) -> Behaviour:
+        """Part of the host idle while the rest works: an unusual level, not a pause."""
+        return Behaviour.LEVEL if state.since is not None else Behaviour.NONE
+
+    @classmethod
+    def facts(cls, details: dict[str, Any]) -> list[tuple[str, str]]:
+        ids = details.get("gpus_idle") or []
+        if not ids:
+            return []
+        model = f" × {details['gpu_model']}" if details.get("gpu_model") else ""
+        listed = ", ".join(str(i) for i in ids[:16]) + (" …" if len(ids) > 16 else "")
+        label = f"{cls.noun.capitalize()} GPUs"
+        return [(label, f"{len(ids)} of {details.get('gpu_count', '?')}{model} (GPU {listed})"), *pod_facts(details)]
+
+    # -- events -------------------------------------------------------------
+
+    def step(self, state: GpuShareState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        st, res = state, ctx.resource
+        if type(event) is UsageEvent:
+            return self._on_usage(st, res, t)
+        if type(event) is not GpuMetric or t <= st.stopped_at:
+            return []
+        ev = event
+        key = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else str(ev.gpu_index)
+        unit = st.units.get(key)
+        if unit is not None and t <= unit.seen:
+            return []  # a re-read or duplicate sample
+        found = self._advance(st, res, t) if t > st.covered_until else []
+        track = st.gpus.get(ev.gpu_index)
+        if track is None:
+            track = st.gpus[ev.gpu_index] = GpuTrack()
+        elif t - track.seen > self.params.stale_after and not (st.open and track.counted):
+            _restart(track)  # a telemetry gap: its idle count starts again
+        pod = pod_of(ev)
+        if unit is None:
+            if len(st.units) >= MAX_UNITS:
+                self._forget(st, min(st.units, key=lambda k: st.units[k].seen))
+                track = st.gpus.setdefault(ev.gpu_index, track)
+            unit = st.units[key] = Unit(gpu=ev.gpu_index, seen=t, allocated=ev.allocated, pod=pod)
+            track.units.append(key)
+        elif self.counts(unit.allocated) != self.counts(ev.allocated) or _who(unit.pod) != _who(pod):
+            # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
+            if track.counted:
+                track.counted, st.left = False, "allocation_changed"
+            track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
+        unit.seen, unit.busy = t, busy(ev, self.params.util_below)
+        unit.allocated, unit.pod = ev.allocated, pod
+        if ev.model:
+            st.model = ev.model
+        track.seen = max(track.seen, t)
+        if unit.busy:
+            track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
+        elif track.idle_since is None and not self._status(st, ev.gpu_index, t).busy:
+            track.idle_since = t
+        return found
+
+    def open_episode(self, state: GpuShareState, resource: ResourceInfo) -> Finding | None:
+        if state.fired_at is None:
+            return None
+        return self._finding("update", state, resource, state.covered_until)
+
+    def _on_usage(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
+        if not res.billed:
+            found: list[Finding] = []
+            if st.since is not None:
+                since = st.since
+                found = end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
+            if t > st.stopped_at:
+                st.stopped_at = t
+            for track in st.gpus.values():
+                _restart(track)
+            st.whole_idle_since = None
+            return found
+        if st.unpriced_s and res.usd_per_hour is not None:
+            st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
+            st.unpriced_s = 0.0
+        return []
+
+    # -- the clock ----------------------------------------------------------
+
+    def _advance(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
+        """Time moves from the newest sample ``c`` to ``t``: judge the host as the samples up to
+        ``c`` left it (a whole scrape), make the findings dated ``c``, then count ``(c, t]``."""
+        c, st.covered_until = st.covered_until, t
+        if c <= 0.0:
+            return []
+        p = self.params
+        reason, st.left = st.left, ""
+        for key in [k for k, u in st.units.items() if c - u.seen > FORGET_S]:
+            track = st.gpus.get(st.units[key].gpu)
+            if track is not None and track.counted and len(track.units) == 1:
+                reason = "gpu_gone"
+            self._forget(st, key)
+        status = {gpu: self._status(st, gpu, c) for gpu in st.gpus}
+        any_busy = any(s.fresh and s.busy for s in status.values())
+
+        def mine(gpu: int) -> bool:
+            s = status[gpu]
+            return s.fresh and not s.busy and self.counts(s.allocated)
+
+        changed = bool(reason)
+        for gpu, track in st.gpus.items():
+            s = status[gpu]
+            if track.counted and s.fresh and (s.busy or not self.counts(s.allocated)):
+                track.counted, changed = False, True
+                reason = "gpu_busy" if s.busy else "allocation_changed"
+        found: list[Finding] = []
+        if any_busy:
+            st.whole_idle_since = None
+            for gpu, track in st.gpus.items():
+                if (not track.counted and mine(gpu) and track.idle_since is not None
+                        and c - track.idle_since >= p.for_):  # fmt: skip
+                    track.counted, changed = True, True
+                    self._charge(st, res, track.pending_s)
+                    start = track.pending_from if track.pending_from is not None else c
+                    if st.fired_at is None:
+                        st.since = start if st.since is None else min(st.since, start)
+                    track.pending_s, track.pending_from = 0.0, None
+        else:
+            if st.whole_idle_since is None:
+                st.whole_idle_since = c
+            if c - st.whole_idle_since >= p.for_ and any(tr.counted for tr in st.gpus.values()):
+                spell = st.whole_idle_since
+                for track in st.gpus.values():
+                    track.counted = False
+                return end(st, lambda: self._finding("resolve", st, res, max(spell, st.since or spell),
+                                                     reason="whole_host_idle"))  # fmt: skip
+        counted = [gpu for gpu, tr in st.gpus.items() if tr.counted]
+        if not counted:
+            if st.since is not None:
+                found = end(st, lambda: self._finding("resolve", st, res, c, reason=reason or "gpu_busy"))
+        elif st.fired_at is None:
+            if any_busy and res.billed and len(counted) >= p.min_gpus and st.since is not None:
+                qualified = sorted(st.gpus[g].idle_since or c for g in counted)
+                fired_at = min(c, max(st.since, qualified[p.min_gpus - 1] + p.for_))
+                fire(st, since=st.since, fired_at=fired_at, at=c)
+                found = [self._finding("fire", st, res, fired_at)]
+        elif any_busy and (changed or c - st.last_report >= p.update_every):
+            st.last_report = c
+            found = [self._finding("update", st, res, c)]
+        gap = t - c
+        if any_busy and gap <= p.stale_after:
+            share_s = gap / len(st.gpus)
+            n = 0
+            for gpu, track in st.gpus.items():
+                if not mine(gpu):
+                    continue
+                if track.counted:
+                    n += 1
+                elif track.idle_since is not None:
+                    track.pending_s += share_s
+                    if track.pending_from is None:
+                        track.pending_from = c
+            if n:
+                self._charge(st, res, share_s * n)
+        return found
+
+    # -- helpers ------------------------------------------------------------
+
+    def _status(self, st: GpuShareState, gpu: int, at: float) -> _Status:
+        """GPU ``gpu`` as its units' latest samples left it at ``at``."""
+        out = _Status(pods=[])
+        stale, allocations = self.params.stale_after, []
+        track = st.gpus.get(gpu)
+        for key in track.units if track is not None else ():
+            unit = st.units[key]
+            if at - unit.seen > stale:
+                continue
+            out.fresh = True
+            out.busy = out.busy or unit.busy
+            allocations.append(unit.allocated)
+            if unit.pod is not None:
+                out.pods.append(unit.pod)
+        if True in allocations:
+            out.allocated = True
+        elif allocations and all(a is False for a in allocations):
+            out.allocated = False
+        return out
+
+    def _charge(self, st: GpuShareState, res: ResourceInfo, host_s: float) -> None:
+        if host_s <= 0:
+            return
+        if res.usd_per_hour is None:
+            st.unpriced_s += host_s
+        else:
+            st.waste_usd += usd_over(res.usd_per_hour, host_s)
+
+    @staticmethod
+    def _forget(st: GpuShareState, key: str) -> None:
+        gpu = st.units.pop(key).gpu
+        track = st.gpus.get(gpu)
+        if track is not None:
+            track.units.remove(key)
+            if not track.units:
+                del st.gpus[gpu]
+
+    def _finding(self, action: str, st: GpuShareState, res: ResourceInfo, at: float, **extra: object) -> Finding:
+        assert st.since is not None and st.fired_at is not None
+        counted = sorted(g for g, tr in st.gpus.items() if tr.counted)
+        if counted or action != "resolve":
+            st.listed = counted
+        counted = counted or [g for g in st.listed if g in st.gpus]
+        total = max(len(st.gpus), 1)
+        pods = {g: self._status(st, g, st.covered_until).pods for g in counted}
+        pod_list = [pod for ps in pods.values() for pod in ps]
+        rate = (res.usd_per_hour or 0.0) * len(counted) / total
+        details = {
+            "gpu_count": len(st.gpus),
+            "gpu_model": st.model,
+            "gpus_idle": counted,
+            "episode_s": round(max(at, st.since) - st.since, 3),
+            "util_below_pct": self.params.util_below,
+            **listing(pods),
+            **extra,
+        }
+        return make_finding(self, action, with_owner(res, pod_list), episode_start=st.since, fired_at=st.fired_at,
+                            at=at, usd=st.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip
+
+
+def _who(pod: Pod | None) -> tuple[str, str] | None:
+    return (pod.namespace, pod.pod) if pod is not None else None
+
+
+def _restart(track: GpuTrack) -> None:
+    track.idle_since, track.pending_s, track.pending_from, track.counted = None, 0.0, None, False
+

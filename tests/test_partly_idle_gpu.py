@@ -1,0 +1,212 @@
+"""Per-GPU idle: some GPUs of a host idle while others work, never the same hours as idle_gpu."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+
+from detector.detectors.pods import MAX_UNITS
+from detector.engine import Engine
+from detector.events import GpuMetric
+from detector.rules import load_rules
+from tests.helpers import MIN, T0, at, usage
+
+PRICE = 32.0
+
+
+def gpu(index: int, util: float = 1.0, **fields) -> dict:
+    return {"gpu_index": index, "util_pct": util, **fields}
+
+
+def host(segments: list[tuple[float, list[dict]]], start: float = T0, rid: str = "host-1") -> list:
+    """Scrapes every 30 s through ``segments`` of (minutes, the units' readings), usage every minute."""
+    events: list = []
+    t = start
+    for minutes, units in segments:
+        end = t + minutes * MIN
+        while t < end:
+            if (t - start) % 60 == 0:
+                events.append(usage(t, rid))
+            events += [GpuMetric(ts=at(t), resource_id=rid, model="A100", **u) for u in units]
+            t += 30
+    return events
+
+
+ONE_BUSY = [gpu(0, 95.0)] + [gpu(g) for g in range(1, 8)]
+TWO_BUSY = [gpu(0, 95.0), gpu(1, 95.0)] + [gpu(g) for g in range(2, 8)]
+ALL_IDLE = [gpu(g) for g in range(8)]
+ALL_BUSY = [gpu(g, 95.0) for g in range(8)]
+
+
+def run(ruleset, events, engine: Engine | None = None):
+    engine = engine or Engine(ruleset)
+    found = [f for f in engine.process(events) if f.type in ("partly_idle_gpu", "idle_gpu")]
+    return engine, found
+
+
+def story(found) -> list[tuple]:
+    """(type, action, minutes since T0 of its time, idle GPUs) of each opening, set change and resolution."""
+    out, last = [], {}
+    for f in found:
+        if f.action == "update" and f.details.get("gpus_idle") == last.get(f.type):
+            continue  # a periodic dollars update
+        last[f.type] = f.details.get("gpus_idle")
+        out.append((f.type, f.action, (f.at - T0) / MIN, f.details.get("gpus_idle")))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("segments", "expected"),
+    [
+        # one busy GPU among eight for 2 h: seven idle GPUs counted after 30 m; idle_gpu says nothing
+        ([(120, ONE_BUSY)], [("partly_idle_gpu", "fire", 30, [1, 2, 3, 4, 5, 6, 7])]),
+        # every GPU idle: the host is idle_gpu's alone, never both
+        ([(120, ALL_IDLE)], [("idle_gpu", "fire", 30, None)]),
+        # idle 29 minutes only: nothing
+        ([(29, ONE_BUSY), (30, ALL_BUSY)], []),
+        # a second GPU turns busy: it leaves the set (update); all busy: resolved at that sample
+        ([(40, ONE_BUSY), (20, TWO_BUSY), (10, ALL_BUSY)],
+         [("partly_idle_gpu", "fire", 30, [1, 2, 3, 4, 5, 6, 7]), ("partly_idle_gpu", "update", 40, [2, 3, 4, 5, 6, 7]),
+          ("partly_idle_gpu", "resolve", 60, [2, 3, 4, 5, 6, 7])]),
+        # partly idle, then the whole host idle 60 m, then partly again: handed over to idle_gpu and back.
+        # The partly episode resolves when idle_gpu fires, dated at the start of the whole-host spell
+        # (where idle_gpu's episode starts)
+        ([(60, ONE_BUSY), (60, ALL_IDLE), (60, ONE_BUSY)],
+         [("partly_idle_gpu", "fire", 30, [1, 2, 3, 4, 5, 6, 7]), ("idle_gpu", "fire", 90, None),
+          ("partly_idle_gpu", "resolve", 60, [1, 2, 3, 4, 5, 6, 7]),
+          ("idle_gpu", "resolve", 120, None), ("partly_idle_gpu", "fire", 120, [1, 2, 3, 4, 5, 6, 7])]),
+        # a whole-host idle spell shorter than `for` (a dip between epochs): the episode stays open
+        ([(60, ONE_BUSY), (10, ALL_IDLE), (60, ONE_BUSY)], [("partly_idle_gpu", "fire", 30, [1, 2, 3, 4, 5, 6, 7])]),
+    ],
+    ids=["one-busy-of-eight", "all-idle-is-idle-gpu", "under-30m", "gpu-leaves-then-resolves", "hand-over-and-back",
+         "short-whole-idle-spell"],
+)
+def test_lifecycle(ruleset, segments, expected):
+    _, found = run(ruleset, host(segments))
+    assert story(found) == expected
+
+
+def test_priced_as_the_idle_share_of_the_host_over_partly_busy_time_only(ruleset):
+    """7 of 8 GPUs idle: 7/8 of $32/h. The 10-minute whole-host dip is counted by neither rule."""
+    engine, found = run(ruleset, host([(60, ONE_BUSY), (10, ALL_IDLE), (60, ONE_BUSY)]))
+    (fire,) = [f for f in found if f.action == "fire"]
+    assert fire.usd_per_hour == pytest.approx(PRICE * 7 / 8)
+    assert fire.waste_usd == pytest.approx(PRICE * 7 / 8 * 30 / 60, rel=1e-4)  # its first 30 minutes, priced once counted
+    (open_ep,) = [f for f in engine.open_episodes() if f.type == "partly_idle_gpu"]
+    # 130 minutes of samples, less the 10-minute dip and the last scrape's unclosed 30 s
+    assert open_ep.waste_usd == pytest.approx(PRICE * 7 / 8 * (120 * MIN - 30) / 3600, rel=1e-4)
+    assert [f for f in found if f.type == "idle_gpu"] == []
+
+
+def test_never_the_same_hours_as_idle_gpu(ruleset):
+    """Hand-over and back: what each rule counts adds up to the host's idle GPU-hours, with no hour twice."""
+    engine, found = run(ruleset, host([(60, ONE_BUSY), (60, ALL_IDLE), (60, ONE_BUSY)]))
+    closed = {(f.type, f.episode_start): f for f in found if f.action == "resolve"}
+    partly1 = closed[("partly_idle_gpu", T0)]
+    idle = closed[("idle_gpu", T0 + 60 * MIN)]
+    (partly2,) = [f for f in engine.open_episodes() if f.type == "partly_idle_gpu"]
+    assert partly1.waste_usd == pytest.approx(PRICE * 7 / 8 * 60 / 60, rel=1e-4)  # [0, 60m): partly busy
+    assert idle.waste_usd == pytest.approx(PRICE * 60 / 60, rel=1e-4)  # [60m, 120m): wholly idle
+    assert partly2.episode_start == T0 + 120 * MIN  # [120m, ...): partly again, after idle_gpu resolved
+    assert partly1.at <= idle.episode_start and idle.at <= partly2.episode_start
+    assert partly1.details["reason"] == "whole_host_idle"
+
+
+def test_mig_gpu_is_busy_when_any_instance_is_and_priced_per_physical_gpu(ruleset):
+    """Two MIG GPUs: GPU 0 has one busy instance of two, GPU 1 both idle (util_pct unsupported, GR_ENGINE read)."""
+    units = [gpu(0, 0.0, mig_instance="1", gr_engine_active=0.9), gpu(0, 0.0, mig_instance="2", gr_engine_active=0.0),
+             gpu(1, 0.0, mig_instance="1", gr_engine_active=0.0), gpu(1, 0.0, mig_instance="2", gr_engine_active=0.0)]
+    _, found = run(ruleset, host([(60, units)]))
+    (fire,) = [f for f in found if f.action == "fire"]
+    assert fire.type == "partly_idle_gpu" and fire.details["gpus_idle"] == [1] and fire.details["gpu_count"] == 2
+    assert fire.usd_per_hour == pytest.approx(PRICE / 2)
+
+
+@pytest.mark.parametrize(
+    ("allocated", "fires"),
+    [
+        (True, True),  # a pod holds the idle GPUs: this rule's
+        (None, True),  # unknown (not Kubernetes): this rule's
+        (False, False),  # no pod requested them: unallocated_gpu's, not this rule's
+    ],
+    ids=["held", "unknown", "unallocated"],
+)
+def test_allocation(ruleset, allocated, fires):
+    units = [gpu(0, 95.0, allocated=True)] + [gpu(g, allocated=allocated) for g in range(1, 8)]
+    _, found = run(ruleset, host([(60, units)]))
+    assert any(f.type == "partly_idle_gpu" for f in found) is fires
+
+
+def test_telemetry_gap_is_not_idle_time(ruleset):
+    """20 m partly idle, an hour without samples (billing goes on), 20 m again: never 30 m of evidence."""
+    events = host([(20, ONE_BUSY)]) + [usage(T0 + 20 * MIN + i * MIN) for i in range(60)]
+    events += host([(20, ONE_BUSY)], start=T0 + 80 * MIN)
+    _, found = run(ruleset, events)
+    assert found == []
+
+
+def test_a_gpu_that_stops_reporting_is_not_counted_idle(ruleset):
+    """GPUs 1-7 idle but GPU 7 sends nothing after 10 m: six counted, priced 6/8 from then on."""
+    events = host([(10, ONE_BUSY), (50, ONE_BUSY[:7])])
+    engine, found = run(ruleset, events)
+    (fire,) = [f for f in found if f.action == "fire"]
+    assert fire.details["gpus_idle"] == [1, 2, 3, 4, 5, 6]
+    assert fire.usd_per_hour == pytest.approx(PRICE * 6 / 8)
+
+
+def test_re_read_batch_changes_nothing(ruleset):
+    """At-least-once delivery: samples read again (a batch from the middle) leave the state as it was."""
+    events = host([(60, ONE_BUSY)])
+    engine, first = run(ruleset, events)
+    state = engine._keys["host-1"].rules["partly-idle-gpu"]
+    before = msgspec.json.encode(state)
+    _, again = run(ruleset, events[len(events) // 3: len(events) // 2], engine)
+    assert [f.action for f in first if f.action != "update"] == ["fire"]
+    assert again == []
+    assert msgspec.json.encode(state) == before
+
+
+def test_late_and_reordered_samples_give_the_same_alerts(ruleset):
+    events = host([(60, ONE_BUSY), (10, ALL_BUSY)])
+    rng = random.Random(5)
+    jittered = sorted(events, key=lambda e: e.t + rng.uniform(0, 8))
+    _, in_order = run(ruleset, events)
+    _, shuffled = run(ruleset, jittered)
+    assert story(in_order) == story(shuffled) == [("partly_idle_gpu", "fire", 30, [1, 2, 3, 4, 5, 6, 7]),
+                                                  ("partly_idle_gpu", "resolve", 60, [1, 2, 3, 4, 5, 6, 7])]
+    assert shuffled[-1].waste_usd == pytest.approx(in_order[-1].waste_usd, rel=0.02)
+
+
+def test_host_stop_resolves_and_the_count_starts_again(ruleset):
+    events = host([(45, ONE_BUSY)]) + [usage(T0 + 45 * MIN, state="stopped", usd_per_hour=0.0)]
+    events += host([(40, ONE_BUSY)], start=T0 + 47 * MIN)  # running again 2 m later: a new count of 30 m
+    _, found = run(ruleset, events)
+    assert story(found) == [("partly_idle_gpu", "fire", 30, [1, 2, 3, 4, 5, 6, 7]),
+                            ("partly_idle_gpu", "resolve", 45, [1, 2, 3, 4, 5, 6, 7]),
+                            ("partly_idle_gpu", "fire", 77, [1, 2, 3, 4, 5, 6, 7])]
+    resolve = found[1]
+    assert resolve.details["reason"] == "instance_stopped"
+    assert resolve.waste_usd == pytest.approx(PRICE * 7 / 8 * (45 * MIN - 30) / 3600, rel=1e-4)
+
+
+def test_min_gpus(tmp_path):
+    """min_gpus: 2 and a single idle GPU of eight: nothing; two idle: an alert."""
+    (tmp_path / "rules.yaml").write_text("rules:\n  - {name: p, type: partly_idle_gpu, params: {min_gpus: 2}}\n")
+    rules = load_rules(tmp_path / "rules.yaml")
+    one_idle = [gpu(g, 95.0) for g in range(7)] + [gpu(7)]
+    two_idle = [gpu(g, 95.0) for g in range(6)] + [gpu(6), gpu(7)]
+    assert run(rules, host([(60, one_idle)]))[1] == []
+    assert [f.action for f in run(rules, host([(60, two_idle)]))[1]][:1] == ["fire"]
+
+
+def test_state_is_bounded_per_host(ruleset):
+    """A producer inventing MIG instance ids cannot grow a host's state past MAX_UNITS."""
+    events = [usage(T0)]
+    events += [GpuMetric(ts=at(T0 + i), resource_id="host-1", gpu_index=i % 8, mig_instance=f"x{i}", util_pct=1.0)
+               for i in range(MAX_UNITS + 500)]
+    engine, _ = run(ruleset, events)
+    state = engine._keys["host-1"].rules["partly-idle-gpu"]
+    assert len(state.units) <= MAX_UNITS
+    assert sum(len(track.units) for track in state.gpus.values()) == len(state.units)
