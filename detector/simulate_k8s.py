@@ -232,7 +232,7 @@ class _NodeBuilder:
     def pod(self, kind: str, gpus: int, mem_mib: float, owner: tuple[str, str, str] | None = None) -> Pod:
         team, project, person = owner or self.owner()
         labels = (("team", team), ("owner", person), ("project", project))
-        uid = f"{self.suffix(8)}-{self.suffix(4)}-{self.suffix(4)}-{self.suffix(4)}-{self.suffix(12)}"
+        uid = _uuid(self.rng)
         if kind == "job":
             job = f"{project}-train-{self.suffix(4)}"
             return Pod(team, f"{job}-{self.suffix()}", "trainer", f"Job/{job}", labels, uid, gpus, mem_mib)
@@ -301,6 +301,11 @@ class _NodeBuilder:
         return spans
 
 
+def _uuid(rng: random.Random) -> str:
+    h = f"{rng.getrandbits(128):032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def _next_morning(t: float) -> float:
     day = datetime.fromtimestamp(t, tz=timezone.utc).replace(hour=9, minute=0, second=0, microsecond=0)
     morning = day.timestamp()
@@ -329,8 +334,7 @@ def k8s_nodes(n: int, seed: int, start: float, end: float, scrape_s: float, pric
     nodes = []
     for i in range(n):
         itype, model, power, mem_total = NODE_TYPES[i % len(NODE_TYPES)]
-        uuids = [f"GPU-{rng.getrandbits(32):08x}-{rng.getrandbits(16):04x}-{rng.getrandbits(16):04x}-"
-                 f"{rng.getrandbits(16):04x}-{rng.getrandbits(48):012x}" for _ in range(NODE_GPUS)]  # fmt: skip
+        uuids = [f"GPU-{_uuid(rng)}" for _ in range(NODE_GPUS)]
         node = K8sNode(f"i-0{rng.getrandbits(64):016x}", f"ip-10-0-{rng.randint(0, 255)}-{rng.randint(1, 254)}.ec2.internal",
                        ZONES[i % len(ZONES)], itype, model, power, mem_total, pricing.hourly(itype) or 32.0, uuids)  # fmt: skip
         b = _NodeBuilder(rng, start, end, scrape_s)
