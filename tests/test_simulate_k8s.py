@@ -160,3 +160,18 @@ def test_the_idle_gpu_rule_finds_the_whole_idle_nodes_and_nothing_else(tmp_path,
         found = [a for a in alerts if a.resource_id == label.resource_id and label.start <= a.fired_at <= label.end]
         assert len(found) == 1
         assert found[0].waste_usd == pytest.approx(label.waste_usd, rel=0.05)
+
+
+def test_cli_simulate_adds_nodes(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out, labels = tmp_path / "fleet.jsonl", tmp_path / "labels.jsonl"
+    subprocess.run([sys.executable, "-m", "streams.cli", "simulate", "--hours", "2", "--hosts", "1", "--notebooks", "0",
+                    "--inference", "0", "--k8s-nodes", "1", "--out", str(out), "--labels", str(labels)],
+                   cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    hosts = {r["key"] for r in records if r["topic"] == TOPIC_GPU_METRICS}
+    assert any(h.startswith("i-0") for h in hosts) and "gpu-host-000" in hosts
