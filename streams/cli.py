@@ -135,7 +135,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     cfg = SimConfig(
         hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks,
-        inference_endpoints=args.inference, seed=args.seed,
+        inference_endpoints=args.inference, seed=args.seed, k8s_nodes=args.k8s_nodes,
     )  # fmt: skip
     bootstrap = settings.kafka_bootstrap
     if args.publish and not bootstrap:
@@ -748,6 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, default=12, help="GPU training hosts")
     p.add_argument("--notebooks", type=int, default=8)
     p.add_argument("--inference", type=int, default=3)
+    p.add_argument("--k8s-nodes", type=int, default=0,
+                   help="shared Kubernetes GPU nodes, pods holding some of their GPUs (burnwatch eval uses 4)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="-", help="replay file to write ('-' for stdout)")
     p.add_argument("--labels", help="write the ground-truth labels (JSON lines) here")
