@@ -29,7 +29,7 @@ from detector.engine import Engine
 from detector.events import TOPIC_GPU_METRICS, EventDecoder
 from detector.ingest.dcgm import DcgmMapper
 from detector.ingest.prometheus import parse_exposition
-from tests.helpers import MIN, T0, usage
+from tests.helpers import T0, usage
 
 CAPTURE = Path(__file__).parent / "data" / "h200_nvml_phases.jsonl"
 HOST = "host-1"
@@ -58,8 +58,11 @@ def render(reading: dict, profiling: tuple[str, ...], energy: bool = False) -> s
               ("DCGM_FI_DEV_FB_USED", "gauge", round(reading["fb_used_mib"])),
               ("DCGM_FI_DEV_FB_FREE", "gauge", round(reading["fb_free_mib"])),
               ("DCGM_FI_DEV_FB_RESERVED", "gauge", round(reading["fb_reserved_mib"]))]  # fmt: skip
-    fields += [("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", reading["energy_mj"])] if energy else [
-        ("DCGM_FI_DEV_POWER_USAGE", "gauge", reading["power_w"])]
+    fields += (
+        [("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", reading["energy_mj"])]
+        if energy
+        else [("DCGM_FI_DEV_POWER_USAGE", "gauge", reading["power_w"])]
+    )
     fields += [(PROFILING[name], "gauge", reading["gpm"][name] / 100) for name in profiling]  # GPM: 0-100
     return "".join(f"# HELP {f} {f}.\n# TYPE {f} {kind}\n{f}{{{labels}}} {value}\n" for f, kind, value in fields)
 
@@ -121,8 +124,8 @@ def test_average_power_from_the_energy_counter_matches_the_power_reading():
     between two real scrapes, over the time between them."""
     for phase in ("idle", "matmul", "spin"):
         readings = PHASES[phase]
-        readings = readings[: next((i + 1 for i, (a, b) in enumerate(zip(readings, readings[1:]))
-                                    if b["t"] - a["t"] > 1.5), len(readings))]  # one run of readings  # fmt: skip
+        gaps = [i + 1 for i in range(len(readings) - 1) if readings[i + 1]["t"] - readings[i]["t"] > 1.5]
+        readings = readings[: gaps[0]] if gaps else readings  # one uninterrupted run of readings
         mapper, powers = DcgmMapper(), []
         for reading in readings:
             [batch] = mapper.map(parse_exposition(render(reading, (), energy=True), "h200:9400"),
