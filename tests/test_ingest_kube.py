@@ -125,3 +125,10 @@ def test_file_sd(tmp_path: Path) -> None:
     assert {t.timeout for t in targets} == {3.0}
     assert errors[0].startswith(f"{tmp_path / 'broken.json'}:1: not JSON")
     assert errors[1] == f"{tmp_path / 'missing.json'}: cannot read: No such file or directory"
+
+
+def test_shipped_example_config_is_valid() -> None:
+    """deploy/bridge.yaml, the example the docs point at, loads as it is."""
+    config = load_bridge_config(Path(__file__).resolve().parent.parent / "deploy" / "bridge.yaml")
+    assert [t.job for t in config.targets] == ["kube-state-metrics", "dcgm"]
+    assert config.hosts["gpu-node-1"].resource_id == "i-0a1b2c3d4e5f67890"
