@@ -125,3 +125,38 @@ def test_file_sd(tmp_path: Path) -> None:
     assert {t.timeout for t in targets} == {3.0}
     assert errors[0].startswith(f"{tmp_path / 'broken.json'}:1: not JSON")
     assert errors[1] == f"{tmp_path / 'missing.json'}: cannot read: No such file or directory"
+
+
+def test_shipped_example_config_is_valid() -> None:
+    """deploy/bridge.yaml, the example the docs point at, loads as it is."""
+    config = load_bridge_config(Path(__file__).resolve().parent.parent / "deploy" / "bridge.yaml")
+    assert [t.job for t in config.targets] == ["kube-state-metrics", "dcgm"]
+    assert config.hosts["gpu-node-1"].resource_id == "i-0a1b2c3d4e5f67890"
+
+
+def test_usage_intervals() -> None:
+    """Each usage event covers the time since that resource's previous one; the first, and one
+    after a gap of more than 5 intervals, cover one interval (a gap is not billed as running)."""
+    from detector.ingest.hosts import Host, StaticHost
+    from detector.ingest.kube import Node
+    from detector.ingest.usage import UsageClock
+
+    clock = UsageClock(30.0)
+    node_host = Host("n1", "i-0n1", node=Node("n1", provider="aws", instance_type="p4d.24xlarge", region="us-east-1",
+                                              pricing="spot"))  # fmt: skip
+    events = [clock.event(node_host, T + dt) for dt in (0, 45, 45, 40, 1000)]
+    assert [(e["ts"], e["interval_s"]) if e else None for e in events] == [
+        ("2026-11-30T00:52:50Z", 30.0),  # the first: one interval, ending at the scrape
+        ("2026-11-30T00:53:20Z", 45.0),  # since the previous
+        None,  # the same time again (federate repeating a sample): nothing new
+        None,  # earlier than the previous: nothing
+        ("2026-11-30T01:09:30Z", 30.0),  # after a 955 s gap: one interval
+    ]
+    assert {k: events[0][k] for k in ("resource_id", "resource_type", "instance_type", "region", "provider",
+                                      "pricing", "state")} == {  # fmt: skip
+        "resource_id": "i-0n1", "resource_type": "gpu_instance", "instance_type": "p4d.24xlarge",
+        "region": "us-east-1", "provider": "aws", "pricing": "spot", "state": "running"}
+    assert "cost_usd" not in events[0]  # priced by the worker from pricing.yaml
+    assert clock.event(Host("bare", "bare"), T) is None  # no instance type: it could not be priced
+    static = Host("lab", "i-0lab", static=StaticHost(resource_id="i-0lab", instance_type="g5.xlarge", tags={"team": "x"}))
+    assert clock.event(static, T)["tags"] == {"team": "x"}  # type: ignore[index]
