@@ -7,6 +7,11 @@ label explains (or a second alert for one label) is a false positive. The dollar
 error compares the alert's final dollars with the label's; for types whose news is
 a figure rather than dollars (a growth rate), the label's ``expect`` figures are
 compared with the alert's details instead.
+
+The fleets include shared Kubernetes GPU nodes (``K8S_NODES`` of them), whose labels
+are host-level episodes of some GPUs (``partly_idle_gpu``, ``unallocated_gpu``):
+scored the same way, on the node's instance id and the label's dollars (each GPU's
+share of the host over its own idle time).
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ from detector.replay import write_replay
 from detector.rules import RuleSet
 from detector.simulate import Label, SimConfig, simulate
 
-__all__ = ["TypeScore", "evaluate", "match", "score"]
+__all__ = ["K8S_NODES", "TypeScore", "evaluate", "match", "score"]
+
+K8S_NODES = 4
+"""Shared Kubernetes GPU nodes in each evaluated fleet (one of each kind the simulator has)."""
 
 
 @dataclass
@@ -118,7 +126,7 @@ def score(alerts: Iterable[Alert], labels: Iterable[Label]) -> dict[str, TypeSco
 
 
 def evaluate(
-    ruleset: RuleSet, seeds: Sequence[int], hours: float = 48.0, messy: bool = False
+    ruleset: RuleSet, seeds: Sequence[int], hours: float = 48.0, messy: bool = False, k8s_nodes: int = K8S_NODES
 ) -> tuple[dict[str, TypeScore], list[dict]]:
     """Score the rules over one simulated fleet per seed (delivered messily: lost scrapes,
     jitter, duplicates, delays, with ``messy``); return the totals and each run's."""
@@ -126,7 +134,10 @@ def evaluate(
     runs = []
     with tempfile.TemporaryDirectory(prefix="burnwatch-eval-") as tmp:
         for seed in seeds:
-            cfg = SimConfig.messy(hours=hours, seed=seed) if messy else SimConfig(hours=hours, seed=seed)
+            if messy:
+                cfg = SimConfig.messy(hours=hours, seed=seed, k8s_nodes=k8s_nodes)
+            else:
+                cfg = SimConfig(hours=hours, seed=seed, k8s_nodes=k8s_nodes)
             records, labels = simulate(cfg, ruleset.pricing)
             path = Path(tmp) / f"fleet-{seed}.jsonl"
             with open(path, "wb") as out:

@@ -5,8 +5,9 @@ What it makes, per resource, is a timeline of segments:
 - training hosts (8 or 4 GPUs) run jobs for hours, with the few-minute dips
   between epochs real jobs have; between jobs some hosts are left idle while
   billed (a labelled ``idle_gpu`` episode), some are stopped, some run a
-  single-GPU job on one GPU of eight (busy, not idle), and some lose their GPU
-  telemetry for an hour (missing data, not idle);
+  single-GPU job on one GPU of eight (the host is busy, not ``idle_gpu``; its
+  other GPUs idle for an hour or more are a labelled ``partly_idle_gpu``
+  episode), and some lose their GPU telemetry for an hour (missing data, not idle);
 - notebooks (1 GPU) are used in bursts during the day and are either stopped
   or left running idle overnight (labelled);
 - inference endpoints stay moderately busy and send responses to the internet on a
@@ -34,7 +35,12 @@ What it makes, per resource, is a timeline of segments:
 - some hosts lose their GPU exporter for an hour while billed (labelled
   ``telemetry_stale``; never idle, since silence is not evidence);
 - about one GPU host in ten and one notebook in five carries no team/project tags
-  (labelled ``untagged``, with its spend while running).
+  (labelled ``untagged``, with its spend while running);
+- with ``k8s_nodes``, shared Kubernetes GPU nodes whose pods hold some of the GPUs
+  (:mod:`detector.simulate_k8s`): GPUs idle in pods beside busy ones
+  (``partly_idle_gpu``), GPUs no pod requests (``unallocated_gpu``), whole nodes
+  idle (``idle_gpu``), and their hard negatives. They draw from their own random
+  stream, so the rest of a fleet is the same with or without them.
 
 Exporters batch like real ones: a host's GPU samples (every 30 s) go out once
 a minute as one message holding every GPU's samples; usage comes once a minute
@@ -105,6 +111,8 @@ class SimConfig:
     utilisation, a silent price change, egress shifted to 3x (under the runaway bar)."""
     anomalies_from: float = 0.0
     """Hours from the start before which nothing anomalous happens (the model's training span)."""
+    k8s_nodes: int = 0
+    """Shared Kubernetes GPU nodes (8 GPUs each, pods holding some of them); see :mod:`detector.simulate_k8s`."""
 
     @classmethod
     def messy(cls, **kw: Any) -> SimConfig:
@@ -128,6 +136,8 @@ class Label:
     expect: dict[str, float] = field(default_factory=dict)
     """Figures the alert's details should give, for types whose news is not dollars
     (a growth rate); scored like dollars."""
+    gpus: list[int] = field(default_factory=list)
+    """For an episode of some of a host's GPUs: their indices."""
 
     @property
     def waste_usd(self) -> float:
@@ -145,6 +155,7 @@ class Label:
             "usd_per_hour": self.usd_per_hour,
             "note": self.note,
             **({"expect": self.expect} if self.expect else {}),
+            **({"gpus": self.gpus} if self.gpus else {}),
         }
 
 
@@ -267,6 +278,11 @@ class _Builder:
         end = min(start + length, self.end)
         if end <= start:
             return end
+        if mode == "single" and res.gpus > 1 and end - start >= 1800 + 60:  # one GPU works, the others idle
+            idle = res.gpus - 1
+            self.labels.append(Label("partly_idle_gpu", res.resource_id, start, end, res.hourly * idle / res.gpus,
+                                     f"{idle} of {res.gpus} GPUs idle beside a single-GPU job",
+                                     gpus=list(range(1, res.gpus))))  # fmt: skip
         if label and mode == "gap":
             last_sample = start - self.cfg.scrape_s
             if end - last_sample >= 600 + 60:
@@ -698,7 +714,34 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
     merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
     if cfg.duplicate_p or cfg.delay_s:
         merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-delivery"))
+    k8s_labels: list[Label] = []
+    if cfg.k8s_nodes:
+        # Delivered apart (their own random streams) and merged by send time, so the rest of the
+        # fleet's records are byte for byte those of a fleet without these nodes.
+        merged_k8s, k8s_labels = _k8s_fleet(cfg, pricing, b.end)
+        merged = heapq.merge(merged, merged_k8s, key=lambda r: (r[0], r[1], r[2]))
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
-    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None],
+    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels,
                     key=lambda label: (label.start, label.resource_id))  # fmt: skip
+    return merged, labels
+
+
+def _k8s_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
+    """The Kubernetes nodes' records (GPU samples, one message per scrape as the bridge sends them,
+    and billing usage) and labels."""
+    from detector import simulate_k8s  # it builds on this module's labels
+
+    streams: list[Iterator[Record]] = []
+    labels: list[Label] = []
+    for node in simulate_k8s.k8s_nodes(cfg.k8s_nodes, cfg.seed, cfg.start, end, cfg.scrape_s, pricing):
+        rng = random.Random(f"{cfg.seed}-{node.instance_id}")
+        streams.append(simulate_k8s.k8s_records(node, cfg.start, end, cfg.scrape_s, rng, cfg.drop_p, cfg.jitter_s))
+        res = _Resource(node.instance_id, "gpu_instance", node.instance_type, node.gpus, node.gpu_model,
+                        node.max_power, node.tags, "ml-prod-0", node.zone[:-1], node.hourly, send_cost=True,
+                        segments=[_Segment(cfg.start, end, "running")])  # fmt: skip
+        streams.append(_batched(_usage_records(res, cfg, end), cfg.usage_flush_s))
+        labels += simulate_k8s.k8s_labels(node, cfg.start, end, cfg.scrape_s)
+    merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
+    if cfg.duplicate_p or cfg.delay_s:
+        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-k8s-delivery"))
     return merged, labels

@@ -4,6 +4,7 @@
     burnwatch worker                        the streaming worker (Faust); --help lists its environment
     burnwatch simulate --out fleet.jsonl    a synthetic fleet with labelled waste
     burnwatch replay fleet.jsonl            publish a replay file to Kafka
+    burnwatch bridge --config bridge.yaml   scrape dcgm-exporter/kube-state-metrics into Kafka (--once: one round)
     burnwatch backtest fleet.jsonl --json   run the rules in-process, print the alerts
     burnwatch backtest --since 7d --compare rules-new/   what a rules change would add or remove
     burnwatch eval                          precision/recall/dollar error per type, simulated fleets
@@ -134,7 +135,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     cfg = SimConfig(
         hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks,
-        inference_endpoints=args.inference, seed=args.seed,
+        inference_endpoints=args.inference, seed=args.seed, k8s_nodes=args.k8s_nodes,
     )  # fmt: skip
     bootstrap = settings.kafka_bootstrap
     if args.publish and not bootstrap:
@@ -217,6 +218,47 @@ def cmd_replay(args: argparse.Namespace) -> int:
     bootstrap = settings.kafka_bootstrap
     n = _kafka(bootstrap, lambda: publish_file(bootstrap, args.file, settings.partitions, speed=args.speed))
     print(f"published {n} messages from {args.file}", file=sys.stderr)
+    return 0
+
+
+def cmd_bridge(args: argparse.Namespace) -> int:
+    from detector.ingest.config import ConfigInvalid, load_bridge_config
+    from streams.bridge import run_bridge
+
+    settings = _settings(args)
+    try:
+        config = load_bridge_config(args.bridge_config)
+    except ConfigInvalid as exc:
+        raise SystemExit(f"bridge config refused:\n{exc}") from None
+    bootstrap = settings.kafka_bootstrap
+    if not bootstrap:
+        raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set (host:port of the Kafka broker the worker reads)")
+    base = Path(args.bridge_config).resolve().parent  # file_sd paths are relative to the config file
+    if args.once:
+        results = _kafka(bootstrap, lambda: run_bridge(config, bootstrap, once=True, base=base,
+                                                         partitions=settings.partitions))  # fmt: skip
+        for r in results:
+            sent = ", ".join(f"{n} to {topic}" for topic, n in sorted(r.messages.items())) or "nothing published"
+            line = f"ok     {r.job:<18} {r.target}: {r.hosts} hosts, {r.gpus} GPUs; {sent}" if r.ok else \
+                f"FAILED {r.job:<18} {r.error}"  # fmt: skip
+            print(line)
+            for reason, n in sorted(r.skipped.items()):
+                print(f"       skipped {n}: {reason}")
+        failed = sum(not r.ok for r in results)
+        if failed:
+            _note(f"{failed} of {len(results)} targets failed")
+        return EXIT_FAILED if failed else 0
+    configure_logging(settings.log_format, settings.log_level)
+
+    async def go() -> None:
+        import signal
+
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await run_bridge(config, bootstrap, base=base, stop=stop, partitions=settings.partitions)
+
+    _kafka(bootstrap, go)
     return 0
 
 
@@ -706,6 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, default=12, help="GPU training hosts")
     p.add_argument("--notebooks", type=int, default=8)
     p.add_argument("--inference", type=int, default=3)
+    p.add_argument("--k8s-nodes", type=int, default=0,
+                   help="shared Kubernetes GPU nodes, pods holding some of their GPUs (burnwatch eval uses 4)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="-", help="replay file to write ('-' for stdout)")
     p.add_argument("--labels", help="write the ground-truth labels (JSON lines) here")
@@ -717,6 +761,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--speed", type=float, help="pace by event time at this acceleration; default: as fast as possible")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("bridge", help="scrape dcgm-exporter / kube-state-metrics / Prometheus federate into the topics",
+                       description="Scrape the targets of a bridge config and publish gpu-metrics (and "
+                       "resource-usage) to Kafka: docs/ingest.md.")  # fmt: skip
+    p.add_argument("--config", dest="bridge_config", required=True, metavar="FILE",
+                   help="bridge config (targets, file_sd, hosts); example: deploy/bridge.yaml")  # fmt: skip
+    p.add_argument("--once", action="store_true", help="scrape every target once, publish, print what each gave; "
+                   "exit 1 if any failed")  # fmt: skip
+    p.set_defaults(func=cmd_bridge)
 
     p = sub.add_parser("backtest", help="run the rules over a replay file, or stored events, in-process")
     p.add_argument("file", nargs="?", help="replay file (JSON lines of topic/key/value)")

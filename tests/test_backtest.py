@@ -50,7 +50,7 @@ def test_cli_json_output(fleet):
     records = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(records) == len(labels)
     types = {"idle_gpu", "stuck_gpu", "telemetry_stale", "untagged", "egress_runaway", "failed_run_spend",
-             "vector_db_growth", "storage_growth", "inference_overprovisioned", "spot_eligible"}
+             "vector_db_growth", "storage_growth", "inference_overprovisioned", "spot_eligible", "partly_idle_gpu"}
     assert {r["type"] for r in records} == {label.type for label in labels} == types
     required = {"alert_id", "type", "resource_id", "episode_start", "fired_at", "resolved_at", "waste_usd",
                 "usd_per_hour", "tags", "severity"}  # fmt: skip

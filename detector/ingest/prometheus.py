@@ -1,0 +1,86 @@
+"""Prometheus text exposition, parsed with prometheus-client's own parser.
+
+dcgm-exporter, kube-state-metrics and a Prometheus server's ``/federate`` all serve
+the text format; the parser is the maintained one, never a hand-written one. What
+this module adds is what a scraper needs around it: a flat list of samples with
+their names as exposed, their timestamps kept (``/federate`` carries them), and a
+clear error naming the target and the offending line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["ExpositionError", "Sample", "instance_host", "parse_exposition"]
+
+MAX_LINE_SHOWN = 120
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One sample line: ``name{labels} value [timestamp]``; ``timestamp`` in epoch seconds."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    timestamp: float | None = None
+
+
+class ExpositionError(ValueError):
+    """A response that is not Prometheus text; the message names the target and the line."""
+
+    def __init__(self, target: str, reason: str) -> None:
+        super().__init__(f"{target}: {reason}")
+        self.target = target
+        self.reason = reason
+
+
+def parse_exposition(text: str | bytes, target: str) -> list[Sample]:
+    """Every sample of one response, in order. Counters are named as their family
+    (the parser's OpenMetrics view adds ``_total`` to a counter exposed without it:
+    ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` stays that, as the exporter spells it).
+    Samples whose value is not finite (``NaN``, ``+Inf``) are kept: the mappers decide."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ExpositionError(target, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception:  # the parser raises bare ValueError, IndexError...: find the line ourselves
+        raise ExpositionError(target, _bad_line(text)) from None
+    samples = []
+    for family in families:
+        counter = family.type == "counter"
+        for s in family.samples:
+            name = family.name if counter and s.name == family.name + "_total" else s.name
+            samples.append(Sample(name, s.labels, float(s.value), None if s.timestamp is None else float(s.timestamp)))
+    return samples
+
+
+def _bad_line(text: str) -> str:
+    """Which line the parser refuses, parsing each line alone (the parser does not say)."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            list(text_string_to_metric_families(line + "\n"))
+        except Exception as exc:
+            shown = line if len(line) <= MAX_LINE_SHOWN else line[:MAX_LINE_SHOWN] + "..."
+            why = str(exc).split(":", 1)[0] if str(exc) else type(exc).__name__
+            return f"not Prometheus text at line {number} ({why}): {shown!r}"
+    return "not Prometheus text (the lines parse alone but not together: a TYPE or HELP line out of place?)"
+
+
+def instance_host(instance: str) -> str:
+    """The host of an ``instance`` label or a target address: ``10.0.0.5:9400`` -> ``10.0.0.5``,
+    ``[fd00::1]:9400`` -> ``fd00::1``, ``http://node-1:9400/metrics`` -> ``node-1``."""
+    text = instance if "//" in instance else f"//{instance}"
+    try:
+        host = urlsplit(text).hostname
+    except ValueError:
+        host = None
+    return host or instance

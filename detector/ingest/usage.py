@@ -1,0 +1,63 @@
+"""``resource-usage`` for the GPU hosts the bridge knows, so that a deployment with
+only the bridge still has the "billed" state the GPU detectors price waste from.
+
+Each event says the host ran ``running`` since the previous one (``ts`` is the start
+of the interval, ``interval_s`` its length) and carries no ``cost_usd``: the worker
+prices it from ``rules/pricing.yaml``'s list price of its ``instance_type``. Turn it
+off (``usage: false``) where a cloud usage exporter already reports these instances,
+or their spend is counted twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from detector.ingest.dcgm import event_time
+from detector.ingest.hosts import Host
+
+__all__ = ["UsageClock"]
+
+MAX_GAP_INTERVALS = 5
+"""A gap longer than this many scrape intervals since a host's previous event (the bridge
+was down, the host left and came back) is not billed as running: the interval restarts."""
+
+
+class UsageClock:
+    """Intervals per resource: each event covers the time since that resource's previous one."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+
+    def event(self, host: Host, t: float) -> dict[str, Any] | None:
+        """The usage event of ``host`` up to ``t``; None without an instance type (it
+        could not be priced) or when ``t`` is not after the previous event's end."""
+        instance_type = host.instance_type
+        if not instance_type:
+            return None
+        previous = self._last.get(host.resource_id)
+        if previous is not None and t <= previous:
+            return None
+        self._last[host.resource_id] = t
+        gap = t - previous if previous is not None else None
+        interval = gap if gap is not None and gap <= MAX_GAP_INTERVALS * self.interval_s else self.interval_s
+        static, node = host.static, host.node
+        event: dict[str, Any] = {
+            "ts": event_time(t - interval),
+            "resource_id": host.resource_id,
+            "resource_type": "gpu_instance",
+            "instance_type": instance_type,
+            "state": "running",
+            "interval_s": round(interval, 3),
+        }
+        provider = (static.provider if static else "") or (node.provider if node else "")
+        region = (static.region if static else "") or (node.region if node else "")
+        pricing = static.pricing if static and static.pricing != "on_demand" else (node.pricing if node else "on_demand")
+        for key, value in (("provider", provider), ("region", region), ("account", static.account if static else "")):
+            if value:
+                event[key] = value
+        if pricing != "on_demand":
+            event["pricing"] = pricing
+        if static and static.tags:
+            event["tags"] = dict(static.tags)
+        return event

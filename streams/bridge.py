@@ -1,0 +1,356 @@
+"""``burnwatch bridge``: scrape dcgm-exporter, kube-state-metrics or a Prometheus'
+``/federate`` on a schedule and publish ``gpu-metrics`` (and ``resource-usage``).
+
+Each target is scraped by its own task with its own timeout, so an unreachable,
+slow or garbage target is logged and counted and never stops or delays the others.
+Each scrape of a host becomes one message (a JSON array of its GPUs' samples) keyed
+by the host's resource id. What the samples mean is decided in
+:mod:`detector.ingest`; this module only fetches, schedules and publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import structlog
+from aiokafka import AIOKafkaProducer
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE
+from detector.ingest.config import BridgeConfig, Target, file_sd_targets
+from detector.ingest.dcgm import DcgmMapper
+from detector.ingest.hosts import Host, resolve_host
+from detector.ingest.kube import KubeState, kube_state
+from detector.ingest.prometheus import ExpositionError, Sample, parse_exposition
+from detector.ingest.usage import UsageClock
+
+__all__ = ["Bridge", "ScrapeResult"]
+
+log = structlog.get_logger("burnwatch.bridge")
+
+KUBE_FRESH_INTERVALS = 5
+"""kube-state-metrics state older than this many scrape intervals is not used (allocation unknown)."""
+ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+
+
+@dataclass
+class ScrapeResult:
+    """What one scrape of one target gave."""
+
+    target: str
+    job: str
+    ok: bool
+    error: str = ""
+    hosts: int = 0
+    gpus: int = 0
+    messages: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.scrapes = Counter("burnwatch_bridge_scrapes", "Scrapes per target and result (ok, failed)",
+                               ["target", "job", "result"], registry=r)  # fmt: skip
+        self.up = Gauge("burnwatch_bridge_target_up", "1 if the target's last scrape succeeded", ["target", "job"],
+                        registry=r)  # fmt: skip
+        self.skipped = Counter("burnwatch_bridge_skipped", "Samples or GPUs left out, per target and reason",
+                               ["target", "reason"], registry=r)  # fmt: skip
+        self.messages = Counter("burnwatch_bridge_messages", "Messages published per topic", ["topic"], registry=r)
+        self.publish_failures = Counter("burnwatch_bridge_publish_failures", "Messages Kafka did not take",
+                                        ["topic"], registry=r)  # fmt: skip
+        self.file_sd_errors = Counter("burnwatch_bridge_file_sd_errors", "file_sd files that could not be read",
+                                      ["file"], registry=r)  # fmt: skip
+
+
+class Bridge:
+    """Scrapes the configured targets and publishes through ``send(topic, key, value)``
+    (an aiokafka producer's, see :meth:`run_with_kafka`). ``clock`` gives epoch seconds:
+    a scrape's time when the exposition carries none."""
+
+    def __init__(self, config: BridgeConfig, send: Callable[[str, str, bytes], Any], *,
+                 base: Path | None = None, clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        self.config = config
+        self._send = send
+        self._base = base
+        self._clock = clock
+        self.metrics = _Metrics()
+        self._mappers: dict[str, DcgmMapper] = {}
+        self._kube: dict[str, KubeState] = {}
+        self._usage = UsageClock(config.interval)
+        self._file_sd: dict[int, list[Target]] = {}
+        self._file_sd_stamp: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._encode = msgspec.json.Encoder()
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- targets ---------------------------------------------------------------------------
+
+    def targets(self) -> list[Target]:
+        """The static targets and those the file_sd files name now (re-read when changed)."""
+        found = list(self.config.targets)
+        for i, sd in enumerate(self.config.file_sd):
+            stamp = tuple(self._mtime(name) for name in sd.files)
+            if self._file_sd_stamp.get(i) != stamp:
+                self._file_sd_stamp[i] = stamp
+                targets, errors = file_sd_targets(sd, self._base)
+                for error in errors:
+                    log.warning("file_sd_unreadable", error=error)
+                    self.metrics.file_sd_errors.labels(error.split(":", 1)[0]).inc()
+                if not errors or i not in self._file_sd:
+                    self._file_sd[i] = targets
+            found.extend(self._file_sd.get(i, []))
+        unique: dict[tuple[str, str], Target] = {}
+        for target in found:
+            unique.setdefault((target.address(), target.job), target)
+        return list(unique.values())
+
+    def _mtime(self, name: str) -> tuple[int, int]:
+        """(modification time, size) of a file_sd file: what says it changed."""
+        path = Path(name) if self._base is None or Path(name).is_absolute() else self._base / name
+        try:
+            stat = path.stat()
+        except OSError:
+            return -1, -1
+        return stat.st_mtime_ns, stat.st_size
+
+    # -- one scrape ------------------------------------------------------------------------
+
+    async def scrape(self, target: Target) -> ScrapeResult:
+        """Fetch, parse, map and publish one target; never raises for the target's faults."""
+        address = target.address()
+        result = ScrapeResult(address, target.job, ok=False)
+        timeout = target.timeout or self.config.timeout
+        try:
+            body = await self._fetch(address, timeout)
+            t = self._clock()
+            samples = await asyncio.to_thread(parse_exposition, body, address)
+        except (ExpositionError, _FetchError) as exc:
+            result.error = str(exc)
+        else:
+            result.ok = True
+            if target.labels:
+                samples = [Sample(s.name, {**target.labels, **s.labels}, s.value, s.timestamp) for s in samples]
+            try:
+                await self._publish_samples(target, samples, t, result)
+            except Exception as exc:  # a bug of ours on this answer: this scrape fails, the target's task goes on
+                log.exception("scrape_mapping_failed", target=address, job=target.job)
+                result.ok, result.error = False, f"{address}: could not map the samples: {type(exc).__name__}: {exc}"
+        self.metrics.scrapes.labels(address, target.job, "ok" if result.ok else "failed").inc()
+        self.metrics.up.labels(address, target.job).set(1 if result.ok else 0)
+        for reason, n in result.skipped.items():
+            self.metrics.skipped.labels(address, reason).inc(n)
+        if result.ok:
+            log.debug("scraped", target=address, job=target.job, hosts=result.hosts, gpus=result.gpus,
+                      skipped=result.skipped or None)  # fmt: skip
+        else:
+            log.warning("scrape_failed", target=address, job=target.job, error=result.error)
+        return result
+
+    async def _fetch(self, url: str, timeout: float) -> bytes:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers={"Accept": ACCEPT})
+        limit = self.config.max_bytes
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                if response.status != 200:
+                    raise _FetchError(f"{url}: HTTP {response.status} {response.reason or ''}".rstrip())
+                chunks, size = [], 0
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    size += len(chunk)
+                    if size > limit:
+                        raise _FetchError(f"{url}: response longer than max_bytes ({limit} bytes)")
+                    chunks.append(chunk)
+        except asyncio.TimeoutError:
+            raise _FetchError(f"{url}: no answer within {timeout:g}s") from None
+        except aiohttp.ClientError as exc:
+            raise _FetchError(f"{url}: unreachable: {exc}") from None
+        return b"".join(chunks)
+
+    async def _publish_samples(self, target: Target, samples: list[Sample], t: float, result: ScrapeResult) -> None:
+        if target.job in ("kube-state-metrics", "federate"):
+            state = kube_state(samples, t, self.config.tag_labels)
+            if target.job == "kube-state-metrics" or state.nodes:
+                self._kube[target.address()] = state
+                await self._publish_node_usage(state, t, result)
+        if target.job in ("dcgm", "federate"):
+            mapper = self._mappers.setdefault(target.address(), DcgmMapper())
+            kube = self.kube(t)
+            kubernetes = self.config.kubernetes if target.kubernetes is None else target.kubernetes
+            batches = mapper.map(samples, t=t, instance=target.address(), kube=kube, hosts=self.config.hosts,
+                                 kubernetes=kubernetes)  # fmt: skip
+            result.skipped.update(mapper.skipped)
+            mapper.skipped.clear()
+            for batch in batches:
+                result.hosts += 1
+                result.gpus += len(batch.events)
+                await self._publish(TOPIC_GPU_METRICS, batch.host.resource_id, batch.events, result)
+                if not _billed_by_node(batch.host):
+                    await self._publish_usage(batch.host, batch.t, result)
+
+    async def _publish_node_usage(self, state: KubeState, t: float, result: ScrapeResult) -> None:
+        """Usage of the GPU nodes kube-state-metrics lists (allocatable GPUs): they exist, so they are billed."""
+        kube = self.kube(t)
+        for node in state.nodes.values():
+            if node.gpus_allocatable > 0:
+                await self._publish_usage(resolve_host(node.name, kube, self.config.hosts), node.t or t, result)
+
+    async def _publish_usage(self, host: Host, t: float, result: ScrapeResult) -> None:
+        if not self.config.usage:
+            return
+        event = self._usage.event(host, t)
+        if event is not None:
+            await self._publish(TOPIC_RESOURCE_USAGE, host.resource_id, [event], result)
+
+    async def _publish(self, topic: str, key: str, events: list[dict[str, Any]], result: ScrapeResult) -> None:
+        try:
+            await self._send(topic, key, self._encode.encode(events))
+        except Exception as exc:  # the broker's fault, not the target's: counted, the next scrape tries again
+            self.metrics.publish_failures.labels(topic).inc()
+            log.error("publish_failed", topic=topic, key=key, error=f"{type(exc).__name__}: {exc}")
+            return
+        self.metrics.messages.labels(topic).inc()
+        result.messages[topic] = result.messages.get(topic, 0) + 1
+
+    def kube(self, t: float) -> KubeState | None:
+        """The kube-state-metrics states fresh at ``t``, merged (one cluster per target)."""
+        fresh = [s for s in self._kube.values() if t - s.t <= KUBE_FRESH_INTERVALS * self.config.interval]
+        if len(fresh) <= 1:
+            return fresh[0] if fresh else None
+        return KubeState.merged(fresh)
+
+    # -- rounds and the loop ---------------------------------------------------------------
+
+    async def round(self) -> list[ScrapeResult]:
+        """Every target once: kube-state-metrics and federate first, so that the DCGM
+        mapping of the same round has the cluster's state."""
+        targets = self.targets()
+        first = [t for t in targets if t.job != "dcgm"]
+        results = list(await asyncio.gather(*(self.scrape(t) for t in first)))
+        results += await asyncio.gather(*(self.scrape(t) for t in targets if t.job == "dcgm"))
+        return results
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Scrape until ``stop`` is set, a task per target on its own schedule: a target that
+        hangs until its timeout holds no other back. At the start the DCGM targets wait for
+        kube-state-metrics' first answer (at most its timeout), so that no first sample is keyed
+        by a host name instead of its instance. Targets that file_sd adds or removes are
+        started or stopped as the files change."""
+        tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        ready: asyncio.Future[Any] | None = None
+        try:
+            while not stop.is_set():
+                wanted = {(t.address(), t.job): t for t in self.targets()}
+                for key in [k for k in tasks if k not in wanted]:
+                    tasks.pop(key).cancel()
+                    log.info("target_removed", target=key[0], job=key[1])
+                new = {k: t for k, t in wanted.items() if k not in tasks}
+                if ready is None:  # the first targets: cluster state first
+                    ready = asyncio.gather(*(self.scrape(t) for t in new.values() if t.job != "dcgm"))
+                    for key, target in new.items():
+                        dcgm = target.job == "dcgm"
+                        tasks[key] = asyncio.create_task(self._loop(target, stop, ready if dcgm else None, first=dcgm))
+                else:
+                    for key, target in new.items():
+                        log.info("target_added", target=key[0], job=key[1])
+                        tasks[key] = asyncio.create_task(self._loop(target, stop, None, first=True))
+                await _wait(stop, min(5.0, self.config.interval))
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            if ready is not None:
+                ready.cancel()
+            await asyncio.gather(*tasks.values(), *([ready] if ready else []), return_exceptions=True)
+
+    async def _loop(self, target: Target, stop: asyncio.Event, ready: asyncio.Future[Any] | None, first: bool) -> None:
+        if ready is not None:
+            await asyncio.shield(ready)
+        if first:
+            await self.scrape(target)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.config.interval
+        while not await _wait(stop, due - loop.time()):
+            await self.scrape(target)
+            due += self.config.interval
+            if due < loop.time():  # a scrape longer than the interval: skip the missed ticks
+                due = loop.time() + self.config.interval
+
+    def render_metrics(self) -> bytes:
+        return generate_latest(self.metrics.registry)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class _FetchError(Exception):
+    pass
+
+
+def _billed_by_node(host: Host) -> bool:
+    return host.node is not None and host.node.gpus_allocatable > 0
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``stop``; whether it is set."""
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=max(seconds, 0.0))
+    except asyncio.TimeoutError:
+        pass
+    return stop.is_set()
+
+
+async def serve_metrics(bridge: Bridge, listen: str) -> Any:
+    """The bridge's ``/metrics`` on ``host:port``; returns the runner to clean up."""
+    from aiohttp import web
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=bridge.render_metrics(), content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    host, _, port = listen.rpartition(":")
+    try:
+        await web.TCPSite(runner, host.strip("[]") or "127.0.0.1", int(port)).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise SystemExit(f"bridge: cannot serve /metrics on {listen} (listen in the config): {exc.strerror}") from None
+    return runner
+
+
+async def run_bridge(config: BridgeConfig, bootstrap: str, *, once: bool = False, base: Path | None = None,
+                     stop: asyncio.Event | None = None, partitions: int = 4) -> list[ScrapeResult]:  # fmt: skip
+    """Publish to Kafka at ``bootstrap``: one round (``once``) or until ``stop``."""
+    from streams.kafka import ensure_topics
+
+    await ensure_topics(bootstrap, partitions)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1, max_request_size=8 << 20)
+    await producer.start()
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        await producer.send_and_wait(topic, value=value, key=key.encode())
+
+    bridge = Bridge(config, send, base=base)
+    runner = None
+    try:
+        if once:
+            return await bridge.round()
+        if config.listen:
+            runner = await serve_metrics(bridge, config.listen)
+            log.info("bridge_metrics", listen=config.listen)
+        await bridge.run(stop or asyncio.Event())
+        return []
+    finally:
+        await bridge.close()
+        if runner is not None:
+            await runner.cleanup()
+        await producer.stop()

@@ -1,0 +1,402 @@
+"""``burnwatch bridge``: exporters served from a local HTTP server, scraped into the embedded
+broker, and the messages read back from the topics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE, EventDecoder, GpuMetric, UsageEvent
+from streams.embedded import EmbeddedBroker
+from tests.exposition import Gpu, dcgm_text, federate_text, gpu_values, ksm_text, merge, node, pod
+from tests.reliability import true_ends
+from tests.test_cli import burnwatch, no_traceback
+
+PARTITIONS = 4
+
+
+class Exporters:
+    """A local HTTP server: ``pages[path]`` is served as text; ``/slow`` answers only once
+    ``release`` is set (a target that times out), ``/garbage`` is not Prometheus text."""
+
+    def __init__(self) -> None:
+        self.pages: dict[str, str] = {}
+        self.release = threading.Event()
+        self.requests: list[str] = []
+        exporters = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                exporters.requests.append(self.path)
+                body = exporters.pages.get(self.path.split("?")[0])
+                if self.path.startswith("/slow"):
+                    exporters.release.wait(30)
+                    body = ""
+                if self.path.startswith("/garbage"):
+                    body = "<html><body><h1>Welcome to nginx!</h1></body></html>\n"
+                if body is None:
+                    self.send_error(404)
+                    return
+                data = body.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except OSError:  # the client gave up (the target that times out)
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Exporters:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def exporters() -> Iterator[Exporters]:
+    with Exporters() as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "broker.log") as b:
+        yield b
+
+
+def read_topic(bootstrap: str, topic: str) -> list[tuple[str, bytes]]:
+    """Every (key, value) on ``topic``, up to its end as a fetch reports it."""
+
+    async def go() -> list[tuple[str, bytes]]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+            ends = await true_ends(consumer, tps)
+            consumer.assign(tps)
+            for tp in tps:
+                consumer.seek(tp, 0)
+            out: list[tuple[str, bytes]] = []
+            for _ in range(200):
+                positions = [await consumer.position(tp) for tp in tps]
+                if all(position >= ends[tp] for position, tp in zip(positions, tps, strict=True)):
+                    break
+                for records in (await consumer.getmany(timeout_ms=100)).values():
+                    out += [(r.key.decode(), r.value) for r in records]
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(go())
+
+
+def kafka_env(broker: EmbeddedBroker) -> dict[str, str]:
+    return {"BURNWATCH_KAFKA_BOOTSTRAP": broker.bootstrap, "BURNWATCH_PARTITIONS": str(PARTITIONS)}
+
+
+def decoded(messages: list[tuple[str, bytes]], topic: str) -> dict[str, list[Any]]:
+    """key -> events of each message, each decoded by the worker's decoder (which raises on anything invalid)."""
+    decoder = EventDecoder()
+    out: dict[str, list[Any]] = {}
+    for key, value in messages:
+        events = decoder.decode(topic, value)
+        assert json.loads(value) and isinstance(json.loads(value), list)
+        out.setdefault(key, []).append(events)
+    return out
+
+
+def cluster_ksm() -> str:
+    """Two GPU nodes: `gpu-node-a` (EC2, 8 GPUs, pods request 5) and `gpu-node-b` (GCE, 2 GPUs, pods request 2)."""
+    return ksm_text(merge(
+        node("gpu-node-a", "aws:///us-east-1a/i-0aaa111", "p4d.24xlarge", "us-east-1", 8, ip="10.0.1.10"),
+        node("gpu-node-b", "gce://ml-proj/us-central1-a/gpu-node-b", "a2-highgpu-1g", "us-central1", 2, ip="10.0.1.11",
+             extra_labels={"label_cloud_google_com_gke_spot": "true"}),
+        node("cpu-node-c", "aws:///us-east-1b/i-0ccc333", "m6i.2xlarge", "us-east-1", 0, ip="10.0.1.12"),
+        pod("ml", "train-6c5d8-abcde", "gpu-node-a", 4, owner=("ReplicaSet", "train-6c5d8"), labels={"team": "nlp"}),
+        pod("research", "nb-alice-0", "gpu-node-a", 1, owner=("StatefulSet", "nb-alice")),
+        pod("ml", "eval-1", "gpu-node-b", 2, owner=("Job", "eval-1")),
+        {"kube_replicaset_owner": [({"namespace": "ml", "replicaset": "train-6c5d8", "owner_kind": "Deployment",
+                                     "owner_name": "train", "owner_is_controller": "true"}, 1)],
+         "kube_namespace_labels": [({"namespace": "research", "label_team": "research", "label_owner": "alice"}, 1)]},
+    ))  # fmt: skip
+
+
+def node_a() -> str:
+    """dcgm-exporter on gpu-node-a, released version (`Hostname`), Kubernetes mode: 4 GPUs for the
+    training pod, 1 for the notebook, 3 held by nobody."""
+    gpus = []
+    for i in range(8):
+        labels = {}
+        if i < 4:
+            labels = {"pod": "train-6c5d8-abcde", "namespace": "ml", "container": "trainer"}
+        elif i == 4:
+            labels = {"pod": "nb-alice-0", "namespace": "research", "container": "jupyter"}
+        gpus.append(Gpu(i, gpu_values(95 if i < 4 else 0, gr=0.9 if i < 4 else 0.0, tensor=0.5, dram=0.4), "gpu-node-a",
+                        labels=labels))  # fmt: skip
+    return dcgm_text(gpus)
+
+
+def node_b() -> str:
+    """dcgm-exporter on gpu-node-b, newer version (`hostname`), older pod labels; one GPU's pod is
+    not labelled yet while both are requested (the exporter is behind): that GPU's allocation is unknown."""
+    return dcgm_text([
+        Gpu(0, gpu_values(40), "gpu-node-b", host_label="hostname",
+            labels={"pod_name": "eval-1", "pod_namespace": "ml", "container_name": "eval"}),
+        Gpu(1, gpu_values(0), "gpu-node-b", host_label="hostname"),
+    ])  # fmt: skip
+
+
+def bare_metal() -> str:
+    """A host outside Kubernetes, mapped in config; it reports energy only (no POWER_USAGE)."""
+    return dcgm_text([Gpu(0, gpu_values(0, power=None, energy=7.2e9), "lab-box-1")])
+
+
+def write_config(tmp_path: Path, exporters: Exporters, **extra: Any) -> Path:
+    """A config with ksm and node-a static, node-b and the bare-metal host from a file_sd file
+    (as Prometheus reads it), a target that times out and one that serves garbage."""
+    addr = exporters.address
+    exporters.pages.update({"/ksm/metrics": cluster_ksm(), "/a/metrics": node_a(), "/b/metrics": node_b(),
+                            "/lab/metrics": bare_metal()})  # fmt: skip
+    (tmp_path / "dcgm.json").write_text(json.dumps([
+        {"targets": [addr], "labels": {"__metrics_path__": "/b/metrics", "cluster": "prod"}},
+        {"targets": [addr], "labels": {"__metrics_path__": "/lab/metrics"}},
+    ]))  # fmt: skip
+    config = {
+        "interval": "30s",
+        "listen": "",
+        "targets": [
+            {"url": f"http://{addr}/ksm/metrics", "job": "kube-state-metrics"},
+            {"url": f"http://{addr}/a/metrics", "job": "dcgm"},
+            {"url": f"http://{addr}/slow/metrics", "job": "dcgm", "timeout": "0.5s"},
+            {"url": f"http://{addr}/garbage/metrics", "job": "dcgm"},
+        ],
+        "file_sd": [{"files": ["dcgm.json"], "job": "dcgm"}],
+        "hosts": {"lab-box-1": {"resource_id": "i-0lab0001", "instance_type": "g5.xlarge", "region": "us-east-1"}},
+        **extra,
+    }
+    path = tmp_path / "bridge.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+@pytest.mark.integration
+def test_once_publishes_one_message_per_host(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker) -> None:
+    config = write_config(tmp_path, exporters)
+
+    run = burnwatch("bridge", "--config", str(config), "--once", env=kafka_env(broker))
+
+    no_traceback(run)
+    out, err = run.stdout, run.stderr
+    assert run.returncode == 1, out + err  # two targets failed; the others were published all the same
+    assert f"FAILED dcgm               http://{exporters.address}/slow/metrics: no answer within 0.5s" in out
+    assert f"http://{exporters.address}/garbage/metrics: not Prometheus text at line 1 (invalid metric name)" in out
+    assert "2 of 6 targets failed" in err
+
+    metrics = decoded(read_topic(broker.bootstrap, TOPIC_GPU_METRICS), TOPIC_GPU_METRICS)
+    # one message per host, keyed by the resource billing uses: the node's instance from its providerID
+    assert {k: len(v) for k, v in metrics.items()} == {"i-0aaa111": 1, "gpu-node-b": 1, "i-0lab0001": 1}
+    a: list[GpuMetric] = metrics["i-0aaa111"][0]
+    assert [e.gpu_index for e in a] == list(range(8))
+    assert {e.hostname for e in a} == {"gpu-node-a"}
+    assert [e.allocated for e in a] == [True] * 5 + [False] * 3  # 5 requested, 5 labelled: the rest held by nobody
+    assert (a[0].pod, a[0].namespace, a[0].container, a[0].workload) == ("train-6c5d8-abcde", "ml", "trainer",
+                                                                          "Deployment/train")  # fmt: skip
+    assert a[0].tags == {"team": "nlp"}
+    assert (a[4].pod, a[4].workload, a[4].tags) == ("nb-alice-0", "StatefulSet/nb-alice", {"team": "research", "owner": "alice"})
+    assert (a[0].util_pct, a[0].gr_engine_active, a[0].tensor_active, a[0].dram_active) == (95, 0.9, 0.5, 0.4)
+    assert (a[0].mem_used_mib, a[0].mem_total_mib, a[0].power_w) == (30000, 40960, 250)
+    # gpu-node-b's providerID is a GCE one: billing names the instance, here the node's name
+    b: list[GpuMetric] = metrics["gpu-node-b"][0]
+    assert [(e.pod, e.allocated) for e in b] == [("eval-1", True), ("", None)]  # 2 requested, 1 labelled: unknown
+    lab: list[GpuMetric] = metrics["i-0lab0001"][0]
+    assert (lab[0].hostname, lab[0].allocated, lab[0].power_w) == ("lab-box-1", None, 0.0)  # one energy reading: no power yet
+
+    usage = decoded(read_topic(broker.bootstrap, TOPIC_RESOURCE_USAGE), TOPIC_RESOURCE_USAGE)
+    # the GPU nodes kube-state-metrics lists, and the statically mapped host that answered; not the CPU node
+    assert {k: len(v) for k, v in usage.items()} == {"i-0aaa111": 1, "gpu-node-b": 1, "i-0lab0001": 1}
+    u: UsageEvent = usage["i-0aaa111"][0][0]
+    assert (u.resource_type, u.instance_type, u.region, u.provider, u.state, u.interval_s, u.cost_usd, u.pricing) == (
+        "gpu_instance", "p4d.24xlarge", "us-east-1", "aws", "running", 30.0, None, "on_demand")
+    assert usage["gpu-node-b"][0][0].pricing == "spot"  # GKE Spot label
+    assert usage["i-0lab0001"][0][0].instance_type == "g5.xlarge"
+
+
+@pytest.mark.integration
+def test_bad_config_names_file_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text("interval: 30s\ntargets:\n  - url: http://127.0.0.1:9400/metrics\n    job: dcgm-exporter\n"
+                    "    timeot: 5s\n")  # fmt: skip
+    run = burnwatch("bridge", "--config", str(path), "--once", env={"BURNWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    no_traceback(run)
+    assert run.returncode == 1  # as for any refused config; nothing was scraped or published
+    message = run.stderr
+    assert f"{path}:4 targets[0].job: Input should be 'dcgm', 'kube-state-metrics' or 'federate'" in message
+    assert f"{path}:5 targets[0].timeot: unknown key" in message
+
+
+def federated() -> str:
+    """A Prometheus that scrapes the cluster's exporters through Kubernetes service discovery
+    (target labels namespace/pod/container/instance/job), federated: the GPU's pod labels
+    become exported_*, and node-b's exporter says no host name (only its address)."""
+    dcgm_target = {"namespace": "gpu-operator", "container": "nvidia-dcgm-exporter", "job": "nvidia-dcgm-exporter"}
+    node_b_anonymous = dcgm_text([
+        Gpu(0, gpu_values(40), labels={"pod": "eval-1", "namespace": "ml", "container": "eval"}),
+        Gpu(1, gpu_values(0), labels={"pod": "eval-1", "namespace": "ml", "container": "eval"}),
+    ])  # fmt: skip
+    return federate_text([
+        (cluster_ksm(), {"instance": "10.2.0.8:8080", "job": "kube-state-metrics"}),
+        (node_a(), {**dcgm_target, "pod": "nvidia-dcgm-exporter-7xk2p", "instance": "10.0.1.10:9400"}),
+        (node_b_anonymous, {**dcgm_target, "pod": "nvidia-dcgm-exporter-q9w4r", "instance": "10.0.1.11:9400"}),
+    ], ts_ms=1_796_000_000_250)  # fmt: skip
+
+
+@pytest.mark.integration
+def test_federate(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker) -> None:
+    """The second path: an existing Prometheus' /federate, many hosts per response, samples with their timestamps."""
+    exporters.pages["/federate"] = federated()
+    path = tmp_path / "bridge.yaml"
+    path.write_text(f"listen: ''\ntargets:\n  - url: http://{exporters.address}\n    job: federate\n")
+    before = {k: len(v) for k, v in decoded(read_topic(broker.bootstrap, TOPIC_GPU_METRICS), TOPIC_GPU_METRICS).items()}
+
+    run = burnwatch("bridge", "--config", str(path), "--once", env=kafka_env(broker))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [r for r in exporters.requests if r.startswith("/federate")] == [
+        "/federate?match%5B%5D=%7B__name__%3D~%22DCGM_FI_.*%7Ckube_.*%22%7D"]  # fmt: skip
+
+    metrics = decoded(read_topic(broker.bootstrap, TOPIC_GPU_METRICS), TOPIC_GPU_METRICS)
+    new = {k: v[before.get(k, 0):] for k, v in metrics.items() if len(v) > before.get(k, 0)}
+    # one message per host; node-b known only by its address, found through the node's internal IP
+    assert {k: len(v) for k, v in new.items()} == {"i-0aaa111": 1, "gpu-node-b": 1}
+    a: list[GpuMetric] = new["i-0aaa111"][0]
+    assert {e.ts.isoformat() for e in a} == {"2026-11-30T00:53:20.250000+00:00"}  # Prometheus' timestamp
+    assert [(e.pod, e.namespace, e.container) for e in a[:1]] == [("train-6c5d8-abcde", "ml", "trainer")]  # not the exporter's
+    assert [e.allocated for e in a] == [True] * 5 + [False] * 3
+    b: list[GpuMetric] = new["gpu-node-b"][0]
+    assert [(e.hostname, e.pod, e.allocated) for e in b] == [("10.0.1.11", "eval-1", True)] * 2
+
+
+def wait_for(condition: Any, timeout: float = 30.0) -> Any:
+    """Poll an async condition until it holds (raising with what it last was otherwise)."""
+
+    async def go() -> Any:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"condition not met within {timeout}s")
+            await asyncio.sleep(0.05)
+
+    return go()
+
+
+@pytest.mark.integration
+def test_loop_rereads_file_sd_and_a_hung_target_delays_no_other(tmp_path: Path, exporters: Exporters) -> None:
+    """The scrape loop: every target on its own schedule, so one that hangs (until its timeout) holds
+    no other back; a file_sd file is re-read when it changes; the counters are on /metrics."""
+    from detector.ingest.config import load_bridge_config
+    from streams.bridge import Bridge, serve_metrics
+    from streams.embedded import free_port
+
+    exporters.pages["/a/metrics"] = node_a()
+    exporters.pages["/lab/metrics"] = bare_metal()
+    sd = tmp_path / "dcgm.json"
+    sd.write_text(json.dumps([{"targets": [exporters.address], "labels": {"__metrics_path__": "/a/metrics"}}]))
+    port = free_port()
+    (tmp_path / "bridge.yaml").write_text(json.dumps({
+        "interval": "0.1s", "listen": f"127.0.0.1:{port}", "file_sd": [{"files": [str(sd)]}],
+        "targets": [{"url": f"http://{exporters.address}/slow/metrics", "timeout": "60s"}],
+        "hosts": {"lab-box-1": {"resource_id": "i-0lab0001", "instance_type": "g5.xlarge"}},
+    }))  # fmt: skip
+    config = load_bridge_config(tmp_path / "bridge.yaml")
+    sent: list[tuple[str, str, list[dict[str, Any]]]] = []
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        sent.append((topic, key, json.loads(value)))
+
+    def keys(topic: str = TOPIC_GPU_METRICS) -> list[str]:
+        return [k for t, k, _ in sent if t == topic]
+
+    async def go() -> str:
+        bridge = Bridge(config, send)
+        runner = await serve_metrics(bridge, config.listen)
+        stop = asyncio.Event()
+        task = asyncio.create_task(bridge.run(stop))
+        try:
+            # the hung target is still waiting for its answer while node-a is scraped again and again
+            await wait_for(lambda: keys().count("gpu-node-a") >= 3)
+            assert "/slow/metrics" in exporters.requests
+            slow = {"target": f"http://{exporters.address}/slow/metrics", "job": "dcgm", "result": "failed"}
+            assert not bridge.metrics.registry.get_sample_value("burnwatch_bridge_scrapes_total", slow)
+            # a new target in the file_sd file is picked up, without a restart
+            sd.write_text(json.dumps([{"targets": [exporters.address], "labels": {"__metrics_path__": "/lab/metrics"}}]))
+            await wait_for(lambda: "i-0lab0001" in keys())
+            count = keys().count("gpu-node-a")
+            await wait_for(lambda: keys().count("i-0lab0001") >= 3)
+            assert keys().count("gpu-node-a") <= count + 1  # ... and the one it lost is no longer scraped
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                    return await response.text()
+        finally:
+            stop.set()
+            await task
+            await bridge.close()
+            await runner.cleanup()
+
+    import aiohttp
+
+    metrics = asyncio.run(go())
+    lab = [events for t, k, events in sent if t == TOPIC_GPU_METRICS and k == "i-0lab0001"]
+    # the energy counter's second reading gives power; the static host's usage follows its scrapes
+    assert lab[0][0].get("power_w") is None and lab[1][0].get("power_w") == 0.0
+    assert keys(TOPIC_RESOURCE_USAGE).count("i-0lab0001") == len(lab)
+    assert f'burnwatch_bridge_scrapes_total{{job="dcgm",result="ok",target="http://{exporters.address}/a/metrics"}}' in metrics
+    assert 'burnwatch_bridge_messages_total{topic="gpu-metrics"}' in metrics
+
+
+@pytest.mark.integration
+def test_a_response_beyond_max_bytes_is_refused(exporters: Exporters) -> None:
+    """A wrong URL serving a large file, or a runaway exporter, is a failed scrape, not memory exhausted."""
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    exporters.pages["/a/metrics"] = node_a()  # about 20 kB
+    target = Target(url=f"http://{exporters.address}/a/metrics")
+    sent: list[str] = []
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        sent.append(key)
+
+    async def go(max_bytes: int) -> Any:
+        bridge = Bridge(BridgeConfig(targets=[target], max_bytes=max_bytes), send)
+        try:
+            return await bridge.scrape(target)
+        finally:
+            await bridge.close()
+
+    refused = asyncio.run(go(4096))
+    assert (refused.ok, refused.error, sent) == (False, f"{target.address()}: response longer than max_bytes (4096 bytes)", [])
+    assert asyncio.run(go(1 << 20)).ok and sent == ["gpu-node-a"]

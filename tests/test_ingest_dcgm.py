@@ -1,0 +1,246 @@
+"""dcgm-exporter exposition -> gpu-metrics events (detector.ingest.dcgm), on text written
+as the exporter prints it (tests/exposition.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from detector.events import TOPIC_GPU_METRICS, EventDecoder, GpuMetric
+from detector.ingest.dcgm import DcgmMapper, HostBatch
+from detector.ingest.hosts import StaticHost
+from detector.ingest.kube import KubeState, kube_state
+from detector.ingest.prometheus import ExpositionError, parse_exposition
+from tests.exposition import Gpu, dcgm_text, gpu_values, ksm_text, merge, node, pod
+
+T = 1_796_000_000.0  # 2026-11-30T00:53:20Z: the scrape time when a sample carries none
+TARGET = "10.0.3.7:9400"
+
+
+def mapped(text: str, mapper: DcgmMapper | None = None, t: float = T, **kwargs: Any) -> list[HostBatch]:
+    """Map one scrape and check every event against the contract, as the worker will decode it."""
+    batches = (mapper or DcgmMapper()).map(parse_exposition(text, TARGET), t=t, instance=TARGET, **kwargs)
+    for batch in batches:
+        decoded = EventDecoder(clock=lambda: T + 3600).decode(TOPIC_GPU_METRICS, json.dumps(batch.events).encode())
+        assert all(isinstance(e, GpuMetric) for e in decoded)
+    return batches
+
+
+def only(batches: list[HostBatch]) -> dict[str, Any]:
+    assert len(batches) == 1 and len(batches[0].events) == 1, batches
+    return batches[0].events[0]
+
+
+def without_util(values: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if k != "DCGM_FI_DEV_GPU_UTIL"}
+
+
+K8S = {"pod": "train-7d9f-x2b", "namespace": "ml", "container": "trainer"}
+
+# (case, GPU as the exporter prints it, fields the event must have, fields it must not have)
+LABEL_CASES = [
+    # released versions: the host label is `Hostname`; Kubernetes mode adds pod/namespace/container
+    ("released Hostname, Kubernetes", Gpu(0, gpu_values(87, gr=0.91, tensor=0.4, dram=0.3), "gpu-node-1", labels=K8S),
+     {"resource_id": "gpu-node-1", "gpu_index": 0, "util_pct": 87, "pod": "train-7d9f-x2b", "namespace": "ml",
+      "container": "trainer", "allocated": True, "gpu_uuid": "GPU-gpu-node-1-0000", "model": "NVIDIA A100-SXM4-40GB",
+      "gr_engine_active": 0.91, "tensor_active": 0.4, "dram_active": 0.3, "power_w": 250, "mem_used_mib": 30000,
+      "mem_total_mib": 40536 + 424},
+     {"hostname", "sm_active", "mig_instance"}),
+    # newer versions spell it `hostname`
+    ("newer hostname", Gpu(1, gpu_values(5), "gpu-node-2", host_label="hostname"),
+     {"resource_id": "gpu-node-2", "gpu_index": 1, "util_pct": 5}, {"pod", "allocated"}),
+    # older exporters: pod_name / pod_namespace / container_name
+    ("old pod_name labels", Gpu(2, gpu_values(50), "gpu-node-1",
+                                labels={"pod_name": "nb-0", "pod_namespace": "research", "container_name": "jupyter"}),
+     {"pod": "nb-0", "namespace": "research", "container": "jupyter", "allocated": True}, set()),
+    # after Prometheus relabelling: exported_pod is the GPU's pod, pod the exporter's own
+    ("exported_* over the exporter's own pod", Gpu(0, gpu_values(50), "gpu-node-1",
+     labels={"pod": "dcgm-exporter-abcde", "namespace": "gpu-operator", "container": "nvidia-dcgm-exporter",
+             "exported_pod": "train-1", "exported_namespace": "ml", "exported_container": "main"}),
+     {"pod": "train-1", "namespace": "ml", "container": "main"}, set()),
+    # dcgm-exporter's old-namespace flag writes `uuid`
+    ("lower-case uuid label", Gpu(3, gpu_values(1), "gpu-node-1", uuid_label="uuid"),
+     {"gpu_uuid": "GPU-gpu-node-1-0003"}, set()),
+    # no host label at all: the instance label's host, here the scraped target's address
+    ("no host label: the target's host", Gpu(0, gpu_values(1)), {"resource_id": "10.0.3.7"}, {"hostname"}),
+    # MIG: one sample per instance; GPU_UTIL is not supported there, GR_ENGINE_ACTIVE stands in
+    ("MIG instance without GPU_UTIL", Gpu(0, without_util(gpu_values(0, gr=0.25)), "gpu-node-3", mig=("1g.10gb", "7")),
+     {"mig_profile": "1g.10gb", "mig_instance": "7", "gr_engine_active": 0.25, "util_pct": 25.0}, set()),
+    # a ratio a hair above 1 is rounding: clamped
+    ("ratio 1.004 clamped", Gpu(0, gpu_values(99, gr=1.004), "h"), {"gr_engine_active": 1.0}, set()),
+    # a ratio far outside 0..1 is refused: the field is left out (and counted)
+    ("ratio 1.5 refused", Gpu(0, gpu_values(99, gr=1.5, tensor=0.2), "h"), {"tensor_active": 0.2}, {"gr_engine_active"}),
+    # no POWER_USAGE and the first energy reading: no power yet (average needs two)
+    ("energy counter, first reading", Gpu(0, gpu_values(10, power=None, energy=5e9), "h"), {"util_pct": 10}, {"power_w"}),
+]
+
+
+@pytest.mark.parametrize("gpu, want, absent", [c[1:] for c in LABEL_CASES], ids=[c[0] for c in LABEL_CASES])
+def test_label_mapping(gpu: Gpu, want: dict[str, Any], absent: set[str]) -> None:
+    event = only(mapped(dcgm_text([gpu])))
+    assert {k: event.get(k) for k in want} == want
+    assert not absent & event.keys()
+    assert event["ts"] == "2026-11-30T00:53:20Z"
+
+
+def test_one_batch_per_host_and_timestamps_kept() -> None:
+    """Two hosts in one response (a federate answer) -> two batches; a sample's own timestamp is its event time."""
+    gpus = [Gpu(i, gpu_values(10 * i), "a", ts_ms=1_796_000_000_500) for i in range(4)]
+    gpus += [Gpu(i, gpu_values(1), "b", host_label="hostname") for i in range(2)]
+    batches = {b.host.name: b for b in mapped(dcgm_text(gpus))}
+    assert set(batches) == {"a", "b"}
+    assert [e["gpu_index"] for e in batches["a"].events] == [0, 1, 2, 3]
+    assert {e["ts"] for e in batches["a"].events} == {"2026-11-30T00:53:20.500Z"}
+    assert {e["ts"] for e in batches["b"].events} == {"2026-11-30T00:53:20Z"}
+
+
+def test_gpu_without_util_is_skipped_and_counted() -> None:
+    mapper = DcgmMapper()
+    batches = mapped(dcgm_text([Gpu(0, without_util(gpu_values(10)), "h"), Gpu(1, gpu_values(3), "h")]), mapper)
+    assert [e["gpu_index"] for e in batches[0].events] == [1]
+    assert mapper.skipped == {"no DCGM_FI_DEV_GPU_UTIL (util_pct is required)": 1}
+
+
+def test_out_of_range_is_counted() -> None:
+    mapper = DcgmMapper()
+    mapped(dcgm_text([Gpu(0, gpu_values(99, gr=1.5), "h"), Gpu(1, gpu_values(130), "h")]), mapper)
+    assert mapper.skipped == {"gr_engine_active outside 0-1": 1, "util_pct outside 0-100": 1}
+
+
+def test_power_from_the_energy_counter_and_its_reset() -> None:
+    """Average power between two scrapes from the mJ counter; a counter that went down is a
+    reset (a reboot): no value for that interval, as Prometheus' rate() treats it."""
+    mapper = DcgmMapper()
+    readings = [(0, 5_000_000_000), (30, 5_009_000_000), (60, 1_000_000), (90, 4_000_000)]
+    powers = []
+    for dt, mj in readings:
+        event = only(mapped(dcgm_text([Gpu(0, gpu_values(50, power=None, energy=mj), "h")]), mapper, t=T + dt))
+        powers.append(event.get("power_w"))
+    assert powers == [None, 300.0, None, 100.0]  # 9e6 mJ / 30 s = 300 W; reset; 3e6 mJ / 30 s
+    assert mapper.skipped == {"energy counter reset (no power for that interval)": 1}
+
+
+def test_a_sample_not_newer_is_not_published_twice() -> None:
+    """/federate repeats Prometheus' last scrape until the next one: the same timestamp is one sample."""
+    mapper = DcgmMapper()
+    text = dcgm_text([Gpu(0, gpu_values(50), "h", ts_ms=1_796_000_000_000)])
+    assert mapped(text, mapper)
+    assert mapped(text, mapper, t=T + 30) == []
+    assert mapper.skipped == {"not newer than the last sample published": 1}
+
+
+def _cluster(requested: list[int], allocatable: int = 8) -> KubeState:
+    """A node `gpu-node-1` (an EC2 instance) whose pods request these GPU counts."""
+    pods = [pod("ml", f"p{i}", "gpu-node-1", n) for i, n in enumerate(requested)]
+    text = ksm_text(merge(node("gpu-node-1", "aws:///us-east-1a/i-0abc123", "p4d.24xlarge", "us-east-1", allocatable),
+                          *pods))  # fmt: skip
+    return kube_state(parse_exposition(text, "ksm:8080"), T)
+
+
+def _host(labelled: int, gpus: int = 4, host: str = "gpu-node-1") -> str:
+    return dcgm_text([Gpu(i, gpu_values(0), host, labels={"pod": f"p{i}", "namespace": "ml"} if i < labelled else {})
+                      for i in range(gpus)])  # fmt: skip
+
+
+# (case, kube-state-metrics state, exporter's page, target is kubernetes, allocated of GPUs 0..3)
+ALLOCATION_CASES = [
+    # pods request 2 GPUs and the exporter labels 2: the unlabelled ones are held by nobody
+    ("all requests labelled", _cluster([1, 1]), _host(2), False, [True, True, False, False]),
+    # no pod requests a GPU: every GPU is unallocated
+    ("nothing requested", _cluster([]), _host(0), False, [False] * 4),
+    # 3 requested, 1 labelled: the exporter is not in Kubernetes mode or behind; never guess which
+    ("exporter behind the requests", _cluster([1, 2]), _host(1), False, [True, None, None, None]),
+    # no kube-state-metrics at all: unknown, even on a node of a cluster
+    ("no kube-state-metrics", None, _host(1), True, [True, None, None, None]),
+    # ksm does not know this host, and the target is not said to be Kubernetes: not a Kubernetes node
+    ("not a Kubernetes node", _cluster([]), _host(0, host="bare-metal-1"), False, [None] * 4),
+    # ... unless the target is configured `kubernetes: true`: ksm's requests for it are none
+    ("kubernetes: true, no requests known", _cluster([]), _host(0, host="bare-metal-1"), True, [False] * 4),
+    # a finished pod's request holds nothing
+    ("requests of finished pods ignored", kube_state(parse_exposition(ksm_text(merge(
+        node("gpu-node-1", "aws:///us-east-1a/i-0abc123", "p4d.24xlarge", "us-east-1", 8),
+        pod("ml", "done", "gpu-node-1", 4, phase="Succeeded"))), "ksm"), T), _host(0), False, [False] * 4),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kube, text, kubernetes, want", [c[1:] for c in ALLOCATION_CASES],
+                         ids=[c[0] for c in ALLOCATION_CASES])  # fmt: skip
+def test_allocation(kube: KubeState | None, text: str, kubernetes: bool, want: list[bool | None]) -> None:
+    (batch,) = mapped(text, kube=kube, kubernetes=kubernetes)
+    assert [e.get("allocated") for e in batch.events] == want
+
+
+def test_resource_id_from_provider_id_or_static_map() -> None:
+    kube = _cluster([1])
+    (batch,) = mapped(_host(1), kube=kube)
+    assert {e["resource_id"] for e in batch.events} == {"i-0abc123"}
+    assert {e["hostname"] for e in batch.events} == {"gpu-node-1"}
+    # a static entry is explicit: it wins over the providerID
+    hosts = {"gpu-node-1": StaticHost(resource_id="i-0static", tags={"team": "infra"})}
+    (batch,) = mapped(_host(0), kube=kube, hosts=hosts)
+    assert {e["resource_id"] for e in batch.events} == {"i-0static"}
+    assert batch.events[0]["tags"] == {"team": "infra"}
+
+
+def test_workload_and_tags_from_kube_state() -> None:
+    text = ksm_text(merge(
+        node("gpu-node-1", "aws:///us-east-1a/i-0abc123", "p4d.24xlarge", "us-east-1", 8),
+        pod("ml", "web-5d8f7-q2x", "gpu-node-1", 1, owner=("ReplicaSet", "web-5d8f7"), labels={"team": "search", "app": "web"}),
+        {"kube_replicaset_owner": [({"namespace": "ml", "replicaset": "web-5d8f7", "owner_kind": "Deployment",
+                                     "owner_name": "web", "owner_is_controller": "true"}, 1)],
+         "kube_namespace_labels": [({"namespace": "ml", "label_team": "research", "label_owner": "alice"}, 1)]},
+    ))  # fmt: skip
+    kube = kube_state(parse_exposition(text, "ksm"), T)
+    event = only(mapped(dcgm_text([Gpu(0, gpu_values(3), "gpu-node-1", labels={"pod": "web-5d8f7-q2x", "namespace": "ml"})]),
+                        kube=kube))  # fmt: skip
+    assert event["workload"] == "Deployment/web"
+    assert event["tags"] == {"team": "search", "owner": "alice", "app": "web"}  # the pod's labels win over its namespace's
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"<html><body>Not the exporter</body></html>", "line 1 (invalid metric name)"),
+    (b"# HELP x y\n# TYPE x gauge\nx{gpu=\"0\" 1\n", "line 3"),
+    (b"\xff\xfe\x00", "not UTF-8 text"),
+])  # fmt: skip
+def test_garbage_names_target_and_line(body: bytes, reason: str) -> None:
+    with pytest.raises(ExpositionError) as err:
+        parse_exposition(body, "http://10.0.3.7:9400/metrics")
+    assert str(err.value).startswith("http://10.0.3.7:9400/metrics: ")
+    assert reason in str(err.value)
+
+
+def test_a_pod_that_requests_no_gpu_holds_none() -> None:
+    """dcgm-exporter names only pods the device plugin gave a GPU; a `pod` label naming a pod that
+    kube-state-metrics says requests none is a scraper's label (the exporter's own pod), not a holder."""
+    text = ksm_text(merge(node("gpu-node-1", "aws:///us-east-1a/i-0abc123", "p4d.24xlarge", "us-east-1", 8),
+                          pod("gpu-operator", "nvidia-dcgm-exporter-x7k", "gpu-node-1", 0)))  # fmt: skip
+    kube = kube_state(parse_exposition(text, "ksm"), T)
+    mapper = DcgmMapper()
+    labels = {"pod": "nvidia-dcgm-exporter-x7k", "namespace": "gpu-operator", "container": "exporter"}
+    event = only(mapped(dcgm_text([Gpu(0, gpu_values(0), "gpu-node-1", labels=labels)]), mapper, kube=kube))
+    assert "pod" not in event and event["allocated"] is False
+    assert mapper.skipped == {"pod label names a pod that requests no GPU (the exporter's own?)": 1}
+
+
+def test_mig_instances_are_the_units() -> None:
+    """A MIG GPU: one event per instance (all with the GPU's index); the whole GPU's own series
+    (power, framebuffer without GPU_I_ID) is no unit of its own."""
+    mapper = DcgmMapper()
+    gpus = [Gpu(0, {"DCGM_FI_DEV_POWER_USAGE": 120.0}, "h"),
+            Gpu(0, without_util(gpu_values(0, power=None, gr=0.5)), "h", mig=("3g.20gb", "1")),
+            Gpu(0, without_util(gpu_values(0, power=None, gr=0.0)), "h", mig=("3g.20gb", "2"))]  # fmt: skip
+    (batch,) = mapped(dcgm_text(gpus), mapper)
+    assert [(e["gpu_index"], e["mig_instance"], e["util_pct"]) for e in batch.events] == [(0, "1", 50.0), (0, "2", 0.0)]
+    assert mapper.skipped == {"MIG parent GPU (its instances are published)": 1}
+
+
+def test_time_sliced_gpu_is_one_sample() -> None:
+    """A GPU shared by time-sliced pods has a series per pod: one event, the first pod's, counted."""
+    mapper = DcgmMapper()
+    gpus = [Gpu(0, gpu_values(30), "h", labels={"pod": "a", "namespace": "ml"}),
+            Gpu(0, gpu_values(30), "h", labels={"pod": "b", "namespace": "ml"})]  # fmt: skip
+    event = only(mapped(dcgm_text(gpus), mapper))
+    assert (event["pod"], event["allocated"]) == ("a", True)
+    assert mapper.skipped == {"more than one series of a GPU (time-sliced pods?): the first kept": 1}

@@ -1,0 +1,162 @@
+"""kube-state-metrics exposition -> nodes, GPU requests, owners and tags (detector.ingest.kube),
+and the bridge's config file (detector.ingest.config)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from detector.ingest.config import ConfigInvalid, FileSd, Target, file_sd_targets, load_bridge_config
+from detector.ingest.kube import instance_id, kube_state
+from detector.ingest.prometheus import parse_exposition
+from tests.exposition import ksm_text, merge, node, pod
+
+T = 1_796_000_000.0
+
+# (case, providerID, (provider, the id billing uses))
+PROVIDER_IDS = [
+    # EKS / any EC2 node: the instance id after the availability zone
+    ("aws", "aws:///us-east-1a/i-0abc123def4567890", ("aws", "i-0abc123def4567890")),
+    # GKE / GCE: project, zone, instance name; the name is what GCP's billing export calls the resource
+    ("gce", "gce://ml-project/us-central1-a/gke-gpu-pool-1a2b3c4d-x9z8", ("gcp", "gke-gpu-pool-1a2b3c4d-x9z8")),
+    # Azure VM: the ARM resource id, lower case as Azure cost exports write it
+    ("azure vm", "azure:///subscriptions/0000-11/resourceGroups/MC_rg_aks_eastus/providers/Microsoft.Compute/"
+     "virtualMachines/gpu-vm-1",
+     ("azure", "/subscriptions/0000-11/resourcegroups/mc_rg_aks_eastus/providers/microsoft.compute/"
+      "virtualmachines/gpu-vm-1")),
+    # AKS scale set: the instance's id within its scale set
+    ("azure vmss", "azure:///subscriptions/0000-11/resourceGroups/mc_rg/providers/Microsoft.Compute/"
+     "virtualMachineScaleSets/aks-gpu-12345678-vmss/virtualMachines/3",
+     ("azure", "/subscriptions/0000-11/resourcegroups/mc_rg/providers/microsoft.compute/"
+      "virtualmachinescalesets/aks-gpu-12345678-vmss/virtualmachines/3")),
+    # another scheme (kind, k3s, vsphere...): the last path segment
+    ("kind", "kind://docker/kind/kind-worker", ("kind", "kind-worker")),
+    # none (bare-metal kubeadm): the host name stays the id
+    ("empty", "", None),
+    ("no scheme", "i-0abc", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("provider_id, want", [c[1:] for c in PROVIDER_IDS], ids=[c[0] for c in PROVIDER_IDS])
+def test_instance_id(provider_id: str, want: tuple[str, str] | None) -> None:
+    assert instance_id(provider_id) == want
+
+
+def test_nodes_requests_owners_and_tags() -> None:
+    text = ksm_text(merge(
+        node("n1", "aws:///us-east-1a/i-0n1", "p4d.24xlarge", "us-east-1", 8, ip="10.0.0.5",
+             extra_labels={"label_karpenter_sh_capacity_type": "spot"}),
+        node("n2", "aws:///us-east-1b/i-0n2", "g5.12xlarge", "us-east-1", 4),
+        pod("ml", "train-0", "n1", 4, owner=("Job", "train-20261130"), labels={"team": "nlp", "project": "llm"}),
+        pod("ml", "web-abc-1", "n1", 1, owner=("ReplicaSet", "web-abc"), phase="Pending"),
+        pod("ml", "old-run", "n1", 2, phase="Succeeded"),  # finished: holds nothing
+        pod("ml", "gone", "n2", 1, phase="Failed"),
+        pod("ml", "unscheduled", "", 1, phase="Pending"),  # no node yet: holds no node's GPU
+        {"kube_replicaset_owner": [({"namespace": "ml", "replicaset": "web-abc", "owner_kind": "Deployment",
+                                     "owner_name": "web", "owner_is_controller": "true"}, 1)],
+         "kube_job_owner": [({"namespace": "ml", "job_name": "train-20261130", "owner_kind": "CronJob",
+                              "owner_name": "train", "owner_is_controller": "true"}, 1)],
+         "kube_namespace_labels": [({"namespace": "ml", "label_team": "ml-platform", "label_env": "prod"}, 1)]},
+    ))  # fmt: skip
+    state = kube_state(parse_exposition(text, "ksm:8080"), T)
+    n1, n2 = state.nodes["n1"], state.nodes["n2"]
+    assert (n1.provider, n1.instance_id, n1.instance_type, n1.region, n1.pricing) == (
+        "aws", "i-0n1", "p4d.24xlarge", "us-east-1", "spot")
+    assert (n1.gpus_allocatable, n1.gpus_requested) == (8, 5)  # 4 running + 1 pending; the finished pod's 2 not
+    assert (n2.gpus_allocatable, n2.gpus_requested, n2.pricing) == (4, 0, "on_demand")
+    assert state.node("10.0.0.5") is n1  # an exporter known only by its address (federate's instance label)
+    assert state.workloads[("ml", "web-abc-1")] == "Deployment/web"  # ReplicaSet -> its Deployment
+    assert state.workloads[("ml", "train-0")] == "CronJob/train"  # Job -> its CronJob
+    assert ("ml", "old-run") not in state.workloads  # no owner (<none>)
+    assert state.tags("ml", "train-0") == {"team": "nlp", "env": "prod", "project": "llm"}  # pod over namespace
+    assert state.tags("ml", "web-abc-1") == {"team": "ml-platform", "env": "prod"}
+
+
+def test_beta_labels_and_exported_labels() -> None:
+    """Older clusters carry the beta labels; through Prometheus, ksm's namespace/pod may be exported_*."""
+    text = ksm_text({
+        "kube_node_labels": [({"node": "n1", "label_beta_kubernetes_io_instance_type": "p3.8xlarge",
+                               "label_failure_domain_beta_kubernetes_io_region": "eu-west-1"}, 1)],
+        "kube_node_status_allocatable": [({"node": "n1", "resource": "nvidia_com_gpu", "unit": "integer"}, 4)],
+        "kube_pod_container_resource_requests": [({"namespace": "monitoring", "pod": "kube-state-metrics-0",
+                                                   "exported_namespace": "ml", "exported_pod": "p", "container": "c",
+                                                   "node": "n1", "resource": "nvidia_com_gpu", "unit": "integer"}, 2)],
+        "kube_pod_status_phase": [({"namespace": "monitoring", "pod": "kube-state-metrics-0", "exported_namespace": "ml",
+                                    "exported_pod": "p", "phase": "Running"}, 1)],
+    })  # fmt: skip
+    n1 = kube_state(parse_exposition(text, "prometheus"), T).nodes["n1"]
+    assert (n1.instance_type, n1.region, n1.gpus_requested, n1.instance_id) == ("p3.8xlarge", "eu-west-1", 2, "")
+
+
+def test_config_errors_name_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text("interval: 0\ntargets:\n  - url: ftp://x\nhosts:\n  n1: {resource_id: i-1, pricing: cheap}\n")
+    with pytest.raises(ConfigInvalid) as err:
+        load_bridge_config(path)
+    lines = str(err.value).splitlines()
+    assert f"{path}:1 interval: must be more than 0" in lines
+    assert any(line.startswith(f"{path}:3 targets[0].url: expected http(s)://host:port/path") for line in lines)
+    assert any(line.startswith(f"{path}:5 hosts.n1.pricing: Input should be") for line in lines)
+    path.write_text("interval: 30s\n")
+    with pytest.raises(ConfigInvalid, match="nothing to scrape"):
+        load_bridge_config(path)
+
+
+def test_target_addresses() -> None:
+    assert Target(url="10.0.0.5:9400").address() == "http://10.0.0.5:9400/metrics"
+    assert Target(url="http://prom:9090", job="federate").address() == (
+        "http://prom:9090/federate?match%5B%5D=%7B__name__%3D~%22DCGM_FI_.%2A%7Ckube_.%2A%22%7D")
+    assert Target(url="http://ksm:8080/metrics", job="kube-state-metrics").address() == "http://ksm:8080/metrics"
+
+
+def test_file_sd(tmp_path: Path) -> None:
+    """Prometheus' file_sd format; a file that cannot be read is an error naming it, not a crash."""
+    (tmp_path / "gpus.json").write_text(json.dumps([
+        {"targets": ["10.0.0.5:9400", "10.0.0.6:9400"], "labels": {"cluster": "prod"}},
+        {"targets": ["10.0.0.7:9401"], "labels": {"__scheme__": "https", "__metrics_path__": "/dcgm"}},
+    ]))  # fmt: skip
+    (tmp_path / "broken.json").write_text('[{"targets": ["a:1"],')
+    targets, errors = file_sd_targets(FileSd(files=["gpus.json", "broken.json", "missing.json"], timeout=3), tmp_path)
+    assert [t.address() for t in targets] == ["http://10.0.0.5:9400/metrics", "http://10.0.0.6:9400/metrics",
+                                              "https://10.0.0.7:9401/dcgm"]  # fmt: skip
+    assert targets[0].labels == {"cluster": "prod"} and targets[2].labels == {}
+    assert {t.timeout for t in targets} == {3.0}
+    assert errors[0].startswith(f"{tmp_path / 'broken.json'}:1: not JSON")
+    assert errors[1] == f"{tmp_path / 'missing.json'}: cannot read: No such file or directory"
+
+
+def test_shipped_example_config_is_valid() -> None:
+    """deploy/bridge.yaml, the example the docs point at, loads as it is."""
+    config = load_bridge_config(Path(__file__).resolve().parent.parent / "deploy" / "bridge.yaml")
+    assert [t.job for t in config.targets] == ["kube-state-metrics", "dcgm"]
+    assert config.hosts["gpu-node-1"].resource_id == "i-0a1b2c3d4e5f67890"
+
+
+def test_usage_intervals() -> None:
+    """Each usage event covers the time since that resource's previous one; the first, and one
+    after a gap of more than 5 intervals, cover one interval (a gap is not billed as running)."""
+    from detector.ingest.hosts import Host, StaticHost
+    from detector.ingest.kube import Node
+    from detector.ingest.usage import UsageClock
+
+    clock = UsageClock(30.0)
+    node_host = Host("n1", "i-0n1", node=Node("n1", provider="aws", instance_type="p4d.24xlarge", region="us-east-1",
+                                              pricing="spot"))  # fmt: skip
+    events = [clock.event(node_host, T + dt) for dt in (0, 45, 45, 40, 1000)]
+    assert [(e["ts"], e["interval_s"]) if e else None for e in events] == [
+        ("2026-11-30T00:52:50Z", 30.0),  # the first: one interval, ending at the scrape
+        ("2026-11-30T00:53:20Z", 45.0),  # since the previous
+        None,  # the same time again (federate repeating a sample): nothing new
+        None,  # earlier than the previous: nothing
+        ("2026-11-30T01:09:30Z", 30.0),  # after a 955 s gap: one interval
+    ]
+    assert {k: events[0][k] for k in ("resource_id", "resource_type", "instance_type", "region", "provider",
+                                      "pricing", "state")} == {  # fmt: skip
+        "resource_id": "i-0n1", "resource_type": "gpu_instance", "instance_type": "p4d.24xlarge",
+        "region": "us-east-1", "provider": "aws", "pricing": "spot", "state": "running"}
+    assert "cost_usd" not in events[0]  # priced by the worker from pricing.yaml
+    assert clock.event(Host("bare", "bare"), T) is None  # no instance type: it could not be priced
+    static = Host("lab", "i-0lab", static=StaticHost(resource_id="i-0lab", instance_type="g5.xlarge", tags={"team": "x"}))
+    assert clock.event(static, T)["tags"] == {"team": "x"}  # type: ignore[index]
