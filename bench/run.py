@@ -97,7 +97,7 @@ def bench_latency(workdir: Path, ruleset) -> dict:
     # events reach the alert's fire time. Run alerts (keyed by project) are not timed.
     expected = backtest(path, ruleset).alerts
     completing: dict[int, str] = {}
-    gpu_types = {"idle_gpu", "stuck_gpu", "inference_overprovisioned"}
+    gpu_types = {"idle_gpu", "partly_idle_gpu", "unallocated_gpu", "stuck_gpu", "inference_overprovisioned"}
     for alert in expected:
         if alert.resource_type in ("run", "project"):
             continue

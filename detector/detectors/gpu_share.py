@@ -56,6 +56,12 @@ __all__ = ["MAX_UNITS", "GpuShare", "GpuShareParams", "GpuShareState"]
 
 FORGET_S = 3600.0
 """A unit with no sample for this long (while the host's others report) is gone."""
+_KEYS = tuple(str(i) for i in range(256))
+"""A whole GPU's unit key, by index (made once: this runs for every sample)."""
+BUSY, HELD, UNKNOWN, FREE = 3, 2, 1, 0
+"""A fresh GPU at one instant, ordered so that the max over its units is the GPU's: busy if any
+instance is; else held if a pod holds any, unknown if any says nothing, free if none is held."""
+_CODE = {True: HELD, None: UNKNOWN, False: FREE}
 
 
 class GpuShareParams(Params):
@@ -150,10 +156,12 @@ class GpuShare(DetectorBase):
     behaviour: ClassVar[bool] = True
     noun: ClassVar[str] = "idle"
     """What the counted GPUs are, in the facts ("6 of 8 idle")."""
+    codes: ClassVar[frozenset[int]]
+    """The idle GPUs this detector counts: :data:`HELD`, :data:`UNKNOWN`, :data:`FREE`."""
 
     def counts(self, allocated: bool | None) -> bool:
         """Whether an idle GPU with this allocation is this detector's."""
-        raise NotImplementedError
+        return _CODE[allocated] in self.codes
 
     def tracking(self, state: GpuShareState) -> Behaviour:
         """Part of the host idle while the rest works: an unusual level, not a pause."""
@@ -178,36 +186,42 @@ class GpuShare(DetectorBase):
         if type(event) is not GpuMetric or t <= st.stopped_at:
             return []
         ev = event
-        key = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else str(ev.gpu_index)
+        if ev.allocated is None and not st.units and UNKNOWN not in self.codes:
+            return []  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
+        key = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else _KEYS[ev.gpu_index]
         unit = st.units.get(key)
         if unit is not None and t <= unit.seen:
             return []  # a re-read or duplicate sample
         found = self._advance(st, res, t) if t > st.covered_until else []
+        p = self.params
         track = st.gpus.get(ev.gpu_index)
         if track is None:
             track = st.gpus[ev.gpu_index] = GpuTrack()
-        elif t - track.seen > self.params.stale_after and not (st.open and track.counted):
+        elif t - track.seen > p.stale_after and not (st.fired_at is not None and track.counted):
             _restart(track)  # a telemetry gap: its idle count starts again
-        pod = pod_of(ev)
+        pod = pod_of(ev) if ev.pod else None
         if unit is None:
             if len(st.units) >= MAX_UNITS:
                 self._forget(st, min(st.units, key=lambda k: st.units[k].seen))
                 track = st.gpus.setdefault(ev.gpu_index, track)
             unit = st.units[key] = Unit(gpu=ev.gpu_index, seen=t, allocated=ev.allocated, pod=pod)
             track.units.append(key)
-        elif self.counts(unit.allocated) != self.counts(ev.allocated) or _who(unit.pod) != _who(pod):
+        elif ((unit.allocated is not ev.allocated and self.counts(unit.allocated) != self.counts(ev.allocated))
+              or ((unit.pod is not None or pod is not None) and _who(unit.pod) != _who(pod))):  # fmt: skip
             # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
             if track.counted:
                 track.counted, st.left = False, "allocation_changed"
             track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
-        unit.seen, unit.busy = t, busy(ev, self.params.util_below)
+        unit.seen, unit.busy = t, busy(ev, p.util_below)
         unit.allocated, unit.pod = ev.allocated, pod
-        if ev.model:
+        if ev.model and ev.model != st.model:
             st.model = ev.model
-        track.seen = max(track.seen, t)
+        if t > track.seen:
+            track.seen = t
         if unit.busy:
-            track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
-        elif track.idle_since is None and not self._status(st, ev.gpu_index, t).busy:
+            if track.idle_since is not None or track.pending_from is not None:
+                track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
+        elif track.idle_since is None and (len(track.units) == 1 or not self._status(st, ev.gpu_index, t).busy):
             track.idle_since = t
         return found
 
@@ -243,38 +257,39 @@ class GpuShare(DetectorBase):
             return []
         p = self.params
         reason, st.left = st.left, ""
-        for key in [k for k, u in st.units.items() if c - u.seen > FORGET_S]:
+        # Each fresh GPU's state at c, from its units' latest samples, in one pass (every scrape).
+        state: dict[int, int] = {}
+        stale, gone = p.stale_after, []
+        for key, unit in st.units.items():
+            age = c - unit.seen
+            if age > stale:
+                if age > FORGET_S:
+                    gone.append(key)
+                continue
+            code = BUSY if unit.busy else _CODE[unit.allocated]
+            if code > state.get(unit.gpu, -1):
+                state[unit.gpu] = code
+        for key in gone:
             track = st.gpus.get(st.units[key].gpu)
             if track is not None and track.counted and len(track.units) == 1:
                 reason = "gpu_gone"
             self._forget(st, key)
-        status = {gpu: self._status(st, gpu, c) for gpu in st.gpus}
-        any_busy = any(s.fresh and s.busy for s in status.values())
-
-        def mine(gpu: int) -> bool:
-            s = status[gpu]
-            return s.fresh and not s.busy and self.counts(s.allocated)
-
+        any_busy = BUSY in state.values()
+        codes = self.codes
+        if st.since is None and not any(code in codes for code in state.values()):
+            self._spell(st, res, c, any_busy)  # no GPU of ours idle, no episode: only the host's spells
+            return []
+        self._spell(st, res, c, any_busy)
         changed = bool(reason)
         for gpu, track in st.gpus.items():
-            s = status[gpu]
-            if track.counted and s.fresh and (s.busy or not self.counts(s.allocated)):
+            now = state.get(gpu)
+            if track.counted and now is not None and now not in codes:
                 track.counted, changed = False, True
-                reason = "gpu_busy" if s.busy else "allocation_changed"
+                reason = "gpu_busy" if now == BUSY else "allocation_changed"
         found: list[Finding] = []
         if any_busy:
-            if st.whole_idle_since is not None and c - st.whole_idle_since >= p.for_:
-                # The host was idle_gpu's: what the GPUs did before is its business, and counts start again.
-                st.rebase_at, st.spell_s = c, 0.0
-                for track in st.gpus.values():
-                    track.pending_s, track.pending_from = 0.0, None
-            elif st.whole_idle_since is not None:
-                # A spell idle_gpu never fires for (a dip): its idle time is this rule's after all.
-                self._charge(st, res, st.spell_s)
-                st.spell_s = 0.0
-            st.whole_idle_since = None
             for gpu, track in st.gpus.items():
-                if (not track.counted and mine(gpu) and track.idle_since is not None
+                if (not track.counted and state.get(gpu, BUSY) in codes and track.idle_since is not None
                         and c - max(track.idle_since, st.rebase_at) >= p.for_):  # fmt: skip
                     track.counted, changed = True, True
                     self._charge(st, res, track.pending_s)
@@ -282,9 +297,7 @@ class GpuShare(DetectorBase):
                     if st.fired_at is None:
                         st.since = start if st.since is None else min(st.since, start)
                     track.pending_s, track.pending_from = 0.0, None
-        else:
-            if st.whole_idle_since is None:
-                st.whole_idle_since = c
+        elif st.whole_idle_since is not None:
             if c - st.whole_idle_since >= p.for_ and any(tr.counted for tr in st.gpus.values()):
                 spell, st.spell_s = st.whole_idle_since, 0.0
                 for track in st.gpus.values():
@@ -309,7 +322,7 @@ class GpuShare(DetectorBase):
             share_s = gap / len(st.gpus)
             n = 0
             for gpu, track in st.gpus.items():
-                if not mine(gpu):
+                if state.get(gpu, BUSY) not in codes:
                     continue
                 if track.counted:
                     n += 1
@@ -322,6 +335,26 @@ class GpuShare(DetectorBase):
             elif n:
                 st.spell_s += share_s * n
         return found
+
+    def _spell(self, st: GpuShareState, res: ResourceInfo, c: float, any_busy: bool) -> None:
+        """Keep the host's whole-idle spells: one starts at the first instant no GPU works, and
+        ends when one does. One that lasted ``for`` was ``idle_gpu``'s: counts start again and
+        what it held is dropped; a shorter one (a dip) is this rule's after all."""
+        since = st.whole_idle_since
+        if not any_busy:
+            if since is None:
+                st.whole_idle_since = c
+            return
+        if since is None:
+            return
+        if c - since >= self.params.for_:
+            st.rebase_at, st.spell_s = c, 0.0
+            for track in st.gpus.values():
+                track.pending_s, track.pending_from = 0.0, None
+        else:
+            self._charge(st, res, st.spell_s)
+            st.spell_s = 0.0
+        st.whole_idle_since = None
 
     # -- helpers ------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import builtins
 from typing import Any, ClassVar
 
-from detector.detectors.gpu_share import GpuShare, GpuShareParams
+from detector.detectors.gpu_share import HELD, UNKNOWN, GpuShare, GpuShareParams
 
 __all__ = ["PartlyIdleGpu", "PartlyIdleGpuParams"]
 
@@ -56,8 +56,7 @@ class PartlyIdleGpu(GpuShare):
         "pod fewer GPUs; the freed GPUs can then go to other work or the node to a smaller one."
     )
 
-    def counts(self, allocated: bool | None) -> bool:
-        return allocated is not False
+    codes: ClassVar[frozenset[int]] = frozenset({HELD, UNKNOWN})
 
     @classmethod
     def suggest(cls, details: dict[str, Any]) -> str:

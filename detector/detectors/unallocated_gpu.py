@@ -41,7 +41,7 @@ from __future__ import annotations
 import builtins
 from typing import ClassVar
 
-from detector.detectors.gpu_share import GpuShare, GpuShareParams
+from detector.detectors.gpu_share import FREE, GpuShare, GpuShareParams
 
 __all__ = ["UnallocatedGpu", "UnallocatedGpuParams"]
 
@@ -61,5 +61,4 @@ class UnallocatedGpu(GpuShare):
     )
     noun: ClassVar[str] = "unallocated"
 
-    def counts(self, allocated: bool | None) -> bool:
-        return allocated is False
+    codes: ClassVar[frozenset[int]] = frozenset({FREE})
