@@ -7,11 +7,13 @@ import re
 import pytest
 
 from detector.alerts import AlertManager
-from detector.detectors.pods import Pod, owner_tags, stop_command
+from detector.detectors.pods import MAX_UNITS, Pod, owner_tags, stop_command
 from detector.engine import Engine
+from detector.events import GpuMetric
 from detector.rules import Routing, load_rules
 from detector.slack import SlackNotifier
 from detector.testing import LocalSlack
+from tests.helpers import T0, at, usage
 from tests.test_partly_idle_gpu import gpu, host
 
 VISION = {"team": "vision", "owner": "dana", "project": "detector-v3"}
@@ -140,3 +142,14 @@ def test_slack_names_the_pod_and_the_command_and_keeps_hostile_names_inert(rules
     assert "*Idle for*" in text and "7 of 8 × A100" in text
     assert re.findall(r"<([^>]*)>", text + str(post.body.get("text", ""))) == []  # no markup from events at all
     assert fired.tags["team"] == "vision"  # the pods agree on the team (the hostile ones carry none)
+
+
+def test_pods_kept_per_host_are_bounded(ruleset):
+    """A producer inventing MIG instances with pods cannot grow idle_gpu's state past MAX_UNITS."""
+    events = [usage(T0)] + [GpuMetric(ts=at(T0 + i), resource_id="host-1", gpu_index=i % 8, mig_instance=f"m{i}",
+                                      util_pct=1.0, namespace="ns", pod=f"p{i}", allocated=True)
+                            for i in range(MAX_UNITS + 300)]  # fmt: skip
+    engine = Engine(ruleset)
+    engine.process(events)
+    state = engine._keys["host-1"].rules["idle-gpu"]
+    assert len(state.pods) == MAX_UNITS and len(state.allocated) == MAX_UNITS
