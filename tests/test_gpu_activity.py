@@ -62,12 +62,17 @@ def test_idle_gpu_busy_wins_on_any_signal(ruleset, fields, idle):
 @pytest.mark.parametrize(
     ("fields", "peak_first", "stuck"),
     [
-        # SM_ACTIVE exported: resident kernel, SMs idle -> stuck
+        # SM_ACTIVE without DRAM: resident kernel, SMs idle -> stuck
         ({"util_pct": 100.0, "sm_active": 0.01}, False, True),
-        # SM_ACTIVE says the SMs work -> not stuck, whatever DRAM says
-        ({"util_pct": 100.0, "sm_active": 0.7, "dram_active": 0.0}, False, False),
-        # sm_active is preferred: SMs idle decides even with DRAM traffic (copy engines)
-        ({"util_pct": 100.0, "sm_active": 0.0, "dram_active": 0.5}, False, True),
+        # ...and SMs active -> working
+        ({"util_pct": 100.0, "sm_active": 0.3}, False, False),
+        # a hung collective as measured on an H200: 32 polling blocks hold 24 % of the SMs, DRAM as idle -> stuck
+        ({"util_pct": 100.0, "gr_engine_active": 1.0, "sm_active": 0.24, "tensor_active": 0.0, "dram_active": 0.000004},
+         False, True),
+        # DRAM quiet but most SMs computing (a kernel working out of cache) -> working
+        ({"util_pct": 100.0, "sm_active": 0.9, "dram_active": 0.0}, False, False),
+        # DRAM moving decides over quiet SMs (the copy engines streaming a checkpoint in) -> working
+        ({"util_pct": 100.0, "sm_active": 0.0, "dram_active": 0.5}, False, False),
         # stock install (no SM_ACTIVE): DRAM and tensor near zero -> stuck, even with no known peak power
         ({"util_pct": 100.0, "gr_engine_active": 1.0, "tensor_active": 0.0, "dram_active": 0.0}, False, True),
         # stock install, a working job: DRAM moving -> not stuck
@@ -87,7 +92,8 @@ def test_idle_gpu_busy_wins_on_any_signal(ruleset, fields, idle):
         # nothing resident: idle, not stuck (idle_gpu's business)
         ({"util_pct": 0.0, "gr_engine_active": 0.0, "dram_active": 0.0}, False, False),
     ],
-    ids=["sm-idle", "sm-busy", "sm-preferred-over-dram", "stock-dram-quiet", "stock-dram-busy", "stock-tensor-busy",
+    ids=["sm-only-idle", "sm-only-busy", "hung-collective-32-channels", "sm-working-out-of-cache", "dram-over-sm",
+         "stock-dram-quiet", "stock-dram-busy", "stock-tensor-busy",
          "dram-at-threshold", "tensor-idle-power-low", "tensor-idle-power-high", "no-ratios-no-peak", "mig-gr-resident",
          "nothing-resident"],
 )

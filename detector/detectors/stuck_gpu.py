@@ -7,10 +7,11 @@ Example rule::
       match: {resource_type: [gpu_instance, notebook]}
       params:
         util_above: 90%          # DCGM_FI_DEV_GPU_UTIL (or GR_ENGINE_ACTIVE) says a kernel is resident...
-        sm_below: 5%             # ...while DCGM_FI_PROF_SM_ACTIVE says the SMs do nothing
-        tensor_below: 5%         # without sm_active: tensor pipes at or above this prove work...
-        dram_below: 2%           # ...and DRAM activity under this says nothing moves
-        power_below: 35%         # with neither: power under this share of the GPU's peak
+        tensor_below: 5%         # ...tensor pipes at or above this prove work...
+        dram_below: 2%           # ...DRAM activity under this says nothing moves...
+        sm_working: 60%          # ...unless SM_ACTIVE says most SMs compute (out of cache)
+        sm_below: 5%             # no DRAM reading: SM_ACTIVE under this says the SMs do nothing
+        power_below: 35%         # with none of them: power under this share of the GPU's peak
         for: 20m
       severity: critical
 
@@ -23,13 +24,14 @@ hung collective after 10 minutes by default, and many jobs raise it: 20 minutes 
 host looking busy-but-dead is past any healthy stall.
 
 What says "nothing runs", in order of preference (:mod:`detector.detectors.activity`):
-``sm_active`` under 5 % (a collective spins on a few SMs of 100+); else, as in a stock
-dcgm-exporter install that does not export ``SM_ACTIVE``, tensor activity under 5 % and
-``dram_active`` under 2 %: every training or inference step streams weights and
-activations through HBM, which keeps the memory interface busy a double-digit share of
-the time even for compute-bound matrix multiplies, while a kernel polling a flag reads
-it from L2 and leaves DRAM at ~0; else power under 35 % of the most the same GPU has
-drawn (a hung kernel draws little more than idle). Every GPU of the host must look
+tensor activity at or above 5 % says work; else ``dram_active`` (in dcgm-exporter's
+default counters) under 2 %, unless ``sm_active`` is exported and at or above 60 %: every
+training or inference step streams weights and activations through HBM (a bf16 matmul
+on an H200 keeps it 17 % busy, a copy 87 %), while a hung collective polls its flags
+from L2 and leaves DRAM at 0.0004 %, as idle; a collective holds one SM per channel (32
+polling blocks read 24 % of an H200's SMs), real compute nearly all of them (95 %).
+Without DRAM, ``sm_active`` under 5 %; with neither, power under 35 % of the most the
+same GPU has drawn (a hung kernel draws little more than idle). Every GPU of the host must look
 stuck (a hung job hangs all its ranks); one sample that looks alive, or idle, ends the
 episode.
 """
@@ -52,9 +54,10 @@ __all__ = ["StuckGpu", "StuckGpuParams"]
 class StuckGpuParams(GpuEpisodeParams):
     for_: Duration = Field(default=1200.0, alias="for", gt=0)
     util_above: Percent = 90.0
-    sm_below: Percent = 5.0
     tensor_below: Percent = 5.0
     dram_below: Percent = 2.0
+    sm_working: Percent = 60.0
+    sm_below: Percent = 5.0
     power_below: Percent = 35.0
 
 
@@ -75,7 +78,8 @@ class StuckGpu(GpuEpisode):
             st.peak_power_w[ev.gpu_index] = ev.power_w
         if resident(ev) < p.util_above:
             return True
-        stuck = stuck_evidence(ev, sm_below=p.sm_below, tensor_below=p.tensor_below, dram_below=p.dram_below)
+        stuck = stuck_evidence(ev, tensor_below=p.tensor_below, dram_below=p.dram_below, sm_working=p.sm_working,
+                               sm_below=p.sm_below)  # fmt: skip
         if stuck is not None:
             return not stuck
         return peak <= 0 or ev.power_w >= peak * p.power_below / 100
