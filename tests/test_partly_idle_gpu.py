@@ -11,6 +11,7 @@ from detector.detectors.pods import MAX_UNITS
 from detector.engine import Engine
 from detector.events import GpuMetric
 from detector.rules import load_rules
+from tests.conftest import ROOT
 from tests.helpers import MIN, T0, at, usage
 
 PRICE = 32.0
@@ -225,3 +226,21 @@ def test_state_is_bounded_per_host(ruleset):
     state = engine._keys["host-1"].rules["partly-idle-gpu"]
     assert len(state.units) <= MAX_UNITS
     assert sum(len(track.units) for track in state.gpus.values()) == len(state.units)
+
+
+@pytest.mark.parametrize("cut_min", [20, 45, 75], ids=["before-firing", "open", "in-whole-host-spell"])
+def test_a_restart_from_the_saved_state_changes_nothing(ruleset, cut_min):
+    """The worker saves a key's state after a batch and restores it after a restart: the alerts are
+    those of one uninterrupted run, wherever the cut falls (Kubernetes pods and MIG in the state)."""
+    units = [gpu(0, 95.0, allocated=True, namespace="ml", pod="a", workload="Job/a", tags={"team": "nlp"})]
+    units += [gpu(1, mig_instance=str(i), allocated=True, namespace="ml", pod=f"nb-{i}", workload="StatefulSet/nb")
+              for i in range(2)] + [gpu(2, allocated=False), gpu(3)]  # fmt: skip
+    events = host([(60, units), (40, [gpu(g) for g in range(4)]), (40, units)])
+    _, whole = run(ruleset, events)
+    cut = next(i for i, e in enumerate(events) if e.t >= T0 + cut_min * MIN)
+    first, saved = run(load_rules(ROOT / "rules"), events[:cut])
+    restarted = Engine(load_rules(ROOT / "rules"))  # a new process: nothing kept but the saved state
+    restarted.restore("host-1", first.snapshot("host-1"))
+    _, second = run(restarted.ruleset, events[cut:], restarted)
+    assert [(f.type, f.action, f.at, f.waste_usd, f.details) for f in saved + second] == \
+        [(f.type, f.action, f.at, f.waste_usd, f.details) for f in whole]  # fmt: skip
