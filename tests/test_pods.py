@@ -153,3 +153,16 @@ def test_pods_kept_per_host_are_bounded(ruleset):
     engine.process(events)
     state = engine._keys["host-1"].rules["idle-gpu"]
     assert len(state.pods) == MAX_UNITS and len(state.allocated) == MAX_UNITS
+
+
+def test_a_grouped_message_names_each_hosts_command(ruleset):
+    """Openings of one team posted together: each host's line says what to run."""
+    alerts = []
+    for rid, job in (("host-1", "train-a"), ("host-2", "train-b")):
+        events = host([(40, [pod(g, f"{job}-x", f"Job/{job}") for g in range(8)])], rid=rid)
+        alerts += [a for a in AlertManager(ruleset=ruleset).handle(Engine(ruleset).process(events)) if a.change == "fired"]
+    with LocalSlack() as slack:
+        SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2).post_group(alerts)
+        (post,) = slack.calls("chat.postMessage")
+    text = post.text_of_blocks()
+    assert "run `kubectl -n vision delete job train-a`" in text and "run `kubectl -n vision delete job train-b`" in text
