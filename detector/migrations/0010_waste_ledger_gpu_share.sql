@@ -6,9 +6,9 @@
 --   7 telemetry_stale  8 anomaly  9 untagged                             (spent, unexplained)
 --   10 spot_eligible  11 inference_overprovisioned                       (could be saved)
 -- Ranks 1-9 are kind 'waste'; 10-11 'could_save', sharing what ranks 1-6 left. The detectors
--- already keep idle_gpu and the per-GPU types off each other's hours (partly_idle_gpu and
--- unallocated_gpu count only while another GPU of the host works, idle_gpu only while none
--- does; the two per-GPU types count disjoint GPUs); the order only settles an hour that holds
+-- already keep idle_gpu and the per-GPU types off each other's hours (a whole-host idle spell
+-- that lasts idle_gpu's `for` is idle_gpu's alone, a shorter dip the per-GPU types'; the two
+-- per-GPU types count disjoint GPUs); the order only settles an hour that holds
 -- both a whole-host idle spell and partly idle time, each claim capped by what is left.
 
 DROP VIEW IF EXISTS {db}.waste_ledger;
