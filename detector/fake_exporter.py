@@ -22,8 +22,10 @@ milliseconds (the exposition format allows one), and each GET of a node's
 ``/metrics`` serves the next scrape (30 s of simulated time later), so a scraper
 polling as fast as it can walks the simulated day. ``?t=<epoch seconds>`` serves a
 given time instead and moves nothing. After the last scrape the exporter answers 503
-(``simulated time is over``). kube-state-metrics describes the cluster at the newest
-time any node has served, or at ``?t=``.
+(``simulated time is over``). kube-state-metrics describes the cluster as of the scrape
+the nodes' exporters serve next (or at ``?t=``): a scraper that reads it first, as the
+bridge does each round, then reads samples of the same instant, as it would from real
+exporters scraped together.
 """
 
 from __future__ import annotations
@@ -339,7 +341,17 @@ class FakeExporters:
 
     def _kube_state_page(self, query: dict[str, list[str]]) -> tuple[int, str]:
         t = _asked_time(query)
-        return 200, render_kube_state(self.nodes, self.latest if t is None else t)
+        return 200, render_kube_state(self.nodes, self.now if t is None else t)
+
+    @property
+    def now(self) -> float:
+        """The cluster's simulated time: the scrape the node exporters serve next (the last one
+        once they have served it)."""
+        clocks = list(self.clocks.values())
+        if not clocks:
+            return self.start
+        k = min(min(c.served for c in clocks), max(0, min(c.steps for c in clocks) - 1))
+        return self.start + k * self.scrape_s
 
     def _serve(self, page: Any) -> int:
         class Handler(BaseHTTPRequestHandler):
