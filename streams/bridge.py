@@ -137,7 +137,11 @@ class Bridge:
             result.ok = True
             if target.labels:
                 samples = [Sample(s.name, {**target.labels, **s.labels}, s.value, s.timestamp) for s in samples]
-            await self._publish_samples(target, samples, t, result)
+            try:
+                await self._publish_samples(target, samples, t, result)
+            except Exception as exc:  # a bug of ours on this answer: this scrape fails, the target's task goes on
+                log.exception("scrape_mapping_failed", target=address, job=target.job)
+                result.ok, result.error = False, f"{address}: could not map the samples: {type(exc).__name__}: {exc}"
         self.metrics.scrapes.labels(address, target.job, "ok" if result.ok else "failed").inc()
         self.metrics.up.labels(address, target.job).set(1 if result.ok else 0)
         for reason, n in result.skipped.items():

@@ -148,7 +148,7 @@ def pod(namespace: str, name: str, node_name: str, gpus: int, *, phase: str = "R
     }
     if labels:
         out["kube_pod_labels"] = [({"namespace": namespace, "pod": name, "uid": uid,
-                                    **{f"label_{k}": v for k, v in labels.items()}}, 1)]  # fmt: skip
+                                    **{f"label_{k.replace('-', '_')}": v for k, v in labels.items()}}, 1)]  # fmt: skip
     return out
 
 

@@ -234,3 +234,13 @@ def test_mig_instances_are_the_units() -> None:
     (batch,) = mapped(dcgm_text(gpus), mapper)
     assert [(e["gpu_index"], e["mig_instance"], e["util_pct"]) for e in batch.events] == [(0, "1", 50.0), (0, "2", 0.0)]
     assert mapper.skipped == {"MIG parent GPU (its instances are published)": 1}
+
+
+def test_time_sliced_gpu_is_one_sample() -> None:
+    """A GPU shared by time-sliced pods has a series per pod: one event, the first pod's, counted."""
+    mapper = DcgmMapper()
+    gpus = [Gpu(0, gpu_values(30), "h", labels={"pod": "a", "namespace": "ml"}),
+            Gpu(0, gpu_values(30), "h", labels={"pod": "b", "namespace": "ml"})]  # fmt: skip
+    event = only(mapped(dcgm_text(gpus), mapper))
+    assert (event["pod"], event["allocated"]) == ("a", True)
+    assert mapper.skipped == {"more than one series of a GPU (time-sliced pods?): the first kept": 1}

@@ -63,7 +63,12 @@ def test_nodes_requests_owners_and_tags() -> None:
     state = kube_state(parse_exposition(text, "ksm:8080"), T)
     n1, n2 = state.nodes["n1"], state.nodes["n2"]
     assert (n1.provider, n1.instance_id, n1.instance_type, n1.region, n1.pricing) == (
-        "aws", "i-0n1", "p4d.24xlarge", "us-east-1", "spot")
+        "aws",
+        "i-0n1",
+        "p4d.24xlarge",
+        "us-east-1",
+        "spot",
+    )
     assert (n1.gpus_allocatable, n1.gpus_requested) == (8, 5)  # 4 running + 1 pending; the finished pod's 2 not
     assert (n2.gpus_allocatable, n2.gpus_requested, n2.pricing) == (4, 0, "on_demand")
     assert state.node("10.0.0.5") is n1  # an exporter known only by its address (federate's instance label)
@@ -107,7 +112,8 @@ def test_config_errors_name_file_line_and_field(tmp_path: Path) -> None:
 def test_target_addresses() -> None:
     assert Target(url="10.0.0.5:9400").address() == "http://10.0.0.5:9400/metrics"
     assert Target(url="http://prom:9090", job="federate").address() == (
-        "http://prom:9090/federate?match%5B%5D=%7B__name__%3D~%22DCGM_FI_.%2A%7Ckube_.%2A%22%7D")
+        "http://prom:9090/federate?match%5B%5D=%7B__name__%3D~%22DCGM_FI_.%2A%7Ckube_.%2A%22%7D"
+    )
     assert Target(url="http://ksm:8080/metrics", job="kube-state-metrics").address() == "http://ksm:8080/metrics"
 
 
@@ -125,3 +131,60 @@ def test_file_sd(tmp_path: Path) -> None:
     assert {t.timeout for t in targets} == {3.0}
     assert errors[0].startswith(f"{tmp_path / 'broken.json'}:1: not JSON")
     assert errors[1] == f"{tmp_path / 'missing.json'}: cannot read: No such file or directory"
+
+
+def test_shipped_example_config_is_valid() -> None:
+    """deploy/bridge.yaml, the example the docs point at, loads as it is."""
+    config = load_bridge_config(Path(__file__).resolve().parent.parent / "deploy" / "bridge.yaml")
+    assert [t.job for t in config.targets] == ["kube-state-metrics", "dcgm"]
+    assert config.hosts["gpu-node-1"].resource_id == "i-0a1b2c3d4e5f67890"
+
+
+def test_usage_intervals() -> None:
+    """Each usage event covers the time since that resource's previous one; the first, and one
+    after a gap of more than 5 intervals, cover one interval (a gap is not billed as running)."""
+    from detector.ingest.hosts import Host, StaticHost
+    from detector.ingest.kube import Node
+    from detector.ingest.usage import UsageClock
+
+    clock = UsageClock(30.0)
+    node_host = Host("n1", "i-0n1", node=Node("n1", provider="aws", instance_type="p4d.24xlarge", region="us-east-1",
+                                              pricing="spot"))  # fmt: skip
+    events = [clock.event(node_host, T + dt) for dt in (0, 45, 45, 40, 1000)]
+    assert [(e["ts"], e["interval_s"]) if e else None for e in events] == [
+        ("2026-11-30T00:52:50Z", 30.0),  # the first: one interval, ending at the scrape
+        ("2026-11-30T00:53:20Z", 45.0),  # since the previous
+        None,  # the same time again (federate repeating a sample): nothing new
+        None,  # earlier than the previous: nothing
+        ("2026-11-30T01:09:30Z", 30.0),  # after a 955 s gap: one interval
+    ]
+    assert {
+        k: events[0][k] for k in ("resource_id", "resource_type", "instance_type", "region", "provider", "pricing", "state")
+    } == {  # fmt: skip
+        "resource_id": "i-0n1",
+        "resource_type": "gpu_instance",
+        "instance_type": "p4d.24xlarge",
+        "region": "us-east-1",
+        "provider": "aws",
+        "pricing": "spot",
+        "state": "running",
+    }
+    assert "cost_usd" not in events[0]  # priced by the worker from pricing.yaml
+    assert clock.event(Host("bare", "bare"), T) is None  # no instance type: it could not be priced
+    static = Host("lab", "i-0lab", static=StaticHost(resource_id="i-0lab", instance_type="g5.xlarge", tags={"team": "x"}))
+    assert clock.event(static, T)["tags"] == {"team": "x"}  # type: ignore[index]
+
+
+def test_a_nodes_tag_labels_become_its_usage_tags() -> None:
+    """A node pool labelled with an owner is that team's spend, not untagged; a host entry's tags win."""
+    from detector.ingest.hosts import Host, StaticHost
+    from detector.ingest.usage import UsageClock
+
+    text = ksm_text(merge(node("n1", "aws:///us-east-1a/i-0n1", "p4d.24xlarge", "us-east-1", 8,
+                               extra_labels={"label_team": "platform", "label_env": "prod", "label_zone": "a"})))  # fmt: skip
+    n1 = kube_state(parse_exposition(text, "ksm"), T).nodes["n1"]
+    assert n1.tags == {"team": "platform", "env": "prod"}  # only the tag labels
+    clock = UsageClock(30.0)
+    assert clock.event(Host("n1", "i-0n1", node=n1), T)["tags"] == {"team": "platform", "env": "prod"}  # type: ignore[index]
+    both = Host("n1", "i-0n1", node=n1, static=StaticHost(resource_id="i-0n1", tags={"team": "research"}))
+    assert clock.event(both, T + 30)["tags"] == {"team": "research", "env": "prod"}  # type: ignore[index]

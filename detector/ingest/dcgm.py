@@ -131,9 +131,13 @@ class DcgmMapper:
             unit = units.get(key)
             if unit is None:
                 unit = units[key] = _Unit(host, index, key[2], labels)
+            if s.name in unit.values:  # a GPU shared by time-sliced pods: a series per pod, the first kept
+                if s.name == GPU_UTIL:
+                    self.skipped["more than one series of a GPU (time-sliced pods?): the first kept"] += 1
+                continue
             if s.name == GPU_UTIL:
                 unit.labels = labels  # the pod labels of the GPU's utilisation are the ones published
-            unit.values.setdefault(s.name, s)
+            unit.values[s.name] = s
         return units
 
     def _gpus(self, units: list[_Unit]) -> list[_Unit]:

@@ -23,7 +23,9 @@ from detector.ingest.prometheus import Sample
 
 __all__ = ["DEFAULT_TAG_LABELS", "KubeState", "Node", "instance_id", "kube_state"]
 
-DEFAULT_TAG_LABELS = ("team", "owner", "department", "env", "app", "project")
+DEFAULT_TAG_LABELS = ("team", "owner", "department", "env", "app", "project", "notebook-name")
+"""OpenCost's default owner labels, ``project``, and the label Kubeflow's notebook controller puts
+on a notebook's pods (its alert then says how to stop the notebook, not the StatefulSet under it)."""
 """OpenCost's default ownership label names, plus ``project``."""
 
 _INSTANCE_TYPE = ("label_node_kubernetes_io_instance_type", "label_beta_kubernetes_io_instance_type")
@@ -93,6 +95,8 @@ class Node:
     """GPUs (and MIG instances) requested by the node's pods that have not finished."""
     t: float | None = None
     """The sample time of its ``kube_node_info``, when the exposition carried one."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """The node's own ``tag_labels`` (a node pool labelled ``team=platform``): its usage events' tags."""
 
 
 @dataclass
@@ -173,6 +177,7 @@ def kube_state(samples: Iterable[Sample], t: float, tag_labels: Iterable[str] = 
         n.region = next((s.labels[k] for k in _REGION if s.labels.get(k)), n.region)
         if any(s.labels.get(k, "").lower() == v for k, v in _SPOT.items()):
             n.pricing = "spot"
+        n.tags = _tags(s.labels, wanted) or n.tags
     for s in by_name.get("kube_node_status_allocatable", ()):
         name = label(s.labels, "node")
         if name and gpu_resource(s.labels.get("resource", "")) and s.value > 0:

@@ -58,6 +58,7 @@ class UsageClock:
                 event[key] = value
         if pricing != "on_demand":
             event["pricing"] = pricing
-        if static and static.tags:
-            event["tags"] = dict(static.tags)
+        tags = {**(node.tags if node else {}), **(static.tags if static else {})}
+        if tags:
+            event["tags"] = tags
         return event
