@@ -174,10 +174,15 @@ def render_kube_state(nodes: list[K8sNode], t: float) -> str:
           ("internal_ip", _internal_ip(n))], "1")
         for n in nodes], ms)  # fmt: skip
     out += _gauge("kube_node_labels", "Kubernetes labels converted to Prometheus labels.", [
-        ([("node", n.node_name), ("label_eks_amazonaws_com_nodegroup", f"gpu-{n.instance_type.split('.')[0]}"),
-          ("label_node_kubernetes_io_instance_type", n.instance_type),
-          ("label_nvidia_com_gpu_product", n.gpu_model.replace(" ", "-")),
-          ("label_topology_kubernetes_io_zone", n.zone)], "1")
+        ([("node", n.node_name)] + sorted([
+            ("label_eks_amazonaws_com_capacity_type", "ON_DEMAND"),
+            ("label_eks_amazonaws_com_nodegroup", f"gpu-{n.instance_type.split('.')[0]}"),
+            ("label_node_kubernetes_io_instance_type", n.instance_type),
+            ("label_nvidia_com_gpu_product", n.gpu_model.replace(" ", "-")),
+            ("label_topology_kubernetes_io_region", n.zone[:-1]),
+            ("label_topology_kubernetes_io_zone", n.zone),
+            *((f"label_{k}", v) for k, v in n.tags.items()),  # the node group's cost labels
+        ]), "1")
         for n in nodes], ms)  # fmt: skip
     allocatable: list[tuple[list[tuple[str, str]], str]] = []
     for n in nodes:

@@ -308,8 +308,8 @@ ORDER BY wasted_usd DESC"""
 
 def _bridge_config(workdir: Path, exporters: Any) -> Path:
     """The bridge's config for the fake exporters, written as a user would write it: one
-    target per node's dcgm-exporter, kube-state-metrics, and the nodes' cost tags (a static
-    map, since kube-state-metrics knows no cloud tags)."""
+    target per node's dcgm-exporter, and kube-state-metrics (which maps each node to its
+    instance, and gives the node group's cost labels)."""
     import yaml
 
     config = {
@@ -317,7 +317,6 @@ def _bridge_config(workdir: Path, exporters: Any) -> Path:
         "listen": "",
         "targets": [{"url": url, "job": "dcgm"} for url in exporters.dcgm_urls.values()]
         + [{"url": exporters.kube_state_url, "job": "kube-state-metrics"}],
-        "hosts": {node.node_name: {"tags": dict(node.tags)} for node in exporters.nodes},
     }
     path = workdir / "bridge.yaml"
     path.write_text("# written by burnwatch demo --via-bridge for the fake exporters it started\n"

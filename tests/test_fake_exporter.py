@@ -103,6 +103,8 @@ def test_kube_state_metrics_describe_the_nodes_and_the_pods_holding_gpus(nodes):
     assert info == {n.node_name: f"aws:///{n.zone}/{n.instance_id}" for n in nodes}
     types = {s.labels["node"]: s.labels["label_node_kubernetes_io_instance_type"] for s in by_name["kube_node_labels"]}
     assert types == {n.node_name: n.instance_type for n in nodes}
+    teams = {s.labels["node"]: s.labels["label_team"] for s in by_name["kube_node_labels"]}
+    assert teams == {n.node_name: n.tags["team"] for n in nodes}
     gpus = {s.labels["node"]: s.value for s in by_name["kube_node_status_allocatable"]
             if s.labels["resource"] == "nvidia_com_gpu"}  # fmt: skip
     assert gpus == {n.node_name: 8 for n in nodes}
