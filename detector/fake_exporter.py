@@ -104,8 +104,7 @@ def _dcgm_fields(node: K8sNode, gpu: int, span: GpuSpan, t: float, rng: random.R
         "DCGM_FI_DEV_MEMORY_TEMP": int(32 + 30 * work + rng.uniform(0, 3)),
         "DCGM_FI_DEV_GPU_TEMP": int(30 + 40 * work + rng.uniform(0, 3)),
         "DCGM_FI_DEV_POWER_USAGE": float(s["power_w"]),
-        # a counter since boot: grows with time at a typical draw (a monotonic stand-in for the integral)
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(elapsed * node.max_power * 0.5 * 1000),
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(node.energy_mj(gpu, t)),
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
         "DCGM_FI_DEV_GPU_UTIL": int(round(s["util_pct"])),
         "DCGM_FI_DEV_MEM_COPY_UTIL": int(s["dram_active"] * 100),

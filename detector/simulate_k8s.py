@@ -75,6 +75,8 @@ MIN_EPISODE_S = 1800.0 + 60.0
 IDLE = ("idle", "dip")
 """Modes of a GPU a pod holds while nothing runs on it."""
 BUSY = ("busy", "serving")
+POWER_SHARE = {"busy": 0.8, "serving": 0.45, "idle": 0.15, "dip": 0.15, "free": 0.1}
+"""A GPU's mean draw in each mode, as a share of its peak (samples vary by 5 % around it)."""
 FOR_S = 1800.0
 """How long a GPU is idle before its idle time is an episode (the rules' ``for``)."""
 GPU_FIELDS = ("util_pct", "mem_used_mib", "mem_total_mib", "power_w", "gr_engine_active", "tensor_active",
@@ -154,6 +156,16 @@ class K8sNode:
         span = self.spans[gpu][i]
         return span if t < span.end else None
 
+    def energy_mj(self, gpu: int, t: float) -> float:
+        """Energy GPU ``gpu`` drew from the first span to ``t`` at its modes' mean power, in mJ
+        (what dcgm-exporter's energy counter counts)."""
+        joules = 0.0
+        for span in self.spans[gpu]:
+            if span.start >= t:
+                break
+            joules += self.max_power * POWER_SHARE[span.mode] * (min(span.end, t) - span.start)
+        return joules * 1000.0
+
     def pods_at(self, t: float) -> list[Pod]:
         """The pods holding GPUs of this node at ``t``, each once."""
         pods: dict[str, Pod] = {}
@@ -169,18 +181,18 @@ def k8s_sample(node: K8sNode, gpu: int, span: GpuSpan, t: float, rng: random.Ran
     mode = span.mode
     if mode == "busy":
         util, gr = rng.uniform(70, 100), rng.uniform(0.6, 0.95)
-        tensor, dram, power = rng.uniform(0.25, 0.7), rng.uniform(0.3, 0.65), 0.8
+        tensor, dram, power = rng.uniform(0.25, 0.7), rng.uniform(0.3, 0.65), POWER_SHARE[mode]
     elif mode == "serving":
         day = 8 <= datetime.fromtimestamp(t, tz=timezone.utc).hour < 20
         util = rng.uniform(35, 60) if day else rng.uniform(15, 40)
         gr = util / 100 * rng.uniform(0.85, 1.0)
-        tensor, dram, power = gr * rng.uniform(0.2, 0.4), gr * rng.uniform(0.3, 0.6), 0.45
+        tensor, dram, power = gr * rng.uniform(0.2, 0.4), gr * rng.uniform(0.3, 0.6), POWER_SHARE[mode]
     elif mode == "free":  # no process: nothing resident
         util = gr = tensor = dram = 0.0
-        power = 0.1
+        power = POWER_SHARE[mode]
     else:  # idle or dip: the pod's process holds its memory and does nothing
         util, gr = rng.uniform(0, 2.5), rng.uniform(0, 0.015)
-        tensor, dram, power = rng.uniform(0, 0.002), rng.uniform(0, 0.01), 0.15
+        tensor, dram, power = rng.uniform(0, 0.002), rng.uniform(0, 0.01), POWER_SHARE[mode]
     mem = span.pod.mem_mib if span.pod is not None else 0.0
     return {
         "util_pct": round(util, 1), "mem_used_mib": mem, "mem_total_mib": node.mem_total_mib,

@@ -180,3 +180,20 @@ def test_kube_state_read_first_agrees_with_the_samples_read_next(nodes):
             assert requested == held
             held_counts.add(held)
         assert len(held_counts) == 2  # the change happened in between
+
+
+def test_the_energy_counter_is_the_integral_of_the_draw(nodes):
+    """Power from the energy counter's increase (the bridge's fallback without POWER_USAGE)
+    is the GPU's mean draw in what it does."""
+    node = nodes[0]
+    span = next(s for s in node.spans[0] if s.mode == "busy" and s.end - s.start >= 600)
+
+    def energy(t: float) -> float:
+        (sample,) = [s for s in samples(render_dcgm(node, t))["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+                     if s.labels["gpu"] == "0"]  # fmt: skip
+        return sample.value
+
+    watts = (energy(span.start + 600) - energy(span.start)) / 1000 / 600
+    assert watts == pytest.approx(node.max_power * 0.8, rel=0.01)
+    readings = [energy(T0 + hour * HOUR) for hour in range(0, 24, 2)]
+    assert readings == sorted(readings) and readings[-1] > readings[0]
