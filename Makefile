@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test demo test test-fast bench eval lint clean
+.PHONY: install install-test demo demo-bridge test test-fast bench eval lint clean
 
 install: $(STAMP)
 
@@ -25,6 +25,9 @@ $(TEST_STAMP): $(STAMP) pyproject.toml
 
 demo: install
 	$(BIN)/burnwatch demo
+
+demo-bridge: install
+	$(BIN)/burnwatch demo --via-bridge
 
 test: install-test
 	$(BIN)/python -m pytest

@@ -29,7 +29,7 @@ from detector.replay import write_replay
 from detector.rules import RuleSet
 from detector.simulate import Label, SimConfig, simulate
 
-__all__ = ["K8S_NODES", "TypeScore", "evaluate", "match", "score"]
+__all__ = ["K8S_NODES", "MATCH_SLACK_S", "TypeScore", "evaluate", "match", "score"]
 
 K8S_NODES = 4
 """Shared Kubernetes GPU nodes in each evaluated fleet (one of each kind the simulator has)."""
@@ -73,11 +73,17 @@ class TypeScore:
                 "median_error": rounded(self.median_error)}  # fmt: skip
 
 
+MATCH_SLACK_S = 5.0
+"""How far outside its label an alert may be dated and still be that label's: a sample's
+clock jitter (``--messy``: 2 s) moves an alert that fires at its episode's first sample (a
+GPU long idle when another starts working again) just before the labelled start."""
+
+
 def match(alert: Alert, label: Label) -> bool:
     return (
         alert.type == label.type
         and alert.resource_id == label.resource_id
-        and label.start <= alert.fired_at <= label.end
+        and label.start - MATCH_SLACK_S <= alert.fired_at <= label.end + MATCH_SLACK_S
     )
 
 

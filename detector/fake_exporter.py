@@ -22,8 +22,10 @@ milliseconds (the exposition format allows one), and each GET of a node's
 ``/metrics`` serves the next scrape (30 s of simulated time later), so a scraper
 polling as fast as it can walks the simulated day. ``?t=<epoch seconds>`` serves a
 given time instead and moves nothing. After the last scrape the exporter answers 503
-(``simulated time is over``). kube-state-metrics describes the cluster at the newest
-time any node has served, or at ``?t=``.
+(``simulated time is over``). kube-state-metrics describes the cluster as of the scrape
+the nodes' exporters serve next (or at ``?t=``): a scraper that reads it first, as the
+bridge does each round, then reads samples of the same instant, as it would from real
+exporters scraped together.
 """
 
 from __future__ import annotations
@@ -102,8 +104,7 @@ def _dcgm_fields(node: K8sNode, gpu: int, span: GpuSpan, t: float, rng: random.R
         "DCGM_FI_DEV_MEMORY_TEMP": int(32 + 30 * work + rng.uniform(0, 3)),
         "DCGM_FI_DEV_GPU_TEMP": int(30 + 40 * work + rng.uniform(0, 3)),
         "DCGM_FI_DEV_POWER_USAGE": float(s["power_w"]),
-        # a counter since boot: grows with time at a typical draw (a monotonic stand-in for the integral)
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(elapsed * node.max_power * 0.5 * 1000),
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(node.energy_mj(gpu, t)),
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
         "DCGM_FI_DEV_GPU_UTIL": int(round(s["util_pct"])),
         "DCGM_FI_DEV_MEM_COPY_UTIL": int(s["dram_active"] * 100),
@@ -172,10 +173,15 @@ def render_kube_state(nodes: list[K8sNode], t: float) -> str:
           ("internal_ip", _internal_ip(n))], "1")
         for n in nodes], ms)  # fmt: skip
     out += _gauge("kube_node_labels", "Kubernetes labels converted to Prometheus labels.", [
-        ([("node", n.node_name), ("label_eks_amazonaws_com_nodegroup", f"gpu-{n.instance_type.split('.')[0]}"),
-          ("label_node_kubernetes_io_instance_type", n.instance_type),
-          ("label_nvidia_com_gpu_product", n.gpu_model.replace(" ", "-")),
-          ("label_topology_kubernetes_io_zone", n.zone)], "1")
+        ([("node", n.node_name)] + sorted([
+            ("label_eks_amazonaws_com_capacity_type", "ON_DEMAND"),
+            ("label_eks_amazonaws_com_nodegroup", f"gpu-{n.instance_type.split('.')[0]}"),
+            ("label_node_kubernetes_io_instance_type", n.instance_type),
+            ("label_nvidia_com_gpu_product", n.gpu_model.replace(" ", "-")),
+            ("label_topology_kubernetes_io_region", n.zone[:-1]),
+            ("label_topology_kubernetes_io_zone", n.zone),
+            *((f"label_{k}", v) for k, v in n.tags.items()),  # the node group's cost labels
+        ]), "1")
         for n in nodes], ms)  # fmt: skip
     allocatable: list[tuple[list[tuple[str, str]], str]] = []
     for n in nodes:
@@ -339,7 +345,17 @@ class FakeExporters:
 
     def _kube_state_page(self, query: dict[str, list[str]]) -> tuple[int, str]:
         t = _asked_time(query)
-        return 200, render_kube_state(self.nodes, self.latest if t is None else t)
+        return 200, render_kube_state(self.nodes, self.now if t is None else t)
+
+    @property
+    def now(self) -> float:
+        """The cluster's simulated time: the scrape the node exporters serve next (the last one
+        once they have served it)."""
+        clocks = list(self.clocks.values())
+        if not clocks:
+            return self.start
+        k = min(min(c.served for c in clocks), max(0, min(c.steps for c in clocks) - 1))
+        return self.start + k * self.scrape_s
 
     def _serve(self, page: Any) -> int:
         class Handler(BaseHTTPRequestHandler):

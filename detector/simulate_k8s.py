@@ -18,11 +18,18 @@ One node kind in four has every pod go quiet together for an hour or two once a 
 the whole host idle, which is ``idle_gpu``'s (labelled so, as for any host).
 
 Labels come from the per-GPU timeline, sample by sample, the way the label types
-define them: ``idle_gpu`` where every GPU of the host is idle (held or not) for 31
-minutes or more; ``partly_idle_gpu`` where GPUs held by a pod sit idle for 31 minutes
-or more while the host as a whole is not in an ``idle_gpu`` episode, one host-level
-label per stretch of overlapping GPU episodes, priced at each idle GPU's share of the
-host; ``unallocated_gpu`` likewise for GPUs that no pod holds.
+define them (and ``partly_idle_gpu`` / ``unallocated_gpu`` are documented to behave,
+detector/detectors/gpu_share.py):
+
+- ``idle_gpu``: every GPU of the host idle (held by a pod or not) for 31 minutes or more;
+- ``partly_idle_gpu``: a GPU held by a pod and idle for 30 minutes (its idle run starts
+  at its first idle sample; another pod starts a new run) counts, at a sample when some
+  GPU of the host works; the host's episode lasts while a GPU counts, and an ``idle_gpu``
+  spell ends it where the spell starts (a shorter whole-host idle spell it waits through;
+  a GPU idle through a spell counts again as soon as work resumes). Dollars: each GPU's
+  share of the host price over its idle run's time while another GPU worked, its time
+  before it counted included; never a whole-host idle hour;
+- ``unallocated_gpu``: the same for GPUs no pod holds.
 
 Samples look like a stock dcgm-exporter's in Kubernetes mode after the bridge has
 mapped them: ``util_pct``, memory, power and the default profiling fields
@@ -38,7 +45,7 @@ import bisect
 import random
 import string
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -67,6 +74,11 @@ MIN_EPISODE_S = 1800.0 + 60.0
 """A labelled episode lasts 31 minutes or more, so a sample past the detectors' 30 minutes exists."""
 IDLE = ("idle", "dip")
 """Modes of a GPU a pod holds while nothing runs on it."""
+BUSY = ("busy", "serving")
+POWER_SHARE = {"busy": 0.8, "serving": 0.45, "idle": 0.15, "dip": 0.15, "free": 0.1}
+"""A GPU's mean draw in each mode, as a share of its peak (samples vary by 5 % around it)."""
+FOR_S = 1800.0
+"""How long a GPU is idle before its idle time is an episode (the rules' ``for``)."""
 GPU_FIELDS = ("util_pct", "mem_used_mib", "mem_total_mib", "power_w", "gr_engine_active", "tensor_active",
               "dram_active")  # fmt: skip
 """The measurements a sample carries (``sm_active`` is absent, as in dcgm-exporter's defaults)."""
@@ -144,6 +156,16 @@ class K8sNode:
         span = self.spans[gpu][i]
         return span if t < span.end else None
 
+    def energy_mj(self, gpu: int, t: float) -> float:
+        """Energy GPU ``gpu`` drew from the first span to ``t`` at its modes' mean power, in mJ
+        (what dcgm-exporter's energy counter counts)."""
+        joules = 0.0
+        for span in self.spans[gpu]:
+            if span.start >= t:
+                break
+            joules += self.max_power * POWER_SHARE[span.mode] * (min(span.end, t) - span.start)
+        return joules * 1000.0
+
     def pods_at(self, t: float) -> list[Pod]:
         """The pods holding GPUs of this node at ``t``, each once."""
         pods: dict[str, Pod] = {}
@@ -159,18 +181,18 @@ def k8s_sample(node: K8sNode, gpu: int, span: GpuSpan, t: float, rng: random.Ran
     mode = span.mode
     if mode == "busy":
         util, gr = rng.uniform(70, 100), rng.uniform(0.6, 0.95)
-        tensor, dram, power = rng.uniform(0.25, 0.7), rng.uniform(0.3, 0.65), 0.8
+        tensor, dram, power = rng.uniform(0.25, 0.7), rng.uniform(0.3, 0.65), POWER_SHARE[mode]
     elif mode == "serving":
         day = 8 <= datetime.fromtimestamp(t, tz=timezone.utc).hour < 20
         util = rng.uniform(35, 60) if day else rng.uniform(15, 40)
         gr = util / 100 * rng.uniform(0.85, 1.0)
-        tensor, dram, power = gr * rng.uniform(0.2, 0.4), gr * rng.uniform(0.3, 0.6), 0.45
+        tensor, dram, power = gr * rng.uniform(0.2, 0.4), gr * rng.uniform(0.3, 0.6), POWER_SHARE[mode]
     elif mode == "free":  # no process: nothing resident
         util = gr = tensor = dram = 0.0
-        power = 0.1
+        power = POWER_SHARE[mode]
     else:  # idle or dip: the pod's process holds its memory and does nothing
         util, gr = rng.uniform(0, 2.5), rng.uniform(0, 0.015)
-        tensor, dram, power = rng.uniform(0, 0.002), rng.uniform(0, 0.01), 0.15
+        tensor, dram, power = rng.uniform(0, 0.002), rng.uniform(0, 0.01), POWER_SHARE[mode]
     mem = span.pod.mem_mib if span.pod is not None else 0.0
     return {
         "util_pct": round(util, 1), "mem_used_mib": mem, "mem_total_mib": node.mem_total_mib,
@@ -216,8 +238,10 @@ def k8s_records(node: K8sNode, start: float, end: float, scrape_s: float, rng: r
 class _NodeBuilder:
     """Builds the GPU groups of one node; every draw comes from ``rng``, so a seed gives one fleet."""
 
-    def __init__(self, rng: random.Random, start: float, end: float, scrape_s: float) -> None:
+    def __init__(self, rng: random.Random, start: float, end: float, scrape_s: float, names: set[str]) -> None:
         self.rng, self.start, self.end, self.scrape_s = rng, start, end, scrape_s
+        self.names = names
+        """Notebook StatefulSets of the cluster: one name each."""
 
     def minutes(self, lo: float, hi: float) -> float:
         return round(self.rng.uniform(lo, hi) * 60 / self.scrape_s) * self.scrape_s
@@ -238,6 +262,11 @@ class _NodeBuilder:
             return Pod(team, f"{job}-{self.suffix()}", "trainer", f"Job/{job}", labels, uid, gpus, mem_mib)
         if kind == "notebook":
             sts = f"nb-{person}"
+            n = 1
+            while sts in self.names:
+                n += 1
+                sts = f"nb-{person}-{n}"
+            self.names.add(sts)
             return Pod(team, f"{sts}-0", "notebook", f"StatefulSet/{sts}", labels, uid, gpus, mem_mib)
         rs = f"{project}-serving-{self.suffix(9)}"
         return Pod(team, f"{rs}-{self.suffix()}", "server", f"Deployment/{project}-serving", labels, uid, gpus,
@@ -274,7 +303,7 @@ class _NodeBuilder:
         deleted (its GPU then held by no pod) and recreated in the morning."""
         spans: list[GpuSpan] = []
         owner = self.owner()
-        pod = self.pod("notebook", 1, mem, owner)
+        pod = first = self.pod("notebook", 1, mem, owner)
         t = self.start
         while t < self.end:
             if 9 <= datetime.fromtimestamp(t, tz=timezone.utc).hour < 18:
@@ -284,7 +313,7 @@ class _NodeBuilder:
             morning = _next_morning(t)
             if self.rng.random() < deleted_at_night_p:
                 t = self.add(spans, t, morning - t, "free", None)
-                pod = self.pod("notebook", 1, mem, owner)  # recreated: same StatefulSet, a new pod uid
+                pod = replace(first, uid=_uuid(self.rng))  # recreated by its StatefulSet: a new pod uid
             else:
                 t = self.add(spans, t, morning - t, "idle", pod)
         return spans
@@ -332,12 +361,13 @@ def k8s_nodes(n: int, seed: int, start: float, end: float, scrape_s: float, pric
     of a simulated fleet as it was."""
     rng = random.Random(f"{seed}-k8s")
     nodes = []
+    names: set[str] = set()
     for i in range(n):
         itype, model, power, mem_total = NODE_TYPES[i % len(NODE_TYPES)]
         uuids = [f"GPU-{_uuid(rng)}" for _ in range(NODE_GPUS)]
         node = K8sNode(f"i-0{rng.getrandbits(64):016x}", f"ip-10-0-{rng.randint(0, 255)}-{rng.randint(1, 254)}.ec2.internal",
                        ZONES[i % len(ZONES)], itype, model, power, mem_total, pricing.hourly(itype) or 32.0, uuids)  # fmt: skip
-        b = _NodeBuilder(rng, start, end, scrape_s)
+        b = _NodeBuilder(rng, start, end, scrape_s, names)
         big, small = 0.7 * mem_total, 0.3 * mem_total
         kind = i % 4
         if kind == 0:  # training beside serving and two notebooks
@@ -371,42 +401,96 @@ def k8s_labels(node: K8sNode, start: float, end: float, scrape_s: float) -> list
     while t < end:
         times.append(t)
         t += scrape_s
-    modes = [[(node.span_at(g, t) or GpuSpan(t, t, "free")).mode for t in times] for g in range(node.gpus)]
+    spans = [[node.span_at(g, t) or GpuSpan(t, t, "free") for t in times] for g in range(node.gpus)]
     labels: list[Label] = []
-    whole = [all(modes[g][k] in IDLE or modes[g][k] == "free" for g in range(node.gpus)) for k in range(len(times))]
-    in_idle_gpu = [False] * len(times)
-    for a, b in _runs(whole):
+    busy = [any(spans[g][k].mode in BUSY for g in range(node.gpus)) for k in range(len(times))]
+    handover = [False] * len(times)
+    """Samples of a whole-host idle spell long enough to be ``idle_gpu``'s."""
+    for a, b in _runs([not x for x in busy]):
         t0, t1 = times[a], min(times[b] + scrape_s, end)
         if t1 - t0 >= MIN_EPISODE_S:
             labels.append(Label("idle_gpu", node.instance_id, t0, t1, node.hourly, "every pod on the node idle"))
-            in_idle_gpu[a : b + 1] = [True] * (b + 1 - a)
-    share = node.hourly / node.gpus
+            handover[a : b + 1] = [True] * (b + 1 - a)
     for rule_type, wanted in (("partly_idle_gpu", IDLE), ("unallocated_gpu", ("free",))):
-        episodes: list[tuple[float, float, int]] = []
-        for g in range(node.gpus):
-            flags = [modes[g][k] in wanted and not in_idle_gpu[k] for k in range(len(times))]
-            for a, b in _runs(flags):
-                t0, t1 = times[a], min(times[b] + scrape_s, end)
-                if t1 - t0 >= MIN_EPISODE_S:
-                    episodes.append((t0, t1, g))
-        labels += _host_labels(rule_type, node, sorted(episodes), share)
+        labels += _share_labels(rule_type, wanted, node, times, spans, busy, handover, end, scrape_s)
     return labels
 
 
-def _host_labels(rule_type: str, node: K8sNode, episodes: list[tuple[float, float, int]], share: float) -> list[Label]:
-    """One label per stretch of overlapping GPU episodes: each GPU's share of the host over its own time."""
+@dataclass
+class _Run:
+    """One GPU's idle run, as the label types define it."""
+
+    key: tuple[str, str] | None = None
+    start: float = 0.0
+    counted: bool = False
+    pending_usd: float = 0.0
+    pending_from: float | None = None
+
+
+def _share_labels(rule_type: str, wanted: tuple[str, ...], node: K8sNode, times: list[float],
+                  spans: list[list[GpuSpan]], busy: list[bool], handover: list[bool], end: float,
+                  scrape_s: float) -> list[Label]:  # fmt: skip
+    """Host-level episodes of GPUs in ``wanted`` modes while another GPU works.
+
+    A GPU's idle run starts at its first sample in a wanted mode (a new pod, or a GPU taken or
+    released, starts a new one) and counts once it has lasted :data:`FOR_S`, at a sample when
+    some GPU of the host works. An episode lasts while a GPU counts; a whole-host idle spell
+    that is ``idle_gpu``'s ends it where the spell starts (a shorter one it waits through).
+    Dollars: each run's share of the host over its time while some GPU worked, the time
+    before it counted included.
+    """
+    share = node.hourly / node.gpus
+    runs = [_Run() for _ in range(node.gpus)]
     labels: list[Label] = []
-    group: list[tuple[float, float, int]] = []
-    for episode in [*episodes, (float("inf"), float("inf"), -1)]:
-        if group and episode[0] > max(e[1] for e in group):
-            gpus = sorted({g for _, _, g in group})
+    episode: Label | None = None
+    born = -1
+
+    def close(at: float) -> None:
+        nonlocal episode
+        if episode is not None:
+            episode.end = at
             what = "idle in the pods holding them" if rule_type == "partly_idle_gpu" else "held by no pod"
-            note = f"GPUs {', '.join(map(str, gpus))} of {node.gpus} {what}"
-            labels.append(Label(rule_type, node.instance_id, min(e[0] for e in group), max(e[1] for e in group),
-                                share * len(gpus), note,
-                                sum(usd_over(share, t1 - t0) for t0, t1, _ in group), gpus=gpus))  # fmt: skip
-            group = []
-        group.append(episode)
+            episode.note = f"GPUs {', '.join(map(str, episode.gpus))} of {node.gpus} {what}"
+            episode.usd_per_hour = share * len(episode.gpus)
+            labels.append(episode)
+            episode = None
+
+    for k, t in enumerate(times):
+        for g, run in enumerate(runs):
+            span = spans[g][k]
+            key = (span.mode if span.mode != "dip" else "idle", span.pod.uid if span.pod else "")
+            key_or_none = key if span.mode in wanted else None
+            if key_or_none != run.key:
+                runs[g] = run = _Run(key_or_none, t)
+        if handover[k] and (k == 0 or not handover[k - 1]):
+            close(t)
+            for run in runs:
+                run.counted = False
+        if busy[k]:
+            for g, run in enumerate(runs):
+                if run.key is not None and not run.counted and t - run.start >= FOR_S:
+                    run.counted = True
+                    if episode is None:
+                        episode, born = Label(rule_type, node.instance_id, t, end, 0.0, usd=0.0), k
+                    if born == k:  # GPUs counting from the sample the episode starts at: their idle time is its start
+                        episode.start = min(episode.start, run.pending_from or t)
+                    episode.usd = (episode.usd or 0.0) + run.pending_usd
+                    if g not in episode.gpus:
+                        episode.gpus = sorted([*episode.gpus, g])
+                    run.pending_usd, run.pending_from = 0.0, None
+        if episode is not None and not any(run.counted for run in runs):
+            close(t)
+        if busy[k]:
+            step = min(scrape_s, end - t)
+            for run in runs:
+                if run.key is None:
+                    continue
+                if run.counted and episode is not None:
+                    episode.usd = (episode.usd or 0.0) + usd_over(share, step)
+                else:
+                    run.pending_usd += usd_over(share, step)
+                    run.pending_from = t if run.pending_from is None else run.pending_from
+    close(end)
     return labels
 
 

@@ -675,7 +675,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from streams.demo import run_demo
 
-    return run_demo(_settings(args), hours=args.hours, speed=args.speed, config=args.config)
+    return run_demo(_settings(args), hours=args.hours, speed=args.speed, config=args.config, via_bridge=args.via_bridge)
 
 
 _ENV_HELP = {
@@ -870,8 +870,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_store_serve)
 
     p = sub.add_parser("demo", help="everything on embedded defaults, with a simulated fleet")
-    p.add_argument("--hours", type=float, default=24.0, help="hours of simulated fleet time")
+    p.add_argument("--hours", type=float, help="hours of simulated fleet time (default 24; 12 with --via-bridge)")
     p.add_argument("--speed", type=float, default=1800.0, help="event-time acceleration")
+    p.add_argument("--via-bridge", action="store_true",
+                   help="Kubernetes GPU nodes served by fake dcgm-exporters and kube-state-metrics, scraped by the bridge")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -6,6 +6,14 @@ prints each alert as the worker fires it, then a summary scored against the
 simulator's ground truth, one post-mortem query, and follow-up commands that
 read the demo's store as typed (it is not the default store, so they name it).
 Every process it starts is stopped on exit, Ctrl-C included.
+
+``--via-bridge`` shows the path from telemetry a fleet already has instead: shared
+Kubernetes GPU nodes of the simulator (:mod:`detector.simulate_k8s`) are served by fake
+dcgm-exporters and a fake kube-state-metrics (:mod:`detector.fake_exporter`), the
+bridge (:mod:`streams.bridge`) scrapes them into the broker, and the worker alerts on
+GPUs idle beside busy ones, GPUs no pod requested and idle nodes. The bridge's own code
+runs round after round as fast as it can; its clock is the exporters' simulated one
+(``burnwatch bridge`` runs the same rounds on a 30 s timer).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from detector.detectors import REGISTRY
 from detector.logs import redact_dsn
@@ -119,10 +128,105 @@ def follow_up_commands(settings: Settings, workdir: Path, hours: float, first_da
     return commands
 
 
-def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0, config: str | None = None) -> int:
+class _Pipeline:
+    """The embedded broker (unless Kafka is configured), a worker on the demo's own store, and
+    its alerts printed as they fire: what both demos run. Every process it started is
+    stopped on exit from ``with``, Ctrl-C included."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings, self.workdir = settings, workdir
+        self.broker: EmbeddedBroker | None = None
+        self.worker: WorkerProcess | None = None
+        self.stop_follow = threading.Event()
+        self.follower: threading.Thread | None = None
+        self.started = time.monotonic()
+        self.bootstrap = settings.kafka_bootstrap
+        self.dsn = settings.clickhouse_dsn or f"chdb://{workdir / 'clickhouse'}"
+
+    def __enter__(self) -> _Pipeline:
+        try:
+            return self._start()
+        except BaseException:  # a failed or interrupted start stops what did start
+            self.__exit__()
+            raise
+
+    def _start(self) -> _Pipeline:
+        settings = self.settings
+        if self.bootstrap:
+            _say(f"- Kafka: {self.bootstrap}")
+        else:
+            self.broker = EmbeddedBroker(log_path=self.workdir / "broker.log").start()
+            self.bootstrap = self.broker.bootstrap
+            _say(f"- Kafka: embedded Tansu broker on {self.bootstrap}")
+        _say(f"- ClickHouse: {redact_dsn(self.dsn)}")
+        slack = "posting to Slack" if settings.slack_configured else "Slack not configured: alerts are printed here"
+        _say(f"- Slack: {slack}")
+        asyncio.run(ensure_topics(self.bootstrap, settings.partitions))
+        env = worker_env(self.bootstrap, self.workdir, settings.rules_path.resolve(), settings.partitions,
+                         BURNWATCH_CLICKHOUSE_DSN=self.dsn)  # fmt: skip
+        log_path = self.workdir / "worker.log"
+        self.worker = WorkerProcess(env, log_path).start()
+        self.follower = threading.Thread(target=_follow_alerts, args=(log_path, self.stop_follow), daemon=True)
+        self.follower.start()
+        return self
+
+    def ready(self, then: str) -> None:
+        """Wait for the worker's partitions; say what comes next."""
+        assert self.worker is not None
+        self.worker.wait_until(lambda h: h["partitions"] > 0, timeout=90)
+        _say(f"- worker up ({time.monotonic() - self.started:.0f}s); {then}...")
+        _say()
+
+    def drain(self, n_events: int) -> dict:
+        """Wait until the worker has processed ``n_events`` and sent what it had to; stop it."""
+        assert self.worker is not None and self.follower is not None
+        health = self.worker.wait_until(lambda h: h["events"] >= n_events and h["slack_pending"] == 0, timeout=120)
+        self.stop_follow.set()
+        self.follower.join(timeout=2)
+        self.worker.stop()
+        self.worker = None
+        _say()
+        return health
+
+    def wall_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_follow.set()
+        if self.worker is not None:
+            self.worker.stop(timeout=15)
+        if self.broker is not None:
+            self.broker.stop()
+
+
+def _fresh_workdir(settings: Settings) -> Path:
     workdir = (settings.data_dir / "demo").resolve()
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    return workdir
+
+
+def _closing(settings: Settings, pipeline: _Pipeline, labels: list, hours: float, config: str | None,
+             postmortem: str = POSTMORTEM_SQL) -> None:  # fmt: skip
+    """The summary, the post-mortem query and the commands that read the demo's store."""
+    first_day = _summary(pipeline.dsn, settings.clickhouse_database, labels, postmortem)
+    _say()
+    workdir = pipeline.workdir
+    where = "its store" if settings.clickhouse_dsn else f"its store, {workdir / 'clickhouse'}"
+    _say(f"The demo's worker has stopped; these commands read {where} (not the default store):")
+    _say()
+    for command in follow_up_commands(settings, workdir, hours, first_day, config):
+        _say(f"    {command}")
+
+
+def run_demo(settings: Settings, hours: float | None = None, speed: float = 1800.0, config: str | None = None,
+             via_bridge: bool = False) -> int:  # fmt: skip
+    """The demo; ``hours`` of simulated time (default 24, or 12 through the bridge, whose
+    parsing of each scrape's text is what takes the time)."""
+    if via_bridge:
+        return run_bridge_demo(settings, hours or BRIDGE_HOURS, config)
+    hours = hours or 24.0
+    workdir = _fresh_workdir(settings)
     ruleset = load_rules(settings.rules_path)
     cfg = SimConfig(hours=hours)
     records, labels = simulate(cfg, ruleset.pricing)
@@ -136,60 +240,126 @@ def run_demo(settings: Settings, hours: float = 24.0, speed: float = 1800.0, con
     _say(f"burnwatch demo: {hours:g}h of a simulated fleet ({n_events:,} events in {n_messages:,} messages,")
     kinds = ", ".join(f"{sum(label.type == k for label in labels)} {k}" for k in sorted({lb.type for lb in labels}))
     _say(f"  injected waste: {kinds}) replayed at {speed:g}x event time")
-    broker = worker = None
-    stop_follow = threading.Event()
-    started = time.monotonic()
     try:
-        if settings.kafka_bootstrap:
-            bootstrap = settings.kafka_bootstrap
-            _say(f"- Kafka: {bootstrap}")
-        else:
-            broker = EmbeddedBroker(log_path=workdir / "broker.log").start()
-            bootstrap = broker.bootstrap
-            _say(f"- Kafka: embedded Tansu broker on {bootstrap}")
-        dsn = settings.clickhouse_dsn or f"chdb://{workdir / 'clickhouse'}"
-        _say(f"- ClickHouse: {redact_dsn(dsn)}")
-        slack = "posting to Slack" if settings.slack_configured else "Slack not configured: alerts are printed here"
-        _say(f"- Slack: {slack}")
-        asyncio.run(ensure_topics(bootstrap, settings.partitions))
-        env = worker_env(bootstrap, workdir, settings.rules_path.resolve(), settings.partitions,
-                         BURNWATCH_CLICKHOUSE_DSN=dsn)  # fmt: skip
-        log_path = workdir / "worker.log"
-        worker = WorkerProcess(env, log_path).start()
-        follower = threading.Thread(target=_follow_alerts, args=(log_path, stop_follow), daemon=True)
-        follower.start()
-        worker.wait_until(lambda h: h["partitions"] > 0, timeout=90)
-        _say(f"- worker up ({time.monotonic() - started:.0f}s); replaying the fleet...")
-        _say()
-        asyncio.run(publish_records(bootstrap, messages, speed=speed))
-        health = worker.wait_until(lambda h: h["events"] >= n_events and h["slack_pending"] == 0, timeout=120)
-        stop_follow.set()
-        follower.join(timeout=2)
-        worker.stop()
-        worker = None
-        _say()
-        _say(f"Processed {health['events']:,} events ({health['dead_letters']} to dead-letter) "
-             f"in {time.monotonic() - started:.0f}s of wall time.")  # fmt: skip
-        first_day = _summary(dsn, settings.clickhouse_database, labels)
-        _say()
-        where = "its store" if settings.clickhouse_dsn else f"its store, {workdir / 'clickhouse'}"
-        _say(f"The demo's worker has stopped; these commands read {where} (not the default store):")
-        _say()
-        for command in follow_up_commands(settings, workdir, hours, first_day, config):
-            _say(f"    {command}")
+        with _Pipeline(settings, workdir) as pipeline:
+            pipeline.ready("replaying the fleet")
+            asyncio.run(publish_records(pipeline.bootstrap, messages, speed=speed))
+            health = pipeline.drain(n_events)
+            _say(f"Processed {health['events']:,} events ({health['dead_letters']} to dead-letter) "
+                 f"in {pipeline.wall_s():.0f}s of wall time.")  # fmt: skip
+            _closing(settings, pipeline, labels, hours, config)
         return 0
     except KeyboardInterrupt:
         _say("\ninterrupted; stopping")
         return 130
+
+
+BRIDGE_NODES = 4
+"""Kubernetes nodes of the bridge demo: one of each kind the simulator has."""
+BRIDGE_HOURS = 12.0
+"""The bridge demo's simulated time: about a minute and a half of scraping and parsing."""
+
+
+def run_bridge_demo(settings: Settings, hours: float = BRIDGE_HOURS, config: str | None = None,
+                    nodes: int = BRIDGE_NODES) -> int:  # fmt: skip
+    """The demo through the bridge: fake exporters → ``streams.bridge`` → Kafka → the worker."""
+    from detector.fake_exporter import FakeExporters
+    from detector.simulate_k8s import k8s_labels, k8s_nodes
+
+    workdir = _fresh_workdir(settings)
+    ruleset = load_rules(settings.rules_path)
+    cfg = SimConfig(hours=hours)
+    start, end = cfg.start, cfg.start + hours * 3600
+    fleet = k8s_nodes(nodes, cfg.seed, start, end, cfg.scrape_s, ruleset.pricing)
+    labels = sorted((label for node in fleet for label in k8s_labels(node, start, end, cfg.scrape_s)),
+                    key=lambda label: (label.start, label.resource_id))  # fmt: skip
+    (workdir / "labels.jsonl").write_text("".join(json.dumps(label.to_json()) + "\n" for label in labels))
+    _say(f"burnwatch demo --via-bridge: {hours:g}h of {nodes} shared Kubernetes GPU nodes "
+         f"({', '.join(sorted({n.instance_type for n in fleet}))}, pods holding some of the GPUs),")  # fmt: skip
+    kinds = ", ".join(f"{sum(label.type == k for label in labels)} {k}" for k in sorted({lb.type for lb in labels}))
+    _say(f"  injected waste: {kinds}; served as dcgm-exporter and kube-state-metrics text, scraped by the bridge")
+    try:
+        with _Pipeline(settings, workdir) as pipeline, FakeExporters(fleet, start, end, cfg.scrape_s) as exporters:
+            bridge_yaml = _bridge_config(workdir, exporters)
+            _say(f"- exporters: {len(exporters.dcgm_urls)} dcgm-exporters and a kube-state-metrics on 127.0.0.1; "
+                 f"the bridge reads {bridge_yaml}")  # fmt: skip
+            pipeline.ready("the bridge walks the simulated day")
+            n_events = asyncio.run(_walk(pipeline.bootstrap, bridge_yaml, exporters))
+            health = pipeline.drain(n_events)
+            _say(f"The bridge published {n_events:,} events; the worker processed {health['events']:,} "
+                 f"({health['dead_letters']} to dead-letter) in {pipeline.wall_s():.0f}s of wall time.")  # fmt: skip
+            _closing(settings, pipeline, labels, hours, config, POSTMORTEM_PODS_SQL)
+        return 0
+    except KeyboardInterrupt:
+        _say("\ninterrupted; stopping")
+        return 130
+
+
+POSTMORTEM_PODS_SQL = """\
+SELECT type,
+       count() AS episodes,
+       round(sum(waste_usd), 2) AS wasted_usd,
+       round(sum(dateDiff('second', episode_start, coalesce(resolved_at, updated_at))) / 3600, 1) AS hours
+FROM burnwatch.alerts FINAL
+WHERE type IN ('idle_gpu', 'partly_idle_gpu', 'unallocated_gpu')
+GROUP BY type
+ORDER BY wasted_usd DESC"""
+
+
+def _bridge_config(workdir: Path, exporters: Any) -> Path:
+    """The bridge's config for the fake exporters, written as a user would write it: one
+    target per node's dcgm-exporter, and kube-state-metrics (which maps each node to its
+    instance, and gives the node group's cost labels)."""
+    import yaml
+
+    config = {
+        "kubernetes": True,
+        "listen": "",
+        "targets": [{"url": url, "job": "dcgm"} for url in exporters.dcgm_urls.values()]
+        + [{"url": exporters.kube_state_url, "job": "kube-state-metrics"}],
+    }
+    path = workdir / "bridge.yaml"
+    path.write_text("# written by burnwatch demo --via-bridge for the fake exporters it started\n"
+                    + yaml.safe_dump(config, sort_keys=False))  # fmt: skip
+    return path
+
+
+async def _walk(bootstrap: str, config_path: Path, exporters: Any) -> int:
+    """Run the bridge's rounds back to back until the exporters have served the whole
+    simulated time; return how many events it published."""
+    import msgspec
+    from aiokafka import AIOKafkaProducer
+
+    from detector.ingest.config import load_bridge_config
+    from streams.bridge import Bridge
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1, max_request_size=8 << 20)
+    await producer.start()
+    events = 0
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        nonlocal events
+        await producer.send(topic, value=value, key=key.encode())
+        events += len(msgspec.json.decode(value))
+
+    bridge = Bridge(load_bridge_config(config_path), send, clock=lambda: exporters.latest)
+    next_report = exporters.start + 6 * 3600
+    try:
+        while not exporters.done:
+            for result in await bridge.round():
+                if not result.ok and not exporters.done:
+                    _say(f"  ! bridge: {result.error}")
+            if exporters.latest >= next_report:
+                _say(f"  … {rfc3339(exporters.latest)} event time: {events:,} events published")
+                next_report += 6 * 3600
+        await producer.flush()
     finally:
-        stop_follow.set()
-        if worker is not None:
-            worker.stop(timeout=15)
-        if broker is not None:
-            broker.stop()
+        await bridge.close()
+        await producer.stop()
+    return events
 
 
-def _summary(dsn: str, database: str, labels: list) -> str | None:
+def _summary(dsn: str, database: str, labels: list, postmortem: str = POSTMORTEM_SQL) -> str | None:
     """Print the summary; return the first alert's day of event time (YYYY-MM-DD), if any."""
     store = Store.open(dsn, database)
     try:
@@ -210,10 +380,11 @@ def _summary(dsn: str, database: str, labels: list) -> str | None:
         _say()
         _say("A post-mortem query (burnwatch sql '...' runs any other):")
         _say()
-        _say("    " + POSTMORTEM_SQL.replace("\n", "\n    "))
+        _say("    " + postmortem.replace("\n", "\n    "))
         _say()
-        rows = store.query(POSTMORTEM_SQL)
-        cols = ["team", "episodes", "wasted_usd", "idle_hours"]
+        rows = store.query(postmortem)
+        cols = list(rows[0]) if rows else ["team", "episodes", "wasted_usd", "idle_hours"]
+        cols = cols if rows or postmortem is POSTMORTEM_SQL else []
         _say("    " + "  ".join(f"{c:>12}" for c in cols))
         for row in rows:
             _say("    " + "  ".join(f"{str(row[c] or '(untagged)'):>12}" for c in cols))

@@ -35,3 +35,13 @@ def test_found_missed_duplicate_and_unexplained_alerts():
     assert idle.median_error == pytest.approx(0.10)
     vdb = scores["vector_db_growth"]
     assert vdb.precision == vdb.recall == 1.0 and vdb.median_error == pytest.approx(0.05)
+
+
+def test_an_alert_dated_a_jittered_sample_before_its_label_is_its_label():
+    """An episode that fires at its first sample (a GPU long idle when another works again) is
+    dated by that sample, whose clock may run a second or two early."""
+    label = Label("partly_idle_gpu", "i-0abc", 1000, 2000, 36.0, gpus=[6, 7])
+    early = score([alert("a", "i-0abc", 998.5, 10.0, "partly_idle_gpu")], [label])["partly_idle_gpu"]
+    assert (early.found, early.true_alerts) == (1, 1)
+    late = score([alert("b", "i-0abc", 1000 - 60, 10.0, "partly_idle_gpu")], [label])["partly_idle_gpu"]
+    assert (late.found, late.true_alerts) == (0, 0)

@@ -103,6 +103,8 @@ def test_kube_state_metrics_describe_the_nodes_and_the_pods_holding_gpus(nodes):
     assert info == {n.node_name: f"aws:///{n.zone}/{n.instance_id}" for n in nodes}
     types = {s.labels["node"]: s.labels["label_node_kubernetes_io_instance_type"] for s in by_name["kube_node_labels"]}
     assert types == {n.node_name: n.instance_type for n in nodes}
+    teams = {s.labels["node"]: s.labels["label_team"] for s in by_name["kube_node_labels"]}
+    assert teams == {n.node_name: n.tags["team"] for n in nodes}
     gpus = {s.labels["node"]: s.value for s in by_name["kube_node_status_allocatable"]
             if s.labels["resource"] == "nvidia_com_gpu"}  # fmt: skip
     assert gpus == {n.node_name: 8 for n in nodes}
@@ -133,6 +135,8 @@ def test_each_scrape_walks_simulated_time_and_t_serves_a_given_time(nodes):
     with FakeExporters([node], T0, T0 + 90.0, 30.0) as exporters:
         url = exporters.dcgm_urls[node.node_name]
         assert url.startswith("http://127.0.0.1:")
+        kube = samples(get(exporters.kube_state_url)[1])["kube_node_info"][0]
+        assert kube.timestamp == T0  # the cluster as of the scrape the node serves next
         stamps = []
         for _ in range(3):
             status, text = get(url)
@@ -146,7 +150,7 @@ def test_each_scrape_walks_simulated_time_and_t_serves_a_given_time(nodes):
         status, text = get(f"{url}?t=noon")
         assert status == 400 and "t='noon'" in text
         assert get(url.replace("/metrics", "/other"))[0] == 404
-        status, text = get(exporters.kube_state_url)  # the cluster as of the newest scrape served
+        status, text = get(exporters.kube_state_url)  # all served: the cluster as of the last scrape
         assert status == 200 and samples(text)["kube_node_info"][0].timestamp == T0 + 60
 
 
@@ -159,3 +163,37 @@ def test_newer_exporters_spell_the_host_label_in_lower_case(nodes):
 def test_binds_loopback_only(nodes):
     with pytest.raises(ValueError, match="loopback"):
         FakeExporters(nodes, T0, T0 + 60, host="0.0.0.0")
+
+
+def test_kube_state_read_first_agrees_with_the_samples_read_next(nodes):
+    """The bridge reads kube-state-metrics, then the node exporters: both describe one instant,
+    also across a pod leaving its GPUs to nobody or taking them."""
+    node = next(n for n in nodes if any(s.pod is None for spans in n.spans for s in spans[1:]))
+    change = next(s.start for spans in node.spans for s in spans[1:] if s.pod is None)
+    with FakeExporters([node], change - 60, change + 60, 30.0) as exporters:
+        held_counts = set()
+        for _ in range(4):
+            requests = samples(get(exporters.kube_state_url)[1])["kube_pod_container_resource_requests"]
+            requested = sum(s.value for s in requests if s.labels["resource"] == "nvidia_com_gpu")
+            util = samples(get(exporters.dcgm_urls[node.node_name])[1])["DCGM_FI_DEV_GPU_UTIL"]
+            held = sum(1 for s in util if "pod" in s.labels)
+            assert requested == held
+            held_counts.add(held)
+        assert len(held_counts) == 2  # the change happened in between
+
+
+def test_the_energy_counter_is_the_integral_of_the_draw(nodes):
+    """Power from the energy counter's increase (the bridge's fallback without POWER_USAGE)
+    is the GPU's mean draw in what it does."""
+    node = nodes[0]
+    span = next(s for s in node.spans[0] if s.mode == "busy" and s.end - s.start >= 600)
+
+    def energy(t: float) -> float:
+        (sample,) = [s for s in samples(render_dcgm(node, t))["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+                     if s.labels["gpu"] == "0"]  # fmt: skip
+        return sample.value
+
+    watts = (energy(span.start + 600) - energy(span.start)) / 1000 / 600
+    assert watts == pytest.approx(node.max_power * 0.8, rel=0.01)
+    readings = [energy(T0 + hour * HOUR) for hour in range(0, 24, 2)]
+    assert readings == sorted(readings) and readings[-1] > readings[0]

@@ -1,0 +1,41 @@
+"""`burnwatch demo --via-bridge`: fake dcgm-exporters and kube-state-metrics, the bridge
+scraping them into the embedded broker, the worker alerting on per-GPU waste."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_demo import MARK, started_by, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_bridge_path_finds_gpus_idle_beside_busy_ones_and_gpus_nobody_requested(tmp_path):
+    run = uuid.uuid4().hex
+    env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_RULES": str(ROOT / "rules"), "PATH": "/usr/bin:/bin",
+           MARK: run}  # fmt: skip
+    demo = subprocess.Popen([sys.executable, "-m", "streams.cli", "demo", "--via-bridge", "--hours", "3"], env=env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        stdout, stderr = demo.communicate(timeout=300)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "! bridge:" not in stdout  # every scrape of the fake exporters parsed
+    assert re.search(r"🔥 WARNING Part of a host's GPUs idle on i-0[0-9a-f]{16} ", stdout)
+    assert re.search(r"🔥 WARNING GPUs no pod requested on i-0[0-9a-f]{16} ", stdout)
+    published = int(re.search(r"The bridge published ([\d,]+) events", stdout).group(1).replace(",", ""))
+    assert published > 0
+    found, injected = map(int, re.search(r"(\d+) of (\d+) injected episodes found", stdout).groups())
+    assert found == injected > 0
+    config = (tmp_path / "demo" / "bridge.yaml").read_text()
+    assert "job: kube-state-metrics" in config and config.count("job: dcgm") == 4
+    wait_for(lambda: not started_by(run), 30, "every process the demo started to stop")
