@@ -43,13 +43,21 @@ def openings(ruleset, events) -> list[tuple[str, float, list[int] | None]]:
         # no pod requested them but something uses them (outside Kubernetes' accounting): not waste
         ([(60, [held(g) for g in range(6)] + [free(6, 90.0), free(7, 90.0)])], []),
         # one held GPU idle beside the unrequested ones: each rule counts its own GPUs, none twice
-        ([(60, [held(g) for g in range(5)] + [held(5, 1.0), free(6), free(7)])],
-         [("partly_idle_gpu", 30, [5]), ("unallocated_gpu", 30, [6, 7])]),
+        (
+            [(60, [held(g) for g in range(5)] + [held(5, 1.0), free(6), free(7)])],
+            [("partly_idle_gpu", 30, [5]), ("unallocated_gpu", 30, [6, 7])],
+        ),
         # an empty node (every GPU unrequested and idle): idle_gpu's whole-host episode, not this rule's
         ([(60, [free(g) for g in range(8)])], [("idle_gpu", 30, None)]),
     ],
-    ids=["two-unrequested", "requested-again-in-29m", "allocation-unknown", "unrequested-but-busy",
-         "held-idle-and-unrequested", "empty-node-is-idle-gpu"],
+    ids=[
+        "two-unrequested",
+        "requested-again-in-29m",
+        "allocation-unknown",
+        "unrequested-but-busy",
+        "held-idle-and-unrequested",
+        "empty-node-is-idle-gpu",
+    ],
 )
 def test_which_rule_counts_which_gpus(ruleset, segments, expected):
     assert openings(ruleset, host(segments)) == expected
@@ -77,3 +85,28 @@ def test_the_alert_says_unallocated_not_idle(ruleset):
     assert "no pod requested" in alert.suggestion and "autoscaler" in alert.suggestion
     assert ("Unallocated GPUs", "2 of 8 × A100 (GPU 6, 7)") in alert.facts
     assert "pods" not in fire.details  # nobody holds them: no pod to name
+
+
+UNKNOWN_FOR_A_SCRAPE = [held(g) for g in range(6)] + [gpu(6), gpu(7)]
+"""dcgm-exporter and kube-state-metrics a scrape apart (a pod starting elsewhere on the node):
+the bridge cannot tell who holds the unlabelled GPUs, so it says nothing (allocated None)."""
+
+
+@pytest.mark.parametrize(
+    ("segments", "expected"),
+    [
+        # a scrape that cannot tell, every 10 minutes: the last known allocation stands
+        ([(9.5, SIX_HELD_TWO_FREE), (0.5, UNKNOWN_FOR_A_SCRAPE)] * 6, [("unallocated_gpu", 30, [6, 7])]),
+        # unknown for longer than stale_after (5 m): no longer known, the count starts again
+        ([(20, SIX_HELD_TWO_FREE), (6, UNKNOWN_FOR_A_SCRAPE), (20, SIX_HELD_TWO_FREE)], []),
+    ],
+    ids=["one-scrape-unknown", "unknown-past-stale-after"],
+)
+def test_a_scrape_that_cannot_tell_who_holds_a_gpu_changes_nothing(ruleset, segments, expected):
+    assert openings(ruleset, host(segments)) == expected
+
+
+def test_dollars_run_on_through_a_scrape_that_cannot_tell(ruleset):
+    events = host([(9.5, SIX_HELD_TWO_FREE), (0.5, UNKNOWN_FOR_A_SCRAPE)] * 6 + [(10, [held(g) for g in range(8)])])
+    (resolve,) = [f for f in Engine(ruleset).process(events) if f.type == "unallocated_gpu" and f.action == "resolve"]
+    assert resolve.waste_usd == pytest.approx(PRICE * 2 / 8, rel=1e-3)  # the whole hour, two eighths

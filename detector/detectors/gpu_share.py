@@ -25,6 +25,9 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
 - **Priced as a share.** ``idle GPUs / GPUs of the host`` (physical GPUs) of the host's price
   (:attr:`~detector.detectors.base.ResourceInfo.usd_per_hour`), over time that samples
   cover only; time seen before the price is known is priced once it is.
+- **Allocation is evidence too.** A sample that cannot say who holds its GPU (``allocated``
+  None, e.g. the bridge's two sources a scrape apart) keeps the last known holder for up to
+  ``stale_after``; unknown for longer is unknown.
 - **Evidence, not silence.** A GPU counts only while its samples are fresh: a gap longer than
   ``stale_after`` (of the host, or of that GPU) is not idle time, and restarts the count of a
   GPU not yet counting. A GPU silent for an hour is forgotten.
@@ -86,6 +89,8 @@ class Unit(msgspec.Struct, kw_only=True, omit_defaults=True):
     seen: float
     busy: bool = False
     allocated: bool | None = None
+    allocated_at: float = 0.0
+    """Its newest sample that said who holds it (``allocated`` not None)."""
     pod: Pod | None = None
 
 
@@ -200,20 +205,27 @@ class GpuShare(DetectorBase):
         elif t - track.seen > p.stale_after and not (st.fired_at is not None and track.counted):
             _restart(track)  # a telemetry gap: its idle count starts again
         pod = pod_of(ev) if ev.pod else None
+        allocated = ev.allocated
+        if allocated is None and unit is not None and unit.allocated is not None and t - unit.allocated_at <= p.stale_after:
+            # The bridge could not tell for this scrape (dcgm-exporter and kube-state-metrics a
+            # scrape apart while a pod starts elsewhere): not news, the last known holder stands.
+            allocated = unit.allocated
         if unit is None:
             if len(st.units) >= MAX_UNITS:
                 self._forget(st, min(st.units, key=lambda k: st.units[k].seen))
                 track = st.gpus.setdefault(ev.gpu_index, track)
-            unit = st.units[key] = Unit(gpu=ev.gpu_index, seen=t, allocated=ev.allocated, pod=pod)
+            unit = st.units[key] = Unit(gpu=ev.gpu_index, seen=t, allocated=allocated, pod=pod)
             track.units.append(key)
-        elif ((unit.allocated is not ev.allocated and self.counts(unit.allocated) != self.counts(ev.allocated))
+        elif ((unit.allocated is not allocated and self.counts(unit.allocated) != self.counts(allocated))
               or ((unit.pod is not None or pod is not None) and _who(unit.pod) != _who(pod))):  # fmt: skip
             # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
             if track.counted:
                 track.counted, st.left = False, "allocation_changed"
             track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
         unit.seen, unit.busy = t, busy(ev, p.util_below)
-        unit.allocated, unit.pod = ev.allocated, pod
+        unit.allocated, unit.pod = allocated, pod
+        if ev.allocated is not None:
+            unit.allocated_at = t
         if ev.model and ev.model != st.model:
             st.model = ev.model
         if t > track.seen:
@@ -424,4 +436,3 @@ def _who(pod: Pod | None) -> tuple[str, str] | None:
 
 def _restart(track: GpuTrack) -> None:
     track.idle_since, track.pending_s, track.pending_from, track.counted = None, 0.0, None, False
-
