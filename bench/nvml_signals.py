@@ -162,6 +162,20 @@ class Sampler(threading.Thread):
                 samples = [current, previous]
 
 
+def run_phase(name: str, code: str, seconds: float) -> tuple[str, float, float]:
+    """Run one workload in its own process: (its name, or ``NAME-failed``, when it was ready, when it ended)."""
+    proc = subprocess.Popen([sys.executable, "-c", code, str(seconds)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    ready = proc.stdout.readline().strip() == "ready"
+    start = time.time()
+    _, err = proc.communicate(timeout=seconds + 120)
+    if err.strip():
+        print(f"{name}: {err.strip()[-2000:]}", file=sys.stderr)
+    time.sleep(2.0)  # let the counters settle between phases (those samples are "between")
+    return (name if ready and proc.returncode == 0 else f"{name}-failed", start, time.time())
+
+
 def main(out_path: str, seconds: float = 12.0) -> int:
     sampler = Sampler()
     sampler.start()
@@ -173,16 +187,7 @@ def main(out_path: str, seconds: float = 12.0) -> int:
             time.sleep(seconds * 0.75)
             phases.append((phase, start, time.time()))
             continue
-        proc = subprocess.Popen([sys.executable, "-c", WORKLOADS[workload], str(seconds)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        assert proc.stdout is not None
-        ready = proc.stdout.readline().strip() == "ready"
-        start = time.time()
-        _, err = proc.communicate(timeout=seconds + 120)
-        phases.append((phase if ready and proc.returncode == 0 else f"{phase}-failed", start, time.time()))
-        if err.strip():
-            print(f"{phase}: {err.strip()[-2000:]}", file=sys.stderr)
-        time.sleep(2.0)  # let the counters settle between phases (those samples are "between")
+        phases.append(run_phase(phase, WORKLOADS[workload], seconds))
     sampler.stop.set()
     sampler.join()
     with open(out_path, "w") as out:

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from nvml_signals import Sampler  # noqa: E402
+from nvml_signals import Sampler, run_phase  # noqa: E402
 
 _HEAD = "import sys, time, torch\ntorch.manual_seed(0)\n"
 _LOOP = 'torch.cuda.synchronize(); print("ready", flush=True); end = time.time() + float(sys.argv[1])\nwhile time.time() < end:\n'
@@ -73,16 +71,7 @@ def main(out_path: str, seconds: float = 10.0) -> int:
     sampler.start()
     phases: list[tuple[str, float, float]] = []
     for name, code in WORKLOADS.items():
-        proc = subprocess.Popen([sys.executable, "-c", code, str(seconds)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
-        assert proc.stdout is not None
-        ready = proc.stdout.readline().strip() == "ready"
-        start = time.time()
-        _, err = proc.communicate(timeout=seconds + 120)
-        phases.append((name if ready and proc.returncode == 0 else f"{name}-failed", start, time.time()))
-        if err.strip():
-            print(f"{name}: {err.strip()[-1500:]}", file=sys.stderr)
-        time.sleep(2.0)
+        phases.append(run_phase(name, code, seconds))
     sampler.stop.set()
     sampler.join()
     by_phase: dict[str, list[dict]] = {}
