@@ -205,6 +205,8 @@ class Bridge:
         if not self.config.usage:
             return
         event = self._usage.event(host, t)
+        result.skipped.update(self._usage.skipped)
+        self._usage.skipped.clear()
         if event is not None:
             await self._publish(TOPIC_RESOURCE_USAGE, host.resource_id, [event], result)
 

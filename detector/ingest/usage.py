@@ -10,8 +10,12 @@ or their spend is counted twice.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
+import msgspec
+
+from detector.events import UsageEvent
 from detector.ingest.dcgm import event_time
 from detector.ingest.hosts import Host
 
@@ -28,6 +32,8 @@ class UsageClock:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._last: dict[str, float] = {}
+        self.skipped: Counter[str] = Counter()
+        """Events refused, per reason (the bridge reports them with the scrape)."""
 
     def event(self, host: Host, t: float) -> dict[str, Any] | None:
         """The usage event of ``host`` up to ``t``; None without an instance type (it
@@ -38,7 +44,6 @@ class UsageClock:
         previous = self._last.get(host.resource_id)
         if previous is not None and t <= previous:
             return None
-        self._last[host.resource_id] = t
         gap = t - previous if previous is not None else None
         interval = gap if gap is not None and gap <= MAX_GAP_INTERVALS * self.interval_s else self.interval_s
         static, node = host.static, host.node
@@ -61,4 +66,10 @@ class UsageClock:
         tags = {**(node.tags if node else {}), **(static.tags if static else {})}
         if tags:
             event["tags"] = tags
+        try:  # a node label kube-state-metrics passed on (a 2,000-character instance type) must not dead-letter
+            msgspec.convert(event, UsageEvent)
+        except msgspec.ValidationError as exc:
+            self.skipped[f"usage event breaks the resource-usage contract: {exc}"] += 1
+            return None
+        self._last[host.resource_id] = t
         return event
