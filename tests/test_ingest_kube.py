@@ -211,3 +211,18 @@ def test_a_usage_event_the_contract_refuses_is_counted_not_sent() -> None:
     assert clock.skipped == {
         "usage event breaks the resource-usage contract: Expected `str` of length <= 1024 - at `$.instance_type`": 1
     }
+
+
+def test_usage_clock_forgets_nodes_that_are_gone() -> None:
+    """An autoscaled fleet replaces instances all day: the clock keeps only those seen within the
+    hour, and one that comes back after longer starts a new interval (as after any gap)."""
+    from detector.ingest.hosts import Host
+    from detector.ingest.kube import Node
+    from detector.ingest.usage import UsageClock
+
+    clock = UsageClock(30.0)
+    for i in range(500):  # a new instance every 30 s for 4 hours, each seen once
+        assert clock.event(Host(f"n{i}", f"i-{i}", node=Node(f"n{i}", instance_type="g5.xlarge")), T + 30 * i)
+    assert len(clock._last) <= 2 * 3600 / 30 + 1
+    back = clock.event(Host("n0", "i-0", node=Node("n0", instance_type="g5.xlarge")), T + 30 * 500)
+    assert back is not None and back["interval_s"] == 30.0

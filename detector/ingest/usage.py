@@ -24,6 +24,10 @@ __all__ = ["UsageClock"]
 MAX_GAP_INTERVALS = 5
 """A gap longer than this many scrape intervals since a host's previous event (the bridge
 was down, the host left and came back) is not billed as running: the interval restarts."""
+FORGET_S = 3600.0
+"""A resource without an event for this long (and 5 intervals) is forgotten: its next event starts
+a new interval, as it would after that gap anyway. Nodes come and go (autoscaling, spot): without
+this the map grows with every instance the fleet ever ran."""
 
 
 class UsageClock:
@@ -32,6 +36,7 @@ class UsageClock:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._last: dict[str, float] = {}
+        self._swept = 0.0
         self.skipped: Counter[str] = Counter()
         """Events refused, per reason (the bridge reports them with the scrape)."""
 
@@ -72,4 +77,13 @@ class UsageClock:
             self.skipped[f"usage event breaks the resource-usage contract: {exc}"] += 1
             return None
         self._last[host.resource_id] = t
+        self._sweep(t)
         return event
+
+    def _sweep(self, t: float) -> None:
+        """Forget the resources not seen for :data:`FORGET_S` (at most once per that time: O(1) per event)."""
+        keep = max(FORGET_S, MAX_GAP_INTERVALS * self.interval_s)
+        if t - self._swept < keep:
+            return
+        self._swept = t
+        self._last = {key: last for key, last in self._last.items() if last >= t - keep}
