@@ -84,6 +84,8 @@ class Bridge:
         self.metrics = _Metrics()
         self._mappers: dict[str, DcgmMapper] = {}
         self._kube: dict[str, KubeState] = {}
+        self._merged: tuple[tuple[int, ...], KubeState, list[KubeState]] | None = None
+        """The fresh states merged, by their ids (the states kept with it, so no id is reused)."""
         self._usage = UsageClock(config.interval)
         self._file_sd: dict[int, list[Target]] = {}
         self._file_sd_stamp: dict[int, tuple[tuple[int, int], ...]] = {}
@@ -225,7 +227,12 @@ class Bridge:
         fresh = [s for s in self._kube.values() if t - s.t <= KUBE_FRESH_INTERVALS * self.config.interval]
         if len(fresh) <= 1:
             return fresh[0] if fresh else None
-        return KubeState.merged(fresh)
+        # Merged once per set of states, not per DCGM scrape: a thousand exporters a round would
+        # each copy every pod of every cluster on the event loop.
+        key = tuple(id(s) for s in fresh)
+        if self._merged is None or self._merged[0] != key:
+            self._merged = (key, KubeState.merged(fresh), fresh)
+        return self._merged[1]
 
     # -- rounds and the loop ---------------------------------------------------------------
 

@@ -400,3 +400,36 @@ def test_a_response_beyond_max_bytes_is_refused(exporters: Exporters) -> None:
     refused = asyncio.run(go(4096))
     assert (refused.ok, refused.error, sent) == (False, f"{target.address()}: response longer than max_bytes (4096 bytes)", [])
     assert asyncio.run(go(1 << 20)).ok and sent == ["gpu-node-a"]
+
+
+@pytest.mark.integration
+def test_several_clusters_are_merged_once_per_answer_not_per_dcgm_scrape(exporters: Exporters) -> None:
+    """Two kube-state-metrics (two clusters): the DCGM mapping of every exporter reads one merged state,
+    made again only when a cluster answers anew (a thousand exporters a round each copied every pod)."""
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    exporters.pages["/east/metrics"] = ksm_text(node("east-1", "aws:///us-east-1a/i-0e1", "p4d.24xlarge", "us-east-1", 8))
+    exporters.pages["/west/metrics"] = ksm_text(node("west-1", "aws:///us-west-2a/i-0w1", "p4d.24xlarge", "us-west-2", 8))
+    east, west = (Target(url=f"http://{exporters.address}/{c}/metrics", job="kube-state-metrics") for c in ("east", "west"))
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        pass
+
+    async def go() -> None:
+        bridge = Bridge(BridgeConfig(targets=[east, west], listen=""), send, clock=lambda: 1_796_000_000.0)
+        try:
+            assert all([(await bridge.scrape(east)).ok, (await bridge.scrape(west)).ok])
+            merged = bridge.kube(1_796_000_000.0)
+            assert merged is not None and set(merged.nodes) == {"east-1", "west-1"}
+            assert bridge.kube(1_796_000_000.0) is merged  # the same state for the next exporter
+            exporters.pages["/west/metrics"] = ksm_text(merge(
+                node("west-1", "aws:///us-west-2a/i-0w1", "p4d.24xlarge", "us-west-2", 8),
+                node("west-2", "aws:///us-west-2a/i-0w2", "p4d.24xlarge", "us-west-2", 8)))  # fmt: skip
+            assert (await bridge.scrape(west)).ok
+            again = bridge.kube(1_796_000_000.0)
+            assert again is not merged and set(again.nodes) == {"east-1", "west-1", "west-2"}  # type: ignore[union-attr]
+        finally:
+            await bridge.close()
+
+    asyncio.run(go())
