@@ -89,6 +89,8 @@ class Bridge:
         self._usage = UsageClock(config.interval)
         self._file_sd: dict[int, list[Target]] = {}
         self._file_sd_stamp: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._file_sd_errors: dict[int, list[str]] = {}
+        """The errors of each file_sd entry's latest read (``--once`` reports them as failures)."""
         self._encode = msgspec.json.Encoder()
         self._session: aiohttp.ClientSession | None = None
 
@@ -102,6 +104,7 @@ class Bridge:
             if self._file_sd_stamp.get(i) != stamp:
                 self._file_sd_stamp[i] = stamp
                 targets, errors = file_sd_targets(sd, self._base)
+                self._file_sd_errors[i] = errors
                 for error in errors:
                     log.warning("file_sd_unreadable", error=error)
                     self.metrics.file_sd_errors.labels(error.split(":", 1)[0]).inc()
@@ -238,10 +241,13 @@ class Bridge:
 
     async def round(self) -> list[ScrapeResult]:
         """Every target once: kube-state-metrics and federate first, so that the DCGM
-        mapping of the same round has the cluster's state."""
+        mapping of the same round has the cluster's state. A file_sd file that could not be
+        read is a failed result of its own (``--once`` checks a config: it must say so)."""
         targets = self.targets()
         first = [t for t in targets if t.job != "dcgm"]
-        results = list(await asyncio.gather(*(self.scrape(t) for t in first)))
+        results = [ScrapeResult(error.split(":", 1)[0], "file_sd", ok=False, error=error)
+                   for errors in self._file_sd_errors.values() for error in errors]  # fmt: skip
+        results += await asyncio.gather(*(self.scrape(t) for t in first))
         results += await asyncio.gather(*(self.scrape(t) for t in targets if t.job == "dcgm"))
         return results
 

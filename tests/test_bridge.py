@@ -433,3 +433,21 @@ def test_several_clusters_are_merged_once_per_answer_not_per_dcgm_scrape(exporte
             await bridge.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.integration
+def test_once_fails_on_a_file_sd_file_it_cannot_read(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker) -> None:
+    """`--once` checks a config: a file_sd file that is not JSON is a FAILED line naming the file and
+    line, and exit 1, though the static target was scraped (before: a log line, and exit 0)."""
+    exporters.pages["/a/metrics"] = node_a()
+    (tmp_path / "dcgm.json").write_text('[{"targets": ["10.0.0.5:9400"]}\n{"targets": []}]')
+    (tmp_path / "bridge.yaml").write_text(json.dumps({
+        "listen": "", "targets": [{"url": f"http://{exporters.address}/a/metrics"}],
+        "file_sd": [{"files": ["dcgm.json"]}]}))  # fmt: skip
+
+    run = burnwatch("bridge", "--config", str(tmp_path / "bridge.yaml"), "--once", env=kafka_env(broker))
+
+    no_traceback(run)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"FAILED file_sd            {tmp_path / 'dcgm.json'}:2: not JSON: Expecting ',' delimiter" in run.stdout
+    assert f"ok     dcgm               http://{exporters.address}/a/metrics: 1 hosts, 8 GPUs" in run.stdout
