@@ -264,6 +264,7 @@ class Bridge:
                 wanted = {(t.address(), t.job): t for t in self.targets()}
                 for key in [k for k in tasks if k not in wanted]:
                     tasks.pop(key).cancel()
+                    self._forget_target(*key)
                     log.info("target_removed", target=key[0], job=key[1])
                 new = {k: t for k, t in wanted.items() if k not in tasks}
                 if ready is None:  # the first targets: cluster state first
@@ -282,6 +283,18 @@ class Bridge:
             if ready is not None:
                 ready.cancel()
             await asyncio.gather(*tasks.values(), *([ready] if ready else []), return_exceptions=True)
+
+    def _forget_target(self, address: str, job: str) -> None:
+        """What was kept of a target file_sd no longer lists: its mapper, its cluster state, and its
+        series on /metrics (a removed target must not stay ``up``; nodes come and go all day)."""
+        self._mappers.pop(address, None)
+        self._kube.pop(address, None)
+        for gauge, labels in ((self.metrics.up, (address, job)), *((self.metrics.scrapes, (address, job, r))
+                                                                  for r in ("ok", "failed"))):  # fmt: skip
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
 
     async def _loop(self, target: Target, stop: asyncio.Event, ready: asyncio.Future[Any] | None, first: bool) -> None:
         if ready is not None:

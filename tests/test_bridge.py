@@ -373,7 +373,9 @@ def test_loop_rereads_file_sd_and_a_hung_target_delays_no_other(tmp_path: Path, 
     # the energy counter's second reading gives power; the static host's usage follows its scrapes
     assert lab[0][0].get("power_w") is None and lab[1][0].get("power_w") == 0.0
     assert keys(TOPIC_RESOURCE_USAGE).count("i-0lab0001") == len(lab)
-    assert f'burnwatch_bridge_scrapes_total{{job="dcgm",result="ok",target="http://{exporters.address}/a/metrics"}}' in metrics
+    assert f'burnwatch_bridge_scrapes_total{{job="dcgm",result="ok",target="http://{exporters.address}/lab/metrics"}}' in metrics
+    # the target file_sd dropped is no longer 'up' (nor counted): its series went with it
+    assert f'target="http://{exporters.address}/a/metrics"' not in metrics
     assert 'burnwatch_bridge_messages_total{topic="gpu-metrics"}' in metrics
 
 
