@@ -48,6 +48,8 @@ _EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":info
 _DURATION = {"idle_gpu": "Idle for", "partly_idle_gpu": "Idle for", "unallocated_gpu": "Unallocated for"}
 """What an alert's duration field is called, where "Duration" says less."""
 _MAX_COMMANDS = 5
+MAX_FIELD = 2000
+"""Slack's limit on a section field's text."""
 _ENTITIES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 _BREAKS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
 _USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
@@ -136,7 +138,14 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
     fields.append(("Account / region", f"{escape(alert.account or '?')} / {escape(alert.region or '?')}"))
     if alert.instance_type:
         fields.append(("Instance", escape(alert.instance_type)))
-    return [{"type": "mrkdwn", "text": f"*{name}*\n{value}"} for name, value in fields[:10]]
+    return [_field(name, value) for name, value in fields[:10]]
+
+
+def _field(name: str, value: str) -> dict[str, str]:
+    """A section field, within Slack's 2,000 characters (a longer one fails the whole message with
+    ``invalid_blocks``: five pods with long names, a tag value of 4,096 characters)."""
+    text = f"*{name}*\n{value}"
+    return {"type": "mrkdwn", "text": text if len(text) <= MAX_FIELD else text[: MAX_FIELD - 1] + "…"}
 
 
 def _facts_of(alert: Alert) -> list[tuple[str, str]]:
@@ -162,7 +171,7 @@ def _facts(alert: Alert) -> list[dict[str, Any]]:
     facts = _facts_of(alert)[:10]
     if not facts:
         return []
-    return [{"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{escape(k)}*\n{escape(v)}"} for k, v in facts]}]
+    return [{"type": "section", "fields": [_field(escape(k), escape(v)) for k, v in facts]}]
 
 
 def _buttons(alert: Alert) -> dict[str, Any]:

@@ -84,9 +84,13 @@ class Bridge:
         self.metrics = _Metrics()
         self._mappers: dict[str, DcgmMapper] = {}
         self._kube: dict[str, KubeState] = {}
+        self._merged: tuple[tuple[int, ...], KubeState, list[KubeState]] | None = None
+        """The fresh states merged, by their ids (the states kept with it, so no id is reused)."""
         self._usage = UsageClock(config.interval)
         self._file_sd: dict[int, list[Target]] = {}
         self._file_sd_stamp: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._file_sd_errors: dict[int, list[str]] = {}
+        """The errors of each file_sd entry's latest read (``--once`` reports them as failures)."""
         self._encode = msgspec.json.Encoder()
         self._session: aiohttp.ClientSession | None = None
 
@@ -100,6 +104,7 @@ class Bridge:
             if self._file_sd_stamp.get(i) != stamp:
                 self._file_sd_stamp[i] = stamp
                 targets, errors = file_sd_targets(sd, self._base)
+                self._file_sd_errors[i] = errors
                 for error in errors:
                     log.warning("file_sd_unreadable", error=error)
                     self.metrics.file_sd_errors.labels(error.split(":", 1)[0]).inc()
@@ -205,6 +210,8 @@ class Bridge:
         if not self.config.usage:
             return
         event = self._usage.event(host, t)
+        result.skipped.update(self._usage.skipped)
+        self._usage.skipped.clear()
         if event is not None:
             await self._publish(TOPIC_RESOURCE_USAGE, host.resource_id, [event], result)
 
@@ -223,16 +230,24 @@ class Bridge:
         fresh = [s for s in self._kube.values() if t - s.t <= KUBE_FRESH_INTERVALS * self.config.interval]
         if len(fresh) <= 1:
             return fresh[0] if fresh else None
-        return KubeState.merged(fresh)
+        # Merged once per set of states, not per DCGM scrape: a thousand exporters a round would
+        # each copy every pod of every cluster on the event loop.
+        key = tuple(id(s) for s in fresh)
+        if self._merged is None or self._merged[0] != key:
+            self._merged = (key, KubeState.merged(fresh), fresh)
+        return self._merged[1]
 
     # -- rounds and the loop ---------------------------------------------------------------
 
     async def round(self) -> list[ScrapeResult]:
         """Every target once: kube-state-metrics and federate first, so that the DCGM
-        mapping of the same round has the cluster's state."""
+        mapping of the same round has the cluster's state. A file_sd file that could not be
+        read is a failed result of its own (``--once`` checks a config: it must say so)."""
         targets = self.targets()
         first = [t for t in targets if t.job != "dcgm"]
-        results = list(await asyncio.gather(*(self.scrape(t) for t in first)))
+        results = [ScrapeResult(error.split(":", 1)[0], "file_sd", ok=False, error=error)
+                   for errors in self._file_sd_errors.values() for error in errors]  # fmt: skip
+        results += await asyncio.gather(*(self.scrape(t) for t in first))
         results += await asyncio.gather(*(self.scrape(t) for t in targets if t.job == "dcgm"))
         return results
 
@@ -249,6 +264,7 @@ class Bridge:
                 wanted = {(t.address(), t.job): t for t in self.targets()}
                 for key in [k for k in tasks if k not in wanted]:
                     tasks.pop(key).cancel()
+                    self._forget_target(*key)
                     log.info("target_removed", target=key[0], job=key[1])
                 new = {k: t for k, t in wanted.items() if k not in tasks}
                 if ready is None:  # the first targets: cluster state first
@@ -267,6 +283,18 @@ class Bridge:
             if ready is not None:
                 ready.cancel()
             await asyncio.gather(*tasks.values(), *([ready] if ready else []), return_exceptions=True)
+
+    def _forget_target(self, address: str, job: str) -> None:
+        """What was kept of a target file_sd no longer lists: its mapper, its cluster state, and its
+        series on /metrics (a removed target must not stay ``up``; nodes come and go all day)."""
+        self._mappers.pop(address, None)
+        self._kube.pop(address, None)
+        for gauge, labels in ((self.metrics.up, (address, job)), *((self.metrics.scrapes, (address, job, r))
+                                                                  for r in ("ok", "failed"))):  # fmt: skip
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
 
     async def _loop(self, target: Target, stop: asyncio.Event, ready: asyncio.Future[Any] | None, first: bool) -> None:
         if ready is not None:

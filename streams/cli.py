@@ -244,6 +244,9 @@ def cmd_bridge(args: argparse.Namespace) -> int:
             print(line)
             for reason, n in sorted(r.skipped.items()):
                 print(f"       skipped {n}: {reason}")
+        if not results:
+            _note("nothing scraped: no targets (the file_sd files list none)")
+            return EXIT_FAILED
         failed = sum(not r.ok for r in results)
         if failed:
             _note(f"{failed} of {len(results)} targets failed")

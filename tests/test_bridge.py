@@ -373,7 +373,9 @@ def test_loop_rereads_file_sd_and_a_hung_target_delays_no_other(tmp_path: Path, 
     # the energy counter's second reading gives power; the static host's usage follows its scrapes
     assert lab[0][0].get("power_w") is None and lab[1][0].get("power_w") == 0.0
     assert keys(TOPIC_RESOURCE_USAGE).count("i-0lab0001") == len(lab)
-    assert f'burnwatch_bridge_scrapes_total{{job="dcgm",result="ok",target="http://{exporters.address}/a/metrics"}}' in metrics
+    assert f'burnwatch_bridge_scrapes_total{{job="dcgm",result="ok",target="http://{exporters.address}/lab/metrics"}}' in metrics
+    # the target file_sd dropped is no longer 'up' (nor counted): its series went with it
+    assert f'target="http://{exporters.address}/a/metrics"' not in metrics
     assert 'burnwatch_bridge_messages_total{topic="gpu-metrics"}' in metrics
 
 
@@ -400,3 +402,54 @@ def test_a_response_beyond_max_bytes_is_refused(exporters: Exporters) -> None:
     refused = asyncio.run(go(4096))
     assert (refused.ok, refused.error, sent) == (False, f"{target.address()}: response longer than max_bytes (4096 bytes)", [])
     assert asyncio.run(go(1 << 20)).ok and sent == ["gpu-node-a"]
+
+
+@pytest.mark.integration
+def test_several_clusters_are_merged_once_per_answer_not_per_dcgm_scrape(exporters: Exporters) -> None:
+    """Two kube-state-metrics (two clusters): the DCGM mapping of every exporter reads one merged state,
+    made again only when a cluster answers anew (a thousand exporters a round each copied every pod)."""
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    exporters.pages["/east/metrics"] = ksm_text(node("east-1", "aws:///us-east-1a/i-0e1", "p4d.24xlarge", "us-east-1", 8))
+    exporters.pages["/west/metrics"] = ksm_text(node("west-1", "aws:///us-west-2a/i-0w1", "p4d.24xlarge", "us-west-2", 8))
+    east, west = (Target(url=f"http://{exporters.address}/{c}/metrics", job="kube-state-metrics") for c in ("east", "west"))
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        pass
+
+    async def go() -> None:
+        bridge = Bridge(BridgeConfig(targets=[east, west], listen=""), send, clock=lambda: 1_796_000_000.0)
+        try:
+            assert all([(await bridge.scrape(east)).ok, (await bridge.scrape(west)).ok])
+            merged = bridge.kube(1_796_000_000.0)
+            assert merged is not None and set(merged.nodes) == {"east-1", "west-1"}
+            assert bridge.kube(1_796_000_000.0) is merged  # the same state for the next exporter
+            exporters.pages["/west/metrics"] = ksm_text(merge(
+                node("west-1", "aws:///us-west-2a/i-0w1", "p4d.24xlarge", "us-west-2", 8),
+                node("west-2", "aws:///us-west-2a/i-0w2", "p4d.24xlarge", "us-west-2", 8)))  # fmt: skip
+            assert (await bridge.scrape(west)).ok
+            again = bridge.kube(1_796_000_000.0)
+            assert again is not merged and set(again.nodes) == {"east-1", "west-1", "west-2"}  # type: ignore[union-attr]
+        finally:
+            await bridge.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.integration
+def test_once_fails_on_a_file_sd_file_it_cannot_read(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker) -> None:
+    """`--once` checks a config: a file_sd file that is not JSON is a FAILED line naming the file and
+    line, and exit 1, though the static target was scraped (before: a log line, and exit 0)."""
+    exporters.pages["/a/metrics"] = node_a()
+    (tmp_path / "dcgm.json").write_text('[{"targets": ["10.0.0.5:9400"]}\n{"targets": []}]')
+    (tmp_path / "bridge.yaml").write_text(json.dumps({
+        "listen": "", "targets": [{"url": f"http://{exporters.address}/a/metrics"}],
+        "file_sd": [{"files": ["dcgm.json"]}]}))  # fmt: skip
+
+    run = burnwatch("bridge", "--config", str(tmp_path / "bridge.yaml"), "--once", env=kafka_env(broker))
+
+    no_traceback(run)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"FAILED file_sd            {tmp_path / 'dcgm.json'}:2: not JSON: Expecting ',' delimiter" in run.stdout
+    assert f"ok     dcgm               http://{exporters.address}/a/metrics: 1 hosts, 8 GPUs" in run.stdout

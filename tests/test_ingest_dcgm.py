@@ -244,3 +244,49 @@ def test_time_sliced_gpu_is_one_sample() -> None:
     event = only(mapped(dcgm_text(gpus), mapper))
     assert (event["pod"], event["allocated"]) == ("a", True)
     assert mapper.skipped == {"more than one series of a GPU (time-sliced pods?): the first kept": 1}
+
+
+def test_one_absurd_value_or_label_leaves_the_rest_of_the_host() -> None:
+    """A message is refused whole by the worker: a GPU whose sample the contract cannot hold (power
+    1e300 W, a 2,000-character pod label) is left out and counted, its host's other GPUs still go."""
+    mapper = DcgmMapper()
+    long_pod = {"pod": "p" * 2000, "namespace": "ml", "container": "c"}
+    batches = mapped(dcgm_text([Gpu(0, gpu_values(0), "h"), Gpu(1, gpu_values(50, power=1e300), "h"),
+                                Gpu(2, gpu_values(50), "h", labels=long_pod)]), mapper)  # fmt: skip
+    assert [e["gpu_index"] for e in batches[0].events] == [0]
+    assert sorted(mapper.skipped) == [
+        "breaks the gpu-metrics contract: Expected `float` <= 3.4028234663852886e+38 - at `$.power_w`",
+        "breaks the gpu-metrics contract: Expected `str` of length <= 1024 - at `$.pod`",
+    ]
+
+
+@pytest.mark.parametrize("stamp", ["NaN", "100000000000000000", "-5", str(int((T + 3600) * 1000))])
+def test_an_absurd_sample_timestamp_is_refused_and_poisons_nothing(stamp: str) -> None:
+    """A timestamp that parses (NaN, year 5000, before 1970, an hour ahead of the scrape) is no event
+    time: that GPU is left out and counted, the others of the answer go, and the GPU's next sample
+    with a real time is published (an accepted future time would have made every later one 'old')."""
+    mapper = DcgmMapper()
+    good = dcgm_text([Gpu(0, gpu_values(50), "other", ts_ms=int(T * 1000))])
+    lines = dcgm_text([Gpu(0, gpu_values(50), "h")]).splitlines()
+    bad = "".join(f"{line}\n" if line.startswith("#") else f"{line} {stamp}\n" for line in lines)
+    batches = mapped(merge_pages(good, bad), mapper)
+    assert [b.host.name for b in batches] == ["other"]
+    assert mapper.skipped == {"sample timestamp not finite, before 1970 or ahead of the scrape": 1}
+    later = dcgm_text([Gpu(0, gpu_values(50), "h", ts_ms=int((T + 30) * 1000))])
+    assert [b.host.name for b in mapped(later, mapper, t=T + 30)] == ["h"]
+
+
+def merge_pages(*pages: str) -> str:
+    """Two exporters' pages as one answer (a federate answer holds several hosts): a family's lines together."""
+    families: dict[str, list[str]] = {}
+    for page in pages:
+        name = ""
+        for line in page.splitlines():
+            if line.startswith("# HELP"):
+                name = line.split()[2]
+                families.setdefault(name, [line, ""])
+            elif line.startswith("# TYPE"):
+                families[name][1] = line
+            elif line:
+                families[name].append(line)
+    return "".join("\n".join(lines) + "\n" for lines in families.values())

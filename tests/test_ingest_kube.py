@@ -188,3 +188,41 @@ def test_a_nodes_tag_labels_become_its_usage_tags() -> None:
     assert clock.event(Host("n1", "i-0n1", node=n1), T)["tags"] == {"team": "platform", "env": "prod"}  # type: ignore[index]
     both = Host("n1", "i-0n1", node=n1, static=StaticHost(resource_id="i-0n1", tags={"team": "research"}))
     assert clock.event(both, T + 30)["tags"] == {"team": "research", "env": "prod"}  # type: ignore[index]
+
+
+def test_an_absurd_node_timestamp_is_not_a_usage_time() -> None:
+    """kube_node_info's timestamp (through /federate) times the node's usage event: one in year 5000
+    would have failed the scrape (no datetime holds it) or stopped the node's billing for good."""
+    text = ksm_text(merge(node("n1", "aws:///us-east-1a/i-0n1", "p4d.24xlarge", "us-east-1", 8)), ts_ms=10**17)
+    assert kube_state(parse_exposition(text, "ksm"), T).nodes["n1"].t is None
+    text = ksm_text(merge(node("n1", "aws:///us-east-1a/i-0n1", "p4d.24xlarge", "us-east-1", 8)), ts_ms=int(T * 1000))
+    assert kube_state(parse_exposition(text, "ksm"), T + 15).nodes["n1"].t == T
+
+
+def test_a_usage_event_the_contract_refuses_is_counted_not_sent() -> None:
+    """A node label the contract cannot hold (a 2,000-character instance type) gives no usage event,
+    counted, not sent to be dead-lettered."""
+    from detector.ingest.hosts import Host
+    from detector.ingest.kube import Node
+    from detector.ingest.usage import UsageClock
+
+    clock = UsageClock(30.0)
+    assert clock.event(Host("n1", "i-0n1", node=Node("n1", instance_type="x" * 2000)), T) is None
+    assert clock.skipped == {
+        "usage event breaks the resource-usage contract: Expected `str` of length <= 1024 - at `$.instance_type`": 1
+    }
+
+
+def test_usage_clock_forgets_nodes_that_are_gone() -> None:
+    """An autoscaled fleet replaces instances all day: the clock keeps only those seen within the
+    hour, and one that comes back after longer starts a new interval (as after any gap)."""
+    from detector.ingest.hosts import Host
+    from detector.ingest.kube import Node
+    from detector.ingest.usage import UsageClock
+
+    clock = UsageClock(30.0)
+    for i in range(500):  # a new instance every 30 s for 4 hours, each seen once
+        assert clock.event(Host(f"n{i}", f"i-{i}", node=Node(f"n{i}", instance_type="g5.xlarge")), T + 30 * i)
+    assert len(clock._last) <= 2 * 3600 / 30 + 1
+    back = clock.event(Host("n0", "i-0", node=Node("n0", instance_type="g5.xlarge")), T + 30 * 500)
+    assert back is not None and back["interval_s"] == 30.0

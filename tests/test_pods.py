@@ -166,3 +166,18 @@ def test_a_grouped_message_names_each_hosts_command(ruleset):
         (post,) = slack.calls("chat.postMessage")
     text = post.text_of_blocks()
     assert "run `kubectl -n vision delete job train-a`" in text and "run `kubectl -n vision delete job train-b`" in text
+
+
+def test_long_pod_names_keep_each_slack_field_within_its_limit(ruleset):
+    """Slack refuses a message whole (invalid_blocks) when a section field holds more than 2,000
+    characters: five pods whose names the contract allows (1,024 characters) must still post."""
+    units = [pod(0, "busy", util=95.0)] + [pod(g, f"{g}" + "p" * 1000, "Deployment/" + "w" * 1000, namespace="n" * 60)
+                                           for g in range(1, 8)]  # fmt: skip
+    alerts = AlertManager(ruleset=ruleset).handle(Engine(ruleset).process(host([(40, units)])))
+    (fired,) = [a for a in alerts if a.change == "fired" and a.type == "partly_idle_gpu"]
+    with LocalSlack() as slack:
+        SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2).post(fired)
+        (post,) = slack.calls("chat.postMessage")
+    fields = [f["text"] for block in post.blocks for f in block.get("fields", [])]
+    assert any(text.startswith("*Pods*") for text in fields)
+    assert max(len(text) for text in fields) <= 2000

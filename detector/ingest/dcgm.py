@@ -21,10 +21,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from detector.events import GpuMetric
 from detector.ingest.hosts import Host, StaticHost, resolve_host
 from detector.ingest.kube import KubeState
 from detector.ingest.labels import label
-from detector.ingest.prometheus import Sample, instance_host
+from detector.ingest.prometheus import Sample, instance_host, plausible_time
 from detector.units import rfc3339
 
 __all__ = ["DcgmMapper", "HostBatch", "event_time"]
@@ -168,11 +171,13 @@ class DcgmMapper:
             return None
         first = util_sample or next(iter(unit.values.values()))
         te = first.timestamp if first.timestamp is not None else t
+        if not plausible_time(te, t):
+            self.skipped["sample timestamp not finite, before 1970 or ahead of the scrape"] += 1
+            return None
         last = self._last.get(unit.key)
         if last is not None and te <= last:
             self.skipped["not newer than the last sample published"] += 1
             return None
-        self._last[unit.key] = te
         labels = unit.labels
         event: dict[str, Any] = {"ts": event_time(te), "resource_id": host.resource_id, "gpu_index": unit.index,
                                  "util_pct": util}  # fmt: skip
@@ -209,6 +214,12 @@ class DcgmMapper:
                 tags.update(kube.tags(namespace, pod))
         if tags:
             event["tags"] = tags
+        try:  # one absurd value or label (power 1e300, a 2,000-character pod) must not dead-letter the host
+            msgspec.convert(event, GpuMetric)
+        except msgspec.ValidationError as exc:
+            self.skipped[f"breaks the gpu-metrics contract: {exc}"] += 1
+            return None
+        self._last[unit.key] = te
         return event, te
 
     def _pod(self, labels: dict[str, str], kube: KubeState | None, relabelled: set[str | None]) -> tuple[str, str]:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from detector.ingest.labels import label
-from detector.ingest.prometheus import Sample
+from detector.ingest.prometheus import Sample, plausible_time
 
 __all__ = ["DEFAULT_TAG_LABELS", "KubeState", "Node", "instance_id", "kube_state"]
 
@@ -161,7 +161,7 @@ def kube_state(samples: Iterable[Sample], t: float, tag_labels: Iterable[str] = 
         if not name:
             continue
         n = node(name)
-        n.t = s.timestamp
+        n.t = s.timestamp if s.timestamp is not None and plausible_time(s.timestamp, t) else None
         n.internal_ip = s.labels.get("internal_ip", "")
         if n.internal_ip:
             state._by_ip[n.internal_ip] = name

@@ -9,14 +9,19 @@ clear error naming the target and the offending line instead of a traceback.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["ExpositionError", "Sample", "instance_host", "parse_exposition"]
+__all__ = ["MAX_AHEAD_S", "ExpositionError", "Sample", "instance_host", "parse_exposition", "plausible_time"]
 
 MAX_LINE_SHOWN = 120
+MAX_AHEAD_S = 300.0
+"""A sample timestamp further than this ahead of the bridge's clock is not an event time (clock
+skew between Prometheus and the bridge is seconds): refused, or one absurd line would move a
+GPU's event time into the future and every later sample of it would look old."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,12 @@ def _bad_line(text: str) -> str:
             why = str(exc).split(":", 1)[0] if str(exc) else type(exc).__name__
             return f"not Prometheus text at line {number} ({why}): {shown!r}"
     return "not Prometheus text (the lines parse alone but not together: a TYPE or HELP line out of place?)"
+
+
+def plausible_time(timestamp: float, now: float) -> bool:
+    """Whether a sample's timestamp can be an event time: finite, after 1970, at most
+    :data:`MAX_AHEAD_S` ahead of ``now`` (a ``NaN`` or ``1e14`` parses, and cannot)."""
+    return math.isfinite(timestamp) and 0 < timestamp <= now + MAX_AHEAD_S
 
 
 def instance_host(instance: str) -> str:

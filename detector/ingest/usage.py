@@ -10,8 +10,12 @@ or their spend is counted twice.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
+import msgspec
+
+from detector.events import UsageEvent
 from detector.ingest.dcgm import event_time
 from detector.ingest.hosts import Host
 
@@ -20,6 +24,10 @@ __all__ = ["UsageClock"]
 MAX_GAP_INTERVALS = 5
 """A gap longer than this many scrape intervals since a host's previous event (the bridge
 was down, the host left and came back) is not billed as running: the interval restarts."""
+FORGET_S = 3600.0
+"""A resource without an event for this long (and 5 intervals) is forgotten: its next event starts
+a new interval, as it would after that gap anyway. Nodes come and go (autoscaling, spot): without
+this the map grows with every instance the fleet ever ran."""
 
 
 class UsageClock:
@@ -28,6 +36,9 @@ class UsageClock:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._last: dict[str, float] = {}
+        self._swept = 0.0
+        self.skipped: Counter[str] = Counter()
+        """Events refused, per reason (the bridge reports them with the scrape)."""
 
     def event(self, host: Host, t: float) -> dict[str, Any] | None:
         """The usage event of ``host`` up to ``t``; None without an instance type (it
@@ -38,7 +49,6 @@ class UsageClock:
         previous = self._last.get(host.resource_id)
         if previous is not None and t <= previous:
             return None
-        self._last[host.resource_id] = t
         gap = t - previous if previous is not None else None
         interval = gap if gap is not None and gap <= MAX_GAP_INTERVALS * self.interval_s else self.interval_s
         static, node = host.static, host.node
@@ -61,4 +71,19 @@ class UsageClock:
         tags = {**(node.tags if node else {}), **(static.tags if static else {})}
         if tags:
             event["tags"] = tags
+        try:  # a node label kube-state-metrics passed on (a 2,000-character instance type) must not dead-letter
+            msgspec.convert(event, UsageEvent)
+        except msgspec.ValidationError as exc:
+            self.skipped[f"usage event breaks the resource-usage contract: {exc}"] += 1
+            return None
+        self._last[host.resource_id] = t
+        self._sweep(t)
         return event
+
+    def _sweep(self, t: float) -> None:
+        """Forget the resources not seen for :data:`FORGET_S` (at most once per that time: O(1) per event)."""
+        keep = max(FORGET_S, MAX_GAP_INTERVALS * self.interval_s)
+        if t - self._swept < keep:
+            return
+        self._swept = t
+        self._last = {key: last for key, last in self._last.items() if last >= t - keep}
