@@ -86,9 +86,7 @@ UInt64 = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
-class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
-    # omit_defaults: an event encodes (and so hashes into its id, detector.store.batch) only what it
-    # carries, so adding an optional field to the contract changes no stored event's id.
+class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
     ts: Timestamp
     extra: dict[str, Any] = {}
     """Fields the contract does not name, kept verbatim for storage."""
@@ -138,6 +136,8 @@ class GpuMetric(_Base, kw_only=True):
     power_w: Float32 = 0.0
     sm_active: Ratio | None = None
     """``DCGM_FI_PROF_SM_ACTIVE``: off in dcgm-exporter's default counters."""
+    # Fields added after the first release go last: an event's id hashes its encoding without
+    # the trailing ones at their defaults (ADDED_FIELDS), so adding them changed no stored id.
     gr_engine_active: Ratio | None = None
     """``DCGM_FI_PROF_GR_ENGINE_ACTIVE``: on by default; the profiling form of ``util_pct``."""
     tensor_active: Ratio | None = None
@@ -190,6 +190,10 @@ class RunEvent(_Base, kw_only=True):
 
 
 Event = Union[UsageEvent, GpuMetric, RunEvent]
+ADDED_FIELDS: dict[type, str] = {GpuMetric: "gr_engine_active"}
+"""Per event type, the first of the optional fields added (at the end) after event ids were
+released: :func:`detector.store.batch.event_ids` hashes an event without the trailing run of
+them at their defaults, so an event that carries none of them keeps the id it had before."""
 _TYPES: dict[str, type[_Base]] = {
     TOPIC_RESOURCE_USAGE: UsageEvent,
     TOPIC_GPU_METRICS: GpuMetric,

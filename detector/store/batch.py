@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from detector.events import Event, GpuMetric, RunEvent, UsageEvent
+from detector.events import ADDED_FIELDS, Event, GpuMetric, RunEvent, UsageEvent
 from detector.pricing import Pricer, Pricing
 
 __all__ = ["GPU_COLS", "KIND", "RUN_COLS", "SOURCE_COLS", "USAGE_COLS", "EventBatch", "Source", "event_ids"]
@@ -121,12 +121,37 @@ class EventBatch:
             ]  # fmt: skip
 
 
+def _added_suffix(cls: type, first_added: str) -> bytes:
+    """How an event of ``cls`` encodes its fields from ``first_added`` on, all at their defaults."""
+    fields = msgspec.structs.fields(cls)
+    tail = fields[[f.name for f in fields].index(first_added) :]
+    parts = []
+    for f in tail:
+        default = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+        parts.append(b"," + _json.encode(f.encode_name) + b":" + _json.encode(default))
+    return b"".join(parts) + b"}"
+
+
+_ADDED_SUFFIXES = {cls: _added_suffix(cls, first) for cls, first in ADDED_FIELDS.items()}
+
+
 def event_ids(kind: bytes, events: Sequence[Event]) -> list[int]:
     """A 64-bit id per event from its content (every field, ``extra`` included): the same
     event read twice, re-sent by its producer, or read again from a recreated topic has the
-    same id, so the store keeps it once."""
+    same id, so the store keeps it once. Optional fields added to the contract since ids were
+    released (:data:`~detector.events.ADDED_FIELDS`) are left out while at their defaults, so
+    an event that carries none of them has the id it had before they existed."""
     encode, blake2b = _json.encode, hashlib.blake2b
-    return [int.from_bytes(blake2b(encode(e), digest_size=8, person=kind).digest(), "little") for e in events]
+    suffix = _ADDED_SUFFIXES.get(type(events[0])) if events else None
+    if suffix is None:
+        return [int.from_bytes(blake2b(encode(e), digest_size=8, person=kind).digest(), "little") for e in events]
+    ids, cut = [], len(suffix)
+    for e in events:
+        encoded = encode(e)
+        if encoded.endswith(suffix):
+            encoded = encoded[:-cut] + b"}"
+        ids.append(int.from_bytes(blake2b(encoded, digest_size=8, person=kind).digest(), "little"))
+    return ids
 
 
 def _source_columns(runs: list[tuple[Source, int]]) -> list[list[Any]]:
