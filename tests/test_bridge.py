@@ -233,14 +233,9 @@ def test_once_publishes_one_message_per_host(tmp_path: Path, exporters: Exporter
     lab: list[GpuMetric] = metrics["i-0lab0001"][0]
     assert (lab[0].hostname, lab[0].allocated, lab[0].power_w) == ("lab-box-1", None, 0.0)  # one energy reading: no power yet
 
-    usage = decoded(read_topic(broker.bootstrap, TOPIC_RESOURCE_USAGE), TOPIC_RESOURCE_USAGE)
-    # the GPU nodes kube-state-metrics lists, and the statically mapped host that answered; not the CPU node
-    assert {k: len(v) for k, v in usage.items()} == {"i-0aaa111": 1, "gpu-node-b": 1, "i-0lab0001": 1}
-    u: UsageEvent = usage["i-0aaa111"][0][0]
-    assert (u.resource_type, u.instance_type, u.region, u.provider, u.state, u.interval_s, u.cost_usd, u.pricing) == (
-        "gpu_instance", "p4d.24xlarge", "us-east-1", "aws", "running", 30.0, None, "on_demand")
-    assert usage["gpu-node-b"][0][0].pricing == "spot"  # GKE Spot label
-    assert usage["i-0lab0001"][0][0].instance_type == "g5.xlarge"
+    # One round bills nothing: usage covers the time seen between two scrapes, so a --once check
+    # beside the running bridge never bills a node twice.
+    assert read_topic(broker.bootstrap, TOPIC_RESOURCE_USAGE) == []
 
 
 @pytest.mark.integration
@@ -314,6 +309,40 @@ def wait_for(condition: Any, timeout: float = 30.0) -> Any:
 
 
 @pytest.mark.integration
+def test_usage_for_the_gpu_nodes_and_the_mapped_hosts_from_the_second_round(tmp_path: Path, exporters: Exporters) -> None:
+    """The GPU nodes kube-state-metrics lists and the statically mapped host that answered are billed
+    (not the CPU node), for the time between two rounds: the first round only starts their clocks."""
+    from detector.ingest.config import load_bridge_config
+    from streams.bridge import Bridge
+
+    config = load_bridge_config(write_config(tmp_path, exporters))
+    sent: list[tuple[str, str, bytes]] = []
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        sent.append((topic, key, value))
+
+    async def go() -> None:
+        bridge = Bridge(config, send, base=tmp_path)
+        try:
+            await bridge.round()
+            assert not [k for t, k, _ in sent if t == TOPIC_RESOURCE_USAGE]
+            exporters.release.set()  # the hung target answers (empty) from now on
+            await bridge.round()
+        finally:
+            await bridge.close()
+
+    asyncio.run(go())
+    usage = decoded([(k, v) for t, k, v in sent if t == TOPIC_RESOURCE_USAGE], TOPIC_RESOURCE_USAGE)
+    assert {k: len(v) for k, v in usage.items()} == {"i-0aaa111": 1, "gpu-node-b": 1, "i-0lab0001": 1}
+    u: UsageEvent = usage["i-0aaa111"][0][0]
+    assert (u.resource_type, u.instance_type, u.region, u.provider, u.state, u.cost_usd, u.pricing) == (
+        "gpu_instance", "p4d.24xlarge", "us-east-1", "aws", "running", None, "on_demand")  # fmt: skip
+    assert 0 < u.interval_s < 30  # the time between the two rounds, not a whole scrape interval
+    assert usage["gpu-node-b"][0][0].pricing == "spot"  # GKE Spot label
+    assert usage["i-0lab0001"][0][0].instance_type == "g5.xlarge"
+
+
+@pytest.mark.integration
 def test_loop_rereads_file_sd_and_a_hung_target_delays_no_other(tmp_path: Path, exporters: Exporters) -> None:
     """The scrape loop: every target on its own schedule, so one that hangs (until its timeout) holds
     no other back; a file_sd file is re-read when it changes; the counters are on /metrics."""
@@ -372,7 +401,7 @@ def test_loop_rereads_file_sd_and_a_hung_target_delays_no_other(tmp_path: Path, 
     lab = [events for t, k, events in sent if t == TOPIC_GPU_METRICS and k == "i-0lab0001"]
     # the energy counter's second reading gives power; the static host's usage follows its scrapes
     assert lab[0][0].get("power_w") is None and lab[1][0].get("power_w") == 0.0
-    assert keys(TOPIC_RESOURCE_USAGE).count("i-0lab0001") == len(lab)
+    assert keys(TOPIC_RESOURCE_USAGE).count("i-0lab0001") == len(lab) - 1  # the first scrape starts its clock
     assert f'burnwatch_bridge_scrapes_total{{job="dcgm",result="ok",target="http://{exporters.address}/lab/metrics"}}' in metrics
     # the target file_sd dropped is no longer 'up' (nor counted): its series went with it
     assert f'target="http://{exporters.address}/a/metrics"' not in metrics

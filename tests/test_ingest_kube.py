@@ -141,8 +141,9 @@ def test_shipped_example_config_is_valid() -> None:
 
 
 def test_usage_intervals() -> None:
-    """Each usage event covers the time since that resource's previous one; the first, and one
-    after a gap of more than 5 intervals, cover one interval (a gap is not billed as running)."""
+    """Each usage event covers the time since that resource's previous one; the first sight, and
+    the first after a gap of more than 5 intervals, only start the clock (nothing is billed
+    that the bridge did not see between two scrapes: a restart or a --once bills nothing twice)."""
     from detector.ingest.hosts import Host, StaticHost
     from detector.ingest.kube import Node
     from detector.ingest.usage import UsageClock
@@ -150,16 +151,18 @@ def test_usage_intervals() -> None:
     clock = UsageClock(30.0)
     node_host = Host("n1", "i-0n1", node=Node("n1", provider="aws", instance_type="p4d.24xlarge", region="us-east-1",
                                               pricing="spot"))  # fmt: skip
-    events = [clock.event(node_host, T + dt) for dt in (0, 45, 45, 40, 1000)]
+    events = [clock.event(node_host, T + dt) for dt in (0, 45, 90, 90, 85, 1085, 1115)]
     assert [(e["ts"], e["interval_s"]) if e else None for e in events] == [
-        ("2026-11-30T00:52:50Z", 30.0),  # the first: one interval, ending at the scrape
+        None,  # the first sight: the clock starts
         ("2026-11-30T00:53:20Z", 45.0),  # since the previous
+        ("2026-11-30T00:54:05Z", 45.0),
         None,  # the same time again (federate repeating a sample): nothing new
         None,  # earlier than the previous: nothing
-        ("2026-11-30T01:09:30Z", 30.0),  # after a 955 s gap: one interval
+        None,  # after a 995 s gap (the bridge was down): not billed, the clock starts again
+        ("2026-11-30T01:11:25Z", 30.0),
     ]
     assert {
-        k: events[0][k] for k in ("resource_id", "resource_type", "instance_type", "region", "provider", "pricing", "state")
+        k: events[1][k] for k in ("resource_id", "resource_type", "instance_type", "region", "provider", "pricing", "state")
     } == {  # fmt: skip
         "resource_id": "i-0n1",
         "resource_type": "gpu_instance",
@@ -169,10 +172,11 @@ def test_usage_intervals() -> None:
         "pricing": "spot",
         "state": "running",
     }
-    assert "cost_usd" not in events[0]  # priced by the worker from pricing.yaml
+    assert "cost_usd" not in events[1]  # priced by the worker from pricing.yaml
     assert clock.event(Host("bare", "bare"), T) is None  # no instance type: it could not be priced
     static = Host("lab", "i-0lab", static=StaticHost(resource_id="i-0lab", instance_type="g5.xlarge", tags={"team": "x"}))
-    assert clock.event(static, T)["tags"] == {"team": "x"}  # type: ignore[index]
+    assert clock.event(static, T) is None
+    assert clock.event(static, T + 30)["tags"] == {"team": "x"}  # type: ignore[index]
 
 
 def test_a_nodes_tag_labels_become_its_usage_tags() -> None:
@@ -185,9 +189,10 @@ def test_a_nodes_tag_labels_become_its_usage_tags() -> None:
     n1 = kube_state(parse_exposition(text, "ksm"), T).nodes["n1"]
     assert n1.tags == {"team": "platform", "env": "prod"}  # only the tag labels
     clock = UsageClock(30.0)
-    assert clock.event(Host("n1", "i-0n1", node=n1), T)["tags"] == {"team": "platform", "env": "prod"}  # type: ignore[index]
+    assert clock.event(Host("n1", "i-0n1", node=n1), T) is None  # the clock starts
+    assert clock.event(Host("n1", "i-0n1", node=n1), T + 30)["tags"] == {"team": "platform", "env": "prod"}  # type: ignore[index]
     both = Host("n1", "i-0n1", node=n1, static=StaticHost(resource_id="i-0n1", tags={"team": "research"}))
-    assert clock.event(both, T + 30)["tags"] == {"team": "research", "env": "prod"}  # type: ignore[index]
+    assert clock.event(both, T + 60)["tags"] == {"team": "research", "env": "prod"}  # type: ignore[index]
 
 
 def test_an_absurd_node_timestamp_is_not_a_usage_time() -> None:
@@ -207,7 +212,9 @@ def test_a_usage_event_the_contract_refuses_is_counted_not_sent() -> None:
     from detector.ingest.usage import UsageClock
 
     clock = UsageClock(30.0)
-    assert clock.event(Host("n1", "i-0n1", node=Node("n1", instance_type="x" * 2000)), T) is None
+    absurd = Host("n1", "i-0n1", node=Node("n1", instance_type="x" * 2000))
+    assert clock.event(absurd, T) is None  # the clock starts
+    assert clock.event(absurd, T + 30) is None
     assert clock.skipped == {
         "usage event breaks the resource-usage contract: Expected `str` of length <= 1024 - at `$.instance_type`": 1
     }
@@ -221,8 +228,10 @@ def test_usage_clock_forgets_nodes_that_are_gone() -> None:
     from detector.ingest.usage import UsageClock
 
     clock = UsageClock(30.0)
-    for i in range(500):  # a new instance every 30 s for 4 hours, each seen once
-        assert clock.event(Host(f"n{i}", f"i-{i}", node=Node(f"n{i}", instance_type="g5.xlarge")), T + 30 * i)
+    for i in range(500):  # a new instance every 30 s for 4 hours, each seen twice
+        host = Host(f"n{i}", f"i-{i}", node=Node(f"n{i}", instance_type="g5.xlarge"))
+        assert clock.event(host, T + 30 * i) is None and clock.event(host, T + 30 * i + 15)
     assert len(clock._last) <= 2 * 3600 / 30 + 1
-    back = clock.event(Host("n0", "i-0", node=Node("n0", instance_type="g5.xlarge")), T + 30 * 500)
-    assert back is not None and back["interval_s"] == 30.0
+    n0 = Host("n0", "i-0", node=Node("n0", instance_type="g5.xlarge"))
+    assert clock.event(n0, T + 30 * 500) is None  # forgotten: its clock starts again
+    assert clock.event(n0, T + 30 * 501)["interval_s"] == 30.0  # type: ignore[index]

@@ -2,7 +2,11 @@
 only the bridge still has the "billed" state the GPU detectors price waste from.
 
 Each event says the host ran ``running`` since the previous one (``ts`` is the start
-of the interval, ``interval_s`` its length) and carries no ``cost_usd``: the worker
+of the interval, ``interval_s`` its length); the first sight of a host (in this process, or
+after a gap) only starts its clock. So the bridge bills the time it saw a host between two
+of its scrapes and nothing else: a restart or a ``--once`` check beside the running bridge
+bills nothing twice (it may leave one interval unbilled: alert dollars err low, never above
+the bill). The events carry no ``cost_usd``: the worker
 prices it from ``rules/pricing.yaml``'s list price of its ``instance_type``. Turn it
 off (``usage: false``) where a cloud usage exporter already reports these instances,
 or their spend is counted twice.
@@ -23,7 +27,7 @@ __all__ = ["UsageClock"]
 
 MAX_GAP_INTERVALS = 5
 """A gap longer than this many scrape intervals since a host's previous event (the bridge
-was down, the host left and came back) is not billed as running: the interval restarts."""
+was down, the host left and came back) is not billed as running: the clock starts again."""
 FORGET_S = 3600.0
 """A resource without an event for this long (and 5 intervals) is forgotten: its next event starts
 a new interval, as it would after that gap anyway. Nodes come and go (autoscaling, spot): without
@@ -49,8 +53,13 @@ class UsageClock:
         previous = self._last.get(host.resource_id)
         if previous is not None and t <= previous:
             return None
-        gap = t - previous if previous is not None else None
-        interval = gap if gap is not None and gap <= MAX_GAP_INTERVALS * self.interval_s else self.interval_s
+        if previous is None or t - previous > MAX_GAP_INTERVALS * self.interval_s:
+            # The clock starts: only time seen between two scrapes of this process is billed, so a
+            # restart, a `--once` check beside the running bridge, or a gap never bills time twice.
+            self._last[host.resource_id] = t
+            self._sweep(t)
+            return None
+        interval = t - previous
         static, node = host.static, host.node
         event: dict[str, Any] = {
             "ts": event_time(t - interval),
