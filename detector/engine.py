@@ -302,6 +302,8 @@ class Engine:
         info.state = ev.state
         info.tags = ev.tags
         cost = self.pricer.cost(ev)
+        listed = self.pricer.pricing.instances.get(ev.instance_type) if ev.instance_type else None
+        info.gpus = listed.gpus if listed is not None else 0
         info.interval_usd = cost.usd
         if cost.usd_per_hour is not None:
             info.usd_per_hour = cost.usd_per_hour

@@ -136,8 +136,9 @@ def test_mig_gpu_is_busy_when_any_instance_is_and_priced_per_physical_gpu(rulese
              gpu(1, 0.0, mig_instance="1", gr_engine_active=0.0), gpu(1, 0.0, mig_instance="2", gr_engine_active=0.0)]
     _, found = run(ruleset, host([(60, units)]))
     (fire,) = [f for f in found if f.action == "fire"]
-    assert fire.type == "partly_idle_gpu" and fire.details["gpus_idle"] == [1] and fire.details["gpu_count"] == 2
-    assert fire.usd_per_hour == pytest.approx(PRICE / 2)
+    # the host is billed as a p4d.24xlarge (8 GPUs): GPU 1 is one eighth of it, not two (its instances)
+    assert fire.type == "partly_idle_gpu" and fire.details["gpus_idle"] == [1] and fire.details["gpu_count"] == 8
+    assert fire.usd_per_hour == pytest.approx(PRICE / 8)
 
 
 @pytest.mark.parametrize(
@@ -244,3 +245,12 @@ def test_a_restart_from_the_saved_state_changes_nothing(ruleset, cut_min):
     _, second = run(restarted.ruleset, events[cut:], restarted)
     assert [(f.type, f.action, f.at, f.waste_usd, f.details) for f in saved + second] == \
         [(f.type, f.action, f.at, f.waste_usd, f.details) for f in whole]  # fmt: skip
+
+
+def test_a_gpu_that_reports_nothing_is_still_part_of_the_host_it_is_billed_with(ruleset):
+    """A p4d.24xlarge has 8 GPUs (pricing.yaml): with one fallen off the bus (no samples), six idle
+    ones are six eighths of the price, not six sevenths."""
+    seven = [gpu(0, 95.0)] + [gpu(g) for g in range(1, 7)]
+    found = [f for f in Engine(ruleset).process(host([(60, seven)])) if f.type == "partly_idle_gpu"]
+    assert found[0].action == "fire" and found[0].usd_per_hour == pytest.approx(PRICE * 6 / 8)
+    assert found[0].details["gpu_count"] == 8

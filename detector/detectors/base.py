@@ -50,6 +50,9 @@ class ResourceInfo(msgspec.Struct, kw_only=True):
     """running | stopped | terminated; empty until a usage event has been seen."""
     usd_per_hour: float | None = None
     """The rate its latest priced running interval was billed at (:class:`~detector.pricing.Pricer`)."""
+    gpus: int = 0
+    """GPUs its instance type has (``rules/pricing.yaml``); 0 when not known. A share of the host
+    is priced over these, not over the GPUs that happen to report."""
     interval_usd: float = 0.0
     """What its latest usage interval cost, priced once by the engine's pricer: detectors that
     add up spend add this, so their dollars are the stored rows' dollars."""

@@ -22,7 +22,8 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
   GPUs' counts start again when a GPU works (the staggered start of a resumed job is not
   part of a host idle). Idle time a GPU spends before it counts is priced too, once it
   counts.
-- **Priced as a share.** ``idle GPUs / GPUs of the host`` (physical GPUs) of the host's price
+- **Priced as a share.** ``idle GPUs / GPUs of the host`` (physical GPUs: those its instance
+  type has by ``rules/pricing.yaml``, or those reporting if more) of the host's price
   (:attr:`~detector.detectors.base.ResourceInfo.usd_per_hour`), over time that samples
   cover only; time seen before the price is known is priced once it is.
 - **Allocation is evidence too.** A sample that cannot say who holds its GPU (``allocated``
@@ -331,7 +332,7 @@ class GpuShare(DetectorBase):
             found = [self._finding("update", st, res, c)]
         gap = t - c
         if gap <= p.stale_after:
-            share_s = gap / len(st.gpus)
+            share_s = gap / max(len(st.gpus), res.gpus)
             n = 0
             for gpu, track in st.gpus.items():
                 if state.get(gpu, BUSY) not in codes:
@@ -413,12 +414,12 @@ class GpuShare(DetectorBase):
         if counted or action != "resolve":
             st.listed = counted
         counted = counted or [g for g in st.listed if g in st.gpus]
-        total = max(len(st.gpus), 1)
+        total = max(len(st.gpus), res.gpus, 1)
         pods = {g: self._status(st, g, st.covered_until).pods for g in counted}
         pod_list = [pod for ps in pods.values() for pod in ps]
         rate = (res.usd_per_hour or 0.0) * len(counted) / total
         details = {
-            "gpu_count": len(st.gpus),
+            "gpu_count": total,
             "gpu_model": st.model,
             "gpus_idle": counted,
             "episode_s": round(max(at, st.since) - st.since, 3),
