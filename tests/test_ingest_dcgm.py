@@ -156,8 +156,12 @@ ALLOCATION_CASES = [
     ("no kube-state-metrics", None, _host(1), True, [True, None, None, None]),
     # ksm does not know this host, and the target is not said to be Kubernetes: not a Kubernetes node
     ("not a Kubernetes node", _cluster([]), _host(0, host="bare-metal-1"), False, [None] * 4),
-    # ... unless the target is configured `kubernetes: true`: ksm's requests for it are none
-    ("kubernetes: true, no requests known", _cluster([]), _host(0, host="bare-metal-1"), True, [False] * 4),
+    # `kubernetes: true`, but kube-state-metrics lists its nodes and this is none of them: the host
+    # label names no node (an FQDN against a short name?): unknown, never "held by no pod"
+    ("kubernetes: true, a host no node", _cluster([]), _host(0, host="bare-metal-1"), True, [None] * 4),
+    # `kubernetes: true` with a kube-state-metrics that exports no node metrics: its requests name none
+    ("kubernetes: true, ksm without nodes", kube_state(parse_exposition(ksm_text(
+        pod("ml", "a", "other-node", 1)), "ksm"), T), _host(0, host="gpu-node-9"), True, [False] * 4),
     # a finished pod's request holds nothing
     ("requests of finished pods ignored", kube_state(parse_exposition(ksm_text(merge(
         node("gpu-node-1", "aws:///us-east-1a/i-0abc123", "p4d.24xlarge", "us-east-1", 8),

@@ -267,15 +267,21 @@ class DcgmMapper:
 
     def _allocate(self, events: list[tuple[dict[str, Any], float]], host: Host, kube: KubeState | None,
                   kubernetes: bool) -> None:  # fmt: skip
-        """``allocated`` per GPU: a pod label says True. On a Kubernetes node, an
-        unlabelled GPU is False when the node's pods request no GPU, or no more than the
-        labelled ones; otherwise (dcgm-exporter not in Kubernetes mode, or behind) it
-        stays unknown: which GPUs are held is never guessed."""
+        """``allocated`` per GPU: a pod label says True. On a node kube-state-metrics knows,
+        an unlabelled GPU is False when the node's pods request no GPU, or no more than the
+        labelled ones; otherwise (dcgm-exporter not in Kubernetes mode, or behind) it stays
+        unknown: which GPUs are held is never guessed. A host of a target marked
+        ``kubernetes`` that kube-state-metrics does not list counts as a node whose pods request
+        nothing, unless kube-state-metrics lists nodes at all: then its label names no node (a
+        FQDN against a short name?), and its allocation stays unknown, counted."""
         labelled = sum(1 for e, _ in events if e.get("pod"))
         for e, _ in events:
             if e.get("pod"):
                 e["allocated"] = True
         if kube is None or (host.node is None and not kubernetes):
+            return
+        if host.node is None and kube.lists_nodes:
+            self.skipped["host label names no node kube-state-metrics lists: allocation unknown"] += 1
             return
         requested = host.node.gpus_requested if host.node is not None else 0.0
         if requested == 0 or labelled >= requested:

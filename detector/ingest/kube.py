@@ -112,6 +112,8 @@ class KubeState:
     namespace_tags: dict[str, dict[str, str]] = field(default_factory=dict)
     pods: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, pod) of every pod ``kube_pod_info`` lists."""
+    lists_nodes: bool = False
+    """Whether the scrape had ``kube_node_info`` (kube-state-metrics can run without node metrics)."""
     gpu_pods: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, pod) of the unfinished pods that request a GPU."""
     _by_ip: dict[str, str] = field(default_factory=dict)
@@ -126,7 +128,7 @@ class KubeState:
     @classmethod
     def merged(cls, states: list[KubeState]) -> KubeState:
         """Several clusters' states (one kube-state-metrics each) as one."""
-        out = cls(t=max(s.t for s in states))
+        out = cls(t=max(s.t for s in states), lists_nodes=any(s.lists_nodes for s in states))
         for s in states:
             out.nodes.update(s.nodes)
             out.workloads.update(s.workloads)
@@ -156,6 +158,7 @@ def kube_state(samples: Iterable[Sample], t: float, tag_labels: Iterable[str] = 
             state.nodes[name] = Node(name)
         return state.nodes[name]
 
+    state.lists_nodes = bool(by_name.get("kube_node_info"))
     for s in by_name.get("kube_node_info", ()):
         name = label(s.labels, "node")
         if not name:
