@@ -11,6 +11,7 @@ by the host's resource id. What the samples mean is decided in
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -174,6 +175,13 @@ class Bridge:
                     chunks.append(chunk)
         except asyncio.TimeoutError:
             raise _FetchError(f"{url}: no answer within {timeout:g}s") from None
+        except aiohttp.ClientConnectorError as exc:  # its text carries aiohttp's "ssl:default" noise
+            err = exc.os_error
+            if err is None:
+                reason = str(exc)
+            else:  # asyncio's refusal has no strerror, a DNS failure a negative errno
+                reason = err.strerror or (os.strerror(err.errno) if err.errno and err.errno > 0 else str(err))
+            raise _FetchError(f"{url}: unreachable: {reason}") from None
         except aiohttp.ClientError as exc:
             raise _FetchError(f"{url}: unreachable: {exc}") from None
         return b"".join(chunks)

@@ -482,3 +482,25 @@ def test_once_fails_on_a_file_sd_file_it_cannot_read(tmp_path: Path, exporters: 
     assert run.returncode == 1, run.stdout + run.stderr
     assert f"FAILED file_sd            {tmp_path / 'dcgm.json'}:2: not JSON: Expecting ',' delimiter" in run.stdout
     assert f"ok     dcgm               http://{exporters.address}/a/metrics: 1 hosts, 8 GPUs" in run.stdout
+
+
+def test_an_unreachable_target_says_why_in_plain_words() -> None:
+    """aiohttp's own text of a refused connection carries 'ssl:default' even for plain http."""
+    from detector.ingest.config import BridgeConfig
+    from streams.bridge import Bridge
+    from streams.embedded import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+
+    async def go() -> list[str]:
+        async def send(topic: str, key: str, value: bytes) -> None:
+            raise AssertionError("nothing to publish")
+
+        bridge = Bridge(BridgeConfig.model_validate({"listen": "", "targets": [{"url": url, "job": "dcgm"}]}), send)
+        try:
+            return [r.error for r in await bridge.round()]
+        finally:
+            await bridge.close()
+
+    (error,) = asyncio.run(go())
+    assert error.startswith(f"{url}: unreachable: ") and "ssl" not in error

@@ -235,3 +235,14 @@ def test_usage_clock_forgets_nodes_that_are_gone() -> None:
     n0 = Host("n0", "i-0", node=Node("n0", instance_type="g5.xlarge"))
     assert clock.event(n0, T + 30 * 500) is None  # forgotten: its clock starts again
     assert clock.event(n0, T + 30 * 501)["interval_s"] == 30.0  # type: ignore[index]
+
+
+def test_a_huge_file_sd_file_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runaway file_sd file (a generator gone wrong) is an error naming it, never read into memory."""
+    import detector.ingest.config as config
+
+    monkeypatch.setattr(config, "MAX_FILE_SD_BYTES", 1000)
+    big = tmp_path / "dcgm.json"
+    big.write_text(json.dumps([{"targets": [f"10.0.{i // 250}.{i % 250}:9400" for i in range(200)]}]))
+    targets, errors = file_sd_targets(FileSd(files=[str(big)]))
+    assert targets == [] and errors == [f"{big}: larger than 1,000 bytes: not a target list"]

@@ -128,6 +128,10 @@ def load_bridge_config(path: str | Path) -> BridgeConfig:
     return config
 
 
+MAX_FILE_SD_BYTES = 16 * 2**20
+"""A file_sd file larger than this (100,000 targets take about 10 MiB) is refused, not read into memory."""
+
+
 def file_sd_targets(sd: FileSd, base: Path | None = None) -> tuple[list[Target], list[str]]:
     """The targets of one ``file_sd`` entry, and an error per file that could not be read
     (that file then gives none; the caller keeps what it had, as Prometheus does)."""
@@ -136,6 +140,9 @@ def file_sd_targets(sd: FileSd, base: Path | None = None) -> tuple[list[Target],
     for name in sd.files:
         path = Path(name) if base is None or Path(name).is_absolute() else base / name
         try:
+            if path.stat().st_size > MAX_FILE_SD_BYTES:
+                errors.append(f"{path}: larger than {MAX_FILE_SD_BYTES:,} bytes: not a target list")
+                continue
             groups = json.loads(path.read_text())
             targets.extend(_group_targets(groups, sd))
         except OSError as exc:
