@@ -249,7 +249,7 @@ def run_demo(settings: Settings, hours: float | None = None, speed: float = 1800
                  f"in {pipeline.wall_s():.0f}s of wall time.")  # fmt: skip
             _closing(settings, pipeline, labels, hours, config)
         _say("\nThe same from telemetry a GPU fleet already exposes (dcgm-exporter, kube-state-metrics, "
-             "through `burnwatch bridge`): make demo-bridge")  # fmt: skip
+             "through `burnwatch bridge`): make demo-bridge, or burnwatch demo --via-bridge")  # fmt: skip
         return 0
     except KeyboardInterrupt:
         _say("\ninterrupted; stopping")
