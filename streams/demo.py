@@ -247,9 +247,9 @@ def run_demo(settings: Settings, hours: float | None = None, speed: float = 1800
             health = pipeline.drain(n_events)
             _say(f"Processed {health['events']:,} events ({health['dead_letters']} to dead-letter) "
                  f"in {pipeline.wall_s():.0f}s of wall time.")  # fmt: skip
+            _say("The same from telemetry a GPU fleet already exposes (dcgm-exporter, kube-state-metrics, through "
+                 "`burnwatch bridge`): make demo-bridge, or burnwatch demo --via-bridge.")  # fmt: skip
             _closing(settings, pipeline, labels, hours, config)
-        _say("\nThe same from telemetry a GPU fleet already exposes (dcgm-exporter, kube-state-metrics, "
-             "through `burnwatch bridge`): make demo-bridge, or burnwatch demo --via-bridge")  # fmt: skip
         return 0
     except KeyboardInterrupt:
         _say("\ninterrupted; stopping")
