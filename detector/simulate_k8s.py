@@ -26,7 +26,8 @@ detector/detectors/gpu_share.py):
   at its first idle sample; another pod starts a new run) counts, at a sample when some
   GPU of the host works; the host's episode lasts while a GPU counts, and an ``idle_gpu``
   spell ends it where the spell starts (a shorter whole-host idle spell it waits through;
-  a GPU idle through a spell counts again as soon as work resumes). Dollars: each GPU's
+  after an ``idle_gpu`` spell every idle run starts again where work resumes, so a GPU
+  idle through it counts 30 minutes later). Dollars: each GPU's
   share of the host price over its idle run's time while another GPU worked, its time
   before it counted included; never a whole-host idle hour;
 - ``unallocated_gpu``: the same for GPUs no pod holds.
@@ -435,7 +436,8 @@ def _share_labels(rule_type: str, wanted: tuple[str, ...], node: K8sNode, times:
     A GPU's idle run starts at its first sample in a wanted mode (a new pod, or a GPU taken or
     released, starts a new one) and counts once it has lasted :data:`FOR_S`, at a sample when
     some GPU of the host works. An episode lasts while a GPU counts; a whole-host idle spell
-    that is ``idle_gpu``'s ends it where the spell starts (a shorter one it waits through).
+    that is ``idle_gpu``'s ends it where the spell starts (a shorter one it waits through), and
+    the runs start again where work resumes.
     Dollars: each run's share of the host over its time while some GPU worked, the time
     before it counted included.
     """
@@ -466,6 +468,12 @@ def _share_labels(rule_type: str, wanted: tuple[str, ...], node: K8sNode, times:
             close(t)
             for run in runs:
                 run.counted = False
+        if k > 0 and handover[k - 1] and not handover[k]:
+            # After an idle_gpu spell the idle runs start again where work resumes: a job's GPUs
+            # starting minutes apart are not partly idle (nor is their time before the spell).
+            for run in runs:
+                if run.key is not None:
+                    run.start, run.pending_usd, run.pending_from = max(run.start, t), 0.0, None
         if busy[k]:
             for g, run in enumerate(runs):
                 if run.key is not None and not run.counted and t - run.start >= FOR_S:

@@ -120,9 +120,10 @@ def test_a_whole_idle_host_is_idle_gpus_and_its_hours_are_nobody_elses():
     assert by_start[120].waste_usd == pytest.approx(2 * usd_over(32.0 / 8, HOUR))
 
 
-def test_a_gpu_idle_before_a_whole_idle_spell_counts_when_work_resumes():
-    """Its idle run goes on through the spell (not priced there): once another GPU works again
-    it has been idle for over 30 minutes, and its time before the spell is its episode's start."""
+def test_a_gpu_idle_through_a_whole_idle_spell_starts_its_count_again_when_work_resumes():
+    """The spell is idle_gpu's; after it, the GPU's idle run starts again where work resumes (as
+    partly_idle_gpu's does: a job's GPUs resuming minutes apart are not partly idle), so it counts
+    30 minutes later, its episode starting where work resumed; its time before the spell is not charged."""
     a, b = _pod("a", 6), _pod("b", 2)
     node = _node(
         [_spans((60, "busy", a), (60, "idle", a), (60, "busy", a))] * 6
@@ -130,11 +131,11 @@ def test_a_gpu_idle_before_a_whole_idle_spell_counts_when_work_resumes():
     )
     labels = k8s_labels(node, T0, T0 + 180 * MIN, 30.0)
     assert sorted(((lb.start - T0) / MIN, (lb.end - T0) / MIN, lb.type) for lb in labels) == [
-        (50, 180, "partly_idle_gpu"),
         (60, 120, "idle_gpu"),
+        (120, 180, "partly_idle_gpu"),
     ]
     partly = next(lb for lb in labels if lb.type == "partly_idle_gpu")
-    assert partly.waste_usd == pytest.approx(2 * usd_over(32.0 / 8, 70 * MIN))  # 10 minutes before, 60 after
+    assert partly.waste_usd == pytest.approx(2 * usd_over(32.0 / 8, 60 * MIN))  # the hour after the spell
 
 
 def test_fleet_labels_on_instance_ids_and_never_two_types_for_the_same_hours(ruleset):
