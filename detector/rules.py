@@ -38,6 +38,7 @@ from detector.suppression.silence import Silence as CompiledSilence
 from detector.units import Duration, _parse_percent, format_duration, parse_duration
 
 __all__ = [
+    "consistency_warnings",
     "LINK_FIELDS",
     "Link",
     "Match",
@@ -550,6 +551,33 @@ def compile_rules(
         for s in silences
     )
     return RuleSet(tuple(compiled), pricing, compiled_silences, routing or Routing(), limits or Limits())
+
+
+SPLIT_PARAMS = ("util_below", "for_")
+"""What ``idle_gpu`` and the per-GPU rules must agree on to split a host's idle hours exactly."""
+
+
+def consistency_warnings(ruleset: RuleSet) -> list[str]:
+    """Rule combinations that are valid one by one but price wrong together: ``partly_idle_gpu``
+    and ``unallocated_gpu`` count a host's idle hours that ``idle_gpu`` does not, which holds
+    only while they share its busy threshold and ``for`` (docs/detectors.md)."""
+    whole = [r.detector for r in ruleset.rules if r.detector.type == "idle_gpu"]
+    warnings = []
+    for rule in ruleset.rules:
+        share = rule.detector
+        if share.type not in ("partly_idle_gpu", "unallocated_gpu"):
+            continue
+        for idle in whole:
+            for name in SPLIT_PARAMS:
+                mine, theirs = getattr(share.params, name), getattr(idle.params, name)
+                if mine != theirs:
+                    show = format_duration if name == "for_" else (lambda v: f"{v:g}%")
+                    warnings.append(
+                        f"rule {share.name}: {name.rstrip('_')} {show(mine)} differs from rule {idle.name}'s "
+                        f"{show(theirs)}: the two split a host's idle hours only when they agree, so some hours "
+                        f"would be counted twice or by neither"
+                    )
+    return warnings
 
 
 NO_RULES = (

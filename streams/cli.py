@@ -546,7 +546,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
-    from detector.rules import RulesInvalid, load_rules
+    from detector.rules import RulesInvalid, consistency_warnings, load_rules
 
     path = args.path or _settings(args).rules_path
     try:
@@ -559,6 +559,8 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         print(f"{path}: no rule enabled (allow_no_rules: true): detection is off")
         return 0
     print(f"{path}: {len(ruleset.rules)} enabled rule(s) OK: {', '.join(ruleset.names)}")
+    for warning in consistency_warnings(ruleset):
+        print(f"warning: {warning}")
     return 0
 
 

@@ -13,12 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
 from detector.detectors.anomaly import Scoring, use_scoring
 from detector.events import EventDecoder
 from detector.reload import RulesWatcher
-from detector.rules import Routing, RuleSet, RulesInvalid, load_rules
+from detector.rules import Routing, RuleSet, RulesInvalid, consistency_warnings, load_rules
 
 __all__ = ["Config", "LiveConfig"]
+
+log = structlog.get_logger("burnwatch.config")
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,10 @@ class LiveConfig:
     @classmethod
     def load(cls, rules_path: str | Path) -> LiveConfig:
         """The rule files' configuration, watched for edits (:class:`RulesInvalid` if invalid)."""
-        return cls(Config.of(load_rules(rules_path)), rules_path)
+        ruleset = load_rules(rules_path)
+        for warning in consistency_warnings(ruleset):
+            log.warning("rules_inconsistent", path=str(rules_path), warning=warning)
+        return cls(Config.of(ruleset), rules_path)
 
     def reload(self) -> tuple[Config | None, RulesInvalid | None]:
         """Blocking (files): (the new snapshot, None) after a valid edit, now current;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 from detector.detectors import ResourceInfo
 from detector.rules import Match, RulesInvalid, compile_match, load_rules
 from detector.units import parse_duration
+from tests.conftest import ROOT
 
 
 def test_shipped_rules_load_with_their_defaults(ruleset):
@@ -150,3 +152,19 @@ def test_the_worker_does_not_start_without_an_enabled_rule(tmp_path):
                              timeout=120)  # fmt: skip
     assert out.returncode != 0
     assert "rules refused" in out.stderr and NO_RULES in out.stderr
+
+
+def test_rules_that_split_a_hosts_idle_hours_are_checked_for_agreeing(tmp_path):
+    """idle_gpu and the per-GPU rules split a host's idle hours only with the same busy threshold and
+    `for`: valid one by one, wrong together, so `rules check` warns (and the worker logs it)."""
+    from detector.rules import consistency_warnings
+
+    assert consistency_warnings(load_rules(ROOT / "rules")) == []  # the shipped rules agree
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    text = (rules / "rules.yaml").read_text()
+    idle_gpu_threshold = "util_below: 5%     # busy at or above this util_pct"
+    (rules / "rules.yaml").write_text(text.replace(idle_gpu_threshold, "util_below: 10%    # x", 1))
+    warnings = consistency_warnings(load_rules(rules))
+    assert warnings and all("rule idle-gpu's 10%" in w and "util_below 5% differs" in w for w in warnings), warnings
+    assert {w.split(":")[0] for w in warnings} == {"rule partly-idle-gpu", "rule unallocated-gpu"}
