@@ -294,3 +294,10 @@ def merge_pages(*pages: str) -> str:
             elif line:
                 families[name].append(line)
     return "".join("\n".join(lines) + "\n" for lines in families.values())
+
+
+def test_a_power_reading_that_is_not_a_number_is_counted_not_silently_dropped() -> None:
+    mapper = DcgmMapper()
+    (batch,) = mapped(dcgm_text([Gpu(0, gpu_values(50, power=float("nan")), "h")]), mapper)
+    assert "power_w" not in batch.events[0] or batch.events[0]["power_w"] == 0.0
+    assert mapper.skipped == {"power_w not a number or negative (the energy counter stands in)": 1}

@@ -250,8 +250,10 @@ class DcgmMapper:
         previous reading (none at the first reading, or when the counter went down: a
         reset, as Prometheus' rate() treats it)."""
         power = unit.values.get(POWER)
-        if power is not None and math.isfinite(power.value) and power.value >= 0:
-            return power.value
+        if power is not None:
+            if math.isfinite(power.value) and power.value >= 0:
+                return power.value
+            self.skipped["power_w not a number or negative (the energy counter stands in)"] += 1
         energy = unit.values.get(ENERGY)
         if energy is None or not math.isfinite(energy.value):
             return None
