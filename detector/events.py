@@ -69,6 +69,8 @@ MAX_TAGS = 1024
 MAX_RESOURCE_IDS = 65_536
 MAX_ERROR = 65_536
 """A run's error text: room for a stack trace."""
+MAX_METRICS = 256
+"""Generic metrics per usage event: room for every gauge a host exports, not for a dump."""
 MAX_EXTRA_DEPTH = 32
 """Nesting of unknown fields' values; a deeper one is refused, not stored."""
 
@@ -84,6 +86,10 @@ UInt8 = Annotated[int, msgspec.Meta(ge=0, le=UINT8_MAX)]
 UInt16 = Annotated[int, msgspec.Meta(ge=0, le=UINT16_MAX)]
 UInt64 = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Metrics = Annotated[
+    dict[Id, Annotated[float, msgspec.Meta(ge=-FLOAT64_MAX, le=FLOAT64_MAX)]], msgspec.Meta(max_length=MAX_METRICS)
+]
+"""Named numeric gauges: finite (the bounds refuse 1e309) and signed, as a Float64 column stores them."""
 
 
 class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
@@ -117,6 +123,10 @@ class UsageEvent(_Base, kw_only=True):
     vector_count: UInt64 | None = None
     requests: UInt64 | None = None
     tags: Tags = {}
+    # Fields added after the first release go last (ADDED_FIELDS): ids of events without them are unchanged.
+    metrics: Metrics = {}
+    """Any other numeric series the resource reports (CPU utilisation, ingress, latency, request
+    rate), by name: what a model can learn from beyond cost and egress (issue 14)."""
 
     @property
     def key(self) -> str:
@@ -190,7 +200,7 @@ class RunEvent(_Base, kw_only=True):
 
 
 Event = Union[UsageEvent, GpuMetric, RunEvent]
-ADDED_FIELDS: dict[type, str] = {GpuMetric: "gr_engine_active"}
+ADDED_FIELDS: dict[type, str] = {GpuMetric: "gr_engine_active", UsageEvent: "metrics"}
 """Per event type, the first of the optional fields added (at the end) after event ids were
 released: :func:`detector.store.batch.event_ids` hashes an event without the trailing run of
 them at their defaults, so an event that carries none of them keeps the id it had before."""

@@ -206,7 +206,8 @@ def _outside(t: Any) -> list[tuple[str, Any]]:
         out += [("ge", t.ge - 1)] if t.ge is not None else []
         out += [("le", t.le + 1)] if t.le is not None else []
     elif isinstance(t, mi.FloatType):
-        out += [("ge", math.nextafter(t.ge, -math.inf))] if t.ge is not None else []
+        below = math.nextafter(t.ge, -math.inf) if t.ge is not None else None
+        out += [("ge", below if below > -math.inf else msgspec.Raw(b"-1e309"))] if t.ge is not None else []
         out += [("gt", t.gt)] if t.gt is not None else []
         above = math.nextafter(t.le, math.inf) if t.le is not None else None
         out += [("le", above if above < math.inf else msgspec.Raw(b"1e309"))] if t.le is not None else []
@@ -221,7 +222,8 @@ def _outside(t: Any) -> list[tuple[str, Any]]:
         out += [("max_length", [""] * (t.max_length + 1))]
         out += [(f"item {bound}", [value]) for bound, value in _outside(t.item_type)]
     elif isinstance(t, mi.DictType) and not isinstance(t.value_type, mi.AnyType):
-        out += [("max_length", {str(i): "" for i in range(t.max_length + 1)})]
+        inside = "" if isinstance(t.value_type, mi.StrType) else 0.0  # only the length is out of bounds
+        out += [("max_length", {str(i): inside for i in range(t.max_length + 1)})]
         out += [(f"key {bound}", {value: ""}) for bound, value in _outside(t.key_type) if value]
         out += [(f"value {bound}", {"k": value}) for bound, value in _outside(t.value_type)]
     return out

@@ -56,3 +56,12 @@ def test_a_field_added_since_is_part_of_the_id_when_it_is_carried(added):
 def test_an_added_field_at_its_default_is_not():
     value, pinned = MESSAGES[TOPIC_GPU_METRICS]
     assert ids(TOPIC_GPU_METRICS, value[:-1] + b',"pod":"","allocated":null,"tags":{}}') == [pinned]
+
+
+def test_a_usage_event_with_metrics_has_its_own_id_and_one_without_keeps_its_own():
+    """``metrics`` came after ids were released (ADDED_FIELDS): absent or empty, the id is the pinned one."""
+    value, pinned = MESSAGES[TOPIC_RESOURCE_USAGE]
+    assert ids(TOPIC_RESOURCE_USAGE, value[:-1] + b',"metrics":{}}') == [pinned]
+    with_metric = ids(TOPIC_RESOURCE_USAGE, value[:-1] + b',"metrics":{"cpu_pct":12.5}}')
+    assert with_metric != [pinned]
+    assert ids(TOPIC_RESOURCE_USAGE, value[:-1] + b',"metrics":{"cpu_pct":12.5}}') == with_metric

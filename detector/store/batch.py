@@ -22,7 +22,7 @@ _json = msgspec.json.Encoder()
 USAGE_COLS = [
     "ts", "resource_id", "resource_type", "provider", "account", "region", "instance_type", "pricing",
     "state", "interval_s", "cost_usd", "egress_bytes", "dest_region", "storage_bytes", "capacity_bytes",
-    "vector_count", "requests", "tags", "extra",
+    "vector_count", "requests", "tags", "extra", "metrics",
 ]  # fmt: skip
 GPU_COLS = [
     "ts", "resource_id", "gpu_index", "gpu_uuid", "model", "util_pct", "mem_used_mib", "mem_total_mib",
@@ -108,7 +108,8 @@ class EventBatch:
                 [e.interval_s for e in ev], [e.cost_usd for e in ev], [e.egress_bytes for e in ev],
                 [e.dest_region for e in ev], [e.storage_bytes for e in ev], [e.capacity_bytes for e in ev],
                 [e.vector_count for e in ev], [e.requests for e in ev], [e.tags for e in ev],
-                [_extra(e) if e.extra else "" for e in ev], [p.usd for p in priced], [p.egress_usd for p in priced],
+                [_extra(e) if e.extra else "" for e in ev], [e.metrics for e in ev],
+                [p.usd for p in priced], [p.egress_usd for p in priced],
                 event_ids(b"usage", ev), *_source_columns(self._runs[UsageEvent]),
             ]  # fmt: skip
         if self.runs:
