@@ -8,6 +8,7 @@
     burnwatch backtest fleet.jsonl --json   run the rules in-process, print the alerts
     burnwatch backtest --since 7d --compare rules-new/   what a rules change would add or remove
     burnwatch eval                          precision/recall/dollar error per type, simulated fleets
+    burnwatch eval --series DIR             event-level precision/recall/F1 on labelled real series
     burnwatch rules check [PATH]            validate rule files; exit 1 on any error
     burnwatch silence add --match team=nlp --type idle_gpu --for 8h --reason "..."   (list, expire ID)
     burnwatch query waste --since 7d --team nlp --format csv   a named post-mortem report
