@@ -329,3 +329,12 @@ def test_whatever_the_decoder_accepts_is_detected(ruleset, limits, data):
         for alert in manager.handle(engine.process(events)):
             assert alert.to_json()
     engine.open_episodes()
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_a_generic_metric_is_finite(value):
+    """JSON cannot carry these (msgspec refuses 1e309), but an event built in-process can: the bounds
+    of ``metrics`` refuse them, naming the field, as ClickHouse's Float64 would store them silently."""
+    fields = {**VALID[TOPIC_RESOURCE_USAGE], "metrics": {"cpu": value}}
+    with pytest.raises(msgspec.ValidationError, match=r"at `\$\.metrics"):
+        msgspec.convert(fields, _TYPES[TOPIC_RESOURCE_USAGE])

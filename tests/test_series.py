@@ -14,6 +14,7 @@ import pytest
 from detector.events import TOPIC_RESOURCE_USAGE, EventDecoder, UsageEvent
 from detector.series import SeriesError, read_series, read_series_dir, replay_records
 from detector.series_eval import evaluate_series, first_of_runs, naive_forest, score
+from detector.store import EventBatch
 
 DATASET = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "ms-cloud-monitoring" / "data"
 HOUR = 3600.0
@@ -214,3 +215,26 @@ def test_eval_series_refuses_a_bad_file_in_one_line(tmp_path):
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode != 0
     assert out.stderr.strip() == f"{tmp_path / 'svc' / 'bad.csv'}:3: column Value: 'oops' is not a number"
+
+
+def test_series_events_keep_their_metric_through_the_store(store, tmp_path):
+    """The generic metric is stored (migration 0011) and read back as the event that was sent."""
+    f = write(tmp_path / "ingress" / "i-01.csv", ["2018-04-25T00:00:00Z,10.5,0", "2018-04-25T00:01:00Z,-3,0"])
+    decoder = EventDecoder(clock=lambda: 2e9)
+    sent = [decoder.decode(topic, msgspec.json.encode(value))[0] for _, topic, _, value in replay_records(read_series(f))]
+    batch = EventBatch()
+    batch.extend(sent)
+    assert store.events.insert(batch) == 2
+    back = [event for _, event in store.history.between(0, 2e9)]
+    assert [e.metrics for e in back] == [{"value": 10.5}, {"value": -3.0}]
+    assert back == sent
+
+
+def test_a_file_that_is_not_text_or_not_there_is_one_clear_error(tmp_path):
+    binary = tmp_path / "d" / "bin.csv"
+    binary.parent.mkdir()
+    binary.write_bytes(b"TimeStamp,Value,Label\n\xff\xfe,1,0\n")
+    with pytest.raises(SeriesError, match=r"bin\.csv: not UTF-8 text"):
+        read_series(binary)
+    with pytest.raises(SeriesError, match=r"gone\.csv: No such file"):
+        read_series(tmp_path / "d" / "gone.csv")
