@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,12 @@ PARTITIONS = 4
 
 
 class Exporters:
-    """A local HTTP server: ``pages[path]`` is served as text; ``/slow`` answers only once
-    ``release`` is set (a target that times out), ``/garbage`` is not Prometheus text."""
+    """A local HTTP server: ``pages[path]`` is served as text (a callable: its answer to each request,
+    None for 404); ``/slow`` answers only once ``release`` is set (a target that times out),
+    ``/garbage`` is not Prometheus text."""
 
     def __init__(self) -> None:
-        self.pages: dict[str, str] = {}
+        self.pages: dict[str, str | Callable[[], str | None]] = {}
         self.release = threading.Event()
         self.requests: list[str] = []
         exporters = self
@@ -37,6 +38,8 @@ class Exporters:
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 exporters.requests.append(self.path)
                 body = exporters.pages.get(self.path.split("?")[0])
+                if callable(body):
+                    body = body()
                 if self.path.startswith("/slow"):
                     exporters.release.wait(30)
                     body = ""

@@ -20,9 +20,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -36,6 +34,7 @@ from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
 from tests.exposition import Gpu, dcgm_text, gpu_values, ksm_text, merge, node, pod
 from tests.helpers import T0
+from tests.test_bridge import Exporters
 from tests.test_end_to_end import sql
 
 pytestmark = pytest.mark.integration
@@ -53,39 +52,23 @@ NOTEBOOK = ("vision", "nb-dana-0", ("StatefulSet", "nb-dana"),
 
 
 class Cluster:
-    """The node's dcgm-exporter (``/metrics`` on one path) and kube-state-metrics (another):
-    every dcgm-exporter request is the next scrape; kube-state-metrics answers for the time
-    of the latest one."""
+    """The node's dcgm-exporter (``/dcgm/metrics``) and kube-state-metrics (``/ksm/metrics``),
+    served by ``exporters``: every dcgm-exporter request is the next scrape (404 once the two
+    hours are walked); kube-state-metrics answers for the time of the latest one."""
 
-    def __init__(self) -> None:
+    def __init__(self, exporters: Exporters) -> None:
         self.scrape = 0
         self.lock = threading.Lock()
-        cluster = self
+        self.url = f"http://{exporters.address}"
+        exporters.pages["/dcgm/metrics"] = self.next_dcgm
+        exporters.pages["/ksm/metrics"] = lambda: self.ksm(max(self.scrape - 1, 0))
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                with cluster.lock:
-                    if self.path.startswith("/dcgm"):
-                        if cluster.scrape >= SCRAPES:
-                            self.send_error(503)
-                            return
-                        body = cluster.dcgm(cluster.scrape)
-                        cluster.scrape += 1
-                    else:
-                        body = cluster.ksm(max(cluster.scrape - 1, 0))
-                data = body.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def next_dcgm(self) -> str | None:
+        with self.lock:
+            if self.scrape >= SCRAPES:
+                return None
+            self.scrape += 1
+            return self.dcgm(self.scrape - 1)
 
     @staticmethod
     def t(scrape: int) -> float:
@@ -124,16 +107,11 @@ class Cluster:
         )
         return ksm_text(page, ts_ms=int(self.t(scrape) * 1000))
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    c = Cluster()
-    yield c
-    c.close()
+    with Exporters() as exporters:
+        yield Cluster(exporters)
 
 
 async def bridge_rounds(cluster: Cluster, bootstrap: str) -> int:
