@@ -43,13 +43,18 @@ class Gpu:
     labels: dict[str, str] = field(default_factory=dict)
     """Kubernetes mode: pod, namespace, container (or the older pod_name, ...)."""
     ts_ms: int | None = None
+    model: str = MODEL
+    uuid: str = ""
+    """The GPU's UUID (default: one made from host and index)."""
+    pci_bus_id: str = ""
 
     def line(self, name: str) -> str | None:
         if name not in self.values:
             return None
-        parts = [f'gpu="{self.index}"', f'{self.uuid_label}="GPU-{self.host or "x"}-{self.index:04d}"',
-                 f'pci_bus_id="00000000:{16 + self.index:02X}:1C.0"', f'device="nvidia{self.index}"',
-                 f'modelName="{MODEL}"']  # fmt: skip
+        uuid = self.uuid or f"GPU-{self.host or 'x'}-{self.index:04d}"
+        bus = self.pci_bus_id or f"00000000:{16 + self.index:02X}:1C.0"
+        parts = [f'gpu="{self.index}"', f'{self.uuid_label}="{uuid}"', f'pci_bus_id="{bus}"',
+                 f'device="nvidia{self.index}"', f'modelName="{self.model}"']  # fmt: skip
         if self.mig:
             parts += [f'GPU_I_PROFILE="{self.mig[0]}"', f'GPU_I_ID="{self.mig[1]}"']
         if self.host:

@@ -29,6 +29,7 @@ from detector.engine import Engine
 from detector.events import TOPIC_GPU_METRICS, EventDecoder
 from detector.ingest.dcgm import DcgmMapper
 from detector.ingest.prometheus import parse_exposition
+from tests.exposition import Gpu, dcgm_text
 from tests.helpers import T0, usage
 
 CAPTURE = Path(__file__).parent / "data" / "h200_nvml_phases.jsonl"
@@ -51,20 +52,17 @@ DEVICE, PHASES = _capture()
 
 
 def render(reading: dict, profiling: tuple[str, ...], energy: bool = False) -> str:
-    """One scrape of dcgm-exporter as it prints it: HELP/TYPE lines, its label layout."""
-    labels = (f'gpu="0",UUID="{DEVICE["uuid"]}",pci_bus_id="{DEVICE["pci_bus_id"]}",device="nvidia0",'
-              f'modelName="{DEVICE["name"]}",Hostname="{HOST}"')  # fmt: skip
-    fields = [("DCGM_FI_DEV_GPU_UTIL", "gauge", reading["gpu_util"]),
-              ("DCGM_FI_DEV_FB_USED", "gauge", round(reading["fb_used_mib"])),
-              ("DCGM_FI_DEV_FB_FREE", "gauge", round(reading["fb_free_mib"])),
-              ("DCGM_FI_DEV_FB_RESERVED", "gauge", round(reading["fb_reserved_mib"]))]  # fmt: skip
-    fields += (
-        [("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", reading["energy_mj"])]
-        if energy
-        else [("DCGM_FI_DEV_POWER_USAGE", "gauge", reading["power_w"])]
-    )
-    fields += [(PROFILING[name], "gauge", reading["gpm"][name] / 100) for name in profiling]  # GPM: 0-100
-    return "".join(f"# HELP {f} {f}.\n# TYPE {f} {kind}\n{f}{{{labels}}} {value}\n" for f, kind, value in fields)
+    """One scrape of dcgm-exporter as it prints it (``tests/exposition.py``), with the H200's own labels."""
+    values = {"DCGM_FI_DEV_GPU_UTIL": reading["gpu_util"], "DCGM_FI_DEV_FB_USED": round(reading["fb_used_mib"]),
+              "DCGM_FI_DEV_FB_FREE": round(reading["fb_free_mib"]),
+              "DCGM_FI_DEV_FB_RESERVED": round(reading["fb_reserved_mib"])}  # fmt: skip
+    if energy:
+        values["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] = reading["energy_mj"]
+    else:
+        values["DCGM_FI_DEV_POWER_USAGE"] = reading["power_w"]
+    values |= {PROFILING[name]: reading["gpm"][name] / 100 for name in profiling}  # GPM: 0-100
+    gpu = Gpu(0, values, host=HOST, model=DEVICE["name"], uuid=DEVICE["uuid"], pci_bus_id=DEVICE["pci_bus_id"])
+    return dcgm_text([gpu])
 
 
 def events_of(phase_plan: list[tuple[str, float]], profiling: tuple[str, ...]) -> list:
