@@ -60,8 +60,7 @@ class LiveConfig:
     def load(cls, rules_path: str | Path) -> LiveConfig:
         """The rule files' configuration, watched for edits (:class:`RulesInvalid` if invalid)."""
         ruleset = load_rules(rules_path)
-        for warning in consistency_warnings(ruleset):
-            log.warning("rules_inconsistent", path=str(rules_path), warning=warning)
+        _warn_inconsistent(ruleset, rules_path)
         return cls(Config.of(ruleset), rules_path)
 
     def reload(self) -> tuple[Config | None, RulesInvalid | None]:
@@ -73,6 +72,13 @@ class LiveConfig:
         ruleset, refused = self._watcher.poll()
         if ruleset is None:
             return None, refused
+        _warn_inconsistent(ruleset, self._watcher.path)
         use_scoring(ruleset.rules, self.scoring)  # before any batch can read the new snapshot
         self.current = Config.of(ruleset)
         return self.current, None
+
+
+def _warn_inconsistent(ruleset: RuleSet, path: str | Path) -> None:
+    """Rules valid one by one that price wrong together (``burnwatch rules check`` says the same)."""
+    for warning in consistency_warnings(ruleset):
+        log.warning("rules_inconsistent", path=str(path), warning=warning)

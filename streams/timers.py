@@ -10,7 +10,6 @@ import structlog
 
 from detector.digest import send_due_digests
 from detector.model.forest import ModelSet
-from detector.rules import consistency_warnings
 from detector.slack import SlackError
 from detector.units import one_line, parse_duration
 from streams.parts import WorkerParts, fail
@@ -86,8 +85,6 @@ def _reload_rules(parts: WorkerParts) -> None:
                       kept=[r.detector.name for r in config.current.ruleset.rules])  # fmt: skip
         elif new is not None:
             log.info("rules_reloaded", path=path, rules=new.ruleset.names)
-            for warning in consistency_warnings(new.ruleset):
-                log.warning("rules_inconsistent", path=path, warning=warning)
 
 
 def _daily_digest(parts: WorkerParts) -> None:
