@@ -46,6 +46,8 @@ class Metrics:
                              ["outcome"], registry=r)  # fmt: skip
         self.anomaly_scores = Histogram("burnwatch_anomaly_score", "Anomaly scores of closed windows (higher = odder)",
                                         ["group"], buckets=(0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 5.0), registry=r)  # fmt: skip
+        self.anomaly_unscored = Counter("burnwatch_anomaly_unscored", "Closed windows not scored because the group's "
+                                        "model was trained on other features (retrain)", ["group"], registry=r)  # fmt: skip
         self._lag: Callable[[], Iterable[tuple[str, int, int]]] | None = None
         self._freshness: Callable[[], float | None] | None = None
         r.register(self)  # the gauges read at scrape time

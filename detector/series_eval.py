@@ -24,7 +24,7 @@ from typing import Any
 from detector.series import Series
 
 __all__ = [
-    "DEFAULT_TOLERANCE", "Detector", "Score", "evaluate_series", "first_of_runs", "naive_forest", "rules_detector", "score",
+    "DEFAULT_TOLERANCE", "Detector", "Score", "burnwatch_detector", "evaluate_series", "first_of_runs", "naive_forest", "score",
 ]  # fmt: skip
 
 DEFAULT_TOLERANCE = 3
@@ -130,23 +130,34 @@ def first_of_runs(times: Sequence[float], anomalous: Sequence[bool]) -> list[flo
     return alerts
 
 
-def rules_detector(ruleset: Any) -> Detector:
-    """The shipped rules through the replay path (:func:`detector.backtest.backtest`, no trained
-    model, as ``burnwatch backtest`` runs): every alert of any type on the series' resource, at
-    the time it fired. It does not learn from the training part; it is scored on the same span."""
+def burnwatch_detector(ruleset: Any, alerts_per_1000h: float | None = None) -> Detector:
+    """burnwatch as it would run on the series' resource, through the replay path: the rules, and
+    an anomaly model reading the series' metric (``metrics: [value]``), trained from the replay file
+    up to ``train_until`` (``burnwatch model train --from FILE --until``), then a backtest with it
+    (``burnwatch backtest FILE``). Every alert of unusual behaviour on the resource counts, at the
+    time it fired (the rules' and the model's; not ``untagged``'s, which says whose spend it is: the
+    series carry no tags)."""
     from detector.backtest import backtest
+    from detector.detectors import REGISTRY
+    from detector.model.forest import ALERTS_PER_1000H, ModelSet
+    from detector.model.train import anomaly_ruleset, train_from_file
     from detector.replay import write_replay
-    from detector.series import replay_records
+    from detector.series import METRIC, replay_records
+
+    rules = anomaly_ruleset(ruleset, [METRIC])
+    rate = ALERTS_PER_1000H if alerts_per_1000h is None else alerts_per_1000h
 
     def detect(series: Series, train_until: float) -> list[float]:
         with tempfile.TemporaryDirectory(prefix="burnwatch-series-") as tmp:
-            path = Path(tmp) / "series.jsonl"
+            path, models = Path(tmp) / "series.jsonl", Path(tmp) / "models"
             with open(path, "wb") as out:
                 write_replay(replay_records(series), out)
-            result = backtest(path, ruleset)
+            train_from_file(path, rules, models, until=train_until, alerts_per_1000h=rate)
+            result = backtest(path, rules, models=ModelSet.load(models))
         if result.invalid:  # our own records refused: a bug here, not a detection figure
             line, reason = result.invalid[0]
             raise ValueError(f"{series.name}: replay record {line} refused by the decoder: {reason}")
-        return [a.fired_at for a in result.alerts if a.resource_id == series.name]
+        return [a.fired_at for a in result.alerts
+                if a.resource_id == series.name and getattr(REGISTRY.get(a.type), "behaviour", False)]  # fmt: skip
 
     return detect

@@ -408,7 +408,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_series(args: argparse.Namespace) -> int:
     """``eval --series DIR``: the shipped rules and a naive IsolationForest on labelled real series."""
     from detector.series import SeriesError, read_series_dir
-    from detector.series_eval import Score, evaluate_series, naive_forest, rules_detector
+    from detector.series_eval import Score, burnwatch_detector, evaluate_series, naive_forest
 
     if not 0 < args.train_fraction < 1:
         raise SystemExit(f"--train-fraction {args.train_fraction}: expected a fraction between 0 and 1")
@@ -419,7 +419,7 @@ def _eval_series(args: argparse.Namespace) -> int:
     except SeriesError as exc:
         raise SystemExit(str(exc)) from None
     ruleset = _load_rules_or_exit(args.rules or _settings(args).rules_path)
-    detectors = {"rules": rules_detector(ruleset), "naive_iforest": naive_forest}
+    detectors = {"burnwatch": burnwatch_detector(ruleset), "naive_iforest": naive_forest}
     rows = []
     for s in series:
         scores = {name: evaluate_series(s, d, args.train_fraction, args.tolerance) for name, d in detectors.items()}
@@ -442,15 +442,12 @@ def _eval_series(args: argparse.Namespace) -> int:
     print(f"{'series':<48}{'windows':>8}  " + "  ".join(f"{n + ' found/false':>26}{'F1':>7}" for n in detectors))
     for s, sc in rows:
         cells = "  ".join(f"{f'{sc[n].found}/{sc[n].false_alerts}':>26}{f(sc[n].f1):>7}" for n in detectors)
-        print(f"{s.name:<48}{sc['rules'].windows:>8}  {cells}")
+        print(f"{s.name:<48}{sc['burnwatch'].windows:>8}  {cells}")
     for name in detectors:
         t = labelled[name]
         print(f"{name}: overall on the labelled series: {t.found}/{t.windows} windows found, {t.false_alerts} false "
               f"alerts; precision {f(t.precision)}, recall {f(t.recall)}, F1 {f(t.f1)}; "
               f"{unlabelled[name]} false alerts on the {n_unlabelled} series without labels")  # fmt: skip
-    if not labelled["rules"].alerts and not unlabelled["rules"]:
-        print("rules: no alert in the scored part of any series: no shipped rule reads the generic metric "
-              "`metrics.value` yet (issue 14)")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``anomaly``: what the isolation forest finds unusual in a resource's 5-minute windows.
+"""``anomaly``: what the isolation forest finds unusual in a resource's windows.
 
 Example rule::
 
@@ -6,59 +6,76 @@ Example rule::
       type: anomaly
       params:
         window: 5m            # tumbling windows of event time
-        for: 30m              # anomalous windows in a row for this long open an episode
-        min_history: 6h       # a resource's baseline must cover this before it is judged
+        for: 30m              # the longest run of mildly unusual windows that adds up to an alert
+        min_history: 6h       # a resource's own baseline must cover this before it is judged
         quiet_windows: 2      # normal windows in a row that end an episode
-      severity: info
+        metrics: [cpu_util]   # generic metrics (a usage event's ``metrics``) the model also reads
 
 The step only folds events into feature windows (:mod:`detector.model.features`); a
 closed window is deferred to the batch phase (``end_batch``), which scores every window
 of the batch in one ``score_samples`` call per model group. The model comes from outside:
 a :class:`Scoring` handed to the rule set's anomaly rules (:func:`use_scoring`) holds the
-scorer in use (the worker swaps it when the model files change) and whoever watches the
-windows (training). With no scorer and no watcher the step returns at once; with no
-model for a resource's group (cold start) nothing is judged. Consecutive anomalous windows are
-one episode; the alert names the three features furthest from the resource's usual
-range, the score against the threshold, and the dollars the resource cost meanwhile.
-A window in which a rule is already tracking unusual behaviour on the resource (an idle
-or hung episode, dark telemetry, a runaway: the rules' ``tracking``, read through the
-step's context) is not judged: the rules get the first word. Its baselines wait out a
-pause of the resource's work (idle, hung, dark: ``Behaviour.PAUSE``) and learn a
-runaway's level (``Behaviour.LEVEL``), so an anomaly does not repeat the rule's alert once the rule lets go. And when
-a rule's incident opens on a resource whose anomaly is open, the alert manager joins
-the anomaly to it rather than posting both.
+scorer in use (the worker swaps it when the model files change), whoever watches the
+windows (training) and whoever records each window's score (``backtest --scores``). With
+none of them the step returns at once; with no model for a resource's group (cold start)
+nothing is judged.
+
+Severity comes from how far out a window is, not from a fixed hold. The model turns a
+score into *evidence*, ``-log10`` of how rarely windows like the training ones score that
+high (:meth:`detector.model.forest.ModelArtifact.evidence`). The last ``L`` windows in a row
+(up to ``for``) open an episode when each of them carries at least ``budget / L``: a window
+as rare as the whole budget alerts at once (a spike), milder ones alert once they have
+lasted long enough (a shift). The budget is calibrated at training to a stated rate of
+alerts per 1,000 resource-hours (``model show`` says it). An episode stays open while its
+windows carry at least ``budget / L`` and ends after ``quiet_windows`` that do not; the
+alert names the three features furthest from the resource's usual range, the score against
+the threshold, and the dollars the resource cost meanwhile.
+
+Rules do not hide windows from the model: a window during which a rule tracks unusual
+behaviour on the resource (the rules' ``tracking``, read through the step's context) is
+scored and judged like any other; when a rule's incident is open there, the alert manager
+joins the anomaly to it rather than posting both. Only a pause of the resource's work
+(idle, hung, dark: ``Behaviour.PAUSE``) is neither judged nor learnt: the baselines wait
+for the work to come back, so the anomaly does not repeat the rule's alert afterwards.
 """
 
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NamedTuple, Protocol
 
 import msgspec
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.metrics import METRICS
-from detector.model.features import BASE_FEATURES, FEATURE_SETS, Window, WindowBuilder, WindowState
+from detector.model.features import BASE_FEATURES, METRIC_PREFIX, Window, WindowBuilder, WindowState
 from detector.units import Duration
 
 if TYPE_CHECKING:
     from detector.rules import CompiledRule
 
-__all__ = ["Anomaly", "AnomalyParams", "AnomalyState", "ClosedWindow", "GroupModel", "Scorer", "Scoring",
-           "scoring_during", "use_scoring"]
+__all__ = ["Anomaly", "AnomalyParams", "AnomalyState", "ClosedWindow", "GroupModel", "ScoredWindow", "Scorer",
+           "Scoring", "scoring_during", "use_scoring"]
 
 
 class GroupModel(Protocol):
-    """One model group's scorer: higher scores are more unusual; above ``threshold`` is anomalous."""
+    """One model group's scorer: higher scores are more unusual; ``evidence`` says how rare a
+    score is; a run of ``L <= persist`` windows each carrying ``budget / L`` opens an episode."""
 
     threshold: float
+    budget: float
+    persist: int
+    features: list[str]
 
     def score(self, rows: Any) -> Any: ...
+
+    def evidence(self, scores: Any) -> Any: ...
 
 
 class Scorer(Protocol):
@@ -78,16 +95,37 @@ class ClosedWindow(NamedTuple):
     window: Window
 
 
+class ScoredWindow(NamedTuple):
+    """One judged window as ``backtest --scores`` writes it."""
+
+    resource_id: str
+    group: str
+    start: float
+    end: float
+    score: float
+    threshold: float
+    evidence: float
+    run: float
+    """The run's evidence: the largest ``L * min(evidence of the last L windows)``."""
+    budget: float
+    decision: str
+    """``normal``, ``unusual`` (counts towards a run), ``alert`` (opens an episode) or ``open``
+    (an anomalous window of an open episode)."""
+    rule_tracking: bool
+
+
 class Scoring:
     """What the anomaly rules score with, shared by every anomaly rule it is handed to: swapping
     ``scorer`` (a model reload) reaches all of them at once, through rule reloads too."""
 
-    def __init__(self, scorer: Scorer | None = None,
-                 observe: Callable[[list[ClosedWindow]], None] | None = None) -> None:  # fmt: skip
+    def __init__(self, scorer: Scorer | None = None, observe: Callable[[list[ClosedWindow]], None] | None = None,
+                 record: Callable[[list[ScoredWindow]], None] | None = None) -> None:  # fmt: skip
         self.scorer = scorer
         """The models in use; None or empty: nothing is judged (cold start)."""
         self.observe = observe
         """Sees each batch's closed windows before they are scored (training collects them)."""
+        self.record = record
+        """Sees each batch's judged windows with their scores and decisions (``backtest --scores``)."""
 
     @property
     def active(self) -> bool:
@@ -125,18 +163,28 @@ def scoring_during(rules: Iterable[CompiledRule], scoring: Scoring) -> Iterator[
             detector.scoring = previous
 
 
+MetricName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/-]{1,128}$")]
+
+
 class AnomalyParams(Params):
     window: Duration = Field(default=300.0, ge=60)
     for_: Duration = Field(default=1800.0, ge=0, alias="for")
     min_history: Duration = Field(default=6 * 3600.0, ge=0)
     quiet_windows: int = Field(default=2, ge=1)
+    metrics: list[MetricName] = Field(default_factory=list, max_length=32)
+    """Generic metrics (keys of a usage event's ``metrics``) the model reads besides the group's features."""
+
+    @property
+    def persist(self) -> int:
+        """The longest run of windows whose evidence adds up (``for`` in windows, at least one)."""
+        return max(1, round(self.for_ / self.window))
 
 
 class AnomalyState(Episode, kw_only=True):
     windows: WindowState = msgspec.field(default_factory=WindowState)
-    candidate: float | None = None
-    """Start of the current run of anomalous windows, before it has lasted ``for``."""
-    candidate_usd: float = 0.0
+    run: list[tuple[float, float, float]] = []
+    """The last judged windows in a row (up to ``persist``): (start, evidence, dollars)."""
+    last_seq: int = 0
     usd: float = 0.0
     score: float = 0.0
     threshold: float = 0.0
@@ -164,13 +212,13 @@ class Anomaly(DetectorBase):
 
     def __init__(self, name: str, severity: str, params: Any, pricing: Any = None) -> None:
         super().__init__(name, severity, params, pricing)
-        self._builder = WindowBuilder(params.window)
+        self._builder = WindowBuilder(params.window, metrics=params.metrics)
         self.scoring = Scoring()
         """The scorer in use (:func:`use_scoring`); none until one is handed over: rules only."""
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
-        out = [("Score", f"{details.get('score', 0):.3f} (threshold {details.get('threshold', 0):.3f})")]
+        out = [("Score", f"{details.get('score', 0):.3f} (alerts at once above {details.get('threshold', 0):.3f})")]
         for f in details.get("stands_out", []):
             lo, hi = f["usual_range"]
             out.append((f["feature"], f"{f['value']:,.3g} (usually {lo:,.3g} to {hi:,.3g})"))
@@ -180,17 +228,16 @@ class Anomaly(DetectorBase):
         if not self.scoring.active:
             return []  # no model loaded: rules only (the worker said so in its log)
         resource = ctx.resource
-        # A rule already on it (idle, hung, dark, runaway) covers the window: the rules get the
-        # first word, and the window opens no anomaly; a pause of the resource's work (idle,
-        # hung, dark) does not move the baselines either. Asked on usage events (a minute
-        # apart), not on every GPU sample.
+        # A rule tracking unusual behaviour here (idle, hung, dark, runaway) is noted on the window;
+        # a pause of the resource's work (idle, hung, dark) is neither judged nor learnt. Asked on
+        # usage events (a minute apart), not on every GPU sample.
         covered = paused = False
         if type(event) is UsageEvent:
             others = ctx.others()
             covered, paused = others is not Behaviour.NONE, others is Behaviour.PAUSE
         window = self._builder.add(state.windows, resource.resource_id, resource.resource_type, resource.interval_usd,
                                    event, t, covered, paused)  # fmt: skip
-        if window is None or window.history * self.params.window < self.params.min_history:
+        if window is None or window.history_s < self.params.min_history:
             return []
         ctx.defer(self, ClosedWindow(self, state, msgspec.structs.replace(resource), window))
         return []
@@ -204,7 +251,7 @@ class Anomaly(DetectorBase):
         if scoring.observe is not None:
             scoring.observe(items)
         models = scoring.scorer
-        scores: dict[int, tuple[float, float]] = {}
+        scores: dict[int, tuple[float, float, GroupModel]] = {}
         by_group: dict[str, list[int]] = {}
         for i, (_, _, _, window) in enumerate(items):
             by_group.setdefault(window.group, []).append(i)
@@ -212,49 +259,67 @@ class Anomaly(DetectorBase):
             artifact = models.get(group) if models else None
             if artifact is None:
                 continue  # cold start for this group: rules only
+            if list(items[indexes[0]][3].names) != artifact.features:
+                METRICS.anomaly_unscored.labels(group).inc(len(indexes))
+                continue  # trained on other features (the rule's metrics changed): retrain
             rows = np.array([items[i][3].vector() for i in indexes])
             group_scores = artifact.score(rows)
+            evidence = artifact.evidence(group_scores)
             observe = METRICS.anomaly_scores.labels(group).observe
-            for i, score in zip(indexes, group_scores, strict=True):
-                scores[i] = (float(score), artifact.threshold)
+            for i, score, e in zip(indexes, group_scores, evidence, strict=True):
+                scores[i] = (float(score), float(e), artifact)
                 observe(float(score))
         found: list[Finding] = []
+        recorded: list[ScoredWindow] = []
         for i, (_, state, resource, window) in enumerate(items):
             if i in scores:
-                found.extend(self._judge(state, resource, window, *scores[i]))
+                score, e, artifact = scores[i]
+                decision, run, findings = self._judge(state, resource, window, score, e, artifact)
+                found.extend(findings)
+                if scoring.record is not None:
+                    recorded.append(ScoredWindow(window.resource_id, window.group, window.start, window.end, score,
+                                                 artifact.threshold, e, run, artifact.budget, decision,
+                                                 window.covered))  # fmt: skip
+        if recorded and scoring.record is not None:
+            scoring.record(recorded)
         return found
 
-    def _judge(self, st: AnomalyState, res: ResourceInfo, w: Window, score: float, threshold: float) -> list[Finding]:
+    def _judge(self, st: AnomalyState, res: ResourceInfo, w: Window, score: float, e: float,
+               model: GroupModel) -> tuple[str, float, list[Finding]]:  # fmt: skip
+        """Fold one window's evidence into the resource's run and say what it decided."""
         if w.end <= st.last_end:
-            return []
-        if st.candidate is not None and w.start > st.last_end + 1e-6:
-            st.candidate, st.candidate_usd = None, 0.0  # windows in between were not judged: start again
-        st.last_end = w.end
-        if score > threshold:
+            return "late", 0.0, []
+        persist, budget = max(1, min(model.persist, 64)), model.budget
+        if w.seq != st.last_seq + 1:
+            st.run = []  # windows in between were not judged: a run starts again
+        st.last_seq, st.last_end = w.seq, w.end
+        st.run = [*st.run[-(persist - 1):], (w.start, e, w.cost_usd)] if persist > 1 else [(w.start, e, w.cost_usd)]
+        run, length, least = 0.0, 0, math.inf
+        for n, (_, evidence, _) in enumerate(reversed(st.run), start=1):
+            least = min(least, evidence)
+            if n * least > run:
+                run, length = n * least, n
+        unusual = e >= budget / persist
+        if st.fired_at is None:
+            if run < budget:
+                return ("unusual" if unusual else "normal"), run, []
+            opening = st.run[-length:]
+            st.score, st.threshold, st.stands_out = score, model.threshold, stands_out(w)
+            action = fire(st, since=opening[0][0], fired_at=w.end, at=w.end)
+            st.usd = sum(usd for _, _, usd in opening)
+            st.run = []
+            return "alert", run, [self._finding(action, st, res, w)]
+        if unusual:
             st.quiet = 0
-            if st.fired_at is None:
-                if st.candidate is None or score > st.score:
-                    st.score, st.threshold, st.stands_out = score, threshold, stands_out(w)
-                if st.candidate is None:
-                    st.candidate, st.candidate_usd = w.start, 0.0
-                st.candidate_usd += w.cost_usd
-                if w.end - st.candidate < self.params.for_:
-                    return []
-                action = fire(st, since=st.candidate, fired_at=w.end, at=w.end)
-                st.usd, st.candidate = st.candidate_usd, None
-                return [self._finding(action, st, res, w)]
             st.usd += w.cost_usd
             st.last_report = w.end  # every anomalous window of an open episode reports it
             if score > st.score:
                 st.score, st.stands_out = score, stands_out(w)
-            return [self._finding("update", st, res, w)]
-        if st.fired_at is None:
-            st.candidate, st.candidate_usd, st.score = None, 0.0, 0.0
-            return []
+            return "open", run, [self._finding("update", st, res, w)]
         st.quiet += 1
         if st.quiet < self.params.quiet_windows:
-            return []
-        return end(st, lambda: self._finding("resolve", st, res, w, reason="back_to_normal"))
+            return "normal", run, []
+        return "normal", run, end(st, lambda: self._finding("resolve", st, res, w, reason="back_to_normal"))
 
     def open_episode(self, state: AnomalyState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:
@@ -275,14 +340,20 @@ class Anomaly(DetectorBase):
 def stands_out(w: Window, n: int = 3) -> list[dict[str, Any]]:
     """The ``n`` base features furthest from the resource's usual level, in its own spread."""
     ranked = []
-    for name in FEATURE_SETS[w.group]:
+    for name in w.usual:
         mean, std = w.usual[name]
         value = w.values[name]
         scale = max(std, 0.1 * abs(mean), 1e-6)
         ranked.append((abs(value - mean) / scale, name, value, mean, std))
     ranked.sort(reverse=True)
     return [
-        {"feature": name, "about": BASE_FEATURES[name], "value": round(value, 4), "usual": round(mean, 4),
+        {"feature": name, "about": _about(name), "value": round(value, 4), "usual": round(mean, 4),
          "usual_range": [round(mean - 2 * std, 4), round(mean + 2 * std, 4)], "deviation": round(dev, 2)}
         for dev, name, value, mean, std in ranked[:n]
     ]  # fmt: skip
+
+
+def _about(name: str) -> str:
+    if name.startswith(METRIC_PREFIX):
+        return f"mean of the generic metric {name[len(METRIC_PREFIX):]!r} over the window"
+    return BASE_FEATURES[name]

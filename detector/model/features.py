@@ -3,10 +3,19 @@
 Per resource and tumbling window of event time (5 minutes by default), from its usage
 events and GPU samples: the cost rate, GPU utilisation mean and p95, GPU memory in use,
 power per GPU, power relative to utilisation, egress rate, storage change and request
-rate. Each is also taken relative to the resource's own trailing baseline: its recent
-level (a 15-minute half-life mean, so one odd window moves it a little and a shift
-that lasts moves it a lot) over its usual level (a 24-hour half-life mean), so "this
-host draws twice its usual power" is a feature as much as "this host draws 600 W".
+rate, and the mean of each generic metric the rule names (``metrics: [cpu_util]``: keys
+of a usage event's ``metrics``). Each is also taken against the resource's own history,
+twice: relative (``_rel``), its recent level (a 15-minute half-life mean, so one odd
+window moves it a little and a shift that lasts moves it a lot) over its usual level (a
+24-hour half-life mean), so "this host draws twice its usual power" is a feature as
+much as "this host draws 600 W"; and standardised (``_z``), how many of the resource's
+own standard deviations the window lies from its usual level, on the log scale the
+model sees. The ``_z`` features are what let one forest judge resources whose levels
+differ by orders of magnitude: a CPU at 0.07 % and one at 92 % are each measured in
+their own spread. The baselines decay with event time, not with windows, so a series
+sampled hourly and one sampled every minute mean the same by "24-hour half-life", and
+they learn a value clipped to 3 deviations of the usual, so a spike moves them little
+and a shift that lasts moves them step by step.
 
 The same :class:`WindowBuilder` runs in the stream (inside the ``anomaly`` detector)
 and over history in ClickHouse (``burnwatch model train``), so the model is trained
@@ -22,7 +31,8 @@ import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
 
-__all__ = ["BASE_FEATURES", "FEATURE_SETS", "Window", "WindowBuilder", "WindowState", "feature_names", "model_group"]
+__all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
+           "feature_names", "metrics_of", "model_group"]
 
 BASE_FEATURES = {
     "cost_usd_per_hour": "what the resource costs per hour in the window (its intervals as priced and stored)",
@@ -44,11 +54,18 @@ FEATURE_SETS: dict[str, list[str]] = {
     "storage": ["cost_usd_per_hour", "storage_delta_gb"],
 }
 """Model group → its base features. Every base feature also appears relative to the
-resource's baseline (``<name>_rel``)."""
+resource's baseline (``<name>_rel``) and standardised against it (``<name>_z``)."""
+METRIC_PREFIX = "metric."
+"""Generic metrics (a usage event's ``metrics``) are features named ``metric.<name>``."""
 _GROUP_OF = {"gpu_instance": "gpu", "notebook": "gpu", "inference_endpoint": "inference", "cpu_instance": "cpu",
              "storage_bucket": "storage", "vector_db": "storage"}  # fmt: skip
 HALF_LIFE_S = 86_400.0
 RECENT_HALF_LIFE_S = 900.0
+CLIP_SIGMAS = 3.0
+"""A window teaches the baseline at most this many of its deviations away from the usual level."""
+MIN_SCALE = 1e-9
+"""Smallest deviation a ``_z`` feature divides by (a series that never moved: any move is far out)."""
+Z_CAP = 1e6
 
 
 def model_group(resource_type: str) -> str:
@@ -56,9 +73,21 @@ def model_group(resource_type: str) -> str:
     return _GROUP_OF.get(resource_type, "cpu")
 
 
-def feature_names(group: str) -> list[str]:
-    base = FEATURE_SETS[group]
-    return [*base, *(f"{name}_rel" for name in base)]
+def base_features(group: str, metrics: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The group's base features, then one per generic metric, in the order given."""
+    return [*FEATURE_SETS[group], *(METRIC_PREFIX + m for m in metrics)]
+
+
+def feature_names(group: str, metrics: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Every column the model sees, in order: the base features, then each relative to the
+    resource's baseline, then each standardised against it."""
+    base = base_features(group, metrics)
+    return [*base, *(f"{name}_rel" for name in base), *(f"{name}_z" for name in base)]
+
+
+def metrics_of(features: list[str]) -> tuple[str, ...]:
+    """The generic metrics a feature list was built with (a model file's ``features``)."""
+    return tuple(f[len(METRIC_PREFIX):] for f in features if f.startswith(METRIC_PREFIX) and not f.endswith(("_rel", "_z")))
 
 
 class WindowState(msgspec.Struct, kw_only=True):
@@ -82,12 +111,27 @@ class WindowState(msgspec.Struct, kw_only=True):
     storage_last: float | None = None
     requests: float = 0.0
     request_s: float = 0.0
+    metric_sum: dict[str, float] = {}
+    metric_n: dict[str, int] = {}
     baseline: dict[str, float] = {}
     recent: dict[str, float] = {}
     """The recent level per feature (15-minute half-life)."""
     spread: dict[str, float] = {}
     """Exponentially weighted variance per feature, for explanations."""
+    log_mean: dict[str, float] = {}
+    log_var: dict[str, float] = {}
+    """The usual level and variance per feature on the model's log scale (the ``_z`` features)."""
+    weight: float = 0.0
+    """The exponential weights' total so far: the variance over it is unbiased while the
+    history is short (a variance started at zero would call every early window far out)."""
     windows: int = 0
+    """Windows learnt."""
+    first: float | None = None
+    """Start of the first window learnt: how much history the baselines cover."""
+    learnt_at: float | None = None
+    """End of the last window learnt: the baselines decay with the event time since."""
+    closes: int = 0
+    """Windows closed, learnt or not: consecutive judged windows have consecutive numbers."""
 
 
 class Window(msgspec.Struct, kw_only=True, frozen=True):
@@ -104,14 +148,23 @@ class Window(msgspec.Struct, kw_only=True, frozen=True):
     cost_usd: float
     history: int
     """Windows the baseline had seen before this one."""
+    history_s: float = 0.0
+    """Event time the baseline covered before this one."""
+    seq: int = 0
+    """The resource's closed-window number: a gap means windows in between were not judged."""
+    covered: bool = False
+    """A rule tracked unusual behaviour on the resource during the window (judged all the same)."""
+    names: tuple[str, ...] = ()
+    """The features, in the model's column order."""
 
     def vector(self) -> list[float]:
-        """The row the model sees: levels as log(1 + x), ratios as log(x). Costs and rates
-        span orders of magnitude across resources, and an isolation forest splits at
-        uniform random points between a feature's extremes: on a log scale a 3x change
-        means the same on a $0.50/h instance as on a $55/h one."""
+        """The row the model sees: levels as log(1 + x), ratios as log(x), standardised
+        distances as log(1 + |z|) with their sign. Costs and rates span orders of magnitude
+        across resources, and an isolation forest splits at uniform random points between a
+        feature's extremes: on a log scale a 3x change means the same on a $0.50/h instance
+        as on a $55/h one."""
         row = []
-        for name in feature_names(self.group):
+        for name in self.names:
             x = self.values[name]
             row.append(math.log(max(x, 1e-6)) if name.endswith("_rel") else math.copysign(math.log1p(abs(x)), x))
         return row
@@ -120,10 +173,18 @@ class Window(msgspec.Struct, kw_only=True, frozen=True):
 class WindowBuilder:
     """Folds a resource's events into tumbling windows; returns a :class:`Window` when one closes."""
 
-    def __init__(self, window_s: float = 300.0, half_life_s: float = HALF_LIFE_S) -> None:
+    def __init__(self, window_s: float = 300.0, half_life_s: float = HALF_LIFE_S,
+                 metrics: tuple[str, ...] | list[str] = ()) -> None:  # fmt: skip
         self.window_s = window_s
-        self.alpha = 1.0 - 0.5 ** (window_s / half_life_s)
-        self.alpha_recent = 1.0 - 0.5 ** (window_s / RECENT_HALF_LIFE_S)
+        self.half_life_s = half_life_s
+        self.metrics = tuple(metrics)
+        self._names: dict[str, tuple[str, ...]] = {}
+
+    def names(self, group: str) -> tuple[str, ...]:
+        names = self._names.get(group)
+        if names is None:
+            names = self._names[group] = tuple(feature_names(group, self.metrics))
+        return names
 
     def add(self, st: WindowState, resource_id: str, resource_type: str, interval_usd: float, event: Event,
             t: float, covered: bool = False, paused: bool = False) -> Window | None:  # fmt: skip
@@ -173,32 +234,54 @@ class WindowBuilder:
             if event.requests is not None:
                 st.requests += event.requests
                 st.request_s += event.interval_s
+            if self.metrics and event.metrics:
+                for name in self.metrics:
+                    value = event.metrics.get(name)
+                    if value is not None:
+                        st.metric_sum[name] = st.metric_sum.get(name, 0.0) + value
+                        st.metric_n[name] = st.metric_n.get(name, 0) + 1
         return closed
 
     def _close(self, st: WindowState, resource_id: str, resource_type: str) -> Window | None:
         group = model_group(resource_type)
         base = self._base_values(st)
         start = st.start or 0.0
+        end = start + self.window_s
         window = None
+        st.closes += 1
         gpu_blind = group in ("gpu", "inference") and st.gpu_samples == 0
         # Nothing judged or learnt without billed usage, with a GPU host's telemetry missing,
-        # or while a rule tracks a pause of the resource's work; a rule's other episodes are
-        # learnt, not judged (see ``add``).
+        # or while a rule tracks a pause of the resource's work; a window during a rule's other
+        # episodes is judged and learnt (see ``add``).
         if st.usage_s > 0 and not gpu_blind and not st.paused:
+            names = self.names(group)
+            dt = end - st.learnt_at if st.learnt_at is not None else None
+            alpha_recent = 1.0 if dt is None else 1.0 - 0.5 ** (dt / RECENT_HALF_LIFE_S)
             values = dict(base)
             usual = {}
-            for name in FEATURE_SETS[group]:
-                mean = st.baseline.get(name, base[name])
+            for name in base_features(group, self.metrics):
+                x = base[name]
+                mean = st.baseline.get(name, x)
                 usual[name] = (mean, math.sqrt(st.spread.get(name, 0.0)))
-                recent = st.recent.get(name, base[name])
-                recent += (self.alpha_recent if st.windows else 1.0) * (base[name] - recent)
+                recent = st.recent.get(name, x)
+                recent += alpha_recent * (x - recent)
                 st.recent[name] = recent
                 values[f"{name}_rel"] = (recent + 1e-3) / (abs(mean) + 1e-3)
-            if not st.covered:
-                window = Window(resource_id=resource_id, group=group, start=start, end=start + self.window_s,
-                                values={k: values[k] for k in feature_names(group)}, usual=usual,
-                                cost_usd=st.cost_usd, history=st.windows)  # fmt: skip
-            self._learn(st, group, base)
+                y = math.copysign(math.log1p(abs(x)), x)
+                if st.weight > 0.0:
+                    scale = max(math.sqrt(st.log_var.get(name, 0.0) / st.weight), MIN_SCALE)
+                    z = (y - st.log_mean.get(name, y)) / scale
+                    values[f"{name}_z"] = max(-Z_CAP, min(Z_CAP, z))
+                else:
+                    values[f"{name}_z"] = 0.0
+            window = Window(resource_id=resource_id, group=group, start=start, end=end,
+                            values={k: values[k] for k in names}, usual=usual, cost_usd=st.cost_usd,
+                            history=st.windows, history_s=end - st.first if st.first is not None else 0.0,
+                            seq=st.closes, covered=st.covered, names=names)  # fmt: skip
+            self._learn(st, group, base, dt)
+            if st.first is None:
+                st.first = start
+            st.learnt_at = end
         self._reset(st)
         return window
 
@@ -220,15 +303,29 @@ class WindowBuilder:
             "egress_gb_per_hour": st.egress_bytes / 1e9 / hours if hours else 0.0,
             "storage_delta_gb": storage,
             "requests_per_s": st.requests / st.request_s if st.request_s else 0.0,
+            **{METRIC_PREFIX + m: st.metric_sum.get(m, 0.0) / st.metric_n[m] if st.metric_n.get(m) else 0.0
+               for m in self.metrics},
         }
 
-    def _learn(self, st: WindowState, group: str, base: dict[str, float]) -> None:
-        a = self.alpha if st.windows else 1.0
-        for name in FEATURE_SETS[group]:
-            old = st.baseline.get(name, base[name])
-            new = old + a * (base[name] - old)
-            st.spread[name] = (1 - a) * (st.spread.get(name, 0.0) + a * (base[name] - old) ** 2)
-            st.baseline[name] = new
+    def _learn(self, st: WindowState, group: str, base: dict[str, float], dt: float | None) -> None:
+        """Move the baselines towards the window, by the event time since the last window learnt;
+        once they have a spread, by at most ``CLIP_SIGMAS`` of it (a spike is not the usual level)."""
+        a = 1.0 if dt is None else 1.0 - 0.5 ** (dt / self.half_life_s)
+        for name in base_features(group, self.metrics):
+            x = base[name]
+            old = st.baseline.get(name, x)
+            st.spread[name] = (1 - a) * (st.spread.get(name, 0.0) + a * (x - old) ** 2)
+            st.baseline[name] = old + a * (x - old)
+            y = math.copysign(math.log1p(abs(x)), x)
+            mean, var = st.log_mean.get(name, y), st.log_var.get(name, 0.0)
+            d = y - mean
+            if var > 0.0 and st.weight > 0.0:
+                limit = CLIP_SIGMAS * math.sqrt(var / st.weight)
+                d = max(-limit, min(limit, d))
+            st.log_mean[name] = mean + a * d
+            st.log_var[name] = (1 - a) * (var + a * d * d)
+        # the variance's weights: none for the first window (it sets the mean), a for each after
+        st.weight = (1 - a) * st.weight + (a if st.windows else 0.0)
         st.windows += 1
 
     def _reset(self, st: WindowState) -> None:
@@ -238,3 +335,5 @@ class WindowBuilder:
         st.egress_bytes = st.requests = st.request_s = 0.0
         st.storage_first = st.storage_last = None
         st.covered = st.paused = False
+        if st.metric_n:
+            st.metric_sum, st.metric_n = {}, {}

@@ -3,10 +3,18 @@
 scikit-learn's ``score_samples`` is *lower* for more anomalous rows. Everywhere in
 burnwatch a higher anomaly score means more anomalous: :meth:`ModelArtifact.score`
 returns ``-score_samples`` plus the range guard below, and nothing else calls sklearn.
-The decision threshold is a quantile of the training rows' scores
-(``threshold_quantile``) plus a margin, not sklearn's ``predict``/``contamination``,
-so the expected false-alert rate on data like the training data is stated in the
-artifact.
+The decision is calibrated to a stated rate of alerts, not sklearn's
+``predict``/``contamination`` nor a margin tuned on one simulator (:class:`Calibration`):
+training scores the windows of each half of the training span with a forest fitted on the
+other half, so the scores it calibrates on are those of windows the forest did not see, as
+new windows will be. A score's *evidence* is ``-log10`` of the share of those held-out
+windows scoring at least as high (beyond the highest of them, an exponential tail with the
+scale of their top 10 % says how rare). The *budget* is the evidence that opens an episode: a run of ``L`` windows
+(``L`` up to ``persist``) opens one when each carries ``budget / L``. It is the larger of what
+the stated rate implies if windows were independent (``log10(persist * 1000 * windows per
+hour / rate)``: a union bound over the run lengths) and what the training windows
+themselves show, runs of correlated windows included (no more openings over training than
+the rate allows, their tail extrapolated). ``threshold`` is the score at which one window alone opens an episode.
 
 The range guard. An isolation forest only splits between the values it was trained
 on, so a value far outside them (a cost ratio that never moved in training) isolates no
@@ -31,6 +39,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,12 +47,21 @@ from typing import Any
 import numpy as np
 import skops.io as sio
 
-from detector.model.features import feature_names
+from detector.model.features import feature_names, metrics_of
 
-__all__ = ["MODEL_VERSION", "ModelArtifact", "ModelRefused", "ModelSet", "fit"]
+__all__ = ["ALERTS_PER_1000H", "MODEL_VERSION", "Calibration", "ModelArtifact", "ModelRefused", "ModelSet", "fit"]
 
-MODEL_VERSION = 2
-"""2: skops files (1 was pickles)."""
+MODEL_VERSION = 3
+"""3: per-resource standardised features and a calibrated alert rate (2: skops files, 1: pickles)."""
+ALERTS_PER_1000H = 0.5
+"""The default stated rate: half the product's target of at most one false alert per 1,000
+resource-hours, because windows after training drift from it and score higher."""
+TAIL_FROM = 0.9
+"""The held-out scores above this quantile are the tail the exponential is fitted to."""
+MIN_TAIL_SCALE = 0.01
+"""Narrowest tail, in score units: a forest's score of one row varies about this much with its
+random splits, so a narrower fitted tail is noise, not certainty."""
+MAX_EVIDENCE = 50.0
 SUFFIX = ".skops"
 TRUSTED = ("sklearn.tree._tree.Tree",)
 """The types beyond skops' defaults a model file may hold; each tree is checked on loading."""
@@ -52,6 +70,57 @@ GUARD_TOLERANCE = 1.0
 the unseen-but-normal variation any finite training misses."""
 MIN_WIDTH = 0.3
 """Narrowest range the guard measures in, on the features' log scale (a 35 % change)."""
+
+
+@dataclass
+class Calibration:
+    """What a score means: how rare it is among held-out training windows, and the evidence
+    that opens an episode at the stated rate (see the module's docstring)."""
+
+    levels: list[float]
+    grid: list[float]
+    """Held-out training scores at these shares of them below (dense near the top): the
+    empirical distribution, which says how rare a score is wherever training saw one."""
+    samples: int
+    tail_scale: float
+    """Beyond the highest held-out score, the share falls exponentially with this scale (the mean
+    excess of the top 10 % over their lowest): rarer than anything seen, extrapolated."""
+    alerts_per_1000h: float
+    windows_per_hour: float
+    """Judged windows per resource-hour in training (12 for 5-minute windows of a steady resource)."""
+    persist: int
+    """The longest run of windows whose evidence adds up."""
+    budget: float
+    budget_independent: float
+    budget_runs: float
+    """The level the held-out training windows' runs, in their own order, reach in the stated
+    share of windows (their tail extrapolated): correlated windows make runs longer than chance."""
+    training_openings: int
+    """Episodes the budget opens over the training windows."""
+    training_hours: float
+
+    def evidence(self, scores: np.ndarray) -> np.ndarray:
+        """``-log10`` of the share of held-out training windows scoring at least as high."""
+        return -np.log10(np.clip(_share(self.levels, self.grid, self.samples, self.tail_scale, scores),
+                                 10.0**-MAX_EVIDENCE, 1.0))  # fmt: skip
+
+    def score_at(self, evidence: float) -> float:
+        """The score that carries ``evidence``."""
+        return _level(self.levels, self.grid, self.samples, self.tail_scale, 10.0**-evidence)
+
+    def explain(self) -> str:
+        """The threshold in words, for ``model show``."""
+        one = self.score_at(self.budget)
+        mild = self.score_at(self.budget / self.persist)
+        return (f"calibrated to {self.alerts_per_1000h:g} alerts per 1,000 resource-hours "
+                f"({self.windows_per_hour:.3g} windows per resource-hour in training): a window scoring above "
+                f"{one:.3f} (1 in {10 ** self.budget:,.0f} held-out training windows) alerts at once; milder ones "
+                f"alert when {self.persist} in a row each score above {mild:.3f} "
+                f"(1 in {10 ** (self.budget / self.persist):,.1f}), and runs in between in proportion. "
+                f"Evidence budget {self.budget:.2f}: the larger of {self.budget_independent:.2f} (the rate, were "
+                f"windows independent) and {self.budget_runs:.2f} (what the held-out training windows' own runs "
+                f"reach at that rate); it opens {self.training_openings} episode(s) over the "
+                f"{self.training_hours:,.0f} training resource-hours")  # fmt: skip
 
 
 @dataclass
@@ -65,33 +134,50 @@ class ModelArtifact:
     """Windows left out of training (inside incidents)."""
     params: dict[str, Any]
     threshold: float
-    threshold_quantile: float
+    """The score at which one window alone opens an episode (``calibration.score_at(budget)``)."""
+    calibration: dict[str, Any]
     ranges: list[tuple[float, float]] = field(default_factory=list)
     """Per feature: the training range the guard measures against."""
     version: int = MODEL_VERSION
     created_at: float = field(default_factory=time.time)
     model: Any = None
 
+    def __post_init__(self) -> None:
+        self._calibration = Calibration(**self.calibration) if self.calibration else None
+
+    @property
+    def budget(self) -> float:
+        return self._calibrated.budget
+
+    @property
+    def persist(self) -> int:
+        return self._calibrated.persist
+
+    @property
+    def _calibrated(self) -> Calibration:
+        if self._calibration is None:
+            raise ModelRefused(f"model {self.group!r} has no calibration")
+        return self._calibration
+
     def score(self, rows: np.ndarray) -> np.ndarray:
         """Anomaly scores, higher = more anomalous: the forest's (sklearn's sign turned here,
         once) plus how far outside the training range the row lies."""
-        return -self.model.score_samples(rows) + self.guard(rows)
+        return _score(self.model, self.features, self.ranges, rows)
+
+    def evidence(self, scores: np.ndarray) -> np.ndarray:
+        """How rare each score is among held-out training windows, as ``-log10`` of its share."""
+        return self._calibrated.evidence(scores)
+
+    def explain(self) -> str:
+        return self._calibrated.explain()
 
     def guard(self, rows: np.ndarray) -> np.ndarray:
-        """Distance outside the group's training range, of the relative features only: a level
-        (a bigger bucket, a dearer host) legitimately differs from the resources trained on; a
-        resource departing from its own usual level is what the guard is for. (Ranges per
-        resource were tried: 48 hours of one resource do not cover its normal modes, and they
-        doubled the false alerts.)"""
-        relative = [i for i, name in enumerate(self.features) if name.endswith("_rel")]
-        if not self.ranges or not relative:
-            return np.zeros(len(rows))
-        lo = np.array([self.ranges[i][0] for i in relative])
-        hi = np.array([self.ranges[i][1] for i in relative])
-        width = np.maximum(hi - lo, MIN_WIDTH)
-        x = rows[:, relative]
-        beyond = np.maximum(x - hi, lo - x) / width - GUARD_TOLERANCE
-        return np.maximum(beyond, 0.0).max(axis=1)
+        """Distance outside the group's training range, of the features relative to the
+        resource's own history only (``_rel``, ``_z``): a level (a bigger bucket, a dearer host)
+        legitimately differs from the resources trained on; a resource departing from its own
+        usual level is what the guard is for. (Ranges per resource were tried: 48 hours of one
+        resource do not cover its normal modes, and they doubled the false alerts.)"""
+        return _guard(self.features, self.ranges, rows)
 
     def meta(self) -> dict[str, Any]:
         data = asdict(self)
@@ -134,8 +220,16 @@ class ModelArtifact:
         try:
             artifact = cls(**meta, model=forest)
             artifact.ranges = [(float(lo), float(hi)) for lo, hi in artifact.ranges]  # JSON-like lists in the file
-        except (TypeError, ValueError) as exc:
-            raise ModelRefused(f"{path}: bad metadata ({exc})") from None
+            if len(artifact.ranges) != len(artifact.features):
+                raise ValueError(f"{len(artifact.ranges)} ranges for {len(artifact.features)} features")
+            if artifact.features != feature_names(artifact.group, metrics_of(artifact.features)):
+                raise ValueError(f"features {artifact.features} are not what this burnwatch computes")
+            cal = artifact._calibrated
+            if not (len(cal.grid) == len(cal.levels) >= 2 and cal.tail_scale > 0 and 1 <= cal.persist <= 10_000
+                    and cal.samples >= 1 and all(math.isfinite(x) for x in (*cal.grid, *cal.levels, cal.budget))):
+                raise ValueError("calibration out of bounds")
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ModelRefused(f"{path}: bad metadata ({exc}); retrain with `burnwatch model train`") from None
         _check_forest(path, forest, len(artifact.features))
         return artifact
 
@@ -175,26 +269,133 @@ def _check_forest(path: Path, forest: Any, n_features: int) -> None:
             raise ModelRefused(f"{path}: tree {i} has node or feature indices out of bounds: not loaded")
 
 
-def fit(group: str, rows: Sequence[Sequence[float]], *, trained_from: float, trained_to: float, excluded: int = 0,
-        threshold_quantile: float = 0.9999, margin: float = 0.15, n_estimators: int = 200, max_samples: int = 256,
-        seed: int = 0) -> ModelArtifact:  # fmt: skip
-    """Train one group's forest; its threshold is ``threshold_quantile`` of the training rows'
-    scores plus ``margin`` (normal data the model has not seen scores a little higher than
-    the rows it was fitted on)."""
+def _ranges(x: np.ndarray) -> list[tuple[float, float]]:
+    lo, hi = np.quantile(x, 0.001, axis=0), np.quantile(x, 0.999, axis=0)
+    return [(float(a), float(b)) for a, b in zip(lo, hi, strict=True)]
+
+
+def _guard(features: list[str], ranges: list[tuple[float, float]], rows: np.ndarray) -> np.ndarray:
+    relative = [i for i, name in enumerate(features) if name.endswith(("_rel", "_z"))]
+    if not ranges or not relative:
+        return np.zeros(len(rows))
+    lo = np.array([ranges[i][0] for i in relative])
+    hi = np.array([ranges[i][1] for i in relative])
+    width = np.maximum(hi - lo, MIN_WIDTH)
+    x = rows[:, relative]
+    beyond = np.maximum(x - hi, lo - x) / width - GUARD_TOLERANCE
+    return np.maximum(beyond, 0.0).max(axis=1)
+
+
+def _score(forest: Any, features: list[str], ranges: list[tuple[float, float]], rows: np.ndarray) -> np.ndarray:
+    return -forest.score_samples(rows) + _guard(features, ranges, rows)
+
+
+def _forest(x: np.ndarray, n_estimators: int, max_samples: int, seed: int) -> Any:
     from sklearn.ensemble import IsolationForest
 
+    return IsolationForest(n_estimators=n_estimators, max_samples=min(max_samples, len(x)), random_state=seed).fit(x)
+
+
+def _held_out_scores(x: np.ndarray, times: np.ndarray, features: list[str], n_estimators: int, max_samples: int,
+                     seed: int) -> np.ndarray:  # fmt: skip
+    """Each row scored by a forest fitted on the other half of the training span (by time),
+    so the calibration sees windows the scoring forest did not, as new windows will be."""
+    later = times >= np.median(times)
+    if later.all() or not later.any():
+        later = np.arange(len(x)) >= len(x) // 2
+    out = np.empty(len(x))
+    for fit_on in (~later, later):
+        held = ~fit_on
+        forest = _forest(x[fit_on], n_estimators, max_samples, seed)
+        out[held] = _score(forest, features, _ranges(x[fit_on]), x[held])
+    return out
+
+
+def _openings(runs: list[np.ndarray], budget: float) -> int:
+    """Episodes ``budget`` opens over the training runs: upcrossings of each run's statistic."""
+    n = 0
+    for r in runs:
+        above = r >= budget
+        n += int(above[0]) + int(np.count_nonzero(above[1:] & ~above[:-1]))
+    return n
+
+
+def _run_statistic(evidence: np.ndarray, persist: int) -> np.ndarray:
+    """Per window: the largest ``L * min(evidence of the last L windows)``, ``L <= persist``."""
+    best = evidence.copy()
+    least = evidence.copy()
+    for n in range(2, min(persist, len(evidence)) + 1):
+        shifted = np.full(len(evidence), -np.inf)
+        shifted[n - 1:] = evidence[: len(evidence) - n + 1]
+        least = np.minimum(least, shifted)
+        best = np.maximum(best, n * least)
+    return best
+
+
+def _distribution(values: np.ndarray) -> tuple[list[float], list[float], int, float]:
+    """``(levels, grid, n, tail scale)`` of ``values``: quantiles at shares below, dense near the top
+    (down to one value in n), and the exponential scale of what lies beyond the highest."""
+    n = len(values)
+    top = np.geomspace(0.01, 1.0 / n, 60) if n > 100 else np.array([])
+    levels = np.unique(np.concatenate([np.linspace(0.0, 0.99, 100), 1.0 - top, [1.0 - 1.0 / n]]))
+    grid = np.quantile(values, levels, method="inverted_cdf") if n > 1 else np.full(len(levels), values[0])
+    grid = np.maximum.accumulate(grid)
+    tail_from = float(np.quantile(values, TAIL_FROM))
+    above = values[values > tail_from]
+    scale = max(float(np.mean(above - tail_from)) if len(above) else 0.0, MIN_TAIL_SCALE)
+    return [float(x) for x in levels], [float(x) for x in grid], n, scale
+
+
+def _share(levels: list[float], grid: list[float], n: int, scale: float, values: Any) -> np.ndarray:
+    """Share of the distribution at or above each value: empirical up to its highest, then falling
+    exponentially from one in ``n``."""
+    x = np.asarray(values, dtype=np.float64)
+    top = grid[-1]
+    inside = 1.0 - np.interp(x, grid, levels)
+    beyond = (1.0 / n) * np.exp(-(x - top) / scale)
+    return np.where(x > top, beyond, np.maximum(inside, 1.0 / n))
+
+
+def _level(levels: list[float], grid: list[float], n: int, scale: float, share: float) -> float:
+    """The value at or above which ``share`` of the distribution lies (see :func:`_share`)."""
+    if share < 1.0 / n:
+        return grid[-1] + scale * math.log((1.0 / n) / share)
+    return float(np.interp(1.0 - share, levels, grid))
+
+
+def fit(group: str, rows: Sequence[Sequence[float]], *, features: list[str] | None = None, trained_from: float,
+        trained_to: float, excluded: int = 0, times: Sequence[float] | None = None,
+        sequences: Sequence[Sequence[int]] | None = None, resource_hours: float | None = None, persist: int = 6,
+        alerts_per_1000h: float = ALERTS_PER_1000H, n_estimators: int = 200, max_samples: int = 256,
+        seed: int = 0) -> ModelArtifact:  # fmt: skip
+    """Train one group's forest and calibrate it to ``alerts_per_1000h``.
+
+    ``times``: each row's window start (the calibration's halves are by time); ``sequences``:
+    the rows of each resource in time order, split where windows in between were not judged
+    (runs of evidence only build within one); ``resource_hours``: the event time they cover."""
     x = np.asarray(rows, dtype=np.float64)
-    forest = IsolationForest(n_estimators=n_estimators, max_samples=min(max_samples, len(x)), random_state=seed)
-    forest.fit(x)
+    features = features or feature_names(group)
+    t = np.asarray(times if times is not None else np.arange(len(x)), dtype=np.float64)
+    seqs = [np.asarray(q, dtype=np.int64) for q in (sequences if sequences is not None else [range(len(x))]) if len(q)]
+    hours = resource_hours if resource_hours else len(x) / 12.0
+    forest = _forest(x, n_estimators, max_samples, seed)
+    held = _held_out_scores(x, t, features, n_estimators, max_samples, seed)
+    levels, grid, n, scale = _distribution(held)
+    per_hour = len(x) / hours if hours > 0 else 12.0
+    cal = Calibration(levels=levels, grid=grid, samples=n, tail_scale=scale, alerts_per_1000h=alerts_per_1000h, windows_per_hour=per_hour, persist=persist,
+                      budget=0.0, budget_independent=0.0, budget_runs=0.0, training_openings=0,
+                      training_hours=hours)  # fmt: skip
+    cal.budget_independent = math.log10(persist * 1000.0 * per_hour / alerts_per_1000h)
+    evidence = cal.evidence(held)
+    runs = [_run_statistic(evidence[q], persist) for q in seqs]
+    cal.budget_runs = _level(*_distribution(np.concatenate(runs)), alerts_per_1000h / 1000.0 / per_hour)
+    cal.budget = max(cal.budget_independent, cal.budget_runs)
+    cal.training_openings = _openings(runs, cal.budget)
     artifact = ModelArtifact(
-        group=group, features=feature_names(group), trained_from=trained_from, trained_to=trained_to, samples=len(x),
-        excluded=excluded, params={"n_estimators": n_estimators, "max_samples": min(max_samples, len(x)), "seed": seed,
-                                   "margin": margin},
-        threshold=0.0, threshold_quantile=threshold_quantile, model=forest,
-        ranges=[(float(a), float(b)) for a, b in zip(np.quantile(x, 0.001, axis=0), np.quantile(x, 0.999, axis=0),
-                                                      strict=True)],
+        group=group, features=list(features), trained_from=trained_from, trained_to=trained_to, samples=len(x),
+        excluded=excluded, params={"n_estimators": n_estimators, "max_samples": min(max_samples, len(x)), "seed": seed},
+        threshold=cal.score_at(cal.budget), calibration=asdict(cal), model=forest, ranges=_ranges(x),
     )  # fmt: skip
-    artifact.threshold = float(np.quantile(artifact.score(x), threshold_quantile)) + margin
     return artifact
 
 
@@ -243,10 +444,6 @@ class ModelSet:
                     artifact = ModelArtifact.read(path)
                 except ModelRefused as exc:
                     refused.append(str(exc))
-                    continue
-                if artifact.features != feature_names(artifact.group):
-                    refused.append(f"{path}: trained on other features than this burnwatch computes for "
-                                   f"{artifact.group!r}; retrain with `burnwatch model train`")  # fmt: skip
                     continue
                 artifacts[artifact.group] = artifact
         return cls(artifacts, cls.fingerprint(directory)), refused

@@ -14,14 +14,17 @@ then kept or left out deliberately:
   windows of incidents someone marked "expected" in Slack: their owners say this is
   how the resource behaves, and the model should learn it.
 
-One isolation forest per model group (:data:`detector.model.features.FEATURE_SETS`);
-a group with fewer than ``min_samples`` windows gets no new model: the one it had, if any,
-stays in use (and ``burnwatch model train`` says so), else cold start continues.
+One isolation forest per model group (:data:`detector.model.features.FEATURE_SETS`),
+calibrated to a stated rate of alerts per 1,000 resource-hours
+(:class:`detector.model.forest.Calibration`); a group with fewer than ``min_samples``
+windows gets no new model: the one it had, if any, stays in use (and ``burnwatch model
+train`` says so), else cold start continues. ``until`` ends training at an event time
+(``model train --from FILE --until``: learn from the start of a series, judge the rest).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +33,7 @@ from detector.alerts import Alert
 from detector.backtest import BacktestResult
 from detector.detectors import REGISTRY
 from detector.model.features import Window
-from detector.model.forest import ModelArtifact, fit
+from detector.model.forest import ALERTS_PER_1000H, ModelArtifact, fit
 from detector.rules import RuleSet, compile_rules, parse_rule
 
 if TYPE_CHECKING:
@@ -38,8 +41,10 @@ if TYPE_CHECKING:
 
 __all__ = ["MIN_SAMPLES", "TrainingSet", "anomaly_ruleset", "train", "train_from_file", "train_from_store"]
 
-MIN_SAMPLES = 500
-"""Windows a group needs (after leaving incidents out) to get a model."""
+MIN_SAMPLES = 48
+"""Windows a group needs (after leaving incidents out) to get a model: the calibration fits a
+forest to each half of them to score the other, and 48 windows (two days of hourly samples)
+is the least whose halves each hold a daily cycle of an hourly series."""
 
 
 @dataclass
@@ -47,19 +52,37 @@ class TrainingSet:
     windows: dict[str, list[Window]] = field(default_factory=dict)
     excluded: dict[str, int] = field(default_factory=dict)
     span: tuple[float, float] = (0.0, 0.0)
+    persist: int = 0
+    """The anomaly rule's longest run of windows (its ``for`` over its ``window``)."""
+    until: float | None = None
+    """Windows ending after this event time are not collected."""
 
     def collect(self, items: list[tuple]) -> None:
-        for _, _, _, window in items:
+        for detector, _, _, window in items:
+            if self.until is not None and window.end > self.until:
+                continue
+            self.persist = self.persist or detector.params.persist
             self.windows.setdefault(window.group, []).append(window)
 
 
-def anomaly_ruleset(ruleset: RuleSet) -> RuleSet:
-    """The rule set as given, with an ``anomaly`` rule added if it has none (training needs its windows)."""
-    if any(r.detector.type == "anomaly" for r in ruleset.rules):
+def anomaly_ruleset(ruleset: RuleSet, metrics: Sequence[str] = ()) -> RuleSet:
+    """The rule set as given, with an ``anomaly`` rule added if it has none (training needs its
+    windows), its anomaly rules reading the generic ``metrics`` too if any are named."""
+    if not metrics and any(r.detector.type == "anomaly" for r in ruleset.rules):
         return ruleset
-    extra = parse_rule({"name": "cost-anomaly", "type": "anomaly"})
-    sources = [r.source for r in ruleset.rules if r.source is not None] + [extra]
-    return compile_rules(sources, ruleset.pricing, routing=ruleset.routing)
+    sources = [r.source for r in ruleset.rules if r.source is not None]
+    if not any(r.detector.type == "anomaly" for r in ruleset.rules):
+        sources.append(parse_rule({"name": "cost-anomaly", "type": "anomaly"}))
+    if metrics:
+        sources = [_reading(s, metrics) if s.type == "anomaly" else s for s in sources]
+    return compile_rules(sources, ruleset.pricing, routing=ruleset.routing, limits=ruleset.limits)
+
+
+def _reading(source: Any, metrics: Sequence[str]) -> Any:
+    data = source.model_dump(by_alias=True, exclude_unset=True)
+    params = dict(data.get("params") or {})
+    params["metrics"] = list(dict.fromkeys([*params.get("metrics", []), *metrics]))
+    return parse_rule({**data, "params": params})
 
 
 def _incidents(alerts: Iterable[Alert], expected: set[str]) -> dict[str, list[tuple[float, float]]]:
@@ -74,43 +97,73 @@ def _incidents(alerts: Iterable[Alert], expected: set[str]) -> dict[str, list[tu
     return spans
 
 
-def train(ts: TrainingSet, alerts: list[Alert], expected: set[str], out_dir: str | Path, *, quantile: float = 0.9999,
-          margin: float = 0.15, min_samples: int = MIN_SAMPLES, seed: int = 0) -> list[ModelArtifact]:  # fmt: skip
-    """Fit one forest per group from the collected windows and save the artifacts."""
+def _sequences(windows: list[Window]) -> tuple[list[list[int]], float]:
+    """Row indexes per resource in time order, split where windows in between were not kept,
+    and the resource-hours they cover."""
+    by_resource: dict[str, list[int]] = {}
+    for i, w in enumerate(windows):
+        by_resource.setdefault(w.resource_id, []).append(i)
+    sequences: list[list[int]] = []
+    hours = 0.0
+    for indexes in by_resource.values():
+        indexes.sort(key=lambda i: windows[i].seq)
+        current = [indexes[0]]
+        for i in indexes[1:]:
+            if windows[i].seq != windows[current[-1]].seq + 1:
+                sequences.append(current)
+                current = []
+            current.append(i)
+        sequences.append(current)
+    for q in sequences:
+        first, last = windows[q[0]], windows[q[-1]]
+        step = (last.start - first.start) / (len(q) - 1) if len(q) > 1 else first.end - first.start
+        hours += len(q) * step / 3600.0
+    return sequences, hours
+
+
+def train(ts: TrainingSet, alerts: list[Alert], expected: set[str], out_dir: str | Path, *,
+          alerts_per_1000h: float = ALERTS_PER_1000H, min_samples: int = MIN_SAMPLES,
+          seed: int = 0) -> list[ModelArtifact]:  # fmt: skip
+    """Fit one forest per group from the collected windows, calibrate it, and save the artifacts."""
     incidents = _incidents(alerts, expected)
     artifacts = []
     for group, windows in sorted(ts.windows.items()):
-        rows, left_out = [], 0
+        kept, left_out = [], 0
         for w in windows:
             if any(lo < w.end and w.start < hi for lo, hi in incidents.get(w.resource_id, ())):
                 left_out += 1
             else:
-                rows.append(w.vector())
+                kept.append(w)
         ts.excluded[group] = left_out
-        if len(rows) < min_samples:
+        if len(kept) < min_samples:
             continue
-        artifact = fit(group, rows, trained_from=ts.span[0], trained_to=ts.span[1], excluded=left_out,
-                       threshold_quantile=quantile, margin=margin, seed=seed)  # fmt: skip
+        sequences, hours = _sequences(kept)
+        artifact = fit(group, [w.vector() for w in kept], features=list(kept[0].names), trained_from=ts.span[0],
+                       trained_to=ts.span[1], excluded=left_out, times=[w.start for w in kept], sequences=sequences,
+                       resource_hours=hours, persist=ts.persist or 1, alerts_per_1000h=alerts_per_1000h,
+                       seed=seed)  # fmt: skip
         artifact.save(Path(out_dir))
         artifacts.append(artifact)
     return artifacts
 
 
 def _train(run: Callable[[RuleSet, Any], BacktestResult], ruleset: RuleSet, out_dir: str | Path, expected: set[str],
-           **kw: Any) -> tuple[list[ModelArtifact], TrainingSet]:  # fmt: skip
-    ts = TrainingSet()
+           until: float | None = None, **kw: Any) -> tuple[list[ModelArtifact], TrainingSet]:  # fmt: skip
+    ts = TrainingSet(until=until)
     result = run(anomaly_ruleset(ruleset), ts.collect)
     windows = [w for ws in ts.windows.values() for w in ws]
     ts.span = (min((w.start for w in windows), default=0.0), max((w.end for w in windows), default=0.0))
-    return train(ts, result.alerts, expected, out_dir, **kw), ts
+    alerts = [a for a in result.alerts if until is None or a.fired_at <= until]
+    return train(ts, alerts, expected, out_dir, **kw), ts
 
 
-def train_from_file(path: str | Path, ruleset: RuleSet, out_dir: str | Path,
+def train_from_file(path: str | Path, ruleset: RuleSet, out_dir: str | Path, until: float | None = None,
                     **kw: Any) -> tuple[list[ModelArtifact], TrainingSet]:  # fmt: skip
-    """Train from a replay file (what ``burnwatch eval`` does with a simulated fleet)."""
+    """Train from a replay file (``model train --from``; ``burnwatch eval`` on a fleet or a series),
+    on the windows that end by ``until`` (event time) if given."""
     from detector.backtest import backtest
 
-    return _train(lambda rs, collect: backtest(path, rs, on_windows=collect), ruleset, out_dir, set(), **kw)
+    return _train(lambda rs, collect: backtest(path, rs, on_windows=collect), ruleset, out_dir, set(), until, **kw)
 
 
 def train_from_store(store: Store, since_s: float, ruleset: RuleSet, out_dir: str | Path,
