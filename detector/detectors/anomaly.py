@@ -293,6 +293,9 @@ class Anomaly(DetectorBase):
         if w.seq != st.last_seq + 1:
             st.run = []  # windows in between were not judged: a run starts again
         st.last_seq, st.last_end = w.seq, w.end
+        if w.covered and st.fired_at is None:
+            st.run = []  # a rule is tracking the resource: it has the first word, and a run starts after it
+            return "rule", 0.0, []
         st.run = [*st.run[-(persist - 1):], (w.start, e, w.cost_usd)] if persist > 1 else [(w.start, e, w.cost_usd)]
         run, length, least = 0.0, 0, math.inf
         for n, (_, evidence, _) in enumerate(reversed(st.run), start=1):
@@ -338,19 +341,15 @@ class Anomaly(DetectorBase):
 
 
 def stands_out(w: Window, n: int = 3) -> list[dict[str, Any]]:
-    """The ``n`` base features furthest from the resource's usual level, in its own spread."""
-    ranked = []
-    for name in w.usual:
-        mean, std = w.usual[name]
-        value = w.values[name]
-        scale = max(std, 0.1 * abs(mean), 1e-6)
-        ranked.append((abs(value - mean) / scale, name, value, mean, std))
-    ranked.sort(reverse=True)
-    return [
-        {"feature": name, "about": _about(name), "value": round(value, 4), "usual": round(mean, 4),
-         "usual_range": [round(mean - 2 * std, 4), round(mean + 2 * std, 4)], "deviation": round(dev, 2)}
-        for dev, name, value, mean, std in ranked[:n]
-    ]  # fmt: skip
+    """The ``n`` base features furthest from the resource's usual level, in its own deviations."""
+    ranked = sorted(((abs(w.values.get(f"{name}_z", 0.0)), name) for name in w.usual), reverse=True)
+    out = []
+    for dev, name in ranked[:n]:
+        usual, lo, hi = w.usual[name]
+        out.append({"feature": name, "about": _about(name), "value": round(w.values.get(name, 0.0), 4),
+                    "usual": round(usual, 4), "usual_range": [round(lo, 4), round(hi, 4)],
+                    "deviation": round(dev, 2)})  # fmt: skip
+    return out
 
 
 def _about(name: str) -> str:

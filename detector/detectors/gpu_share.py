@@ -170,8 +170,12 @@ class GpuShare(DetectorBase):
         return _CODE[allocated] in self.codes
 
     def tracking(self, state: GpuShareState) -> Behaviour:
-        """Part of the host idle while the rest works: an unusual level, not a pause."""
-        return Behaviour.LEVEL if state.since is not None else Behaviour.NONE
+        """Part of the host idle while the rest works: an unusual level, not a pause; tracked from a
+        GPU's first idle sample (being counted towards ``for``), as ``idle_gpu`` tracks a host, so
+        the anomaly model leaves the rule the first word on it."""
+        if state.since is not None or any(track.idle_since is not None for track in state.gpus.values()):
+            return Behaviour.LEVEL
+        return Behaviour.NONE
 
     @classmethod
     def facts(cls, details: dict[str, Any]) -> list[tuple[str, str]]:

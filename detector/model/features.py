@@ -5,12 +5,12 @@ events and GPU samples: the cost rate, GPU utilisation mean and p95, GPU memory 
 power per GPU, power relative to utilisation, egress rate, storage change and request
 rate, and the mean of each generic metric the rule names (``metrics: [cpu_util]``: keys
 of a usage event's ``metrics``). Each is also taken against the resource's own history,
-twice: relative (``_rel``), its recent level (a 15-minute half-life mean, so one odd
-window moves it a little and a shift that lasts moves it a lot) over its usual level (a
-24-hour half-life mean), so "this host draws twice its usual power" is a feature as
-much as "this host draws 600 W"; and standardised (``_z``), how many of the resource's
-own standard deviations the window lies from its usual level, on the log scale the
-model sees. The ``_z`` features are what let one forest judge resources whose levels
+twice, on the log scale the model sees (log(1 + x)) and against its usual level (a
+24-hour half-life mean): relative (``_rel``), the window over its usual level, so "this
+host draws twice its usual power" is a feature as much as "this host draws 600 W"; and
+standardised (``_z``), how many of the resource's own standard deviations the window
+lies from it. (A 15-minute "recent level" smoothed ``_rel`` before severity came from
+runs of windows; it also kept an anomaly open for hours after the resource came back.) The ``_z`` features are what let one forest judge resources whose levels
 differ by orders of magnitude: a CPU at 0.07 % and one at 92 % are each measured in
 their own spread. The baselines decay with event time, not with windows, so a series
 sampled hourly and one sampled every minute mean the same by "24-hour half-life", and
@@ -60,12 +60,22 @@ METRIC_PREFIX = "metric."
 _GROUP_OF = {"gpu_instance": "gpu", "notebook": "gpu", "inference_endpoint": "inference", "cpu_instance": "cpu",
              "storage_bucket": "storage", "vector_db": "storage"}  # fmt: skip
 HALF_LIFE_S = 86_400.0
-RECENT_HALF_LIFE_S = 900.0
 CLIP_SIGMAS = 3.0
 """A window teaches the baseline at most this many of its deviations away from the usual level."""
 MIN_SCALE = 1e-9
 """Smallest deviation a ``_z`` feature divides by (a series that never moved: any move is far out)."""
 Z_CAP = 1e6
+REL_CAP = 50.0
+"""Largest log-ratio a ``_rel`` feature holds (its exponential stays a finite float)."""
+
+
+def _log(x: float) -> float:
+    """The model's scale: log(1 + |x|) with x's sign (costs and rates span orders of magnitude)."""
+    return math.copysign(math.log1p(abs(x)), x)
+
+
+def _unlog(y: float) -> float:
+    return math.copysign(math.expm1(min(abs(y), 700.0)), y)
 
 
 def model_group(resource_type: str) -> str:
@@ -113,14 +123,9 @@ class WindowState(msgspec.Struct, kw_only=True):
     request_s: float = 0.0
     metric_sum: dict[str, float] = {}
     metric_n: dict[str, int] = {}
-    baseline: dict[str, float] = {}
-    recent: dict[str, float] = {}
-    """The recent level per feature (15-minute half-life)."""
-    spread: dict[str, float] = {}
-    """Exponentially weighted variance per feature, for explanations."""
     log_mean: dict[str, float] = {}
     log_var: dict[str, float] = {}
-    """The usual level and variance per feature on the model's log scale (the ``_z`` features)."""
+    """The usual level and variance per feature (24-hour half-life), on the model's log scale."""
     weight: float = 0.0
     """The exponential weights' total so far: the variance over it is unbiased while the
     history is short (a variance started at zero would call every early window far out)."""
@@ -143,8 +148,9 @@ class Window(msgspec.Struct, kw_only=True, frozen=True):
     start: float
     end: float
     values: dict[str, float]
-    usual: dict[str, tuple[float, float]]
-    """feature → (baseline mean, baseline std) before this window."""
+    usual: dict[str, tuple[float, float, float]]
+    """Base feature → its usual level and the range two deviations either side (in the
+    feature's units), before this window: what an alert explains a feature against."""
     cost_usd: float
     history: int
     """Windows the baseline had seen before this one."""
@@ -256,24 +262,15 @@ class WindowBuilder:
         if st.usage_s > 0 and not gpu_blind and not st.paused:
             names = self.names(group)
             dt = end - st.learnt_at if st.learnt_at is not None else None
-            alpha_recent = 1.0 if dt is None else 1.0 - 0.5 ** (dt / RECENT_HALF_LIFE_S)
             values = dict(base)
             usual = {}
             for name in base_features(group, self.metrics):
-                x = base[name]
-                mean = st.baseline.get(name, x)
-                usual[name] = (mean, math.sqrt(st.spread.get(name, 0.0)))
-                recent = st.recent.get(name, x)
-                recent += alpha_recent * (x - recent)
-                st.recent[name] = recent
-                values[f"{name}_rel"] = (recent + 1e-3) / (abs(mean) + 1e-3)
-                y = math.copysign(math.log1p(abs(x)), x)
-                if st.weight > 0.0:
-                    scale = max(math.sqrt(st.log_var.get(name, 0.0) / st.weight), MIN_SCALE)
-                    z = (y - st.log_mean.get(name, y)) / scale
-                    values[f"{name}_z"] = max(-Z_CAP, min(Z_CAP, z))
-                else:
-                    values[f"{name}_z"] = 0.0
+                y = _log(base[name])
+                mean = st.log_mean.get(name, y)
+                sd = math.sqrt(st.log_var.get(name, 0.0) / st.weight) if st.weight > 0.0 else 0.0
+                usual[name] = (_unlog(mean), _unlog(mean - 2 * sd), _unlog(mean + 2 * sd))
+                values[f"{name}_rel"] = math.exp(max(-REL_CAP, min(REL_CAP, y - mean)))
+                values[f"{name}_z"] = max(-Z_CAP, min(Z_CAP, (y - mean) / max(sd, MIN_SCALE))) if st.weight else 0.0
             window = Window(resource_id=resource_id, group=group, start=start, end=end,
                             values={k: values[k] for k in names}, usual=usual, cost_usd=st.cost_usd,
                             history=st.windows, history_s=end - st.first if st.first is not None else 0.0,
@@ -312,11 +309,7 @@ class WindowBuilder:
         once they have a spread, by at most ``CLIP_SIGMAS`` of it (a spike is not the usual level)."""
         a = 1.0 if dt is None else 1.0 - 0.5 ** (dt / self.half_life_s)
         for name in base_features(group, self.metrics):
-            x = base[name]
-            old = st.baseline.get(name, x)
-            st.spread[name] = (1 - a) * (st.spread.get(name, 0.0) + a * (x - old) ** 2)
-            st.baseline[name] = old + a * (x - old)
-            y = math.copysign(math.log1p(abs(x)), x)
+            y = _log(base[name])
             mean, var = st.log_mean.get(name, y), st.log_var.get(name, 0.0)
             d = y - mean
             if var > 0.0 and st.weight > 0.0:
