@@ -10,9 +10,10 @@ twice, on the log scale the model sees (log(1 + x)) and against its usual level 
 host draws twice its usual power" is a feature as much as "this host draws 600 W"; and
 standardised (``_z``), how many of the resource's own standard deviations the window
 lies from it. (A 15-minute "recent level" smoothed ``_rel`` before severity came from
-runs of windows; it also kept an anomaly open for hours after the resource came back.) The ``_z`` features are what let one forest judge resources whose levels
-differ by orders of magnitude: a CPU at 0.07 % and one at 92 % are each measured in
-their own spread. The baselines decay with event time, not with windows, so a series
+runs of windows; it also kept an anomaly open for hours after the resource came back.)
+The ``_z`` features are what let one forest judge resources whose levels differ by
+orders of magnitude: a CPU at 0.07 % and one at 92 % are each measured in their own
+spread. The baselines decay with event time, not with windows, so a series
 sampled hourly and one sampled every minute mean the same by "24-hour half-life", and
 they learn a value clipped to 3 deviations of the usual, so a spike moves them little
 and a shift that lasts moves them step by step.
