@@ -7,6 +7,8 @@
     burnwatch bridge --config bridge.yaml   scrape dcgm-exporter/kube-state-metrics into Kafka (--once: one round)
     burnwatch backtest fleet.jsonl --json   run the rules in-process, print the alerts
     burnwatch backtest --since 7d --compare rules-new/   what a rules change would add or remove
+    burnwatch model train --from f.jsonl --until T       the anomaly model from a replay file's start
+    burnwatch backtest f.jsonl --scores out.csv          every window the model judged, to a CSV
     burnwatch eval                          precision/recall/dollar error per type, simulated fleets
     burnwatch eval --series DIR             event-level precision/recall/F1 on labelled real series
     burnwatch rules check [PATH]            validate rule files; exit 1 on any error
