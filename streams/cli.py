@@ -323,18 +323,20 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         source = (f"{redact_dsn(settings.dsn)} from {rfc3339(result.span[0])} to {rfc3339(result.span[1])} "
                   f"({format_duration(result.span[1] - result.span[0])})") if result.span else "an empty store"  # fmt: skip
     else:
+        completed = False
         try:
             result = backtest(args.file, ruleset, other=other, models=models,
                               record=scores.write if scores is not None else None)  # fmt: skip
-        except (ReplayError, OSError) as exc:
-            if scores is not None:  # a failed run leaves no half-written scores behind
-                scores.close()
-                Path(args.scores).unlink(missing_ok=True)
-            if isinstance(exc, ReplayError):
-                raise SystemExit(str(exc)) from None
+            completed = True
+        except ReplayError as exc:
+            raise SystemExit(str(exc)) from None
+        except OSError as exc:
             raise SystemExit(f"{exc.filename or args.file}: {exc.strerror}") from None
-        if scores is not None:
-            scores.close()
+        finally:
+            if scores is not None:
+                scores.close()
+                if not completed:  # a failed or interrupted run leaves no half-written scores behind
+                    Path(args.scores).unlink(missing_ok=True)
         source = args.file
     elapsed = time.perf_counter() - started
     if other is not None and result.other is not None:
