@@ -68,10 +68,10 @@ class _Detection:
 
 
 def _run(batches: Iterable[list[tuple[float, Any]]], ruleset: RuleSet, other: RuleSet | None, result: BacktestResult,
-         models: Any = None, on_windows: Any = None) -> None:  # fmt: skip
+         models: Any = None, on_windows: Any = None, record: Any = None) -> None:  # fmt: skip
     runs = [_Detection(ruleset)] + ([_Detection(other)] if other is not None else [])
     with ExitStack() as lent:  # the anomaly rules score with ``models`` for this run only
-        lent.enter_context(scoring_during(ruleset.rules, Scoring(models, on_windows)))
+        lent.enter_context(scoring_during(ruleset.rules, Scoring(models, on_windows, record)))
         if other is not None:
             lent.enter_context(scoring_during(other.rules, Scoring(models)))
         for items in batches:
@@ -90,9 +90,11 @@ def backtest(
     other: RuleSet | None = None,
     models: Any = None,
     on_windows: Any = None,
+    record: Any = None,
 ) -> BacktestResult:
     """Detect over a whole replay file, topics aligned on event time as the worker aligns them.
-    ``models`` scores the ``anomaly`` rule's windows; ``on_windows`` sees them (training). Without
+    ``models`` scores the ``anomaly`` rule's windows; ``on_windows`` sees them (training);
+    ``record`` sees each batch's judged windows with their scores (``backtest --scores``). Without
     a ``decoder``, events are decoded with the rule set's plausibility bounds, as the worker does."""
     decoder = decoder or EventDecoder(limits=ruleset.limits)
     result = BacktestResult(alerts=[])
@@ -112,7 +114,7 @@ def backtest(
                 yield aligner.release()[0]
         yield aligner.release(everything=True)[0]
 
-    _run(batches(), ruleset, other, result, models, on_windows)
+    _run(batches(), ruleset, other, result, models, on_windows, record)
     return result
 
 

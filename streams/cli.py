@@ -7,6 +7,8 @@
     burnwatch bridge --config bridge.yaml   scrape dcgm-exporter/kube-state-metrics into Kafka (--once: one round)
     burnwatch backtest fleet.jsonl --json   run the rules in-process, print the alerts
     burnwatch backtest --since 7d --compare rules-new/   what a rules change would add or remove
+    burnwatch model train --from f.jsonl --until T       the anomaly model from a replay file's start
+    burnwatch backtest f.jsonl --scores out.csv          every window the model judged, to a CSV
     burnwatch eval                          precision/recall/dollar error per type, simulated fleets
     burnwatch eval --series DIR             event-level precision/recall/F1 on labelled real series
     burnwatch rules check [PATH]            validate rule files; exit 1 on any error
@@ -289,8 +291,24 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if bool(args.file) == bool(args.since):
         raise SystemExit("backtest needs a replay file or --since DURATION (events stored in ClickHouse), not both")
+    scored = args.scores or args.model_dir or args.metrics
+    if scored and args.since:
+        raise SystemExit("--scores, --model-dir and --metrics work with a replay file, not --since")
+    metrics = _metrics(args.metrics)
     ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
     other = _load_rules_or_exit(args.compare) if args.compare else None
+    models, scores = None, None
+    if scored:  # the anomaly model scores the file's windows too
+        from detector.model.train import anomaly_ruleset
+
+        ruleset = _with_metrics(anomaly_ruleset, ruleset, metrics)
+        model_dir = Path(args.model_dir) if args.model_dir else settings.model_path
+        models = _load_models_or_exit(model_dir)
+        if not models:
+            raise SystemExit(f"no model in {model_dir}: nothing to score (train one with `burnwatch model train "
+                             "--from FILE`, or point --model-dir at a model directory)")  # fmt: skip
+        if args.scores:
+            scores = _ScoresFile(_open_for_writing(args.scores, "--scores"))
     started = time.perf_counter()
     if args.since:
         try:
@@ -305,12 +323,20 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         source = (f"{redact_dsn(settings.dsn)} from {rfc3339(result.span[0])} to {rfc3339(result.span[1])} "
                   f"({format_duration(result.span[1] - result.span[0])})") if result.span else "an empty store"  # fmt: skip
     else:
+        completed = False
         try:
-            result = backtest(args.file, ruleset, other=other)
+            result = backtest(args.file, ruleset, other=other, models=models,
+                              record=scores.write if scores is not None else None)  # fmt: skip
+            completed = True
         except ReplayError as exc:
             raise SystemExit(str(exc)) from None
         except OSError as exc:
-            raise SystemExit(f"{args.file}: {exc.strerror}") from None
+            raise SystemExit(f"{exc.filename or args.file}: {exc.strerror}") from None
+        finally:
+            if scores is not None:
+                scores.close()
+                if not completed:  # a failed or interrupted run leaves no half-written scores behind
+                    Path(args.scores).unlink(missing_ok=True)
         source = args.file
     elapsed = time.perf_counter() - started
     if other is not None and result.other is not None:
@@ -331,7 +357,63 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         print(held, file=sys.stderr)
     for line, reason in result.invalid[:20]:
         print(f"{args.file}:{line}: {reason}", file=sys.stderr)
+    if scores is not None:
+        if not scores.rows:
+            _note(f"--scores: no window was judged, {args.scores} holds the header only: {_why_unjudged(models, ruleset)}")
+            return EXIT_FAILED
+        _note(f"{scores.rows} judged windows written to {args.scores}")
     return 0
+
+
+SCORE_COLUMNS = ("resource_id", "group", "window_start", "window_end", "score", "threshold", "evidence", "run", "budget",
+                 "decision", "rule_tracking")  # fmt: skip
+"""``backtest --scores``: one row per judged window (:class:`detector.detectors.anomaly.ScoredWindow`)."""
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What makes a spreadsheet read a cell as a formula (CSV injection): such text gets a leading ``'``."""
+
+
+def _cell(text: str) -> str:
+    """A text cell a spreadsheet shows as text: resource ids come from the events, anyone's input."""
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+class _ScoresFile:
+    """The ``--scores`` CSV, written batch by batch as the backtest judges windows (memory stays
+    flat over a long file); the csv module quotes commas, quotes and line breaks in ids."""
+
+    def __init__(self, handle: Any) -> None:
+        import csv
+
+        from detector.units import rfc3339
+
+        self.handle, self.rows, self._rfc3339 = handle, 0, rfc3339
+        self._writer = csv.writer(handle, lineterminator="\n")
+        self._writer.writerow(SCORE_COLUMNS)
+
+    def write(self, windows: list[Any]) -> None:
+        t = self._rfc3339
+        self._writer.writerows(
+            (_cell(w.resource_id), _cell(w.group), t(w.start), t(w.end), str(float(w.score)), str(float(w.threshold)),
+             str(float(w.evidence)), str(float(w.run)), str(float(w.budget)), _cell(w.decision),
+             "true" if w.rule_tracking else "false")
+            for w in windows
+        )  # fmt: skip
+        self.rows += len(windows)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _why_unjudged(models: Any, ruleset: RuleSet) -> str:
+    """Why a backtest with models judged nothing: the usual causes, with what to change."""
+    from detector.model.features import metrics_of
+
+    trained = {group: metrics_of(a.features) for group, a in models.artifacts.items()}
+    reading = sorted({m for r in ruleset.rules if r.detector.type == "anomaly" for m in r.detector.params.metrics})
+    said = "; ".join(f"{group} on metrics [{', '.join(m)}]" for group, m in sorted(trained.items()))
+    return (f"the models were trained for {said} and the anomaly rule reads [{', '.join(reading)}] (--metrics must "
+            "name what training read), or no resource of the file is in a trained group, or none had the rule's "
+            "min_history of events")  # fmt: skip
 
 
 def _print_comparison(diff: RuleDiff, as_json: bool) -> None:
@@ -540,6 +622,74 @@ def _load_models_or_exit(directory: Path) -> Any:
         raise SystemExit(str(exc)) from None
 
 
+def _metrics(text: str | None) -> list[str]:
+    """``--metrics a,b``: generic metric names (keys of a usage event's ``metrics``), each checked
+    as the anomaly rule's ``params.metrics`` checks it."""
+    if not text:
+        return []
+    from pydantic import TypeAdapter, ValidationError
+
+    from detector.detectors.anomaly import MetricName
+
+    names = [name.strip() for name in text.split(",")]
+    check = TypeAdapter(MetricName)
+    for name in names:
+        try:
+            check.validate_python(name)
+        except ValidationError:
+            raise SystemExit(f"--metrics {text!r}: {name!r} is not a metric name (1 to 128 letters, digits or "
+                             "_ . : / -, as a key of a usage event's metrics; names separated by commas)") from None  # fmt: skip
+    return names
+
+
+def _with_metrics(anomaly_ruleset: Any, ruleset: RuleSet, metrics: list[str]) -> RuleSet:
+    """The rule set with an anomaly rule reading ``metrics`` (``anomaly_ruleset``); one it refuses
+    (too many metrics) is a one-line error."""
+    from pydantic import ValidationError
+
+    try:
+        return anomaly_ruleset(ruleset, metrics)
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(str(x) for x in e['loc'][-2:])}: {e['msg']}" for e in exc.errors()[:3])
+        raise SystemExit(f"--metrics: the anomaly rule refuses them ({errors})") from None
+
+
+def _until(text: str) -> float:
+    """``--until``: an RFC 3339 time with its zone, or epoch seconds."""
+    import math
+    from datetime import datetime
+
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value) or value < 0:
+            raise SystemExit(f"--until {text!r}: expected epoch seconds (0 or more) or an RFC 3339 time")
+        return value
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise SystemExit(f"--until {text!r}: expected an RFC 3339 time such as 2026-11-02T08:00:00Z, "
+                         "or epoch seconds") from None  # fmt: skip
+    if when.tzinfo is None:
+        raise SystemExit(f"--until {text!r}: give the time zone, e.g. 2026-11-02T08:00:00Z")
+    return when.timestamp()
+
+
+def _alert_rate(value: float | None) -> float:
+    """``--alerts-per-1000h``: the rate the thresholds are calibrated to (the model's default if not given)."""
+    import math
+
+    from detector.model.forest import ALERTS_PER_1000H
+
+    if value is None:
+        return ALERTS_PER_1000H
+    if not math.isfinite(value) or value <= 0:
+        raise SystemExit(f"--alerts-per-1000h {value}: expected a positive number of alerts per 1,000 resource-hours")
+    return value
+
+
 def cmd_model(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.dir) if args.dir else settings.model_path
@@ -550,21 +700,40 @@ def cmd_model(args: argparse.Namespace) -> int:
             return 0
         for artifact in models.artifacts.values():
             print(json.dumps(artifact.meta(), indent=2))
+            print(f"{artifact.group}: {artifact.explain()}")
         return 0
-    from detector.model.train import MIN_SAMPLES, train_from_store
+    from detector.model.train import MIN_SAMPLES, anomaly_ruleset, train_from_file, train_from_store
+    from detector.replay import ReplayError
     from detector.units import format_duration, parse_duration, rfc3339
 
+    if args.from_file and args.since:
+        raise SystemExit("model train reads a replay file (--from) or the events stored in ClickHouse (--since), "
+                         "not both")  # fmt: skip
+    if args.until and not args.from_file:
+        raise SystemExit("--until works with --from FILE (a replay file); the store's training period is --since")
+    until = _until(args.until) if args.until else None
+    since_text = args.since or "14d"
     try:
-        since = parse_duration(args.since)
+        since = parse_duration(since_text)
     except ValueError as exc:
         raise SystemExit(f"--since: {exc}") from None
-    ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
+    rate = _alert_rate(args.alerts_per_1000h)
+    metrics = _metrics(args.metrics)
+    ruleset = _with_metrics(anomaly_ruleset, _load_rules_or_exit(args.rules or settings.rules_path), metrics)
     before = _load_models_or_exit(out)
-    store = _open_store(settings)
-    try:
-        artifacts, ts = train_from_store(store, since, ruleset, out, quantile=args.quantile, margin=args.margin)
-    finally:
-        store.close()
+    if args.from_file:
+        try:
+            artifacts, ts = train_from_file(args.from_file, ruleset, out, until=until, alerts_per_1000h=rate)
+        except ReplayError as exc:
+            raise SystemExit(f"{exc}; nothing was trained") from None
+        except OSError as exc:
+            raise SystemExit(f"{exc.filename or args.from_file}: {exc.strerror}; nothing was trained") from None
+    else:
+        store = _open_store(settings)
+        try:
+            artifacts, ts = train_from_store(store, since, ruleset, out, alerts_per_1000h=rate)
+        finally:
+            store.close()
     trained = {a.group: a for a in artifacts}
 
     def kept(group: str) -> str:
@@ -581,13 +750,25 @@ def cmd_model(args: argparse.Namespace) -> int:
         else:
             what = f"too few windows to train (it takes {MIN_SAMPLES}): {kept(group)}"
         print(f"{group}: {len(windows)} windows, {ts.excluded.get(group, 0)} left out (behaviour incidents); {what}")
+        if a is not None:
+            print(f"  {a.explain()}")
     if not artifacts:
         total = sum(len(w) for w in ts.windows.values())
         span = f" ({format_duration(ts.span[1] - ts.span[0])} of event time)" if total else ""
         old = (f"the models already in {out} stay in use ({', '.join(sorted(before.artifacts))})" if before
                else f"{out} holds no model: the worker runs rules only")  # fmt: skip
-        _note(f"trained nothing: {total} windows in the {args.since} before the newest stored event{span}, and no "
-              f"group has {MIN_SAMPLES} to learn from (a longer --since, or more history, gives more); {old}")  # fmt: skip
+        if args.from_file and until is not None and not total:
+            why = (f"no window of {args.from_file} ends by --until {rfc3339(until)}: nothing to learn from (windows "
+                   "are learnt once a resource's events cover the anomaly rule's min_history; a later --until "
+                   "learns from more)")  # fmt: skip
+        elif args.from_file:
+            upto = f" up to --until {rfc3339(until)}" if until is not None else ""
+            why = (f"{total} windows in {args.from_file}{upto}{span}, and no group has {MIN_SAMPLES} to learn from "
+                   "(more history gives more)")  # fmt: skip
+        else:
+            why = (f"{total} windows in the {since_text} before the newest stored event{span}, and no group has "
+                   f"{MIN_SAMPLES} to learn from (a longer --since, or more history, gives more)")  # fmt: skip
+        _note(f"trained nothing: {why}; {old}")
         return EXIT_FAILED
     print(f"trained {len(artifacts)} of {len(set(ts.windows) | set(before.artifacts))} groups; artifacts in {out}; "
           "a running worker loads them within 30 s")  # fmt: skip
@@ -833,6 +1014,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", metavar="OTHER_RULES",
                    help="also run these rules over the same events; print what they would add or remove")  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object per alert")
+    p.add_argument("--scores", metavar="OUT.csv", help="with a replay file: score it with the anomaly model and write "
+                   "every judged window (score, threshold, evidence, decision) to this CSV")  # fmt: skip
+    p.add_argument("--model-dir", metavar="DIR", help="the models that score (default: BURNWATCH_MODEL_DIR or "
+                   "<data dir>/models; without --scores, giving it runs the model too)")  # fmt: skip
+    p.add_argument("--metrics", metavar="A,B", help="generic metrics the anomaly rule reads (what `model train "
+                   "--metrics` named)")  # fmt: skip
     p.set_defaults(func=cmd_backtest)
 
     p = sub.add_parser("eval", help="precision, recall and dollar error per type on simulated fleets")
@@ -880,10 +1067,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_digest)
 
     model = sub.add_parser("model", help="the anomaly model").add_subparsers(dest="model_command", required=True)
-    p = model.add_parser("train", help="train the isolation forests on the events stored in ClickHouse")
-    p.add_argument("--since", default="14d", help="event time before the newest stored event (default 14d)")
-    p.add_argument("--quantile", type=float, default=0.9999, help="training score quantile the threshold starts at")
-    p.add_argument("--margin", type=float, default=0.15, help="added to that quantile's score (fewer false alerts)")
+    p = model.add_parser("train", help="train the isolation forests on the events stored in ClickHouse, or on a "
+                         "replay file")  # fmt: skip
+    p.add_argument("--since", help="event time before the newest stored event (default 14d)")
+    p.add_argument("--from", dest="from_file", metavar="FILE", help="instead of the store: a replay file (what "
+                   "`backtest FILE` reads)")  # fmt: skip
+    p.add_argument("--until", metavar="TIME", help="with --from: learn only the windows that end by this event time "
+                   "(RFC 3339, e.g. 2026-11-02T08:00:00Z, or epoch seconds)")  # fmt: skip
+    p.add_argument("--metrics", metavar="A,B", help="generic metrics (keys of a usage event's metrics) the anomaly "
+                   "rule reads besides its group's features")  # fmt: skip
+    p.add_argument("--alerts-per-1000h", type=float, metavar="X", help="the false-alert rate the thresholds are "
+                   "calibrated to, per 1,000 resource-hours (default 0.5: ALERTS_PER_1000H)")  # fmt: skip
     p.add_argument("--dir", help="model directory (default: BURNWATCH_MODEL_DIR or <data dir>/models)")
     p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
     p.set_defaults(func=cmd_model)
