@@ -218,7 +218,12 @@ def test_severity_comes_from_how_far_out_windows_are(evidences, decisions):
 
 
 def test_an_episode_stays_open_while_windows_count_and_a_rule_has_the_first_word():
-    assert _judged([7.0, 1.2, 0.1, 0.1, 0.1]) == ["alert", "open", "normal", "normal", "normal"]  # 2 quiet: resolved
+    # open while the latest windows would open it; two windows that would not end it
+    assert _judged([7.0, 6.5, 1.2, 0.1, 0.1]) == ["alert", "open", "normal", "normal", "normal"]
+    assert _judged([1.0] * 8 + [0.2] * 2) == ["unusual"] * 5 + ["alert", "open", "open", "normal", "normal"]
+    # mild windows after a spike do not hold it open: what it takes to open is what keeps it open
+    assert _judged([7.0, 1.2, 1.2, 1.2, 1.2, 1.2, 7.0]) == ["alert", "normal", "normal", "unusual", "unusual",
+                                                           "unusual", "alert"]  # fmt: skip
     # while a rule tracks the resource, the window is scored but opens nothing, and a run starts after it
     assert _judged([7.0, 2.1, 2.1, 2.1], covered=(0,)) == ["rule", "unusual", "unusual", "alert"]
 

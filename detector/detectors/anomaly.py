@@ -26,8 +26,8 @@ high (:meth:`detector.model.forest.ModelArtifact.evidence`). The last ``L`` wind
 (up to ``for``) open an episode when each of them carries at least ``budget / L``: a window
 as rare as the whole budget alerts at once (a spike), milder ones alert once they have
 lasted long enough (a shift). The budget is calibrated at training to a stated rate of
-alerts per 1,000 resource-hours (``model show`` says it). An episode stays open while its
-windows carry at least ``budget / L`` and ends after ``quiet_windows`` that do not; the
+alerts per 1,000 resource-hours (``model show`` says it). An episode stays open while the
+latest windows would still open one and ends after ``quiet_windows`` windows that would not; the
 alert names the three features furthest from the resource's usual range, the score against
 the threshold, and the dollars the resource cost meanwhile.
 
@@ -302,17 +302,15 @@ class Anomaly(DetectorBase):
             least = min(least, evidence)
             if n * least > run:
                 run, length = n * least, n
-        unusual = e >= budget / persist
         if st.fired_at is None:
             if run < budget:
-                return ("unusual" if unusual else "normal"), run, []
+                return ("unusual" if e >= budget / persist else "normal"), run, []
             opening = st.run[-length:]
             st.score, st.threshold, st.stands_out = score, model.threshold, stands_out(w)
             action = fire(st, since=opening[0][0], fired_at=w.end, at=w.end)
             st.usd = sum(usd for _, _, usd in opening)
-            st.run = []
             return "alert", run, [self._finding(action, st, res, w)]
-        if unusual:
+        if run >= budget:  # open while the latest windows would still open it
             st.quiet = 0
             st.usd += w.cost_usd
             st.last_report = w.end  # every anomalous window of an open episode reports it
@@ -322,6 +320,7 @@ class Anomaly(DetectorBase):
         st.quiet += 1
         if st.quiet < self.params.quiet_windows:
             return "normal", run, []
+        st.run = []  # the next episode needs a run of its own
         return "normal", run, end(st, lambda: self._finding("resolve", st, res, w, reason="back_to_normal"))
 
     def open_episode(self, state: AnomalyState, resource: ResourceInfo) -> Finding | None:

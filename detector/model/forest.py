@@ -57,6 +57,10 @@ ALERTS_PER_1000H = 0.5
 """The default stated rate: half the product's target of at most one false alert per 1,000
 resource-hours, because windows after training drift from it and score higher."""
 TAIL_FROM = 0.9
+CONTAMINATION = 0.02
+"""The share of training windows that may be anomalies nobody labelled (training data is
+history, not a clean sample; labelled public benchmarks put anomalies at 1-2 % of points):
+the calibration trusts the held-out scores' distribution below it and extrapolates above."""
 """The held-out scores above this quantile are the tail the exponential is fitted to."""
 MIN_TAIL_SCALE = 0.01
 """Narrowest tail, in score units: a forest's score of one row varies about this much with its
@@ -81,10 +85,12 @@ class Calibration:
     grid: list[float]
     """Held-out training scores at these shares of them below (dense near the top): the
     empirical distribution, which says how rare a score is wherever training saw one."""
-    samples: int
+    edge: float
+    """The share above which the held-out scores are not taken at their word: one in n, or the
+    ``CONTAMINATION`` training may hold (the highest 2 % may be anomalies nobody labelled)."""
     tail_scale: float
-    """Beyond the highest held-out score, the share falls exponentially with this scale (the mean
-    excess of the top 10 % over their lowest): rarer than anything seen, extrapolated."""
+    """Beyond the edge, the share falls exponentially with this scale (the mean excess over the
+    90th percentile of the scores below the edge): rarer than that, extrapolated."""
     alerts_per_1000h: float
     windows_per_hour: float
     """Judged windows per resource-hour in training (12 for 5-minute windows of a steady resource)."""
@@ -101,12 +107,12 @@ class Calibration:
 
     def evidence(self, scores: np.ndarray) -> np.ndarray:
         """``-log10`` of the share of held-out training windows scoring at least as high."""
-        return -np.log10(np.clip(_share(self.levels, self.grid, self.samples, self.tail_scale, scores),
+        return -np.log10(np.clip(_share(self.levels, self.grid, self.edge, self.tail_scale, scores),
                                  10.0**-MAX_EVIDENCE, 1.0))  # fmt: skip
 
     def score_at(self, evidence: float) -> float:
         """The score that carries ``evidence``."""
-        return _level(self.levels, self.grid, self.samples, self.tail_scale, 10.0**-evidence)
+        return _level(self.levels, self.grid, self.edge, self.tail_scale, 10.0**-evidence)
 
     def explain(self) -> str:
         """The threshold in words, for ``model show``."""
@@ -226,7 +232,7 @@ class ModelArtifact:
                 raise ValueError(f"features {artifact.features} are not what this burnwatch computes")
             cal = artifact._calibrated
             if not (len(cal.grid) == len(cal.levels) >= 2 and cal.tail_scale > 0 and 1 <= cal.persist <= 10_000
-                    and cal.samples >= 1 and all(math.isfinite(x) for x in (*cal.grid, *cal.levels, cal.budget))):
+                    and 0 < cal.edge <= 1 and all(math.isfinite(x) for x in (*cal.grid, *cal.levels, cal.budget))):
                 raise ValueError("calibration out of bounds")
         except (TypeError, ValueError, KeyError) as exc:
             raise ModelRefused(f"{path}: bad metadata ({exc}); retrain with `burnwatch model train`") from None
@@ -332,34 +338,36 @@ def _run_statistic(evidence: np.ndarray, persist: int) -> np.ndarray:
     return best
 
 
-def _distribution(values: np.ndarray) -> tuple[list[float], list[float], int, float]:
-    """``(levels, grid, n, tail scale)`` of ``values``: quantiles at shares below, dense near the top
-    (down to one value in n), and the exponential scale of what lies beyond the highest."""
+def _distribution(values: np.ndarray) -> tuple[list[float], list[float], float, float]:
+    """``(levels, grid, edge, tail scale)`` of ``values``: quantiles at shares below, dense near
+    the top, up to the share ``edge`` at the top (one value in n, or ``CONTAMINATION``), and the
+    exponential scale of what lies beyond: the mean excess over the 90th percentile of the
+    values below the edge."""
     n = len(values)
-    top = np.geomspace(0.01, 1.0 / n, 60) if n > 100 else np.array([])
-    levels = np.unique(np.concatenate([np.linspace(0.0, 0.99, 100), 1.0 - top, [1.0 - 1.0 / n]]))
-    grid = np.quantile(values, levels, method="inverted_cdf") if n > 1 else np.full(len(levels), values[0])
-    grid = np.maximum.accumulate(grid)
-    tail_from = float(np.quantile(values, TAIL_FROM))
-    above = values[values > tail_from]
+    edge = max(1.0 / n, CONTAMINATION)
+    top = np.geomspace(0.01, edge, 40) if edge < 0.01 else np.array([])
+    levels = np.unique(np.concatenate([np.linspace(0.0, min(0.99, 1.0 - edge), 100), 1.0 - top, [1.0 - edge]]))
+    grid = np.maximum.accumulate(np.quantile(values, levels, method="inverted_cdf"))
+    tail_from, edge_value = float(np.quantile(values, TAIL_FROM)), float(grid[-1])
+    above = values[(values > tail_from) & (values <= edge_value)]
     scale = max(float(np.mean(above - tail_from)) if len(above) else 0.0, MIN_TAIL_SCALE)
-    return [float(x) for x in levels], [float(x) for x in grid], n, scale
+    return [float(x) for x in levels], [float(x) for x in grid], edge, scale
 
 
-def _share(levels: list[float], grid: list[float], n: int, scale: float, values: Any) -> np.ndarray:
-    """Share of the distribution at or above each value: empirical up to its highest, then falling
-    exponentially from one in ``n``."""
+def _share(levels: list[float], grid: list[float], edge: float, scale: float, values: Any) -> np.ndarray:
+    """Share of the distribution at or above each value: empirical up to the edge, then falling
+    exponentially from it."""
     x = np.asarray(values, dtype=np.float64)
     top = grid[-1]
     inside = 1.0 - np.interp(x, grid, levels)
-    beyond = (1.0 / n) * np.exp(-(x - top) / scale)
-    return np.where(x > top, beyond, np.maximum(inside, 1.0 / n))
+    beyond = edge * np.exp(-(x - top) / scale)
+    return np.where(x > top, beyond, np.maximum(inside, edge))
 
 
-def _level(levels: list[float], grid: list[float], n: int, scale: float, share: float) -> float:
+def _level(levels: list[float], grid: list[float], edge: float, scale: float, share: float) -> float:
     """The value at or above which ``share`` of the distribution lies (see :func:`_share`)."""
-    if share < 1.0 / n:
-        return grid[-1] + scale * math.log((1.0 / n) / share)
+    if share < edge:
+        return grid[-1] + scale * math.log(edge / share)
     return float(np.interp(1.0 - share, levels, grid))
 
 
@@ -380,9 +388,9 @@ def fit(group: str, rows: Sequence[Sequence[float]], *, features: list[str] | No
     hours = resource_hours if resource_hours else len(x) / 12.0
     forest = _forest(x, n_estimators, max_samples, seed)
     held = _held_out_scores(x, t, features, n_estimators, max_samples, seed)
-    levels, grid, n, scale = _distribution(held)
+    levels, grid, edge, scale = _distribution(held)
     per_hour = len(x) / hours if hours > 0 else 12.0
-    cal = Calibration(levels=levels, grid=grid, samples=n, tail_scale=scale, alerts_per_1000h=alerts_per_1000h, windows_per_hour=per_hour, persist=persist,
+    cal = Calibration(levels=levels, grid=grid, edge=edge, tail_scale=scale, alerts_per_1000h=alerts_per_1000h, windows_per_hour=per_hour, persist=persist,
                       budget=0.0, budget_independent=0.0, budget_runs=0.0, training_openings=0,
                       training_hours=hours)  # fmt: skip
     cal.budget_independent = math.log10(persist * 1000.0 * per_hour / alerts_per_1000h)
