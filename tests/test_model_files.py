@@ -11,7 +11,7 @@ import pytest
 import skops.io as sio
 
 from detector.model.features import feature_names
-from detector.model.forest import ModelArtifact, ModelRefused, ModelSet, fit
+from detector.model.forest import MODEL_VERSION, ModelArtifact, ModelRefused, ModelSet, fit
 
 GROUP = "gpu"
 
@@ -91,9 +91,10 @@ def test_a_tree_that_loops_is_refused(tmp_path):
     [
         (b"not a zip at all", "not a burnwatch model file (BadZipFile"),
         (sio.dumps([1, 2, 3]), "not a burnwatch model file (no metadata)"),
-        (sio.dumps({"meta": {"version": 1}, "model": None}), "model version 1, this burnwatch reads 2: retrain"),
+        (sio.dumps({"meta": {"version": 1}, "model": None}), f"model version 1, this burnwatch reads {MODEL_VERSION}: retrain"),
+        (sio.dumps({"meta": {"version": 2}, "model": None}), f"model version 2, this burnwatch reads {MODEL_VERSION}: retrain"),
     ],
-    ids=["damaged", "a-list", "old-version"],
+    ids=["damaged", "a-list", "pickle-era", "before-calibration"],
 )
 def test_a_file_that_is_not_a_model_is_named(tmp_path, content, reason):
     artifact().save(tmp_path)
@@ -108,6 +109,22 @@ def test_a_file_that_is_not_a_model_is_named(tmp_path, content, reason):
 def test_a_file_whose_ranges_are_not_pairs_of_numbers_is_refused(tmp_path, ranges):
     saved = artifact()
     (tmp_path / "gpu.skops").write_bytes(sio.dumps({"meta": {**saved.meta(), "ranges": ranges}, "model": saved.model}))
+    with pytest.raises(ModelRefused, match="gpu.skops: bad metadata"):
+        ModelSet.load(tmp_path)
+
+
+@pytest.mark.parametrize("change", [
+    {"tail_scale": -1.0}, {"tail_scale": 0.0}, {"persist": 0}, {"edge": 0.0}, {"edge": 2.0},
+    {"grid": [float("nan")] * 2, "levels": [0.0, 1.0]}, {"grid": [0.1]}, {"budget": float("inf")}, {"surprise": 1},
+    {"budget": "high"},
+], ids=["negative-tail", "flat-tail", "no-persistence", "no-edge", "edge-above-one", "nan-grid", "grid-without-levels",
+        "infinite-budget", "unknown-key", "a-word"])  # fmt: skip
+def test_a_file_whose_calibration_is_out_of_bounds_is_refused(tmp_path, change):
+    """What a score means is read from the file: a calibration that would make every window (or none)
+    an alert, or make scoring raise, is refused with the file named, never used."""
+    saved = artifact()
+    meta = {**saved.meta(), "calibration": {**saved.calibration, **change}}
+    (tmp_path / "gpu.skops").write_bytes(sio.dumps({"meta": meta, "model": saved.model}))
     with pytest.raises(ModelRefused, match="gpu.skops: bad metadata"):
         ModelSet.load(tmp_path)
 

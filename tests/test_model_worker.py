@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from detector.model.forest import ModelSet
+from detector.model.train import MIN_SAMPLES
 from detector.replay import write_replay
 from detector.simulate import SimConfig, simulate
 from streams.embedded import EmbeddedBroker
@@ -64,4 +65,4 @@ def test_scheduled_retrain_is_loaded(tmp_path: Path, ruleset):
     artifacts, _ = ModelSet.read(models)
     assert set(artifacts.artifacts) == set(retrained["groups"])
     for artifact in artifacts.artifacts.values():
-        assert artifact.samples >= 500 and artifact.trained_to > artifact.trained_from
+        assert artifact.samples >= MIN_SAMPLES and artifact.trained_to > artifact.trained_from

@@ -69,9 +69,13 @@ class GroupModel(Protocol):
     score is; a run of ``L <= persist`` windows each carrying ``budget / L`` opens an episode."""
 
     threshold: float
-    budget: float
-    persist: int
     features: list[str]
+
+    @property
+    def budget(self) -> float: ...
+
+    @property
+    def persist(self) -> int: ...
 
     def score(self, rows: Any) -> Any: ...
 

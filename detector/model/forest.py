@@ -37,9 +37,9 @@ A pickle from an earlier version (``<group>.pkl``) is refused, saying to retrain
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -390,9 +390,9 @@ def fit(group: str, rows: Sequence[Sequence[float]], *, features: list[str] | No
     held = _held_out_scores(x, t, features, n_estimators, max_samples, seed)
     levels, grid, edge, scale = _distribution(held)
     per_hour = len(x) / hours if hours > 0 else 12.0
-    cal = Calibration(levels=levels, grid=grid, edge=edge, tail_scale=scale, alerts_per_1000h=alerts_per_1000h, windows_per_hour=per_hour, persist=persist,
-                      budget=0.0, budget_independent=0.0, budget_runs=0.0, training_openings=0,
-                      training_hours=hours)  # fmt: skip
+    cal = Calibration(levels=levels, grid=grid, edge=edge, tail_scale=scale, alerts_per_1000h=alerts_per_1000h,
+                      windows_per_hour=per_hour, persist=persist, budget=0.0, budget_independent=0.0, budget_runs=0.0,
+                      training_openings=0, training_hours=hours)  # fmt: skip
     cal.budget_independent = math.log10(persist * 1000.0 * per_hour / alerts_per_1000h)
     evidence = cal.evidence(held)
     runs = [_run_statistic(evidence[q], persist) for q in seqs]
