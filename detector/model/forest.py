@@ -57,10 +57,12 @@ ALERTS_PER_1000H = 0.5
 """The default stated rate: half the product's target of at most one false alert per 1,000
 resource-hours, because windows after training drift from it and score higher."""
 TAIL_FROM = 0.9
-CONTAMINATION = 0.02
+CONTAMINATION = 0.01
 """The share of training windows that may be anomalies nobody labelled (training data is
 history, not a clean sample; labelled public benchmarks put anomalies at 1-2 % of points):
-the calibration trusts the held-out scores' distribution below it and extrapolates above."""
+the calibration trusts the held-out scores' distribution below it and extrapolates above.
+The low end of that range, so that a daily half-hour job (2 % of a day's windows) is still
+taken as the normal it is."""
 """The held-out scores above this quantile are the tail the exponential is fitted to."""
 MIN_TAIL_SCALE = 0.01
 """Narrowest tail, in score units: a forest's score of one row varies about this much with its
@@ -87,7 +89,7 @@ class Calibration:
     empirical distribution, which says how rare a score is wherever training saw one."""
     edge: float
     """The share above which the held-out scores are not taken at their word: one in n, or the
-    ``CONTAMINATION`` training may hold (the highest 2 % may be anomalies nobody labelled)."""
+    ``CONTAMINATION`` training may hold (the highest 1 % may be anomalies nobody labelled)."""
     tail_scale: float
     """Beyond the edge, the share falls exponentially with this scale (the mean excess over the
     90th percentile of the scores below the edge): rarer than that, extrapolated."""
