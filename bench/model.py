@@ -4,7 +4,10 @@ against off. In-process (the worker runs the same engine code per batch).
 A 48-hour fleet: a model is trained on its first 24 hours, then the whole fleet is
 backtested with the 10 rules alone, with the ``anomaly`` rule building windows but no
 model (the cold-start cost), and with the model scoring; then streamed through one
-worker without and with the model (``BURNWATCH_MODEL_DIR``). Writes bench/out/model.json.
+worker without and with the model (``BURNWATCH_MODEL_DIR``). The anomaly rule's state per
+resource (open window, per-resource baselines, run of evidence) is measured with
+tracemalloc: an engine's retained memory with the model against without the anomaly rule,
+over the resources it holds. Writes bench/out/model.json.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ def main() -> int:
             out[name] = {"events_per_s": result.events / seconds, "events": result.events,
                          "anomaly_alerts": sum(a.type == "anomaly" for a in result.alerts)}  # fmt: skip
             print(name, out[name], flush=True)
+        out["anomaly_state"] = state_bytes(path, rules, with_model_rule, models)
+        print("anomaly_state", out["anomaly_state"], flush=True)
         from bench.run import bench_streaming
 
         with_model = {"BURNWATCH_MODEL_DIR": str(Path(tmp) / "models")}
@@ -83,8 +88,41 @@ def main() -> int:
           f"| + anomaly rule, no model (cold start) | {out['anomaly_rule_no_model']['events_per_s']:,.0f} events/s |\n"
           f"| + anomaly rule with the model | {out['anomaly_rule_with_model']['events_per_s']:,.0f} events/s |\n"
           f"| streaming, one worker, no model | {out['streaming_no_model']['events_per_s']:,.0f} events/s |\n"
-          f"| streaming, one worker, with the model | {out['streaming_with_model']['events_per_s']:,.0f} events/s |")
+          f"| streaming, one worker, with the model | {out['streaming_with_model']['events_per_s']:,.0f} events/s |\n"
+          f"| anomaly rule's state per resource (tracemalloc) | {out['anomaly_state']['bytes_per_resource']:,.0f} bytes |")
     return 0
+
+
+def state_bytes(path: Path, rules, with_model_rule, models) -> dict:
+    """Retained bytes per resource of the anomaly rule's state: an engine fed the whole fleet with
+    the model, against one with the rules alone, after a full collection."""
+    import gc
+    import tracemalloc
+
+    from detector.detectors.anomaly import Scoring, use_scoring
+    from detector.engine import Engine
+    from detector.events import EventDecoder
+    from detector.replay import read_replay
+
+    decoder = EventDecoder(limits=rules.limits)
+    events = sorted((e for _, r in read_replay(path) for e in decoder.decode(r.topic, bytes(r.value))),
+                    key=lambda e: e.ts)  # fmt: skip
+    retained = {}
+    for name, ruleset in (("rules", rules), ("with_model", with_model_rule)):
+        use_scoring(ruleset.rules, Scoring(models))
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        engine = Engine(ruleset)
+        for i in range(0, len(events), 5000):
+            engine.process(events[i:i + 5000])
+        gc.collect()
+        retained[name] = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        del engine
+    resources = len({e.resource_id for e in events})
+    return {"resources": resources, "bytes_rules": retained["rules"], "bytes_with_model": retained["with_model"],
+            "bytes_per_resource": (retained["with_model"] - retained["rules"]) / resources}
 
 
 if __name__ == "__main__":
