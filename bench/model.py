@@ -101,7 +101,7 @@ def state_bytes(path: Path, rules, with_model_rule, models) -> dict:
 
     from detector.detectors.anomaly import Scoring, use_scoring
     from detector.engine import Engine
-    from detector.events import EventDecoder
+    from detector.events import EventDecoder, UsageEvent
     from detector.replay import read_replay
 
     decoder = EventDecoder(limits=rules.limits)
@@ -120,7 +120,7 @@ def state_bytes(path: Path, rules, with_model_rule, models) -> dict:
         retained[name] = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()
         del engine
-    resources = len({e.resource_id for e in events})
+    resources = len({e.resource_id for e in events if type(e) is UsageEvent})  # the anomaly rule's keys
     return {"resources": resources, "bytes_rules": retained["rules"], "bytes_with_model": retained["with_model"],
             "bytes_per_resource": (retained["with_model"] - retained["rules"]) / resources}
 

@@ -113,8 +113,9 @@ class ScoredWindow(NamedTuple):
     """The run's evidence: the largest ``L * min(evidence of the last L windows)``."""
     budget: float
     decision: str
-    """``normal``, ``unusual`` (counts towards a run), ``alert`` (opens an episode) or ``open``
-    (an anomalous window of an open episode)."""
+    """``normal``, ``unusual`` (counts towards a run), ``alert`` (opens an episode), ``open`` (keeps
+    an open episode open), ``rule`` (a rule tracks the resource: it has the first word) or
+    ``late`` (a window older than one already judged: ignored)."""
     rule_tracking: bool
 
 
@@ -167,6 +168,8 @@ def scoring_during(rules: Iterable[CompiledRule], scoring: Scoring) -> Iterator[
             detector.scoring = previous
 
 
+MAX_PERSIST = 64
+"""Most windows a run keeps per resource (the state is bounded whatever a model file says)."""
 MetricName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/-]{1,128}$")]
 
 
@@ -293,7 +296,7 @@ class Anomaly(DetectorBase):
         """Fold one window's evidence into the resource's run and say what it decided."""
         if w.end <= st.last_end:
             return "late", 0.0, []
-        persist, budget = max(1, min(model.persist, 64)), model.budget
+        persist, budget = max(1, min(model.persist, MAX_PERSIST)), model.budget
         if w.seq != st.last_seq + 1:
             st.run = []  # windows in between were not judged: a run starts again
         st.last_seq, st.last_end = w.seq, w.end
