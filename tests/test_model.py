@@ -267,3 +267,23 @@ def msgspec_replace(event, **changes):
     import msgspec
 
     return msgspec.structs.replace(event, **changes)
+
+
+def test_a_new_resource_is_judged_by_its_levels_against_the_fleet(tmp_path):
+    """Before its own baseline covers ``min_history``, a resource has no history to be judged
+    against: the group's forest judges its levels against the fleet's. A newcomer at the fleet's
+    level raises nothing; one far above it is an anomaly within its first hour."""
+    def fleet(start: float, hours: float, seed: int = 0) -> list:
+        return [e for i in range(4) for e in cpu_minutes(start, hours, f"worker-{i}", 50, 5, seed)]
+
+    history = sorted(fleet(T0, 24), key=lambda e: e.t)
+    models = trained_on(history, tmp_path, metrics=("cpu_util",))
+    ruleset = anomaly_ruleset(load_rules(ROOT / "rules"), ("cpu_util",))
+    use_scoring(ruleset.rules, Scoring(models))
+    engine = Engine(ruleset)
+    engine.process(history)
+    later = fleet(T0 + 24 * HOUR, 2, seed=1) + cpu_minutes(T0 + 24 * HOUR, 2, "newcomer", 50, 5, seed=1)
+    later += cpu_minutes(T0 + 24 * HOUR, 2, "hot-newcomer", 99.5, 0.3, seed=1)
+    found = [f for f in engine.process(sorted(later, key=lambda e: e.t)) if f.type == "anomaly"]
+    assert {f.resource_id for f in found} == {"hot-newcomer"}
+    assert min(f.fired_at for f in found) <= T0 + 25 * HOUR

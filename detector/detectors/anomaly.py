@@ -7,7 +7,7 @@ Example rule::
       params:
         window: 5m            # tumbling windows of event time
         for: 30m              # the longest run of mildly unusual windows that adds up to an alert
-        min_history: 6h       # a resource's own baseline must cover this before it is judged
+        min_history: 6h       # before its own baseline covers this, a resource is judged against the fleet
         quiet_windows: 2      # normal windows in a row that end an episode
         metrics: [cpu_util]   # generic metrics (a usage event's ``metrics``) the model also reads
 
@@ -244,8 +244,10 @@ class Anomaly(DetectorBase):
             covered, paused = others is not Behaviour.NONE, others is Behaviour.PAUSE
         window = self._builder.add(state.windows, resource.resource_id, resource.resource_type, resource.interval_usd,
                                    event, t, covered, paused)  # fmt: skip
-        if window is None or window.history_s < self.params.min_history:
+        if window is None:
             return []
+        if window.history_s < self.params.min_history:
+            window = window.against_fleet()  # too little history of its own: judged by its levels alone
         ctx.defer(self, ClosedWindow(self, state, msgspec.structs.replace(resource), window))
         return []
 

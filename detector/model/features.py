@@ -164,6 +164,13 @@ class Window(msgspec.Struct, kw_only=True, frozen=True):
     names: tuple[str, ...] = ()
     """The features, in the model's column order."""
 
+    def against_fleet(self) -> Window:
+        """This window with its own-history features neutral (``_rel`` 1, ``_z`` 0): a resource
+        whose baseline is too short to mean anything is judged by its levels against the
+        fleet's (the group's forest), the fallback for new resources."""
+        values = {k: 1.0 if k.endswith("_rel") else 0.0 if k.endswith("_z") else v for k, v in self.values.items()}
+        return msgspec.structs.replace(self, values=values)
+
     def vector(self) -> list[float]:
         """The row the model sees: levels as log(1 + x), ratios as log(x), standardised
         distances as log(1 + |z|) with their sign. Costs and rates span orders of magnitude
