@@ -95,7 +95,7 @@ def main() -> int:
 
 def state_bytes(path: Path, rules, with_model_rule, models) -> dict:
     """Retained bytes per resource of the anomaly rule's state: an engine fed the whole fleet with
-    the model, against one with the rules alone, after a full collection."""
+    the model, against one with the other rules alone, after a full collection."""
     import gc
     import tracemalloc
 
@@ -107,8 +107,12 @@ def state_bytes(path: Path, rules, with_model_rule, models) -> dict:
     decoder = EventDecoder(limits=rules.limits)
     events = sorted((e for _, r in read_replay(path) for e in decoder.decode(r.topic, bytes(r.value))),
                     key=lambda e: e.ts)  # fmt: skip
+    from detector.rules import compile_rules
+
+    rules_only = compile_rules([r.source for r in rules.rules if r.detector.type != "anomaly"], rules.pricing,
+                               routing=rules.routing, limits=rules.limits)  # fmt: skip
     retained = {}
-    for name, ruleset in (("rules", rules), ("with_model", with_model_rule)):
+    for name, ruleset in (("rules", rules_only), ("with_model", with_model_rule)):
         use_scoring(ruleset.rules, Scoring(models))
         gc.collect()
         tracemalloc.start()

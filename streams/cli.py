@@ -308,6 +308,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             raise SystemExit(f"no model in {model_dir}: nothing to score (train one with `burnwatch model train "
                              "--from FILE`, or point --model-dir at a model directory)")  # fmt: skip
         if args.scores:
+            if Path(args.scores).resolve() == Path(args.file).resolve():
+                raise SystemExit(f"--scores {args.scores}: that is the replay file being read; name another file")
             scores = _ScoresFile(_open_for_writing(args.scores, "--scores"))
     started = time.perf_counter()
     if args.since:
@@ -681,12 +683,14 @@ def _alert_rate(value: float | None) -> float:
     """``--alerts-per-1000h``: the rate the thresholds are calibrated to (the model's default if not given)."""
     import math
 
-    from detector.model.forest import ALERTS_PER_1000H
+    from detector.model.forest import ALERTS_PER_1000H, RATE_BOUNDS
 
     if value is None:
         return ALERTS_PER_1000H
-    if not math.isfinite(value) or value <= 0:
-        raise SystemExit(f"--alerts-per-1000h {value}: expected a positive number of alerts per 1,000 resource-hours")
+    low, high = RATE_BOUNDS
+    if not math.isfinite(value) or not low <= value <= high:
+        raise SystemExit(f"--alerts-per-1000h {value}: expected a number of alerts per 1,000 resource-hours from "
+                         f"{low:g} to {high:g}")  # fmt: skip
     return value
 
 

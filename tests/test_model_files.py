@@ -114,11 +114,15 @@ def test_a_file_whose_ranges_are_not_pairs_of_numbers_is_refused(tmp_path, range
 
 
 @pytest.mark.parametrize("change", [
-    {"tail_scale": -1.0}, {"tail_scale": 0.0}, {"persist": 0}, {"edge": 0.0}, {"edge": 2.0},
-    {"grid": [float("nan")] * 2, "levels": [0.0, 1.0]}, {"grid": [0.1]}, {"budget": float("inf")}, {"surprise": 1},
-    {"budget": "high"},
-], ids=["negative-tail", "flat-tail", "no-persistence", "no-edge", "edge-above-one", "nan-grid", "grid-without-levels",
-        "infinite-budget", "unknown-key", "a-word"])  # fmt: skip
+    {"tail_scale": -1.0}, {"tail_scale": 0.0}, {"tail_scale": float("inf")}, {"persist": 0}, {"persist": 6.5},
+    {"edge": 0.0}, {"edge": 2.0}, {"grid": [float("nan")] * 2, "levels": [0.0, 1.0]}, {"grid": [0.1]},
+    {"grid": [0.9, 0.1], "levels": [0.0, 1.0]}, {"levels": [1.0, 0.0], "grid": [0.1, 0.9]},
+    {"budget": float("inf")}, {"budget": -1.0}, {"budget": 0.0}, {"budget": 1e300}, {"budget": 400.0},
+    {"alerts_per_1000h": 0.0}, {"surprise": 1}, {"budget": "high"},
+], ids=["negative-tail", "flat-tail", "infinite-tail", "no-persistence", "fractional-persistence", "no-edge",
+        "edge-above-one", "nan-grid", "grid-without-levels", "grid-decreasing", "levels-decreasing",
+        "infinite-budget", "negative-budget", "zero-budget", "budget-never-reached", "budget-beyond-any-run",
+        "no-rate", "unknown-key", "a-word"])  # fmt: skip
 def test_a_file_whose_calibration_is_out_of_bounds_is_refused(tmp_path, change):
     """What a score means is read from the file: a calibration that would make every window (or none)
     an alert, or make scoring raise, is refused with the file named, never used."""
@@ -142,3 +146,19 @@ def test_a_new_or_replaced_file_is_a_change(tmp_path):
     models = ModelSet.load(tmp_path)
     (tmp_path / "gpu.pkl").write_bytes(b"")
     assert models.changed(tmp_path)
+
+
+@pytest.mark.parametrize("ranges", [[[float("nan"), 1.0]], [[2.0, 1.0]], [[0.0, float("inf")]]],
+                         ids=["nan", "low-above-high", "infinite"])  # fmt: skip
+def test_a_file_whose_ranges_are_not_finite_low_then_high_is_refused(tmp_path, ranges):
+    saved = artifact()
+    meta = {**saved.meta(), "ranges": ranges * len(saved.features)}
+    (tmp_path / "gpu.skops").write_bytes(sio.dumps({"meta": meta, "model": saved.model}))
+    with pytest.raises(ModelRefused, match="gpu.skops: bad metadata"):
+        ModelSet.load(tmp_path)
+
+
+def test_the_threshold_is_recomputed_from_the_calibration_not_read_from_the_file(tmp_path):
+    saved = artifact()
+    (tmp_path / "gpu.skops").write_bytes(sio.dumps({"meta": {**saved.meta(), "threshold": -5.0}, "model": saved.model}))
+    assert ModelSet.load(tmp_path).get("gpu").threshold == pytest.approx(saved.threshold)

@@ -54,7 +54,7 @@ from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, P
 from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.metrics import METRICS
-from detector.model.features import BASE_FEATURES, METRIC_PREFIX, Window, WindowBuilder, WindowState
+from detector.model.features import BASE_FEATURES, HALF_LIFE_S, METRIC_PREFIX, Window, WindowBuilder, WindowState
 from detector.units import Duration
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class GroupModel(Protocol):
     @property
     def persist(self) -> int: ...
 
-    def score(self, rows: Any) -> Any: ...
+    def score(self, rows: Any, fleet: Any = None) -> Any: ...
 
     def evidence(self, scores: Any) -> Any: ...
 
@@ -197,11 +197,17 @@ class AnomalyState(Episode, kw_only=True):
     threshold: float = 0.0
     stands_out: list[dict[str, Any]] = []
     quiet: int = 0
+    evidence: float = 0.0
+    """The run's evidence when it opened (``L * min`` over its ``windows_run`` windows)."""
+    budget: float = 0.0
+    windows_run: int = 0
+    quiet_usd: float = 0.0
+    """Dollars of the open episode's windows since its last unusual one: its own if it goes on."""
     last_end: float = 0.0
 
     def clear(self) -> None:
         super().clear()
-        self.usd, self.quiet, self.stands_out = 0.0, 0, []
+        self.usd, self.quiet, self.quiet_usd, self.stands_out = 0.0, 0, 0.0, []
 
 
 class Anomaly(DetectorBase):
@@ -225,7 +231,10 @@ class Anomaly(DetectorBase):
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
-        out = [("Score", f"{details.get('score', 0):.3f} (alerts at once above {details.get('threshold', 0):.3f})")]
+        out = [("Score", f"{details.get('score', 0):.3f} (one window alone alerts above {details.get('threshold', 0):.3f})")]
+        if details.get("windows"):
+            out.append(("Evidence", f"{details.get('evidence', 0):.1f} over {details['windows']} window(s) in a row "
+                                    f"(an alert takes {details.get('budget', 0):.1f})"))  # fmt: skip
         for f in details.get("stands_out", []):
             lo, hi = f["usual_range"]
             out.append((f["feature"], f"{f['value']:,.3g} (usually {lo:,.3g} to {hi:,.3g})"))
@@ -272,7 +281,7 @@ class Anomaly(DetectorBase):
                 METRICS.anomaly_unscored.labels(group).inc(len(indexes))
                 continue  # trained on other features (the rule's metrics changed): retrain
             rows = np.array([items[i][3].vector() for i in indexes])
-            group_scores = artifact.score(rows)
+            group_scores = artifact.score(rows, np.array([not items[i][3].own_history for i in indexes]))
             evidence = artifact.evidence(group_scores)
             observe = METRICS.anomaly_scores.labels(group).observe
             for i, score, e in zip(indexes, group_scores, evidence, strict=True):
@@ -299,8 +308,10 @@ class Anomaly(DetectorBase):
         if w.end <= st.last_end:
             return "late", 0.0, []
         persist, budget = max(1, min(model.persist, MAX_PERSIST)), model.budget
-        if w.seq != st.last_seq + 1:
-            st.run = []  # windows in between were not judged: a run starts again
+        if w.seq != st.last_seq + 1 or w.start - st.last_end > HALF_LIFE_S:
+            st.run = []  # windows in between were not judged, or a long silence: a run starts again
+        if math.isnan(e):
+            e = 0.0  # never from a model file that loads (its calibration is checked); no evidence
         st.last_seq, st.last_end = w.seq, w.end
         if w.covered and st.fired_at is None:
             st.run = []  # a rule is tracking the resource: it has the first word, and a run starts after it
@@ -316,17 +327,20 @@ class Anomaly(DetectorBase):
                 return ("unusual" if e >= budget / persist else "normal"), run, []
             opening = st.run[-length:]
             st.score, st.threshold, st.stands_out = score, model.threshold, stands_out(w)
+            st.evidence, st.budget, st.windows_run = run, budget, length
             action = fire(st, since=opening[0][0], fired_at=w.end, at=w.end)
             st.usd = sum(usd for _, _, usd in opening)
             return "alert", run, [self._finding(action, st, res, w)]
         if run >= budget:  # open while the latest windows would still open it
             st.quiet = 0
-            st.usd += w.cost_usd
+            st.usd += st.quiet_usd + w.cost_usd  # windows that dipped inside the episode are part of it
+            st.quiet_usd = 0.0
             st.last_report = w.end  # every anomalous window of an open episode reports it
             if score > st.score:
                 st.score, st.stands_out = score, stands_out(w)
             return "open", run, [self._finding("update", st, res, w)]
         st.quiet += 1
+        st.quiet_usd += w.cost_usd
         if st.quiet < self.params.quiet_windows:
             return "normal", run, []
         st.run = []  # the next episode needs a run of its own
@@ -339,7 +353,8 @@ class Anomaly(DetectorBase):
                             at=state.last_end, usd=state.usd, details=self._details(state))  # fmt: skip
 
     def _details(self, st: AnomalyState, **extra: object) -> dict[str, Any]:
-        return {"score": round(st.score, 4), "threshold": round(st.threshold, 4), "stands_out": st.stands_out, **extra}
+        return {"score": round(st.score, 4), "threshold": round(st.threshold, 4), "evidence": round(st.evidence, 3),
+                "budget": round(st.budget, 3), "windows": st.windows_run, "stands_out": st.stands_out, **extra}
 
     def _finding(self, action: str, st: AnomalyState, res: ResourceInfo, w: Window, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None

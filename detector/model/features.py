@@ -16,7 +16,8 @@ orders of magnitude: a CPU at 0.07 % and one at 92 % are each measured in their 
 spread. The baselines decay with event time, not with windows, so a series
 sampled hourly and one sampled every minute mean the same by "24-hour half-life", and
 they learn a value clipped to 3 deviations of the usual, so a spike moves them little
-and a shift that lasts moves them step by step.
+and a shift that lasts moves them step by step. A resource silent for longer than the
+half-life (stopped, paused, gone dark) starts its baselines again when it comes back.
 
 The same :class:`WindowBuilder` runs in the stream (inside the ``anomaly`` detector)
 and over history in ClickHouse (``burnwatch model train``), so the model is trained
@@ -75,6 +76,12 @@ def _log(x: float) -> float:
     return math.copysign(math.log1p(abs(x)), x)
 
 
+def _forget(st: WindowState) -> None:
+    """Drop a resource's baselines (it comes back after a silence longer than their half-life):
+    it is judged against the fleet again until its new baseline covers ``min_history``."""
+    st.log_mean, st.log_var, st.weight, st.windows, st.first, st.learnt_at = {}, {}, 0.0, 0, None, None
+
+
 def _unlog(y: float) -> float:
     return math.copysign(math.expm1(min(abs(y), 700.0)), y)
 
@@ -122,7 +129,7 @@ class WindowState(msgspec.Struct, kw_only=True):
     storage_last: float | None = None
     requests: float = 0.0
     request_s: float = 0.0
-    metric_sum: dict[str, float] = {}
+    metric_mean: dict[str, float] = {}
     metric_n: dict[str, int] = {}
     log_mean: dict[str, float] = {}
     log_var: dict[str, float] = {}
@@ -163,13 +170,15 @@ class Window(msgspec.Struct, kw_only=True, frozen=True):
     """A rule tracked unusual behaviour on the resource during the window (judged all the same)."""
     names: tuple[str, ...] = ()
     """The features, in the model's column order."""
+    own_history: bool = True
+    """False: judged against the fleet alone (:meth:`against_fleet`)."""
 
     def against_fleet(self) -> Window:
         """This window with its own-history features neutral (``_rel`` 1, ``_z`` 0): a resource
         whose baseline is too short to mean anything is judged by its levels against the
         fleet's (the group's forest), the fallback for new resources."""
         values = {k: 1.0 if k.endswith("_rel") else 0.0 if k.endswith("_z") else v for k, v in self.values.items()}
-        return msgspec.structs.replace(self, values=values)
+        return msgspec.structs.replace(self, values=values, own_history=False)
 
     def vector(self) -> list[float]:
         """The row the model sees: levels as log(1 + x), ratios as log(x), standardised
@@ -251,9 +260,11 @@ class WindowBuilder:
             if self.metrics and event.metrics:
                 for name in self.metrics:
                     value = event.metrics.get(name)
-                    if value is not None:
-                        st.metric_sum[name] = st.metric_sum.get(name, 0.0) + value
-                        st.metric_n[name] = st.metric_n.get(name, 0) + 1
+                    if value is not None:  # a running mean: two huge values never sum to inf
+                        n = st.metric_n.get(name, 0) + 1
+                        mean = st.metric_mean.get(name, 0.0)
+                        st.metric_mean[name] = mean + (value - mean) / n
+                        st.metric_n[name] = n
         return closed
 
     def _close(self, st: WindowState, resource_id: str, resource_type: str) -> Window | None:
@@ -267,8 +278,11 @@ class WindowBuilder:
         # Nothing judged or learnt without billed usage, with a GPU host's telemetry missing,
         # or while a rule tracks a pause of the resource's work; a window during a rule's other
         # episodes is judged and learnt (see ``add``).
-        if st.usage_s > 0 and not gpu_blind and not st.paused:
+        finite = all(math.isfinite(v) for v in base.values())  # sums of absurd values: neither judged nor learnt
+        if st.usage_s > 0 and not gpu_blind and not st.paused and finite:
             names = self.names(group)
+            if st.learnt_at is not None and end - st.learnt_at > self.half_life_s:
+                _forget(st)  # a baseline older than its half-life says little about now: start again
             dt = end - st.learnt_at if st.learnt_at is not None else None
             values = dict(base)
             usual = {}
@@ -308,8 +322,7 @@ class WindowBuilder:
             "egress_gb_per_hour": st.egress_bytes / 1e9 / hours if hours else 0.0,
             "storage_delta_gb": storage,
             "requests_per_s": st.requests / st.request_s if st.request_s else 0.0,
-            **{METRIC_PREFIX + m: st.metric_sum.get(m, 0.0) / st.metric_n[m] if st.metric_n.get(m) else 0.0
-               for m in self.metrics},
+            **{METRIC_PREFIX + m: st.metric_mean.get(m, 0.0) for m in self.metrics},
         }
 
     def _learn(self, st: WindowState, group: str, base: dict[str, float], dt: float | None) -> None:
@@ -337,4 +350,4 @@ class WindowBuilder:
         st.storage_first = st.storage_last = None
         st.covered = st.paused = False
         if st.metric_n:
-            st.metric_sum, st.metric_n = {}, {}
+            st.metric_mean, st.metric_n = {}, {}

@@ -8,13 +8,15 @@ The decision is calibrated to a stated rate of alerts, not sklearn's
 training scores the windows of each half of the training span with a forest fitted on the
 other half, so the scores it calibrates on are those of windows the forest did not see, as
 new windows will be. A score's *evidence* is ``-log10`` of the share of those held-out
-windows scoring at least as high (beyond the highest of them, an exponential tail with the
-scale of their top 10 % says how rare). The *budget* is the evidence that opens an episode: a run of ``L`` windows
-(``L`` up to ``persist``) opens one when each carries ``budget / L``. It is the larger of what
-the stated rate implies if windows were independent (``log10(persist * 1000 * windows per
-hour / rate)``: a union bound over the run lengths) and what the training windows
-themselves show, runs of correlated windows included (no more openings over training than
-the rate allows, their tail extrapolated). ``threshold`` is the score at which one window alone opens an episode.
+windows scoring at least as high: read off them up to the top ``CONTAMINATION`` (which may be
+anomalies nobody labelled), and beyond it from an exponential tail whose scale is what the
+scores between the 90th percentile and that edge say. The *budget* is the evidence that
+opens an episode: a run of ``L`` windows (``L`` up to ``persist``) opens one when each carries
+``budget / L``. It is the larger of what the stated rate implies if windows were independent
+(``log10(persist * 1000 * windows per hour / rate)``: a union bound over the run lengths) and
+the level the held-out windows' own runs reach at that rate (correlated windows make runs
+longer than chance; their tail is extrapolated the same way). ``threshold`` is the score at
+which one window alone opens an episode.
 
 The range guard. An isolation forest only splits between the values it was trained
 on, so a value far outside them (a cost ratio that never moved in training) isolates no
@@ -57,17 +59,21 @@ ALERTS_PER_1000H = 0.5
 """The default stated rate: half the product's target of at most one false alert per 1,000
 resource-hours, because windows after training drift from it and score higher."""
 TAIL_FROM = 0.9
+"""The exponential tail's scale is measured from this quantile up to the edge."""
 CONTAMINATION = 0.01
 """The share of training windows that may be anomalies nobody labelled (training data is
 history, not a clean sample; labelled public benchmarks put anomalies at 1-2 % of points):
 the calibration trusts the held-out scores' distribution below it and extrapolates above.
 The low end of that range, so that a daily half-hour job (2 % of a day's windows) is still
 taken as the normal it is."""
-"""The held-out scores above this quantile are the tail the exponential is fitted to."""
 MIN_TAIL_SCALE = 0.01
 """Narrowest tail, in score units: a forest's score of one row varies about this much with its
 random splits, so a narrower fitted tail is noise, not certainty."""
 MAX_EVIDENCE = 50.0
+"""Most evidence one window carries (a share of 1e-50: beyond any fleet's windows)."""
+RATE_BOUNDS = (1e-6, 1e6)
+MIN_BUDGET = 1.0
+"""Stated alert rates per 1,000 resource-hours that a calibration accepts."""
 SUFFIX = ".skops"
 TRUSTED = ("sklearn.tree._tree.Tree",)
 """The types beyond skops' defaults a model file may hold; each tree is checked on loading."""
@@ -114,7 +120,7 @@ class Calibration:
 
     def score_at(self, evidence: float) -> float:
         """The score that carries ``evidence``."""
-        return _level(self.levels, self.grid, self.edge, self.tail_scale, 10.0**-evidence)
+        return _level(self.levels, self.grid, self.edge, self.tail_scale, evidence)
 
     def explain(self) -> str:
         """The threshold in words, for ``model show``."""
@@ -122,9 +128,9 @@ class Calibration:
         mild = self.score_at(self.budget / self.persist)
         return (f"calibrated to {self.alerts_per_1000h:g} alerts per 1,000 resource-hours "
                 f"({self.windows_per_hour:.3g} windows per resource-hour in training): a window scoring above "
-                f"{one:.3f} (1 in {10 ** self.budget:,.0f} held-out training windows) alerts at once; milder ones "
-                f"alert when {self.persist} in a row each score above {mild:.3f} "
-                f"(1 in {10 ** (self.budget / self.persist):,.1f}), and runs in between in proportion. "
+                f"{one:.3f} (rarer than 1 in 10^{self.budget:.1f} held-out training windows) alerts at once; "
+                f"milder ones alert when {self.persist} in a row each score above {mild:.3f} "
+                f"(1 in 10^{self.budget / self.persist:.2f}), and runs in between in proportion. "
                 f"Evidence budget {self.budget:.2f}: the larger of {self.budget_independent:.2f} (the rate, were "
                 f"windows independent) and {self.budget_runs:.2f} (what the held-out training windows' own runs "
                 f"reach at that rate); it opens {self.training_openings} episode(s) over the "
@@ -167,10 +173,14 @@ class ModelArtifact:
             raise ModelRefused(f"model {self.group!r} has no calibration")
         return self._calibration
 
-    def score(self, rows: np.ndarray) -> np.ndarray:
+    def score(self, rows: np.ndarray, fleet: np.ndarray | None = None) -> np.ndarray:
         """Anomaly scores, higher = more anomalous: the forest's (sklearn's sign turned here,
-        once) plus how far outside the training range the row lies."""
-        return _score(self.model, self.features, self.ranges, rows)
+        once) plus how far outside the training range the row lies. ``fleet`` marks rows judged
+        against the fleet alone (a new resource): their guard measures the levels instead."""
+        scores = _score(self.model, self.features, self.ranges, rows)
+        if fleet is not None and fleet.any():
+            scores[fleet] += _guard(self.features, self.ranges, rows[fleet], levels=True)
+        return scores
 
     def evidence(self, scores: np.ndarray) -> np.ndarray:
         """How rare each score is among held-out training windows, as ``-log10`` of its share."""
@@ -232,10 +242,10 @@ class ModelArtifact:
                 raise ValueError(f"{len(artifact.ranges)} ranges for {len(artifact.features)} features")
             if artifact.features != feature_names(artifact.group, metrics_of(artifact.features)):
                 raise ValueError(f"features {artifact.features} are not what this burnwatch computes")
-            cal = artifact._calibrated
-            if not (len(cal.grid) == len(cal.levels) >= 2 and cal.tail_scale > 0 and 1 <= cal.persist <= 10_000
-                    and 0 < cal.edge <= 1 and all(math.isfinite(x) for x in (*cal.grid, *cal.levels, cal.budget))):
-                raise ValueError("calibration out of bounds")
+            if not all(math.isfinite(lo) and math.isfinite(hi) and lo <= hi for lo, hi in artifact.ranges):
+                raise ValueError("a feature's range is not two finite numbers, low then high")
+            _check_calibration(artifact._calibrated)
+            artifact.threshold = artifact._calibrated.score_at(artifact._calibrated.budget)  # not taken from the file
         except (TypeError, ValueError, KeyError) as exc:
             raise ModelRefused(f"{path}: bad metadata ({exc}); retrain with `burnwatch model train`") from None
         _check_forest(path, forest, len(artifact.features))
@@ -244,6 +254,22 @@ class ModelArtifact:
 
 class ModelRefused(ValueError):
     """A file in the model directory that is not loaded, and why."""
+
+
+def _check_calibration(cal: Calibration) -> None:
+    """A calibration read from a file can neither raise while scoring nor make every window (or
+    none) an alert by construction: its numbers are the types and in the bounds training writes."""
+    numbers = (*cal.grid, *cal.levels, cal.edge, cal.tail_scale, cal.budget, cal.alerts_per_1000h, cal.windows_per_hour)
+    if not all(type(x) in (int, float) and math.isfinite(x) for x in numbers) or type(cal.persist) is not int:
+        raise ValueError("calibration: not finite numbers (and an integer persist)")
+    levels, grid = np.asarray(cal.levels), np.asarray(cal.grid)
+    if not (len(grid) == len(levels) >= 2 and (np.diff(levels) > 0).all() and (np.diff(grid) >= 0).all()
+            and levels[0] >= 0 and levels[-1] <= 1):
+        raise ValueError("calibration: quantile levels not increasing within [0, 1], or their scores decreasing")
+    if not (0 < cal.edge <= 1 and 0 < cal.tail_scale <= 1e6 and 1 <= cal.persist <= 10_000
+            and 0 < cal.budget <= MAX_EVIDENCE * cal.persist and RATE_BOUNDS[0] <= cal.alerts_per_1000h <= RATE_BOUNDS[1]
+            and cal.windows_per_hour > 0):
+        raise ValueError("calibration: edge, tail, persistence, budget or rate out of bounds")
 
 
 def _check_forest(path: Path, forest: Any, n_features: int) -> None:
@@ -282,8 +308,9 @@ def _ranges(x: np.ndarray) -> list[tuple[float, float]]:
     return [(float(a), float(b)) for a, b in zip(lo, hi, strict=True)]
 
 
-def _guard(features: list[str], ranges: list[tuple[float, float]], rows: np.ndarray) -> np.ndarray:
-    relative = [i for i, name in enumerate(features) if name.endswith(("_rel", "_z"))]
+def _guard(features: list[str], ranges: list[tuple[float, float]], rows: np.ndarray,
+           levels: bool = False) -> np.ndarray:  # fmt: skip
+    relative = [i for i, name in enumerate(features) if name.endswith(("_rel", "_z")) != levels]
     if not ranges or not relative:
         return np.zeros(len(rows))
     lo = np.array([ranges[i][0] for i in relative])
@@ -341,18 +368,18 @@ def _run_statistic(evidence: np.ndarray, persist: int) -> np.ndarray:
 
 
 def _distribution(values: np.ndarray) -> tuple[list[float], list[float], float, float]:
-    """``(levels, grid, edge, tail scale)`` of ``values``: quantiles at shares below, dense near
-    the top, up to the share ``edge`` at the top (one value in n, or ``CONTAMINATION``), and the
-    exponential scale of what lies beyond: the mean excess over the 90th percentile of the
-    values below the edge."""
+    """``(levels, grid, edge, tail scale)`` of ``values``: quantiles at shares below, up to the
+    share ``edge`` at the top (one value in n, or ``CONTAMINATION``), and the scale of an
+    exponential tail beyond it. The scale is what the quantiles between the 90th percentile and
+    the edge say (for an exponential tail, their gap is the scale times log(0.1 / edge)), so
+    the values above the edge, possibly anomalies, do not set it."""
     n = len(values)
     edge = max(1.0 / n, CONTAMINATION)
-    top = np.geomspace(0.01, edge, 40) if edge < 0.01 else np.array([])
-    levels = np.unique(np.concatenate([np.linspace(0.0, min(0.99, 1.0 - edge), 100), 1.0 - top, [1.0 - edge]]))
+    levels = np.unique(np.concatenate([np.linspace(0.0, min(0.99, 1.0 - edge), 100), [1.0 - edge]]))
     grid = np.maximum.accumulate(np.quantile(values, levels, method="inverted_cdf"))
     tail_from, edge_value = float(np.quantile(values, TAIL_FROM)), float(grid[-1])
-    above = values[(values > tail_from) & (values <= edge_value)]
-    scale = max(float(np.mean(above - tail_from)) if len(above) else 0.0, MIN_TAIL_SCALE)
+    gap = math.log((1.0 - TAIL_FROM) / edge)
+    scale = max((edge_value - tail_from) / gap if gap > 0 else 0.0, MIN_TAIL_SCALE)
     return [float(x) for x in levels], [float(x) for x in grid], edge, scale
 
 
@@ -362,15 +389,16 @@ def _share(levels: list[float], grid: list[float], edge: float, scale: float, va
     x = np.asarray(values, dtype=np.float64)
     top = grid[-1]
     inside = 1.0 - np.interp(x, grid, levels)
-    beyond = edge * np.exp(-(x - top) / scale)
+    beyond = edge * np.exp(-np.maximum(x - top, 0.0) / scale)
     return np.where(x > top, beyond, np.maximum(inside, edge))
 
 
-def _level(levels: list[float], grid: list[float], edge: float, scale: float, share: float) -> float:
-    """The value at or above which ``share`` of the distribution lies (see :func:`_share`)."""
-    if share < edge:
-        return grid[-1] + scale * math.log(edge / share)
-    return float(np.interp(1.0 - share, levels, grid))
+def _level(levels: list[float], grid: list[float], edge: float, scale: float, evidence: float) -> float:
+    """The value at or above which a share ``10 ** -evidence`` of the distribution lies (see
+    :func:`_share`); in log space, so any evidence has a level."""
+    if evidence > -math.log10(edge):
+        return grid[-1] + scale * (evidence * math.log(10.0) + math.log(edge))
+    return float(np.interp(1.0 - 10.0**-evidence, levels, grid))
 
 
 def fit(group: str, rows: Sequence[Sequence[float]], *, features: list[str] | None = None, trained_from: float,
@@ -383,6 +411,8 @@ def fit(group: str, rows: Sequence[Sequence[float]], *, features: list[str] | No
     ``times``: each row's window start (the calibration's halves are by time); ``sequences``:
     the rows of each resource in time order, split where windows in between were not judged
     (runs of evidence only build within one); ``resource_hours``: the event time they cover."""
+    if not RATE_BOUNDS[0] <= alerts_per_1000h <= RATE_BOUNDS[1]:
+        raise ValueError(f"alerts per 1,000 resource-hours: {alerts_per_1000h:g} is outside {RATE_BOUNDS}")
     x = np.asarray(rows, dtype=np.float64)
     features = features or feature_names(group)
     t = np.asarray(times if times is not None else np.arange(len(x)), dtype=np.float64)
@@ -398,8 +428,10 @@ def fit(group: str, rows: Sequence[Sequence[float]], *, features: list[str] | No
     cal.budget_independent = math.log10(persist * 1000.0 * per_hour / alerts_per_1000h)
     evidence = cal.evidence(held)
     runs = [_run_statistic(evidence[q], persist) for q in seqs]
-    cal.budget_runs = _level(*_distribution(np.concatenate(runs)), alerts_per_1000h / 1000.0 / per_hour)
-    cal.budget = max(cal.budget_independent, cal.budget_runs)
+    cal.budget_runs = _level(*_distribution(np.concatenate(runs)), -math.log10(alerts_per_1000h / 1000.0 / per_hour))
+    # at least a 1-in-10 window's worth (a rate so high it would alert on ordinary windows is not
+    # one), at most what ``persist`` windows can carry
+    cal.budget = min(max(cal.budget_independent, cal.budget_runs, MIN_BUDGET), MAX_EVIDENCE * persist)
     cal.training_openings = _openings(runs, cal.budget)
     artifact = ModelArtifact(
         group=group, features=list(features), trained_from=trained_from, trained_to=trained_to, samples=len(x),
