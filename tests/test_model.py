@@ -341,3 +341,28 @@ def test_absurd_metric_values_never_poison_a_resource():
             closed.append(w)
     assert closed and all(math.isfinite(x) for w in closed for x in w.vector())
     assert all(math.isfinite(x) for x in st.log_mean.values())
+
+
+def test_a_numeric_field_beyond_the_contract_feeds_the_model_as_a_generic_metric():
+    """A producer's own field (kept in ``extra``) is a metric the rule can name; text, booleans and
+    the like are not numbers and are left out."""
+    from detector.events import EventDecoder
+
+    builder, st = WindowBuilder(300.0, metrics=("queue_depth", "mode")), WindowState()
+    decoder = EventDecoder()
+    closed = []
+    for i in range(6):
+        raw = {"ts": at(T0 + i * MIN).isoformat(), "resource_id": "r", "resource_type": "cpu_instance",
+               "interval_s": 60, "queue_depth": 10 * (i + 1), "mode": "batch"}  # fmt: skip
+        (event,) = decoder.decode("resource-usage", msgspec_json(raw))
+        if (w := builder.add(st, "r", "cpu_instance", 0.01, event, event.t)) is not None:
+            closed.append(w)
+    (window,) = closed
+    assert window.values["metric.queue_depth"] == pytest.approx(30.0)  # the mean of 10..50
+    assert window.values["metric.mode"] == 0.0  # not a number: no value
+
+
+def msgspec_json(value) -> bytes:
+    import msgspec
+
+    return msgspec.json.encode(value)

@@ -4,7 +4,8 @@ Per resource and tumbling window of event time (5 minutes by default), from its 
 events and GPU samples: the cost rate, GPU utilisation mean and p95, GPU memory in use,
 power per GPU, power relative to utilisation, egress rate, storage change and request
 rate, and the mean of each generic metric the rule names (``metrics: [cpu_util]``: keys
-of a usage event's ``metrics``). Each is also taken against the resource's own history,
+of a usage event's ``metrics``, or numeric fields a producer sent beyond the contract,
+kept in its ``extra``). Each is also taken against the resource's own history,
 twice, on the log scale the model sees (log(1 + x)) and against its usual level (a
 24-hour half-life mean): relative (``_rel``), the window over its usual level, so "this
 host draws twice its usual power" is a feature as much as "this host draws 600 W"; and
@@ -74,6 +75,13 @@ REL_CAP = 50.0
 def _log(x: float) -> float:
     """The model's scale: log(1 + |x|) with x's sign (costs and rates span orders of magnitude)."""
     return math.copysign(math.log1p(abs(x)), x)
+
+
+def _number(value: object) -> float | None:
+    """A field a producer sent beyond the contract (``extra``) as a metric, if it is a finite number."""
+    if type(value) in (int, float) and math.isfinite(value):  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
+    return None
 
 
 def _forget(st: WindowState) -> None:
@@ -257,9 +265,11 @@ class WindowBuilder:
             if event.requests is not None:
                 st.requests += event.requests
                 st.request_s += event.interval_s
-            if self.metrics and event.metrics:
+            if self.metrics and (event.metrics or event.extra):
                 for name in self.metrics:
                     value = event.metrics.get(name)
+                    if value is None:
+                        value = _number(event.extra.get(name))
                     if value is not None:  # a running mean: two huge values never sum to inf
                         n = st.metric_n.get(name, 0) + 1
                         mean = st.metric_mean.get(name, 0.0)
