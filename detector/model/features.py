@@ -130,7 +130,7 @@ class WindowState(msgspec.Struct, kw_only=True):
     usage_last: float = 0.0
     egress_bytes: float = 0.0
     covered: bool = False
-    """A rule tracked unusual behaviour during the window: not judged."""
+    """A rule tracked unusual behaviour during the window: scored, but it opens no anomaly."""
     paused: bool = False
     """... and that behaviour was a pause of the resource's usual work: not learnt either."""
     storage_first: float | None = None
@@ -222,10 +222,10 @@ class WindowBuilder:
         """Fold one event in. ``interval_usd``: what a usage event's interval cost, priced by the
         engine's :class:`~detector.pricing.Pricer` (the figure the store keeps), so the cost
         feature is the stored cost. ``covered``: a rule is tracking unusual behaviour on the resource
-        now, so the window is not judged (nor trained on). ``paused``: that behaviour is a
-        pause of the resource's usual work (idle, hung, dark), so the baselines do not learn
-        the window either and wait for the work to come back. A covered window that is not a
-        pause (a runaway: a level) is learnt, so that when the rule lets go of it, having
+        now, so the window is scored but opens no anomaly (the rule has the first word).
+        ``paused``: that behaviour is a pause of the resource's usual work (idle, hung, dark), so
+        the window is neither judged nor learnt and the baselines wait for the work to come back.
+        A covered window that is not a pause (a runaway: a level) is learnt, so that when the rule lets go of it, having
         absorbed the level into its own baseline, the model judges what follows against the
         resource's present and does not alert on the same change again."""
         closed = None
@@ -287,7 +287,7 @@ class WindowBuilder:
         gpu_blind = group in ("gpu", "inference") and st.gpu_samples == 0
         # Nothing judged or learnt without billed usage, with a GPU host's telemetry missing,
         # or while a rule tracks a pause of the resource's work; a window during a rule's other
-        # episodes is judged and learnt (see ``add``).
+        # episodes is scored and learnt (see ``add``), and opens nothing (the rule's first word).
         finite = all(math.isfinite(v) for v in base.values())  # sums of absurd values: neither judged nor learnt
         if st.usage_s > 0 and not gpu_blind and not st.paused and finite:
             names = self.names(group)
