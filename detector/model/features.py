@@ -132,7 +132,7 @@ class WindowState(msgspec.Struct, kw_only=True):
     covered: bool = False
     """A rule tracked unusual behaviour during the window: scored, but it opens no anomaly."""
     paused: bool = False
-    """... and that behaviour was a pause of the resource's usual work: not learnt either."""
+    """... and that behaviour was a pause of the resource's usual work: neither judged nor learnt."""
     storage_first: float | None = None
     storage_last: float | None = None
     requests: float = 0.0
