@@ -187,18 +187,6 @@ def stdlib_logging_config(fmt: str = "auto", level: str = "info") -> dict[str, A
     }
 
 
-class _CurrentStderr:
-    """Whatever ``sys.stderr`` is when a line is written, not when logging was configured: a
-    command run in-process (a test, an embedding program) may replace and close the stream it
-    started with, and a logger holding that stream would fail on every later line."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     renderer = _renderer(fmt)
     structlog.configure(
@@ -210,7 +198,7 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
             _Redacted(renderer),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
 
