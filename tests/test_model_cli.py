@@ -69,6 +69,10 @@ def environment(monkeypatch, tmp_path):
         if key.startswith(("BURNWATCH_", "SLACK_")):
             monkeypatch.delenv(key)
     monkeypatch.setenv("BURNWATCH_DATA_DIR", str(tmp_path / "data"))
+    # In-process, the command would bind structlog (process-wide) to this test's captured stderr,
+    # which pytest closes after it: every later test would fail on its first log line. The
+    # process keeps the logging it has; what these tests read is the commands' own output.
+    monkeypatch.setattr("streams.cli.configure_logging", lambda *args, **kwargs: None)
 
 
 def burnwatch(capsys, *argv: str) -> tuple[int, str, str]:
