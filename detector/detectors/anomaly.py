@@ -10,6 +10,7 @@ Example rule::
         min_history: 6h       # before its own baseline covers this, a resource is judged against the fleet
         quiet_windows: 2      # normal windows in a row that end an episode
         metrics: [cpu_util]   # generic metrics (a usage event's ``metrics``) the model also reads
+      severity: info
 
 The step only folds events into feature windows (:mod:`detector.model.features`); a
 closed window is deferred to the batch phase (``end_batch``), which scores every window
@@ -33,10 +34,12 @@ the threshold, and the dollars the resource cost meanwhile.
 
 Rules do not hide windows from the model: a window during which a rule tracks unusual
 behaviour on the resource (the rules' ``tracking``, read through the step's context) is
-scored and judged like any other; when a rule's incident is open there, the alert manager
-joins the anomaly to it rather than posting both. Only a pause of the resource's work
-(idle, hung, dark: ``Behaviour.PAUSE``) is neither judged nor learnt: the baselines wait
-for the work to come back, so the anomaly does not repeat the rule's alert afterwards.
+scored, recorded (decision ``rule``) and learnt, but opens no anomaly: the rule has the
+first word, and a run starts after it. When a rule's incident opens on a resource whose
+anomaly is open, the alert manager joins the anomaly to it rather than posting both. A
+pause of the resource's work (idle, hung, dark: ``Behaviour.PAUSE``) is neither judged nor
+learnt: the baselines wait for the work to come back, so the anomaly does not repeat the
+rule's alert afterwards.
 """
 
 from __future__ import annotations
