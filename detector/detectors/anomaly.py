@@ -57,7 +57,7 @@ from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, P
 from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.metrics import METRICS
-from detector.model.features import BASE_FEATURES, HALF_LIFE_S, METRIC_PREFIX, Window, WindowBuilder, WindowState
+from detector.model.features import BASE_FEATURES, METRIC_PREFIX, Window, WindowBuilder, WindowState, follows
 from detector.units import Duration
 
 if TYPE_CHECKING:
@@ -311,7 +311,7 @@ class Anomaly(DetectorBase):
         if w.end <= st.last_end:
             return "late", 0.0, []
         persist, budget = max(1, min(model.persist, MAX_PERSIST)), model.budget
-        if w.seq != st.last_seq + 1 or w.start - st.last_end > HALF_LIFE_S:
+        if not follows(st.last_seq, st.last_end, w):
             st.run = []  # windows in between were not judged, or a long silence: a run starts again
         if math.isnan(e):
             e = 0.0  # never from a model file that loads (its calibration is checked); no evidence

@@ -35,7 +35,7 @@ import msgspec
 from detector.events import Event, GpuMetric, UsageEvent
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
-           "feature_names", "metrics_of", "model_group"]
+           "feature_names", "follows", "metrics_of", "model_group"]
 
 BASE_FEATURES = {
     "cost_usd_per_hour": "what the resource costs per hour in the window (its intervals as priced and stored)",
@@ -79,8 +79,8 @@ def _log(x: float) -> float:
 
 def _number(value: object) -> float | None:
     """A field a producer sent beyond the contract (``extra``) as a metric, if it is a finite number."""
-    if type(value) in (int, float) and math.isfinite(value):  # type: ignore[arg-type]
-        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
     return None
 
 
@@ -88,6 +88,13 @@ def _forget(st: WindowState) -> None:
     """Drop a resource's baselines (it comes back after a silence longer than their half-life):
     it is judged against the fleet again until its new baseline covers ``min_history``."""
     st.log_mean, st.log_var, st.weight, st.windows, st.first, st.learnt_at = {}, {}, 0.0, 0, None, None
+
+
+def follows(seq: int, end: float, window: Window) -> bool:
+    """Whether ``window`` continues a run of judged windows whose last was number ``seq``, ending
+    at ``end``: the resource's next closed window, after no silence longer than the baselines'
+    half-life. Runs of evidence build only this way, in the stream and in training's calibration."""
+    return window.seq == seq + 1 and window.start - end <= HALF_LIFE_S
 
 
 def _unlog(y: float) -> float:
@@ -175,7 +182,7 @@ class Window(msgspec.Struct, kw_only=True, frozen=True):
     seq: int = 0
     """The resource's closed-window number: a gap means windows in between were not judged."""
     covered: bool = False
-    """A rule tracked unusual behaviour on the resource during the window (judged all the same)."""
+    """A rule tracked unusual behaviour on the resource during the window: scored, opens nothing."""
     names: tuple[str, ...] = ()
     """The features, in the model's column order."""
     own_history: bool = True
@@ -225,9 +232,9 @@ class WindowBuilder:
         now, so the window is scored but opens no anomaly (the rule has the first word).
         ``paused``: that behaviour is a pause of the resource's usual work (idle, hung, dark), so
         the window is neither judged nor learnt and the baselines wait for the work to come back.
-        A covered window that is not a pause (a runaway: a level) is learnt, so that when the rule lets go of it, having
-        absorbed the level into its own baseline, the model judges what follows against the
-        resource's present and does not alert on the same change again."""
+        A covered window that is not a pause (a runaway: a level) is learnt, so that when the
+        rule lets go of it, having absorbed the level into its own baseline, the model judges
+        what follows against the resource's present and does not alert on the same change again."""
         closed = None
         start = t - t % self.window_s
         if st.start is None:
@@ -296,8 +303,8 @@ class WindowBuilder:
             dt = end - st.learnt_at if st.learnt_at is not None else None
             values = dict(base)
             usual = {}
-            for name in base_features(group, self.metrics):
-                y = _log(base[name])
+            logs = {name: _log(base[name]) for name in base_features(group, self.metrics)}
+            for name, y in logs.items():
                 mean = st.log_mean.get(name, y)
                 sd = math.sqrt(st.log_var.get(name, 0.0) / st.weight) if st.weight > 0.0 else 0.0
                 usual[name] = (_unlog(mean), _unlog(mean - 2 * sd), _unlog(mean + 2 * sd))
@@ -307,7 +314,7 @@ class WindowBuilder:
                             values={k: values[k] for k in names}, usual=usual, cost_usd=st.cost_usd,
                             history=st.windows, history_s=end - st.first if st.first is not None else 0.0,
                             seq=st.closes, covered=st.covered, names=names)  # fmt: skip
-            self._learn(st, group, base, dt)
+            self._learn(st, logs, dt)
             if st.first is None:
                 st.first = start
             st.learnt_at = end
@@ -335,12 +342,12 @@ class WindowBuilder:
             **{METRIC_PREFIX + m: st.metric_mean.get(m, 0.0) for m in self.metrics},
         }
 
-    def _learn(self, st: WindowState, group: str, base: dict[str, float], dt: float | None) -> None:
-        """Move the baselines towards the window, by the event time since the last window learnt;
-        once they have a spread, by at most ``CLIP_SIGMAS`` of it (a spike is not the usual level)."""
+    def _learn(self, st: WindowState, logs: dict[str, float], dt: float | None) -> None:
+        """Move the baselines towards the window (its base features on the log scale), by the event
+        time since the last window learnt; once they have a spread, by at most ``CLIP_SIGMAS`` of it
+        (a spike is not the usual level)."""
         a = 1.0 if dt is None else 1.0 - 0.5 ** (dt / self.half_life_s)
-        for name in base_features(group, self.metrics):
-            y = _log(base[name])
+        for name, y in logs.items():
             mean, var = st.log_mean.get(name, y), st.log_var.get(name, 0.0)
             d = y - mean
             if var > 0.0 and st.weight > 0.0:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from detector.alerts import Alert
 from detector.backtest import BacktestResult
 from detector.detectors import REGISTRY
-from detector.model.features import Window
+from detector.model.features import Window, follows
 from detector.model.forest import ALERTS_PER_1000H, ModelArtifact, fit
 from detector.rules import RuleSet, compile_rules, parse_rule
 
@@ -109,7 +109,8 @@ def _sequences(windows: list[Window]) -> tuple[list[list[int]], float]:
         indexes.sort(key=lambda i: windows[i].seq)
         current = [indexes[0]]
         for i in indexes[1:]:
-            if windows[i].seq != windows[current[-1]].seq + 1:
+            previous = windows[current[-1]]
+            if not follows(previous.seq, previous.end, windows[i]):
                 sequences.append(current)
                 current = []
             current.append(i)
