@@ -20,7 +20,7 @@ import yaml
 
 from detector.rules import Match, RulesInvalid, Silence, load_rules, validate_rule_files
 from detector.suppression.silence import SilenceInvalid
-from detector.units import rfc3339
+from detector.units import parse_rfc3339, rfc3339
 
 __all__ = ["SILENCES_FILE", "add_silence", "expire_silence", "list_silences", "parse_match", "parse_time"]
 
@@ -45,13 +45,7 @@ def parse_match(pairs: list[str]) -> Match:
 
 def parse_time(text: str) -> float:
     """``2026-11-02T00:00:00Z`` (RFC 3339, with its zone) → epoch seconds."""
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"--start {text!r}: expected an RFC 3339 time such as 2026-11-02T08:00:00Z") from None
-    if when.tzinfo is None:
-        raise ValueError(f"--start {text!r}: give the time zone, e.g. 2026-11-02T08:00:00Z")
-    return when.timestamp()
+    return parse_rfc3339(text, "--start")
 
 
 def _file(rules_dir: Path) -> Path:

@@ -86,6 +86,18 @@ def rfc3339(t: float) -> str:
     return text.replace("+00:00", "Z")
 
 
+def parse_rfc3339(text: str, what: str, or_else: str = "") -> float:
+    """``2026-11-02T00:00:00Z`` (RFC 3339, with its zone) → epoch seconds; a :class:`ValueError`
+    naming ``what`` (the option or field) otherwise. ``or_else``: what else ``what`` accepts."""
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{what} {text!r}: expected an RFC 3339 time such as 2026-11-02T08:00:00Z{or_else}") from None
+    if when.tzinfo is None:
+        raise ValueError(f"{what} {text!r}: give the time zone, e.g. 2026-11-02T08:00:00Z")
+    return when.timestamp()
+
+
 def epoch(value: datetime) -> float:
     """Epoch seconds of a DateTime64 read back: clickhouse-connect returns naive UTC datetimes."""
     return value.replace(tzinfo=timezone.utc).timestamp()

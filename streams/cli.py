@@ -659,7 +659,8 @@ def _with_metrics(anomaly_ruleset: Any, ruleset: RuleSet, metrics: list[str]) ->
 def _until(text: str) -> float:
     """``--until``: an RFC 3339 time with its zone, or epoch seconds."""
     import math
-    from datetime import datetime
+
+    from detector.units import parse_rfc3339
 
     try:
         value = float(text)
@@ -670,13 +671,9 @@ def _until(text: str) -> float:
             raise SystemExit(f"--until {text!r}: expected epoch seconds (0 or more) or an RFC 3339 time")
         return value
     try:
-        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise SystemExit(f"--until {text!r}: expected an RFC 3339 time such as 2026-11-02T08:00:00Z, "
-                         "or epoch seconds") from None  # fmt: skip
-    if when.tzinfo is None:
-        raise SystemExit(f"--until {text!r}: give the time zone, e.g. 2026-11-02T08:00:00Z")
-    return when.timestamp()
+        return parse_rfc3339(text.strip(), "--until", ", or epoch seconds")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def _alert_rate(value: float | None) -> float:
