@@ -72,8 +72,10 @@ random splits, so a narrower fitted tail is noise, not certainty."""
 MAX_EVIDENCE = 50.0
 """Most evidence one window carries (a share of 1e-50: beyond any fleet's windows)."""
 RATE_BOUNDS = (1e-6, 1e6)
-MIN_BUDGET = 1.0
 """Stated alert rates per 1,000 resource-hours that a calibration accepts."""
+MIN_BUDGET = 1.0
+"""Least evidence that opens an episode (a 1-in-10 window): a rate so high it would alert on
+ordinary windows is not one."""
 SUFFIX = ".skops"
 TRUSTED = ("sklearn.tree._tree.Tree",)
 """The types beyond skops' defaults a model file may hold; each tree is checked on loading."""
@@ -91,14 +93,15 @@ class Calibration:
 
     levels: list[float]
     grid: list[float]
-    """Held-out training scores at these shares of them below (dense near the top): the
-    empirical distribution, which says how rare a score is wherever training saw one."""
+    """Held-out training scores at these shares of them below, up to the edge: the empirical
+    distribution, which says how rare a score is wherever training saw one."""
     edge: float
     """The share above which the held-out scores are not taken at their word: one in n, or the
     ``CONTAMINATION`` training may hold (the highest 1 % may be anomalies nobody labelled)."""
     tail_scale: float
-    """Beyond the edge, the share falls exponentially with this scale (the mean excess over the
-    90th percentile of the scores below the edge): rarer than that, extrapolated."""
+    """Beyond the edge, the share falls exponentially with this scale (the gap between the 90th
+    percentile and the edge over log(0.1 / edge), exact for an exponential tail): rarer than
+    that, extrapolated."""
     alerts_per_1000h: float
     windows_per_hour: float
     """Judged windows per resource-hour in training (12 for 5-minute windows of a steady resource)."""
@@ -429,8 +432,6 @@ def fit(group: str, rows: Sequence[Sequence[float]], *, features: list[str] | No
     evidence = cal.evidence(held)
     runs = [_run_statistic(evidence[q], persist) for q in seqs]
     cal.budget_runs = _level(*_distribution(np.concatenate(runs)), -math.log10(alerts_per_1000h / 1000.0 / per_hour))
-    # at least a 1-in-10 window's worth (a rate so high it would alert on ordinary windows is not
-    # one), at most what ``persist`` windows can carry
     cal.budget = min(max(cal.budget_independent, cal.budget_runs, MIN_BUDGET), MAX_EVIDENCE * persist)
     cal.training_openings = _openings(runs, cal.budget)
     artifact = ModelArtifact(
