@@ -366,3 +366,28 @@ def msgspec_json(value) -> bytes:
     import msgspec
 
     return msgspec.json.encode(value)
+
+
+def test_a_run_does_not_build_across_a_silence_longer_than_the_half_life():
+    """The stream and training's calibration agree (``features.follows``): the next window closed,
+    after two days without a word, starts a run again; and the silence is no resource-hours."""
+    from detector.detectors import ResourceInfo
+    from detector.detectors.anomaly import AnomalyState
+    from detector.model.features import Window
+    from detector.model.train import _sequences
+
+    def window(seq: int, start: float) -> Window:
+        return Window(resource_id="r", group="cpu", start=start, end=start + 300, values={}, usual={}, cost_usd=1.0,
+                      history=100, seq=seq, names=("x",))  # fmt: skip
+
+    rule = next(r.detector for r in anomaly_ruleset(load_rules(ROOT / "rules")).rules if r.detector.type == "anomaly")
+    res = ResourceInfo(resource_id="r")
+
+    def decisions(*windows: Window) -> list[str]:
+        st = AnomalyState()
+        return [rule._judge(st, res, w, 3.0, 3.0, _Calibrated())[0] for w in windows]  # half the budget each
+
+    assert decisions(window(1, T0), window(2, T0 + 300)) == ["unusual", "alert"]
+    assert decisions(window(1, T0), window(2, T0 + 2 * 86_400)) == ["unusual", "unusual"]
+    sequences, hours = _sequences([window(1, T0), window(2, T0 + 300), window(3, T0 + 2 * 86_400)])
+    assert sequences == [[0, 1], [2]] and hours == pytest.approx(3 * 300 / 3600)
