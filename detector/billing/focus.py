@@ -1,0 +1,415 @@
+"""Read FOCUS billing exports (CSV, gzip'd CSV, Parquet) into ONE normalized pyarrow Table.
+
+Columnar all the way: pyarrow.csv reads every column as text and pyarrow.compute casts whole columns, so a
+million-row export reads in seconds; only after a cast fails do we walk the column to name the bad row. Tags are
+parsed once per distinct value, not per row. Money stays decimal128(38, 12) (never float); a Parquet float cost is
+rounded to 12 places so binary float noise does not fail the cast. Timestamps are ISO 8601 / RFC 3339 with Z or an
+offset; a value without one is taken as UTC (FOCUS requires date/times in UTC; its Date/Time Format section is not
+in our reference copy, so this is our reading). Column constraints come from `detector.billing.columns`.
+
+Every problem is a `FocusError` naming file, 1-based data row (None for whole-file problems) and column.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from detector.billing.columns import (
+    NORMALIZED,
+    NOT_NULL,
+    READ_REQUIRED,
+    SERVICE_PROVIDER_NAME,
+    Column,
+)
+
+SUFFIXES = (".csv", ".csv.gz", ".parquet")
+MAX_CELL_BYTES = 64 * 1024  # one cell (a tag blob, a description) larger than this is refused, naming it
+CSV_BLOCK_BYTES = 16 * 1024 * 1024  # pyarrow's parse block: rows up to this size parse (and then meet the cap)
+SHOW_CHARS = 80  # a bad value is quoted up to this many characters
+
+DECIMAL = pa.decimal128(38, 12)
+_WIDE = pa.decimal256(76, 30)  # parse at a wider scale, then round to 12 places
+TIMESTAMP = pa.timestamp("ms", tz="UTC")
+STR_MAP = pa.map_(pa.string(), pa.string())
+
+_TYPES: dict[str, pa.DataType] = {"datetime": TIMESTAMP, "decimal": DECIMAL, "string": pa.string(), "json": STR_MAP}
+SCHEMA = pa.schema(
+    [pa.field(c.name, _TYPES[c.kind]) for c in NORMALIZED]
+    + [pa.field("x_columns", STR_MAP), pa.field("source_row", pa.uint64())]
+)
+
+
+class FocusError(ValueError):
+    """A FOCUS file burnwatch refuses, with where: file, 1-based data row (or None) and column (or None)."""
+
+    def __init__(self, file: Path | str, row: int | None, column: str | None, problem: str) -> None:
+        self.file = str(file)
+        self.row = row
+        self.column = column
+        self.problem = problem
+        where = []
+        if row is not None:
+            where.append(f"row {row}")
+        if column is not None:
+            where.append(f"column {column}")
+        prefix = ": ".join([Path(self.file).name] + ([", ".join(where)] if where else []))
+        super().__init__(f"{prefix}: {problem}")
+
+
+def focus_files(path: Path | str) -> list[Path]:
+    """The export files at `path`: the file itself, or a directory's *.csv, *.csv.gz and *.parquet, sorted."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(SUFFIXES))
+        if not files:
+            raise FocusError(p, None, None, f"no FOCUS files ({', '.join(SUFFIXES)}) in this directory")
+        return files
+    if not p.is_file():
+        raise FocusError(p, None, None, "no such file or directory")
+    if not p.name.endswith(SUFFIXES):
+        raise FocusError(p, None, None, f"not a FOCUS export: the name must end in {', '.join(SUFFIXES)}")
+    return [p]
+
+
+def read_focus(path: Path | str, currency: str = "USD") -> pa.Table:
+    """Every file at `path` read, checked and normalized into one table (source_row counts within each file)."""
+    tables = [_read_file(f, currency) for f in focus_files(path)]
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def _show(value: object) -> str:
+    text = str(value)
+    return repr(text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS] + "...")
+
+
+def _read_file(file: Path, currency: str) -> pa.Table:
+    raw = _read_parquet(file) if file.name.endswith(".parquet") else _read_csv(file)
+    return _normalize(file, raw, currency)
+
+
+def _read_parquet(file: Path) -> pa.Table:
+    if file.stat().st_size == 0:
+        raise FocusError(file, None, None, "empty file")
+    try:
+        return pq.read_table(file)
+    except (pa.ArrowException, OSError) as e:
+        raise FocusError(file, None, None, f"not a readable Parquet file: {e}") from None
+
+
+def _open(file: Path) -> Any:
+    return gzip.open(file, "rb") if file.name.endswith(".gz") else open(file, "rb")
+
+
+def _read_csv(file: Path) -> pa.Table:
+    try:
+        with _open(file) as f:
+            head = f.read(CSV_BLOCK_BYTES)
+    except (OSError, EOFError) as e:
+        raise FocusError(file, None, None, f"cannot read: {e}") from None
+    if not head.strip():
+        raise FocusError(file, None, None, "empty file (not even a header row)")
+    header_line = head.split(b"\n", 1)[0].rstrip(b"\r")
+    try:
+        header_text = header_line.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise FocusError(file, None, None, "the header row is not UTF-8") from None
+    names = next(csv.reader([header_text]))
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise FocusError(file, None, name, "column appears twice in the header")
+        seen.add(name)
+    try:
+        with _open(file) as f:
+            return pacsv.read_csv(
+                f,
+                read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=True),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={n: pa.string() for n in names},
+                    strings_can_be_null=True,
+                    null_values=[""],
+                ),
+            )
+    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+        message = str(e)
+        if "UTF8" in message or "utf" in message.lower():
+            row = _first_non_utf8_row(file)
+            raise FocusError(file, row, None, "not UTF-8 text") from None
+        raise FocusError(file, None, None, f"not a readable CSV file: {message.splitlines()[0][:200]}") from None
+    except (OSError, EOFError) as e:
+        raise FocusError(file, None, None, f"cannot read: {e}") from None
+
+
+def _first_non_utf8_row(file: Path) -> int | None:
+    """Error path only: the 1-based data row (line after the header) holding the first non-UTF-8 bytes."""
+    with _open(file) as f:
+        for number, line in enumerate(f):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number if number > 0 else None
+    return None
+
+
+def _first(mask: pa.Array | pa.ChunkedArray) -> int | None:
+    """The 0-based index of the first true in a boolean column (nulls are false), or None."""
+    index = pc.index(pc.fill_null(mask, False), True).as_py()
+    return None if index is None or index < 0 else int(index)
+
+
+def _normalize(file: Path, raw: pa.Table, currency: str) -> pa.Table:
+    names = raw.column_names
+    present = set(names)
+    provider_source = "ProviderName"
+    if "ProviderName" not in present and SERVICE_PROVIDER_NAME in present:
+        provider_source = SERVICE_PROVIDER_NAME
+    for focus in READ_REQUIRED:
+        if focus in present:
+            continue
+        if focus == "ProviderName" and provider_source == SERVICE_PROVIDER_NAME:
+            continue
+        if focus == "PublisherName" and SERVICE_PROVIDER_NAME in present:
+            continue  # FOCUS 1.3 deprecates PublisherName alongside ProviderName
+        raise FocusError(file, None, focus, "missing mandatory column")
+
+    for name in names:
+        _check_size(file, name, raw.column(name))
+
+    n = raw.num_rows
+    out: dict[str, pa.ChunkedArray | pa.Array] = {}
+    for col in NORMALIZED:
+        source = provider_source if col.focus == "ProviderName" else col.focus
+        cells = raw.column(source) if source in present else None
+        out[col.name] = _convert(file, col, source, cells, n)
+
+    _check_values(file, out, currency)
+    used = {c.focus for c in NORMALIZED if c.focus in present} | {provider_source}
+    extra = [name for name in names if name not in used]
+    out["x_columns"] = _x_columns(file, raw, extra)
+    out["source_row"] = pa.array(np.arange(1, n + 1, dtype=np.uint64), type=pa.uint64())
+    return pa.table([out[f.name] for f in SCHEMA], schema=SCHEMA)
+
+
+def _check_size(file: Path, name: str, cells: pa.ChunkedArray) -> None:
+    if not (pa.types.is_string(cells.type) or pa.types.is_large_string(cells.type)
+            or pa.types.is_binary(cells.type)):
+        return
+    too_big = _first(pc.greater(pc.binary_length(cells), MAX_CELL_BYTES))
+    if too_big is not None:
+        size = len(cells[too_big].as_py() or "")
+        raise FocusError(file, too_big + 1, name, f"cell of {size} bytes is larger than the {MAX_CELL_BYTES}-byte limit")
+
+
+def _convert(file: Path, col: Column, source: str, cells: pa.ChunkedArray | None, n: int) -> pa.ChunkedArray | pa.Array:
+    if cells is None:
+        if col.kind == "string":
+            return pa.array([""] * n, type=pa.string()) if n else pa.array([], type=pa.string())
+        if col.kind == "json":
+            return _empty_maps(n)
+        return pa.nulls(n, type=_TYPES[col.kind])
+    if col.focus in NOT_NULL:
+        missing = _first(pc.is_null(cells))
+        if missing is None and _is_text(cells.type):
+            missing = _first(pc.equal(cells, ""))
+        if missing is not None:
+            raise FocusError(file, missing + 1, source, "empty, but the spec does not allow null here")
+    if col.kind == "string":
+        return _to_string(file, source, cells).fill_null("")
+    if col.kind == "decimal":
+        return _to_decimal(file, source, cells)
+    if col.kind == "datetime":
+        return _to_timestamp(file, source, cells)
+    return _to_tags(file, source, cells)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _to_string(file: Path, source: str, cells: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_string(cells.type):
+        return cells
+    if pa.types.is_dictionary(cells.type):
+        cells = cells.cast(cells.type.value_type)
+    try:
+        return cells.cast(pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise FocusError(file, None, source, f"a {cells.type} column where the spec says String") from None
+
+
+def _bad_row(file: Path, source: str, cells: pa.ChunkedArray, cast: Any, what: str) -> FocusError:
+    """Error path: walk the column to find the first value `cast` rejects, and say which row it is."""
+    for i, value in enumerate(cells.to_pylist()):
+        if value is None:
+            continue
+        try:
+            cast(pa.array([value], type=cells.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+            return FocusError(file, i + 1, source, f"{_show(value)} is not {what}")
+    return FocusError(file, None, source, f"is not {what}")
+
+
+def _to_decimal(file: Path, source: str, cells: pa.ChunkedArray) -> pa.ChunkedArray:
+    t = cells.type
+    if pa.types.is_floating(t):
+        cells = cells.cast(pa.string())  # shortest round-trip text: 0.1 stays 0.1, not 0.1000000000000000055
+        t = cells.type
+    if pa.types.is_integer(t):
+        return cells.cast(DECIMAL)
+    if pa.types.is_decimal(t):
+        return pc.round(cells.cast(_WIDE), 12).cast(DECIMAL) if t.scale > 12 else cells.cast(DECIMAL)
+    if not _is_text(t):
+        raise FocusError(file, None, source, f"a {t} column where the spec says Decimal")
+
+    def cast(a: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        wide = pc.cast(a, _WIDE)
+        return pc.cast(pc.round(wide, 12), DECIMAL)
+
+    try:
+        return cast(cells)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise _bad_row(file, source, cells, cast, "a decimal number") from None
+
+
+_ZONED = r"(Z|z|[+-]\d\d:?\d\d)$"
+_DATE_ONLY = r"^\d{4}-\d\d-\d\d$"
+
+
+def _to_timestamp(file: Path, source: str, cells: pa.ChunkedArray) -> pa.ChunkedArray:
+    t = cells.type
+    if pa.types.is_timestamp(t):
+        if t.tz is None:
+            return cells.cast(pa.timestamp(t.unit, tz="UTC")).cast(TIMESTAMP, safe=False)
+        return cells.cast(TIMESTAMP, safe=False)
+    if pa.types.is_date(t):
+        return cells.cast(pa.timestamp("ms")).cast(TIMESTAMP)
+    if not _is_text(t):
+        raise FocusError(file, None, source, f"a {t} column where the spec says Date/Time")
+
+    def cast(a: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        zoned = pc.if_else(
+            pc.match_substring_regex(a, _ZONED),
+            a,
+            pc.if_else(
+                pc.match_substring_regex(a, _DATE_ONLY),
+                pc.binary_join_element_wise(a, "T00:00:00Z", ""),
+                pc.binary_join_element_wise(a, "Z", ""),
+            ),
+        )
+        return pc.cast(pc.cast(zoned, pa.timestamp("ns", tz="UTC")), TIMESTAMP, safe=False)
+
+    try:
+        return cast(cells)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise _bad_row(file, source, cells, cast, "an ISO 8601 date/time") from None
+
+
+def _empty_maps(n: int) -> pa.Array:
+    return pa.MapArray.from_arrays(
+        pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), pa.array([], pa.string())
+    )
+
+
+def _tag_pairs(file: Path, source: str, text: str, row: int) -> list[tuple[str, str]]:
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise FocusError(file, row, source, f"{_show(text)} is not JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    if not isinstance(value, dict):
+        raise FocusError(file, row, source, f"{_show(text)} is not a JSON object")
+    return [(str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in value.items()]
+
+
+def _to_tags(file: Path, source: str, cells: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    t = cells.type
+    if pa.types.is_map(t):
+        try:
+            return cells.cast(STR_MAP)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise FocusError(file, None, source, f"a {t} column where the spec says JSON key-value") from None
+    if not _is_text(t):
+        raise FocusError(file, None, source, f"a {t} column where the spec says JSON key-value")
+    # Parse each distinct value once: a bill repeats the same few tag sets over millions of rows.
+    encoded = pc.dictionary_encode(cells.combine_chunks())
+    distinct = encoded.dictionary.to_pylist()
+    offsets = [0]
+    keys: list[str] = []
+    values: list[str] = []
+    indices = encoded.indices
+    for code, text in enumerate(distinct):
+        try:
+            pairs = _tag_pairs(file, source, text, 0)
+        except FocusError:  # error path: name the first row holding this value
+            pairs = _tag_pairs(file, source, text, (_first(pc.equal(indices, code)) or 0) + 1)
+        keys.extend(k for k, _ in pairs)
+        values.extend(v for _, v in pairs)
+        offsets.append(len(keys))
+    unique_maps = pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string())
+    )
+    tags = unique_maps.take(indices)
+    if tags.null_count:
+        tags = pc.if_else(pc.is_null(indices), _empty_maps(len(tags)), tags)
+    return tags
+
+
+def _x_columns(file: Path, raw: pa.Table, extra: Sequence[str]) -> pa.Array:
+    """Every column the normalized table has no place for, as text, in one map per row (null cells left out)."""
+    n = raw.num_rows
+    k = len(extra)
+    if k == 0 or n == 0:
+        return _empty_maps(n)
+    texts = [_as_text(file, name, raw.column(name)) for name in extra]
+    valid = np.stack([pc.is_valid(t).to_numpy(zero_copy_only=False) for t in texts], axis=1)  # n x k
+    stacked = pa.concat_arrays([t.combine_chunks() if isinstance(t, pa.ChunkedArray) else t for t in texts])
+    # Row-major order (row 0's columns, then row 1's, ...) of the column-major concatenation, valid cells only.
+    order = (np.arange(k)[None, :] * n + np.arange(n)[:, None])[valid]
+    key_codes = np.broadcast_to(np.arange(k)[None, :], (n, k))[valid]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(valid.sum(axis=1), out=offsets[1:])
+    keys = pa.array(list(extra), pa.string()).take(pa.array(key_codes))
+    values = stacked.take(pa.array(order))
+    return pa.MapArray.from_arrays(pa.array(offsets), keys, values)
+
+
+def _as_text(file: Path, name: str, cells: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_string(cells.type):
+        return cells
+    try:
+        return _to_string(file, name, cells)
+    except FocusError:
+        # Nested Parquet types (lists, structs) have no cast to text: their JSON text, value by value.
+        return pa.chunked_array([pa.array([None if v is None else json.dumps(v, default=str) for v in cells.to_pylist()],
+                                          pa.string())])
+
+
+def _check_values(file: Path, out: dict[str, pa.ChunkedArray | pa.Array], currency: str) -> None:
+    for col in NORMALIZED:
+        if col.allowed is None:
+            continue
+        cells = out[col.name]
+        outside = pc.and_(pc.not_equal(cells, ""), pc.invert(pc.is_in(cells, pa.array(sorted(col.allowed)))))
+        row = _first(outside)
+        if row is not None:
+            raise FocusError(
+                file, row + 1, col.focus,
+                f"{_show(cells[row].as_py())} is not one of the spec's values ({', '.join(sorted(col.allowed))})",
+            )
+    wrong = _first(pc.not_equal(out["billing_currency"], currency))
+    if wrong is not None:
+        found = out["billing_currency"][wrong].as_py()
+        raise FocusError(
+            file, wrong + 1, "BillingCurrency",
+            f"currency {_show(found)} is not the configured currency {currency!r}",
+        )

@@ -1,0 +1,298 @@
+"""FOCUS reader: spec-shaped fixtures in, one normalized table out; bad files named by file, row and column."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import shutil
+from datetime import datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from detector.billing.columns import NORMALIZED, READ_REQUIRED
+from detector.billing.focus import MAX_CELL_BYTES, SCHEMA, FocusError, focus_files, read_focus
+
+FIXTURE = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
+
+
+def _rows() -> list[dict[str, str]]:
+    with FIXTURE.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _write(path: Path, rows: list[dict[str, str]], drop: tuple[str, ...] = ()) -> Path:
+    names = [n for n in rows[0] if n not in drop] if rows else [n for n in _rows()[0] if n not in drop]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=names, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    path.write_text(buf.getvalue(), encoding="utf-8")
+    return path
+
+
+def _error(path: Path, currency: str = "USD") -> FocusError:
+    with pytest.raises(FocusError) as info:
+        read_focus(path, currency=currency)
+    return info.value
+
+
+def test_spec_fixture_reads_into_the_normalized_schema() -> None:
+    table = read_focus(FIXTURE)
+    assert table.schema == SCHEMA
+    assert [f.name for f in table.schema][: len(NORMALIZED)] == [c.name for c in NORMALIZED]
+    rows = table.to_pylist()
+    assert [r["source_row"] for r in rows] == [1, 2, 3, 4, 5]
+    first = rows[0]
+    assert first["billed_cost"] == Decimal("98.32")
+    assert first["charge_period_start"] == datetime(2026, 11, 3, 10, tzinfo=timezone.utc)
+    assert first["billing_period_end"] == datetime(2026, 12, 1, tzinfo=timezone.utc)
+    assert first["consumed_quantity"] == Decimal(1)
+    assert first["provider_name"] == "AWS" and first["region_id"] == "us-east-1"
+    # Tags: keys verbatim with their provider prefixes; a non-string value becomes its JSON text.
+    assert dict(first["tags"]) == {
+        "user:team": "ml-research", "aws:createdBy": "arn:aws:iam::1:user/x", "cost-center": "42",
+    }
+    # AWS export columns and spec columns the table has no place for land in x_columns as text.
+    assert dict(first["x_columns"]) == {
+        "InvoiceId": "INV-1", "x_ServiceCode": "AmazonEC2", "x_UsageType": "BoxUsage:p5.48xlarge",
+        "x_Operation": "RunInstances",
+    }
+    committed, unused, credit, correction = rows[1], rows[2], rows[3], rows[4]
+    assert committed["pricing_category"] == "Committed" and committed["commitment_discount_status"] == "Used"
+    assert committed["effective_cost"] == Decimal("40.125") and committed["contracted_cost"] == Decimal("60.5")
+    assert unused["commitment_discount_status"] == "Unused" and unused["charge_category"] == "Purchase"
+    assert unused["consumed_quantity"] is None and unused["resource_id"] == "" and dict(unused["tags"]) == {}
+    assert "x_Operation" not in dict(unused["x_columns"])  # an empty cell is left out, not stored as ''
+    assert credit["charge_category"] == "Credit" and credit["billed_cost"] == Decimal("-25")
+    assert correction["charge_class"] == "Correction"
+    assert correction["billed_cost"] == Decimal("-3.000000000001")  # 12 places kept exactly
+    assert rows[0]["charge_class"] == ""
+
+
+def test_money_sums_exactly_in_decimal() -> None:
+    table = read_focus(FIXTURE)
+    assert pc.sum(table.column("billed_cost")).as_py() == Decimal("98.32") - Decimal("25") - Decimal("3.000000000001")
+
+
+def test_csv_gzip_and_parquet_give_the_same_table(tmp_path: Path) -> None:
+    plain = read_focus(FIXTURE)
+    gz = tmp_path / "charges.csv.gz"
+    gz.write_bytes(gzip.compress(FIXTURE.read_bytes()))
+    assert read_focus(gz).equals(plain)
+
+    # Parquet with native types, the way exporters write it: float costs, naive timestamps (UTC by the spec),
+    # a tags column still JSON text.
+    raw = pa.csv.read_csv(FIXTURE, convert_options=pa.csv.ConvertOptions(
+        column_types={n: pa.string() for n in _rows()[0]}, strings_can_be_null=True))
+    typed = raw
+    for name in ("BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "ConsumedQuantity"):
+        i = typed.column_names.index(name)
+        typed = typed.set_column(i, name, typed.column(name).cast(pa.float64()))
+    for name in ("BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart", "ChargePeriodEnd"):
+        i = typed.column_names.index(name)
+        naive = typed.column(name).cast(pa.timestamp("us", tz="UTC")).cast(pa.timestamp("us"))
+        typed = typed.set_column(i, name, naive)
+    parquet = tmp_path / "charges.parquet"
+    pq.write_table(typed, parquet)
+    assert read_focus(parquet).equals(plain)
+
+
+def test_parquet_float_noise_rounds_to_twelve_places(tmp_path: Path) -> None:
+    rows = _rows()[:1]
+    raw = pa.Table.from_pylist(rows)
+    i = raw.column_names.index("BilledCost")
+    raw = raw.set_column(i, "BilledCost", pa.array([0.1 + 0.2]))  # 0.30000000000000004
+    i = raw.column_names.index("EffectiveCost")
+    raw = raw.set_column(i, "EffectiveCost", pa.array([123456.789]))
+    path = tmp_path / "noise.parquet"
+    pq.write_table(raw, path)
+    row = read_focus(path).to_pylist()[0]
+    assert row["billed_cost"] == Decimal("0.3")
+    assert row["effective_cost"] == Decimal("123456.789")
+
+
+def test_directory_reads_its_focus_files_sorted_with_rows_counted_per_file(tmp_path: Path) -> None:
+    shutil.copy(FIXTURE, tmp_path / "b.csv")
+    (tmp_path / "a.csv.gz").write_bytes(gzip.compress(FIXTURE.read_bytes()))
+    (tmp_path / "notes.txt").write_text("not a bill")
+    assert [f.name for f in focus_files(tmp_path)] == ["a.csv.gz", "b.csv"]
+    table = read_focus(tmp_path)
+    assert table.num_rows == 10
+    assert table.column("source_row").to_pylist() == [1, 2, 3, 4, 5] * 2
+
+
+def test_empty_directory_and_other_extensions_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(FocusError, match="no FOCUS files"):
+        focus_files(tmp_path)
+    other = tmp_path / "bill.json"
+    other.write_text("{}")
+    with pytest.raises(FocusError, match=r"bill\.json: not a FOCUS export"):
+        focus_files(other)
+
+
+def test_header_only_file_is_zero_rows(tmp_path: Path) -> None:
+    path = tmp_path / "header.csv"
+    path.write_text(FIXTURE.read_text().splitlines()[0] + "\n")
+    table = read_focus(path)
+    assert table.num_rows == 0 and table.schema == SCHEMA
+
+
+def test_empty_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_text("")
+    err = _error(path)
+    assert str(err) == "empty.csv: empty file (not even a header row)" and err.row is None
+
+
+def test_missing_mandatory_column_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path / "bill.csv", _rows(), drop=("EffectiveCost",))
+    err = _error(path)
+    assert (err.file, err.row, err.column) == (str(path), None, "EffectiveCost")
+    assert str(err) == "bill.csv: column EffectiveCost: missing mandatory column"
+
+
+def test_every_read_required_column_is_checked(tmp_path: Path) -> None:
+    for name in READ_REQUIRED:
+        err = _error(_write(tmp_path / "bill.csv", _rows(), drop=(name,)))
+        assert err.column == name, name
+
+
+def test_list_and_contracted_cost_absent_are_null(tmp_path: Path) -> None:
+    table = read_focus(_write(tmp_path / "bill.csv", _rows(), drop=("ListCost", "ContractedCost")))
+    assert table.column("list_cost").null_count == 5 and table.column("contracted_cost").null_count == 5
+
+
+def test_wrong_decimal_names_row_column_and_value(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[1]["BilledCost"] = "abc"
+    err = _error(_write(tmp_path / "bill.csv", rows))
+    assert str(err) == "bill.csv: row 2, column BilledCost: 'abc' is not a decimal number"
+    assert (err.row, err.column) == (2, "BilledCost")
+
+
+def test_long_bad_value_is_truncated_in_the_message(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[2]["ConsumedQuantity"] = "9" * 50 + "x" * 500
+    message = str(_error(_write(tmp_path / "bill.csv", rows)))
+    assert message.startswith("bill.csv: row 3, column ConsumedQuantity: '" + "9" * 50)
+    assert len(message) < 200 and "...'" in message
+
+
+def test_empty_cost_is_refused(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[3]["EffectiveCost"] = ""
+    err = _error(_write(tmp_path / "bill.csv", rows))
+    assert (err.row, err.column) == (4, "EffectiveCost")
+
+
+def test_datetimes_with_offsets_naive_and_date_only_are_utc(tmp_path: Path) -> None:
+    rows = _rows()[:3]
+    rows[0]["ChargePeriodStart"] = "2026-11-03T12:00:00+02:00"
+    rows[1]["ChargePeriodStart"] = "2026-11-03 10:00:00"
+    rows[2]["ChargePeriodStart"] = "2026-11-03"
+    starts = read_focus(_write(tmp_path / "bill.csv", rows)).column("charge_period_start").to_pylist()
+    assert starts == [datetime(2026, 11, 3, 10, tzinfo=timezone.utc)] * 2 + [datetime(2026, 11, 3, tzinfo=timezone.utc)]
+
+
+def test_bad_datetime_names_row_and_column(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[4]["ChargePeriodEnd"] = "2026-13-01T00:00:00Z"
+    assert str(_error(_write(tmp_path / "bill.csv", rows))) == (
+        "bill.csv: row 5, column ChargePeriodEnd: '2026-13-01T00:00:00Z' is not an ISO 8601 date/time"
+    )
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("ChargeCategory", "Refund"),
+    ("ChargeClass", "Fix"),
+    ("PricingCategory", "Spot"),
+    ("CommitmentDiscountStatus", "Partial"),
+    ("ServiceCategory", "GPUs"),
+])
+def test_value_outside_the_spec_set_is_refused(tmp_path: Path, column: str, value: str) -> None:
+    rows = _rows()
+    rows[1][column] = value
+    err = _error(_write(tmp_path / "bill.csv", rows))
+    assert (err.row, err.column) == (2, column)
+    assert f"{value!r} is not one of the spec's values" in str(err)
+
+
+def test_other_currency_is_refused_unless_configured(tmp_path: Path) -> None:
+    rows = _rows()
+    for row in rows:
+        row["BillingCurrency"] = "EUR"
+    path = _write(tmp_path / "eur.csv", rows)
+    err = _error(path)
+    assert str(err) == "eur.csv: row 1, column BillingCurrency: currency 'EUR' is not the configured currency 'USD'"
+    assert read_focus(path, currency="EUR").column("billing_currency").to_pylist() == ["EUR"] * 5
+
+
+def test_mixed_currencies_name_the_first_foreign_row(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[3]["BillingCurrency"] = "JPY"
+    err = _error(_write(tmp_path / "mixed.csv", rows))
+    assert (err.row, err.column) == (4, "BillingCurrency") and "'JPY'" in str(err)
+
+
+def test_service_provider_name_of_focus_1_3(tmp_path: Path) -> None:
+    rows = _rows()
+    for row in rows:
+        row["ServiceProviderName"] = "Amazon Web Services"
+    only = read_focus(_write(tmp_path / "v13.csv", rows, drop=("ProviderName", "PublisherName")))
+    assert only.column("provider_name").to_pylist() == ["Amazon Web Services"] * 5
+    assert "ServiceProviderName" not in dict(only.column("x_columns")[0].as_py())
+    both = read_focus(_write(tmp_path / "both.csv", rows)).to_pylist()[0]
+    assert both["provider_name"] == "AWS"
+    assert dict(both["x_columns"])["ServiceProviderName"] == "Amazon Web Services"
+
+
+@pytest.mark.parametrize("tags", ['{"user:team": "ml"', '["user:team"]'])
+def test_malformed_tags_name_the_row(tmp_path: Path, tags: str) -> None:
+    rows = _rows()
+    rows[2]["Tags"] = tags
+    err = _error(_write(tmp_path / "bill.csv", rows))
+    assert (err.row, err.column) == (3, "Tags")
+    assert str(err).startswith("bill.csv: row 3, column Tags: ")
+
+
+def test_formula_text_is_kept_verbatim(tmp_path: Path) -> None:
+    rows = _rows()
+    formula = '=HYPERLINK("http://evil.example","x")'
+    rows[0]["ResourceName"] = formula
+    rows[0]["Tags"] = json.dumps({"user:owner": formula, "+cmd": "@SUM(1+1)"})
+    row = read_focus(_write(tmp_path / "bill.csv", rows)).to_pylist()[0]
+    assert row["resource_name"] == formula
+    assert dict(row["tags"]) == {"user:owner": formula, "+cmd": "@SUM(1+1)"}
+
+
+def test_cell_over_the_size_cap_names_row_and_column(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[1]["Tags"] = json.dumps({"user:blob": "x" * (2 * 1024 * 1024)})  # megabytes in one cell
+    err = _error(_write(tmp_path / "bill.csv", rows))
+    assert (err.row, err.column) == (2, "Tags") and f"{MAX_CELL_BYTES}-byte limit" in str(err)
+    rows[1]["Tags"] = json.dumps({"user:blob": "x" * (MAX_CELL_BYTES - 100)})  # under the cap: data, kept
+    kept = read_focus(_write(tmp_path / "bill.csv", rows)).to_pylist()[1]
+    assert len(dict(kept["tags"])["user:blob"]) == MAX_CELL_BYTES - 100
+
+
+def test_non_utf8_bytes_name_the_row(tmp_path: Path) -> None:
+    lines = FIXTURE.read_bytes().split(b"\n")
+    lines[3] = lines[3].replace(b"Compute Savings Plan", b"Compute \xff\xfe Plan", 1)
+    path = tmp_path / "latin.csv"
+    path.write_bytes(b"\n".join(lines))
+    err = _error(path)
+    assert str(err) == "latin.csv: row 3: not UTF-8 text"
+
+
+def test_not_parquet_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "bill.parquet"
+    path.write_bytes(b"PAR1 but not really")
+    err = _error(path)
+    assert err.row is None and str(err).startswith("bill.parquet: not a readable Parquet file")
