@@ -57,7 +57,7 @@ def test_spec_fixture_reads_into_the_normalized_schema() -> None:
     assert first["provider_name"] == "AWS" and first["region_id"] == "us-east-1"
     # Tags: keys verbatim with their provider prefixes; a non-string value becomes its JSON text.
     assert dict(first["tags"]) == {
-        "user:team": "ml-research", "aws:createdBy": "arn:aws:iam::1:user/x", "cost-center": "42",
+        "user:team": "ml-research", "aws:createdBy": "arn:aws:iam::1:user/x", "cost-center": "42", "spot": "true",
     }
     # AWS export columns and spec columns the table has no place for land in x_columns as text.
     assert dict(first["x_columns"]) == {
@@ -71,6 +71,7 @@ def test_spec_fixture_reads_into_the_normalized_schema() -> None:
     assert unused["consumed_quantity"] is None and unused["resource_id"] == "" and dict(unused["tags"]) == {}
     assert "x_Operation" not in dict(unused["x_columns"])  # an empty cell is left out, not stored as ''
     assert credit["charge_category"] == "Credit" and credit["billed_cost"] == Decimal("-25")
+    assert dict(credit["x_columns"]) == {"InvoiceId": "INV-1", "x_UsageType": "Credit"}
     assert correction["charge_class"] == "Correction"
     assert correction["billed_cost"] == Decimal("-3.000000000001")  # 12 places kept exactly
     assert rows[0]["charge_class"] == ""
@@ -116,6 +117,15 @@ def test_parquet_float_noise_rounds_to_twelve_places(tmp_path: Path) -> None:
     row = read_focus(path).to_pylist()[0]
     assert row["billed_cost"] == Decimal("0.3")
     assert row["effective_cost"] == Decimal("123456.789")
+
+
+def test_parquet_decimal_finer_than_twelve_places_is_rounded(tmp_path: Path) -> None:
+    raw = pa.Table.from_pylist(_rows()[:1])
+    i = raw.column_names.index("BilledCost")
+    raw = raw.set_column(i, "BilledCost", pa.array([Decimal("1.123456789012345678")], pa.decimal128(38, 18)))
+    path = tmp_path / "fine.parquet"
+    pq.write_table(raw, path)
+    assert read_focus(path).to_pylist()[0]["billed_cost"] == Decimal("1.123456789012")
 
 
 def test_directory_reads_its_focus_files_sorted_with_rows_counted_per_file(tmp_path: Path) -> None:
@@ -296,3 +306,11 @@ def test_not_parquet_is_a_clear_error(tmp_path: Path) -> None:
     path.write_bytes(b"PAR1 but not really")
     err = _error(path)
     assert err.row is None and str(err).startswith("bill.parquet: not a readable Parquet file")
+
+
+def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
+    lines = FIXTURE.read_text().splitlines()
+    path = tmp_path / "twice.csv"
+    path.write_text("\n".join([lines[0] + ",BilledCost"] + [line + ",1" for line in lines[1:]]) + "\n")
+    err = _error(path)
+    assert str(err) == "twice.csv: column BilledCost: column appears twice in the header"

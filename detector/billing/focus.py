@@ -289,9 +289,7 @@ _DATE_ONLY = r"^\d{4}-\d\d-\d\d$"
 def _to_timestamp(file: Path, source: str, cells: pa.ChunkedArray) -> pa.ChunkedArray:
     t = cells.type
     if pa.types.is_timestamp(t):
-        if t.tz is None:
-            return cells.cast(pa.timestamp(t.unit, tz="UTC")).cast(TIMESTAMP, safe=False)
-        return cells.cast(TIMESTAMP, safe=False)
+        return cells.cast(TIMESTAMP, safe=False)  # a naive timestamp's value is already UTC
     if pa.types.is_date(t):
         return cells.cast(pa.timestamp("ms")).cast(TIMESTAMP)
     if not _is_text(t):
