@@ -314,3 +314,11 @@ def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
     path.write_text("\n".join([lines[0] + ",BilledCost"] + [line + ",1" for line in lines[1:]]) + "\n")
     err = _error(path)
     assert str(err) == "twice.csv: column BilledCost: column appears twice in the header"
+
+
+def test_a_row_with_too_few_fields_is_named(tmp_path: Path) -> None:
+    lines = FIXTURE.read_text().splitlines()
+    lines[4] = lines[4].rsplit(",", 1)[0]
+    path = tmp_path / "ragged.csv"
+    path.write_text("\n".join(lines) + "\n")
+    assert str(_error(path)) == "ragged.csv: row 4: 45 fields where the header has 46"

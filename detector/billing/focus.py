@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,11 +131,18 @@ def _read_csv(file: Path) -> pa.Table:
         if name in seen:
             raise FocusError(file, None, name, "column appears twice in the header")
         seen.add(name)
+    ragged: list[Any] = []
+
+    def on_ragged(row: Any) -> str:
+        ragged.append(row)
+        return "error"
+
     try:
         with _open(file) as f:
             return pacsv.read_csv(
                 f,
                 read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=True),
+                parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=on_ragged),
                 convert_options=pacsv.ConvertOptions(
                     column_types={n: pa.string() for n in names},
                     strings_can_be_null=True,
@@ -146,9 +154,28 @@ def _read_csv(file: Path) -> pa.Table:
         if "UTF8" in message or "utf" in message.lower():
             row = _first_non_utf8_row(file)
             raise FocusError(file, row, None, "not UTF-8 text") from None
+        if ragged:
+            bad = ragged[0]
+            row = _first_ragged_row(file, bad.expected_columns)
+            raise FocusError(
+                file, row, None, f"{bad.actual_columns} fields where the header has {bad.expected_columns}"
+            ) from None
         raise FocusError(file, None, None, f"not a readable CSV file: {message.splitlines()[0][:200]}") from None
     except (OSError, EOFError) as e:
         raise FocusError(file, None, None, f"cannot read: {e}") from None
+
+
+def _first_ragged_row(file: Path, expected: int) -> int | None:
+    """Error path only: the 1-based data row whose field count differs from the header's (pyarrow's parallel
+    parser does not know row numbers)."""
+    with _open(file) as f:
+        text = io.TextIOWrapper(f, encoding="utf-8-sig", errors="replace", newline="")
+        records = (record for record in csv.reader(text) if record)  # pyarrow skips blank lines too
+        next(records, None)  # the header
+        for number, record in enumerate(records, start=1):
+            if len(record) != expected:
+                return number
+    return None
 
 
 def _first_non_utf8_row(file: Path) -> int | None:
