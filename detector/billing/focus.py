@@ -232,9 +232,10 @@ def _check_size(file: Path, name: str, cells: pa.ChunkedArray) -> None:
     if not (pa.types.is_string(cells.type) or pa.types.is_large_string(cells.type)
             or pa.types.is_binary(cells.type)):
         return
-    too_big = _first(pc.greater(pc.binary_length(cells), MAX_CELL_BYTES))
+    lengths = pc.binary_length(cells)
+    too_big = _first(pc.greater(lengths, MAX_CELL_BYTES))
     if too_big is not None:
-        size = len(cells[too_big].as_py() or "")
+        size = lengths[too_big].as_py()
         raise FocusError(file, too_big + 1, name, f"cell of {size} bytes is larger than the {MAX_CELL_BYTES}-byte limit")
 
 
