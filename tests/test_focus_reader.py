@@ -322,3 +322,29 @@ def test_a_row_with_too_few_fields_is_named(tmp_path: Path) -> None:
     path = tmp_path / "ragged.csv"
     path.write_text("\n".join(lines) + "\n")
     assert str(_error(path)) == "ragged.csv: row 4: 45 fields where the header has 46"
+
+
+def test_parquet_dictionary_columns_and_a_bad_value_deep_in_a_big_file(tmp_path: Path) -> None:
+    base = pa.Table.from_pylist(_rows()[:1])
+    big = pa.concat_tables([base] * 70000).combine_chunks()
+    i = big.column_names.index("ChargeCategory")
+    big = big.set_column(i, "ChargeCategory", big.column("ChargeCategory").dictionary_encode())
+    i = big.column_names.index("ChargePeriodStart")
+    big = big.set_column(i, "ChargePeriodStart", big.column("ChargePeriodStart").dictionary_encode())
+    path = tmp_path / "big.parquet"
+    pq.write_table(big, path)
+    table = read_focus(path)
+    assert table.num_rows == 70000 and table.column("charge_category")[69999].as_py() == "Usage"
+    costs = big.column("BilledCost").to_pylist()
+    costs[68000] = "1.2.3"
+    big = big.set_column(big.column_names.index("BilledCost"), "BilledCost", pa.array(costs))
+    pq.write_table(big, path)
+    assert str(_error(path)) == "big.parquet: row 68001, column BilledCost: '1.2.3' is not a decimal number"
+
+
+def test_parquet_duplicate_column_is_refused(tmp_path: Path) -> None:
+    base = pa.Table.from_pylist(_rows()[:1])
+    twice = base.append_column("Tags", base.column("Tags"))
+    path = tmp_path / "twice.parquet"
+    pq.write_table(twice, path)
+    assert str(_error(path)) == "twice.parquet: column Tags: column appears twice in the header"

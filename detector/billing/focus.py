@@ -103,6 +103,7 @@ def _read_parquet(file: Path) -> pa.Table:
     if file.stat().st_size == 0:
         raise FocusError(file, None, None, "empty file")
     try:
+        _check_unique(file, pq.read_schema(file).names)
         return pq.read_table(file)
     except (pa.ArrowException, OSError) as e:
         raise FocusError(file, None, None, f"not a readable Parquet file: {e}") from None
@@ -125,12 +126,11 @@ def _read_csv(file: Path) -> pa.Table:
         header_text = header_line.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise FocusError(file, None, None, "the header row is not UTF-8") from None
-    names = next(csv.reader([header_text]))
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise FocusError(file, None, name, "column appears twice in the header")
-        seen.add(name)
+    try:
+        names = next(csv.reader([header_text]))
+    except csv.Error as e:
+        raise FocusError(file, None, None, f"unreadable header row: {e}") from None
+    _check_unique(file, names)
     ragged: list[Any] = []
 
     def on_ragged(row: Any) -> str:
@@ -165,6 +165,14 @@ def _read_csv(file: Path) -> pa.Table:
         raise FocusError(file, None, None, f"cannot read: {e}") from None
 
 
+def _check_unique(file: Path, names: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise FocusError(file, None, name, "column appears twice in the header")
+        seen.add(name)
+
+
 def _first_ragged_row(file: Path, expected: int) -> int | None:
     """Error path only: the 1-based data row whose field count differs from the header's (pyarrow's parallel
     parser does not know row numbers)."""
@@ -172,9 +180,12 @@ def _first_ragged_row(file: Path, expected: int) -> int | None:
         text = io.TextIOWrapper(f, encoding="utf-8-sig", errors="replace", newline="")
         records = (record for record in csv.reader(text) if record)  # pyarrow skips blank lines too
         next(records, None)  # the header
-        for number, record in enumerate(records, start=1):
-            if len(record) != expected:
-                return number
+        try:
+            for number, record in enumerate(records, start=1):
+                if len(record) != expected:
+                    return number
+        except csv.Error:  # a field over the csv module's size limit: give up on the row number, not the error
+            return None
     return None
 
 
@@ -246,6 +257,8 @@ def _convert(file: Path, col: Column, source: str, cells: pa.ChunkedArray | None
         if col.kind == "json":
             return _empty_maps(n)
         return pa.nulls(n, type=_TYPES[col.kind])
+    if pa.types.is_dictionary(cells.type):  # Parquet writers dictionary-encode repetitive columns
+        cells = cells.cast(cells.type.value_type)
     if col.focus in NOT_NULL:
         missing = _first(pc.is_null(cells))
         if missing is None and _is_text(cells.type):
@@ -277,14 +290,24 @@ def _to_string(file: Path, source: str, cells: pa.ChunkedArray) -> pa.ChunkedArr
 
 
 def _bad_row(file: Path, source: str, cells: pa.ChunkedArray, cast: Any, what: str) -> FocusError:
-    """Error path: walk the column to find the first value `cast` rejects, and say which row it is."""
-    for i, value in enumerate(cells.to_pylist()):
-        if value is None:
-            continue
+    """Error path: find the first value `cast` rejects (slice by slice, then value by value), and name its row."""
+    failures = (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError)
+    step = 65536
+    column = cells.combine_chunks()
+    for start in range(0, len(column), step):
+        piece = column.slice(start, step)
         try:
-            cast(pa.array([value], type=cells.type))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
-            return FocusError(file, i + 1, source, f"{_show(value)} is not {what}")
+            cast(piece)
+            continue
+        except failures:
+            pass
+        for i, value in enumerate(piece.to_pylist()):
+            if value is None:
+                continue
+            try:
+                cast(pa.array([value], type=column.type))
+            except failures:
+                return FocusError(file, start + i + 1, source, f"{_show(value)} is not {what}")
     return FocusError(file, None, source, f"is not {what}")
 
 
