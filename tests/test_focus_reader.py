@@ -348,3 +348,19 @@ def test_parquet_duplicate_column_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "twice.parquet"
     pq.write_table(twice, path)
     assert str(_error(path)) == "twice.parquet: column Tags: column appears twice in the header"
+
+
+def test_parquet_nested_extra_column_map_tags_and_nan_cost(tmp_path: Path) -> None:
+    base = pa.Table.from_pylist(_rows()[:2])
+    table = base.append_column("x_Discounts", pa.array([{"rate": 1, "tiers": [1, 2]}, None]))
+    i = table.column_names.index("Tags")
+    table = table.set_column(i, "Tags", pa.array([[("user:team", 1)], []], pa.map_(pa.string(), pa.int64())))
+    path = tmp_path / "nested.parquet"
+    pq.write_table(table, path)
+    rows = read_focus(path).to_pylist()
+    assert dict(rows[0]["x_columns"])["x_Discounts"] == '{"rate": 1, "tiers": [1, 2]}'
+    assert "x_Discounts" not in dict(rows[1]["x_columns"])
+    assert dict(rows[0]["tags"]) == {"user:team": "1"} and dict(rows[1]["tags"]) == {}
+    i = table.column_names.index("BilledCost")
+    pq.write_table(table.set_column(i, "BilledCost", pa.array([1.0, float("nan")])), path)
+    assert str(_error(path)) == "nested.parquet: row 2, column BilledCost: 'nan' is not a decimal number"
