@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
@@ -90,7 +91,7 @@ def test_csv_gzip_and_parquet_give_the_same_table(tmp_path: Path) -> None:
 
     # Parquet with native types, the way exporters write it: float costs, naive timestamps (UTC by the spec),
     # a tags column still JSON text.
-    raw = pa.csv.read_csv(FIXTURE, convert_options=pa.csv.ConvertOptions(
+    raw = pacsv.read_csv(FIXTURE, convert_options=pacsv.ConvertOptions(
         column_types={n: pa.string() for n in _rows()[0]}, strings_can_be_null=True))
     typed = raw
     for name in ("BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "ConsumedQuantity"):
