@@ -16,10 +16,11 @@ What is trusted when (the reconciliation check depends on it):
   bill is the truth, and it differs from the price list the way real bills do:
   a negotiated discount (``EffectiveCost = ListCost × (1 − 8 %)``) for account
   :data:`DISCOUNT_ACCOUNT`; spot actuals ±15 % of the list's spot figure per host and day; a
-  Compute Savings Plan over account :data:`COMMITMENT_ACCOUNT`'s on-demand usage
-  (``PricingCategory = Committed``, ``CommitmentDiscountStatus = Used`` at the committed rate,
-  and ``Unused`` rows with the commitment's id as ``ResourceId`` in hours the usage falls short
-  of it, plus the hourly fee as a ``Purchase`` row); one day of one resource first billed
+  Compute Savings Plan bought for every other on-demand host of account
+  :data:`COMMITMENT_ACCOUNT` as if they ran around the clock (``PricingCategory = Committed``,
+  ``CommitmentDiscountStatus = Used`` at the committed rate whenever they run, ``Unused`` rows
+  with the commitment's id as ``ResourceId`` for the hours they are stopped, and the hourly
+  fee as a ``Purchase`` row); one day of one resource first billed
   without its discount and restated by a ``ChargeClass = Correction`` row the next month.
 - One account-level promotional ``Credit`` (negative costs, no resource).
 - Untagged resources (those labelled ``untagged``): every other one has team/project tags in
@@ -206,18 +207,17 @@ def bill_of(fleet: Fleet, pricing: Pricing) -> FocusBill:
         bill.corrected = (corrected.resource_id, day0)
     correction_usd = 0.0
 
-    # The Savings Plan: the committed rate over COMMITMENT_ACCOUNT's on-demand usage priced from the list,
-    # its commitment the mean hourly use (so some hours fall short of it), or above a use that never varies.
-    covered = sorted((r for r in compute if not r.send_cost and r.account == COMMITMENT_ACCOUNT
-                      and r.pricing == "on_demand"), key=lambda r: r.resource_id)  # fmt: skip
+    # The Savings Plan: bought for every other on-demand host of COMMITMENT_ACCOUNT priced from the list,
+    # as if they ran around the clock (their committed rate each hour); the hours they are stopped go unused.
+    # A host is covered whenever it runs, so each host has one rate (committed or list): a rate learnt from
+    # the bill prices its alerts as billed.
+    eligible = sorted((r for r in compute if not r.send_cost and r.account == COMMITMENT_ACCOUNT
+                       and r.pricing == "on_demand"), key=lambda r: r.resource_id)  # fmt: skip
+    covered = eligible[::2]
     sp_rate = {r.resource_id: pricing.hourly(r.instance_type, "reserved") or r.hourly * 0.6 for r in covered}
     all_hours = sorted({h for rid in hours for h in hours[rid]})
-    use = [sum(hours[r.resource_id].get(h, _Hour()).run_s / HOUR * sp_rate[r.resource_id] for r in covered)
-           for h in all_hours]  # fmt: skip
-    commitment = 0.0
-    if covered and max(use, default=0.0) > 0:
-        mean = sum(use) / len(use)
-        commitment = round(mean if max(use) > min(use) * 1.05 else max(use) * 1.1, 2)
+    commitment = sum(sp_rate.values())
+    if commitment:
         bill.commitment_id = f"arn:aws:savingsplans::{PAYER}:savingsplan/sim-{cfg.seed:04d}"
     sp_cols = {"CommitmentDiscountId": bill.commitment_id, "CommitmentDiscountType": "ComputeSavingsPlans",
                "CommitmentDiscountCategory": "Spend", "CommitmentDiscountName": "notebooks 1yr no upfront",
@@ -252,8 +252,8 @@ def bill_of(fleet: Fleet, pricing: Pricing) -> FocusBill:
                 bill.rates[(res.resource_id, h)] = rate
                 continue
             standard_qty = qty
-            if res.resource_id in covered_ids and left[h] > 0:
-                used_qty = min(qty, left[h] / sp_rate[res.resource_id])
+            if res.resource_id in covered_ids:
+                used_qty = qty
                 used = used_qty * sp_rate[res.resource_id]
                 left[h] -= used
                 standard_qty -= used_qty

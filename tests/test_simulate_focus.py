@@ -170,6 +170,13 @@ def test_ground_truth_rates_add_up_to_the_bill(pricing: Pricing) -> None:
     for rid, usd in per_resource.items():
         if any(key[0] == rid for key in hours):
             assert truth[rid] == pytest.approx(usd, rel=1e-9), rid
+    # One rate per instance over the span (its alerts priced at a rate learnt from the bill are priced as billed):
+    # the commitment covers a host whenever it runs, the corrected day is corrected to the discounted rate.
+    rates: dict[str, set[float]] = defaultdict(set)
+    for (rid, _), rate in bill.rates.items():
+        rates[rid].add(round(rate, 9))
+    assert {rid for rid, found in rates.items() if len(found) > 1} == {
+        rid for rid in rates if rid.startswith(("bucket-", "vectordb-"))}  # storage: dollars per hour grow with size
 
 
 def test_spot_actuals_differ_from_the_price_list_by_host_and_day(pricing: Pricing) -> None:
