@@ -42,6 +42,7 @@ test-fast: install-test
 bench: install
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/model.py
+	$(BIN)/python bench/focus.py
 
 eval: install
 	$(BIN)/burnwatch eval

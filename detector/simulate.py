@@ -62,7 +62,7 @@ from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE, TOPIC_RUN_E
 from detector.pricing import Pricing, storage_usd, usd_over
 from detector.units import rfc3339
 
-__all__ = ["Label", "Record", "SimConfig", "simulate"]
+__all__ = ["Fleet", "Label", "Record", "SimConfig", "build", "simulate"]
 
 Record = tuple[float, str, str, Any]
 """(send time, topic, key, value): value is one event or a list of events."""
@@ -696,19 +696,40 @@ def _messy_delivery(records: Iterator[Record], cfg: SimConfig, rng: random.Rando
         yield heapq.heappop(pending)[2]
 
 
-def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[Label]]:
-    """Build the fleet; return its records in send order (lazily) and the labels."""
+@dataclass
+class Fleet:
+    """What :func:`build` made: the resources whose records :func:`simulate` sends, so another
+    view of the same fleet (its bill, :mod:`detector.simulate_focus`) is derived from the same truth."""
+
+    cfg: SimConfig
+    end: float
+    gpu_resources: list[_Resource]
+    cpu_resources: list[_Resource]
+    stores: list[_Store]
+    builder: _Builder
+
+
+def build(cfg: SimConfig, pricing: Pricing) -> Fleet:
+    """Build the fleet's resources from the seed (in one fixed order: the random stream depends on it)."""
     b = _Builder(cfg, pricing)
     gpu_resources = [b.training_host(i) for i in range(cfg.training_hosts)]
     gpu_resources += [b.notebook(i) for i in range(cfg.notebooks)]
     gpu_resources += [b.inference(i) for i in range(cfg.inference_endpoints)]
+    cpu_resources = [b.etl_instance(i) for i in range(cfg.cpu_instances)]
+    stores = [b.bucket(i) for i in range(cfg.buckets)] + [b.vector_db(i) for i in range(cfg.vector_dbs)]
+    return Fleet(cfg, b.end, gpu_resources, cpu_resources, stores, b)
+
+
+def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[Label]]:
+    """Build the fleet; return its records in send order (lazily) and the labels."""
+    fleet = build(cfg, pricing)
+    b, gpu_resources, stores = fleet.builder, fleet.gpu_resources, fleet.stores
     streams: list[Iterator[Record]] = []
     for res in gpu_resources:
         streams.append(_gpu_records(res, cfg, random.Random(f"{cfg.seed}-{res.resource_id}")))
         streams.append(_batched(_usage_records(res, cfg, b.end), cfg.usage_flush_s))
-    for i in range(cfg.cpu_instances):
-        streams.append(_batched(_usage_records(b.etl_instance(i), cfg, b.end), cfg.usage_flush_s))
-    stores = [b.bucket(i) for i in range(cfg.buckets)] + [b.vector_db(i) for i in range(cfg.vector_dbs)]
+    for res in fleet.cpu_resources:
+        streams.append(_batched(_usage_records(res, cfg, b.end), cfg.usage_flush_s))
     streams += [_storage_records(store, cfg, b.end, pricing.storage_usd_per_gb_month) for store in stores]
     streams.append(iter(sorted(b.runs, key=lambda r: r[0])))
     merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
@@ -736,12 +757,16 @@ def _k8s_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[R
     for node in simulate_k8s.k8s_nodes(cfg.k8s_nodes, cfg.seed, cfg.start, end, cfg.scrape_s, pricing):
         rng = random.Random(f"{cfg.seed}-{node.instance_id}")
         streams.append(simulate_k8s.k8s_records(node, cfg.start, end, cfg.scrape_s, rng, cfg.drop_p, cfg.jitter_s))
-        res = _Resource(node.instance_id, "gpu_instance", node.instance_type, node.gpus, node.gpu_model,
-                        node.max_power, node.tags, "ml-prod-0", node.zone[:-1], node.hourly, send_cost=True,
-                        segments=[_Segment(cfg.start, end, "running")])  # fmt: skip
-        streams.append(_batched(_usage_records(res, cfg, end), cfg.usage_flush_s))
+        streams.append(_batched(_usage_records(_k8s_resource(node, cfg, end), cfg, end), cfg.usage_flush_s))
         labels += simulate_k8s.k8s_labels(node, cfg.start, end, cfg.scrape_s)
     merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
     if cfg.duplicate_p or cfg.delay_s:
         merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-k8s-delivery"))
     return merged, labels
+
+
+def _k8s_resource(node: Any, cfg: SimConfig, end: float) -> _Resource:
+    """A Kubernetes node as the cloud bills it: a GPU instance running throughout, its cost on its usage events."""
+    return _Resource(node.instance_id, "gpu_instance", node.instance_type, node.gpus, node.gpu_model,
+                     node.max_power, node.tags, "ml-prod-0", node.zone[:-1], node.hourly, send_cost=True,
+                     segments=[_Segment(cfg.start, end, "running")])  # fmt: skip

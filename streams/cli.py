@@ -145,6 +145,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise SystemExit("--publish needs BURNWATCH_KAFKA_BOOTSTRAP")
     # the files are opened before the fleet is simulated: a bad path fails at once
     labels_file = _open_for_writing(args.labels, "--labels") if args.labels else None
+    if args.focus and not args.focus.lower().endswith((".parquet", ".csv", ".csv.gz")):
+        raise SystemExit(f"--focus {args.focus}: the file name must end in .parquet, .csv or .csv.gz")
+    if args.focus:
+        _open_for_writing(args.focus, "--focus", binary=True).close()
     to_stdout = args.publish or not args.out or args.out == "-"
     out = sys.stdout.buffer if to_stdout else _open_for_writing(args.out, "--out", binary=True)
     pricing = load_pricing(settings.rules_path / "pricing.yaml")
@@ -152,6 +156,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if labels_file is not None:
         with labels_file:
             labels_file.write("".join(json.dumps(label.to_json()) + "\n" for label in labels))
+    if args.focus:
+        from detector.simulate_focus import simulate_focus, write_focus
+
+        bill = simulate_focus(cfg, pricing)
+        write_focus(bill, args.focus)
+        print(f"wrote the fleet's FOCUS 1.2 bill: {len(bill.rows)} rows to {args.focus}", file=sys.stderr)
     if args.publish:
         from streams.kafka import ensure_topics, publish_records
 
@@ -989,6 +999,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="-", help="replay file to write ('-' for stdout)")
     p.add_argument("--labels", help="write the ground-truth labels (JSON lines) here")
+    p.add_argument("--focus", help="write the fleet's bill here as FOCUS 1.2 (.parquet, .csv or .csv.gz)")
     p.add_argument("--publish", action="store_true", help="publish to Kafka instead of writing a file")
     p.add_argument("--speed", type=float, help="with --publish: event-time acceleration (e.g. 600)")
     p.set_defaults(func=cmd_simulate)
