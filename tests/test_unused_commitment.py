@@ -73,6 +73,11 @@ CASES = [
     # hourly, shuffled within each day and across the boundary: the same dollars and dates
     (sorted(hourly((70, 30), (60, 40)), key=lambda e: e.ts.timestamp() + random.Random(3).uniform(0, 6 * HOUR)),
      [("fire", T0 + DAY, 30.0), ("update", T0 + 2 * DAY, 70.0)]),
+    # half a day read, then the whole day restated before it was complete: each period counts once, as restated
+    (hourly((100, 0))[:12] + hourly((70, 30)), [("fire", T0 + DAY, 30.0)]),
+    # a two-hour period across midnight is split between the days it covers
+    (hourly((70, 30))[:23] + [charge(T0 + 23 * HOUR, 70 / 12, 30 / 12, 2 * HOUR)] + hourly((70, 30), start=T0 + DAY)[1:],
+     [("fire", T0 + DAY, 30.0), ("update", T0 + 2 * DAY, 60.0)]),
     # data stops for three days (past expire_after) and resumes used: resolved as expired, not used
     (days((70, 30)) + days((100, 0), start=T0 + 4 * DAY),
      [("fire", T0 + DAY, 30.0), ("resolve", T0 + DAY, 30.0)]),
@@ -81,7 +86,7 @@ CASES = [
 
 @pytest.mark.parametrize("events,expected", CASES, ids=[
     "fully-used", "30pct-unused-a-day", "under-dollar-floor", "under-share", "resolves-when-used", "two-episodes",
-    "duplicates", "out-of-order-day", "hourly", "hourly-shuffled", "expired"])  # fmt: skip
+    "duplicates", "out-of-order-day", "hourly", "hourly-shuffled", "reread-half-day", "across-midnight", "expired"])  # fmt: skip
 def test_cases(ruleset, events, expected):
     assert actions(findings(ruleset, events)) == expected
 
