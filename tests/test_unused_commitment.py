@@ -161,3 +161,20 @@ def test_slack_message_names_the_commitment_dollars_and_step(ruleset):
     for expected in ("Unused commitment", "sp-1", "compute-sp-3yr", "Savings Plan", "$70.00", "40.0 %",
                      "$60.00 used, $40.00 unused", "Left unused so far", "size the next purchase"):  # fmt: skip
         assert expected in text, expected
+
+
+def test_commitments_report_lists_unused_dollars_per_commitment_and_day(store):
+    """The stored usage rows (``usd`` = the unused dollars), a day read twice counted once."""
+    from detector.reports import run_report
+    from detector.store.batch import EventBatch
+
+    batch = EventBatch()
+    batch.extend(days((70, 30), (60, 40)) + days((60, 40), start=T0 + DAY) + hourly((100, 0), start=T0 + 2 * DAY))
+    store.events.insert(batch)
+    rows = run_report(store, "commitments", 30 * DAY)
+    got = [(str(r["day"]), r["commitment_name"], r["commitment_type"], r["used_usd"], r["unused_usd"], r["unused_pct"])
+           for r in rows]  # fmt: skip
+    assert got == [("2026-11-02", "compute-sp-3yr", "Savings Plan", 70.0, 30.0, 30.0),
+                   ("2026-11-03", "compute-sp-3yr", "Savings Plan", 60.0, 40.0, 40.0),
+                   ("2026-11-04", "compute-sp-3yr", "Savings Plan", 100.0, 0.0, 0.0)]  # fmt: skip
+    assert run_report(store, "commitments", 30 * DAY, team="nobody") == []
