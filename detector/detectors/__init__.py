@@ -20,6 +20,7 @@ from detector.detectors.stuck_gpu import StuckGpu
 from detector.detectors.telemetry_stale import TelemetryStale
 from detector.detectors.unallocated_gpu import UnallocatedGpu
 from detector.detectors.untagged import Untagged
+from detector.detectors.unused_commitment import UnusedCommitment
 from detector.detectors.vector_db_growth import VectorDbGrowth
 
 __all__ = ["REGISTRY", "Behaviour", "Context", "Detector", "Finding", "Params", "ResourceInfo", "money_types"]
@@ -27,7 +28,7 @@ __all__ = ["REGISTRY", "Behaviour", "Context", "Detector", "Finding", "Params", 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
     for cls in (IdleGpu, PartlyIdleGpu, UnallocatedGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend,
-                VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, Anomaly)
+                VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, UnusedCommitment, Anomaly)
 }
 
 
