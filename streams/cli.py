@@ -820,6 +820,30 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ingest_focus(args: argparse.Namespace) -> int:
+    from detector.billing.focus import FocusError
+    from detector.billing.ingest import read_bill, store_bill
+    from detector.store import Store, StoreBusy
+
+    settings = _settings(args)
+    try:
+        bill = read_bill(args.path, currency=args.currency)  # every file checked before the store is touched
+    except FocusError as exc:
+        raise SystemExit(f"{exc}; nothing was stored") from None
+    _say_store(settings)
+    try:
+        store = Store.open(settings.dsn, settings.clickhouse_database)
+    except StoreBusy as exc:
+        raise SystemExit(f"{exc}; nothing was stored") from None
+    try:
+        result = store_bill(store, bill)
+    finally:
+        store.close()
+    print(f"ingest {result.ingest_id}: {result.rows:,} charges from {len(result.files)} file(s), "
+          f"billed {result.billed_cost:,.2f} {args.currency}, effective {result.effective_cost:,.2f} {args.currency}")
+    return 0
+
+
 def cmd_db_migrate(args: argparse.Namespace) -> int:
     from detector.store import RAW_TABLES, Store, connect
 
@@ -1105,6 +1129,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--path", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
     p.set_defaults(func=cmd_rules_explain)
+
+    ingest = sub.add_parser("ingest", help="read bills into the store").add_subparsers(dest="ingest_command",
+                                                                                    required=True)  # fmt: skip
+    p = ingest.add_parser("focus", help="store a FOCUS 1.0-1.2 export (CSV, CSV.gz, Parquet; a file or a directory)",
+                          description="Every file is checked before anything is stored; a re-delivered or restated "
+                          "export replaces the charges it restates (docs/billing.md).")  # fmt: skip
+    p.add_argument("path", help="a FOCUS file, or a directory of them")
+    p.add_argument("--currency", default="USD", help="the billing currency every row must carry (default USD)")
+    p.set_defaults(func=cmd_ingest_focus)
 
     db = sub.add_parser("db", help="the ClickHouse store").add_subparsers(dest="db_command", required=True)
     db.add_parser("migrate", help="create what the schema lacks (the worker does it on start too)").set_defaults(
