@@ -52,6 +52,7 @@ REPORTS: dict[str, Report] = {r.name: r for r in [
     Report("vector-db", "Vector-DB fill and forecast"),
     Report("incidents", "Incidents with time to acknowledge and resolve"),
     Report("precision", "Alert precision by rule (acknowledged vs marked expected)"),
+    Report("reconcile", "Dollars claimed and alerted against the FOCUS bill, per team and resource-day"),
     Report("commitments", "Unused commitment dollars per commitment and day"),
 ]}
 

@@ -823,6 +823,8 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
 def cmd_ingest_focus(args: argparse.Namespace) -> int:
     from detector.billing.focus import FocusError
     from detector.billing.ingest import read_bill, store_bill
+    from detector.billing.usage import telemetry_sql, usage_records
+    from detector.events import TOPIC_RESOURCE_USAGE
     from detector.store import Store, StoreBusy
 
     settings = _settings(args)
@@ -837,10 +839,22 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
         raise SystemExit(f"{exc}; nothing was stored") from None
     try:
         result = store_bill(store, bill)
+        with_telemetry = {r["resource_id"] for r in store.query(telemetry_sql(store.db))} if args.publish_usage else set()
     finally:
         store.close()
     print(f"ingest {result.ingest_id}: {result.rows:,} charges from {len(result.files)} file(s), "
           f"billed {result.billed_cost:,.2f} {args.currency}, effective {result.effective_cost:,.2f} {args.currency}")
+    if args.publish_usage:
+        from streams.kafka import publish_records
+
+        bootstrap = settings.kafka_bootstrap
+        if not bootstrap:
+            raise SystemExit("--publish-usage: BURNWATCH_KAFKA_BOOTSTRAP is not set (the bill is stored; run again to "
+                             "publish)")  # fmt: skip
+        records = list(usage_records(bill.table, with_telemetry))
+        n = _kafka(bootstrap, lambda: publish_records(bootstrap, records))
+        _note(f"published {n} usage events of billed resources without telemetry and of commitments to "
+              f"{TOPIC_RESOURCE_USAGE}")
     return 0
 
 
@@ -1137,6 +1151,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "export replaces the charges it restates (docs/billing.md).")  # fmt: skip
     p.add_argument("path", help="a FOCUS file, or a directory of them")
     p.add_argument("--currency", default="USD", help="the billing currency every row must carry (default USD)")
+    p.add_argument("--publish-usage", action="store_true",
+                   help="also publish the bill's usage to resource-usage: billed resources that send no telemetry "
+                   "(buckets, managed databases), and commitments (for unused_commitment)")  # fmt: skip
     p.set_defaults(func=cmd_ingest_focus)
 
     db = sub.add_parser("db", help="the ClickHouse store").add_subparsers(dest="db_command", required=True)

@@ -205,3 +205,31 @@ def test_the_ledger_of_a_worker_filled_store_is_held_to_the_bill(filled):
     assert pieces > 2 * len(alerts_of(store, "idle_gpu"))  # several changes per incident: spread piece by piece
     ledger = store.query(f"SELECT sum(usd) AS usd FROM {store.db}.waste_ledger WHERE type = 'idle_gpu'")[0]["usd"]
     assert ledger == pytest.approx(sum(a["waste_usd"] for a in alerts_of(store, "idle_gpu")), abs=0.01)
+
+
+def test_reconcile_puts_the_events_dollars_against_the_bill(filled, ruleset, tmp_path):
+    """The fleet's own FOCUS bill ingested: resources whose events carried the billed cost agree
+    within 1 % on every day both have; those priced from the price list differ by the discount
+    or commitment, and the report says so; nothing billed goes missing."""
+    from detector.billing.ingest import ingest_files
+    from detector.simulate import build
+    from detector.simulate_focus import simulate_focus, write_focus
+
+    store, _ = filled
+    cfg = SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11)
+    bill = simulate_focus(cfg, ruleset.pricing)
+    ingest_files(store, write_focus(bill, tmp_path / "bill.parquet"))
+    fleet = build(cfg, ruleset.pricing)
+    sends_cost = {r.resource_id for r in fleet.gpu_resources + fleet.cpu_resources if r.send_cost}
+    list_priced = {r.resource_id for r in fleet.gpu_resources + fleet.cpu_resources if not r.send_cost}
+    rows = run_report(store, "reconcile", ALL, "")
+    both = [r for r in rows if r["claimed_usd"] and r["billed_usd"]]
+    assert {r["resource_id"] for r in both} >= sends_cost
+    for r in both:
+        if r["resource_id"] in sends_cost:
+            assert r["why"].startswith("agrees"), r  # the simulated bill has no network rows
+    differ = [r for r in both if r["resource_id"] in list_priced and not r["why"].startswith("agrees")]
+    assert differ and all(r["why"] for r in differ), [(r["resource_id"], r["claimed_usd"], r["billed_usd"], r["why"])
+                                                      for r in differ]  # fmt: skip
+    billed = {r["ResourceId"] for r in bill.rows if r["ResourceId"]}
+    assert billed <= {r["resource_id"] for r in rows}

@@ -1,0 +1,60 @@
+"""The bill's usage as usage events (``ingest focus --publish-usage``): billed resources
+without telemetry and commitments reach the stream's detectors through the real decoder."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pytest
+
+from detector.backtest import backtest
+from detector.billing.focus import read_focus
+from detector.billing.usage import COMMITMENT, usage_records
+from detector.events import TOPIC_RESOURCE_USAGE, EventDecoder
+from detector.simulate import SimConfig, build
+from detector.simulate_focus import simulate_focus, write_focus
+
+CFG = SimConfig(hours=54, training_hosts=2, notebooks=12, seed=5)
+"""Two whole days and six hours: the Savings Plan leaves 20-30 % of its cost unused each whole day."""
+
+
+@pytest.fixture(scope="module")
+def bill(ruleset, tmp_path_factory):
+    sim = simulate_focus(CFG, ruleset.pricing)
+    table = read_focus(write_focus(sim, tmp_path_factory.mktemp("bill") / "bill.parquet"))
+    return sim, table
+
+
+def test_only_resources_without_telemetry_are_published_at_their_billed_cost(bill, ruleset):
+    sim, table = bill
+    fleet = build(CFG, ruleset.pricing)
+    stores = {s.resource_id for s in fleet.stores}
+    telemetry = {r.resource_id for r in fleet.gpu_resources + fleet.cpu_resources}  # the stores send none here
+    decoder = EventDecoder()
+    events = [e for _, _, value in usage_records(table, telemetry) for e in decoder.decode(TOPIC_RESOURCE_USAGE, value)]
+    published = {e.resource_id for e in events if e.resource_type != COMMITMENT}
+    assert published == stores
+    for rid in stores:  # each store's events add up to what the bill charged it
+        billed = sum(Decimal(str(r["EffectiveCost"])) for r in sim.rows
+                     if r["ResourceId"] == rid and r["ChargeCategory"] == "Usage")  # fmt: skip
+        assert sum(e.cost_usd or 0.0 for e in events if e.resource_id == rid) == pytest.approx(float(billed), rel=1e-9)
+        assert all(e.extra.get("billed_from") == "focus" for e in events if e.resource_id == rid)
+
+
+def test_a_partly_unused_commitment_alerts_through_backtest(bill, ruleset, tmp_path):
+    sim, table = bill
+    fleet = build(CFG, ruleset.pricing)
+    telemetry = {r.resource_id for r in fleet.gpu_resources + fleet.cpu_resources} | {s.resource_id for s in fleet.stores}
+    path = tmp_path / "published.jsonl"
+    with open(path, "w") as out:
+        for topic, key, value in usage_records(table, telemetry):
+            out.write(json.dumps({"topic": topic, "key": key, "value": json.loads(value)}) + "\n")
+    result = backtest(path, ruleset)
+    assert result.invalid == []
+    whole_days = CFG.start + 2 * 86_400.0  # the last six hours are no whole day: not judged yet
+    unused = sum(float(r["EffectiveCost"]) for r in sim.rows if r["CommitmentDiscountStatus"] == "Unused"
+                 and r["ChargeCategory"] == "Usage" and r["ChargePeriodStart"].timestamp() < whole_days)  # fmt: skip
+    (alert,) = [a for a in result.alerts if a.type == "unused_commitment"]
+    assert alert.resource_id == sim.commitment_id
+    assert alert.waste_usd == pytest.approx(unused, rel=1e-6)  # the bill's unused dollars, to the cent
