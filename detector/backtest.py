@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert, AlertManager, from_finding
 from detector.align import EventTimeAligner
+from detector.billing.rates import BilledRates
 from detector.detectors.anomaly import Scoring, scoring_during
 from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage
@@ -47,8 +48,8 @@ class BacktestResult:
 class _Detection:
     """One rule set's engine and alert manager, fed time-ordered events."""
 
-    def __init__(self, ruleset: RuleSet) -> None:
-        self.engine = Engine(ruleset)
+    def __init__(self, ruleset: RuleSet, billed: BilledRates | None = None) -> None:
+        self.engine = Engine(ruleset, billed=billed)
         self.manager = AlertManager(ruleset=ruleset)
         self.latest: dict[str, Alert] = {}
 
@@ -68,8 +69,9 @@ class _Detection:
 
 
 def _run(batches: Iterable[list[tuple[float, Any]]], ruleset: RuleSet, other: RuleSet | None, result: BacktestResult,
-         models: Any = None, on_windows: Any = None, record: Any = None) -> None:  # fmt: skip
-    runs = [_Detection(ruleset)] + ([_Detection(other)] if other is not None else [])
+         models: Any = None, on_windows: Any = None, record: Any = None,
+         billed: BilledRates | None = None) -> None:  # fmt: skip
+    runs = [_Detection(ruleset, billed)] + ([_Detection(other, billed)] if other is not None else [])
     with ExitStack() as lent:  # the anomaly rules score with ``models`` for this run only
         lent.enter_context(scoring_during(ruleset.rules, Scoring(models, on_windows, record)))
         if other is not None:
@@ -91,11 +93,13 @@ def backtest(
     models: Any = None,
     on_windows: Any = None,
     record: Any = None,
+    billed: BilledRates | None = None,
 ) -> BacktestResult:
     """Detect over a whole replay file, topics aligned on event time as the worker aligns them.
     ``models`` scores the ``anomaly`` rule's windows; ``on_windows`` sees them (training);
     ``record`` sees each batch's judged windows with their scores (``backtest --scores``). Without
-    a ``decoder``, events are decoded with the rule set's plausibility bounds, as the worker does."""
+    a ``decoder``, events are decoded with the rule set's plausibility bounds, as the worker does.
+    ``billed``: rates and tags from a FOCUS bill (``backtest --bill``), as the worker has them."""
     decoder = decoder or EventDecoder(limits=ruleset.limits)
     result = BacktestResult(alerts=[])
 
@@ -114,7 +118,7 @@ def backtest(
                 yield aligner.release()[0]
         yield aligner.release(everything=True)[0]
 
-    _run(batches(), ruleset, other, result, models, on_windows, record)
+    _run(batches(), ruleset, other, result, models, on_windows, record, billed)
     return result
 
 

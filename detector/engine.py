@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from detector.billing.rates import BilledRates
 from detector.detectors import Detector, Finding, ResourceInfo
 from detector.detectors.base import BatchPhase, Behaviour, Context
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
@@ -92,9 +93,12 @@ class Engine:
         *,
         state_ttl_s: float = 2 * 86_400.0,
         loader: Callable[[str], bytes | None] | None = None,
+        billed: BilledRates | None = None,
     ) -> None:
         self.ruleset = ruleset
-        self.pricer = Pricer(ruleset.pricing)
+        self.billed = billed
+        """Rates and tags from the FOCUS bill (:mod:`detector.billing.rates`); None: the price list alone."""
+        self.pricer = Pricer(ruleset.pricing, billed)
         """Prices each usage event once, for every detector (see :mod:`detector.pricing`)."""
         self.state_ttl_s = state_ttl_s
         self._loader = loader
@@ -285,9 +289,10 @@ class Engine:
 
     def _update_info(self, state: KeyState, ev: UsageEvent) -> None:
         info = state.info
+        tags = self.billed.fill_tags(ev.resource_id, ev.tags) if self.billed is not None else ev.tags
         changed = (
             ev.resource_type != info.resource_type
-            or ev.tags != info.tags
+            or tags != info.tags
             or ev.account != info.account
             or ev.region != info.region
             or ev.instance_type != info.instance_type
@@ -300,7 +305,7 @@ class Engine:
         info.instance_type = ev.instance_type
         info.pricing = ev.pricing
         info.state = ev.state
-        info.tags = ev.tags
+        info.tags = tags
         cost = self.pricer.cost(ev)
         listed = self.pricer.pricing.instances.get(ev.instance_type) if ev.instance_type else None
         info.gpus = listed.gpus if listed is not None else 0
@@ -310,11 +315,16 @@ class Engine:
         if changed:
             state.routes.clear()
 
+    def set_billed(self, billed: BilledRates | None) -> None:
+        """Price and tag from a newer bill (the worker, after ``burnwatch ingest focus``)."""
+        self.billed = billed
+        self.pricer = Pricer(self.ruleset.pricing, billed)
+
     def set_ruleset(self, ruleset: RuleSet) -> None:
         """Swap rules in place (hot reload). Open episodes of rules that remain continue
         with the new params; state of rules removed, or whose type changed, is dropped."""
         self.ruleset = ruleset
-        self.pricer = Pricer(ruleset.pricing)
+        self.pricer = Pricer(ruleset.pricing, self.billed)
         self._by_name = {r.detector.name: r.detector for r in ruleset.rules}
         for state in self._keys.values():
             state.routes.clear()

@@ -1,7 +1,8 @@
 """Prices (``rules/pricing.yaml``) and the one pricer that turns them into dollars.
 
 Every dollar burnwatch reports starts here. :meth:`Pricer.cost` says what one usage
-interval cost (the exporter's ``cost_usd``, else the price list's rate over the interval,
+interval cost (the exporter's ``cost_usd``, else the rate the FOCUS bill charged the
+resource (:mod:`detector.billing.rates`), else the price list's rate over the interval,
 or the bytes a bucket holds; egress by destination class), and :func:`usd_over` is the
 only place a rate per hour meets a duration. The engine prices each usage event once and
 hands the result to the detectors (``ResourceInfo.interval_usd``, ``usd_per_hour``) and
@@ -13,13 +14,13 @@ an untagged bucket's alert adds up to what its stored rows say it cost.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["HOURS_PER_MONTH", "CapacityTier", "EgressPrices", "InstancePrice", "IntervalCost", "Pricer", "Pricing",
+__all__ = ["HOURS_PER_MONTH", "BilledRate", "CapacityTier", "EgressPrices", "InstancePrice", "IntervalCost", "Pricer", "Pricing",
            "egress_destination", "load_pricing", "usd_over"]
 
 
@@ -111,21 +112,35 @@ class IntervalCost(msgspec.Struct, frozen=True, gc=False):
     """The rate the interval was billed at while running; None when stopped or unpriced."""
 
 
+class BilledRate(Protocol):
+    """Rates learnt from the bill (:class:`detector.billing.rates.BilledRates`)."""
+
+    def hourly(self, resource_id: str, t: float, instance_type: str = "", region: str = "",
+               pricing: str = "on_demand") -> float | None: ...  # fmt: skip
+
+
 class Pricer:
     """Prices usage intervals from one price list (see the module docstring)."""
 
-    def __init__(self, pricing: Pricing | None = None) -> None:
+    def __init__(self, pricing: Pricing | None = None, billed: BilledRate | None = None) -> None:
         self.pricing = pricing or Pricing()
+        self.billed = billed
+        """What the bill charged (``detector.billing.rates.BilledRates``), asked before the price list."""
 
     def cost(self, event: Any) -> IntervalCost:
         """The cost of one usage interval: ``cost_usd`` when the exporter sent it, else (while
-        running) the list price of its instance type and pricing model, else the bytes a
-        storage bucket holds at the object-storage price; nothing else prices it."""
+        running) the rate the bill charged it, else the list price of its instance type and
+        pricing model, else the bytes a storage bucket holds at the object-storage price;
+        nothing else prices it."""
         usd = event.cost_usd
         rate = None
         if event.state == "running":
             if usd is None:
-                rate = self.pricing.hourly(event.instance_type, event.pricing)
+                if self.billed is not None:
+                    rate = self.billed.hourly(event.resource_id, event.ts.timestamp(), event.instance_type,
+                                              event.region, event.pricing)  # fmt: skip
+                if rate is None:
+                    rate = self.pricing.hourly(event.instance_type, event.pricing)
                 if rate is None and event.storage_bytes is not None and event.resource_type == "storage_bucket":
                     rate = self.storage_rate(event.storage_bytes, self.pricing.storage_usd_per_gb_month)
                 usd = usd_over(rate, event.interval_s) if rate is not None else 0.0

@@ -12,6 +12,7 @@ from typing import Any
 import faust
 from aiokafka.errors import KafkaError
 
+from detector.billing.rates import BilledRates
 from detector.charts import ChartWorker
 from detector.delivery import Outbox
 from detector.engine import Engine
@@ -75,7 +76,9 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     # Per-resource state lives in ClickHouse beside the events it was built from, written
     # in the same step before offsets are acked, and loaded when partitions are assigned.
     assigned_states: dict[str, bytes] = {}
-    engine = Engine(config.current.ruleset, loader=lambda key: assigned_states.pop(key, None))
+    billed = BilledRates.from_store(store)  # the stored bill's rates and tags (streams.timers reloads them)
+    engine = Engine(config.current.ruleset, loader=lambda key: assigned_states.pop(key, None),
+                    billed=billed if len(billed) else None)  # fmt: skip
     engine.directory = HostDirectory(store.history)  # a run's hosts held by another worker
     outbox = Outbox(store, _notifier(settings))
     if outbox.notifier is not None and outbox.notifier.threads and settings.slack_charts:

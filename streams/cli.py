@@ -288,6 +288,20 @@ def _load_rules_or_exit(path: str | Path) -> RuleSet:
         raise SystemExit(1) from None
 
 
+def _billed(args: argparse.Namespace) -> Any:
+    """``--bill PATH``: rates and tags from a FOCUS bill read from files, or None."""
+    if not getattr(args, "bill", None):
+        return None
+    from detector.billing.focus import FocusError
+    from detector.billing.ingest import read_bill
+    from detector.billing.rates import BilledRates
+
+    try:
+        return BilledRates.from_table(read_bill(args.bill, currency=args.currency).table)
+    except FocusError as exc:
+        raise SystemExit(f"--bill: {exc}") from None
+
+
 def cmd_backtest(args: argparse.Namespace) -> int:
     import time
 
@@ -338,7 +352,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         completed = False
         try:
             result = backtest(args.file, ruleset, other=other, models=models,
-                              record=scores.write if scores is not None else None)  # fmt: skip
+                              record=scores.write if scores is not None else None, billed=_billed(args))  # fmt: skip
             completed = True
         except ReplayError as exc:
             raise SystemExit(str(exc)) from None
@@ -1070,6 +1084,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "<data dir>/models; without --scores, giving it runs the model too)")  # fmt: skip
     p.add_argument("--metrics", metavar="A,B", help="generic metrics the anomaly rule reads (what `model train "
                    "--metrics` named)")  # fmt: skip
+    p.add_argument("--bill", metavar="PATH", help="a FOCUS bill (file or directory): price events without cost_usd at "
+                   "the rates it charged and fill in its tags, as a worker does after `ingest focus`")  # fmt: skip
+    p.add_argument("--currency", default="USD", help="the --bill's billing currency (default USD)")
     p.set_defaults(func=cmd_backtest)
 
     p = sub.add_parser("eval", help="precision, recall and dollar error per type on simulated fleets")

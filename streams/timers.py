@@ -8,6 +8,7 @@ import asyncio
 
 import structlog
 
+from detector.billing.rates import BilledRates
 from detector.digest import send_due_digests
 from detector.model.forest import ModelSet
 from detector.slack import SlackError
@@ -25,6 +26,7 @@ def install_timers(parts: WorkerParts) -> None:
     _reload_rules(parts)
     _daily_digest(parts)
     _models(parts)
+    _bill(parts)
     _housekeeping(parts)
 
 
@@ -117,6 +119,26 @@ def load_models(parts: WorkerParts) -> None:
         log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
     else:
         log.info("model_absent", dir=str(model_dir), note="rules only until a model is trained (burnwatch model train)")
+
+
+def _bill(parts: WorkerParts) -> None:
+    app, store, engine = parts.app, parts.store, parts.engine
+    seen: list[int] = [-1]
+
+    @app.timer(interval=60.0)
+    async def reload_bill() -> None:
+        """A bill ingested since (``burnwatch ingest focus``): price and tag from it. Between
+        batches, like a rules reload; the bill's rates are read off the event loop."""
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(None, store.query, f"SELECT max(version) AS v FROM {store.db}.billing_ingests")
+        newest = int(rows[0]["v"] or 0)
+        if newest == seen[0]:
+            return
+        billed = await loop.run_in_executor(None, BilledRates.from_store, store)
+        engine.set_billed(billed if len(billed) else None)
+        seen[0] = newest
+        if newest:
+            log.info("bill_loaded", resources=len(billed))
 
 
 def _models(parts: WorkerParts) -> None:

@@ -79,7 +79,7 @@ class Untagged(DetectorBase):
         if type(event) is not UsageEvent or t <= state.last_t:
             return []
         state.last_t = t
-        missing = [tag for tag in self.params.required_tags if not event.tags.get(tag)]
+        missing = [tag for tag in self.params.required_tags if not resource.tags.get(tag)]  # the bill's tags filled in
         if not missing or event.state == "terminated":
             reason = "tags_added" if not missing else "terminated"
             return end(state, lambda: self._finding("resolve", state, resource, t, reason=reason))

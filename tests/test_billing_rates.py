@@ -1,0 +1,102 @@
+"""Prices and owners from the bill: events without ``cost_usd`` are priced at what the bill
+charged, and the bill's tags fill in what the events lack, in backtest as in the worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detector.backtest import backtest
+from detector.billing.focus import read_focus
+from detector.billing.ingest import ingest_files
+from detector.billing.rates import BilledRates
+from detector.events import UsageEvent
+from detector.pricing import Pricer
+from detector.replay import write_replay
+from detector.simulate import SimConfig, build, simulate
+from detector.simulate_focus import simulate_focus, write_focus
+from tests.helpers import at
+
+FIXTURE = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
+CFG = SimConfig(hours=30, training_hosts=6, notebooks=8, seed=9)
+FULL_COST = ("idle_gpu", "untagged")
+"""Alert types whose dollars are the resource's whole spend over the episode."""
+
+
+def usage(rid: str, t: float, **kw) -> UsageEvent:
+    fields = {"resource_type": "instance", "instance_type": "p5.48xlarge", "region": "us-east-1", **kw}
+    return UsageEvent(ts=at(t), resource_id=rid, interval_s=3600.0, **fields)
+
+
+def test_a_resource_is_priced_at_its_billed_rate_then_its_kind_then_the_price_list(ruleset):
+    billed = BilledRates.from_table(read_focus(FIXTURE))
+    pricer = Pricer(ruleset.pricing, billed)
+    t = at(0).replace(year=2026, month=11, day=3, hour=10, minute=30).timestamp()
+    # the bill's own rate for this resource and hour (on demand, billed 98.32 for one hour)
+    assert pricer.cost(usage("i-0abc", t)).usd == pytest.approx(98.32)
+    # covered by a Savings Plan: the committed rate, not the list price
+    assert pricer.cost(usage("i-0def", t)).usd == pytest.approx(40.125)
+    # newer than the bill: its latest billed rate (a bill lags by hours to a day)
+    assert pricer.cost(usage("i-0abc", t + 86_400)).usd == pytest.approx(98.32)
+    # the bill knows the instance type in this region on demand, not the resource
+    assert pricer.cost(usage("i-new", t)).usd == pytest.approx(98.32)
+    # nothing billed like it: the price list
+    listed = ruleset.pricing.hourly("p5.48xlarge", "spot")
+    assert pricer.cost(usage("i-new", t, pricing="spot")).usd == pytest.approx(listed)
+    # an exporter's cost_usd always wins
+    assert pricer.cost(usage("i-0abc", t, cost_usd=1.5)).usd == 1.5
+
+
+def test_the_stored_bill_gives_the_rates_the_files_give(store, ruleset, tmp_path):
+    sim = simulate_focus(CFG, ruleset.pricing)
+    path = write_focus(sim, tmp_path / "bill.parquet")
+    ingest_files(store, path)
+    from_files, from_store = BilledRates.from_table(read_focus(path)), BilledRates.from_store(store)
+    assert len(from_store) == len(from_files) > 0
+    stores = {s.resource_id for s in build(CFG, ruleset.pricing).stores}  # billed per GB-month: no hourly rate
+    for rid, hour in [k for k in sim.rates if k[0] not in stores][::7]:
+        assert from_store.hourly(rid, hour + 60) == pytest.approx(from_files.hourly(rid, hour + 60), rel=1e-9)
+        assert from_store.hourly(rid, hour + 60) == pytest.approx(sim.rates[(rid, hour)], rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def fleet_and_bill(ruleset, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("billed")
+    records, _ = simulate(CFG, ruleset.pricing)
+    with open(tmp / "fleet.jsonl", "wb") as out:
+        write_replay(records, out)
+    sim = simulate_focus(CFG, ruleset.pricing)
+    return tmp / "fleet.jsonl", sim, BilledRates.from_table(read_focus(write_focus(sim, tmp / "bill.parquet")))
+
+
+def test_alert_dollars_agree_with_the_bill_once_it_is_in(fleet_and_bill, ruleset):
+    """The issue's check: for resources that have both, alert dollars within 1 % of billed.
+    Without the bill, the list-priced resources' alerts are off by the discount or commitment."""
+    path, sim, billed = fleet_and_bill
+    fleet = build(CFG, ruleset.pricing)
+    list_priced = {r.resource_id for r in fleet.gpu_resources + fleet.cpu_resources if not r.send_cost}
+
+    def billed_rate(alert) -> float:
+        hour = alert.fired_at // 3600 * 3600
+        return sim.rates[(alert.resource_id, hour)]
+
+    def off(result) -> list[tuple[str, str, float, float]]:
+        return [(a.type, a.resource_id, a.usd_per_hour, billed_rate(a)) for a in result.alerts
+                if a.type in FULL_COST and a.resource_id in list_priced and (a.resource_id, a.fired_at // 3600 * 3600)
+                in sim.rates and abs(a.usd_per_hour - billed_rate(a)) > 0.01 * billed_rate(a)]  # fmt: skip
+
+    with_bill = backtest(path, ruleset, billed=billed)
+    checked = [a for a in with_bill.alerts if a.type in FULL_COST and a.resource_id in list_priced]
+    assert checked, "the fleet must have full-cost alerts on list-priced resources to check"
+    assert off(with_bill) == []
+    assert off(backtest(path, ruleset)) != []  # the price list alone disagrees with the bill
+
+
+def test_untagged_alerts_only_what_is_untagged_in_the_bill_too(fleet_and_bill, ruleset):
+    path, sim, billed = fleet_and_bill
+    tagged_in_bill = {r["ResourceId"] for r in sim.rows if r["Tags"] and "team" in r["Tags"] and "project" in r["Tags"]}
+    before = {a.resource_id for a in backtest(path, ruleset).alerts if a.type == "untagged"}
+    after = {a.resource_id for a in backtest(path, ruleset, billed=billed).alerts if a.type == "untagged"}
+    assert before & tagged_in_bill, "some resources untagged in their events must be tagged in the bill"
+    assert after == before - tagged_in_bill
