@@ -52,6 +52,9 @@ class Digest:
     host's idle GPUs and its untagged spend burn the same dollars."""
     could_save: dict[str, float] = field(default_factory=dict)
     """What could have been saved that day by type (the ledger's kind ``could_save``)."""
+    repriced: int = 0
+    """Incidents of the day whose dollars the bill re-priced (``alert_billing``): their top
+    offender line shows the billed figure beside what the alert said."""
 
     @property
     def total(self) -> float:
@@ -84,7 +87,11 @@ def build_digests(repo: Digests, day: float, top_n: int = 5) -> list[Digest]:
             d.open_incidents += 1
             rates = open_rates.setdefault(r["channel"], {})
             rates[r["resource_id"]] = max(rates.get(r["resource_id"], 0.0), r["usd_per_hour"])
-        d.top.append({"resource_id": r["resource_id"], "type": r["type"], "team": team, "usd": usd})
+        ratio = r.get("billed_ratio")
+        billed = None if ratio is None else usd * float(ratio)
+        d.repriced += billed is not None
+        d.top.append({"resource_id": r["resource_id"], "type": r["type"], "team": team, "usd": usd,
+                      "billed_usd": billed})
     for d in digests.values():
         d.open_usd_per_hour = sum(open_rates.get(d.channel, {}).values())
         d.top = sorted(d.top, key=lambda x: -x["usd"])[:top_n]
@@ -97,7 +104,7 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
 
     titles = {t: cls.title for t, cls in REGISTRY.items()}
     top = "\n".join(f"{i}. {code(o['resource_id'])} ({escape(titles.get(o['type'], o['type']))}, {escape(o['team'])}): "
-                    f"${o['usd']:,.2f}"
+                    + _dollars(o)
                     for i, o in enumerate(d.top, 1))  # fmt: skip
     return [
         {"type": "header", "text": {"type": "plain_text", "text": f"Cost waste on {d.date}: ${d.total:,.2f}"}},
@@ -112,8 +119,17 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
         {"type": "context", "elements": [{"type": "mrkdwn", "text": (
             f"{d.incidents} incidents burned money that day; {d.open_incidents} still open at its end, "
             f"${d.open_usd_per_hour:,.2f}/h. Dollars are each incident's share of that UTC day's bill, each "
-            "dollar counted once (docs/architecture.md, Dollars).")}]},
+            "dollar counted once (docs/architecture.md, Dollars)."
+            + (f" {d.repriced} of {d.incidents} incidents re-priced from the bill (top offenders show what it "
+               "charged; the totals stay the events' dollars)." if d.repriced else ""))}]},
     ]  # fmt: skip
+
+
+def _dollars(o: dict[str, Any]) -> str:
+    """An offender's dollars: the billed figure, and what the alert said, once the bill re-priced it."""
+    if o.get("billed_usd") is None:
+        return f"${o['usd']:,.2f}"
+    return f"${o['billed_usd']:,.2f} billed (alert said ${o['usd']:,.2f})"
 
 
 def digest_chart(d: Digest) -> bytes:

@@ -837,6 +837,7 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
 def cmd_ingest_focus(args: argparse.Namespace) -> int:
     from detector.billing.focus import FocusError
     from detector.billing.ingest import read_bill, store_bill
+    from detector.billing.reprice import reprice
     from detector.billing.usage import telemetry_sql, usage_records
     from detector.events import TOPIC_RESOURCE_USAGE
     from detector.store import Store, StoreBusy
@@ -853,11 +854,13 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
         raise SystemExit(f"{exc}; nothing was stored") from None
     try:
         result = store_bill(store, bill)
+        repriced = reprice(store, result.ingest_id)
         with_telemetry = {r["resource_id"] for r in store.query(telemetry_sql(store.db))} if args.publish_usage else set()
     finally:
         store.close()
     print(f"ingest {result.ingest_id}: {result.rows:,} charges from {len(result.files)} file(s), "
           f"billed {result.billed_cost:,.2f} {args.currency}, effective {result.effective_cost:,.2f} {args.currency}")
+    print(f"re-priced {repriced} incident(s) from the bill (episodes it covers end to end)")
     if args.publish_usage:
         from streams.kafka import publish_records
 

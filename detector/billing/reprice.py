@@ -1,0 +1,74 @@
+"""Re-price incidents from the bill: a bill arrives hours to a day after the events, and
+finance trusts it, so once it covers an incident's whole episode the incident's record
+gains what the bill charged (``alert_billing``, migration 0014).
+
+The incident's dollars are scaled by the bill over the events for the same resource and
+hours: billed_waste_usd = waste_usd x billed_usd / claimed_usd, where claimed_usd is what
+the events said the resource cost over the episode (``cost_hourly``: usd + egress, each hour
+prorated by its overlap with the episode) and billed_usd is the bill's EffectiveCost over it
+(each charge prorated by its overlap). An episode the bill does not cover end to end (its
+rows for the resource leave a gap, or stop before the episode ends) is left for a later
+bill. One INSERT ... SELECT: the work is the engine's, never a loop per alert.
+"""
+
+from __future__ import annotations
+
+from detector.store.connection import Connection
+
+__all__ = ["reprice"]
+
+_SQL = """
+INSERT INTO {db}.alert_billing (alert_id, resource_id, episode_start, episode_end, claimed_usd, billed_usd,
+                                 waste_usd, billed_waste_usd, repriced_at, ingest_id)
+WITH episodes AS (
+    SELECT alert_id, resource_id, episode_start AS s,
+           ifNull(resolved_at, updated_at) AS e, waste_usd,
+           toUnixTimestamp64Milli(episode_start) AS s_ms, toUnixTimestamp64Milli(ifNull(resolved_at, updated_at)) AS e_ms
+    FROM {db}.alerts FINAL
+    WHERE waste_usd > 0 AND ifNull(resolved_at, updated_at) > episode_start
+      AND resource_id IN (SELECT resource_id FROM {db}.billing_charges WHERE ingest_id = {{ingest_id:String}})
+),
+billed AS (
+    SELECT ep.alert_id AS alert_id,
+           sum(toFloat64(b.effective_cost)
+               * greatest(0, least(ep.e_ms, toUnixTimestamp64Milli(b.charge_period_end))
+                             - greatest(ep.s_ms, toUnixTimestamp64Milli(b.charge_period_start)))
+               / greatest(1, toUnixTimestamp64Milli(b.charge_period_end)
+                             - toUnixTimestamp64Milli(b.charge_period_start))) AS billed_usd,
+           -- the episode's milliseconds the bill's charge periods cover (each period once)
+           arraySum(arrayMap(p -> greatest(0, least(any(ep.e_ms), p.2) - greatest(any(ep.s_ms), p.1)),
+                             groupUniqArray((toUnixTimestamp64Milli(b.charge_period_start),
+                                             toUnixTimestamp64Milli(b.charge_period_end))))) AS covered_ms
+    FROM episodes AS ep
+    INNER JOIN {db}.billing AS b ON b.resource_id = ep.resource_id
+    WHERE b.charge_period_end > ep.s AND b.charge_period_start < ep.e
+    GROUP BY ep.alert_id
+),
+claimed AS (
+    SELECT ep.alert_id AS alert_id,
+           sum((c.usd + c.egress_usd)
+               * greatest(0, least(ep.e_ms, toInt64(toUnixTimestamp(c.hour)) * 1000 + 3600000)
+                             - greatest(ep.s_ms, toInt64(toUnixTimestamp(c.hour)) * 1000)) / 3600000) AS claimed_usd
+    FROM episodes AS ep
+    INNER JOIN {db}.cost_hourly AS c ON c.resource_id = ep.resource_id
+    WHERE c.hour + INTERVAL 1 HOUR > ep.s AND c.hour < ep.e
+    GROUP BY ep.alert_id
+)
+SELECT ep.alert_id, ep.resource_id, ep.s, ep.e, c.claimed_usd, b.billed_usd, ep.waste_usd,
+       ep.waste_usd * b.billed_usd / c.claimed_usd, now64(3), {{ingest_id:String}}
+FROM episodes AS ep
+INNER JOIN billed AS b ON b.alert_id = ep.alert_id
+INNER JOIN claimed AS c ON c.alert_id = ep.alert_id
+WHERE b.covered_ms >= ep.e_ms - ep.s_ms AND c.claimed_usd > 0
+"""
+
+
+def reprice(store: Connection, ingest_id: str) -> int:
+    """Re-price every incident on a resource of ingest ``ingest_id`` whose episode the bill
+    covers end to end; return how many. A later bill's figure replaces an earlier one."""
+    db = store.db
+    with store.lock:
+        store.client.command(_SQL.format(db=db), parameters={"ingest_id": ingest_id})
+    rows = store.query(f"SELECT uniqExact(alert_id) AS n FROM {db}.alert_billing WHERE ingest_id = {{i:String}}",
+                       {"i": ingest_id})
+    return int(rows[0]["n"])

@@ -1,0 +1,97 @@
+"""Incidents re-priced from the bill: once a bill covers an episode, the incident's record
+gains what the bill charged over the same hours, a restated bill replaces the figure, and the
+daily digest shows the billed dollars and says so."""
+
+from __future__ import annotations
+
+import csv
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from detector.alerts import Alert
+from detector.billing.ingest import ingest_files
+from detector.billing.reprice import reprice
+from detector.digest import build_digests, render_digest
+from detector.store import EventBatch
+from tests.helpers import T0, usage
+
+HOUR = 3600.0
+FIXTURE = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_bill(path: Path, hourly: dict[str, float], hours: int) -> Path:
+    """A FOCUS 1.2 CSV: each resource billed ``hourly[rid]`` for each of ``hours`` hours from T0."""
+    with open(FIXTURE, newline="") as f:
+        header, template = list(csv.reader(f))[:2]
+    col = {name: i for i, name in enumerate(header)}
+    with open(path, "w", newline="") as out:
+        w = csv.writer(out)
+        w.writerow(header)
+        for rid, usd in hourly.items():
+            for k in range(hours):
+                row = list(template)
+                row[col["ResourceId"]] = rid
+                row[col["ChargePeriodStart"]], row[col["ChargePeriodEnd"]] = iso(T0 + k * HOUR), iso(T0 + (k + 1) * HOUR)
+                for c in ("BilledCost", "EffectiveCost", "ListCost", "ContractedCost"):
+                    row[col[c]] = f"{usd:.2f}"
+                w.writerow(row)
+    return path
+
+
+def alert(alert_id: str, rid: str, start: float, end: float, usd: float) -> Alert:
+    return Alert(alert_id=alert_id, type="idle_gpu", rule="idle_gpu", resource_id=rid, status="resolved",
+                 change="resolved", severity="warning", episode_start=start, fired_at=start, updated_at=end,
+                 resolved_at=end, waste_usd=usd, usd_per_hour=25.0, tags={"team": "nlp"})  # fmt: skip
+
+
+@pytest.fixture
+def incidents(store):
+    """h1 and h2 claimed $50/h by their events for two days; an incident on each."""
+    batch = EventBatch()
+    batch.extend([usage(T0 + k * HOUR, rid, usd_per_hour=50.0, interval_s=HOUR) for rid in ("h1", "h2") for k in range(48)])
+    store.events.insert(batch)
+    store.alerts.record([
+        alert("a", "h1", T0 + 2.5 * HOUR, T0 + 6.5 * HOUR, 100.0),  # 4 hours, half of what the events claimed
+        alert("b", "h2", T0 + 7 * HOUR, T0 + 9 * HOUR, 50.0),  # the first bill stops an hour into it
+    ], version=1)  # fmt: skip
+    return store
+
+
+def figures(store) -> dict[str, dict]:
+    return {r["alert_id"]: r for r in store.query(f"SELECT * FROM {store.db}.alert_billing FINAL")}
+
+
+def test_an_incident_gains_the_bills_prorated_dollars_and_a_restatement_replaces_them(incidents, tmp_path):
+    first = ingest_files(incidents, write_bill(tmp_path / "bill-1.csv", {"h1": 40.0, "h2": 40.0}, hours=8))
+    # h2's episode runs past the bill's last hour: left for a later bill
+    assert reprice(incidents, first.ingest_id) == 1
+    (a,) = figures(incidents).values()
+    assert a["alert_id"] == "a"
+    assert a["claimed_usd"] == pytest.approx(200.0)  # 4 hours at $50, the first and last prorated by half
+    assert a["billed_usd"] == pytest.approx(160.0)  # 4 hours at $40
+    assert a["billed_waste_usd"] == pytest.approx(80.0)  # $100 x 160 / 200
+
+    restated = ingest_files(incidents, write_bill(tmp_path / "bill-2.csv", {"h1": 30.0, "h2": 30.0}, hours=24))
+    assert reprice(incidents, restated.ingest_id) == 2
+    now = figures(incidents)
+    assert now["a"]["billed_usd"] == pytest.approx(120.0) and now["a"]["billed_waste_usd"] == pytest.approx(60.0)
+    assert now["b"]["billed_waste_usd"] == pytest.approx(30.0)  # $50 x 60 / 100
+
+
+def test_the_digest_shows_billed_dollars_and_says_how_many_were_repriced(incidents, tmp_path):
+    bill = ingest_files(incidents, write_bill(tmp_path / "bill.csv", {"h1": 40.0}, hours=8))
+    reprice(incidents, bill.ingest_id)
+    (d,) = build_digests(incidents.digests, T0)
+    assert d.incidents == 2 and d.repriced == 1
+    top = {o["resource_id"]: o for o in d.top}
+    assert top["h1"]["billed_usd"] == pytest.approx(80.0) and top["h1"]["usd"] == pytest.approx(100.0)
+    assert "billed_usd" not in top["h2"] or top["h2"]["billed_usd"] is None
+    text = str(render_digest(d))
+    assert "$80.00 billed (alert said $100.00)" in text
+    assert "1 of 2 incidents re-priced from the bill" in text
