@@ -95,3 +95,15 @@ def test_the_digest_shows_billed_dollars_and_says_how_many_were_repriced(inciden
     text = str(render_digest(d))
     assert "$80.00 billed (alert said $100.00)" in text
     assert "1 of 2 incidents re-priced from the bill" in text
+
+
+def test_ingest_focus_says_how_many_incidents_it_repriced(tmp_path):
+    """The CLI re-prices after storing the bill, against a store on disk (no incidents there yet)."""
+    from tests.test_cli import burnwatch, no_traceback
+
+    env = {"BURNWATCH_DATA_DIR": str(tmp_path / "data"), "BURNWATCH_EVENT_TTL_DAYS": "0"}
+    assert burnwatch("db", "migrate", env=env).returncode == 0
+    out = burnwatch("ingest", "focus", str(write_bill(tmp_path / "bill.csv", {"h1": 40.0}, hours=2)), env=env)
+    no_traceback(out)
+    assert out.returncode == 0, out.stderr
+    assert "re-priced 0 incident(s) from the bill" in out.stdout
