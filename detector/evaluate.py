@@ -132,10 +132,14 @@ def score(alerts: Iterable[Alert], labels: Iterable[Label]) -> dict[str, TypeSco
 
 
 def evaluate(
-    ruleset: RuleSet, seeds: Sequence[int], hours: float = 48.0, messy: bool = False, k8s_nodes: int = K8S_NODES
+    ruleset: RuleSet, seeds: Sequence[int], hours: float = 48.0, messy: bool = False, k8s_nodes: int = K8S_NODES,
+    bill: bool = False,
 ) -> tuple[dict[str, TypeScore], list[dict]]:
     """Score the rules over one simulated fleet per seed (delivered messily: lost scrapes,
-    jitter, duplicates, delays, with ``messy``); return the totals and each run's."""
+    jitter, duplicates, delays, with ``messy``); return the totals and each run's. With
+    ``bill``, each fleet's FOCUS bill is written and read back, detection runs again priced
+    from it, and each run says how many full-cost alerts agree with the billed rate within
+    1 % (:mod:`detector.billing.agreement`)."""
     totals: dict[str, TypeScore] = {}
     runs = []
     with tempfile.TemporaryDirectory(prefix="burnwatch-eval-") as tmp:
@@ -154,6 +158,8 @@ def evaluate(
                          "types": {t: s.to_json() for t, s in sorted(scores.items())}})  # fmt: skip
             for rule_type, s in scores.items():
                 totals.setdefault(rule_type, TypeScore(rule_type)).add(s)
+            if bill:
+                runs[-1]["bill"] = _against_the_bill(cfg, ruleset, path, Path(tmp) / f"bill-{seed}.parquet")
             path.unlink()
     return totals, runs
 
@@ -200,3 +206,17 @@ def evaluate_model(ruleset: RuleSet, seeds: Sequence[int], hours: float = 96.0, 
             path.unlink()
     false_rate = 1000.0 * (total.alerts - total.true_alerts) / resource_hours if resource_hours else 0.0
     return total, false_rate, runs
+
+
+def _against_the_bill(cfg: SimConfig, ruleset: RuleSet, replay: Path, bill_path: Path) -> dict[str, int]:
+    """Full-cost alerts priced from the fleet's own bill, against the billed rates: checked and agreeing."""
+    from detector.billing.agreement import agreement
+    from detector.billing.focus import read_focus
+    from detector.billing.rates import BilledRates
+    from detector.simulate_focus import simulate_focus, write_focus
+
+    sim = simulate_focus(cfg, ruleset.pricing)
+    billed = BilledRates.from_table(read_focus(write_focus(sim, bill_path)))
+    check = agreement(backtest(replay, ruleset, billed=billed).alerts, sim.rates)
+    before = agreement(backtest(replay, ruleset).alerts, sim.rates)
+    return {"checked": check.checked, "agree": check.agree, "agree_without_bill": before.agree}

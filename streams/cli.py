@@ -495,7 +495,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"precision {p if p is None else round(p, 3)}, recall {r if r is None else round(r, 3)}, "
               f"{false_rate:.2f} false alerts per 1,000 resource-hours (targets: recall >= 0.8, <= 1)")  # fmt: skip
         return 0
-    totals, runs = evaluate(ruleset, seeds, hours=args.hours, messy=args.messy)
+    totals, runs = evaluate(ruleset, seeds, hours=args.hours, messy=args.messy, bill=args.bill)
     if args.json:
         print(json.dumps({"seeds": seeds, "hours": args.hours, "runs": runs,
                           "totals": {t: s.to_json() for t, s in sorted(totals.items())}}))  # fmt: skip
@@ -510,6 +510,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for rule_type, s in sorted(totals.items()):
         error = "-" if s.median_error is None else f"{100 * s.median_error:.1f} %"
         print(f"{rule_type:<28}{s.labels:>7}{s.alerts:>7}{s.found:>7}{pct(s.precision):>11}{pct(s.recall):>8}{error:>12}")
+    if args.bill:
+        checked = sum(run["bill"]["checked"] for run in runs)
+        agree = sum(run["bill"]["agree"] for run in runs)
+        before = sum(run["bill"]["agree_without_bill"] for run in runs)
+        print(f"against each fleet's FOCUS bill: {agree} of {checked} idle-GPU and untagged alerts priced within 1 % "
+              f"of the billed rate (without the bill: {before})")  # fmt: skip
     return 0
 
 
@@ -1097,6 +1103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hours", type=float, default=48.0, help="hours of fleet time per seed")
     p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
     p.add_argument("--messy", action="store_true", help="lose 2 %% of scrapes, jitter clocks, duplicate and delay messages")
+    p.add_argument("--bill", action="store_true", help="also write each fleet's FOCUS bill and check alert dollars "
+                   "priced from it against the billed rates (docs/billing.md)")  # fmt: skip
     p.add_argument("--model", action="store_true", help="the anomaly model: train on 48 h, score the next 48 h")
     p.add_argument("--series", metavar="DIR", help="labelled real series (CSV TimeStamp,Value,Label, e.g. the Cloud "
                    "Monitoring Dataset): the rules and a naive IsolationForest, event-level precision/recall/F1")  # fmt: skip

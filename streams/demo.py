@@ -123,6 +123,7 @@ def follow_up_commands(settings: Settings, workdir: Path, hours: float, first_da
         f"{burnwatch} query egress --since {since}",
         f'{burnwatch} sql "{sql}"',  # no character a shell expands inside double quotes
     ]
+    commands.append(f"{burnwatch} query reconcile --since {since}")
     if first_day:
         commands.append(f"{burnwatch} digest --day {first_day}")
     return commands
@@ -219,6 +220,40 @@ def _closing(settings: Settings, pipeline: _Pipeline, labels: list, hours: float
         _say(f"    {command}")
 
 
+def _the_bill(pipeline: _Pipeline, settings: Settings, cfg: SimConfig, ruleset: Any, replay: Path) -> None:
+    """The fleet's FOCUS bill arrives after the fact, as bills do: store it, put the events'
+    dollars against it (``query reconcile``), and price the fleet's alerts from it
+    (``backtest --bill``): alert dollars then agree with billed dollars."""
+    from detector.backtest import backtest
+    from detector.billing.agreement import agreement
+    from detector.billing.ingest import ingest_files
+    from detector.billing.rates import BilledRates
+    from detector.reports import run_report
+    from detector.simulate_focus import simulate_focus, write_focus
+
+    bill = simulate_focus(cfg, ruleset.pricing)
+    path = write_focus(bill, pipeline.workdir / "bill.parquet")
+    store = Store.open(pipeline.dsn, settings.clickhouse_database)
+    try:
+        result = ingest_files(store, path)
+        rows = run_report(store, "reconcile", cfg.hours * 3600 + 86_400, "")
+        billed = BilledRates.from_store(store)
+    finally:
+        store.close()
+    _say(f"The fleet's FOCUS bill ({path.name}: {result.rows:,} charges, ${result.effective_cost:,.2f} effective) "
+         "stored with `burnwatch ingest focus`; `burnwatch query reconcile`, per resource-day:")  # fmt: skip
+    both = [r for r in rows if r["claimed_usd"] and r["billed_usd"]]
+    reasons: dict[str, int] = {}
+    for r in both:
+        reasons[r["why"] or "unexplained"] = reasons.get(r["why"] or "unexplained", 0) + 1
+    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        _say(f"    {n:>4}  {why}")
+    check = agreement(backtest(replay, ruleset, billed=billed).alerts, bill.rates)
+    _say(f"Priced from the bill (`burnwatch backtest {replay.name} --bill {path.name}`): {check.agree} of "
+         f"{check.checked} idle and untagged alerts' dollars per hour agree with the billed rate within 1 %.")
+    _say()
+
+
 def run_demo(settings: Settings, hours: float | None = None, speed: float = 1800.0, config: str | None = None,
              via_bridge: bool = False) -> int:  # fmt: skip
     """The demo; ``hours`` of simulated time (default 24, or 12 through the bridge, whose
@@ -249,6 +284,7 @@ def run_demo(settings: Settings, hours: float | None = None, speed: float = 1800
                  f"in {pipeline.wall_s():.0f}s of wall time.")  # fmt: skip
             _say("The same from telemetry a GPU fleet already exposes (dcgm-exporter, kube-state-metrics, through "
                  "`burnwatch bridge`): make demo-bridge, or burnwatch demo --via-bridge.")  # fmt: skip
+            _the_bill(pipeline, settings, cfg, ruleset, replay)
             _closing(settings, pipeline, labels, hours, config)
         return 0
     except KeyboardInterrupt:

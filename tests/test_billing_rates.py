@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from detector.backtest import backtest
+from detector.billing.agreement import agreement
 from detector.billing.focus import read_focus
 from detector.billing.ingest import ingest_files
 from detector.billing.rates import BilledRates
@@ -20,8 +21,6 @@ from tests.helpers import at
 
 FIXTURE = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
 CFG = SimConfig(hours=30, training_hosts=6, notebooks=8, seed=9)
-FULL_COST = ("idle_gpu", "untagged")
-"""Alert types whose dollars are the resource's whole spend over the episode."""
 
 
 def usage(rid: str, t: float, **kw) -> UsageEvent:
@@ -77,20 +76,11 @@ def test_alert_dollars_agree_with_the_bill_once_it_is_in(fleet_and_bill, ruleset
     fleet = build(CFG, ruleset.pricing)
     list_priced = {r.resource_id for r in fleet.gpu_resources + fleet.cpu_resources if not r.send_cost}
 
-    def billed_rate(alert) -> float:
-        hour = alert.fired_at // 3600 * 3600
-        return sim.rates[(alert.resource_id, hour)]
-
-    def off(result) -> list[tuple[str, str, float, float]]:
-        return [(a.type, a.resource_id, a.usd_per_hour, billed_rate(a)) for a in result.alerts
-                if a.type in FULL_COST and a.resource_id in list_priced and (a.resource_id, a.fired_at // 3600 * 3600)
-                in sim.rates and abs(a.usd_per_hour - billed_rate(a)) > 0.01 * billed_rate(a)]  # fmt: skip
-
-    with_bill = backtest(path, ruleset, billed=billed)
-    checked = [a for a in with_bill.alerts if a.type in FULL_COST and a.resource_id in list_priced]
-    assert checked, "the fleet must have full-cost alerts on list-priced resources to check"
-    assert off(with_bill) == []
-    assert off(backtest(path, ruleset)) != []  # the price list alone disagrees with the bill
+    with_bill = agreement(backtest(path, ruleset, billed=billed).alerts, sim.rates)
+    assert with_bill.checked > 0, "the fleet must have full-cost alerts on billed resources to check"
+    assert with_bill.off == []
+    without = agreement(backtest(path, ruleset).alerts, sim.rates)
+    assert {rid for _, rid, _, _ in without.off} and {rid for _, rid, _, _ in without.off} <= list_priced
 
 
 def test_untagged_alerts_only_what_is_untagged_in_the_bill_too(fleet_and_bill, ruleset):

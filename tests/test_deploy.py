@@ -86,7 +86,7 @@ def test_grafana_provisioning_points_the_dashboards_at_the_clickhouse_data_sourc
     assert source["type"] == "grafana-clickhouse-datasource" and source["jsonData"]["host"] == "clickhouse"
     grafana = COMPOSE["services"]["grafana"]
     assert "grafana-clickhouse-datasource" in grafana["environment"]["GF_INSTALL_PLUGINS"]
-    assert {d.stem for d in DASHBOARDS} == {"fleet-cost", "waste", "idle-gpus", "open-incidents"}
+    assert {d.stem for d in DASHBOARDS} == {"fleet-cost", "waste", "idle-gpus", "open-incidents", "billing"}
     for path in DASHBOARDS:
         dashboard = json.loads(path.read_text())
         for panel in dashboard["panels"]:
@@ -117,6 +117,45 @@ def test_every_dashboard_query_runs_on_the_schema(path, store):
             rows = store.query(_grafana_sql(target["rawSql"], store.db))
             if path.stem in ("fleet-cost", "idle-gpus"):
                 assert rows, panel["title"]  # the two hours of usage above are in them
+
+
+def test_billing_dashboard_shows_the_reconcile_report_of_its_time_range(store):
+    """The FOCUS fixture ingested: the table panel is ``burnwatch query reconcile`` over the
+    dashboard's range, row for row, and the daily series adds up to it; the range cuts (the
+    fixture's October charge is not in November's), and a range before the bill shows nothing."""
+    from datetime import UTC, datetime
+
+    from detector.billing.ingest import ingest_files
+
+    ingest_files(store, ROOT / "tests/data/focus/charges-1.2.csv")
+    panels = {p["type"]: p["targets"][0]["rawSql"] for p in json.loads(
+        (ROOT / "deploy/grafana/dashboards/billing.json").read_text())["panels"]}  # fmt: skip
+
+    def panel(kind: str, since: datetime, until: datetime) -> list[dict]:
+        def at(t: datetime) -> str:
+            return f"toDateTime({int(t.timestamp())})"  # as the ClickHouse plugin expands $__fromTime
+
+        sql = panels[kind].replace("$__fromTime", at(since)).replace("$__toTime", at(until))
+        return store.query(sql.replace("burnwatch.", f"{store.db}."))
+
+    since, until = datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)
+    report = store.named("reports/reconcile", {"since": since, "until": until, "team": ""})
+    table = panel("table", since, until)
+    assert report and any(r["billed_usd"] for r in report)
+    key = lambda r: (r["day"], r["team"], r["resource_id"])  # noqa: E731
+    assert sorted(table, key=key) == sorted(report, key=key)
+    series = panel("timeseries", since, until)
+    assert [r["time"].date() for r in series] == sorted({r["day"] for r in report})
+    for point in series:
+        day = [r for r in report if r["day"] == point["time"].date()]
+        assert point["billed_usd"] == pytest.approx(sum(r["billed_usd"] for r in day))
+        assert point["claimed_usd"] == pytest.approx(sum(r["claimed_usd"] for r in day))
+    november = datetime(2026, 11, 1, tzinfo=UTC)
+    assert {r["day"].month for r in report} == {10, 11}
+    assert {r["day"].month for r in panel("table", november, until)} == {11}
+    assert [r["time"].month for r in panel("timeseries", november, until)] == [11]
+    before = datetime(2026, 9, 1, tzinfo=UTC)
+    assert panel("table", before, since) == [] and panel("timeseries", before, since) == []
 
 
 def test_kubernetes_manifests_validate_against_the_kubernetes_schemas():
