@@ -228,6 +228,7 @@ def _the_bill(pipeline: _Pipeline, settings: Settings, cfg: SimConfig, ruleset: 
     from detector.billing.agreement import agreement
     from detector.billing.ingest import ingest_files
     from detector.billing.rates import BilledRates
+    from detector.billing.reprice import reprice
     from detector.reports import run_report
     from detector.simulate_focus import simulate_focus, write_focus
 
@@ -236,12 +237,14 @@ def _the_bill(pipeline: _Pipeline, settings: Settings, cfg: SimConfig, ruleset: 
     store = Store.open(pipeline.dsn, settings.clickhouse_database)
     try:
         result = ingest_files(store, path)
+        repriced = reprice(store, result.ingest_id)
         rows = run_report(store, "reconcile", cfg.hours * 3600 + 86_400, "")
         billed = BilledRates.from_store(store)
     finally:
         store.close()
     _say(f"The fleet's FOCUS bill ({path.name}: {result.rows:,} charges, ${result.effective_cost:,.2f} effective) "
-         "stored with `burnwatch ingest focus`; `burnwatch query reconcile`, per resource-day:")  # fmt: skip
+         f"stored with `burnwatch ingest focus`, which re-priced {repriced} incidents from it (the digest shows "
+         "their billed dollars); `burnwatch query reconcile`, per resource-day:")  # fmt: skip
     both = [r for r in rows if r["claimed_usd"] and r["billed_usd"]]
     reasons: dict[str, int] = {}
     for r in both:
