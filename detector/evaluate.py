@@ -159,7 +159,8 @@ def evaluate(
             for rule_type, s in scores.items():
                 totals.setdefault(rule_type, TypeScore(rule_type)).add(s)
             if bill:
-                runs[-1]["bill"] = _against_the_bill(cfg, ruleset, path, Path(tmp) / f"bill-{seed}.parquet")
+                runs[-1]["bill"] = _against_the_bill(cfg, ruleset, path, Path(tmp) / f"bill-{seed}.parquet",
+                                                     result.alerts)  # fmt: skip
             path.unlink()
     return totals, runs
 
@@ -208,8 +209,10 @@ def evaluate_model(ruleset: RuleSet, seeds: Sequence[int], hours: float = 96.0, 
     return total, false_rate, runs
 
 
-def _against_the_bill(cfg: SimConfig, ruleset: RuleSet, replay: Path, bill_path: Path) -> dict[str, int]:
-    """Full-cost alerts priced from the fleet's own bill, against the billed rates: checked and agreeing."""
+def _against_the_bill(cfg: SimConfig, ruleset: RuleSet, replay: Path, bill_path: Path,
+                      unbilled: list[Alert]) -> dict[str, int]:  # fmt: skip
+    """Full-cost alerts priced from the fleet's own bill, against the billed rates: checked and
+    agreeing, and how many of ``unbilled`` (the same fleet priced from the price list) agreed."""
     from detector.billing.agreement import agreement
     from detector.billing.focus import read_focus
     from detector.billing.rates import BilledRates
@@ -218,5 +221,5 @@ def _against_the_bill(cfg: SimConfig, ruleset: RuleSet, replay: Path, bill_path:
     sim = simulate_focus(cfg, ruleset.pricing)
     billed = BilledRates.from_table(read_focus(write_focus(sim, bill_path)))
     check = agreement(backtest(replay, ruleset, billed=billed).alerts, sim.rates)
-    before = agreement(backtest(replay, ruleset).alerts, sim.rates)
+    before = agreement(unbilled, sim.rates)
     return {"checked": check.checked, "agree": check.agree, "agree_without_bill": before.agree}

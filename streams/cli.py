@@ -849,6 +849,9 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
     from detector.store import Store, StoreBusy
 
     settings = _settings(args)
+    bootstrap = settings.kafka_bootstrap
+    if args.publish_usage and not bootstrap:
+        raise SystemExit("--publish-usage: BURNWATCH_KAFKA_BOOTSTRAP is not set; nothing was stored")
     try:
         bill = read_bill(args.path, currency=args.currency)  # every file checked before the store is touched
     except FocusError as exc:
@@ -870,10 +873,6 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
     if args.publish_usage:
         from streams.kafka import publish_records
 
-        bootstrap = settings.kafka_bootstrap
-        if not bootstrap:
-            raise SystemExit("--publish-usage: BURNWATCH_KAFKA_BOOTSTRAP is not set (the bill is stored; run again to "
-                             "publish)")  # fmt: skip
         records = list(usage_records(bill.table, with_telemetry))
         n = _kafka(bootstrap, lambda: publish_records(bootstrap, records))
         _note(f"published {n} usage events of billed resources without telemetry and of commitments to "

@@ -56,3 +56,34 @@ def fleet_file(path: Path, cfg: SimConfig, pricing: Pricing) -> tuple[Path, list
     with open(path, "wb") as out:
         write_replay(records, out)
     return path, labels
+
+
+def store_fleet(store, ruleset, path: Path) -> None:
+    """A replay file through the worker's pipeline (decoder, aligner, engine, alert manager,
+    store) into ``store``, in batches of 2,000 messages as the worker takes them."""
+    import asyncio
+
+    from detector.alerts import AlertManager
+    from detector.delivery import Outbox
+    from detector.engine import Engine
+    from detector.replay import read_replay
+    from streams.pipeline import Message, Pipeline
+
+    async def ignore(*_):
+        pass
+
+    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None),
+                        manager=AlertManager(ruleset=ruleset), send_dead_letter=ignore)  # fmt: skip
+    offsets: dict[str, int] = {}
+    messages = []
+    for _, record in read_replay(path):
+        offset = offsets[record.topic] = offsets.get(record.topic, -1) + 1
+        messages.append(Message(record.topic, 0, offset, record.key.encode() if record.key else None,
+                                bytes(record.value)))  # fmt: skip
+
+    async def feed():
+        for i in range(0, len(messages), 2000):
+            await pipeline.process(messages[i:i + 2000], ignore)
+        await pipeline.drain()
+
+    asyncio.run(feed())

@@ -14,10 +14,9 @@ from detector.billing.ingest import ingest_files
 from detector.billing.rates import BilledRates
 from detector.events import UsageEvent
 from detector.pricing import Pricer
-from detector.replay import write_replay
-from detector.simulate import SimConfig, build, simulate
+from detector.simulate import SimConfig, build
 from detector.simulate_focus import simulate_focus, write_focus
-from tests.helpers import at
+from tests.helpers import at, fleet_file
 
 FIXTURE = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
 CFG = SimConfig(hours=30, training_hosts=6, notebooks=8, seed=9)
@@ -62,11 +61,9 @@ def test_the_stored_bill_gives_the_rates_the_files_give(store, ruleset, tmp_path
 @pytest.fixture(scope="module")
 def fleet_and_bill(ruleset, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("billed")
-    records, _ = simulate(CFG, ruleset.pricing)
-    with open(tmp / "fleet.jsonl", "wb") as out:
-        write_replay(records, out)
+    path, _ = fleet_file(tmp / "fleet.jsonl", CFG, ruleset.pricing)
     sim = simulate_focus(CFG, ruleset.pricing)
-    return tmp / "fleet.jsonl", sim, BilledRates.from_table(read_focus(write_focus(sim, tmp / "bill.parquet")))
+    return path, sim, BilledRates.from_table(read_focus(write_focus(sim, tmp / "bill.parquet")))
 
 
 def test_alert_dollars_agree_with_the_bill_once_it_is_in(fleet_and_bill, ruleset):

@@ -4,7 +4,6 @@ each report checked against the alerts, the labels or the raw events."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
@@ -12,14 +11,10 @@ import time
 import pytest
 
 from detector.actions import Click
-from detector.alerts import AlertManager
-from detector.delivery import Outbox
-from detector.engine import Engine
-from detector.replay import read_replay, write_replay
 from detector.reports import REPORTS, format_rows, run_report
-from detector.simulate import SimConfig, simulate
+from detector.simulate import SimConfig
 from detector.store import Store
-from streams.pipeline import Message, Pipeline
+from tests.helpers import fleet_file, store_fleet
 
 ALL = 40 * 86_400.0  # longer than the fleet: every report covers all of it
 
@@ -27,33 +22,13 @@ ALL = 40 * 86_400.0  # longer than the fleet: every report covers all of it
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory, chdb_client, ruleset):
     """A 30-hour fleet stored by the pipeline (about 10 s)."""
-    path = tmp_path_factory.mktemp("fleet") / "fleet.jsonl"
-    records, labels = simulate(SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11), ruleset.pricing)
-    with open(path, "wb") as out:
-        write_replay(records, out)
+    cfg = SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11)
+    path, labels = fleet_file(tmp_path_factory.mktemp("fleet") / "fleet.jsonl", cfg, ruleset.pricing)
     chdb_client.command("DROP DATABASE IF EXISTS t_reports")
     store = Store(chdb_client, "t_reports")
     store.migrate()
-    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None),
-                        manager=AlertManager(ruleset=ruleset), send_dead_letter=_ignore)  # fmt: skip
-    offsets: dict[str, int] = {}
-    messages = []
-    for _, record in read_replay(path):
-        offset = offsets[record.topic] = offsets.get(record.topic, -1) + 1
-        messages.append(Message(record.topic, 0, offset, record.key.encode() if record.key else None,
-                                bytes(record.value)))  # fmt: skip
-
-    async def feed():
-        for i in range(0, len(messages), 2000):
-            await pipeline.process(messages[i:i + 2000], _ignore)
-        await pipeline.drain()
-
-    asyncio.run(feed())
+    store_fleet(store, ruleset, path)
     return store, labels
-
-
-async def _ignore(*_):
-    pass
 
 
 def alerts_of(store, rule_type):

@@ -15,7 +15,7 @@ from detector.billing.ingest import ingest_files
 from detector.billing.reprice import reprice
 from detector.digest import build_digests, render_digest
 from detector.store import EventBatch
-from tests.helpers import T0, usage
+from tests.helpers import T0, fleet_file, store_fleet, usage
 
 HOUR = 3600.0
 FIXTURE = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
@@ -113,36 +113,12 @@ def test_a_simulated_fleets_incidents_are_repriced_at_what_its_bill_charged(stor
     """The simulator's fleet through the real pipeline, then the bill it writes: every incident
     the bill covers is re-priced at the bill's dollars over its episode, reckoned here from
     the file itself (each charge prorated by its overlap with the episode)."""
-    import asyncio
-
-    from detector.alerts import AlertManager
     from detector.billing.focus import read_focus
-    from detector.delivery import Outbox
-    from detector.engine import Engine
-    from detector.replay import read_replay, write_replay
-    from detector.simulate import SimConfig, simulate
+    from detector.simulate import SimConfig
     from detector.simulate_focus import simulate_focus, write_focus
-    from streams.pipeline import Message, Pipeline
 
     cfg = SimConfig(hours=30, training_hosts=6, notebooks=8, seed=9)
-    records, _ = simulate(cfg, ruleset.pricing)
-    with open(tmp_path / "fleet.jsonl", "wb") as out:
-        write_replay(records, out)
-    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None),
-                        manager=AlertManager(ruleset=ruleset), send_dead_letter=_ignore)  # fmt: skip
-    offsets: dict[str, int] = {}
-    messages = []
-    for _, record in read_replay(tmp_path / "fleet.jsonl"):
-        offset = offsets[record.topic] = offsets.get(record.topic, -1) + 1
-        messages.append(Message(record.topic, 0, offset, record.key.encode() if record.key else None,
-                                bytes(record.value)))  # fmt: skip
-
-    async def feed():
-        for i in range(0, len(messages), 2000):
-            await pipeline.process(messages[i:i + 2000], _ignore)
-        await pipeline.drain()
-
-    asyncio.run(feed())
+    store_fleet(store, ruleset, fleet_file(tmp_path / "fleet.jsonl", cfg, ruleset.pricing)[0])
     path = write_focus(simulate_focus(cfg, ruleset.pricing), tmp_path / "bill.parquet")
     n = reprice(store, ingest_files(store, path).ingest_id)
     repriced = figures(store)
@@ -157,7 +133,3 @@ def test_a_simulated_fleets_incidents_are_repriced_at_what_its_bill_charged(stor
                        for c in rows if c["resource_id"] == r["resource_id"])  # fmt: skip
         assert r["billed_usd"] == pytest.approx(expected, rel=1e-9, abs=1e-9), r["alert_id"]
         assert r["billed_waste_usd"] == pytest.approx(r["waste_usd"] * expected / r["claimed_usd"], rel=1e-9)
-
-
-async def _ignore(*_):
-    pass
