@@ -1,6 +1,6 @@
 """A/B of the worker's streaming throughput: a past commit against the working tree.
 
-    .venv/bin/python bench/ab.py e0a0a47 --runs 2 [--batched]
+    .venv/bin/python bench/ab.py e0a0a47 --runs 2 [--batched | --file fleet.jsonl]
 
 Both workers read the same fleet file from a fresh embedded broker into a fresh embedded
 ClickHouse (``bench.run.bench_streaming``), alternating so that drift on the machine
@@ -33,16 +33,19 @@ def main() -> int:
     parser.add_argument("rev", help="the commit to compare the working tree with")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--batched", action="store_true", help="exporters batching 5 minutes (32 events/message)")
+    parser.add_argument("--file", type=Path, help="a replay file to read instead of the simulated bench fleet "
+                        "(e.g. one event per message)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="burnwatch-ab-") as tmp:
         workdir = Path(tmp)
         tree = workdir / "tree"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.rev], check=True)
         try:
-            records, _ = simulate(BIG_BATCHED if args.batched else BIG, load_rules(ROOT / "rules").pricing)
-            fleet = workdir / "fleet.jsonl"
-            with open(fleet, "wb") as out:
-                write_replay(records, out)
+            fleet = args.file or workdir / "fleet.jsonl"
+            if args.file is None:
+                records, _ = simulate(BIG_BATCHED if args.batched else BIG, load_rules(ROOT / "rules").pricing)
+                with open(fleet, "wb") as out:
+                    write_replay(records, out)
             figures: dict[str, list[float]] = {args.rev: [], "working tree": []}
             for i in range(args.runs):
                 for side in figures:

@@ -47,7 +47,10 @@ class EventTimeAligner(Generic[T]):
         self._source_t: dict[Hashable, float] = {}
         self._caught_up: set[Hashable] = set()
         self._pending: dict[int, list] = {}
-        """Message id → [events still held, token]."""
+        """Message id → [events still held, token, source]."""
+        self.held_by_source: dict[Hashable, int] = {}
+        """Source → messages it has pushed that are not fully released yet (the worker pauses
+        fetching from a source far ahead of the others, so that what is held stays bounded)."""
         self._next_msg = 0
 
     def __len__(self) -> int:
@@ -57,7 +60,7 @@ class EventTimeAligner(Generic[T]):
         """Add one message's events (each with a float ``t``) from ``source``."""
         msg = self._next_msg
         self._next_msg += 1
-        self._pending[msg] = [len(events), token]
+        self._pending[msg] = [len(events), token, source]
         times = [event.ts.timestamp() for event in events]
         rank = _RANK.get(type(events[0]).__name__, 9) if events else 9
         self._held.extend(zip(times, itertools.repeat(rank), events, itertools.repeat(msg)))
@@ -69,6 +72,8 @@ class EventTimeAligner(Generic[T]):
         self._caught_up.discard(source)
         if not events:
             self._pending.pop(msg)
+        else:
+            self.held_by_source[source] = self.held_by_source.get(source, 0) + 1
 
     def advance(self, source: Hashable, t: float) -> None:
         """``source`` has given data up to ``t`` that needs no detection (read again after a
@@ -89,6 +94,11 @@ class EventTimeAligner(Generic[T]):
         else:
             self._caught_up.discard(source)
 
+    def slowest(self) -> Hashable | None:
+        """The source that sets the watermark (None: every source has caught up)."""
+        behind = [(t, s) for s, t in self._source_t.items() if s not in self._caught_up]
+        return min(behind, key=_time)[1] if behind else None
+
     @property
     def watermark(self) -> float:
         """Events at or before this time can be released."""
@@ -106,13 +116,14 @@ class EventTimeAligner(Generic[T]):
         if not cut:
             return [], []
         out, self._held = held[:cut], held[cut:]
-        pending = self._pending
+        pending, held_by_source = self._pending, self.held_by_source
         tokens: list[T] = []
         for _, _, _, msg in out:
             entry = pending[msg]
             entry[0] -= 1
             if entry[0] == 0:
                 del pending[msg]
+                held_by_source[entry[2]] -= 1
                 if entry[1] is not None:
                     tokens.append(entry[1])
         return [(item[0], item[2]) for item in out], tokens
@@ -122,5 +133,6 @@ class EventTimeAligner(Generic[T]):
         whichever worker now owns their partitions reads them again."""
         self._held.clear()
         self._pending.clear()
+        self.held_by_source.clear()
         self._source_t.clear()
         self._caught_up.clear()

@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     web_port: int = Field(default=6066, validation_alias="BURNWATCH_WEB_PORT")
     web_host: str = Field(default="127.0.0.1", validation_alias="BURNWATCH_WEB_HOST")
     batch_max_messages: int = Field(default=5000, ge=1, validation_alias="BURNWATCH_BATCH_MAX_MESSAGES")
-    batch_within_s: float = Field(default=0.25, gt=0, validation_alias="BURNWATCH_BATCH_WITHIN_S")
+    max_held_per_partition: int = Field(default=2000, ge=1, validation_alias="BURNWATCH_MAX_HELD_PER_PARTITION")
     session_timeout_s: float = Field(default=10.0, gt=0, validation_alias="BURNWATCH_SESSION_TIMEOUT_S")
     log_format: Literal["auto", "json", "console"] = Field(default="auto", validation_alias="BURNWATCH_LOG_FORMAT")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", validation_alias="BURNWATCH_LOG_LEVEL")

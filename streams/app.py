@@ -25,7 +25,7 @@ from streams.handover import install_handover
 from streams.parts import WorkerParts, remembering_manager
 from streams.pipeline import Pipeline
 from streams.timers import install_timers, load_models
-from streams.topology import caught_up, dead_letter_sender, end_positions, install_agent, make_app
+from streams.topology import caught_up, dead_letter_sender, end_positions, flow_control, install_agent, make_app
 from streams.web import install_views, serve_only_burnwatch
 
 __all__ = ["build_worker_app"]
@@ -93,6 +93,8 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         end_positions=end_positions(app),
         config=config,
         generation=lambda: app.consumer_generation_id,
+        flow=flow_control(app),
+        max_held_per_partition=settings.max_held_per_partition,
     )
     parts = WorkerParts(settings=settings, store=store, app=app, config=config, engine=engine, outbox=outbox,
                         pipeline=pipeline, assigned_states=assigned_states)  # fmt: skip

@@ -96,6 +96,8 @@ class Stats:
     insert_s: float = 0.0
     partitions: int = 0
     """Input partitions assigned to this worker (0 until the group has settled)."""
+    fetch_pauses: int = 0
+    """Times a partition's fetching was paused for running ahead (flow control)."""
     started: float = field(default_factory=time.monotonic)
 
 
@@ -164,6 +166,8 @@ class Pipeline:
         config: LiveConfig | None = None,
         retry_max_s: float = 30.0,
         generation: Callable[[], int | None] = lambda: None,
+        flow: Callable[[list[TP], list[TP]], None] | None = None,
+        max_held_per_partition: int = 2000,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -207,6 +211,12 @@ class Pipeline:
         self._ack: Callable[[Message], Awaitable[Any]] | None = None
         self._serial = asyncio.Lock()
         """The agent and the release timer both call :meth:`process`; one batch at a time."""
+        self._flow = flow
+        """``flow(pause, resume)``: stop and restart fetching from partitions (the consumer's)."""
+        self.max_held_per_partition = max_held_per_partition
+        self.paused: set[TP] = set()
+        """Partitions not fetched from for now: far ahead in event time of the one that holds
+        the watermark, with more than ``max_held_per_partition`` messages held by the aligner."""
 
     async def process(self, messages: Sequence[Message], ack: Callable[[Message], Awaitable[Any]]) -> None:
         """Handle one batch. Detection runs now; the ClickHouse write runs in a writer
@@ -454,6 +464,7 @@ class Pipeline:
         for (topic, partition), next_offset in self._positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
         events, released = aligner.release()
+        self._flow_control()
         step.done = already_done + released
         step.detected = len(events)
         step.alerts = self.manager.handle(self.engine.process_timed(events))
@@ -553,6 +564,28 @@ class Pipeline:
         self.holding.clear()
         self.aligner.clear()
         self._acks.clear()
+        if self.paused and self._flow is not None:
+            self._flow([], sorted(self.paused))
+        self.paused.clear()
+
+    def _flow_control(self) -> None:
+        """Stop fetching from partitions far ahead of the one that holds the watermark, and fetch
+        from them again once they are not: a consumer catching up reads partitions unevenly (a
+        fetch may bring thousands of messages of one), and what runs ahead only waits in the
+        aligner, re-sorted with every batch, while the partition behind waits for its turn
+        (Kafka Streams pauses a partition past 1,000 buffered records for the same reason).
+        The partition that holds the watermark is never paused, so the watermark always moves."""
+        if self._flow is None:
+            return
+        held, limit = self.aligner.held_by_source, self.max_held_per_partition
+        slowest = self.aligner.slowest()
+        pause: list[TP] = [tp for tp, n in held.items() if n > limit and tp != slowest and tp not in self.paused]  # type: ignore[misc]  # sources are (topic, partition)
+        resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2 or tp == slowest]
+        if pause or resume:
+            self.paused.difference_update(resume)
+            self.paused.update(pause)
+            self.stats.fetch_pauses += len(pause)
+            self._flow(pause, resume)
 
     def _dirty_states(self) -> list[tuple[str, int, bytes]]:
         engine, states = self.engine, []

@@ -8,25 +8,27 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.types import TP
 
 from detector.events import TOPICS
 from detector.settings import Settings
+from streams.bulk import BulkConsumer, BulkTransport, Fetches, install_bulk
 from streams.kafka import DEAD_LETTER_TOPIC
 from streams.parts import WorkerParts, fail
 from streams.pipeline import Message, PipelineStopped
 
-__all__ = ["caught_up", "dead_letter_sender", "end_positions", "install_agent", "make_app"]
+__all__ = ["caught_up", "dead_letter_sender", "end_positions", "flow_control", "install_agent", "make_app"]
 
 Positions = dict[tuple[str, int], tuple[int | None, int | None]]
 
 
 def make_app(settings: Settings) -> faust.App:
-    """The Faust app, configured for manual acknowledgement and co-partitioned inputs."""
-    return faust.App(
+    """The Faust app, configured for manual acknowledgement and co-partitioned inputs, with a
+    consumer that hands the input topics' fetches to the detect agent whole (streams.bulk)."""
+    app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
         store="memory://",
@@ -52,6 +54,8 @@ def make_app(settings: Settings) -> faust.App:
         # (streams.handover) drains the write in flight and commits what is done instead.
         stream_wait_empty=False,
     )
+    install_bulk(app, TOPICS, settings.batch_max_messages)
+    return app
 
 
 def _raw_topic(app: faust.App, settings: Settings, *names: str) -> faust.TopicT:
@@ -99,26 +103,43 @@ def end_positions(app: faust.App) -> Callable[[list[tuple[str, int]]], Awaitable
     return positions
 
 
+def flow_control(app: faust.App) -> Callable[[list[tuple[str, int]], list[tuple[str, int]]], None]:
+    """``flow(pause, resume)``: stop and restart fetching from input partitions (the messages
+    already fetched stay buffered in the consumer). Only assigned partitions are resumed: one
+    revoked meanwhile is not fetched again."""
+
+    def flow(pause: list[tuple[str, int]], resume: list[tuple[str, int]]) -> None:
+        consumer = app.consumer
+        if pause:
+            consumer.pause_partitions([TP(topic, partition) for topic, partition in pause])
+        if resume:
+            assigned = consumer.assignment()
+            consumer.resume_partitions([tp for tp in (TP(topic, partition) for topic, partition in resume)
+                                        if tp in assigned])  # fmt: skip
+
+    return flow
+
+
 def install_agent(parts: WorkerParts) -> None:
-    """The ``detect`` agent: batches of messages into the pipeline, acknowledged by it alone."""
+    """The ``detect`` agent: the input topics' fetches into the pipeline, acknowledged by it alone."""
     app, settings, pipeline = parts.app, parts.settings, parts.pipeline
     source = _raw_topic(app, settings, *TOPICS)
+    app.topics.add(source)  # subscribed: the agent takes its messages from the bulk consumer, not a stream
+    transport = cast(BulkTransport, app.transport)
+    fetches = cast(Fetches, transport.fetches)
+
+    async def ack(message: Message) -> None:
+        cast(BulkConsumer, app.consumer).acknowledge(message.topic, message.partition, message.offset)
 
     @app.agent(source, name="detect")
     async def detect(stream: faust.StreamT) -> Any:
         # Manual acks: a message is acknowledged only once it is stored and detection has seen all
-        # of its events, which the event-time aligner may hold back for a while. ``noack_take``,
-        # not ``take_events``: the latter acknowledges a whole batch as soon as the loop body
-        # returns (and when the agent is cancelled at a stop), whatever became of it.
-        manual = stream.noack()  # type: ignore[attr-defined]  # Stream has it, StreamT does not declare it
-        async for events in manual.noack_take(settings.batch_max_messages, within=settings.batch_within_s):
-            messages = [
-                Message(e.message.topic, e.message.partition, e.message.offset, e.key, e.value, e,
-                        e.message.generation_id)  # fmt: skip
-                for e in events
-            ]
+        # of its events, which the event-time aligner may hold back for a while; then by offset,
+        # into the bookkeeping from which Faust commits (streams.bulk).
+        while True:
+            messages = await fetches.take()
             try:
-                await pipeline.process(messages, ack=lambda message: manual.ack(message.token))
+                await pipeline.process(messages, ack=ack)
             except PipelineStopped:
                 return
             except Exception as exc:  # noqa: BLE001 - a bug must stop the worker, not the agent alone

@@ -1,0 +1,194 @@
+"""Messages from Kafka a fetch at a time, and acknowledged by offset.
+
+Faust hands an agent one message at a time: per message its consumer makes a
+``ConsumerMessage``, waits on two futures (``wait_first``), the conductor makes an
+``Event`` and queues it to the stream, the stream takes it, and the acknowledgement
+goes back through the message. Measured on the development VM that is ~100 µs per
+message, so with exporters that send one event per message the worker ran at 9k events/s
+while aiokafka alone reads 400k+ messages/s (docs/performance.md).
+
+The detect agent needs none of that machinery: it takes whole batches and acknowledges
+them itself, in offset order, once stored (streams.acks). So the consumer here, Faust's
+own aiokafka consumer with one method replaced, hands each fetch to the agent as one list
+of :class:`~streams.pipeline.Message`, and an acknowledgement is one offset added to the
+same bookkeeping Faust's ``Consumer.ack`` fills, from which Faust commits as before.
+Faust keeps everything else: group membership and partition assignment, the rebalance
+pause (``suspend_flow``), seeking to the committed offsets, commits, timers and the web
+server. Topics not handed over in bulk still go through Faust's per-message path.
+
+This reaches into Faust's consumer (``_wait_next_records``, ``_acked``, ``_read_offset``,
+``_add_gap``), whose version the project pins (pyproject.toml); tests/test_bulk.py runs it
+against the embedded broker so that an upgrade that moves them fails there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+from faust.types.tuples import ack_lock
+from mode.utils.futures import notify
+
+from streams.pipeline import Message
+
+__all__ = ["BulkConsumer", "BulkTransport", "Fetches", "install_bulk"]
+
+
+class Fetches:
+    """Fetched messages on their way from the consumer to the agent. Bounded by messages, so
+    that a pipeline that falls behind slows the fetching instead of filling memory."""
+
+    def __init__(self, max_messages: int) -> None:
+        self.max_messages = max_messages
+        """A batch closes at this many messages (a single fetch may be larger)."""
+        self._fetches: deque[list[Message]] = deque()
+        self._queued = 0
+        self._arrived = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    async def put(self, messages: list[Message]) -> None:
+        """Queue one fetch; wait while two batches' worth of messages are already queued."""
+        while self._queued >= 2 * self.max_messages:
+            self._room.clear()
+            await self._room.wait()
+        self._fetches.append(messages)
+        self._queued += len(messages)
+        self._arrived.set()
+
+    async def take(self) -> list[Message]:
+        """The next batch: the oldest fetch, joined by those queued behind it up to
+        ``max_messages``. Never waits for more: a quiet stream's message is processed at once,
+        and a busy stream's batches grow by themselves while the last one is written."""
+        while not self._fetches:
+            self._arrived.clear()
+            await self._arrived.wait()
+        fetches = self._fetches
+        batch = fetches.popleft()
+        while fetches and len(batch) + len(fetches[0]) <= self.max_messages:
+            batch = batch + fetches.popleft()
+        self._queued -= len(batch)
+        self._room.set()
+        return batch
+
+    def __len__(self) -> int:
+        """Messages queued."""
+        return self._queued
+
+
+class BulkConsumer(faust_aiokafka.Consumer):
+    """Faust's aiokafka consumer, handing fetches of ``bulk_topics`` to :attr:`fetches`."""
+
+    fetches: Fetches | None = None
+    bulk_topics: frozenset[str] = frozenset()
+
+    def acknowledge(self, topic: str, partition: int, offset: int) -> None:
+        """What ``Consumer.ack`` records for a message, from its offset alone: Faust commits the
+        first run of consecutive acknowledged offsets (and gaps) of each partition."""
+        tp = TP(topic, partition)
+        with ack_lock:
+            committed = self._committed_offset[tp]
+            if committed is None or offset >= committed:
+                index = self._acked_index[tp]
+                if offset not in index:
+                    index.add(offset)
+                    self._acked[tp].append(offset)
+                    self._n_acked += 1
+            notify(self._waiting_for_ack)
+
+    async def _drain_messages(self, fetcher: Any) -> None:  # the Fetcher service's task
+        if self.fetches is None:
+            return await super()._drain_messages(fetcher)
+        consumer_stopped, fetcher_stopped = self._stopped.is_set, fetcher._stopped.is_set
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                records, _ = await self._wait_next_records(1.0)
+                await asyncio.sleep(0)  # a fetch that returns at once must not starve the loop
+                if not records or self.should_stop:
+                    continue
+                if not self.flow_active:  # a rebalance began during the fetch: read again after it
+                    await self.perform_seek()
+                    continue
+                await self._hand_over(records)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
+
+    async def _hand_over(self, records: Mapping[TP, list[Any]]) -> None:
+        """One fetch: the bulk topics' messages as one list (in offset order per partition),
+        the others message by message through Faust's conductor, as Faust would."""
+        generation = self.app.consumer_generation_id
+        bulk: list[Message] = []
+        for tp, fetched in records.items():
+            # Every fetched record is handed over, even of a partition paused while the fetch ran
+            # (streams.pipeline's flow control): the consumer's position is past it, so a record
+            # left out here would never be read again (Faust's loop leaves out those of inactive
+            # partitions). The pipeline leaves alone what belongs to a partition no longer
+            # assigned, or was fetched in an earlier group generation.
+            self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+            fresh = await self._fresh(tp, fetched)
+            if not fresh:
+                continue
+            if tp.topic in self.bulk_topics:
+                topic, partition = tp.topic, tp.partition
+                bulk.extend(Message(topic, partition, r.offset, r.key, r.value, None, generation) for r in fresh)
+            else:
+                for record in fresh:
+                    await self.wait_first(self.callback(self._to_message(tp, record)), self.suspend_flow.wait())
+        commit_every = self._commit_every
+        if commit_every is not None and self._n_acked >= commit_every:
+            self._n_acked = 0
+            await self.commit()
+        if bulk:
+            await self.wait_first(cast(Fetches, self.fetches).put(bulk), self.suspend_flow.wait())
+
+    async def _fresh(self, tp: TP, fetched: list[Any]) -> list[Any]:
+        """The records past the partition's read offset, as Faust's own loop takes them (one
+        fetched again after a seek is left out), noting the offsets the broker skipped
+        (transaction markers, compaction) as gaps, which count as acknowledged: without them
+        no commit could pass them."""
+        acks = self.app.topics.acks_enabled_for(tp.topic)
+        last = self._read_offset[tp]
+        fresh = []
+        for record in fetched:
+            offset = record.offset
+            if last is None or offset >= last:
+                if acks and last and offset - last > 1:
+                    await self._add_gap(tp, last + 1, offset)
+                fresh.append(record)
+                last = offset
+        self._read_offset[tp] = last
+        return fresh
+
+
+class BulkTransport(faust_aiokafka.Transport):
+    """The aiokafka transport, making :class:`BulkConsumer` consumers."""
+
+    Consumer = BulkConsumer
+    fetches: Fetches | None = None
+    bulk_topics: frozenset[str] = frozenset()
+
+    def create_consumer(self, callback: Any, **kwargs: Any) -> Any:
+        consumer = cast(BulkConsumer, super().create_consumer(callback, **kwargs))
+        consumer.fetches, consumer.bulk_topics = self.fetches, self.bulk_topics
+        return consumer
+
+
+def install_bulk(app: faust.App, topics: Iterable[str], max_messages: int) -> Fetches:
+    """Give ``app`` a consumer that hands fetches of ``topics`` to the returned :class:`Fetches`
+    (before anything has made the app's transport)."""
+    transport = BulkTransport(app.conf.broker_consumer, app)
+    transport.fetches = Fetches(max_messages)
+    transport.bulk_topics = frozenset(topics)
+    app.transport = transport
+    return transport.fetches
