@@ -33,8 +33,8 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Any
 from statistics import mean
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

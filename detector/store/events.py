@@ -8,6 +8,7 @@ has the same id, and an insert leaves out the ids stored in the batch's time spa
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,14 @@ _MAX_KEYS = 2_000
 """Keys in one look-up's text; with more, the look-up reads the span's rows of every key."""
 _INSERT_SETTINGS = {"max_partitions_per_insert_block": 0}
 """A message may carry events of any age: an insert touching many monthly partitions is valid."""
+_LOW_CARDINALITY = re.compile(r"LowCardinality\(([^()]*(?:\([^()]*\))?)\)")
+
+
+def wire_type(column_type: str) -> str:
+    """The type a column's values are sent as: its own, less ``LowCardinality``, which
+    ClickHouse applies as it stores them. Sending plain strings spares building each
+    block's dictionary in Python (the client's slowest step, holding the GIL)."""
+    return _LOW_CARDINALITY.sub(r"\1", column_type)
 
 
 class Events:
@@ -34,6 +43,9 @@ class Events:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self._contexts: dict[tuple[str, tuple[str, ...]], Any] = {}
+        """(table, columns) → the client's insert context, kept: asking the table's column
+        types on every insert costs a query each."""
 
     def stored(self, events: Sequence[Event]) -> list[bool]:
         """For each event, whether one with its content is stored already (read again after a
@@ -69,12 +81,34 @@ class Events:
                 if not cols[0]:
                     continue
                 started = time.perf_counter()
-                client.insert(f"{self.conn.db}.{table}", cols, column_names=names, column_oriented=True,
-                              settings=_INSERT_SETTINGS)  # fmt: skip
+                context = self._context(table, names)
+                context.data = cols
+                try:
+                    client.insert(context=context)
+                except BaseException:
+                    self._contexts.clear()  # the table may have changed: ask its types again
+                    raise
+                finally:
+                    context.data = None  # the batch's rows are not kept alive
                 METRICS.insert_seconds.observe(time.perf_counter() - started)
                 METRICS.insert_rows.observe(len(cols[0]))
                 written += len(cols[0])
         return written
+
+    def _context(self, table: str, names: list[str]) -> Any:
+        """The insert context of these columns of ``table``, their types asked of the store
+        once (sent as :func:`wire_type`). The caller holds the lock."""
+        key = (table, tuple(names))
+        context = self._contexts.get(key)
+        if context is None:
+            client = self.conn.client
+            described = client.query(f"DESCRIBE TABLE {self.conn.db}.{table}").result_rows
+            types = {row[0]: row[1] for row in described}
+            context = client.create_insert_context(f"{self.conn.db}.{table}", names, column_oriented=True,
+                                                   column_type_names=[wire_type(types[n]) for n in names],
+                                                   settings=_INSERT_SETTINGS)  # fmt: skip
+            self._contexts[key] = context
+        return context
 
     def _new_rows(self, table: str, names: list[str], cols: list[list[Any]]) -> list[int] | None:
         """Indexes of the rows to insert (the first of each event id, not stored yet); None: all.
