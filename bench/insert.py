@@ -8,7 +8,8 @@ batches of ``--messages`` consecutive messages (each message's events with its (
 partition, offset), as ``streams/pipeline.py: _store_events`` builds its
 :class:`~detector.store.EventBatch`), and inserts each batch into a freshly migrated store
 (``Store.open("chdb://<tmp>/clickhouse")``, as the worker opens it) with the rules' price
-list. Prints events/s of the inserts.
+list. Prints events/s of the inserts, and the CPU time they took (less sensitive than the wall
+clock to other processes on a shared machine): the writing thread's, and chdb's own threads'.
 
 - ``--profile``: cProfile of the insert loop: where the time goes (columns, ids, the look-up
   of stored ids, chdb's own insert);
@@ -70,6 +71,38 @@ def load(path: Path, messages: int) -> tuple[list[Batch], int]:
     if current:
         batches.append(current)
     return batches, events
+
+
+class EngineClock:
+    """CPU time the calling thread spends inside chdb's engine calls (wall time too): the rest
+    of the writing thread's CPU time is Python's, holding the GIL."""
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+        self.wall = 0.0
+        self.calls = 0
+
+    def __enter__(self) -> EngineClock:
+        from chdb.state import sqlitelike
+
+        self._inner = inner = sqlitelike.Connection.query
+
+        def query(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            cpu, wall = time.thread_time(), time.perf_counter()
+            try:
+                return inner(conn, *args, **kwargs)
+            finally:
+                self.cpu += time.thread_time() - cpu
+                self.wall += time.perf_counter() - wall
+                self.calls += 1
+
+        sqlitelike.Connection.query = query  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from chdb.state import sqlitelike
+
+        sqlitelike.Connection.query = self._inner  # type: ignore[method-assign]
 
 
 def insert_all(store: Store, batches: list[Batch], pricing) -> int:
@@ -209,15 +242,20 @@ def main() -> int:
                     gil_probe(store, batches, pricing, process=run % 2 == 1)
                     continue
                 profiler = cProfile.Profile() if args.profile else None
-                started = time.perf_counter()
+                started, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
                 if profiler:
                     profiler.enable()
-                written = insert_all(store, batches, pricing)
+                with EngineClock() as engine:
+                    written = insert_all(store, batches, pricing)
                 if profiler:
                     profiler.disable()
                 elapsed = time.perf_counter() - started
+                cpu, own = time.process_time() - cpu, time.thread_time() - own
                 figures.append(events / elapsed)
-                print(f"run {run}: {written:,} rows in {elapsed:.2f} s: {events / elapsed:,.0f} events/s", flush=True)
+                print(f"run {run}: {written:,} rows in {elapsed:.2f} s: {events / elapsed:,.0f} events/s; "
+                      f"CPU {cpu:.2f} s ({events / cpu:,.0f} events per CPU-second) = Python {own - engine.cpu:.2f} s "
+                      f"+ chdb {engine.cpu:.2f} s in the writing thread ({engine.calls} calls, {engine.wall:.2f} s "
+                      f"wall) + chdb's own threads {cpu - own:.2f} s", flush=True)  # fmt: skip
                 if args.again:
                     started = time.perf_counter()
                     again = insert_all(store, batches, pricing)
