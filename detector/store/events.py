@@ -115,13 +115,20 @@ class Events:
         Rows stored before events had ids (``event_id`` 0) are matched by their Kafka source."""
         ids = cols[names.index("event_id")]
         seen, legacy = self._stored_ids(table, cols[names.index(_KEY_COLUMN[table])], cols[0])
-        sources = zip(*(cols[names.index(c)] for c in SOURCE_COLS[1:]), strict=True) if legacy else None
         keep = []
-        for i, event_id in enumerate(ids):
-            source = next(sources) if sources is not None else None
-            if event_id not in seen and source not in legacy:
-                seen.add(event_id)
-                keep.append(i)
+        if legacy:
+            sources = zip(*(cols[names.index(c)] for c in SOURCE_COLS[1:]), strict=True)
+            for i, (event_id, source) in enumerate(zip(ids, sources, strict=True)):
+                if event_id not in seen and source not in legacy:
+                    seen.add(event_id)
+                    keep.append(i)
+        elif not seen and len(set(ids)) == len(ids):  # new data, no repeat: the common case, at C speed
+            return None
+        else:
+            for i, event_id in enumerate(ids):
+                if event_id not in seen:
+                    seen.add(event_id)
+                    keep.append(i)
         if len(keep) == len(ids):
             return None
         METRICS.duplicates_skipped.inc(len(ids) - len(keep))
@@ -132,16 +139,20 @@ class Events:
         per day the batch touches (through the table's (key, ts) order, so the cost follows
         what is stored there, which is nothing for new data); and the Kafka sources of rows
         stored there without an id (before migration 0005). The caller holds the lock."""
+        first, last = min(ts_ms), max(ts_ms)
         spans: dict[int, tuple[int, int, set[str]]] = {}
-        for key, t in zip(keys, ts_ms, strict=True):
-            span = spans.get(t // _DAY_MS)
-            if span is None:
-                spans[t // _DAY_MS] = (t, t, {key})
-            else:
-                span[2].add(key)
-                spans[t // _DAY_MS] = (min(span[0], t), max(span[1], t), span[2])
+        if first // _DAY_MS == last // _DAY_MS:  # within one day (most batches): no loop per event
+            spans[0] = (first, last, set(keys))
+        else:
+            for key, t in zip(keys, ts_ms, strict=True):
+                span = spans.get(t // _DAY_MS)
+                if span is None:
+                    spans[t // _DAY_MS] = (t, t, {key})
+                else:
+                    span[2].add(key)
+                    spans[t // _DAY_MS] = (min(span[0], t), max(span[1], t), span[2])
         if len(spans) > _MAX_SPANS:  # events over many days in one batch (a replay): one wider look-up
-            spans = {0: (min(ts_ms), max(ts_ms), set(keys))}
+            spans = {0: (first, last, set(keys))}
         column = _KEY_COLUMN[table]
         clauses: list[str] = []
         parameters: dict[str, Any] = {}
