@@ -180,6 +180,28 @@ def test_the_same_event_is_stored_once_and_a_changed_one_again(store):
     assert store.count("resource_usage") == 3
 
 
+def test_a_batch_of_many_chunks_stores_each_event_with_its_own_values(store, ruleset):
+    """A batch is turned into columns a chunk of events at a time: over several chunks (and a
+    partial last one), every event is stored once, with its own values, id and Kafka source."""
+    from detector.store import event_ids
+
+    gpu = [e for m in range(700) for e in scrape(T0 + m * MIN, [float(m % 97)] * 4, rid=f"gpu-{m % 3}")]
+    runs = [usage(T0 + m * MIN, rid=f"host-{m % 5}", usd_per_hour=float(m)) for m in range(1100)]
+    batch = EventBatch()
+    for offset, start in enumerate(range(0, len(gpu), 4)):
+        batch.extend(gpu[start : start + 4], ("gpu-metrics", 1, offset))
+    batch.extend(runs, ("resource-usage", 2, 7))
+    assert store.events.insert(batch, ruleset.pricing) == len(gpu) + len(runs) == 3900
+    stored = store.query(f"SELECT event_id, toUnixTimestamp64Milli(ts) AS ms, resource_id, gpu_index, util_pct, "
+                         f"src_offset FROM {store.db}.gpu_metrics")  # fmt: skip
+    expected = {(i, round(e.ts.timestamp() * 1000), e.resource_id, e.gpu_index, e.util_pct, n // 4)
+                for n, (i, e) in enumerate(zip(event_ids(b"gpu", gpu), gpu, strict=True))}  # fmt: skip
+    assert {tuple(row.values()) for row in stored} == expected
+    stored = store.query(f"SELECT event_id, resource_id, cost_usd, usd, src_offset FROM {store.db}.resource_usage")
+    expected = {(i, e.resource_id, e.cost_usd, e.cost_usd, 7) for i, e in zip(event_ids(b"usage", runs), runs, strict=True)}
+    assert {tuple(row.values()) for row in stored} == expected
+
+
 def test_rows_stored_before_events_had_ids_are_not_stored_again(store):
     """After the upgrade that gave events their content ids, messages read again (not yet
     acknowledged before the upgrade) match their old rows by Kafka source, not by id."""

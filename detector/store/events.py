@@ -8,6 +8,7 @@ has the same id, and an insert leaves out the ids stored in the batch's time spa
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,14 @@ _MAX_KEYS = 2_000
 """Keys in one look-up's text; with more, the look-up reads the span's rows of every key."""
 _INSERT_SETTINGS = {"max_partitions_per_insert_block": 0}
 """A message may carry events of any age: an insert touching many monthly partitions is valid."""
+_LOW_CARDINALITY = re.compile(r"LowCardinality\(([^()]*(?:\([^()]*\))?)\)")
+
+
+def wire_type(column_type: str) -> str:
+    """The type a column's values are sent as: its own, less ``LowCardinality``, which
+    ClickHouse applies as it stores them. Sending plain strings spares building each
+    block's dictionary in Python (the client's slowest step, holding the GIL)."""
+    return _LOW_CARDINALITY.sub(r"\1", column_type)
 
 
 class Events:
@@ -34,6 +43,9 @@ class Events:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self._contexts: dict[tuple[str, tuple[str, ...]], Any] = {}
+        """(table, columns) → the client's insert context, kept: asking the table's column
+        types on every insert costs a query each."""
 
     def stored(self, events: Sequence[Event]) -> list[bool]:
         """For each event, whether one with its content is stored already (read again after a
@@ -69,25 +81,54 @@ class Events:
                 if not cols[0]:
                     continue
                 started = time.perf_counter()
-                client.insert(f"{self.conn.db}.{table}", cols, column_names=names, column_oriented=True,
-                              settings=_INSERT_SETTINGS)  # fmt: skip
+                context = self._context(table, names)
+                context.data = cols
+                try:
+                    client.insert(context=context)
+                except BaseException:
+                    self._contexts.clear()  # the table may have changed: ask its types again
+                    raise
+                finally:
+                    context.data = None  # the batch's rows are not kept alive
                 METRICS.insert_seconds.observe(time.perf_counter() - started)
                 METRICS.insert_rows.observe(len(cols[0]))
                 written += len(cols[0])
         return written
+
+    def _context(self, table: str, names: list[str]) -> Any:
+        """The insert context of these columns of ``table``, their types asked of the store
+        once (sent as :func:`wire_type`). The caller holds the lock."""
+        key = (table, tuple(names))
+        context = self._contexts.get(key)
+        if context is None:
+            client = self.conn.client
+            described = client.query(f"DESCRIBE TABLE {self.conn.db}.{table}").result_rows
+            types = {row[0]: row[1] for row in described}
+            context = client.create_insert_context(f"{self.conn.db}.{table}", names, column_oriented=True,
+                                                   column_type_names=[wire_type(types[n]) for n in names],
+                                                   settings=_INSERT_SETTINGS)  # fmt: skip
+            self._contexts[key] = context
+        return context
 
     def _new_rows(self, table: str, names: list[str], cols: list[list[Any]]) -> list[int] | None:
         """Indexes of the rows to insert (the first of each event id, not stored yet); None: all.
         Rows stored before events had ids (``event_id`` 0) are matched by their Kafka source."""
         ids = cols[names.index("event_id")]
         seen, legacy = self._stored_ids(table, cols[names.index(_KEY_COLUMN[table])], cols[0])
-        sources = zip(*(cols[names.index(c)] for c in SOURCE_COLS[1:]), strict=True) if legacy else None
         keep = []
-        for i, event_id in enumerate(ids):
-            source = next(sources) if sources is not None else None
-            if event_id not in seen and source not in legacy:
-                seen.add(event_id)
-                keep.append(i)
+        if legacy:
+            sources = zip(*(cols[names.index(c)] for c in SOURCE_COLS[1:]), strict=True)
+            for i, (event_id, source) in enumerate(zip(ids, sources, strict=True)):
+                if event_id not in seen and source not in legacy:
+                    seen.add(event_id)
+                    keep.append(i)
+        elif not seen and len(set(ids)) == len(ids):  # new data, no repeat: the common case, at C speed
+            return None
+        else:
+            for i, event_id in enumerate(ids):
+                if event_id not in seen:
+                    seen.add(event_id)
+                    keep.append(i)
         if len(keep) == len(ids):
             return None
         METRICS.duplicates_skipped.inc(len(ids) - len(keep))
@@ -98,16 +139,20 @@ class Events:
         per day the batch touches (through the table's (key, ts) order, so the cost follows
         what is stored there, which is nothing for new data); and the Kafka sources of rows
         stored there without an id (before migration 0005). The caller holds the lock."""
+        first, last = min(ts_ms), max(ts_ms)
         spans: dict[int, tuple[int, int, set[str]]] = {}
-        for key, t in zip(keys, ts_ms, strict=True):
-            span = spans.get(t // _DAY_MS)
-            if span is None:
-                spans[t // _DAY_MS] = (t, t, {key})
-            else:
-                span[2].add(key)
-                spans[t // _DAY_MS] = (min(span[0], t), max(span[1], t), span[2])
+        if first // _DAY_MS == last // _DAY_MS:  # within one day (most batches): no loop per event
+            spans[0] = (first, last, set(keys))
+        else:
+            for key, t in zip(keys, ts_ms, strict=True):
+                span = spans.get(t // _DAY_MS)
+                if span is None:
+                    spans[t // _DAY_MS] = (t, t, {key})
+                else:
+                    span[2].add(key)
+                    spans[t // _DAY_MS] = (min(span[0], t), max(span[1], t), span[2])
         if len(spans) > _MAX_SPANS:  # events over many days in one batch (a replay): one wider look-up
-            spans = {0: (min(ts_ms), max(ts_ms), set(keys))}
+            spans = {0: (first, last, set(keys))}
         column = _KEY_COLUMN[table]
         clauses: list[str] = []
         parameters: dict[str, Any] = {}
