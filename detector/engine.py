@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
+from array import array
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -82,6 +84,46 @@ class _Snapshot(msgspec.Struct, kw_only=True):
 
 
 _KIND: dict[type, str] = {GpuMetric: "gpu", UsageEvent: "usage", RunEvent: "run"}
+_MAX_TAG_SETS = 100_000
+_NO_TAGS: dict[str, str] = {}
+
+
+def _intern(text: str) -> str:
+    """Short strings interned (types, regions, tag values); a long one is kept as it is."""
+    return sys.intern(text) if len(text) <= 64 else text
+
+
+def _enc_hook(obj: Any) -> Any:
+    """Arrays of a rule's state (the anomaly window's samples) are saved as lists."""
+    if isinstance(obj, array):
+        return obj.tolist()
+    raise NotImplementedError(f"cannot save {type(obj).__name__} in a key's state")
+
+
+def _dec_hook(kind: type, obj: Any) -> Any:
+    if kind is array and isinstance(obj, list):
+        return array("d", obj)
+    raise NotImplementedError(f"cannot restore {kind.__name__} in a key's state")
+
+
+class _KeyContext(Context):
+    """A key's :class:`Context` from the engine: three references, no closure per key."""
+
+    __slots__ = ("_engine", "_rules")
+
+    def __init__(self, resource: ResourceInfo, rules: dict[str, Any], engine: Engine) -> None:
+        super().__init__(resource)
+        self._rules = rules
+        self._engine = engine
+
+    def lookup(self, resource_id: str) -> ResourceInfo | None:
+        return self._engine.resource(resource_id)
+
+    def others(self) -> Behaviour:
+        return self._engine._others(self._rules)
+
+    def defer(self, detector: BatchPhase, item: Any) -> None:
+        self._engine._deferred.append((detector, item))
 
 
 class Engine:
@@ -122,7 +164,11 @@ class Engine:
         self.errors: dict[str, int] = {}
         """Rule name → events its detector raised on (skipped for that rule)."""
         self._errors_logged: set[tuple[str, type]] = set()
-        self._encoder = msgspec.msgpack.Encoder()
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+        self._steps: dict[Detector[Any], Any] = {}
+        """Detector → its bound ``step``, one per detector, shared by every key's routes."""
+        self._tags: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+        """Tag sets seen → one shared dict each (resources of a team carry the same tags)."""
         self._decoder = msgspec.msgpack.Decoder(_Snapshot)
 
     def __len__(self) -> int:
@@ -237,20 +283,16 @@ class Engine:
 
     def _context(self, state: KeyState) -> Context:
         """The key's context: its resource, the fleet look-up, its rules' behaviour, the batch phase."""
-        rules = state.rules
+        return _KeyContext(state.info, state.rules, self)
 
-        def others() -> Behaviour:
-            most, by_name = Behaviour.NONE, self._by_name  # the rules in force now (a reload swaps them)
-            for name, rule_state in rules.items():
-                detector = by_name.get(name)
-                if detector is not None:
-                    most = max(most, detector.tracking(rule_state))
-            return most
-
-        return Context(state.info, self.resource, others, self._defer)
-
-    def _defer(self, detector: BatchPhase, item: Any) -> None:
-        self._deferred.append((detector, item))
+    def _others(self, rules: dict[str, Any]) -> Behaviour:
+        """The most unusual behaviour the key's rules (``rules``: its rule states) are tracking."""
+        most, by_name = Behaviour.NONE, self._by_name  # the rules in force now (a reload swaps them)
+        for name, rule_state in rules.items():
+            detector = by_name.get(name)
+            if detector is not None:
+                most = max(most, detector.tracking(rule_state))
+        return most
 
     def _route(self, state: KeyState, event_type: type) -> list[Route]:
         """``(step, rule state, detector)`` of the detectors that see this event type: of the rules whose
@@ -271,7 +313,10 @@ class Engine:
             rule_state = state.rules.get(detector.name)
             if rule_state is None:
                 rule_state = state.rules[detector.name] = detector.new_state()
-            steps.append((detector.step, rule_state, detector))
+            step = self._steps.get(detector)
+            if step is None:
+                step = self._steps[detector] = detector.step
+            steps.append((step, rule_state, detector))
         if info.known:
             state.routes[event_type] = steps
         return steps
@@ -298,14 +343,24 @@ class Engine:
             or ev.instance_type != info.instance_type
             or not info.known
         )
-        info.resource_type = ev.resource_type
-        info.provider = ev.provider
-        info.account = ev.account
-        info.region = ev.region
-        info.instance_type = ev.instance_type
-        info.pricing = ev.pricing
-        info.state = ev.state
-        info.tags = tags
+        # Only what changed is taken, interned: a million resources share a few dozen types,
+        # regions, accounts and tag sets instead of holding a copy each.
+        if ev.resource_type != info.resource_type:
+            info.resource_type = _intern(ev.resource_type)
+        if ev.provider != info.provider:
+            info.provider = _intern(ev.provider)
+        if ev.account != info.account:
+            info.account = _intern(ev.account)
+        if ev.region != info.region:
+            info.region = _intern(ev.region)
+        if ev.instance_type != info.instance_type:
+            info.instance_type = _intern(ev.instance_type)
+        if ev.pricing != info.pricing:
+            info.pricing = _intern(ev.pricing)
+        if ev.state != info.state:
+            info.state = _intern(ev.state)
+        if tags != info.tags:
+            info.tags = self._shared_tags(tags)
         cost = self.pricer.cost(ev)
         listed = self.pricer.pricing.instances.get(ev.instance_type) if ev.instance_type else None
         info.gpus = listed.gpus if listed is not None else 0
@@ -314,6 +369,19 @@ class Engine:
             info.usd_per_hour = cost.usd_per_hour
         if changed:
             state.routes.clear()
+
+    def _shared_tags(self, tags: dict[str, str]) -> dict[str, str]:
+        """One dict per distinct tag set, its strings interned (never mutated: replaced on change).
+        The table is bounded: past ``_MAX_TAG_SETS`` sets it starts afresh."""
+        if not tags:
+            return _NO_TAGS
+        items = tuple(tags.items())
+        shared = self._tags.get(items)
+        if shared is None:
+            if len(self._tags) >= _MAX_TAG_SETS:
+                self._tags.clear()
+            shared = self._tags[items] = {_intern(k): _intern(v) for k, v in items}
+        return shared
 
     def set_billed(self, billed: BilledRates | None) -> None:
         """Price and tag from a newer bill (the worker, after ``burnwatch ingest focus``)."""
@@ -326,6 +394,7 @@ class Engine:
         self.ruleset = ruleset
         self.pricer = Pricer(ruleset.pricing, self.billed)
         self._by_name = {r.detector.name: r.detector for r in ruleset.rules}
+        self._steps.clear()
         for state in self._keys.values():
             state.routes.clear()
             for name, rule_state in list(state.rules.items()):
@@ -384,10 +453,15 @@ class Engine:
             rule = self.ruleset.by_name(name)
             if rule is not None:
                 try:
-                    rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()))
+                    rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()), dec_hook=_dec_hook)
                 except msgspec.ValidationError:
                     continue  # the rule's state shape changed with a new version: start it afresh
-        snap.info.resource_id = key
+        info = snap.info
+        info.resource_id = key
+        info.resource_type, info.provider, info.account, info.region, info.instance_type, info.pricing, info.state = (
+            _intern(info.resource_type), _intern(info.provider), _intern(info.account), _intern(info.region),
+            _intern(info.instance_type), _intern(info.pricing), _intern(info.state))  # fmt: skip
+        info.tags = self._shared_tags(info.tags)
         state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t, kind_t=dict(snap.kind_t))
         self._keys[key] = state
         self._restored_t[key] = (dict(snap.kind_t), snap.last_t)

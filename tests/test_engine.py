@@ -130,3 +130,30 @@ def test_a_single_key_stream_still_advances_the_watermark(ruleset):
         engine.process(timeline(T0 + hour * 3600, T0 + (hour + 1) * 3600, [1.0], rid="alone"))
         assert engine.watermark >= T0 + (hour + 1) * 3600 - 60
     assert sorted(engine.expire()) == ["quiet-1", "quiet-2"]
+
+
+def test_an_open_window_of_gpu_samples_survives_a_restore(ruleset):
+    """The anomaly rule's open window keeps its GPU samples unboxed (an array): saved mid-window
+    and restored, every window it closes has the same features as without the restart."""
+    from detector.detectors.anomaly import Scoring, scoring_during
+
+    events = timeline(T0, T0 + 12 * MIN, [90.0, 40.0, 3.0, 70.0]) + timeline(T0 + 12 * MIN, T0 + 25 * MIN, [20.0] * 4)
+    split = next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + 12 * MIN)  # mid-window
+
+    def windows(run) -> list:
+        closed: list = []
+        with scoring_during(ruleset.rules, Scoring(observe=lambda items: closed.extend(w[3] for w in items))):
+            run()
+        return [(w.start, w.values) for w in closed]
+
+    whole = windows(lambda: Engine(ruleset).process(events))
+    saved: dict[str, bytes] = {}
+
+    def restarted() -> None:
+        first = Engine(ruleset)
+        first.process(events[:split])
+        saved.update({key: first.snapshot(key) for key in first.dirty})
+        Engine(ruleset, loader=saved.get).process(events[split:])
+
+    assert windows(restarted) == whole
+    assert len(whole) >= 3 and any(w[1]["gpu_util_p95"] == 90.0 for w in whole)
