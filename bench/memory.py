@@ -16,9 +16,11 @@ and a deep size of the state of a sample of keys by part (the engine's per-key o
 rule's state, by detector type), where an object shared by several keys counts once over the
 sample (so a shared routes list or an interned string costs its share).
 
-``--evict-after S``: the engine evicts keys quiet for S seconds of event time (the last
-minutes then send to a tenth of the fleet, so the rest goes quiet); ``--loader store`` saves
-their state to ClickHouse (chdb) as the worker does and restores it when they speak again.
+``--waves K``: the resources speak in K waves one after another (each for ``--minutes``), so
+that with ``--evict-after S`` the engine evicts the waves gone quiet for S seconds of event time.
+Every batch's touched keys are then saved as the worker saves them, to ``--store``: ``sqlite``
+(a file: the store's memory is not the worker's, as with a ClickHouse server) or ``chdb``
+(the embedded ClickHouse, whose memory is counted in this process's RSS).
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from __future__ import annotations
 import argparse
 import gc
 import resource
+import sqlite3
 import sys
+import tempfile
 import time
 import tracemalloc
 import types
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -63,9 +68,9 @@ def kind_of(i: int) -> str:
     raise AssertionError
 
 
-def messages(i: int, t: float) -> list[tuple[str, bytes]]:
+def messages(i: int, t: float, since: float = START) -> list[tuple[str, bytes]]:
     """What resource ``i`` sends at second ``t`` (a 30 s grid): GPU samples every 30 s, usage
-    every minute (storage every 5), each as one message."""
+    every minute (storage every 5) from ``since``, each as one message."""
     kind = kind_of(i)
     rid = f"{kind}-{i:07d}"
     ts = rfc3339(t)
@@ -79,7 +84,7 @@ def messages(i: int, t: float) -> list[tuple[str, bytes]]:
              "power_w": 320.0 if busy else 60.0, "sm_active": 0.7 if busy else 0.01}
             for g in range(gpus)])))  # fmt: skip
     storage = kind in ("storage_bucket", "vector_db")
-    if (t - START) % (300 if storage else 60) == 0:
+    if (t - since) % (300 if storage else 60) == 0:
         tags = {"team": TEAMS[i % 4], "project": f"proj-{i % 8}", "owner": f"user-{i % 13}"}
         if i % 10 == 0:
             del tags["project"]  # some untagged spend
@@ -105,31 +110,65 @@ def messages(i: int, t: float) -> list[tuple[str, bytes]]:
     return out
 
 
-def feed(engine: Engine, n: int, minutes: float, active: int | None = None, batch: int = 5000,
+Save = Callable[[list[tuple[str, int, bytes]], int], None]
+
+
+def feed(engine: Engine, n: int, minutes: float, waves: int = 1, save: Save | None = None, batch: int = 5000,
          progress: bool = True) -> int:  # fmt: skip
-    """Send ``minutes`` of event time for resources 0..n-1 (the last minute only to the first
-    ``active`` of them, when given); return the events fed."""
+    """Send ``minutes`` of event time to resources 0..n-1, in ``waves`` groups one after another;
+    after each batch save what it touched (``save``) as the worker does, and at each 30 s step
+    expire (and evict) as the worker's timer does. Return the events fed."""
     decoder = EventDecoder(max_future_s=10 * 365 * 86_400.0)
     steps = int(minutes * 2)
-    events = 0
+    events = version = 0
     pending: list[tuple[float, Any]] = []
-    for step in range(steps):
-        t = START + 30.0 * step
-        senders = n if active is None or step < steps - 2 else active
-        for i in range(senders):
-            for topic, value in messages(i, t):
-                for ev in decoder.decode(topic, value):
-                    pending.append((t, ev))
-            if len(pending) >= batch:
-                engine.process_timed(pending)
-                events += len(pending)
-                pending = []
-        if progress:
-            print(f"  t+{30 * (step + 1)}s: {len(engine):,} keys in memory, {rss_mb():,.0f} MB RSS", flush=True)
-    if pending:
+
+    def process() -> None:
+        nonlocal events, version, pending
         engine.process_timed(pending)
         events += len(pending)
+        pending = []
+        if save is not None:
+            version += 1
+            save([(key, 0, engine.snapshot(key)) for key in engine.dirty], version)  # type: ignore[misc]
+        engine.dirty.clear()
+
+    for wave in range(waves):
+        group = range(wave * n // waves, (wave + 1) * n // waves)
+        for step in range(steps):
+            since = START + 30.0 * wave * steps
+            t = since + 30.0 * step
+            for i in group:
+                for topic, value in messages(i, t, since):
+                    for ev in decoder.decode(topic, value):
+                        pending.append((t, ev))
+                if len(pending) >= batch:
+                    process()
+            if pending:
+                process()
+            engine.expire()
+            if progress:
+                print(f"  wave {wave}, t+{30 * (step + 1)}s: {len(engine):,} keys in memory, {engine.evicted:,} evicted, "
+                      f"{rss_mb():,.0f} MB RSS", flush=True)  # fmt: skip
     return events
+
+
+def sqlite_store(path: str) -> tuple[Save, Callable[[str], bytes | None]]:
+    """A file-backed key → snapshot table: what the worker's store does for eviction, out of
+    this process's memory (SQLite keeps a 2 MB page cache)."""
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=OFF")
+    db.execute("PRAGMA synchronous=OFF")
+    db.execute("CREATE TABLE state (key TEXT PRIMARY KEY, snapshot BLOB)")
+
+    def save(states: list[tuple[str, int, bytes]], version: int) -> None:
+        db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", [(k, s) for k, _, s in states])
+
+    def fetch(key: str) -> bytes | None:
+        row = db.execute("SELECT snapshot FROM state WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    return save, fetch
 
 
 def rss_mb() -> float:
@@ -211,30 +250,42 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resources", type=int, default=20_000)
     parser.add_argument("--minutes", type=float, default=10.0, help="event time fed to every resource")
+    parser.add_argument("--waves", type=int, default=1, help="groups of resources that speak one after another")
     parser.add_argument("--evict-after", type=float, default=None, help="evict keys quiet this long (event s)")
-    parser.add_argument("--loader", choices=("none", "store"), default="none")
+    parser.add_argument("--store", choices=("sqlite", "chdb"), default="sqlite", help="where evicted state goes")
     parser.add_argument("--no-tracemalloc", action="store_true", help="RSS only (tracemalloc slows 2-3x)")
     parser.add_argument("--sample", type=int, default=3000, help="keys whose state is measured by part")
     args = parser.parse_args()
 
     ruleset = load_rules(ROOT / "rules")
     use_scoring(ruleset.rules, Scoring(observe=lambda windows: None))  # windows built, as with a model
-    engine = Engine(ruleset)
+    tmp = tempfile.TemporaryDirectory(prefix="burnwatch-memory-")
+    save: Save | None = None
+    fetch: Callable[[str], bytes | None] | None = None
+    if args.evict_after is not None:
+        if args.store == "chdb":
+            from detector.store import Store, connect
+
+            store = Store(connect(f"chdb://{tmp.name}/chdb"), database="bench")
+            store.migrate()
+            save, fetch = (lambda states, version: store.states.save(states, version=version)), store.states.get
+        else:
+            save, fetch = sqlite_store(f"{tmp.name}/state.sqlite")
+    engine = Engine(ruleset, evict_after_s=args.evict_after, fetch=fetch)
     gc.collect()
     base_rss = rss_mb()
     if not args.no_tracemalloc:
         tracemalloc.start()
     base_traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
     started = time.perf_counter()
-    events = feed(engine, args.resources, args.minutes)
+    events = feed(engine, args.resources, args.minutes, args.waves, save)
     took = time.perf_counter() - started
-    engine.dirty.clear()  # the worker saves and clears them with each batch
     gc.collect()
     traced = tracemalloc.get_traced_memory()[0] - base_traced if tracemalloc.is_tracing() else 0
     rss = rss_mb()
     n = args.resources
-    print(f"{n:,} resources, {events:,} events over {args.minutes:g} min of event time in {took:.0f} s; "
-          f"{len(engine):,} keys in memory")  # fmt: skip
+    print(f"{n:,} resources in {args.waves} wave(s), {events:,} events, {args.minutes:g} min of event time each, "
+          f"in {took:.0f} s; {len(engine):,} keys in memory, {engine.evicted:,} evicted")  # fmt: skip
     print(f"RSS: {base_rss:,.0f} MB before, {rss:,.0f} MB after, {peak_rss_mb():,.0f} MB peak; "
           f"{(rss - base_rss) * 1048576 / n:,.0f} bytes per resource (RSS growth)")  # fmt: skip
     if traced:
@@ -244,6 +295,10 @@ def main() -> int:
     for part, size in parts.items():
         print(f"  {size:8,.0f}  {part}")
     print(f"  {sum(parts.values()):8,.0f}  total")
+    if engine.evicted:
+        index = sys.getsizeof(engine._evicted) + sum(sys.getsizeof(k) + sys.getsizeof(t) for k, t in engine._evicted.items())
+        print(f"evicted keys: {index / engine.evicted:,.0f} bytes each in memory (the index and the key)")
+    tmp.cleanup()
     return 0
 
 

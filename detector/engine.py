@@ -5,7 +5,9 @@ events): what the latest usage event said about the resource, and each rule's
 detector state. State is bounded: keys that go quiet for ``state_ttl_s`` of
 event time are dropped. The streaming worker persists the keys the engine
 marks dirty, and restores a key with :meth:`Engine.restore` after a restart or
-rebalance; ``backtest`` simply never persists.
+rebalance; ``backtest`` simply never persists. In the worker, a key quiet for
+``evict_after_s`` leaves memory once saved (:meth:`Engine.evict`) and is read back from the
+store (``fetch``) at its next event, as it was: memory holds the resources that speak.
 
 The engine's watermark (how far event time has got: what expiry, the daily digest
 and the freshness metric go by) is not the newest timestamp seen, which one
@@ -136,6 +138,8 @@ class Engine:
         state_ttl_s: float = 2 * 86_400.0,
         loader: Callable[[str], bytes | None] | None = None,
         billed: BilledRates | None = None,
+        evict_after_s: float | None = None,
+        fetch: Callable[[str], bytes | None] | None = None,
     ) -> None:
         self.ruleset = ruleset
         self.billed = billed
@@ -144,6 +148,15 @@ class Engine:
         """Prices each usage event once, for every detector (see :mod:`detector.pricing`)."""
         self.state_ttl_s = state_ttl_s
         self._loader = loader
+        self.evict_after_s = evict_after_s
+        """Keys quiet this long (event time) leave memory at :meth:`expire`; None: never (needs ``fetch``)."""
+        self._fetch = fetch
+        """The store's look-up of one key's saved state: how an evicted key comes back."""
+        self._evicted: dict[str, float] = {}
+        """Keys evicted (saved in the store, not in memory) → their time, for their TTL expiry."""
+        self._leaving: dict[str, bytes] = {}
+        """Snapshots of the keys evicted by the latest :meth:`expire`, kept until the next one: the
+        write of their last batch may still be in flight when they speak again."""
         self._keys: dict[str, KeyState] = {}
         self._restored_t: dict[str, tuple[dict[str, float], float]] = {}
         """Key → the time its state had reached when restored (see :meth:`already_seen`)."""
@@ -416,22 +429,50 @@ class Engine:
 
     def expire(self) -> list[str]:
         """Drop keys with no event for ``state_ttl_s`` of event time before the watermark (which
-        a single future-dated event cannot move); return them."""
+        a single future-dated event cannot move), held or evicted; return them (the worker
+        deletes their saved state). Then :meth:`evict` what has gone quiet."""
         horizon = self.watermark - self.state_ttl_s
         gone = [k for k, s in self._keys.items() if s.last_t < horizon]
+        gone += [k for k, t in self._evicted.items() if t < horizon]
         for key in gone:
             self.forget(key)
+        self.evict()
         return gone
+
+    def evict(self) -> list[str]:
+        """Take keys with no event for ``evict_after_s`` of event time out of memory (the worker
+        has saved them: a key is evicted only once no longer :attr:`dirty`); the next event of
+        one restores it through ``fetch`` as it was, so detection is the same as if it had
+        stayed. Without ``fetch`` (``backtest``), nothing is evicted. Returns the keys evicted."""
+        self._leaving = {}
+        if self.evict_after_s is None or self._fetch is None:
+            return []
+        horizon = self.watermark - self.evict_after_s
+        dirty, leaving, evicted = self.dirty, self._leaving, self._evicted
+        quiet = [k for k, s in self._keys.items() if s.last_t < horizon and k not in dirty]
+        for key in quiet:
+            leaving[key] = self.snapshot(key)  # type: ignore[assignment]  # held: never None
+            evicted[key] = self._keys.pop(key).last_t
+        return quiet
+
+    @property
+    def evicted(self) -> int:
+        """Keys saved in the store and out of memory (:meth:`evict`)."""
+        return len(self._evicted)
 
     def forget(self, key: str) -> None:
         """Drop a key from memory (after expiry, or when its partition moves away)."""
         self._keys.pop(key, None)
         self._restored_t.pop(key, None)
+        self._evicted.pop(key, None)
+        self._leaving.pop(key, None)
         self.dirty.discard(key)
 
     def forget_all(self) -> None:
         self._keys.clear()
         self._restored_t.clear()
+        self._evicted.clear()
+        self._leaving.clear()
         self.dirty.clear()
         self._ahead.clear()
 
@@ -445,8 +486,10 @@ class Engine:
              "kind_t": state.kind_t}
         )
 
-    def restore(self, key: str, data: bytes) -> KeyState:
-        """Rebuild a key's state from :meth:`snapshot` bytes; state of rules no longer loaded is dropped."""
+    def restore(self, key: str, data: bytes, *, restart: bool = True) -> KeyState:
+        """Rebuild a key's state from :meth:`snapshot` bytes; state of rules no longer loaded is dropped.
+        ``restart``: after a restart or handover, so events read again are checked
+        (:meth:`already_seen`); not for a key coming back from eviction, which saw no restart."""
         snap = self._decoder.decode(data)
         rules = {}
         for name, raw in snap.rules.items():
@@ -464,10 +507,19 @@ class Engine:
         info.tags = self._shared_tags(info.tags)
         state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t, kind_t=dict(snap.kind_t))
         self._keys[key] = state
-        self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
+        if restart:
+            self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
         return state
 
     def _load(self, key: str) -> KeyState:
+        if key in self._evicted and self._fetch is not None:
+            del self._evicted[key]
+            data = self._leaving.pop(key, None)
+            if data is None:
+                data = self._fetch(key)
+            if data is not None:
+                return self.restore(key, data, restart=False)
+            log.error("evicted_state_missing", key=key, note="not in the store: the key starts afresh")
         if self._loader is not None:
             data = self._loader(key)
             if data is not None:
