@@ -84,7 +84,7 @@ class DestinationState(Episode, kw_only=True):
         self.excess_bytes = self.pending_bytes = 0.0
 
 
-class EgressRunawayState(msgspec.Struct, kw_only=True):
+class EgressRunawayState(msgspec.Struct, kw_only=True, gc=False):
     destinations: dict[str, DestinationState] = {}
 
 

@@ -130,7 +130,7 @@ def metrics_of(features: list[str]) -> tuple[str, ...]:
     return tuple(f[len(METRIC_PREFIX):] for f in features if f.startswith(METRIC_PREFIX) and not f.endswith(("_rel", "_z")))
 
 
-class WindowState(msgspec.Struct, kw_only=True):
+class WindowState(msgspec.Struct, kw_only=True, gc=False):
     """One resource's open window and its baselines."""
 
     start: float | None = None
