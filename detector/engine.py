@@ -29,7 +29,6 @@ from __future__ import annotations
 import heapq
 import math
 import sys
-from array import array
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,6 +39,7 @@ from detector.billing.rates import BilledRates
 from detector.detectors import Detector, Finding, ResourceInfo
 from detector.detectors.base import BatchPhase, Behaviour, Context
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
+from detector.floats import dec_hook, enc_hook
 from detector.pricing import Pricer
 from detector.rules import RuleSet
 
@@ -93,19 +93,6 @@ _NO_TAGS: dict[str, str] = {}
 def _intern(text: str) -> str:
     """Short strings interned (types, regions, tag values); a long one is kept as it is."""
     return sys.intern(text) if len(text) <= 64 else text
-
-
-def _enc_hook(obj: Any) -> Any:
-    """Arrays of a rule's state (the anomaly window's samples) are saved as lists."""
-    if isinstance(obj, array):
-        return obj.tolist()
-    raise NotImplementedError(f"cannot save {type(obj).__name__} in a key's state")
-
-
-def _dec_hook(kind: type, obj: Any) -> Any:
-    if kind is array and isinstance(obj, list):
-        return array("d", obj)
-    raise NotImplementedError(f"cannot restore {kind.__name__} in a key's state")
 
 
 class _KeyContext(Context):
@@ -177,7 +164,7 @@ class Engine:
         self.errors: dict[str, int] = {}
         """Rule name → events its detector raised on (skipped for that rule)."""
         self._errors_logged: set[tuple[str, type]] = set()
-        self._encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
         self._steps: dict[Detector[Any], Any] = {}
         """Detector → its bound ``step``, one per detector, shared by every key's routes."""
         self._tags: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
@@ -496,7 +483,7 @@ class Engine:
             rule = self.ruleset.by_name(name)
             if rule is not None:
                 try:
-                    rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()), dec_hook=_dec_hook)
+                    rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()), dec_hook=dec_hook)
                 except msgspec.ValidationError:
                     continue  # the rule's state shape changed with a new version: start it afresh
         info = snap.info

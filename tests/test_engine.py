@@ -157,3 +157,24 @@ def test_an_open_window_of_gpu_samples_survives_a_restore(ruleset):
 
     assert windows(restarted) == whole
     assert len(whole) >= 3 and any(w[1]["gpu_util_p95"] == 90.0 for w in whole)
+
+
+def test_a_series_saved_as_pairs_before_is_read_back_flat():
+    """Egress and growth histories are now flat arrays of (t, value) pairs: a snapshot saved by
+    the version before, with a list of pairs, restores to the same series (nothing lost at the
+    upgrade's restart), and a new snapshot round-trips."""
+    from array import array
+
+    import msgspec
+
+    from detector.detectors.egress_runaway import DestinationState
+    from detector.detectors.growth import GrowthState
+    from detector.floats import dec_hook, enc_hook
+
+    old = msgspec.msgpack.encode({"points": [[1.0, 10.0], [2.0, 20.0]], "last_t": 2.0})
+    restored = msgspec.msgpack.decode(old, type=GrowthState, dec_hook=dec_hook)
+    assert restored.points == array("d", [1.0, 10.0, 2.0, 20.0])
+    again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
+    assert msgspec.msgpack.decode(again, type=GrowthState, dec_hook=dec_hook) == restored
+    old = msgspec.msgpack.encode({"history": [[300.0, 5.0]], "dest_region": "eu-west-1"})
+    assert msgspec.msgpack.decode(old, type=DestinationState, dec_hook=dec_hook).history == array("d", [300.0, 5.0])

@@ -29,20 +29,14 @@ here, in :data:`FEATURE_SETS`, and nowhere else.
 from __future__ import annotations
 
 import math
-from array import array
-from typing import TYPE_CHECKING
 
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import FloatArray, floats
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
            "feature_names", "follows", "metrics_of", "model_group"]
-
-if TYPE_CHECKING:
-    FloatArray = array[float]
-else:
-    FloatArray = array  # not subscriptable at run time before Python 3.12
 
 BASE_FEATURES = {
     "cost_usd_per_hour": "what the resource costs per hour in the window (its intervals as priced and stored)",
@@ -136,9 +130,9 @@ class WindowState(msgspec.Struct, kw_only=True, gc=False):
     start: float | None = None
     cost_usd: float = 0.0
     usage_s: float = 0.0
-    utils: FloatArray = msgspec.field(default_factory=lambda: array("d"))
+    utils: FloatArray = msgspec.field(default_factory=floats)
     """The window's GPU utilisation samples, unboxed (8 bytes each, not a float object's 32):
-    saved as a list (:func:`detector.engine` encodes arrays as lists and decodes them back)."""
+    saved as a list (:mod:`detector.floats`)."""
     mem_frac_sum: float = 0.0
     power_sum: float = 0.0
     gpu_samples: int = 0
@@ -370,7 +364,7 @@ class WindowBuilder:
 
     def _reset(self, st: WindowState) -> None:
         st.cost_usd = st.usage_s = st.mem_frac_sum = st.power_sum = 0.0
-        st.utils = array("d")
+        st.utils = floats()
         st.gpu_samples = 0
         st.egress_bytes = st.requests = st.request_s = 0.0
         st.storage_first = st.storage_last = None
