@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/memory.py --resources 20000 --minutes 10     # the breakdown
     .venv/bin/python bench/memory.py --resources 1000000 --minutes 3    # a million resources
-    .venv/bin/python bench/memory.py --resources 1000000 --evict-after 60 --loader store
+    .venv/bin/python bench/memory.py --resources 1000000 --minutes 2 --waves 10 --evict-after 60
+    .venv/bin/python bench/memory.py --replay /work/benchdata/fleet.jsonl   # a day of history, by kind
 
 An :class:`~detector.engine.Engine` with the shipped rules (``rules/``) and the anomaly rule
 building windows (as with a model loaded) is fed ``--minutes`` of event time for N distinct
@@ -21,6 +22,10 @@ that with ``--evict-after S`` the engine evicts the waves gone quiet for S secon
 Every batch's touched keys are then saved as the worker saves them, to ``--store``: ``sqlite``
 (a file: the store's memory is not the worker's, as with a ClickHouse server) or ``chdb``
 (the embedded ClickHouse, whose memory is counted in this process's RSS).
+
+``--replay FILE``: instead, a replay file (the bench fleet: 24 h of history) through the same
+engine, then each key's state by resource kind, in memory and saved (a steady state: the
+series a rule keeps over its window are full).
 """
 
 from __future__ import annotations
@@ -246,6 +251,38 @@ def breakdown(engine: Engine, sample: int = 3000) -> dict[str, float]:
     return per_key
 
 
+def by_kind(path: str) -> None:
+    """Each key's state after a replay file, by resource kind: in memory (deep size) and saved."""
+    from detector.replay import read_replay
+
+    ruleset = load_rules(ROOT / "rules")
+    use_scoring(ruleset.rules, Scoring(observe=lambda windows: None))
+    engine = Engine(ruleset)
+    decoder = EventDecoder(max_future_s=10 * 365 * 86_400.0)
+    batch: list[tuple[float, Any]] = []
+    for _, record in read_replay(path):
+        batch.extend((ev.ts.timestamp(), ev) for ev in decoder.decode(record.topic, bytes(record.value)))
+        if len(batch) >= 5000:
+            engine.process_timed(sorted(batch, key=lambda item: item[0]))
+            batch = []
+    engine.process_timed(sorted(batch, key=lambda item: item[0]))
+    kinds: dict[str, list[int]] = {}
+    seen: set[int] = set()
+    for key, state in engine._keys.items():
+        row = kinds.setdefault(state.info.resource_type or "(run project)", [0, 0, 0, 0])
+        size = deep_size(state, seen) + deep_size(key, seen)
+        row[0] += 1
+        row[1] += size
+        row[2] += len(engine.snapshot(key) or b"")
+        row[3] = max(row[3], size)
+    print(f"state per key after {path}:")
+    for kind, (n, size, saved, most) in sorted(kinds.items()):
+        print(f"  {kind:20} {n:4} keys {size / n:8,.0f} B in memory (most {most:,}) {saved / n:7,.0f} B saved")
+    n = sum(row[0] for row in kinds.values())
+    print(f"  {'all':20} {n:4} keys {sum(row[1] for row in kinds.values()) / n:8,.0f} B in memory"
+          f"{'':16}{sum(row[2] for row in kinds.values()) / n:7,.0f} B saved")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resources", type=int, default=20_000)
@@ -255,7 +292,11 @@ def main() -> int:
     parser.add_argument("--store", choices=("sqlite", "chdb"), default="sqlite", help="where evicted state goes")
     parser.add_argument("--no-tracemalloc", action="store_true", help="RSS only (tracemalloc slows 2-3x)")
     parser.add_argument("--sample", type=int, default=3000, help="keys whose state is measured by part")
+    parser.add_argument("--replay", help="measure the state after this replay file instead, by resource kind")
     args = parser.parse_args()
+    if args.replay:
+        by_kind(args.replay)
+        return 0
 
     ruleset = load_rules(ROOT / "rules")
     use_scoring(ruleset.rules, Scoring(observe=lambda windows: None))  # windows built, as with a model
