@@ -326,6 +326,8 @@ class Engine:
         held by this engine, else from :attr:`directory` as of the run event's time (another
         worker holds it)."""
         state = self._keys.get(resource_id)
+        if state is None and resource_id in self._evicted:
+            state = self._load(resource_id)  # as if it had stayed: what it said last, not the directory's
         if state is not None and state.info.known:
             return state.info
         if self.directory is not None:

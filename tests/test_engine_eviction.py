@@ -79,3 +79,19 @@ def test_nothing_is_evicted_without_a_store_to_restore_from(ruleset):
     engine.process(_fleet())
     engine.expire()
     assert engine.evicted == 0 and len(engine) == 4
+
+
+def test_a_runs_look_up_of_an_evicted_host_reads_it_back(ruleset, store):
+    """A run event names its hosts (:meth:`Engine.resource`): an evicted host is read back from
+    the store, as it was, not lost (no directory here, as in backtest)."""
+    engine = Engine(ruleset, evict_after_s=15 * MIN, fetch=store.states.get)
+    for version, batch in enumerate(_batches(_fleet()), start=1):
+        engine.process(batch)
+        store.states.save([(key, 0, engine.snapshot(key)) for key in engine.dirty], version=version)
+        engine.dirty.clear()
+        engine.expire()
+        if engine.evicted:
+            break
+    assert engine.evicted == 1 and len(engine) == 3
+    info = engine.resource(HOST)
+    assert info is not None and info.instance_type == "p4d.24xlarge" and info.usd_per_hour == 32.0
