@@ -5,7 +5,9 @@ events): what the latest usage event said about the resource, and each rule's
 detector state. State is bounded: keys that go quiet for ``state_ttl_s`` of
 event time are dropped. The streaming worker persists the keys the engine
 marks dirty, and restores a key with :meth:`Engine.restore` after a restart or
-rebalance; ``backtest`` simply never persists.
+rebalance; ``backtest`` simply never persists. In the worker, a key quiet for
+``evict_after_s`` leaves memory once saved (:meth:`Engine.evict`) and is read back from the
+store (``fetch``) at its next event, as it was: memory holds the resources that speak.
 
 The engine's watermark (how far event time has got: what expiry, the daily digest
 and the freshness metric go by) is not the newest timestamp seen, which one
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,6 +39,7 @@ from detector.billing.rates import BilledRates
 from detector.detectors import Detector, Finding, ResourceInfo
 from detector.detectors.base import BatchPhase, Behaviour, Context
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
+from detector.floats import dec_hook, enc_hook
 from detector.pricing import Pricer
 from detector.rules import RuleSet
 
@@ -82,6 +86,33 @@ class _Snapshot(msgspec.Struct, kw_only=True):
 
 
 _KIND: dict[type, str] = {GpuMetric: "gpu", UsageEvent: "usage", RunEvent: "run"}
+_MAX_TAG_SETS = 100_000
+_NO_TAGS: dict[str, str] = {}
+
+
+def _intern(text: str) -> str:
+    """Short strings interned (types, regions, tag values); a long one is kept as it is."""
+    return sys.intern(text) if len(text) <= 64 else text
+
+
+class _KeyContext(Context):
+    """A key's :class:`Context` from the engine: three references, no closure per key."""
+
+    __slots__ = ("_engine", "_rules")
+
+    def __init__(self, resource: ResourceInfo, rules: dict[str, Any], engine: Engine) -> None:
+        super().__init__(resource)
+        self._rules = rules
+        self._engine = engine
+
+    def lookup(self, resource_id: str) -> ResourceInfo | None:
+        return self._engine.resource(resource_id)
+
+    def others(self) -> Behaviour:
+        return self._engine._others(self._rules)
+
+    def defer(self, detector: BatchPhase, item: Any) -> None:
+        self._engine._deferred.append((detector, item))
 
 
 class Engine:
@@ -94,6 +125,8 @@ class Engine:
         state_ttl_s: float = 2 * 86_400.0,
         loader: Callable[[str], bytes | None] | None = None,
         billed: BilledRates | None = None,
+        evict_after_s: float | None = None,
+        fetch: Callable[[str], bytes | None] | None = None,
     ) -> None:
         self.ruleset = ruleset
         self.billed = billed
@@ -102,6 +135,15 @@ class Engine:
         """Prices each usage event once, for every detector (see :mod:`detector.pricing`)."""
         self.state_ttl_s = state_ttl_s
         self._loader = loader
+        self.evict_after_s = evict_after_s
+        """Keys quiet this long (event time) leave memory at :meth:`expire`; None: never (needs ``fetch``)."""
+        self._fetch = fetch
+        """The store's look-up of one key's saved state: how an evicted key comes back."""
+        self._evicted: dict[str, float] = {}
+        """Keys evicted (saved in the store, not in memory) → their time, for their TTL expiry."""
+        self._leaving: dict[str, bytes] = {}
+        """Snapshots of the keys evicted by the latest :meth:`expire`, kept until the next one: the
+        write of their last batch may still be in flight when they speak again."""
         self._keys: dict[str, KeyState] = {}
         self._restored_t: dict[str, tuple[dict[str, float], float]] = {}
         """Key → the time its state had reached when restored (see :meth:`already_seen`)."""
@@ -122,7 +164,11 @@ class Engine:
         self.errors: dict[str, int] = {}
         """Rule name → events its detector raised on (skipped for that rule)."""
         self._errors_logged: set[tuple[str, type]] = set()
-        self._encoder = msgspec.msgpack.Encoder()
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
+        self._steps: dict[Detector[Any], Any] = {}
+        """Detector → its bound ``step``, one per detector, shared by every key's routes."""
+        self._tags: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+        """Tag sets seen → one shared dict each (resources of a team carry the same tags)."""
         self._decoder = msgspec.msgpack.Decoder(_Snapshot)
 
     def __len__(self) -> int:
@@ -237,20 +283,16 @@ class Engine:
 
     def _context(self, state: KeyState) -> Context:
         """The key's context: its resource, the fleet look-up, its rules' behaviour, the batch phase."""
-        rules = state.rules
+        return _KeyContext(state.info, state.rules, self)
 
-        def others() -> Behaviour:
-            most, by_name = Behaviour.NONE, self._by_name  # the rules in force now (a reload swaps them)
-            for name, rule_state in rules.items():
-                detector = by_name.get(name)
-                if detector is not None:
-                    most = max(most, detector.tracking(rule_state))
-            return most
-
-        return Context(state.info, self.resource, others, self._defer)
-
-    def _defer(self, detector: BatchPhase, item: Any) -> None:
-        self._deferred.append((detector, item))
+    def _others(self, rules: dict[str, Any]) -> Behaviour:
+        """The most unusual behaviour the key's rules (``rules``: its rule states) are tracking."""
+        most, by_name = Behaviour.NONE, self._by_name  # the rules in force now (a reload swaps them)
+        for name, rule_state in rules.items():
+            detector = by_name.get(name)
+            if detector is not None:
+                most = max(most, detector.tracking(rule_state))
+        return most
 
     def _route(self, state: KeyState, event_type: type) -> list[Route]:
         """``(step, rule state, detector)`` of the detectors that see this event type: of the rules whose
@@ -271,7 +313,10 @@ class Engine:
             rule_state = state.rules.get(detector.name)
             if rule_state is None:
                 rule_state = state.rules[detector.name] = detector.new_state()
-            steps.append((detector.step, rule_state, detector))
+            step = self._steps.get(detector)
+            if step is None:
+                step = self._steps[detector] = detector.step
+            steps.append((step, rule_state, detector))
         if info.known:
             state.routes[event_type] = steps
         return steps
@@ -281,6 +326,8 @@ class Engine:
         held by this engine, else from :attr:`directory` as of the run event's time (another
         worker holds it)."""
         state = self._keys.get(resource_id)
+        if state is None and resource_id in self._evicted:
+            state = self._load(resource_id)  # as if it had stayed: what it said last, not the directory's
         if state is not None and state.info.known:
             return state.info
         if self.directory is not None:
@@ -298,14 +345,24 @@ class Engine:
             or ev.instance_type != info.instance_type
             or not info.known
         )
-        info.resource_type = ev.resource_type
-        info.provider = ev.provider
-        info.account = ev.account
-        info.region = ev.region
-        info.instance_type = ev.instance_type
-        info.pricing = ev.pricing
-        info.state = ev.state
-        info.tags = tags
+        # Only what changed is taken, interned: a million resources share a few dozen types,
+        # regions, accounts and tag sets instead of holding a copy each.
+        if ev.resource_type != info.resource_type:
+            info.resource_type = _intern(ev.resource_type)
+        if ev.provider != info.provider:
+            info.provider = _intern(ev.provider)
+        if ev.account != info.account:
+            info.account = _intern(ev.account)
+        if ev.region != info.region:
+            info.region = _intern(ev.region)
+        if ev.instance_type != info.instance_type:
+            info.instance_type = _intern(ev.instance_type)
+        if ev.pricing != info.pricing:
+            info.pricing = _intern(ev.pricing)
+        if ev.state != info.state:
+            info.state = _intern(ev.state)
+        if tags != info.tags:
+            info.tags = self._shared_tags(tags)
         cost = self.pricer.cost(ev)
         listed = self.pricer.pricing.instances.get(ev.instance_type) if ev.instance_type else None
         info.gpus = listed.gpus if listed is not None else 0
@@ -314,6 +371,19 @@ class Engine:
             info.usd_per_hour = cost.usd_per_hour
         if changed:
             state.routes.clear()
+
+    def _shared_tags(self, tags: dict[str, str]) -> dict[str, str]:
+        """One dict per distinct tag set, its strings interned (never mutated: replaced on change).
+        The table is bounded: past ``_MAX_TAG_SETS`` sets it starts afresh."""
+        if not tags:
+            return _NO_TAGS
+        items = tuple(tags.items())
+        shared = self._tags.get(items)
+        if shared is None:
+            if len(self._tags) >= _MAX_TAG_SETS:
+                self._tags.clear()
+            shared = self._tags[items] = {_intern(k): _intern(v) for k, v in items}
+        return shared
 
     def set_billed(self, billed: BilledRates | None) -> None:
         """Price and tag from a newer bill (the worker, after ``burnwatch ingest focus``)."""
@@ -326,6 +396,7 @@ class Engine:
         self.ruleset = ruleset
         self.pricer = Pricer(ruleset.pricing, self.billed)
         self._by_name = {r.detector.name: r.detector for r in ruleset.rules}
+        self._steps.clear()
         for state in self._keys.values():
             state.routes.clear()
             for name, rule_state in list(state.rules.items()):
@@ -347,22 +418,50 @@ class Engine:
 
     def expire(self) -> list[str]:
         """Drop keys with no event for ``state_ttl_s`` of event time before the watermark (which
-        a single future-dated event cannot move); return them."""
+        a single future-dated event cannot move), held or evicted; return them (the worker
+        deletes their saved state). Then :meth:`evict` what has gone quiet."""
         horizon = self.watermark - self.state_ttl_s
         gone = [k for k, s in self._keys.items() if s.last_t < horizon]
+        gone += [k for k, t in self._evicted.items() if t < horizon]
         for key in gone:
             self.forget(key)
+        self.evict()
         return gone
+
+    def evict(self) -> list[str]:
+        """Take keys with no event for ``evict_after_s`` of event time out of memory (the worker
+        has saved them: a key is evicted only once no longer :attr:`dirty`); the next event of
+        one restores it through ``fetch`` as it was, so detection is the same as if it had
+        stayed. Without ``fetch`` (``backtest``), nothing is evicted. Returns the keys evicted."""
+        self._leaving = {}
+        if self.evict_after_s is None or self._fetch is None:
+            return []
+        horizon = self.watermark - self.evict_after_s
+        dirty, leaving, evicted = self.dirty, self._leaving, self._evicted
+        quiet = [k for k, s in self._keys.items() if s.last_t < horizon and k not in dirty]
+        for key in quiet:
+            leaving[key] = self.snapshot(key)  # type: ignore[assignment]  # held: never None
+            evicted[key] = self._keys.pop(key).last_t
+        return quiet
+
+    @property
+    def evicted(self) -> int:
+        """Keys saved in the store and out of memory (:meth:`evict`)."""
+        return len(self._evicted)
 
     def forget(self, key: str) -> None:
         """Drop a key from memory (after expiry, or when its partition moves away)."""
         self._keys.pop(key, None)
         self._restored_t.pop(key, None)
+        self._evicted.pop(key, None)
+        self._leaving.pop(key, None)
         self.dirty.discard(key)
 
     def forget_all(self) -> None:
         self._keys.clear()
         self._restored_t.clear()
+        self._evicted.clear()
+        self._leaving.clear()
         self.dirty.clear()
         self._ahead.clear()
 
@@ -376,24 +475,40 @@ class Engine:
              "kind_t": state.kind_t}
         )
 
-    def restore(self, key: str, data: bytes) -> KeyState:
-        """Rebuild a key's state from :meth:`snapshot` bytes; state of rules no longer loaded is dropped."""
+    def restore(self, key: str, data: bytes, *, restart: bool = True) -> KeyState:
+        """Rebuild a key's state from :meth:`snapshot` bytes; state of rules no longer loaded is dropped.
+        ``restart``: after a restart or handover, so events read again are checked
+        (:meth:`already_seen`); not for a key coming back from eviction, which saw no restart."""
         snap = self._decoder.decode(data)
         rules = {}
         for name, raw in snap.rules.items():
             rule = self.ruleset.by_name(name)
             if rule is not None:
                 try:
-                    rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()))
+                    rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()), dec_hook=dec_hook)
                 except msgspec.ValidationError:
                     continue  # the rule's state shape changed with a new version: start it afresh
-        snap.info.resource_id = key
+        info = snap.info
+        info.resource_id = key
+        info.resource_type, info.provider, info.account, info.region, info.instance_type, info.pricing, info.state = (
+            _intern(info.resource_type), _intern(info.provider), _intern(info.account), _intern(info.region),
+            _intern(info.instance_type), _intern(info.pricing), _intern(info.state))  # fmt: skip
+        info.tags = self._shared_tags(info.tags)
         state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t, kind_t=dict(snap.kind_t))
         self._keys[key] = state
-        self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
+        if restart:
+            self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
         return state
 
     def _load(self, key: str) -> KeyState:
+        if key in self._evicted and self._fetch is not None:
+            del self._evicted[key]
+            data = self._leaving.pop(key, None)
+            if data is None:
+                data = self._fetch(key)
+            if data is not None:
+                return self.restore(key, data, restart=False)
+            log.error("evicted_state_missing", key=key, note="not in the store: the key starts afresh")
         if self._loader is not None:
             data = self._loader(key)
             if data is not None:

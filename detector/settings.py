@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     model_retrain_every: str = Field(default="", validation_alias="BURNWATCH_MODEL_RETRAIN_EVERY")
     """Retrain on this schedule (e.g. 24h) over ``model_train_since`` of stored events; empty: never."""
     model_train_since: str = Field(default="14d", validation_alias="BURNWATCH_MODEL_TRAIN_SINCE")
+    evict_after_s: float = Field(default=3600.0, ge=0, validation_alias="BURNWATCH_EVICT_AFTER_S")
+    """A resource with no event for this long (event time) leaves the worker's memory; its state,
+    saved in the store, is read back when it speaks again (0: state stays in memory until it expires)."""
     event_ttl_days: int = Field(default=30, ge=0, validation_alias="BURNWATCH_EVENT_TTL_DAYS")
     """Raw events are deleted this many days after their event time (0: kept forever); the
     hourly and daily rollups are kept. Longer than ``model_train_since``."""

@@ -78,7 +78,8 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     assigned_states: dict[str, bytes] = {}
     billed = BilledRates.from_store(store)  # the stored bill's rates and tags (streams.timers reloads them)
     engine = Engine(config.current.ruleset, loader=lambda key: assigned_states.pop(key, None),
-                    billed=billed if len(billed) else None)  # fmt: skip
+                    billed=billed if len(billed) else None, evict_after_s=settings.evict_after_s or None,
+                    fetch=store.states.get)  # fmt: skip
     engine.directory = HostDirectory(store.history)  # a run's hosts held by another worker
     outbox = Outbox(store, _notifier(settings))
     if outbox.notifier is not None and outbox.notifier.threads and settings.slack_charts:

@@ -130,3 +130,51 @@ def test_a_single_key_stream_still_advances_the_watermark(ruleset):
         engine.process(timeline(T0 + hour * 3600, T0 + (hour + 1) * 3600, [1.0], rid="alone"))
         assert engine.watermark >= T0 + (hour + 1) * 3600 - 60
     assert sorted(engine.expire()) == ["quiet-1", "quiet-2"]
+
+
+def test_an_open_window_of_gpu_samples_survives_a_restore(ruleset):
+    """The anomaly rule's open window keeps its GPU samples unboxed (an array): saved mid-window
+    and restored, every window it closes has the same features as without the restart."""
+    from detector.detectors.anomaly import Scoring, scoring_during
+
+    events = timeline(T0, T0 + 12 * MIN, [90.0, 40.0, 3.0, 70.0]) + timeline(T0 + 12 * MIN, T0 + 25 * MIN, [20.0] * 4)
+    split = next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + 12 * MIN)  # mid-window
+
+    def windows(run) -> list:
+        closed: list = []
+        with scoring_during(ruleset.rules, Scoring(observe=lambda items: closed.extend(w[3] for w in items))):
+            run()
+        return [(w.start, w.values) for w in closed]
+
+    whole = windows(lambda: Engine(ruleset).process(events))
+    saved: dict[str, bytes] = {}
+
+    def restarted() -> None:
+        first = Engine(ruleset)
+        first.process(events[:split])
+        saved.update({key: first.snapshot(key) for key in first.dirty})
+        Engine(ruleset, loader=saved.get).process(events[split:])
+
+    assert windows(restarted) == whole
+    assert len(whole) >= 3 and any(w[1]["gpu_util_p95"] == 90.0 for w in whole)
+
+
+def test_a_series_saved_as_pairs_before_is_read_back_flat():
+    """Egress and growth histories are now flat arrays of (t, value) pairs: a snapshot saved by
+    the version before, with a list of pairs, restores to the same series (nothing lost at the
+    upgrade's restart), and a new snapshot round-trips."""
+    from array import array
+
+    import msgspec
+
+    from detector.detectors.egress_runaway import DestinationState
+    from detector.detectors.growth import GrowthState
+    from detector.floats import dec_hook, enc_hook
+
+    old = msgspec.msgpack.encode({"points": [[1.0, 10.0], [2.0, 20.0]], "last_t": 2.0})
+    restored = msgspec.msgpack.decode(old, type=GrowthState, dec_hook=dec_hook)
+    assert restored.points == array("d", [1.0, 10.0, 2.0, 20.0])
+    again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
+    assert msgspec.msgpack.decode(again, type=GrowthState, dec_hook=dec_hook) == restored
+    old = msgspec.msgpack.encode({"history": [[300.0, 5.0]], "dest_region": "eu-west-1"})
+    assert msgspec.msgpack.decode(old, type=DestinationState, dec_hook=dec_hook).history == array("d", [300.0, 5.0])

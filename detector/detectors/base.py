@@ -36,7 +36,7 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class ResourceInfo(msgspec.Struct, kw_only=True):
+class ResourceInfo(msgspec.Struct, kw_only=True, gc=False):
     """What the latest usage event said about a resource: who owns it, whether it is billed, its price."""
 
     resource_id: str = ""

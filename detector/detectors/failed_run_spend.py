@@ -46,7 +46,7 @@ class FailedRunSpendParams(Params):
     loop_window: Duration = Field(default=6 * 3600.0, gt=0)
 
 
-class Failure(msgspec.Struct, kw_only=True):
+class Failure(msgspec.Struct, kw_only=True, gc=False):
     t: float
     run_id: str
     usd: float

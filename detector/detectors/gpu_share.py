@@ -83,7 +83,7 @@ class GpuShareParams(Params):
     """How often an open episode reports its growing dollars (event time)."""
 
 
-class Unit(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Unit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """The latest sample of one GPU or MIG instance."""
 
     gpu: int
@@ -95,7 +95,7 @@ class Unit(msgspec.Struct, kw_only=True, omit_defaults=True):
     pod: Pod | None = None
 
 
-class GpuTrack(msgspec.Struct, kw_only=True, omit_defaults=True):
+class GpuTrack(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """One physical GPU's idle run and its place in the episode."""
 
     units: list[str] = []

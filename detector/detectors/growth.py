@@ -16,6 +16,7 @@ from pydantic import Field
 from detector.detectors.base import DetectorBase, Params
 from detector.detectors.episode import Episode
 from detector.events import DAY_S
+from detector.floats import FloatArray, floats
 from detector.units import Duration
 
 __all__ = ["GrowthBase", "GrowthParams", "GrowthState", "Trend", "fit"]
@@ -32,8 +33,9 @@ class GrowthParams(Params):
 
 
 class GrowthState(Episode, kw_only=True):
-    points: list[tuple[float, float]] = []
-    """(t, bytes): the latest sample of each 15-minute slot inside the window."""
+    points: FloatArray = msgspec.field(default_factory=floats)
+    """(t, bytes): the latest sample of each 15-minute slot inside the window, as pairs flattened
+    (``t0, b0, t1, b1...``: :mod:`detector.floats`; a week of them is 11 KB, not 75)."""
     last_t: float = 0.0
     evaluated_at: float = 0.0
     capacity: float | None = None
@@ -55,8 +57,9 @@ class Trend(msgspec.Struct, kw_only=True, frozen=True):
         return 100.0 * self.per_day / self.size if self.size > 0 else 0.0
 
 
-def fit(points: list[tuple[float, float]]) -> Trend | None:
-    """Least-squares slope through ``points``; None with fewer than four."""
+def fit(flat: FloatArray) -> Trend | None:
+    """Least-squares slope through the (t, bytes) pairs of ``flat``; None with fewer than four."""
+    points = list(zip(flat[0::2], flat[1::2], strict=True))
     n = len(points)
     if n < 4:
         return None
@@ -85,7 +88,7 @@ class GrowthBase(DetectorBase):
         trend = fit(st.points)
         if trend is not None:
             return trend
-        size = st.points[-1][1] if st.points else 0.0
+        size = st.points[-1] if st.points else 0.0
         return Trend(size=size, per_day=0.0, span_s=0.0, drop=0.0)
 
     def observe(self, st: GrowthState, t: float, size: float) -> Trend | None:
@@ -93,13 +96,17 @@ class GrowthBase(DetectorBase):
         if t <= st.last_t:
             return None  # a re-read or late sample
         st.last_t = t
-        if st.points and t - st.points[-1][0] < POINT_S and int(t // POINT_S) == int(st.points[-1][0] // POINT_S):
-            st.points[-1] = (t, size)
+        points = st.points
+        if points and t - points[-2] < POINT_S and int(t // POINT_S) == int(points[-2] // POINT_S):
+            points[-2], points[-1] = t, size
         else:
-            st.points.append((t, size))
+            points.extend((t, size))
         horizon = t - self.params.window
-        while st.points and st.points[0][0] < horizon:
-            st.points.pop(0)
+        old = 0
+        while old < len(points) and points[old] < horizon:
+            old += 2
+        if old:
+            del points[:old]
         if t - st.evaluated_at < self.params.evaluate_every:
             return None
         trend = fit(st.points)

@@ -51,7 +51,7 @@ class InferenceOverprovisionedParams(Params):
     min_saving_usd_per_hour: Money = 0.1
 
 
-class HourStats(msgspec.Struct, kw_only=True, array_like=True):
+class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     start: float
     hist: list[int]
     mem_peak_mib: float = 0.0

@@ -20,7 +20,7 @@ __all__ = ["Fleet", "RunState", "RunHosts", "follow", "hosts_of"]
 Fleet = Callable[[str], "ResourceInfo | None"]
 
 
-class RunState(msgspec.Struct, kw_only=True):
+class RunState(msgspec.Struct, kw_only=True, gc=False):
     start: float
     project: str = ""
     resource_ids: list[str] = []

@@ -56,7 +56,7 @@ class Candidate(Episode, kw_only=True):
     host: ResourceInfo
 
 
-class SpotEligibleState(msgspec.Struct, kw_only=True):
+class SpotEligibleState(msgspec.Struct, kw_only=True, gc=False):
     runs: dict[str, RunState] = {}
     fired: dict[str, Candidate] = {}
     ended: dict[str, float] = {}

@@ -33,6 +33,7 @@ import math
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import FloatArray, floats
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
            "feature_names", "follows", "metrics_of", "model_group"]
@@ -123,13 +124,15 @@ def metrics_of(features: list[str]) -> tuple[str, ...]:
     return tuple(f[len(METRIC_PREFIX):] for f in features if f.startswith(METRIC_PREFIX) and not f.endswith(("_rel", "_z")))
 
 
-class WindowState(msgspec.Struct, kw_only=True):
+class WindowState(msgspec.Struct, kw_only=True, gc=False):
     """One resource's open window and its baselines."""
 
     start: float | None = None
     cost_usd: float = 0.0
     usage_s: float = 0.0
-    utils: list[float] = []
+    utils: FloatArray = msgspec.field(default_factory=floats)
+    """The window's GPU utilisation samples, unboxed (8 bytes each, not a float object's 32):
+    saved as a list (:mod:`detector.floats`)."""
     mem_frac_sum: float = 0.0
     power_sum: float = 0.0
     gpu_samples: int = 0
@@ -361,7 +364,7 @@ class WindowBuilder:
 
     def _reset(self, st: WindowState) -> None:
         st.cost_usd = st.usage_s = st.mem_frac_sum = st.power_sum = 0.0
-        st.utils = []
+        st.utils = floats()
         st.gpu_samples = 0
         st.egress_bytes = st.requests = st.request_s = 0.0
         st.storage_first = st.storage_last = None

@@ -42,6 +42,19 @@ class States:
             )
         return {row[0]: row[1] for row in result.result_rows}
 
+    def get(self, key: str) -> bytes | None:
+        """The latest snapshot of one key, or None (never saved, or deleted): how a key the engine
+        evicted comes back when it speaks again (one look-up by the table's sort key)."""
+        with self.conn.lock:
+            result = self.conn.client.query(
+                f"SELECT argMax(snapshot, version) AS snapshot, argMax(deleted, version) AS deleted, count() AS n "
+                f"FROM {self.conn.db}.detector_state WHERE key = %(key)s",
+                parameters={"key": key},
+                column_formats={"snapshot": "bytes"},
+            )
+        snapshot, deleted, n = result.result_rows[0]
+        return None if not n or deleted else bytes(snapshot)
+
     def delete(self, keys: Sequence[str]) -> None:
         """Tombstone keys whose state expired, so a restart does not bring them back."""
         if not keys:

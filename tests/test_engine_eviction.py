@@ -1,0 +1,97 @@
+"""Keys that go quiet leave memory and come back from the store as they were (issue 16)."""
+
+from __future__ import annotations
+
+from detector.engine import Engine
+from tests.helpers import MIN, T0, timeline, usage
+
+HOST = "host-1"
+
+
+def _fleet() -> list:
+    """host-1 is busy, then idle (an idle episode opens), then sends nothing for 40 minutes
+    while three other hosts go on, then comes back still idle and finally busy (the
+    episode resolves). Time-sorted, as the aligner releases events."""
+    events = (
+        timeline(T0, T0 + 10 * MIN, [90.0] * 4)
+        + timeline(T0 + 10 * MIN, T0 + 50 * MIN, [1.0] * 4)
+        + timeline(T0 + 90 * MIN, T0 + 110 * MIN, [1.0] * 4)
+        + timeline(T0 + 110 * MIN, T0 + 130 * MIN, [90.0] * 4)
+        + [usage(T0 + 130 * MIN, state="stopped")]
+    )
+    for other in ("host-2", "host-3", "host-4"):
+        events += timeline(T0, T0 + 130 * MIN, [70.0, 80.0], rid=other)
+    return sorted(events, key=lambda e: e.ts)
+
+
+def _batches(events: list, span_s: float = 5 * MIN) -> list[list]:
+    """The events in batches of ``span_s`` of event time (as a worker's steps take them)."""
+    batches: dict[int, list] = {}
+    for event in events:
+        batches.setdefault(int((event.ts.timestamp() - T0) // span_s), []).append(event)
+    return [batches[i] for i in sorted(batches)]
+
+
+def _key(f) -> tuple:
+    return (f.action, f.rule, f.resource_id, f.episode_start, f.fired_at, f.at, f.waste_usd, f.usd_per_hour)
+
+
+def test_an_evicted_key_comes_back_from_the_store_with_the_same_alerts(ruleset, store):
+    events = _fleet()
+    kept = Engine(ruleset)
+    whole = [_key(f) for batch in _batches(events) for f in kept.process(batch)]
+    assert any(a == "fire" and r == "idle-gpu" and k == HOST for a, r, k, *_ in whole)
+    assert any(a == "resolve" and r == "idle-gpu" and k == HOST for a, r, k, *_ in whole)
+
+    fetched: list[str] = []
+
+    def fetch(key: str) -> bytes | None:
+        fetched.append(key)
+        return store.states.get(key)
+
+    engine = Engine(ruleset, evict_after_s=15 * MIN, fetch=fetch)
+    found, away = [], 0
+    for version, batch in enumerate(_batches(events), start=1):
+        found += [_key(f) for f in engine.process(batch)]
+        # What the worker does with each batch: save what the batch touched, then (a timer) expire.
+        store.states.save([(key, 0, engine.snapshot(key)) for key in engine.dirty], version=version)
+        engine.dirty.clear()
+        engine.expire()
+        away = max(away, engine.evicted)
+        if engine.evicted:
+            assert len(engine) == 3  # host-1 is out of memory
+    assert away == 1 and fetched == [HOST]  # evicted once, and restored from the store, not memory
+    assert found == whole
+
+
+def test_the_store_gives_one_keys_newest_state_and_none_once_deleted(store):
+    store.states.save([("k1", 0, b"v1"), ("k2", 1, b"x")], version=1)
+    store.states.save([("k1", 0, b"v2")], version=2)
+    assert store.states.get("k1") == b"v2"
+    assert store.states.get("k2") == b"x"
+    store.states.delete(["k2"])
+    assert store.states.get("k2") is None
+    assert store.states.get("never-saved") is None
+
+
+def test_nothing_is_evicted_without_a_store_to_restore_from(ruleset):
+    engine = Engine(ruleset, evict_after_s=60.0)  # backtest: no fetch
+    engine.process(_fleet())
+    engine.expire()
+    assert engine.evicted == 0 and len(engine) == 4
+
+
+def test_a_runs_look_up_of_an_evicted_host_reads_it_back(ruleset, store):
+    """A run event names its hosts (:meth:`Engine.resource`): an evicted host is read back from
+    the store, as it was, not lost (no directory here, as in backtest)."""
+    engine = Engine(ruleset, evict_after_s=15 * MIN, fetch=store.states.get)
+    for version, batch in enumerate(_batches(_fleet()), start=1):
+        engine.process(batch)
+        store.states.save([(key, 0, engine.snapshot(key)) for key in engine.dirty], version=version)
+        engine.dirty.clear()
+        engine.expire()
+        if engine.evicted:
+            break
+    assert engine.evicted == 1 and len(engine) == 3
+    info = engine.resource(HOST)
+    assert info is not None and info.instance_type == "p4d.24xlarge" and info.usd_per_hour == 32.0
