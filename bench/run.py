@@ -4,7 +4,8 @@
    of at least one million events;
 2. streaming: the same file replayed into the embedded broker, then one worker
    process consumes it into ClickHouse; events/s from its first to its last
-   event (also the replay producer's rate);
+   event (also the replay producer's rate); the same with one event per message,
+   next to aiokafka alone reading those messages (the ceiling of any consumer);
 3. latency: a live, paced fleet into a caught-up worker; for each alert, wall
    time from publishing the message that completes the idle threshold to the
    local Slack server receiving the post; p50 / p99.
@@ -25,11 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiokafka
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from detector.backtest import backtest  # noqa: E402
-from detector.replay import write_replay  # noqa: E402
+from detector.replay import one_event_per_message, write_replay  # noqa: E402
 from detector.rules import RuleSet, load_rules  # noqa: E402
 from detector.runtime import tune_gc  # noqa: E402
 from detector.simulate import SimConfig, simulate  # noqa: E402
@@ -84,6 +87,33 @@ def bench_streaming(path: Path, workdir: Path, name: str, **extra_env: str) -> d
             "events_per_s": n_events / elapsed, "messages_per_s": len(messages) / elapsed,
             "replay_messages_per_s": len(messages) / publish_s, "replay_events_per_s": n_events / publish_s,
             "alerts_fired": health["alerts_fired"]}  # fmt: skip
+
+
+def bench_bare_consumer(path: Path, workdir: Path) -> dict:
+    """aiokafka alone reading the file's messages from the embedded broker (no group, no
+    decoding, nothing done with them): the ceiling for any consumer on this machine."""
+    messages = list(file_records(path))
+    with EmbeddedBroker(log_path=workdir / "broker-bare.log") as broker:
+
+        async def run() -> float:
+            await ensure_topics(broker.bootstrap, PARTITIONS)
+            await publish_records(broker.bootstrap, messages)
+            consumer = aiokafka.AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False,
+                                                 max_partition_fetch_bytes=8 << 20)  # fmt: skip
+            await consumer.start()
+            try:
+                tps = [aiokafka.TopicPartition(t, p) for t in {m[0] for m in messages} for p in range(PARTITIONS)]
+                consumer.assign(tps)
+                await consumer.seek_to_beginning(*tps)
+                read, started = 0, time.perf_counter()
+                while read < len(messages):
+                    read += sum(len(v) for v in (await consumer.getmany(timeout_ms=10_000, max_records=5000)).values())
+                return time.perf_counter() - started
+            finally:
+                await consumer.stop()
+
+        seconds = asyncio.run(run())
+    return {"messages": len(messages), "seconds": seconds, "messages_per_s": len(messages) / seconds}
 
 
 def bench_latency(workdir: Path, ruleset) -> dict:
@@ -162,6 +192,13 @@ def main() -> int:
         print("backtest, idle-gpu rule only", results["backtest_idle_only"], flush=True)
         results["streaming"] = bench_streaming(path, workdir, "stream")
         print("streaming", results["streaming"], flush=True)
+        single_path = workdir / "fleet-single.jsonl"
+        with open(single_path, "wb") as out:
+            write_replay(one_event_per_message(records), out)
+        results["streaming_single"] = bench_streaming(single_path, workdir, "stream-single")
+        print("streaming, one event per message", results["streaming_single"], flush=True)
+        results["bare_consumer"] = bench_bare_consumer(single_path, workdir)
+        print("aiokafka alone, one event per message", results["bare_consumer"], flush=True)
         records, _ = simulate(BIG_BATCHED, ruleset.pricing)
         batched_path = workdir / "fleet-batched.jsonl"
         with open(batched_path, "wb") as out:
@@ -172,6 +209,7 @@ def main() -> int:
         print("latency", results["latency"], flush=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
     b, s, sb, lat = results["backtest"], results["streaming"], results["streaming_batched"], results["latency"]
+    ss, bare = results["streaming_single"], results["bare_consumer"]
     print()
     print("| measure | figure |\n|---|---|")
     rows = [
@@ -182,6 +220,9 @@ def main() -> int:
          f"{s['replay_messages_per_s']:,.0f} messages/s, {s['replay_events_per_s']:,.0f} events/s"),
         ("streaming, one worker, into ClickHouse",
          f"{s['events_per_s']:,.0f} events/s ({s['messages_per_s']:,.0f} messages/s)"),
+        ("same, one event per message", f"{ss['events_per_s']:,.0f} events/s "
+         f"({100 * ss['messages_per_s'] / bare['messages_per_s']:.0f} % of aiokafka alone reading the same messages, "
+         f"{bare['messages_per_s']:,.0f} messages/s)"),
         (f"same, exporters batching 5 min ({sb['events'] / sb['messages']:.0f} events/message)",
          f"{sb['events_per_s']:,.0f} events/s ({sb['messages_per_s']:,.0f} messages/s)"),
     ]  # fmt: skip

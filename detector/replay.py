@@ -12,7 +12,7 @@ from typing import IO, Any
 
 import msgspec
 
-__all__ = ["ReplayError", "ReplayRecord", "read_replay", "write_replay"]
+__all__ = ["ReplayError", "ReplayRecord", "one_event_per_message", "read_replay", "write_replay"]
 
 
 class ReplayRecord(msgspec.Struct):
@@ -38,6 +38,14 @@ def write_replay(records: Iterable[tuple[Any, str, str, Any]], out: IO[bytes]) -
         out.write(b"\n")
         n += 1
     return n
+
+
+def one_event_per_message(records: Iterable[tuple[Any, str, str, Any]]) -> Iterator[tuple[Any, str, str, Any]]:
+    """The same records with each array value split into one message per event, as exporters
+    that send every sample on its own (many bridges and SDKs) would send them."""
+    for send_t, topic, key, value in records:
+        for event in value if isinstance(value, list) else (value,):
+            yield send_t, topic, key, event
 
 
 def read_replay(path: str | Path) -> Iterator[tuple[int, ReplayRecord]]:

@@ -40,45 +40,68 @@ __all__ = ["BulkConsumer", "BulkTransport", "Fetches", "install_bulk"]
 
 
 class Fetches:
-    """Fetched messages on their way from the consumer to the agent. Bounded by messages, so
-    that a pipeline that falls behind slows the fetching instead of filling memory."""
+    """Fetched messages on their way from the consumer to the agent. Bounded (two batches'
+    worth), so that a pipeline that falls behind slows the fetching instead of filling memory."""
 
-    def __init__(self, max_messages: int) -> None:
+    def __init__(self, max_messages: int, max_bytes: int = 16 << 20, within_s: float = 0.25) -> None:
         self.max_messages = max_messages
-        """A batch closes at this many messages (a single fetch may be larger)."""
-        self._fetches: deque[list[Message]] = deque()
-        self._queued = 0
+        self.max_bytes = max_bytes
+        """A batch closes at this many messages or bytes of values (a single fetch may be larger):
+        each batch is one ClickHouse insert per table, whose cost is mostly fixed (ms), so a
+        batch of one-event messages must be larger than one of arrays."""
+        self.within_s = within_s
+        """... or this long after it began: a trickle is processed within it, not one message at a time."""
+        self._fetches: deque[tuple[list[Message], int]] = deque()
+        self._messages = 0
+        self._bytes = 0
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
 
     async def put(self, messages: list[Message]) -> None:
-        """Queue one fetch; wait while two batches' worth of messages are already queued."""
-        while self._queued >= 2 * self.max_messages:
+        """Queue one fetch; wait while two batches' worth are already queued."""
+        while self._messages >= 2 * self.max_messages or self._bytes >= 2 * self.max_bytes:
             self._room.clear()
             await self._room.wait()
-        self._fetches.append(messages)
-        self._queued += len(messages)
+        size = sum(len(m.value) for m in messages)
+        self._fetches.append((messages, size))
+        self._messages += len(messages)
+        self._bytes += size
         self._arrived.set()
 
+    def _full(self) -> bool:
+        return self._messages >= self.max_messages or self._bytes >= self.max_bytes
+
     async def take(self) -> list[Message]:
-        """The next batch: the oldest fetch, joined by those queued behind it up to
-        ``max_messages``. Never waits for more: a quiet stream's message is processed at once,
-        and a busy stream's batches grow by themselves while the last one is written."""
+        """The next batch: the fetches queued, up to ``max_messages`` or ``max_bytes``, once that
+        much is queued or ``within_s`` after the first arrived. A backlog's batches are full at
+        once; a trickle's wait at most ``within_s``."""
         while not self._fetches:
             self._arrived.clear()
             await self._arrived.wait()
+        deadline = asyncio.get_running_loop().time() + self.within_s
+        while not self._full():
+            self._arrived.clear()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                break
         fetches = self._fetches
-        batch = fetches.popleft()
-        while fetches and len(batch) + len(fetches[0]) <= self.max_messages:
-            batch = batch + fetches.popleft()
-        self._queued -= len(batch)
+        batch, size = fetches.popleft()
+        while fetches and len(batch) + len(fetches[0][0]) <= self.max_messages and size + fetches[0][1] <= self.max_bytes:
+            more, more_size = fetches.popleft()
+            batch, size = batch + more, size + more_size
+        self._messages -= len(batch)
+        self._bytes -= size
         self._room.set()
         return batch
 
     def __len__(self) -> int:
         """Messages queued."""
-        return self._queued
+        return self._messages
 
 
 class BulkConsumer(faust_aiokafka.Consumer):
@@ -184,11 +207,11 @@ class BulkTransport(faust_aiokafka.Transport):
         return consumer
 
 
-def install_bulk(app: faust.App, topics: Iterable[str], max_messages: int) -> Fetches:
-    """Give ``app`` a consumer that hands fetches of ``topics`` to the returned :class:`Fetches`
-    (before anything has made the app's transport)."""
+def install_bulk(app: faust.App, topics: Iterable[str], fetches: Fetches) -> Fetches:
+    """Give ``app`` a consumer that hands fetches of ``topics`` to ``fetches`` (before anything
+    has made the app's transport)."""
     transport = BulkTransport(app.conf.broker_consumer, app)
-    transport.fetches = Fetches(max_messages)
+    transport.fetches = fetches
     transport.bulk_topics = frozenset(topics)
     app.transport = transport
     return transport.fetches

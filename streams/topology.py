@@ -42,7 +42,6 @@ def make_app(settings: Settings) -> faust.App:
         web_host=settings.web_host,
         web_bind=settings.web_host,
         producer_max_request_size=8 << 20,
-        stream_buffer_maxsize=max(4096, settings.batch_max_messages * 2),
         broker_max_poll_records=settings.batch_max_messages,
         consumer_max_fetch_size=8 << 20,
         # Faust's own partition assignor: it co-partitions the three inputs (a resource's usage
@@ -54,7 +53,7 @@ def make_app(settings: Settings) -> faust.App:
         # (streams.handover) drains the write in flight and commits what is done instead.
         stream_wait_empty=False,
     )
-    install_bulk(app, TOPICS, settings.batch_max_messages)
+    install_bulk(app, TOPICS, Fetches(settings.batch_max_messages, settings.batch_max_bytes, settings.batch_within_s))
     return app
 
 

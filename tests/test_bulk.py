@@ -16,12 +16,11 @@ import sys
 from pathlib import Path
 
 import aiokafka
-import msgspec
 import pytest
 
 from detector.backtest import backtest
 from detector.events import TOPICS
-from detector.replay import write_replay
+from detector.replay import one_event_per_message, write_replay
 from detector.simulate import SimConfig, simulate
 from streams.bulk import Fetches
 from streams.embedded import EmbeddedBroker
@@ -37,31 +36,44 @@ def message(offset: int, partition: int = 0) -> Message:
     return Message("gpu-metrics", partition, offset, None, b"{}")
 
 
-def test_a_batch_is_what_was_fetched_up_to_the_limit_and_never_waits_for_more():
+def test_a_batch_closes_full_at_once_or_within_its_time_with_what_is_there():
     async def go() -> None:
-        fetches = Fetches(max_messages=5)
+        fetches = Fetches(max_messages=5, within_s=0.05)
         await fetches.put([message(0), message(1), message(2)])
         await fetches.put([message(3), message(4)])
         await fetches.put([message(5)])
         assert len(fetches) == 6
-        assert [m.offset for m in await fetches.take()] == [0, 1, 2, 3, 4]  # two fetches joined, not the third
-        assert [m.offset for m in await fetches.take()] == [5]  # what is there, at once
+        assert [m.offset for m in await fetches.take()] == [0, 1, 2, 3, 4]  # full: two fetches joined, not the third
+        assert [m.offset for m in await fetches.take()] == [5]  # what is there once its time is up
         assert len(fetches) == 0
         waiting = asyncio.create_task(fetches.take())  # nothing queued: waits for the next fetch
         await asyncio.sleep(0)
         assert not waiting.done()
         await fetches.put([message(6)])
-        assert [m.offset for m in await asyncio.wait_for(waiting, 5)] == [6]
-        big = [message(i) for i in range(7, 19)]  # one fetch larger than a batch stays whole
+        await fetches.put([message(7)])  # arrives within the batch's time: joins it
+        assert [m.offset for m in await asyncio.wait_for(waiting, 5)] == [6, 7]
+        big = [message(i) for i in range(8, 20)]  # one fetch larger than a batch stays whole
         await fetches.put(big)
         assert await fetches.take() == big
 
     asyncio.run(go())
 
 
+def test_a_batch_of_large_messages_closes_at_its_bytes():
+    async def go() -> None:
+        fetches = Fetches(max_messages=1000, max_bytes=10, within_s=60)
+        await fetches.put([Message("gpu-metrics", 0, 0, None, b"x" * 6)])
+        await fetches.put([Message("gpu-metrics", 0, 1, None, b"x" * 6)])  # 12 bytes queued: full, no wait
+        assert [m.offset for m in await asyncio.wait_for(fetches.take(), 5)] == [0]  # 6 + 6 > 10: not joined
+        await fetches.put([Message("gpu-metrics", 0, 2, None, b"x" * 4)])  # 10 bytes queued: full again
+        assert [m.offset for m in await asyncio.wait_for(fetches.take(), 5)] == [1, 2]
+
+    asyncio.run(go())
+
+
 def test_a_pipeline_that_falls_behind_slows_the_fetching():
     async def go() -> None:
-        fetches = Fetches(max_messages=3)
+        fetches = Fetches(max_messages=3, within_s=0.01)
         await fetches.put([message(i) for i in range(6)])  # two batches' worth queued
         blocked = asyncio.create_task(fetches.put([message(6)]))
         await asyncio.sleep(0)
@@ -71,16 +83,6 @@ def test_a_pipeline_that_falls_behind_slows_the_fetching():
         assert len(fetches) == 1
 
     asyncio.run(go())
-
-
-def one_event_per_message(path: Path, out: Path) -> None:
-    decoder, encoder = msgspec.json.Decoder(), msgspec.json.Encoder()
-    with open(path, "rb") as src, open(out, "wb") as dst:
-        for line in src:
-            record = decoder.decode(line)
-            value = record["value"]
-            for event in value if isinstance(value, list) else [value]:
-                dst.write(encoder.encode({**record, "value": event}) + b"\n")
 
 
 def sql(env: dict[str, str], query: str) -> list[dict]:
@@ -118,11 +120,11 @@ async def committed_and_ends(bootstrap: str, group: str, published: int) -> dict
 def test_one_event_per_message_with_constant_pausing_stores_and_alerts_everything_once(tmp_path: Path, ruleset):
     records, labels = simulate(SimConfig(hours=8, training_hosts=4, notebooks=2, inference_endpoints=1, seed=7),
                                ruleset.pricing)  # fmt: skip
-    batched = tmp_path / "batched.jsonl"
+    batched, fleet = tmp_path / "batched.jsonl", tmp_path / "fleet.jsonl"
     with open(batched, "wb") as out:
         write_replay(records, out)
-    fleet = tmp_path / "fleet.jsonl"
-    one_event_per_message(batched, fleet)
+    with open(fleet, "wb") as out:
+        write_replay(one_event_per_message(records), out)
     messages = list(file_records(fleet))
     n_events = count_events(messages)
     assert n_events == len(messages) > 20_000

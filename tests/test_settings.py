@@ -68,9 +68,9 @@ def test_every_bad_value_is_reported_at_once_and_secrets_are_not_echoed(tmp_path
     config.write_text("slack_signing_secret: {value: s3cr3t}\n")
     with pytest.raises(ValueError) as caught:
         load_settings(config, environ={"BURNWATCH_PARTITIONS": "x", "BURNWATCH_WEB_PORT": "y",
-                                       "BURNWATCH_BATCH_MAX_MESSAGES": "0"})  # fmt: skip
+                                       "BURNWATCH_BATCH_WITHIN_S": "-1"})  # fmt: skip
     text = str(caught.value)
-    assert "BURNWATCH_PARTITIONS" in text and "BURNWATCH_WEB_PORT" in text and "BURNWATCH_BATCH_MAX_MESSAGES" in text
+    assert "BURNWATCH_PARTITIONS" in text and "BURNWATCH_WEB_PORT" in text and "BURNWATCH_BATCH_WITHIN_S" in text
     assert "burnwatch.yaml: slack_signing_secret: Input should be a valid string" in text
     assert "(got 'x')" in text and "s3cr3t" not in text
 
