@@ -268,7 +268,8 @@ def live_run(path: Path, workdir: Path, speed: float, extra_env: dict[str, str],
     rows = []
     for alert_id, sent in sent_at.items():
         if alert_id in decided:
-            rows.append({"alert_id": alert_id, "type": types[alert_id], "delay_ms": (decided[alert_id] - sent) * 1000,
+            rows.append({"alert_id": alert_id, "type": types[alert_id], "sent": sent,
+                         "delay_ms": (decided[alert_id] - sent) * 1000,
                          "fetchable_ms": (fetchable[alert_id] - sent) * 1000 if alert_id in fetchable else None})  # fmt: skip
     delays = sorted(r["delay_ms"] for r in rows)
     fetch = sorted(r["fetchable_ms"] for r in rows if r["fetchable_ms"] is not None)
@@ -279,7 +280,7 @@ def live_run(path: Path, workdir: Path, speed: float, extra_env: dict[str, str],
         "alerts_missing": sorted(expected_fired - fired_ids)[:10], "alerts_invented": sorted(fired_ids - expected_fired)[:10],
         "alerts_timed": len(delays), "env": extra_env, "load_before": load_before, "load_after": load_after,
         "worker_events": health["events"], "fetch_max_wait_ms": fetch_max_wait_ms or "1500 (Faust's)",
-        "metrics": metrics, "rows": rows,
+        "metrics": metrics, "rows": rows, "health_samples": sampler.samples,
     }  # fmt: skip
     if delays:
         result.update(p50_ms=statistics.median(delays), p99_ms=percentile(delays, 0.99), max_ms=delays[-1],
@@ -307,12 +308,41 @@ def span_s(path: Path) -> float:
     return max(ends) - min(ends)
 
 
+def simulated(k: int, hours: float, out: Path) -> Path:
+    """The bench fleet (``bench.run.BIG``) with ``k`` times its hosts, over ``hours``."""
+    from bench.run import BIG
+    from detector.replay import write_replay
+    from detector.simulate import SimConfig, simulate
+
+    cfg = SimConfig(hours=hours, training_hosts=BIG.training_hosts * k, notebooks=BIG.notebooks * k,
+                    inference_endpoints=BIG.inference_endpoints * k, seed=BIG.seed)  # fmt: skip
+    records, _ = simulate(cfg, load_rules(ROOT / "rules").pricing)
+    with open(out, "wb") as f:
+        write_replay(records, f)
+    return out
+
+
+def first_hours(path: Path, hours: float, out: Path) -> Path:
+    """The messages of ``path`` that end within its first ``hours`` of event time, as a replay file."""
+    from tests.reliability import write_records
+
+    records = list(file_records(path))
+    start = min(t for t in (value_end_time(v) for _, _, v in records) if t is not None)
+    return write_records(out, [r for r in records if (value_end_time(r[2]) or start) < start + hours * 3600])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", type=Path, default=FLEET)
     parser.add_argument("--capacity", type=float, help="events/s of one worker; measured when left out")
     parser.add_argument("--fraction", type=float, default=0.5, help="offered load, as a share of capacity")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the live worker")
+    parser.add_argument("--speed", type=float, help="event seconds per wall second (instead of --fraction)")
+    parser.add_argument("--hours", type=float, help="publish only the fleet's first HOURS of event time")
+    parser.add_argument("--simulate", type=int, metavar="K",
+                        help="instead of --fleet, simulate the bench fleet with K times its hosts over --hours "
+                             "(so that a low speed, where the aligner's 60 s lateness is long in wall time, "
+                             "still offers a high event rate)")
     parser.add_argument("--name", default="live")
     parser.add_argument("--fetch-max-wait-ms", type=int,
                         help="the worker consumer's fetch_max_wait_ms (Faust hard-codes 1500); patched in for this run")
@@ -327,16 +357,23 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="burnwatch-latency-") as tmp:
         workdir = args.keep or Path(tmp)
         results: dict = {"fleet": str(args.fleet), "load_start": os.getloadavg()}
-        if args.capacity is None:
+        if args.capacity is None and args.speed is None:
             capacity = bench_streaming(args.fleet, workdir, "capacity")
             results["capacity"] = {k: v for k, v in capacity.items()}
             args.capacity = capacity["events_per_s"]
             print(f"capacity: {args.capacity:,.0f} events/s (load {os.getloadavg()[0]:.2f})", flush=True)
-        n_events = count_events(list(file_records(args.fleet)))
-        speed = args.fraction * args.capacity * span_s(args.fleet) / n_events
-        print(f"live: {args.fraction:g} × {args.capacity:,.0f} events/s → speed {speed:,.0f}× event time", flush=True)
-        live = live_run(args.fleet, workdir, speed, extra, args.name, args.fetch_max_wait_ms)
+        fleet = args.fleet
+        if args.simulate:
+            fleet = simulated(args.simulate, args.hours or 4.0, workdir / "simulated.jsonl")
+        elif args.hours:
+            fleet = first_hours(args.fleet, args.hours, workdir / "slice.jsonl")
+        n_events = count_events(list(file_records(fleet)))
+        speed = args.speed or args.fraction * args.capacity * span_s(fleet) / n_events
+        print(f"live: {n_events:,} events at {speed:,.0f}× event time ({n_events / span_s(fleet) * speed:,.0f} events/s; "
+              f"capacity {args.capacity or 0:,.0f} events/s)", flush=True)
+        live = live_run(fleet, workdir, speed, extra, args.name, args.fetch_max_wait_ms)
         results["capacity_events_per_s"] = args.capacity
+        results["speed"] = speed
         results["live"] = live
     by_type: dict[str, list[float]] = defaultdict(list)
     for r in live["rows"]:
@@ -344,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     for t, ds in sorted(by_type.items()):
         ds.sort()
         print(f"  {t}: n={len(ds)} p50 {statistics.median(ds):,.0f} ms, max {ds[-1]:,.0f} ms")
-    summary = {k: v for k, v in live.items() if k != "rows"}
+    summary = {k: v for k, v in live.items() if k not in ("rows", "health_samples")}
     print(json.dumps(summary, indent=1, default=str))
     (out_dir / f"latency-{args.name}.json").write_text(json.dumps(results, indent=1, default=str))
     return 0
