@@ -2,6 +2,10 @@
 
     .venv/bin/python bench/latency.py [--fleet /work/benchdata/fleet.jsonl] [--capacity EVENTS_PER_S]
                                       [--fraction 0.5] [--env BURNWATCH_BATCH_WITHIN_S=0.05 ...]
+                                      [--fetch-max-wait-ms 100] [--keep DIR]
+    .venv/bin/python bench/latency.py --capacity 18622 --hours 4 --speed 48     # a slice, slowly
+    .venv/bin/python bench/latency.py --capacity 18622 --simulate 16 --hours 4 --speed 48
+    .venv/bin/python bench/latency.py --fetch-probe
 
 1. Capacity: the fleet file replayed into the embedded broker as fast as it goes, then one
    worker consumes it into its embedded ClickHouse (``bench.run.bench_streaming``): events/s
@@ -11,15 +15,23 @@
 3. For each alert of a resource (run and project alerts are not timed: no one message completes
    them), the message that completes its threshold is the first of that resource, on the topic
    its detector reads, whose events reach the alert's fire time (as in ``bench_latency``). The
-   delay is from just before that message is handed to the producer (``time.time()`` in this
-   process) to the ``alert_fired`` line of the worker's JSON log (its ``timestamp``, the same
+   delay is from the moment the producer has taken that message (``time.time()`` in this
+   process, right after ``send`` returns; the producer lingers up to 5 ms) to the ``alert_fired`` line of the worker's JSON log (its ``timestamp``, the same
    wall clock). That line is written once the batch's events, alert changes and key states are
    in ClickHouse and its messages are acknowledged, when the change is queued for Slack: before
    the outbox's deliberate grouping wait (``group_wait_s``, 2 s).
 4. A bare aiokafka consumer in this process (its own group-less assignment) notes when each
    completing message can first be fetched: the broker's share of the delay.
 
-Prints every alert's delay by type, p50 / p99 / max, and writes bench/out/latency.json.
+5. /healthz every 0.1 s (events held by the event-time aligner: by Little's law, mean held /
+   event rate is the mean wait there) and /metrics at the end (batch and insert histograms).
+
+``--simulate K`` streams a fleet with K times the bench fleet's hosts instead, so that a low
+``--speed`` (where the aligner's allowed lateness, 60 s of event time, is long in wall time)
+still offers a high event rate. ``--fetch-probe`` only measures publish → fetch of a bare
+consumer on the embedded broker by ``fetch_max_wait_ms`` (Faust 0.15 hard-codes 1500).
+
+Prints every alert's delay by type, p50 / p99 / max, and writes bench/out/latency-NAME.json.
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
 from bench.run import PARTITIONS, bench_streaming, env  # noqa: E402
 from detector.backtest import backtest  # noqa: E402
@@ -331,6 +343,49 @@ def first_hours(path: Path, hours: float, out: Path) -> Path:
     return write_records(out, [r for r in records if (value_end_time(r[2]) or start) < start + hours * 3600])
 
 
+async def _probe(bootstrap: str, wait_ms: int, gap_s: float, n: int) -> list[float]:
+    topic = f"probe-{wait_ms}-{int(gap_s * 1000)}"
+    await ensure_topics(bootstrap, PARTITIONS, names=[topic])
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=wait_ms)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+    await consumer.start()
+    await producer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
+        await consumer.seek_to_end()
+        sent: dict[int, float] = {}
+        delays: list[float] = []
+
+        async def consume() -> None:
+            while len(delays) < n:
+                for records in (await consumer.getmany(timeout_ms=100)).values():
+                    now = time.time()
+                    delays.extend((now - sent[int(r.value)]) * 1000 for r in records)
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.5)
+        for i in range(n):
+            sent[i] = time.time()
+            await producer.send(topic, value=str(i).encode(), key=str(i % 7).encode())
+            await asyncio.sleep(gap_s)
+        await asyncio.wait_for(task, 60)
+        return sorted(delays)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+def fetch_probe() -> None:
+    """Publish → a bare consumer's getmany on the embedded broker, by the consumer's
+    ``fetch_max_wait_ms`` (Faust's is 1500) and the gap between messages."""
+    with EmbeddedBroker() as broker:
+        for wait_ms in (1500, 500, 100):
+            for gap_s in (1.0, 0.1, 0.01):
+                d = asyncio.run(_probe(broker.bootstrap, wait_ms, gap_s, 15 if gap_s >= 1 else 60))
+                print(f"fetch_max_wait_ms={wait_ms}, a message every {gap_s:g} s: p50 {statistics.median(d):,.0f} ms, "
+                      f"p90 {percentile(d, 0.9):,.0f} ms, max {d[-1]:,.0f} ms (load {os.getloadavg()[0]:.2f})", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", type=Path, default=FLEET)
@@ -343,12 +398,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of --fleet, simulate the bench fleet with K times its hosts over --hours "
                              "(so that a low speed, where the aligner's 60 s lateness is long in wall time, "
                              "still offers a high event rate)")
+    parser.add_argument("--fetch-probe", action="store_true",
+                        help="only measure publish → fetch on the embedded broker by fetch_max_wait_ms")
     parser.add_argument("--name", default="live")
     parser.add_argument("--fetch-max-wait-ms", type=int,
                         help="the worker consumer's fetch_max_wait_ms (Faust hard-codes 1500); patched in for this run")
     parser.add_argument("--keep", type=Path, help="work here and keep the logs (default: a temporary directory)")
     args = parser.parse_args(argv)
     tune_gc()
+    if args.fetch_probe:
+        fetch_probe()
+        return 0
     extra = dict(item.split("=", 1) for item in args.env)
     out_dir = ROOT / "bench" / "out"
     out_dir.mkdir(parents=True, exist_ok=True)

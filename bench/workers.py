@@ -7,7 +7,9 @@ Each run: a fresh embedded broker (4 partitions per input topic) and a fresh
 share here); the whole fleet is published as fast as the producer goes, then N workers start
 together and join one group (a backlog to catch up); events/s is the sum of the workers'
 stored events over the time from the first stored event to the last, the group's forming
-included (how many assignments each worker went through is reported). Then every
+included (how many assignments each worker went through is reported), with the CPU seconds
+each worker and the store server used meanwhile: on a shared machine two processes get a
+larger share of the cores than one, so events per worker CPU second is the steadier figure. Then every
 worker drains (nothing held, all acknowledged), stops, and the store is compared with
 backtest: every event stored once, and the alerts (ids, status, event times, dollars) equal
 backtest's as last reported (``tests.reliability.compare_alerts``, as the end-to-end tests do).
@@ -43,6 +45,12 @@ FLEET = Path("/work/benchdata/fleet.jsonl")
 PARTITIONS = 4
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected) -> dict:
     server = StoreServerProcess(f"chdb://{workdir / name / 'ch'}", workdir / f"store-{name}.log").wait_ready()
     workers: list[WorkerProcess] = []
@@ -71,6 +79,7 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                 total = sum(per_worker)
                 if first is None and total > 0:
                     first = time.perf_counter()
+                    cpu_first = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
                 if total >= n_events:
                     break
                 for w in workers:
@@ -78,6 +87,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                         raise RuntimeError(f"a worker exited:\n{w.tail()}")
                 time.sleep(0.05)
             elapsed = time.perf_counter() - (first or started)
+            cpu_end = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
+            cpu = [round(b - a, 1) for a, b in zip(cpu_first, cpu_end, strict=True)]
             load_after = os.getloadavg()
             # Drain: nothing held back, then stop (each commits what it acknowledged).
             for w in workers:
@@ -97,6 +108,7 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
     return {
         "workers": n_workers, "partitions_each": parts, "events": n_events, "seconds": elapsed,
         "events_per_s": n_events / elapsed, "events_per_worker": per_worker, "publish_s": publish_s, "assignments": assignments,
+        "cpu_s_workers": cpu[:-1], "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
         "exit_codes": codes, "stored_rows": counts.rows, "doubled": counts.doubled,
         "alerts_ok": alerts.ok, "alerts": str(alerts), "load_before": load_before, "load_after": load_after,
     }  # fmt: skip
@@ -125,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
                 print(f"{n} worker(s): {r['events_per_s']:,.0f} events/s in {r['seconds']:.1f} s "
                       f"(per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
-                      f"assignments {r['assignments']}); "
+                      f"assignments {r['assignments']}); CPU s: workers {r['cpu_s_workers']}, store {r['cpu_s_store']} "
+                      f"({r['events_per_worker_cpu_s']:,.0f} events per worker CPU second); "
                       f"rows ok {r['rows_ok']}, alerts ok {r['alerts_ok']} ({r['alerts']}); "
                       f"load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}", flush=True)  # fmt: skip
     for n in sorted(set(sides)):
