@@ -16,9 +16,10 @@
    them), the message that completes its threshold is the first of that resource, on the topic
    its detector reads, whose events reach the alert's fire time (as in ``bench_latency``). The
    delay is from the moment the producer has taken that message (``time.time()`` in this
-   process, right after ``send`` returns; the producer lingers up to 5 ms) to the ``alert_fired`` line of the worker's JSON log (its ``timestamp``, the same
-   wall clock). That line is written once the batch's events, alert changes and key states are
-   in ClickHouse and its messages are acknowledged, when the change is queued for Slack: before
+   process, right after ``send`` returns; the producer lingers up to 5 ms) to the
+   ``alert_fired`` line of the worker's JSON log (its ``timestamp``, the same wall clock).
+   That line is written once the batch's events, alert changes and key states are in
+   ClickHouse and its messages are acknowledged, when the change is queued for Slack: before
    the outbox's deliberate grouping wait (``group_wait_s``, 2 s).
 4. A bare aiokafka consumer in this process (its own group-less assignment) notes when each
    completing message can first be fetched: the broker's share of the delay.
@@ -214,8 +215,9 @@ def log_decisions(log_path: Path, event: str = "alert_fired") -> dict[str, float
     return out
 
 
-def live_run(path: Path, workdir: Path, speed: float, extra_env: dict[str, str], name: str,
-             fetch_max_wait_ms: int | None = None) -> dict:
+def live_run(
+    path: Path, workdir: Path, speed: float, extra_env: dict[str, str], name: str, fetch_max_wait_ms: int | None = None
+) -> dict:
     ruleset = load_rules(ROOT / "rules")
     messages = list(file_records(path))
     n_events = count_events(messages)
@@ -382,8 +384,11 @@ def fetch_probe() -> None:
         for wait_ms in (1500, 500, 100):
             for gap_s in (1.0, 0.1, 0.01):
                 d = asyncio.run(_probe(broker.bootstrap, wait_ms, gap_s, 15 if gap_s >= 1 else 60))
-                print(f"fetch_max_wait_ms={wait_ms}, a message every {gap_s:g} s: p50 {statistics.median(d):,.0f} ms, "
-                      f"p90 {percentile(d, 0.9):,.0f} ms, max {d[-1]:,.0f} ms (load {os.getloadavg()[0]:.2f})", flush=True)
+                print(
+                    f"fetch_max_wait_ms={wait_ms}, a message every {gap_s:g} s: p50 {statistics.median(d):,.0f} ms, "
+                    f"p90 {percentile(d, 0.9):,.0f} ms, max {d[-1]:,.0f} ms (load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,15 +399,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the live worker")
     parser.add_argument("--speed", type=float, help="event seconds per wall second (instead of --fraction)")
     parser.add_argument("--hours", type=float, help="publish only the fleet's first HOURS of event time")
-    parser.add_argument("--simulate", type=int, metavar="K",
-                        help="instead of --fleet, simulate the bench fleet with K times its hosts over --hours "
-                             "(so that a low speed, where the aligner's 60 s lateness is long in wall time, "
-                             "still offers a high event rate)")
-    parser.add_argument("--fetch-probe", action="store_true",
-                        help="only measure publish → fetch on the embedded broker by fetch_max_wait_ms")
+    parser.add_argument(
+        "--simulate",
+        type=int,
+        metavar="K",
+        help="instead of --fleet, simulate the bench fleet with K times its hosts over --hours "
+        "(so that a low speed, where the aligner's 60 s lateness is long in wall time, "
+        "still offers a high event rate)",
+    )
+    parser.add_argument(
+        "--fetch-probe", action="store_true", help="only measure publish → fetch on the embedded broker by fetch_max_wait_ms"
+    )
     parser.add_argument("--name", default="live")
-    parser.add_argument("--fetch-max-wait-ms", type=int,
-                        help="the worker consumer's fetch_max_wait_ms (Faust hard-codes 1500); patched in for this run")
+    parser.add_argument(
+        "--fetch-max-wait-ms",
+        type=int,
+        help="the worker consumer's fetch_max_wait_ms (Faust hard-codes 1500); patched in for this run",
+    )
     parser.add_argument("--keep", type=Path, help="work here and keep the logs (default: a temporary directory)")
     args = parser.parse_args(argv)
     tune_gc()
@@ -429,8 +442,11 @@ def main(argv: list[str] | None = None) -> int:
             fleet = first_hours(args.fleet, args.hours, workdir / "slice.jsonl")
         n_events = count_events(list(file_records(fleet)))
         speed = args.speed or args.fraction * args.capacity * span_s(fleet) / n_events
-        print(f"live: {n_events:,} events at {speed:,.0f}× event time ({n_events / span_s(fleet) * speed:,.0f} events/s; "
-              f"capacity {args.capacity or 0:,.0f} events/s)", flush=True)
+        print(
+            f"live: {n_events:,} events at {speed:,.0f}× event time ({n_events / span_s(fleet) * speed:,.0f} events/s; "
+            f"capacity {args.capacity or 0:,.0f} events/s)",
+            flush=True,
+        )
         live = live_run(fleet, workdir, speed, extra, args.name, args.fetch_max_wait_ms)
         results["capacity_events_per_s"] = args.capacity
         results["speed"] = speed
