@@ -49,6 +49,7 @@ import time
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -56,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
 from bench.run import PARTITIONS, bench_streaming, env  # noqa: E402
+from detector.alerts import Alert  # noqa: E402
 from detector.backtest import backtest  # noqa: E402
 from detector.events import TOPICS  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
@@ -74,7 +76,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
 
 
-def completing_messages(messages: list[tuple[str, str, bytes]], alerts) -> tuple[dict[int, str], dict[str, str]]:
+def completing_messages(messages: list[tuple[str, str, bytes]], alerts: list[Alert]) -> tuple[dict[int, str], dict[str, str]]:
     """Message index → alert id, for each resource alert; and alert id → its type."""
     by_key: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for i, (topic, key, value) in enumerate(messages):
@@ -279,7 +281,7 @@ def live_run(
             fetchable[alert_id] = t
     fired_ids = set(decided)
     expected_fired = {a.alert_id for a in expected}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for alert_id, sent in sent_at.items():
         if alert_id in decided:
             rows.append({"alert_id": alert_id, "type": types[alert_id], "sent": sent,

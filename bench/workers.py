@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from detector.alerts import Alert  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
 from detector.runtime import tune_gc  # noqa: E402
 from streams.embedded import EmbeddedBroker  # noqa: E402
@@ -51,7 +52,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected) -> dict:
+def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert]) -> dict:
     server = StoreServerProcess(f"chdb://{workdir / name / 'ch'}", workdir / f"store-{name}.log").wait_ready()
     workers: list[WorkerProcess] = []
     try:
