@@ -1,0 +1,156 @@
+"""One worker against two in one consumer group, on one shared store, over the bench fleet.
+
+    .venv/bin/python bench/workers.py [--fleet /work/benchdata/fleet.jsonl] [--runs 2] [--order 1,2]
+
+Each run: a fresh embedded broker (4 partitions per input topic) and a fresh
+``burnwatch store serve`` (chdb in its own process: the one store that several workers can
+share here); the whole fleet is published as fast as the producer goes, then N workers start
+together and join one group (a backlog to catch up); events/s is the sum of the workers'
+stored events over the time from the first stored event to the last, the group's forming
+included (how many assignments each worker went through is reported), with the CPU seconds
+each worker and the store server used meanwhile: on a shared machine two processes get a
+larger share of the cores than one, so events per worker CPU second is the steadier figure. Then every
+worker drains (nothing held, all acknowledged), stops, and the store is compared with
+backtest: every event stored once, and the alerts (ids, status, event times, dollars) equal
+backtest's as last reported (``tests.reliability.compare_alerts``, as the end-to-end tests do).
+
+The one-worker side runs the same way (on the store server too), so the two differ only in
+the number of workers. The runs alternate 1, 2, 1, 2, ... so drift on a shared machine
+falls on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from detector.alerts import Alert  # noqa: E402
+from detector.rules import load_rules  # noqa: E402
+from detector.runtime import tune_gc  # noqa: E402
+from streams.embedded import EmbeddedBroker  # noqa: E402
+from streams.kafka import count_events, ensure_topics, file_records, publish_records  # noqa: E402
+from streams.process import StoreServerProcess, WorkerProcess, worker_env  # noqa: E402
+from tests.reliability import compare_alerts, expected_counts, reported_alerts, stored, stored_alerts  # noqa: E402
+
+FLEET = Path("/work/benchdata/fleet.jsonl")
+PARTITIONS = 4
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert]) -> dict:
+    server = StoreServerProcess(f"chdb://{workdir / name / 'ch'}", workdir / f"store-{name}.log").wait_ready()
+    workers: list[WorkerProcess] = []
+    try:
+        with EmbeddedBroker(log_path=workdir / f"broker-{name}.log") as broker:
+            asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
+            # The backlog is published first: a worker reading while a producer writes 8 hours of
+            # event time per second can see one input partition caught up (nothing there yet)
+            # while the others run ahead of it, and then receive that partition's older events late.
+            started = time.perf_counter()
+            asyncio.run(publish_records(broker.bootstrap, messages))
+            publish_s = time.perf_counter() - started
+            envs = []
+            for i in range(n_workers):
+                e = worker_env(broker.bootstrap, workdir / name / f"w{i}", ROOT / "rules", PARTITIONS,
+                               BURNWATCH_CLICKHOUSE_DSN=server.url)  # fmt: skip
+                envs.append(e)
+                workers.append(WorkerProcess(e, workdir / f"worker-{name}-{i}.log").start())
+            load_before = os.getloadavg()
+            first = None
+            per_worker = [0] * n_workers
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline:
+                hs = [w.health() for w in workers]
+                per_worker = [h["events"] if h else per_worker[i] for i, h in enumerate(hs)]
+                total = sum(per_worker)
+                if first is None and total > 0:
+                    first = time.perf_counter()
+                    cpu_first = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
+                if total >= n_events:
+                    break
+                for w in workers:
+                    if not w.running:
+                        raise RuntimeError(f"a worker exited:\n{w.tail()}")
+                time.sleep(0.05)
+            elapsed = time.perf_counter() - (first or started)
+            cpu_end = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
+            cpu = [round(b - a, 1) for a, b in zip(cpu_first, cpu_end, strict=True)]
+            load_after = os.getloadavg()
+            # Drain: nothing held back, then stop (each commits what it acknowledged).
+            for w in workers:
+                w.wait_until(lambda h: h["held"] == 0, timeout=120)
+            parts = [w.health()["partitions"] for w in workers]  # type: ignore[index]
+            codes = [w.stop() for w in workers]
+            # Assignments each worker went through (a second join while the first reads: a rebalance).
+            assignments = [sum('"state_loaded"' in line for line in w.log_path.read_text(errors="replace").splitlines())
+                           for w in workers]  # fmt: skip
+        env0 = envs[0]
+        counts = stored(env0)
+        alerts = compare_alerts(expected, stored_alerts(env0))
+    finally:
+        for w in workers:
+            w.stop()
+        server.stop()
+    return {
+        "workers": n_workers, "partitions_each": parts, "events": n_events, "seconds": elapsed,
+        "events_per_s": n_events / elapsed, "events_per_worker": per_worker, "publish_s": publish_s, "assignments": assignments,
+        "cpu_s_workers": cpu[:-1], "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
+        "exit_codes": codes, "stored_rows": counts.rows, "doubled": counts.doubled,
+        "alerts_ok": alerts.ok, "alerts": str(alerts), "load_before": load_before, "load_after": load_after,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fleet", type=Path, default=FLEET)
+    parser.add_argument("--runs", type=int, default=2, help="runs per side")
+    parser.add_argument("--order", default="1,2", help="worker counts, in the order each round runs them")
+    args = parser.parse_args(argv)
+    tune_gc()
+    ruleset = load_rules(ROOT / "rules")
+    messages = list(file_records(args.fleet))
+    n_events = count_events(messages)
+    want_rows = expected_counts(messages)
+    expected = reported_alerts(args.fleet, ruleset)
+    print(f"fleet: {n_events:,} events in {len(messages):,} messages; backtest: {len(expected)} alerts", flush=True)
+    sides = [int(x) for x in args.order.split(",")]
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="burnwatch-workers-") as tmp:
+        for run in range(args.runs):
+            for n in sides:
+                r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}", expected)
+                r["rows_ok"] = r["stored_rows"] == want_rows and r["doubled"] == 0
+                results.append(r)
+                print(f"{n} worker(s): {r['events_per_s']:,.0f} events/s in {r['seconds']:.1f} s "
+                      f"(per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
+                      f"assignments {r['assignments']}); CPU s: workers {r['cpu_s_workers']}, store {r['cpu_s_store']} "
+                      f"({r['events_per_worker_cpu_s']:,.0f} events per worker CPU second); "
+                      f"rows ok {r['rows_ok']}, alerts ok {r['alerts_ok']} ({r['alerts']}); "
+                      f"load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}", flush=True)  # fmt: skip
+    for n in sorted(set(sides)):
+        figures = [r["events_per_s"] for r in results if r["workers"] == n]
+        print(f"{n} worker(s): mean {statistics.mean(figures):,.0f} events/s over {len(figures)} runs "
+              f"({', '.join(f'{f:,.0f}' for f in figures)})")  # fmt: skip
+    out = ROOT / "bench" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "workers.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0 if all(r["alerts_ok"] and r["rows_ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
