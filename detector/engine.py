@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -50,6 +51,9 @@ _WATERMARK_KEYS = 3
 
 Route = tuple[Any, Any, Any, Detector[Any]]
 """``(detector.step, detector.step_scrape, rule state, detector)``."""
+
+
+_event = itemgetter(1)
 
 
 def _by_sample_then_rule(item: tuple[int, int, Any]) -> tuple[int, int]:
@@ -166,7 +170,7 @@ class Engine:
                     if nt != t or type(nxt) is not GpuMetric or nxt.resource_id != key:
                         break
                     run_end += 1
-                scrape: list[Any] | None = None if run_end == i else [e for _, e in items[i - 1 : run_end]]
+                scrape: list[Any] | None = None if run_end == i else list(map(_event, items[i - 1 : run_end]))
                 i = run_end
             else:
                 key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]

@@ -43,6 +43,7 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
 from __future__ import annotations
 
 import builtins
+from operator import attrgetter
 from typing import Any, ClassVar
 
 import msgspec
@@ -66,6 +67,7 @@ BUSY, HELD, UNKNOWN, FREE = 3, 2, 1, 0
 """A fresh GPU at one instant, ordered so that the max over its units is the GPU's: busy if any
 instance is; else held if a pod holds any, unknown if any says nothing, free if none is held."""
 _CODE = {True: HELD, None: UNKNOWN, False: FREE}
+_allocated = attrgetter("allocated")
 
 
 class GpuShareParams(Params):
@@ -203,11 +205,13 @@ class GpuShare(DetectorBase):
         st, res = state, ctx.resource
         if t <= st.stopped_at:
             return []
+        units, gpus = st.units, st.gpus
+        unknown_ours = UNKNOWN in self.codes
+        if not units and not unknown_ours and set(map(_allocated, events)) == {None}:
+            return []  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
         out: list[tuple[int, Finding]] = []
         p = self.params
         stale_after, util_below = p.stale_after, p.util_below
-        units, gpus = st.units, st.gpus
-        unknown_ours = UNKNOWN in self.codes
         for i, ev in enumerate(events):
             if ev.allocated is None and not units and not unknown_ours:
                 continue  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
