@@ -310,7 +310,7 @@ class GpuShare(DetectorBase):
             self._forget(st, key)
         any_busy = BUSY in state.values()
         codes = self.codes
-        if st.since is None and not any(code in codes for code in state.values()):
+        if st.since is None and codes.isdisjoint(state.values()):
             self._spell(st, res, c, any_busy)  # no GPU of ours idle, no episode: only the host's spells
             return []
         self._spell(st, res, c, any_busy)
