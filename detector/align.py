@@ -16,7 +16,6 @@ go through it, which is what makes them see the same order.
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Hashable, Sequence
 from operator import itemgetter
 from typing import Any, Generic, TypeVar
@@ -25,7 +24,7 @@ __all__ = ["EventTimeAligner"]
 
 T = TypeVar("T")
 _time = itemgetter(0)
-_order = itemgetter(0, 1)
+_order = itemgetter(0, 1, 2)
 _RANK: dict[str, int] = {"GpuMetric": 0, "UsageEvent": 1, "RunEvent": 2}
 """At equal timestamps, samples before usage intervals before run events: every consumer
 of the same events then sees the same order, whichever topic was read first."""
@@ -41,39 +40,47 @@ class EventTimeAligner(Generic[T]):
 
     def __init__(self, lateness_s: float = 60.0) -> None:
         self.lateness_s = lateness_s
-        self._held: list[tuple[float, int, Any, int]] = []
-        """(t, rank of the event's type, event, message id); sorted lazily (and stably) at
-        release. Input is nearly in order, so the sort is a merge of a few runs: linear in practice."""
+        self._held: dict[int, list[tuple[float, Any]]] = {}
+        """Rank of the event type → its ``(t, event)`` pairs in arrival order, sorted lazily (and
+        stably) by time at release. One list per rank, so that concatenated in rank order and
+        sorted stably by time alone they come out in (time, rank, arrival) order, and a pair is
+        released as it was held: nothing is built per event beyond it. Input is nearly in order,
+        so each sort is a merge of a few runs: linear in practice."""
         self._source_t: dict[Hashable, float] = {}
         self._caught_up: set[Hashable] = set()
-        self._pending: dict[int, list] = {}
-        """Message id → [events still held, token, source]."""
+        self._pending: list[tuple[float, int, int, T, Hashable]] = []
+        """(latest time of its events, rank, message number, token, source) of each message with a
+        token not yet released. A message is released whole once its latest event is, which is once
+        the watermark reaches that time; its token then comes where its last event does."""
         self.held_by_source: dict[Hashable, int] = {}
-        """Source → messages it has pushed that are not fully released yet (the worker pauses
+        """Source → messages with a token it has pushed that are not released yet (the worker pauses
         fetching from a source far ahead of the others, so that what is held stays bounded)."""
         self._next_msg = 0
 
     def __len__(self) -> int:
-        return len(self._held)
+        return sum(map(len, self._held.values()))
 
     def push(self, source: Hashable, events: Sequence[Any], token: T | None = None) -> None:
         """Add one message's events (each with a float ``t``) from ``source``."""
         msg = self._next_msg
         self._next_msg += 1
-        self._pending[msg] = [len(events), token, source]
         times = [event.ts.timestamp() for event in events]
-        rank = _RANK.get(type(events[0]).__name__, 9) if events else 9
-        self._held.extend(zip(times, itertools.repeat(rank), events, itertools.repeat(msg)))
         latest = max(times) if times else float("-inf")
+        if events:
+            rank = _RANK.get(type(events[0]).__name__, 9)
+            held = self._held.get(rank)
+            if held is None:
+                held = self._held[rank] = []
+                self._held = dict(sorted(self._held.items()))
+            held.extend(zip(times, events, strict=True))
+            if token is not None:
+                self._pending.append((latest, rank, msg, token, source))
+                self.held_by_source[source] = self.held_by_source.get(source, 0) + 1
         if latest > self._source_t.get(source, float("-inf")):
             self._source_t[source] = latest
         else:
             self._source_t.setdefault(source, latest)
         self._caught_up.discard(source)
-        if not events:
-            self._pending.pop(msg)
-        else:
-            self.held_by_source[source] = self.held_by_source.get(source, 0) + 1
 
     def advance(self, source: Hashable, t: float) -> None:
         """``source`` has given data up to ``t`` that needs no detection (read again after a
@@ -108,25 +115,32 @@ class EventTimeAligner(Generic[T]):
     def release(self, everything: bool = False) -> tuple[list[tuple[float, Any]], list[T]]:
         """``(t, event)`` up to the watermark in time order, and the tokens of fully released messages."""
         limit = float("inf") if everything else self.watermark
-        held = self._held
-        if not held:
+        out: list[tuple[float, Any]] = []
+        for rank, held in self._held.items():
+            if not held:
+                continue
+            held.sort(key=_time)
+            cut = len(held) if limit == float("inf") else bisect.bisect_right(held, limit, key=_time)
+            if cut == len(held):
+                out.extend(held)
+                self._held[rank] = []
+            elif cut:
+                out.extend(held[:cut])
+                del held[:cut]
+        if not out:
             return [], []
-        held.sort(key=_order)
-        cut = len(held) if limit == float("inf") else bisect.bisect_right(held, limit, key=_time)
-        if not cut:
-            return [], []
-        out, self._held = held[:cut], held[cut:]
-        pending, held_by_source = self._pending, self.held_by_source
+        out.sort(key=_time)  # stable: at equal times, by rank (the order of the lists), then arrival
         tokens: list[T] = []
-        for _, _, _, msg in out:
-            entry = pending[msg]
-            entry[0] -= 1
-            if entry[0] == 0:
-                del pending[msg]
-                held_by_source[entry[2]] -= 1
-                if entry[1] is not None:
-                    tokens.append(entry[1])
-        return [(item[0], item[2]) for item in out], tokens
+        if self._pending:
+            done = [m for m in self._pending if m[0] <= limit]
+            if done:
+                self._pending = [m for m in self._pending if m[0] > limit]
+                done.sort(key=_order)  # where each message's last event is in ``out``
+                tokens = [m[3] for m in done]
+                held_by_source = self.held_by_source
+                for m in done:
+                    held_by_source[m[4]] -= 1
+        return out, tokens
 
     def clear(self) -> None:
         """Partitions moved: drop what is held. Its messages were never acknowledged, so

@@ -105,17 +105,32 @@ def backtest(
 
     def batches() -> Iterable[list[tuple[float, Any]]]:
         aligner: EventTimeAligner[None] = EventTimeAligner(lateness_s)
+        decode, invalid = decoder.decode, result.invalid
+        messages = n_events = 0
+        topic, run = "", []  # type: tuple[str, list[Any]]  # consecutive messages of a topic, pushed as one
         for line_no, record in read_replay(path):
-            result.messages += 1
+            messages += 1
             try:
-                events = decoder.decode(record.topic, bytes(record.value))
+                events = decode(record.topic, record.value)  # the record's buffer, not a copy
             except InvalidMessage as exc:
-                result.invalid.append((line_no, exc.reason))
+                invalid.append((line_no, exc.reason))
                 continue
-            result.events += len(events)
-            aligner.push(record.topic, events)
-            if result.messages % 1000 == 0:  # as the worker does per batch
+            n_events += len(events)
+            if record.topic != topic:
+                if run:
+                    aligner.push(topic, run)
+                topic, run = record.topic, events
+            else:
+                run.extend(events)
+            if messages % 1000 == 0:  # as the worker does per batch
+                if run:
+                    aligner.push(topic, run)
+                    run = []
+                result.messages, result.events = messages, n_events
                 yield aligner.release()[0]
+        if run:
+            aligner.push(topic, run)
+        result.messages, result.events = messages, n_events
         yield aligner.release(everything=True)[0]
 
     _run(batches(), ruleset, other, result, models, on_windows, record, billed)

@@ -30,6 +30,7 @@ import heapq
 import math
 import sys
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -52,8 +53,15 @@ _WATERMARK_KEYS = 3
 """How many keys must have reached a time for the watermark to move there (fewer keys: all)."""
 
 
-Route = tuple[Any, Any, Detector[Any]]
-"""``(detector.step, rule state, detector)``."""
+Route = tuple[Any, Any, Any, Detector[Any]]
+"""``(detector.step, detector.step_scrape, rule state, detector)``."""
+
+
+_event = itemgetter(1)
+
+
+def _by_sample_then_rule(item: tuple[int, int, Any]) -> tuple[int, int]:
+    return item[0], item[1]
 
 
 class KeyState:
@@ -181,7 +189,11 @@ class Engine:
         return self.process_timed((event.ts.timestamp(), event) for event in events)
 
     def process_timed(self, items: Iterable[tuple[float, Event]]) -> list[Finding]:
-        """:meth:`process` for ``(t, event)`` pairs whose time is already computed (the aligner's)."""
+        """:meth:`process` for ``(t, event)`` pairs whose time is already computed (the aligner's).
+
+        A scrape (consecutive GPU samples of one key at one time: one host's GPUs, which the
+        aligner releases together) is folded into the key once, and each detector that has a
+        ``step_scrape`` takes it in one call; findings keep the order of one step per event."""
         findings: list[Finding] = []
         keys = self._keys
         mark_dirty = self.dirty.add
@@ -189,9 +201,26 @@ class Engine:
         ahead = self._ahead
         last_key: str | None = None
         state = KeyState(ResourceInfo())  # replaced at the first event (no key is None)
-        for t, event in items:
+        items = items if isinstance(items, list) else list(items)
+        n = len(items)
+        i = 0
+        while i < n:
+            t, event = items[i]
             etype = type(event)
-            key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
+            i += 1
+            if etype is GpuMetric:
+                key = event.resource_id  # type: ignore[union-attr]
+                run_end = i
+                while run_end < n:  # the rest of its scrape: same key, same time
+                    nt, nxt = items[run_end]
+                    if nt != t or type(nxt) is not GpuMetric or nxt.resource_id != key:
+                        break
+                    run_end += 1
+                scrape: list[Any] | None = None if run_end == i else list(map(_event, items[i - 1 : run_end]))
+                i = run_end
+            else:
+                key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
+                scrape = None
             if key != last_key:  # time-sorted input keeps a scrape's samples together
                 held = keys.get(key)
                 state = held if held is not None else self._load(key)
@@ -217,7 +246,12 @@ class Engine:
             ctx = state.context
             if ctx is None:
                 ctx = state.context = self._context(state)
-            for step, rule_state, detector in steps:
+            if scrape is not None:
+                found_in = self._scrape(steps, ctx, key, scrape, t)
+                if found_in:
+                    findings.extend(f if f.key == key else msgspec.structs.replace(f, key=key) for f in found_in)
+                continue
+            for step, _, rule_state, detector in steps:
                 try:
                     found = step(rule_state, ctx, event, t)
                 except Exception as exc:  # noqa: BLE001 - one rule's bug on one event must not stop the rest
@@ -230,6 +264,23 @@ class Engine:
         if self._deferred:
             findings.extend(self._end_batch())
         return findings
+
+    def _scrape(self, steps: list[Route], ctx: Context, key: str, scrape: list[GpuMetric], t: float) -> list[Finding]:
+        """Fold one scrape (several samples of ``key`` at ``t``) into every route, one ``step_scrape``
+        call each. The findings come in the order one step per sample would give (by sample, then
+        by rule)."""
+        tagged: list[tuple[int, int, Finding]] = []
+        for j, (_, step_scrape, rule_state, detector) in enumerate(steps):
+            try:
+                got = step_scrape(rule_state, ctx, scrape, t)
+            except Exception as exc:  # noqa: BLE001 - as for one event: the scrape is skipped for that rule
+                self._step_failed(detector, key, scrape[0], exc, len(scrape))
+                continue
+            if got:
+                tagged.extend((i, j, f) for i, f in got)
+        if len(tagged) > 1:
+            tagged.sort(key=_by_sample_then_rule)  # stable: a step's own findings keep their order
+        return [f for _, _, f in tagged]
 
     def already_seen(self, t: float, event: Event) -> bool:
         """Whether the event's key, as its state was restored, had folded in an event at ``t`` or
@@ -249,12 +300,13 @@ class Engine:
         # kinds were kept has only the key's time.
         return t <= (kinds.get(_KIND[type(event)], -math.inf) if kinds else last_t)
 
-    def _step_failed(self, detector: Detector[Any], key: str, event: Event, exc: Exception) -> None:
+    def _step_failed(self, detector: Detector[Any], key: str, event: Event, exc: Exception, events: int = 1) -> None:
         """A detector raised on an event: the event is skipped for that rule (the same in the
-        worker and in backtest), counted, and logged once per rule and error type, so a hostile
+        worker and in backtest; a ``step_scrape`` that raises skips its scrape, ``events`` samples), counted,
+        and logged once per rule and error type, so a hostile
         or unforeseen event can neither stop detection nor flood the log."""
         name = detector.name
-        self.errors[name] = self.errors.get(name, 0) + 1
+        self.errors[name] = self.errors.get(name, 0) + events
         if (name, type(exc)) not in self._errors_logged:
             self._errors_logged.add((name, type(exc)))
             log.error("detector_error", rule=name, type=detector.type, key=key, error=f"{type(exc).__name__}: {exc}",
@@ -295,7 +347,7 @@ class Engine:
         return most
 
     def _route(self, state: KeyState, event_type: type) -> list[Route]:
-        """``(step, rule state, detector)`` of the detectors that see this event type: of the rules whose
+        """``(step, step_scrape, rule state, detector)`` of the detectors that see this event type: of the rules whose
         match passes, each with the params its overrides give this resource; every candidate
         rule as written while the resource is unknown (no usage event yet). Cached until the
         resource changes (the hot loop then does no lookups per detector)."""
@@ -313,10 +365,10 @@ class Engine:
             rule_state = state.rules.get(detector.name)
             if rule_state is None:
                 rule_state = state.rules[detector.name] = detector.new_state()
-            step = self._steps.get(detector)
-            if step is None:
-                step = self._steps[detector] = detector.step
-            steps.append((step, rule_state, detector))
+            bound = self._steps.get(detector)
+            if bound is None:  # one bound method pair per detector, shared by every key's routes
+                bound = self._steps[detector] = (detector.step, detector.step_scrape)
+            steps.append((bound[0], bound[1], rule_state, detector))
         if info.known:
             state.routes[event_type] = steps
         return steps

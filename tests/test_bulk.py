@@ -120,6 +120,7 @@ async def committed_and_ends(bootstrap: str, group: str, published: int) -> dict
 def test_one_event_per_message_with_constant_pausing_stores_and_alerts_everything_once(tmp_path: Path, ruleset):
     records, labels = simulate(SimConfig(hours=8, training_hosts=4, notebooks=2, inference_endpoints=1, seed=7),
                                ruleset.pricing)  # fmt: skip
+    records = list(records)
     batched, fleet = tmp_path / "batched.jsonl", tmp_path / "fleet.jsonl"
     with open(batched, "wb") as out:
         write_replay(records, out)

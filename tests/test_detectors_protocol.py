@@ -77,6 +77,10 @@ class Strict:
             ctx.defer(self, (state, msgspec.structs.replace(ctx.resource), t))
         return []
 
+    def step_scrape(self, state: StrictState, ctx: Context, events: list[GpuMetric],
+                    t: float) -> list[tuple[int, Finding]]:  # fmt: skip
+        return [(i, f) for i, event in enumerate(events) for f in self.step(state, ctx, event, t)]
+
     def end_batch(self, items: list[Any]) -> list[Finding]:
         self.batches.append(items)
         return [make_finding(self, "fire", resource, episode_start=t, fired_at=t, at=t, usd=float(state.seen),

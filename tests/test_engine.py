@@ -53,14 +53,21 @@ def test_a_detector_that_raises_on_one_event_skips_it_and_detection_goes_on(rule
 
     rules = load_rules(ROOT / "rules")
     idle = rules.by_name("idle-gpu").detector
-    real_step = idle.step
+    real_step, real_scrape = idle.step, idle.step_scrape
 
     def brittle(state, info, event, t, **kwargs):
         if event.resource_id == "bad-host":
             raise ZeroDivisionError("float division by zero")
         return real_step(state, info, event, t, **kwargs)
 
-    idle.step = brittle  # the detector's step, broken for one resource: the engine is what is tested
+    def brittle_scrape(state, info, events, t):
+        if events[0].resource_id == "bad-host":
+            raise ZeroDivisionError("float division by zero")
+        return real_scrape(state, info, events, t)
+
+    # The detector's steps (per event, and per scrape of a host's GPUs), broken for one resource:
+    # the engine is what is tested.
+    idle.step, idle.step_scrape = brittle, brittle_scrape
     bad = timeline(T0, T0 + 60 * MIN, [0.0] * 4, rid="bad-host")
     good = timeline(T0, T0 + 60 * MIN, [0.0] * 4, rid="good-host")
     events = sorted(bad + good, key=lambda e: e.ts)
@@ -69,7 +76,7 @@ def test_a_detector_that_raises_on_one_event_skips_it_and_detection_goes_on(rule
     expected = {(f.rule, f.resource_id) for f in Engine(ruleset).process(good) if f.action == "fire"}
     assert ("idle-gpu", "good-host") in fired and ("idle-gpu", "bad-host") not in fired
     assert {f for f in fired if f[1] == "good-host"} == expected
-    assert engine.errors == {"idle-gpu": len(bad)}  # its samples and its usage intervals
+    assert engine.errors == {"idle-gpu": len(bad)}  # its samples (a failed scrape counts its own) and its usage intervals
 
 
 DAY = 86_400.0

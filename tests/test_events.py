@@ -146,3 +146,21 @@ def test_any_field_values_decode_or_are_refused(topic, data):
     message = {**base, **changed}
     as_batch = data.draw(st.booleans())
     _total(topic, json.dumps([message] if as_batch else message, allow_nan=True).encode())
+
+
+@pytest.mark.parametrize("topic, event", [("gpu-metrics", GPU), ("run-events", RUN)])
+def test_the_future_bound_follows_the_clock_back_and_names_the_event(topic, event):
+    """The usual message is checked against a bound kept from an earlier clock reading; a clock
+    set back (NTP) lowers the bound at once, and a refused event in a batch is named by its index."""
+    now = [NOW]
+    clocked = EventDecoder(clock=lambda: now[0])
+    assert clocked.decode(topic, json.dumps({**event, "ts": "2027-01-15T12:00:00Z"}).encode())  # within a day
+    now[0] = NOW - 2 * 86_400.0  # the clock goes back two days: a day ahead is now 2027-01-14
+    with pytest.raises(InvalidMessage, match=r"in the future - at `\$\.ts`"):
+        clocked.decode(topic, json.dumps({**event, "ts": "2027-01-15T06:00:00Z"}).encode())
+    late = [event, {**event, "ts": "2027-01-15T06:00:00Z"}]
+    with pytest.raises(InvalidMessage, match=r"in the future - at `\$\[1\]\.ts`"):
+        clocked.decode(topic, json.dumps(late).encode())
+    with pytest.raises(InvalidMessage, match=r"before 1970-01-01T00:00:00Z - at `\$\[1\]\.ts`"):
+        clocked.decode(topic, json.dumps([event, {**event, "ts": "1969-12-31T00:00:00Z"}]).encode())
+    assert clocked.decode(topic, json.dumps([event, event]).encode())

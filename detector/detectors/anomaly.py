@@ -263,6 +263,16 @@ class Anomaly(DetectorBase):
         ctx.defer(self, ClosedWindow(self, state, msgspec.structs.replace(resource), window))
         return []
 
+    def step_scrape(self, state: AnomalyState, ctx: Context, events: list[GpuMetric],
+                    t: float) -> list[tuple[int, Finding]]:  # fmt: skip
+        """:meth:`step` for each sample of a scrape, in one call (none without a model: rules only)."""
+        if not self.scoring.active:
+            return []
+        out: list[tuple[int, Finding]] = []
+        for i, event in enumerate(events):
+            out.extend((i, f) for f in self.step(state, ctx, event, t))
+        return out
+
     def end_batch(self, items: list[ClosedWindow]) -> list[Finding]:
         """Score a batch's closed windows, one call per model group, and turn them into findings
         in window order."""

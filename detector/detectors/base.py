@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 import msgspec
 from pydantic import BaseModel, ConfigDict
 
-from detector.events import Event
+from detector.events import Event, GpuMetric
 from detector.pricing import Pricer, Pricing
 
 __all__ = ["BatchPhase", "Behaviour", "Context", "Detector", "DetectorBase", "Finding", "Params", "ResourceInfo",
@@ -181,6 +181,16 @@ class DetectorBase:
     def end_batch(self, items: list[Any]) -> list[Finding]:
         return []
 
+    def step_scrape(self, state: Any, ctx: Context, events: list[GpuMetric], t: float) -> list[tuple[int, Finding]]:
+        """One step per sample; the GPU detectors, which see every sample, do a scrape in one call."""
+        out: list[tuple[int, Finding]] = []
+        step = self.step  # type: ignore[attr-defined]  # every detector defines it
+        for i, event in enumerate(events):
+            found = step(state, ctx, event, t)
+            if found:
+                out.extend((i, f) for f in found)
+        return out
+
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         """(label, value) pairs from a finding's details, for the alert message."""
@@ -277,6 +287,13 @@ class Detector(Protocol, Generic[S]):
 
     def step(self, state: S, ctx: Context, event: Event, t: float) -> list[Finding]:
         """Fold one event (``t`` is its time in epoch seconds) into ``state``; return findings."""
+        ...
+
+    def step_scrape(self, state: S, ctx: Context, events: list[GpuMetric], t: float) -> list[tuple[int, Finding]]:
+        """:meth:`step` for each sample of a scrape (consecutive GPU samples of one host at ``t``,
+        in order), in one call: what every sample costs is paid once per scrape. Returns the
+        findings with the index of the sample that made each (the engine orders them as steps
+        would). ``DetectorBase`` steps each sample."""
         ...
 
     def end_batch(self, items: list[Any]) -> list[Finding]:

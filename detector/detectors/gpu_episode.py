@@ -102,29 +102,40 @@ class GpuEpisode(DetectorBase):
         return Behaviour.PAUSE if state.since is not None else Behaviour.NONE
 
     def step(self, state: GpuEpisodeState, ctx: Context, event: Event, t: float) -> list[Finding]:
-        resource = ctx.resource
         if type(event) is GpuMetric:
-            # Inlined sample path: this runs for every GPU sample of every host.
-            st, ev = state, event
-            if ev.gpu_index not in st.gpus:
-                st.gpus.append(ev.gpu_index)
+            return [f for _, f in self.step_scrape(state, ctx, [event], t)]
+        if type(event) is UsageEvent:
+            return self._on_usage(state, ctx.resource, t)
+        return []
+
+    def step_scrape(self, state: GpuEpisodeState, ctx: Context, events: list[GpuMetric],
+                    t: float) -> list[tuple[int, Finding]]:  # fmt: skip
+        """:meth:`step` for each sample of a scrape (samples of the host at ``t``), in one call: this
+        runs for every scrape of every host. Findings come with the index of the sample that made them."""
+        resource = ctx.resource
+        st = state
+        out: list[tuple[int, Finding]] = []
+        gpus, breaks = st.gpus, self.breaks
+        for i, ev in enumerate(events):
+            if ev.gpu_index not in gpus:
+                gpus.append(ev.gpu_index)
             if ev.model:
                 st.model = ev.model
             if ev.pod or ev.allocated is not None or st.pods or st.allocated:
                 _note_pod(st, ev)
-            if self.breaks(st, ev):
+            if breaks(st, ev):
                 if t > st.last_break:
                     st.last_break = t
-                found: list[Finding] = []
                 if st.since is not None and t >= st.since:
                     if st.fired_at is not None:
                         self._accrue(st, resource, t)
-                    found = end(st, lambda: self._finding("resolve", st, resource, t, reason=self.break_reason))
+                    out.extend((i, f) for f in end(st, lambda: self._finding("resolve", st, resource, t,
+                                                                             reason=self.break_reason)))  # fmt: skip
                 if t > st.covered_until:
                     st.covered_until = t
-                return found
+                continue
             if t <= st.last_break:
-                return []  # a late reading from before the latest breaking one
+                continue  # a late reading from before the latest breaking one
             if st.since is None:
                 st.since = t
                 if t > st.covered_until:
@@ -137,11 +148,9 @@ class GpuEpisode(DetectorBase):
                 else:
                     self._accrue(st, resource, t)
             else:
-                return []  # another GPU of a scrape already counted
-            return self._maybe_fire_or_report(st, resource)
-        if type(event) is UsageEvent:
-            return self._on_usage(state, resource, t)
-        return []
+                continue  # another GPU of a scrape already counted
+            out.extend((i, f) for f in self._maybe_fire_or_report(st, resource))
+        return out
 
     def open_episode(self, state: GpuEpisodeState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:

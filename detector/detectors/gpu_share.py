@@ -43,6 +43,7 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
 from __future__ import annotations
 
 import builtins
+from operator import attrgetter
 from typing import Any, ClassVar
 
 import msgspec
@@ -66,6 +67,7 @@ BUSY, HELD, UNKNOWN, FREE = 3, 2, 1, 0
 """A fresh GPU at one instant, ordered so that the max over its units is the GPU's: busy if any
 instance is; else held if a pod holds any, unknown if any says nothing, free if none is held."""
 _CODE = {True: HELD, None: UNKNOWN, False: FREE}
+_allocated = attrgetter("allocated")
 
 
 class GpuShareParams(Params):
@@ -190,57 +192,72 @@ class GpuShare(DetectorBase):
     # -- events -------------------------------------------------------------
 
     def step(self, state: GpuShareState, ctx: Context, event: Event, t: float) -> list[Finding]:
-        st, res = state, ctx.resource
         if type(event) is UsageEvent:
-            return self._on_usage(st, res, t)
-        if type(event) is not GpuMetric or t <= st.stopped_at:
+            return self._on_usage(state, ctx.resource, t)
+        if type(event) is not GpuMetric:
             return []
-        ev = event
-        if ev.allocated is None and not st.units and UNKNOWN not in self.codes:
+        return [f for _, f in self.step_scrape(state, ctx, [event], t)]
+
+    def step_scrape(self, state: GpuShareState, ctx: Context, events: list[GpuMetric],
+                    t: float) -> list[tuple[int, Finding]]:  # fmt: skip
+        """:meth:`step` for each sample of a scrape (samples of the host at ``t``), in one call: this
+        runs for every scrape of every host. Findings come with the index of the sample that made them."""
+        st, res = state, ctx.resource
+        if t <= st.stopped_at:
+            return []
+        units, gpus = st.units, st.gpus
+        unknown_ours = UNKNOWN in self.codes
+        if not units and not unknown_ours and set(map(_allocated, events)) == {None}:
             return []  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
-        key = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else _KEYS[ev.gpu_index]
-        unit = st.units.get(key)
-        if unit is not None and t <= unit.seen:
-            return []  # a re-read or duplicate sample
-        found = self._advance(st, res, t) if t > st.covered_until else []
+        out: list[tuple[int, Finding]] = []
         p = self.params
-        track = st.gpus.get(ev.gpu_index)
-        if track is None:
-            track = st.gpus[ev.gpu_index] = GpuTrack()
-        elif t - track.seen > p.stale_after and not (st.fired_at is not None and track.counted):
-            _restart(track)  # a telemetry gap: its idle count starts again
-        pod = pod_of(ev) if ev.pod else None
-        allocated = ev.allocated
-        if allocated is None and unit is not None and unit.allocated is not None and t - unit.allocated_at <= p.stale_after:
-            # The bridge could not tell for this scrape (dcgm-exporter and kube-state-metrics a
-            # scrape apart while a pod starts elsewhere): not news, the last known holder stands.
-            allocated = unit.allocated
-        if unit is None:
-            if len(st.units) >= MAX_UNITS:
-                self._forget(st, min(st.units, key=lambda k: st.units[k].seen))
-                track = st.gpus.setdefault(ev.gpu_index, track)
-            unit = st.units[key] = Unit(gpu=ev.gpu_index, seen=t, allocated=allocated, pod=pod)
-            track.units.append(key)
-        elif ((unit.allocated is not allocated and self.counts(unit.allocated) != self.counts(allocated))
-              or ((unit.pod is not None or pod is not None) and _who(unit.pod) != _who(pod))):  # fmt: skip
-            # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
-            if track.counted:
-                track.counted, st.left = False, "allocation_changed"
-            track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
-        unit.seen, unit.busy = t, busy(ev, p.util_below)
-        unit.allocated, unit.pod = allocated, pod
-        if ev.allocated is not None:
-            unit.allocated_at = t
-        if ev.model and ev.model != st.model:
-            st.model = ev.model
-        if t > track.seen:
-            track.seen = t
-        if unit.busy:
-            if track.idle_since is not None or track.pending_from is not None:
+        stale_after, util_below = p.stale_after, p.util_below
+        for i, ev in enumerate(events):
+            if ev.allocated is None and not units and not unknown_ours:
+                continue  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
+            key = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else _KEYS[ev.gpu_index]
+            unit = units.get(key)
+            if unit is not None and t <= unit.seen:
+                continue  # a re-read or duplicate sample
+            if t > st.covered_until:
+                out.extend((i, f) for f in self._advance(st, res, t))
+            track = gpus.get(ev.gpu_index)
+            if track is None:
+                track = gpus[ev.gpu_index] = GpuTrack()
+            elif t - track.seen > stale_after and not (st.fired_at is not None and track.counted):
+                _restart(track)  # a telemetry gap: its idle count starts again
+            pod = pod_of(ev) if ev.pod else None
+            allocated = ev.allocated
+            if allocated is None and unit is not None and unit.allocated is not None and t - unit.allocated_at <= stale_after:
+                # The bridge could not tell for this scrape (dcgm-exporter and kube-state-metrics a
+                # scrape apart while a pod starts elsewhere): not news, the last known holder stands.
+                allocated = unit.allocated
+            if unit is None:
+                if len(units) >= MAX_UNITS:
+                    self._forget(st, min(units, key=lambda k: units[k].seen))
+                    track = gpus.setdefault(ev.gpu_index, track)
+                unit = units[key] = Unit(gpu=ev.gpu_index, seen=t, allocated=allocated, pod=pod)
+                track.units.append(key)
+            elif ((unit.allocated is not allocated and self.counts(unit.allocated) != self.counts(allocated))
+                  or ((unit.pod is not None or pod is not None) and _who(unit.pod) != _who(pod))):  # fmt: skip
+                # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
+                if track.counted:
+                    track.counted, st.left = False, "allocation_changed"
                 track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
-        elif track.idle_since is None and (len(track.units) == 1 or not self._status(st, ev.gpu_index, t).busy):
-            track.idle_since = t
-        return found
+            unit.seen, unit.busy = t, busy(ev, util_below)
+            unit.allocated, unit.pod = allocated, pod
+            if ev.allocated is not None:
+                unit.allocated_at = t
+            if ev.model and ev.model != st.model:
+                st.model = ev.model
+            if t > track.seen:
+                track.seen = t
+            if unit.busy:
+                if track.idle_since is not None or track.pending_from is not None:
+                    track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
+            elif track.idle_since is None and (len(track.units) == 1 or not self._status(st, ev.gpu_index, t).busy):
+                track.idle_since = t
+        return out
 
     def open_episode(self, state: GpuShareState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:
@@ -293,7 +310,7 @@ class GpuShare(DetectorBase):
             self._forget(st, key)
         any_busy = BUSY in state.values()
         codes = self.codes
-        if st.since is None and not any(code in codes for code in state.values()):
+        if st.since is None and codes.isdisjoint(state.values()):
             self._spell(st, res, c, any_busy)  # no GPU of ours idle, no episode: only the host's spells
             return []
         self._spell(st, res, c, any_busy)

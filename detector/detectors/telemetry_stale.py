@@ -142,6 +142,19 @@ class TelemetryStale(DetectorBase):
             return []
         return [self._finding(action, st, resource, st.fired_at if action == "fire" else t)]
 
+    def step_scrape(self, state: TelemetryStaleState, ctx: Context, events: list[GpuMetric],
+                    t: float) -> list[tuple[int, Finding]]:  # fmt: skip
+        """:meth:`step` for each sample of a scrape (samples of the host at ``t``): after the first,
+        the others are usually at the latest time already seen, which changes nothing (and so
+        nothing for the samples after it either): they are not stepped."""
+        out = [(0, f) for f in self.step(state, ctx, events[0], t)]
+        for i in range(1, len(events)):
+            latest = state.back_at if state.back_at is not None else state.last_sample
+            if latest is not None and t <= latest:
+                break
+            out.extend((i, f) for f in self.step(state, ctx, events[i], t))
+        return out
+
     def _telemetry_back(self, st: TelemetryStaleState, resource: ResourceInfo, at: float) -> list[Finding]:
         """Resolve the spell ended by the sample at ``at``; the latest sample seen since is the
         latest now (samples kept coming while usage caught up)."""

@@ -1,0 +1,120 @@
+"""A/B of ``backtest``'s speed: past commits against the working tree, in-process and whole-process.
+
+    .venv/bin/python bench/backtest.py HEAD~1 [--runs 3] [--file /work/benchdata/fleet.jsonl] [--whole FILE]
+
+Each side runs in its own fresh interpreter (the past commit from a git worktree put first on
+``PYTHONPATH``), alternating, so that drift on the machine falls on both sides. In-process:
+events/s of ``backtest(path, rules)`` after :func:`detector.runtime.tune_gc`, by wall and by
+CPU time (CPU time moves less on a machine others share). ``--whole FILE``: ``burnwatch
+backtest FILE`` as a command, its CPU time (user + sys) against a bare read-and-decode of the
+same file with msgspec. Every run is printed, not only the means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from statistics import mean
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_IN_PROCESS = """
+import json, sys, time
+from detector.backtest import backtest
+from detector.rules import load_rules
+from detector.runtime import tune_gc
+tune_gc()
+rules = load_rules(sys.argv[2])
+wall, cpu = time.perf_counter(), time.process_time()
+result = backtest(sys.argv[1], rules)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+print(json.dumps({"events": result.events, "alerts": len(result.alerts), "wall_s": wall, "cpu_s": cpu}))
+"""
+
+_DECODE = """
+import sys, msgspec
+decoder = msgspec.json.Decoder()
+n = 0
+with open(sys.argv[1], "rb") as handle:
+    for line in handle:
+        n += 1 if decoder.decode(line) else 0
+print(n)
+"""
+
+
+def _env(tree: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def in_process(tree: Path | None, path: str) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", _IN_PROCESS, path, str((tree or ROOT) / "rules")], env=_env(tree),
+                         cwd=tree or ROOT, capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _cpu_of(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def whole_process(tree: Path | None, path: str) -> float:
+    """CPU seconds of ``burnwatch backtest path`` (the CLI of that tree)."""
+    cmd = [sys.executable, "-c", "from streams.cli import main; main()", "backtest", path]
+    return _cpu_of(cmd, _env(tree), tree or ROOT)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("rev", help="the commit to compare the working tree with")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--file", default="/work/benchdata/fleet.jsonl")
+    parser.add_argument("--whole", default=None, help="also time `burnwatch backtest` on this file (CPU s)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="burnwatch-bt-ab-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.rev], check=True)
+        try:
+            sides: dict[str, Path | None] = {args.rev: tree, "working tree": None}
+            wall: dict[str, list[float]] = {s: [] for s in sides}
+            cpu: dict[str, list[float]] = {s: [] for s in sides}
+            whole: dict[str, list[float]] = {s: [] for s in sides}
+            for _ in range(args.runs):
+                for side, where in sides.items():
+                    r = in_process(where, args.file)
+                    wall[side].append(r["events"] / r["wall_s"])
+                    cpu[side].append(r["events"] / r["cpu_s"])
+                    print(f"{side}: {wall[side][-1]:,.0f} events/s wall, {cpu[side][-1]:,.0f} events/s CPU "
+                          f"({r['alerts']} alerts)", flush=True)  # fmt: skip
+                    if args.whole:
+                        whole[side].append(whole_process(where, args.whole))
+                        print(f"{side}: burnwatch backtest {args.whole}: {whole[side][-1]:.2f} CPU s", flush=True)
+            for side in sides:
+                print(f"{side}: in-process mean {mean(wall[side]):,.0f} events/s wall "
+                      f"({', '.join(f'{r:,.0f}' for r in wall[side])}), {mean(cpu[side]):,.0f} events/s CPU "
+                      f"({', '.join(f'{r:,.0f}' for r in cpu[side])})")  # fmt: skip
+                if args.whole:
+                    print(f"{side}: whole-process mean {mean(whole[side]):.2f} CPU s "
+                          f"({', '.join(f'{r:.2f}' for r in whole[side])})")  # fmt: skip
+            if args.whole:
+                decode = _cpu_of([sys.executable, "-c", _DECODE, args.whole], _env(None), ROOT)
+                print(f"bare msgspec read + decode of {args.whole}: {decode:.2f} CPU s")
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
