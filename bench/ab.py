@@ -4,8 +4,10 @@
 
 Both workers read the same fleet file from a fresh embedded broker into a fresh embedded
 ClickHouse (``bench.run.bench_streaming``), alternating so that drift on the machine
-falls on both sides; the past commit's worker runs from a git worktree put first on
-``PYTHONPATH``. On a small shared VM one commit's figure spans ±15 % and more, so
+falls on both sides; the past commit's worker runs from a git worktree, from its directory
+and put first on ``PYTHONPATH`` (before 2026-12-01 it ran from this tree's directory, which
+comes first on ``python -m``'s path: the A/Bs in docs/performance.md before issue 16 compared
+the working tree with itself). On a small shared VM one commit's figure spans ±15 % and more, so
 compare means over several runs, never one pair.
 """
 
@@ -49,10 +51,14 @@ def main() -> int:
             figures: dict[str, list[float]] = {args.rev: [], "working tree": []}
             for i in range(args.runs):
                 for side in figures:
+                    # The worker subprocess runs ``python -m streams.cli`` from the current directory,
+                    # which comes first on its path: run the old side from the old tree.
                     if side == args.rev:
-                        os.environ["PYTHONPATH"] = str(tree)  # the worker subprocess imports the old code
+                        os.environ["PYTHONPATH"] = str(tree)
+                        os.chdir(tree)
                     else:
                         os.environ.pop("PYTHONPATH", None)
+                        os.chdir(ROOT)
                     result = bench_streaming(fleet, workdir, f"run-{i}-{len(figures[side])}-{side[:7]}")
                     figures[side].append(result["events_per_s"])
                     print(f"{side}: {result['events_per_s']:,.0f} events/s", flush=True)
@@ -61,6 +67,7 @@ def main() -> int:
                       f"({', '.join(f'{r:,.0f}' for r in runs)})")  # fmt: skip
         finally:
             os.environ.pop("PYTHONPATH", None)
+            os.chdir(ROOT)
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
     return 0
 

@@ -1,6 +1,6 @@
 """A/B of ``backtest``'s speed: past commits against the working tree, in-process and whole-process.
 
-    .venv/bin/python bench/backtest.py HEAD~1 [--runs 3] [--file /work/benchdata/fleet.jsonl] [--whole FILE]
+    .venv/bin/python bench/backtest.py HEAD~1 [--runs 3] [--file FLEET.jsonl] [--whole FILE]
 
 Each side runs in its own fresh interpreter (the past commit from a git worktree put first on
 ``PYTHONPATH``), alternating, so that drift on the machine falls on both sides. In-process:
@@ -23,6 +23,9 @@ from pathlib import Path
 from statistics import mean
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.run import bench_fleet  # noqa: E402
 
 _IN_PROCESS = """
 import json, sys, time
@@ -80,7 +83,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rev", help="the commit to compare the working tree with")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--file", default="/work/benchdata/fleet.jsonl")
+    parser.add_argument("--file", type=Path, help="replay file (default: the bench fleet, bench/out/fleet.jsonl)")
     parser.add_argument("--whole", default=None, help="also time `burnwatch backtest` on this file (CPU s)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="burnwatch-bt-ab-") as tmp:
@@ -93,7 +96,7 @@ def main() -> int:
             whole: dict[str, list[float]] = {s: [] for s in sides}
             for _ in range(args.runs):
                 for side, where in sides.items():
-                    r = in_process(where, args.file)
+                    r = in_process(where, str(bench_fleet(args.file)))
                     wall[side].append(r["events"] / r["wall_s"])
                     cpu[side].append(r["events"] / r["cpu_s"])
                     print(f"{side}: {wall[side][-1]:,.0f} events/s wall, {cpu[side][-1]:,.0f} events/s CPU "

@@ -1,6 +1,6 @@
 """The worker's event write alone: ``Store.events.insert`` into an embedded chdb store.
 
-    .venv/bin/python bench/insert.py [--file /work/benchdata/fleet.jsonl] [--messages 1250]
+    .venv/bin/python bench/insert.py [--file FLEET.jsonl] [--messages 1250]
         [--runs 1] [--profile] [--gil] [--again] [--digest]
 
 Decodes the fleet file up front (as the worker's decoder does, not timed), cuts it into
@@ -40,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.run import bench_fleet  # noqa: E402
 from detector.events import Event, EventDecoder  # noqa: E402
 from detector.replay import read_replay  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
@@ -218,7 +219,7 @@ def gil_probe(store: Store, batches: list[Batch], pricing, process: bool = False
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--file", type=Path, default=Path("/work/benchdata/fleet.jsonl"))
+    parser.add_argument("--file", type=Path, help="replay file (default: the bench fleet, bench/out/fleet.jsonl)")
     parser.add_argument("--messages", type=int, default=1250, help="messages per batch (1250: ~10k events)")
     parser.add_argument("--runs", type=int, default=1, help="fresh stores, one after the other")
     parser.add_argument("--limit", type=int, default=0, help="only the first N batches")
@@ -227,7 +228,7 @@ def main() -> int:
     parser.add_argument("--again", action="store_true", help="then insert everything again (all duplicates)")
     parser.add_argument("--digest", action="store_true")
     args = parser.parse_args()
-    batches, events = load(args.file, args.messages)
+    batches, events = load(bench_fleet(args.file), args.messages)
     if args.limit:
         batches = batches[: args.limit]
         events = sum(len(e) for items in batches for _, e in items)

@@ -1,6 +1,6 @@
 """Decision delay at half capacity: publish → the worker has decided the alert.
 
-    .venv/bin/python bench/latency.py [--fleet /work/benchdata/fleet.jsonl] [--capacity EVENTS_PER_S]
+    .venv/bin/python bench/latency.py [--fleet FLEET.jsonl] [--capacity EVENTS_PER_S]
                                       [--fraction 0.5] [--env BURNWATCH_BATCH_WITHIN_S=0.05 ...]
                                       [--fetch-max-wait-ms 100] [--keep DIR]
     .venv/bin/python bench/latency.py --capacity 18622 --hours 4 --speed 48     # a slice, slowly
@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
-from bench.run import PARTITIONS, bench_streaming, env  # noqa: E402
+from bench.run import PARTITIONS, bench_fleet, bench_streaming, env  # noqa: E402
 from detector.alerts import Alert  # noqa: E402
 from detector.backtest import backtest  # noqa: E402
 from detector.events import TOPICS  # noqa: E402
@@ -67,7 +67,6 @@ from streams.embedded import EmbeddedBroker  # noqa: E402
 from streams.kafka import count_events, ensure_topics, file_records, publish_records, value_end_time  # noqa: E402
 from streams.process import WorkerProcess  # noqa: E402
 
-FLEET = Path("/work/benchdata/fleet.jsonl")
 GPU_TYPES = {"idle_gpu", "partly_idle_gpu", "unallocated_gpu", "stuck_gpu", "inference_overprovisioned"}
 
 
@@ -395,7 +394,7 @@ def fetch_probe() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fleet", type=Path, default=FLEET)
+    parser.add_argument("--fleet", type=Path, help="replay file (default: the bench fleet, bench/out/fleet.jsonl)")
     parser.add_argument("--capacity", type=float, help="events/s of one worker; measured when left out")
     parser.add_argument("--fraction", type=float, default=0.5, help="offered load, as a share of capacity")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the live worker")
@@ -424,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fetch_probe:
         fetch_probe()
         return 0
+    args.fleet = bench_fleet(args.fleet)
     extra = dict(item.split("=", 1) for item in args.env)
     out_dir = ROOT / "bench" / "out"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/memory.py --resources 20000 --minutes 10     # the breakdown
     .venv/bin/python bench/memory.py --resources 1000000 --minutes 3    # a million resources
     .venv/bin/python bench/memory.py --resources 1000000 --minutes 2 --waves 10 --evict-after 60
-    .venv/bin/python bench/memory.py --replay /work/benchdata/fleet.jsonl   # a day of history, by kind
+    .venv/bin/python bench/memory.py --replay bench/out/fleet.jsonl   # a day of history, by kind
 
 An :class:`~detector.engine.Engine` with the shipped rules (``rules/``) and the anomaly rule
 building windows (as with a model loaded) is fed ``--minutes`` of event time for N distinct

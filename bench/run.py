@@ -51,6 +51,22 @@ LIVE = SimConfig(hours=10, training_hosts=16, notebooks=8, inference_endpoints=2
 LIVE_SPEED = 1200.0
 
 
+def bench_fleet(path: Path | None = None) -> Path:
+    """``path``, or the bench fleet (:data:`BIG`) written once to bench/out/fleet.jsonl, so that
+    every bench script reads the same file without one being given."""
+    if path is not None:
+        return path
+    fleet = ROOT / "bench" / "out" / "fleet.jsonl"
+    if not fleet.exists():
+        fleet.parent.mkdir(parents=True, exist_ok=True)
+        records, _ = simulate(BIG, load_rules(ROOT / "rules").pricing)
+        partial = fleet.with_suffix(".partial")
+        with open(partial, "wb") as out:
+            write_replay(records, out)
+        partial.rename(fleet)
+    return fleet
+
+
 def env(bootstrap: str, workdir: Path, **extra: str) -> dict[str, str]:
     return worker_env(bootstrap, workdir, ROOT / "rules", PARTITIONS, **extra)
 

@@ -1,6 +1,6 @@
 """One worker against two in one consumer group, on one shared store, over the bench fleet.
 
-    .venv/bin/python bench/workers.py [--fleet /work/benchdata/fleet.jsonl] [--runs 2] [--order 1,2]
+    .venv/bin/python bench/workers.py [--fleet FLEET.jsonl] [--runs 2] [--order 1,2]
 
 Each run: a fresh embedded broker (4 partitions per input topic) and a fresh
 ``burnwatch store serve`` (chdb in its own process: the one store that several workers can
@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.run import bench_fleet  # noqa: E402
 from detector.alerts import Alert  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
 from detector.runtime import tune_gc  # noqa: E402
@@ -42,7 +43,6 @@ from streams.kafka import count_events, ensure_topics, file_records, publish_rec
 from streams.process import StoreServerProcess, WorkerProcess, worker_env  # noqa: E402
 from tests.reliability import compare_alerts, expected_counts, reported_alerts, stored, stored_alerts  # noqa: E402
 
-FLEET = Path("/work/benchdata/fleet.jsonl")
 PARTITIONS = 4
 
 
@@ -117,12 +117,13 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fleet", type=Path, default=FLEET)
+    parser.add_argument("--fleet", type=Path, help="replay file (default: the bench fleet, bench/out/fleet.jsonl)")
     parser.add_argument("--runs", type=int, default=2, help="runs per side")
     parser.add_argument("--order", default="1,2", help="worker counts, in the order each round runs them")
     args = parser.parse_args(argv)
     tune_gc()
     ruleset = load_rules(ROOT / "rules")
+    args.fleet = bench_fleet(args.fleet)
     messages = list(file_records(args.fleet))
     n_events = count_events(messages)
     want_rows = expected_counts(messages)
