@@ -200,8 +200,9 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def log_decisions(log_path: Path, event: str = "alert_fired") -> dict[str, float]:
-    """alert id → wall time of its first ``event`` line in the worker's JSON log."""
+def log_decisions(log_path: Path, event: str = "alert_fired", field: str = "timestamp") -> dict[str, float]:
+    """alert id → wall time of its first ``event`` line in the worker's JSON log: the line's
+    ``timestamp`` (stored and acknowledged), or its ``decided_at`` (detection decided it)."""
     out: dict[str, float] = {}
     for line in log_path.read_text(errors="replace").splitlines():
         if f'"{event}"' not in line:
@@ -210,8 +211,9 @@ def log_decisions(log_path: Path, event: str = "alert_fired") -> dict[str, float
             entry = json.loads(line)
         except ValueError:
             continue
-        if entry.get("event") == event and "alert_id" in entry and "timestamp" in entry:
-            ts = datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
+        if entry.get("event") == event and "alert_id" in entry and field in entry:
+            value = entry[field]
+            ts = value if isinstance(value, float) else datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
             out.setdefault(entry["alert_id"], ts)
     return out
 
@@ -272,6 +274,7 @@ def live_run(
             worker.stop()
             watch.stop()
     decided = log_decisions(log_path)
+    detected = log_decisions(log_path, field="decided_at")
     fetchable: dict[str, float] = {}
     for i, alert_id in completing.items():
         topic, key, _ = messages[i]
@@ -285,6 +288,7 @@ def live_run(
         if alert_id in decided:
             rows.append({"alert_id": alert_id, "type": types[alert_id], "sent": sent,
                          "delay_ms": (decided[alert_id] - sent) * 1000,
+                         "decided_ms": (detected[alert_id] - sent) * 1000 if alert_id in detected else None,
                          "fetchable_ms": (fetchable[alert_id] - sent) * 1000 if alert_id in fetchable else None})  # fmt: skip
     delays = sorted(r["delay_ms"] for r in rows)
     fetch = sorted(r["fetchable_ms"] for r in rows if r["fetchable_ms"] is not None)
@@ -300,6 +304,10 @@ def live_run(
     if delays:
         result.update(p50_ms=statistics.median(delays), p99_ms=percentile(delays, 0.99), max_ms=delays[-1],
                       min_ms=delays[0])  # fmt: skip
+    decisions = sorted(r["decided_ms"] for r in rows if r["decided_ms"] is not None)
+    if decisions:
+        result.update(decided_p50_ms=statistics.median(decisions), decided_p99_ms=percentile(decisions, 0.99),
+                      decided_max_ms=decisions[-1])  # fmt: skip
     samples = [x for x in sampler.samples if x[0] <= started_wall + publish_s]
     if len(samples) > 10:
         rate = (samples[-1][2] - samples[0][2]) / (samples[-1][0] - samples[0][0])

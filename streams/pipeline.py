@@ -147,6 +147,9 @@ class _Step:
     stale: int = 0
     """Messages fetched before the last rebalance: left alone (read again from the committed offset)."""
     started: float = field(default_factory=time.perf_counter)
+    decided_at: float = 0.0
+    """Wall time detection decided the batch's alert changes (before they are stored): logged
+    with each change, so the delay to a decision can be told from the delay to storing it."""
     per_topic: dict[str, list[int]] = field(default_factory=dict)
     """topic → [messages, events], for the metrics."""
 
@@ -468,6 +471,7 @@ class Pipeline:
         step.done = already_done + released
         step.detected = len(events)
         step.alerts = self.manager.handle(self.engine.process_timed(events))
+        step.decided_at = time.time()
         partition_of = self._partition_of
         for alert in step.alerts:  # whoever holds this partition delivers it
             alert.partition = partition_of.get(alert.key, -1)
@@ -515,7 +519,7 @@ class Pipeline:
                 stats.alerts_resolved += 1
             if alert.change != "updated":
                 log.info(f"alert_{alert.change}", alert_id=alert.alert_id, summary=alert.summary(),
-                         silenced=alert.silenced or None)  # fmt: skip
+                         silenced=alert.silenced or None, decided_at=round(step.decided_at, 3))  # fmt: skip
 
     async def _dead_letter(self, message: Message, reason: str) -> None:
         """Send the dead-letter record; a failed send is retried (the message stays unacknowledged)."""
