@@ -209,8 +209,8 @@ def main() -> int:
         results["streaming"] = bench_streaming(path, workdir, "stream")
         print("streaming", results["streaming"], flush=True)
         single_path = workdir / "fleet-single.jsonl"
-        with open(single_path, "wb") as out:
-            write_replay(one_event_per_message(records), out)
+        with open(single_path, "wb") as out:  # the same fleet again (the first write consumed it)
+            write_replay(one_event_per_message(simulate(BIG, ruleset.pricing)[0]), out)
         results["streaming_single"] = bench_streaming(single_path, workdir, "stream-single")
         print("streaming, one event per message", results["streaming_single"], flush=True)
         results["bare_consumer"] = bench_bare_consumer(single_path, workdir)

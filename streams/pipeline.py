@@ -506,8 +506,10 @@ class Pipeline:
             METRICS.batch_seconds.observe(time.perf_counter() - step.started)
         stats.batches += 1
         stats.messages += step.messages
-        refused = {id(message) for message, _ in step.refused}
-        stats.events += step.events - sum(len(events) for message, events in step.stored if id(message) in refused)
+        stats.events += step.events
+        if step.refused:
+            refused = {id(message) for message, _ in step.refused}
+            stats.events -= sum(len(events) for message, events in step.stored if id(message) in refused)
         stats.detected += step.detected
         stats.replayed += step.replayed
         stats.dead_letters += len(step.dead) + len(step.refused)
