@@ -259,7 +259,7 @@ class EventDecoder:
         self._bound, self._bound_at = TS_MIN, -math.inf
         """The latest timestamp accepted as of the clock reading ``_bound_at`` (see :meth:`_decode`)."""
 
-    def decode(self, topic: str, value: bytes) -> list[Event]:
+    def decode(self, topic: str, value: bytes | None) -> list[Event]:
         """Return the events in one message value, or raise :class:`InvalidMessage`."""
         try:
             return self._decode(topic, value)
@@ -272,7 +272,7 @@ class EventDecoder:
         except Exception as exc:  # a bug of ours or msgspec's: still this message's problem only
             raise InvalidMessage(f"undecodable message: {type(exc).__name__}: {exc}") from None
 
-    def _decode(self, topic: str, value: bytes) -> list[Event]:
+    def _decode(self, topic: str, value: bytes | None) -> list[Event]:
         decoder = self._fast.get(topic)
         if decoder is None:
             raise InvalidMessage(f"unknown topic {topic!r}; expected one of {', '.join(TOPICS)}")

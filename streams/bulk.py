@@ -16,14 +16,16 @@ Faust keeps everything else: group membership and partition assignment, the reba
 pause (``suspend_flow``), seeking to the committed offsets, commits, timers and the web
 server. Topics not handed over in bulk still go through Faust's per-message path.
 
-This reaches into Faust's consumer (``_wait_next_records``, ``_acked``, ``_read_offset``,
-``_add_gap``), whose version the project pins (pyproject.toml); tests/test_bulk.py runs it
-against the embedded broker so that an upgrade that moves them fails there.
+This reaches into Faust's consumer (``_wait_next_records``, ``_acked``, ``_acked_index``,
+``_committed_offset``, ``_read_offset``, ``_add_gap``, ``_commit_every``) and aiokafka's
+(``_fetch_max_wait_ms``), whose versions the project pins (pyproject.toml); tests/test_bulk.py
+checks that each still exists and runs the path against the embedded broker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
@@ -51,7 +53,8 @@ class Fetches:
         batch of one-event messages must be larger than one of arrays."""
         self.within_s = within_s
         """... or this long after it began: a trickle is processed within it, not one message at a time."""
-        self._fetches: deque[tuple[list[Message], int]] = deque()
+        self._fetches: deque[tuple[list[Message], int, float]] = deque()
+        """(messages, bytes of their values, when they arrived) of each fetch queued."""
         self._messages = 0
         self._bytes = 0
         self._arrived = asyncio.Event()
@@ -63,8 +66,8 @@ class Fetches:
         while self._messages >= 2 * self.max_messages or self._bytes >= 2 * self.max_bytes:
             self._room.clear()
             await self._room.wait()
-        size = sum(len(m.value) for m in messages)
-        self._fetches.append((messages, size))
+        size = sum(len(m.value) for m in messages if m.value is not None)  # None: a tombstone
+        self._fetches.append((messages, size, asyncio.get_running_loop().time()))
         self._messages += len(messages)
         self._bytes += size
         self._arrived.set()
@@ -74,12 +77,13 @@ class Fetches:
 
     async def take(self) -> list[Message]:
         """The next batch: the fetches queued, up to ``max_messages`` or ``max_bytes``, once that
-        much is queued or ``within_s`` after the first arrived. A backlog's batches are full at
-        once; a trickle's wait at most ``within_s``."""
+        much is queued or ``within_s`` after the oldest of them arrived (which, behind a batch
+        that took longer, has passed already). A backlog's batches are full at once; a
+        trickle's messages wait at most ``within_s``."""
         while not self._fetches:
             self._arrived.clear()
             await self._arrived.wait()
-        deadline = asyncio.get_running_loop().time() + self.within_s
+        deadline = self._fetches[0][2] + self.within_s
         while not self._full():
             self._arrived.clear()
             left = deadline - asyncio.get_running_loop().time()
@@ -90,14 +94,21 @@ class Fetches:
             except TimeoutError:
                 break
         fetches = self._fetches
-        batch, size = fetches.popleft()
+        batch, size, _ = fetches.popleft()
         while fetches and len(batch) + len(fetches[0][0]) <= self.max_messages and size + fetches[0][1] <= self.max_bytes:
-            more, more_size = fetches.popleft()
+            more, more_size, _ = fetches.popleft()
             batch, size = batch + more, size + more_size
         self._messages -= len(batch)
         self._bytes -= size
         self._room.set()
         return batch
+
+    def clear(self) -> None:
+        """Partitions moved: what is queued was fetched in the old generation, and the pipeline
+        would leave it alone anyway (read again from the committed offsets)."""
+        self._fetches.clear()
+        self._messages = self._bytes = 0
+        self._room.set()
 
     def __len__(self) -> int:
         """Messages queued."""
@@ -141,6 +152,7 @@ class BulkConsumer(faust_aiokafka.Consumer):
                     self._acked[tp].append(offset)
                     self._n_acked += 1
             notify(self._waiting_for_ack)
+        self.app.monitor.stream_inbound_time[tp] = time.monotonic()  # progress, for Faust's livelock check
 
     async def _drain_messages(self, fetcher: Any) -> None:  # the Fetcher service's task
         if self.fetches is None:
@@ -181,6 +193,10 @@ class BulkConsumer(faust_aiokafka.Consumer):
             if not fresh:
                 continue
             if tp.topic in self.bulk_topics:
+                # Faust's livelock check reads when its stream last took a message of each
+                # partition (``Monitor.on_stream_event_in``, which the bulk path never calls):
+                # without this it logs "stream has not started processing" for every partition.
+                self.app.monitor.stream_inbound_time[tp] = time.monotonic()
                 topic, partition = tp.topic, tp.partition
                 bulk.extend(Message(topic, partition, r.offset, r.key, r.value, None, generation) for r in fresh)
             else:

@@ -35,6 +35,7 @@ def install_handover(parts: WorkerParts) -> None:
         # write in flight lands and what is done is committed before the group reassigns.
         await pipeline.pause()  # no batch until the next assignment's state is loaded
         await app.consumer.commit()
+        parts.fetches.clear()  # fetched in this generation: read again from the committed offsets
         pipeline.reset()
         parts.assigned_states.clear()
         # Slack posts move with partitions too: after any post in progress, drop what is queued

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import faust
 import structlog
@@ -18,6 +18,7 @@ from detector.engine import Engine
 from detector.rules import RuleSet
 from detector.settings import Settings
 from detector.store import Store
+from streams.bulk import BulkTransport, Fetches
 from streams.config import LiveConfig
 from streams.pipeline import Pipeline
 
@@ -43,6 +44,11 @@ class WorkerParts:
     takes a key's state from here the first time it sees the key."""
     owns_digest: bool = False
     """This worker holds input partition 0, so it posts the daily digests (one worker of the group)."""
+
+    @property
+    def fetches(self) -> Fetches:
+        """The input topics' fetches on their way to the detect agent (:mod:`streams.bulk`)."""
+        return cast(Fetches, cast(BulkTransport, self.app.transport).fetches)
 
     def alert_manager(self) -> AlertManager:
         """Blocking (queries): :func:`remembering_manager` under the rules in force."""

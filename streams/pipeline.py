@@ -61,9 +61,10 @@ class Message(msgspec.Struct):
     partition: int
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None
+    """None: a tombstone (a record with no value), dead-lettered like any other non-event."""
     token: Any = None
-    """What the consumer needs to acknowledge this message (the Faust event)."""
+    """What a consumer may need to acknowledge this message (the bulk consumer needs only the offset)."""
     generation: int | None = None
     """The consumer group generation it was fetched in (None: unknown, always current)."""
 
@@ -104,7 +105,7 @@ class Stats:
 def dead_letter(message: Message, reason: str) -> bytes:
     """The dead-letter record: where the message came from, why it was refused, its bytes
     (the first :data:`DEAD_LETTER_MAX_VALUE` of them, with the size and hash of the whole)."""
-    value = message.value
+    value = message.value or b""
     kept = value[:DEAD_LETTER_MAX_VALUE]
     return _json.encode(
         {

@@ -15,7 +15,7 @@ from faust.types import TP
 
 from detector.events import TOPICS
 from detector.settings import Settings
-from streams.bulk import BulkConsumer, BulkTransport, Fetches, install_bulk
+from streams.bulk import BulkConsumer, Fetches, install_bulk
 from streams.kafka import DEAD_LETTER_TOPIC
 from streams.parts import WorkerParts, fail
 from streams.pipeline import Message, PipelineStopped
@@ -124,8 +124,7 @@ def install_agent(parts: WorkerParts) -> None:
     app, settings, pipeline = parts.app, parts.settings, parts.pipeline
     source = _raw_topic(app, settings, *TOPICS)
     app.topics.add(source)  # subscribed: the agent takes its messages from the bulk consumer, not a stream
-    transport = cast(BulkTransport, app.transport)
-    fetches = cast(Fetches, transport.fetches)
+    fetches = parts.fetches
 
     async def ack(message: Message) -> None:
         cast(BulkConsumer, app.consumer).acknowledge(message.topic, message.partition, message.offset)
