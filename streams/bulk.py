@@ -80,18 +80,21 @@ class Fetches:
         much is queued or ``within_s`` after the oldest of them arrived (which, behind a batch
         that took longer, has passed already). A backlog's batches are full at once; a
         trickle's messages wait at most ``within_s``."""
-        while not self._fetches:
-            self._arrived.clear()
-            await self._arrived.wait()
-        deadline = self._fetches[0][2] + self.within_s
-        while not self._full():
-            self._arrived.clear()
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                break
-            try:
-                await asyncio.wait_for(self._arrived.wait(), left)
-            except TimeoutError:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._fetches:
+                self._arrived.clear()
+                await self._arrived.wait()
+            while self._fetches and not self._full():
+                left = self._fetches[0][2] + self.within_s - loop.time()
+                if left <= 0:
+                    break
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), left)
+                except TimeoutError:
+                    break
+            if self._fetches:  # a revocation may have cleared the queue meanwhile: wait again
                 break
         fetches = self._fetches
         batch, size, _ = fetches.popleft()

@@ -205,6 +205,24 @@ def test_a_revocation_drops_what_is_queued_and_makes_room():
     asyncio.run(go())
 
 
+def test_a_revocation_while_the_agent_waits_for_a_batch_to_fill_leaves_it_waiting_for_the_next():
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        fetches = Fetches(max_messages=10, within_s=0.05)
+        await fetches.put([message(0)])
+        arrived = loop.time()
+        taking = asyncio.create_task(fetches.take())  # waits for more within the batch's time
+        await asyncio.sleep(0)
+        fetches.clear()  # the partitions move meanwhile
+        while loop.time() < arrived + 0.06:  # the batch's time runs out with nothing queued
+            await asyncio.sleep(0.01)
+        assert not taking.done()  # still waiting: no batch of nothing, no error
+        await fetches.put([message(1)])
+        assert [m.offset for m in await asyncio.wait_for(taking, 5)] == [1]
+
+    asyncio.run(go())
+
+
 def bookkeeping_consumer() -> BulkConsumer:
     """A bulk consumer with only the acknowledgement bookkeeping Faust's ``Consumer.__init__``
     sets up (no broker): what ``acknowledge`` fills and ``_new_offset`` commits from."""
