@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/latency.py [--fleet FLEET.jsonl] [--capacity EVENTS_PER_S]
                                       [--fraction 0.5] [--env BURNWATCH_BATCH_WITHIN_S=0.05 ...]
-                                      [--fetch-max-wait-ms 100] [--keep DIR]
+                                      [--keep DIR]
     .venv/bin/python bench/latency.py --capacity 18622 --hours 4 --speed 48     # a slice, slowly
     .venv/bin/python bench/latency.py --capacity 18622 --simulate 16 --hours 4 --speed 48
     .venv/bin/python bench/latency.py --fetch-probe
@@ -30,7 +30,8 @@
 ``--simulate K`` streams a fleet with K times the bench fleet's hosts instead, so that a low
 ``--speed`` (where the aligner's allowed lateness, 60 s of event time, is long in wall time)
 still offers a high event rate. ``--fetch-probe`` only measures publish → fetch of a bare
-consumer on the embedded broker by ``fetch_max_wait_ms`` (Faust 0.15 hard-codes 1500).
+consumer on the embedded broker by ``fetch_max_wait_ms`` (Faust 0.15 hard-codes 1500; the
+worker sets :data:`streams.bulk.FETCH_MAX_WAIT_MS`).
 
 Prints every alert's delay by type, p50 / p99 / max, and writes bench/out/latency-NAME.json.
 """
@@ -63,6 +64,7 @@ from detector.events import TOPICS  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
 from detector.runtime import tune_gc  # noqa: E402
 from detector.testing import LocalSlack  # noqa: E402
+from streams.bulk import FETCH_MAX_WAIT_MS  # noqa: E402
 from streams.embedded import EmbeddedBroker  # noqa: E402
 from streams.kafka import count_events, ensure_topics, file_records, publish_records, value_end_time  # noqa: E402
 from streams.process import WorkerProcess  # noqa: E402
@@ -135,34 +137,6 @@ class FetchWatch(threading.Thread):
         self.join(timeout=10)
 
 
-_FETCH_PATCH = """\
-import os
-
-import aiokafka
-
-_wait = int(os.environ["BENCH_FETCH_MAX_WAIT_MS"])
-_init = aiokafka.AIOKafkaConsumer.__init__
-
-
-def _patched(self, *args, **kwargs):
-    if kwargs.get("group_id"):  # Faust's group consumer: it passes fetch_max_wait_ms=1500, fixed
-        kwargs["fetch_max_wait_ms"] = _wait
-    _init(self, *args, **kwargs)
-
-
-aiokafka.AIOKafkaConsumer.__init__ = _patched
-"""
-
-
-def fetch_wait_env(workdir: Path, wait_ms: int) -> dict[str, str]:
-    """Environment that makes the worker's consumer use ``fetch_max_wait_ms=wait_ms`` (Faust
-    0.15 hard-codes 1500): a ``sitecustomize`` on the worker's PYTHONPATH, for this bench only."""
-    patch = workdir / "fetchpatch"
-    patch.mkdir(parents=True, exist_ok=True)
-    (patch / "sitecustomize.py").write_text(_FETCH_PATCH)
-    return {"PYTHONPATH": str(patch), "BENCH_FETCH_MAX_WAIT_MS": str(wait_ms)}
-
-
 class HealthSampler(threading.Thread):
     """/healthz every 0.1 s while the fleet streams in: events held by the aligner over time
     (by Little's law, mean held / event rate is the mean time an event waits in it)."""
@@ -218,9 +192,7 @@ def log_decisions(log_path: Path, event: str = "alert_fired", field: str = "time
     return out
 
 
-def live_run(
-    path: Path, workdir: Path, speed: float, extra_env: dict[str, str], name: str, fetch_max_wait_ms: int | None = None
-) -> dict:
+def live_run(path: Path, workdir: Path, speed: float, extra_env: dict[str, str], name: str) -> dict:
     ruleset = load_rules(ROOT / "rules")
     messages = list(file_records(path))
     n_events = count_events(messages)
@@ -246,8 +218,6 @@ def live_run(
     with EmbeddedBroker(log_path=workdir / f"broker-{name}.log") as broker, LocalSlack() as slack:
         live_env = env(broker.bootstrap, workdir / name, SLACK_BOT_TOKEN="xoxb-bench", SLACK_CHANNEL="#bench",
                        SLACK_BASE_URL=slack.api_url, BURNWATCH_SLACK_CHARTS="false", **extra_env)  # fmt: skip
-        if fetch_max_wait_ms is not None:
-            live_env.update(fetch_wait_env(workdir / name, fetch_max_wait_ms))
         asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
         watch = FetchWatch(broker.bootstrap)
         watch.watch = {(t, k.encode()) for t, k in wanted_keys}
@@ -298,7 +268,7 @@ def live_run(
         "alerts_expected": len(expected_fired), "alerts_fired_by_worker": len(fired_ids),
         "alerts_missing": sorted(expected_fired - fired_ids)[:10], "alerts_invented": sorted(fired_ids - expected_fired)[:10],
         "alerts_timed": len(delays), "env": extra_env, "load_before": load_before, "load_after": load_after,
-        "worker_events": health["events"], "fetch_max_wait_ms": fetch_max_wait_ms or "1500 (Faust's)",
+        "worker_events": health["events"], "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
         "metrics": metrics, "rows": rows, "health_samples": sampler.samples,
     }  # fmt: skip
     if delays:
@@ -420,11 +390,6 @@ def main(argv: list[str] | None = None) -> int:
         "--fetch-probe", action="store_true", help="only measure publish → fetch on the embedded broker by fetch_max_wait_ms"
     )
     parser.add_argument("--name", default="live")
-    parser.add_argument(
-        "--fetch-max-wait-ms",
-        type=int,
-        help="the worker consumer's fetch_max_wait_ms (Faust hard-codes 1500); patched in for this run",
-    )
     parser.add_argument("--keep", type=Path, help="work here and keep the logs (default: a temporary directory)")
     args = parser.parse_args(argv)
     tune_gc()
@@ -457,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             f"capacity {args.capacity or 0:,.0f} events/s)",
             flush=True,
         )
-        live = live_run(fleet, workdir, speed, extra, args.name, args.fetch_max_wait_ms)
+        live = live_run(fleet, workdir, speed, extra, args.name)
         results["capacity_events_per_s"] = args.capacity
         results["speed"] = speed
         results["live"] = live
