@@ -109,8 +109,8 @@ class EventTimeAligner(Generic[T]):
     @property
     def watermark(self) -> float:
         """Events at or before this time can be released."""
-        behind = [t for s, t in self._source_t.items() if s not in self._caught_up]
-        return min(behind) - self.lateness_s if behind else float("inf")
+        slowest = self.slowest()
+        return self._source_t[slowest] - self.lateness_s if slowest is not None else float("inf")
 
     def release(self, everything: bool = False) -> tuple[list[tuple[float, Any]], list[T]]:
         """``(t, event)`` up to the watermark in time order, and the tokens of fully released messages."""
