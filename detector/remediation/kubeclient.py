@@ -9,6 +9,7 @@ stay inside the client: nothing here logs them or puts them in a :class:`Call`.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import urllib3
@@ -32,9 +33,12 @@ class KubeClient:
     """An :class:`kubernetes.client.ApiClient` made on first use (so building an executor
     needs no cluster), from in-cluster config, else the kubeconfig."""
 
-    def __init__(self, context: str | None = None, config_file: str | None = None) -> None:
+    def __init__(self, context: str | None = None, config_file: str | None = None,
+                 timeout: tuple[float, float] = TIMEOUT) -> None:  # fmt: skip
         self.context = context
         self.config_file = config_file
+        self.timeout = timeout
+        """(connect, read) seconds of each request."""
         self._api: k8s.ApiClient | None = None
 
     @property
@@ -49,7 +53,9 @@ class KubeClient:
             try:
                 k8s_config.load_incluster_config(client_configuration=cfg)
             except ConfigException:
-                k8s_config.load_kube_config(config_file=self.config_file, context=self.context, client_configuration=cfg)
+                # KUBECONFIG read now: the client reads it once, when it is imported
+                paths = self.config_file or os.environ.get("KUBECONFIG") or None
+                k8s_config.load_kube_config(config_file=paths, context=self.context, client_configuration=cfg)
             cfg.retries = 0  # one attempt per call: the caller decides about retrying
             self._api = k8s.ApiClient(cfg)
         return self._api

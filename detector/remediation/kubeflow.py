@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from kubernetes import client as k8s
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
-from detector.remediation.kubeclient import FIELD_MANAGER, TIMEOUT, KubeClient, failure
+from detector.remediation.kubeclient import FIELD_MANAGER, KubeClient, failure
 from detector.remediation.workloads import PodRef, only, pods_of, shown, valid_name, valid_namespace
 
 __all__ = ["ANNOTATION", "API", "NOTEBOOK_LABEL", "KubeflowCuller", "notebook_of"]
@@ -90,14 +90,16 @@ class KubeflowCuller:
         where = f"notebook {namespace}/{name}"
         try:
             api = k8s.CustomObjectsApi(self.kube.api())
-            current: Any = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=TIMEOUT)
+            current: Any = api.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.kube.timeout
+            )
             annotations = ((current or {}).get("metadata") or {}).get("annotations") or {}
             if ANNOTATION in annotations:
                 return Outcome(ok=True, detail=f"{where} was already stopped ({ANNOTATION}={shown(annotations[ANNOTATION])})")
             at = rfc3339(self.clock())
             api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
                                                {"metadata": {"annotations": {ANNOTATION: at}}},
-                                               field_manager=FIELD_MANAGER, _request_timeout=TIMEOUT,
+                                               field_manager=FIELD_MANAGER, _request_timeout=self.kube.timeout,
                                                _content_type="application/merge-patch+json")  # fmt: skip
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
             return failure(exc, f"stopping {where}")

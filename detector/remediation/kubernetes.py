@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from kubernetes import client as k8s
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
-from detector.remediation.kubeclient import FIELD_MANAGER, TIMEOUT, KubeClient, failure
+from detector.remediation.kubeclient import FIELD_MANAGER, KubeClient, failure
 from detector.remediation.workloads import PodRef, only, pods_of, shown, valid_name, valid_namespace
 
 __all__ = ["DEPLOYMENT_API", "KSERVE_API", "KSERVE_LABEL", "ScaleToZero"]
@@ -94,7 +94,7 @@ class ScaleToZero:
         where = f"Deployment {namespace}/{name}"
         try:
             apps = k8s.AppsV1Api(self.kube.api())
-            deployment = apps.read_namespaced_deployment(name, namespace, _request_timeout=TIMEOUT)
+            deployment = apps.read_namespaced_deployment(name, namespace, _request_timeout=self.kube.timeout)
             owners = (deployment.metadata.owner_references if deployment.metadata else None) or []
             owner = next((o for o in owners if o.controller), None)
             if owner is not None:
@@ -104,7 +104,7 @@ class ScaleToZero:
             if before == 0:
                 return Outcome(ok=True, detail=f"{where} was already at 0 replicas")
             scale = apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}},
-                                                           field_manager=FIELD_MANAGER, _request_timeout=TIMEOUT,
+                                                           field_manager=FIELD_MANAGER, _request_timeout=self.kube.timeout,
                                                            _content_type=MERGE_PATCH)  # fmt: skip
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
             return failure(exc, f"scaling {where} to 0")
@@ -119,14 +119,16 @@ class ScaleToZero:
         group, version, plural = KSERVE
         try:
             api = k8s.CustomObjectsApi(self.kube.api())
-            current: Any = api.get_namespaced_custom_object(group, version, namespace, plural, name, _request_timeout=TIMEOUT)
+            current: Any = api.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=self.kube.timeout
+            )
             predictor = ((current or {}).get("spec") or {}).get("predictor") or {}
             before = predictor.get("minReplicas")
             if before == 0:
                 return Outcome(ok=True, detail=f"{where} already had minReplicas 0")
             api.patch_namespaced_custom_object(group, version, namespace, plural, name,
                                                {"spec": {"predictor": {"minReplicas": 0}}},
-                                               field_manager=FIELD_MANAGER, _request_timeout=TIMEOUT,
+                                               field_manager=FIELD_MANAGER, _request_timeout=self.kube.timeout,
                                                _content_type=MERGE_PATCH)  # fmt: skip
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
             return failure(exc, f"setting {where} minReplicas to 0")
