@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from detector.alerts import AlertManager
+from detector.engine import Engine
 from detector.remediation.base import NotApplicable, Target
 from detector.remediation.jupyterhub import API as HUB_API
 from detector.remediation.jupyterhub import API_NAMED as HUB_API_NAMED
@@ -18,6 +20,9 @@ from detector.remediation.kubeflow import API as KUBEFLOW_API
 from detector.remediation.kubeflow import KubeflowCuller
 from detector.remediation.kubernetes import DEPLOYMENT_API, KSERVE_API, ScaleToZero
 from detector.remediation.notebooks import CullNotebook
+from detector.rules import load_rules
+from tests.test_partly_idle_gpu import host
+from tests.test_pods import pod as gpu_pod
 
 HUB = "http://hub.jhub.svc:8081/hub/api"
 USER, SERVER, NB, ISVC = (
@@ -252,3 +257,37 @@ def test_scale_to_zero_refuses_with_a_reason(target, reason):
 def test_the_executors_declare_their_kind():
     assert CullNotebook.kind == KubeflowCuller.kind == JupyterHubCuller.kind == "cull_notebook"
     assert ScaleToZero.kind == "scale_to_zero"
+
+
+# --- what the detectors write is what the executors read -------------------------------------
+
+
+def _idle_alert(tmp_path, units):
+    (tmp_path / "rules.yaml").write_text("rules:\n  - {name: idle-gpu, type: idle_gpu}\n")
+    ruleset = load_rules(tmp_path)
+    alerts = AlertManager(ruleset=ruleset).handle(Engine(ruleset).process(host([(40, units)])))
+    (fired,) = [a for a in alerts if a.change == "fired"]
+    return Target.from_alert(fired)
+
+
+def test_an_idle_jupyterhub_server_alert_plans_its_cull(tmp_path):
+    """The pod's labels (kube-state-metrics -> the bridge -> GpuMetric tags) survive into the alert's pods."""
+    tags = {"team": "vision", USER: "dana", SERVER: "gpu", "component": "singleuser-server"}
+    units = [gpu_pod(g, "jupyter-dana--gpu", namespace="jhub", tags=tags) for g in range(8)]
+    target = _idle_alert(tmp_path, units)
+    assert target.details["pods"][0]["labels"] == {USER: "dana", SERVER: "gpu"}
+    call = culler().plan(target)
+    assert call.api == HUB_API_NAMED and call.request == {"user": "dana", "server": "gpu"}
+
+
+def test_an_idle_kubeflow_notebook_alert_plans_its_annotation(tmp_path):
+    units = [gpu_pod(g, "nb-dana-0", "StatefulSet/nb-dana", namespace="kf-dana", tags={"team": "vision", NB: "nb-dana"})
+             for g in range(8)]  # fmt: skip
+    call = culler().plan(_idle_alert(tmp_path, units))
+    assert call.api == KUBEFLOW_API and (call.request["namespace"], call.request["name"]) == ("kf-dana", "nb-dana")
+
+
+def test_an_idle_deployment_alert_plans_its_scale(tmp_path):
+    units = [gpu_pod(g, f"llm-7d9c-{g}", "Deployment/llm", namespace="serving") for g in range(8)]
+    call = ScaleToZero(KubeClient()).plan(_idle_alert(tmp_path, units))
+    assert call.api == DEPLOYMENT_API and call.request == {"namespace": "serving", "name": "llm", "replicas": 0}
