@@ -56,6 +56,6 @@ c.JupyterHub.services = [
     {"name": "test-admin", "api_token": os.environ["HUB_ADMIN_TOKEN"]},
 ]
 c.JupyterHub.load_roles = [
-    {"name": "burnwatch-culler", "scopes": ["servers"], "services": ["burnwatch"]},
+    {"name": "burnwatch-culler", "scopes": ["delete:servers"], "services": ["burnwatch"]},
     {"name": "test-admin", "scopes": ["admin:users", "admin:servers"], "services": ["test-admin"]},
 ]
