@@ -135,6 +135,21 @@ def test_stopping_twice_is_a_success_the_second_time_too(hub, culler):
     assert hub.running("bob") == {}
 
 
+def test_a_slow_stop_is_accepted_then_finished_by_the_hub(hub, culler):
+    """A server that takes a while to exit: 202 (stopping) is a success, and so is asking again meanwhile."""
+    hub.start("slow-hana")
+    call = culler.plan(z2jh("slow-hana", pod="jupyter-slow-hana"))
+    first = culler.execute(call)
+    assert first.ok and "stopping" in first.detail, first.detail
+    assert hub.user("slow-hana")["servers"][""]["pending"] == "stop"
+    again = culler.execute(call)  # while it stops
+    assert again.ok and "stopping" in again.detail, again.detail
+    deadline = time.monotonic() + 30
+    while hub.running("slow-hana") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert hub.running("slow-hana") == {}
+
+
 def test_stops_a_named_server_and_leaves_the_users_other_server(hub, culler):
     hub.start("carol")
     hub.start("carol", "gpu")

@@ -154,8 +154,13 @@ CULL_REFUSES = [
     (alert({"namespace": "kf", "pod": "nb-0", "workload": "Notebook/../x"}), "is not Kind/name"),
     # the alert lists 20 pods and more: what the others are is unknown
     (alert(nb_pod("nb"), pods_more=3), "and 3 more"),
-    # pods that are not a list, or items that are not objects
+    # pods that are not a list, labels or a workload that are not what they should be
     (Target(resource_id="i-0", details={"pods": "nb-0"}), "names no Kubeflow or JupyterHub notebook"),
+    (alert({"namespace": "kf", "pod": "nb-0", "labels": 5}), "names no Kubeflow or JupyterHub notebook"),
+    (alert({"namespace": "kf", "pod": "nb-0", "labels": "hub.jupyter.org/username=x"}), "names no Kubeflow or JupyterHub notebook"),
+    (alert({"namespace": "kf", "pod": "nb-0", "workload": 5, "labels": {NB: "nb"}}), "is not Kind/name"),
+    (alert({"namespace": "kf", "pod": "nb-0", "labels": {NB: 5}}), "is not a Kubeflow notebook's pod"),
+    (alert({"namespace": "jhub", "pod": "jupyter-x", "labels": {USER: ["alice"]}}), "no pod of the alert has the"),
 ]
 
 
@@ -241,8 +246,9 @@ SCALE_REFUSES = [
     (alert(pod(ns=HUGE, workload="Deployment/llm")), "not a valid Kubernetes namespace"),
     # more pods than listed
     (alert(pod(workload="Deployment/llm"), pods_more=1), "and 1 more"),
-    # a pods entry that is not an object
+    # a pods entry that is not an object, labels that are not an object
     (alert(["ml", "p"]), "pod 0 of the alert is not an object"),
+    (alert({"namespace": "ml", "pod": "p", "labels": 5}), "bare pod"),
 ]
 
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
 import urllib3
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
-from detector.remediation.workloads import PodRef, only, pods_of, shown
+from detector.remediation.workloads import PodRef, only, pod_labels, pods_of, shown
 
 __all__ = ["API", "SERVER_LABEL", "USER_LABEL", "JupyterHubCuller", "plausible_username"]
 
@@ -76,9 +75,7 @@ class JupyterHubCuller:
         """Whether the target names a JupyterHub user at all (its pods' label or the tag)."""
         if self.user_tag and self.user_tag in target.tags:
             return True
-        pods = target.details.get("pods")
-        return isinstance(pods, list) and any(isinstance(p, Mapping) and USER_LABEL in (p.get("labels") or {})
-                                              for p in pods)  # fmt: skip
+        return any(USER_LABEL in labels for labels in pod_labels(target))
 
     def plan(self, target: Target) -> Call:
         if not self.api_url:

@@ -16,7 +16,7 @@ Notebook owns).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
@@ -24,7 +24,7 @@ from kubernetes import client as k8s
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
 from detector.remediation.kubeclient import FIELD_MANAGER, KubeClient, failure
-from detector.remediation.workloads import PodRef, only, pods_of, shown, valid_name, valid_namespace
+from detector.remediation.workloads import PodRef, only, pod_labels, pods_of, shown, valid_name, valid_namespace
 
 __all__ = ["ANNOTATION", "API", "NOTEBOOK_LABEL", "KubeflowCuller", "notebook_of"]
 
@@ -62,11 +62,10 @@ class KubeflowCuller:
     def applies(self, target: Target) -> bool:
         """Whether any pod of the target looks like a Kubeflow notebook's."""
         pods = target.details.get("pods")
-        return isinstance(pods, list) and any(
-            isinstance(p, dict)
-            and (str(p.get("workload", "")).startswith("Notebook/") or NOTEBOOK_LABEL in (p.get("labels") or {}))
-            for p in pods
+        notebooks = isinstance(pods, list) and any(
+            isinstance(p, Mapping) and isinstance(p.get("workload"), str) and p["workload"].startswith("Notebook/") for p in pods
         )
+        return notebooks or any(NOTEBOOK_LABEL in labels for labels in pod_labels(target))
 
     def plan(self, target: Target) -> Call:
         pods = pods_of(target)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from detector.remediation.base import NotApplicable, Target
 
-__all__ = ["MAX_LABEL", "PodRef", "only", "pods_of", "shown", "valid_name", "valid_namespace"]
+__all__ = ["MAX_LABEL", "PodRef", "only", "pod_labels", "pods_of", "shown", "valid_name", "valid_namespace"]
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 """A DNS-1123 subdomain: a Deployment's, Notebook's or InferenceService's name."""
@@ -100,6 +100,15 @@ def pods_of(target: Target) -> list[PodRef]:
     if more:
         raise NotApplicable(f"the alert lists {len(pods)} pods and {shown(more)} more: too many to act on as one")
     return [_pod(item, i) for i, item in enumerate(pods)]
+
+
+def pod_labels(target: Target) -> list[Mapping[str, Any]]:
+    """The ``labels`` of each pod the target lists that has them as an object (to tell which
+    executor a target is for; :func:`pods_of` then reads them strictly)."""
+    pods = target.details.get("pods")
+    if not isinstance(pods, list | tuple):
+        return []
+    return [p["labels"] for p in pods if isinstance(p, Mapping) and isinstance(p.get("labels"), Mapping)]
 
 
 def only(items: Iterable[T], key: Callable[[T], Any], what: str) -> T:

@@ -50,6 +50,7 @@ c.SimpleLocalProcessSpawner.home_dir_template = f"{state}/home/{{username}}"
 c.Spawner.start_timeout = 30
 c.Spawner.http_timeout = 30
 c.JupyterHub.allow_named_servers = True
+c.JupyterHub.tornado_settings = {"slow_stop_timeout": 1}  # a stop taking longer is answered 202 (stopping)
 c.JupyterHub.services = [
     {"name": "burnwatch", "api_token": os.environ["HUB_CULLER_TOKEN"]},
     {"name": "no-scopes", "api_token": os.environ["HUB_WEAK_TOKEN"]},

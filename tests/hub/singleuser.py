@@ -1,10 +1,15 @@
 """A stand-in for ``jupyterhub-singleuser`` that the hub's spawner launches in the tests:
 it answers every request at ``$JUPYTERHUB_SERVICE_URL`` with 200 (the hub only waits for an
-answer), so a server can be started and stopped without installing Jupyter Server."""
+answer), so a server can be started and stopped without installing Jupyter Server.
+
+The server of a user whose name starts with ``slow-`` takes 3 s to exit after the hub's
+SIGINT, as a server saving its state does: the hub answers the stop with 202 (stopping)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -22,7 +27,13 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+def _exit_soon(signum: int, frame: object) -> None:
+    threading.Timer(3.0, os._exit, args=(0,)).start()
+
+
 def main() -> None:
+    if os.environ.get("USER", "").startswith("slow-"):
+        signal.signal(signal.SIGINT, _exit_soon)
     url = urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
     ThreadingHTTPServer((url.hostname or "127.0.0.1", url.port or 80), _Handler).serve_forever()
 
