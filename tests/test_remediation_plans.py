@@ -157,7 +157,7 @@ CULL_REFUSES = [
     # pods that are not a list, labels or a workload that are not what they should be
     (Target(resource_id="i-0", details={"pods": "nb-0"}), "names no Kubeflow or JupyterHub notebook"),
     (alert({"namespace": "kf", "pod": "nb-0", "labels": 5}), "names no Kubeflow or JupyterHub notebook"),
-    (alert({"namespace": "kf", "pod": "nb-0", "labels": "hub.jupyter.org/username=x"}), "names no Kubeflow or JupyterHub notebook"),
+    (alert({"namespace": "kf", "pod": "nb-0", "labels": f"{USER}=x"}), "names no Kubeflow or JupyterHub notebook"),
     (alert({"namespace": "kf", "pod": "nb-0", "workload": 5, "labels": {NB: "nb"}}), "is not Kind/name"),
     (alert({"namespace": "kf", "pod": "nb-0", "labels": {NB: 5}}), "is not a Kubeflow notebook's pod"),
     (alert({"namespace": "jhub", "pod": "jupyter-x", "labels": {USER: ["alice"]}}), "no pod of the alert has the"),
