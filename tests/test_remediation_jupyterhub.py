@@ -212,6 +212,8 @@ def test_a_call_from_the_audit_table_is_checked_again(hub, culler):
     hub.start("gus")
     for call in (Call(api=API, request={"user": "../admin", "server": ""}, endpoint=hub.api),
                  Call(api=API, request={"user": "gus\r\nX-Injected: 1", "server": ""}, endpoint=hub.api),
+                 Call(api=API, request={"user": "gus", "server": ["../admin"]}, endpoint=hub.api),
+                 Call(api=API, request={"user": 7}, endpoint=hub.api),
                  Call(api=API, request={"user": "gus", "server": ""}, endpoint="http://evil.example/hub/api")):  # fmt: skip
         outcome = culler.execute(call)
         assert not outcome.ok and outcome.detail.startswith("refused"), outcome.detail

@@ -242,7 +242,9 @@ def test_a_call_from_the_audit_table_is_checked_again_before_any_request(api, re
     assert api.received == []
 
 
-def test_scale_to_zero_refuses_calls_it_does_not_make(api):
-    outcome = ScaleToZero().execute(Call(api="apps/v1.delete_namespaced_deployment", request={"namespace": "a", "name": "b"}))
-    assert not outcome.ok and outcome.detail.startswith("refused")
+def test_executors_refuse_calls_they_do_not_make(api):
+    request = {"namespace": "a", "name": "b"}
+    for ex in (ScaleToZero(), KubeflowCuller(), CullNotebook(kubeflow=KubeflowCuller())):
+        outcome = ex.execute(Call(api="apps/v1.delete_namespaced_deployment", request=request))
+        assert not outcome.ok and outcome.detail.startswith("refused"), outcome.detail
     assert api.received == []

@@ -106,9 +106,9 @@ class JupyterHubCuller:
         return pod.labels[USER_LABEL], pod.labels.get(SERVER_LABEL, "")
 
     def execute(self, call: Call) -> Outcome:
-        user, server = call.request.get("user"), call.request.get("server", "")
+        user, server = call.request.get("user"), call.request.get("server") or ""
         # The call may come back from the audit table: check it again before it becomes a URL.
-        if not plausible_username(user) or (server and not plausible_username(server)):
+        if not plausible_username(user) or not isinstance(server, str) or (server and not plausible_username(server)):
             return Outcome(ok=False, detail=f"refused: {shown(user)}/{shown(server)} is not a plausible user/server name")
         assert isinstance(user, str) and isinstance(server, str)
         token = os.environ.get(self.token_env, "")

@@ -82,6 +82,8 @@ class KubeflowCuller:
                              "annotation": ANNOTATION})  # fmt: skip
 
     def execute(self, call: Call) -> Outcome:
+        if call.api != API:
+            return Outcome(ok=False, detail=f"refused: the Kubeflow culler does not make {shown(call.api)} calls")
         namespace, name = call.request.get("namespace"), call.request.get("name")
         if not valid_namespace(namespace) or not valid_name(name):
             return Outcome(ok=False, detail=f"refused: {shown(namespace)}/{shown(name)} is not a namespace/name")
