@@ -248,3 +248,15 @@ def test_executors_refuse_calls_they_do_not_make(api):
         outcome = ex.execute(Call(api="apps/v1.delete_namespaced_deployment", request=request))
         assert not outcome.ok and outcome.detail.startswith("refused"), outcome.detail
     assert api.received == []
+
+
+@pytest.mark.skipif(Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists(),
+                    reason="running in a pod: its own service account would be used")  # fmt: skip
+def test_in_a_pod_without_a_service_account_token_the_kubeconfig_is_used(api, monkeypatch):
+    """The chain: in-cluster config first (here KUBERNETES_SERVICE_HOST is set but no token is mounted), then KUBECONFIG."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    api.add_deployment("serving", "llm", replicas=1)
+    outcome = ScaleToZero().execute(_deployment_call()[1])
+    assert outcome.ok, outcome.detail
+    assert api.received[0].authorization == f"Bearer {api.token}"

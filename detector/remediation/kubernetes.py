@@ -133,9 +133,10 @@ class ScaleToZero:
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
             return failure(exc, f"setting {where} minReplicas to 0")
         patch = f"kubectl -n {namespace} patch inferenceservice {name}"
-        if isinstance(before, int):
+        if isinstance(before, int) and not isinstance(before, bool):
             was, undo = f"{before}", f"""{patch} --type=merge -p '{{"spec":{{"predictor":{{"minReplicas":{before}}}}}}}'"""
-        else:
+        else:  # unset (a value of another type the CRD's schema would have refused: shown, not restored)
             remove = '[{"op":"remove","path":"/spec/predictor/minReplicas"}]'
-            was, undo = "unset (KServe's default, 1)", f"{patch} --type=json -p '{remove}'"
+            was = "unset (KServe's default, 1)" if before is None else shown(before)
+            undo = f"{patch} --type=json -p '{remove}'"
         return Outcome(ok=True, detail=f"set {where} minReplicas from {was} to 0 (previous minReplicas: {was}; to undo: {undo})")
