@@ -1,9 +1,10 @@
-"""The worker's web port serves burnwatch's three paths and refuses Faust's own views.
+"""The worker's web port serves burnwatch's own paths and refuses Faust's own views.
 
 A real worker against the embedded broker: every route of every blueprint Faust 0.15
 can mount (``/router/``, ``/table/``, the index, ``/graph/``, statistics,
-``/performance/``) answers 404, while ``/healthz``, ``/metrics`` and ``/slack/actions``
-still work.
+``/performance/``) answers 404, while ``/healthz``, ``/metrics``, ``/slack/actions``,
+``/api/incidents`` and ``/incidents`` still work, the last two reading the embedded store
+the worker holds (tests/test_incidents_page.py tests them with incidents, in a browser).
 """
 
 from __future__ import annotations
@@ -60,5 +61,12 @@ def test_only_burnwatch_paths_are_served(tmp_path):
             assert status == 200 and b"burnwatch_messages_total" in body
             status, body = request(worker.port, "/slack/actions", method="POST", body=b"payload=x")
             assert status == 404 and b"SLACK_SIGNING_SECRET" in body  # our view answered: not configured here
+            status, body = request(worker.port, "/api/incidents?open=1")
+            assert status == 200 and json.loads(body)["incidents"] == [] and json.loads(body)["total"] == 0
+            status, body = request(worker.port, "/incidents")
+            assert status == 200 and b"No open incidents." in body
+            status, body = request(worker.port, "/api/incidents?limit=all")
+            assert status == 400 and "limit: 'all' is not a whole number" in json.loads(body)["error"]
+            assert request(worker.port, "/incidents", method="POST", body=b"x")[0] == 405  # read-only
         finally:
             worker.stop()
