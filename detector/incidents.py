@@ -220,6 +220,11 @@ def slack_permalink(workspace_url: str | None, channel: str | None, ts: str | No
 
 _WHERE = "silenced = '' AND ({open_only:Bool} = false OR status != 'resolved') AND ({team:String} = '' OR tags['team'] = {team:String})"  # noqa: E501
 
+_ORDER = ("status = 'resolved', if(status = 'resolved', 0, usd_per_hour) DESC, "
+          "if(status = 'resolved', resolved_at, NULL) DESC, waste_usd DESC, alert_id")
+"""Open first, highest $/h first; then the latest resolved. The limit applies before the joins
+(which keep no order), so the outer query sorts the page again: its names are the
+selected aliases, which are the alert's columns (``waste_usd`` only ``a`` has)."""
 _ROWS = f"""
 SELECT a.alert_id AS alert_id, a.type AS type, a.rule AS rule, a.severity AS severity, a.resource_id AS resource_id,
        a.resource_type AS resource_type, a.account AS account, a.region AS region, a.instance_type AS instance_type,
@@ -229,7 +234,8 @@ SELECT a.alert_id AS alert_id, a.type AS type, a.rule AS rule, a.severity AS sev
        x.expected AS expected, d.channel AS slack_channel, d.message_ts AS slack_ts
 FROM (SELECT alert_id, type, rule, severity, resource_id, resource_type, account, region, instance_type, status,
              waste_usd, usd_per_hour, episode_start, fired_at, updated_at, resolved_at, tags
-      FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}) AS a
+      FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
+      ORDER BY {_ORDER} LIMIT {{limit:UInt32}}) AS a
 LEFT JOIN (SELECT alert_id, minIfOrNull(at, action = 'acknowledged') AS acked_at,
                   argMinIf(user_name, at, action = 'acknowledged') AS acked_by,
                   maxIfOrNull(until, action = 'snoozed') AS snoozed_until,
@@ -238,9 +244,7 @@ LEFT JOIN (SELECT alert_id, minIfOrNull(at, action = 'acknowledged') AS acked_at
            FROM {{db:Identifier}}.alert_actions GROUP BY alert_id) AS x ON a.alert_id = x.alert_id
 LEFT JOIN (SELECT alert_id, argMax(channel, delivered_at) AS channel, argMax(message_ts, delivered_at) AS message_ts
            FROM {{db:Identifier}}.alert_deliveries WHERE kind = 'fired' GROUP BY alert_id) AS d ON a.alert_id = d.alert_id
-ORDER BY a.status = 'resolved', if(a.status = 'resolved', 0, a.usd_per_hour) DESC,
-         if(a.status = 'resolved', a.resolved_at, NULL) DESC, a.waste_usd DESC, a.alert_id
-LIMIT {{limit:UInt32}}
+ORDER BY {_ORDER}
 SETTINGS join_use_nulls = 1
 """
 _COUNT = f"""

@@ -66,7 +66,8 @@ def test_json_with_filters_is_the_endpoints_document(seeded):
     assert body["filter"] == {"open": True, "team": "nlp", "limit": 1}
     assert (body["total"], body["shown"], body["open_total"], body["open_usd_per_hour"]) == (2, 1, 2, 99.5)
     (big,) = body["incidents"]
-    assert (big["alert_id"], big["state"], big["owner"], big["usd_per_hour"], big["usd"]) == ("big", "firing", "ines", 98.0, 196.0)
+    assert (big["alert_id"], big["state"], big["owner"]) == ("big", "firing", "ines")
+    assert (big["usd_per_hour"], big["usd"]) == (98.0, 196.0)
     assert big["slack_url"] == "https://acme.slack.com/archives/C0123ABC/p1790000060123456"
 
 
