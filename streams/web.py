@@ -101,13 +101,13 @@ class IncidentViews:
         try:
             flt = IncidentFilter.from_query(_query(request))
         except InvalidFilter as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            return web.json_response({"error": str(exc)}, status=400, headers=_JSON_HEADERS)
         try:
             listed = await self._list(flt)
         except Exception as exc:  # noqa: BLE001 - the store down or refusing: say so, keep serving
             log.warning("incidents_unavailable", error=one_line(exc))
-            return web.json_response({"error": "the store did not answer; try again"}, status=503)
-        return web.json_response(listed.to_json(self.slack_workspace_url), headers={"Cache-Control": "no-store"})
+            return web.json_response({"error": "the store did not answer; try again"}, status=503, headers=_JSON_HEADERS)
+        return web.json_response(listed.to_json(self.slack_workspace_url), headers=_JSON_HEADERS)
 
     async def page(self, request: web.Request) -> web.Response:
         """The open incidents as a page, highest dollars per hour first: ``?team=T&limit=N``."""
@@ -121,6 +121,9 @@ class IncidentViews:
             log.warning("incidents_unavailable", error=one_line(exc))
             return _html(render_error(503, "The store did not answer; try again."), 503)
         return _html(render_page(listed, self.slack_workspace_url), 200)
+
+
+_JSON_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
 
 
 def _query(request: web.Request) -> dict[str, list[str]]:

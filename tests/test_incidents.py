@@ -17,6 +17,7 @@ from detector.incidents import (
     slack_permalink,
     summary,
 )
+from detector.settings import load_settings
 from detector.suppression import Hold
 
 T0 = 1_790_000_000.0
@@ -178,6 +179,14 @@ def test_the_table_is_for_a_terminal(store):
     assert lines[2].split()[:4] == ["resolved", "-", "$10.00", "10m"]
     assert "\x1b" not in text and "\x07" not in text and "\\x1b]0;pwned\\x07ines" in text  # shown, not obeyed
     assert "i-" + "0" * 37 + "…" in text and "0" * 60 not in text  # long ids cut
+
+
+def test_the_slack_workspace_setting_takes_only_a_web_address():
+    assert load_settings(environ={"SLACK_WORKSPACE_URL": "https://acme.slack.com"}).slack_workspace_url == (
+        "https://acme.slack.com")
+    for bad in ("javascript:alert(1)", "https://acme.slack.com/\"><script>"):
+        with pytest.raises(ValueError, match="SLACK_WORKSPACE_URL: String should match pattern"):
+            load_settings(environ={"SLACK_WORKSPACE_URL": bad})
 
 
 def test_nothing_to_show_says_so(store):

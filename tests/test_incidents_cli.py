@@ -71,9 +71,11 @@ def test_json_with_filters_is_the_endpoints_document(seeded):
     assert big["slack_url"] == "https://acme.slack.com/archives/C0123ABC/p1790000060123456"
 
 
-def test_nothing_open_for_a_team_says_so(seeded):
-    out = burnwatch("incidents", "--open", "--team", "search", env=seeded)
+def test_nothing_open_for_a_team_says_so_of_the_store_given(seeded, tmp_path):
+    dsn = f"chdb://{Path(seeded['BURNWATCH_DATA_DIR']) / 'clickhouse'}"
+    out = burnwatch("incidents", "--open", "--team", "search", "--store", dsn, env={"BURNWATCH_DATA_DIR": str(tmp_path)})
     assert out.returncode == 0 and out.stdout == "no open incidents for team search\n"
+    assert f"store: {dsn}, database burnwatch" in out.stderr
 
 
 @pytest.mark.parametrize(("args", "says"), [

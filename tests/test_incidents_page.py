@@ -107,6 +107,7 @@ def test_the_json_endpoint_serves_the_list_the_cli_prints(store, served):
     store.deliveries.record("a", "fired", "C0123ABC", "1790000060.123456")
     status, headers, body = served.get("/api/incidents?open=1&team=nlp&limit=5")
     assert status == 200 and headers["Content-Type"].startswith("application/json")
+    assert headers["X-Content-Type-Options"] == "nosniff" and headers["Cache-Control"] == "no-store"
     answer = json.loads(body)
     assert [(i["alert_id"], i["state"]) for i in answer["incidents"]] == [("a", "firing"), ("c", "acknowledged")]
     assert (answer["total"], answer["shown"], answer["open_usd_per_hour"]) == (2, 2, 103.0)
@@ -156,7 +157,9 @@ def test_a_store_that_does_not_answer_is_a_503_not_a_traceback(chdb_client):
 
 def test_with_no_incidents_the_page_says_so(store, served, page):
     store.alerts.record([alert("gone", 50.0, resolved_at=T0 + 600)], version=1)  # resolved: not on the page
-    page.goto(served.url("/incidents"))
+    response = page.goto(served.url("/incidents"))
+    assert response.headers["content-security-policy"].startswith("default-src 'none'; style-src 'sha256-")
+    assert response.headers["x-content-type-options"] == "nosniff"
     assert page.title() == "burnwatch: open incidents"
     assert page.get_by_text("No open incidents.").is_visible()
     assert page.locator("table").count() == 0
