@@ -58,6 +58,8 @@ class _Api:
     received: list[Received] = field(default_factory=list)
     failures: list[int] = field(default_factory=list)
     """Statuses to answer the next requests with, in order (after recording them)."""
+    pass_first: int = 0
+    """How many requests are answered normally before ``failures`` apply (to fail a poll, not the call)."""
     hang: threading.Event | None = None
     """When set to an Event, every request waits for it (up to 10 s) before being answered."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -102,7 +104,7 @@ class GceApi(_Api):
     def handle(self, method: str, path: str, query: str, headers: Any, raw: bytes) -> tuple[int, dict[str, str], Any]:
         with self.lock:
             self.received.append(Received(method, path, query, raw, dict(headers.items())))
-            if self.failures:
+            if self.failures and len(self.received) > self.pass_first:
                 code = self.failures.pop(0)
                 return _gce_error(code, f"injected {_GCE_REASONS.get(code, 'error')}")
             if (m := _GCE_WAIT.fullmatch(path)) and method == "POST":
@@ -195,7 +197,7 @@ class AzureApi(_Api):
             self.received.append(Received(method, path, query, raw, dict(headers.items())))
             if headers.get("Authorization") != f"Bearer {self.token}":
                 return _arm_error(401, "The access token is missing or invalid.")
-            if self.failures:
+            if self.failures and len(self.received) > self.pass_first:
                 code = self.failures.pop(0)
                 return _arm_error(code, f"injected {_ARM_CODES.get(code, 'error')}")
             if "api-version=" not in query:

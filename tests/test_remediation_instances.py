@@ -171,6 +171,17 @@ def test_gce_stop_with_wait_waits_on_the_zone_operation(gce_api):
     assert api.status(PROJECT, ZONE, "gpu-vm-1") == "TERMINATED"
 
 
+def test_gce_wait_that_fails_after_the_stop_was_accepted_is_not_a_failure(gce_api):
+    """The stop was accepted; a failed wait is reported, and is no reason to stop again."""
+    api, url = gce_api
+    api.pass_first, api.failures = 1, [503]
+    ex = gce_stopper(url, wait_s=30)
+    outcome = ex.execute(ex.plan(Target("gpu-vm-1", account=PROJECT, region=ZONE)))
+    assert outcome.ok and "operation-1-5f3c2a-stop RUNNING; could not follow it" in outcome.detail, outcome.detail
+    assert [r.path.rsplit("/", 1)[-1] for r in api.posts()] == ["stop", "wait"]
+    assert api.status(PROJECT, ZONE, "gpu-vm-1") == "STOPPING"
+
+
 def test_gce_operation_done_with_an_error_is_a_failure(gce_api):
     api, url = gce_api
     api.operation_error = {"errors": [{"code": "UNSUPPORTED_OPERATION", "message": "Instance with local SSD cannot be stopped"}]}
@@ -359,7 +370,19 @@ def test_azure_failed_operation_is_reported_with_arms_error(azure_api):
     api.operation_error = {"code": "OperationNotAllowed", "message": "The VM is being updated by another operation."}
     ex = azure_stopper(api, url, wait_s=30)
     outcome = ex.execute(ex.plan(Target(VM_ID)))
-    assert not outcome.ok and "OperationNotAllowed" in outcome.detail, outcome.detail
+    assert (outcome.ok, outcome.retryable) == (False, False), outcome.detail
+    assert "the operation failed: OperationNotAllowed: The VM is being updated" in outcome.detail
+    assert api.power(SUB, "ml-gpu", "gpu-vm-1") == "deallocating"
+
+
+def test_azure_poll_that_fails_after_the_deallocation_was_accepted_is_not_a_failure(azure_api):
+    """ARM accepted the deallocation; a failed poll is reported, and is no reason to call again."""
+    api, url = azure_api
+    api.pass_first, api.failures = 1, [503]
+    ex = azure_stopper(api, url, wait_s=30)
+    outcome = ex.execute(ex.plan(Target(VM_ID)))
+    assert outcome.ok and "could not follow it" in outcome.detail and "503" in outcome.detail, outcome.detail
+    assert [r.method for r in api.received] == ["POST", "GET"]
 
 
 def test_azure_merely_stopped_vm_is_not_observed_as_done(azure_api):

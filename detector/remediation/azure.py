@@ -144,16 +144,27 @@ class DeallocateAzureVm:
             vms = self._client(subscription).virtual_machines
             poller = vms.begin_deallocate(group, name, polling=self.wait_s > 0, polling_interval=self.polling_interval_s,
                                           raw_response_hook=first_response)  # fmt: skip
-            operation = _operation_id(initial[0] if initial else None)
-            if self.wait_s <= 0:
-                return Outcome(ok=True, detail=f"deallocating {where}{operation} (Azure finishes it in the background)")
-            poller.wait(self.wait_s)
+        except Exception as exc:  # every failure becomes the outcome, as the protocol says
+            return _failure(exc, f"deallocating {where}")
+        operation = _operation_id(initial[0] if initial else None)
+        if self.wait_s <= 0:
+            return Outcome(ok=True, detail=f"deallocating {where}{operation} (Azure finishes it in the background)")
+        try:
+            poller.wait(self.wait_s)  # raises what the polling thread met
             if not poller.done():
                 return Outcome(ok=True, detail=f"deallocating {where}{operation}: still {poller.status()} after "
                                                f"{self.wait_s:g} s")  # fmt: skip
-            poller.result()  # raises the operation's error, if it failed
-        except Exception as exc:  # every failure becomes the outcome, as the protocol says
-            return _failure(exc, f"deallocating {where}")
+            poller.result()
+        except Exception as exc:
+            code = getattr(exc, "status_code", None)
+            # the operation ended badly: its status read from a poll that itself succeeded (azure-core
+            # also calls it "Failed" when a poll got a 4xx/5xx: that is the next case)
+            if str(poller.status()).lower() in ("failed", "canceled", "cancelled") and (code is None or 200 <= code < 300):
+                return Outcome(ok=False, detail=f"deallocating {where}{operation}: the operation "
+                                                f"{str(poller.status()).lower()}: {_arm_error(exc)}")  # fmt: skip
+            # accepted, then a poll failed (ARM unreachable, a 5xx): not following it is no reason to call again
+            said = f"HTTP {code} {_arm_error(exc)}" if code else f"{type(exc).__name__}: {_line(str(exc))}"
+            return Outcome(ok=True, detail=f"deallocating {where}{operation}; could not follow it: {said}")
         return Outcome(ok=True, detail=f"deallocated {where}{operation}")
 
     def observe(self, call: Call) -> Outcome | None:
@@ -199,6 +210,13 @@ def _operation_id(response: Any) -> str:
     return f" (operation {last[:100]})" if re.fullmatch(r"[\w.-]+", last) else ""
 
 
+def _arm_error(exc: Exception) -> str:
+    """ARM's ``error.code: error.message`` of a failed operation, in a line."""
+    error = getattr(exc, "error", None)
+    code, message = getattr(error, "code", None), getattr(error, "message", None)
+    return _line(f"{code}: {message}" if code else str(exc))
+
+
 RETRYABLE_HTTP = frozenset({408, 409, 429})
 """Besides 5xx: a timeout, another operation in progress on the VM (409 Conflict), throttling."""
 
@@ -229,7 +247,7 @@ def _failure(exc: Exception, doing: str) -> Outcome:
         # found no usable credential (its message lists what it tried): a setting to fix, not
         # something that passes by retrying
         return Outcome(ok=False, detail=f"no Azure credentials: {_line(str(exc))}")
-    if isinstance(exc, az.HttpResponseError):  # a failed long-running operation: ARM's error, no HTTP status
+    if isinstance(exc, az.HttpResponseError):  # no status: an answer that was not HTTP's
         return Outcome(ok=False, detail=f"{doing}: {_line(str(exc))}")
     if isinstance(exc, az.ServiceRequestError | az.ServiceResponseError | az.AzureError | OSError | TimeoutError):
         # unreachable or timed out: deallocating again is harmless

@@ -158,18 +158,20 @@ class StopGceInstance:
         try:
             operation = self._client("instances").stop(project=project, zone=zone, instance=instance, retry=None,
                                                        timeout=self.timeout_s)  # fmt: skip
-            name, status = str(operation.name), _status(operation.status)
-            failed = _operation_error(operation)
-            if failed:
-                return Outcome(ok=False, detail=f"stopping {where}: operation {name} failed: {failed}")
-            if self.wait_s > 0 and status != "DONE":
-                done = self._client("zone_operations").wait(project=project, zone=zone, operation=name, retry=None,
-                                                            timeout=self.wait_s)  # fmt: skip
-                status, failed = _status(done.status), _operation_error(done)
-                if failed:
-                    return Outcome(ok=False, detail=f"stopping {where}: operation {name} failed: {failed}")
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
             return _failure(exc, f"stopping {where}")
+        name, status = str(operation.name), _status(operation.status)
+        failed = _operation_error(operation)
+        if not failed and self.wait_s > 0 and status != "DONE":
+            try:
+                done = self._client("zone_operations").wait(project=project, zone=zone, operation=name, retry=None,
+                                                            timeout=self.wait_s)  # fmt: skip
+            except Exception as exc:  # the stop was accepted: not following it is no reason to stop again
+                return Outcome(ok=True, detail=f"stopping {where}: operation {name} {status}; could not follow it: "
+                                               f"{type(exc).__name__}: {_line(str(exc))}")  # fmt: skip
+            status, failed = _status(done.status), _operation_error(done)
+        if failed:
+            return Outcome(ok=False, detail=f"stopping {where}: operation {name} failed: {failed}")
         if status == "DONE":
             return Outcome(ok=True, detail=f"stopped {where} (operation {name} DONE)")
         return Outcome(ok=True, detail=f"stopping {where}: operation {name} {status} (the instance stops in the "
@@ -230,6 +232,7 @@ RETRYABLE_HTTP = frozenset({408, 409, 429})
 
 def _failure(exc: Exception, doing: str) -> Outcome:
     """What an exception from the client means: a refusal, or worth trying again."""
+    import requests  # the REST transport's HTTP library, a dependency of google-auth's
     from google.api_core import exceptions as gexc
     from google.auth import exceptions as auth_exc
 
@@ -253,11 +256,7 @@ def _failure(exc: Exception, doing: str) -> Outcome:
         return Outcome(ok=False, detail=f"{doing}: {said}", retryable=code in RETRYABLE_HTTP or code >= 500)
     if isinstance(exc, gexc.RetryError | gexc.GoogleAPIError):
         return Outcome(ok=False, detail=f"{doing}: {type(exc).__name__}: {_line(str(exc))}", retryable=True)
-    try:
-        import requests
-    except ImportError:  # pragma: no cover - google-auth's REST transport needs it
-        requests = None  # type: ignore[assignment]
-    if requests is not None and isinstance(exc, requests.RequestException) or isinstance(exc, OSError | TimeoutError):
+    if isinstance(exc, requests.RequestException | OSError | TimeoutError):
         # unreachable or timed out: the stop may have been made; stopping again is harmless
         return Outcome(ok=False, detail=f"{doing}: {type(exc).__name__}: {_line(str(exc))}", retryable=True)
     return Outcome(ok=False, detail=f"{doing}: {type(exc).__name__}: {_line(str(exc))}")
