@@ -550,3 +550,69 @@ def test_no_cloud_sdk_is_imported_to_plan():
             "print(sorted(m for m in sys.modules if m.startswith(('google', 'azure', 'grpc'))))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+BLOCK_SDKS = """
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("google", "azure"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Absent())
+"""
+
+
+def test_without_the_sdks_the_executors_say_what_to_install():
+    """As if neither extra were installed (imports of google.* and azure.* fail): available() is False,
+    and a call made anyway says which extra to install instead of raising."""
+    import subprocess
+    import sys
+
+    code = BLOCK_SDKS + (
+        "from detector.remediation.gce import StopGceInstance; from detector.remediation.azure import DeallocateAzureVm\n"
+        "from detector.remediation.base import Target\n"
+        "g, a = StopGceInstance(), DeallocateAzureVm()\n"
+        "print(g.available(), a.available())\n"
+        f"print(g.execute(g.plan(Target('projects/{PROJECT}/zones/{ZONE}/instances/vm'))).detail)\n"
+        f"print(a.execute(a.plan(Target({VM_ID!r}))).detail)\n"
+    )  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.splitlines() == ["False False", gce.NOT_INSTALLED, az.NOT_INSTALLED]
+
+
+def test_with_the_sdks_the_executors_are_available():
+    assert gce.StopGceInstance.available() and az.DeallocateAzureVm.available()
+
+
+# --- what the detectors write is what the dispatcher reads -----------------------------------
+
+
+def _idle_alert_on(tmp_path: Path, rid: str, **fields: str) -> Target:
+    """An idle_gpu alert from the engine, on a host whose usage events carry ``rid`` and ``fields``."""
+    import msgspec
+
+    from detector.alerts import AlertManager
+    from detector.engine import Engine
+    from detector.events import UsageEvent
+    from detector.rules import load_rules
+    from tests.test_partly_idle_gpu import ALL_IDLE, host
+
+    (tmp_path / "rules.yaml").write_text("rules:\n  - {name: idle-gpu, type: idle_gpu}\n")
+    ruleset = load_rules(tmp_path)
+    events = [msgspec.structs.replace(e, **fields) if isinstance(e, UsageEvent) else e for e in host([(40, ALL_IDLE)], rid=rid)]
+    (fired,) = [a for a in AlertManager(ruleset=ruleset).handle(Engine(ruleset).process(events)) if a.change == "fired"]
+    return Target.from_alert(fired)
+
+
+def test_an_idle_gce_host_from_the_bill_plans_its_stop(tmp_path):
+    """FOCUS's ResourceId for a GCE VM (its full resource name, the numeric id) survives into the alert."""
+    rid = f"//compute.googleapis.com/projects/{PROJECT}/zones/{ZONE}/instances/4518079127640735601"
+    target = _idle_alert_on(tmp_path, rid, provider="Google Cloud", account=PROJECT, region="us-central1")
+    call = StopInstances(gce=gce.StopGceInstance(), azure=az.DeallocateAzureVm()).plan(target)
+    assert call.api == gce.API and call.request == {"project": PROJECT, "zone": ZONE, "instance": "4518079127640735601"}
+
+
+def test_an_idle_azure_vm_plans_its_deallocation(tmp_path):
+    target = _idle_alert_on(tmp_path, VM_ID.lower(), provider="azure", account=SUB, region="eastus")
+    call = StopInstances(gce=gce.StopGceInstance(), azure=az.DeallocateAzureVm()).plan(target)
+    assert call.api == az.API and call.request == {"subscription_id": SUB, "resource_group": "ml-gpu", "vm_name": "gpu-vm-1"}

@@ -29,6 +29,7 @@ state (Succeeded, Failed with ARM's error, or still running).
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -52,6 +53,7 @@ _SCALE_SET_VM = re.compile(r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers
                            r"virtualMachineScaleSets/([^/]+)/virtualMachines/[^/]+", re.IGNORECASE)  # fmt: skip
 DEALLOCATED = ("PowerState/deallocating", "PowerState/deallocated")
 TIMEOUT_S = 20.0
+NOT_INSTALLED = "azure-mgmt-compute or azure-identity is not installed: pip install 'burnwatch[azure]'"
 
 
 def looks_like_azure(resource_id: str) -> bool:
@@ -106,6 +108,15 @@ class DeallocateAzureVm:
         self.polling_interval_s = polling_interval_s
         self._clients: dict[str, Any] = {}
 
+    @staticmethod
+    def available() -> bool:
+        """Whether azure-mgmt-compute and azure-identity (the ``[azure]`` extra) are installed; where
+        not, pass None for Azure to :class:`~detector.remediation.instances.StopInstances`."""
+        try:
+            return all(importlib.util.find_spec(m) is not None for m in ("azure.mgmt.compute", "azure.identity"))
+        except (ImportError, ValueError):
+            return False
+
     def plan(self, target: Target) -> Call:
         from detector.remediation.instances import NOT_INSTANCES
 
@@ -142,6 +153,9 @@ class DeallocateAzureVm:
 
         try:
             vms = self._client(subscription).virtual_machines
+        except ImportError:
+            return Outcome(ok=False, detail=NOT_INSTALLED)
+        try:
             poller = vms.begin_deallocate(group, name, polling=self.wait_s > 0, polling_interval=self.polling_interval_s,
                                           raw_response_hook=first_response)  # fmt: skip
         except Exception as exc:  # every failure becomes the outcome, as the protocol says

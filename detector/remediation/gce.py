@@ -36,6 +36,7 @@ polls through a client built without the configured endpoint) and reports the en
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from typing import Any, ClassVar
 
@@ -63,6 +64,7 @@ ZONE_KEYS = ("zone", "topology.kubernetes.io/zone")
 STOPPED = ("STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED")
 """Instance states that bill no vCPU, memory or GPU (or soon will not)."""
 TIMEOUT_S = 20.0
+NOT_INSTALLED = "google-cloud-compute is not installed: pip install 'burnwatch[gcp]'"
 
 
 def looks_like_gce(resource_id: str) -> bool:
@@ -128,6 +130,15 @@ class StopGceInstance:
         self.timeout_s = timeout_s
         self._clients: dict[str, Any] = {}
 
+    @staticmethod
+    def available() -> bool:
+        """Whether google-cloud-compute (the ``[gcp]`` extra) is installed; where not, pass None for
+        GCE to :class:`~detector.remediation.instances.StopInstances` (not applicable, with the reason)."""
+        try:
+            return importlib.util.find_spec("google.cloud.compute_v1") is not None
+        except (ImportError, ValueError):
+            return False
+
     def plan(self, target: Target) -> Call:
         from detector.remediation.instances import NOT_INSTANCES
 
@@ -156,8 +167,13 @@ class StopGceInstance:
         project, zone, instance = checked
         where = f"projects/{project}/zones/{zone}/instances/{instance}"
         try:
-            operation = self._client("instances").stop(project=project, zone=zone, instance=instance, retry=None,
-                                                       timeout=self.timeout_s)  # fmt: skip
+            client = self._client("instances")
+        except ImportError:
+            return Outcome(ok=False, detail=NOT_INSTALLED)
+        except Exception as exc:  # no Application Default Credentials
+            return _failure(exc, f"stopping {where}")
+        try:
+            operation = client.stop(project=project, zone=zone, instance=instance, retry=None, timeout=self.timeout_s)
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
             return _failure(exc, f"stopping {where}")
         name, status = str(operation.name), _status(operation.status)
