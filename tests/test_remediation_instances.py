@@ -127,6 +127,9 @@ def test_gce_plan_reads_the_forms_gcp_writes(target, expected):
         (Target("a" * 64, account=PROJECT, details={"zone": ZONE}), "not a Compute Engine instance"),
         (Target("9" * 21, account=PROJECT, details={"zone": ZONE}), "not a Compute Engine instance"),
         (Target("vm\n1", account=PROJECT, details={"zone": ZONE}), "not a Compute Engine instance"),
+        # megabytes in one field
+        (Target("a" * 100_000, account=PROJECT, details={"zone": ZONE}), "not a Compute Engine instance"),
+        (Target(f"projects/{PROJECT}/zones/{'z' * 100_000}/instances/vm"), "not a Compute Engine zone"),
         # a zone detail of another type
         (Target("gpu-vm-1", account=PROJECT, details={"zone": ["us-central1-a"]}), "no zone"),
         # not an instance at all
@@ -134,8 +137,9 @@ def test_gce_plan_reads_the_forms_gcp_writes(target, expected):
     ],
 )  # fmt: skip
 def test_gce_plan_refuses_what_is_not_an_instance_it_can_name(target, reason):
-    with pytest.raises(NotApplicable, match=reason):
+    with pytest.raises(NotApplicable, match=reason) as caught:
         gce.StopGceInstance().plan(target)
+    assert len(caught.value.reason) < 400 and "\n" not in caught.value.reason  # shown on the alert: one short line
 
 
 # --- Compute Engine: execute ---------------------------------------------------------------
@@ -320,11 +324,15 @@ def test_azure_plan_parses_the_arm_id(resource_id, expected):
         # something before the id
         ("https://management.azure.com" + VM_ID, "not an Azure VM id"),
         ("gpu-vm-1", "not an Azure VM id"),
+        # megabytes in one field
+        (f"/subscriptions/{SUB}/resourceGroups/rg/{VMS}/" + "v" * 100_000, "not an Azure VM name"),
+        ("/subscriptions/" + "0" * 100_000, "not an Azure VM id"),
     ],
 )  # fmt: skip
 def test_azure_plan_refuses_hostile_or_other_ids(resource_id, reason):
-    with pytest.raises(NotApplicable, match=reason):
+    with pytest.raises(NotApplicable, match=reason) as caught:
         az.DeallocateAzureVm().plan(Target(resource_id))
+    assert len(caught.value.reason) < 400 and "\n" not in caught.value.reason  # shown on the alert: one short line
 
 
 def test_azure_endpoint_must_be_https():
