@@ -34,6 +34,7 @@ import json
 import re
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -88,6 +89,9 @@ class GceApi(_Api):
     operations: dict[str, dict[str, Any]] = field(default_factory=dict)
     operation_error: dict[str, Any] | None = None
     """When set, a stop's Operation comes back DONE with this ``error`` (and HTTP error fields)."""
+    waits_running: int = 0
+    """How many ``wait`` calls answer the operation still RUNNING (as the API does after ~2 minutes),
+    each after 0.1 s, before it is DONE."""
 
     def add(self, project: str, zone: str, name: str, numeric_id: str, status: str = "RUNNING") -> None:
         self.instances[(project, zone, name)] = {"id": numeric_id, "status": status}
@@ -112,6 +116,14 @@ class GceApi(_Api):
                 operation = self.operations.get(op)
                 if operation is None or operation["zone"].rsplit("/", 1)[-1] != zone:
                     return _gce_error(404, f"The resource 'projects/{project}/zones/{zone}/operations/{op}' was not found")
+                if operation["status"] != "DONE" and self.waits_running > 0:
+                    self.waits_running -= 1
+                    self.lock.release()
+                    try:
+                        time.sleep(0.1)
+                    finally:
+                        self.lock.acquire()
+                    return 200, {}, operation
                 if operation["status"] != "DONE":
                     operation.update(status="DONE", progress=100)
                     found = self._find(project, zone, operation["targetId"])

@@ -175,6 +175,25 @@ def test_gce_stop_with_wait_waits_on_the_zone_operation(gce_api):
     assert api.status(PROJECT, ZONE, "gpu-vm-1") == "TERMINATED"
 
 
+def test_gce_wait_is_called_again_while_time_is_left(gce_api):
+    api, url = gce_api
+    api.waits_running = 2  # the API answered RUNNING after its ~2 minutes, twice
+    ex = gce_stopper(url, wait_s=30)
+    outcome = ex.execute(ex.plan(Target("gpu-vm-1", account=PROJECT, region=ZONE)))
+    assert outcome.ok and outcome.detail.startswith("stopped"), outcome.detail
+    assert [r.path.rsplit("/", 1)[-1] for r in api.posts()] == ["stop", "wait", "wait", "wait"]
+
+
+def test_gce_wait_gives_up_at_wait_s_with_the_stop_accepted(gce_api):
+    api, url = gce_api
+    api.waits_running = 1_000
+    ex = gce_stopper(url, wait_s=0.5)
+    started = time.monotonic()
+    outcome = ex.execute(ex.plan(Target("gpu-vm-1", account=PROJECT, region=ZONE)))
+    assert time.monotonic() - started < 5
+    assert outcome.ok and "operation-1-5f3c2a-stop RUNNING (the instance stops in the background" in outcome.detail
+
+
 def test_gce_wait_that_fails_after_the_stop_was_accepted_is_not_a_failure(gce_api):
     """The stop was accepted; a failed wait is reported, and is no reason to stop again."""
     api, url = gce_api

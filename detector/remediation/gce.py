@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import time
 from typing import Any, ClassVar
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
@@ -178,11 +179,14 @@ class StopGceInstance:
             return _failure(exc, f"stopping {where}")
         name, status = str(operation.name), _status(operation.status)
         failed = _operation_error(operation)
-        if not failed and self.wait_s > 0 and status != "DONE":
-            try:
+        deadline = time.monotonic() + self.wait_s
+        while not failed and status != "DONE" and (left := deadline - time.monotonic()) > 0:
+            try:  # the API answers when the operation is DONE or after about 2 minutes, whichever first
                 done = self._client("zone_operations").wait(project=project, zone=zone, operation=name, retry=None,
-                                                            timeout=self.wait_s)  # fmt: skip
+                                                            timeout=left)  # fmt: skip
             except Exception as exc:  # the stop was accepted: not following it is no reason to stop again
+                if _timed_out(exc):
+                    break  # wait_s is spent: still running, as far as anyone knows
                 return Outcome(ok=True, detail=f"stopping {where}: operation {name} {status}; could not follow it: "
                                                f"{type(exc).__name__}: {_line(str(exc))}")  # fmt: skip
             status, failed = _status(done.status), _operation_error(done)
@@ -222,6 +226,13 @@ class StopGceInstance:
             client = cls(credentials=self._credentials, transport="rest", client_options=options)
             self._clients[which] = client
         return client
+
+
+def _timed_out(exc: Exception) -> bool:
+    import requests
+    from google.api_core import exceptions as gexc
+
+    return isinstance(exc, requests.Timeout | gexc.DeadlineExceeded | TimeoutError)
 
 
 def _status(status: Any) -> str:
