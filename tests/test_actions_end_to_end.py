@@ -79,8 +79,10 @@ def click(alert_id: str, user: str, action_id: str = "burnwatch_approve") -> tup
     return body, signed(body, at=int(time.time()), secret=SECRET)
 
 
-def proposal_of(slack: LocalSlack, instance: str):
-    return next((p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body and instance in p.text_of_blocks()
+def proposal_of(requests, instance: str):
+    """The action's message about ``instance`` among Slack requests, if posted (in a thread)."""
+    return next((p for p in requests if p.method == "chat.postMessage" and "thread_ts" in p.body
+                 and instance in p.text_of_blocks()
                  and ("Proposed" in p.text_of_blocks() or "Dry run" in p.text_of_blocks())), None)  # fmt: skip
 
 
@@ -97,9 +99,8 @@ def test_idle_episode_to_approved_click_to_stopped_instance(tmp_path: Path, moto
         worker = WorkerProcess(env, tmp_path / "worker-1.log").start()
         try:
             worker.wait_until(lambda h: h["events"] >= count_events(first), timeout=180)
-            assert slack.wait_for(lambda _: proposal_of(slack, approve) and proposal_of(slack, dry), timeout=60), \
-                worker.tail()
-            proposal = proposal_of(slack, approve)
+            assert slack.wait_for(lambda r: proposal_of(r, approve) and proposal_of(r, dry), timeout=60), worker.tail()
+            proposal = proposal_of(slack.requests, approve)
             buttons = [e["action_id"] for b in proposal.blocks if b["type"] == "actions" for e in b["elements"]]
             assert buttons == ["burnwatch_approve", "burnwatch_decline"]
             alert_id = next(e["value"] for b in proposal.blocks if b["type"] == "actions" for e in b["elements"])
@@ -119,7 +120,7 @@ def test_idle_episode_to_approved_click_to_stopped_instance(tmp_path: Path, moto
         publish(broker.bootstrap, second)
         worker = WorkerProcess(env, tmp_path / "worker-2.log").start()
         try:
-            assert slack.wait_for(lambda _: proposal_of(slack, later) is not None, timeout=180), worker.tail()
+            assert slack.wait_for(lambda r: proposal_of(r, later) is not None, timeout=180), worker.tail()
         finally:
             assert worker.stop() == 0, worker.tail()
 

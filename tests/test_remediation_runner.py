@@ -93,6 +93,13 @@ def click(handler, action_id: str, user: str, alert_id: str = "a1") -> int:
     return handler.handle(body, signed(body))[0]
 
 
+def posted(store, *alerts) -> None:
+    """Record alerts and their Slack messages, as the worker's pipeline and outbox do."""
+    store.alerts.record(list(alerts), version=1)
+    for a in alerts:
+        store.deliveries.record(a.alert_id, "fired", "C42", f"1700000000.{abs(hash(a.alert_id)) % 10**6:06d}")
+
+
 def steps(store, alert_id: str = "a1") -> list[tuple[str, str]]:
     return [(r["step"], r["decided_by"]) for r in store.remediations.steps(alert_id)]
 
@@ -145,7 +152,7 @@ def test_approve_a_click_by_an_approver_stops_the_instance(store, slack, tmp_pat
 def test_a_member_of_an_approving_group_may_decline(store, slack, tmp_path, moto_url):
     instance, wall = run_instance(moto_url), Wall()
     runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
-    store.alerts.record([incident(instance)], version=1)
+    posted(store, incident(instance))
     runner.run_once()
     assert click(handler, "burnwatch_decline", GROUPIE) == 200  # S0NLPLEADS's member, as Slack says
     runner.run_once()
@@ -157,7 +164,7 @@ def test_a_member_of_an_approving_group_may_decline(store, slack, tmp_path, moto
 def test_dry_run_never_calls_the_api(store, slack, tmp_path, moto_url):
     instance, wall = run_instance(moto_url), Wall()
     runner, handler = setup(store, slack, tmp_path, moto_url, "dry_run", wall)
-    store.alerts.record([incident(instance)], version=1)
+    posted(store, incident(instance))
     runner.run_once()
     wall.t += 7200
     runner.run_once()
@@ -173,6 +180,11 @@ def test_auto_unless_objected_acts_after_the_grace_on_the_wall_clock(store, slac
     instance, wall = run_instance(moto_url), Wall()
     runner, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
     store.alerts.record([incident(instance)], version=1)
+    runner.run_once()  # proposed; the alert is not in Slack yet, so neither is the warning
+    wall.t += 7200
+    runner.run_once()
+    assert slack.calls() == [] and state(moto_url, instance) == "running"  # never acts before the warning
+    posted(store, incident(instance))
     runner.run_once()
     (announcement,) = slack.calls("chat.postMessage")
     assert "unless this incident is snoozed or declined" in announcement.text_of_blocks()
@@ -188,7 +200,7 @@ def test_auto_unless_objected_acts_after_the_grace_on_the_wall_clock(store, slac
 def test_auto_unless_objected_a_snooze_cancels(store, slack, tmp_path, moto_url):
     instance, wall = run_instance(moto_url), Wall()
     runner, handler = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
-    store.alerts.record([incident(instance)], version=1)
+    posted(store, incident(instance))
     runner.run_once()
     body = click_body("burnwatch_snooze")
     assert handler.handle(body, signed(body))[0] == 200  # anyone may snooze (it only holds back)
@@ -201,7 +213,7 @@ def test_auto_unless_objected_a_snooze_cancels(store, slack, tmp_path, moto_url)
 def test_a_resolved_incident_cancels_a_pending_action(store, slack, tmp_path, moto_url):
     instance, wall = run_instance(moto_url), Wall()
     runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
-    store.alerts.record([incident(instance)], version=1)
+    posted(store, incident(instance))
     runner.run_once()
     store.alerts.record([incident(instance, lasted=4 * 3600, change="resolved")], version=2)
     runner.run_once()
@@ -214,7 +226,7 @@ def test_a_resolved_incident_cancels_a_pending_action(store, slack, tmp_path, mo
 def test_a_replay_of_past_events_is_never_acted_on(store, slack, tmp_path, moto_url):
     instance, wall = run_instance(moto_url), Wall(NOW + 30 * 86_400)  # the events are a month old
     runner, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
-    store.alerts.record([incident(instance)], version=1)
+    posted(store, incident(instance))
     assert runner.run_once() == 0 and steps(store) == [] and slack.calls() == []
 
 
@@ -224,7 +236,7 @@ def test_a_call_begun_by_a_worker_that_died_is_checked_not_repeated(store, slack
     wall = Wall()
     for alert_id, stopped in (("a1", True), ("a2", False)):
         instance = run_instance(moto_url)
-        store.alerts.record([incident(instance, alert_id=alert_id)], version=1)
+        posted(store, incident(instance, alert_id=alert_id))
         common = dict(alert_id=alert_id, kind="stop_instance", mode="approve", rule="idle-gpu", resource_id=instance,
                       api="ec2.StopInstances", request=json.dumps({"InstanceIds": [instance]}), endpoint="us-east-1")
         store.remediations.record([ActionStep(step="proposed", at=NOW - 60, usd_per_hour=32.77, **common),
@@ -246,7 +258,7 @@ def test_a_retryable_failure_is_retried_with_backoff_then_reported(store, slack,
     server, wall = Ec2Errors(503, "Unavailable"), Wall()
     try:
         runner, _ = setup(store, slack, tmp_path, server.url, "auto_unless_objected", wall, max_attempts=2, backoff_s=60)
-        store.alerts.record([incident("i-0123456789abcdef0")], version=1)
+        posted(store, incident("i-0123456789abcdef0"))
         runner.run_once()
         wall.t += 3600
         runner.run_once()

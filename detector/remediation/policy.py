@@ -59,6 +59,10 @@ class Action:
     message: tuple[str, str] | None = None
     """(channel, ts) of its Slack message, once announced."""
     result: str = ""
+    proposed_at: float = 0.0
+    grace: float = 0.0
+    """``auto_unless_objected``: wall time from the warning to the call (counted from the
+    announcement: nobody is warned before the message is in Slack)."""
 
     @property
     def key(self) -> str:
@@ -78,6 +82,8 @@ class Action:
         if step == "announced":
             where = json.loads(row["result"] or "{}")
             self.message = (str(where.get("channel", "")), str(where.get("ts", "")))
+            if row.get("due_at") is not None:
+                self.due_at = _epoch(row["due_at"])
             return
         if step in _PASSIVE:
             return
@@ -88,6 +94,9 @@ class Action:
                 self.call = Call(api=row["api"], request=json.loads(row["request"] or "{}"), endpoint=row["endpoint"])
         if step in ("proposed", "retry"):
             self.due_at = _epoch(row.get("due_at"))
+        if step == "proposed":
+            self.proposed_at = _epoch(row["at"]) or 0.0
+            self.grace = self.due_at - self.proposed_at if self.due_at is not None else 0.0
         if step == "begun":
             self.attempts = max(self.attempts, int(row["attempt"]))
         if step in ("approved", "declined", "cancelled", "dry_run"):
@@ -107,8 +116,9 @@ class Action:
 
 
 def _epoch(value: Any) -> float | None:
-    if value is None:
-        return None
+    """A time as stored (a naive UTC datetime) or as just recorded (epoch seconds)."""
+    if value is None or isinstance(value, (int, float)):
+        return value
     from detector.units import epoch
 
     return epoch(value)

@@ -149,7 +149,8 @@ class ActionRunner:
                         if alert.alert_id in snoozed:
                             self._step(action, "cancelled", now, decided_by="snoozed", result=snoozed[alert.alert_id].reason)
                             self._show(action, now)
-                        elif action.due_at is not None and now >= action.due_at:
+                        elif action.due_at is not None and now >= action.due_at and (
+                                self.notifier is None or action.message is not None):  # never before the warning
                             self._step(action, "approved", now, decided_by="auto")
                     if action.state == "approved" or (action.state == "retry" and now >= (action.due_at or 0.0)):
                         self._execute(action, now)
@@ -267,9 +268,7 @@ class ActionRunner:
             attempt=attempt if attempt is not None else action.attempts, due_at=due_at, event_time=event_time,
         )  # fmt: skip
         self.store.remediations.record([row])
-        action.apply({**row.__dict__, "due_at": None, "step": step})
-        if due_at is not None:
-            action.due_at = due_at
+        action.apply({**row.__dict__, "step": step})
         self._count += 1
 
     def _show(self, action: Action, now: float) -> None:
@@ -283,15 +282,22 @@ class ActionRunner:
         if self.notifier is None:
             self._unannounced.discard(action.key)
             return
-        text, blocks = action_blocks(action, now)
         try:
             if action.message is not None:
-                self.notifier.update_action(*action.message, text, blocks)
+                self.notifier.update_action(*action.message, *action_blocks(action, now))
             else:
                 thread = self.store.deliveries.thread_of(action.alert_id)
-                channel = thread[0] if thread else ""
-                channel, ts = self.notifier.post_action(channel, text, blocks, thread_ts=thread[1] if thread else "")
-                self._step(action, "announced", now, result=json.dumps({"channel": channel, "ts": ts}))
+                if thread is None and self.notifier.threads:
+                    return  # the alert is not in Slack yet: its thread comes first (next pass)
+                channel, parent = thread or ("", "")
+                warned = action.state == "proposed" and action.mode == "auto_unless_objected"
+                if warned:  # the grace runs from the warning people can see
+                    action.due_at = max(action.due_at or now, now + action.grace)
+                text, blocks = action_blocks(action, now)
+                channel, ts = self.notifier.post_action(channel, text, blocks,
+                                                        thread_ts=parent if "." in parent else "")  # fmt: skip
+                self._step(action, "announced", now, result=json.dumps({"channel": channel, "ts": ts}),
+                           due_at=action.due_at if warned else None)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - Slack's errors: the step is stored, the message follows later
             log.warning("action_message_failed", action=action.key, error=str(exc)[:300])
             return
