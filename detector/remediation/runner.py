@@ -119,11 +119,12 @@ class ActionRunner:
             open_ids = sorted({a.alert_id for a in self._actions.values() if not a.ended})
             if not specs and not open_ids:
                 return 0
-            rows = self.store.alerts.latest(
-                "(rule IN %(rules)s AND status = 'firing' AND held = '') OR alert_id IN %(open)s",
-                {"rules": sorted(specs) or [""], "open": open_ids or [""]},
-            )
             now = self._wall()
+            rows = self.store.alerts.latest(  # firing and recent (older ones are never acted on), or acted on
+                "(rule IN %(rules)s AND status = 'firing' AND held = '' "
+                "AND updated_at >= fromUnixTimestamp64Milli(%(since)s, 'UTC')) OR alert_id IN %(open)s",
+                {"rules": sorted(specs) or [""], "open": open_ids or [""], "since": int((now - self.fresh_s) * 1000)},
+            )
             snoozed: dict[str, Any] | None = None
             for row in rows:
                 alert = alert_from_row(row)
