@@ -12,6 +12,7 @@ import pytest
 
 from detector.actions import ActionHandler, RequestVerifier
 from detector.alerts import Alert
+from detector.metrics import METRICS
 from detector.remediation.ec2 import StopInstance
 from detector.remediation.runner import ActionRunner
 from detector.rules import load_rules
@@ -121,12 +122,17 @@ def test_approve_a_click_by_an_approver_stops_the_instance(store, slack, tmp_pat
     runner.run_once()
     assert state(moto_url, instance) == "running"  # nothing happens without a click
 
+    def counted(step: str) -> float:
+        return METRICS.registry.get_sample_value("burnwatch_actions_total", {"kind": "stop_instance", "step": step}) or 0.0
+
+    refused_before, done_before = counted("refused"), counted("succeeded")
     assert click(handler, "burnwatch_approve", STRANGER) == 403  # not an approver: refused, recorded
     runner.run_once()
     assert state(moto_url, instance) == "running"
     assert click(handler, "burnwatch_approve", APPROVER) == 200
     runner.run_once()
     assert state(moto_url, instance) in ("stopping", "stopped")
+    assert (counted("refused") - refused_before, counted("succeeded") - done_before) == (1, 1)
     assert steps(store) == [("proposed", ""), ("announced", ""), ("refused", STRANGER), ("approved", APPROVER),
                             ("begun", APPROVER), ("succeeded", APPROVER)]  # fmt: skip
     rows = store.remediations.steps("a1")

@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 
 from detector.alerts import Alert
+from detector.metrics import METRICS
 from detector.remediation.base import Call, Executor, NotApplicable, Outcome, Target
 from detector.remediation.messages import action_blocks, describe_call
 from detector.remediation.policy import Action, may_approve
@@ -269,6 +270,7 @@ class ActionRunner:
             attempt=attempt if attempt is not None else action.attempts, due_at=due_at, event_time=event_time,
         )  # fmt: skip
         self.store.remediations.record([row])
+        METRICS.actions.labels(action.kind, step).inc()
         action.apply({**row.__dict__, "step": step})
         self._count += 1
 
