@@ -143,6 +143,8 @@ def may_approve(routing: Routing, tags: dict[str, str], user_id: str,
             if user_id in members(group):
                 return True, ""
         except Exception as exc:  # noqa: BLE001 - Slack's errors: the group is not read, nobody passes through it
-            unread.append(f"{group} ({str(exc)[:100]})")
+            response = getattr(exc, "response", None)
+            code = response.get("error") if response is not None and hasattr(response, "get") else None
+            unread.append(f"{group} ({code or ' '.join(str(exc).split())[:100]})")
     why = f"{user_id or 'an unknown user'} is not an approver for this team"
     return False, why + (f"; could not read user group(s) {', '.join(unread)}" if unread else "")
