@@ -69,13 +69,17 @@ def _act(parts: WorkerParts, interval_s: float = 5.0) -> None:
         worker holding input partition 0. A failing pass (the store) is retried with backoff."""
         if runner is None:
             return
+
+        def holds_partition_0() -> bool:  # asked again under the runner's lock (a revocation may come between)
+            return parts.owns_digest
+
         loop = asyncio.get_running_loop()
         backoff, acting = interval_s, False
         while True:
             try:
                 if parts.owns_digest:
                     acting = True
-                    await loop.run_in_executor(None, runner.run_once)
+                    await loop.run_in_executor(None, runner.run_once, holds_partition_0)
                 elif acting:  # partition 0 moved to another worker: it acts from now on
                     acting = False
                     await loop.run_in_executor(None, runner.reset)

@@ -282,3 +282,13 @@ def test_a_retryable_failure_is_retried_with_backoff_then_reported(store, slack,
     final = [r for r in rows if r["step"] != "announced"][-1]
     assert (final["step"], final["attempt"]) == ("gave_up", 2) and final["result"].startswith("Unavailable")
     assert "Could not stop" in slack.calls("chat.update")[-1].text_of_blocks()
+
+
+def test_a_worker_told_to_stop_acting_starts_no_pass(store, slack, tmp_path, moto_url):
+    """Partition 0 moved to another worker (the handover resets the runner and clears the
+    flag the pass asks under its lock): this one proposes and does nothing more."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    posted(store, incident(instance))
+    assert runner.run_once(lambda: False) == 0 and steps(store) == []
+    assert runner.run_once(lambda: True) > 0 and steps(store)[0] == ("proposed", "")

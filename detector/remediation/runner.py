@@ -107,10 +107,13 @@ class ActionRunner:
 
     # -- the pass ---------------------------------------------------------------------
 
-    def run_once(self) -> int:
+    def run_once(self, allowed: Callable[[], bool] | None = None) -> int:
         """One pass: propose what is due, cancel what resolved, act on what is decided.
-        Returns the number of steps taken."""
+        Returns the number of steps taken. ``allowed``: asked under the pass's lock, so a
+        worker told to stop acting (its partitions moved) starts no pass after that."""
         with self._lock:
+            if allowed is not None and not allowed():
+                return 0
             if not self._recovered:
                 self.recover()
             before = self._count
