@@ -120,7 +120,11 @@ class ActionRunner:
             ruleset = self.ruleset()
             specs = {r.detector.name: r.source.action for r in ruleset.rules
                      if r.source is not None and r.source.action.acts}  # fmt: skip
-            open_ids = sorted({a.alert_id for a in self._actions.values() if not a.ended})
+            open_kinds: dict[str, set[str]] = {}
+            for a in self._actions.values():
+                if not a.ended:
+                    open_kinds.setdefault(a.alert_id, set()).add(a.kind)
+            open_ids = sorted(open_kinds)
             if not specs and not open_ids:
                 return 0
             now = self._wall()
@@ -133,7 +137,7 @@ class ActionRunner:
             for row in rows:
                 alert = alert_from_row(row)
                 spec = specs.get(alert.rule)
-                kinds = {a.kind for a in self._actions.values() if a.alert_id == alert.alert_id}
+                kinds = set(open_kinds.get(alert.alert_id, ()))
                 if spec is not None:
                     kinds.add(spec.kind)
                 for kind in sorted(kinds):
