@@ -80,7 +80,10 @@ class Outcome:
 class Executor(Protocol):
     """One kind of action on one API."""
 
-    kind: ActionKind
+    @property
+    def kind(self) -> ActionKind:
+        """``stop_instance``...: a class attribute or an instance's (read-only here, so either fits)."""
+        ...
 
     def plan(self, target: Target) -> Call:
         """The call that would act on ``target``; raises :class:`NotApplicable` if none would."""

@@ -1,9 +1,12 @@
 """Which executor carries out each kind of action.
 
-:func:`executors` builds the registry the worker uses. ``stop_instance`` is EC2's
-:class:`~detector.remediation.ec2.StopInstance`; the notebook and Kubernetes executors
-(``cull_notebook``: JupyterHub or Kubeflow; ``scale_to_zero``: a Deployment) are
-registered in :func:`executors` beside it. A kind with no executor is recorded as not
+:func:`executors` builds the registry the worker uses: ``stop_instance`` goes to
+:class:`~detector.remediation.instances.StopInstances`, which sends each VM to EC2's
+:class:`~detector.remediation.ec2.StopInstance`, Compute Engine's or Azure's executor
+(those two only where their extra is installed); ``cull_notebook`` to Kubeflow's or
+JupyterHub's culler (:class:`~detector.remediation.notebooks.CullNotebook`);
+``scale_to_zero`` to a Deployment or InferenceService
+(:class:`~detector.remediation.kubernetes.ScaleToZero`). A kind with no executor is recorded as not
 applicable when an incident is due, never silently dropped.
 """
 
@@ -19,12 +22,23 @@ __all__ = ["executors"]
 
 def executors(settings: Any = None) -> Mapping[str, Executor]:
     """Kind → executor, each taking its credentials from the environment or its standard chain
-    (``settings``: the worker's :class:`~detector.settings.Settings`, for endpoints)."""
+    (``settings``: the worker's :class:`~detector.settings.Settings`, for endpoints). Building
+    them calls nothing: a cloud or cluster is reached at the first plan or call that needs it."""
+    from detector.remediation.azure import DeallocateAzureVm
     from detector.remediation.ec2 import StopInstance
+    from detector.remediation.gce import StopGceInstance
+    from detector.remediation.instances import StopInstances
+    from detector.remediation.jupyterhub import JupyterHubCuller
+    from detector.remediation.kubeflow import KubeflowCuller
+    from detector.remediation.kubernetes import ScaleToZero
+    from detector.remediation.notebooks import CullNotebook
 
-    registry: dict[str, Executor] = {"stop_instance": StopInstance()}
-    # cull_notebook (detector/remediation/jupyterhub.py, kubeflow.py) and scale_to_zero
-    # (detector/remediation/kubernetes.py) are registered here:
-    #   registry["cull_notebook"] = ...
-    #   registry["scale_to_zero"] = ...
-    return registry
+    return {
+        "stop_instance": StopInstances(
+            ec2=StopInstance(),
+            gce=StopGceInstance() if StopGceInstance.available() else None,
+            azure=DeallocateAzureVm() if DeallocateAzureVm.available() else None,
+        ),
+        "cull_notebook": CullNotebook(kubeflow=KubeflowCuller(), jupyterhub=JupyterHubCuller()),
+        "scale_to_zero": ScaleToZero(),
+    }
