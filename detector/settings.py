@@ -43,6 +43,16 @@ class Settings(BaseSettings):
     partitions: int = Field(default=4, ge=1, validation_alias="BURNWATCH_PARTITIONS")
     web_port: int = Field(default=6066, validation_alias="BURNWATCH_WEB_PORT")
     web_host: str = Field(default="127.0.0.1", validation_alias="BURNWATCH_WEB_HOST")
+    web_user_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$",
+                                        validation_alias="BURNWATCH_WEB_USER_HEADER")
+    """The header the authenticating proxy in front of ``/incidents`` names the person with
+    (``X-Forwarded-Email``, ``X-Auth-Request-User``): with it, the page offers Approve /
+    Decline to that person (docs/incidents.md); unset, the page is read-only and its POSTs
+    are refused. Only set it when nothing but the proxy can reach the worker's port."""
+    web_origin: str | None = Field(default=None, pattern=r"^https?://[A-Za-z0-9.:\[\]-]+$",
+                                   validation_alias="BURNWATCH_WEB_ORIGIN")
+    """The page's origin as browsers see it (``https://burnwatch.example.com``), checked against
+    a POST's ``Origin`` when the browser sends no ``Sec-Fetch-Site``; unset: the ``Host`` header."""
     batch_max_messages: int = Field(default=50_000, ge=1, validation_alias="BURNWATCH_BATCH_MAX_MESSAGES")
     batch_max_bytes: int = Field(default=16 << 20, ge=1, validation_alias="BURNWATCH_BATCH_MAX_BYTES")
     batch_within_s: float = Field(default=0.25, gt=0, validation_alias="BURNWATCH_BATCH_WITHIN_S")

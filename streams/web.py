@@ -4,10 +4,11 @@
 ``/healthz`` answers 503 while the store takes no write (an orchestrator's readiness
 probe); ``/metrics`` is Prometheus' text format; ``/slack/actions`` takes Slack's button
 clicks, signed (:class:`detector.actions.RequestVerifier`); ``/api/incidents`` (JSON) and
-``/incidents`` (a read-only page) list incidents (:mod:`detector.incidents`), read through
-the worker's own store connection, which is the only way to read an embedded store while
-the worker holds it. The incident views ask for no credentials either (docs/incidents.md:
-put them behind an authenticating proxy).
+``/incidents`` (a page) list incidents (:mod:`detector.incidents`), read through the
+worker's own store connection, which is the only way to read an embedded store while the
+worker holds it. The incident views ask for no credentials either (docs/incidents.md: put
+them behind an authenticating proxy); with ``BURNWATCH_WEB_USER_HEADER`` naming the proxy's
+header, the page's forms decide actions (``POST /incidents``, :mod:`detector.incidents_actions`).
 
 Faust serves its own views on the same port: ``/router/`` and ``/table/`` (which
 partition holds a key, and table contents), an index at ``/``, and with ``debug``
@@ -33,9 +34,11 @@ from faust.types import TP
 from faust.web import View
 
 from detector.actions import ActionHandler, RequestVerifier
-from detector.incidents import IncidentFilter, InvalidFilter, list_incidents
+from detector.incidents import IncidentFilter, IncidentList, InvalidFilter, list_incidents
+from detector.incidents_actions import WebDecisions, actions_of, cross_site, identity
 from detector.incidents_page import HEADERS, render_error, render_page
 from detector.metrics import METRICS
+from detector.remediation.policy import Action
 from detector.store import Connection
 from detector.units import one_line
 from streams.parts import WorkerParts
@@ -84,17 +87,29 @@ class IncidentViews:
     query runs in the default executor (the web thread never blocks the event loop), on the
     connection the pipeline writes through: its lock serialises the two. The query string is
     checked first (:meth:`IncidentFilter.from_query`): a bad one is a 400 saying what is wrong,
-    and a store that cannot answer is a 503, never a traceback."""
+    and a store that cannot answer is a 503, never a traceback.
+
+    ``decisions`` and ``user_header`` (``BURNWATCH_WEB_USER_HEADER``) together let the person
+    the proxy names decide actions from the page; without either, it is read-only and
+    :meth:`decide` refuses every POST (403)."""
 
     def __init__(self, store: Connection, slack_workspace_url: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.time, *, decisions: WebDecisions | None = None,
+                 user_header: str | None = None, origin: str | None = None) -> None:  # fmt: skip
         self.store = store
         self.slack_workspace_url = slack_workspace_url
         self.clock = clock
+        self.decisions = decisions
+        self.user_header = user_header
+        self.origin = origin
 
     async def _list(self, flt: IncidentFilter) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, list_incidents, self.store, flt, self.clock())
+
+    def _listed_with_actions(self, flt: IncidentFilter) -> tuple[IncidentList, dict[str, list[Action]]]:
+        listed = list_incidents(self.store, flt, self.clock())
+        return listed, actions_of(self.store, [i.alert_id for i in listed.incidents])
 
     async def api(self, request: web.Request) -> web.Response:
         """The incidents as JSON (docs/incidents.md): ``?open=1&team=T&limit=N``."""
@@ -116,13 +131,45 @@ class IncidentViews:
         except InvalidFilter as exc:
             return _html(render_error(400, str(exc)), 400)
         try:
-            listed = await self._list(flt)
+            loop = asyncio.get_running_loop()
+            listed, actions = await loop.run_in_executor(None, self._listed_with_actions, flt)
         except Exception as exc:  # noqa: BLE001 - as in api()
             log.warning("incidents_unavailable", error=one_line(exc))
             return _html(render_error(503, "The store did not answer; try again."), 503)
-        return _html(render_page(listed, self.slack_workspace_url), 200)
+        user = identity(request.headers, self.user_header)
+        token = self.decisions.tokens.issue(user) if user is not None and self.decisions is not None else None
+        return _html(render_page(listed, self.slack_workspace_url, actions, user=user, token=token), 200)
+
+    async def decide(self, request: web.Request) -> web.Response:
+        """A decision from the page's form: 303 back to the page when taken; 403 when actions
+        are off here, nobody is named, the request is not the page's or the person may not
+        decide (recorded); 409 when nothing awaits a decision (a second click)."""
+        if self.decisions is None or not self.user_header:
+            return _html(render_error(403, "Actions are not decided from this page here "
+                                           "(BURNWATCH_WEB_USER_HEADER is not set, or actions are off)."), 403)  # fmt: skip
+        user = identity(request.headers, self.user_header)
+        if user is None:
+            return _html(render_error(403, f"No person named by the proxy ({self.user_header})."), 403)
+        why = cross_site(request.headers, request.host, self.origin)
+        if why is not None:
+            log.warning("web_action_refused", user=user, reason=why)
+            return _html(render_error(403, why, back=True), 403)
+        if (request.content_length or 0) > _MAX_FORM or request.content_type != "application/x-www-form-urlencoded":
+            return _html(render_error(400, "Not the page's form."), 400)
+        form = await request.post()
+        fields = {name: [str(v) for v in form.getall(name)] for name in form}
+        loop = asyncio.get_running_loop()
+        try:
+            status, what = await loop.run_in_executor(None, self.decisions.handle, user, fields)
+        except Exception as exc:  # noqa: BLE001 - the store down: nothing was decided, say so
+            log.warning("web_action_failed", user=user, error=one_line(exc))
+            return _html(render_error(503, "The store did not answer; nothing was decided. Try again.", back=True), 503)
+        if status == 200:
+            return web.Response(status=303, headers={**HEADERS, "Location": "incidents"})  # the page again, GET
+        return _html(render_error(status, what, back=True), status)
 
 
+_MAX_FORM = 4096
 _JSON_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
 
 
@@ -135,7 +182,11 @@ def _html(body: str, status: int) -> web.Response:
 
 
 def _incidents(parts: WorkerParts) -> None:
-    views = IncidentViews(parts.store, parts.settings.slack_workspace_url)
+    settings = parts.settings
+    decisions = (WebDecisions(parts.store, parts.actions, outbox=parts.outbox)
+                 if settings.web_user_header and parts.actions is not None else None)  # fmt: skip
+    views = IncidentViews(parts.store, settings.slack_workspace_url, decisions=decisions,
+                          user_header=settings.web_user_header, origin=settings.web_origin)  # fmt: skip
 
     @parts.app.page("/api/incidents")
     class IncidentsApi(View):
@@ -146,10 +197,13 @@ def _incidents(parts: WorkerParts) -> None:
 
     @parts.app.page("/incidents")
     class IncidentsPage(View):
-        """The open incidents as a page."""
+        """The open incidents as a page; its forms post decisions here."""
 
         async def get(self, request: Any, **kwargs: Any) -> Any:
             return await views.page(request)
+
+        async def post(self, request: Any, **kwargs: Any) -> Any:
+            return await views.decide(request)
 
 
 def _slack_actions(parts: WorkerParts) -> None:

@@ -42,6 +42,7 @@ class Served:
         app = web.Application()
         app.router.add_get("/api/incidents", views.api)
         app.router.add_get("/incidents", views.page)
+        app.router.add_post("/incidents", views.decide)
         self.runner = web.AppRunner(app)
         self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=30)
 

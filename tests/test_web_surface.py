@@ -76,6 +76,7 @@ def test_only_burnwatch_paths_are_served(tmp_path):
             assert status == 200 and b"No open incidents of team search." in body
             status, body = request(worker.port, "/api/incidents?limit=all")
             assert status == 400 and "limit: 'all' is not a whole number" in json.loads(body)["error"]
-            assert request(worker.port, "/incidents", method="POST", body=b"x")[0] == 405  # read-only
+            status, body = request(worker.port, "/incidents", method="POST", body=b"x")
+            assert status == 403 and b"BURNWATCH_WEB_USER_HEADER is not set" in body  # read-only here
         finally:
             worker.stop()
