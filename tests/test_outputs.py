@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from typing import Any
 
 import msgspec
@@ -60,8 +61,6 @@ class Clock:
 
 def stored(store, *alerts: Alert) -> None:
     """What the worker does before handing changes to an outbox: write them."""
-    import time
-
     store.alerts.record(list(alerts), version=time.time_ns())
 
 
@@ -147,15 +146,16 @@ def test_a_receiver_refusing_for_good_is_recorded_and_not_retried(store, secret_
 
 def test_a_missing_secret_is_retried_and_named_never_shown(store, monkeypatch):
     monkeypatch.delenv("BW_HOOK_SECRET", raising=False)
+    clock = Clock()
     with LocalReceiver() as receiver:
-        outbox = OutputOutbox(store, routing(hook(receiver.url)))
+        outbox = OutputOutbox(store, routing(hook(receiver.url)), clock=clock)
         stored(store, alert())
         outbox.add([alert()])
         with capture_logs() as logs:
             assert outbox.deliver_pending() == 0
         assert "BW_HOOK_SECRET" in logs[-1]["error"] and receiver.requests == []
         monkeypatch.setenv("BW_HOOK_SECRET", SECRET)
-        outbox._lanes["hook"].next_try = 0
+        clock.now += outbox.hold_s
         assert outbox.deliver_pending() == 1
 
 
@@ -215,15 +215,16 @@ def test_a_send_cut_off_by_a_kill_is_resent_only_to_a_receiver_that_dedupes(stor
 
 
 def test_a_timeout_to_a_receiver_that_does_not_dedupe_is_not_resent(store, secret_env):
+    clock = Clock()
     with LocalReceiver() as receiver:
-        outbox = OutputOutbox(store, routing(hook(receiver.url, timeout_s=0.3)))
+        outbox = OutputOutbox(store, routing(hook(receiver.url, timeout_s=0.3)), clock=clock)
         stored(store, alert())
         outbox.add([alert()])
         receiver.hang(1.0)
         with capture_logs() as logs:
             outbox.deliver_pending()
         receiver.hang(0)
-        outbox._lanes["hook"].next_try = 0
+        clock.now += 60
         outbox.deliver_pending()
         wait_until(lambda: len(receiver.requests) == 1, what="the request")
     assert len(receiver.requests) == 1
@@ -326,6 +327,8 @@ def test_a_bad_routing_file_is_refused_with_file_line_and_field(tmp_path, rulese
         "    to: [\"b@example.com\\r\\nBcc: c@evil.example\"]\n": (6, "outputs.m.to[0]", "not a bare mail address"),
         "outputs:\n  am:\n    kind: alertmanager\n    url: http://am:9093\n    generator_url: https://g/{secret}\n": (
             1, "outputs", "am.generator_url: unknown field(s) secret"),
+        "outputs:\n  am:\n    kind: alertmanager\n    url: http://am:9093\n    resend_s: 60\n    ends_after_s: 30\n": (
+            2, "outputs.am", "must exceed resend_s"),
     }
     for text, (line, where, message) in bad.items():
         (tmp_path / "routing.yaml").write_text(text)

@@ -6,6 +6,7 @@ import os
 from typing import Protocol
 
 from detector.alerts import Alert
+from detector.logs import register_secrets
 
 __all__ = ["Output", "OutputError", "secret"]
 
@@ -49,4 +50,5 @@ def secret(env: str | None, what: str) -> str | None:
     value = os.environ.get(env)
     if not value:
         raise OutputError(f"environment variable {env} ({what}) is not set", retryable=True)
+    register_secrets(value)  # redacted from every log line from now on
     return value

@@ -13,7 +13,7 @@ import string
 from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 __all__ = [
     "OUTPUT_KINDS", "SLACK", "AlertmanagerSpec", "EmailSpec", "OutputName", "OutputSpec", "Send", "SlackSpec",
@@ -84,6 +84,13 @@ class AlertmanagerSpec(_Spec):
     """``generatorURL`` template over the link fields (``{resource_id}``, ``{alert_id}``...);
     default: the alert's first ``links`` entry, if any."""
     timeout_s: Seconds = 10.0
+
+    @model_validator(mode="after")
+    def _ends_after_resend(self) -> AlertmanagerSpec:
+        if self.ends_after_s is not None and self.ends_after_s <= self.resend_s:
+            raise ValueError(f"ends_after_s ({self.ends_after_s:g}) must exceed resend_s ({self.resend_s:g}): "
+                             "Alertmanager would resolve the alert between two re-sends")  # fmt: skip
+        return self
 
 
 class EmailSpec(_Spec):
