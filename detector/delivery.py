@@ -358,8 +358,8 @@ class Outbox:
                 del self._edits[alert_id]
                 continue
             thread = self._done.get((alert_id, "fired"))
-            if thread is None or not thread[1] or thread[1] in self._group_ts:
-                if thread is not None:  # a group's message, or a webhook's: nothing to edit
+            if thread is None or not thread[1] or thread[1] in self._group_ts or thread == UNROUTED:
+                if thread is not None:  # a group's message, a webhook's, or none (routed elsewhere): nothing to edit
                     del self._edits[alert_id]
                 continue  # not posted yet: wait for the opening
             wait = self._edited_at.get(alert_id, -1e18) + self.edit_every_s - now

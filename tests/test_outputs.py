@@ -214,6 +214,15 @@ def test_a_send_cut_off_by_a_kill_is_resent_only_to_a_receiver_that_dedupes(stor
         assert any(e["event"] == "output_send_unknown" for e in logs)
 
 
+def test_a_receiver_not_listening_is_retried_even_when_it_does_not_dedupe(store, secret_env):
+    """A refused connection never delivered anything: retried, not recorded unknown."""
+    outbox = OutputOutbox(store, routing(hook(f"http://127.0.0.1:{free_port()}/hook")), clock=Clock())
+    stored(store, alert())
+    outbox.add([alert()])
+    assert outbox.deliver_pending() == 0 and outbox.hold_s == 1.0 and len(outbox) == 1
+    assert store.outputs.states("a1") == {("hook", "fired"): {"sending"}}
+
+
 def test_a_timeout_to_a_receiver_that_does_not_dedupe_is_not_resent(store, secret_env):
     clock = Clock()
     with LocalReceiver() as receiver:
@@ -285,7 +294,8 @@ def test_slack_skips_alerts_routed_elsewhere_and_a_restart_does_not_post_them(st
 
     with LocalSlack() as slack:
         def outbox() -> Outbox:
-            box = Outbox(store, SlackNotifier(token="xoxb-test", channel="#c", base_url=slack.api_url), group_wait_s=0)
+            box = Outbox(store, SlackNotifier(token="xoxb-test", channel="#c", base_url=slack.api_url), group_wait_s=0,
+                         edit_every_s=0)
             box.wants = wants
             return box
 
@@ -295,6 +305,8 @@ def test_slack_skips_alerts_routed_elsewhere_and_a_restart_does_not_post_them(st
         first.add(changes)
         first.deliver_pending()
         stored(store, alert("resolved", "nlp", tags={"team": "nlp"}))
+        first.add([msgspec.structs.replace(changes[0], change="updated", waste_usd=99.0)])  # no message to edit
+        first.deliver_pending()
         first.add([alert("resolved", "nlp", tags={"team": "nlp"})])
         first.deliver_pending()
         restarted = outbox()
@@ -302,6 +314,7 @@ def test_slack_skips_alerts_routed_elsewhere_and_a_restart_does_not_post_them(st
         restarted.deliver_pending()
         posts = slack.calls("chat.postMessage")
     assert len(posts) == 1 and "alert `vis`" in posts[0].text_of_blocks()
+    assert slack.calls("chat.update") == []
     assert store.deliveries.undelivered() == []
 
 

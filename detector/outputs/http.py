@@ -29,11 +29,9 @@ def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: f
         raise OutputError(f"{what} answered {exc.code}: {text}", retryable=retryable) from None
     except (TimeoutError, socket.timeout) as exc:
         raise OutputError(f"{what}: no answer within {timeout_s:g} s", retryable=True, maybe_sent=True) from exc
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        timed_out = isinstance(reason, (TimeoutError, socket.timeout))
-        raise OutputError(f"{what} unreachable: {reason}", retryable=True, maybe_sent=timed_out) from None
-    except (ConnectionError, OSError) as exc:  # a connection dropped after the request left
+    except urllib.error.URLError as exc:  # connecting or sending failed: the request never arrived whole
+        raise OutputError(f"{what} unreachable: {exc.reason}", retryable=True) from None
+    except (ConnectionError, OSError) as exc:  # the request left; the connection dropped before the answer
         raise OutputError(f"{what}: connection lost: {exc}", retryable=True, maybe_sent=True) from None
 
 

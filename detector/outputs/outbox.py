@@ -260,8 +260,7 @@ class OutputOutbox:
                 self._flush(name, lane)
                 sent += self._drain(name, lane)
                 if lane.output.resend_s and lane.firing and now >= lane.next_refresh:
-                    lane.output.refresh(list(lane.firing.values()))
-                    lane.next_refresh = now + lane.output.resend_s
+                    self._refresh(name, lane, now)
                 lane.backoff = 0.0
             except Exception as exc:  # noqa: BLE001 - the receiver's (OutputError) or the store's
                 self.failed += 1
@@ -276,6 +275,17 @@ class OutputOutbox:
                 waits.append(max(0.01, lane.next_refresh - self._clock()))
         self.hold_s = min(waits) if waits else 0.0
         return sent
+
+    def _refresh(self, name: str, lane: _Lane, now: float) -> None:
+        """Send the firing alerts again; a refusal is logged (the next re-send is due as usual),
+        a retryable failure retried on the lane's backoff."""
+        try:
+            lane.output.refresh(list(lane.firing.values()))
+        except OutputError as exc:
+            if exc.retryable:
+                raise
+            log.error("output_refresh_refused", output=name, alerts=len(lane.firing), reason=str(exc)[:500])
+        lane.next_refresh = now + lane.output.resend_s
 
     def _drain(self, name: str, lane: _Lane) -> int:
         sent = 0
