@@ -280,6 +280,24 @@ def test_routing_chooses_outputs_per_team_and_severity(store, secret_env):
     assert sorted(r.json["id"] for r in receiver.delivered) == ["crit", "nlp"]
 
 
+def test_a_reload_adds_and_removes_outputs(store, secret_env):
+    """The worker hands each new routing over (``configure``, no I/O); the next pass uses it."""
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, Routing())
+        stored(store, alert(), alert(alert_id="a2"))
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 0 and outbox.outputs == []
+        outbox.configure(routing(hook(receiver.url)))
+        assert outbox.has_work
+        outbox.add([alert(alert_id="a2")])
+        assert outbox.deliver_pending() == 1 and outbox.outputs == ["hook"]
+        outbox.configure(Routing())
+        stored(store, alert("resolved", "a2"))
+        outbox.add([alert("resolved", "a2")])
+        assert outbox.deliver_pending() == 0 and outbox.outputs == []
+    assert [(r.json["id"], r.json["change"]) for r in receiver.delivered] == [("a2", "fired")]
+
+
 def test_slack_skips_alerts_routed_elsewhere_and_a_restart_does_not_post_them(store):
     from detector.delivery import Outbox
     from detector.outputs.config import SLACK
