@@ -188,30 +188,14 @@ class OutputOutbox:
             return found
 
     def _recover(self, name: str, lane: _Lane, since: float) -> int:
-        db = self.store.db
-        owned = "1"
-        if self._owned is not None:
-            owned = "if(partition < 0, 0, partition) IN %(partitions)s" if self._owned else "0"
-        done = (f"SELECT alert_id FROM {db}.output_deliveries WHERE output = %(o)s AND change = %(c)s "
-                "AND state IN ('sent', 'refused', 'unknown')")  # fmt: skip
-        rows = self.store.alerts.latest(
-            f"""silenced = '' AND version >= %(since)s AND {owned}
-                AND (alert_id NOT IN ({done.replace("%(c)s", "'fired'")})
-                     OR (status = 'resolved' AND alert_id NOT IN ({done.replace("%(c)s", "'resolved'")}))
-                     OR (%(resend)s AND status = 'firing'))""",
-            {"since": int(since * 1e9), "partitions": sorted(self._owned or []), "o": name,
-             "resend": bool(lane.output.resend_s)},
-        )  # fmt: skip
+        owned = sorted(self._owned) if self._owned is not None else None
+        rows = self.store.outputs.owed(name, since, owned, firing=bool(lane.output.resend_s))
         rows = [r for r in rows if name in self.routing.outputs_for(dict(r["tags"]), r["severity"])]
         if not rows:
             return 0
-        ids = [r["alert_id"] for r in rows]
-        finished = self.store.query(
-            f"SELECT DISTINCT alert_id, change, state FROM {db}.output_deliveries WHERE output = %(o)s "
-            "AND alert_id IN %(ids)s AND state IN ('sent', 'refused', 'unknown')", {"o": name, "ids": ids},
-        )  # fmt: skip
-        sent = {(r["alert_id"], r["change"]) for r in finished if r["state"] == "sent"}
-        lane.finished.update((r["alert_id"], r["change"]) for r in finished)
+        finished = self.store.outputs.finished(name, [r["alert_id"] for r in rows])
+        sent = {key for key, state in finished.items() if state == "sent"}
+        lane.finished.update(finished)
         begun = self.store.outputs.begun(name)
         pending: list[tuple[float, int, Alert]] = []
         for row in rows:

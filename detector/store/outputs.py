@@ -5,7 +5,7 @@ back after a restart or a rebalance so that each change reaches each output once
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from detector.store.connection import Connection
 from detector.units import epoch
@@ -46,13 +46,40 @@ class OutputDeliveries:
             return self.enabled_since(outputs)
         return known
 
-    def finished(self, output: str) -> set[tuple[str, str]]:
-        """(alert_id, change) never to be sent to ``output`` again (sent, refused, or unknown)."""
-        rows = self.conn.query(
-            f"SELECT DISTINCT alert_id, change FROM {self.conn.db}.output_deliveries "
-            "WHERE output = %(o)s AND state IN %(s)s", {"o": output, "s": list(FINAL_STATES)},
+    def owed(self, output: str, since: float, partitions: Sequence[int] | None, *, firing: bool) -> list[dict[str, Any]]:
+        """The latest state (rows of :meth:`Alerts.latest`) of unsilenced alerts stored since
+        ``since`` (wall time) whose opening, or resolution, ``output`` has not finished; with
+        ``firing``, every firing one too (re-sent while firing). ``partitions``: only the alerts
+        of keys on those input partitions (None: all). Routing is the caller's to apply."""
+        db = self.conn.db
+        owned = "1"
+        if partitions is not None:
+            owned = "if(partition < 0, 0, partition) IN %(partitions)s" if partitions else "0"
+        done = (f"SELECT alert_id FROM {db}.output_deliveries WHERE output = %(o)s AND state IN %(final)s "
+                "AND change = ")  # fmt: skip
+        return self.conn.query(
+            f"""SELECT * EXCEPT (version, change) FROM {db}.alerts FINAL
+                WHERE silenced = '' AND version >= %(since)s AND {owned}
+                  AND (alert_id NOT IN ({done}'fired')
+                       OR (status = 'resolved' AND alert_id NOT IN ({done}'resolved'))
+                       OR (%(firing)s AND status = 'firing'))
+                ORDER BY fired_at, alert_id""",
+            {"since": int(since * 1e9), "partitions": list(partitions or []), "o": output,
+             "final": list(FINAL_STATES), "firing": firing},
         )  # fmt: skip
-        return {(r["alert_id"], r["change"]) for r in rows}
+
+    def finished(self, output: str, alert_ids: Sequence[str]) -> dict[tuple[str, str], str]:
+        """(alert_id, change) of these alerts never to be sent to ``output`` again → how it ended
+        (``sent``, ``refused``, ``unknown``)."""
+        if not alert_ids:
+            return {}
+        rows = self.conn.query(
+            "SELECT alert_id, change, if(has(groupArray(state), 'sent'), 'sent', any(state)) AS ended "
+            f"FROM {self.conn.db}.output_deliveries "
+            "WHERE output = %(o)s AND alert_id IN %(ids)s AND state IN %(s)s GROUP BY alert_id, change",
+            {"o": output, "ids": list(alert_ids), "s": list(FINAL_STATES)},
+        )  # fmt: skip
+        return {(r["alert_id"], r["change"]): r["ended"] for r in rows}
 
     def begun(self, output: str) -> set[tuple[str, str]]:
         """(alert_id, change) whose send to ``output`` was begun and never finished: a kill may
