@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     """Attach a chart of the metric in each incident's thread (bot token only)."""
     slack_signing_secret: SecretStr | None = Field(default=None, validation_alias="SLACK_SIGNING_SECRET")
     """Verifies button clicks sent to ``/slack/actions``; without it the endpoint refuses them."""
+    slack_workspace_url: str | None = Field(default=None, pattern=r"^https?://[^\s\"'<>]+$",
+                                            validation_alias="SLACK_WORKSPACE_URL")
+    """The workspace's address (``https://acme.slack.com``): incident lists link each incident's
+    Slack message from it (``/archives/CHANNEL/pTS``); unset, they show no link."""
     slack_base_url: str | None = Field(default=None, validation_alias="SLACK_BASE_URL")
     """Only for pointing slack-sdk at a local Slack stand-in (tests, demo)."""
 

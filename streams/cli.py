@@ -15,10 +15,11 @@
     burnwatch silence add --match team=nlp --type idle_gpu --for 8h --reason "..."   (list, expire ID)
     burnwatch query waste --since 7d --team nlp --format csv   a named post-mortem report
     burnwatch sql "SELECT ..."              ad hoc post-mortem query against the store
+    burnwatch incidents --open [--team T]   incidents with dollars so far, $/h, owner, age, state
     burnwatch store serve [--port 8123]     own the embedded store, serve it to several workers over HTTP
 
 Every command that uses the store says which one on stderr, and the commands that only
-read it (``query``, ``sql``, ``backtest --since``, ``digest``, ``model train``) never
+read it (``query``, ``sql``, ``incidents``, ``backtest --since``, ``digest``, ``model train``) never
 create one: a mistyped data directory is an error, not a new empty store. An expected
 failure is one line on stderr and an exit code (docs/cli.md), never a traceback.
 """
@@ -31,6 +32,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -959,6 +961,37 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_incidents(args: argparse.Namespace) -> int:
+    from detector.incidents import IncidentFilter, InvalidFilter, format_table, list_incidents, summary
+    from detector.store import StoreBusy
+
+    try:
+        flt = IncidentFilter(open_only=args.open, team=args.team or None, limit=args.limit)
+    except InvalidFilter as exc:
+        raise SystemExit(f"--{exc}") from None
+    settings = _settings(args, clickhouse_dsn=args.store)
+    try:
+        store = _open_store(settings)
+    except StoreBusy as exc:
+        host = settings.web_host if settings.web_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        query = "?open=1" if args.open else ""
+        raise StoreBusy(f"{exc}. A running worker serves this list itself: curl "
+                        f"'http://{host}:{settings.web_port}/api/incidents{query}' (JSON), or open "
+                        f"http://{host}:{settings.web_port}/incidents (BURNWATCH_WEB_PORT)") from None  # fmt: skip
+    try:
+        listed = list_incidents(store, flt, time.time())
+    finally:
+        store.close()
+    if args.format == "json":
+        sys.stdout.write(json.dumps(listed.to_json(settings.slack_workspace_url), indent=2) + "\n")
+    else:
+        sys.stdout.write(format_table(listed))
+        if listed.incidents:
+            more = " (--limit shows more)" if len(listed.incidents) < listed.total else ""
+            _note(summary(listed) + more)
+    return 0
+
+
 def cmd_store_serve(args: argparse.Namespace) -> int:
     from streams.storeserver import redact_dsn, serve
 
@@ -992,7 +1025,7 @@ _ENV_HELP = {
     "data_dir": "local data: the embedded ClickHouse (<data dir>/clickhouse), Faust's state",
     "app_id": "Kafka consumer group: workers with one id share the partitions",
     "partitions": "partitions of the topics it creates",
-    "web_port": "port of /healthz, /metrics, /slack/actions",
+    "web_port": "port of /healthz, /metrics, /slack/actions, /api/incidents, /incidents",
     "web_host": "address that web server binds",
     "batch_max_messages": "a batch closes at this many messages",
     "batch_max_bytes": "... or this many bytes of message values",
@@ -1006,6 +1039,7 @@ _ENV_HELP = {
     "slack_webhook_url": "or post through an incoming webhook",
     "slack_base_url": "a local Slack stand-in (tests)",
     "slack_signing_secret": "verifies button clicks on /slack/actions",
+    "slack_workspace_url": "https://WORKSPACE.slack.com: incident lists link to each incident's message",
     "slack_charts": "a chart in each incident's thread",
     "model_dir": "anomaly model artifacts (default <data dir>/models)",
     "model_retrain_every": "retrain on this schedule, e.g. 24h (default: never)",
@@ -1189,6 +1223,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_parser("migrate", help="create what the schema lacks (the worker does it on start too)").set_defaults(
         func=cmd_db_migrate)  # fmt: skip
 
+    from detector.incidents import DEFAULT_LIMIT, MAX_LIMIT
     from detector.reports import REPORTS
 
     p = sub.add_parser("query", help="a named post-mortem report over the store (docs/postmortem.md)",
@@ -1203,6 +1238,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("incidents", help="incidents with dollars so far, $/h, owner, age and state (open ones first, "
+                       "highest $/h first)", description="Incidents from the store (docs/incidents.md). While a "
+                       "worker holds the embedded store, ask the worker instead: /api/incidents on its web port.")
+    p.add_argument("--open", action="store_true", help="only incidents not resolved yet")
+    p.add_argument("--team", help="only this team (the team tag)")
+    p.add_argument("--format", choices=["table", "json"], default="table",
+                   help="table (for a terminal) or json (the document /api/incidents serves)")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"at most this many, 1 to {MAX_LIMIT} "
+                   f"(default {DEFAULT_LIMIT})")
+    p.add_argument("--store", metavar="DSN", help="chdb:///dir or http://user:pass@host:8123 (default: "
+                   "BURNWATCH_CLICKHOUSE_DSN, else <data dir>/clickhouse)")
+    p.set_defaults(func=cmd_incidents)
 
     store = sub.add_parser("store", help="the store several workers share").add_subparsers(
         dest="store_command", required=True)  # fmt: skip

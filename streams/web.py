@@ -1,8 +1,13 @@
-"""The worker's web surface: ``/healthz``, ``/metrics`` and ``/slack/actions``, nothing else.
+"""The worker's web surface: ``/healthz``, ``/metrics``, ``/slack/actions``,
+``/api/incidents`` and ``/incidents``, nothing else.
 
 ``/healthz`` answers 503 while the store takes no write (an orchestrator's readiness
 probe); ``/metrics`` is Prometheus' text format; ``/slack/actions`` takes Slack's button
-clicks, signed (:class:`detector.actions.RequestVerifier`).
+clicks, signed (:class:`detector.actions.RequestVerifier`); ``/api/incidents`` (JSON) and
+``/incidents`` (a read-only page) list incidents (:mod:`detector.incidents`), read through
+the worker's own store connection, which is the only way to read an embedded store while
+the worker holds it. The incident views ask for no credentials either (docs/incidents.md:
+put them behind an authenticating proxy).
 
 Faust serves its own views on the same port: ``/router/`` and ``/table/`` (which
 partition holds a key, and table contents), an index at ``/``, and with ``debug``
@@ -22,17 +27,25 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import faust
+import structlog
 from aiohttp import web
 from faust.types import TP
 from faust.web import View
 
 from detector.actions import ActionHandler, RequestVerifier
+from detector.incidents import IncidentFilter, InvalidFilter, list_incidents
+from detector.incidents_page import HEADERS, render_error, render_page
 from detector.metrics import METRICS
+from detector.store import Connection
+from detector.units import one_line
 from streams.parts import WorkerParts
 
-__all__ = ["SERVED_PATHS", "install_views", "serve_only_burnwatch"]
+__all__ = ["INCIDENT_PATHS", "SERVED_PATHS", "IncidentViews", "install_views", "serve_only_burnwatch"]
 
-SERVED_PATHS = frozenset({"/healthz", "/metrics", "/slack/actions"})
+log = structlog.get_logger("burnwatch.web")
+
+INCIDENT_PATHS = ("/api/incidents", "/incidents")
+SERVED_PATHS = frozenset({"/healthz", "/metrics", "/slack/actions", *INCIDENT_PATHS})
 _FAUST_VIEWS = ("web_router_enabled", "web_tables_enabled", "web_graph_enabled", "web_stats_enabled",
                 "web_metrics_enabled")  # fmt: skip
 
@@ -59,10 +72,84 @@ def serve_only_burnwatch(app: faust.App, paths: Iterable[str] = SERVED_PATHS) ->
 
 
 def install_views(parts: WorkerParts) -> None:
-    """The three views, and the gauges ``/metrics`` reads from the pipeline and the consumer."""
+    """The views, and the gauges ``/metrics`` reads from the pipeline and the consumer."""
     _slack_actions(parts)
     _metrics(parts)
     _healthz(parts)
+    _incidents(parts)
+
+
+class IncidentViews:
+    """``/api/incidents`` and ``/incidents`` as aiohttp handlers over a store connection. The
+    query runs in the default executor (the web thread never blocks the event loop), on the
+    connection the pipeline writes through: its lock serialises the two. The query string is
+    checked first (:meth:`IncidentFilter.from_query`): a bad one is a 400 saying what is wrong,
+    and a store that cannot answer is a 503, never a traceback."""
+
+    def __init__(self, store: Connection, slack_workspace_url: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        self.store = store
+        self.slack_workspace_url = slack_workspace_url
+        self.clock = clock
+
+    async def _list(self, flt: IncidentFilter) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, list_incidents, self.store, flt, self.clock())
+
+    async def api(self, request: web.Request) -> web.Response:
+        """The incidents as JSON (docs/incidents.md): ``?open=1&team=T&limit=N``."""
+        try:
+            flt = IncidentFilter.from_query(_query(request))
+        except InvalidFilter as exc:
+            return web.json_response({"error": str(exc)}, status=400, headers=_JSON_HEADERS)
+        try:
+            listed = await self._list(flt)
+        except Exception as exc:  # noqa: BLE001 - the store down or refusing: say so, keep serving
+            log.warning("incidents_unavailable", error=one_line(exc))
+            return web.json_response({"error": "the store did not answer; try again"}, status=503, headers=_JSON_HEADERS)
+        return web.json_response(listed.to_json(self.slack_workspace_url), headers=_JSON_HEADERS)
+
+    async def page(self, request: web.Request) -> web.Response:
+        """The open incidents as a page, highest dollars per hour first: ``?team=T&limit=N``."""
+        try:
+            flt = IncidentFilter.from_query(_query(request), allowed=("team", "limit"), open_only=True)
+        except InvalidFilter as exc:
+            return _html(render_error(400, str(exc)), 400)
+        try:
+            listed = await self._list(flt)
+        except Exception as exc:  # noqa: BLE001 - as in api()
+            log.warning("incidents_unavailable", error=one_line(exc))
+            return _html(render_error(503, "The store did not answer; try again."), 503)
+        return _html(render_page(listed, self.slack_workspace_url), 200)
+
+
+_JSON_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+
+
+def _query(request: web.Request) -> dict[str, list[str]]:
+    return {name: request.query.getall(name) for name in request.query}
+
+
+def _html(body: str, status: int) -> web.Response:
+    return web.Response(text=body, status=status, content_type="text/html", charset="utf-8", headers=HEADERS)
+
+
+def _incidents(parts: WorkerParts) -> None:
+    views = IncidentViews(parts.store, parts.settings.slack_workspace_url)
+
+    @parts.app.page("/api/incidents")
+    class IncidentsApi(View):
+        """The incident list as JSON."""
+
+        async def get(self, request: Any, **kwargs: Any) -> Any:
+            return await views.api(request)
+
+    @parts.app.page("/incidents")
+    class IncidentsPage(View):
+        """The open incidents as a page."""
+
+        async def get(self, request: Any, **kwargs: Any) -> Any:
+            return await views.page(request)
 
 
 def _slack_actions(parts: WorkerParts) -> None:

@@ -47,6 +47,7 @@ def made(tmp_path):
 @pytest.mark.parametrize("command", [
     ["query", "waste"],
     ["sql", "SELECT 1"],
+    ["incidents", "--open"],
     ["backtest", "--since", "1d"],
     ["digest", "--day", "2026-11-02"],
     ["model", "train"],

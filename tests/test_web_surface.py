@@ -1,14 +1,18 @@
-"""The worker's web port serves burnwatch's three paths and refuses Faust's own views.
+"""The worker's web port serves burnwatch's own paths and refuses Faust's own views.
 
 A real worker against the embedded broker: every route of every blueprint Faust 0.15
 can mount (``/router/``, ``/table/``, the index, ``/graph/``, statistics,
-``/performance/``) answers 404, while ``/healthz``, ``/metrics`` and ``/slack/actions``
-still work.
+``/performance/``) answers 404, while ``/healthz``, ``/metrics``, ``/slack/actions``,
+``/api/incidents`` and ``/incidents`` still work, the last two reading the embedded store
+the worker holds, seeded with incidents before it starts (tests/test_incidents_page.py
+reads the page in a browser).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -19,6 +23,7 @@ from mode.utils.imports import symbol_by_name
 from streams.embedded import EmbeddedBroker
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
+from tests.test_incidents_cli import SEED
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +51,9 @@ def request(port: int, path: str, method: str = "GET", body: bytes | None = None
 def test_only_burnwatch_paths_are_served(tmp_path):
     paths = faust_paths()
     assert {"/router/", "/table/", "/"} <= set(paths)  # the registry this test walks is Faust's real one
+    seeded = subprocess.run([sys.executable, "-c", SEED, str(tmp_path / "data" / "clickhouse")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert seeded.returncode == 0, seeded.stderr
     with EmbeddedBroker() as broker:
         env = worker_env(broker.bootstrap, tmp_path / "data", ROOT / "rules", 2)
         worker = WorkerProcess(env, tmp_path / "worker.log").start()
@@ -60,5 +68,14 @@ def test_only_burnwatch_paths_are_served(tmp_path):
             assert status == 200 and b"burnwatch_messages_total" in body
             status, body = request(worker.port, "/slack/actions", method="POST", body=b"payload=x")
             assert status == 404 and b"SLACK_SIGNING_SECRET" in body  # our view answered: not configured here
+            status, body = request(worker.port, "/api/incidents?open=1")
+            assert status == 200 and [i["alert_id"] for i in json.loads(body)["incidents"]] == ["big", "cv", "small"]
+            status, body = request(worker.port, "/incidents?team=nlp")
+            assert status == 200 and b"Showing all 2 open incidents" in body and b'data-alert-id="big"' in body
+            status, body = request(worker.port, "/incidents?team=search")
+            assert status == 200 and b"No open incidents of team search." in body
+            status, body = request(worker.port, "/api/incidents?limit=all")
+            assert status == 400 and "limit: 'all' is not a whole number" in json.loads(body)["error"]
+            assert request(worker.port, "/incidents", method="POST", body=b"x")[0] == 405  # read-only
         finally:
             worker.stop()

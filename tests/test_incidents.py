@@ -1,0 +1,194 @@
+"""The incident list (detector/incidents.py) on the embedded engine: which alerts are
+incidents, their states from the clicks, the order (open first, highest $/h first), the
+filters people type or send in a query string, and the terminal table."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.actions import Click
+from detector.alerts import Alert
+from detector.incidents import (
+    MAX_LIMIT,
+    IncidentFilter,
+    InvalidFilter,
+    format_table,
+    list_incidents,
+    slack_permalink,
+    summary,
+)
+from detector.settings import load_settings
+from detector.suppression import Hold
+
+T0 = 1_790_000_000.0
+NOW = 1_800_000_000.0  # wall time: clicks and snoozes are judged against it
+
+
+def alert(alert_id: str, usd_per_hour: float, *, usd: float = 10.0, team: str = "nlp", owner: str = "ines",
+          resolved_at: float | None = None, held: Hold | None = None, rid: str | None = None,
+          start: float = T0) -> Alert:  # fmt: skip
+    return Alert(
+        alert_id=alert_id, type="idle_gpu", rule="idle-gpu", resource_id=rid or f"host-{alert_id}",
+        status="resolved" if resolved_at else "firing", change="resolved" if resolved_at else "fired",
+        severity="warning", episode_start=start, fired_at=start + 120, updated_at=resolved_at or start + 5400,
+        resolved_at=resolved_at, waste_usd=usd, usd_per_hour=usd_per_hour, resource_type="gpu_instance",
+        account="111", region="us-east-1", instance_type="p4d.24xlarge", tags={"team": team, "owner": owner},
+        held=held, silenced=held.reason if held else "",
+    )  # fmt: skip
+
+
+def click(alert_id: str, action: str, user: str = "bob") -> Click:
+    return Click(alert_id=alert_id, action=action, user_id="U1", user_name=user, channel="C1", message_ts="1.2")
+
+
+def ids(listed) -> list[str]:
+    return [i.alert_id for i in listed.incidents]
+
+
+def test_states_come_from_the_alert_and_the_clicks(store):
+    store.alerts.record([alert("fire", 1), alert("ack", 1), alert("snz", 1), alert("old-snz", 1),
+                         alert("done", 1, resolved_at=T0 + 7200)], version=1)  # fmt: skip
+    store.actions.record(click("ack", "acknowledged", "bob"), at=NOW - 60)
+    store.actions.record(click("snz", "acknowledged"), at=NOW - 120)
+    store.actions.record(click("snz", "snoozed", "eve"), at=NOW - 60, until=NOW + 3600)  # running: wins over the ack
+    store.actions.record(click("old-snz", "snoozed"), at=NOW - 90_000, until=NOW - 3600)  # ended: firing again
+    store.actions.record(click("done", "acknowledged"), at=NOW - 60)  # resolved wins over everything
+    listed = {i.alert_id: i for i in list_incidents(store, IncidentFilter(), NOW).incidents}
+    assert {k: i.state for k, i in listed.items()} == {
+        "fire": "firing", "ack": "acknowledged", "snz": "snoozed", "old-snz": "firing", "done": "resolved"}
+    assert listed["ack"].acknowledged_by == "bob" and listed["ack"].acknowledged_at == pytest.approx(NOW - 60)
+    assert listed["snz"].snoozed_by == "eve" and listed["snz"].snoozed_until == pytest.approx(NOW + 3600)
+    assert listed["fire"].acknowledged_at is None and listed["fire"].snoozed_until is None
+
+
+def test_open_ones_first_by_dollars_per_hour_then_the_latest_resolved(store):
+    store.alerts.record([
+        alert("slow", 1.5), alert("fast", 98.0), alert("mid", 12.0, usd=5), alert("mid-costlier", 12.0, usd=50),
+        alert("done-early", 500.0, resolved_at=T0 + 3600), alert("done-late", 0.5, resolved_at=T0 + 9000),
+    ], version=1)  # fmt: skip
+    listed = list_incidents(store, IncidentFilter(), NOW)
+    assert ids(listed) == ["fast", "mid-costlier", "mid", "slow", "done-late", "done-early"]
+    assert (listed.total, listed.open_total, listed.open_usd_per_hour) == (6, 4, pytest.approx(123.5))
+
+
+def test_held_alerts_are_not_incidents(store):
+    """Silenced, joined to another incident, held by realert: recorded, never posted, as in the reports."""
+    silenced = Hold(kind="silenced", by="s1", reason="silence s1: maintenance")
+    joined = Hold(kind="inhibited", by="posted", reason="joined incident posted")
+    store.alerts.record([alert("posted", 1), alert("silenced", 9, held=silenced), alert("joined", 9, held=joined)], version=1)
+    assert ids(list_incidents(store, IncidentFilter(), NOW)) == ["posted"]
+
+
+def test_the_latest_change_of_an_alert_is_what_counts(store):
+    store.alerts.record([alert("a", 2.0, usd=1.0)], version=1)
+    store.alerts.record([alert("a", 40.0, usd=80.0)], version=2)
+    store.alerts.record([alert("a", 40.0, usd=95.0, resolved_at=T0 + 9000)], version=3)
+    (only,) = list_incidents(store, IncidentFilter(), NOW).incidents
+    assert (only.state, only.usd, only.age_s) == ("resolved", 95.0, 9000)
+    assert list_incidents(store, IncidentFilter(open_only=True), NOW).incidents == []
+
+
+def test_filters_team_open_and_limit_with_the_totals_of_all_that_match(store):
+    store.alerts.record([alert(f"n{i}", float(i), team="nlp") for i in range(5)]
+                        + [alert("cv", 99.0, team="cv"), alert("n-done", 1.0, resolved_at=T0 + 60)], version=1)  # fmt: skip
+    listed = list_incidents(store, IncidentFilter(open_only=True, team="nlp", limit=2), NOW)
+    assert ids(listed) == ["n4", "n3"]
+    assert (listed.total, listed.open_total, listed.open_usd_per_hour) == (5, 5, 10.0)
+    assert summary(listed) == "showing 2 of 5 open incidents of team nlp, burning $10.00/h"
+    assert ids(list_incidents(store, IncidentFilter(team="nlp' OR 1=1 --"), NOW)) == []  # bound, not pasted
+    assert list_incidents(store, IncidentFilter(team="nlp"), NOW).total == 6
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ({}, IncidentFilter()),
+    ({"open": ["1"], "team": ["nlp"], "limit": ["20"]}, IncidentFilter(open_only=True, team="nlp", limit=20)),
+    ({"open": [""]}, IncidentFilter(open_only=True)),           # ?open alone
+    ({"open": ["false"]}, IncidentFilter()),
+    ({"team": [""]}, IncidentFilter()),                          # an emptied form field: all teams
+    ({"team": ["<script>alert(1)</script>"]}, IncidentFilter(team="<script>alert(1)</script>")),  # a name, bound
+    ({"limit": [str(MAX_LIMIT)]}, IncidentFilter(limit=MAX_LIMIT)),
+])  # fmt: skip
+def test_a_query_string_becomes_a_filter(query, expected):
+    assert IncidentFilter.from_query(query) == expected
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ({"limit": ["0"]}, "limit: 0 is not between 1 and 1000"),
+    ({"limit": ["1001"]}, "limit: 1001 is not between 1 and 1000"),
+    ({"limit": ["-1"]}, "limit: '-1' is not a whole number"),
+    ({"limit": ["1e9"]}, "limit: '1e9' is not a whole number"),
+    ({"limit": ["99999999999999999999"]}, "is not a whole number"),   # no int() of a huge string
+    ({"limit": ["\u0661\u0662"]}, "is not a whole number"),            # Arabic-Indic digits: isdigit() alone says yes
+    ({"limit": ["10", "20"]}, "limit: give it once (it was given 2 times)"),
+    ({"open": ["maybe"]}, "open: 'maybe' is not one of 1, true, 0, false"),
+    ({"team": ["nlp\r\nSet-Cookie: x"]}, "team: control characters are not allowed"),
+    ({"team": ["x" * 129]}, "team: longer than 128 characters"),
+    ({"order": ["1; DROP TABLE alerts"]}, "unknown parameter 'order'; this takes open, team, limit"),
+    ({"<img src=x>": ["1"]}, "unknown parameter '<img src=x>'"),
+])  # fmt: skip
+def test_a_bad_query_string_is_refused_saying_why(query, message):
+    with pytest.raises(InvalidFilter) as caught:
+        IncidentFilter.from_query(query)
+    assert message in str(caught.value)
+
+
+def test_the_page_takes_fewer_parameters():
+    with pytest.raises(InvalidFilter, match="unknown parameter 'open'; this takes team, limit"):
+        IncidentFilter.from_query({"open": ["0"]}, allowed=("team", "limit"), open_only=True)
+    assert IncidentFilter.from_query({}, allowed=("team", "limit"), open_only=True).open_only
+
+
+@pytest.mark.parametrize(("workspace", "channel", "ts", "url"), [
+    ("https://acme.slack.com", "C0123ABC", "1790000060.123456", "https://acme.slack.com/archives/C0123ABC/p1790000060123456"),
+    ("https://acme.slack.com/", "C0123ABC", "1790000060.123456", "https://acme.slack.com/archives/C0123ABC/p1790000060123456"),
+    (None, "C0123ABC", "1790000060.123456", None),                 # no workspace configured
+    ("https://acme.slack.com", "", "", None),                        # a webhook post: no channel, no ts
+    ("https://acme.slack.com", "C0123ABC", "snoozed", None),         # recorded as delivered while snoozed: no message
+    ("https://acme.slack.com", "C1/../../x", "1790000060.123456", None),
+    ("javascript:alert(1)//", "C0123ABC", "1790000060.123456", None),
+])  # fmt: skip
+def test_a_slack_link_only_from_the_workspace_and_ids_of_slacks_form(workspace, channel, ts, url):
+    assert slack_permalink(workspace, channel, ts) == url
+
+
+def test_the_json_of_an_incident_keeps_its_documented_fields(store):
+    store.alerts.record([alert("a", 3.25, usd=12.345)], version=1)
+    store.deliveries.record("a", "fired", "C0123ABC", "1790000060.123456")
+    body = list_incidents(store, IncidentFilter(open_only=True), NOW).to_json("https://acme.slack.com")
+    assert set(body) == {"as_of", "filter", "total", "shown", "open_total", "open_usd_per_hour", "incidents"}
+    (one,) = body["incidents"]
+    assert set(one) == {
+        "alert_id", "state", "type", "rule", "severity", "resource_id", "resource_type", "team", "owner", "account",
+        "region", "instance_type", "usd", "usd_per_hour", "age_s", "episode_start", "fired_at", "updated_at",
+        "resolved_at", "acknowledged_by", "acknowledged_at", "snoozed_until", "snoozed_by", "marked_expected",
+        "slack_channel", "slack_ts", "slack_url", "tags",
+    }  # fmt: skip (docs/incidents.md lists these)
+    assert one["usd"] == 12.35 and one["usd_per_hour"] == 3.25 and one["age_s"] == 5400
+    assert one["episode_start"] == "2026-09-21T14:13:20Z" and one["resolved_at"] is None
+    assert one["slack_url"] == "https://acme.slack.com/archives/C0123ABC/p1790000060123456"
+    assert body["filter"] == {"open": True, "team": None, "limit": 100}
+
+
+def test_the_table_is_for_a_terminal(store):
+    store.alerts.record([alert("a", 98.0, usd=1234.5, owner="\x1b]0;pwned\x07ines", rid="i-" + "0" * 60),
+                         alert("b", 0.5, resolved_at=T0 + 600)], version=1)  # fmt: skip
+    text = format_table(list_incidents(store, IncidentFilter(), NOW))
+    lines = text.splitlines()
+    assert lines[0].split() == ["STATE", "$/H", "$", "SO", "FAR", "AGE", "TEAM", "OWNER", "TYPE", "RESOURCE", "ID"]
+    assert lines[1].split()[:4] == ["firing", "$98.00", "$1,234.50", "1h"]
+    assert lines[2].split()[:4] == ["resolved", "-", "$10.00", "10m"]
+    assert "\x1b" not in text and "\x07" not in text and "\\x1b]0;pwned\\x07ines" in text  # shown, not obeyed
+    assert "i-" + "0" * 37 + "…" in text and "0" * 60 not in text  # long ids cut
+
+
+def test_the_slack_workspace_setting_takes_only_a_web_address():
+    assert load_settings(environ={"SLACK_WORKSPACE_URL": "https://acme.slack.com"}).slack_workspace_url == (
+        "https://acme.slack.com")
+    for bad in ("javascript:alert(1)", "https://acme.slack.com/\"><script>"):
+        with pytest.raises(ValueError, match="SLACK_WORKSPACE_URL: String should match pattern"):
+            load_settings(environ={"SLACK_WORKSPACE_URL": bad})
+
+
+def test_nothing_to_show_says_so(store):
+    assert format_table(list_incidents(store, IncidentFilter(open_only=True), NOW)) == "no open incidents\n"
+    assert format_table(list_incidents(store, IncidentFilter(team="cv"), NOW)) == "no incidents for team cv\n"
