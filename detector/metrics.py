@@ -42,6 +42,8 @@ class Metrics:
         self.stalled_seconds = Gauge("burnwatch_store_stalled_seconds",
                                      "Seconds the worker has been unable to write to ClickHouse (0: writing)",
                                      registry=r)  # fmt: skip
+        self.outputs = Counter("burnwatch_output_requests", "Deliveries to outputs besides Slack by outcome "
+                               "(ok, retry, refused, unknown)", ["output", "outcome"], registry=r)  # fmt: skip
         self.slack = Counter("burnwatch_slack_requests", "Slack deliveries by outcome (ok, retry, refused)",
                              ["outcome"], registry=r)  # fmt: skip
         self.actions = Counter("burnwatch_actions", "Steps of actions on incidents by kind and step (proposed, approved, "

@@ -34,6 +34,7 @@ from pydantic import (
 
 from detector.detectors import REGISTRY, Detector, ResourceInfo
 from detector.limits import LIMITS_FILE, Limits
+from detector.outputs.config import OUTPUT_KINDS, OutputName, OutputSpec, Send, check_outputs, check_send, outputs_for
 from detector.pricing import Pricing, load_pricing
 from detector.remediation.spec import ActionSpec, kind_error
 from detector.suppression.silence import Silence as CompiledSilence
@@ -176,6 +177,20 @@ class Routing(BaseModel):
         ids = self.approvers.teams.get(team, self.approvers.default) if team else self.approvers.default
         owner = self.users.get(tags.get(self.owner_tag, ""), "") if self.approvers.owner else ""
         return list(ids), owner
+    # Outputs besides Slack and which alerts go to them (detector/outputs/config.py, docs/outputs.md).
+    outputs: dict[OutputName, OutputSpec] = {}
+    send: Send = Send()
+
+    _send_known = field_validator("send")(check_send)
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs_valid(cls, outputs: dict[str, Any]) -> dict[str, Any]:
+        return check_outputs(outputs, LINK_FIELDS)
+
+    def outputs_for(self, tags: dict[str, str], severity: str) -> list[str]:
+        """The outputs (names; ``slack`` for Slack) an alert on a resource with ``tags`` goes to."""
+        return outputs_for(self.send, self.outputs, tags.get(self.by_tag, ""), severity)
 
 
 class Silence(BaseModel):
@@ -355,8 +370,10 @@ def _format_path(loc: Iterable[Any]) -> str:
 
 
 def _clean_loc(loc: tuple) -> tuple:
-    """Drop the union tag pydantic inserts after ``rules[i]``."""
+    """Drop the union tag pydantic inserts after ``rules[i]`` (and ``outputs.<name>``)."""
     if len(loc) > 2 and loc[0] == "rules" and isinstance(loc[1], int) and loc[2] in REGISTRY:
+        return loc[:2] + loc[3:]
+    if len(loc) > 2 and loc[0] == "outputs" and loc[2] in OUTPUT_KINDS:  # routing.yaml: outputs.<name>.<kind>
         return loc[:2] + loc[3:]
     return loc
 

@@ -15,6 +15,7 @@ import structlog
 from detector.alerts import AlertManager, AlertMemory
 from detector.delivery import Outbox
 from detector.engine import Engine
+from detector.outputs.outbox import OutputOutbox
 from detector.remediation.runner import ActionRunner
 from detector.rules import RuleSet
 from detector.settings import Settings
@@ -40,6 +41,8 @@ class WorkerParts:
     engine: Engine
     outbox: Outbox
     pipeline: Pipeline
+    outputs: OutputOutbox | None = None
+    """The outputs besides Slack (None: routing.yaml defines none at start)."""
     assigned_states: dict[str, bytes] = field(default_factory=dict)
     """Per-resource state of the assigned partitions, as loaded from the store; the engine
     takes a key's state from here the first time it sees the key."""

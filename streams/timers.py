@@ -22,6 +22,7 @@ log = structlog.get_logger("burnwatch.worker")
 
 def install_timers(parts: WorkerParts) -> None:
     _deliver_alerts(parts)
+    _deliver_outputs(parts)
     _act(parts)
     _pipeline_timers(parts)
     _reload_rules(parts)
@@ -59,6 +60,30 @@ def _deliver_alerts(parts: WorkerParts) -> None:
                 pipeline.outbox_ready.set()
 
 
+def _deliver_outputs(parts: WorkerParts) -> None:
+    pipeline, outputs = parts.pipeline, parts.outputs
+
+    @parts.app.task
+    async def deliver_outputs() -> None:
+        """Send queued alert changes to the outputs besides Slack when the pipeline hands some
+        over, and when a retry or an Alertmanager re-send is due (each output keeps its own
+        backoff: :mod:`detector.outputs.outbox`)."""
+        if outputs is None:
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            hold = outputs.hold_s
+            try:
+                await asyncio.wait_for(pipeline.outputs_ready.wait(), timeout=hold if hold > 0 else None)
+            except asyncio.TimeoutError:
+                pass
+            pipeline.outputs_ready.clear()
+            try:
+                await loop.run_in_executor(None, outputs.deliver_pending)
+            except Exception as exc:  # noqa: BLE001 - the store's, while taking a new configuration
+                log.warning("output_delivery_error", error=one_line(exc), pending=len(outputs))
+                await asyncio.sleep(1.0)
+                pipeline.outputs_ready.set()
 def _act(parts: WorkerParts, interval_s: float = 5.0) -> None:
     runner = parts.actions
 

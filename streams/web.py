@@ -275,6 +275,8 @@ def _healthz(parts: WorkerParts) -> None:
                 "alerts_resolved": s.alerts_resolved,
                 "slack_pending": len(outbox),
                 "slack_delivered": outbox.delivered,
+                "outputs_pending": len(parts.outputs) if parts.outputs is not None else 0,
+                "outputs_delivered": parts.outputs.delivered if parts.outputs is not None else 0,
             },
             status=503 if stalled else 200,
         )

@@ -14,6 +14,7 @@
 - :mod:`~detector.store.actions`: clicks on an alert's buttons, and snoozes;
 - :mod:`~detector.store.digests`: daily digests sent, and a day's ledger rows;
 - :mod:`~detector.store.deliveries`: Slack posts made and begun (the outbox's record);
+- :mod:`~detector.store.outputs`: deliveries to the other outputs (webhook, Alertmanager, email);
 - :mod:`~detector.store.remediation`: actions on incidents, every step (the audit).
 
 :class:`~detector.store.facade.Store` opens all of them at once.
