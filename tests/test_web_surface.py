@@ -39,8 +39,9 @@ def faust_paths() -> list[str]:
     return sorted(paths)
 
 
-def request(port: int, path: str, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
+def request(port: int, path: str, method: str = "GET", body: bytes | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=10) as response:
             return response.status, response.read()
@@ -55,7 +56,8 @@ def test_only_burnwatch_paths_are_served(tmp_path):
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert seeded.returncode == 0, seeded.stderr
     with EmbeddedBroker() as broker:
-        env = worker_env(broker.bootstrap, tmp_path / "data", ROOT / "rules", 2)
+        env = worker_env(broker.bootstrap, tmp_path / "data", ROOT / "rules", 2,
+                         BURNWATCH_WEB_USER_HEADER="X-Forwarded-Email")  # fmt: skip
         worker = WorkerProcess(env, tmp_path / "worker.log").start()
         try:
             worker.wait_until(lambda h: h["status"] == "ok", timeout=60)
@@ -76,7 +78,16 @@ def test_only_burnwatch_paths_are_served(tmp_path):
             assert status == 200 and b"No open incidents of team search." in body
             status, body = request(worker.port, "/api/incidents?limit=all")
             assert status == 400 and "limit: 'all' is not a whole number" in json.loads(body)["error"]
+            # the page's decisions (tests/test_incidents_page_actions.py): the person is the proxy's header
+            assert b"Signed in" not in request(worker.port, "/incidents")[1]
+            status, body = request(worker.port, "/incidents", headers={"X-Forwarded-Email": "alice@example.com"})
+            assert status == 200 and b"Signed in as <b>alice@example.com</b>; may decide actions here." in body
             status, body = request(worker.port, "/incidents", method="POST", body=b"x")
-            assert status == 403 and b"BURNWATCH_WEB_USER_HEADER is not set" in body  # read-only here
+            assert status == 403 and b"No person named by the proxy (X-Forwarded-Email)" in body
+            form = {"X-Forwarded-Email": "alice@example.com", "Sec-Fetch-Site": "same-origin",
+                    "Content-Type": "application/x-www-form-urlencoded"}  # fmt: skip
+            status, body = request(worker.port, "/incidents", method="POST", headers=form,
+                                   body=b"token=1.forged&alert_id=big&decision=approve")  # fmt: skip
+            assert status == 403 and b"not this person&#x27;s; reload the page" in body
         finally:
             worker.stop()
