@@ -84,7 +84,8 @@ def web_decider(routing: Routing, who: str) -> str:
 
 class PageTokens:
     """A token per page, bound to the person it was served to: ``<issued>.<hmac>``, valid
-    ``ttl_s``. The key is random per process: after a restart, a page must be reloaded."""
+    ``ttl_s``. The key is ``BURNWATCH_WEB_TOKEN_SECRET`` (shared by a group's workers), else
+    random per process: after a restart, a page must then be reloaded."""
 
     def __init__(self, key: bytes | None = None, *, clock: Callable[[], float] = time.time,
                  ttl_s: float = 8 * 3600) -> None:  # fmt: skip

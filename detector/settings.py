@@ -53,6 +53,10 @@ class Settings(BaseSettings):
                                    validation_alias="BURNWATCH_WEB_ORIGIN")
     """The page's origin as browsers see it (``https://burnwatch.example.com``), checked against
     a POST's ``Origin`` when the browser sends no ``Sec-Fetch-Site``; unset: the ``Host`` header."""
+    web_token_secret: SecretStr | None = Field(default=None, min_length=16, validation_alias="BURNWATCH_WEB_TOKEN_SECRET")
+    """The key of the incidents page's form tokens. The same on every worker of a group lets a
+    page served by one be posted to another (a load balancer between); unset: a random key
+    per process (a page must be reloaded after a restart, or on another worker)."""
     batch_max_messages: int = Field(default=50_000, ge=1, validation_alias="BURNWATCH_BATCH_MAX_MESSAGES")
     batch_max_bytes: int = Field(default=16 << 20, ge=1, validation_alias="BURNWATCH_BATCH_MAX_BYTES")
     batch_within_s: float = Field(default=0.25, gt=0, validation_alias="BURNWATCH_BATCH_WITHIN_S")

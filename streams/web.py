@@ -35,7 +35,7 @@ from faust.web import View
 
 from detector.actions import ActionHandler, RequestVerifier
 from detector.incidents import IncidentFilter, IncidentList, InvalidFilter, list_incidents
-from detector.incidents_actions import WebDecisions, actions_of, cross_site, identity
+from detector.incidents_actions import PageTokens, WebDecisions, actions_of, cross_site, identity
 from detector.incidents_page import HEADERS, render_error, render_page
 from detector.metrics import METRICS
 from detector.remediation.policy import Action
@@ -183,7 +183,9 @@ def _html(body: str, status: int) -> web.Response:
 
 def _incidents(parts: WorkerParts) -> None:
     settings = parts.settings
-    decisions = (WebDecisions(parts.store, parts.actions, outbox=parts.outbox)
+    secret = settings.web_token_secret
+    tokens = PageTokens(secret.get_secret_value().encode() if secret else None)
+    decisions = (WebDecisions(parts.store, parts.actions, tokens, outbox=parts.outbox)
                  if settings.web_user_header and parts.actions is not None else None)  # fmt: skip
     views = IncidentViews(parts.store, settings.slack_workspace_url, decisions=decisions,
                           user_header=settings.web_user_header, origin=settings.web_origin)  # fmt: skip

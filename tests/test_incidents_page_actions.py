@@ -327,6 +327,9 @@ def test_a_token_is_the_persons_and_expires():
     assert tokens.check("alice", token) is None
     assert tokens.check("bob", token) is not None
     assert PageTokens(clock=lambda: now[0]).check("alice", token) is not None  # another process's key
+    shared = b"burnwatch-web-token-secret"  # BURNWATCH_WEB_TOKEN_SECRET: one key for a group's workers
+    one, other = PageTokens(shared, clock=lambda: now[0]), PageTokens(shared, clock=lambda: now[0])
+    assert other.check("alice", one.issue("alice")) is None and other.check("bob", one.issue("alice")) is not None
     assert tokens.check("alice", "x" + token) is not None and tokens.check("alice", "") is not None
     now[0] += 3601
     assert tokens.check("alice", token) == "the page is too old; reload it"
