@@ -173,6 +173,9 @@ def render_page(listed: IncidentList, workspace_url: str | None = None,
     flt = listed.filter
     team = f" of team {_text(flt.team)}" if flt.team else ""
     parts = [f"<h1>Open incidents{team}</h1>"]
+    if user is not None:
+        can = "may decide actions here" if token is not None else "reads only: actions are decided in Slack"
+        parts.append(f'<p class="user">Signed in as <b>{_text(user)}</b>; {can}.</p>')
     parts.append(f'<p class="summary">{listed.open_total} open, burning {_text(money(listed.open_usd_per_hour))}/h '
                  "(dollars per hour at each incident's latest update)</p>")  # fmt: skip
     parts.append(
@@ -197,9 +200,6 @@ def render_page(listed: IncidentList, workspace_url: str | None = None,
             head += '<th class="action" scope="col">Action</th>'
         rows = "\n".join(_row(i, workspace_url, shown_actions, token, listed.as_of) for i in listed.incidents)
         parts.append(f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>")
-    if user is not None:
-        can = "may decide actions here" if token is not None else "reads only: actions are decided in Slack"
-        parts.append(f'<p class="user">Signed in as <b>{_text(user)}</b>; {can}.</p>')
     parts.append(f'<p class="asof">As of {_text(rfc3339(listed.as_of))}; ages and dollars are event time, '
                  "as of each incident's latest update. JSON: <code>/api/incidents</code>.</p>")  # fmt: skip
     return _page("burnwatch: open incidents", "\n".join(parts))
