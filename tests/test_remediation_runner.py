@@ -322,3 +322,25 @@ def test_a_refusal_is_told_only_to_slack_and_a_conflict_too(store, slack, tmp_pa
     (told,) = slack.calls("response_url")
     assert told.body["response_type"] == "ephemeral" and "awaits a decision" in told.body["text"]
     assert [s for s, _ in steps(store)] == ["proposed", "announced", "refused", "declined"]
+
+
+def test_a_message_posted_before_a_kill_is_found_not_posted_again(store, slack, tmp_path, moto_url):
+    """A worker killed after Slack took the action's message and before ``announced`` was
+    stored: the next one finds the message in the incident's thread and edits it."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    (proposal,) = [p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body]
+    # What the kill leaves: the message in Slack, its `announced` step never stored.
+    store.command(f"ALTER TABLE {store.db}.remediation_actions DELETE WHERE step = 'announced' "
+                  f"SETTINGS mutations_sync = 1")  # fmt: skip
+    assert [s for s, _ in steps(store)] == ["proposed"]
+    restarted, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    restarted.recover()
+    restarted.run_once()
+    assert [p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body] == [proposal]  # not posted again
+    announced = next(r for r in store.remediations.steps("a1") if r["step"] == "announced")
+    assert json.loads(announced["result"])["ts"] == proposal.response["ts"]
+    (update,) = slack.calls("chat.update")
+    assert update.body["ts"] == proposal.response["ts"] and "Proposed" in update.text_of_blocks()
