@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from detector.store import Store
 
 __all__ = ["DECISIONS", "PageTokens", "WebDecisions", "actions_of", "cross_site", "identity", "slack_user",
-           "web_decider"]  # fmt: skip
+           "web_decider", "who_may"]  # fmt: skip
 
 log = structlog.get_logger("burnwatch.web")
 
@@ -74,6 +74,22 @@ def slack_user(routing: Routing, who: str) -> str:
         folded = who.casefold()
         found = next((v for k, v in routing.users.items() if "@" in k and k.casefold() == folded), None)
     return found if found is not None and _SLACK_USER.fullmatch(found) else ""
+
+
+def who_may(routing: Routing, tags: Mapping[str, str]) -> str:
+    """Who may decide an action on a resource with ``tags``, in a line: each approver's names
+    in ``users`` with the Slack id, user groups by id, the owner where allowed."""
+    ids, owner = routing.approvers_for(dict(tags))
+    names: dict[str, list[str]] = {}
+    for name, user in routing.users.items():
+        names.setdefault(user, []).append(name)
+    shown = [f"{', '.join(names[i])} ({i})" if i in names else (f"user group {i}" if i.startswith("S") else i)
+             for i in ids]  # fmt: skip
+    if owner:
+        shown.append(f"the resource's owner ({', '.join(names.get(owner, [])) or owner})")
+    team = tags.get(routing.by_tag, "")
+    return (f"Approvers for {f'team {team}' if team else 'resources with no team'}: "
+            f"{'; '.join(shown) if shown else 'none are set in routing.yaml (approvers)'}.")  # fmt: skip
 
 
 def web_decider(routing: Routing, who: str) -> str:
@@ -178,10 +194,13 @@ class WebDecisions:
         tags = dict(row["tags"])
         if decision == "snooze":
             return self._snooze(who, alert_id)
-        decider = web_decider(self.runner.ruleset().routing, who)
+        routing = self.runner.ruleset().routing
+        decider = web_decider(routing, who)
         status, what = self.runner.decide(alert_id, decider, decision == "approve", tags)
         if status == 200:
             self.store.actions.record(self._click(what, alert_id, decider, who), at=self._clock())
+        elif status == 403:  # told who may, as Slack's clicker is (the audit keeps the reason alone)
+            what = f"{what}. {who_may(routing, tags)}"
         log.info("web_action", alert_id=alert_id, user=who, decided_by=decider, decision=decision, status=status)
         return status, what
 

@@ -15,7 +15,15 @@ import urllib.request
 
 import pytest
 
-from detector.incidents_actions import PageTokens, WebDecisions, cross_site, identity, slack_user, web_decider
+from detector.incidents_actions import (
+    PageTokens,
+    WebDecisions,
+    cross_site,
+    identity,
+    slack_user,
+    web_decider,
+    who_may,
+)  # fmt: skip
 from detector.remediation.ec2 import StopInstance
 from detector.remediation.instances import StopInstances
 from detector.remediation.policy import may_approve
@@ -154,7 +162,7 @@ def test_a_click_by_someone_not_an_approver_is_refused_and_recorded(world, brows
         with page.expect_navigation():
             page.locator("tr[data-alert-id=a1]").get_by_role("button", name="Approve").click()
         assert page.locator("h1").inner_text() == "403"
-        assert page.inner_text("p.message") == why
+        assert page.inner_text("p.message") == f"{why}. Approvers for team nlp: {ALICE} ({APPROVER})."
         with page.expect_navigation():
             page.get_by_role("link", name="Back to the incidents").click()
         assert page.locator("tr[data-alert-id=a1] .state-proposed").is_visible()  # still awaits an approver
@@ -256,6 +264,14 @@ ROUTING = Routing.model_validate({
               "owner-olga": "U0OLGA"},
     "approvers": {"default": ["U0PLATFORM"], "teams": {"nlp": ["U0ALICE", "S0LEADS"], "cv": []}},
 })  # fmt: skip
+
+
+def test_who_may_names_the_approvers_by_their_users_entries():
+    assert who_may(ROUTING, {"team": "nlp"}) == "Approvers for team nlp: alice@example.com (U0ALICE); user group S0LEADS."
+    assert who_may(ROUTING, {}) == "Approvers for resources with no team: U0PLATFORM."
+    assert who_may(ROUTING, {"team": "cv"}) == "Approvers for team cv: none are set in routing.yaml (approvers)."
+    owners = ROUTING.model_copy(update={"approvers": ROUTING.approvers.model_copy(update={"owner": True})})
+    assert who_may(owners, {"team": "cv", "owner": "bob"}) == "Approvers for team cv: the resource's owner (bob)."
 
 
 @pytest.mark.parametrize(("who", "slack_id"), [
