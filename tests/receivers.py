@@ -58,6 +58,7 @@ class LocalReceiver:
         self.delivered: list[Received] = []
         self.dedupes = dedupes
         self._failures: list[int] = []
+        self._garbled = 0
         self._hang_s = 0.0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -80,6 +81,11 @@ class LocalReceiver:
         with self._lock:
             self._failures += [status] * count
 
+    def garble_next(self, count: int) -> None:
+        """Take the next requests whole (delivered), then answer with something not HTTP."""
+        with self._lock:
+            self._garbled += count
+
     def hang(self, seconds: float) -> None:
         """Take the next requests whole, then answer only after ``seconds`` (a timeout for the sender)."""
         self._hang_s = seconds
@@ -96,7 +102,9 @@ class LocalReceiver:
                 received = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 with receiver._lock:
                     receiver.requests.append(received)
-                    status = receiver._failures.pop(0) if receiver._failures else 200
+                    garbled = receiver._garbled > 0
+                    receiver._garbled -= garbled
+                    status = receiver._failures.pop(0) if receiver._failures and not garbled else 200
                     if status == 200:
                         key = received.headers.get("idempotency-key")
                         seen = {r.headers.get("idempotency-key") for r in receiver.delivered}
@@ -104,6 +112,10 @@ class LocalReceiver:
                             receiver.delivered.append(received)
                 if receiver._hang_s:
                     time.sleep(receiver._hang_s)
+                if garbled:
+                    self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
+                    self.close_connection = True
+                    return
                 self.send_response(status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()

@@ -18,6 +18,7 @@ from detector.alerts import Alert
 from detector.outputs.outbox import OutputOutbox
 from detector.outputs.webhook import SIGNATURE, TIMESTAMP, verify
 from detector.rules import Routing
+from detector.units import rfc3339
 from tests.helpers import T0
 from tests.receivers import LocalReceiver, alertmanager, free_port, smtp_server, wait_until
 
@@ -628,3 +629,71 @@ def test_a_kill_before_any_write_sends_nothing_twice(chdb_client, secret_env, de
             assert len(unknown) <= 1, n  # the one send cut off, recorded as maybe sent
             if dedupes:
                 assert unknown == set(), n
+
+
+# -- found in review ------------------------------------------------------------------------
+
+
+def test_an_answer_that_is_not_http_is_taken_as_maybe_sent_not_sent_twice(store, secret_env):
+    """The receiver took the request and answered garbage (http.client's BadStatusLine, not an
+    OSError): to a receiver that does not dedupe it is recorded unknown, never sent again."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        receiver.garble_next(1)
+        outbox = OutputOutbox(store, routing(hook(receiver.url)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        for _ in range(3):
+            outbox.deliver_pending()
+            clock.now += 60
+    assert len(receiver.requests) == 1
+    assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "unknown"}
+
+
+def pager_posts(receiver: LocalReceiver) -> list[dict[str, Any]]:
+    """Every alert Alertmanager was sent (``postableAlert``), in order."""
+    return [a for r in receiver.requests for a in r.json]
+
+
+def test_a_refused_resolution_is_not_resent_as_firing(store):
+    """Alertmanager refused the resolution (400): the alert is no longer re-sent as firing
+    (which would keep it open there for good)."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, resend_s=60)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        outbox.deliver_pending()
+        receiver.fail_next(1, 400)
+        stored(store, alert("resolved"))
+        outbox.add([alert("resolved")])
+        outbox.deliver_pending()
+        assert store.outputs.states("a1")[("pager", "resolved")] == {"sending", "refused"}
+        posted = len(pager_posts(receiver))
+        clock.now += 120
+        outbox.deliver_pending()
+    assert len(pager_posts(receiver)) == posted  # no re-send of it as firing since
+
+
+def test_alertmanager_labels_stay_those_first_sent_while_firing(store):
+    """Alertmanager tells alerts apart by labels: a severity changed by a rules reload, or a
+    team re-tagged, mid-episode must not open a second alert there; the resolution ends the
+    one that is open, even when the new team is not routed to Alertmanager at all."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        send = {"default": ["slack"], "by_team": {"nlp": ["pager"]}}
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, resend_s=60), send), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        outbox.deliver_pending()
+        moved = {"team": "vision", "owner": "alice"}
+        outbox.add([msgspec.structs.replace(alert(severity="critical", tags=moved), change="updated", waste_usd=81.93)])
+        clock.now += 60
+        outbox.deliver_pending()  # the re-send, with the newer dollars
+        stored(store, alert("resolved", severity="critical", tags=moved))
+        outbox.add([alert("resolved", severity="critical", tags=moved)])
+        outbox.deliver_pending()
+    posts = pager_posts(receiver)
+    assert posts[-2]["annotations"]["dollars"] == "81.93"  # the update reached the re-send
+    assert all(p["labels"] == posts[0]["labels"] for p in posts), [p["labels"] for p in posts]
+    assert posts[-1]["endsAt"] <= rfc3339(time.time() + 1)  # the resolution

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import urllib.error
 import urllib.request
@@ -33,6 +34,10 @@ def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: f
         raise OutputError(f"{what} unreachable: {exc.reason}", retryable=True) from None
     except (ConnectionError, OSError) as exc:  # the request left; the connection dropped before the answer
         raise OutputError(f"{what}: connection lost: {exc}", retryable=True, maybe_sent=True) from None
+    except http.client.HTTPException as exc:  # the request left; the answer was not HTTP (BadStatusLine...)
+        said = " ".join(str(exc).split())[:200]
+        raise OutputError(f"{what}: an answer that is not HTTP: {type(exc).__name__} {said}", retryable=True,
+                          maybe_sent=True) from None  # fmt: skip
 
 
 def _head(exc: Any) -> str:
