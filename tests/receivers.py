@@ -195,6 +195,13 @@ class Mailbox:
     def __init__(self) -> None:
         self.messages: list[tuple[list[str], EmailMessage]] = []
         self.failures: list[str] = []
+        self.quit_reply: str | None = None
+        """What QUIT is answered (None: 221, as it should be)."""
+
+    async def handle_QUIT(self, server: Any, session: Any, envelope: Any) -> Any:  # noqa: N802 - aiosmtpd's name
+        from aiosmtpd.smtp import MISSING
+
+        return self.quit_reply if self.quit_reply is not None else MISSING
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's name
         if self.failures:

@@ -697,3 +697,19 @@ def test_alertmanager_labels_stay_those_first_sent_while_firing(store):
     assert posts[-2]["annotations"]["dollars"] == "81.93"  # the update reached the re-send
     assert all(p["labels"] == posts[0]["labels"] for p in posts), [p["labels"] for p in posts]
     assert posts[-1]["endsAt"] <= rfc3339(time.time() + 1)  # the resolution
+
+
+def test_a_mail_taken_then_a_bad_answer_to_quit_is_sent_once_and_recorded_sent(store):
+    """The server took the message (250), then answered QUIT with something else than 221:
+    the mail is delivered (recorded ``sent``), not taken for a failure and not sent again."""
+    clock = Clock()
+    with smtp_server() as (mailbox, port):
+        mailbox.quit_reply = "500 5.5.1 confused"
+        outbox = OutputOutbox(store, routing(mail_output(port)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+        clock.now += 60
+        outbox.deliver_pending()
+    assert len(mailbox.messages) == 1
+    assert store.outputs.states("a1")[("mail", "fired")] == {"sending", "sent"}
