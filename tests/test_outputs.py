@@ -713,3 +713,23 @@ def test_a_mail_taken_then_a_bad_answer_to_quit_is_sent_once_and_recorded_sent(s
         outbox.deliver_pending()
     assert len(mailbox.messages) == 1
     assert store.outputs.states("a1")[("mail", "fired")] == {"sending", "sent"}
+
+
+def test_a_token_with_a_line_break_is_trimmed_or_refused_never_shown(store, monkeypatch):
+    """A secret mounted from a file ends with a newline: it is trimmed. One with a line break
+    inside is refused naming the variable; http.client's own error would print it (as a
+    repr, which the log's redaction of the value as set does not match)."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        monkeypatch.setenv("BW_AM_TOKEN", "tok-Zq81xw\r\nX-Evil: 1")
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, bearer_token_env="BW_AM_TOKEN")), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        with capture_logs() as logs:
+            assert outbox.deliver_pending() == 0
+        assert "BW_AM_TOKEN" in logs[-1]["error"] and "Zq81xw" not in json.dumps(logs) and receiver.requests == []
+        assert not any("Zq81xw" in r["detail"] for r in store.query(f"SELECT detail FROM {store.db}.output_deliveries"))
+        monkeypatch.setenv("BW_AM_TOKEN", "tok-Zq81xw\n")
+        clock.now += 60
+        assert outbox.deliver_pending() == 1
+    assert receiver.requests[0].headers["authorization"] == "Bearer tok-Zq81xw"
