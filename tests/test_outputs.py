@@ -733,3 +733,23 @@ def test_a_token_with_a_line_break_is_trimmed_or_refused_never_shown(store, monk
         clock.now += 60
         assert outbox.deliver_pending() == 1
     assert receiver.requests[0].headers["authorization"] == "Bearer tok-Zq81xw"
+
+
+def test_a_silenced_resolution_still_ends_what_alertmanager_has_open(store):
+    """A silence added after the opening was sent holds the resolution back from every
+    output, but the one keeping the alert open must hear it, or re-send it as firing for good."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, resend_s=60)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        outbox.deliver_pending()
+        held = msgspec.structs.replace(alert("resolved"), silenced="silence: maintenance")
+        stored(store, held)
+        outbox.add([held])
+        outbox.deliver_pending()
+        posted = len(pager_posts(receiver))
+        clock.now += 120
+        outbox.deliver_pending()
+    posts = pager_posts(receiver)
+    assert len(posts) == posted and posts[-1]["endsAt"] <= rfc3339(time.time() + 1)  # resolved, not re-sent

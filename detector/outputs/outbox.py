@@ -155,8 +155,10 @@ class OutputOutbox:
 
     def add(self, alerts: Iterable[Alert]) -> None:
         """Hand stored changes over (no I/O: this runs on the worker's event loop). Held-back
-        (silenced) changes are not sent anywhere."""
-        items = [alert for alert in alerts if not alert.silenced]
+        (silenced) changes are not sent anywhere, except the resolution of an alert an
+        output keeps open (a silence added since its opening was sent: without it, it would
+        be re-sent as firing for good)."""
+        items = [alert for alert in alerts if not alert.silenced or alert.change == "resolved"]
         if items:
             with self._lock:
                 self._inbox.extend(items)
@@ -354,7 +356,7 @@ class OutputOutbox:
         for alert in taken:
             if self._owned is not None and max(alert.partition, 0) not in self._owned:
                 continue  # its partition moved on: the new holder recovers it
-            names = self.routing.outputs_for(alert.tags, alert.severity)
+            names = self.routing.outputs_for(alert.tags, alert.severity) if not alert.silenced else []
             for name, lane in self._lanes.items():
                 firing = lane.firing.get(alert.alert_id)
                 if name not in names and firing is None:
