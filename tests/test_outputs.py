@@ -359,6 +359,9 @@ def test_a_bad_routing_file_is_refused_with_file_line_and_field(tmp_path, rulese
         "    to: [\"b@example.com\\r\\nBcc: c@evil.example\"]\n": (6, "outputs.m.to[0]", "not a bare mail address"),
         "outputs:\n  am:\n    kind: alertmanager\n    url: http://am:9093\n    generator_url: https://g/{secret}\n": (
             1, "outputs", "am.generator_url: unknown field(s) secret"),
+        "outputs:\n  am:\n    kind: alertmanager\n    url: http://am:9093\n    generator_url: https://g/{rule:>999999999}\n": (
+            1, "outputs", "{rule:>999999999}: only plain fields"),
+        "links:\n  - name: x\n    url: https://g/{resource_id!r}\n": (3, "links[0].url", "only plain fields"),
         "outputs:\n  am:\n    kind: alertmanager\n    url: http://am:9093\n    resend_s: 60\n    ends_after_s: 30\n": (
             2, "outputs.am", "must exceed resend_s"),
     }
