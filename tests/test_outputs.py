@@ -127,7 +127,7 @@ def test_a_failing_receiver_is_retried_with_backoff_and_gets_the_alert_once(stor
     assert len(receiver.requests) == 3 and len(receiver.delivered) == 1
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["output_delivery_retry"] * 2
     assert SECRET not in json.dumps(logs, default=str)
-    assert len(outbox) == 0 and store.outputs.states("a1")[("hook", "fired")] == {"sending", "sent"}
+    assert len(outbox) == 0 and store.outputs.states("a1")[("hook", "fired")] == {"sending", "not_sent", "sent"}
 
 
 def test_a_receiver_refusing_for_good_is_recorded_and_not_retried(store, secret_env):
@@ -221,7 +221,7 @@ def test_a_receiver_not_listening_is_retried_even_when_it_does_not_dedupe(store,
     stored(store, alert())
     outbox.add([alert()])
     assert outbox.deliver_pending() == 0 and outbox.hold_s == 1.0 and len(outbox) == 1
-    assert store.outputs.states("a1") == {("hook", "fired"): {"sending"}}
+    assert store.outputs.states("a1") == {("hook", "fired"): {"sending", "not_sent"}}
 
 
 def test_a_timeout_to_a_receiver_that_does_not_dedupe_is_not_resent(store, secret_env):
@@ -756,3 +756,18 @@ def test_a_silenced_resolution_still_ends_what_alertmanager_has_open(store):
         outbox.deliver_pending()
     posts = pager_posts(receiver)
     assert len(posts) == posted and posts[-1]["endsAt"] <= rfc3339(time.time() + 1)  # resolved, not re-sent
+
+
+def test_a_kill_after_a_failed_try_still_sends_to_a_receiver_that_does_not_dedupe(store, secret_env):
+    """The receiver answered 503 (it has nothing), then the worker was killed before the
+    retry: the restarted worker sends the change, not records it 'unknown' and never sends it."""
+    with LocalReceiver() as receiver:
+        receiver.fail_next(1, status=503)
+        outbox = OutputOutbox(store, routing(hook(receiver.url)), clock=Clock())
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 0
+        restarted = OutputOutbox(store, routing(hook(receiver.url)), clock=Clock())  # the kill: a new worker
+        assert restarted.recover() == 1 and restarted.deliver_pending() == 1
+    assert len(receiver.delivered) == 1
+    assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "not_sent", "sent"}

@@ -303,6 +303,8 @@ class OutputOutbox:
                     raise OutputError(f"{name}: {type(exc).__name__}: {redact(str(exc))}", retryable=True,
                                       maybe_sent=True) from exc  # fmt: skip
             except OutputError as exc:
+                if exc.retryable and not exc.maybe_sent:  # certainly not received: a kill now must not leave it begun
+                    self._not_sent(name, alert, exc)
                 if exc.retryable and (not exc.maybe_sent or output.dedupes):
                     raise
                 state = "unknown" if exc.maybe_sent else "refused"
@@ -321,6 +323,12 @@ class OutputOutbox:
             sent += 1
             self._delivered += 1
         return sent
+
+    def _not_sent(self, name: str, alert: Alert, exc: OutputError) -> None:
+        try:
+            self.store.outputs.record([(alert.alert_id, name, alert.change, "not_sent", redact(str(exc))[:500])])
+        except Exception as error:  # noqa: BLE001 - left begun: after a kill, taken as maybe sent (never twice)
+            log.warning("output_store_error", output=name, error=str(error)[:300])
 
     def _finish(self, name: str, lane: _Lane, alert: Alert, state: str, detail: str) -> None:
         """Known here at once (so nothing is sent twice), then written to the store; a failed
