@@ -59,6 +59,9 @@ class LocalReceiver:
         self.dedupes = dedupes
         self._failures: list[int] = []
         self._garbled = 0
+        self._redirects: list[str] = []
+        self.gets: list[Received] = []
+        """GET requests (a client following a redirect turns a POST into one)."""
         self._hang_s = 0.0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -81,6 +84,11 @@ class LocalReceiver:
         with self._lock:
             self._failures += [status] * count
 
+    def redirect_next(self, location: str) -> None:
+        """Answer the next POST with 302 to ``location``."""
+        with self._lock:
+            self._redirects.append(location)
+
     def garble_next(self, count: int) -> None:
         """Take the next requests whole (delivered), then answer with something not HTTP."""
         with self._lock:
@@ -97,9 +105,27 @@ class LocalReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                with receiver._lock:
+                    receiver.gets.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, b""))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 received = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                with receiver._lock:
+                    location = receiver._redirects.pop(0) if receiver._redirects else None
+                if location is not None:
+                    with receiver._lock:
+                        receiver.requests.append(received)
+                    self.send_response(302)
+                    self.send_header("Location", location)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 with receiver._lock:
                     receiver.requests.append(received)
                     garbled = receiver._garbled > 0

@@ -771,3 +771,17 @@ def test_a_kill_after_a_failed_try_still_sends_to_a_receiver_that_does_not_dedup
         assert restarted.recover() == 1 and restarted.deliver_pending() == 1
     assert len(receiver.delivered) == 1
     assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "not_sent", "sent"}
+
+
+def test_a_redirect_is_not_followed_with_the_token_nor_taken_for_a_delivery(store, monkeypatch):
+    """urllib follows a 302 to a POST with a GET to anywhere, carrying Authorization along,
+    and the GET's 200 would be recorded 'sent' though nothing was delivered."""
+    monkeypatch.setenv("BW_AM_TOKEN", "tok-Rr93kd")
+    with LocalReceiver() as receiver, LocalReceiver() as elsewhere:
+        receiver.redirect_next(elsewhere.url)
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, bearer_token_env="BW_AM_TOKEN")), clock=Clock())
+        stored(store, alert())
+        outbox.add([alert()])
+        outbox.deliver_pending()
+    assert elsewhere.gets == [] and elsewhere.requests == []
+    assert "sent" not in store.outputs.states("a1")[("pager", "fired")]
