@@ -185,3 +185,34 @@ def test_a_series_saved_as_pairs_before_is_read_back_flat():
     assert msgspec.msgpack.decode(again, type=GrowthState, dec_hook=dec_hook) == restored
     old = msgspec.msgpack.encode({"history": [[300.0, 5.0]], "dest_region": "eu-west-1"})
     assert msgspec.msgpack.decode(old, type=DestinationState, dec_hook=dec_hook).history == array("d", [300.0, 5.0])
+
+
+def test_a_per_gpu_map_saved_before_is_read_back_as_an_array_by_gpu():
+    """Per-GPU values (a host's peak power, the latest sample time per GPU) are now arrays
+    indexed by GPU: a snapshot saved by the version before, with a map of GPU index to value,
+    restores to the same values (0.0 where a GPU had none, as the map's ``.get(i, 0.0)``), and a
+    new snapshot round-trips. A map whose keys are not GPU indexes is refused, not half-read."""
+    from array import array
+
+    import msgspec
+    import pytest
+
+    from detector.detectors.gpu_episode import GpuEpisodeState
+    from detector.detectors.inference_overprovisioned import InferenceOverprovisionedState
+    from detector.floats import dec_hook, enc_hook
+    from detector.model.features import WindowState
+
+    old = msgspec.msgpack.encode({"peak_power_w": {0: 310.5, 3: 295.0}, "gpus": [0, 3]})
+    restored = msgspec.msgpack.decode(old, type=GpuEpisodeState, dec_hook=dec_hook)
+    assert restored.peak_power_w == array("d", [310.5, 0.0, 0.0, 295.0])
+    again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
+    assert msgspec.msgpack.decode(again, type=GpuEpisodeState, dec_hook=dec_hook) == restored
+    old = msgspec.msgpack.encode({"gpu_last": {1: 1_700_000_030.0}})
+    assert msgspec.msgpack.decode(old, type=InferenceOverprovisionedState, dec_hook=dec_hook).gpu_last == array(
+        "d", [0.0, 1_700_000_030.0])  # fmt: skip
+    old = msgspec.msgpack.encode({"gpu_last": {7: 1_700_000_030.0}, "utils": [50.0]})
+    assert msgspec.msgpack.decode(old, type=WindowState, dec_hook=dec_hook).gpu_last[7] == 1_700_000_030.0
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(msgspec.msgpack.encode({"gpu_last": {"x": 1.0}}), type=WindowState, dec_hook=dec_hook)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(msgspec.msgpack.encode({"gpu_last": {999: 1.0}}), type=WindowState, dec_hook=dec_hook)

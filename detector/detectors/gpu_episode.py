@@ -22,12 +22,14 @@ from __future__ import annotations
 import builtins
 from typing import Any, ClassVar
 
+import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, advance, end
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import FloatArray, per_gpu
 from detector.pricing import usd_over
 from detector.units import Duration
 
@@ -45,8 +47,9 @@ class GpuEpisodeParams(Params):
 class GpuEpisodeState(Episode, kw_only=True):
     gpus: list[int] = []
     model: str = ""
-    peak_power_w: dict[int, float] = {}
-    """Highest power each GPU has drawn, kept by the detectors that read power."""
+    peak_power_w: FloatArray = msgspec.field(default_factory=per_gpu)
+    """Highest power each GPU has drawn, by GPU index (:func:`detector.floats.per_gpu`), kept by the
+    detectors that read power."""
     last_break: float = 0.0
     """Time of the newest sample that breaks an episode."""
     covered_until: float = 0.0

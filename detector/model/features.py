@@ -33,7 +33,7 @@ import math
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, floats
+from detector.floats import FloatArray, floats, grow, per_gpu
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
            "feature_names", "follows", "metrics_of", "model_group"]
@@ -136,7 +136,8 @@ class WindowState(msgspec.Struct, kw_only=True, gc=False):
     mem_frac_sum: float = 0.0
     power_sum: float = 0.0
     gpu_samples: int = 0
-    gpu_last: dict[int, float] = {}
+    gpu_last: FloatArray = msgspec.field(default_factory=per_gpu)
+    """Latest sample time per GPU index (:func:`detector.floats.per_gpu`): a re-read sample is not counted twice."""
     usage_last: float = 0.0
     egress_bytes: float = 0.0
     covered: bool = False
@@ -251,9 +252,13 @@ class WindowBuilder:
             st.covered = True
             st.paused = st.paused or paused
         if type(event) is GpuMetric:
-            if t <= st.gpu_last.get(event.gpu_index, 0.0):
-                return closed
-            st.gpu_last[event.gpu_index] = t
+            last, gpu = st.gpu_last, event.gpu_index
+            if gpu < len(last):
+                if t <= last[gpu]:
+                    return closed
+            else:
+                grow(last, gpu)
+            last[gpu] = t
             st.utils.append(event.util_pct)
             if event.mem_total_mib > 0:
                 st.mem_frac_sum += event.mem_used_mib / event.mem_total_mib
