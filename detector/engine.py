@@ -68,10 +68,14 @@ def _by_sample_then_rule(item: tuple[int, int, Any]) -> tuple[int, int]:
     return item[0], item[1]
 
 
+_NEVER = -math.inf
+"""A key's time for an event kind it has not sent (one float object shared by every key)."""
+
+
 class KeyState:
     """Everything known about one key. ``routes`` and ``context`` are derived, never saved."""
 
-    __slots__ = ("info", "rules", "last_t", "kind_t", "routes", "context")
+    __slots__ = ("info", "rules", "last_t", "gpu_t", "usage_t", "run_t", "routes", "context")
 
     def __init__(self, info: ResourceInfo, rules: dict[str, Any] | None = None, last_t: float = 0.0,
                  kind_t: dict[str, float] | None = None) -> None:  # fmt: skip
@@ -79,13 +83,24 @@ class KeyState:
         self.rules: dict[str, Any] = rules if rules is not None else {}
         """Rule name → that rule's detector state."""
         self.last_t = last_t
-        self.kind_t: dict[str, float] = kind_t if kind_t is not None else {}
-        """Event kind (:data:`_KIND`) → the latest time of that kind folded in: what a restart
-        may skip of the events it reads again (:meth:`Engine.already_seen`)."""
+        kinds = kind_t or {}
+        self.gpu_t: float = kinds.get("gpu", _NEVER)
+        """The latest time of a GPU sample folded in (:data:`_NEVER`: none), and below of a usage and
+        a run event: what a restart may skip of the events it reads again (:meth:`Engine.already_seen`).
+        Three slots, not a dict by kind (~160 bytes a key)."""
+        self.usage_t: float = kinds.get("usage", _NEVER)
+        self.run_t: float = kinds.get("run", _NEVER)
         self.routes: dict[type, Route] = {}
         """Event type → its routes; rebuilt when the resource changes."""
         self.context: Context | None = None
         """What this key's steps read (:class:`Context`), made by the engine at the key's first event."""
+
+    @property
+    def kind_t(self) -> dict[str, float]:
+        """Event kind (:data:`_KIND`) → the latest time of that kind folded in, for the kinds seen
+        (what a snapshot saves)."""
+        return {kind: t for kind, t in (("gpu", self.gpu_t), ("usage", self.usage_t), ("run", self.run_t))
+                if t != _NEVER}  # fmt: skip
 
 
 class _Snapshot(msgspec.Struct, kw_only=True):
@@ -237,12 +252,16 @@ class Engine:
                     ahead[key] = last_t
             elif last_t > t > watermark and t > ahead.get(key, 0.0):  # samples after an outlier
                 ahead[key] = t
-            kind = _KIND[etype]
-            if t > state.kind_t.get(kind, -math.inf):
-                state.kind_t[kind] = t
-            if etype is UsageEvent:
+            if etype is GpuMetric:
+                if t > state.gpu_t:
+                    state.gpu_t = t
+            elif etype is UsageEvent:
+                if t > state.usage_t:
+                    state.usage_t = t
                 self._update_info(state, event)  # type: ignore[arg-type]
-            elif etype is RunEvent:
+            else:
+                if t > state.run_t:
+                    state.run_t = t
                 self._run_t = t
             route = state.routes.get(etype)
             if route is None:
@@ -552,7 +571,7 @@ class Engine:
             _intern(info.resource_type), _intern(info.provider), _intern(info.account), _intern(info.region),
             _intern(info.instance_type), _intern(info.pricing), _intern(info.state))  # fmt: skip
         info.tags = self._shared_tags(info.tags)
-        state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t, kind_t=dict(snap.kind_t))
+        state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t, kind_t=snap.kind_t)
         self._keys[key] = state
         if restart:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)

@@ -216,3 +216,26 @@ def test_a_per_gpu_map_saved_before_is_read_back_as_an_array_by_gpu():
         msgspec.msgpack.decode(msgspec.msgpack.encode({"gpu_last": {"x": 1.0}}), type=WindowState, dec_hook=dec_hook)
     with pytest.raises(msgspec.ValidationError):
         msgspec.msgpack.decode(msgspec.msgpack.encode({"gpu_last": {999: 1.0}}), type=WindowState, dec_hook=dec_hook)
+
+
+def test_a_snapshot_keeps_the_latest_time_of_each_kind_the_key_sent(ruleset):
+    """A key's latest time per event kind (three floats on the key, not a dict) is saved as the
+    map by kind the snapshots have always held, only the kinds it sent; restored, a restart's
+    check skips what each kind had reached, and a snapshot from before the kinds were kept
+    (none saved) falls back to the key's time."""
+    import msgspec
+
+    engine = Engine(ruleset)
+    engine.process(timeline(T0, T0 + 5 * MIN, [90.0], rid="h", with_usage=False) + [usage(T0 + 2 * MIN, rid="h")])
+    saved = engine.snapshot("h")
+    assert msgspec.msgpack.decode(saved)["kind_t"] == {"gpu": T0 + 5 * MIN - 30, "usage": T0 + 2 * MIN}
+    restarted = Engine(ruleset, loader={"h": saved}.get)
+    assert restarted.already_seen(T0 + 2 * MIN, usage(T0 + 2 * MIN, rid="h"))
+    assert not restarted.already_seen(T0 + 3 * MIN, usage(T0 + 3 * MIN, rid="h"))
+    assert restarted.already_seen(T0 + 4 * MIN, timeline(T0 + 4 * MIN, T0 + 4 * MIN + 1, [90.0], rid="h", with_usage=False)[0])
+    assert restarted.snapshot("h") == saved
+    old = msgspec.msgpack.decode(saved)
+    del old["kind_t"]
+    before = Engine(ruleset, loader={"h": msgspec.msgpack.encode(old)}.get)
+    assert before.already_seen(T0 + 4 * MIN, usage(T0 + 4 * MIN, rid="h"))
+    assert before.snapshot("h") is not None and msgspec.msgpack.decode(before.snapshot("h"))["kind_t"] == {}
