@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import sys
 from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
@@ -38,7 +37,7 @@ import structlog
 
 from detector.billing.rates import BilledRates
 from detector.detectors import Detector, Finding, ResourceInfo
-from detector.detectors.base import BatchPhase, Behaviour, Context
+from detector.detectors.base import BatchPhase, Behaviour, Context, intern
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
 from detector.floats import dec_hook, enc_hook
 from detector.pricing import Pricer
@@ -117,9 +116,7 @@ _MAX_TAG_SETS = 100_000
 _NO_TAGS: dict[str, str] = {}
 
 
-def _intern(text: str) -> str:
-    """Short strings interned (types, regions, tag values); a long one is kept as it is."""
-    return sys.intern(text) if len(text) <= 64 else text
+_intern = intern
 
 
 class _KeyContext(Context):

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, advance, end
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
 from detector.events import Event, GpuMetric, UsageEvent
@@ -122,8 +122,8 @@ class GpuEpisode(DetectorBase):
         for i, ev in enumerate(events):
             if ev.gpu_index not in gpus:
                 gpus.append(ev.gpu_index)
-            if ev.model:
-                st.model = ev.model
+            if ev.model and ev.model != st.model:
+                st.model = intern(ev.model)
             if ev.pod or ev.allocated is not None or st.pods or st.allocated:
                 _note_pod(st, ev)
             if breaks(st, ev):
