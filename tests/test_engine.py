@@ -239,3 +239,20 @@ def test_a_snapshot_keeps_the_latest_time_of_each_kind_the_key_sent(ruleset):
     before = Engine(ruleset, loader={"h": msgspec.msgpack.encode(old)}.get)
     assert before.already_seen(T0 + 4 * MIN, usage(T0 + 4 * MIN, rid="h"))
     assert before.snapshot("h") is not None and msgspec.msgpack.decode(before.snapshot("h"))["kind_t"] == {}
+
+
+def test_egress_intervals_saved_as_triples_before_are_read_back_flat():
+    """The egress rule's short window is now a flat array of (t, bytes, seconds) triples: a snapshot
+    saved before, with a list of triples, restores to the same intervals, in order."""
+    from array import array
+
+    import msgspec
+
+    from detector.detectors.egress_runaway import DestinationState
+    from detector.floats import dec_hook, enc_hook
+
+    old = msgspec.msgpack.encode({"recent": [[60.0, 2e9, 60.0], [120.0, 3e9, 60.0]], "dest_region": "eu-west-1"})
+    restored = msgspec.msgpack.decode(old, type=DestinationState, dec_hook=dec_hook)
+    assert restored.recent == array("d", [60.0, 2e9, 60.0, 120.0, 3e9, 60.0])
+    again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
+    assert msgspec.msgpack.decode(again, type=DestinationState, dec_hook=dec_hook) == restored
