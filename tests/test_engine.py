@@ -256,3 +256,24 @@ def test_egress_intervals_saved_as_triples_before_are_read_back_flat():
     assert restored.recent == array("d", [60.0, 2e9, 60.0, 120.0, 3e9, 60.0])
     again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
     assert msgspec.msgpack.decode(again, type=DestinationState, dec_hook=dec_hook) == restored
+
+
+def test_states_saved_with_empty_containers_before_read_back_as_nothing_yet():
+    """Fields that hold nothing on most resources are None (or the one empty tuple) until they do,
+    not an empty dict or list on every key: states saved before, with those empty containers or
+    with contents, restore to what they said, and a new state round-trips."""
+    import msgspec
+
+    from detector.detectors.anomaly import AnomalyState
+    from detector.detectors.gpu_episode import GpuEpisodeState
+    from detector.floats import dec_hook, enc_hook
+
+    old = msgspec.msgpack.encode({"pods": {}, "allocated": {"0": True}, "peak_power_w": {}, "gpus": [0]})
+    restored = msgspec.msgpack.decode(old, type=GpuEpisodeState, dec_hook=dec_hook)
+    assert not restored.pods and restored.allocated == {"0": True} and not restored.peak_power_w
+    old = msgspec.msgpack.encode({"run": [[300.0, 1.5, 2.0], [600.0, 2.5, 2.0]], "stands_out": [{"feature": "x"}]})
+    restored = msgspec.msgpack.decode(old, type=AnomalyState, dec_hook=dec_hook)
+    assert restored.run == ((300.0, 1.5, 2.0), (600.0, 2.5, 2.0)) and restored.stands_out == [{"feature": "x"}]
+    for fresh in (GpuEpisodeState(), AnomalyState()):
+        again = msgspec.msgpack.encode(fresh, enc_hook=enc_hook)
+        assert msgspec.msgpack.decode(again, type=type(fresh), dec_hook=dec_hook) == fresh

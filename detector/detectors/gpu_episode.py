@@ -22,14 +22,13 @@ from __future__ import annotations
 import builtins
 from typing import Any, ClassVar
 
-import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, advance, end
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, per_gpu
+from detector.floats import FloatArray
 from detector.pricing import usd_over
 from detector.units import Duration
 
@@ -47,9 +46,9 @@ class GpuEpisodeParams(Params):
 class GpuEpisodeState(Episode, kw_only=True):
     gpus: list[int] = []
     model: str = ""
-    peak_power_w: FloatArray = msgspec.field(default_factory=per_gpu)
+    peak_power_w: FloatArray | None = None
     """Highest power each GPU has drawn, by GPU index (:func:`detector.floats.per_gpu`), kept by the
-    detectors that read power."""
+    detectors that read power (None for the others, and before a sample)."""
     last_break: float = 0.0
     """Time of the newest sample that breaks an episode."""
     covered_until: float = 0.0
@@ -57,10 +56,11 @@ class GpuEpisodeState(Episode, kw_only=True):
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
-    pods: dict[str, Pod] = {}
-    """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named."""
-    allocated: dict[str, bool] = {}
-    """Unit → whether a pod holds it, for units whose samples say."""
+    pods: dict[str, Pod] | None = None
+    """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named (None: no sample
+    named one; most hosts are not on Kubernetes, and an empty dict is 64 bytes on each)."""
+    allocated: dict[str, bool] | None = None
+    """Unit → whether a pod holds it, for units whose samples say (None: none said)."""
 
     def clear(self) -> None:
         super().clear()
@@ -229,6 +229,10 @@ def _note_pod(st: GpuEpisodeState, ev: GpuMetric) -> None:
     :data:`~detector.detectors.pods.MAX_UNITS` is not kept)."""
     unit = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else str(ev.gpu_index)
     pod = pod_of(ev)
+    if st.pods is None:
+        st.pods = {}
+    if st.allocated is None:
+        st.allocated = {}
     if pod is None:
         st.pods.pop(unit, None)
     elif unit in st.pods or len(st.pods) < MAX_UNITS:

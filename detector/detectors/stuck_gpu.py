@@ -46,7 +46,7 @@ from pydantic import Field
 from detector.detectors.activity import resident, stuck_evidence
 from detector.detectors.gpu_episode import GpuEpisode, GpuEpisodeParams, GpuEpisodeState
 from detector.events import GpuMetric
-from detector.floats import grow
+from detector.floats import grow, per_gpu
 from detector.units import Duration, Percent
 
 __all__ = ["StuckGpu", "StuckGpuParams"]
@@ -75,6 +75,8 @@ class StuckGpu(GpuEpisode):
     def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
         p = self.params
         peaks, gpu = st.peak_power_w, ev.gpu_index
+        if peaks is None:
+            peaks = st.peak_power_w = per_gpu()
         if gpu >= len(peaks):
             grow(peaks, gpu)
         peak = peaks[gpu]
