@@ -72,9 +72,10 @@ _NEVER = -math.inf
 
 
 class KeyState:
-    """Everything known about one key. ``routes`` and ``context`` are derived, never saved."""
+    """Everything known about one key. Its routes and ``context`` are derived, never saved."""
 
-    __slots__ = ("info", "rules", "last_t", "gpu_t", "usage_t", "run_t", "routes", "context")
+    __slots__ = ("info", "rules", "last_t", "gpu_t", "usage_t", "run_t", "gpu_route", "usage_route", "run_route",
+                 "context")  # fmt: skip
 
     def __init__(self, info: ResourceInfo, rules: dict[str, Any] | None = None, last_t: float = 0.0,
                  kind_t: dict[str, float] | None = None) -> None:  # fmt: skip
@@ -89,10 +90,17 @@ class KeyState:
         Three slots, not a dict by kind (~160 bytes a key)."""
         self.usage_t: float = kinds.get("usage", _NEVER)
         self.run_t: float = kinds.get("run", _NEVER)
-        self.routes: dict[type, Route] = {}
-        """Event type → its routes; rebuilt when the resource changes."""
+        self.gpu_route: Route | None = None
+        """The route of GPU samples, and below of usage and run events (None: not made yet); rebuilt
+        when the resource changes. Three slots, not a dict by event type (~150 bytes a key)."""
+        self.usage_route: Route | None = None
+        self.run_route: Route | None = None
         self.context: Context | None = None
         """What this key's steps read (:class:`Context`), made by the engine at the key's first event."""
+
+    def clear_routes(self) -> None:
+        """Forget the routes (the resource or the rules changed): the next event of each type makes its own."""
+        self.gpu_route = self.usage_route = self.run_route = None
 
     @property
     def kind_t(self) -> dict[str, float]:
@@ -252,15 +260,17 @@ class Engine:
             if etype is GpuMetric:
                 if t > state.gpu_t:
                     state.gpu_t = t
+                route = state.gpu_route
             elif etype is UsageEvent:
                 if t > state.usage_t:
                     state.usage_t = t
                 self._update_info(state, event)  # type: ignore[arg-type]
+                route = state.usage_route  # after the update: a changed resource has none
             else:
                 if t > state.run_t:
                     state.run_t = t
                 self._run_t = t
-            route = state.routes.get(etype)
+                route = state.run_route
             if route is None:
                 route = self._route(state, etype)
             ctx = state.context
@@ -392,7 +402,12 @@ class Engine:
             plan = self._plans[signature] = tuple((d.step, d.step_scrape, d) for d in detectors)
         route = (plan, states)
         if info.known:
-            state.routes[event_type] = route
+            if event_type is GpuMetric:
+                state.gpu_route = route
+            elif event_type is UsageEvent:
+                state.usage_route = route
+            else:
+                state.run_route = route
         return route
 
     def resource(self, resource_id: str) -> ResourceInfo | None:
@@ -444,7 +459,7 @@ class Engine:
         if cost.usd_per_hour is not None:
             info.usd_per_hour = cost.usd_per_hour
         if changed:
-            state.routes.clear()
+            state.clear_routes()
 
     def _shared_tags(self, tags: dict[str, str]) -> dict[str, str]:
         """One dict per distinct tag set, its strings interned (never mutated: replaced on change).
@@ -472,7 +487,7 @@ class Engine:
         self._by_name = {r.detector.name: r.detector for r in ruleset.rules}
         self._plans.clear()
         for state in self._keys.values():
-            state.routes.clear()
+            state.clear_routes()
             for name, rule_state in list(state.rules.items()):
                 rule = ruleset.by_name(name)
                 if rule is None or not isinstance(rule_state, rule.detector.State):
