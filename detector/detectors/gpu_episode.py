@@ -35,6 +35,10 @@ from detector.units import Duration
 __all__ = ["GpuEpisode", "GpuEpisodeParams", "GpuEpisodeState"]
 
 
+_FIRST = tuple(tuple(range(n)) for n in range(257))
+"""``_FIRST[n]`` is GPUs ``0 .. n-1``, the GPUs of most hosts, shared (an index is at most 255)."""
+
+
 class GpuEpisodeParams(Params):
     for_: Duration = Field(default=1800.0, alias="for", gt=0)
     stale_after: Duration = Field(default=300.0, gt=0)
@@ -44,7 +48,9 @@ class GpuEpisodeParams(Params):
 
 
 class GpuEpisodeState(Episode, kw_only=True):
-    gpus: list[int] = []
+    gpus: tuple[int, ...] = ()
+    """The GPU indexes seen, in order: a tuple replaced when one is new, the usual ``0, 1, ... n-1``
+    one shared by every host (:data:`_FIRST`), not a list on each."""
     model: str = ""
     peak_power_w: FloatArray | None = None
     """Highest power each GPU has drawn, by GPU index (:func:`detector.floats.per_gpu`), kept by the
@@ -121,7 +127,8 @@ class GpuEpisode(DetectorBase):
         gpus, breaks = st.gpus, self.breaks
         for i, ev in enumerate(events):
             if ev.gpu_index not in gpus:
-                gpus.append(ev.gpu_index)
+                gpus = (*gpus, ev.gpu_index)
+                st.gpus = gpus = _FIRST[len(gpus)] if gpus == _FIRST[len(gpus)] else gpus
             if ev.model and ev.model != st.model:
                 st.model = intern(ev.model)
             if ev.pod or ev.allocated is not None or st.pods or st.allocated:
