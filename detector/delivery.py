@@ -40,7 +40,10 @@ from detector.slack import SlackError, SlackNotifier
 from detector.store import Store, alert_from_row
 from detector.suppression import Silence
 
-__all__ = ["Outbox"]
+__all__ = ["UNROUTED", "Outbox"]
+
+UNROUTED = ("", "unrouted")
+"""The (channel, ts) recorded for a change ``routing.yaml`` sends elsewhere than Slack."""
 
 log = structlog.get_logger("burnwatch.delivery")
 
@@ -69,6 +72,9 @@ class Outbox:
         self.snooze_refresh_s = 30.0
         self.on_opened: Callable[[Alert, str, str], None] | None = None
         """Called with (alert, channel, message ts) after an opening is posted alone (charts)."""
+        self.wants: Callable[[Alert], bool] | None = None
+        """Whether an alert goes to Slack (``routing.yaml`` ``send``; None: every alert). One that
+        does not is recorded as handled (``unrouted``), so no restart posts it."""
         # Shared with other threads, under the lock.
         self._lock = threading.Lock()
         self._inbox: deque[tuple[Alert, float]] = deque()
@@ -277,6 +283,10 @@ class Outbox:
         key = (alert.alert_id, alert.change)
         if key in self._done or key in self._queued:
             return
+        if self.wants is not None and (not self.wants(alert) or self._done.get((alert.alert_id, "fired")) == UNROUTED):
+            self.store.deliveries.record(alert.alert_id, alert.change, *UNROUTED)  # its resolution follows its opening
+            self._done[key] = UNROUTED
+            return
         self._queue.append(alert)
         self._queued.add(key)
         self._queued_at.setdefault(alert.alert_id, added_at)
@@ -348,8 +358,8 @@ class Outbox:
                 del self._edits[alert_id]
                 continue
             thread = self._done.get((alert_id, "fired"))
-            if thread is None or not thread[1] or thread[1] in self._group_ts:
-                if thread is not None:  # a group's message, or a webhook's: nothing to edit
+            if thread is None or not thread[1] or thread[1] in self._group_ts or thread == UNROUTED:
+                if thread is not None:  # a group's message, a webhook's, or none (routed elsewhere): nothing to edit
                     del self._edits[alert_id]
                 continue  # not posted yet: wait for the opening
             wait = self._edited_at.get(alert_id, -1e18) + self.edit_every_s - now

@@ -17,6 +17,10 @@ from detector.charts import ChartWorker
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.logs import stdlib_logging_config
+from detector.outputs.config import SLACK
+from detector.outputs.outbox import OutputOutbox
+from detector.remediation.executors import executors
+from detector.remediation.runner import ActionRunner
 from detector.settings import Settings
 from detector.slack import SlackNotifier
 from detector.store import EventHistory, Store
@@ -82,6 +86,8 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
                     fetch=store.states.get)  # fmt: skip
     engine.directory = HostDirectory(store.history)  # a run's hosts held by another worker
     outbox = Outbox(store, _notifier(settings))
+    outbox.wants = lambda alert: SLACK in config.current.routing.outputs_for(alert.tags, alert.severity)
+    outputs = OutputOutbox(store, config.current.routing)  # webhook, Alertmanager, email (docs/outputs.md)
     if outbox.notifier is not None and outbox.notifier.threads and settings.slack_charts:
         outbox.on_opened = ChartWorker(store, outbox.notifier).start().submit
     pipeline = Pipeline(
@@ -96,9 +102,12 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         generation=lambda: app.consumer_generation_id,
         flow=flow_control(app),
         max_held_per_partition=settings.max_held_per_partition,
+        outputs=outputs,
     )
+    actions = ActionRunner(store, executors(settings), lambda: config.current.ruleset, outbox.notifier)
     parts = WorkerParts(settings=settings, store=store, app=app, config=config, engine=engine, outbox=outbox,
-                        pipeline=pipeline, assigned_states=assigned_states)  # fmt: skip
+                        pipeline=pipeline, assigned_states=assigned_states, outputs=outputs,
+                        actions=actions)  # fmt: skip
     pipeline.configure()  # the rules' Slack routing, before anything is posted
     install_agent(parts)
     install_handover(parts)

@@ -41,6 +41,9 @@ def install_handover(parts: WorkerParts) -> None:
         # Slack posts move with partitions too: after any post in progress, drop what is queued
         # (stored: the next holder recovers it), so no alert is posted by two workers.
         await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
+        if parts.outputs is not None:
+            await asyncio.get_running_loop().run_in_executor(None, parts.outputs.revoke)
+        await _stop_acting(parts)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
@@ -64,6 +67,11 @@ def install_handover(parts: WorkerParts) -> None:
         if recovered:
             log.info("outbox_recovered", pending=recovered)
         pipeline.outbox_ready.set()
+        if parts.outputs is not None:
+            recovered = await loop.run_in_executor(None, parts.outputs.assign, partitions)
+            if recovered:
+                log.info("outputs_recovered", pending=recovered)
+            pipeline.outputs_ready.set()
         pipeline.resume()
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
@@ -75,3 +83,14 @@ def install_handover(parts: WorkerParts) -> None:
         pipeline.stop()
         await pipeline.pause()
         await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
+        if parts.outputs is not None:
+            await asyncio.get_running_loop().run_in_executor(None, parts.outputs.revoke)
+        await _stop_acting(parts)
+
+
+async def _stop_acting(parts: WorkerParts) -> None:
+    """Actions on incidents move with partition 0: stop acting, after any pass in progress (its
+    steps are stored: the next holder reads them), so no action is taken by two workers."""
+    parts.owns_digest = False
+    if parts.actions is not None:
+        await asyncio.get_running_loop().run_in_executor(None, parts.actions.reset)

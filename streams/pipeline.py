@@ -37,6 +37,7 @@ from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.events import Event, InvalidMessage
 from detector.metrics import METRICS
+from detector.outputs.outbox import OutputOutbox
 from detector.store import EventBatch, Store
 from detector.units import one_line
 from streams.acks import InOrderAcks
@@ -172,10 +173,13 @@ class Pipeline:
         generation: Callable[[], int | None] = lambda: None,
         flow: Callable[[list[TP], list[TP]], None] | None = None,
         max_held_per_partition: int = 2000,
+        outputs: OutputOutbox | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
         self.outbox = outbox
+        self.outputs = outputs
+        """The outputs besides Slack (webhook, Alertmanager, email), when configured."""
         self.manager = manager
         self.config = config or LiveConfig(Config.of(engine.ruleset))
         """The configuration in force: read at the start of each batch (:meth:`configure`)."""
@@ -189,6 +193,9 @@ class Pipeline:
         """Key → partition it arrived on, so its state is filed under that partition."""
         self.stats = Stats()
         self.outbox_ready = asyncio.Event()
+        self.outputs_ready = asyncio.Event()
+        self._outputs_routing: object = outputs.routing if outputs is not None else None
+        """The routing last handed to the outputs (a reload hands over the new one)."""
         self._positions: dict[TP, int] = {}
         """Next expected offset per topic-partition: a jump or a rewind is logged."""
         self.ready = asyncio.Event()
@@ -347,6 +354,10 @@ class Pipeline:
         notifier = self.outbox.notifier
         if notifier is not None and notifier.routing is not config.routing:
             notifier.routing = config.routing
+        if self.outputs is not None and self._outputs_routing is not config.routing:
+            self._outputs_routing = config.routing
+            self.outputs.configure(config.routing)
+            self.outputs_ready.set()
         return config
 
     def _read(self, messages: Sequence[Message]) -> _Step:
@@ -490,6 +501,10 @@ class Pipeline:
         self.outbox.add(step.alerts)
         if self.outbox.has_work:
             self.outbox_ready.set()
+        if self.outputs is not None:
+            self.outputs.add(step.alerts)
+            if self.outputs.has_work:
+                self.outputs_ready.set()
         finished: list[Message] = []
         for message, reason in step.dead + step.refused:
             await self._dead_letter(message, reason)

@@ -155,12 +155,13 @@ def _incidents(parts: WorkerParts) -> None:
 def _slack_actions(parts: WorkerParts) -> None:
     secret = parts.settings.slack_signing_secret
     outbox = parts.outbox
-    actions = (ActionHandler(RequestVerifier(secret.get_secret_value()), parts.store, outbox.notifier, outbox)
-               if secret else None)  # fmt: skip
+    actions = (ActionHandler(RequestVerifier(secret.get_secret_value()), parts.store, outbox.notifier, outbox,
+                             remediation=parts.actions) if secret else None)  # fmt: skip
 
     @parts.app.page("/slack/actions")
     class SlackActions(View):
-        """Slack's interactivity endpoint: Acknowledge, Snooze 24h, Mark as expected."""
+        """Slack's interactivity endpoint: Acknowledge, Snooze 24h, Mark as expected; Approve
+        and Decline on an action's message."""
 
         async def post(self, request: Any, **kwargs: Any) -> Any:
             if actions is None:
@@ -220,6 +221,8 @@ def _healthz(parts: WorkerParts) -> None:
                 "alerts_resolved": s.alerts_resolved,
                 "slack_pending": len(outbox),
                 "slack_delivered": outbox.delivered,
+                "outputs_pending": len(parts.outputs) if parts.outputs is not None else 0,
+                "outputs_delivered": parts.outputs.delivered if parts.outputs is not None else 0,
             },
             status=503 if stalled else 200,
         )

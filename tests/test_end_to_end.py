@@ -21,8 +21,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from detector.backtest import backtest
+from detector.outputs.webhook import verify
 from detector.replay import write_replay
 from detector.simulate import SimConfig, simulate
 from detector.testing import LocalSlack
@@ -30,6 +32,7 @@ from streams.embedded import EmbeddedBroker
 from streams.kafka import count_events, ensure_topics, file_records, publish_records, value_end_time
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
+from tests.receivers import LocalReceiver
 from tests.reliability import read_dead_letters
 from tests.test_actions import click_body, signed
 
@@ -45,6 +48,7 @@ MALFORMED = [
 ]  # fmt: skip
 ALERT_ID = re.compile(r"alert `([0-9a-f]{16})`")
 SIGNING_SECRET = "e2e-signing-secret"
+HOOK_SECRET = "e2e-webhook-secret"
 
 
 def post_click(port: int, body: bytes, headers: dict[str, str]) -> int:
@@ -89,19 +93,23 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
     split = next(i for i, m in enumerate(messages) if (value_end_time(m[2]) or 0) > restart_at)
     first, second = messages[:split], messages[split:]
 
-    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack, LocalReceiver() as hook:
         rules = tmp_path / "rules"
         shutil.copytree(ROOT / "rules", rules)
+        routing = yaml.safe_load((rules / "routing.yaml").read_text())  # every alert to a webhook as well as Slack
+        routing |= {"outputs": {"hook": {"kind": "webhook", "url": hook.url, "secret_env": "E2E_HOOK_SECRET"}},
+                    "send": {"default": ["slack", "hook"]}}  # fmt: skip
+        (rules / "routing.yaml").write_text(yaml.safe_dump(routing))
         env = worker_env(broker.bootstrap, tmp_path / "data", rules, PARTITIONS,
                          SLACK_BOT_TOKEN="xoxb-local", SLACK_CHANNEL="#ml-cost", SLACK_BASE_URL=slack.api_url,
-                         SLACK_SIGNING_SECRET=SIGNING_SECRET)  # fmt: skip
+                         SLACK_SIGNING_SECRET=SIGNING_SECRET, E2E_HOOK_SECRET=HOOK_SECRET)  # fmt: skip
         publish(broker.bootstrap, first)
         events_first = count_events(first)
 
         worker = WorkerProcess(env, tmp_path / "worker-1.log").start()
         try:
             worker.wait_until(lambda h: h["events"] >= events_first and h["detected"] >= events_first
-                              and h["slack_pending"] == 0, timeout=180)  # fmt: skip
+                              and h["slack_pending"] == 0 and h["outputs_pending"] == 0, timeout=180)  # fmt: skip
             assert "rules only" in worker.wait_for_log('"model_absent"', timeout=10)  # cold start, said once
         finally:
             assert worker.stop() == 0, worker.tail()
@@ -115,7 +123,7 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
             n_resolved = sum(a.resolved_at is not None for a in expected.values())
             worker.wait_until(
                 lambda h: h["events"] >= events_second and h["dead_letters"] >= len(MALFORMED) and h["held"] == 0
-                and h["slack_pending"] == 0,  # everything detected before the reload below changes a rule
+                and h["slack_pending"] == 0 and h["outputs_pending"] == 0,  # all detected before the reload below
                 timeout=180,
             )  # fmt: skip
             assert slack.wait_for(lambda reqs: len(reqs) >= len(expected) + 2 * n_resolved, timeout=30)
@@ -179,6 +187,13 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
         for alert_id in resolved_ids:  # every other resolved incident's message ends up saying so
             if opening_ts[alert_id] not in group_ts:
                 assert "Resolved" in last_edit[opening_ts[alert_id]]
+
+        # -- the webhook: every opening and every resolution once, across the restart, each signed.
+        hooked = [(r.json["id"], r.json["change"]) for r in hook.requests]
+        assert sorted(hooked) == sorted([(a, "fired") for a in expected]
+                                        + [(a, "resolved") for a, alert in expected.items() if alert.resolved_at])
+        assert all(verify(HOOK_SECRET, r.headers["x-burnwatch-timestamp"], r.body, r.headers["x-burnwatch-signature"])
+                   for r in hook.requests)  # fmt: skip
 
         # -- every labelled episode alerted once, on the right resource, dollars within 10 %.
         stored = {r["alert_id"]: r for r in sql(env, "SELECT * FROM burnwatch.alerts FINAL")}

@@ -246,3 +246,21 @@ def test_a_huge_file_sd_file_is_refused_unread(tmp_path: Path, monkeypatch: pyte
     big.write_text(json.dumps([{"targets": [f"10.0.{i // 250}.{i % 250}:9400" for i in range(200)]}]))
     targets, errors = file_sd_targets(FileSd(files=[str(big)]))
     assert targets == [] and errors == [f"{big}: larger than 1,000 bytes: not a target list"]
+
+
+def test_the_labels_that_say_what_stops_a_pod_are_read_by_default() -> None:
+    """KubeSpawner's and KServe's labels, as kube-state-metrics spells them (dots and slashes as '_'),
+    become the pod's tags under their Kubernetes names: the cull_notebook and scale_to_zero actions read them."""
+    text = ksm_text(merge(
+        node("n1", "aws:///us-east-1a/i-0n1", "g5.12xlarge", "us-east-1", 4),
+        pod("jhub", "jupyter-dana", "n1", 1),
+        pod("serving", "bert-predictor-x", "n1", 1, owner=("ReplicaSet", "bert-predictor-5d")),
+        {"kube_pod_labels": [
+            ({"namespace": "jhub", "pod": "jupyter-dana", "uid": "uid-jupyter-dana", "label_hub_jupyter_org_username": "dana",
+              "label_hub_jupyter_org_servername": "", "label_component": "singleuser-server"}, 1),
+            ({"namespace": "serving", "pod": "bert-predictor-x", "uid": "uid-bert-predictor-x",
+              "label_serving_kserve_io_inferenceservice": "bert"}, 1)]},
+    ))  # fmt: skip
+    state = kube_state(parse_exposition(text, "ksm:8080"), T)
+    assert state.tags("jhub", "jupyter-dana") == {"hub.jupyter.org/username": "dana"}  # an empty servername: the default server
+    assert state.tags("serving", "bert-predictor-x") == {"serving.kserve.io/inferenceservice": "bert"}

@@ -9,7 +9,8 @@ namespace's ownership labels (``tags``). The idle alerts use them three ways:
   project; ``env`` kept as is). They win over the instance's tags for a pod's waste:
   the node belongs to the platform team, the idle GPUs to whoever runs the pod. With
   several pods, a label counts only when they all agree on it.
-- **Details.** Each pod (namespace, name, workload, GPUs, owner) goes in the finding.
+- **Details.** Each pod (namespace, name, workload, GPUs, owner, and the :data:`ACTION_LABELS`
+  it has) goes in the finding.
 - **Command.** What to run instead of "stop the instance" (which the node group would
   replace): ``Deployment``/``StatefulSet`` → ``kubectl scale --replicas=0``; ``Job`` →
   ``kubectl delete job``; a Kubeflow notebook (workload ``Notebook/NAME``, or a pod
@@ -32,12 +33,17 @@ import msgspec
 from detector.detectors.base import ResourceInfo
 from detector.events import GpuMetric
 
-__all__ = ["MAX_LISTED", "MAX_UNITS", "NOTEBOOK_LABEL", "OWNER_LABELS", "Pod", "listing", "owner_tags", "pod_facts",
-           "pod_of", "stop_command", "with_owner"]
+__all__ = ["ACTION_LABELS", "MAX_LISTED", "MAX_UNITS", "NOTEBOOK_LABEL", "OWNER_LABELS", "Pod", "listing", "owner_tags",
+           "pod_facts", "pod_of", "stop_command", "with_owner"]
 
 NOTEBOOK_LABEL = "notebook-name"
 """The label Kubeflow's notebook controller puts on a notebook's pods."""
-OWNER_LABELS = ("team", "owner", "project", "department", "env", "app", NOTEBOOK_LABEL)
+ACTION_LABELS = (NOTEBOOK_LABEL, "hub.jupyter.org/username", "hub.jupyter.org/servername",
+                 "serving.kserve.io/inferenceservice")  # fmt: skip
+"""Labels that say which system stops a pod (a Kubeflow notebook, a JupyterHub user's server on
+Kubernetes, a KServe InferenceService): listed with the pod for the actions of
+:mod:`detector.remediation` to read."""
+OWNER_LABELS = ("team", "owner", "project", "department", "env", "app", *ACTION_LABELS)
 """The labels kept of a pod's ``tags`` (the rest is not needed here)."""
 MAX_UNITS = 2048
 """Units (GPUs and MIG instances) a detector tracks per host: 256 GPUs × 7 MIG instances fit,
@@ -146,6 +152,9 @@ def listing(pods: dict[int, list[Pod]], commands: bool = True) -> dict[str, Any]
         if pod.workload:
             item["workload"] = pod.workload
         item.update(_owner(pod.tags))
+        labels = {k: pod.tags[k] for k in ACTION_LABELS if k in pod.tags}
+        if labels:
+            item["labels"] = labels
         command = stop_command(pod) if commands else None
         if command:
             item["command"] = command

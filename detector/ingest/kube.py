@@ -23,10 +23,12 @@ from detector.ingest.prometheus import Sample, plausible_time
 
 __all__ = ["DEFAULT_TAG_LABELS", "KubeState", "Node", "instance_id", "kube_state"]
 
-DEFAULT_TAG_LABELS = ("team", "owner", "department", "env", "app", "project", "notebook-name")
-"""OpenCost's default owner labels, ``project``, and the label Kubeflow's notebook controller puts
-on a notebook's pods (its alert then says how to stop the notebook, not the StatefulSet under it)."""
-"""OpenCost's default ownership label names, plus ``project``."""
+DEFAULT_TAG_LABELS = ("team", "owner", "department", "env", "app", "project", "notebook-name", "hub.jupyter.org/username",
+                      "hub.jupyter.org/servername", "serving.kserve.io/inferenceservice")  # fmt: skip
+"""OpenCost's default owner labels, ``project``, the label Kubeflow's notebook controller puts
+on a notebook's pods (its alert then says how to stop the notebook, not the StatefulSet under it),
+and the labels JupyterHub's KubeSpawner and KServe put on theirs (the ``cull_notebook`` and
+``scale_to_zero`` actions read them)."""
 
 _INSTANCE_TYPE = ("label_node_kubernetes_io_instance_type", "label_beta_kubernetes_io_instance_type")
 _REGION = ("label_topology_kubernetes_io_region", "label_failure_domain_beta_kubernetes_io_region")

@@ -1,0 +1,54 @@
+"""What every output shares: the error it raises, and the interface the outbox drives."""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+from detector.alerts import Alert
+from detector.logs import register_secrets
+
+__all__ = ["Output", "OutputError", "secret"]
+
+
+class OutputError(Exception):
+    """A send that failed. ``retryable``: try again later (the receiver was down, answered
+    5xx or 429); otherwise it refused the message for good. ``maybe_sent``: the request left
+    and no answer came (a timeout, a dropped connection): the receiver may have it."""
+
+    def __init__(self, message: str, *, retryable: bool, maybe_sent: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.maybe_sent = maybe_sent
+
+
+class Output(Protocol):
+    """One named destination (``rules/routing.yaml`` ``outputs``)."""
+
+    name: str
+    dedupes: bool
+    """The receiver drops a repeated delivery of one (alert, output, change): a send that may
+    have landed is sent again; otherwise it is recorded as ``unknown`` and not sent again."""
+    resend_s: float
+    """Firing alerts are sent again this often (0: never; Alertmanager needs it)."""
+
+    def send(self, alert: Alert) -> str:
+        """Deliver one change (``alert.change``: fired or resolved); a short detail for the
+        record. Raises :class:`OutputError`."""
+        ...
+
+    def refresh(self, alerts: list[Alert]) -> None:
+        """Send still-firing alerts again (only where ``resend_s``)."""
+        ...
+
+
+def secret(env: str | None, what: str) -> str | None:
+    """The value of environment variable ``env`` (read at each send, so a rotated secret is
+    picked up); a missing one is a retryable error naming the variable, never a value."""
+    if env is None:
+        return None
+    value = os.environ.get(env)
+    if not value:
+        raise OutputError(f"environment variable {env} ({what}) is not set", retryable=True)
+    register_secrets(value)  # redacted from every log line from now on
+    return value

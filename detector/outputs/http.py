@@ -1,0 +1,42 @@
+"""One JSON POST with the standard library's HTTP client, its failures sorted into
+:class:`~detector.outputs.base.OutputError` (retry, refused, maybe sent)."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+from typing import Any
+
+from detector.outputs.base import OutputError
+
+__all__ = ["post"]
+
+_RETRY = {408, 425, 429}
+
+
+def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
+    """POST ``body``; the status of a 2xx answer. ``what`` names the output in errors (the URL
+    is left out of them: some carry a token)."""
+    request = urllib.request.Request(url, data=body, method="POST", headers={"User-Agent": "burnwatch", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310 - http(s) only (validated)
+            answer.read(65536)
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        text = _head(exc)
+        retryable = exc.code in _RETRY or exc.code >= 500
+        raise OutputError(f"{what} answered {exc.code}: {text}", retryable=retryable) from None
+    except (TimeoutError, socket.timeout) as exc:
+        raise OutputError(f"{what}: no answer within {timeout_s:g} s", retryable=True, maybe_sent=True) from exc
+    except urllib.error.URLError as exc:  # connecting or sending failed: the request never arrived whole
+        raise OutputError(f"{what} unreachable: {exc.reason}", retryable=True) from None
+    except (ConnectionError, OSError) as exc:  # the request left; the connection dropped before the answer
+        raise OutputError(f"{what}: connection lost: {exc}", retryable=True, maybe_sent=True) from None
+
+
+def _head(exc: Any) -> str:
+    try:
+        return " ".join(exc.read(300).decode("utf-8", "replace").split())
+    except Exception:  # noqa: BLE001 - the body is only for the log
+        return ""

@@ -1,0 +1,379 @@
+"""The outbox of the outputs besides Slack: every opening and resolution an alert's routing
+names reaches each of its outputs once (docs/outputs.md).
+
+The same guarantees as Slack's outbox (:mod:`detector.delivery`), per output:
+
+- **stored before sent**: the alert change is in ClickHouse before it is handed here, and
+  each send is marked begun in ``output_deliveries`` before the request leaves;
+- **retried with backoff**: a receiver that is down or answers 5xx/429 is tried again (1 s,
+  doubling to ``max_backoff_s``), its queue kept in order; one output's outage does not hold
+  up the others;
+- **never twice**: (alert id, output, change) is the idempotency key; a change recorded
+  ``sent``, ``refused`` or ``unknown`` is not sent again, after a restart either
+  (:meth:`OutputOutbox.recover`). A send begun and never recorded (a kill, a timeout) may
+  have reached the receiver: it is sent again only to a receiver that dedupes
+  (Alertmanager, by labels; a webhook whose receiver honours ``Idempotency-Key``, said by
+  ``receiver_dedupes``); otherwise it is recorded ``unknown`` and logged, not sent twice.
+
+A restart recovers only changes stored since the output was first configured, so adding
+an output does not replay the history to it. Alertmanager's firing alerts are posted again
+every ``resend_s`` (:mod:`detector.outputs.alertmanager`).
+
+Threads, as in Slack's outbox: :meth:`OutputOutbox.add` and :meth:`OutputOutbox.configure`
+run on the worker's event loop and only hand over under a lock; the delivery passes, and
+:meth:`assign` / :meth:`revoke` (partitions moving between workers), run on other threads
+one at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+import structlog
+
+from detector.alerts import Alert
+from detector.metrics import METRICS
+from detector.outputs.alertmanager import AlertmanagerOutput
+from detector.outputs.base import Output, OutputError
+from detector.outputs.config import AlertmanagerSpec, EmailSpec, WebhookSpec
+from detector.outputs.email import EmailOutput
+from detector.outputs.webhook import WebhookOutput
+from detector.rules import Routing
+from detector.store import Store, alert_from_row
+
+__all__ = ["OutputOutbox", "build_outputs"]
+
+log = structlog.get_logger("burnwatch.outputs")
+
+Key = tuple[str, str]
+"""(alert_id, change)."""
+
+
+def build_outputs(routing: Routing, current: Callable[[], Routing]) -> dict[str, Output]:
+    """The outputs ``routing`` defines besides Slack; ``current`` gives them the routing in force
+    (links, owner tag) at each send."""
+    built: dict[str, Output] = {}
+    for name, spec in routing.outputs.items():
+        if isinstance(spec, WebhookSpec):
+            built[name] = WebhookOutput(name, spec, current)
+        elif isinstance(spec, AlertmanagerSpec):
+            built[name] = AlertmanagerOutput(name, spec, current)
+        elif isinstance(spec, EmailSpec):
+            built[name] = EmailOutput(name, spec, current)
+    return built
+
+
+@dataclass
+class _Lane:
+    """One output's queue and record, the delivery thread's own."""
+
+    output: Output
+    queue: deque[Alert] = field(default_factory=deque)
+    queued: set[Key] = field(default_factory=set)
+    finished: set[Key] = field(default_factory=set)
+    """Changes sent, refused or unknown: never sent again."""
+    unrecorded: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    """Outcomes known here whose write to the store failed: written before the next send."""
+    firing: dict[str, Alert] = field(default_factory=dict)
+    """Alerts opened there and not resolved, re-sent every ``resend_s`` (Alertmanager)."""
+    next_try: float = 0.0
+    backoff: float = 0.0
+    next_refresh: float = 0.0
+
+
+class OutputOutbox:
+    def __init__(
+        self,
+        store: Store,
+        routing: Routing | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_backoff_s: float = 60.0,
+    ) -> None:
+        self.store = store
+        self._clock = clock
+        self.max_backoff_s = max_backoff_s
+        # Shared with other threads, under the lock.
+        self._lock = threading.Lock()
+        self._inbox: deque[Alert] = deque()
+        self._next: Routing | None = None
+        """A routing handed over by :meth:`configure`, applied by the next pass."""
+        self._counts = (0, 0)
+        """(changes queued, delivered) as of the delivery thread's last step."""
+        self._pass = threading.RLock()
+        self._owned: set[int] | None = None
+        # The delivery thread's own.
+        self.routing = Routing()
+        self._lanes: dict[str, _Lane] = {}
+        self.hold_s = 0.0
+        """After a pass: seconds until a retry or a re-send is due (0: nothing waits)."""
+        self.failed = 0
+        self._delivered = 0
+        self._apply(routing or Routing())
+
+    # -- any thread ---------------------------------------------------------------------
+
+    @property
+    def outputs(self) -> list[str]:
+        """Names of the outputs configured (besides Slack)."""
+        with self._lock:
+            return list(self._lanes)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._inbox) + self._counts[0]
+
+    @property
+    def delivered(self) -> int:
+        with self._lock:
+            return self._counts[1]
+
+    @property
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._inbox) or self._counts[0] > 0 or self._next is not None
+
+    def configure(self, routing: Routing) -> None:
+        """A new routing (a rules reload): the next pass builds its outputs (no I/O here)."""
+        with self._lock:
+            self._next = routing
+
+    def add(self, alerts: Iterable[Alert]) -> None:
+        """Hand stored changes over (no I/O: this runs on the worker's event loop). Held-back
+        (silenced) changes are not sent anywhere."""
+        items = [alert for alert in alerts if not alert.silenced]
+        if items:
+            with self._lock:
+                self._inbox.extend(items)
+
+    # -- the delivery thread ------------------------------------------------------------
+
+    def assign(self, partitions: Iterable[int]) -> int:
+        """This worker now holds these input partitions: deliver their alerts, and recover what
+        is stored and not delivered. Returns how many changes were recovered."""
+        with self._pass:
+            self._owned = set(partitions)
+            return self.recover()
+
+    def revoke(self) -> None:
+        """The partitions go to other workers: after any send in progress, drop what is queued
+        (stored: the next holder recovers it) and deliver nothing until :meth:`assign`."""
+        with self._pass:
+            self._owned = set()
+            with self._lock:
+                self._inbox.clear()
+            for lane in self._lanes.values():
+                lane.queue.clear()
+                lane.queued.clear()
+                lane.firing.clear()
+            self._publish()
+
+    def recover(self) -> int:
+        """Queue the changes stored and not delivered to each output (of the partitions held, and
+        stored since the output was first configured); load the alerts still firing there."""
+        with self._pass:
+            self._take_config()
+            if not self._lanes:
+                return 0
+            since = self.store.outputs.enabled_since(list(self._lanes))
+            found = 0
+            for name, lane in self._lanes.items():
+                found += self._recover(name, lane, since[name])
+            self._publish()
+            return found
+
+    def _recover(self, name: str, lane: _Lane, since: float) -> int:
+        owned = sorted(self._owned) if self._owned is not None else None
+        rows = self.store.outputs.owed(name, since, owned, firing=bool(lane.output.resend_s))
+        rows = [r for r in rows if name in self.routing.outputs_for(dict(r["tags"]), r["severity"])]
+        if not rows:
+            return 0
+        finished = self.store.outputs.finished(name, [r["alert_id"] for r in rows])
+        sent = {key for key, state in finished.items() if state == "sent"}
+        lane.finished.update(finished)
+        begun = self.store.outputs.begun(name)
+        pending: list[tuple[float, int, Alert]] = []
+        for row in rows:
+            changes = ["fired", "resolved"] if row["status"] == "resolved" else ["fired"]
+            for order, change in enumerate(changes):
+                alert = alert_from_row(row, change)
+                key = (alert.alert_id, change)
+                if key in lane.finished:
+                    continue
+                if key in begun and not lane.output.dedupes:
+                    self._finish(name, lane, alert, "unknown", "begun before a restart; the receiver does not dedupe")
+                    log.error("output_send_unknown", output=name, alert_id=alert.alert_id, change=change,
+                              reason="a send begun before the restart may have arrived; not sent twice")  # fmt: skip
+                    continue
+                at = alert.resolved_at if change == "resolved" and alert.resolved_at is not None else alert.fired_at
+                pending.append((at, order, alert))
+            if lane.output.resend_s and row["status"] == "firing" and (row["alert_id"], "fired") in sent:
+                lane.firing[row["alert_id"]] = alert_from_row(row, "fired")
+        for _, _, alert in sorted(pending, key=lambda p: (p[0], p[1], p[2].alert_id)):
+            self._enqueue(lane, alert)
+        lane.next_refresh = self._clock()  # the receiver may have expired them while no one held them
+        self._flush(name, lane)
+        return len(pending)
+
+    def deliver_pending(self) -> int:
+        """One pass over every output whose retry is due: send what is queued, in order; re-send
+        what is firing where due. Returns the changes delivered. Failures are retried later
+        (:attr:`hold_s` says when), never raised."""
+        with self._pass:
+            try:
+                return self._deliver()
+            finally:
+                self._publish()
+
+    def _deliver(self) -> int:
+        self._take_config()
+        self._take_inbox()
+        sent = 0
+        waits: list[float] = []
+        for name, lane in self._lanes.items():
+            now = self._clock()
+            if now < lane.next_try:
+                waits.append(lane.next_try - now)
+                continue
+            try:
+                self._flush(name, lane)
+                sent += self._drain(name, lane)
+                if lane.output.resend_s and lane.firing and now >= lane.next_refresh:
+                    self._refresh(name, lane, now)
+                lane.backoff = 0.0
+            except Exception as exc:  # noqa: BLE001 - the receiver's (OutputError) or the store's
+                self.failed += 1
+                lane.backoff = min(max(1.0, lane.backoff * 2), self.max_backoff_s)
+                lane.next_try = self._clock() + lane.backoff
+                waits.append(lane.backoff)
+                METRICS.outputs.labels(name, "retry").inc()
+                event = "output_delivery_retry" if isinstance(exc, OutputError) else "output_store_error"
+                log.warning(event, output=name, error=str(exc)[:500], retry_in_s=lane.backoff, pending=len(lane.queue))
+                continue
+            if lane.output.resend_s and lane.firing:
+                waits.append(max(0.01, lane.next_refresh - self._clock()))
+        self.hold_s = min(waits) if waits else 0.0
+        return sent
+
+    def _refresh(self, name: str, lane: _Lane, now: float) -> None:
+        """Send the firing alerts again; a refusal is logged (the next re-send is due as usual),
+        a retryable failure retried on the lane's backoff."""
+        try:
+            lane.output.refresh(list(lane.firing.values()))
+        except OutputError as exc:
+            if exc.retryable:
+                raise
+            log.error("output_refresh_refused", output=name, alerts=len(lane.firing), reason=str(exc)[:500])
+        lane.next_refresh = now + lane.output.resend_s
+
+    def _drain(self, name: str, lane: _Lane) -> int:
+        sent = 0
+        output = lane.output
+        while lane.queue:
+            alert = lane.queue[0]
+            key = (alert.alert_id, alert.change)
+            if key in lane.finished:
+                self._pop(lane)
+                continue
+            # Before sending (every try): a kill from here on leaves the mark for the next worker.
+            self.store.outputs.record([(alert.alert_id, name, alert.change, "sending", "")])
+            try:
+                detail = output.send(alert)
+            except OutputError as exc:
+                if exc.retryable and (not exc.maybe_sent or output.dedupes):
+                    raise
+                state = "unknown" if exc.maybe_sent else "refused"
+                METRICS.outputs.labels(name, state).inc()
+                log.error("output_delivery_" + state, output=name, alert_id=alert.alert_id, change=alert.change,
+                          reason=str(exc)[:500])  # fmt: skip
+                self._finish(name, lane, alert, state, str(exc)[:500])
+                continue
+            METRICS.outputs.labels(name, "ok").inc()
+            self._finish(name, lane, alert, "sent", detail)
+            if output.resend_s:
+                if alert.change == "fired":
+                    lane.firing[alert.alert_id] = alert
+                else:
+                    lane.firing.pop(alert.alert_id, None)
+            sent += 1
+            self._delivered += 1
+        return sent
+
+    def _finish(self, name: str, lane: _Lane, alert: Alert, state: str, detail: str) -> None:
+        """Known here at once (so nothing is sent twice), then written to the store; a failed
+        write is retried before the output's next send."""
+        key = (alert.alert_id, alert.change)
+        lane.finished.add(key)
+        if lane.queue and (lane.queue[0].alert_id, lane.queue[0].change) == key:
+            self._pop(lane)
+        lane.unrecorded.append((alert.alert_id, name, alert.change, state, detail))
+        self._flush(name, lane)
+
+    def _flush(self, name: str, lane: _Lane) -> None:
+        if lane.unrecorded:
+            self.store.outputs.record(lane.unrecorded)  # type: ignore[arg-type]
+            lane.unrecorded.clear()
+
+    def _pop(self, lane: _Lane) -> None:
+        alert = lane.queue.popleft()
+        lane.queued.discard((alert.alert_id, alert.change))
+
+    def _enqueue(self, lane: _Lane, alert: Alert) -> None:
+        key = (alert.alert_id, alert.change)
+        if key not in lane.finished and key not in lane.queued:
+            lane.queue.append(alert)
+            lane.queued.add(key)
+
+    def _take_inbox(self) -> None:
+        with self._lock:
+            taken = list(self._inbox)
+            self._inbox.clear()
+        for alert in taken:
+            if self._owned is not None and max(alert.partition, 0) not in self._owned:
+                continue  # its partition moved on: the new holder recovers it
+            names = self.routing.outputs_for(alert.tags, alert.severity)
+            for name in names:
+                lane = self._lanes.get(name)
+                if lane is None:
+                    continue
+                if alert.change == "updated":  # newer figures for the next re-send only
+                    if alert.alert_id in lane.firing:
+                        lane.firing[alert.alert_id] = msgspec.structs.replace(alert, change="fired")
+                    continue
+                self._enqueue(lane, alert)
+
+    def _take_config(self) -> None:
+        with self._lock:
+            routing, self._next = self._next, None
+        if routing is not None:
+            self._apply(routing)
+
+    def _apply(self, routing: Routing) -> None:
+        """Use ``routing``'s outputs: lanes of outputs kept keep their queues; a new output
+        starts empty (recovery covers changes stored from now on); a removed one is dropped."""
+        self.routing = routing
+        built = build_outputs(routing, lambda: self.routing)
+        lanes = {}
+        for name, output in built.items():
+            lane = self._lanes.get(name) or _Lane(output)
+            lane.output = output
+            lanes[name] = lane
+        added = [name for name in lanes if name not in self._lanes]
+        with self._lock:
+            self._lanes = lanes
+        if added:
+            try:
+                self.store.outputs.enabled_since(added)
+            except Exception as exc:  # noqa: BLE001 - marked at the next recovery
+                log.warning("output_enable_unrecorded", outputs=added, error=str(exc)[:300])
+        for name in added:
+            log.info("output_configured", output=name, kind=routing.outputs[name].kind)
+
+    def _publish(self) -> None:
+        with self._lock:
+            self._counts = (sum(len(lane.queue) for lane in self._lanes.values()), self._delivered)

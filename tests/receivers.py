@@ -1,0 +1,205 @@
+"""Real local receivers for the outputs' tests: an HTTP server that records what it is sent
+(a webhook receiver, optionally one that dedupes by ``Idempotency-Key``), a real Prometheus
+Alertmanager (Debian's package) started on 127.0.0.1, and aiosmtpd's SMTP server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    """Poll ``condition`` until it is truthy (its value) or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class LocalReceiver:
+    """An HTTP server on 127.0.0.1 that records every POST and answers 200, or what it is told
+    to (:meth:`fail_next`, :meth:`hang`). ``dedupes``: a second request with an
+    ``Idempotency-Key`` already taken is answered 200 and not recorded as delivered."""
+
+    def __init__(self, dedupes: bool = False) -> None:
+        self.requests: list[Received] = []
+        self.delivered: list[Received] = []
+        self.dedupes = dedupes
+        self._failures: list[int] = []
+        self._hang_s = 0.0
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    def __enter__(self) -> LocalReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def fail_next(self, count: int, status: int = 503) -> None:
+        with self._lock:
+            self._failures += [status] * count
+
+    def hang(self, seconds: float) -> None:
+        """Take the next requests whole, then answer only after ``seconds`` (a timeout for the sender)."""
+        self._hang_s = seconds
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                received = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                with receiver._lock:
+                    receiver.requests.append(received)
+                    status = receiver._failures.pop(0) if receiver._failures else 200
+                    if status == 200:
+                        key = received.headers.get("idempotency-key")
+                        seen = {r.headers.get("idempotency-key") for r in receiver.delivered}
+                        if not (receiver.dedupes and key in seen):
+                            receiver.delivered.append(received)
+                if receiver._hang_s:
+                    time.sleep(receiver._hang_s)
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+        return Handler
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Alertmanager:
+    """A real Alertmanager on 127.0.0.1 (clustering off, a config and storage in ``folder``)."""
+
+    def __init__(self, folder: Path) -> None:
+        if not Path(ALERTMANAGER).exists() or shutil.which(ALERTMANAGER) is None:
+            pytest.skip(f"{ALERTMANAGER} is not installed (Debian's prometheus-alertmanager; .ci/run installs it)")
+        self.port = free_port()
+        config = folder / "alertmanager.yml"
+        config.write_text("route:\n  receiver: blackhole\n  group_wait: 1h\nreceivers:\n  - name: blackhole\n")
+        self.log = folder / "alertmanager.log"
+        self._out = self.log.open("wb")
+        self.process = subprocess.Popen(
+            [ALERTMANAGER, f"--config.file={config}", f"--storage.path={folder / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
+            stdout=self._out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            wait_until(self._ready, timeout=30, what="Alertmanager to be ready")
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"Alertmanager exited: {self.log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """``GET /api/v2/alerts``: the alerts it holds that are not resolved."""
+        with urllib.request.urlopen(self.url + "/api/v2/alerts", timeout=5) as answer:
+            return list(json.loads(answer.read()))
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._out.close()
+
+
+@contextmanager
+def alertmanager(folder: Path) -> Iterator[Alertmanager]:
+    server = Alertmanager(folder)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Mailbox:
+    """aiosmtpd's handler: keeps every message taken; answers ``fail_next`` codes first."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[list[str], EmailMessage]] = []
+        self.failures: list[str] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's name
+        if self.failures:
+            return self.failures.pop(0)
+        message = message_from_bytes(envelope.content, policy=policy.default)
+        self.messages.append((list(envelope.rcpt_tos), message))  # type: ignore[arg-type]
+        return "250 OK"
+
+
+@contextmanager
+def smtp_server() -> Iterator[tuple[Mailbox, int]]:
+    from aiosmtpd.controller import Controller
+
+    mailbox = Mailbox()
+    controller = Controller(mailbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        yield mailbox, controller.port
+    finally:
+        controller.stop()
