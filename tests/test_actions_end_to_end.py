@@ -3,7 +3,8 @@ goes through the embedded broker and the Faust worker into the embedded store; t
 posts the alert and, in its thread, the proposal with Approve and Decline (the local Slack
 server); a signed click from someone who is not an approver is refused and recorded, one
 from an approver stops the instance; a dry-run rule's instance is never called; a
-restarted worker acts on nothing twice."""
+restarted worker acts on nothing twice. Once the stopped instance is reported, the incident
+resolves (the worker's incident list and the alert's thread say so)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import shutil
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -80,6 +82,24 @@ def click(alert_id: str, user: str, action_id: str = "burnwatch_approve",
     return body, signed(body, at=int(time.time()), secret=SECRET)
 
 
+def incident(port: int, alert_id: str) -> dict:
+    """The incident of ``alert_id`` as the worker's ``/api/incidents`` lists it ({} if not listed)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/incidents?limit=1000", timeout=10) as response:
+        listed = json.loads(response.read())["incidents"]
+    return next((i for i in listed if i["alert_id"] == alert_id), {})
+
+
+def wait_for_incident(port: int, alert_id: str, predicate, timeout: float) -> dict:
+    """Poll the worker's incident list until ``alert_id``'s incident satisfies ``predicate``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = incident(port, alert_id)
+        if found and predicate(found):
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"incident {alert_id} never satisfied the condition; last: {incident(port, alert_id)}")
+
+
 def proposal_of(requests, instance: str):
     """The action's message about ``instance`` among Slack requests, if posted (in a thread)."""
     return next((p for p in requests if p.method == "chat.postMessage" and "thread_ts" in p.body
@@ -116,6 +136,17 @@ def test_idle_episode_to_approved_click_to_stopped_instance(tmp_path: Path, moto
             assert post_click(worker.port, *click(alert_id, APPROVER)) == 200
             worker.wait_for_log('"action_succeeded"', timeout=60)
             assert state(moto_url, approve) in ("stopping", "stopped")
+
+            # The exporter then reports the instance stopped: the incident resolves, in the
+            # worker's incident list and in the alert's thread.
+            assert incident(worker.port, alert_id)["state"] == "firing"
+            stopped = usage(time.time() - 30, approve, state="stopped", usd_per_hour=32.77)
+            publish(broker.bootstrap, [(TOPIC_RESOURCE_USAGE, approve, _json.encode(stopped))])
+            resolved = wait_for_incident(worker.port, alert_id, lambda i: i["state"] == "resolved", timeout=120)
+            assert resolved["alert_id"] == alert_id, worker.tail()
+            assert slack.wait_for(lambda r: any(p.method == "chat.postMessage" and p.body.get("thread_ts") ==
+                                                opening.response["ts"] and "esolved" in p.text_of_blocks()
+                                                for p in r), timeout=60), worker.tail()  # fmt: skip
         finally:
             assert worker.stop() == 0, worker.tail()
 
