@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import sys
 from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
@@ -38,7 +37,7 @@ import structlog
 
 from detector.billing.rates import BilledRates
 from detector.detectors import Detector, Finding, ResourceInfo
-from detector.detectors.base import BatchPhase, Behaviour, Context
+from detector.detectors.base import BatchPhase, Behaviour, Context, intern
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
 from detector.floats import dec_hook, enc_hook
 from detector.pricing import Pricer
@@ -68,10 +67,15 @@ def _by_sample_then_rule(item: tuple[int, int, Any]) -> tuple[int, int]:
     return item[0], item[1]
 
 
-class KeyState:
-    """Everything known about one key. ``routes`` and ``context`` are derived, never saved."""
+_NEVER = -math.inf
+"""A key's time for an event kind it has not sent (one float object shared by every key)."""
 
-    __slots__ = ("info", "rules", "last_t", "kind_t", "routes", "context")
+
+class KeyState:
+    """Everything known about one key. Its routes and ``context`` are derived, never saved."""
+
+    __slots__ = ("info", "rules", "last_t", "gpu_t", "usage_t", "run_t", "gpu_route", "usage_route", "run_route",
+                 "context")  # fmt: skip
 
     def __init__(self, info: ResourceInfo, rules: dict[str, Any] | None = None, last_t: float = 0.0,
                  kind_t: dict[str, float] | None = None) -> None:  # fmt: skip
@@ -79,13 +83,31 @@ class KeyState:
         self.rules: dict[str, Any] = rules if rules is not None else {}
         """Rule name → that rule's detector state."""
         self.last_t = last_t
-        self.kind_t: dict[str, float] = kind_t if kind_t is not None else {}
-        """Event kind (:data:`_KIND`) → the latest time of that kind folded in: what a restart
-        may skip of the events it reads again (:meth:`Engine.already_seen`)."""
-        self.routes: dict[type, Route] = {}
-        """Event type → its routes; rebuilt when the resource changes."""
+        kinds = kind_t or {}
+        self.gpu_t: float = kinds.get("gpu", _NEVER)
+        """The latest time of a GPU sample folded in (:data:`_NEVER`: none), and below of a usage and
+        a run event: what a restart may skip of the events it reads again (:meth:`Engine.already_seen`).
+        Three slots, not a dict by kind (~160 bytes a key)."""
+        self.usage_t: float = kinds.get("usage", _NEVER)
+        self.run_t: float = kinds.get("run", _NEVER)
+        self.gpu_route: Route | None = None
+        """The route of GPU samples, and below of usage and run events (None: not made yet); rebuilt
+        when the resource changes. Three slots, not a dict by event type (~150 bytes a key)."""
+        self.usage_route: Route | None = None
+        self.run_route: Route | None = None
         self.context: Context | None = None
         """What this key's steps read (:class:`Context`), made by the engine at the key's first event."""
+
+    def clear_routes(self) -> None:
+        """Forget the routes (the resource or the rules changed): the next event of each type makes its own."""
+        self.gpu_route = self.usage_route = self.run_route = None
+
+    @property
+    def kind_t(self) -> dict[str, float]:
+        """Event kind (:data:`_KIND`) → the latest time of that kind folded in, for the kinds seen
+        (what a snapshot saves)."""
+        return {kind: t for kind, t in (("gpu", self.gpu_t), ("usage", self.usage_t), ("run", self.run_t))
+                if t != _NEVER}  # fmt: skip
 
 
 class _Snapshot(msgspec.Struct, kw_only=True):
@@ -102,9 +124,7 @@ _MAX_TAG_SETS = 100_000
 _NO_TAGS: dict[str, str] = {}
 
 
-def _intern(text: str) -> str:
-    """Short strings interned (types, regions, tag values); a long one is kept as it is."""
-    return sys.intern(text) if len(text) <= 64 else text
+_intern = intern
 
 
 class _KeyContext(Context):
@@ -237,14 +257,20 @@ class Engine:
                     ahead[key] = last_t
             elif last_t > t > watermark and t > ahead.get(key, 0.0):  # samples after an outlier
                 ahead[key] = t
-            kind = _KIND[etype]
-            if t > state.kind_t.get(kind, -math.inf):
-                state.kind_t[kind] = t
-            if etype is UsageEvent:
+            if etype is GpuMetric:
+                if t > state.gpu_t:
+                    state.gpu_t = t
+                route = state.gpu_route
+            elif etype is UsageEvent:
+                if t > state.usage_t:
+                    state.usage_t = t
                 self._update_info(state, event)  # type: ignore[arg-type]
-            elif etype is RunEvent:
+                route = state.usage_route  # after the update: a changed resource has none
+            else:
+                if t > state.run_t:
+                    state.run_t = t
                 self._run_t = t
-            route = state.routes.get(etype)
+                route = state.run_route
             if route is None:
                 route = self._route(state, etype)
             ctx = state.context
@@ -376,7 +402,12 @@ class Engine:
             plan = self._plans[signature] = tuple((d.step, d.step_scrape, d) for d in detectors)
         route = (plan, states)
         if info.known:
-            state.routes[event_type] = route
+            if event_type is GpuMetric:
+                state.gpu_route = route
+            elif event_type is UsageEvent:
+                state.usage_route = route
+            else:
+                state.run_route = route
         return route
 
     def resource(self, resource_id: str) -> ResourceInfo | None:
@@ -428,7 +459,7 @@ class Engine:
         if cost.usd_per_hour is not None:
             info.usd_per_hour = cost.usd_per_hour
         if changed:
-            state.routes.clear()
+            state.clear_routes()
 
     def _shared_tags(self, tags: dict[str, str]) -> dict[str, str]:
         """One dict per distinct tag set, its strings interned (never mutated: replaced on change).
@@ -456,7 +487,7 @@ class Engine:
         self._by_name = {r.detector.name: r.detector for r in ruleset.rules}
         self._plans.clear()
         for state in self._keys.values():
-            state.routes.clear()
+            state.clear_routes()
             for name, rule_state in list(state.rules.items()):
                 rule = ruleset.by_name(name)
                 if rule is None or not isinstance(rule_state, rule.detector.State):
@@ -552,7 +583,7 @@ class Engine:
             _intern(info.resource_type), _intern(info.provider), _intern(info.account), _intern(info.region),
             _intern(info.instance_type), _intern(info.pricing), _intern(info.state))  # fmt: skip
         info.tags = self._shared_tags(info.tags)
-        state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t, kind_t=dict(snap.kind_t))
+        state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t, kind_t=snap.kind_t)
         self._keys[key] = state
         if restart:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)

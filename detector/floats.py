@@ -3,9 +3,14 @@
 A Python float in a list costs 32 bytes (the object and its slot); in an ``array('d')`` it
 costs 8. Detector state that keeps series (the anomaly window's GPU samples, egress and
 growth histories) holds them as arrays, a series of pairs flattened (``t0, v0, t1, v1...``).
+Values kept per GPU of a host (the latest sample time, the peak power) are an array indexed
+by the GPU's index (:func:`per_gpu`, 0.0 where none: what the dict's ``.get(i, 0.0)`` said),
+8 bytes a GPU instead of a dict slot and a float object (~70); an index is a ``UInt8``, so an
+array holds at most 256.
+
 msgspec does not know arrays: the engine saves them as lists (:func:`enc_hook`) and reads
-them back (:func:`dec_hook`), taking a series saved as a list of pairs too (snapshots from
-before), so a restart across the change loses nothing.
+them back (:func:`dec_hook`), taking a series saved as a list of pairs too, and a per-GPU
+map ``{index: value}`` (snapshots from before), so a restart across the change loses nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["FloatArray", "dec_hook", "enc_hook", "floats"]
+__all__ = ["FloatArray", "dec_hook", "enc_hook", "floats", "grow", "per_gpu"]
 
 if TYPE_CHECKING:
     FloatArray = array[float]
@@ -26,6 +31,19 @@ def floats() -> FloatArray:
     return array("d")
 
 
+def per_gpu() -> FloatArray:
+    """An empty per-GPU series (a struct field's ``default_factory``): ``a[i]`` is GPU ``i``'s value
+    once ``i < len(a)``, 0.0 before."""
+    return array("d")
+
+
+def grow(series: FloatArray, index: int) -> None:
+    """Extend a per-GPU series with 0.0 up to ``index`` (a GPU seen for the first time)."""
+    if not 0 <= index <= 255:
+        raise ValueError(f"GPU index {index} out of 0..255")
+    series.extend([0.0] * (index + 1 - len(series)))
+
+
 def enc_hook(obj: Any) -> Any:
     """Arrays of a rule's state are saved as lists."""
     if isinstance(obj, array):
@@ -34,7 +52,17 @@ def enc_hook(obj: Any) -> Any:
 
 
 def dec_hook(kind: type, obj: Any) -> Any:
-    """A saved list back into an array; a list of pairs (saved before) is flattened."""
+    """A saved list back into an array; a list of pairs (saved before) is flattened, and a map of
+    GPU index to value (saved before) becomes a per-GPU series."""
+    if kind is array and isinstance(obj, dict):
+        series = per_gpu()
+        for index, value in sorted(obj.items()):
+            if not isinstance(index, int) or not isinstance(value, (int, float)):
+                raise ValueError("a per-GPU map takes GPU indexes to numbers")
+            if index >= len(series):
+                grow(series, index)
+            series[index] = value
+        return series
     if kind is array and isinstance(obj, list):
         if obj and isinstance(obj[0], list):
             return array("d", (x for pair in obj for x in pair))

@@ -238,11 +238,12 @@ class Mailbox:
 
 
 @contextmanager
-def smtp_server() -> Iterator[tuple[Mailbox, int]]:
+def smtp_server(**options: Any) -> Iterator[tuple[Mailbox, int]]:
+    """aiosmtpd on 127.0.0.1; ``options`` go to its ``SMTP`` (``enable_SMTPUTF8=False``...)."""
     from aiosmtpd.controller import Controller
 
     mailbox = Mailbox()
-    controller = Controller(mailbox, hostname="127.0.0.1", port=free_port())
+    controller = Controller(mailbox, hostname="127.0.0.1", port=free_port(), **options)
     controller.start()
     try:
         yield mailbox, controller.port

@@ -185,3 +185,95 @@ def test_a_series_saved_as_pairs_before_is_read_back_flat():
     assert msgspec.msgpack.decode(again, type=GrowthState, dec_hook=dec_hook) == restored
     old = msgspec.msgpack.encode({"history": [[300.0, 5.0]], "dest_region": "eu-west-1"})
     assert msgspec.msgpack.decode(old, type=DestinationState, dec_hook=dec_hook).history == array("d", [300.0, 5.0])
+
+
+def test_a_per_gpu_map_saved_before_is_read_back_as_an_array_by_gpu():
+    """Per-GPU values (a host's peak power, the latest sample time per GPU) are now arrays
+    indexed by GPU: a snapshot saved by the version before, with a map of GPU index to value,
+    restores to the same values (0.0 where a GPU had none, as the map's ``.get(i, 0.0)``), and a
+    new snapshot round-trips. A map whose keys are not GPU indexes is refused, not half-read."""
+    from array import array
+
+    import msgspec
+    import pytest
+
+    from detector.detectors.gpu_episode import GpuEpisodeState
+    from detector.detectors.inference_overprovisioned import InferenceOverprovisionedState
+    from detector.floats import dec_hook, enc_hook
+    from detector.model.features import WindowState
+
+    old = msgspec.msgpack.encode({"peak_power_w": {0: 310.5, 3: 295.0}, "gpus": [0, 3]})
+    restored = msgspec.msgpack.decode(old, type=GpuEpisodeState, dec_hook=dec_hook)
+    assert restored.peak_power_w == array("d", [310.5, 0.0, 0.0, 295.0])
+    again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
+    assert msgspec.msgpack.decode(again, type=GpuEpisodeState, dec_hook=dec_hook) == restored
+    old = msgspec.msgpack.encode({"gpu_last": {1: 1_700_000_030.0}})
+    assert msgspec.msgpack.decode(old, type=InferenceOverprovisionedState, dec_hook=dec_hook).gpu_last == array(
+        "d", [0.0, 1_700_000_030.0])  # fmt: skip
+    old = msgspec.msgpack.encode({"gpu_last": {7: 1_700_000_030.0}, "utils": [50.0]})
+    assert msgspec.msgpack.decode(old, type=WindowState, dec_hook=dec_hook).gpu_last[7] == 1_700_000_030.0
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(msgspec.msgpack.encode({"gpu_last": {"x": 1.0}}), type=WindowState, dec_hook=dec_hook)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(msgspec.msgpack.encode({"gpu_last": {999: 1.0}}), type=WindowState, dec_hook=dec_hook)
+
+
+def test_a_snapshot_keeps_the_latest_time_of_each_kind_the_key_sent(ruleset):
+    """A key's latest time per event kind (three floats on the key, not a dict) is saved as the
+    map by kind the snapshots have always held, only the kinds it sent; restored, a restart's
+    check skips what each kind had reached, and a snapshot from before the kinds were kept
+    (none saved) falls back to the key's time."""
+    import msgspec
+
+    engine = Engine(ruleset)
+    engine.process(timeline(T0, T0 + 5 * MIN, [90.0], rid="h", with_usage=False) + [usage(T0 + 2 * MIN, rid="h")])
+    saved = engine.snapshot("h")
+    assert msgspec.msgpack.decode(saved)["kind_t"] == {"gpu": T0 + 5 * MIN - 30, "usage": T0 + 2 * MIN}
+    restarted = Engine(ruleset, loader={"h": saved}.get)
+    assert restarted.already_seen(T0 + 2 * MIN, usage(T0 + 2 * MIN, rid="h"))
+    assert not restarted.already_seen(T0 + 3 * MIN, usage(T0 + 3 * MIN, rid="h"))
+    assert restarted.already_seen(T0 + 4 * MIN, timeline(T0 + 4 * MIN, T0 + 4 * MIN + 1, [90.0], rid="h", with_usage=False)[0])
+    assert restarted.snapshot("h") == saved
+    old = msgspec.msgpack.decode(saved)
+    del old["kind_t"]
+    before = Engine(ruleset, loader={"h": msgspec.msgpack.encode(old)}.get)
+    assert before.already_seen(T0 + 4 * MIN, usage(T0 + 4 * MIN, rid="h"))
+    assert before.snapshot("h") is not None and msgspec.msgpack.decode(before.snapshot("h"))["kind_t"] == {}
+
+
+def test_egress_intervals_saved_as_triples_before_are_read_back_flat():
+    """The egress rule's short window is now a flat array of (t, bytes, seconds) triples: a snapshot
+    saved before, with a list of triples, restores to the same intervals, in order."""
+    from array import array
+
+    import msgspec
+
+    from detector.detectors.egress_runaway import DestinationState
+    from detector.floats import dec_hook, enc_hook
+
+    old = msgspec.msgpack.encode({"recent": [[60.0, 2e9, 60.0], [120.0, 3e9, 60.0]], "dest_region": "eu-west-1"})
+    restored = msgspec.msgpack.decode(old, type=DestinationState, dec_hook=dec_hook)
+    assert restored.recent == array("d", [60.0, 2e9, 60.0, 120.0, 3e9, 60.0])
+    again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
+    assert msgspec.msgpack.decode(again, type=DestinationState, dec_hook=dec_hook) == restored
+
+
+def test_states_saved_with_empty_containers_before_read_back_as_nothing_yet():
+    """Fields that hold nothing on most resources are None (or the one empty tuple) until they do,
+    not an empty dict or list on every key: states saved before, with those empty containers or
+    with contents, restore to what they said, and a new state round-trips."""
+    import msgspec
+
+    from detector.detectors.anomaly import AnomalyState
+    from detector.detectors.gpu_episode import GpuEpisodeState
+    from detector.floats import dec_hook, enc_hook
+
+    old = msgspec.msgpack.encode({"pods": {}, "allocated": {"0": True}, "peak_power_w": {}, "gpus": [0]})
+    restored = msgspec.msgpack.decode(old, type=GpuEpisodeState, dec_hook=dec_hook)
+    assert not restored.pods and restored.allocated == {"0": True} and not restored.peak_power_w
+    old = msgspec.msgpack.encode({"run": [[300.0, 1.5, 2.0], [600.0, 2.5, 2.0]], "stands_out": [{"feature": "x"}]})
+    restored = msgspec.msgpack.decode(old, type=AnomalyState, dec_hook=dec_hook)
+    assert restored.run == ((300.0, 1.5, 2.0), (600.0, 2.5, 2.0)) and restored.stands_out == [{"feature": "x"}]
+    for fresh in (GpuEpisodeState(), AnomalyState()):
+        again = msgspec.msgpack.encode(fresh, enc_hook=enc_hook)
+        assert msgspec.msgpack.decode(again, type=type(fresh), dec_hook=dec_hook) == fresh

@@ -340,7 +340,7 @@ def test_absurd_metric_values_never_poison_a_resource():
         if (w := builder.add(st, "r", "cpu_instance", 0.01, e, e.t)) is not None:
             closed.append(w)
     assert closed and all(math.isfinite(x) for w in closed for x in w.vector())
-    assert all(math.isfinite(x) for x in st.log_mean.values())
+    assert st.baseline and all(math.isfinite(x) for x in st.baseline)
 
 
 def test_a_numeric_field_beyond_the_contract_feeds_the_model_as_a_generic_metric():
@@ -391,3 +391,35 @@ def test_a_run_does_not_build_across_a_silence_longer_than_the_half_life():
     assert decisions(window(1, T0), window(2, T0 + 2 * 86_400)) == ["unusual", "unusual"]
     sequences, hours = _sequences([window(1, T0), window(2, T0 + 300), window(3, T0 + 2 * 86_400)])
     assert sequences == [[0, 1], [2]] and hours == pytest.approx(3 * 300 / 3600)
+
+
+def test_baselines_saved_by_name_before_are_read_back_and_judge_alike():
+    """The baselines are now one array (level, variance per feature) for the group's shared tuple of
+    names: a window state saved before, with a level and a variance dict by feature name, restores
+    to the same baselines, and the windows that follow have exactly the features they would have had
+    (both round-trips through the snapshot codec)."""
+    import msgspec
+
+    from detector.floats import dec_hook, enc_hook
+
+    builder, st = WindowBuilder(300.0), WindowState()
+    events = working(T0, 3.0)
+    cut = len(events) // 2
+    for e in events[:cut]:
+        builder.add(st, "h1", "gpu_instance", 0.5 if isinstance(e, UsageEvent) else 0.0, e, e.t)
+    assert st.baseline_names == tuple(feature_names("gpu")[:7]) and st.baseline_names is builder.bases("gpu")
+    saved = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook))
+    b = st.baseline
+    saved.pop("baseline"), saved.pop("baseline_names")
+    saved["log_mean"] = {name: b[2 * i] for i, name in enumerate(st.baseline_names)}
+    saved["log_var"] = {name: b[2 * i + 1] for i, name in enumerate(st.baseline_names)}
+    old = msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=WindowState, dec_hook=dec_hook)
+    new = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook), type=WindowState, dec_hook=dec_hook)
+    assert old == new == st and old.log_mean is None and old.log_var is None
+
+    def rest(state: WindowState) -> list:
+        usd = [0.5 if isinstance(e, UsageEvent) else 0.0 for e in events[cut:]]
+        return [w for e, u in zip(events[cut:], usd, strict=True) if (w := builder.add(state, "h1", "gpu_instance", u, e, e.t))]
+
+    after = rest(st)
+    assert len(after) >= 10 and rest(old) == after == rest(new)

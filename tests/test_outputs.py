@@ -517,6 +517,66 @@ def test_email_retries_a_temporary_refusal_and_sends_once(store):
     assert len(mailbox.messages) == 1
 
 
+@pytest.mark.parametrize("case", ["no-starttls", "no-smtputf8"])
+def test_what_the_mail_server_does_not_offer_is_a_refusal_not_retried_for_good(store, case):
+    """A server without STARTTLS (asked for), or without SMTPUTF8 (needed by a non-ASCII
+    address): it will never take the mail, so the change is refused and reported once,
+    not retried for ever (nor taken for a maybe-sent)."""
+    clock = Clock()
+    spec = mail_output(0)
+    with smtp_server(enable_SMTPUTF8=False) as (mailbox, port):
+        spec["mail"]["port"] = port
+        if case == "no-starttls":
+            spec["mail"]["tls"] = "starttls"
+        else:
+            spec["mail"].update(smtputf8=True, to=["müller@example.com"])
+        outbox = OutputOutbox(store, routing(spec), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        with capture_logs() as logs:
+            outbox.deliver_pending()
+            clock.now += 3600
+            outbox.deliver_pending()
+    assert mailbox.messages == []
+    assert store.outputs.states("a1")[("mail", "fired")] == {"sending", "refused"}
+    assert len(outbox) == 0 and outbox.hold_s == 0.0 and outbox.failed == 0
+    (refused,) = [e for e in logs if e["event"] == "output_delivery_refused"]
+    assert "does not offer" in refused["reason"] or "cannot take" in refused["reason"]
+
+
+def test_a_non_ascii_address_reaches_a_server_that_speaks_smtputf8(store):
+    spec = mail_output(0)
+    with smtp_server(enable_SMTPUTF8=True) as (mailbox, port):
+        spec["mail"].update(port=port, smtputf8=True, to=["müller@example.com"])
+        outbox = OutputOutbox(store, routing(spec))
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+    ((to, message),) = mailbox.messages
+    assert to == ["müller@example.com"] and message["To"] == "müller@example.com"
+
+
+def test_a_non_ascii_mail_address_is_refused_at_load_unless_smtputf8(tmp_path):
+    from detector.rules import RulesInvalid, load_rules
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: idle-gpu\n    type: idle_gpu\n")
+    text = ("outputs:\n  m:\n    kind: email\n    host: smtp.example.com\n    from: a@example.com\n"
+            "    to: [b@example.com, müller@example.com]\n")  # fmt: skip
+    (tmp_path / "routing.yaml").write_text(text)
+    with pytest.raises(RulesInvalid) as caught:
+        load_rules(rules)
+    error = caught.value.errors[-1]
+    assert error.path == "outputs.m.to" and "'müller@example.com' is not ASCII" in error.message
+    assert "smtputf8" in error.message
+    (tmp_path / "routing.yaml").write_text(text.replace("    from:", "    smtputf8: true\n    from:"))
+    load_rules(rules)  # taken: the server is said to speak SMTPUTF8
+    (tmp_path / "routing.yaml").write_text(text.replace("a@example.com", "ä@example.com").replace("müller", "m"))
+    with pytest.raises(RulesInvalid) as caught:
+        load_rules(rules)
+    assert caught.value.errors[-1].path == "outputs.m.from" and "not ASCII" in caught.value.errors[-1].message
+
+
 # -- the worker's path ----------------------------------------------------------------------
 
 

@@ -192,13 +192,15 @@ class AnomalyParams(Params):
 
 class AnomalyState(Episode, kw_only=True):
     windows: WindowState = msgspec.field(default_factory=WindowState)
-    run: list[tuple[float, float, float]] = []
-    """The last judged windows in a row (up to ``persist``): (start, evidence, dollars)."""
+    run: tuple[tuple[float, float, float], ...] = ()
+    """The last judged windows in a row (up to ``persist``): (start, evidence, dollars). A tuple
+    replaced at each window: none is the one empty tuple, not a list on every resource."""
     last_seq: int = 0
     usd: float = 0.0
     score: float = 0.0
     threshold: float = 0.0
-    stands_out: list[dict[str, Any]] = []
+    stands_out: list[dict[str, Any]] | None = None
+    """The features furthest from usual in the open episode (None: no episode yet)."""
     quiet: int = 0
     evidence: float = 0.0
     """The run's evidence when it opened (``L * min`` over its ``windows_run`` windows)."""
@@ -210,7 +212,7 @@ class AnomalyState(Episode, kw_only=True):
 
     def clear(self) -> None:
         super().clear()
-        self.usd, self.quiet, self.quiet_usd, self.stands_out = 0.0, 0, 0.0, []
+        self.usd, self.quiet, self.quiet_usd, self.stands_out = 0.0, 0, 0.0, None
 
 
 class Anomaly(DetectorBase):
@@ -322,14 +324,14 @@ class Anomaly(DetectorBase):
             return "late", 0.0, []
         persist, budget = max(1, min(model.persist, MAX_PERSIST)), model.budget
         if not follows(st.last_seq, st.last_end, w):
-            st.run = []  # windows in between were not judged, or a long silence: a run starts again
+            st.run = ()  # windows in between were not judged, or a long silence: a run starts again
         if math.isnan(e):
             e = 0.0  # never from a model file that loads (its calibration is checked); no evidence
         st.last_seq, st.last_end = w.seq, w.end
         if w.covered and st.fired_at is None:
-            st.run = []  # a rule is tracking the resource: it has the first word, and a run starts after it
+            st.run = ()  # a rule is tracking the resource: it has the first word, and a run starts after it
             return "rule", 0.0, []
-        st.run = [*st.run[-(persist - 1):], (w.start, e, w.cost_usd)] if persist > 1 else [(w.start, e, w.cost_usd)]
+        st.run = (*st.run[-(persist - 1):], (w.start, e, w.cost_usd)) if persist > 1 else ((w.start, e, w.cost_usd),)
         run, length, least = 0.0, 0, math.inf
         for n, (_, evidence, _) in enumerate(reversed(st.run), start=1):
             least = min(least, evidence)
@@ -356,7 +358,7 @@ class Anomaly(DetectorBase):
         st.quiet_usd += w.cost_usd
         if st.quiet < self.params.quiet_windows:
             return "normal", run, []
-        st.run = []  # the next episode needs a run of its own
+        st.run = ()  # the next episode needs a run of its own
         return "normal", run, end(st, lambda: self._finding("resolve", st, res, w, reason="back_to_normal"))
 
     def open_episode(self, state: AnomalyState, resource: ResourceInfo) -> Finding | None:
@@ -367,7 +369,7 @@ class Anomaly(DetectorBase):
 
     def _details(self, st: AnomalyState, **extra: object) -> dict[str, Any]:
         return {"score": round(st.score, 4), "threshold": round(st.threshold, 4), "evidence": round(st.evidence, 3),
-                "budget": round(st.budget, 3), "windows": st.windows_run, "stands_out": st.stands_out, **extra}
+                "budget": round(st.budget, 3), "windows": st.windows_run, "stands_out": st.stands_out or [], **extra}
 
     def _finding(self, action: str, st: AnomalyState, res: ResourceInfo, w: Window, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import enum
+import sys
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
@@ -26,8 +27,14 @@ from pydantic import BaseModel, ConfigDict
 from detector.events import Event, GpuMetric
 from detector.pricing import Pricer, Pricing
 
+
+def intern(text: str) -> str:
+    """A short string interned (types, regions, tag values, GPU models: a million resources share a
+    few dozen instead of holding a copy each); a long one is kept as it is."""
+    return sys.intern(text) if len(text) <= 64 else text
+
 __all__ = ["BatchPhase", "Behaviour", "Context", "Detector", "DetectorBase", "Finding", "Params", "ResourceInfo",
-           "make_finding"]
+           "intern", "make_finding"]
 
 
 class Params(BaseModel):

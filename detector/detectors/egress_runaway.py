@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, due, end, fire
 from detector.events import Event, UsageEvent
 from detector.floats import FloatArray, floats
@@ -63,8 +63,10 @@ class DestinationState(Episode, kw_only=True):
     dest_region: str = ""
     last_t: float = 0.0
     first_t: float | None = None
-    recent: list[tuple[float, float, float]] = []
-    """(t, bytes, interval_s) of the intervals inside the short window."""
+    recent: FloatArray = msgspec.field(default_factory=floats)
+    """(t, bytes, interval_s) of the intervals inside the short window, as triples flattened
+    (``t0, b0, s0, t1, b1, s1...``: 24 bytes an interval, not a tuple's ~120; a snapshot's list of
+    triples from before is read back flat, :func:`detector.floats.dec_hook`)."""
     bucket: float = 0.0
     bucket_bytes: float = 0.0
     bucket_s: float = 0.0
@@ -131,7 +133,8 @@ class EgressRunaway(DetectorBase):
         if t <= st.last_t:
             return []  # a re-read interval
         st.last_t = t
-        st.dest_region = event.dest_region
+        if event.dest_region != st.dest_region:
+            st.dest_region = intern(event.dest_region)
         if st.first_t is None:
             st.first_t = t
         size, interval = float(event.egress_bytes), event.interval_s
@@ -172,16 +175,21 @@ class EgressRunaway(DetectorBase):
     # -- rates --------------------------------------------------------------------
 
     def _add_to_window(self, st: DestinationState, t: float, size: float, interval: float) -> None:
-        st.recent.append((t, size, interval))
+        recent = st.recent
+        recent.extend((t, size, interval))
         horizon = t + interval - self.params.window
-        while len(st.recent) > 1 and st.recent[0][0] < horizon:  # the latest interval stays, however long
-            st.recent.pop(0)
-        st.rate = sum(r[1] for r in st.recent) / sum(r[2] for r in st.recent)
+        old = 0
+        while old < len(recent) - 3 and recent[old] < horizon:  # the latest interval stays, however long
+            old += 3
+        if old:
+            del recent[:old]
+        st.rate = sum(recent[1::3]) / sum(recent[2::3])
 
     def _recent_rate(self, st: DestinationState, t: float) -> float:
         """The rate over the last baseline bucket's length: resolution needs no full window."""
-        recent = [r for r in st.recent if r[0] >= t - BUCKET_S + 1e-6]
-        return sum(r[1] for r in recent) / sum(r[2] for r in recent)
+        r, since = st.recent, t - BUCKET_S + 1e-6
+        kept = [i for i in range(0, len(r), 3) if r[i] >= since]
+        return sum(r[i + 1] for i in kept) / sum(r[i + 2] for i in kept)
 
     def _add_to_baseline(self, st: DestinationState, t: float, size: float, interval: float) -> None:
         bucket = t - t % BUCKET_S

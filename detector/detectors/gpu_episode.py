@@ -24,14 +24,19 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, advance, end
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import FloatArray
 from detector.pricing import usd_over
 from detector.units import Duration
 
 __all__ = ["GpuEpisode", "GpuEpisodeParams", "GpuEpisodeState"]
+
+
+_FIRST = tuple(tuple(range(n)) for n in range(257))
+"""``_FIRST[n]`` is GPUs ``0 .. n-1``, the GPUs of most hosts, shared (an index is at most 255)."""
 
 
 class GpuEpisodeParams(Params):
@@ -43,10 +48,13 @@ class GpuEpisodeParams(Params):
 
 
 class GpuEpisodeState(Episode, kw_only=True):
-    gpus: list[int] = []
+    gpus: tuple[int, ...] = ()
+    """The GPU indexes seen, in order: a tuple replaced when one is new, the usual ``0, 1, ... n-1``
+    one shared by every host (:data:`_FIRST`), not a list on each."""
     model: str = ""
-    peak_power_w: dict[int, float] = {}
-    """Highest power each GPU has drawn, kept by the detectors that read power."""
+    peak_power_w: FloatArray | None = None
+    """Highest power each GPU has drawn, by GPU index (:func:`detector.floats.per_gpu`), kept by the
+    detectors that read power (None for the others, and before a sample)."""
     last_break: float = 0.0
     """Time of the newest sample that breaks an episode."""
     covered_until: float = 0.0
@@ -54,10 +62,11 @@ class GpuEpisodeState(Episode, kw_only=True):
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
-    pods: dict[str, Pod] = {}
-    """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named."""
-    allocated: dict[str, bool] = {}
-    """Unit → whether a pod holds it, for units whose samples say."""
+    pods: dict[str, Pod] | None = None
+    """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named (None: no sample
+    named one; most hosts are not on Kubernetes, and an empty dict is 64 bytes on each)."""
+    allocated: dict[str, bool] | None = None
+    """Unit → whether a pod holds it, for units whose samples say (None: none said)."""
 
     def clear(self) -> None:
         super().clear()
@@ -118,9 +127,10 @@ class GpuEpisode(DetectorBase):
         gpus, breaks = st.gpus, self.breaks
         for i, ev in enumerate(events):
             if ev.gpu_index not in gpus:
-                gpus.append(ev.gpu_index)
-            if ev.model:
-                st.model = ev.model
+                gpus = (*gpus, ev.gpu_index)
+                st.gpus = gpus = _FIRST[len(gpus)] if gpus == _FIRST[len(gpus)] else gpus
+            if ev.model and ev.model != st.model:
+                st.model = intern(ev.model)
             if ev.pod or ev.allocated is not None or st.pods or st.allocated:
                 _note_pod(st, ev)
             if breaks(st, ev):
@@ -226,6 +236,10 @@ def _note_pod(st: GpuEpisodeState, ev: GpuMetric) -> None:
     :data:`~detector.detectors.pods.MAX_UNITS` is not kept)."""
     unit = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else str(ev.gpu_index)
     pod = pod_of(ev)
+    if st.pods is None:
+        st.pods = {}
+    if st.allocated is None:
+        st.allocated = {}
     if pod is None:
         st.pods.pop(unit, None)
     elif unit in st.pods or len(st.pods) < MAX_UNITS:

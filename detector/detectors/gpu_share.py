@@ -50,7 +50,7 @@ import msgspec
 from pydantic import Field
 
 from detector.detectors.activity import busy
-from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
 from detector.events import Event, GpuMetric, UsageEvent
@@ -63,6 +63,8 @@ FORGET_S = 3600.0
 """A unit with no sample for this long (while the host's others report) is gone."""
 _KEYS = tuple(str(i) for i in range(256))
 """A whole GPU's unit key, by index (made once: this runs for every sample)."""
+_ALONE = {key: (key,) for key in _KEYS}
+"""A whole GPU's units (itself alone), one tuple shared by every host's GPU of that index."""
 BUSY, HELD, UNKNOWN, FREE = 3, 2, 1, 0
 """A fresh GPU at one instant, ordered so that the max over its units is the GPU's: busy if any
 instance is; else held if a pod holds any, unknown if any says nothing, free if none is held."""
@@ -100,8 +102,9 @@ class Unit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
 class GpuTrack(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """One physical GPU's idle run and its place in the episode."""
 
-    units: list[str] = []
-    """Its units' keys (one, or its MIG instances)."""
+    units: tuple[str, ...] = ()
+    """Its units' keys (one, or its MIG instances): a tuple replaced on change, so that a whole GPU's
+    is one shared by every host (:data:`_ALONE`), not a list per GPU."""
     seen: float = 0.0
     """Its newest sample (of any of its units)."""
     idle_since: float | None = None
@@ -127,7 +130,7 @@ class GpuShareState(Episode, kw_only=True):
     their idle time again from here, as if their idle runs began then."""
     stopped_at: float = 0.0
     """When the host was last seen stopped: samples from before it are history."""
-    listed: list[int] = []
+    listed: tuple[int, ...] = ()
     """The GPUs of the latest finding (a resolution names what was idle)."""
     left: str = ""
     """Why a GPU left the set since the clock last moved ('' = none left)."""
@@ -237,7 +240,7 @@ class GpuShare(DetectorBase):
                     self._forget(st, min(units, key=lambda k: units[k].seen))
                     track = gpus.setdefault(ev.gpu_index, track)
                 unit = units[key] = Unit(gpu=ev.gpu_index, seen=t, allocated=allocated, pod=pod)
-                track.units.append(key)
+                track.units = (*track.units, key) if track.units else _ALONE.get(key) or (key,)
             elif ((unit.allocated is not allocated and self.counts(unit.allocated) != self.counts(allocated))
                   or ((unit.pod is not None or pod is not None) and _who(unit.pod) != _who(pod))):  # fmt: skip
                 # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
@@ -249,7 +252,7 @@ class GpuShare(DetectorBase):
             if ev.allocated is not None:
                 unit.allocated_at = t
             if ev.model and ev.model != st.model:
-                st.model = ev.model
+                st.model = intern(ev.model)
             if t > track.seen:
                 track.seen = t
             if unit.busy:
@@ -425,7 +428,7 @@ class GpuShare(DetectorBase):
         gpu = st.units.pop(key).gpu
         track = st.gpus.get(gpu)
         if track is not None:
-            track.units.remove(key)
+            track.units = tuple(k for k in track.units if k != key)
             if not track.units:
                 del st.gpus[gpu]
 
@@ -433,7 +436,7 @@ class GpuShare(DetectorBase):
         assert st.since is not None and st.fired_at is not None
         counted = sorted(g for g, tr in st.gpus.items() if tr.counted)
         if counted or action != "resolve":
-            st.listed = counted
+            st.listed = tuple(counted)
         counted = counted or [g for g in st.listed if g in st.gpus]
         total = max(len(st.gpus), res.gpus, 1)
         pods = {g: self._status(st, g, st.covered_until).pods for g in counted}

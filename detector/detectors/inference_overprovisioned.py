@@ -33,6 +33,7 @@ from pydantic import Field
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import FloatArray, grow, per_gpu
 from detector.pricing import usd_over
 from detector.units import Duration, Money, Percent
 
@@ -62,8 +63,8 @@ class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
 class InferenceOverprovisionedState(Episode, kw_only=True):
     hours: list[HourStats] = []
     first_t: float | None = None
-    gpu_last: dict[int, float] = {}
-    """Latest sample time per GPU, so a re-read sample is not counted twice."""
+    gpu_last: FloatArray = msgspec.field(default_factory=per_gpu)
+    """Latest sample time per GPU index (:func:`detector.floats.per_gpu`), so a re-read sample is not counted twice."""
     usage_last: float = 0.0
     last_t: float = 0.0
     saving_usd_h: float = 0.0
@@ -104,9 +105,13 @@ class InferenceOverprovisioned(DetectorBase):
         resource = ctx.resource
         st = state
         if type(event) is GpuMetric:
-            if t <= st.gpu_last.get(event.gpu_index, 0.0):
-                return []
-            st.gpu_last[event.gpu_index] = t
+            last, gpu = st.gpu_last, event.gpu_index
+            if gpu < len(last):
+                if t <= last[gpu]:
+                    return []
+            else:
+                grow(last, gpu)
+            last[gpu] = t
             found = self._roll(st, resource, t)
             hour = st.hours[-1]
             hour.hist[min(BINS - 1, int(event.util_pct * BINS / 100.0))] += 1

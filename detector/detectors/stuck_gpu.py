@@ -46,6 +46,7 @@ from pydantic import Field
 from detector.detectors.activity import resident, stuck_evidence
 from detector.detectors.gpu_episode import GpuEpisode, GpuEpisodeParams, GpuEpisodeState
 from detector.events import GpuMetric
+from detector.floats import grow, per_gpu
 from detector.units import Duration, Percent
 
 __all__ = ["StuckGpu", "StuckGpuParams"]
@@ -73,9 +74,14 @@ class StuckGpu(GpuEpisode):
 
     def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
         p = self.params
-        peak = st.peak_power_w.get(ev.gpu_index, 0.0)
+        peaks, gpu = st.peak_power_w, ev.gpu_index
+        if peaks is None:
+            peaks = st.peak_power_w = per_gpu()
+        if gpu >= len(peaks):
+            grow(peaks, gpu)
+        peak = peaks[gpu]
         if ev.power_w > peak:
-            st.peak_power_w[ev.gpu_index] = ev.power_w
+            peaks[gpu] = ev.power_w
         if resident(ev) < p.util_above:
             return True
         stuck = stuck_evidence(ev, tensor_below=p.tensor_below, dram_below=p.dram_below, sm_working=p.sm_working,

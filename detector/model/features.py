@@ -29,11 +29,12 @@ here, in :data:`FEATURE_SETS`, and nowhere else.
 from __future__ import annotations
 
 import math
+from array import array
 
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, floats
+from detector.floats import FloatArray, floats, grow, per_gpu
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
            "feature_names", "follows", "metrics_of", "model_group"]
@@ -88,7 +89,8 @@ def _number(value: object) -> float | None:
 def _forget(st: WindowState) -> None:
     """Drop a resource's baselines (it comes back after a silence longer than their half-life):
     it is judged against the fleet again until its new baseline covers ``min_history``."""
-    st.log_mean, st.log_var, st.weight, st.windows, st.first, st.learnt_at = {}, {}, 0.0, 0, None, None
+    st.baseline, st.baseline_names = floats(), ()
+    st.weight, st.windows, st.first, st.learnt_at = 0.0, 0, None, None
 
 
 def follows(seq: int, end: float, window: Window) -> bool:
@@ -124,8 +126,8 @@ def metrics_of(features: list[str]) -> tuple[str, ...]:
     return tuple(f[len(METRIC_PREFIX):] for f in features if f.startswith(METRIC_PREFIX) and not f.endswith(("_rel", "_z")))
 
 
-class WindowState(msgspec.Struct, kw_only=True, gc=False):
-    """One resource's open window and its baselines."""
+class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """One resource's open window and its baselines. Saved without the fields at their defaults."""
 
     start: float | None = None
     cost_usd: float = 0.0
@@ -136,7 +138,8 @@ class WindowState(msgspec.Struct, kw_only=True, gc=False):
     mem_frac_sum: float = 0.0
     power_sum: float = 0.0
     gpu_samples: int = 0
-    gpu_last: dict[int, float] = {}
+    gpu_last: FloatArray = msgspec.field(default_factory=per_gpu)
+    """Latest sample time per GPU index (:func:`detector.floats.per_gpu`): a re-read sample is not counted twice."""
     usage_last: float = 0.0
     egress_bytes: float = 0.0
     covered: bool = False
@@ -147,11 +150,20 @@ class WindowState(msgspec.Struct, kw_only=True, gc=False):
     storage_last: float | None = None
     requests: float = 0.0
     request_s: float = 0.0
-    metric_mean: dict[str, float] = {}
-    metric_n: dict[str, int] = {}
-    log_mean: dict[str, float] = {}
-    log_var: dict[str, float] = {}
-    """The usual level and variance per feature (24-hour half-life), on the model's log scale."""
+    metric_mean: dict[str, float] | None = None
+    """The window's running mean per generic metric, and below how many values it has (None: none yet,
+    no empty dicts on every resource)."""
+    metric_n: dict[str, int] | None = None
+    baseline: FloatArray = msgspec.field(default_factory=floats)
+    """The usual level and variance of each feature of ``baseline_names`` (24-hour half-life), on the
+    model's log scale, interleaved (level, variance, level, ...): 16 bytes a feature, not two dict
+    slots and two float objects (~140)."""
+    baseline_names: tuple[str, ...] = ()
+    """The features ``baseline`` holds, in order: the builder's tuple for the group, shared by every
+    resource of it (:meth:`WindowBuilder.bases`); none before the first window learnt."""
+    log_mean: dict[str, float] | None = None
+    log_var: dict[str, float] | None = None
+    """The baselines as snapshots saved them before ``baseline``: read into it on decoding, then None."""
     weight: float = 0.0
     """The exponential weights' total so far: the variance over it is unbiased while the
     history is short (a variance started at zero would call every early window far out)."""
@@ -163,6 +175,18 @@ class WindowState(msgspec.Struct, kw_only=True, gc=False):
     """End of the last window learnt: the baselines decay with the event time since."""
     closes: int = 0
     """Windows closed, learnt or not: consecutive judged windows have consecutive numbers."""
+
+    def __post_init__(self) -> None:
+        if self.log_mean is not None or self.log_var is not None:  # saved before: level and variance by name
+            means, variances = self.log_mean or {}, self.log_var or {}
+            names = tuple(dict.fromkeys([*means, *variances]))
+            self.baseline = array("d", [x for name in names for x in (means.get(name, 0.0), variances.get(name, 0.0))])
+            self.baseline_names, self.log_mean, self.log_var = names, None, None
+
+    def known(self) -> dict[str, tuple[float, float]]:
+        """Feature → its usual level and variance, for the features the baselines hold."""
+        b = self.baseline
+        return {name: (b[2 * i], b[2 * i + 1]) for i, name in enumerate(self.baseline_names)}
 
 
 class Window(msgspec.Struct, kw_only=True, frozen=True):
@@ -220,12 +244,21 @@ class WindowBuilder:
         self.half_life_s = half_life_s
         self.metrics = tuple(metrics)
         self._names: dict[str, tuple[str, ...]] = {}
+        self._bases: dict[str, tuple[str, ...]] = {}
 
     def names(self, group: str) -> tuple[str, ...]:
         names = self._names.get(group)
         if names is None:
             names = self._names[group] = tuple(feature_names(group, self.metrics))
         return names
+
+    def bases(self, group: str) -> tuple[str, ...]:
+        """The group's base features (:func:`base_features`), one tuple per group: what a resource's
+        baselines are kept for (:attr:`WindowState.baseline_names`)."""
+        bases = self._bases.get(group)
+        if bases is None:
+            bases = self._bases[group] = tuple(base_features(group, self.metrics))
+        return bases
 
     def add(self, st: WindowState, resource_id: str, resource_type: str, interval_usd: float, event: Event,
             t: float, covered: bool = False, paused: bool = False) -> Window | None:  # fmt: skip
@@ -251,9 +284,13 @@ class WindowBuilder:
             st.covered = True
             st.paused = st.paused or paused
         if type(event) is GpuMetric:
-            if t <= st.gpu_last.get(event.gpu_index, 0.0):
-                return closed
-            st.gpu_last[event.gpu_index] = t
+            last, gpu = st.gpu_last, event.gpu_index
+            if gpu < len(last):
+                if t <= last[gpu]:
+                    return closed
+            else:
+                grow(last, gpu)
+            last[gpu] = t
             st.utils.append(event.util_pct)
             if event.mem_total_mib > 0:
                 st.mem_frac_sum += event.mem_used_mib / event.mem_total_mib
@@ -281,6 +318,8 @@ class WindowBuilder:
                     if value is None:
                         value = _number(event.extra.get(name))
                     if value is not None:  # a running mean: two huge values never sum to inf
+                        if st.metric_n is None or st.metric_mean is None:
+                            st.metric_mean, st.metric_n = {}, {}
                         n = st.metric_n.get(name, 0) + 1
                         mean = st.metric_mean.get(name, 0.0)
                         st.metric_mean[name] = mean + (value - mean) / n
@@ -306,10 +345,12 @@ class WindowBuilder:
             dt = end - st.learnt_at if st.learnt_at is not None else None
             values = dict(base)
             usual = {}
-            logs = {name: _log(base[name]) for name in base_features(group, self.metrics)}
+            bases = self.bases(group)
+            logs = {name: _log(base[name]) for name in bases}
+            known = st.known()
             for name, y in logs.items():
-                mean = st.log_mean.get(name, y)
-                sd = math.sqrt(st.log_var.get(name, 0.0) / st.weight) if st.weight > 0.0 else 0.0
+                mean, var = known.get(name, (y, 0.0))
+                sd = math.sqrt(var / st.weight) if st.weight > 0.0 else 0.0
                 usual[name] = (_unlog(mean), _unlog(mean - 2 * sd), _unlog(mean + 2 * sd))
                 values[f"{name}_rel"] = math.exp(max(-REL_CAP, min(REL_CAP, y - mean)))
                 values[f"{name}_z"] = max(-Z_CAP, min(Z_CAP, (y - mean) / max(sd, MIN_SCALE))) if st.weight else 0.0
@@ -317,7 +358,7 @@ class WindowBuilder:
                             values={k: values[k] for k in names}, usual=usual, cost_usd=st.cost_usd,
                             history=st.windows, history_s=end - st.first if st.first is not None else 0.0,
                             seq=st.closes, covered=st.covered, names=names)  # fmt: skip
-            self._learn(st, logs, dt)
+            self._learn(st, logs, dt, known, bases)
             if st.first is None:
                 st.first = start
             st.learnt_at = end
@@ -342,22 +383,25 @@ class WindowBuilder:
             "egress_gb_per_hour": st.egress_bytes / 1e9 / hours if hours else 0.0,
             "storage_delta_gb": storage,
             "requests_per_s": st.requests / st.request_s if st.request_s else 0.0,
-            **{METRIC_PREFIX + m: st.metric_mean.get(m, 0.0) for m in self.metrics},
+            **{METRIC_PREFIX + m: (st.metric_mean or {}).get(m, 0.0) for m in self.metrics},
         }
 
-    def _learn(self, st: WindowState, logs: dict[str, float], dt: float | None) -> None:
+    def _learn(self, st: WindowState, logs: dict[str, float], dt: float | None, known: dict[str, tuple[float, float]],
+               bases: tuple[str, ...]) -> None:  # fmt: skip
         """Move the baselines towards the window (its base features on the log scale), by the event
         time since the last window learnt; once they have a spread, by at most ``CLIP_SIGMAS`` of it
         (a spike is not the usual level)."""
         a = 1.0 if dt is None else 1.0 - 0.5 ** (dt / self.half_life_s)
         for name, y in logs.items():
-            mean, var = st.log_mean.get(name, y), st.log_var.get(name, 0.0)
+            mean, var = known.get(name, (y, 0.0))
             d = y - mean
             if var > 0.0 and st.weight > 0.0:
                 limit = CLIP_SIGMAS * math.sqrt(var / st.weight)
                 d = max(-limit, min(limit, d))
-            st.log_mean[name] = mean + a * d
-            st.log_var[name] = (1 - a) * (var + a * d * d)
+            known[name] = (mean + a * d, (1 - a) * (var + a * d * d))
+        names = tuple(known)
+        st.baseline_names = bases if names == bases else names  # the group's own: shared
+        st.baseline = array("d", [x for level_var in known.values() for x in level_var])
         # the variance's weights: none for the first window (it sets the mean), a for each after
         st.weight = (1 - a) * st.weight + (a if st.windows else 0.0)
         st.windows += 1
@@ -369,5 +413,5 @@ class WindowBuilder:
         st.egress_bytes = st.requests = st.request_s = 0.0
         st.storage_first = st.storage_last = None
         st.covered = st.paused = False
-        if st.metric_n:
-            st.metric_mean, st.metric_n = {}, {}
+        if st.metric_n is not None:
+            st.metric_mean, st.metric_n = None, None

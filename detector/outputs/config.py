@@ -13,7 +13,7 @@ import string
 from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 __all__ = [
     "OUTPUT_KINDS", "SLACK", "AlertmanagerSpec", "EmailSpec", "OutputName", "OutputSpec", "Send", "SlackSpec",
@@ -104,9 +104,23 @@ class EmailSpec(_Spec):
     tls: Literal["none", "starttls", "ssl"] = "starttls"
     username_env: EnvName | None = None
     password_env: EnvName | None = None
+    smtputf8: bool = False
+    """The server takes internationalised addresses (SMTPUTF8): only then may ``from`` and
+    ``to`` hold non-ASCII characters (elsewhere no server would ever take them)."""
     sender: Address = Field(alias="from")
     to: Annotated[list[Address], Field(min_length=1, max_length=100)]
     timeout_s: Seconds = 30.0
+
+    @field_validator("sender", "to")
+    @classmethod
+    def _ascii_unless_smtputf8(cls, value: str | list[str], info: ValidationInfo) -> str | list[str]:
+        if info.data.get("smtputf8"):
+            return value
+        for address in [value] if isinstance(value, str) else value:
+            if not address.isascii():
+                raise ValueError(f"{address[:80]!r} is not ASCII: set smtputf8: true if the mail server takes "
+                                 "internationalised addresses (SMTPUTF8)")  # fmt: skip
+        return value
 
 
 OUTPUT_KINDS = frozenset({"slack", "webhook", "alertmanager", "email"})

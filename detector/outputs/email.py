@@ -83,6 +83,8 @@ class EmailOutput:
                     smtp.starttls(context=ssl.create_default_context())
                 if user is not None and password is not None:
                     smtp.login(user, password)
+            except smtplib.SMTPNotSupportedError as exc:  # no STARTTLS or AUTH there: asking again will not help
+                raise OutputError(f"email {self.name}: the server does not offer it: {exc}", retryable=False) from None
             except smtplib.SMTPResponseException as exc:
                 raise OutputError(f"email {self.name}: {exc.smtp_code} {_said(exc)}",
                                   retryable=400 <= exc.smtp_code < 500) from None  # fmt: skip
@@ -90,6 +92,9 @@ class EmailOutput:
                 raise OutputError(f"email {self.name}: {exc}", retryable=True) from None
             try:
                 refused = smtp.send_message(msg)
+            except (smtplib.SMTPNotSupportedError, UnicodeError) as exc:  # an address it cannot take: nothing left
+                raise OutputError(f"email {self.name}: the server cannot take these addresses: {exc}",
+                                  retryable=False) from None  # fmt: skip
             except smtplib.SMTPRecipientsRefused as exc:
                 codes = [code for code, _ in exc.recipients.values()]
                 raise OutputError(f"email {self.name}: every recipient refused ({codes})",
