@@ -241,6 +241,40 @@ def test_a_timeout_to_a_receiver_that_does_not_dedupe_is_not_resent(store, secre
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["output_delivery_unknown"]
 
 
+def test_a_hanging_receiver_holds_the_other_outputs_up_one_timeout_not_one_per_change(store, secret_env):
+    """A receiver that takes requests and never answers: its first change times out (recorded
+    ``unknown``), the rest of its queue waits for its backoff, and the other output is served
+    in the same pass, not after one timeout per queued change."""
+    clock = Clock()
+    with LocalReceiver() as hanging, LocalReceiver() as other:
+        outputs = {**hook(hanging.url, timeout_s=0.3), "other": {**hook(other.url)["hook"]}}
+        outbox = OutputOutbox(store, routing(outputs), clock=clock)
+        changes = [alert(alert_id=f"a{i}") for i in range(3)]
+        stored(store, *changes)
+        outbox.add(changes)
+        hanging.hang(1.0)
+        assert outbox.deliver_pending() == 3  # the other output's three
+        assert len(other.requests) == 3 and len(hanging.requests) == 1
+        assert outbox.hold_s == 1.0 and len(outbox) == 2
+        hanging.hang(0)
+        outbox.deliver_pending()  # the backoff is not over: nothing is tried
+        assert len(hanging.requests) == 1
+        clock.now += 1
+        assert outbox.deliver_pending() == 2
+    assert [r.json["id"] for r in hanging.requests] == ["a0", "a1", "a2"]
+    assert store.outputs.states("a0")[("hook", "fired")] == {"sending", "unknown"}
+
+
+def test_a_receiver_timeout_is_capped_with_a_clear_error():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"3600 s is too long: at most 30 s \(one delivery thread"):
+        routing(hook("http://127.0.0.1:1/hook", timeout_s=3600))
+    with pytest.raises(ValidationError, match="timeout_s"):
+        routing({"mail": {**mail_output(25)["mail"], "timeout_s": 31}})
+    assert routing(hook("http://127.0.0.1:1/hook", timeout_s=30)).outputs["hook"].timeout_s == 30
+
+
 def test_hostile_event_values_stay_inside_the_json_body(store, secret_env):
     """CR/LF cannot add a header (none of ours carries an event value), HTML is data, a huge
     tag is capped."""
