@@ -458,9 +458,13 @@ def test_alertmanager_alerts_are_resent_while_firing(store, tmp_path):
         (second,) = wait_until(lambda: [a for a in am.alerts() if a["annotations"]["dollars"] == "81.93"],
                                what="the re-sent alert")  # fmt: skip
         assert second["endsAt"] > first["endsAt"]
+        stored(store, msgspec.structs.replace(alert(), change="updated", waste_usd=99.99))  # figures since
         restarted = OutputOutbox(store, routing(spec), clock=clock)
         assert restarted.recover() == 0  # nothing pending, but the firing alert is known
-        assert "a1" in restarted._lanes["pager"].firing and restarted.deliver_pending() == 0
+        assert restarted.deliver_pending() == 0  # a re-send, not a delivery
+        (third,) = wait_until(lambda: [a for a in am.alerts() if a["annotations"]["dollars"] == "99.99"],
+                              what="the alert re-sent by the restarted worker")  # fmt: skip
+        assert third["endsAt"] >= second["endsAt"] and third["labels"] == first["labels"]
 
 
 def test_alertmanager_takes_hostile_values_as_label_values(store, tmp_path):
@@ -482,11 +486,15 @@ def test_alertmanager_down_then_up_gets_the_alert_once(store, tmp_path):
     stored(store, alert())
     outbox.add([alert()])
     assert outbox.deliver_pending() == 0 and outbox.hold_s == 1.0  # refused connection: retried
-    with alertmanager(tmp_path) as am:
-        outbox._lanes["pager"].output.url = am.url + "/api/v2/alerts"  # type: ignore[attr-defined]
+    with alertmanager(tmp_path, port) as am:  # up, where the outbox was pointed all along
+        outbox.deliver_pending()
+        assert am.alerts() == []  # the backoff is not over
         clock.now += 1
         assert outbox.deliver_pending() == 1
         assert len(wait_until(am.alerts, what="the alert")) == 1
+        clock.now += 1
+        assert outbox.deliver_pending() == 0
+    assert store.outputs.states("a1")[("pager", "fired")] == {"sending", "not_sent", "sent"}
 
 
 # -- email ----------------------------------------------------------------------------------
