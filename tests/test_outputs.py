@@ -760,6 +760,23 @@ def pager_posts(receiver: LocalReceiver) -> list[dict[str, Any]]:
     return [a for r in receiver.requests for a in r.json]
 
 
+def test_an_opening_is_posted_to_alertmanager_once_then_re_sent_each_resend_s(store):
+    """The opening is one post; the first re-send comes ``resend_s`` later, not in the same pass."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, resend_s=60)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+        assert len(pager_posts(receiver)) == 1 and outbox.hold_s == pytest.approx(60, abs=1)
+        clock.now += 59
+        outbox.deliver_pending()
+        assert len(pager_posts(receiver)) == 1
+        clock.now += 1
+        outbox.deliver_pending()
+    assert len(pager_posts(receiver)) == 2
+
+
 def test_a_refused_resolution_is_not_resent_as_firing(store):
     """Alertmanager refused the resolution (400): the alert is no longer re-sent as firing
     (which would keep it open there for good)."""

@@ -330,6 +330,8 @@ class OutputOutbox:
             self._finish(name, lane, alert, "sent", detail)
             if output.resend_s:
                 if alert.change == "fired":
+                    if not lane.firing:  # the first open there: its re-send is due in resend_s, not in this pass
+                        lane.next_refresh = self._clock() + output.resend_s
                     lane.firing[alert.alert_id] = alert
                 else:
                     lane.firing.pop(alert.alert_id, None)
