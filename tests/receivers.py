@@ -159,10 +159,10 @@ def free_port() -> int:
 class Alertmanager:
     """A real Alertmanager on 127.0.0.1 (clustering off, a config and storage in ``folder``)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, port: int | None = None) -> None:
         if not Path(ALERTMANAGER).exists() or shutil.which(ALERTMANAGER) is None:
             pytest.skip(f"{ALERTMANAGER} is not installed (Debian's prometheus-alertmanager; .ci/run installs it)")
-        self.port = free_port()
+        self.port = port or free_port()
         config = folder / "alertmanager.yml"
         config.write_text("route:\n  receiver: blackhole\n  group_wait: 1h\nreceivers:\n  - name: blackhole\n")
         self.log = folder / "alertmanager.log"
@@ -207,8 +207,9 @@ class Alertmanager:
 
 
 @contextmanager
-def alertmanager(folder: Path) -> Iterator[Alertmanager]:
-    server = Alertmanager(folder)
+def alertmanager(folder: Path, port: int | None = None) -> Iterator[Alertmanager]:
+    """A real Alertmanager, on ``port`` if given (one a sender already tried while it was down)."""
+    server = Alertmanager(folder, port)
     try:
         yield server
     finally:

@@ -241,6 +241,40 @@ def test_a_timeout_to_a_receiver_that_does_not_dedupe_is_not_resent(store, secre
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["output_delivery_unknown"]
 
 
+def test_a_hanging_receiver_holds_the_other_outputs_up_one_timeout_not_one_per_change(store, secret_env):
+    """A receiver that takes requests and never answers: its first change times out (recorded
+    ``unknown``), the rest of its queue waits for its backoff, and the other output is served
+    in the same pass, not after one timeout per queued change."""
+    clock = Clock()
+    with LocalReceiver() as hanging, LocalReceiver() as other:
+        outputs = {**hook(hanging.url, timeout_s=0.3), "other": {**hook(other.url)["hook"]}}
+        outbox = OutputOutbox(store, routing(outputs), clock=clock)
+        changes = [alert(alert_id=f"a{i}") for i in range(3)]
+        stored(store, *changes)
+        outbox.add(changes)
+        hanging.hang(1.0)
+        assert outbox.deliver_pending() == 3  # the other output's three
+        assert len(other.requests) == 3 and len(hanging.requests) == 1
+        assert outbox.hold_s == 1.0 and len(outbox) == 2
+        hanging.hang(0)
+        outbox.deliver_pending()  # the backoff is not over: nothing is tried
+        assert len(hanging.requests) == 1
+        clock.now += 1
+        assert outbox.deliver_pending() == 2
+    assert [r.json["id"] for r in hanging.requests] == ["a0", "a1", "a2"]
+    assert store.outputs.states("a0")[("hook", "fired")] == {"sending", "unknown"}
+
+
+def test_a_receiver_timeout_is_capped_with_a_clear_error():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"3600 s is too long: at most 30 s \(one delivery thread"):
+        routing(hook("http://127.0.0.1:1/hook", timeout_s=3600))
+    with pytest.raises(ValidationError, match="timeout_s"):
+        routing({"mail": {**mail_output(25)["mail"], "timeout_s": 31}})
+    assert routing(hook("http://127.0.0.1:1/hook", timeout_s=30)).outputs["hook"].timeout_s == 30
+
+
 def test_hostile_event_values_stay_inside_the_json_body(store, secret_env):
     """CR/LF cannot add a header (none of ours carries an event value), HTML is data, a huge
     tag is capped."""
@@ -424,9 +458,13 @@ def test_alertmanager_alerts_are_resent_while_firing(store, tmp_path):
         (second,) = wait_until(lambda: [a for a in am.alerts() if a["annotations"]["dollars"] == "81.93"],
                                what="the re-sent alert")  # fmt: skip
         assert second["endsAt"] > first["endsAt"]
+        stored(store, msgspec.structs.replace(alert(), change="updated", waste_usd=99.99))  # figures since
         restarted = OutputOutbox(store, routing(spec), clock=clock)
         assert restarted.recover() == 0  # nothing pending, but the firing alert is known
-        assert "a1" in restarted._lanes["pager"].firing and restarted.deliver_pending() == 0
+        assert restarted.deliver_pending() == 0  # a re-send, not a delivery
+        (third,) = wait_until(lambda: [a for a in am.alerts() if a["annotations"]["dollars"] == "99.99"],
+                              what="the alert re-sent by the restarted worker")  # fmt: skip
+        assert third["endsAt"] >= second["endsAt"] and third["labels"] == first["labels"]
 
 
 def test_alertmanager_takes_hostile_values_as_label_values(store, tmp_path):
@@ -448,11 +486,15 @@ def test_alertmanager_down_then_up_gets_the_alert_once(store, tmp_path):
     stored(store, alert())
     outbox.add([alert()])
     assert outbox.deliver_pending() == 0 and outbox.hold_s == 1.0  # refused connection: retried
-    with alertmanager(tmp_path) as am:
-        outbox._lanes["pager"].output.url = am.url + "/api/v2/alerts"  # type: ignore[attr-defined]
+    with alertmanager(tmp_path, port) as am:  # up, where the outbox was pointed all along
+        outbox.deliver_pending()
+        assert am.alerts() == []  # the backoff is not over
         clock.now += 1
         assert outbox.deliver_pending() == 1
         assert len(wait_until(am.alerts, what="the alert")) == 1
+        clock.now += 1
+        assert outbox.deliver_pending() == 0
+    assert store.outputs.states("a1")[("pager", "fired")] == {"sending", "not_sent", "sent"}
 
 
 # -- email ----------------------------------------------------------------------------------
@@ -716,6 +758,23 @@ def test_an_answer_that_is_not_http_is_taken_as_maybe_sent_not_sent_twice(store,
 def pager_posts(receiver: LocalReceiver) -> list[dict[str, Any]]:
     """Every alert Alertmanager was sent (``postableAlert``), in order."""
     return [a for r in receiver.requests for a in r.json]
+
+
+def test_an_opening_is_posted_to_alertmanager_once_then_re_sent_each_resend_s(store):
+    """The opening is one post; the first re-send comes ``resend_s`` later, not in the same pass."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, resend_s=60)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+        assert len(pager_posts(receiver)) == 1 and outbox.hold_s == pytest.approx(60, abs=1)
+        clock.now += 59
+        outbox.deliver_pending()
+        assert len(pager_posts(receiver)) == 1
+        clock.now += 1
+        outbox.deliver_pending()
+    assert len(pager_posts(receiver)) == 2
 
 
 def test_a_refused_resolution_is_not_resent_as_firing(store):

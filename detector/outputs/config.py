@@ -40,6 +40,18 @@ Address = Annotated[str, AfterValidator(_address)]
 """A bare mail address: no display name, no line break, nothing a header could be forged with."""
 OutputName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)]
 Seconds = Annotated[float, Field(gt=0, le=3600)]
+MAX_TIMEOUT_S = 30.0
+
+
+def _timeout(value: float) -> float:
+    if value > MAX_TIMEOUT_S:
+        raise ValueError(f"{value:g} s is too long: at most {MAX_TIMEOUT_S:g} s (one delivery thread serves every "
+                         "output besides Slack: a receiver that hangs holds the others up this long)")  # fmt: skip
+    return value
+
+
+Timeout = Annotated[float, Field(gt=0), AfterValidator(_timeout)]
+"""How long a send waits for the receiver's answer."""
 
 
 class _Spec(BaseModel):
@@ -64,7 +76,7 @@ class WebhookSpec(_Spec):
     receiver_dedupes: bool = False
     """The receiver drops a second request with an ``Idempotency-Key`` it has seen: then a send
     a kill cut off (maybe received, never recorded) is sent again; otherwise it is not."""
-    timeout_s: Seconds = 10.0
+    timeout_s: Timeout = 10.0
 
 
 class AlertmanagerSpec(_Spec):
@@ -83,7 +95,7 @@ class AlertmanagerSpec(_Spec):
     generator_url: Url | None = None
     """``generatorURL`` template over the link fields (``{resource_id}``, ``{alert_id}``...);
     default: the alert's first ``links`` entry, if any."""
-    timeout_s: Seconds = 10.0
+    timeout_s: Timeout = 10.0
 
     @model_validator(mode="after")
     def _ends_after_resend(self) -> AlertmanagerSpec:
@@ -109,7 +121,7 @@ class EmailSpec(_Spec):
     ``to`` hold non-ASCII characters (elsewhere no server would ever take them)."""
     sender: Address = Field(alias="from")
     to: Annotated[list[Address], Field(min_length=1, max_length=100)]
-    timeout_s: Seconds = 30.0
+    timeout_s: Timeout = 30.0
 
     @field_validator("sender", "to")
     @classmethod

@@ -6,8 +6,9 @@ The same guarantees as Slack's outbox (:mod:`detector.delivery`), per output:
 - **stored before sent**: the alert change is in ClickHouse before it is handed here, and
   each send is marked begun in ``output_deliveries`` before the request leaves;
 - **retried with backoff**: a receiver that is down or answers 5xx/429 is tried again (1 s,
-  doubling to ``max_backoff_s``), its queue kept in order; one output's outage does not hold
-  up the others;
+  doubling to ``max_backoff_s``), its queue kept in order; one output's outage holds up the
+  others (one thread) at most one ``timeout_s`` per backoff: after a send with no answer the
+  rest of its queue waits for its next try;
 - **never twice**: (alert id, output, change) is the idempotency key; a change recorded
   ``sent``, ``refused`` or ``unknown`` is not sent again, after a restart either
   (:meth:`OutputOutbox.recover`). A send begun and never recorded (a kill, a timeout) may
@@ -93,6 +94,8 @@ class _Lane:
     """Alerts opened there and not resolved, re-sent every ``resend_s`` (Alertmanager)."""
     next_try: float = 0.0
     backoff: float = 0.0
+    stalled: bool = False
+    """A send of the last pass got no answer (recorded ``unknown``): back off before the next."""
     next_refresh: float = 0.0
 
 
@@ -255,14 +258,16 @@ class OutputOutbox:
             try:
                 self._flush(name, lane)
                 sent += self._drain(name, lane)
+                if lane.stalled:  # the rest waits: a receiver that hangs holds up the others once a backoff
+                    lane.stalled = False
+                    waits.append(self._back_off(lane))
+                    continue
                 if lane.output.resend_s and lane.firing and now >= lane.next_refresh:
                     self._refresh(name, lane, now)
                 lane.backoff = 0.0
             except Exception as exc:  # noqa: BLE001 - the receiver's (OutputError) or the store's
                 self.failed += 1
-                lane.backoff = min(max(1.0, lane.backoff * 2), self.max_backoff_s)
-                lane.next_try = self._clock() + lane.backoff
-                waits.append(lane.backoff)
+                waits.append(self._back_off(lane))
                 METRICS.outputs.labels(name, "retry").inc()
                 event = "output_delivery_retry" if isinstance(exc, OutputError) else "output_store_error"
                 log.warning(event, output=name, error=str(exc)[:500], retry_in_s=lane.backoff, pending=len(lane.queue))
@@ -271,6 +276,11 @@ class OutputOutbox:
                 waits.append(max(0.01, lane.next_refresh - self._clock()))
         self.hold_s = min(waits) if waits else 0.0
         return sent
+
+    def _back_off(self, lane: _Lane) -> float:
+        lane.backoff = min(max(1.0, lane.backoff * 2), self.max_backoff_s)
+        lane.next_try = self._clock() + lane.backoff
+        return lane.backoff
 
     def _refresh(self, name: str, lane: _Lane, now: float) -> None:
         """Send the firing alerts again; a refusal is logged (the next re-send is due as usual),
@@ -312,11 +322,16 @@ class OutputOutbox:
                 log.error("output_delivery_" + state, output=name, alert_id=alert.alert_id, change=alert.change,
                           reason=str(exc)[:500])  # fmt: skip
                 self._finish(name, lane, alert, state, str(exc)[:500])
+                if exc.maybe_sent:  # no answer in time (or a cut): the next change would likely wait as long
+                    lane.stalled = True
+                    return sent
                 continue
             METRICS.outputs.labels(name, "ok").inc()
             self._finish(name, lane, alert, "sent", detail)
             if output.resend_s:
                 if alert.change == "fired":
+                    if not lane.firing:  # the first open there: its re-send is due in resend_s, not in this pass
+                        lane.next_refresh = self._clock() + output.resend_s
                     lane.firing[alert.alert_id] = alert
                 else:
                     lane.firing.pop(alert.alert_id, None)
