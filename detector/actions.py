@@ -8,21 +8,25 @@ A click is recorded in ClickHouse (``alert_actions``: who, what, when) and shown
 the incident's message; a snooze also keeps that incident's later changes out of the
 channel for 24 hours, and "expected" is kept as feedback for the model and for rule
 tuning. Approve and Decline decide an action on the incident (docs/actions.md): only an
-approver named in ``routing.yaml`` may click them; anyone else is refused (403) and the
-refusal is recorded in ``remediation_actions``.
+approver named in ``routing.yaml`` may click them; anyone else is refused, the refusal is
+recorded in ``remediation_actions``, and the clicker is told why and who may approve
+(an ephemeral message through the click's ``response_url``: Slack ignores the body of the
+answer to a ``block_actions`` request and shows any status but 200 as a bare error).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import structlog
 from slack_sdk.signature import Clock, SignatureVerifier
+from slack_sdk.webhook import WebhookClient
 
 from detector.suppression import snooze
 
@@ -104,6 +108,8 @@ class Click:
     user_name: str
     channel: str
     message_ts: str
+    response_url: str = ""
+    """Where Slack takes an answer to this click (an ephemeral message to the clicker)."""
 
 
 def parse_click(body: bytes) -> Click:
@@ -124,7 +130,33 @@ def parse_click(body: bytes) -> Click:
         user_name=str(user.get("username") or user.get("name") or ""),
         channel=str((payload.get("channel") or {}).get("id", "")),
         message_ts=str((payload.get("message") or {}).get("ts", "")),
+        response_url=str(payload.get("response_url") or ""),
     )
+
+
+SLACK_RESPONSE_ORIGIN = "https://hooks.slack.com"
+"""Where Slack's ``response_url`` points; an answer goes nowhere else (another origin: the
+local stand-in named by ``SLACK_BASE_URL``)."""
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else ""
+
+
+def refusal_text(why: str, approvers: list[str], owner: str, team: str) -> str:
+    """What the clicker who may not decide is told: who may, and why not (no secret: Slack
+    ids from ``routing.yaml`` and a group's read error)."""
+    from detector.slack import code, escape
+
+    who = [f"<!subteam^{i}>" if i.startswith("S") else f"<@{i}>" for i in approvers]
+    if owner:
+        who.append(f"the resource's owner (<@{owner}>)")
+    team_words = f"team {code(team)}" if team else "resources with no team"
+    lines = [f":no_entry: You may not approve or decline this action: {escape(why)}.",
+             f"Approvers for {team_words}: {', '.join(who) if who else 'none are set in routing.yaml (approvers)'}.",
+             "Your click was recorded as refused."]  # fmt: skip
+    return "\n".join(lines)
 
 
 class ActionHandler:
@@ -132,8 +164,13 @@ class ActionHandler:
     executor). Returns (HTTP status, JSON body)."""
 
     def __init__(self, verifier: RequestVerifier, store: Store, notifier: Any, outbox: Any,
-                 clock: Callable[[], float] = time.time, remediation: Any = None) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.time, remediation: Any = None,
+                 response_origin: str | None = None) -> None:  # fmt: skip
         self.verifier = verifier
+        self._origins = {SLACK_RESPONSE_ORIGIN} | ({_origin(response_origin)} if response_origin else set())
+        """Origins a ``response_url`` may point at: Slack's, and ``SLACK_BASE_URL``'s in tests."""
+        self.answers: list[threading.Thread] = []
+        """Ephemeral answers being posted (threads: the click is acknowledged at once)."""
         self.remediation = remediation
         """The worker's :class:`~detector.remediation.runner.ActionRunner` (None: no actions here)."""
         self.store = store
@@ -177,8 +214,40 @@ class ActionHandler:
         if self.remediation is None:
             return 409, {"error": "actions are not enabled in this worker"}
         status, what = self.remediation.decide(click.alert_id, click.user_id, click.action == "approved", tags)
+        if status == 403:
+            routing = self.remediation.ruleset().routing
+            approvers, owner = routing.approvers_for(tags)
+            self._answer(click, refusal_text(what, approvers, owner, tags.get(routing.by_tag, "")))
+            return 200, {"ok": False, "status": 403, "error": what}
+        if status == 409:
+            from detector.slack import escape
+
+            self._answer(click, f":information_source: {escape(what)}: it was decided already, or is no longer pending.")
+            return 200, {"ok": False, "status": 409, "error": what}
         if status != 200:
             return status, {"error": what}
         self.store.actions.record(click, at=self._clock())
         log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
         return 200, {"ok": True, "action": click.action, "alert_id": click.alert_id}
+
+    def _answer(self, click: Click, text: str) -> None:
+        """Tell the clicker ``text`` (only them: ephemeral) through the click's ``response_url``,
+        in a thread so the click is acknowledged within Slack's 3 s. A URL elsewhere than
+        Slack's is not called (a signed request could still carry one)."""
+        if _origin(click.response_url) not in self._origins:
+            if click.response_url:
+                log.warning("slack_answer_not_sent", reason="response_url is not Slack's", origin=_origin(click.response_url))
+            return
+
+        def post() -> None:
+            try:
+                sent = WebhookClient(click.response_url, timeout=5).send(
+                    text=text, response_type="ephemeral", replace_original=False)  # fmt: skip
+                if sent.status_code != 200:
+                    log.warning("slack_answer_not_sent", status=sent.status_code, body=sent.body[:200])
+            except Exception as exc:  # noqa: BLE001 - the click is recorded; only the explanation is lost
+                log.warning("slack_answer_not_sent", error=" ".join(str(exc).split())[:200])
+
+        thread = threading.Thread(target=post, name="slack-answer", daemon=True)
+        self.answers = [t for t in self.answers if t.is_alive()] + [thread]
+        thread.start()

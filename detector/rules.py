@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
-import string
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,16 @@ from pydantic import (
 
 from detector.detectors import REGISTRY, Detector, ResourceInfo
 from detector.limits import LIMITS_FILE, Limits
-from detector.outputs.config import OUTPUT_KINDS, OutputName, OutputSpec, Send, check_outputs, check_send, outputs_for
+from detector.outputs.config import (
+    OUTPUT_KINDS,
+    OutputName,
+    OutputSpec,
+    Send,
+    check_outputs,
+    check_send,
+    outputs_for,
+    template_fields,
+)
 from detector.pricing import Pricing, load_pricing
 from detector.remediation.spec import ActionSpec, kind_error
 from detector.suppression.silence import Silence as CompiledSilence
@@ -118,7 +126,7 @@ class Link(BaseModel):
     @classmethod
     def _known_fields(cls, url: str) -> str:
         try:
-            names = {name for _, name, _, _ in string.Formatter().parse(url) if name is not None}
+            names = template_fields(url)
         except ValueError as exc:
             raise ValueError(f"invalid URL template: {exc}") from None
         unknown = sorted(names - LINK_FIELDS)

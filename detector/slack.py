@@ -391,6 +391,25 @@ class SlackNotifier:
                 return str(history.get("channel") or channel), str(message["ts"])
         return None
 
+    def find_action(self, channel: str, thread_ts: str, key: str, limit: int = 1000) -> tuple[str, str] | None:
+        """(channel, ts) of an action's message already in the incident's thread (its footer
+        names ``key``), if any: a worker killed after posting it and before recording it must
+        not post it again. None when absent or unreadable (then the caller posts)."""
+        if self._web is None:
+            return None
+        try:
+            replies = self._web.conversations_replies(channel=channel, ts=thread_ts, limit=limit)
+        except Exception as exc:
+            log.warning("slack_history_unavailable", channel=channel, error=str(exc))
+            return None
+        footer = f"action {code(key)} "
+        messages: list[dict[str, Any]] = replies.get("messages", [])
+        for message in messages:
+            texts = (o.get("text") for o in block_objects(message.get("blocks", [])))
+            if message.get("ts") != thread_ts and any(isinstance(t, str) and t.startswith(footer) for t in texts):
+                return str(replies.get("channel") or channel), str(message["ts"])
+        return None
+
     def post_digest(self, digest: Digest, blocks: list[dict[str, Any]], png: bytes | None) -> tuple[str, str]:
         """Post a daily digest (and its bar chart in its thread); return (channel, ts)."""
         text = f"Cost waste on {digest.date}: ${digest.total:,.2f}"

@@ -2,7 +2,7 @@
 
 It implements what burnwatch calls: ``chat.postMessage``, ``chat.update``, the three
 steps of ``files_upload_v2`` (``files.getUploadURLExternal``, the upload itself,
-``files.completeUploadExternal``), ``usergroups.users.list`` and incoming webhooks.
+``files.completeUploadExternal``), ``usergroups.users.list``, incoming webhooks and a click's ``response_url``.
 
 Slack cannot be reached from CI, so slack-sdk is pointed here (``base_url`` /
 the webhook URL) and the tests assert on what this server received. It can be
@@ -90,6 +90,11 @@ class LocalSlack:
     @property
     def webhook_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/services/T000/B000/XXXX"
+
+    @property
+    def response_url(self) -> str:
+        """What Slack puts in a click's ``response_url`` (``https://hooks.slack.com/actions/...``)."""
+        return f"http://127.0.0.1:{self.port}/actions/T000/1000000000001/XXXX"
 
     def __enter__(self) -> LocalSlack:
         self._thread.start()
@@ -198,6 +203,8 @@ class LocalSlack:
                     body = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
                 if self.path.startswith("/services/"):
                     method, reply = "webhook", b"ok"
+                elif self.path.startswith("/actions/"):  # a click's response_url (an ephemeral answer)
+                    method, reply = "response_url", b'{"ok": true}'
                 else:
                     method = self.path.removeprefix("/api/")
                     reply = slack._reply(method, body)

@@ -156,7 +156,8 @@ def _slack_actions(parts: WorkerParts) -> None:
     secret = parts.settings.slack_signing_secret
     outbox = parts.outbox
     actions = (ActionHandler(RequestVerifier(secret.get_secret_value()), parts.store, outbox.notifier, outbox,
-                             remediation=parts.actions) if secret else None)  # fmt: skip
+                             remediation=parts.actions, response_origin=parts.settings.slack_base_url)
+               if secret else None)  # fmt: skip
 
     @parts.app.page("/slack/actions")
     class SlackActions(View):

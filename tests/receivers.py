@@ -58,6 +58,10 @@ class LocalReceiver:
         self.delivered: list[Received] = []
         self.dedupes = dedupes
         self._failures: list[int] = []
+        self._garbled = 0
+        self._redirects: list[str] = []
+        self.gets: list[Received] = []
+        """GET requests (a client following a redirect turns a POST into one)."""
         self._hang_s = 0.0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -80,6 +84,16 @@ class LocalReceiver:
         with self._lock:
             self._failures += [status] * count
 
+    def redirect_next(self, location: str) -> None:
+        """Answer the next POST with 302 to ``location``."""
+        with self._lock:
+            self._redirects.append(location)
+
+    def garble_next(self, count: int) -> None:
+        """Take the next requests whole (delivered), then answer with something not HTTP."""
+        with self._lock:
+            self._garbled += count
+
     def hang(self, seconds: float) -> None:
         """Take the next requests whole, then answer only after ``seconds`` (a timeout for the sender)."""
         self._hang_s = seconds
@@ -91,12 +105,32 @@ class LocalReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                with receiver._lock:
+                    receiver.gets.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, b""))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 received = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 with receiver._lock:
+                    location = receiver._redirects.pop(0) if receiver._redirects else None
+                if location is not None:
+                    with receiver._lock:
+                        receiver.requests.append(received)
+                    self.send_response(302)
+                    self.send_header("Location", location)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                with receiver._lock:
                     receiver.requests.append(received)
-                    status = receiver._failures.pop(0) if receiver._failures else 200
+                    garbled = receiver._garbled > 0
+                    receiver._garbled -= garbled
+                    status = receiver._failures.pop(0) if receiver._failures and not garbled else 200
                     if status == 200:
                         key = received.headers.get("idempotency-key")
                         seen = {r.headers.get("idempotency-key") for r in receiver.delivered}
@@ -104,6 +138,10 @@ class LocalReceiver:
                             receiver.delivered.append(received)
                 if receiver._hang_s:
                     time.sleep(receiver._hang_s)
+                if garbled:
+                    self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
+                    self.close_connection = True
+                    return
                 self.send_response(status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
@@ -183,6 +221,13 @@ class Mailbox:
     def __init__(self) -> None:
         self.messages: list[tuple[list[str], EmailMessage]] = []
         self.failures: list[str] = []
+        self.quit_reply: str | None = None
+        """What QUIT is answered (None: 221, as it should be)."""
+
+    async def handle_QUIT(self, server: Any, session: Any, envelope: Any) -> Any:  # noqa: N802 - aiosmtpd's name
+        from aiosmtpd.smtp import MISSING
+
+        return self.quit_reply if self.quit_reply is not None else MISSING
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's name
         if self.failures:

@@ -73,10 +73,11 @@ def rules_for(tmp_path: Path, approve: str, dry: list[str]) -> Path:
     return rules
 
 
-def click(alert_id: str, user: str, action_id: str = "burnwatch_approve") -> tuple[bytes, dict[str, str]]:
+def click(alert_id: str, user: str, action_id: str = "burnwatch_approve",
+          response_url: str = "") -> tuple[bytes, dict[str, str]]:  # fmt: skip
     payload = {"type": "block_actions", "user": {"id": user, "username": user.lower()},
                "actions": [{"action_id": action_id, "value": alert_id}], "channel": {"id": "C0CHANNEL"},
-               "message": {"ts": "1700000000.000009"}}  # fmt: skip
+               "message": {"ts": "1700000000.000009"}, "response_url": response_url}  # fmt: skip
     body = urlencode({"payload": json.dumps(payload)}).encode()
     return body, signed(body, at=int(time.time()), secret=SECRET)
 
@@ -127,7 +128,10 @@ def test_idle_episode_to_approved_click_to_stopped_instance(tmp_path: Path, moto
             opening = next(p for p in slack.calls("chat.postMessage") if p.response["ts"] == proposal.body["thread_ts"])
             assert approve in opening.text_of_blocks()  # in the alert's own thread
 
-            assert post_click(worker.port, *click(alert_id, STRANGER)) == 403
+            assert post_click(worker.port, *click(alert_id, STRANGER, response_url=slack.response_url)) == 200
+            assert slack.wait_for(lambda r: any(p.method == "response_url" for p in r), timeout=30), worker.tail()
+            (told,) = slack.calls("response_url")  # refused: told why and who may, only to the clicker
+            assert told.body["response_type"] == "ephemeral" and f"<@{APPROVER}>" in told.body["text"]
             assert state(moto_url, approve) == "running"
             assert post_click(worker.port, *click(alert_id, APPROVER)) == 200
             worker.wait_for_log('"action_succeeded"', timeout=60)

@@ -18,6 +18,7 @@ from detector.alerts import Alert
 from detector.outputs.outbox import OutputOutbox
 from detector.outputs.webhook import SIGNATURE, TIMESTAMP, verify
 from detector.rules import Routing
+from detector.units import rfc3339
 from tests.helpers import T0
 from tests.receivers import LocalReceiver, alertmanager, free_port, smtp_server, wait_until
 
@@ -126,7 +127,7 @@ def test_a_failing_receiver_is_retried_with_backoff_and_gets_the_alert_once(stor
     assert len(receiver.requests) == 3 and len(receiver.delivered) == 1
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["output_delivery_retry"] * 2
     assert SECRET not in json.dumps(logs, default=str)
-    assert len(outbox) == 0 and store.outputs.states("a1")[("hook", "fired")] == {"sending", "sent"}
+    assert len(outbox) == 0 and store.outputs.states("a1")[("hook", "fired")] == {"sending", "not_sent", "sent"}
 
 
 def test_a_receiver_refusing_for_good_is_recorded_and_not_retried(store, secret_env):
@@ -220,7 +221,7 @@ def test_a_receiver_not_listening_is_retried_even_when_it_does_not_dedupe(store,
     stored(store, alert())
     outbox.add([alert()])
     assert outbox.deliver_pending() == 0 and outbox.hold_s == 1.0 and len(outbox) == 1
-    assert store.outputs.states("a1") == {("hook", "fired"): {"sending"}}
+    assert store.outputs.states("a1") == {("hook", "fired"): {"sending", "not_sent"}}
 
 
 def test_a_timeout_to_a_receiver_that_does_not_dedupe_is_not_resent(store, secret_env):
@@ -358,6 +359,9 @@ def test_a_bad_routing_file_is_refused_with_file_line_and_field(tmp_path, rulese
         "    to: [\"b@example.com\\r\\nBcc: c@evil.example\"]\n": (6, "outputs.m.to[0]", "not a bare mail address"),
         "outputs:\n  am:\n    kind: alertmanager\n    url: http://am:9093\n    generator_url: https://g/{secret}\n": (
             1, "outputs", "am.generator_url: unknown field(s) secret"),
+        "outputs:\n  am:\n    kind: alertmanager\n    url: http://am:9093\n    generator_url: https://g/{rule:>999999999}\n": (
+            1, "outputs", "{rule:>999999999}: only plain fields"),
+        "links:\n  - name: x\n    url: https://g/{resource_id!r}\n": (3, "links[0].url", "only plain fields"),
         "outputs:\n  am:\n    kind: alertmanager\n    url: http://am:9093\n    resend_s: 60\n    ends_after_s: 30\n": (
             2, "outputs.am", "must exceed resend_s"),
     }
@@ -628,3 +632,156 @@ def test_a_kill_before_any_write_sends_nothing_twice(chdb_client, secret_env, de
             assert len(unknown) <= 1, n  # the one send cut off, recorded as maybe sent
             if dedupes:
                 assert unknown == set(), n
+
+
+# -- found in review ------------------------------------------------------------------------
+
+
+def test_an_answer_that_is_not_http_is_taken_as_maybe_sent_not_sent_twice(store, secret_env):
+    """The receiver took the request and answered garbage (http.client's BadStatusLine, not an
+    OSError): to a receiver that does not dedupe it is recorded unknown, never sent again."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        receiver.garble_next(1)
+        outbox = OutputOutbox(store, routing(hook(receiver.url)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        for _ in range(3):
+            outbox.deliver_pending()
+            clock.now += 60
+    assert len(receiver.requests) == 1
+    assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "unknown"}
+
+
+def pager_posts(receiver: LocalReceiver) -> list[dict[str, Any]]:
+    """Every alert Alertmanager was sent (``postableAlert``), in order."""
+    return [a for r in receiver.requests for a in r.json]
+
+
+def test_a_refused_resolution_is_not_resent_as_firing(store):
+    """Alertmanager refused the resolution (400): the alert is no longer re-sent as firing
+    (which would keep it open there for good)."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, resend_s=60)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        outbox.deliver_pending()
+        receiver.fail_next(1, 400)
+        stored(store, alert("resolved"))
+        outbox.add([alert("resolved")])
+        outbox.deliver_pending()
+        assert store.outputs.states("a1")[("pager", "resolved")] == {"sending", "refused"}
+        posted = len(pager_posts(receiver))
+        clock.now += 120
+        outbox.deliver_pending()
+    assert len(pager_posts(receiver)) == posted  # no re-send of it as firing since
+
+
+def test_alertmanager_labels_stay_those_first_sent_while_firing(store):
+    """Alertmanager tells alerts apart by labels: a severity changed by a rules reload, or a
+    team re-tagged, mid-episode must not open a second alert there; the resolution ends the
+    one that is open, even when the new team is not routed to Alertmanager at all."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        send = {"default": ["slack"], "by_team": {"nlp": ["pager"]}}
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, resend_s=60), send), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        outbox.deliver_pending()
+        moved = {"team": "vision", "owner": "alice"}
+        outbox.add([msgspec.structs.replace(alert(severity="critical", tags=moved), change="updated", waste_usd=81.93)])
+        clock.now += 60
+        outbox.deliver_pending()  # the re-send, with the newer dollars
+        stored(store, alert("resolved", severity="critical", tags=moved))
+        outbox.add([alert("resolved", severity="critical", tags=moved)])
+        outbox.deliver_pending()
+    posts = pager_posts(receiver)
+    assert posts[-2]["annotations"]["dollars"] == "81.93"  # the update reached the re-send
+    assert all(p["labels"] == posts[0]["labels"] for p in posts), [p["labels"] for p in posts]
+    assert posts[-1]["endsAt"] <= rfc3339(time.time() + 1)  # the resolution
+
+
+def test_a_mail_taken_then_a_bad_answer_to_quit_is_sent_once_and_recorded_sent(store):
+    """The server took the message (250), then answered QUIT with something else than 221:
+    the mail is delivered (recorded ``sent``), not taken for a failure and not sent again."""
+    clock = Clock()
+    with smtp_server() as (mailbox, port):
+        mailbox.quit_reply = "500 5.5.1 confused"
+        outbox = OutputOutbox(store, routing(mail_output(port)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+        clock.now += 60
+        outbox.deliver_pending()
+    assert len(mailbox.messages) == 1
+    assert store.outputs.states("a1")[("mail", "fired")] == {"sending", "sent"}
+
+
+def test_a_token_with_a_line_break_is_trimmed_or_refused_never_shown(store, monkeypatch):
+    """A secret mounted from a file ends with a newline: it is trimmed. One with a line break
+    inside is refused naming the variable; http.client's own error would print it (as a
+    repr, which the log's redaction of the value as set does not match)."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        monkeypatch.setenv("BW_AM_TOKEN", "tok-Zq81xw\r\nX-Evil: 1")
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, bearer_token_env="BW_AM_TOKEN")), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        with capture_logs() as logs:
+            assert outbox.deliver_pending() == 0
+        assert "BW_AM_TOKEN" in logs[-1]["error"] and "Zq81xw" not in json.dumps(logs) and receiver.requests == []
+        assert not any("Zq81xw" in r["detail"] for r in store.query(f"SELECT detail FROM {store.db}.output_deliveries"))
+        monkeypatch.setenv("BW_AM_TOKEN", "tok-Zq81xw\n")
+        clock.now += 60
+        assert outbox.deliver_pending() == 1
+    assert receiver.requests[0].headers["authorization"] == "Bearer tok-Zq81xw"
+
+
+def test_a_silenced_resolution_still_ends_what_alertmanager_has_open(store):
+    """A silence added after the opening was sent holds the resolution back from every
+    output, but the one keeping the alert open must hear it, or re-send it as firing for good."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, resend_s=60)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        outbox.deliver_pending()
+        held = msgspec.structs.replace(alert("resolved"), silenced="silence: maintenance")
+        stored(store, held)
+        outbox.add([held])
+        outbox.deliver_pending()
+        posted = len(pager_posts(receiver))
+        clock.now += 120
+        outbox.deliver_pending()
+    posts = pager_posts(receiver)
+    assert len(posts) == posted and posts[-1]["endsAt"] <= rfc3339(time.time() + 1)  # resolved, not re-sent
+
+
+def test_a_kill_after_a_failed_try_still_sends_to_a_receiver_that_does_not_dedupe(store, secret_env):
+    """The receiver answered 503 (it has nothing), then the worker was killed before the
+    retry: the restarted worker sends the change, not records it 'unknown' and never sends it."""
+    with LocalReceiver() as receiver:
+        receiver.fail_next(1, status=503)
+        outbox = OutputOutbox(store, routing(hook(receiver.url)), clock=Clock())
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 0
+        restarted = OutputOutbox(store, routing(hook(receiver.url)), clock=Clock())  # the kill: a new worker
+        assert restarted.recover() == 1 and restarted.deliver_pending() == 1
+    assert len(receiver.delivered) == 1
+    assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "not_sent", "sent"}
+
+
+def test_a_redirect_is_not_followed_with_the_token_nor_taken_for_a_delivery(store, monkeypatch):
+    """urllib follows a 302 to a POST with a GET to anywhere, carrying Authorization along,
+    and the GET's 200 would be recorded 'sent' though nothing was delivered."""
+    monkeypatch.setenv("BW_AM_TOKEN", "tok-Rr93kd")
+    with LocalReceiver() as receiver, LocalReceiver() as elsewhere:
+        receiver.redirect_next(elsewhere.url)
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, bearer_token_env="BW_AM_TOKEN")), clock=Clock())
+        stored(store, alert())
+        outbox.add([alert()])
+        outbox.deliver_pending()
+    assert elsewhere.gets == [] and elsewhere.requests == []
+    assert "sent" not in store.outputs.states("a1")[("pager", "fired")]

@@ -80,18 +80,23 @@ def setup(store, slack, tmp_path, moto, mode: str, wall: Wall, **runner_kw):
     executors = {"stop_instance": StopInstance(endpoint_url=moto, session=session())}
     runner = ActionRunner(store, executors, lambda: ruleset, notifier, wall=wall, **runner_kw)
     handler = ActionHandler(RequestVerifier("8f742231b10e8888abcd99yyyzzz85a5", clock=lambda: NOW), store, notifier,
-                            None, clock=wall, remediation=runner)  # fmt: skip
+                            None, clock=wall, remediation=runner, response_origin=slack.api_url)  # fmt: skip
     return runner, handler
 
 
-def click(handler, action_id: str, user: str, alert_id: str = "a1") -> int:
+def click(handler, action_id: str, user: str, alert_id: str = "a1", response_url: str = "") -> int:
+    """The click's outcome: 200, 403 (refused) or 409 (nothing awaits a decision). Slack
+    itself always gets 200: it shows any other status as a bare error."""
     body = click_body(action_id, alert_id)
     payload = json.loads(__import__("urllib.parse").parse.parse_qs(body.decode())["payload"][0])
     payload["user"] = {"id": user, "username": user.lower()}
+    payload["response_url"] = response_url
     from urllib.parse import urlencode
 
     body = urlencode({"payload": json.dumps(payload)}).encode()
-    return handler.handle(body, signed(body))[0]
+    status, answer = handler.handle(body, signed(body))
+    assert status == 200, answer
+    return int(answer.get("status", status))
 
 
 def posted(store, *alerts) -> None:
@@ -126,7 +131,12 @@ def test_approve_a_click_by_an_approver_stops_the_instance(store, slack, tmp_pat
         return METRICS.registry.get_sample_value("burnwatch_actions_total", {"kind": "stop_instance", "step": step}) or 0.0
 
     refused_before, done_before = counted("refused"), counted("succeeded")
-    assert click(handler, "burnwatch_approve", STRANGER) == 403  # not an approver: refused, recorded
+    assert click(handler, "burnwatch_approve", STRANGER, response_url=slack.response_url) == 403  # refused, recorded
+    assert slack.wait_for(lambda r: any(p.method == "response_url" for p in r), timeout=10)
+    (told,) = slack.calls("response_url")  # only to the clicker, in the message's place in Slack
+    assert (told.body["response_type"], told.body["replace_original"]) == ("ephemeral", False)
+    assert f"{STRANGER} is not an approver" in told.body["text"]
+    assert f"Approvers for team `nlp`: <@{APPROVER}>, <!subteam^S0NLPLEADS>." in told.body["text"]
     runner.run_once()
     assert state(moto_url, instance) == "running"
     assert click(handler, "burnwatch_approve", APPROVER) == 200
@@ -292,3 +302,45 @@ def test_a_worker_told_to_stop_acting_starts_no_pass(store, slack, tmp_path, mot
     posted(store, incident(instance))
     assert runner.run_once(lambda: False) == 0 and steps(store) == []
     assert runner.run_once(lambda: True) > 0 and steps(store)[0] == ("proposed", "")
+
+
+def test_a_refusal_is_told_only_to_slack_and_a_conflict_too(store, slack, tmp_path, moto_url):
+    """A response_url elsewhere than Slack's is never called (a signed request could carry
+    one); a click on an action already decided is told so, not shown as an error."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    with LocalSlack() as elsewhere:
+        assert click(handler, "burnwatch_approve", STRANGER, response_url=elsewhere.response_url) == 403
+        for thread in handler.answers:
+            thread.join(timeout=10)
+        assert elsewhere.calls() == [] and slack.calls("response_url") == []
+    assert click(handler, "burnwatch_decline", APPROVER) == 200
+    assert click(handler, "burnwatch_approve", APPROVER, response_url=slack.response_url) == 409
+    assert slack.wait_for(lambda r: any(p.method == "response_url" for p in r), timeout=10)
+    (told,) = slack.calls("response_url")
+    assert told.body["response_type"] == "ephemeral" and "awaits a decision" in told.body["text"]
+    assert [s for s, _ in steps(store)] == ["proposed", "announced", "refused", "declined"]
+
+
+def test_a_message_posted_before_a_kill_is_found_not_posted_again(store, slack, tmp_path, moto_url):
+    """A worker killed after Slack took the action's message and before ``announced`` was
+    stored: the next one finds the message in the incident's thread and edits it."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    (proposal,) = [p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body]
+    # What the kill leaves: the message in Slack, its `announced` step never stored.
+    store.command(f"ALTER TABLE {store.db}.remediation_actions DELETE WHERE step = 'announced' "
+                  f"SETTINGS mutations_sync = 1")  # fmt: skip
+    assert [s for s, _ in steps(store)] == ["proposed"]
+    restarted, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    restarted.recover()
+    restarted.run_once()
+    assert [p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body] == [proposal]  # not posted again
+    announced = next(r for r in store.remediations.steps("a1") if r["step"] == "announced")
+    assert json.loads(announced["result"])["ts"] == proposal.response["ts"]
+    (update,) = slack.calls("chat.update")
+    assert update.body["ts"] == proposal.response["ts"] and "Proposed" in update.text_of_blocks()

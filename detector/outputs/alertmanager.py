@@ -97,7 +97,7 @@ class AlertmanagerOutput:
         now = self._clock()
         body = json.dumps([self.alert(a, now) for a in alerts], ensure_ascii=True).encode()
         headers = {"Content-Type": "application/json"}
-        token = secret(self.spec.bearer_token_env, "Alertmanager's bearer token")
+        token = secret(self.spec.bearer_token_env, "Alertmanager's bearer token", header=True)
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         status = post(f"Alertmanager {self.name}", self.url, body, headers, self.spec.timeout_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Protocol
 
 from detector.alerts import Alert
@@ -42,13 +43,23 @@ class Output(Protocol):
         ...
 
 
-def secret(env: str | None, what: str) -> str | None:
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def secret(env: str | None, what: str, *, header: bool = False) -> str | None:
     """The value of environment variable ``env`` (read at each send, so a rotated secret is
-    picked up); a missing one is a retryable error naming the variable, never a value."""
+    picked up); a missing one is a retryable error naming the variable, never a value.
+    ``header``: it goes into an HTTP header, so it loses the surrounding whitespace a file
+    mounted as a secret ends with, and one with a control character inside (it would end
+    the header: http.client refuses it with an error that prints it) is refused the same way."""
     if env is None:
         return None
-    value = os.environ.get(env)
+    raw = os.environ.get(env) or ""
+    value = raw.strip() if header else raw
+    register_secrets(raw, value)  # redacted from every log line from now on
     if not value:
         raise OutputError(f"environment variable {env} ({what}) is not set", retryable=True)
-    register_secrets(value)  # redacted from every log line from now on
+    if header and _CONTROL.search(value):
+        raise OutputError(f"environment variable {env} ({what}) holds a line break or another control character",
+                          retryable=True)  # fmt: skip
     return value

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 __all__ = [
     "OUTPUT_KINDS", "SLACK", "AlertmanagerSpec", "EmailSpec", "OutputName", "OutputSpec", "Send", "SlackSpec",
-    "WebhookSpec", "check_outputs", "check_send", "outputs_for",
+    "WebhookSpec", "check_outputs", "check_send", "outputs_for", "template_fields",
 ]  # fmt: skip
 
 SLACK = "slack"
@@ -124,6 +124,21 @@ class Send(_Spec):
     by_severity: dict[Literal["info", "warning", "critical"], list[OutputName]] = {}
 
 
+def template_fields(template: str) -> set[str]:
+    """The fields a URL template (``{resource_id}``...) uses. A format spec or a conversion
+    is refused: ``{resource_id:>999999999}`` would build a gigabyte for every alert."""
+    fields = set()
+    for _, field, spec, conversion in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if spec or conversion:
+            shown = field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            raise ValueError(f"{{{shown[:60]}}}: only plain fields such as {{resource_id}} are allowed (no format "
+                             "spec or conversion)")  # fmt: skip
+        fields.add(field)
+    return fields
+
+
 def check_outputs(outputs: dict[str, Any], fields: Collection[str]) -> dict[str, Any]:
     """``slack`` names the Slack outbox: it may not name another kind of output. A
     ``generator_url`` template uses only the link ``fields``."""
@@ -135,7 +150,7 @@ def check_outputs(outputs: dict[str, Any], fields: Collection[str]) -> dict[str,
         if not template:
             continue
         try:
-            used = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+            used = template_fields(template)
         except ValueError as exc:
             raise ValueError(f"{name}.generator_url: invalid URL template: {exc}") from None
         unknown = sorted(used - set(fields))

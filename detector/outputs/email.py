@@ -77,7 +77,7 @@ class EmailOutput:
                 smtp = smtplib.SMTP(spec.host, spec.port, timeout=spec.timeout_s)
         except (OSError, smtplib.SMTPException) as exc:
             raise OutputError(f"email {self.name}: cannot connect: {exc}", retryable=True) from None
-        with smtp:
+        try:
             try:
                 if spec.tls == "starttls":
                     smtp.starttls(context=ssl.create_default_context())
@@ -100,11 +100,25 @@ class EmailOutput:
             except (OSError, socket.timeout, smtplib.SMTPServerDisconnected) as exc:
                 raise OutputError(f"email {self.name}: cut off while sending: {exc}", retryable=True,
                                   maybe_sent=True) from None  # fmt: skip
+        finally:
+            _quit(smtp)
         detail = f"to {len(spec.to) - len(refused)} of {len(spec.to)}"
         return detail
 
     def refresh(self, alerts: list[Alert]) -> None:
         return None
+
+
+def _quit(smtp: smtplib.SMTP) -> None:
+    """End the session whatever QUIT is answered: the message's fate was decided by the
+    answer to its DATA (``with smtp:`` raises on a QUIT answered other than 221, which
+    would take a mail delivered for a failure, and send it again)."""
+    try:
+        smtp.quit()
+    except (OSError, smtplib.SMTPException):
+        pass
+    finally:
+        smtp.close()
 
 
 def _said(exc: Any) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import urllib.error
 import urllib.request
@@ -15,16 +16,29 @@ __all__ = ["post"]
 _RETRY = {408, 425, 429}
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer, not followed: urllib would turn the POST into a GET to
+    anywhere, carrying ``Authorization`` along, and take that GET's 200 for a delivery."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
     """POST ``body``; the status of a 2xx answer. ``what`` names the output in errors (the URL
     is left out of them: some carry a token)."""
     request = urllib.request.Request(url, data=body, method="POST", headers={"User-Agent": "burnwatch", **headers})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310 - http(s) only (validated)
+        with _OPENER.open(request, timeout=timeout_s) as answer:  # noqa: S310 - http(s) only (validated)
             answer.read(65536)
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         text = _head(exc)
+        if 300 <= exc.code < 400:
+            text = f"a redirect to {exc.headers.get('Location', '?')[:200]}, not followed: configure the final URL"
         retryable = exc.code in _RETRY or exc.code >= 500
         raise OutputError(f"{what} answered {exc.code}: {text}", retryable=retryable) from None
     except (TimeoutError, socket.timeout) as exc:
@@ -33,6 +47,10 @@ def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: f
         raise OutputError(f"{what} unreachable: {exc.reason}", retryable=True) from None
     except (ConnectionError, OSError) as exc:  # the request left; the connection dropped before the answer
         raise OutputError(f"{what}: connection lost: {exc}", retryable=True, maybe_sent=True) from None
+    except http.client.HTTPException as exc:  # the request left; the answer was not HTTP (BadStatusLine...)
+        said = " ".join(str(exc).split())[:200]
+        raise OutputError(f"{what}: an answer that is not HTTP: {type(exc).__name__} {said}", retryable=True,
+                          maybe_sent=True) from None  # fmt: skip
 
 
 def _head(exc: Any) -> str:

@@ -37,6 +37,7 @@ import msgspec
 import structlog
 
 from detector.alerts import Alert
+from detector.logs import redact
 from detector.metrics import METRICS
 from detector.outputs.alertmanager import AlertmanagerOutput
 from detector.outputs.base import Output, OutputError
@@ -66,6 +67,15 @@ def build_outputs(routing: Routing, current: Callable[[], Routing]) -> dict[str,
         elif isinstance(spec, EmailSpec):
             built[name] = EmailOutput(name, spec, current)
     return built
+
+
+def _labelled_as(sent: Alert, alert: Alert) -> Alert:
+    """``alert``'s figures with what labels are made of (severity, tags, account, region) as
+    in ``sent``, the change an output keeps open: Alertmanager tells alerts apart by labels,
+    so a severity changed by a rules reload or a re-tagged team mid-episode would open a
+    second alert there and leave the first to expire."""
+    return msgspec.structs.replace(alert, severity=sent.severity, tags=sent.tags, account=sent.account,
+                                   region=sent.region)  # fmt: skip
 
 
 @dataclass
@@ -145,8 +155,10 @@ class OutputOutbox:
 
     def add(self, alerts: Iterable[Alert]) -> None:
         """Hand stored changes over (no I/O: this runs on the worker's event loop). Held-back
-        (silenced) changes are not sent anywhere."""
-        items = [alert for alert in alerts if not alert.silenced]
+        (silenced) changes are not sent anywhere, except the resolution of an alert an
+        output keeps open (a silence added since its opening was sent: without it, it would
+        be re-sent as firing for good)."""
+        items = [alert for alert in alerts if not alert.silenced or alert.change == "resolved"]
         if items:
             with self._lock:
                 self._inbox.extend(items)
@@ -283,8 +295,16 @@ class OutputOutbox:
             # Before sending (every try): a kill from here on leaves the mark for the next worker.
             self.store.outputs.record([(alert.alert_id, name, alert.change, "sending", "")])
             try:
-                detail = output.send(alert)
+                try:
+                    detail = output.send(alert)
+                except OutputError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - unforeseen (a malformed answer, a bug): it may have left
+                    raise OutputError(f"{name}: {type(exc).__name__}: {redact(str(exc))}", retryable=True,
+                                      maybe_sent=True) from exc  # fmt: skip
             except OutputError as exc:
+                if exc.retryable and not exc.maybe_sent:  # certainly not received: a kill now must not leave it begun
+                    self._not_sent(name, alert, exc)
                 if exc.retryable and (not exc.maybe_sent or output.dedupes):
                     raise
                 state = "unknown" if exc.maybe_sent else "refused"
@@ -304,14 +324,22 @@ class OutputOutbox:
             self._delivered += 1
         return sent
 
+    def _not_sent(self, name: str, alert: Alert, exc: OutputError) -> None:
+        try:
+            self.store.outputs.record([(alert.alert_id, name, alert.change, "not_sent", redact(str(exc))[:500])])
+        except Exception as error:  # noqa: BLE001 - left begun: after a kill, taken as maybe sent (never twice)
+            log.warning("output_store_error", output=name, error=str(error)[:300])
+
     def _finish(self, name: str, lane: _Lane, alert: Alert, state: str, detail: str) -> None:
         """Known here at once (so nothing is sent twice), then written to the store; a failed
         write is retried before the output's next send."""
         key = (alert.alert_id, alert.change)
         lane.finished.add(key)
+        if alert.change == "resolved":  # sent, refused or unknown: never re-sent as firing again
+            lane.firing.pop(alert.alert_id, None)
         if lane.queue and (lane.queue[0].alert_id, lane.queue[0].change) == key:
             self._pop(lane)
-        lane.unrecorded.append((alert.alert_id, name, alert.change, state, detail))
+        lane.unrecorded.append((alert.alert_id, name, alert.change, state, redact(detail)))
         self._flush(name, lane)
 
     def _flush(self, name: str, lane: _Lane) -> None:
@@ -336,16 +364,18 @@ class OutputOutbox:
         for alert in taken:
             if self._owned is not None and max(alert.partition, 0) not in self._owned:
                 continue  # its partition moved on: the new holder recovers it
-            names = self.routing.outputs_for(alert.tags, alert.severity)
-            for name in names:
-                lane = self._lanes.get(name)
-                if lane is None:
+            names = self.routing.outputs_for(alert.tags, alert.severity) if not alert.silenced else []
+            for name, lane in self._lanes.items():
+                firing = lane.firing.get(alert.alert_id)
+                if name not in names and firing is None:
+                    continue  # an alert open there hears of its changes whatever its routing says now
+                # Labels as first sent there: another severity or team would be another alert.
+                change = alert if firing is None else _labelled_as(firing, alert)
+                if change.change == "updated":  # newer figures for the next re-send only
+                    if firing is not None:
+                        lane.firing[change.alert_id] = msgspec.structs.replace(change, change="fired")
                     continue
-                if alert.change == "updated":  # newer figures for the next re-send only
-                    if alert.alert_id in lane.firing:
-                        lane.firing[alert.alert_id] = msgspec.structs.replace(alert, change="fired")
-                    continue
-                self._enqueue(lane, alert)
+                self._enqueue(lane, change)
 
     def _take_config(self) -> None:
         with self._lock:

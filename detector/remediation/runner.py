@@ -65,6 +65,9 @@ class ActionRunner:
         """Held by a pass and by a decision (a click on a web request's thread)."""
         self._actions: dict[str, Action] = {}
         self._unannounced: set[str] = set()
+        self._doubtful: set[str] = set()
+        """Actions whose message may be in Slack unrecorded (a post that failed or timed out, or
+        one a killed worker made before storing ``announced``): looked for before posting."""
         self._recovered = False
         self._stale_logged: set[str] = set()
         self._count = 0
@@ -81,6 +84,7 @@ class ActionRunner:
         with self._lock:
             self._actions = Action.from_steps(self.store.remediations.steps())
             self._unannounced = {k for k, a in self._actions.items() if a.message is None and a.state in _SHOWN}
+            self._doubtful = set(self._unannounced)
             self._recovered = True
             for action in [a for a in self._actions.values() if a.state == "begun"]:
                 self._resume_begun(action)
@@ -304,10 +308,20 @@ class ActionRunner:
                 if warned:  # the grace runs from the warning people can see
                     action.due_at = max(action.due_at or now, now + action.grace)
                 text, blocks = action_blocks(action, now)
-                channel, ts = self.notifier.post_action(channel, text, blocks,
-                                                        thread_ts=parent if "." in parent else "")  # fmt: skip
+                thread_ts = parent if "." in parent else ""
+                find = getattr(self.notifier, "find_action", None)
+                found = (find(channel, thread_ts, action.key)
+                         if action.key in self._doubtful and thread_ts and find is not None else None)  # fmt: skip
+                self._doubtful.add(action.key)  # until announced: a post cut off may still land
+                if found is not None:  # posted before a kill or a timeout: recorded, brought up to date
+                    log.info("action_message_found", action=action.key)
+                    channel, ts = found
+                    self.notifier.update_action(channel, ts, text, blocks)
+                else:
+                    channel, ts = self.notifier.post_action(channel, text, blocks, thread_ts=thread_ts)
                 self._step(action, "announced", now, result=json.dumps({"channel": channel, "ts": ts}),
                            due_at=action.due_at if warned else None)  # fmt: skip
+                self._doubtful.discard(action.key)
         except Exception as exc:  # noqa: BLE001 - Slack's errors: the step is stored, the message follows later
             log.warning("action_message_failed", action=action.key, error=str(exc)[:300])
             return

@@ -12,7 +12,9 @@ from detector.units import epoch
 
 __all__ = ["FINAL_STATES", "OutputDeliveries"]
 
-State = Literal["sending", "sent", "refused", "unknown"]
+State = Literal["sending", "not_sent", "sent", "refused", "unknown"]
+"""``not_sent``: a try that certainly did not arrive (refused connection, 5xx...): a kill
+after it does not leave the change begun (only a ``sending`` later than it does)."""
 FINAL_STATES = ("sent", "refused", "unknown")
 """States after which a change is never sent to that output again."""
 Key = tuple[str, str, str]
@@ -83,12 +85,16 @@ class OutputDeliveries:
 
     def begun(self, output: str) -> set[tuple[str, str]]:
         """(alert_id, change) whose send to ``output`` was begun and never finished: a kill may
-        have cut it off before or after the receiver had it."""
+        have cut it off before or after the receiver had it. A begun try that ended
+        ``not_sent`` (certainly not received) is not: its ``sending`` is no later than that."""
         db = self.conn.db
         rows = self.conn.query(
-            f"""SELECT DISTINCT alert_id, change FROM {db}.output_deliveries
-                WHERE output = %(o)s AND state = 'sending' AND (alert_id, change) NOT IN
-                  (SELECT alert_id, change FROM {db}.output_deliveries WHERE output = %(o)s AND state IN %(s)s)""",
+            f"""SELECT alert_id, change FROM {db}.output_deliveries
+                WHERE output = %(o)s AND state IN ('sending', 'not_sent') AND (alert_id, change) NOT IN
+                  (SELECT alert_id, change FROM {db}.output_deliveries WHERE output = %(o)s AND state IN %(s)s)
+                GROUP BY alert_id, change
+                HAVING countIf(state = 'sending') > 0
+                   AND (countIf(state = 'not_sent') = 0 OR maxIf(at, state = 'sending') > maxIf(at, state = 'not_sent'))""",
             {"o": output, "s": list(FINAL_STATES)},
         )
         return {(r["alert_id"], r["change"]) for r in rows}
