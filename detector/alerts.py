@@ -20,11 +20,33 @@ from detector.suppression.memory import HORIZON_S, AlertMemory
 from detector.suppression.stages import Dedup, Inhibit, Realert, Route, Silencing
 from detector.units import format_duration, rfc3339
 
-__all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "from_finding"]
+__all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "burning", "burning_sql", "from_finding"]
 
 Change = Literal["fired", "updated", "resolved"]
 _CHANGES: dict[str, Change] = {"fire": "fired", "update": "updated", "resolve": "resolved"}
 """A finding's action, said of the alert it changes."""
+
+
+def burning(type_: str, details: dict[str, Any]) -> bool:
+    """Whether an open alert of ``type_`` with ``details`` still spends its dollars per hour
+    (its detector's ``burning``; an unknown type: True, as before)."""
+    cls = REGISTRY.get(type_)
+    how = cls.burning if cls is not None else True
+    return bool(details.get(how)) if isinstance(how, str) else how
+
+
+def burning_sql() -> str:
+    """The same decision as a ClickHouse expression on ``alerts`` (``type``, ``details``), for
+    sums over the store: ``1`` when every type burns."""
+    cases = []
+    for type_, cls in sorted(REGISTRY.items()):
+        how = cls.burning
+        if how is True:
+            continue
+        assert type_.isidentifier() and (how is False or how.isidentifier()), (type_, how)
+        cases += [f"type = '{type_}'", "0" if how is False else f"JSONExtractBool(details, '{how}')"]
+    return f"multiIf({', '.join(cases)}, 1)" if cases else "1"
+
 
 
 def alert_id(rule: str, resource_id: str, episode_start: float) -> str:
@@ -84,6 +106,12 @@ class Alert(msgspec.Struct, kw_only=True):
         """What the dollars are, in words ('' when the alert is a forecast, not money gone)."""
         cls = REGISTRY.get(self.type)
         return cls.dollars if cls is not None else "wasted"
+
+    @property
+    def burning(self) -> bool:
+        """Whether, while open, its ``usd_per_hour`` is still being spent (False: the money
+        is sunk, e.g. a failed run that has ended); see ``DetectorBase.burning``."""
+        return burning(self.type, self.details)
 
     @property
     def facts(self) -> list[tuple[str, str]]:

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import msgspec
+
+from detector.alerts import burning
 from detector.detectors import REGISTRY
 from detector.events import DAY_S
 from detector.slack import code, escape
@@ -49,7 +52,8 @@ class Digest:
     open_incidents: int = 0
     open_usd_per_hour: float = 0.0
     """Burn rate of the open incidents: per resource the fastest of its incidents, since a
-    host's idle GPUs and its untagged spend burn the same dollars."""
+    host's idle GPUs and its untagged spend burn the same dollars. Those whose money is sunk
+    (a failed run that has ended: ``DetectorBase.burning``) burn nothing now."""
     could_save: dict[str, float] = field(default_factory=dict)
     """What could have been saved that day by type (the ledger's kind ``could_save``)."""
     repriced: int = 0
@@ -85,6 +89,8 @@ def build_digests(repo: Digests, day: float, top_n: int = 5) -> list[Digest]:
         still_open = r["status"] == "firing" or (resolved is not None and resolved >= day + DAY_S)
         if still_open:
             d.open_incidents += 1
+            if not burning(r["type"], msgspec.json.decode(r["details"] or "{}")):
+                continue
             rates = open_rates.setdefault(r["channel"], {})
             rates[r["resource_id"]] = max(rates.get(r["resource_id"], 0.0), r["usd_per_hour"])
         ratio = r.get("billed_ratio")

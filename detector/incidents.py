@@ -9,8 +9,10 @@ state comes from the alert and the clicks on its buttons (``alert_actions``):
 ``resolved`` once the detector closed it, else ``snoozed`` while a snooze runs (wall time),
 else ``acknowledged`` after someone clicked Acknowledge, else ``firing``.
 
-Open incidents come first, highest dollars per hour first; then resolved ones, the most
-recently resolved first. Filters come from people (a command line, a query string) and are
+Open incidents come first, highest dollars per hour first, those whose money is sunk (a failed
+run that has ended: ``DetectorBase.burning``) after them, most dollars first; then resolved
+ones, the most recently resolved first. Sunk ones show no dollars per hour and are not in the
+open ones' sum. Filters come from people (a command line, a query string) and are
 checked here once (:meth:`IncidentFilter.from_query`); every value reaches ClickHouse as a
 bound parameter.
 """
@@ -25,6 +27,7 @@ from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import quote
 
+from detector.alerts import burning_sql
 from detector.store.connection import Connection
 from detector.units import epoch, format_duration, rfc3339
 
@@ -126,7 +129,7 @@ class Incident:
     usd: float
     """Dollars so far: what the episode has cost (resolved: what it cost in all)."""
     usd_per_hour: float
-    """The burn rate the detector measured at its latest update."""
+    """The burn rate the detector measured at its latest update (a sunk one: while it ran)."""
     episode_start: float
     fired_at: float
     updated_at: float
@@ -139,6 +142,9 @@ class Incident:
     marked_expected: bool = False
     slack_channel: str | None = None
     slack_ts: str | None = None
+    burning: bool = True
+    """Whether its ``usd_per_hour`` is still being spent while it is open (False: the money
+    is sunk, a failed run that has ended)."""
 
     @property
     def team(self) -> str:
@@ -151,6 +157,11 @@ class Incident:
     @property
     def open(self) -> bool:
         return self.state != "resolved"
+
+    @property
+    def burning_now(self) -> bool:
+        """Open and still spending its dollars per hour: what the open sum counts."""
+        return self.open and self.burning
 
     @property
     def age_s(self) -> float:
@@ -177,7 +188,7 @@ class Incident:
             "snoozed_until": t(self.snoozed_until), "snoozed_by": self.snoozed_by,
             "marked_expected": self.marked_expected, "slack_channel": self.slack_channel, "slack_ts": self.slack_ts,
             "slack_url": slack_permalink(slack_workspace_url, self.slack_channel, self.slack_ts),
-            "tags": dict(self.tags),
+            "tags": dict(self.tags), "burning": self.burning,
         }  # fmt: skip
 
 
@@ -190,6 +201,7 @@ class IncidentList:
     total: int
     open_total: int
     open_usd_per_hour: float
+    """Of the open ones that still burn (not those whose money is sunk)."""
     filter: IncidentFilter
     as_of: float
     """The wall time the states were judged at (a snooze runs until a wall time)."""
@@ -220,20 +232,23 @@ def slack_permalink(workspace_url: str | None, channel: str | None, ts: str | No
 
 _WHERE = "silenced = '' AND ({open_only:Bool} = false OR status != 'resolved') AND ({team:String} = '' OR tags['team'] = {team:String})"  # noqa: E501
 
-_ORDER = ("status = 'resolved', if(status = 'resolved', 0, usd_per_hour) DESC, "
+_BURNING = burning_sql()
+"""1 where an alert's $/h is still being spent while open, on ``type`` and ``details``."""
+_ORDER = ("status = 'resolved', if(status = 'resolved' OR burning = 0, 0, usd_per_hour) DESC, "
           "if(status = 'resolved', resolved_at, NULL) DESC, waste_usd DESC, alert_id")
-"""Open first, highest $/h first; then the latest resolved. The limit applies before the joins
-(which keep no order), so the outer query sorts the page again: its names are the
-selected aliases, which are the alert's columns (``waste_usd`` only ``a`` has)."""
+"""Open first, highest $/h first, sunk ones (no $/h now) after them by dollars; then the latest
+resolved. The limit applies before the joins (which keep no order), so the outer query sorts
+the page again: its names are the selected aliases, which are the alert's columns
+(``waste_usd`` only ``a`` has; ``burning`` is computed in ``a``)."""
 _ROWS = f"""
 SELECT a.alert_id AS alert_id, a.type AS type, a.rule AS rule, a.severity AS severity, a.resource_id AS resource_id,
        a.resource_type AS resource_type, a.account AS account, a.region AS region, a.instance_type AS instance_type,
        a.status AS status, a.waste_usd AS usd, a.usd_per_hour AS usd_per_hour, a.episode_start AS episode_start,
        a.fired_at AS fired_at, a.updated_at AS updated_at, a.resolved_at AS resolved_at, a.tags AS tags,
        x.acked_at AS acked_at, x.acked_by AS acked_by, x.snoozed_until AS snoozed_until, x.snoozed_by AS snoozed_by,
-       x.expected AS expected, d.channel AS slack_channel, d.message_ts AS slack_ts
+       x.expected AS expected, d.channel AS slack_channel, d.message_ts AS slack_ts, a.burning AS burning
 FROM (SELECT alert_id, type, rule, severity, resource_id, resource_type, account, region, instance_type, status,
-             waste_usd, usd_per_hour, episode_start, fired_at, updated_at, resolved_at, tags
+             waste_usd, usd_per_hour, episode_start, fired_at, updated_at, resolved_at, tags, {_BURNING} AS burning
       FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
       ORDER BY {_ORDER} LIMIT {{limit:UInt32}}) AS a
 LEFT JOIN (SELECT alert_id, minIfOrNull(at, action = 'acknowledged') AS acked_at,
@@ -249,7 +264,7 @@ SETTINGS join_use_nulls = 1
 """
 _COUNT = f"""
 SELECT count() AS total, countIf(status != 'resolved') AS open_total,
-       sumIf(usd_per_hour, status != 'resolved') AS open_usd_per_hour
+       sumIf(usd_per_hour, status != 'resolved' AND {_BURNING} = 1) AS open_usd_per_hour
 FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
 """
 
@@ -279,7 +294,7 @@ def _incident(row: dict[str, Any], now: float) -> Incident:
         tags=dict(row["tags"]), acknowledged_by=row["acked_by"] if acked_at is not None else None,
         acknowledged_at=acked_at, snoozed_until=snoozed_until,
         snoozed_by=row["snoozed_by"] if snoozed_until is not None else None, marked_expected=bool(row["expected"]),
-        slack_channel=row["slack_channel"] or None, slack_ts=row["slack_ts"] or None,
+        slack_channel=row["slack_channel"] or None, slack_ts=row["slack_ts"] or None, burning=bool(row["burning"]),
     )  # fmt: skip
 
 
@@ -310,7 +325,7 @@ def money(usd: float) -> str:
 
 _TABLE = (
     ("STATE", lambda i: i.state, 0),
-    ("$/H", lambda i: money(i.usd_per_hour) if i.open else "-", 0),
+    ("$/H", lambda i: money(i.usd_per_hour) if i.burning_now else "sunk" if i.open else "-", 0),
     ("$ SO FAR", lambda i: money(i.usd), 0),
     ("AGE", lambda i: format_duration(i.age_s), 0),
     ("TEAM", lambda i: i.team or "-", 20),
@@ -341,7 +356,8 @@ def format_table(listed: IncidentList) -> str:
 
 
 def summary(listed: IncidentList) -> str:
-    """One line: how many are shown of how many, and the open ones' dollars per hour."""
+    """One line: how many are shown of how many, and the open ones' dollars per hour (of those
+    still burning)."""
     what = "open incidents" if listed.filter.open_only else "incidents"
     team = f" of team {printable(listed.filter.team, 60)}" if listed.filter.team else ""
     shown = (f"showing {len(listed.incidents)} of {listed.total} {what}{team}" if len(listed.incidents) < listed.total

@@ -76,7 +76,7 @@ def _slack(incident: Incident, workspace_url: str | None) -> str:
 
 
 COLUMNS: tuple[tuple[str, str, Cell], ...] = (
-    ("$/h", "num", lambda i, _: _text(money(i.usd_per_hour))),
+    ("$/h", "num", lambda i, _: _text(money(i.usd_per_hour)) if i.burning_now else "sunk" if i.open else "-"),
     ("$ so far", "num", lambda i, _: _text(money(i.usd))),
     ("State", "state", lambda i, _: _text(i.state)),
     ("Age", "num", lambda i, _: _text(format_duration(i.age_s))),
@@ -177,7 +177,8 @@ def render_page(listed: IncidentList, workspace_url: str | None = None,
         can = "may decide actions here" if token is not None else "reads only: actions are decided in Slack"
         parts.append(f'<p class="user">Signed in as <b>{_text(user)}</b>; {can}.</p>')
     parts.append(f'<p class="summary">{listed.open_total} open, burning {_text(money(listed.open_usd_per_hour))}/h '
-                 "(dollars per hour at each incident's latest update)</p>")  # fmt: skip
+                 "(dollars per hour at each incident's latest update; those marked sunk, "
+                 "a failed run that has ended, are spent and not counted)</p>")  # fmt: skip
     parts.append(
         '<form method="get" action=""><label>Team <input name="team" maxlength="128" '
         f'value="{_text(flt.team or "")}"></label> <button type="submit">Show</button></form>'

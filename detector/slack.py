@@ -133,8 +133,10 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
     if alert.dollars:
         fields += [
             (f"{alert.dollars.capitalize()} so far", f"*${alert.waste_usd:,.2f}*"),
-            ("Burn rate", f"${alert.usd_per_hour:,.2f}/h (${alert.usd_per_hour * HOURS_PER_MONTH:,.0f}/month if left)"),
-        ]
+            ("Burn rate", f"${alert.usd_per_hour:,.2f}/h (${alert.usd_per_hour * HOURS_PER_MONTH:,.0f}/month if left)")
+            if alert.burning else
+            ("Burn rate", f"${alert.usd_per_hour:,.2f}/h while it ran (spent: it has ended)"),
+        ]  # fmt: skip
     fields.append(("Account / region", f"{escape(alert.account or '?')} / {escape(alert.region or '?')}"))
     if alert.instance_type:
         fields.append(("Instance", escape(alert.instance_type)))
@@ -277,15 +279,17 @@ def _group_words(alert: Alert) -> str:
 def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     """One message listing several openings of one type (untagged resources of one account)."""
     head = alerts[0]
-    rate = sum(a.usd_per_hour for a in alerts)
+    rate = sum(a.usd_per_hour for a in alerts if a.burning)
     spent = sum(a.waste_usd for a in alerts)
-    header = f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} {_group_words(head)}: ${rate:,.2f}/h"
+    sunk = not any(a.burning for a in alerts)
+    header = (f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} {_group_words(head)}: "
+              + (f"${spent:,.2f} spent" if sunk else f"${rate:,.2f}/h"))  # fmt: skip
     lines = []
     for a in sorted(alerts, key=lambda a: -a.usd_per_hour)[:25]:
         facts = escape("; ".join(f"{k.lower()} {v}" for k, v in _facts_of(a)))
         commands = _commands(a)
         lines.append(f"• {code(a.resource_id)} ({escape(a.resource_type or '?')}, {escape(a.region or '?')}): "
-                     f"${a.usd_per_hour:,.2f}/h, "
+                     f"${a.usd_per_hour:,.2f}/h{'' if a.burning else ' while it ran'}, "
                      f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else "")
                      + "".join(f"; run {code(c)}" for c in commands[:2]))  # fmt: skip
     if len(alerts) > 25:
@@ -293,8 +297,8 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
         {"type": "section", "text": {"type": "mrkdwn", "text": (
-            f"*${spent:,.2f}* {head.dollars or 'so far'} in total, *${rate:,.2f}/h* "
-            f"(${rate * HOURS_PER_MONTH:,.0f}/month if left).")}},
+            f"*${spent:,.2f}* {head.dollars or 'so far'} in total" + (", spent: they have ended." if sunk else
+            f", *${rate:,.2f}/h* (${rate * HOURS_PER_MONTH:,.0f}/month if left)."))}},
         {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:2900]}},
     ]  # fmt: skip
     if head.suggestion:

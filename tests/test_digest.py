@@ -15,12 +15,13 @@ HOUR = 3600.0
 
 
 def change(alert_id: str, at: float, usd: float, *, rule_type: str = "idle_gpu", team: str = "nlp", rid: str = "h1",
-           channel: str = "", change: str = "updated", resolved: bool = False, silenced: str = "") -> Alert:  # fmt: skip
+           channel: str = "", change: str = "updated", resolved: bool = False, silenced: str = "",
+           details: dict | None = None) -> Alert:  # fmt: skip
     return Alert(alert_id=alert_id, type=rule_type, rule=rule_type, resource_id=rid,
                  status="resolved" if resolved else "firing", change=change, severity="warning",
                  episode_start=T0, fired_at=T0, updated_at=at, resolved_at=at if resolved else None,
                  waste_usd=usd, usd_per_hour=10.0, tags={"team": team} if team else {}, channel=channel,
-                 silenced=silenced)  # fmt: skip
+                 silenced=silenced, details=details or {})  # fmt: skip
 
 
 @pytest.fixture
@@ -83,3 +84,18 @@ def test_open_burn_rate_counts_a_host_once(store):
     assert digest.open_incidents == 2
     assert digest.open_usd_per_hour == pytest.approx(10.0)
     assert digest.by_type == pytest.approx({"idle_gpu": 10.0, "untagged": 10.0})  # the idle hour is not untagged too
+
+
+def test_a_failed_run_is_open_but_burns_nothing_now(store):
+    """A failed run's alert has no resolution, but the run has ended: its dollars count that
+    day, its rate is not burning at the day's end."""
+    batch = EventBatch()
+    batch.extend([usage(T0 + k * HOUR, rid, usd_per_hour=10.0, interval_s=HOUR) for k in range(3) for rid in ("h8", "h9")])
+    store.events.insert(batch)
+    store.alerts.record([change("idle", T0 + HOUR, 10.0, rid="h9", change="fired"),
+                         change("run", T0 + 2 * HOUR, 20.0, rule_type="failed_run_spend", rid="r1", change="fired",
+                                details={"run_id": "r1", "status": "failed", "resource_ids": ["h8"]})],
+                        version=1)  # fmt: skip
+    (digest,) = build_digests(store.digests, T0)
+    assert digest.open_incidents == 2 and digest.by_type == pytest.approx({"idle_gpu": 10.0, "failed_run_spend": 20.0})
+    assert digest.open_usd_per_hour == pytest.approx(10.0)  # the idle host only

@@ -17,6 +17,7 @@ from detector.incidents import (
     slack_permalink,
     summary,
 )
+from detector.incidents_page import render_page
 from detector.settings import load_settings
 from detector.suppression import Hold
 
@@ -26,9 +27,9 @@ NOW = 1_800_000_000.0  # wall time: clicks and snoozes are judged against it
 
 def alert(alert_id: str, usd_per_hour: float, *, usd: float = 10.0, team: str = "nlp", owner: str = "ines",
           resolved_at: float | None = None, held: Hold | None = None, rid: str | None = None,
-          start: float = T0) -> Alert:  # fmt: skip
+          start: float = T0, type_: str = "idle_gpu", details: dict | None = None) -> Alert:  # fmt: skip
     return Alert(
-        alert_id=alert_id, type="idle_gpu", rule="idle-gpu", resource_id=rid or f"host-{alert_id}",
+        alert_id=alert_id, type=type_, rule=type_.replace("_", "-"), details=details or {}, resource_id=rid or f"host-{alert_id}",
         status="resolved" if resolved_at else "firing", change="resolved" if resolved_at else "fired",
         severity="warning", episode_start=start, fired_at=start + 120, updated_at=resolved_at or start + 5400,
         resolved_at=resolved_at, waste_usd=usd, usd_per_hour=usd_per_hour, resource_type="gpu_instance",
@@ -69,6 +70,31 @@ def test_open_ones_first_by_dollars_per_hour_then_the_latest_resolved(store):
     listed = list_incidents(store, IncidentFilter(), NOW)
     assert ids(listed) == ["fast", "mid-costlier", "mid", "slow", "done-late", "done-early"]
     assert (listed.total, listed.open_total, listed.open_usd_per_hour) == (6, 4, pytest.approx(123.5))
+
+
+def test_a_failed_run_that_has_ended_is_sunk_not_burning(store):
+    """A failed run's $/h is what it cost while it ran: it burns nothing now, so it is not in
+    the open dollars per hour, shows no $/h, and comes after those still burning (by dollars).
+    A crash loop of the same detector is still retrying: it burns."""
+    run = {"run_id": "r1", "status": "failed", "error": "OOM"}
+    store.alerts.record([
+        alert("idle", 5.0), alert("run-big", 300.0, usd=900.0, type_="failed_run_spend", details=run),
+        alert("run-small", 400.0, usd=20.0, type_="failed_run_spend", details=run),
+        alert("loop", 30.0, type_="failed_run_spend", details={"crash_loop": True, "project": "p"}),
+        alert("run-done", 9.0, resolved_at=T0 + 60, type_="failed_run_spend", details=run),
+    ], version=1)  # fmt: skip
+    listed = list_incidents(store, IncidentFilter(), NOW)
+    assert ids(listed) == ["loop", "idle", "run-big", "run-small", "run-done"]
+    assert (listed.open_total, listed.open_usd_per_hour) == (4, pytest.approx(35.0))
+    assert summary(listed) == "5 incidents; 4 open, burning $35.00/h"
+    by_id = {i.alert_id: i for i in listed.incidents}
+    assert [by_id[k].burning for k in ("loop", "idle", "run-big")] == [True, True, False]
+    assert by_id["run-big"].to_json()["usd_per_hour"] == 300.0  # the stored rate is kept, said while it ran
+    rows = {line.split()[-1]: line.split() for line in format_table(listed).splitlines()[1:]}
+    assert rows["run-big"][:3] == ["firing", "sunk", "$900.00"] and rows["loop"][1] == "$30.00"
+    assert rows["run-done"][1] == "-"
+    page = render_page(list_incidents(store, IncidentFilter(open_only=True), NOW))
+    assert "burning $35.00/h" in page and page.count(">sunk<") == 2
 
 
 def test_held_alerts_are_not_incidents(store):
@@ -161,7 +187,7 @@ def test_the_json_of_an_incident_keeps_its_documented_fields(store):
         "alert_id", "state", "type", "rule", "severity", "resource_id", "resource_type", "team", "owner", "account",
         "region", "instance_type", "usd", "usd_per_hour", "age_s", "episode_start", "fired_at", "updated_at",
         "resolved_at", "acknowledged_by", "acknowledged_at", "snoozed_until", "snoozed_by", "marked_expected",
-        "slack_channel", "slack_ts", "slack_url", "tags",
+        "slack_channel", "slack_ts", "slack_url", "tags", "burning",
     }  # fmt: skip (docs/incidents.md lists these)
     assert one["usd"] == 12.35 and one["usd_per_hour"] == 3.25 and one["age_s"] == 5400
     assert one["episode_start"] == "2026-09-21T14:13:20Z" and one["resolved_at"] is None

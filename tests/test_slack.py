@@ -6,7 +6,7 @@ import pytest
 
 from detector.alerts import Alert
 from detector.delivery import Outbox
-from detector.slack import SlackError, SlackNotifier
+from detector.slack import SlackError, SlackNotifier, render_group
 from detector.testing import LocalSlack
 from tests.helpers import T0
 
@@ -47,6 +47,32 @@ def test_opening_is_block_kit_with_dollars_owner_and_next_step(slack):
                      "Stop the instance", "idle-gpu", "a1"):  # fmt: skip
         assert expected in text, expected
     assert post.blocks[0]["type"] == "header"
+
+
+def failed_run(alert_id: str = "f1", **details) -> Alert:
+    return Alert(
+        alert_id=alert_id, type="failed_run_spend", rule="failed-run-spend", resource_id=f"run-{alert_id}",
+        status="firing", change="fired", severity="warning", episode_start=T0, fired_at=T0 + 7200,
+        updated_at=T0 + 7200, waste_usd=65.54, usd_per_hour=32.77, resource_type="run", account="ml-prod",
+        region="us-east-1", tags={"team": "nlp", "owner": "alice"},
+        details={"run_id": f"run-{alert_id}", "status": "failed", "error": "OOM", "gpu_hours": 16.0, **details},
+    )  # fmt: skip
+
+
+def test_a_failed_runs_dollars_are_spent_not_burning_by_the_month(slack):
+    """A failed run has ended: its rate is what it cost while it ran, with no monthly cost
+    "if left"; a crash loop retries until stopped, so it keeps its monthly burn."""
+    bot(slack).post(failed_run())
+    bot(slack).post(failed_run("loop", crash_loop=True, failed_runs=3, project="llm"))
+    bot(slack).post(alert())
+    run, loop, idle = (post.text_of_blocks() for post in slack.calls("chat.postMessage"))
+    assert "$32.77/h while it ran" in run and "$65.54" in run and "if left" not in run
+    assert "$32.77/h ($23,922/month if left)" in loop and "while it ran" not in loop
+    assert "$32.77/h ($23,922/month if left)" in idle
+    group = str(render_group([failed_run("a"), failed_run("b")]))
+    assert "$131.08 spent" in group and "/month if left" not in group and group.count("/h while it ran") == 2
+    mixed = str(render_group([failed_run("a"), failed_run("loop", crash_loop=True)]))
+    assert "$32.77/h" in mixed and "($23,922/month if left)" in mixed
 
 
 def test_resolution_replies_in_thread_and_edits_parent(slack):

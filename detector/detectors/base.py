@@ -172,6 +172,13 @@ class DetectorBase:
     dollars: ClassVar[str] = "wasted"
     """What an alert's dollars are, in words: "wasted", "spent untagged", "could be saved",
     or "" for forecasts whose news is not money already gone."""
+    burning: ClassVar[bool | str] = True
+    """Whether an open alert of this type is still spending its ``usd_per_hour``: True for
+    waste that goes on until someone acts (an idle host); False when the money is sunk (what
+    cost it had already ended when it fired); or the name of a boolean detail that is true on
+    the alerts that still burn (``failed_run_spend``: ``crash_loop``, a loop retries until
+    stopped, while a failed run has ended). The incidents list leaves sunk ones out of the
+    open dollars per hour, and Slack shows no monthly burn for them."""
     behaviour: ClassVar[bool] = False
     """Its episodes are a resource behaving unusually (idle, hung, runaway): the anomaly model
     leaves those windows out of training. False for attribution, capacity and advice."""
@@ -272,6 +279,8 @@ class Detector(Protocol, Generic[S]):
     behaviour: ClassVar[bool]
     """Its episodes are unusual behaviour (left out of the anomaly model's training)."""
     group_by: ClassVar[str | None]
+    burning: ClassVar[bool | str]
+    """Whether an open alert still spends its $/h: True, False (sunk), or a boolean detail's name."""
     """What openings of this type are grouped by in Slack (``team``, ``account``), or None."""
 
     name: str

@@ -83,6 +83,8 @@ class FailedRunSpend(DetectorBase):
     Params: ClassVar[builtins.type[FailedRunSpendParams]] = FailedRunSpendParams
     State: ClassVar[builtins.type[FailedRunSpendState]] = FailedRunSpendState
     consumes: ClassVar[tuple[builtins.type, ...]] = (RunEvent,)
+    burning: ClassVar[bool | str] = "crash_loop"
+    """A failed run has ended: its dollars are sunk. A crash loop is open while the retries go on."""
     suggestion: ClassVar[str] = (
         "Read the run's error before retrying; for a crash loop, stop the retries (scheduler "
         "backoff or the pipeline's trigger) until the cause is fixed."

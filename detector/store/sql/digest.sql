@@ -4,7 +4,7 @@
 -- Parameters: db (the database), day (Date).
 SELECT a.alert_id AS alert_id, a.type AS type, a.resource_id AS resource_id, a.channel AS channel,
        a.tags['team'] AS team, a.status AS status, a.usd_per_hour AS usd_per_hour,
-       a.resolved_at AS resolved_at, w.kind AS kind, w.usd AS usd,
+       a.resolved_at AS resolved_at, a.details AS details, w.kind AS kind, w.usd AS usd,
        if(r.alert_id = '', NULL, r.billed_usd / r.claimed_usd) AS billed_ratio
 FROM (SELECT alert_id, kind, sum(usd) AS usd FROM {db:Identifier}.waste_ledger
       WHERE toDate(hour) = {day:Date} GROUP BY alert_id, kind HAVING usd > 0) AS w
