@@ -477,6 +477,17 @@ def test_azure_without_credentials_says_so(azure_api, monkeypatch):
     assert api.received == []
 
 
+def test_azure_credential_settings_that_are_refused_are_an_outcome_not_an_exception(azure_api, monkeypatch):
+    """DefaultAzureCredential() itself raises ValueError on a bad AZURE_TOKEN_CREDENTIALS: execute never raises."""
+    api, url = azure_api
+    monkeypatch.setenv("AZURE_TOKEN_CREDENTIALS", "no-such-credential")
+    ex = az.DeallocateAzureVm(endpoint=url)
+    outcome = ex.execute(ex.plan(Target(VM_ID)))
+    assert (outcome.ok, outcome.retryable) == (False, False)
+    assert "setting up Azure credentials" in outcome.detail and "AZURE_TOKEN_CREDENTIALS" in outcome.detail, outcome.detail
+    assert api.received == []
+
+
 def test_azure_untrusted_certificate_is_not_sent_the_token(azure_api, monkeypatch):
     api, url = azure_api
     monkeypatch.delenv("REQUESTS_CA_BUNDLE")

@@ -155,6 +155,8 @@ class DeallocateAzureVm:
             vms = self._client(subscription).virtual_machines
         except ImportError:
             return Outcome(ok=False, detail=NOT_INSTALLED)
+        except Exception as exc:  # DefaultAzureCredential refusing its settings (a bad AZURE_TOKEN_CREDENTIALS)
+            return _failure(exc, f"deallocating {where}: setting up Azure credentials")
         try:
             poller = vms.begin_deallocate(group, name, polling=self.wait_s > 0, polling_interval=self.polling_interval_s,
                                           raw_response_hook=first_response)  # fmt: skip
