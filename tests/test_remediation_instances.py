@@ -357,6 +357,9 @@ def test_azure_plan_refuses_hostile_or_other_ids(resource_id, reason):
 def test_azure_endpoint_must_be_https():
     with pytest.raises(ValueError, match="not https"):
         az.DeallocateAzureVm(endpoint="http://management.azure.com")
+    with pytest.raises(ValueError, match="user or password") as caught:  # recorded with every call: never
+        az.DeallocateAzureVm(endpoint="https://admin:s3cret-pw@management.azure.com")
+    assert "s3cret-pw" not in str(caught.value)
 
 
 # --- Azure: execute -------------------------------------------------------------------------

@@ -228,3 +228,11 @@ def test_the_api_url_defaults_to_the_environment_as_the_hub_gives_it_to_services
         JupyterHubCuller().plan(z2jh("alice"))
     with pytest.raises(ValueError, match="not http"):
         JupyterHubCuller(api_url="file:///etc/passwd")
+
+
+def test_an_api_url_with_a_password_is_refused_without_quoting_it(monkeypatch):
+    """The URL becomes every call's endpoint, which the audit table records and dry-run shows."""
+    monkeypatch.setenv("JUPYTERHUB_API_URL", "http://burnwatch:s3cret-pw@hub:8081/hub/api")
+    with pytest.raises(ValueError, match="user or password") as caught:
+        JupyterHubCuller()
+    assert "s3cret-pw" not in str(caught.value)

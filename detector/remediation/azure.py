@@ -100,6 +100,8 @@ class DeallocateAzureVm:
         first call is); ``wait_s``: how long to wait for the deallocation to finish (0: not at all);
         ``polling_interval_s``: between polls when the server sends no ``Retry-After``."""
         self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
+        if "@" in urlsplit(self.endpoint).netloc:  # the endpoint is recorded with every call, and quoted below
+            raise ValueError("Azure Resource Manager endpoint has a user or password in it: the credential is the token")
         if urlsplit(self.endpoint).scheme != "https":
             raise ValueError(f"Azure Resource Manager endpoint {self.endpoint!r} is not https (a bearer token goes there)")
         self._credential = credential

@@ -50,6 +50,9 @@ def plausible_username(value: object) -> bool:
 
 def _api_url(value: str) -> str:
     parts = urlsplit(value)
+    if "@" in parts.netloc:  # checked first: the error must not quote the password either
+        raise ValueError("JupyterHub API URL has a user or password in it: the hub's credential is the token "
+                         "(JUPYTERHUB_API_TOKEN), and the URL is recorded with every call")  # fmt: skip
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise ValueError(f"JupyterHub API URL {value!r} is not http(s)://host[:port]/path (e.g. http://hub:8081/hub/api)")
     return value.rstrip("/")
