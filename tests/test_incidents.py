@@ -4,6 +4,9 @@ filters people type or send in a query string, and the terminal table."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import pytest
 
 from detector.actions import Click
@@ -97,6 +100,31 @@ def test_filters_team_open_and_limit_with_the_totals_of_all_that_match(store):
     assert summary(listed) == "showing 2 of 5 open incidents of team nlp, burning $10.00/h"
     assert ids(list_incidents(store, IncidentFilter(team="nlp' OR 1=1 --"), NOW)) == []  # bound, not pasted
     assert list_incidents(store, IncidentFilter(team="nlp"), NOW).total == 6
+
+
+class WriterWaiting:
+    """The store's lock, except that a writer waits on it (the worker's pipeline, beside the web
+    thread): the first time it is let go, the writer takes it and writes."""
+
+    def __init__(self, write: Callable[[], None]) -> None:
+        self._lock, self._write = threading.Lock(), write
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        write, self._write = self._write, None
+        if write is not None:
+            write()
+
+
+def test_a_write_of_the_worker_does_not_land_between_the_rows_and_the_totals(store):
+    store.alerts.record([alert("a", 5.0)], version=1)
+    store.lock = WriterWaiting(lambda: store.alerts.record([alert("b", 9.0)], version=2))  # type: ignore[assignment]
+    listed = list_incidents(store, IncidentFilter(open_only=True), NOW)
+    assert (ids(listed), listed.total, listed.open_total) == (["a"], 1, 1)  # one moment's answer, not "1 of 2"
+    assert ids(list_incidents(store, IncidentFilter(open_only=True), NOW)) == ["b", "a"]  # the write was made after
 
 
 @pytest.mark.parametrize(("query", "expected"), [
