@@ -159,6 +159,27 @@ def test_a_missing_secret_is_retried_and_named_never_shown(store, monkeypatch):
         assert outbox.deliver_pending() == 1
 
 
+def test_alertmanagers_token_from_a_secret_file_is_sent_and_a_malformed_one_never_shown(store, monkeypatch):
+    """A Secret made from a file ends in a newline (dropped); CR/LF inside made http.client raise
+    ValueError quoting the header with the token escaped, which the log's redaction missed."""
+    token = "am-token-" + "t" * 24
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(am_output(receiver.url.removesuffix("/hook"), bearer_token_env="AM_TOKEN")),
+                              clock=clock)  # fmt: skip
+        monkeypatch.setenv("AM_TOKEN", token + "\r\nX-Injected: 1")
+        stored(store, alert())
+        outbox.add([alert()])
+        with capture_logs() as logs:
+            assert outbox.deliver_pending() == 0
+        assert "AM_TOKEN" in logs[-1]["error"] and token not in str(logs) and receiver.requests == []
+        monkeypatch.setenv("AM_TOKEN", token + "\n")
+        clock.now += outbox.hold_s
+        assert outbox.deliver_pending() == 1
+        assert receiver.requests and all(r.path == "/api/v2/alerts" and r.headers["authorization"] == f"Bearer {token}"
+                                         for r in receiver.requests)  # the alert, and its re-send once due  # fmt: skip
+
+
 def test_a_restart_sends_what_was_stored_and_nothing_twice(store, secret_env):
     """Stored, never sent (the worker died before its pass): the next worker sends it once; what
     was sent is not sent again."""

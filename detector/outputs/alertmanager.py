@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from detector.alerts import Alert
-from detector.outputs.base import secret
+from detector.outputs.base import OutputError, secret
 from detector.outputs.config import AlertmanagerSpec
 from detector.outputs.http import post
 from detector.outputs.payload import cap, link_values, links
@@ -99,6 +99,12 @@ class AlertmanagerOutput:
         headers = {"Content-Type": "application/json"}
         token = secret(self.spec.bearer_token_env, "Alertmanager's bearer token")
         if token is not None:
+            # A Secret made from a file often ends in a newline: dropped. Anything else not printable would
+            # make http.client raise ValueError quoting the header (token escaped, so not redacted): refused.
+            token = token.strip()
+            if not token.isprintable() or any(c.isspace() for c in token) or not token:
+                raise OutputError(f"environment variable {self.spec.bearer_token_env} (Alertmanager's bearer token) "
+                                  "holds spaces or control characters (not shown)", retryable=True)  # fmt: skip
             headers["Authorization"] = f"Bearer {token}"
         status = post(f"Alertmanager {self.name}", self.url, body, headers, self.spec.timeout_s)
         return f"HTTP {status}"
