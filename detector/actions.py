@@ -7,7 +7,9 @@ signature does not match, when its timestamp is more than five minutes from now
 A click is recorded in ClickHouse (``alert_actions``: who, what, when) and shown on
 the incident's message; a snooze also keeps that incident's later changes out of the
 channel for 24 hours, and "expected" is kept as feedback for the model and for rule
-tuning.
+tuning. Approve and Decline decide an action on the incident (docs/actions.md): only an
+approver named in ``routing.yaml`` may click them; anyone else is refused (403) and the
+refusal is recorded in ``remediation_actions``.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from detector.suppression import snooze
 if TYPE_CHECKING:
     from detector.store import Store
 
-__all__ = ["ACTIONS", "BUTTONS", "ActionHandler", "Click", "RequestVerifier", "Unauthorized", "parse_click"]
+__all__ = ["ACTIONS", "BUTTONS", "DECISIONS", "ActionHandler", "Click", "RequestVerifier", "Unauthorized", "parse_click"]
 
 log = structlog.get_logger("burnwatch.actions")
 
-ACTIONS = {"burnwatch_ack": "acknowledged", "burnwatch_snooze": "snoozed", "burnwatch_expected": "expected"}
-"""Button action id → what is recorded."""
+ACTIONS = {"burnwatch_ack": "acknowledged", "burnwatch_snooze": "snoozed", "burnwatch_expected": "expected",
+           "burnwatch_approve": "approved", "burnwatch_decline": "declined"}
+"""Button action id → what is recorded. Approve and Decline are on an action's message
+(:mod:`detector.remediation.messages`), not on the alert's."""
+DECISIONS = ("approved", "declined")
 BUTTONS = (("Acknowledge", "burnwatch_ack"), ("Snooze 24h", "burnwatch_snooze"), ("Mark as expected", "burnwatch_expected"))
 SNOOZE_S = 86_400.0
 MAX_AGE_S = 300.0
@@ -93,7 +98,7 @@ class RequestVerifier:
 @dataclass(frozen=True)
 class Click:
     action: str
-    """acknowledged | snoozed | expected"""
+    """acknowledged | snoozed | expected | approved | declined"""
     alert_id: str
     user_id: str
     user_name: str
@@ -127,8 +132,10 @@ class ActionHandler:
     executor). Returns (HTTP status, JSON body)."""
 
     def __init__(self, verifier: RequestVerifier, store: Store, notifier: Any, outbox: Any,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.time, remediation: Any = None) -> None:  # fmt: skip
         self.verifier = verifier
+        self.remediation = remediation
+        """The worker's :class:`~detector.remediation.runner.ActionRunner` (None: no actions here)."""
         self.store = store
         self.notifier = notifier
         self.outbox = outbox
@@ -149,6 +156,8 @@ class ActionHandler:
         row = self.store.alerts.get(click.alert_id)
         if row is None:
             return 404, {"error": f"no alert {click.alert_id!r}"}
+        if click.action in DECISIONS:
+            return self._decide(click, dict(row["tags"]))
         now = self._clock()
         until = now + SNOOZE_S if click.action == "snoozed" else None
         self.store.actions.record(click, at=now, until=until)
@@ -161,4 +170,15 @@ class ActionHandler:
                 self.notifier.show_actions(alert, self.store.actions.of(click.alert_id), click.channel, click.message_ts)
             except Exception as exc:  # recorded already; the message just does not show it yet
                 log.warning("slack_action_not_shown", alert_id=click.alert_id, error=str(exc))
+        return 200, {"ok": True, "action": click.action, "alert_id": click.alert_id}
+
+    def _decide(self, click: Click, tags: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """Approve or Decline: the runner checks who clicked, records it, and acts (or not)."""
+        if self.remediation is None:
+            return 409, {"error": "actions are not enabled in this worker"}
+        status, what = self.remediation.decide(click.alert_id, click.user_id, click.action == "approved", tags)
+        if status != 200:
+            return status, {"error": what}
+        self.store.actions.record(click, at=self._clock())
+        log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
         return 200, {"ok": True, "action": click.action, "alert_id": click.alert_id}

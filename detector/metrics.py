@@ -46,6 +46,8 @@ class Metrics:
                                "(ok, retry, refused, unknown)", ["output", "outcome"], registry=r)  # fmt: skip
         self.slack = Counter("burnwatch_slack_requests", "Slack deliveries by outcome (ok, retry, refused)",
                              ["outcome"], registry=r)  # fmt: skip
+        self.actions = Counter("burnwatch_actions", "Steps of actions on incidents by kind and step (proposed, approved, "
+                               "succeeded, failed, refused...; docs/actions.md)", ["kind", "step"], registry=r)  # fmt: skip
         self.anomaly_scores = Histogram("burnwatch_anomaly_score", "Anomaly scores of closed windows (higher = odder)",
                                         ["group"], buckets=(0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 5.0), registry=r)  # fmt: skip
         self.anomaly_unscored = Counter("burnwatch_anomaly_unscored", "Closed windows not scored because the group's "

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Union, cast
 
 import yaml
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -35,10 +36,12 @@ from detector.detectors import REGISTRY, Detector, ResourceInfo
 from detector.limits import LIMITS_FILE, Limits
 from detector.outputs.config import OUTPUT_KINDS, OutputName, OutputSpec, Send, check_outputs, check_send, outputs_for
 from detector.pricing import Pricing, load_pricing
+from detector.remediation.spec import ActionSpec, kind_error
 from detector.suppression.silence import Silence as CompiledSilence
 from detector.units import Duration, _parse_percent, format_duration, parse_duration
 
 __all__ = [
+    "Approvers",
     "consistency_warnings",
     "LINK_FIELDS",
     "Link",
@@ -124,6 +127,29 @@ class Link(BaseModel):
         return url
 
 
+def _slack_id(value: str) -> str:
+    if not re.fullmatch(r"[UWS][A-Z0-9]{2,20}", value):
+        raise ValueError(f"{value[:40]!r} is not a Slack user id (U012AB3CD, W... on Enterprise Grid) or user "
+                         "group id (S0123ABCD); a name or @mention cannot be checked against a click")  # fmt: skip
+    return value
+
+
+SlackId = Annotated[str, AfterValidator(_slack_id)]
+"""A Slack user id (``U…``, ``W…`` on Enterprise Grid) or user group id (``S…``)."""
+
+
+class Approvers(BaseModel):
+    """Who may approve an action (``routing.yaml``'s ``approvers``): per team (the
+    ``by_tag`` tag's value), else ``default``; with ``owner: true`` also the resource's
+    owner (``users``). Nobody else: a click from anyone else is refused and recorded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: list[SlackId] = []
+    teams: dict[str, list[SlackId]] = {}
+    owner: bool = False
+
+
 class Routing(BaseModel):
     """``rules/routing.yaml``: which Slack channel an alert goes to, who to mention, what to link.
 
@@ -142,6 +168,15 @@ class Routing(BaseModel):
     users: dict[str, str] = {}
     """Owner tag value → Slack user id (``U012AB3CD``), so alerts mention the owner."""
     links: list[Link] = []
+    approvers: Approvers = Approvers()
+
+    def approvers_for(self, tags: dict[str, str]) -> tuple[list[str], str]:
+        """(Slack user and group ids who may approve an action, the owner's user id or '')
+        for a resource with ``tags``: its team's list, else the default."""
+        team = tags.get(self.by_tag, "")
+        ids = self.approvers.teams.get(team, self.approvers.default) if team else self.approvers.default
+        owner = self.users.get(tags.get(self.owner_tag, ""), "") if self.approvers.owner else ""
+        return list(ids), owner
     # Outputs besides Slack and which alerts go to them (detector/outputs/config.py, docs/outputs.md).
     outputs: dict[OutputName, OutputSpec] = {}
     send: Send = Send()
@@ -218,6 +253,9 @@ class RuleBase(BaseModel):
     realert: Duration = 0.0
     """The minimum event time between two posted alerts of this rule on one resource: a
     problem that comes back sooner is recorded, not posted. 0: every episode is posted."""
+    action: ActionSpec = ActionSpec()
+    """What to do about an incident besides telling people (docs/actions.md); the default,
+    ``notify_only``, does nothing."""
 
 
 def _literal(value: str) -> Any:
@@ -423,6 +461,11 @@ def _validate_file(path: Path) -> _RuleFile:
         except ValidationError as exc:
             errors.extend(_errors_from(exc, ("rules", i), file, lines))
             continue
+        refused = kind_error(rule.action.kind, rule.type)
+        if refused:
+            loc = ("rules", i, "action", "kind")
+            errors.append(RuleError(file, lines.get(loc, lines.get(("rules", i), 0)), _format_path(loc), refused))
+            continue
         override_errors = []
         for j, override in enumerate(rule.overrides):
             try:
@@ -527,6 +570,11 @@ class RuleSet:
         if by_severity:
             return by_severity
         return routing.channels.get(tags.get(routing.by_tag, ""), routing.default_channel)
+
+    def action_for(self, rule: str) -> ActionSpec:
+        """The rule's ``action`` (``notify_only`` for a rule not enabled)."""
+        compiled = self.by_name(rule)
+        return compiled.source.action if compiled is not None and compiled.source is not None else ActionSpec()
 
     def realert_for(self, rule: str) -> float:
         compiled = self.by_name(rule)
@@ -694,6 +742,13 @@ def explain(ruleset: RuleSet, name: str) -> str:
     }
     if source.realert:
         doc["realert"] = format_duration(source.realert).replace(" ", "")
+    action = source.action
+    if action.acts:
+        doc["action"] = {"kind": action.kind, "after": format_duration(action.after).replace(" ", ""), "mode": action.mode}
+        if action.mode == "auto_unless_objected":
+            doc["action"]["grace"] = format_duration(action.grace).replace(" ", "")
+    else:
+        doc["action"] = "notify_only"
     if rule.overrides:
         doc["overrides"] = [
             {"match": o.match.model_dump(exclude_defaults=True), "severity": detector.severity,

@@ -187,7 +187,8 @@ def _buttons(alert: Alert) -> dict[str, Any]:
 
 
 _DONE = {"acknowledged": ":ballot_box_with_check: Acknowledged", "snoozed": ":zzz: Snoozed",
-         "expected": ":information_source: Marked as expected"}  # fmt: skip
+         "expected": ":information_source: Marked as expected", "approved": ":white_check_mark: Action approved",
+         "declined": ":no_entry_sign: Action declined"}  # fmt: skip
 
 
 def _action_lines(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -418,6 +419,38 @@ class SlackNotifier:
         except Exception as exc:
             status = getattr(getattr(exc, "response", None), "status_code", None)
             raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
+
+    def post_action(self, channel: str, text: str, blocks: list[dict[str, Any]],
+                    thread_ts: str = "") -> tuple[str, str]:  # fmt: skip
+        """Post an action's message (:mod:`detector.remediation.messages`; ``text`` escaped by
+        the caller) in the incident's thread, or in ``channel`` when it has none; (channel, ts)."""
+        if self._web is None or not thread_ts:
+            return self._send(channel, text, blocks)
+        try:
+            response = self._web.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text, blocks=_verbatim(blocks))
+        except Exception as exc:
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            raise SlackError(f"Slack post failed: {exc}", retryable=status is None or status == 429 or status >= 500) from exc
+        return str(response["channel"]), str(response["ts"])
+
+    def update_action(self, channel: str, ts: str, text: str, blocks: list[dict[str, Any]]) -> None:
+        """Rewrite an action's message (its decision, its result; bot token only)."""
+        if self._web is None or not ts:
+            return
+        try:
+            self._web.chat_update(channel=channel, ts=ts, text=text, blocks=_verbatim(blocks))
+        except Exception as exc:
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
+
+    def group_members(self, group_id: str) -> set[str]:
+        """User ids in a Slack user group (``usergroups.users.list``, scope ``usergroups:read``):
+        whether a click comes from an approver named by group. Raises if it cannot be read."""
+        if self._web is None:
+            raise SlackError("a webhook cannot read user groups: name approvers by user id", retryable=False)
+        answer = self._web.usergroups_users_list(usergroup=group_id)
+        users: list[Any] = answer.get("users", [])
+        return {str(u) for u in users}
 
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
         """One message for several openings of one type and group (untagged resources of one account)."""

@@ -2,7 +2,7 @@
 
 It implements what burnwatch calls: ``chat.postMessage``, ``chat.update``, the three
 steps of ``files_upload_v2`` (``files.getUploadURLExternal``, the upload itself,
-``files.completeUploadExternal``) and incoming webhooks.
+``files.completeUploadExternal``), ``usergroups.users.list`` and incoming webhooks.
 
 Slack cannot be reached from CI, so slack-sdk is pointed here (``base_url`` /
 the webhook URL) and the tests assert on what this server received. It can be
@@ -67,6 +67,8 @@ class LocalSlack:
         self.requests: list[SlackRequest] = []
         self.uploads: dict[str, bytes] = {}
         """File id → the bytes uploaded for it (files_upload_v2)."""
+        self.usergroups: dict[str, list[str]] = {}
+        """User group id → its members' user ids (``usergroups.users.list``)."""
         self._failures: list[tuple[int, dict[str, str], str | None]] = []
         self._hang_s = 0.0
         self.windows: list[FaultWindow] = []
@@ -246,6 +248,11 @@ class LocalSlack:
                     and body.get("ts") in (r.body.get("thread_ts"), r.response.get("ts"))
                 ]  # fmt: skip
             return json.dumps({"ok": True, "messages": thread[: int(body.get("limit", 100))]}).encode()
+        if method == "usergroups.users.list":  # the members of a user group (self.usergroups)
+            group = body.get("usergroup", "")
+            if group not in self.usergroups:
+                return json.dumps({"ok": False, "error": "no_such_subteam"}).encode()
+            return json.dumps({"ok": True, "users": self.usergroups[group]}).encode()
         if method == "auth.test":
             return json.dumps({"ok": True, "user_id": "U0BOT", "team_id": "T000"}).encode()
         return json.dumps({"ok": False, "error": "unknown_method"}).encode()

@@ -19,6 +19,8 @@ from detector.engine import Engine
 from detector.logs import stdlib_logging_config
 from detector.outputs.config import SLACK
 from detector.outputs.outbox import OutputOutbox
+from detector.remediation.executors import executors
+from detector.remediation.runner import ActionRunner
 from detector.settings import Settings
 from detector.slack import SlackNotifier
 from detector.store import EventHistory, Store
@@ -102,8 +104,10 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         max_held_per_partition=settings.max_held_per_partition,
         outputs=outputs,
     )
+    actions = ActionRunner(store, executors(settings), lambda: config.current.ruleset, outbox.notifier)
     parts = WorkerParts(settings=settings, store=store, app=app, config=config, engine=engine, outbox=outbox,
-                        pipeline=pipeline, assigned_states=assigned_states, outputs=outputs)  # fmt: skip
+                        pipeline=pipeline, assigned_states=assigned_states, outputs=outputs,
+                        actions=actions)  # fmt: skip
     pipeline.configure()  # the rules' Slack routing, before anything is posted
     install_agent(parts)
     install_handover(parts)

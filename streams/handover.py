@@ -43,6 +43,7 @@ def install_handover(parts: WorkerParts) -> None:
         await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
         if parts.outputs is not None:
             await asyncio.get_running_loop().run_in_executor(None, parts.outputs.revoke)
+        await _stop_acting(parts)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
@@ -84,3 +85,12 @@ def install_handover(parts: WorkerParts) -> None:
         await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
         if parts.outputs is not None:
             await asyncio.get_running_loop().run_in_executor(None, parts.outputs.revoke)
+        await _stop_acting(parts)
+
+
+async def _stop_acting(parts: WorkerParts) -> None:
+    """Actions on incidents move with partition 0: stop acting, after any pass in progress (its
+    steps are stored: the next holder reads them), so no action is taken by two workers."""
+    parts.owns_digest = False
+    if parts.actions is not None:
+        await asyncio.get_running_loop().run_in_executor(None, parts.actions.reset)

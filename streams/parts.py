@@ -16,6 +16,7 @@ from detector.alerts import AlertManager, AlertMemory
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.outputs.outbox import OutputOutbox
+from detector.remediation.runner import ActionRunner
 from detector.rules import RuleSet
 from detector.settings import Settings
 from detector.store import Store
@@ -46,7 +47,10 @@ class WorkerParts:
     """Per-resource state of the assigned partitions, as loaded from the store; the engine
     takes a key's state from here the first time it sees the key."""
     owns_digest: bool = False
-    """This worker holds input partition 0, so it posts the daily digests (one worker of the group)."""
+    """This worker holds input partition 0, so it posts the daily digests and carries out
+    actions on incidents (one worker of the group)."""
+    actions: ActionRunner | None = None
+    """Actions on incidents (docs/actions.md): proposed, decided and carried out on the wall clock."""
 
     @property
     def fetches(self) -> Fetches:

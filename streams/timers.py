@@ -1,6 +1,6 @@
-"""What the worker does on a schedule, beside the agent: Slack delivery, releasing held
-events on a quiet stream, the stall exit, rules and model reloads, retraining, the daily
-digest, state expiry and the stats line. Each is small and reads the shared parts."""
+"""What the worker does on a schedule, beside the agent: Slack delivery, actions on
+incidents, releasing held events on a quiet stream, the stall exit, rules and model
+reloads, retraining, the daily digest, state expiry and the stats line. Each is small and reads the shared parts."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ log = structlog.get_logger("burnwatch.worker")
 def install_timers(parts: WorkerParts) -> None:
     _deliver_alerts(parts)
     _deliver_outputs(parts)
+    _act(parts)
     _pipeline_timers(parts)
     _reload_rules(parts)
     _daily_digest(parts)
@@ -83,6 +84,39 @@ def _deliver_outputs(parts: WorkerParts) -> None:
                 log.warning("output_delivery_error", error=one_line(exc), pending=len(outputs))
                 await asyncio.sleep(1.0)
                 pipeline.outputs_ready.set()
+def _act(parts: WorkerParts, interval_s: float = 5.0) -> None:
+    runner = parts.actions
+
+    @parts.app.task
+    async def act_on_incidents() -> None:
+        """Actions on incidents (:mod:`detector.remediation.runner`): a pass every
+        ``interval_s`` of wall time, or at once after an Approve or Decline click; only on the
+        worker holding input partition 0. A failing pass (the store) is retried with backoff."""
+        if runner is None:
+            return
+
+        def holds_partition_0() -> bool:  # asked again under the runner's lock (a revocation may come between)
+            return parts.owns_digest
+
+        loop = asyncio.get_running_loop()
+        backoff, acting = interval_s, False
+        while True:
+            try:
+                if parts.owns_digest:
+                    acting = True
+                    await loop.run_in_executor(None, runner.run_once, holds_partition_0)
+                elif acting:  # partition 0 moved to another worker: it acts from now on
+                    acting = False
+                    await loop.run_in_executor(None, runner.reset)
+                backoff = interval_s
+            except Exception as exc:  # noqa: BLE001 - the store's: every step is stored before it is done
+                log.warning("actions_retry", error=one_line(exc), retry_in_s=backoff)
+                backoff = min(backoff * 2, 300.0)
+            waited = 0.0
+            while waited < backoff and not runner.wake.is_set():
+                await asyncio.sleep(0.2)
+                waited += 0.2
+            runner.wake.clear()
 
 
 def _pipeline_timers(parts: WorkerParts) -> None:

@@ -155,12 +155,13 @@ def _incidents(parts: WorkerParts) -> None:
 def _slack_actions(parts: WorkerParts) -> None:
     secret = parts.settings.slack_signing_secret
     outbox = parts.outbox
-    actions = (ActionHandler(RequestVerifier(secret.get_secret_value()), parts.store, outbox.notifier, outbox)
-               if secret else None)  # fmt: skip
+    actions = (ActionHandler(RequestVerifier(secret.get_secret_value()), parts.store, outbox.notifier, outbox,
+                             remediation=parts.actions) if secret else None)  # fmt: skip
 
     @parts.app.page("/slack/actions")
     class SlackActions(View):
-        """Slack's interactivity endpoint: Acknowledge, Snooze 24h, Mark as expected."""
+        """Slack's interactivity endpoint: Acknowledge, Snooze 24h, Mark as expected; Approve
+        and Decline on an action's message."""
 
         async def post(self, request: Any, **kwargs: Any) -> Any:
             if actions is None:

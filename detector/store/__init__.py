@@ -13,8 +13,9 @@
 - :mod:`~detector.store.memory`: what the alert manager remembers after a restart;
 - :mod:`~detector.store.actions`: clicks on an alert's buttons, and snoozes;
 - :mod:`~detector.store.digests`: daily digests sent, and a day's ledger rows;
-- :mod:`~detector.store.deliveries`: Slack posts made and begun (the outbox's record).
-- :mod:`~detector.store.outputs`: deliveries to the other outputs (webhook, Alertmanager, email).
+- :mod:`~detector.store.deliveries`: Slack posts made and begun (the outbox's record);
+- :mod:`~detector.store.outputs`: deliveries to the other outputs (webhook, Alertmanager, email);
+- :mod:`~detector.store.remediation`: actions on incidents, every step (the audit).
 
 :class:`~detector.store.facade.Store` opens all of them at once.
 """
@@ -29,12 +30,13 @@ from detector.store.events import Events
 from detector.store.facade import Store
 from detector.store.history import EventHistory
 from detector.store.memory import ManagerMemory
+from detector.store.remediation import ActionStep, Remediations
 from detector.store.schema import MIGRATIONS_DIR, RAW_TABLES, Migration, Schema, migrations
 from detector.store.states import States
 from detector.units import epoch
 
 __all__ = [
-    "MIGRATIONS_DIR", "RAW_TABLES", "Actions", "Alerts", "Connection", "Deliveries", "Digests", "EventBatch",
-    "EventHistory", "Events", "ManagerMemory", "Migration", "Schema", "States", "Store", "StoreBusy", "StoreNotFound",
-    "StoreOutdated", "alert_from_row", "chdb_dir", "connect", "epoch", "event_ids", "migrations", "named_sql",
+    "MIGRATIONS_DIR", "RAW_TABLES", "ActionStep", "Actions", "Alerts", "Connection", "Deliveries", "Digests", "EventBatch",
+    "EventHistory", "Events", "ManagerMemory", "Migration", "Remediations", "Schema", "States", "Store", "StoreBusy",
+    "StoreNotFound", "StoreOutdated", "alert_from_row", "chdb_dir", "connect", "epoch", "event_ids", "migrations", "named_sql",
 ]  # fmt: skip

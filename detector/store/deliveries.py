@@ -44,6 +44,12 @@ class Deliveries:
             )  # fmt: skip
         return {(r[0], r[1]): (r[2], r[3]) for r in result.result_rows}
 
+    def thread_of(self, alert_id: str) -> tuple[str, str] | None:
+        """(channel, message ts) of the message that opened ``alert_id``, if it was posted."""
+        rows = self.conn.query(f"SELECT channel, message_ts FROM {self.conn.db}.alert_deliveries FINAL "
+                               "WHERE alert_id = %(id)s AND kind = 'fired' LIMIT 1", {"id": alert_id})  # fmt: skip
+        return (rows[0]["channel"], rows[0]["message_ts"]) if rows else None
+
     def attempted(self) -> dict[tuple[str, str], float]:
         """(alert_id, change) of posts begun but not recorded as delivered (maybe in Slack
         already, or about to land there) → wall time of the latest attempt."""

@@ -13,6 +13,7 @@ from detector.store.events import Events
 from detector.store.history import EventHistory
 from detector.store.memory import ManagerMemory
 from detector.store.outputs import OutputDeliveries
+from detector.store.remediation import Remediations
 from detector.store.schema import Schema
 from detector.store.states import States
 
@@ -40,6 +41,8 @@ class Store(Connection):
         """Clicks and snoozes."""
         self.digests = Digests(self)
         self.deliveries = Deliveries(self)
+        self.remediations = Remediations(self)
+        """Actions on incidents: the audit (docs/actions.md)."""
         self.outputs = OutputDeliveries(self)
         """Deliveries to outputs besides Slack."""
 

@@ -1,0 +1,105 @@
+"""``stop_instance`` on EC2: ``StopInstances`` through boto3.
+
+Credentials and the endpoint come from boto3's standard chain (``AWS_ACCESS_KEY_ID`` /
+``AWS_PROFILE`` / an instance role; ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT_URL_EC2``),
+never from a rule file, and are never logged or recorded. Stopping keeps the instance and
+its EBS volumes (unlike terminating): the owner starts it again when needed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
+
+__all__ = ["API", "StopInstance"]
+
+API = "ec2.StopInstances"
+INSTANCE_ID = re.compile(r"^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d{1,2}$")
+RETRYABLE = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "InternalError", "InternalFailure",
+                       "ServiceUnavailable", "Unavailable", "RequestTimeout", "RequestTimeoutException"})  # fmt: skip
+"""EC2 error codes worth trying again; any 5xx is too. Others (UnauthorizedOperation,
+InvalidInstanceID.NotFound, IncorrectInstanceState...) are refusals: reported, not retried."""
+NOT_INSTANCES = frozenset({"notebook", "pod", "inference_endpoint", "storage_bucket", "vector_db", "commitment",
+                           "run", "project", "deployment"})  # fmt: skip
+
+
+class StopInstance:
+    """Stops an EC2 instance: the alert's ``resource_id`` (or its ``instance_id`` tag or
+    detail) is the instance id, its ``region`` the endpoint's region."""
+
+    kind: ActionKind = "stop_instance"
+
+    def __init__(self, *, endpoint_url: str | None = None, session: Any = None) -> None:
+        self._endpoint_url = endpoint_url
+        self._session = session
+        self._clients: dict[str, Any] = {}
+
+    def plan(self, target: Target) -> Call:
+        if target.resource_type in NOT_INSTANCES:
+            raise NotApplicable(f"{target.resource_id} is a {target.resource_type}, not an EC2 instance")
+        instance = str(target.details.get("instance_id") or target.tags.get("instance_id") or target.resource_id)
+        if not INSTANCE_ID.fullmatch(instance):
+            raise NotApplicable(f"{instance[:100]!r} is not an EC2 instance id (i-...)")
+        if not REGION.fullmatch(target.region):
+            raise NotApplicable(f"no AWS region on the alert (region {target.region[:40]!r})")
+        return Call(api=API, request={"InstanceIds": [instance]}, endpoint=target.region)
+
+    def execute(self, call: Call) -> Outcome:
+        ids = self._ids(call)
+        try:
+            answer = self._client(call.endpoint).stop_instances(InstanceIds=ids)
+        except NoCredentialsError:
+            return Outcome(False, "no AWS credentials (environment, profile or instance role)", retryable=False)
+        except ClientError as exc:
+            return _refusal(exc)
+        except BotoCoreError as exc:  # the endpoint unreachable, a timeout: the stop may be tried again safely
+            return Outcome(False, f"{type(exc).__name__}: {exc}"[:500], retryable=True)
+        states = {i["InstanceId"]: i["CurrentState"]["Name"] for i in answer.get("StoppingInstances", [])}
+        missing = [i for i in ids if i not in states]
+        if missing:
+            return Outcome(False, f"StopInstances did not answer for {', '.join(missing)}", retryable=True)
+        return Outcome(True, ", ".join(f"{i}: {s}" for i, s in states.items()))
+
+    def observe(self, call: Call) -> Outcome | None:
+        """After a worker died mid-call: the outcome if the instances are stopping or stopped
+        already, None if they are not (so the call was not made, or did not take)."""
+        try:
+            answer = self._client(call.endpoint).describe_instances(InstanceIds=self._ids(call))
+        except (ClientError, BotoCoreError):
+            return None
+        states = {i["InstanceId"]: i["State"]["Name"] for r in answer.get("Reservations", []) for i in r["Instances"]}
+        if states and all(s in ("stopping", "stopped") for s in states.values()):
+            return Outcome(True, ", ".join(f"{i}: {s}" for i, s in states.items()) + " (found after a restart)")
+        return None
+
+    @staticmethod
+    def _ids(call: Call) -> list[str]:
+        ids = [str(i) for i in call.request.get("InstanceIds", [])]
+        if not ids or not all(INSTANCE_ID.fullmatch(i) for i in ids):
+            raise ValueError(f"not a StopInstances request: {dict(call.request)!r}"[:300])
+        return ids
+
+    def _client(self, region: str) -> Any:
+        client = self._clients.get(region)
+        if client is None:
+            session = self._session or boto3.session.Session()
+            config = Config(connect_timeout=5, read_timeout=20, retries={"max_attempts": 2, "mode": "standard"})
+            client = session.client("ec2", region_name=region, endpoint_url=self._endpoint_url, config=config)
+            self._clients[region] = client
+        return client
+
+
+def _refusal(exc: ClientError) -> Outcome:
+    error: Mapping[str, Any] = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    detail = f"{code or status}: {error.get('Message', '')}"[:500]
+    return Outcome(False, detail, retryable=code in RETRYABLE or status >= 500)

@@ -1,0 +1,78 @@
+"""What an action says in the incident's Slack thread: the proposal (with its buttons),
+the decision and the result. Everything from the alert or the API is escaped."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from detector.remediation.policy import Action
+from detector.slack import code, escape
+from detector.units import format_duration, rfc3339
+
+__all__ = ["APPROVE", "DECLINE", "action_blocks", "describe_call"]
+
+APPROVE = "burnwatch_approve"
+DECLINE = "burnwatch_decline"
+_VERBS = {"stop_instance": "stop", "cull_notebook": "cull the notebook", "scale_to_zero": "scale to zero"}
+
+
+def describe_call(action: Action) -> str:
+    """``ec2.StopInstances {"InstanceIds": [...]} (us-east-1)``: what is or would be called."""
+    call = action.call
+    if call is None:
+        return "(no call)"
+    where = f" ({call.endpoint})" if call.endpoint else ""
+    return f"{call.api} {json.dumps(dict(call.request), sort_keys=True)}{where}"
+
+
+def _who(user: str) -> str:
+    if user.startswith(("U", "W")) and user.isalnum():
+        return f"<@{user}>"
+    return escape(user)
+
+
+def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]]:
+    """(notification text, blocks) for the action's message in its current state."""
+    what = f"{_VERBS.get(action.kind, action.kind)} {escape(action.resource_id)}"
+    call = code(describe_call(action))
+    saves = f" (${action.usd_per_hour:,.2f}/h)" if action.usd_per_hour else ""
+    state, buttons = action.state, []
+    if state == "dry_run":
+        text = f":test_tube: Dry run: burnwatch would {what}{saves} by calling {call}. Nothing was called (mode dry_run)."
+    elif state == "not_applicable":
+        text = f":information_source: Cannot {what}: {escape(action.result)}"
+    elif state == "proposed" and action.mode == "approve":
+        text = f":raised_hand: Proposed: {what}{saves} by calling {call}. An approver decides."
+        buttons = [("Approve", APPROVE, "primary"), ("Decline", DECLINE, "danger")]
+    elif state == "proposed":
+        due = action.due_at or now
+        text = (f":hourglass_flowing_sand: Will {what}{saves} at {rfc3339(due)} (in {format_duration(max(0.0, due - now))}) "
+                f"by calling {call}, unless this incident is snoozed or declined.")  # fmt: skip
+        buttons = [("Decline", DECLINE, "danger")]
+    elif state in ("approved", "begun", "retry"):
+        text = f":gear: {what.capitalize()}: approved by {_who(action.decided_by)}; calling {call}."
+        if state == "retry":
+            text += f" Attempt {action.attempts} failed ({escape(action.result)}); trying again."
+    elif state == "succeeded":
+        text = (f":white_check_mark: Done: {what} ({call} by {_who(action.decided_by)}): {escape(action.result)}. "
+                f"Saves{saves or ' its cost'}.")  # fmt: skip
+    elif state in ("failed", "gave_up", "interrupted"):
+        why = {"failed": "refused", "gave_up": f"failed {action.attempts} times", "interrupted": "interrupted"}[state]
+        text = f":x: Could not {what}: {call} {why}: {escape(action.result)}. Nothing more is tried; act by hand."
+    elif state == "declined":
+        text = f":no_entry_sign: Declined by {_who(action.decided_by)}: burnwatch will not {what}."
+    elif state == "cancelled":
+        text = f":heavy_minus_sign: Not acting ({escape(action.decided_by)}): burnwatch will not {what}."
+    else:
+        text = f"{what}: {escape(state)}"
+    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text[:2900]}}]
+    if buttons:
+        blocks.append({
+            "type": "actions", "block_id": f"burnwatch-action:{action.alert_id}",
+            "elements": [{"type": "button", "text": {"type": "plain_text", "text": label}, "action_id": action_id,
+                          "value": action.alert_id, "style": style} for label, action_id, style in buttons],
+        })  # fmt: skip
+    footer = f"action {code(action.key)} · mode {action.mode}"
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": footer}]})
+    return text, blocks

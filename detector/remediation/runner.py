@@ -1,0 +1,319 @@
+"""The worker's side of actions: propose those due, carry out those decided, on the wall clock.
+
+Detection runs on event time; an API call is a real-world side effect, so it happens
+here, on the worker's clock, one pass at a time (:meth:`ActionRunner.run_once`, from a
+timer of the worker that holds input partition 0: one worker of a group acts). Each step
+is stored in ``remediation_actions`` before what it announces is done: a call is marked
+``begun`` before it is made, so a worker killed mid-call finds the mark after its restart
+(:meth:`ActionRunner.recover`) and asks the API whether the call took
+(``observe``) instead of calling again blindly; if it cannot tell, the action ends
+``interrupted`` and is reported for a person to check.
+
+An incident whose latest event time is older than ``fresh_s`` on the wall clock is never
+acted on: that is a replay of past events or a backlog, not waste happening now
+(``burnwatch backtest`` runs no worker at all, so it never acts).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from detector.alerts import Alert
+from detector.metrics import METRICS
+from detector.remediation.base import Call, Executor, NotApplicable, Outcome, Target
+from detector.remediation.messages import action_blocks, describe_call
+from detector.remediation.policy import Action, may_approve
+from detector.remediation.spec import ActionSpec
+from detector.rules import RuleSet
+from detector.store import ActionStep, Store, alert_from_row
+
+__all__ = ["ActionRunner"]
+
+log = structlog.get_logger("burnwatch.actions")
+
+
+class ActionRunner:
+    """Proposes, decides (auto), executes and records actions; takes Slack decisions."""
+
+    def __init__(
+        self,
+        store: Store,
+        executors: Mapping[str, Executor],
+        ruleset: Callable[[], RuleSet],
+        notifier: Any = None,
+        *,
+        wall: Callable[[], float] = time.time,
+        max_attempts: int = 4,
+        backoff_s: float = 30.0,
+        fresh_s: float = 3600.0,
+    ) -> None:
+        self.store = store
+        self.executors = executors
+        self.ruleset = ruleset
+        self.notifier = notifier
+        self._wall = wall
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.fresh_s = fresh_s
+        self._lock = threading.RLock()
+        """Held by a pass and by a decision (a click on a web request's thread)."""
+        self._actions: dict[str, Action] = {}
+        self._unannounced: set[str] = set()
+        self._recovered = False
+        self._stale_logged: set[str] = set()
+        self._count = 0
+        """Steps taken since start."""
+        self.wake = threading.Event()
+        """Set by a decision: the worker's timer runs a pass without waiting for its interval."""
+
+    # -- recovery ---------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Rebuild every action's state from the audit; an action begun and never finished
+        (the worker died mid-call) is looked up in the API before anything else. Returns how
+        many actions are still open."""
+        with self._lock:
+            self._actions = Action.from_steps(self.store.remediations.steps())
+            self._unannounced = {k for k, a in self._actions.items() if a.message is None and a.state in _SHOWN}
+            self._recovered = True
+            for action in [a for a in self._actions.values() if a.state == "begun"]:
+                self._resume_begun(action)
+            return sum(1 for a in self._actions.values() if not a.ended)
+
+    def reset(self) -> None:
+        """This worker no longer acts (its partitions moved): forget, recover when it acts again."""
+        with self._lock:
+            self._actions.clear()
+            self._recovered = False
+
+    def _resume_begun(self, action: Action) -> None:
+        executor = self.executors.get(action.kind)
+        observe = getattr(executor, "observe", None)
+        found: Outcome | None = observe(action.call) if observe is not None and action.call is not None else None
+        now = self._wall()
+        if found is not None and found.ok:
+            self._finish(action, found, now)
+            return
+        why = "the worker stopped during the call and the result could not be confirmed; check by hand"
+        self._step(action, "interrupted", now, decided_by="worker", result=why)
+        log.error("action_interrupted", action=action.key, call=describe_call(action))
+        self._show(action, now)
+
+    # -- the pass ---------------------------------------------------------------------
+
+    def run_once(self, allowed: Callable[[], bool] | None = None) -> int:
+        """One pass: propose what is due, cancel what resolved, act on what is decided.
+        Returns the number of steps taken. ``allowed``: asked under the pass's lock, so a
+        worker told to stop acting (its partitions moved) starts no pass after that."""
+        with self._lock:
+            if allowed is not None and not allowed():
+                return 0
+            if not self._recovered:
+                self.recover()
+            before = self._count
+            ruleset = self.ruleset()
+            specs = {r.detector.name: r.source.action for r in ruleset.rules
+                     if r.source is not None and r.source.action.acts}  # fmt: skip
+            open_kinds: dict[str, set[str]] = {}
+            for a in self._actions.values():
+                if not a.ended:
+                    open_kinds.setdefault(a.alert_id, set()).add(a.kind)
+            open_ids = sorted(open_kinds)
+            if not specs and not open_ids:
+                return 0
+            now = self._wall()
+            rows = self.store.alerts.latest(  # firing and recent (older ones are never acted on), or acted on
+                "(rule IN %(rules)s AND status = 'firing' AND held = '' "
+                "AND updated_at >= fromUnixTimestamp64Milli(%(since)s, 'UTC')) OR alert_id IN %(open)s",
+                {"rules": sorted(specs) or [""], "open": open_ids or [""], "since": int((now - self.fresh_s) * 1000)},
+            )
+            snoozed: dict[str, Any] | None = None
+            for row in rows:
+                alert = alert_from_row(row)
+                spec = specs.get(alert.rule)
+                kinds = set(open_kinds.get(alert.alert_id, ()))
+                if spec is not None:
+                    kinds.add(spec.kind)
+                for kind in sorted(kinds):
+                    action = self._actions.get(f"{alert.alert_id}:{kind}")
+                    if action is None:
+                        if spec is not None and alert.status == "firing":
+                            self._maybe_propose(alert, spec, now)
+                        continue
+                    if action.ended:
+                        continue
+                    if alert.status == "resolved" and action.state != "begun":
+                        self._step(action, "cancelled", now, decided_by="resolved", result="the incident resolved")
+                        self._show(action, now)
+                        continue
+                    if action.state == "proposed" and action.mode == "auto_unless_objected":
+                        if snoozed is None:
+                            snoozed = self.store.actions.snoozed(now)
+                        if alert.alert_id in snoozed:
+                            self._step(action, "cancelled", now, decided_by="snoozed", result=snoozed[alert.alert_id].reason)
+                            self._show(action, now)
+                        elif action.due_at is not None and now >= action.due_at and (
+                                self.notifier is None or action.message is not None):  # never before the warning
+                            self._step(action, "approved", now, decided_by="auto")
+                    if action.state == "approved" or (action.state == "retry" and now >= (action.due_at or 0.0)):
+                        self._execute(action, now)
+            for key in sorted(self._unannounced):
+                if key in self._actions:
+                    self._announce(self._actions[key], now)
+            return self._count - before
+
+    def _maybe_propose(self, alert: Alert, spec: ActionSpec, now: float) -> None:
+        lasted = alert.updated_at - alert.episode_start
+        if lasted < spec.after:
+            return
+        age = now - alert.updated_at
+        if age > self.fresh_s:  # a replay of past events, or a backlog: never act on those
+            if alert.alert_id not in self._stale_logged:
+                self._stale_logged.add(alert.alert_id)
+                log.info("action_not_proposed", alert_id=alert.alert_id, kind=spec.kind,
+                         reason=f"latest event time is {age:.0f} s old (replay or backlog)")  # fmt: skip
+            return
+        action = Action(alert.alert_id, spec.kind, mode=spec.mode, rule=alert.rule, resource_id=alert.resource_id,
+                        team=alert.tags.get("team", ""), usd_per_hour=alert.usd_per_hour)  # fmt: skip
+        self._actions[action.key] = action
+        executor = self.executors.get(spec.kind)
+        try:
+            if executor is None:
+                raise NotApplicable(f"no executor for {spec.kind} is configured in this worker")
+            action.call = executor.plan(Target.from_alert(alert))
+        except NotApplicable as exc:
+            self._step(action, "proposed", now, event_time=alert.updated_at)
+            self._step(action, "not_applicable", now, decided_by="worker", result=exc.reason)
+            self._show(action, now)
+            return
+        due = now + spec.grace if spec.mode == "auto_unless_objected" else None
+        self._step(action, "proposed", now, event_time=alert.updated_at, due_at=due)
+        log.info("action_proposed", action=action.key, mode=spec.mode, call=describe_call(action))
+        if spec.mode == "dry_run":
+            self._step(action, "dry_run", now, decided_by="dry_run", result=f"would call {describe_call(action)}")
+        self._show(action, now)
+
+    # -- decisions (a click) ------------------------------------------------------------
+
+    def decide(self, alert_id: str, user_id: str, approve: bool, tags: dict[str, str]) -> tuple[int, str]:
+        """An Approve or Decline click by ``user_id`` on ``alert_id``'s action: (HTTP status,
+        what happened). Anyone not an approver for the resource's team is refused (403),
+        and the refusal recorded."""
+        with self._lock:
+            if not self._recovered:
+                self.recover()
+            waiting = [a for a in self._actions.values() if a.alert_id == alert_id and a.awaits_decision]
+            if not waiting:
+                return 409, f"no action on alert {alert_id} awaits a decision"
+            members = getattr(self.notifier, "group_members", None)
+            allowed, why = may_approve(self.ruleset().routing, tags, user_id, members)
+            now = self._wall()
+            for action in waiting:
+                if not allowed:
+                    self._step(action, "refused", now, decided_by=user_id, result=why)
+                    log.warning("action_click_refused", action=action.key, user=user_id, reason=why)
+                    continue
+                self._step(action, "approved" if approve else "declined", now, decided_by=user_id)
+                log.info("action_decided", action=action.key, user=user_id, approved=approve)
+                self._show(action, now)
+            if not allowed:
+                return 403, why
+            self.wake.set()
+            return 200, "approved" if approve else "declined"
+
+    # -- acting -------------------------------------------------------------------------
+
+    def _execute(self, action: Action, now: float) -> None:
+        executor = self.executors.get(action.kind)
+        call = action.call
+        if executor is None or call is None:
+            self._step(action, "failed", now, decided_by="worker", result=f"no executor for {action.kind} in this worker")
+            self._show(action, now)
+            return
+        attempt = action.attempts + 1
+        self._step(action, "begun", now, attempt=attempt)  # stored before the call: see recover()
+        try:
+            outcome = executor.execute(call)
+        except Exception as exc:  # noqa: BLE001 - an executor's bug: reported, never retried blindly
+            outcome = Outcome(False, f"{type(exc).__name__}: {exc}"[:500], retryable=False)
+        self._finish(action, outcome, self._wall())
+
+    def _finish(self, action: Action, outcome: Outcome, now: float) -> None:
+        if outcome.ok:
+            self._step(action, "succeeded", now, result=outcome.detail, usd_per_hour=action.usd_per_hour)
+            log.info("action_succeeded", action=action.key, call=describe_call(action), result=outcome.detail,
+                     usd_per_hour=action.usd_per_hour)  # fmt: skip
+        elif outcome.retryable and action.attempts < self.max_attempts:
+            wait = self.backoff_s * 2 ** (action.attempts - 1)
+            self._step(action, "retry", now, result=outcome.detail, due_at=now + wait)
+            log.warning("action_retry", action=action.key, error=outcome.detail, attempt=action.attempts, retry_in_s=wait)
+        else:
+            step = "gave_up" if outcome.retryable else "failed"
+            self._step(action, step, now, result=outcome.detail)
+            log.error("action_failed", action=action.key, call=describe_call(action), error=outcome.detail,
+                      attempts=action.attempts)  # fmt: skip
+        self._show(action, now)
+
+    # -- records and messages -------------------------------------------------------------
+
+    def _step(self, action: Action, step: str, now: float, *, decided_by: str = "", result: str = "",
+              usd_per_hour: float | None = None, attempt: int | None = None, due_at: float | None = None,
+              event_time: float | None = None) -> None:  # fmt: skip
+        """Store one step, then take it into the action's state (a failed insert raises:
+        nothing is done that was not recorded first)."""
+        call = action.call or Call("", {})
+        row = ActionStep(
+            alert_id=action.alert_id, kind=action.kind, step=step, at=now, mode=action.mode,
+            decided_by=decided_by or (action.decided_by if step in ("begun", "succeeded", "retry", "failed", "gave_up") else ""),
+            rule=action.rule, resource_id=action.resource_id, team=action.team, api=call.api,
+            request=json.dumps(dict(call.request), sort_keys=True) if call.api else "", endpoint=call.endpoint,
+            result=result, usd_per_hour=action.usd_per_hour if usd_per_hour is None else usd_per_hour,
+            attempt=attempt if attempt is not None else action.attempts, due_at=due_at, event_time=event_time,
+        )  # fmt: skip
+        self.store.remediations.record([row])
+        METRICS.actions.labels(action.kind, step).inc()
+        action.apply({**row.__dict__, "step": step})
+        self._count += 1
+
+    def _show(self, action: Action, now: float) -> None:
+        """Post or update the action's message in the incident's thread (Slack failures are
+        logged and tried again next pass: the audit has the step already)."""
+        if action.state in _SHOWN:
+            self._unannounced.add(action.key)
+            self._announce(action, now)
+
+    def _announce(self, action: Action, now: float) -> None:
+        if self.notifier is None:
+            self._unannounced.discard(action.key)
+            return
+        try:
+            if action.message is not None:
+                self.notifier.update_action(*action.message, *action_blocks(action, now))
+            else:
+                thread = self.store.deliveries.thread_of(action.alert_id)
+                if thread is None and self.notifier.threads:
+                    return  # the alert is not in Slack yet: its thread comes first (next pass)
+                channel, parent = thread or ("", "")
+                warned = action.state == "proposed" and action.mode == "auto_unless_objected"
+                if warned:  # the grace runs from the warning people can see
+                    action.due_at = max(action.due_at or now, now + action.grace)
+                text, blocks = action_blocks(action, now)
+                channel, ts = self.notifier.post_action(channel, text, blocks,
+                                                        thread_ts=parent if "." in parent else "")  # fmt: skip
+                self._step(action, "announced", now, result=json.dumps({"channel": channel, "ts": ts}),
+                           due_at=action.due_at if warned else None)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - Slack's errors: the step is stored, the message follows later
+            log.warning("action_message_failed", action=action.key, error=str(exc)[:300])
+            return
+        self._unannounced.discard(action.key)
+
+
+_SHOWN = frozenset({"proposed", "dry_run", "not_applicable", "approved", "declined", "cancelled", "retry", "succeeded",
+                    "failed", "gave_up", "interrupted"})  # fmt: skip
+"""States with something to say in Slack (``begun`` is followed at once by its result)."""

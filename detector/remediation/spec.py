@@ -1,0 +1,56 @@
+"""A rule's ``action``: what to do about its incidents, when, and who decides.
+
+Validated with the rule (``extra=forbid``, file:line errors); :data:`APPLIES_TO` says which
+kinds make sense for which rule types, so that a rule asking to stop the instance behind
+a storage bucket's growth is refused when the file is read, not when an incident is due.
+Credentials are never part of a rule: executors take them from the environment.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from detector.remediation.base import ActionKind, Mode
+from detector.units import Duration
+
+__all__ = ["APPLIES_TO", "ActionSpec", "kind_error"]
+
+APPLIES_TO: dict[ActionKind, frozenset[str]] = {
+    "stop_instance": frozenset({"idle_gpu", "stuck_gpu", "unallocated_gpu", "telemetry_stale"}),
+    "cull_notebook": frozenset({"idle_gpu", "stuck_gpu", "unallocated_gpu"}),
+    "scale_to_zero": frozenset({"idle_gpu", "stuck_gpu", "inference_overprovisioned", "unallocated_gpu"}),
+}
+"""Rule types whose incidents each kind can end. A kind absent here (``notify_only``)
+applies to every type. Rules on spend that stopping a machine would not end (a failed
+run's cost, untagged spend, a commitment, storage growth) or on a machine still partly
+busy (``partly_idle_gpu``: stopping it would kill the busy GPUs' work) take no action."""
+
+
+class ActionSpec(BaseModel):
+    """``action: {kind: stop_instance, after: 2h, mode: approve}`` on a rule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: ActionKind = "notify_only"
+    after: Duration = 0.0
+    """Event time the incident must have lasted (from its episode's start) before the
+    action is proposed; 0: as soon as it fires (the rule's own ``for`` has passed)."""
+    mode: Mode = "dry_run"
+    """``dry_run`` (record and show what would be called, never call), ``approve`` (a Slack
+    button; nothing happens without an allowed approver's click), ``auto_unless_objected``
+    (announce, then act after ``grace`` unless snoozed or declined)."""
+    grace: Duration = 3600.0
+    """``auto_unless_objected`` only: wall-clock time between the announcement and the call."""
+
+    @property
+    def acts(self) -> bool:
+        return self.kind != "notify_only"
+
+
+def kind_error(kind: str, rule_type: str) -> str | None:
+    """Why ``kind`` makes no sense on a rule of ``rule_type`` (None: it does)."""
+    types = APPLIES_TO.get(kind)  # type: ignore[call-overload]  # any str may be asked
+    if types is None or rule_type in types:
+        return None
+    return (f"{kind} cannot end a {rule_type} incident; it applies to rule types "
+            f"{', '.join(sorted(types))} (use notify_only, the default, for the others)")  # fmt: skip

@@ -1,0 +1,76 @@
+"""Local AWS for tests: moto's server mode on 127.0.0.1, and a server that answers every
+EC2 request with one error, for what moto does not produce (throttling, 5xx, refusals)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+REGION = "us-east-1"
+
+
+def session() -> boto3.session.Session:
+    """A session with moto's dummy credentials (nothing from the machine's own chain)."""
+    return boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
+
+
+@pytest.fixture(scope="session")
+def moto_url() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def ec2(url: str):  # noqa: ANN201 - boto3's client has no static type
+    return session().client("ec2", endpoint_url=url)
+
+
+def run_instance(url: str) -> str:
+    """A running instance in moto; its id."""
+    answer = ec2(url).run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="p4d.24xlarge")
+    return str(answer["Instances"][0]["InstanceId"])
+
+
+def state(url: str, instance_id: str) -> str:
+    (reservation,) = ec2(url).describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return str(reservation["Instances"][0]["State"]["Name"])
+
+
+class Ec2Errors:
+    """Answers every request with ``status`` and EC2's error document for ``code``; counts them."""
+
+    def __init__(self, status: int, code: str) -> None:
+        self.status, self.code, self.requests = status, code, 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.requests += 1
+                body = (f"<?xml version='1.0' encoding='UTF-8'?><Response><Errors><Error><Code>{outer.code}</Code>"
+                        f"<Message>refused by the test server</Message></Error></Errors>"
+                        f"<RequestID>r-1</RequestID></Response>").encode()  # fmt: skip
+                self.send_response(outer.status)
+                self.send_header("Content-Type", "text/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,95 @@
+"""``stop_instance`` on EC2: boto3 against moto's server mode, and against a local server
+answering EC2's errors (which are retried, which are refusals)."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.remediation.base import Call, NotApplicable, Target
+from detector.remediation.ec2 import API, StopInstance
+from tests import aws
+from tests.aws import REGION, Ec2Errors, run_instance, session, state
+
+moto_url = aws.moto_url  # the fixture: moto's server on 127.0.0.1
+
+
+def target(resource_id: str, **kw) -> Target:
+    kw.setdefault("resource_type", "gpu_instance")
+    kw.setdefault("region", REGION)
+    return Target(resource_id=resource_id, **kw)
+
+
+def test_plan_is_the_call_and_touches_nothing(moto_url):
+    instance = run_instance(moto_url)
+    call = StopInstance(endpoint_url=moto_url, session=session()).plan(target(instance))
+    assert call == Call(api=API, request={"InstanceIds": [instance]}, endpoint=REGION)
+    assert state(moto_url, instance) == "running"
+    tagged = StopInstance().plan(target("gpu-host-007", tags={"instance_id": instance}))
+    assert tagged.request == {"InstanceIds": [instance]}  # a host named otherwise, its instance id in a tag
+
+
+@pytest.mark.parametrize(
+    "resource, reason",
+    [
+        (target("gpu-host-007"), "not an EC2 instance id"),
+        (target("i-0123456789abcdef0", region=""), "no AWS region"),
+        (target("i-0123456789abcdef0", region="us-east-1; rm -rf /"), "no AWS region"),
+        (target("jupyter-alice", resource_type="notebook"), "is a notebook, not an EC2 instance"),
+    ],
+    ids=["host-name", "no-region", "hostile-region", "notebook"],
+)
+def test_not_applicable(resource, reason):
+    with pytest.raises(NotApplicable, match=reason):
+        StopInstance().plan(resource)
+
+
+def test_execute_stops_the_instance(moto_url):
+    instance = run_instance(moto_url)
+    stopper = StopInstance(endpoint_url=moto_url, session=session())
+    call = stopper.plan(target(instance))
+    outcome = stopper.execute(call)
+    assert outcome.ok and instance in outcome.detail
+    assert state(moto_url, instance) in ("stopping", "stopped")
+    found = stopper.observe(call)
+    assert found is not None and found.ok and "after a restart" in found.detail
+
+
+def test_observe_a_running_instance_says_not_done(moto_url):
+    instance = run_instance(moto_url)
+    assert StopInstance(endpoint_url=moto_url, session=session()).observe(Call(API, {"InstanceIds": [instance]}, REGION)) is None
+
+
+def test_an_unknown_instance_is_a_refusal_not_retried(moto_url):
+    outcome = StopInstance(endpoint_url=moto_url, session=session()).execute(
+        Call(API, {"InstanceIds": ["i-0123456789abcdef0"]}, REGION))
+    assert not outcome.ok and not outcome.retryable and outcome.detail.startswith("InvalidInstanceID.NotFound")
+
+
+@pytest.mark.parametrize(
+    "status, code, retryable",
+    [(503, "Unavailable", True), (400, "RequestLimitExceeded", True), (500, "InternalError", True),
+     (403, "UnauthorizedOperation", False), (400, "IncorrectInstanceState", False)],
+)  # fmt: skip
+def test_errors_are_classified(status, code, retryable):
+    server = Ec2Errors(status, code)
+    try:
+        outcome = StopInstance(endpoint_url=server.url, session=session()).execute(
+            Call(API, {"InstanceIds": ["i-0123456789abcdef0"]}, REGION))
+    finally:
+        server.close()
+    assert not outcome.ok and outcome.retryable is retryable and outcome.detail.startswith(code)
+
+
+def test_no_credentials_is_reported_not_retried(moto_url, monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    outcome = StopInstance(endpoint_url=moto_url).execute(Call(API, {"InstanceIds": ["i-0123456789abcdef0"]}, REGION))
+    assert not outcome.ok and not outcome.retryable and "no AWS credentials" in outcome.detail
+
+
+def test_a_request_that_is_not_a_stop_is_refused_before_any_call():
+    with pytest.raises(ValueError, match="not a StopInstances request"):
+        StopInstance().execute(Call(API, {"InstanceIds": ["i-0123456789abcdef0", "../../etc"]}, REGION))

@@ -1,0 +1,102 @@
+"""A rule's ``action`` and routing's ``approvers``: validated with the rules, file:line errors,
+a refused file keeps the old configuration, ``rules explain`` shows the action."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from detector.rules import RulesInvalid, explain, load_rules
+from streams.config import LiveConfig
+
+IDLE = """
+rules:
+  - name: idle-gpu
+    type: idle_gpu
+    params: {{for: 30m}}
+{action}
+"""
+
+
+def write(tmp_path: Path, action: str = "", routing: str = "", rule: str = IDLE) -> Path:
+    (tmp_path / "rules.yaml").write_text(textwrap.dedent(rule).format(action=action))
+    if routing:
+        (tmp_path / "routing.yaml").write_text(textwrap.dedent(routing))
+    return tmp_path
+
+
+def test_no_action_is_notify_only_and_an_action_has_safe_defaults(tmp_path):
+    ruleset = load_rules(write(tmp_path))
+    assert ruleset.action_for("idle-gpu").kind == "notify_only" and not ruleset.action_for("idle-gpu").acts
+    assert "action: notify_only" in explain(ruleset, "idle-gpu")
+    ruleset = load_rules(write(tmp_path, "    action: {kind: stop_instance, after: 2h}"))
+    spec = ruleset.action_for("idle-gpu")
+    assert (spec.kind, spec.after, spec.mode, spec.grace) == ("stop_instance", 7200.0, "dry_run", 3600.0)
+    shown = explain(load_rules(write(tmp_path, "    action: {kind: stop_instance, after: 2h, mode: auto_unless_objected, "
+                                               "grace: 30m}")), "idle-gpu")  # fmt: skip
+    assert "action:\n  kind: stop_instance\n  after: 2h\n  mode: auto_unless_objected\n  grace: 30m" in shown
+
+
+@pytest.mark.parametrize(
+    "action, where, message",
+    [
+        ("    action: {kind: delete_instance}", "rules.yaml:6 rules[0].action.kind", "Input should be"),
+        ("    action: {kind: stop_instance, mode: yolo}", "rules.yaml:6 rules[0].action.mode", "Input should be"),
+        ("    action: {kind: stop_instance, after: soon}", "rules.yaml:6 rules[0].action.after", "invalid duration"),
+        ("    action: {kind: stop_instance, credentials: AKIA}", "rules.yaml:6 rules[0].action.credentials", "unknown key"),
+    ],
+    ids=["kind", "mode", "after", "extra-key"],
+)
+def test_a_bad_action_is_refused_with_its_line(tmp_path, action, where, message):
+    with pytest.raises(RulesInvalid) as caught:
+        load_rules(write(tmp_path, action))
+    (error,) = caught.value.errors
+    assert str(error).startswith(str(tmp_path / where)) and message in error.message
+
+
+def test_a_kind_that_cannot_end_the_rules_incidents_is_refused(tmp_path):
+    rule = """
+    rules:
+      - name: bucket-growth
+        type: storage_growth
+        action:
+          kind: stop_instance
+          mode: approve
+    {action}
+    """
+    with pytest.raises(RulesInvalid) as caught:
+        load_rules(write(tmp_path, "", rule=rule))
+    (error,) = caught.value.errors
+    assert (error.line, error.path) == (6, "rules[0].action.kind")
+    assert "stop_instance cannot end a storage_growth incident" in error.message and "idle_gpu" in error.message
+
+
+def test_approvers_are_slack_ids_and_resolve_per_team(tmp_path):
+    routing = """
+    owner_tag: owner
+    users: {alice: U0ALICE1}
+    approvers:
+      default: [U0PLATFORM]
+      teams: {nlp: [U0NLPLEAD, S0NLPLEADS]}
+      owner: true
+    """
+    ruleset = load_rules(write(tmp_path, routing=routing))
+    assert ruleset.routing.approvers_for({"team": "nlp", "owner": "alice"}) == (["U0NLPLEAD", "S0NLPLEADS"], "U0ALICE1")
+    assert ruleset.routing.approvers_for({"team": "vision"}) == (["U0PLATFORM"], "")
+    bad = routing.replace("U0PLATFORM", "bob")
+    with pytest.raises(RulesInvalid) as caught:
+        load_rules(write(tmp_path, routing=bad))
+    (error,) = caught.value.errors
+    assert error.file.endswith("routing.yaml") and error.line == 5 and error.path == "approvers.default[0]"
+    assert "'bob' is not a Slack user id" in error.message
+
+
+def test_a_refused_edit_keeps_the_actions_in_force(tmp_path):
+    write(tmp_path, "    action: {kind: stop_instance, mode: approve}")
+    config = LiveConfig.load(tmp_path)
+    (tmp_path / "rules.yaml").write_text(IDLE.format(action="    action: {kind: stop_instance, mode: sometimes}"))
+    new, refused = config.reload()
+    assert new is None and refused is not None
+    assert config.current.ruleset.action_for("idle-gpu").mode == "approve"

@@ -1,0 +1,294 @@
+"""Actions end to end inside the worker's library: rules → policy → the audit table → EC2
+(boto3 against moto's server) → Slack (slack-sdk against the local server), with signed
+clicks through the same handler as ``/slack/actions``."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from detector.actions import ActionHandler, RequestVerifier
+from detector.alerts import Alert
+from detector.metrics import METRICS
+from detector.remediation.ec2 import StopInstance
+from detector.remediation.runner import ActionRunner
+from detector.rules import load_rules
+from detector.slack import SlackNotifier
+from detector.store import ActionStep
+from detector.testing import LocalSlack
+from tests import aws
+from tests.aws import Ec2Errors, run_instance, session, state
+from tests.test_actions import click_body, signed
+
+NOW = 1_800_000_000
+T0 = NOW - 4 * 3600
+APPROVER, STRANGER, GROUPIE = "U0NLPLEAD", "U0STRANGER", "U0GROUPIE"
+
+moto_url = aws.moto_url  # the fixture: moto's server on 127.0.0.1
+
+
+class Wall:
+    """The worker's wall clock, moved by the test."""
+
+    def __init__(self, t: float = NOW) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rules_dir(tmp_path: Path, mode: str, after: str = "2h") -> Path:
+    (tmp_path / "rules.yaml").write_text(textwrap.dedent(f"""
+        rules:
+          - name: idle-gpu
+            type: idle_gpu
+            action: {{kind: stop_instance, after: {after}, mode: {mode}, grace: 1h}}
+    """))  # fmt: skip
+    (tmp_path / "routing.yaml").write_text(textwrap.dedent(f"""
+        approvers:
+          default: [U0PLATFORM]
+          teams: {{nlp: [{APPROVER}, S0NLPLEADS]}}
+    """))  # fmt: skip
+    return tmp_path
+
+
+@pytest.fixture
+def slack():
+    with LocalSlack() as server:
+        server.usergroups["S0NLPLEADS"] = [GROUPIE]
+        yield server
+
+
+def incident(instance: str, lasted: float = 3 * 3600, change: str = "updated", **kw):
+    """An idle episode on ``instance`` that started at T0 and has lasted ``lasted`` (event time)."""
+    resolved = change == "resolved"
+    return Alert(
+        alert_id=kw.pop("alert_id", "a1"), type="idle_gpu", rule="idle-gpu", resource_id=instance,
+        status="resolved" if resolved else "firing", change=change, severity="warning", episode_start=T0,
+        fired_at=T0 + 1800, updated_at=T0 + lasted, resolved_at=T0 + lasted if resolved else None, waste_usd=98.31,
+        usd_per_hour=32.77, resource_type="gpu_instance", account="ml-prod", region="us-east-1",
+        instance_type="p4d.24xlarge", tags={"team": "nlp", "owner": "alice"}, **kw,
+    )  # fmt: skip
+
+
+def setup(store, slack, tmp_path, moto, mode: str, wall: Wall, **runner_kw):
+    ruleset = load_rules(rules_dir(tmp_path, mode))
+    notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+    executors = {"stop_instance": StopInstance(endpoint_url=moto, session=session())}
+    runner = ActionRunner(store, executors, lambda: ruleset, notifier, wall=wall, **runner_kw)
+    handler = ActionHandler(RequestVerifier("8f742231b10e8888abcd99yyyzzz85a5", clock=lambda: NOW), store, notifier,
+                            None, clock=wall, remediation=runner)  # fmt: skip
+    return runner, handler
+
+
+def click(handler, action_id: str, user: str, alert_id: str = "a1") -> int:
+    body = click_body(action_id, alert_id)
+    payload = json.loads(__import__("urllib.parse").parse.parse_qs(body.decode())["payload"][0])
+    payload["user"] = {"id": user, "username": user.lower()}
+    from urllib.parse import urlencode
+
+    body = urlencode({"payload": json.dumps(payload)}).encode()
+    return handler.handle(body, signed(body))[0]
+
+
+def posted(store, *alerts) -> None:
+    """Record alerts and their Slack messages, as the worker's pipeline and outbox do."""
+    store.alerts.record(list(alerts), version=1)
+    for a in alerts:
+        store.deliveries.record(a.alert_id, "fired", "C42", f"1700000000.{abs(hash(a.alert_id)) % 10**6:06d}")
+
+
+def steps(store, alert_id: str = "a1") -> list[tuple[str, str]]:
+    return [(r["step"], r["decided_by"]) for r in store.remediations.steps(alert_id)]
+
+
+def test_approve_a_click_by_an_approver_stops_the_instance(store, slack, tmp_path, moto_url):
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    store.alerts.record([incident(instance, lasted=1 * 3600)], version=1)
+    store.deliveries.record("a1", "fired", "C42", "1700000000.000001")  # the alert's message
+    assert runner.run_once() == 0  # an hour of the 2h `after`: not due yet
+    store.alerts.record([incident(instance)], version=2)
+    runner.run_once()
+    (proposal,) = slack.calls("chat.postMessage")
+    assert proposal.body["thread_ts"] == "1700000000.000001" and proposal.body["channel"] == "C42"
+    buttons = [e["action_id"] for b in proposal.blocks if b["type"] == "actions" for e in b["elements"]]
+    assert buttons == ["burnwatch_approve", "burnwatch_decline"]
+    assert f'ec2.StopInstances {{"InstanceIds": ["{instance}"]}}' in proposal.text_of_blocks()
+    wall.t += 600
+    runner.run_once()
+    assert state(moto_url, instance) == "running"  # nothing happens without a click
+
+    def counted(step: str) -> float:
+        return METRICS.registry.get_sample_value("burnwatch_actions_total", {"kind": "stop_instance", "step": step}) or 0.0
+
+    refused_before, done_before = counted("refused"), counted("succeeded")
+    assert click(handler, "burnwatch_approve", STRANGER) == 403  # not an approver: refused, recorded
+    runner.run_once()
+    assert state(moto_url, instance) == "running"
+    assert click(handler, "burnwatch_approve", APPROVER) == 200
+    runner.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped")
+    assert (counted("refused") - refused_before, counted("succeeded") - done_before) == (1, 1)
+    assert steps(store) == [("proposed", ""), ("announced", ""), ("refused", STRANGER), ("approved", APPROVER),
+                            ("begun", APPROVER), ("succeeded", APPROVER)]  # fmt: skip
+    rows = store.remediations.steps("a1")
+    refused = next(r for r in rows if r["step"] == "refused")
+    assert "not an approver" in refused["result"]
+    done = rows[-1]
+    assert (done["api"], json.loads(done["request"]), done["endpoint"], done["usd_per_hour"]) == (
+        "ec2.StopInstances", {"InstanceIds": [instance]}, "us-east-1", 32.77)
+    assert "stopping" in done["result"]
+    assert store.query(f"SELECT action, user_id FROM {store.db}.alert_actions") == [{"action": "approved", "user_id": APPROVER}]
+    final = slack.calls("chat.update")[-1]
+    assert "Done" in final.text_of_blocks() and not any(b["type"] == "actions" for b in final.blocks)
+
+    # Acting twice is impossible: another pass, a restarted runner, a second click.
+    taken = len(rows)
+    assert runner.run_once() == 0
+    restarted, handler2 = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    assert restarted.recover() == 0 and restarted.run_once() == 0
+    assert click(handler2, "burnwatch_approve", APPROVER) == 409
+    assert len(store.remediations.steps("a1")) == taken
+
+
+def test_a_member_of_an_approving_group_may_decline(store, slack, tmp_path, moto_url):
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    assert click(handler, "burnwatch_decline", GROUPIE) == 200  # S0NLPLEADS's member, as Slack says
+    runner.run_once()
+    assert state(moto_url, instance) == "running"
+    assert ("declined", GROUPIE) in steps(store) and not any(s == "begun" for s, _ in steps(store))
+    assert "Declined by" in slack.calls("chat.update")[-1].text_of_blocks()
+
+
+def test_dry_run_never_calls_the_api(store, slack, tmp_path, moto_url):
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "dry_run", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    wall.t += 7200
+    runner.run_once()
+    assert state(moto_url, instance) == "running"
+    assert steps(store) == [("proposed", ""), ("dry_run", "dry_run"), ("announced", "")]
+    assert f"would call ec2.StopInstances {{\"InstanceIds\": [\"{instance}\"]}}" in store.remediations.steps("a1")[1]["result"]
+    (message,) = slack.calls("chat.postMessage")
+    assert "Dry run" in message.text_of_blocks() and "Nothing was called" in message.text_of_blocks()
+    assert click(handler, "burnwatch_approve", APPROVER) == 409  # nothing to approve in a dry run
+
+
+def test_auto_unless_objected_acts_after_the_grace_on_the_wall_clock(store, slack, tmp_path, moto_url):
+    instance, wall = run_instance(moto_url), Wall()
+    runner, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    store.alerts.record([incident(instance)], version=1)
+    runner.run_once()  # proposed; the alert is not in Slack yet, so neither is the warning
+    wall.t += 7200
+    runner.run_once()
+    assert slack.calls() == [] and state(moto_url, instance) == "running"  # never acts before the warning
+    posted(store, incident(instance))
+    runner.run_once()
+    (announcement,) = slack.calls("chat.postMessage")
+    assert "unless this incident is snoozed or declined" in announcement.text_of_blocks()
+    wall.t += 3599
+    runner.run_once()
+    assert state(moto_url, instance) == "running"
+    wall.t += 1
+    runner.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped")
+    assert ("approved", "auto") in steps(store) and steps(store)[-1] == ("succeeded", "auto")
+
+
+def test_auto_unless_objected_a_snooze_cancels(store, slack, tmp_path, moto_url):
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    body = click_body("burnwatch_snooze")
+    assert handler.handle(body, signed(body))[0] == 200  # anyone may snooze (it only holds back)
+    wall.t += 3600
+    runner.run_once()
+    assert state(moto_url, instance) == "running"
+    assert ("cancelled", "snoozed") in steps(store) and not any(s == "begun" for s, _ in steps(store))
+
+
+def test_a_resolved_incident_cancels_a_pending_action(store, slack, tmp_path, moto_url):
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    store.alerts.record([incident(instance, lasted=4 * 3600, change="resolved")], version=2)
+    runner.run_once()
+    assert ("cancelled", "resolved") in steps(store)
+    assert click(handler, "burnwatch_approve", APPROVER) == 409
+    runner.run_once()
+    assert state(moto_url, instance) == "running"
+
+
+def test_a_replay_of_past_events_is_never_acted_on(store, slack, tmp_path, moto_url):
+    instance, wall = run_instance(moto_url), Wall(NOW + 30 * 86_400)  # the events are a month old
+    runner, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    posted(store, incident(instance))
+    assert runner.run_once() == 0 and steps(store) == [] and slack.calls() == []
+
+
+def test_a_call_begun_by_a_worker_that_died_is_checked_not_repeated(store, slack, tmp_path, moto_url):
+    """The worker died after marking the call begun: on restart, the API is asked. An instance
+    found stopped is recorded as done; one still running is reported, not stopped blindly."""
+    wall = Wall()
+    for alert_id, stopped in (("a1", True), ("a2", False)):
+        instance = run_instance(moto_url)
+        posted(store, incident(instance, alert_id=alert_id))
+        common = dict(alert_id=alert_id, kind="stop_instance", mode="approve", rule="idle-gpu", resource_id=instance,
+                      api="ec2.StopInstances", request=json.dumps({"InstanceIds": [instance]}), endpoint="us-east-1")
+        store.remediations.record([ActionStep(step="proposed", at=NOW - 60, usd_per_hour=32.77, **common),
+                                   ActionStep(step="approved", at=NOW - 30, decided_by=APPROVER, **common),
+                                   ActionStep(step="begun", at=NOW - 29, attempt=1, **common)])  # fmt: skip
+        if stopped:  # the call had landed before the worker died
+            session().client("ec2", endpoint_url=moto_url).stop_instances(InstanceIds=[instance])
+        else:
+            running = instance
+    runner, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    assert runner.recover() == 0
+    assert steps(store, "a1")[-2][0] == "succeeded" and "after a restart" in store.remediations.steps("a1")[-2]["result"]
+    assert steps(store, "a2")[-2] == ("interrupted", "worker")
+    runner.run_once()
+    assert state(moto_url, running) == "running"
+
+
+def test_a_retryable_failure_is_retried_with_backoff_then_reported(store, slack, tmp_path):
+    server, wall = Ec2Errors(503, "Unavailable"), Wall()
+    try:
+        runner, _ = setup(store, slack, tmp_path, server.url, "auto_unless_objected", wall, max_attempts=2, backoff_s=60)
+        posted(store, incident("i-0123456789abcdef0"))
+        runner.run_once()
+        wall.t += 3600
+        runner.run_once()
+        assert steps(store)[-2][0] == "retry" or steps(store)[-1][0] == "retry"
+        calls = server.requests
+        wall.t += 59
+        runner.run_once()
+        assert server.requests == calls  # not before its backoff
+        wall.t += 1
+        runner.run_once()
+        assert server.requests > calls
+    finally:
+        server.close()
+    rows = store.remediations.steps("a1")
+    final = [r for r in rows if r["step"] != "announced"][-1]
+    assert (final["step"], final["attempt"]) == ("gave_up", 2) and final["result"].startswith("Unavailable")
+    assert "Could not stop" in slack.calls("chat.update")[-1].text_of_blocks()
+
+
+def test_a_worker_told_to_stop_acting_starts_no_pass(store, slack, tmp_path, moto_url):
+    """Partition 0 moved to another worker (the handover resets the runner and clears the
+    flag the pass asks under its lock): this one proposes and does nothing more."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    posted(store, incident(instance))
+    assert runner.run_once(lambda: False) == 0 and steps(store) == []
+    assert runner.run_once(lambda: True) > 0 and steps(store)[0] == ("proposed", "")
