@@ -237,9 +237,9 @@ FROM (SELECT alert_id, type, rule, severity, resource_id, resource_type, account
       FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
       ORDER BY {_ORDER} LIMIT {{limit:UInt32}}) AS a
 LEFT JOIN (SELECT alert_id, minIfOrNull(at, action = 'acknowledged') AS acked_at,
-                  argMinIf(user_name, at, action = 'acknowledged') AS acked_by,
+                  argMinIf(if(user_name != '', user_name, user_id), at, action = 'acknowledged') AS acked_by,
                   maxIfOrNull(until, action = 'snoozed') AS snoozed_until,
-                  argMaxIf(user_name, until, action = 'snoozed') AS snoozed_by,
+                  argMaxIf(if(user_name != '', user_name, user_id), until, action = 'snoozed') AS snoozed_by,
                   max(action = 'expected') AS expected
            FROM {{db:Identifier}}.alert_actions GROUP BY alert_id) AS x ON a.alert_id = x.alert_id
 LEFT JOIN (SELECT alert_id, argMax(channel, delivered_at) AS channel, argMax(message_ts, delivered_at) AS message_ts

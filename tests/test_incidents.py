@@ -40,8 +40,8 @@ def alert(alert_id: str, usd_per_hour: float, *, usd: float = 10.0, team: str = 
     )  # fmt: skip
 
 
-def click(alert_id: str, action: str, user: str = "bob") -> Click:
-    return Click(alert_id=alert_id, action=action, user_id="U1", user_name=user, channel="C1", message_ts="1.2")
+def click(alert_id: str, action: str, user: str = "bob", user_id: str = "U1") -> Click:
+    return Click(alert_id=alert_id, action=action, user_id=user_id, user_name=user, channel="C1", message_ts="1.2")
 
 
 def ids(listed) -> list[str]:
@@ -62,6 +62,15 @@ def test_states_come_from_the_alert_and_the_clicks(store):
     assert listed["ack"].acknowledged_by == "bob" and listed["ack"].acknowledged_at == pytest.approx(NOW - 60)
     assert listed["snz"].snoozed_by == "eve" and listed["snz"].snoozed_until == pytest.approx(NOW + 3600)
     assert listed["fire"].acknowledged_at is None and listed["fire"].snoozed_until is None
+
+
+def test_a_click_without_a_user_name_is_shown_by_its_user_id(store):
+    """Slack's payload may carry only the user's id (as the worker's log and the snooze notice show it)."""
+    store.alerts.record([alert("ack", 1), alert("snz", 1)], version=1)
+    store.actions.record(click("ack", "acknowledged", "", "U0ACK"), at=NOW - 60)
+    store.actions.record(click("snz", "snoozed", "", "U0SNZ"), at=NOW - 60, until=NOW + 3600)
+    listed = {i.alert_id: i for i in list_incidents(store, IncidentFilter(), NOW).incidents}
+    assert (listed["ack"].acknowledged_by, listed["snz"].snoozed_by) == ("U0ACK", "U0SNZ")
 
 
 def test_open_ones_first_by_dollars_per_hour_then_the_latest_resolved(store):
