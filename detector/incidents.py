@@ -252,9 +252,9 @@ FROM (SELECT alert_id, type, rule, severity, resource_id, resource_type, account
       FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
       ORDER BY {_ORDER} LIMIT {{limit:UInt32}}) AS a
 LEFT JOIN (SELECT alert_id, minIfOrNull(at, action = 'acknowledged') AS acked_at,
-                  argMinIf(user_name, at, action = 'acknowledged') AS acked_by,
+                  argMinIf(if(user_name != '', user_name, user_id), at, action = 'acknowledged') AS acked_by,
                   maxIfOrNull(until, action = 'snoozed') AS snoozed_until,
-                  argMaxIf(user_name, until, action = 'snoozed') AS snoozed_by,
+                  argMaxIf(if(user_name != '', user_name, user_id), until, action = 'snoozed') AS snoozed_by,
                   max(action = 'expected') AS expected
            FROM {{db:Identifier}}.alert_actions GROUP BY alert_id) AS x ON a.alert_id = x.alert_id
 LEFT JOIN (SELECT alert_id, argMax(channel, delivered_at) AS channel, argMax(message_ts, delivered_at) AS message_ts
@@ -300,11 +300,14 @@ def _incident(row: dict[str, Any], now: float) -> Incident:
 
 def list_incidents(conn: Connection, flt: IncidentFilter, now: float) -> IncidentList:
     """The incidents ``flt`` asks for, their states judged at wall time ``now``. Two small
-    queries on the connection (each takes its lock, so a worker's web thread may call this
-    while its pipeline writes)."""
+    queries made under the connection's lock together, so a worker's web thread may call this
+    while its pipeline writes: no write of this process lands between the rows and the totals
+    (which would show 3 rows under "showing all 2", or "3 of 4" with nothing more to show)."""
     params = {"db": conn.db, "open_only": flt.open_only, "team": flt.team or "", "limit": flt.limit}
-    rows = conn.query(_ROWS, params)
-    counts = conn.query(_COUNT, params)[0]
+    with conn.lock:
+        found, totals = conn.client.query(_ROWS, parameters=params), conn.client.query(_COUNT, parameters=params)
+    rows = [dict(zip(found.column_names, row, strict=True)) for row in found.result_rows]
+    counts = dict(zip(totals.column_names, totals.result_rows[0], strict=True))
     return IncidentList(
         incidents=[_incident(r, now) for r in rows], total=int(counts["total"]), open_total=int(counts["open_total"]),
         open_usd_per_hour=float(counts["open_usd_per_hour"] or 0.0), filter=flt, as_of=now,

@@ -962,7 +962,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
-    from detector.incidents import IncidentFilter, InvalidFilter, format_table, list_incidents, summary
+    from detector.incidents import DEFAULT_LIMIT, IncidentFilter, InvalidFilter, format_table, list_incidents, summary
     from detector.store import StoreBusy
 
     try:
@@ -973,8 +973,13 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     try:
         store = _open_store(settings)
     except StoreBusy as exc:
+        from urllib.parse import urlencode
+
         host = settings.web_host if settings.web_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-        query = "?open=1" if args.open else ""
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+        asked = {**({"open": "1"} if args.open else {}), **({"team": flt.team} if flt.team else {}),
+                 **({"limit": str(flt.limit)} if args.limit != DEFAULT_LIMIT else {})}  # fmt: skip
+        query = f"?{urlencode(asked)}" if asked else ""
         raise StoreBusy(f"{exc}. A running worker serves this list itself: curl "
                         f"'http://{host}:{settings.web_port}/api/incidents{query}' (JSON), or open "
                         f"http://{host}:{settings.web_port}/incidents (BURNWATCH_WEB_PORT)") from None  # fmt: skip

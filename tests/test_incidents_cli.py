@@ -104,6 +104,12 @@ def test_a_store_held_by_the_worker_points_at_the_workers_endpoint(seeded):
         assert f"is held by another process (pid {holder.pid}" in out.stderr
         assert "curl 'http://127.0.0.1:7077/api/incidents?open=1'" in out.stderr
         assert "http://127.0.0.1:7077/incidents" in out.stderr
+        # the same question of the worker (team quoted), at an IPv6 address written as a URL takes it
+        out = burnwatch("incidents", "--team", "r&d", "--limit", "5",
+                        env={**seeded, "BURNWATCH_WEB_PORT": "7077", "BURNWATCH_WEB_HOST": "::1"})  # fmt: skip
+        assert out.returncode == EXIT_UNAVAILABLE
+        assert "curl 'http://[::1]:7077/api/incidents?team=r%26d&limit=5'" in out.stderr, out.stderr
+        assert "http://[::1]:7077/incidents (" in out.stderr
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)

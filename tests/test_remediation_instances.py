@@ -357,6 +357,9 @@ def test_azure_plan_refuses_hostile_or_other_ids(resource_id, reason):
 def test_azure_endpoint_must_be_https():
     with pytest.raises(ValueError, match="not https"):
         az.DeallocateAzureVm(endpoint="http://management.azure.com")
+    with pytest.raises(ValueError, match="user or password") as caught:  # recorded with every call: never
+        az.DeallocateAzureVm(endpoint="https://admin:s3cret-pw@management.azure.com")
+    assert "s3cret-pw" not in str(caught.value)
 
 
 # --- Azure: execute -------------------------------------------------------------------------
@@ -474,6 +477,17 @@ def test_azure_without_credentials_says_so(azure_api, monkeypatch):
     outcome = ex.execute(ex.plan(Target(VM_ID)))
     assert (outcome.ok, outcome.retryable) == (False, False)
     assert outcome.detail.startswith("no Azure credentials") and "EnvironmentCredential" in outcome.detail
+    assert api.received == []
+
+
+def test_azure_credential_settings_that_are_refused_are_an_outcome_not_an_exception(azure_api, monkeypatch):
+    """DefaultAzureCredential() itself raises ValueError on a bad AZURE_TOKEN_CREDENTIALS: execute never raises."""
+    api, url = azure_api
+    monkeypatch.setenv("AZURE_TOKEN_CREDENTIALS", "no-such-credential")
+    ex = az.DeallocateAzureVm(endpoint=url)
+    outcome = ex.execute(ex.plan(Target(VM_ID)))
+    assert (outcome.ok, outcome.retryable) == (False, False)
+    assert "setting up Azure credentials" in outcome.detail and "AZURE_TOKEN_CREDENTIALS" in outcome.detail, outcome.detail
     assert api.received == []
 
 

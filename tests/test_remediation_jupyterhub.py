@@ -200,6 +200,22 @@ def test_no_token_in_the_environment_makes_no_call(hub, monkeypatch):
     assert hub.running("fay")[""]["ready"]
 
 
+def test_a_token_ending_in_a_newline_works_and_one_with_control_characters_is_refused_unshown(hub, monkeypatch):
+    """A Kubernetes Secret made from a file often ends in a newline; a CR/LF inside would make
+    http.client raise ValueError with the header, token included, in its message."""
+    hub.start("hal")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", CULLER + "\n")
+    culler = JupyterHubCuller(api_url=hub.api)
+    outcome = culler.execute(culler.plan(z2jh("hal")))
+    assert outcome.ok, outcome.detail
+    hub.start("hal")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", CULLER + "\r\nX-Injected: 1")
+    outcome = culler.execute(culler.plan(z2jh("hal")))
+    assert (outcome.ok, outcome.retryable) == (False, False) and "JUPYTERHUB_API_TOKEN" in outcome.detail
+    assert CULLER not in outcome.detail and "X-Injected" not in outcome.detail
+    assert hub.running("hal")[""]["ready"]  # nothing stopped
+
+
 def test_a_hub_that_is_down_is_a_retryable_failure(monkeypatch):
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", CULLER)
     culler = JupyterHubCuller(api_url=f"http://127.0.0.1:{free_port()}/hub/api")
@@ -228,3 +244,11 @@ def test_the_api_url_defaults_to_the_environment_as_the_hub_gives_it_to_services
         JupyterHubCuller().plan(z2jh("alice"))
     with pytest.raises(ValueError, match="not http"):
         JupyterHubCuller(api_url="file:///etc/passwd")
+
+
+def test_an_api_url_with_a_password_is_refused_without_quoting_it(monkeypatch):
+    """The URL becomes every call's endpoint, which the audit table records and dry-run shows."""
+    monkeypatch.setenv("JUPYTERHUB_API_URL", "http://burnwatch:s3cret-pw@hub:8081/hub/api")
+    with pytest.raises(ValueError, match="user or password") as caught:
+        JupyterHubCuller()
+    assert "s3cret-pw" not in str(caught.value)

@@ -100,6 +100,8 @@ class DeallocateAzureVm:
         first call is); ``wait_s``: how long to wait for the deallocation to finish (0: not at all);
         ``polling_interval_s``: between polls when the server sends no ``Retry-After``."""
         self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
+        if "@" in urlsplit(self.endpoint).netloc:  # the endpoint is recorded with every call, and quoted below
+            raise ValueError("Azure Resource Manager endpoint has a user or password in it: the credential is the token")
         if urlsplit(self.endpoint).scheme != "https":
             raise ValueError(f"Azure Resource Manager endpoint {self.endpoint!r} is not https (a bearer token goes there)")
         self._credential = credential
@@ -155,6 +157,8 @@ class DeallocateAzureVm:
             vms = self._client(subscription).virtual_machines
         except ImportError:
             return Outcome(ok=False, detail=NOT_INSTALLED)
+        except Exception as exc:  # DefaultAzureCredential refusing its settings (a bad AZURE_TOKEN_CREDENTIALS)
+            return _failure(exc, f"deallocating {where}: setting up Azure credentials")
         try:
             poller = vms.begin_deallocate(group, name, polling=self.wait_s > 0, polling_interval=self.polling_interval_s,
                                           raw_response_hook=first_response)  # fmt: skip

@@ -50,6 +50,9 @@ def plausible_username(value: object) -> bool:
 
 def _api_url(value: str) -> str:
     parts = urlsplit(value)
+    if "@" in parts.netloc:  # checked first: the error must not quote the password either
+        raise ValueError("JupyterHub API URL has a user or password in it: the hub's credential is the token "
+                         "(JUPYTERHUB_API_TOKEN), and the URL is recorded with every call")  # fmt: skip
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise ValueError(f"JupyterHub API URL {value!r} is not http(s)://host[:port]/path (e.g. http://hub:8081/hub/api)")
     return value.rstrip("/")
@@ -111,9 +114,13 @@ class JupyterHubCuller:
         if not plausible_username(user) or not isinstance(server, str) or (server and not plausible_username(server)):
             return Outcome(ok=False, detail=f"refused: {shown(user)}/{shown(server)} is not a plausible user/server name")
         assert isinstance(user, str) and isinstance(server, str)
-        token = os.environ.get(self.token_env, "")
+        # a Secret made from a file often ends in a newline: dropped. Anything else not printable would make
+        # http.client raise ValueError quoting the header, token included: refused here, never shown.
+        token = os.environ.get(self.token_env, "").strip()
         if not token:
             return Outcome(ok=False, detail=f"no JupyterHub token: set {self.token_env}")
+        if not token.isprintable() or any(c.isspace() for c in token):
+            return Outcome(ok=False, detail=f"{self.token_env} holds spaces or control characters: not a token (not shown)")
         if not self.api_url:
             return Outcome(ok=False, detail="no JupyterHub to call: set JUPYTERHUB_API_URL")
         if call.endpoint and call.endpoint != self.api_url:  # the token goes only to the configured hub
