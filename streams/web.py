@@ -89,6 +89,10 @@ class IncidentViews:
     checked first (:meth:`IncidentFilter.from_query`): a bad one is a 400 saying what is wrong,
     and a store that cannot answer is a 503, never a traceback.
 
+    One query at a time: the store's lock has no fairness, so a loop of requests from anything
+    that reaches the port could starve the pipeline's writes; a request while one is running
+    is answered 429 with ``Retry-After: 1``.
+
     ``decisions`` and ``user_header`` (``BURNWATCH_WEB_USER_HEADER``) together let the person
     the proxy names decide actions from the page; without either, it is read-only and
     :meth:`decide` refuses every POST (403)."""
@@ -102,6 +106,20 @@ class IncidentViews:
         self.decisions = decisions
         self.user_header = user_header
         self.origin = origin
+        self._querying = False
+        """A query is in flight (the handlers all run on the web server's one event loop)."""
+
+    def _busy(self, as_json: bool) -> web.Response | None:
+        """The 429 for a request that comes while a query runs; None: go ahead (and mark busy)."""
+        if self._querying:
+            if as_json:
+                return web.json_response({"error": "another incidents query is running; retry in a second"},
+                                         status=429, headers={**_JSON_HEADERS, "Retry-After": "1"})  # fmt: skip
+            response = _html(render_error(429, "Another incidents query is running; reload in a second."), 429)
+            response.headers["Retry-After"] = "1"
+            return response
+        self._querying = True
+        return None
 
     async def _list(self, flt: IncidentFilter) -> Any:
         loop = asyncio.get_running_loop()
@@ -117,11 +135,16 @@ class IncidentViews:
             flt = IncidentFilter.from_query(_query(request))
         except InvalidFilter as exc:
             return web.json_response({"error": str(exc)}, status=400, headers=_JSON_HEADERS)
+        busy = self._busy(as_json=True)
+        if busy is not None:
+            return busy
         try:
             listed = await self._list(flt)
         except Exception as exc:  # noqa: BLE001 - the store down or refusing: say so, keep serving
             log.warning("incidents_unavailable", error=one_line(exc))
             return web.json_response({"error": "the store did not answer; try again"}, status=503, headers=_JSON_HEADERS)
+        finally:
+            self._querying = False
         return web.json_response(listed.to_json(self.slack_workspace_url), headers=_JSON_HEADERS)
 
     async def page(self, request: web.Request) -> web.Response:
@@ -130,12 +153,17 @@ class IncidentViews:
             flt = IncidentFilter.from_query(_query(request), allowed=("team", "limit"), open_only=True)
         except InvalidFilter as exc:
             return _html(render_error(400, str(exc)), 400)
+        busy = self._busy(as_json=False)
+        if busy is not None:
+            return busy
         try:
             loop = asyncio.get_running_loop()
             listed, actions = await loop.run_in_executor(None, self._listed_with_actions, flt)
         except Exception as exc:  # noqa: BLE001 - as in api()
             log.warning("incidents_unavailable", error=one_line(exc))
             return _html(render_error(503, "The store did not answer; try again."), 503)
+        finally:
+            self._querying = False
         user = identity(request.headers, self.user_header)
         token = self.decisions.tokens.issue(user) if user is not None and self.decisions is not None else None
         return _html(render_page(listed, self.slack_workspace_url, actions, user=user, token=token), 200)

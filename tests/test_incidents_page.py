@@ -9,6 +9,7 @@ worker."""
 from __future__ import annotations
 
 import asyncio
+import time
 import json
 import threading
 import urllib.error
@@ -151,6 +152,29 @@ def test_a_store_that_does_not_answer_is_a_503_not_a_traceback(chdb_client):
         assert status == 503 and b"The store did not answer" in body and b"Traceback" not in body
     finally:
         server.close()
+
+
+def test_one_query_at_a_time_a_second_request_meanwhile_is_told_to_retry(store, served):
+    """The store's lock has no fairness: requests arriving while a query runs are answered 429
+    (JSON and page), so a loop of them cannot starve the pipeline's writes; once it ends, 200."""
+    store.alerts.record([alert("a", 98.0)], version=1)
+    conn = getattr(store, "conn", store)
+    result: dict[str, int] = {}
+    with conn.lock:  # the pipeline writing: the first request's query waits on the lock
+        first = threading.Thread(target=lambda: result.update(status=served.get("/api/incidents")[0]))
+        first.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the first request holds the single slot
+            status, headers, body = served.get("/api/incidents")
+            if status == 429:
+                break
+            time.sleep(0.05)
+        assert status == 429 and headers["Retry-After"] == "1" and b"retry" in body
+        status, headers, body = served.get("/incidents")
+        assert status == 429 and headers["Retry-After"] == "1" and b"Traceback" not in body
+    first.join(timeout=30)
+    assert result == {"status": 200}
+    assert served.get("/api/incidents")[0] == 200
 
 
 # -- the page, in Chromium -------------------------------------------------------------------------
