@@ -356,7 +356,10 @@ def test_a_decision_taken_by_a_worker_that_does_not_act_is_carried_out_once(stor
     assert steps(store) == [("proposed", ""), ("announced", "")]
     updates = len(slack.calls("chat.update"))
     assert click(elsewhere, "burnwatch_approve", STRANGER) == 403  # permissions checked there too
-    assert click(elsewhere, "burnwatch_approve", APPROVER) == 200
+    assert click(elsewhere, "burnwatch_approve", APPROVER, response_url=slack.response_url) == 200
+    assert slack.wait_for(lambda r: any(p.method == "response_url" for p in r), timeout=10)
+    (told,) = slack.calls("response_url")  # the clicker is told it is recorded, only them
+    assert told.body["response_type"] == "ephemeral" and "Approved: recorded" in told.body["text"]
     assert click(elsewhere, "burnwatch_decline", GROUPIE) == 409  # the stored state, not memory
     assert len(slack.calls("chat.update")) == updates  # the acting worker owns the message
     assert state(moto_url, instance) == "running"

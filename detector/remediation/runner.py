@@ -84,6 +84,12 @@ class ActionRunner:
         self.wake = threading.Event()
         """Set by a decision: the worker's timer runs a pass without waiting for its interval."""
 
+    @property
+    def acting(self) -> bool:
+        """Whether this worker runs the passes (holds partition 0); elsewhere a decision is
+        only recorded, and the acting worker carries it out."""
+        return self._acting
+
     # -- recovery ---------------------------------------------------------------------
 
     def recover(self) -> int:
