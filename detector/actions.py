@@ -228,6 +228,9 @@ class ActionHandler:
             return status, {"error": what}
         self.store.actions.record(click, at=self._clock())
         log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
+        if not getattr(self.remediation, "acting", True):  # the message is updated by the worker that acts
+            self._answer(click, f":white_check_mark: {what.capitalize()}: recorded. The worker that carries out "
+                                "actions takes it at its next pass; this message shows it then.")  # fmt: skip
         return 200, {"ok": True, "action": click.action, "alert_id": click.alert_id}
 
     def _answer(self, click: Click, text: str) -> None:

@@ -344,3 +344,71 @@ def test_a_message_posted_before_a_kill_is_found_not_posted_again(store, slack, 
     assert json.loads(announced["result"])["ts"] == proposal.response["ts"]
     (update,) = slack.calls("chat.update")
     assert update.body["ts"] == proposal.response["ts"] and "Proposed" in update.text_of_blocks()
+
+
+def test_a_decision_taken_by_a_worker_that_does_not_act_is_carried_out_once(store, slack, tmp_path, moto_url):
+    """Several workers: only the one holding partition 0 runs passes; a click may reach another."""
+    instance, wall = run_instance(moto_url), Wall()
+    acting, here = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    _, elsewhere = setup(store, slack, tmp_path, moto_url, "approve", wall)  # its runner never runs a pass
+    posted(store, incident(instance))
+    acting.run_once()
+    assert steps(store) == [("proposed", ""), ("announced", "")]
+    updates = len(slack.calls("chat.update"))
+    assert click(elsewhere, "burnwatch_approve", STRANGER) == 403  # permissions checked there too
+    assert click(elsewhere, "burnwatch_approve", APPROVER, response_url=slack.response_url) == 200
+    assert slack.wait_for(lambda r: any(p.method == "response_url" for p in r), timeout=10)
+    (told,) = slack.calls("response_url")  # the clicker is told it is recorded, only them
+    assert told.body["response_type"] == "ephemeral" and "Approved: recorded" in told.body["text"]
+    assert click(elsewhere, "burnwatch_decline", GROUPIE) == 409  # the stored state, not memory
+    assert len(slack.calls("chat.update")) == updates  # the acting worker owns the message
+    assert state(moto_url, instance) == "running"
+    acting.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped")
+    assert steps(store) == [("proposed", ""), ("announced", ""), ("refused", STRANGER), ("approved", APPROVER),
+                            ("begun", APPROVER), ("succeeded", APPROVER)]  # fmt: skip
+    assert "Done" in slack.calls("chat.update")[-1].text_of_blocks()
+    taken = len(store.remediations.steps("a1"))
+    assert acting.run_once() == 0 and click(here, "burnwatch_approve", APPROVER) == 409
+    assert len(store.remediations.steps("a1")) == taken
+
+
+def test_a_decline_taken_by_a_worker_that_does_not_act_stops_an_automatic_action(store, slack, tmp_path, moto_url):
+    instance, wall = run_instance(moto_url), Wall()
+    acting, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    _, elsewhere = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    posted(store, incident(instance))
+    acting.run_once()
+    wall.t += 1800  # half the grace
+    acting.run_once()
+    assert click(elsewhere, "burnwatch_decline", GROUPIE) == 200
+    wall.t += 1800
+    acting.run_once()
+    wall.t += 3600
+    acting.run_once()
+    assert state(moto_url, instance) == "running"
+    assert ("declined", GROUPIE) in steps(store) and not any(s in ("approved", "begun") for s, _ in steps(store))
+    assert "Declined by" in slack.calls("chat.update")[-1].text_of_blocks()
+
+
+def test_an_objection_stored_just_before_the_grace_ends_is_read_before_acting(store, slack, tmp_path, moto_url):
+    """The decline lands after the pass began (its first read) but before the due check."""
+    instance, wall = run_instance(moto_url), Wall()
+    acting, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    _, elsewhere = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    posted(store, incident(instance))
+    acting.run_once()
+    wall.t += 3600
+    first_read = acting._take_decisions
+
+    def then_a_click(now: float, keys: list[str] | None = None) -> int:
+        if keys is None:  # the pass's first read: the click comes right after it
+            taken = first_read(now, keys)
+            assert click(elsewhere, "burnwatch_decline", GROUPIE) == 200
+            return taken
+        return first_read(now, keys)
+
+    acting._take_decisions = then_a_click  # type: ignore[method-assign]
+    acting.run_once()
+    assert state(moto_url, instance) == "running"
+    assert ("declined", GROUPIE) in steps(store) and not any(s in ("approved", "begun") for s, _ in steps(store))

@@ -12,6 +12,13 @@ is stored in ``remediation_actions`` before what it announces is done: a call is
 An incident whose latest event time is older than ``fresh_s`` on the wall clock is never
 acted on: that is a replay of past events or a backlog, not waste happening now
 (``burnwatch backtest`` runs no worker at all, so it never acts).
+
+With several workers, a decision (a Slack click, the incidents page) may reach a worker that
+does not act. :meth:`ActionRunner.decide` checks it against the stored steps, not memory, and
+only records it there; the acting worker reads, each pass, the decisions stored for the
+actions it holds pending (:meth:`ActionRunner._take_decisions`), and once more just before an
+automatic action is carried out, so an objection recorded anywhere before the grace ends
+stops it.
 """
 
 from __future__ import annotations
@@ -69,11 +76,19 @@ class ActionRunner:
         """Actions whose message may be in Slack unrecorded (a post that failed or timed out, or
         one a killed worker made before storing ``announced``): looked for before posting."""
         self._recovered = False
+        self._acting = False
+        """A pass ran here since the last :meth:`reset`: this worker holds the actions in memory."""
         self._stale_logged: set[str] = set()
         self._count = 0
         """Steps taken since start."""
         self.wake = threading.Event()
         """Set by a decision: the worker's timer runs a pass without waiting for its interval."""
+
+    @property
+    def acting(self) -> bool:
+        """Whether this worker runs the passes (holds partition 0); elsewhere a decision is
+        only recorded, and the acting worker carries it out."""
+        return self._acting
 
     # -- recovery ---------------------------------------------------------------------
 
@@ -95,6 +110,7 @@ class ActionRunner:
         with self._lock:
             self._actions.clear()
             self._recovered = False
+            self._acting = False
 
     def _resume_begun(self, action: Action) -> None:
         executor = self.executors.get(action.kind)
@@ -118,9 +134,11 @@ class ActionRunner:
         with self._lock:
             if allowed is not None and not allowed():
                 return 0
+            self._acting = True
             if not self._recovered:
                 self.recover()
             before = self._count
+            self._take_decisions(self._wall())
             ruleset = self.ruleset()
             specs = {r.detector.name: r.source.action for r in ruleset.rules
                      if r.source is not None and r.source.action.acts}  # fmt: skip
@@ -163,7 +181,8 @@ class ActionRunner:
                             self._step(action, "cancelled", now, decided_by="snoozed", result=snoozed[alert.alert_id].reason)
                             self._show(action, now)
                         elif action.due_at is not None and now >= action.due_at and (
-                                self.notifier is None or action.message is not None):  # never before the warning
+                                self.notifier is None or action.message is not None  # never before the warning
+                        ) and not self._take_decisions(now, [action.key]):  # an objection just stored elsewhere
                             self._step(action, "approved", now, decided_by="auto")
                     if action.state == "approved" or (action.state == "retry" and now >= (action.due_at or 0.0)):
                         self._execute(action, now)
@@ -171,6 +190,25 @@ class ActionRunner:
                 if key in self._actions:
                     self._announce(self._actions[key], now)
             return self._count - before
+
+    def _take_decisions(self, now: float, keys: list[str] | None = None) -> int:
+        """Take in the decisions another worker stored for actions held here pending (one
+        query, bounded by their keys and proposal times); returns how many were taken. The
+        first decision stored wins, as :meth:`decide` refuses any after it."""
+        pending = {k: a for k, a in self._actions.items() if a.awaits_decision and (keys is None or k in keys)}
+        if not pending:
+            return 0
+        since = min(a.proposed_at for a in pending.values()) - _SKEW_S
+        taken = 0
+        for row in self.store.remediations.decisions(sorted(pending), since):
+            action = pending.get(row["action_key"])
+            if action is None or not action.awaits_decision:
+                continue  # decided already (a later decision changes nothing)
+            action.apply(row)
+            taken += 1
+            log.info("action_decided_elsewhere", action=action.key, step=row["step"], user=row["decided_by"])
+            self._show(action, now)
+        return taken
 
     def _maybe_propose(self, alert: Alert, spec: ActionSpec, now: float) -> None:
         lasted = alert.updated_at - alert.episode_start
@@ -208,11 +246,18 @@ class ActionRunner:
     def decide(self, alert_id: str, user_id: str, approve: bool, tags: dict[str, str]) -> tuple[int, str]:
         """An Approve or Decline click by ``user_id`` on ``alert_id``'s action: (HTTP status,
         what happened). Anyone not an approver for the resource's team is refused (403),
-        and the refusal recorded."""
+        and the refusal recorded. Checked against the stored steps, not memory: the click may
+        reach a worker that does not act (then it is only recorded, and the acting worker
+        takes it at its next pass) or follow a decision another worker recorded (409)."""
         with self._lock:
-            if not self._recovered:
-                self.recover()
-            waiting = [a for a in self._actions.values() if a.alert_id == alert_id and a.awaits_decision]
+            stored = Action.from_steps(self.store.remediations.steps(alert_id))
+            held = self._acting and self._recovered
+            if held:  # the acting worker: its memory takes in what others stored meanwhile
+                for key, action in stored.items():
+                    if not action.awaits_decision and key in self._actions and self._actions[key].awaits_decision:
+                        self._actions[key] = action
+                stored = {k: self._actions.setdefault(k, a) for k, a in stored.items()}
+            waiting = [a for a in stored.values() if a.awaits_decision]
             if not waiting:
                 return 409, f"no action on alert {alert_id} awaits a decision"
             members = getattr(self.notifier, "group_members", None)
@@ -224,8 +269,9 @@ class ActionRunner:
                     log.warning("action_click_refused", action=action.key, user=user_id, reason=why)
                     continue
                 self._step(action, "approved" if approve else "declined", now, decided_by=user_id)
-                log.info("action_decided", action=action.key, user=user_id, approved=approve)
-                self._show(action, now)
+                log.info("action_decided", action=action.key, user=user_id, approved=approve, acting=held)
+                if held:  # elsewhere the acting worker updates the message when it takes the decision
+                    self._show(action, now)
             if not allowed:
                 return 403, why
             self.wake.set()
@@ -327,6 +373,10 @@ class ActionRunner:
             return
         self._unannounced.discard(action.key)
 
+
+_SKEW_S = 300.0
+"""How far another worker's wall clock may lag this one's: decisions stored up to this long
+before an action's proposal are still read."""
 
 _SHOWN = frozenset({"proposed", "dry_run", "not_applicable", "approved", "declined", "cancelled", "retry", "succeeded",
                     "failed", "gave_up", "interrupted"})  # fmt: skip

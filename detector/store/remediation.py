@@ -62,6 +62,17 @@ class Remediations:
                 for i, s in enumerate(steps)]  # fmt: skip
         self.conn.insert("remediation_actions", rows, column_names=_COLS)
 
+    def decisions(self, keys: Sequence[str], since: float) -> list[dict[str, Any]]:
+        """The decisions (``approved``, ``declined``, ``cancelled``) stored for actions ``keys``
+        at or after wall time ``since``, in the order they were taken: what another worker
+        recorded for actions the acting worker holds pending (one query, bounded by key)."""
+        if not keys:
+            return []
+        return self.conn.query(
+            f"SELECT * FROM {self.conn.db}.remediation_actions WHERE action_key IN %(keys)s "
+            "AND at >= fromUnixTimestamp64Milli(%(since)s, 'UTC') AND step IN ('approved', 'declined', 'cancelled') "
+            "ORDER BY at, seq", {"keys": list(keys), "since": ms(since)})  # fmt: skip
+
     def steps(self, alert_id: str | None = None) -> list[dict[str, Any]]:
         """Every step (of one incident's actions), in the order they were taken."""
         where, params = ("WHERE alert_id = %(id)s", {"id": alert_id}) if alert_id is not None else ("", {})
