@@ -9,9 +9,9 @@ worker."""
 from __future__ import annotations
 
 import asyncio
-import time
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
