@@ -374,15 +374,8 @@ class SlackNotifier:
         ``thread_ts``: a reply in that thread that names it), if any: after a timeout or a
         worker's death, Slack may have posted what we never heard back about. None when it is
         not there or cannot be looked up (then the caller posts: at least once beats never)."""
-        if self._web is None:
-            return None
-        try:
-            if thread_ts is None:
-                history = self._web.conversations_history(channel=channel, limit=limit)
-            else:
-                history = self._web.conversations_replies(channel=channel, ts=thread_ts, limit=limit)
-        except Exception as exc:
-            log.warning("slack_history_unavailable", channel=channel, error=str(exc))
+        history = self._history(channel, thread_ts, limit)
+        if history is None:
             return None
         needle = f"alert `{alert_id}`"
         messages: list[dict[str, Any]] = history.get("messages", [])
@@ -391,16 +384,25 @@ class SlackNotifier:
                 return str(history.get("channel") or channel), str(message["ts"])
         return None
 
+    def _history(self, channel: str, thread_ts: str | None, limit: int) -> Any:
+        """The channel's latest messages (with ``thread_ts``: that thread's replies), or None
+        when there is no Web API client or Slack does not answer (logged)."""
+        if self._web is None:
+            return None
+        try:
+            if thread_ts is None:
+                return self._web.conversations_history(channel=channel, limit=limit)
+            return self._web.conversations_replies(channel=channel, ts=thread_ts, limit=limit)
+        except Exception as exc:
+            log.warning("slack_history_unavailable", channel=channel, error=str(exc))
+            return None
+
     def find_action(self, channel: str, thread_ts: str, key: str, limit: int = 1000) -> tuple[str, str] | None:
         """(channel, ts) of an action's message already in the incident's thread (its footer
         names ``key``), if any: a worker killed after posting it and before recording it must
         not post it again. None when absent or unreadable (then the caller posts)."""
-        if self._web is None:
-            return None
-        try:
-            replies = self._web.conversations_replies(channel=channel, ts=thread_ts, limit=limit)
-        except Exception as exc:
-            log.warning("slack_history_unavailable", channel=channel, error=str(exc))
+        replies = self._history(channel, thread_ts, limit)
+        if replies is None:
             return None
         footer = f"action {code(key)} "
         messages: list[dict[str, Any]] = replies.get("messages", [])

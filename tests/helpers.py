@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -87,3 +91,22 @@ def store_fleet(store, ruleset, path: Path) -> None:
         await pipeline.drain()
 
     asyncio.run(feed())
+
+
+@contextmanager
+def store_held(directory: Path) -> Iterator[subprocess.Popen]:
+    """Another process holding the embedded store at ``directory`` (chdb allows one engine per
+    process, and one process per store) until the block ends."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from detector.store import connect; "
+         f"c = connect('chdb://{directory}'); print('open', flush=True); sys.stdin.read()"],
+        cwd=Path(__file__).resolve().parent.parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        yield holder
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+

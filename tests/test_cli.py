@@ -18,6 +18,7 @@ from detector.settings import ENV, load_settings
 from detector.store import Store
 from streams.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_UNAVAILABLE
 from tests.conftest import ROOT
+from tests.helpers import store_held
 
 pytestmark = pytest.mark.integration
 
@@ -175,22 +176,13 @@ def test_a_query_clickhouse_refuses(made):
 
 def test_the_embedded_store_held_by_another_process(made):
     directory = Path(made["BURNWATCH_DATA_DIR"]) / "clickhouse"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from detector.store import connect; "
-         f"c = connect('chdb://{directory}'); print('open', flush=True); sys.stdin.read()"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "open"
+    with store_held(directory) as holder:
         for command in (["query", "waste"], ["backtest", "--since", "1d"]):
             out = burnwatch(*command, env=made)
             no_traceback(out)
             assert out.returncode == EXIT_UNAVAILABLE
             assert f"is held by another process (pid {holder.pid}" in out.stderr
             assert f"burnwatch store serve --dsn chdb://{directory}" in out.stderr
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)
 
 
 def test_a_server_or_broker_that_does_not_answer(tmp_path):

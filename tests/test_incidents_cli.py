@@ -15,6 +15,7 @@ import pytest
 
 from streams.cli import EXIT_FAILED, EXIT_UNAVAILABLE
 from tests.conftest import ROOT
+from tests.helpers import store_held
 from tests.test_cli import burnwatch, no_traceback
 
 pytestmark = pytest.mark.integration
@@ -91,13 +92,7 @@ def test_a_bad_option_is_one_line(tmp_path, args, says):
 
 def test_a_store_held_by_the_worker_points_at_the_workers_endpoint(seeded):
     directory = Path(seeded["BURNWATCH_DATA_DIR"]) / "clickhouse"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from detector.store import connect; "
-         f"c = connect('chdb://{directory}'); print('open', flush=True); sys.stdin.read()"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "open"
+    with store_held(directory) as holder:
         out = burnwatch("incidents", "--open", env={**seeded, "BURNWATCH_WEB_PORT": "7077"})
         no_traceback(out)
         assert out.returncode == EXIT_UNAVAILABLE
@@ -110,6 +105,3 @@ def test_a_store_held_by_the_worker_points_at_the_workers_endpoint(seeded):
         assert out.returncode == EXIT_UNAVAILABLE
         assert "curl 'http://[::1]:7077/api/incidents?team=r%26d&limit=5'" in out.stderr, out.stderr
         assert "http://[::1]:7077/incidents (" in out.stderr
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
+from detector.remediation.stored import rechecked
 from detector.remediation.workloads import shown
 
 __all__ = ["API", "DEFAULT_ENDPOINT", "DeallocateAzureVm", "arm_vm", "looks_like_azure"]
@@ -128,18 +129,10 @@ class DeallocateAzureVm:
         return Call(api=API, request={"subscription_id": subscription, "resource_group": group, "vm_name": name},
                     endpoint=self.endpoint)  # fmt: skip
 
-    def _checked(self, call: Call) -> tuple[str, str, str] | Outcome:
-        """The call's parts, checked again (it may come back from the audit table)."""
-        subscription, group, name = (call.request.get(k) for k in ("subscription_id", "resource_group", "vm_name"))
-        if call.api != API:
-            return Outcome(ok=False, detail=f"refused: the Azure executor does not make {shown(call.api)} calls")
-        if not _valid(subscription, group, name):
-            return Outcome(ok=False, detail=f"refused: {shown(subscription)}/{shown(group)}/{shown(name)} is not a "
-                                            "subscription/resource group/VM name")  # fmt: skip
-        if call.endpoint and call.endpoint != self.endpoint:  # the token goes only to the configured endpoint
-            return Outcome(ok=False, detail=f"refused: planned for another endpoint ({shown(call.endpoint)})")
-        assert isinstance(subscription, str) and isinstance(group, str) and isinstance(name, str)
-        return subscription, group, name
+    def _checked(self, call: Call) -> tuple[str, ...] | Outcome:
+        """The call's subscription, resource group, VM, checked again (:mod:`detector.remediation.stored`)."""
+        return rechecked(call, api=API, fields=("subscription_id", "resource_group", "vm_name"), valid=_valid,
+                         endpoint=self.endpoint, executor="Azure", what="subscription/resource group/VM name")
 
     def execute(self, call: Call) -> Outcome:
         checked = self._checked(call)

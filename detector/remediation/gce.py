@@ -42,6 +42,7 @@ import time
 from typing import Any, ClassVar
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
+from detector.remediation.stored import rechecked
 from detector.remediation.workloads import shown
 
 __all__ = ["API", "DEFAULT_ENDPOINT", "StopGceInstance", "gce_instance", "looks_like_gce"]
@@ -148,18 +149,10 @@ class StopGceInstance:
         project, zone, instance = gce_instance(target)
         return Call(api=API, request={"project": project, "zone": zone, "instance": instance}, endpoint=self.endpoint)
 
-    def _checked(self, call: Call) -> tuple[str, str, str] | Outcome:
-        """The call's (project, zone, instance), checked again (it may come back from the audit table)."""
-        project, zone, instance = (call.request.get(k) for k in ("project", "zone", "instance"))
-        if call.api != API:
-            return Outcome(ok=False, detail=f"refused: the GCE executor does not make {shown(call.api)} calls")
-        if not _valid(project, zone, instance):
-            return Outcome(ok=False, detail=f"refused: {shown(project)}/{shown(zone)}/{shown(instance)} is not a "
-                                            "project/zone/instance")  # fmt: skip
-        if call.endpoint and call.endpoint != self.endpoint:  # the credentials go only to the configured endpoint
-            return Outcome(ok=False, detail=f"refused: planned for another endpoint ({shown(call.endpoint)})")
-        assert isinstance(project, str) and isinstance(zone, str) and isinstance(instance, str)
-        return project, zone, instance
+    def _checked(self, call: Call) -> tuple[str, ...] | Outcome:
+        """The call's project, zone, instance, checked again (:mod:`detector.remediation.stored`)."""
+        return rechecked(call, api=API, fields=("project", "zone", "instance"), valid=_valid, endpoint=self.endpoint,
+                         executor="GCE", what="project/zone/instance")
 
     def execute(self, call: Call) -> Outcome:
         checked = self._checked(call)
