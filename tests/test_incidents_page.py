@@ -37,6 +37,7 @@ class Served:
     the worker's web server runs beside its pipeline)."""
 
     def __init__(self, views: IncidentViews) -> None:
+        self.views = views
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -164,11 +165,9 @@ def test_one_query_at_a_time_a_second_request_meanwhile_is_told_to_retry(store, 
         first = threading.Thread(target=lambda: result.update(status=served.get("/api/incidents")[0]))
         first.start()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # until the first request holds the single slot
-            status, headers, body = served.get("/api/incidents")
-            if status == 429:
-                break
+        while not served.views._querying and time.monotonic() < deadline:  # the first request holds the slot
             time.sleep(0.05)
+        status, headers, body = served.get("/api/incidents")
         assert status == 429 and headers["Retry-After"] == "1" and b"retry" in body
         status, headers, body = served.get("/incidents")
         assert status == 429 and headers["Retry-After"] == "1" and b"Traceback" not in body
