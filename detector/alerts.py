@@ -20,7 +20,7 @@ from detector.suppression.memory import HORIZON_S, AlertMemory
 from detector.suppression.stages import Dedup, Inhibit, Realert, Route, Silencing
 from detector.units import format_duration, rfc3339
 
-__all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "burning", "burning_sql", "from_finding"]
+__all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "burning", "burning_sql", "from_finding", "link_fields"]
 
 Change = Literal["fired", "updated", "resolved"]
 _CHANGES: dict[str, Change] = {"fire": "fired", "update": "updated", "resolve": "resolved"}
@@ -53,6 +53,18 @@ def alert_id(rule: str, resource_id: str, episode_start: float) -> str:
     """Same rule, resource and episode start → same id, on every replay and every worker."""
     digest = hashlib.blake2b(f"{rule}\x1f{resource_id}\x1f{episode_start:.3f}".encode(), digest_size=8)
     return digest.hexdigest()
+
+
+def link_fields(alert: Alert, owner_tag: str) -> dict[str, str]:
+    """The fields a link template (``rules/routing.yaml`` ``links``, :data:`detector.rules.LINK_FIELDS`)
+    is filled from, unquoted: Slack's links and the other outputs' use the same."""
+    return {
+        "resource_id": alert.resource_id, "region": alert.region, "account": alert.account, "type": alert.type,
+        "rule": alert.rule, "alert_id": alert.alert_id, "instance_type": alert.instance_type,
+        "team": alert.tags.get("team", ""), "owner": alert.tags.get(owner_tag, ""),
+        "project": alert.tags.get("project", ""), "episode_start": rfc3339(alert.episode_start),
+        "fired_at": rfc3339(alert.fired_at),
+    }  # fmt: skip
 
 
 class Alert(msgspec.Struct, kw_only=True):

@@ -32,7 +32,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 )
 
 from detector.actions import BUTTONS
-from detector.alerts import Alert
+from detector.alerts import Alert, link_fields
 from detector.pricing import HOURS_PER_MONTH
 from detector.rules import Routing
 from detector.units import epoch, format_duration, rfc3339
@@ -106,14 +106,7 @@ def _owner(alert: Alert, routing: Routing) -> str:
 
 def _links(alert: Alert, routing: Routing) -> list[dict[str, Any]]:
     """The configured links (console, dashboards, a ClickHouse query), filled in for this alert."""
-    values = {
-        "resource_id": alert.resource_id, "region": alert.region, "account": alert.account, "type": alert.type,
-        "rule": alert.rule, "alert_id": alert.alert_id, "instance_type": alert.instance_type,
-        "team": alert.tags.get("team", ""), "owner": alert.tags.get(routing.owner_tag, ""),
-        "project": alert.tags.get("project", ""), "episode_start": rfc3339(alert.episode_start),
-        "fired_at": rfc3339(alert.fired_at),
-    }  # fmt: skip
-    quoted = {k: quote(str(v), safe="") for k, v in values.items()}
+    quoted = {k: quote(v, safe="") for k, v in link_fields(alert, routing.owner_tag).items()}
     links = [f"<{escape(link.url.format_map(quoted))}|{escape(link.name).replace('|', '/')}>" for link in routing.links
              if not link.types or alert.type in link.types]  # fmt: skip
     if not links:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from detector.alerts import Alert
+from detector.alerts import Alert, link_fields
 from detector.rules import Routing
 from detector.units import rfc3339
 
@@ -27,14 +27,7 @@ def cap(value: object, limit: int = MAX_VALUE) -> str:
 
 def link_values(alert: Alert, routing: Routing) -> dict[str, str]:
     """The link template fields (``rules/routing.yaml`` ``links``), URL-quoted."""
-    values = {
-        "resource_id": alert.resource_id, "region": alert.region, "account": alert.account, "type": alert.type,
-        "rule": alert.rule, "alert_id": alert.alert_id, "instance_type": alert.instance_type,
-        "team": alert.tags.get("team", ""), "owner": alert.tags.get(routing.owner_tag, ""),
-        "project": alert.tags.get("project", ""), "episode_start": rfc3339(alert.episode_start),
-        "fired_at": rfc3339(alert.fired_at),
-    }  # fmt: skip
-    return {k: quote(cap(v), safe="") for k, v in values.items()}
+    return {k: quote(cap(v), safe="") for k, v in link_fields(alert, routing.owner_tag).items()}
 
 
 def links(alert: Alert, routing: Routing) -> list[dict[str, str]]:
