@@ -56,7 +56,7 @@ def anomaly_chart(alert: Alert, store: Connection) -> Figure | None:
     fig, axes = style.figure(rows=len(shown))
     for ax, feature in zip(axes, shown, strict=True):
         _panel(ax, feature, *series[feature["feature"]])
-        style.episode_marks(ax, w.start, w.fired_at, w.end, w.resolved, labels=ax is axes[0])
+        style.episode_marks(ax, w.start, w.fired_at, w.end, w.resolved, labels=ax is axes[0], band=True)
     style.time_axis(axes[-1], w.lo, w.hi)
     score, threshold = number(d.get("score")), number(d.get("threshold"))
     note = f"score {score:.2f} (alone alerts above {threshold:.2f})" if score is not None and threshold is not None else ""

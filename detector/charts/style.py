@@ -136,11 +136,13 @@ def level_line(ax: Any, value: float, label: str, kind: str = "threshold") -> An
 
 
 def episode_marks(ax: Any, start: float, fired_at: float | None, end: float, resolved: bool,
-                  labels: bool = True) -> None:  # fmt: skip
+                  labels: bool = True, band: bool | None = None) -> None:  # fmt: skip
     """The episode as a light band from its start to ``end``, with lines at its start, the
     alert (``fired_at``) and, when ``resolved``, the resolution, each labelled at the top
-    (``labels=False``: lines only, for a second panel under the first)."""
-    ax.axvspan(utc(start), utc(max(end, start)), color=INK["episode"], alpha=0.07, gid="episode", zorder=0)
+    (``labels=False``: the lines alone, for a second panel under the first; ``band``: whether
+    to shade it, by default where the labels are)."""
+    if labels if band is None else band:
+        ax.axvspan(utc(start), utc(max(end, start)), color=INK["episode"], alpha=0.07, gid="episode", zorder=0)
     marks = [("episode-start", start, "started", INK["episode"])]
     if fired_at is not None:
         marks.append(("alert", fired_at, "alert", INK["alert"]))
@@ -214,7 +216,7 @@ def png(fig: Any) -> bytes:
         canvas.draw()
     rgba = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
     out = io.BytesIO()
-    rgba.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(out, format="png")
+    rgba.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(out, format="png")
     return out.getvalue()
 
 
