@@ -53,6 +53,7 @@ def anomaly_chart(alert: Alert, store: Connection) -> Figure | None:
     shown = (far or drawn)[:PANELS]
     if not shown:
         return None
+    w = w.fitted(min(series[f["feature"]][0][0] for f in shown))
     fig, axes = style.figure(rows=len(shown))
     for ax, feature in zip(axes, shown, strict=True):
         _panel(ax, feature, *series[feature["feature"]])

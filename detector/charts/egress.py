@@ -24,6 +24,7 @@ def egress_chart(alert: Alert, store: Connection) -> Figure | None:
     rows = store.named("charts/egress", w.params(alert.resource_id, dest="" if dest == "internet" else dest))
     if not rows:
         return None
+    w = w.fitted(stored_time(rows[0]["t"]))
     fig, (ax,) = style.figure()
     times = [style.utc(stored_time(r["t"])) for r in rows]
     ax.plot(times, [r["gb_per_hour"] for r in rows], color=style.INK["ok"], label="egress GB/h", gid="series")

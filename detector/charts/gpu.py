@@ -170,6 +170,7 @@ def gpu_chart(alert: Alert, store: Connection) -> Figure | None:
     if not rows:
         return None
     grid = _grid(rows)
+    w = w.fitted(grid.times[0])
     d = alert.details
     stuck = alert.type == "stuck_gpu"
     inference = alert.type == "inference_overprovisioned"

@@ -31,6 +31,7 @@ def growth_chart(alert: Alert, store: Connection) -> Figure | None:
     if not rows:
         return None
     times = [stored_time(r["t"]) for r in rows]
+    w = w.fitted(times[0])
     sizes_gb = [r["size_bytes"] / 1e9 for r in rows]
     capacity_gb = number(d.get("capacity_gb")) or (rows[-1]["capacity"] or 0) / 1e9 or None
     per_day = number(d.get("growth_gb_per_day"))

@@ -27,6 +27,7 @@ def untagged_chart(alert: Alert, store: Connection) -> Figure | None:
     rows = store.named("charts/spend", params)
     if not rows:
         return None
+    w = w.fitted(stored_time(rows[0]["t"]))
     fig, (ax,) = style.figure()
     starts = [stored_time(r["t"]) for r in rows]
     untagged = [t + step > alert.episode_start for t in starts]

@@ -36,6 +36,13 @@ class Window:
     resolved: bool
     step_s: int
 
+    def fitted(self, first: float) -> Window:
+        """The span starting with the data (``first``: its earliest time) when there is none
+        for part of the time before the episode: a blank stretch at the left says nothing."""
+        lo = max(self.lo, min(first, self.start) - 2 * self.step_s)
+        return Window(lo=lo, hi=self.hi, start=self.start, fired_at=self.fired_at, end=self.end, resolved=self.resolved,
+                      step_s=self.step_s)  # fmt: skip
+
     def params(self, rid: str, **extra: object) -> dict[str, object]:
         """Query parameters: the resource, the span in epoch milliseconds, the step in seconds."""
         return {"rid": rid, "lo": int(self.lo * 1000), "hi": int(self.hi * 1000) + 1, "step": self.step_s, **extra}
