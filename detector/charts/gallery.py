@@ -21,11 +21,13 @@ from typing import Any
 from detector.alerts import Alert, alert_id
 from detector.events import DAY_S, GpuMetric, RunEvent, UsageEvent
 
-__all__ = ["HOSTILE", "SCENES", "Scene", "gallery", "scene", "store_scene"]
+__all__ = ["HOSTILE", "SCENES", "Scene", "detect", "gallery", "scene", "store_scene"]
 
 T0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
 HOUR = 3600.0
 MIN = 60.0
+RULES = Path(__file__).resolve().parents[2] / "rules"
+"""The shipped rules (a checkout's ``rules/``)."""
 TAGS = {"team": "nlp", "owner": "alice", "project": "llm-pretrain"}
 HOSTILE = "$HOME <@U123> *bold* $x$ \u202eevil\u202c 🔥 " + "i-" + "0" * 300 + "\nnext line"
 """An id no chart may choke on: mathtext dollars, a Slack mention, markdown, RTL override,
@@ -34,11 +36,14 @@ emoji, 300 characters and a newline."""
 
 @dataclass
 class Scene:
-    """One incident and the events it was found in."""
+    """One incident and the events it was found in. ``alert`` is written here in the shape
+    its detector writes; :func:`scene` with a rule set replaces it by what the detectors
+    actually make of the events (``detected``), as the worker would."""
 
     name: str
     alert: Alert
     events: list[Any] = field(default_factory=list)
+    detected: bool = False
 
 
 def _at(t: float) -> datetime:
@@ -54,8 +59,9 @@ def _alert(type_: str, rid: str, start: float, fired: float, end: float, resolve
 
 
 def _usage(t: float, rid: str, usd_per_hour: float | None = 32.77, interval: float = 60.0, rtype: str = "gpu_instance",
-           state: str = "running", tags: dict[str, str] | None = None, **kw: Any) -> UsageEvent:  # fmt: skip
-    return UsageEvent(ts=_at(t), resource_id=rid, resource_type=rtype, instance_type="p4d.24xlarge", account="ml-prod",
+           state: str = "running", tags: dict[str, str] | None = None, instance_type: str = "p4d.24xlarge",
+           **kw: Any) -> UsageEvent:  # fmt: skip
+    return UsageEvent(ts=_at(t), resource_id=rid, resource_type=rtype, instance_type=instance_type, account="ml-prod",
                       region="us-east-1", state=state, interval_s=interval,  # type: ignore[arg-type]
                       cost_usd=None if usd_per_hour is None else usd_per_hour * interval / HOUR,
                       tags=tags if tags is not None else dict(TAGS), **kw)  # fmt: skip
@@ -63,17 +69,18 @@ def _usage(t: float, rid: str, usd_per_hour: float | None = 32.77, interval: flo
 
 def _host(rid: str, start: float, end: float, step: float, util: Callable[[int, float], float], gpus: int = 8,
           work: Callable[[int, float], float | None] | None = None, allocated: Callable[[int], bool | None] | None = None,
-          tags: dict[str, str] | None = None, usd_per_hour: float = 32.77) -> list[Any]:  # fmt: skip
+          tags: dict[str, str] | None = None, usd_per_hour: float = 32.77, mem_mib: float = 30000.0,
+          **usage: Any) -> list[Any]:  # fmt: skip
     """A GPU host's samples every ``step`` and its usage every ``step`` (at least a minute)."""
     events: list[Any] = []
     t = start
     while t < end:
-        events.append(_usage(t, rid, usd_per_hour=usd_per_hour, interval=max(step, 60.0), tags=tags))
+        events.append(_usage(t, rid, usd_per_hour=usd_per_hour, interval=max(step, 60.0), tags=tags, **usage))
         for g in range(gpus):
             u = max(0.0, min(100.0, util(g, t)))
             dram = work(g, t) if work is not None else None
             events.append(GpuMetric(ts=_at(t), resource_id=rid, gpu_index=g, model="A100", util_pct=u,
-                                    mem_used_mib=30000.0 if u > 5 else 900.0, mem_total_mib=40960.0,
+                                    mem_used_mib=mem_mib if u > 5 else 900.0, mem_total_mib=40960.0,
                                     power_w=90 + 3 * u, dram_active=dram,
                                     allocated=allocated(g) if allocated is not None else None))  # fmt: skip
         t += step
@@ -100,7 +107,7 @@ def idle_gpu(span: float = 5 * HOUR, rid: str = "i-0a1b2c3d4e5f60718") -> Scene:
 
     return Scene("idle_gpu", _alert("idle_gpu", rid, start, start + min(1800, span / 2), end, True, 32.77 * span / HOUR,
                                     32.77, {"gpu_count": 8, "gpu_model": "A100", "util_below_pct": 5.0}),
-                 _host(rid, T0, end + span * 0.05, step, util))  # fmt: skip
+                 [*_host(rid, T0, end, step, util), _usage(end, rid, state="stopped", interval=step)])  # fmt: skip
 
 
 def partly_idle_gpu(rid: str = "i-0b2c3d4e5f6071829", gpus: int = 8) -> Scene:
@@ -163,7 +170,8 @@ def inference_overprovisioned(rid: str = "endpoint/chat-small-prod") -> Scene:
                "saving_usd_per_hour": 4.67, "gpu_mem_peak_gb": 11.2, "util_p95_pct": 22, "util_p95_below_pct": 30}  # fmt: skip
     return Scene("inference_overprovisioned",
                  _alert("inference_overprovisioned", rid, start, start, end, False, 4.666 * 24, 4.666, details),
-                 _host(rid, T0, end, 300.0, util, gpus=4, usd_per_hour=5.672))  # fmt: skip
+                 _host(rid, T0, end, 300.0, util, gpus=4, usd_per_hour=5.672, mem_mib=11000.0,
+                       rtype="inference_endpoint", instance_type="g5.12xlarge"))  # fmt: skip
 
 
 def egress_runaway(rid: str = "i-0etl5e6f70819203a") -> Scene:
@@ -174,13 +182,13 @@ def egress_runaway(rid: str = "i-0etl5e6f70819203a") -> Scene:
     t = T0
     while t < end + HOUR:
         usual = 2.0 + 0.8 * math.sin(2 * math.pi * t / DAY_S) + n(0.2)
-        rate = 44 + n(3) if start <= t < end else usual  # GB/h
-        events.append(_usage(t, rid, usd_per_hour=0.68, interval=300.0, rtype="cpu_instance",
+        rate = 90 + n(6) if start <= t < end else usual  # GB/h
+        events.append(_usage(t, rid, usd_per_hour=0.68, interval=300.0, rtype="cpu_instance", instance_type="c6i.4xlarge",
                              egress_bytes=int(max(rate, 0.1) * 1e9 * 300 / HOUR), dest_region="eu-west-1"))  # fmt: skip
         t += 300
-    details = {"destination": "inter_region", "dest_region": "eu-west-1", "excess_gb": 84.0, "rate_gb_per_hour": 44.0,
+    details = {"destination": "inter_region", "dest_region": "eu-west-1", "excess_gb": 176.0, "rate_gb_per_hour": 90.0,
                "baseline_gb_per_hour": 2.1, "usd_per_gb": 0.02, "multiple": 5.0}  # fmt: skip
-    return Scene("egress_runaway", _alert("egress_runaway", rid, start, start + 15 * MIN, end, True, 1.68, 0.84, details),
+    return Scene("egress_runaway", _alert("egress_runaway", rid, start, start + 15 * MIN, end, True, 3.52, 1.76, details),
                  events)  # fmt: skip
 
 
@@ -189,8 +197,8 @@ def vector_db_growth(rid: str = "qdrant/prod-embeddings") -> Scene:
     events = []
     t, size = T0, 6.2e12
     while t < T0 + 4 * DAY_S:
-        events.append(_usage(t, rid, usd_per_hour=None, interval=900.0, rtype="vector_db", storage_bytes=int(size),
-                             capacity_bytes=int(10e12)))  # fmt: skip
+        events.append(_usage(t, rid, usd_per_hour=None, interval=900.0, rtype="vector_db", instance_type="",
+                             storage_bytes=int(size), capacity_bytes=int(10e12)))  # fmt: skip
         t += 900
         size += 330e9 / 96 * (3.0 if int(t / HOUR) % 6 == 0 else 0.6)
     fired = T0 + 3 * DAY_S
@@ -205,7 +213,8 @@ def storage_growth(rid: str = "s3://ml-checkpoints-prod") -> Scene:
     events = []
     t, size = T0, 38e12
     while t < T0 + 10 * DAY_S:
-        events.append(_usage(t, rid, usd_per_hour=None, interval=HOUR, rtype="storage_bucket", storage_bytes=int(size)))
+        events.append(_usage(t, rid, usd_per_hour=None, interval=HOUR, rtype="storage_bucket", instance_type="",
+                             storage_bytes=int(size)))
         t += HOUR
         size += 800e9 / 24 * (4 if int(t / HOUR) % 24 == 3 else 0.85)
     now = size / 1e9 * 0.023
@@ -245,9 +254,20 @@ def crash_loop(project: str = "llm-eval") -> Scene:
     total = sum(r["usd"] for r in runs)
     details = {"crash_loop": True, "project": project, "failed_runs": 5, "run_ids": [r["run_id"] for r in runs],
                "errors": ["ImportError: flash_attn"], "gpu_hours": 11.7, "runs": runs}  # fmt: skip
+    events: list[Any] = []
+    t = T0 - 10 * MIN
+    while t < runs[-1]["end"] + 10 * MIN:
+        events.append(_usage(t, "i-0eval", interval=300.0))
+        t += 300
+    tags = {**TAGS, "project": project}
+    for r in runs:
+        events.append(RunEvent(ts=_at(r["start"]), run_id=r["run_id"], status="started", resource_ids=["i-0eval"],
+                               gpu_count=8, project=project, tags=tags))  # fmt: skip
+        events.append(RunEvent(ts=_at(r["end"]), run_id=r["run_id"], status="failed", resource_ids=["i-0eval"],
+                               gpu_count=8, project=project, tags=tags, error="ImportError: flash_attn"))  # fmt: skip
     return Scene("failed_run_spend-crash_loop",
                  _alert("failed_run_spend", f"project/{project}", T0, runs[2]["end"], runs[-1]["end"], False, total,
-                        total * HOUR / (runs[-1]["end"] - T0), details))  # fmt: skip
+                        total * HOUR / (runs[-1]["end"] - T0), details), sorted(events, key=lambda e: e.ts))  # fmt: skip
 
 
 def untagged(rid: str = "i-0notag9f8e7d6c5b4", tags: dict[str, str] | None = None) -> Scene:
@@ -275,7 +295,7 @@ def unused_commitment(rid: str = "sp-0a1b2c3d4e5f") -> Scene:
     for k in range(10):
         day = T0 + k * DAY_S
         unused = 26.0 if day < start else 290.0
-        events.append(_usage(day, rid, usd_per_hour=unused / 24, interval=DAY_S, rtype="commitment",
+        events.append(_usage(day, rid, usd_per_hour=unused / 24, interval=DAY_S, rtype="commitment", instance_type="",
                              metrics={"commitment_used_usd": 840.0 - unused}))  # fmt: skip
     details = {"commitment_type": "savings_plan", "commitment_name": "Compute SP 1yr (ml-prod)", "day": "2026-11-11",
                "day_used_usd": 550.0, "day_unused_usd": 290.0, "unused_share": 0.345, "days": 4, "used_usd": 2200.0}  # fmt: skip
@@ -321,8 +341,30 @@ SCENES: dict[str, Callable[[], Scene]] = {
 """Gallery name → its scene (one per chart type; the crash loop is a second picture of failed runs)."""
 
 
-def scene(name: str) -> Scene:
-    return SCENES[name]()
+def scene(name: str, ruleset: Any = None) -> Scene:
+    """The scene ``name``; with a :class:`~detector.rules.RuleSet`, its alert is the one the
+    rules make of its events (the latest state of it), where they make one."""
+    s = SCENES[name]()
+    if ruleset is not None and s.events:
+        found = detect(s, ruleset)
+        if found is not None:
+            s.alert, s.detected = found, True
+    return s
+
+
+def detect(s: Scene, ruleset: Any) -> Alert | None:
+    """The alert the detectors make of the scene's events, for its type and resource, as of
+    its latest finding (None: they make none)."""
+    from detector.alerts import from_finding
+    from detector.engine import Engine
+
+    findings = Engine(ruleset).process(sorted(s.events, key=lambda e: e.ts))
+    mine = [f for f in findings if f.type == s.alert.type and f.resource_id == s.alert.resource_id]
+    if not mine:
+        return None
+    alert = from_finding(mine[-1])
+    alert.change = "fired"
+    return alert
 
 
 def store_scene(store: Any, s: Scene) -> None:
@@ -336,15 +378,17 @@ def store_scene(store: Any, s: Scene) -> None:
     store.events.insert(batch)
 
 
-def gallery(store: Any, out: Path, names: list[str] | None = None, figures: dict[str, Any] | None = None) -> list[Path]:
+def gallery(store: Any, out: Path, names: list[str] | None = None, figures: dict[str, Any] | None = None,
+            ruleset: Any = None) -> list[Path]:  # fmt: skip
     """Store each scene, draw its chart and write ``out/<name>.png``; the paths written.
-    ``figures``: where to keep each drawn figure by name (the picture tests measure them)."""
+    ``ruleset``: draw what its rules detect in each scene (:func:`scene`). ``figures``: where
+    to keep each drawn figure by name (the picture tests measure them)."""
     from detector.charts import draw_chart, style
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in names or list(SCENES):
-        s = scene(name)
+        s = scene(name, ruleset)
         store_scene(store, s)
         fig = draw_chart(s.alert, store)
         if fig is None:
@@ -362,6 +406,7 @@ def main(argv: list[str] | None = None, store: Any = None) -> int:
     store (``store``: one already open, as in a test: chdb allows one engine per process)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--out", type=Path, default=Path("docs/gallery"))
+    p.add_argument("--rules", type=Path, default=RULES, help="the rules whose alerts are drawn (default: the shipped rules/)")
     p.add_argument("names", nargs="*", metavar="NAME", help=f"scenes to draw (default: all of {', '.join(SCENES)})")
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in SCENES]
@@ -374,8 +419,11 @@ def main(argv: list[str] | None = None, store: Any = None) -> int:
         client = connect("chdb://memory")
         store = Store(client, database="gallery")
         store.migrate()
+    from detector.rules import load_rules
+
+    ruleset = load_rules(args.rules)
     try:
-        for path in gallery(store, args.out, args.names or None):
+        for path in gallery(store, args.out, args.names or None, ruleset=ruleset):
             print(f"{path} ({path.stat().st_size // 1024} KB)")
     finally:
         if client is not None:
