@@ -46,12 +46,21 @@ def fleet(chdb_client, tmp_path_factory, ruleset):
     return store, out, figures
 
 
+def _shown(axis) -> list[Text]:
+    """The tick labels drawn on ``axis``: those of ticks within its view (an axis keeps tick
+    objects of earlier draws beyond it)."""
+    lo, hi = sorted(axis.get_view_interval())
+    eps = (hi - lo) * 1e-9
+    ticks = zip(axis.get_majorticklocs(), axis.get_major_ticks(), strict=False)
+    return [tick.label1 for loc, tick in ticks if lo - eps <= loc <= hi + eps and tick.label1.get_visible()]
+
+
 def _texts_of(fig) -> list[Text]:
     """What a person reads: titles, annotations, legends, axis labels, the shown tick labels."""
     out: list[Text] = []
     for ax in fig.axes:
         out += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
-        out += [ax.xaxis.get_offset_text(), *ax.get_xticklabels(), *ax.get_yticklabels()]
+        out += [ax.xaxis.get_offset_text(), *_shown(ax.xaxis), *_shown(ax.yaxis)]
         if ax.get_legend() is not None:
             out += ax.get_legend().get_texts()
     for legend in fig.legends:
@@ -81,7 +90,7 @@ def _axis_clashes(fig) -> list[tuple[str, str]]:
     found = []
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
-            texts = [*axis.get_ticklabels(), axis.label, *([axis.get_offset_text()] if axis is ax.xaxis else [])]
+            texts = [*_shown(axis), axis.label, *([axis.get_offset_text()] if axis is ax.xaxis else [])]
             found += _clashes([t for t in texts if t.get_visible() and t.get_text().strip()], renderer)
     return found
 
@@ -104,6 +113,24 @@ def _gids(fig, kind: type) -> set[str]:
 
 def _text(fig, gid: str) -> str:
     return " ".join(t.get_text() for t in fig.findobj(Text) if t.get_gid() == gid)
+
+
+def test_the_measures_see_what_a_person_would():
+    """The checks below can fail: the time axis the issue showed ("11-02 00:0011-02 01:00…")
+    clashes, and a headline past the edge is cut."""
+    from matplotlib.dates import DateFormatter, HourLocator
+
+    fig, (ax,) = style.figure()
+    ax.plot([style.utc(scenes.T0), style.utc(scenes.T0 + 2 * 86_400)], [0, 1])
+    ax.xaxis.set_major_locator(HourLocator(interval=2))
+    ax.xaxis.set_major_formatter(DateFormatter("%m-%d %H:%M"))
+    ax.annotate("x" * 300, xy=(0, 0.5), xycoords="axes fraction").set_in_layout(False)  # as if the layout missed it
+    _drawn(fig)
+    assert _axis_clashes(fig) and _outside(fig)
+    style.time_axis(ax, scenes.T0, scenes.T0 + 2 * 86_400)
+    ax.texts[0].set_text("fits")
+    _drawn(fig)
+    assert _axis_clashes(fig) == [] and _outside(fig) == []
 
 
 def test_every_detector_type_has_a_chart_or_a_reason_and_a_gallery_scene():
@@ -165,7 +192,7 @@ def test_the_time_axis_stays_readable_at_any_span(fleet, span):
     fig = _drawn(draw_chart(alert, store))
     assert _axis_clashes(fig) == []
     bottom = fig.axes[1]  # the per-GPU strip carries the shared time axis
-    shown = [t.get_text() for t in bottom.get_xticklabels() if t.get_text()]
+    shown = [t.get_text() for t in _shown(bottom.xaxis) if t.get_text()]
     assert len(shown) >= 3, shown
     assert _outside(fig) == []
 
@@ -226,3 +253,12 @@ def test_a_chart_is_none_without_data_or_for_a_type_without_one(store):
     spot = scenes.idle_gpu().alert
     spot.type = "spot_eligible"
     assert render_chart(spot, store) is None
+
+
+def test_an_anomaly_that_names_no_feature_still_shows_what_it_cost(fleet):
+    store = fleet[0]
+    alert = scenes.anomaly().alert
+    alert.details = {"score": 0.7, "threshold": 0.6}
+    fig = _drawn(draw_chart(alert, store))
+    assert [ax.get_ylabel() for ax in fig.axes] == ["$ per hour"]
+    assert "score 0.70 (alone alerts above 0.60)" in _text(fig, "dollars")

@@ -35,6 +35,7 @@ def anomaly_chart(alert: Alert, store: Connection) -> Figure | None:
     """Up to three of the features that stood out, per step, against their usual range."""
     d = alert.details
     named = [f for f in d.get("stands_out") or [] if isinstance(f, dict) and f.get("feature") in LABELS]
+    named = named or [{"feature": "cost_usd_per_hour"}]  # an alert that names none: what it cost
     w = window(alert, before_s=6 * 3600, min_sample_s=300)
     series: dict[str, tuple[list[float], list[float]]] = {}
     for query, names in (("charts/anomaly-usage", USAGE), ("charts/anomaly-gpu", GPU)):
