@@ -104,28 +104,28 @@ def _safe_prefix(text: str, cut: int) -> str:
 
 def clip_lines(lines: list[str], limit: int, more: Callable[[int], str] = lambda n: f"+{n} more",
                sep: str = "\n") -> str:  # fmt: skip
-    """Whole lines joined by ``sep`` within ``limit``: as many as fit, then a last one saying
-    how many were left out (``more(n)``); a first line too long on its own is :func:`clip`-ped."""
+    """Whole lines joined by ``sep`` within ``limit``: all when they fit, else as many as fit
+    followed by one saying how many were left out ("… " + ``more(n)``); a first line too long
+    to leave room for that is itself :func:`clip`-ped."""
+    joined = sep.join(lines)
+    if len(joined) <= limit:
+        return joined
     out: list[str] = []
     size = 0
-    for i, line in enumerate(lines):
-        left = len(lines) - i - 1
-        note = f"{sep}{ELLIPSIS} {more(left)}" if left else ""
+    for i, line in enumerate(lines[:-1]):  # they do not all fit: at least the last is left out
         need = len(line) + (len(sep) if out else 0)
-        if size + need + len(note) <= limit:
-            out.append(line)
-            size += need
-            continue
-        rest = len(lines) - i
-        if not out:  # the first line alone does not fit: cut it, and still say what follows
-            return clip(line, limit, more(rest - 1) if rest > 1 else "")
-        note = f"{ELLIPSIS} {more(rest)}"
-        while out and size + len(sep) + len(note) > limit:
-            size -= len(out.pop()) + (len(sep) if out else 0)
-            rest += 1
-            note = f"{ELLIPSIS} {more(rest)}"
-        return sep.join([*out, note]) if out else clip(note, limit)
-    return sep.join(out)
+        if size + need + len(sep) + len(f"{ELLIPSIS} {more(len(lines) - i - 1)}") > limit:
+            break
+        out.append(line)
+        size += need
+    note = f"{ELLIPSIS} {more(len(lines) - len(out))}"
+    if out:
+        return sep.join([*out, note])
+    room = limit - len(sep) - len(note)
+    if room >= 20:  # the first line, cut, then what follows
+        note = f"{ELLIPSIS} {more(len(lines) - 1)}"
+        return clip(lines[0], limit - len(sep) - len(note)) + sep + note
+    return clip(note, limit)
 
 
 def _texts(block: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any], int]]:
@@ -218,7 +218,9 @@ def fit(blocks: list[dict[str, Any]], keep_last: int = 1) -> list[dict[str, Any]
     """A copy of ``blocks`` inside the limits, whatever a builder made: texts :func:`clip`-ped,
     fields, elements and blocks dropped past their counts (the last ``keep_last`` blocks, the
     footer naming the alert, are kept: :meth:`detector.slack.SlackNotifier.find_posted` looks
-    for it), then the longest texts shortened until the total is under :data:`MAX_TOTAL_TEXT`."""
+    for it), then the longest texts shortened until the total is under :data:`MAX_TOTAL_TEXT`.
+    Identifiers (``block_id``, ``action_id``, a button's ``value`` or ``url``) are never cut: a
+    cut one would point a click at another incident; :func:`check` reports them."""
     out = copy.deepcopy(blocks)
     if len(out) > MAX_BLOCKS:
         tail = out[len(out) - keep_last:] if keep_last else []

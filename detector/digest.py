@@ -152,7 +152,7 @@ def _how(row: dict[str, Any], details: dict[str, Any]) -> str:
             return f"{action} by burnwatch, approved by <@{by}>"
         return f"{action} by burnwatch" + (" (no objection)" if by == "auto" else "")
     reason = details.get("reason")
-    return escape(str(reason).replace("_", " ")) if reason else ""
+    return escape(str(reason).replace("_", " "), 200) if reason else ""
 
 
 def _title(rule_type: str) -> str:
@@ -166,7 +166,7 @@ def digest_text(d: Digest) -> str:
     parts = [f"Cost waste on {d.date}: {money(d.total)}"]
     if d.by_team:
         team, usd = max(d.by_team.items(), key=lambda kv: kv[1])
-        parts.append(f"most: team {clip(escape(team), 40)} {money(usd)}")
+        parts.append(f"most: team {escape(team, 40)} {money(usd)}")
     if d.open_incidents:
         parts.append(f"{d.open_incidents} still open, {money(d.open_usd_per_hour)}/h")
     if d.fixed:
@@ -181,12 +181,12 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
     full = f"`burnwatch digest --day {d.date}`"
 
     def lines(pairs: dict[str, float], noun: str) -> str:
-        shown = [f"• {escape(clip(k, 80))}: *${v:,.2f}*" for k, v in sorted(pairs.items(), key=lambda kv: -kv[1])
+        shown = [f"• {escape(k, 80)}: *${v:,.2f}*" for k, v in sorted(pairs.items(), key=lambda kv: -kv[1])
                  if v >= 0.005]  # fmt: skip
         return clip_lines(shown, _LIST, lambda n: f"+{n} more {noun}") or "_none_"
 
     def who(o: dict[str, Any]) -> str:
-        return f"{code(o['resource_id'], 60)} ({escape(_title(o['type']))}, {escape(clip(o['team'], 40))})"
+        return f"{code(o['resource_id'], 60)} ({escape(_title(o['type']))}, {escape(o['team'], 40)})"
 
     top = [f"{i}. {who(o)}: {_dollars(o)}" for i, o in enumerate(d.top, 1)]
     fixed = [f"• {who(o)}: resolved {_hhmm(o['resolved_at'])}" + (f", {o['how']}" if o["how"] else "")

@@ -57,24 +57,28 @@ _FIELD_SHOWN = 400
 and twenty such fields would pass Slack's limit on a message's total)."""
 _ID_SHOWN = 80
 """What a header, a list line or a notification shows of a resource id."""
-_ENTITIES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 _BREAKS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
 _USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
 
 
-def escape(value: object) -> str:
+def escape(value: object, limit: int = 0) -> str:
     """Text from events made inert in a Slack message (mrkdwn or plain text): ``& < >``
     become entities, as Slack asks, so nothing in it can mention, link or format a
-    channel; line breaks become spaces, so one value cannot fake a field of its own."""
-    return _BREAKS.sub(" ", str(value)).translate(_ENTITIES)
+    channel; line breaks become spaces, so one value cannot fake a field of its own.
+    With ``limit``, at most that many characters (:func:`detector.blockkit.clip`: cut after
+    escaping, never in an entity; a 10 kB value is cut before it is escaped, too)."""
+    text = str(value)
+    if limit and len(text) > limit:
+        text = text[: limit + 1]  # still longer than limit once escaped: clip says it was cut
+    text = _BREAKS.sub(" ", text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return clip(text, limit) if limit else text
 
 
 def code(value: object, limit: int = 0) -> str:
     """An event value as inline code (ids): escaped, and its backticks replaced (Slack has no
     escape for them), so it cannot close our code span and format what follows; with ``limit``,
     cut to that many characters ("…" inside the span)."""
-    text = escape(value).replace("`", "\u02cb")
-    return "`" + (clip(text, limit - 2) if limit else text) + "`"
+    return "`" + escape(value, max(1, limit - 2) if limit else 0).replace("`", "\u02cb") + "`"
 
 
 def money(usd: float) -> str:
@@ -84,19 +88,19 @@ def money(usd: float) -> str:
 
 def _whose(alert: Alert) -> str:
     team = alert.tags.get("team")
-    return f"team {clip(escape(team), 40)}" if team else "no team tag"
+    return f"team {escape(team, 40)}" if team else "no team tag"
 
 
 def notification_text(alert: Alert) -> str:
     """What a phone's notification shows for an alert, complete on its own: what, whose and how
     much ("Idle GPUs on gpu-host-7 (team nlp): $412 so far, $32/h"). Escaped; short."""
-    what = f"{alert.title} on {clip(escape(alert.resource_id), _ID_SHOWN)} ({_whose(alert)})"
+    what = f"{alert.title} on {escape(alert.resource_id, _ID_SHOWN)} ({_whose(alert)})"
     if alert.status == "resolved":
         money_part = f": {money(alert.waste_usd)} {alert.dollars} in total" if alert.dollars else ""
         text = f"Resolved: {what} after {format_duration(alert.duration_s)}{money_part}"
     elif not alert.dollars:  # a forecast: its first fact is the "how much" ("full by 2026-11-20")
         facts = "; ".join(f"{k.lower()} {v}" for k, v in alert.facts[:2]).replace("`", "")
-        text = f"{what}: {escape(facts)}" if facts else what
+        text = f"{what}: {escape(facts, MAX_NOTIFICATION_TEXT)}" if facts else what
     elif alert.burning:
         text = f"{what}: {money(alert.waste_usd)} so far, {money(alert.usd_per_hour)}/h"
     else:
@@ -137,13 +141,13 @@ class SlackError(RuntimeError):
 def _owner(alert: Alert, routing: Routing) -> str:
     owner = alert.tags.get(routing.owner_tag, "")
     user = routing.users.get(owner) if owner else None
-    return f"<@{user}>" if user else escape(owner) if owner else "_unknown_"
+    return f"<@{user}>" if user else escape(owner, 200) if owner else "_unknown_"
 
 
 def _links(alert: Alert, routing: Routing) -> list[dict[str, Any]]:
     """The configured links (console, dashboards, a ClickHouse query), filled in for this alert."""
     quoted = {k: quote(v, safe="") for k, v in link_fields(alert, routing.owner_tag).items()}
-    links = [f"<{escape(link.url.format_map(quoted))}|{escape(link.name).replace('|', '/')}>" for link in routing.links
+    links = [f"<{escape(link.url.format_map(quoted))}|{escape(link.name, 80).replace('|', '/')}>" for link in routing.links
              if not link.types or alert.type in link.types]  # fmt: skip
     if not links:
         return []
@@ -155,10 +159,10 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
     tags = alert.tags
     fields = [
         ("Resource", code(alert.resource_id, _FIELD_SHOWN)
-         + (f" ({clip(escape(alert.resource_type), 60)})" if alert.resource_type else "")),
-        ("Team", escape(tags["team"]) if tags.get("team") else ":warning: untagged"),
+         + (f" ({escape(alert.resource_type, 60)})" if alert.resource_type else "")),
+        ("Team", escape(tags["team"], _FIELD_SHOWN) if tags.get("team") else ":warning: untagged"),
         ("Owner", _owner(alert, routing)),
-        ("Project", escape(tags["project"]) if tags.get("project") else "_none_"),
+        ("Project", escape(tags["project"], _FIELD_SHOWN) if tags.get("project") else "_none_"),
         (_DURATION.get(alert.type, "Duration"), format_duration(alert.duration_s)),
     ]
     if alert.dollars:
@@ -168,9 +172,9 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
             if alert.burning else
             ("Burn rate", f"${alert.usd_per_hour:,.2f}/h while it ran (spent: it has ended)"),
         ]  # fmt: skip
-    fields.append(("Account / region", f"{escape(alert.account or '?')} / {escape(alert.region or '?')}"))
+    fields.append(("Account / region", f"{escape(alert.account or '?', 180)} / {escape(alert.region or '?', 180)}"))
     if alert.instance_type:
-        fields.append(("Instance", escape(alert.instance_type)))
+        fields.append(("Instance", escape(alert.instance_type, _FIELD_SHOWN)))
     return [_field(name, value) for name, value in fields[:10]]
 
 
@@ -204,7 +208,7 @@ def _facts(alert: Alert) -> list[dict[str, Any]]:
     facts = _facts_of(alert)[:10]
     if not facts:
         return []
-    return [{"type": "section", "fields": [_field(escape(k), escape(v)) for k, v in facts]}]
+    return [{"type": "section", "fields": [_field(escape(k, 100), escape(v, _FIELD_SHOWN)) for k, v in facts]}]
 
 
 def _buttons(alert: Alert) -> dict[str, Any]:
@@ -231,9 +235,9 @@ def _action_lines(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     parts = []
     for a in actions:
         user_id = str(a.get("user_id") or "")
-        who = f"<@{user_id}>" if _USER_ID.fullmatch(user_id) else escape(a.get("user_name") or "someone")
+        who = f"<@{user_id}>" if _USER_ID.fullmatch(user_id) else escape(a.get("user_name") or "someone", 80)
         until = f" until {rfc3339(epoch(a['until']))}" if a.get("until") else ""
-        parts.append(f"{_DONE.get(a['action'], escape(a['action']))} by {who} at {rfc3339(epoch(a['at']))}{until}")
+        parts.append(f"{_DONE.get(a['action'], escape(a['action'], 40))} by {who} at {rfc3339(epoch(a['at']))}{until}")
     return [{"type": "context", "elements": [{"type": "mrkdwn", "text": clip_lines(
         parts, MAX_TEXT, lambda n: f"{n} more (`burnwatch sql` on `alert_actions`)", sep=" · ")}]}]
 
@@ -244,7 +248,7 @@ def render_blocks(
     """The incident's parent message: with buttons while it is open, and what people did about it.
     ``routing`` (``rules/routing.yaml``) supplies owner mentions and links."""
     routing = routing or Routing()
-    resource = clip(escape(alert.resource_id), 60)
+    resource = escape(alert.resource_id, 60)
     if alert.status == "resolved":
         header = f":white_check_mark: Resolved: {alert.title} on {resource}"
     else:
@@ -292,7 +296,7 @@ def _commands(alert: Alert) -> list[str]:
 
 
 def _resolution_text(alert: Alert) -> str:
-    reason = clip(escape(alert.details.get("reason", "")).replace("_", " "), 200)
+    reason = escape(alert.details.get("reason", ""), 200).replace("_", " ")
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
         + (f" ({reason})" if reason else "")
@@ -304,8 +308,8 @@ def _resolution_text(alert: Alert) -> str:
 def _group_words(alert: Alert) -> str:
     by, value = alert.group or ("team", "")
     if by == "account":
-        return f"resources in {escape(value) if value else 'an unknown account'}"
-    return f"resources of {escape(by)} {escape(value)}" if value else f"resources without a {escape(by)} tag"
+        return f"resources in {escape(value, 80) if value else 'an unknown account'}"
+    return f"resources of {escape(by, 40)} {escape(value, 80)}" if value else f"resources without a {escape(by, 40)} tag"
 
 
 def group_text(alerts: list[Alert]) -> str:
@@ -335,10 +339,10 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
               + (f"${spent:,.2f} spent" if sunk else f"${rate:,.2f}/h"))  # fmt: skip
     lines = []
     for a in sorted(alerts, key=lambda a: -a.usd_per_hour):
-        facts = escape("; ".join(f"{k.lower()} {v}" for k, v in _facts_of(a)))
+        facts = escape("; ".join(f"{k.lower()} {v}" for k, v in _facts_of(a)), 300)
         commands = _commands(a)
-        line = (f"• {code(a.resource_id, _ID_SHOWN)} ({clip(escape(a.resource_type or '?'), 40)}, "
-                f"{clip(escape(a.region or '?'), 40)}): ${a.usd_per_hour:,.2f}/h{'' if a.burning else ' while it ran'}, "
+        line = (f"• {code(a.resource_id, _ID_SHOWN)} ({escape(a.resource_type or '?', 40)}, "
+                f"{escape(a.region or '?', 40)}): ${a.usd_per_hour:,.2f}/h{'' if a.burning else ' while it ran'}, "
                 f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else "")
                 + "".join(f"; run {code(c, 200)}" for c in commands[:2]))  # fmt: skip
         lines.append(clip(line, 400))
