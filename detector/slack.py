@@ -101,8 +101,9 @@ def notification_text(alert: Alert) -> str:
     elif not alert.dollars:  # a forecast: its first fact is the "how much" ("full by 2026-11-20")
         facts = "; ".join(f"{k.lower()} {v}" for k, v in alert.facts[:2]).replace("`", "")
         text = f"{what}: {escape(facts, MAX_NOTIFICATION_TEXT)}" if facts else what
-    elif alert.burning:
-        text = f"{what}: {money(alert.waste_usd)} so far, {money(alert.usd_per_hour)}/h"
+    elif alert.burning:  # "$412 so far", or what the dollars are when not plain waste ("spent untagged")
+        so_far = "so far" if alert.dollars == "wasted" else f"{alert.dollars} so far"
+        text = f"{what}: {money(alert.waste_usd)} {so_far}, {money(alert.usd_per_hour)}/h"
     else:
         text = f"{what}: {money(alert.waste_usd)} {alert.dollars}, ended"
     return clip(text, MAX_NOTIFICATION_TEXT)
