@@ -79,11 +79,13 @@ def figure(rows: int = 1, height_ratios: list[float] | None = None) -> tuple[Any
 
     matplotlib.use("Agg")
     from matplotlib import rc_context
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     with rc_context(_RC):
         size = (SIZE_IN[0], SIZE_IN[1] + (1.4 * (rows - 1)))
         fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+        FigureCanvasAgg(fig)  # a renderer to measure text with (tests, label spreading)
         axes = fig.subplots(rows, 1, sharex=True, squeeze=False, height_ratios=height_ratios)[:, 0].tolist()
         for ax in axes:
             ax.spines[["top", "right"]].set_visible(False)
@@ -105,23 +107,29 @@ def time_axis(ax: Any, lo: float | None = None, hi: float | None = None) -> None
     ax.set_xlabel("UTC, event time", fontsize=9, color=INK["muted"])
 
 
+LEVEL_KINDS = ("threshold", "usual", "capacity")
+
+
 def level_line(ax: Any, value: float, label: str, kind: str = "threshold") -> Any:
     """A labelled horizontal line: ``kind`` is ``threshold`` (the rule's line, dashed black),
-    ``usual`` (the usual level, green) or ``capacity`` (vermillion). The label is written on
-    the line at the right, so it reads without a legend."""
+    ``usual`` (the usual level, green) or ``capacity`` (vermillion). The label is written just
+    right of the plot, level with the line, where no data can cover it (keep it short; a
+    ``\n`` makes two lines); labels that would touch are moved apart when the chart is saved."""
     style = {"threshold": "--", "usual": "-.", "capacity": "--"}.get(kind, "--")
     line = ax.axhline(value, color=INK.get(kind, INK["threshold"]), linestyle=style, linewidth=1.3, gid=kind,
                       zorder=3)  # fmt: skip
-    ax.annotate(clip(label, 40), xy=(1.0, value), xycoords=("axes fraction", "data"), xytext=(-4, 3),
-                textcoords="offset points", ha="right", va="bottom", fontsize=9, color=line.get_color(),
-                gid=f"{kind}-label", annotation_clip=False, parse_math=False,
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})  # fmt: skip
+    text = "\n".join(clip(part, 18) for part in label.split("\n")[:2])
+    ax.annotate(text, xy=(1.0, value), xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points",
+                ha="left", va="center", fontsize=9, color=line.get_color(), gid=f"{kind}-label", annotation_clip=True,
+                parse_math=False, linespacing=1.0)  # fmt: skip
     return line
 
 
-def episode_marks(ax: Any, start: float, fired_at: float | None, end: float, resolved: bool) -> None:
+def episode_marks(ax: Any, start: float, fired_at: float | None, end: float, resolved: bool,
+                  labels: bool = True) -> None:  # fmt: skip
     """The episode as a light band from its start to ``end``, with lines at its start, the
-    alert (``fired_at``) and, when ``resolved``, the resolution, each labelled at the top."""
+    alert (``fired_at``) and, when ``resolved``, the resolution, each labelled at the top
+    (``labels=False``: lines only, for a second panel under the first)."""
     ax.axvspan(utc(start), utc(max(end, start)), color=INK["episode"], alpha=0.07, gid="episode", zorder=0)
     marks = [("episode-start", start, "started", INK["episode"])]
     if fired_at is not None:
@@ -131,6 +139,8 @@ def episode_marks(ax: Any, start: float, fired_at: float | None, end: float, res
     last_x = None
     for gid, t, text, colour in marks:
         ax.axvline(utc(t), color=colour, linestyle=":", linewidth=1.3, gid=gid, zorder=3)
+        if not labels:
+            continue
         # labels of marks close together would collide: stack them instead
         row = 1 if last_x is not None and abs(t - last_x) < _near(ax) else 0
         ax.annotate(text, xy=(utc(t), 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3 - 12 * row),
@@ -151,17 +161,20 @@ def _near(ax: Any) -> float:
 
 
 def headline(ax: Any, title: str, waste_usd: float | None = None, usd_per_hour: float | None = None,
-             burning: bool = True, what: str = "so far") -> None:  # fmt: skip
+             burning: bool = True, what: str = "so far", note: str = "") -> None:  # fmt: skip
     """The chart's title (clipped, one line) and under it the dollars: "$1,234 so far · $32/h"
-    (no per hour when the money is no longer being spent)."""
-    pad = 20 if waste_usd is not None else 6
+    (no per hour when the money is no longer being spent), then ``note`` ("5 of 8 GPUs idle").
+    With no dollars (a forecast), the second line is the note alone."""
+    pad = 20 if waste_usd is not None or note else 6
     ax.set_title(clip(title, 70), loc="left", fontsize=12, fontweight="bold", pad=pad, parse_math=False)
-    if waste_usd is None:
+    if waste_usd is None and not note:
         return
-    parts = [f"{money(waste_usd)} {what}".strip()]
-    if usd_per_hour and burning:
+    parts = [] if waste_usd is None else [f"{money(waste_usd)} {what}".strip()]
+    if waste_usd is not None and usd_per_hour and burning:
         parts.append(f"{money(usd_per_hour)}/h")
-    ax.annotate(" · ".join(parts), xy=(0, 1), xycoords="axes fraction", xytext=(0, 5), textcoords="offset points",
+    if note:
+        parts.append(clip(note, 80))
+    ax.annotate(clip(" · ".join(parts), 95), xy=(0, 1), xycoords="axes fraction", xytext=(0, 5), textcoords="offset points",
                 ha="left", va="bottom", fontsize=10.5, color=INK["problem"], gid="dollars", annotation_clip=False,
                 parse_math=False)  # fmt: skip
 
@@ -181,7 +194,32 @@ def legend(ax: Any, **kw: Any) -> Any:
 
 
 def png(fig: Any) -> bytes:
-    """The figure as PNG bytes."""
+    """The figure as PNG bytes: level labels moved apart, then quantised to 256 colours (a
+    chart has few; the file is a third of the size, quicker to upload and to open on a phone)."""
+    from PIL import Image
+
+    _spread_level_labels(fig)
     out = io.BytesIO()
     fig.savefig(out, format="png", dpi=DPI)
-    return out.getvalue()
+    image = Image.open(io.BytesIO(out.getvalue())).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    small = io.BytesIO()
+    image.save(small, format="png", optimize=True)
+    return small.getvalue()
+
+
+def _spread_level_labels(fig: Any) -> None:
+    """Move level labels of one axes that would overlap apart, keeping their order."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if t.get_gid() in {f"{k}-label" for k in LEVEL_KINDS} and t.get_visible()]
+        boxes = sorted(((t.get_window_extent(renderer), t) for t in labels), key=lambda bt: bt[0].y0)
+        top = None
+        for box, text in boxes:
+            if top is not None and box.y0 < top + 2:
+                shift = top + 2 - box.y0
+                x, y = text.xyann
+                text.xyann = (x, y + shift * 72 / fig.dpi)
+                top = box.y1 + shift
+            else:
+                top = box.y1
