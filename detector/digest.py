@@ -36,7 +36,8 @@ from detector.slack import code, escape, money
 from detector.store.digests import Digests
 from detector.units import epoch
 
-__all__ = ["TREND_DAYS", "Digest", "build_digests", "digest_chart", "digest_text", "render_digest", "send_due_digests"]
+__all__ = ["TREND_DAYS", "Digest", "build_digests", "digest_chart", "digest_figure", "digest_text", "render_digest",
+           "send_due_digests"]
 
 TREND_DAYS = 14
 """Days the digest's chart shows, the digest's own the last."""
@@ -240,6 +241,13 @@ _SHOWN_TYPES = 6
 
 
 def digest_chart(d: Digest) -> bytes:
+    """The digest's chart as PNG (:func:`digest_figure`), posted in the digest's thread."""
+    from detector.charts import style
+
+    return bytes(style.png(digest_figure(d)))
+
+
+def digest_figure(d: Digest) -> Any:
     """The last :data:`TREND_DAYS` UTC days' waste, stacked by type, the digest's day in full
     colour with its total above it and the days before faded, the average of the days before as
     a labelled line; the dollars in the title. Drawn with the shared chart style."""
@@ -275,27 +283,19 @@ def digest_chart(d: Digest) -> bytes:
                 parse_math=False)  # fmt: skip
     usual = d.usual
     if usual is not None:
-        style.level_line(ax, usual, f"average before: {style.money(usual)}/day", kind="usual")
-        for label in ax.texts:  # its label on the left, clear of the highlighted day at the right
-            if label.get_gid() == "usual-label":
-                label.xy = (0.0, usual)
-                label.set_position((4, 3))
-                label.set_horizontalalignment("left")
+        style.level_line(ax, usual, f"average\n{style.money(usual)}/day", kind="usual")
     ax.set_ylim(0, max([*bottom, usual or 0.0, 0.01]) * 1.18)
     ax.yaxis.set_major_formatter(_dollar_axis())
     style.time_axis(ax, days[0] - DAY_S / 2, days[-1] + DAY_S / 2)
     title = f"Cost waste {style.money(d.total)} on {d.date}"
     if d.channel:
         title += f" · {style.clip(d.channel, 24)}"
-    style.headline(ax, title)
-    ax.annotate(f"{style.money(d.open_usd_per_hour)}/h still burning at the day's end · last {TREND_DAYS} UTC days",
-                xy=(0, 1), xycoords="axes fraction", xytext=(0, 5), textcoords="offset points", ha="left", va="bottom",
-                fontsize=10, color=style.INK["muted"], gid="dollars", annotation_clip=False, parse_math=False)  # fmt: skip
-    ax.set_title(ax.get_title(loc="left"), loc="left", fontsize=12, fontweight="bold", pad=20, parse_math=False)
+    style.headline(ax, title, note=f"{style.money(d.open_usd_per_hour)}/h still burning at the day's end · "
+                   f"the last {TREND_DAYS} UTC days")  # fmt: skip
     legend = style.legend(ax)
     for handle in legend.legend_handles if legend is not None else []:
         handle.set_alpha(1.0)  # the colours as the day's bar shows them, not the faded days before
-    return bytes(style.png(fig))
+    return fig
 
 
 def _dollar_axis() -> Any:
