@@ -470,13 +470,13 @@ class SlackNotifier:
         return None
 
     def post_digest(self, digest: Digest, blocks: list[dict[str, Any]], png: bytes | None) -> tuple[str, str]:
-        """Post a daily digest (and its bar chart in its thread); return (channel, ts)."""
+        """Post a daily digest (and its chart of the last days in its thread); return (channel, ts)."""
         from detector.digest import digest_text
 
         channel, ts = self._send(digest.channel, digest_text(digest), blocks)
         if png is not None and self._web is not None and ts:
             self._web.files_upload_v2(channel=channel, thread_ts=ts, file=png, filename=f"digest-{digest.date}.png",
-                                      title=f"Cost waste by team, {digest.date}")  # fmt: skip
+                                      title=f"Cost waste by day and type, the last days to {digest.date}")  # fmt: skip
         return channel, ts
 
     def upload_chart(self, alert: Alert, png: bytes, channel: str, thread_ts: str) -> None:
