@@ -638,8 +638,9 @@ def cmd_digest(args: argparse.Namespace) -> int:
             print(f"  top: {o['resource_id']} ({o['type']}, {o['team']}) ${o['usd']:,.2f}")
         for o in d.fixed:
             how = f", {o['how']}" if o["how"] else ""
-            print(f"  fixed: {o['resource_id']} ({o['type']}, {o['team']}) resolved "
-                  f"{datetime.fromtimestamp(o['resolved_at'], tz=timezone.utc):%H:%M} UTC{how}; ${o['usd']:,.2f} that day")  # fmt: skip
+            at = datetime.fromtimestamp(o["resolved_at"], tz=timezone.utc)
+            print(f"  fixed: {o['resource_id']} ({o['type']}, {o['team']}) resolved {at:%H:%M} UTC{how}; "
+                  f"${o['usd']:,.2f} that day")  # fmt: skip
         for o in d.still_open:
             rate = f"${o['usd_per_hour']:,.2f}/h" if o["usd_per_hour"] else "spent, not burning"
             print(f"  open: {o['resource_id']} ({o['type']}, {o['team']}) {rate}; ${o['usd']:,.2f} that day")

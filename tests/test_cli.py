@@ -304,11 +304,13 @@ def test_digest_prints_what_was_fixed_what_stayed_open_and_writes_its_chart(made
                "episode_start, fired_at, updated_at, resolved_at, waste_usd, usd_per_hour, tags, details, silenced, version) "
                "VALUES ")
     rows = ("('a1', 'idle_gpu', 'idle', 'h1', 'resolved', 'resolved', 'warning', '2026-11-02 01:00:00', "
-            "'2026-11-02 01:00:00', '2026-11-02 05:00:00', '2026-11-02 05:00:00', 40, 10, {'team': 'nlp'}, '{\"reason\": \"gpu_busy\"}', '', 1), "
+            "'2026-11-02 01:00:00', '2026-11-02 05:00:00', '2026-11-02 05:00:00', 40, 10, {'team': 'nlp'}, "
+            "'{\"reason\": \"gpu_busy\"}', '', 1), "
             "('a2', 'idle_gpu', 'idle', 'h2', 'firing', 'fired', 'warning', '2026-11-02 02:00:00', "
             "'2026-11-02 02:00:00', '2026-11-02 08:00:00', NULL, 60, 10, {'team': 'vision'}, '{}', '', 1)")  # fmt: skip
-    changes = [("INSERT INTO burnwatch.alert_changes (alert_id, at, waste_usd) VALUES ('a1', '2026-11-02 01:00:00', 0), "
-                "('a1', '2026-11-02 05:00:00', 40), ('a2', '2026-11-02 02:00:00', 0), ('a2', '2026-11-02 08:00:00', 60)")]
+    changes = [("INSERT INTO burnwatch.alert_changes (alert_id, at, waste_usd) VALUES "
+                "('a1', '2026-11-02 01:00:00', 0), ('a1', '2026-11-02 05:00:00', 40), "
+                "('a2', '2026-11-02 02:00:00', 0), ('a2', '2026-11-02 08:00:00', 60)")]
     for statement in (usage, columns + rows, *changes):
         out = burnwatch("sql", statement, env=made)
         assert out.returncode == 0, out.stderr

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
-
 from datetime import datetime, timezone
+
+import pytest
 
 from detector.alerts import Alert
 from detector.detectors import REGISTRY
 from detector.digest import DAY_S, Digest, build_digests, digest_chart, digest_figure, render_digest, send_due_digests
-from detector.store.remediation import ActionStep
 from detector.slack import SlackNotifier
 from detector.store import EventBatch
+from detector.store.remediation import ActionStep
 from detector.testing import LocalSlack
 from tests.helpers import T0, usage
 
