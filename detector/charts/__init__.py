@@ -18,11 +18,12 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from detector.alerts import Alert
+from detector.charts import style
 from detector.charts.anomaly import anomaly_chart
 from detector.charts.commitment import commitment_chart
 from detector.charts.egress import egress_chart
@@ -32,11 +33,14 @@ from detector.charts.spend import failed_run_chart, untagged_chart
 from detector.store.connection import Connection
 from detector.units import rfc3339
 
-__all__ = ["CHARTED_TYPES", "CHARTS", "ChartWorker", "chart_title", "render_chart"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["CHARTED_TYPES", "CHARTS", "NOT_CHARTED", "ChartWorker", "chart_title", "draw_chart", "render_chart"]
 
 log = structlog.get_logger("burnwatch.charts")
 
-Chart = Callable[[Alert, Connection], "bytes | None"]
+Chart = Callable[[Alert, Connection], "Figure | None"]
 CHARTS: dict[str, Chart] = {
     **dict.fromkeys(GPU_TYPES, gpu_chart),
     **dict.fromkeys(GROWTH_TYPES, growth_chart),
@@ -55,11 +59,20 @@ NOT_CHARTED = {
 """Types without a chart, and why (docs/charts.md says the same)."""
 
 
-def render_chart(alert: Alert, store: Connection) -> bytes | None:
-    """A PNG for this alert, or None when its type has no chart or there is no data (the
-    queries: ``detector/store/sql/charts/``)."""
+def draw_chart(alert: Alert, store: Connection) -> Figure | None:
+    """The figure of this alert's chart, finished as it will be saved, or None when its type
+    has no chart or there is no data (the queries: ``detector/store/sql/charts/``)."""
     draw = CHARTS.get(alert.type)
-    return draw(alert, store) if draw is not None else None
+    fig = draw(alert, store) if draw is not None else None
+    if fig is not None:
+        style.finish(fig)
+    return fig
+
+
+def render_chart(alert: Alert, store: Connection) -> bytes | None:
+    """A PNG for this alert (:func:`draw_chart`), or None."""
+    fig = draw_chart(alert, store)
+    return style.png(fig) if fig is not None else None
 
 
 class ChartWorker:

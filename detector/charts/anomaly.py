@@ -9,12 +9,15 @@ learnt shaded, and the score against its threshold in the headline. It says so u
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert
 from detector.charts import style
 from detector.charts.window import number, stored_time, window
 from detector.store.connection import Connection
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["anomaly_chart"]
 
@@ -28,7 +31,7 @@ LABELS = {
 PANELS = 3
 
 
-def anomaly_chart(alert: Alert, store: Connection) -> bytes | None:
+def anomaly_chart(alert: Alert, store: Connection) -> Figure | None:
     """Up to three of the features that stood out, per step, against their usual range."""
     d = alert.details
     named = [f for f in d.get("stands_out") or [] if isinstance(f, dict) and f.get("feature") in LABELS]
@@ -53,7 +56,7 @@ def anomaly_chart(alert: Alert, store: Connection) -> bytes | None:
     fig, axes = style.figure(rows=len(shown))
     for ax, feature in zip(axes, shown, strict=True):
         _panel(ax, feature, *series[feature["feature"]])
-        style.episode_marks(ax, w.start, w.fired_at, w.end, w.resolved, labels=ax is axes[0])
+        style.episode_marks(ax, w.start, w.fired_at, w.end, w.resolved, labels=ax is axes[0], band=True)
     style.time_axis(axes[-1], w.lo, w.hi)
     score, threshold = number(d.get("score")), number(d.get("threshold"))
     note = f"score {score:.2f} (alone alerts above {threshold:.2f})" if score is not None and threshold is not None else ""
@@ -62,7 +65,7 @@ def anomaly_chart(alert: Alert, store: Connection) -> bytes | None:
     axes[-1].set_xlabel("UTC, event time\nThe score is not stored per window: these are the features that drove it.",
                         fontsize=9, color=style.INK["muted"], gid="anomaly-caveat")  # fmt: skip
     style.legend(axes[-1])
-    return style.png(fig)
+    return fig
 
 
 def _panel(ax: Any, feature: dict[str, Any], times: list[float], values: list[float]) -> None:

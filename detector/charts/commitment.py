@@ -3,6 +3,8 @@ for unused, with the unused share written on each day."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from detector.alerts import Alert
 from detector.charts import style
 from detector.charts.spend import dollar_ticks
@@ -10,10 +12,13 @@ from detector.charts.window import stored_time, window
 from detector.events import DAY_S
 from detector.store.connection import Connection
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = ["commitment_chart"]
 
 
-def commitment_chart(alert: Alert, store: Connection) -> bytes | None:
+def commitment_chart(alert: Alert, store: Connection) -> Figure | None:
     """Used and unused dollars per day, stacked, the days of the episode marked."""
     w = window(alert, before_s=5 * DAY_S, min_sample_s=DAY_S)
     rows = [r for r in store.named("charts/commitment", w.params(alert.resource_id)) if r["unused_usd"] or r["used_usd"]]
@@ -44,4 +49,4 @@ def commitment_chart(alert: Alert, store: Connection) -> bytes | None:
     style.headline(ax, f"{alert.title}: {name}", alert.waste_usd, alert.usd_per_hour, alert.burning,
                    what=alert.dollars, note=note)  # fmt: skip
     style.legend(ax)
-    return style.png(fig)
+    return fig

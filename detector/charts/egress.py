@@ -3,15 +3,20 @@ rule's multiple of it, over the runaway and the hours before."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from detector.alerts import Alert
 from detector.charts import style
 from detector.charts.window import number, stored_time, window
 from detector.store.connection import Connection
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = ["egress_chart"]
 
 
-def egress_chart(alert: Alert, store: Connection) -> bytes | None:
+def egress_chart(alert: Alert, store: Connection) -> Figure | None:
     """Egress GB/h with the usual (24 h median) and the runaway line (``multiple`` × usual)."""
     d = alert.details
     dest = str(d.get("dest_region") or "")
@@ -36,4 +41,4 @@ def egress_chart(alert: Alert, store: Connection) -> bytes | None:
     note = f"{excess:,.0f} GB over usual" if excess is not None else ""
     style.headline(ax, f"Egress runaway: {style.clip(alert.resource_id, 36)} → {style.clip(dest or '?', 20)}",
                    alert.waste_usd, alert.usd_per_hour, alert.burning, what=alert.dollars, note=note)  # fmt: skip
-    return style.png(fig)
+    return fig

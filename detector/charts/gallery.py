@@ -93,7 +93,7 @@ def idle_gpu(span: float = 5 * HOUR, rid: str = "i-0a1b2c3d4e5f60718") -> Scene:
     before = max(2 * HOUR, span * 0.4)
     start, end = T0 + before, T0 + before + span
     n = _noise("idle")
-    step = max(30.0, (span + before) / 700)
+    step = max(30.0, (span + before) / 300)
 
     def util(g: int, t: float) -> float:
         return 86 + n(6) if t < start else 0.3 + abs(n(0.4))
@@ -116,7 +116,7 @@ def partly_idle_gpu(rid: str = "i-0b2c3d4e5f6071829") -> Scene:
 
     return Scene("partly_idle_gpu", _alert("partly_idle_gpu", rid, start, start + 1800, end, False, 20.48 * 6, 20.48,
                                            {"gpu_count": 8, "gpu_model": "A100", "gpus_idle": idle, "util_below_pct": 5.0}),
-                 _host(rid, T0, end, 60.0, util))  # fmt: skip
+                 _host(rid, T0, end, 120.0, util))  # fmt: skip
 
 
 def unallocated_gpu(rid: str = "gke-train-pool-7f3a-node-2") -> Scene:
@@ -334,40 +334,50 @@ def store_scene(store: Any, s: Scene) -> None:
     store.events.insert(batch)
 
 
-def gallery(store: Any, out: Path, names: list[str] | None = None) -> list[Path]:
-    """Store each scene, draw its chart and write ``out/<name>.png``; the paths written."""
-    from detector.charts import render_chart
+def gallery(store: Any, out: Path, names: list[str] | None = None, figures: dict[str, Any] | None = None) -> list[Path]:
+    """Store each scene, draw its chart and write ``out/<name>.png``; the paths written.
+    ``figures``: where to keep each drawn figure by name (the picture tests measure them)."""
+    from detector.charts import draw_chart, style
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in names or list(SCENES):
         s = scene(name)
         store_scene(store, s)
-        png = render_chart(s.alert, store)
-        if png is None:
+        fig = draw_chart(s.alert, store)
+        if fig is None:
             raise RuntimeError(f"no chart for the {name} scene")
         path = out / f"{name}.png"
-        path.write_bytes(png)
+        path.write_bytes(style.png(fig))
         written.append(path)
+        if figures is not None:
+            figures[name] = fig
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m detector.charts.gallery --out docs/gallery``: the gallery from an in-memory store."""
+def main(argv: list[str] | None = None, store: Any = None) -> int:
+    """``python -m detector.charts.gallery --out docs/gallery``: the gallery from an in-memory
+    store (``store``: one already open, as in a test: chdb allows one engine per process)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--out", type=Path, default=Path("docs/gallery"))
-    p.add_argument("names", nargs="*", help=f"scenes to draw (default: all of {', '.join(SCENES)})")
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"scenes to draw (default: all of {', '.join(SCENES)})")
     args = p.parse_args(argv)
-    from detector.store import Store, connect
+    unknown = [n for n in args.names if n not in SCENES]
+    if unknown:
+        p.error(f"no scene {', '.join(unknown)} (there are: {', '.join(SCENES)})")
+    client = None
+    if store is None:
+        from detector.store import Store, connect
 
-    client = connect("chdb://memory")
-    try:
+        client = connect("chdb://memory")
         store = Store(client, database="gallery")
         store.migrate()
+    try:
         for path in gallery(store, args.out, args.names or None):
             print(f"{path} ({path.stat().st_size // 1024} KB)")
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     return 0
 
 

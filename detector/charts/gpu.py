@@ -15,12 +15,15 @@ import math
 import statistics
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert
 from detector.charts import style
 from detector.charts.window import Window, number, stored_time, window
 from detector.store.connection import Connection
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["GPU_TYPES", "gpu_chart"]
 
@@ -119,12 +122,18 @@ def _heatmap(ax: Any, grid: Grid, values: dict[int, list[float]], flagged: list[
     from matplotlib.dates import date2num
 
     nums = [date2num(d) for d in grid.dates]
-    step = (nums[1] - nums[0]) if len(nums) > 1 else 1 / 1440
-    edges = [*nums, nums[-1] + step]
-    rows = [values[g] for g in grid.gpus]
-    mesh = ax.pcolormesh(edges, list(range(len(grid.gpus) + 1)), rows, cmap="cividis", vmin=0, vmax=100,
-                         shading="flat", gid="gpu-heatmap", rasterized=True)  # fmt: skip
-    ax.set_ylim(len(grid.gpus), 0)
+    step = min((b - a for a, b in zip(nums, nums[1:], strict=False)), default=1 / 1440)
+    columns = max(1, round((nums[-1] - nums[0]) / step) + 1)
+    nan = float("nan")
+    rows = [[nan] * columns for _ in grid.gpus]  # on a regular grid: a step no GPU reported stays blank
+    for k, g in enumerate(grid.gpus):
+        for x, v in zip(nums, values[g], strict=True):
+            rows[k][min(columns - 1, round((x - nums[0]) / step))] = v
+        for i in range(1, columns):  # a step between two samples' steps: the earlier one's value
+            if math.isnan(rows[k][i]) and i + 1 < columns and not math.isnan(rows[k][i + 1]):
+                rows[k][i] = rows[k][i - 1]
+    mesh = ax.imshow(rows, cmap="cividis", vmin=0, vmax=100, aspect="auto", interpolation="nearest", gid="gpu-heatmap",
+                     extent=(nums[0], nums[0] + columns * step, len(grid.gpus), 0))  # fmt: skip
     every = max(1, math.ceil(len(grid.gpus) / 8))
     ticks = list(range(0, len(grid.gpus), every))
     ax.set_yticks([i + 0.5 for i in ticks], [f"GPU {grid.gpus[i]}" for i in ticks])
@@ -140,7 +149,7 @@ def _heatmap(ax: Any, grid: Grid, values: dict[int, list[float]], flagged: list[
     return mesh
 
 
-def gpu_chart(alert: Alert, store: Connection) -> bytes | None:
+def gpu_chart(alert: Alert, store: Connection) -> Figure | None:
     """Activity of the host's GPUs over the episode, grouped, with the rule's threshold."""
     w = window(alert, before_s=1800)
     rows = store.named("charts/gpu", w.params(alert.resource_id))
@@ -199,4 +208,4 @@ def gpu_chart(alert: Alert, store: Connection) -> bytes | None:
     style.headline(ax, f"{alert.title}: {style.clip(alert.resource_id, 40)}", alert.waste_usd, alert.usd_per_hour,
                    alert.burning, what=alert.dollars or "so far", note=note)  # fmt: skip
     style.legend(ax)
-    return style.png(fig)
+    return fig

@@ -4,12 +4,17 @@ or the monthly bill it grows to."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from detector.alerts import Alert
 from detector.charts import style
 from detector.charts.spend import dollar_ticks
 from detector.charts.window import number, stored_time, window
 from detector.events import DAY_S
 from detector.store.connection import Connection
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["GROWTH_TYPES", "growth_chart"]
 
@@ -18,7 +23,7 @@ FORECAST_DAYS = 30.0
 """How far a trend without a day it is full is carried forward (and at most this, ×3, with one)."""
 
 
-def growth_chart(alert: Alert, store: Connection) -> bytes | None:
+def growth_chart(alert: Alert, store: Connection) -> Figure | None:
     """Size with its trend forecast and capacity line."""
     d = alert.details
     w = window(alert, before_s=(3 if alert.type == "vector_db_growth" else 7) * DAY_S, min_sample_s=300)
@@ -75,4 +80,4 @@ def growth_chart(alert: Alert, store: Connection) -> bytes | None:
                 if now is not None and later is not None else "")  # fmt: skip
         style.headline(ax, f"{alert.title}: {style.clip(alert.resource_id, 40)}", note=note)
     style.legend(ax)
-    return style.png(fig)
+    return fig

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert
 from detector.charts import style
@@ -11,10 +11,13 @@ from detector.charts.window import number, stored_time, window
 from detector.events import DAY_S
 from detector.store.connection import Connection
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = ["dollar_ticks", "failed_run_chart", "untagged_chart"]
 
 
-def untagged_chart(alert: Alert, store: Connection) -> bytes | None:
+def untagged_chart(alert: Alert, store: Connection) -> Figure | None:
     """The resource's spend per UTC day (per hour for an episode under two days), the days
     since it went untagged in vermillion, those before in grey."""
     span = (alert.resolved_at or alert.updated_at) - alert.episode_start
@@ -47,10 +50,10 @@ def untagged_chart(alert: Alert, store: Connection) -> bytes | None:
     legend = fig.legend(handles=keys, loc="outside lower center", ncols=len(keys), fontsize=9, frameon=False)
     for text in legend.get_texts():
         text.set_parse_math(False)
-    return style.png(fig)
+    return fig
 
 
-def failed_run_chart(alert: Alert, store: Connection) -> bytes | None:
+def failed_run_chart(alert: Alert, store: Connection) -> Figure | None:
     """A failed run: its share of its hosts' spend added up from its start to its failure, with
     the rule's floor. A crash loop: the failed runs, each as a bar of its hours, and their total."""
     d = alert.details
@@ -86,10 +89,10 @@ def failed_run_chart(alert: Alert, store: Connection) -> bytes | None:
     style.headline(ax, f"Failed run: {style.clip(d.get('run_id') or alert.resource_id, 40)}", alert.waste_usd,
                    alert.usd_per_hour, alert.burning, what=alert.dollars, note=note)  # fmt: skip
     style.legend(ax)
-    return style.png(fig)
+    return fig
 
 
-def _crash_loop(alert: Alert, runs: list[Any]) -> bytes | None:
+def _crash_loop(alert: Alert, runs: list[Any]) -> Figure | None:
     spans: list[tuple[float, float, float]] = []
     for r in runs:
         start, end, usd = (number(r.get(k)) for k in ("start", "end", "usd")) if isinstance(r, dict) else (None,) * 3
@@ -121,7 +124,7 @@ def _crash_loop(alert: Alert, runs: list[Any]) -> bytes | None:
     style.headline(ax, f"Crash loop: {style.clip(alert.details.get('project') or alert.resource_id, 40)}",
                    alert.waste_usd, alert.usd_per_hour, alert.burning, what=alert.dollars, note=note)  # fmt: skip
     style.legend(ax)
-    return style.png(fig)
+    return fig
 
 
 def dollar_ticks() -> Any:

@@ -15,10 +15,13 @@ from typing import Any
 
 from detector.alerts import Alert
 
-__all__ = ["POINTS", "Window", "number", "stored_time", "window"]
+__all__ = ["POINTS", "STEPS", "Window", "number", "stored_time", "window"]
 
 POINTS = 360
 """About this many time steps across a chart: more than the eye resolves at Slack's width."""
+STEPS = (30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+"""The steps a chart groups by: whole multiples of the usual sampling intervals (30 s, 1 min,
+5 min), so every step holds samples and a series shows no gaps that are not in the data."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ def window(alert: Alert, before_s: float, min_sample_s: float = 30.0, before_sha
     span = max(end - alert.episode_start, 60.0)
     lo = alert.episode_start - max(before_s, before_share * span)
     hi = end + span / 20
-    step = max(int(min_sample_s), int((hi - lo) / POINTS))
+    step = next((s for s in STEPS if s >= max(min_sample_s, (hi - lo) / POINTS)), STEPS[-1])
     return Window(lo=lo, hi=hi, start=alert.episode_start, fired_at=alert.fired_at, end=end,
                   resolved=alert.resolved_at is not None, step_s=step)  # fmt: skip
 
