@@ -167,7 +167,7 @@ def digest_text(d: Digest) -> str:
     parts = [f"Cost waste on {d.date}: {money(d.total)}"]
     if d.by_team:
         team, usd = max(d.by_team.items(), key=lambda kv: kv[1])
-        parts.append(f"most: team {escape(team, 40)} {money(usd)}")
+        parts.append(f"most: {'untagged' if team == '(untagged)' else 'team ' + escape(team, 40)} {money(usd)}")
     if d.open_incidents:
         parts.append(f"{d.open_incidents} still open, {money(d.open_usd_per_hour)}/h")
     if d.fixed:
@@ -261,7 +261,8 @@ def digest_figure(d: Digest) -> Any:
             totals[t] = totals.get(t, 0.0) + usd
     ranked = sorted(totals, key=lambda t: -totals[t])
     shown = ranked[:_SHOWN_TYPES] if len(ranked) <= _SHOWN_TYPES + 1 else ranked[: _SHOWN_TYPES - 1]
-    palette = [style.COLOURS[c] for c in ("vermillion", "blue", "orange", "sky", "green", "purple")]
+    # the two blues apart, green (the average's line) last
+    palette = [style.COLOURS[c] for c in ("vermillion", "blue", "orange", "purple", "sky", "green")]
     series = [(_title(t), palette[i], {day: trend.get(day, {}).get(t, 0.0) for day in days}) for i, t in enumerate(shown)]
     rest = [t for t in ranked if t not in shown]
     if rest:
