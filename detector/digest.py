@@ -91,11 +91,16 @@ class Digest:
     def usual(self) -> float | None:
         """The average waste per day over the trend's days before this one (days with none
         count as $0 from the first with any); None without any."""
-        before = sorted(d for d in self.trend if d < self.day)
-        if not before:
+        days = self.usual_days
+        if not days:
             return None
-        days = round((self.day - before[0]) / DAY_S)
-        return sum(sum(self.trend[d].values()) for d in before) / max(1, days)
+        return sum(sum(by_type.values()) for d, by_type in self.trend.items() if d < self.day) / days
+
+    @property
+    def usual_days(self) -> int:
+        """How many days :attr:`usual` averages: from the first of the trend's with any waste."""
+        before = [d for d in self.trend if d < self.day]
+        return round((self.day - min(before)) / DAY_S) if before else 0
 
 
 def build_digests(repo: Digests, day: float, top_n: int = 5, trend_days: int = TREND_DAYS) -> list[Digest]:
@@ -196,7 +201,7 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
              + f"; ${o['usd']:,.2f} that day" for o in d.still_open]  # fmt: skip
     usual = d.usual
     summary = (f"*${d.total:,.2f}* wasted in {d.incidents} incidents"
-               + (f" (the {TREND_DAYS}-day average before it: ${usual:,.2f}/day)" if usual is not None else "")
+               + (f" (the {d.usual_days} days before: ${usual:,.2f}/day on average)" if usual is not None else "")
                + f"; *{len(d.fixed)} fixed*; *{d.open_incidents} still open* at the day's end, "
                f"*${d.open_usd_per_hour:,.2f}/h* (${d.open_usd_per_hour * HOURS_PER_MONTH:,.0f}/month if left).")  # fmt: skip
     blocks: list[dict[str, Any]] = [

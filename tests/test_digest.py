@@ -162,7 +162,8 @@ def test_the_trend_is_the_ledger_of_the_days_before(fortnight):
     for k in range(4):
         (before,) = build_digests(store.digests, T0 + k * DAY_S)
         assert before.total == pytest.approx(days[T0 + k * DAY_S])
-    assert d.usual == pytest.approx(25.0)
+    assert d.usual == pytest.approx(25.0) and d.usual_days == 4
+    assert "(the 4 days before: $25.00/day on average)" in render_digest(d)[1]["text"]["text"]
 
 
 def _boxes(fig, texts):
