@@ -170,9 +170,29 @@ def test_a_host_of_eight_is_drawn_as_idle_and_busy_groups_naming_the_idle_gpus(f
     assert {"idle", "busy"} <= gids and not any("-gpu" in str(g) for g in gids)  # two groups, not eight lines
     legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
     assert "idle: 5 of 8 GPUs" in legend and "busy: 3 of 8 GPUs" in legend
-    assert "5 of 8 GPUs idle (GPU 3, 4, 5, 6, 7)" in _text(fig, "dollars")
+    assert "5 of 8 GPUs idle (GPU 3–7)" in _text(fig, "dollars")
     marked = {t.get_text() for t in strip.get_yticklabels() if t.get_color() == style.INK["problem"]}
     assert marked == {f"GPU {g}" for g in (3, 4, 5, 6, 7)}
+
+
+@pytest.mark.parametrize("gpus", [1, 64])
+def test_a_notebook_and_a_host_of_sixty_four_read_as_well(fleet, gpus):
+    store = fleet[0]
+    s = scenes.partly_idle_gpu(rid=f"i-gpus-{gpus}", gpus=gpus)
+    if gpus == 1:  # a notebook idle as a whole
+        s = scenes.idle_gpu(HOUR, rid=f"i-gpus-{gpus}")
+        s.events = [e for e in s.events if getattr(e, "gpu_index", 0) == 0]
+        s.alert.details["gpu_count"] = 1
+    scenes.store_scene(store, s)
+    fig = _drawn(draw_chart(s.alert, store))
+    assert _axis_clashes(fig) == [] and _outside(fig) == []
+    headline = _text(fig, "dollars")
+    if gpus == 1:
+        assert len(fig.axes) == 1 and "its GPU idle" in headline  # no per-GPU strip for one GPU
+    else:
+        assert "61 of 64 GPUs idle (GPU 3–63)" in headline
+        strip = fig.axes[1]
+        assert 4 <= len([t for t in strip.get_yticklabels() if t.get_text()]) <= 8  # every eighth GPU named
 
 
 def test_a_host_of_four_gets_a_line_per_gpu_coloured_by_its_group(fleet):

@@ -103,20 +103,22 @@ def idle_gpu(span: float = 5 * HOUR, rid: str = "i-0a1b2c3d4e5f60718") -> Scene:
                  _host(rid, T0, end + span * 0.05, step, util))  # fmt: skip
 
 
-def partly_idle_gpu(rid: str = "i-0b2c3d4e5f6071829") -> Scene:
-    """A host of eight running a three-GPU job: five GPUs idle for hours."""
+def partly_idle_gpu(rid: str = "i-0b2c3d4e5f6071829", gpus: int = 8) -> Scene:
+    """A host of eight running a three-GPU job: five GPUs idle for hours (of ``gpus``: all
+    but the first three)."""
     start, end = T0 + 2 * HOUR, T0 + 8 * HOUR
     n = _noise("partly")
-    idle = [3, 4, 5, 6, 7]
+    idle = list(range(3, gpus))
 
     def util(g: int, t: float) -> float:
         if t >= start and g in idle:
             return 0.5 + abs(n(0.5))
         return 78 + n(8) + 6 * math.sin(t / 900 + g)
 
-    return Scene("partly_idle_gpu", _alert("partly_idle_gpu", rid, start, start + 1800, end, False, 20.48 * 6, 20.48,
-                                           {"gpu_count": 8, "gpu_model": "A100", "gpus_idle": idle, "util_below_pct": 5.0}),
-                 _host(rid, T0, end, 120.0, util))  # fmt: skip
+    rate = 32.77 * len(idle) / gpus
+    details = {"gpu_count": gpus, "gpu_model": "A100", "gpus_idle": idle, "util_below_pct": 5.0}
+    return Scene("partly_idle_gpu", _alert("partly_idle_gpu", rid, start, start + 1800, end, False, rate * 6, rate, details),
+                 _host(rid, T0, end, 120.0, util, gpus=gpus))  # fmt: skip
 
 
 def unallocated_gpu(rid: str = "gke-train-pool-7f3a-node-2") -> Scene:

@@ -112,9 +112,23 @@ def _band(ax: Any, grid: Grid, values: dict[int, list[float]], gpus: list[int], 
     ax.plot(dates, mids, color=colour, linewidth=2, label=label, gid=gid)
 
 
-def _gpu_names(gpus: list[int], limit: int = 12) -> str:
-    names = ", ".join(str(g) for g in gpus[:limit])
-    return names + (f" … (+{len(gpus) - limit})" if len(gpus) > limit else "")
+def _gpu_names(gpus: list[int], limit: int = 6) -> str:
+    """``[0, 1, 2, 3, 5, 7]`` as ``"0–3, 5, 7"``: runs as ranges, at most ``limit`` parts."""
+    runs: list[list[int]] = []
+    for g in sorted(gpus):
+        if runs and g == runs[-1][1] + 1:
+            runs[-1][1] = g
+        else:
+            runs.append([g, g])
+    parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}–{b}" for a, b in runs]
+    return ", ".join(parts[:limit]) + (", …" if len(parts) > limit else "")
+
+
+def _count(k: int, n: int) -> str:
+    """``"5 of 8 GPUs"``, ``"all 8 GPUs"``, ``"its GPU"``."""
+    if n == 1:
+        return "its GPU" if k else "no GPU"
+    return f"all {n} GPUs" if k == n else f"{k} of {n} GPUs"
 
 
 def _heatmap(ax: Any, grid: Grid, values: dict[int, list[float]], flagged: list[int], what: str) -> Any:
@@ -179,8 +193,8 @@ def gpu_chart(alert: Alert, store: Connection) -> Figure | None:
         usual = number(d.get("util_p95_pct"))
         usual_label = "p95 (24 h)"
     else:
-        _band(ax, grid, grid.activity, flagged, style.INK["problem"], f"{what}: {len(flagged)} of {n} GPUs", "idle", not many)
-        _band(ax, grid, grid.activity, others, style.INK["ok"], f"busy: {len(others)} of {n} GPUs", "busy", not many)
+        _band(ax, grid, grid.activity, flagged, style.INK["problem"], f"{what}: {_count(len(flagged), n)}", "idle", not many)
+        _band(ax, grid, grid.activity, others, style.INK["ok"], f"busy: {_count(len(others), n)}", "busy", not many)
         usual = _usual(grid, grid.activity, w.start)
         usual_label = "usual before"
     if threshold is not None:
@@ -202,7 +216,7 @@ def gpu_chart(alert: Alert, store: Connection) -> Figure | None:
     style.time_axis(bar_ax, w.lo, w.hi)
     note = ""
     if flagged and not inference:
-        note = f"{len(flagged)} of {n} GPUs {what} (GPU {_gpu_names(flagged)})"
+        note = f"{_count(len(flagged), n)} {what}" + (f" (GPU {_gpu_names(flagged)})" if len(flagged) < n else "")
     elif inference and d.get("suggested_instance_type"):
         note = f"fits on {style.clip(d['suggested_instance_type'], 30)}"
     style.headline(ax, f"{alert.title}: {style.clip(alert.resource_id, 40)}", alert.waste_usd, alert.usd_per_hour,

@@ -222,8 +222,11 @@ def png(fig: Any) -> bytes:
 
 def finish(fig: Any) -> None:
     """What every chart gets before it is saved (and before a test measures it): its level
-    labels moved apart where two would touch."""
+    labels moved apart where two would touch. Once per figure."""
+    if getattr(fig, "_burnwatch_finished", False):
+        return
     _spread_level_labels(fig)
+    fig._burnwatch_finished = True
 
 
 def _spread_level_labels(fig: Any) -> None:
