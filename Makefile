@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test demo demo-bridge test test-fast bench eval lint clean
+.PHONY: install install-test demo demo-bridge test test-fast bench eval lint gallery clean
 
 install: $(STAMP)
 
@@ -50,6 +50,9 @@ eval: install
 	$(BIN)/burnwatch eval
 	$(BIN)/burnwatch eval --messy
 	$(BIN)/burnwatch eval --model --seeds 1,2,3
+
+gallery: install
+	$(BIN)/python -m detector.charts.gallery --out docs/gallery
 
 clean:
 	rm -rf $(VENV) .burnwatch .pytest_cache *.egg-info

@@ -72,5 +72,6 @@ def test_egress_and_growth_charts_are_drawn_from_stored_usage(store):
 
 
 def test_types_without_a_chart_or_data_get_none(store):
-    assert render_chart(incident("untagged", "h9"), store) is None
+    assert render_chart(incident("spot_eligible", "h9"), store) is None
+    assert render_chart(incident("untagged", "h9"), store) is None  # charted, but nothing stored for h9
     assert render_chart(incident("idle_gpu", "no-such-host"), store) is None

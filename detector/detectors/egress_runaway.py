@@ -222,6 +222,7 @@ class EgressRunaway(DetectorBase):
             "rate_gb_per_hour": round(st.rate * 3600 / GB, 3),
             "baseline_gb_per_hour": round(st.baseline * 3600 / GB, 3),
             "usd_per_gb": price,
+            "multiple": self.params.multiple,
             "episode_s": round(at - st.since, 3),
             **extra,
         }

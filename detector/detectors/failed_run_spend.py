@@ -181,7 +181,7 @@ class FailedRunSpend(DetectorBase):
         details = {
             "run_id": ev.run_id, "project": ev.project, "owner": run.tags.get("owner", ""),
             "error": ev.error, "status": ev.status, "gpu_hours": round(failure.gpu_hours, 3),
-            "resource_ids": list(run.resource_ids), "run_s": round(hours, 3),
+            "resource_ids": list(run.resource_ids), "run_s": round(hours, 3), "min_usd": self.params.min_usd,
         }  # fmt: skip
         usd_per_hour = failure.usd * 3600 / hours if hours > 0 else 0.0
         return make_finding(self, "fire", res, episode_start=run.start, fired_at=failure.t, at=failure.t,

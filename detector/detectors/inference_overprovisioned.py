@@ -167,7 +167,8 @@ class InferenceOverprovisioned(DetectorBase):
         advice = self._cheaper(res, max(h.mem_peak_mib for h in st.hours), p95) if quiet else None
         if advice is None:
             return end(st, lambda: self._finding("resolve", st, res, t, reason="load_grew"))
-        advice.update(util_p95_pct=p95, requests_per_s=round(rate, 3) if rate is not None else None)
+        advice.update(util_p95_pct=p95, util_p95_below_pct=self.params.util_p95_below,
+                      requests_per_s=round(rate, 3) if rate is not None else None)
         st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
         if st.fired_at is None:
             assert st.first_t is not None

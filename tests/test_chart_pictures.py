@@ -1,0 +1,221 @@
+"""Charts checked as a person sees them: drawn from events stored in ClickHouse (the gallery's
+scenes), then measured with the renderer: labels that run into each other, text cut off at
+the edge, the rule's line, the episode's marks and the dollars."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from matplotlib.lines import Line2D
+from matplotlib.text import Text
+
+from detector.charts import CHARTED_TYPES, NOT_CHARTED, draw_chart, render_chart, style
+from detector.charts import gallery as scenes
+from detector.detectors import REGISTRY
+
+PNG = b"\x89PNG\r\n\x1a\n"
+HOUR = 3600.0
+SPANS = {"30 min": 1800.0, "6 h": 6 * HOUR, "3 days": 3 * 86_400.0, "30 days": 30 * 86_400.0}
+LEVELS = {
+    "idle_gpu": {"threshold", "usual"}, "partly_idle_gpu": {"threshold", "usual"}, "unallocated_gpu": {"threshold", "usual"},
+    "stuck_gpu": {"threshold", "usual"}, "inference_overprovisioned": {"threshold", "usual"},
+    "egress_runaway": {"threshold", "usual"}, "vector_db_growth": {"capacity"}, "failed_run_spend": {"threshold"},
+    "failed_run_spend-crash_loop": set(), "storage_growth": set(), "untagged": set(), "unused_commitment": set(),
+    "anomaly": {"usual"},
+}  # fmt: skip
+"""Per gallery scene, the labelled level lines a person must see: the rule's line where the
+rule has one that the chart's unit can show, the usual level where there is one."""
+
+
+@pytest.fixture(scope="module")
+def fleet(chdb_client, tmp_path_factory):
+    """The gallery drawn once on a fresh database (it stores every scene), plus the idle host at
+    several spans: the store, the gallery's folder and each scene's figure as it was saved."""
+    from detector.store import Store
+
+    chdb_client.command("DROP DATABASE IF EXISTS t_chart_pictures")
+    store = Store(chdb_client, database="t_chart_pictures")
+    store.migrate()
+    out = tmp_path_factory.mktemp("gallery")
+    figures: dict = {}
+    scenes.gallery(store, out, figures=figures)
+    for label, span in SPANS.items():
+        scenes.store_scene(store, scenes.idle_gpu(span, rid=f"i-span-{label.replace(' ', '')}"))
+    return store, out, figures
+
+
+def _texts_of(fig) -> list[Text]:
+    """What a person reads: titles, annotations, legends, axis labels, the shown tick labels."""
+    out: list[Text] = []
+    for ax in fig.axes:
+        out += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        out += [ax.xaxis.get_offset_text(), *ax.get_xticklabels(), *ax.get_yticklabels()]
+        if ax.get_legend() is not None:
+            out += ax.get_legend().get_texts()
+    for legend in fig.legends:
+        out += legend.get_texts()
+    return [t for t in out if t.get_visible() and t.get_text().strip()]
+
+
+def _clashes(texts: list[Text], renderer) -> list[tuple[str, str]]:
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    clashes = []
+    for (a, p), (b, q) in itertools.combinations(boxes, 2):
+        if min(p.x1, q.x1) - max(p.x0, q.x0) > 0.5 and min(p.y1, q.y1) - max(p.y0, q.y0) > 0.5:
+            clashes.append((a, b))
+    return clashes
+
+
+def _drawn(fig):
+    """The figure as saved: :func:`style.png` draws it (and quantises a copy)."""
+    assert style.png(fig).startswith(PNG)
+    return fig
+
+
+def _axis_clashes(fig) -> list[tuple[str, str]]:
+    """Labels of one axis (its ticks, its offset, its label) that overlap, on every axis (of a
+    drawn figure: positions are the last draw's)."""
+    renderer = fig.canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            texts = [*axis.get_ticklabels(), axis.label, *([axis.get_offset_text()] if axis is ax.xaxis else [])]
+            found += _clashes([t for t in texts if t.get_visible() and t.get_text().strip()], renderer)
+    return found
+
+
+def _outside(fig) -> list[str]:
+    """Texts that the figure's edge cuts (of a drawn figure)."""
+    renderer = fig.canvas.get_renderer()
+    w, h = fig.canvas.get_width_height()
+    cut = []
+    for t in _texts_of(fig):
+        box = t.get_window_extent(renderer)
+        if box.x0 < -1 or box.y0 < -1 or box.x1 > w + 1 or box.y1 > h + 1:
+            cut.append(t.get_text())
+    return cut
+
+
+def _gids(fig, kind: type) -> set[str]:
+    return {a.get_gid() for a in fig.findobj(kind) if a.get_gid() and a.get_visible()}
+
+
+def _text(fig, gid: str) -> str:
+    return " ".join(t.get_text() for t in fig.findobj(Text) if t.get_gid() == gid)
+
+
+def test_every_detector_type_has_a_chart_or_a_reason_and_a_gallery_scene():
+    assert set(REGISTRY) == set(CHARTED_TYPES) | set(NOT_CHARTED)
+    assert not set(CHARTED_TYPES) & set(NOT_CHARTED)
+    assert {scenes.scene(name).alert.type for name in scenes.SCENES} == set(CHARTED_TYPES)
+
+
+def test_the_gallery_writes_one_small_png_per_chart(fleet):
+    out = fleet[1]
+    written = sorted(p.name for p in Path(out).iterdir())
+    assert written == sorted(f"{name}.png" for name in scenes.SCENES)
+    for name in written:
+        data = (Path(out) / name).read_bytes()
+        assert data.startswith(PNG) and len(data) < 80_000, (name, len(data))
+
+
+def test_the_gallery_command_draws_the_scenes_it_is_given(store, tmp_path, capsys):
+    assert scenes.main(["--out", str(tmp_path), "egress_runaway", "untagged"], store=store) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["egress_runaway.png", "untagged.png"]
+    assert "egress_runaway.png" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        scenes.main(["--out", str(tmp_path), "no_such_scene"], store=store)
+
+
+@pytest.mark.parametrize("name", list(scenes.SCENES))
+def test_each_chart_reads_in_five_seconds(fleet, name):
+    alert, fig = scenes.scene(name).alert, fleet[2][name]
+    assert _axis_clashes(fig) == []
+    assert _outside(fig) == []
+    lines, texts = _gids(fig, Line2D), _gids(fig, Text)
+    assert {"episode-start", "alert"} <= lines and "started" in _text(fig, "episode-start-label")
+    assert ("resolved" in lines) == (alert.resolved_at is not None)
+    for kind in LEVELS[name]:
+        assert kind in lines and f"{kind}-label" in texts, kind
+    assert "UTC" in " ".join(ax.get_xlabel() for ax in fig.axes)
+    headline = _text(fig, "dollars")
+    if alert.dollars:  # money gone: how much so far and, while it burns, per hour
+        assert style.money(alert.waste_usd) in headline
+        assert (f"{style.money(alert.usd_per_hour)}/h" in headline) == alert.burning
+    else:  # a forecast: what it will come to
+        assert "full in" in headline or "→" in headline
+    if len(LEVELS[name]) > 1:  # labels of the levels never overlap
+        labels = [t for t in fig.findobj(Text) if str(t.get_gid()).endswith("-label") and t.get_gid()[:-6] in LEVELS[name]]
+        assert _clashes(labels, fig.canvas.get_renderer()) == []
+
+
+@pytest.mark.parametrize("span", list(SPANS))
+def test_the_time_axis_stays_readable_at_any_span(fleet, span):
+    store = fleet[0]
+    alert = scenes.idle_gpu(SPANS[span], rid=f"i-span-{span.replace(' ', '')}").alert
+    fig = _drawn(draw_chart(alert, store))
+    assert _axis_clashes(fig) == []
+    bottom = fig.axes[1]  # the per-GPU strip carries the shared time axis
+    shown = [t.get_text() for t in bottom.get_xticklabels() if t.get_text()]
+    assert len(shown) >= 3, shown
+    assert _outside(fig) == []
+
+
+def test_a_host_of_eight_is_drawn_as_idle_and_busy_groups_naming_the_idle_gpus(fleet):
+    fig = fleet[2]["partly_idle_gpu"]
+    top, strip = fig.axes[0], fig.axes[1]
+    gids = {line.get_gid() for line in top.get_lines()}
+    assert {"idle", "busy"} <= gids and not any("-gpu" in str(g) for g in gids)  # two groups, not eight lines
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert "idle: 5 of 8 GPUs" in legend and "busy: 3 of 8 GPUs" in legend
+    assert "5 of 8 GPUs idle (GPU 3–7)" in _text(fig, "dollars")
+    marked = {t.get_text() for t in strip.get_yticklabels() if t.get_color() == style.INK["problem"]}
+    assert marked == {f"GPU {g}" for g in (3, 4, 5, 6, 7)}
+
+
+@pytest.mark.parametrize("gpus", [1, 64])
+def test_a_notebook_and_a_host_of_sixty_four_read_as_well(fleet, gpus):
+    store = fleet[0]
+    s = scenes.partly_idle_gpu(rid=f"i-gpus-{gpus}", gpus=gpus)
+    if gpus == 1:  # a notebook idle as a whole
+        s = scenes.idle_gpu(HOUR, rid=f"i-gpus-{gpus}")
+        s.events = [e for e in s.events if getattr(e, "gpu_index", 0) == 0]
+        s.alert.details["gpu_count"] = 1
+    scenes.store_scene(store, s)
+    fig = _drawn(draw_chart(s.alert, store))
+    assert _axis_clashes(fig) == [] and _outside(fig) == []
+    headline = _text(fig, "dollars")
+    if gpus == 1:
+        assert len(fig.axes) == 1 and "its GPU idle" in headline  # no per-GPU strip for one GPU
+    else:
+        assert "61 of 64 GPUs idle (GPU 3–63)" in headline
+        strip = fig.axes[1]
+        assert 4 <= len([t for t in strip.get_yticklabels() if t.get_text()]) <= 8  # every eighth GPU named
+
+
+def test_a_host_of_four_gets_a_line_per_gpu_coloured_by_its_group(fleet):
+    fig = fleet[2]["unallocated_gpu"]
+    colours = {line.get_gid(): line.get_color() for line in fig.axes[0].get_lines()}
+    assert {colours["idle-gpu2"], colours["idle-gpu3"]} == {style.INK["problem"]}
+    assert {colours["busy-gpu0"], colours["busy-gpu1"]} == {style.INK["ok"]}
+
+
+def test_hostile_ids_and_tags_do_not_break_a_chart(store):
+    idle = scenes.idle_gpu(HOUR, rid=scenes.HOSTILE)
+    untagged = scenes.untagged(rid=scenes.HOSTILE + "-2", tags={"owner": scenes.HOSTILE})
+    for s in (idle, untagged):
+        scenes.store_scene(store, s)
+        fig = _drawn(draw_chart(s.alert, store))  # drawing is the test: mathtext would raise on it
+        title = fig.axes[0].get_title(loc="left")
+        assert "$HOME <@U123> *bold* $x$" in title and "\n" not in title and len(title) <= 70
+        assert all(not t.get_parse_math() for t in fig.findobj(Text) if "$x$" in t.get_text())
+        assert _outside(fig) == []
+
+
+def test_a_chart_is_none_without_data_or_for_a_type_without_one(store):
+    assert draw_chart(scenes.idle_gpu().alert, store) is None  # nothing stored
+    spot = scenes.idle_gpu().alert
+    spot.type = "spot_eligible"
+    assert render_chart(spot, store) is None
