@@ -1,5 +1,6 @@
-"""The daily digest per channel: yesterday's waste by type and team, top offenders,
-what could be saved, what is still open, and a bar chart.
+"""The daily digest per channel, a picture of the day: its waste by type and team, the top
+offenders, what was fixed (and by whom or what), what stayed open (and how fast it burns),
+what could be saved, and one chart of the last days' waste with the day highlighted.
 
 A day's dollars are the waste ledger's (the store's ``waste_ledger``, which ``burnwatch
 query waste`` reads too): each alert's dollars charged to the resource-hours they were
@@ -12,14 +13,14 @@ once its stream has passed the day's end in event time (a replay gets the digest
 live stream got), and records it in ``digests`` so a restart does not send it twice.
 ``burnwatch digest --day`` prints or posts any day's.
 
-Team names and resource ids come from events: the message escapes them
-(:func:`detector.slack.escape`), and the chart shows a ``$`` in them as itself
-rather than as the start of matplotlib math, which would fail the chart.
+Team names and resource ids come from events: the message escapes and clips them
+(:func:`detector.slack.escape`, :mod:`detector.blockkit`: a big team's digest still fits
+Slack's limits, saying how many more it left out), and the chart shows a ``$`` in them as
+itself rather than as the start of matplotlib math, which would fail the chart.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -27,14 +28,22 @@ from typing import Any
 import msgspec
 
 from detector.alerts import burning
+from detector.blockkit import MAX_HEADER_TEXT, MAX_NOTIFICATION_TEXT, clip, clip_lines, fit
 from detector.detectors import REGISTRY
 from detector.events import DAY_S
-from detector.slack import code, escape
+from detector.pricing import HOURS_PER_MONTH
+from detector.slack import code, escape, money
 from detector.store.digests import Digests
 from detector.units import epoch
 
-__all__ = ["Digest", "build_digests", "digest_chart", "render_digest", "send_due_digests"]
+__all__ = ["TREND_DAYS", "Digest", "build_digests", "digest_chart", "digest_figure", "digest_text", "render_digest",
+           "send_due_digests"]
 
+TREND_DAYS = 14
+"""Days the digest's chart shows, the digest's own the last."""
+_LIST = 1500
+"""Characters a list section of the Slack digest shows (six of them stay under Slack's total)."""
+_VERBS = {"stop_instance": "stopped", "cull_notebook": "notebook culled", "scale_to_zero": "scaled to zero"}
 
 
 @dataclass
@@ -59,6 +68,16 @@ class Digest:
     repriced: int = 0
     """Incidents of the day whose dollars the bill re-priced (``alert_billing``): their top
     offender line shows the billed figure beside what the alert said."""
+    fixed: list[dict[str, Any]] = field(default_factory=list)
+    """Incidents resolved that day, costliest first: ``resource_id``, ``type``, ``team``, ``usd``
+    (that day), ``resolved_at`` and ``how`` (an action and who approved it, or the resolution's
+    reason, or '')."""
+    still_open: list[dict[str, Any]] = field(default_factory=list)
+    """Incidents open at the day's end, fastest burning first: ``resource_id``, ``type``, ``team``,
+    ``usd`` (that day) and ``usd_per_hour`` (0 when its money is sunk)."""
+    trend: dict[float, dict[str, float]] = field(default_factory=dict)
+    """Waste by day (UTC midnight, epoch s) and type over the :data:`TREND_DAYS` days ending
+    with this one (days with none absent)."""
 
     @property
     def total(self) -> float:
@@ -68,8 +87,23 @@ class Digest:
     def date(self) -> str:
         return datetime.fromtimestamp(self.day, tz=timezone.utc).strftime("%Y-%m-%d")
 
+    @property
+    def usual(self) -> float | None:
+        """The average waste per day over the trend's days before this one (days with none
+        count as $0 from the first with any); None without any."""
+        days = self.usual_days
+        if not days:
+            return None
+        return sum(sum(by_type.values()) for d, by_type in self.trend.items() if d < self.day) / days
 
-def build_digests(repo: Digests, day: float, top_n: int = 5) -> list[Digest]:
+    @property
+    def usual_days(self) -> int:
+        """How many days :attr:`usual` averages: from the first of the trend's with any waste."""
+        before = [d for d in self.trend if d < self.day]
+        return round((self.day - min(before)) / DAY_S) if before else 0
+
+
+def build_digests(repo: Digests, day: float, top_n: int = 5, trend_days: int = TREND_DAYS) -> list[Digest]:
     """One digest per channel with activity in the UTC day starting at ``day``."""
     rows = repo.day_rows(day)
     digests: dict[str, Digest] = {}
@@ -87,48 +121,117 @@ def build_digests(repo: Digests, day: float, top_n: int = 5) -> list[Digest]:
         d.incidents += 1
         resolved = epoch(r["resolved_at"]) if r["resolved_at"] is not None else None
         still_open = r["status"] == "firing" or (resolved is not None and resolved >= day + DAY_S)
+        details = msgspec.json.decode(r["details"] or "{}")
+        who = {"resource_id": r["resource_id"], "type": r["type"], "team": team, "usd": usd}
         if still_open:
             d.open_incidents += 1
-            if not burning(r["type"], msgspec.json.decode(r["details"] or "{}")):
-                continue
-            rates = open_rates.setdefault(r["channel"], {})
-            rates[r["resource_id"]] = max(rates.get(r["resource_id"], 0.0), r["usd_per_hour"])
+            rate = float(r["usd_per_hour"]) if burning(r["type"], details) else 0.0
+            d.still_open.append({**who, "usd_per_hour": rate})
+            if rate:
+                rates = open_rates.setdefault(r["channel"], {})
+                rates[r["resource_id"]] = max(rates.get(r["resource_id"], 0.0), rate)
+        elif resolved is not None and resolved >= day:
+            d.fixed.append({**who, "resolved_at": resolved, "how": _how(r, details)})
         ratio = r.get("billed_ratio")
         billed = None if ratio is None else usd * float(ratio)
         d.repriced += billed is not None
-        d.top.append({"resource_id": r["resource_id"], "type": r["type"], "team": team, "usd": usd,
-                      "billed_usd": billed})
+        d.top.append({**who, "billed_usd": billed})
+    for row in repo.trend_rows(day, trend_days) if digests else []:
+        if row["channel"] in digests:
+            by_type = digests[row["channel"]].trend.setdefault(epoch(row["day"]), {})
+            by_type[row["type"]] = by_type.get(row["type"], 0.0) + float(row["usd"])
     for d in digests.values():
         d.open_usd_per_hour = sum(open_rates.get(d.channel, {}).values())
         d.top = sorted(d.top, key=lambda x: -x["usd"])[:top_n]
+        d.fixed.sort(key=lambda x: -x["usd"])
+        d.still_open.sort(key=lambda x: (-x["usd_per_hour"], -x["usd"]))
     return sorted(digests.values(), key=lambda d: d.channel)
 
 
-def render_digest(d: Digest) -> list[dict[str, Any]]:
-    def lines(pairs: dict[str, float]) -> str:
-        return "\n".join(f"• {escape(k)}: *${v:,.2f}*" for k, v in sorted(pairs.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+def _how(row: dict[str, Any], details: dict[str, Any]) -> str:
+    """How an incident ended, in words (escaped): the action that fixed it and who decided, else
+    the detector's reason ("busy again"), else ''."""
+    kind = row.get("fixed_kind") or ""
+    if kind:
+        action, by = _VERBS.get(kind, escape(kind)), str(row.get("fixed_by") or "")
+        if by[:1] in ("U", "W") and by.isalnum():
+            return f"{action} by burnwatch, approved by <@{by}>"
+        return f"{action} by burnwatch" + (" (no objection)" if by == "auto" else "")
+    reason = details.get("reason")
+    return escape(str(reason).replace("_", " "), 200) if reason else ""
 
-    titles = {t: cls.title for t, cls in REGISTRY.items()}
-    top = "\n".join(f"{i}. {code(o['resource_id'])} ({escape(titles.get(o['type'], o['type']))}, {escape(o['team'])}): "
-                    + _dollars(o)
-                    for i, o in enumerate(d.top, 1))  # fmt: skip
-    return [
-        {"type": "header", "text": {"type": "plain_text", "text": f"Cost waste on {d.date}: ${d.total:,.2f}"}},
+
+def _title(rule_type: str) -> str:
+    cls = REGISTRY.get(rule_type)
+    return cls.title if cls is not None else rule_type.replace("_", " ").capitalize()
+
+
+def digest_text(d: Digest) -> str:
+    """The digest's notification text, complete on its own: how much, whose most, what is still
+    burning ("Cost waste on 2026-11-02: $1,234; most: team nlp $800; 3 still open, $30/h")."""
+    parts = [f"Cost waste on {d.date}: {money(d.total)}"]
+    if d.by_team:
+        team, usd = max(d.by_team.items(), key=lambda kv: kv[1])
+        parts.append(f"most: {'untagged' if team == '(untagged)' else 'team ' + escape(team, 40)} {money(usd)}")
+    if d.open_incidents:
+        parts.append(f"{d.open_incidents} still open, {money(d.open_usd_per_hour)}/h")
+    if d.fixed:
+        parts.append(f"{len(d.fixed)} fixed")
+    return clip("; ".join(parts), MAX_NOTIFICATION_TEXT)
+
+
+def render_digest(d: Digest) -> list[dict[str, Any]]:
+    """The digest's Slack message: a summary line, waste by type and by team, the top offenders,
+    what was fixed, what stayed open, what could be saved; every list as long as Slack allows,
+    then how many more (``burnwatch digest --day`` prints them all)."""
+    full = f"`burnwatch digest --day {d.date}`"
+
+    def lines(pairs: dict[str, float], noun: str) -> str:
+        shown = [f"• {escape(k, 80)}: *${v:,.2f}*" for k, v in sorted(pairs.items(), key=lambda kv: -kv[1])
+                 if v >= 0.005]  # fmt: skip
+        return clip_lines(shown, _LIST, lambda n: f"+{n} more {noun}") or "_none_"
+
+    def who(o: dict[str, Any]) -> str:
+        return f"{code(o['resource_id'], 60)} ({escape(_title(o['type']))}, {escape(o['team'], 40)})"
+
+    top = [f"{i}. {who(o)}: {_dollars(o)}" for i, o in enumerate(d.top, 1)]
+    fixed = [f"• {who(o)}: resolved {_hhmm(o['resolved_at'])}" + (f", {o['how']}" if o["how"] else "")
+             + f"; ${o['usd']:,.2f} that day" for o in d.fixed]  # fmt: skip
+    still = [f"• {who(o)}: " + (f"*${o['usd_per_hour']:,.2f}/h*" if o["usd_per_hour"] else "spent, not burning")
+             + f"; ${o['usd']:,.2f} that day" for o in d.still_open]  # fmt: skip
+    usual = d.usual
+    summary = (f"*${d.total:,.2f}* wasted in {d.incidents} incidents"
+               + (f" (the {d.usual_days} days before: ${usual:,.2f}/day on average)" if usual is not None else "")
+               + f"; *{len(d.fixed)} fixed*; *{d.open_incidents} still open* at the day's end, "
+               f"*${d.open_usd_per_hour:,.2f}/h* (${d.open_usd_per_hour * HOURS_PER_MONTH:,.0f}/month if left).")  # fmt: skip
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": clip(f"Cost waste on {d.date}: ${d.total:,.2f}",
+                                                                        MAX_HEADER_TEXT)}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": summary}},
         {"type": "section", "fields": [
-            {"type": "mrkdwn", "text": "*By type*\n" + (lines({titles.get(k, k): v for k, v in d.by_type.items()}) or "_none_")},
-            {"type": "mrkdwn", "text": "*By team*\n" + (lines(d.by_team) or "_none_")},
+            {"type": "mrkdwn", "text": "*By type*\n" + lines({_title(k): v for k, v in d.by_type.items()}, "types")},
+            {"type": "mrkdwn", "text": "*By team*\n" + lines(d.by_team, "teams")},
         ]},
-        {"type": "section", "text": {"type": "mrkdwn", "text": "*Top offenders*\n" + (top or "_none_")}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Top offenders*\n" + (
+            clip_lines(top, _LIST, lambda n: f"+{n} more") if top else "_none_")}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Fixed that day*\n" + (
+            clip_lines(fixed, _LIST, lambda n: f"+{n} more fixed: {full}") if fixed else "_none_")}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Still open*, fastest burning first\n" + (
+            clip_lines(still, _LIST, lambda n: f"+{n} more open: {full}") if still else "_none_")}},
         *([{"type": "section", "text": {"type": "mrkdwn", "text": (
             f"*Could be saved* (apart from the waste): ${sum(d.could_save.values()):,.2f}\n"
-            + lines({titles.get(k, k): v for k, v in d.could_save.items()}))}}] if d.could_save else []),
+            + lines({_title(k): v for k, v in d.could_save.items()}, "types"))}}] if d.could_save else []),
         {"type": "context", "elements": [{"type": "mrkdwn", "text": (
-            f"{d.incidents} incidents burned money that day; {d.open_incidents} still open at its end, "
-            f"${d.open_usd_per_hour:,.2f}/h. Dollars are each incident's share of that UTC day's bill, each "
-            "dollar counted once (docs/architecture.md, Dollars)."
+            "Dollars are each incident's share of that UTC day's bill, each dollar counted once "
+            "(docs/architecture.md, Dollars); the chart in the thread shows the last days."
             + (f" {d.repriced} of {d.incidents} incidents re-priced from the bill (top offenders show what it "
                "charged; the totals stay the events' dollars)." if d.repriced else ""))}]},
     ]  # fmt: skip
+    return fit(blocks)
+
+
+def _hhmm(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M UTC")
 
 
 def _dollars(o: dict[str, Any]) -> str:
@@ -138,30 +241,73 @@ def _dollars(o: dict[str, Any]) -> str:
     return f"${o['billed_usd']:,.2f} billed (alert said ${o['usd']:,.2f})"
 
 
+_SHOWN_TYPES = 6
+"""Types the chart colours apart; the rest are one grey "other" (eight colours tell apart, twenty do not)."""
+
+
 def digest_chart(d: Digest) -> bytes:
-    """Bars per team, stacked by type."""
-    import matplotlib
+    """The digest's chart as PNG (:func:`digest_figure`), posted in the digest's thread."""
+    from detector.charts import style
 
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+    return bytes(style.png(digest_figure(d)))
 
-    teams = sorted(d.by_team, key=lambda t: -d.by_team[t])[:12]
-    types = sorted(d.by_type, key=lambda t: -d.by_type[t])
-    labels = [team.replace("$", r"\$") for team in teams]  # a tag's "$" is text, not matplotlib math
-    fig = Figure(figsize=(8, 3.4), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    bottom = [0.0] * len(teams)
-    for rule_type in types:
-        heights = [d.by_team_type.get((team, rule_type), 0.0) for team in teams]
-        ax.bar(labels, heights, bottom=bottom, label=REGISTRY[rule_type].title if rule_type in REGISTRY else rule_type)
-        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    ax.set_ylabel("USD")
-    ax.set_title(f"Cost waste by team on {d.date} (UTC)", fontsize=10)
-    ax.legend(fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
-    out = io.BytesIO()
-    fig.savefig(out, format="png")
-    return out.getvalue()
+
+def digest_figure(d: Digest) -> Any:
+    """The last :data:`TREND_DAYS` UTC days' waste, stacked by type, the digest's day in full
+    colour with its total above it and the days before faded, the average of the days before as
+    a labelled line; the dollars in the title. Drawn with the shared chart style."""
+    from detector.charts import style
+
+    days = [d.day - k * DAY_S for k in range(TREND_DAYS - 1, -1, -1)]
+    trend = {**d.trend, d.day: dict(d.by_type)}  # the day itself as the digest counts it
+    totals: dict[str, float] = {}
+    for by_type in trend.values():
+        for t, usd in by_type.items():
+            totals[t] = totals.get(t, 0.0) + usd
+    ranked = sorted(totals, key=lambda t: -totals[t])
+    shown = ranked[:_SHOWN_TYPES] if len(ranked) <= _SHOWN_TYPES + 1 else ranked[: _SHOWN_TYPES - 1]
+    # the two blues apart, green (the average's line) last
+    palette = [style.COLOURS[c] for c in ("vermillion", "blue", "orange", "purple", "sky", "green")]
+    series = [(_title(t), palette[i], {day: trend.get(day, {}).get(t, 0.0) for day in days}) for i, t in enumerate(shown)]
+    rest = [t for t in ranked if t not in shown]
+    if rest:
+        series.append((f"other ({len(rest)} types)", "#999999",
+                       {day: sum(trend.get(day, {}).get(t, 0.0) for t in rest) for day in days}))  # fmt: skip
+    fig, (ax,) = style.figure()
+    centres = [style.utc(day) for day in days]  # a day's bar stands on its date's tick
+    bottom = [0.0] * len(days)
+    for label, colour, heights in series:
+        values = [heights[day] for day in days]
+        bars = ax.bar(centres, values, width=0.8, bottom=bottom, color=colour, label=label, gid=f"type:{label}")
+        for bar, day in zip(bars, days, strict=True):
+            bar.set_alpha(1.0 if day == d.day else 0.45)
+            if day == d.day:
+                bar.set_gid("today")
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.annotate(style.money(d.total), xy=(centres[-1], bottom[-1]), xytext=(0, 3), textcoords="offset points",
+                ha="center", va="bottom", fontsize=10, fontweight="bold", color=style.INK["problem"], gid="today-total",
+                parse_math=False)  # fmt: skip
+    usual = d.usual
+    if usual is not None:
+        style.level_line(ax, usual, f"average\n{style.money(usual)}/day", kind="usual")
+    ax.set_ylim(0, max([*bottom, usual or 0.0, 0.01]) * 1.18)
+    ax.yaxis.set_major_formatter(_dollar_axis())
+    style.time_axis(ax, days[0] - DAY_S / 2, days[-1] + DAY_S / 2)
+    title = f"Cost waste {style.money(d.total)} on {d.date}"
+    if d.channel:
+        title += f" · {style.clip(d.channel, 24)}"
+    style.headline(ax, title, note=f"{style.money(d.open_usd_per_hour)}/h still burning at the day's end · "
+                   f"the last {TREND_DAYS} UTC days")  # fmt: skip
+    legend = style.legend(ax)
+    for handle in legend.legend_handles if legend is not None else []:
+        handle.set_alpha(1.0)  # the colours as the day's bar shows them, not the faded days before
+    return fig
+
+
+def _dollar_axis() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _pos: f"${v:,.0f}" if v >= 10 or v == 0 else f"${v:,.2f}")
 
 
 def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: float = 600.0) -> list[Digest]:

@@ -33,6 +33,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 
 from detector.actions import BUTTONS
 from detector.alerts import Alert, link_fields
+from detector.blockkit import MAX_FIELD_TEXT, MAX_HEADER_TEXT, MAX_NOTIFICATION_TEXT, MAX_TEXT, clip, clip_lines, fit
 from detector.pricing import HOURS_PER_MONTH
 from detector.rules import Routing
 from detector.units import epoch, format_duration, rfc3339
@@ -40,7 +41,8 @@ from detector.units import epoch, format_duration, rfc3339
 if TYPE_CHECKING:  # detector.digest imports this module
     from detector.digest import Digest
 
-__all__ = ["SlackError", "SlackNotifier", "block_objects", "code", "escape", "render_blocks", "render_group", "render_resolution"]
+__all__ = ["SlackError", "SlackNotifier", "block_objects", "code", "escape", "group_text", "money", "notification_text",
+           "render_blocks", "render_group", "render_resolution"]
 
 log = structlog.get_logger("burnwatch.slack")
 
@@ -48,24 +50,63 @@ _EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":info
 _DURATION = {"idle_gpu": "Idle for", "partly_idle_gpu": "Idle for", "unallocated_gpu": "Unallocated for"}
 """What an alert's duration field is called, where "Duration" says less."""
 _MAX_COMMANDS = 5
-MAX_FIELD = 2000
+MAX_FIELD = MAX_FIELD_TEXT
 """Slack's limit on a section field's text."""
-_ENTITIES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_FIELD_SHOWN = 400
+"""What a field shows of a value from events (a half-width column: a 10 kB tag is noise there,
+and twenty such fields would pass Slack's limit on a message's total)."""
+_ID_SHOWN = 80
+"""What a header, a list line or a notification shows of a resource id."""
 _BREAKS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
 _USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
 
 
-def escape(value: object) -> str:
+def escape(value: object, limit: int = 0) -> str:
     """Text from events made inert in a Slack message (mrkdwn or plain text): ``& < >``
     become entities, as Slack asks, so nothing in it can mention, link or format a
-    channel; line breaks become spaces, so one value cannot fake a field of its own."""
-    return _BREAKS.sub(" ", str(value)).translate(_ENTITIES)
+    channel; line breaks become spaces, so one value cannot fake a field of its own.
+    With ``limit``, at most that many characters (:func:`detector.blockkit.clip`: cut after
+    escaping, never in an entity; a 10 kB value is cut before it is escaped, too)."""
+    text = str(value)
+    if limit and len(text) > limit:
+        text = text[: limit + 1]  # still longer than limit once escaped: clip says it was cut
+    text = _BREAKS.sub(" ", text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return clip(text, limit) if limit else text
 
 
-def code(value: object) -> str:
+def code(value: object, limit: int = 0) -> str:
     """An event value as inline code (ids): escaped, and its backticks replaced (Slack has no
-    escape for them), so it cannot close our code span and format what follows."""
-    return "`" + escape(value).replace("`", "\u02cb") + "`"
+    escape for them), so it cannot close our code span and format what follows; with ``limit``,
+    cut to that many characters ("…" inside the span)."""
+    return "`" + escape(value, max(1, limit - 2) if limit else 0).replace("`", "\u02cb") + "`"
+
+
+def money(usd: float) -> str:
+    """Dollars as a person reads them at a glance: cents below $10 only ("$4.20", "$412", "$1,234")."""
+    return f"${usd:,.2f}" if abs(usd) < 10 else f"${usd:,.0f}"
+
+
+def _whose(alert: Alert) -> str:
+    team = alert.tags.get("team")
+    return f"team {escape(team, 40)}" if team else "no team tag"
+
+
+def notification_text(alert: Alert) -> str:
+    """What a phone's notification shows for an alert, complete on its own: what, whose and how
+    much ("Idle GPUs on gpu-host-7 (team nlp): $412 so far, $32/h"). Escaped; short."""
+    what = f"{alert.title} on {escape(alert.resource_id, _ID_SHOWN)} ({_whose(alert)})"
+    if alert.status == "resolved":
+        money_part = f": {money(alert.waste_usd)} {alert.dollars} in total" if alert.dollars else ""
+        text = f"Resolved: {what} after {format_duration(alert.duration_s)}{money_part}"
+    elif not alert.dollars:  # a forecast: its first fact is the "how much" ("full by 2026-11-20")
+        facts = "; ".join(f"{k.lower()} {v}" for k, v in alert.facts[:2]).replace("`", "")
+        text = f"{what}: {escape(facts, MAX_NOTIFICATION_TEXT)}" if facts else what
+    elif alert.burning:  # "$412 so far", or what the dollars are when not plain waste ("spent untagged")
+        so_far = "so far" if alert.dollars == "wasted" else f"{alert.dollars} so far"
+        text = f"{what}: {money(alert.waste_usd)} {so_far}, {money(alert.usd_per_hour)}/h"
+    else:
+        text = f"{what}: {money(alert.waste_usd)} {alert.dollars}, ended"
+    return clip(text, MAX_NOTIFICATION_TEXT)
 
 
 def block_objects(node: Any) -> Iterator[dict[str, Any]]:
@@ -101,26 +142,28 @@ class SlackError(RuntimeError):
 def _owner(alert: Alert, routing: Routing) -> str:
     owner = alert.tags.get(routing.owner_tag, "")
     user = routing.users.get(owner) if owner else None
-    return f"<@{user}>" if user else escape(owner) if owner else "_unknown_"
+    return f"<@{user}>" if user else escape(owner, 200) if owner else "_unknown_"
 
 
 def _links(alert: Alert, routing: Routing) -> list[dict[str, Any]]:
     """The configured links (console, dashboards, a ClickHouse query), filled in for this alert."""
     quoted = {k: quote(v, safe="") for k, v in link_fields(alert, routing.owner_tag).items()}
-    links = [f"<{escape(link.url.format_map(quoted))}|{escape(link.name).replace('|', '/')}>" for link in routing.links
+    links = [f"<{escape(link.url.format_map(quoted))}|{escape(link.name, 80).replace('|', '/')}>" for link in routing.links
              if not link.types or alert.type in link.types]  # fmt: skip
     if not links:
         return []
-    return [{"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(links)}]}]
+    text = clip_lines(links, MAX_TEXT, lambda n: f"{n} more links", sep=" · ")
+    return [{"type": "context", "elements": [{"type": "mrkdwn", "text": text}]}]
 
 
 def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
     tags = alert.tags
     fields = [
-        ("Resource", code(alert.resource_id) + (f" ({escape(alert.resource_type)})" if alert.resource_type else "")),
-        ("Team", escape(tags["team"]) if tags.get("team") else ":warning: untagged"),
+        ("Resource", code(alert.resource_id, _FIELD_SHOWN)
+         + (f" ({escape(alert.resource_type, 60)})" if alert.resource_type else "")),
+        ("Team", escape(tags["team"], _FIELD_SHOWN) if tags.get("team") else ":warning: untagged"),
         ("Owner", _owner(alert, routing)),
-        ("Project", escape(tags["project"]) if tags.get("project") else "_none_"),
+        ("Project", escape(tags["project"], _FIELD_SHOWN) if tags.get("project") else "_none_"),
         (_DURATION.get(alert.type, "Duration"), format_duration(alert.duration_s)),
     ]
     if alert.dollars:
@@ -130,17 +173,17 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
             if alert.burning else
             ("Burn rate", f"${alert.usd_per_hour:,.2f}/h while it ran (spent: it has ended)"),
         ]  # fmt: skip
-    fields.append(("Account / region", f"{escape(alert.account or '?')} / {escape(alert.region or '?')}"))
+    fields.append(("Account / region", f"{escape(alert.account or '?', 180)} / {escape(alert.region or '?', 180)}"))
     if alert.instance_type:
-        fields.append(("Instance", escape(alert.instance_type)))
+        fields.append(("Instance", escape(alert.instance_type, _FIELD_SHOWN)))
     return [_field(name, value) for name, value in fields[:10]]
 
 
 def _field(name: str, value: str) -> dict[str, str]:
     """A section field, within Slack's 2,000 characters (a longer one fails the whole message with
-    ``invalid_blocks``: five pods with long names, a tag value of 4,096 characters)."""
-    text = f"*{name}*\n{value}"
-    return {"type": "mrkdwn", "text": text if len(text) <= MAX_FIELD else text[: MAX_FIELD - 1] + "…"}
+    ``invalid_blocks``: five pods with long names, a tag value of 4,096 characters), and shorter
+    still (:data:`_FIELD_SHOWN`), cut where it leaves no half entity or link."""
+    return {"type": "mrkdwn", "text": clip(f"*{name}*\n{value}", _FIELD_SHOWN)}
 
 
 def _facts_of(alert: Alert) -> list[tuple[str, str]]:
@@ -166,7 +209,7 @@ def _facts(alert: Alert) -> list[dict[str, Any]]:
     facts = _facts_of(alert)[:10]
     if not facts:
         return []
-    return [{"type": "section", "fields": [_field(escape(k), escape(v)) for k, v in facts]}]
+    return [{"type": "section", "fields": [_field(escape(k, 100), escape(v, _FIELD_SHOWN)) for k, v in facts]}]
 
 
 def _buttons(alert: Alert) -> dict[str, Any]:
@@ -193,10 +236,11 @@ def _action_lines(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     parts = []
     for a in actions:
         user_id = str(a.get("user_id") or "")
-        who = f"<@{user_id}>" if _USER_ID.fullmatch(user_id) else escape(a.get("user_name") or "someone")
+        who = f"<@{user_id}>" if _USER_ID.fullmatch(user_id) else escape(a.get("user_name") or "someone", 80)
         until = f" until {rfc3339(epoch(a['until']))}" if a.get("until") else ""
-        parts.append(f"{_DONE.get(a['action'], escape(a['action']))} by {who} at {rfc3339(epoch(a['at']))}{until}")
-    return [{"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(parts)[:2900]}]}]
+        parts.append(f"{_DONE.get(a['action'], escape(a['action'], 40))} by {who} at {rfc3339(epoch(a['at']))}{until}")
+    return [{"type": "context", "elements": [{"type": "mrkdwn", "text": clip_lines(
+        parts, MAX_TEXT, lambda n: f"{n} more (`burnwatch sql` on `alert_actions`)", sep=" · ")}]}]
 
 
 def render_blocks(
@@ -205,13 +249,13 @@ def render_blocks(
     """The incident's parent message: with buttons while it is open, and what people did about it.
     ``routing`` (``rules/routing.yaml``) supplies owner mentions and links."""
     routing = routing or Routing()
+    resource = escape(alert.resource_id, 60)
     if alert.status == "resolved":
-        header = f":white_check_mark: Resolved: {alert.title} on {escape(alert.resource_id)}"
+        header = f":white_check_mark: Resolved: {alert.title} on {resource}"
     else:
-        header = (f"{_EMOJI.get(alert.severity, '')} {alert.title} on {escape(alert.resource_id)}: "
-                  f"${alert.usd_per_hour:,.2f}/h")  # fmt: skip
+        header = f"{_EMOJI.get(alert.severity, '')} {alert.title} on {resource}: ${alert.usd_per_hour:,.2f}/h"
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
+        {"type": "header", "text": {"type": "plain_text", "text": clip(header, MAX_HEADER_TEXT), "emoji": True}},
         {"type": "section", "fields": _fields(alert, routing)},
         *_facts(alert),
     ]
@@ -219,7 +263,7 @@ def render_blocks(
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}})
     elif alert.suggestion:
         text = f"*Next step:* {alert.suggestion}" + "".join(f"\n{code(c)}" for c in _commands(alert))
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text[:2900]}})
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": clip(text, MAX_TEXT)}})
     blocks += _links(alert, routing)
     if alert.status != "resolved":
         blocks.append(_buttons(alert))
@@ -230,13 +274,13 @@ def render_blocks(
             "elements": [
                 {
                     "type": "mrkdwn",
-                    "text": f"rule {code(alert.rule)} · alert {code(alert.alert_id)} · "
+                    "text": f"rule {code(alert.rule, 200)} · alert {code(alert.alert_id)} · "
                     f"since {rfc3339(alert.episode_start)} · fired {rfc3339(alert.fired_at)} (event time)",
                 }
             ],
         }
     )
-    return blocks
+    return fit(blocks)
 
 
 def _commands(alert: Alert) -> list[str]:
@@ -253,7 +297,7 @@ def _commands(alert: Alert) -> list[str]:
 
 
 def _resolution_text(alert: Alert) -> str:
-    reason = escape(alert.details.get("reason", "")).replace("_", " ")
+    reason = escape(alert.details.get("reason", ""), 200).replace("_", " ")
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
         + (f" ({reason})" if reason else "")
@@ -265,12 +309,29 @@ def _resolution_text(alert: Alert) -> str:
 def _group_words(alert: Alert) -> str:
     by, value = alert.group or ("team", "")
     if by == "account":
-        return f"resources in {escape(value) if value else 'an unknown account'}"
-    return f"resources of {escape(by)} {escape(value)}" if value else f"resources without a {escape(by)} tag"
+        return f"resources in {escape(value, 80) if value else 'an unknown account'}"
+    return f"resources of {escape(by, 40)} {escape(value, 80)}" if value else f"resources without a {escape(by, 40)} tag"
+
+
+def group_text(alerts: list[Alert]) -> str:
+    """A group message's notification text: what, whose and how much, on its own
+    ("Untagged spend: 50 resources of team nlp: $1,234 so far, $320/h")."""
+    head = alerts[0]
+    rate = sum(a.usd_per_hour for a in alerts if a.burning)
+    spent = sum(a.waste_usd for a in alerts)
+    words = _group_words(head)
+    if not head.dollars:
+        text = f"{head.title}: {len(alerts)} {words}"
+    elif any(a.burning for a in alerts):
+        text = f"{head.title}: {len(alerts)} {words}: {money(spent)} so far, {money(rate)}/h"
+    else:
+        text = f"{head.title}: {len(alerts)} {words}: {money(spent)} {head.dollars}, ended"
+    return clip(text, MAX_NOTIFICATION_TEXT)
 
 
 def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
-    """One message listing several openings of one type (untagged resources of one account)."""
+    """One message listing several openings of one type (untagged resources of one account):
+    the costliest first, as many as fit, then how many more and where to see them all."""
     head = alerts[0]
     rate = sum(a.usd_per_hour for a in alerts if a.burning)
     spent = sum(a.waste_usd for a in alerts)
@@ -278,37 +339,40 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     header = (f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} {_group_words(head)}: "
               + (f"${spent:,.2f} spent" if sunk else f"${rate:,.2f}/h"))  # fmt: skip
     lines = []
-    for a in sorted(alerts, key=lambda a: -a.usd_per_hour)[:25]:
-        facts = escape("; ".join(f"{k.lower()} {v}" for k, v in _facts_of(a)))
+    for a in sorted(alerts, key=lambda a: -a.usd_per_hour):
+        facts = escape("; ".join(f"{k.lower()} {v}" for k, v in _facts_of(a)), 300)
         commands = _commands(a)
-        lines.append(f"• {code(a.resource_id)} ({escape(a.resource_type or '?')}, {escape(a.region or '?')}): "
-                     f"${a.usd_per_hour:,.2f}/h{'' if a.burning else ' while it ran'}, "
-                     f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else "")
-                     + "".join(f"; run {code(c)}" for c in commands[:2]))  # fmt: skip
-    if len(alerts) > 25:
-        lines.append(f"…and {len(alerts) - 25} more (`burnwatch sql` on `alerts` lists them all)")
+        line = (f"• {code(a.resource_id, _ID_SHOWN)} ({escape(a.resource_type or '?', 40)}, "
+                f"{escape(a.region or '?', 40)}): ${a.usd_per_hour:,.2f}/h{'' if a.burning else ' while it ran'}, "
+                f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else "")
+                + "".join(f"; run {code(c, 200)}" for c in commands[:2]))  # fmt: skip
+        lines.append(clip(line, 400))
+    noun = "resources" if len(alerts) != 1 else "resource"
+    listed = clip_lines(lines, MAX_TEXT, lambda n: f"+{n} more {noun}: `burnwatch incidents` or the /incidents page "
+                        "lists them all")  # fmt: skip
+    ids = clip_lines([f"alert {code(a.alert_id, 80)}" for a in alerts], MAX_TEXT - 220, lambda n: f"{n} more", sep=" · ")
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": header[:150], "emoji": True}},
+        {"type": "header", "text": {"type": "plain_text", "text": clip(header, MAX_HEADER_TEXT), "emoji": True}},
         {"type": "section", "text": {"type": "mrkdwn", "text": (
             f"*${spent:,.2f}* {head.dollars or 'so far'} in total" + (", spent: they have ended." if sunk else
             f", *${rate:,.2f}/h* (${rate * HOURS_PER_MONTH:,.0f}/month if left)."))}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:2900]}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": listed}},
     ]  # fmt: skip
     if head.suggestion:
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Next step:* {head.suggestion}"}})
-    ids = " · ".join(f"alert {code(a.alert_id)}" for a in alerts[:80]) + (" …" if len(alerts) > 80 else "")
-    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"rule {code(head.rule)} · {ids}"}]})
-    return blocks
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": clip(f"*Next step:* {head.suggestion}",
+                                                                                   MAX_TEXT)}})  # fmt: skip
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"rule {code(head.rule, 200)} · {ids}"}]})
+    return fit(blocks)
 
 
 def render_resolution(alert: Alert) -> list[dict[str, Any]]:
     """The reply in the incident's thread when it resolves (naming the resource: a group's
     thread holds the resolutions of several)."""
-    return [
+    return fit([
         {"type": "section", "text": {"type": "mrkdwn", "text": _resolution_text(alert)}},
         {"type": "context",
-         "elements": [{"type": "mrkdwn", "text": f"{code(alert.resource_id)} · alert {code(alert.alert_id)}"}]},
-    ]
+         "elements": [{"type": "mrkdwn", "text": f"{code(alert.resource_id, 400)} · alert {code(alert.alert_id)}"}]},
+    ])  # fmt: skip
 
 
 def _retry_handlers() -> list:
@@ -358,7 +422,7 @@ class SlackNotifier:
         message lists others still open), edits the parent to show it resolved (keeping
         what people did about it: ``actions``)."""
         blocks = render_blocks(alert, actions, self.routing)
-        return self._send(alert.channel, escape(alert.summary()), blocks, alert=alert, thread=thread,
+        return self._send(alert.channel, notification_text(alert), blocks, alert=alert, thread=thread,
                           edit_parent=edit_parent)  # fmt: skip
 
     def find_posted(self, alert_id: str, channel: str, limit: int = 200,
@@ -406,12 +470,13 @@ class SlackNotifier:
         return None
 
     def post_digest(self, digest: Digest, blocks: list[dict[str, Any]], png: bytes | None) -> tuple[str, str]:
-        """Post a daily digest (and its bar chart in its thread); return (channel, ts)."""
-        text = f"Cost waste on {digest.date}: ${digest.total:,.2f}"
-        channel, ts = self._send(digest.channel, text, blocks)
+        """Post a daily digest (and its chart of the last days in its thread); return (channel, ts)."""
+        from detector.digest import digest_text
+
+        channel, ts = self._send(digest.channel, digest_text(digest), blocks)
         if png is not None and self._web is not None and ts:
             self._web.files_upload_v2(channel=channel, thread_ts=ts, file=png, filename=f"digest-{digest.date}.png",
-                                      title=f"Cost waste by team, {digest.date}")  # fmt: skip
+                                      title=f"Cost waste by day and type, the last days to {digest.date}")  # fmt: skip
         return channel, ts
 
     def upload_chart(self, alert: Alert, png: bytes, channel: str, thread_ts: str) -> None:
@@ -433,7 +498,7 @@ class SlackNotifier:
             return  # a webhook message cannot be edited
         try:
             blocks = render_blocks(alert, actions, self.routing)
-            self._web.chat_update(channel=channel, ts=ts, text=escape(alert.summary()), blocks=_verbatim(blocks))
+            self._web.chat_update(channel=channel, ts=ts, text=notification_text(alert), blocks=_verbatim(blocks))
         except Exception as exc:
             status = getattr(getattr(exc, "response", None), "status_code", None)
             raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
@@ -473,7 +538,7 @@ class SlackNotifier:
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
         """One message for several openings of one type and group (untagged resources of one account)."""
         head = alerts[0]
-        return self._send(head.channel, f"{escape(head.title)}: {len(alerts)} {_group_words(head)}", render_group(alerts))
+        return self._send(head.channel, group_text(alerts), render_group(alerts))
 
     def _send(self, channel: str, text: str, blocks: list[dict[str, Any]], alert: Alert | None = None,
               thread: tuple[str, str] | None = None, edit_parent: bool = True) -> tuple[str, str]:  # fmt: skip

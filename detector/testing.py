@@ -9,6 +9,10 @@ the webhook URL) and the tests assert on what this server received. It can be
 told to answer 429 with Retry-After, 500, or to hang, to exercise delivery: for the
 next requests (:meth:`LocalSlack.fail_next`, :meth:`LocalSlack.hang`) or during windows
 of wall-clock time (:meth:`LocalSlack.fail_window`), as an outage would.
+
+Like Slack, it refuses a message outside Block Kit's limits (``chat.postMessage`` and
+``chat.update`` answer ``invalid_blocks``, a webhook 400), judged by
+:func:`detector.blockkit.check`, so a test that posts a message also shows it fits.
 """
 
 from __future__ import annotations
@@ -201,8 +205,11 @@ class LocalSlack:
                     body = json.loads(raw or b"{}")
                 else:
                     body = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+                status = 200
                 if self.path.startswith("/services/"):
                     method, reply = "webhook", b"ok"
+                    if slack._refusal(body):
+                        status, reply = 400, b"invalid_blocks"
                 elif self.path.startswith("/actions/"):  # a click's response_url (an ephemeral answer)
                     method, reply = "response_url", b'{"ok": true}'
                 else:
@@ -213,7 +220,7 @@ class LocalSlack:
                     slack.requests.append(SlackRequest(method, body, answer))
                     slack._cond.notify_all()
                 try:
-                    self.send_response(200)
+                    self.send_response(status)
                     self.send_header("Content-Type", "text/plain" if method == "webhook" else "application/json")
                     self.send_header("Content-Length", str(len(reply)))
                     self.end_headers()
@@ -223,11 +230,23 @@ class LocalSlack:
 
         return Handler
 
+    @staticmethod
+    def _refusal(body: dict[str, Any]) -> list[str]:
+        """What Slack would refuse in a message's blocks and text (:func:`detector.blockkit.check`)."""
+        from detector.blockkit import check
+
+        blocks = body.get("blocks")
+        if blocks is None:
+            return []
+        return check(json.loads(blocks) if isinstance(blocks, str) else blocks, body.get("text") or None)
+
     def _reply(self, method: str, body: dict[str, Any]) -> bytes:
         with self._lock:
             self._ts += 1
             ts = f"1700000000.{self._ts:06d}"
         channel = body.get("channel", "C0CHANNEL")
+        if method in ("chat.postMessage", "chat.update") and (problems := self._refusal(body)):
+            return json.dumps({"ok": False, "error": "invalid_blocks", "errors": problems}).encode()
         if method in ("chat.postMessage", "chat.update"):
             message_ts = body.get("ts", ts) if method == "chat.update" else ts
             return json.dumps({"ok": True, "channel": channel, "ts": message_ts}).encode()

@@ -607,7 +607,7 @@ def cmd_silence(args: argparse.Namespace) -> int:
 def cmd_digest(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
-    from detector.digest import build_digests, digest_chart, render_digest
+    from detector.digest import TREND_DAYS, build_digests, digest_chart, render_digest
 
     settings = _settings(args)
     try:
@@ -636,12 +636,29 @@ def cmd_digest(args: argparse.Namespace) -> int:
             print(f"  team {team:<23}${usd:>12,.2f}")
         for o in d.top:
             print(f"  top: {o['resource_id']} ({o['type']}, {o['team']}) ${o['usd']:,.2f}")
+        for o in d.fixed:
+            how = f", {o['how']}" if o["how"] else ""
+            at = datetime.fromtimestamp(o["resolved_at"], tz=timezone.utc)
+            print(f"  fixed: {o['resource_id']} ({o['type']}, {o['team']}) resolved {at:%H:%M} UTC{how}; "
+                  f"${o['usd']:,.2f} that day")  # fmt: skip
+        for o in d.still_open:
+            rate = f"${o['usd_per_hour']:,.2f}/h" if o["usd_per_hour"] else "spent, not burning"
+            print(f"  open: {o['resource_id']} ({o['type']}, {o['team']}) {rate}; ${o['usd']:,.2f} that day")
         if d.could_save:  # kept apart from the waste above, as in the Slack digest
             print(f"  could be saved (not waste, not in the total): ${sum(d.could_save.values()):,.2f}")
             for rule_type, usd in sorted(d.could_save.items(), key=lambda kv: -kv[1]):
                 print(f"    {rule_type:<26}${usd:>12,.2f}")
+        trend = " ".join(f"{datetime.fromtimestamp(t, tz=timezone.utc):%m-%d} ${sum(v.values()):,.0f}"
+                         for t, v in sorted(d.trend.items()))  # fmt: skip
+        print(f"  last {TREND_DAYS} days: {trend or '(none)'}")
+        png = digest_chart(d) if args.chart or notifier is not None else None
+        if args.chart and png is not None:
+            path = Path(args.chart if len(digests) == 1 else f"{Path(args.chart).with_suffix('')}-"
+                        f"{(d.channel or 'default').strip('#') or 'default'}.png")  # fmt: skip
+            path.write_bytes(png)
+            print(f"  chart: {path}")
         if notifier is not None:
-            notifier.post_digest(d, render_digest(d), digest_chart(d))
+            notifier.post_digest(d, render_digest(d), png)
     return 0
 
 
@@ -1179,9 +1196,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", help="rules directory (default: BURNWATCH_RULES or rules/)")
     p.set_defaults(func=cmd_silence)
 
-    p = sub.add_parser("digest", help="a day's waste by type and team, top offenders (what the worker posts daily)")
+    p = sub.add_parser("digest", help="a day's waste by type and team, top offenders, what was fixed and what stayed "
+                       "open, the last days' trend (what the worker posts daily)")  # fmt: skip
     p.add_argument("--day", required=True, help="UTC day, YYYY-MM-DD")
     p.add_argument("--post", action="store_true", help="also post it to Slack")
+    p.add_argument("--chart", metavar="PATH", help="write its chart (the last 14 days' waste by type) as a PNG "
+                   "(with several channels: PATH-CHANNEL.png)")  # fmt: skip
     p.set_defaults(func=cmd_digest)
 
     model = sub.add_parser("model", help="the anomaly model").add_subparsers(dest="model_command", required=True)

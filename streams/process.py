@@ -80,14 +80,17 @@ class WorkerProcess:
             time.sleep(poll_s)
         raise TimeoutError(f"worker condition not met in {timeout}s; last health {last}\n{self.tail()}")
 
-    def wait_for_log(self, text: str, timeout: float, poll_s: float = 0.2) -> str:
-        """Wait until a line containing ``text`` appears in the worker's log; return it."""
+    def wait_for_log(self, text: str, timeout: float, poll_s: float = 0.2, after: str | None = None) -> str:
+        """Wait until a line containing ``text`` appears in the worker's log (if ``after`` is
+        given, below the first line containing that); return it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
+                seen = after is None
                 for line in self.log_path.read_text(errors="replace").splitlines():
-                    if text in line:
+                    if seen and text in line:
                         return line
+                    seen = seen or (after is not None and after in line)
             except OSError:
                 pass
             if not self.running:

@@ -206,18 +206,25 @@ def _models(parts: WorkerParts) -> None:
     app, settings, store, scoring = parts.app, parts.settings, parts.store, parts.config.scoring
     model_dir = settings.model_path
 
-    @app.timer(interval=30.0)
-    async def reload_models() -> None:
-        """A change of the model files: use the artifacts that load; a refused file is named
-        (once per change of the files) and its group keeps no model from it."""
-        in_use = scoring.scorer
-        if isinstance(in_use, ModelSet) and not in_use.changed(model_dir):
-            return
+    retraining = asyncio.Lock()  # this worker's retrain writes the files one group at a time
+
+    async def load() -> None:
         models, refused = await asyncio.get_running_loop().run_in_executor(None, ModelSet.read, model_dir)
         if refused:
             log.error("model_refused", dir=str(model_dir), errors=refused)
         scoring.scorer = models  # every anomaly rule, of this rule set and the next, scores with it
         log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
+
+    @app.timer(interval=30.0)
+    async def reload_models() -> None:
+        """A change of the model files: use the artifacts that load; a refused file is named
+        (once per change of the files) and its group keeps no model from it. Not while this
+        worker retrains: it would load the groups written so far (the retrain loads them all)."""
+        in_use = scoring.scorer
+        if retraining.locked() or (isinstance(in_use, ModelSet) and not in_use.changed(model_dir)):
+            return
+        async with retraining:
+            await load()
 
     if not settings.model_retrain_every:
         return
@@ -229,12 +236,14 @@ def _models(parts: WorkerParts) -> None:
     async def retrain_model() -> None:
         loop = asyncio.get_running_loop()
         ruleset = parts.config.current.ruleset
-        try:
-            artifacts, _ = await loop.run_in_executor(None, lambda: train_from_store(store, since, ruleset, model_dir))
-        except Exception as exc:  # a failed retrain keeps the model in use
-            log.error("model_retrain_failed", error=str(exc))
-            return
-        log.info("model_retrained", groups=[a.group for a in artifacts], samples=[a.samples for a in artifacts])
+        async with retraining:
+            try:
+                artifacts, _ = await loop.run_in_executor(None, lambda: train_from_store(store, since, ruleset, model_dir))
+            except Exception as exc:  # a failed retrain keeps the model in use
+                log.error("model_retrain_failed", error=str(exc))
+                return
+            log.info("model_retrained", groups=[a.group for a in artifacts], samples=[a.samples for a in artifacts])
+            await load()
 
 
 def _housekeeping(parts: WorkerParts) -> None:

@@ -292,3 +292,33 @@ def test_digest_prints_what_could_be_saved_apart_from_the_waste(made):
     assert out.returncode == 0, out.stderr
     assert "could be saved (not waste, not in the total): $12.00" in out.stdout, out.stdout
     assert "spot_eligible" in out.stdout
+
+
+def test_digest_prints_what_was_fixed_what_stayed_open_and_writes_its_chart(made, tmp_path):
+    """``burnwatch digest`` shows the day as the Slack digest does: what was fixed (and how), what
+    stayed open (and at what rate), the last days; ``--chart`` writes the chart it posts."""
+    usage = ("INSERT INTO burnwatch.resource_usage (ts, resource_id, resource_type, interval_s, usd) "
+             "SELECT toDateTime64('2026-11-02 00:00:00', 3, 'UTC') + toIntervalHour(number % 24), "
+             "['h1', 'h2'][intDiv(number, 24) + 1], 'gpu_instance', 3600, 10 FROM numbers(48)")  # fmt: skip
+    columns = ("INSERT INTO burnwatch.alerts (alert_id, type, rule, resource_id, status, change, severity, "
+               "episode_start, fired_at, updated_at, resolved_at, waste_usd, usd_per_hour, tags, details, silenced, version) "
+               "VALUES ")
+    rows = ("('a1', 'idle_gpu', 'idle', 'h1', 'resolved', 'resolved', 'warning', '2026-11-02 01:00:00', "
+            "'2026-11-02 01:00:00', '2026-11-02 05:00:00', '2026-11-02 05:00:00', 40, 10, {'team': 'nlp'}, "
+            "'{\"reason\": \"gpu_busy\"}', '', 1), "
+            "('a2', 'idle_gpu', 'idle', 'h2', 'firing', 'fired', 'warning', '2026-11-02 02:00:00', "
+            "'2026-11-02 02:00:00', '2026-11-02 08:00:00', NULL, 60, 10, {'team': 'vision'}, '{}', '', 1)")  # fmt: skip
+    changes = [("INSERT INTO burnwatch.alert_changes (alert_id, at, waste_usd) VALUES "
+                "('a1', '2026-11-02 01:00:00', 0), ('a1', '2026-11-02 05:00:00', 40), "
+                "('a2', '2026-11-02 02:00:00', 0), ('a2', '2026-11-02 08:00:00', 60)")]
+    for statement in (usage, columns + rows, *changes):
+        out = burnwatch("sql", statement, env=made)
+        assert out.returncode == 0, out.stderr
+    chart = tmp_path / "digest.png"
+    out = burnwatch("digest", "--day", "2026-11-02", "--chart", str(chart), env=made)
+    no_traceback(out)
+    assert out.returncode == 0, out.stderr
+    assert "fixed: h1 (idle_gpu, nlp) resolved 05:00 UTC, gpu busy; $40.00 that day" in out.stdout, out.stdout
+    assert "open: h2 (idle_gpu, vision) $10.00/h; $60.00 that day" in out.stdout, out.stdout
+    assert "last 14 days: 11-02 $100" in out.stdout, out.stdout
+    assert chart.read_bytes().startswith(b"\x89PNG")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 
 from detector.alerts import Alert
-from detector.digest import DAY_S, build_digests, send_due_digests
+from detector.detectors import REGISTRY
+from detector.digest import DAY_S, Digest, build_digests, digest_chart, digest_figure, render_digest, send_due_digests
 from detector.slack import SlackNotifier
 from detector.store import EventBatch
+from detector.store.remediation import ActionStep
 from detector.testing import LocalSlack
 from tests.helpers import T0, usage
 
@@ -99,3 +103,122 @@ def test_a_failed_run_is_open_but_burns_nothing_now(store):
     (digest,) = build_digests(store.digests, T0)
     assert digest.open_incidents == 2 and digest.by_type == pytest.approx({"idle_gpu": 10.0, "failed_run_spend": 20.0})
     assert digest.open_usd_per_hour == pytest.approx(10.0)  # the idle host only
+
+
+# -- the digest as a picture of the day ------------------------------------------------------
+
+DAY2 = T0 + DAY_S
+
+
+@pytest.fixture
+def fortnight(store):
+    """Five days of one channel's waste, the digest's day (DAY2 + 3 days) last: an idle host an
+    approved action stopped that day, one that went busy again, one left open, an untagged one."""
+    day = T0 + 4 * DAY_S
+    batch = EventBatch()
+    batch.extend([usage(T0 + k * HOUR, rid, usd_per_hour=50.0, interval_s=HOUR)
+                  for rid in ("h1", "h2", "h3", "nb1") for k in range(5 * 24)])  # fmt: skip
+    store.events.insert(batch)
+    store.alerts.record([
+        *[c for k in range(4) for c in (  # one a day before: $10, $20, $30, $40
+            change(f"old{k}", T0 + k * DAY_S + HOUR, 0.0, rid="h3", change="fired"),
+            change(f"old{k}", T0 + k * DAY_S + 10 * HOUR, 10.0 * (k + 1), rid="h3", change="resolved", resolved=True))],
+        change("x", day + 1 * HOUR, 0.0, rid="h1", change="fired"), change("x", day + 3 * HOUR, 20.0),
+        change("x", day + 4 * HOUR, 30.0, rid="h1", resolved=True, change="resolved"),
+        change("y", day + 1 * HOUR, 0.0, rid="h2", team="vision", change="fired"),
+        change("y", day + 5 * HOUR, 40.0, rid="h2", team="vision", resolved=True, change="resolved",
+               details={"reason": "gpu_busy"}),
+        change("z", day + 2 * HOUR, 0.0, rid="h3", change="fired"), change("z", day + 8 * HOUR, 60.0, rid="h3"),
+        change("u", day + 5 * HOUR, 0.0, rule_type="untagged", team="", rid="nb1", change="fired"),
+        change("u", day + 6 * HOUR, 12.0, rule_type="untagged", team="", rid="nb1"),
+    ], version=1)  # fmt: skip
+    store.remediations.record([ActionStep(alert_id="x", kind="stop_instance", step="succeeded", at=day + 4 * HOUR,
+                                          mode="approve", decided_by="U0APPROVER", resource_id="h1")])  # fmt: skip
+    return store, day
+
+
+def test_the_day_shows_what_was_fixed_by_whom_and_what_stayed_open(fortnight):
+    store, day = fortnight
+    (d,) = build_digests(store.digests, day)
+    assert [(o["resource_id"], o["how"]) for o in d.fixed] == [
+        ("h2", "gpu busy"),  # $40 that day, the costlier first
+        ("h1", "stopped by burnwatch, approved by <@U0APPROVER>"),
+    ]
+    assert [(o["resource_id"], o["usd_per_hour"]) for o in d.still_open] == [("h3", 10.0), ("nb1", 10.0)]
+    text = "\n".join(b["text"]["text"] for b in render_digest(d) if "text" in b and b["type"] == "section")
+    assert "*Fixed that day*\n• `h2` (Idle GPUs, vision): resolved 05:00 UTC, gpu busy; $40.00 that day" in text
+    assert "`h1` (Idle GPUs, nlp): resolved 04:00 UTC, stopped by burnwatch, approved by <@U0APPROVER>" in text
+    assert "*Still open*, fastest burning first\n• `h3` (Idle GPUs, nlp): *$10.00/h*; $60.00 that day" in text
+    assert "*2 fixed*; *2 still open* at the day's end, *$20.00/h*" in text
+
+
+def test_the_trend_is_the_ledger_of_the_days_before(fortnight):
+    """Each day's bar is what that day's digest counts (its total), the average the days before."""
+    store, day = fortnight
+    (d,) = build_digests(store.digests, day)
+    days = {k: sum(by_type.values()) for k, by_type in d.trend.items()}
+    assert days == pytest.approx({T0: 10.0, T0 + DAY_S: 20.0, T0 + 2 * DAY_S: 30.0, T0 + 3 * DAY_S: 40.0,
+                                  day: d.total})  # fmt: skip
+    for k in range(4):
+        (before,) = build_digests(store.digests, T0 + k * DAY_S)
+        assert before.total == pytest.approx(days[T0 + k * DAY_S])
+    assert d.usual == pytest.approx(25.0) and d.usual_days == 4
+    assert "(the 4 days before: $25.00/day on average)" in render_digest(d)[1]["text"]["text"]
+
+
+def _boxes(fig, texts):
+    renderer = fig.canvas.get_renderer()
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in texts if t.get_visible() and t.get_text()]
+
+
+def _overlaps(boxes):
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:] if ba.overlaps(bb)]
+
+
+def test_the_chart_reads_as_a_picture(fortnight):
+    """Rendered from the store: no tick labels run into each other, the dollars are in the title,
+    the day stands out (full colour, its total above it) over faded days before, the average of
+    the days before is a labelled line, and the stacked bars add up to the days' totals."""
+    store, day = fortnight
+    (d,) = build_digests(store.digests, day)
+    fig = digest_figure(d)
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    for axis in (ax.xaxis, ax.yaxis):
+        boxes = _boxes(fig, axis.get_ticklabels())
+        assert len(boxes) >= 3 and _overlaps(boxes) == []
+    assert ax.get_title(loc="left") == f"Cost waste $142 on {day_label(day)}"
+    texts = {t.get_gid(): t.get_text() for t in ax.texts}
+    assert texts["today-total"] == "$142"
+    assert texts["dollars"].startswith("$20.00/h still burning")
+    assert "$25.00/day" in texts["usual-label"] and any(line.get_gid() == "usual" for line in ax.lines)
+    today = [p for p in ax.patches if p.get_gid() == "today"]
+    others = [p for p in ax.patches if p.get_gid() != "today" and p.get_height() > 0]
+    assert sum(p.get_height() for p in today) == pytest.approx(d.total)
+    assert {p.get_alpha() for p in today} == {1.0} and {p.get_alpha() for p in others} == {0.45}
+    assert sum(p.get_height() for p in others) == pytest.approx(100.0)  # $10 + $20 + $30 + $40
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["Idle GPUs", "Untagged spend"]
+    assert _overlaps(_boxes(fig, [*legend.get_texts(), ax.xaxis.label, *ax.xaxis.get_ticklabels()])) == []
+    assert digest_chart(d).startswith(b"\x89PNG")
+
+
+def day_label(day: float) -> str:
+    return datetime.fromtimestamp(day, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+def test_a_big_teams_chart_keeps_six_types_apart_and_hostile_names_inert():
+    """Twenty types: five colours and one grey "other"; a "$" in a name is text, not mathtext;
+    labels still do not overlap."""
+    types = [*sorted(REGISTRY), *[f"custom_$x^$_{i}" for i in range(6)]]
+    trend = {T0 - k * DAY_S: {t: float(i + k) for i, t in enumerate(types)} for k in range(1, 14)}
+    d = Digest(channel="<!channel> $ch$", day=T0, by_type={t: float(i) for i, t in enumerate(types)}, trend=trend)
+    fig = digest_figure(d)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(labels) == 6 and labels[-1] == f"other ({len(types) - 5} types)"
+    assert labels[0] == "Custom $x^$ 5"  # the costliest first, its "$" as written
+    for axis in (fig.axes[0].xaxis, fig.axes[0].yaxis):
+        assert _overlaps(_boxes(fig, axis.get_ticklabels())) == []
+    assert _overlaps(_boxes(fig, fig.legends[0].get_texts())) == []
+    assert digest_chart(d).startswith(b"\x89PNG")

@@ -55,7 +55,7 @@ def test_scheduled_retrain_is_loaded(tmp_path: Path, ruleset):
             assert "rules only" in worker.wait_for_log('"model_absent"', timeout=10)
             refused = json.loads(worker.wait_for_log('"model_refused"', timeout=10))
             retrained = json.loads(worker.wait_for_log('"model_retrained"', timeout=120))
-            loaded = json.loads(worker.wait_for_log('"model_loaded"', timeout=60))
+            loaded = json.loads(worker.wait_for_log('"model_loaded"', timeout=60, after='"model_retrained"'))
         finally:
             assert worker.stop() == 0, worker.tail()
     assert retrained["groups"] and set(retrained["groups"]) <= set(loaded["groups"])

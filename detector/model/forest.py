@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import skops.io as sio
 
 from detector.model.features import feature_names, metrics_of
 
@@ -208,6 +207,8 @@ class ModelArtifact:
     def save(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{self.group}{SUFFIX}"
+        import skops.io as sio  # with scikit-learn, 3.5 s of a worker's start: only when a model is written or read
+
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(sio.dumps({"meta": self.meta(), "model": self.model}))
         tmp.replace(path)  # a reader sees the old file or the new one, never half of one
@@ -218,6 +219,7 @@ class ModelArtifact:
     def read(cls, path: Path) -> ModelArtifact:
         """The artifact in a skops file, without running code from it; :class:`ModelRefused`
         says why a file is not one."""
+        import skops.io as sio
         from sklearn.ensemble import IsolationForest
 
         data = path.read_bytes()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from detector.blockkit import MAX_NOTIFICATION_TEXT, MAX_TEXT, clip, fit
 from detector.remediation.policy import Action
 from detector.slack import code, escape
 from detector.units import format_duration, rfc3339
@@ -29,19 +30,20 @@ def describe_call(action: Action) -> str:
 def _who(user: str) -> str:
     if user.startswith(("U", "W")) and user.isalnum():
         return f"<@{user}>"
-    return escape(user)
+    return escape(user, 80)
 
 
 def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]]:
-    """(notification text, blocks) for the action's message in its current state."""
-    what = f"{_VERBS.get(action.kind, action.kind)} {escape(action.resource_id)}"
-    call = code(describe_call(action))
+    """(notification text, blocks) for the action's message in its current state; the text is
+    the message's first words, short enough for a phone's notification."""
+    what = f"{_VERBS.get(action.kind, action.kind)} {escape(action.resource_id, 120)}"
+    call = code(describe_call(action), 1000)
     saves = f" (${action.usd_per_hour:,.2f}/h)" if action.usd_per_hour else ""
     state, buttons = action.state, []
     if state == "dry_run":
         text = f":test_tube: Dry run: burnwatch would {what}{saves} by calling {call}. Nothing was called (mode dry_run)."
     elif state == "not_applicable":
-        text = f":information_source: Cannot {what}: {escape(action.result)}"
+        text = f":information_source: Cannot {what}: {escape(action.result, 1000)}"
     elif state == "proposed" and action.mode == "approve":
         text = f":raised_hand: Proposed: {what}{saves} by calling {call}. An approver decides."
         buttons = [("Approve", APPROVE, "primary"), ("Decline", DECLINE, "danger")]
@@ -53,20 +55,21 @@ def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]
     elif state in ("approved", "begun", "retry"):
         text = f":gear: {what.capitalize()}: approved by {_who(action.decided_by)}; calling {call}."
         if state == "retry":
-            text += f" Attempt {action.attempts} failed ({escape(action.result)}); trying again."
+            text += f" Attempt {action.attempts} failed ({escape(action.result, 1000)}); trying again."
     elif state == "succeeded":
-        text = (f":white_check_mark: Done: {what} ({call} by {_who(action.decided_by)}): {escape(action.result)}. "
+        text = (f":white_check_mark: Done: {what} ({call} by {_who(action.decided_by)}): {escape(action.result, 1000)}. "
                 f"Saves{saves or ' its cost'}.")  # fmt: skip
     elif state in ("failed", "gave_up", "interrupted"):
         why = {"failed": "refused", "gave_up": f"failed {action.attempts} times", "interrupted": "interrupted"}[state]
-        text = f":x: Could not {what}: {call} {why}: {escape(action.result)}. Nothing more is tried; act by hand."
+        text = f":x: Could not {what}: {call} {why}: {escape(action.result, 1000)}. Nothing more is tried; act by hand."
     elif state == "declined":
         text = f":no_entry_sign: Declined by {_who(action.decided_by)}: burnwatch will not {what}."
     elif state == "cancelled":
-        text = f":heavy_minus_sign: Not acting ({escape(action.decided_by)}): burnwatch will not {what}."
+        text = f":heavy_minus_sign: Not acting ({escape(action.decided_by, 80)}): burnwatch will not {what}."
     else:
-        text = f"{what}: {escape(state)}"
-    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text[:2900]}}]
+        text = f"{what}: {escape(state, 40)}"
+    text = clip(text, MAX_TEXT)  # an API's error can be long: cut whole, never half an entity or a link
+    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
     if buttons:
         blocks.append({
             "type": "actions", "block_id": f"burnwatch-action:{action.alert_id}",
@@ -75,4 +78,4 @@ def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]
         })  # fmt: skip
     footer = f"action {code(action.key)} · mode {action.mode}"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": footer}]})
-    return text, blocks
+    return clip(text, MAX_NOTIFICATION_TEXT), fit(blocks)

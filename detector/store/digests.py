@@ -13,7 +13,7 @@ __all__ = ["Digests"]
 
 class Digests:
     """The ``digests`` table (days sent, so a restart does not send one twice) and the day's
-    rows of the waste ledger (``sql/digest.sql``)."""
+    rows of the waste ledger (``sql/digest.sql``) and its days before (``sql/digest_trend.sql``)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -23,6 +23,13 @@ class Digests:
         in the waste ledger on the UTC day starting at ``day``, with the alert's channel, team,
         status, burn rate and resolution time."""
         return self.conn.named("digest", {"day": datetime.fromtimestamp(day, tz=timezone.utc).date()})
+
+    def trend_rows(self, day: float, days: int) -> list[dict[str, Any]]:
+        """Per channel, UTC day and alert type: the waste ledger's wasted dollars on the ``days``
+        days ending with the one starting at ``day`` (``sql/digest_trend.sql``)."""
+        last = datetime.fromtimestamp(day, tz=timezone.utc).date()
+        first = datetime.fromtimestamp(day - (days - 1) * 86400, tz=timezone.utc).date()
+        return self.conn.named("digest_trend", {"first": first, "day": last})
 
     def last_day(self) -> float | None:
         """Start of the last day a digest was recorded for; None before the first."""
