@@ -46,13 +46,8 @@ INK = {
 
 SIZE_IN = (8.0, 4.5)
 DPI = 110
-"""880 x 495 px: Slack's preview shows it whole, and a phone's width keeps the 11 pt text legible."""
+"""880 x 495 px: Slack's preview shows it whole, and a phone's width keeps its 10-12 pt text legible."""
 
-_RC = {
-    "font.size": 11, "axes.titlesize": 12, "axes.labelsize": 10, "xtick.labelsize": 10, "ytick.labelsize": 10,
-    "legend.fontsize": 9, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.3, "grid.linewidth": 0.6, "lines.linewidth": 1.6,
-}  # fmt: skip
 
 
 _LABEL_BOX = {"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
@@ -81,19 +76,21 @@ def figure(rows: int = 1, height_ratios: list[float] | None = None) -> tuple[Any
     import matplotlib
 
     matplotlib.use("Agg")
-    from matplotlib import rc_context
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    with rc_context(_RC):
-        size = (SIZE_IN[0], SIZE_IN[1] + (1.4 * (rows - 1)))
-        fig = Figure(figsize=size, dpi=DPI, layout="constrained")
-        FigureCanvasAgg(fig)  # a renderer to measure text with (tests, label spreading)
-        axes = fig.subplots(rows, 1, sharex=True, squeeze=False, height_ratios=height_ratios)[:, 0].tolist()
-        for ax in axes:
-            ax.spines[["top", "right"]].set_visible(False)
-            ax.grid(True, alpha=0.3, linewidth=0.6)
-            ax.tick_params(labelsize=10)
+    # Sizes are set on the artists, not through rcParams: those are global, and charts are
+    # drawn on the chart worker's thread while the digest may draw on another.
+    size = (SIZE_IN[0], SIZE_IN[1] + (1.4 * (rows - 1)))
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)  # a renderer to measure text with (tests, label spreading)
+    axes = fig.subplots(rows, 1, sharex=True, squeeze=False, height_ratios=height_ratios)[:, 0].tolist()
+    for ax in axes:
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.grid(True, alpha=0.3, linewidth=0.6)
+        ax.tick_params(labelsize=10)
+        ax.xaxis.label.set_size(10)
+        ax.yaxis.label.set_size(10)
     return fig, axes
 
 
