@@ -167,7 +167,9 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
         openings = [(ALERT_ID.findall(p.text_of_blocks()), p.response["ts"]) for p in posts if "thread_ts" not in p.body]
         opened = [alert_id for ids, _ in openings for alert_id in ids]
         assert len(opened) == len(set(opened)), "an incident opened twice"
-        assert set(opened) == set(expected), "each episode opens exactly one incident (grouped ones in one message)"
+        missing = {a: (e.type, e.resource_id, e.fired_at) for a, e in expected.items() if a not in opened}
+        mentioned = [p.text_of_blocks()[:600] for p in posts for a in missing if expected[a].resource_id in p.text_of_blocks()]
+        assert set(opened) == set(expected), f"each episode opens exactly one incident: missing {missing}, {mentioned}"
         opening_ts = {alert_id: ts for ids, ts in openings for alert_id in ids}
         group_ts = {ts for ids, ts in openings if len(ids) > 1}
         replies = [p for p in posts if "thread_ts" in p.body]
