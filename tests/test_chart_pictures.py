@@ -14,6 +14,7 @@ from matplotlib.text import Text
 from detector.charts import CHARTED_TYPES, NOT_CHARTED, draw_chart, render_chart, style
 from detector.charts import gallery as scenes
 from detector.detectors import REGISTRY
+from detector.units import money
 
 PNG = b"\x89PNG\r\n\x1a\n"
 HOUR = 3600.0
@@ -176,8 +177,8 @@ def test_each_chart_reads_in_five_seconds(fleet, ruleset, name):
     assert "UTC" in " ".join(ax.get_xlabel() for ax in fig.axes)
     headline = _text(fig, "dollars")
     if alert.dollars:  # money gone: how much so far and, while it burns, per hour
-        assert style.money(alert.waste_usd) in headline
-        assert (f"{style.money(alert.usd_per_hour)}/h" in headline) == alert.burning
+        assert money(alert.waste_usd) in headline
+        assert (f"{money(alert.usd_per_hour)}/h" in headline) == alert.burning
     else:  # a forecast: what it will come to
         assert "full in" in headline or "→" in headline
     if len(LEVELS[name]) > 1:  # labels of the levels never overlap
@@ -234,6 +235,17 @@ def test_a_host_of_four_gets_a_line_per_gpu_coloured_by_its_group(fleet):
     colours = {line.get_gid(): line.get_color() for line in fig.axes[0].get_lines()}
     assert {colours["idle-gpu2"], colours["idle-gpu3"]} == {style.INK["problem"]}
     assert {colours["busy-gpu0"], colours["busy-gpu1"]} == {style.INK["ok"]}
+
+
+@pytest.mark.parametrize("usd", [float("nan"), float("inf"), -50.0], ids=["nan", "inf", "negative"])
+def test_a_failed_runs_chart_draws_when_its_dollars_are_broken(fleet, ruleset, usd):
+    """A bad price upstream must not cost the thread its chart (matplotlib refuses a NaN axis)."""
+    import copy
+
+    alert = copy.deepcopy(scenes.scene("failed_run_spend", ruleset).alert)
+    alert.waste_usd = usd
+    fig = _drawn(draw_chart(alert, fleet[0]))
+    assert _text(fig, "dollars").startswith(money(usd)) and "nan" not in _text(fig, "dollars")
 
 
 def test_hostile_ids_and_tags_do_not_break_a_chart(store):

@@ -187,9 +187,9 @@ def test_the_chart_reads_as_a_picture(fortnight):
     for axis in (ax.xaxis, ax.yaxis):
         boxes = _boxes(fig, axis.get_ticklabels())
         assert len(boxes) >= 3 and _overlaps(boxes) == []
-    assert ax.get_title(loc="left") == f"Cost waste $142 on {day_label(day)}"
+    assert ax.get_title(loc="left") == f"Cost waste $142.00 on {day_label(day)}"  # to the cent, as the bill
     texts = {t.get_gid(): t.get_text() for t in ax.texts}
-    assert texts["today-total"] == "$142"
+    assert texts["today-total"] == "$142.00"
     assert texts["dollars"].startswith("$20.00/h still burning")
     assert "$25.00/day" in texts["usual-label"] and any(line.get_gid() == "usual" for line in ax.lines)
     today = [p for p in ax.patches if p.get_gid() == "today"]

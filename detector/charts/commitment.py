@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from detector.alerts import Alert
 from detector.charts import style
-from detector.charts.spend import dollar_ticks
 from detector.charts.window import stored_time, window
 from detector.events import DAY_S
 from detector.store.connection import Connection
@@ -39,7 +38,7 @@ def commitment_chart(alert: Alert, store: Connection) -> Figure | None:
                             ha="center", va="bottom", fontsize=8, color=style.INK["problem"], gid="unused-share")  # fmt: skip
     ax.set_ylim(0, top * 1.18 or 1)
     ax.set_ylabel("$ per day")
-    ax.yaxis.set_major_formatter(dollar_ticks())
+    ax.yaxis.set_major_formatter(style.dollar_ticks())
     style.episode_marks(ax, w.start, w.fired_at, w.end + DAY_S if not w.resolved else w.end, w.resolved)
     style.time_axis(ax, min(w.lo, stored_time(rows[0]["t"]) - DAY_S / 4), max(w.hi, stored_time(rows[-1]["t"]) + 1.1 * DAY_S))
     d = alert.details

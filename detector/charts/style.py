@@ -19,8 +19,10 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
+from detector.units import money
+
 __all__ = [
-    "COLOURS", "INK", "clip", "episode_marks", "figure", "finish", "headline", "legend", "level_line", "money",
+    "COLOURS", "INK", "clip", "episode_marks", "figure", "finish", "headline", "legend", "level_line", "dollar_ticks",
     "png", "time_axis", "utc",
 ]  # fmt: skip
 
@@ -59,9 +61,12 @@ def utc(t: float) -> datetime:
     return datetime.fromtimestamp(t, tz=timezone.utc)
 
 
-def money(usd: float) -> str:
-    """Dollars as people read them on a chart: ``$1,234`` above $100, cents below."""
-    return f"${usd:,.0f}" if abs(usd) >= 100 else f"${usd:,.2f}"
+def dollar_ticks() -> Any:
+    """A dollar axis's tick labels: :func:`~detector.units.money` from $100, and below it as
+    many digits as the tick has ("$12.5" stays itself, not "$12"), "$0" at zero."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _: "$0" if v == 0 else money(v) if abs(v) >= 100 else f"${v:,.4g}")
 
 
 def clip(text: object, limit: int = 60) -> str:
