@@ -237,6 +237,20 @@ def test_a_host_of_four_gets_a_line_per_gpu_coloured_by_its_group(fleet):
     assert {colours["busy-gpu0"], colours["busy-gpu1"]} == {style.INK["ok"]}
 
 
+def test_an_episode_that_fires_and_resolves_within_minutes_keeps_its_three_labels_apart(fleet, ruleset):
+    """Start, alert and resolution all within a tenth of the chart: three labels, none over another."""
+    import copy
+
+    alert = copy.deepcopy(scenes.scene("idle_gpu", ruleset).alert)
+    alert.fired_at, alert.resolved_at = alert.episode_start + 30, alert.episode_start + 90
+    alert.updated_at, alert.status = alert.resolved_at, "resolved"
+    fig = _drawn(draw_chart(alert, fleet[0]))
+    labels = [t for t in fig.findobj(Text) if t.get_gid() in ("episode-start-label", "alert-label", "resolved-label")]
+    assert len(labels) == 3
+    assert _clashes(labels, fig.canvas.get_renderer()) == []
+    assert _outside(fig) == []
+
+
 @pytest.mark.parametrize("usd", [float("nan"), float("inf"), -50.0], ids=["nan", "inf", "negative"])
 def test_a_failed_runs_chart_draws_when_its_dollars_are_broken(fleet, ruleset, usd):
     """A bad price upstream must not cost the thread its chart (matplotlib refuses a NaN axis)."""

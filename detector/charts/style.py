@@ -150,13 +150,14 @@ def episode_marks(ax: Any, start: float, fired_at: float | None, end: float, res
         marks.append(("alert", fired_at, "alert", INK["alert"]))
     if resolved:
         marks.append(("resolved", end, "resolved", INK["resolved"]))
-    last_x = None
+    last_x, row = None, 0
     for gid, t, text, colour in marks:
         ax.axvline(utc(t), color=colour, linestyle=":", linewidth=1.3, gid=gid, zorder=3)
         if not labels:
             continue
-        # labels of marks close together would collide: stack them instead
-        row = 1 if last_x is not None and abs(t - last_x) < _near(ax) else 0
+        # labels of marks close together would collide: each goes a row below the one before
+        # (an episode that fires and resolves within minutes has all three close together)
+        row = row + 1 if last_x is not None and abs(t - last_x) < _near(ax) else 0
         ax.annotate(text, xy=(utc(t), 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3 - 12 * row),
                     textcoords="offset points", ha="left", va="top", fontsize=9, color=colour, gid=f"{gid}-label",
                     annotation_clip=False, bbox=_LABEL_BOX)  # fmt: skip
