@@ -1,6 +1,6 @@
 """The daily digest per channel, a picture of the day: its waste by type and team, the top
 offenders, what was fixed (and by whom or what), what stayed open (and how fast it burns),
-what could be saved, and one chart of the last days' waste with the day highlighted.
+what could be saved, and one chart of the last days' waste with the day outlined.
 
 A day's dollars are the waste ledger's (the store's ``waste_ledger``, which ``burnwatch
 query waste`` reads too): each alert's dollars charged to the resource-hours they were
@@ -258,9 +258,10 @@ def digest_chart(d: Digest) -> bytes:
 
 
 def digest_figure(d: Digest) -> Any:
-    """The last :data:`TREND_DAYS` UTC days' waste, stacked by type, the digest's day in full
-    colour with its total above it and the days before faded, the average of the days before as
-    a labelled line; the dollars in the title. Drawn with the shared chart style."""
+    """The last :data:`TREND_DAYS` UTC days' waste, stacked by type, the digest's day outlined on
+    a light band with its total above it and its date on the axis, the average of the days
+    before as a labelled line; the dollars in the title. Drawn with the shared chart style.
+    Every day keeps its full colours: faded, vermillion reads as orange and a type as another."""
     from detector.charts import style
 
     days = [d.day - k * DAY_S for k in range(TREND_DAYS - 1, -1, -1)]
@@ -284,11 +285,10 @@ def digest_figure(d: Digest) -> Any:
     for label, colour, heights in series:
         values = [heights[day] if math.isfinite(heights[day]) else 0.0 for day in days]  # "$?" in the text, no bar
         bars = ax.bar(centres, values, width=0.8, bottom=bottom, color=colour, label=label, gid=f"type:{label}")
-        for bar, day in zip(bars, days, strict=True):
-            bar.set_alpha(1.0 if day == d.day else 0.45)
-            if day == d.day:
-                bar.set_gid("today")
+        bars[-1].set(gid="today", edgecolor=style.INK["threshold"], linewidth=1.0)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.axvspan(style.utc(d.day - DAY_S / 2), style.utc(d.day + DAY_S / 2), color=style.INK["muted"], alpha=0.12,
+               linewidth=0, zorder=0, gid="today-band")  # fmt: skip
     ax.annotate(money(d.total, exact=True), xy=(centres[-1], bottom[-1]), xytext=(0, 3), textcoords="offset points",
                 ha="center", va="bottom", fontsize=10, fontweight="bold", color=style.INK["problem"], gid="today-total",
                 parse_math=False)  # fmt: skip
@@ -298,14 +298,16 @@ def digest_figure(d: Digest) -> Any:
     ax.set_ylim(0, max([*bottom, usual if usual is not None and math.isfinite(usual) else 0.0, 0.01]) * 1.18)
     ax.yaxis.set_major_formatter(style.dollar_ticks())
     style.time_axis(ax, days[0] - DAY_S / 2, days[-1] + DAY_S / 2)
+    from matplotlib.dates import date2num
+    from matplotlib.ticker import FixedLocator
+
+    ax.xaxis.set_major_locator(FixedLocator([date2num(c) for c in centres[::-2]]))  # every other day, the day's own
     title = f"Cost waste {money(d.total, exact=True)} on {d.date}"
     if d.channel:
         title += f" · {style.clip(d.channel, 24)}"
     style.headline(ax, title, note=f"{money(d.open_usd_per_hour)}/h still burning at the day's end · "
                    f"the last {TREND_DAYS} UTC days")  # fmt: skip
-    legend = style.legend(ax)
-    for handle in legend.legend_handles if legend is not None else []:
-        handle.set_alpha(1.0)  # the colours as the day's bar shows them, not the faded days before
+    style.legend(ax)
     return fig
 
 

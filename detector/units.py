@@ -1,4 +1,5 @@
-"""Durations, percentages and money as users write them in rule files.
+"""Durations, percentages and money as users write them in rule files, and as burnwatch
+writes them back (:func:`format_duration`, :func:`money`).
 
 The annotated types here validate at load time, so a rule's params are plain
 floats by the time detection runs.

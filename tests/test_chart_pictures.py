@@ -150,7 +150,7 @@ def test_the_gallery_draws_what_the_shipped_rules_detect_in_each_scene(ruleset):
 def test_the_gallery_writes_one_small_png_per_chart(fleet):
     out = fleet[1]
     written = sorted(p.name for p in Path(out).iterdir())
-    assert written == sorted(f"{name}.png" for name in scenes.SCENES)
+    assert written == sorted(f"{name}.png" for name in [*scenes.SCENES, scenes.DIGEST])
     for name in written:
         data = (Path(out) / name).read_bytes()
         assert data.startswith(PNG) and len(data) < 80_000, (name, len(data))
@@ -184,6 +184,25 @@ def test_each_chart_reads_in_five_seconds(fleet, ruleset, name):
     if len(LEVELS[name]) > 1:  # labels of the levels never overlap
         labels = [t for t in fig.findobj(Text) if str(t.get_gid()).endswith("-label") and t.get_gid()[:-6] in LEVELS[name]]
         assert _clashes(labels, fig.canvas.get_renderer()) == []
+
+
+def test_the_gallerys_digest_reads_in_five_seconds(fleet):
+    """The digest of the stored fortnight, built from the ledger as the worker builds it: how
+    much and which day in the title, what still burns, the day's total, the average, one colour
+    per type, and nothing that clashes or is cut."""
+    fig = fleet[2][scenes.DIGEST]
+    assert _axis_clashes(fig) == [] and _outside(fig) == []
+    assert _clashes(_texts_of(fig), fig.canvas.get_renderer()) == []
+    (ax,) = fig.axes
+    title = ax.get_title(loc="left")
+    assert title.startswith("Cost waste $") and title.endswith(" on 2026-11-15"), title
+    total = _text(fig, "today-total")
+    assert total in title and "." in total  # to the cent, as the bill
+    assert "/h still burning" in _text(fig, "dollars") and "/day" in _text(fig, "usual-label")
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert legend[0] == "Idle GPUs" and "Stuck GPUs (busy, nothing running)" in legend
+    colours = [h.get_facecolor() for lg in fig.legends for h in lg.legend_handles]
+    assert len(set(colours)) == len(colours)
 
 
 @pytest.mark.parametrize("span", list(SPANS))
