@@ -58,19 +58,23 @@ and twenty such fields would pass Slack's limit on a message's total)."""
 _ID_SHOWN = 80
 """What a header, a list line or a notification shows of a resource id."""
 _BREAKS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+_BIDI = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
+"""Bidi embeddings, overrides and isolates: one in an id would turn the rest of its line
+around, so "$412 so far" after it could read as something else."""
 _USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
 
 
 def escape(value: object, limit: int = 0) -> str:
     """Text from events made inert in a Slack message (mrkdwn or plain text): ``& < >``
     become entities, as Slack asks, so nothing in it can mention, link or format a
-    channel; line breaks become spaces, so one value cannot fake a field of its own.
+    channel; line breaks become spaces, so one value cannot fake a field of its own, and bidi
+    controls go, so one value cannot reverse the text after it (the dollars).
     With ``limit``, at most that many characters (:func:`detector.blockkit.clip`: cut after
     escaping, never in an entity; a 10 kB value is cut before it is escaped, too)."""
     text = str(value)
     if limit and len(text) > limit:
         text = text[: limit + 1]  # still longer than limit once escaped: clip says it was cut
-    text = _BREAKS.sub(" ", text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = _BIDI.sub("", _BREAKS.sub(" ", text)).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return clip(text, limit) if limit else text
 
 

@@ -110,6 +110,16 @@ def test_a_line_break_in_a_value_cannot_fake_a_field(slack):
     assert instance == "*Instance*\np4d *Owner* &lt;!channel&gt;"
 
 
+def test_a_right_to_left_override_cannot_turn_the_dollars_around(slack):
+    """U+202E in an id would show what follows it on its line reversed ("$412 so far" as
+    "raf os 214$"); bidi controls from events never reach Slack."""
+    bot(slack).post(alert(resource_id="i-\u202eevil\u2066x\u2069", tags={"team": "nlp\u202b", "owner": "alice"}))
+    (post,) = slack.calls("chat.postMessage")
+    sent = post.text_of_blocks() + post.body["text"]
+    assert not re.search("[\u202a-\u202e\u2066-\u2069]", sent)
+    assert "i-evilx" in post.body["text"] and "$16.39 so far, $32.77/h" in post.body["text"]
+
+
 def test_a_backtick_in_an_id_cannot_close_our_code_span(slack):
     bot(slack).post(alert(resource_id="h1` *bold* `x"))
     (post,) = slack.calls("chat.postMessage")
