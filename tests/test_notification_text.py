@@ -8,10 +8,9 @@ import pytest
 
 from detector.alerts import Alert
 from detector.digest import send_due_digests
-from detector.slack import SlackNotifier
 from detector.store import EventBatch
 from detector.testing import LocalSlack
-from tests.helpers import T0, usage
+from tests.helpers import T0, slack_bot, usage
 
 HOUR = 3600.0
 
@@ -25,14 +24,7 @@ def alert(rule_type: str = "idle_gpu", resolved: bool = False, **kw) -> Alert:
     return Alert(**{**fields, **kw})
 
 
-@pytest.fixture
-def slack():
-    with LocalSlack() as server:
-        yield server
-
-
-def bot(slack: LocalSlack) -> SlackNotifier:
-    return SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+bot = slack_bot
 
 
 def texts(slack: LocalSlack, method: str = "chat.postMessage") -> list[str]:
