@@ -293,6 +293,15 @@ def test_hostile_ids_and_tags_do_not_break_a_chart(store):
         assert _outside(fig) == []
 
 
+def test_no_text_we_write_on_a_chart_goes_through_mathtext(fleet):
+    """Titles, headlines, level and mark labels, legends: a "$" in any of them (a tag, a price)
+    is a dollar sign; two of them would otherwise start a formula, or fail the chart."""
+    for name, fig in fleet[2].items():
+        written = [t for ax in fig.axes for t in (ax.title, ax._left_title, *ax.texts)]
+        written += [t for legend in fig.legends for t in legend.get_texts()]
+        assert [t.get_text() for t in written if t.get_text() and t.get_parse_math()] == [], name
+
+
 def test_a_chart_is_none_without_data_or_for_a_type_without_one(store):
     assert draw_chart(scenes.idle_gpu().alert, store) is None  # nothing stored
     spot = scenes.idle_gpu().alert

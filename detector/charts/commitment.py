@@ -35,7 +35,8 @@ def commitment_chart(alert: Alert, store: Connection) -> Figure | None:
         for day, u, v in zip(days, used, unused, strict=True):
             if u + v > 0:
                 ax.annotate(f"{100 * v / (u + v):.0f}%", xy=(day, u + v), xytext=(14, 2), textcoords="offset points",
-                            ha="center", va="bottom", fontsize=8, color=style.INK["problem"], gid="unused-share")  # fmt: skip
+                            ha="center", va="bottom", fontsize=8, color=style.INK["problem"], gid="unused-share",
+                            parse_math=False)  # fmt: skip
     ax.set_ylim(0, top * 1.18 or 1)
     ax.set_ylabel("$ per day")
     ax.yaxis.set_major_formatter(style.dollar_ticks())

@@ -160,7 +160,7 @@ def episode_marks(ax: Any, start: float, fired_at: float | None, end: float, res
         row = row + 1 if last_x is not None and abs(t - last_x) < _near(ax) else 0
         ax.annotate(text, xy=(utc(t), 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3 - 12 * row),
                     textcoords="offset points", ha="left", va="top", fontsize=9, color=colour, gid=f"{gid}-label",
-                    annotation_clip=False, bbox=_LABEL_BOX)  # fmt: skip
+                    annotation_clip=False, bbox=_LABEL_BOX, parse_math=False)  # fmt: skip
         last_x = t
 
 
