@@ -293,6 +293,27 @@ def test_hostile_ids_and_tags_do_not_break_a_chart(store):
         assert _outside(fig) == []
 
 
+def test_a_host_forgotten_for_sixty_days_shows_what_is_stored_and_says_when_it_started(fleet):
+    """Its events aged out after 30 days: the chart spans those 30 days, not 80 of which 50 are
+    blank, and writes the start and the alert, off the left, at the left edge."""
+    from matplotlib.dates import date2num
+
+    day, rid = 86_400.0, "i-forgotten"
+    start, end = scenes.T0, scenes.T0 + 60 * day
+    s = scenes.Scene("forgotten", scenes.idle_gpu().alert, scenes._host(rid, end - 30 * day, end, HOUR, lambda g, t: 0.5,
+                                                                      gpus=4))  # fmt: skip
+    s.alert = scenes._alert("idle_gpu", rid, start, start + 1800, end, False, 32.77 * 24 * 60, 32.77,
+                            {"gpu_count": 4, "util_below_pct": 5.0})  # fmt: skip
+    scenes.store_scene(fleet[0], s)
+    fig = _drawn(draw_chart(s.alert, fleet[0]))
+    lo, hi = fig.axes[0].get_xlim()
+    assert date2num(style.utc(end - 30 * day)) - lo < 1 and hi - date2num(style.utc(end)) < 3  # days
+    assert _text(fig, "episode-start-label") == "◂ started Nov 02 00:00, alert Nov 02 00:30"
+    assert not [line for line in fig.findobj(Line2D) if line.get_gid() in ("episode-start", "alert") and line.get_visible()]
+    assert "$47,189 wasted" in _text(fig, "dollars")
+    assert _outside(fig) == [] and _clashes(_texts_of(fig), fig.canvas.get_renderer()) == []
+
+
 def test_no_text_we_write_on_a_chart_goes_through_mathtext(fleet):
     """Titles, headlines, level and mark labels, legends: a "$" in any of them (a tag, a price)
     is a dollar sign; two of them would otherwise start a formula, or fail the chart."""

@@ -228,8 +228,36 @@ def finish(fig: Any) -> None:
     labels moved apart where two would touch. Once per figure."""
     if getattr(fig, "_burnwatch_finished", False):
         return
+    _marks_left_of_view(fig)
     _spread_level_labels(fig)
     fig._burnwatch_finished = True
+
+
+def _marks_left_of_view(fig: Any) -> None:
+    """An episode that started (or alerted) before the chart's first data: its lines would sit
+    outside the plot and their labels past its left edge, so they go, and one label at the left
+    edge says when ("◂ started Sep 03 02:00, alert Sep 03 02:30")."""
+    from matplotlib.dates import num2date
+
+    for ax in fig.axes:
+        lo = ax.get_xlim()[0]
+        gone = []
+        for gid, word in (("episode-start", "started"), ("alert", "alert")):
+            for line in [line for line in ax.get_lines() if line.get_gid() == gid]:
+                x = float(ax.convert_xunits(line.get_xdata()[0]))
+                if x < lo:
+                    line.set_visible(False)
+                    gone.append((gid, word, x))
+        labels = {t.get_gid(): t for t in ax.texts}
+        for gid, _, _ in gone:
+            if f"{gid}-label" in labels:
+                labels[f"{gid}-label"].set_visible(False)
+        first = labels.get("episode-start-label")
+        if gone and first is not None:
+            first.set_text("◂ " + ", ".join(f"{word} {num2date(x):%b %d %H:%M}" for _, word, x in gone))
+            first.xy = (lo, 1.0)
+            first.xyann = (3, -3)
+            first.set_visible(True)
 
 
 def _spread_level_labels(fig: Any) -> None:
