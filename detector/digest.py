@@ -1,6 +1,7 @@
 """The daily digest per channel, a picture of the day: its waste by type and team, the top
 offenders, what was fixed (and by whom or what), what stayed open (and how fast it burns),
-what could be saved, and one chart of the last days' waste with the day outlined.
+what could be saved, and one chart of the last days' waste with the day outlined
+(:mod:`detector.charts.digest`).
 
 A day's dollars are the waste ledger's (the store's ``waste_ledger``, which ``burnwatch
 query waste`` reads too): each alert's dollars charged to the resource-hours they were
@@ -21,7 +22,6 @@ itself rather than as the start of matplotlib math, which would fail the chart.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -37,8 +37,7 @@ from detector.slack import code, escape
 from detector.store.digests import Digests
 from detector.units import epoch, money
 
-__all__ = ["TREND_DAYS", "Digest", "build_digests", "digest_chart", "digest_figure", "digest_text", "render_digest",
-           "send_due_digests"]
+__all__ = ["TREND_DAYS", "Digest", "build_digests", "digest_text", "render_digest", "send_due_digests", "type_title"]
 
 TREND_DAYS = 14
 """Days the digest's chart shows, the digest's own the last."""
@@ -162,7 +161,8 @@ def _how(row: dict[str, Any], details: dict[str, Any]) -> str:
     return escape(str(reason).replace("_", " "), 200) if reason else ""
 
 
-def _title(rule_type: str) -> str:
+def type_title(rule_type: str) -> str:
+    """What a type is called in the digest: its detector's title ("Idle GPUs")."""
     cls = REGISTRY.get(rule_type)
     return cls.title if cls is not None else rule_type.replace("_", " ").capitalize()
 
@@ -194,7 +194,7 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
         return clip_lines(shown, _LIST, lambda n: f"+{n} more {noun}") or "_none_"
 
     def who(o: dict[str, Any]) -> str:
-        return f"{code(o['resource_id'], 60)} ({escape(_title(o['type']))}, {escape(o['team'], 40)})"
+        return f"{code(o['resource_id'], 60)} ({escape(type_title(o['type']))}, {escape(o['team'], 40)})"
 
     top = [f"{i}. {who(o)}: {_dollars(o)}" for i, o in enumerate(d.top, 1)]
     fixed = [f"• {who(o)}: resolved {_hhmm(o['resolved_at'])}" + (f", {o['how']}" if o["how"] else "")
@@ -214,7 +214,7 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
             f"Cost waste on {d.date}: {money(d.total, exact=True)}", MAX_HEADER_TEXT)}},
         {"type": "section", "text": {"type": "mrkdwn", "text": summary}},
         {"type": "section", "fields": [
-            {"type": "mrkdwn", "text": "*By type*\n" + lines({_title(k): v for k, v in d.by_type.items()}, "types")},
+            {"type": "mrkdwn", "text": "*By type*\n" + lines({type_title(k): v for k, v in d.by_type.items()}, "types")},
             {"type": "mrkdwn", "text": "*By team*\n" + lines(d.by_team, "teams")},
         ]},
         {"type": "section", "text": {"type": "mrkdwn", "text": "*Top offenders*\n" + (
@@ -225,7 +225,7 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
             clip_lines(still, _LIST, lambda n: f"+{n} more open: {full}") if still else "_none_")}},
         *([{"type": "section", "text": {"type": "mrkdwn", "text": (
             f"*Could be saved* (apart from the waste): {money(sum(d.could_save.values()), exact=True)}\n"
-            + lines({_title(k): v for k, v in d.could_save.items()}, "types"))}}] if d.could_save else []),
+            + lines({type_title(k): v for k, v in d.could_save.items()}, "types"))}}] if d.could_save else []),
         {"type": "context", "elements": [{"type": "mrkdwn", "text": (
             "Dollars are each incident's share of that UTC day's bill, each dollar counted once "
             "(docs/architecture.md, Dollars); the chart in the thread shows the last days."
@@ -246,71 +246,6 @@ def _dollars(o: dict[str, Any]) -> str:
     return f"{money(o['billed_usd'], exact=True)} billed (alert said {money(o['usd'], exact=True)})"
 
 
-_SHOWN_TYPES = 6
-"""Types the chart colours apart; the rest are one grey "other" (eight colours tell apart, twenty do not)."""
-
-
-def digest_chart(d: Digest) -> bytes:
-    """The digest's chart as PNG (:func:`digest_figure`), posted in the digest's thread."""
-    from detector.charts import style
-
-    return bytes(style.png(digest_figure(d)))
-
-
-def digest_figure(d: Digest) -> Any:
-    """The last :data:`TREND_DAYS` UTC days' waste, stacked by type, the digest's day outlined on
-    a light band with its total above it and its date on the axis, the average of the days
-    before as a labelled line; the dollars in the title. Drawn with the shared chart style.
-    Every day keeps its full colours: faded, vermillion reads as orange and a type as another."""
-    from detector.charts import style
-
-    days = [d.day - k * DAY_S for k in range(TREND_DAYS - 1, -1, -1)]
-    trend = {**d.trend, d.day: dict(d.by_type)}  # the day itself as the digest counts it
-    totals: dict[str, float] = {}
-    for by_type in trend.values():
-        for t, usd in by_type.items():
-            totals[t] = totals.get(t, 0.0) + usd
-    ranked = sorted(totals, key=lambda t: -totals[t])
-    shown = ranked[:_SHOWN_TYPES] if len(ranked) <= _SHOWN_TYPES + 1 else ranked[: _SHOWN_TYPES - 1]
-    # the two blues apart, green (the average's line) last
-    palette = [style.COLOURS[c] for c in ("vermillion", "blue", "orange", "purple", "sky", "green")]
-    series = [(_title(t), palette[i], {day: trend.get(day, {}).get(t, 0.0) for day in days}) for i, t in enumerate(shown)]
-    rest = [t for t in ranked if t not in shown]
-    if rest:
-        series.append((f"other ({len(rest)} types)", "#999999",
-                       {day: sum(trend.get(day, {}).get(t, 0.0) for t in rest) for day in days}))  # fmt: skip
-    fig, (ax,) = style.figure()
-    centres = [style.utc(day) for day in days]  # a day's bar stands on its date's tick
-    bottom = [0.0] * len(days)
-    for label, colour, heights in series:
-        values = [heights[day] if math.isfinite(heights[day]) else 0.0 for day in days]  # "$?" in the text, no bar
-        bars = ax.bar(centres, values, width=0.8, bottom=bottom, color=colour, label=label, gid=f"type:{label}")
-        bars[-1].set(gid="today", edgecolor=style.INK["threshold"], linewidth=1.0)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.axvspan(style.utc(d.day - DAY_S / 2), style.utc(d.day + DAY_S / 2), color=style.INK["muted"], alpha=0.12,
-               linewidth=0, zorder=0, gid="today-band")  # fmt: skip
-    ax.annotate(money(d.total, exact=True), xy=(centres[-1], bottom[-1]), xytext=(0, 3), textcoords="offset points",
-                ha="center", va="bottom", fontsize=10, fontweight="bold", color=style.INK["problem"], gid="today-total",
-                parse_math=False)  # fmt: skip
-    usual = d.usual
-    if usual is not None:
-        style.level_line(ax, usual, f"average\n{money(usual)}/day", kind="usual")
-    ax.set_ylim(0, max([*bottom, usual if usual is not None and math.isfinite(usual) else 0.0, 0.01]) * 1.18)
-    ax.yaxis.set_major_formatter(style.dollar_ticks())
-    style.time_axis(ax, days[0] - DAY_S / 2, days[-1] + DAY_S / 2)
-    from matplotlib.dates import date2num
-    from matplotlib.ticker import FixedLocator
-
-    ax.xaxis.set_major_locator(FixedLocator([date2num(c) for c in centres[::-2]]))  # every other day, the day's own
-    title = f"Cost waste {money(d.total, exact=True)} on {d.date}"
-    if d.channel:
-        title += f" · {style.clip(d.channel, 24)}"
-    style.headline(ax, title, note=f"{money(d.open_usd_per_hour)}/h still burning at the day's end · "
-                   f"the last {TREND_DAYS} UTC days")  # fmt: skip
-    style.legend(ax)
-    return fig
-
-
 def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: float = 600.0) -> list[Digest]:
     """Post the digest of every finished day not yet sent: a day is finished once the
     stream's event time is ``settle_s`` past its end. The first day burnwatch sees is
@@ -321,6 +256,8 @@ def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: f
     if last is None:
         repo.record(watermark - watermark % DAY_S - DAY_S, "", "")  # the day before the stream began
         return []
+    from detector.charts.digest import digest_chart
+
     sent: list[Digest] = []
     day = last + DAY_S
     while day + DAY_S + settle_s <= watermark:

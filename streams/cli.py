@@ -607,7 +607,8 @@ def cmd_silence(args: argparse.Namespace) -> int:
 def cmd_digest(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
-    from detector.digest import TREND_DAYS, build_digests, digest_chart, render_digest
+    from detector.charts.digest import digest_chart
+    from detector.digest import TREND_DAYS, build_digests, render_digest
 
     settings = _settings(args)
     try:

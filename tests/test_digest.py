@@ -7,8 +7,9 @@ from datetime import datetime, timezone
 import pytest
 
 from detector.alerts import Alert
+from detector.charts.digest import digest_chart, digest_figure
 from detector.detectors import REGISTRY
-from detector.digest import DAY_S, Digest, build_digests, digest_chart, digest_figure, render_digest, send_due_digests
+from detector.digest import DAY_S, Digest, build_digests, render_digest, send_due_digests
 from detector.slack import SlackNotifier
 from detector.store import EventBatch
 from detector.store.remediation import ActionStep

@@ -12,7 +12,8 @@ from matplotlib.text import Text
 from detector.alerts import Alert
 from detector.blockkit import check
 from detector.charts import style
-from detector.digest import Digest, digest_figure, digest_text, render_digest
+from detector.charts.digest import digest_figure
+from detector.digest import Digest, digest_text, render_digest
 from detector.slack import group_text, notification_text, render_blocks, render_group, render_resolution
 from detector.units import money
 from tests.helpers import T0

@@ -14,7 +14,8 @@ import re
 import pytest
 
 from detector.alerts import Alert
-from detector.digest import Digest, digest_chart, render_digest
+from detector.charts.digest import digest_chart
+from detector.digest import Digest, render_digest
 from detector.rules import Link, Routing
 from detector.slack import SlackNotifier, block_objects
 from detector.testing import LocalSlack, SlackRequest

@@ -16,10 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert, alert_id
 from detector.events import DAY_S, GpuMetric, RunEvent, UsageEvent
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["DIGEST", "DIGEST_DAY", "HOSTILE", "SCENES", "Scene", "detect", "gallery", "scene", "store_fortnight",
            "store_scene"]
@@ -436,18 +439,15 @@ def gallery(store: Any, out: Path, names: list[str] | None = None, figures: dict
     written = []
     for name in names or [*SCENES, DIGEST]:
         if name == DIGEST:
-            from detector.digest import build_digests, digest_figure
+            from detector.charts.digest import digest_figure
+            from detector.digest import build_digests
 
             (digest,) = build_digests(store.digests, store_fortnight(store))
-            fig = digest_figure(digest)
-            written.append(out / f"{name}.png")
-            written[-1].write_bytes(style.png(fig))
-            if figures is not None:
-                figures[name] = fig
-            continue
-        s = scene(name, ruleset)
-        store_scene(store, s)
-        fig = draw_chart(s.alert, store)
+            fig: Figure | None = digest_figure(digest)
+        else:
+            s = scene(name, ruleset)
+            store_scene(store, s)
+            fig = draw_chart(s.alert, store)
         if fig is None:
             raise RuntimeError(f"no chart for the {name} scene")
         path = out / f"{name}.png"
