@@ -181,6 +181,8 @@ def test_each_chart_reads_in_five_seconds(fleet, ruleset, name):
         assert (f"{money(alert.usd_per_hour)}/h" in headline) == alert.burning
     else:  # a forecast: what it will come to
         assert "full in" in headline or "→" in headline
+    if name == "unused_commitment":  # the rule is a share and a floor, not a line on a $ axis: in words
+        assert "(alerts from 5% and $10.00/day)" in headline
     if len(LEVELS[name]) > 1:  # labels of the levels never overlap
         labels = [t for t in fig.findobj(Text) if str(t.get_gid()).endswith("-label") and t.get_gid()[:-6] in LEVELS[name]]
         assert _clashes(labels, fig.canvas.get_renderer()) == []

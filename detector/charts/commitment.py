@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 from detector.alerts import Alert
 from detector.charts import style
-from detector.charts.window import stored_time, window
+from detector.charts.window import number, stored_time, window
 from detector.events import DAY_S
 from detector.store.connection import Connection
+from detector.units import money
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -46,6 +47,9 @@ def commitment_chart(alert: Alert, store: Connection) -> Figure | None:
     name = style.clip(d.get("commitment_name") or alert.resource_id, 40)
     share = d.get("unused_share")
     note = f"{100 * share:.0f}% unused on {d.get('day')}" if isinstance(share, int | float) else ""
+    floor_pct, floor_usd = number(d.get("min_unused_share")), number(d.get("min_unused_usd"))
+    if note and floor_pct is not None and floor_usd is not None:  # the rule's line, in words
+        note += f" (alerts from {floor_pct:g}% and {money(floor_usd)}/day)"
     style.headline(ax, f"{alert.title}: {name}", alert.waste_usd, alert.usd_per_hour, alert.burning,
                    what=alert.dollars, note=note)  # fmt: skip
     style.legend(ax)
