@@ -201,7 +201,7 @@ def test_the_chart_reads_as_a_picture(fortnight):
     assert {p.get_edgecolor()[3] for p in others} == {0.0}
     assert {p.get_alpha() for p in ax.patches if p.get_gid() != "today-band"} == {None}  # faded, a colour reads as another
     assert any(p.get_gid() == "today-band" for p in ax.patches)
-    assert ax.xaxis.get_ticklabels()[0].get_text() == day_label(day)[-2:]  # the day's date is on the axis
+    assert ax.xaxis.get_ticklabels()[0].get_text() == "Nov 06"  # the day's date is on the axis
     assert sum(p.get_height() for p in others) == pytest.approx(100.0)  # $10 + $20 + $30 + $40
     legend = fig.legends[0]
     assert [t.get_text() for t in legend.get_texts()] == ["Idle GPUs", "Untagged spend"]

@@ -108,7 +108,12 @@ def time_axis(ax: Any, lo: float | None = None, hi: float | None = None) -> None
     from matplotlib.ticker import FixedLocator
 
     locator = AutoDateLocator(tz=timezone.utc, minticks=3, maxticks=7)
-    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator, tz=timezone.utc, show_offset=True))
+    # ticks a day or more apart name their month ("Nov 22 Dec 01 Dec 08"): concise, they read
+    # "22 Dec 08" under an offset of "2026-Dec", and the 22nd looked like December's
+    formats = ["%Y", "%b", "%b %d", "%H:%M", "%H:%M", "%S.%f"]
+    zero_formats = ["", "%Y", "%b %d", "%b-%d", "%H:%M", "%H:%M"]
+    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator, tz=timezone.utc, formats=formats,
+                                                      zero_formats=zero_formats, show_offset=True))  # fmt: skip
     if lo is not None and hi is not None and hi > lo:
         ax.set_xlim(utc(lo), utc(hi))
         first, last = date2num(utc(lo)), date2num(utc(hi))
