@@ -79,9 +79,9 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     serve_only_burnwatch(app)  # /healthz, /metrics, /slack/actions; not Faust's own views
     # Per-resource state lives in ClickHouse beside the events it was built from, written
     # in the same step before offsets are acked, and loaded when partitions are assigned.
-    assigned_states: dict[str, bytes] = {}
+    assigned_states: dict[str, bytes | None] = {}
     billed = BilledRates.from_store(store)  # the stored bill's rates and tags (streams.timers reloads them)
-    engine = Engine(config.current.ruleset, loader=lambda key: assigned_states.pop(key, None),
+    engine = Engine(config.current.ruleset, loader=lambda key: store.states.take(assigned_states, key),
                     billed=billed if len(billed) else None, evict_after_s=settings.evict_after_s or None,
                     fetch=store.states.get)  # fmt: skip
     engine.directory = HostDirectory(store.history)  # a run's hosts held by another worker

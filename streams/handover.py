@@ -49,7 +49,9 @@ def install_handover(parts: WorkerParts) -> None:
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
         loop = asyncio.get_running_loop()
-        states = await loop.run_in_executor(None, store.states.load, partitions)
+        # Keys saved within the eviction horizon come with their bytes; older ones are read when
+        # they speak (as an evicted key is): memory at assignment stays bounded by the live keys.
+        states = await loop.run_in_executor(None, store.states.load, partitions, parts.settings.evict_after_s or None)
         # What another worker alerted on these keys until now is in the store: the alert manager
         # learns it again, so re-read input neither re-opens nor re-closes those alerts.
         pipeline.manager = await loop.run_in_executor(None, parts.alert_manager)
@@ -60,7 +62,8 @@ def install_handover(parts: WorkerParts) -> None:
         parts.assigned_states.update(states)
         pipeline.stats.partitions = len(partitions)
         parts.owns_digest = 0 in partitions  # one worker of the group posts the digests: partition 0's
-        log.info("state_loaded", partitions=partitions, keys=len(states))
+        log.info("state_loaded", partitions=partitions, keys=len(states),
+                 read_when_they_speak=sum(1 for data in states.values() if data is None))
         if pipeline.stopping:  # a stop came during the assignment: its hook revoked the outbox
             return
         recovered = await loop.run_in_executor(None, outbox.assign, partitions)

@@ -43,9 +43,10 @@ class WorkerParts:
     pipeline: Pipeline
     outputs: OutputOutbox | None = None
     """The outputs besides Slack (None: routing.yaml defines none at start)."""
-    assigned_states: dict[str, bytes] = field(default_factory=dict)
+    assigned_states: dict[str, bytes | None] = field(default_factory=dict)
     """Per-resource state of the assigned partitions, as loaded from the store; the engine
-    takes a key's state from here the first time it sees the key."""
+    takes a key's state from here the first time it sees the key (None: saved long ago, read
+    from the store then)."""
     owns_digest: bool = False
     """This worker holds input partition 0, so it posts the daily digests and carries out
     actions on incidents (one worker of the group)."""

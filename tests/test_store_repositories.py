@@ -4,6 +4,8 @@ it is read rather than only through the worker."""
 
 from __future__ import annotations
 
+import time
+
 from detector.actions import Click
 from detector.alerts import Alert
 from detector.store import Store
@@ -143,6 +145,20 @@ def test_states_newest_version_wins_and_a_tombstone_deletes(store: Store):
     store.states.delete(["k2"])
     assert store.states.load([0, 1]) == {"k1": b"v2"}
     assert store.states.load([]) == {}
+
+
+def test_states_saved_long_ago_are_loaded_without_their_bytes_and_read_when_they_speak(store: Store):
+    """A worker taking over partitions holds the bytes of the keys saved within the horizon only."""
+    hour_ago = time.time_ns() - 3600 * 10**9
+    store.states.save([("quiet", 0, b"old state"), ("gone", 0, b"x")], version=hour_ago - 1)
+    store.states.save([("live", 0, b"new state")], version=time.time_ns())
+    store.states.delete(["gone"])
+    loaded = store.states.load([0], saved_within_s=3600)
+    assert loaded == {"quiet": None, "live": b"new state"}
+    assert store.states.load([0]) == {"quiet": b"old state", "live": b"new state"}  # no horizon: all
+    assert store.states.take(loaded, "quiet") == b"old state"  # read from the store now
+    assert store.states.take(loaded, "live") == b"new state"
+    assert loaded == {} and store.states.take(loaded, "live") is None and store.states.take(loaded, "never") is None
 
 
 def test_digests_remember_the_last_day_sent(store: Store):

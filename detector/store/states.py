@@ -29,18 +29,32 @@ class States:
             self.conn.client.insert(f"{self.conn.db}.detector_state", cols, column_oriented=True,
                                     column_names=_STATE_COLS)  # fmt: skip
 
-    def load(self, partitions: Sequence[int]) -> dict[str, bytes]:
-        """Latest snapshot of every live key on these partitions."""
+    def load(self, partitions: Sequence[int], saved_within_s: float | None = None) -> dict[str, bytes | None]:
+        """Every live key on these partitions → its latest snapshot; with ``saved_within_s``, only
+        the keys saved within that many seconds (wall clock: a save's version is its time) come
+        with their snapshot, the rest with None, to be read one by one (:meth:`get`) if they
+        speak again: a worker taking over a million keys, most of them quiet, does not hold
+        every one's bytes until it speaks (docs/performance.md, Memory)."""
         if not partitions:
             return {}
+        cutoff = 0 if saved_within_s is None else max(0, time.time_ns() - int(saved_within_s * 1e9))
         with self.conn.lock:
             result = self.conn.client.query(
-                f"SELECT key, snapshot FROM {self.conn.db}.detector_state FINAL "
+                f"SELECT key, if(version >= %(cutoff)s, snapshot, '') AS snapshot, version >= %(cutoff)s AS recent "
+                f"FROM {self.conn.db}.detector_state FINAL "
                 "WHERE partition IN %(partitions)s AND deleted = 0",
-                parameters={"partitions": list(partitions)},
+                parameters={"partitions": list(partitions), "cutoff": cutoff},
                 column_formats={"snapshot": "bytes"},
             )
-        return {row[0]: row[1] for row in result.result_rows}
+        return {key: (snapshot if recent else None) for key, snapshot, recent in result.result_rows}
+
+    def take(self, loaded: dict[str, bytes | None], key: str) -> bytes | None:
+        """A key's snapshot the first time it speaks after :meth:`load`: taken out of ``loaded``
+        (memory held once), or read now if it was loaded without its bytes; None if not loaded."""
+        if key not in loaded:
+            return None
+        data = loaded.pop(key)
+        return data if data is not None else self.get(key)
 
     def get(self, key: str) -> bytes | None:
         """The latest snapshot of one key, or None (never saved, or deleted): how a key the engine

@@ -1,0 +1,58 @@
+"""Memory and time of a partition assignment's state load: every saved key with its bytes
+against only the keys saved within the eviction horizon (the rest read when they speak).
+
+    .venv/bin/python bench/assignment.py [--keys 100000] [--live 1000] [--snapshot-bytes 3500]
+
+In-process, on a fresh embedded ClickHouse in a temporary folder; tracemalloc measures what
+the loaded dict holds. Prints one line per way of loading and the time of one key's read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from detector.store import Store, connect  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", type=int, default=100_000, help="keys saved two hours ago")
+    parser.add_argument("--live", type=int, default=1_000, help="keys saved just now")
+    parser.add_argument("--snapshot-bytes", type=int, default=3_500)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        store = Store(connect(f"chdb://{folder}/ch"), database="bench")
+        store.migrate()
+        blob = os.urandom(args.snapshot_bytes)
+        old = time.time_ns() - 2 * 3600 * 10**9
+        for i in range(0, args.keys, 20_000):
+            store.states.save([(f"key-{k:07d}", k % 4, blob) for k in range(i, min(i + 20_000, args.keys))], version=old)
+        store.states.save([(f"live-{k:05d}", k % 4, blob) for k in range(args.live)], version=time.time_ns())
+        for horizon in (None, 3600.0):
+            tracemalloc.start()
+            started = time.monotonic()
+            loaded = store.states.load([0, 1, 2, 3], horizon)
+            took = time.monotonic() - started
+            held, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            with_bytes = sum(data is not None for data in loaded.values())
+            print(f"saved within {horizon or 'any'} s with bytes: {len(loaded):,} keys, {with_bytes:,} with bytes; "
+                  f"held {held / 1e6:.1f} MB ({held / len(loaded):.0f} B a key), peak {peak / 1e6:.1f} MB, {took:.2f} s")
+            del loaded
+        started, n = time.monotonic(), 200
+        for k in range(n):
+            store.states.get(f"key-{k * 97 % args.keys:07d}")
+        print(f"one quiet key read when it speaks: {(time.monotonic() - started) / n * 1000:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
