@@ -1,6 +1,7 @@
 """The daily digest per channel, a picture of the day: its waste by type and team, the top
 offenders, what was fixed (and by whom or what), what stayed open (and how fast it burns),
-what could be saved, and one chart of the last days' waste with the day highlighted.
+what could be saved, and one chart of the last days' waste with the day outlined
+(:mod:`detector.charts.digest`).
 
 A day's dollars are the waste ledger's (the store's ``waste_ledger``, which ``burnwatch
 query waste`` reads too): each alert's dollars charged to the resource-hours they were
@@ -32,12 +33,11 @@ from detector.blockkit import MAX_HEADER_TEXT, MAX_NOTIFICATION_TEXT, clip, clip
 from detector.detectors import REGISTRY
 from detector.events import DAY_S
 from detector.pricing import HOURS_PER_MONTH
-from detector.slack import code, escape, money
+from detector.slack import code, escape
 from detector.store.digests import Digests
-from detector.units import epoch
+from detector.units import epoch, money
 
-__all__ = ["TREND_DAYS", "Digest", "build_digests", "digest_chart", "digest_figure", "digest_text", "render_digest",
-           "send_due_digests"]
+__all__ = ["TREND_DAYS", "Digest", "build_digests", "digest_text", "render_digest", "send_due_digests", "type_title"]
 
 TREND_DAYS = 14
 """Days the digest's chart shows, the digest's own the last."""
@@ -161,7 +161,8 @@ def _how(row: dict[str, Any], details: dict[str, Any]) -> str:
     return escape(str(reason).replace("_", " "), 200) if reason else ""
 
 
-def _title(rule_type: str) -> str:
+def type_title(rule_type: str) -> str:
+    """What a type is called in the digest: its detector's title ("Idle GPUs")."""
     cls = REGISTRY.get(rule_type)
     return cls.title if cls is not None else rule_type.replace("_", " ").capitalize()
 
@@ -169,7 +170,7 @@ def _title(rule_type: str) -> str:
 def digest_text(d: Digest) -> str:
     """The digest's notification text, complete on its own: how much, whose most, what is still
     burning ("Cost waste on 2026-11-02: $1,234; most: team nlp $800; 3 still open, $30/h")."""
-    parts = [f"Cost waste on {d.date}: {money(d.total)}"]
+    parts = [f"Cost waste on {d.date}: {money(d.total, exact=True)}"]
     if d.by_team:
         team, usd = max(d.by_team.items(), key=lambda kv: kv[1])
         parts.append(f"most: {'untagged' if team == '(untagged)' else 'team ' + escape(team, 40)} {money(usd)}")
@@ -187,29 +188,33 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
     full = f"`burnwatch digest --day {d.date}`"
 
     def lines(pairs: dict[str, float], noun: str) -> str:
-        shown = [f"• {escape(k, 80)}: *${v:,.2f}*" for k, v in sorted(pairs.items(), key=lambda kv: -kv[1])
+        shown = [f"• {escape(k, 80)}: *{money(v, exact=True)}*"
+                 for k, v in sorted(pairs.items(), key=lambda kv: -kv[1])
                  if v >= 0.005]  # fmt: skip
         return clip_lines(shown, _LIST, lambda n: f"+{n} more {noun}") or "_none_"
 
     def who(o: dict[str, Any]) -> str:
-        return f"{code(o['resource_id'], 60)} ({escape(_title(o['type']))}, {escape(o['team'], 40)})"
+        return f"{code(o['resource_id'], 60)} ({escape(type_title(o['type']))}, {escape(o['team'], 40)})"
 
     top = [f"{i}. {who(o)}: {_dollars(o)}" for i, o in enumerate(d.top, 1)]
     fixed = [f"• {who(o)}: resolved {_hhmm(o['resolved_at'])}" + (f", {o['how']}" if o["how"] else "")
-             + f"; ${o['usd']:,.2f} that day" for o in d.fixed]  # fmt: skip
-    still = [f"• {who(o)}: " + (f"*${o['usd_per_hour']:,.2f}/h*" if o["usd_per_hour"] else "spent, not burning")
-             + f"; ${o['usd']:,.2f} that day" for o in d.still_open]  # fmt: skip
+             + f"; {money(o['usd'], exact=True)} that day" for o in d.fixed]  # fmt: skip
+    still = [f"• {who(o)}: "
+             + (f"*{money(o['usd_per_hour'], exact=True)}/h*" if o["usd_per_hour"] else "spent, not burning")
+             + f"; {money(o['usd'], exact=True)} that day" for o in d.still_open]  # fmt: skip
     usual = d.usual
-    summary = (f"*${d.total:,.2f}* wasted in {d.incidents} incidents"
-               + (f" (the {d.usual_days} days before: ${usual:,.2f}/day on average)" if usual is not None else "")
+    summary = (f"*{money(d.total, exact=True)}* wasted in {d.incidents} incidents"
+               + (f" (the {d.usual_days} days before: {money(usual, exact=True)}/day on average)"
+                  if usual is not None else "")
                + f"; *{len(d.fixed)} fixed*; *{d.open_incidents} still open* at the day's end, "
-               f"*${d.open_usd_per_hour:,.2f}/h* (${d.open_usd_per_hour * HOURS_PER_MONTH:,.0f}/month if left).")  # fmt: skip
+               f"*{money(d.open_usd_per_hour, exact=True)}/h* "
+               f"({money(d.open_usd_per_hour * HOURS_PER_MONTH)}/month if left).")  # fmt: skip
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": clip(f"Cost waste on {d.date}: ${d.total:,.2f}",
-                                                                        MAX_HEADER_TEXT)}},
+        {"type": "header", "text": {"type": "plain_text", "text": clip(
+            f"Cost waste on {d.date}: {money(d.total, exact=True)}", MAX_HEADER_TEXT)}},
         {"type": "section", "text": {"type": "mrkdwn", "text": summary}},
         {"type": "section", "fields": [
-            {"type": "mrkdwn", "text": "*By type*\n" + lines({_title(k): v for k, v in d.by_type.items()}, "types")},
+            {"type": "mrkdwn", "text": "*By type*\n" + lines({type_title(k): v for k, v in d.by_type.items()}, "types")},
             {"type": "mrkdwn", "text": "*By team*\n" + lines(d.by_team, "teams")},
         ]},
         {"type": "section", "text": {"type": "mrkdwn", "text": "*Top offenders*\n" + (
@@ -219,8 +224,8 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
         {"type": "section", "text": {"type": "mrkdwn", "text": "*Still open*, fastest burning first\n" + (
             clip_lines(still, _LIST, lambda n: f"+{n} more open: {full}") if still else "_none_")}},
         *([{"type": "section", "text": {"type": "mrkdwn", "text": (
-            f"*Could be saved* (apart from the waste): ${sum(d.could_save.values()):,.2f}\n"
-            + lines({_title(k): v for k, v in d.could_save.items()}, "types"))}}] if d.could_save else []),
+            f"*Could be saved* (apart from the waste): {money(sum(d.could_save.values()), exact=True)}\n"
+            + lines({type_title(k): v for k, v in d.could_save.items()}, "types"))}}] if d.could_save else []),
         {"type": "context", "elements": [{"type": "mrkdwn", "text": (
             "Dollars are each incident's share of that UTC day's bill, each dollar counted once "
             "(docs/architecture.md, Dollars); the chart in the thread shows the last days."
@@ -237,77 +242,8 @@ def _hhmm(t: float) -> str:
 def _dollars(o: dict[str, Any]) -> str:
     """An offender's dollars: the billed figure, and what the alert said, once the bill re-priced it."""
     if o.get("billed_usd") is None:
-        return f"${o['usd']:,.2f}"
-    return f"${o['billed_usd']:,.2f} billed (alert said ${o['usd']:,.2f})"
-
-
-_SHOWN_TYPES = 6
-"""Types the chart colours apart; the rest are one grey "other" (eight colours tell apart, twenty do not)."""
-
-
-def digest_chart(d: Digest) -> bytes:
-    """The digest's chart as PNG (:func:`digest_figure`), posted in the digest's thread."""
-    from detector.charts import style
-
-    return bytes(style.png(digest_figure(d)))
-
-
-def digest_figure(d: Digest) -> Any:
-    """The last :data:`TREND_DAYS` UTC days' waste, stacked by type, the digest's day in full
-    colour with its total above it and the days before faded, the average of the days before as
-    a labelled line; the dollars in the title. Drawn with the shared chart style."""
-    from detector.charts import style
-
-    days = [d.day - k * DAY_S for k in range(TREND_DAYS - 1, -1, -1)]
-    trend = {**d.trend, d.day: dict(d.by_type)}  # the day itself as the digest counts it
-    totals: dict[str, float] = {}
-    for by_type in trend.values():
-        for t, usd in by_type.items():
-            totals[t] = totals.get(t, 0.0) + usd
-    ranked = sorted(totals, key=lambda t: -totals[t])
-    shown = ranked[:_SHOWN_TYPES] if len(ranked) <= _SHOWN_TYPES + 1 else ranked[: _SHOWN_TYPES - 1]
-    # the two blues apart, green (the average's line) last
-    palette = [style.COLOURS[c] for c in ("vermillion", "blue", "orange", "purple", "sky", "green")]
-    series = [(_title(t), palette[i], {day: trend.get(day, {}).get(t, 0.0) for day in days}) for i, t in enumerate(shown)]
-    rest = [t for t in ranked if t not in shown]
-    if rest:
-        series.append((f"other ({len(rest)} types)", "#999999",
-                       {day: sum(trend.get(day, {}).get(t, 0.0) for t in rest) for day in days}))  # fmt: skip
-    fig, (ax,) = style.figure()
-    centres = [style.utc(day) for day in days]  # a day's bar stands on its date's tick
-    bottom = [0.0] * len(days)
-    for label, colour, heights in series:
-        values = [heights[day] for day in days]
-        bars = ax.bar(centres, values, width=0.8, bottom=bottom, color=colour, label=label, gid=f"type:{label}")
-        for bar, day in zip(bars, days, strict=True):
-            bar.set_alpha(1.0 if day == d.day else 0.45)
-            if day == d.day:
-                bar.set_gid("today")
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.annotate(style.money(d.total), xy=(centres[-1], bottom[-1]), xytext=(0, 3), textcoords="offset points",
-                ha="center", va="bottom", fontsize=10, fontweight="bold", color=style.INK["problem"], gid="today-total",
-                parse_math=False)  # fmt: skip
-    usual = d.usual
-    if usual is not None:
-        style.level_line(ax, usual, f"average\n{style.money(usual)}/day", kind="usual")
-    ax.set_ylim(0, max([*bottom, usual or 0.0, 0.01]) * 1.18)
-    ax.yaxis.set_major_formatter(_dollar_axis())
-    style.time_axis(ax, days[0] - DAY_S / 2, days[-1] + DAY_S / 2)
-    title = f"Cost waste {style.money(d.total)} on {d.date}"
-    if d.channel:
-        title += f" · {style.clip(d.channel, 24)}"
-    style.headline(ax, title, note=f"{style.money(d.open_usd_per_hour)}/h still burning at the day's end · "
-                   f"the last {TREND_DAYS} UTC days")  # fmt: skip
-    legend = style.legend(ax)
-    for handle in legend.legend_handles if legend is not None else []:
-        handle.set_alpha(1.0)  # the colours as the day's bar shows them, not the faded days before
-    return fig
-
-
-def _dollar_axis() -> Any:
-    from matplotlib.ticker import FuncFormatter
-
-    return FuncFormatter(lambda v, _pos: f"${v:,.0f}" if v >= 10 or v == 0 else f"${v:,.2f}")
+        return money(o["usd"], exact=True)
+    return f"{money(o['billed_usd'], exact=True)} billed (alert said {money(o['usd'], exact=True)})"
 
 
 def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: float = 600.0) -> list[Digest]:
@@ -320,6 +256,8 @@ def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: f
     if last is None:
         repo.record(watermark - watermark % DAY_S - DAY_S, "", "")  # the day before the stream began
         return []
+    from detector.charts.digest import digest_chart
+
     sent: list[Digest] = []
     day = last + DAY_S
     while day + DAY_S + settle_s <= watermark:

@@ -36,12 +36,12 @@ from detector.alerts import Alert, link_fields
 from detector.blockkit import MAX_FIELD_TEXT, MAX_HEADER_TEXT, MAX_NOTIFICATION_TEXT, MAX_TEXT, clip, clip_lines, fit
 from detector.pricing import HOURS_PER_MONTH
 from detector.rules import Routing
-from detector.units import epoch, format_duration, rfc3339
+from detector.units import epoch, format_duration, money, rfc3339
 
 if TYPE_CHECKING:  # detector.digest imports this module
     from detector.digest import Digest
 
-__all__ = ["SlackError", "SlackNotifier", "block_objects", "code", "escape", "group_text", "money", "notification_text",
+__all__ = ["SlackError", "SlackNotifier", "block_objects", "code", "escape", "group_text", "notification_text",
            "render_blocks", "render_group", "render_resolution"]
 
 log = structlog.get_logger("burnwatch.slack")
@@ -58,19 +58,23 @@ and twenty such fields would pass Slack's limit on a message's total)."""
 _ID_SHOWN = 80
 """What a header, a list line or a notification shows of a resource id."""
 _BREAKS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+_BIDI = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
+"""Bidi embeddings, overrides and isolates: one in an id would turn the rest of its line
+around, so "$412 so far" after it could read as something else."""
 _USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
 
 
 def escape(value: object, limit: int = 0) -> str:
     """Text from events made inert in a Slack message (mrkdwn or plain text): ``& < >``
     become entities, as Slack asks, so nothing in it can mention, link or format a
-    channel; line breaks become spaces, so one value cannot fake a field of its own.
+    channel; line breaks become spaces, so one value cannot fake a field of its own, and bidi
+    controls go, so one value cannot reverse the text after it (the dollars).
     With ``limit``, at most that many characters (:func:`detector.blockkit.clip`: cut after
     escaping, never in an entity; a 10 kB value is cut before it is escaped, too)."""
     text = str(value)
     if limit and len(text) > limit:
         text = text[: limit + 1]  # still longer than limit once escaped: clip says it was cut
-    text = _BREAKS.sub(" ", text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = _BIDI.sub("", _BREAKS.sub(" ", text)).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return clip(text, limit) if limit else text
 
 
@@ -79,11 +83,6 @@ def code(value: object, limit: int = 0) -> str:
     escape for them), so it cannot close our code span and format what follows; with ``limit``,
     cut to that many characters ("…" inside the span)."""
     return "`" + escape(value, max(1, limit - 2) if limit else 0).replace("`", "\u02cb") + "`"
-
-
-def money(usd: float) -> str:
-    """Dollars as a person reads them at a glance: cents below $10 only ("$4.20", "$412", "$1,234")."""
-    return f"${usd:,.2f}" if abs(usd) < 10 else f"${usd:,.0f}"
 
 
 def _whose(alert: Alert) -> str:
@@ -168,10 +167,11 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
     ]
     if alert.dollars:
         fields += [
-            (f"{alert.dollars.capitalize()} so far", f"*${alert.waste_usd:,.2f}*"),
-            ("Burn rate", f"${alert.usd_per_hour:,.2f}/h (${alert.usd_per_hour * HOURS_PER_MONTH:,.0f}/month if left)")
+            (f"{alert.dollars.capitalize()} so far", f"*{money(alert.waste_usd, exact=True)}*"),
+            ("Burn rate", f"{money(alert.usd_per_hour, exact=True)}/h "
+                          f"({money(alert.usd_per_hour * HOURS_PER_MONTH)}/month if left)")
             if alert.burning else
-            ("Burn rate", f"${alert.usd_per_hour:,.2f}/h while it ran (spent: it has ended)"),
+            ("Burn rate", f"{money(alert.usd_per_hour, exact=True)}/h while it ran (spent: it has ended)"),
         ]  # fmt: skip
     fields.append(("Account / region", f"{escape(alert.account or '?', 180)} / {escape(alert.region or '?', 180)}"))
     if alert.instance_type:
@@ -253,7 +253,8 @@ def render_blocks(
     if alert.status == "resolved":
         header = f":white_check_mark: Resolved: {alert.title} on {resource}"
     else:
-        header = f"{_EMOJI.get(alert.severity, '')} {alert.title} on {resource}: ${alert.usd_per_hour:,.2f}/h"
+        rate = money(alert.usd_per_hour, exact=True)
+        header = f"{_EMOJI.get(alert.severity, '')} {alert.title} on {resource}: {rate}/h"
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": clip(header, MAX_HEADER_TEXT), "emoji": True}},
         {"type": "section", "fields": _fields(alert, routing)},
@@ -302,7 +303,7 @@ def _resolution_text(alert: Alert) -> str:
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
         + (f" ({reason})" if reason else "")
         + f" after {format_duration(alert.duration_s)}"
-        + (f": *${alert.waste_usd:,.2f} {alert.dollars}* in total." if alert.dollars else ".")
+        + (f": *{money(alert.waste_usd, exact=True)} {alert.dollars}* in total." if alert.dollars else ".")
     )
 
 
@@ -337,14 +338,15 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     spent = sum(a.waste_usd for a in alerts)
     sunk = not any(a.burning for a in alerts)
     header = (f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} {_group_words(head)}: "
-              + (f"${spent:,.2f} spent" if sunk else f"${rate:,.2f}/h"))  # fmt: skip
+              + (f"{money(spent, exact=True)} spent" if sunk else f"{money(rate, exact=True)}/h"))  # fmt: skip
     lines = []
     for a in sorted(alerts, key=lambda a: -a.usd_per_hour):
         facts = escape("; ".join(f"{k.lower()} {v}" for k, v in _facts_of(a)), 300)
         commands = _commands(a)
         line = (f"• {code(a.resource_id, _ID_SHOWN)} ({escape(a.resource_type or '?', 40)}, "
-                f"{escape(a.region or '?', 40)}): ${a.usd_per_hour:,.2f}/h{'' if a.burning else ' while it ran'}, "
-                f"${a.waste_usd:,.2f} {a.dollars or 'so far'}" + (f"; {facts}" if facts else "")
+                f"{escape(a.region or '?', 40)}): {money(a.usd_per_hour, exact=True)}/h"
+                f"{'' if a.burning else ' while it ran'}, "
+                f"{money(a.waste_usd, exact=True)} {a.dollars or 'so far'}" + (f"; {facts}" if facts else "")
                 + "".join(f"; run {code(c, 200)}" for c in commands[:2]))  # fmt: skip
         lines.append(clip(line, 400))
     noun = "resources" if len(alerts) != 1 else "resource"
@@ -354,8 +356,9 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": clip(header, MAX_HEADER_TEXT), "emoji": True}},
         {"type": "section", "text": {"type": "mrkdwn", "text": (
-            f"*${spent:,.2f}* {head.dollars or 'so far'} in total" + (", spent: they have ended." if sunk else
-            f", *${rate:,.2f}/h* (${rate * HOURS_PER_MONTH:,.0f}/month if left)."))}},
+            f"*{money(spent, exact=True)}* {head.dollars or 'so far'} in total"
+            + (", spent: they have ended." if sunk else
+            f", *{money(rate, exact=True)}/h* ({money(rate * HOURS_PER_MONTH)}/month if left)."))}},
         {"type": "section", "text": {"type": "mrkdwn", "text": listed}},
     ]  # fmt: skip
     if head.suggestion:

@@ -1,4 +1,5 @@
-"""Durations, percentages and money as users write them in rule files.
+"""Durations, percentages and money as users write them in rule files, and as burnwatch
+writes them back (:func:`format_duration`, :func:`money`).
 
 The annotated types here validate at load time, so a rule's params are plain
 floats by the time detection runs.
@@ -6,13 +7,14 @@ floats by the time detection runs.
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-__all__ = ["Duration", "Money", "Percent", "epoch", "format_duration", "one_line", "parse_duration", "rfc3339"]
+__all__ = ["Duration", "Money", "Percent", "epoch", "format_duration", "money", "one_line", "parse_duration", "rfc3339"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
@@ -77,6 +79,20 @@ def format_duration(seconds: float) -> str:
     if minutes or not parts:
         parts.append(f"{minutes}m")
     return " ".join(parts)
+
+
+def money(usd: float, exact: bool = False) -> str:
+    """Dollars as every message, chart and digest writes them, so one figure reads the same in
+    each. At a glance, cents below $100 ("$4.20", "$32.77" — an hourly rate as the price list
+    has it) and whole dollars from there ("$412", "$1,234"): no figure is off by more than half
+    a percent. ``exact``: to the cent, as the bill is ("$1,234.56"), for totals a person adds
+    up or holds against the bill. A credit is "-$5.00", never "$-5.00"; a figure that is not
+    a number (a bad price upstream) is "$?", never "$nan" or "$inf"."""
+    if not math.isfinite(usd):
+        return "$?"
+    sign = "-" if usd < 0 and round(abs(usd), 2) > 0 else ""
+    cents = exact or abs(usd) < 100
+    return f"{sign}${abs(usd):,.2f}" if cents else f"{sign}${abs(usd):,.0f}"
 
 
 def rfc3339(t: float) -> str:

@@ -607,7 +607,9 @@ def cmd_silence(args: argparse.Namespace) -> int:
 def cmd_digest(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
-    from detector.digest import TREND_DAYS, build_digests, digest_chart, render_digest
+    from detector.charts.digest import digest_chart
+    from detector.digest import TREND_DAYS, build_digests, render_digest
+    from detector.units import money
 
     settings = _settings(args)
     try:
@@ -628,27 +630,27 @@ def cmd_digest(args: argparse.Namespace) -> int:
 
         notifier = _notifier(settings) or sys.exit("--post needs SLACK_BOT_TOKEN and SLACK_CHANNEL, or SLACK_WEBHOOK_URL")
     for d in digests:
-        print(f"{d.channel or '(default channel)'}: ${d.total:,.2f} on {d.date}; {d.incidents} incidents, "
-              f"{d.open_incidents} open at the end (${d.open_usd_per_hour:,.2f}/h)")  # fmt: skip
+        print(f"{d.channel or '(default channel)'}: {money(d.total, exact=True)} on {d.date}; {d.incidents} incidents, "
+              f"{d.open_incidents} open at the end ({money(d.open_usd_per_hour, exact=True)}/h)")  # fmt: skip
         for rule_type, usd in sorted(d.by_type.items(), key=lambda kv: -kv[1]):
-            print(f"  {rule_type:<28}${usd:>12,.2f}")
+            print(f"  {rule_type:<28}{money(usd, exact=True):>13}")
         for team, usd in sorted(d.by_team.items(), key=lambda kv: -kv[1]):
-            print(f"  team {team:<23}${usd:>12,.2f}")
+            print(f"  team {team:<23}{money(usd, exact=True):>13}")
         for o in d.top:
-            print(f"  top: {o['resource_id']} ({o['type']}, {o['team']}) ${o['usd']:,.2f}")
+            print(f"  top: {o['resource_id']} ({o['type']}, {o['team']}) {money(o['usd'], exact=True)}")
         for o in d.fixed:
             how = f", {o['how']}" if o["how"] else ""
             at = datetime.fromtimestamp(o["resolved_at"], tz=timezone.utc)
             print(f"  fixed: {o['resource_id']} ({o['type']}, {o['team']}) resolved {at:%H:%M} UTC{how}; "
-                  f"${o['usd']:,.2f} that day")  # fmt: skip
+                  f"{money(o['usd'], exact=True)} that day")  # fmt: skip
         for o in d.still_open:
-            rate = f"${o['usd_per_hour']:,.2f}/h" if o["usd_per_hour"] else "spent, not burning"
-            print(f"  open: {o['resource_id']} ({o['type']}, {o['team']}) {rate}; ${o['usd']:,.2f} that day")
+            rate = f"{money(o['usd_per_hour'], exact=True)}/h" if o["usd_per_hour"] else "spent, not burning"
+            print(f"  open: {o['resource_id']} ({o['type']}, {o['team']}) {rate}; {money(o['usd'], exact=True)} that day")
         if d.could_save:  # kept apart from the waste above, as in the Slack digest
-            print(f"  could be saved (not waste, not in the total): ${sum(d.could_save.values()):,.2f}")
+            print(f"  could be saved (not waste, not in the total): {money(sum(d.could_save.values()), exact=True)}")
             for rule_type, usd in sorted(d.could_save.items(), key=lambda kv: -kv[1]):
-                print(f"    {rule_type:<26}${usd:>12,.2f}")
-        trend = " ".join(f"{datetime.fromtimestamp(t, tz=timezone.utc):%m-%d} ${sum(v.values()):,.0f}"
+                print(f"    {rule_type:<26}{money(usd, exact=True):>13}")
+        trend = " ".join(f"{datetime.fromtimestamp(t, tz=timezone.utc):%m-%d} {money(sum(v.values()))}"
                          for t, v in sorted(d.trend.items()))  # fmt: skip
         print(f"  last {TREND_DAYS} days: {trend or '(none)'}")
         png = digest_chart(d) if args.chart or notifier is not None else None

@@ -9,6 +9,16 @@ from detector.rules import RuleSet, load_rules
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture
+def slack():
+    """A local Slack server (``detector.testing.LocalSlack``) that slack-sdk posts to, refusing
+    what Slack refuses; its ``calls`` are what a channel received."""
+    from detector.testing import LocalSlack
+
+    with LocalSlack() as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def ruleset() -> RuleSet:
     """The rules and prices shipped in rules/ (what a user starts with)."""

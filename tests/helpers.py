@@ -8,11 +8,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from detector.events import GpuMetric, UsageEvent
 from detector.pricing import Pricing
 from detector.replay import write_replay
 from detector.simulate import Label, SimConfig, simulate
+
+if TYPE_CHECKING:  # slack-sdk is imported by the tests that post, not by every test
+    from detector.slack import SlackNotifier
+    from detector.testing import LocalSlack
 
 T0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
 MIN = 60.0
@@ -110,3 +115,9 @@ def store_held(directory: Path) -> Iterator[subprocess.Popen]:
         holder.stdin.close()
         holder.wait(timeout=30)
 
+
+def slack_bot(slack: LocalSlack, channel: str = "#ml-cost") -> SlackNotifier:
+    """A bot-token notifier posting to the ``slack`` fixture's local server."""
+    from detector.slack import SlackNotifier
+
+    return SlackNotifier(token="xoxb-test", channel=channel, base_url=slack.api_url, timeout=2)

@@ -5,6 +5,7 @@ the edge, the rule's line, the episode's marks and the dollars."""
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from matplotlib.text import Text
 from detector.charts import CHARTED_TYPES, NOT_CHARTED, draw_chart, render_chart, style
 from detector.charts import gallery as scenes
 from detector.detectors import REGISTRY
+from detector.units import money
 
 PNG = b"\x89PNG\r\n\x1a\n"
 HOUR = 3600.0
@@ -149,7 +151,7 @@ def test_the_gallery_draws_what_the_shipped_rules_detect_in_each_scene(ruleset):
 def test_the_gallery_writes_one_small_png_per_chart(fleet):
     out = fleet[1]
     written = sorted(p.name for p in Path(out).iterdir())
-    assert written == sorted(f"{name}.png" for name in scenes.SCENES)
+    assert written == sorted(f"{name}.png" for name in [*scenes.SCENES, scenes.DIGEST])
     for name in written:
         data = (Path(out) / name).read_bytes()
         assert data.startswith(PNG) and len(data) < 80_000, (name, len(data))
@@ -176,13 +178,34 @@ def test_each_chart_reads_in_five_seconds(fleet, ruleset, name):
     assert "UTC" in " ".join(ax.get_xlabel() for ax in fig.axes)
     headline = _text(fig, "dollars")
     if alert.dollars:  # money gone: how much so far and, while it burns, per hour
-        assert style.money(alert.waste_usd) in headline
-        assert (f"{style.money(alert.usd_per_hour)}/h" in headline) == alert.burning
+        assert money(alert.waste_usd) in headline
+        assert (f"{money(alert.usd_per_hour)}/h" in headline) == alert.burning
     else:  # a forecast: what it will come to
         assert "full in" in headline or "→" in headline
+    if name == "unused_commitment":  # the rule is a share and a floor, not a line on a $ axis: in words
+        assert "(alerts from 5% and $10.00/day)" in headline
     if len(LEVELS[name]) > 1:  # labels of the levels never overlap
         labels = [t for t in fig.findobj(Text) if str(t.get_gid()).endswith("-label") and t.get_gid()[:-6] in LEVELS[name]]
         assert _clashes(labels, fig.canvas.get_renderer()) == []
+
+
+def test_the_gallerys_digest_reads_in_five_seconds(fleet):
+    """The digest of the stored fortnight, built from the ledger as the worker builds it: how
+    much and which day in the title, what still burns, the day's total, the average, one colour
+    per type, and nothing that clashes or is cut."""
+    fig = fleet[2][scenes.DIGEST]
+    assert _axis_clashes(fig) == [] and _outside(fig) == []
+    assert _clashes(_texts_of(fig), fig.canvas.get_renderer()) == []
+    (ax,) = fig.axes
+    title = ax.get_title(loc="left")
+    assert title.startswith("Cost waste $") and title.endswith(" on 2026-11-15"), title
+    total = _text(fig, "today-total")
+    assert total in title and "." in total  # to the cent, as the bill
+    assert "/h still burning" in _text(fig, "dollars") and "/day" in _text(fig, "usual-label")
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert legend[0] == "Idle GPUs" and "Stuck GPUs (busy, nothing running)" in legend
+    colours = [h.get_facecolor() for lg in fig.legends for h in lg.legend_handles]
+    assert len(set(colours)) == len(colours)
 
 
 @pytest.mark.parametrize("span", list(SPANS))
@@ -194,6 +217,8 @@ def test_the_time_axis_stays_readable_at_any_span(fleet, span):
     bottom = fig.axes[1]  # the per-GPU strip carries the shared time axis
     shown = [t.get_text() for t in _shown(bottom.xaxis) if t.get_text()]
     assert len(shown) >= 3, shown
+    if span == "30 days":  # ticks days apart name their month: a bare "22" under "2026-Dec" read as December's
+        assert all(re.fullmatch(r"[A-Z][a-z]{2} \d\d", label) for label in shown), shown
     assert _outside(fig) == []
 
 
@@ -236,6 +261,31 @@ def test_a_host_of_four_gets_a_line_per_gpu_coloured_by_its_group(fleet):
     assert {colours["busy-gpu0"], colours["busy-gpu1"]} == {style.INK["ok"]}
 
 
+def test_an_episode_that_fires_and_resolves_within_minutes_keeps_its_three_labels_apart(fleet, ruleset):
+    """Start, alert and resolution all within a tenth of the chart: three labels, none over another."""
+    import copy
+
+    alert = copy.deepcopy(scenes.scene("idle_gpu", ruleset).alert)
+    alert.fired_at, alert.resolved_at = alert.episode_start + 30, alert.episode_start + 90
+    alert.updated_at, alert.status = alert.resolved_at, "resolved"
+    fig = _drawn(draw_chart(alert, fleet[0]))
+    labels = [t for t in fig.findobj(Text) if t.get_gid() in ("episode-start-label", "alert-label", "resolved-label")]
+    assert len(labels) == 3
+    assert _clashes(labels, fig.canvas.get_renderer()) == []
+    assert _outside(fig) == []
+
+
+@pytest.mark.parametrize("usd", [float("nan"), float("inf"), -50.0], ids=["nan", "inf", "negative"])
+def test_a_failed_runs_chart_draws_when_its_dollars_are_broken(fleet, ruleset, usd):
+    """A bad price upstream must not cost the thread its chart (matplotlib refuses a NaN axis)."""
+    import copy
+
+    alert = copy.deepcopy(scenes.scene("failed_run_spend", ruleset).alert)
+    alert.waste_usd = usd
+    fig = _drawn(draw_chart(alert, fleet[0]))
+    assert _text(fig, "dollars").startswith(money(usd)) and "nan" not in _text(fig, "dollars")
+
+
 def test_hostile_ids_and_tags_do_not_break_a_chart(store):
     idle = scenes.idle_gpu(HOUR, rid=scenes.HOSTILE)
     untagged = scenes.untagged(rid=scenes.HOSTILE + "-2", tags={"owner": scenes.HOSTILE})
@@ -246,6 +296,36 @@ def test_hostile_ids_and_tags_do_not_break_a_chart(store):
         assert "$HOME <@U123> *bold* $x$" in title and "\n" not in title and len(title) <= 70
         assert all(not t.get_parse_math() for t in fig.findobj(Text) if "$x$" in t.get_text())
         assert _outside(fig) == []
+
+
+def test_a_host_forgotten_for_sixty_days_shows_what_is_stored_and_says_when_it_started(fleet):
+    """Its events aged out after 30 days: the chart spans those 30 days, not 80 of which 50 are
+    blank, and writes the start and the alert, off the left, at the left edge."""
+    from matplotlib.dates import date2num
+
+    day, rid = 86_400.0, "i-forgotten"
+    start, end = scenes.T0, scenes.T0 + 60 * day
+    s = scenes.Scene("forgotten", scenes.idle_gpu().alert, scenes._host(rid, end - 30 * day, end, HOUR, lambda g, t: 0.5,
+                                                                      gpus=4))  # fmt: skip
+    s.alert = scenes._alert("idle_gpu", rid, start, start + 1800, end, False, 32.77 * 24 * 60, 32.77,
+                            {"gpu_count": 4, "util_below_pct": 5.0})  # fmt: skip
+    scenes.store_scene(fleet[0], s)
+    fig = _drawn(draw_chart(s.alert, fleet[0]))
+    lo, hi = fig.axes[0].get_xlim()
+    assert date2num(style.utc(end - 30 * day)) - lo < 1 and hi - date2num(style.utc(end)) < 3  # days
+    assert _text(fig, "episode-start-label") == "◂ started Nov 02 00:00, alert Nov 02 00:30"
+    assert not [line for line in fig.findobj(Line2D) if line.get_gid() in ("episode-start", "alert") and line.get_visible()]
+    assert "$47,189 wasted" in _text(fig, "dollars")
+    assert _outside(fig) == [] and _clashes(_texts_of(fig), fig.canvas.get_renderer()) == []
+
+
+def test_no_text_we_write_on_a_chart_goes_through_mathtext(fleet):
+    """Titles, headlines, level and mark labels, legends: a "$" in any of them (a tag, a price)
+    is a dollar sign; two of them would otherwise start a formula, or fail the chart."""
+    for name, fig in fleet[2].items():
+        written = [t for ax in fig.axes for t in (ax.title, ax._left_title, *ax.texts)]
+        written += [t for legend in fig.legends for t in legend.get_texts()]
+        assert [t.get_text() for t in written if t.get_text() and t.get_parse_math()] == [], name
 
 
 def test_a_chart_is_none_without_data_or_for_a_type_without_one(store):

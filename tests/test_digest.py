@@ -7,8 +7,9 @@ from datetime import datetime, timezone
 import pytest
 
 from detector.alerts import Alert
+from detector.charts.digest import digest_chart, digest_figure
 from detector.detectors import REGISTRY
-from detector.digest import DAY_S, Digest, build_digests, digest_chart, digest_figure, render_digest, send_due_digests
+from detector.digest import DAY_S, Digest, build_digests, render_digest, send_due_digests
 from detector.slack import SlackNotifier
 from detector.store import EventBatch
 from detector.store.remediation import ActionStep
@@ -177,8 +178,9 @@ def _overlaps(boxes):
 
 def test_the_chart_reads_as_a_picture(fortnight):
     """Rendered from the store: no tick labels run into each other, the dollars are in the title,
-    the day stands out (full colour, its total above it) over faded days before, the average of
-    the days before is a labelled line, and the stacked bars add up to the days' totals."""
+    the day stands out (outlined on a band, its total above it, its date on the axis) while every
+    day keeps its colours, the average of the days before is a labelled line, and the stacked
+    bars add up to the days' totals."""
     store, day = fortnight
     (d,) = build_digests(store.digests, day)
     fig = digest_figure(d)
@@ -187,15 +189,19 @@ def test_the_chart_reads_as_a_picture(fortnight):
     for axis in (ax.xaxis, ax.yaxis):
         boxes = _boxes(fig, axis.get_ticklabels())
         assert len(boxes) >= 3 and _overlaps(boxes) == []
-    assert ax.get_title(loc="left") == f"Cost waste $142 on {day_label(day)}"
+    assert ax.get_title(loc="left") == f"Cost waste $142.00 on {day_label(day)}"  # to the cent, as the bill
     texts = {t.get_gid(): t.get_text() for t in ax.texts}
-    assert texts["today-total"] == "$142"
+    assert texts["today-total"] == "$142.00"
     assert texts["dollars"].startswith("$20.00/h still burning")
     assert "$25.00/day" in texts["usual-label"] and any(line.get_gid() == "usual" for line in ax.lines)
     today = [p for p in ax.patches if p.get_gid() == "today"]
-    others = [p for p in ax.patches if p.get_gid() != "today" and p.get_height() > 0]
+    others = [p for p in ax.patches if p.get_gid() not in ("today", "today-band") and p.get_height() > 0]
     assert sum(p.get_height() for p in today) == pytest.approx(d.total)
-    assert {p.get_alpha() for p in today} == {1.0} and {p.get_alpha() for p in others} == {0.45}
+    assert {p.get_edgecolor() for p in today} == {(0.0, 0.0, 0.0, 1.0)}  # outlined
+    assert {p.get_edgecolor()[3] for p in others} == {0.0}
+    assert {p.get_alpha() for p in ax.patches if p.get_gid() != "today-band"} == {None}  # faded, a colour reads as another
+    assert any(p.get_gid() == "today-band" for p in ax.patches)
+    assert ax.xaxis.get_ticklabels()[0].get_text() == "Nov 06"  # the day's date is on the axis
     assert sum(p.get_height() for p in others) == pytest.approx(100.0)  # $10 + $20 + $30 + $40
     legend = fig.legends[0]
     assert [t.get_text() for t in legend.get_texts()] == ["Idle GPUs", "Untagged spend"]

@@ -8,10 +8,9 @@ import pytest
 
 from detector.alerts import Alert
 from detector.digest import send_due_digests
-from detector.slack import SlackNotifier
 from detector.store import EventBatch
 from detector.testing import LocalSlack
-from tests.helpers import T0, usage
+from tests.helpers import T0, slack_bot, usage
 
 HOUR = 3600.0
 
@@ -25,14 +24,7 @@ def alert(rule_type: str = "idle_gpu", resolved: bool = False, **kw) -> Alert:
     return Alert(**{**fields, **kw})
 
 
-@pytest.fixture
-def slack():
-    with LocalSlack() as server:
-        yield server
-
-
-def bot(slack: LocalSlack) -> SlackNotifier:
-    return SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+bot = slack_bot
 
 
 def texts(slack: LocalSlack, method: str = "chat.postMessage") -> list[str]:
@@ -41,11 +33,11 @@ def texts(slack: LocalSlack, method: str = "chat.postMessage") -> list[str]:
 
 CASES = [
     # (what, the alert, the text a phone shows)
-    ("an idle host", alert(), "Idle GPUs on gpu-host-7 (team nlp): $412 so far, $32/h"),
-    ("small dollars keep their cents", alert(waste_usd=4.2, usd_per_hour=0.5),
+    ("an idle host", alert(), "Idle GPUs on gpu-host-7 (team nlp): $412 so far, $32.20/h"),
+    ("under $100 the cents stay (an hourly rate as priced)", alert(waste_usd=4.2, usd_per_hour=0.5),
      "Idle GPUs on gpu-host-7 (team nlp): $4.20 so far, $0.50/h"),
     ("untagged: whose is the missing tag", alert("untagged", tags={}, resource_id="i-0abc"),
-     "Untagged spend on i-0abc (no team tag): $412 spent untagged so far, $32/h"),
+     "Untagged spend on i-0abc (no team tag): $412 spent untagged so far, $32.20/h"),
     ("a failed run has ended: spent, no rate", alert("failed_run_spend", resource_id="run-42",
                                                       details={"run_id": "run-42", "status": "failed"}),
      "Failed run spend on run-42 (team nlp): $412 wasted, ended"),
@@ -75,7 +67,7 @@ def test_a_huge_id_still_leaves_the_dollars_in_view(slack):
     """A 10 kB resource id and team are cut, so the dollars stay within what a phone shows."""
     bot(slack).post(alert(resource_id="h" * 10_000, tags={"team": "<!channel> " * 1000}))
     (text,) = texts(slack)
-    assert len(text) < 200 and text.endswith("…): $412 so far, $32/h")
+    assert len(text) < 200 and text.endswith("…): $412 so far, $32.20/h")
     assert "<!channel>" not in text and "(team &lt;!channel&gt;" in text
 
 
@@ -83,7 +75,7 @@ def test_a_group_says_how_many_whose_and_how_much(slack):
     alerts = [alert("untagged", alert_id=f"u{i}", resource_id=f"i-{i}", account="ml-prod", tags={},
                     waste_usd=20.0, usd_per_hour=10.0) for i in range(3)]  # fmt: skip
     bot(slack).post_group(alerts)
-    assert texts(slack) == ["Untagged spend: 3 resources in ml-prod: $60 so far, $30/h"]
+    assert texts(slack) == ["Untagged spend: 3 resources in ml-prod: $60.00 so far, $30.00/h"]
 
 
 def test_the_digest_says_the_total_the_biggest_team_and_what_still_burns(store, slack):
@@ -101,4 +93,4 @@ def test_the_digest_says_the_total_the_biggest_team_and_what_still_burns(store, 
     notifier = bot(slack)
     send_due_digests(store.digests, notifier, watermark=T0 + HOUR)  # the first day seen starts here
     send_due_digests(store.digests, notifier, watermark=T0 + 86400 + 900)
-    assert texts(slack) == ["Cost waste on 2026-11-02: $34; most: team nlp $25; 1 still open, $10/h; 1 fixed"]
+    assert texts(slack) == ["Cost waste on 2026-11-02: $34.00; most: team nlp $25.00; 1 still open, $10.00/h; 1 fixed"]

@@ -7,8 +7,7 @@ import pytest
 from detector.alerts import Alert
 from detector.delivery import Outbox
 from detector.slack import SlackError, SlackNotifier, render_group
-from detector.testing import LocalSlack
-from tests.helpers import T0
+from tests.helpers import T0, slack_bot
 
 
 def alert(change: str = "fired", alert_id: str = "a1", **kw) -> Alert:
@@ -28,14 +27,7 @@ def alert(change: str = "fired", alert_id: str = "a1", **kw) -> Alert:
     )  # fmt: skip
 
 
-@pytest.fixture
-def slack():
-    with LocalSlack() as server:
-        yield server
-
-
-def bot(slack: LocalSlack) -> SlackNotifier:
-    return SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+bot = slack_bot
 
 
 def test_opening_is_block_kit_with_dollars_owner_and_next_step(slack):

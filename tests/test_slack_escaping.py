@@ -14,7 +14,8 @@ import re
 import pytest
 
 from detector.alerts import Alert
-from detector.digest import Digest, digest_chart, render_digest
+from detector.charts.digest import digest_chart
+from detector.digest import Digest, render_digest
 from detector.rules import Link, Routing
 from detector.slack import SlackNotifier, block_objects
 from detector.testing import LocalSlack, SlackRequest
@@ -108,6 +109,16 @@ def test_a_line_break_in_a_value_cannot_fake_a_field(slack):
     (post,) = slack.calls("chat.postMessage")
     instance = next(f["text"] for f in post.blocks[1]["fields"] if f["text"].startswith("*Instance*"))
     assert instance == "*Instance*\np4d *Owner* &lt;!channel&gt;"
+
+
+def test_a_right_to_left_override_cannot_turn_the_dollars_around(slack):
+    """U+202E in an id would show what follows it on its line reversed ("$412 so far" as
+    "raf os 214$"); bidi controls from events never reach Slack."""
+    bot(slack).post(alert(resource_id="i-\u202eevil\u2066x\u2069", tags={"team": "nlp\u202b", "owner": "alice"}))
+    (post,) = slack.calls("chat.postMessage")
+    sent = post.text_of_blocks() + post.body["text"]
+    assert not re.search("[\u202a-\u202e\u2066-\u2069]", sent)
+    assert "i-evilx" in post.body["text"] and "$16.39 so far, $32.77/h" in post.body["text"]
 
 
 def test_a_backtick_in_an_id_cannot_close_our_code_span(slack):

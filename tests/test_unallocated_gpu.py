@@ -84,6 +84,8 @@ def test_the_alert_says_unallocated_not_idle(ruleset):
     alert = from_finding(fire)
     assert "no pod requested" in alert.suggestion and "autoscaler" in alert.suggestion
     assert ("Unallocated GPUs", "2 of 8 × A100 (GPU 6, 7)") in alert.facts
+    alert.details.update(gpus_idle=[*range(3, 256)], gpu_count=256)  # a host of 256: named as its chart names them
+    assert ("Unallocated GPUs", "253 of 256 × A100 (GPU 3–255)") in alert.facts
     assert "pods" not in fire.details  # nobody holds them: no pod to name
 
 

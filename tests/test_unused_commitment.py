@@ -98,6 +98,7 @@ def test_facts_and_dollars_of_a_firing(ruleset):
     d = fire.details
     assert (d["commitment_type"], d["commitment_name"], d["unused_share"]) == ("Savings Plan", "compute-sp-3yr", 0.3)
     assert (d["day_used_usd"], d["day_unused_usd"]) == (70, 30)
+    assert (d["min_unused_share"], d["min_unused_usd"]) == (5.0, 10.0)  # the rule's line, which the chart writes
 
 
 def test_expired_resolve_names_the_reason(ruleset):

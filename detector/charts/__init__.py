@@ -6,11 +6,12 @@ the rate against its usual level (:mod:`.egress`); the growth types the size, it
 and the capacity (:mod:`.growth`); ``failed_run_spend`` the run's spend over its hours and
 ``untagged`` the spend by day (:mod:`.spend`); ``unused_commitment`` each day's used and
 unused commitment (:mod:`.commitment`); ``anomaly`` the features that drove the model
-(:mod:`.anomaly`). ``spot_eligible`` and ``telemetry_stale`` have none on purpose (see
-docs/charts.md). Data comes from the events stored in ClickHouse (written before the alert
-is), so the chart shows exactly what detection saw. Rendering and uploading run on their
-own thread (:class:`ChartWorker`): an alert is never held back by its chart, and a chart
-that fails is logged, not retried forever.
+(:mod:`.anomaly`); the daily digest gets its last days' waste (:mod:`.digest`).
+``spot_eligible`` and ``telemetry_stale`` have none on purpose (see docs/charts.md). Data
+comes from the events stored in ClickHouse (written before the alert is), so the chart shows
+exactly what detection saw. Rendering and uploading run on their own thread
+(:class:`ChartWorker`): an alert is never held back by its chart, and a chart that fails is
+logged, not retried forever.
 """
 
 from __future__ import annotations

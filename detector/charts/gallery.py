@@ -16,12 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert, alert_id
 from detector.events import DAY_S, GpuMetric, RunEvent, UsageEvent
 
-__all__ = ["HOSTILE", "SCENES", "Scene", "detect", "gallery", "scene", "store_scene"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["DIGEST", "DIGEST_DAY", "HOSTILE", "SCENES", "Scene", "detect", "gallery", "scene", "store_fortnight",
+           "store_scene"]
 
 T0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
 HOUR = 3600.0
@@ -341,6 +345,51 @@ SCENES: dict[str, Callable[[], Scene]] = {
 """Gallery name → its scene (one per chart type; the crash loop is a second picture of failed runs)."""
 
 
+DIGEST = "digest"
+"""The gallery's picture of the digest (not an alert's chart: :func:`store_fortnight`)."""
+DIGEST_DAY = T0 + 13 * DAY_S
+"""The day the gallery's digest is of: the last of a stored fortnight."""
+
+
+def store_fortnight(store: Any) -> float:
+    """Store a team's fortnight of incidents (their hosts' usage and the alerts' changes) and
+    return the last day, whose digest :func:`gallery` draws as the worker would
+    (:func:`detector.digest.build_digests` from the ledger, then its chart). Idle hosts most
+    days, an ETL host's egress running away for two days, an untagged notebook all along, and on
+    the last day a stuck host that burns all day and stays open."""
+    from detector.store import EventBatch
+
+    n = _noise("digest")
+    rates = {"i-train-a": 32.77, "i-train-b": 32.77, "i-etl-c": 4.1, "nb-untagged-d": 3.06, "i-stuck-e": 32.77}
+    batch = EventBatch()
+    batch.extend([_usage(T0 + h * HOUR, rid, usd_per_hour=rate, interval=HOUR, tags={} if rid.startswith("nb") else None)
+                  for rid, rate in rates.items() for h in range(14 * 24)])  # fmt: skip
+    store.events.insert(batch)
+    changes: list[Alert] = []
+
+    def episode(type_: str, rid: str, start: float, hours: float, details: dict[str, Any] | None = None,
+                resolved: bool = True, tags: dict[str, str] | None = None) -> None:  # fmt: skip
+        end, rate = start + hours * HOUR, rates[rid]
+        a = _alert(type_, rid, start, start, end, resolved, rate * hours, rate, details or {"reason": "gpu_busy"},
+                   tags)  # fmt: skip
+        fired = _alert(type_, rid, start, start, start, False, 0.0, rate, a.details, tags)
+        a.change, fired.change = ("resolved" if resolved else "updated"), "fired"
+        changes.extend([fired, a])
+
+    for k in range(14):
+        day = T0 + k * DAY_S
+        if k % 7 not in (5, 6):  # idle after each weekday's runs, stopped in the morning
+            episode("idle_gpu", "i-train-a", day + 18 * HOUR, 5 + 3 * abs(n(1.0)))
+        if k % 3 == 0:
+            episode("idle_gpu", "i-train-b", day + 20 * HOUR, 2 + abs(n(1.0)))
+        if k in (6, 7):
+            episode("egress_runaway", "i-etl-c", day + 3 * HOUR, 20)
+    episode("untagged", "nb-untagged-d", T0, 14 * 24 - 1, resolved=False, tags={})
+    episode("stuck_gpu", "i-stuck-e", DIGEST_DAY + 30 * MIN, 23, resolved=False)
+    store.alerts.record(changes, version=1)
+    return DIGEST_DAY
+
+
 def scene(name: str, ruleset: Any = None) -> Scene:
     """The scene ``name``; with a :class:`~detector.rules.RuleSet`, its alert is the one the
     rules make of its events (the latest state of it), where they make one."""
@@ -380,17 +429,25 @@ def store_scene(store: Any, s: Scene) -> None:
 
 def gallery(store: Any, out: Path, names: list[str] | None = None, figures: dict[str, Any] | None = None,
             ruleset: Any = None) -> list[Path]:  # fmt: skip
-    """Store each scene, draw its chart and write ``out/<name>.png``; the paths written.
+    """Store each scene, draw its chart and write ``out/<name>.png``, and the digest of a stored
+    fortnight as ``out/digest.png`` (:func:`store_fortnight`); the paths written.
     ``ruleset``: draw what its rules detect in each scene (:func:`scene`). ``figures``: where
     to keep each drawn figure by name (the picture tests measure them)."""
     from detector.charts import draw_chart, style
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in names or list(SCENES):
-        s = scene(name, ruleset)
-        store_scene(store, s)
-        fig = draw_chart(s.alert, store)
+    for name in names or [*SCENES, DIGEST]:
+        if name == DIGEST:
+            from detector.charts.digest import digest_figure
+            from detector.digest import build_digests
+
+            (digest,) = build_digests(store.digests, store_fortnight(store))
+            fig: Figure | None = digest_figure(digest)
+        else:
+            s = scene(name, ruleset)
+            store_scene(store, s)
+            fig = draw_chart(s.alert, store)
         if fig is None:
             raise RuntimeError(f"no chart for the {name} scene")
         path = out / f"{name}.png"
@@ -407,11 +464,12 @@ def main(argv: list[str] | None = None, store: Any = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--out", type=Path, default=Path("docs/gallery"))
     p.add_argument("--rules", type=Path, default=RULES, help="the rules whose alerts are drawn (default: the shipped rules/)")
-    p.add_argument("names", nargs="*", metavar="NAME", help=f"scenes to draw (default: all of {', '.join(SCENES)})")
+    known = [*SCENES, DIGEST]
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"scenes to draw (default: all of {', '.join(known)})")
     args = p.parse_args(argv)
-    unknown = [n for n in args.names if n not in SCENES]
+    unknown = [n for n in args.names if n not in known]
     if unknown:
-        p.error(f"no scene {', '.join(unknown)} (there are: {', '.join(SCENES)})")
+        p.error(f"no scene {', '.join(unknown)} (there are: {', '.join(known)})")
     client = None
     if store is None:
         from detector.store import Store, connect

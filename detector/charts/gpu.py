@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from detector.alerts import Alert
 from detector.charts import style
 from detector.charts.window import Window, number, stored_time, window
+from detector.detectors.gpu_share import gpu_names
 from detector.store.connection import Connection
 
 if TYPE_CHECKING:
@@ -110,18 +111,6 @@ def _band(ax: Any, grid: Grid, values: dict[int, list[float]], gpus: list[int], 
         highs.append(max(col) if col else float("nan"))
     ax.fill_between(dates, lows, highs, color=colour, alpha=0.2, linewidth=0, gid=f"{gid}-band")
     ax.plot(dates, mids, color=colour, linewidth=2, label=label, gid=gid)
-
-
-def _gpu_names(gpus: list[int], limit: int = 6) -> str:
-    """``[0, 1, 2, 3, 5, 7]`` as ``"0–3, 5, 7"``: runs as ranges, at most ``limit`` parts."""
-    runs: list[list[int]] = []
-    for g in sorted(gpus):
-        if runs and g == runs[-1][1] + 1:
-            runs[-1][1] = g
-        else:
-            runs.append([g, g])
-    parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}–{b}" for a, b in runs]
-    return ", ".join(parts[:limit]) + (", …" if len(parts) > limit else "")
 
 
 def _count(k: int, n: int) -> str:
@@ -217,7 +206,7 @@ def gpu_chart(alert: Alert, store: Connection) -> Figure | None:
     style.time_axis(bar_ax, w.lo, w.hi)
     note = ""
     if flagged and not inference:
-        note = f"{_count(len(flagged), n)} {what}" + (f" (GPU {_gpu_names(flagged)})" if len(flagged) < n else "")
+        note = f"{_count(len(flagged), n)} {what}" + (f" (GPU {gpu_names(flagged)})" if len(flagged) < n else "")
     elif inference and d.get("suggested_instance_type"):
         note = f"fits on {style.clip(d['suggested_instance_type'], 30)}"
     style.headline(ax, f"{alert.title}: {style.clip(alert.resource_id, 40)}", alert.waste_usd, alert.usd_per_hour,

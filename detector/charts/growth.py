@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from detector.alerts import Alert
 from detector.charts import style
-from detector.charts.spend import dollar_ticks
 from detector.charts.window import number, stored_time, window
 from detector.events import DAY_S
 from detector.store.connection import Connection
+from detector.units import money
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -75,9 +75,9 @@ def growth_chart(alert: Alert, store: Connection) -> Figure | None:
             per_unit = price / scale  # $ a month per TB (or GB) stored
             bill = ax.secondary_yaxis("right", functions=(lambda v: v * per_unit, lambda v: v / per_unit))
             bill.set_ylabel("$ per month", fontsize=9)
-            bill.yaxis.set_major_formatter(dollar_ticks())
+            bill.yaxis.set_major_formatter(style.dollar_ticks())
         now, later = number(d.get("monthly_usd_now")), number(d.get("monthly_usd_in_30d"))
-        note = (f"bill {style.money(now)}/month now → {style.money(later)} in 30 days"
+        note = (f"bill {money(now)}/month now → {money(later)} in 30 days"
                 if now is not None and later is not None else "")  # fmt: skip
         style.headline(ax, f"{alert.title}: {style.clip(alert.resource_id, 40)}", note=note)
     style.legend(ax)

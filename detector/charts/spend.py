@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert
@@ -10,11 +11,12 @@ from detector.charts import style
 from detector.charts.window import number, stored_time, window
 from detector.events import DAY_S
 from detector.store.connection import Connection
+from detector.units import money
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["dollar_ticks", "failed_run_chart", "untagged_chart"]
+__all__ = ["failed_run_chart", "untagged_chart"]
 
 
 def untagged_chart(alert: Alert, store: Connection) -> Figure | None:
@@ -36,7 +38,7 @@ def untagged_chart(alert: Alert, store: Connection) -> Figure | None:
            color=colours, gid="spend")  # fmt: skip
     ax.set_ylim(0, max(r["usd"] for r in rows) * 1.2 or 1)
     ax.set_ylabel("$ per day" if step == DAY_S else "$ per hour")
-    ax.yaxis.set_major_formatter(dollar_ticks())
+    ax.yaxis.set_major_formatter(style.dollar_ticks())
     style.episode_marks(ax, w.start, w.fired_at, w.end, w.resolved)
     style.time_axis(ax, w.lo, w.hi)
     missing = alert.details.get("missing_tags") or []
@@ -67,7 +69,10 @@ def failed_run_chart(alert: Alert, store: Connection) -> Figure | None:
     if not rows:
         return None
     total = sum(r["usd"] for r in rows)
-    share = alert.waste_usd / total if total > 0 else 1.0  # the run's share of its hosts (by GPU count)
+    # the run's share of its hosts (by GPU count); a dollar figure that is no number (a bad
+    # price) or below zero draws its hosts' whole spend rather than an axis matplotlib refuses
+    usd = alert.waste_usd
+    share = usd / total if total > 0 and math.isfinite(usd) and usd >= 0 else 1.0
     times, spent, run = [style.utc(w.start)], [0.0], 0.0
     for r in rows:
         run += r["usd"] * share
@@ -78,10 +83,10 @@ def failed_run_chart(alert: Alert, store: Connection) -> Figure | None:
     ax.fill_between(times, 0, spent, color=style.INK["problem"], alpha=0.12, linewidth=0)
     floor = number(d.get("min_usd"))
     if floor is not None:
-        style.level_line(ax, floor, f"alerts from\n{style.money(floor)}", "threshold")
+        style.level_line(ax, floor, f"alerts from\n{money(floor)}", "threshold")
     ax.set_ylim(bottom=0, top=max(spent[-1], floor or 0) * 1.15 or 1)
     ax.set_ylabel("$ spent")
-    ax.yaxis.set_major_formatter(dollar_ticks())
+    ax.yaxis.set_major_formatter(style.dollar_ticks())
     style.episode_marks(ax, w.start, w.fired_at, w.fired_at, resolved=False)
     style.time_axis(ax, w.lo, w.hi)
     error = style.clip(d.get("error") or "no error reported", 50)
@@ -115,7 +120,7 @@ def _crash_loop(alert: Alert, runs: list[Any]) -> Figure | None:
             markeredgewidth=2, label="a run failed", gid="failures")  # fmt: skip
     ax.set_ylim(bottom=0, top=total * 1.15 or 1)
     ax.set_ylabel("$ spent")
-    ax.yaxis.set_major_formatter(dollar_ticks())
+    ax.yaxis.set_major_formatter(style.dollar_ticks())
     end = alert.resolved_at if alert.resolved_at is not None else max(alert.updated_at, spans[-1][1])
     style.episode_marks(ax, alert.episode_start, alert.fired_at, end, alert.resolved_at is not None)
     lo, hi = min(spans[0][0], alert.episode_start), max(end, spans[-1][1])
@@ -126,9 +131,3 @@ def _crash_loop(alert: Alert, runs: list[Any]) -> Figure | None:
                    alert.waste_usd, alert.usd_per_hour, alert.burning, what=alert.dollars, note=note)  # fmt: skip
     style.legend(ax)
     return fig
-
-
-def dollar_ticks() -> Any:
-    from matplotlib.ticker import FuncFormatter
-
-    return FuncFormatter(lambda v, _: "$0" if v == 0 else style.money(v) if v >= 100 else f"${v:,.4g}")

@@ -19,8 +19,10 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
+from detector.units import money
+
 __all__ = [
-    "COLOURS", "INK", "clip", "episode_marks", "figure", "finish", "headline", "legend", "level_line", "money",
+    "COLOURS", "INK", "clip", "episode_marks", "figure", "finish", "headline", "legend", "level_line", "dollar_ticks",
     "png", "time_axis", "utc",
 ]  # fmt: skip
 
@@ -59,9 +61,12 @@ def utc(t: float) -> datetime:
     return datetime.fromtimestamp(t, tz=timezone.utc)
 
 
-def money(usd: float) -> str:
-    """Dollars as people read them on a chart: ``$1,234`` above $100, cents below."""
-    return f"${usd:,.0f}" if abs(usd) >= 100 else f"${usd:,.2f}"
+def dollar_ticks() -> Any:
+    """A dollar axis's tick labels: :func:`~detector.units.money` from $100, and below it as
+    many digits as the tick has ("$12.5" stays itself, not "$12"), "$0" at zero."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _: "$0" if v == 0 else money(v) if abs(v) >= 100 else f"${v:,.4g}")
 
 
 def clip(text: object, limit: int = 60) -> str:
@@ -103,7 +108,12 @@ def time_axis(ax: Any, lo: float | None = None, hi: float | None = None) -> None
     from matplotlib.ticker import FixedLocator
 
     locator = AutoDateLocator(tz=timezone.utc, minticks=3, maxticks=7)
-    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator, tz=timezone.utc, show_offset=True))
+    # ticks a day or more apart name their month ("Nov 22 Dec 01 Dec 08"): concise, they read
+    # "22 Dec 08" under an offset of "2026-Dec", and the 22nd looked like December's
+    formats = ["%Y", "%b", "%b %d", "%H:%M", "%H:%M", "%S.%f"]
+    zero_formats = ["", "%Y", "%b %d", "%b-%d", "%H:%M", "%H:%M"]
+    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator, tz=timezone.utc, formats=formats,
+                                                      zero_formats=zero_formats, show_offset=True))  # fmt: skip
     if lo is not None and hi is not None and hi > lo:
         ax.set_xlim(utc(lo), utc(hi))
         first, last = date2num(utc(lo)), date2num(utc(hi))
@@ -145,16 +155,17 @@ def episode_marks(ax: Any, start: float, fired_at: float | None, end: float, res
         marks.append(("alert", fired_at, "alert", INK["alert"]))
     if resolved:
         marks.append(("resolved", end, "resolved", INK["resolved"]))
-    last_x = None
+    last_x, row = None, 0
     for gid, t, text, colour in marks:
         ax.axvline(utc(t), color=colour, linestyle=":", linewidth=1.3, gid=gid, zorder=3)
         if not labels:
             continue
-        # labels of marks close together would collide: stack them instead
-        row = 1 if last_x is not None and abs(t - last_x) < _near(ax) else 0
+        # labels of marks close together would collide: each goes a row below the one before
+        # (an episode that fires and resolves within minutes has all three close together)
+        row = row + 1 if last_x is not None and abs(t - last_x) < _near(ax) else 0
         ax.annotate(text, xy=(utc(t), 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3 - 12 * row),
                     textcoords="offset points", ha="left", va="top", fontsize=9, color=colour, gid=f"{gid}-label",
-                    annotation_clip=False, bbox=_LABEL_BOX)  # fmt: skip
+                    annotation_clip=False, bbox=_LABEL_BOX, parse_math=False)  # fmt: skip
         last_x = t
 
 
@@ -222,8 +233,36 @@ def finish(fig: Any) -> None:
     labels moved apart where two would touch. Once per figure."""
     if getattr(fig, "_burnwatch_finished", False):
         return
+    _marks_left_of_view(fig)
     _spread_level_labels(fig)
     fig._burnwatch_finished = True
+
+
+def _marks_left_of_view(fig: Any) -> None:
+    """An episode that started (or alerted) before the chart's first data: its lines would sit
+    outside the plot and their labels past its left edge, so they go, and one label at the left
+    edge says when ("◂ started Sep 03 02:00, alert Sep 03 02:30")."""
+    from matplotlib.dates import num2date
+
+    for ax in fig.axes:
+        lo = ax.get_xlim()[0]
+        gone = []
+        for gid, word in (("episode-start", "started"), ("alert", "alert")):
+            for line in [line for line in ax.get_lines() if line.get_gid() == gid]:
+                x = float(ax.convert_xunits(line.get_xdata()[0]))
+                if x < lo:
+                    line.set_visible(False)
+                    gone.append((gid, word, x))
+        labels = {t.get_gid(): t for t in ax.texts}
+        for gid, _, _ in gone:
+            if f"{gid}-label" in labels:
+                labels[f"{gid}-label"].set_visible(False)
+        first = labels.get("episode-start-label")
+        if gone and first is not None:
+            first.set_text("◂ " + ", ".join(f"{word} {num2date(x):%b %d %H:%M}" for _, word, x in gone))
+            first.xy = (lo, 1.0)
+            first.xyann = (3, -3)
+            first.set_visible(True)
 
 
 def _spread_level_labels(fig: Any) -> None:

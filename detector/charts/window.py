@@ -38,9 +38,14 @@ class Window:
 
     def fitted(self, first: float) -> Window:
         """The span starting with the data (``first``: its earliest time) when there is none
-        for part of the time before the episode: a blank stretch at the left says nothing."""
-        lo = max(self.lo, min(first, self.start) - 2 * self.step_s)
-        return Window(lo=lo, hi=self.hi, start=self.start, fired_at=self.fired_at, end=self.end, resolved=self.resolved,
+        for part of the time before the episode: a blank stretch at the left says nothing. So
+        too when the data starts well into the episode (a host idle for 60 days whose events
+        have aged out after 30): the chart shows what is stored, and its start, off the left,
+        is written at the left edge (:func:`detector.charts.style.finish`)."""
+        late = first > self.start + (self.hi - self.lo) / 10
+        lo = max(self.lo, (first if late else min(first, self.start)) - 2 * self.step_s)
+        hi = min(self.hi, self.end + (self.end - lo) / 20) if late else self.hi  # a twentieth of what is shown
+        return Window(lo=lo, hi=hi, start=self.start, fired_at=self.fired_at, end=self.end, resolved=self.resolved,
                       step_s=self.step_s)  # fmt: skip
 
     def params(self, rid: str, **extra: object) -> dict[str, object]:

@@ -57,7 +57,7 @@ from detector.events import Event, GpuMetric, UsageEvent
 from detector.pricing import usd_over
 from detector.units import Duration, Percent
 
-__all__ = ["MAX_UNITS", "GpuShare", "GpuShareParams", "GpuShareState"]
+__all__ = ["MAX_UNITS", "GpuShare", "GpuShareParams", "GpuShareState", "gpu_names"]
 
 FORGET_S = 3600.0
 """A unit with no sample for this long (while the host's others report) is gone."""
@@ -70,6 +70,19 @@ BUSY, HELD, UNKNOWN, FREE = 3, 2, 1, 0
 instance is; else held if a pod holds any, unknown if any says nothing, free if none is held."""
 _CODE = {True: HELD, None: UNKNOWN, False: FREE}
 _allocated = attrgetter("allocated")
+
+
+def gpu_names(gpus: list[int], limit: int = 6) -> str:
+    """``[0, 1, 2, 3, 5, 7]`` as ``"0–3, 5, 7"``: runs as ranges, at most ``limit`` parts, so
+    253 idle GPUs of 256 read "3–255" in the message as on its chart."""
+    runs: list[list[int]] = []
+    for g in sorted(gpus):
+        if runs and g == runs[-1][1] + 1:
+            runs[-1][1] = g
+        else:
+            runs.append([g, g])
+    parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}–{b}" for a, b in runs]
+    return ", ".join(parts[:limit]) + (", …" if len(parts) > limit else "")
 
 
 class GpuShareParams(Params):
@@ -188,9 +201,9 @@ class GpuShare(DetectorBase):
         if not ids:
             return []
         model = f" × {details['gpu_model']}" if details.get("gpu_model") else ""
-        listed = ", ".join(str(i) for i in ids[:16]) + (" …" if len(ids) > 16 else "")
         label = f"{cls.noun.capitalize()} GPUs"
-        return [(label, f"{len(ids)} of {details.get('gpu_count', '?')}{model} (GPU {listed})"), *pod_facts(details)]
+        named = gpu_names([i for i in ids if isinstance(i, int)])
+        return [(label, f"{len(ids)} of {details.get('gpu_count', '?')}{model} (GPU {named})"), *pod_facts(details)]
 
     # -- events -------------------------------------------------------------
 

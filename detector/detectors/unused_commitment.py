@@ -231,7 +231,9 @@ class UnusedCommitment(DetectorBase):
             "day": datetime.fromtimestamp(st.day, tz=timezone.utc).date().isoformat(),
             "day_used_usd": round(st.day_used, 4), "day_unused_usd": round(st.day_unused, 4),
             "unused_share": round(st.day_unused / day_total, 4) if day_total > 0 else 0.0,
-            "days": st.days, "used_usd": round(st.used_usd, 4), **extra,
+            "days": st.days, "used_usd": round(st.used_usd, 4),
+            # the rule's line, for the chart to write (as the GPU rules' util_below_pct)
+            "min_unused_share": self.params.min_unused_share, "min_unused_usd": self.params.min_unused_usd, **extra,
         }  # fmt: skip
         per_hour = st.day_unused * 3600.0 / st.day_s if st.day_s > 0 else 0.0
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
