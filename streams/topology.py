@@ -7,7 +7,7 @@ order, once it is stored and detection has seen all of its events (docs/reliabil
 from __future__ import annotations
 
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 import faust
@@ -85,18 +85,28 @@ def caught_up(app: faust.App) -> Callable[[str, int, int], bool]:
 
 
 def end_positions(app: faust.App) -> Callable[[list[tuple[str, int]]], Awaitable[Positions]]:
-    """(position, end offset) of assigned partitions that have delivered nothing yet. The end is
-    the larger of the broker's listed end offset and a fetch's high watermark: some brokers
-    (the embedded one) list the last batch's base offset + 1, short of the end."""
+    """(start, end offset) of assigned partitions that have delivered nothing yet: the start is
+    where reading began (the committed offset, else the earliest), never the consumer's fetch
+    position, which moves past records fetched but not yet handed to the pipeline (a partition
+    so counted as having nothing to read let the others' events be released past its own, which
+    then came late: alerts the backtest does not make, seen with the worker's event loop slowed
+    by chart rendering). The end is the larger of the broker's listed end offset and a fetch's
+    high watermark: some brokers (the embedded one) list the last batch's base offset + 1,
+    short of the end."""
 
     async def positions(tps: list[tuple[str, int]]) -> Positions:
         partitions = [TP(topic, partition) for topic, partition in tps]
         ends = await app.consumer.highwaters(*partitions)
+        # Faust's own record of the committed offsets (the next offset to read), set at the seek
+        committed: Mapping[TP, int | None] = getattr(app.consumer, "_committed_offset", {})
+        uncommitted = [tp for tp in partitions if committed.get(tp) is None]
+        earliest = await app.consumer.earliest_offsets(*uncommitted) if uncommitted else {}
         out: Positions = {}
         for tp in partitions:
             listed, fetched = ends.get(tp), app.consumer.highwater(tp)
             end = max(listed, fetched) if listed is not None and fetched is not None else listed
-            out[(tp.topic, tp.partition)] = (await app.consumer.position(tp), end)
+            start = committed.get(tp)
+            out[(tp.topic, tp.partition)] = (start if start is not None else earliest.get(tp), end)
         return out
 
     return positions
