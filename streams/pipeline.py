@@ -280,8 +280,8 @@ class Pipeline:
 
     async def check_expected(self) -> None:
         """Assigned partitions that have delivered nothing: each stops holding the watermark
-        once its position has reached its end offset (there is nothing to read). One that
-        cannot report both keeps holding it, and says so."""
+        once where its reading starts (committed offset, else earliest) is its end offset (there
+        is nothing to read). One that cannot report both keeps holding it, and says so."""
         waiting = sorted(self._expected - self._positions.keys())
         self._expected.difference_update(self._positions.keys())
         self.holding = {tp: why for tp, why in self.holding.items() if tp in self._expected}  # delivered since
@@ -304,8 +304,9 @@ class Pipeline:
                 self.holding.pop(tp, None)
                 self.aligner.caught_up(tp)
                 continue
-            why = (f"position {position} < end offset {end}: not delivered yet" if position is not None and end is not None
-                   else f"position or end offset unknown{' (' + error + ')' if error else ''}")  # fmt: skip
+            why = (f"reading starts at {position} < end offset {end}: not delivered yet"
+                   if position is not None and end is not None
+                   else f"start or end offset unknown{' (' + error + ')' if error else ''}")  # fmt: skip
             self.holding[tp] = why
             now = time.monotonic()
             if now - self._holding_logged.get(tp, -1e9) >= 30.0:  # logging only: alignment never reads the clock

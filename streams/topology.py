@@ -20,7 +20,7 @@ from streams.kafka import DEAD_LETTER_TOPIC
 from streams.parts import WorkerParts, fail
 from streams.pipeline import Message, PipelineStopped
 
-__all__ = ["caught_up", "dead_letter_sender", "end_positions", "flow_control", "install_agent", "make_app"]
+__all__ = ["caught_up", "dead_letter_sender", "end_positions", "flow_control", "install_agent", "make_app", "reading_starts"]
 
 Positions = dict[tuple[str, int], tuple[int | None, int | None]]
 
@@ -97,19 +97,27 @@ def end_positions(app: faust.App) -> Callable[[list[tuple[str, int]]], Awaitable
     async def positions(tps: list[tuple[str, int]]) -> Positions:
         partitions = [TP(topic, partition) for topic, partition in tps]
         ends = await app.consumer.highwaters(*partitions)
+        earliest = await app.consumer.earliest_offsets(*partitions)
         # Faust's own record of the committed offsets (the next offset to read), set at the seek
         committed: Mapping[TP, int | None] = getattr(app.consumer, "_committed_offset", {})
-        uncommitted = [tp for tp in partitions if committed.get(tp) is None]
-        earliest = await app.consumer.earliest_offsets(*uncommitted) if uncommitted else {}
         out: Positions = {}
         for tp in partitions:
             listed, fetched = ends.get(tp), app.consumer.highwater(tp)
             end = max(listed, fetched) if listed is not None and fetched is not None else listed
-            start = committed.get(tp)
-            out[(tp.topic, tp.partition)] = (start if start is not None else earliest.get(tp), end)
+            out[(tp.topic, tp.partition)] = (reading_starts(committed.get(tp), earliest.get(tp), end), end)
         return out
 
     return positions
+
+
+def reading_starts(committed: int | None, earliest: int | None, end: int | None) -> int | None:
+    """Where the consumer starts reading a partition: its committed offset, unless there is none
+    or it lies outside the log, where the consumer resets to the earliest offset (a topic
+    recreated shorter: committed past the end; retention deleted past it: committed before
+    the earliest)."""
+    if committed is None or (end is not None and committed > end):
+        return earliest
+    return committed if earliest is None else max(committed, earliest)
 
 
 def flow_control(app: faust.App) -> Callable[[list[tuple[str, int]], list[tuple[str, int]]], None]:

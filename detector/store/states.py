@@ -31,22 +31,26 @@ class States:
 
     def load(self, partitions: Sequence[int], saved_within_s: float | None = None) -> dict[str, bytes | None]:
         """Every live key on these partitions → its latest snapshot; with ``saved_within_s``, only
-        the keys saved within that many seconds (wall clock: a save's version is its time) come
-        with their snapshot, the rest with None, to be read one by one (:meth:`get`) if they
-        speak again: a worker taking over a million keys, most of them quiet, does not hold
-        every one's bytes until it speaks (docs/performance.md, Memory)."""
+        the keys saved within that many seconds of the partitions' newest save (a save's version
+        is its wall-clock time) come with their snapshot, the rest with None, to be read one by
+        one (:meth:`get`) if they speak again: a worker taking over a million keys, most of them
+        quiet, does not hold every one's bytes until it speaks (docs/performance.md, Memory).
+        From the newest save, not from now: after an outage longer than the horizon the keys
+        that were live still come with their bytes, and catching up reads none of them one by one."""
         if not partitions:
             return {}
-        cutoff = 0 if saved_within_s is None else max(0, time.time_ns() - int(saved_within_s * 1e9))
+        within_ns = -1 if saved_within_s is None else int(saved_within_s * 1e9)
+        db = self.conn.db
         with self.conn.lock:
             result = self.conn.client.query(
-                f"SELECT key, if(version >= %(cutoff)s, snapshot, '') AS snapshot, version >= %(cutoff)s AS recent "
-                f"FROM {self.conn.db}.detector_state FINAL "
+                f"WITH (SELECT max(version) FROM {db}.detector_state WHERE partition IN %(partitions)s) AS newest "
+                f"SELECT key, (%(within)s < 0 OR version + %(within)s >= newest) AS recent, "
+                f"if(recent, snapshot, '') AS snapshot FROM {db}.detector_state FINAL "
                 "WHERE partition IN %(partitions)s AND deleted = 0",
-                parameters={"partitions": list(partitions), "cutoff": cutoff},
+                parameters={"partitions": list(partitions), "within": within_ns},
                 column_formats={"snapshot": "bytes"},
             )
-        return {key: (snapshot if recent else None) for key, snapshot, recent in result.result_rows}
+        return {key: (snapshot if recent else None) for key, recent, snapshot in result.result_rows}
 
     def take(self, loaded: dict[str, bytes | None], key: str) -> bytes | None:
         """A key's snapshot the first time it speaks after :meth:`load`: taken out of ``loaded``
