@@ -239,7 +239,7 @@ def _models(parts: WorkerParts) -> None:
         async with retraining:
             try:
                 artifacts, _ = await loop.run_in_executor(None, lambda: train_from_store(store, since, ruleset, model_dir))
-            except Exception as exc:  # a failed retrain keeps the model in use
+            except Exception as exc:  # the groups saved before the failure are loaded at the next change
                 log.error("model_retrain_failed", error=str(exc))
                 return
             log.info("model_retrained", groups=[a.group for a in artifacts], samples=[a.samples for a in artifacts])

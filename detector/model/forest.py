@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -209,7 +210,7 @@ class ModelArtifact:
         path = directory / f"{self.group}{SUFFIX}"
         import skops.io as sio  # with scikit-learn, 3.5 s of a worker's start: only when a model is written or read
 
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # several workers may retrain into one folder
         tmp.write_bytes(sio.dumps({"meta": self.meta(), "model": self.model}))
         tmp.replace(path)  # a reader sees the old file or the new one, never half of one
         (directory / f"{self.group}.json").write_text(json.dumps(self.meta(), indent=2) + "\n")
@@ -480,6 +481,7 @@ class ModelSet:
         scores with what loads and says what it refused)."""
         directory = Path(directory)
         artifacts, refused = {}, []
+        signature = cls.fingerprint(directory)  # before reading: a file replaced meanwhile is seen as a change
         if directory.is_dir():
             for path in sorted(directory.glob("*.pkl")):
                 refused.append(f"{path}: a model file in the old pickle format, not loaded (unpickling runs any code "
@@ -491,7 +493,7 @@ class ModelSet:
                     refused.append(str(exc))
                     continue
                 artifacts[artifact.group] = artifact
-        return cls(artifacts, cls.fingerprint(directory)), refused
+        return cls(artifacts, signature), refused
 
     def changed(self, directory: str | Path) -> bool:
         return self.fingerprint(Path(directory)) != self.signature
