@@ -423,3 +423,14 @@ def test_baselines_saved_by_name_before_are_read_back_and_judge_alike():
 
     after = rest(st)
     assert len(after) >= 10 and rest(old) == after == rest(new)
+
+
+def test_a_worker_starts_without_scikit_learn():
+    """skops and scikit-learn (3.5 s of CPU) are imported when a model is read or written, not by
+    every worker and CLI start (tests start a hundred workers)."""
+    import subprocess
+    import sys
+
+    code = "import sys, streams.app, streams.cli; print(sorted(m for m in ('sklearn', 'skops') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
