@@ -49,8 +49,8 @@ def install_handover(parts: WorkerParts) -> None:
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
         loop = asyncio.get_running_loop()
-        # Keys saved within the eviction horizon come with their bytes; older ones are read when
-        # they speak (as an evicted key is): memory at assignment stays bounded by the live keys.
+        # Keys saved within the eviction horizon (of the newest save) come with their bytes, held
+        # until each speaks; older ones come as names and are read from the store when they speak.
         states = await loop.run_in_executor(None, store.states.load, partitions, parts.settings.evict_after_s or None)
         # What another worker alerted on these keys until now is in the store: the alert manager
         # learns it again, so re-read input neither re-opens nor re-closes those alerts.
