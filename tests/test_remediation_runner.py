@@ -84,6 +84,14 @@ def setup(store, slack, tmp_path, moto, mode: str, wall: Wall, **runner_kw):
     return runner, handler
 
 
+def two_workers(store, slack, tmp_path, moto, mode: str, wall: Wall):
+    """The worker that acts (its runner, its click handler) and the click handler of another
+    worker of the group, whose runner never runs a pass (it does not hold partition 0)."""
+    acting, here = setup(store, slack, tmp_path, moto, mode, wall)
+    _, elsewhere = setup(store, slack, tmp_path, moto, mode, wall)
+    return acting, here, elsewhere
+
+
 def click(handler, action_id: str, user: str, alert_id: str = "a1", response_url: str = "") -> int:
     """The click's outcome: 200, 403 (refused) or 409 (nothing awaits a decision). Slack
     itself always gets 200: it shows any other status as a bare error."""
@@ -349,8 +357,7 @@ def test_a_message_posted_before_a_kill_is_found_not_posted_again(store, slack, 
 def test_a_decision_taken_by_a_worker_that_does_not_act_is_carried_out_once(store, slack, tmp_path, moto_url):
     """Several workers: only the one holding partition 0 runs passes; a click may reach another."""
     instance, wall = run_instance(moto_url), Wall()
-    acting, here = setup(store, slack, tmp_path, moto_url, "approve", wall)
-    _, elsewhere = setup(store, slack, tmp_path, moto_url, "approve", wall)  # its runner never runs a pass
+    acting, here, elsewhere = two_workers(store, slack, tmp_path, moto_url, "approve", wall)
     posted(store, incident(instance))
     acting.run_once()
     assert steps(store) == [("proposed", ""), ("announced", "")]
@@ -375,8 +382,7 @@ def test_a_decision_taken_by_a_worker_that_does_not_act_is_carried_out_once(stor
 
 def test_a_decline_taken_by_a_worker_that_does_not_act_stops_an_automatic_action(store, slack, tmp_path, moto_url):
     instance, wall = run_instance(moto_url), Wall()
-    acting, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
-    _, elsewhere = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    acting, _, elsewhere = two_workers(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
     posted(store, incident(instance))
     acting.run_once()
     wall.t += 1800  # half the grace
@@ -394,8 +400,7 @@ def test_a_decline_taken_by_a_worker_that_does_not_act_stops_an_automatic_action
 def test_an_objection_stored_just_before_the_grace_ends_is_read_before_acting(store, slack, tmp_path, moto_url):
     """The decline lands after the pass began (its first read) but before the due check."""
     instance, wall = run_instance(moto_url), Wall()
-    acting, _ = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
-    _, elsewhere = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    acting, _, elsewhere = two_workers(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
     posted(store, incident(instance))
     acting.run_once()
     wall.t += 3600
