@@ -5,10 +5,12 @@ reloads, retraining, the daily digest, state expiry and the stats line. Each is 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import structlog
 
 from detector.billing.rates import BilledRates
+from detector.detectors.anomaly import Scoring
 from detector.digest import send_due_digests
 from detector.model.forest import ModelSet
 from detector.slack import SlackError
@@ -172,11 +174,16 @@ def load_models(parts: WorkerParts) -> None:
     """The anomaly models at start: the files that load are used, each refused one is named.
     They are handed to the anomaly rules (the configuration's :class:`Scoring`), not the engine."""
     model_dir = parts.settings.model_path
-    models, refused = ModelSet.read(model_dir)
+    _use_models(parts.config.scoring, model_dir, *ModelSet.read(model_dir), at_start=True)
+
+
+def _use_models(scoring: Scoring, model_dir: Path, models: ModelSet, refused: list[str], at_start: bool = False) -> None:
+    """Score with the artifacts that loaded (every anomaly rule, of this rule set and the next);
+    name each refused file. At start, an empty folder is said to mean rules only."""
     if refused:
         log.error("model_refused", dir=str(model_dir), errors=refused)
-    parts.config.scoring.scorer = models
-    if models:
+    scoring.scorer = models
+    if models or not at_start:
         log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
     else:
         log.info("model_absent", dir=str(model_dir), note="rules only until a model is trained (burnwatch model train)")
@@ -209,11 +216,7 @@ def _models(parts: WorkerParts) -> None:
     retraining = asyncio.Lock()  # this worker's retrain writes the files one group at a time
 
     async def load() -> None:
-        models, refused = await asyncio.get_running_loop().run_in_executor(None, ModelSet.read, model_dir)
-        if refused:
-            log.error("model_refused", dir=str(model_dir), errors=refused)
-        scoring.scorer = models  # every anomaly rule, of this rule set and the next, scores with it
-        log.info("model_loaded", dir=str(model_dir), groups=sorted(models.artifacts))
+        _use_models(scoring, model_dir, *await asyncio.get_running_loop().run_in_executor(None, ModelSet.read, model_dir))
 
     @app.timer(interval=30.0)
     async def reload_models() -> None:
