@@ -193,6 +193,13 @@ class RunEvent(_Base, kw_only=True):
     project: Name = ""
     tags: Tags = {}
     error: Annotated[str, msgspec.Meta(max_length=MAX_ERROR)] = ""
+    # Fields added after the first release go last (ADDED_FIELDS): ids of events without them are unchanged.
+    metrics: Metrics = {}
+    """The run's latest metrics by name (``val_loss``, ``eval_accuracy``), as MLflow's
+    ``log_metric`` and W&B's ``wandb.log`` record them: what ``plateaued_run`` watches."""
+    step: UInt64 | None = None
+    """The training step (MLflow's metric ``step``, W&B's ``_step``) the metrics were logged at:
+    a report repeated at the same step is not a new evaluation."""
 
     @property
     def key(self) -> str:
@@ -201,7 +208,7 @@ class RunEvent(_Base, kw_only=True):
 
 
 Event = Union[UsageEvent, GpuMetric, RunEvent]
-ADDED_FIELDS: dict[type, str] = {GpuMetric: "gr_engine_active", UsageEvent: "metrics"}
+ADDED_FIELDS: dict[type, str] = {GpuMetric: "gr_engine_active", UsageEvent: "metrics", RunEvent: "metrics"}
 """Per event type, the first of the optional fields added (at the end) after event ids were
 released: :func:`detector.store.batch.event_ids` hashes an event without the trailing run of
 them at their defaults, so an event that carries none of them keeps the id it had before."""

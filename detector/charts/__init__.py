@@ -56,6 +56,10 @@ CHARTED_TYPES = frozenset(CHARTS)
 NOT_CHARTED = {
     "spot_eligible": "advice about a run's pricing: the saving is one figure, and no series over time shows it",
     "telemetry_stale": "the news is that there is no data: a chart of it would be empty",
+    "data_starved_training": "not yet: the GPU chart's hourly utilisation averages a sawtooth away (a chart of "
+                             "the scrapes beside the host gauges is to do)",
+    "plateaued_run": "not yet: run metrics are stored in the run events' extra column, not a series the "
+                     "chart queries read",
 }
 """Types without a chart, and why (docs/charts.md says the same)."""
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from detector.detectors.anomaly import Anomaly
 from detector.detectors.base import Behaviour, Context, Detector, Finding, Params, ResourceInfo
+from detector.detectors.data_starved_training import DataStarvedTraining
 from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
 from detector.detectors.inference_overprovisioned import InferenceOverprovisioned
 from detector.detectors.partly_idle_gpu import PartlyIdleGpu
+from detector.detectors.plateaued_run import PlateauedRun
 from detector.detectors.spot_eligible import SpotEligible
 from detector.detectors.storage_growth import StorageGrowth
 from detector.detectors.stuck_gpu import StuckGpu
@@ -28,7 +30,8 @@ __all__ = ["REGISTRY", "Behaviour", "Context", "Detector", "Finding", "Params", 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
     for cls in (IdleGpu, PartlyIdleGpu, UnallocatedGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend,
-                VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, UnusedCommitment, Anomaly)
+                VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, UnusedCommitment, Anomaly,
+                DataStarvedTraining, PlateauedRun)
 }
 
 

@@ -152,9 +152,20 @@ def _run_columns(runs: list[RunEvent]) -> list[list[Any]]:
     return [
         [round(e.ts.timestamp() * 1000) for e in runs], [e.run_id for e in runs], [e.status for e in runs],
         [e.resource_ids for e in runs], [e.gpu_count for e in runs], [e.project for e in runs],
-        [e.tags for e in runs], [e.error for e in runs], [_extra(e) if e.extra else "" for e in runs],
+        [e.tags for e in runs], [e.error for e in runs], [_run_extra(e) for e in runs],
         event_ids(b"run", runs),
     ]  # fmt: skip
+
+
+def _run_extra(e: RunEvent) -> str:
+    """A run event's ``extra`` column, holding its ``metrics`` and ``step`` too (added to the contract
+    after the table: no column of their own; :mod:`detector.store.history` reads them back)."""
+    if not e.metrics and e.step is None:
+        return _extra(e) if e.extra else ""
+    added: dict[str, Any] = {"metrics": e.metrics} if e.metrics else {}
+    if e.step is not None:
+        added["step"] = e.step
+    return _json.encode({**e.extra, **added}).decode()
 
 
 def _added_suffix(cls: type, first_added: str) -> bytes:

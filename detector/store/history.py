@@ -54,6 +54,10 @@ class EventHistory:
                 ts = fields["ts"].replace(tzinfo=timezone.utc)
                 fields["ts"] = ts
                 fields["extra"] = msgspec.json.decode(fields["extra"]) if fields["extra"] else {}
+                if cls is RunEvent:  # metrics and step live in the extra column (store/batch.py)
+                    for name in ("metrics", "step"):
+                        if name in fields["extra"]:
+                            fields[name] = fields["extra"].pop(name)
                 fields = {k: v for k, v in fields.items() if v is not None}
                 out.append((ts.timestamp(), rank, cls(**fields)))
         out.sort(key=lambda item: (item[0], item[1]))

@@ -1,0 +1,310 @@
+"""``data_starved_training``: a training job whose GPUs wait on its input pipeline.
+
+Example rule::
+
+    - name: data-starved-training
+      type: data_starved_training
+      match: {resource_type: [gpu_instance, notebook]}
+      params:
+        util_below: 70%        # the working GPUs' average over a window is under this...
+        busy_above: 70%        # ...and they burst to at least this...
+        wait_below: 10%        # ...from under this (a rising edge), at least min_bursts times a window
+        min_bursts: 2
+        cpu_above: 90%         # or: host CPU (node_exporter) at or above this...
+        disk_above: 90%        # ...or its busiest disk, or its network link, while the GPUs are low
+        network_above: 90%
+        window: 5m             # samples are judged in windows of this length...
+        for: 30m               # ...and consecutive starved windows this long alert
+      severity: warning
+
+"A GPU waiting on data is the most expensive idle resource you own." A job is running
+(the host's GPUs work, so it is neither ``idle_gpu``'s nor, with its kernels coming and
+going, ``stuck_gpu``'s), but the GPUs it holds do well under their share of the work
+because the CPU-side input pipeline (decoding, augmentation, reading shards) cannot keep up.
+Two signs, each enough in a window:
+
+- **sawtooth**: the GPUs burst to ``busy_above`` and drop under ``wait_below`` at least
+  ``min_bursts`` times within one window. Synchronous data-parallel ranks wait on their
+  loaders together, so the host's busiest GPU per scrape goes up and down with them; one
+  GPU busy beside idle ones (``partly_idle_gpu``) gives a flat line, not a sawtooth. An epoch
+  boundary or an evaluation is one dip per window at most, and busy windows around it
+  break the episode long before ``for``;
+- **low while the host is saturated**: the working GPUs average between ``wait_below`` and
+  ``util_below`` while a host gauge says the input side is pegged. The gauges are
+  ``UsageEvent.metrics`` from node_exporter: ``cpu_util_pct`` (100 minus the idle share of
+  ``node_cpu_seconds_total``), ``disk_busy_pct`` (``rate(node_disk_io_time_seconds_total)``
+  × 100 for the busiest device) and ``network_util_pct`` (received bytes over
+  ``node_network_speed_bytes``, busiest interface). A GPU steadily low with an idle host is
+  a small job, not a starved one, and does not alert.
+
+Defaults are SageMaker Debugger's profiler rules: ``LowGPUUtilization`` calls a GPU
+fluctuating when its 95th percentile is above 70 % and its 5th below 10 %, and
+``CPUBottleneck`` counts a bottleneck when the CPU is above 90 % while a GPU is under
+10 %. A window of 5 minutes holds ten 30 s scrapes (dcgm-exporter's usual interval),
+enough to see two bursts; 30 minutes sustained is ``idle_gpu``'s horizon, past any warm-up
+(SageMaker's rules also wait out the first values: "during training initialization, GPU is
+likely at 0 percent").
+
+Dollars are the GPU time the job pays for and does not use: per starved window, the host's
+price × the share of its GPUs the job holds (those that worked in the window) × (1 − their
+average utilisation). ``util_pct`` is read, or ``gr_engine_active`` when higher (the
+profiling form, the one there is under MIG). A window without samples is a telemetry gap:
+it restarts a candidate and adds nothing to an open episode.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from detector.detectors.activity import resident
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
+from detector.detectors.episode import Episode, advance, end
+from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import FloatArray, grow, per_gpu
+from detector.pricing import usd_over
+from detector.units import Duration, Percent
+
+__all__ = ["DataStarvedTraining", "DataStarvedTrainingParams", "DataStarvedTrainingState", "HOST_GAUGES"]
+
+HOST_GAUGES = ("cpu_util_pct", "disk_busy_pct", "network_util_pct")
+"""The ``UsageEvent.metrics`` names read, in percent (see the module docstring for their source)."""
+_WAITING, _BURST = 1, 2
+
+
+class DataStarvedTrainingParams(Params):
+    util_below: Percent = 70.0
+    busy_above: Percent = 70.0
+    wait_below: Percent = 10.0
+    min_bursts: int = Field(default=2, ge=1)
+    cpu_above: Percent = 90.0
+    disk_above: Percent = 90.0
+    network_above: Percent = 90.0
+    window: Duration = Field(default=300.0, gt=0)
+    for_: Duration = Field(default=1800.0, alias="for", gt=0)
+    update_every: Duration = Field(default=900.0, gt=0)
+
+
+class DataStarvedTrainingState(Episode, kw_only=True):
+    """One window being gathered, the current scrape, and the episode's figures."""
+
+    win: float = -math.inf
+    """Start of the window being gathered (a multiple of ``window``)."""
+    first_t: float = 0.0
+    """The window's first scrape."""
+    scrapes: int = 0
+    edges: int = 0
+    """Rising edges (a waiting scrape, then a burst) in the window."""
+    phase: int = 0
+    sums: FloatArray | None = None
+    """Per GPU, the sum of its utilisation over the window's scrapes (None before a sample)."""
+    worked: int = 0
+    """Bit mask of the GPUs that reached ``wait_below`` in the window."""
+    scrape_t: float = -math.inf
+    scrape_max: float = 0.0
+    scrape_mask: int = 0
+    """GPUs already counted in the current scrape (a re-read sample counts once)."""
+    gpus: int = 0
+    """GPUs seen on the host (highest index + 1)."""
+    model: str = ""
+    sat_until: float = -math.inf
+    """End of the latest usage interval whose host gauges were saturated."""
+    gauge: str = ""
+    gauge_pct: float = 0.0
+    evidence: str = ""
+    covered_until: float = 0.0
+    waste_usd: float = 0.0
+    unpriced_s: float = 0.0
+    """Unused GPU-share seconds seen before the host's price was known."""
+    share_unused: float = 0.0
+    """The latest starved window's unused share of the host (the rate of waste)."""
+    job_gpus: int = 0
+    used_s: float = 0.0
+    seen_s: float = 0.0
+
+    def clear(self) -> None:
+        super().clear()
+        self.waste_usd = self.unpriced_s = self.share_unused = self.used_s = self.seen_s = 0.0
+        self.evidence, self.job_gpus = "", 0
+
+
+
+class DataStarvedTraining(DetectorBase):
+    type: ClassVar[str] = "data_starved_training"
+    title: ClassVar[str] = "Training starved of data"
+    Params: ClassVar[builtins.type[DataStarvedTrainingParams]] = DataStarvedTrainingParams
+    State: ClassVar[builtins.type[DataStarvedTrainingState]] = DataStarvedTrainingState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
+    behaviour: ClassVar[bool] = True
+    suggestion: ClassVar[str] = (
+        "The GPUs wait on the input pipeline: raise the data loader's workers (PyTorch DataLoader "
+        "num_workers, pin_memory, prefetch_factor; tf.data AUTOTUNE), prefetch to the GPU, move "
+        "decoding/augmentation to the GPU (NVIDIA DALI), or read shards from faster storage "
+        "(local NVMe cache instead of network storage)."
+    )
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        facts = [("GPU use", f"{details.get('used_pct', 0):.0f} % of {details.get('job_gpus', 0)} GPUs' time")]
+        if details.get("host_gauge"):
+            facts.append(("Host", f"{details['host_gauge']} at {details.get('host_pct', 0):.0f} %"))
+        if details.get("evidence"):
+            facts.append(("Evidence", str(details["evidence"])))
+        return facts
+
+    def tracking(self, state: DataStarvedTrainingState) -> Behaviour:
+        return Behaviour.LEVEL if state.since is not None else Behaviour.NONE
+
+    def step(self, state: DataStarvedTrainingState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        st, res = state, ctx.resource
+        if type(event) is UsageEvent:
+            return self._on_usage(st, res, event, t)
+        if type(event) is not GpuMetric:
+            return []
+        ev = event
+        if t < st.scrape_t:
+            return []  # a late sample from a scrape already closed
+        found: list[Finding] = []
+        if t > st.scrape_t:
+            self._close_scrape(st)
+            if t >= st.win + self.params.window:
+                found = self._close_window(st, res, t)
+            st.scrape_t, st.scrape_max, st.scrape_mask = t, 0.0, 0
+            if st.scrapes == 0:
+                st.first_t = t
+        gpu = ev.gpu_index
+        bit = 1 << gpu
+        if st.scrape_mask & bit:
+            return found  # the same GPU again in one scrape (a re-read message)
+        st.scrape_mask |= bit
+        if gpu >= st.gpus:
+            st.gpus = gpu + 1
+        if ev.model and ev.model != st.model:
+            st.model = intern(ev.model)
+        util = min(100.0, resident(ev))
+        sums = st.sums
+        if sums is None:
+            sums = st.sums = per_gpu()
+        if gpu >= len(sums):
+            grow(sums, gpu)
+        sums[gpu] += util
+        if util >= self.params.wait_below:
+            st.worked |= bit
+        if util > st.scrape_max:
+            st.scrape_max = util
+        return found
+
+    def open_episode(self, state: DataStarvedTrainingState, resource: ResourceInfo) -> Finding | None:
+        if state.fired_at is None:
+            return None
+        return self._finding("update", state, resource, state.covered_until)
+
+    # -- gathering ----------------------------------------------------------
+
+    def _close_scrape(self, st: DataStarvedTrainingState) -> None:
+        if st.scrape_mask == 0:
+            return
+        st.scrapes += 1
+        top = st.scrape_max
+        if top >= self.params.busy_above:
+            if st.phase == _WAITING:
+                st.edges += 1
+            st.phase = _BURST
+        elif top < self.params.wait_below:
+            st.phase = _WAITING
+        st.scrape_mask = 0
+
+    def _on_usage(self, st: DataStarvedTrainingState, res: ResourceInfo, ev: UsageEvent, t: float) -> list[Finding]:
+        p = self.params
+        metrics = ev.metrics
+        if metrics:
+            for name, above in zip(HOST_GAUGES, (p.cpu_above, p.disk_above, p.network_above), strict=True):
+                value = metrics.get(name)
+                if value is not None and value >= above and value <= 1000.0:
+                    end_t = t + ev.interval_s
+                    if end_t > st.sat_until:
+                        st.sat_until = end_t
+                    st.gauge, st.gauge_pct = name, min(value, 100.0)
+                    break
+        if st.since is None:
+            return []
+        if not res.billed:
+            since = st.since
+            return end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
+        if st.unpriced_s and res.usd_per_hour is not None:
+            st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
+            st.unpriced_s = 0.0
+        return []
+
+    def _close_window(self, st: DataStarvedTrainingState, res: ResourceInfo, t: float) -> list[Finding]:
+        """Judge the window gathered so far, then start the one ``t`` falls in."""
+        p = self.params
+        found: list[Finding] = []
+        win_start, win_end = st.win, st.win + p.window
+        new_win = math.floor(t / p.window) * p.window
+        if st.scrapes:
+            found = self._judge(st, res, max(win_start, st.first_t), win_end)
+        if st.since is not None and st.fired_at is None and new_win > win_end:
+            st.clear()  # a whole window without a sample: telemetry lost, the count starts again
+        st.win = new_win
+        st.scrapes = st.edges = st.phase = st.worked = 0
+        if st.sums is not None:
+            for i in range(len(st.sums)):
+                st.sums[i] = 0.0
+        return found
+
+    def _judge(self, st: DataStarvedTrainingState, res: ResourceInfo, start: float, win_end: float) -> list[Finding]:
+        p = self.params
+        job = [i for i in range(st.gpus) if st.worked >> i & 1]
+        sums = st.sums
+        used = sum(sums[i] for i in job) / (st.scrapes * len(job) * 100.0) if job and sums is not None else 0.0
+        sawtooth = st.edges >= p.min_bursts
+        saturated = st.sat_until > start and p.wait_below <= used * 100.0
+        starved = bool(job) and used * 100.0 < p.util_below and (sawtooth or saturated)
+        if not starved:
+            if st.since is None:
+                return []
+            return end(st, lambda: self._finding("resolve", st, res, max(start, st.covered_until),
+                                                 reason="gpus_fed"))  # fmt: skip
+        if not res.billed and res.known:
+            return []
+        if st.since is None:
+            st.since = start
+        host_gpus = max(res.gpus, st.gpus, 1)
+        share = min(1.0, len(job) / host_gpus)
+        seconds = win_end - start
+        st.share_unused = share * (1.0 - used)
+        st.job_gpus = len(job)
+        st.used_s += used * seconds
+        st.seen_s += seconds
+        st.evidence = "sawtooth" if sawtooth and not saturated else "host_saturated" if not sawtooth else "both"
+        if res.usd_per_hour is None:
+            st.unpriced_s += seconds * st.share_unused
+        else:
+            st.waste_usd += usd_over(res.usd_per_hour * st.share_unused, seconds)
+        st.covered_until = win_end
+        if not res.billed:
+            return []
+        action = advance(st, win_end, start=st.since, held_s=win_end - st.since, need_s=p.for_,
+                         every_s=p.update_every)  # fmt: skip
+        if action is None or st.fired_at is None:
+            return []
+        return [self._finding(action, st, res, st.fired_at if action == "fire" else win_end)]
+
+    def _finding(self, action: str, st: DataStarvedTrainingState, res: ResourceInfo, at: float,
+                 **extra: object) -> Finding:  # fmt: skip
+        assert st.since is not None and st.fired_at is not None
+        used_pct = 100.0 * st.used_s / st.seen_s if st.seen_s else 0.0
+        details: dict[str, Any] = {
+            "gpu_count": max(res.gpus, st.gpus), "gpu_model": st.model, "job_gpus": st.job_gpus,
+            "used_pct": round(used_pct, 1), "evidence": st.evidence,
+            "episode_s": round(max(at, st.covered_until) - st.since, 3), **extra,
+        }  # fmt: skip
+        if st.evidence != "sawtooth" and st.gauge:
+            details["host_gauge"], details["host_pct"] = st.gauge, round(st.gauge_pct, 1)
+        rate = (res.usd_per_hour or 0.0) * st.share_unused
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
+                            usd=st.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip

@@ -1,0 +1,216 @@
+"""``plateaued_run``: a training run that goes on holding its GPUs after its metric stopped improving.
+
+Example rule::
+
+    - name: plateaued-run
+      type: plateaued_run
+      params:
+        metric: val_loss     # the metric in the run events' ``metrics`` to watch...
+        mode: min            # ...and which way is better (min | max)
+        min_delta: 0         # an evaluation must beat the best by more than this to count
+        patience: 5          # evaluations without improvement...
+        patience_for: 2h     # ...or this long since the best one (optional), whichever first
+      severity: warning
+
+Run events carry the run's latest metrics (``metrics``, with the ``step`` they were logged
+at) as MLflow's ``log_metric`` and W&B's ``wandb.log`` record them. A run whose watched
+metric has not beaten its best by ``min_delta`` for ``patience`` evaluations (or, with
+``patience_for``, for that long) is paying for GPUs that no longer buy a better model:
+that is what an early-stopping callback would have stopped. Dollars run from the best
+evaluation (the plateau's start) at the run's share of its hosts' price, as
+``failed_run_spend`` prices runs (:mod:`detector.detectors.runs`); the alert resolves when
+the metric improves again or the run ends, with the dollars up to then.
+
+Why these defaults: the frameworks' early-stopping callbacks compare against the best value
+with ``min_delta`` 0 (PyTorch Lightning ``EarlyStopping``, Keras ``EarlyStopping``, Hugging
+Face ``EarlyStoppingCallback``'s ``early_stopping_threshold``); their patience defaults are
+3 (Lightning) and 0-1 (Keras, HF), which people raise for noisy validation; Keras'
+``ReduceLROnPlateau`` waits 10. Five evaluations is past the dips a noisy metric makes on its
+way down without letting a flat run burn long. An evaluation is a new ``step`` (or, without
+one, a later event carrying the metric): a heartbeat repeating the last value at the same
+step counts once.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, due, end, fire
+from detector.detectors.runs import Fleet, RunState, follow, hosts_of
+from detector.events import Event, RunEvent
+from detector.pricing import usd_over
+from detector.units import Duration
+
+__all__ = ["PlateauedRun", "PlateauedRunParams", "PlateauedRunState"]
+
+MAX_RUNS = 4096
+"""Open runs followed per project; a project past it (runs whose end event never came) drops its
+oldest quiet run first."""
+
+
+class PlateauedRunParams(Params):
+    metric: str = Field(default="val_loss", min_length=1)
+    mode: Literal["min", "max"] = "min"
+    min_delta: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    patience: int = Field(default=5, ge=1)
+    patience_for: Duration | None = Field(default=None, gt=0)
+    update_every: Duration = Field(default=3600.0, gt=0)
+    forget_after: Duration = Field(default=2 * 86_400.0, gt=0)
+    """A run with no event for this long is forgotten (its end event was lost)."""
+
+
+class WatchedRun(Episode, kw_only=True):
+    """One open run, its best metric, and its plateau as the episode."""
+
+    run_id: str
+    run: RunState
+    best: float | None = None
+    best_t: float = 0.0
+    best_step: int | None = None
+    stale: int = 0
+    """Evaluations since the best one."""
+    last_eval_t: float = -math.inf
+    last_step: int | None = None
+    last_value: float = 0.0
+    last_t: float = 0.0
+
+
+class PlateauedRunState(Episode, kw_only=True):
+    """A project's open runs (the episodes live on each run)."""
+
+    runs: dict[str, WatchedRun] = {}
+    ended: dict[str, float] = {}
+    """Run id → end time: a re-read event of an ended run changes nothing."""
+
+
+class PlateauedRun(DetectorBase):
+    type: ClassVar[str] = "plateaued_run"
+    title: ClassVar[str] = "Run no longer improving"
+    Params: ClassVar[builtins.type[PlateauedRunParams]] = PlateauedRunParams
+    State: ClassVar[builtins.type[PlateauedRunState]] = PlateauedRunState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (RunEvent,)
+    suggestion: ClassVar[str] = (
+        "Stop the run and keep its best checkpoint, and add early stopping so the next one stops itself: "
+        "PyTorch Lightning EarlyStopping(monitor=..., patience=...), Keras "
+        "callbacks.EarlyStopping(monitor=..., patience=..., restore_best_weights=True), Hugging Face "
+        "EarlyStoppingCallback(early_stopping_patience=...) with load_best_model_at_end=True."
+    )
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        metric = str(details.get("metric", ""))
+        return [("Run", f"`{details.get('run_id')}`"),
+                ("Metric", f"`{metric}` best {details.get('best', 0):.6g} at step {details.get('best_step')}, "
+                           f"{details.get('evaluations_since_best', 0)} evaluations without improvement"),
+                ("GPUs", str(details.get("gpu_count", 0)))]  # fmt: skip
+
+    def step(self, state: PlateauedRunState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        if type(event) is not RunEvent:
+            return []
+        st, ev = state, event
+        if ev.run_id in st.ended:
+            return []
+        found = self._forget_quiet(st, t, ctx.lookup)
+        w = st.runs.get(ev.run_id)
+        if w is None:
+            if len(st.runs) >= MAX_RUNS:
+                oldest = min(st.runs, key=lambda k: st.runs[k].last_t)
+                found += self._drop(st, oldest, st.runs[oldest].last_t, ctx.lookup, reason="forgotten")
+            w = st.runs[ev.run_id] = WatchedRun(run_id=ev.run_id, run=RunState(start=t))
+        follow({ev.run_id: w.run}, ev, t)  # refreshes its hosts, GPUs and tags
+        if t > w.last_t:
+            w.last_t = t
+        if ev.status not in ("started", "running"):
+            found += self._drop(st, ev.run_id, t, ctx.lookup, reason=f"run_{ev.status}")
+            st.ended[ev.run_id] = t
+            horizon = t - self.params.forget_after
+            st.ended = {k: v for k, v in st.ended.items() if v >= horizon}
+            return found
+        value = ev.metrics.get(self.params.metric) if ev.metrics else None
+        if value is not None and math.isfinite(value) and self._new_evaluation(w, ev, t):
+            found += self._evaluate(w, ev, value, t, ctx.lookup)
+        elif w.fired_at is not None and due(w, t, self.params.update_every):
+            found.append(self._finding("update", w, t, ctx.lookup))
+        return found
+
+    def open_episodes(self, state: PlateauedRunState, resource: ResourceInfo) -> list[Finding]:
+        return [self._finding("update", w, w.last_t, None) for w in state.runs.values() if w.fired_at is not None]
+
+    # -- evaluations -----------------------------------------------------------
+
+    @staticmethod
+    def _new_evaluation(w: WatchedRun, ev: RunEvent, t: float) -> bool:
+        if ev.step is not None:
+            if w.last_step is not None and ev.step <= w.last_step:
+                return False
+            w.last_step = ev.step
+        elif t <= w.last_eval_t:
+            return False
+        w.last_eval_t = t
+        return True
+
+    def _evaluate(self, w: WatchedRun, ev: RunEvent, value: float, t: float, fleet: Fleet | None) -> list[Finding]:
+        p = self.params
+        w.last_value = value
+        better = w.best is None or (value < w.best - p.min_delta if p.mode == "min" else value > w.best + p.min_delta)
+        if better:
+            found = end(w, lambda: self._finding("resolve", w, t, fleet, reason="improved")) if w.fired_at else []
+            if w.fired_at is None:
+                w.clear()
+            w.best, w.best_t, w.best_step, w.stale = value, t, ev.step, 0
+            return found
+        w.stale += 1
+        if w.fired_at is not None:
+            return [self._finding("update", w, t, fleet)] if due(w, t, p.update_every) else []
+        plateau = w.stale >= p.patience or (p.patience_for is not None and t - w.best_t >= p.patience_for)
+        if not plateau or self._hourly(w, fleet) is None:
+            return []  # not yet, or its hosts' price is not known: nothing to weigh
+        fire(w, since=w.best_t, fired_at=t, at=t)
+        return [self._finding("fire", w, t, fleet)]
+
+    # -- bookkeeping -----------------------------------------------------------
+
+    def _drop(self, st: PlateauedRunState, run_id: str, t: float, fleet: Fleet | None, reason: str) -> list[Finding]:
+        w = st.runs.pop(run_id)
+        if w.fired_at is None:
+            return []
+        return end(w, lambda: self._finding("resolve", w, max(t, w.best_t), fleet, reason=reason))
+
+    def _forget_quiet(self, st: PlateauedRunState, t: float, fleet: Fleet | None) -> list[Finding]:
+        horizon = t - self.params.forget_after
+        found: list[Finding] = []
+        for run_id in [k for k, w in st.runs.items() if w.last_t < horizon]:
+            found += self._drop(st, run_id, st.runs[run_id].last_t, fleet, reason="no_events")
+        return found
+
+    # -- money and findings ------------------------------------------------------
+
+    def _hourly(self, w: WatchedRun, fleet: Fleet | None) -> tuple[float, ResourceInfo, int] | None:
+        """(the run's share of its hosts' price per hour, the first host, its GPUs), or None when unpriced."""
+        hosts = hosts_of(w.run, fleet, self.pricing)
+        if not hosts.hosts or not hosts.gpus:
+            return None
+        hourly = sum(h.usd_per_hour or 0.0 for h in hosts.hosts) * hosts.share
+        return hourly, hosts.first, hosts.gpus
+
+    def _finding(self, action: str, w: WatchedRun, at: float, fleet: Fleet | None, **extra: object) -> Finding:
+        assert w.since is not None and w.fired_at is not None
+        priced = self._hourly(w, fleet)
+        hourly, host, gpus = priced if priced is not None else (0.0, ResourceInfo(), w.run.gpu_count)
+        run = w.run
+        tags = {**run.tags, "project": run.project or run.tags.get("project", "")}
+        res = ResourceInfo(resource_id=w.run_id, resource_type="run", account=host.account, region=host.region,
+                           instance_type=host.instance_type, state="running", tags=tags)  # fmt: skip
+        details = {
+            "run_id": w.run_id, "project": run.project, "owner": run.tags.get("owner", ""),
+            "metric": self.params.metric, "mode": self.params.mode, "best": w.best, "best_step": w.best_step,
+            "latest": w.last_value, "evaluations_since_best": w.stale, "gpu_count": gpus,
+            "resource_ids": list(run.resource_ids), "plateau_s": round(max(0.0, at - w.since), 3), **extra,
+        }  # fmt: skip
+        return make_finding(self, action, res, episode_start=w.since, fired_at=w.fired_at, at=at,
+                            usd=usd_over(hourly, max(0.0, at - w.since)), details=details, usd_per_hour=hourly)  # fmt: skip

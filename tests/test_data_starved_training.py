@@ -1,0 +1,147 @@
+"""The data_starved_training detector on crafted GPU scrapes and host gauges, fed to the engine."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from detector.engine import Engine
+from detector.events import GpuMetric, UsageEvent
+from tests.helpers import MIN, T0, at, scrape
+
+HOUR = 3600.0
+PRICE = 32.0  # p4d.24xlarge, 8 GPUs
+
+
+def host_usage(t: float, gauges: dict | None = None, state: str = "running", rid: str = "host-1") -> UsageEvent:
+    return UsageEvent(ts=at(t), resource_id=rid, resource_type="gpu_instance", instance_type="p4d.24xlarge",
+                      account="acct", region="us-east-1", state=state, interval_s=60.0,
+                      cost_usd=PRICE / 60 if state == "running" else 0.0, metrics=gauges or {},
+                      tags={"team": "nlp", "owner": "alice", "project": "llm"})  # fmt: skip
+
+
+def job(start: float, end: float, util, gauges: dict | None = None, gpus: int = 8, seed: int = 1) -> list:
+    """Scrapes every 30 s in [start, end) with ``util(rng, i)`` per scrape (a list per GPU or one
+    value for all), a usage event a minute carrying ``gauges``."""
+    rng = random.Random(seed)
+    events: list = []
+    t, i = start, 0
+    while t < end:
+        if (t - start) % MIN == 0:
+            events.append(host_usage(t, gauges))
+        value = util(rng, i)
+        events.extend(scrape(t, value if isinstance(value, list) else [value] * gpus))
+        t, i = t + 30.0, i + 1
+    return events
+
+
+def sawtooth(rng: random.Random, i: int) -> float:
+    """Data-parallel ranks waiting on their loaders together: a burst every third scrape."""
+    return rng.uniform(80, 100) if i % 3 == 0 else rng.uniform(0, 5)
+
+
+def findings(events, late: tuple = (), at_end: bool = False) -> list:
+    """The detector's findings over ``events`` in time order, then ``late`` ones; with ``at_end``,
+    the open episodes at the end of the data too."""
+    from detector.rules import load_rules
+    from tests.conftest import ROOT
+
+    engine = Engine(load_rules(ROOT / "rules"))
+    found = engine.process(sorted(events, key=lambda e: e.ts) + list(late))
+    if at_end:
+        found += engine.open_episodes()
+    return [f for f in found if f.type == "data_starved_training"]
+
+
+def test_a_sawtooth_job_fires_after_30_minutes_with_the_unused_share():
+    found = findings(job(T0, T0 + 2 * HOUR, sawtooth), at_end=True)
+    fire = found[0]
+    assert fire.action == "fire" and fire.episode_start == T0 and fire.fired_at == T0 + 30 * MIN
+    assert fire.details["evidence"] == "sawtooth" and fire.details["job_gpus"] == 8
+    # A third of the scrapes at ~90 %, two thirds at ~2.5 %: about 31.7 % used, 68.3 % of $32/h wasted.
+    assert fire.details["used_pct"] == pytest.approx(31.7, abs=2)
+    assert fire.usd_per_hour == pytest.approx(PRICE * 0.683, rel=0.05)
+    final = found[-1]  # as of the last window judged: the data's last 5 minutes are not yet one
+    assert final.at == T0 + 2 * HOUR - 5 * MIN
+    assert final.waste_usd == pytest.approx((2 * HOUR - 5 * MIN) / HOUR * PRICE * 0.683, rel=0.05)
+
+
+def test_low_utilisation_on_a_saturated_host_fires_and_names_the_gauge():
+    found = findings(job(T0, T0 + HOUR, lambda rng, i: rng.uniform(30, 40), {"cpu_util_pct": 97.0}))
+    fire = found[0]
+    assert fire.action == "fire" and fire.details["evidence"] == "host_saturated"
+    assert fire.details["host_gauge"] == "cpu_util_pct" and fire.details["host_pct"] == 97.0
+    assert fire.usd_per_hour == pytest.approx(PRICE * 0.65, rel=0.03)
+
+
+def test_a_starved_single_gpu_job_pays_for_its_gpu_only():
+    # One GPU of eight bursts and waits; the other seven idle (partly_idle_gpu's, not priced here).
+    found = findings(job(T0, T0 + HOUR, lambda rng, i: [sawtooth(rng, i)] + [0.0] * 7))
+    assert found[0].details["job_gpus"] == 1
+    assert found[0].usd_per_hour == pytest.approx(PRICE / 8 * 0.683, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        # a healthy job: GPUs fed at 70-100 % while the CPU works hard
+        job(T0, T0 + 2 * HOUR, lambda rng, i: rng.uniform(70, 100), {"cpu_util_pct": 95.0}),
+        # a genuinely small job: steadily low GPUs, a quiet host
+        job(T0, T0 + 2 * HOUR, lambda rng, i: rng.uniform(15, 35), {"cpu_util_pct": 30.0, "disk_busy_pct": 20.0}),
+        # an idle host with no run, whatever its CPU does (idle_gpu's)
+        job(T0, T0 + 2 * HOUR, lambda rng, i: rng.uniform(0, 2), {"cpu_util_pct": 99.0}),
+        # a job hung in a collective: 100 % resident all along (stuck_gpu's)
+        job(T0, T0 + 2 * HOUR, lambda rng, i: 100.0, {"cpu_util_pct": 99.0}),
+        # epochs with a 4-minute dip every 40 minutes: one edge per window at most
+        job(T0, T0 + 3 * HOUR, lambda rng, i: rng.uniform(0, 3) if i % 80 < 8 else rng.uniform(75, 100)),
+        # a sawtooth for 25 minutes only, then fed
+        job(T0, T0 + 25 * MIN, sawtooth) + job(T0 + 25 * MIN, T0 + 2 * HOUR, lambda rng, i: 90.0),
+        # one GPU busy beside seven idle ones: a flat line (partly_idle_gpu's)
+        job(T0, T0 + 2 * HOUR, lambda rng, i: [90.0] + [0.0] * 7),
+        # a saturated gauge beyond any percentage (hostile input) and low GPUs: read as nothing
+        job(T0, T0 + 2 * HOUR, lambda rng, i: 30.0, {"cpu_util_pct": 1e300}),
+    ],
+    ids=["healthy", "small-job", "idle", "hung", "epoch-dips", "short", "single-gpu-flat", "absurd-gauge"],
+)
+def test_no_alert(events):
+    assert findings(events) == []
+
+
+def test_a_telemetry_gap_restarts_the_count():
+    # 20 minutes starved, 10 minutes without samples, 20 minutes starved: never 30 in a row.
+    events = job(T0, T0 + 20 * MIN, sawtooth) + job(T0 + 30 * MIN, T0 + 50 * MIN, sawtooth, seed=2)
+    assert findings(events) == []
+
+
+def test_fed_gpus_resolve_and_a_stop_resolves():
+    found = findings(job(T0, T0 + HOUR, sawtooth) + job(T0 + HOUR, T0 + 2 * HOUR, lambda rng, i: 90.0))
+    assert found[0].action == "fire" and found[-1].action == "resolve"
+    assert found[-1].details["reason"] == "gpus_fed" and found[-1].at == T0 + HOUR  # when the fed window began
+    assert found[-1].waste_usd == pytest.approx(PRICE * 0.683, rel=0.05)
+    stopped = findings(job(T0, T0 + HOUR, sawtooth) + [host_usage(T0 + HOUR, state="stopped")])
+    assert stopped[-1].action == "resolve" and stopped[-1].details["reason"] == "instance_stopped"
+
+
+def test_re_read_and_late_samples_change_nothing():
+    events = job(T0, T0 + HOUR, sawtooth)
+    once = findings(events)
+    samples = [e for e in events if isinstance(e, GpuMetric)]
+    # every seventh sample read twice in place, then a re-read batch and a late sample after the rest
+    late = (*samples[:40], GpuMetric(ts=at(T0 + 5), resource_id="host-1", gpu_index=0, util_pct=100.0))
+    again = findings(events + samples[::7], late=late)
+    assert [(f.action, f.waste_usd) for f in again] == [(f.action, f.waste_usd) for f in once]
+
+
+def test_state_stays_small():
+    import msgspec
+
+    from detector.detectors.base import Context, ResourceInfo
+    from detector.detectors.data_starved_training import DataStarvedTraining
+
+    det = DataStarvedTraining("r", "warning", DataStarvedTraining.Params())
+    st = det.new_state()
+    ctx = Context(ResourceInfo(resource_id="host-1", state="running", usd_per_hour=PRICE, gpus=8))
+    for e in job(T0, T0 + 3 * HOUR, sawtooth):
+        det.step(st, ctx, e, e.t)
+    assert len(msgspec.json.encode(st, enc_hook=list)) < 800  # one window's per-GPU sums, no history
