@@ -11,7 +11,8 @@ compared with the alert's details instead.
 The fleets include shared Kubernetes GPU nodes (``K8S_NODES`` of them), whose labels
 are host-level episodes of some GPUs (``partly_idle_gpu``, ``unallocated_gpu``):
 scored the same way, on the node's instance id and the label's dollars (each GPU's
-share of the host over its own idle time).
+share of the host over its own idle time). They include ``TRAINING_JOBS`` training hosts
+seen through host gauges and run metrics (``data_starved_training``, ``plateaued_run``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ from detector.replay import write_replay
 from detector.rules import RuleSet
 from detector.simulate import Label, SimConfig, simulate
 
-__all__ = ["K8S_NODES", "MATCH_SLACK_S", "TypeScore", "evaluate", "match", "score"]
+__all__ = ["K8S_NODES", "MATCH_SLACK_S", "TRAINING_JOBS", "TypeScore", "evaluate", "match", "score"]
 
 K8S_NODES = 4
 """Shared Kubernetes GPU nodes in each evaluated fleet (one of each kind the simulator has)."""
+TRAINING_JOBS = 6
+"""Training hosts seen through host gauges and run metrics (:mod:`detector.simulate_training`): every
+kind of job on each over 48 hours (``data_starved_training``, ``plateaued_run`` and their look-alikes)."""
 
 
 @dataclass
@@ -133,7 +137,7 @@ def score(alerts: Iterable[Alert], labels: Iterable[Label]) -> dict[str, TypeSco
 
 def evaluate(
     ruleset: RuleSet, seeds: Sequence[int], hours: float = 48.0, messy: bool = False, k8s_nodes: int = K8S_NODES,
-    bill: bool = False,
+    bill: bool = False, training_jobs: int = TRAINING_JOBS,
 ) -> tuple[dict[str, TypeScore], list[dict]]:
     """Score the rules over one simulated fleet per seed (delivered messily: lost scrapes,
     jitter, duplicates, delays, with ``messy``); return the totals and each run's. With
@@ -145,9 +149,9 @@ def evaluate(
     with tempfile.TemporaryDirectory(prefix="burnwatch-eval-") as tmp:
         for seed in seeds:
             if messy:
-                cfg = SimConfig.messy(hours=hours, seed=seed, k8s_nodes=k8s_nodes)
+                cfg = SimConfig.messy(hours=hours, seed=seed, k8s_nodes=k8s_nodes, training_jobs=training_jobs)
             else:
-                cfg = SimConfig(hours=hours, seed=seed, k8s_nodes=k8s_nodes)
+                cfg = SimConfig(hours=hours, seed=seed, k8s_nodes=k8s_nodes, training_jobs=training_jobs)
             records, labels = simulate(cfg, ruleset.pricing)
             path = Path(tmp) / f"fleet-{seed}.jsonl"
             with open(path, "wb") as out:

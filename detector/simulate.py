@@ -113,6 +113,9 @@ class SimConfig:
     """Hours from the start before which nothing anomalous happens (the model's training span)."""
     k8s_nodes: int = 0
     """Shared Kubernetes GPU nodes (8 GPUs each, pods holding some of them); see :mod:`detector.simulate_k8s`."""
+    training_jobs: int = 0
+    """Hosts running training jobs seen through their input pipelines (host gauges) and validation
+    metrics (run events): data-starved and plateaued runs; see :mod:`detector.simulate_training`."""
 
     @classmethod
     def messy(cls, **kw: Any) -> SimConfig:
@@ -741,8 +744,15 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
         # fleet's records are byte for byte those of a fleet without these nodes.
         merged_k8s, k8s_labels = _k8s_fleet(cfg, pricing, b.end)
         merged = heapq.merge(merged, merged_k8s, key=lambda r: (r[0], r[1], r[2]))
+    training_labels: list[Label] = []
+    if cfg.training_jobs:
+        from detector.simulate_training import training_fleet  # it builds on this module's labels
+
+        merged_training, training_labels = training_fleet(cfg, pricing, b.end)  # its own random streams
+        merged = heapq.merge(merged, merged_training, key=lambda r: (r[0], r[1], r[2]))
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
-    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels,
+    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels
+                    + training_labels,
                     key=lambda label: (label.start, label.resource_id))  # fmt: skip
     return merged, labels
 

@@ -145,3 +145,28 @@ def test_state_stays_small():
     for e in job(T0, T0 + 3 * HOUR, sawtooth):
         det.step(st, ctx, e, e.t)
     assert len(msgspec.json.encode(st, enc_hook=list)) < 800  # one window's per-GPU sums, no history
+
+
+def test_one_fed_window_inside_an_episode_neither_splits_it_nor_counts():
+    # 40 minutes starved, one 5-minute window fed (a lost burst looks like this), 40 more starved.
+    events = (job(T0, T0 + 40 * MIN, sawtooth) + job(T0 + 40 * MIN, T0 + 45 * MIN, lambda rng, i: 90.0)
+              + job(T0 + 45 * MIN, T0 + 85 * MIN, sawtooth, seed=2) + job(T0 + 85 * MIN, T0 + 2 * HOUR, lambda rng, i: 90.0))
+    found = findings(events)
+    assert [f.action for f in found if f.action != "update"] == ["fire", "resolve"]
+    assert found[-1].at == T0 + 85 * MIN
+    assert found[-1].waste_usd == pytest.approx(80 / 60 * PRICE * 0.683, rel=0.05)  # the fed 5 minutes left out
+
+
+def test_clock_jitter_of_a_scrape_loses_no_time():
+    # Each scrape's stamp off by up to 2 s: a window's first sample may come 28 s after its start.
+    events = job(T0, T0 + HOUR, sawtooth) + job(T0 + HOUR, T0 + 2 * HOUR, lambda rng, i: 90.0)
+    rng = random.Random(5)
+    shift: dict = {}
+    jittered = []
+    for e in events:
+        if isinstance(e, GpuMetric):
+            d = shift.setdefault(e.ts, rng.uniform(-2, 2))
+            e = GpuMetric(ts=at(e.t + d), resource_id=e.resource_id, gpu_index=e.gpu_index, util_pct=e.util_pct)
+        jittered.append(e)
+    found = findings(jittered)
+    assert found[-1].action == "resolve" and found[-1].waste_usd == pytest.approx(PRICE * 0.683, rel=0.05)

@@ -14,7 +14,8 @@ Example rule::
         disk_above: 90%        # ...or its busiest disk, or its network link, while the GPUs are low
         network_above: 90%
         window: 5m             # samples are judged in windows of this length...
-        for: 30m               # ...and consecutive starved windows this long alert
+        for: 30m               # ...starved windows in a row this long alert...
+        fed_windows: 2         # ...and this many fed windows in a row resolve
       severity: warning
 
 "A GPU waiting on data is the most expensive idle resource you own." A job is running
@@ -49,7 +50,9 @@ Dollars are the GPU time the job pays for and does not use: per starved window, 
 price × the share of its GPUs the job holds (those that worked in the window) × (1 − their
 average utilisation). ``util_pct`` is read, or ``gr_engine_active`` when higher (the
 profiling form, the one there is under MIG). A window without samples is a telemetry gap:
-it restarts a candidate and adds nothing to an open episode.
+it restarts a candidate and adds nothing to an open episode. Two fed windows in a row
+(``fed_windows``) end an episode: dcgm-exporter loses a scrape now and then, and a lost burst
+leaves a window with one rising edge, which alone must not split an episode in two.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ class DataStarvedTrainingParams(Params):
     disk_above: Percent = 90.0
     network_above: Percent = 90.0
     window: Duration = Field(default=300.0, gt=0)
+    fed_windows: int = Field(default=2, ge=1)
+    """Fed windows in a row that end an episode: one lost burst scrape must not split it."""
     for_: Duration = Field(default=1800.0, alias="for", gt=0)
     update_every: Duration = Field(default=900.0, gt=0)
 
@@ -95,6 +100,9 @@ class DataStarvedTrainingState(Episode, kw_only=True):
     """Start of the window being gathered (a multiple of ``window``)."""
     first_t: float = 0.0
     """The window's first scrape."""
+    follows: bool = False
+    """The window directly follows one with samples (so it is covered from its start, whatever
+    a scrape's clock jitter put its first sample at)."""
     scrapes: int = 0
     edges: int = 0
     """Rising edges (a waiting scrape, then a burst) in the window."""
@@ -124,11 +132,14 @@ class DataStarvedTrainingState(Episode, kw_only=True):
     job_gpus: int = 0
     used_s: float = 0.0
     seen_s: float = 0.0
+    fed: int = 0
+    """Fed windows in a row inside the episode, the first starting at ``fed_at``."""
+    fed_at: float = 0.0
 
     def clear(self) -> None:
         super().clear()
-        self.waste_usd = self.unpriced_s = self.share_unused = self.used_s = self.seen_s = 0.0
-        self.evidence, self.job_gpus = "", 0
+        self.waste_usd = self.unpriced_s = self.share_unused = self.used_s = self.seen_s = self.fed_at = 0.0
+        self.evidence, self.job_gpus, self.fed = "", 0, 0
 
 
 
@@ -246,11 +257,14 @@ class DataStarvedTraining(DetectorBase):
         win_start, win_end = st.win, st.win + p.window
         new_win = math.floor(t / p.window) * p.window
         if st.scrapes:
-            found = self._judge(st, res, max(win_start, st.first_t), win_end)
-        if st.since is not None and st.fired_at is None and new_win > win_end:
-            st.clear()  # a whole window without a sample: telemetry lost, the count starts again
+            found = self._judge(st, res, win_start if st.follows else max(win_start, st.first_t), win_end)
+        st.follows = bool(st.scrapes) and new_win == win_end
+        if new_win > win_end:  # a whole window without a sample: telemetry lost
+            st.phase = 0
+            if st.since is not None and st.fired_at is None:
+                st.clear()  # the count starts again
         st.win = new_win
-        st.scrapes = st.edges = st.phase = st.worked = 0
+        st.scrapes = st.edges = st.worked = 0
         if st.sums is not None:
             for i in range(len(st.sums)):
                 st.sums[i] = 0.0
@@ -267,8 +281,15 @@ class DataStarvedTraining(DetectorBase):
         if not starved:
             if st.since is None:
                 return []
-            return end(st, lambda: self._finding("resolve", st, res, max(start, st.covered_until),
+            st.fed += 1
+            if st.fed == 1:
+                st.fed_at = start
+            if st.fed < p.fed_windows:
+                return []  # not counted; a second fed window in a row ends it from this one's start
+            fed_at = st.fed_at
+            return end(st, lambda: self._finding("resolve", st, res, max(fed_at, st.covered_until),
                                                  reason="gpus_fed"))  # fmt: skip
+        st.fed = 0
         if not res.billed and res.known:
             return []
         if st.since is None:
