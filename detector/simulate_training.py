@@ -13,6 +13,8 @@ its main stretch, one of:
 - **healthy** (hard negative): GPUs at 75-100 %, the CPU often busy too.
 
 Every job warms up healthy first, and a starved stretch may be followed by a healthy tail.
+No job starts unless it and the idle after it end 6 hours before the data does (an episode cut
+short by the end of the data would be neither found nor missed); the rest is one healthy job.
 Between jobs a host idles a few minutes, or (labelled ``idle_gpu``: an idle host with no run,
 sometimes with its CPU pegged by something else; a hard negative for starvation) an hour.
 
@@ -56,8 +58,9 @@ BURST = (75.0, 100.0)
 WAIT = (0.0, 6.0)
 HOSTS = [("p4d.24xlarge", 8, "A100-SXM4-40GB", 400.0), ("g5.12xlarge", 4, "A10G", 150.0),
          ("p5.48xlarge", 8, "H100-SXM5-80GB", 700.0)]  # fmt: skip
-TEAMS = [("nlp", "llm-pretrain", "alice"), ("vision", "detector-v3", "dana"), ("recsys", "ranker", "farah"),
-         ("research", "diffusion", "hiro")]  # fmt: skip
+TEAMS = [("nlp", "llm-finetune", "chen"), ("vision", "ocr", "emeka"), ("recsys", "ctr-model", "gus"),
+         ("research", "video-gen", "ines")]  # fmt: skip
+"""Projects of their own: run events are keyed by project, and the main fleet's crash loops are its projects'."""
 GAUGES = ("cpu_util_pct", "disk_busy_pct", "network_util_pct")
 
 
@@ -124,7 +127,7 @@ def _host(i: int, rng: random.Random, start: float, end: float, scrape_s: float,
         return stop
 
     t, k = start, 0
-    while t < end - 3600:
+    while t + 6 * 3600 <= end:  # a job and the idle after it take at most 5 h 40 m: none is cut short
         gpu_kind = ("saw", "healthy", "low", "small", "saw", "healthy")[(i + k) % 6]
         metric_kind = ("plateau", "slow", "noisy", "plateau")[(2 * i + k) % 4]
         run_start = t
@@ -157,7 +160,7 @@ def _host(i: int, rng: random.Random, start: float, end: float, scrape_s: float,
         else:
             t = add(t, minutes(5, 20), "idle", gauges={"cpu_util_pct": rng.uniform(3, 15)})
         k += 1
-    if t < end:  # the last hour: a healthy job to the end of the data (no episode cut short by it)
+    if t < end:  # the last hours: a healthy job to the end of the data
         run_start = t
         t = add(t, end - t, "healthy", gauges={"cpu_util_pct": rng.uniform(40, 80)})
         _run(host, Label, rng, run_start, t, "slow", f"run-{host.resource_id}-{k + 1}", scrape_s)
