@@ -270,3 +270,14 @@ def test_every_money_type_has_a_place_in_the_precedence():
     assert precedence is not None
     ranked = re.findall(r"'(\w+)'", precedence.group(1))
     assert sorted(ranked) == sorted(t for t, cls in REGISTRY.items() if cls.dollars)
+
+
+def test_a_starved_job_that_plateaued_claims_its_hours_once(store):
+    """A plateaued run (its hosts from its details, as a failed run's) on a host whose GPUs also starved
+    for the same hour: the starved share first, the plateau what is left of the bill, never more."""
+    billed(store, 1, 10.0)
+    run = {"run_id": "r1", "resource_ids": ["h1"]}
+    store.alerts.record([alert("starved", "data_starved_training", 6.0, T0, T0 + HOUR),
+                         alert("flat", "plateaued_run", 10.0, T0, T0 + HOUR, rid="r1", details=run)],
+                        version=1)  # fmt: skip
+    assert ledger(store) == pytest.approx({("starved", "waste"): 6.0, ("flat", "waste"): 4.0})

@@ -145,3 +145,13 @@ def test_metrics_and_step_go_through_the_store_and_keep_old_ids(store):
     assert event_ids(b"run", [plain]) == event_ids(b"run", [RunEvent(ts=at(T0), run_id="r1", status="started",
                                                                      metrics={}, step=None)])  # fmt: skip
     assert event_ids(b"run", [plain]) != event_ids(b"run", [ev(T0, "started", value=1.0, step=1)])
+
+
+def test_the_alert_says_the_metric_dollars_and_the_callback():
+    from detector.detectors.plateaued_run import PlateauedRun
+
+    (fire,) = [f for f in findings(evals(IMPROVING + [1.1] * 5)) if f.action == "fire"]
+    facts = dict(PlateauedRun.facts(fire.details))
+    assert facts["Metric"] == "`val_loss` best 1 at step 4000, 5 evaluations without improvement"
+    assert "EarlyStopping" in PlateauedRun.suggest(fire.details)
+    assert dict(PlateauedRun.facts({"best": None, "metric": "x"}))["Metric"].startswith("`x` best -")

@@ -159,9 +159,12 @@ class DataStarvedTraining(DetectorBase):
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
-        facts = [("GPU use", f"{details.get('used_pct', 0):.0f} % of {details.get('job_gpus', 0)} GPUs' time")]
+        used, pct = details.get("used_pct"), details.get("host_pct")
+        used_text = f"{used:.0f} %" if isinstance(used, (int, float)) else "-"
+        facts = [("GPU use", f"{used_text} of {details.get('job_gpus', 0)} GPUs' time")]
         if details.get("host_gauge"):
-            facts.append(("Host", f"{details['host_gauge']} at {details.get('host_pct', 0):.0f} %"))
+            pct_text = f"{pct:.0f} %" if isinstance(pct, (int, float)) else "-"
+            facts.append(("Host", f"{details['host_gauge']} at {pct_text}"))
         if details.get("evidence"):
             facts.append(("Evidence", str(details["evidence"])))
         return facts

@@ -103,9 +103,10 @@ class PlateauedRun(DetectorBase):
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
-        metric = str(details.get("metric", ""))
+        best = details.get("best")
+        best_text = f"{best:.6g}" if isinstance(best, (int, float)) else "-"
         return [("Run", f"`{details.get('run_id')}`"),
-                ("Metric", f"`{metric}` best {details.get('best', 0):.6g} at step {details.get('best_step')}, "
+                ("Metric", f"`{details.get('metric', '')}` best {best_text} at step {details.get('best_step')}, "
                            f"{details.get('evaluations_since_best', 0)} evaluations without improvement"),
                 ("GPUs", str(details.get("gpu_count", 0)))]  # fmt: skip
 
