@@ -141,6 +141,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cfg = SimConfig(
         hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks,
         inference_endpoints=args.inference, seed=args.seed, k8s_nodes=args.k8s_nodes,
+        training_jobs=args.training_jobs,
     )  # fmt: skip
     bootstrap = settings.kafka_bootstrap
     if args.publish and not bootstrap:
@@ -1116,6 +1117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inference", type=int, default=3)
     p.add_argument("--k8s-nodes", type=int, default=0,
                    help="shared Kubernetes GPU nodes, pods holding some of their GPUs (burnwatch eval uses 4)")
+    p.add_argument("--training-jobs", type=int, default=0,
+                   help="hosts whose jobs starve on their input or plateau, with look-alikes (burnwatch eval uses 6)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="-", help="replay file to write ('-' for stdout)")
     p.add_argument("--labels", help="write the ground-truth labels (JSON lines) here")

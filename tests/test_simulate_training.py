@@ -71,3 +71,19 @@ def test_the_shipped_rules_find_the_labels_and_nothing_else(tmp_path, ruleset):
         assert s.labels > 0 and s.found == s.labels and s.true_alerts == s.alerts, s.to_json()
         assert s.median_error is not None and s.median_error < 0.1
     assert set(scores) == {"data_starved_training", "plateaued_run", "idle_gpu"}
+
+
+def test_cli_simulate_adds_training_hosts(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out, labels = tmp_path / "fleet.jsonl", tmp_path / "labels.jsonl"
+    subprocess.run([sys.executable, "-m", "streams.cli", "simulate", "--hours", "12", "--hosts", "0", "--notebooks",
+                    "0", "--inference", "0", "--training-jobs", "2", "--out", str(out), "--labels", str(labels)],
+                   cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["key"] for r in records if r["topic"] == "gpu-metrics"} == {"train-host-000", "train-host-001"}
+    types = {json.loads(line)["type"] for line in labels.read_text().splitlines()}
+    assert {"data_starved_training", "plateaued_run"} <= types
