@@ -170,3 +170,15 @@ def test_clock_jitter_of_a_scrape_loses_no_time():
         jittered.append(e)
     found = findings(jittered)
     assert found[-1].action == "resolve" and found[-1].waste_usd == pytest.approx(PRICE * 0.683, rel=0.05)
+
+
+def test_mig_and_profiling_only_samples_are_read_by_gr_engine_active():
+    # Under MIG util_pct reads 0 and GR_ENGINE_ACTIVE carries the activity; GPU index 255 is valid.
+    events = []
+    for e in [e for e in job(T0, T0 + HOUR, sawtooth) if isinstance(e, GpuMetric)]:
+        events.append(GpuMetric(ts=e.ts, resource_id="host-1", gpu_index=255 if e.gpu_index == 7 else e.gpu_index,
+                                util_pct=0.0, gr_engine_active=e.util_pct / 100, mig_profile="1g.10gb"))  # fmt: skip
+    events += [host_usage(T0 + i * MIN) for i in range(60)]
+    fire = findings(events)[0]
+    assert fire.action == "fire" and fire.details["job_gpus"] == 8 and fire.details["gpu_count"] == 8
+    assert fire.usd_per_hour == pytest.approx(PRICE * 0.683, rel=0.05)  # 8 GPUs of the instance type's 8

@@ -115,8 +115,8 @@ class DataStarvedTrainingState(Episode, kw_only=True):
     scrape_max: float = 0.0
     scrape_mask: int = 0
     """GPUs already counted in the current scrape (a re-read sample counts once)."""
-    gpus: int = 0
-    """GPUs seen on the host (highest index + 1)."""
+    seen: int = 0
+    """Bit mask of the GPU indexes seen on the host (its GPU count when the price list has none)."""
     model: str = ""
     sat_until: float = -math.inf
     """End of the latest usage interval whose host gauges were saturated."""
@@ -173,43 +173,56 @@ class DataStarvedTraining(DetectorBase):
         return Behaviour.LEVEL if state.since is not None else Behaviour.NONE
 
     def step(self, state: DataStarvedTrainingState, ctx: Context, event: Event, t: float) -> list[Finding]:
-        st, res = state, ctx.resource
         if type(event) is UsageEvent:
-            return self._on_usage(st, res, event, t)
-        if type(event) is not GpuMetric:
-            return []
-        ev = event
+            return self._on_usage(state, ctx.resource, event, t)
+        if type(event) is GpuMetric:
+            return [f for _, f in self.step_scrape(state, ctx, [event], t)]
+        return []
+
+    def step_scrape(self, state: DataStarvedTrainingState, ctx: Context, events: list[GpuMetric],
+                    t: float) -> list[tuple[int, Finding]]:  # fmt: skip
+        """The samples of one scrape (all at ``t``) in one call: this runs for every scrape of every host.
+        What a new scrape closes (the previous scrape, perhaps a window) is the first sample's doing."""
+        st = state
         if t < st.scrape_t:
-            return []  # a late sample from a scrape already closed
+            return []  # late samples of a scrape already closed
         found: list[Finding] = []
         if t > st.scrape_t:
             self._close_scrape(st)
             if t >= st.win + self.params.window:
-                found = self._close_window(st, res, t)
+                found = self._close_window(st, ctx.resource, t)
             st.scrape_t, st.scrape_max, st.scrape_mask = t, 0.0, 0
             if st.scrapes == 0:
                 st.first_t = t
-        gpu = ev.gpu_index
-        bit = 1 << gpu
-        if st.scrape_mask & bit:
-            return found  # the same GPU again in one scrape (a re-read message)
-        st.scrape_mask |= bit
-        if gpu >= st.gpus:
-            st.gpus = gpu + 1
-        if ev.model and ev.model != st.model:
-            st.model = intern(ev.model)
-        util = min(100.0, resident(ev))
         sums = st.sums
         if sums is None:
             sums = st.sums = per_gpu()
-        if gpu >= len(sums):
-            grow(sums, gpu)
-        sums[gpu] += util
-        if util >= self.params.wait_below:
-            st.worked |= bit
-        if util > st.scrape_max:
-            st.scrape_max = util
-        return found
+        wait_below, mask, worked, top = self.params.wait_below, st.scrape_mask, st.worked, st.scrape_max
+        n, seen = len(sums), st.seen
+        for ev in events:
+            gpu = ev.gpu_index
+            bit = 1 << gpu
+            if mask & bit:
+                continue  # the same GPU again in one scrape (a re-read message)
+            mask |= bit
+            seen |= bit
+            if gpu >= n:
+                grow(sums, gpu)
+                n = len(sums)
+            util = ev.util_pct
+            gr = ev.gr_engine_active
+            if gr is not None and gr * 100 > util:
+                util = min(100.0, resident(ev))
+            sums[gpu] += util
+            if util >= wait_below:
+                worked |= bit
+            if util > top:
+                top = util
+        st.scrape_mask, st.worked, st.scrape_max, st.seen = mask, worked, top, seen
+        model = events[-1].model if events else ""
+        if model and model != st.model:
+            st.model = intern(model)
+        return [(0, f) for f in found]
 
     def open_episode(self, state: DataStarvedTrainingState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:
@@ -275,7 +288,7 @@ class DataStarvedTraining(DetectorBase):
 
     def _judge(self, st: DataStarvedTrainingState, res: ResourceInfo, start: float, win_end: float) -> list[Finding]:
         p = self.params
-        job = [i for i in range(st.gpus) if st.worked >> i & 1]
+        job = [i for i in range(len(st.sums or ())) if st.worked >> i & 1]
         sums = st.sums
         used = sum(sums[i] for i in job) / (st.scrapes * len(job) * 100.0) if job and sums is not None else 0.0
         sawtooth = st.edges >= p.min_bursts
@@ -297,7 +310,7 @@ class DataStarvedTraining(DetectorBase):
             return []
         if st.since is None:
             st.since = start
-        host_gpus = max(res.gpus, st.gpus, 1)
+        host_gpus = res.gpus or st.seen.bit_count() or 1  # the instance type's GPUs, else those seen
         share = min(1.0, len(job) / host_gpus)
         seconds = win_end - start
         st.share_unused = share * (1.0 - used)
@@ -323,7 +336,7 @@ class DataStarvedTraining(DetectorBase):
         assert st.since is not None and st.fired_at is not None
         used_pct = 100.0 * st.used_s / st.seen_s if st.seen_s else 0.0
         details: dict[str, Any] = {
-            "gpu_count": max(res.gpus, st.gpus), "gpu_model": st.model, "job_gpus": st.job_gpus,
+            "gpu_count": res.gpus or st.seen.bit_count(), "gpu_model": st.model, "job_gpus": st.job_gpus,
             "used_pct": round(used_pct, 1), "evidence": st.evidence,
             "episode_s": round(max(at, st.covered_until) - st.since, 3), **extra,
         }  # fmt: skip
