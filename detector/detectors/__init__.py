@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from detector.detectors.anomaly import Anomaly
 from detector.detectors.base import Behaviour, Context, Detector, Finding, Params, ResourceInfo
+from detector.detectors.build_or_call import BuildOrCall
 from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
@@ -22,6 +23,7 @@ from detector.detectors.unallocated_gpu import UnallocatedGpu
 from detector.detectors.untagged import Untagged
 from detector.detectors.unused_commitment import UnusedCommitment
 from detector.detectors.vector_db_growth import VectorDbGrowth
+from detector.detectors.wrong_region import WrongRegion
 
 __all__ = ["REGISTRY", "Behaviour", "Context", "Detector", "Finding", "Params", "ResourceInfo", "money_types"]
 
@@ -29,6 +31,7 @@ REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
     for cls in (IdleGpu, PartlyIdleGpu, UnallocatedGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend,
                 VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, UnusedCommitment, Anomaly)
+    + (BuildOrCall, WrongRegion)
 }
 
 
