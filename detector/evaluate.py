@@ -12,6 +12,10 @@ The fleets include shared Kubernetes GPU nodes (``K8S_NODES`` of them), whose la
 are host-level episodes of some GPUs (``partly_idle_gpu``, ``unallocated_gpu``):
 scored the same way, on the node's instance id and the label's dollars (each GPU's
 share of the host over its own idle time).
+
+They also include ``CHOICES`` sets of workloads whose cost is a choice
+(:mod:`detector.simulate_regions`: ``wrong_region``, ``build_or_call``), which bring a week
+of hourly usage from before the fleet's start.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from detector.replay import write_replay
 from detector.rules import RuleSet
 from detector.simulate import Label, SimConfig, simulate
 
-__all__ = ["K8S_NODES", "MATCH_SLACK_S", "TypeScore", "evaluate", "match", "score"]
+__all__ = ["CHOICES", "K8S_NODES", "MATCH_SLACK_S", "TypeScore", "evaluate", "match", "score"]
 
 K8S_NODES = 4
 """Shared Kubernetes GPU nodes in each evaluated fleet (one of each kind the simulator has)."""
+CHOICES = 2
+"""Sets of region and build-or-call workloads in each evaluated fleet (every kind twice)."""
 
 
 @dataclass
@@ -145,9 +151,9 @@ def evaluate(
     with tempfile.TemporaryDirectory(prefix="burnwatch-eval-") as tmp:
         for seed in seeds:
             if messy:
-                cfg = SimConfig.messy(hours=hours, seed=seed, k8s_nodes=k8s_nodes)
+                cfg = SimConfig.messy(hours=hours, seed=seed, k8s_nodes=k8s_nodes, choices=CHOICES)
             else:
-                cfg = SimConfig(hours=hours, seed=seed, k8s_nodes=k8s_nodes)
+                cfg = SimConfig(hours=hours, seed=seed, k8s_nodes=k8s_nodes, choices=CHOICES)
             records, labels = simulate(cfg, ruleset.pricing)
             path = Path(tmp) / f"fleet-{seed}.jsonl"
             with open(path, "wb") as out:

@@ -41,6 +41,10 @@ What it makes, per resource, is a timeline of segments:
   (``partly_idle_gpu``), GPUs no pod requests (``unallocated_gpu``), whole nodes
   idle (``idle_gpu``), and their hard negatives. They draw from their own random
   stream, so the rest of a fleet is the same with or without them.
+- with ``choices``, workloads whose cost is a choice (:mod:`detector.simulate_regions`):
+  GPU instances in dear regions (``wrong_region``) and models served or called at the
+  wrong volume (``build_or_call``), with a week of hourly usage before the start, and
+  their hard negatives; their own random stream too.
 
 Exporters batch like real ones: a host's GPU samples (every 30 s) go out once
 a minute as one message holding every GPU's samples; usage comes once a minute
@@ -113,6 +117,9 @@ class SimConfig:
     """Hours from the start before which nothing anomalous happens (the model's training span)."""
     k8s_nodes: int = 0
     """Shared Kubernetes GPU nodes (8 GPUs each, pods holding some of them); see :mod:`detector.simulate_k8s`."""
+    choices: int = 0
+    """Sets of workloads whose cost is a choice (region; build or call), each with a week of
+    hourly usage before ``start``; see :mod:`detector.simulate_regions`."""
 
     @classmethod
     def messy(cls, **kw: Any) -> SimConfig:
@@ -741,8 +748,13 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
         # fleet's records are byte for byte those of a fleet without these nodes.
         merged_k8s, k8s_labels = _k8s_fleet(cfg, pricing, b.end)
         merged = heapq.merge(merged, merged_k8s, key=lambda r: (r[0], r[1], r[2]))
+    choice_labels: list[Label] = []
+    if cfg.choices:
+        merged_choices, choice_labels = _choices(cfg, pricing, b.end)
+        merged = heapq.merge(merged, merged_choices, key=lambda r: (r[0], r[1], r[2]))
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
-    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels,
+    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels
+                    + choice_labels,
                     key=lambda label: (label.start, label.resource_id))  # fmt: skip
     return merged, labels
 
@@ -763,6 +775,18 @@ def _k8s_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[R
     if cfg.duplicate_p or cfg.delay_s:
         merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-k8s-delivery"))
     return merged, labels
+
+
+def _choices(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
+    """The region and build-or-call workloads' records (their own random streams) and labels."""
+    from detector import simulate_regions  # it builds on this module's labels
+
+    workloads = simulate_regions.choice_workloads(cfg.choices, cfg.seed, cfg.start, end, pricing)
+    merged: Iterator[Record] = heapq.merge(*(simulate_regions.choice_records(w) for w in workloads),
+                                           key=lambda r: (r[0], r[1], r[2]))  # fmt: skip
+    if cfg.duplicate_p or cfg.delay_s:
+        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-regions-delivery"))
+    return merged, simulate_regions.choice_labels(workloads, pricing)
 
 
 def _k8s_resource(node: Any, cfg: SimConfig, end: float) -> _Resource:

@@ -140,7 +140,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     cfg = SimConfig(
         hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks,
-        inference_endpoints=args.inference, seed=args.seed, k8s_nodes=args.k8s_nodes,
+        inference_endpoints=args.inference, seed=args.seed, k8s_nodes=args.k8s_nodes, choices=args.choices,
     )  # fmt: skip
     bootstrap = settings.kafka_bootstrap
     if args.publish and not bootstrap:
@@ -1116,6 +1116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inference", type=int, default=3)
     p.add_argument("--k8s-nodes", type=int, default=0,
                    help="shared Kubernetes GPU nodes, pods holding some of their GPUs (burnwatch eval uses 4)")
+    p.add_argument("--choices", type=int, default=0,
+                   help="sets of region and build-or-call workloads, with a week of usage before the start "
+                        "(burnwatch eval uses 2)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="-", help="replay file to write ('-' for stdout)")
     p.add_argument("--labels", help="write the ground-truth labels (JSON lines) here")
