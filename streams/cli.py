@@ -960,7 +960,15 @@ def cmd_query(args: argparse.Namespace) -> int:
             start, end = period(store, since)
             _note(f"period: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, the {args.since} before the newest "
                   "event time")  # fmt: skip
-        rows = run_report(store, args.report, since, args.team or "")
+        ruleset = None
+        if REPORTS[args.report].finish is not None:
+            from detector.rules import load_rules
+
+            try:
+                ruleset = load_rules(settings.rules_path)
+            except ValueError as exc:
+                raise SystemExit(f"{settings.rules_path}: {exc}") from None
+        rows = run_report(store, args.report, since, args.team or "", ruleset)
     finally:
         store.close()
     sys.stdout.write(format_rows(rows, args.format))

@@ -43,7 +43,6 @@ the week that passed the crossover, day by day, including the day in progress.
 from __future__ import annotations
 
 import builtins
-import math
 from typing import Any, ClassVar
 
 import msgspec
@@ -52,7 +51,8 @@ from pydantic import Field
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.events import DAY_S, Event, UsageEvent
-from detector.pricing import LlmModel, usd_over
+from detector.llm_costs import api_usd, self_host_usd
+from detector.pricing import LlmModel
 from detector.units import Duration, Percent
 
 __all__ = ["BuildOrCall", "BuildOrCallParams", "BuildOrCallState"]
@@ -110,16 +110,25 @@ class BuildOrCall(DetectorBase):
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
-        return [
+        build = details.get("direction") == "build"
+        facts = [
             ("Per 1,000 requests", f"${details.get('usd_per_1k_requests', 0):,.3f} now, "
                                    f"${details.get('alternative_usd_per_1k_requests', 0):,.3f} "
-                                   f"{'on the API' if details.get('direction') == 'call' else 'self-hosted'}"),
-            ("Traffic", f"{details.get('requests_per_h', 0):,.0f} requests/h "
-                        f"(tokens {details.get('token_source', '')})"),
-            ("Prices", f"{details.get('api_provider', '')} list price as of {details.get('api_price_as_of', '')}; "
-                       f"{details.get('self_host_instance_type', '')} at "
-                       f"{details.get('self_host_output_tokens_per_s', 0):,.0f} output tokens/s"),
-        ]  # fmt: skip
+                                   f"{'self-hosted' if build else 'on the API'}"),
+            ("Traffic", f"{details.get('requests_per_h', 0):,.0f} requests/h, "
+                        f"{details.get('input_tokens_per_request', 0):,.0f} + "
+                        f"{details.get('output_tokens_per_request', 0):,.0f} tokens each "
+                        f"({details.get('token_source', '')})"),
+            ("API price", f"{details.get('api_provider', '')} ${details.get('api_usd_per_1m_input', 0):,.2f} in, "
+                          f"${details.get('api_usd_per_1m_output', 0):,.2f} out per 1M tokens "
+                          f"(as of {details.get('api_price_as_of', '')})"),
+        ]
+        if build:
+            facts.append(("Self-hosted", f"{details.get('self_host_instances', 0)} × "
+                                         f"{details.get('self_host_instance_type', '')} serving "
+                                         f"{details.get('self_host_model', '')} at "
+                                         f"{details.get('self_host_output_tokens_per_s', 0):,.0f} output tokens/s each"))
+        return facts  # fmt: skip
 
     @classmethod
     def suggest(cls, details: dict[str, Any]) -> str:
@@ -190,22 +199,12 @@ class BuildOrCall(DetectorBase):
         return res.resource_type in self.params.api_resource_types
 
     def _alternative(self, day: DayStats, res: ResourceInfo, entry: LlmModel) -> tuple[float, int] | None:
-        """What the day would have cost the other way, and the instances it would take (0 for
-        the API); None when the price list cannot say."""
-        if not self._api(res):
-            if entry.api is None:
-                return None
-            usd = entry.api.usd(day.input_tokens, day.output_tokens)
-            return (usd, 0) if math.isfinite(usd) else None
-        host = entry.self_host
-        hourly = self.pricing.hourly(host.instance_type) if host is not None else None
-        if host is None or hourly is None:
-            return None
-        instances = day.peak_output_per_h / (host.output_tokens_per_s * HOUR_S)
-        if not math.isfinite(instances):
-            return None
-        n = max(1, math.ceil(instances))
-        return usd_over(n * hourly, day.covered_s), n
+        """What the day would have cost the other way (:mod:`detector.llm_costs`), and the
+        instances it would take (0 for the API); None when the price list cannot say."""
+        if self._api(res):
+            return self_host_usd(entry, self.pricing, day.peak_output_per_h, day.covered_s)
+        usd = api_usd(entry, day.input_tokens, day.output_tokens)
+        return None if usd is None else (usd, 0)
 
     def _saving(self, day: DayStats, res: ResourceInfo, entry: LlmModel) -> float | None:
         """The day's saving the other way (negative: this way is cheaper), or None."""
