@@ -101,7 +101,7 @@ class BuildOrCallState(Episode, kw_only=True):
 
 class BuildOrCall(DetectorBase):
     type: ClassVar[str] = "build_or_call"
-    title: ClassVar[str] = "Build or call: the other way is cheaper"
+    title: ClassVar[str] = "Model served or called the dearer way"
     Params: ClassVar[builtins.type[BuildOrCallParams]] = BuildOrCallParams
     State: ClassVar[builtins.type[BuildOrCallState]] = BuildOrCallState
     consumes: ClassVar[tuple[builtins.type, ...]] = (UsageEvent,)

@@ -5,7 +5,7 @@ Example rule::
 
     - name: wrong-region
       type: wrong_region
-      match: {resource_type: gpu_instance}
+      match: {resource_type: [gpu_instance, notebook, inference_endpoint]}
       params:
         min_running: 7d              # running this long without a stop: it will keep running
         min_saving: 10%              # the cheapest listed region is at least this much cheaper
@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
-from detector.detectors.episode import Episode, due, end, fire
+from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, UsageEvent
 from detector.pricing import HOURS_PER_MONTH
 from detector.units import Duration, Money, Percent
@@ -67,6 +67,8 @@ class WrongRegionState(Episode, kw_only=True):
     region: str = ""
     instance_type: str = ""
     storage_bytes: float | None = None
+    judged_at: float = 0.0
+    """When the move was last weighed: at most hourly, or when the reported storage changes."""
     advice: dict[str, Any] = {}
 
     def clear(self) -> None:
@@ -84,11 +86,14 @@ class WrongRegion(DetectorBase):
         "Plan a move of this workload (and its data) to the suggested region, after checking data "
         "residency, latency to its users and GPU capacity there; copy the data once, then switch."
     )
-    dollars: ClassVar[str] = "could be saved a month (net of the move)"
+    dollars: ClassVar[str] = ""
+    """A saving to come (a month's, net of the move), not money gone: the first fact says it."""
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         return [
+            ("Net saving", f"${details.get('net_monthly_usd', 0):,.0f} a month after moving "
+                           f"(${details.get('monthly_saving_usd', 0):,.0f} a month less ${details.get('move_usd', 0):,.0f} once)"),
             ("Move", f"{details.get('region')} → {details.get('suggested_region')} "
                      f"(${details.get('usd_per_hour', 0):,.3f}/h → ${details.get('suggested_usd_per_hour', 0):,.3f}/h)"),
             ("Data", f"{details.get('data_gb', 0):,.0f} GB ({details.get('data_source')}), "
@@ -106,6 +111,7 @@ class WrongRegion(DetectorBase):
         st.last_t = t
         moved = (event.region, event.instance_type) != (st.region, st.instance_type)
         st.region, st.instance_type = event.region, event.instance_type
+        stored = st.storage_bytes
         if event.storage_bytes is not None:
             st.storage_bytes = float(event.storage_bytes)
         if event.state != "running" or moved or gap:
@@ -116,15 +122,17 @@ class WrongRegion(DetectorBase):
             st.running_since = t  # an interval's ts is its start
         if t + event.interval_s - st.running_since < self.params.min_running:
             return []
+        if st.judged_at and t - st.judged_at < HOUR_S and st.storage_bytes == stored:
+            return []  # weighed within the hour, on the same data: nothing new to say
+        st.judged_at = t
         advice = self._advice(st, res)
         if advice is None:
             return end(st, lambda: self._finding("resolve", st, res, t, reason="no_cheaper_region"))
         st.advice = advice
         if st.fired_at is None:
             return [self._finding(fire(st, since=st.running_since, fired_at=t, at=t), st, res, t)]
-        if due(st, t, HOUR_S):
-            return [self._finding("update", st, res, t)]
-        return []
+        st.last_report = t
+        return [self._finding("update", st, res, t)]
 
     def open_episode(self, state: WrongRegionState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:
