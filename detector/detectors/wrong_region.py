@@ -93,7 +93,8 @@ class WrongRegion(DetectorBase):
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         return [
             ("Net saving", f"${details.get('net_monthly_usd', 0):,.0f} a month after moving "
-                           f"(${details.get('monthly_saving_usd', 0):,.0f} a month less ${details.get('move_usd', 0):,.0f} once)"),
+                           f"(${details.get('monthly_saving_usd', 0):,.0f} a month less "
+                           f"${details.get('move_usd', 0):,.0f} once)"),
             ("Move", f"{details.get('region')} → {details.get('suggested_region')} "
                      f"(${details.get('usd_per_hour', 0):,.3f}/h → ${details.get('suggested_usd_per_hour', 0):,.3f}/h)"),
             ("Data", f"{details.get('data_gb', 0):,.0f} GB ({details.get('data_source')}), "
