@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.events import DAY_S, Event, UsageEvent
 from detector.llm_costs import api_usd, self_host_usd
@@ -91,12 +91,13 @@ class BuildOrCallState(Episode, kw_only=True):
     model: str = ""
     saved_usd: float = 0.0
     """Saving of the episode's closed days."""
-    advice: dict[str, Any] = {}
+    advice: dict[str, Any] | None = None
+    """The open episode's figures (None while none is open)."""
 
     def clear(self) -> None:
         super().clear()
         self.saved_usd = 0.0
-        self.advice = {}
+        self.advice = None
 
 
 class BuildOrCall(DetectorBase):
@@ -147,7 +148,7 @@ class BuildOrCall(DetectorBase):
         st.last_t = t
         model = event.tags.get(self.params.model_tag, "")
         if model != st.model:
-            st.model, st.days = model, []
+            st.model, st.days = intern(model), []
             found = end(st, lambda: self._finding("resolve", st, res, t, reason="model_changed"))
         else:
             found = []
@@ -277,6 +278,7 @@ class BuildOrCall(DetectorBase):
             entry = self.pricing.llm_models.get(st.model)
             today = self._saving(st.days[-1], res, entry) if entry is not None else None
             usd += today or 0.0  # the day in progress, as far as it has come
-        details = {**st.advice, "episode_days": round((at - st.since) / DAY_S, 2), **extra}
+        advice = st.advice or {}
+        details = {**advice, "episode_days": round((at - st.since) / DAY_S, 2), **extra}
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=max(0.0, usd),
-                            usd_per_hour=st.advice.get("saving_usd_per_hour", 0.0), details=details)  # fmt: skip
+                            usd_per_hour=advice.get("saving_usd_per_hour", 0.0), details=details)  # fmt: skip

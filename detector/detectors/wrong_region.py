@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, UsageEvent
 from detector.pricing import HOURS_PER_MONTH
@@ -69,11 +69,12 @@ class WrongRegionState(Episode, kw_only=True):
     storage_bytes: float | None = None
     judged_at: float = 0.0
     """When the move was last weighed: at most hourly, or when the reported storage changes."""
-    advice: dict[str, Any] = {}
+    advice: dict[str, Any] | None = None
+    """The open episode's figures (None while none is open: no empty dict per resource)."""
 
     def clear(self) -> None:
         super().clear()
-        self.advice = {}
+        self.advice = None
 
 
 class WrongRegion(DetectorBase):
@@ -111,7 +112,8 @@ class WrongRegion(DetectorBase):
         gap = t - st.last_t > event.interval_s + MAX_GAP_S
         st.last_t = t
         moved = (event.region, event.instance_type) != (st.region, st.instance_type)
-        st.region, st.instance_type = event.region, event.instance_type
+        if moved:  # interned: a million resources share a few regions and types
+            st.region, st.instance_type = intern(event.region), intern(event.instance_type)
         stored = st.storage_bytes
         if event.storage_bytes is not None:
             st.storage_bytes = float(event.storage_bytes)
@@ -179,7 +181,7 @@ class WrongRegion(DetectorBase):
 
     def _finding(self, action: str, st: WrongRegionState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None
-        advice = st.advice
+        advice = st.advice or {}
         details = {**advice, "running_h": round((at - st.since) / HOUR_S, 1), **extra}
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
                             usd=advice.get("net_monthly_usd", 0.0),
