@@ -113,6 +113,9 @@ class SimConfig:
     """Hours from the start before which nothing anomalous happens (the model's training span)."""
     k8s_nodes: int = 0
     """Shared Kubernetes GPU nodes (8 GPUs each, pods holding some of them); see :mod:`detector.simulate_k8s`."""
+    serving_endpoints: int = 0
+    """Inference endpoints for the serving rules (idle schedules, batching, caching, spot
+    redundancy), the kinds in turn; see :mod:`detector.simulate_serving`."""
 
     @classmethod
     def messy(cls, **kw: Any) -> SimConfig:
@@ -741,9 +744,13 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
         # fleet's records are byte for byte those of a fleet without these nodes.
         merged_k8s, k8s_labels = _k8s_fleet(cfg, pricing, b.end)
         merged = heapq.merge(merged, merged_k8s, key=lambda r: (r[0], r[1], r[2]))
+    serving_labels: list[Label] = []
+    if cfg.serving_endpoints:
+        merged_serving, serving_labels = _serving_fleet(cfg, pricing, b.end)
+        merged = heapq.merge(merged, merged_serving, key=lambda r: (r[0], r[1], r[2]))
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
-    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels,
-                    key=lambda label: (label.start, label.resource_id))  # fmt: skip
+    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels
+                    + serving_labels, key=lambda label: (label.start, label.resource_id))  # fmt: skip
     return merged, labels
 
 
@@ -763,6 +770,21 @@ def _k8s_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[R
     if cfg.duplicate_p or cfg.delay_s:
         merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-k8s-delivery"))
     return merged, labels
+
+
+def _serving_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
+    """The serving endpoints' records and labels, from their own random streams (the rest of the
+    fleet is unchanged by their presence)."""
+    from detector import simulate_serving  # it builds on this module's labels
+
+    endpoints = simulate_serving.serving_endpoints(cfg.serving_endpoints, cfg.seed, cfg.start, end, pricing)
+    streams = [simulate_serving.serving_records(ep, max(cfg.scrape_s, 60.0), cfg.usage_flush_s,
+                                                random.Random(f"{cfg.seed}-serving-{ep.resource_id}"))
+               for ep in endpoints]  # fmt: skip
+    merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
+    if cfg.duplicate_p or cfg.delay_s:
+        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-serving-delivery"))
+    return merged, [label for ep in endpoints for label in simulate_serving.serving_labels(ep)]
 
 
 def _k8s_resource(node: Any, cfg: SimConfig, end: float) -> _Resource:
