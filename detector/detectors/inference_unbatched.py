@@ -147,7 +147,7 @@ class InferenceUnbatched(DetectorBase):
         if details.get("duplicate_share_pct") is not None:
             facts.append(("Repeats", f"{details['duplicate_share_pct']} % of requests repeat, "
                                      f"{details.get('cache_hit_pct', 0)} % served from cache"))  # fmt: skip
-        facts.append(("Estimate", f"{details.get('replicas_needed')} of {details.get('replicas')} replicas, "
+        facts.append(("Estimate", f"{details.get('replicas_needed')} of its {details.get('replicas')} replicas would do, "
                                   f"saving ${details.get('saving_usd_per_hour', 0):,.3f}/h "
                                   f"({details.get('how', '')})"))  # fmt: skip
         return facts

@@ -90,9 +90,8 @@ class SpotWithoutRedundancy(DetectorBase):
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         return [
-            ("Replicas", f"{details.get('replicas')} in {details.get('zones')} zone(s), "
-                         f"{details.get('spot_replicas')} on spot (wanted {details.get('min_replicas')} in "
-                         f"{details.get('min_zones')})"),
+            ("Replicas", f"{details.get('replicas')} in {details.get('zones')} zone(s), all on spot (the rule wants "
+                         f"at least {details.get('min_replicas')} in {details.get('min_zones')} zones)"),
             ("Fix costs", f"one more spot replica ${details.get('extra_replica_usd_per_hour', 0):,.3f}/h, or "
                           f"on-demand ${details.get('on_demand_premium_usd_per_hour', 0):,.3f}/h more"),
         ]  # fmt: skip
