@@ -90,3 +90,15 @@ def test_resolves_with_its_reason(ruleset, after, reason):
     events = endpoint(30) + endpoint(5, start=T0 + 30 * MIN, **after)
     found = findings(ruleset, events)
     assert [(f.action, f.details.get("reason")) for f in found] == [("fire", None), ("resolve", reason)]
+
+
+def test_an_unlisted_instance_type_fires_and_says_the_fix_cost_is_unknown(ruleset):
+    # No price list entry and no cost on the events: the risk stands, the fix costs are "?" (not a crash).
+    from detector.detectors import REGISTRY
+
+    events = [UsageEvent(**{**{f: getattr(e, f) for f in e.__struct_fields__}, "instance_type": "custom-gpu"})
+              for e in endpoint(20)]  # fmt: skip
+    (fire,) = findings(ruleset, events)
+    assert fire.details["extra_replica_usd_per_hour"] is None
+    facts = dict(REGISTRY["spot_without_redundancy"].facts(fire.details))
+    assert facts["Fix costs"] == "one more spot replica $?/h, or on-demand $?/h more"

@@ -39,6 +39,8 @@ without requests out of its dollars, so the two never count the same hour.
 from __future__ import annotations
 
 import builtins
+import math
+import re
 from datetime import datetime
 from typing import Any, ClassVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -49,7 +51,7 @@ from pydantic import Field, field_validator
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, due, end, fire
 from detector.events import Event, UsageEvent
-from detector.units import Duration, Money
+from detector.units import Duration, Money, figure
 
 __all__ = ["InferenceScaleToZero", "InferenceScaleToZeroParams", "InferenceScaleToZeroState", "schedule_text"]
 
@@ -60,6 +62,7 @@ COVERED_S = 50 * 60.0
 """An hour counts when the endpoint was billed for at least this much of it (a lost interval is tolerated)."""
 UNSEEN, BUSY = 0, 1
 """A slot's byte: never seen, last seen busy; ``BUSY + k``: idle in the last ``k`` weeks in a row."""
+_ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]{1,32}(/[A-Za-z0-9_+\-]{1,32}){0,2}")
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
 
@@ -135,17 +138,23 @@ class InferenceScaleToZero(DetectorBase):
         return [
             ("Idle", f"{details.get('schedule_text', '')} ({details.get('idle_hours_per_week', 0)} h a week, "
                      f"{details.get('timezone', 'UTC')})"),
-            ("Saving", f"${details.get('saving_usd_per_week', 0):,.2f}/week at "
-                       f"${details.get('usd_per_idle_hour', 0):,.3f} per idle hour"),
+            ("Saving", f"${figure(details.get('saving_usd_per_week', 0), ',.2f')}/week at "
+                       f"${figure(details.get('usd_per_idle_hour', 0), ',.3f')} per idle hour"),
         ]  # fmt: skip
 
     @classmethod
     def suggest(cls, details: dict[str, Any]) -> str:
-        text = details.get("schedule_text")
-        week = details.get("saving_usd_per_week")
-        if not text or not isinstance(week, (int, float)):
+        """The schedule in our own words: rebuilt from its hour numbers (never the stored text),
+        its zone named only when it is a plain IANA name."""
+        runs, week, zone = details.get("schedule"), details.get("saving_usd_per_week"), details.get("timezone")
+        if not isinstance(runs, list) or not runs or not isinstance(week, (int, float)) or not math.isfinite(week):
             return cls.suggestion
-        return f"Scale to zero {text} ({details.get('timezone', 'UTC')}): saves ${week:,.2f}/week. " + cls.suggestion
+        pairs = [(r[0], r[1]) for r in runs if isinstance(r, list) and len(r) == 2
+                 and all(type(x) is int and 0 <= x <= WEEK_H for x in r)]  # fmt: skip
+        if len(pairs) != len(runs):
+            return cls.suggestion
+        where = zone if isinstance(zone, str) and _ZONE_NAME.fullmatch(zone) else "UTC"
+        return f"Scale to zero {schedule_text(pairs)} ({where}): saves ${week:,.2f}/week. " + cls.suggestion
 
     def step(self, state: InferenceScaleToZeroState, ctx: Context, event: Event, t: float) -> list[Finding]:
         st, res = state, ctx.resource

@@ -67,7 +67,7 @@ from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray, grow, per_gpu
 from detector.pricing import usd_over
-from detector.units import Duration, Money, Percent
+from detector.units import Duration, Money, Percent, figure
 
 __all__ = ["InferenceUnbatched", "InferenceUnbatchedParams", "InferenceUnbatchedState", "work_left"]
 
@@ -141,14 +141,14 @@ class InferenceUnbatched(DetectorBase):
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         facts = [("Causes", ", ".join(details.get("causes", [])))]
         if details.get("batch_size") is not None:
-            facts.append(("Batching", f"{details['batch_size']:,.2f} requests per batch at "
-                                      f"{details.get('requests_per_s', 0):,.1f} req/s, SM activity "
+            facts.append(("Batching", f"{figure(details['batch_size'], ',.2f')} requests per batch at "
+                                      f"{figure(details.get('requests_per_s', 0), ',.1f')} req/s, SM activity "
                                       f"{details.get('sm_active_pct')} %"))  # fmt: skip
         if details.get("duplicate_share_pct") is not None:
             facts.append(("Repeats", f"{details['duplicate_share_pct']} % of requests repeat, "
                                      f"{details.get('cache_hit_pct', 0)} % served from cache"))  # fmt: skip
         facts.append(("Estimate", f"{details.get('replicas_needed')} of its {details.get('replicas')} replicas would do, "
-                                  f"saving ${details.get('saving_usd_per_hour', 0):,.3f}/h "
+                                  f"saving ${figure(details.get('saving_usd_per_hour', 0), ',.3f')}/h "
                                   f"({details.get('how', '')})"))  # fmt: skip
         return facts
 

@@ -41,7 +41,7 @@ from pydantic import Field
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, advance, end
 from detector.events import Event, UsageEvent
-from detector.units import Duration
+from detector.units import Duration, figure
 
 __all__ = ["SPOT_LABELS", "SpotWithoutRedundancy", "SpotWithoutRedundancyParams", "SpotWithoutRedundancyState"]
 
@@ -92,8 +92,8 @@ class SpotWithoutRedundancy(DetectorBase):
         return [
             ("Replicas", f"{details.get('replicas')} in {details.get('zones')} zone(s), all on spot (the rule wants "
                          f"at least {details.get('min_replicas')} in {details.get('min_zones')} zones)"),
-            ("Fix costs", f"one more spot replica ${details.get('extra_replica_usd_per_hour', 0):,.3f}/h, or "
-                          f"on-demand ${details.get('on_demand_premium_usd_per_hour', 0):,.3f}/h more"),
+            ("Fix costs", f"one more spot replica ${figure(details.get('extra_replica_usd_per_hour', 0), ',.3f')}/h, or "
+                          f"on-demand ${figure(details.get('on_demand_premium_usd_per_hour', 0), ',.3f')}/h more"),
         ]  # fmt: skip
 
     def step(self, state: SpotWithoutRedundancyState, ctx: Context, event: Event, t: float) -> list[Finding]:
