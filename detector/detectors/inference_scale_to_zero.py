@@ -19,7 +19,7 @@ minutes), every interval reported its ``requests``, and they add up to at most
 in a row it was idle; the *schedule* is the hours idle in every week seen (``learn`` / 7 d
 weeks, at least one) that lie in runs of at least ``min_idle_run``, so "scale to zero
 20:00-07:00 and at weekends" is what a week of nights and weekends teaches, and a single
-quiet hour is not. An hour not billed (the endpoint already scales down) or without request
+quiet hour is not (a ``learn`` under a week schedules only the hours of the week it saw). An hour not billed (the endpoint already scales down) or without request
 counts is never idle.
 
 Why these defaults: KServe/Knative, SageMaker serverless and async endpoints and KEDA
@@ -51,6 +51,7 @@ from pydantic import Field, field_validator
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, due, end, fire
 from detector.events import Event, UsageEvent
+from detector.pricing import Pricing
 from detector.units import Duration, Money, figure
 
 __all__ = ["InferenceScaleToZero", "InferenceScaleToZeroParams", "InferenceScaleToZeroState", "schedule_text"]
@@ -126,10 +127,9 @@ class InferenceScaleToZero(DetectorBase):
     )
     dollars: ClassVar[str] = "spent on idle hours"
 
-    def __init__(self, name: str, severity: str, params: Any, pricing: Any = None) -> None:
+    def __init__(self, name: str, severity: str, params: Any, pricing: Pricing | None = None) -> None:
         super().__init__(name, severity, params, pricing)
-        zone = ZoneInfo(self.params.timezone)
-        self._zone = zone
+        self._zone = ZoneInfo(self.params.timezone)
         self._min_run_h = int(self.params.min_idle_run // HOUR_S)
         self._weeks = max(1, int(self.params.learn // WEEK_S))
 
