@@ -19,8 +19,9 @@ minutes), every interval reported its ``requests``, and they add up to at most
 in a row it was idle; the *schedule* is the hours idle in every week seen (``learn`` / 7 d
 weeks, at least one) that lie in runs of at least ``min_idle_run``, so "scale to zero
 20:00-07:00 and at weekends" is what a week of nights and weekends teaches, and a single
-quiet hour is not (a ``learn`` under a week schedules only the hours of the week it saw). An hour not billed (the endpoint already scales down) or without request
-counts is never idle.
+quiet hour is not (a ``learn`` under a week schedules only the hours of the week it saw).
+An hour not billed (the endpoint already scales down) or without request counts is never
+idle.
 
 Why these defaults: KServe/Knative, SageMaker serverless and async endpoints and KEDA
 scale to zero with a cold start of seconds to a few minutes for a model load; a run of
