@@ -4,7 +4,8 @@ against only the keys saved within the eviction horizon (the rest read when they
     .venv/bin/python bench/assignment.py [--keys 100000] [--live 1000] [--snapshot-bytes 3500]
 
 In-process, on a fresh embedded ClickHouse in a temporary folder; tracemalloc measures what
-the loaded dict holds. Prints one line per way of loading and the time of one key's read.
+the loaded dict holds. Prints one line per way of loading, the time of one key's read, and
+of reading a batch's quiet keys together (``States.get_many``, what the worker does before a batch).
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def main() -> int:
         for k in range(n):
             store.states.get(f"key-{k * 97 % args.keys:07d}")
         print(f"one quiet key read when it speaks: {(time.monotonic() - started) / n * 1000:.1f} ms")
+        for n in (10, 100, 1_000, 10_000):
+            keys = [f"key-{k * 97 % args.keys:07d}" for k in range(n)]
+            started = time.monotonic()
+            found = store.states.get_many(keys)
+            took = time.monotonic() - started
+            assert len(found) == len(set(keys))
+            print(f"{n:,} quiet keys read together before their batch: {took * 1000:.0f} ms "
+                  f"({took / n * 1000:.2f} ms a key)")
     return 0
 
 

@@ -173,6 +173,9 @@ class Engine:
         """The store's look-up of one key's saved state: how an evicted key comes back."""
         self._evicted: dict[str, float] = {}
         """Keys evicted (saved in the store, not in memory) → their time, for their TTL expiry."""
+        self._read_ahead: dict[str, bytes | None] = {}
+        """Saved states of evicted keys read together before a batch (:meth:`read_ahead`; None: not
+        in the store), taken by the keys' first event instead of one look-up each."""
         self._leaving: dict[str, bytes] = {}
         """Snapshots of the keys evicted by the latest :meth:`expire`, kept until the next one: the
         write of their last batch may still be in flight when they speak again."""
@@ -544,6 +547,7 @@ class Engine:
         self._restored_t.pop(key, None)
         self._evicted.pop(key, None)
         self._leaving.pop(key, None)
+        self._read_ahead.pop(key, None)
         self.dirty.discard(key)
 
     def forget_all(self) -> None:
@@ -551,6 +555,7 @@ class Engine:
         self._restored_t.clear()
         self._evicted.clear()
         self._leaving.clear()
+        self._read_ahead = {}
         self.dirty.clear()
         self._ahead.clear()
 
@@ -589,12 +594,27 @@ class Engine:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
         return state
 
+    def unread(self, keys: Iterable[str]) -> list[str]:
+        """The keys among ``keys`` whose first event would read their state from the store, one
+        look-up each: evicted, and not still held as just left (:meth:`evict`). The worker reads
+        them together, off the event loop, and hands them over with :meth:`read_ahead`."""
+        if not self._evicted or self._fetch is None:
+            return []
+        evicted, leaving = self._evicted, self._leaving
+        return [key for key in keys if key in evicted and key not in leaving]
+
+    def read_ahead(self, snapshots: dict[str, bytes | None]) -> None:
+        """The saved states of keys :meth:`unread` named (None: the store has none), for their
+        first event to take instead of a look-up; replaces what an earlier batch left untaken."""
+        self._read_ahead = snapshots
+
     def _load(self, key: str) -> KeyState:
         if key in self._evicted and self._fetch is not None:
             del self._evicted[key]
             data = self._leaving.pop(key, None)
             if data is None:
-                data = self._fetch(key)
+                ahead = self._read_ahead
+                data = ahead.pop(key) if key in ahead else self._fetch(key)
             if data is not None:
                 return self.restore(key, data, restart=False)
             log.error("evicted_state_missing", key=key, note="not in the store: the key starts afresh")

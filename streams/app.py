@@ -98,6 +98,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         send_dead_letter=dead_letter_sender(app, settings),
         caught_up=caught_up(app),
         end_positions=end_positions(app),
+        saved_states=assigned_states,
         config=config,
         generation=lambda: app.consumer_generation_id,
         flow=flow_control(app),

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -35,10 +35,11 @@ from detector.alerts import Alert, AlertManager
 from detector.align import EventTimeAligner
 from detector.delivery import Outbox
 from detector.engine import Engine
-from detector.events import Event, InvalidMessage
+from detector.events import Event, InvalidMessage, RunEvent
 from detector.metrics import METRICS
 from detector.outputs.outbox import OutputOutbox
 from detector.store import EventBatch, Store
+from detector.store.states import States
 from detector.units import one_line
 from streams.acks import InOrderAcks
 from streams.config import Config, LiveConfig
@@ -71,6 +72,8 @@ class Message(msgspec.Struct):
 
 
 _LOOKUP_TIMEOUT_S = 30.0
+_A = TypeVar("_A")
+_R = TypeVar("_R")
 """How long the replay look-up may take before it counts as failed (and is retried)."""
 
 
@@ -91,6 +94,8 @@ class Stats:
     """Events released by the aligner to the detectors."""
     replayed: int = 0
     """Events read again that the loaded state already held: not detected twice."""
+    read_ahead: int = 0
+    """Quiet keys whose saved state was read back before their batch, together."""
     dead_letters: int = 0
     alerts_fired: int = 0
     alerts_resolved: int = 0
@@ -146,6 +151,8 @@ class _Step:
     replayed: int = 0
     """Events read again after a restart or a handover that the loaded state already holds:
     stored (a no-op, by content) but not detected twice."""
+    read_ahead: int = 0
+    """Keys whose saved state was read before detection, together (:meth:`Pipeline._read_ahead`)."""
     stale: int = 0
     """Messages fetched before the last rebalance: left alone (read again from the committed offset)."""
     started: float = field(default_factory=time.perf_counter)
@@ -174,8 +181,12 @@ class Pipeline:
         flow: Callable[[list[TP], list[TP]], None] | None = None,
         max_held_per_partition: int = 2000,
         outputs: OutputOutbox | None = None,
+        saved_states: dict[str, bytes | None] | None = None,
     ) -> None:
         self.engine = engine
+        self.saved_states = saved_states if saved_states is not None else {}
+        """The states loaded at assignment that no key has taken yet (:meth:`States.load`): those
+        loaded without their bytes are read before the batch that needs them (:meth:`_read_ahead`)."""
         self.store = store
         self.outbox = outbox
         self.outputs = outputs
@@ -242,6 +253,7 @@ class Pipeline:
                     continue  # paused (a revocation) while this batch waited for its turn
                 self._ack = ack
                 step = self._read(messages)
+                await self._read_ahead(step)
                 replays = self._maybe_replayed(step)
                 self._detect(step, await self._already_held(replays) if replays else set())
                 await self.drain()
@@ -416,26 +428,51 @@ class Pipeline:
         seen = self.engine.already_seen
         return [e for _, decoded in step.stored for e in decoded if seen(e.ts.timestamp(), e)]
 
+    async def _read_ahead(self, step: _Step) -> None:
+        """Read in one query, off the event loop, the saved states the batch's keys will need
+        from the store: keys evicted while quiet, and keys loaded at assignment without their
+        bytes. Otherwise each would be one look-up on the event loop at its first event (after
+        an outage, thousands of keys waking in one batch)."""
+        engine, saved = self.engine, self.saved_states
+        if not (engine.evicted or saved) or not step.stored:
+            return
+        keys = {event.key for _, decoded in step.stored for event in decoded}
+        for _, decoded in step.stored:  # a run's hosts are looked up by its detectors
+            keys.update(rid for event in decoded if type(event) is RunEvent for rid in event.resource_ids)
+        evicted, lazy = engine.unread(keys), States.unread(saved, keys)
+        if not evicted and not lazy:
+            return
+        found = await self._ask_store(self.store.states.get_many, evicted + lazy, "state read",
+                                      "reading quiet keys' saved states; retrying")  # fmt: skip
+        engine.read_ahead({key: found.get(key) for key in evicted})
+        States.fill(saved, lazy, found)
+        step.read_ahead = len(evicted) + len(lazy)
+
     async def _already_held(self, events: list[Event]) -> set[int]:
-        """The ``id()`` of each of these events the store holds, asked off the event loop. A store
-        that cannot answer stalls the batch as a failed write does (retried with backoff,
-        /healthz says stalled), until it answers or the worker stops (:class:`PipelineStopped`)."""
+        """The ``id()`` of each of these events the store holds, asked off the event loop."""
+        stored = await self._ask_store(self.store.events.stored, events, "replay check",
+                                       "looking up events read again; retrying")  # fmt: skip
+        return {id(event) for event, held in zip(events, stored, strict=True) if held}
+
+    async def _ask_store(self, look_up: Callable[[_A], _R], arg: _A, what: str, note: str) -> _R:
+        """``look_up(arg)`` off the event loop. A store that cannot answer stalls the batch as a
+        failed write does (retried with backoff, /healthz says stalled), until it answers or the
+        worker stops (:class:`PipelineStopped`)."""
         backoff = 0.5
         loop = asyncio.get_running_loop()
         while True:
             try:  # bounded: a look-up that hangs must not hold the batch lock through a revocation
-                stored = await asyncio.wait_for(loop.run_in_executor(None, self.store.events.stored, events),
-                                                _LOOKUP_TIMEOUT_S)  # fmt: skip
+                answer = await asyncio.wait_for(loop.run_in_executor(None, look_up, arg), _LOOKUP_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
                 if self._stopping.is_set():
                     raise PipelineStopped from exc
                 error = one_line(exc) or type(exc).__name__
-                self._store_stalled(error, f"replay check: {error}", note="looking up events read again; retrying")
+                self._store_stalled(error, f"{what}: {error}", note=note)
                 await self._wait_or_stop(backoff)
                 backoff = min(backoff * 2, self._retry_max_s)
                 continue
             self._store_available()
-            return {id(event) for event, held in zip(events, stored, strict=True) if held}
+            return answer
 
     def _store_stalled(self, error: str, reason: str, note: str) -> None:
         """The store took no write or answered no look-up: /healthz and the stall exit apply
@@ -529,6 +566,7 @@ class Pipeline:
             stats.events -= sum(len(events) for message, events in step.stored if id(message) in refused)
         stats.detected += step.detected
         stats.replayed += step.replayed
+        stats.read_ahead += step.read_ahead
         stats.dead_letters += len(step.dead) + len(step.refused)
         for alert in step.alerts:
             METRICS.alerts.labels(alert.type, alert.change).inc()

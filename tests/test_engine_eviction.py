@@ -64,6 +64,40 @@ def test_an_evicted_key_comes_back_from_the_store_with_the_same_alerts(ruleset, 
     assert found == whole
 
 
+def test_evicted_keys_read_ahead_of_their_batch_give_the_same_alerts_without_a_look_up_each(ruleset, store):
+    """The worker reads the batch's evicted keys together before detection (``unread``,
+    ``read_ahead``): the key takes what was read, no one-by-one fetch, and the alerts are the
+    ones of a key that never left memory. A key the store has no state for starts afresh."""
+    events, kept = _fleet(), Engine(ruleset)
+    whole = [_key(f) for batch in _batches(events) for f in kept.process(batch)]
+    assert any(a == "resolve" and k == HOST for a, _, k, *_ in whole)
+
+    def fetch(key: str) -> bytes | None:
+        raise AssertionError(f"{key} was looked up alone")
+
+    engine = Engine(ruleset, evict_after_s=15 * MIN, fetch=fetch)
+    found, read = [], []
+    for version, batch in enumerate(_batches(events), start=1):
+        unread = engine.unread({e.resource_id for e in batch})
+        if unread:
+            read += unread
+            engine.read_ahead({key: store.states.get_many(unread).get(key) for key in unread})
+        found += [_key(f) for f in engine.process(batch)]
+        store.states.save([(key, 0, engine.snapshot(key)) for key in engine.dirty], version=version)
+        engine.dirty.clear()
+        engine.expire()
+    assert read == [HOST] and found == whole
+    assert engine.unread([HOST, "host-2"]) == []  # held in memory, or not evicted: nothing to read
+    engine.watermark += 3600.0  # the rest go quiet in the end, leaving memory
+    engine.expire()
+    assert engine.unread(["host-2", "host-3"]) == []  # their snapshots just taken are still held
+    engine.expire()  # the next round: those are written long since, and now only in the store
+    assert sorted(engine.unread(["host-2", "host-3", "nobody"])) == ["host-2", "host-3"]
+    engine.read_ahead({"host-2": None, "host-3": store.states.get("host-3")})
+    assert engine.resource("host-3") is not None and engine.resource("host-3").instance_type
+    assert engine.resource("host-2") is None  # no saved state: afresh, as the look-up would give
+
+
 def test_the_store_gives_one_keys_newest_state_and_none_once_deleted(store):
     store.states.save([("k1", 0, b"v1"), ("k2", 1, b"x")], version=1)
     store.states.save([("k1", 0, b"v2")], version=2)

@@ -97,7 +97,7 @@ def started(store, ruleset, behind: dict[str, bool]) -> Pipeline:
     return Pipeline(
         engine=engine, store=store, outbox=Outbox(store, None), manager=AlertManager(),
         send_dead_letter=lambda key, value: asyncio.sleep(0),
-        caught_up=lambda topic, p, offset: not behind.get(topic, False),
+        caught_up=lambda topic, p, offset: not behind.get(topic, False), saved_states=states,
     )  # fmt: skip
 
 
@@ -363,3 +363,30 @@ def test_a_kind_held_behind_another_is_detected_after_a_restart(store, ruleset):
     second, acked = started(store, ruleset, behind), []
     run_batches(second, [again], acked)
     assert first.stats.detected + second.stats.detected == 20 + 6  # every event once
+
+
+def test_keys_loaded_without_their_bytes_are_read_together_before_their_batch(store, ruleset, monkeypatch):
+    """After a restart every key saved long ago is loaded as its name only (``started``). A
+    batch naming five of them reads their states in one query before detection, not one
+    look-up each on the event loop at their first event; detection goes on from what was saved
+    (the idle episodes the first worker opened are resolved by the second)."""
+    hosts = [f"h{i}" for i in range(5)]
+    idle = [usage_message(i, T0, host) for i, host in enumerate(hosts)]
+    idle += [gpu_message(len(idle) + m * 5 + i, T0 + m * MIN, 1.0, host) for m in range(45) for i, host in enumerate(hosts)]
+    later = [gpu_message(len(idle) + i, T0 + (45 + i) * MIN, 90.0, "other") for i in range(3)]
+    first = started(store, ruleset, {})
+    run_batches(first, [idle, later], [])  # the newest save has "other" alone: the five are loaded lazily
+    assert {a["resource_id"] for a in store.alerts.latest() if a["resolved_at"] is None} == set(hosts)
+
+    second = started(store, ruleset, {})
+    one_by_one: list[str] = []
+    together: list[list[str]] = []
+    get, get_many = store.states.get, store.states.get_many
+    monkeypatch.setattr(store.states, "get", lambda key: one_by_one.append(key) or get(key))
+    monkeypatch.setattr(store.states, "get_many", lambda keys: together.append(list(keys)) or get_many(keys))
+    busy = [gpu_message(len(idle) + len(later) + m * 5 + i, T0 + (45 + m) * MIN, 90.0, host)
+            for m in range(10) for i, host in enumerate(hosts)]  # fmt: skip
+    run_batches(second, [busy], [])
+    assert one_by_one == [] and len(together) == 1 and sorted(together[0]) == hosts
+    assert second.stats.read_ahead == 5 and second.saved_states.keys() == {"other"}
+    assert all(a["resolved_at"] is not None for a in store.alerts.latest())

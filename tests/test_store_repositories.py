@@ -167,6 +167,36 @@ def test_states_saved_long_ago_are_loaded_without_their_bytes_and_read_when_they
     assert store.states.load([1], saved_within_s=60) == {"a": b"a", "b": b"b", "c": None}
 
 
+def test_states_of_many_keys_are_read_together_newest_first_and_tombstones_absent(store: Store, monkeypatch):
+    """``get_many`` answers what ``get`` answers for each key, in queries of at most
+    ``GET_MANY_CHUNK`` keys (here 2, so five keys take three queries)."""
+    from detector.store import states as states_module
+
+    monkeypatch.setattr(states_module, "GET_MANY_CHUNK", 2)
+    store.states.save([("k1", 0, b"v1"), ("k2", 1, b"x"), ("k3", 2, b"y"), ("k4", 0, b"z")], version=1)
+    store.states.save([("k1", 0, b"v2")], version=2)
+    store.states.delete(["k2"])
+    keys = ["k1", "k2", "k3", "never", "k4"]
+    queries: list[str] = []
+    query = store.client.query
+    monkeypatch.setattr(store.client, "query", lambda sql, **kw: queries.append(sql) or query(sql, **kw))
+    found = store.states.get_many(keys)
+    assert len(queries) == 3  # three chunks
+    assert found == {"k1": b"v2", "k3": b"y", "k4": b"z"}
+    assert found == {k: v for k in keys if (v := store.states.get(k)) is not None}
+    assert store.states.get_many([]) == {}
+
+
+def test_keys_loaded_without_their_bytes_are_filled_from_one_read(store: Store):
+    """What the worker does before a batch: the keys it names that were loaded without bytes
+    are read together; one deleted meanwhile leaves the loaded set, as ``take`` would find it."""
+    loaded: dict[str, bytes | None] = {"quiet": None, "gone": None, "live": b"held"}
+    assert store.states.unread(loaded, ["quiet", "gone", "live", "unknown"]) == ["quiet", "gone"]
+    store.states.fill(loaded, ["quiet", "gone"], {"quiet": b"read"})
+    assert loaded == {"quiet": b"read", "live": b"held"}
+    assert store.states.unread(loaded, ["quiet", "gone", "live"]) == []
+
+
 def test_digests_remember_the_last_day_sent(store: Store):
     assert store.digests.last_day() is None
     store.digests.record(T0, "", "")
