@@ -11,7 +11,10 @@ compared with the alert's details instead.
 The fleets include shared Kubernetes GPU nodes (``K8S_NODES`` of them), whose labels
 are host-level episodes of some GPUs (``partly_idle_gpu``, ``unallocated_gpu``):
 scored the same way, on the node's instance id and the label's dollars (each GPU's
-share of the host over its own idle time).
+share of the host over its own idle time). They also include ``SERVING_ENDPOINTS``
+inference endpoints for the serving rules (:mod:`detector.simulate_serving`: idle
+schedules with a week of history before the fleet's start, batching, caching, spot
+redundancy), each kind twice, hard negatives included.
 
 They also include ``CHOICES`` sets of workloads whose cost is a choice
 (:mod:`detector.simulate_regions`: ``wrong_region``, ``build_or_call``), which bring a week
@@ -33,12 +36,14 @@ from detector.replay import write_replay
 from detector.rules import RuleSet
 from detector.simulate import Label, SimConfig, simulate
 
-__all__ = ["CHOICES", "K8S_NODES", "MATCH_SLACK_S", "TypeScore", "evaluate", "match", "score"]
+__all__ = ["CHOICES", "K8S_NODES", "MATCH_SLACK_S", "SERVING_ENDPOINTS", "TypeScore", "evaluate", "match", "score"]
 
 K8S_NODES = 4
 """Shared Kubernetes GPU nodes in each evaluated fleet (one of each kind the simulator has)."""
 CHOICES = 2
 """Sets of region and build-or-call workloads in each evaluated fleet (every kind twice)."""
+SERVING_ENDPOINTS = 20
+"""Serving endpoints in each evaluated fleet (two of each kind :mod:`detector.simulate_serving` has)."""
 
 
 @dataclass
@@ -139,7 +144,7 @@ def score(alerts: Iterable[Alert], labels: Iterable[Label]) -> dict[str, TypeSco
 
 def evaluate(
     ruleset: RuleSet, seeds: Sequence[int], hours: float = 48.0, messy: bool = False, k8s_nodes: int = K8S_NODES,
-    bill: bool = False,
+    bill: bool = False, serving_endpoints: int = SERVING_ENDPOINTS, choices: int = CHOICES,
 ) -> tuple[dict[str, TypeScore], list[dict]]:
     """Score the rules over one simulated fleet per seed (delivered messily: lost scrapes,
     jitter, duplicates, delays, with ``messy``); return the totals and each run's. With
@@ -150,10 +155,8 @@ def evaluate(
     runs = []
     with tempfile.TemporaryDirectory(prefix="burnwatch-eval-") as tmp:
         for seed in seeds:
-            if messy:
-                cfg = SimConfig.messy(hours=hours, seed=seed, k8s_nodes=k8s_nodes, choices=CHOICES)
-            else:
-                cfg = SimConfig(hours=hours, seed=seed, k8s_nodes=k8s_nodes, choices=CHOICES)
+            fleet = SimConfig.messy if messy else SimConfig
+            cfg = fleet(hours=hours, seed=seed, k8s_nodes=k8s_nodes, serving_endpoints=serving_endpoints, choices=choices)
             records, labels = simulate(cfg, ruleset.pricing)
             path = Path(tmp) / f"fleet-{seed}.jsonl"
             with open(path, "wb") as out:

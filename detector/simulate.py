@@ -120,6 +120,9 @@ class SimConfig:
     choices: int = 0
     """Sets of workloads whose cost is a choice (region; build or call), each with a week of
     hourly usage before ``start``; see :mod:`detector.simulate_regions`."""
+    serving_endpoints: int = 0
+    """Inference endpoints for the serving rules (idle schedules, batching, caching, spot
+    redundancy), the kinds in turn; see :mod:`detector.simulate_serving`."""
 
     @classmethod
     def messy(cls, **kw: Any) -> SimConfig:
@@ -752,10 +755,13 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
     if cfg.choices:
         merged_choices, choice_labels = _choices(cfg, pricing, b.end)
         merged = heapq.merge(merged, merged_choices, key=lambda r: (r[0], r[1], r[2]))
+    serving_labels: list[Label] = []
+    if cfg.serving_endpoints:
+        merged_serving, serving_labels = _serving_fleet(cfg, pricing, b.end)
+        merged = heapq.merge(merged, merged_serving, key=lambda r: (r[0], r[1], r[2]))
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
     labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels
-                    + choice_labels,
-                    key=lambda label: (label.start, label.resource_id))  # fmt: skip
+                    + choice_labels + serving_labels, key=lambda label: (label.start, label.resource_id))  # fmt: skip
     return merged, labels
 
 
@@ -787,6 +793,21 @@ def _choices(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Rec
     if cfg.duplicate_p or cfg.delay_s:
         merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-regions-delivery"))
     return merged, simulate_regions.choice_labels(workloads, pricing)
+
+
+def _serving_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
+    """The serving endpoints' records and labels, from their own random streams (the rest of the
+    fleet is unchanged by their presence)."""
+    from detector import simulate_serving  # it builds on this module's labels
+
+    endpoints = simulate_serving.serving_endpoints(cfg.serving_endpoints, cfg.seed, cfg.start, end, pricing)
+    streams = [simulate_serving.serving_records(ep, max(cfg.scrape_s, 60.0), cfg.usage_flush_s,
+                                                random.Random(f"{cfg.seed}-serving-{ep.resource_id}"))
+               for ep in endpoints]  # fmt: skip
+    merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
+    if cfg.duplicate_p or cfg.delay_s:
+        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-serving-delivery"))
+    return merged, [label for ep in endpoints for label in simulate_serving.serving_labels(ep)]
 
 
 def _k8s_resource(node: Any, cfg: SimConfig, end: float) -> _Resource:

@@ -141,6 +141,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cfg = SimConfig(
         hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks,
         inference_endpoints=args.inference, seed=args.seed, k8s_nodes=args.k8s_nodes, choices=args.choices,
+        serving_endpoints=args.serving,
     )  # fmt: skip
     bootstrap = settings.kafka_bootstrap
     if args.publish and not bootstrap:
@@ -1127,6 +1128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--choices", type=int, default=0,
                    help="sets of region and build-or-call workloads, with a week of usage before the start "
                         "(burnwatch eval uses 2)")
+    p.add_argument("--serving", type=int, default=0,
+                   help="inference endpoints for the serving rules: idle schedules, batching, caching, spot "
+                        "(burnwatch eval uses 20)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="-", help="replay file to write ('-' for stdout)")
     p.add_argument("--labels", help="write the ground-truth labels (JSON lines) here")

@@ -14,8 +14,11 @@ from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
 from detector.detectors.inference_overprovisioned import InferenceOverprovisioned
+from detector.detectors.inference_scale_to_zero import InferenceScaleToZero
+from detector.detectors.inference_unbatched import InferenceUnbatched
 from detector.detectors.partly_idle_gpu import PartlyIdleGpu
 from detector.detectors.spot_eligible import SpotEligible
+from detector.detectors.spot_without_redundancy import SpotWithoutRedundancy
 from detector.detectors.storage_growth import StorageGrowth
 from detector.detectors.stuck_gpu import StuckGpu
 from detector.detectors.telemetry_stale import TelemetryStale
@@ -30,8 +33,8 @@ __all__ = ["REGISTRY", "Behaviour", "Context", "Detector", "Finding", "Params", 
 REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
     for cls in (IdleGpu, PartlyIdleGpu, UnallocatedGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend,
-                VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, UnusedCommitment, Anomaly)
-    + (BuildOrCall, WrongRegion)
+                VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, UnusedCommitment, Anomaly,
+                InferenceScaleToZero, InferenceUnbatched, SpotWithoutRedundancy, BuildOrCall, WrongRegion)
 }
 
 
