@@ -11,8 +11,17 @@ compared with the alert's details instead.
 The fleets include shared Kubernetes GPU nodes (``K8S_NODES`` of them), whose labels
 are host-level episodes of some GPUs (``partly_idle_gpu``, ``unallocated_gpu``):
 scored the same way, on the node's instance id and the label's dollars (each GPU's
-share of the host over its own idle time). They include ``TRAINING_JOBS`` training hosts
-seen through host gauges and run metrics (``data_starved_training``, ``plateaued_run``).
+share of the host over its own idle time). They also include ``SERVING_ENDPOINTS``
+inference endpoints for the serving rules (:mod:`detector.simulate_serving`: idle
+schedules with a week of history before the fleet's start, batching, caching, spot
+redundancy), each kind twice, hard negatives included.
+
+They also include ``CHOICES`` sets of workloads whose cost is a choice
+(:mod:`detector.simulate_regions`: ``wrong_region``, ``build_or_call``), which bring a week
+of hourly usage from before the fleet's start.
+
+They also include ``TRAINING_JOBS`` training hosts seen through host gauges and run metrics
+(:mod:`detector.simulate_training`: ``data_starved_training``, ``plateaued_run``).
 """
 
 from __future__ import annotations
@@ -30,10 +39,15 @@ from detector.replay import write_replay
 from detector.rules import RuleSet
 from detector.simulate import Label, SimConfig, simulate
 
-__all__ = ["K8S_NODES", "MATCH_SLACK_S", "TRAINING_JOBS", "TypeScore", "evaluate", "match", "score"]
+__all__ = ["CHOICES", "K8S_NODES", "MATCH_SLACK_S", "SERVING_ENDPOINTS", "TRAINING_JOBS", "TypeScore", "evaluate",
+           "match", "score"]
 
 K8S_NODES = 4
 """Shared Kubernetes GPU nodes in each evaluated fleet (one of each kind the simulator has)."""
+CHOICES = 2
+"""Sets of region and build-or-call workloads in each evaluated fleet (every kind twice)."""
+SERVING_ENDPOINTS = 20
+"""Serving endpoints in each evaluated fleet (two of each kind :mod:`detector.simulate_serving` has)."""
 TRAINING_JOBS = 6
 """Training hosts seen through host gauges and run metrics (:mod:`detector.simulate_training`): every
 kind of job on each over 48 hours (``data_starved_training``, ``plateaued_run`` and their look-alikes)."""
@@ -137,7 +151,8 @@ def score(alerts: Iterable[Alert], labels: Iterable[Label]) -> dict[str, TypeSco
 
 def evaluate(
     ruleset: RuleSet, seeds: Sequence[int], hours: float = 48.0, messy: bool = False, k8s_nodes: int = K8S_NODES,
-    bill: bool = False, training_jobs: int = TRAINING_JOBS,
+    bill: bool = False, serving_endpoints: int = SERVING_ENDPOINTS, choices: int = CHOICES,
+    training_jobs: int = TRAINING_JOBS,
 ) -> tuple[dict[str, TypeScore], list[dict]]:
     """Score the rules over one simulated fleet per seed (delivered messily: lost scrapes,
     jitter, duplicates, delays, with ``messy``); return the totals and each run's. With
@@ -148,10 +163,9 @@ def evaluate(
     runs = []
     with tempfile.TemporaryDirectory(prefix="burnwatch-eval-") as tmp:
         for seed in seeds:
-            if messy:
-                cfg = SimConfig.messy(hours=hours, seed=seed, k8s_nodes=k8s_nodes, training_jobs=training_jobs)
-            else:
-                cfg = SimConfig(hours=hours, seed=seed, k8s_nodes=k8s_nodes, training_jobs=training_jobs)
+            fleet = SimConfig.messy if messy else SimConfig
+            cfg = fleet(hours=hours, seed=seed, k8s_nodes=k8s_nodes, serving_endpoints=serving_endpoints, choices=choices,
+                        training_jobs=training_jobs)
             records, labels = simulate(cfg, ruleset.pricing)
             path = Path(tmp) / f"fleet-{seed}.jsonl"
             with open(path, "wb") as out:

@@ -13,6 +13,7 @@ an untagged bucket's alert adds up to what its stored rows say it cost.
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,8 +21,8 @@ import msgspec
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["HOURS_PER_MONTH", "BilledRate", "CapacityTier", "EgressPrices", "InstancePrice", "IntervalCost", "Pricer", "Pricing",
-           "egress_destination", "load_pricing", "usd_over"]
+__all__ = ["HOURS_PER_MONTH", "ApiPrice", "BilledRate", "CapacityTier", "EgressPrices", "InstancePrice", "IntervalCost",
+           "LlmModel", "Pricer", "Pricing", "RegionalPrices", "SelfHost", "egress_destination", "load_pricing", "usd_over"]
 
 
 class InstancePrice(BaseModel):
@@ -57,6 +58,64 @@ class CapacityTier(BaseModel):
     usd_per_month: float = Field(ge=0)
 
 
+class RegionalPrices(BaseModel):
+    """On-demand USD/hour of instance types by region, with where and when they were read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    as_of: date | None = None
+    source: str = ""
+    on_demand: dict[str, dict[str, float]] = {}
+    """Instance type → region → on-demand USD per hour."""
+
+    def hourly(self, instance_type: str, region: str) -> float | None:
+        price = self.on_demand.get(instance_type, {}).get(region)
+        return price if price is not None and price > 0 else None
+
+    def cheapest(self, instance_type: str, regions: list[str] | None = None) -> tuple[str, float] | None:
+        """The listed region (of ``regions``, when given) where ``instance_type`` costs least,
+        and its price; ties go to the first listed."""
+        listed = [(r, p) for r, p in self.on_demand.get(instance_type, {}).items()
+                  if p > 0 and (not regions or r in regions)]  # fmt: skip
+        return min(listed, key=lambda rp: rp[1], default=None)
+
+
+class ApiPrice(BaseModel):
+    """A hosted model API's list price, per million tokens, with when and where it was read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: str = ""
+    usd_per_1m_input: float = Field(ge=0)
+    usd_per_1m_output: float = Field(ge=0)
+    as_of: date | None = None
+    source: str = ""
+
+    def usd(self, input_tokens: float, output_tokens: float) -> float:
+        return (input_tokens * self.usd_per_1m_input + output_tokens * self.usd_per_1m_output) / 1e6
+
+
+class SelfHost(BaseModel):
+    """How a model (or the open model that would replace an API one) is served on your own GPUs:
+    the instance type and the output tokens per second one instance sustains at acceptable latency."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instance_type: str
+    output_tokens_per_s: float = Field(gt=0)
+    model: str = ""
+    """The open model served, when it is not the API's own (``llama-3.1-70b-instruct`` for ``gpt-4o``)."""
+
+
+class LlmModel(BaseModel):
+    """One model's two ways to be had: its hosted API price, and serving it yourself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api: ApiPrice | None = None
+    self_host: SelfHost | None = None
+
+
 class Pricing(BaseModel):
     """Price list; ``hourly`` answers None for an instance type it does not know."""
 
@@ -69,6 +128,10 @@ class Pricing(BaseModel):
     """Object storage, for buckets whose usage events carry no cost (S3 Standard list price)."""
     capacity_tiers: dict[str, list[CapacityTier]] = {}
     """Resource type → its sizes, so a capacity alert can name the next one and its price."""
+    regions: RegionalPrices = RegionalPrices()
+    """On-demand prices per region (``wrong_region``); the pricer itself uses ``instances``."""
+    llm_models: dict[str, LlmModel] = {}
+    """Model name → its API price and its self-hosting (``build_or_call``)."""
 
     def next_tier(self, resource_type: str, capacity_bytes: float) -> CapacityTier | None:
         """The smallest listed size above ``capacity_bytes``, or None."""

@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -30,6 +31,9 @@ __all__ = ["REPORTS", "Report", "format_rows", "newest_event_time", "period", "r
 class Report:
     name: str
     title: str
+    finish: Callable[[list[dict[str, Any]], Any], list[dict[str, Any]]] | None = None
+    """What the rows need from the rule set (prices, a rule's params) that SQL cannot know;
+    called with the rows and the rule set (None: the defaults)."""
 
     @property
     def sql(self) -> str:
@@ -54,7 +58,31 @@ REPORTS: dict[str, Report] = {r.name: r for r in [
     Report("precision", "Alert precision by rule (acknowledged vs marked expected)"),
     Report("reconcile", "Dollars claimed and alerted against the FOCUS bill, per team and resource-day"),
     Report("commitments", "Unused commitment dollars per commitment and day"),
+    Report("build-or-call", "Models served or called: cost per 1,000 requests each way, and the crossover",
+           finish=lambda rows, ruleset: _build_or_call(rows, ruleset)),
 ]}
+
+BUILD_OR_CALL_COLUMNS = (
+    "resource_id", "model", "direction", "team", "hours", "requests", "usd", "usd_per_1k_requests",
+    "alternative_usd", "alternative_usd_per_1k_requests", "crossover_requests_per_h", "self_host_instances",
+    "token_source", "verdict",
+)  # fmt: skip
+
+
+def _build_or_call(rows: list[dict[str, Any]], ruleset: Any) -> list[dict[str, Any]]:
+    """The other way's cost of each row, from the rule set's prices and its ``build_or_call``
+    rule's assumptions (tokens per request, API resource types, margin; the defaults without one)."""
+    from detector.detectors.build_or_call import BuildOrCallParams
+    from detector.llm_costs import compare
+    from detector.pricing import Pricing
+
+    pricing = ruleset.pricing if ruleset is not None else Pricing()
+    rules = ruleset.rules if ruleset is not None else ()
+    params = next((r.detector.params for r in rules if r.detector.type == "build_or_call"), BuildOrCallParams())
+    assumed = (params.input_tokens_per_request, params.output_tokens_per_request)
+    compared = [compare(row, pricing, params.api_resource_types, assumed, params.min_saving) for row in rows]
+    return [{c: row.get(c) for c in BUILD_OR_CALL_COLUMNS} for row in compared]
+
 
 
 def newest_event_time(store: Connection) -> float | None:
@@ -81,10 +109,13 @@ def period(store: Connection, since_s: float) -> tuple[datetime, datetime]:
             datetime.fromtimestamp(until, tz=timezone.utc))  # fmt: skip
 
 
-def run_report(store: Connection, name: str, since_s: float, team: str = "") -> list[dict[str, Any]]:
-    """Rows of the report ``name`` over the ``since_s`` seconds before the newest event time."""
+def run_report(store: Connection, name: str, since_s: float, team: str = "", ruleset: Any = None) -> list[dict[str, Any]]:
+    """Rows of the report ``name`` over the ``since_s`` seconds before the newest event time
+    (finished with ``ruleset``'s prices and rules where the report needs them)."""
     since, until = period(store, since_s)
-    return store.named(f"reports/{REPORTS[name].name}", {"since": since, "until": until, "team": team})
+    report = REPORTS[name]
+    rows = store.named(f"reports/{report.name}", {"since": since, "until": until, "team": team})
+    return report.finish(rows, ruleset) if report.finish is not None else rows
 
 
 def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:

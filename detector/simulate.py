@@ -41,6 +41,10 @@ What it makes, per resource, is a timeline of segments:
   (``partly_idle_gpu``), GPUs no pod requests (``unallocated_gpu``), whole nodes
   idle (``idle_gpu``), and their hard negatives. They draw from their own random
   stream, so the rest of a fleet is the same with or without them.
+- with ``choices``, workloads whose cost is a choice (:mod:`detector.simulate_regions`):
+  GPU instances in dear regions (``wrong_region``) and models served or called at the
+  wrong volume (``build_or_call``), with a week of hourly usage before the start, and
+  their hard negatives; their own random stream too.
 
 Exporters batch like real ones: a host's GPU samples (every 30 s) go out once
 a minute as one message holding every GPU's samples; usage comes once a minute
@@ -113,6 +117,12 @@ class SimConfig:
     """Hours from the start before which nothing anomalous happens (the model's training span)."""
     k8s_nodes: int = 0
     """Shared Kubernetes GPU nodes (8 GPUs each, pods holding some of them); see :mod:`detector.simulate_k8s`."""
+    choices: int = 0
+    """Sets of workloads whose cost is a choice (region; build or call), each with a week of
+    hourly usage before ``start``; see :mod:`detector.simulate_regions`."""
+    serving_endpoints: int = 0
+    """Inference endpoints for the serving rules (idle schedules, batching, caching, spot
+    redundancy), the kinds in turn; see :mod:`detector.simulate_serving`."""
     training_jobs: int = 0
     """Hosts running training jobs seen through their input pipelines (host gauges) and validation
     metrics (run events): data-starved and plateaued runs; see :mod:`detector.simulate_training`."""
@@ -744,6 +754,14 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
         # fleet's records are byte for byte those of a fleet without these nodes.
         merged_k8s, k8s_labels = _k8s_fleet(cfg, pricing, b.end)
         merged = heapq.merge(merged, merged_k8s, key=lambda r: (r[0], r[1], r[2]))
+    choice_labels: list[Label] = []
+    if cfg.choices:
+        merged_choices, choice_labels = _choices(cfg, pricing, b.end)
+        merged = heapq.merge(merged, merged_choices, key=lambda r: (r[0], r[1], r[2]))
+    serving_labels: list[Label] = []
+    if cfg.serving_endpoints:
+        merged_serving, serving_labels = _serving_fleet(cfg, pricing, b.end)
+        merged = heapq.merge(merged, merged_serving, key=lambda r: (r[0], r[1], r[2]))
     training_labels: list[Label] = []
     if cfg.training_jobs:
         from detector.simulate_training import training_fleet  # it builds on this module's labels
@@ -752,7 +770,7 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
         merged = heapq.merge(merged, merged_training, key=lambda r: (r[0], r[1], r[2]))
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
     labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels
-                    + training_labels,
+                    + choice_labels + serving_labels + training_labels,
                     key=lambda label: (label.start, label.resource_id))  # fmt: skip
     return merged, labels
 
@@ -773,6 +791,33 @@ def _k8s_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[R
     if cfg.duplicate_p or cfg.delay_s:
         merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-k8s-delivery"))
     return merged, labels
+
+
+def _choices(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
+    """The region and build-or-call workloads' records (their own random streams) and labels."""
+    from detector import simulate_regions  # it builds on this module's labels
+
+    workloads = simulate_regions.choice_workloads(cfg.choices, cfg.seed, cfg.start, end, pricing)
+    merged: Iterator[Record] = heapq.merge(*(simulate_regions.choice_records(w) for w in workloads),
+                                           key=lambda r: (r[0], r[1], r[2]))  # fmt: skip
+    if cfg.duplicate_p or cfg.delay_s:
+        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-regions-delivery"))
+    return merged, simulate_regions.choice_labels(workloads, pricing)
+
+
+def _serving_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
+    """The serving endpoints' records and labels, from their own random streams (the rest of the
+    fleet is unchanged by their presence)."""
+    from detector import simulate_serving  # it builds on this module's labels
+
+    endpoints = simulate_serving.serving_endpoints(cfg.serving_endpoints, cfg.seed, cfg.start, end, pricing)
+    streams = [simulate_serving.serving_records(ep, max(cfg.scrape_s, 60.0), cfg.usage_flush_s,
+                                                random.Random(f"{cfg.seed}-serving-{ep.resource_id}"))
+               for ep in endpoints]  # fmt: skip
+    merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
+    if cfg.duplicate_p or cfg.delay_s:
+        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-serving-delivery"))
+    return merged, [label for ep in endpoints for label in simulate_serving.serving_labels(ep)]
 
 
 def _k8s_resource(node: Any, cfg: SimConfig, end: float) -> _Resource:

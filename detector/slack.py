@@ -254,7 +254,9 @@ def render_blocks(
         header = f":white_check_mark: Resolved: {alert.title} on {resource}"
     else:
         rate = money(alert.usd_per_hour, exact=True)
-        header = f"{_EMOJI.get(alert.severity, '')} {alert.title} on {resource}: {rate}/h"
+        header = f"{_EMOJI.get(alert.severity, '')} {alert.title} on {resource}"
+        if alert.dollars or alert.usd_per_hour:  # a risk with no dollars (spot without redundancy) says none
+            header += f": {rate}/h"
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": clip(header, MAX_HEADER_TEXT), "emoji": True}},
         {"type": "section", "fields": _fields(alert, routing)},

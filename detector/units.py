@@ -124,3 +124,11 @@ def one_line(exc: BaseException, limit: int = 500) -> str:
     stack traces and newlines; a log line, a dead-letter reason or /healthz wants one line)."""
     text = " ".join(f"{type(exc).__name__}: {exc}".split())
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def figure(value: object, spec: str = ",.2f") -> str:
+    """A detail's number as a message writes it, or "?" when it is not a finite number (details
+    are read back from stored JSON, where a None or a string can stand in a number's place)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "?"
+    return format(value, spec)

@@ -140,8 +140,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     cfg = SimConfig(
         hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks,
-        inference_endpoints=args.inference, seed=args.seed, k8s_nodes=args.k8s_nodes,
-        training_jobs=args.training_jobs,
+        inference_endpoints=args.inference, seed=args.seed, k8s_nodes=args.k8s_nodes, choices=args.choices,
+        serving_endpoints=args.serving, training_jobs=args.training_jobs,
     )  # fmt: skip
     bootstrap = settings.kafka_bootstrap
     if args.publish and not bootstrap:
@@ -961,7 +961,15 @@ def cmd_query(args: argparse.Namespace) -> int:
             start, end = period(store, since)
             _note(f"period: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, the {args.since} before the newest "
                   "event time")  # fmt: skip
-        rows = run_report(store, args.report, since, args.team or "")
+        ruleset = None
+        if REPORTS[args.report].finish is not None:
+            from detector.rules import load_rules
+
+            try:
+                ruleset = load_rules(settings.rules_path)
+            except ValueError as exc:
+                raise SystemExit(f"{settings.rules_path}: {exc}") from None
+        rows = run_report(store, args.report, since, args.team or "", ruleset)
     finally:
         store.close()
     sys.stdout.write(format_rows(rows, args.format))
@@ -1117,6 +1125,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inference", type=int, default=3)
     p.add_argument("--k8s-nodes", type=int, default=0,
                    help="shared Kubernetes GPU nodes, pods holding some of their GPUs (burnwatch eval uses 4)")
+    p.add_argument("--choices", type=int, default=0,
+                   help="sets of region and build-or-call workloads, with a week of usage before the start "
+                        "(burnwatch eval uses 2)")
+    p.add_argument("--serving", type=int, default=0,
+                   help="inference endpoints for the serving rules: idle schedules, batching, caching, spot "
+                        "(burnwatch eval uses 20)")
     p.add_argument("--training-jobs", type=int, default=0,
                    help="hosts whose jobs starve on their input or plateau, with look-alikes (burnwatch eval uses 6)")
     p.add_argument("--seed", type=int, default=7)

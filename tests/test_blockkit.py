@@ -201,6 +201,13 @@ DETAILS: dict[str, dict[str, Any]] = {
     "spot_eligible": {"run_id": HUGE, "instance_type": HUGE, "spot_usd_per_hour": 9.0, "saving_usd_per_hour": 20.0},
     "unused_commitment": {"commitment_type": HUGE, "commitment_name": HUGE, "unused_share": 0.9, "day": HUGE,
                           "day_used_usd": 1.0, "day_unused_usd": 9.0, "days": 40},
+    "inference_scale_to_zero": {"idle_hours_per_week": 168, "usd_per_idle_hour": 1e6, "saving_usd_per_week": 1.7e8,
+                                "schedule_text": HUGE, "timezone": HUGE, "schedule": [[i, 1] for i in range(168)]},
+    "inference_unbatched": {"causes": [HUGE] * 5, "batch_size": 1e9, "requests_per_s": 1e9, "sm_active_pct": HUGE,
+                            "duplicate_share_pct": 1e9, "cache_hit_pct": 1e9, "replicas": 10_000,
+                            "replicas_needed": 1, "saving_usd_per_hour": 1e6, "how": HUGE},
+    "spot_without_redundancy": {"replicas": HUGE, "zones": HUGE, "min_replicas": 1000, "min_zones": 100,
+                                "extra_replica_usd_per_hour": 1e6, "on_demand_premium_usd_per_hour": 1e9},
     "anomaly": {"score": 0.9, "threshold": 0.6, "windows": 3, "evidence": 2.0, "budget": 1.5,
                 "stands_out": [{"feature": HUGE, "value": 1e9, "usual_range": [0.0, 1.0]} for _ in range(30)]},
 }  # fmt: skip

@@ -74,3 +74,14 @@ def test_resolves_when_traffic_grows(ruleset):
     events = day(60, util=lambda h: 10.0 if h < 30 else 60.0)
     found = [f for f in findings(ruleset, events) if f.action != "update"]
     assert [(f.action, f.details.get("reason")) for f in found] == [("fire", None), ("resolve", "load_grew")]
+
+
+def test_hours_without_any_request_are_left_to_scale_to_zero(ruleset):
+    # Quiet by day, no request at all from 00:00 to 06:00: those hours are the full price of an
+    # unused endpoint (inference_scale_to_zero's), not the difference to a smaller GPU.
+    (fire,) = [f for f in findings(ruleset, day(26, rps=lambda h: 0.0 if h % 24 < 6 else 2.0)) if f.action == "fire"]
+    assert fire.waste_usd == pytest.approx(0.686 * 18, rel=0.05)
+    # Eight hours later (the second night, then 06:00 and 07:00 with traffic) only those two count.
+    last = findings(ruleset, day(33, rps=lambda h: 0.0 if h % 24 < 6 else 2.0))[-1]
+    assert last.at == pytest.approx(fire.at + 8 * HOUR, abs=60)
+    assert last.waste_usd == pytest.approx(0.686 * 20, rel=0.02)

@@ -261,6 +261,15 @@ def test_whole_host_and_per_gpu_idle_never_claim_an_hour_twice(store):
     assert ledger(store) == pytest.approx({("idle", "waste"): 5.0, ("partly", "waste"): 5.0})
 
 
+def test_an_endpoints_idle_hours_are_waste_and_not_also_saved_by_batching(store):
+    """Two billed hours of an endpoint, one with no request (scale-to-zero's $10) and batching's
+    estimate of $6 over both: the idle hour is waste, batching saves on the other hour only."""
+    billed(store, 2, 10.0)
+    store.alerts.record([alert("s2z", "inference_scale_to_zero", 10.0, T0, T0 + HOUR),
+                         alert("batch", "inference_unbatched", 6.0, T0, T0 + 2 * HOUR)], version=1)  # fmt: skip
+    assert ledger(store) == pytest.approx({("s2z", "waste"): 10.0, ("batch", "could_save"): 3.0})
+
+
 def test_every_money_type_has_a_place_in_the_precedence():
     """A new detector whose dollars are money must be given a rank, or its alerts would be
     left out of every total; forecasts have none."""

@@ -15,7 +15,7 @@ from detector.charts import style
 from detector.charts.digest import digest_figure
 from detector.digest import Digest, digest_text, render_digest
 from detector.slack import group_text, notification_text, render_blocks, render_group, render_resolution
-from detector.units import money
+from detector.units import figure, money
 from tests.helpers import T0
 
 BROKEN = ("$nan", "$inf", "$-", "nan/h", "inf/h")
@@ -95,3 +95,18 @@ def test_broken_dollars_never_read_as_nan_inf_or_dollar_minus(waste, rate):
     chart = headline_of(opened).lower()
     assert not [b for b in BROKEN if b in chart], chart
     style.png(digest_figure(digest))  # draws: a total that is no number does not break the chart
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (1234.5678, "1,234.57"),  # a number, as the spec says
+        (None, "?"),  # a price not known
+        ("12", "?"),  # a string in a number's place (stored JSON)
+        (float("nan"), "?"),
+        (float("inf"), "?"),
+        (True, "?"),  # a bool is not a figure
+    ],
+)
+def test_a_details_figure_or_a_question_mark(value, text):
+    assert figure(value, ",.2f") == text

@@ -45,6 +45,12 @@ CASES = [
                                                  details={"forecast_full": "2026-11-20", "days_to_full": 18,
                                                           "fill_pct": 80, "capacity_gb": 1000}),
      "Vector database filling up on vdb-1 (team nlp): full by 2026-11-20 (18 days); fill 80 % of 1000 GB"),
+    ("a risk says what is at risk and what the fix costs", alert(
+        "spot_without_redundancy", resource_id="chat-prod", waste_usd=0.0, usd_per_hour=0.0,
+        details={"replicas": 1, "zones": 1, "min_replicas": 2, "min_zones": 2, "extra_replica_usd_per_hour": 0.4,
+                 "on_demand_premium_usd_per_hour": 0.606}),
+     "User-facing endpoint on spot without redundancy on chat-prod (team nlp): replicas 1 in 1 zone(s), all on spot "
+     "(the rule wants at least 2 in 2 zones); fix costs one more spot replica $0.400/h, or on-demand $0.606/h more"),
 ]  # fmt: skip
 
 
@@ -52,6 +58,12 @@ CASES = [
 def test_an_alerts_notification_says_what_whose_and_how_much(slack, what, opened, expected):
     bot(slack).post(opened)
     assert texts(slack) == [expected]
+
+
+def test_a_risk_without_dollars_shows_no_rate_in_its_header(slack):
+    bot(slack).post(alert("spot_without_redundancy", waste_usd=0.0, usd_per_hour=0.0, details={"replicas": 1}))
+    (header,) = [b["text"]["text"] for b in slack.calls("chat.postMessage")[0].body["blocks"] if b["type"] == "header"]
+    assert header.endswith("User-facing endpoint on spot without redundancy on gpu-host-7") and "$" not in header
 
 
 def test_a_resolution_says_so_and_the_total_in_the_reply_and_the_edit(slack):

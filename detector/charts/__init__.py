@@ -56,6 +56,9 @@ CHARTED_TYPES = frozenset(CHARTS)
 NOT_CHARTED = {
     "spot_eligible": "advice about a run's pricing: the saving is one figure, and no series over time shows it",
     "telemetry_stale": "the news is that there is no data: a chart of it would be empty",
+    "inference_scale_to_zero": "the news is a weekly schedule, which the alert writes out (a week's chart is a follow-up)",
+    "inference_unbatched": "an estimate from a few means (batch, SM activity, repeats): the message gives them and how",
+    "spot_without_redundancy": "a risk in two counts (replicas, zones), no series over time",
     "data_starved_training": "not yet: the GPU chart's hourly utilisation averages a sawtooth away (a chart of "
                              "the scrapes beside the host gauges is to do)",
     "plateaued_run": "not yet: run metrics are stored in the run events' extra column, not a series the "

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from detector.detectors.anomaly import Anomaly
 from detector.detectors.base import Behaviour, Context, Detector, Finding, Params, ResourceInfo
+from detector.detectors.build_or_call import BuildOrCall
 from detector.detectors.data_starved_training import DataStarvedTraining
 from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
 from detector.detectors.inference_overprovisioned import InferenceOverprovisioned
+from detector.detectors.inference_scale_to_zero import InferenceScaleToZero
+from detector.detectors.inference_unbatched import InferenceUnbatched
 from detector.detectors.partly_idle_gpu import PartlyIdleGpu
 from detector.detectors.plateaued_run import PlateauedRun
 from detector.detectors.spot_eligible import SpotEligible
+from detector.detectors.spot_without_redundancy import SpotWithoutRedundancy
 from detector.detectors.storage_growth import StorageGrowth
 from detector.detectors.stuck_gpu import StuckGpu
 from detector.detectors.telemetry_stale import TelemetryStale
@@ -24,6 +28,7 @@ from detector.detectors.unallocated_gpu import UnallocatedGpu
 from detector.detectors.untagged import Untagged
 from detector.detectors.unused_commitment import UnusedCommitment
 from detector.detectors.vector_db_growth import VectorDbGrowth
+from detector.detectors.wrong_region import WrongRegion
 
 __all__ = ["REGISTRY", "Behaviour", "Context", "Detector", "Finding", "Params", "ResourceInfo", "money_types"]
 
@@ -31,6 +36,7 @@ REGISTRY: dict[str, type[Detector]] = {
     cls.type: cls  # type: ignore[misc]
     for cls in (IdleGpu, PartlyIdleGpu, UnallocatedGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend,
                 VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, UnusedCommitment, Anomaly,
+                InferenceScaleToZero, InferenceUnbatched, SpotWithoutRedundancy, BuildOrCall, WrongRegion,
                 DataStarvedTraining, PlateauedRun)
 }
 

@@ -18,7 +18,10 @@ over days of data and flag instances whose peak stays low; a p95 under 30 % leav
 room for a GPU two to three times slower (an A10G's load on a T4) to stay under
 90 %, and a day covers the daily peak. The suggested instance is the cheapest in
 ``rules/pricing.yaml`` from the same provider whose GPU memory holds the endpoint's
-peak with headroom. The dollars are the saving over the time the episode covers.
+peak with headroom. The dollars are the saving over the time the episode covers, less
+the whole hours in which the endpoint served no request at all: those are
+``inference_scale_to_zero``'s (the full price of an hour nobody uses, not the difference
+to a smaller GPU), so the two detectors never count the same hour.
 """
 
 from __future__ import annotations
@@ -69,11 +72,14 @@ class InferenceOverprovisionedState(Episode, kw_only=True):
     last_t: float = 0.0
     saving_usd_h: float = 0.0
     advice: dict[str, Any] = {}
+    idle_s: float = 0.0
+    """Seconds of the episode in closed hours that served no request (scale-to-zero's, not ours)."""
 
     def clear(self) -> None:
         super().clear()
         self.saving_usd_h = 0.0
         self.advice = {}
+        self.idle_s = 0.0
 
 
 class InferenceOverprovisioned(DetectorBase):
@@ -172,7 +178,11 @@ class InferenceOverprovisioned(DetectorBase):
         st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
         if st.fired_at is None:
             assert st.first_t is not None
-            return [self._finding(fire(st, since=max(st.first_t, t - self.params.window), fired_at=t, at=t), st, res, t)]
+            since = max(st.first_t, t - self.params.window)
+            st.idle_s = sum(HOUR_S for h in st.hours if h.start >= since and _no_requests(h))
+            return [self._finding(fire(st, since=since, fired_at=t, at=t), st, res, t)]
+        if _no_requests(st.hours[-1]):
+            st.idle_s += HOUR_S
         st.last_report = t  # every judgement of an open episode reports it
         return [self._finding("update", st, res, t)]
 
@@ -207,10 +217,15 @@ class InferenceOverprovisioned(DetectorBase):
     def _finding(self, action: str, st: InferenceOverprovisionedState, res: ResourceInfo, at: float,
                  **extra: object) -> Finding:  # fmt: skip
         assert st.since is not None and st.fired_at is not None
-        usd = usd_over(st.saving_usd_h, max(0.0, at - st.since))
+        usd = usd_over(st.saving_usd_h, max(0.0, at - st.since - st.idle_s))
         details = {**st.advice, "episode_s": round(at - st.since, 3), **extra}
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=usd,
                             details=details, usd_per_hour=st.saving_usd_h)  # fmt: skip
+
+
+def _no_requests(hour: HourStats) -> bool:
+    """An hour reported (50 minutes or more of request counts) with no request at all."""
+    return hour.request_s >= 3000.0 and hour.requests == 0
 
 
 def _quantile_upper(hist: list[int], q: float) -> float:

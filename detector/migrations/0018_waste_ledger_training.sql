@@ -1,12 +1,13 @@
--- The waste ledger (0012) with issue 18's training waste: data_starved_training (the GPU time a job
+-- The waste ledger (0017) with issue 18's training waste: data_starved_training (the GPU time a job
 -- starved of input paid for and left unused, on its host) and plateaued_run (a run's hosts since its
 -- validation metric stopped improving; its hosts are the run's `resource_ids`, as a failed run's).
 -- The view is the same; the precedence gains them as wasted money:
 --   1 idle_gpu  2 partly_idle_gpu  3 unallocated_gpu  4 stuck_gpu  5 data_starved_training
---   6 failed_run_spend  7 plateaued_run  8 egress_runaway  9 unused_commitment      (wasted)
---   10 telemetry_stale  11 anomaly  12 untagged                                   (spent, unexplained)
---   13 spot_eligible  14 inference_overprovisioned                                (could be saved)
--- Ranks 1-12 are kind 'waste'; 13-14 'could_save', sharing what ranks 1-9 left. A starved job's unused
+--   6 failed_run_spend  7 plateaued_run  8 egress_runaway  9 unused_commitment
+--   10 inference_scale_to_zero                                                    (wasted)
+--   11 telemetry_stale  12 anomaly  13 untagged                                   (spent, unexplained)
+--   14 spot_eligible  15 inference_overprovisioned  16 inference_unbatched        (could be saved)
+-- Ranks 1-13 are kind 'waste'; 14-16 'could_save', sharing what ranks 1-10 left. A starved job's unused
 -- share claims its host-hour before a plateau of the same run does (what happened to a dollar first:
 -- nothing ran on it), so the two never claim more than the hour's bill together.
 
@@ -15,8 +16,8 @@ DROP VIEW IF EXISTS {db}.waste_ledger;
 CREATE VIEW IF NOT EXISTS {db}.waste_ledger AS
 WITH
     ['idle_gpu', 'partly_idle_gpu', 'unallocated_gpu', 'stuck_gpu', 'data_starved_training', 'failed_run_spend',
-     'plateaued_run', 'egress_runaway', 'unused_commitment', 'telemetry_stale', 'anomaly', 'untagged', 'spot_eligible',
-     'inference_overprovisioned'] AS precedence,
+     'plateaued_run', 'egress_runaway', 'unused_commitment', 'inference_scale_to_zero', 'telemetry_stale', 'anomaly',
+     'untagged', 'spot_eligible', 'inference_overprovisioned', 'inference_unbatched'] AS precedence,
     alerted AS (
         SELECT alert_id, type, rule, tags['team'] AS team, account, indexOf(precedence, type) AS rank,
                toUnixTimestamp64Milli(episode_start) / 1000 AS start0, JSONExtractString(details, 'run_id') AS run_id,
@@ -66,12 +67,12 @@ WITH
         SELECT resource_id, hour, sum(usd) + sum(egress_usd) AS bill_usd
         FROM {db}.usage_hourly GROUP BY resource_id, hour
     )
-SELECT hour, resource_id, alert_id, type, rule, if(rank <= 12, 'waste', 'could_save') AS kind, rank, team, account,
+SELECT hour, resource_id, alert_id, type, rule, if(rank <= 13, 'waste', 'could_save') AS kind, rank, team, account,
        claimed_usd, bill_usd,
-       if(rank <= 12,
+       if(rank <= 13,
           greatest(0, least(claimed_usd, bill_usd - (sum(claimed_usd) OVER w - claimed_usd))),
-          greatest(0, least(claimed_usd, bill_usd - least(bill_usd, sumIf(claimed_usd, rank <= 9) OVER hour_w)
-                                         - (sumIf(claimed_usd, rank > 12) OVER w - claimed_usd)))) AS usd
+          greatest(0, least(claimed_usd, bill_usd - least(bill_usd, sumIf(claimed_usd, rank <= 10) OVER hour_w)
+                                         - (sumIf(claimed_usd, rank > 13) OVER w - claimed_usd)))) AS usd
 FROM (SELECT c.*, b.bill_usd AS bill_usd FROM claim_hours AS c
       LEFT JOIN bills AS b ON c.resource_id = b.resource_id AND c.hour = b.hour)
 WINDOW w AS (PARTITION BY resource_id, hour ORDER BY rank, claim ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),

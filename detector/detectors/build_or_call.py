@@ -1,0 +1,284 @@
+"""``build_or_call``: a model served on your own GPUs that a hosted API would serve for less,
+or API spend steady and high enough that serving the model yourself would be cheaper.
+
+Example rule::
+
+    - name: build-or-call
+      type: build_or_call
+      match: {resource_type: [inference_endpoint, llm_api]}
+      params:
+        window: 7d                       # the crossover holds on every day of a week
+        min_saving: 20%                  # the other way is at least this much cheaper
+        model_tag: model                 # the tag naming the model served or called
+        api_resource_types: [llm_api]    # usage billed per token by an API provider
+        input_tokens_per_request: 500    # when the usage reports no token counts
+        output_tokens_per_request: 250
+      severity: info
+
+Both sides are priced from ``rules/pricing.yaml``'s ``llm_models`` (each model's API list
+price per million tokens, with its date and page, and the instance type and throughput that
+serve it). The two directions:
+
+- **call**: a self-hosted endpoint (a resource whose type is not an API's) pays its instance
+  by the hour whatever its traffic: its cost per 1,000 requests is its cost ÷ its requests.
+  The API would charge its tokens at the list price.
+- **build**: an API resource (``api_resource_types``: usage with ``cost_usd`` and
+  ``requests``, from the provider's usage export) pays per token. Serving it yourself needs
+  enough instances for the day's busiest hour (its output tokens ÷ one instance's
+  ``output_tokens_per_s`` × 3,600), on all day.
+
+Tokens: the usage's ``metrics.input_tokens`` and ``metrics.output_tokens`` when reported
+(vLLM's ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total`` per interval; the
+providers' usage APIs), else requests × ``input_tokens_per_request`` and
+``output_tokens_per_request`` (a chat turn with some context: replace with your traffic's).
+
+Why these defaults: a switch either way is a project (a migration, an on-call rotation, an
+evaluation of the replacement model), so it must hold week in, week out (every day of
+``window``: one quiet weekend does not make the case, and one busy day does not spoil it),
+and save enough to pay for that work: 20 % is the margin the build-versus-buy playbooks
+ask of self-hosting for its operations. The dollars are the saving since the first day of
+the week that passed the crossover, day by day, including the day in progress.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any, ClassVar
+
+import msgspec
+from pydantic import Field
+
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
+from detector.detectors.episode import Episode, end, fire
+from detector.events import DAY_S, Event, UsageEvent
+from detector.llm_costs import api_usd, self_host_usd
+from detector.pricing import LlmModel
+from detector.units import Duration, Percent
+
+__all__ = ["BuildOrCall", "BuildOrCallParams", "BuildOrCallState"]
+
+HOUR_S = 3600.0
+FULL_DAY = 0.75
+"""A day counts when usage covers at least this share of it (a few lost intervals do not void it)."""
+
+
+class BuildOrCallParams(Params):
+    window: Duration = Field(default=7 * DAY_S, ge=DAY_S)
+    min_saving: Percent = 20.0
+    model_tag: str = "model"
+    api_resource_types: list[str] = ["llm_api"]
+    input_tokens_per_request: float = Field(default=500.0, ge=0)
+    output_tokens_per_request: float = Field(default=250.0, ge=0)
+
+
+class DayStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
+    start: float
+    usd: float = 0.0
+    requests: float = 0.0
+    input_tokens: float = 0.0
+    output_tokens: float = 0.0
+    covered_s: float = 0.0
+    hour_start: float = 0.0
+    hour_output: float = 0.0
+    peak_output_per_h: float = 0.0
+    measured: bool = False
+    """Token counts came from the usage (not the per-request assumption)."""
+
+
+class BuildOrCallState(Episode, kw_only=True):
+    days: list[DayStats] = []
+    last_t: float = 0.0
+    model: str = ""
+    saved_usd: float = 0.0
+    """Saving of the episode's closed days."""
+    advice: dict[str, Any] | None = None
+    """The open episode's figures (None while none is open)."""
+
+    def clear(self) -> None:
+        super().clear()
+        self.saved_usd = 0.0
+        self.advice = None
+
+
+class BuildOrCall(DetectorBase):
+    type: ClassVar[str] = "build_or_call"
+    title: ClassVar[str] = "Model served or called the dearer way"
+    Params: ClassVar[builtins.type[BuildOrCallParams]] = BuildOrCallParams
+    State: ClassVar[builtins.type[BuildOrCallState]] = BuildOrCallState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (UsageEvent,)
+    suggestion: ClassVar[str] = "Compare the two ways on your own traffic before switching."
+    dollars: ClassVar[str] = "could have been saved"
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        build = details.get("direction") == "build"
+        facts = [
+            ("Per 1,000 requests", f"${details.get('usd_per_1k_requests', 0):,.3f} now, "
+                                   f"${details.get('alternative_usd_per_1k_requests', 0):,.3f} "
+                                   f"{'self-hosted' if build else 'on the API'}"),
+            ("Traffic", f"{details.get('requests_per_h', 0):,.0f} requests/h, "
+                        f"{details.get('input_tokens_per_request', 0):,.0f} + "
+                        f"{details.get('output_tokens_per_request', 0):,.0f} tokens each "
+                        f"({details.get('token_source', '')})"),
+            ("API price", f"{details.get('api_provider', '')} ${details.get('api_usd_per_1m_input', 0):,.2f} in, "
+                          f"${details.get('api_usd_per_1m_output', 0):,.2f} out per 1M tokens "
+                          f"(as of {details.get('api_price_as_of', '')})"),
+        ]
+        if build:
+            facts.append(("Self-hosted", f"{details.get('self_host_instances', 0)} × "
+                                         f"{details.get('self_host_instance_type', '')} serving "
+                                         f"{details.get('self_host_model', '')} at "
+                                         f"{details.get('self_host_output_tokens_per_s', 0):,.0f} output tokens/s each"))
+        return facts  # fmt: skip
+
+    @classmethod
+    def suggest(cls, details: dict[str, Any]) -> str:
+        if details.get("direction") == "call":
+            return ("Its traffic is too light to keep a GPU busy: route it to the hosted API (or share the GPU "
+                    "with other models), and scale the endpoint to zero once quality is checked.")
+        return ("The API spend is steady and high enough to keep its own GPUs busy: evaluate serving the "
+                "suggested open model yourself (quality first), on the suggested instance count.")
+
+    def step(self, state: BuildOrCallState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        if type(event) is not UsageEvent:
+            return []
+        st, res = state, ctx.resource
+        if t <= st.last_t:
+            return []
+        st.last_t = t
+        model = event.tags.get(self.params.model_tag, "")
+        if model != st.model:
+            st.model, st.days = intern(model), []
+            found = end(st, lambda: self._finding("resolve", st, res, t, reason="model_changed"))
+        else:
+            found = []
+        entry = self.pricing.llm_models.get(model)
+        if entry is None:
+            return found
+        day_start = t - t % DAY_S
+        if not st.days or st.days[-1].start < day_start:
+            found += self._judge(st, res, entry, t)
+            st.days.append(DayStats(start=day_start, hour_start=t - t % HOUR_S))
+            del st.days[: max(0, len(st.days) - self._need_days() - 1)]
+        elif st.days[-1].start > day_start:
+            return found  # an interval of a day already judged
+        self._add(st.days[-1], event, res, t)
+        return found
+
+    def open_episode(self, state: BuildOrCallState, resource: ResourceInfo) -> Finding | None:
+        if state.fired_at is None:
+            return None
+        return self._finding("update", state, resource, state.last_t)
+
+    # -- accounting -----------------------------------------------------------------
+
+    def _add(self, day: DayStats, event: UsageEvent, res: ResourceInfo, t: float) -> None:
+        p = self.params
+        requests = float(event.requests or 0)
+        measured_in, measured_out = event.metrics.get("input_tokens"), event.metrics.get("output_tokens")
+        inp = max(0.0, measured_in) if measured_in is not None else requests * p.input_tokens_per_request
+        out = max(0.0, measured_out) if measured_out is not None else requests * p.output_tokens_per_request
+        day.measured = day.measured or measured_in is not None or measured_out is not None
+        day.usd += res.interval_usd
+        day.requests += requests
+        day.input_tokens += inp
+        day.output_tokens += out
+        day.covered_s += event.interval_s
+        if event.interval_s >= HOUR_S:
+            day.peak_output_per_h = max(day.peak_output_per_h, out * HOUR_S / event.interval_s)
+            return
+        hour = t - t % HOUR_S
+        if hour != day.hour_start:
+            day.hour_start, day.hour_output = hour, 0.0
+        day.hour_output += out
+        day.peak_output_per_h = max(day.peak_output_per_h, day.hour_output)
+
+    def _need_days(self) -> int:
+        return max(1, round(self.params.window / DAY_S))
+
+    def _api(self, res: ResourceInfo) -> bool:
+        return res.resource_type in self.params.api_resource_types
+
+    def _alternative(self, day: DayStats, res: ResourceInfo, entry: LlmModel) -> tuple[float, int] | None:
+        """What the day would have cost the other way (:mod:`detector.llm_costs`), and the
+        instances it would take (0 for the API); None when the price list cannot say."""
+        if self._api(res):
+            return self_host_usd(entry, self.pricing, day.peak_output_per_h, day.covered_s)
+        usd = api_usd(entry, day.input_tokens, day.output_tokens)
+        return None if usd is None else (usd, 0)
+
+    def _saving(self, day: DayStats, res: ResourceInfo, entry: LlmModel) -> float | None:
+        """The day's saving the other way (negative: this way is cheaper), or None."""
+        alt = self._alternative(day, res, entry)
+        return None if alt is None else day.usd - alt[0]
+
+    def _passed(self, day: DayStats, res: ResourceInfo, entry: LlmModel) -> bool:
+        """The day covers enough and the other way was cheaper by the margin."""
+        alt = self._alternative(day, res, entry)
+        return (alt is not None and day.covered_s >= FULL_DAY * DAY_S and day.usd > 0
+                and alt[0] <= (1 - self.params.min_saving / 100.0) * day.usd)  # fmt: skip
+
+    def _judge(self, st: BuildOrCallState, res: ResourceInfo, entry: LlmModel, t: float) -> list[Finding]:
+        """Judge on a day's close: open when every day of the window passed the crossover, add
+        each further passing day to the episode, close on one that did not."""
+        if not st.days or not res.known:
+            return []
+        closed = st.days[-1]
+        if st.fired_at is not None:
+            if not self._passed(closed, res, entry):
+                return end(st, lambda: self._finding("resolve", st, res, t, reason="crossover_not_passed"))
+            st.saved_usd += self._saving(closed, res, entry) or 0.0
+            st.advice = self._advice(st.days[-self._need_days():], res, entry)
+            st.last_report = t
+            return [self._finding("update", st, res, t)]
+        need = self._need_days()
+        week = st.days[-need:]
+        consecutive = all(b.start - a.start == DAY_S for a, b in zip(week, week[1:], strict=False))
+        if len(week) < need or not consecutive or not all(self._passed(d, res, entry) for d in week):
+            return []
+        st.saved_usd = sum(self._saving(d, res, entry) or 0.0 for d in week)
+        st.advice = self._advice(week, res, entry)
+        return [self._finding(fire(st, since=week[0].start, fired_at=t, at=t), st, res, t)]
+
+    def _advice(self, days: list[DayStats], res: ResourceInfo, entry: LlmModel) -> dict[str, Any]:
+        """The week's figures: cost per 1,000 requests both ways, traffic, and the prices used."""
+        usd = sum(d.usd for d in days)
+        alts = [self._alternative(d, res, entry) for d in days]
+        alt_usd = sum(a[0] for a in alts if a is not None)
+        requests = sum(d.requests for d in days)
+        hours = sum(d.covered_s for d in days) / HOUR_S
+        api, host = entry.api, entry.self_host
+        per_1k = 1000.0 / requests if requests else 0.0
+        advice: dict[str, Any] = {
+            "direction": "build" if self._api(res) else "call",
+            "model": res.tags.get(self.params.model_tag, ""),
+            "usd_per_1k_requests": round(usd * per_1k, 4),
+            "alternative_usd_per_1k_requests": round(alt_usd * per_1k, 4),
+            "week_usd": round(usd, 2), "alternative_week_usd": round(alt_usd, 2),
+            "saving_usd_per_hour": round((usd - alt_usd) / hours, 4) if hours else 0.0,
+            "requests_per_h": round(requests / hours, 1) if hours else 0.0,
+            "token_source": "measured" if all(d.measured for d in days) else "assumed per request",
+            "input_tokens_per_request": round(sum(d.input_tokens for d in days) / requests, 1) if requests else 0.0,
+            "output_tokens_per_request": round(sum(d.output_tokens for d in days) / requests, 1) if requests else 0.0,
+        }  # fmt: skip
+        if api is not None:
+            advice.update(api_provider=api.provider, api_usd_per_1m_input=api.usd_per_1m_input,
+                          api_usd_per_1m_output=api.usd_per_1m_output, api_price_as_of=str(api.as_of or ""),
+                          api_price_source=api.source)  # fmt: skip
+        if host is not None and self._api(res):
+            advice.update(self_host_model=host.model or advice["model"], self_host_instance_type=host.instance_type,
+                          self_host_output_tokens_per_s=host.output_tokens_per_s,
+                          self_host_instances=max((a[1] for a in alts if a is not None), default=0))  # fmt: skip
+        return advice
+
+    def _finding(self, action: str, st: BuildOrCallState, res: ResourceInfo, at: float, **extra: object) -> Finding:
+        assert st.since is not None and st.fired_at is not None
+        usd = st.saved_usd
+        if action != "resolve" and st.days and st.days[-1].start >= at - at % DAY_S and st.days[-1].start > st.since:
+            entry = self.pricing.llm_models.get(st.model)
+            today = self._saving(st.days[-1], res, entry) if entry is not None else None
+            usd += today or 0.0  # the day in progress, as far as it has come
+        advice = st.advice or {}
+        details = {**advice, "episode_days": round((at - st.since) / DAY_S, 2), **extra}
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=max(0.0, usd),
+                            usd_per_hour=advice.get("saving_usd_per_hour", 0.0), details=details)  # fmt: skip

@@ -1,0 +1,305 @@
+"""``inference_unbatched``: a GPU endpoint serving one request per batch, or the same requests again without a cache.
+
+Example rule::
+
+    - name: inference-unbatched
+      type: inference_unbatched
+      match: {resource_type: inference_endpoint}
+      params:
+        window: 6h                   # judged on this much traffic
+        max_batch_size: 1.5          # requests per model execution at or under this is "unbatched"...
+        min_requests_per_s: 5        # ...at a rate where batches could form
+        sm_active_below: 50%         # ...while the GPU's SMs stay this idle
+        min_gpu_busy: 30%            # and its kernels run this much (idler is inference_overprovisioned's)
+        batching_gain: 2             # throughput that dynamic batching is counted to give
+        min_duplicate_share: 20%     # or this share of requests repeats one already served, uncached
+        min_saving_usd_per_hour: 0.5
+      severity: info
+
+What it reads (``UsageEvent.requests`` and ``UsageEvent.metrics``, per usage interval;
+``docs/events.md`` says how Triton, vLLM, TGI and KServe exporters fill them):
+
+- ``requests``: requests served in the interval;
+- ``metrics.batches``: model executions in the interval (Triton ``nv_inference_exec_count``),
+  so the mean batch is requests / batches; or ``metrics.batch_size``, the mean batch as a
+  gauge (TGI ``tgi_batch_current_size``, vLLM ``vllm:num_requests_running``);
+- ``metrics.duplicate_share``: the share (0-1) of requests identical to one served shortly
+  before (a gateway that hashes request bodies);
+- ``metrics.cache_hit_ratio``: the share (0-1) served from a response cache (Triton
+  ``nv_cache_num_hits_per_model`` / (hits + misses)); absent: no cache;
+- ``metrics.replicas``: ready replicas (kube-state-metrics
+  ``kube_deployment_status_replicas_ready``); absent: the instance type's GPUs, at least 1;
+- and the GPU samples: ``util_pct`` (kernel duty) and ``sm_active`` (else ``gr_engine_active``).
+
+*Unbatched*: the mean batch is at most ``max_batch_size`` at ``min_requests_per_s`` or more
+while mean SM activity is under ``sm_active_below``: each execution feeds the GPU one
+request, so it is busy (``util_pct`` at least ``min_gpu_busy``) doing little. *Uncached*: the
+duplicate share less the cache hit ratio is at least ``min_duplicate_share``.
+
+The saving is an estimate, computed so: the work left is ``1 / batching_gain`` when
+unbatched, times ``1 - (duplicate_share - cache_hit_ratio)`` when uncached; the replicas
+needed are ``max(1, ceil(replicas * work left))``, and the saving per hour is the billed rate
+times the replicas freed over the replicas. One replica frees nothing (a smaller GPU is
+``inference_overprovisioned``'s advice), so one replica never alerts. Dollars are that saving
+over the episode, less whole hours with no requests (``inference_scale_to_zero``'s).
+
+Why these defaults: Triton's and TorchServe's docs show dynamic batching multiplying
+throughput several times over batch 1 on the same GPU (2x is the conservative end); a
+batch only forms when requests overlap (5 req/s with a few ms of queue delay). SM activity
+under 50 % is where NVIDIA's DCGM guidance reads a kernel-busy GPU as underused. Response
+caches in front of LLM and embedding endpoints report 20-30 %+ hit rates on chat and search
+traffic; under 20 % a cache's upkeep eats the gain. Six hours of traffic smooths bursts and
+still alerts the same day. The requirement that kernels run at least 30 % keeps this apart
+from ``inference_overprovisioned`` (which wants the p95 under 30 %).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any, ClassVar
+
+import msgspec
+from pydantic import Field
+
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.episode import Episode, end, fire
+from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import FloatArray, grow, per_gpu
+from detector.pricing import usd_over
+from detector.units import Duration, Money, Percent, figure
+
+__all__ = ["InferenceUnbatched", "InferenceUnbatchedParams", "InferenceUnbatchedState", "work_left"]
+
+HOUR_S = 3600.0
+MAX_REPLICAS = 10_000.0
+"""A replicas figure beyond this is not a real endpoint's: it is ignored."""
+
+
+class InferenceUnbatchedParams(Params):
+    window: Duration = Field(default=6 * HOUR_S, ge=HOUR_S, le=7 * 86_400.0)
+    max_batch_size: float = Field(default=1.5, ge=1.0)
+    min_requests_per_s: float = Field(default=5.0, ge=0)
+    sm_active_below: Percent = 50.0
+    min_gpu_busy: Percent = 30.0
+    batching_gain: float = Field(default=2.0, gt=1.0, le=64.0)
+    min_duplicate_share: Percent = 20.0
+    min_saving_usd_per_hour: Money = 0.5
+
+
+class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
+    start: float
+    requests: float = 0.0
+    request_s: float = 0.0
+    batch_requests: float = 0.0
+    """Requests of intervals that reported their batching..."""
+    batches: float = 0.0
+    """...and the executions they took (requests / mean batch when only a gauge was reported)."""
+    dup_requests: float = 0.0
+    """Requests of intervals that reported their duplicate share..."""
+    dups: float = 0.0
+    cached: float = 0.0
+    """...the duplicates among them, and those served from a cache."""
+    util_sum: float = 0.0
+    sm_sum: float = 0.0
+    samples: int = 0
+
+
+class InferenceUnbatchedState(Episode, kw_only=True):
+    hours: list[HourStats] = []
+    first_t: float | None = None
+    usage_last: float = 0.0
+    gpu_last: FloatArray = msgspec.field(default_factory=per_gpu)
+    """Latest sample time per GPU index, so a sample read again is not counted twice."""
+    last_t: float = 0.0
+    replicas: float = 0.0
+    """The latest reported replicas (0: not reported)."""
+    saving_usd_h: float = 0.0
+    idle_s: float = 0.0
+    """Seconds of the episode in closed hours that served no request (not counted)."""
+    advice: dict[str, Any] = {}
+
+    def clear(self) -> None:
+        super().clear()
+        self.saving_usd_h, self.idle_s, self.advice = 0.0, 0.0, {}
+
+
+class InferenceUnbatched(DetectorBase):
+    type: ClassVar[str] = "inference_unbatched"
+    title: ClassVar[str] = "Inference endpoint without batching or caching"
+    Params: ClassVar[builtins.type[InferenceUnbatchedParams]] = InferenceUnbatchedParams
+    State: ClassVar[builtins.type[InferenceUnbatchedState]] = InferenceUnbatchedState
+    consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
+    suggestion: ClassVar[str] = (
+        "Turn on dynamic batching (Triton dynamic_batching with a few ms max_queue_delay, TorchServe "
+        "batch_size/max_batch_delay, vLLM/TGI continuous batching) and put a response cache in front of "
+        "repeated requests; then scale the replicas down to the estimate and watch latency."
+    )
+    dollars: ClassVar[str] = "could have been saved (estimate)"
+
+    @staticmethod
+    def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        facts = [("Causes", ", ".join(details.get("causes", [])))]
+        if details.get("batch_size") is not None:
+            facts.append(("Batching", f"{figure(details['batch_size'], ',.2f')} requests per batch at "
+                                      f"{figure(details.get('requests_per_s', 0), ',.1f')} req/s, SM activity "
+                                      f"{details.get('sm_active_pct')} %"))  # fmt: skip
+        if details.get("duplicate_share_pct") is not None:
+            facts.append(("Repeats", f"{details['duplicate_share_pct']} % of requests repeat, "
+                                     f"{details.get('cache_hit_pct', 0)} % served from cache"))  # fmt: skip
+        facts.append(("Estimate", f"{details.get('replicas_needed')} of its {details.get('replicas')} replicas would do, "
+                                  f"saving ${figure(details.get('saving_usd_per_hour', 0), ',.3f')}/h "
+                                  f"({details.get('how', '')})"))  # fmt: skip
+        return facts
+
+    def step(self, state: InferenceUnbatchedState, ctx: Context, event: Event, t: float) -> list[Finding]:
+        st, res = state, ctx.resource
+        if type(event) is GpuMetric:
+            last, gpu = st.gpu_last, event.gpu_index
+            if gpu < len(last):
+                if t <= last[gpu]:
+                    return []  # a sample read again
+            else:
+                grow(last, gpu)
+            last[gpu] = t
+            found = self._roll(st, res, t)
+            hour = st.hours[-1]
+            sm = event.sm_active if event.sm_active is not None else event.gr_engine_active
+            hour.util_sum += event.util_pct
+            hour.sm_sum += 100.0 * sm if sm is not None else event.util_pct
+            hour.samples += 1
+            return found
+        if type(event) is not UsageEvent or t <= st.usage_last:
+            return []
+        st.usage_last = t
+        if event.state != "running":
+            if st.fired_at is not None:
+                return end(st, lambda: self._finding("resolve", st, res, t, reason=f"instance_{event.state}"))
+            return []
+        found = self._roll(st, res, t)
+        metrics = event.metrics
+        replicas = metrics.get("replicas")
+        if replicas is not None and 1 <= replicas <= MAX_REPLICAS:
+            st.replicas = float(int(replicas))
+        if event.requests is None:
+            return found
+        hour, n = st.hours[-1], float(event.requests)
+        hour.requests += n
+        hour.request_s += event.interval_s
+        batches, size = metrics.get("batches"), metrics.get("batch_size")
+        if batches is not None and 0 < batches <= n:
+            hour.batch_requests += n
+            hour.batches += batches
+        elif size is not None and 1 <= size <= MAX_REPLICAS * 1000 and n:
+            hour.batch_requests += n
+            hour.batches += n / size
+        dup, cache = metrics.get("duplicate_share"), metrics.get("cache_hit_ratio")
+        if dup is not None and 0 <= dup <= 1:
+            hour.dup_requests += n
+            hour.dups += n * dup
+            if cache is not None and 0 <= cache <= 1:
+                hour.cached += n * min(cache, dup)
+        return found
+
+    def open_episode(self, state: InferenceUnbatchedState, resource: ResourceInfo) -> Finding | None:
+        if state.fired_at is None:
+            return None
+        return self._finding("update", state, resource, state.last_t)
+
+    # -- hours and judgement --------------------------------------------------------
+
+    def _roll(self, st: InferenceUnbatchedState, res: ResourceInfo, t: float) -> list[Finding]:
+        if st.first_t is None:
+            st.first_t = t
+        st.last_t = max(st.last_t, t)
+        start = t - t % HOUR_S
+        if st.hours and st.hours[-1].start >= start:
+            return []
+        found = self._judge(st, res, t) if st.hours else []
+        st.hours.append(HourStats(start=start))
+        while st.hours and st.hours[0].start <= start - self.params.window:
+            st.hours.pop(0)
+        return found
+
+    def _judge(self, st: InferenceUnbatchedState, res: ResourceInfo, t: float) -> list[Finding]:
+        assert st.first_t is not None
+        if t - st.first_t < self.params.window or not res.billed:
+            return []
+        advice = self._advice(st, res)
+        if advice is None:
+            return end(st, lambda: self._finding("resolve", st, res, t, reason="batching_or_cache"))
+        st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
+        if st.fired_at is None:
+            since = max(st.first_t, t - self.params.window)
+            st.idle_s = sum(HOUR_S for h in st.hours if h.start >= since and _no_requests(h))
+            return [self._finding(fire(st, since=since, fired_at=t, at=t), st, res, t)]
+        if _no_requests(st.hours[-1]):
+            st.idle_s += HOUR_S
+        st.last_report = t
+        return [self._finding("update", st, res, t)]
+
+    def _advice(self, st: InferenceUnbatchedState, res: ResourceInfo) -> dict[str, Any] | None:
+        p, hours = self.params, st.hours
+        request_s = sum(h.request_s for h in hours)
+        if not request_s or res.usd_per_hour is None or res.gpus <= 0:
+            return None
+        requests = sum(h.requests for h in hours)
+        rate = requests / request_s
+        samples = sum(h.samples for h in hours)
+        util = sum(h.util_sum for h in hours) / samples if samples else None
+        sm = sum(h.sm_sum for h in hours) / samples if samples else None
+        batch_requests, batches = sum(h.batch_requests for h in hours), sum(h.batches for h in hours)
+        batch = batch_requests / batches if batches else None
+        unbatched = (batch is not None and util is not None and sm is not None and batch <= p.max_batch_size
+                     and rate >= p.min_requests_per_s and sm < p.sm_active_below and util >= p.min_gpu_busy)  # fmt: skip
+        dup_requests = sum(h.dup_requests for h in hours)
+        dup = sum(h.dups for h in hours) / dup_requests if dup_requests else None
+        cached = sum(h.cached for h in hours) / dup_requests if dup_requests else 0.0
+        repeat = dup - cached if dup is not None else 0.0
+        uncached = dup is not None and repeat * 100.0 >= p.min_duplicate_share
+        if not unbatched and not uncached:
+            return None
+        replicas = st.replicas or float(max(1, res.gpus))
+        left = work_left(p.batching_gain if unbatched else 1.0, repeat if uncached else 0.0)
+        needed = max(1, math.ceil(replicas * left - 1e-9))
+        saving = res.usd_per_hour * (replicas - needed) / replicas
+        if saving < p.min_saving_usd_per_hour:
+            return None
+        causes = (["unbatched"] if unbatched else []) + (["uncached"] if uncached else [])
+        how = []
+        if unbatched:
+            how.append(f"batching counted as {p.batching_gain:g}x throughput")
+        if uncached:
+            how.append(f"a cache serving the {repeat * 100:.0f} % repeats")
+        return {
+            "causes": causes,
+            "requests_per_s": round(rate, 3),
+            "batch_size": round(batch, 3) if batch is not None else None,
+            "util_pct": round(util, 1) if util is not None else None,
+            "sm_active_pct": round(sm, 1) if sm is not None else None,
+            "duplicate_share_pct": round(dup * 100, 1) if dup is not None else None,
+            "cache_hit_pct": round(cached * 100, 1),
+            "replicas": int(replicas),
+            "replicas_needed": needed,
+            "work_left": round(left, 4),
+            "saving_usd_per_hour": round(saving, 4),
+            "how": "; ".join(how) + f": replicas needed = max(1, ceil({int(replicas)} x {left:.2f}))",
+        }
+
+    def _finding(self, action: str, st: InferenceUnbatchedState, res: ResourceInfo, at: float,
+                 **extra: object) -> Finding:  # fmt: skip
+        assert st.since is not None and st.fired_at is not None
+        usd = usd_over(st.saving_usd_h, max(0.0, at - st.since - st.idle_s))
+        details = {**st.advice, "episode_s": round(at - st.since, 3), **extra}
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=usd,
+                            details=details, usd_per_hour=st.saving_usd_h)  # fmt: skip
+
+
+def work_left(batching_gain: float, uncached_repeats: float) -> float:
+    """The share of the endpoint's GPU work left once batched (``1 / gain``) and cached (the
+    repeats, a share 0-1, served from the cache): the estimate behind the saving."""
+    return (1.0 / batching_gain) * (1.0 - max(0.0, min(1.0, uncached_repeats)))
+
+
+def _no_requests(hour: HourStats) -> bool:
+    return hour.request_s >= 3000.0 and hour.requests == 0

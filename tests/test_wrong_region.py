@@ -1,0 +1,96 @@
+"""The wrong_region detector on crafted hourly usage (a billing export's granularity)."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.engine import Engine
+from detector.events import UsageEvent
+from detector.pricing import HOURS_PER_MONTH
+from tests.helpers import T0, at
+
+HOUR = 3600.0
+DAY = 86_400.0
+TAGS = {"team": "nlp", "owner": "alice", "project": "llm"}
+
+
+def hours(n: float, *, rid: str = "gpu-1", itype: str = "p4d.24xlarge", region: str = "ap-northeast-1",
+          start: float = T0, storage_gb: float | None = None, pricing: str = "on_demand", tags: dict | None = None,
+          state=lambda h: "running") -> list[UsageEvent]:  # fmt: skip
+    return [
+        UsageEvent(ts=at(start + h * HOUR), resource_id=rid, resource_type="gpu_instance", instance_type=itype,
+                   account="acct", region=region, pricing=pricing, state=state(h), interval_s=HOUR,
+                   storage_bytes=None if storage_gb is None else int(storage_gb * 1e9),
+                   tags=TAGS if tags is None else tags)
+        for h in range(int(n))
+    ]  # fmt: skip
+
+
+def findings(ruleset, events):
+    return [f for f in Engine(ruleset).process(events) if f.type == "wrong_region"]
+
+
+def test_a_week_in_tokyo_fires_with_the_net_monthly_saving_and_break_even(ruleset):
+    # A p4d in ap-northeast-1 ($44.911/h listed) for 8 days, 20 TB on its volumes; us-east-1 lists $32.773.
+    found = findings(ruleset, hours(8 * 24, storage_gb=20_000))
+    fires = [f for f in found if f.action == "fire"]
+    assert len(fires) == 1
+    fire = fires[0]
+    assert fire.fired_at == T0 + 7 * DAY - HOUR  # the interval (dated at its start) that completes a week
+    assert fire.episode_start == T0
+    d = fire.details
+    saving = 44.911 - 32.773
+    move = 20_000 * 0.02
+    assert d["suggested_region"] == "us-east-1" and d["data_source"] == "storage the resource reports"
+    assert d["move_usd"] == pytest.approx(move)
+    assert fire.waste_usd == pytest.approx(saving * HOURS_PER_MONTH - move, abs=0.01)
+    assert fire.usd_per_hour == pytest.approx(saving, abs=1e-3)
+    assert d["break_even_h"] == pytest.approx(move / saving, abs=0.1)
+
+
+def test_without_reported_storage_the_configured_data_size_is_assumed(ruleset):
+    (fire,) = [f for f in findings(ruleset, hours(8 * 24, itype="g5.12xlarge")) if f.action == "fire"]
+    assert fire.details["data_source"] == "assumed (data_gb)" and fire.details["data_gb"] == 1000
+    assert fire.waste_usd == pytest.approx((8.226 - 5.672) * HOURS_PER_MONTH - 1000 * 0.02, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        hours(6 * 24),  # six days: not long-running yet
+        hours(8 * 24, state=lambda h: "stopped" if h == 100 else "running"),  # stopped midway: the week restarts
+        hours(8 * 24, region="us-west-2"),  # already at the cheapest listed price
+        hours(8 * 24, itype="g5.xlarge", region="eu-west-1"),  # 10.4 % dearer, but $85/month less $20 is too little
+        hours(8 * 24, storage_gb=500_000),  # 500 TB: moving it costs more than a month saves
+        hours(8 * 24, pricing="spot"),  # spot is bought per region: not compared with on-demand lists
+        hours(8 * 24, tags={**TAGS, "data_residency": "jp"}),  # must stay in Japan
+        hours(8 * 24, itype="m6i.2xlarge"),  # not a GPU type, not in the regional list
+        hours(8 * 24, region="mars-north-1"),  # a region the list does not know: not judged
+    ],
+    ids=["short-lived", "restarted", "cheapest-already", "gap-too-small", "data-too-large", "spot", "pinned",
+         "cpu", "unknown-region"],
+)
+def test_no_alert(ruleset, events):
+    assert findings(ruleset, events) == []
+
+
+def test_resolves_when_the_workload_moves_or_stops(ruleset):
+    events = hours(8 * 24) + hours(2, region="us-east-1", start=T0 + 8 * 24 * HOUR)
+    found = [f for f in findings(ruleset, events) if f.action != "update"]
+    assert [(f.action, f.details.get("reason")) for f in found] == [("fire", None), ("resolve", "moved")]
+    stopped = hours(9 * 24, state=lambda h: "stopped" if h >= 8 * 24 else "running")
+    found = [f for f in findings(ruleset, stopped) if f.action != "update"]
+    assert [(f.action, f.details.get("reason")) for f in found] == [("fire", None), ("resolve", "instance_stopped")]
+
+
+def test_duplicate_and_late_intervals_do_not_stretch_the_running_time(ruleset):
+    # Each interval twice and the list replayed: still one fire, dated at a week.
+    events = hours(8 * 24)
+    doubled = [e for pair in zip(events, events, strict=True) for e in pair]
+    fires = [f for f in findings(ruleset, doubled + events[:10]) if f.action == "fire"]
+    assert [f.fired_at for f in fires] == [T0 + 7 * DAY - HOUR]
+
+
+def test_absurd_storage_never_alerts_nor_breaks(ruleset):
+    # 9.2 EB reported: the move costs more than any saving; nothing fires and nothing raises.
+    assert findings(ruleset, hours(8 * 24, storage_gb=9.2e9)) == []
