@@ -59,6 +59,9 @@ NOT_CHARTED = {
     "inference_scale_to_zero": "the news is a weekly schedule, which the alert writes out (a week's chart is a follow-up)",
     "inference_unbatched": "an estimate from a few means (batch, SM activity, repeats): the message gives them and how",
     "spot_without_redundancy": "a risk in two counts (replicas, zones), no series over time",
+    "wrong_region": "a comparison of two price lists and a one-off move: the message gives the saving and the break-even",
+    "build_or_call": "a comparison of two costs per 1,000 requests: the message gives both and the traffic; "
+                     "`burnwatch query build-or-call` lists every model-serving resource",
     "data_starved_training": "not yet: the GPU chart's hourly utilisation averages a sawtooth away (a chart of "
                              "the scrapes beside the host gauges is to do)",
     "plateaued_run": "not yet: run metrics are stored in the run events' extra column, not a series the "

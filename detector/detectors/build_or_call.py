@@ -53,7 +53,7 @@ from detector.detectors.episode import Episode, end, fire
 from detector.events import DAY_S, Event, UsageEvent
 from detector.llm_costs import api_usd, self_host_usd
 from detector.pricing import LlmModel
-from detector.units import Duration, Percent
+from detector.units import Duration, Percent, figure
 
 __all__ = ["BuildOrCall", "BuildOrCallParams", "BuildOrCallState"]
 
@@ -113,22 +113,22 @@ class BuildOrCall(DetectorBase):
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         build = details.get("direction") == "build"
         facts = [
-            ("Per 1,000 requests", f"${details.get('usd_per_1k_requests', 0):,.3f} now, "
-                                   f"${details.get('alternative_usd_per_1k_requests', 0):,.3f} "
+            ("Per 1,000 requests", f"${figure(details.get('usd_per_1k_requests'), ',.3f')} now, "
+                                   f"${figure(details.get('alternative_usd_per_1k_requests'), ',.3f')} "
                                    f"{'self-hosted' if build else 'on the API'}"),
-            ("Traffic", f"{details.get('requests_per_h', 0):,.0f} requests/h, "
-                        f"{details.get('input_tokens_per_request', 0):,.0f} + "
-                        f"{details.get('output_tokens_per_request', 0):,.0f} tokens each "
+            ("Traffic", f"{figure(details.get('requests_per_h'), ',.0f')} requests/h, "
+                        f"{figure(details.get('input_tokens_per_request'), ',.0f')} + "
+                        f"{figure(details.get('output_tokens_per_request'), ',.0f')} tokens each "
                         f"({details.get('token_source', '')})"),
-            ("API price", f"{details.get('api_provider', '')} ${details.get('api_usd_per_1m_input', 0):,.2f} in, "
-                          f"${details.get('api_usd_per_1m_output', 0):,.2f} out per 1M tokens "
+            ("API price", f"{details.get('api_provider', '')} ${figure(details.get('api_usd_per_1m_input'), ',.2f')} in, "
+                          f"${figure(details.get('api_usd_per_1m_output'), ',.2f')} out per 1M tokens "
                           f"(as of {details.get('api_price_as_of', '')})"),
         ]
         if build:
             facts.append(("Self-hosted", f"{details.get('self_host_instances', 0)} × "
                                          f"{details.get('self_host_instance_type', '')} serving "
                                          f"{details.get('self_host_model', '')} at "
-                                         f"{details.get('self_host_output_tokens_per_s', 0):,.0f} output tokens/s each"))
+                                         f"{figure(details.get('self_host_output_tokens_per_s'), ',.0f')} output tokens/s each"))
         return facts  # fmt: skip
 
     @classmethod

@@ -42,7 +42,7 @@ from detector.detectors.base import Context, DetectorBase, Finding, Params, Reso
 from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, UsageEvent
 from detector.pricing import HOURS_PER_MONTH
-from detector.units import Duration, Money, Percent
+from detector.units import Duration, Money, Percent, figure
 
 __all__ = ["WrongRegion", "WrongRegionParams", "WrongRegionState"]
 
@@ -93,14 +93,15 @@ class WrongRegion(DetectorBase):
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         return [
-            ("Net saving", f"${details.get('net_monthly_usd', 0):,.0f} a month after moving "
-                           f"(${details.get('monthly_saving_usd', 0):,.0f} a month less "
-                           f"${details.get('move_usd', 0):,.0f} once)"),
+            ("Net saving", f"${figure(details.get('net_monthly_usd'), ',.0f')} a month after moving "
+                           f"(${figure(details.get('monthly_saving_usd'), ',.0f')} a month less "
+                           f"${figure(details.get('move_usd'), ',.0f')} once)"),
             ("Move", f"{details.get('region')} → {details.get('suggested_region')} "
-                     f"(${details.get('usd_per_hour', 0):,.3f}/h → ${details.get('suggested_usd_per_hour', 0):,.3f}/h)"),
-            ("Data", f"{details.get('data_gb', 0):,.0f} GB ({details.get('data_source')}), "
-                     f"${details.get('move_usd', 0):,.2f} to move once"),
-            ("Break-even", f"{details.get('break_even_h', 0):,.1f} h of running after the move"),
+                     f"(${figure(details.get('usd_per_hour'), ',.3f')}/h → "
+                     f"${figure(details.get('suggested_usd_per_hour'), ',.3f')}/h)"),
+            ("Data", f"{figure(details.get('data_gb'), ',.0f')} GB ({details.get('data_source')}), "
+                     f"${figure(details.get('move_usd'), ',.2f')} to move once"),
+            ("Break-even", f"{figure(details.get('break_even_h'), ',.1f')} h of running after the move"),
         ]  # fmt: skip
 
     def step(self, state: WrongRegionState, ctx: Context, event: Event, t: float) -> list[Finding]:

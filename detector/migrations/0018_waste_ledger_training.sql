@@ -6,8 +6,10 @@
 --   6 failed_run_spend  7 plateaued_run  8 egress_runaway  9 unused_commitment
 --   10 inference_scale_to_zero                                                    (wasted)
 --   11 telemetry_stale  12 anomaly  13 untagged                                   (spent, unexplained)
---   14 spot_eligible  15 inference_overprovisioned  16 inference_unbatched        (could be saved)
--- Ranks 1-13 are kind 'waste'; 14-16 'could_save', sharing what ranks 1-10 left. A starved job's unused
+--   14 spot_eligible  15 inference_overprovisioned  16 inference_unbatched
+--   17 build_or_call                                                              (could be saved)
+-- Ranks 1-13 are kind 'waste'; 14-17 'could_save', sharing what ranks 1-10 left (build_or_call, whose
+-- dollars could have been saved by calling an API, had no rank in 0017; wrong_region's are a forecast). A starved job's unused
 -- share claims its host-hour before a plateau of the same run does (what happened to a dollar first:
 -- nothing ran on it), so the two never claim more than the hour's bill together.
 
@@ -17,7 +19,7 @@ CREATE VIEW IF NOT EXISTS {db}.waste_ledger AS
 WITH
     ['idle_gpu', 'partly_idle_gpu', 'unallocated_gpu', 'stuck_gpu', 'data_starved_training', 'failed_run_spend',
      'plateaued_run', 'egress_runaway', 'unused_commitment', 'inference_scale_to_zero', 'telemetry_stale', 'anomaly',
-     'untagged', 'spot_eligible', 'inference_overprovisioned', 'inference_unbatched'] AS precedence,
+     'untagged', 'spot_eligible', 'inference_overprovisioned', 'inference_unbatched', 'build_or_call'] AS precedence,
     alerted AS (
         SELECT alert_id, type, rule, tags['team'] AS team, account, indexOf(precedence, type) AS rank,
                toUnixTimestamp64Milli(episode_start) / 1000 AS start0, JSONExtractString(details, 'run_id') AS run_id,
