@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
 from detector.engine import Engine
@@ -104,12 +105,31 @@ def test_the_busiest_hour_sizes_the_self_hosted_fleet(ruleset):
         api(8 * 24, rps=lambda h: 1.0),  # $13.50/h of gpt-4o: one p4d would cost more
         api(8 * 24, model="gpt-4o-mini", rps=lambda h: 1.0),  # $0.81/h of gpt-4o-mini: less than a g5
         api(8 * 24, rps=lambda h: 5.0 if h % 24 < 12 else 0.0),  # half the day idle: the week is not steady
+        endpoint(8 * 24, rps=lambda h: 0.0),  # no request all week: idle (inference_scale_to_zero's), not light
     ],
     ids=["busy-endpoint", "short-history", "one-busy-day", "unpriced-model", "data-gap", "small-api-spend",
-         "cheap-api-model", "bursty-api"],
+         "cheap-api-model", "bursty-api", "no-traffic"],
 )
 def test_no_alert(ruleset, events):
     assert [f for f in findings(ruleset, events) if f.action == "fire"] == []
+
+
+def test_one_busy_hour_in_the_week_sizes_the_fleet_for_the_whole_week(ruleset):
+    # 7 req/s, and 12 req/s at noon of day 3 only: that hour's 10.8M output tokens need two p4d,
+    # and a fleet is not resized day by day: two p4d all week, as the report sizes it.
+    rps = lambda h: 12.0 if h == 3 * 24 + 12 else 7.0  # noqa: E731
+    (fire,) = [f for f in findings(ruleset, api(7 * 24 + 1, rps)) if f.action == "fire"]
+    assert fire.details["self_host_instances"] == 2
+    api_week = sum(rps(h) for h in range(7 * 24)) * HOUR * (500 * 2.5 + 250 * 10.0) / 1e6
+    assert fire.waste_usd == pytest.approx(api_week - 7 * 24 * 2 * P4D, rel=1e-3)
+
+
+def test_an_interval_without_the_model_tag_does_not_restart_the_week(ruleset):
+    # The exporter dropped the model label for one hour of day 3: the week still holds.
+    events = endpoint(8 * 24 + 5)
+    events[50] = msgspec.structs.replace(events[50], tags=TAGS)
+    fires = [f for f in findings(ruleset, events) if f.action == "fire"]
+    assert [f.fired_at for f in fires] == [T0 + 7 * DAY]
 
 
 def test_resolves_when_the_crossover_is_no_longer_passed(ruleset):

@@ -147,12 +147,12 @@ class BuildOrCall(DetectorBase):
             return []
         st.last_t = t
         model = event.tags.get(self.params.model_tag, "")
-        if model != st.model:
+        if model and model != st.model:
             st.model, st.days = intern(model), []
             found = end(st, lambda: self._finding("resolve", st, res, t, reason="model_changed"))
         else:
             found = []
-        entry = self.pricing.llm_models.get(model)
+        entry = self.pricing.llm_models.get(st.model)
         if entry is None:
             return found
         day_start = t - t % DAY_S
@@ -162,7 +162,8 @@ class BuildOrCall(DetectorBase):
             del st.days[: max(0, len(st.days) - self._need_days() - 1)]
         elif st.days[-1].start > day_start:
             return found  # an interval of a day already judged
-        self._add(st.days[-1], event, res, t)
+        if model:  # an interval without the tag (an exporter that dropped it) counts toward no day
+            self._add(st.days[-1], event, res, t)
         return found
 
     def open_episode(self, state: BuildOrCallState, resource: ResourceInfo) -> Finding | None:
@@ -199,22 +200,28 @@ class BuildOrCall(DetectorBase):
     def _api(self, res: ResourceInfo) -> bool:
         return res.resource_type in self.params.api_resource_types
 
-    def _alternative(self, day: DayStats, res: ResourceInfo, entry: LlmModel) -> tuple[float, int] | None:
+    def _alternative(self, day: DayStats, res: ResourceInfo, entry: LlmModel, peak: float) -> tuple[float, int] | None:
         """What the day would have cost the other way (:mod:`detector.llm_costs`), and the
-        instances it would take (0 for the API); None when the price list cannot say."""
+        instances it would take (0 for the API); None when the price list cannot say. A
+        self-hosted fleet is sized for ``peak``, the window's busiest hour (a fleet is not
+        resized day by day; the report sizes it for its period's busiest hour too)."""
         if self._api(res):
-            return self_host_usd(entry, self.pricing, day.peak_output_per_h, day.covered_s)
+            return self_host_usd(entry, self.pricing, peak, day.covered_s)
         usd = api_usd(entry, day.input_tokens, day.output_tokens)
         return None if usd is None else (usd, 0)
 
-    def _saving(self, day: DayStats, res: ResourceInfo, entry: LlmModel) -> float | None:
+    @staticmethod
+    def _peak(days: list[DayStats]) -> float:
+        return max((d.peak_output_per_h for d in days), default=0.0)
+
+    def _saving(self, day: DayStats, res: ResourceInfo, entry: LlmModel, peak: float) -> float | None:
         """The day's saving the other way (negative: this way is cheaper), or None."""
-        alt = self._alternative(day, res, entry)
+        alt = self._alternative(day, res, entry, peak)
         return None if alt is None else day.usd - alt[0]
 
-    def _passed(self, day: DayStats, res: ResourceInfo, entry: LlmModel) -> bool:
+    def _passed(self, day: DayStats, res: ResourceInfo, entry: LlmModel, peak: float) -> bool:
         """The day covers enough and the other way was cheaper by the margin."""
-        alt = self._alternative(day, res, entry)
+        alt = self._alternative(day, res, entry, peak)
         return (alt is not None and day.covered_s >= FULL_DAY * DAY_S and day.usd > 0
                 and alt[0] <= (1 - self.params.min_saving / 100.0) * day.usd)  # fmt: skip
 
@@ -223,37 +230,38 @@ class BuildOrCall(DetectorBase):
         each further passing day to the episode, close on one that did not."""
         if not st.days or not res.known:
             return []
-        closed = st.days[-1]
+        closed, need = st.days[-1], self._need_days()
+        week = st.days[-need:]
+        peak = self._peak(week)
         if st.fired_at is not None:
-            if not self._passed(closed, res, entry):
+            if not self._passed(closed, res, entry, peak):
                 return end(st, lambda: self._finding("resolve", st, res, t, reason="crossover_not_passed"))
-            st.saved_usd += self._saving(closed, res, entry) or 0.0
-            st.advice = self._advice(st.days[-self._need_days():], res, entry)
+            st.saved_usd += self._saving(closed, res, entry, peak) or 0.0
+            st.advice = self._advice(week, res, entry)
             st.last_report = t
             return [self._finding("update", st, res, t)]
-        need = self._need_days()
-        week = st.days[-need:]
         consecutive = all(b.start - a.start == DAY_S for a, b in zip(week, week[1:], strict=False))
-        if len(week) < need or not consecutive or not all(self._passed(d, res, entry) for d in week):
-            return []
-        st.saved_usd = sum(self._saving(d, res, entry) or 0.0 for d in week)
+        if (len(week) < need or not consecutive or not sum(d.requests for d in week)
+                or not all(self._passed(d, res, entry, peak) for d in week)):
+            return []  # a week with no request at all is idle, not light (inference_scale_to_zero's)
+        st.saved_usd = sum(self._saving(d, res, entry, peak) or 0.0 for d in week)
         st.advice = self._advice(week, res, entry)
         return [self._finding(fire(st, since=week[0].start, fired_at=t, at=t), st, res, t)]
 
     def _advice(self, days: list[DayStats], res: ResourceInfo, entry: LlmModel) -> dict[str, Any]:
         """The week's figures: cost per 1,000 requests both ways, traffic, and the prices used."""
-        usd = sum(d.usd for d in days)
-        alts = [self._alternative(d, res, entry) for d in days]
+        usd, peak = sum(d.usd for d in days), self._peak(days)
+        alts = [self._alternative(d, res, entry, peak) for d in days]
         alt_usd = sum(a[0] for a in alts if a is not None)
         requests = sum(d.requests for d in days)
         hours = sum(d.covered_s for d in days) / HOUR_S
         api, host = entry.api, entry.self_host
-        per_1k = 1000.0 / requests if requests else 0.0
+        per_1k = 1000.0 / requests if requests else None  # none: no cost per request to show
         advice: dict[str, Any] = {
             "direction": "build" if self._api(res) else "call",
             "model": res.tags.get(self.params.model_tag, ""),
-            "usd_per_1k_requests": round(usd * per_1k, 4),
-            "alternative_usd_per_1k_requests": round(alt_usd * per_1k, 4),
+            "usd_per_1k_requests": round(usd * per_1k, 4) if per_1k else None,
+            "alternative_usd_per_1k_requests": round(alt_usd * per_1k, 4) if per_1k else None,
             "week_usd": round(usd, 2), "alternative_week_usd": round(alt_usd, 2),
             "saving_usd_per_hour": round((usd - alt_usd) / hours, 4) if hours else 0.0,
             "requests_per_h": round(requests / hours, 1) if hours else 0.0,
@@ -276,7 +284,8 @@ class BuildOrCall(DetectorBase):
         usd = st.saved_usd
         if action != "resolve" and st.days and st.days[-1].start >= at - at % DAY_S and st.days[-1].start > st.since:
             entry = self.pricing.llm_models.get(st.model)
-            today = self._saving(st.days[-1], res, entry) if entry is not None else None
+            peak = self._peak(st.days[-self._need_days():])
+            today = self._saving(st.days[-1], res, entry, peak) if entry is not None else None
             usd += today or 0.0  # the day in progress, as far as it has come
         advice = st.advice or {}
         details = {**advice, "episode_days": round((at - st.since) / DAY_S, 2), **extra}
