@@ -44,6 +44,10 @@ def self_host_usd(entry: LlmModel, pricing: Pricing, peak_output_per_h: float,
     return usd_over(n * hourly, seconds), n
 
 
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def compare(row: dict[str, Any], pricing: Pricing, api_types: list[str], tokens_per_request: tuple[float, float],
             min_saving_pct: float) -> dict[str, Any]:  # fmt: skip
     """One report row (a resource's usage over the period: ``resource_type``, ``model``,
@@ -54,13 +58,21 @@ def compare(row: dict[str, Any], pricing: Pricing, api_types: list[str], tokens_
     out = dict(row)
     requests = float(row.get("requests") or 0)
     measured = bool(row.get("measured_tokens"))
-    inp = float(row.get("input_tokens") or 0) if measured else requests * tokens_per_request[0]
-    outp = float(row.get("output_tokens") or 0) if measured else requests * tokens_per_request[1]
-    peak = float(row.get("peak_output_per_h") or 0) if measured else \
-        float(row.get("peak_requests_per_h") or 0) * tokens_per_request[1]  # fmt: skip
+    # Requests of intervals without token counts are priced at the assumption, as the detector
+    # prices them interval by interval (a row without the split: all of them, unless measured).
+    default_unmeasured = 0.0 if measured else requests
+    no_in = float(_or(row.get("unmeasured_in_requests"), default_unmeasured))
+    no_out = float(_or(row.get("unmeasured_out_requests"), default_unmeasured))
+    inp = (float(row.get("input_tokens") or 0) if measured else 0.0) + no_in * tokens_per_request[0]
+    outp = (float(row.get("output_tokens") or 0) if measured else 0.0) + no_out * tokens_per_request[1]
+    # The busiest hour: measured tokens, plus assumed ones (an upper bound when an hour mixes both).
+    peak_unmeasured = _or(row.get("peak_unmeasured_requests_per_h"), 0.0 if measured else row.get("peak_requests_per_h"))
+    peak = (float(row.get("peak_output_per_h") or 0) if measured else 0.0) + \
+        float(peak_unmeasured or 0) * tokens_per_request[1]  # fmt: skip
+    source = ("measured" if not (no_in or no_out) else "partly assumed per request") if measured else "assumed per request"
     usd, hours = float(row.get("usd") or 0), float(row.get("hours") or 0)
     api = row.get("resource_type") in api_types
-    out.update(direction="build" if api else "call", token_source="measured" if measured else "assumed per request",
+    out.update(direction="build" if api else "call", token_source=source,
                alternative_usd=None, usd_per_1k_requests=None, alternative_usd_per_1k_requests=None,
                crossover_requests_per_h=None, verdict="not priced")  # fmt: skip
     if entry is None:

@@ -62,3 +62,27 @@ def test_heavy_api_spend_would_be_cheaper_self_hosted(rows):
 )
 def test_rows_the_price_list_cannot_judge_say_so(ruleset, row, verdict):
     assert compare(row, ruleset.pricing, ["llm_api"], (500, 250), 20)["verdict"] == verdict
+
+
+def test_requests_without_token_counts_are_priced_at_the_assumption(ruleset):
+    # An endpoint whose token counter was scraped for half its hours: 1,000 requests an hour,
+    # 400 + 200 tokens each where measured. The other half's requests take the rule's 500 + 250,
+    # not zero tokens (which would make the API look free).
+    row = {"model": "llama-3.1-8b-instruct", "resource_type": "inference_endpoint", "usd": 10.06, "hours": 10,
+           "requests": 10_000, "measured_tokens": 1, "input_tokens": 5 * 400_000, "output_tokens": 5 * 200_000,
+           "unmeasured_in_requests": 5_000, "unmeasured_out_requests": 5_000, "peak_requests_per_h": 1_000,
+           "peak_output_per_h": 200_000, "peak_unmeasured_requests_per_h": 1_000}  # fmt: skip
+    out = compare(row, ruleset.pricing, ["llm_api"], (500, 250), 20)
+    tokens = 5 * 600_000 + 5_000 * 750
+    assert out["alternative_usd"] == pytest.approx(tokens * 0.18 / 1e6, abs=0.01)
+    assert out["token_source"] == "partly assumed per request"
+    # The same split read from the store: each light-endpoint hour reported no tokens.
+    assert compare({**row, "measured_tokens": 0, "unmeasured_in_requests": None, "unmeasured_out_requests": None},
+                   ruleset.pricing, ["llm_api"], (500, 250), 20)["token_source"] == "assumed per request"
+
+
+def test_the_store_splits_requests_with_and_without_token_counts(rows):
+    # The simulator's endpoints report no token counts, its API usage reports them.
+    light, heavy = rows["light-endpoint"], rows["heavy-api"]
+    assert light["token_source"] == "assumed per request" and heavy["token_source"] == "measured"
+    assert light["alternative_usd"] == pytest.approx(light["requests"] * PER_8B_REQUEST, abs=0.01)
