@@ -339,16 +339,18 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     rate = sum(a.usd_per_hour for a in alerts if a.burning)
     spent = sum(a.waste_usd for a in alerts)
     sunk = not any(a.burning for a in alerts)
-    header = (f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} {_group_words(head)}: "
-              + (f"{money(spent, exact=True)} spent" if sunk else f"{money(rate, exact=True)}/h"))  # fmt: skip
+    header = (f"{_EMOJI.get(head.severity, '')} {head.title}: {len(alerts)} {_group_words(head)}"
+              + ("" if not head.dollars else f": {money(spent, exact=True)} spent" if sunk
+                 else f": {money(rate, exact=True)}/h"))  # fmt: skip
     lines = []
     for a in sorted(alerts, key=lambda a: -a.usd_per_hour):
         facts = escape("; ".join(f"{k.lower()} {v}" for k, v in _facts_of(a)), 300)
         commands = _commands(a)
+        # A forecast or a risk (no dollars gone): its facts say how much, not "so far".
+        dollars = (f": {money(a.usd_per_hour, exact=True)}/h{'' if a.burning else ' while it ran'}, "
+                   f"{money(a.waste_usd, exact=True)} {a.dollars}") if a.dollars else ""
         line = (f"• {code(a.resource_id, _ID_SHOWN)} ({escape(a.resource_type or '?', 40)}, "
-                f"{escape(a.region or '?', 40)}): {money(a.usd_per_hour, exact=True)}/h"
-                f"{'' if a.burning else ' while it ran'}, "
-                f"{money(a.waste_usd, exact=True)} {a.dollars or 'so far'}" + (f"; {facts}" if facts else "")
+                f"{escape(a.region or '?', 40)}){dollars}" + (f"; {facts}" if facts else "")
                 + "".join(f"; run {code(c, 200)}" for c in commands[:2]))  # fmt: skip
         lines.append(clip(line, 400))
     noun = "resources" if len(alerts) != 1 else "resource"
@@ -357,10 +359,11 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     ids = clip_lines([f"alert {code(a.alert_id, 80)}" for a in alerts], MAX_TEXT - 220, lambda n: f"{n} more", sep=" · ")
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": clip(header, MAX_HEADER_TEXT), "emoji": True}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": (
-            f"*{money(spent, exact=True)}* {head.dollars or 'so far'} in total"
+        *([{"type": "section", "text": {"type": "mrkdwn", "text": (
+            f"*{money(spent, exact=True)}* {head.dollars} in total"
             + (", spent: they have ended." if sunk else
-            f", *{money(rate, exact=True)}/h* ({money(rate * HOURS_PER_MONTH)}/month if left)."))}},
+            f", *{money(rate, exact=True)}/h* ({money(rate * HOURS_PER_MONTH)}/month if left)."))}}]
+          if head.dollars else []),  # a forecast's or a risk's how much is in each line's facts
         {"type": "section", "text": {"type": "mrkdwn", "text": listed}},
     ]  # fmt: skip
     if head.suggestion:

@@ -267,3 +267,21 @@ def test_a_resolution_whose_parent_edit_fails_is_not_replied_twice(slack, store)
     outbox.deliver_pending()
     replies = [p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body]
     assert len(replies) == 1 and store.deliveries.undelivered() == []
+
+
+def test_a_group_of_forecasts_says_what_they_save_not_what_was_spent_so_far():
+    """wrong_region's dollars are a month's saving to come: a group of them (a team's p4d fleet in
+    Tokyo fires together) lists each with its facts, never "$8,460 so far" or "$0.00 spent"."""
+    def dear(alert_id: str) -> Alert:
+        return Alert(
+            alert_id=alert_id, type="wrong_region", rule="wrong-region", resource_id=f"gpu-{alert_id}",
+            status="firing", change="fired", severity="info", episode_start=T0, fired_at=T0 + 7 * 86_400,
+            updated_at=T0 + 7 * 86_400, waste_usd=8460.74, usd_per_hour=12.138, resource_type="gpu_instance",
+            account="ml-prod", region="ap-northeast-1", tags={"team": "nlp"},
+            details={"region": "ap-northeast-1", "suggested_region": "us-east-1", "net_monthly_usd": 8460.74,
+                     "monthly_saving_usd": 8860.74, "move_usd": 400.0},
+        )  # fmt: skip
+
+    group = str(render_group([dear("a"), dear("b")]))
+    assert "so far" not in group and "spent" not in group
+    assert group.count("net saving $8,461 a month after moving") == 2
