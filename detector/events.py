@@ -209,6 +209,23 @@ class RunEvent(_Base, kw_only=True):
 
 Event = Union[UsageEvent, GpuMetric, RunEvent]
 ADDED_FIELDS: dict[type, str] = {GpuMetric: "gr_engine_active", UsageEvent: "metrics", RunEvent: "metrics"}
+RUN_ADDED: dict[str, Any] = {f.name: f.type for f in msgspec.structs.fields(RunEvent) if f.name in ("metrics", "step")}
+"""Run event fields added after its table (name → type): stored in its ``extra`` column, and
+kept there verbatim when the contract cannot type them (:func:`typed_run_fields`)."""
+
+
+def typed_run_fields(fields: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Move each of :data:`RUN_ADDED` in ``extra`` that the contract can type into ``fields``;
+    one it cannot (a diverged run's ``"val_loss": null``, a label ``"step": "epoch-3"``) stays
+    in ``extra`` verbatim, as before they were fields: the event is not refused for it (a failed
+    run's status is what ``failed_run_spend`` needs) and it counts as no evaluation."""
+    for name, ftype in RUN_ADDED.items():
+        if name in extra:
+            try:
+                fields[name] = msgspec.convert(extra[name], ftype)
+            except msgspec.ValidationError:
+                continue
+            del extra[name]
 """Per event type, the first of the optional fields added (at the end) after event ids were
 released: :func:`detector.store.batch.event_ids` hashes an event without the trailing run of
 them at their defaults, so an event that carries none of them keeps the id it had before."""
@@ -389,13 +406,29 @@ class EventDecoder:
             if extra:
                 fields["extra"] = extra
             try:
-                out.append(msgspec.convert(fields, cls))
+                out.append(self._convert(cls, fields))
             except msgspec.ValidationError as exc:
                 message = str(exc).replace("`$", f"`{where}", 1)
                 if "- at" not in message and "required field" in message:
                     message = f"{message} - at `{where}`"
                 raise InvalidMessage(message) from None
         return out if isinstance(raw, list) else out[0]
+
+
+    @staticmethod
+    def _convert(cls: type, fields: dict[str, Any]) -> Any:
+        """``fields`` as an event of ``cls``; a run event's ``metrics`` or ``step`` the contract
+        cannot hold stays in ``extra`` (:func:`typed_run_fields`)."""
+        try:
+            return msgspec.convert(fields, cls)
+        except msgspec.ValidationError:
+            if cls is not RunEvent or not any(name in fields for name in RUN_ADDED):
+                raise
+        extra = {**fields.get("extra", {}), **{name: fields.pop(name) for name in RUN_ADDED if name in fields}}
+        typed_run_fields(fields, extra)
+        if extra:
+            fields["extra"] = extra
+        return msgspec.convert(fields, cls)
 
 
 def _too_deep(extra: dict[str, Any]) -> str | None:

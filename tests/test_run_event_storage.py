@@ -36,3 +36,31 @@ def test_run_metrics_and_step_read_back_typed(store, sent, read):
     (back,) = [event for _, event in store.history.between(0, 2e9)]
     assert back == read
     assert back.step is None or isinstance(back.step, int)
+
+
+@pytest.mark.parametrize(
+    "tail, metrics, step, extra",
+    [
+        # A diverged run's last event: a JS bridge writes NaN as null. Its failure must still count.
+        # Its step is the contract's and stays typed.
+        (',"metrics":{"val_loss":null},"step":900}', {}, 900, {"metrics": {"val_loss": None}}),
+        # An exporter's own step label, not a training step: kept as sent, no evaluation.
+        (',"step":"epoch-3"}', {}, None, {"step": "epoch-3"}),
+        # A fractional step: not the contract's integer.
+        (',"step":1.5}', {}, None, {"step": 1.5}),
+        # What the contract holds stays typed.
+        (',"metrics":{"val_loss":2.5},"step":900}', {"val_loss": 2.5}, 900, {}),
+    ],
+    ids=["null-metric", "string-step", "float-step", "typed"],
+)
+def test_a_run_event_is_not_refused_for_metrics_the_contract_cannot_hold(store, tail, metrics, step, extra):
+    from detector.events import TOPIC_RUN_EVENTS, EventDecoder
+
+    value = ('{"ts":"2026-01-01T00:00:00Z","run_id":"r1","status":"failed","resource_ids":["h1"],"gpu_count":8'
+             + tail).encode()  # fmt: skip
+    (event,) = EventDecoder(clock=lambda: T0 + 86_400 * 365).decode(TOPIC_RUN_EVENTS, value)
+    assert (event.status, event.metrics, event.step, event.extra) == ("failed", metrics, step, extra)
+    batch = EventBatch()
+    batch.extend([event])
+    store.events.insert(batch)
+    assert [e for _, e in store.history.between(0, 2e9)] == [event]

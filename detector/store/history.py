@@ -9,32 +9,13 @@ from typing import Any
 import msgspec
 
 from detector.detectors import ResourceInfo
-from detector.events import Event, GpuMetric, RunEvent, UsageEvent
+from detector.events import Event, GpuMetric, RunEvent, UsageEvent, typed_run_fields
 from detector.store.batch import GPU_COLS, RUN_COLS, USAGE_COLS
 from detector.store.connection import Connection, ms
 from detector.store.schema import RAW_TABLES
 from detector.units import epoch
 
 __all__ = ["EventHistory"]
-
-
-_RUN_ADDED = {name: ftype for name, ftype in ((f.name, f.type) for f in msgspec.structs.fields(RunEvent))
-              if name in ("metrics", "step")}  # fmt: skip
-
-
-def _lift_run_fields(fields: dict[str, Any]) -> None:
-    """A run event's ``metrics`` and ``step`` out of its extra column, as the contract types them.
-    A row stored before they were fields may hold anything under those names (an exporter's
-    ``"step": "epoch-3"``): such a value stays in ``extra``, as it was sent, and is not compared
-    as a step (a str against an int raised in ``plateaued_run``)."""
-    extra = fields["extra"]
-    for name, ftype in _RUN_ADDED.items():
-        if name in extra:
-            try:
-                fields[name] = msgspec.convert(extra[name], ftype)
-            except msgspec.ValidationError:
-                continue
-            del extra[name]
 
 
 class EventHistory:
@@ -74,7 +55,7 @@ class EventHistory:
                 fields["ts"] = ts
                 fields["extra"] = msgspec.json.decode(fields["extra"]) if fields["extra"] else {}
                 if cls is RunEvent:  # metrics and step live in the extra column (store/batch.py)
-                    _lift_run_fields(fields)
+                    typed_run_fields(fields, fields["extra"])
                 fields = {k: v for k, v in fields.items() if v is not None}
                 out.append((ts.timestamp(), rank, cls(**fields)))
         out.sort(key=lambda item: (item[0], item[1]))
