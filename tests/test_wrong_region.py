@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from detector.engine import Engine
@@ -89,6 +90,27 @@ def test_duplicate_and_late_intervals_do_not_stretch_the_running_time(ruleset):
     doubled = [e for pair in zip(events, events, strict=True) for e in pair]
     fires = [f for f in findings(ruleset, doubled + events[:10]) if f.action == "fire"]
     assert [f.fired_at for f in fires] == [T0 + 7 * DAY - HOUR]
+
+
+def test_an_interval_without_region_or_type_does_not_restart_the_week(ruleset):
+    # The exporter dropped the region label for one hour and the type for another: not a move.
+    events = hours(8 * 24)
+    events[50] = msgspec.structs.replace(events[50], region="")
+    events[60] = msgspec.structs.replace(events[60], instance_type="")
+    fires = [f for f in findings(ruleset, events) if f.action == "fire"]
+    assert [f.fired_at for f in fires] == [T0 + 7 * DAY - HOUR]
+
+
+@pytest.mark.parametrize("split", [1, 50, 7 * 24 - 1, 7 * 24, 8 * 24 - 3])
+def test_a_restore_mid_stream_gives_the_same_findings(ruleset, split):
+    # A worker restarts after `split` intervals and re-reads the last three: same findings, none twice.
+    events = hours(8 * 24, storage_gb=20_000) + hours(3, region="us-east-1", start=T0 + 8 * DAY)
+    whole = [(f.action, f.at, f.waste_usd, f.details) for f in findings(ruleset, events)]
+    first = Engine(ruleset)
+    before = [f for f in first.process(events[:split]) if f.type == "wrong_region"]
+    second = Engine(ruleset, loader={key: first.snapshot(key) for key in first.dirty}.get)
+    after = [f for f in second.process(events[max(0, split - 3):]) if f.type == "wrong_region"]
+    assert [(f.action, f.at, f.waste_usd, f.details) for f in before + after] == whole
 
 
 def test_absurd_storage_never_alerts_nor_breaks(ruleset):

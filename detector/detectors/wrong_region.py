@@ -112,9 +112,11 @@ class WrongRegion(DetectorBase):
             return []  # a duplicate or a late interval: the running time is already counted
         gap = t - st.last_t > event.interval_s + MAX_GAP_S
         st.last_t = t
-        moved = (event.region, event.instance_type) != (st.region, st.instance_type)
+        # An interval without a region or type (an exporter that dropped the label) keeps the last known.
+        region, itype = event.region or st.region, event.instance_type or st.instance_type
+        moved = (region, itype) != (st.region, st.instance_type)
         if moved:  # interned: a million resources share a few regions and types
-            st.region, st.instance_type = intern(event.region), intern(event.instance_type)
+            st.region, st.instance_type = intern(region), intern(itype)
         stored = st.storage_bytes
         if event.storage_bytes is not None:
             st.storage_bytes = float(event.storage_bytes)
