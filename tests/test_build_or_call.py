@@ -146,3 +146,17 @@ def test_hostile_token_counts_neither_raise_nor_alert(ruleset):
         e.metrics["input_tokens"] = -5.0  # a signed gauge gone wrong: counted as none
     assert [f for f in findings(ruleset, events) if f.action == "fire"] == []
     assert math.isfinite(sum(f.waste_usd for f in findings(ruleset, events)))
+
+
+@pytest.mark.parametrize("split", [1, 30, 7 * 24, 7 * 24 + 1, 8 * 24 + 2])
+def test_a_restore_mid_stream_gives_the_same_findings(ruleset, split):
+    # A worker restarts after `split` intervals and re-reads the last three: same findings (the
+    # day records and the episode's saving survive the snapshot), none twice.
+    events = endpoint(10 * 24 + 1, rps=lambda h: 0.5 if h < 9 * 24 else 3.0)
+    whole = [(f.action, f.at, round(f.waste_usd, 6), f.details) for f in findings(ruleset, events)]
+    first = Engine(ruleset)
+    before = [f for f in first.process(events[:split]) if f.type == "build_or_call"]
+    second = Engine(ruleset, loader={key: first.snapshot(key) for key in first.dirty}.get)
+    after = [f for f in second.process(events[max(0, split - 3):]) if f.type == "build_or_call"]
+    assert [(f.action, f.at, round(f.waste_usd, 6), f.details) for f in before + after] == whole
+    assert [f[0] for f in whole] == ["fire", "update", "update", "resolve"]
