@@ -118,7 +118,8 @@ def _one_set(i: int, rng: random.Random, first: float, end: float) -> list[Workl
         gpu("small-gap-g5", "g5.xlarge", "eu-west-1", None),
         model("light-endpoint", "inference_endpoint", "llama-3.1-8b-instruct", rng.uniform(0.2, 0.8), "g5.xlarge"),
         model("busy-endpoint", "inference_endpoint", "llama-3.1-8b-instruct", rng.uniform(2.4, 3.0), "g5.xlarge"),
-        model("heavy-api", "llm_api", "gpt-4o", rng.uniform(4.0, 7.0), measured=True),
+        # Busy enough that even two p4d (its busiest hours need two) beat the API by the margin.
+        model("heavy-api", "llm_api", "gpt-4o", rng.uniform(6.5, 7.5), measured=True),
         model("small-api", "llm_api", "gpt-4o", rng.uniform(0.3, 1.2), measured=True),
     ]  # fmt: skip
 
@@ -201,31 +202,37 @@ def _region_label(w: Workload, pricing: Pricing) -> Label | None:
 
 def _model_label(w: Workload, pricing: Pricing) -> Label | None:
     """The saving the other way, day by day, from the first week whose every day passed the
-    crossover by the margin (the rule's defaults) to the end."""
+    crossover by the margin (the rule's defaults) to the end. Self-hosting is sized for the
+    busiest hour of the week that ends with the day judged (a fleet is not resized daily)."""
     entry = pricing.llm_models[w.model]
     days: dict[float, list[tuple[float, int, float, float, float]]] = {}
     for hour in w.hours:
         days.setdefault(hour[0] - hour[0] % DAY_S, []).append(hour)
-    figures = []
-    for day_start, hours in sorted(days.items()):
+    daily = sorted(days.items())
+    peaks = [max(h[3] for h in hours) for _, hours in daily]
+
+    def figure(j: int, judged_at: int) -> tuple[float, bool, float]:
+        """Day ``j`` as judged at the close of day ``judged_at``: (start, passed, saving)."""
+        day_start, hours = daily[j]
         cost = sum(h[4] for h in hours)
         if w.resource_type == "llm_api":
             assert entry.self_host is not None
             capacity = entry.self_host.output_tokens_per_s * HOUR_S
-            n = max(1, math.ceil(max(h[3] for h in hours) / capacity))
+            n = max(1, math.ceil(max(peaks[max(0, judged_at - WEEK_DAYS + 1):judged_at + 1]) / capacity))
             other = usd_over(n * (pricing.hourly(entry.self_host.instance_type) or 0.0), len(hours) * HOUR_S)
         else:
             assert entry.api is not None
             other = entry.api.usd(sum(h[2] for h in hours), sum(h[3] for h in hours))
-        figures.append((day_start, len(hours) == 24 and other <= (1 - MARGIN) * cost, cost - other))
-    for k in range(len(figures) - WEEK_DAYS + 1):
-        week = figures[k:k + WEEK_DAYS]
-        if not all(passed for _, passed, _ in week) or k + WEEK_DAYS >= len(figures):
+        return day_start, len(hours) == 24 and other <= (1 - MARGIN) * cost, cost - other
+
+    for k in range(len(daily) - WEEK_DAYS + 1):
+        week = [figure(j, k + WEEK_DAYS - 1) for j in range(k, k + WEEK_DAYS)]
+        if not all(passed for _, passed, _ in week) or k + WEEK_DAYS >= len(daily):
             continue  # not a week past the crossover, or no later day closes it
         end, usd = w.end, sum(saving for _, _, saving in week)
-        for j in range(k + WEEK_DAYS, len(figures)):
-            day_start, passed, saving = figures[j]
-            if not passed and j < len(figures) - 1:  # a closed day back under the crossover ends it
+        for j in range(k + WEEK_DAYS, len(daily)):
+            day_start, passed, saving = figure(j, j)
+            if not passed and j < len(daily) - 1:  # a closed day back under the crossover ends it
                 end = day_start
                 break
             usd += saving  # the day in progress at the end counts as far as it has come
