@@ -54,7 +54,7 @@ def compare(row: dict[str, Any], pricing: Pricing, api_types: list[str], tokens_
     ``hours``, ``usd``, ``requests``, token sums, ``measured_tokens``, the busiest hour's
     requests and output tokens) with the other way's cost, both per 1,000 requests, the
     crossover volume and the verdict."""
-    entry = pricing.llm_models.get(str(row.get("model", "")))
+    entry = pricing.llm_model(str(row.get("model", "")))
     out = dict(row)
     requests = float(row.get("requests") or 0)
     measured = bool(row.get("measured_tokens"))

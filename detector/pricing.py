@@ -13,6 +13,7 @@ an untagged bucket's alert adds up to what its stored rows say it cost.
 
 from __future__ import annotations
 
+import re
 from datetime import date
 from pathlib import Path
 from typing import Any, Protocol
@@ -133,6 +134,15 @@ class Pricing(BaseModel):
     llm_models: dict[str, LlmModel] = {}
     """Model name → its API price and its self-hosting (``build_or_call``)."""
 
+    def llm_model(self, name: str) -> LlmModel | None:
+        """The listed model ``name`` is, or a dated snapshot of: the providers' usage exports name
+        the snapshot served (``gpt-4o-2024-08-06``, ``claude-3-5-sonnet-20241022``), priced as the
+        model it pins. Only a trailing date is dropped: ``gpt-4o-audio-preview`` is not ``gpt-4o``."""
+        found = self.llm_models.get(name)
+        if found is None and (undated := _SNAPSHOT_DATE.sub("", name)) != name:
+            found = self.llm_models.get(undated)
+        return found
+
     def next_tier(self, resource_type: str, capacity_bytes: float) -> CapacityTier | None:
         """The smallest listed size above ``capacity_bytes``, or None."""
         bigger = [t for t in self.capacity_tiers.get(resource_type, []) if t.capacity_gb * 1e9 > capacity_bytes * 1.0001]
@@ -148,6 +158,9 @@ class Pricing(BaseModel):
             return price.reserved if price.reserved is not None else price.on_demand * self.reserved_discount
         return price.on_demand
 
+
+_SNAPSHOT_DATE = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8})$")
+"""A model snapshot's trailing date: ``-2024-08-06`` (OpenAI), ``-20241022`` (Anthropic)."""
 
 HOURS_PER_MONTH = 730.0
 """The clouds' billing month (8,760 hours / 12): monthly prices and "per month if left"."""

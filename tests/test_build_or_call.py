@@ -42,7 +42,8 @@ def api(n_hours: float, rps=lambda h: 5.0, *, model: str = "gpt-4o", tokens: tup
     for h in range(int(n_hours)):
         requests = int(rps(h) * HOUR)
         inp, out = requests * tokens[0], requests * tokens[1]
-        cost = (inp * 2.50 + out * 10.00) / 1e6 if model == "gpt-4o" else (inp * 0.15 + out * 0.60) / 1e6
+        cost = (inp * 2.50 + out * 10.00) / 1e6 if model.startswith("gpt-4o-2") or model == "gpt-4o" \
+            else (inp * 0.15 + out * 0.60) / 1e6  # fmt: skip
         events.append(UsageEvent(
             ts=at(T0 + h * HOUR), resource_id="openai-prod", resource_type="llm_api", provider="openai",
             account="acct", interval_s=HOUR, cost_usd=cost, requests=requests, tags={**TAGS, "model": model},
@@ -83,6 +84,12 @@ def test_heavy_api_spend_fires_with_the_instances_that_would_serve_it(ruleset):
     api_h = 5 * HOUR * (500 * 2.5 + 250 * 10.0) / 1e6
     assert fire.waste_usd == pytest.approx(7 * 24 * (api_h - P4D), rel=1e-3)
     assert fire.usd_per_hour == pytest.approx(api_h - P4D, rel=1e-3)
+
+
+def test_an_api_export_naming_the_dated_snapshot_is_priced_as_the_model(ruleset):
+    # OpenAI's usage export says "gpt-4o-2024-08-06": the price list's gpt-4o prices it.
+    (fire,) = [f for f in findings(ruleset, api(7 * 24 + 1, model="gpt-4o-2024-08-06")) if f.action == "fire"]
+    assert fire.details["model"] == "gpt-4o-2024-08-06" and fire.details["api_usd_per_1m_output"] == 10.0
 
 
 def test_the_busiest_hour_sizes_the_self_hosted_fleet(ruleset):

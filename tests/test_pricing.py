@@ -111,3 +111,21 @@ def test_no_other_module_multiplies_a_price_by_a_duration():
                                             or "gap" in text or "runtime" in text or "hours" in text):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text}")
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    "name, listed",
+    [
+        ("gpt-4o", "gpt-4o"),  # listed as is
+        ("gpt-4o-2024-08-06", "gpt-4o"),  # OpenAI's usage export names the dated snapshot
+        ("gpt-4o-mini-2024-07-18", "gpt-4o-mini"),  # the mini's snapshot is the mini, not gpt-4o
+        ("llama-3.1-8b-instruct-20250101", "llama-3.1-8b-instruct"),  # an undashed date (Anthropic's form)
+        ("gpt-4o-audio-preview", None),  # another model of the family, priced otherwise: not gpt-4o
+        ("gpt-4o-2024-08", None),  # not a whole date
+        ("-2024-08-06", None),  # nothing but a date
+        ("x" * 60_000 + "-2024-08-06", None),  # a hostile tag with a date: still not a listed model
+    ],
+)
+def test_a_models_dated_snapshot_is_priced_as_the_model(ruleset, name, listed):
+    found = ruleset.pricing.llm_model(name)
+    assert found is (ruleset.pricing.llm_models[listed] if listed else None)

@@ -152,7 +152,7 @@ class BuildOrCall(DetectorBase):
             found = end(st, lambda: self._finding("resolve", st, res, t, reason="model_changed"))
         else:
             found = []
-        entry = self.pricing.llm_models.get(st.model)
+        entry = self.pricing.llm_model(st.model)
         if entry is None:
             return found
         day_start = t - t % DAY_S
@@ -283,7 +283,7 @@ class BuildOrCall(DetectorBase):
         assert st.since is not None and st.fired_at is not None
         usd = st.saved_usd
         if action != "resolve" and st.days and st.days[-1].start >= at - at % DAY_S and st.days[-1].start > st.since:
-            entry = self.pricing.llm_models.get(st.model)
+            entry = self.pricing.llm_model(st.model)
             peak = self._peak(st.days[-self._need_days():])
             today = self._saving(st.days[-1], res, entry, peak) if entry is not None else None
             usd += today or 0.0  # the day in progress, as far as it has come
