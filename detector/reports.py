@@ -34,6 +34,8 @@ class Report:
     finish: Callable[[list[dict[str, Any]], Any], list[dict[str, Any]]] | None = None
     """What the rows need from the rule set (prices, a rule's params) that SQL cannot know;
     called with the rows and the rule set (None: the defaults)."""
+    bind: Callable[[Any], dict[str, Any]] | None = None
+    """Parameters of its own, from the rule set (None: the defaults), bound like the others."""
 
     @property
     def sql(self) -> str:
@@ -59,7 +61,8 @@ REPORTS: dict[str, Report] = {r.name: r for r in [
     Report("reconcile", "Dollars claimed and alerted against the FOCUS bill, per team and resource-day"),
     Report("commitments", "Unused commitment dollars per commitment and day"),
     Report("build-or-call", "Models served or called: cost per 1,000 requests each way, and the crossover",
-           finish=lambda rows, ruleset: _build_or_call(rows, ruleset)),
+           finish=lambda rows, ruleset: _build_or_call(rows, ruleset),
+           bind=lambda ruleset: {"model_tag": _build_or_call_params(ruleset).model_tag}),
 ]}
 
 BUILD_OR_CALL_COLUMNS = (
@@ -69,16 +72,22 @@ BUILD_OR_CALL_COLUMNS = (
 )  # fmt: skip
 
 
+def _build_or_call_params(ruleset: Any) -> Any:
+    """The rule set's ``build_or_call`` rule's params (the defaults without one)."""
+    from detector.detectors.build_or_call import BuildOrCallParams
+
+    rules = ruleset.rules if ruleset is not None else ()
+    return next((r.detector.params for r in rules if r.detector.type == "build_or_call"), BuildOrCallParams())
+
+
 def _build_or_call(rows: list[dict[str, Any]], ruleset: Any) -> list[dict[str, Any]]:
     """The other way's cost of each row, from the rule set's prices and its ``build_or_call``
     rule's assumptions (tokens per request, API resource types, margin; the defaults without one)."""
-    from detector.detectors.build_or_call import BuildOrCallParams
     from detector.llm_costs import compare
     from detector.pricing import Pricing
 
     pricing = ruleset.pricing if ruleset is not None else Pricing()
-    rules = ruleset.rules if ruleset is not None else ()
-    params = next((r.detector.params for r in rules if r.detector.type == "build_or_call"), BuildOrCallParams())
+    params = _build_or_call_params(ruleset)
     assumed = (params.input_tokens_per_request, params.output_tokens_per_request)
     compared = [compare(row, pricing, params.api_resource_types, assumed, params.min_saving) for row in rows]
     return [{c: row.get(c) for c in BUILD_OR_CALL_COLUMNS} for row in compared]
@@ -114,7 +123,8 @@ def run_report(store: Connection, name: str, since_s: float, team: str = "", rul
     (finished with ``ruleset``'s prices and rules where the report needs them)."""
     since, until = period(store, since_s)
     report = REPORTS[name]
-    rows = store.named(f"reports/{report.name}", {"since": since, "until": until, "team": team})
+    own = report.bind(ruleset) if report.bind is not None else {}
+    rows = store.named(f"reports/{report.name}", {**own, "since": since, "until": until, "team": team})
     return report.finish(rows, ruleset) if report.finish is not None else rows
 
 

@@ -86,3 +86,26 @@ def test_the_store_splits_requests_with_and_without_token_counts(rows):
     light, heavy = rows["light-endpoint"], rows["heavy-api"]
     assert light["token_source"] == "assumed per request" and heavy["token_source"] == "measured"
     assert light["alternative_usd"] == pytest.approx(light["requests"] * PER_8B_REQUEST, abs=0.01)
+
+
+def test_the_report_reads_the_model_tag_the_rule_names(tmp_path_factory, chdb_client, ruleset):
+    # A fleet whose models are tagged `llm` (the rule says model_tag: llm): the report lists them,
+    # as the rule alerts on them; with the default tag it would list nothing.
+    import dataclasses
+
+    rules = [dataclasses.replace(r, detector=type(r.detector)(name=r.detector.name, severity=r.detector.severity,
+                                                             params=r.detector.params.model_copy(update={"model_tag": "llm"}),
+                                                             pricing=r.detector.pricing))
+             if r.detector.type == "build_or_call" else r for r in ruleset.rules]  # fmt: skip
+    relabelled = dataclasses.replace(ruleset, rules=rules)
+    cfg = SimConfig(hours=2, training_hosts=0, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
+                    cpu_instances=0, seed=5, choices=1)  # fmt: skip
+    path, _ = fleet_file(tmp_path_factory.mktemp("llm") / "fleet.jsonl", cfg, ruleset.pricing)
+    path.write_text(path.read_text().replace('"model":', '"llm":'))
+    chdb_client.command("DROP DATABASE IF EXISTS t_build_or_call_llm")
+    store = Store(chdb_client, "t_build_or_call_llm")
+    store.migrate()
+    store_fleet(store, ruleset, path)
+    listed = {r["resource_id"].split("-", 2)[2] for r in run_report(store, "build-or-call", ALL, "", relabelled)}
+    assert listed == {"light-endpoint", "busy-endpoint", "heavy-api", "small-api"}
+    assert run_report(store, "build-or-call", ALL, "", ruleset) == []
