@@ -290,3 +290,15 @@ def test_a_starved_job_that_plateaued_claims_its_hours_once(store):
                          alert("flat", "plateaued_run", 10.0, T0, T0 + HOUR, rid="r1", details=run)],
                         version=1)  # fmt: skip
     assert ledger(store) == pytest.approx({("starved", "waste"): 6.0, ("flat", "waste"): 4.0})
+
+
+def test_an_endpoint_cheaper_on_the_api_saves_only_what_idle_hours_and_batching_left(store):
+    """build_or_call's saving (call the API instead) is could-be-saved money, ranked after batching:
+    on the idle hour scale-to-zero already holds the whole bill as waste, on the other hour it gets
+    what batching left of the bill. Never more than the bill, kind by kind."""
+    billed(store, 2, 10.0)
+    store.alerts.record([alert("s2z", "inference_scale_to_zero", 10.0, T0, T0 + HOUR),
+                         alert("batch", "inference_unbatched", 6.0, T0, T0 + 2 * HOUR),
+                         alert("api", "build_or_call", 18.0, T0, T0 + 2 * HOUR)], version=1)  # fmt: skip
+    assert ledger(store) == pytest.approx({("s2z", "waste"): 10.0, ("batch", "could_save"): 3.0,
+                                           ("api", "could_save"): 7.0})
