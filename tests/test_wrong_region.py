@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from detector.detectors.wrong_region import WrongRegion
 from detector.engine import Engine
 from detector.events import UsageEvent
 from detector.pricing import HOURS_PER_MONTH
@@ -47,6 +48,8 @@ def test_a_week_in_tokyo_fires_with_the_net_monthly_saving_and_break_even(rulese
     assert fire.waste_usd == pytest.approx(saving * HOURS_PER_MONTH - move, abs=0.01)
     assert fire.usd_per_hour == pytest.approx(saving, abs=1e-3)
     assert d["break_even_h"] == pytest.approx(move / saving, abs=0.1)
+    # The prices compared are list prices of a date: the alert says which, so they can be checked.
+    assert "list prices as of 2025-07-01" in dict(WrongRegion.facts(d))["Move"]
 
 
 def test_without_reported_storage_the_configured_data_size_is_assumed(ruleset):

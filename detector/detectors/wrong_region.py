@@ -98,7 +98,8 @@ class WrongRegion(DetectorBase):
                            f"${figure(details.get('move_usd'), ',.0f')} once)"),
             ("Move", f"{details.get('region')} → {details.get('suggested_region')} "
                      f"(${figure(details.get('usd_per_hour'), ',.3f')}/h → "
-                     f"${figure(details.get('suggested_usd_per_hour'), ',.3f')}/h)"),
+                     f"${figure(details.get('suggested_usd_per_hour'), ',.3f')}/h on-demand list prices "
+                     f"as of {details.get('prices_as_of') or '?'}: check them before acting)"),
             ("Data", f"{figure(details.get('data_gb'), ',.0f')} GB ({details.get('data_source')}), "
                      f"${figure(details.get('move_usd'), ',.2f')} to move once"),
             ("Break-even", f"{figure(details.get('break_even_h'), ',.1f')} h of running after the move"),
