@@ -51,6 +51,17 @@ def api(n_hours: float, rps=lambda h: 5.0, *, model: str = "gpt-4o", tokens: tup
     return events
 
 
+def daily(events: list[UsageEvent]) -> list[UsageEvent]:
+    """The same usage as a daily export: one interval a day with its sums (OpenAI's costs API is daily)."""
+    out = []
+    for first in range(0, len(events) - 23, 24):
+        day = events[first:first + 24]
+        out.append(msgspec.structs.replace(
+            day[0], interval_s=DAY, cost_usd=sum(e.cost_usd or 0 for e in day), requests=sum(e.requests or 0 for e in day),
+            metrics={k: sum(e.metrics.get(k, 0) for e in day) for k in day[0].metrics}))
+    return out
+
+
 def findings(ruleset, events):
     return [f for f in Engine(ruleset).process(events) if f.type == "build_or_call"]
 
@@ -113,9 +124,10 @@ def test_the_busiest_hour_sizes_the_self_hosted_fleet(ruleset):
         api(8 * 24, model="gpt-4o-mini", rps=lambda h: 1.0),  # $0.81/h of gpt-4o-mini: less than a g5
         api(8 * 24, rps=lambda h: 5.0 if h % 24 < 12 else 0.0),  # half the day idle: the week is not steady
         endpoint(8 * 24, rps=lambda h: 0.0),  # no request all week: idle (inference_scale_to_zero's), not light
+        daily(api(8 * 24)),  # a daily cost export: the busiest hour, which sizes a fleet, is unknown
     ],
     ids=["busy-endpoint", "short-history", "one-busy-day", "unpriced-model", "data-gap", "small-api-spend",
-         "cheap-api-model", "bursty-api", "no-traffic"],
+         "cheap-api-model", "bursty-api", "no-traffic", "daily-api-export"],
 )
 def test_no_alert(ruleset, events):
     assert [f for f in findings(ruleset, events) if f.action == "fire"] == []

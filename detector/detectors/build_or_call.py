@@ -83,6 +83,8 @@ class DayStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     peak_output_per_h: float = 0.0
     measured: bool = False
     """Token counts came from the usage (not the per-request assumption)."""
+    coarse: bool = False
+    """An interval longer than an hour (a daily cost export): the day's busiest hour is unknown."""
 
 
 class BuildOrCallState(Episode, kw_only=True):
@@ -186,6 +188,7 @@ class BuildOrCall(DetectorBase):
         day.output_tokens += out
         day.covered_s += event.interval_s
         if event.interval_s >= HOUR_S:
+            day.coarse = day.coarse or event.interval_s > HOUR_S
             day.peak_output_per_h = max(day.peak_output_per_h, out * HOUR_S / event.interval_s)
             return
         hour = t - t % HOUR_S
@@ -220,7 +223,11 @@ class BuildOrCall(DetectorBase):
         return None if alt is None else day.usd - alt[0]
 
     def _passed(self, day: DayStats, res: ResourceInfo, entry: LlmModel, peak: float) -> bool:
-        """The day covers enough and the other way was cheaper by the margin."""
+        """The day covers enough and the other way was cheaper by the margin. Self-hosting is
+        sized for the busiest hour: a day reported in coarser intervals cannot say how many
+        instances it needs (its mean hour would undersize them), so it is not judged for it."""
+        if day.coarse and self._api(res):
+            return False
         alt = self._alternative(day, res, entry, peak)
         return (alt is not None and day.covered_s >= FULL_DAY * DAY_S and day.usd > 0
                 and alt[0] <= (1 - self.params.min_saving / 100.0) * day.usd)  # fmt: skip
