@@ -179,3 +179,14 @@ def test_a_restore_mid_stream_gives_the_same_findings(ruleset, split):
     after = [f for f in second.process(events[max(0, split - 3):]) if f.type == "build_or_call"]
     assert [(f.action, f.at, round(f.waste_usd, 6), f.details) for f in before + after] == whole
     assert [f[0] for f in whole] == ["fire", "update", "update", "resolve"]
+
+
+def test_the_window_is_bounded_so_the_state_is():
+    # A day record per day of the window: a year of them per resource is refused at load.
+    from pydantic import ValidationError
+
+    from detector.detectors.build_or_call import BuildOrCallParams
+
+    assert BuildOrCallParams(window="31d").window == 31 * DAY
+    with pytest.raises(ValidationError):
+        BuildOrCallParams(window="365d")

@@ -63,7 +63,8 @@ FULL_DAY = 0.75
 
 
 class BuildOrCallParams(Params):
-    window: Duration = Field(default=7 * DAY_S, ge=DAY_S)
+    window: Duration = Field(default=7 * DAY_S, ge=DAY_S, le=31 * DAY_S)
+    """At most a month: the state holds a record per day of it."""
     min_saving: Percent = 20.0
     model_tag: str = "model"
     api_resource_types: list[str] = ["llm_api"]
