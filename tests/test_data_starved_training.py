@@ -101,8 +101,11 @@ def test_a_starved_single_gpu_job_pays_for_its_gpu_only():
         job(T0, T0 + 2 * HOUR, lambda rng, i: [90.0] + [0.0] * 7),
         # a saturated gauge beyond any percentage (hostile input) and low GPUs: read as nothing
         job(T0, T0 + 2 * HOUR, lambda rng, i: 30.0, {"cpu_util_pct": 1e300}),
+        # a CPU figure summed over cores as top prints it (250 % = 2.5 cores of 96: a quiet host), not a share
+        job(T0, T0 + 2 * HOUR, lambda rng, i: 30.0, {"cpu_util_pct": 250.0}),
     ],
-    ids=["healthy", "small-job", "idle", "hung", "epoch-dips", "short", "single-gpu-flat", "absurd-gauge"],
+    ids=["healthy", "small-job", "idle", "hung", "epoch-dips", "short", "single-gpu-flat", "absurd-gauge",
+         "per-core-sum"],
 )
 def test_no_alert(events):
     assert findings(events) == []
