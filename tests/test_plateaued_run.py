@@ -155,3 +155,15 @@ def test_the_alert_says_the_metric_dollars_and_the_callback():
     assert facts["Metric"] == "`val_loss` best 1 at step 4000, 5 evaluations without improvement"
     assert "EarlyStopping" in PlateauedRun.suggest(fire.details)
     assert dict(PlateauedRun.facts({"best": None, "metric": "x"}))["Metric"].startswith("`x` best -")
+
+
+def test_a_restart_from_a_checkpoint_at_a_lower_step_is_evaluated():
+    # A plateau fires at step 9000; the run is resumed from its step-4000 checkpoint with a lower
+    # learning rate and logs steps 4500, 5000... again. Its new evaluations count: 0.7 beats the
+    # best (1.0), so the plateau resolves as improved instead of billing on past the improvement.
+    events = evals(IMPROVING + [1.1] * 5)
+    restart = T0 + 10 * EVAL
+    events += [ev(restart + (i + 1) * EVAL, value=v, step=4500 + 500 * i) for i, v in enumerate([1.05, 0.7])]
+    found = findings(events)
+    assert [f.action for f in found] == ["fire", "resolve"]
+    assert found[-1].details["reason"] == "improved" and found[-1].at == restart + 2 * EVAL

@@ -28,7 +28,8 @@ Face ``EarlyStoppingCallback``'s ``early_stopping_threshold``); their patience d
 ``ReduceLROnPlateau`` waits 10. Five evaluations is past the dips a noisy metric makes on its
 way down without letting a flat run burn long. An evaluation is a new ``step`` (or, without
 one, a later event carrying the metric): a heartbeat repeating the last value at the same
-step counts once.
+step counts once. A lower step in a later event is the run resumed from a checkpoint: its
+evaluations count (against the same best), so an improvement after the restart resolves.
 """
 
 from __future__ import annotations
@@ -147,9 +148,9 @@ class PlateauedRun(DetectorBase):
     @staticmethod
     def _new_evaluation(w: WatchedRun, ev: RunEvent, t: float) -> bool:
         if ev.step is not None:
-            if w.last_step is not None and ev.step <= w.last_step:
-                return False
-            w.last_step = ev.step
+            if w.last_step is not None and ev.step <= w.last_step and (ev.step == w.last_step or t <= w.last_eval_t):
+                return False  # the same evaluation again (a heartbeat, a re-read message)
+            w.last_step = ev.step  # (a lower step, later: resumed from a checkpoint, evaluating anew)
         elif t <= w.last_eval_t:
             return False
         w.last_eval_t = t
