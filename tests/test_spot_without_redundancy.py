@@ -61,8 +61,9 @@ def test_fires(ruleset, metrics, tags, pricing):
         ({"replicas": 2, "zones": 1, "spot_replicas": 1}, {}, "spot"),  # one replica on on-demand holds the fort
         ({"replicas": 1}, {"karpenter.sh/capacity-type": "on-demand"}, "on_demand"),  # the label says on-demand
         ({"replicas": 1e300, "zones": -4}, {}, "on_demand"),  # absurd figures on on-demand: nothing
+        ({"replicas": 4}, {}, "spot"),  # four replicas whose zones are not reported: no zone is known to be shared
     ],
-    ids=["three-zones", "on-demand-single", "on-demand-floor", "label-on-demand", "absurd"],
+    ids=["three-zones", "on-demand-single", "on-demand-floor", "label-on-demand", "absurd", "zones-unknown"],
 )
 def test_no_alert(ruleset, metrics, tags, pricing):
     assert findings(ruleset, endpoint(60, metrics=metrics, tags=tags, pricing=pricing)) == []
