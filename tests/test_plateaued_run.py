@@ -129,6 +129,22 @@ def test_state_is_bounded_by_open_runs():
     assert len(st.runs) <= 49 and "lost-0" not in st.runs  # forgotten after two quiet days
 
 
+def test_a_sweep_of_short_runs_keeps_a_bounded_memory_of_ended_ones():
+    # A hyperparameter sweep ends 3,000 runs in a few hours: the ended runs remembered (so a
+    # re-read end event changes nothing) stay within MAX_ENDED, the newest kept.
+    from detector.detectors.base import Context, ResourceInfo
+    from detector.detectors.plateaued_run import MAX_ENDED, PlateauedRun
+
+    det = PlateauedRun("r", "warning", PlateauedRun.Params())
+    st = det.new_state()
+    ctx = Context(ResourceInfo())
+    for i in range(3000):
+        for status, dt in (("started", 0.0), ("succeeded", 1.0)):
+            e = ev(T0 + i * 5.0 + dt, status, run_id=f"sweep-{i}")
+            det.step(st, ctx, e, e.t)
+    assert len(st.ended) <= MAX_ENDED and "sweep-2999" in st.ended and not st.runs
+
+
 def test_metrics_and_step_go_through_the_store_and_keep_old_ids(store):
     """Stored in the run events' extra column and read back as the events sent; an event without
     them keeps the id it had before they existed."""

@@ -52,6 +52,10 @@ __all__ = ["PlateauedRun", "PlateauedRunParams", "PlateauedRunState"]
 MAX_RUNS = 4096
 """Open runs followed per project; a project past it (runs whose end event never came) drops its
 oldest quiet run first."""
+MAX_ENDED = 1024
+"""Ended runs remembered per project (so a re-read end or metric event of one changes nothing): past
+it, those older than ``forget_after`` go, then all but the newest half. A sweep of thousands of short
+runs must not grow a project's state (or cost a copy of it at every run's end)."""
 
 
 class PlateauedRunParams(Params):
@@ -130,8 +134,10 @@ class PlateauedRun(DetectorBase):
         if ev.status not in ("started", "running"):
             found += self._drop(st, ev.run_id, t, ctx.lookup, reason=f"run_{ev.status}")
             st.ended[ev.run_id] = t
-            horizon = t - self.params.forget_after
-            st.ended = {k: v for k, v in st.ended.items() if v >= horizon}
+            if len(st.ended) > MAX_ENDED:  # pruned now and then, not at every end (a sweep ends thousands)
+                horizon = t - self.params.forget_after
+                kept = [(k, v) for k, v in st.ended.items() if v >= horizon]
+                st.ended = dict(kept[-MAX_ENDED // 2:])  # the newest (ended in event-time order)
             return found
         value = ev.metrics.get(self.params.metric) if ev.metrics else None
         if value is not None and math.isfinite(value) and self._new_evaluation(w, ev, t):
