@@ -183,3 +183,12 @@ def test_a_restart_from_a_checkpoint_at_a_lower_step_is_evaluated():
     found = findings(events)
     assert [f.action for f in found] == ["fire", "resolve"]
     assert found[-1].details["reason"] == "improved" and found[-1].at == restart + 2 * EVAL
+
+
+def test_a_run_id_used_again_later_is_a_new_run():
+    # A scheduled job logs under a fixed run name: yesterday's run ended at 03:00; today's, under
+    # the same id from 04:00, plateaus and fires. (Re-read events dated before the end still change nothing.)
+    first = evals(IMPROVING) + [ev(T0 + 5 * EVAL, "succeeded")]
+    second = evals(IMPROVING + [1.1] * 5, start=T0 + 6 * EVAL)
+    (fire,) = [f for f in findings(first + second) if f.action == "fire"]
+    assert fire.episode_start == T0 + 10 * EVAL and fire.details["evaluations_since_best"] == 5

@@ -90,7 +90,7 @@ class PlateauedRunState(Episode, kw_only=True):
 
     runs: dict[str, WatchedRun] = {}
     ended: dict[str, float] = {}
-    """Run id → end time: a re-read event of an ended run changes nothing."""
+    """Run id → end time: a re-read event of an ended run (dated up to its end) changes nothing."""
 
 
 class PlateauedRun(DetectorBase):
@@ -119,8 +119,11 @@ class PlateauedRun(DetectorBase):
         if type(event) is not RunEvent:
             return []
         st, ev = state, event
-        if ev.run_id in st.ended:
-            return []
+        ended_at = st.ended.get(ev.run_id)
+        if ended_at is not None:
+            if t <= ended_at:
+                return []  # a re-read event of the ended run
+            del st.ended[ev.run_id]  # the id used again later (a scheduled job's fixed name): a new run
         found = self._forget_quiet(st, t, ctx.lookup)
         w = st.runs.get(ev.run_id)
         if w is None:
