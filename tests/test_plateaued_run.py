@@ -192,3 +192,30 @@ def test_a_run_id_used_again_later_is_a_new_run():
     second = evals(IMPROVING + [1.1] * 5, start=T0 + 6 * EVAL)
     (fire,) = [f for f in findings(first + second) if f.action == "fire"]
     assert fire.episode_start == T0 + 10 * EVAL and fire.details["evaluations_since_best"] == 5
+
+
+@pytest.mark.parametrize(
+    ("params", "mode"),
+    [
+        ({"metric": "val_loss"}, "min"),  # a loss is minimised
+        ({"metric": "eval/perplexity"}, "min"),  # W&B's slash-separated names: perplexity, minimised
+        ({"metric": "eval_accuracy"}, "max"),  # an accuracy without a mode: maximised, not read as a loss
+        ({"metric": "val-F1"}, "max"),  # any case and separator
+        ({"metric": "eval_accuracy", "mode": "min"}, "min"),  # an explicit mode wins
+    ],
+    ids=["loss", "perplexity", "accuracy", "f1", "explicit"],
+)
+def test_the_mode_follows_the_metric_name_when_not_given(params, mode):
+    from detector.detectors.plateaued_run import PlateauedRunParams
+
+    assert PlateauedRunParams(**params).mode == mode
+
+
+def test_a_metric_of_no_known_direction_without_a_mode_is_refused():
+    # "throughput" says nothing of which way is better: the rule must say, or every improving run would alert.
+    from pydantic import ValidationError
+
+    from detector.detectors.plateaued_run import PlateauedRunParams
+
+    with pytest.raises(ValidationError, match="mode"):
+        PlateauedRunParams(metric="throughput")

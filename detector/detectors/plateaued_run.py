@@ -6,7 +6,7 @@ Example rule::
       type: plateaued_run
       params:
         metric: val_loss     # the metric in the run events' ``metrics`` to watch...
-        mode: min            # ...and which way is better (min | max)
+        mode: min            # ...and which way is better (min | max; left out, the name says: loss, accuracy, f1...)
         min_delta: 0         # an evaluation must beat the best by more than this to count
         patience: 5          # evaluations without improvement...
         patience_for: 2h     # ...or this long since the best one (optional), whichever first
@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import builtins
 import math
+import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, due, end, fire
@@ -47,7 +48,7 @@ from detector.events import Event, RunEvent
 from detector.pricing import usd_over
 from detector.units import Duration
 
-__all__ = ["PlateauedRun", "PlateauedRunParams", "PlateauedRunState"]
+__all__ = ["PlateauedRun", "PlateauedRunParams", "PlateauedRunState", "mode_of"]
 
 MAX_RUNS = 4096
 """Open runs followed per project; a project past it (runs whose end event never came) drops its
@@ -58,15 +59,45 @@ it, those older than ``forget_after`` go, then all but the newest half. A sweep 
 runs must not grow a project's state (or cost a copy of it at every run's end)."""
 
 
+LOWER_IS_BETTER = frozenset({"loss", "nll", "error", "err", "perplexity", "ppl", "wer", "cer", "ter", "mse", "mae",
+                             "rmse", "mape", "distance", "fid"})
+HIGHER_IS_BETTER = frozenset({"acc", "accuracy", "f1", "auc", "auroc", "roc", "bleu", "rouge", "rouge1", "rouge2",
+                              "rougel", "meteor", "map", "precision", "recall", "iou", "miou", "dice", "r2",
+                              "em", "exact", "match", "reward", "return", "score", "top1", "top5", "ndcg", "mrr"})
+"""Words of a metric's name (split at anything not a letter or digit) that say which way is better,
+when a rule gives no ``mode``: the frameworks' own names (``val_loss``, ``eval_accuracy``, ``eval/f1``)."""
+
+
+def mode_of(metric: str) -> Literal["min", "max"] | None:
+    """Which way the metric named ``metric`` is better, from its name's words; None: they do not say (or disagree)."""
+    words = set(re.split(r"[^a-z0-9]+", metric.lower()))
+    low, high = bool(words & LOWER_IS_BETTER), bool(words & HIGHER_IS_BETTER)
+    return "min" if low and not high else "max" if high and not low else None
+
+
 class PlateauedRunParams(Params):
     metric: str = Field(default="val_loss", min_length=1)
     mode: Literal["min", "max"] = "min"
+    """Which way is better; when a rule leaves it out, the metric's name says (:func:`mode_of`), or the rule is
+    refused: an accuracy read as a loss would call every improving run plateaued."""
     min_delta: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     patience: int = Field(default=5, ge=1)
     patience_for: Duration | None = Field(default=None, gt=0)
     update_every: Duration = Field(default=3600.0, gt=0)
     forget_after: Duration = Field(default=2 * 86_400.0, gt=0)
     """A run with no event for this long is forgotten (its end event was lost)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_from_metric(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("mode") is None:
+            metric = data.get("metric", "val_loss")
+            mode = mode_of(metric) if isinstance(metric, str) else None
+            if mode is None:
+                raise ValueError(f"say mode: min or max for metric {metric!r} (its name does not say which way is "
+                                 "better)")  # fmt: skip
+            data = {**data, "mode": mode}
+        return data
 
 
 class WatchedRun(Episode, kw_only=True):
