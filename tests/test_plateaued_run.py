@@ -219,3 +219,28 @@ def test_a_metric_of_no_known_direction_without_a_mode_is_refused():
 
     with pytest.raises(ValidationError, match="mode"):
         PlateauedRunParams(metric="throughput")
+
+
+def test_an_open_plateau_updates_hourly_with_the_dollars_since_the_best():
+    # Fired at the fifth flat evaluation (1 h 15 m after the best); flat on for 3 more hours: an
+    # update each hour of event time, each priced $32/h from the best evaluation.
+    found = findings(evals(IMPROVING + [1.1] * 17))
+    best_t = T0 + 4 * EVAL
+    updates = [f for f in found if f.action == "update"]
+    assert [f.at for f in updates] == [T0 + 13 * EVAL, T0 + 17 * EVAL, T0 + 21 * EVAL]
+    assert [f.waste_usd for f in updates] == pytest.approx([32.0 * (f.at - best_t) / HOUR for f in updates])
+
+
+def test_a_project_past_max_runs_forgets_its_quietest_run(monkeypatch):
+    # Runs whose end events never came fill the project's table: past MAX_RUNS the one heard from
+    # longest ago goes, so the state stays bounded.
+    from detector.detectors import plateaued_run
+    from detector.detectors.base import Context, ResourceInfo
+
+    monkeypatch.setattr(plateaued_run, "MAX_RUNS", 3)
+    det = plateaued_run.PlateauedRun("r", "warning", plateaued_run.PlateauedRun.Params())
+    st = det.new_state()
+    for i in range(4):
+        e = ev(T0 + i * MIN, "started", run_id=f"r{i}")
+        det.step(st, Context(ResourceInfo()), e, e.t)
+    assert sorted(st.runs) == ["r1", "r2", "r3"]
