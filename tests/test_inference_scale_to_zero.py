@@ -91,6 +91,23 @@ def test_no_alert(ruleset, events):
     assert findings(ruleset, events) == []
 
 
+def test_short_idle_runs_and_unbilled_hours_add_no_dollars(ruleset):
+    # The nights and weekends as above, plus a 2 h lunch without requests each weekday (under
+    # min_idle_run: neither scheduled nor counted) and Tuesday night's 23:00-01:00 not billed at
+    # all (no usage): it splits that night into 3 h (not counted) and 6 h (counted).
+    def hour(t: float) -> int:
+        return datetime.fromtimestamp(t, tz=timezone.utc).hour
+
+    def gap(t: float) -> bool:
+        return T0 + DAY + 23 * HOUR <= t < T0 + 2 * DAY + HOUR
+
+    events = endpoint(7.5, rps=lambda t: 0.0 if 12 <= hour(t) < 14 else 3.0 if office(t) else 0.0,
+                      state=lambda t: None if gap(t) else "running")  # fmt: skip
+    fire = findings(ruleset, events)[0]
+    assert fire.waste_usd == pytest.approx((WEEK_IDLE_H - 11 + 6) * PRICE, rel=1e-3)
+    assert "12:00" not in fire.details["schedule_text"]
+
+
 def test_resolves_when_traffic_comes_back_to_every_hour(ruleset):
     events = endpoint(21, rps=lambda t: 3.0 if office(t) or t >= T0 + 9 * DAY else 0.0)
     found = [f for f in findings(ruleset, events) if f.action != "update"]
