@@ -128,8 +128,9 @@ def test_resolves_when_batching_is_turned_on(ruleset):
     [
         {"replicas": 1e300, "batches": 1e300, "duplicate_share": 5.0, "cache_hit_ratio": -3.0},  # absurd figures
         {"replicas": -1.0, "batches": -5.0, "batch_size": 0.0},  # negative and zero
+        {"replicas": 4.0, "batches": 1e300},  # more executions than requests: not a batch of ~0, nothing known
     ],
-    ids=["huge", "negative"],
+    ids=["huge", "negative", "batches-beyond-requests"],
 )
 def test_absurd_metrics_are_ignored_without_a_wrong_dollar(ruleset, metrics):
     events = []
@@ -138,6 +139,17 @@ def test_absurd_metrics_are_ignored_without_a_wrong_dollar(ruleset, metrics):
             e = UsageEvent(**{f: getattr(e, f) for f in e.__struct_fields__ if f != "metrics"}, metrics=metrics)
         events.append(e)
     assert findings(ruleset, events) == []
+
+
+def test_without_sm_activity_the_kernel_duty_bounds_it_and_the_alert_says_so(ruleset):
+    # No SM (or graphics engine) activity exported: kernels busy 40 % bound it (SMs are never more
+    # active than kernels run), so batch 1 still fires, but the alert does not call 40 % SM activity.
+    from detector.detectors.inference_unbatched import InferenceUnbatched
+
+    fire = findings(ruleset, endpoint(8, sm=None, util=40.0))[0]
+    assert fire.action == "fire" and fire.details["sm_active_pct"] is None and fire.details["util_pct"] == 40.0
+    assert "SM activity not reported" in dict(InferenceUnbatched.facts(fire.details))["Batching"]
+    assert findings(ruleset, endpoint(8, sm=None, util=60.0)) == []  # 60 % kernels: SMs may be busy, unknown
 
 
 @pytest.mark.parametrize(
