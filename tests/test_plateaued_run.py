@@ -244,3 +244,17 @@ def test_a_project_past_max_runs_forgets_its_quietest_run(monkeypatch):
         e = ev(T0 + i * MIN, "started", run_id=f"r{i}")
         det.step(st, Context(ResourceInfo()), e, e.t)
     assert sorted(st.runs) == ["r1", "r2", "r3"]
+
+
+def test_an_open_plateau_at_the_end_of_the_data_keeps_its_price_and_host():
+    # A backtest ends with the plateau open: the engine's open_episodes (no look-up of other keys
+    # there) must report the dollars since the best at the hosts' last known price, not $0.
+    from tests.conftest import ROOT
+
+    engine = Engine(load_rules(ROOT / "rules"))
+    host = [usage(T0 + i * MIN, "host-1") for i in range(int(12 * HOUR / MIN))]
+    engine.process(sorted(host + evals(IMPROVING + [1.1] * 8), key=lambda e: e.ts))
+    (last,) = [f for f in engine.open_episodes() if f.type == "plateaued_run"]
+    assert last.action == "update" and last.at == T0 + 12 * EVAL and last.usd_per_hour == pytest.approx(32.0)
+    assert last.waste_usd == pytest.approx(32.0 * 8 * EVAL / HOUR)
+    assert (last.resource.account, last.resource.instance_type) == ("acct", "p4d.24xlarge")

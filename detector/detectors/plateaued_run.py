@@ -114,6 +114,14 @@ class WatchedRun(Episode, kw_only=True):
     last_step: int | None = None
     last_value: float = 0.0
     last_t: float = 0.0
+    hourly: float = 0.0
+    """The run's share of its hosts' price at the latest finding priced, with the first host's
+    place and the GPUs below: what a finding made without a look-up of the hosts (the open
+    episodes at the end of a backtest) reports, rather than $0."""
+    gpus: int = 0
+    account: str = ""
+    region: str = ""
+    instance_type: str = ""
 
 
 class PlateauedRunState(Episode, kw_only=True):
@@ -243,11 +251,14 @@ class PlateauedRun(DetectorBase):
     def _finding(self, action: str, w: WatchedRun, at: float, fleet: Fleet | None, **extra: object) -> Finding:
         assert w.since is not None and w.fired_at is not None
         priced = self._hourly(w, fleet)
-        hourly, host, gpus = priced if priced is not None else (0.0, ResourceInfo(), w.run.gpu_count)
+        if priced is not None:
+            w.hourly, host, w.gpus = priced
+            w.account, w.region, w.instance_type = host.account, host.region, host.instance_type
+        hourly, gpus = w.hourly, w.gpus or w.run.gpu_count
         run = w.run
         tags = {**run.tags, "project": run.project or run.tags.get("project", "")}
-        res = ResourceInfo(resource_id=w.run_id, resource_type="run", account=host.account, region=host.region,
-                           instance_type=host.instance_type, state="running", tags=tags)  # fmt: skip
+        res = ResourceInfo(resource_id=w.run_id, resource_type="run", account=w.account, region=w.region,
+                           instance_type=w.instance_type, state="running", tags=tags)  # fmt: skip
         details = {
             "run_id": w.run_id, "project": run.project, "owner": run.tags.get("owner", ""),
             "metric": self.params.metric, "mode": self.params.mode, "best": w.best, "best_step": w.best_step,
