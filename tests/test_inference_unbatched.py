@@ -163,3 +163,13 @@ def test_without_sm_activity_the_kernel_duty_bounds_it_and_the_alert_says_so(rul
 )
 def test_work_left(gain, repeats, left):
     assert work_left(gain, repeats) == pytest.approx(left)
+
+
+@pytest.mark.parametrize("causes", [None, 7, [1, None], "unbatched"], ids=["none", "number", "not-text", "text"])
+def test_facts_of_stored_details_of_the_wrong_shape_never_raise(causes):
+    # Details come back from the store: a causes field that is not a list of words prints "?".
+    from detector.detectors.inference_unbatched import InferenceUnbatched
+
+    facts = dict(InferenceUnbatched.facts({"causes": causes}))
+    assert facts["Causes"] == "?"
+    assert dict(InferenceUnbatched.facts({"causes": ["unbatched", "uncached"]}))["Causes"] == "unbatched, uncached"

@@ -143,7 +143,9 @@ class InferenceUnbatched(DetectorBase):
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
-        facts = [("Causes", ", ".join(details.get("causes", [])))]
+        causes = details.get("causes")
+        ok = isinstance(causes, list) and all(isinstance(c, str) for c in causes)
+        facts = [("Causes", ", ".join(causes) if ok and causes else "?")]  # (details read back from the store)
         if details.get("batch_size") is not None:
             sm = details.get("sm_active_pct")
             sm_text = (f"SM activity {sm} %" if sm is not None
