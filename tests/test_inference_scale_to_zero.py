@@ -139,6 +139,24 @@ def test_the_schedule_is_read_in_the_rules_time_zone(ruleset):
     assert out[0].details["timezone"] == "Europe/Berlin"
 
 
+def test_a_half_hour_zone_schedules_its_own_whole_hours(ruleset):
+    # India is UTC+5:30: the endpoint's nights (20:00-07:00 UTC) are 01:30-12:30 there. The
+    # schedule is of whole local hours inside them (02:00-12:00), never the UTC hours relabelled
+    # ("01:00-12:00" would scale to zero half an hour before the traffic stops).
+    from detector.detectors.base import Context, ResourceInfo
+    from detector.detectors.inference_scale_to_zero import InferenceScaleToZero, InferenceScaleToZeroParams
+
+    det = InferenceScaleToZero("s2z", "info", InferenceScaleToZeroParams(timezone="Asia/Kolkata"), ruleset.pricing)
+    st = det.new_state()
+    res = ResourceInfo(resource_id="ep-1", resource_type="inference_endpoint", instance_type="g5.xlarge",
+                       state="running", usd_per_hour=PRICE, gpus=1, interval_usd=PRICE * STEP / HOUR)  # fmt: skip
+    out = []
+    for ev in endpoint(8):
+        out += det.step(st, Context(res), ev, ev.t)
+    assert out[0].details["schedule_text"] == "Tue-Fri 02:00-12:00, Sat 02:00-Mon 12:00"
+    assert out[0].details["idle_hours_per_week"] == 4 * 10 + 58
+
+
 def test_an_unknown_time_zone_is_refused():
     from pydantic import ValidationError
 
