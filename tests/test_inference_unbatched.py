@@ -109,9 +109,12 @@ def test_a_batch_size_gauge_serves_as_well_as_execution_counts(ruleset):
         endpoint(10, batch=8.0, util=70.0, sm=0.6, dup=0.1),  # few repeats
         endpoint(5),  # less than a window of traffic
         endpoint(10, instance_type="m6i.2xlarge"),  # a CPU endpoint
+        # one 4-GPU machine, replicas not reported: one model sharded over its GPUs, or four copies
+        # on one VM, none of it freed by scaling replicas (a smaller instance is inference_overprovisioned's)
+        endpoint(10, report_replicas=False, instance_type="g5.12xlarge"),
     ],
     ids=["batched", "low-rate", "sm-busy", "gpu-idle", "one-replica", "no-batch-metric", "cached", "few-repeats",
-         "short-history", "cpu"],
+         "short-history", "cpu", "replicas-unreported"],
 )
 def test_no_alert(ruleset, events):
     assert findings(ruleset, events) == []

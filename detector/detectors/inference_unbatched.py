@@ -28,7 +28,9 @@ What it reads (``UsageEvent.requests`` and ``UsageEvent.metrics``, per usage int
 - ``metrics.cache_hit_ratio``: the share (0-1) served from a response cache (Triton
   ``nv_cache_num_hits_per_model`` / (hits + misses)); absent: no cache;
 - ``metrics.replicas``: ready replicas (kube-state-metrics
-  ``kube_deployment_status_replicas_ready``); absent: the instance type's GPUs, at least 1;
+  ``kube_deployment_status_replicas_ready``); absent: 1, one machine (its GPUs may hold one
+  model sharded over them, and a VM's GPUs are not freed by scaling replicas: a smaller
+  instance is ``inference_overprovisioned``'s advice);
 - and the GPU samples: ``util_pct`` (kernel duty) and ``sm_active`` (else ``gr_engine_active``;
   neither: the kernel duty stands in as its upper bound, and the alert says SM activity was
   not reported).
@@ -272,7 +274,7 @@ class InferenceUnbatched(DetectorBase):
         uncached = dup is not None and repeat * 100.0 >= p.min_duplicate_share
         if not unbatched and not uncached:
             return None
-        replicas = st.replicas or float(max(1, res.gpus))
+        replicas = st.replicas or 1.0  # not reported: one machine, nothing to scale down
         left = work_left(p.batching_gain if unbatched else 1.0, repeat if uncached else 0.0)
         needed = max(1, math.ceil(replicas * left - 1e-9))
         saving = res.usd_per_hour * (replicas - needed) / replicas
