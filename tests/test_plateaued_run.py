@@ -258,3 +258,20 @@ def test_an_open_plateau_at_the_end_of_the_data_keeps_its_price_and_host():
     assert last.action == "update" and last.at == T0 + 12 * EVAL and last.usd_per_hour == pytest.approx(32.0)
     assert last.waste_usd == pytest.approx(32.0 * 8 * EVAL / HOUR)
     assert (last.resource.account, last.resource.instance_type) == ("acct", "p4d.24xlarge")
+
+
+def test_quiet_runs_are_looked_for_hourly_not_at_every_event(monkeypatch):
+    # 2,000 open runs sending 20,000 heartbeats within an hour: the scan for runs quiet for two
+    # days walks every run, so it runs once an hour of event time, not 20,000 times (440 µs an event).
+    from detector.detectors.base import Context, ResourceInfo
+    from detector.detectors.plateaued_run import PlateauedRun
+
+    det = PlateauedRun("r", "warning", PlateauedRun.Params())
+    scans = []
+    scan = det._forget_quiet
+    monkeypatch.setattr(det, "_forget_quiet", lambda st, t, fleet: scans.append(t) or scan(st, t, fleet))
+    st = det.new_state()
+    for i in range(20_000):
+        e = ev(T0 + i * 0.1, run_id=f"r{i % 2000}")
+        det.step(st, Context(ResourceInfo()), e, e.t)
+    assert len(st.runs) == 2000 and len(scans) <= 2

@@ -53,6 +53,10 @@ __all__ = ["PlateauedRun", "PlateauedRunParams", "PlateauedRunState", "mode_of"]
 MAX_RUNS = 4096
 """Open runs followed per project; a project past it (runs whose end event never came) drops its
 oldest quiet run first."""
+SCAN_EVERY_S = 3600.0
+"""How often (event time) the open runs are walked for ones quiet past ``forget_after``: a day or two's
+horizon loses nothing to an hour's lateness, and a project of thousands of open runs is not walked at
+every event."""
 MAX_ENDED = 1024
 """Ended runs remembered per project (so a re-read end or metric event of one changes nothing): past
 it, those older than ``forget_after`` go, then all but the newest half. A sweep of thousands of short
@@ -130,6 +134,8 @@ class PlateauedRunState(Episode, kw_only=True):
     runs: dict[str, WatchedRun] = {}
     ended: dict[str, float] = {}
     """Run id → end time: a re-read event of an ended run (dated up to its end) changes nothing."""
+    scan_at: float = -math.inf
+    """Event time of the next look for runs gone quiet (it walks every open run: hourly, not per event)."""
 
 
 class PlateauedRun(DetectorBase):
@@ -163,7 +169,10 @@ class PlateauedRun(DetectorBase):
             if t <= ended_at:
                 return []  # a re-read event of the ended run
             del st.ended[ev.run_id]  # the id used again later (a scheduled job's fixed name): a new run
-        found = self._forget_quiet(st, t, ctx.lookup)
+        found: list[Finding] = []
+        if t >= st.scan_at:
+            st.scan_at = t + SCAN_EVERY_S
+            found = self._forget_quiet(st, t, ctx.lookup)
         w = st.runs.get(ev.run_id)
         if w is None:
             if len(st.runs) >= MAX_RUNS:
