@@ -101,11 +101,25 @@ def test_a_starved_single_gpu_job_pays_for_its_gpu_only():
         job(T0, T0 + 2 * HOUR, lambda rng, i: [90.0] + [0.0] * 7),
         # a saturated gauge beyond any percentage (hostile input) and low GPUs: read as nothing
         job(T0, T0 + 2 * HOUR, lambda rng, i: 30.0, {"cpu_util_pct": 1e300}),
+        # an evaluation (or checkpoint) every 5 minutes taking 2: one dip per window, never two, though the mean is 54 %
+        job(T0, T0 + 2 * HOUR, lambda rng, i: 0.0 if i % 10 >= 6 else 90.0),
+        # GPUs all but idle (3 %, one 12 % scrape a window) on a pegged host: under wait_below is idle_gpu's, not starved
+        job(T0, T0 + 2 * HOUR, lambda rng, i: 12.0 if i % 10 == 0 else 3.0, {"cpu_util_pct": 99.0}),
+        # a CPU figure summed over cores as top prints it (250 % = 2.5 cores of 96: a quiet host), not a share
+        job(T0, T0 + 2 * HOUR, lambda rng, i: 30.0, {"cpu_util_pct": 250.0}),
     ],
-    ids=["healthy", "small-job", "idle", "hung", "epoch-dips", "short", "single-gpu-flat", "absurd-gauge"],
+    ids=["healthy", "small-job", "idle", "hung", "epoch-dips", "short", "single-gpu-flat", "absurd-gauge",
+         "eval-every-window", "near-idle-pegged-host", "per-core-sum"],
 )
 def test_no_alert(events):
     assert findings(events) == []
+
+
+def test_a_job_whose_exporter_reports_two_of_eight_gpus_pays_a_quarter_of_the_host():
+    # A container's dcgm-exporter sees only its own two GPUs; the host (p4d, 8 GPUs) is priced over all eight.
+    found = findings(job(T0, T0 + HOUR, sawtooth, gpus=2))
+    assert found[0].details["job_gpus"] == 2 and found[0].details["gpu_count"] == 8
+    assert found[0].usd_per_hour == pytest.approx(PRICE * 2 / 8 * 0.683, rel=0.05)
 
 
 def test_a_telemetry_gap_restarts_the_count():

@@ -91,6 +91,23 @@ def test_no_alert(ruleset, events):
     assert findings(ruleset, events) == []
 
 
+def test_short_idle_runs_and_unbilled_hours_add_no_dollars(ruleset):
+    # The nights and weekends as above, plus a 2 h lunch without requests each weekday (under
+    # min_idle_run: neither scheduled nor counted) and Tuesday night's 23:00-01:00 not billed at
+    # all (no usage): it splits that night into 3 h (not counted) and 6 h (counted).
+    def hour(t: float) -> int:
+        return datetime.fromtimestamp(t, tz=timezone.utc).hour
+
+    def gap(t: float) -> bool:
+        return T0 + DAY + 23 * HOUR <= t < T0 + 2 * DAY + HOUR
+
+    events = endpoint(7.5, rps=lambda t: 0.0 if 12 <= hour(t) < 14 else 3.0 if office(t) else 0.0,
+                      state=lambda t: None if gap(t) else "running")  # fmt: skip
+    fire = findings(ruleset, events)[0]
+    assert fire.waste_usd == pytest.approx((WEEK_IDLE_H - 11 + 6) * PRICE, rel=1e-3)
+    assert "12:00" not in fire.details["schedule_text"]
+
+
 def test_resolves_when_traffic_comes_back_to_every_hour(ruleset):
     events = endpoint(21, rps=lambda t: 3.0 if office(t) or t >= T0 + 9 * DAY else 0.0)
     found = [f for f in findings(ruleset, events) if f.action != "update"]
@@ -120,6 +137,24 @@ def test_the_schedule_is_read_in_the_rules_time_zone(ruleset):
     # 20:00-07:00 UTC is 21:00-08:00 in Berlin in November (UTC+1).
     assert out[0].details["schedule_text"] == "Mon-Thu 21:00-08:00, Fri 21:00-Mon 08:00"
     assert out[0].details["timezone"] == "Europe/Berlin"
+
+
+def test_a_half_hour_zone_schedules_its_own_whole_hours(ruleset):
+    # India is UTC+5:30: the endpoint's nights (20:00-07:00 UTC) are 01:30-12:30 there. The
+    # schedule is of whole local hours inside them (02:00-12:00), never the UTC hours relabelled
+    # ("01:00-12:00" would scale to zero half an hour before the traffic stops).
+    from detector.detectors.base import Context, ResourceInfo
+    from detector.detectors.inference_scale_to_zero import InferenceScaleToZero, InferenceScaleToZeroParams
+
+    det = InferenceScaleToZero("s2z", "info", InferenceScaleToZeroParams(timezone="Asia/Kolkata"), ruleset.pricing)
+    st = det.new_state()
+    res = ResourceInfo(resource_id="ep-1", resource_type="inference_endpoint", instance_type="g5.xlarge",
+                       state="running", usd_per_hour=PRICE, gpus=1, interval_usd=PRICE * STEP / HOUR)  # fmt: skip
+    out = []
+    for ev in endpoint(8):
+        out += det.step(st, Context(res), ev, ev.t)
+    assert out[0].details["schedule_text"] == "Tue-Fri 02:00-12:00, Sat 02:00-Mon 12:00"
+    assert out[0].details["idle_hours_per_week"] == 4 * 10 + 58
 
 
 def test_an_unknown_time_zone_is_refused():

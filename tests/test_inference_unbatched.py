@@ -109,9 +109,12 @@ def test_a_batch_size_gauge_serves_as_well_as_execution_counts(ruleset):
         endpoint(10, batch=8.0, util=70.0, sm=0.6, dup=0.1),  # few repeats
         endpoint(5),  # less than a window of traffic
         endpoint(10, instance_type="m6i.2xlarge"),  # a CPU endpoint
+        # one 4-GPU machine, replicas not reported: one model sharded over its GPUs, or four copies
+        # on one VM, none of it freed by scaling replicas (a smaller instance is inference_overprovisioned's)
+        endpoint(10, report_replicas=False, instance_type="g5.12xlarge"),
     ],
     ids=["batched", "low-rate", "sm-busy", "gpu-idle", "one-replica", "no-batch-metric", "cached", "few-repeats",
-         "short-history", "cpu"],
+         "short-history", "cpu", "replicas-unreported"],
 )
 def test_no_alert(ruleset, events):
     assert findings(ruleset, events) == []
@@ -128,8 +131,9 @@ def test_resolves_when_batching_is_turned_on(ruleset):
     [
         {"replicas": 1e300, "batches": 1e300, "duplicate_share": 5.0, "cache_hit_ratio": -3.0},  # absurd figures
         {"replicas": -1.0, "batches": -5.0, "batch_size": 0.0},  # negative and zero
+        {"replicas": 4.0, "batches": 1e300},  # more executions than requests: not a batch of ~0, nothing known
     ],
-    ids=["huge", "negative"],
+    ids=["huge", "negative", "batches-beyond-requests"],
 )
 def test_absurd_metrics_are_ignored_without_a_wrong_dollar(ruleset, metrics):
     events = []
@@ -138,6 +142,17 @@ def test_absurd_metrics_are_ignored_without_a_wrong_dollar(ruleset, metrics):
             e = UsageEvent(**{f: getattr(e, f) for f in e.__struct_fields__ if f != "metrics"}, metrics=metrics)
         events.append(e)
     assert findings(ruleset, events) == []
+
+
+def test_without_sm_activity_the_kernel_duty_bounds_it_and_the_alert_says_so(ruleset):
+    # No SM (or graphics engine) activity exported: kernels busy 40 % bound it (SMs are never more
+    # active than kernels run), so batch 1 still fires, but the alert does not call 40 % SM activity.
+    from detector.detectors.inference_unbatched import InferenceUnbatched
+
+    fire = findings(ruleset, endpoint(8, sm=None, util=40.0))[0]
+    assert fire.action == "fire" and fire.details["sm_active_pct"] is None and fire.details["util_pct"] == 40.0
+    assert "SM activity not reported" in dict(InferenceUnbatched.facts(fire.details))["Batching"]
+    assert findings(ruleset, endpoint(8, sm=None, util=60.0)) == []  # 60 % kernels: SMs may be busy, unknown
 
 
 @pytest.mark.parametrize(
@@ -151,3 +166,13 @@ def test_absurd_metrics_are_ignored_without_a_wrong_dollar(ruleset, metrics):
 )
 def test_work_left(gain, repeats, left):
     assert work_left(gain, repeats) == pytest.approx(left)
+
+
+@pytest.mark.parametrize("causes", [None, 7, [1, None], "unbatched"], ids=["none", "number", "not-text", "text"])
+def test_facts_of_stored_details_of_the_wrong_shape_never_raise(causes):
+    # Details come back from the store: a causes field that is not a list of words prints "?".
+    from detector.detectors.inference_unbatched import InferenceUnbatched
+
+    facts = dict(InferenceUnbatched.facts({"causes": causes}))
+    assert facts["Causes"] == "?"
+    assert dict(InferenceUnbatched.facts({"causes": ["unbatched", "uncached"]}))["Causes"] == "unbatched, uncached"

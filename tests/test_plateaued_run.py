@@ -129,6 +129,22 @@ def test_state_is_bounded_by_open_runs():
     assert len(st.runs) <= 49 and "lost-0" not in st.runs  # forgotten after two quiet days
 
 
+def test_a_sweep_of_short_runs_keeps_a_bounded_memory_of_ended_ones():
+    # A hyperparameter sweep ends 3,000 runs in a few hours: the ended runs remembered (so a
+    # re-read end event changes nothing) stay within MAX_ENDED, the newest kept.
+    from detector.detectors.base import Context, ResourceInfo
+    from detector.detectors.plateaued_run import MAX_ENDED, PlateauedRun
+
+    det = PlateauedRun("r", "warning", PlateauedRun.Params())
+    st = det.new_state()
+    ctx = Context(ResourceInfo())
+    for i in range(3000):
+        for status, dt in (("started", 0.0), ("succeeded", 1.0)):
+            e = ev(T0 + i * 5.0 + dt, status, run_id=f"sweep-{i}")
+            det.step(st, ctx, e, e.t)
+    assert len(st.ended) <= MAX_ENDED and "sweep-2999" in st.ended and not st.runs
+
+
 def test_metrics_and_step_go_through_the_store_and_keep_old_ids(store):
     """Stored in the run events' extra column and read back as the events sent; an event without
     them keeps the id it had before they existed."""
@@ -155,3 +171,107 @@ def test_the_alert_says_the_metric_dollars_and_the_callback():
     assert facts["Metric"] == "`val_loss` best 1 at step 4000, 5 evaluations without improvement"
     assert "EarlyStopping" in PlateauedRun.suggest(fire.details)
     assert dict(PlateauedRun.facts({"best": None, "metric": "x"}))["Metric"].startswith("`x` best -")
+
+
+def test_a_restart_from_a_checkpoint_at_a_lower_step_is_evaluated():
+    # A plateau fires at step 9000; the run is resumed from its step-4000 checkpoint with a lower
+    # learning rate and logs steps 4500, 5000... again. Its new evaluations count: 0.7 beats the
+    # best (1.0), so the plateau resolves as improved instead of billing on past the improvement.
+    events = evals(IMPROVING + [1.1] * 5)
+    restart = T0 + 10 * EVAL
+    events += [ev(restart + (i + 1) * EVAL, value=v, step=4500 + 500 * i) for i, v in enumerate([1.05, 0.7])]
+    found = findings(events)
+    assert [f.action for f in found] == ["fire", "resolve"]
+    assert found[-1].details["reason"] == "improved" and found[-1].at == restart + 2 * EVAL
+
+
+def test_a_run_id_used_again_later_is_a_new_run():
+    # A scheduled job logs under a fixed run name: yesterday's run ended at 03:00; today's, under
+    # the same id from 04:00, plateaus and fires. (Re-read events dated before the end still change nothing.)
+    first = evals(IMPROVING) + [ev(T0 + 5 * EVAL, "succeeded")]
+    second = evals(IMPROVING + [1.1] * 5, start=T0 + 6 * EVAL)
+    (fire,) = [f for f in findings(first + second) if f.action == "fire"]
+    assert fire.episode_start == T0 + 10 * EVAL and fire.details["evaluations_since_best"] == 5
+
+
+@pytest.mark.parametrize(
+    ("params", "mode"),
+    [
+        ({"metric": "val_loss"}, "min"),  # a loss is minimised
+        ({"metric": "eval/perplexity"}, "min"),  # W&B's slash-separated names: perplexity, minimised
+        ({"metric": "eval_accuracy"}, "max"),  # an accuracy without a mode: maximised, not read as a loss
+        ({"metric": "val-F1"}, "max"),  # any case and separator
+        ({"metric": "eval_accuracy", "mode": "min"}, "min"),  # an explicit mode wins
+    ],
+    ids=["loss", "perplexity", "accuracy", "f1", "explicit"],
+)
+def test_the_mode_follows_the_metric_name_when_not_given(params, mode):
+    from detector.detectors.plateaued_run import PlateauedRunParams
+
+    assert PlateauedRunParams(**params).mode == mode
+
+
+def test_a_metric_of_no_known_direction_without_a_mode_is_refused():
+    # "throughput" says nothing of which way is better: the rule must say, or every improving run would alert.
+    from pydantic import ValidationError
+
+    from detector.detectors.plateaued_run import PlateauedRunParams
+
+    with pytest.raises(ValidationError, match="mode"):
+        PlateauedRunParams(metric="throughput")
+
+
+def test_an_open_plateau_updates_hourly_with_the_dollars_since_the_best():
+    # Fired at the fifth flat evaluation (1 h 15 m after the best); flat on for 3 more hours: an
+    # update each hour of event time, each priced $32/h from the best evaluation.
+    found = findings(evals(IMPROVING + [1.1] * 17))
+    best_t = T0 + 4 * EVAL
+    updates = [f for f in found if f.action == "update"]
+    assert [f.at for f in updates] == [T0 + 13 * EVAL, T0 + 17 * EVAL, T0 + 21 * EVAL]
+    assert [f.waste_usd for f in updates] == pytest.approx([32.0 * (f.at - best_t) / HOUR for f in updates])
+
+
+def test_a_project_past_max_runs_forgets_its_quietest_run(monkeypatch):
+    # Runs whose end events never came fill the project's table: past MAX_RUNS the one heard from
+    # longest ago goes, so the state stays bounded.
+    from detector.detectors import plateaued_run
+    from detector.detectors.base import Context, ResourceInfo
+
+    monkeypatch.setattr(plateaued_run, "MAX_RUNS", 3)
+    det = plateaued_run.PlateauedRun("r", "warning", plateaued_run.PlateauedRun.Params())
+    st = det.new_state()
+    for i in range(4):
+        e = ev(T0 + i * MIN, "started", run_id=f"r{i}")
+        det.step(st, Context(ResourceInfo()), e, e.t)
+    assert sorted(st.runs) == ["r1", "r2", "r3"]
+
+
+def test_an_open_plateau_at_the_end_of_the_data_keeps_its_price_and_host():
+    # A backtest ends with the plateau open: the engine's open_episodes (no look-up of other keys
+    # there) must report the dollars since the best at the hosts' last known price, not $0.
+    from tests.conftest import ROOT
+
+    engine = Engine(load_rules(ROOT / "rules"))
+    host = [usage(T0 + i * MIN, "host-1") for i in range(int(12 * HOUR / MIN))]
+    engine.process(sorted(host + evals(IMPROVING + [1.1] * 8), key=lambda e: e.ts))
+    (last,) = [f for f in engine.open_episodes() if f.type == "plateaued_run"]
+    assert last.action == "update" and last.at == T0 + 12 * EVAL and last.usd_per_hour == pytest.approx(32.0)
+    assert last.waste_usd == pytest.approx(32.0 * 8 * EVAL / HOUR)
+    assert (last.resource.account, last.resource.instance_type) == ("acct", "p4d.24xlarge")
+
+
+def test_quiet_runs_are_looked_for_hourly_not_at_every_event(monkeypatch):
+    # 2,000 open runs sending 20,000 heartbeats within an hour: the scan for runs quiet for two
+    # days walks every run, so it runs once an hour of event time, not 20,000 times (440 µs an event).
+    from detector.detectors.base import Context, ResourceInfo
+    from detector.detectors.plateaued_run import PlateauedRun
+
+    det = PlateauedRun("r", "warning", PlateauedRun.Params())
+    scans = []
+    scan = det._forget_quiet
+    monkeypatch.setattr(det, "_forget_quiet", lambda st, t, fleet: scans.append(t) or scan(st, t, fleet))
+    st = det.new_state()
+    for i in range(20_000):
+        e = ev(T0 + i * 0.1, run_id=f"r{i % 2000}")
+        det.step(st, Context(ResourceInfo()), e, e.t)
+    assert len(st.runs) == 2000 and len(scans) <= 2

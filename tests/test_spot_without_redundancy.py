@@ -61,8 +61,9 @@ def test_fires(ruleset, metrics, tags, pricing):
         ({"replicas": 2, "zones": 1, "spot_replicas": 1}, {}, "spot"),  # one replica on on-demand holds the fort
         ({"replicas": 1}, {"karpenter.sh/capacity-type": "on-demand"}, "on_demand"),  # the label says on-demand
         ({"replicas": 1e300, "zones": -4}, {}, "on_demand"),  # absurd figures on on-demand: nothing
+        ({"replicas": 4}, {}, "spot"),  # four replicas whose zones are not reported: no zone is known to be shared
     ],
-    ids=["three-zones", "on-demand-single", "on-demand-floor", "label-on-demand", "absurd"],
+    ids=["three-zones", "on-demand-single", "on-demand-floor", "label-on-demand", "absurd", "zones-unknown"],
 )
 def test_no_alert(ruleset, metrics, tags, pricing):
     assert findings(ruleset, endpoint(60, metrics=metrics, tags=tags, pricing=pricing)) == []
@@ -102,3 +103,16 @@ def test_an_unlisted_instance_type_fires_and_says_the_fix_cost_is_unknown(rulese
     assert fire.details["extra_replica_usd_per_hour"] is None
     facts = dict(REGISTRY["spot_without_redundancy"].facts(fire.details))
     assert facts["Fix costs"] == "one more spot replica $?/h, or on-demand $?/h more"
+
+
+def test_the_fix_costs_scale_with_the_replicas_and_an_unlisted_type_uses_its_billed_rate(ruleset):
+    # Three spot replicas in one zone: moving them to on-demand costs three premiums; one more
+    # spot replica costs one spot price. Unlisted, billed $1.50/h for three: $0.50/h a replica.
+    (fire,) = findings(ruleset, endpoint(20, metrics={"replicas": 3, "zones": 1}))
+    assert fire.details["on_demand_premium_usd_per_hour"] == pytest.approx(3 * (ON_DEMAND - SPOT))
+    assert fire.details["extra_replica_usd_per_hour"] == pytest.approx(SPOT)
+    events = [UsageEvent(**{**{f: getattr(e, f) for f in e.__struct_fields__}, "instance_type": "custom-gpu",
+                            "cost_usd": 1.5 / 60}) for e in endpoint(20, metrics={"replicas": 3, "zones": 1})]  # fmt: skip
+    (fire,) = findings(ruleset, events)
+    assert fire.details["extra_replica_usd_per_hour"] == pytest.approx(0.5)
+    assert fire.details["on_demand_premium_usd_per_hour"] is None

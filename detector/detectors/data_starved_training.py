@@ -75,6 +75,9 @@ __all__ = ["DataStarvedTraining", "DataStarvedTrainingParams", "DataStarvedTrain
 
 HOST_GAUGES = ("cpu_util_pct", "disk_busy_pct", "network_util_pct")
 """The ``UsageEvent.metrics`` names read, in percent (see the module docstring for their source)."""
+MAX_GAUGE_PCT = 101.0
+"""A host gauge above this is not a share of the host (rounding aside): top's per-process CPU is
+summed over cores (250 % is 2.5 cores of 96), and reading it as pegged would call a quiet host saturated."""
 _WAITING, _BURST = 1, 2
 
 
@@ -250,7 +253,7 @@ class DataStarvedTraining(DetectorBase):
         if metrics:
             for name, above in zip(HOST_GAUGES, (p.cpu_above, p.disk_above, p.network_above), strict=True):
                 value = metrics.get(name)
-                if value is not None and value >= above and value <= 1000.0:
+                if value is not None and above <= value <= MAX_GAUGE_PCT:
                     end_t = t + ev.interval_s
                     if end_t > st.sat_until:
                         st.sat_until = end_t

@@ -21,7 +21,8 @@ weeks, at least one) that lie in runs of at least ``min_idle_run``, so "scale to
 20:00-07:00 and at weekends" is what a week of nights and weekends teaches, and a single
 quiet hour is not (a ``learn`` under a week schedules only the hours of the week it saw).
 An hour not billed (the endpoint already scales down) or without request counts is never
-idle.
+idle. Hours are whole hours of ``timezone`` (half past the UTC hour in India), so the
+schedule's times are ones the endpoint was seen idle through.
 
 Why these defaults: KServe/Knative, SageMaker serverless and async endpoints and KEDA
 scale to zero with a cold start of seconds to a few minutes for a model load; a run of
@@ -90,7 +91,7 @@ class InferenceScaleToZeroState(Episode, kw_only=True):
     first_t: float | None = None
     """Start of the span the schedule is learned over (and of the episode's dollars)."""
     hour: float = -1.0
-    """Start of the open hour (epoch s, UTC hour boundary); -1: none yet."""
+    """Start of the open hour (epoch s, a local hour's start); -1: none yet."""
     hour_running_s: float = 0.0
     hour_requests: float = 0.0
     hour_unknown: bool = False
@@ -131,6 +132,7 @@ class InferenceScaleToZero(DetectorBase):
     def __init__(self, name: str, severity: str, params: Any, pricing: Pricing | None = None) -> None:
         super().__init__(name, severity, params, pricing)
         self._zone = ZoneInfo(self.params.timezone)
+        self._utc = self.params.timezone == "UTC"
         self._min_run_h = int(self.params.min_idle_run // HOUR_S)
         self._weeks = max(1, int(self.params.learn // WEEK_S))
 
@@ -165,7 +167,7 @@ class InferenceScaleToZero(DetectorBase):
         if st.first_t is None:
             st.first_t = t
         st.last_t = t
-        hour = t - t % HOUR_S
+        hour = self._hour_start(t)
         found: list[Finding] = []
         if hour > st.hour:
             found = self._close(st, res, hour)
@@ -213,6 +215,15 @@ class InferenceScaleToZero(DetectorBase):
         if st.run_h >= self._min_run_h:
             st.idle_usd += st.run_usd
         st.run_h, st.run_usd = 0, 0.0
+
+    def _hour_start(self, t: float) -> float:
+        """Start of the local hour ``t`` falls in: the UTC hour, but half past it in a zone half an
+        hour off UTC (India, Newfoundland, South Australia), so a slot is a whole local hour."""
+        if self._utc:
+            return t - t % HOUR_S
+        offset = datetime.fromtimestamp(t, tz=self._zone).utcoffset()
+        shift = offset.total_seconds() if offset is not None else 0.0
+        return t - (t + shift) % HOUR_S
 
     def _slot(self, hour: float) -> int:
         local = datetime.fromtimestamp(hour, tz=self._zone)

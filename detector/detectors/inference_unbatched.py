@@ -28,8 +28,12 @@ What it reads (``UsageEvent.requests`` and ``UsageEvent.metrics``, per usage int
 - ``metrics.cache_hit_ratio``: the share (0-1) served from a response cache (Triton
   ``nv_cache_num_hits_per_model`` / (hits + misses)); absent: no cache;
 - ``metrics.replicas``: ready replicas (kube-state-metrics
-  ``kube_deployment_status_replicas_ready``); absent: the instance type's GPUs, at least 1;
-- and the GPU samples: ``util_pct`` (kernel duty) and ``sm_active`` (else ``gr_engine_active``).
+  ``kube_deployment_status_replicas_ready``); absent: 1, one machine (its GPUs may hold one
+  model sharded over them, and a VM's GPUs are not freed by scaling replicas: a smaller
+  instance is ``inference_overprovisioned``'s advice);
+- and the GPU samples: ``util_pct`` (kernel duty) and ``sm_active`` (else ``gr_engine_active``;
+  neither: the kernel duty stands in as its upper bound, and the alert says SM activity was
+  not reported).
 
 *Unbatched*: the mean batch is at most ``max_batch_size`` at ``min_requests_per_s`` or more
 while mean SM activity is under ``sm_active_below``: each execution feeds the GPU one
@@ -103,6 +107,8 @@ class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     util_sum: float = 0.0
     sm_sum: float = 0.0
     samples: int = 0
+    sm_samples: int = 0
+    """Samples that carried SM (or graphics engine) activity, whose sum is ``sm_sum``."""
 
 
 class InferenceUnbatchedState(Episode, kw_only=True):
@@ -139,11 +145,15 @@ class InferenceUnbatched(DetectorBase):
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
-        facts = [("Causes", ", ".join(details.get("causes", [])))]
+        causes = details.get("causes")
+        ok = isinstance(causes, list) and all(isinstance(c, str) for c in causes)
+        facts = [("Causes", ", ".join(causes) if ok and causes else "?")]  # (details read back from the store)
         if details.get("batch_size") is not None:
+            sm = details.get("sm_active_pct")
+            sm_text = (f"SM activity {sm} %" if sm is not None
+                       else f"SM activity not reported (kernels busy {details.get('util_pct')} %, its upper bound)")
             facts.append(("Batching", f"{figure(details['batch_size'], ',.2f')} requests per batch at "
-                                      f"{figure(details.get('requests_per_s', 0), ',.1f')} req/s, SM activity "
-                                      f"{details.get('sm_active_pct')} %"))  # fmt: skip
+                                      f"{figure(details.get('requests_per_s', 0), ',.1f')} req/s, {sm_text}"))  # fmt: skip
         if details.get("duplicate_share_pct") is not None:
             facts.append(("Repeats", f"{details['duplicate_share_pct']} % of requests repeat, "
                                      f"{details.get('cache_hit_pct', 0)} % served from cache"))  # fmt: skip
@@ -166,8 +176,10 @@ class InferenceUnbatched(DetectorBase):
             hour = st.hours[-1]
             sm = event.sm_active if event.sm_active is not None else event.gr_engine_active
             hour.util_sum += event.util_pct
-            hour.sm_sum += 100.0 * sm if sm is not None else event.util_pct
             hour.samples += 1
+            if sm is not None:
+                hour.sm_sum += 100.0 * sm
+                hour.sm_samples += 1
             return found
         if type(event) is not UsageEvent or t <= st.usage_last:
             return []
@@ -247,11 +259,14 @@ class InferenceUnbatched(DetectorBase):
         rate = requests / request_s
         samples = sum(h.samples for h in hours)
         util = sum(h.util_sum for h in hours) / samples if samples else None
-        sm = sum(h.sm_sum for h in hours) / samples if samples else None
+        sm_samples = sum(h.sm_samples for h in hours)
+        sm = sum(h.sm_sum for h in hours) / sm_samples if sm_samples else None
+        sm_bound = sm if sm is not None else util  # SMs are never more active than kernels run
         batch_requests, batches = sum(h.batch_requests for h in hours), sum(h.batches for h in hours)
         batch = batch_requests / batches if batches else None
-        unbatched = (batch is not None and util is not None and sm is not None and batch <= p.max_batch_size
-                     and rate >= p.min_requests_per_s and sm < p.sm_active_below and util >= p.min_gpu_busy)  # fmt: skip
+        unbatched = (batch is not None and util is not None and sm_bound is not None and batch <= p.max_batch_size
+                     and rate >= p.min_requests_per_s and sm_bound < p.sm_active_below
+                     and util >= p.min_gpu_busy)  # fmt: skip
         dup_requests = sum(h.dup_requests for h in hours)
         dup = sum(h.dups for h in hours) / dup_requests if dup_requests else None
         cached = sum(h.cached for h in hours) / dup_requests if dup_requests else 0.0
@@ -259,7 +274,7 @@ class InferenceUnbatched(DetectorBase):
         uncached = dup is not None and repeat * 100.0 >= p.min_duplicate_share
         if not unbatched and not uncached:
             return None
-        replicas = st.replicas or float(max(1, res.gpus))
+        replicas = st.replicas or 1.0  # not reported: one machine, nothing to scale down
         left = work_left(p.batching_gain if unbatched else 1.0, repeat if uncached else 0.0)
         needed = max(1, math.ceil(replicas * left - 1e-9))
         saving = res.usd_per_hour * (replicas - needed) / replicas

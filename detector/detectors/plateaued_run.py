@@ -6,7 +6,7 @@ Example rule::
       type: plateaued_run
       params:
         metric: val_loss     # the metric in the run events' ``metrics`` to watch...
-        mode: min            # ...and which way is better (min | max)
+        mode: min            # ...and which way is better (min | max; left out, the name says: loss, accuracy, f1...)
         min_delta: 0         # an evaluation must beat the best by more than this to count
         patience: 5          # evaluations without improvement...
         patience_for: 2h     # ...or this long since the best one (optional), whichever first
@@ -28,16 +28,18 @@ Face ``EarlyStoppingCallback``'s ``early_stopping_threshold``); their patience d
 ``ReduceLROnPlateau`` waits 10. Five evaluations is past the dips a noisy metric makes on its
 way down without letting a flat run burn long. An evaluation is a new ``step`` (or, without
 one, a later event carrying the metric): a heartbeat repeating the last value at the same
-step counts once.
+step counts once. A lower step in a later event is the run resumed from a checkpoint: its
+evaluations count (against the same best), so an improvement after the restart resolves.
 """
 
 from __future__ import annotations
 
 import builtins
 import math
+import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, due, end, fire
@@ -46,22 +48,60 @@ from detector.events import Event, RunEvent
 from detector.pricing import usd_over
 from detector.units import Duration
 
-__all__ = ["PlateauedRun", "PlateauedRunParams", "PlateauedRunState"]
+__all__ = ["PlateauedRun", "PlateauedRunParams", "PlateauedRunState", "mode_of"]
 
 MAX_RUNS = 4096
 """Open runs followed per project; a project past it (runs whose end event never came) drops its
 oldest quiet run first."""
+SCAN_EVERY_S = 3600.0
+"""How often (event time) the open runs are walked for ones quiet past ``forget_after``: a day or two's
+horizon loses nothing to an hour's lateness, and a project of thousands of open runs is not walked at
+every event."""
+MAX_ENDED = 1024
+"""Ended runs remembered per project (so a re-read end or metric event of one changes nothing): past
+it, those older than ``forget_after`` go, then all but the newest half. A sweep of thousands of short
+runs must not grow a project's state (or cost a copy of it at every run's end)."""
+
+
+LOWER_IS_BETTER = frozenset({"loss", "nll", "error", "err", "perplexity", "ppl", "wer", "cer", "ter", "mse", "mae",
+                             "rmse", "mape", "distance", "fid"})
+HIGHER_IS_BETTER = frozenset({"acc", "accuracy", "f1", "auc", "auroc", "roc", "bleu", "rouge", "rouge1", "rouge2",
+                              "rougel", "meteor", "map", "precision", "recall", "iou", "miou", "dice", "r2",
+                              "em", "exact", "match", "reward", "return", "score", "top1", "top5", "ndcg", "mrr"})
+"""Words of a metric's name (split at anything not a letter or digit) that say which way is better,
+when a rule gives no ``mode``: the frameworks' own names (``val_loss``, ``eval_accuracy``, ``eval/f1``)."""
+
+
+def mode_of(metric: str) -> Literal["min", "max"] | None:
+    """Which way the metric named ``metric`` is better, from its name's words; None: they do not say (or disagree)."""
+    words = set(re.split(r"[^a-z0-9]+", metric.lower()))
+    low, high = bool(words & LOWER_IS_BETTER), bool(words & HIGHER_IS_BETTER)
+    return "min" if low and not high else "max" if high and not low else None
 
 
 class PlateauedRunParams(Params):
     metric: str = Field(default="val_loss", min_length=1)
     mode: Literal["min", "max"] = "min"
+    """Which way is better; when a rule leaves it out, the metric's name says (:func:`mode_of`), or the rule is
+    refused: an accuracy read as a loss would call every improving run plateaued."""
     min_delta: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     patience: int = Field(default=5, ge=1)
     patience_for: Duration | None = Field(default=None, gt=0)
     update_every: Duration = Field(default=3600.0, gt=0)
     forget_after: Duration = Field(default=2 * 86_400.0, gt=0)
     """A run with no event for this long is forgotten (its end event was lost)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_from_metric(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("mode") is None:
+            metric = data.get("metric", "val_loss")
+            mode = mode_of(metric) if isinstance(metric, str) else None
+            if mode is None:
+                raise ValueError(f"say mode: min or max for metric {metric!r} (its name does not say which way is "
+                                 "better)")  # fmt: skip
+            data = {**data, "mode": mode}
+        return data
 
 
 class WatchedRun(Episode, kw_only=True):
@@ -78,6 +118,14 @@ class WatchedRun(Episode, kw_only=True):
     last_step: int | None = None
     last_value: float = 0.0
     last_t: float = 0.0
+    hourly: float = 0.0
+    """The run's share of its hosts' price at the latest finding priced, with the first host's
+    place and the GPUs below: what a finding made without a look-up of the hosts (the open
+    episodes at the end of a backtest) reports, rather than $0."""
+    gpus: int = 0
+    account: str = ""
+    region: str = ""
+    instance_type: str = ""
 
 
 class PlateauedRunState(Episode, kw_only=True):
@@ -85,7 +133,9 @@ class PlateauedRunState(Episode, kw_only=True):
 
     runs: dict[str, WatchedRun] = {}
     ended: dict[str, float] = {}
-    """Run id → end time: a re-read event of an ended run changes nothing."""
+    """Run id → end time: a re-read event of an ended run (dated up to its end) changes nothing."""
+    scan_at: float = -math.inf
+    """Event time of the next look for runs gone quiet (it walks every open run: hourly, not per event)."""
 
 
 class PlateauedRun(DetectorBase):
@@ -114,9 +164,15 @@ class PlateauedRun(DetectorBase):
         if type(event) is not RunEvent:
             return []
         st, ev = state, event
-        if ev.run_id in st.ended:
-            return []
-        found = self._forget_quiet(st, t, ctx.lookup)
+        ended_at = st.ended.get(ev.run_id)
+        if ended_at is not None:
+            if t <= ended_at:
+                return []  # a re-read event of the ended run
+            del st.ended[ev.run_id]  # the id used again later (a scheduled job's fixed name): a new run
+        found: list[Finding] = []
+        if t >= st.scan_at:
+            st.scan_at = t + SCAN_EVERY_S
+            found = self._forget_quiet(st, t, ctx.lookup)
         w = st.runs.get(ev.run_id)
         if w is None:
             if len(st.runs) >= MAX_RUNS:
@@ -129,8 +185,10 @@ class PlateauedRun(DetectorBase):
         if ev.status not in ("started", "running"):
             found += self._drop(st, ev.run_id, t, ctx.lookup, reason=f"run_{ev.status}")
             st.ended[ev.run_id] = t
-            horizon = t - self.params.forget_after
-            st.ended = {k: v for k, v in st.ended.items() if v >= horizon}
+            if len(st.ended) > MAX_ENDED:  # pruned now and then, not at every end (a sweep ends thousands)
+                horizon = t - self.params.forget_after
+                kept = [(k, v) for k, v in st.ended.items() if v >= horizon]
+                st.ended = dict(kept[-MAX_ENDED // 2:])  # the newest (ended in event-time order)
             return found
         value = ev.metrics.get(self.params.metric) if ev.metrics else None
         if value is not None and math.isfinite(value) and self._new_evaluation(w, ev, t):
@@ -147,9 +205,9 @@ class PlateauedRun(DetectorBase):
     @staticmethod
     def _new_evaluation(w: WatchedRun, ev: RunEvent, t: float) -> bool:
         if ev.step is not None:
-            if w.last_step is not None and ev.step <= w.last_step:
-                return False
-            w.last_step = ev.step
+            if w.last_step is not None and ev.step <= w.last_step and (ev.step == w.last_step or t <= w.last_eval_t):
+                return False  # the same evaluation again (a heartbeat, a re-read message)
+            w.last_step = ev.step  # (a lower step, later: resumed from a checkpoint, evaluating anew)
         elif t <= w.last_eval_t:
             return False
         w.last_eval_t = t
@@ -202,11 +260,14 @@ class PlateauedRun(DetectorBase):
     def _finding(self, action: str, w: WatchedRun, at: float, fleet: Fleet | None, **extra: object) -> Finding:
         assert w.since is not None and w.fired_at is not None
         priced = self._hourly(w, fleet)
-        hourly, host, gpus = priced if priced is not None else (0.0, ResourceInfo(), w.run.gpu_count)
+        if priced is not None:
+            w.hourly, host, w.gpus = priced
+            w.account, w.region, w.instance_type = host.account, host.region, host.instance_type
+        hourly, gpus = w.hourly, w.gpus or w.run.gpu_count
         run = w.run
         tags = {**run.tags, "project": run.project or run.tags.get("project", "")}
-        res = ResourceInfo(resource_id=w.run_id, resource_type="run", account=host.account, region=host.region,
-                           instance_type=host.instance_type, state="running", tags=tags)  # fmt: skip
+        res = ResourceInfo(resource_id=w.run_id, resource_type="run", account=w.account, region=w.region,
+                           instance_type=w.instance_type, state="running", tags=tags)  # fmt: skip
         details = {
             "run_id": w.run_id, "project": run.project, "owner": run.tags.get("owner", ""),
             "metric": self.params.metric, "mode": self.params.mode, "best": w.best, "best_step": w.best_step,

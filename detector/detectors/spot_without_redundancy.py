@@ -22,8 +22,10 @@ What it reads from the endpoint's usage events (``docs/events.md``): it is on sp
 ``pricing`` is ``spot`` or a capacity-type label says so (``karpenter.sh/capacity-type:
 spot``, ``eks.amazonaws.com/capacityType: SPOT``, ``cloud.google.com/gke-spot: "true"``,
 ``kubernetes.azure.com/scalesetpriority: spot``); ``metrics.replicas`` (ready replicas;
-absent: 1), ``metrics.zones`` (distinct ``topology.kubernetes.io/zone`` of the ready
-replicas' nodes; absent: 1), ``metrics.spot_replicas`` (those on spot; absent: all of them).
+absent: 1, an endpoint on one machine), ``metrics.zones`` (distinct
+``topology.kubernetes.io/zone`` of the ready replicas' nodes; absent: one replica is in one
+zone, several are judged on their count alone, since nothing says they share a zone),
+``metrics.spot_replicas`` (those on spot; absent: all of them).
 An endpoint that keeps at least one replica on on-demand capacity is not at risk.
 
 Why these defaults: two replicas in two zones is the least that survives one preemption or
@@ -90,8 +92,8 @@ class SpotWithoutRedundancy(DetectorBase):
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         return [
-            ("Replicas", f"{details.get('replicas')} in {details.get('zones')} zone(s), all on spot (the rule wants "
-                         f"at least {details.get('min_replicas')} in {details.get('min_zones')} zones)"),
+            ("Replicas", f"{details.get('replicas')} in {details.get('zones') or 'unreported'} zone(s), all on spot "
+                         f"(the rule wants at least {details.get('min_replicas')} in {details.get('min_zones')} zones)"),
             ("Fix costs", f"one more spot replica ${figure(details.get('extra_replica_usd_per_hour', 0), ',.3f')}/h, or "
                           f"on-demand ${figure(details.get('on_demand_premium_usd_per_hour', 0), ',.3f')}/h more"),
         ]  # fmt: skip
@@ -106,11 +108,12 @@ class SpotWithoutRedundancy(DetectorBase):
             return end(st, lambda: self._finding("resolve", st, res, t, reason=f"instance_{event.state}"))
         metrics = event.metrics
         replicas = _count(metrics.get("replicas"), 1)
-        zones = min(_count(metrics.get("zones"), 1), replicas)
+        # Zones not reported: one replica is in one zone; several may be spread, so only their count is judged.
+        zones = min(_count(metrics.get("zones"), 1 if replicas == 1 else 0), replicas)
         on_spot = event.pricing == "spot" or _spot_label(event.tags)
         spot = min(_count(metrics.get("spot_replicas"), replicas if on_spot else 0), replicas)
         at_risk = (spot > 0 and spot == replicas
-                   and (replicas < self.params.min_replicas or zones < self.params.min_zones))  # fmt: skip
+                   and (replicas < self.params.min_replicas or 0 < zones < self.params.min_zones))  # fmt: skip
         if not at_risk:
             st.start = None
             reason = "no_ready_replicas" if not replicas else "on_demand" if spot < replicas else "redundant"
