@@ -24,11 +24,13 @@ from detector.events import (
     _TYPES,
     DAY_S,
     MAX_EXTRA_DEPTH,
+    RUN_ADDED,
     TOPIC_RESOURCE_USAGE,
     TS_MAX,
     TS_MIN,
     EventDecoder,
     InvalidMessage,
+    RunEvent,
 )
 from detector.limits import Limits
 from detector.store import EventBatch
@@ -182,11 +184,23 @@ def test_whatever_the_decoder_accepts_is_stored_as_sent(store, topic, limits, da
     events = list({msgspec.json.encode(e): e for e in events}.values())  # an event drawn twice is stored once
     assert store.events.insert(batch) == len(events)
     types = {r["name"]: r["type"] for r in store.query(f"DESCRIBE TABLE {table}")}
-    names = list(INFO[topic])
+    names = [n for n in INFO[topic] if n in types]  # a run's metrics and step: no column, kept in extra
     rows = store.query(f"SELECT {', '.join(names)} FROM {table}")
     stored = sorted(repr([_read_back(n, row[n]) for n in names]) for row in rows)
-    sent = sorted(repr([_as_stored(n, getattr(e, n), types[n]) for n in names]) for e in events)
+    sent = sorted(repr([_as_stored(n, _sent(e, n), types[n]) for n in names]) for e in events)
     assert stored == sent
+
+
+def _sent(event: Any, name: str) -> Any:
+    """The field as sent; a run event's ``extra`` with the fields added after its table
+    (``metrics`` when not empty, ``step`` when given), which that column holds for them."""
+    value = getattr(event, name)
+    if name != "extra" or not isinstance(event, RunEvent):
+        return value
+    added = {"metrics": event.metrics} if event.metrics else {}
+    if event.step is not None:
+        added["step"] = event.step
+    return {**value, **added}
 
 
 # -- just outside each bound --------------------------------------------------------------
@@ -247,9 +261,18 @@ def test_every_field_is_bounded():
 
 @pytest.mark.parametrize("topic, name, value", OUTSIDE)
 def test_just_outside_a_bound_is_refused_with_the_field_named(topic, name, value):
+    """Refused, naming the field; except a run's ``metrics`` and ``step`` (added after its table)
+    when JSON can hold the value: kept verbatim in ``extra`` with the event accepted, so a
+    diverged run's status is not lost (a number beyond float64 is still refused)."""
     decoder = EventDecoder(clock=lambda: NOW, limits=UNBOUNDED)
+    message = msgspec.json.encode([{**VALID[topic], name: value}])
+    if topic == "run-events" and name in RUN_ADDED and not (isinstance(value, dict) and _beyond_float64(value)):
+        (event,) = decoder.decode(topic, message)
+        (plain,) = decoder.decode(topic, msgspec.json.encode([VALID[topic]]))
+        assert event.extra == {name: value} and getattr(event, name) == getattr(plain, name)  # the field at its default
+        return
     with pytest.raises(InvalidMessage) as info:
-        decoder.decode(topic, msgspec.json.encode([{**VALID[topic], name: value}]))
+        decoder.decode(topic, message)
     assert f"`$[0].{name}" in info.value.reason
 
 
@@ -261,6 +284,11 @@ def test_timestamps_outside_the_storable_range_are_refused(ts):
         assert decoder.decode("run-events", json.dumps({**VALID["run-events"], "ts": edge.isoformat()}).encode())
     with pytest.raises(InvalidMessage, match=r"- at `\$.ts`"):
         decoder.decode("run-events", json.dumps({**VALID["run-events"], "ts": ts.isoformat()}).encode())
+
+
+def _beyond_float64(metrics: dict[str, Any]) -> bool:
+    """A number no JSON decoder here can hold (``1e309``): refused, not kept."""
+    return any(isinstance(v, msgspec.Raw) for v in metrics.values())
 
 
 # -- plausibility: each limit, at and just beyond it --------------------------------------

@@ -53,7 +53,7 @@ from pydantic import Field, field_validator
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, due, end, fire
 from detector.events import Event, UsageEvent
-from detector.pricing import Pricing
+from detector.pricing import Pricing, usd_over
 from detector.units import Duration, Money, figure
 
 __all__ = ["InferenceScaleToZero", "InferenceScaleToZeroParams", "InferenceScaleToZeroState", "schedule_text"]
@@ -254,7 +254,7 @@ class InferenceScaleToZero(DetectorBase):
             return []  # (a stopped endpoint's episode ends in step, with its reason)
         runs = self._schedule(st)
         hours = sum(n for _, n in runs)
-        worth = hours * st.usd_h >= self.params.min_saving_usd_per_week and res.gpus > 0
+        worth = usd_over(st.usd_h, hours * HOUR_S) >= self.params.min_saving_usd_per_week and res.gpus > 0
         if not worth or not hours:
             found = end(st, lambda: self._finding("resolve", st, res, t, reason="traffic_in_idle_hours"))
             if found:  # a new episode learns afresh from here
@@ -271,7 +271,7 @@ class InferenceScaleToZero(DetectorBase):
                  **extra: object) -> Finding:  # fmt: skip
         assert st.since is not None and st.fired_at is not None
         usd = st.idle_usd + (st.run_usd if st.run_h >= self._min_run_h else 0.0)
-        week = st.idle_hours * st.usd_h
+        week = usd_over(st.usd_h, st.idle_hours * HOUR_S)
         details = {
             "idle_hours_per_week": st.idle_hours,
             "usd_per_idle_hour": round(st.usd_h, 4),
