@@ -1,26 +1,35 @@
--- The waste ledger (0012) with issue 18's serving rules: an inference endpoint's idle hours
--- (inference_scale_to_zero: the billed price of hours with no request, wasted money: nothing
--- ran) after unused_commitment, and batching or caching (inference_unbatched, an estimate of
--- what could be saved) last. spot_without_redundancy has no dollars (a risk) and no rank.
---   1 idle_gpu  2 partly_idle_gpu  3 unallocated_gpu  4 stuck_gpu  5 failed_run_spend
---   6 egress_runaway  7 unused_commitment  8 inference_scale_to_zero          (wasted)
---   9 telemetry_stale  10 anomaly  11 untagged                            (spent, unexplained)
---   12 spot_eligible  13 inference_overprovisioned  14 inference_unbatched  (could be saved)
--- Ranks 1-11 are kind 'waste'; 12-14 'could_save', sharing what ranks 1-8 left: an endpoint's
+-- The waste ledger (0012) with issue 18's rules. The view is the same; the precedence gains:
+-- wasted money: data_starved_training (the GPU time a job starved of input paid for and left
+-- unused, on its host), plateaued_run (a run's hosts since its validation metric stopped
+-- improving; its hosts are the run's `resource_ids`, as a failed run's) and
+-- inference_scale_to_zero (the billed price of an endpoint's hours with no request: nothing ran);
+-- could be saved: inference_unbatched (an estimate of what batching or a cache frees) and
+-- build_or_call (what calling an API, or serving the model oneself, would have saved).
+--   1 idle_gpu  2 partly_idle_gpu  3 unallocated_gpu  4 stuck_gpu  5 data_starved_training
+--   6 failed_run_spend  7 plateaued_run  8 egress_runaway  9 unused_commitment
+--   10 inference_scale_to_zero                                                    (wasted)
+--   11 telemetry_stale  12 anomaly  13 untagged                                   (spent, unexplained)
+--   14 spot_eligible  15 inference_overprovisioned  16 inference_unbatched
+--   17 build_or_call                                                              (could be saved)
+-- Ranks 1-13 are kind 'waste'; 14-17 'could_save', sharing what ranks 1-10 left: an endpoint's
 -- idle hour is not also saved by a smaller GPU or by batching (those detectors leave hours
--- without requests out of their dollars too).
+-- without requests out of their dollars too). spot_without_redundancy (a risk) and wrong_region
+-- (a forecast) have no dollars of money and no rank. A starved job's unused share claims its
+-- host-hour before a plateau of the same run does (what happened to a dollar first: nothing ran
+-- on it), so the two never claim more than the hour's bill together.
 
 DROP VIEW IF EXISTS {db}.waste_ledger;
 
 CREATE VIEW IF NOT EXISTS {db}.waste_ledger AS
 WITH
-    ['idle_gpu', 'partly_idle_gpu', 'unallocated_gpu', 'stuck_gpu', 'failed_run_spend', 'egress_runaway',
-     'unused_commitment', 'inference_scale_to_zero', 'telemetry_stale', 'anomaly', 'untagged', 'spot_eligible',
-     'inference_overprovisioned', 'inference_unbatched'] AS precedence,
+    ['idle_gpu', 'partly_idle_gpu', 'unallocated_gpu', 'stuck_gpu', 'data_starved_training', 'failed_run_spend',
+     'plateaued_run', 'egress_runaway', 'unused_commitment', 'inference_scale_to_zero', 'telemetry_stale', 'anomaly',
+     'untagged', 'spot_eligible', 'inference_overprovisioned', 'inference_unbatched', 'build_or_call'] AS precedence,
     alerted AS (
         SELECT alert_id, type, rule, tags['team'] AS team, account, indexOf(precedence, type) AS rank,
                toUnixTimestamp64Milli(episode_start) / 1000 AS start0, JSONExtractString(details, 'run_id') AS run_id,
-               if(type IN ('failed_run_spend', 'spot_eligible'), JSONExtract(details, 'resource_ids', 'Array(String)'),
+               if(type IN ('failed_run_spend', 'spot_eligible', 'plateaued_run'),
+                  JSONExtract(details, 'resource_ids', 'Array(String)'),
                   [resource_id]) AS hosts,
                JSONExtractBool(details, 'crash_loop') AS crash_loop, details
         FROM {db}.alerts FINAL
@@ -65,12 +74,12 @@ WITH
         SELECT resource_id, hour, sum(usd) + sum(egress_usd) AS bill_usd
         FROM {db}.usage_hourly GROUP BY resource_id, hour
     )
-SELECT hour, resource_id, alert_id, type, rule, if(rank <= 11, 'waste', 'could_save') AS kind, rank, team, account,
+SELECT hour, resource_id, alert_id, type, rule, if(rank <= 13, 'waste', 'could_save') AS kind, rank, team, account,
        claimed_usd, bill_usd,
-       if(rank <= 11,
+       if(rank <= 13,
           greatest(0, least(claimed_usd, bill_usd - (sum(claimed_usd) OVER w - claimed_usd))),
-          greatest(0, least(claimed_usd, bill_usd - least(bill_usd, sumIf(claimed_usd, rank <= 8) OVER hour_w)
-                                         - (sumIf(claimed_usd, rank > 11) OVER w - claimed_usd)))) AS usd
+          greatest(0, least(claimed_usd, bill_usd - least(bill_usd, sumIf(claimed_usd, rank <= 10) OVER hour_w)
+                                         - (sumIf(claimed_usd, rank > 13) OVER w - claimed_usd)))) AS usd
 FROM (SELECT c.*, b.bill_usd AS bill_usd FROM claim_hours AS c
       LEFT JOIN bills AS b ON c.resource_id = b.resource_id AND c.hour = b.hour)
 WINDOW w AS (PARTITION BY resource_id, hour ORDER BY rank, claim ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
