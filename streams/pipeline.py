@@ -72,9 +72,10 @@ class Message(msgspec.Struct):
 
 
 _LOOKUP_TIMEOUT_S = 30.0
+"""How long a look-up in the store (the replay check, the state read) may take before it
+counts as failed (and is retried)."""
 _A = TypeVar("_A")
 _R = TypeVar("_R")
-"""How long the replay look-up may take before it counts as failed (and is retried)."""
 
 
 class StoreUnavailable(Exception):
