@@ -12,7 +12,8 @@ __all__ = ["States"]
 
 _STATE_COLS = ["key", "partition", "snapshot", "deleted", "version"]
 GET_MANY_CHUNK = 10_000
-"""Keys per query of :meth:`States.get_many`: a query's text stays around a megabyte."""
+"""Keys per query of :meth:`States.get_many`: a few hundred kB of query text for ids of tens of
+characters (10 MB at most: ids are at most 1,024 characters)."""
 
 
 class States:
