@@ -57,9 +57,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from operator import itemgetter
 from typing import Any
 
 from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE, TOPIC_RUN_EVENTS
@@ -745,34 +746,34 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
         streams.append(_batched(_usage_records(res, cfg, b.end), cfg.usage_flush_s))
     streams += [_storage_records(store, cfg, b.end, pricing.storage_usd_per_gb_month) for store in stores]
     streams.append(iter(sorted(b.runs, key=lambda r: r[0])))
-    merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
-    if cfg.duplicate_p or cfg.delay_s:
-        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-delivery"))
-    k8s_labels: list[Label] = []
-    if cfg.k8s_nodes:
-        # Delivered apart (their own random streams) and merged by send time, so the rest of the
-        # fleet's records are byte for byte those of a fleet without these nodes.
-        merged_k8s, k8s_labels = _k8s_fleet(cfg, pricing, b.end)
-        merged = heapq.merge(merged, merged_k8s, key=lambda r: (r[0], r[1], r[2]))
-    choice_labels: list[Label] = []
-    if cfg.choices:
-        merged_choices, choice_labels = _choices(cfg, pricing, b.end)
-        merged = heapq.merge(merged, merged_choices, key=lambda r: (r[0], r[1], r[2]))
-    serving_labels: list[Label] = []
-    if cfg.serving_endpoints:
-        merged_serving, serving_labels = _serving_fleet(cfg, pricing, b.end)
-        merged = heapq.merge(merged, merged_serving, key=lambda r: (r[0], r[1], r[2]))
-    training_labels: list[Label] = []
-    if cfg.training_jobs:
-        from detector.simulate_training import training_fleet  # it builds on this module's labels
-
-        merged_training, training_labels = training_fleet(cfg, pricing, b.end)  # its own random streams
-        merged = heapq.merge(merged, merged_training, key=lambda r: (r[0], r[1], r[2]))
+    merged = delivered(streams, cfg, "delivery")
     untagged = (_untagged_label(res, cfg, b.end) for res in gpu_resources)
-    labels = sorted(b.labels + b.run_labels() + [label for label in untagged if label is not None] + k8s_labels
-                    + choice_labels + serving_labels + training_labels,
-                    key=lambda label: (label.start, label.resource_id))  # fmt: skip
-    return merged, labels
+    labels = b.labels + b.run_labels() + [label for label in untagged if label is not None]
+    # Each part the config adds is delivered apart (its own random streams) and merged by send
+    # time, so the rest of the fleet's records are byte for byte those of a fleet without it.
+    from detector.simulate_training import training_fleet  # it builds on this module's labels
+
+    added = ((cfg.k8s_nodes, _k8s_fleet), (cfg.choices, _choices), (cfg.serving_endpoints, _serving_fleet),
+             (cfg.training_jobs, training_fleet))  # fmt: skip
+    for count, part in added:
+        if count:
+            records, part_labels = part(cfg, pricing, b.end)
+            merged = heapq.merge(merged, records, key=_send_order)
+            labels += part_labels
+    return merged, sorted(labels, key=lambda label: (label.start, label.resource_id))
+
+
+_send_order = itemgetter(0, 1, 2)
+"""A record's place in send order: (send time, topic, key)."""
+
+
+def delivered(streams: Iterable[Iterator[Record]], cfg: SimConfig, name: str) -> Iterator[Record]:
+    """The streams' records merged in send order and delivered as ``cfg`` says: messily (duplicates,
+    delays) from a random stream of their own, ``{seed}-{name}``."""
+    merged: Iterator[Record] = heapq.merge(*streams, key=_send_order)
+    if cfg.duplicate_p or cfg.delay_s:
+        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-{name}"))
+    return merged
 
 
 def _k8s_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
@@ -787,10 +788,7 @@ def _k8s_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[R
         streams.append(simulate_k8s.k8s_records(node, cfg.start, end, cfg.scrape_s, rng, cfg.drop_p, cfg.jitter_s))
         streams.append(_batched(_usage_records(_k8s_resource(node, cfg, end), cfg, end), cfg.usage_flush_s))
         labels += simulate_k8s.k8s_labels(node, cfg.start, end, cfg.scrape_s)
-    merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
-    if cfg.duplicate_p or cfg.delay_s:
-        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-k8s-delivery"))
-    return merged, labels
+    return delivered(streams, cfg, "k8s-delivery"), labels
 
 
 def _choices(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
@@ -798,11 +796,8 @@ def _choices(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Rec
     from detector import simulate_regions  # it builds on this module's labels
 
     workloads = simulate_regions.choice_workloads(cfg.choices, cfg.seed, cfg.start, end, pricing)
-    merged: Iterator[Record] = heapq.merge(*(simulate_regions.choice_records(w) for w in workloads),
-                                           key=lambda r: (r[0], r[1], r[2]))  # fmt: skip
-    if cfg.duplicate_p or cfg.delay_s:
-        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-regions-delivery"))
-    return merged, simulate_regions.choice_labels(workloads, pricing)
+    records = delivered((simulate_regions.choice_records(w) for w in workloads), cfg, "regions-delivery")
+    return records, simulate_regions.choice_labels(workloads, pricing)
 
 
 def _serving_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
@@ -814,10 +809,8 @@ def _serving_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterat
     streams = [simulate_serving.serving_records(ep, max(cfg.scrape_s, 60.0), cfg.usage_flush_s,
                                                 random.Random(f"{cfg.seed}-serving-{ep.resource_id}"))
                for ep in endpoints]  # fmt: skip
-    merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
-    if cfg.duplicate_p or cfg.delay_s:
-        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-serving-delivery"))
-    return merged, [label for ep in endpoints for label in simulate_serving.serving_labels(ep)]
+    return delivered(streams, cfg, "serving-delivery"), [label for ep in endpoints
+                                                         for label in simulate_serving.serving_labels(ep)]
 
 
 def _k8s_resource(node: Any, cfg: SimConfig, end: float) -> _Resource:

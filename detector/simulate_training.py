@@ -37,7 +37,6 @@ them; ``SimConfig.training_jobs`` (default 0) turns them on.
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -269,7 +268,7 @@ def _usage_records(host: TrainingHost, cfg: SimConfig, end: float, rng: random.R
 def training_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
     """The training hosts' records (GPU samples, usage with host gauges, run events), delivered
     apart from the rest of the fleet, and their labels."""
-    from detector.simulate import _batched, _messy_delivery
+    from detector.simulate import _batched, delivered
 
     streams: list[Iterator[Record]] = []
     labels: list[Label] = []
@@ -281,7 +280,4 @@ def training_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterat
         runs += host.runs
         labels += host.labels
     streams.append(iter(sorted(runs, key=lambda r: r[0])))
-    merged: Iterator[Record] = heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2]))
-    if cfg.duplicate_p or cfg.delay_s:
-        merged = _messy_delivery(merged, cfg, random.Random(f"{cfg.seed}-training-delivery"))
-    return merged, labels
+    return delivered(streams, cfg, "training-delivery"), labels
