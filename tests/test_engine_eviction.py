@@ -32,14 +32,26 @@ def _batches(events: list, span_s: float = 5 * MIN) -> list[list]:
     return [batches[i] for i in sorted(batches)]
 
 
+def _after_batch(engine: Engine, store, version: int) -> None:
+    """What the worker does after each batch: save what the batch touched, then (a timer) expire."""
+    store.states.save([(key, 0, engine.snapshot(key)) for key in engine.dirty], version=version)
+    engine.dirty.clear()
+    engine.expire()
+
+
+def _whole(ruleset, events: list) -> list[tuple]:
+    """The findings of an engine that keeps every key in memory, batch by batch."""
+    kept = Engine(ruleset)
+    return [_key(f) for batch in _batches(events) for f in kept.process(batch)]
+
+
 def _key(f) -> tuple:
     return (f.action, f.rule, f.resource_id, f.episode_start, f.fired_at, f.at, f.waste_usd, f.usd_per_hour)
 
 
 def test_an_evicted_key_comes_back_from_the_store_with_the_same_alerts(ruleset, store):
     events = _fleet()
-    kept = Engine(ruleset)
-    whole = [_key(f) for batch in _batches(events) for f in kept.process(batch)]
+    whole = _whole(ruleset, events)
     assert any(a == "fire" and r == "idle-gpu" and k == HOST for a, r, k, *_ in whole)
     assert any(a == "resolve" and r == "idle-gpu" and k == HOST for a, r, k, *_ in whole)
 
@@ -53,10 +65,7 @@ def test_an_evicted_key_comes_back_from_the_store_with_the_same_alerts(ruleset, 
     found, away = [], 0
     for version, batch in enumerate(_batches(events), start=1):
         found += [_key(f) for f in engine.process(batch)]
-        # What the worker does with each batch: save what the batch touched, then (a timer) expire.
-        store.states.save([(key, 0, engine.snapshot(key)) for key in engine.dirty], version=version)
-        engine.dirty.clear()
-        engine.expire()
+        _after_batch(engine, store, version)
         away = max(away, engine.evicted)
         if engine.evicted:
             assert len(engine) == 3  # host-1 is out of memory
@@ -68,8 +77,8 @@ def test_evicted_keys_read_ahead_of_their_batch_give_the_same_alerts_without_a_l
     """The worker reads the batch's evicted keys together before detection (``unread``,
     ``read_ahead``): the key takes what was read, no one-by-one fetch, and the alerts are the
     ones of a key that never left memory. A key the store has no state for starts afresh."""
-    events, kept = _fleet(), Engine(ruleset)
-    whole = [_key(f) for batch in _batches(events) for f in kept.process(batch)]
+    events = _fleet()
+    whole = _whole(ruleset, events)
     assert any(a == "resolve" and k == HOST for a, _, k, *_ in whole)
 
     def fetch(key: str) -> bytes | None:
@@ -83,9 +92,7 @@ def test_evicted_keys_read_ahead_of_their_batch_give_the_same_alerts_without_a_l
             read += unread
             engine.read_ahead({key: store.states.get_many(unread).get(key) for key in unread})
         found += [_key(f) for f in engine.process(batch)]
-        store.states.save([(key, 0, engine.snapshot(key)) for key in engine.dirty], version=version)
-        engine.dirty.clear()
-        engine.expire()
+        _after_batch(engine, store, version)
     assert read == [HOST] and found == whole
     assert engine.unread([HOST, "host-2"]) == []  # held in memory, or not evicted: nothing to read
     engine.watermark += 3600.0  # the rest go quiet in the end, leaving memory
@@ -121,9 +128,7 @@ def test_a_runs_look_up_of_an_evicted_host_reads_it_back(ruleset, store):
     engine = Engine(ruleset, evict_after_s=15 * MIN, fetch=store.states.get)
     for version, batch in enumerate(_batches(_fleet()), start=1):
         engine.process(batch)
-        store.states.save([(key, 0, engine.snapshot(key)) for key in engine.dirty], version=version)
-        engine.dirty.clear()
-        engine.expire()
+        _after_batch(engine, store, version)
         if engine.evicted:
             break
     assert engine.evicted == 1 and len(engine) == 3
