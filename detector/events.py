@@ -209,7 +209,13 @@ class RunEvent(_Base, kw_only=True):
 
 Event = Union[UsageEvent, GpuMetric, RunEvent]
 ADDED_FIELDS: dict[type, str] = {GpuMetric: "gr_engine_active", UsageEvent: "metrics", RunEvent: "metrics"}
-RUN_ADDED: dict[str, Any] = {f.name: f.type for f in msgspec.structs.fields(RunEvent) if f.name in ("metrics", "step")}
+"""Per event type, the first of the optional fields added (at the end) after event ids were
+released: :func:`detector.store.batch.event_ids` hashes an event without the trailing run of
+them at their defaults, so an event that carries none of them keeps the id it had before."""
+_RUN_FIELDS = msgspec.structs.fields(RunEvent)
+RUN_ADDED: dict[str, Any] = {
+    f.name: f.type for f in _RUN_FIELDS[[f.name for f in _RUN_FIELDS].index(ADDED_FIELDS[RunEvent]) :]
+}
 """Run event fields added after its table (name → type): stored in its ``extra`` column, and
 kept there verbatim when the contract cannot type them (:func:`typed_run_fields`)."""
 
@@ -226,9 +232,8 @@ def typed_run_fields(fields: dict[str, Any], extra: dict[str, Any]) -> None:
             except msgspec.ValidationError:
                 continue
             del extra[name]
-"""Per event type, the first of the optional fields added (at the end) after event ids were
-released: :func:`detector.store.batch.event_ids` hashes an event without the trailing run of
-them at their defaults, so an event that carries none of them keeps the id it had before."""
+
+
 _TYPES: dict[str, type[_Base]] = {
     TOPIC_RESOURCE_USAGE: UsageEvent,
     TOPIC_GPU_METRICS: GpuMetric,

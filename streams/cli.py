@@ -961,14 +961,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             start, end = period(store, since)
             _note(f"period: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, the {args.since} before the newest "
                   "event time")  # fmt: skip
-        ruleset = None
-        if REPORTS[args.report].finish is not None:
-            from detector.rules import load_rules
-
-            try:
-                ruleset = load_rules(settings.rules_path)
-            except ValueError as exc:
-                raise SystemExit(f"{settings.rules_path}: {exc}") from None
+        ruleset = _load_rules_or_exit(settings.rules_path) if REPORTS[args.report].finish is not None else None
         rows = run_report(store, args.report, since, args.team or "", ruleset)
     finally:
         store.close()
