@@ -187,11 +187,11 @@ def _region_label(w: Workload, pricing: Pricing) -> Label | None:
     workload runs a week and the saving is 10 % or more and $100 or more net."""
     if w.end - w.start < WEEK_DAYS * DAY_S:
         return None
-    here = pricing.regions.on_demand.get(w.instance_type, {}).get(w.region)
-    prices = pricing.regions.on_demand.get(w.instance_type, {})
-    if here is None or not prices:
+    here = pricing.regions.hourly(w.instance_type, w.region)
+    cheapest = pricing.regions.cheapest(w.instance_type)
+    if here is None or cheapest is None:
         return None
-    there = min(prices.values())
+    there = cheapest[1]
     saving = here - there
     data_gb = w.storage_gb if w.storage_gb is not None else DEFAULT_DATA_GB
     net = saving * HOURS_PER_MONTH - data_gb * pricing.egress_per_gb.inter_region

@@ -43,7 +43,7 @@ from typing import Any
 
 from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE
 from detector.pricing import Pricing, usd_over
-from detector.simulate import Label, Record, _batched
+from detector.simulate import Label, Record, _batched, _send_order
 from detector.units import rfc3339
 
 __all__ = ["KINDS", "Endpoint", "serving_endpoints", "serving_labels", "serving_records"]
@@ -139,7 +139,7 @@ def serving_records(ep: Endpoint, scrape_s: float, flush_s: float, rng: random.R
     usage = _batched(_usage(ep, rng), flush_s)
     if ep.kind not in BATCHING:
         return usage
-    return heapq.merge(usage, _gpu(ep, scrape_s, rng), key=lambda r: (r[0], r[1], r[2]))
+    return heapq.merge(usage, _gpu(ep, scrape_s, rng), key=_send_order)
 
 
 def _usage(ep: Endpoint, rng: random.Random) -> Iterator[Record]:
