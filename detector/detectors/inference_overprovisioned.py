@@ -35,6 +35,7 @@ from pydantic import Field
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
+from detector.detectors.inference_scale_to_zero import no_requests
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray, grow, per_gpu
 from detector.pricing import usd_over
@@ -179,9 +180,9 @@ class InferenceOverprovisioned(DetectorBase):
         if st.fired_at is None:
             assert st.first_t is not None
             since = max(st.first_t, t - self.params.window)
-            st.idle_s = sum(HOUR_S for h in st.hours if h.start >= since and _no_requests(h))
+            st.idle_s = sum(HOUR_S for h in st.hours if h.start >= since and no_requests(h.requests, h.request_s))
             return [self._finding(fire(st, since=since, fired_at=t, at=t), st, res, t)]
-        if _no_requests(st.hours[-1]):
+        if no_requests(st.hours[-1].requests, st.hours[-1].request_s):
             st.idle_s += HOUR_S
         st.last_report = t  # every judgement of an open episode reports it
         return [self._finding("update", st, res, t)]
@@ -223,9 +224,6 @@ class InferenceOverprovisioned(DetectorBase):
                             details=details, usd_per_hour=st.saving_usd_h)  # fmt: skip
 
 
-def _no_requests(hour: HourStats) -> bool:
-    """An hour reported (50 minutes or more of request counts) with no request at all."""
-    return hour.request_s >= 3000.0 and hour.requests == 0
 
 
 def _quantile_upper(hist: list[int], q: float) -> float:

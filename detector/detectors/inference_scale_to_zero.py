@@ -63,6 +63,13 @@ WEEK_H = 168
 WEEK_S = WEEK_H * HOUR_S
 COVERED_S = 50 * 60.0
 """An hour counts when the endpoint was billed for at least this much of it (a lost interval is tolerated)."""
+
+
+def no_requests(requests: float, request_s: float) -> bool:
+    """An hour whose request counts covered :data:`COVERED_S` or more and held no request: an
+    idle hour, this rule's; ``inference_overprovisioned`` and ``inference_unbatched`` leave such
+    hours out of their dollars, so the serving rules never count the same hour."""
+    return request_s >= COVERED_S and requests == 0
 UNSEEN, BUSY = 0, 1
 """A slot's byte: never seen, last seen busy; ``BUSY + k``: idle in the last ``k`` weeks in a row."""
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]{1,32}(/[A-Za-z0-9_+\-]{1,32}){0,2}")

@@ -68,6 +68,7 @@ from pydantic import Field
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
+from detector.detectors.inference_scale_to_zero import no_requests
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray, grow, per_gpu
 from detector.pricing import usd_over
@@ -243,9 +244,9 @@ class InferenceUnbatched(DetectorBase):
         st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
         if st.fired_at is None:
             since = max(st.first_t, t - self.params.window)
-            st.idle_s = sum(HOUR_S for h in st.hours if h.start >= since and _no_requests(h))
+            st.idle_s = sum(HOUR_S for h in st.hours if h.start >= since and no_requests(h.requests, h.request_s))
             return [self._finding(fire(st, since=since, fired_at=t, at=t), st, res, t)]
-        if _no_requests(st.hours[-1]):
+        if no_requests(st.hours[-1].requests, st.hours[-1].request_s):
             st.idle_s += HOUR_S
         st.last_report = t
         return [self._finding("update", st, res, t)]
@@ -314,7 +315,3 @@ def work_left(batching_gain: float, uncached_repeats: float) -> float:
     """The share of the endpoint's GPU work left once batched (``1 / gain``) and cached (the
     repeats, a share 0-1, served from the cache): the estimate behind the saving."""
     return (1.0 / batching_gain) * (1.0 - max(0.0, min(1.0, uncached_repeats)))
-
-
-def _no_requests(hour: HourStats) -> bool:
-    return hour.request_s >= 3000.0 and hour.requests == 0
