@@ -163,8 +163,6 @@ class BuildOrCall(DetectorBase):
             found += self._judge(st, res, entry, t)
             st.days.append(DayStats(start=day_start, hour_start=t - t % HOUR_S))
             del st.days[: max(0, len(st.days) - self._need_days() - 1)]
-        elif st.days[-1].start > day_start:
-            return found  # an interval of a day already judged
         if model:  # an interval without the tag (an exporter that dropped it) counts toward no day
             self._add(st.days[-1], event, res, t)
         return found
