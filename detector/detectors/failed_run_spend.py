@@ -154,8 +154,7 @@ class FailedRunSpend(DetectorBase):
         gpu_hours = hosts.gpus * seconds / 3600.0
         if not hosts.hosts:
             return None, gpu_hours, hosts.first, []
-        hourly = sum(h.usd_per_hour or 0.0 for h in hosts.hosts)
-        return usd_over(hourly * hosts.share, seconds), gpu_hours, hosts.first, hosts.hosts
+        return usd_over(hosts.usd_per_hour, seconds), gpu_hours, hosts.first, hosts.hosts
 
     # -- loop bookkeeping -------------------------------------------------------------
 

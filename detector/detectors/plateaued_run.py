@@ -43,7 +43,7 @@ from pydantic import Field, model_validator
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, due, end, fire
-from detector.detectors.runs import Fleet, RunState, follow, hosts_of
+from detector.detectors.runs import Fleet, RunState, hosts_of, refresh
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
 from detector.units import Duration
@@ -179,7 +179,7 @@ class PlateauedRun(DetectorBase):
                 oldest = min(st.runs, key=lambda k: st.runs[k].last_t)
                 found += self._drop(st, oldest, st.runs[oldest].last_t, ctx.lookup, reason="forgotten")
             w = st.runs[ev.run_id] = WatchedRun(run_id=ev.run_id, run=RunState(start=t))
-        follow({ev.run_id: w.run}, ev, t)  # refreshes its hosts, GPUs and tags
+        refresh(w.run, ev)  # its hosts, GPUs and tags
         if t > w.last_t:
             w.last_t = t
         if ev.status not in ("started", "running"):
@@ -252,8 +252,7 @@ class PlateauedRun(DetectorBase):
         hosts = hosts_of(w.run, fleet, self.pricing)
         if not hosts.hosts or not hosts.gpus:
             return None
-        hourly = sum(h.usd_per_hour or 0.0 for h in hosts.hosts) * hosts.share
-        return hourly, hosts.first, hosts.gpus
+        return hosts.usd_per_hour, hosts.first, hosts.gpus
 
     def _finding(self, action: str, w: WatchedRun, at: float, fleet: Fleet | None, **extra: object) -> Finding:
         assert w.since is not None and w.fired_at is not None

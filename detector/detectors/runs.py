@@ -15,7 +15,7 @@ from detector.detectors.base import ResourceInfo
 from detector.events import RunEvent
 from detector.pricing import Pricing
 
-__all__ = ["Fleet", "RunState", "RunHosts", "follow", "hosts_of"]
+__all__ = ["Fleet", "RunState", "RunHosts", "follow", "hosts_of", "refresh"]
 
 Fleet = Callable[[str], "ResourceInfo | None"]
 
@@ -33,6 +33,12 @@ def follow(runs: dict[str, RunState], ev: RunEvent, t: float) -> RunState:
     run = runs.get(ev.run_id)
     if run is None:
         run = runs[ev.run_id] = RunState(start=t)
+    refresh(run, ev)
+    return run
+
+
+def refresh(run: RunState, ev: RunEvent) -> None:
+    """What a run event says of its run (project, hosts, GPUs, tags) replaces what it said before."""
     if ev.project:
         run.project = ev.project
     if ev.resource_ids:
@@ -41,7 +47,6 @@ def follow(runs: dict[str, RunState], ev: RunEvent, t: float) -> RunState:
         run.gpu_count = ev.gpu_count
     if ev.tags:
         run.tags = dict(ev.tags)
-    return run
 
 
 class RunHosts(msgspec.Struct, kw_only=True, frozen=True):
@@ -55,6 +60,11 @@ class RunHosts(msgspec.Struct, kw_only=True, frozen=True):
     @property
     def first(self) -> ResourceInfo:
         return self.hosts[0] if self.hosts else ResourceInfo()
+
+    @property
+    def usd_per_hour(self) -> float:
+        """The run's share of its priced hosts' price per hour."""
+        return sum(h.usd_per_hour or 0.0 for h in self.hosts) * self.share
 
 
 def hosts_of(run: RunState, fleet: Fleet | None, pricing: Pricing) -> RunHosts:
