@@ -14,9 +14,15 @@ from typing import Any
 
 from detector.pricing import LlmModel, Pricing, usd_over
 
-__all__ = ["api_usd", "compare", "self_host_usd"]
+__all__ = ["api_usd", "cheaper_the_other_way", "compare", "self_host_usd"]
 
 HOUR_S = 3600.0
+
+
+def cheaper_the_other_way(usd: float, alternative_usd: float, min_saving_pct: float) -> bool:
+    """Whether the other way costs at least ``min_saving_pct`` percent less than ``usd`` spent
+    (the crossover the rule waits a week past, and the report's verdict)."""
+    return usd > 0 and alternative_usd <= (1 - min_saving_pct / 100.0) * usd
 
 
 def api_usd(entry: LlmModel, input_tokens: float, output_tokens: float) -> float | None:
@@ -91,7 +97,7 @@ def compare(row: dict[str, Any], pricing: Pricing, api_types: list[str], tokens_
         usd_per_1k_requests=round(usd * 1000 / requests, 4) if requests else None,
         alternative_usd_per_1k_requests=round(alt * 1000 / requests, 4) if requests else None,
         crossover_requests_per_h=round(hourly / per_request_api, 0) if hourly and per_request_api else None,
-        verdict=("switch" if usd > 0 and alt <= (1 - min_saving_pct / 100.0) * usd else "keep"),
+        verdict="switch" if cheaper_the_other_way(usd, alt, min_saving_pct) else "keep",
     )
     if api and other[1]:
         out["self_host_instances"] = other[1]

@@ -51,7 +51,7 @@ from pydantic import Field
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.events import DAY_S, Event, UsageEvent
-from detector.llm_costs import api_usd, self_host_usd
+from detector.llm_costs import api_usd, cheaper_the_other_way, self_host_usd
 from detector.pricing import LlmModel
 from detector.units import Duration, Percent, figure
 
@@ -228,8 +228,8 @@ class BuildOrCall(DetectorBase):
         if day.coarse and self._api(res):
             return False
         alt = self._alternative(day, res, entry, peak)
-        return (alt is not None and day.covered_s >= FULL_DAY * DAY_S and day.usd > 0
-                and alt[0] <= (1 - self.params.min_saving / 100.0) * day.usd)  # fmt: skip
+        return (alt is not None and day.covered_s >= FULL_DAY * DAY_S
+                and cheaper_the_other_way(day.usd, alt[0], self.params.min_saving))  # fmt: skip
 
     def _judge(self, st: BuildOrCallState, res: ResourceInfo, entry: LlmModel, t: float) -> list[Finding]:
         """Judge on a day's close: open when every day of the window passed the crossover, add
