@@ -40,14 +40,12 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE, TOPIC_RUN_EVENTS
 from detector.pricing import Pricing, usd_over
+from detector.simulate import Label, Record, SimConfig, _batched, delivered
 from detector.units import rfc3339
-
-if TYPE_CHECKING:
-    from detector.simulate import Label, Record, SimConfig
 
 __all__ = ["PATIENCE", "TrainingHost", "training_fleet", "training_hosts"]
 
@@ -109,8 +107,6 @@ def training_hosts(n: int, seed: int, start: float, end: float, scrape_s: float,
 
 
 def _host(i: int, rng: random.Random, start: float, end: float, scrape_s: float, pricing: Pricing) -> TrainingHost:
-    from detector.simulate import Label
-
     itype, gpus, model, power = HOSTS[i % len(HOSTS)]
     team, project, owner = TEAMS[i % len(TEAMS)]
     host = TrainingHost(f"train-host-{i:03d}", itype, gpus, model, power, pricing.hourly(itype) or 10.0,
@@ -135,11 +131,11 @@ def _host(i: int, rng: random.Random, start: float, end: float, scrape_s: float,
             gauges = {"cpu_util_pct": rng.choice([rng.uniform(93, 97), rng.uniform(40, 70)])}
             period = rng.choice([2, 3, 4])
             t = add(t, minutes(60, 150), "saw", period=period, gauges=gauges)
-            _starved_label(host, Label, host.stretches[-1])
+            _starved_label(host, host.stretches[-1])
         elif gpu_kind == "low":
             gauge = rng.choice(GAUGES)
             t = add(t, minutes(60, 150), "low", level=rng.uniform(25, 40), gauges={gauge: rng.uniform(94, 97)})
-            _starved_label(host, Label, host.stretches[-1])
+            _starved_label(host, host.stretches[-1])
         elif gpu_kind == "small":
             t = add(t, minutes(60, 150), "small", level=rng.uniform(12, 20),
                     gauges={"cpu_util_pct": rng.uniform(20, 60), "disk_busy_pct": rng.uniform(5, 40)})  # fmt: skip
@@ -147,7 +143,7 @@ def _host(i: int, rng: random.Random, start: float, end: float, scrape_s: float,
             t = add(t, minutes(60, 150), "healthy", gauges={"cpu_util_pct": rng.uniform(50, 96)})
         if gpu_kind in ("saw", "low") and rng.random() < 0.6:
             t = add(t, minutes(10, 40), "healthy", gauges={"cpu_util_pct": rng.uniform(40, 80)})
-        _run(host, Label, rng, run_start, t, metric_kind, f"run-{host.resource_id}-{k + 1}", scrape_s)
+        _run(host, rng, run_start, t, metric_kind, f"run-{host.resource_id}-{k + 1}", scrape_s)
         roll = rng.random()
         if roll < 0.25 and t < end:  # an idle host with no run, sometimes its CPU busy with something else
             idle_start = t
@@ -162,18 +158,18 @@ def _host(i: int, rng: random.Random, start: float, end: float, scrape_s: float,
     if t < end:  # the last hours: a healthy job to the end of the data
         run_start = t
         t = add(t, end - t, "healthy", gauges={"cpu_util_pct": rng.uniform(40, 80)})
-        _run(host, Label, rng, run_start, t, "slow", f"run-{host.resource_id}-{k + 1}", scrape_s)
+        _run(host, rng, run_start, t, "slow", f"run-{host.resource_id}-{k + 1}", scrape_s)
     return host
 
 
-def _starved_label(host: TrainingHost, label_cls: Any, stretch: Stretch) -> None:
+def _starved_label(host: TrainingHost, stretch: Stretch) -> None:
     if stretch.end - stretch.start >= 1800 + 2 * 300:  # the rule's 30 minutes, with a window either side
         how = "sawtooth" if stretch.mode == "saw" else f"GPUs low, {next(iter(stretch.gauges))} saturated"
-        host.labels.append(label_cls("data_starved_training", host.resource_id, stretch.start, stretch.end,
-                                     host.hourly * (1 - stretch.used()), f"input pipeline starving the GPUs ({how})"))
+        host.labels.append(Label("data_starved_training", host.resource_id, stretch.start, stretch.end,
+                                 host.hourly * (1 - stretch.used()), f"input pipeline starving the GPUs ({how})"))
 
 
-def _run(host: TrainingHost, label_cls: Any, rng: random.Random, start: float, end: float, kind: str, run_id: str,
+def _run(host: TrainingHost, rng: random.Random, start: float, end: float, kind: str, run_id: str,
          scrape_s: float) -> None:  # fmt: skip
     """The run's events, and a ``plateaued_run`` label when its metric plateaus long enough."""
     every = round(rng.uniform(10, 20) * 60 / scrape_s) * scrape_s
@@ -202,8 +198,8 @@ def _run(host: TrainingHost, label_cls: Any, rng: random.Random, start: float, e
                           "step": (j + 1) * 500}))  # fmt: skip
     host.runs.append((end, TOPIC_RUN_EVENTS, project, {"ts": rfc3339(end), "status": "succeeded", **base}))
     if kind == "plateau":
-        host.labels.append(label_cls("plateaued_run", run_id, times[best], end, host.hourly,
-                                     f"val_loss flat for {n - 1 - best} evaluations"))  # fmt: skip
+        host.labels.append(Label("plateaued_run", run_id, times[best], end, host.hourly,
+                                 f"val_loss flat for {n - 1 - best} evaluations"))  # fmt: skip
 
 
 def _util(rng: random.Random, s: Stretch, j: int) -> float:
@@ -268,8 +264,6 @@ def _usage_records(host: TrainingHost, cfg: SimConfig, end: float, rng: random.R
 def training_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
     """The training hosts' records (GPU samples, usage with host gauges, run events), delivered
     apart from the rest of the fleet, and their labels."""
-    from detector.simulate import _batched, delivered
-
     streams: list[Iterator[Record]] = []
     labels: list[Label] = []
     runs: list[Record] = []
