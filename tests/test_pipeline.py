@@ -54,8 +54,8 @@ def test_acks_follow_detection_and_everything_is_stored(store, ruleset):
     pipeline, dead = make(store, ruleset, lambda topic, p, offset: not behind.get(topic, False))
     acked: list[tuple[str, int]] = []
 
-    async def ack(message):
-        acked.append((message.topic, message.offset))
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
 
     async def run():
         first = [usage_message(i, T0 + i * 30 * MIN) for i in range(4)]  # up to T0 + 90m
@@ -102,8 +102,8 @@ def started(store, ruleset, behind: dict[str, bool]) -> Pipeline:
 
 
 def run_batches(pipeline, batches, acked):
-    async def ack(message):
-        acked.append((message.topic, message.offset))
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
 
     async def go():
         for batch in batches:
@@ -141,8 +141,8 @@ def test_a_store_that_takes_no_write_stalls_the_pipeline_and_loses_nothing(store
     pipeline._retry_max_s = 0.2
     acked: list[tuple[str, int]] = []
 
-    async def ack(message):
-        acked.append((message.topic, message.offset))
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
 
     async def go():
         await pipeline.process([gpu_message(i, T0 + i * 60, 1.0) for i in range(40)], ack)
@@ -196,8 +196,8 @@ def test_an_assigned_partition_holds_event_time_until_it_delivers_or_has_nothing
     pipeline._end_positions = end_positions
     acked: list[tuple[str, int]] = []
 
-    async def ack(message):
-        acked.append((message.topic, message.offset))
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
 
     async def go():
         pipeline.expect([("gpu-metrics", 0), ("gpu-metrics", 1)])
@@ -236,7 +236,7 @@ def test_a_pause_waits_for_the_batch_being_written_and_the_one_behind_it(store, 
 
     pipeline._write = slow_write
 
-    async def ack(message):
+    async def ack(messages):
         pass
 
     async def go():
@@ -320,8 +320,8 @@ def test_events_read_again_after_a_restart_are_detected_once(store, ruleset, sto
         second._retry_max_s = 0.2
         tables = ["gpu_metrics", "resource_usage"]
 
-        async def ack(message):
-            acked.append((message.topic, message.offset))
+        async def ack(messages):
+            acked.extend((message.topic, message.offset) for message in messages)
 
         async def go():
             for table in tables:
