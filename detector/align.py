@@ -64,7 +64,7 @@ class EventTimeAligner(Generic[T]):
         return sum(map(len, self._held.values()))
 
     def push(self, source: Hashable, events: Sequence[Any], token: T | None = None) -> None:
-        """Add one message's events (each with a float ``t``) from ``source``. Called once per
+        """Add one message's events (each with its ``ts``) from ``source``. Called once per
         Kafka message, so written for the message of one event that many exporters send."""
         msg = self._next_msg
         self._next_msg = msg + 1
