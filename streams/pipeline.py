@@ -223,6 +223,8 @@ class Pipeline:
         self._expected: set[TP] = set()
         """Assigned partitions that have delivered nothing yet: they hold the watermark until
         they deliver or their position reaches their end offset (a condition, never a timeout)."""
+        self._moves = 0
+        """Times the partitions moved (:meth:`reset`): an end-offset answer asked for before is stale."""
         self.holding: dict[TP, str] = {}
         """Partitions holding the watermark back, and why (for /healthz and the metrics)."""
         self._holding_logged: dict[TP, float] = {}
@@ -287,7 +289,10 @@ class Pipeline:
     async def tick(self) -> None:
         """Re-check what holds the watermark and what the aligner holds when no batch comes
         (a quiet stream): partitions may have caught up since the last batch. A reload reaches
-        the parts here too when no batch comes."""
+        the parts here too when no batch comes. Nothing once the worker is stopping (the
+        consumer, stopping too, answers no more)."""
+        if self._stopping.is_set():
+            return
         if not self._serial.locked():
             self.configure()
         await self.check_expected()
@@ -297,13 +302,16 @@ class Pipeline:
     async def check_expected(self) -> None:
         """Assigned partitions that have delivered nothing: each stops holding the watermark
         once where its reading starts (committed offset, else earliest) is its end offset (there
-        is nothing to read). One that cannot report both keeps holding it, and says so."""
+        is nothing to read). One that cannot report both keeps holding it, and says so. An answer
+        that comes after the partitions moved (:meth:`reset`) is not used: it may be about a
+        partition's previous assignment, before another worker read and committed it."""
         waiting = sorted(self._expected - self._positions.keys())
         self._expected.difference_update(self._positions.keys())
         self.holding = {tp: why for tp, why in self.holding.items() if tp in self._expected}  # delivered since
         if not waiting:
             METRICS.holding_partitions.set(len(self.holding))
             return
+        moves = self._moves
         try:  # bounded: a broker that does not answer leaves the partitions holding, and says so
             found = await asyncio.wait_for(self._end_positions(waiting), 10.0) if self._end_positions else {}
         except Exception as exc:  # noqa: BLE001 - the broker may be unreachable for a while
@@ -311,6 +319,8 @@ class Pipeline:
             error = one_line(exc)
         else:
             error = ""
+        if moves != self._moves:  # the partitions moved meanwhile: the next tick asks again
+            return
         for tp in waiting:
             position, end = found.get(tp, (None, None))
             if tp in self._positions or tp not in self._expected:
@@ -624,6 +634,7 @@ class Pipeline:
     def reset(self) -> None:
         """Partitions moved: drop every key's cached state (it reloads from the store) and
         whatever the aligner holds (unacknowledged, so it is read again by the new owner)."""
+        self._moves += 1
         self.engine.forget_all()
         self._partition_of.clear()
         self._positions.clear()
