@@ -234,8 +234,8 @@ def test_an_end_offset_answer_from_before_the_partitions_moved_is_not_used(store
     pipeline._end_positions = end_positions
     acked: list[tuple[str, int]] = []
 
-    async def ack(message):
-        acked.append((message.topic, message.offset))
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
 
     messages = [Message("gpu-metrics", 1, m.offset, m.key, m.value)
                 for m in (gpu_message(i, T0 + i * MIN, 1.0) for i in range(120))]  # fmt: skip
