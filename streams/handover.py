@@ -68,7 +68,7 @@ def install_handover(parts: WorkerParts) -> None:
         parts.assigned_states.clear()
         parts.assigned_states.update(states)
         pipeline.stats.partitions = len(partitions)
-        parts.owns_digest = 0 in partitions  # one worker of the group posts the digests: partition 0's
+        parts.holds_partition_0 = 0 in partitions  # one worker of the group posts the digests: partition 0's
         log.info("state_loaded", partitions=partitions, keys=len(states),
                  read_when_they_speak=sum(1 for data in states.values() if data is None))
         if pipeline.stopping:  # a stop came during the assignment: its hook revoked the outbox
@@ -115,6 +115,6 @@ async def _commit(app: faust.App, pipeline: Pipeline) -> None:
 async def _stop_acting(parts: WorkerParts) -> None:
     """Actions on incidents move with partition 0: stop acting, after any pass in progress (its
     steps are stored: the next holder reads them), so no action is taken by two workers."""
-    parts.owns_digest = False
+    parts.holds_partition_0 = False
     if parts.actions is not None:
         await asyncio.get_running_loop().run_in_executor(None, parts.actions.reset)

@@ -47,7 +47,7 @@ class WorkerParts:
     """Per-resource state of the assigned partitions, as loaded from the store; the engine
     takes a key's state from here the first time it sees the key (None: saved long ago, read
     from the store then)."""
-    owns_digest: bool = False
+    holds_partition_0: bool = False
     """This worker holds input partition 0, so it posts the daily digests and carries out
     actions on incidents (one worker of the group)."""
     actions: ActionRunner | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -14,10 +15,13 @@ from detector.billing.rates import BilledRates
 from detector.detectors.anomaly import Scoring
 from detector.digest import send_due_digests
 from detector.model import shared
-from detector.model.forest import ModelSet
+from detector.model.forest import ModelArtifact, ModelSet
 from detector.slack import SlackError
 from detector.units import one_line, parse_duration
 from streams.parts import WorkerParts, fail
+
+if TYPE_CHECKING:
+    from detector.store import Store
 
 __all__ = ["install_timers", "load_models"]
 
@@ -100,13 +104,13 @@ def _act(parts: WorkerParts, interval_s: float = 5.0) -> None:
             return
 
         def holds_partition_0() -> bool:  # asked again under the runner's lock (a revocation may come between)
-            return parts.owns_digest
+            return parts.holds_partition_0
 
         loop = asyncio.get_running_loop()
         backoff, acting = interval_s, False
         while True:
             try:
-                if parts.owns_digest:
+                if parts.holds_partition_0:
                     acting = True
                     await loop.run_in_executor(None, runner.run_once, holds_partition_0)
                 elif acting:  # partition 0 moved to another worker: it acts from now on
@@ -160,7 +164,7 @@ def _daily_digest(parts: WorkerParts) -> None:
     @parts.app.timer(interval=15.0)
     async def daily_digest() -> None:
         """Once the stream's event time has passed a day's end, post that day's digest per channel."""
-        if outbox.notifier is None or not parts.owns_digest:
+        if outbox.notifier is None or not parts.holds_partition_0:
             return
         loop = asyncio.get_running_loop()
         try:
@@ -173,10 +177,28 @@ def _daily_digest(parts: WorkerParts) -> None:
 
 
 def load_models(parts: WorkerParts) -> None:
-    """The anomaly models at start: the files that load are used, each refused one is named.
-    They are handed to the anomaly rules (the configuration's :class:`Scoring`), not the engine."""
+    """The anomaly models at start: what the group's retraining worker published is taken into
+    the folder first (a new worker scores like the others from its first event), then the files
+    that load are used, each refused one is named. They are handed to the anomaly rules (the
+    configuration's :class:`Scoring`), not the engine."""
     model_dir = parts.settings.model_path
+    _take_published(parts.store, model_dir)
     _use_models(parts.config.scoring, model_dir, *ModelSet.read(model_dir), at_start=True)
+
+
+def _take_published(store: Store, model_dir: Path) -> bool:
+    """What the group's retraining worker published, into ``model_dir`` (:func:`shared.take`),
+    said in the log; False: the store did not answer (the reload timer tries again)."""
+    try:
+        written, refused = shared.take(store.models, model_dir)
+    except Exception as exc:  # noqa: BLE001 - the store may be unreachable for a while
+        log.warning("model_take_failed", error=one_line(exc), note="scoring with the models in the folder")
+        return False
+    if refused:
+        log.error("model_refused", dir=str(model_dir), errors=refused)
+    if written:
+        log.info("model_taken", groups=written)
+    return True
 
 
 def _use_models(scoring: Scoring, model_dir: Path, models: ModelSet, refused: list[str], at_start: bool = False) -> None:
@@ -213,34 +235,29 @@ def _bill(parts: WorkerParts) -> None:
 
 def _models(parts: WorkerParts) -> None:
     """Model reloads, and retraining shared by the group of workers (:mod:`detector.model.shared`):
-    the holder of partition 0 retrains and publishes to the store; every worker takes the newest
+    the holder of partition 0 retrains and publishes to the store; every worker takes the
     published artifacts into its model folder and loads what changed there."""
     app, settings, store, scoring = parts.app, parts.settings, parts.store, parts.config.scoring
     model_dir = settings.model_path
 
     retraining = asyncio.Lock()  # this worker's retrain writes the files one group at a time
-    taken = [0]
-    """The newest version published to the store that this worker has taken (or published)."""
+    taken: list[tuple[int, int]] = [(0, 0)]
+    """The store's newest publication (version, rows) as this worker last took it (or published)."""
 
     async def load() -> None:
         _use_models(scoring, model_dir, *await asyncio.get_running_loop().run_in_executor(None, ModelSet.read, model_dir))
 
     async def take_published() -> None:
-        """What a worker of the group published since: into the folder (the reload loads it)."""
+        """What a worker of the group published since: into the folder (the reload loads it). A
+        publication is taken once: a refused artifact is named once, not every 30 s."""
         loop = asyncio.get_running_loop()
         try:
             newest = await loop.run_in_executor(None, store.models.newest)
-            if newest <= taken[0]:
-                return
-            written, refused = await loop.run_in_executor(None, shared.take, store.models, model_dir)
         except Exception as exc:  # noqa: BLE001 - the store may be unreachable for a while: next time
             log.warning("model_take_failed", error=one_line(exc), note="scoring with the models in the folder")
             return
-        taken[0] = newest
-        if refused:
-            log.error("model_refused", dir=str(model_dir), errors=refused)
-        if written:
-            log.info("model_taken", groups=written, version=newest)
+        if newest != taken[0] and await loop.run_in_executor(None, _take_published, store, model_dir):
+            taken[0] = newest
 
     @app.timer(interval=30.0)
     async def reload_models() -> None:
@@ -260,14 +277,26 @@ def _models(parts: WorkerParts) -> None:
         return
     from detector.model.train import train_from_store
 
-    since = parse_duration(settings.model_train_since)
+    since, every = parse_duration(settings.model_train_since), parse_duration(settings.model_retrain_every)
+    attempted = [0]
+    """When this worker last began a retrain (wall clock, ns): a training that made no model
+    (too little history yet) is not tried again before the interval has passed."""
 
-    @app.timer(interval=parse_duration(settings.model_retrain_every))
+    @app.timer(interval=min(60.0, every))
     async def retrain_model() -> None:
-        """The holder of partition 0 retrains for the group (one training, not one per worker)."""
-        if not parts.owns_digest:
+        """The holder of partition 0 retrains once nothing was published or tried within the
+        interval: the schedule is the store's, so it holds when partition 0 moves."""
+        if not parts.holds_partition_0 or retraining.locked():
             return
         loop = asyncio.get_running_loop()
+        try:
+            published, _ = await loop.run_in_executor(None, store.models.newest)
+        except Exception as exc:  # noqa: BLE001 - the store may be unreachable for a while: next time
+            log.warning("model_retrain_deferred", error=one_line(exc))
+            return
+        if not shared.retrain_due(parts.holds_partition_0, max(published, attempted[0]), time.time_ns(), every):
+            return
+        attempted[0] = time.time_ns()
         ruleset = parts.config.current.ruleset
         async with retraining:
             try:
@@ -276,15 +305,22 @@ def _models(parts: WorkerParts) -> None:
                 log.error("model_retrain_failed", error=str(exc))
                 return
             log.info("model_retrained", groups=[a.group for a in artifacts], samples=[a.samples for a in artifacts])
-            version = time.time_ns()
-            try:
-                published = await loop.run_in_executor(None, shared.publish, store.models, model_dir, artifacts, version)
-            except Exception as exc:  # noqa: BLE001 - the others keep their models until the next retrain
-                log.error("model_publish_failed", error=one_line(exc))
-            else:
-                taken[0] = max(taken[0], version)
-                log.info("model_published", groups=published, version=version)
+            if artifacts and parts.holds_partition_0:  # partition 0 may have moved during the training
+                await _publish(store, artifacts, taken)
             await load()
+
+
+async def _publish(store: Store, artifacts: list[ModelArtifact], taken: list[tuple[int, int]]) -> None:
+    """Publish a retrain's artifacts for the group's other workers (they keep theirs on failure)."""
+    version = time.time_ns()
+    loop = asyncio.get_running_loop()
+    try:
+        published = await loop.run_in_executor(None, shared.publish, store.models, artifacts, version)
+        taken[0] = await loop.run_in_executor(None, store.models.newest)
+    except Exception as exc:  # noqa: BLE001 - the others keep their models until the next retrain
+        log.error("model_publish_failed", error=one_line(exc))
+        return
+    log.info("model_published", groups=published, version=version)
 
 
 def _housekeeping(parts: WorkerParts) -> None:

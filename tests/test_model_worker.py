@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from detector.model.forest import ModelSet
+from detector.model.features import feature_names
+from detector.model.forest import ModelSet, fit
 from detector.model.train import MIN_SAMPLES
 from detector.replay import write_replay
 from detector.simulate import SimConfig, simulate
@@ -69,3 +73,38 @@ def test_scheduled_retrain_is_loaded(tmp_path: Path, ruleset):
     assert set(artifacts.artifacts) == set(retrained["groups"])
     for artifact in artifacts.artifacts.values():
         assert artifact.samples >= MIN_SAMPLES and artifact.trained_to > artifact.trained_from
+
+
+_PUBLISH = """
+import sys
+from pathlib import Path
+from detector.model.forest import ModelArtifact
+from detector.store import Store
+store = Store.open("chdb://" + sys.argv[1])
+artifact = ModelArtifact.read(Path(sys.argv[2]))
+store.models.publish({artifact.group: (artifact.trained_to, Path(sys.argv[2]).read_bytes())}, version=1)
+store.close()
+"""
+
+
+def test_a_worker_that_does_not_train_scores_with_what_the_group_published(tmp_path: Path):
+    """The group's retraining worker published a model to the store; a worker started without
+    retraining (and an empty model folder) takes it before its first event and loads it."""
+    rows = np.random.default_rng(3).normal(size=(300, len(feature_names("gpu"))))
+    published = fit("gpu", rows, trained_from=0.0, trained_to=7200.0, n_estimators=10, max_samples=64)
+    published.save(tmp_path / "published")
+    data = tmp_path / "data"
+    data.mkdir()
+    subprocess.run([sys.executable, "-c", _PUBLISH, str(data / "clickhouse"), str(tmp_path / "published" / "gpu.skops")],
+                   cwd=ROOT, check=True, capture_output=True, timeout=120)  # fmt: skip  # its own chdb engine
+    models = tmp_path / "models"
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, data, ROOT / "rules", PARTITIONS, BURNWATCH_MODEL_DIR=str(models))
+        worker = WorkerProcess(env, tmp_path / "worker.log").start()
+        try:
+            taken = json.loads(worker.wait_for_log('"model_taken"', timeout=120))
+            loaded = json.loads(worker.wait_for_log('"model_loaded"', timeout=30, after='"model_taken"'))
+        finally:
+            assert worker.stop() == 0, worker.tail()
+    assert taken["groups"] == ["gpu"] and loaded["groups"] == ["gpu"]
+    assert ModelSet.load(models).get("gpu").threshold == published.threshold

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -205,14 +206,17 @@ class ModelArtifact:
         data.pop("model")
         return data
 
-    def save(self, directory: Path) -> Path:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{self.group}{SUFFIX}"
+    def to_bytes(self) -> bytes:
+        """The artifact as its skops file holds it."""
         import skops.io as sio  # with scikit-learn, 3.5 s of a worker's start: only when a model is written or read
 
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # several workers may retrain into one folder
-        tmp.write_bytes(sio.dumps({"meta": self.meta(), "model": self.model}))
-        tmp.replace(path)  # a reader sees the old file or the new one, never half of one
+        return sio.dumps({"meta": self.meta(), "model": self.model})
+
+    def save(self, directory: Path, data: bytes | None = None) -> Path:
+        """Write the artifact (``data``: its :meth:`to_bytes`, when already made) and its metadata
+        for people (``<group>.json``) into ``directory``."""
+        path = directory / f"{self.group}{SUFFIX}"
+        replace_file(path, self.to_bytes() if data is None else data)
         (directory / f"{self.group}.json").write_text(json.dumps(self.meta(), indent=2) + "\n")
         return path
 
@@ -256,6 +260,21 @@ class ModelArtifact:
             raise ModelRefused(f"{path}: bad metadata ({exc}); retrain with `burnwatch model train`") from None
         _check_forest(path, forest, len(artifact.features))
         return artifact
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``path`` whole: a reader sees the old file or the new one, never half of one, and
+    writers sharing the folder (several workers' model directory on one volume, each maybe
+    pid 1 in its container) never write the same temporary file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class ModelRefused(ValueError):

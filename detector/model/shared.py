@@ -3,69 +3,99 @@
 With ``BURNWATCH_MODEL_RETRAIN_EVERY`` every worker used to retrain over the whole store: N
 trainings for N workers, each reading the same history, and workers that scored alike
 resources with different forests depending on when each had last trained. Now the worker
-that holds partition 0 retrains and :func:`publish` es what it wrote to the store
-(``model_artifacts``); every worker, itself included after a restart, :func:`take` s each
-group's newest published artifact into its model folder, where the folder's reload loads it.
-A folder shared by the workers works as before (the files are replaced whole).
+that holds partition 0 retrains when the newest publication is older than the interval
+(:func:`retrain_due`, so the schedule survives partition 0 moving) and :func:`publish` es
+what it trained to the store (``model_artifacts``); every worker, itself included after a
+restart, :func:`take` s each group's artifact trained on the latest events into its model
+folder, where the folder's reload loads it. A folder shared by the workers works too (files
+are replaced whole).
 
-An artifact from the store is checked as a file in the folder is (:meth:`ModelArtifact.read`)
-before it replaces anything, and it replaces a file only if it was trained on later events
-(``trained_to``): a model trained by hand into one worker's folder (``burnwatch model train``)
-on newer history stays until a newer one is published.
+A published artifact is checked as a file in the folder is (:meth:`ModelArtifact.read`), and
+must be its row's group's, before it replaces anything; it replaces a file only if it was
+trained on events as late as the file's (``trained_to``): a model trained by hand into one
+worker's folder (``burnwatch model train``) on newer history stays until a newer one is
+published.
 """
 
 from __future__ import annotations
 
-import json
+import base64
+import binascii
 import os
-import re
+import tempfile
 from pathlib import Path
 
+from detector.model.features import FEATURE_SETS
 from detector.model.forest import SUFFIX, ModelArtifact, ModelRefused
 from detector.store.models import ModelArtifacts
 
-__all__ = ["publish", "take"]
-
-_GROUP = re.compile(r"[a-z0-9_]{1,64}")
-"""What a group's name may be, as a file name: a published name outside it is refused."""
+__all__ = ["publish", "retrain_due", "take"]
 
 
-def publish(models: ModelArtifacts, model_dir: Path, artifacts: list[ModelArtifact], version: int) -> list[str]:
-    """Publish the files just written in ``model_dir`` for ``artifacts`` as ``version``; the
-    groups published."""
-    files = {a.group: (a.trained_to, (model_dir / f"{a.group}{SUFFIX}").read_bytes()) for a in artifacts}
-    models.publish(files, version)
-    return sorted(files)
+class _NotTaken(Exception):
+    """A published artifact this worker does not take, and why."""
+
+
+def retrain_due(holds_partition_0: bool, published_ns: int, now_ns: int, every_s: float) -> bool:
+    """Whether this worker retrains now: it holds partition 0 (one worker of the group trains)
+    and nothing was published within ``every_s`` (``published_ns``: the newest publication, 0
+    for none; wall clock, as the interval is)."""
+    return holds_partition_0 and (published_ns <= 0 or now_ns - published_ns >= every_s * 1e9)
+
+
+def publish(models: ModelArtifacts, artifacts: list[ModelArtifact], version: int) -> list[str]:
+    """Publish ``artifacts`` as ``version`` (serialised from the artifacts trained, not read back
+    from a folder another worker may be writing); the groups published."""
+    models.publish({a.group: (a.trained_to, a.to_bytes()) for a in artifacts}, version)
+    return sorted(a.group for a in artifacts)
 
 
 def take(models: ModelArtifacts, model_dir: Path) -> tuple[list[str], list[str]]:
-    """Write into ``model_dir`` each group's newest published artifact that was trained on later
-    events than the file there (or has none there). Returns the groups written and, for each
-    published artifact not taken because it is not a model this burnwatch loads, why."""
+    """Write into ``model_dir`` each group's latest published artifact that differs from the
+    file there and was trained on events as late as it. Returns the groups written and, for each
+    published artifact not taken for being unusable, why (the others are taken all the same)."""
     written: list[str] = []
     refused: list[str] = []
-    for group, (version, trained_to, data) in sorted(models.latest().items()):
-        where = f"the store's model_artifacts ({group!r}, version {version})"
-        if not _GROUP.fullmatch(group):
-            refused.append(f"{where}: not a model group's name: not taken")
-            continue
-        path = model_dir / f"{group}{SUFFIX}"
-        here = _trained_to(path)
-        if here is not None and here >= trained_to:
-            continue
-        model_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.taken.tmp")
-        tmp.write_bytes(data)
+    for group, (version, encoded) in sorted(models.latest().items()):
         try:
-            artifact = ModelArtifact.read(tmp)
-        except ModelRefused as exc:
-            tmp.unlink()
-            refused.append(f"{where}: {str(exc).replace(str(tmp), 'the artifact', 1)}")
-            continue
-        tmp.replace(path)  # a reader sees the old file or the new one, never half of one
-        (model_dir / f"{group}.json").write_text(json.dumps(artifact.meta(), indent=2) + "\n")
-        written.append(group)
+            if _take(group, encoded, model_dir):
+                written.append(group)
+        except _NotTaken as exc:
+            refused.append(f"the store's model_artifacts ({group!r}, version {version}): {exc}")
     return written, refused
+
+
+def _take(group: str, encoded: str, model_dir: Path) -> bool:
+    if group not in FEATURE_SETS:
+        raise _NotTaken("not a model group of this burnwatch: not taken")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _NotTaken(f"not base64 ({exc}): not taken") from None
+    path = model_dir / f"{group}{SUFFIX}"
+    if path.exists() and path.read_bytes() == data:
+        return False
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=model_dir, prefix=f".{group}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+    except OSError as exc:
+        raise _NotTaken(f"cannot write into {model_dir} ({exc.strerror or exc}): not taken") from None
+    tmp = Path(name)
+    try:
+        artifact = ModelArtifact.read(tmp)
+        if artifact.group != group:
+            raise _NotTaken(f"holds the model of group {artifact.group!r}: not taken")
+        here = _trained_to(path)
+        if here is not None and here > artifact.trained_to:
+            return False  # the folder's was trained on later events
+        artifact.save(model_dir, data)
+        return True
+    except ModelRefused as exc:
+        raise _NotTaken(str(exc).replace(str(tmp), "the artifact", 1)) from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _trained_to(path: Path) -> float | None:
