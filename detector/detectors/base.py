@@ -119,7 +119,8 @@ class BatchPhase(Protocol):
 
 
 class Context:
-    """What a step may read besides its state and the event, one per key.
+    """What a step may read besides its state and the event: the engine keeps one and points it at
+    the key whose event a step folds, so a step reads it during its call and keeps no reference.
 
     ``resource`` is what the key's latest usage event said, with the pricer's figures for
     it (``usd_per_hour``, ``interval_usd``: see :mod:`detector.pricing`). :meth:`lookup`
