@@ -76,19 +76,19 @@ _NO_NAMES: tuple[str, ...] = ()
 class KeyState:
     """Everything known about one key. Its routes are derived, never saved.
 
-    Its rules' states are a list in the order of ``names``, a tuple of their names shared by every
+    Its rules' states are a tuple in the order of ``names``, a tuple of their names shared by every
     key whose rules are the same (the engine's :meth:`Engine._names`), not a dict per key (a dict of
-    a dozen rules is ~470 bytes; the list is ~150, the tuple shared)."""
+    a dozen rules is ~470 bytes; the tuple of states ~140, the names shared)."""
 
     __slots__ = ("info", "names", "states", "last_t", "gpu_t", "usage_t", "run_t", "gpu_route", "usage_route",
                  "run_route")  # fmt: skip
 
-    def __init__(self, info: ResourceInfo, names: tuple[str, ...] = _NO_NAMES, states: list[Any] | None = None,
+    def __init__(self, info: ResourceInfo, names: tuple[str, ...] = _NO_NAMES, states: tuple[Any, ...] = (),
                  last_t: float = 0.0, kind_t: dict[str, float] | None = None) -> None:  # fmt: skip
         self.info = info
         self.names = names
         """The rules this key holds state for, in order (what a snapshot saves them in)."""
-        self.states: list[Any] = states if states is not None else []
+        self.states = states
         """Each rule's detector state, in the order of :attr:`names`."""
         self.last_t = last_t
         kinds = kind_t or {}
@@ -323,7 +323,7 @@ class Engine:
             findings.extend(self._end_batch())
         return findings
 
-    def _scrape(self, route: Plan, states: list[Any], ctx: Context, key: str, scrape: list[GpuMetric],
+    def _scrape(self, route: Plan, states: tuple[Any, ...], ctx: Context, key: str, scrape: list[GpuMetric],
                 t: float) -> list[Finding]:  # fmt: skip
         """Fold one scrape (several samples of ``key`` at ``t``) into every rule of the route, one
         ``step_scrape`` call each. The findings come in the order one step per sample would give (by
@@ -441,7 +441,7 @@ class Engine:
         if not set(names).issuperset(state.names):
             state.clear_routes()
         state.names = self._names(tuple(names))
-        state.states = states
+        state.states = tuple(states)
 
     def _names(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """One tuple per distinct sequence of rule names (a few per rule set), interned strings."""
@@ -628,7 +628,7 @@ class Engine:
             _intern(info.resource_type), _intern(info.provider), _intern(info.account), _intern(info.region),
             _intern(info.instance_type), _intern(info.pricing), _intern(info.state))  # fmt: skip
         info.tags = self._shared_tags(info.tags)
-        state = KeyState(info=snap.info, names=self._names(tuple(rules)), states=list(rules.values()),
+        state = KeyState(info=snap.info, names=self._names(tuple(rules)), states=tuple(rules.values()),
                          last_t=snap.last_t, kind_t=snap.kind_t)  # fmt: skip
         self._keys[key] = state
         if restart:
