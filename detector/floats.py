@@ -39,6 +39,10 @@ def floats() -> FloatArray:
     return array("d")
 
 
+_WHOLE = {float(i): i for i in range(256)}
+"""The whole numbers a byte series holds, by their float."""
+
+
 def bytewise() -> Series:
     """An empty series held a byte a value while its values are whole numbers 0..255 (a struct
     field's ``default_factory``); :func:`append` widens it to doubles when one is not."""
@@ -49,8 +53,9 @@ def append(series: Series, x: float) -> Series:
     """Append ``x`` to ``series``; a byte series that cannot hold ``x`` exactly (not a whole number
     in 0..255, or -0.0) is first copied into doubles. Returns the series (a new one when widened)."""
     if series.typecode == "B":
-        if 0.0 <= x <= 255.0 and x == int(x) and math.copysign(1.0, x) > 0.0:
-            series.append(int(x))
+        whole = _WHOLE.get(x)  # -0.0 finds 0 (equal, same hash): its sign is what tells them apart
+        if whole is not None and (whole or math.copysign(1.0, x) > 0.0):
+            series.append(whole)
             return series
         series = array("d", series)
     cast("FloatArray", series).append(x)

@@ -150,6 +150,14 @@ def _share(items: tuple[Any, ...]) -> tuple[Any, ...]:
     return shared(items) if len(items) <= _GROUP_SHARE_MAX else items
 
 
+def _place(items: tuple[Any, ...], item: Any) -> int:
+    """The place of ``item`` in ``items``, or -1."""
+    try:
+        return items.index(item)
+    except ValueError:
+        return -1
+
+
 def _set(x: float) -> bool:
     """Whether a time of the per-GPU fields is set (not :data:`_UNSET`)."""
     return x == x
@@ -237,22 +245,12 @@ class GpuShareState(Episode, kw_only=True):
     def unit(self, key: str, gpu: int) -> int:
         """The place of unit ``key`` of GPU ``gpu``, or -1 (a whole GPU's is usually at its index)."""
         keys = self.unit_keys
-        if gpu < len(keys) and keys[gpu] == key:
-            return gpu
-        try:
-            return keys.index(key)
-        except ValueError:
-            return -1
+        return gpu if gpu < len(keys) and keys[gpu] == key else _place(keys, key)
 
     def gpu(self, gpu: int) -> int:
         """The place of GPU ``gpu``, or -1 (usually at its index)."""
         ids = self.gpu_ids
-        if gpu < len(ids) and ids[gpu] == gpu:
-            return gpu
-        try:
-            return ids.index(gpu)
-        except ValueError:
-            return -1
+        return gpu if gpu < len(ids) and ids[gpu] == gpu else _place(ids, gpu)
 
     def add_unit(self, key: str, gpu: int, seen: float, allocated: bool | None, pod: Pod | None) -> int:
         """A new unit, last; its place."""
@@ -370,7 +368,8 @@ class GpuShare(DetectorBase):
     def step_scrape(self, state: GpuShareState, ctx: Context, events: list[GpuMetric],
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
         """:meth:`step` for each sample of a scrape (samples of the host at ``t``), in one call: this
-        runs for every scrape of every host. Findings come with the index of the sample that made them."""
+        runs for every scrape of every host (the columns are read by place here, not through the
+        state's methods). Findings come with the index of the sample that made them."""
         st, res = state, ctx.resource
         if t <= st.stopped_at:
             return []
@@ -381,31 +380,35 @@ class GpuShare(DetectorBase):
         p = self.params
         stale_after, util_below = p.stale_after, p.util_below
         for i, ev in enumerate(events):
-            if ev.allocated is None and not st.unit_keys and not unknown_ours:
+            keys = st.unit_keys
+            if ev.allocated is None and not keys and not unknown_ours:
                 continue  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
             gpu = ev.gpu_index
             key = f"{gpu}/{ev.mig_instance}" if ev.mig_instance else _KEYS[gpu]
-            j = st.unit(key, gpu)
+            j = gpu if gpu < len(keys) and keys[gpu] == key else _place(keys, key)
             known = j >= 0
             was_holder: bool | None = None
             was_pod: Pod | None = None
             was_allocated_at = 0.0
             if known:
-                times = st.unit_times
-                assert times is not None
-                if t <= times[_U * j + _SEEN]:
+                unit_times: Any = st.unit_times
+                if t <= unit_times[_U * j]:
                     continue  # a re-read or duplicate sample
                 # What its latest sample said: the clock below may forget the unit (an hour silent).
-                was_holder, was_pod, was_allocated_at = st.holder(j), st.pod(j), times[_U * j + _ALLOCATED_AT]
+                was_holder = _HOLDER[st.unit_codes[j] >> 1]  # type: ignore[index]
+                if was_holder is not None:
+                    was_allocated_at = unit_times[_U * j + _ALLOCATED_AT]
+                if st.unit_pods is not None:
+                    was_pod = st.unit_pods[j]
             if t > st.covered_until:
                 out.extend((i, f) for f in self._advance(st, res, t))
                 if known:
                     j = st.unit(key, gpu)  # -1: forgotten by the clock; this sample then updates no unit
-            g = st.gpu(gpu)
+            ids = st.gpu_ids
+            g = gpu if gpu < len(ids) and ids[gpu] == gpu else _place(ids, gpu)
             if g < 0:
                 g = st.add_gpu(gpu)
-            elif t - st.gpu_times[_G * g + _G_SEEN] > stale_after and not (  # type: ignore[index]
-                    st.fired_at is not None and st.gpu_counted[g]):  # type: ignore[index]  # fmt: skip
+            elif t - st.gpu_times[_G * g] > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):  # type: ignore[index]
                 _restart(st, g)  # a telemetry gap: its idle count starts again
             pod = pod_of(ev) if ev.pod else None
             allocated = ev.allocated
@@ -428,26 +431,27 @@ class GpuShare(DetectorBase):
             is_busy = busy(ev, util_below)
             if j >= 0:
                 unit_times = st.unit_times
-                assert unit_times is not None and st.unit_codes is not None
-                unit_times[_U * j + _SEEN] = t
-                st.unit_codes[j] = _HOLDER_CODE[allocated] | (_BUSY_BIT if is_busy else 0)
-                if pod is not None and st.unit_pods is None:
-                    st.unit_pods = [None] * len(st.unit_keys)
-                if st.unit_pods is not None:
-                    st.unit_pods[j] = pod
+                unit_times[_U * j] = t
+                st.unit_codes[j] = (0 if allocated is None else 2 if allocated else 4) | is_busy  # type: ignore[index]  # _HOLDER_CODE; bit 0: busy
+                pods = st.unit_pods
+                if pods is None and pod is not None:
+                    pods = st.unit_pods = [None] * len(st.unit_keys)
+                if pods is not None:
+                    pods[j] = pod
                 if ev.allocated is not None:
                     unit_times[_U * j + _ALLOCATED_AT] = t
             if ev.model and ev.model != st.model:
                 st.model = intern(ev.model)
-            times = st.gpu_times
-            assert times is not None
+            times: Any = st.gpu_times
             at = _G * g
-            if t > times[at + _G_SEEN]:
-                times[at + _G_SEEN] = t
+            if t > times[at]:
+                times[at] = t
+            idle_since = times[at + _IDLE_SINCE]
             if is_busy:
-                if _set(times[at + _IDLE_SINCE]) or _set(times[at + _PENDING_FROM]):
+                pending_from = times[at + _PENDING_FROM]
+                if idle_since == idle_since or pending_from == pending_from:  # either set (not NaN)
                     _restart_run(st, g)
-            elif not _set(times[at + _IDLE_SINCE]) and (len(st.gpu_units[g]) == 1 or not self._status(st, gpu, t).busy):
+            elif idle_since != idle_since and (len(st.gpu_units[g]) == 1 or not self._status(st, gpu, t).busy):
                 times[at + _IDLE_SINCE] = t
         return out
 
@@ -501,14 +505,14 @@ class GpuShare(DetectorBase):
         # Each fresh GPU's state at c, from its units' latest samples, in one pass (every scrape).
         state: dict[int, int] = {}
         stale, gone = p.stale_after, []
-        unit_times, unit_codes = st.unit_times, st.unit_codes
-        for j, gpu in enumerate(st.unit_gpus):
-            age = c - unit_times[_U * j + _SEEN]  # type: ignore[index]
+        seen = st.unit_times[_SEEN::_U] if st.unit_times is not None else ()
+        for key, gpu, unit_seen, unit_code in zip(st.unit_keys, st.unit_gpus, seen, st.unit_codes or (), strict=True):
+            age = c - unit_seen
             if age > stale:
                 if age > FORGET_S:
-                    gone.append(st.unit_keys[j])
+                    gone.append(key)
                 continue
-            code = _STATE[unit_codes[j]]  # type: ignore[index]
+            code = _STATE[unit_code]
             if code > state.get(gpu, -1):
                 state[gpu] = code
         for key in gone:
@@ -523,25 +527,26 @@ class GpuShare(DetectorBase):
             return []
         self._spell(st, res, c, any_busy)
         changed = bool(reason)
-        times, counted = st.gpu_times, st.gpu_counted
         ids = st.gpu_ids
+        times: Any = st.gpu_times  # None only with no GPU tracked (then no loop below reads them)
+        counted: Any = st.gpu_counted
         for g, gpu in enumerate(ids):
             now = state.get(gpu)
-            if counted[g] and now is not None and now not in codes:  # type: ignore[index]
-                counted[g], changed = 0, True  # type: ignore[index]
+            if counted[g] and now is not None and now not in codes:
+                counted[g], changed = 0, True
                 reason = "gpu_busy" if now == BUSY else "allocation_changed"
         found: list[Finding] = []
         if any_busy:
             for g, gpu in enumerate(ids):
-                assert times is not None and counted is not None
+                if counted[g] or state.get(gpu, BUSY) not in codes:
+                    continue
                 at = _G * g
                 idle_since = times[at + _IDLE_SINCE]
-                if (not counted[g] and state.get(gpu, BUSY) in codes and _set(idle_since)
-                        and c - max(idle_since, st.rebase_at) >= p.for_):  # fmt: skip
+                if idle_since == idle_since and c - max(idle_since, st.rebase_at) >= p.for_:  # set (not NaN), long enough
                     counted[g], changed = 1, True
                     self._charge(st, res, times[at + _PENDING_S])
                     pending_from = times[at + _PENDING_FROM]
-                    start = pending_from if _set(pending_from) else c
+                    start = pending_from if pending_from == pending_from else c  # set: not NaN
                     if st.fired_at is None:
                         st.since = start if st.since is None else min(st.since, start)
                     times[at + _PENDING_S], times[at + _PENDING_FROM] = 0.0, _UNSET
@@ -558,7 +563,6 @@ class GpuShare(DetectorBase):
                 found = end(st, lambda: self._finding("resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
             if any_busy and res.billed and len(listed) >= p.min_gpus and st.since is not None:
-                assert times is not None
                 qualified = sorted(max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], c), st.rebase_at) for gpu in listed)
                 fired_at = min(c, max(st.since, qualified[p.min_gpus - 1] + p.for_))
                 fire(st, since=st.since, fired_at=fired_at, at=c)
@@ -571,15 +575,15 @@ class GpuShare(DetectorBase):
             share_s = gap / max(len(ids), res.gpus)
             n = 0
             for g, gpu in enumerate(ids):
-                assert times is not None and counted is not None
                 if state.get(gpu, BUSY) not in codes:
                     continue
                 at = _G * g
+                idle_since = times[at + _IDLE_SINCE]
                 if counted[g]:
                     n += 1
-                elif _set(times[at + _IDLE_SINCE]):
+                elif idle_since == idle_since:  # set: not NaN
                     times[at + _PENDING_S] += share_s
-                    if not _set(times[at + _PENDING_FROM]):
+                    if times[at + _PENDING_FROM] != times[at + _PENDING_FROM]:
                         times[at + _PENDING_FROM] = c
             if n and any_busy:
                 self._charge(st, res, share_s * n)
