@@ -407,9 +407,11 @@ class GpuShare(DetectorBase):
             ids = st.gpu_ids
             g = gpu if gpu < len(ids) and ids[gpu] == gpu else _place(ids, gpu)
             if g < 0:
-                g = st.add_gpu(gpu)
-            elif t - st.gpu_times[_G * g] > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):  # type: ignore[index]
-                _restart(st, g)  # a telemetry gap: its idle count starts again
+                g, gpu_seen = st.add_gpu(gpu), 0.0
+            else:
+                gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
+                if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):  # type: ignore[index]
+                    _restart(st, g)  # a telemetry gap: its idle count starts again
             pod = pod_of(ev) if ev.pod else None
             allocated = ev.allocated
             if allocated is None and known and was_holder is not None and t - was_allocated_at <= stale_after:
@@ -444,7 +446,7 @@ class GpuShare(DetectorBase):
                 st.model = intern(ev.model)
             times: Any = st.gpu_times
             at = _G * g
-            if t > times[at]:
+            if t > gpu_seen:
                 times[at] = t
             idle_since = times[at + _IDLE_SINCE]
             if is_busy:
