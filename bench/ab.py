@@ -8,7 +8,9 @@ falls on both sides; the past commit's worker runs from a git worktree, from its
 and put first on ``PYTHONPATH`` (before 2026-12-01 it ran from this tree's directory, which
 comes first on ``python -m``'s path: the A/Bs in docs/performance.md before issue 16 compared
 the working tree with itself). On a small shared VM one commit's figure spans ±15 % and more, so
-compare means over several runs, never one pair.
+compare means over several runs, never one pair. Each run also prints events per CPU second of
+the worker process (user + system, every thread, from /proc): it moves less than events per
+second when other work shares the machine, though a busy neighbour still slows the CPU itself.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main() -> int:
                 with open(fleet, "wb") as out:
                     write_replay(records, out)
             figures: dict[str, list[float]] = {args.rev: [], "working tree": []}
+            per_cpu: dict[str, list[float]] = {args.rev: [], "working tree": []}
             for i in range(args.runs):
                 for side in figures:
                     # The worker subprocess runs ``python -m streams.cli`` from the current directory,
@@ -61,10 +64,13 @@ def main() -> int:
                         os.chdir(ROOT)
                     result = bench_streaming(fleet, workdir, f"run-{i}-{len(figures[side])}-{side[:7]}")
                     figures[side].append(result["events_per_s"])
-                    print(f"{side}: {result['events_per_s']:,.0f} events/s", flush=True)
+                    per_cpu[side].append(result["events_per_cpu_s"])
+                    print(f"{side}: {result['events_per_s']:,.0f} events/s, "
+                          f"{result['events_per_cpu_s']:,.0f} per CPU second", flush=True)  # fmt: skip
             for side, runs in figures.items():
                 print(f"{side}: mean {mean(runs):,.0f} events/s over {len(runs)} runs "
-                      f"({', '.join(f'{r:,.0f}' for r in runs)})")  # fmt: skip
+                      f"({', '.join(f'{r:,.0f}' for r in runs)}); "
+                      f"{mean(per_cpu[side]):,.0f} per CPU second ({', '.join(f'{r:,.0f}' for r in per_cpu[side])})")  # fmt: skip
         finally:
             os.environ.pop("PYTHONPATH", None)
             os.chdir(ROOT)

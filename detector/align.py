@@ -28,6 +28,7 @@ _order = itemgetter(0, 1, 2)
 _RANK: dict[str, int] = {"GpuMetric": 0, "UsageEvent": 1, "RunEvent": 2}
 """At equal timestamps, samples before usage intervals before run events: every consumer
 of the same events then sees the same order, whichever topic was read first."""
+_NEVER = float("-inf")
 
 
 class EventTimeAligner(Generic[T]):
@@ -56,30 +57,41 @@ class EventTimeAligner(Generic[T]):
         """Source → messages with a token it has pushed that are not released yet (the worker pauses
         fetching from a source far ahead of the others, so that what is held stays bounded)."""
         self._next_msg = 0
+        self._rank: dict[type, int] = {}
+        """Event type → its rank (:data:`_RANK`, by the type's name: this module imports no event type)."""
 
     def __len__(self) -> int:
         return sum(map(len, self._held.values()))
 
     def push(self, source: Hashable, events: Sequence[Any], token: T | None = None) -> None:
-        """Add one message's events (each with a float ``t``) from ``source``."""
+        """Add one message's events (each with its ``ts``) from ``source``. Called once per
+        Kafka message, so written for the message of one event that many exporters send."""
         msg = self._next_msg
-        self._next_msg += 1
-        times = [event.ts.timestamp() for event in events]
-        latest = max(times) if times else float("-inf")
+        self._next_msg = msg + 1
+        latest = _NEVER
         if events:
-            rank = _RANK.get(type(events[0]).__name__, 9)
+            first = events[0]
+            rank = self._rank.get(type(first))
+            if rank is None:
+                rank = self._rank[type(first)] = _RANK.get(type(first).__name__, 9)
             held = self._held.get(rank)
             if held is None:
                 held = self._held[rank] = []
                 self._held = dict(sorted(self._held.items()))
-            held.extend(zip(times, events, strict=True))
+            if len(events) == 1:
+                latest = first.ts.timestamp()
+                held.append((latest, first))
+            else:
+                times = [event.ts.timestamp() for event in events]
+                latest = max(times)
+                held.extend(zip(times, events, strict=True))
             if token is not None:
                 self._pending.append((latest, rank, msg, token, source))
-                self.held_by_source[source] = self.held_by_source.get(source, 0) + 1
-        if latest > self._source_t.get(source, float("-inf")):
-            self._source_t[source] = latest
-        else:
-            self._source_t.setdefault(source, latest)
+                held_by_source = self.held_by_source
+                held_by_source[source] = held_by_source.get(source, 0) + 1
+        source_t = self._source_t
+        if latest > source_t.get(source, _NEVER) or source not in source_t:
+            source_t[source] = latest
         self._caught_up.discard(source)
 
     def advance(self, source: Hashable, t: float) -> None:

@@ -10,6 +10,7 @@ and seen by detection) and every earlier message of its partition is too.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
 __all__ = ["InOrderAcks"]
@@ -24,29 +25,49 @@ class _Offset(Protocol):
 M = TypeVar("M", bound=_Offset)
 
 
+class _Partition:
+    """One partition's messages received and not yet acknowledged, in offset order, and the
+    offsets among them that are done."""
+
+    __slots__ = ("done", "pending")
+
+    def __init__(self) -> None:
+        self.pending: deque = deque()
+        self.done: set[int] = set()
+
+
 class InOrderAcks:
     def __init__(self) -> None:
-        self._pending: dict[tuple[str, int], deque] = {}
-        """(topic, partition) → messages received and not yet acknowledged, in offset order."""
-        self._done: set[tuple[str, int, int]] = set()
+        self._partitions: dict[tuple[str, int], _Partition] = {}
 
-    def received(self, message: M) -> None:
-        """A message read from Kafka (in offset order within its partition)."""
-        self._pending.setdefault((message.topic, message.partition), deque()).append(message)
+    def received(self, tp: tuple[str, int], messages: Iterable[M]) -> None:
+        """Messages of partition ``tp`` read from Kafka, in offset order."""
+        partition = self._partitions.get(tp)
+        if partition is None:
+            partition = self._partitions[tp] = _Partition()
+        partition.pending.extend(messages)
 
-    def done(self, message: M) -> list[M]:
-        """Mark ``message`` done; return the messages that may now be acknowledged, in order."""
-        tp = (message.topic, message.partition)
-        self._done.add((message.topic, message.partition, message.offset))
-        queue = self._pending.get(tp)
+    def done(self, messages: Iterable[M]) -> list[M]:
+        """Mark ``messages`` done; return the messages that may now be acknowledged, in offset
+        order per partition. Called once per batch: a partition's queue is walked once."""
+        touched: dict[tuple[str, int], _Partition] = {}
+        partitions = self._partitions
+        for message in messages:
+            tp = (message.topic, message.partition)
+            partition = partitions.get(tp)
+            if partition is None:
+                continue  # received before a clear(): its partition was handed over
+            partition.done.add(message.offset)
+            touched[tp] = partition
         ready: list[M] = []
-        while queue and (tp[0], tp[1], queue[0].offset) in self._done:
-            head = queue.popleft()
-            self._done.discard((tp[0], tp[1], head.offset))
-            ready.append(head)
+        for partition in touched.values():
+            queue, done = partition.pending, partition.done
+            while queue and queue[0].offset in done:
+                head = queue.popleft()
+                done.discard(head.offset)
+                ready.append(head)
         return ready
 
     def clear(self) -> None:
         """Partitions moved: what was not acknowledged is read again by their new owner."""
-        self._pending.clear()
-        self._done.clear()
+        self._partitions.clear()

@@ -142,20 +142,34 @@ class BulkConsumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
-    def acknowledge(self, topic: str, partition: int, offset: int) -> None:
-        """What ``Consumer.ack`` records for a message, from its offset alone: Faust commits the
-        first run of consecutive acknowledged offsets (and gaps) of each partition."""
-        tp = TP(topic, partition)
+    def acknowledge(self, messages: Iterable[Message]) -> None:
+        """What ``Consumer.ack`` records for each message, from its offset alone, under one lock
+        for the lot: Faust commits the first run of consecutive acknowledged offsets (and gaps)
+        of each partition."""
+        offsets: dict[tuple[str, int], list[int]] = {}
+        for message in messages:
+            tp = (message.topic, message.partition)
+            per_tp = offsets.get(tp)
+            if per_tp is None:
+                per_tp = offsets[tp] = []
+            per_tp.append(message.offset)
+        if not offsets:
+            return
+        acked = 0
         with ack_lock:
-            committed = self._committed_offset[tp]
-            if committed is None or offset >= committed:
-                index = self._acked_index[tp]
-                if offset not in index:
-                    index.add(offset)
-                    self._acked[tp].append(offset)
-                    self._n_acked += 1
+            for (topic, partition), each in offsets.items():
+                tp = TP(topic, partition)
+                committed, index, in_order = self._committed_offset[tp], self._acked_index[tp], self._acked[tp]
+                for offset in each:
+                    if (committed is None or offset >= committed) and offset not in index:
+                        index.add(offset)
+                        in_order.append(offset)
+                        acked += 1
+            self._n_acked += acked
             notify(self._waiting_for_ack)
-        self.app.monitor.stream_inbound_time[tp] = time.monotonic()  # progress, for Faust's livelock check
+        now, inbound = time.monotonic(), self.app.monitor.stream_inbound_time
+        for topic, partition in offsets:
+            inbound[TP(topic, partition)] = now  # progress, for Faust's livelock check
 
     async def _drain_messages(self, fetcher: Any) -> None:  # the Fetcher service's task
         if self.fetches is None:
@@ -219,6 +233,15 @@ class BulkConsumer(faust_aiokafka.Consumer):
         no commit could pass them."""
         acks = self.app.topics.acks_enabled_for(tp.topic)
         last = self._read_offset[tp]
+        if not fetched:
+            return fetched
+        first = fetched[0].offset
+        if (last is None or first >= last) and fetched[-1].offset - first == len(fetched) - 1:
+            # The usual fetch: consecutive offsets from the read offset on, at most one gap before them
+            if acks and last and first - last > 1:
+                await self._add_gap(tp, last + 1, first)
+            self._read_offset[tp] = fetched[-1].offset
+            return fetched
         fresh = []
         for record in fetched:
             offset = record.offset

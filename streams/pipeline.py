@@ -26,6 +26,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import attrgetter
 from typing import Any, TypeVar
 
 import msgspec
@@ -71,6 +73,7 @@ class Message(msgspec.Struct):
     """The consumer group generation it was fetched in (None: unknown, always current)."""
 
 
+_topic_partition = attrgetter("topic", "partition")
 _LOOKUP_TIMEOUT_S = 30.0
 """How long a look-up in the store (the replay check, the state read) may take before it
 counts as failed (and is retried)."""
@@ -220,6 +223,8 @@ class Pipeline:
         self._expected: set[TP] = set()
         """Assigned partitions that have delivered nothing yet: they hold the watermark until
         they deliver or their position reaches their end offset (a condition, never a timeout)."""
+        self._moves = 0
+        """Times the partitions moved (:meth:`reset`): an end-offset answer asked for before is stale."""
         self.holding: dict[TP, str] = {}
         """Partitions holding the watermark back, and why (for /healthz and the metrics)."""
         self._holding_logged: dict[TP, float] = {}
@@ -231,7 +236,7 @@ class Pipeline:
         self.stall_reason = ""
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
         self._inflight: asyncio.Future | None = None
-        self._ack: Callable[[Message], Awaitable[Any]] | None = None
+        self._ack: Callable[[list[Message]], Awaitable[Any]] | None = None
         self._serial = asyncio.Lock()
         """The agent and the release timer both call :meth:`process`; one batch at a time."""
         self._flow = flow
@@ -241,12 +246,12 @@ class Pipeline:
         """Partitions not fetched from for now: far ahead in event time of the one that holds
         the watermark, with more than ``max_held_per_partition`` messages held by the aligner."""
 
-    async def process(self, messages: Sequence[Message], ack: Callable[[Message], Awaitable[Any]]) -> None:
+    async def process(self, messages: Sequence[Message], ack: Callable[[list[Message]], Awaitable[Any]]) -> None:
         """Handle one batch. Detection runs now; the ClickHouse write runs in a writer
         thread while the next batch is detected. Once written, alert changes are queued
-        for Slack and ``ack`` is called, in offset order, for each message that is stored
-        and that detection has fully seen (the aligner may hold some back). At most one
-        write is in flight."""
+        for Slack and ``ack`` is called once with the messages that are now stored and fully
+        seen by detection (the aligner may hold some back), in offset order per partition,
+        each after every earlier message of its partition. At most one write is in flight."""
         while True:
             await self.ready.wait()
             async with self._serial:
@@ -284,7 +289,10 @@ class Pipeline:
     async def tick(self) -> None:
         """Re-check what holds the watermark and what the aligner holds when no batch comes
         (a quiet stream): partitions may have caught up since the last batch. A reload reaches
-        the parts here too when no batch comes."""
+        the parts here too when no batch comes. Nothing once the worker is stopping (the
+        consumer, stopping too, answers no more)."""
+        if self._stopping.is_set():
+            return
         if not self._serial.locked():
             self.configure()
         await self.check_expected()
@@ -294,13 +302,16 @@ class Pipeline:
     async def check_expected(self) -> None:
         """Assigned partitions that have delivered nothing: each stops holding the watermark
         once where its reading starts (committed offset, else earliest) is its end offset (there
-        is nothing to read). One that cannot report both keeps holding it, and says so."""
+        is nothing to read). One that cannot report both keeps holding it, and says so. An answer
+        that comes after the partitions moved (:meth:`reset`) is not used: it may be about a
+        partition's previous assignment, before another worker read and committed it."""
         waiting = sorted(self._expected - self._positions.keys())
         self._expected.difference_update(self._positions.keys())
         self.holding = {tp: why for tp, why in self.holding.items() if tp in self._expected}  # delivered since
         if not waiting:
             METRICS.holding_partitions.set(len(self.holding))
             return
+        moves = self._moves
         try:  # bounded: a broker that does not answer leaves the partitions holding, and says so
             found = await asyncio.wait_for(self._end_positions(waiting), 10.0) if self._end_positions else {}
         except Exception as exc:  # noqa: BLE001 - the broker may be unreachable for a while
@@ -308,6 +319,8 @@ class Pipeline:
             error = one_line(exc)
         else:
             error = ""
+        if moves != self._moves:  # the partitions moved meanwhile: the next tick asks again
+            return
         for tp in waiting:
             position, end = found.get(tp, (None, None))
             if tp in self._positions or tp not in self._expected:
@@ -382,39 +395,47 @@ class Pipeline:
         positions = self._positions
         partition_of = self._partition_of
         per_topic = step.per_topic
-        received = self._acks.received
         assigned = self._assigned
         generation = self._generation()
-        for message in messages:
-            tp = (message.topic, message.partition)
+        stored, dead = step.stored, step.dead
+        # A fetch hands over each partition's messages together: what is the same for a
+        # partition is looked up once per run of its messages, not once per message.
+        for tp, run in groupby(messages, key=_topic_partition):
             if assigned is not None and tp not in assigned:
-                step.elsewhere += 1  # its partition moved on: its new holder reads it
+                step.elsewhere += sum(1 for _ in run)  # its partition moved on: its new holder reads it
                 continue
-            if generation is not None and message.generation is not None and message.generation != generation:
-                # Fetched before the last rebalance (a batch being gathered, or waiting for the
-                # pause to end): the consumer reads the partition again from its committed
-                # offset, so taking it now would run detection ahead of that and then rewind.
-                step.stale += 1
-                continue
-            counts = per_topic.get(message.topic)
+            topic, partition = tp
+            counts = per_topic.get(topic)
             if counts is None:
-                counts = per_topic[message.topic] = [0, 0]
-            counts[0] += 1
+                counts = per_topic[topic] = [0, 0]
             expected = positions.get(tp)
-            if expected != message.offset:
-                log.info("partition_position", topic=tp[0], partition=tp[1], offset=message.offset, expected=expected)
-            positions[tp] = message.offset + 1
-            received(message)
-            try:
-                decoded = decode(message.topic, message.value)
-            except InvalidMessage as exc:
-                step.dead.append((message, exc.reason))
-                continue
-            counts[1] += len(decoded)
-            for event in decoded:
-                partition_of[event.key] = message.partition
-            step.stored.append((message, decoded))
-            step.events += len(decoded)
+            taken: list[Message] = []
+            for message in run:
+                if generation is not None and message.generation is not None and message.generation != generation:
+                    # Fetched before the last rebalance (a batch being gathered, or waiting for the
+                    # pause to end): the consumer reads the partition again from its committed
+                    # offset, so taking it now would run detection ahead of that and then rewind.
+                    step.stale += 1
+                    continue
+                offset = message.offset
+                if expected != offset:
+                    log.info("partition_position", topic=topic, partition=partition, offset=offset, expected=expected)
+                expected = offset + 1
+                taken.append(message)
+                try:
+                    decoded = decode(topic, message.value)
+                except InvalidMessage as exc:
+                    dead.append((message, exc.reason))
+                    continue
+                counts[1] += len(decoded)
+                for event in decoded:
+                    partition_of[event.key] = partition
+                stored.append((message, decoded))
+                step.events += len(decoded)
+            if taken:
+                counts[0] += len(taken)
+                positions[tp] = taken[-1].offset + 1
+                self._acks.received(tp, taken)
         step.messages = len(messages) - step.elsewhere - step.stale
         if step.elsewhere:
             log.info("messages_left_to_new_holder", messages=step.elsewhere)
@@ -531,7 +552,7 @@ class Pipeline:
             log.info("replayed_events_skipped", events=step.replayed,
                      note="read again after a restart or handover; the restored state holds them")  # fmt: skip
 
-    async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[Message], Awaitable[Any]]) -> None:
+    async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[list[Message]], Awaitable[Any]]) -> None:
         stats = self.stats
         try:
             stats.insert_s += await write
@@ -544,15 +565,11 @@ class Pipeline:
             self.outputs.add(step.alerts)
             if self.outputs.has_work:
                 self.outputs_ready.set()
-        finished: list[Message] = []
         for message, reason in step.dead + step.refused:
             await self._dead_letter(message, reason)
-        for message, _ in step.dead:
-            finished += self._acks.done(message)
-        for message in step.done:
-            finished += self._acks.done(message)
-        for message in finished:
-            await ack(message)
+        finished = self._acks.done([message for message, _ in step.dead] + step.done)
+        if finished:
+            await ack(finished)
         for topic, (n_messages, n_events) in step.per_topic.items():
             METRICS.messages.labels(topic).inc(n_messages)
             METRICS.events.labels(topic).inc(n_events)
@@ -617,6 +634,7 @@ class Pipeline:
     def reset(self) -> None:
         """Partitions moved: drop every key's cached state (it reloads from the store) and
         whatever the aligner holds (unacknowledged, so it is read again by the new owner)."""
+        self._moves += 1
         self.engine.forget_all()
         self._partition_of.clear()
         self._positions.clear()

@@ -60,6 +60,12 @@ class WorkerProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int:
+        """The worker's process id (started)."""
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
     def health(self) -> dict[str, Any] | None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as response:

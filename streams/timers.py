@@ -5,6 +5,7 @@ reloads, retraining, the daily digest, state expiry and the stats line. Each is 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import structlog
@@ -12,6 +13,7 @@ import structlog
 from detector.billing.rates import BilledRates
 from detector.detectors.anomaly import Scoring
 from detector.digest import send_due_digests
+from detector.model import shared
 from detector.model.forest import ModelSet
 from detector.slack import SlackError
 from detector.units import one_line, parse_duration
@@ -210,24 +212,49 @@ def _bill(parts: WorkerParts) -> None:
 
 
 def _models(parts: WorkerParts) -> None:
+    """Model reloads, and retraining shared by the group of workers (:mod:`detector.model.shared`):
+    the holder of partition 0 retrains and publishes to the store; every worker takes the newest
+    published artifacts into its model folder and loads what changed there."""
     app, settings, store, scoring = parts.app, parts.settings, parts.store, parts.config.scoring
     model_dir = settings.model_path
 
     retraining = asyncio.Lock()  # this worker's retrain writes the files one group at a time
+    taken = [0]
+    """The newest version published to the store that this worker has taken (or published)."""
 
     async def load() -> None:
         _use_models(scoring, model_dir, *await asyncio.get_running_loop().run_in_executor(None, ModelSet.read, model_dir))
 
+    async def take_published() -> None:
+        """What a worker of the group published since: into the folder (the reload loads it)."""
+        loop = asyncio.get_running_loop()
+        try:
+            newest = await loop.run_in_executor(None, store.models.newest)
+            if newest <= taken[0]:
+                return
+            written, refused = await loop.run_in_executor(None, shared.take, store.models, model_dir)
+        except Exception as exc:  # noqa: BLE001 - the store may be unreachable for a while: next time
+            log.warning("model_take_failed", error=one_line(exc), note="scoring with the models in the folder")
+            return
+        taken[0] = newest
+        if refused:
+            log.error("model_refused", dir=str(model_dir), errors=refused)
+        if written:
+            log.info("model_taken", groups=written, version=newest)
+
     @app.timer(interval=30.0)
     async def reload_models() -> None:
-        """A change of the model files: use the artifacts that load; a refused file is named
-        (once per change of the files) and its group keeps no model from it. Not while this
-        worker retrains: it would load the groups written so far (the retrain loads them all)."""
-        in_use = scoring.scorer
-        if retraining.locked() or (isinstance(in_use, ModelSet) and not in_use.changed(model_dir)):
+        """Artifacts published by the worker that retrains, then a change of the model files: use
+        the artifacts that load; a refused file is named (once per change of the files) and its
+        group keeps no model from it. Not while this worker retrains: it would load the groups
+        written so far (the retrain loads them all)."""
+        if retraining.locked():
             return
         async with retraining:
-            await load()
+            await take_published()
+            in_use = scoring.scorer
+            if not isinstance(in_use, ModelSet) or in_use.changed(model_dir):
+                await load()
 
     if not settings.model_retrain_every:
         return
@@ -237,6 +264,9 @@ def _models(parts: WorkerParts) -> None:
 
     @app.timer(interval=parse_duration(settings.model_retrain_every))
     async def retrain_model() -> None:
+        """The holder of partition 0 retrains for the group (one training, not one per worker)."""
+        if not parts.owns_digest:
+            return
         loop = asyncio.get_running_loop()
         ruleset = parts.config.current.ruleset
         async with retraining:
@@ -246,6 +276,14 @@ def _models(parts: WorkerParts) -> None:
                 log.error("model_retrain_failed", error=str(exc))
                 return
             log.info("model_retrained", groups=[a.group for a in artifacts], samples=[a.samples for a in artifacts])
+            version = time.time_ns()
+            try:
+                published = await loop.run_in_executor(None, shared.publish, store.models, model_dir, artifacts, version)
+            except Exception as exc:  # noqa: BLE001 - the others keep their models until the next retrain
+                log.error("model_publish_failed", error=one_line(exc))
+            else:
+                taken[0] = max(taken[0], version)
+                log.info("model_published", groups=published, version=version)
             await load()
 
 

@@ -144,8 +144,8 @@ def install_agent(parts: WorkerParts) -> None:
     app.topics.add(source)  # subscribed: the agent takes its messages from the bulk consumer, not a stream
     fetches = parts.fetches
 
-    async def ack(message: Message) -> None:
-        cast(BulkConsumer, app.consumer).acknowledge(message.topic, message.partition, message.offset)
+    async def ack(messages: list[Message]) -> None:
+        cast(BulkConsumer, app.consumer).acknowledge(messages)
 
     @app.agent(source, name="detect")
     async def detect(stream: faust.StreamT) -> Any:

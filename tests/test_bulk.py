@@ -241,13 +241,40 @@ def test_acknowledged_offsets_commit_up_to_the_first_gap_once_each():
     consumer = bookkeeping_consumer()
     tp = TP("gpu-metrics", 0)
     consumer._committed_offset[tp] = 5
-    for offset in (5, 6, 8, 6, 3):  # 6 twice, 3 below what is committed
-        consumer.acknowledge("gpu-metrics", 0, offset)
-    assert consumer._n_acked == 3 and sorted(consumer._acked[tp]) == [5, 6, 8]
+    other = TP("gpu-metrics", 1)
+    # 6 twice, 3 below what is committed; partition 1 in the same call has nothing committed yet
+    consumer.acknowledge([message(offset) for offset in (5, 6, 8, 6, 3)] + [message(0, partition=1)])
+    assert consumer._n_acked == 4 and sorted(consumer._acked[tp]) == [5, 6, 8] and consumer._acked[other] == [0]
+    assert consumer.app.monitor.stream_inbound_time.keys() == {tp, other}  # progress seen on both
     consumer._committed_offset[tp] = consumer._new_offset(tp)  # what a commit does with it
     assert consumer._committed_offset[tp] == 7  # 8 waits for 7
-    consumer.acknowledge("gpu-metrics", 0, 7)
+    consumer.acknowledge([message(7)])
     assert consumer._new_offset(tp) == 9
+
+
+@pytest.mark.parametrize(
+    ("read_offset", "fetched", "fresh", "gaps"),
+    [
+        (None, [0, 1, 2], [0, 1, 2], []),  # nothing read yet: all of it
+        (4, [4, 5, 6], [4, 5, 6], []),  # consecutive from the read offset
+        (4, [7, 8], [7, 8], [(5, 8)]),  # the broker skipped 5-6 (markers, compaction): a gap
+        (4, [2, 3, 4, 5], [4, 5], []),  # fetched again after a seek: what was read is left out
+        (4, [5, 7, 8], [5, 7, 8], [(6, 8)]),  # a hole inside the fetch
+        (4, [2, 6], [6], [(5, 7)]),  # behind, then ahead
+        (4, [], [], []),
+    ],
+)
+def test_a_fetch_hands_over_what_is_past_the_read_offset_and_notes_what_the_broker_skipped(
+        read_offset, fetched, fresh, gaps):  # fmt: skip
+    consumer = bookkeeping_consumer()
+    tp = TP("gpu-metrics", 0)
+    consumer._read_offset = defaultdict(lambda: None, {tp: read_offset})
+    consumer.app.topics = SimpleNamespace(acks_enabled_for=lambda topic: True)  # type: ignore[attr-defined]
+    records = [SimpleNamespace(offset=offset) for offset in fetched]
+    handed = asyncio.run(consumer._fresh(tp, records))
+    assert [r.offset for r in handed] == fresh
+    assert consumer._read_offset[tp] == (fresh[-1] if fresh else read_offset)
+    assert sorted((i.begin, i.end) for i in consumer._gap[tp]) == gaps
 
 
 def test_the_private_parts_of_faust_and_aiokafka_the_bulk_consumer_uses_still_exist():

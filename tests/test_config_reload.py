@@ -56,7 +56,7 @@ def test_a_reload_reaches_the_engine_the_manager_the_decoder_and_slack(store, tm
     async def send_dead_letter(key, value):
         dead.append(json.loads(value))
 
-    async def ack(message):
+    async def ack(messages):
         pass
 
     with LocalSlack() as slack:

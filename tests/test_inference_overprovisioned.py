@@ -76,6 +76,18 @@ def test_resolves_when_traffic_grows(ruleset):
     assert [(f.action, f.details.get("reason")) for f in found] == [("fire", None), ("resolve", "load_grew")]
 
 
+def test_a_window_without_gpu_samples_judges_nothing_and_the_episode_stays_open(ruleset):
+    # A day quiet enough to fire, then 26 h in which the GPU exporter sends nothing (usage still
+    # comes: the endpoint runs): no utilisation to judge is no news, neither a resolve nor an update.
+    events = day(30)
+    blind_from = T0 + 30 * HOUR
+    events += [e for i in range(26 * 60) for e in minute(blind_from + i * MIN, 10.0, 6.0, 2.0)
+               if isinstance(e, UsageEvent)]  # fmt: skip
+    found = findings(ruleset, events)
+    assert [f.action for f in found if f.action != "update"] == ["fire"]
+    assert not [f for f in found if f.at > blind_from + 24 * HOUR]  # the window holds no sample by then
+
+
 def test_hours_without_any_request_are_left_to_scale_to_zero(ruleset):
     # Quiet by day, no request at all from 00:00 to 06:00: those hours are the full price of an
     # unused endpoint (inference_scale_to_zero's), not the difference to a smaller GPU.

@@ -1,5 +1,6 @@
 """The worker with the anomaly model: it starts with rules only, retrains on schedule from
-what it stored, and picks the artifacts up; on the embedded broker and ClickHouse.
+what it stored (holding partition 0, it is the one that trains), publishes the artifacts for
+the group's other workers and picks them up; on the embedded broker and ClickHouse.
 (Scoring in the stream is the engine's, tested in test_model.py; the demo ran it.)"""
 
 from __future__ import annotations
@@ -55,10 +56,12 @@ def test_scheduled_retrain_is_loaded(tmp_path: Path, ruleset):
             assert "rules only" in worker.wait_for_log('"model_absent"', timeout=10)
             refused = json.loads(worker.wait_for_log('"model_refused"', timeout=10))
             retrained = json.loads(worker.wait_for_log('"model_retrained"', timeout=120))
+            published = json.loads(worker.wait_for_log('"model_published"', timeout=60))
             loaded = json.loads(worker.wait_for_log('"model_loaded"', timeout=60, after='"model_retrained"'))
         finally:
             assert worker.stop() == 0, worker.tail()
     assert retrained["groups"] and set(retrained["groups"]) <= set(loaded["groups"])
+    assert published["groups"] == sorted(retrained["groups"])  # for the group's other workers to take
     assert "gpu.pkl: a model file in the old pickle format" in refused["errors"][0]
     assert "retrain with `burnwatch model train`" in refused["errors"][0]
     assert not (tmp_path / "ran").exists()

@@ -662,7 +662,7 @@ def test_an_idle_host_reaches_the_webhook_through_the_pipeline(store, ruleset, s
                             send_dead_letter=lambda key, value: asyncio.sleep(0), config=LiveConfig(Config.of(chosen)),
                             outputs=outputs)  # fmt: skip
 
-        async def ack(message: Any) -> None:
+        async def ack(messages: Any) -> None:
             pass
 
         async def run() -> None:

@@ -54,8 +54,8 @@ def test_acks_follow_detection_and_everything_is_stored(store, ruleset):
     pipeline, dead = make(store, ruleset, lambda topic, p, offset: not behind.get(topic, False))
     acked: list[tuple[str, int]] = []
 
-    async def ack(message):
-        acked.append((message.topic, message.offset))
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
 
     async def run():
         first = [usage_message(i, T0 + i * 30 * MIN) for i in range(4)]  # up to T0 + 90m
@@ -102,8 +102,8 @@ def started(store, ruleset, behind: dict[str, bool]) -> Pipeline:
 
 
 def run_batches(pipeline, batches, acked):
-    async def ack(message):
-        acked.append((message.topic, message.offset))
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
 
     async def go():
         for batch in batches:
@@ -141,8 +141,8 @@ def test_a_store_that_takes_no_write_stalls_the_pipeline_and_loses_nothing(store
     pipeline._retry_max_s = 0.2
     acked: list[tuple[str, int]] = []
 
-    async def ack(message):
-        acked.append((message.topic, message.offset))
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
 
     async def go():
         await pipeline.process([gpu_message(i, T0 + i * 60, 1.0) for i in range(40)], ack)
@@ -196,8 +196,8 @@ def test_an_assigned_partition_holds_event_time_until_it_delivers_or_has_nothing
     pipeline._end_positions = end_positions
     acked: list[tuple[str, int]] = []
 
-    async def ack(message):
-        acked.append((message.topic, message.offset))
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
 
     async def go():
         pipeline.expect([("gpu-metrics", 0), ("gpu-metrics", 1)])
@@ -218,6 +218,70 @@ def test_an_assigned_partition_holds_event_time_until_it_delivers_or_has_nothing
     assert caught_up[0] == {} and caught_up[1] == 120 and caught_up[2] == 240
 
 
+def test_an_end_offset_answer_from_before_the_partitions_moved_is_not_used(store, ruleset):
+    """The release timer asks where an assigned partition's reading starts and ends; before the
+    broker answers, the partitions move (revoked, then assigned again, while another worker may
+    have read on). The answer, nothing to read, was true of the previous assignment: it is not
+    used, so the partition keeps holding the watermark until the next tick's answer says so."""
+    asked = asyncio.Event()
+    answers = asyncio.Queue()
+
+    async def end_positions(tps):
+        asked.set()
+        return await answers.get()
+
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    pipeline._end_positions = end_positions
+    acked: list[tuple[str, int]] = []
+
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
+
+    messages = [Message("gpu-metrics", 1, m.offset, m.key, m.value)
+                for m in (gpu_message(i, T0 + i * MIN, 1.0) for i in range(120))]  # fmt: skip
+
+    async def go():
+        pipeline.expect([("gpu-metrics", 0), ("gpu-metrics", 1)])
+        tick = asyncio.create_task(pipeline.tick())
+        await asyncio.wait_for(asked.wait(), 10)
+        pipeline.reset()  # revoked, and assigned again while the broker had not answered
+        pipeline.expect([("gpu-metrics", 0), ("gpu-metrics", 1)])
+        await answers.put({("gpu-metrics", 0): (12, 12)})
+        await tick
+        await pipeline.process(messages, ack)
+        await pipeline.drain()
+        held = (len(acked), pipeline.stats.detected)
+        await answers.put({("gpu-metrics", 0): (12, 20)})  # another worker's records since
+        await pipeline.tick()
+        return held, dict(pipeline.holding)
+
+    (acked_while_held, detected_while_held), holding = asyncio.run(go())
+    assert acked_while_held == 0 and detected_while_held == 0
+    assert "12 < end offset 20" in holding[("gpu-metrics", 0)]
+
+
+def test_a_stopping_worker_asks_the_broker_nothing_more(store, ruleset):
+    """Once the worker is stopping, the release timer asks no end offsets: the consumer's
+    thread, stopping too, would cancel the request or never answer it."""
+    asked: list[list] = []
+
+    async def end_positions(tps):
+        asked.append(tps)
+        return {}
+
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    pipeline._end_positions = end_positions
+
+    async def go():
+        pipeline.expect([("gpu-metrics", 0)])
+        await pipeline.tick()
+        pipeline.stop()
+        await pipeline.tick()
+
+    asyncio.run(go())
+    assert asked == [[("gpu-metrics", 0)]]
+
+
 def test_a_pause_waits_for_the_batch_being_written_and_the_one_behind_it(store, ruleset):
     """A revocation pauses the pipeline while a batch's write is in flight and the next batch,
     detected, waits for it: the pause returns only once both writes have landed, and no batch
@@ -236,7 +300,7 @@ def test_a_pause_waits_for_the_batch_being_written_and_the_one_behind_it(store, 
 
     pipeline._write = slow_write
 
-    async def ack(message):
+    async def ack(messages):
         pass
 
     async def go():
@@ -320,8 +384,8 @@ def test_events_read_again_after_a_restart_are_detected_once(store, ruleset, sto
         second._retry_max_s = 0.2
         tables = ["gpu_metrics", "resource_usage"]
 
-        async def ack(message):
-            acked.append((message.topic, message.offset))
+        async def ack(messages):
+            acked.extend((message.topic, message.offset) for message in messages)
 
         async def go():
             for table in tables:

@@ -81,7 +81,7 @@ def test_messages_read_again_are_not_stored_twice(store, ruleset):
     again = first[10:30] + first[40:60]  # from an older offset
     again += [usage_message(30 + i, T0 + (30 + i) * MIN) for i in range(10)]
 
-    async def ack(message):
+    async def ack(messages):
         pass
 
     async def run(messages):

@@ -33,17 +33,13 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
-from detector.detectors.episode import Episode, end, fire
-from detector.detectors.inference_scale_to_zero import no_requests
+from detector.detectors.base import Context, Finding, Params, ResourceInfo
+from detector.detectors.hourly_saving import HOUR_S, HourlySaving, HourlySavingState
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, grow, per_gpu
-from detector.pricing import usd_over
 from detector.units import Duration, Money, Percent
 
 __all__ = ["InferenceOverprovisioned", "InferenceOverprovisionedParams", "InferenceOverprovisionedState"]
 
-HOUR_S = 3600.0
 BINS = 20
 """Utilisation histogram of 5 % bins: enough to place a p95 against a 30 % bar."""
 
@@ -64,27 +60,11 @@ class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     request_s: float = 0.0
 
 
-class InferenceOverprovisionedState(Episode, kw_only=True):
+class InferenceOverprovisionedState(HourlySavingState, kw_only=True):
     hours: list[HourStats] = []
-    first_t: float | None = None
-    gpu_last: FloatArray = msgspec.field(default_factory=per_gpu)
-    """Latest sample time per GPU index (:func:`detector.floats.per_gpu`), so a re-read sample is not counted twice."""
-    usage_last: float = 0.0
-    last_t: float = 0.0
-    saving_usd_h: float = 0.0
-    advice: dict[str, Any] | None = None
-    """The advice of the open episode (None: none, not an empty dict on every endpoint)."""
-    idle_s: float = 0.0
-    """Seconds of the episode in closed hours that served no request (scale-to-zero's, not ours)."""
-
-    def clear(self) -> None:
-        super().clear()
-        self.saving_usd_h = 0.0
-        self.advice = None
-        self.idle_s = 0.0
 
 
-class InferenceOverprovisioned(DetectorBase):
+class InferenceOverprovisioned(HourlySaving):
     type: ClassVar[str] = "inference_overprovisioned"
     title: ClassVar[str] = "Inference endpoint overprovisioned"
     Params: ClassVar[builtins.type[InferenceOverprovisionedParams]] = InferenceOverprovisionedParams
@@ -96,6 +76,7 @@ class InferenceOverprovisioned(DetectorBase):
     )
 
     dollars: ClassVar[str] = "could have been saved"
+    resolved_because: ClassVar[str] = "load_grew"
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
@@ -113,14 +94,9 @@ class InferenceOverprovisioned(DetectorBase):
         resource = ctx.resource
         st = state
         if type(event) is GpuMetric:
-            last, gpu = st.gpu_last, event.gpu_index
-            if gpu < len(last):
-                if t <= last[gpu]:
-                    return []
-            else:
-                grow(last, gpu)
-            last[gpu] = t
-            found = self._roll(st, resource, t)
+            found = self.sample_hour(st, resource, event.gpu_index, t)
+            if found is None:
+                return []  # a sample read again
             hour = st.hours[-1]
             hour.hist[min(BINS - 1, int(event.util_pct * BINS / 100.0))] += 1
             hour.mem_peak_mib = max(hour.mem_peak_mib, event.mem_used_mib)
@@ -130,42 +106,25 @@ class InferenceOverprovisioned(DetectorBase):
                 return []
             st.usage_last = t
             if event.state != "running" and st.fired_at is not None:
-                return end(st, lambda: self._finding("resolve", st, resource, t, reason=f"instance_{event.state}"))
-            found = self._roll(st, resource, t)
+                return self.stopped(st, resource, t, event.state)
+            found = self.roll(st, resource, t)
             if event.requests is not None:
                 st.hours[-1].requests += event.requests
                 st.hours[-1].request_s += event.interval_s
             return found
         return []
 
-    def open_episode(self, state: InferenceOverprovisionedState, resource: ResourceInfo) -> Finding | None:
-        if state.fired_at is None:
-            return None
-        return self._finding("update", state, resource, state.last_t)
-
     # -- hours and judgement --------------------------------------------------------
 
-    def _roll(self, st: InferenceOverprovisionedState, res: ResourceInfo, t: float) -> list[Finding]:
-        """Open the hour ``t`` falls in; when an hour closes, judge the window."""
-        if st.first_t is None:
-            st.first_t = t
-        st.last_t = max(st.last_t, t)
-        start = t - t % HOUR_S
-        if st.hours and st.hours[-1].start >= start:
-            return []
-        found = self._judge(st, res, t) if st.hours else []
-        st.hours.append(HourStats(start=start, hist=[0] * BINS))
-        while st.hours and st.hours[0].start <= start - self.params.window:
-            st.hours.pop(0)
-        return found
+    def new_hour(self, start: float) -> HourStats:
+        return HourStats(start=start, hist=[0] * BINS)
 
-    def _judge(self, st: InferenceOverprovisionedState, res: ResourceInfo, t: float) -> list[Finding]:
-        if t - st.first_t < self.params.window or not res.billed:  # type: ignore[operator]
-            return []
+    def judgeable(self, st: InferenceOverprovisionedState) -> bool:
+        return any(any(h.hist) for h in st.hours)  # no GPU sample in the window: nothing to judge
+
+    def advice(self, st: InferenceOverprovisionedState, res: ResourceInfo) -> dict[str, Any] | None:
+        """A smaller instance, when the window's p95 and request rate are under the bars."""
         hist = [sum(h.hist[i] for h in st.hours) for i in range(BINS)]
-        samples = sum(hist)
-        if samples == 0:
-            return []
         p95 = _quantile_upper(hist, 0.95)
         request_s = sum(h.request_s for h in st.hours)
         rate = sum(h.requests for h in st.hours) / request_s if request_s else None
@@ -173,20 +132,10 @@ class InferenceOverprovisioned(DetectorBase):
             self.params.max_requests_per_s is None or rate is None or rate < self.params.max_requests_per_s
         )
         advice = self._cheaper(res, max(h.mem_peak_mib for h in st.hours), p95) if quiet else None
-        if advice is None:
-            return end(st, lambda: self._finding("resolve", st, res, t, reason="load_grew"))
-        advice.update(util_p95_pct=p95, util_p95_below_pct=self.params.util_p95_below,
-                      requests_per_s=round(rate, 3) if rate is not None else None)
-        st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
-        if st.fired_at is None:
-            assert st.first_t is not None
-            since = max(st.first_t, t - self.params.window)
-            st.idle_s = sum(HOUR_S for h in st.hours if h.start >= since and no_requests(h.requests, h.request_s))
-            return [self._finding(fire(st, since=since, fired_at=t, at=t), st, res, t)]
-        if no_requests(st.hours[-1].requests, st.hours[-1].request_s):
-            st.idle_s += HOUR_S
-        st.last_report = t  # every judgement of an open episode reports it
-        return [self._finding("update", st, res, t)]
+        if advice is not None:
+            advice.update(util_p95_pct=p95, util_p95_below_pct=self.params.util_p95_below,
+                          requests_per_s=round(rate, 3) if rate is not None else None)  # fmt: skip
+        return advice
 
     def _cheaper(self, res: ResourceInfo, mem_peak_mib: float, p95: float) -> dict[str, Any] | None:
         """The cheapest listed instance from the same provider that holds the peak memory."""
@@ -215,16 +164,6 @@ class InferenceOverprovisioned(DetectorBase):
             "saving_usd_per_hour": round(res.usd_per_hour - hourly, 4),
             "gpu_mem_peak_gb": round(mem_peak_mib / 1024.0, 2),
         }
-
-    def _finding(self, action: str, st: InferenceOverprovisionedState, res: ResourceInfo, at: float,
-                 **extra: object) -> Finding:  # fmt: skip
-        assert st.since is not None and st.fired_at is not None
-        usd = usd_over(st.saving_usd_h, max(0.0, at - st.since - st.idle_s))
-        details = {**(st.advice or {}), "episode_s": round(at - st.since, 3), **extra}
-        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=usd,
-                            details=details, usd_per_hour=st.saving_usd_h)  # fmt: skip
-
-
 
 
 def _quantile_upper(hist: list[int], q: float) -> float:

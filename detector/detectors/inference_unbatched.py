@@ -66,17 +66,13 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
-from detector.detectors.episode import Episode, end, fire
-from detector.detectors.inference_scale_to_zero import no_requests
+from detector.detectors.base import Context, Finding, Params, ResourceInfo
+from detector.detectors.hourly_saving import HOUR_S, HourlySaving, HourlySavingState
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, grow, per_gpu
-from detector.pricing import usd_over
 from detector.units import Duration, Money, Percent, figure
 
 __all__ = ["InferenceUnbatched", "InferenceUnbatchedParams", "InferenceUnbatchedState", "work_left"]
 
-HOUR_S = 3600.0
 MAX_REPLICAS = 10_000.0
 """A replicas figure beyond this is not a real endpoint's: it is ignored."""
 
@@ -112,27 +108,13 @@ class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     """Samples that carried SM (or graphics engine) activity, whose sum is ``sm_sum``."""
 
 
-class InferenceUnbatchedState(Episode, kw_only=True):
+class InferenceUnbatchedState(HourlySavingState, kw_only=True):
     hours: list[HourStats] = []
-    first_t: float | None = None
-    usage_last: float = 0.0
-    gpu_last: FloatArray = msgspec.field(default_factory=per_gpu)
-    """Latest sample time per GPU index, so a sample read again is not counted twice."""
-    last_t: float = 0.0
     replicas: float = 0.0
     """The latest reported replicas (0: not reported)."""
-    saving_usd_h: float = 0.0
-    idle_s: float = 0.0
-    """Seconds of the episode in closed hours that served no request (not counted)."""
-    advice: dict[str, Any] | None = None
-    """The advice of the open episode (None: none, not an empty dict on every endpoint)."""
-
-    def clear(self) -> None:
-        super().clear()
-        self.saving_usd_h, self.idle_s, self.advice = 0.0, 0.0, None
 
 
-class InferenceUnbatched(DetectorBase):
+class InferenceUnbatched(HourlySaving):
     type: ClassVar[str] = "inference_unbatched"
     title: ClassVar[str] = "Inference endpoint without batching or caching"
     Params: ClassVar[builtins.type[InferenceUnbatchedParams]] = InferenceUnbatchedParams
@@ -144,6 +126,7 @@ class InferenceUnbatched(DetectorBase):
         "repeated requests; then scale the replicas down to the estimate and watch latency."
     )
     dollars: ClassVar[str] = "could have been saved (estimate)"
+    resolved_because: ClassVar[str] = "batching_or_cache"
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
@@ -167,14 +150,9 @@ class InferenceUnbatched(DetectorBase):
     def step(self, state: InferenceUnbatchedState, ctx: Context, event: Event, t: float) -> list[Finding]:
         st, res = state, ctx.resource
         if type(event) is GpuMetric:
-            last, gpu = st.gpu_last, event.gpu_index
-            if gpu < len(last):
-                if t <= last[gpu]:
-                    return []  # a sample read again
-            else:
-                grow(last, gpu)
-            last[gpu] = t
-            found = self._roll(st, res, t)
+            found = self.sample_hour(st, res, event.gpu_index, t)
+            if found is None:
+                return []  # a sample read again
             hour = st.hours[-1]
             sm = event.sm_active if event.sm_active is not None else event.gr_engine_active
             hour.util_sum += event.util_pct
@@ -187,10 +165,8 @@ class InferenceUnbatched(DetectorBase):
             return []
         st.usage_last = t
         if event.state != "running":
-            if st.fired_at is not None:
-                return end(st, lambda: self._finding("resolve", st, res, t, reason=f"instance_{event.state}"))
-            return []
-        found = self._roll(st, res, t)
+            return self.stopped(st, res, t, event.state)
+        found = self.roll(st, res, t)
         metrics = event.metrics
         replicas = metrics.get("replicas")
         if replicas is not None and 1 <= replicas <= MAX_REPLICAS:
@@ -215,44 +191,13 @@ class InferenceUnbatched(DetectorBase):
                 hour.cached += n * min(cache, dup)
         return found
 
-    def open_episode(self, state: InferenceUnbatchedState, resource: ResourceInfo) -> Finding | None:
-        if state.fired_at is None:
-            return None
-        return self._finding("update", state, resource, state.last_t)
-
     # -- hours and judgement --------------------------------------------------------
 
-    def _roll(self, st: InferenceUnbatchedState, res: ResourceInfo, t: float) -> list[Finding]:
-        if st.first_t is None:
-            st.first_t = t
-        st.last_t = max(st.last_t, t)
-        start = t - t % HOUR_S
-        if st.hours and st.hours[-1].start >= start:
-            return []
-        found = self._judge(st, res, t) if st.hours else []
-        st.hours.append(HourStats(start=start))
-        while st.hours and st.hours[0].start <= start - self.params.window:
-            st.hours.pop(0)
-        return found
+    def new_hour(self, start: float) -> HourStats:
+        return HourStats(start=start)
 
-    def _judge(self, st: InferenceUnbatchedState, res: ResourceInfo, t: float) -> list[Finding]:
-        assert st.first_t is not None
-        if t - st.first_t < self.params.window or not res.billed:
-            return []
-        advice = self._advice(st, res)
-        if advice is None:
-            return end(st, lambda: self._finding("resolve", st, res, t, reason="batching_or_cache"))
-        st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
-        if st.fired_at is None:
-            since = max(st.first_t, t - self.params.window)
-            st.idle_s = sum(HOUR_S for h in st.hours if h.start >= since and no_requests(h.requests, h.request_s))
-            return [self._finding(fire(st, since=since, fired_at=t, at=t), st, res, t)]
-        if no_requests(st.hours[-1].requests, st.hours[-1].request_s):
-            st.idle_s += HOUR_S
-        st.last_report = t
-        return [self._finding("update", st, res, t)]
-
-    def _advice(self, st: InferenceUnbatchedState, res: ResourceInfo) -> dict[str, Any] | None:
+    def advice(self, st: InferenceUnbatchedState, res: ResourceInfo) -> dict[str, Any] | None:
+        """Fewer replicas, when the window is unbatched or uncached and that frees at least one."""
         p, hours = self.params, st.hours
         request_s = sum(h.request_s for h in hours)
         if not request_s or res.usd_per_hour is None or res.gpus <= 0:
@@ -302,14 +247,6 @@ class InferenceUnbatched(DetectorBase):
             "saving_usd_per_hour": round(saving, 4),
             "how": "; ".join(how) + f": replicas needed = max(1, ceil({int(replicas)} x {left:.2f}))",
         }
-
-    def _finding(self, action: str, st: InferenceUnbatchedState, res: ResourceInfo, at: float,
-                 **extra: object) -> Finding:  # fmt: skip
-        assert st.since is not None and st.fired_at is not None
-        usd = usd_over(st.saving_usd_h, max(0.0, at - st.since - st.idle_s))
-        details = {**(st.advice or {}), "episode_s": round(at - st.since, 3), **extra}
-        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=usd,
-                            details=details, usd_per_hour=st.saving_usd_h)  # fmt: skip
 
 
 def work_left(batching_gain: float, uncached_repeats: float) -> float:

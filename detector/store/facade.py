@@ -12,6 +12,7 @@ from detector.store.digests import Digests
 from detector.store.events import Events
 from detector.store.history import EventHistory
 from detector.store.memory import ManagerMemory
+from detector.store.models import ModelArtifacts
 from detector.store.outputs import OutputDeliveries
 from detector.store.remediation import Remediations
 from detector.store.schema import Schema
@@ -45,6 +46,8 @@ class Store(Connection):
         """Actions on incidents: the audit (docs/actions.md)."""
         self.outputs = OutputDeliveries(self)
         """Deliveries to outputs besides Slack."""
+        self.models = ModelArtifacts(self)
+        """The anomaly model's artifacts, as the worker that retrains publishes them."""
 
     @classmethod
     def open(cls, dsn: str, database: str = "burnwatch", *, create: bool = True) -> Store:

@@ -1,0 +1,152 @@
+"""A TCP relay between Kafka clients and the embedded broker that can hold back one kind of
+request: a broker slow to answer, at a moment the test chooses. The broker advertises the
+relay's address (:class:`streams.embedded.EmbeddedBroker` ``advertised_port``), so every
+connection a client opens after bootstrapping goes through it too.
+
+Helpers only, no tests."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from types import TracebackType
+
+from streams.embedded import free_port
+
+__all__ = ["KafkaProxy", "LATEST"]
+
+LIST_OFFSETS = 2
+"""The Kafka API key of ListOffsets (aiokafka's OffsetRequest)."""
+LATEST = -1
+"""ListOffsets' timestamp asking for a partition's end offset (the high watermark)."""
+
+
+def list_offsets_timestamps(frame: bytes) -> list[int] | None:
+    """The timestamps a ListOffsets request (v0 to v3, the versions aiokafka sends) asks for;
+    None for any other request."""
+    api_key, version = struct.unpack_from(">hh", frame, 0)
+    if api_key != LIST_OFFSETS:
+        return None
+    if version > 3:
+        raise ValueError(f"ListOffsets v{version}: the relay reads v0 to v3")
+    (client_id_len,) = struct.unpack_from(">h", frame, 8)
+    at = 10 + max(client_id_len, 0) + 4 + (1 if version >= 2 else 0)  # header, replica_id, isolation_level
+    (topics,) = struct.unpack_from(">i", frame, at)
+    at += 4
+    stamps = []
+    for _ in range(topics):
+        (name_len,) = struct.unpack_from(">h", frame, at)
+        at += 2 + name_len
+        (partitions,) = struct.unpack_from(">i", frame, at)
+        at += 4
+        for _ in range(partitions):
+            (timestamp,) = struct.unpack_from(">q", frame, at + 4)
+            stamps.append(timestamp)
+            at += 4 + 8 + (4 if version == 0 else 0)  # partition, timestamp, v0's max_offsets
+    return stamps
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+class KafkaProxy:
+    """``with KafkaProxy(broker_port) as proxy:`` relays 127.0.0.1:``proxy.port`` to the broker.
+    After :meth:`hold_end_offsets`, a ListOffsets request for end offsets is not passed on (nor
+    anything after it on its connection) until :meth:`release` or the end of the block."""
+
+    def __init__(self, broker_port: int, port: int | None = None) -> None:
+        self.broker_port = broker_port
+        self.port = port or free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.held = threading.Event()
+        """Set once a request is being held."""
+        self.errors: list[str] = []
+        """Requests the relay could not read (passed on as they were)."""
+        self._holding = False
+        self._released = threading.Event()
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+
+    def hold_end_offsets(self) -> None:
+        self._released.clear()
+        self._holding = True
+
+    def release(self) -> None:
+        self._holding = False
+        self._released.set()
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                broker = socket.create_connection(("127.0.0.1", self.broker_port))
+            except OSError:
+                client.close()
+                continue
+            self._track(client)
+            self._track(broker)
+            threading.Thread(target=self._requests, args=(client, broker), daemon=True).start()
+            threading.Thread(target=self._responses, args=(broker, client), daemon=True).start()
+
+    def _requests(self, client: socket.socket, broker: socket.socket) -> None:
+        """Client to broker, a request at a time (a size, then that many bytes)."""
+        try:
+            while True:
+                size = _read_exactly(client, 4)
+                frame = _read_exactly(client, struct.unpack(">i", size)[0])
+                try:
+                    stamps = list_offsets_timestamps(frame)
+                except (ValueError, struct.error) as exc:  # passed on unread, and said
+                    self.errors.append(str(exc))
+                    stamps = None
+                if self._holding and stamps is not None and LATEST in stamps:
+                    self.held.set()
+                    self._released.wait()
+                broker.sendall(size + frame)
+        except OSError:
+            self._close_pair(client, broker)
+
+    def _responses(self, broker: socket.socket, client: socket.socket) -> None:
+        try:
+            while chunk := broker.recv(65536):
+                client.sendall(chunk)
+        except OSError:
+            pass
+        self._close_pair(client, broker)
+
+    @staticmethod
+    def _close_pair(*socks: socket.socket) -> None:
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def __enter__(self) -> KafkaProxy:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object | TracebackType) -> None:
+        self._closed = True
+        self.release()
+        self._listener.close()
+        with self._lock:
+            self._close_pair(*self._sockets)
