@@ -52,12 +52,11 @@ _WATERMARK_KEYS = 3
 """How many keys must have reached a time for the watermark to move there (fewer keys: all)."""
 
 
-Plan = tuple[tuple[Any, Any, Detector[Any]], ...]
-"""``(detector.step, detector.step_scrape, detector)`` of the rules that see one event type on
-one kind of resource: shared by every key whose rules match alike (one per rule set)."""
-Route = tuple[Plan, list[Any]]
-"""A key's route for one event type: the shared plan and the key's rule state for each of its
-steps (a list per key, not a tuple per key and rule: a million keys hold ~1 KB less each)."""
+Plan = tuple[tuple[Any, Any, Detector[Any], int], ...]
+"""``(detector.step, detector.step_scrape, detector, slot)`` of the rules that see one event type
+on one kind of resource, ``slot`` the place of the rule's state in the key's
+:attr:`KeyState.states`: shared by every key whose rules match alike and whose states lie in the
+same order (a key's route is this tuple alone: nothing per key but the reference)."""
 
 
 _event = itemgetter(1)
@@ -71,17 +70,26 @@ _NEVER = -math.inf
 """A key's time for an event kind it has not sent (one float object shared by every key)."""
 
 
+_NO_NAMES: tuple[str, ...] = ()
+
+
 class KeyState:
-    """Everything known about one key. Its routes and ``context`` are derived, never saved."""
+    """Everything known about one key. Its routes are derived, never saved.
 
-    __slots__ = ("info", "rules", "last_t", "gpu_t", "usage_t", "run_t", "gpu_route", "usage_route", "run_route",
-                 "context")  # fmt: skip
+    Its rules' states are a tuple in the order of ``names``, a tuple of their names shared by every
+    key whose rules are the same (the engine's :meth:`Engine._names`), not a dict per key (a dict of
+    a dozen rules is ~470 bytes; the tuple of states ~140, the names shared)."""
 
-    def __init__(self, info: ResourceInfo, rules: dict[str, Any] | None = None, last_t: float = 0.0,
-                 kind_t: dict[str, float] | None = None) -> None:  # fmt: skip
+    __slots__ = ("info", "names", "states", "last_t", "gpu_t", "usage_t", "run_t", "gpu_route", "usage_route",
+                 "run_route")  # fmt: skip
+
+    def __init__(self, info: ResourceInfo, names: tuple[str, ...] = _NO_NAMES, states: tuple[Any, ...] = (),
+                 last_t: float = 0.0, kind_t: dict[str, float] | None = None) -> None:  # fmt: skip
         self.info = info
-        self.rules: dict[str, Any] = rules if rules is not None else {}
-        """Rule name → that rule's detector state."""
+        self.names = names
+        """The rules this key holds state for, in order (what a snapshot saves them in)."""
+        self.states = states
+        """Each rule's detector state, in the order of :attr:`names`."""
         self.last_t = last_t
         kinds = kind_t or {}
         self.gpu_t: float = kinds.get("gpu", _NEVER)
@@ -90,13 +98,21 @@ class KeyState:
         Three slots, not a dict by kind (~160 bytes a key)."""
         self.usage_t: float = kinds.get("usage", _NEVER)
         self.run_t: float = kinds.get("run", _NEVER)
-        self.gpu_route: Route | None = None
-        """The route of GPU samples, and below of usage and run events (None: not made yet); rebuilt
-        when the resource changes. Three slots, not a dict by event type (~150 bytes a key)."""
-        self.usage_route: Route | None = None
-        self.run_route: Route | None = None
-        self.context: Context | None = None
-        """What this key's steps read (:class:`Context`), made by the engine at the key's first event."""
+        self.gpu_route: Plan | None = None
+        """The plan of GPU samples, and below of usage and run events (None: not made yet); rebuilt
+        when the resource or the rules change. Three slots, not a dict by event type (~150 bytes a key)."""
+        self.usage_route: Plan | None = None
+        self.run_route: Plan | None = None
+
+    @property
+    def rules(self) -> dict[str, Any]:
+        """Rule name → that rule's detector state (a new dict: what a snapshot saves)."""
+        return dict(zip(self.names, self.states, strict=True))
+
+    def rule(self, name: str) -> Any:
+        """Rule ``name``'s state on this key, or None."""
+        names = self.names
+        return self.states[names.index(name)] if name in names else None
 
     def clear_routes(self) -> None:
         """Forget the routes (the resource or the rules changed): the next event of each type makes its own."""
@@ -128,20 +144,25 @@ _intern = intern
 
 
 class _KeyContext(Context):
-    """A key's :class:`Context` from the engine: three references, no closure per key."""
+    """The engine's :class:`Context`: one per engine, pointed at the key whose event is being
+    folded (steps keep no context past their call), not one per key (~90 bytes a key)."""
 
-    __slots__ = ("_engine", "_rules")
+    __slots__ = ("_engine", "_state")
 
-    def __init__(self, resource: ResourceInfo, rules: dict[str, Any], engine: Engine) -> None:
-        super().__init__(resource)
-        self._rules = rules
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(ResourceInfo())
+        self._state: KeyState | None = None
         self._engine = engine
+
+    def point(self, state: KeyState) -> None:
+        """Make this the context of ``state``'s key."""
+        self.resource, self._state = state.info, state
 
     def lookup(self, resource_id: str) -> ResourceInfo | None:
         return self._engine.resource(resource_id)
 
     def others(self) -> Behaviour:
-        return self._engine._others(self._rules)
+        return self._engine._others(self._state) if self._state is not None else Behaviour.NONE
 
     def defer(self, detector: BatchPhase, item: Any) -> None:
         self._engine._deferred.append((detector, item))
@@ -200,8 +221,12 @@ class Engine:
         """Rule name → events its detector raised on (skipped for that rule)."""
         self._errors_logged: set[tuple[str, type]] = set()
         self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
-        self._plans: dict[tuple[Detector[Any], ...], Plan] = {}
-        """The detectors of a route → its plan (bound steps), one per distinct list of detectors."""
+        self._plans: dict[tuple[tuple[str, ...], tuple[Detector[Any], ...]], Plan] = {}
+        """A key's rule names and the detectors of a route → its plan (bound steps and slots), one per
+        distinct pair."""
+        self._layouts: dict[tuple[str, ...], tuple[str, ...]] = {}
+        """Tuples of rule names seen → one shared tuple each (:attr:`KeyState.names`)."""
+        self._context = _KeyContext(self)
         self._tags: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         """Tag sets seen → one shared dict each (resources of a team carry the same tags)."""
         self._decoder = msgspec.msgpack.Decoder(_Snapshot)
@@ -228,6 +253,7 @@ class Engine:
         ahead = self._ahead
         last_key: str | None = None
         state = KeyState(ResourceInfo())  # replaced at the first event (no key is None)
+        ctx = self._context
         items = items if isinstance(items, list) else list(items)
         n = len(items)
         i = 0
@@ -251,6 +277,7 @@ class Engine:
             if key != last_key:  # time-sorted input keeps a scrape's samples together
                 held = keys.get(key)
                 state = held if held is not None else self._load(key)
+                ctx.point(state)
                 mark_dirty(key)
                 last_key = key
             last_t = state.last_t
@@ -276,17 +303,15 @@ class Engine:
                 route = state.run_route
             if route is None:
                 route = self._route(state, etype)
-            ctx = state.context
-            if ctx is None:
-                ctx = state.context = self._context(state)
             if scrape is not None:
-                found_in = self._scrape(route, ctx, key, scrape, t)
+                found_in = self._scrape(route, state.states, ctx, key, scrape, t)
                 if found_in:
                     findings.extend(f if f.key == key else msgspec.structs.replace(f, key=key) for f in found_in)
                 continue
-            for (step, _, detector), rule_state in zip(*route, strict=True):
+            states = state.states
+            for step, _, detector, slot in route:
                 try:
-                    found = step(rule_state, ctx, event, t)
+                    found = step(states[slot], ctx, event, t)
                 except Exception as exc:  # noqa: BLE001 - one rule's bug on one event must not stop the rest
                     self._step_failed(detector, key, event, exc)
                     continue
@@ -298,14 +323,15 @@ class Engine:
             findings.extend(self._end_batch())
         return findings
 
-    def _scrape(self, route: Route, ctx: Context, key: str, scrape: list[GpuMetric], t: float) -> list[Finding]:
-        """Fold one scrape (several samples of ``key`` at ``t``) into every route, one ``step_scrape``
-        call each. The findings come in the order one step per sample would give (by sample, then
-        by rule)."""
+    def _scrape(self, route: Plan, states: tuple[Any, ...], ctx: Context, key: str, scrape: list[GpuMetric],
+                t: float) -> list[Finding]:  # fmt: skip
+        """Fold one scrape (several samples of ``key`` at ``t``) into every rule of the route, one
+        ``step_scrape`` call each. The findings come in the order one step per sample would give (by
+        sample, then by rule)."""
         tagged: list[tuple[int, int, Finding]] = []
-        for j, ((_, step_scrape, detector), rule_state) in enumerate(zip(*route, strict=True)):
+        for j, (_, step_scrape, detector, slot) in enumerate(route):
             try:
-                got = step_scrape(rule_state, ctx, scrape, t)
+                got = step_scrape(states[slot], ctx, scrape, t)
             except Exception as exc:  # noqa: BLE001 - as for one event: the scrape is skipped for that rule
                 self._step_failed(detector, key, scrape[0], exc, len(scrape))
                 continue
@@ -366,52 +392,63 @@ class Engine:
             found.extend(detector.end_batch(items))
         return found
 
-    def _context(self, state: KeyState) -> Context:
-        """The key's context: its resource, the fleet look-up, its rules' behaviour, the batch phase."""
-        return _KeyContext(state.info, state.rules, self)
-
-    def _others(self, rules: dict[str, Any]) -> Behaviour:
-        """The most unusual behaviour the key's rules (``rules``: its rule states) are tracking."""
+    def _others(self, state: KeyState) -> Behaviour:
+        """The most unusual behaviour the key's rules are tracking."""
         most, by_name = Behaviour.NONE, self._by_name  # the rules in force now (a reload swaps them)
-        for name, rule_state in rules.items():
+        for name, rule_state in zip(state.names, state.states, strict=True):
             detector = by_name.get(name)
             if detector is not None:
                 most = max(most, detector.tracking(rule_state))
         return most
 
-    def _route(self, state: KeyState, event_type: type) -> Route:
-        """The plan of the detectors that see this event type, and the key's state for each: of the rules whose
-        match passes, each with the params its overrides give this resource; every candidate
-        rule as written while the resource is unknown (no usage event yet). Cached until the
-        resource changes (the hot loop then does no lookups per detector)."""
+    def _route(self, state: KeyState, event_type: type) -> Plan:
+        """The plan of the detectors that see this event type, with the slot of each one's state in the
+        key's states (made where missing): of the rules whose match passes, each with the params its
+        overrides give this resource; every candidate rule as written while the resource is unknown
+        (no usage event yet). Cached until the resource changes (the hot loop then does no lookups
+        per detector)."""
         info = state.info
         candidates = [r for r in self.ruleset.rules if event_type in r.consumes]
         if info.known:
             detectors = [r.for_resource(info) for r in candidates if r.matches(info)]
             live = {r.detector.name for r in self.ruleset.rules if r.matches(info)}
-            for name in [n for n in state.rules if n not in live]:
-                del state.rules[name]
+            if not live.issuperset(state.names):
+                kept = [(n, s) for n, s in zip(state.names, state.states, strict=True) if n in live]
+                self._set_rules(state, [n for n, _ in kept], [s for _, s in kept])
         else:
             detectors = [r.detector for r in candidates]
-        states: list[Any] = []
-        for detector in detectors:
-            rule_state = state.rules.get(detector.name)
-            if rule_state is None:
-                rule_state = state.rules[detector.name] = detector.new_state()
-            states.append(rule_state)
-        signature = tuple(detectors)
+        missing = [d for d in detectors if d.name not in state.names]
+        if missing:  # appended: the slots of the routes made already stay as they are
+            self._set_rules(state, [*state.names, *(d.name for d in missing)],
+                            [*state.states, *(d.new_state() for d in missing)])  # fmt: skip
+        names = state.names
+        signature = (names, tuple(detectors))
         plan = self._plans.get(signature)
         if plan is None:  # bound methods made once per plan, shared by every key's routes
-            plan = self._plans[signature] = tuple((d.step, d.step_scrape, d) for d in detectors)
-        route = (plan, states)
+            plan = self._plans[signature] = tuple((d.step, d.step_scrape, d, names.index(d.name)) for d in detectors)
         if info.known:
             if event_type is GpuMetric:
-                state.gpu_route = route
+                state.gpu_route = plan
             elif event_type is UsageEvent:
-                state.usage_route = route
+                state.usage_route = plan
             else:
-                state.run_route = route
-        return route
+                state.run_route = plan
+        return plan
+
+    def _set_rules(self, state: KeyState, names: list[str], states: list[Any]) -> None:
+        """Give the key these rules' states, ``names`` as the tuple shared by every key with the same
+        rules. A rule dropped moves the slots of those after it: the key's routes are made again."""
+        if not set(names).issuperset(state.names):
+            state.clear_routes()
+        state.names = self._names(tuple(names))
+        state.states = tuple(states)
+
+    def _names(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """One tuple per distinct sequence of rule names (a few per rule set), interned strings."""
+        shared = self._layouts.get(names)
+        if shared is None:
+            shared = self._layouts[names] = tuple(map(_intern, names))
+        return shared
 
     def resource(self, resource_id: str) -> ResourceInfo | None:
         """What is known of a resource (for detectors that look across keys, as a run's hosts):
@@ -491,10 +528,13 @@ class Engine:
         self._plans.clear()
         for state in self._keys.values():
             state.clear_routes()
-            for name, rule_state in list(state.rules.items()):
+            kept = []
+            for name, rule_state in zip(state.names, state.states, strict=True):
                 rule = ruleset.by_name(name)
-                if rule is None or not isinstance(rule_state, rule.detector.State):
-                    del state.rules[name]
+                if rule is not None and isinstance(rule_state, rule.detector.State):
+                    kept.append((name, rule_state))
+            if len(kept) < len(state.names):
+                self._set_rules(state, [n for n, _ in kept], [s for _, s in kept])
 
     # -- end of data, TTL, persistence -------------------------------------------------
 
@@ -503,7 +543,7 @@ class Engine:
         found = []
         for state in self._keys.values():
             for rule in self.ruleset.rules:
-                rule_state = state.rules.get(rule.detector.name)
+                rule_state = state.rule(rule.detector.name)
                 if rule_state is not None:
                     found.extend(rule.detector.open_episodes(rule_state, state.info))
         return found
@@ -588,7 +628,8 @@ class Engine:
             _intern(info.resource_type), _intern(info.provider), _intern(info.account), _intern(info.region),
             _intern(info.instance_type), _intern(info.pricing), _intern(info.state))  # fmt: skip
         info.tags = self._shared_tags(info.tags)
-        state = KeyState(info=snap.info, rules=rules, last_t=snap.last_t, kind_t=snap.kind_t)
+        state = KeyState(info=snap.info, names=self._names(tuple(rules)), states=tuple(rules.values()),
+                         last_t=snap.last_t, kind_t=snap.kind_t)  # fmt: skip
         self._keys[key] = state
         if restart:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)

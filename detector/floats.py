@@ -8,6 +8,10 @@ by the GPU's index (:func:`per_gpu`, 0.0 where none: what the dict's ``.get(i, 0
 8 bytes a GPU instead of a dict slot and a float object (~70); an index is a ``UInt8``, so an
 array holds at most 256.
 
+A series of whole numbers 0..255 (GPU utilisation in percent, which DCGM and NVML report as
+whole numbers) is held a byte each (:func:`bytewise`) until a value that is not one comes, which
+:func:`append` makes a series of doubles: exact either way, never narrowed.
+
 msgspec does not know arrays: the engine saves them as lists (:func:`enc_hook`) and reads
 them back (:func:`dec_hook`), taking a series saved as a list of pairs too, and a per-GPU
 map ``{index: value}`` (snapshots from before), so a restart across the change loses nothing.
@@ -15,20 +19,52 @@ map ``{index: value}`` (snapshots from before), so a restart across the change l
 
 from __future__ import annotations
 
+import math
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-__all__ = ["FloatArray", "dec_hook", "enc_hook", "floats", "grow", "per_gpu"]
+__all__ = ["FloatArray", "Series", "append", "as_floats", "bytewise", "dec_hook", "enc_hook", "floats", "grow", "per_gpu"]
 
 if TYPE_CHECKING:
     FloatArray = array[float]
+    Series = array[float] | array[int]
+    """Doubles, or whole numbers 0..255 a byte each (:func:`bytewise`)."""
 else:
     FloatArray = array  # not subscriptable at run time before Python 3.12
+    Series = array
 
 
 def floats() -> FloatArray:
     """An empty series (a struct field's ``default_factory``)."""
     return array("d")
+
+
+_WHOLE = {float(i): i for i in range(256)}
+"""The whole numbers a byte series holds, by their float."""
+
+
+def bytewise() -> Series:
+    """An empty series held a byte a value while its values are whole numbers 0..255 (a struct
+    field's ``default_factory``); :func:`append` widens it to doubles when one is not."""
+    return array("B")
+
+
+def append(series: Series, x: float) -> Series:
+    """Append ``x`` to ``series``; a byte series that cannot hold ``x`` exactly (not a whole number
+    in 0..255, or -0.0) is first copied into doubles. Returns the series (a new one when widened)."""
+    if series.typecode == "B":
+        whole = _WHOLE.get(x)  # -0.0 finds 0 (equal, same hash): its sign is what tells them apart
+        if whole is not None and (whole or math.copysign(1.0, x) > 0.0):
+            series.append(whole)
+            return series
+        series = array("d", series)
+    cast("FloatArray", series).append(x)
+    return series
+
+
+def as_floats(series: Series) -> list[float]:
+    """The series' values as floats (a byte series' whole numbers as the floats they were)."""
+    return cast("FloatArray", series).tolist() if series.typecode == "d" else [float(x) for x in series]
 
 
 def per_gpu() -> FloatArray:

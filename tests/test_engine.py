@@ -277,3 +277,53 @@ def test_states_saved_with_empty_containers_before_read_back_as_nothing_yet():
     for fresh in (GpuEpisodeState(), AnomalyState()):
         again = msgspec.msgpack.encode(fresh, enc_hook=enc_hook)
         assert msgspec.msgpack.decode(again, type=type(fresh), dec_hook=dec_hook) == fresh
+
+
+def test_lists_saved_before_read_back_as_the_tuples_now_held(ruleset):
+    """``untagged``'s missing tags and ``telemetry_stale``'s intervals counted blind are tuples now
+    (one shared empty tuple, and one tuple per set of missing tags, not a list per key): what the
+    version before saved as lists restores to the same values, and a resource missing the same tags
+    as another holds the other's tuple."""
+    import msgspec
+
+    from detector.detectors.telemetry_stale import TelemetryStaleState
+    from detector.detectors.untagged import UntaggedState
+    from detector.floats import dec_hook
+
+    old = msgspec.msgpack.encode({"missing_since": 5.0, "missing": ["team", "project"], "spend_usd": 1.5})
+    restored = msgspec.msgpack.decode(old, type=UntaggedState, dec_hook=dec_hook)
+    assert restored.missing == ("team", "project") and restored.since == 5.0 and restored.spend_usd == 1.5
+    old = msgspec.msgpack.encode({"last_sample": 10.0, "blind_usd": 0.75, "counted": [[20.0, 0.5], [80.0, 0.25]]})
+    restored_stale = msgspec.msgpack.decode(old, type=TelemetryStaleState, dec_hook=dec_hook)
+    assert restored_stale.counted == ((20.0, 0.5), (80.0, 0.25)) and restored_stale.blind_usd == 0.75
+
+    engine = Engine(ruleset)
+    untagged = {"team": "nlp"}
+    engine.process([usage(T0 + i * MIN, rid=rid, tags=untagged) for i in range(3) for rid in ("a", "b")])
+    a, b = (engine._keys[rid].rule("untagged") for rid in ("a", "b"))
+    assert a.missing == ("project",) and a.missing is b.missing
+
+
+def test_empty_dicts_saved_before_read_back_where_none_is_held_now(ruleset):
+    """``egress_runaway``'s destinations and the inference rules' advice are None until there is one
+    (not an empty dict on every resource): states saved before with an empty or a full dict restore
+    as they were, and a GPU host with no egress holds None."""
+    import msgspec
+
+    from detector.detectors.egress_runaway import EgressRunawayState
+    from detector.detectors.inference_overprovisioned import InferenceOverprovisionedState
+    from detector.detectors.inference_unbatched import InferenceUnbatchedState
+    from detector.floats import dec_hook
+
+    def restored(kind: type, fields: dict):
+        return msgspec.msgpack.decode(msgspec.msgpack.encode(fields), type=kind, dec_hook=dec_hook)
+
+    assert not restored(EgressRunawayState, {"destinations": {}}).destinations
+    full = restored(EgressRunawayState, {"destinations": {"internet": {"last_t": 5.0, "rate": 2.5}}}).destinations
+    assert full is not None and full["internet"].last_t == 5.0 and full["internet"].rate == 2.5
+    for kind in (InferenceOverprovisionedState, InferenceUnbatchedState):
+        assert not restored(kind, {"advice": {}}).advice
+        assert restored(kind, {"advice": {"saving_usd_per_hour": 1.5}}).advice == {"saving_usd_per_hour": 1.5}
+    engine = Engine(ruleset)
+    engine.process(timeline(T0, T0 + 5 * MIN, [90.0], rid="h"))
+    assert engine._keys["h"].rule("egress-runaway").destinations is None

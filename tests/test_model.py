@@ -434,3 +434,43 @@ def test_a_worker_starts_without_scikit_learn():
     code = "import sys, streams.app, streams.cli; print(sorted(m for m in ('sklearn', 'skops') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_whole_percent_utilisation_is_held_a_byte_a_sample_and_judged_as_the_floats_it_was():
+    """A window's GPU utilisation samples are a byte each while they are whole percents (DCGM's and
+    NVML's), doubles from the first that is not (a fraction, -0.0, out of 0..255, NaN): the window's
+    mean and p95 are the floats the samples were, and a window state saved before (its samples as
+    floats) restores and closes the same window as the state never saved."""
+    from array import array
+
+    import msgspec
+
+    from detector.floats import append, dec_hook, enc_hook
+
+    series = array("B")
+    for x in (0.0, 80.0, 100.0, 255.0):
+        series = append(series, x)
+    assert series.typecode == "B" and series.tolist() == [0, 80, 100, 255]
+    for odd in (80.5, -0.0, 256.0, -1.0, math.nan):
+        wide = append(array("B", [3]), odd)
+        assert wide.typecode == "d" and wide[0] == 3.0
+        assert math.copysign(1.0, wide[1]) == math.copysign(1.0, odd) and (wide[1] == odd or math.isnan(odd))
+
+    def window(util: float) -> tuple[WindowBuilder, WindowState, list]:
+        builder, st = WindowBuilder(300.0), WindowState()
+        events = [e for k in range(5) for e in minute(T0 + k * MIN, util + k, 200.0)]
+        for e in events:
+            builder.add(st, "h1", "gpu_instance", 0.5 if isinstance(e, UsageEvent) else 0.0, e, e.t)
+        return builder, st, minute(T0 + 5 * MIN, util, 200.0)
+
+    for util, typecode in ((50.0, "B"), (50.25, "d")):
+        builder, st, more = window(util)
+        assert st.utils.typecode == typecode and len(st.utils) == 80
+        saved = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook))
+        saved["utils"] = [float(x) for x in saved["utils"]]  # as the version before saved them
+        old = msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=WindowState, dec_hook=dec_hook)
+        (closed,) = [w for e in more if (w := builder.add(st, "h1", "gpu_instance", 0.0, e, e.t))]
+        (again,) = [w for e in more if (w := builder.add(old, "h1", "gpu_instance", 0.0, e, e.t))]
+        assert closed == again
+        assert closed.values["gpu_util_mean"] == sum(util + k for k in range(5)) / 5
+        assert closed.values["gpu_util_p95"] == util + 4 and type(closed.values["gpu_util_p95"]) is float

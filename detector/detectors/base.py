@@ -33,8 +33,27 @@ def intern(text: str) -> str:
     few dozen instead of holding a copy each); a long one is kept as it is."""
     return sys.intern(text) if len(text) <= 64 else text
 
+
+T = TypeVar("T")
+_TUPLES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_MAX_TUPLES = 10_000
+
+
+def shared(items: tuple[T, ...]) -> tuple[T, ...]:
+    """One tuple for every equal tuple of short strings that many keys hold alike (a resource's missing
+    tags): each key holds a reference, not a copy. The table is bounded: past ``_MAX_TUPLES`` it
+    starts afresh."""
+    if not items:
+        return ()
+    found = _TUPLES.get(items)
+    if found is None:
+        if len(_TUPLES) >= _MAX_TUPLES:
+            _TUPLES.clear()
+        found = _TUPLES[items] = items
+    return found
+
 __all__ = ["BatchPhase", "Behaviour", "Context", "Detector", "DetectorBase", "Finding", "Params", "ResourceInfo",
-           "intern", "make_finding"]
+           "intern", "make_finding", "shared"]
 
 
 class Params(BaseModel):
@@ -119,7 +138,8 @@ class BatchPhase(Protocol):
 
 
 class Context:
-    """What a step may read besides its state and the event, one per key.
+    """What a step may read besides its state and the event: the engine keeps one and points it at
+    the key whose event a step folds, so a step reads it during its call and keeps no reference.
 
     ``resource`` is what the key's latest usage event said, with the pricer's figures for
     it (``usd_per_hour``, ``interval_usd``: see :mod:`detector.pricing`). :meth:`lookup`

@@ -88,8 +88,14 @@ class DestinationState(Episode, kw_only=True):
         self.excess_bytes = self.pending_bytes = 0.0
 
 
+_NONE: dict[str, DestinationState] = {}
+"""No destination (never filled: what a state without any reads)."""
+
+
 class EgressRunawayState(msgspec.Struct, kw_only=True, gc=False):
-    destinations: dict[str, DestinationState] = {}
+    destinations: dict[str, DestinationState] | None = None
+    """Each destination's state (None: no egress yet, as on a GPU host: not an empty dict on every
+    resource; an empty dict saved before reads back as it was)."""
 
 
 class EgressRunaway(DetectorBase):
@@ -118,7 +124,7 @@ class EgressRunaway(DetectorBase):
     def tracking(self, state: EgressRunawayState) -> Behaviour:
         """A runaway is a level, not a pause of the resource's work: the anomaly model's baselines
         keep learning while it is open (see :mod:`detector.detectors.anomaly`)."""
-        if any(d.above_since is not None or d.fired_at is not None for d in state.destinations.values()):
+        if any(d.above_since is not None or d.fired_at is not None for d in (state.destinations or _NONE).values()):
             return Behaviour.LEVEL
         return Behaviour.NONE
 
@@ -127,9 +133,12 @@ class EgressRunaway(DetectorBase):
         if type(event) is not UsageEvent or event.egress_bytes is None:
             return []
         dest = egress_destination(event.region, event.dest_region)
-        st = state.destinations.get(dest)
+        destinations = state.destinations
+        if destinations is None:
+            destinations = state.destinations = {}
+        st = destinations.get(dest)
         if st is None:
-            st = state.destinations[dest] = DestinationState()
+            st = destinations[dest] = DestinationState()
         if t <= st.last_t:
             return []  # a re-read interval
         st.last_t = t
@@ -167,7 +176,7 @@ class EgressRunaway(DetectorBase):
         return found
 
     def open_episode(self, state: EgressRunawayState, resource: ResourceInfo) -> Finding | None:
-        for dest, st in state.destinations.items():
+        for dest, st in (state.destinations or _NONE).items():
             if st.fired_at is not None:
                 return self._finding("update", st, dest, resource, st.last_t)
         return None

@@ -43,6 +43,7 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
 from __future__ import annotations
 
 import builtins
+import math
 from operator import attrgetter
 from typing import Any, ClassVar
 
@@ -50,10 +51,11 @@ import msgspec
 from pydantic import Field
 
 from detector.detectors.activity import busy
-from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding, shared
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import FloatArray, floats
 from detector.pricing import usd_over
 from detector.units import Duration, Percent
 
@@ -69,6 +71,8 @@ BUSY, HELD, UNKNOWN, FREE = 3, 2, 1, 0
 """A fresh GPU at one instant, ordered so that the max over its units is the GPU's: busy if any
 instance is; else held if a pod holds any, unknown if any says nothing, free if none is held."""
 _CODE = {True: HELD, None: UNKNOWN, False: FREE}
+_STATE = (UNKNOWN, BUSY, HELD, BUSY, FREE, BUSY)
+"""A fresh unit's state at one instant by its code (:attr:`GpuShareState.unit_codes`)."""
 _allocated = attrgetter("allocated")
 
 
@@ -101,38 +105,95 @@ class GpuShareParams(Params):
 
 
 class Unit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
-    """The latest sample of one GPU or MIG instance."""
+    """The latest sample of one GPU or MIG instance, as snapshots saved it before the unit fields
+    of :class:`GpuShareState` (read into them on decoding)."""
 
     gpu: int
     seen: float
     busy: bool = False
     allocated: bool | None = None
     allocated_at: float = 0.0
-    """Its newest sample that said who holds it (``allocated`` not None)."""
     pod: Pod | None = None
 
 
 class GpuTrack(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
-    """One physical GPU's idle run and its place in the episode."""
+    """One physical GPU's idle run, as snapshots saved it before the GPU fields of
+    :class:`GpuShareState` (read into them on decoding)."""
 
     units: tuple[str, ...] = ()
-    """Its units' keys (one, or its MIG instances): a tuple replaced on change, so that a whole GPU's
-    is one shared by every host (:data:`_ALONE`), not a list per GPU."""
     seen: float = 0.0
-    """Its newest sample (of any of its units)."""
     idle_since: float | None = None
-    """Its first idle sample after its last busy one (None: busy, or not seen idle yet)."""
     pending_s: float = 0.0
-    """Host-seconds (its share of the host: seconds / GPUs) idle while another GPU worked,
-    before it counted: priced once it does."""
     pending_from: float | None = None
     counted: bool = False
-    """In the episode's set."""
+
+
+_UNSET = math.nan
+"""A time not set (None in the structs before; event times are finite)."""
+_U = 2
+"""Floats per unit in :attr:`GpuShareState.unit_times`: its latest sample, and below its newest that said who holds it."""
+_SEEN, _ALLOCATED_AT = 0, 1
+_G = 4
+"""Floats per GPU in :attr:`GpuShareState.gpu_times`: below, their places."""
+_G_SEEN, _IDLE_SINCE, _PENDING_S, _PENDING_FROM = 0, 1, 2, 3
+_BUSY_BIT = 1
+"""A unit's code (:attr:`GpuShareState.unit_codes`): bit 0 busy, bits 1-2 who holds it (:data:`_HOLDER`)."""
+_HOLDER_CODE = {None: 0, True: 2, False: 4}
+_HOLDER = (None, True, False)
+"""A unit's ``allocated`` by its code's bits 1-2 (``code >> 1``)."""
+_GROUP_SHARE_MAX = 64
+"""Tuples of units or GPUs up to this long are shared between hosts (:func:`shared`); longer (a MIG
+host's hundreds of instances) are kept as they are."""
+
+
+def _share(items: tuple[Any, ...]) -> tuple[Any, ...]:
+    return shared(items) if len(items) <= _GROUP_SHARE_MAX else items
+
+
+def _place(items: tuple[Any, ...], item: Any) -> int:
+    """The place of ``item`` in ``items``, or -1."""
+    try:
+        return items.index(item)
+    except ValueError:
+        return -1
+
+
+def _set(x: float) -> bool:
+    """Whether a time of the per-GPU fields is set (not :data:`_UNSET`)."""
+    return x == x
 
 
 class GpuShareState(Episode, kw_only=True):
-    units: dict[str, Unit] = {}
-    gpus: dict[int, GpuTrack] = {}
+    """A host's GPUs and their units as columns (struct of arrays): one value per unit or GPU in an
+    array of doubles or bytes, indexed by its place, not a dict of one struct per unit and per
+    GPU (~1.7 KB on a host of eight GPUs, ~0.6 KB now). Tuples of keys are shared between hosts
+    alike; unset times are NaN."""
+
+    unit_keys: tuple[str, ...] = ()
+    """Each GPU or MIG instance (a unit) seen, by key ("3", or "3/1" for a MIG instance), in the
+    order first seen: a unit's place in the fields below."""
+    unit_gpus: tuple[int, ...] = ()
+    """The GPU of each unit."""
+    unit_times: FloatArray | None = None
+    """Per unit, (latest sample, newest sample that said who holds it: ``allocated`` not None)."""
+    unit_codes: bytearray | None = None
+    """Per unit, whether its latest sample was busy and who held it (:data:`_BUSY_BIT`, :data:`_HOLDER`)."""
+    unit_pods: list[Pod | None] | None = None
+    """Per unit, the pod its latest sample named (None: no unit ever named one)."""
+    gpu_ids: tuple[int, ...] = ()
+    """Each physical GPU tracked, by index, in the order first seen: a GPU's place in the fields below."""
+    gpu_units: tuple[tuple[str, ...], ...] = ()
+    """Per GPU, its units' keys (one, or its MIG instances): a whole GPU's is one tuple shared by
+    every host (:data:`_ALONE`)."""
+    gpu_times: FloatArray | None = None
+    """Per GPU, (newest sample of any of its units; first idle sample after its last busy one, unset:
+    busy or not seen idle yet; host-seconds, its share of the host, idle while another GPU
+    worked before it counted, priced once it does; when those began)."""
+    gpu_counted: bytearray | None = None
+    """Per GPU, 1 while in the episode's set."""
+    units: dict[str, Unit] | None = None
+    gpus: dict[int, GpuTrack] | None = None
+    """The units and GPUs as snapshots saved them before the fields above: read into them, then None."""
     model: str = ""
     covered_until: float = 0.0
     """Time of the newest sample seen: time is only counted up to here."""
@@ -154,9 +215,98 @@ class GpuShareState(Episode, kw_only=True):
     """Host-seconds of the counted GPUs in the current whole-host idle spell: charged if it ends
     short of ``for``, dropped if it lasts (then it is ``idle_gpu``'s)."""
 
+    def __post_init__(self) -> None:
+        if self.units is None and self.gpus is None:
+            return
+        units, gpus = self.units or {}, self.gpus or {}  # saved before: one struct per unit and per GPU
+        self.units = self.gpus = None
+        for key, unit in units.items():
+            j = self.add_unit(key, unit.gpu, unit.seen, unit.allocated, unit.pod)
+            self.unit_times[_U * j + _ALLOCATED_AT] = unit.allocated_at  # type: ignore[index]
+            if unit.busy:
+                self.unit_codes[j] |= _BUSY_BIT  # type: ignore[index]
+        for gpu, track in gpus.items():
+            p = self.add_gpu(gpu)
+            self.set_gpu_units(p, track.units)
+            times = self.gpu_times
+            assert times is not None
+            at = _G * p
+            times[at + _G_SEEN], times[at + _PENDING_S] = track.seen, track.pending_s
+            times[at + _IDLE_SINCE] = _UNSET if track.idle_since is None else track.idle_since
+            times[at + _PENDING_FROM] = _UNSET if track.pending_from is None else track.pending_from
+            self.gpu_counted[p] = track.counted  # type: ignore[index]
+
     def clear(self) -> None:
         super().clear()
         self.waste_usd = self.unpriced_s = self.spell_s = 0.0
+
+    # -- the columns ----------------------------------------------------------
+
+    def unit(self, key: str, gpu: int) -> int:
+        """The place of unit ``key`` of GPU ``gpu``, or -1 (a whole GPU's is usually at its index)."""
+        keys = self.unit_keys
+        return gpu if gpu < len(keys) and keys[gpu] == key else _place(keys, key)
+
+    def gpu(self, gpu: int) -> int:
+        """The place of GPU ``gpu``, or -1 (usually at its index)."""
+        ids = self.gpu_ids
+        return gpu if gpu < len(ids) and ids[gpu] == gpu else _place(ids, gpu)
+
+    def add_unit(self, key: str, gpu: int, seen: float, allocated: bool | None, pod: Pod | None) -> int:
+        """A new unit, last; its place."""
+        j = len(self.unit_keys)
+        self.unit_keys, self.unit_gpus = _share((*self.unit_keys, key)), _share((*self.unit_gpus, gpu))
+        if self.unit_times is None or self.unit_codes is None:
+            self.unit_times, self.unit_codes = floats(), bytearray()
+        self.unit_times.extend((seen, 0.0))
+        self.unit_codes.append(_HOLDER_CODE[allocated])
+        if pod is not None and self.unit_pods is None:
+            self.unit_pods = [None] * j
+        if self.unit_pods is not None:
+            self.unit_pods.append(pod)
+        return j
+
+    def drop_unit(self, j: int) -> None:
+        self.unit_keys = _share(self.unit_keys[:j] + self.unit_keys[j + 1 :])
+        self.unit_gpus = _share(self.unit_gpus[:j] + self.unit_gpus[j + 1 :])
+        assert self.unit_times is not None and self.unit_codes is not None
+        del self.unit_times[_U * j : _U * j + _U]
+        del self.unit_codes[j]
+        if self.unit_pods is not None:
+            del self.unit_pods[j]
+
+    def add_gpu(self, gpu: int) -> int:
+        """A new GPU, last, not seen idle and not counted; its place."""
+        p = len(self.gpu_ids)
+        self.gpu_ids, self.gpu_units = _share((*self.gpu_ids, gpu)), _share((*self.gpu_units, ()))
+        if self.gpu_times is None or self.gpu_counted is None:
+            self.gpu_times, self.gpu_counted = floats(), bytearray()
+        self.gpu_times.extend((0.0, _UNSET, 0.0, _UNSET))
+        self.gpu_counted.append(0)
+        return p
+
+    def drop_gpu(self, p: int) -> None:
+        self.gpu_ids = _share(self.gpu_ids[:p] + self.gpu_ids[p + 1 :])
+        self.gpu_units = _share(self.gpu_units[:p] + self.gpu_units[p + 1 :])
+        assert self.gpu_times is not None and self.gpu_counted is not None
+        del self.gpu_times[_G * p : _G * p + _G]
+        del self.gpu_counted[p]
+
+    def set_gpu_units(self, p: int, units: tuple[str, ...]) -> None:
+        gpu_units = self.gpu_units
+        self.gpu_units = _share((*gpu_units[:p], units, *gpu_units[p + 1 :]))
+
+    def holder(self, j: int) -> bool | None:
+        """Who holds unit ``j`` as its latest sample said (``allocated``)."""
+        return _HOLDER[self.unit_codes[j] >> 1]  # type: ignore[index]
+
+    def pod(self, j: int) -> Pod | None:
+        return self.unit_pods[j] if self.unit_pods is not None else None
+
+    def counted(self) -> list[int]:
+        """The GPUs in the episode's set, in the order tracked."""
+        flags = self.gpu_counted
+        return [gpu for gpu, flag in zip(self.gpu_ids, flags, strict=True) if flag] if flags else []
 
 
 class _Status(msgspec.Struct):
@@ -191,7 +341,8 @@ class GpuShare(DetectorBase):
         """Part of the host idle while the rest works: an unusual level, not a pause; tracked from a
         GPU's first idle sample (being counted towards ``for``), as ``idle_gpu`` tracks a host, so
         the anomaly model leaves the rule the first word on it."""
-        if state.since is not None or any(track.idle_since is not None for track in state.gpus.values()):
+        times = state.gpu_times
+        if state.since is not None or (times is not None and any(map(_set, times[_IDLE_SINCE::_G]))):
             return Behaviour.LEVEL
         return Behaviour.NONE
 
@@ -217,63 +368,109 @@ class GpuShare(DetectorBase):
     def step_scrape(self, state: GpuShareState, ctx: Context, events: list[GpuMetric],
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
         """:meth:`step` for each sample of a scrape (samples of the host at ``t``), in one call: this
-        runs for every scrape of every host. Findings come with the index of the sample that made them."""
+        runs for every scrape of every host (the columns are read by place here, not through the
+        state's methods). Findings come with the index of the sample that made them."""
         st, res = state, ctx.resource
         if t <= st.stopped_at:
             return []
-        units, gpus = st.units, st.gpus
         unknown_ours = UNKNOWN in self.codes
-        if not units and not unknown_ours and set(map(_allocated, events)) == {None}:
+        if not st.unit_keys and not unknown_ours and set(map(_allocated, events)) == {None}:
             return []  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
         out: list[tuple[int, Finding]] = []
         p = self.params
         stale_after, util_below = p.stale_after, p.util_below
         for i, ev in enumerate(events):
-            if ev.allocated is None and not units and not unknown_ours:
+            keys = st.unit_keys
+            if ev.allocated is None and not keys and not unknown_ours:
                 continue  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
-            key = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else _KEYS[ev.gpu_index]
-            unit = units.get(key)
-            if unit is not None and t <= unit.seen:
-                continue  # a re-read or duplicate sample
+            gpu = ev.gpu_index
+            key = f"{gpu}/{ev.mig_instance}" if ev.mig_instance else _KEYS[gpu]
+            j = gpu if gpu < len(keys) and keys[gpu] == key else _place(keys, key)
+            known = j >= 0
+            was_holder: bool | None = None
+            was_pod: Pod | None = None
+            was_allocated_at = 0.0
+            if known:
+                unit_times: Any = st.unit_times
+                if t <= unit_times[_U * j]:
+                    continue  # a re-read or duplicate sample
+                # What its latest sample said: the clock below may forget the unit (an hour silent).
+                was_holder = _HOLDER[st.unit_codes[j] >> 1]  # type: ignore[index]
+                if was_holder is not None:
+                    was_allocated_at = unit_times[_U * j + _ALLOCATED_AT]
+                if st.unit_pods is not None:
+                    was_pod = st.unit_pods[j]
             if t > st.covered_until:
                 out.extend((i, f) for f in self._advance(st, res, t))
-            track = gpus.get(ev.gpu_index)
-            if track is None:
-                track = gpus[ev.gpu_index] = GpuTrack()
-            elif t - track.seen > stale_after and not (st.fired_at is not None and track.counted):
-                _restart(track)  # a telemetry gap: its idle count starts again
+                if known:
+                    j = st.unit(key, gpu)  # -1: forgotten by the clock; this sample then updates no unit
+            ids = st.gpu_ids
+            g = gpu if gpu < len(ids) and ids[gpu] == gpu else _place(ids, gpu)
+            if g < 0:
+                g, gpu_seen = st.add_gpu(gpu), 0.0
+            else:
+                gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
+                if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):  # type: ignore[index]
+                    _restart(st, g)  # a telemetry gap: its idle count starts again
             pod = pod_of(ev) if ev.pod else None
             allocated = ev.allocated
-            if allocated is None and unit is not None and unit.allocated is not None and t - unit.allocated_at <= stale_after:
+            if allocated is None and known and was_holder is not None and t - was_allocated_at <= stale_after:
                 # The bridge could not tell for this scrape (dcgm-exporter and kube-state-metrics a
                 # scrape apart while a pod starts elsewhere): not news, the last known holder stands.
-                allocated = unit.allocated
-            if unit is None:
-                if len(units) >= MAX_UNITS:
-                    self._forget(st, min(units, key=lambda k: units[k].seen))
-                    track = gpus.setdefault(ev.gpu_index, track)
-                unit = units[key] = Unit(gpu=ev.gpu_index, seen=t, allocated=allocated, pod=pod)
-                track.units = (*track.units, key) if track.units else _ALONE.get(key) or (key,)
-            elif ((unit.allocated is not allocated and self.counts(unit.allocated) != self.counts(allocated))
-                  or ((unit.pod is not None or pod is not None) and _who(unit.pod) != _who(pod))):  # fmt: skip
+                allocated = was_holder
+            if not known:
+                if len(st.unit_keys) >= MAX_UNITS:
+                    g = self._forget_for(st, g, gpu)
+                j = st.add_unit(key, gpu, t, allocated, pod)
+                units = st.gpu_units[g]
+                st.set_gpu_units(g, (*units, key) if units else _ALONE.get(key) or (key,))
+            elif ((was_holder is not allocated and self.counts(was_holder) != self.counts(allocated))
+                  or ((was_pod is not None or pod is not None) and _who(was_pod) != _who(pod))):  # fmt: skip
                 # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
-                if track.counted:
-                    track.counted, st.left = False, "allocation_changed"
-                track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
-            unit.seen, unit.busy = t, busy(ev, util_below)
-            unit.allocated, unit.pod = allocated, pod
-            if ev.allocated is not None:
-                unit.allocated_at = t
+                if st.gpu_counted[g]:  # type: ignore[index]
+                    st.gpu_counted[g], st.left = 0, "allocation_changed"  # type: ignore[index]
+                _restart_run(st, g)
+            is_busy = busy(ev, util_below)
+            if j >= 0:
+                unit_times = st.unit_times
+                unit_times[_U * j] = t
+                st.unit_codes[j] = (0 if allocated is None else 2 if allocated else 4) | is_busy  # type: ignore[index]  # _HOLDER_CODE; bit 0: busy
+                pods = st.unit_pods
+                if pods is None and pod is not None:
+                    pods = st.unit_pods = [None] * len(st.unit_keys)
+                if pods is not None:
+                    pods[j] = pod
+                if ev.allocated is not None:
+                    unit_times[_U * j + _ALLOCATED_AT] = t
             if ev.model and ev.model != st.model:
                 st.model = intern(ev.model)
-            if t > track.seen:
-                track.seen = t
-            if unit.busy:
-                if track.idle_since is not None or track.pending_from is not None:
-                    track.idle_since, track.pending_s, track.pending_from = None, 0.0, None
-            elif track.idle_since is None and (len(track.units) == 1 or not self._status(st, ev.gpu_index, t).busy):
-                track.idle_since = t
+            times: Any = st.gpu_times
+            at = _G * g
+            if t > gpu_seen:
+                times[at] = t
+            idle_since = times[at + _IDLE_SINCE]
+            if is_busy:
+                pending_from = times[at + _PENDING_FROM]
+                if idle_since == idle_since or pending_from == pending_from:  # either set (not NaN)
+                    _restart_run(st, g)
+            elif idle_since != idle_since and (len(st.gpu_units[g]) == 1 or not self._status(st, gpu, t).busy):
+                times[at + _IDLE_SINCE] = t
         return out
+
+    def _forget_for(self, st: GpuShareState, g: int, gpu: int) -> int:
+        """Make room for a new unit of GPU ``gpu`` (at place ``g``): forget the least recently seen
+        unit. Returns the GPU's place after; a GPU left with no unit is tracked again, last, with
+        what it had (its idle run)."""
+        times = st.unit_times
+        assert times is not None and st.gpu_times is not None and st.gpu_counted is not None
+        kept = st.gpu_times[_G * g : _G * g + _G], st.gpu_counted[g]
+        self._forget(st, st.unit_keys[min(range(len(st.unit_keys)), key=lambda k: times[_U * k + _SEEN])])
+        g = st.gpu(gpu)
+        if g < 0:
+            g = st.add_gpu(gpu)
+            st.gpu_times[_G * g : _G * g + _G] = kept[0]
+            st.gpu_counted[g] = kept[1]
+        return g
 
     def open_episode(self, state: GpuShareState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:
@@ -288,8 +485,8 @@ class GpuShare(DetectorBase):
                 found = end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
             if t > st.stopped_at:
                 st.stopped_at = t
-            for track in st.gpus.values():
-                _restart(track)
+            for g in range(len(st.gpu_ids)):
+                _restart(st, g)
             st.whole_idle_since, st.spell_s = None, 0.0
             return found
         if st.unpriced_s and res.usd_per_hour is not None:
@@ -310,18 +507,19 @@ class GpuShare(DetectorBase):
         # Each fresh GPU's state at c, from its units' latest samples, in one pass (every scrape).
         state: dict[int, int] = {}
         stale, gone = p.stale_after, []
-        for key, unit in st.units.items():
-            age = c - unit.seen
+        seen = st.unit_times[_SEEN::_U] if st.unit_times is not None else ()
+        for key, gpu, unit_seen, unit_code in zip(st.unit_keys, st.unit_gpus, seen, st.unit_codes or (), strict=True):
+            age = c - unit_seen
             if age > stale:
                 if age > FORGET_S:
                     gone.append(key)
                 continue
-            code = BUSY if unit.busy else _CODE[unit.allocated]
-            if code > state.get(unit.gpu, -1):
-                state[unit.gpu] = code
+            code = _STATE[unit_code]
+            if code > state.get(gpu, -1):
+                state[gpu] = code
         for key in gone:
-            track = st.gpus.get(st.units[key].gpu)
-            if track is not None and track.counted and len(track.units) == 1:
+            g = st.gpu(st.unit_gpus[st.unit_keys.index(key)])
+            if g >= 0 and st.gpu_counted[g] and len(st.gpu_units[g]) == 1:  # type: ignore[index]
                 reason = "gpu_gone"
             self._forget(st, key)
         any_busy = BUSY in state.values()
@@ -331,36 +529,43 @@ class GpuShare(DetectorBase):
             return []
         self._spell(st, res, c, any_busy)
         changed = bool(reason)
-        for gpu, track in st.gpus.items():
+        ids = st.gpu_ids
+        times: Any = st.gpu_times  # None only with no GPU tracked (then no loop below reads them)
+        counted: Any = st.gpu_counted
+        for g, gpu in enumerate(ids):
             now = state.get(gpu)
-            if track.counted and now is not None and now not in codes:
-                track.counted, changed = False, True
+            if counted[g] and now is not None and now not in codes:
+                counted[g], changed = 0, True
                 reason = "gpu_busy" if now == BUSY else "allocation_changed"
         found: list[Finding] = []
         if any_busy:
-            for gpu, track in st.gpus.items():
-                if (not track.counted and state.get(gpu, BUSY) in codes and track.idle_since is not None
-                        and c - max(track.idle_since, st.rebase_at) >= p.for_):  # fmt: skip
-                    track.counted, changed = True, True
-                    self._charge(st, res, track.pending_s)
-                    start = track.pending_from if track.pending_from is not None else c
+            for g, gpu in enumerate(ids):
+                if counted[g] or state.get(gpu, BUSY) not in codes:
+                    continue
+                at = _G * g
+                idle_since = times[at + _IDLE_SINCE]
+                if idle_since == idle_since and c - max(idle_since, st.rebase_at) >= p.for_:  # set (not NaN), long enough
+                    counted[g], changed = 1, True
+                    self._charge(st, res, times[at + _PENDING_S])
+                    pending_from = times[at + _PENDING_FROM]
+                    start = pending_from if pending_from == pending_from else c  # set: not NaN
                     if st.fired_at is None:
                         st.since = start if st.since is None else min(st.since, start)
-                    track.pending_s, track.pending_from = 0.0, None
+                    times[at + _PENDING_S], times[at + _PENDING_FROM] = 0.0, _UNSET
         elif st.whole_idle_since is not None:
-            if c - st.whole_idle_since >= p.for_ and any(tr.counted for tr in st.gpus.values()):
+            if c - st.whole_idle_since >= p.for_ and counted and any(counted):
                 spell, st.spell_s = st.whole_idle_since, 0.0
-                for track in st.gpus.values():
-                    track.counted = False
+                for g in range(len(ids)):
+                    counted[g] = 0
                 return end(st, lambda: self._finding("resolve", st, res, max(spell, st.since or spell),
                                                      reason="whole_host_idle"))  # fmt: skip
-        counted = [gpu for gpu, tr in st.gpus.items() if tr.counted]
-        if not counted:
+        listed = st.counted()
+        if not listed:
             if st.since is not None:
                 found = end(st, lambda: self._finding("resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
-            if any_busy and res.billed and len(counted) >= p.min_gpus and st.since is not None:
-                qualified = sorted(max(st.gpus[g].idle_since or c, st.rebase_at) for g in counted)
+            if any_busy and res.billed and len(listed) >= p.min_gpus and st.since is not None:
+                qualified = sorted(max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], c), st.rebase_at) for gpu in listed)
                 fired_at = min(c, max(st.since, qualified[p.min_gpus - 1] + p.for_))
                 fire(st, since=st.since, fired_at=fired_at, at=c)
                 found = [self._finding("fire", st, res, fired_at)]
@@ -369,17 +574,19 @@ class GpuShare(DetectorBase):
             found = [self._finding("update", st, res, c)]
         gap = t - c
         if gap <= p.stale_after:
-            share_s = gap / max(len(st.gpus), res.gpus)
+            share_s = gap / max(len(ids), res.gpus)
             n = 0
-            for gpu, track in st.gpus.items():
+            for g, gpu in enumerate(ids):
                 if state.get(gpu, BUSY) not in codes:
                     continue
-                if track.counted:
+                at = _G * g
+                idle_since = times[at + _IDLE_SINCE]
+                if counted[g]:
                     n += 1
-                elif track.idle_since is not None:
-                    track.pending_s += share_s
-                    if track.pending_from is None:
-                        track.pending_from = c
+                elif idle_since == idle_since:  # set: not NaN
+                    times[at + _PENDING_S] += share_s
+                    if times[at + _PENDING_FROM] != times[at + _PENDING_FROM]:
+                        times[at + _PENDING_FROM] = c
             if n and any_busy:
                 self._charge(st, res, share_s * n)
             elif n:
@@ -399,8 +606,9 @@ class GpuShare(DetectorBase):
             return
         if c - since >= self.params.for_:
             st.rebase_at, st.spell_s = c, 0.0
-            for track in st.gpus.values():
-                track.pending_s, track.pending_from = 0.0, None
+            times = st.gpu_times
+            for g in range(len(st.gpu_ids)):
+                times[_G * g + _PENDING_S], times[_G * g + _PENDING_FROM] = 0.0, _UNSET  # type: ignore[index]
         else:
             self._charge(st, res, st.spell_s)
             st.spell_s = 0.0
@@ -412,16 +620,18 @@ class GpuShare(DetectorBase):
         """GPU ``gpu`` as its units' latest samples left it at ``at``."""
         out = _Status(pods=[])
         stale, allocations = self.params.stale_after, []
-        track = st.gpus.get(gpu)
-        for key in track.units if track is not None else ():
-            unit = st.units[key]
-            if at - unit.seen > stale:
+        g = st.gpu(gpu)
+        unit_times, unit_codes = st.unit_times, st.unit_codes
+        for key in st.gpu_units[g] if g >= 0 else ():
+            j = st.unit(key, gpu)
+            if at - unit_times[_U * j + _SEEN] > stale:  # type: ignore[index]
                 continue
             out.fresh = True
-            out.busy = out.busy or unit.busy
-            allocations.append(unit.allocated)
-            if unit.pod is not None:
-                out.pods.append(unit.pod)
+            out.busy = out.busy or bool(unit_codes[j] & _BUSY_BIT)  # type: ignore[index]
+            allocations.append(st.holder(j))
+            pod = st.pod(j)
+            if pod is not None:
+                out.pods.append(pod)
         if True in allocations:
             out.allocated = True
         elif allocations and all(a is False for a in allocations):
@@ -438,20 +648,24 @@ class GpuShare(DetectorBase):
 
     @staticmethod
     def _forget(st: GpuShareState, key: str) -> None:
-        gpu = st.units.pop(key).gpu
-        track = st.gpus.get(gpu)
-        if track is not None:
-            track.units = tuple(k for k in track.units if k != key)
-            if not track.units:
-                del st.gpus[gpu]
+        j = st.unit_keys.index(key)
+        gpu = st.unit_gpus[j]
+        st.drop_unit(j)
+        g = st.gpu(gpu)
+        if g >= 0:
+            units = tuple(k for k in st.gpu_units[g] if k != key)
+            if units:
+                st.set_gpu_units(g, units)
+            else:
+                st.drop_gpu(g)
 
     def _finding(self, action: str, st: GpuShareState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None
-        counted = sorted(g for g, tr in st.gpus.items() if tr.counted)
+        counted = sorted(st.counted())
         if counted or action != "resolve":
             st.listed = tuple(counted)
-        counted = counted or [g for g in st.listed if g in st.gpus]
-        total = max(len(st.gpus), res.gpus, 1)
+        counted = counted or [g for g in st.listed if g in st.gpu_ids]
+        total = max(len(st.gpu_ids), res.gpus, 1)
         pods = {g: self._status(st, g, st.covered_until).pods for g in counted}
         pod_list = [pod for ps in pods.values() for pod in ps]
         rate = (res.usd_per_hour or 0.0) * len(counted) / total
@@ -472,5 +686,20 @@ def _who(pod: Pod | None) -> tuple[str, str] | None:
     return (pod.namespace, pod.pod) if pod is not None else None
 
 
-def _restart(track: GpuTrack) -> None:
-    track.idle_since, track.pending_s, track.pending_from, track.counted = None, 0.0, None, False
+def _or(x: float, default: float) -> float:
+    """``x``, or ``default`` where unset or 0.0 (what ``idle_since or c`` said of the struct's field)."""
+    return x if _set(x) and x else default
+
+
+def _restart_run(st: GpuShareState, g: int) -> None:
+    """GPU ``g``'s idle run and the idle time pending before it counts start again."""
+    times = st.gpu_times
+    assert times is not None
+    at = _G * g
+    times[at + _IDLE_SINCE], times[at + _PENDING_S], times[at + _PENDING_FROM] = _UNSET, 0.0, _UNSET
+
+
+def _restart(st: GpuShareState, g: int) -> None:
+    """... and it leaves the episode's set."""
+    _restart_run(st, g)
+    st.gpu_counted[g] = 0  # type: ignore[index]

@@ -37,13 +37,14 @@ class HourlySavingState(Episode, kw_only=True):
     """Latest sample time per GPU index (:func:`detector.floats.per_gpu`), so a sample read again is not counted twice."""
     last_t: float = 0.0
     saving_usd_h: float = 0.0
-    advice: dict[str, Any] = {}
+    advice: dict[str, Any] | None = None
+    """The advice of the open episode (None: none, not an empty dict on every endpoint)."""
     idle_s: float = 0.0
     """Seconds of the episode in closed hours that served no request (scale-to-zero's, not counted)."""
 
     def clear(self) -> None:
         super().clear()
-        self.saving_usd_h, self.advice, self.idle_s = 0.0, {}, 0.0
+        self.saving_usd_h, self.advice, self.idle_s = 0.0, None, 0.0
 
 
 class HourlySaving(DetectorBase):
@@ -124,6 +125,6 @@ class HourlySaving(DetectorBase):
                  **extra: object) -> Finding:  # fmt: skip
         assert st.since is not None and st.fired_at is not None
         usd = usd_over(st.saving_usd_h, max(0.0, at - st.since - st.idle_s))
-        details = {**st.advice, "episode_s": round(at - st.since, 3), **extra}
+        details = {**(st.advice or {}), "episode_s": round(at - st.since, 3), **extra}
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at, usd=usd,
                             details=details, usd_per_hour=st.saving_usd_h)  # fmt: skip

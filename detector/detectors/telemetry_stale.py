@@ -54,9 +54,10 @@ class TelemetryStaleState(Episode, kw_only=True):
     last_sample: float | None = None
     blind_usd: float = 0.0
     last_usage: float = 0.0
-    counted: list[tuple[float, float]] = []
+    counted: tuple[tuple[float, float], ...] = ()
     """The latest intervals counted blind, (time, dollars): taken back if they turn out to come
-    after the sample that ended the spell (see :meth:`TelemetryStale.step`)."""
+    after the sample that ended the spell (see :meth:`TelemetryStale.step`). A tuple replaced on
+    change (none: the one empty tuple, not a list on every host); a list saved before reads back."""
     back_at: float | None = None
     """The time of the sample that ended a fired spell, while usage has not reached it yet."""
     back_latest: float | None = None
@@ -65,7 +66,7 @@ class TelemetryStaleState(Episode, kw_only=True):
     def clear(self) -> None:
         super().clear()
         self.blind_usd = 0.0
-        self.counted = []
+        self.counted = ()
         self.back_at = self.back_latest = None
 
 
@@ -109,7 +110,7 @@ class TelemetryStale(DetectorBase):
                     return self._telemetry_back(st, resource, st.back_at)
                 return []
             st.blind_usd -= sum(usd for at, usd in st.counted if at >= t)
-            st.counted = []
+            st.counted = ()
             if st.last_usage >= t:
                 return self._telemetry_back(st, resource, t)
             st.back_at = t
@@ -131,7 +132,7 @@ class TelemetryStale(DetectorBase):
         # Spend since the last sample (the engine's price of the interval, as stored), counted
         # once the gap is long enough.
         st.blind_usd += resource.interval_usd
-        st.counted = [*st.counted[-(_KEEP_COUNTED - 1):], (t, resource.interval_usd)]
+        st.counted = (*st.counted[-(_KEEP_COUNTED - 1):], (t, resource.interval_usd))
         if st.back_at is not None:
             return []  # blind, though it reached detection after the sample that ended the spell
         if t - st.last_sample < self.params.after:

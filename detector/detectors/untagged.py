@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding, shared
 from detector.detectors.episode import Episode, advance, end
 from detector.events import Event, UsageEvent
 from detector.units import Duration
@@ -45,14 +45,16 @@ class UntaggedParams(Params):
 class UntaggedState(Episode, kw_only=True):
     since: float | None = msgspec.field(default=None, name="missing_since")
     """When the resource first ran untagged (the grace starts there)."""
-    missing: list[str] = []
+    missing: tuple[str, ...] = ()
+    """The required tags missing: a tuple shared by the resources missing the same (a list was
+    saved before, and reads back as the tuple)."""
     spend_usd: float = 0.0
     last_t: float = 0.0
     """Time of the latest usage interval counted: a re-read interval is not counted twice."""
 
     def clear(self) -> None:
         super().clear()
-        self.missing = []
+        self.missing = ()
         self.spend_usd = 0.0
 
 
@@ -79,7 +81,7 @@ class Untagged(DetectorBase):
         if type(event) is not UsageEvent or t <= state.last_t:
             return []
         state.last_t = t
-        missing = [tag for tag in self.params.required_tags if not resource.tags.get(tag)]  # the bill's tags filled in
+        missing = tuple(tag for tag in self.params.required_tags if not resource.tags.get(tag))  # the bill's tags filled in
         if not missing or event.state == "terminated":
             reason = "tags_added" if not missing else "terminated"
             return end(state, lambda: self._finding("resolve", state, resource, t, reason=reason))
@@ -87,7 +89,7 @@ class Untagged(DetectorBase):
             if event.state != "running":
                 return []  # a stopped resource spends nothing: the grace starts when it runs
             state.since = t
-        state.missing = missing
+        state.missing = shared(missing)
         if event.state == "running":
             state.spend_usd += resource.interval_usd  # the engine's price of this interval, as stored
         p = self.params

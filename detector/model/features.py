@@ -34,7 +34,7 @@ from array import array
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, floats, grow, per_gpu
+from detector.floats import FloatArray, Series, append, as_floats, bytewise, floats, grow, per_gpu
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
            "feature_names", "follows", "metrics_of", "model_group"]
@@ -132,9 +132,10 @@ class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     start: float | None = None
     cost_usd: float = 0.0
     usage_s: float = 0.0
-    utils: FloatArray = msgspec.field(default_factory=floats)
-    """The window's GPU utilisation samples, unboxed (8 bytes each, not a float object's 32):
-    saved as a list (:mod:`detector.floats`)."""
+    utils: Series = msgspec.field(default_factory=bytewise)
+    """The window's GPU utilisation samples, unboxed: a byte each while they are whole percents (as
+    DCGM and NVML report them), 8 bytes once one is not (:func:`detector.floats.append`), never a
+    float object's 32; saved as a list (:mod:`detector.floats`)."""
     mem_frac_sum: float = 0.0
     power_sum: float = 0.0
     gpu_samples: int = 0
@@ -291,7 +292,7 @@ class WindowBuilder:
             else:
                 grow(last, gpu)
             last[gpu] = t
-            st.utils.append(event.util_pct)
+            st.utils = append(st.utils, event.util_pct)
             if event.mem_total_mib > 0:
                 st.mem_frac_sum += event.mem_used_mib / event.mem_total_mib
             st.power_sum += event.power_w
@@ -366,7 +367,7 @@ class WindowBuilder:
         return window
 
     def _base_values(self, st: WindowState) -> dict[str, float]:
-        utils = sorted(st.utils)
+        utils = sorted(as_floats(st.utils))
         n = st.gpu_samples
         util_mean = sum(utils) / n if n else 0.0
         power = st.power_sum / n if n else 0.0
@@ -408,7 +409,7 @@ class WindowBuilder:
 
     def _reset(self, st: WindowState) -> None:
         st.cost_usd = st.usage_s = st.mem_frac_sum = st.power_sum = 0.0
-        st.utils = floats()
+        st.utils = bytewise()
         st.gpu_samples = 0
         st.egress_bytes = st.requests = st.request_s = 0.0
         st.storage_first = st.storage_last = None
