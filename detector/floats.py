@@ -80,6 +80,19 @@ def grow(series: FloatArray, index: int) -> None:
     series.extend([0.0] * (index + 1 - len(series)))
 
 
+def newer(times: FloatArray, index: int, t: float) -> bool:
+    """Whether ``t`` is later than GPU ``index``'s latest sample time in the per-GPU series
+    ``times``; when it is, it becomes that time. A sample read again (after a restart, or sent
+    twice) is not newer, so it is not counted twice."""
+    if index < len(times):
+        if t <= times[index]:
+            return False
+    else:
+        grow(times, index)
+    times[index] = t
+    return True
+
+
 def enc_hook(obj: Any) -> Any:
     """Arrays of a rule's state are saved as lists."""
     if isinstance(obj, array):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 __all__ = ["InOrderAcks"]
 
@@ -25,23 +25,27 @@ class _Offset(Protocol):
 M = TypeVar("M", bound=_Offset)
 
 
-class _Partition:
+class _Partition(Generic[M]):
     """One partition's messages received and not yet acknowledged, in offset order, and the
     offsets among them that are done."""
 
     __slots__ = ("done", "pending")
 
     def __init__(self) -> None:
-        self.pending: deque = deque()
+        self.pending: deque[M] = deque()
         self.done: set[int] = set()
 
 
-class InOrderAcks:
+class InOrderAcks(Generic[M]):
+    """Messages received per partition, and which are done: :meth:`done` hands back those that
+    may be acknowledged now (each partition's done messages before its first not done)."""
+
     def __init__(self) -> None:
-        self._partitions: dict[tuple[str, int], _Partition] = {}
+        self._partitions: dict[tuple[str, int], _Partition[M]] = {}
 
     def received(self, tp: tuple[str, int], messages: Iterable[M]) -> None:
-        """Messages of partition ``tp`` read from Kafka, in offset order."""
+        """Messages read from Kafka, all of partition ``tp`` (the caller groups them: a fetch hands
+        each partition's messages over together), in offset order."""
         partition = self._partitions.get(tp)
         if partition is None:
             partition = self._partitions[tp] = _Partition()
@@ -50,7 +54,7 @@ class InOrderAcks:
     def done(self, messages: Iterable[M]) -> list[M]:
         """Mark ``messages`` done; return the messages that may now be acknowledged, in offset
         order per partition. Called once per batch: a partition's queue is walked once."""
-        touched: dict[tuple[str, int], _Partition] = {}
+        touched: dict[tuple[str, int], _Partition[M]] = {}
         partitions = self._partitions
         for message in messages:
             tp = (message.topic, message.partition)

@@ -228,7 +228,7 @@ class Pipeline:
         self.holding: dict[TP, str] = {}
         """Partitions holding the watermark back, and why (for /healthz and the metrics)."""
         self._holding_logged: dict[TP, float] = {}
-        self._acks = InOrderAcks()
+        self._acks: InOrderAcks[Message] = InOrderAcks()
         self._retry_max_s = retry_max_s
         self._stopping = threading.Event()
         self.stalled_since: float | None = None

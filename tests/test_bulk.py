@@ -257,7 +257,9 @@ def test_acknowledged_offsets_commit_up_to_the_first_gap_once_each():
     [
         (None, [0, 1, 2], [0, 1, 2], []),  # nothing read yet: all of it
         (4, [4, 5, 6], [4, 5, 6], []),  # consecutive from the read offset
-        (4, [7, 8], [7, 8], [(5, 8)]),  # the broker skipped 5-6 (markers, compaction): a gap
+        # The broker skipped 5-6 (markers, compaction): a gap, [5, 8) as Faust's _add_gap records it,
+        # its end taken in (7 is acknowledged in order before anything above it, so no commit passes it)
+        (4, [7, 8], [7, 8], [(5, 8)]),
         (4, [2, 3, 4, 5], [4, 5], []),  # fetched again after a seek: what was read is left out
         (4, [5, 7, 8], [5, 7, 8], [(6, 8)]),  # a hole inside the fetch
         (4, [2, 6], [6], [(5, 7)]),  # behind, then ahead

@@ -6,11 +6,12 @@ whenever an hour closes, and, while the judgement finds a saving per hour, holds
 dollars are that saving over the time it covers, less the whole hours that served no request:
 those are ``inference_scale_to_zero``'s (the full price of an hour nobody uses), so no hour is
 counted by two rules. A rule says what an hour holds (:meth:`HourlySaving.new_hour`), what goes
-into it, and what the window's saving is (:meth:`HourlySaving.advice`); the rest is here.
+into it, and what the window's saving is (:meth:`HourlySaving.saving`); the rest is here.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import msgspec
@@ -18,7 +19,7 @@ import msgspec
 from detector.detectors.base import DetectorBase, Finding, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.inference_scale_to_zero import no_requests
-from detector.floats import FloatArray, grow, per_gpu
+from detector.floats import FloatArray, newer, per_gpu
 from detector.pricing import usd_over
 
 __all__ = ["HOUR_S", "HourlySaving", "HourlySavingState"]
@@ -47,19 +48,20 @@ class HourlySavingState(Episode, kw_only=True):
         self.saving_usd_h, self.advice, self.idle_s = 0.0, None, 0.0
 
 
-class HourlySaving(DetectorBase):
+class HourlySaving(DetectorBase, ABC):
     """A rule judging an endpoint's window of hours for a saving per hour."""
 
     resolved_because: ClassVar[str]
     """The resolve reason when a judgement finds no saving any more."""
 
+    @abstractmethod
     def new_hour(self, start: float) -> Any:
         """The rule's figures of the hour from ``start``, empty."""
-        raise NotImplementedError
 
-    def advice(self, st: Any, res: ResourceInfo) -> dict[str, Any] | None:
-        """The window's saving (``saving_usd_per_hour`` and what the alert shows), or None: none."""
-        raise NotImplementedError
+    @abstractmethod
+    def saving(self, st: Any, res: ResourceInfo) -> dict[str, Any] | None:
+        """The window's saving (``saving_usd_per_hour`` and what the alert shows: the episode's
+        ``advice``), or None: none."""
 
     def judgeable(self, st: Any) -> bool:
         """Whether the window holds what a judgement needs (False: nothing changes, not even a resolve)."""
@@ -73,14 +75,7 @@ class HourlySaving(DetectorBase):
     def sample_hour(self, st: HourlySavingState, res: ResourceInfo, gpu: int, t: float) -> list[Finding] | None:
         """A GPU sample of GPU ``gpu`` at ``t``: None when it was read before; else the findings of
         the hour it closed, if any, and its figures go into ``st.hours[-1]``."""
-        last = st.gpu_last
-        if gpu < len(last):
-            if t <= last[gpu]:
-                return None
-        else:
-            grow(last, gpu)
-        last[gpu] = t
-        return self.roll(st, res, t)
+        return self.roll(st, res, t) if newer(st.gpu_last, gpu, t) else None
 
     def roll(self, st: HourlySavingState, res: ResourceInfo, t: float) -> list[Finding]:
         """Open the hour ``t`` falls in; when an hour closes, judge the window."""
@@ -108,7 +103,7 @@ class HourlySaving(DetectorBase):
         window = self.params.window
         if t - st.first_t < window or not res.billed or not self.judgeable(st):
             return []
-        advice = self.advice(st, res)
+        advice = self.saving(st, res)
         if advice is None:
             return end(st, lambda: self._finding("resolve", st, res, t, reason=self.resolved_because))
         st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]

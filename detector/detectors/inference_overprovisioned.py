@@ -122,7 +122,7 @@ class InferenceOverprovisioned(HourlySaving):
     def judgeable(self, st: InferenceOverprovisionedState) -> bool:
         return any(any(h.hist) for h in st.hours)  # no GPU sample in the window: nothing to judge
 
-    def advice(self, st: InferenceOverprovisionedState, res: ResourceInfo) -> dict[str, Any] | None:
+    def saving(self, st: InferenceOverprovisionedState, res: ResourceInfo) -> dict[str, Any] | None:
         """A smaller instance, when the window's p95 and request rate are under the bars."""
         hist = [sum(h.hist[i] for h in st.hours) for i in range(BINS)]
         p95 = _quantile_upper(hist, 0.95)

@@ -196,7 +196,7 @@ class InferenceUnbatched(HourlySaving):
     def new_hour(self, start: float) -> HourStats:
         return HourStats(start=start)
 
-    def advice(self, st: InferenceUnbatchedState, res: ResourceInfo) -> dict[str, Any] | None:
+    def saving(self, st: InferenceUnbatchedState, res: ResourceInfo) -> dict[str, Any] | None:
         """Fewer replicas, when the window is unbatched or uncached and that frees at least one."""
         p, hours = self.params, st.hours
         request_s = sum(h.request_s for h in hours)

@@ -34,7 +34,7 @@ from array import array
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, Series, append, as_floats, bytewise, floats, grow, per_gpu
+from detector.floats import FloatArray, Series, append, as_floats, bytewise, floats, newer, per_gpu
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
            "feature_names", "follows", "metrics_of", "model_group"]
@@ -285,13 +285,8 @@ class WindowBuilder:
             st.covered = True
             st.paused = st.paused or paused
         if type(event) is GpuMetric:
-            last, gpu = st.gpu_last, event.gpu_index
-            if gpu < len(last):
-                if t <= last[gpu]:
-                    return closed
-            else:
-                grow(last, gpu)
-            last[gpu] = t
+            if not newer(st.gpu_last, event.gpu_index, t):
+                return closed
             st.utils = append(st.utils, event.util_pct)
             if event.mem_total_mib > 0:
                 st.mem_frac_sum += event.mem_used_mib / event.mem_total_mib
