@@ -231,14 +231,20 @@ def test_state_is_bounded_per_host(ruleset):
     assert sorted(key for units in state.gpu_units for key in units) == sorted(state.unit_keys)
 
 
+def kubernetes_host_with_mig() -> list:
+    """Two hours and twenty minutes of a host whose GPUs pods hold (one split into MIG instances),
+    with a spell of the whole host idle between: the state the restart tests cut and restore."""
+    units = [gpu(0, 95.0, allocated=True, namespace="ml", pod="a", workload="Job/a", tags={"team": "nlp"})]
+    units += [gpu(1, mig_instance=str(i), allocated=True, namespace="ml", pod=f"nb-{i}", workload="StatefulSet/nb")
+              for i in range(2)] + [gpu(2, allocated=False), gpu(3)]  # fmt: skip
+    return host([(60, units), (40, [gpu(g) for g in range(4)]), (40, units)])
+
+
 @pytest.mark.parametrize("cut_min", [20, 45, 75], ids=["before-firing", "open", "in-whole-host-spell"])
 def test_a_restart_from_the_saved_state_changes_nothing(ruleset, cut_min):
     """The worker saves a key's state after a batch and restores it after a restart: the alerts are
     those of one uninterrupted run, wherever the cut falls (Kubernetes pods and MIG in the state)."""
-    units = [gpu(0, 95.0, allocated=True, namespace="ml", pod="a", workload="Job/a", tags={"team": "nlp"})]
-    units += [gpu(1, mig_instance=str(i), allocated=True, namespace="ml", pod=f"nb-{i}", workload="StatefulSet/nb")
-              for i in range(2)] + [gpu(2, allocated=False), gpu(3)]  # fmt: skip
-    events = host([(60, units), (40, [gpu(g) for g in range(4)]), (40, units)])
+    events = kubernetes_host_with_mig()
     _, whole = run(ruleset, events)
     cut = next(i for i, e in enumerate(events) if e.t >= T0 + cut_min * MIN)
     first, saved = run(load_rules(ROOT / "rules"), events[:cut])
@@ -283,10 +289,7 @@ def test_a_state_saved_before_the_columns_restores_as_it_was(ruleset, cut_min):
     """Units and GPUs are columns now (arrays indexed by place, not a dict of structs each): a state
     saved by the version before, with Kubernetes pods and MIG in it, restores to the same state and
     gives the alerts of one uninterrupted run."""
-    units = [gpu(0, 95.0, allocated=True, namespace="ml", pod="a", workload="Job/a", tags={"team": "nlp"})]
-    units += [gpu(1, mig_instance=str(i), allocated=True, namespace="ml", pod=f"nb-{i}", workload="StatefulSet/nb")
-              for i in range(2)] + [gpu(2, allocated=False), gpu(3)]  # fmt: skip
-    events = host([(60, units), (40, [gpu(g) for g in range(4)]), (40, units)])
+    events = kubernetes_host_with_mig()
     _, whole = run(ruleset, events)
     cut = next(i for i, e in enumerate(events) if e.t >= T0 + cut_min * MIN)
     first, saved = run(load_rules(ROOT / "rules"), events[:cut])
