@@ -233,15 +233,6 @@ class BulkConsumer(faust_aiokafka.Consumer):
         no commit could pass them."""
         acks = self.app.topics.acks_enabled_for(tp.topic)
         last = self._read_offset[tp]
-        if not fetched:
-            return fetched
-        first = fetched[0].offset
-        if (last is None or first >= last) and fetched[-1].offset - first == len(fetched) - 1:
-            # The usual fetch: consecutive offsets from the read offset on, at most one gap before them
-            if acks and last and first - last > 1:
-                await self._add_gap(tp, last + 1, first)
-            self._read_offset[tp] = fetched[-1].offset
-            return fetched
         fresh = []
         for record in fetched:
             offset = record.offset

@@ -247,7 +247,7 @@ def _models(parts: WorkerParts) -> None:
     async def load() -> None:
         _use_models(scoring, model_dir, *await asyncio.get_running_loop().run_in_executor(None, ModelSet.read, model_dir))
 
-    async def take_published() -> None:
+    async def take_if_published() -> None:
         """What a worker of the group published since: into the folder (the reload loads it). A
         publication is taken once: a refused artifact is named once, not every 30 s."""
         loop = asyncio.get_running_loop()
@@ -268,7 +268,7 @@ def _models(parts: WorkerParts) -> None:
         if retraining.locked():
             return
         async with retraining:
-            await take_published()
+            await take_if_published()
             in_use = scoring.scorer
             if not isinstance(in_use, ModelSet) or in_use.changed(model_dir):
                 await load()
