@@ -97,3 +97,47 @@ def test_hours_without_any_request_are_left_to_scale_to_zero(ruleset):
     last = findings(ruleset, day(33, rps=lambda h: 0.0 if h % 24 < 6 else 2.0))[-1]
     assert last.at == pytest.approx(fire.at + 8 * HOUR, abs=60)
     assert last.waste_usd == pytest.approx(0.686 * 20, rel=0.02)
+
+
+def test_a_window_saved_as_a_struct_per_hour_before_restores_to_the_same_alerts(ruleset):
+    """The hours are rows of flat arrays now (doubles, and the histogram's counts a byte each while
+    under 256), not a struct per hour: a snapshot saved by the version before, with its list of
+    hours, restores to the same window, so the alerts after the restart are a run's without one."""
+    import msgspec
+
+    from detector.detectors.inference_overprovisioned import InferenceOverprovisionedState
+    from detector.floats import dec_hook
+
+    events = day(30, util=lambda h: 10 + 5 * math.sin(h))
+    split = next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + 26.5 * HOUR)
+    whole = findings(ruleset, events)
+    first = Engine(ruleset)
+    before = [f for f in first.process(events[:split]) if f.type == "inference_overprovisioned"]
+    snap = msgspec.msgpack.decode(first.snapshot("ep-1"))
+    state = snap["rules"]["inference-overprovisioned"]
+    figures, hist = state.pop("figures"), state.pop("hist")
+    assert len(figures) == 24 * 4 and len(hist) == 24 * 20 and state.pop("hours") is None
+    state["hours"] = [[figures[i], hist[5 * i : 5 * i + 20], figures[i + 3], figures[i + 1], figures[i + 2]]
+                      for i in range(0, len(figures), 4)]  # (start, hist, mem_peak_mib, requests, request_s)  # fmt: skip
+    now = msgspec.msgpack.decode(first.snapshot("ep-1"))["rules"]["inference-overprovisioned"]
+    read = [msgspec.msgpack.decode(msgspec.msgpack.encode(s), type=InferenceOverprovisionedState, dec_hook=dec_hook)
+            for s in (state, now)]  # fmt: skip
+    assert read[0] == read[1] and read[0].hist.typecode == "B" and read[0].hours is None
+    restarted = Engine(ruleset, loader={"ep-1": msgspec.msgpack.encode(snap)}.get)
+    after = [f for f in restarted.process(events[split:]) if f.type == "inference_overprovisioned"]
+    assert before and after and before + after == whole
+
+
+def test_a_bin_past_255_samples_in_an_hour_widens_the_histogram():
+    """Counts are held a byte each until one outgrows it; then the histogram widens, nothing lost."""
+    from detector.detectors.inference_overprovisioned import InferenceOverprovisionedState
+
+    st = InferenceOverprovisionedState()
+    st.open_hour(T0)
+    st.open_hour(T0 + HOUR)
+    for _ in range(300):
+        st.count(3)
+    st.count(19)
+    assert st.hist.typecode == "H" and st.hist[20 + 3] == 300 and st.hist[39] == 1 and sum(st.hist) == 301
+    st.drop_hours(1)
+    assert list(st.hist) == [0, 0, 0, 300] + [0] * 15 + [1] and st.figures[0] == T0 + HOUR

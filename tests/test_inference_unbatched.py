@@ -176,3 +176,22 @@ def test_facts_of_stored_details_of_the_wrong_shape_never_raise(causes):
     facts = dict(InferenceUnbatched.facts({"causes": causes}))
     assert facts["Causes"] == "?"
     assert dict(InferenceUnbatched.facts({"causes": ["unbatched", "uncached"]}))["Causes"] == "unbatched, uncached"
+
+
+def test_hours_saved_as_a_struct_each_before_read_back_as_rows_of_figures():
+    """The hours are rows of one flat array of doubles now: a snapshot saved by the version before,
+    with a struct per hour (its sample counts as whole numbers), restores to the same figures, in
+    the order of the struct's fields, and a new snapshot round-trips."""
+    import msgspec
+
+    from detector.detectors.inference_unbatched import InferenceUnbatchedState
+    from detector.floats import dec_hook, enc_hook
+
+    hours = [[T0, 2400.0, 60.0, 2400.0, 2400.0, 0.0, 0.0, 0.0, 60.0, 20.0, 1, 1],
+             [T0 + HOUR, 0.0, 120.0, 0.0, 0.0, 10.0, 2.0, 1.0, 0.0, 0.0, 0, 0]]  # fmt: skip
+    old = msgspec.msgpack.encode({"hours": hours, "first_t": T0, "replicas": 4.0})
+    restored = msgspec.msgpack.decode(old, type=InferenceUnbatchedState, dec_hook=dec_hook)
+    assert restored.hours is None and restored.figures.tolist() == [float(x) for hour in hours for x in hour]
+    assert restored.column(2).tolist() == [60.0, 120.0] and restored.latest() == 12
+    again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
+    assert msgspec.msgpack.decode(again, type=InferenceUnbatchedState, dec_hook=dec_hook) == restored

@@ -5,13 +5,18 @@ Each keeps per-hour figures of an endpoint over a window (``params.window``), ju
 whenever an hour closes, and, while the judgement finds a saving per hour, holds an episode whose
 dollars are that saving over the time it covers, less the whole hours that served no request:
 those are ``inference_scale_to_zero``'s (the full price of an hour nobody uses), so no hour is
-counted by two rules. A rule says what an hour holds (:meth:`HourlySaving.new_hour`), what goes
-into it, and what the window's saving is (:meth:`HourlySaving.saving`); the rest is here.
+counted by two rules. A rule says what an hour holds (its state's
+:attr:`HourlySavingState.columns`), what goes into it, and what the window's saving is
+(:meth:`HourlySaving.saving`); the rest is here.
+
+The hours are rows of one flat array of doubles (:attr:`HourlySavingState.figures`), not a struct
+of boxed floats per hour: a day of ``inference_overprovisioned``'s hours is ~1.5 KB, not ~10 KB.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import msgspec
@@ -19,19 +24,27 @@ import msgspec
 from detector.detectors.base import DetectorBase, Finding, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.inference_scale_to_zero import no_requests
-from detector.floats import FloatArray, newer, per_gpu
+from detector.floats import FloatArray, floats, newer, per_gpu
 from detector.pricing import usd_over
 
-__all__ = ["HOUR_S", "HourlySaving", "HourlySavingState"]
+__all__ = ["HOUR_S", "REQUESTS", "REQUEST_S", "START", "HourlySaving", "HourlySavingState"]
 
 HOUR_S = 3600.0
+START, REQUESTS, REQUEST_S = 0, 1, 2
+"""The columns every hour has: its start, requests counted, and the seconds they cover."""
 
 
 class HourlySavingState(Episode, kw_only=True):
-    """An endpoint's window of hours (``hours``: each rule's own per-hour struct, with a
-    ``start``, ``requests`` and ``request_s``) and its episode's saving."""
+    """An endpoint's window of hours and its episode's saving."""
 
-    hours: list[Any] = []
+    columns: ClassVar[tuple[str, ...]] = ("start", "requests", "request_s")
+    """The figures of an hour, in their order in a row of :attr:`figures` (:data:`START`,
+    :data:`REQUESTS`, :data:`REQUEST_S`, then the rule's own); the names of the fields of the
+    struct per hour that snapshots saved before (:attr:`hours`)."""
+    figures: FloatArray = msgspec.field(default_factory=floats)
+    """The hours held, oldest first, as rows of :attr:`columns` flattened (a row per hour)."""
+    hours: list[Any] | None = None
+    """The hours as snapshots saved them before :attr:`figures` (a struct per hour): read into it, then None."""
     first_t: float | None = None
     usage_last: float = 0.0
     gpu_last: FloatArray = msgspec.field(default_factory=per_gpu)
@@ -43,9 +56,53 @@ class HourlySavingState(Episode, kw_only=True):
     idle_s: float = 0.0
     """Seconds of the episode in closed hours that served no request (scale-to-zero's, not counted)."""
 
+    def __post_init__(self) -> None:
+        if self.hours is None:
+            return
+        hours, self.hours = self.hours, None  # saved before: one struct per hour
+        for hour in hours:
+            self.figures.extend(float(getattr(hour, name)) for name in self.columns)
+            self.read_hour(hour)
+
+    def read_hour(self, hour: Any) -> None:
+        """What a struct per hour saved before holds besides :attr:`columns` (a rule's own)."""
+
     def clear(self) -> None:
         super().clear()
         self.saving_usd_h, self.advice, self.idle_s = 0.0, None, 0.0
+
+    # -- the hours ------------------------------------------------------------------
+
+    def width(self) -> int:
+        """Figures per hour (a row of :attr:`figures`)."""
+        return len(self.columns)
+
+    def column(self, c: int) -> FloatArray:
+        """Figure ``c`` of each hour held, oldest first."""
+        return self.figures[c :: len(self.columns)]
+
+    def rows(self) -> Iterator[int]:
+        """Where each hour's row starts in :attr:`figures`, oldest first."""
+        return iter(range(0, len(self.figures), len(self.columns)))
+
+    def latest(self) -> int:
+        """Where the latest hour's row starts in :attr:`figures` (there is one)."""
+        return len(self.figures) - len(self.columns)
+
+    def open_hour(self, start: float) -> None:
+        """A new latest hour from ``start``, its figures 0."""
+        width = len(self.columns)
+        self.figures.append(start)
+        self.figures.extend(_ZEROS[: width - 1])
+
+    def drop_hours(self, n: int) -> None:
+        """The ``n`` oldest hours leave the window."""
+        del self.figures[: n * len(self.columns)]
+
+
+_ZEROS = floats()
+_ZEROS.extend([0.0] * 32)
+"""An hour's figures before anything goes into them (a slice of it: no list made per hour)."""
 
 
 class HourlySaving(DetectorBase, ABC):
@@ -53,10 +110,6 @@ class HourlySaving(DetectorBase, ABC):
 
     resolved_because: ClassVar[str]
     """The resolve reason when a judgement finds no saving any more."""
-
-    @abstractmethod
-    def new_hour(self, start: float) -> Any:
-        """The rule's figures of the hour from ``start``, empty."""
 
     @abstractmethod
     def saving(self, st: Any, res: ResourceInfo) -> dict[str, Any] | None:
@@ -74,7 +127,7 @@ class HourlySaving(DetectorBase, ABC):
 
     def sample_hour(self, st: HourlySavingState, res: ResourceInfo, gpu: int, t: float) -> list[Finding] | None:
         """A GPU sample of GPU ``gpu`` at ``t``: None when it was read before; else the findings of
-        the hour it closed, if any, and its figures go into ``st.hours[-1]``."""
+        the hour it closed, if any, and its figures go into the latest hour (``st.latest()``)."""
         return self.roll(st, res, t) if newer(st.gpu_last, gpu, t) else None
 
     def roll(self, st: HourlySavingState, res: ResourceInfo, t: float) -> list[Finding]:
@@ -83,12 +136,16 @@ class HourlySaving(DetectorBase, ABC):
             st.first_t = t
         st.last_t = max(st.last_t, t)
         start = t - t % HOUR_S
-        if st.hours and st.hours[-1].start >= start:
+        figures = st.figures
+        if figures and figures[st.latest() + START] >= start:
             return []
-        found = self._judge(st, res, t) if st.hours else []
-        st.hours.append(self.new_hour(start))
-        while st.hours and st.hours[0].start <= start - self.params.window:
-            st.hours.pop(0)
+        found = self._judge(st, res, t) if figures else []
+        st.open_hour(start)
+        horizon, width, old = start - self.params.window, st.width(), 0
+        while old * width < len(figures) and figures[old * width + START] <= horizon:
+            old += 1
+        if old:
+            st.drop_hours(old)
         return found
 
     def stopped(self, st: HourlySavingState, res: ResourceInfo, t: float, state: str) -> list[Finding]:
@@ -109,9 +166,11 @@ class HourlySaving(DetectorBase, ABC):
         st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
         if st.fired_at is None:
             since = max(st.first_t, t - window)
-            st.idle_s = sum(HOUR_S for h in st.hours if h.start >= since and no_requests(h.requests, h.request_s))
+            f = st.figures
+            st.idle_s = sum(HOUR_S for i in st.rows() if f[i + START] >= since and no_requests(f[i + REQUESTS], f[i + REQUEST_S]))
             return [self._finding(fire(st, since=since, fired_at=t, at=t), st, res, t)]
-        if no_requests(st.hours[-1].requests, st.hours[-1].request_s):
+        f, i = st.figures, st.latest()
+        if no_requests(f[i + REQUESTS], f[i + REQUEST_S]):
             st.idle_s += HOUR_S
         st.last_report = t  # every judgement of an open episode reports it
         return [self._finding("update", st, res, t)]

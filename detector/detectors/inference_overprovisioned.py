@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import builtins
 import math
-from typing import Any, ClassVar
+from array import array
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Context, Finding, Params, ResourceInfo
-from detector.detectors.hourly_saving import HOUR_S, HourlySaving, HourlySavingState
+from detector.detectors.hourly_saving import HOUR_S, REQUEST_S, REQUESTS, HourlySaving, HourlySavingState
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.units import Duration, Money, Percent
 
@@ -42,6 +43,16 @@ __all__ = ["InferenceOverprovisioned", "InferenceOverprovisionedParams", "Infere
 
 BINS = 20
 """Utilisation histogram of 5 % bins: enough to place a p95 against a 30 % bar."""
+MEM_PEAK = 3
+"""An hour's column after the common ones (:mod:`detector.detectors.hourly_saving`): its peak GPU memory, MiB."""
+_WIDER = {"B": "H", "H": "I", "I": "Q"}
+"""The next wider type of unsigned counts: a bin's count that outgrows its type widens the histogram."""
+_EMPTY_ROW = (0,) * BINS
+
+if TYPE_CHECKING:
+    Counts = array[int]
+else:
+    Counts = array  # not subscriptable at run time before Python 3.12
 
 
 class InferenceOverprovisionedParams(Params):
@@ -53,6 +64,8 @@ class InferenceOverprovisionedParams(Params):
 
 
 class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
+    """An hour as snapshots saved it before the columns of :class:`InferenceOverprovisionedState`."""
+
     start: float
     hist: list[int]
     mem_peak_mib: float = 0.0
@@ -60,8 +73,47 @@ class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     request_s: float = 0.0
 
 
+def counts(values: Any = ()) -> Counts:
+    """Whole counts, unboxed in the narrowest unsigned type that holds them (a byte each while under
+    256): a struct field's ``default_factory``, and the histogram read back from a snapshot's list."""
+    for code in "BHIQ":
+        try:
+            return array(code, values)
+        except OverflowError:
+            continue
+    raise ValueError("a count beyond 2^64")
+
+
 class InferenceOverprovisionedState(HourlySavingState, kw_only=True):
-    hours: list[HourStats] = []
+    columns: ClassVar[tuple[str, ...]] = (*HourlySavingState.columns, "mem_peak_mib")
+    hist: Counts = msgspec.field(default_factory=counts)
+    """Per hour (a row of :data:`BINS` in the order of ``figures``' rows), its GPU samples by utilisation bin."""
+    hours: list[HourStats] | None = None
+
+    def __post_init__(self) -> None:
+        if self.hist.typecode == "d":  # saved as a list of counts, read back as doubles
+            self.hist = counts(map(int, self.hist))
+        super().__post_init__()
+
+    def read_hour(self, hour: HourStats) -> None:
+        self.hist = counts([*self.hist, *hour.hist[:BINS], *_EMPTY_ROW[len(hour.hist) :]])
+
+    def open_hour(self, start: float) -> None:
+        super().open_hour(start)
+        self.hist.extend(_EMPTY_ROW)
+
+    def drop_hours(self, n: int) -> None:
+        super().drop_hours(n)
+        del self.hist[: n * BINS]
+
+    def count(self, b: int) -> None:
+        """One more GPU sample in the latest hour's bin ``b``."""
+        i = len(self.hist) - BINS + b
+        try:
+            self.hist[i] += 1
+        except OverflowError:
+            self.hist = array(_WIDER[self.hist.typecode], self.hist)
+            self.hist[i] += 1
 
 
 class InferenceOverprovisioned(HourlySaving):
@@ -97,9 +149,9 @@ class InferenceOverprovisioned(HourlySaving):
             found = self.sample_hour(st, resource, event.gpu_index, t)
             if found is None:
                 return []  # a sample read again
-            hour = st.hours[-1]
-            hour.hist[min(BINS - 1, int(event.util_pct * BINS / 100.0))] += 1
-            hour.mem_peak_mib = max(hour.mem_peak_mib, event.mem_used_mib)
+            st.count(min(BINS - 1, int(event.util_pct * BINS / 100.0)))
+            f, i = st.figures, st.latest() + MEM_PEAK
+            f[i] = max(f[i], event.mem_used_mib)
             return found
         if type(event) is UsageEvent:
             if t <= st.usage_last:
@@ -109,29 +161,27 @@ class InferenceOverprovisioned(HourlySaving):
                 return self.stopped(st, resource, t, event.state)
             found = self.roll(st, resource, t)
             if event.requests is not None:
-                st.hours[-1].requests += event.requests
-                st.hours[-1].request_s += event.interval_s
+                f, i = st.figures, st.latest()
+                f[i + REQUESTS] += event.requests
+                f[i + REQUEST_S] += event.interval_s
             return found
         return []
 
     # -- hours and judgement --------------------------------------------------------
 
-    def new_hour(self, start: float) -> HourStats:
-        return HourStats(start=start, hist=[0] * BINS)
-
     def judgeable(self, st: InferenceOverprovisionedState) -> bool:
-        return any(any(h.hist) for h in st.hours)  # no GPU sample in the window: nothing to judge
+        return any(st.hist)  # no GPU sample in the window: nothing to judge
 
     def saving(self, st: InferenceOverprovisionedState, res: ResourceInfo) -> dict[str, Any] | None:
         """A smaller instance, when the window's p95 and request rate are under the bars."""
-        hist = [sum(h.hist[i] for h in st.hours) for i in range(BINS)]
+        hist = [sum(st.hist[i::BINS]) for i in range(BINS)]
         p95 = _quantile_upper(hist, 0.95)
-        request_s = sum(h.request_s for h in st.hours)
-        rate = sum(h.requests for h in st.hours) / request_s if request_s else None
+        request_s = sum(st.column(REQUEST_S))
+        rate = sum(st.column(REQUESTS)) / request_s if request_s else None
         quiet = p95 <= self.params.util_p95_below and (
             self.params.max_requests_per_s is None or rate is None or rate < self.params.max_requests_per_s
         )
-        advice = self._cheaper(res, max(h.mem_peak_mib for h in st.hours), p95) if quiet else None
+        advice = self._cheaper(res, max(st.column(MEM_PEAK)), p95) if quiet else None
         if advice is not None:
             advice.update(util_p95_pct=p95, util_p95_below_pct=self.params.util_p95_below,
                           requests_per_s=round(rate, 3) if rate is not None else None)  # fmt: skip

@@ -67,7 +67,7 @@ import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Context, Finding, Params, ResourceInfo
-from detector.detectors.hourly_saving import HOUR_S, HourlySaving, HourlySavingState
+from detector.detectors.hourly_saving import HOUR_S, REQUEST_S, REQUESTS, HourlySaving, HourlySavingState
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.units import Duration, Money, Percent, figure
 
@@ -89,6 +89,9 @@ class InferenceUnbatchedParams(Params):
 
 
 class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
+    """An hour as snapshots saved it before the columns of :class:`InferenceUnbatchedState` (each
+    field is a column of the same name)."""
+
     start: float
     requests: float = 0.0
     request_s: float = 0.0
@@ -108,8 +111,16 @@ class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     """Samples that carried SM (or graphics engine) activity, whose sum is ``sm_sum``."""
 
 
+BATCH_REQUESTS, BATCHES, DUP_REQUESTS, DUPS, CACHED, UTIL_SUM, SM_SUM, SAMPLES, SM_SAMPLES = range(3, 12)
+"""An hour's columns after the common ones (:mod:`detector.detectors.hourly_saving`): the fields
+of :class:`HourStats` of the same names (the sample counts as doubles: exact up to 2^53)."""
+
+
 class InferenceUnbatchedState(HourlySavingState, kw_only=True):
-    hours: list[HourStats] = []
+    columns: ClassVar[tuple[str, ...]] = (
+        *HourlySavingState.columns, "batch_requests", "batches", "dup_requests", "dups", "cached", "util_sum",
+        "sm_sum", "samples", "sm_samples")  # fmt: skip
+    hours: list[HourStats] | None = None
     replicas: float = 0.0
     """The latest reported replicas (0: not reported)."""
 
@@ -153,13 +164,13 @@ class InferenceUnbatched(HourlySaving):
             found = self.sample_hour(st, res, event.gpu_index, t)
             if found is None:
                 return []  # a sample read again
-            hour = st.hours[-1]
+            f, i = st.figures, st.latest()
             sm = event.sm_active if event.sm_active is not None else event.gr_engine_active
-            hour.util_sum += event.util_pct
-            hour.samples += 1
+            f[i + UTIL_SUM] += event.util_pct
+            f[i + SAMPLES] += 1.0
             if sm is not None:
-                hour.sm_sum += 100.0 * sm
-                hour.sm_samples += 1
+                f[i + SM_SUM] += 100.0 * sm
+                f[i + SM_SAMPLES] += 1.0
             return found
         if type(event) is not UsageEvent or t <= st.usage_last:
             return []
@@ -173,50 +184,47 @@ class InferenceUnbatched(HourlySaving):
             st.replicas = float(int(replicas))
         if event.requests is None:
             return found
-        hour, n = st.hours[-1], float(event.requests)
-        hour.requests += n
-        hour.request_s += event.interval_s
+        f, i, n = st.figures, st.latest(), float(event.requests)
+        f[i + REQUESTS] += n
+        f[i + REQUEST_S] += event.interval_s
         batches, size = metrics.get("batches"), metrics.get("batch_size")
         if batches is not None and 0 < batches <= n:
-            hour.batch_requests += n
-            hour.batches += batches
+            f[i + BATCH_REQUESTS] += n
+            f[i + BATCHES] += batches
         elif size is not None and 1 <= size <= MAX_REPLICAS * 1000 and n:
-            hour.batch_requests += n
-            hour.batches += n / size
+            f[i + BATCH_REQUESTS] += n
+            f[i + BATCHES] += n / size
         dup, cache = metrics.get("duplicate_share"), metrics.get("cache_hit_ratio")
         if dup is not None and 0 <= dup <= 1:
-            hour.dup_requests += n
-            hour.dups += n * dup
+            f[i + DUP_REQUESTS] += n
+            f[i + DUPS] += n * dup
             if cache is not None and 0 <= cache <= 1:
-                hour.cached += n * min(cache, dup)
+                f[i + CACHED] += n * min(cache, dup)
         return found
 
     # -- hours and judgement --------------------------------------------------------
 
-    def new_hour(self, start: float) -> HourStats:
-        return HourStats(start=start)
-
     def saving(self, st: InferenceUnbatchedState, res: ResourceInfo) -> dict[str, Any] | None:
         """Fewer replicas, when the window is unbatched or uncached and that frees at least one."""
-        p, hours = self.params, st.hours
-        request_s = sum(h.request_s for h in hours)
+        p, total = self.params, lambda c: sum(st.column(c))
+        request_s = total(REQUEST_S)
         if not request_s or res.usd_per_hour is None or res.gpus <= 0:
             return None
-        requests = sum(h.requests for h in hours)
+        requests = total(REQUESTS)
         rate = requests / request_s
-        samples = sum(h.samples for h in hours)
-        util = sum(h.util_sum for h in hours) / samples if samples else None
-        sm_samples = sum(h.sm_samples for h in hours)
-        sm = sum(h.sm_sum for h in hours) / sm_samples if sm_samples else None
+        samples = total(SAMPLES)
+        util = total(UTIL_SUM) / samples if samples else None
+        sm_samples = total(SM_SAMPLES)
+        sm = total(SM_SUM) / sm_samples if sm_samples else None
         sm_bound = sm if sm is not None else util  # SMs are never more active than kernels run
-        batch_requests, batches = sum(h.batch_requests for h in hours), sum(h.batches for h in hours)
+        batch_requests, batches = total(BATCH_REQUESTS), total(BATCHES)
         batch = batch_requests / batches if batches else None
         unbatched = (batch is not None and util is not None and sm_bound is not None and batch <= p.max_batch_size
                      and rate >= p.min_requests_per_s and sm_bound < p.sm_active_below
                      and util >= p.min_gpu_busy)  # fmt: skip
-        dup_requests = sum(h.dup_requests for h in hours)
-        dup = sum(h.dups for h in hours) / dup_requests if dup_requests else None
-        cached = sum(h.cached for h in hours) / dup_requests if dup_requests else 0.0
+        dup_requests = total(DUP_REQUESTS)
+        dup = total(DUPS) / dup_requests if dup_requests else None
+        cached = total(CACHED) / dup_requests if dup_requests else 0.0
         repeat = dup - cached if dup is not None else 0.0
         uncached = dup is not None and repeat * 100.0 >= p.min_duplicate_share
         if not unbatched and not uncached:
