@@ -184,7 +184,8 @@ def test_a_series_saved_as_pairs_before_is_read_back_flat():
     again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
     assert msgspec.msgpack.decode(again, type=GrowthState, dec_hook=dec_hook) == restored
     old = msgspec.msgpack.encode({"history": [[300.0, 5.0]], "dest_region": "eu-west-1"})
-    assert msgspec.msgpack.decode(old, type=DestinationState, dec_hook=dec_hook).history == array("d", [300.0, 5.0])
+    dest = msgspec.msgpack.decode(old, type=DestinationState, dec_hook=dec_hook)  # pairs: rates and runs of starts now
+    assert dest.rates == array("d", [5.0]) and dest.spans == array("d", [300.0, 1.0]) and dest.history is None
 
 
 def test_a_per_gpu_map_saved_before_is_read_back_as_an_array_by_gpu():

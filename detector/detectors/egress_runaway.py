@@ -43,7 +43,8 @@ from detector.units import Duration, Money
 __all__ = ["EgressRunaway", "EgressRunawayParams", "EgressRunawayState"]
 
 BUCKET_S = 300.0
-"""Baseline resolution: the median is taken over 5-minute rates."""
+"""Baseline resolution: the median is taken over 5-minute rates. A bucket's start is a whole multiple
+of it (an event time is a datetime's, well under 2^53 s), so ``start + k * BUCKET_S`` is exact."""
 GB = 1e9
 
 
@@ -70,11 +71,18 @@ class DestinationState(Episode, kw_only=True):
     bucket: float = 0.0
     bucket_bytes: float = 0.0
     bucket_s: float = 0.0
-    history: FloatArray = msgspec.field(default_factory=floats)
-    """(bucket start, bytes/s) of closed 5-minute buckets inside the baseline window, as pairs
-    flattened (``t0, r0, t1, r1...``: :mod:`detector.floats`; a day of them is 4.6 KB, not 32)."""
+    rates: FloatArray = msgspec.field(default_factory=floats)
+    """Bytes/s of each closed 5-minute bucket inside the baseline window, oldest first (a day of
+    them is 2.3 KB: the exact median needs every one)."""
+    spans: FloatArray = msgspec.field(default_factory=floats)
+    """The buckets' starts, as (first start, buckets) of each run of consecutive buckets, flattened:
+    a run is broken only by a bucket without egress or inside a runaway, so a day's starts take a
+    few pairs, not 288 doubles."""
+    history: FloatArray | None = None
+    """(bucket start, bytes/s) pairs as snapshots saved them before ``rates`` and ``spans``: read
+    into them, then None."""
     baseline: float | None = None
-    """Median of ``history``, bytes/s."""
+    """Median of ``rates``, bytes/s."""
     above_since: float | None = None
     pending_bytes: float = 0.0
     """Excess bytes since the first interval over the multiple, before the episode fired."""
@@ -82,10 +90,39 @@ class DestinationState(Episode, kw_only=True):
     rate: float = 0.0
     """The short-window rate at the latest interval, bytes/s."""
 
+    def __post_init__(self) -> None:
+        if self.history is None:
+            return
+        history, self.history = self.history, None  # saved before: (start, rate) pairs
+        for i in range(0, len(history) - 1, 2):
+            self.keep(history[i], history[i + 1])
+
     def clear(self) -> None:
         super().clear()
         self.above_since = None
         self.excess_bytes = self.pending_bytes = 0.0
+
+    def keep(self, bucket: float, rate: float) -> None:
+        """A closed bucket from ``bucket`` at ``rate`` bytes/s joins the baseline's buckets, newest."""
+        spans = self.spans
+        if spans and spans[-2] + spans[-1] * BUCKET_S == bucket:
+            spans[-1] += 1.0
+        else:
+            spans.extend((bucket, 1.0))
+        self.rates.append(rate)
+
+    def forget_before(self, horizon: float) -> None:
+        """The buckets that start before ``horizon`` leave the baseline."""
+        spans, old = self.spans, 0
+        while spans and spans[0] < horizon:
+            old += 1
+            if spans[1] > 1.0:
+                spans[0] += BUCKET_S
+                spans[1] -= 1.0
+            else:
+                del spans[:2]
+        if old:
+            del self.rates[:old]
 
 
 _NONE: dict[str, DestinationState] = {}
@@ -204,15 +241,10 @@ class EgressRunaway(DetectorBase):
         bucket = t - t % BUCKET_S
         if bucket != st.bucket:
             if st.bucket_s > 0 and st.fired_at is None and st.above_since is None:
-                st.history.extend((st.bucket, st.bucket_bytes / st.bucket_s))
-            horizon = t - self.params.baseline
-            history, old = st.history, 0
-            while old < len(history) and history[old] < horizon:
-                old += 2
-            if old:
-                del history[:old]
-            if history:
-                st.baseline = statistics.median(history[1::2])
+                st.keep(st.bucket, st.bucket_bytes / st.bucket_s)
+            st.forget_before(t - self.params.baseline)
+            if st.rates:
+                st.baseline = statistics.median(st.rates)
             st.bucket, st.bucket_bytes, st.bucket_s = bucket, 0.0, 0.0
         st.bucket_bytes += size
         st.bucket_s += interval
