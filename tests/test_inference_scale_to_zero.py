@@ -225,3 +225,24 @@ def test_real_production_request_traces_never_idle_give_no_schedule(ruleset, tra
     st = lenient.new_state()
     fired = [f for ev in quiet for f in lenient.step(st, ctx, ev, ev.t) if f.action == "fire"]
     assert len(fired) == 1 and "22:00-06:00" in fired[0].details["schedule_text"]
+
+
+def test_a_state_saved_before_with_every_slot_and_an_empty_schedule_reads_back_the_same():
+    """The week's slots and the schedule are None until an hour closes or a schedule is judged (not
+    168 bytes and a list on every endpoint): what the version before saved, with both always
+    there, restores to what it said, and a fresh state round-trips as nothing yet."""
+    import msgspec
+
+    from detector.detectors.inference_scale_to_zero import BUSY, InferenceScaleToZeroState
+    from detector.floats import dec_hook, enc_hook
+
+    slots = bytearray(168)
+    slots[20:31] = bytes([BUSY + 2] * 11)
+    old = msgspec.msgpack.encode({"slots": bytes(slots), "runs": [[20, 11]], "idle_hours": 11, "first_t": T0})
+    restored = msgspec.msgpack.decode(old, type=InferenceScaleToZeroState, dec_hook=dec_hook)
+    assert restored.slots == slots and restored.runs == [(20, 11)] and restored.idle_hours == 11
+    fresh = InferenceScaleToZeroState()
+    assert fresh.slots is None and fresh.runs is None
+    for state in (restored, fresh):
+        again = msgspec.msgpack.encode(state, enc_hook=enc_hook)
+        assert msgspec.msgpack.decode(again, type=InferenceScaleToZeroState, dec_hook=dec_hook) == state

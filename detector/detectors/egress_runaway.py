@@ -71,10 +71,10 @@ class DestinationState(Episode, kw_only=True):
     bucket: float = 0.0
     bucket_bytes: float = 0.0
     bucket_s: float = 0.0
-    rates: FloatArray = msgspec.field(default_factory=floats)
+    rates: FloatArray | None = None
     """Bytes/s of each closed 5-minute bucket inside the baseline window, oldest first (a day of
-    them is 2.3 KB: the exact median needs every one)."""
-    spans: FloatArray = msgspec.field(default_factory=floats)
+    them is 2.3 KB: the exact median needs every one); None before the first."""
+    spans: FloatArray | None = None
     """The buckets' starts, as (first start, buckets) of each run of consecutive buckets, flattened:
     a run is broken only by a bucket without egress or inside a runaway, so a day's starts take a
     few pairs, not 288 doubles."""
@@ -104,16 +104,20 @@ class DestinationState(Episode, kw_only=True):
 
     def keep(self, bucket: float, rate: float) -> None:
         """A closed bucket from ``bucket`` at ``rate`` bytes/s joins the baseline's buckets, newest."""
-        spans = self.spans
+        spans, rates = self.spans, self.rates
+        if spans is None or rates is None:
+            spans, rates = self.spans, self.rates = floats(), floats()
         if spans and spans[-2] + spans[-1] * BUCKET_S == bucket:
             spans[-1] += 1.0
         else:
             spans.extend((bucket, 1.0))
-        self.rates.append(rate)
+        rates.append(rate)
 
     def forget_before(self, horizon: float) -> None:
         """The buckets that start before ``horizon`` leave the baseline."""
         spans, old = self.spans, 0
+        if spans is None or self.rates is None:
+            return
         while spans and spans[0] < horizon:
             old += 1
             if spans[1] > 1.0:

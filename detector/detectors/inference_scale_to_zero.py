@@ -47,7 +47,6 @@ from datetime import datetime
 from typing import Any, ClassVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import msgspec
 from pydantic import Field, field_validator
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
@@ -74,6 +73,7 @@ UNSEEN, BUSY = 0, 1
 """A slot's byte: never seen, last seen busy; ``BUSY + k``: idle in the last ``k`` weeks in a row."""
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]{1,32}(/[A-Za-z0-9_+\-]{1,32}){0,2}")
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_UNSEEN_WEEK = bytes(WEEK_H)
 
 
 class InferenceScaleToZeroParams(Params):
@@ -105,7 +105,9 @@ class InferenceScaleToZeroState(Episode, kw_only=True):
     """A running interval of the open hour reported no request count: it cannot be called idle."""
     hour_usd: float = 0.0
     usage_last: float = 0.0
-    slots: bytearray = msgspec.field(default_factory=lambda: bytearray(WEEK_H))
+    slots: bytearray | None = None
+    """A byte per hour of the week (:data:`UNSEEN`, :data:`BUSY`, ``BUSY + k``); None while every
+    one is unseen (no hour closed yet)."""
     run_h: int = 0
     """Idle hours in a row up to the latest closed hour..."""
     run_usd: float = 0.0
@@ -114,13 +116,13 @@ class InferenceScaleToZeroState(Episode, kw_only=True):
     """Billed dollars of closed idle runs of at least ``min_idle_run`` since ``first_t``."""
     usd_h: float = 0.0
     idle_hours: int = 0
-    runs: list[tuple[int, int]] = []
-    """The schedule at the latest judgement: (first slot, hours) of each idle run of the week."""
+    runs: list[tuple[int, int]] | None = None
+    """The schedule at the latest judgement: (first slot, hours) of each idle run of the week (None: none)."""
     last_t: float = 0.0
 
     def clear(self) -> None:
         super().clear()
-        self.idle_hours, self.runs = 0, []
+        self.idle_hours, self.runs = 0, None
 
 
 class InferenceScaleToZero(DetectorBase):
@@ -212,13 +214,15 @@ class InferenceScaleToZero(DetectorBase):
         return self._judge(st, res, nxt)
 
     def _mark(self, st: InferenceScaleToZeroState, hour: float, idle: bool, usd: float) -> None:
-        slot = self._slot(hour)
+        slot, slots = self._slot(hour), st.slots
+        if slots is None:
+            slots = st.slots = bytearray(WEEK_H)
         if idle:
-            st.slots[slot] = min(255, max(BUSY, st.slots[slot]) + 1)
+            slots[slot] = min(255, max(BUSY, slots[slot]) + 1)
             st.run_h += 1
             st.run_usd += usd
             return
-        st.slots[slot] = BUSY
+        slots[slot] = BUSY
         if st.run_h >= self._min_run_h:
             st.idle_usd += st.run_usd
         st.run_h, st.run_usd = 0, 0.0
@@ -238,7 +242,7 @@ class InferenceScaleToZero(DetectorBase):
 
     def _schedule(self, st: InferenceScaleToZeroState) -> list[tuple[int, int]]:
         """Runs of scheduled idle slots around the week (a run may wrap from Sunday into Monday)."""
-        idle = [s >= BUSY + self._weeks for s in st.slots]
+        idle = [s >= BUSY + self._weeks for s in st.slots or _UNSEEN_WEEK]
         if all(idle):
             return [(0, WEEK_H)]
         first_busy = idle.index(False)
@@ -283,8 +287,8 @@ class InferenceScaleToZero(DetectorBase):
             "idle_hours_per_week": st.idle_hours,
             "usd_per_idle_hour": round(st.usd_h, 4),
             "saving_usd_per_week": round(week, 2),
-            "schedule": [[s, n] for s, n in st.runs],
-            "schedule_text": schedule_text(st.runs),
+            "schedule": [[s, n] for s, n in st.runs or ()],
+            "schedule_text": schedule_text(st.runs or []),
             "timezone": self.params.timezone,
             "episode_s": round(at - st.since, 3),
             **extra,
