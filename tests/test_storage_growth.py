@@ -62,3 +62,22 @@ def test_resolves_when_deletions_start(ruleset):
     events = series(lambda d: 40 * TB + 1 * TB * d if d < 2 else 42 * TB - 5 * TB * (d - 2), 2.5)
     found = [f for f in findings(ruleset, events) if f.action != "update"]
     assert [(f.action, f.details.get("reason")) for f in found] == [("fire", None), ("resolve", "deletions_seen")]
+
+
+def test_the_billed_price_saved_in_notified_before_reads_back_into_its_field():
+    """The price per GB-month the bucket was billed at is a field now, and ``notified`` is None
+    while empty (not a dict on every bucket): a state saved by the version before, with the price
+    in ``notified`` or an empty one, restores to the same price, and round-trips."""
+    import msgspec
+
+    from detector.detectors.growth import GrowthState
+    from detector.detectors.storage_growth import StorageGrowthState
+    from detector.floats import dec_hook, enc_hook
+
+    old = msgspec.msgpack.encode({"points": [1.0, 10.0], "notified": {"usd_per_gb_month": 0.0125}, "last_t": 1.0})
+    restored = msgspec.msgpack.decode(old, type=StorageGrowthState, dec_hook=dec_hook)
+    assert restored.usd_per_gb_month == 0.0125 and restored.notified is None and list(restored.points) == [1.0, 10.0]
+    again = msgspec.msgpack.encode(restored, enc_hook=enc_hook)
+    assert msgspec.msgpack.decode(again, type=StorageGrowthState, dec_hook=dec_hook) == restored
+    empty = msgspec.msgpack.decode(msgspec.msgpack.encode({"notified": {}}), type=GrowthState, dec_hook=dec_hook)
+    assert empty.notified is None and GrowthState().notified is None

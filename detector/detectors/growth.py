@@ -39,8 +39,13 @@ class GrowthState(Episode, kw_only=True):
     last_t: float = 0.0
     evaluated_at: float = 0.0
     capacity: float | None = None
-    notified: dict[str, Any] = {}
-    """The trend as last alerted, to tell a changed trend from noise."""
+    notified: dict[str, Any] | None = None
+    """The trend as last alerted, to tell a changed trend from noise (None: none, not an empty
+    dict on every resource; an empty one saved before reads back as None)."""
+
+    def __post_init__(self) -> None:
+        if not self.notified:
+            self.notified = None
 
 
 class Trend(msgspec.Struct, kw_only=True, frozen=True):

@@ -36,7 +36,7 @@ from detector.events import DAY_S, Event, UsageEvent
 from detector.pricing import HOURS_PER_MONTH
 from detector.units import Duration, Money, Percent
 
-__all__ = ["StorageGrowth", "StorageGrowthParams"]
+__all__ = ["StorageGrowth", "StorageGrowthParams", "StorageGrowthState"]
 
 GB = 1e9
 
@@ -48,10 +48,22 @@ class StorageGrowthParams(GrowthParams):
     max_drop: Percent = 1.0
 
 
+class StorageGrowthState(GrowthState, kw_only=True):
+    usd_per_gb_month: float | None = None
+    """The price per GB-month the bucket's usage was last billed at (None: none known: the
+    pricing file's); snapshots saved before kept it in ``notified``, read into it."""
+
+    def __post_init__(self) -> None:
+        if self.notified and "usd_per_gb_month" in self.notified:
+            self.usd_per_gb_month = float(self.notified.pop("usd_per_gb_month"))
+        super().__post_init__()
+
+
 class StorageGrowth(GrowthBase):
     type: ClassVar[str] = "storage_growth"
     title: ClassVar[str] = "Storage growing without bound"
     Params: ClassVar[builtins.type[StorageGrowthParams]] = StorageGrowthParams
+    State = StorageGrowthState
     consumes: ClassVar[tuple[builtins.type, ...]] = (UsageEvent,)
     suggestion: ClassVar[str] = (
         "Add a lifecycle rule (expire old checkpoints, keep the last N; move cold datasets to an "
@@ -68,14 +80,14 @@ class StorageGrowth(GrowthBase):
                              f"in 30 days, ${details.get('monthly_usd_in_90d', 0):,.0f} in 90"),
         ]  # fmt: skip
 
-    def step(self, state: GrowthState, ctx: Context, event: Event, t: float) -> list[Finding]:
+    def step(self, state: StorageGrowthState, ctx: Context, event: Event, t: float) -> list[Finding]:
         resource = ctx.resource
         if type(event) is not UsageEvent or event.storage_bytes is None:
             return []
         st = state
         billed = self.pricer.storage_usd_per_gb_month(event)
         if billed is not None:
-            st.notified["usd_per_gb_month"] = billed
+            st.usd_per_gb_month = billed
         trend = self.observe(st, t, float(event.storage_bytes))
         if trend is None:
             return []
@@ -91,19 +103,20 @@ class StorageGrowth(GrowthBase):
         st.last_report = t  # every evaluation of an open episode reports its trend
         return [self._finding("update", st, resource, t, trend)]
 
-    def open_episode(self, state: GrowthState, resource: ResourceInfo) -> Finding | None:
+    def open_episode(self, state: StorageGrowthState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:
             return None
         return self._finding("update", state, resource, state.last_t, self.current(state))
 
-    def _price(self, st: GrowthState) -> float:
-        return float(st.notified.get("usd_per_gb_month", self.pricing.storage_usd_per_gb_month))
+    def _price(self, st: StorageGrowthState) -> float:
+        price = st.usd_per_gb_month
+        return float(price if price is not None else self.pricing.storage_usd_per_gb_month)
 
-    def _monthly_growth_usd(self, st: GrowthState, trend: Trend) -> float:
+    def _monthly_growth_usd(self, st: StorageGrowthState, trend: Trend) -> float:
         """How much the monthly bill grows each month on this trend."""
         return trend.per_day * 30 / GB * self._price(st)
 
-    def _finding(self, action: str, st: GrowthState, res: ResourceInfo, at: float, trend: Trend,
+    def _finding(self, action: str, st: StorageGrowthState, res: ResourceInfo, at: float, trend: Trend,
                  **extra: object) -> Finding:  # fmt: skip
         assert st.since is not None and st.fired_at is not None
         price = self._price(st)

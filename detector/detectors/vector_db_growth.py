@@ -101,7 +101,7 @@ class VectorDbGrowth(GrowthBase):
         eased = (days is None or days > 1.5 * horizon_days) and trend.pct_per_day < 0.75 * self.params.max_growth_per_day
         if eased:
             return end(st, lambda: self._finding("resolve", st, resource, t, trend, reason="trend_eased"))
-        if t - st.fired_at >= self.params.window and self._sooner(st.notified.get("days"), days):
+        if t - st.fired_at >= self.params.window and self._sooner((st.notified or {}).get("days"), days):
             resolved = end(st, lambda: self._finding("resolve", st, resource, t, trend, reason="trend_changed"))
             return [*resolved, self._fire(st, resource, t, trend, days)]  # a new episode, its own alert
         st.last_report = t  # every evaluation of an open episode reports its trend
