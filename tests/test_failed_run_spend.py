@@ -129,3 +129,23 @@ def test_a_run_whose_hosts_another_worker_holds_is_priced_from_the_store(store, 
     nowhere.directory = store.history.resource_info
     assert [f for f in nowhere.process([run(T0 + HOUR, "r2", "started", hosts=("gone",)),
                                          run(T0 + 3 * HOUR, "r2", "failed", hosts=("gone",))])] == []  # fmt: skip
+
+
+def test_a_project_whose_runs_all_ended_keeps_no_table_they_grew(ruleset):
+    """A dict keeps the table it grew to when its keys are deleted: once a project's eight open
+    runs have all ended (one a crash loop's third failure, resolved by a success), the run rules
+    hold an empty dict for its open runs (and spot_eligible for its candidates), not the table of
+    eight, and the crash loop's tags go with its episode."""
+    import sys
+
+    runs = [run(T0 + HOUR, f"r{i}", "started") for i in range(8)]
+    runs += [run(T0 + 3 * HOUR + i * MIN, f"r{i}", "failed") for i in range(3)]
+    runs += [run(T0 + 4 * HOUR + i * MIN, f"r{i}", "succeeded") for i in range(3, 8)]
+    engine = Engine(ruleset)
+    found = [f for f in engine.process(sorted(billed() + runs, key=lambda e: e.ts)) if f.type == "failed_run_spend"]
+    assert [f.action for f in found if f.details.get("crash_loop")] == ["fire", "resolve"]
+    key = engine._keys["llm"]
+    states = [key.rule(name) for name in ("failed-run-spend", "plateaued-run", "spot-eligible")]
+    open_runs = [s.runs for s in states] + [states[2].fired]
+    assert all(d == {} and sys.getsizeof(d) == sys.getsizeof({}) for d in open_runs)
+    assert states[0].loop_tags == {} and states[0].fired_at is None

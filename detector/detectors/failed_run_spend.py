@@ -32,7 +32,7 @@ from pydantic import Field
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
-from detector.detectors.runs import Fleet, RunState, follow, hosts_of
+from detector.detectors.runs import Fleet, RunState, emptied, follow, hosts_of
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
 from detector.units import Duration, Money
@@ -70,11 +70,12 @@ class FailedRunSpendState(Episode, kw_only=True):
     failures: list[Failure] = []
     """Failures inside the crash-loop window."""
     loop_tags: dict[str, str] = {}
+    """The open crash loop's tags (the project's as its firing run said)."""
     last_t: float = 0.0
 
     def clear(self) -> None:
         super().clear()
-        self.failures = []
+        self.failures, self.loop_tags = [], {}
 
 
 class FailedRunSpend(DetectorBase):
@@ -112,6 +113,7 @@ class FailedRunSpend(DetectorBase):
         if ev.status in ("started", "running"):
             return found
         del st.runs[ev.run_id]
+        st.runs = emptied(st.runs)
         st.ended[ev.run_id] = t
         self._prune(st, t)
         if ev.status == "succeeded":

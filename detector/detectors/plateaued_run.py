@@ -43,7 +43,7 @@ from pydantic import Field, model_validator
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, due, end, fire
-from detector.detectors.runs import Fleet, RunState, hosts_of, refresh
+from detector.detectors.runs import Fleet, RunState, emptied, hosts_of, refresh
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
 from detector.units import Duration
@@ -234,6 +234,7 @@ class PlateauedRun(DetectorBase):
 
     def _drop(self, st: PlateauedRunState, run_id: str, t: float, fleet: Fleet | None, reason: str) -> list[Finding]:
         w = st.runs.pop(run_id)
+        st.runs = emptied(st.runs)
         if w.fired_at is None:
             return []
         return end(w, lambda: self._finding("resolve", w, max(t, w.best_t), fleet, reason=reason))

@@ -31,7 +31,7 @@ from pydantic import Field
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
-from detector.detectors.runs import Fleet, RunState, follow, hosts_of
+from detector.detectors.runs import Fleet, RunState, emptied, follow, hosts_of
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
 from detector.units import Duration, Money
@@ -100,9 +100,11 @@ class SpotEligible(DetectorBase):
                     found.append(self._finding(action, run_id, run, candidate, t))
         if event.status in ("succeeded", "failed", "killed"):
             run = st.runs.pop(event.run_id)
+            st.runs = emptied(st.runs)
             st.ended[event.run_id] = t
             st.ended = {k: v for k, v in st.ended.items() if v >= t - 2 * 86_400}
             candidate = st.fired.pop(event.run_id, None)
+            st.fired = emptied(st.fired)
             if candidate is not None:
                 ended = candidate
                 found.extend(end(ended, lambda: self._finding("resolve", event.run_id, run, ended, t,
