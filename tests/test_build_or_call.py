@@ -190,3 +190,32 @@ def test_the_window_is_bounded_so_the_state_is():
     assert BuildOrCallParams(window="31d").window == 31 * DAY
     with pytest.raises(ValidationError):
         BuildOrCallParams(window="365d")
+
+
+def test_days_saved_as_a_struct_each_before_restore_to_the_same_findings(ruleset):
+    """The days are rows of one flat array of doubles now (the flags 1.0 or 0.0), not a struct per
+    day: a snapshot saved by the version before, with its list of days, restores to the same rows,
+    so the findings after the restart are a run's without one (the open episode's included)."""
+    import msgspec
+
+    from detector.detectors.build_or_call import WIDTH, BuildOrCallState
+    from detector.floats import dec_hook
+
+    events = endpoint(10 * 24 + 1, rps=lambda h: 0.5 if h < 9 * 24 else 3.0)
+    split = 8 * 24 + 2
+    whole = [(f.action, f.at, round(f.waste_usd, 6), f.details) for f in findings(ruleset, events)]
+    first = Engine(ruleset)
+    before = [f for f in first.process(events[:split]) if f.type == "build_or_call"]
+    snap = msgspec.msgpack.decode(first.snapshot("ep-1"))
+    state = snap["rules"]["build-or-call"]
+    now, figures = dict(state), state.pop("figures")
+    assert state.pop("days") is None and len(figures) == 8 * WIDTH
+    state["days"] = [[*figures[i : i + 9], bool(figures[i + 9]), bool(figures[i + 10])]
+                     for i in range(0, len(figures), WIDTH)]  # fmt: skip
+    read = [msgspec.msgpack.decode(msgspec.msgpack.encode(s), type=BuildOrCallState, dec_hook=dec_hook)
+            for s in (state, now)]  # fmt: skip
+    assert read[0] == read[1] and read[0].days is None and [d.start for d in read[0].held()][-1] == T0 + 8 * DAY
+    second = Engine(ruleset, loader={"ep-1": msgspec.msgpack.encode(snap)}.get)
+    after = [f for f in second.process(events[split:]) if f.type == "build_or_call"]
+    assert [(f.action, f.at, round(f.waste_usd, 6), f.details) for f in before + after] == whole
+    assert [f[0] for f in whole] == ["fire", "update", "update", "resolve"]

@@ -43,6 +43,7 @@ the week that passed the crossover, day by day, including the day in progress.
 from __future__ import annotations
 
 import builtins
+from array import array
 from typing import Any, ClassVar
 
 import msgspec
@@ -51,6 +52,7 @@ from pydantic import Field
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.events import DAY_S, Event, UsageEvent
+from detector.floats import FloatArray, floats
 from detector.llm_costs import api_usd, cheaper_the_other_way, self_host_usd
 from detector.pricing import LlmModel
 from detector.units import Duration, Percent, figure
@@ -73,6 +75,9 @@ class BuildOrCallParams(Params):
 
 
 class DayStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
+    """A day's figures, as the judgement reads them (from a row of :attr:`BuildOrCallState.figures`)
+    and as snapshots saved them before the rows."""
+
     start: float
     usd: float = 0.0
     requests: float = 0.0
@@ -88,8 +93,20 @@ class DayStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     """An interval longer than an hour (a daily cost export): the day's busiest hour is unknown."""
 
 
+START, USD, REQUESTS, INPUT_TOKENS, OUTPUT_TOKENS, COVERED_S, HOUR_START, HOUR_OUTPUT, PEAK, MEASURED, COARSE = range(11)
+"""A day's columns in a row of :attr:`BuildOrCallState.figures`: the fields of :class:`DayStats`,
+in their order (the flags as 1.0 or 0.0)."""
+WIDTH = 11
+_ZEROS = (0.0,) * (WIDTH - 2)
+
+
 class BuildOrCallState(Episode, kw_only=True):
-    days: list[DayStats] = []
+    figures: FloatArray | None = None
+    """The days held, oldest first, as rows of :data:`WIDTH` doubles flattened (a row per day, not
+    a struct of boxed floats: a week is 0.7 KB, not 2.6); None before the first (most endpoints
+    serve no model the price list knows)."""
+    days: list[DayStats] | None = None
+    """The days as snapshots saved them before :attr:`figures`: read into it, then None."""
     last_t: float = 0.0
     model: str = ""
     saved_usd: float = 0.0
@@ -97,10 +114,50 @@ class BuildOrCallState(Episode, kw_only=True):
     advice: dict[str, Any] | None = None
     """The open episode's figures (None while none is open)."""
 
+    def __post_init__(self) -> None:
+        if self.days is None:
+            return
+        days, self.days = self.days, None  # saved before: a struct per day
+        for day in days:
+            self.open_day(day.start, day.hour_start)
+            assert self.figures is not None
+            self.figures[-WIDTH:] = array(
+                "d", [day.start, day.usd, day.requests, day.input_tokens, day.output_tokens, day.covered_s, day.hour_start,
+                 day.hour_output, day.peak_output_per_h, float(day.measured), float(day.coarse)])  # fmt: skip
+
     def clear(self) -> None:
         super().clear()
         self.saved_usd = 0.0
         self.advice = None
+
+    # -- the days -------------------------------------------------------------------
+
+    def latest_start(self) -> float | None:
+        """Start of the latest day held (None: none)."""
+        f = self.figures
+        return f[len(f) - WIDTH + START] if f else None
+
+    def open_day(self, start: float, hour_start: float) -> None:
+        """A new latest day from ``start``, its busiest hour so far the one from ``hour_start``."""
+        if self.figures is None:
+            self.figures = floats()
+        self.figures.append(start)
+        self.figures.extend(_ZEROS[:HOUR_START - START - 1])
+        self.figures.append(hour_start)
+        self.figures.extend(_ZEROS[: WIDTH - HOUR_START - 1])
+
+    def keep_last(self, n: int) -> None:
+        """Only the ``n`` latest days stay."""
+        if self.figures is not None:
+            del self.figures[: max(0, len(self.figures) - n * WIDTH)]
+
+    def held(self) -> list[DayStats]:
+        """The days held, oldest first, as the judgement reads them."""
+        f = self.figures or floats()
+        return [DayStats(start=f[i], usd=f[i + USD], requests=f[i + REQUESTS], input_tokens=f[i + INPUT_TOKENS],
+                         output_tokens=f[i + OUTPUT_TOKENS], covered_s=f[i + COVERED_S], hour_start=f[i + HOUR_START],
+                         hour_output=f[i + HOUR_OUTPUT], peak_output_per_h=f[i + PEAK], measured=bool(f[i + MEASURED]),
+                         coarse=bool(f[i + COARSE])) for i in range(0, len(f), WIDTH)]  # fmt: skip
 
 
 class BuildOrCall(DetectorBase):
@@ -151,7 +208,7 @@ class BuildOrCall(DetectorBase):
         st.last_t = t
         model = event.tags.get(self.params.model_tag, "")
         if model and model != st.model:
-            st.model, st.days = intern(model), []
+            st.model, st.figures = intern(model), None
             found = end(st, lambda: self._finding("resolve", st, res, t, reason="model_changed"))
         else:
             found = []
@@ -159,12 +216,13 @@ class BuildOrCall(DetectorBase):
         if entry is None:
             return found
         day_start = t - t % DAY_S
-        if not st.days or st.days[-1].start < day_start:
+        latest = st.latest_start()
+        if latest is None or latest < day_start:
             found += self._judge(st, res, entry, t)
-            st.days.append(DayStats(start=day_start, hour_start=t - t % HOUR_S))
-            del st.days[: max(0, len(st.days) - self._need_days() - 1)]
+            st.open_day(day_start, t - t % HOUR_S)
+            st.keep_last(self._need_days() + 1)
         if model:  # an interval without the tag (an exporter that dropped it) counts toward no day
-            self._add(st.days[-1], event, res, t)
+            self._add(st, event, res, t)
         return found
 
     def open_episode(self, state: BuildOrCallState, resource: ResourceInfo) -> Finding | None:
@@ -174,27 +232,32 @@ class BuildOrCall(DetectorBase):
 
     # -- accounting -----------------------------------------------------------------
 
-    def _add(self, day: DayStats, event: UsageEvent, res: ResourceInfo, t: float) -> None:
-        p = self.params
+    def _add(self, st: BuildOrCallState, event: UsageEvent, res: ResourceInfo, t: float) -> None:
+        """The interval into the latest day's row."""
+        p, f = self.params, st.figures
+        assert f is not None
+        i = len(f) - WIDTH
         requests = float(event.requests or 0)
         measured_in, measured_out = event.metrics.get("input_tokens"), event.metrics.get("output_tokens")
         inp = max(0.0, measured_in) if measured_in is not None else requests * p.input_tokens_per_request
         out = max(0.0, measured_out) if measured_out is not None else requests * p.output_tokens_per_request
-        day.measured = day.measured or measured_in is not None or measured_out is not None
-        day.usd += res.interval_usd
-        day.requests += requests
-        day.input_tokens += inp
-        day.output_tokens += out
-        day.covered_s += event.interval_s
+        if measured_in is not None or measured_out is not None:
+            f[i + MEASURED] = 1.0
+        f[i + USD] += res.interval_usd
+        f[i + REQUESTS] += requests
+        f[i + INPUT_TOKENS] += inp
+        f[i + OUTPUT_TOKENS] += out
+        f[i + COVERED_S] += event.interval_s
         if event.interval_s >= HOUR_S:
-            day.coarse = day.coarse or event.interval_s > HOUR_S
-            day.peak_output_per_h = max(day.peak_output_per_h, out * HOUR_S / event.interval_s)
+            if event.interval_s > HOUR_S:
+                f[i + COARSE] = 1.0
+            f[i + PEAK] = max(f[i + PEAK], out * HOUR_S / event.interval_s)
             return
         hour = t - t % HOUR_S
-        if hour != day.hour_start:
-            day.hour_start, day.hour_output = hour, 0.0
-        day.hour_output += out
-        day.peak_output_per_h = max(day.peak_output_per_h, day.hour_output)
+        if hour != f[i + HOUR_START]:
+            f[i + HOUR_START], f[i + HOUR_OUTPUT] = hour, 0.0
+        f[i + HOUR_OUTPUT] += out
+        f[i + PEAK] = max(f[i + PEAK], f[i + HOUR_OUTPUT])
 
     def _need_days(self) -> int:
         return max(1, round(self.params.window / DAY_S))
@@ -234,10 +297,11 @@ class BuildOrCall(DetectorBase):
     def _judge(self, st: BuildOrCallState, res: ResourceInfo, entry: LlmModel, t: float) -> list[Finding]:
         """Judge on a day's close: open when every day of the window passed the crossover, add
         each further passing day to the episode, close on one that did not."""
-        if not st.days or not res.known:
+        days = st.held()
+        if not days or not res.known:
             return []
-        closed, need = st.days[-1], self._need_days()
-        week = st.days[-need:]
+        closed, need = days[-1], self._need_days()
+        week = days[-need:]
         peak = self._peak(week)
         if st.fired_at is not None:
             if not self._passed(closed, res, entry, peak):
@@ -288,10 +352,11 @@ class BuildOrCall(DetectorBase):
     def _finding(self, action: str, st: BuildOrCallState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None
         usd = st.saved_usd
-        if action != "resolve" and st.days and st.days[-1].start >= at - at % DAY_S and st.days[-1].start > st.since:
-            entry = self.pricing.llm_model(st.model)
-            peak = self._peak(st.days[-self._need_days():])
-            today = self._saving(st.days[-1], res, entry, peak) if entry is not None else None
+        latest = st.latest_start()
+        if action != "resolve" and latest is not None and latest >= at - at % DAY_S and latest > st.since:
+            entry, days = self.pricing.llm_model(st.model), st.held()
+            peak = self._peak(days[-self._need_days():])
+            today = self._saving(days[-1], res, entry, peak) if entry is not None else None
             usd += today or 0.0  # the day in progress, as far as it has come
         advice = st.advice or {}
         details = {**advice, "episode_days": round((at - st.since) / DAY_S, 2), **extra}
