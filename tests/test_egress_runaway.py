@@ -142,3 +142,20 @@ def test_a_baseline_saved_as_pairs_before_restores_to_the_same_alerts(ruleset):
     restarted = Engine(ruleset, loader={"etl-1": msgspec.msgpack.encode(snap)}.get)
     after = [f for f in restarted.process(events[split:]) if f.type == "egress_runaway"]
     assert not before and [f.action for f in after][:1] == ["fire"] and after == whole
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [{"rates": [5.0], "spans": [300.0, 2.0]}, {"rates": [5.0]}, {"rates": [5.0], "spans": [300.0]}],
+    ids=["a-bucket-short", "no-starts", "half-a-run"],
+)
+def test_a_baseline_whose_rates_and_starts_disagree_is_refused(saved):
+    """Saved rates that the runs of starts do not count one for one are refused (the engine then
+    starts the rule afresh), not read so that a bucket leaves the baseline at another's time."""
+    import msgspec
+
+    from detector.detectors.egress_runaway import DestinationState
+    from detector.floats import dec_hook
+
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=DestinationState, dec_hook=dec_hook)

@@ -141,3 +141,24 @@ def test_a_bin_past_255_samples_in_an_hour_widens_the_histogram():
     assert st.hist.typecode == "H" and st.hist[20 + 3] == 300 and st.hist[39] == 1 and sum(st.hist) == 301
     st.drop_hours(1)
     assert list(st.hist) == [0, 0, 0, 300] + [0] * 15 + [1] and st.figures[0] == T0 + HOUR
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [
+        {"figures": [T0, 0.0, 0.0]},  # a row short of its four figures
+        {"figures": [T0, 0.0, 0.0, 0.0], "hist": [1] * 19},  # a bin short
+        {"figures": [T0, 0.0, 0.0, 0.0], "hist": [-1] + [0] * 19},  # not a count
+    ],
+    ids=["short-row", "short-histogram", "negative-count"],
+)
+def test_a_window_that_does_not_line_up_is_refused_not_misread(saved):
+    """A saved window whose rows and histogram do not line up is refused (the engine then starts
+    the rule afresh), not read so that a sample counts in another hour's bins."""
+    import msgspec
+
+    from detector.detectors.inference_overprovisioned import InferenceOverprovisionedState
+    from detector.floats import dec_hook
+
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=InferenceOverprovisionedState, dec_hook=dec_hook)

@@ -115,6 +115,8 @@ class BuildOrCallState(Episode, kw_only=True):
     """The open episode's figures (None while none is open)."""
 
     def __post_init__(self) -> None:
+        if self.figures is not None and len(self.figures) % WIDTH:
+            raise ValueError(f"days are rows of {WIDTH} figures")
         if self.days is None:
             return
         days, self.days = self.days, None  # saved before: a struct per day

@@ -91,6 +91,9 @@ class DestinationState(Episode, kw_only=True):
     """The short-window rate at the latest interval, bytes/s."""
 
     def __post_init__(self) -> None:
+        if (self.rates is None) != (self.spans is None) or len(self.spans or ()) % 2 \
+                or sum((self.spans or floats())[1::2]) != len(self.rates or ()):  # fmt: skip
+            raise ValueError("a rate per bucket of the runs of starts")
         if self.history is None:
             return
         history, self.history = self.history, None  # saved before: (start, rate) pairs

@@ -57,6 +57,8 @@ class HourlySavingState(Episode, kw_only=True):
     """Seconds of the episode in closed hours that served no request (scale-to-zero's, not counted)."""
 
     def __post_init__(self) -> None:
+        if len(self.figures) % len(self.columns):
+            raise ValueError(f"hours are rows of {len(self.columns)} figures")
         if self.hours is None:
             return
         hours, self.hours = self.hours, None  # saved before: one struct per hour

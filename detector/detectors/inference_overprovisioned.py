@@ -81,7 +81,7 @@ def counts(values: Any = ()) -> Counts:
             return array(code, values)
         except OverflowError:
             continue
-    raise ValueError("a count beyond 2^64")
+    raise ValueError("counts are whole numbers under 2^64")
 
 
 class InferenceOverprovisionedState(HourlySavingState, kw_only=True):
@@ -94,6 +94,8 @@ class InferenceOverprovisionedState(HourlySavingState, kw_only=True):
         if self.hist.typecode == "d":  # saved as a list of counts, read back as doubles
             self.hist = counts(map(int, self.hist))
         super().__post_init__()
+        if len(self.hist) != len(self.figures) // len(self.columns) * BINS:
+            raise ValueError(f"a histogram of {BINS} bins per hour")
 
     def read_hour(self, hour: HourStats) -> None:
         self.hist = counts([*self.hist, *hour.hist[:BINS], *_EMPTY_ROW[len(hour.hist) :]])
