@@ -218,8 +218,8 @@ class BuildOrCall(DetectorBase):
         if entry is None:
             return found
         day_start = t - t % DAY_S
-        latest = st.latest_start()
-        if latest is None or latest < day_start:
+        f = st.figures
+        if not f or f[START - WIDTH] < day_start:  # the latest day's start, from the end
             found += self._judge(st, res, entry, t)
             st.open_day(day_start, t - t % HOUR_S)
             st.keep_last(self._need_days() + 1)
@@ -236,9 +236,8 @@ class BuildOrCall(DetectorBase):
 
     def _add(self, st: BuildOrCallState, event: UsageEvent, res: ResourceInfo, t: float) -> None:
         """The interval into the latest day's row."""
-        p, f = self.params, st.figures
+        p, f, i = self.params, st.figures, -WIDTH  # from the end: the latest day's row
         assert f is not None
-        i = len(f) - WIDTH
         requests = float(event.requests or 0)
         measured_in, measured_out = event.metrics.get("input_tokens"), event.metrics.get("output_tokens")
         inp = max(0.0, measured_in) if measured_in is not None else requests * p.input_tokens_per_request

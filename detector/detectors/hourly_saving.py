@@ -41,6 +41,8 @@ class HourlySavingState(Episode, kw_only=True):
     """The figures of an hour, in their order in a row of :attr:`figures` (:data:`START`,
     :data:`REQUESTS`, :data:`REQUEST_S`, then the rule's own); the names of the fields of the
     struct per hour that snapshots saved before (:attr:`hours`)."""
+    width: ClassVar[int] = len(columns)
+    """Figures per hour (a row of :attr:`figures`): a rule's state sets it with its columns."""
     figures: FloatArray = msgspec.field(default_factory=floats)
     """The hours held, oldest first, as rows of :attr:`columns` flattened (a row per hour)."""
     hours: list[Any] | None = None
@@ -57,8 +59,8 @@ class HourlySavingState(Episode, kw_only=True):
     """Seconds of the episode in closed hours that served no request (scale-to-zero's, not counted)."""
 
     def __post_init__(self) -> None:
-        if len(self.figures) % len(self.columns):
-            raise ValueError(f"hours are rows of {len(self.columns)} figures")
+        if len(self.columns) != self.width or len(self.figures) % self.width:
+            raise ValueError(f"hours are rows of {self.width} figures")
         if self.hours is None:
             return
         hours, self.hours = self.hours, None  # saved before: one struct per hour
@@ -75,31 +77,27 @@ class HourlySavingState(Episode, kw_only=True):
 
     # -- the hours ------------------------------------------------------------------
 
-    def width(self) -> int:
-        """Figures per hour (a row of :attr:`figures`)."""
-        return len(self.columns)
-
     def column(self, c: int) -> FloatArray:
         """Figure ``c`` of each hour held, oldest first."""
-        return self.figures[c :: len(self.columns)]
+        return self.figures[c :: self.width]
 
     def rows(self) -> Iterator[int]:
         """Where each hour's row starts in :attr:`figures`, oldest first."""
-        return iter(range(0, len(self.figures), len(self.columns)))
+        return iter(range(0, len(self.figures), self.width))
 
     def latest(self) -> int:
-        """Where the latest hour's row starts in :attr:`figures` (there is one)."""
-        return len(self.figures) - len(self.columns)
+        """Where the latest hour's row starts in :attr:`figures` (there is one); the per-sample
+        paths index it from the end instead (``figures[c - width]``: no ``len`` per sample)."""
+        return len(self.figures) - self.width
 
     def open_hour(self, start: float) -> None:
         """A new latest hour from ``start``, its figures 0."""
-        width = len(self.columns)
         self.figures.append(start)
-        self.figures.extend(_ZEROS[: width - 1])
+        self.figures.extend(_ZEROS[: self.width - 1])
 
     def drop_hours(self, n: int) -> None:
         """The ``n`` oldest hours leave the window."""
-        del self.figures[: n * len(self.columns)]
+        del self.figures[: n * self.width]
 
 
 _ZEROS = floats()
@@ -138,12 +136,12 @@ class HourlySaving(DetectorBase, ABC):
             st.first_t = t
         st.last_t = max(st.last_t, t)
         start = t - t % HOUR_S
-        figures = st.figures
-        if figures and figures[st.latest() + START] >= start:
+        figures, width = st.figures, st.width
+        if figures and figures[START - width] >= start:
             return []
         found = self._judge(st, res, t) if figures else []
         st.open_hour(start)
-        horizon, width, old = start - self.params.window, st.width(), 0
+        horizon, old = start - self.params.window, 0
         while old * width < len(figures) and figures[old * width + START] <= horizon:
             old += 1
         if old:

@@ -86,6 +86,7 @@ def counts(values: Any = ()) -> Counts:
 
 class InferenceOverprovisionedState(HourlySavingState, kw_only=True):
     columns: ClassVar[tuple[str, ...]] = (*HourlySavingState.columns, "mem_peak_mib")
+    width: ClassVar[int] = len(columns)
     hist: Counts = msgspec.field(default_factory=counts)
     """Per hour (a row of :data:`BINS` in the order of ``figures``' rows), its GPU samples by utilisation bin."""
     hours: list[HourStats] | None = None
@@ -94,7 +95,7 @@ class InferenceOverprovisionedState(HourlySavingState, kw_only=True):
         if self.hist.typecode == "d":  # saved as a list of counts, read back as doubles
             self.hist = counts(map(int, self.hist))
         super().__post_init__()
-        if len(self.hist) != len(self.figures) // len(self.columns) * BINS:
+        if len(self.hist) != len(self.figures) // self.width * BINS:
             raise ValueError(f"a histogram of {BINS} bins per hour")
 
     def read_hour(self, hour: HourStats) -> None:
@@ -110,7 +111,7 @@ class InferenceOverprovisionedState(HourlySavingState, kw_only=True):
 
     def count(self, b: int) -> None:
         """One more GPU sample in the latest hour's bin ``b``."""
-        i = len(self.hist) - BINS + b
+        i = b - BINS  # from the end: the latest hour's row
         try:
             self.hist[i] += 1
         except OverflowError:
@@ -152,7 +153,7 @@ class InferenceOverprovisioned(HourlySaving):
             if found is None:
                 return []  # a sample read again
             st.count(min(BINS - 1, int(event.util_pct * BINS / 100.0)))
-            f, i = st.figures, st.latest() + MEM_PEAK
+            f, i = st.figures, MEM_PEAK - st.width  # from the end: the latest hour's row
             f[i] = max(f[i], event.mem_used_mib)
             return found
         if type(event) is UsageEvent:
@@ -163,7 +164,7 @@ class InferenceOverprovisioned(HourlySaving):
                 return self.stopped(st, resource, t, event.state)
             found = self.roll(st, resource, t)
             if event.requests is not None:
-                f, i = st.figures, st.latest()
+                f, i = st.figures, -st.width
                 f[i + REQUESTS] += event.requests
                 f[i + REQUEST_S] += event.interval_s
             return found

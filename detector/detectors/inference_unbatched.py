@@ -120,6 +120,7 @@ class InferenceUnbatchedState(HourlySavingState, kw_only=True):
     columns: ClassVar[tuple[str, ...]] = (
         *HourlySavingState.columns, "batch_requests", "batches", "dup_requests", "dups", "cached", "util_sum",
         "sm_sum", "samples", "sm_samples")  # fmt: skip
+    width: ClassVar[int] = len(columns)
     hours: list[HourStats] | None = None
     replicas: float = 0.0
     """The latest reported replicas (0: not reported)."""
@@ -164,7 +165,7 @@ class InferenceUnbatched(HourlySaving):
             found = self.sample_hour(st, res, event.gpu_index, t)
             if found is None:
                 return []  # a sample read again
-            f, i = st.figures, st.latest()
+            f, i = st.figures, -st.width  # from the end: the latest hour's row
             sm = event.sm_active if event.sm_active is not None else event.gr_engine_active
             f[i + UTIL_SUM] += event.util_pct
             f[i + SAMPLES] += 1.0
@@ -184,7 +185,7 @@ class InferenceUnbatched(HourlySaving):
             st.replicas = float(int(replicas))
         if event.requests is None:
             return found
-        f, i, n = st.figures, st.latest(), float(event.requests)
+        f, i, n = st.figures, -st.width, float(event.requests)
         f[i + REQUESTS] += n
         f[i + REQUEST_S] += event.interval_s
         batches, size = metrics.get("batches"), metrics.get("batch_size")
