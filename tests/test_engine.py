@@ -327,3 +327,18 @@ def test_empty_dicts_saved_before_read_back_where_none_is_held_now(ruleset):
     engine = Engine(ruleset)
     engine.process(timeline(T0, T0 + 5 * MIN, [90.0], rid="h"))
     assert engine._keys["h"].rule("egress-runaway").destinations is None
+
+
+def test_resources_priced_alike_share_their_price_and_keep_its_value(ruleset):
+    """Each resource's interval cost and hourly rate are one float shared by every resource priced
+    alike (24 bytes a key each, not a float of its own), and sharing never changes a value: a
+    different price stays itself, and a zero keeps its sign."""
+    import math
+
+    engine = Engine(ruleset)
+    engine.process([usage(T0, rid="a"), usage(T0, rid="b"), usage(T0, rid="c", usd_per_hour=16.0),
+                    usage(T0, rid="z", usd_per_hour=-0.0)])  # fmt: skip
+    a, b, c, z = (engine._keys[k].info for k in "abcz")
+    assert a.interval_usd == 32.0 / 60 and a.interval_usd is b.interval_usd and a.usd_per_hour is b.usd_per_hour
+    assert c.interval_usd == 16.0 / 60 and c.usd_per_hour == 16.0
+    assert z.interval_usd == 0.0 and math.copysign(1.0, z.interval_usd) == -1.0
