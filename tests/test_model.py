@@ -502,10 +502,10 @@ def test_a_window_holds_no_gpu_series_on_a_resource_without_gpus_and_restores_wh
     assert closed and closed == again and st.baseline is not None and len(st.baseline) == 4
 
 
-def test_resources_in_the_same_window_share_its_start():
+def test_resources_in_the_same_window_share_its_start_and_end():
     """The windows of a fleet are aligned: every resource whose window starts at the same time
-    holds the same float for it (24 bytes a key less), and a resource that moves on later to a
-    start already seen still gets the window's start, not another's."""
+    holds the same float for it, and so for its end once learnt (24 bytes a key less each), and a
+    resource that moves on later to a start already seen still gets the window's start, not another's."""
     builder = WindowBuilder(300.0)
     states = [WindowState() for _ in range(3)]
     for i, st in enumerate(states[:2]):
@@ -517,3 +517,6 @@ def test_resources_in_the_same_window_share_its_start():
     for e in minute(T0 + 310.0, 50.0, 200.0, rid="h2"):
         builder.add(states[2], "h2", "gpu_instance", 0.5, e, e.t)
     assert states[2].start == T0 + 300.0 and states[0].start == T0 + 600.0
+    for e in minute(T0 + 10 * MIN, 50.0, 200.0, rid="h1"):
+        builder.add(states[1], "h1", "gpu_instance", 0.5, e, e.t)
+    assert states[0].learnt_at == T0 + 600.0 and states[0].learnt_at is states[1].learnt_at

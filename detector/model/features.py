@@ -256,9 +256,10 @@ class WindowBuilder:
         self.metrics = tuple(metrics)
         self._names: dict[str, tuple[str, ...]] = {}
         self._bases: dict[str, tuple[str, ...]] = {}
-        self._start = -math.inf
-        """The latest window start a resource moved to: the next that moves to the same holds this
-        float, not one of its own (windows are aligned, so a fleet's keys share one: 24 bytes a key)."""
+        self._start = self._end = -math.inf
+        """The latest window start a resource moved to, and end a resource closed: the next with the
+        same holds this float, not one of its own (windows are aligned, so a fleet's keys share one:
+        24 bytes a key each)."""
 
     def names(self, group: str) -> tuple[str, ...]:
         names = self._names.get(group)
@@ -343,6 +344,9 @@ class WindowBuilder:
         base = self._base_values(st)
         start = st.start or 0.0
         end = start + self.window_s
+        if end == self._end:
+            end = self._end
+        self._end = end
         window = None
         st.closes += 1
         gpu_blind = group in ("gpu", "inference") and st.gpu_samples == 0
