@@ -261,6 +261,12 @@ class WindowBuilder:
         same holds this float, not one of its own (windows are aligned, so a fleet's keys share one:
         24 bytes a key each)."""
 
+    @staticmethod
+    def _shared(t: float, latest: float) -> float:
+        """``latest`` if it is ``t`` (the float other resources hold), else ``t``. Read once by the
+        caller: a builder used from two threads hands each the value it asked for."""
+        return latest if t == latest else t
+
     def names(self, group: str) -> tuple[str, ...]:
         names = self._names.get(group)
         if names is None:
@@ -291,9 +297,7 @@ class WindowBuilder:
         if st.start is None or start > st.start:
             if st.start is not None:
                 closed = self._close(st, resource_id, resource_type)
-            if start == self._start:
-                start = self._start
-            st.start = self._start = start
+            st.start = self._start = self._shared(start, self._start)
         elif start < st.start:
             return None  # late for a window already closed
         if covered:
@@ -344,9 +348,7 @@ class WindowBuilder:
         base = self._base_values(st)
         start = st.start or 0.0
         end = start + self.window_s
-        if end == self._end:
-            end = self._end
-        self._end = end
+        end = self._end = self._shared(end, self._end)
         window = None
         st.closes += 1
         gpu_blind = group in ("gpu", "inference") and st.gpu_samples == 0
