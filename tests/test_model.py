@@ -513,6 +513,7 @@ def test_a_window_holds_no_gpu_series_on_a_resource_without_gpus_and_restores_wh
     closed = [w for e in more if (w := builder.add(st, "c1", "cpu_instance", 0.02, e, e.t))]
     again = [w for e in more if (w := builder.add(old, "c1", "cpu_instance", 0.02, e, e.t))]
     assert closed and closed == again and st.baseline is not None and len(st.baseline) == 4
+    assert st.utils is None and st.gpu_last is None  # a window closed leaves no empty series either
 
 
 def test_resources_in_the_same_window_share_its_start_and_end():
