@@ -261,8 +261,12 @@ def test_egress_intervals_saved_as_triples_before_are_read_back_flat():
 def test_states_saved_with_empty_containers_before_read_back_as_nothing_yet():
     """Fields that hold nothing on most resources are None (or the one empty tuple) until they do,
     not an empty dict or list on every key: states saved before, with those empty containers or
-    with contents, restore to what they said, and a new state round-trips."""
+    with contents, restore to what they said, and a new state round-trips (an anomaly run, three
+    floats a window, flat)."""
+    from array import array
+
     import msgspec
+    import pytest
 
     from detector.detectors.anomaly import AnomalyState
     from detector.detectors.gpu_episode import GpuEpisodeState
@@ -273,7 +277,10 @@ def test_states_saved_with_empty_containers_before_read_back_as_nothing_yet():
     assert not restored.pods and restored.allocated == {"0": True} and not restored.peak_power_w
     old = msgspec.msgpack.encode({"run": [[300.0, 1.5, 2.0], [600.0, 2.5, 2.0]], "stands_out": [{"feature": "x"}]})
     restored = msgspec.msgpack.decode(old, type=AnomalyState, dec_hook=dec_hook)
-    assert restored.run == ((300.0, 1.5, 2.0), (600.0, 2.5, 2.0)) and restored.stands_out == [{"feature": "x"}]
+    assert restored.run == array("d", [300.0, 1.5, 2.0, 600.0, 2.5, 2.0]) and restored.stands_out == [{"feature": "x"}]
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode({"run": []}), type=AnomalyState, dec_hook=dec_hook).run is None
+    with pytest.raises(msgspec.ValidationError, match="triples"):  # a run cut short is refused, not misread
+        msgspec.msgpack.decode(msgspec.msgpack.encode({"run": [300.0, 1.5]}), type=AnomalyState, dec_hook=dec_hook)
     for fresh in (GpuEpisodeState(), AnomalyState()):
         again = msgspec.msgpack.encode(fresh, enc_hook=enc_hook)
         assert msgspec.msgpack.decode(again, type=type(fresh), dec_hook=dec_hook) == fresh
