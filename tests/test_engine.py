@@ -344,8 +344,8 @@ def test_resources_priced_alike_share_their_price_and_keep_its_value(ruleset):
 
     engine = Engine(ruleset)
     engine.process([usage(T0, rid="a"), usage(T0, rid="b"), usage(T0, rid="c", usd_per_hour=16.0),
-                    usage(T0, rid="z", usd_per_hour=-0.0)])  # fmt: skip
-    a, b, c, z = (engine._keys[k].info for k in "abcz")
+                    usage(T0, rid="p", usd_per_hour=0.0), usage(T0, rid="z", usd_per_hour=-0.0)])  # fmt: skip
+    a, b, c, z = (engine._keys[k].info for k in "abcz")  # z after p: a table keyed by value gives -0.0 p's 0.0
     assert a.interval_usd == 32.0 / 60 and a.interval_usd is b.interval_usd and a.usd_per_hour is b.usd_per_hour
     assert c.interval_usd == 16.0 / 60 and c.usd_per_hour == 16.0
     assert z.interval_usd == 0.0 and math.copysign(1.0, z.interval_usd) == -1.0

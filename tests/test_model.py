@@ -155,6 +155,19 @@ def test_train_from_the_store_writes_artifacts_a_worker_reloads(store, tmp_path)
     assert (tmp_path / "gpu.json").exists()
 
 
+def test_training_runs_anomaly_rules_of_its_own_not_the_ones_it_is_given():
+    """Training lends its scoring (no model; its own collector) to the anomaly rules it runs for as
+    long as it runs (``scoring_during``), and the worker retrains on a thread with the rule set it
+    detects with (streams/timers.py, ``retrain_model``): were they the same detectors, the worker's
+    anomaly rule would judge nothing during a retrain and feed its live windows to the training
+    set (and share its window builder with another thread). The rules training runs are compiled
+    afresh from the same sources, even when the rule set already has an anomaly rule."""
+    given = load_rules(ROOT / "rules")
+    live = {id(r.detector) for r in given.rules if r.detector.type == "anomaly"}
+    trained = [r.detector for r in anomaly_ruleset(given).rules if r.detector.type == "anomaly"]
+    assert live and trained and not any(id(d) in live for d in trained)
+
+
 def test_an_anomaly_on_a_resource_with_an_open_rule_incident_joins_it(store):
     from detector.alerts import AlertManager, AlertMemory
     from detector.detectors import Finding, ResourceInfo
@@ -500,6 +513,7 @@ def test_a_window_holds_no_gpu_series_on_a_resource_without_gpus_and_restores_wh
     closed = [w for e in more if (w := builder.add(st, "c1", "cpu_instance", 0.02, e, e.t))]
     again = [w for e in more if (w := builder.add(old, "c1", "cpu_instance", 0.02, e, e.t))]
     assert closed and closed == again and st.baseline is not None and len(st.baseline) == 4
+    assert st.utils is None and st.gpu_last is None  # a window closed leaves no empty series either
 
 
 def test_resources_in_the_same_window_share_its_start_and_end():
