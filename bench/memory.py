@@ -243,7 +243,7 @@ def breakdown(engine: Engine, sample: int = 3000) -> dict[str, float]:
             add(f"rule: {types_by_name.get(name, name)}", rule_state)
         add("key: id string", key)
         add("key: ResourceInfo", state.info)
-        for slot in type(state).__struct_fields__:
+        for slot in type(state).__slots__:
             if slot not in ("info",):
                 add(f"key: {slot}", getattr(state, slot))
         add("key: KeyState object", state)

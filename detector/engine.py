@@ -73,32 +73,36 @@ _NEVER = -math.inf
 _NO_NAMES: tuple[str, ...] = ()
 
 
-class KeyState(msgspec.Struct, gc=False):
+class KeyState:
     """Everything known about one key. Its routes are derived, never saved.
 
     Its rules' states are a tuple in the order of ``names``, a tuple of their names shared by every
     key whose rules are the same (the engine's :meth:`Engine._names`), not a dict per key (a dict of
-    a dozen rules is ~470 bytes; the tuple of states ~140, the names shared). A struct the garbage
-    collector does not track (``gc=False``, as the states it holds): what it reaches holds no
-    reference back, and a million keys are not walked at each full collection (16 bytes a key less)."""
+    a dozen rules is ~470 bytes; the tuple of states ~140, the names shared)."""
 
-    info: ResourceInfo
-    names: tuple[str, ...] = _NO_NAMES
-    """The rules this key holds state for, in order (what a snapshot saves them in)."""
-    states: tuple[Any, ...] = ()
-    """Each rule's detector state, in the order of :attr:`names`."""
-    last_t: float = 0.0
-    gpu_t: float = _NEVER
-    """The latest time of a GPU sample folded in (:data:`_NEVER`: none), and below of a usage and
-    a run event: what a restart may skip of the events it reads again (:meth:`Engine.already_seen`).
-    Three slots, not a dict by kind (~160 bytes a key)."""
-    usage_t: float = _NEVER
-    run_t: float = _NEVER
-    gpu_route: Plan | None = None
-    """The plan of GPU samples, and below of usage and run events (None: not made yet); rebuilt
-    when the resource or the rules change. Three slots, not a dict by event type (~150 bytes a key)."""
-    usage_route: Plan | None = None
-    run_route: Plan | None = None
+    __slots__ = ("info", "names", "states", "last_t", "gpu_t", "usage_t", "run_t", "gpu_route", "usage_route",
+                 "run_route")  # fmt: skip
+
+    def __init__(self, info: ResourceInfo, names: tuple[str, ...] = _NO_NAMES, states: tuple[Any, ...] = (),
+                 last_t: float = 0.0, kind_t: dict[str, float] | None = None) -> None:  # fmt: skip
+        self.info = info
+        self.names = names
+        """The rules this key holds state for, in order (what a snapshot saves them in)."""
+        self.states = states
+        """Each rule's detector state, in the order of :attr:`names`."""
+        self.last_t = last_t
+        kinds = kind_t or {}
+        self.gpu_t: float = kinds.get("gpu", _NEVER)
+        """The latest time of a GPU sample folded in (:data:`_NEVER`: none), and below of a usage and
+        a run event: what a restart may skip of the events it reads again (:meth:`Engine.already_seen`).
+        Three slots, not a dict by kind (~160 bytes a key)."""
+        self.usage_t: float = kinds.get("usage", _NEVER)
+        self.run_t: float = kinds.get("run", _NEVER)
+        self.gpu_route: Plan | None = None
+        """The plan of GPU samples, and below of usage and run events (None: not made yet); rebuilt
+        when the resource or the rules change. Three slots, not a dict by event type (~150 bytes a key)."""
+        self.usage_route: Plan | None = None
+        self.run_route: Plan | None = None
 
     @property
     def rules(self) -> dict[str, Any]:
@@ -640,10 +644,8 @@ class Engine:
             _intern(info.resource_type), _intern(info.provider), _intern(info.account), _intern(info.region),
             _intern(info.instance_type), _intern(info.pricing), _intern(info.state))  # fmt: skip
         info.tags = self._shared_tags(info.tags)
-        kind_t = snap.kind_t
         state = KeyState(info=snap.info, names=self._names(tuple(rules)), states=tuple(rules.values()),
-                         last_t=snap.last_t, gpu_t=kind_t.get("gpu", _NEVER), usage_t=kind_t.get("usage", _NEVER),
-                         run_t=kind_t.get("run", _NEVER))  # fmt: skip
+                         last_t=snap.last_t, kind_t=snap.kind_t)  # fmt: skip
         self._keys[key] = state
         if restart:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
