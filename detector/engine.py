@@ -138,6 +138,7 @@ class _Snapshot(msgspec.Struct, kw_only=True):
 _KIND: dict[type, str] = {GpuMetric: "gpu", UsageEvent: "usage", RunEvent: "run"}
 _MAX_TAG_SETS = 100_000
 _MAX_PRICES = 10_000
+"""Distinct prices the engine shares one float of (:meth:`Engine._shared_price`) before it starts afresh."""
 _NO_TAGS: dict[str, str] = {}
 
 

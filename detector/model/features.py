@@ -256,7 +256,7 @@ class WindowBuilder:
         self.metrics = tuple(metrics)
         self._names: dict[str, tuple[str, ...]] = {}
         self._bases: dict[str, tuple[str, ...]] = {}
-        self._start = self._end = -math.inf
+        self._last_start = self._last_end = -math.inf
         """The latest window start a resource moved to, and end a resource closed: the next with the
         same holds this float, not one of its own (windows are aligned, so a fleet's keys share one:
         24 bytes a key each)."""
@@ -297,7 +297,7 @@ class WindowBuilder:
         if st.start is None or start > st.start:
             if st.start is not None:
                 closed = self._close(st, resource_id, resource_type)
-            st.start = self._start = self._shared(start, self._start)
+            st.start = self._last_start = self._shared(start, self._last_start)
         elif start < st.start:
             return None  # late for a window already closed
         if covered:
@@ -348,7 +348,7 @@ class WindowBuilder:
         base = self._base_values(st)
         start = st.start or 0.0
         end = start + self.window_s
-        end = self._end = self._shared(end, self._end)
+        end = self._last_end = self._shared(end, self._last_end)
         window = None
         st.closes += 1
         gpu_blind = group in ("gpu", "inference") and st.gpu_samples == 0
