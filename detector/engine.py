@@ -508,8 +508,9 @@ class Engine:
 
     def _shared_price(self, usd: float) -> float:
         """One float object per distinct price (bounded like :meth:`_shared_tags`); a zero keeps its
-        sign, as it came (0.0 and -0.0 are one key of a dict)."""
-        if not usd:
+        sign, as it came (0.0 and -0.0 are one key of a dict), and a price that is not a float (an event
+        built in Python) stays itself (2 and 2.0 are one key too)."""
+        if not usd or type(usd) is not float:
             return usd
         shared = self._prices.get(usd)
         if shared is None:

@@ -339,8 +339,10 @@ def test_empty_dicts_saved_before_read_back_where_none_is_held_now(ruleset):
 def test_resources_priced_alike_share_their_price_and_keep_its_value(ruleset):
     """Each resource's interval cost and hourly rate are one float shared by every resource priced
     alike (24 bytes a key each, not a float of its own), and sharing never changes a value: a
-    different price stays itself, and a zero keeps its sign."""
+    different price stays itself, a zero keeps its sign, a float stays a float."""
     import math
+
+    import msgspec
 
     engine = Engine(ruleset)
     engine.process([usage(T0, rid="a"), usage(T0, rid="b"), usage(T0, rid="c", usd_per_hour=16.0),
@@ -349,3 +351,6 @@ def test_resources_priced_alike_share_their_price_and_keep_its_value(ruleset):
     assert a.interval_usd == 32.0 / 60 and a.interval_usd is b.interval_usd and a.usd_per_hour is b.usd_per_hour
     assert c.interval_usd == 16.0 / 60 and c.usd_per_hour == 16.0
     assert z.interval_usd == 0.0 and math.copysign(1.0, z.interval_usd) == -1.0
+    # An event built in Python may carry an int: it is not handed to a resource whose price is the float.
+    engine.process([msgspec.structs.replace(usage(T0 + MIN, rid="i"), cost_usd=2), usage(T0 + MIN, rid="f", usd_per_hour=120.0)])
+    assert engine._keys["i"].info.interval_usd == 2 and type(engine._keys["f"].info.interval_usd) is float
