@@ -129,8 +129,12 @@ def test_a_window_saved_as_a_struct_per_hour_before_restores_to_the_same_alerts(
 
 
 def test_a_bin_past_255_samples_in_an_hour_widens_the_histogram():
-    """Counts are held a byte each until one outgrows it; then the histogram widens, nothing lost."""
+    """Counts are held a byte each until one outgrows it; then the histogram widens, nothing lost,
+    and a snapshot of the wider one reads back as it was."""
+    import msgspec
+
     from detector.detectors.inference_overprovisioned import InferenceOverprovisionedState
+    from detector.floats import dec_hook, enc_hook
 
     st = InferenceOverprovisionedState()
     st.open_hour(T0)
@@ -141,6 +145,9 @@ def test_a_bin_past_255_samples_in_an_hour_widens_the_histogram():
     assert st.hist.typecode == "H" and st.hist[20 + 3] == 300 and st.hist[39] == 1 and sum(st.hist) == 301
     st.drop_hours(1)
     assert list(st.hist) == [0, 0, 0, 300] + [0] * 15 + [1] and st.figures[0] == T0 + HOUR
+    again = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook), type=InferenceOverprovisionedState,
+                                   dec_hook=dec_hook)  # fmt: skip
+    assert again == st and again.hist.typecode == "H"
 
 
 @pytest.mark.parametrize(

@@ -59,8 +59,8 @@ class HourlySavingState(Episode, kw_only=True):
     """Seconds of the episode in closed hours that served no request (scale-to-zero's, not counted)."""
 
     def __post_init__(self) -> None:
-        if len(self.columns) != self.width or len(self.figures) % self.width:
-            raise ValueError(f"hours are rows of {self.width} figures")
+        if len(self.columns) != self.width or self.width > len(_ZEROS) + 1 or len(self.figures) % self.width:
+            raise ValueError(f"hours are rows of {self.width} figures")  # (a rule's columns, at most 33)
         if self.hours is None:
             return
         hours, self.hours = self.hours, None  # saved before: one struct per hour

@@ -76,6 +76,7 @@ class HourStats(msgspec.Struct, kw_only=True, array_like=True, gc=False):
 def counts(values: Any = ()) -> Counts:
     """Whole counts, unboxed in the narrowest unsigned type that holds them (a byte each while under
     256): a struct field's ``default_factory``, and the histogram read back from a snapshot's list."""
+    values = list(values)  # each type tried reads them all
     for code in "BHIQ":
         try:
             return array(code, values)
