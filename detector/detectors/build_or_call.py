@@ -252,13 +252,16 @@ class BuildOrCall(DetectorBase):
         if event.interval_s >= HOUR_S:
             if event.interval_s > HOUR_S:
                 f[i + COARSE] = 1.0
-            f[i + PEAK] = max(f[i + PEAK], out * HOUR_S / event.interval_s)
+            rate = out * HOUR_S / event.interval_s
+            if rate > f[i + PEAK]:  # max(), without writing an unchanged item (an array's write is dear)
+                f[i + PEAK] = rate
             return
         hour = t - t % HOUR_S
         if hour != f[i + HOUR_START]:
             f[i + HOUR_START], f[i + HOUR_OUTPUT] = hour, 0.0
         f[i + HOUR_OUTPUT] += out
-        f[i + PEAK] = max(f[i + PEAK], f[i + HOUR_OUTPUT])
+        if f[i + HOUR_OUTPUT] > f[i + PEAK]:
+            f[i + PEAK] = f[i + HOUR_OUTPUT]
 
     def _need_days(self) -> int:
         return max(1, round(self.params.window / DAY_S))
