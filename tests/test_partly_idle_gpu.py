@@ -175,6 +175,18 @@ def test_a_gpu_that_stops_reporting_is_not_counted_idle(ruleset):
     assert fire.usd_per_hour == pytest.approx(PRICE * 6 / 8)
 
 
+def test_a_gpu_back_after_an_hour_silent_counts_from_its_first_sample(ruleset):
+    """GPU 0 (busy) is silent for an hour while GPUs 1-7 idle (idle_gpu's spell), and comes back first
+    in a scrape, the sample that moves the clock past the hour and forgets it: that sample counts. The
+    spell ends there (70.5 m), and GPUs 1-7 count 30 m afresh from it, not from the scrape after."""
+    events = host([(10, ONE_BUSY), (60.5, ONE_BUSY[1:]), (60, ONE_BUSY)])
+    engine, found = run(ruleset, events)
+    assert story(found) == [("idle_gpu", "fire", 40, None), ("idle_gpu", "resolve", 70.5, None),
+                            ("partly_idle_gpu", "fire", 100.5, [1, 2, 3, 4, 5, 6, 7])]
+    state = engine._keys["host-1"].rules["partly-idle-gpu"]
+    assert sorted(state.unit_keys) == [str(g) for g in range(8)]
+
+
 def test_re_read_batch_changes_nothing(ruleset):
     """At-least-once delivery: samples read again (a batch from the middle) leave the state as it was."""
     events = host([(60, ONE_BUSY)])

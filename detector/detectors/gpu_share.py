@@ -31,7 +31,7 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
   ``stale_after``; unknown for longer is unknown.
 - **Evidence, not silence.** A GPU counts only while its samples are fresh: a gap longer than
   ``stale_after`` (of the host, or of that GPU) is not idle time, and restarts the count of a
-  GPU not yet counting. A GPU silent for an hour is forgotten.
+  GPU not yet counting. A GPU silent for an hour is forgotten; its next sample starts it afresh.
 - **Event time only.** A sample at or before the latest of its unit (a re-read batch, a
   duplicate) changes nothing; a late one updates its unit without recounting the past.
   Findings are dated by sample times.
@@ -403,7 +403,9 @@ class GpuShare(DetectorBase):
             if t > st.covered_until:
                 out.extend((i, f) for f in self._advance(st, res, t))
                 if known:
-                    j = st.unit(key, gpu)  # -1: forgotten by the clock; this sample then updates no unit
+                    j = st.unit(key, gpu)
+                    if j < 0:  # forgotten by the clock (an hour silent): this sample starts it afresh
+                        known, was_holder, was_pod = False, None, None
             ids = st.gpu_ids
             g = gpu if gpu < len(ids) and ids[gpu] == gpu else _place(ids, gpu)
             if g < 0:
