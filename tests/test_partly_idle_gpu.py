@@ -276,6 +276,13 @@ def test_a_gpu_that_reports_nothing_is_still_part_of_the_host_it_is_billed_with(
     assert found[0].details["gpu_count"] == 8
 
 
+def saved_with_counted_bytes(state: dict) -> dict:
+    """A GPU-share state as saved now in the shape the version before saved it: the GPUs counted a
+    byte each (1: in the set), not bits of one int."""
+    mask = state.get("gpu_counted", 0)
+    return {**state, "gpu_counted": bytes(mask >> p & 1 for p in range(len(state.get("gpu_ids", []))))}
+
+
 def saved_before(state: dict) -> dict:
     """A GPU-share state as saved now (columns: one array per field) in the shape the version before
     saved it: a dict of one struct per unit and one per GPU."""
@@ -288,6 +295,7 @@ def saved_before(state: dict) -> dict:
                           "allocated": (None, True, False)[codes[j] >> 1], "allocated_at": state["unit_times"][2 * j + 1],
                           "pod": pods[j] if pods else None}
                     for j, (key, gpu) in enumerate(unit_list)}  # fmt: skip
+    state = saved_with_counted_bytes(state)
     times, counted = state.get("gpu_times") or [], state.get("gpu_counted") or b""
     old["gpus"] = {gpu: {"units": units, "seen": times[4 * p], "idle_since": None if nan(times[4 * p + 1]) else times[4 * p + 1],
                          "pending_s": times[4 * p + 2], "pending_from": None if nan(times[4 * p + 3]) else times[4 * p + 3],
@@ -314,6 +322,29 @@ def test_a_state_saved_before_the_columns_restores_as_it_was(ruleset, cut_min):
         before, after = first._keys["host-1"].rule(name), restarted._keys["host-1"].rule(name)
         assert msgspec.json.encode(after, enc_hook=enc_hook) == msgspec.json.encode(before, enc_hook=enc_hook)
     assert {"0", "1/0", "1/1", "2", "3"} <= set(restarted._keys["host-1"].rule("partly-idle-gpu").unit_keys)
+    _, second = run(restarted.ruleset, events[cut:], restarted)
+    assert [(f.type, f.action, f.at, f.waste_usd, f.details) for f in saved + second] == \
+        [(f.type, f.action, f.at, f.waste_usd, f.details) for f in whole]  # fmt: skip
+
+
+@pytest.mark.parametrize("cut_min", [20, 45, 75], ids=["before-firing", "open", "in-whole-host-spell"])
+@pytest.mark.parametrize("shape", [saved_with_counted_bytes], ids=["counted-bytes"])
+def test_a_state_saved_by_the_columns_before_restores_as_it_was(ruleset, cut_min, shape):
+    """A state saved by the columns' versions before (the GPUs counted a byte each), with Kubernetes pods
+    and MIG in it, restores to the same state and gives the alerts of one uninterrupted run."""
+    events = kubernetes_host_with_mig()
+    _, whole = run(ruleset, events)
+    cut = next(i for i, e in enumerate(events) if e.t >= T0 + cut_min * MIN)
+    first, saved = run(load_rules(ROOT / "rules"), events[:cut])
+    snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
+    for name in ("partly-idle-gpu", "unallocated-gpu"):
+        snapshot["rules"][name] = shape(snapshot["rules"][name])
+    assert any(snapshot["rules"]["partly-idle-gpu"]["gpu_counted"]) is (cut_min > 20)  # GPUs counted once it fired
+    restarted = Engine(load_rules(ROOT / "rules"))
+    restarted.restore("host-1", msgspec.msgpack.encode(snapshot))
+    for name in ("partly-idle-gpu", "unallocated-gpu"):
+        before, after = first._keys["host-1"].rule(name), restarted._keys["host-1"].rule(name)
+        assert msgspec.json.encode(after, enc_hook=enc_hook) == msgspec.json.encode(before, enc_hook=enc_hook)
     _, second = run(restarted.ruleset, events[cut:], restarted)
     assert [(f.type, f.action, f.at, f.waste_usd, f.details) for f in saved + second] == \
         [(f.type, f.action, f.at, f.waste_usd, f.details) for f in whole]  # fmt: skip

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from array import array
 from operator import attrgetter
 from typing import Any, ClassVar
 
@@ -55,7 +56,7 @@ from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, P
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, floats
+from detector.floats import FloatArray
 from detector.pricing import usd_over
 from detector.units import Duration, Percent
 
@@ -189,8 +190,9 @@ class GpuShareState(Episode, kw_only=True):
     """Per GPU, (newest sample of any of its units; first idle sample after its last busy one, unset:
     busy or not seen idle yet; host-seconds, its share of the host, idle while another GPU
     worked before it counted, priced once it does; when those began)."""
-    gpu_counted: bytearray | None = None
-    """Per GPU, 1 while in the episode's set."""
+    gpu_counted: int | bytearray = 0
+    """The GPUs in the episode's set: bit ``p`` set for the GPU at place ``p`` (an int, no object at all
+    on a host of up to eight GPUs). Snapshots before saved a byte a GPU: read into the bits on decoding."""
     units: dict[str, Unit] | None = None
     gpus: dict[int, GpuTrack] | None = None
     """The units and GPUs as snapshots saved them before the fields above: read into them, then None."""
@@ -216,6 +218,11 @@ class GpuShareState(Episode, kw_only=True):
     short of ``for``, dropped if it lasts (then it is ``idle_gpu``'s)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.gpu_counted, bytearray):  # saved before: a byte a GPU
+            flags, self.gpu_counted = self.gpu_counted, 0
+            for p, flag in enumerate(flags):
+                if flag:
+                    self.gpu_counted |= 1 << p
         if self.units is None and self.gpus is None:
             return
         units, gpus = self.units or {}, self.gpus or {}  # saved before: one struct per unit and per GPU
@@ -234,7 +241,8 @@ class GpuShareState(Episode, kw_only=True):
             times[at + _G_SEEN], times[at + _PENDING_S] = track.seen, track.pending_s
             times[at + _IDLE_SINCE] = _UNSET if track.idle_since is None else track.idle_since
             times[at + _PENDING_FROM] = _UNSET if track.pending_from is None else track.pending_from
-            self.gpu_counted[p] = track.counted  # type: ignore[index]
+            if track.counted:
+                self.gpu_counted |= 1 << p
 
     def clear(self) -> None:
         super().clear()
@@ -256,22 +264,20 @@ class GpuShareState(Episode, kw_only=True):
         """A new unit, last; its place."""
         j = len(self.unit_keys)
         self.unit_keys, self.unit_gpus = _share((*self.unit_keys, key)), _share((*self.unit_gpus, gpu))
-        if self.unit_times is None or self.unit_codes is None:
-            self.unit_times, self.unit_codes = floats(), bytearray()
-        self.unit_times.extend((seen, 0.0))
-        self.unit_codes.append(_HOLDER_CODE[allocated])
-        if pod is not None and self.unit_pods is None:
-            self.unit_pods = [None] * j
-        if self.unit_pods is not None:
-            self.unit_pods.append(pod)
+        # New arrays, sized exactly: extending one in place leaves room to grow on every host.
+        times, codes = array("d", (seen, 0.0)), bytes((_HOLDER_CODE[allocated],))
+        self.unit_times = times if self.unit_times is None else self.unit_times + times
+        self.unit_codes = bytearray(codes) if self.unit_codes is None else self.unit_codes + codes
+        if pod is not None or self.unit_pods is not None:
+            self.unit_pods = [*(self.unit_pods or [None] * j), pod]
         return j
 
     def drop_unit(self, j: int) -> None:
         self.unit_keys = _share(self.unit_keys[:j] + self.unit_keys[j + 1 :])
         self.unit_gpus = _share(self.unit_gpus[:j] + self.unit_gpus[j + 1 :])
-        assert self.unit_times is not None and self.unit_codes is not None
-        del self.unit_times[_U * j : _U * j + _U]
-        del self.unit_codes[j]
+        times, codes = self.unit_times, self.unit_codes
+        assert times is not None and codes is not None
+        self.unit_times, self.unit_codes = times[: _U * j] + times[_U * j + _U :], codes[:j] + codes[j + 1 :]
         if self.unit_pods is not None:
             del self.unit_pods[j]
 
@@ -279,18 +285,17 @@ class GpuShareState(Episode, kw_only=True):
         """A new GPU, last, not seen idle and not counted; its place."""
         p = len(self.gpu_ids)
         self.gpu_ids, self.gpu_units = _share((*self.gpu_ids, gpu)), _share((*self.gpu_units, ()))
-        if self.gpu_times is None or self.gpu_counted is None:
-            self.gpu_times, self.gpu_counted = floats(), bytearray()
-        self.gpu_times.extend((0.0, _UNSET, 0.0, _UNSET))
-        self.gpu_counted.append(0)
+        times = array("d", (0.0, _UNSET, 0.0, _UNSET))
+        self.gpu_times = times if self.gpu_times is None else self.gpu_times + times
         return p
 
     def drop_gpu(self, p: int) -> None:
         self.gpu_ids = _share(self.gpu_ids[:p] + self.gpu_ids[p + 1 :])
         self.gpu_units = _share(self.gpu_units[:p] + self.gpu_units[p + 1 :])
-        assert self.gpu_times is not None and self.gpu_counted is not None
-        del self.gpu_times[_G * p : _G * p + _G]
-        del self.gpu_counted[p]
+        times, counted = self.gpu_times, self.gpu_counted
+        assert times is not None and type(counted) is int
+        self.gpu_times = times[: _G * p] + times[_G * p + _G :]
+        self.gpu_counted = counted & ((1 << p) - 1) | counted >> (p + 1) << p  # the bits above p move down one
 
     def set_gpu_units(self, p: int, units: tuple[str, ...]) -> None:
         gpu_units = self.gpu_units
@@ -305,8 +310,8 @@ class GpuShareState(Episode, kw_only=True):
 
     def counted(self) -> list[int]:
         """The GPUs in the episode's set, in the order tracked."""
-        flags = self.gpu_counted
-        return [gpu for gpu, flag in zip(self.gpu_ids, flags, strict=True) if flag] if flags else []
+        flags: int = self.gpu_counted  # type: ignore[assignment]  # an int once decoded
+        return [gpu for p, gpu in enumerate(self.gpu_ids) if flags >> p & 1] if flags else []
 
 
 class _Status(msgspec.Struct):
@@ -412,7 +417,7 @@ class GpuShare(DetectorBase):
                 g, gpu_seen = st.add_gpu(gpu), 0.0
             else:
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
-                if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):  # type: ignore[index]
+                if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted >> g & 1):  # type: ignore[operator]
                     _restart(st, g)  # a telemetry gap: its idle count starts again
             pod = pod_of(ev) if ev.pod else None
             allocated = ev.allocated
@@ -429,8 +434,8 @@ class GpuShare(DetectorBase):
             elif ((was_holder is not allocated and self.counts(was_holder) != self.counts(allocated))
                   or ((was_pod is not None or pod is not None) and _who(was_pod) != _who(pod))):  # fmt: skip
                 # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
-                if st.gpu_counted[g]:  # type: ignore[index]
-                    st.gpu_counted[g], st.left = 0, "allocation_changed"  # type: ignore[index]
+                if st.gpu_counted >> g & 1:  # type: ignore[operator]
+                    st.gpu_counted, st.left = st.gpu_counted & ~(1 << g), "allocation_changed"  # type: ignore[operator]
                 _restart_run(st, g)
             is_busy = busy(ev, util_below)
             if j >= 0:
@@ -464,14 +469,14 @@ class GpuShare(DetectorBase):
         unit. Returns the GPU's place after; a GPU left with no unit is tracked again, last, with
         what it had (its idle run)."""
         times = st.unit_times
-        assert times is not None and st.gpu_times is not None and st.gpu_counted is not None
-        kept = st.gpu_times[_G * g : _G * g + _G], st.gpu_counted[g]
+        assert times is not None and st.gpu_times is not None
+        kept = st.gpu_times[_G * g : _G * g + _G], st.gpu_counted >> g & 1  # type: ignore[operator]
         self._forget(st, st.unit_keys[min(range(len(st.unit_keys)), key=lambda k: times[_U * k + _SEEN])])
         g = st.gpu(gpu)
         if g < 0:
             g = st.add_gpu(gpu)
             st.gpu_times[_G * g : _G * g + _G] = kept[0]
-            st.gpu_counted[g] = kept[1]
+            st.gpu_counted |= kept[1] << g  # type: ignore[operator]
         return g
 
     def open_episode(self, state: GpuShareState, resource: ResourceInfo) -> Finding | None:
@@ -521,7 +526,7 @@ class GpuShare(DetectorBase):
                 state[gpu] = code
         for key in gone:
             g = st.gpu(st.unit_gpus[st.unit_keys.index(key)])
-            if g >= 0 and st.gpu_counted[g] and len(st.gpu_units[g]) == 1:  # type: ignore[index]
+            if g >= 0 and st.gpu_counted >> g & 1 and len(st.gpu_units[g]) == 1:  # type: ignore[operator]
                 reason = "gpu_gone"
             self._forget(st, key)
         any_busy = BUSY in state.values()
@@ -533,21 +538,24 @@ class GpuShare(DetectorBase):
         changed = bool(reason)
         ids = st.gpu_ids
         times: Any = st.gpu_times  # None only with no GPU tracked (then no loop below reads them)
-        counted: Any = st.gpu_counted
-        for g, gpu in enumerate(ids):
-            now = state.get(gpu)
-            if counted[g] and now is not None and now not in codes:
-                counted[g], changed = 0, True
-                reason = "gpu_busy" if now == BUSY else "allocation_changed"
+        counted: int = st.gpu_counted  # type: ignore[assignment]  # an int once decoded (bit p: the GPU at place p)
+        if counted:
+            for g, gpu in enumerate(ids):
+                now = state.get(gpu)
+                if counted >> g & 1 and now is not None and now not in codes:
+                    counted, changed = counted & ~(1 << g), True
+                    reason = "gpu_busy" if now == BUSY else "allocation_changed"
+            st.gpu_counted = counted
         found: list[Finding] = []
         if any_busy:
             for g, gpu in enumerate(ids):
-                if counted[g] or state.get(gpu, BUSY) not in codes:
+                if counted >> g & 1 or state.get(gpu, BUSY) not in codes:
                     continue
                 at = _G * g
                 idle_since = times[at + _IDLE_SINCE]
                 if idle_since == idle_since and c - max(idle_since, st.rebase_at) >= p.for_:  # set (not NaN), long enough
-                    counted[g], changed = 1, True
+                    counted, changed = counted | 1 << g, True
+                    st.gpu_counted = counted
                     self._charge(st, res, times[at + _PENDING_S])
                     pending_from = times[at + _PENDING_FROM]
                     start = pending_from if pending_from == pending_from else c  # set: not NaN
@@ -555,10 +563,8 @@ class GpuShare(DetectorBase):
                         st.since = start if st.since is None else min(st.since, start)
                     times[at + _PENDING_S], times[at + _PENDING_FROM] = 0.0, _UNSET
         elif st.whole_idle_since is not None:
-            if c - st.whole_idle_since >= p.for_ and counted and any(counted):
-                spell, st.spell_s = st.whole_idle_since, 0.0
-                for g in range(len(ids)):
-                    counted[g] = 0
+            if c - st.whole_idle_since >= p.for_ and counted:
+                spell, st.spell_s, st.gpu_counted = st.whole_idle_since, 0.0, 0
                 return end(st, lambda: self._finding("resolve", st, res, max(spell, st.since or spell),
                                                      reason="whole_host_idle"))  # fmt: skip
         listed = st.counted()
@@ -581,11 +587,12 @@ class GpuShare(DetectorBase):
             for g, gpu in enumerate(ids):
                 if state.get(gpu, BUSY) not in codes:
                     continue
+                if counted >> g & 1:
+                    n += 1
+                    continue
                 at = _G * g
                 idle_since = times[at + _IDLE_SINCE]
-                if counted[g]:
-                    n += 1
-                elif idle_since == idle_since:  # set: not NaN
+                if idle_since == idle_since:  # set: not NaN
                     times[at + _PENDING_S] += share_s
                     if times[at + _PENDING_FROM] != times[at + _PENDING_FROM]:
                         times[at + _PENDING_FROM] = c
@@ -704,4 +711,4 @@ def _restart_run(st: GpuShareState, g: int) -> None:
 def _restart(st: GpuShareState, g: int) -> None:
     """... and it leaves the episode's set."""
     _restart_run(st, g)
-    st.gpu_counted[g] = 0  # type: ignore[index]
+    st.gpu_counted &= ~(1 << g)  # type: ignore[operator]
