@@ -276,17 +276,25 @@ def test_a_gpu_that_reports_nothing_is_still_part_of_the_host_it_is_billed_with(
     assert found[0].details["gpu_count"] == 8
 
 
-def saved_with_counted_bytes(state: dict) -> dict:
-    """A GPU-share state as saved now in the shape the version before saved it: the GPUs counted a
-    byte each (1: in the set), not bits of one int."""
+def saved_with_the_columns_apart(state: dict) -> dict:
+    """A GPU-share state as saved now (every time in one array: the GPUs' four each, the units' latest
+    samples, their allocation times once one is known; the GPUs counted bits of an int) in the shape
+    the version before saved it: the units' times an array apart, two a unit (latest sample,
+    allocation time), and the GPUs counted a byte each."""
+    m, n, times = len(state.get("gpu_ids", [])), len(state.get("unit_keys", [])), state.get("gpu_times")
     mask = state.get("gpu_counted", 0)
-    return {**state, "gpu_counted": bytes(mask >> p & 1 for p in range(len(state.get("gpu_ids", []))))}
+    old = {**state, "gpu_counted": bytes(mask >> p & 1 for p in range(m))}
+    if times is not None:
+        seen, allocated_at = times[4 * m : 4 * m + n], times[4 * m + n :] or [0.0] * n
+        old["gpu_times"], old["unit_times"] = times[: 4 * m], [x for pair in zip(seen, allocated_at, strict=True) for x in pair]
+    return old
 
 
 def saved_before(state: dict) -> dict:
     """A GPU-share state as saved now (columns: one array per field) in the shape the version before
     saved it: a dict of one struct per unit and one per GPU."""
     nan = math.isnan
+    state = saved_with_the_columns_apart(state)
     old = {k: v for k, v in state.items() if not k.startswith(("unit_", "gpu_")) and k not in ("units", "gpus")}
     codes, pods = state.get("unit_codes") or b"", state.get("unit_pods")
     unit_list = zip(state.get("unit_keys", []), state.get("unit_gpus", []), strict=True)
@@ -295,7 +303,6 @@ def saved_before(state: dict) -> dict:
                           "allocated": (None, True, False)[codes[j] >> 1], "allocated_at": state["unit_times"][2 * j + 1],
                           "pod": pods[j] if pods else None}
                     for j, (key, gpu) in enumerate(unit_list)}  # fmt: skip
-    state = saved_with_counted_bytes(state)
     times, counted = state.get("gpu_times") or [], state.get("gpu_counted") or b""
     old["gpus"] = {gpu: {"units": units, "seen": times[4 * p], "idle_since": None if nan(times[4 * p + 1]) else times[4 * p + 1],
                          "pending_s": times[4 * p + 2], "pending_from": None if nan(times[4 * p + 3]) else times[4 * p + 3],
@@ -328,17 +335,17 @@ def test_a_state_saved_before_the_columns_restores_as_it_was(ruleset, cut_min):
 
 
 @pytest.mark.parametrize("cut_min", [20, 45, 75], ids=["before-firing", "open", "in-whole-host-spell"])
-@pytest.mark.parametrize("shape", [saved_with_counted_bytes], ids=["counted-bytes"])
-def test_a_state_saved_by_the_columns_before_restores_as_it_was(ruleset, cut_min, shape):
-    """A state saved by the columns' versions before (the GPUs counted a byte each), with Kubernetes pods
-    and MIG in it, restores to the same state and gives the alerts of one uninterrupted run."""
+def test_a_state_saved_with_the_columns_apart_restores_as_it_was(ruleset, cut_min):
+    """Every time is in one array now, the GPUs counted bits of an int: a state saved by the version
+    before (the units' times an array apart, a byte a GPU counted), with Kubernetes pods and MIG in it,
+    restores to the same state and gives the alerts of one uninterrupted run."""
     events = kubernetes_host_with_mig()
     _, whole = run(ruleset, events)
     cut = next(i for i, e in enumerate(events) if e.t >= T0 + cut_min * MIN)
     first, saved = run(load_rules(ROOT / "rules"), events[:cut])
     snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
     for name in ("partly-idle-gpu", "unallocated-gpu"):
-        snapshot["rules"][name] = shape(snapshot["rules"][name])
+        snapshot["rules"][name] = saved_with_the_columns_apart(snapshot["rules"][name])
     assert any(snapshot["rules"]["partly-idle-gpu"]["gpu_counted"]) is (cut_min > 20)  # GPUs counted once it fired
     restarted = Engine(load_rules(ROOT / "rules"))
     restarted.restore("host-1", msgspec.msgpack.encode(snapshot))

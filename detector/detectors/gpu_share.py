@@ -56,7 +56,7 @@ from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, P
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray
+from detector.floats import FloatArray, floats
 from detector.pricing import usd_over
 from detector.units import Duration, Percent
 
@@ -132,10 +132,11 @@ class GpuTrack(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
 _UNSET = math.nan
 """A time not set (None in the structs before; event times are finite)."""
 _U = 2
-"""Floats per unit in :attr:`GpuShareState.unit_times`: its latest sample, and below its newest that said who holds it."""
+"""Floats per unit in :attr:`GpuShareState.unit_times` as snapshots saved it before :attr:`GpuShareState.gpu_times`
+held every time: its latest sample, and its newest that said who holds it."""
 _SEEN, _ALLOCATED_AT = 0, 1
 _G = 4
-"""Floats per GPU in :attr:`GpuShareState.gpu_times`: below, their places."""
+"""Floats per GPU at the head of :attr:`GpuShareState.gpu_times`: below, their places."""
 _G_SEEN, _IDLE_SINCE, _PENDING_S, _PENDING_FROM = 0, 1, 2, 3
 _BUSY_BIT = 1
 """A unit's code (:attr:`GpuShareState.unit_codes`): bit 0 busy, bits 1-2 who holds it (:data:`_HOLDER`)."""
@@ -165,10 +166,11 @@ def _set(x: float) -> bool:
 
 
 class GpuShareState(Episode, kw_only=True):
-    """A host's GPUs and their units as columns (struct of arrays): one value per unit or GPU in an
-    array of doubles or bytes, indexed by its place, not a dict of one struct per unit and per
-    GPU (~1.7 KB on a host of eight GPUs, ~0.6 KB now). Tuples of keys are shared between hosts
-    alike; unset times are NaN."""
+    """A host's GPUs and their units as columns (struct of arrays): one value per unit or GPU,
+    indexed by its place, not a dict of one struct per unit and per GPU (~1.7 KB on a host of eight
+    GPUs, ~0.6 KB now). Every time is in one array of doubles (one header, not one per column),
+    the units' codes in one of bytes, the GPUs counted bits of an int. Tuples of keys are shared
+    between hosts alike; unset times are NaN."""
 
     unit_keys: tuple[str, ...] = ()
     """Each GPU or MIG instance (a unit) seen, by key ("3", or "3/1" for a MIG instance), in the
@@ -176,7 +178,8 @@ class GpuShareState(Episode, kw_only=True):
     unit_gpus: tuple[int, ...] = ()
     """The GPU of each unit."""
     unit_times: FloatArray | None = None
-    """Per unit, (latest sample, newest sample that said who holds it: ``allocated`` not None)."""
+    """Per unit, (latest sample, newest that said who holds it), as snapshots saved them before
+    :attr:`gpu_times` held them: read into it on decoding, then None."""
     unit_codes: bytearray | None = None
     """Per unit, whether its latest sample was busy and who held it (:data:`_BUSY_BIT`, :data:`_HOLDER`)."""
     unit_pods: list[Pod | None] | None = None
@@ -187,9 +190,12 @@ class GpuShareState(Episode, kw_only=True):
     """Per GPU, its units' keys (one, or its MIG instances): a whole GPU's is one tuple shared by
     every host (:data:`_ALONE`)."""
     gpu_times: FloatArray | None = None
-    """Per GPU, (newest sample of any of its units; first idle sample after its last busy one, unset:
-    busy or not seen idle yet; host-seconds, its share of the host, idle while another GPU
-    worked before it counted, priced once it does; when those began)."""
+    """Every time, in three parts. Per GPU, :data:`_G` times (newest sample of any of its units;
+    first idle sample after its last busy one, unset: busy or not seen idle yet; host-seconds,
+    its share of the host, idle while another GPU worked before it counted, priced once it does;
+    when those began). Then per unit, its latest sample. Then, only once a sample has said who
+    holds a unit (``allocated`` not None: Kubernetes), per unit the newest that did (0.0 where
+    none; :meth:`set_allocated_at`): 8 bytes a unit less on every host off Kubernetes."""
     gpu_counted: int | bytearray = 0
     """The GPUs in the episode's set: bit ``p`` set for the GPU at place ``p`` (an int, no object at all
     on a host of up to eight GPUs). Snapshots before saved a byte a GPU: read into the bits on decoding."""
@@ -223,13 +229,19 @@ class GpuShareState(Episode, kw_only=True):
             for p, flag in enumerate(flags):
                 if flag:
                     self.gpu_counted |= 1 << p
+        if self.unit_times is not None:  # saved before: the units' times an array apart, two a unit
+            unit_times, self.unit_times = self.unit_times, None
+            allocated_at = unit_times[_ALLOCATED_AT::_U]
+            parts = (self.gpu_times or floats(), unit_times[_SEEN::_U], allocated_at if any(allocated_at) else floats())
+            self.gpu_times = parts[0] + parts[1] + parts[2]
         if self.units is None and self.gpus is None:
             return
         units, gpus = self.units or {}, self.gpus or {}  # saved before: one struct per unit and per GPU
         self.units = self.gpus = None
         for key, unit in units.items():
             j = self.add_unit(key, unit.gpu, unit.seen, unit.allocated, unit.pod)
-            self.unit_times[_U * j + _ALLOCATED_AT] = unit.allocated_at  # type: ignore[index]
+            if unit.allocated_at:
+                self.set_allocated_at(j, unit.allocated_at)
             if unit.busy:
                 self.unit_codes[j] |= _BUSY_BIT  # type: ignore[index]
         for gpu, track in gpus.items():
@@ -263,30 +275,35 @@ class GpuShareState(Episode, kw_only=True):
     def add_unit(self, key: str, gpu: int, seen: float, allocated: bool | None, pod: Pod | None) -> int:
         """A new unit, last; its place."""
         j = len(self.unit_keys)
-        self.unit_keys, self.unit_gpus = _share((*self.unit_keys, key)), _share((*self.unit_gpus, gpu))
         # New arrays, sized exactly: extending one in place leaves room to grow on every host.
-        times, codes = array("d", (seen, 0.0)), bytes((_HOLDER_CODE[allocated],))
-        self.unit_times = times if self.unit_times is None else self.unit_times + times
+        times, end = self.gpu_times or floats(), _G * len(self.gpu_ids) + j  # the end of the units' latest samples
+        new = array("d", (seen,))
+        self.gpu_times = times + new if len(times) == end else times[:end] + new + times[end:] + array("d", (0.0,))
+        self.unit_keys, self.unit_gpus = _share((*self.unit_keys, key)), _share((*self.unit_gpus, gpu))
+        codes = bytes((_HOLDER_CODE[allocated],))
         self.unit_codes = bytearray(codes) if self.unit_codes is None else self.unit_codes + codes
         if pod is not None or self.unit_pods is not None:
             self.unit_pods = [*(self.unit_pods or [None] * j), pod]
         return j
 
     def drop_unit(self, j: int) -> None:
+        times, codes, n = self.gpu_times, self.unit_codes, len(self.unit_keys)
+        assert times is not None and codes is not None
+        seen = _G * len(self.gpu_ids) + j
+        if len(times) > seen - j + n:  # the allocation times too: drop the unit's, the later place first
+            times = times[: seen + n] + times[seen + n + 1 :]
+        self.gpu_times, self.unit_codes = times[:seen] + times[seen + 1 :], codes[:j] + codes[j + 1 :]
         self.unit_keys = _share(self.unit_keys[:j] + self.unit_keys[j + 1 :])
         self.unit_gpus = _share(self.unit_gpus[:j] + self.unit_gpus[j + 1 :])
-        times, codes = self.unit_times, self.unit_codes
-        assert times is not None and codes is not None
-        self.unit_times, self.unit_codes = times[: _U * j] + times[_U * j + _U :], codes[:j] + codes[j + 1 :]
         if self.unit_pods is not None:
             del self.unit_pods[j]
 
     def add_gpu(self, gpu: int) -> int:
         """A new GPU, last, not seen idle and not counted; its place."""
         p = len(self.gpu_ids)
+        times, new = self.gpu_times or floats(), array("d", (0.0, _UNSET, 0.0, _UNSET))
+        self.gpu_times = times[: _G * p] + new + times[_G * p :]  # after the GPUs', before the units' times
         self.gpu_ids, self.gpu_units = _share((*self.gpu_ids, gpu)), _share((*self.gpu_units, ()))
-        times = array("d", (0.0, _UNSET, 0.0, _UNSET))
-        self.gpu_times = times if self.gpu_times is None else self.gpu_times + times
         return p
 
     def drop_gpu(self, p: int) -> None:
@@ -300,6 +317,17 @@ class GpuShareState(Episode, kw_only=True):
     def set_gpu_units(self, p: int, units: tuple[str, ...]) -> None:
         gpu_units = self.gpu_units
         self.gpu_units = _share((*gpu_units[:p], units, *gpu_units[p + 1 :]))
+
+    def set_allocated_at(self, j: int, t: float) -> None:
+        """Unit ``j``'s newest sample that said who holds it is at ``t`` (the units' allocation times
+        start with the host's first such sample)."""
+        times = self.gpu_times
+        assert times is not None
+        n = len(self.unit_keys)
+        start = _G * len(self.gpu_ids) + n
+        if len(times) == start:  # the first sample of the host to say who holds its unit
+            times = self.gpu_times = times + array("d", bytes(8 * n))  # 0.0 for every unit
+        times[start + j] = t
 
     def holder(self, j: int) -> bool | None:
         """Who holds unit ``j`` as its latest sample said (``allocated``)."""
@@ -347,7 +375,7 @@ class GpuShare(DetectorBase):
         GPU's first idle sample (being counted towards ``for``), as ``idle_gpu`` tracks a host, so
         the anomaly model leaves the rule the first word on it."""
         times = state.gpu_times
-        if state.since is not None or (times is not None and any(map(_set, times[_IDLE_SINCE::_G]))):
+        if state.since is not None or (times is not None and any(map(_set, times[_IDLE_SINCE : _G * len(state.gpu_ids) : _G]))):
             return Behaviour.LEVEL
         return Behaviour.NONE
 
@@ -396,17 +424,22 @@ class GpuShare(DetectorBase):
             was_pod: Pod | None = None
             was_allocated_at = 0.0
             if known:
-                unit_times: Any = st.unit_times
-                if t <= unit_times[_U * j]:
+                column: Any = st.gpu_times
+                units_at = _G * len(st.gpu_ids)  # where the units' latest samples start (after the GPUs' times)
+                if t <= column[units_at + j]:
                     continue  # a re-read or duplicate sample
                 # What its latest sample said: the clock below may forget the unit (an hour silent).
                 was_holder = _HOLDER[st.unit_codes[j] >> 1]  # type: ignore[index]
                 if was_holder is not None:
-                    was_allocated_at = unit_times[_U * j + _ALLOCATED_AT]
+                    try:  # its allocation time (this runs for every sample: no method call)
+                        was_allocated_at = column[units_at + len(keys) + j]
+                    except IndexError:
+                        pass  # none held yet: 0.0
                 if st.unit_pods is not None:
                     was_pod = st.unit_pods[j]
             if t > st.covered_until:
                 out.extend((i, f) for f in self._advance(st, res, t))
+                units_at = _G * len(st.gpu_ids)  # (the clock may forget units and GPUs)
                 if known:
                     j = st.unit(key, gpu)
                     if j < 0:  # forgotten by the clock (an hour silent): this sample starts it afresh
@@ -415,6 +448,7 @@ class GpuShare(DetectorBase):
             g = gpu if gpu < len(ids) and ids[gpu] == gpu else _place(ids, gpu)
             if g < 0:
                 g, gpu_seen = st.add_gpu(gpu), 0.0
+                units_at = _G * len(st.gpu_ids)
             else:
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
                 if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted >> g & 1):  # type: ignore[operator]
@@ -429,6 +463,7 @@ class GpuShare(DetectorBase):
                 if len(st.unit_keys) >= MAX_UNITS:
                     g = self._forget_for(st, g, gpu)
                 j = st.add_unit(key, gpu, t, allocated, pod)
+                units_at = _G * len(st.gpu_ids)
                 units = st.gpu_units[g]
                 st.set_gpu_units(g, (*units, key) if units else _ALONE.get(key) or (key,))
             elif ((was_holder is not allocated and self.counts(was_holder) != self.counts(allocated))
@@ -438,18 +473,22 @@ class GpuShare(DetectorBase):
                     st.gpu_counted, st.left = st.gpu_counted & ~(1 << g), "allocation_changed"  # type: ignore[operator]
                 _restart_run(st, g)
             is_busy = busy(ev, util_below)
-            if j >= 0:
-                unit_times = st.unit_times
-                unit_times[_U * j] = t
-                st.unit_codes[j] = (0 if allocated is None else 2 if allocated else 4) | is_busy  # type: ignore[index]  # _HOLDER_CODE; bit 0: busy
-                pods = st.unit_pods
-                if pods is None and pod is not None:
-                    pods = st.unit_pods = [None] * len(st.unit_keys)
-                if pods is not None:
-                    pods[j] = pod
-                if ev.allocated is not None:
-                    unit_times[_U * j + _ALLOCATED_AT] = t
-            if ev.model and ev.model != st.model:
+            column = st.gpu_times
+            at = units_at + j
+            column[at] = t
+            st.unit_codes[j] = (0 if allocated is None else 2 if allocated else 4) | is_busy  # type: ignore[index]  # _HOLDER_CODE; bit 0: busy
+            pods = st.unit_pods
+            if pods is not None:
+                pods[j] = pod
+            elif pod is not None:  # the host's first pod
+                pods = st.unit_pods = [None] * len(st.unit_keys)
+                pods[j] = pod
+            if ev.allocated is not None:
+                try:
+                    column[at + len(st.unit_keys)] = t
+                except IndexError:
+                    st.set_allocated_at(j, t)  # the host's first: the allocation times start
+            if ev.model != st.model and ev.model:  # (the same model, the usual case, in one comparison)
                 st.model = intern(ev.model)
             times: Any = st.gpu_times
             at = _G * g
@@ -468,14 +507,14 @@ class GpuShare(DetectorBase):
         """Make room for a new unit of GPU ``gpu`` (at place ``g``): forget the least recently seen
         unit. Returns the GPU's place after; a GPU left with no unit is tracked again, last, with
         what it had (its idle run)."""
-        times = st.unit_times
-        assert times is not None and st.gpu_times is not None
-        kept = st.gpu_times[_G * g : _G * g + _G], st.gpu_counted >> g & 1  # type: ignore[operator]
-        self._forget(st, st.unit_keys[min(range(len(st.unit_keys)), key=lambda k: times[_U * k + _SEEN])])
+        times, units_at = st.gpu_times, _G * len(st.gpu_ids)
+        assert times is not None
+        kept = times[_G * g : _G * g + _G], st.gpu_counted >> g & 1  # type: ignore[operator]
+        self._forget(st, st.unit_keys[min(range(len(st.unit_keys)), key=lambda k: times[units_at + k])])
         g = st.gpu(gpu)
         if g < 0:
             g = st.add_gpu(gpu)
-            st.gpu_times[_G * g : _G * g + _G] = kept[0]
+            st.gpu_times[_G * g : _G * g + _G] = kept[0]  # type: ignore[index]
             st.gpu_counted |= kept[1] << g  # type: ignore[operator]
         return g
 
@@ -514,7 +553,8 @@ class GpuShare(DetectorBase):
         # Each fresh GPU's state at c, from its units' latest samples, in one pass (every scrape).
         state: dict[int, int] = {}
         stale, gone = p.stale_after, []
-        seen = st.unit_times[_SEEN::_U] if st.unit_times is not None else ()
+        column, units_at = st.gpu_times, _G * len(st.gpu_ids)
+        seen = column[units_at : units_at + len(st.unit_keys)] if column is not None else ()
         for key, gpu, unit_seen, unit_code in zip(st.unit_keys, st.unit_gpus, seen, st.unit_codes or (), strict=True):
             age = c - unit_seen
             if age > stale:
@@ -630,10 +670,10 @@ class GpuShare(DetectorBase):
         out = _Status(pods=[])
         stale, allocations = self.params.stale_after, []
         g = st.gpu(gpu)
-        unit_times, unit_codes = st.unit_times, st.unit_codes
+        times, unit_codes, units_at = st.gpu_times, st.unit_codes, _G * len(st.gpu_ids)
         for key in st.gpu_units[g] if g >= 0 else ():
             j = st.unit(key, gpu)
-            if at - unit_times[_U * j + _SEEN] > stale:  # type: ignore[index]
+            if at - times[units_at + j] > stale:  # type: ignore[index]
                 continue
             out.fresh = True
             out.busy = out.busy or bool(unit_codes[j] & _BUSY_BIT)  # type: ignore[index]
