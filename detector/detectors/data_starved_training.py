@@ -66,7 +66,7 @@ from pydantic import Field
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, advance, end
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, grow, per_gpu
+from detector.floats import FloatArray, grow, per_gpu, shared_whole
 from detector.pricing import usd_over
 from detector.units import Duration, Percent
 
@@ -115,6 +115,7 @@ class DataStarvedTrainingState(Episode, kw_only=True):
     """Bit mask of the GPUs that reached ``wait_below`` in the window."""
     scrape_t: float = -math.inf
     scrape_max: float = 0.0
+    """The current scrape's busiest GPU (a whole percent the float every state shares: :func:`~detector.floats.shared_whole`)."""
     scrape_mask: int = 0
     """GPUs already counted in the current scrape (a re-read sample counts once)."""
     seen: int = 0
@@ -220,7 +221,7 @@ class DataStarvedTraining(DetectorBase):
                 worked |= bit
             if util > top:
                 top = util
-        st.scrape_mask, st.worked, st.scrape_max, st.seen = mask, worked, top, seen
+        st.scrape_mask, st.worked, st.scrape_max, st.seen = mask, worked, shared_whole(top), seen
         model = events[-1].model if events else ""
         if model and model != st.model:
             st.model = intern(model)
