@@ -167,8 +167,8 @@ def _set(x: float) -> bool:
 
 class GpuShareState(Episode, kw_only=True):
     """A host's GPUs and their units as columns (struct of arrays): one value per unit or GPU,
-    indexed by its place, not a dict of one struct per unit and per GPU (~1.7 KB on a host of eight
-    GPUs, ~0.6 KB now). Every time is in one array of doubles (one header, not one per column),
+    indexed by its place, not a dict of one struct per unit and per GPU (~1.8 KB on a host of eight
+    GPUs, ~0.7 KB now). Every time is in one array of doubles (one header, not one per column),
     the units' codes in one of bytes, the GPUs counted bits of an int. Tuples of keys are shared
     between hosts alike; unset times are NaN."""
 
@@ -430,7 +430,7 @@ class GpuShare(DetectorBase):
                     continue  # a re-read or duplicate sample
                 # What its latest sample said: the clock below may forget the unit (an hour silent).
                 was_holder = _HOLDER[st.unit_codes[j] >> 1]  # type: ignore[index]
-                if was_holder is not None:
+                if was_holder is not None and ev.allocated is None:  # (only read where it is needed, below)
                     try:  # its allocation time (this runs for every sample: no method call)
                         was_allocated_at = column[units_at + len(keys) + j]
                     except IndexError:
