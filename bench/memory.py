@@ -6,8 +6,8 @@
     .venv/bin/python bench/memory.py --replay bench/out/fleet.jsonl   # a day of history, by kind
 
 An :class:`~detector.engine.Engine` with the shipped rules (``rules/``) and the anomaly rule
-building windows (as with a model loaded) is fed ``--minutes`` of event time for N distinct
-resources, in the proportions of the simulated fleet (:class:`detector.simulate.SimConfig`'s
+building windows (and, with ``--model-dir``, judging them) is fed ``--minutes`` of event time
+for N distinct resources, in the proportions of the simulated fleet (:class:`detector.simulate.SimConfig`'s
 defaults: 12 GPU hosts with 8 GPUs, 8 notebooks, 3 inference endpoints, 6 CPU instances with
 egress, 3 buckets, 3 vector databases in every 35), decoded from JSON by the worker's decoder
 (so strings and tag dicts are as fresh as a worker's), in batches of a few thousand events.
@@ -22,6 +22,11 @@ that with ``--evict-after S`` the engine evicts the waves gone quiet for S secon
 Every batch's touched keys are then saved as the worker saves them, to ``--store``: ``sqlite``
 (a file: the store's memory is not the worker's, as with a ClickHouse server) or ``chdb``
 (the embedded ClickHouse, whose memory is counted in this process's RSS).
+
+``--model-dir DIR``: the anomaly rule scores with the model in DIR (``burnwatch model train``), as a
+worker with a model does, so each resource also holds its run of judged windows and, where
+a window stands out, its open episode. The model's groups are the resource types', whatever
+fleet it was trained on. Without it the windows are built and not judged.
 
 ``--replay FILE``: instead, a replay file (the bench fleet: 24 h of history) through the same
 engine, then each key's state by resource kind, in memory and saved (a steady state: the
@@ -251,12 +256,21 @@ def breakdown(engine: Engine, sample: int = 3000) -> dict[str, float]:
     return per_key
 
 
-def by_kind(path: str) -> None:
+def scoring(model_dir: str | None) -> Scoring:
+    """The anomaly rule's scoring: the model in ``model_dir``, else windows built and not judged."""
+    if model_dir is None:
+        return Scoring(observe=lambda windows: None)
+    from detector.model.forest import ModelSet
+
+    return Scoring(ModelSet.load(model_dir))
+
+
+def by_kind(path: str, model_dir: str | None = None) -> None:
     """Each key's state after a replay file, by resource kind: in memory (deep size) and saved."""
     from detector.replay import read_replay
 
     ruleset = load_rules(ROOT / "rules")
-    use_scoring(ruleset.rules, Scoring(observe=lambda windows: None))
+    use_scoring(ruleset.rules, scoring(model_dir))
     engine = Engine(ruleset)
     decoder = EventDecoder(max_future_s=10 * 365 * 86_400.0)
     batch: list[tuple[float, Any]] = []
@@ -293,13 +307,14 @@ def main() -> int:
     parser.add_argument("--no-tracemalloc", action="store_true", help="RSS only (tracemalloc slows 2-3x)")
     parser.add_argument("--sample", type=int, default=3000, help="keys whose state is measured by part")
     parser.add_argument("--replay", help="measure the state after this replay file instead, by resource kind")
+    parser.add_argument("--model-dir", help="score windows with the model in this folder (default: built, not judged)")
     args = parser.parse_args()
     if args.replay:
-        by_kind(args.replay)
+        by_kind(args.replay, args.model_dir)
         return 0
 
     ruleset = load_rules(ROOT / "rules")
-    use_scoring(ruleset.rules, Scoring(observe=lambda windows: None))  # windows built, as with a model
+    use_scoring(ruleset.rules, scoring(args.model_dir))
     tmp = tempfile.TemporaryDirectory(prefix="burnwatch-memory-")
     save: Save | None = None
     fetch: Callable[[str], bytes | None] | None = None

@@ -137,6 +137,8 @@ class _Snapshot(msgspec.Struct, kw_only=True):
 
 _KIND: dict[type, str] = {GpuMetric: "gpu", UsageEvent: "usage", RunEvent: "run"}
 _MAX_TAG_SETS = 100_000
+_MAX_PRICES = 10_000
+"""Distinct prices the engine shares one float of (:meth:`Engine._shared_price`) before it starts afresh."""
 _NO_TAGS: dict[str, str] = {}
 
 
@@ -229,6 +231,9 @@ class Engine:
         self._context = _KeyContext(self)
         self._tags: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         """Tag sets seen → one shared dict each (resources of a team carry the same tags)."""
+        self._prices: dict[float, float] = {}
+        """Interval costs and hourly rates seen → one float each: resources of a type and interval cost
+        the same, and a float of its own is 24 bytes a key (:meth:`_shared_price`)."""
         self._decoder = msgspec.msgpack.Decoder(_Snapshot)
 
     def __len__(self) -> int:
@@ -495,11 +500,24 @@ class Engine:
         cost = self.pricer.cost(ev)
         listed = self.pricer.pricing.instances.get(ev.instance_type) if ev.instance_type else None
         info.gpus = listed.gpus if listed is not None else 0
-        info.interval_usd = cost.usd
+        info.interval_usd = self._shared_price(cost.usd)
         if cost.usd_per_hour is not None:
-            info.usd_per_hour = cost.usd_per_hour
+            info.usd_per_hour = self._shared_price(cost.usd_per_hour)
         if changed:
             state.clear_routes()
+
+    def _shared_price(self, usd: float) -> float:
+        """One float object per distinct price (bounded like :meth:`_shared_tags`); a zero keeps its
+        sign, as it came (0.0 and -0.0 are one key of a dict), and a price that is not a float (an event
+        built in Python) stays itself (2 and 2.0 are one key too)."""
+        if not usd or type(usd) is not float:
+            return usd
+        shared = self._prices.get(usd)
+        if shared is None:
+            if len(self._prices) >= _MAX_PRICES:
+                self._prices.clear()
+            shared = self._prices[usd] = usd
+        return shared
 
     def _shared_tags(self, tags: dict[str, str]) -> dict[str, str]:
         """One dict per distinct tag set, its strings interned (never mutated: replaced on change).

@@ -261,8 +261,12 @@ def test_egress_intervals_saved_as_triples_before_are_read_back_flat():
 def test_states_saved_with_empty_containers_before_read_back_as_nothing_yet():
     """Fields that hold nothing on most resources are None (or the one empty tuple) until they do,
     not an empty dict or list on every key: states saved before, with those empty containers or
-    with contents, restore to what they said, and a new state round-trips."""
+    with contents, restore to what they said, and a new state round-trips (an anomaly run, three
+    floats a window, flat)."""
+    from array import array
+
     import msgspec
+    import pytest
 
     from detector.detectors.anomaly import AnomalyState
     from detector.detectors.gpu_episode import GpuEpisodeState
@@ -273,7 +277,10 @@ def test_states_saved_with_empty_containers_before_read_back_as_nothing_yet():
     assert not restored.pods and restored.allocated == {"0": True} and not restored.peak_power_w
     old = msgspec.msgpack.encode({"run": [[300.0, 1.5, 2.0], [600.0, 2.5, 2.0]], "stands_out": [{"feature": "x"}]})
     restored = msgspec.msgpack.decode(old, type=AnomalyState, dec_hook=dec_hook)
-    assert restored.run == ((300.0, 1.5, 2.0), (600.0, 2.5, 2.0)) and restored.stands_out == [{"feature": "x"}]
+    assert restored.run == array("d", [300.0, 1.5, 2.0, 600.0, 2.5, 2.0]) and restored.stands_out == [{"feature": "x"}]
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode({"run": []}), type=AnomalyState, dec_hook=dec_hook).run is None
+    with pytest.raises(msgspec.ValidationError, match="triples"):  # a run cut short is refused, not misread
+        msgspec.msgpack.decode(msgspec.msgpack.encode({"run": [300.0, 1.5]}), type=AnomalyState, dec_hook=dec_hook)
     for fresh in (GpuEpisodeState(), AnomalyState()):
         again = msgspec.msgpack.encode(fresh, enc_hook=enc_hook)
         assert msgspec.msgpack.decode(again, type=type(fresh), dec_hook=dec_hook) == fresh
@@ -327,3 +334,23 @@ def test_empty_dicts_saved_before_read_back_where_none_is_held_now(ruleset):
     engine = Engine(ruleset)
     engine.process(timeline(T0, T0 + 5 * MIN, [90.0], rid="h"))
     assert engine._keys["h"].rule("egress-runaway").destinations is None
+
+
+def test_resources_priced_alike_share_their_price_and_keep_its_value(ruleset):
+    """Each resource's interval cost and hourly rate are one float shared by every resource priced
+    alike (24 bytes a key each, not a float of its own), and sharing never changes a value: a
+    different price stays itself, a zero keeps its sign, a float stays a float."""
+    import math
+
+    import msgspec
+
+    engine = Engine(ruleset)
+    engine.process([usage(T0, rid="a"), usage(T0, rid="b"), usage(T0, rid="c", usd_per_hour=16.0),
+                    usage(T0, rid="p", usd_per_hour=0.0), usage(T0, rid="z", usd_per_hour=-0.0)])  # fmt: skip
+    a, b, c, z = (engine._keys[k].info for k in "abcz")  # z after p: a table keyed by value gives -0.0 p's 0.0
+    assert a.interval_usd == 32.0 / 60 and a.interval_usd is b.interval_usd and a.usd_per_hour is b.usd_per_hour
+    assert c.interval_usd == 16.0 / 60 and c.usd_per_hour == 16.0
+    assert z.interval_usd == 0.0 and math.copysign(1.0, z.interval_usd) == -1.0
+    # An event built in Python may carry an int: it is not handed to a resource whose price is the float.
+    engine.process([msgspec.structs.replace(usage(T0 + MIN, rid="i"), cost_usd=2), usage(T0 + MIN, rid="f", usd_per_hour=120.0)])
+    assert engine._keys["i"].info.interval_usd == 2 and type(engine._keys["f"].info.interval_usd) is float

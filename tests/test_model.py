@@ -155,6 +155,19 @@ def test_train_from_the_store_writes_artifacts_a_worker_reloads(store, tmp_path)
     assert (tmp_path / "gpu.json").exists()
 
 
+def test_training_runs_anomaly_rules_of_its_own_not_the_ones_it_is_given():
+    """Training lends its scoring (no model; its own collector) to the anomaly rules it runs for as
+    long as it runs (``scoring_during``), and the worker retrains on a thread with the rule set it
+    detects with (streams/timers.py, ``retrain_model``): were they the same detectors, the worker's
+    anomaly rule would judge nothing during a retrain and feed its live windows to the training
+    set (and share its window builder with another thread). The rules training runs are compiled
+    afresh from the same sources, even when the rule set already has an anomaly rule."""
+    given = load_rules(ROOT / "rules")
+    live = {id(r.detector) for r in given.rules if r.detector.type == "anomaly"}
+    trained = [r.detector for r in anomaly_ruleset(given).rules if r.detector.type == "anomaly"]
+    assert live and trained and not any(id(d) in live for d in trained)
+
+
 def test_an_anomaly_on_a_resource_with_an_open_rule_incident_joins_it(store):
     from detector.alerts import AlertManager, AlertMemory
     from detector.detectors import Finding, ResourceInfo
@@ -474,3 +487,50 @@ def test_whole_percent_utilisation_is_held_a_byte_a_sample_and_judged_as_the_flo
         assert closed == again
         assert closed.values["gpu_util_mean"] == sum(util + k for k in range(5)) / 5
         assert closed.values["gpu_util_p95"] == util + 4 and type(closed.values["gpu_util_p95"]) is float
+
+
+def test_a_window_holds_no_gpu_series_on_a_resource_without_gpus_and_restores_what_was_saved_empty():
+    """A CPU instance's window never made an array of GPU samples or per-GPU times (two empty
+    arrays on a third of a fleet's keys), nor does any resource hold baselines before its first
+    window is learnt; a state saved before, with those as empty lists, restores to the same
+    empties and closes the same window as one never saved."""
+    import msgspec
+
+    from detector.floats import dec_hook, enc_hook
+
+    builder, st = WindowBuilder(300.0), WindowState()
+    for k in range(5):
+        event = UsageEvent(ts=at(T0 + k * MIN), resource_id="c1", resource_type="cpu_instance", interval_s=60.0,
+                           cost_usd=0.01, egress_bytes=10**9)  # fmt: skip
+        builder.add(st, "c1", "cpu_instance", 0.01, event, event.t)
+    assert st.utils is None and st.gpu_last is None and st.baseline is None
+    saved = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook))
+    old = msgspec.msgpack.decode(msgspec.msgpack.encode({**saved, "utils": [], "gpu_last": [], "baseline": []}),
+                                 type=WindowState, dec_hook=dec_hook)  # fmt: skip
+    assert old == st
+    more = [UsageEvent(ts=at(T0 + k * MIN), resource_id="c1", resource_type="cpu_instance", interval_s=60.0,
+                       cost_usd=0.02, egress_bytes=10**9) for k in range(5, 11)]  # fmt: skip
+    closed = [w for e in more if (w := builder.add(st, "c1", "cpu_instance", 0.02, e, e.t))]
+    again = [w for e in more if (w := builder.add(old, "c1", "cpu_instance", 0.02, e, e.t))]
+    assert closed and closed == again and st.baseline is not None and len(st.baseline) == 4
+    assert st.utils is None and st.gpu_last is None  # a window closed leaves no empty series either
+
+
+def test_resources_in_the_same_window_share_its_start_and_end():
+    """The windows of a fleet are aligned: every resource whose window starts at the same time
+    holds the same float for it, and so for its end once learnt (24 bytes a key less each), and a
+    resource that moves on later to a start already seen still gets the window's start, not another's."""
+    builder = WindowBuilder(300.0)
+    states = [WindowState() for _ in range(3)]
+    for i, st in enumerate(states[:2]):
+        for e in minute(T0 + 301.0, 50.0, 200.0, rid=f"h{i}"):
+            builder.add(st, f"h{i}", "gpu_instance", 0.5, e, e.t)
+    assert states[0].start == T0 + 300.0 and states[0].start is states[1].start
+    for e in minute(T0 + 10 * MIN, 50.0, 200.0, rid="h0"):
+        builder.add(states[0], "h0", "gpu_instance", 0.5, e, e.t)
+    for e in minute(T0 + 310.0, 50.0, 200.0, rid="h2"):
+        builder.add(states[2], "h2", "gpu_instance", 0.5, e, e.t)
+    assert states[2].start == T0 + 300.0 and states[0].start == T0 + 600.0
+    for e in minute(T0 + 10 * MIN, 50.0, 200.0, rid="h1"):
+        builder.add(states[1], "h1", "gpu_instance", 0.5, e, e.t)
+    assert states[0].learnt_at == T0 + 600.0 and states[0].learnt_at is states[1].learnt_at

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NamedTuple, Protocol
@@ -56,6 +57,7 @@ from pydantic import Field, StringConstraints
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import FloatArray
 from detector.metrics import METRICS
 from detector.model.features import BASE_FEATURES, METRIC_PREFIX, Window, WindowBuilder, WindowState, follows
 from detector.units import Duration
@@ -192,9 +194,11 @@ class AnomalyParams(Params):
 
 class AnomalyState(Episode, kw_only=True):
     windows: WindowState = msgspec.field(default_factory=WindowState)
-    run: tuple[tuple[float, float, float], ...] = ()
-    """The last judged windows in a row (up to ``persist``): (start, evidence, dollars). A tuple
-    replaced at each window: none is the one empty tuple, not a list on every resource."""
+    run: FloatArray | None = None
+    """The last judged windows in a row (up to ``persist``): (start, evidence, dollars) of each,
+    flat in one array of doubles, 24 bytes a window (a tuple of three floats was ~110: ~600 bytes
+    on every resource a model judges); None: none. Saved as a flat list; a list of triples
+    (saved before) is read flat (:func:`detector.floats.dec_hook`)."""
     last_seq: int = 0
     usd: float = 0.0
     score: float = 0.0
@@ -209,6 +213,13 @@ class AnomalyState(Episode, kw_only=True):
     quiet_usd: float = 0.0
     """Dollars of the open episode's windows since its last unusual one: its own if it goes on."""
     last_end: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.run is not None:
+            if len(self.run) % 3:
+                raise ValueError("an anomaly run holds (start, evidence, dollars) triples")
+            if not self.run:
+                self.run = None  # saved before as an empty list
 
     def clear(self) -> None:
         super().clear()
@@ -324,27 +335,28 @@ class Anomaly(DetectorBase):
             return "late", 0.0, []
         persist, budget = max(1, min(model.persist, MAX_PERSIST)), model.budget
         if not follows(st.last_seq, st.last_end, w):
-            st.run = ()  # windows in between were not judged, or a long silence: a run starts again
+            st.run = None  # windows in between were not judged, or a long silence: a run starts again
         if math.isnan(e):
             e = 0.0  # never from a model file that loads (its calibration is checked); no evidence
         st.last_seq, st.last_end = w.seq, w.end
         if w.covered and st.fired_at is None:
-            st.run = ()  # a rule is tracking the resource: it has the first word, and a run starts after it
+            st.run = None  # a rule is tracking the resource: it has the first word, and a run starts after it
             return "rule", 0.0, []
-        st.run = (*st.run[-(persist - 1):], (w.start, e, w.cost_usd)) if persist > 1 else ((w.start, e, w.cost_usd),)
+        kept = st.run[-3 * (persist - 1) :] if st.run is not None and persist > 1 else ()
+        windows = st.run = array("d", [*kept, w.start, e, w.cost_usd])  # made whole: no spare capacity on every key
         run, length, least = 0.0, 0, math.inf
-        for n, (_, evidence, _) in enumerate(reversed(st.run), start=1):
+        for n, evidence in enumerate(reversed(windows[1::3]), start=1):
             least = min(least, evidence)
             if n * least > run:
                 run, length = n * least, n
         if st.fired_at is None:
             if run < budget:
                 return ("unusual" if e >= budget / persist else "normal"), run, []
-            opening = st.run[-length:]
+            first = len(windows) - 3 * length  # the opening run's first window
             st.score, st.threshold, st.stands_out = score, model.threshold, stands_out(w)
             st.evidence, st.budget, st.windows_run = run, budget, length
-            action = fire(st, since=opening[0][0], fired_at=w.end, at=w.end)
-            st.usd = sum(usd for _, _, usd in opening)
+            action = fire(st, since=windows[first], fired_at=w.end, at=w.end)
+            st.usd = sum(windows[first + 2 :: 3])
             return "alert", run, [self._finding(action, st, res, w)]
         if run >= budget:  # open while the latest windows would still open it
             st.quiet = 0
@@ -358,7 +370,7 @@ class Anomaly(DetectorBase):
         st.quiet_usd += w.cost_usd
         if st.quiet < self.params.quiet_windows:
             return "normal", run, []
-        st.run = ()  # the next episode needs a run of its own
+        st.run = None  # the next episode needs a run of its own
         return "normal", run, end(st, lambda: self._finding("resolve", st, res, w, reason="back_to_normal"))
 
     def open_episode(self, state: AnomalyState, resource: ResourceInfo) -> Finding | None:

@@ -34,7 +34,7 @@ from array import array
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, Series, append, as_floats, bytewise, floats, newer, per_gpu
+from detector.floats import FloatArray, Series, append, as_floats, bytewise, newer, per_gpu
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
            "feature_names", "follows", "metrics_of", "model_group"]
@@ -89,7 +89,7 @@ def _number(value: object) -> float | None:
 def _forget(st: WindowState) -> None:
     """Drop a resource's baselines (it comes back after a silence longer than their half-life):
     it is judged against the fleet again until its new baseline covers ``min_history``."""
-    st.baseline, st.baseline_names = floats(), ()
+    st.baseline, st.baseline_names = None, ()
     st.weight, st.windows, st.first, st.learnt_at = 0.0, 0, None, None
 
 
@@ -132,15 +132,17 @@ class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     start: float | None = None
     cost_usd: float = 0.0
     usage_s: float = 0.0
-    utils: Series = msgspec.field(default_factory=bytewise)
+    utils: Series | None = None
     """The window's GPU utilisation samples, unboxed: a byte each while they are whole percents (as
     DCGM and NVML report them), 8 bytes once one is not (:func:`detector.floats.append`), never a
-    float object's 32; saved as a list (:mod:`detector.floats`)."""
+    float object's 32; saved as a list (:mod:`detector.floats`). None while the window has none
+    (every window of a resource without GPUs): no empty array on every key."""
     mem_frac_sum: float = 0.0
     power_sum: float = 0.0
     gpu_samples: int = 0
-    gpu_last: FloatArray = msgspec.field(default_factory=per_gpu)
-    """Latest sample time per GPU index (:func:`detector.floats.per_gpu`): a re-read sample is not counted twice."""
+    gpu_last: FloatArray | None = None
+    """Latest sample time per GPU index (:func:`detector.floats.per_gpu`): a re-read sample is not counted
+    twice. None until the resource's first GPU sample."""
     usage_last: float = 0.0
     egress_bytes: float = 0.0
     covered: bool = False
@@ -155,10 +157,10 @@ class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """The window's running mean per generic metric, and below how many values it has (None: none yet,
     no empty dicts on every resource)."""
     metric_n: dict[str, int] | None = None
-    baseline: FloatArray = msgspec.field(default_factory=floats)
+    baseline: FloatArray | None = None
     """The usual level and variance of each feature of ``baseline_names`` (24-hour half-life), on the
     model's log scale, interleaved (level, variance, level, ...): 16 bytes a feature, not two dict
-    slots and two float objects (~140)."""
+    slots and two float objects (~140). None before the first window learnt."""
     baseline_names: tuple[str, ...] = ()
     """The features ``baseline`` holds, in order: the builder's tuple for the group, shared by every
     resource of it (:meth:`WindowBuilder.bases`); none before the first window learnt."""
@@ -178,6 +180,12 @@ class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """Windows closed, learnt or not: consecutive judged windows have consecutive numbers."""
 
     def __post_init__(self) -> None:
+        if self.utils is not None and not self.utils:  # saved before as an empty list: none, as now
+            self.utils = None
+        if self.gpu_last is not None and not self.gpu_last:
+            self.gpu_last = None
+        if self.baseline is not None and not self.baseline:
+            self.baseline = None
         if self.log_mean is not None or self.log_var is not None:  # saved before: level and variance by name
             means, variances = self.log_mean or {}, self.log_var or {}
             names = tuple(dict.fromkeys([*means, *variances]))
@@ -187,6 +195,8 @@ class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     def known(self) -> dict[str, tuple[float, float]]:
         """Feature → its usual level and variance, for the features the baselines hold."""
         b = self.baseline
+        if b is None:
+            return {}
         return {name: (b[2 * i], b[2 * i + 1]) for i, name in enumerate(self.baseline_names)}
 
 
@@ -246,6 +256,16 @@ class WindowBuilder:
         self.metrics = tuple(metrics)
         self._names: dict[str, tuple[str, ...]] = {}
         self._bases: dict[str, tuple[str, ...]] = {}
+        self._last_start = self._last_end = -math.inf
+        """The latest window start a resource moved to, and end a resource closed: the next with the
+        same holds this float, not one of its own (windows are aligned, so a fleet's keys share one:
+        24 bytes a key each)."""
+
+    @staticmethod
+    def _shared(t: float, latest: float) -> float:
+        """``latest`` if it is ``t`` (the float other resources hold), else ``t``. Read once by the
+        caller: a builder used from two threads hands each the value it asked for."""
+        return latest if t == latest else t
 
     def names(self, group: str) -> tuple[str, ...]:
         names = self._names.get(group)
@@ -274,20 +294,21 @@ class WindowBuilder:
         what follows against the resource's present and does not alert on the same change again."""
         closed = None
         start = t - t % self.window_s
-        if st.start is None:
-            st.start = start
-        elif start > st.start:
-            closed = self._close(st, resource_id, resource_type)
-            st.start = start
+        if st.start is None or start > st.start:
+            if st.start is not None:
+                closed = self._close(st, resource_id, resource_type)
+            st.start = self._last_start = self._shared(start, self._last_start)
         elif start < st.start:
             return None  # late for a window already closed
         if covered:
             st.covered = True
             st.paused = st.paused or paused
         if type(event) is GpuMetric:
+            if st.gpu_last is None:
+                st.gpu_last = per_gpu()
             if not newer(st.gpu_last, event.gpu_index, t):
                 return closed
-            st.utils = append(st.utils, event.util_pct)
+            st.utils = append(st.utils if st.utils is not None else bytewise(), event.util_pct)
             if event.mem_total_mib > 0:
                 st.mem_frac_sum += event.mem_used_mib / event.mem_total_mib
             st.power_sum += event.power_w
@@ -327,6 +348,7 @@ class WindowBuilder:
         base = self._base_values(st)
         start = st.start or 0.0
         end = start + self.window_s
+        end = self._last_end = self._shared(end, self._last_end)
         window = None
         st.closes += 1
         gpu_blind = group in ("gpu", "inference") and st.gpu_samples == 0
@@ -362,7 +384,7 @@ class WindowBuilder:
         return window
 
     def _base_values(self, st: WindowState) -> dict[str, float]:
-        utils = sorted(as_floats(st.utils))
+        utils = sorted(as_floats(st.utils)) if st.utils is not None else []
         n = st.gpu_samples
         util_mean = sum(utils) / n if n else 0.0
         power = st.power_sum / n if n else 0.0
@@ -404,7 +426,7 @@ class WindowBuilder:
 
     def _reset(self, st: WindowState) -> None:
         st.cost_usd = st.usage_s = st.mem_frac_sum = st.power_sum = 0.0
-        st.utils = bytewise()
+        st.utils = None
         st.gpu_samples = 0
         st.egress_bytes = st.requests = st.request_s = 0.0
         st.storage_first = st.storage_last = None

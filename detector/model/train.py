@@ -66,10 +66,11 @@ class TrainingSet:
 
 
 def anomaly_ruleset(ruleset: RuleSet, metrics: Sequence[str] = ()) -> RuleSet:
-    """The rule set as given, with an ``anomaly`` rule added if it has none (training needs its
-    windows), its anomaly rules reading the generic ``metrics`` too if any are named."""
-    if not metrics and any(r.detector.type == "anomaly" for r in ruleset.rules):
-        return ruleset
+    """The rule set's rules compiled afresh for training, with an ``anomaly`` rule added if it has
+    none (training needs its windows), its anomaly rules reading the generic ``metrics`` too if
+    any are named. Afresh, never the rules given: training lends its own scoring to the anomaly
+    rules it runs for as long as it runs (no model; its collector), and a worker retrains on a
+    thread beside the rules it detects with, which must go on judging with the model in use."""
     sources = [r.source for r in ruleset.rules if r.source is not None]
     if not any(r.detector.type == "anomaly" for r in ruleset.rules):
         sources.append(parse_rule({"name": "cost-anomaly", "type": "anomaly"}))
