@@ -276,14 +276,28 @@ def test_a_gpu_that_reports_nothing_is_still_part_of_the_host_it_is_billed_with(
     assert found[0].details["gpu_count"] == 8
 
 
+def test_a_host_of_more_than_64_gpus_counted_saves_and_restores(ruleset):
+    """GPU indexes go to 255: a host sending 80 (a producer's odd numbering is normal input) with all
+    but GPU 0 idle counts GPUs past the 64th, and its state saves (msgpack: no int past 64 bits in it)
+    and restores as it was."""
+    from detector.detectors.gpu_share import GpuShareState
+    from detector.floats import dec_hook
+
+    engine, found = run(ruleset, host([(40, [gpu(0, 95.0)] + [gpu(g) for g in range(1, 80)])]))
+    assert found[0].action == "fire" and len(found[0].details["gpus_idle"]) == 79
+    state = engine._keys["host-1"].rule("partly-idle-gpu")
+    restored = msgspec.msgpack.decode(msgspec.msgpack.encode(state, enc_hook=enc_hook), type=GpuShareState,
+                                      dec_hook=dec_hook)  # fmt: skip
+    assert restored.counted() == state.counted() == list(range(1, 80))
+    assert msgspec.json.encode(restored, enc_hook=enc_hook) == msgspec.json.encode(state, enc_hook=enc_hook)
+
+
 def saved_with_the_columns_apart(state: dict) -> dict:
     """A GPU-share state as saved now (every time in one array: the GPUs' four each, the units' latest
-    samples, their allocation times once one is known; the GPUs counted bits of an int) in the shape
-    the version before saved it: the units' times an array apart, two a unit (latest sample,
-    allocation time), and the GPUs counted a byte each."""
+    samples, their allocation times once one is known) in the shape the version before saved it: the
+    units' times an array apart, two a unit (latest sample, allocation time)."""
     m, n, times = len(state.get("gpu_ids", [])), len(state.get("unit_keys", [])), state.get("gpu_times")
-    mask = state.get("gpu_counted", 0)
-    old = {**state, "gpu_counted": bytes(mask >> p & 1 for p in range(m))}
+    old = dict(state)
     if times is not None:
         seen, allocated_at = times[4 * m : 4 * m + n], times[4 * m + n :] or [0.0] * n
         old["gpu_times"], old["unit_times"] = times[: 4 * m], [x for pair in zip(seen, allocated_at, strict=True) for x in pair]
@@ -336,9 +350,9 @@ def test_a_state_saved_before_the_columns_restores_as_it_was(ruleset, cut_min):
 
 @pytest.mark.parametrize("cut_min", [20, 45, 75], ids=["before-firing", "open", "in-whole-host-spell"])
 def test_a_state_saved_with_the_columns_apart_restores_as_it_was(ruleset, cut_min):
-    """Every time is in one array now, the GPUs counted bits of an int: a state saved by the version
-    before (the units' times an array apart, a byte a GPU counted), with Kubernetes pods and MIG in it,
-    restores to the same state and gives the alerts of one uninterrupted run."""
+    """Every time is in one array now: a state saved by the version before (the units' times an array
+    apart), with Kubernetes pods and MIG in it, restores to the same state and gives the alerts of one
+    uninterrupted run."""
     events = kubernetes_host_with_mig()
     _, whole = run(ruleset, events)
     cut = next(i for i, e in enumerate(events) if e.t >= T0 + cut_min * MIN)

@@ -196,9 +196,9 @@ class GpuShareState(Episode, kw_only=True):
     when those began). Then per unit, its latest sample. Then, only once a sample has said who
     holds a unit (``allocated`` not None: Kubernetes), per unit the newest that did (0.0 where
     none; :meth:`set_allocated_at`): 8 bytes a unit less on every host off Kubernetes."""
-    gpu_counted: int | bytearray = 0
-    """The GPUs in the episode's set: bit ``p`` set for the GPU at place ``p`` (an int, no object at all
-    on a host of up to eight GPUs). Snapshots before saved a byte a GPU: read into the bits on decoding."""
+    gpu_counted: bytes = b""
+    """Per GPU, 1 while in the episode's set: bytes, not a bytearray, one object for every host with the
+    same flags (:func:`_flags`; most hosts' are all 0), replaced when a GPU joins or leaves the set."""
     units: dict[str, Unit] | None = None
     gpus: dict[int, GpuTrack] | None = None
     """The units and GPUs as snapshots saved them before the fields above: read into them, then None."""
@@ -224,11 +224,8 @@ class GpuShareState(Episode, kw_only=True):
     short of ``for``, dropped if it lasts (then it is ``idle_gpu``'s)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.gpu_counted, bytearray):  # saved before: a byte a GPU
-            flags, self.gpu_counted = self.gpu_counted, 0
-            for p, flag in enumerate(flags):
-                if flag:
-                    self.gpu_counted |= 1 << p
+        if self.gpu_counted:
+            self.gpu_counted = _flags(self.gpu_counted)
         if self.unit_times is not None:  # saved before: the units' times an array apart, two a unit
             unit_times, self.unit_times = self.unit_times, None
             allocated_at = unit_times[_ALLOCATED_AT::_U]
@@ -254,7 +251,7 @@ class GpuShareState(Episode, kw_only=True):
             times[at + _IDLE_SINCE] = _UNSET if track.idle_since is None else track.idle_since
             times[at + _PENDING_FROM] = _UNSET if track.pending_from is None else track.pending_from
             if track.counted:
-                self.gpu_counted |= 1 << p
+                _set_counted(self, p, 1)
 
     def clear(self) -> None:
         super().clear()
@@ -304,15 +301,16 @@ class GpuShareState(Episode, kw_only=True):
         times, new = self.gpu_times or floats(), array("d", (0.0, _UNSET, 0.0, _UNSET))
         self.gpu_times = times[: _G * p] + new + times[_G * p :]  # after the GPUs', before the units' times
         self.gpu_ids, self.gpu_units = _share((*self.gpu_ids, gpu)), _share((*self.gpu_units, ()))
+        self.gpu_counted = _flags(self.gpu_counted + b"\0")
         return p
 
     def drop_gpu(self, p: int) -> None:
         self.gpu_ids = _share(self.gpu_ids[:p] + self.gpu_ids[p + 1 :])
         self.gpu_units = _share(self.gpu_units[:p] + self.gpu_units[p + 1 :])
         times, counted = self.gpu_times, self.gpu_counted
-        assert times is not None and type(counted) is int
+        assert times is not None
         self.gpu_times = times[: _G * p] + times[_G * p + _G :]
-        self.gpu_counted = counted & ((1 << p) - 1) | counted >> (p + 1) << p  # the bits above p move down one
+        self.gpu_counted = _flags(counted[:p] + counted[p + 1 :])
 
     def set_gpu_units(self, p: int, units: tuple[str, ...]) -> None:
         gpu_units = self.gpu_units
@@ -338,8 +336,8 @@ class GpuShareState(Episode, kw_only=True):
 
     def counted(self) -> list[int]:
         """The GPUs in the episode's set, in the order tracked."""
-        flags: int = self.gpu_counted  # type: ignore[assignment]  # an int once decoded
-        return [gpu for p, gpu in enumerate(self.gpu_ids) if flags >> p & 1] if flags else []
+        flags = self.gpu_counted
+        return [gpu for gpu, flag in zip(self.gpu_ids, flags, strict=True) if flag] if 1 in flags else []
 
 
 class _Status(msgspec.Struct):
@@ -451,7 +449,7 @@ class GpuShare(DetectorBase):
                 units_at = _G * len(st.gpu_ids)
             else:
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
-                if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted >> g & 1):  # type: ignore[operator]
+                if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):
                     _restart(st, g)  # a telemetry gap: its idle count starts again
             pod = pod_of(ev) if ev.pod else None
             allocated = ev.allocated
@@ -469,8 +467,9 @@ class GpuShare(DetectorBase):
             elif ((was_holder is not allocated and self.counts(was_holder) != self.counts(allocated))
                   or ((was_pod is not None or pod is not None) and _who(was_pod) != _who(pod))):  # fmt: skip
                 # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
-                if st.gpu_counted >> g & 1:  # type: ignore[operator]
-                    st.gpu_counted, st.left = st.gpu_counted & ~(1 << g), "allocation_changed"  # type: ignore[operator]
+                if st.gpu_counted[g]:
+                    _set_counted(st, g, 0)
+                    st.left = "allocation_changed"
                 _restart_run(st, g)
             is_busy = busy(ev, util_below)
             column = st.gpu_times
@@ -509,13 +508,13 @@ class GpuShare(DetectorBase):
         what it had (its idle run)."""
         times, units_at = st.gpu_times, _G * len(st.gpu_ids)
         assert times is not None
-        kept = times[_G * g : _G * g + _G], st.gpu_counted >> g & 1  # type: ignore[operator]
+        kept = times[_G * g : _G * g + _G], st.gpu_counted[g]
         self._forget(st, st.unit_keys[min(range(len(st.unit_keys)), key=lambda k: times[units_at + k])])
         g = st.gpu(gpu)
         if g < 0:
             g = st.add_gpu(gpu)
             st.gpu_times[_G * g : _G * g + _G] = kept[0]  # type: ignore[index]
-            st.gpu_counted |= kept[1] << g  # type: ignore[operator]
+            _set_counted(st, g, kept[1])
         return g
 
     def open_episode(self, state: GpuShareState, resource: ResourceInfo) -> Finding | None:
@@ -566,7 +565,7 @@ class GpuShare(DetectorBase):
                 state[gpu] = code
         for key in gone:
             g = st.gpu(st.unit_gpus[st.unit_keys.index(key)])
-            if g >= 0 and st.gpu_counted >> g & 1 and len(st.gpu_units[g]) == 1:  # type: ignore[operator]
+            if g >= 0 and st.gpu_counted[g] and len(st.gpu_units[g]) == 1:
                 reason = "gpu_gone"
             self._forget(st, key)
         any_busy = BUSY in state.values()
@@ -578,24 +577,22 @@ class GpuShare(DetectorBase):
         changed = bool(reason)
         ids = st.gpu_ids
         times: Any = st.gpu_times  # None only with no GPU tracked (then no loop below reads them)
-        counted: int = st.gpu_counted  # type: ignore[assignment]  # an int once decoded (bit p: the GPU at place p)
-        if counted:
+        counted = st.gpu_counted  # (bytes: replaced, not changed, by _set_counted)
+        if 1 in counted:
             for g, gpu in enumerate(ids):
                 now = state.get(gpu)
-                if counted >> g & 1 and now is not None and now not in codes:
-                    counted, changed = counted & ~(1 << g), True
+                if counted[g] and now is not None and now not in codes:
+                    counted, changed = _set_counted(st, g, 0), True
                     reason = "gpu_busy" if now == BUSY else "allocation_changed"
-            st.gpu_counted = counted
         found: list[Finding] = []
         if any_busy:
             for g, gpu in enumerate(ids):
-                if counted >> g & 1 or state.get(gpu, BUSY) not in codes:
+                if counted[g] or state.get(gpu, BUSY) not in codes:
                     continue
                 at = _G * g
                 idle_since = times[at + _IDLE_SINCE]
                 if idle_since == idle_since and c - max(idle_since, st.rebase_at) >= p.for_:  # set (not NaN), long enough
-                    counted, changed = counted | 1 << g, True
-                    st.gpu_counted = counted
+                    counted, changed = _set_counted(st, g, 1), True
                     self._charge(st, res, times[at + _PENDING_S])
                     pending_from = times[at + _PENDING_FROM]
                     start = pending_from if pending_from == pending_from else c  # set: not NaN
@@ -603,8 +600,8 @@ class GpuShare(DetectorBase):
                         st.since = start if st.since is None else min(st.since, start)
                     times[at + _PENDING_S], times[at + _PENDING_FROM] = 0.0, _UNSET
         elif st.whole_idle_since is not None:
-            if c - st.whole_idle_since >= p.for_ and counted:
-                spell, st.spell_s, st.gpu_counted = st.whole_idle_since, 0.0, 0
+            if c - st.whole_idle_since >= p.for_ and 1 in counted:
+                spell, st.spell_s, st.gpu_counted = st.whole_idle_since, 0.0, _flags(bytes(len(ids)))
                 return end(st, lambda: self._finding("resolve", st, res, max(spell, st.since or spell),
                                                      reason="whole_host_idle"))  # fmt: skip
         listed = st.counted()
@@ -627,7 +624,7 @@ class GpuShare(DetectorBase):
             for g, gpu in enumerate(ids):
                 if state.get(gpu, BUSY) not in codes:
                     continue
-                if counted >> g & 1:
+                if counted[g]:
                     n += 1
                     continue
                 at = _G * g
@@ -751,4 +748,30 @@ def _restart_run(st: GpuShareState, g: int) -> None:
 def _restart(st: GpuShareState, g: int) -> None:
     """... and it leaves the episode's set."""
     _restart_run(st, g)
-    st.gpu_counted &= ~(1 << g)  # type: ignore[operator]
+    _set_counted(st, g, 0)
+
+
+def _set_counted(st: GpuShareState, g: int, flag: int) -> bytes:
+    """GPU ``g`` in the episode's set (1) or not (0); the flags after."""
+    flags = st.gpu_counted
+    if flags[g] != flag:
+        flags = st.gpu_counted = _flags(flags[:g] + (b"\1" if flag else b"\0") + flags[g + 1 :])
+    return flags
+
+
+_FLAGS: dict[bytes, bytes] = {}
+_MAX_FLAGS = 10_000
+
+
+def _flags(flags: bytes) -> bytes:
+    """One bytes object for every equal set of GPU flags up to :data:`_GROUP_SHARE_MAX` GPUs that hosts
+    hold alike (a byte array on each cost 65 bytes on a host of eight); the table is bounded: past
+    ``_MAX_FLAGS`` it starts afresh."""
+    if len(flags) > _GROUP_SHARE_MAX:
+        return bytes(flags)
+    found = _FLAGS.get(flags)
+    if found is None:
+        if len(_FLAGS) >= _MAX_FLAGS:
+            _FLAGS.clear()
+        found = _FLAGS[flags] = bytes(flags)
+    return found
