@@ -161,6 +161,35 @@ def test_state_stays_small():
     assert len(msgspec.json.encode(st, enc_hook=list)) < 800  # one window's per-GPU sums, no history
 
 
+def test_a_gpu_index_past_63_leaves_the_state_saveable():
+    """GPU indexes go to 255 on the wire, and a snapshot saves an int in 64 bits: a window's GPUs are bits
+    by place (the order first seen), not by index, so a host sending indexes 0..79 (judged on the first 64)
+    saves and restores after every batch; with bits by index its state could not be saved (the worker's
+    commit of the batch failed)."""
+    import msgspec
+
+    from detector.detectors.data_starved_training import DataStarvedTrainingState
+    from detector.floats import dec_hook, enc_hook
+    from detector.rules import load_rules
+    from tests.conftest import ROOT
+
+    events = job(T0, T0 + 20 * MIN, sawtooth, gpus=80)
+    engine = Engine(load_rules(ROOT / "rules"))
+    engine.process(events)
+    restarted = Engine(load_rules(ROOT / "rules"))
+    state = restarted.restore("host-1", engine.snapshot("host-1")).rule("data-starved-training")
+    assert state.gpus == tuple(range(64)) and state.worked == (1 << 64) - 1
+    found = [f for f in restarted.process(job(T0 + 20 * MIN, T0 + 40 * MIN, sawtooth, gpus=80))
+             if f.type == "data_starved_training"]  # fmt: skip
+    assert [f.action for f in found] == ["fire"] and found[0].details["job_gpus"] == 64
+    # A state saved before (bits by index, GPUs 1 and 3 seen, 3 worked) reads into places.
+    old = msgspec.msgpack.encode({"seen": 0b1010, "worked": 0b1000, "scrape_mask": 0b10, "sums": [0.0, 5.0, 0.0, 9.0]})
+    before = msgspec.msgpack.decode(old, type=DataStarvedTrainingState, dec_hook=dec_hook)
+    assert (before.gpus, before.worked, before.scrape_mask, before.seen) == ((1, 3), 0b10, 0b01, 0)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(before, enc_hook=enc_hook), type=DataStarvedTrainingState,
+                                  dec_hook=dec_hook) == before  # fmt: skip
+
+
 def test_hosts_share_the_float_of_a_whole_busiest_percent():
     """The current scrape's busiest GPU is kept until the next scrape: a whole percent (DCGM's and NVML's)
     is the one float of its value every host holds, not an object each; any other value (a fraction,
