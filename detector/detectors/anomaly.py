@@ -193,7 +193,9 @@ class AnomalyParams(Params):
 
 
 class AnomalyState(Episode, kw_only=True):
-    windows: WindowState = msgspec.field(default_factory=WindowState)
+    windows: WindowState | None = None
+    """The open window and baselines; None until the rule builds windows (with no model, as a
+    worker running rules only, it never does: no 230 bytes on every resource for nothing)."""
     run: FloatArray | None = None
     """The last judged windows in a row (up to ``persist``): (start, evidence, dollars) of each,
     flat in one array of doubles, 24 bytes a window (a tuple of three floats was ~110: ~600 bytes
@@ -267,7 +269,10 @@ class Anomaly(DetectorBase):
         if type(event) is UsageEvent:
             others = ctx.others()
             covered, paused = others is not Behaviour.NONE, others is Behaviour.PAUSE
-        window = self._builder.add(state.windows, resource.resource_id, resource.resource_type, resource.interval_usd,
+        windows = state.windows
+        if windows is None:
+            windows = state.windows = WindowState()
+        window = self._builder.add(windows, resource.resource_id, resource.resource_type, resource.interval_usd,
                                    event, t, covered, paused)  # fmt: skip
         if window is None:
             return []
