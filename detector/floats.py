@@ -23,7 +23,8 @@ import math
 from array import array
 from typing import TYPE_CHECKING, Any, cast
 
-__all__ = ["FloatArray", "Series", "append", "as_floats", "bytewise", "dec_hook", "enc_hook", "floats", "grow", "per_gpu"]
+__all__ = ["FloatArray", "Series", "append", "as_floats", "bytewise", "dec_hook", "enc_hook", "floats", "grow", "per_gpu",
+           "shared_whole"]
 
 if TYPE_CHECKING:
     FloatArray = array[float]
@@ -41,6 +42,18 @@ def floats() -> FloatArray:
 
 _WHOLE = {float(i): i for i in range(256)}
 """The whole numbers a byte series holds, by their float."""
+
+
+_SHARED_WHOLE = {float(i): float(i) for i in range(256)}
+"""One float object for each whole number 0..255, shared by every state that keeps one."""
+
+
+def shared_whole(x: float) -> float:
+    """``x``, or where it is a whole number 0..255 (a GPU's percent, as DCGM and NVML report it) the one
+    float object of that value every state holds: a value read from a sample and kept past it costs a
+    float object (24 bytes) on each key otherwise. The same value and sign (-0.0 stays itself)."""
+    whole = _SHARED_WHOLE.get(x)
+    return whole if whole is not None and (whole or math.copysign(1.0, x) > 0.0) else x
 
 
 def bytewise() -> Series:

@@ -161,6 +161,60 @@ def test_state_stays_small():
     assert len(msgspec.json.encode(st, enc_hook=list)) < 800  # one window's per-GPU sums, no history
 
 
+def test_a_gpu_index_past_63_leaves_the_state_saveable():
+    """GPU indexes go to 255 on the wire, and a snapshot saves an int in 64 bits: a window's GPUs are bits
+    by place (the order first seen), not by index, so a host sending indexes 0..79 (judged on the first 64)
+    saves and restores after every batch; with bits by index its state could not be saved (the worker's
+    commit of the batch failed)."""
+    import msgspec
+
+    from detector.detectors.data_starved_training import DataStarvedTrainingState
+    from detector.floats import dec_hook, enc_hook
+    from detector.rules import load_rules
+    from tests.conftest import ROOT
+
+    events = job(T0, T0 + 20 * MIN, sawtooth, gpus=80)
+    engine = Engine(load_rules(ROOT / "rules"))
+    engine.process(events)
+    restarted = Engine(load_rules(ROOT / "rules"))
+    state = restarted.restore("host-1", engine.snapshot("host-1")).rule("data-starved-training")
+    assert state.gpus == tuple(range(64)) and state.worked == (1 << 64) - 1
+    found = [f for f in restarted.process(job(T0 + 20 * MIN, T0 + 40 * MIN, sawtooth, gpus=80))
+             if f.type == "data_starved_training"]  # fmt: skip
+    assert [f.action for f in found] == ["fire"] and found[0].details["job_gpus"] == 64
+    # A state saved before (bits by index, GPUs 1 and 3 seen, 3 worked) reads into places.
+    old = msgspec.msgpack.encode({"seen": 0b1010, "worked": 0b1000, "scrape_mask": 0b10, "sums": [0.0, 5.0, 0.0, 9.0]})
+    before = msgspec.msgpack.decode(old, type=DataStarvedTrainingState, dec_hook=dec_hook)
+    assert (before.gpus, before.worked, before.scrape_mask, before.seen) == ((1, 3), 0b10, 0b01, 0)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(before, enc_hook=enc_hook), type=DataStarvedTrainingState,
+                                  dec_hook=dec_hook) == before  # fmt: skip
+
+
+def test_hosts_share_the_float_of_a_whole_busiest_percent():
+    """The current scrape's busiest GPU is kept until the next scrape: a whole percent (DCGM's and NVML's)
+    is the one float of its value every host holds, not an object each; any other value (a fraction,
+    -0.0) is kept as it came."""
+    import math
+
+    from detector.detectors.base import Context, ResourceInfo
+    from detector.detectors.data_starved_training import DataStarvedTraining
+    from detector.floats import shared_whole
+
+    det = DataStarvedTraining("r", "warning", DataStarvedTraining.Params())
+    ctx = Context(ResourceInfo(resource_id="host-1", state="running", usd_per_hour=PRICE, gpus=8))
+    kept = []
+    for utils in ([3.0, 97.0], [12.0, 97.0], [3.0, 42.5]):
+        st = det.new_state()
+        events = scrape(T0, [float(str(u)) for u in utils])  # the percents as new float objects, as decoded
+        det.step_scrape(st, ctx, events, T0)
+        assert st.scrape_max == max(utils)
+        kept.append(st.scrape_max)
+    assert kept[0] is kept[1]  # 97.0: one object for two hosts
+    assert kept[2] == 42.5
+    assert math.copysign(1.0, shared_whole(-0.0)) == -1.0 and shared_whole(0.0) == 0.0
+    assert shared_whole(255.0) is shared_whole(float("255")) and shared_whole(256.0) == 256.0
+
+
 def test_one_fed_window_inside_an_episode_neither_splits_it_nor_counts():
     # 40 minutes starved, one 5-minute window fed (a lost burst looks like this), 40 more starved.
     events = (job(T0, T0 + 40 * MIN, sawtooth) + job(T0 + 40 * MIN, T0 + 45 * MIN, lambda rng, i: 90.0)

@@ -175,6 +175,18 @@ def test_a_gpu_that_stops_reporting_is_not_counted_idle(ruleset):
     assert fire.usd_per_hour == pytest.approx(PRICE * 6 / 8)
 
 
+def test_a_gpu_back_after_an_hour_silent_counts_from_its_first_sample(ruleset):
+    """GPU 0 (busy) is silent for an hour while GPUs 1-7 idle (idle_gpu's spell), and comes back first
+    in a scrape, the sample that moves the clock past the hour and forgets it: that sample counts. The
+    spell ends there (70.5 m), and GPUs 1-7 count 30 m afresh from it, not from the scrape after."""
+    events = host([(10, ONE_BUSY), (60.5, ONE_BUSY[1:]), (60, ONE_BUSY)])
+    engine, found = run(ruleset, events)
+    assert story(found) == [("idle_gpu", "fire", 40, None), ("idle_gpu", "resolve", 70.5, None),
+                            ("partly_idle_gpu", "fire", 100.5, [1, 2, 3, 4, 5, 6, 7])]
+    state = engine._keys["host-1"].rules["partly-idle-gpu"]
+    assert sorted(state.unit_keys) == [str(g) for g in range(8)]
+
+
 def test_re_read_batch_changes_nothing(ruleset):
     """At-least-once delivery: samples read again (a batch from the middle) leave the state as it was."""
     events = host([(60, ONE_BUSY)])
@@ -264,10 +276,39 @@ def test_a_gpu_that_reports_nothing_is_still_part_of_the_host_it_is_billed_with(
     assert found[0].details["gpu_count"] == 8
 
 
+def test_a_host_of_more_than_64_gpus_counted_saves_and_restores(ruleset):
+    """GPU indexes go to 255: a host sending 80 (a producer's odd numbering is normal input) with all
+    but GPU 0 idle counts GPUs past the 64th, and its state saves (msgpack: no int past 64 bits in it)
+    and restores as it was."""
+    from detector.detectors.gpu_share import GpuShareState
+    from detector.floats import dec_hook
+
+    engine, found = run(ruleset, host([(40, [gpu(0, 95.0)] + [gpu(g) for g in range(1, 80)])]))
+    assert found[0].action == "fire" and len(found[0].details["gpus_idle"]) == 79
+    state = engine._keys["host-1"].rule("partly-idle-gpu")
+    restored = msgspec.msgpack.decode(msgspec.msgpack.encode(state, enc_hook=enc_hook), type=GpuShareState,
+                                      dec_hook=dec_hook)  # fmt: skip
+    assert restored.counted() == state.counted() == list(range(1, 80))
+    assert msgspec.json.encode(restored, enc_hook=enc_hook) == msgspec.json.encode(state, enc_hook=enc_hook)
+
+
+def saved_with_the_columns_apart(state: dict) -> dict:
+    """A GPU-share state as saved now (every time in one array: the GPUs' four each, the units' latest
+    samples, their allocation times once one is known) in the shape the version before saved it: the
+    units' times an array apart, two a unit (latest sample, allocation time)."""
+    m, n, times = len(state.get("gpu_ids", [])), len(state.get("unit_keys", [])), state.get("gpu_times")
+    old = dict(state)
+    if times is not None:
+        seen, allocated_at = times[4 * m : 4 * m + n], times[4 * m + n :] or [0.0] * n
+        old["gpu_times"], old["unit_times"] = times[: 4 * m], [x for pair in zip(seen, allocated_at, strict=True) for x in pair]
+    return old
+
+
 def saved_before(state: dict) -> dict:
     """A GPU-share state as saved now (columns: one array per field) in the shape the version before
     saved it: a dict of one struct per unit and one per GPU."""
     nan = math.isnan
+    state = saved_with_the_columns_apart(state)
     old = {k: v for k, v in state.items() if not k.startswith(("unit_", "gpu_")) and k not in ("units", "gpus")}
     codes, pods = state.get("unit_codes") or b"", state.get("unit_pods")
     unit_list = zip(state.get("unit_keys", []), state.get("unit_gpus", []), strict=True)
@@ -302,6 +343,29 @@ def test_a_state_saved_before_the_columns_restores_as_it_was(ruleset, cut_min):
         before, after = first._keys["host-1"].rule(name), restarted._keys["host-1"].rule(name)
         assert msgspec.json.encode(after, enc_hook=enc_hook) == msgspec.json.encode(before, enc_hook=enc_hook)
     assert {"0", "1/0", "1/1", "2", "3"} <= set(restarted._keys["host-1"].rule("partly-idle-gpu").unit_keys)
+    _, second = run(restarted.ruleset, events[cut:], restarted)
+    assert [(f.type, f.action, f.at, f.waste_usd, f.details) for f in saved + second] == \
+        [(f.type, f.action, f.at, f.waste_usd, f.details) for f in whole]  # fmt: skip
+
+
+@pytest.mark.parametrize("cut_min", [20, 45, 75], ids=["before-firing", "open", "in-whole-host-spell"])
+def test_a_state_saved_with_the_columns_apart_restores_as_it_was(ruleset, cut_min):
+    """Every time is in one array now: a state saved by the version before (the units' times an array
+    apart), with Kubernetes pods and MIG in it, restores to the same state and gives the alerts of one
+    uninterrupted run."""
+    events = kubernetes_host_with_mig()
+    _, whole = run(ruleset, events)
+    cut = next(i for i, e in enumerate(events) if e.t >= T0 + cut_min * MIN)
+    first, saved = run(load_rules(ROOT / "rules"), events[:cut])
+    snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
+    for name in ("partly-idle-gpu", "unallocated-gpu"):
+        snapshot["rules"][name] = saved_with_the_columns_apart(snapshot["rules"][name])
+    assert any(snapshot["rules"]["partly-idle-gpu"]["gpu_counted"]) is (cut_min > 20)  # GPUs counted once it fired
+    restarted = Engine(load_rules(ROOT / "rules"))
+    restarted.restore("host-1", msgspec.msgpack.encode(snapshot))
+    for name in ("partly-idle-gpu", "unallocated-gpu"):
+        before, after = first._keys["host-1"].rule(name), restarted._keys["host-1"].rule(name)
+        assert msgspec.json.encode(after, enc_hook=enc_hook) == msgspec.json.encode(before, enc_hook=enc_hook)
     _, second = run(restarted.ruleset, events[cut:], restarted)
     assert [(f.type, f.action, f.at, f.waste_usd, f.details) for f in saved + second] == \
         [(f.type, f.action, f.at, f.waste_usd, f.details) for f in whole]  # fmt: skip

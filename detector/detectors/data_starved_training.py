@@ -63,10 +63,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding, shared
 from detector.detectors.episode import Episode, advance, end
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, grow, per_gpu
+from detector.floats import FloatArray, grow, per_gpu, shared_whole
 from detector.pricing import usd_over
 from detector.units import Duration, Percent
 
@@ -78,6 +78,18 @@ MAX_GAUGE_PCT = 101.0
 """A host gauge above this is not a share of the host (rounding aside): top's per-process CPU is
 summed over cores (250 % is 2.5 cores of 96), and reading it as pegged would call a quiet host saturated."""
 _WAITING, _BURST = 1, 2
+MAX_GPUS = 64
+"""GPUs of a host judged: the first 64 seen (a host has 16 at most; a producer may send any index
+0..255). A window's GPUs are bits of ints by place, and a snapshot saves an int in 64 bits."""
+_FIRST = tuple(tuple(range(n)) for n in range(MAX_GPUS + 1))
+"""``_FIRST[n]`` is GPUs ``0 .. n-1``, seen in order (a GPU's place is its index): the one tuple of every
+host that has it (:func:`_gpus`), so that a scrape tells it by identity."""
+
+
+def _gpus(gpus: tuple[int, ...]) -> tuple[int, ...]:
+    """The tuple every host with these GPUs holds."""
+    first = _FIRST[len(gpus)] if len(gpus) <= MAX_GPUS else None
+    return first if gpus == first else shared(gpus)
 
 
 class DataStarvedTrainingParams(Params):
@@ -112,13 +124,20 @@ class DataStarvedTrainingState(Episode, kw_only=True):
     sums: FloatArray | None = None
     """Per GPU, the sum of its utilisation over the window's scrapes (None before a sample)."""
     worked: int = 0
-    """Bit mask of the GPUs that reached ``wait_below`` in the window."""
+    """Bit mask of the GPUs that reached ``wait_below`` in the window (bit ``p``: ``gpus[p]``)."""
     scrape_t: float = -math.inf
     scrape_max: float = 0.0
+    """The current scrape's busiest GPU (a whole percent the float every state shares: :func:`~detector.floats.shared_whole`)."""
     scrape_mask: int = 0
-    """GPUs already counted in the current scrape (a re-read sample counts once)."""
+    """GPUs already counted in the current scrape (a re-read sample counts once; bit ``p``: ``gpus[p]``)."""
+    gpus: tuple[int, ...] = ()
+    """The GPU indexes seen on the host, in the order first seen, at most :data:`MAX_GPUS` (their
+    number is the host's GPU count when the price list has none): a GPU's place, its bit in the
+    masks. One tuple for every host alike (:func:`~detector.detectors.base.shared`)."""
     seen: int = 0
-    """Bit mask of the GPU indexes seen on the host (its GPU count when the price list has none)."""
+    """Bit mask of the GPU indexes seen, as snapshots saved it before :attr:`gpus` (the masks' bits
+    were indexes then, so a GPU index past 63 made a state that could not be saved): read into
+    :attr:`gpus`, then 0."""
     model: str = ""
     sat_until: float = -math.inf
     """End of the latest usage interval whose host gauges were saturated."""
@@ -137,6 +156,15 @@ class DataStarvedTrainingState(Episode, kw_only=True):
     fed: int = 0
     """Fed windows in a row inside the episode, the first starting at ``fed_at``."""
     fed_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.gpus:
+            self.gpus = _gpus(self.gpus)
+        if self.seen:  # saved before: bits by GPU index (each under 64, or it could not have been saved)
+            indexes = [i for i in range(64) if self.seen >> i & 1]
+            self.gpus, self.seen = _gpus(tuple(indexes)), 0
+            self.worked = sum(1 << p for p, i in enumerate(indexes) if self.worked >> i & 1)
+            self.scrape_mask = sum(1 << p for p, i in enumerate(indexes) if self.scrape_mask >> i & 1)
 
     def clear(self) -> None:
         super().clear()
@@ -200,14 +228,25 @@ class DataStarvedTraining(DetectorBase):
         if sums is None:
             sums = st.sums = per_gpu()
         wait_below, mask, worked, top = self.params.wait_below, st.scrape_mask, st.worked, st.scrape_max
-        n, seen = len(sums), st.seen
+        n, gpus = len(sums), st.gpus
+        ident = len(gpus) if gpus is _FIRST[len(gpus)] else 0  # GPUs 0..n-1 seen in order (most hosts): place = index
         for ev in events:
             gpu = ev.gpu_index
-            bit = 1 << gpu
+            if gpu < ident:
+                bit = 1 << gpu
+            else:
+                p = gpus.index(gpu) if gpu in gpus else -1
+                if p < 0:
+                    if len(gpus) >= MAX_GPUS:
+                        continue  # past the host's first 64 GPUs: no host has them
+                    p, gpus = len(gpus), _gpus((*gpus, gpu))
+                    st.gpus = gpus
+                    if gpu == p == ident:
+                        ident += 1
+                bit = 1 << p
             if mask & bit:
                 continue  # the same GPU again in one scrape (a re-read message)
             mask |= bit
-            seen |= bit
             if gpu >= n:
                 grow(sums, gpu)
                 n = len(sums)
@@ -220,7 +259,7 @@ class DataStarvedTraining(DetectorBase):
                 worked |= bit
             if util > top:
                 top = util
-        st.scrape_mask, st.worked, st.scrape_max, st.seen = mask, worked, top, seen
+        st.scrape_mask, st.worked, st.scrape_max = mask, worked, shared_whole(top)
         model = events[-1].model if events else ""
         if model and model != st.model:
             st.model = intern(model)
@@ -290,7 +329,7 @@ class DataStarvedTraining(DetectorBase):
 
     def _judge(self, st: DataStarvedTrainingState, res: ResourceInfo, start: float, win_end: float) -> list[Finding]:
         p = self.params
-        job = [i for i in range(len(st.sums or ())) if st.worked >> i & 1]
+        job = sorted(gpu for p, gpu in enumerate(st.gpus) if st.worked >> p & 1)
         sums = st.sums
         used = sum(sums[i] for i in job) / (st.scrapes * len(job) * 100.0) if job and sums is not None else 0.0
         sawtooth = st.edges >= p.min_bursts
@@ -312,7 +351,7 @@ class DataStarvedTraining(DetectorBase):
             return []
         if st.since is None:
             st.since = start
-        host_gpus = res.gpus or st.seen.bit_count() or 1  # the instance type's GPUs, else those seen
+        host_gpus = res.gpus or len(st.gpus) or 1  # the instance type's GPUs, else those seen
         share = min(1.0, len(job) / host_gpus)
         seconds = win_end - start
         st.share_unused = share * (1.0 - used)
@@ -338,7 +377,7 @@ class DataStarvedTraining(DetectorBase):
         assert st.since is not None and st.fired_at is not None
         used_pct = 100.0 * st.used_s / st.seen_s if st.seen_s else 0.0
         details: dict[str, Any] = {
-            "gpu_count": res.gpus or st.seen.bit_count(), "gpu_model": st.model, "job_gpus": st.job_gpus,
+            "gpu_count": res.gpus or len(st.gpus), "gpu_model": st.model, "job_gpus": st.job_gpus,
             "used_pct": round(used_pct, 1), "evidence": st.evidence,
             "episode_s": round(max(at, st.covered_until) - st.since, 3), **extra,
         }  # fmt: skip

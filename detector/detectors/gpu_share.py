@@ -31,7 +31,7 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
   ``stale_after``; unknown for longer is unknown.
 - **Evidence, not silence.** A GPU counts only while its samples are fresh: a gap longer than
   ``stale_after`` (of the host, or of that GPU) is not idle time, and restarts the count of a
-  GPU not yet counting. A GPU silent for an hour is forgotten.
+  GPU not yet counting. A GPU silent for an hour is forgotten; its next sample starts it afresh.
 - **Event time only.** A sample at or before the latest of its unit (a re-read batch, a
   duplicate) changes nothing; a late one updates its unit without recounting the past.
   Findings are dated by sample times.
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from array import array
 from operator import attrgetter
 from typing import Any, ClassVar
 
@@ -131,10 +132,11 @@ class GpuTrack(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
 _UNSET = math.nan
 """A time not set (None in the structs before; event times are finite)."""
 _U = 2
-"""Floats per unit in :attr:`GpuShareState.unit_times`: its latest sample, and below its newest that said who holds it."""
+"""Floats per unit in :attr:`GpuShareState.unit_times` as snapshots saved it before :attr:`GpuShareState.gpu_times`
+held every time: its latest sample, and its newest that said who holds it."""
 _SEEN, _ALLOCATED_AT = 0, 1
 _G = 4
-"""Floats per GPU in :attr:`GpuShareState.gpu_times`: below, their places."""
+"""Floats per GPU at the head of :attr:`GpuShareState.gpu_times`: below, their places."""
 _G_SEEN, _IDLE_SINCE, _PENDING_S, _PENDING_FROM = 0, 1, 2, 3
 _BUSY_BIT = 1
 """A unit's code (:attr:`GpuShareState.unit_codes`): bit 0 busy, bits 1-2 who holds it (:data:`_HOLDER`)."""
@@ -164,10 +166,11 @@ def _set(x: float) -> bool:
 
 
 class GpuShareState(Episode, kw_only=True):
-    """A host's GPUs and their units as columns (struct of arrays): one value per unit or GPU in an
-    array of doubles or bytes, indexed by its place, not a dict of one struct per unit and per
-    GPU (~1.7 KB on a host of eight GPUs, ~0.6 KB now). Tuples of keys are shared between hosts
-    alike; unset times are NaN."""
+    """A host's GPUs and their units as columns (struct of arrays): one value per unit or GPU,
+    indexed by its place, not a dict of one struct per unit and per GPU (~1.8 KB on a host of eight
+    GPUs, ~0.7 KB now). Every time is in one array of doubles (one header, not one per column),
+    the units' codes in one of bytes, the GPUs counted bits of an int. Tuples of keys are shared
+    between hosts alike; unset times are NaN."""
 
     unit_keys: tuple[str, ...] = ()
     """Each GPU or MIG instance (a unit) seen, by key ("3", or "3/1" for a MIG instance), in the
@@ -175,7 +178,8 @@ class GpuShareState(Episode, kw_only=True):
     unit_gpus: tuple[int, ...] = ()
     """The GPU of each unit."""
     unit_times: FloatArray | None = None
-    """Per unit, (latest sample, newest sample that said who holds it: ``allocated`` not None)."""
+    """Per unit, (latest sample, newest that said who holds it), as snapshots saved them before
+    :attr:`gpu_times` held them: read into it on decoding, then None."""
     unit_codes: bytearray | None = None
     """Per unit, whether its latest sample was busy and who held it (:data:`_BUSY_BIT`, :data:`_HOLDER`)."""
     unit_pods: list[Pod | None] | None = None
@@ -186,11 +190,15 @@ class GpuShareState(Episode, kw_only=True):
     """Per GPU, its units' keys (one, or its MIG instances): a whole GPU's is one tuple shared by
     every host (:data:`_ALONE`)."""
     gpu_times: FloatArray | None = None
-    """Per GPU, (newest sample of any of its units; first idle sample after its last busy one, unset:
-    busy or not seen idle yet; host-seconds, its share of the host, idle while another GPU
-    worked before it counted, priced once it does; when those began)."""
-    gpu_counted: bytearray | None = None
-    """Per GPU, 1 while in the episode's set."""
+    """Every time, in three parts. Per GPU, :data:`_G` times (newest sample of any of its units;
+    first idle sample after its last busy one, unset: busy or not seen idle yet; host-seconds,
+    its share of the host, idle while another GPU worked before it counted, priced once it does;
+    when those began). Then per unit, its latest sample. Then, only once a sample has said who
+    holds a unit (``allocated`` not None: Kubernetes), per unit the newest that did (0.0 where
+    none; :meth:`set_allocated_at`): 8 bytes a unit less on every host off Kubernetes."""
+    gpu_counted: bytes = b""
+    """Per GPU, 1 while in the episode's set: bytes, not a bytearray, one object for every host with the
+    same flags (:func:`_flags`; most hosts' are all 0), replaced when a GPU joins or leaves the set."""
     units: dict[str, Unit] | None = None
     gpus: dict[int, GpuTrack] | None = None
     """The units and GPUs as snapshots saved them before the fields above: read into them, then None."""
@@ -216,13 +224,21 @@ class GpuShareState(Episode, kw_only=True):
     short of ``for``, dropped if it lasts (then it is ``idle_gpu``'s)."""
 
     def __post_init__(self) -> None:
+        if self.gpu_counted:
+            self.gpu_counted = _flags(self.gpu_counted)
+        if self.unit_times is not None:  # saved before: the units' times an array apart, two a unit
+            unit_times, self.unit_times = self.unit_times, None
+            allocated_at = unit_times[_ALLOCATED_AT::_U]
+            parts = (self.gpu_times or floats(), unit_times[_SEEN::_U], allocated_at if any(allocated_at) else floats())
+            self.gpu_times = parts[0] + parts[1] + parts[2]
         if self.units is None and self.gpus is None:
             return
         units, gpus = self.units or {}, self.gpus or {}  # saved before: one struct per unit and per GPU
         self.units = self.gpus = None
         for key, unit in units.items():
             j = self.add_unit(key, unit.gpu, unit.seen, unit.allocated, unit.pod)
-            self.unit_times[_U * j + _ALLOCATED_AT] = unit.allocated_at  # type: ignore[index]
+            if unit.allocated_at:
+                self.set_allocated_at(j, unit.allocated_at)
             if unit.busy:
                 self.unit_codes[j] |= _BUSY_BIT  # type: ignore[index]
         for gpu, track in gpus.items():
@@ -234,7 +250,8 @@ class GpuShareState(Episode, kw_only=True):
             times[at + _G_SEEN], times[at + _PENDING_S] = track.seen, track.pending_s
             times[at + _IDLE_SINCE] = _UNSET if track.idle_since is None else track.idle_since
             times[at + _PENDING_FROM] = _UNSET if track.pending_from is None else track.pending_from
-            self.gpu_counted[p] = track.counted  # type: ignore[index]
+            if track.counted:
+                _set_counted(self, p, 1)
 
     def clear(self) -> None:
         super().clear()
@@ -255,46 +272,60 @@ class GpuShareState(Episode, kw_only=True):
     def add_unit(self, key: str, gpu: int, seen: float, allocated: bool | None, pod: Pod | None) -> int:
         """A new unit, last; its place."""
         j = len(self.unit_keys)
+        # New arrays, sized exactly: extending one in place leaves room to grow on every host.
+        times, end = self.gpu_times or floats(), _G * len(self.gpu_ids) + j  # the end of the units' latest samples
+        new = array("d", (seen,))
+        self.gpu_times = times + new if len(times) == end else times[:end] + new + times[end:] + array("d", (0.0,))
         self.unit_keys, self.unit_gpus = _share((*self.unit_keys, key)), _share((*self.unit_gpus, gpu))
-        if self.unit_times is None or self.unit_codes is None:
-            self.unit_times, self.unit_codes = floats(), bytearray()
-        self.unit_times.extend((seen, 0.0))
-        self.unit_codes.append(_HOLDER_CODE[allocated])
-        if pod is not None and self.unit_pods is None:
-            self.unit_pods = [None] * j
-        if self.unit_pods is not None:
-            self.unit_pods.append(pod)
+        codes = bytes((_HOLDER_CODE[allocated],))
+        self.unit_codes = bytearray(codes) if self.unit_codes is None else self.unit_codes + codes
+        if pod is not None or self.unit_pods is not None:
+            self.unit_pods = [*(self.unit_pods or [None] * j), pod]
         return j
 
     def drop_unit(self, j: int) -> None:
+        times, codes, n = self.gpu_times, self.unit_codes, len(self.unit_keys)
+        assert times is not None and codes is not None
+        seen = _G * len(self.gpu_ids) + j
+        if len(times) > seen - j + n:  # the allocation times too: drop the unit's, the later place first
+            times = times[: seen + n] + times[seen + n + 1 :]
+        self.gpu_times, self.unit_codes = times[:seen] + times[seen + 1 :], codes[:j] + codes[j + 1 :]
         self.unit_keys = _share(self.unit_keys[:j] + self.unit_keys[j + 1 :])
         self.unit_gpus = _share(self.unit_gpus[:j] + self.unit_gpus[j + 1 :])
-        assert self.unit_times is not None and self.unit_codes is not None
-        del self.unit_times[_U * j : _U * j + _U]
-        del self.unit_codes[j]
         if self.unit_pods is not None:
             del self.unit_pods[j]
 
     def add_gpu(self, gpu: int) -> int:
         """A new GPU, last, not seen idle and not counted; its place."""
         p = len(self.gpu_ids)
+        times, new = self.gpu_times or floats(), array("d", (0.0, _UNSET, 0.0, _UNSET))
+        self.gpu_times = times[: _G * p] + new + times[_G * p :]  # after the GPUs', before the units' times
         self.gpu_ids, self.gpu_units = _share((*self.gpu_ids, gpu)), _share((*self.gpu_units, ()))
-        if self.gpu_times is None or self.gpu_counted is None:
-            self.gpu_times, self.gpu_counted = floats(), bytearray()
-        self.gpu_times.extend((0.0, _UNSET, 0.0, _UNSET))
-        self.gpu_counted.append(0)
+        self.gpu_counted = _flags(self.gpu_counted + b"\0")
         return p
 
     def drop_gpu(self, p: int) -> None:
         self.gpu_ids = _share(self.gpu_ids[:p] + self.gpu_ids[p + 1 :])
         self.gpu_units = _share(self.gpu_units[:p] + self.gpu_units[p + 1 :])
-        assert self.gpu_times is not None and self.gpu_counted is not None
-        del self.gpu_times[_G * p : _G * p + _G]
-        del self.gpu_counted[p]
+        times, counted = self.gpu_times, self.gpu_counted
+        assert times is not None
+        self.gpu_times = times[: _G * p] + times[_G * p + _G :]
+        self.gpu_counted = _flags(counted[:p] + counted[p + 1 :])
 
     def set_gpu_units(self, p: int, units: tuple[str, ...]) -> None:
         gpu_units = self.gpu_units
         self.gpu_units = _share((*gpu_units[:p], units, *gpu_units[p + 1 :]))
+
+    def set_allocated_at(self, j: int, t: float) -> None:
+        """Unit ``j``'s newest sample that said who holds it is at ``t`` (the units' allocation times
+        start with the host's first such sample)."""
+        times = self.gpu_times
+        assert times is not None
+        n = len(self.unit_keys)
+        start = _G * len(self.gpu_ids) + n
+        if len(times) == start:  # the first sample of the host to say who holds its unit
+            times = self.gpu_times = times + array("d", bytes(8 * n))  # 0.0 for every unit
+        times[start + j] = t
 
     def holder(self, j: int) -> bool | None:
         """Who holds unit ``j`` as its latest sample said (``allocated``)."""
@@ -306,7 +337,7 @@ class GpuShareState(Episode, kw_only=True):
     def counted(self) -> list[int]:
         """The GPUs in the episode's set, in the order tracked."""
         flags = self.gpu_counted
-        return [gpu for gpu, flag in zip(self.gpu_ids, flags, strict=True) if flag] if flags else []
+        return [gpu for gpu, flag in zip(self.gpu_ids, flags, strict=True) if flag] if 1 in flags else []
 
 
 class _Status(msgspec.Struct):
@@ -342,7 +373,7 @@ class GpuShare(DetectorBase):
         GPU's first idle sample (being counted towards ``for``), as ``idle_gpu`` tracks a host, so
         the anomaly model leaves the rule the first word on it."""
         times = state.gpu_times
-        if state.since is not None or (times is not None and any(map(_set, times[_IDLE_SINCE::_G]))):
+        if state.since is not None or (times is not None and any(map(_set, times[_IDLE_SINCE : _G * len(state.gpu_ids) : _G]))):
             return Behaviour.LEVEL
         return Behaviour.NONE
 
@@ -391,26 +422,34 @@ class GpuShare(DetectorBase):
             was_pod: Pod | None = None
             was_allocated_at = 0.0
             if known:
-                unit_times: Any = st.unit_times
-                if t <= unit_times[_U * j]:
+                column: Any = st.gpu_times
+                units_at = _G * len(st.gpu_ids)  # where the units' latest samples start (after the GPUs' times)
+                if t <= column[units_at + j]:
                     continue  # a re-read or duplicate sample
                 # What its latest sample said: the clock below may forget the unit (an hour silent).
                 was_holder = _HOLDER[st.unit_codes[j] >> 1]  # type: ignore[index]
-                if was_holder is not None:
-                    was_allocated_at = unit_times[_U * j + _ALLOCATED_AT]
+                if was_holder is not None and ev.allocated is None:  # (only read where it is needed, below)
+                    try:  # its allocation time (this runs for every sample: no method call)
+                        was_allocated_at = column[units_at + len(keys) + j]
+                    except IndexError:
+                        pass  # none held yet: 0.0
                 if st.unit_pods is not None:
                     was_pod = st.unit_pods[j]
             if t > st.covered_until:
                 out.extend((i, f) for f in self._advance(st, res, t))
+                units_at = _G * len(st.gpu_ids)  # (the clock may forget units and GPUs)
                 if known:
-                    j = st.unit(key, gpu)  # -1: forgotten by the clock; this sample then updates no unit
+                    j = st.unit(key, gpu)
+                    if j < 0:  # forgotten by the clock (an hour silent): this sample starts it afresh
+                        known, was_holder, was_pod = False, None, None
             ids = st.gpu_ids
             g = gpu if gpu < len(ids) and ids[gpu] == gpu else _place(ids, gpu)
             if g < 0:
                 g, gpu_seen = st.add_gpu(gpu), 0.0
+                units_at = _G * len(st.gpu_ids)
             else:
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
-                if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):  # type: ignore[index]
+                if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):
                     _restart(st, g)  # a telemetry gap: its idle count starts again
             pod = pod_of(ev) if ev.pod else None
             allocated = ev.allocated
@@ -422,27 +461,33 @@ class GpuShare(DetectorBase):
                 if len(st.unit_keys) >= MAX_UNITS:
                     g = self._forget_for(st, g, gpu)
                 j = st.add_unit(key, gpu, t, allocated, pod)
+                units_at = _G * len(st.gpu_ids)
                 units = st.gpu_units[g]
                 st.set_gpu_units(g, (*units, key) if units else _ALONE.get(key) or (key,))
             elif ((was_holder is not allocated and self.counts(was_holder) != self.counts(allocated))
                   or ((was_pod is not None or pod is not None) and _who(was_pod) != _who(pod))):  # fmt: skip
                 # Another pod, or a GPU taken or released: a new idle run (a pod starting up is not idle waste).
-                if st.gpu_counted[g]:  # type: ignore[index]
-                    st.gpu_counted[g], st.left = 0, "allocation_changed"  # type: ignore[index]
+                if st.gpu_counted[g]:
+                    _set_counted(st, g, 0)
+                    st.left = "allocation_changed"
                 _restart_run(st, g)
             is_busy = busy(ev, util_below)
-            if j >= 0:
-                unit_times = st.unit_times
-                unit_times[_U * j] = t
-                st.unit_codes[j] = (0 if allocated is None else 2 if allocated else 4) | is_busy  # type: ignore[index]  # _HOLDER_CODE; bit 0: busy
-                pods = st.unit_pods
-                if pods is None and pod is not None:
-                    pods = st.unit_pods = [None] * len(st.unit_keys)
-                if pods is not None:
-                    pods[j] = pod
-                if ev.allocated is not None:
-                    unit_times[_U * j + _ALLOCATED_AT] = t
-            if ev.model and ev.model != st.model:
+            column = st.gpu_times
+            at = units_at + j
+            column[at] = t
+            st.unit_codes[j] = (0 if allocated is None else 2 if allocated else 4) | is_busy  # type: ignore[index]  # _HOLDER_CODE; bit 0: busy
+            pods = st.unit_pods
+            if pods is not None:
+                pods[j] = pod
+            elif pod is not None:  # the host's first pod
+                pods = st.unit_pods = [None] * len(st.unit_keys)
+                pods[j] = pod
+            if ev.allocated is not None:
+                try:
+                    column[at + len(st.unit_keys)] = t
+                except IndexError:
+                    st.set_allocated_at(j, t)  # the host's first: the allocation times start
+            if ev.model != st.model and ev.model:  # (the same model, the usual case, in one comparison)
                 st.model = intern(ev.model)
             times: Any = st.gpu_times
             at = _G * g
@@ -461,15 +506,15 @@ class GpuShare(DetectorBase):
         """Make room for a new unit of GPU ``gpu`` (at place ``g``): forget the least recently seen
         unit. Returns the GPU's place after; a GPU left with no unit is tracked again, last, with
         what it had (its idle run)."""
-        times = st.unit_times
-        assert times is not None and st.gpu_times is not None and st.gpu_counted is not None
-        kept = st.gpu_times[_G * g : _G * g + _G], st.gpu_counted[g]
-        self._forget(st, st.unit_keys[min(range(len(st.unit_keys)), key=lambda k: times[_U * k + _SEEN])])
+        times, units_at = st.gpu_times, _G * len(st.gpu_ids)
+        assert times is not None
+        kept = times[_G * g : _G * g + _G], st.gpu_counted[g]
+        self._forget(st, st.unit_keys[min(range(len(st.unit_keys)), key=lambda k: times[units_at + k])])
         g = st.gpu(gpu)
         if g < 0:
             g = st.add_gpu(gpu)
-            st.gpu_times[_G * g : _G * g + _G] = kept[0]
-            st.gpu_counted[g] = kept[1]
+            st.gpu_times[_G * g : _G * g + _G] = kept[0]  # type: ignore[index]
+            _set_counted(st, g, kept[1])
         return g
 
     def open_episode(self, state: GpuShareState, resource: ResourceInfo) -> Finding | None:
@@ -507,7 +552,8 @@ class GpuShare(DetectorBase):
         # Each fresh GPU's state at c, from its units' latest samples, in one pass (every scrape).
         state: dict[int, int] = {}
         stale, gone = p.stale_after, []
-        seen = st.unit_times[_SEEN::_U] if st.unit_times is not None else ()
+        column, units_at = st.gpu_times, _G * len(st.gpu_ids)
+        seen = column[units_at : units_at + len(st.unit_keys)] if column is not None else ()
         for key, gpu, unit_seen, unit_code in zip(st.unit_keys, st.unit_gpus, seen, st.unit_codes or (), strict=True):
             age = c - unit_seen
             if age > stale:
@@ -519,7 +565,7 @@ class GpuShare(DetectorBase):
                 state[gpu] = code
         for key in gone:
             g = st.gpu(st.unit_gpus[st.unit_keys.index(key)])
-            if g >= 0 and st.gpu_counted[g] and len(st.gpu_units[g]) == 1:  # type: ignore[index]
+            if g >= 0 and st.gpu_counted[g] and len(st.gpu_units[g]) == 1:
                 reason = "gpu_gone"
             self._forget(st, key)
         any_busy = BUSY in state.values()
@@ -531,12 +577,13 @@ class GpuShare(DetectorBase):
         changed = bool(reason)
         ids = st.gpu_ids
         times: Any = st.gpu_times  # None only with no GPU tracked (then no loop below reads them)
-        counted: Any = st.gpu_counted
-        for g, gpu in enumerate(ids):
-            now = state.get(gpu)
-            if counted[g] and now is not None and now not in codes:
-                counted[g], changed = 0, True
-                reason = "gpu_busy" if now == BUSY else "allocation_changed"
+        counted = st.gpu_counted  # (bytes: replaced, not changed, by _set_counted)
+        if 1 in counted:
+            for g, gpu in enumerate(ids):
+                now = state.get(gpu)
+                if counted[g] and now is not None and now not in codes:
+                    counted, changed = _set_counted(st, g, 0), True
+                    reason = "gpu_busy" if now == BUSY else "allocation_changed"
         found: list[Finding] = []
         if any_busy:
             for g, gpu in enumerate(ids):
@@ -545,7 +592,7 @@ class GpuShare(DetectorBase):
                 at = _G * g
                 idle_since = times[at + _IDLE_SINCE]
                 if idle_since == idle_since and c - max(idle_since, st.rebase_at) >= p.for_:  # set (not NaN), long enough
-                    counted[g], changed = 1, True
+                    counted, changed = _set_counted(st, g, 1), True
                     self._charge(st, res, times[at + _PENDING_S])
                     pending_from = times[at + _PENDING_FROM]
                     start = pending_from if pending_from == pending_from else c  # set: not NaN
@@ -553,10 +600,8 @@ class GpuShare(DetectorBase):
                         st.since = start if st.since is None else min(st.since, start)
                     times[at + _PENDING_S], times[at + _PENDING_FROM] = 0.0, _UNSET
         elif st.whole_idle_since is not None:
-            if c - st.whole_idle_since >= p.for_ and counted and any(counted):
-                spell, st.spell_s = st.whole_idle_since, 0.0
-                for g in range(len(ids)):
-                    counted[g] = 0
+            if c - st.whole_idle_since >= p.for_ and 1 in counted:
+                spell, st.spell_s, st.gpu_counted = st.whole_idle_since, 0.0, _flags(bytes(len(ids)))
                 return end(st, lambda: self._finding("resolve", st, res, max(spell, st.since or spell),
                                                      reason="whole_host_idle"))  # fmt: skip
         listed = st.counted()
@@ -579,11 +624,12 @@ class GpuShare(DetectorBase):
             for g, gpu in enumerate(ids):
                 if state.get(gpu, BUSY) not in codes:
                     continue
-                at = _G * g
-                idle_since = times[at + _IDLE_SINCE]
                 if counted[g]:
                     n += 1
-                elif idle_since == idle_since:  # set: not NaN
+                    continue
+                at = _G * g
+                idle_since = times[at + _IDLE_SINCE]
+                if idle_since == idle_since:  # set: not NaN
                     times[at + _PENDING_S] += share_s
                     if times[at + _PENDING_FROM] != times[at + _PENDING_FROM]:
                         times[at + _PENDING_FROM] = c
@@ -621,10 +667,10 @@ class GpuShare(DetectorBase):
         out = _Status(pods=[])
         stale, allocations = self.params.stale_after, []
         g = st.gpu(gpu)
-        unit_times, unit_codes = st.unit_times, st.unit_codes
+        times, unit_codes, units_at = st.gpu_times, st.unit_codes, _G * len(st.gpu_ids)
         for key in st.gpu_units[g] if g >= 0 else ():
             j = st.unit(key, gpu)
-            if at - unit_times[_U * j + _SEEN] > stale:  # type: ignore[index]
+            if at - times[units_at + j] > stale:  # type: ignore[index]
                 continue
             out.fresh = True
             out.busy = out.busy or bool(unit_codes[j] & _BUSY_BIT)  # type: ignore[index]
@@ -702,4 +748,30 @@ def _restart_run(st: GpuShareState, g: int) -> None:
 def _restart(st: GpuShareState, g: int) -> None:
     """... and it leaves the episode's set."""
     _restart_run(st, g)
-    st.gpu_counted[g] = 0  # type: ignore[index]
+    _set_counted(st, g, 0)
+
+
+def _set_counted(st: GpuShareState, g: int, flag: int) -> bytes:
+    """GPU ``g`` in the episode's set (1) or not (0); the flags after."""
+    flags = st.gpu_counted
+    if flags[g] != flag:
+        flags = st.gpu_counted = _flags(flags[:g] + (b"\1" if flag else b"\0") + flags[g + 1 :])
+    return flags
+
+
+_FLAGS: dict[bytes, bytes] = {}
+_MAX_FLAGS = 10_000
+
+
+def _flags(flags: bytes) -> bytes:
+    """One bytes object for every equal set of GPU flags up to :data:`_GROUP_SHARE_MAX` GPUs that hosts
+    hold alike (a byte array on each cost 65 bytes on a host of eight); the table is bounded: past
+    ``_MAX_FLAGS`` it starts afresh."""
+    if len(flags) > _GROUP_SHARE_MAX:
+        return bytes(flags)
+    found = _FLAGS.get(flags)
+    if found is None:
+        if len(_FLAGS) >= _MAX_FLAGS:
+            _FLAGS.clear()
+        found = _FLAGS[flags] = bytes(flags)
+    return found
