@@ -159,3 +159,160 @@ def test_a_baseline_whose_rates_and_starts_disagree_is_refused(saved):
 
     with pytest.raises(msgspec.ValidationError):
         msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=DestinationState, dec_hook=dec_hook)
+
+
+# -- the baseline's buckets against the (start, rate) pairs held before ---------------------------
+
+
+def _old_baseline(pairs: list[float], bucket: dict, t: float, size: float, interval: float, counted: bool,
+                  baseline_s: float) -> float | None:  # fmt: skip
+    """``_add_to_baseline`` as it was at fadd2c8 (pairs ``t0, r0, t1, r1...``), on plain lists."""
+    import statistics
+
+    median = None
+    start = t - t % 300.0
+    if start != bucket["start"]:
+        if bucket["s"] > 0 and counted:
+            pairs.extend((bucket["start"], bucket["bytes"] / bucket["s"]))
+        old = 0
+        while old < len(pairs) and pairs[old] < t - baseline_s:
+            old += 2
+        del pairs[:old]
+        if pairs:
+            median = statistics.median(pairs[1::2])
+        bucket.update(start=start, bytes=0.0, s=0.0)
+    bucket["bytes"] += size
+    bucket["s"] += interval
+    return median
+
+
+def _starts(spans) -> list[float]:
+    out = []
+    for i in range(0, len(spans or ()), 2):
+        s = spans[i]
+        for _ in range(int(spans[i + 1])):
+            out.append(s)
+            s += 300.0  # as forget_before steps a run's first start
+    return out
+
+
+def _steps():
+    from hypothesis import strategies as hs
+
+    gap = hs.one_of(hs.sampled_from([60.0, 300.0, 0.5, 299.999, 3600.0]), hs.floats(1e-3, 400.0), hs.floats(400.0, 3 * 86_400.0))
+    return hs.lists(hs.tuples(gap, hs.floats(0.0, 1e15, allow_subnormal=False), hs.floats(1e-3, 7200.0),
+                              hs.booleans(), hs.booleans()), min_size=1, max_size=120)  # fmt: skip
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as hs  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(start=hs.one_of(hs.sampled_from([T0 - T0 % 300.0, T0 + 0.25, T0 + 299.9]), hs.floats(-1e9, 2.5e11)), steps=_steps(),
+       baseline_s=hs.sampled_from([300.0, 900.0, 6 * 3600.0, 86_400.0, 1234.5]))  # fmt: skip
+def test_the_buckets_and_median_are_the_pairs_held_before(start, steps, baseline_s):
+    """For any increasing event times (sub-second, odd intervals, gaps of days, far before or after
+    now), sizes, buckets left out inside a runaway, and a snapshot saved and read back at any step,
+    the buckets held (their starts and rates, in order) and the median are those of the version
+    that held (start, rate) pairs."""
+    import types
+
+    import msgspec
+
+    from detector.detectors.egress_runaway import DestinationState, EgressRunaway
+    from detector.floats import dec_hook, enc_hook
+
+    me = types.SimpleNamespace(params=types.SimpleNamespace(baseline=baseline_s))
+    st, pairs, bucket, t = DestinationState(), [], {"start": 0.0, "bytes": 0.0, "s": 0.0}, start
+    for gap, size, interval, in_runaway, save in steps:
+        t += gap
+        st.above_since = t if in_runaway else None
+        old = _old_baseline(pairs, bucket, t, size, interval, not in_runaway, baseline_s)
+        before = st.baseline
+        EgressRunaway._add_to_baseline(me, st, t, size, interval)
+        assert list(st.rates or ()) == pairs[1::2]
+        assert _starts(st.spans) == pairs[0::2]
+        assert st.baseline == (old if old is not None else before)
+        assert (st.bucket, st.bucket_bytes, st.bucket_s) == (bucket["start"], bucket["bytes"], bucket["s"])
+        if save:
+            st = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook), type=DestinationState,
+                                        dec_hook=dec_hook)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(start=hs.floats(0.0, 2.5e11), steps=_steps(), later=hs.floats(0.0, 2 * 86_400.0))
+def test_pairs_saved_before_restore_to_the_same_buckets_and_leave_at_the_same_time(start, steps, later):
+    """A snapshot of the version before (its pairs, as that version built them) reads back to the
+    same buckets, which leave the baseline at the same event time as the pairs would have."""
+    import types
+
+    import msgspec
+
+    from detector.detectors.egress_runaway import DestinationState, EgressRunaway
+    from detector.floats import dec_hook
+
+    pairs, bucket, t = [], {"start": 0.0, "bytes": 0.0, "s": 0.0}, start
+    for gap, size, interval, in_runaway, _ in steps:
+        t += gap
+        _old_baseline(pairs, bucket, t, size, interval, not in_runaway, 86_400.0)
+    saved = {"history": pairs, "bucket": bucket["start"], "bucket_bytes": bucket["bytes"], "bucket_s": bucket["s"],
+             "last_t": t}  # fmt: skip
+    st = msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=DestinationState, dec_hook=dec_hook)
+    assert st.history is None and list(st.rates or ()) == pairs[1::2] and _starts(st.spans) == pairs[0::2]
+    t += later + 1e-3
+    old = _old_baseline(pairs, bucket, t, 1.0, 60.0, True, 86_400.0)
+    EgressRunaway._add_to_baseline(types.SimpleNamespace(params=types.SimpleNamespace(baseline=86_400.0)), st, t,
+                                   1.0, 60.0)  # fmt: skip
+    assert list(st.rates or ()) == pairs[1::2] and _starts(st.spans) == pairs[0::2]
+    assert old is None or st.baseline == old
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [
+        {"rates": [5.0], "spans": [0.0, 2.0, 300.0, -1.0]},  # a negative run, summing right
+        {"rates": [5.0, 6.0], "spans": [0.0, 0.5, 300.0, 1.5]},  # half buckets
+        {"rates": [5.0], "spans": [0.0, 0.0, 300.0, 1.0]},  # an empty run
+        {"rates": [], "spans": [-1e300, 1e300, 0.0, -1e300]},  # huge runs cancelling: forget_before never ends
+        {"history": [T0, 5.0, T0 + 300.0]},  # a start without its rate
+    ],
+    ids=["negative-run", "half-buckets", "empty-run", "cancelling-huge-runs", "odd-pairs"],
+)
+def test_runs_that_are_not_whole_bucket_counts_are_refused(saved):
+    """Each run counts a whole number (at least one) of buckets, and pairs come in pairs: anything
+    else is refused (the engine starts the rule afresh), not read so that ``forget_before`` drops
+    another run's rates, or steps a start that adding 300 s to never moves (a worker that never
+    returns from the key's next event)."""
+    import msgspec
+
+    from detector.detectors.egress_runaway import DestinationState
+    from detector.floats import dec_hook
+
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=DestinationState, dec_hook=dec_hook)
+
+
+@pytest.mark.parametrize("gap", [60.0, 300.0, 299.5, 301.0, 7.0])
+@pytest.mark.parametrize("baseline_s", [900.0, 86_400.0])
+def test_a_day_and_more_of_regular_intervals_holds_the_pairs_held_before(gap, baseline_s):
+    """The table case of the property above: intervals every ``gap`` seconds from a whole 5 minutes,
+    for 30 hours, so the horizon lands on a held bucket's start exactly (a bucket starting at the
+    horizon stays, as before), a runaway hour leaves its buckets out, and the window slides."""
+    import types
+
+    from detector.detectors.egress_runaway import DestinationState, EgressRunaway
+
+    me = types.SimpleNamespace(params=types.SimpleNamespace(baseline=baseline_s))
+    st, pairs, bucket = DestinationState(), [], {"start": 0.0, "bytes": 0.0, "s": 0.0}
+    t0 = T0 - T0 % 300.0
+    for i in range(int(30 * 3600 / gap)):
+        t = t0 + i * gap
+        in_runaway = 10 * 3600 <= t - t0 < 11 * 3600
+        st.above_since = t if in_runaway else None
+        old = _old_baseline(pairs, bucket, t, 1e6 + (i * 7919) % 1000, 60.0, not in_runaway, baseline_s)
+        EgressRunaway._add_to_baseline(me, st, t, 1e6 + (i * 7919) % 1000, 60.0)
+        assert list(st.rates or ()) == pairs[1::2] and _starts(st.spans) == pairs[0::2]
+        assert old is None or st.baseline == old
+    if gap in (60.0, 300.0):  # every bucket has egress: a day's starts are a run or two, not a pair per bucket
+        assert len(st.spans or ()) <= 4

@@ -169,3 +169,73 @@ def test_a_window_that_does_not_line_up_is_refused_not_misread(saved):
 
     with pytest.raises(msgspec.ValidationError):
         msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=InferenceOverprovisionedState, dec_hook=dec_hook)
+
+
+# -- the histogram's rows against a list per hour ----------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hs  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(hs.lists(hs.one_of(hs.tuples(hs.just("open")), hs.tuples(hs.just("drop"), hs.integers(0, 4)),
+                          hs.tuples(hs.just("count"), hs.integers(0, 19), hs.sampled_from([1, 200, 255, 256, 70_000])),
+                          hs.tuples(hs.just("save"))), max_size=40))  # fmt: skip
+def test_the_histogram_rows_are_a_list_of_counts_per_hour(ops):
+    """Hours opened, counted into (past 255 and 65,535: the widening, twice), dropped from the old end
+    and saved and read back in any order hold the counts that a list of 20 counts per hour holds,
+    row for row, and each hour's start stays with its row."""
+    import msgspec
+
+    from detector.detectors.inference_overprovisioned import BINS, InferenceOverprovisionedState
+    from detector.floats import dec_hook, enc_hook
+
+    st, model, n = InferenceOverprovisionedState(), [], 0
+    for op in ops:
+        if op[0] == "open":
+            n += 1
+            st.open_hour(T0 + n * HOUR)
+            model.append([T0 + n * HOUR, [0] * BINS])
+        elif op[0] == "drop":
+            k = min(op[1], len(model))
+            st.drop_hours(k)
+            del model[:k]
+        elif op[0] == "count" and model:
+            for _ in range(op[2]):
+                st.count(op[1])
+            model[-1][1][op[1]] += op[2]
+        elif op[0] == "save":
+            st = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook),
+                                        type=InferenceOverprovisionedState, dec_hook=dec_hook)  # fmt: skip
+        assert list(st.column(0)) == [h[0] for h in model]
+        assert [list(st.hist[i : i + BINS]) for i in range(0, len(st.hist), BINS)] == [h[1] for h in model]
+
+
+@pytest.mark.parametrize("bad", [1.5, math.inf, 1e300], ids=["a-fraction", "infinity", "huge"])
+def test_a_count_that_is_not_a_whole_number_is_refused(bad):
+    """Snapshots saved the histogram as whole counts (and before, as ``list[int]``, which msgspec
+    refused anything else for): a fraction is refused, not cut to a whole count, and infinity is
+    refused as well, not an OverflowError out of the engine's ``restore`` (which turns only a
+    ValidationError into a rule started afresh)."""
+    import msgspec
+
+    from detector.detectors.inference_overprovisioned import InferenceOverprovisionedState
+    from detector.floats import dec_hook
+
+    saved = {"figures": [T0, 0.0, 0.0, 0.0], "hist": [bad] + [0] * 19}
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=InferenceOverprovisionedState, dec_hook=dec_hook)
+
+
+def test_an_hour_saved_before_with_a_histogram_not_of_20_bins_is_refused():
+    """An hour of the version before whose histogram is not 20 counts (that version raised an
+    IndexError on the hour's next sample in a missing bin) is refused, not padded with zeros or cut."""
+    import msgspec
+
+    from detector.detectors.inference_overprovisioned import InferenceOverprovisionedState
+    from detector.floats import dec_hook
+
+    for hist in ([1] * 19, [1] * 21):
+        saved = {"hours": [[T0, hist, 0.0, 0.0, 0.0]]}
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=InferenceOverprovisionedState, dec_hook=dec_hook)
