@@ -27,6 +27,7 @@ excess of the baseline since the first runaway interval.
 from __future__ import annotations
 
 import builtins
+import math
 import statistics
 from typing import Any, ClassVar
 
@@ -91,12 +92,13 @@ class DestinationState(Episode, kw_only=True):
     """The short-window rate at the latest interval, bytes/s."""
 
     def __post_init__(self) -> None:
-        if (self.rates is None) != (self.spans is None) or len(self.spans or ()) % 2 \
-                or sum((self.spans or floats())[1::2]) != len(self.rates or ()):  # fmt: skip
-            raise ValueError("a rate per bucket of the runs of starts")
+        if (self.rates is None) != (self.spans is None) or not _runs(self.spans or floats(), len(self.rates or ())):
+            raise ValueError("a rate per bucket of the runs of starts (each run a start and a whole count, in order)")
         if self.history is None:
             return
         history, self.history = self.history, None  # saved before: (start, rate) pairs
+        if len(history) % 2:
+            raise ValueError("(start, rate) pairs")
         for i in range(0, len(history) - 1, 2):
             self.keep(history[i], history[i + 1])
 
@@ -122,14 +124,34 @@ class DestinationState(Episode, kw_only=True):
         if spans is None or self.rates is None:
             return
         while spans and spans[0] < horizon:
-            old += 1
-            if spans[1] > 1.0:
-                spans[0] += BUCKET_S
-                spans[1] -= 1.0
+            start, count = spans[0], spans[1]
+            gone = min(count, math.ceil((horizon - start) / BUCKET_S))  # the run's buckets starting before
+            while gone < count and start + gone * BUCKET_S < horizon:  # the division's rounding, either way
+                gone += 1
+            while gone > 1 and start + (gone - 1) * BUCKET_S >= horizon:
+                gone -= 1
+            old += int(gone)
+            if gone < count:
+                spans[0], spans[1] = start + gone * BUCKET_S, count - gone
             else:
                 del spans[:2]
         if old:
             del self.rates[:old]
+
+
+def _runs(spans: FloatArray, buckets: int) -> bool:
+    """Whether ``spans`` are runs of buckets as :meth:`DestinationState.keep` makes them: each a finite
+    start after the run before ends and a whole count of at least one, ``buckets`` in all. A snapshot
+    that says otherwise would drop another run's rates, or step a start that never reaches the horizon."""
+    if len(spans) % 2:
+        return False
+    end, total = -math.inf, 0.0
+    for i in range(0, len(spans), 2):
+        start, count = spans[i], spans[i + 1]
+        if not (math.isfinite(start) and start >= end and count >= 1.0 and count.is_integer() and count <= 2**31):
+            return False
+        end, total = start + count * BUCKET_S, total + count
+    return total == buckets
 
 
 _NONE: dict[str, DestinationState] = {}

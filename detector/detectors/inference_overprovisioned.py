@@ -94,13 +94,17 @@ class InferenceOverprovisionedState(HourlySavingState, kw_only=True):
 
     def __post_init__(self) -> None:
         if self.hist.typecode == "d":  # saved as a list of counts, read back as doubles
+            if not all(math.isfinite(x) and x >= 0.0 and float(x).is_integer() for x in self.hist):
+                raise ValueError("histogram counts are whole numbers")
             self.hist = counts(map(int, self.hist))
         super().__post_init__()
         if len(self.hist) != len(self.figures) // self.width * BINS:
             raise ValueError(f"a histogram of {BINS} bins per hour")
 
     def read_hour(self, hour: HourStats) -> None:
-        self.hist = counts([*self.hist, *hour.hist[:BINS], *_EMPTY_ROW[len(hour.hist) :]])
+        if len(hour.hist) != BINS:  # the version before failed on such an hour's next sample
+            raise ValueError(f"an hour's histogram of {BINS} bins")
+        self.hist = counts([*self.hist, *hour.hist])
 
     def open_hour(self, start: float) -> None:
         super().open_hour(start)
