@@ -159,6 +159,8 @@ class DataStarvedTrainingState(Episode, kw_only=True):
 
     def __post_init__(self) -> None:
         if self.gpus:
+            if len(self.gpus) > MAX_GPUS or len(set(self.gpus)) != len(self.gpus) or not all(0 <= i <= 255 for i in self.gpus):
+                raise ValueError(f"a window's GPUs are at most {MAX_GPUS} distinct indexes 0..255")
             self.gpus = _gpus(self.gpus)
         if self.seen:  # saved before: bits by GPU index (each under 64, or it could not have been saved)
             indexes = [i for i in range(64) if self.seen >> i & 1]

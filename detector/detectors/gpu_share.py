@@ -46,7 +46,7 @@ import builtins
 import math
 from array import array
 from operator import attrgetter
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 from pydantic import Field
@@ -165,11 +165,19 @@ def _set(x: float) -> bool:
     return x == x
 
 
+if TYPE_CHECKING:
+    _Flags = bytes
+else:
+    _Flags = bytes | None
+"""The counted GPUs' type as decoded: the code before saved None where no GPU was tracked (its
+default, written out), read as ``b""`` (:meth:`GpuShareState.__post_init__`)."""
+
+
 class GpuShareState(Episode, kw_only=True):
     """A host's GPUs and their units as columns (struct of arrays): one value per unit or GPU,
     indexed by its place, not a dict of one struct per unit and per GPU (~1.8 KB on a host of eight
     GPUs, ~0.7 KB now). Every time is in one array of doubles (one header, not one per column),
-    the units' codes in one of bytes, the GPUs counted bits of an int. Tuples of keys are shared
+    the units' codes in one of bytes, the GPUs counted in shared bytes. Tuples of keys are shared
     between hosts alike; unset times are NaN."""
 
     unit_keys: tuple[str, ...] = ()
@@ -196,7 +204,7 @@ class GpuShareState(Episode, kw_only=True):
     when those began). Then per unit, its latest sample. Then, only once a sample has said who
     holds a unit (``allocated`` not None: Kubernetes), per unit the newest that did (0.0 where
     none; :meth:`set_allocated_at`): 8 bytes a unit less on every host off Kubernetes."""
-    gpu_counted: bytes = b""
+    gpu_counted: _Flags = b""
     """Per GPU, 1 while in the episode's set: bytes, not a bytearray, one object for every host with the
     same flags (:func:`_flags`; most hosts' are all 0), replaced when a GPU joins or leaves the set."""
     units: dict[str, Unit] | None = None
@@ -224,15 +232,28 @@ class GpuShareState(Episode, kw_only=True):
     short of ``for``, dropped if it lasts (then it is ``idle_gpu``'s)."""
 
     def __post_init__(self) -> None:
-        if self.gpu_counted:
-            self.gpu_counted = _flags(self.gpu_counted)
+        self.gpu_counted = _flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
         if self.unit_times is not None:  # saved before: the units' times an array apart, two a unit
             unit_times, self.unit_times = self.unit_times, None
             allocated_at = unit_times[_ALLOCATED_AT::_U]
             parts = (self.gpu_times or floats(), unit_times[_SEEN::_U], allocated_at if any(allocated_at) else floats())
             self.gpu_times = parts[0] + parts[1] + parts[2]
-        if self.units is None and self.gpus is None:
-            return
+        if self.units is not None or self.gpus is not None:
+            self._read_structs()
+        if not self._lined_up():
+            raise ValueError("a host's columns, a value per unit or GPU in each (times, codes, flags 0 or 1)")
+
+    def _lined_up(self) -> bool:
+        """Whether every column holds a value per unit or per GPU, as the methods below keep them: a
+        saved state that does not is refused (the rule starts afresh), never read out of place."""
+        n, g = len(self.unit_keys), len(self.gpu_ids)
+        times, codes, pods = self.gpu_times, self.unit_codes, self.unit_pods
+        return (len(self.unit_gpus) == n and len(self.gpu_units) == g
+                and len(times or ()) in (_G * g + n, _G * g + 2 * n)
+                and len(codes or ()) == n and (pods is None or len(pods) == n)
+                and len(self.gpu_counted) == g and not self.gpu_counted.strip(b"\0\1"))  # fmt: skip
+
+    def _read_structs(self) -> None:
         units, gpus = self.units or {}, self.gpus or {}  # saved before: one struct per unit and per GPU
         self.units = self.gpus = None
         for key, unit in units.items():
