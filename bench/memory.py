@@ -28,6 +28,8 @@ worker with a model does, so each resource also holds its run of judged windows 
 a window stands out, its open episode. The model's groups are the resource types', whatever
 fleet it was trained on. Without it the windows are built and not judged.
 
+``--rules-only``: neither, as a worker without a model runs (the anomaly rule builds no window).
+
 ``--replay FILE``: instead, a replay file (the bench fleet: 24 h of history) through the same
 engine, then each key's state by resource kind, in memory and saved (a steady state: the
 series a rule keeps over its window are full).
@@ -308,13 +310,15 @@ def main() -> int:
     parser.add_argument("--sample", type=int, default=3000, help="keys whose state is measured by part")
     parser.add_argument("--replay", help="measure the state after this replay file instead, by resource kind")
     parser.add_argument("--model-dir", help="score windows with the model in this folder (default: built, not judged)")
+    parser.add_argument("--rules-only", action="store_true", help="no model and no windows, as a worker without a model")
     args = parser.parse_args()
     if args.replay:
         by_kind(args.replay, args.model_dir)
         return 0
 
     ruleset = load_rules(ROOT / "rules")
-    use_scoring(ruleset.rules, scoring(args.model_dir))
+    if not args.rules_only:
+        use_scoring(ruleset.rules, scoring(args.model_dir))
     tmp = tempfile.TemporaryDirectory(prefix="burnwatch-memory-")
     save: Save | None = None
     fetch: Callable[[str], bytes | None] | None = None
