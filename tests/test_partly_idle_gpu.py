@@ -326,46 +326,26 @@ def saved_before(state: dict) -> dict:
 
 
 @pytest.mark.parametrize("cut_min", [20, 45, 75], ids=["before-firing", "open", "in-whole-host-spell"])
-def test_a_state_saved_before_the_columns_restores_as_it_was(ruleset, cut_min):
-    """Units and GPUs are columns now (arrays indexed by place, not a dict of structs each): a state
-    saved by the version before, with Kubernetes pods and MIG in it, restores to the same state and
-    gives the alerts of one uninterrupted run."""
+@pytest.mark.parametrize("old_shape", [saved_before, saved_with_the_columns_apart], ids=["structs", "columns-apart"])
+def test_a_state_saved_in_an_older_shape_restores_as_it_was(ruleset, cut_min, old_shape):
+    """Units and GPUs are columns now, every time in one array: a state saved by a version before
+    (a dict of structs per unit and GPU; then the units' times an array apart), with Kubernetes pods
+    and MIG in it, restores to the same state and gives the alerts of one uninterrupted run."""
     events = kubernetes_host_with_mig()
     _, whole = run(ruleset, events)
     cut = next(i for i, e in enumerate(events) if e.t >= T0 + cut_min * MIN)
     first, saved = run(load_rules(ROOT / "rules"), events[:cut])
     snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
     for name in ("partly-idle-gpu", "unallocated-gpu"):
-        snapshot["rules"][name] = saved_before(snapshot["rules"][name])
+        snapshot["rules"][name] = old_shape(snapshot["rules"][name])
+    if old_shape is saved_with_the_columns_apart:
+        assert any(snapshot["rules"]["partly-idle-gpu"]["gpu_counted"]) is (cut_min > 20)  # GPUs counted once it fired
     restarted = Engine(load_rules(ROOT / "rules"))
     restarted.restore("host-1", msgspec.msgpack.encode(snapshot))
     for name in ("partly-idle-gpu", "unallocated-gpu"):
         before, after = first._keys["host-1"].rule(name), restarted._keys["host-1"].rule(name)
         assert msgspec.json.encode(after, enc_hook=enc_hook) == msgspec.json.encode(before, enc_hook=enc_hook)
     assert {"0", "1/0", "1/1", "2", "3"} <= set(restarted._keys["host-1"].rule("partly-idle-gpu").unit_keys)
-    _, second = run(restarted.ruleset, events[cut:], restarted)
-    assert [(f.type, f.action, f.at, f.waste_usd, f.details) for f in saved + second] == \
-        [(f.type, f.action, f.at, f.waste_usd, f.details) for f in whole]  # fmt: skip
-
-
-@pytest.mark.parametrize("cut_min", [20, 45, 75], ids=["before-firing", "open", "in-whole-host-spell"])
-def test_a_state_saved_with_the_columns_apart_restores_as_it_was(ruleset, cut_min):
-    """Every time is in one array now: a state saved by the version before (the units' times an array
-    apart), with Kubernetes pods and MIG in it, restores to the same state and gives the alerts of one
-    uninterrupted run."""
-    events = kubernetes_host_with_mig()
-    _, whole = run(ruleset, events)
-    cut = next(i for i, e in enumerate(events) if e.t >= T0 + cut_min * MIN)
-    first, saved = run(load_rules(ROOT / "rules"), events[:cut])
-    snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
-    for name in ("partly-idle-gpu", "unallocated-gpu"):
-        snapshot["rules"][name] = saved_with_the_columns_apart(snapshot["rules"][name])
-    assert any(snapshot["rules"]["partly-idle-gpu"]["gpu_counted"]) is (cut_min > 20)  # GPUs counted once it fired
-    restarted = Engine(load_rules(ROOT / "rules"))
-    restarted.restore("host-1", msgspec.msgpack.encode(snapshot))
-    for name in ("partly-idle-gpu", "unallocated-gpu"):
-        before, after = first._keys["host-1"].rule(name), restarted._keys["host-1"].rule(name)
-        assert msgspec.json.encode(after, enc_hook=enc_hook) == msgspec.json.encode(before, enc_hook=enc_hook)
     _, second = run(restarted.ruleset, events[cut:], restarted)
     assert [(f.type, f.action, f.at, f.waste_usd, f.details) for f in saved + second] == \
         [(f.type, f.action, f.at, f.waste_usd, f.details) for f in whole]  # fmt: skip
