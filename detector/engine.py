@@ -38,6 +38,7 @@ import structlog
 from detector.billing.rates import BilledRates
 from detector.detectors import Detector, Finding, ResourceInfo
 from detector.detectors.base import BatchPhase, Behaviour, Context, intern
+from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
 from detector.floats import dec_hook, enc_hook
 from detector.pricing import Pricer
@@ -274,7 +275,8 @@ class Engine:
                     if nt != t or type(nxt) is not GpuMetric or nxt.resource_id != key:
                         break
                     run_end += 1
-                scrape: list[Any] | None = None if run_end == i else list(map(_event, items[i - 1 : run_end]))
+                # A sample alone is a scrape of one: every GPU sample takes one path, each rule's step_scrape.
+                scrape: list[Any] | None = [event] if run_end == i else list(map(_event, items[i - 1 : run_end]))
                 i = run_end
             else:
                 key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
@@ -309,7 +311,7 @@ class Engine:
             if route is None:
                 route = self._route(state, etype)
             if scrape is not None:
-                found_in = self._scrape(route, state.states, ctx, key, scrape, t)
+                found_in = self._scrape(route, state.states, ctx, key, Scrape(scrape), t)
                 if found_in:
                     findings.extend(f if f.key == key else msgspec.structs.replace(f, key=key) for f in found_in)
                 continue
@@ -328,9 +330,9 @@ class Engine:
             findings.extend(self._end_batch())
         return findings
 
-    def _scrape(self, route: Plan, states: tuple[Any, ...], ctx: Context, key: str, scrape: list[GpuMetric],
+    def _scrape(self, route: Plan, states: tuple[Any, ...], ctx: Context, key: str, scrape: Scrape,
                 t: float) -> list[Finding]:  # fmt: skip
-        """Fold one scrape (several samples of ``key`` at ``t``) into every rule of the route, one
+        """Fold one scrape (the samples of ``key`` at ``t``, one or more) into every rule of the route, one
         ``step_scrape`` call each. The findings come in the order one step per sample would give (by
         sample, then by rule)."""
         tagged: list[tuple[int, int, Finding]] = []
@@ -338,7 +340,7 @@ class Engine:
             try:
                 got = step_scrape(states[slot], ctx, scrape, t)
             except Exception as exc:  # noqa: BLE001 - as for one event: the scrape is skipped for that rule
-                self._step_failed(detector, key, scrape[0], exc, len(scrape))
+                self._step_failed(detector, key, scrape.samples[0], exc, len(scrape.samples))
                 continue
             if got:
                 tagged.extend((i, j, f) for i, f in got)

@@ -198,6 +198,7 @@ def test_hosts_share_the_float_of_a_whole_busiest_percent():
 
     from detector.detectors.base import Context, ResourceInfo
     from detector.detectors.data_starved_training import DataStarvedTraining
+    from detector.detectors.scrape import Scrape
     from detector.floats import shared_whole
 
     det = DataStarvedTraining("r", "warning", DataStarvedTraining.Params())
@@ -206,7 +207,7 @@ def test_hosts_share_the_float_of_a_whole_busiest_percent():
     for utils in ([3.0, 97.0], [12.0, 97.0], [3.0, 42.5]):
         st = det.new_state()
         events = scrape(T0, [float(str(u)) for u in utils])  # the percents as new float objects, as decoded
-        det.step_scrape(st, ctx, events, T0)
+        det.step_scrape(st, ctx, Scrape(events), T0)
         assert st.scrape_max == max(utils)
         kept.append(st.scrape_max)
     assert kept[0] is kept[1]  # 97.0: one object for two hosts

@@ -12,6 +12,7 @@ import typing_extensions
 
 from detector.detectors.anomaly import Scoring, use_scoring
 from detector.detectors.base import Behaviour, Context, Detector, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.scrape import Scrape
 from detector.engine import Engine
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
 from detector.pricing import Pricing
@@ -77,9 +78,9 @@ class Strict:
             ctx.defer(self, (state, msgspec.structs.replace(ctx.resource), t))
         return []
 
-    def step_scrape(self, state: StrictState, ctx: Context, events: list[GpuMetric],
+    def step_scrape(self, state: StrictState, ctx: Context, scrape: Scrape,
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
-        return [(i, f) for i, event in enumerate(events) for f in self.step(state, ctx, event, t)]
+        return [(i, f) for i, event in enumerate(scrape.samples) for f in self.step(state, ctx, event, t)]
 
     def end_batch(self, items: list[Any]) -> list[Finding]:
         self.batches.append(items)

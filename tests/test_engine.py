@@ -60,10 +60,10 @@ def test_a_detector_that_raises_on_one_event_skips_it_and_detection_goes_on(rule
             raise ZeroDivisionError("float division by zero")
         return real_step(state, info, event, t, **kwargs)
 
-    def brittle_scrape(state, info, events, t):
-        if events[0].resource_id == "bad-host":
+    def brittle_scrape(state, info, scrape, t):
+        if scrape.samples[0].resource_id == "bad-host":
             raise ZeroDivisionError("float division by zero")
-        return real_scrape(state, info, events, t)
+        return real_scrape(state, info, scrape, t)
 
     # The detector's steps (per event, and per scrape of a host's GPUs), broken for one resource:
     # the engine is what is tested.

@@ -56,6 +56,7 @@ from pydantic import Field, StringConstraints
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
+from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray
 from detector.metrics import METRICS
@@ -281,13 +282,13 @@ class Anomaly(DetectorBase):
         ctx.defer(self, ClosedWindow(self, state, msgspec.structs.replace(resource), window))
         return []
 
-    def step_scrape(self, state: AnomalyState, ctx: Context, events: list[GpuMetric],
+    def step_scrape(self, state: AnomalyState, ctx: Context, scrape: Scrape,
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
         """:meth:`step` for each sample of a scrape, in one call (none without a model: rules only)."""
         if not self.scoring.active:
             return []
         out: list[tuple[int, Finding]] = []
-        for i, event in enumerate(events):
+        for i, event in enumerate(scrape.samples):
             out.extend((i, f) for f in self.step(state, ctx, event, t))
         return out
 

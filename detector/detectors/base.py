@@ -19,13 +19,16 @@ import builtins
 import enum
 import sys
 from collections.abc import Callable
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 from pydantic import BaseModel, ConfigDict
 
-from detector.events import Event, GpuMetric
+from detector.events import Event
 from detector.pricing import Pricer, Pricing
+
+if TYPE_CHECKING:
+    from detector.detectors.scrape import Scrape
 
 
 def intern(text: str) -> str:
@@ -215,11 +218,11 @@ class DetectorBase:
     def end_batch(self, items: list[Any]) -> list[Finding]:
         return []
 
-    def step_scrape(self, state: Any, ctx: Context, events: list[GpuMetric], t: float) -> list[tuple[int, Finding]]:
+    def step_scrape(self, state: Any, ctx: Context, scrape: Scrape, t: float) -> list[tuple[int, Finding]]:
         """One step per sample; the GPU detectors, which see every sample, do a scrape in one call."""
         out: list[tuple[int, Finding]] = []
         step = self.step  # type: ignore[attr-defined]  # every detector defines it
-        for i, event in enumerate(events):
+        for i, event in enumerate(scrape.samples):
             found = step(state, ctx, event, t)
             if found:
                 out.extend((i, f) for f in found)
@@ -325,9 +328,10 @@ class Detector(Protocol, Generic[S]):
         """Fold one event (``t`` is its time in epoch seconds) into ``state``; return findings."""
         ...
 
-    def step_scrape(self, state: S, ctx: Context, events: list[GpuMetric], t: float) -> list[tuple[int, Finding]]:
+    def step_scrape(self, state: S, ctx: Context, scrape: Scrape, t: float) -> list[tuple[int, Finding]]:
         """:meth:`step` for each sample of a scrape (consecutive GPU samples of one host at ``t``,
-        in order), in one call: what every sample costs is paid once per scrape. Returns the
+        in order, with what several rules ask of them: :class:`~detector.detectors.scrape.Scrape`),
+        in one call: what every sample costs is paid once per scrape. Returns the
         findings with the index of the sample that made each (the engine orders them as steps
         would). ``DetectorBase`` steps each sample."""
         ...

@@ -65,6 +65,7 @@ from pydantic import Field
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding, shared
 from detector.detectors.episode import Episode, advance, end
+from detector.detectors.scrape import FIRST, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray, grow, per_gpu, shared_whole
 from detector.pricing import usd_over
@@ -81,9 +82,10 @@ _WAITING, _BURST = 1, 2
 MAX_GPUS = 64
 """GPUs of a host judged: the first 64 seen (a host has 16 at most; a producer may send any index
 0..255). A window's GPUs are bits of ints by place, and a snapshot saves an int in 64 bits."""
-_FIRST = tuple(tuple(range(n)) for n in range(MAX_GPUS + 1))
+_FIRST = FIRST[: MAX_GPUS + 1]
 """``_FIRST[n]`` is GPUs ``0 .. n-1``, seen in order (a GPU's place is its index): the one tuple of every
-host that has it (:func:`_gpus`), so that a scrape tells it by identity."""
+host that has it (:func:`_gpus`), the scrape's too (:data:`~detector.detectors.scrape.FIRST`), so that a
+scrape tells it by identity."""
 
 
 def _gpus(gpus: tuple[int, ...]) -> tuple[int, ...]:
@@ -208,13 +210,15 @@ class DataStarvedTraining(DetectorBase):
         if type(event) is UsageEvent:
             return self._on_usage(state, ctx.resource, event, t)
         if type(event) is GpuMetric:
-            return [f for _, f in self.step_scrape(state, ctx, [event], t)]
+            return [f for _, f in self.step_scrape(state, ctx, Scrape([event]), t)]
         return []
 
-    def step_scrape(self, state: DataStarvedTrainingState, ctx: Context, events: list[GpuMetric],
+    def step_scrape(self, state: DataStarvedTrainingState, ctx: Context, scrape: Scrape,
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
         """The samples of one scrape (all at ``t``) in one call: this runs for every scrape of every host.
-        What a new scrape closes (the previous scrape, perhaps a window) is the first sample's doing."""
+        What a new scrape closes (the previous scrape, perhaps a window) is the first sample's doing.
+        The usual scrape is the host's GPUs ``0 .. n-1`` once each, as before (the scrape says so in O(1)):
+        a GPU's place is then its index and its sample's, and no sample is a repeat."""
         st = state
         if t < st.scrape_t:
             return []  # late samples of a scrape already closed
@@ -231,8 +235,32 @@ class DataStarvedTraining(DetectorBase):
             sums = st.sums = per_gpu()
         wait_below, mask, worked, top = self.params.wait_below, st.scrape_mask, st.worked, st.scrape_max
         n, gpus = len(sums), st.gpus
+        events, utils = scrape.samples, scrape.resident()  # util_pct, or gr_engine_active when higher
+        if utils and scrape.gpus is gpus and not mask and n >= len(gpus):
+            for gpu, util in enumerate(utils):
+                sums[gpu] += util
+                if util >= wait_below:
+                    worked |= 1 << gpu
+            mask, most = (1 << len(gpus)) - 1, max(utils)
+            if most > top:
+                top = most
+        else:
+            top, mask, worked = self._gather(st, events, utils, top, mask, worked)
+        st.scrape_mask, st.worked, st.scrape_max = mask, worked, shared_whole(top)
+        model = events[-1].model if events else ""
+        if model and model != st.model:
+            st.model = intern(model)
+        return [(0, f) for f in found]
+
+    def _gather(self, st: DataStarvedTrainingState, events: list[GpuMetric], utils: tuple[float, ...], top: float,
+                mask: int, worked: int) -> tuple[float, int, int]:  # fmt: skip
+        """The scrape's samples one by one (GPUs new, out of order or repeated): the busiest, the GPUs
+        counted and those that worked, after."""
+        sums = st.sums
+        assert sums is not None
+        wait_below, n, gpus = self.params.wait_below, len(sums), st.gpus
         ident = len(gpus) if gpus is _FIRST[len(gpus)] else 0  # GPUs 0..n-1 seen in order (most hosts): place = index
-        for ev in events:
+        for i, ev in enumerate(events):
             gpu = ev.gpu_index
             if gpu < ident:
                 bit = 1 << gpu
@@ -252,20 +280,13 @@ class DataStarvedTraining(DetectorBase):
             if gpu >= n:
                 grow(sums, gpu)
                 n = len(sums)
-            util = ev.util_pct
-            gr = ev.gr_engine_active
-            if gr is not None and gr * 100 > util:
-                util = gr * 100  # what activity.resident gives, inline: this runs for every sample
+            util = utils[i]
             sums[gpu] += util
             if util >= wait_below:
                 worked |= bit
             if util > top:
                 top = util
-        st.scrape_mask, st.worked, st.scrape_max = mask, worked, shared_whole(top)
-        model = events[-1].model if events else ""
-        if model and model != st.model:
-            st.model = intern(model)
-        return [(0, f) for f in found]
+        return top, mask, worked
 
     def open_episode(self, state: DataStarvedTrainingState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:

@@ -1,7 +1,7 @@
 """What the GPU detectors share: episodes of a host whose every GPU sample shows a
 waste condition, held for a sustained time while the host is billed.
 
-A subclass says which sample *breaks* an episode (``breaks``) and what its findings
+A subclass says which samples of a scrape *break* an episode (``breaking``) and what its findings
 add (``describe``); this class does the rest the same way for all of them:
 
 - the episode starts at the first sample after the last breaking one, and fires when
@@ -20,6 +20,7 @@ add (``describe``); this class does the rest the same way for all of them:
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -27,16 +28,13 @@ from pydantic import Field
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, advance, end
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
+from detector.detectors.scrape import FIRST, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray
 from detector.pricing import usd_over
 from detector.units import Duration
 
 __all__ = ["GpuEpisode", "GpuEpisodeParams", "GpuEpisodeState"]
-
-
-_FIRST = tuple(tuple(range(n)) for n in range(257))
-"""``_FIRST[n]`` is GPUs ``0 .. n-1``, the GPUs of most hosts, shared (an index is at most 255)."""
 
 
 class GpuEpisodeParams(Params):
@@ -50,7 +48,7 @@ class GpuEpisodeParams(Params):
 class GpuEpisodeState(Episode, kw_only=True):
     gpus: tuple[int, ...] = ()
     """The GPU indexes seen, in order: a tuple replaced when one is new, the usual ``0, 1, ... n-1``
-    one shared by every host (:data:`_FIRST`), not a list on each."""
+    one shared by every host (:data:`~detector.detectors.scrape.FIRST`), not a list on each."""
     model: str = ""
     peak_power_w: FloatArray | None = None
     """Highest power each GPU has drawn, by GPU index (:func:`detector.floats.per_gpu`), kept by the
@@ -88,8 +86,9 @@ class GpuEpisode(DetectorBase):
     """Whether its findings say what to run to stop the pods (what stops an idle pod would
     only restart a hung one)."""
 
-    def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
-        """Whether this sample shows the waste condition does not hold (ends an episode)."""
+    def breaking(self, st: GpuEpisodeState, scrape: Scrape) -> Sequence[bool]:
+        """Per sample of the scrape, in order, whether it shows the waste condition does not hold
+        (ends an episode)."""
         raise NotImplementedError
 
     @staticmethod
@@ -112,55 +111,81 @@ class GpuEpisode(DetectorBase):
 
     def step(self, state: GpuEpisodeState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if type(event) is GpuMetric:
-            return [f for _, f in self.step_scrape(state, ctx, [event], t)]
+            return [f for _, f in self.step_scrape(state, ctx, Scrape([event]), t)]
         if type(event) is UsageEvent:
             return self._on_usage(state, ctx.resource, t)
         return []
 
-    def step_scrape(self, state: GpuEpisodeState, ctx: Context, events: list[GpuMetric],
+    def step_scrape(self, state: GpuEpisodeState, ctx: Context, scrape: Scrape,
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
         """:meth:`step` for each sample of a scrape (samples of the host at ``t``), in one call: this
-        runs for every scrape of every host. Findings come with the index of the sample that made them."""
+        runs for every scrape of every host. Findings come with the index of the sample that made them.
+
+        All the samples are at one time, so the episode moves at two of them at most: the first
+        (when it does not break: the episode holds at ``t``) and the first that breaks; at any
+        other, the episode has been moved to ``t`` already and it changes nothing. Each sample may
+        still tell something new of the host (a GPU, its model, a pod): in the usual scrape none
+        does, which the scrape says in O(1), and the episode is all there is to move."""
         resource = ctx.resource
         st = state
-        out: list[tuple[int, Finding]] = []
-        gpus, breaks = st.gpus, self.breaks
+        events = scrape.samples
+        breaking = self.breaking(st, scrape)
+        if scrape.plain and not st.pods and not st.allocated and scrape.gpus == st.gpus and scrape.model is not None:
+            if scrape.model and scrape.model != st.model:
+                st.model = intern(scrape.model)
+            first = breaking.index(True) if True in breaking else len(events)
+            out: list[tuple[int, Finding]] = []
+            if first:
+                out.extend((0, f) for f in self._holds(st, resource, t))
+            if first < len(events):
+                out.extend((first, f) for f in self._breaks(st, resource, t))
+            return out
+        out = []
+        gpus = st.gpus
         for i, ev in enumerate(events):
             if ev.gpu_index not in gpus:
                 gpus = (*gpus, ev.gpu_index)
-                st.gpus = gpus = _FIRST[len(gpus)] if gpus == _FIRST[len(gpus)] else gpus
+                st.gpus = gpus = FIRST[len(gpus)] if gpus == FIRST[len(gpus)] else gpus
             if ev.model and ev.model != st.model:
                 st.model = intern(ev.model)
             if ev.pod or ev.allocated is not None or st.pods or st.allocated:
                 _note_pod(st, ev)
-            if breaks(st, ev):
-                if t > st.last_break:
-                    st.last_break = t
-                if st.since is not None and t >= st.since:
-                    if st.fired_at is not None:
-                        self._accrue(st, resource, t)
-                    out.extend((i, f) for f in end(st, lambda: self._finding("resolve", st, resource, t,
-                                                                             reason=self.break_reason)))  # fmt: skip
-                if t > st.covered_until:
-                    st.covered_until = t
-                continue
-            if t <= st.last_break:
-                continue  # a late reading from before the latest breaking one
-            if st.since is None:
-                st.since = t
-                if t > st.covered_until:
-                    st.covered_until = t
-            elif t > st.covered_until:
-                if t - st.covered_until > self.params.stale_after and st.fired_at is None:
-                    st.since = t  # telemetry gap: the count starts again
-                    st.waste_usd = st.unpriced_s = 0.0
-                    st.covered_until = t
-                else:
-                    self._accrue(st, resource, t)
-            else:
-                continue  # another GPU of a scrape already counted
-            out.extend((i, f) for f in self._maybe_fire_or_report(st, resource))
+            found = self._breaks(st, resource, t) if breaking[i] else self._holds(st, resource, t)
+            if found:
+                out.extend((i, f) for f in found)
         return out
+
+    def _breaks(self, st: GpuEpisodeState, resource: ResourceInfo, t: float) -> list[Finding]:
+        """A sample at ``t`` that breaks the episode."""
+        if t > st.last_break:
+            st.last_break = t
+        found: list[Finding] = []
+        if st.since is not None and t >= st.since:
+            if st.fired_at is not None:
+                self._accrue(st, resource, t)
+            found = end(st, lambda: self._finding("resolve", st, resource, t, reason=self.break_reason))
+        if t > st.covered_until:
+            st.covered_until = t
+        return found
+
+    def _holds(self, st: GpuEpisodeState, resource: ResourceInfo, t: float) -> list[Finding]:
+        """A sample at ``t`` that does not break the episode: it starts, goes on or fires."""
+        if t <= st.last_break:
+            return []  # a late reading from before the latest breaking one
+        if st.since is None:
+            st.since = t
+            if t > st.covered_until:
+                st.covered_until = t
+        elif t > st.covered_until:
+            if t - st.covered_until > self.params.stale_after and st.fired_at is None:
+                st.since = t  # telemetry gap: the count starts again
+                st.waste_usd = st.unpriced_s = 0.0
+                st.covered_until = t
+            else:
+                self._accrue(st, resource, t)
+        else:
+            return []  # another GPU of a scrape already counted
+        return self._maybe_fire_or_report(st, resource)
 
     def open_episode(self, state: GpuEpisodeState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:

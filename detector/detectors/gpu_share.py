@@ -45,16 +45,15 @@ from __future__ import annotations
 import builtins
 import math
 from array import array
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 from pydantic import Field
 
-from detector.detectors.activity import busy
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding, shared
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
+from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray, floats
 from detector.pricing import usd_over
@@ -74,7 +73,6 @@ instance is; else held if a pod holds any, unknown if any says nothing, free if 
 _CODE = {True: HELD, None: UNKNOWN, False: FREE}
 _STATE = (UNKNOWN, BUSY, HELD, BUSY, FREE, BUSY)
 """A fresh unit's state at one instant by its code (:attr:`GpuShareState.unit_codes`)."""
-_allocated = attrgetter("allocated")
 
 
 def gpu_names(gpus: list[int], limit: int = 6) -> str:
@@ -415,9 +413,9 @@ class GpuShare(DetectorBase):
             return self._on_usage(state, ctx.resource, t)
         if type(event) is not GpuMetric:
             return []
-        return [f for _, f in self.step_scrape(state, ctx, [event], t)]
+        return [f for _, f in self.step_scrape(state, ctx, Scrape([event]), t)]
 
-    def step_scrape(self, state: GpuShareState, ctx: Context, events: list[GpuMetric],
+    def step_scrape(self, state: GpuShareState, ctx: Context, scrape: Scrape,
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
         """:meth:`step` for each sample of a scrape (samples of the host at ``t``), in one call: this
         runs for every scrape of every host (the columns are read by place here, not through the
@@ -426,11 +424,12 @@ class GpuShare(DetectorBase):
         if t <= st.stopped_at:
             return []
         unknown_ours = UNKNOWN in self.codes
-        if not st.unit_keys and not unknown_ours and set(map(_allocated, events)) == {None}:
+        if not st.unit_keys and not unknown_ours and scrape.holders_unknown:
             return []  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
         out: list[tuple[int, Finding]] = []
         p = self.params
-        stale_after, util_below = p.stale_after, p.util_below
+        stale_after = p.stale_after
+        events, busy_flags = scrape.samples, scrape.busy(p.util_below)  # (shared with the other rules)
         for i, ev in enumerate(events):
             keys = st.unit_keys
             if ev.allocated is None and not keys and not unknown_ours:
@@ -492,7 +491,7 @@ class GpuShare(DetectorBase):
                     _set_counted(st, g, 0)
                     st.left = "allocation_changed"
                 _restart_run(st, g)
-            is_busy = busy(ev, util_below)
+            is_busy = busy_flags[i]
             column = st.gpu_times
             at = units_at + j
             column[at] = t

@@ -34,11 +34,11 @@ does not change the figure.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from detector.detectors.activity import busy
 from detector.detectors.gpu_episode import GpuEpisode, GpuEpisodeParams, GpuEpisodeState
-from detector.events import GpuMetric
+from detector.detectors.scrape import Scrape
 from detector.units import Percent
 
 __all__ = ["IdleGpu", "IdleGpuParams"]
@@ -77,8 +77,8 @@ class IdleGpu(GpuEpisode):
             return cls.empty_suggestion
         return cls.suggestion
 
-    def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
-        return busy(ev, self.params.util_below)
+    def breaking(self, st: GpuEpisodeState, scrape: Scrape) -> Sequence[bool]:
+        return scrape.busy(self.params.util_below)  # (what partly_idle_gpu and unallocated_gpu ask too)
 
     def describe(self, st: GpuEpisodeState) -> dict[str, Any]:
         return {"util_below_pct": self.params.util_below}

@@ -43,9 +43,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from detector.detectors.activity import resident, stuck_evidence
+from detector.detectors.activity import stuck_evidence
 from detector.detectors.gpu_episode import GpuEpisode, GpuEpisodeParams, GpuEpisodeState
-from detector.events import GpuMetric
+from detector.detectors.scrape import Scrape
 from detector.floats import grow, per_gpu
 from detector.units import Duration, Percent
 
@@ -72,23 +72,29 @@ class StuckGpu(GpuEpisode):
     )
     break_reason: ClassVar[str] = "gpu_active"
 
-    def breaks(self, st: GpuEpisodeState, ev: GpuMetric) -> bool:
+    def breaking(self, st: GpuEpisodeState, scrape: Scrape) -> list[bool]:
+        """Each sample in turn, judged against the most power its GPU drew before it (then kept, with
+        its own); how long a kernel was resident is the scrape's
+        (:meth:`~detector.detectors.scrape.Scrape.resident`, which ``data_starved_training`` reads too)."""
         p = self.params
-        peaks, gpu = st.peak_power_w, ev.gpu_index
+        peaks = st.peak_power_w
         if peaks is None:
             peaks = st.peak_power_w = per_gpu()
-        if gpu >= len(peaks):
-            grow(peaks, gpu)
-        peak = peaks[gpu]
-        if ev.power_w > peak:
-            peaks[gpu] = ev.power_w
-        if resident(ev) < p.util_above:
-            return True
-        stuck = stuck_evidence(ev, tensor_below=p.tensor_below, dram_below=p.dram_below, sm_working=p.sm_working,
-                               sm_below=p.sm_below)  # fmt: skip
-        if stuck is not None:
-            return not stuck
-        return peak <= 0 or ev.power_w >= peak * p.power_below / 100
+        out = []
+        for ev, share in zip(scrape.samples, scrape.resident(), strict=True):
+            gpu = ev.gpu_index
+            if gpu >= len(peaks):
+                grow(peaks, gpu)
+            peak = peaks[gpu]
+            if ev.power_w > peak:
+                peaks[gpu] = ev.power_w
+            if share < p.util_above:
+                out.append(True)
+                continue
+            stuck = stuck_evidence(ev, tensor_below=p.tensor_below, dram_below=p.dram_below, sm_working=p.sm_working,
+                                   sm_below=p.sm_below)  # fmt: skip
+            out.append(not stuck if stuck is not None else peak <= 0 or ev.power_w >= peak * p.power_below / 100)
+        return out
 
     def describe(self, st: GpuEpisodeState) -> dict[str, Any]:
         return {"util_above_pct": self.params.util_above}

@@ -27,6 +27,7 @@ from pydantic import Field
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, advance, end
+from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.units import Duration
 
@@ -143,11 +144,12 @@ class TelemetryStale(DetectorBase):
             return []
         return [self._finding(action, st, resource, st.fired_at if action == "fire" else t)]
 
-    def step_scrape(self, state: TelemetryStaleState, ctx: Context, events: list[GpuMetric],
+    def step_scrape(self, state: TelemetryStaleState, ctx: Context, scrape: Scrape,
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
         """:meth:`step` for each sample of a scrape (samples of the host at ``t``): after the first,
         the others are usually at the latest time already seen, which changes nothing (and so
         nothing for the samples after it either): they are not stepped."""
+        events = scrape.samples
         out = [(0, f) for f in self.step(state, ctx, events[0], t)]
         for i in range(1, len(events)):
             latest = state.back_at if state.back_at is not None else state.last_sample
