@@ -65,6 +65,8 @@ FORGET_S = 3600.0
 """A unit with no sample for this long (while the host's others report) is gone."""
 _KEYS = tuple(str(i) for i in range(256))
 """A whole GPU's unit key, by index (made once: this runs for every sample)."""
+_UNIT_KEYS = tuple(_KEYS[:n] for n in range(257))
+"""``_UNIT_KEYS[n]``: the keys of whole GPUs ``0 .. n-1``, the units of most hosts in order."""
 _ALONE = {key: (key,) for key in _KEYS}
 """A whole GPU's units (itself alone), one tuple shared by every host's GPU of that index."""
 BUSY, HELD, UNKNOWN, FREE = 3, 2, 1, 0
@@ -419,18 +421,28 @@ class GpuShare(DetectorBase):
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
         """:meth:`step` for each sample of a scrape (samples of the host at ``t``), in one call: this
         runs for every scrape of every host (the columns are read by place here, not through the
-        state's methods). Findings come with the index of the sample that made them."""
+        state's methods). Findings come with the index of the sample that made them.
+
+        A scrape later than every sample before first moves the clock to ``t`` (:meth:`_advance`,
+        whose findings are the first sample's: no sample of ``t`` is kept before it), then keeps its
+        samples: the usual scrape (:meth:`_usual`) by GPU, each of the others by its unit."""
         st, res = state, ctx.resource
-        if t <= st.stopped_at:
+        if t <= st.stopped_at or not scrape.samples:
             return []
         unknown_ours = UNKNOWN in self.codes
         if not st.unit_keys and not unknown_ours and scrape.holders_unknown:
             return []  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
-        out: list[tuple[int, Finding]] = []
         p = self.params
+        busy_flags = scrape.busy(p.util_below)
+        if t > st.covered_until:
+            out = [(0, f) for f in self._advance(st, res, t)]
+            if self._usual(st, scrape):
+                self._keep_usual(st, scrape, busy_flags, t)
+                return out
+        else:
+            out = []  # a late scrape, or samples of the latest one read again
         stale_after = p.stale_after
-        events, busy_flags = scrape.samples, scrape.busy(p.util_below)  # (shared with the other rules)
-        for i, ev in enumerate(events):
+        for ev, is_busy in zip(scrape.samples, busy_flags, strict=True):
             keys = st.unit_keys
             if ev.allocated is None and not keys and not unknown_ours:
                 continue  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
@@ -446,7 +458,7 @@ class GpuShare(DetectorBase):
                 units_at = _G * len(st.gpu_ids)  # where the units' latest samples start (after the GPUs' times)
                 if t <= column[units_at + j]:
                     continue  # a re-read or duplicate sample
-                # What its latest sample said: the clock below may forget the unit (an hour silent).
+                # What its latest sample said.
                 was_holder = _HOLDER[st.unit_codes[j] >> 1]  # type: ignore[index]
                 if was_holder is not None and ev.allocated is None:  # (only read where it is needed, below)
                     try:  # its allocation time (this runs for every sample: no method call)
@@ -455,13 +467,6 @@ class GpuShare(DetectorBase):
                         pass  # none held yet: 0.0
                 if st.unit_pods is not None:
                     was_pod = st.unit_pods[j]
-            if t > st.covered_until:
-                out.extend((i, f) for f in self._advance(st, res, t))
-                units_at = _G * len(st.gpu_ids)  # (the clock may forget units and GPUs)
-                if known:
-                    j = st.unit(key, gpu)
-                    if j < 0:  # forgotten by the clock (an hour silent): this sample starts it afresh
-                        known, was_holder, was_pod = False, None, None
             ids = st.gpu_ids
             g = gpu if gpu < len(ids) and ids[gpu] == gpu else _place(ids, gpu)
             if g < 0:
@@ -491,7 +496,6 @@ class GpuShare(DetectorBase):
                     _set_counted(st, g, 0)
                     st.left = "allocation_changed"
                 _restart_run(st, g)
-            is_busy = busy_flags[i]
             column = st.gpu_times
             at = units_at + j
             column[at] = t
@@ -521,6 +525,38 @@ class GpuShare(DetectorBase):
             elif idle_since != idle_since and (len(st.gpu_units[g]) == 1 or not self._status(st, gpu, t).busy):
                 times[at + _IDLE_SINCE] = t
         return out
+
+    @staticmethod
+    def _usual(st: GpuShareState, scrape: Scrape) -> bool:
+        """Whether the scrape is the usual one of a host tracked as usual: one sample of each GPU
+        ``0 .. n-1`` in order, whole GPUs (no MIG), one model, nobody said to hold any (no pod, no
+        ``allocated``) in the scrape or before, and the host's units are those GPUs, each at its
+        index. O(1) in Python (the comparisons of tuples and bytes run in C)."""
+        gpus = scrape.gpus
+        return (scrape.plain and scrape.model is not None and st.unit_pods is None and st.gpu_ids == gpus
+                and st.unit_keys == _UNIT_KEYS[len(gpus)] and max(st.unit_codes or b"\0") <= _BUSY_BIT)  # fmt: skip
+
+    def _keep_usual(self, st: GpuShareState, scrape: Scrape, busy: tuple[bool, ...], t: float) -> None:
+        """Keep the usual scrape (:meth:`_usual`), later than every sample before: what the loop over
+        units in :meth:`step_scrape` does for it, where unit, GPU and sample share a place and there
+        is no holder or pod to compare."""
+        stale_after, fired = self.params.stale_after, st.fired_at is not None
+        times: Any = st.gpu_times
+        codes: Any = st.unit_codes
+        units_at = _G * len(busy)
+        for g, is_busy in enumerate(busy):
+            at = _G * g
+            if t - times[at] > stale_after and not (fired and st.gpu_counted[g]):
+                _restart(st, g)  # a telemetry gap: its idle count starts again
+            times[at] = times[units_at + g] = t  # the GPU's and its unit's latest sample
+            codes[g] = is_busy  # held by: unknown (0), busy or not (bit 0)
+            if is_busy:
+                if times[at + _IDLE_SINCE] == times[at + _IDLE_SINCE] or times[at + _PENDING_FROM] == times[at + _PENDING_FROM]:
+                    _restart_run(st, g)  # either set (not NaN)
+            elif times[at + _IDLE_SINCE] != times[at + _IDLE_SINCE]:  # unset (NaN): its idle run starts
+                times[at + _IDLE_SINCE] = t
+        if scrape.model and scrape.model != st.model:
+            st.model = intern(scrape.model)
 
     def _forget_for(self, st: GpuShareState, g: int, gpu: int) -> int:
         """Make room for a new unit of GPU ``gpu`` (at place ``g``): forget the least recently seen
