@@ -344,6 +344,8 @@ class Engine:
                 continue
             if got:
                 tagged.extend((i, j, f) for i, f in got)
+        if not tagged:
+            return []  # (most scrapes)
         if len(tagged) > 1:
             tagged.sort(key=_by_sample_then_rule)  # stable: a step's own findings keep their order
         return [f for _, _, f in tagged]

@@ -539,21 +539,28 @@ class GpuShare(DetectorBase):
     def _keep_usual(self, st: GpuShareState, scrape: Scrape, busy: tuple[bool, ...], t: float) -> None:
         """Keep the usual scrape (:meth:`_usual`), later than every sample before: what the loop over
         units in :meth:`step_scrape` does for it, where unit, GPU and sample share a place and there
-        is no holder or pod to compare."""
-        stale_after, fired = self.params.stale_after, st.fired_at is not None
+        is no holder or pod to compare. Every GPU's and unit's latest sample and every unit's code
+        are written at once, as columns; a GPU's idle run is its own."""
+        stale_after, n = self.params.stale_after, len(busy)
         times: Any = st.gpu_times
-        codes: Any = st.unit_codes
-        units_at = _G * len(busy)
+        assert times is not None and st.unit_codes is not None
+        seen = times[_G_SEEN : _G * n : _G]  # each GPU's latest sample
+        if t - min(seen) > stale_after:  # (the largest gap: t - x only falls as x grows)
+            fired = st.fired_at is not None
+            for g in range(n):
+                if t - seen[g] > stale_after and not (fired and st.gpu_counted[g]):
+                    _restart(st, g)  # a telemetry gap: its idle count starts again
+        now = array("d", (t,)) * n
+        times[_G_SEEN : _G * n : _G] = times[_G * n : _G * n + n] = now  # the GPUs' and their units' latest sample
+        st.unit_codes[:] = busy  # held by: unknown (bits 1-2 at 0), busy or not (bit 0)
         for g, is_busy in enumerate(busy):
             at = _G * g
-            if t - times[at] > stale_after and not (fired and st.gpu_counted[g]):
-                _restart(st, g)  # a telemetry gap: its idle count starts again
-            times[at] = times[units_at + g] = t  # the GPU's and its unit's latest sample
-            codes[g] = is_busy  # held by: unknown (0), busy or not (bit 0)
+            idle_since = times[at + _IDLE_SINCE]
             if is_busy:
-                if times[at + _IDLE_SINCE] == times[at + _IDLE_SINCE] or times[at + _PENDING_FROM] == times[at + _PENDING_FROM]:
-                    _restart_run(st, g)  # either set (not NaN)
-            elif times[at + _IDLE_SINCE] != times[at + _IDLE_SINCE]:  # unset (NaN): its idle run starts
+                pending_from = times[at + _PENDING_FROM]
+                if idle_since == idle_since or pending_from == pending_from:  # either set (not NaN)
+                    _restart_run(st, g)
+            elif idle_since != idle_since:  # unset (NaN): its idle run starts
                 times[at + _IDLE_SINCE] = t
         if scrape.model and scrape.model != st.model:
             st.model = intern(scrape.model)
@@ -610,15 +617,20 @@ class GpuShare(DetectorBase):
         stale, gone = p.stale_after, []
         column, units_at = st.gpu_times, _G * len(st.gpu_ids)
         seen = column[units_at : units_at + len(st.unit_keys)] if column is not None else ()
-        for key, gpu, unit_seen, unit_code in zip(st.unit_keys, st.unit_gpus, seen, st.unit_codes or (), strict=True):
-            age = c - unit_seen
-            if age > stale:
-                if age > FORGET_S:
-                    gone.append(key)
-                continue
-            code = _STATE[unit_code]
-            if code > state.get(gpu, -1):
-                state[gpu] = code
+        codes_now = st.unit_codes or b""
+        if seen and c - min(seen) <= stale and st.unit_gpus == st.gpu_ids:
+            # Every unit fresh (the largest age is c - the oldest's), and one unit a GPU: a GPU's state is its unit's.
+            state = dict(zip(st.gpu_ids, map(_STATE.__getitem__, codes_now), strict=True))
+        else:
+            for key, gpu, unit_seen, unit_code in zip(st.unit_keys, st.unit_gpus, seen, codes_now, strict=True):
+                age = c - unit_seen
+                if age > stale:
+                    if age > FORGET_S:
+                        gone.append(key)
+                    continue
+                code = _STATE[unit_code]
+                if code > state.get(gpu, -1):
+                    state[gpu] = code
         for key in gone:
             g = st.gpu(st.unit_gpus[st.unit_keys.index(key)])
             if g >= 0 and st.gpu_counted[g] and len(st.gpu_units[g]) == 1:
