@@ -250,7 +250,7 @@ class DataStarvedTraining(DetectorBase):
         model = events[-1].model if events else ""
         if model and model != st.model:
             st.model = intern(model)
-        return [(0, f) for f in found]
+        return [(0, f) for f in found] if found else []
 
     def _gather(self, st: DataStarvedTrainingState, events: list[GpuMetric], utils: tuple[float, ...], top: float,
                 mask: int, worked: int) -> tuple[float, int, int]:  # fmt: skip

@@ -134,13 +134,12 @@ class GpuEpisode(DetectorBase):
             if scrape.model and scrape.model != st.model:
                 st.model = intern(scrape.model)
             first = breaking.index(True) if True in breaking else len(events)
-            out: list[tuple[int, Finding]] = []
-            if first:
-                out.extend((0, f) for f in self._holds(st, resource, t))
-            if first < len(events):
-                out.extend((first, f) for f in self._breaks(st, resource, t))
-            return out
-        out = []
+            held = self._holds(st, resource, t) if first else []
+            broken = self._breaks(st, resource, t) if first < len(events) else []
+            if not held and not broken:
+                return []  # (most scrapes)
+            return [(0, f) for f in held] + [(first, f) for f in broken]
+        out: list[tuple[int, Finding]] = []
         gpus = st.gpus
         for i, ev in enumerate(events):
             if ev.gpu_index not in gpus:

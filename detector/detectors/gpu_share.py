@@ -435,7 +435,8 @@ class GpuShare(DetectorBase):
         p = self.params
         busy_flags = scrape.busy(p.util_below)
         if t > st.covered_until:
-            out = [(0, f) for f in self._advance(st, res, t)]
+            found = self._advance(st, res, t)
+            out = [(0, f) for f in found] if found else []
             if self._usual(st, scrape):
                 self._keep_usual(st, scrape, busy_flags, t)
                 return out

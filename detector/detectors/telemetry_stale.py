@@ -150,7 +150,8 @@ class TelemetryStale(DetectorBase):
         the others are usually at the latest time already seen, which changes nothing (and so
         nothing for the samples after it either): they are not stepped."""
         events = scrape.samples
-        out = [(0, f) for f in self.step(state, ctx, events[0], t)]
+        found = self.step(state, ctx, events[0], t)
+        out = [(0, f) for f in found] if found else []
         for i in range(1, len(events)):
             latest = state.back_at if state.back_at is not None else state.last_sample
             if latest is not None and t <= latest:
