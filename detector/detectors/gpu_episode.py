@@ -124,16 +124,17 @@ class GpuEpisode(DetectorBase):
         All the samples are at one time, so the episode moves at two of them at most: the first
         (when it does not break: the episode holds at ``t``) and the first that breaks; at any
         other, the episode has been moved to ``t`` already and it changes nothing. Each sample may
-        still tell something new of the host (a GPU, its model, a pod): in the usual scrape none
-        does, which the scrape says in O(1), and the episode is all there is to move."""
+        still tell something new of the host (a GPU, its model, a pod), kept in order, so that a
+        finding says what the samples up to its own said: in the usual scrape none does, which the
+        scrape says in O(1), and the episode is all there is to move."""
         resource = ctx.resource
         st = state
         events = scrape.samples
         breaking = self.breaking(st, scrape)
+        first = breaking.index(True) if True in breaking else len(events)  # the first sample that breaks
         if scrape.plain and not st.pods and not st.allocated and scrape.gpus == st.gpus and scrape.model is not None:
             if scrape.model and scrape.model != st.model:
                 st.model = intern(scrape.model)
-            first = breaking.index(True) if True in breaking else len(events)
             held = self._holds(st, resource, t) if first else []
             broken = self._breaks(st, resource, t) if first < len(events) else []
             if not held and not broken:
@@ -149,7 +150,12 @@ class GpuEpisode(DetectorBase):
                 st.model = intern(ev.model)
             if ev.pod or ev.allocated is not None or st.pods or st.allocated:
                 _note_pod(st, ev)
-            found = self._breaks(st, resource, t) if breaking[i] else self._holds(st, resource, t)
+            if i == first:
+                found = self._breaks(st, resource, t)
+            elif i == 0:
+                found = self._holds(st, resource, t)
+            else:
+                continue
             if found:
                 out.extend((i, f) for f in found)
         return out
