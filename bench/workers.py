@@ -46,11 +46,11 @@ from tests.reliability import compare_alerts, expected_counts, reported_alerts, 
 PARTITIONS = 4
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process and its live children (a worker's event writer) have
-    used (Linux /proc)."""
+def cpu_s(pid: int, children: bool = True) -> float:
+    """User + system CPU seconds a process and (``children``) its live children, a worker's
+    event writer, have used (Linux /proc)."""
     total = 0.0
-    for p in [pid, *_children(pid)]:
+    for p in [pid, *(_children(pid) if children else ())]:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -99,6 +99,7 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                 if first is None and total > 0:
                     first = time.perf_counter()
                     cpu_first = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
+                    main_first = [cpu_s(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
                 if total >= n_events:
                     break
                 for w in workers:
@@ -107,6 +108,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                 time.sleep(0.05)
             elapsed = time.perf_counter() - (first or started)
             cpu_end = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
+            main_end = [cpu_s(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
+            cpu_main = [round(b - a, 1) for a, b in zip(main_first, main_end, strict=True)]
             cpu = [round(b - a, 1) for a, b in zip(cpu_first, cpu_end, strict=True)]
             load_after = os.getloadavg()
             # Drain: nothing held back, then stop (each commits what it acknowledged).
@@ -127,7 +130,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
     return {
         "workers": n_workers, "event_writer": event_writer, "partitions_each": parts, "events": n_events, "seconds": elapsed,
         "events_per_s": n_events / elapsed, "events_per_worker": per_worker, "publish_s": publish_s, "assignments": assignments,
-        "cpu_s_workers": cpu[:-1], "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
+        "cpu_s_workers": cpu[:-1], "cpu_s_workers_main": cpu_main,
+        "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
         "exit_codes": codes, "stored_rows": counts.rows, "doubled": counts.doubled,
         "alerts_ok": alerts.ok, "alerts": str(alerts), "load_before": load_before, "load_after": load_after,
     }  # fmt: skip
@@ -159,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
                 print(f"{n} worker(s), inserts {mode}: {r['events_per_s']:,.0f} events/s in {r['seconds']:.1f} s "
                       f"(per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
-                      f"assignments {r['assignments']}); CPU s: workers {r['cpu_s_workers']}, store {r['cpu_s_store']} "
+                      f"assignments {r['assignments']}); CPU s: workers {r['cpu_s_workers']} (of which their own process "
+                      f"{r['cpu_s_workers_main']}), store {r['cpu_s_store']} "
                       f"({r['events_per_worker_cpu_s']:,.0f} events per worker CPU second); "
                       f"rows ok {r['rows_ok']}, alerts ok {r['alerts_ok']} ({r['alerts']}); "
                       f"load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}", flush=True)  # fmt: skip

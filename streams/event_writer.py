@@ -21,6 +21,7 @@ starts a new one, and what the dead one stored is left out again by content.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection as Pipe
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,7 +45,8 @@ from detector.store.connection import connect
 from detector.store.events import InsertMetrics
 from detector.units import one_line
 
-__all__ = ["EventWriter", "ProcessEventWriter", "StoreUnavailable", "ThreadEventWriter", "store_events", "writer_for"]
+__all__ = ["EventWriter", "ProcessEventWriter", "StoreUnavailable", "ThreadEventWriter", "store_events", "usable_cpus",
+           "writer_for"]
 
 log = structlog.get_logger("burnwatch.worker")
 
@@ -213,10 +216,11 @@ class ProcessEventWriter(EventWriter):
             self._reap()
 
 
-def writer_for(store: Store, dsn: str, database: str, mode: str = "auto") -> EventWriter:
-    """The event writer a worker uses (``BURNWATCH_EVENT_WRITER``): a child process for a
-    ClickHouse server (``auto``, ``process``), the writer thread for the embedded engine or
-    with ``thread``."""
+def writer_for(store: Store, dsn: str, database: str, mode: str = "auto", cpus: float | None = None) -> EventWriter:
+    """The event writer a worker uses (``BURNWATCH_EVENT_WRITER``): with a ClickHouse server, a
+    child process (``process``; ``auto`` when the worker may use two CPUs or more, ``cpus``,
+    default :func:`usable_cpus`: the child decodes each event again, so on one CPU it only adds
+    work); otherwise, or with ``thread``, the writer thread."""
     server = urlsplit(dsn).scheme in ("http", "https")
     if mode == "process" and not server:
         log.warning("event_writer_in_thread", asked="process",
@@ -224,7 +228,22 @@ def writer_for(store: Store, dsn: str, database: str, mode: str = "auto") -> Eve
                          "a child process needs a ClickHouse server DSN (http:// or https://)")  # fmt: skip
     if mode == "thread" or not server:
         return ThreadEventWriter(store)
+    if mode == "auto" and (cpus if cpus is not None else usable_cpus()) < 2:
+        return ThreadEventWriter(store)
     return ProcessEventWriter(dsn, database, store)
+
+
+def usable_cpus() -> float:
+    """CPUs this process may run on: its affinity, capped by a cgroup v2 CPU quota (a container's
+    ``limits.cpu``), which ``os.cpu_count`` does not see."""
+    cpus: float = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, int(quota) / int(period))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable: the affinity stands
+    return cpus
 
 
 def _serve(pipe: Pipe) -> None:

@@ -32,6 +32,7 @@ from streams.event_writer import (
     child_decoder,
     decode_items,
     encode_items,
+    usable_cpus,
     writer_for,
 )
 from streams.pipeline import Message, Pipeline
@@ -166,7 +167,7 @@ def test_the_message_the_store_refuses_is_named_from_the_child(server, remote, r
     async def send_dead_letter(key, value):
         dead.append(value)
 
-    writer = writer_for(remote, server.url, remote.db)
+    writer = writer_for(remote, server.url, remote.db, "process")
     assert isinstance(writer, ProcessEventWriter)
     pipeline = Pipeline(engine=Engine(ruleset), store=remote, outbox=Outbox(remote, None), manager=AlertManager(),
                         send_dead_letter=send_dead_letter, event_writer=writer)  # fmt: skip
@@ -194,11 +195,14 @@ def test_the_message_the_store_refuses_is_named_from_the_child(server, remote, r
 
 def test_the_embedded_engine_keeps_its_inserts_in_the_thread(store, server):
     """chdb is one engine per process: with it every mode writes in the thread; with a server
-    ``auto`` and ``process`` write in a child, ``thread`` does not."""
+    ``process`` writes in a child, ``auto`` too when there are two CPUs for it, ``thread`` never."""
     assert all(isinstance(writer_for(store, "chdb:///tmp/x", "db", mode), ThreadEventWriter)
                for mode in ("auto", "process", "thread"))  # fmt: skip
-    assert isinstance(writer_for(store, server.url, "db", "auto"), ProcessEventWriter)
-    assert isinstance(writer_for(store, server.url, "db", "thread"), ThreadEventWriter)
+    assert isinstance(writer_for(store, server.url, "db", "auto", cpus=2), ProcessEventWriter)
+    assert isinstance(writer_for(store, server.url, "db", "process", cpus=1), ProcessEventWriter)
+    assert isinstance(writer_for(store, server.url, "db", "auto", cpus=1.5), ThreadEventWriter)  # one CPU and a half: no gain
+    assert isinstance(writer_for(store, server.url, "db", "thread", cpus=8), ThreadEventWriter)
+    assert 0 < usable_cpus() <= (os.cpu_count() or 1)
 
 
 def test_a_closed_writer_writes_nothing(server, ruleset):
