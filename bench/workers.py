@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import bench_fleet  # noqa: E402
+from bench.run import bench_fleet, cpu_seconds  # noqa: E402
 from detector.alerts import Alert  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
 from detector.runtime import tune_gc  # noqa: E402
@@ -44,29 +44,6 @@ from streams.process import StoreServerProcess, WorkerProcess, worker_env  # noq
 from tests.reliability import compare_alerts, expected_counts, reported_alerts, stored, stored_alerts  # noqa: E402
 
 PARTITIONS = 4
-
-
-def cpu_s(pid: int, children: bool = True) -> float:
-    """User + system CPU seconds a process and (``children``) its live children, a worker's
-    event writer, have used (Linux /proc)."""
-    total = 0.0
-    for p in [pid, *(_children(pid) if children else ())]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
 
 
 def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert],
@@ -98,8 +75,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                 total = sum(per_worker)
                 if first is None and total > 0:
                     first = time.perf_counter()
-                    cpu_first = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
-                    main_first = [cpu_s(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
+                    cpu_first = [cpu_seconds(w._proc.pid) for w in workers] + [cpu_seconds(server.proc.pid)]  # type: ignore[union-attr]
+                    main_first = [cpu_seconds(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
                 if total >= n_events:
                     break
                 for w in workers:
@@ -107,8 +84,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                         raise RuntimeError(f"a worker exited:\n{w.tail()}")
                 time.sleep(0.05)
             elapsed = time.perf_counter() - (first or started)
-            cpu_end = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
-            main_end = [cpu_s(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
+            cpu_end = [cpu_seconds(w._proc.pid) for w in workers] + [cpu_seconds(server.proc.pid)]  # type: ignore[union-attr]
+            main_end = [cpu_seconds(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
             cpu_main = [round(b - a, 1) for a, b in zip(main_first, main_end, strict=True)]
             cpu = [round(b - a, 1) for a, b in zip(cpu_first, cpu_end, strict=True)]
             load_after = os.getloadavg()
