@@ -20,6 +20,7 @@ starts a new one, and what the dead one stored is left out again by content.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import signal
@@ -186,7 +187,7 @@ class ProcessEventWriter(EventWriter):
         ours, theirs = socket.socketpair()
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "streams.event_writer", str(theirs.fileno())],
+                [sys.executable, "-m", "streams.event_writer", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True,
             )  # fmt: skip
         finally:
@@ -246,47 +247,72 @@ def usable_cpus() -> float:
     return cpus
 
 
-def _serve(pipe: Pipe) -> None:
+def _serve(pipe: Pipe, worker: int) -> None:
     """The child: write what comes down the pipe until it closes. A stop signal sent to the
     worker's process group is the worker's to handle: it lets its last write land, then closes
-    the pipe, and the child ends there (or when the worker is gone, killed)."""
+    the pipe, and the child ends there (or with the worker, killed: :func:`_die_with`)."""
+    _die_with(worker)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     dsn, database = pipe.recv()
-    try:
-        store = Store(connect(dsn, create=False), database)
-    except Exception as exc:  # noqa: BLE001 - no client: said to the worker, which retries with another child
-        pipe.recv(), pipe.recv_bytes()
-        pipe.send(("unavailable", f"the event writer process cannot reach the store: {one_line(exc)}", {}))
-        return
     observed: dict[str, Any] = {"inserts": [], "duplicates": 0}
-    store.events.observe = _Observer(observed)
     decoder = child_decoder()
     pricing: Pricing | None = None
+    store: Store | None = None
     try:
         while True:
             try:
                 changed, sent_pricing = pipe.recv()
                 payload = pipe.recv_bytes()
             except EOFError:
-                return  # the worker closed the pipe, or is gone
+                return  # the worker closed the pipe
             if changed:
-                pricing = sent_pricing
+                pricing = sent_pricing  # (kept even when the store is out of reach: the worker sends it once)
             observed["inserts"], observed["duplicates"] = [], 0
-            try:
-                items = decode_items(payload, decoder)
-            except InvalidMessage as exc:
-                pipe.send(("unreadable", one_line(exc, MAX_REASON), observed))
-                continue
-            try:
-                reply: tuple[str, Any] = ("ok", store_events(store, items, pricing))
-            except StoreUnavailable as exc:
-                reply = ("unavailable", str(exc))
-            except Exception as exc:  # noqa: BLE001 - told to the worker, which retries
-                reply = ("failed", one_line(exc, MAX_REASON))
-            pipe.send((*reply, observed))
+            if store is None:  # not reached yet: asked again at each try, as the writer thread's client is
+                try:
+                    store = Store(connect(dsn, create=False), database)
+                except Exception as exc:  # noqa: BLE001 - no client: said to the worker, which retries
+                    pipe.send(("unavailable", f"the event writer process cannot reach the store: {one_line(exc)}", {}))
+                    continue
+                store.events.observe = _Observer(observed)
+            pipe.send((*_answer(store, payload, decoder, pricing), observed))
+            del payload  # a batch is megabytes: not held while the child waits for the next
     finally:
-        store.close()
+        if store is not None:
+            store.close()
+
+
+def _answer(store: Store, payload: bytes, decoder: EventDecoder, pricing: Pricing | None) -> tuple[str, Any]:
+    """One batch decoded again and stored: the child's answer (a status and what goes with it)."""
+    try:
+        items = decode_items(payload, decoder)
+    except InvalidMessage as exc:
+        return "unreadable", one_line(exc, MAX_REASON)
+    try:
+        return "ok", store_events(store, items, pricing)
+    except StoreUnavailable as exc:
+        return "unavailable", str(exc)
+    except Exception as exc:  # noqa: BLE001 - told to the worker, which retries
+        return "failed", one_line(exc, MAX_REASON)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(worker: int) -> None:
+    """Be killed when the worker dies (Linux's parent-death signal). A worker killed -9 takes its
+    writer thread's insert with it; the child's batch must not be stored after it either: the
+    next holder of the partitions reads those messages again and checks what is stored before
+    it inserts, so an insert landing meanwhile could store the same events twice. (The signal
+    comes when the thread that started the child ends: the pipeline's writer thread, which
+    lives as long as the worker.)"""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the child ends at the pipe's end-of-file, after the batch in hand
+    if os.getppid() != worker:  # the worker died before the signal was asked for
+        os._exit(0)
 
 
 class _Observer(InsertMetrics):
@@ -303,4 +329,4 @@ class _Observer(InsertMetrics):
 
 
 if __name__ == "__main__":
-    _serve(Pipe(int(sys.argv[1])))
+    _serve(Pipe(int(sys.argv[1])), int(sys.argv[2]))

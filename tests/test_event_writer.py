@@ -11,6 +11,10 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -221,3 +225,80 @@ def test_a_child_that_cannot_reach_the_store_is_a_store_unavailable(ruleset, req
     request.addfinalizer(writer.close)
     with pytest.raises(StoreUnavailable, match="cannot reach the store"):
         writer.write(items()[:1], ruleset.pricing)
+
+
+def test_a_child_that_cannot_reach_the_store_tries_it_again_at_the_next_write(ruleset, request):
+    """The store unreachable for a while: every try asks the store again and says why it failed
+    (the stall reason the pipeline reports), rather than finding the child that said so gone."""
+    from streams.embedded import free_port
+
+    writer = ProcessEventWriter(f"http://127.0.0.1:{free_port()}", "nowhere")
+    request.addfinalizer(writer.close)
+    for _ in range(3):
+        with pytest.raises(StoreUnavailable, match="cannot reach the store"):
+            writer.write(items()[:1], ruleset.pricing)
+
+
+_WORKER = """
+import sys
+from streams.event_writer import ProcessEventWriter
+from tests.test_event_writer import items
+writer = ProcessEventWriter(sys.argv[1], sys.argv[2])
+sent = items()
+writer.write(sent[:10], None)
+print(writer._child.pid, flush=True)
+sys.stdin.readline()
+writer.write(sent[10:], None)
+"""
+
+
+def _waiting_at(port: int) -> bool:
+    """Whether bytes wait unread at the server on ``port`` (a request it has not read yet)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and int(fields[4].split(":")[1], 16) > 0:
+            return True
+    return False
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_worker_takes_its_child_with_it(server, remote):
+    """kill -9 of the worker while its child waits on the store: the child goes too, as the
+    writer thread's insert would. Left behind, it would store the batch after the worker is
+    gone, racing the next holder of the partitions, which reads those messages again and checks
+    what is stored before it inserts (so the same events could be stored twice)."""
+    root = Path(__file__).resolve().parent.parent
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER, server.url, remote.db], cwd=root,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        child = int(worker.stdout.readline())
+        stored = remote.count("gpu_metrics")
+        assert stored == 10 * 3
+        os.kill(server.proc.pid, signal.SIGSTOP)  # the store hangs: the child's next request waits there
+        try:
+            worker.stdin.write(b"go\n")
+            worker.stdin.flush()
+            deadline = time.monotonic() + 60
+            while not _waiting_at(server.port):
+                assert time.monotonic() < deadline, "the child's request never reached the store"
+                time.sleep(0.05)
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait()
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while not _gone(child):
+            assert time.monotonic() < deadline, "the child outlived its worker"
+            time.sleep(0.05)
+        assert remote.count("gpu_metrics") == stored
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
