@@ -159,7 +159,13 @@ class ProcessEventWriter(EventWriter):
         with self._lock:
             if self._closed:
                 raise StoreUnavailable("the event writer is closed (the worker is stopping)")
-            pipe = self._pipe if self._pipe is not None else self._start()
+            pipe = self._pipe
+            if pipe is None:
+                try:
+                    pipe = self._start()
+                except OSError as exc:  # a fork refused (a pids or memory limit): a failed try, as a store down is
+                    self._reap()
+                    raise StoreUnavailable(f"cannot start the event writer process: {one_line(exc)}") from exc
             try:
                 changed = pricing is not self._pricing
                 pipe.send((changed, pricing if changed else None))  # the price list, when it changed (a reload)
@@ -190,6 +196,9 @@ class ProcessEventWriter(EventWriter):
                 [sys.executable, "-m", "streams.event_writer", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True,
             )  # fmt: skip
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         self._pipe = pipe = Pipe(ours.detach())

@@ -302,3 +302,19 @@ def test_a_killed_worker_takes_its_child_with_it(server, remote):
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+
+
+def test_a_child_that_cannot_be_started_is_a_store_unavailable(server, remote, ruleset, request, monkeypatch):
+    """No process can be started (a fork refused by a pids or memory limit; here, no interpreter
+    where it was): the try fails as a store unavailable, which the pipeline retries, not as an
+    error that ends the worker; nothing is left open; the next try, able to start one, writes."""
+    writer = ProcessEventWriter(server.url, remote.db)
+    request.addfinalizer(writer.close)
+    open_fds = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+    with pytest.raises(StoreUnavailable, match="cannot start the event writer process"):
+        writer.write(items()[:1], ruleset.pricing)
+    assert len(os.listdir("/proc/self/fd")) == open_fds
+    monkeypatch.undo()
+    assert writer.write(items()[:1], ruleset.pricing) == []
+    assert remote.count("gpu_metrics") == 3
