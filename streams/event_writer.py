@@ -243,17 +243,28 @@ def writer_for(store: Store, dsn: str, database: str, mode: str = "auto", cpus: 
     return ProcessEventWriter(dsn, database, store)
 
 
-def usable_cpus() -> float:
-    """CPUs this process may run on: its affinity, capped by a cgroup v2 CPU quota (a container's
-    ``limits.cpu``), which ``os.cpu_count`` does not see."""
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> float:
+    """CPUs this process may run on: its affinity, capped by its cgroup's CPU quota (a container's
+    ``limits.cpu``), which ``os.cpu_count`` does not see: ``cpu.max`` under cgroup v2, and
+    ``cpu/cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` under v1 (nodes still on it, such as
+    Amazon Linux 2's)."""
     cpus: float = len(os.sched_getaffinity(0))
+    quota = _cgroup_quota(cgroup)
+    return cpus if quota is None else min(cpus, quota)
+
+
+def _cgroup_quota(cgroup: Path) -> float | None:
+    """The CPU quota in CPUs (None: none, or none readable)."""
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cpus = min(cpus, int(quota) / int(period))
+        quota, period = (cgroup / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
-        pass  # no cgroup v2 quota readable: the affinity stands
-    return cpus
+        pass  # not cgroup v2
+    try:
+        quota_us = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        return None if quota_us < 0 else quota_us / int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _serve(pipe: Pipe, worker: int) -> None:

@@ -318,3 +318,20 @@ def test_a_child_that_cannot_be_started_is_a_store_unavailable(server, remote, r
     monkeypatch.undo()
     assert writer.write(items()[:1], ruleset.pricing) == []
     assert remote.count("gpu_metrics") == 3
+
+
+@pytest.mark.parametrize(("files", "quota"), [
+    ({"cpu.max": "150000 100000\n"}, 1.5),  # cgroup v2
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.0),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+])  # fmt: skip
+def test_a_containers_cpu_limit_caps_the_cpus_auto_counts(tmp_path, files, quota):
+    """``limits.cpu`` as the kernel shows it, under cgroup v2 and under v1 (a node still on v1
+    with a one-CPU limit must keep the inserts in the thread: a child there only adds work)."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    affinity = len(os.sched_getaffinity(0))
+    assert usable_cpus(tmp_path) == (affinity if quota is None else min(affinity, quota))
