@@ -31,7 +31,7 @@ import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import msgspec
@@ -41,7 +41,6 @@ from detector.events import DAY_S, TS_MAX, Event, EventDecoder, InvalidMessage
 from detector.limits import Limits
 from detector.pricing import Pricing
 from detector.store import EventBatch, Store
-from detector.store.batch import Source
 from detector.store.connection import connect
 from detector.store.events import InsertMetrics
 from detector.units import one_line
@@ -51,8 +50,17 @@ __all__ = ["EventWriter", "ProcessEventWriter", "StoreUnavailable", "ThreadEvent
 
 log = structlog.get_logger("burnwatch.worker")
 
-Item = tuple[Source, bytes, Sequence[Event]]
-"""A message: the (topic, partition, offset) it came in, its value, and the events decoded from it."""
+class Sourced(Protocol):
+    """A message as the writer needs it: where it came from, and its value."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+Item = tuple[Sourced, Sequence[Event]]
+"""A message and the events the worker decoded from it."""
 Refused = list[tuple[int, str]]
 """Indexes of the items the store refused, each with the reason."""
 
@@ -75,8 +83,8 @@ def _store(store: Store, items: Sequence[Item], first: int, pricing: Pricing | N
     if not items:
         return []
     batch = EventBatch()
-    for source, _, events in items:
-        batch.extend(events, source)
+    for message, events in items:
+        batch.extend(events, (message.topic, message.partition, message.offset))
     try:
         store.events.insert(batch, pricing)
         return []
@@ -109,9 +117,16 @@ class ThreadEventWriter(EventWriter):
         return store_events(self.store, items, pricing)
 
 
-_Wire = list[tuple[str, int, int, bytes]]
-"""A batch on the pipe: each message's (topic, partition, offset, value), in order."""
-_WIRE = msgspec.msgpack.Decoder(_Wire)
+class Received(msgspec.Struct, array_like=True):
+    """A message as the child reads it from the pipe."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+_WIRE = msgspec.msgpack.Decoder(list[Received])
 _ANY_TIME = TS_MAX.timestamp() - DAY_S
 """The child decoder's clock: a day before the contract's last time, so it accepts any time."""
 
@@ -119,7 +134,7 @@ _ANY_TIME = TS_MAX.timestamp() - DAY_S
 def encode_items(items: Sequence[Item]) -> bytes:
     """The items as they came: each message's value, not its decoded events (the worker
     decoded it already; sending the bytes it holds costs it nothing per event)."""
-    return msgspec.msgpack.encode([(topic, partition, offset, value) for (topic, partition, offset), value, _ in items])
+    return msgspec.msgpack.encode([(m.topic, m.partition, m.offset, m.value) for m, _ in items])
 
 
 def child_decoder() -> EventDecoder:
@@ -133,8 +148,7 @@ def child_decoder() -> EventDecoder:
 def decode_items(payload: bytes, decoder: EventDecoder) -> list[Item]:
     """:func:`encode_items` read back, each message decoded again (:class:`InvalidMessage` if one
     is not events: a worker and a child that disagree, which is a bug)."""
-    return [((topic, partition, offset), value, decoder.decode(topic, value))
-            for topic, partition, offset, value in _WIRE.decode(payload)]  # fmt: skip
+    return [(m, decoder.decode(m.topic, m.value)) for m in _WIRE.decode(payload)]
 
 
 class ProcessEventWriter(EventWriter):

@@ -714,10 +714,7 @@ class Pipeline:
         was stored meanwhile is not stored again: the store leaves out what it holds)."""
         if not items:
             return []
-        refused = self.event_writer.write(
-            [((message.topic, message.partition, message.offset), message.value or b"", events) for message, events in items],
-            self.engine.ruleset.pricing,
-        )  # fmt: skip
+        refused = self.event_writer.write(items, self.engine.ruleset.pricing)
         out: list[tuple[Message, str]] = []
         for index, reason in dict(refused).items():  # (an item sent as several names its index once)
             message = items[index][0]
