@@ -45,10 +45,18 @@ from detector.store.connection import connect
 from detector.store.events import InsertMetrics
 from detector.units import one_line
 
-__all__ = ["EventWriter", "ProcessEventWriter", "StoreUnavailable", "ThreadEventWriter", "store_events", "usable_cpus",
-           "writer_for"]
+__all__ = [
+    "EventWriter",
+    "ProcessEventWriter",
+    "StoreUnavailable",
+    "ThreadEventWriter",
+    "store_events",
+    "usable_cpus",
+    "writer_for",
+]
 
 log = structlog.get_logger("burnwatch.worker")
+
 
 class Sourced(Protocol):
     """A message as the writer needs it: where it came from, and its value."""

@@ -716,7 +716,7 @@ class Pipeline:
             return []
         refused = self.event_writer.write(items, self.engine.ruleset.pricing)
         out: list[tuple[Message, str]] = []
-        for index, reason in dict(refused).items():  # (an item sent as several names its index once)
+        for index, reason in refused:
             message = items[index][0]
             log.error("store_refused_message", topic=message.topic, partition=message.partition,
                       offset=message.offset, error=reason[:_MAX_REASON])  # fmt: skip
