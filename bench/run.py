@@ -90,8 +90,10 @@ def cpu_seconds(pid: int, children: bool = True) -> float:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # gone meanwhile
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+        total += int(fields[11]) + int(fields[12])
+        if children and p == pid:
+            total += int(fields[13]) + int(fields[14])  # children it has reaped (a writer child replaced)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:
