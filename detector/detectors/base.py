@@ -206,8 +206,23 @@ class DetectorBase:
     """What openings of this type are grouped by (``team``, ``account``): those that share
     it and fire together are posted as one Slack message listing them. None: never."""
 
+    lazy: ClassVar[bool] = False
+    """Its state is made at the first event that :meth:`starts` it: until then a key holds None for
+    the rule (a rule about what most resources never do holds nothing on them). False: made with
+    the key's route, as every state was before."""
+
     def new_state(self) -> Any:
         return self.State()
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        """Whether ``event`` gives a :attr:`lazy` rule something to track on a key that holds no state
+        for it: False promises that :meth:`step` on a new state would find nothing and leave it new."""
+        return True
+
+    def starts_scrape(self, ctx: Context, events: list[GpuMetric]) -> bool:
+        """:meth:`starts` for a scrape: whether any of its samples starts the state."""
+        starts = self.starts
+        return any(starts(ctx, event) for event in events)
 
     def tracking(self, state: Any) -> Behaviour:
         return Behaviour.NONE
@@ -319,7 +334,19 @@ class Detector(Protocol, Generic[S]):
         """The next step for the alert with these details (``suggestion`` unless the details say more)."""
         ...
 
+    lazy: ClassVar[bool]
+    """Its state is made at the first event that :meth:`starts` it (None on the key until then)."""
+
     def new_state(self) -> S: ...
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        """Whether ``event`` starts a :attr:`lazy` rule's state on a key that has none: False promises
+        that a step of a new state with it finds nothing and leaves the state new (the engine skips it)."""
+        ...
+
+    def starts_scrape(self, ctx: Context, events: list[GpuMetric]) -> bool:
+        """:meth:`starts` for a scrape (any of its samples)."""
+        ...
 
     def step(self, state: S, ctx: Context, event: Event, t: float) -> list[Finding]:
         """Fold one event (``t`` is its time in epoch seconds) into ``state``; return findings."""
