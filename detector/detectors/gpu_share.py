@@ -75,6 +75,8 @@ _CODE = {True: HELD, None: UNKNOWN, False: FREE}
 _STATE = (UNKNOWN, BUSY, HELD, BUSY, FREE, BUSY)
 """A fresh unit's state at one instant by its code (:attr:`GpuShareState.unit_codes`)."""
 _allocated = attrgetter("allocated")
+_NONE_SAID = {None}
+"""A scrape's ``allocated`` values when no sample said who holds its GPU."""
 
 
 def gpu_names(gpus: list[int], limit: int = 6) -> str:
@@ -393,7 +395,7 @@ class GpuShare(DetectorBase):
         return type(event) is UsageEvent and not ctx.resource.billed
 
     def starts_scrape(self, ctx: Context, events: list[GpuMetric]) -> bool:
-        return UNKNOWN in self.codes or any(event.allocated is not None for event in events)
+        return UNKNOWN in self.codes or set(map(_allocated, events)) != _NONE_SAID  # (in C: every scrape)
 
     def counts(self, allocated: bool | None) -> bool:
         """Whether an idle GPU with this allocation is this detector's."""
