@@ -299,15 +299,24 @@ class Engine:
             if etype is GpuMetric:
                 if t > state.gpu_t:
                     state.gpu_t = t
+                    ctx.late = False
+                else:
+                    ctx.late = True
                 route = state.gpu_route
             elif etype is UsageEvent:
                 if t > state.usage_t:
                     state.usage_t = t
+                    ctx.late = False
+                else:
+                    ctx.late = True
                 self._update_info(state, event)  # type: ignore[arg-type]
                 route = state.usage_route  # after the update: a changed resource has none
             else:
                 if t > state.run_t:
                     state.run_t = t
+                    ctx.late = False
+                else:
+                    ctx.late = True
                 self._run_t = t
                 route = state.run_route
             if route is None:

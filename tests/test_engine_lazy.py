@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from detector.detectors.anomaly import Scoring, scoring_during
-from detector.detectors.base import Context, ResourceInfo
+from detector.detectors.base import Behaviour, Context, ResourceInfo
 from detector.engine import Engine
 from detector.events import EventDecoder, GpuMetric
 from detector.floats import enc_hook
@@ -21,7 +21,8 @@ from detector.simulate import SimConfig
 from tests.helpers import MIN, T0, at, fleet_file, timeline, usage
 
 SMALL = {"hours": 4.0, "training_hosts": 3, "notebooks": 2, "inference_endpoints": 1, "buckets": 1, "vector_dbs": 1,
-         "cpu_instances": 2, "k8s_nodes": 2, "seed": 5}  # fmt: skip
+         "cpu_instances": 2, "k8s_nodes": 2, "seed": 4}  # fmt: skip
+"""A fleet with a resource untagged, Kubernetes nodes and hosts off it, egress and none (seed 4)."""
 
 
 def _lazy(ruleset) -> list[Any]:
@@ -51,10 +52,11 @@ def test_the_shipped_rules_that_are_lazy(ruleset):
 
 @pytest.mark.parametrize("windows", [False, True], ids=["rules only", "windows built"])
 def test_a_lazy_rule_finds_and_holds_what_it_did_with_its_state_made_at_once(ruleset, tmp_path, monkeypatch, windows):
-    """The same messy fleet (Kubernetes nodes among hosts that are not, egress and none, lost, late and
-    repeated samples) through an engine with the lazy rules as they ship and through one whose lazy
-    rules make their state with the key's route: the same findings, and each key's state the same,
-    None exactly where the other holds a state still new. With and without the anomaly rule's windows."""
+    """The same messy fleet (Kubernetes nodes among hosts that are not, egress and none, resources
+    untagged, lost, late and repeated samples) through an engine with the lazy rules as they ship and
+    through one whose lazy rules make their state with the key's route: the same findings, and each
+    key's state the same where both made one; where the lazy rule holds None the other tracks nothing
+    and has no episode open (it holds at most the key's latest time). With and without windows."""
     path, _ = fleet_file(tmp_path / "fleet.jsonl", SimConfig.messy(**SMALL), ruleset.pricing)
     batches = _batches(path)
     with ExitStack() as lent:
@@ -67,19 +69,24 @@ def test_a_lazy_rule_finds_and_holds_what_it_did_with_its_state_made_at_once(rul
         eager = Engine(ruleset)
         assert [f for items in batches for f in eager.process_timed(items)] == found
     assert found and lazy.errors == eager.errors == {}
-    made = held = 0
+    made: dict[str, int] = {}
+    held: dict[str, int] = {}
     for key, state in eager._keys.items():
         for detector in detectors:
             mine, theirs = lazy._keys[key].rule(detector.name), state.rule(detector.name)
             if theirs is None:
                 assert mine is None  # not a rule of this resource
             elif mine is None:
-                held += 1
-                assert _encoded(theirs) == _encoded(detector.new_state())
+                held[detector.type] = held.get(detector.type, 0) + 1
+                assert detector.tracking(theirs) is Behaviour.NONE
+                assert detector.open_episodes(theirs, state.info) == []
             else:
-                made += 1
+                made[detector.type] = made.get(detector.type, 0) + 1
                 assert _encoded(mine) == _encoded(theirs)
-    assert made and held  # the Kubernetes nodes hold one, the hosts off Kubernetes none
+    # Kubernetes nodes and hosts off it, egress and none, tagged and not: each rule both ways.
+    every = {d.type for d in detectors}
+    assert set(held) == every - ({"anomaly"} if windows else set())  # (with windows every key has one)
+    assert set(made) == every - (set() if windows else {"anomaly"})
 
 
 def _sample(gpu: int, allocated: bool | None, util: float = 1.0) -> GpuMetric:
@@ -100,26 +107,69 @@ CASES: list[tuple[str, list[Any]]] = [
 ]
 
 
+def _context(events: list[Any]) -> Context:
+    first = events[0]
+    return Context(ResourceInfo(resource_id="host-1", resource_type="gpu_instance", instance_type="p4d.24xlarge",
+                                region="us-east-1", state=getattr(first, "state", "running"), usd_per_hour=32.0,
+                                gpus=8, interval_usd=32.0 / 60, tags=getattr(first, "tags", {})))  # fmt: skip
+
+
+def _step(detector: Any, state: Any, events: list[Any], t: float) -> list[Any]:
+    ctx, seen = _context(events), [e for e in events if type(e) in detector.consumes]
+    if type(seen[0]) is GpuMetric and len(seen) > 1:
+        return [f for _, f in detector.step_scrape(state, ctx, seen, t)]
+    return detector.step(state, ctx, seen[0], t)
+
+
+def _starts(detector: Any, events: list[Any]) -> bool:
+    ctx, seen = _context(events), [e for e in events if type(e) in detector.consumes]
+    if type(seen[0]) is GpuMetric and len(seen) > 1:
+        return detector.starts_scrape(ctx, seen)
+    return detector.starts(ctx, seen[0])
+
+
+def _later(events: list[Any], t: float) -> list[Any]:
+    return [msgspec.structs.replace(e, ts=at(t)) for e in events]
+
+
 @pytest.mark.parametrize(("name", "events"), CASES, ids=[name for name, _ in CASES])
 def test_an_event_that_does_not_start_a_lazy_rule_would_have_changed_nothing(ruleset, name, events):
     """The promise of ``starts`` (the engine skips the step it refuses), kept by every shipped lazy rule:
-    a new state stepped with an event or scrape that does not start it finds nothing and stays new."""
-    for detector in _lazy(ruleset):
-        first = events[0]
-        resource = ResourceInfo(resource_id="host-1", resource_type="gpu_instance", instance_type="p4d.24xlarge",
-                                region="us-east-1", state=getattr(first, "state", "running"), usd_per_hour=32.0,
-                                gpus=8, interval_usd=32.0 / 60, tags=getattr(first, "tags", {}))  # fmt: skip
-        ctx = Context(resource)
-        seen = [e for e in events if type(e) in detector.consumes]
-        if not seen:
-            continue
-        scrape = type(seen[0]) is GpuMetric and len(seen) > 1
-        starts = detector.starts_scrape(ctx, seen) if scrape else detector.starts(ctx, seen[0])
-        if starts:
-            continue
-        state = detector.new_state()
-        found = detector.step_scrape(state, ctx, seen, T0) if scrape else detector.step(state, ctx, seen[0], T0)
-        assert found == [] and _encoded(state) == _encoded(detector.new_state()), (detector.name, name)
+    a new state stepped with an event or scrape that does not start it finds nothing, and whatever
+    starts the rule next leaves it as it leaves a state made then (what the engine makes)."""
+    with scoring_during(ruleset.rules, Scoring(observe=lambda items: None)):
+        for detector in _lazy(ruleset):
+            if not any(type(e) in detector.consumes for e in events) or _starts(detector, events):
+                continue
+            state = detector.new_state()
+            assert _step(detector, state, events, T0) == [], (detector.name, name)
+            follows = [later for _, case in CASES if any(type(e) in detector.consumes for e in case)
+                       if _starts(detector, later := _later(case, T0 + MIN))]  # fmt: skip
+            assert follows, detector.name
+            for later in follows:
+                made, stepped = detector.new_state(), msgspec.msgpack.decode(_encoded(state), type=type(state))
+                assert _step(detector, stepped, later, T0 + MIN) == _step(detector, made, later, T0 + MIN)
+                assert _encoded(stepped) == _encoded(made), (detector.name, name)
+
+
+def test_a_late_interval_does_not_start_a_rule_its_state_would_have_refused(ruleset, monkeypatch):
+    """Out of order: a tagged resource's older interval arrives untagged after newer ones. The state
+    ``untagged`` would have kept since the first interval holds the newest time and refuses it; with
+    no state, the interval is ``late`` to the key and starts nothing. Then the tags go for good."""
+    tagged, bare = {"team": "nlp", "project": "llm"}, {"team": "nlp"}
+    events = [usage(T0 + i * MIN, tags=tagged) for i in range(5)] + [usage(T0 + 2.5 * MIN, tags=bare)]
+    events += [usage(T0 + i * MIN, tags=bare) for i in range(5, 80)]
+    lazy, detectors = Engine(ruleset), _lazy(ruleset)
+    found = [f for e in events for f in lazy.process([e])]
+    after_late = Engine(ruleset)
+    after_late.process(events[:6])
+    assert after_late._keys["host-1"].rule("untagged") is None
+    for detector in detectors:
+        monkeypatch.setattr(type(detector), "lazy", False)
+    eager = Engine(ruleset)
+    assert [f for e in events for f in eager.process([e])] == found
+    assert [f.episode_start for f in found if f.type == "untagged"] == [T0 + 5 * MIN]
+    assert _encoded(lazy._keys["host-1"].rule("untagged")) == _encoded(eager._keys["host-1"].rule("untagged"))
 
 
 def test_every_lazy_rule_is_started_by_some_event(ruleset):

@@ -147,7 +147,7 @@ class Context:
     tracking, and :meth:`defer` hands work to the batch phase (:meth:`Detector.end_batch`).
     The engine builds it; a test can build one with only a resource."""
 
-    __slots__ = ("resource", "_lookup", "_others", "_defer")
+    __slots__ = ("resource", "late", "_lookup", "_others", "_defer")
 
     def __init__(
         self,
@@ -155,8 +155,13 @@ class Context:
         lookup: Callable[[str], ResourceInfo | None] | None = None,
         others: Callable[[], Behaviour] | None = None,
         defer: Callable[[BatchPhase, Any], None] | None = None,
+        late: bool = False,
     ) -> None:
         self.resource = resource
+        self.late = late
+        """The event is no newer than the latest of its kind (GPU sample, usage, run event) the key had
+        folded in before it: a duplicate, a re-read or one out of order. What a :attr:`~DetectorBase.lazy`
+        rule with no state knows of the times it would have kept (:meth:`DetectorBase.starts`)."""
         self._lookup = lookup
         self._others = others
         self._defer = defer
