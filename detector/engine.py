@@ -2,7 +2,10 @@
 
 The engine owns one :class:`KeyState` per key (resource id, or the project for run
 events): what the latest usage event said about the resource, and each rule's
-detector state. State is bounded: keys that go quiet for ``state_ttl_s`` of
+detector state: None for a rule that is lazy (:attr:`~detector.detectors.base.DetectorBase.lazy`)
+until an event gives it something to track (:meth:`~detector.detectors.base.DetectorBase.starts`),
+the engine skipping its step till then, so a rule about what most resources never do (egress,
+Kubernetes allocation, missing tags) holds nothing on them. State is bounded: keys that go quiet for ``state_ttl_s`` of
 event time are dropped. The streaming worker persists the keys the engine
 marks dirty, and restores a key with :meth:`Engine.restore` after a restart or
 rebalance; ``backtest`` simply never persists. In the worker, a key quiet for
@@ -443,8 +446,8 @@ class Engine:
     def _route(self, state: KeyState, event_type: type) -> Plan:
         """The plan of the detectors that see this event type, with the slot of each one's state in the
         key's states (made where missing; None for a :attr:`~detector.detectors.base.DetectorBase.lazy`
-        rule, whose first event that needs one makes it): of the rules whose match passes, each with the params its
-        overrides give this resource; every candidate rule as written while the resource is unknown
+        rule, made by its first event that needs one): of the rules whose match passes, each with the
+        params its overrides give this resource; every candidate rule as written while the resource is unknown
         (no usage event yet). Cached until the resource changes (the hot loop then does no lookups
         per detector)."""
         info = state.info

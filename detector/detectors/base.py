@@ -221,7 +221,9 @@ class DetectorBase:
 
     def starts(self, ctx: Context, event: Event) -> bool:
         """Whether ``event`` gives a :attr:`lazy` rule something to track on a key that holds no state
-        for it: False promises that :meth:`step` on a new state would find nothing and leave it new."""
+        for it. False promises that the state the rule would hold had it been made at the key's first
+        event is, after this one, still new but for the key's own latest time of each event kind
+        (:attr:`Context.late` says it): that a step would find nothing and leave nothing to remember."""
         return True
 
     def starts_scrape(self, ctx: Context, events: list[GpuMetric]) -> bool:
@@ -345,8 +347,9 @@ class Detector(Protocol, Generic[S]):
     def new_state(self) -> S: ...
 
     def starts(self, ctx: Context, event: Event) -> bool:
-        """Whether ``event`` starts a :attr:`lazy` rule's state on a key that has none: False promises
-        that a step of a new state with it finds nothing and leaves the state new (the engine skips it)."""
+        """Whether ``event`` starts a :attr:`lazy` rule's state on a key that has none. False promises
+        that a step would find nothing and leave nothing to remember but the key's latest time of the
+        event's kind (:attr:`Context.late`): the engine skips it."""
         ...
 
     def starts_scrape(self, ctx: Context, events: list[GpuMetric]) -> bool:
