@@ -75,6 +75,8 @@ _CODE = {True: HELD, None: UNKNOWN, False: FREE}
 _STATE = (UNKNOWN, BUSY, HELD, BUSY, FREE, BUSY)
 """A fresh unit's state at one instant by its code (:attr:`GpuShareState.unit_codes`)."""
 _allocated = attrgetter("allocated")
+_NONE_SAID = {None}
+"""A scrape's ``allocated`` values when no sample said who holds its GPU."""
 
 
 def gpu_names(gpus: list[int], limit: int = 6) -> str:
@@ -384,6 +386,16 @@ class GpuShare(DetectorBase):
     """What the counted GPUs are, in the facts ("6 of 8 idle")."""
     codes: ClassVar[frozenset[int]]
     """The idle GPUs this detector counts: :data:`HELD`, :data:`UNKNOWN`, :data:`FREE`."""
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        """A host's state starts with a sample this detector may count (for ``unallocated_gpu``, one
+        that says who holds its GPU: never off Kubernetes), or a stop (samples before it are history)."""
+        if type(event) is GpuMetric:
+            return event.allocated is not None or UNKNOWN in self.codes
+        return type(event) is UsageEvent and not ctx.resource.billed
+
+    def starts_scrape(self, ctx: Context, events: list[GpuMetric]) -> bool:
+        return UNKNOWN in self.codes or set(map(_allocated, events)) != _NONE_SAID  # (in C: every scrape)
 
     def counts(self, allocated: bool | None) -> bool:
         """Whether an idle GPU with this allocation is this detector's."""
