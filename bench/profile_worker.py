@@ -1,6 +1,6 @@
 """Where the streaming worker's time goes: py-spy attached to a worker consuming a fleet file.
 
-    .venv/bin/python bench/profile_worker.py FLEET.jsonl [--top 30] [--out stacks.txt]
+    .venv/bin/python bench/profile_worker.py FLEET.jsonl [--top 30] [--out stacks.txt] [--store-server thread|process]
 
 The file is published to a fresh embedded broker first; then one worker process consumes it
 into a fresh embedded ClickHouse while py-spy samples it (every thread, 200 Hz, idle samples
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bench.run import PARTITIONS, env  # noqa: E402
 from streams.embedded import EmbeddedBroker  # noqa: E402
 from streams.kafka import count_events, ensure_topics, file_records, publish_records  # noqa: E402
-from streams.process import WorkerProcess  # noqa: E402
+from streams.process import StoreServerProcess, WorkerProcess  # noqa: E402
 
 
 def summarise(stacks: Path, top: int) -> str:
@@ -60,6 +61,10 @@ def main() -> int:
     parser.add_argument("fleet", type=Path)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", type=Path, help="keep py-spy's collapsed stacks here")
+    parser.add_argument("--store-server", choices=("thread", "process"),
+                        help="write to a `burnwatch store serve` instead of the embedded engine, the inserts in the "
+                             "worker's writer thread or its child process (BURNWATCH_EVENT_WRITER); the worker's own "
+                             "process is what is sampled")  # fmt: skip
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
@@ -68,11 +73,16 @@ def main() -> int:
     messages = list(file_records(args.fleet))
     n_events = count_events(messages)
     with tempfile.TemporaryDirectory(prefix="burnwatch-profile-") as tmp, \
-            EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:  # fmt: skip
+            EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker, contextlib.ExitStack() as stack:  # fmt: skip
         workdir = Path(tmp)
         asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
         asyncio.run(publish_records(broker.bootstrap, messages))
-        worker = WorkerProcess(env(broker.bootstrap, workdir / "data"), workdir / "worker.log").start()
+        worker_env = env(broker.bootstrap, workdir / "data")
+        if args.store_server:
+            server = StoreServerProcess(f"chdb://{workdir / 'ch'}", workdir / "store.log").wait_ready()
+            stack.callback(server.stop)
+            worker_env |= {"BURNWATCH_CLICKHOUSE_DSN": server.url, "BURNWATCH_EVENT_WRITER": args.store_server}
+        worker = WorkerProcess(worker_env, workdir / "worker.log").start()
         stacks = args.out or workdir / "stacks.txt"
         try:
             worker.wait_until(lambda h: h["partitions"] > 0, timeout=120, poll_s=0.05)

@@ -16,6 +16,7 @@ Prints a Markdown table for docs/performance.md and writes bench/out/results.jso
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -39,7 +40,7 @@ from detector.simulate import SimConfig, simulate  # noqa: E402
 from detector.testing import LocalSlack  # noqa: E402
 from streams.embedded import EmbeddedBroker  # noqa: E402
 from streams.kafka import count_events, ensure_topics, file_records, publish_records, value_end_time  # noqa: E402
-from streams.process import WorkerProcess, worker_env  # noqa: E402
+from streams.process import StoreServerProcess, WorkerProcess, worker_env  # noqa: E402
 
 PARTITIONS = 4
 BIG = SimConfig(hours=24, training_hosts=46, notebooks=24, inference_endpoints=8, seed=21)
@@ -79,17 +80,43 @@ def bench_backtest(path: Path, ruleset) -> dict:
             "events_per_s": result.events / elapsed, "alerts": len(result.alerts)}  # fmt: skip
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system, every thread) a process has used, from /proc: on a machine
-    shared with other work, events per CPU second move far less than events per second."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """CPU seconds (user + system, every thread) a process and (``children``) its live children,
+    a worker's event writer, have used, from /proc: on a machine shared with other work, events
+    per CPU second move far less than events per second."""
+    total = 0.0
+    for p in [pid, *(_children(pid) if children else ())]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        total += int(fields[11]) + int(fields[12])
+        if children and p == pid:
+            total += int(fields[13]) + int(fields[14])  # children it has reaped (a writer child replaced)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
-def bench_streaming(path: Path, workdir: Path, name: str, **extra_env: str) -> dict:
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def bench_streaming(path: Path, workdir: Path, name: str, store_server: str | None = None, **extra_env: str) -> dict:
+    """One worker consuming the file, published first. ``store_server``: into a ``burnwatch
+    store serve`` (chdb in its own process, as a ClickHouse server would be), its inserts in its
+    writer thread (``thread``) or a child process (``process``); else into its embedded engine."""
     messages = list(file_records(path))
     n_events = count_events(messages)
-    with EmbeddedBroker(log_path=workdir / "broker-stream.log") as broker:
+    with EmbeddedBroker(log_path=workdir / "broker-stream.log") as broker, contextlib.ExitStack() as stack:
+        if store_server:
+            server = StoreServerProcess(f"chdb://{workdir / name / 'ch'}", workdir / f"store-{name}.log").wait_ready()
+            stack.callback(server.stop)
+            extra_env |= {"BURNWATCH_CLICKHOUSE_DSN": server.url, "BURNWATCH_EVENT_WRITER": store_server}
 
         async def publish() -> float:
             await ensure_topics(broker.bootstrap, PARTITIONS)
@@ -216,6 +243,9 @@ def main() -> int:
         print("backtest, idle-gpu rule only", results["backtest_idle_only"], flush=True)
         results["streaming"] = bench_streaming(path, workdir, "stream")
         print("streaming", results["streaming"], flush=True)
+        for writer in ("thread", "process"):  # a ClickHouse server's setting: inserts in the thread or a child
+            results[f"streaming_server_{writer}"] = bench_streaming(path, workdir, f"stream-server-{writer}", writer)
+            print(f"streaming to a store server, inserts in a {writer}", results[f"streaming_server_{writer}"], flush=True)
         single_path = workdir / "fleet-single.jsonl"
         with open(single_path, "wb") as out:  # the same fleet again (the first write consumed it)
             write_replay(one_event_per_message(simulate(BIG, ruleset.pricing)[0]), out)
@@ -247,6 +277,9 @@ def main() -> int:
         ("same, one event per message", f"{ss['events_per_s']:,.0f} events/s "
          f"({100 * ss['messages_per_s'] / bare['messages_per_s']:.0f} % of aiokafka alone reading the same messages, "
          f"{bare['messages_per_s']:,.0f} messages/s)"),
+        *((f"same, into a store server (`burnwatch store serve`), inserts in the worker's {w}",
+           f"{results[f'streaming_server_{w}']['events_per_s']:,.0f} events/s, "
+           f"{results[f'streaming_server_{w}']['cpu_seconds']:.1f} worker CPU s") for w in ("thread", "process")),
         (f"same, exporters batching 5 min ({sb['events'] / sb['messages']:.0f} events/message)",
          f"{sb['events_per_s']:,.0f} events/s ({sb['messages_per_s']:,.0f} messages/s)"),
     ]  # fmt: skip

@@ -1,6 +1,6 @@
 """One worker against two in one consumer group, on one shared store, over the bench fleet.
 
-    .venv/bin/python bench/workers.py [--fleet FLEET.jsonl] [--runs 2] [--order 1,2]
+    .venv/bin/python bench/workers.py [--fleet FLEET.jsonl] [--runs 2] [--order 1,2 | 1:thread,1:process]
 
 Each run: a fresh embedded broker (4 partitions per input topic) and a fresh
 ``burnwatch store serve`` (chdb in its own process: the one store that several workers can
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import bench_fleet  # noqa: E402
+from bench.run import bench_fleet, cpu_seconds  # noqa: E402
 from detector.alerts import Alert  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
 from detector.runtime import tune_gc  # noqa: E402
@@ -46,13 +46,8 @@ from tests.reliability import compare_alerts, expected_counts, reported_alerts, 
 PARTITIONS = 4
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert]) -> dict:
+def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert],
+             event_writer: str = "auto") -> dict:  # fmt: skip
     server = StoreServerProcess(f"chdb://{workdir / name / 'ch'}", workdir / f"store-{name}.log").wait_ready()
     workers: list[WorkerProcess] = []
     try:
@@ -67,7 +62,7 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
             envs = []
             for i in range(n_workers):
                 e = worker_env(broker.bootstrap, workdir / name / f"w{i}", ROOT / "rules", PARTITIONS,
-                               BURNWATCH_CLICKHOUSE_DSN=server.url)  # fmt: skip
+                               BURNWATCH_CLICKHOUSE_DSN=server.url, BURNWATCH_EVENT_WRITER=event_writer)  # fmt: skip
                 envs.append(e)
                 workers.append(WorkerProcess(e, workdir / f"worker-{name}-{i}.log").start())
             load_before = os.getloadavg()
@@ -80,7 +75,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                 total = sum(per_worker)
                 if first is None and total > 0:
                     first = time.perf_counter()
-                    cpu_first = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
+                    cpu_first = [cpu_seconds(w._proc.pid) for w in workers] + [cpu_seconds(server.proc.pid)]  # type: ignore[union-attr]
+                    main_first = [cpu_seconds(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
                 if total >= n_events:
                     break
                 for w in workers:
@@ -88,7 +84,9 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                         raise RuntimeError(f"a worker exited:\n{w.tail()}")
                 time.sleep(0.05)
             elapsed = time.perf_counter() - (first or started)
-            cpu_end = [cpu_s(w._proc.pid) for w in workers] + [cpu_s(server.proc.pid)]  # type: ignore[union-attr]
+            cpu_end = [cpu_seconds(w._proc.pid) for w in workers] + [cpu_seconds(server.proc.pid)]  # type: ignore[union-attr]
+            main_end = [cpu_seconds(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
+            cpu_main = [round(b - a, 1) for a, b in zip(main_first, main_end, strict=True)]
             cpu = [round(b - a, 1) for a, b in zip(cpu_first, cpu_end, strict=True)]
             load_after = os.getloadavg()
             # Drain: nothing held back, then stop (each commits what it acknowledged).
@@ -107,9 +105,10 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
             w.stop()
         server.stop()
     return {
-        "workers": n_workers, "partitions_each": parts, "events": n_events, "seconds": elapsed,
+        "workers": n_workers, "event_writer": event_writer, "partitions_each": parts, "events": n_events, "seconds": elapsed,
         "events_per_s": n_events / elapsed, "events_per_worker": per_worker, "publish_s": publish_s, "assignments": assignments,
-        "cpu_s_workers": cpu[:-1], "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
+        "cpu_s_workers": cpu[:-1], "cpu_s_workers_main": cpu_main,
+        "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
         "exit_codes": codes, "stored_rows": counts.rows, "doubled": counts.doubled,
         "alerts_ok": alerts.ok, "alerts": str(alerts), "load_before": load_before, "load_after": load_after,
     }  # fmt: skip
@@ -119,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", type=Path, help="replay file (default: the bench fleet, bench/out/fleet.jsonl)")
     parser.add_argument("--runs", type=int, default=2, help="runs per side")
-    parser.add_argument("--order", default="1,2", help="worker counts, in the order each round runs them")
+    parser.add_argument("--order", default="1,2",
+                        help="worker counts, in the order each round runs them; N:MODE also sets where their "
+                             "inserts run (BURNWATCH_EVENT_WRITER: auto, process, thread), e.g. 1:thread,1:process")  # fmt: skip
     args = parser.parse_args(argv)
     tune_gc()
     ruleset = load_rules(ROOT / "rules")
@@ -129,23 +130,24 @@ def main(argv: list[str] | None = None) -> int:
     want_rows = expected_counts(messages)
     expected = reported_alerts(args.fleet, ruleset)
     print(f"fleet: {n_events:,} events in {len(messages):,} messages; backtest: {len(expected)} alerts", flush=True)
-    sides = [int(x) for x in args.order.split(",")]
+    sides = [(int(n), mode or "auto") for n, _, mode in (x.partition(":") for x in args.order.split(","))]
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="burnwatch-workers-") as tmp:
         for run in range(args.runs):
-            for n in sides:
-                r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}", expected)
+            for n, mode in sides:
+                r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}-{mode}", expected, mode)
                 r["rows_ok"] = r["stored_rows"] == want_rows and r["doubled"] == 0
                 results.append(r)
-                print(f"{n} worker(s): {r['events_per_s']:,.0f} events/s in {r['seconds']:.1f} s "
+                print(f"{n} worker(s), inserts {mode}: {r['events_per_s']:,.0f} events/s in {r['seconds']:.1f} s "
                       f"(per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
-                      f"assignments {r['assignments']}); CPU s: workers {r['cpu_s_workers']}, store {r['cpu_s_store']} "
+                      f"assignments {r['assignments']}); CPU s: workers {r['cpu_s_workers']} (of which their own process "
+                      f"{r['cpu_s_workers_main']}), store {r['cpu_s_store']} "
                       f"({r['events_per_worker_cpu_s']:,.0f} events per worker CPU second); "
                       f"rows ok {r['rows_ok']}, alerts ok {r['alerts_ok']} ({r['alerts']}); "
                       f"load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}", flush=True)  # fmt: skip
-    for n in sorted(set(sides)):
-        figures = [r["events_per_s"] for r in results if r["workers"] == n]
-        print(f"{n} worker(s): mean {statistics.mean(figures):,.0f} events/s over {len(figures)} runs "
+    for n, mode in sorted(set(sides)):
+        figures = [r["events_per_s"] for r in results if r["workers"] == n and r["event_writer"] == mode]
+        print(f"{n} worker(s), inserts {mode}: mean {statistics.mean(figures):,.0f} events/s over {len(figures)} runs "
               f"({', '.join(f'{f:,.0f}' for f in figures)})")  # fmt: skip
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)

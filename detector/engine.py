@@ -2,7 +2,10 @@
 
 The engine owns one :class:`KeyState` per key (resource id, or the project for run
 events): what the latest usage event said about the resource, and each rule's
-detector state. State is bounded: keys that go quiet for ``state_ttl_s`` of
+detector state: None for a rule that is lazy (:attr:`~detector.detectors.base.DetectorBase.lazy`)
+until an event gives it something to track (:meth:`~detector.detectors.base.DetectorBase.starts`),
+the engine skipping its step till then, so a rule about what most resources never do (egress,
+Kubernetes allocation, missing tags) holds nothing on them. State is bounded: keys that go quiet for ``state_ttl_s`` of
 event time are dropped. The streaming worker persists the keys the engine
 marks dirty, and restores a key with :meth:`Engine.restore` after a restart or
 rebalance; ``backtest`` simply never persists. In the worker, a key quiet for
@@ -90,7 +93,9 @@ class KeyState:
         self.names = names
         """The rules this key holds state for, in order (what a snapshot saves them in)."""
         self.states = states
-        """Each rule's detector state, in the order of :attr:`names`."""
+        """Each rule's detector state, in the order of :attr:`names`; None for a
+        :attr:`~detector.detectors.base.DetectorBase.lazy` rule with nothing to track on the key yet
+        (saved as None, restored as None)."""
         self.last_t = last_t
         kinds = kind_t or {}
         self.gpu_t: float = kinds.get("gpu", _NEVER)
@@ -137,6 +142,8 @@ class _Snapshot(msgspec.Struct, kw_only=True):
 
 
 _KIND: dict[type, str] = {GpuMetric: "gpu", UsageEvent: "usage", RunEvent: "run"}
+_NIL = msgspec.msgpack.encode(None)
+"""A rule state saved as None: a lazy rule's before its first state (:meth:`Engine.restore`)."""
 _MAX_TAG_SETS = 100_000
 _MAX_PRICES = 10_000
 """Distinct prices the engine shares one float of (:meth:`Engine._shared_price`) before it starts afresh."""
@@ -297,28 +304,43 @@ class Engine:
             if etype is GpuMetric:
                 if t > state.gpu_t:
                     state.gpu_t = t
+                    ctx.late = False
+                else:
+                    ctx.late = True
                 route = state.gpu_route
             elif etype is UsageEvent:
                 if t > state.usage_t:
                     state.usage_t = t
+                    ctx.late = False
+                else:
+                    ctx.late = True
                 self._update_info(state, event)  # type: ignore[arg-type]
                 route = state.usage_route  # after the update: a changed resource has none
             else:
                 if t > state.run_t:
                     state.run_t = t
+                    ctx.late = False
+                else:
+                    ctx.late = True
                 self._run_t = t
                 route = state.run_route
             if route is None:
                 route = self._route(state, etype)
             if scrape is not None:
-                found_in = self._scrape(route, state.states, ctx, key, Scrape(scrape), t)
+                found_in = self._scrape(route, state, ctx, key, Scrape(scrape), t)
                 if found_in:
                     findings.extend(f if f.key == key else msgspec.structs.replace(f, key=key) for f in found_in)
                 continue
             states = state.states
             for step, _, detector, slot in route:
                 try:
-                    found = step(states[slot], ctx, event, t)
+                    rule_state = states[slot]
+                    if rule_state is None:  # a lazy rule with nothing to track yet on this key
+                        if not detector.starts(ctx, event):
+                            continue
+                        rule_state = self._start(state, detector, slot)
+                        states = state.states
+                    found = step(rule_state, ctx, event, t)
                 except Exception as exc:  # noqa: BLE001 - one rule's bug on one event must not stop the rest
                     self._step_failed(detector, key, event, exc)
                     continue
@@ -330,15 +352,22 @@ class Engine:
             findings.extend(self._end_batch())
         return findings
 
-    def _scrape(self, route: Plan, states: tuple[Any, ...], ctx: Context, key: str, scrape: Scrape,
+    def _scrape(self, route: Plan, state: KeyState, ctx: Context, key: str, scrape: Scrape,
                 t: float) -> list[Finding]:  # fmt: skip
         """Fold one scrape (the samples of ``key`` at ``t``, one or more) into every rule of the route, one
         ``step_scrape`` call each. The findings come in the order one step per sample would give (by
         sample, then by rule)."""
         tagged: list[tuple[int, int, Finding]] = []
+        states = state.states
         for j, (_, step_scrape, detector, slot) in enumerate(route):
             try:
-                got = step_scrape(states[slot], ctx, scrape, t)
+                rule_state = states[slot]
+                if rule_state is None:  # a lazy rule with nothing to track yet on this key
+                    if not detector.starts_scrape(ctx, scrape):
+                        continue
+                    rule_state = self._start(state, detector, slot)
+                    states = state.states
+                got = step_scrape(rule_state, ctx, scrape, t)
             except Exception as exc:  # noqa: BLE001 - as for one event: the scrape is skipped for that rule
                 self._step_failed(detector, key, scrape.samples[0], exc, len(scrape.samples))
                 continue
@@ -401,19 +430,28 @@ class Engine:
             found.extend(detector.end_batch(items))
         return found
 
+    @staticmethod
+    def _start(state: KeyState, detector: Detector[Any], slot: int) -> Any:
+        """A lazy rule's first state on the key, in its slot (the tuple of states is replaced)."""
+        rule_state = detector.new_state()
+        states = state.states
+        state.states = (*states[:slot], rule_state, *states[slot + 1 :])
+        return rule_state
+
     def _others(self, state: KeyState) -> Behaviour:
-        """The most unusual behaviour the key's rules are tracking."""
+        """The most unusual behaviour the key's rules are tracking (a lazy rule with no state: none)."""
         most, by_name = Behaviour.NONE, self._by_name  # the rules in force now (a reload swaps them)
         for name, rule_state in zip(state.names, state.states, strict=True):
             detector = by_name.get(name)
-            if detector is not None:
+            if detector is not None and rule_state is not None:
                 most = max(most, detector.tracking(rule_state))
         return most
 
     def _route(self, state: KeyState, event_type: type) -> Plan:
         """The plan of the detectors that see this event type, with the slot of each one's state in the
-        key's states (made where missing): of the rules whose match passes, each with the params its
-        overrides give this resource; every candidate rule as written while the resource is unknown
+        key's states (made where missing; None for a :attr:`~detector.detectors.base.DetectorBase.lazy`
+        rule, made by its first event that needs one): of the rules whose match passes, each with the
+        params its overrides give this resource; every candidate rule as written while the resource is unknown
         (no usage event yet). Cached until the resource changes (the hot loop then does no lookups
         per detector)."""
         info = state.info
@@ -429,7 +467,7 @@ class Engine:
         missing = [d for d in detectors if d.name not in state.names]
         if missing:  # appended: the slots of the routes made already stay as they are
             self._set_rules(state, [*state.names, *(d.name for d in missing)],
-                            [*state.states, *(d.new_state() for d in missing)])  # fmt: skip
+                            [*state.states, *(None if d.lazy else d.new_state() for d in missing)])  # fmt: skip
         names = state.names
         signature = (names, tuple(detectors))
         plan = self._plans.get(signature)
@@ -553,7 +591,8 @@ class Engine:
             kept = []
             for name, rule_state in zip(state.names, state.states, strict=True):
                 rule = ruleset.by_name(name)
-                if rule is not None and isinstance(rule_state, rule.detector.State):
+                if rule is not None and (isinstance(rule_state, rule.detector.State)
+                                         or (rule_state is None and rule.detector.lazy)):  # fmt: skip
                     kept.append((name, rule_state))
             if len(kept) < len(state.names):
                 self._set_rules(state, [n for n, _ in kept], [s for _, s in kept])
@@ -636,10 +675,13 @@ class Engine:
         ``restart``: after a restart or handover, so events read again are checked
         (:meth:`already_seen`); not for a key coming back from eviction, which saw no restart."""
         snap = self._decoder.decode(data)
-        rules = {}
+        rules: dict[str, Any] = {}
         for name, raw in snap.rules.items():
             rule = self.ruleset.by_name(name)
             if rule is not None:
+                if rule.detector.lazy and bytes(raw) == _NIL:
+                    rules[name] = None  # a lazy rule that had nothing to track (an eager one's nil is refused below)
+                    continue
                 try:
                     rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()), dec_hook=dec_hook)
                 except msgspec.ValidationError:

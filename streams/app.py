@@ -25,6 +25,7 @@ from detector.settings import Settings
 from detector.slack import SlackNotifier
 from detector.store import EventHistory, Store
 from streams.config import LiveConfig
+from streams.event_writer import writer_for
 from streams.handover import install_handover
 from streams.parts import WorkerParts, remembering_manager
 from streams.pipeline import Pipeline
@@ -104,6 +105,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         flow=flow_control(app),
         max_held_per_partition=settings.max_held_per_partition,
         outputs=outputs,
+        event_writer=writer_for(store, settings.dsn, settings.clickhouse_database, settings.event_writer),
     )
     actions = ActionRunner(store, executors(settings), lambda: config.current.ruleset, outbox.notifier)
     parts = WorkerParts(settings=settings, store=store, app=app, config=config, engine=engine, outbox=outbox,

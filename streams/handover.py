@@ -92,6 +92,7 @@ def install_handover(parts: WorkerParts) -> None:
         consumer commits what is acknowledged and leaves the group."""
         pipeline.stop()
         await pipeline.pause()
+        await asyncio.get_running_loop().run_in_executor(None, pipeline.event_writer.close)
         await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
         if parts.outputs is not None:
             await asyncio.get_running_loop().run_in_executor(None, parts.outputs.revoke)

@@ -40,11 +40,12 @@ from detector.engine import Engine
 from detector.events import Event, InvalidMessage, RunEvent
 from detector.metrics import METRICS
 from detector.outputs.outbox import OutputOutbox
-from detector.store import EventBatch, Store
+from detector.store import Store
 from detector.store.states import States
 from detector.units import one_line
 from streams.acks import InOrderAcks
 from streams.config import Config, LiveConfig
+from streams.event_writer import EventWriter, StoreUnavailable, ThreadEventWriter
 
 __all__ = ["DEAD_LETTER_MAX_VALUE", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable", "dead_letter"]
 
@@ -79,10 +80,6 @@ _LOOKUP_TIMEOUT_S = 30.0
 counts as failed (and is retried)."""
 _A = TypeVar("_A")
 _R = TypeVar("_R")
-
-
-class StoreUnavailable(Exception):
-    """The store takes no write at all (down, read-only, full): retry, drop nothing."""
 
 
 class PipelineStopped(Exception):
@@ -186,8 +183,11 @@ class Pipeline:
         max_held_per_partition: int = 2000,
         outputs: OutputOutbox | None = None,
         saved_states: dict[str, bytes | None] | None = None,
+        event_writer: EventWriter | None = None,
     ) -> None:
         self.engine = engine
+        self.event_writer = event_writer if event_writer is not None else ThreadEventWriter(store)
+        """Where the events' insert runs: the writer thread, or a child process (:mod:`streams.event_writer`)."""
         self.saved_states = saved_states if saved_states is not None else {}
         """The states loaded at assignment that no key has taken yet (:meth:`States.load`): those
         loaded without their bytes are read before the batch that needs them (:meth:`_read_ahead`)."""
@@ -714,20 +714,11 @@ class Pipeline:
         was stored meanwhile is not stored again: the store leaves out what it holds)."""
         if not items:
             return []
-        batch = EventBatch()
-        for message, events in items:
-            batch.extend(events, (message.topic, message.partition, message.offset))
-        try:
-            self.store.events.insert(batch, self.engine.ruleset.pricing)
-            return []
-        except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
-            if not self.store.refused(exc) or not self.store.writable():  # not the rows: retry, drop nothing
-                raise StoreUnavailable(one_line(exc)) from exc
-            if len(items) == 1:
-                message = items[0][0]
-                reason = f"the store refused this message's events: {one_line(exc, _MAX_REASON)}"
-                log.error("store_refused_message", topic=message.topic, partition=message.partition,
-                          offset=message.offset, error=reason[:_MAX_REASON])  # fmt: skip
-                return [(message, reason)]
-        half = len(items) // 2
-        return self._store_events(items[:half]) + self._store_events(items[half:])
+        refused = self.event_writer.write(items, self.engine.ruleset.pricing)
+        out: list[tuple[Message, str]] = []
+        for index, reason in refused:
+            message = items[index][0]
+            log.error("store_refused_message", topic=message.topic, partition=message.partition,
+                      offset=message.offset, error=reason[:_MAX_REASON])  # fmt: skip
+            out.append((message, reason))
+        return out

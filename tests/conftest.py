@@ -45,3 +45,30 @@ def store(chdb_client, request):
     s = Store(chdb_client, database=name)
     s.migrate()
     return s
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """``burnwatch store serve`` in its own process, as an operator runs it: the one store several
+    processes share here (``streams.storeserver``)."""
+    from streams.process import StoreServerProcess
+
+    directory = tmp_path_factory.mktemp("store")
+    proc = StoreServerProcess(f"chdb://{directory / 'ch'}", directory / "server.log").wait_ready()
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.log()  # SIGTERM: a clean stop, the engine closed
+
+
+@pytest.fixture
+def remote(server, request):
+    """A fresh database on the server, through the HTTP client, with the schema applied."""
+    from detector.store import Store, connect
+
+    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
+    store = Store(connect(server.url), database=name)
+    store.client.command(f"DROP DATABASE IF EXISTS {name}")
+    store.migrate()
+    yield store
+    store.close()

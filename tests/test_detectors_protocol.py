@@ -49,6 +49,7 @@ class Strict:
     suggestion: ClassVar[str] = "none"
     behaviour: ClassVar[bool] = True
     group_by: ClassVar[str | None] = None
+    lazy: ClassVar[bool] = True  # the engine makes its state at a key's first event, through starts
 
     def __init__(self, name: str, severity: str, params: Any, pricing: Pricing | None = None) -> None:
         self.name = name
@@ -67,6 +68,12 @@ class Strict:
 
     def new_state(self) -> StrictState:
         return StrictState()
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        return True  # it counts every event
+
+    def starts_scrape(self, ctx: Context, scrape: Scrape) -> bool:
+        return True
 
     def step(self, state: StrictState, ctx: Context, event: Event, t: float) -> list[Finding]:
         state.seen += 1

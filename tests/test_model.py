@@ -537,23 +537,24 @@ def test_resources_in_the_same_window_share_its_start_and_end():
 
 
 def test_a_worker_running_rules_only_builds_no_windows():
-    """With no model and nobody watching windows the anomaly rule's step returns at once, and its
-    state on each resource holds no window either (230 bytes a key for nothing); once a model or a
-    watcher is handed over, windows are built and closed as ever."""
+    """With no model and nobody watching windows the anomaly rule's step is never called: a resource
+    holds no state for it (the rule is lazy: 144 bytes a key for nothing); once a
+    model or a watcher is handed over, windows are built and closed as ever."""
     from detector.detectors.anomaly import AnomalyState
 
     events = minute(T0, 50.0, 200.0) + minute(T0 + 5 * MIN, 50.0, 200.0)
 
-    def anomaly_state(scoring: Scoring | None) -> AnomalyState:
+    def anomaly_state(scoring: Scoring | None) -> AnomalyState | None:
         rules = anomaly_ruleset(load_rules(ROOT / "rules"))
         if scoring is not None:
             use_scoring(rules.rules, scoring)
         engine = Engine(rules)
         engine.process(events)
-        (state,) = [s for name, s in engine._keys["h1"].rules.items() if isinstance(s, AnomalyState)]
-        return state
+        (name,) = [rule.detector.name for rule in rules.rules if rule.detector.type == "anomaly"]
+        assert name in engine._keys["h1"].names
+        return engine._keys["h1"].rule(name)
 
-    assert anomaly_state(None).windows is None
+    assert anomaly_state(None) is None
     windows: list = []
     watched = anomaly_state(Scoring(observe=windows.extend))
-    assert watched.windows is not None and watched.windows.closes == 1 and len(windows) == 1
+    assert watched is not None and watched.windows is not None and watched.windows.closes == 1 and len(windows) == 1

@@ -17,7 +17,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 
 import clickhouse_connect
 import pytest
@@ -26,7 +25,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from detector.alerts import Alert
 from detector.events import RunEvent
 from detector.reports import run_report
-from detector.store import EventBatch, Store, alert_from_row, connect, migrations
+from detector.store import EventBatch, alert_from_row, migrations
 from streams.embedded import free_port
 from streams.process import StoreServerProcess as ServerProcess
 from streams.storeserver import redact_dsn
@@ -34,27 +33,6 @@ from tests.conftest import ROOT
 from tests.helpers import MIN, T0, at, scrape, usage
 
 HOUR = 3600.0
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[ServerProcess]:
-    directory = tmp_path_factory.mktemp("store")
-    proc = ServerProcess(f"chdb://{directory / 'ch'}", directory / "server.log").wait_ready()
-    try:
-        yield proc
-    finally:
-        assert proc.stop() == 0, proc.log()  # SIGTERM: a clean stop, the engine closed
-
-
-@pytest.fixture
-def remote(server, request) -> Iterator[Store]:
-    """A fresh database on the server, through the HTTP client, with the schema applied."""
-    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
-    store = Store(connect(server.url), database=name)
-    store.client.command(f"DROP DATABASE IF EXISTS {name}")
-    store.migrate()
-    yield store
-    store.close()
 
 
 def one_of_each() -> EventBatch:

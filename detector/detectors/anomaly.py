@@ -236,6 +236,8 @@ class Anomaly(DetectorBase):
     State: ClassVar[builtins.type[AnomalyState]] = AnomalyState
     consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
     behaviour: ClassVar[bool] = True
+    lazy: ClassVar[bool] = True
+    """A worker running rules only (no model) builds no window: a key holds no state for this rule."""
     dollars: ClassVar[str] = "spent during it"
     suggestion: ClassVar[str] = (
         "Look at what changed on the resource at the window's start (a deploy, a price or "
@@ -258,6 +260,12 @@ class Anomaly(DetectorBase):
             lo, hi = f["usual_range"]
             out.append((f["feature"], f"{f['value']:,.3g} (usually {lo:,.3g} to {hi:,.3g})"))
         return out
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        return self.scoring.active  # rules only: no window is built, nothing to hold
+
+    def starts_scrape(self, ctx: Context, scrape: Scrape) -> bool:
+        return self.scoring.active
 
     def step(self, state: AnomalyState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if not self.scoring.active:

@@ -150,7 +150,7 @@ class Context:
     tracking, and :meth:`defer` hands work to the batch phase (:meth:`Detector.end_batch`).
     The engine builds it; a test can build one with only a resource."""
 
-    __slots__ = ("resource", "_lookup", "_others", "_defer")
+    __slots__ = ("resource", "late", "_lookup", "_others", "_defer")
 
     def __init__(
         self,
@@ -158,8 +158,13 @@ class Context:
         lookup: Callable[[str], ResourceInfo | None] | None = None,
         others: Callable[[], Behaviour] | None = None,
         defer: Callable[[BatchPhase, Any], None] | None = None,
+        late: bool = False,
     ) -> None:
         self.resource = resource
+        self.late = late
+        """The event is no newer than the latest of its kind (GPU sample, usage, run event) the key had
+        folded in before it: a duplicate, a re-read or one out of order. What a :attr:`~DetectorBase.lazy`
+        rule with no state knows of the times it would have kept (:meth:`DetectorBase.starts`)."""
         self._lookup = lookup
         self._others = others
         self._defer = defer
@@ -209,8 +214,25 @@ class DetectorBase:
     """What openings of this type are grouped by (``team``, ``account``): those that share
     it and fire together are posted as one Slack message listing them. None: never."""
 
+    lazy: ClassVar[bool] = False
+    """Its state is made at the first event that :meth:`starts` it: until then a key holds None for
+    the rule (a rule about what most resources never do holds nothing on them). False: made with
+    the key's route, as every state was before."""
+
     def new_state(self) -> Any:
         return self.State()
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        """Whether ``event`` gives a :attr:`lazy` rule something to track on a key that holds no state
+        for it. False promises that the state the rule would hold had it been made at the key's first
+        event is, after this one, still new but for the key's own latest time of each event kind
+        (:attr:`Context.late` says it): that a step would find nothing and leave nothing to remember."""
+        return True
+
+    def starts_scrape(self, ctx: Context, scrape: Scrape) -> bool:
+        """:meth:`starts` for a scrape: whether any of its samples starts the state."""
+        starts = self.starts
+        return any(starts(ctx, event) for event in scrape.samples)
 
     def tracking(self, state: Any) -> Behaviour:
         return Behaviour.NONE
@@ -322,7 +344,20 @@ class Detector(Protocol, Generic[S]):
         """The next step for the alert with these details (``suggestion`` unless the details say more)."""
         ...
 
+    lazy: ClassVar[bool]
+    """Its state is made at the first event that :meth:`starts` it (None on the key until then)."""
+
     def new_state(self) -> S: ...
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        """Whether ``event`` starts a :attr:`lazy` rule's state on a key that has none. False promises
+        that a step would find nothing and leave nothing to remember but the key's latest time of the
+        event's kind (:attr:`Context.late`): the engine skips it."""
+        ...
+
+    def starts_scrape(self, ctx: Context, scrape: Scrape) -> bool:
+        """:meth:`starts` for a scrape (any of its samples)."""
+        ...
 
     def step(self, state: S, ctx: Context, event: Event, t: float) -> list[Finding]:
         """Fold one event (``t`` is its time in epoch seconds) into ``state``; return findings."""

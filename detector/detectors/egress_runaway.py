@@ -177,6 +177,8 @@ class EgressRunaway(DetectorBase):
     )
     dollars: ClassVar[str] = "paid for excess egress"
     behaviour: ClassVar[bool] = True
+    lazy: ClassVar[bool] = True
+    """A resource that reports no egress (a GPU host, a bucket) holds no state for this rule."""
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
@@ -193,6 +195,9 @@ class EgressRunaway(DetectorBase):
         if any(d.above_since is not None or d.fired_at is not None for d in (state.destinations or _NONE).values()):
             return Behaviour.LEVEL
         return Behaviour.NONE
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        return type(event) is UsageEvent and event.egress_bytes is not None
 
     def step(self, state: EgressRunawayState, ctx: Context, event: Event, t: float) -> list[Finding]:
         resource = ctx.resource

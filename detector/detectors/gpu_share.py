@@ -385,6 +385,16 @@ class GpuShare(DetectorBase):
     codes: ClassVar[frozenset[int]]
     """The idle GPUs this detector counts: :data:`HELD`, :data:`UNKNOWN`, :data:`FREE`."""
 
+    def starts(self, ctx: Context, event: Event) -> bool:
+        """A host's state starts with a sample this detector may count (for ``unallocated_gpu``, one
+        that says who holds its GPU: never off Kubernetes), or a stop (samples before it are history)."""
+        if type(event) is GpuMetric:
+            return event.allocated is not None or UNKNOWN in self.codes
+        return type(event) is UsageEvent and not ctx.resource.billed
+
+    def starts_scrape(self, ctx: Context, scrape: Scrape) -> bool:
+        return UNKNOWN in self.codes or not scrape.holders_unknown
+
     def counts(self, allocated: bool | None) -> bool:
         """Whether an idle GPU with this allocation is this detector's."""
         return _CODE[allocated] in self.codes

@@ -62,3 +62,5 @@ class UnallocatedGpu(GpuShare):
     noun: ClassVar[str] = "unallocated"
 
     codes: ClassVar[frozenset[int]] = frozenset({FREE})
+    lazy: ClassVar[bool] = True
+    """Off Kubernetes no sample says who holds a GPU: the host holds no state for this rule."""

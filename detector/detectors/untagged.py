@@ -71,10 +71,21 @@ class Untagged(DetectorBase):
 
     dollars: ClassVar[str] = "spent untagged"
     group_by: ClassVar[str | None] = "account"
+    lazy: ClassVar[bool] = True
+    """A resource tagged as required holds no state for this rule (most of a fleet)."""
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         return [("Missing tags", ", ".join(f"`{t}`" for t in details.get("missing_tags", [])))]
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        """A running interval missing a required tag, newer than every interval of the resource before
+        it: what a state kept from the resource's first interval would count. (Its time of the latest
+        interval, all it would hold before, is the key's: an older interval is ``late``.)"""
+        if type(event) is not UsageEvent or ctx.late or event.state != "running":
+            return False
+        tags = ctx.resource.tags
+        return not all(tags.get(tag) for tag in self.params.required_tags)
 
     def step(self, state: UntaggedState, ctx: Context, event: Event, t: float) -> list[Finding]:
         resource = ctx.resource

@@ -19,7 +19,7 @@ from detector.pricing import Pricer, Pricing
 from detector.store.batch import KIND, SOURCE_COLS, EventBatch, event_ids
 from detector.store.connection import Connection
 
-__all__ = ["Events"]
+__all__ = ["Events", "InsertMetrics"]
 
 _KEY_COLUMN = {"resource_usage": "resource_id", "gpu_metrics": "resource_id", "run_events": "run_id"}
 _DAY_MS = 86_400_000
@@ -38,11 +38,24 @@ def wire_type(column_type: str) -> str:
     return _LOW_CARDINALITY.sub(r"\1", column_type)
 
 
+class InsertMetrics:
+    """Where an insert's figures go: the process's metrics (a writer in a child process hands
+    them to the worker's instead, :mod:`streams.event_writer`)."""
+
+    def insert(self, seconds: float, rows: int) -> None:
+        METRICS.insert_seconds.observe(seconds)
+        METRICS.insert_rows.observe(rows)
+
+    def duplicates(self, n: int) -> None:
+        METRICS.duplicates_skipped.inc(n)
+
+
 class Events:
     """The raw event tables (``resource_usage``, ``gpu_metrics``, ``run_events``), written."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.observe = InsertMetrics()
         self._contexts: dict[tuple[str, tuple[str, ...]], Any] = {}
         """(table, columns) → the client's insert context, kept: asking the table's column
         types on every insert costs a query each."""
@@ -90,8 +103,7 @@ class Events:
                     raise
                 finally:
                     context.data = None  # the batch's rows are not kept alive
-                METRICS.insert_seconds.observe(time.perf_counter() - started)
-                METRICS.insert_rows.observe(len(cols[0]))
+                self.observe.insert(time.perf_counter() - started, len(cols[0]))
                 written += len(cols[0])
         return written
 
@@ -131,7 +143,7 @@ class Events:
                     keep.append(i)
         if len(keep) == len(ids):
             return None
-        METRICS.duplicates_skipped.inc(len(ids) - len(keep))
+        self.observe.duplicates(len(ids) - len(keep))
         return keep
 
     def _stored_ids(self, table: str, keys: list[str], ts_ms: list[int]) -> tuple[set[int], set[tuple[Any, ...]]]:

@@ -1,0 +1,374 @@
+"""Where the worker's event inserts run: in its writer thread, or in a child process.
+
+Storing an event costs Python: its content id (an encoding and a BLAKE2b), its columns and
+clickhouse-connect's Native encoding of them, about a third of the worker's CPU time. In the
+writer thread all of it holds the GIL that the event loop's decoding and detection need, so a
+worker is bound to about one core (docs/performance.md). With a ClickHouse server (an
+``http(s)://`` DSN) that work runs in a child process instead: the batch's message values,
+which the worker holds already, cross a pipe (one msgspec call, no Python per event), the
+child decodes them again (the same function of the bytes: the same events) and writes them
+with its own client, by the same code the thread runs (:func:`store_events`). The embedded
+engine (chdb) is one per process and its directory is one process's, so with it the insert
+stays in the thread.
+
+Either way the outcome is the same: the store leaves out what it holds (by content), a batch
+the store refuses is split until the refused message is alone, and a store that cannot be
+written raises :class:`StoreUnavailable`, which the pipeline retries, dropping nothing. A
+child that dies (killed, out of memory) is a store unavailable for that try; the next try
+starts a new one, and what the dead one stored is left out again by content.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from multiprocessing.connection import Connection as Pipe
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import msgspec
+import structlog
+
+from detector.events import DAY_S, TS_MAX, Event, EventDecoder, InvalidMessage
+from detector.limits import Limits
+from detector.pricing import Pricing
+from detector.store import EventBatch, Store
+from detector.store.connection import connect
+from detector.store.events import InsertMetrics
+from detector.units import one_line
+
+__all__ = [
+    "EventWriter",
+    "ProcessEventWriter",
+    "StoreUnavailable",
+    "ThreadEventWriter",
+    "store_events",
+    "usable_cpus",
+    "writer_for",
+]
+
+log = structlog.get_logger("burnwatch.worker")
+
+
+class Sourced(Protocol):
+    """A message as the writer needs it: where it came from, and its value."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+Item = tuple[Sourced, Sequence[Event]]
+"""A message and the events the worker decoded from it."""
+Refused = list[tuple[int, str]]
+"""Indexes of the items the store refused, each with the reason."""
+
+MAX_REASON = 2_000
+
+
+class StoreUnavailable(Exception):
+    """The store takes no write at all (down, read-only, full): retry, drop nothing."""
+
+
+def store_events(store: Store, items: Sequence[Item], pricing: Pricing | None) -> Refused:
+    """Store the items' events; return the items the store refused, each with the reason. A
+    failed insert is split in halves until the refused item is alone (what was stored
+    meanwhile is not stored again: the store leaves out what it holds). Raises
+    :class:`StoreUnavailable` when the store, not the data, is at fault."""
+    return _store(store, items, 0, pricing)
+
+
+def _store(store: Store, items: Sequence[Item], first: int, pricing: Pricing | None) -> Refused:
+    if not items:
+        return []
+    batch = EventBatch()
+    for message, events in items:
+        batch.extend(events, (message.topic, message.partition, message.offset))
+    try:
+        store.events.insert(batch, pricing)
+        return []
+    except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
+        if not store.refused(exc) or not store.writable():  # not the rows: retry, drop nothing
+            raise StoreUnavailable(one_line(exc)) from exc
+        if len(items) == 1:
+            return [(first, f"the store refused this message's events: {one_line(exc, MAX_REASON)}")]
+    half = len(items) // 2
+    return _store(store, items[:half], first, pricing) + _store(store, items[half:], first + half, pricing)
+
+
+class EventWriter:
+    """Writes a batch's events (:func:`store_events`), here or elsewhere."""
+
+    def write(self, items: Sequence[Item], pricing: Pricing | None) -> Refused:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Nothing is written after this."""
+
+
+class ThreadEventWriter(EventWriter):
+    """In the calling thread (the pipeline's writer thread), on the worker's own store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def write(self, items: Sequence[Item], pricing: Pricing | None) -> Refused:
+        return store_events(self.store, items, pricing)
+
+
+class Received(msgspec.Struct, array_like=True):
+    """A message as the child reads it from the pipe."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+_WIRE = msgspec.msgpack.Decoder(list[Received])
+_ANY_TIME = TS_MAX.timestamp() - DAY_S
+"""The child decoder's clock: a day before the contract's last time, so it accepts any time."""
+
+
+def encode_items(items: Sequence[Item]) -> bytes:
+    """The items as they came: each message's value, not its decoded events (the worker
+    decoded it already; sending the bytes it holds costs it nothing per event)."""
+    return msgspec.msgpack.encode([(m.topic, m.partition, m.offset, m.value) for m, _ in items])
+
+
+def child_decoder() -> EventDecoder:
+    """The child's decoder: the worker's, with no bound that depends on when or where it runs
+    (its clock, ``limits.yaml``). Decoding is the same function of the bytes whatever those
+    are; they only decide whether a message is refused, and the worker sends none it refused."""
+    return EventDecoder(clock=lambda: _ANY_TIME, limits=Limits(max_usd_per_hour=math.inf, max_interval=math.inf,
+                                                                 max_egress_gbit_per_s=math.inf))  # fmt: skip
+
+
+def decode_items(payload: bytes, decoder: EventDecoder) -> list[Item]:
+    """:func:`encode_items` read back, each message decoded again (:class:`InvalidMessage` if one
+    is not events: a worker and a child that disagree, which is a bug)."""
+    return [(m, decoder.decode(m.topic, m.value)) for m in _WIRE.decode(payload)]
+
+
+class ProcessEventWriter(EventWriter):
+    """In a child process with its own client to the ClickHouse server at ``dsn``. Blocking
+    calls, one at a time (the pipeline's single writer thread); the pipe's wait releases the
+    GIL, which is the point."""
+
+    def __init__(self, dsn: str, database: str, store: Store | None = None) -> None:
+        self.dsn = dsn
+        self.database = database
+        self.fallback = ThreadEventWriter(store) if store is not None else None
+        """Writes a batch the child could not read (a bug: logged) in the writer thread instead."""
+        self._child: subprocess.Popen[bytes] | None = None
+        self._pipe: Pipe | None = None
+        self._pricing: Pricing | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def write(self, items: Sequence[Item], pricing: Pricing | None) -> Refused:
+        if not items:
+            return []
+        with self._lock:
+            if self._closed:
+                raise StoreUnavailable("the event writer is closed (the worker is stopping)")
+            pipe = self._pipe
+            if pipe is None:
+                try:
+                    pipe = self._start()
+                except OSError as exc:  # a fork refused (a pids or memory limit): a failed try, as a store down is
+                    self._reap()
+                    raise StoreUnavailable(f"cannot start the event writer process: {one_line(exc)}") from exc
+            try:
+                changed = pricing is not self._pricing
+                pipe.send((changed, pricing if changed else None))  # the price list, when it changed (a reload)
+                pipe.send_bytes(encode_items(items))  # (not pickled: a batch's values are megabytes)
+                self._pricing = pricing
+                status, answer, observed = pipe.recv()
+            except (EOFError, OSError) as exc:
+                code = self._reap()
+                raise StoreUnavailable(f"the event writer process exited ({code}); starting another") from exc
+        metrics = InsertMetrics()  # the child's figures, in this process's metrics
+        for seconds, rows in observed.get("inserts", ()):
+            metrics.insert(seconds, rows)
+        if observed.get("duplicates"):
+            metrics.duplicates(observed["duplicates"])
+        if status == "unreadable" and self.fallback is not None:
+            log.error("event_writer_unreadable", error=answer, note="the batch is written in the worker's writer thread")
+            return self.fallback.write(items, pricing)
+        if status == "unavailable":
+            raise StoreUnavailable(answer)
+        if status != "ok":
+            raise StoreUnavailable(f"the event writer process failed: {answer}")
+        return [(index, reason) for index, reason in answer]
+
+    def _start(self) -> Pipe:
+        ours, theirs = socket.socketpair()
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "streams.event_writer", str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True,
+            )  # fmt: skip
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._pipe = pipe = Pipe(ours.detach())
+        pipe.send((self.dsn, self.database))  # not on the command line: a DSN may hold a password
+        return pipe
+
+    def _reap(self) -> int | None:
+        """The child is gone or its pipe is broken: close both, so the next write starts anew."""
+        pipe, child, self._pipe, self._child = self._pipe, self._child, None, None
+        self._pricing = None
+        if pipe is not None:
+            pipe.close()
+        if child is None:
+            return None
+        try:
+            return child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            return child.wait()
+
+    def close(self) -> None:
+        """Stop the child after the write in progress, if any (its pipe closed: it exits)."""
+        with self._lock:
+            self._closed = True
+            self._reap()
+
+
+def writer_for(store: Store, dsn: str, database: str, mode: str = "auto", cpus: float | None = None) -> EventWriter:
+    """The event writer a worker uses (``BURNWATCH_EVENT_WRITER``): with a ClickHouse server, a
+    child process (``process``; ``auto`` when the worker may use two CPUs or more, ``cpus``,
+    default :func:`usable_cpus`: the child decodes each event again, so on one CPU it only adds
+    work); otherwise, or with ``thread``, the writer thread."""
+    server = urlsplit(dsn).scheme in ("http", "https")
+    if mode == "process" and not server:
+        log.warning("event_writer_in_thread", asked="process",
+                    note="the embedded engine is one per process: its inserts stay in the worker's writer thread; "
+                         "a child process needs a ClickHouse server DSN (http:// or https://)")  # fmt: skip
+    if mode == "thread" or not server:
+        return ThreadEventWriter(store)
+    if mode == "auto" and (cpus if cpus is not None else usable_cpus()) < 2:
+        return ThreadEventWriter(store)
+    return ProcessEventWriter(dsn, database, store)
+
+
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> float:
+    """CPUs this process may run on: its affinity, capped by its cgroup's CPU quota (a container's
+    ``limits.cpu``), which ``os.cpu_count`` does not see: ``cpu.max`` under cgroup v2, and
+    ``cpu/cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` under v1 (nodes still on it, such as
+    Amazon Linux 2's)."""
+    cpus: float = len(os.sched_getaffinity(0))
+    quota = _cgroup_quota(cgroup)
+    return cpus if quota is None else min(cpus, quota)
+
+
+def _cgroup_quota(cgroup: Path) -> float | None:
+    """The CPU quota in CPUs (None: none, or none readable)."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass  # not cgroup v2
+    try:
+        quota_us = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        return None if quota_us < 0 else quota_us / int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _serve(pipe: Pipe, worker: int) -> None:
+    """The child: write what comes down the pipe until it closes. A stop signal sent to the
+    worker's process group is the worker's to handle: it lets its last write land, then closes
+    the pipe, and the child ends there (or with the worker, killed: :func:`_die_with`)."""
+    _die_with(worker)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    dsn, database = pipe.recv()
+    observed: dict[str, Any] = {"inserts": [], "duplicates": 0}
+    decoder = child_decoder()
+    pricing: Pricing | None = None
+    store: Store | None = None
+    try:
+        while True:
+            try:
+                changed, sent_pricing = pipe.recv()
+                payload = pipe.recv_bytes()
+            except EOFError:
+                return  # the worker closed the pipe
+            if changed:
+                pricing = sent_pricing  # (kept even when the store is out of reach: the worker sends it once)
+            observed["inserts"], observed["duplicates"] = [], 0
+            if store is None:  # not reached yet: asked again at each try, as the writer thread's client is
+                try:
+                    store = Store(connect(dsn, create=False), database)
+                except Exception as exc:  # noqa: BLE001 - no client: said to the worker, which retries
+                    pipe.send(("unavailable", f"the event writer process cannot reach the store: {one_line(exc)}", {}))
+                    continue
+                store.events.observe = _Observer(observed)
+            pipe.send((*_answer(store, payload, decoder, pricing), observed))
+            del payload  # a batch is megabytes: not held while the child waits for the next
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _answer(store: Store, payload: bytes, decoder: EventDecoder, pricing: Pricing | None) -> tuple[str, Any]:
+    """One batch decoded again and stored: the child's answer (a status and what goes with it)."""
+    try:
+        items = decode_items(payload, decoder)
+    except InvalidMessage as exc:
+        return "unreadable", one_line(exc, MAX_REASON)
+    try:
+        return "ok", store_events(store, items, pricing)
+    except StoreUnavailable as exc:
+        return "unavailable", str(exc)
+    except Exception as exc:  # noqa: BLE001 - told to the worker, which retries
+        return "failed", one_line(exc, MAX_REASON)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(worker: int) -> None:
+    """Be killed when the worker dies (Linux's parent-death signal). A worker killed -9 takes its
+    writer thread's insert with it; the child's batch must not be stored after it either: the
+    next holder of the partitions reads those messages again and checks what is stored before
+    it inserts, so an insert landing meanwhile could store the same events twice. (The signal
+    comes when the thread that started the child ends: the pipeline's writer thread, which
+    lives as long as the worker.)"""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the child ends at the pipe's end-of-file, after the batch in hand
+    if os.getppid() != worker:  # the worker died before the signal was asked for
+        os._exit(0)
+
+
+class _Observer(InsertMetrics):
+    """Records the child's insert metrics, which the worker's registry reports."""
+
+    def __init__(self, into: dict[str, Any]) -> None:
+        self.into = into
+
+    def insert(self, seconds: float, rows: int) -> None:
+        self.into["inserts"].append((seconds, rows))
+
+    def duplicates(self, n: int) -> None:
+        self.into["duplicates"] += n
+
+
+if __name__ == "__main__":
+    _serve(Pipe(int(sys.argv[1])), int(sys.argv[2]))

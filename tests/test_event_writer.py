@@ -1,0 +1,342 @@
+"""The events' insert in a child process (``streams.event_writer``), against a store server.
+
+The child must store exactly what the writer thread stores (the same rows, ids and prices),
+leave out what is stored already, name the message the store refuses, and, killed, be a store
+unavailable for one try (the pipeline retries, dropping nothing) rather than a lost batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from detector.alerts import AlertManager
+from detector.delivery import Outbox
+from detector.engine import Engine
+from detector.events import _TYPES, EventDecoder, RunEvent
+from detector.limits import Limits
+from detector.metrics import METRICS
+from detector.store import Store, connect
+from detector.store.batch import KIND, event_ids
+from streams.event_writer import (
+    ProcessEventWriter,
+    StoreUnavailable,
+    ThreadEventWriter,
+    child_decoder,
+    decode_items,
+    encode_items,
+    usable_cpus,
+    writer_for,
+)
+from streams.pipeline import Message, Pipeline
+from tests.helpers import MIN, T0, at, scrape, usage
+from tests.test_contract_bounds import NOW, SLOW, messages
+
+DECODER = EventDecoder(clock=lambda: NOW)
+"""The worker's decoder (its clock a day before the contract's last time)."""
+
+
+def message(topic: str, partition: int, offset: int, events: list) -> tuple[Message, list]:
+    """An item as the pipeline hands it over: the message, and what the worker decoded from it."""
+    value = msgspec.json.encode(events)
+    return Message(topic, partition, offset, None, value), DECODER.decode(topic, value)
+
+
+def plain(items: list) -> list[tuple]:
+    """Items as (topic, partition, offset, value, events), to compare the worker's with the child's."""
+    return [(m.topic, m.partition, m.offset, m.value, events) for m, events in items]
+
+
+def items():
+    """Messages of every event type: GPU scrapes, usage with and without a price, a run event
+    with metrics, and extras a JSON document may carry (an integer past 64 bits, unicode, nesting)."""
+    out = [message("gpu-metrics", i % 3, i, scrape(T0 + i * MIN, [0.0, 55.5, 100.0], rid=f"h{i % 4}", sm=[0.0, 0.25, None]))
+           for i in range(12)]  # fmt: skip
+    out += [message("resource-usage", i % 2, i, [usage(T0 + i * MIN, rid=f"h{i % 4}", usd_per_hour=None if i % 3 else 32.0)])
+            for i in range(8)]  # fmt: skip
+    hostile = {"ts": "2026-11-02T00:00:00.123456Z", "resource_id": "cpu-1", "resource_type": "cpu_instance",
+               "state": "running", "interval_s": 60, "big": 2**70, "name": "Grüße ' \" \\ \u2028",
+               "nested": {"a": [1, 2.5, None, True]}}  # fmt: skip
+    out.append(message("resource-usage", 0, 8, [hostile]))
+    run = RunEvent(ts=at(T0 + 5 * MIN), run_id="run-1", status="failed", resource_ids=["h1", "h2"], gpu_count=16,
+                   project="llm", error="NCCL timeout", tags={"team": "nlp"}, metrics={"loss": 1.25}, step=40)  # fmt: skip
+    out.append(message("run-events", 1, 0, [run]))
+    return out
+
+
+def digest(store: Store) -> dict[str, tuple[int, int]]:
+    out = {}
+    for table in ("gpu_metrics", "resource_usage", "run_events"):
+        row = store.query(f"SELECT count() AS n, sum(cityHash64(formatRowNoNewline('TSV', *))) AS h FROM {store.db}.{table}")[0]
+        out[table] = (row["n"], row["h"] % 2**64)
+    return out
+
+
+def test_the_child_reads_the_same_events_with_the_same_ids():
+    """What the child decodes from the values is what the worker decoded: equal events, equal
+    ids, in order, extras included (an integer past 64 bits, unicode, nesting)."""
+    sent = items()
+    back = decode_items(encode_items(sent), child_decoder())
+    assert plain(back) == plain(sent)
+    for (_, events), (_, sent_events) in zip(back, sent, strict=True):
+        kind = KIND[type(events[0])][0]
+        assert event_ids(kind, events) == event_ids(kind, sent_events)
+    assert back[20][1][0].extra["big"] == 2**70
+
+
+@pytest.mark.parametrize("topic", list(_TYPES))
+@SLOW
+@given(data=st.data())
+def test_whatever_the_worker_accepts_the_child_reads_the_same(topic, data):
+    """Messages drawn from the contract's own bounds (every field, any JSON in ``extra``), as the
+    worker's decoder accepts them under the default limits: the child, whose decoder has no clock
+    or limits, reads equal events, with equal ids."""
+    value = msgspec.json.encode(data.draw(messages(topic, Limits())))
+    events = DECODER.decode(topic, value)
+    sent = [(Message(topic, 0, 0, None, value), events)]
+    back = decode_items(encode_items(sent), child_decoder())
+    assert plain(back) == plain(sent)
+    kind = KIND[type(events[0])][0]
+    assert event_ids(kind, back[0][1]) == event_ids(kind, events)
+
+
+def test_a_batch_the_child_cannot_read_is_written_by_the_thread(server, remote, ruleset, request):
+    """A message the child's decoder refuses (a worker and a child that disagree: a bug) does not
+    stall the worker: the batch is written in the writer thread instead, and logged."""
+    writer = ProcessEventWriter(server.url, remote.db, remote)
+    request.addfinalizer(writer.close)
+    sent = items()[:3]
+    sent[1][0].value = b"{not json"  # what the child gets differs from what the worker decoded
+    assert writer.write(sent, ruleset.pricing) == []
+    assert remote.count("gpu_metrics") == 3 * 3
+
+
+def test_a_child_process_stores_what_the_thread_stores(server, request, ruleset):
+    """The same items, one database written by the writer thread, one by the child: every row
+    equal (ids, prices, sources); written again, nothing is stored twice and the duplicates are
+    counted in the worker's metrics."""
+    stores = []
+    for side in ("thread", "child"):
+        store = Store(connect(server.url), database=f"ew_{side}")
+        request.addfinalizer(store.close)
+        store.client.command(f"DROP DATABASE IF EXISTS {store.db}")
+        store.migrate()
+        stores.append(store)
+    thread, child = ThreadEventWriter(stores[0]), ProcessEventWriter(server.url, stores[1].db)
+    request.addfinalizer(child.close)
+    assert thread.write(items(), ruleset.pricing) == child.write(items(), ruleset.pricing) == []
+    assert digest(stores[0]) == digest(stores[1])
+    assert digest(stores[1])["gpu_metrics"][0] == 12 * 3 and digest(stores[1])["run_events"][0] == 1
+    before = METRICS.duplicates_skipped._value.get()
+    assert child.write(items(), ruleset.pricing) == []
+    assert METRICS.duplicates_skipped._value.get() - before == sum(len(events) for _, events in items())
+    assert digest(stores[0]) == digest(stores[1])
+
+
+def test_a_killed_child_is_one_failed_try_and_the_next_starts_another(server, remote, ruleset, request):
+    """kill -9 of the child between writes: the next write fails as a store unavailable (the
+    pipeline retries it), the one after starts a new child, and what both stored is stored once."""
+    writer = ProcessEventWriter(server.url, remote.db)
+    request.addfinalizer(writer.close)
+    first, second = items()[:10], items()[10:]
+    assert writer.write(first, ruleset.pricing) == []
+    assert writer._child is not None
+    os.kill(writer._child.pid, signal.SIGKILL)
+    with pytest.raises(StoreUnavailable, match="exited"):
+        writer.write(second, ruleset.pricing)
+    assert writer.write(second, ruleset.pricing) == []
+    assert writer.write(items(), ruleset.pricing) == []
+    assert remote.count("gpu_metrics") == 12 * 3 and remote.count("resource_usage") == 8 + 1
+
+
+def gpu_message(offset: int, t: float, host: str = "h1") -> Message:
+    value = json.dumps([{"ts": at(t).isoformat(), "resource_id": host, "gpu_index": g, "util_pct": 50.0,
+                         "tags": {"team": "nlp"}} for g in range(2)]).encode()  # fmt: skip
+    return Message("gpu-metrics", 0, offset, host.encode(), value)
+
+
+def test_the_message_the_store_refuses_is_named_from_the_child(server, remote, ruleset):
+    """The pipeline on a store server with its inserts in a child process: ClickHouse refuses one
+    message's rows; that message alone is dead-lettered with the reason, every other one is
+    stored once, and acknowledgements go on past it in order, as with the writer thread."""
+    remote.client.command(f"ALTER TABLE {remote.db}.gpu_metrics ADD CONSTRAINT no_poison CHECK resource_id != 'poison'")
+    dead: list[bytes] = []
+
+    async def send_dead_letter(key, value):
+        dead.append(value)
+
+    writer = writer_for(remote, server.url, remote.db, "process")
+    assert isinstance(writer, ProcessEventWriter)
+    pipeline = Pipeline(engine=Engine(ruleset), store=remote, outbox=Outbox(remote, None), manager=AlertManager(),
+                        send_dead_letter=send_dead_letter, event_writer=writer)  # fmt: skip
+    messages = [gpu_message(i, T0 + i * 60) for i in range(20)]
+    messages[7] = gpu_message(7, T0 + 7 * 60, host="poison")
+    acked: list[int] = []
+
+    async def ack(done):
+        acked.extend(m.offset for m in done)
+
+    async def go():
+        for batch in (messages[:12], messages[12:]):
+            await pipeline.process(batch, ack)
+        await pipeline.drain()
+
+    try:
+        asyncio.run(go())
+    finally:
+        writer.close()
+    assert remote.count("gpu_metrics") == 19 * 2
+    (record,) = [json.loads(d) for d in dead]
+    assert record["offset"] == 7 and "no_poison" in record["reason"] and "store refused" in record["reason"]
+    assert acked == list(range(20))
+
+
+def test_the_embedded_engine_keeps_its_inserts_in_the_thread(store, server):
+    """chdb is one engine per process: with it every mode writes in the thread; with a server
+    ``process`` writes in a child, ``auto`` too when there are two CPUs for it, ``thread`` never."""
+    assert all(isinstance(writer_for(store, "chdb:///tmp/x", "db", mode), ThreadEventWriter)
+               for mode in ("auto", "process", "thread"))  # fmt: skip
+    assert isinstance(writer_for(store, server.url, "db", "auto", cpus=2), ProcessEventWriter)
+    assert isinstance(writer_for(store, server.url, "db", "process", cpus=1), ProcessEventWriter)
+    assert isinstance(writer_for(store, server.url, "db", "auto", cpus=1.5), ThreadEventWriter)  # one CPU and a half: no gain
+    assert isinstance(writer_for(store, server.url, "db", "thread", cpus=8), ThreadEventWriter)
+    assert 0 < usable_cpus() <= (os.cpu_count() or 1)
+
+
+def test_a_closed_writer_writes_nothing(server, ruleset):
+    writer = ProcessEventWriter(server.url, "nowhere")
+    writer.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        writer.write(items()[:1], ruleset.pricing)
+
+
+def test_a_child_that_cannot_reach_the_store_is_a_store_unavailable(ruleset, request):
+    """No server where the DSN points: the write fails as a store unavailable naming why (the
+    pipeline retries with backoff and reports the stall), not a traceback or a hang."""
+    from streams.embedded import free_port
+
+    writer = ProcessEventWriter(f"http://127.0.0.1:{free_port()}", "nowhere")
+    request.addfinalizer(writer.close)
+    with pytest.raises(StoreUnavailable, match="cannot reach the store"):
+        writer.write(items()[:1], ruleset.pricing)
+
+
+def test_a_child_that_cannot_reach_the_store_tries_it_again_at_the_next_write(ruleset, request):
+    """The store unreachable for a while: every try asks the store again and says why it failed
+    (the stall reason the pipeline reports), rather than finding the child that said so gone."""
+    from streams.embedded import free_port
+
+    writer = ProcessEventWriter(f"http://127.0.0.1:{free_port()}", "nowhere")
+    request.addfinalizer(writer.close)
+    for _ in range(3):
+        with pytest.raises(StoreUnavailable, match="cannot reach the store"):
+            writer.write(items()[:1], ruleset.pricing)
+
+
+_WORKER = """
+import sys
+from streams.event_writer import ProcessEventWriter
+from tests.test_event_writer import items
+writer = ProcessEventWriter(sys.argv[1], sys.argv[2])
+sent = items()
+writer.write(sent[:10], None)
+print(writer._child.pid, flush=True)
+sys.stdin.readline()
+writer.write(sent[10:], None)
+"""
+
+
+def _waiting_at(port: int) -> bool:
+    """Whether bytes wait unread at the server on ``port`` (a request it has not read yet)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and int(fields[4].split(":")[1], 16) > 0:
+            return True
+    return False
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_worker_takes_its_child_with_it(server, remote):
+    """kill -9 of the worker while its child waits on the store: the child goes too, as the
+    writer thread's insert would. Left behind, it would store the batch after the worker is
+    gone, racing the next holder of the partitions, which reads those messages again and checks
+    what is stored before it inserts (so the same events could be stored twice)."""
+    root = Path(__file__).resolve().parent.parent
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER, server.url, remote.db], cwd=root,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        child = int(worker.stdout.readline())
+        stored = remote.count("gpu_metrics")
+        assert stored == 10 * 3
+        os.kill(server.proc.pid, signal.SIGSTOP)  # the store hangs: the child's next request waits there
+        try:
+            worker.stdin.write(b"go\n")
+            worker.stdin.flush()
+            deadline = time.monotonic() + 60
+            while not _waiting_at(server.port):
+                assert time.monotonic() < deadline, "the child's request never reached the store"
+                time.sleep(0.05)
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait()
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while not _gone(child):
+            assert time.monotonic() < deadline, "the child outlived its worker"
+            time.sleep(0.05)
+        assert remote.count("gpu_metrics") == stored
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def test_a_child_that_cannot_be_started_is_a_store_unavailable(server, remote, ruleset, request, monkeypatch):
+    """No process can be started (a fork refused by a pids or memory limit; here, no interpreter
+    where it was): the try fails as a store unavailable, which the pipeline retries, not as an
+    error that ends the worker; nothing is left open; the next try, able to start one, writes."""
+    writer = ProcessEventWriter(server.url, remote.db)
+    request.addfinalizer(writer.close)
+    open_fds = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+    with pytest.raises(StoreUnavailable, match="cannot start the event writer process"):
+        writer.write(items()[:1], ruleset.pricing)
+    assert len(os.listdir("/proc/self/fd")) == open_fds
+    monkeypatch.undo()
+    assert writer.write(items()[:1], ruleset.pricing) == []
+    assert remote.count("gpu_metrics") == 3
+
+
+@pytest.mark.parametrize(("files", "quota"), [
+    ({"cpu.max": "150000 100000\n"}, 1.5),  # cgroup v2
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.0),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+])  # fmt: skip
+def test_a_containers_cpu_limit_caps_the_cpus_auto_counts(tmp_path, files, quota):
+    """``limits.cpu`` as the kernel shows it, under cgroup v2 and under v1 (a node still on v1
+    with a one-CPU limit must keep the inserts in the thread: a child there only adds work)."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    affinity = len(os.sched_getaffinity(0))
+    assert usable_cpus(tmp_path) == (affinity if quota is None else min(affinity, quota))
