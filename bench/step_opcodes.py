@@ -1,7 +1,6 @@
 """What a GPU rule's step costs per sample, counted, not timed: Python opcodes executed.
 
     .venv/bin/python bench/step_opcodes.py [RULE_TYPE ...]            # default: partly_idle_gpu unallocated_gpu
-    .venv/bin/python bench/step_opcodes.py --fleet 3000               # the engine over the bench fleet's first messages
     PYTHONPATH=<a worktree of an older commit> .venv/bin/python bench/step_opcodes.py ...  # its figures
 
 An 8-GPU host's 2 hours of scrapes (every 30 s: GPU 0 busy, GPU 1 busy every other 20 minutes,
@@ -11,11 +10,7 @@ everything it calls) and the findings made. The count is the same on every run, 
 timing on a shared VM swings with the neighbours: an A/B of two trees is a difference of
 counts. Opcodes are not equal in cost (a call is dearer than an add), so a small difference
 says "about the same", not which is faster.
-
-``--fleet MESSAGES``: ``backtest`` over the first MESSAGES lines of the bench fleet
-(``bench/out/fleet.jsonl``, made by ``make bench``), counting the opcodes executed inside
-``Engine.process_timed`` (every rule and the engine's own work; not decoding or aligning), per
-event, and with ``--by`` the 25 functions that execute most of them.
+``bench/engine_opcodes.py`` counts the engine with every rule over a replay.
 """
 
 from __future__ import annotations
@@ -32,9 +27,13 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # after PYTHONPATH: an older tree given there is the one measured
 
 from detector.detectors.base import Context, ResourceInfo  # noqa: E402
-from detector.detectors.scrape import Scrape  # noqa: E402
 from detector.events import GpuMetric  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
+
+try:
+    from detector.detectors.scrape import Scrape as view
+except ImportError:  # a tree from before the Scrape view: its rules took the list of samples
+    view = list  # type: ignore[assignment]
 
 T0 = 1_700_000_000.0
 SCRAPES, GPUS = 240, 8
@@ -66,7 +65,7 @@ def count(detector: Any, data: list[tuple[float, list[GpuMetric]]]) -> tuple[int
         return trace
 
     state, found = detector.new_state(), 0
-    views = [(t, Scrape(events)) for t, events in data]  # the engine's, shared by the rules: not counted here
+    views = [(t, view(events)) for t, events in data]  # the engine's, shared by the rules: not counted here
     sys.settrace(trace)
     try:
         for t, scrape in views:
@@ -76,58 +75,10 @@ def count(detector: Any, data: list[tuple[float, list[GpuMetric]]]) -> tuple[int
     return executed, found
 
 
-def fleet(messages: int, by_function: bool) -> None:
-    """Opcodes an event executed in ``Engine.process_timed`` by ``backtest`` over the bench fleet's first lines."""
-    import itertools
-    import tempfile
-    from collections import Counter
-
-    from detector.backtest import backtest
-    from detector.engine import Engine
-
-    executed: Counter[tuple[str, str]] = Counter()
-
-    def trace(frame: FrameType, event: str, arg: object) -> Any:
-        if event == "call":
-            frame.f_trace_opcodes = True
-        elif event == "opcode":
-            executed[(Path(frame.f_code.co_filename).name, frame.f_code.co_name)] += 1
-        return trace
-
-    process_timed, events = Engine.process_timed, 0
-
-    def traced(engine: Engine, items: Any) -> Any:
-        nonlocal events
-        items = list(items)
-        events += len(items)
-        sys.settrace(trace)
-        try:
-            return process_timed(engine, items)
-        finally:
-            sys.settrace(None)
-
-    Engine.process_timed = traced  # type: ignore[method-assign]
-    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl") as part, open(ROOT / "bench/out/fleet.jsonl", "rb") as src:
-        part.writelines(itertools.islice(src, messages))
-        part.flush()
-        result = backtest(part.name, load_rules(ROOT / "rules"))
-    Engine.process_timed = process_timed  # type: ignore[method-assign]
-    total = sum(executed.values())
-    print(f"{messages} messages, {events} events, {len(result.alerts)} alerts: {total / events:.1f} opcodes an event")
-    if by_function:
-        for (file, name), n in executed.most_common(25):
-            print(f"{n / events:8.1f}  {file}:{name}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("types", nargs="*", default=["partly_idle_gpu", "unallocated_gpu"])
-    parser.add_argument("--fleet", type=int, metavar="MESSAGES", help="the engine over the bench fleet's first lines")
-    parser.add_argument("--by", action="store_true", help="with --fleet: the functions that execute most")
     args = parser.parse_args()
-    if args.fleet:
-        fleet(args.fleet, args.by)
-        return 0
     rules = load_rules(ROOT / "rules")
     for rule_type in args.types:
         detector = next(r.detector for r in rules.rules if r.detector.type == rule_type)
