@@ -18,13 +18,13 @@ import argparse
 import itertools
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # after PYTHONPATH: an older tree given there is the one measured
 
+from bench.opcodes import Opcodes  # noqa: E402
 from detector.detectors.anomaly import Scoring, use_scoring  # noqa: E402
 from detector.engine import Engine  # noqa: E402
 from detector.events import EventDecoder  # noqa: E402
@@ -55,22 +55,11 @@ def main() -> int:
         use_scoring(ruleset.rules, Scoring(observe=lambda windows: None))
     engine = Engine(ruleset)
     data = batches(args.replay, args.messages)
-    executed = found = 0
-
-    def trace(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal executed
-        if event == "call":
-            frame.f_trace_opcodes = True
-        elif event == "opcode":
-            executed += 1
-        return trace
-
-    sys.settrace(trace)
-    try:
+    found = 0
+    with Opcodes() as counted:
         for items in data:
             found += len(engine.process_timed(items))
-    finally:
-        sys.settrace(None)
+    executed = counted.executed
     events = sum(map(len, data))
     mode = "windows built" if args.windows else "rules only"
     print(f"{events:,} events ({args.messages:,} messages), {found} findings, {mode}: "

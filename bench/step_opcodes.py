@@ -19,13 +19,13 @@ import argparse
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # after PYTHONPATH: an older tree given there is the one measured
 
+from bench.opcodes import Opcodes  # noqa: E402
 from detector.detectors.base import Context, ResourceInfo  # noqa: E402
 from detector.events import GpuMetric  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
@@ -54,25 +54,12 @@ def count(detector: Any, data: list[tuple[float, list[GpuMetric]]]) -> tuple[int
     """Opcodes executed and findings made by ``detector.step_scrape`` over ``data`` from a new state."""
     ctx = Context(ResourceInfo(resource_id="h", resource_type="gpu_instance", state="running", usd_per_hour=32.0,
                                gpus=GPUS))  # fmt: skip
-    executed = 0
-
-    def trace(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal executed
-        if event == "call":
-            frame.f_trace_opcodes = True
-        elif event == "opcode":
-            executed += 1
-        return trace
-
     state, found = detector.new_state(), 0
     views = [(t, view(events)) for t, events in data]  # the engine's, shared by the rules: not counted here
-    sys.settrace(trace)
-    try:
+    with Opcodes() as counted:
         for t, scrape in views:
             found += len(detector.step_scrape(state, ctx, scrape, t))
-    finally:
-        sys.settrace(None)
-    return executed, found
+    return counted.executed, found
 
 
 def main() -> int:
