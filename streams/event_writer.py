@@ -73,6 +73,9 @@ Refused = list[tuple[int, str]]
 """Indexes of the items the store refused, each with the reason."""
 
 MAX_REASON = 2_000
+ANSWER_WITHIN_S = 900.0
+"""How long a write waits for the child's answer before killing it (a hung or stopped child): past
+the ClickHouse client's own 300 s timeout and a retry, so a slow store is not taken for a hung child."""
 
 
 class StoreUnavailable(Exception):
@@ -174,6 +177,8 @@ class ProcessEventWriter(EventWriter):
         self._pricing: Pricing | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self.answer_within_s = ANSWER_WITHIN_S
+        self._killed = False
 
     def write(self, items: Sequence[Item], pricing: Pricing | None) -> Refused:
         if not items:
@@ -188,6 +193,9 @@ class ProcessEventWriter(EventWriter):
                 except OSError as exc:  # a fork refused (a pids or memory limit): a failed try, as a store down is
                     self._reap()
                     raise StoreUnavailable(f"cannot start the event writer process: {one_line(exc)}") from exc
+            watchdog = threading.Timer(self.answer_within_s, self._kill, args=(self._child,))
+            watchdog.daemon = True
+            watchdog.start()
             try:
                 changed = pricing is not self._pricing
                 pipe.send((changed, pricing if changed else None))  # the price list, when it changed (a reload)
@@ -195,8 +203,14 @@ class ProcessEventWriter(EventWriter):
                 self._pricing = pricing
                 status, answer, observed = pipe.recv()
             except (EOFError, OSError) as exc:
+                hung = self._killed
                 code = self._reap()
+                if hung:
+                    raise StoreUnavailable(f"the event writer process gave no answer within {self.answer_within_s:g} s "
+                                           "and was killed; starting another") from exc  # fmt: skip
                 raise StoreUnavailable(f"the event writer process exited ({code}); starting another") from exc
+            finally:
+                watchdog.cancel()
         metrics = InsertMetrics()  # the child's figures, in this process's metrics
         for seconds, rows in observed.get("inserts", ()):
             metrics.insert(seconds, rows)
@@ -227,10 +241,17 @@ class ProcessEventWriter(EventWriter):
         pipe.send((self.dsn, self.database))  # not on the command line: a DSN may hold a password
         return pipe
 
+    def _kill(self, child: subprocess.Popen[bytes] | None) -> None:
+        """The watchdog: a child with no answer in time (hung, stopped) is killed, which ends the
+        write waiting on it (the pipe breaks) as a store unavailable, retried with a new child."""
+        if child is not None and child.poll() is None:
+            self._killed = True
+            child.kill()
+
     def _reap(self) -> int | None:
         """The child is gone or its pipe is broken: close both, so the next write starts anew."""
         pipe, child, self._pipe, self._child = self._pipe, self._child, None, None
-        self._pricing = None
+        self._pricing, self._killed = None, False
         if pipe is not None:
             pipe.close()
         if child is None:

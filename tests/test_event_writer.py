@@ -30,6 +30,7 @@ from detector.metrics import METRICS
 from detector.store import Store, connect
 from detector.store.batch import KIND, event_ids
 from streams.event_writer import (
+    ANSWER_WITHIN_S,
     ProcessEventWriter,
     StoreUnavailable,
     ThreadEventWriter,
@@ -340,3 +341,22 @@ def test_a_containers_cpu_limit_caps_the_cpus_auto_counts(tmp_path, files, quota
         (tmp_path / name).write_text(text)
     affinity = len(os.sched_getaffinity(0))
     assert usable_cpus(tmp_path) == (affinity if quota is None else min(affinity, quota))
+
+
+def test_a_child_that_gives_no_answer_is_killed_and_the_next_write_starts_another(server, remote, ruleset, request):
+    """A child stopped mid-write (SIGSTOP: hung, as a bug or a stuck client would leave it): the
+    write waiting on it ends as a store unavailable after ``answer_within_s``, the child is
+    killed, not left behind, and the next write stores the batch with a new child, once."""
+    writer = ProcessEventWriter(server.url, remote.db)
+    request.addfinalizer(writer.close)
+    assert writer.write(items()[:2], ruleset.pricing) == []
+    hung = writer._child
+    assert hung is not None
+    writer.answer_within_s = 1.0
+    os.kill(hung.pid, signal.SIGSTOP)
+    with pytest.raises(StoreUnavailable, match="no answer within 1 s"):
+        writer.write(items(), ruleset.pricing)
+    assert hung.poll() is not None  # killed and reaped
+    writer.answer_within_s = ANSWER_WITHIN_S  # (a new child takes longer than a second to start)
+    assert writer.write(items(), ruleset.pricing) == []
+    assert remote.count("gpu_metrics") == 12 * 3 and remote.count("resource_usage") == 8 + 1
