@@ -73,6 +73,7 @@ Refused = list[tuple[int, str]]
 """Indexes of the items the store refused, each with the reason."""
 
 MAX_REASON = 2_000
+"""Characters of a refusal's reason kept (in the dead-letter record and the log)."""
 ANSWER_WITHIN_S = 900.0
 """How long a write waits for the child's answer before killing it (a hung or stopped child): past
 the ClickHouse client's own 300 s timeout and a retry, so a slow store is not taken for a hung child."""

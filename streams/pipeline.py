@@ -45,6 +45,7 @@ from detector.store.states import States
 from detector.units import one_line
 from streams.acks import InOrderAcks
 from streams.config import Config, LiveConfig
+from streams.event_writer import MAX_REASON as _MAX_REASON
 from streams.event_writer import EventWriter, StoreUnavailable, ThreadEventWriter
 
 __all__ = ["DEAD_LETTER_MAX_VALUE", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable", "dead_letter"]
@@ -56,7 +57,6 @@ TP = tuple[str, int]
 DEAD_LETTER_MAX_VALUE = 512 << 10
 """Bytes of a refused message kept in its dead-letter record; a larger one is kept truncated
 (with its size and SHA-256), so the record (base64) fits a broker's default 1 MB message limit."""
-_MAX_REASON = 2_000
 
 
 class Message(msgspec.Struct):
