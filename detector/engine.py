@@ -43,9 +43,10 @@ from detector.detectors import Detector, Finding, ResourceInfo
 from detector.detectors.base import BatchPhase, Behaviour, Context, intern
 from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
-from detector.floats import dec_hook, enc_hook
+from detector.floats import enc_hook
 from detector.pricing import Pricer
 from detector.rules import RuleSet
+from detector.saved import read_state
 
 __all__ = ["Engine", "KeyState"]
 
@@ -683,7 +684,7 @@ class Engine:
                     rules[name] = None  # a lazy rule that had nothing to track (an eager one's nil is refused below)
                     continue
                 try:
-                    rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()), dec_hook=dec_hook)
+                    rules[name] = read_state(raw, type(rule.detector.new_state()))  # or as saved before
                 except msgspec.ValidationError:
                     continue  # the rule's state shape changed with a new version: start it afresh
         info = snap.info
