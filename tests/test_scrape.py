@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import random
+from itertools import groupby
 
 import msgspec
 import pytest
 
+from detector import engine as engine_module
 from detector.detectors.activity import busy, resident
 from detector.detectors.base import Context, ResourceInfo
 from detector.detectors.scrape import FIRST, Scrape
+from detector.engine import Engine
 from detector.events import GpuMetric, UsageEvent
 from detector.floats import enc_hook
 from detector.rules import load_rules
 from tests.conftest import ROOT
-from tests.helpers import T0, at
+from tests.helpers import T0, at, usage
 
 GPUS = 8
 
@@ -208,3 +211,34 @@ def test_the_usual_kubernetes_scrape_keeps_what_the_sample_by_sample_way_keeps(r
             findings += len(got[0])
     assert findings, "the nodes should make findings of this rule"
     assert sum(taken) > len(taken) / 4, "the short way should be taken often (not MIG in gpu_share)"
+
+
+def test_the_engine_folds_each_run_of_one_hosts_samples_at_one_time_as_one_scrape(monkeypatch):
+    """The engine finds a scrape's samples by guessing the latest scrape's size and checking the guess;
+    whatever the sizes before (larger, smaller, a host's samples split by another's or by a usage
+    event at the same time), each run of one host's samples at one time is one scrape, as a scan
+    item by item finds it."""
+    seen: list[list[GpuMetric]] = []
+
+    class Spy(Scrape):
+        def __init__(self, samples: list[GpuMetric]) -> None:
+            seen.append(list(samples))
+            super().__init__(samples)
+
+    monkeypatch.setattr(engine_module, "Scrape", Spy)
+    rng = random.Random(7)
+    items: list[tuple[float, object]] = []
+    for step in range(300):
+        t = T0 + 30 * (step // 6)
+        host = rng.choice(["a", "b", "c"])
+        if rng.random() < 0.1:
+            items.append((t, usage(t, rid=host)))
+            continue
+        for g in range(rng.choice([1, 2, 3, 8, 8, 8])):
+            items.append((t, msgspec.structs.replace(sample(t, g, 50.0), resource_id=host)))
+    expected = [[ev for _, ev in run] for (_, kind, _), run in
+                ((k, list(g)) for k, g in groupby(items, key=lambda item: (item[0], type(item[1]), item[1].resource_id)))
+                if kind is GpuMetric]  # fmt: skip
+    Engine(load_rules(ROOT / "rules")).process_timed(items)
+    assert seen == expected
+    assert {len(run) for run in seen} >= {1, 2, 8, 16}  # (two runs of one host back to back are one)

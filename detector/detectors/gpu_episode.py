@@ -132,7 +132,9 @@ class GpuEpisode(DetectorBase):
         events = scrape.samples
         breaking = self.breaking(st, scrape)
         first = breaking.index(True) if True in breaking else len(events)  # the first sample that breaks
-        if self._usual(st, scrape):
+        gpus = scrape.gpus
+        if ((scrape.plain and not st.pods and not st.allocated and gpus == st.gpus and scrape.model is not None)
+                or self._usual(st, scrape)):  # (off Kubernetes without MIG, the usual host, in one line)  # fmt: skip
             if scrape.model and scrape.model != st.model:
                 st.model = intern(scrape.model)
             held = self._holds(st, resource, t) if first else []
@@ -142,7 +144,8 @@ class GpuEpisode(DetectorBase):
             return [(0, f) for f in held] + [(first, f) for f in broken]
         out: list[tuple[int, Finding]] = []
         gpus = st.gpus
-        units = pods = None
+        units: tuple[str, ...] | None = None
+        pods: tuple[Pod | None, ...] | None = None
         for i, ev in enumerate(events):
             if ev.gpu_index not in gpus:
                 gpus = (*gpus, ev.gpu_index)

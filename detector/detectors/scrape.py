@@ -72,9 +72,10 @@ class Scrape:
         """Nor does any name a pod or a MIG instance: a host off Kubernetes without MIG, the usual host."""
         self._busy: dict[float, tuple[bool, ...]] = {}
         self._resident: tuple[float, ...] | None = None
-        self._units: tuple[str, ...] | None = None
-        self._pods: tuple[Pod | None, ...] | None = None
-        self._allocations: tuple[bool | None, ...] | None = None
+        self._units: tuple[str, ...] | None
+        self._pods: tuple[Pod | None, ...] | None
+        self._allocations: tuple[bool | None, ...] | None
+        self._units = self._pods = self._allocations = None  # (worked out on the first asking)
         self._by_unit: tuple[dict[str, Pod], dict[str, bool]] | None | bool = False
 
     def busy(self, threshold_pct: float) -> tuple[bool, ...]:
