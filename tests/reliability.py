@@ -369,6 +369,22 @@ def stored_alerts(env: dict[str, str]) -> dict[str, dict]:
     return {r["alert_id"]: r for r in rows}
 
 
+def alert_history(env: dict[str, str], alert_ids: Iterable[str]) -> dict[str, list[str]]:
+    """Every change recorded for each alert, in the order the store took them
+    (``alert_changes``: ``recorded_at`` is the store's clock at the insert), so that a stored
+    alert unlike backtest's says which write put it there."""
+    ids = [i for i in alert_ids if re.fullmatch(r"[0-9a-f]+", i)]
+    if not ids:
+        return {}
+    rows = sql(env, "SELECT alert_id, change, toString(at) AS at, round(waste_usd, 2) AS usd, toString(recorded_at) AS "
+                    f"recorded FROM burnwatch.alert_changes WHERE alert_id IN ({', '.join(map(repr, ids))}) "
+                    "ORDER BY recorded_at, at")  # fmt: skip
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        out.setdefault(r["alert_id"], []).append(f"{r['change']} at {r['at']} ${r['usd']} (written {r['recorded']})")
+    return out
+
+
 @dataclass
 class AlertDiff:
     expected: int
@@ -381,6 +397,10 @@ class AlertDiff:
     @property
     def ok(self) -> bool:
         return not (self.missing or self.invented or self.different)
+
+    @property
+    def different_ids(self) -> list[str]:
+        return sorted({d.split(":", 1)[0] for d in self.different})
 
     def __str__(self) -> str:
         return (f"alerts expected {self.expected}, got {self.got}; missing {len(self.missing)} {self.missing[:8]}; "
@@ -493,6 +513,9 @@ class ChaosReport:
     events_stored: int = 0
     events_distinct: int = 0
     alerts: AlertDiff | None = None
+    history: dict[str, list[str]] = field(default_factory=dict)
+    """Each differing alert's changes as recorded (:func:`alert_history`), beside the run's
+    log of kills, joins and leaves (its times are UTC wall time, as the store's)."""
     posts: PostsDiff | None = None
     wall_s: float = 0.0
 
@@ -527,7 +550,8 @@ class ChaosReport:
         }  # fmt: skip
 
     def __str__(self) -> str:
-        return (f"{json.dumps(self.figures())}\n{self.alerts}\n{self.posts}\n"
+        history = "".join(f"\n{alert_id}: " + "; ".join(changes) for alert_id, changes in self.history.items())
+        return (f"{json.dumps(self.figures())}\n{self.alerts}{history}\n{self.posts}\n"
                 f"crashes: {self.crashes}")  # fmt: skip
 
 
@@ -540,6 +564,10 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
     With ``store_url`` (a shared store: ``burnwatch store serve``), a second worker joins
     at a seeded point and leaves cleanly at a later one."""
     import random
+    from datetime import datetime, timezone
+
+    def note(line: str) -> None:  # stamped as the store stamps what it records (alert_history)
+        log(f"{datetime.now(timezone.utc).strftime('%H:%M:%S.%f')[:-3]} {line}")
 
     started = time.monotonic()
     rng = random.Random(seed)
@@ -575,7 +603,7 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
         if worker.running:
             return worker
         report.crashes.append(f"exit {worker.returncode}: {worker.tail(1)}")
-        log(f"worker died on its own ({worker.returncode}); restarting")
+        note(f"worker died on its own ({worker.returncode}); restarting")
         return start()
 
     windows = []
@@ -593,19 +621,19 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
                                         **slack_env(slack), **shared)  # fmt: skip
                 helper = Worker(helper_env, workdir / "helper.log").start()
                 helper.wait_until(lambda h: h["partitions"] > 0, timeout=120)
-                log(f"message {index}: a second worker joined")
+                note(f"message {index}: a second worker joined")
                 continue
             if what == "leave" and helper is not None:
                 code = helper.stop()
                 if code != 0:
                     report.crashes.append(f"second worker's stop: exit {code}: {helper.tail(1)}")
                 helper = None
-                log(f"message {index}: the second worker left")
+                note(f"message {index}: the second worker left")
                 continue
             if what in ("429", "500"):
                 window = slack.fail_window(0, FAULT_WINDOW_S, status=int(what), retry_after=1 if what == "429" else None)
                 windows.append((what, window))
-                log(f"message {index}: Slack answers {what} for {FAULT_WINDOW_S:g} s")
+                note(f"message {index}: Slack answers {what} for {FAULT_WINDOW_S:g} s")
                 continue
             if what == "hang+kill":
                 window = slack.fail_window(0, 3.0, hang_s=12.0)
@@ -615,7 +643,7 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
                     time.sleep(0.05)
             worker.kill()
             report.kills += 1
-            log(f"message {index}: SIGKILL ({what}); restarting")
+            note(f"message {index}: SIGKILL ({what}); restarting")
             worker = start()
             worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
         pacer.wait_sent(n, timeout=timeout)
@@ -637,6 +665,7 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
     counts = stored(env)
     report.events_stored, report.events_distinct = counts.total, sum(counts.distinct.values())
     report.alerts = compare_alerts(fl.expected, stored_alerts(env))
+    report.history = alert_history(env, report.alerts.different_ids)
     report.posts = compare_posts(slack, fl.expected)
     report.wall_s = time.monotonic() - started
     return report

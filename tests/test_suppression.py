@@ -35,11 +35,11 @@ def alert(*args, **kwargs) -> Alert:
 # -- each stage alone ---------------------------------------------------------------
 
 
-def test_dedup_lets_each_opening_and_resolution_through_once():
+def test_dedup_lets_each_opening_and_resolution_through_once_and_no_update_after_the_resolution():
     dedup = Dedup()
     opened, updated, resolved = alert("fire"), alert("update", at=T0 + HOUR), alert("resolve", at=T0 + 2 * HOUR)
-    assert [dedup.admit(a) for a in (opened, opened, updated, updated, resolved, resolved)] == [
-        True, False, True, True, True, False]  # fmt: skip
+    assert [dedup.admit(a) for a in (opened, opened, updated, updated, resolved, resolved, updated)] == [
+        True, False, True, True, True, False, False]  # fmt: skip
     later = alert("fire", start=T0 + 10 * HOUR)
     dedup.admit(later)
     dedup.prune(T0 + 5 * HOUR)

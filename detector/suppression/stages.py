@@ -21,8 +21,11 @@ __all__ = ["Dedup", "Inhibit", "Realert", "Route", "Silencing"]
 
 
 class Dedup:
-    """Lets each opening and each resolution through once: input re-read after a restart or
-    a rebalance re-derives the same findings, with the same alert ids."""
+    """Lets each opening and each resolution through once, and no update after the resolution:
+    input re-read after a restart or a rebalance re-derives the same findings, with the same
+    alert ids. A worker killed between recording a batch's alert changes and saving the state
+    that reflects them detects the batch again from the state before it; an update of an alert
+    it resolved, let through, would be recorded after the resolution and read as firing."""
 
     def __init__(self, seen: Mapping[str, tuple[float, bool]] | None = None) -> None:
         self.seen: dict[str, tuple[float, bool]] = dict(seen or {})
@@ -34,9 +37,9 @@ class Dedup:
             if known is not None:
                 return False
             self.seen[alert.alert_id] = (alert.episode_start, False)
+        elif known is not None and known[1]:  # resolved: an episode's id never opens again
+            return False
         elif alert.change == "resolved":
-            if known is not None and known[1]:
-                return False
             self.seen[alert.alert_id] = (alert.episode_start, True)
         return True
 
