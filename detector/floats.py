@@ -23,8 +23,8 @@ import math
 from array import array
 from typing import TYPE_CHECKING, Any, cast
 
-__all__ = ["FloatArray", "Series", "append", "as_floats", "bytewise", "dec_hook", "enc_hook", "floats", "grow", "per_gpu",
-           "shared_whole"]
+__all__ = ["FloatArray", "Series", "append", "as_floats", "bytewise", "dec_hook", "enc_hook", "floats", "grow", "narrowed",
+           "per_gpu", "shared_whole"]
 
 if TYPE_CHECKING:
     FloatArray = array[float]
@@ -73,6 +73,22 @@ def append(series: Series, x: float) -> Series:
         series = array("d", series)
     cast("FloatArray", series).append(x)
     return series
+
+
+def narrowed(series: Series) -> Series:
+    """``series`` as the byte series it was before saving (a byte series is saved as whole numbers and
+    read back as doubles): a restored window would otherwise hold 8 bytes a value, not 1. Doubles
+    that a byte series could not hold (:func:`append` widened it) stay doubles: live, one of them
+    always is such a value, so only a series that was bytes when saved is narrowed."""
+    if series.typecode == "B":
+        return series
+    out = bytewise()
+    for x in series:
+        whole = _WHOLE.get(x)
+        if whole is None or not (whole or math.copysign(1.0, x) > 0.0):
+            return series
+        out.append(whole)
+    return out
 
 
 def as_floats(series: Series) -> list[float]:

@@ -715,3 +715,35 @@ def test_a_window_takes_exactly_the_samples_a_per_gpu_array_would_and_holds_none
         scrape = [sample(i, t, 50.0) for i in range(8)]
         builder.add_scrape(st, "h1", "gpu_instance", scrape, True, t)
     assert st.gpu_last is None and (st.gpu_t, st.gpu_n, st.gpu_samples) == (T0 + 1830.0, 8, 16)
+
+
+def test_a_window_saved_with_whole_utilisations_restores_them_a_byte_each_and_saves_the_same_bytes():
+    """A window holds its GPU utilisations a byte each while they are whole numbers 0..255; saved, they
+    are whole numbers, which msgpack reads back as doubles. Restored through the engine's reader, the
+    window holds them a byte each again (not 8 bytes a sample until the window closes) and saves the
+    very bytes it was restored from; a series widened by a value a byte cannot hold stays doubles."""
+    import msgspec
+
+    from detector.detectors.anomaly import AnomalyState
+    from detector.events import GpuMetric
+    from detector.floats import enc_hook
+    from detector.saved import read_state
+
+    def sample(i: int, t: float, util: float) -> GpuMetric:
+        return GpuMetric(ts=at(t), resource_id="h1", gpu_index=i, util_pct=util, power_w=300.0,
+                         mem_used_mib=1000, mem_total_mib=4000)  # fmt: skip
+
+    for odd in (None, 37.5, -0.0):
+        builder, st = WindowBuilder(300.0), AnomalyState()
+        for k in range(3):
+            t = T0 + 30.0 * k
+            scrape = [sample(i, t, float(10 * i + k)) for i in range(8)]
+            if odd is not None and k == 1:
+                scrape[3] = sample(3, t, odd)
+            builder.add_scrape(st, "h1", "gpu_instance", scrape, True, t)
+        assert st.utils is not None and st.utils.typecode == ("B" if odd is None else "d")
+        saved = msgspec.msgpack.encode(st, enc_hook=enc_hook)
+        back = read_state(saved, AnomalyState)
+        assert back.utils is not None and back.utils.typecode == st.utils.typecode
+        assert list(back.utils) == list(st.utils)  # and -0.0 kept: the bytes below are the same
+        assert msgspec.msgpack.encode(back, enc_hook=enc_hook) == saved

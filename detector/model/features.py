@@ -35,7 +35,7 @@ from typing import ClassVar
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, Series, append, as_floats, bytewise, newer, per_gpu
+from detector.floats import FloatArray, Series, append, as_floats, bytewise, narrowed, newer, per_gpu
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowExtras", "WindowState",
            "WindowStateBefore", "base_features", "feature_names", "follows", "metrics_of", "model_group"]
@@ -190,8 +190,8 @@ class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False, fo
     """The shape saved before, which reads what this one refuses (:func:`detector.saved.read_state`)."""
 
     def __post_init__(self) -> None:
-        if self.utils is not None and not self.utils:  # saved before as an empty list: none, as now
-            self.utils = None
+        if self.utils is not None:  # saved before as an empty list: none, as now; bytes read back as doubles: bytes
+            self.utils = narrowed(self.utils) if self.utils else None
         if self.gpu_last is not None and not self.gpu_last:
             self.gpu_last = None
         if not 0 <= self.gpu_n <= 256 or (self.gpu_n > 0) != (self.gpu_t is not None) or (self.gpu_n and self.gpu_last):
