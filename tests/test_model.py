@@ -747,3 +747,23 @@ def test_a_window_saved_with_whole_utilisations_restores_them_a_byte_each_and_sa
         assert back.utils is not None and back.utils.typecode == st.utils.typecode
         assert list(back.utils) == list(st.utils)  # and -0.0 kept: the bytes below are the same
         assert msgspec.msgpack.encode(back, enc_hook=enc_hook) == saved
+
+
+def test_a_generic_metric_of_huge_values_of_opposite_signs_keeps_a_finite_mean():
+    """Values the decoder accepts (finite, however large) keep a window's running mean of a generic
+    metric finite: -1e308 then 1e308 differ by more than a double holds, and the mean went inf, then
+    NaN, into the window the model judges and into the snapshot."""
+    from detector.events import EventDecoder
+    from detector.model.features import METRIC_PREFIX
+
+    decoder = EventDecoder(limits=load_rules(ROOT / "rules").limits)
+    builder, st = WindowBuilder(300.0, metrics=("queue_depth",)), WindowState()
+    for k, value in enumerate(("-1e308", "1e308", "1e308", "-1e308", "4")):
+        t = T0 + k * MIN
+        raw = (f'[{{"ts":"{at(t).isoformat()}","resource_id":"e1","resource_type":"inference_endpoint","interval_s":60.0,'
+               f'"cost_usd":0.5,"metrics":{{"queue_depth":{value}}}}}]')  # fmt: skip
+        (event,) = decoder.decode("resource-usage", raw.encode())
+        builder.add(st, "e1", "inference_endpoint", 0.5, event, t)
+        assert st.extra is not None and st.extra.metric_mean is not None
+        assert math.isfinite(st.extra.metric_mean["queue_depth"])
+    assert math.isfinite(builder._base_values(st)[METRIC_PREFIX + "queue_depth"])

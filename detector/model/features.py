@@ -440,7 +440,8 @@ class WindowBuilder:
                             extra.metric_mean, extra.metric_n = {}, {}
                         n = extra.metric_n.get(name, 0) + 1
                         mean = extra.metric_mean.get(name, 0.0)
-                        extra.metric_mean[name] = mean + (value - mean) / n
+                        step = value - mean  # huge values of opposite signs: their difference overflows
+                        extra.metric_mean[name] = mean + step / n if math.isfinite(step) else mean * (1 - 1 / n) + value / n
                         extra.metric_n[name] = n
         return closed
 
