@@ -160,7 +160,8 @@ class HealthSampler(threading.Thread):
 
 
 def scrape(port: int) -> dict[str, float]:
-    """Sums and counts of the worker's batch and insert histograms (/metrics)."""
+    """Sums and counts of the worker's batch and insert histograms, and its CPU seconds by stage
+    (``cpu_read_s``, ``cpu_detect_s``, ``cpu_write_s``) (/metrics)."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
@@ -171,6 +172,9 @@ def scrape(port: int) -> dict[str, float]:
             for suffix in ("_sum", "_count"):
                 if line.startswith(name + suffix + " "):
                     out[name + suffix] = float(line.split()[1])
+        if line.startswith('burnwatch_cpu_seconds_total{stage="'):
+            stage = line.split('"')[1]
+            out[f"cpu_{stage}_s"] = float(line.split()[-1])
     return out
 
 

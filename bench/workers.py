@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.latency import scrape  # noqa: E402
 from bench.run import bench_fleet, cpu_seconds  # noqa: E402
 from detector.alerts import Alert  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
@@ -93,6 +94,7 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
             for w in workers:
                 w.wait_until(lambda h: h["held"] == 0, timeout=120)
             parts = [w.health()["partitions"] for w in workers]  # type: ignore[index]
+            stages = [scrape(w.port) for w in workers]
             codes = [w.stop() for w in workers]
             # Assignments each worker went through (a second join while the first reads: a rebalance).
             assignments = [sum('"state_loaded"' in line for line in w.log_path.read_text(errors="replace").splitlines())
@@ -108,6 +110,7 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
         "workers": n_workers, "event_writer": event_writer, "partitions_each": parts, "events": n_events, "seconds": elapsed,
         "events_per_s": n_events / elapsed, "events_per_worker": per_worker, "publish_s": publish_s, "assignments": assignments,
         "cpu_s_workers": cpu[:-1], "cpu_s_workers_main": cpu_main,
+        "cpu_s_stages": [{k: round(v, 1) for k, v in m.items() if k.startswith("cpu_")} for m in stages],
         "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
         "exit_codes": codes, "stored_rows": counts.rows, "doubled": counts.doubled,
         "alerts_ok": alerts.ok, "alerts": str(alerts), "load_before": load_before, "load_after": load_after,
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{n} worker(s), inserts {mode}: {r['events_per_s']:,.0f} events/s in {r['seconds']:.1f} s "
                       f"(per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
                       f"assignments {r['assignments']}); CPU s: workers {r['cpu_s_workers']} (of which their own process "
-                      f"{r['cpu_s_workers_main']}), store {r['cpu_s_store']} "
+                      f"{r['cpu_s_workers_main']}; by stage {r['cpu_s_stages']}), store {r['cpu_s_store']} "
                       f"({r['events_per_worker_cpu_s']:,.0f} events per worker CPU second); "
                       f"rows ok {r['rows_ok']}, alerts ok {r['alerts_ok']} ({r['alerts']}); "
                       f"load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}", flush=True)  # fmt: skip

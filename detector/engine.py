@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
@@ -43,9 +43,10 @@ from detector.detectors import Detector, Finding, ResourceInfo
 from detector.detectors.base import BatchPhase, Behaviour, Context, intern
 from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
-from detector.floats import dec_hook, enc_hook
+from detector.floats import enc_hook
 from detector.pricing import Pricer
 from detector.rules import RuleSet
+from detector.saved import read_state
 
 __all__ = ["Engine", "KeyState"]
 
@@ -64,6 +65,9 @@ same order (a key's route is this tuple alone: nothing per key but the reference
 
 
 _event = itemgetter(1)
+_time = itemgetter(0)
+_resource_id = attrgetter("resource_id")
+_GPU_ONLY = {GpuMetric}
 
 
 def _by_sample_then_rule(item: tuple[int, int, Any]) -> tuple[int, int]:
@@ -270,6 +274,7 @@ class Engine:
         items = items if isinstance(items, list) else list(items)
         n = len(items)
         i = 0
+        size = 1  # the latest scrape's samples: most hosts' scrapes are alike
         while i < n:
             t, event = items[i]
             etype = type(event)
@@ -277,13 +282,26 @@ class Engine:
             if etype is GpuMetric:
                 key = event.resource_id  # type: ignore[union-attr]
                 run_end = i
+                guess, guessed = i - 1 + size, None
+                if size > 1 and guess <= n:  # as many as the latest scrape? Checked in C, not item by item
+                    chunk = items[i - 1 : guess]
+                    if set(map(_time, chunk)) == {t}:
+                        samples = list(map(_event, chunk))
+                        if set(map(type, samples)) == _GPU_ONLY and set(map(_resource_id, samples)) == {key}:
+                            run_end, guessed = guess, samples
                 while run_end < n:  # the rest of its scrape: same key, same time
                     nt, nxt = items[run_end]
                     if nt != t or type(nxt) is not GpuMetric or nxt.resource_id != key:
                         break
                     run_end += 1
                 # A sample alone is a scrape of one: every GPU sample takes one path, each rule's step_scrape.
-                scrape: list[Any] | None = [event] if run_end == i else list(map(_event, items[i - 1 : run_end]))
+                if run_end == i:
+                    scrape: list[Any] | None = [event]
+                elif run_end == guess and guessed is not None:
+                    scrape = guessed
+                else:
+                    scrape = list(map(_event, items[i - 1 : run_end]))
+                size = run_end - i + 1
                 i = run_end
             else:
                 key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
@@ -683,7 +701,7 @@ class Engine:
                     rules[name] = None  # a lazy rule that had nothing to track (an eager one's nil is refused below)
                     continue
                 try:
-                    rules[name] = msgspec.msgpack.decode(raw, type=type(rule.detector.new_state()), dec_hook=dec_hook)
+                    rules[name] = read_state(raw, type(rule.detector.new_state()))  # or as saved before
                 except msgspec.ValidationError:
                     continue  # the rule's state shape changed with a new version: start it afresh
         info = snap.info

@@ -31,6 +31,10 @@ class Metrics:
         self.alerts = Counter("burnwatch_alerts", "Alert changes", ["type", "change"], registry=r)
         self.insert_seconds = Histogram("burnwatch_clickhouse_insert_seconds", "ClickHouse insert of a batch's events",
                                         buckets=_LATENCY, registry=r)  # fmt: skip
+        self.cpu_seconds = Counter("burnwatch_cpu_seconds", "CPU seconds of the worker's own threads by stage: read "
+                                   "(decoding a batch), detect (aligning, the rules, the alert stages), write (the "
+                                   "writer thread: events, alert changes and state to the store; an insert child's "
+                                   "own CPU is not counted)", ["stage"], registry=r)  # fmt: skip
         self.insert_rows = Histogram("burnwatch_clickhouse_insert_rows", "Rows per ClickHouse insert",
                                      buckets=(10, 100, 1_000, 10_000, 100_000, 1_000_000), registry=r)  # fmt: skip
         self.duplicates_skipped = Counter("burnwatch_duplicate_events_skipped",

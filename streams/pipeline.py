@@ -75,6 +75,8 @@ class Message(msgspec.Struct):
 
 
 _topic_partition = attrgetter("topic", "partition")
+_CPU_READ, _CPU_DETECT, _CPU_WRITE = (METRICS.cpu_seconds.labels(stage) for stage in ("read", "detect", "write"))
+"""Where the worker's own CPU goes per batch (``/metrics``): the threads' CPU time, not the wall's."""
 _LOOKUP_TIMEOUT_S = 30.0
 """How long a look-up in the store (the replay check, the state read) may take before it
 counts as failed (and is retried)."""
@@ -258,10 +260,15 @@ class Pipeline:
                 if not self.ready.is_set():
                     continue  # paused (a revocation) while this batch waited for its turn
                 self._ack = ack
+                cpu = time.thread_time()
                 step = self._read(messages)
+                _CPU_READ.inc(time.thread_time() - cpu)
                 await self._read_ahead(step)
                 replays = self._maybe_replayed(step)
-                self._detect(step, await self._already_held(replays) if replays else set())
+                held = await self._already_held(replays) if replays else set()
+                cpu = time.thread_time()
+                self._detect(step, held)
+                _CPU_DETECT.inc(time.thread_time() - cpu)
                 await self.drain()
                 loop = asyncio.get_running_loop()
                 write = loop.run_in_executor(self._writer, self._write, step)
@@ -681,7 +688,7 @@ class Pipeline:
         the state that reflects them: all before the batch's messages are acknowledged.
         Runs in the writer thread; returns the seconds it took. A store that takes no write
         is retried with backoff until it does or the worker stops (:class:`PipelineStopped`)."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         backoff = 0.5
         version = time.time_ns()
         while True:
@@ -697,6 +704,7 @@ class Pipeline:
                 backoff = min(backoff * 2, self._retry_max_s)
                 continue
             self._store_available()
+            _CPU_WRITE.inc(time.thread_time() - cpu)
             return time.perf_counter() - started
 
     def _write_own(self, write: Callable[[], Any]) -> None:

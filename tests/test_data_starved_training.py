@@ -171,6 +171,7 @@ def test_a_gpu_index_past_63_leaves_the_state_saveable():
     from detector.detectors.data_starved_training import DataStarvedTrainingState
     from detector.floats import dec_hook, enc_hook
     from detector.rules import load_rules
+    from detector.saved import read_state
     from tests.conftest import ROOT
 
     events = job(T0, T0 + 20 * MIN, sawtooth, gpus=80)
@@ -184,8 +185,8 @@ def test_a_gpu_index_past_63_leaves_the_state_saveable():
     assert [f.action for f in found] == ["fire"] and found[0].details["job_gpus"] == 64
     # A state saved before (bits by index, GPUs 1 and 3 seen, 3 worked) reads into places.
     old = msgspec.msgpack.encode({"seen": 0b1010, "worked": 0b1000, "scrape_mask": 0b10, "sums": [0.0, 5.0, 0.0, 9.0]})
-    before = msgspec.msgpack.decode(old, type=DataStarvedTrainingState, dec_hook=dec_hook)
-    assert (before.gpus, before.worked, before.scrape_mask, before.seen) == ((1, 3), 0b10, 0b01, 0)
+    before = read_state(old, DataStarvedTrainingState)
+    assert (before.gpus, before.worked, before.scrape_mask) == ((1, 3), 0b10, 0b01)
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(before, enc_hook=enc_hook), type=DataStarvedTrainingState,
                                   dec_hook=dec_hook) == before  # fmt: skip
 
@@ -251,3 +252,42 @@ def test_mig_and_profiling_only_samples_are_read_by_gr_engine_active():
     fire = findings(events)[0]
     assert fire.action == "fire" and fire.details["job_gpus"] == 8 and fire.details["gpu_count"] == 8
     assert fire.usd_per_hour == pytest.approx(PRICE * 0.683, rel=0.05)  # 8 GPUs of the instance type's 8
+
+
+def test_a_state_saved_in_the_shape_before_restores_mid_episode_and_goes_on_the_same():
+    """The episode's figures and the saturated gauge are parts made when needed now (thirteen fields
+    fewer on a host whose job is fed): a state the code before saved (every figure inline) restores,
+    mid-episode on a saturated host, equal to the state never saved, and both go on to the same
+    findings; what an episode that ended left behind is dropped, and a fed host holds no episode."""
+    import msgspec
+
+    from detector.detectors.data_starved_training import DataStarvedTrainingState
+    from detector.floats import enc_hook
+    from detector.rules import load_rules
+    from detector.saved import read_state
+    from tests.conftest import ROOT
+
+    def shape_before(st: DataStarvedTrainingState) -> dict:
+        new = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook))
+        ep = new.pop("episode", None) or {"since": None, "fired_at": None, "last_report": 0.0}
+        sat = new.pop("saturated", None) or {}
+        return {**new, **ep, **{"sat_until": sat["until"], "gauge": sat["gauge"], "gauge_pct": sat["pct"]}}
+
+    starved = job(T0, T0 + 45 * MIN, lambda rng, i: 30.0, gauges={"cpu_util_pct": 97.0})
+    rest = job(T0 + 45 * MIN, T0 + 2 * HOUR, lambda rng, i: 30.0, gauges={"cpu_util_pct": 97.0})
+    rest += job(T0 + 2 * HOUR, T0 + 3 * HOUR, lambda rng, i: 90.0)
+    engine = Engine(load_rules(ROOT / "rules"))
+    fired = [f for f in engine.process(starved) if f.type == "data_starved_training"]
+    st = engine._keys["host-1"].rule("data-starved-training")
+    assert [f.action for f in fired] == ["fire"] and st.episode is not None and st.saturated is not None
+    restored = read_state(msgspec.msgpack.encode(shape_before(st)), DataStarvedTrainingState)
+    assert restored == st
+    snapshot = msgspec.msgpack.decode(engine.snapshot("host-1"))
+    snapshot["rules"]["data-starved-training"] = shape_before(st)
+    again = Engine(load_rules(ROOT / "rules"), loader={"host-1": msgspec.msgpack.encode(snapshot)}.get)
+    then = [(f.action, f.at, f.waste_usd, f.details) for f in engine.process(rest) if f.type == "data_starved_training"]
+    now = [(f.action, f.at, f.waste_usd, f.details) for f in again.process(rest) if f.type == "data_starved_training"]
+    assert now == then and [a for a, *_ in then][-1] == "resolve" and then[0][3]["host_gauge"] == "cpu_util_pct"
+    assert engine._keys["host-1"].rule("data-starved-training").episode is None
+    ended = {**shape_before(st), "since": None, "fired_at": None}
+    assert read_state(msgspec.msgpack.encode(ended), DataStarvedTrainingState).episode is None

@@ -272,16 +272,20 @@ def test_states_saved_with_empty_containers_before_read_back_as_nothing_yet():
     from detector.detectors.anomaly import AnomalyState
     from detector.detectors.gpu_episode import GpuEpisodeState
     from detector.floats import dec_hook, enc_hook
+    from detector.saved import read_state
 
     old = msgspec.msgpack.encode({"pods": {}, "allocated": {"0": True}, "peak_power_w": {}, "gpus": [0]})
     restored = msgspec.msgpack.decode(old, type=GpuEpisodeState, dec_hook=dec_hook)
     assert not restored.pods and restored.allocated == {"0": True} and not restored.peak_power_w
-    old = msgspec.msgpack.encode({"run": [[300.0, 1.5, 2.0], [600.0, 2.5, 2.0]], "stands_out": [{"feature": "x"}]})
-    restored = msgspec.msgpack.decode(old, type=AnomalyState, dec_hook=dec_hook)
-    assert restored.run == array("d", [300.0, 1.5, 2.0, 600.0, 2.5, 2.0]) and restored.stands_out == [{"feature": "x"}]
-    assert msgspec.msgpack.decode(msgspec.msgpack.encode({"run": []}), type=AnomalyState, dec_hook=dec_hook).run is None
-    with pytest.raises(msgspec.ValidationError, match="triples"):  # a run cut short is refused, not misread
-        msgspec.msgpack.decode(msgspec.msgpack.encode({"run": [300.0, 1.5]}), type=AnomalyState, dec_hook=dec_hook)
+    episode = {"since": 300.0, "fired_at": 600.0, "stands_out": [{"feature": "x"}]}  # an open episode, shape before
+    old = msgspec.msgpack.encode({"run": [[300.0, 1.5, 2.0], [600.0, 2.5, 2.0]], **episode})
+    restored = read_state(old, AnomalyState)
+    assert restored.judged is not None and restored.judged.run == array("d", [300.0, 1.5, 2.0, 600.0, 2.5, 2.0])
+    assert restored.judged.figures is not None and restored.judged.figures.stands_out == [{"feature": "x"}]
+    assert read_state(msgspec.msgpack.encode({"run": [], "last_seq": 3}), AnomalyState).judged.run is None
+    for cut_short in ({"run": [300.0, 1.5]}, {"judged": {"run": [300.0, 1.5]}}):  # either shape: refused, not misread
+        with pytest.raises(msgspec.ValidationError, match="triples"):
+            read_state(msgspec.msgpack.encode(cut_short), AnomalyState)
     for fresh in (GpuEpisodeState(), AnomalyState()):
         again = msgspec.msgpack.encode(fresh, enc_hook=enc_hook)
         assert msgspec.msgpack.decode(again, type=type(fresh), dec_hook=dec_hook) == fresh

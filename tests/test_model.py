@@ -312,7 +312,7 @@ def test_the_dollars_of_an_episode_include_the_windows_that_dipped_inside_it():
     assert _judged([7.0, 0.1, 7.0, 0.1, 0.1], state=st) == ["alert", "normal", "open", "normal", "normal"]
     st = AnomalyState()
     _judged([7.0, 0.1, 7.0, 0.1], state=st)
-    assert st.fired_at is not None and st.usd == 3.0  # $1 a window: the alert, the dip, the return
+    assert st.judged.fired_at is not None and st.judged.figures.usd == 3.0  # $1 a window: the alert, the dip, the return
 
 
 def test_evidence_that_is_not_a_number_is_no_evidence():
@@ -406,6 +406,20 @@ def test_a_run_does_not_build_across_a_silence_longer_than_the_half_life():
     assert sequences == [[0, 1], [2]] and hours == pytest.approx(3 * 300 / 3600)
 
 
+def _window_before(new: dict[str, Any]) -> dict[str, Any]:
+    """A window's saved map (decoded) as the code before 2026-12-02 saved it: storage, requests and
+    metrics inline, the per-GPU latest times an array, the baselines' four figures fields of their own."""
+    extra = new.pop("extra", {})
+    old = {**new, **extra}
+    n, t = old.pop("gpu_n", 0), old.pop("gpu_t", None)
+    if n:
+        old["gpu_last"] = [t] * n
+    b = old.pop("baseline", None)
+    if b is not None:
+        old["weight"], old["windows"], old["first"], old["learnt_at"], old["baseline"] = b[0], int(b[1]), b[2], b[3], b[4:]
+    return old
+
+
 def test_baselines_saved_by_name_before_are_read_back_and_judge_alike():
     """The baselines are now one array (level, variance per feature) for the group's shared tuple of
     names: a window state saved before, with a level and a variance dict by feature name, restores
@@ -413,7 +427,8 @@ def test_baselines_saved_by_name_before_are_read_back_and_judge_alike():
     (both round-trips through the snapshot codec)."""
     import msgspec
 
-    from detector.floats import dec_hook, enc_hook
+    from detector.floats import enc_hook
+    from detector.saved import read_state
 
     builder, st = WindowBuilder(300.0), WindowState()
     events = working(T0, 3.0)
@@ -421,14 +436,14 @@ def test_baselines_saved_by_name_before_are_read_back_and_judge_alike():
     for e in events[:cut]:
         builder.add(st, "h1", "gpu_instance", 0.5 if isinstance(e, UsageEvent) else 0.0, e, e.t)
     assert st.baseline_names == tuple(feature_names("gpu")[:7]) and st.baseline_names is builder.bases("gpu")
-    saved = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook))
-    b = st.baseline
-    saved.pop("baseline"), saved.pop("baseline_names")
+    saved = _window_before(msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook)))
+    b = saved.pop("baseline")
+    saved.pop("baseline_names")
     saved["log_mean"] = {name: b[2 * i] for i, name in enumerate(st.baseline_names)}
     saved["log_var"] = {name: b[2 * i + 1] for i, name in enumerate(st.baseline_names)}
-    old = msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=WindowState, dec_hook=dec_hook)
-    new = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook), type=WindowState, dec_hook=dec_hook)
-    assert old == new == st and old.log_mean is None and old.log_var is None
+    old = read_state(msgspec.msgpack.encode(saved), WindowState)
+    new = read_state(msgspec.msgpack.encode(st, enc_hook=enc_hook), WindowState)
+    assert old == new == st
 
     def rest(state: WindowState) -> list:
         usd = [0.5 if isinstance(e, UsageEvent) else 0.0 for e in events[cut:]]
@@ -512,14 +527,15 @@ def test_a_window_holds_no_gpu_series_on_a_resource_without_gpus_and_restores_wh
                        cost_usd=0.02, egress_bytes=10**9) for k in range(5, 11)]  # fmt: skip
     closed = [w for e in more if (w := builder.add(st, "c1", "cpu_instance", 0.02, e, e.t))]
     again = [w for e in more if (w := builder.add(old, "c1", "cpu_instance", 0.02, e, e.t))]
-    assert closed and closed == again and st.baseline is not None and len(st.baseline) == 4
+    assert closed and closed == again and st.baseline is not None and len(st.baseline) == 4 + 2 * 2  # cost, egress
     assert st.utils is None and st.gpu_last is None  # a window closed leaves no empty series either
 
 
 def test_resources_in_the_same_window_share_its_start_and_end():
     """The windows of a fleet are aligned: every resource whose window starts at the same time
-    holds the same float for it, and so for its end once learnt (24 bytes a key less each), and a
-    resource that moves on later to a start already seen still gets the window's start, not another's."""
+    holds the same float for it (24 bytes a key less; the end of the last window learnt is a double
+    in the baselines' array, no object), and a resource that moves on later to a start already seen
+    still gets the window's start, not another's."""
     builder = WindowBuilder(300.0)
     states = [WindowState() for _ in range(3)]
     for i, st in enumerate(states[:2]):
@@ -533,7 +549,7 @@ def test_resources_in_the_same_window_share_its_start_and_end():
     assert states[2].start == T0 + 300.0 and states[0].start == T0 + 600.0
     for e in minute(T0 + 10 * MIN, 50.0, 200.0, rid="h1"):
         builder.add(states[1], "h1", "gpu_instance", 0.5, e, e.t)
-    assert states[0].learnt_at == T0 + 600.0 and states[0].learnt_at is states[1].learnt_at
+    assert states[0].learnt_at == states[1].learnt_at == T0 + 600.0  # a double in the baselines' array, no object
 
 
 def test_a_worker_running_rules_only_builds_no_windows():
@@ -557,4 +573,145 @@ def test_a_worker_running_rules_only_builds_no_windows():
     assert anomaly_state(None) is None
     windows: list = []
     watched = anomaly_state(Scoring(observe=windows.extend))
-    assert watched is not None and watched.windows is not None and watched.windows.closes == 1 and len(windows) == 1
+    assert watched is not None and watched.closes == 1 and len(windows) == 1 and watched.judged is None
+
+
+def _shape_before(st: Any) -> dict[str, Any]:
+    """An anomaly state as the code before 2026-12-02 saved it: an episode with every figure inline
+    and the window (its storage, requests and metrics inline too) inside it."""
+    import msgspec
+
+    from detector.floats import enc_hook
+
+    new = msgspec.msgpack.decode(msgspec.msgpack.encode(st, enc_hook=enc_hook))
+    judged = new.pop("judged", None) or {"since": None, "fired_at": None, "last_report": 0.0}
+    figures = judged.pop("figures", None) or {}
+    return {**{k: judged.pop(k) for k in ("since", "fired_at", "last_report")}, "windows": _window_before(new),
+            **judged, **figures}  # fmt: skip
+
+
+def test_an_anomaly_state_saved_in_the_shape_before_restores_and_goes_on_the_same():
+    """The rule's state is one struct with its window now (the rare window figures, the judging and
+    the episode's figures each in a part made when needed): a state the code before saved (an episode
+    with the window inside it) restores equal to the state never saved, mid-window with storage,
+    requests and a generic metric, and mid-episode, and both go on to the same windows, decisions and
+    findings; an episode that resolved leaves nothing of its figures behind."""
+    from array import array
+
+    import msgspec
+
+    from detector.detectors import ResourceInfo
+    from detector.detectors.anomaly import AnomalyState
+    from detector.model.features import Window
+    from detector.saved import read_state
+
+    rule = next(r.detector for r in anomaly_ruleset(load_rules(ROOT / "rules")).rules if r.detector.type == "anomaly")
+    builder, st = WindowBuilder(300.0, metrics=("queue_depth",)), AnomalyState()
+
+    def usage(t: float) -> UsageEvent:
+        return UsageEvent(ts=at(t), resource_id="e1", resource_type="inference_endpoint", interval_s=60.0, cost_usd=0.5,
+                          requests=600, storage_bytes=10**9 + int(t - T0), metrics={"queue_depth": 3.0})  # fmt: skip
+
+    for k in range(3):
+        builder.add(st, "e1", "inference_endpoint", 0.5, usage(T0 + k * MIN), T0 + k * MIN)
+    assert _judged([7.0, 0.1, 7.0], state=st) == ["alert", "normal", "open"]
+    assert st.extra is not None and st.judged is not None and st.judged.figures is not None
+    saved = msgspec.msgpack.encode(_shape_before(st))
+    restored = read_state(saved, AnomalyState)
+    assert restored == st
+
+    def go_on(state: AnomalyState) -> list:
+        out: list = [builder.add(state, "e1", "inference_endpoint", 0.5, usage(T0 + k * MIN), T0 + k * MIN)
+                     for k in range(3, 12)]  # fmt: skip
+        for i, e in enumerate((0.1, 0.1, 7.0), start=3):
+            w = Window(resource_id="r", group="cpu", start=T0 + i * 300, end=T0 + (i + 1) * 300, values={}, usual={},
+                       cost_usd=1.0, history=100 + i, seq=i + 1, names=("x",))  # fmt: skip
+            out.append(rule._judge(state, ResourceInfo(resource_id="r"), w, e, e, _Calibrated()))
+        return out
+
+    assert go_on(restored) == go_on(st) and restored == st
+    assert [d for d, _, _ in go_on(AnomalyState())[-3:]] == ["normal", "normal", "alert"]
+    resolved = read_state(msgspec.msgpack.encode({**_shape_before(st), "fired_at": None, "since": None}), AnomalyState)
+    assert resolved.judged is not None and resolved.judged.figures is None and resolved.judged.run == st.judged.run
+    never = read_state(msgspec.msgpack.encode(_shape_before(AnomalyState(start=T0))), AnomalyState)
+    assert never == AnomalyState(start=T0) and never.judged is None
+    host = AnomalyState()  # a GPU host with baselines learnt, its GPUs' latest times as gpu_t / gpu_n
+    def fold(state: AnomalyState, events: list) -> list:
+        scrape: list = []  # GPUs 0..7 in order, as a host's exporter sends them
+        out = []
+        for e in events:
+            if isinstance(e, UsageEvent):
+                out.append(builder.add(state, "h1", "gpu_instance", 0.5, e, e.t))
+            else:
+                scrape.append(e)
+                if e.gpu_index == 7:
+                    out.append(builder.add_scrape(state, "h1", "gpu_instance", scrape, True, e.t))
+                    scrape = []
+        return [w for w in out if w is not None]
+
+    fold(host, working(T0, 0.6))
+    assert host.windows >= 6 and host.first == T0 and host.gpu_n == 8 and host.gpu_last is None
+    back = read_state(msgspec.msgpack.encode(_shape_before(host)), AnomalyState)  # the array the code before kept
+    assert back.gpu_last == array("d", [host.gpu_t] * 8)
+    assert msgspec.structs.replace(back, gpu_last=None, gpu_t=host.gpu_t, gpu_n=8) == host
+
+    more = working(T0 + 0.6 * HOUR, 0.2)
+    assert fold(back, more) == fold(host, more) and back == host  # the array goes at the next window
+
+
+def test_a_window_takes_exactly_the_samples_a_per_gpu_array_would_and_holds_none_for_the_usual_host():
+    """A window keeps its GPUs' latest sample times as ``gpu_t`` and ``gpu_n`` (GPUs 0 .. n-1 at one time)
+    on a host whose scrapes name its GPUs in order, and starts them afresh each window, instead of a
+    per-GPU array kept for ever: over random scrapes (in order, shuffled, partial, repeated, late, across
+    windows) and single samples, it takes after every event exactly the samples the array did (the
+    samples of the window, in order), and an 8-GPU host's usual scrapes make no array."""
+    from detector.events import GpuMetric
+    from detector.floats import as_floats, newer, per_gpu
+
+    def sample(i: int, t: float, util: float) -> GpuMetric:
+        return GpuMetric(ts=at(t), resource_id="h", gpu_index=i, util_pct=util, power_w=100.0 + util,
+                         mem_used_mib=1000, mem_total_mib=4000)  # fmt: skip
+
+    rng, arrays = random.Random(16), 0
+    for _ in range(400):
+        builder, st = WindowBuilder(300.0), WindowState()
+        times, start, taken, k = per_gpu(), None, [], 0  # the array as it was: never started afresh
+        cursor = T0 + rng.choice((0, 240, 270))
+        for _ in range(rng.randint(1, 30)):
+            cursor += rng.choice((0, 30, 30, 30, 60, -30, -300))
+            t, m = cursor, rng.choice((1, 2, 4, 8))
+            gpus = list(range(m))
+            shape = rng.random()
+            if shape < 0.2:
+                rng.shuffle(gpus)
+            elif shape < 0.3:
+                gpus = gpus[: rng.randint(1, m)] if rng.random() < 0.5 else gpus[rng.randint(0, m - 1):]
+            events = []
+            for i in gpus:
+                k += 1
+                events.append(sample(i, t, float(k % 256)))
+            if rng.random() < 0.25:
+                for event in events:
+                    builder.add(st, "h", "gpu_instance", 0.0, event, t)
+            else:
+                builder.add_scrape(st, "h", "gpu_instance", events, gpus == list(range(len(gpus))), t)
+            for event in events:
+                w = t - t % 300.0
+                if start is None or w > start:
+                    start, taken = w, []
+                elif w < start:
+                    continue
+                if newer(times, event.gpu_index, t):
+                    taken.append(event.util_pct)
+            assert (as_floats(st.utils) if st.utils is not None else []) == taken
+            assert st.gpu_samples == len(taken)
+        arrays += st.gpu_last is not None
+    assert 0 < arrays < 400  # both ways were taken
+    builder, st = WindowBuilder(300.0), WindowState()
+    for e in working(T0, 0.5):
+        if isinstance(e, GpuMetric):
+            builder.add_scrape(st, "h1", "gpu_instance", [e], e.gpu_index == 0, e.t)
+    for t in (T0 + 1800.0, T0 + 1830.0, T0 + 1830.0):
+        scrape = [sample(i, t, 50.0) for i in range(8)]
+        builder.add_scrape(st, "h1", "gpu_instance", scrape, True, t)
+    assert st.gpu_last is None and (st.gpu_t, st.gpu_n, st.gpu_samples) == (T0 + 1830.0, 8, 16)

@@ -11,6 +11,7 @@ import pytest
 from detector.alerts import AlertManager
 from detector.delivery import Outbox
 from detector.engine import Engine
+from detector.metrics import METRICS
 from streams.parts import remembering_manager
 from streams.pipeline import Message, Pipeline
 from tests.helpers import MIN, T0, at
@@ -25,6 +26,10 @@ def usage_message(offset: int, t: float, host: str = "h1") -> Message:
     value = {"ts": at(t).isoformat(), "resource_id": host, "resource_type": "gpu_instance", "cost_usd": 0.5,
              "interval_s": 60, "tags": {"team": "nlp", "project": "llm"}}  # fmt: skip
     return Message("resource-usage", 0, offset, host.encode(), json.dumps(value).encode())
+
+
+def cpu_seconds(stage: str) -> float:
+    return METRICS.registry.get_sample_value("burnwatch_cpu_seconds_total", {"stage": stage}) or 0.0
 
 
 def assert_in_offset_order(acked: list[tuple[str, int]]) -> None:
@@ -72,7 +77,9 @@ def test_acks_follow_detection_and_everything_is_stored(store, ruleset):
         await pipeline.drain()
         return held_after_first, acked_after_first
 
+    cpu_before = {stage: cpu_seconds(stage) for stage in ("read", "detect", "write")}
     held_after_first, acked_after_first = asyncio.run(run())
+    assert all(cpu_seconds(stage) > before for stage, before in cpu_before.items())  # /metrics says where CPU went
     assert held_after_first > 0
     assert ("resource-usage", 3) not in acked_after_first  # T0+90m: beyond what gpu had shown
     # The dead letter (offset 10) waits for the held message before it (offset 9): Faust commits

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import random
+from itertools import groupby
+
 import msgspec
 import pytest
 
+from detector import engine as engine_module
 from detector.detectors.activity import busy, resident
 from detector.detectors.base import Context, ResourceInfo
 from detector.detectors.scrape import FIRST, Scrape
-from detector.events import GpuMetric
+from detector.engine import Engine
+from detector.events import GpuMetric, UsageEvent
 from detector.floats import enc_hook
 from detector.rules import load_rules
 from tests.conftest import ROOT
-from tests.helpers import T0, at
+from tests.helpers import T0, at, usage
 
 GPUS = 8
 
@@ -86,3 +91,154 @@ def test_the_usual_scrape_keeps_what_the_sample_by_sample_way_keeps(rule_type):
     assert msgspec.msgpack.encode(usual, enc_hook=enc_hook) == msgspec.msgpack.encode(shuffled, enc_hook=enc_hook)
     if rule_type != "telemetry_stale":  # (a host that always reports never fires it)
         assert found_usual, "the sequence should make findings of this rule"
+
+
+PODS = [
+    {"namespace": "nlp", "pod": "llm-train-0cv5-zf6zj", "container": "trainer", "workload": "Job/llm-train-0cv5",
+     "tags": {"team": "nlp", "owner": "chen", "project": "llm", "pod-template-hash": "x1"}},
+    {"namespace": "research", "pod": "nb-ana-0", "container": "notebook", "workload": "StatefulSet/nb-ana",
+     "tags": {"team": "research", "notebook-name": "nb-ana"}},
+    {"namespace": "serving", "pod": "api-7f9c-k2x", "container": "server", "workload": "Deployment/api",
+     "tags": {"app": "api"}},
+    {"namespace": "serving", "pod": "api-7f9c-k2x", "container": "server", "workload": "Deployment/api",
+     "tags": {"app": "api", "team": "infra"}},  # the same pod, relabelled
+]  # fmt: skip
+"""Pods that hold GPUs, as dcgm-exporter's Kubernetes mode and the bridge label the samples."""
+
+
+def kubernetes_host(seed: int) -> list[tuple[str, float, list[GpuMetric]]]:
+    """A random Kubernetes node, MIG or not: ``("scrape", t, samples)`` and ``("stop" | "start", t, [])``.
+    Its GPUs' holders mostly stay as they were (the usual scrape), and flap: a unit taken by another pod,
+    released, unknown for a scrape, the same pod across every GPU, a pod relabelled. Phases make
+    every GPU rule move (all idle, all hung, some idle, all busy); besides, scrapes with a GPU missing,
+    a unit twice (another holder first), in another order, read again or late, silences of 6 and
+    70 minutes, stops."""
+    rng = random.Random(seed)
+    gpus = rng.choice([1, 2, 4, 8])
+    mig = rng.random() < 0.4
+    units = [(g, str(m) if mig and split else "") for g in range(gpus)
+             for split in [rng.random() < 0.7] for m in range(1, (rng.randint(2, 3) if mig and split else 1) + 1)]  # fmt: skip
+
+    def anyone() -> dict:
+        r = rng.random()
+        if r < 0.6:
+            return {**rng.choice(PODS), "allocated": True}
+        if r < 0.8:
+            return {"allocated": False}
+        return {"allocated": None} if r < 0.9 else {**rng.choice(PODS), "allocated": None}
+
+    holders = {u: anyone() for u in units}
+    activity = {u: "idle" for u in units}
+    out: list[tuple[str, float, list[GpuMetric]]] = []
+    t, stopped, phase = T0, False, "mixed"
+    for step in range(400):
+        t += 30
+        r = rng.random()
+        if r < 0.01:
+            t += 360 if rng.random() < 0.7 else 4200
+        if step % 80 == 0:
+            phase = rng.choice(["mixed", "idle", "hung", "busy", "mixed", "mixed"])
+        if phase != "mixed":
+            activity = dict.fromkeys(units, phase)
+        elif rng.random() < 0.2:
+            activity[rng.choice(units)] = rng.choice(["idle", "busy", "idle"])
+        r = rng.random()
+        if r < 0.06:
+            holders[rng.choice(units)] = anyone()
+        elif r < 0.065:
+            holders = dict.fromkeys(units, {**rng.choice(PODS), "allocated": True})  # one pod across the node
+        elif r < 0.09:
+            unknown = rng.choice(units)
+            samples_holders = {**holders, unknown: {k: v for k, v in holders[unknown].items() if k != "allocated"}}
+        if not (0.065 <= r < 0.09):
+            samples_holders = holders
+        if rng.random() < 0.02:
+            stopped = not stopped
+            out.append(("stop" if stopped else "start", t, []))
+        samples = []
+        for g, instance in units:
+            state = activity[(g, instance)]
+            util = {"idle": 1.0, "busy": 95.0, "hung": 100.0}[state]
+            fields = {"mig_instance": instance, "mig_profile": "2g.20gb", "gr_engine_active": util / 100} if instance else {}
+            samples.append(GpuMetric(ts=at(t), resource_id="host-1", model="A100", gpu_index=g,
+                                     util_pct=0.0 if instance else util, power_w=300.0 if state == "busy" else 60.0,
+                                     dram_active=0.3 if state == "busy" else 0.0, **fields,
+                                     **samples_holders[(g, instance)]))  # fmt: skip
+        r = rng.random()
+        if r < 0.03:
+            del samples[rng.randrange(len(samples))]
+        elif r < 0.06:
+            twice = rng.randrange(len(samples))
+            samples.insert(twice, msgspec.structs.replace(samples[twice], **{**anyone(), "util_pct": 97.0}))
+        elif r < 0.08:
+            rng.shuffle(samples)
+        out.append(("scrape", t, samples))
+        r = rng.random()
+        if r < 0.03:
+            out.append(("scrape", t, samples))  # read again
+        elif r < 0.05 and len(out) > 4:
+            out.append(out[-4])  # late
+    return out
+
+
+@pytest.mark.parametrize("rule_type", ["idle_gpu", "stuck_gpu", "partly_idle_gpu", "unallocated_gpu"])
+def test_the_usual_kubernetes_scrape_keeps_what_the_sample_by_sample_way_keeps(rule_type, monkeypatch):
+    """Random Kubernetes nodes (MIG or not, holders flapping) through a rule as it is, and through the
+    same rule kept from its short way (its ``_usual`` says no to every scrape): at every scrape
+    the same findings, credited to the same samples, and the same state."""
+    fast, slow = (next(r.detector for r in load_rules(ROOT / "rules").rules if r.detector.type == rule_type)
+                  for _ in range(2))  # fmt: skip
+    usual = fast._usual
+    taken: list[bool] = []
+    monkeypatch.setattr(fast, "_usual", lambda st, scrape: taken.append(usual(st, scrape)) or taken[-1], raising=False)
+    monkeypatch.setattr(slow, "_usual", lambda st, scrape: False, raising=False)
+    info = {"resource_id": "host-1", "resource_type": "gpu_instance", "usd_per_hour": 32.0, "gpus": 8}
+    running = Context(ResourceInfo(state="running", **info))
+    stopped = Context(ResourceInfo(state="stopped", **info))
+    findings = 0
+    for seed in range(24):
+        states = fast.new_state(), slow.new_state()
+        ctx = running
+        for kind, t, samples in kubernetes_host(seed):
+            if kind != "scrape":
+                ctx = stopped if kind == "stop" else running
+                usage = UsageEvent(ts=at(t), resource_id="host-1", resource_type="gpu_instance", state=ctx.resource.state)
+                assert fast.step(states[0], ctx, usage, t) == slow.step(states[1], ctx, usage, t)
+                continue
+            got = [d.step_scrape(st, ctx, Scrape(samples), t) for d, st in zip((fast, slow), states, strict=True)]
+            assert got[0] == got[1], (seed, t)
+            assert msgspec.msgpack.encode(states[0], enc_hook=enc_hook) == msgspec.msgpack.encode(states[1], enc_hook=enc_hook)
+            findings += len(got[0])
+    assert findings, "the nodes should make findings of this rule"
+    assert sum(taken) > len(taken) / 4, "the short way should be taken often (not MIG in gpu_share)"
+
+
+def test_the_engine_folds_each_run_of_one_hosts_samples_at_one_time_as_one_scrape(monkeypatch):
+    """The engine finds a scrape's samples by guessing the latest scrape's size and checking the guess;
+    whatever the sizes before (larger, smaller, a host's samples split by another's or by a usage
+    event at the same time), each run of one host's samples at one time is one scrape, as a scan
+    item by item finds it."""
+    seen: list[list[GpuMetric]] = []
+
+    class Spy(Scrape):
+        def __init__(self, samples: list[GpuMetric]) -> None:
+            seen.append(list(samples))
+            super().__init__(samples)
+
+    monkeypatch.setattr(engine_module, "Scrape", Spy)
+    rng = random.Random(7)
+    items: list[tuple[float, object]] = []
+    for step in range(300):
+        t = T0 + 30 * (step // 6)
+        host = rng.choice(["a", "b", "c"])
+        if rng.random() < 0.1:
+            items.append((t, usage(t, rid=host)))
+            continue
+        for g in range(rng.choice([1, 2, 3, 8, 8, 8])):
+            items.append((t, msgspec.structs.replace(sample(t, g, 50.0), resource_id=host)))
+    expected = [[ev for _, ev in run] for (_, kind, _), run in
+                ((k, list(g)) for k, g in groupby(items, key=lambda item: (item[0], type(item[1]), item[1].resource_id)))
+                if kind is GpuMetric]  # fmt: skip
+    Engine(load_rules(ROOT / "rules")).process_timed(items)
+    assert seen == expected
+    assert {len(run) for run in seen} >= {1, 2, 8, 16}  # (two runs of one host back to back are one)

@@ -56,18 +56,18 @@ from pydantic import Field, StringConstraints
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, end, fire
-from detector.detectors.scrape import Scrape
+from detector.detectors.scrape import FIRST, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray
 from detector.metrics import METRICS
-from detector.model.features import BASE_FEATURES, METRIC_PREFIX, Window, WindowBuilder, WindowState, follows
+from detector.model.features import BASE_FEATURES, METRIC_PREFIX, Window, WindowBuilder, WindowState, WindowStateBefore, follows
 from detector.units import Duration
 
 if TYPE_CHECKING:
     from detector.rules import CompiledRule
 
-__all__ = ["Anomaly", "AnomalyParams", "AnomalyState", "ClosedWindow", "GroupModel", "ScoredWindow", "Scorer",
-           "Scoring", "scoring_during", "use_scoring"]
+__all__ = ["Anomaly", "AnomalyFigures", "AnomalyParams", "AnomalyState", "AnomalyStateBefore", "ClosedWindow",
+           "GroupModel", "Judged", "ScoredWindow", "Scorer", "Scoring", "scoring_during", "use_scoring"]
 
 
 class GroupModel(Protocol):
@@ -193,29 +193,37 @@ class AnomalyParams(Params):
         return max(1, round(self.for_ / self.window))
 
 
-class AnomalyState(Episode, kw_only=True):
-    windows: WindowState | None = None
-    """The open window and baselines; None until the rule builds windows (with no model, as a
-    worker running rules only, it never does: no 230 bytes on every resource for nothing)."""
-    run: FloatArray | None = None
-    """The last judged windows in a row (up to ``persist``): (start, evidence, dollars) of each,
-    flat in one array of doubles, 24 bytes a window (a tuple of three floats was ~110: ~600 bytes
-    on every resource a model judges); None: none. Saved as a flat list; a list of triples
-    (saved before) is read flat (:func:`detector.floats.dec_hook`)."""
-    last_seq: int = 0
+class AnomalyFigures(msgspec.Struct, kw_only=True, gc=False, forbid_unknown_fields=True):
+    """An open episode's figures: made when it fires, gone when it resolves (nine fields fewer on
+    every resource outside an episode)."""
+
     usd: float = 0.0
     score: float = 0.0
     threshold: float = 0.0
     stands_out: list[dict[str, Any]] | None = None
-    """The features furthest from usual in the open episode (None: no episode yet)."""
+    """The features furthest from usual in the episode."""
     quiet: int = 0
     evidence: float = 0.0
     """The run's evidence when it opened (``L * min`` over its ``windows_run`` windows)."""
     budget: float = 0.0
     windows_run: int = 0
     quiet_usd: float = 0.0
-    """Dollars of the open episode's windows since its last unusual one: its own if it goes on."""
+    """Dollars of the episode's windows since its last unusual one: its own if it goes on."""
+
+
+class Judged(Episode, kw_only=True, forbid_unknown_fields=True):
+    """How a model judged the resource's windows: the run of evidence and the episode. Made at the
+    first judged window; a worker that builds windows without judging them (training) holds none."""
+
+    run: FloatArray | None = None
+    """The last judged windows in a row (up to ``persist``): (start, evidence, dollars) of each,
+    flat in one array of doubles, 24 bytes a window (a tuple of three floats was ~110: ~600 bytes
+    on every resource a model judges); None: none. Saved as a flat list; a list of triples
+    (saved before) is read flat (:func:`detector.floats.dec_hook`)."""
+    last_seq: int = 0
     last_end: float = 0.0
+    figures: AnomalyFigures | None = None
+    """The open episode's figures; None outside an episode."""
 
     def __post_init__(self) -> None:
         if self.run is not None:
@@ -223,10 +231,68 @@ class AnomalyState(Episode, kw_only=True):
                 raise ValueError("an anomaly run holds (start, evidence, dollars) triples")
             if not self.run:
                 self.run = None  # saved before as an empty list
+        if (self.fired_at is None) != (self.figures is None):
+            raise ValueError("an anomaly episode has figures while open, and only then")
 
     def clear(self) -> None:
         super().clear()
-        self.usd, self.quiet, self.quiet_usd, self.stands_out = 0.0, 0, 0.0, None
+        self.figures = None
+
+
+class AnomalyState(WindowState, kw_only=True, forbid_unknown_fields=True):
+    """The resource's open window and baselines (the builder's :class:`WindowState`, one struct
+    with this rule's state: no second object and pointer on every key), and how its windows
+    were judged. Made at the first event the rule builds windows for (a worker without a model
+    holds none: the rule is lazy). A state saved in the shape before (an episode with the window
+    inside it: :class:`AnomalyStateBefore`) is read through that class."""
+
+    judged: Judged | None = None
+    """None until a model judges a window of the resource."""
+    saved_before: ClassVar[type[AnomalyStateBefore]]  # type: ignore[assignment]  # the rule's own shape before
+
+
+class AnomalyStateBefore(Episode, kw_only=True, forbid_unknown_fields=True):
+    """The rule's state as snapshots saved it until 2026-12-02: an episode with every figure inline
+    and the window inside it. Read only to be made an :class:`AnomalyState` (:meth:`upgrade`)."""
+
+    windows: WindowStateBefore | None = None
+    run: FloatArray | None = None
+    last_seq: int = 0
+    usd: float = 0.0
+    score: float = 0.0
+    threshold: float = 0.0
+    stands_out: list[dict[str, Any]] | None = None
+    quiet: int = 0
+    evidence: float = 0.0
+    budget: float = 0.0
+    windows_run: int = 0
+    quiet_usd: float = 0.0
+    last_end: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.run is not None and not self.run:
+            self.run = None  # saved before as an empty list
+
+    def upgrade(self) -> AnomalyState:
+        """The same window, baselines, run and episode in the shape held now. Figures of an episode
+        that resolved (the old shape kept some) are dropped: a next episode sets them all at its fire."""
+        window = self.windows.upgrade() if self.windows is not None else WindowState()
+        judged = None
+        judged_before = self.since is not None or self.fired_at is not None or self.run is not None
+        if judged_before or self.last_report != 0.0 or self.last_seq != 0 or self.last_end != 0.0:
+            figures = None
+            if self.fired_at is not None:
+                figures = AnomalyFigures(usd=self.usd, score=self.score, threshold=self.threshold,
+                                         stands_out=self.stands_out, quiet=self.quiet, evidence=self.evidence,
+                                         budget=self.budget, windows_run=self.windows_run,
+                                         quiet_usd=self.quiet_usd)  # fmt: skip
+            judged = Judged(since=self.since, fired_at=self.fired_at, last_report=self.last_report,
+                            run=self.run, last_seq=self.last_seq,
+                            last_end=self.last_end, figures=figures)  # fmt: skip
+        return AnomalyState(**msgspec.structs.asdict(window), judged=judged)
+
+
+AnomalyState.saved_before = AnomalyStateBefore
 
 
 class Anomaly(DetectorBase):
@@ -278,27 +344,30 @@ class Anomaly(DetectorBase):
         if type(event) is UsageEvent:
             others = ctx.others()
             covered, paused = others is not Behaviour.NONE, others is Behaviour.PAUSE
-        windows = state.windows
-        if windows is None:
-            windows = state.windows = WindowState()
-        window = self._builder.add(windows, resource.resource_id, resource.resource_type, resource.interval_usd,
+        window = self._builder.add(state, resource.resource_id, resource.resource_type, resource.interval_usd,
                                    event, t, covered, paused)  # fmt: skip
-        if window is None:
-            return []
-        if window.history_s < self.params.min_history:
-            window = window.against_fleet()  # too little history of its own: judged by its levels alone
-        ctx.defer(self, ClosedWindow(self, state, msgspec.structs.replace(resource), window))
+        if window is not None:
+            self._defer(state, ctx, window)
         return []
 
     def step_scrape(self, state: AnomalyState, ctx: Context, scrape: Scrape,
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip
-        """:meth:`step` for each sample of a scrape, in one call (none without a model: rules only)."""
+        """:meth:`step` for each sample of a scrape, in one call (none without a model: rules only).
+        Like a step, it finds nothing itself: a window the scrape closes is judged in the batch phase."""
         if not self.scoring.active:
             return []
-        out: list[tuple[int, Finding]] = []
-        for i, event in enumerate(scrape.samples):
-            out.extend((i, f) for f in self.step(state, ctx, event, t))
-        return out
+        resource, gpus = ctx.resource, scrape.gpus
+        in_order = len(gpus) < len(FIRST) and gpus is FIRST[len(gpus)]
+        window = self._builder.add_scrape(state, resource.resource_id, resource.resource_type, scrape.samples,
+                                          in_order, t)  # fmt: skip
+        if window is not None:
+            self._defer(state, ctx, window)
+        return []
+
+    def _defer(self, state: AnomalyState, ctx: Context, window: Window) -> None:
+        if window.history_s < self.params.min_history:
+            window = window.against_fleet()  # too little history of its own: judged by its levels alone
+        ctx.defer(self, ClosedWindow(self, state, msgspec.structs.replace(ctx.resource), window))
 
     def end_batch(self, items: list[ClosedWindow]) -> list[Finding]:
         """Score a batch's closed windows, one call per model group, and turn them into findings
@@ -342,9 +411,12 @@ class Anomaly(DetectorBase):
             scoring.record(recorded)
         return found
 
-    def _judge(self, st: AnomalyState, res: ResourceInfo, w: Window, score: float, e: float,
+    def _judge(self, state: AnomalyState, res: ResourceInfo, w: Window, score: float, e: float,
                model: GroupModel) -> tuple[str, float, list[Finding]]:  # fmt: skip
         """Fold one window's evidence into the resource's run and say what it decided."""
+        st = state.judged
+        if st is None:
+            st = state.judged = Judged()
         if w.end <= st.last_end:
             return "late", 0.0, []
         persist, budget = max(1, min(model.persist, MAX_PERSIST)), model.budget
@@ -363,44 +435,55 @@ class Anomaly(DetectorBase):
             least = min(least, evidence)
             if n * least > run:
                 run, length = n * least, n
-        if st.fired_at is None:
+        fig = st.figures
+        if fig is None:
             if run < budget:
                 return ("unusual" if e >= budget / persist else "normal"), run, []
             first = len(windows) - 3 * length  # the opening run's first window
-            st.score, st.threshold, st.stands_out = score, model.threshold, stands_out(w)
-            st.evidence, st.budget, st.windows_run = run, budget, length
+            fig = AnomalyFigures(score=score, threshold=model.threshold, stands_out=stands_out(w), evidence=run,
+                                 budget=budget, windows_run=length)  # fmt: skip
             action = fire(st, since=windows[first], fired_at=w.end, at=w.end)
-            st.usd = sum(windows[first + 2 :: 3])
-            return "alert", run, [self._finding(action, st, res, w)]
+            st.figures = fig
+            fig.usd = sum(windows[first + 2 :: 3])
+            return "alert", run, [self._finding(action, st, fig, res, w)]
         if run >= budget:  # open while the latest windows would still open it
-            st.quiet = 0
-            st.usd += st.quiet_usd + w.cost_usd  # windows that dipped inside the episode are part of it
-            st.quiet_usd = 0.0
+            fig.quiet = 0
+            fig.usd += fig.quiet_usd + w.cost_usd  # windows that dipped inside the episode are part of it
+            fig.quiet_usd = 0.0
             st.last_report = w.end  # every anomalous window of an open episode reports it
-            if score > st.score:
-                st.score, st.stands_out = score, stands_out(w)
-            return "open", run, [self._finding("update", st, res, w)]
-        st.quiet += 1
-        st.quiet_usd += w.cost_usd
-        if st.quiet < self.params.quiet_windows:
+            if score > fig.score:
+                fig.score, fig.stands_out = score, stands_out(w)
+            return "open", run, [self._finding("update", st, fig, res, w)]
+        fig.quiet += 1
+        fig.quiet_usd += w.cost_usd
+        if fig.quiet < self.params.quiet_windows:
             return "normal", run, []
         st.run = None  # the next episode needs a run of its own
-        return "normal", run, end(st, lambda: self._finding("resolve", st, res, w, reason="back_to_normal"))
+        return "normal", run, end(st, lambda: self._finding("resolve", st, fig, res, w, reason="back_to_normal"))
 
     def open_episode(self, state: AnomalyState, resource: ResourceInfo) -> Finding | None:
-        if state.fired_at is None:
+        st = state.judged
+        if st is None or st.fired_at is None or st.figures is None:
             return None
-        return make_finding(self, "update", resource, episode_start=state.since or 0.0, fired_at=state.fired_at,
-                            at=state.last_end, usd=state.usd, details=self._details(state))  # fmt: skip
+        return make_finding(self, "update", resource, episode_start=st.since or 0.0, fired_at=st.fired_at,
+                            at=st.last_end, usd=st.figures.usd, details=self._details(st.figures))  # fmt: skip
 
-    def _details(self, st: AnomalyState, **extra: object) -> dict[str, Any]:
-        return {"score": round(st.score, 4), "threshold": round(st.threshold, 4), "evidence": round(st.evidence, 3),
-                "budget": round(st.budget, 3), "windows": st.windows_run, "stands_out": st.stands_out or [], **extra}
+    def _details(self, fig: AnomalyFigures, **extra: object) -> dict[str, Any]:
+        return {
+            "score": round(fig.score, 4),
+            "threshold": round(fig.threshold, 4),
+            "evidence": round(fig.evidence, 3),
+            "budget": round(fig.budget, 3),
+            "windows": fig.windows_run,
+            "stands_out": fig.stands_out or [],
+            **extra,
+        }
 
-    def _finding(self, action: str, st: AnomalyState, res: ResourceInfo, w: Window, **extra: object) -> Finding:
+    def _finding(self, action: str, st: Judged, fig: AnomalyFigures, res: ResourceInfo, w: Window,
+                 **extra: object) -> Finding:  # fmt: skip
         assert st.since is not None and st.fired_at is not None
-        details = self._details(st, window_start=w.start, window_end=w.end, model_group=w.group, **extra)
-        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=w.end, usd=st.usd,
+        details = self._details(fig, window_start=w.start, window_end=w.end, model_group=w.group, **extra)
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=w.end, usd=fig.usd,
                             details=details, usd_per_hour=w.values.get("cost_usd_per_hour", 0.0))  # fmt: skip
 
 

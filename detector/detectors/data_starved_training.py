@@ -61,6 +61,7 @@ import builtins
 import math
 from typing import Any, ClassVar
 
+import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding, shared
@@ -71,7 +72,8 @@ from detector.floats import FloatArray, grow, per_gpu, shared_whole
 from detector.pricing import usd_over
 from detector.units import Duration, Percent
 
-__all__ = ["DataStarvedTraining", "DataStarvedTrainingParams", "DataStarvedTrainingState", "HOST_GAUGES"]
+__all__ = ["DataStarvedTraining", "DataStarvedTrainingParams", "DataStarvedTrainingState", "DataStarvedTrainingStateBefore",
+           "HOST_GAUGES", "SaturatedGauge", "StarvedEpisode"]
 
 HOST_GAUGES = ("cpu_util_pct", "disk_busy_pct", "network_util_pct")
 """The ``UsageEvent.metrics`` names read, in percent (see the module docstring for their source)."""
@@ -109,8 +111,38 @@ class DataStarvedTrainingParams(Params):
     update_every: Duration = Field(default=900.0, gt=0)
 
 
-class DataStarvedTrainingState(Episode, kw_only=True):
-    """One window being gathered, the current scrape, and the episode's figures."""
+class StarvedEpisode(Episode, kw_only=True, forbid_unknown_fields=True):
+    """An episode's figures, from the first starved window that counts to the resolve: none on a host
+    whose job is fed (thirteen fields fewer on every GPU host outside an episode)."""
+
+    evidence: str = ""
+    covered_until: float = 0.0
+    waste_usd: float = 0.0
+    unpriced_s: float = 0.0
+    """Unused GPU-share seconds seen before the host's price was known."""
+    share_unused: float = 0.0
+    """The latest starved window's unused share of the host (the rate of waste)."""
+    job_gpus: int = 0
+    used_s: float = 0.0
+    seen_s: float = 0.0
+    fed: int = 0
+    """Fed windows in a row inside the episode, the first starting at ``fed_at``."""
+    fed_at: float = 0.0
+
+
+class SaturatedGauge(msgspec.Struct, kw_only=True, gc=False, forbid_unknown_fields=True):
+    """The latest host gauge (CPU, disk, network) seen saturated: none on most hosts."""
+
+    until: float = -math.inf
+    """End of the latest usage interval whose host gauges were saturated."""
+    gauge: str = ""
+    pct: float = 0.0
+
+
+class DataStarvedTrainingState(msgspec.Struct, kw_only=True, gc=False, forbid_unknown_fields=True):
+    """One window being gathered, the current scrape, and the episode (None outside one). A state
+    saved in the shape before (the episode's figures inline: :class:`DataStarvedTrainingStateBefore`)
+    is read through that class."""
 
     win: float = -math.inf
     """Start of the window being gathered (a multiple of ``window``)."""
@@ -136,27 +168,52 @@ class DataStarvedTrainingState(Episode, kw_only=True):
     """The GPU indexes seen on the host, in the order first seen, at most :data:`MAX_GPUS` (their
     number is the host's GPU count when the price list has none): a GPU's place, its bit in the
     masks. One tuple for every host alike (:func:`~detector.detectors.base.shared`)."""
+    model: str = ""
+    saturated: SaturatedGauge | None = None
+    episode: StarvedEpisode | None = None
+    """The episode, from its first starved window that counts; None outside one."""
+    saved_before: ClassVar[builtins.type[DataStarvedTrainingStateBefore]]
+
+    def __post_init__(self) -> None:
+        if self.gpus:
+            if len(self.gpus) > MAX_GPUS or len(set(self.gpus)) != len(self.gpus) or not all(0 <= i <= 255 for i in self.gpus):
+                raise ValueError(f"a window's GPUs are at most {MAX_GPUS} distinct indexes 0..255")
+            self.gpus = _gpus(self.gpus)
+        if self.episode is not None and self.episode.since is None:
+            raise ValueError("an episode starts with its first starved window")
+
+
+class DataStarvedTrainingStateBefore(Episode, kw_only=True, forbid_unknown_fields=True):
+    """The state as snapshots saved it until 2026-12-02 (the episode's figures and the saturated gauge
+    inline; before that, GPUs as bits by index in ``seen``): read only to be made a
+    :class:`DataStarvedTrainingState` (:meth:`upgrade`)."""
+
+    win: float = -math.inf
+    first_t: float = 0.0
+    follows: bool = False
+    scrapes: int = 0
+    edges: int = 0
+    phase: int = 0
+    sums: FloatArray | None = None
+    worked: int = 0
+    scrape_t: float = -math.inf
+    scrape_max: float = 0.0
+    scrape_mask: int = 0
+    gpus: tuple[int, ...] = ()
     seen: int = 0
-    """Bit mask of the GPU indexes seen, as snapshots saved it before :attr:`gpus` (the masks' bits
-    were indexes then, so a GPU index past 63 made a state that could not be saved): read into
-    :attr:`gpus`, then 0."""
     model: str = ""
     sat_until: float = -math.inf
-    """End of the latest usage interval whose host gauges were saturated."""
     gauge: str = ""
     gauge_pct: float = 0.0
     evidence: str = ""
     covered_until: float = 0.0
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
-    """Unused GPU-share seconds seen before the host's price was known."""
     share_unused: float = 0.0
-    """The latest starved window's unused share of the host (the rate of waste)."""
     job_gpus: int = 0
     used_s: float = 0.0
     seen_s: float = 0.0
     fed: int = 0
-    """Fed windows in a row inside the episode, the first starting at ``fed_at``."""
     fed_at: float = 0.0
 
     def __post_init__(self) -> None:
@@ -170,10 +227,26 @@ class DataStarvedTrainingState(Episode, kw_only=True):
             self.worked = sum(1 << p for p, i in enumerate(indexes) if self.worked >> i & 1)
             self.scrape_mask = sum(1 << p for p, i in enumerate(indexes) if self.scrape_mask >> i & 1)
 
-    def clear(self) -> None:
-        super().clear()
-        self.waste_usd = self.unpriced_s = self.share_unused = self.used_s = self.seen_s = self.fed_at = 0.0
-        self.evidence, self.job_gpus, self.fed = "", 0, 0
+    def upgrade(self) -> DataStarvedTrainingState:
+        """The same window and episode in the shape held now; figures left by an episode that ended (the
+        old shape kept some) are dropped: the next episode sets each before it reads it."""
+        episode = None
+        if self.since is not None:
+            episode = StarvedEpisode(since=self.since, fired_at=self.fired_at, last_report=self.last_report,
+                                     evidence=self.evidence, covered_until=self.covered_until, waste_usd=self.waste_usd,
+                                     unpriced_s=self.unpriced_s, share_unused=self.share_unused, job_gpus=self.job_gpus,
+                                     used_s=self.used_s, seen_s=self.seen_s, fed=self.fed, fed_at=self.fed_at)  # fmt: skip
+        saturated = None
+        if (self.sat_until, self.gauge, self.gauge_pct) != (-math.inf, "", 0.0):
+            saturated = SaturatedGauge(until=self.sat_until, gauge=self.gauge, pct=self.gauge_pct)
+        return DataStarvedTrainingState(win=self.win, first_t=self.first_t, follows=self.follows, scrapes=self.scrapes,
+                                        edges=self.edges, phase=self.phase, sums=self.sums, worked=self.worked,
+                                        scrape_t=self.scrape_t, scrape_max=self.scrape_max,
+                                        scrape_mask=self.scrape_mask, gpus=self.gpus, model=self.model,
+                                        saturated=saturated, episode=episode)  # fmt: skip
+
+
+DataStarvedTrainingState.saved_before = DataStarvedTrainingStateBefore
 
 
 
@@ -191,6 +264,12 @@ class DataStarvedTraining(DetectorBase):
         "(local NVMe cache instead of network storage)."
     )
 
+    def __init__(self, name: str, severity: str, params: Any, pricing: Any = None) -> None:
+        super().__init__(name, severity, params, pricing)
+        self._last_win = -math.inf
+        """The latest window start a host moved to: the next host to move there holds this float, not
+        one of its own (windows are aligned: 24 bytes a host)."""
+
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
         used, pct = details.get("used_pct"), details.get("host_pct")
@@ -204,7 +283,7 @@ class DataStarvedTraining(DetectorBase):
         return facts
 
     def tracking(self, state: DataStarvedTrainingState) -> Behaviour:
-        return Behaviour.LEVEL if state.since is not None else Behaviour.NONE
+        return Behaviour.LEVEL if state.episode is not None else Behaviour.NONE
 
     def step(self, state: DataStarvedTrainingState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if type(event) is UsageEvent:
@@ -289,9 +368,10 @@ class DataStarvedTraining(DetectorBase):
         return top, mask, worked
 
     def open_episode(self, state: DataStarvedTrainingState, resource: ResourceInfo) -> Finding | None:
-        if state.fired_at is None:
+        ep = state.episode
+        if ep is None or ep.fired_at is None:
             return None
-        return self._finding("update", state, resource, state.covered_until)
+        return self._finding("update", state, ep, resource, ep.covered_until)
 
     # -- gathering ----------------------------------------------------------
 
@@ -315,19 +395,25 @@ class DataStarvedTraining(DetectorBase):
             for name, above in zip(HOST_GAUGES, (p.cpu_above, p.disk_above, p.network_above), strict=True):
                 value = metrics.get(name)
                 if value is not None and above <= value <= MAX_GAUGE_PCT:
+                    sat = st.saturated
+                    if sat is None:
+                        sat = st.saturated = SaturatedGauge()
                     end_t = t + ev.interval_s
-                    if end_t > st.sat_until:
-                        st.sat_until = end_t
-                    st.gauge, st.gauge_pct = name, min(value, 100.0)
+                    if end_t > sat.until:
+                        sat.until = end_t
+                    sat.gauge, sat.pct = name, min(value, 100.0)
                     break
-        if st.since is None:
+        ep = st.episode
+        if ep is None:
             return []
         if not res.billed:
-            since = st.since
-            return end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
-        if st.unpriced_s and res.usd_per_hour is not None:
-            st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
-            st.unpriced_s = 0.0
+            since = ep.since or 0.0
+            found = end(ep, lambda: self._finding("resolve", st, ep, res, max(t, since), reason=f"instance_{res.state}"))
+            st.episode = None
+            return found
+        if ep.unpriced_s and res.usd_per_hour is not None:
+            ep.waste_usd += usd_over(res.usd_per_hour, ep.unpriced_s)
+            ep.unpriced_s = 0.0
         return []
 
     def _close_window(self, st: DataStarvedTrainingState, res: ResourceInfo, t: float) -> list[Finding]:
@@ -341,9 +427,10 @@ class DataStarvedTraining(DetectorBase):
         st.follows = bool(st.scrapes) and new_win == win_end
         if new_win > win_end:  # a whole window without a sample: telemetry lost
             st.phase = 0
-            if st.since is not None and st.fired_at is None:
-                st.clear()  # the count starts again
-        st.win = new_win
+            if st.episode is not None and st.episode.fired_at is None:
+                st.episode = None  # the count starts again
+        last = self._last_win  # read once: the float every host that moved to this window holds
+        st.win = self._last_win = last if new_win == last else new_win
         st.scrapes = st.edges = st.worked = 0
         if st.sums is not None:
             for i in range(len(st.sums)):
@@ -356,56 +443,63 @@ class DataStarvedTraining(DetectorBase):
         sums = st.sums
         used = sum(sums[i] for i in job) / (st.scrapes * len(job) * 100.0) if job and sums is not None else 0.0
         sawtooth = st.edges >= p.min_bursts
-        saturated = st.sat_until > start and p.wait_below <= used * 100.0
+        saturated = st.saturated is not None and st.saturated.until > start and p.wait_below <= used * 100.0
         starved = bool(job) and used * 100.0 < p.util_below and (sawtooth or saturated)
+        ep = st.episode
         if not starved:
-            if st.since is None:
+            if ep is None:
                 return []
-            st.fed += 1
-            if st.fed == 1:
-                st.fed_at = start
-            if st.fed < p.fed_windows:
+            ep.fed += 1
+            if ep.fed == 1:
+                ep.fed_at = start
+            if ep.fed < p.fed_windows:
                 return []  # not counted; a second fed window in a row ends it from this one's start
-            fed_at = st.fed_at
-            return end(st, lambda: self._finding("resolve", st, res, max(fed_at, st.covered_until),
-                                                 reason="gpus_fed"))  # fmt: skip
-        st.fed = 0
+            fed_at, ending = ep.fed_at, ep
+            found = end(ep, lambda: self._finding("resolve", st, ending, res, max(fed_at, ending.covered_until),
+                                                  reason="gpus_fed"))  # fmt: skip
+            st.episode = None
+            return found
+        if ep is not None:
+            ep.fed = 0
         if not res.billed and res.known:
             return []
-        if st.since is None:
-            st.since = start
+        if ep is None:
+            ep = st.episode = StarvedEpisode(since=start)
+        since = ep.since
+        assert since is not None
         host_gpus = res.gpus or len(st.gpus) or 1  # the instance type's GPUs, else those seen
         share = min(1.0, len(job) / host_gpus)
         seconds = win_end - start
-        st.share_unused = share * (1.0 - used)
-        st.job_gpus = len(job)
-        st.used_s += used * seconds
-        st.seen_s += seconds
-        st.evidence = "sawtooth" if sawtooth and not saturated else "host_saturated" if not sawtooth else "both"
+        ep.share_unused = share * (1.0 - used)
+        ep.job_gpus = len(job)
+        ep.used_s += used * seconds
+        ep.seen_s += seconds
+        ep.evidence = "sawtooth" if sawtooth and not saturated else "host_saturated" if not sawtooth else "both"
         if res.usd_per_hour is None:
-            st.unpriced_s += seconds * st.share_unused
+            ep.unpriced_s += seconds * ep.share_unused
         else:
-            st.waste_usd += usd_over(res.usd_per_hour * st.share_unused, seconds)
-        st.covered_until = win_end
+            ep.waste_usd += usd_over(res.usd_per_hour * ep.share_unused, seconds)
+        ep.covered_until = win_end
         if not res.billed:
             return []
-        action = advance(st, win_end, start=st.since, held_s=win_end - st.since, need_s=p.for_,
+        action = advance(ep, win_end, start=since, held_s=win_end - since, need_s=p.for_,
                          every_s=p.update_every)  # fmt: skip
-        if action is None or st.fired_at is None:
+        if action is None or ep.fired_at is None:
             return []
-        return [self._finding(action, st, res, st.fired_at if action == "fire" else win_end)]
+        return [self._finding(action, st, ep, res, ep.fired_at if action == "fire" else win_end)]
 
-    def _finding(self, action: str, st: DataStarvedTrainingState, res: ResourceInfo, at: float,
+    def _finding(self, action: str, st: DataStarvedTrainingState, ep: StarvedEpisode, res: ResourceInfo, at: float,
                  **extra: object) -> Finding:  # fmt: skip
-        assert st.since is not None and st.fired_at is not None
-        used_pct = 100.0 * st.used_s / st.seen_s if st.seen_s else 0.0
+        assert ep.since is not None and ep.fired_at is not None
+        used_pct = 100.0 * ep.used_s / ep.seen_s if ep.seen_s else 0.0
         details: dict[str, Any] = {
-            "gpu_count": res.gpus or len(st.gpus), "gpu_model": st.model, "job_gpus": st.job_gpus,
-            "used_pct": round(used_pct, 1), "evidence": st.evidence,
-            "episode_s": round(max(at, st.covered_until) - st.since, 3), **extra,
+            "gpu_count": res.gpus or len(st.gpus), "gpu_model": st.model, "job_gpus": ep.job_gpus,
+            "used_pct": round(used_pct, 1), "evidence": ep.evidence,
+            "episode_s": round(max(at, ep.covered_until) - ep.since, 3), **extra,
         }  # fmt: skip
-        if st.evidence != "sawtooth" and st.gauge:
-            details["host_gauge"], details["host_pct"] = st.gauge, round(st.gauge_pct, 1)
-        rate = (res.usd_per_hour or 0.0) * st.share_unused
-        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
-                            usd=st.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip
+        sat = st.saturated
+        if ep.evidence != "sawtooth" and sat is not None and sat.gauge:
+            details["host_gauge"], details["host_pct"] = sat.gauge, round(sat.pct, 1)
+        rate = (res.usd_per_hour or 0.0) * ep.share_unused
+        return make_finding(self, action, res, episode_start=ep.since, fired_at=ep.fired_at, at=at,
+                            usd=ep.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip

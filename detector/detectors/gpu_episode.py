@@ -27,7 +27,7 @@ from pydantic import Field
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
 from detector.detectors.episode import Episode, advance, end
-from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
+from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import FIRST, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray
@@ -125,14 +125,16 @@ class GpuEpisode(DetectorBase):
         (when it does not break: the episode holds at ``t``) and the first that breaks; at any
         other, the episode has been moved to ``t`` already and it changes nothing. Each sample may
         still tell something new of the host (a GPU, its model, a pod), kept in order, so that a
-        finding says what the samples up to its own said: in the usual scrape none does, which the
-        scrape says in O(1), and the episode is all there is to move."""
+        finding says what the samples up to its own said: in the usual scrape none does
+        (:meth:`_usual`), and the episode is all there is to move."""
         resource = ctx.resource
         st = state
         events = scrape.samples
         breaking = self.breaking(st, scrape)
         first = breaking.index(True) if True in breaking else len(events)  # the first sample that breaks
-        if scrape.plain and not st.pods and not st.allocated and scrape.gpus == st.gpus and scrape.model is not None:
+        gpus = scrape.gpus
+        if ((scrape.plain and not st.pods and not st.allocated and gpus == st.gpus and scrape.model is not None)
+                or self._usual(st, scrape)):  # (off Kubernetes without MIG, the usual host, in one line)  # fmt: skip
             if scrape.model and scrape.model != st.model:
                 st.model = intern(scrape.model)
             held = self._holds(st, resource, t) if first else []
@@ -142,6 +144,8 @@ class GpuEpisode(DetectorBase):
             return [(0, f) for f in held] + [(first, f) for f in broken]
         out: list[tuple[int, Finding]] = []
         gpus = st.gpus
+        units: tuple[str, ...] | None = None
+        pods: tuple[Pod | None, ...] | None = None
         for i, ev in enumerate(events):
             if ev.gpu_index not in gpus:
                 gpus = (*gpus, ev.gpu_index)
@@ -149,7 +153,9 @@ class GpuEpisode(DetectorBase):
             if ev.model and ev.model != st.model:
                 st.model = intern(ev.model)
             if ev.pod or ev.allocated is not None or st.pods or st.allocated:
-                _note_pod(st, ev)
+                if units is None or pods is None:
+                    units, pods = scrape.units(), scrape.pods()  # (worked out once, for every rule that asks)
+                _note_pod(st, units[i], pods[i], ev.allocated)
             if i == first:
                 found = self._breaks(st, resource, t)
             elif i == 0:
@@ -159,6 +165,20 @@ class GpuEpisode(DetectorBase):
             if found:
                 out.extend((i, f) for f in found)
         return out
+
+    def _usual(self, st: GpuEpisodeState, scrape: Scrape) -> bool:
+        """Whether the scrape tells nothing new of the host, so that keeping its samples one by one would
+        change nothing but the model: one model in it, no GPU new (in the order tracked: a MIG GPU's
+        instances one after another), and either nobody says who holds a unit, in it or before, or
+        every unit is held as its latest sample said (the same pods and allocations: the usual
+        Kubernetes scrape). The comparisons run in C; the scrape's holders are worked out once."""
+        gpus = scrape.gpus
+        if scrape.model is None or (gpus != st.gpus and scrape.distinct_gpus() != st.gpus):
+            return False
+        if scrape.holders_unknown and not scrape.pods_named and not st.pods and not st.allocated:
+            return True  # (off Kubernetes: no sample moves a holder)
+        held = scrape.by_unit()  # (a dict is never None: a state that kept no holder yet is not the usual)
+        return held is not None and held[0] == st.pods and held[1] == st.allocated
 
     def _breaks(self, st: GpuEpisodeState, resource: ResourceInfo, t: float) -> list[Finding]:
         """A sample at ``t`` that breaks the episode."""
@@ -261,11 +281,9 @@ class GpuEpisode(DetectorBase):
                             usd=st.waste_usd, details=details)  # fmt: skip
 
 
-def _note_pod(st: GpuEpisodeState, ev: GpuMetric) -> None:
-    """Keep the pod and allocation its latest sample says of the unit (bounded: a unit past
+def _note_pod(st: GpuEpisodeState, unit: str, pod: Pod | None, allocated: bool | None) -> None:
+    """Keep the pod and allocation a unit's latest sample says (bounded: a unit past
     :data:`~detector.detectors.pods.MAX_UNITS` is not kept)."""
-    unit = f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else str(ev.gpu_index)
-    pod = pod_of(ev)
     if st.pods is None:
         st.pods = {}
     if st.allocated is None:
@@ -274,7 +292,7 @@ def _note_pod(st: GpuEpisodeState, ev: GpuMetric) -> None:
         st.pods.pop(unit, None)
     elif unit in st.pods or len(st.pods) < MAX_UNITS:
         st.pods[unit] = pod
-    if ev.allocated is None:
+    if allocated is None:
         st.allocated.pop(unit, None)
     elif unit in st.allocated or len(st.allocated) < MAX_UNITS:
-        st.allocated[unit] = ev.allocated
+        st.allocated[unit] = allocated

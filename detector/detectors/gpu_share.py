@@ -45,6 +45,7 @@ from __future__ import annotations
 import builtins
 import math
 from array import array
+from operator import or_
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
@@ -52,8 +53,8 @@ from pydantic import Field
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding, shared
 from detector.detectors.episode import Episode, end, fire
-from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, pod_of, with_owner
-from detector.detectors.scrape import Scrape
+from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
+from detector.detectors.scrape import KEYS, UNIT_KEYS, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray, floats
 from detector.pricing import usd_over
@@ -63,11 +64,7 @@ __all__ = ["MAX_UNITS", "GpuShare", "GpuShareParams", "GpuShareState", "gpu_name
 
 FORGET_S = 3600.0
 """A unit with no sample for this long (while the host's others report) is gone."""
-_KEYS = tuple(str(i) for i in range(256))
-"""A whole GPU's unit key, by index (made once: this runs for every sample)."""
-_UNIT_KEYS = tuple(_KEYS[:n] for n in range(257))
-"""``_UNIT_KEYS[n]``: the keys of whole GPUs ``0 .. n-1``, the units of most hosts in order."""
-_ALONE = {key: (key,) for key in _KEYS}
+_ALONE = {key: (key,) for key in KEYS}
 """A whole GPU's units (itself alone), one tuple shared by every host's GPU of that index."""
 BUSY, HELD, UNKNOWN, FREE = 3, 2, 1, 0
 """A fresh GPU at one instant, ordered so that the max over its units is the GPU's: busy if any
@@ -142,6 +139,8 @@ _BUSY_BIT = 1
 """A unit's code (:attr:`GpuShareState.unit_codes`): bit 0 busy, bits 1-2 who holds it (:data:`_HOLDER`)."""
 _HOLDER_CODE = {None: 0, True: 2, False: 4}
 _HOLDER = (None, True, False)
+_HOLDER_BITS = bytes(code & ~_BUSY_BIT for code in range(256))
+"""A ``bytes.translate`` table: the codes with their busy bit cleared (who holds each unit)."""
 """A unit's ``allocated`` by its code's bits 1-2 (``code >> 1``)."""
 _GROUP_SHARE_MAX = 64
 """Tuples of units or GPUs up to this long are shared between hosts (:func:`shared`); longer (a MIG
@@ -453,12 +452,11 @@ class GpuShare(DetectorBase):
         else:
             out = []  # a late scrape, or samples of the latest one read again
         stale_after = p.stale_after
-        for ev, is_busy in zip(scrape.samples, busy_flags, strict=True):
+        for ev, is_busy, key, pod in zip(scrape.samples, busy_flags, scrape.units(), scrape.pods(), strict=True):
             keys = st.unit_keys
             if ev.allocated is None and not keys and not unknown_ours:
                 continue  # unallocated_gpu on a host that never said who holds its GPUs (not Kubernetes)
             gpu = ev.gpu_index
-            key = f"{gpu}/{ev.mig_instance}" if ev.mig_instance else _KEYS[gpu]
             j = gpu if gpu < len(keys) and keys[gpu] == key else _place(keys, key)
             known = j >= 0
             was_holder: bool | None = None
@@ -487,7 +485,6 @@ class GpuShare(DetectorBase):
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
                 if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):
                     _restart(st, g)  # a telemetry gap: its idle count starts again
-            pod = pod_of(ev) if ev.pod else None
             allocated = ev.allocated
             if allocated is None and known and was_holder is not None and t - was_allocated_at <= stale_after:
                 # The bridge could not tell for this scrape (dcgm-exporter and kube-state-metrics a
@@ -540,17 +537,25 @@ class GpuShare(DetectorBase):
     @staticmethod
     def _usual(st: GpuShareState, scrape: Scrape) -> bool:
         """Whether the scrape is the usual one of a host tracked as usual: one sample of each GPU
-        ``0 .. n-1`` in order, whole GPUs (no MIG), one model, nobody said to hold any (no pod, no
-        ``allocated``) in the scrape or before, and the host's units are those GPUs, each at its
-        index. O(1) in Python (the comparisons of tuples and bytes run in C)."""
+        ``0 .. n-1`` in order, whole GPUs (no MIG), one model, the host's units those GPUs, each at
+        its index; and either nobody said to hold any (no pod, no ``allocated``) in the scrape or
+        before, or, on Kubernetes, every sample says who holds its GPU, as the unit's latest did
+        (``allocated``, whose times are kept), and names the pod its latest named: no holder moves, no
+        idle run starts again for it. O(1) in Python (the comparisons of tuples and bytes run in C)."""
         gpus = scrape.gpus
-        return (scrape.plain and scrape.model is not None and st.unit_pods is None and st.gpu_ids == gpus
-                and st.unit_keys == _UNIT_KEYS[len(gpus)] and max(st.unit_codes or b"\0") <= _BUSY_BIT)  # fmt: skip
+        if scrape.model is None or scrape.mig or st.gpu_ids != gpus or st.unit_keys != UNIT_KEYS[len(gpus)]:
+            return False
+        codes, pods = st.unit_codes, st.unit_pods
+        if scrape.plain:
+            return pods is None and max(codes or b"\0") <= _BUSY_BIT
+        return (codes is not None and None not in scrape.allocations() and codes.translate(_HOLDER_BITS) == _holders(scrape)
+                and len(st.gpu_times or ()) == (_G + 2) * len(gpus)  # (the units' allocation times are kept)
+                and (scrape.pods() == tuple(pods) if pods is not None else not scrape.pods_named))  # fmt: skip
 
     def _keep_usual(self, st: GpuShareState, scrape: Scrape, busy: tuple[bool, ...], t: float) -> None:
         """Keep the usual scrape (:meth:`_usual`), later than every sample before: what the loop over
-        units in :meth:`step_scrape` does for it, where unit, GPU and sample share a place and there
-        is no holder or pod to compare. Every GPU's and unit's latest sample and every unit's code
+        units in :meth:`step_scrape` does for it, where unit, GPU and sample share a place and no
+        holder or pod moves. Every GPU's and unit's latest sample and every unit's code
         are written at once, as columns; a GPU's idle run is its own."""
         stale_after, n = self.params.stale_after, len(busy)
         times: Any = st.gpu_times
@@ -563,7 +568,11 @@ class GpuShare(DetectorBase):
                     _restart(st, g)  # a telemetry gap: its idle count starts again
         now = array("d", (t,)) * n
         times[_G_SEEN : _G * n : _G] = times[_G * n : _G * n + n] = now  # the GPUs' and their units' latest sample
-        st.unit_codes[:] = busy  # held by: unknown (bits 1-2 at 0), busy or not (bit 0)
+        if scrape.plain:
+            st.unit_codes[:] = busy  # held by: unknown (bits 1-2 at 0), busy or not (bit 0)
+        else:  # every sample said who holds its GPU (as before): when, and who with busy or not
+            times[_G * n + n :] = now
+            st.unit_codes[:] = bytes(map(or_, _holders(scrape), busy))
         for g, is_busy in enumerate(busy):
             at = _G * g
             idle_since = times[at + _IDLE_SINCE]
@@ -805,6 +814,11 @@ class GpuShare(DetectorBase):
         }
         return make_finding(self, action, with_owner(res, pod_list), episode_start=st.since, fired_at=st.fired_at,
                             at=at, usd=st.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip
+
+
+def _holders(scrape: Scrape) -> bytes:
+    """Per sample, who holds its unit as a code's bits 1-2 (:data:`_HOLDER_CODE`)."""
+    return bytes(map(_HOLDER_CODE.__getitem__, scrape.allocations()))
 
 
 def _who(pod: Pod | None) -> tuple[str, str] | None:

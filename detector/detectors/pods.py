@@ -67,12 +67,25 @@ class Pod(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     tags: dict[str, str] = {}
 
 
+_PODS: dict[tuple[Any, ...], Pod] = {}
+_MAX_PODS = 10_000
+
+
 def pod_of(ev: GpuMetric) -> Pod | None:
-    """The pod a sample names (with only its ownership labels), or None."""
+    """The pod a sample names (with only its ownership labels), or None. One :class:`Pod` for the
+    samples that name it alike (a pod's every sample, on every scrape, in every rule's state): made
+    once, found again by its labels. The table is bounded: past ``_MAX_PODS`` it starts afresh."""
     if not ev.pod:
         return None
-    tags = {k: ev.tags[k] for k in OWNER_LABELS if k in ev.tags} if ev.tags else {}
-    return Pod(namespace=ev.namespace, pod=ev.pod, container=ev.container, workload=ev.workload, tags=tags)
+    labels = ev.tags
+    key = (ev.namespace, ev.pod, ev.container, ev.workload, *labels.items())
+    pod = _PODS.get(key)
+    if pod is None:
+        tags = {k: labels[k] for k in OWNER_LABELS if k in labels} if labels else {}
+        if len(_PODS) >= _MAX_PODS:
+            _PODS.clear()
+        pod = _PODS[key] = Pod(namespace=ev.namespace, pod=ev.pod, container=ev.container, workload=ev.workload, tags=tags)
+    return pod
 
 
 def _owner(tags: dict[str, str]) -> dict[str, str]:

@@ -9,20 +9,34 @@ pod. The engine makes one :class:`Scrape` per scrape and hands it to every rule'
 is a plain attribute (``map`` over the samples), and a rule reads the samples themselves only
 for what is its own. A rule may then see in O(1) that a scrape is the usual one (the same GPUs,
 model and no Kubernetes fields as before) and skip its per-sample bookkeeping.
+
+On Kubernetes the samples also say who holds each GPU (dcgm-exporter's pod labels, the bridge's
+``allocated``). The pod a sample names (:func:`~detector.detectors.pods.pod_of`), its unit's key
+and the holders by unit are worked out here once, on the first rule's asking, and shared: four
+rules keep them, and in the usual Kubernetes scrape (every unit held as its latest sample said)
+each sees so by comparing its own with the scrape's, in C, and keeps nothing sample by sample.
 """
 
 from __future__ import annotations
 
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not
+from typing import cast
 
 from detector.detectors.activity import busy, resident
+from detector.detectors.pods import Pod, pod_of
 from detector.events import GpuMetric
 
-__all__ = ["FIRST", "Scrape"]
+__all__ = ["FIRST", "KEYS", "UNIT_KEYS", "Scrape"]
 
 FIRST = tuple(tuple(range(n)) for n in range(257))
 """``FIRST[n]`` is GPUs ``0 .. n-1``, the GPUs of most hosts in the order they report (an index
 is at most 255): one tuple of each, shared by every scrape and state that has it."""
+
+KEYS = tuple(str(i) for i in range(256))
+"""A whole GPU's unit key by index (``"3"``; a MIG instance's is ``"3/1"``), made once."""
+UNIT_KEYS = tuple(KEYS[:n] for n in range(257))
+"""``UNIT_KEYS[n]``: the keys of whole GPUs ``0 .. n-1``, the units of most hosts in order."""
 
 _gpu_index = attrgetter("gpu_index")
 _model = attrgetter("model")
@@ -36,7 +50,8 @@ class Scrape:
     GPU rules ask of each of them. Made by the engine per scrape, read by the rules during their
     ``step_scrape`` calls, never kept."""
 
-    __slots__ = ("samples", "gpus", "model", "holders_unknown", "plain", "_busy", "_resident")
+    __slots__ = ("samples", "gpus", "model", "holders_unknown", "pods_named", "mig", "plain", "_busy", "_resident",
+                 "_units", "_pods", "_allocations", "_by_unit")  # fmt: skip
 
     def __init__(self, samples: list[GpuMetric]) -> None:
         self.samples = samples
@@ -49,10 +64,19 @@ class Scrape:
         """The model every sample names ("" when none does); None when they differ."""
         self.holders_unknown = set(map(_allocated, samples)) == {None}
         """No sample says whether a pod holds its GPU (``allocated``: off Kubernetes, or the bridge could not tell)."""
-        self.plain = self.holders_unknown and not any(map(_pod, samples)) and not any(map(_mig, samples))
+        self.pods_named = any(map(_pod, samples))
+        """Some sample names a pod (dcgm-exporter's Kubernetes mode)."""
+        self.mig = any(map(_mig, samples))
+        """Some sample is a MIG instance's."""
+        self.plain = self.holders_unknown and not self.pods_named and not self.mig
         """Nor does any name a pod or a MIG instance: a host off Kubernetes without MIG, the usual host."""
         self._busy: dict[float, tuple[bool, ...]] = {}
         self._resident: tuple[float, ...] | None = None
+        self._units: tuple[str, ...] | None
+        self._pods: tuple[Pod | None, ...] | None
+        self._allocations: tuple[bool | None, ...] | None
+        self._units = self._pods = self._allocations = None  # (worked out on the first asking)
+        self._by_unit: tuple[dict[str, Pod], dict[str, bool]] | None | bool = False
 
     def busy(self, threshold_pct: float) -> tuple[bool, ...]:
         """Per sample, whether it shows work at this threshold (:func:`detector.detectors.activity.busy`);
@@ -69,3 +93,56 @@ class Scrape:
         if shares is None:
             shares = self._resident = tuple([resident(ev) for ev in self.samples])
         return shares
+
+    def distinct_gpus(self) -> tuple[int, ...]:
+        """The samples' GPU indexes in the order first seen, each once (a MIG GPU's instances make one)."""
+        distinct = tuple(dict.fromkeys(self.gpus))
+        n = len(distinct)
+        return FIRST[n] if n < len(FIRST) and distinct == FIRST[n] else distinct
+
+    def units(self) -> tuple[str, ...]:
+        """Per sample, its unit's key: its GPU's index (:data:`KEYS`), ``"3/1"`` for MIG instance 1 of GPU 3
+        (:data:`UNIT_KEYS` ``[n]`` itself for whole GPUs ``0 .. n-1``)."""
+        units = self._units
+        if units is None:
+            gpus = self.gpus
+            if self.mig:
+                units = tuple([f"{ev.gpu_index}/{ev.mig_instance}" if ev.mig_instance else KEYS[ev.gpu_index]
+                               for ev in self.samples])  # fmt: skip
+            elif gpus is FIRST[len(gpus)]:
+                units = UNIT_KEYS[len(gpus)]
+            else:
+                units = tuple(map(KEYS.__getitem__, gpus))
+            self._units = units
+        return units
+
+    def pods(self) -> tuple[Pod | None, ...]:
+        """Per sample, the pod it names (:func:`~detector.detectors.pods.pod_of`), or None."""
+        pods = self._pods
+        if pods is None:
+            pods = self._pods = tuple(map(pod_of, self.samples)) if self.pods_named else (None,) * len(self.samples)
+        return pods
+
+    def allocations(self) -> tuple[bool | None, ...]:
+        """Per sample, whether a pod holds its unit (``allocated``: None where it does not say)."""
+        allocations = self._allocations
+        if allocations is None:
+            allocations = self._allocations = tuple(map(_allocated, self.samples))
+        return allocations
+
+    def by_unit(self) -> tuple[dict[str, Pod], dict[str, bool]] | None:
+        """The pods named and the allocations said, by unit (the samples that name none left out), as a
+        state that keeps each unit's latest holder holds them after this scrape; None when a unit has
+        two samples in it (the order would matter: such a scrape is read sample by sample)."""
+        found = self._by_unit
+        if found is False:
+            units = self.units()
+            if len(set(units)) != len(units):
+                found = None
+            else:
+                pods, allocations = self.pods(), self.allocations()
+                said = map(is_not, allocations, repeat(None))
+                named, told = compress(zip(units, pods, strict=True), pods), compress(zip(units, allocations, strict=True), said)
+                found = cast("tuple[dict[str, Pod], dict[str, bool]]", (dict(named), dict(told)))  # (None left out)
+            self._by_unit = found
+        return found  # type: ignore[return-value]

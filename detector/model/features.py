@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import math
 from array import array
+from typing import ClassVar
 
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
 from detector.floats import FloatArray, Series, append, as_floats, bytewise, newer, per_gpu
 
-__all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowState", "base_features",
-           "feature_names", "follows", "metrics_of", "model_group"]
+__all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowExtras", "WindowState",
+           "WindowStateBefore", "base_features", "feature_names", "follows", "metrics_of", "model_group"]
 
 BASE_FEATURES = {
     "cost_usd_per_hour": "what the resource costs per hour in the window (its intervals as priced and stored)",
@@ -90,7 +91,6 @@ def _forget(st: WindowState) -> None:
     """Drop a resource's baselines (it comes back after a silence longer than their half-life):
     it is judged against the fleet again until its new baseline covers ``min_history``."""
     st.baseline, st.baseline_names = None, ()
-    st.weight, st.windows, st.first, st.learnt_at = 0.0, 0, None, None
 
 
 def follows(seq: int, end: float, window: Window) -> bool:
@@ -126,8 +126,24 @@ def metrics_of(features: list[str]) -> tuple[str, ...]:
     return tuple(f[len(METRIC_PREFIX):] for f in features if f.startswith(METRIC_PREFIX) and not f.endswith(("_rel", "_z")))
 
 
-class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
-    """One resource's open window and its baselines. Saved without the fields at their defaults."""
+class WindowExtras(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
+    """The open window's figures most resources never have: storage levels (buckets, vector
+    databases), requests (endpoints), generic metrics. Made at the window's first such event,
+    dropped when it closes: six fields fewer on every other resource."""
+
+    storage_first: float | None = None
+    storage_last: float | None = None
+    requests: float = 0.0
+    request_s: float = 0.0
+    metric_mean: dict[str, float] | None = None
+    """The window's running mean per generic metric, and below how many values it has (None: none yet)."""
+    metric_n: dict[str, int] | None = None
+
+
+class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
+    """One resource's open window and its baselines. Saved without the fields at their defaults; a
+    window saved in the shape before :class:`WindowExtras` (:class:`WindowStateBefore`) is refused
+    here (its fields are unknown) and read through that class (:mod:`detector.saved`)."""
 
     start: float | None = None
     cost_usd: float = 0.0
@@ -141,43 +157,118 @@ class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     power_sum: float = 0.0
     gpu_samples: int = 0
     gpu_last: FloatArray | None = None
-    """Latest sample time per GPU index (:func:`detector.floats.per_gpu`): a re-read sample is not counted
-    twice. None until the resource's first GPU sample."""
+    """Latest sample time per GPU index in the window (:func:`detector.floats.per_gpu`): a re-read
+    sample is not counted twice. None while :attr:`gpu_t` and :attr:`gpu_n` say it (the usual host)."""
+    gpu_t: float | None = None
+    gpu_n: int = 0
+    """GPUs ``0 .. gpu_n-1``, and no other, have a sample in the window, each latest at ``gpu_t``: what
+    ``gpu_last`` would hold on a host whose scrapes name its GPUs in order (most hosts), in two slots and
+    the float the key's latest GPU time already is, not an array (80 bytes and 8 a GPU). A scrape or
+    sample that does not fit makes the array (:meth:`WindowBuilder._newer`). Only the window's samples
+    matter (an earlier window's are older than any sample the window takes), so both start afresh with
+    each window."""
     usage_last: float = 0.0
     egress_bytes: float = 0.0
     covered: bool = False
     """A rule tracked unusual behaviour during the window: scored, but it opens no anomaly."""
     paused: bool = False
     """... and that behaviour was a pause of the resource's usual work: neither judged nor learnt."""
+    extra: WindowExtras | None = None
+    """Storage levels, requests and generic metrics of the window; None while it has none."""
+    baseline: FloatArray | None = None
+    """What the baselines learnt, one array of doubles (None before the first window learnt): first
+    :attr:`weight`, :attr:`windows`, :attr:`first` and :attr:`learnt_at` (NaN for None: event times are
+    finite), then the usual level and variance of each feature of ``baseline_names`` (24-hour half-life)
+    on the model's log scale, interleaved (level, variance, level, ...): 8 bytes a figure, not a slot
+    and a float or int object each (two dict slots and two floats a feature before)."""
+    baseline_names: tuple[str, ...] = ()
+    """The features ``baseline`` holds, in order: the builder's tuple for the group, shared by every
+    resource of it (:meth:`WindowBuilder.bases`); none before the first window learnt."""
+    closes: int = 0
+    """Windows closed, learnt or not: consecutive judged windows have consecutive numbers."""
+    saved_before: ClassVar[type[WindowStateBefore]]
+    """The shape saved before, which reads what this one refuses (:func:`detector.saved.read_state`)."""
+
+    def __post_init__(self) -> None:
+        if self.utils is not None and not self.utils:  # saved before as an empty list: none, as now
+            self.utils = None
+        if self.gpu_last is not None and not self.gpu_last:
+            self.gpu_last = None
+        if not 0 <= self.gpu_n <= 256 or (self.gpu_n > 0) != (self.gpu_t is not None) or (self.gpu_n and self.gpu_last):
+            raise ValueError("a window's GPUs are 0 .. gpu_n-1 at gpu_t, or a per-GPU array, not both")
+        if self.baseline is not None and not self.baseline:
+            self.baseline = None
+        if self.baseline is not None and len(self.baseline) != _FEATURES_AT + 2 * len(self.baseline_names):
+            raise ValueError("a window's baselines hold four figures, then a level and a variance per feature")
+
+    @property
+    def weight(self) -> float:
+        """The exponential weights' total so far: the variance over it is unbiased while the
+        history is short (a variance started at zero would call every early window far out)."""
+        return self.baseline[0] if self.baseline is not None else 0.0
+
+    @property
+    def windows(self) -> int:
+        """Windows learnt."""
+        return int(self.baseline[1]) if self.baseline is not None else 0
+
+    @property
+    def first(self) -> float | None:
+        """Start of the first window learnt: how much history the baselines cover."""
+        return _time(self.baseline[2]) if self.baseline is not None else None
+
+    @property
+    def learnt_at(self) -> float | None:
+        """End of the last window learnt: the baselines decay with the event time since."""
+        return _time(self.baseline[3]) if self.baseline is not None else None
+
+    def known(self) -> dict[str, tuple[float, float]]:
+        """Feature → its usual level and variance, for the features the baselines hold."""
+        b = self.baseline
+        if b is None:
+            return {}
+        return {name: (b[_FEATURES_AT + 2 * i], b[_FEATURES_AT + 2 * i + 1]) for i, name in enumerate(self.baseline_names)}
+
+
+_FEATURES_AT = 4
+"""Where the features' levels and variances start in :attr:`WindowState.baseline`."""
+
+
+def _time(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+class WindowStateBefore(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
+    """A window as snapshots saved it until 2026-12-02 (the rare figures inline; before that, the
+    baselines as two dicts by name): read only to be made a :class:`WindowState` (:meth:`upgrade`)."""
+
+    start: float | None = None
+    cost_usd: float = 0.0
+    usage_s: float = 0.0
+    utils: Series | None = None
+    mem_frac_sum: float = 0.0
+    power_sum: float = 0.0
+    gpu_samples: int = 0
+    gpu_last: FloatArray | None = None
+    usage_last: float = 0.0
+    egress_bytes: float = 0.0
+    covered: bool = False
+    paused: bool = False
     storage_first: float | None = None
     storage_last: float | None = None
     requests: float = 0.0
     request_s: float = 0.0
     metric_mean: dict[str, float] | None = None
-    """The window's running mean per generic metric, and below how many values it has (None: none yet,
-    no empty dicts on every resource)."""
     metric_n: dict[str, int] | None = None
     baseline: FloatArray | None = None
-    """The usual level and variance of each feature of ``baseline_names`` (24-hour half-life), on the
-    model's log scale, interleaved (level, variance, level, ...): 16 bytes a feature, not two dict
-    slots and two float objects (~140). None before the first window learnt."""
     baseline_names: tuple[str, ...] = ()
-    """The features ``baseline`` holds, in order: the builder's tuple for the group, shared by every
-    resource of it (:meth:`WindowBuilder.bases`); none before the first window learnt."""
     log_mean: dict[str, float] | None = None
     log_var: dict[str, float] | None = None
-    """The baselines as snapshots saved them before ``baseline``: read into it on decoding, then None."""
     weight: float = 0.0
-    """The exponential weights' total so far: the variance over it is unbiased while the
-    history is short (a variance started at zero would call every early window far out)."""
     windows: int = 0
-    """Windows learnt."""
     first: float | None = None
-    """Start of the first window learnt: how much history the baselines cover."""
     learnt_at: float | None = None
-    """End of the last window learnt: the baselines decay with the event time since."""
     closes: int = 0
-    """Windows closed, learnt or not: consecutive judged windows have consecutive numbers."""
 
     def __post_init__(self) -> None:
         if self.utils is not None and not self.utils:  # saved before as an empty list: none, as now
@@ -192,12 +283,25 @@ class WindowState(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
             self.baseline = array("d", [x for name in names for x in (means.get(name, 0.0), variances.get(name, 0.0))])
             self.baseline_names, self.log_mean, self.log_var = names, None, None
 
-    def known(self) -> dict[str, tuple[float, float]]:
-        """Feature → its usual level and variance, for the features the baselines hold."""
-        b = self.baseline
-        if b is None:
-            return {}
-        return {name: (b[2 * i], b[2 * i + 1]) for i, name in enumerate(self.baseline_names)}
+    def upgrade(self) -> WindowState:
+        """The window in the shape held now: the same figures, the rare ones in :class:`WindowExtras`."""
+        extra = WindowExtras(storage_first=self.storage_first, storage_last=self.storage_last, requests=self.requests,
+                             request_s=self.request_s, metric_mean=self.metric_mean, metric_n=self.metric_n)  # fmt: skip
+        baseline = None
+        learnt = (self.weight, self.windows, self.first, self.learnt_at) != (0.0, 0, None, None)
+        if self.baseline is not None or learnt:
+            first, learnt_at = (math.nan if x is None else x for x in (self.first, self.learnt_at))
+            baseline = array("d", [self.weight, self.windows, first, learnt_at, *(self.baseline or ())])
+        return WindowState(start=self.start, cost_usd=self.cost_usd, usage_s=self.usage_s, utils=self.utils,
+                           mem_frac_sum=self.mem_frac_sum, power_sum=self.power_sum, gpu_samples=self.gpu_samples,
+                           gpu_last=self.gpu_last, usage_last=self.usage_last, egress_bytes=self.egress_bytes,
+                           covered=self.covered, paused=self.paused, extra=None if extra == WindowExtras() else extra,
+                           baseline=baseline, baseline_names=self.baseline_names, closes=self.closes)  # fmt: skip
+
+
+WindowState.saved_before = WindowStateBefore
+_NO_EXTRAS = WindowExtras()
+"""What a window without storage, requests or metrics reads (never written)."""
 
 
 class Window(msgspec.Struct, kw_only=True, frozen=True):
@@ -292,27 +396,15 @@ class WindowBuilder:
         A covered window that is not a pause (a runaway: a level) is learnt, so that when the
         rule lets go of it, having absorbed the level into its own baseline, the model judges
         what follows against the resource's present and does not alert on the same change again."""
-        closed = None
-        start = t - t % self.window_s
-        if st.start is None or start > st.start:
-            if st.start is not None:
-                closed = self._close(st, resource_id, resource_type)
-            st.start = self._last_start = self._shared(start, self._last_start)
-        elif start < st.start:
-            return None  # late for a window already closed
+        closed, late = self._enter(st, resource_id, resource_type, t)
+        if late:
+            return None
         if covered:
             st.covered = True
             st.paused = st.paused or paused
         if type(event) is GpuMetric:
-            if st.gpu_last is None:
-                st.gpu_last = per_gpu()
-            if not newer(st.gpu_last, event.gpu_index, t):
-                return closed
-            st.utils = append(st.utils if st.utils is not None else bytewise(), event.util_pct)
-            if event.mem_total_mib > 0:
-                st.mem_frac_sum += event.mem_used_mib / event.mem_total_mib
-            st.power_sum += event.power_w
-            st.gpu_samples += 1
+            if self._newer(st, event.gpu_index, t):
+                self._fold(st, event)
         elif type(event) is UsageEvent:
             if t <= st.usage_last:
                 return closed
@@ -323,25 +415,103 @@ class WindowBuilder:
             if event.egress_bytes is not None:
                 st.egress_bytes += event.egress_bytes
             if event.storage_bytes is not None:
-                if st.storage_first is None:
-                    st.storage_first = float(event.storage_bytes)
-                st.storage_last = float(event.storage_bytes)
+                extra = st.extra
+                if extra is None:
+                    extra = st.extra = WindowExtras()
+                if extra.storage_first is None:
+                    extra.storage_first = float(event.storage_bytes)
+                extra.storage_last = float(event.storage_bytes)
             if event.requests is not None:
-                st.requests += event.requests
-                st.request_s += event.interval_s
+                extra = st.extra
+                if extra is None:
+                    extra = st.extra = WindowExtras()
+                extra.requests += event.requests
+                extra.request_s += event.interval_s
             if self.metrics and (event.metrics or event.extra):
                 for name in self.metrics:
                     value = event.metrics.get(name)
                     if value is None:
                         value = _number(event.extra.get(name))
                     if value is not None:  # a running mean: two huge values never sum to inf
-                        if st.metric_n is None or st.metric_mean is None:
-                            st.metric_mean, st.metric_n = {}, {}
-                        n = st.metric_n.get(name, 0) + 1
-                        mean = st.metric_mean.get(name, 0.0)
-                        st.metric_mean[name] = mean + (value - mean) / n
-                        st.metric_n[name] = n
+                        extra = st.extra
+                        if extra is None:
+                            extra = st.extra = WindowExtras()
+                        if extra.metric_n is None or extra.metric_mean is None:
+                            extra.metric_mean, extra.metric_n = {}, {}
+                        n = extra.metric_n.get(name, 0) + 1
+                        mean = extra.metric_mean.get(name, 0.0)
+                        extra.metric_mean[name] = mean + (value - mean) / n
+                        extra.metric_n[name] = n
         return closed
+
+    def _enter(self, st: WindowState, resource_id: str, resource_type: str, t: float) -> tuple[Window | None, bool]:
+        """Move to the window ``t`` falls in: the window this closed, if any, and whether ``t`` is late
+        for a window already closed."""
+        start = t - t % self.window_s
+        if st.start is None or start > st.start:
+            closed = self._close(st, resource_id, resource_type) if st.start is not None else None
+            st.start = self._last_start = self._shared(start, self._last_start)
+            return closed, False
+        return None, start < st.start
+
+    def add_scrape(self, st: WindowState, resource_id: str, resource_type: str, samples: list[GpuMetric],
+                   in_order: bool, t: float) -> Window | None:  # fmt: skip
+        """:meth:`add` for each of one scrape's GPU samples (all at ``t``) in one call: the window the
+        first closed, if any. ``in_order``: the samples are GPUs ``0 .. n-1`` in that order (the usual
+        scrape), which a window that holds its GPUs as ``gpu_t`` and ``gpu_n`` takes or refuses whole,
+        as :meth:`_newer` would sample by sample, with no per-GPU array."""
+        if not samples:
+            return None
+        closed, late = self._enter(st, resource_id, resource_type, t)
+        if late:
+            return None
+        if in_order and st.gpu_last is None:
+            m, n, last = len(samples), st.gpu_n, st.gpu_t
+            if last is None or t > last:
+                if m >= n:  # each GPU's latest is older (or none): every sample is taken
+                    for event in samples:
+                        self._fold(st, event)
+                    st.gpu_t, st.gpu_n = t, m
+                    return closed
+            elif t == last:  # GPUs 0 .. n-1 are read again; the next ones are new
+                for event in samples[n:]:
+                    self._fold(st, event)
+                st.gpu_n = max(n, m)
+                return closed
+            elif m <= n:
+                return closed  # each GPU's latest is later: none is taken
+        for event in samples:
+            if self._newer(st, event.gpu_index, t):
+                self._fold(st, event)
+        return closed
+
+    @staticmethod
+    def _newer(st: WindowState, index: int, t: float) -> bool:
+        """Whether GPU ``index``'s sample at ``t`` is newer than its latest in the window; if so it
+        becomes that. Exactly :func:`detector.floats.newer` on ``gpu_last``, which is made from
+        ``gpu_t`` and ``gpu_n`` (GPUs ``0 .. n-1`` at ``gpu_t``) when a sample does not fit them."""
+        times = st.gpu_last
+        if times is None:
+            n, last = st.gpu_n, st.gpu_t
+            if last is not None and index < n and t <= last:
+                return False  # read again, or late
+            if index == n and (last is None or t == last):
+                st.gpu_t, st.gpu_n = (t if last is None else last), n + 1  # the next GPU of the scrape
+                return True
+            if n == 1 and index == 0:  # a one-GPU host's next sample (t > last here)
+                st.gpu_t = t
+                return True
+            times = st.gpu_last = array("d", [last]) * n if last is not None else per_gpu()
+            st.gpu_t, st.gpu_n = None, 0
+        return newer(times, index, t)
+
+    @staticmethod
+    def _fold(st: WindowState, event: GpuMetric) -> None:
+        st.utils = append(st.utils if st.utils is not None else bytewise(), event.util_pct)
+        if event.mem_total_mib > 0:
+            st.mem_frac_sum += event.mem_used_mib / event.mem_total_mib
+        st.power_sum += event.power_w
+        st.gpu_samples += 1
 
     def _close(self, st: WindowState, resource_id: str, resource_type: str) -> Window | None:
         group = model_group(resource_type)
@@ -376,10 +546,7 @@ class WindowBuilder:
                             values={k: values[k] for k in names}, usual=usual, cost_usd=st.cost_usd,
                             history=st.windows, history_s=end - st.first if st.first is not None else 0.0,
                             seq=st.closes, covered=st.covered, names=names)  # fmt: skip
-            self._learn(st, logs, dt, known, bases)
-            if st.first is None:
-                st.first = start
-            st.learnt_at = end
+            self._learn(st, logs, dt, known, bases, start, end)
         self._reset(st)
         return window
 
@@ -389,7 +556,8 @@ class WindowBuilder:
         util_mean = sum(utils) / n if n else 0.0
         power = st.power_sum / n if n else 0.0
         hours = st.usage_s / 3600.0
-        first, last = st.storage_first, st.storage_last
+        extra = st.extra if st.extra is not None else _NO_EXTRAS
+        first, last = extra.storage_first, extra.storage_last
         storage = (last - first) / 1e9 if first is not None and last is not None else 0.0
         return {
             "cost_usd_per_hour": st.cost_usd / hours if hours else 0.0,
@@ -400,12 +568,12 @@ class WindowBuilder:
             "power_per_util": power / (util_mean + 5.0) if n else 0.0,
             "egress_gb_per_hour": st.egress_bytes / 1e9 / hours if hours else 0.0,
             "storage_delta_gb": storage,
-            "requests_per_s": st.requests / st.request_s if st.request_s else 0.0,
-            **{METRIC_PREFIX + m: (st.metric_mean or {}).get(m, 0.0) for m in self.metrics},
+            "requests_per_s": extra.requests / extra.request_s if extra.request_s else 0.0,
+            **{METRIC_PREFIX + m: (extra.metric_mean or {}).get(m, 0.0) for m in self.metrics},
         }
 
     def _learn(self, st: WindowState, logs: dict[str, float], dt: float | None, known: dict[str, tuple[float, float]],
-               bases: tuple[str, ...]) -> None:  # fmt: skip
+               bases: tuple[str, ...], start: float, end: float) -> None:  # fmt: skip
         """Move the baselines towards the window (its base features on the log scale), by the event
         time since the last window learnt; once they have a spread, by at most ``CLIP_SIGMAS`` of it
         (a spike is not the usual level)."""
@@ -419,17 +587,15 @@ class WindowBuilder:
             known[name] = (mean + a * d, (1 - a) * (var + a * d * d))
         names = tuple(known)
         st.baseline_names = bases if names == bases else names  # the group's own: shared
-        st.baseline = array("d", [x for level_var in known.values() for x in level_var])
         # the variance's weights: none for the first window (it sets the mean), a for each after
-        st.weight = (1 - a) * st.weight + (a if st.windows else 0.0)
-        st.windows += 1
+        weight, windows, first = (1 - a) * st.weight + (a if st.windows else 0.0), st.windows + 1, st.first
+        st.baseline = array("d", [weight, windows, start if first is None else first, end,
+                                  *(x for level_var in known.values() for x in level_var)])  # fmt: skip
 
     def _reset(self, st: WindowState) -> None:
         st.cost_usd = st.usage_s = st.mem_frac_sum = st.power_sum = 0.0
-        st.utils = None
-        st.gpu_samples = 0
-        st.egress_bytes = st.requests = st.request_s = 0.0
-        st.storage_first = st.storage_last = None
+        st.utils = st.gpu_last = st.gpu_t = None
+        st.gpu_samples = st.gpu_n = 0
+        st.egress_bytes = 0.0
+        st.extra = None
         st.covered = st.paused = False
-        if st.metric_n is not None:
-            st.metric_mean, st.metric_n = None, None
