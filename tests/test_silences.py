@@ -24,7 +24,7 @@ from detector.store import alert_from_row
 from detector.suppression import Hold, Silence, SilenceInvalid, snooze
 from detector.testing import LocalSlack
 from tests.conftest import ROOT
-from tests.helpers import MIN, T0, at, fleet_file, timeline
+from tests.helpers import MIN, T0, at, burnwatch_in_process, fleet_file, timeline
 
 RULES = """\
 rules:
@@ -185,25 +185,9 @@ def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, monkeypatch, 
 
 
 def cli_in_process(monkeypatch, capsys, *args: str, rules) -> tuple[int, str, str]:
-    """``burnwatch silence ARGS`` through the CLI's ``main``: (exit code, stdout, stderr) as the
-    shell sees them (a ``SystemExit`` message goes to stderr with exit code 1, as Python does)."""
-    from streams.cli import main
-
-    # configure_logging would bind structlog (process-wide) to this test's captured stderr,
-    # which pytest closes afterwards (as in tests/test_model_cli.py).
+    """``burnwatch silence ARGS`` in-process (see :func:`tests.helpers.burnwatch_in_process`)."""
     monkeypatch.setattr("streams.cli.configure_logging", lambda *a, **k: None)
-    capsys.readouterr()
-    try:
-        code = main(["silence", *args, "--rules", str(rules)])
-    except SystemExit as exc:
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-            code = 1
-        else:
-            code = int(exc.code or 0)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err + out.out
-    return code, out.out, out.err
+    return burnwatch_in_process(capsys, "silence", *args, "--rules", str(rules))
 
 
 def at_time(text: str) -> float:
