@@ -121,3 +121,24 @@ def slack_bot(slack: LocalSlack, channel: str = "#ml-cost") -> SlackNotifier:
     from detector.slack import SlackNotifier
 
     return SlackNotifier(token="xoxb-test", channel=channel, base_url=slack.api_url, timeout=2)
+
+
+def burnwatch_in_process(capsys, *argv: str) -> tuple[int, str, str]:
+    """``burnwatch ARGV`` through the CLI's ``main``, in this process: (exit code, stdout, stderr)
+    as a user's shell would see them (a ``SystemExit`` message goes to stderr with exit code 1, as
+    Python does). The caller keeps ``streams.cli.configure_logging`` from binding structlog
+    (process-wide) to the test's captured stderr, which pytest closes after the test."""
+    from streams.cli import EXIT_FAILED, main
+
+    capsys.readouterr()
+    try:
+        code = main([*argv])
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+            code = EXIT_FAILED
+        else:
+            code = int(exc.code or 0)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err + out.out
+    return code, out.out, out.err

@@ -20,6 +20,13 @@ def fleet(tmp_path_factory, ruleset):
                       SimConfig(hours=30, training_hosts=10, notebooks=6, seed=11), ruleset.pricing)  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def replayed(fleet, ruleset):
+    """Backtest of the fleet's file, once for the module (about 7.5 s of CPU): two tests read it."""
+    path, _ = fleet
+    return backtest(path, ruleset)
+
+
 def match(alerts, labels):
     """Pair each label with the alerts whose episode overlaps it on the same resource."""
     return {id(label): [a for a in alerts if a.type == label.type and a.resource_id == label.resource_id
@@ -27,10 +34,10 @@ def match(alerts, labels):
             for label in labels}  # fmt: skip
 
 
-def test_every_labelled_episode_alerts_exactly_once_with_its_dollars(fleet, ruleset):
-    path, labels = fleet
+def test_every_labelled_episode_alerts_exactly_once_with_its_dollars(fleet, replayed):
+    _, labels = fleet
     assert len(labels) >= 20
-    result = backtest(path, ruleset)
+    result = replayed
     assert result.invalid == []
     pairs = match(result.alerts, labels)
     for label in labels:
@@ -68,7 +75,7 @@ def test_malformed_replay_line_names_file_and_line(tmp_path, ruleset):
     assert f"{path}:2: not a replay record" in out.stderr
 
 
-def test_history_in_clickhouse_gives_the_alerts_of_the_replay(fleet, ruleset, store):
+def test_history_in_clickhouse_gives_the_alerts_of_the_replay(fleet, replayed, ruleset, store):
     """`backtest --since`: the events the worker stored, read back an hour at a time."""
     from detector.backtest import backtest_store
     from detector.events import EventDecoder
@@ -81,7 +88,7 @@ def test_history_in_clickhouse_gives_the_alerts_of_the_replay(fleet, ruleset, st
     for _, record in read_replay(path):
         batch.extend(decoder.decode(record.topic, bytes(record.value)))
     store.events.insert(batch)
-    from_file = backtest(path, ruleset)
+    from_file = replayed
     from_store = backtest_store(store.history, 31 * 3600, ruleset)  # the fleet spans 30 h
     assert from_store.events == len(batch)
     assert [a.to_json() for a in from_store.alerts] == [a.to_json() for a in from_file.alerts]

@@ -66,24 +66,34 @@ def fleet_and_bill(ruleset, tmp_path_factory):
     return path, sim, BilledRates.from_table(read_focus(write_focus(sim, tmp / "bill.parquet")))
 
 
-def test_alert_dollars_agree_with_the_bill_once_it_is_in(fleet_and_bill, ruleset):
+@pytest.fixture(scope="module")
+def replayed(fleet_and_bill, ruleset):
+    """The fleet's alerts from backtest without the bill and with it: once for the module (two
+    tests read both; each backtest of this 30 h fleet is seconds of CPU)."""
+    path, _, billed = fleet_and_bill
+    return backtest(path, ruleset).alerts, backtest(path, ruleset, billed=billed).alerts
+
+
+def test_alert_dollars_agree_with_the_bill_once_it_is_in(fleet_and_bill, replayed, ruleset):
     """The issue's check: for resources that have both, alert dollars within 1 % of billed.
     Without the bill, the list-priced resources' alerts are off by the discount or commitment."""
-    path, sim, billed = fleet_and_bill
+    _, sim, _ = fleet_and_bill
+    plain, billed_alerts = replayed
     fleet = build(CFG, ruleset.pricing)
     list_priced = {r.resource_id for r in fleet.gpu_resources + fleet.cpu_resources if not r.send_cost}
 
-    with_bill = agreement(backtest(path, ruleset, billed=billed).alerts, sim.rates)
+    with_bill = agreement(billed_alerts, sim.rates)
     assert with_bill.checked > 0, "the fleet must have full-cost alerts on billed resources to check"
     assert with_bill.off == []
-    without = agreement(backtest(path, ruleset).alerts, sim.rates)
+    without = agreement(plain, sim.rates)
     assert {rid for _, rid, _, _ in without.off} and {rid for _, rid, _, _ in without.off} <= list_priced
 
 
-def test_untagged_alerts_only_what_is_untagged_in_the_bill_too(fleet_and_bill, ruleset):
-    path, sim, billed = fleet_and_bill
+def test_untagged_alerts_only_what_is_untagged_in_the_bill_too(fleet_and_bill, replayed):
+    _, sim, _ = fleet_and_bill
+    plain, billed_alerts = replayed
     tagged_in_bill = {r["ResourceId"] for r in sim.rows if r["Tags"] and "team" in r["Tags"] and "project" in r["Tags"]}
-    before = {a.resource_id for a in backtest(path, ruleset).alerts if a.type == "untagged"}
-    after = {a.resource_id for a in backtest(path, ruleset, billed=billed).alerts if a.type == "untagged"}
+    before = {a.resource_id for a in plain if a.type == "untagged"}
+    after = {a.resource_id for a in billed_alerts if a.type == "untagged"}
     assert before & tagged_in_bill, "some resources untagged in their events must be tagged in the bill"
     assert after == before - tagged_in_bill

@@ -17,10 +17,13 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_bridge_path_finds_gpus_idle_beside_busy_ones_and_gpus_nobody_requested(tmp_path):
+    """Two hours: every injected episode (three GPUs idle beside busy ones, one host's GPUs no pod
+    requested) spans the whole run, four times the rules' 30 m ``for``, so each still opens an
+    alert; the bridge's rounds (one per 30 s scrape of event time, back to back) are 240, not 360."""
     run = uuid.uuid4().hex
     env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_RULES": str(ROOT / "rules"), "PATH": "/usr/bin:/bin",
            MARK: run}  # fmt: skip
-    demo = subprocess.Popen([sys.executable, "-m", "streams.cli", "demo", "--via-bridge", "--hours", "3"], env=env,
+    demo = subprocess.Popen([sys.executable, "-m", "streams.cli", "demo", "--via-bridge", "--hours", "2"], env=env,
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         stdout, stderr = demo.communicate(timeout=300)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from detector.alerts import AlertManager
 from detector.detectors import REGISTRY
 from detector.detectors.inference_scale_to_zero import schedule_text
 from detector.engine import Engine
@@ -246,3 +247,16 @@ def test_a_state_saved_before_with_every_slot_and_an_empty_schedule_reads_back_t
     for state in (restored, fresh):
         again = msgspec.msgpack.encode(state, enc_hook=enc_hook)
         assert msgspec.msgpack.decode(again, type=InferenceScaleToZeroState, dec_hook=dec_hook) == state
+
+
+def test_an_endpoint_started_again_after_its_episode_resolved_on_a_stop_fires_a_new_alert(ruleset):
+    """Stopped, its episode resolves; started again and idle on the same schedule, it fires again: a new
+    episode with its own start, so its own alert id (the resolved one's changes after its resolution
+    the alert manager drops as a replay's: the same start made the new episode's alerts vanish)."""
+    events = (endpoint(8) + endpoint(0.1, state=lambda t: "stopped", start=T0 + 8 * DAY)
+              + endpoint(8, start=T0 + 8.2 * DAY))  # fmt: skip
+    found = findings(ruleset, events)
+    assert [f.action for f in found if f.action != "update"] == ["fire", "resolve", "fire"]
+    alerts = AlertManager(ruleset=ruleset).handle(found)
+    assert [a.change for a in alerts if a.change != "updated"] == ["fired", "resolved", "fired"]
+    assert alerts[-1].status == "firing" and alerts[-1].alert_id != alerts[0].alert_id

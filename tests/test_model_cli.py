@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import math
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from detector.series import Series, read_series, replay_records
 from detector.units import rfc3339
 from streams.cli import EXIT_FAILED, main
 from tests.conftest import ROOT
+from tests.helpers import burnwatch_in_process
 
 HOURS = 400
 SPIKE = 360
@@ -75,20 +75,7 @@ def environment(monkeypatch, tmp_path):
     monkeypatch.setattr("streams.cli.configure_logging", lambda *args, **kwargs: None)
 
 
-def burnwatch(capsys, *argv: str) -> tuple[int, str, str]:
-    """``burnwatch ARGV`` in-process: (exit code, stdout, stderr), as a user's shell would see them
-    (a ``SystemExit`` message is printed on stderr with exit code 1, as Python does)."""
-    try:
-        code = main([*argv])
-    except SystemExit as exc:
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-            code = EXIT_FAILED
-        else:
-            code = int(exc.code or 0)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err + out.out
-    return code, out.out, out.err
+burnwatch = burnwatch_in_process
 
 
 def rules() -> list[str]:

@@ -181,3 +181,35 @@ def test_long_pod_names_keep_each_slack_field_within_its_limit(ruleset):
     fields = [f["text"] for block in post.blocks for f in block.get("fields", [])]
     assert any(text.startswith("*Pods*") for text in fields)
     assert max(len(text) for text in fields) <= 2000
+
+
+def test_the_shared_pods_table_keeps_no_label_its_pods_do_not():
+    """pod_of shares one Pod among the samples that name it alike, in a table of up to 10,000 pods
+    that outlives the samples: it must keep what the Pods keep (names, owner labels), not every
+    sample's other labels (a node's cloud tags, a pod's own: up to 1,024 of 4 KB each), which on a
+    node whose Jobs churn held every label of the latest 10,000 pods (81 MB with 40 short labels)."""
+    import gc
+    import tracemalloc
+
+    import msgspec
+
+    from detector.detectors import pods as pods_module
+
+    def sample(i: int) -> GpuMetric:  # decoded, as the worker reads it: each sample's strings its own
+        tags = {f"label-{j}": f"{i}-{j}-" + "x" * 4000 for j in range(8)} | {"team": "vision"}
+        raw = {"ts": at(T0).isoformat(), "resource_id": "node-1", "model": "A100", "gpu_index": 0, "util_pct": 1.0,
+               "namespace": "ns", "pod": f"job-{i}", "tags": tags}  # fmt: skip
+        return msgspec.json.decode(msgspec.json.encode(raw), type=GpuMetric)
+
+    pods_module._PODS.clear()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        kept = [pods_module.pod_of(sample(i)) for i in range(200)]
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        pods_module._PODS.clear()
+    assert all(p is not None and p.tags == {"team": "vision"} for p in kept)
+    assert held < 200 * 8 * 4000 / 10, f"{held:,} B held for 200 pods: their samples' other labels kept"

@@ -27,6 +27,7 @@ from tests.conftest import ROOT
 from tests.reliability import (
     PARTITIONS,
     CpuLoad,
+    Fleet,
     Worker,
     chaos,
     compare_alerts,
@@ -195,6 +196,20 @@ SMALL = SimConfig(hours=6, training_hosts=3, notebooks=2, inference_endpoints=1,
                   cpu_instances=1, seed=5)  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def _small(tmp_path_factory, ruleset) -> Fleet:
+    """SMALL simulated and backtested once per module (per xdist worker): six tests replay it,
+    and each used to simulate it and replay it twice (``fleet`` checks its alerts against
+    backtest's) for itself, about 1.3 s of CPU each time."""
+    return fleet(tmp_path_factory.mktemp("small") / "fleet.jsonl", SMALL, ruleset)
+
+
+@pytest.fixture
+def small_fleet(_small: Fleet) -> Fleet:
+    """The shared SMALL fleet, its lists copied so that no test sees what another did to them."""
+    return Fleet(_small.path, list(_small.records), list(_small.expected))
+
+
 def _halves(records: list, at: float = 0.5) -> tuple[list, list]:
     split = int(len(records) * at)
     return records[:split], records[split:]
@@ -208,10 +223,10 @@ def _run_until_acknowledged(env: dict[str, str], bootstrap: str, log: Path, time
         assert worker.stop() == 0, worker.tail()
 
 
-def test_topic_reset_keeps_every_event(tmp_path: Path, ruleset, rules_dir: Path):
+def test_topic_reset_keeps_every_event(tmp_path: Path, ruleset, rules_dir: Path, small_fleet: Fleet):
     """The broker restarts empty (a recreated topic: offsets start at 0 again); what is
     sent afterwards is stored, all of it, not skipped as already stored."""
-    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    fl = small_fleet
     before, after = _halves(fl.records)
     broker = EmbeddedBroker(log_path=tmp_path / "broker.log").start()
     try:
@@ -230,10 +245,10 @@ def test_topic_reset_keeps_every_event(tmp_path: Path, ruleset, rules_dir: Path)
     assert diff.ok, diff
 
 
-def test_producer_duplicates_are_stored_once(tmp_path: Path, ruleset, rules_dir: Path):
+def test_producer_duplicates_are_stored_once(tmp_path: Path, ruleset, rules_dir: Path, small_fleet: Fleet):
     """Messages re-sent by an at-least-once producer (same events, new offsets) are stored
     once: row counts and the cost totals stay those of one copy."""
-    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    fl = small_fleet
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
         env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
         publish(broker.bootstrap, fl.records)
@@ -251,8 +266,8 @@ def test_producer_duplicates_are_stored_once(tmp_path: Path, ruleset, rules_dir:
     assert diff.ok, diff
 
 
-def test_an_empty_rules_file_is_refused_and_detection_goes_on(tmp_path: Path, ruleset, rules_dir: Path):
-    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+def test_an_empty_rules_file_is_refused_and_detection_goes_on(tmp_path: Path, ruleset, rules_dir: Path, small_fleet: Fleet):
+    fl = small_fleet
     before, after = _halves(fl.records)
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
         env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS)
@@ -270,12 +285,12 @@ def test_an_empty_rules_file_is_refused_and_detection_goes_on(tmp_path: Path, ru
     assert '"rules_refused"' in line and '"level": "error"' in line and diff.ok, f"{line}\n{diff}"
 
 
-def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_dir: Path):
+def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_dir: Path, small_fleet: Fleet):
     """A replay weeks old with one event dated 20 h ahead of the wall clock (the contract
     accepts up to a day) in its middle: the other resources' alerts equal backtest's
     without that event, and all their events are stored. The state expiry runs on a
     60 s timer, so the test waits for seven 10 s stats reports after the event."""
-    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    fl = small_fleet
     before, after = _halves(fl.records)
     ahead = time.time() + 20 * 3600
     future = ("resource-usage", "future-host", msgspec.json.encode(
@@ -304,14 +319,15 @@ def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_di
 
 
 @pytest.mark.parametrize("then", ["wait", "stop"])
-def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Path, then: str):
+def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Path, small_fleet: Fleet,
+                                          then: str):  # fmt: skip
     """The ClickHouse directory made immutable (``chattr +i`` on every file: we run as root, so a
     chmod would not stop the writes) while events flow: /healthz says not ready, or the
     worker exits non-zero; once writable again every event is stored, by the same
     worker or by a restarted one. ``stop``: the worker is stopped (SIGTERM) while its writes
     fail, so what it read and could not store must not be committed (Faust's ``take_events``
     acknowledged a batch as soon as it was handed over, and a restart skipped it)."""
-    fl = fleet(tmp_path / "fleet.jsonl", SMALL, ruleset)
+    fl = small_fleet
     before, after = _halves(fl.records)
     chdb_dir = tmp_path / "data" / "clickhouse"
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:

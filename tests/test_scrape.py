@@ -242,3 +242,82 @@ def test_the_engine_folds_each_run_of_one_hosts_samples_at_one_time_as_one_scrap
     Engine(load_rules(ROOT / "rules")).process_timed(items)
     assert seen == expected
     assert {len(run) for run in seen} >= {1, 2, 8, 16}  # (two runs of one host back to back are one)
+
+
+HOSTILE = ["", "team", "\x00", "ns/pod", "a" * 256, "ünïcødé ☃", "team=x,owner=y", " ", "None"]
+"""Label keys and values a producer may send: empty, separators, NUL, long, unicode, look-alikes."""
+
+
+def churning_host(seed: int) -> list[tuple[str, float, list[GpuMetric]]]:
+    """:func:`kubernetes_host` with what it lacks: pods relabelled under the same name (owner labels
+    and others), a new pod name on every scrape for a while (thousands of distinct pods, past the
+    table of :func:`~detector.detectors.pods.pod_of`), hostile label strings, a GPU split into MIG
+    instances and made whole again, and a GPU index twice with the same holder."""
+    rng = random.Random(1000 + seed)
+    out = []
+    churn = 0
+    for kind, t, samples in kubernetes_host(seed):
+        if kind == "scrape" and samples:
+            r = rng.random()
+            new = []
+            for ev in samples:
+                if not ev.pod:
+                    new.append(ev)
+                    continue
+                if r < 0.3:  # a fresh pod per unit (a Job per step)
+                    churn += 1
+                    ev = msgspec.structs.replace(ev, pod=f"{ev.pod}-{churn}")
+                elif r < 0.4:  # relabelled, the name kept
+                    tags = dict(ev.tags)
+                    tags[rng.choice(["team", "pod-template-hash", "owner", rng.choice(HOSTILE) or "x"])] = rng.choice(HOSTILE)
+                    ev = msgspec.structs.replace(ev, tags=tags)
+                elif r < 0.45:  # the same labels in another order
+                    ev = msgspec.structs.replace(ev, tags=dict(reversed(list(ev.tags.items()))))
+                new.append(ev)
+            r = rng.random()
+            if r < 0.05:  # GPU 0 made whole (its instances' first sample stands for it), or split
+                first = new[0]
+                whole = [ev for ev in new if ev.gpu_index != 0]
+                if first.mig_instance:
+                    new = [msgspec.structs.replace(first, mig_instance="", mig_profile=""), *whole]
+                else:
+                    new = [msgspec.structs.replace(first, mig_instance=str(m), mig_profile="1g.10gb") for m in (1, 2)] + new[1:]
+            elif r < 0.08:  # a GPU twice, the same holder
+                twice = rng.randrange(len(new))
+                new.insert(twice + 1, new[twice])
+            samples = new
+        out.append((kind, t, samples))
+    return out
+
+
+@pytest.mark.parametrize("rule_type", ["idle_gpu", "stuck_gpu", "partly_idle_gpu", "unallocated_gpu"])
+def test_churning_hostile_kubernetes_nodes_keep_what_the_sample_by_sample_way_keeps(rule_type, monkeypatch):
+    """As above on nodes whose pods churn (past the shared pods' table), are relabelled, carry hostile
+    labels, and whose GPUs move between MIG and whole: the short way keeps what the long way keeps."""
+    from detector.detectors import pods as pods_module
+
+    fast, slow = (next(r.detector for r in load_rules(ROOT / "rules").rules if r.detector.type == rule_type)
+                  for _ in range(2))  # fmt: skip
+    monkeypatch.setattr(slow, "_usual", lambda st, scrape: False, raising=False)
+    info = {"resource_id": "host-1", "resource_type": "gpu_instance", "usd_per_hour": 32.0, "gpus": 8}
+    running = Context(ResourceInfo(state="running", **info))
+    stopped = Context(ResourceInfo(state="stopped", **info))
+    pods_module._PODS.clear()
+    for i in range(pods_module._MAX_PODS - 100):  # a worker that has seen nearly as many pods
+        pods_module.pod_of(sample(T0, 0, 1.0, namespace="seen", pod=f"pod-{i}"))
+    cleared = 0
+    for seed in range(24):
+        states = fast.new_state(), slow.new_state()
+        ctx = running
+        for kind, t, samples in churning_host(seed):
+            if kind != "scrape":
+                ctx = stopped if kind == "stop" else running
+                usage = UsageEvent(ts=at(t), resource_id="host-1", resource_type="gpu_instance", state=ctx.resource.state)
+                assert fast.step(states[0], ctx, usage, t) == slow.step(states[1], ctx, usage, t)
+                continue
+            before = len(pods_module._PODS)
+            got = [d.step_scrape(st, ctx, Scrape(samples), t) for d, st in zip((fast, slow), states, strict=True)]
+            cleared += len(pods_module._PODS) < before
+            assert got[0] == got[1], (seed, t)
+            assert msgspec.msgpack.encode(states[0], enc_hook=enc_hook) == msgspec.msgpack.encode(states[1], enc_hook=enc_hook)
+    assert cleared and len(pods_module._PODS) <= pods_module._MAX_PODS  # (the table started afresh, and is bounded)

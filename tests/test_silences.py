@@ -24,7 +24,7 @@ from detector.store import alert_from_row
 from detector.suppression import Hold, Silence, SilenceInvalid, snooze
 from detector.testing import LocalSlack
 from tests.conftest import ROOT
-from tests.helpers import MIN, T0, at, fleet_file, timeline
+from tests.helpers import MIN, T0, at, burnwatch_in_process, fleet_file, timeline
 
 RULES = """\
 rules:
@@ -172,13 +172,22 @@ def test_a_silence_that_has_not_started_lists_as_pending_and_expires_empty(tmp_p
     ],
     ids=["bad-match", "unknown-type", "bad-duration", "unknown-rule", "no-matcher", "bad-start", "start-without-zone"],
 )
-def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, args, error):
+def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, monkeypatch, capsys, args, error):
+    """In-process (``streams.cli.main``, as the subprocess runs it): seven cases, two commands
+    each, were fourteen interpreters starting (about 1.3 s of CPU each) to check a message;
+    ``test_silence_cli_adds_lists_and_expires`` runs the command as a user does."""
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
-    out = cli("add", *args, rules=rules)
-    assert out.returncode == 1 and error in out.stderr
+    code, _, stderr = cli_in_process(monkeypatch, capsys, "add", *args, rules=rules)
+    assert code == 1 and error in stderr
     assert not (rules / "silences.yaml").exists()
-    assert cli("expire", "deadbeef", rules=rules).returncode == 1
+    assert cli_in_process(monkeypatch, capsys, "expire", "deadbeef", rules=rules)[0] == 1
+
+
+def cli_in_process(monkeypatch, capsys, *args: str, rules) -> tuple[int, str, str]:
+    """``burnwatch silence ARGS`` in-process (see :func:`tests.helpers.burnwatch_in_process`)."""
+    monkeypatch.setattr("streams.cli.configure_logging", lambda *a, **k: None)
+    return burnwatch_in_process(capsys, "silence", *args, "--rules", str(rules))
 
 
 def at_time(text: str) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from detector.alerts import AlertManager
 from detector.detectors.wrong_region import WrongRegion
 from detector.engine import Engine
 from detector.events import UsageEvent
@@ -119,3 +120,19 @@ def test_a_restore_mid_stream_gives_the_same_findings(ruleset, split):
 def test_absurd_storage_never_alerts_nor_breaks(ruleset):
     # 9.2 EB reported: the move costs more than any saving; nothing fires and nothing raises.
     assert findings(ruleset, hours(8 * 24, storage_gb=9.2e9)) == []
+
+
+def test_a_move_that_pays_again_after_resolving_is_a_new_alert(ruleset):
+    """A week in Tokyo fires; a day with 500 TB on its volumes (the move no longer pays) resolves it;
+    back at 20 TB, it pays again while the instance still runs: a new episode, with its own start and
+    so its own alert id, which the alert manager lets through (the same id is dropped after its
+    resolution: a replayed batch's)."""
+    events = (hours(8 * 24, storage_gb=20_000) + hours(24, storage_gb=500_000, start=T0 + 8 * DAY)
+              + hours(48, storage_gb=20_000, start=T0 + 9 * DAY))  # fmt: skip
+    found = findings(ruleset, events)
+    fires = [f for f in found if f.action == "fire"]
+    assert [f.action for f in found if f.action != "update"] == ["fire", "resolve", "fire"]
+    assert fires[0].episode_start == T0 and fires[1].episode_start == fires[1].fired_at == T0 + 9 * DAY
+    alerts = AlertManager(ruleset=ruleset).handle(found)
+    assert [a.change for a in alerts if a.change != "updated"] == ["fired", "resolved", "fired"]
+    assert alerts[-1].status == "firing" and alerts[-1].alert_id != alerts[0].alert_id

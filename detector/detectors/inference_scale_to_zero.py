@@ -183,6 +183,7 @@ class InferenceScaleToZero(DetectorBase):
         if event.state != "running":
             if st.fired_at is not None:
                 found += end(st, lambda: self._finding("resolve", st, res, t, reason=f"instance_{event.state}"))
+                st.first_t, st.idle_usd = t, 0.0  # a new episode learns afresh from here, with its own start (alert id)
             return found
         st.hour_running_s += min(event.interval_s, HOUR_S)
         st.hour_usd += res.interval_usd

@@ -74,11 +74,13 @@ _MAX_PODS = 10_000
 def pod_of(ev: GpuMetric) -> Pod | None:
     """The pod a sample names (with only its ownership labels), or None. One :class:`Pod` for the
     samples that name it alike (a pod's every sample, on every scrape, in every rule's state): made
-    once, found again by its labels. The table is bounded: past ``_MAX_PODS`` it starts afresh."""
+    once, found again by what it keeps (names and :data:`OWNER_LABELS`, the very strings the Pod
+    holds: the table keeps nothing the Pods do not, not a sample's other labels, up to 1,024 of
+    4 KB each). The table is bounded: past ``_MAX_PODS`` it starts afresh."""
     if not ev.pod:
         return None
     labels = ev.tags
-    key = (ev.namespace, ev.pod, ev.container, ev.workload, *labels.items())
+    key = (ev.namespace, ev.pod, ev.container, ev.workload, *map(labels.get, OWNER_LABELS))  # (None: no such label)
     pod = _PODS.get(key)
     if pod is None:
         tags = {k: labels[k] for k in OWNER_LABELS if k in labels} if labels else {}

@@ -71,6 +71,11 @@ class WrongRegionState(Episode, kw_only=True):
     """When the move was last weighed: at most hourly, or when the reported storage changes."""
     advice: dict[str, Any] | None = None
     """The open episode's figures (None while none is open: no empty dict per resource)."""
+    resolved_at: float = 0.0
+    """When an episode last resolved with the resource still running here (the move stopped
+    paying): the next one, in the same running spell, starts when it pays again, not at
+    ``running_since`` (the same start would be the same alert id, whose every change after
+    its resolution the alert manager drops as a replay)."""
 
     def clear(self) -> None:
         super().clear()
@@ -134,10 +139,14 @@ class WrongRegion(DetectorBase):
         st.judged_at = t
         advice = self._advice(st, res)
         if advice is None:
-            return end(st, lambda: self._finding("resolve", st, res, t, reason="no_cheaper_region"))
+            found = end(st, lambda: self._finding("resolve", st, res, t, reason="no_cheaper_region"))
+            if found:
+                st.resolved_at = t
+            return found
         st.advice = advice
         if st.fired_at is None:
-            return [self._finding(fire(st, since=st.running_since, fired_at=t, at=t), st, res, t)]
+            since = st.running_since if st.running_since > st.resolved_at else t  # (a new episode: its own id)
+            return [self._finding(fire(st, since=since, fired_at=t, at=t), st, res, t)]
         st.last_report = t
         return [self._finding("update", st, res, t)]
 
