@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 
-from detector.alerts import from_finding
+from detector.alerts import AlertManager, from_finding
 from detector.backtest import backtest
 from detector.engine import Engine
 from detector.events import UsageEvent
+from detector.rules import load_rules
 from detector.slack import SlackNotifier
 from detector.testing import LocalSlack
 from tests.helpers import T0, at
@@ -115,6 +118,25 @@ def test_reread_after_judgement_is_not_counted(ruleset):
     engine.process(events)  # read again (a restart, a re-delivered bill)
     (open_episode,) = [f for f in engine.open_episodes() if f.type == "unused_commitment"]
     assert open_episode.waste_usd == pytest.approx(70.0)
+
+
+def test_a_day_resumed_after_an_expiry_within_it_is_not_judged_again_nor_its_alert_reopened(tmp_path):
+    """``expire_after`` shorter than a day: hourly data stops 10 h into a day and resumes 7 h later. The
+    expiry judges the part-day (fires) and resolves; the rest of that day, once judged again, opened an
+    episode with the same start, the resolved alert's id, whose fire and updates the alert manager
+    drops as a replay's. A day is judged once: the next episode starts at the next day."""
+    rules = tmp_path / "rules"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "rules", rules)
+    text = (rules / "rules.yaml").read_text()
+    assert text.count("expire_after: 2d") == 1
+    (rules / "rules.yaml").write_text(text.replace("expire_after: 2d", "expire_after: 6h"))
+    ruleset = load_rules(rules)
+    found = findings(ruleset, hourly((70, 60))[:10] + hourly((70, 60))[17:] + hourly((70, 60), (70, 60), start=T0 + DAY))
+    assert [f.action for f in found if f.action != "update"] == ["fire", "resolve", "fire"]
+    assert found[0].episode_start == T0 and found[-1].episode_start == T0 + DAY
+    alerts = AlertManager(ruleset=ruleset).handle(found)
+    assert [a.change for a in alerts if a.change != "updated"] == ["fired", "resolved", "fired"]
+    assert alerts[-1].status == "firing" and alerts[-1].alert_id != alerts[0].alert_id
 
 
 def test_missing_used_figure_is_an_error_naming_the_field(ruleset):

@@ -173,7 +173,9 @@ class UnusedCommitment(DetectorBase):
         if state.reached and t >= state.reached + self.params.expire_after:
             found += self._judge(state, resource, force=True)
             found += end(state, lambda: self._finding("resolve", state, resource, state.reached, reason="expired"))
-            state.judged_until = _day(t)
+            # A day is judged once, so this never goes back: the rest of a day whose expiry (an expire_after under
+            # a day) judged it was judged again, opening an episode with the resolved one's start (its alert id).
+            state.judged_until = max(state.judged_until, _day(t))
         period_end = t + interval
         if period_end <= state.judged_until:
             return found  # a re-read period, or one of a day already judged
