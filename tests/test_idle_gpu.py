@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from detector.alerts import AlertManager
 from detector.engine import Engine
 from tests.helpers import MIN, T0, scrape, timeline, usage
 
@@ -156,3 +157,20 @@ def test_open_episode_reports_dollars_to_end_of_data(ruleset):
     (open_ep,) = [f for f in engine.open_episodes() if f.type == "idle_gpu"]
     assert open_ep.action == "update"
     assert open_ep.waste_usd == pytest.approx(32.0 * (90 * MIN - 30) / 3600, rel=1e-6)
+
+
+def test_a_late_sample_from_before_a_stop_starts_no_episode_with_the_resolved_ones_start(ruleset):
+    """Idle 45m, stopped (resolved), one GPU's sample of the first scrape arriving late, then started
+    again two minutes later and idle: the new episode starts when it runs again. The late sample
+    (before the stop, which breaks the episode as a busy sample does) started one at its own time,
+    here the resolved episode's start: the same alert id, whose fire and updates the alert manager
+    drops as a replay's."""
+    late = [s for s in scrape(T0, IDLE8) if s.gpu_index == 7]
+    events = timeline(T0, T0 + 45 * MIN, IDLE8) + [usage(T0 + 45 * MIN, state="stopped", usd_per_hour=0.0), *late]
+    events += timeline(T0 + 47 * MIN, T0 + 110 * MIN, IDLE8)
+    _, found = run(ruleset, events)
+    assert actions(found) == ["fire", "resolve", "fire"]
+    assert [f.episode_start for f in found if f.action == "fire"] == [T0, T0 + 47 * MIN]
+    alerts = AlertManager(ruleset=ruleset).handle(found)
+    assert [a.change for a in alerts if a.change != "updated"] == ["fired", "resolved", "fired"]
+    assert alerts[-1].status == "firing" and alerts[-1].alert_id != alerts[0].alert_id

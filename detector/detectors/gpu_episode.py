@@ -54,7 +54,7 @@ class GpuEpisodeState(Episode, kw_only=True):
     """Highest power each GPU has drawn, by GPU index (:func:`detector.floats.per_gpu`), kept by the
     detectors that read power (None for the others, and before a sample)."""
     last_break: float = 0.0
-    """Time of the newest sample that breaks an episode."""
+    """Time of the newest sample that breaks an episode, or stop that ended one: a sample not after it starts none."""
     covered_until: float = 0.0
     """Time of the newest sample seen: episode time is only counted up to here."""
     waste_usd: float = 0.0
@@ -226,6 +226,8 @@ class GpuEpisode(DetectorBase):
             since = st.since
             if st.fired_at is not None:
                 self._accrue(st, res, t)
+            if t > st.last_break:  # the stop breaks the episode: a late sample from before it starts none (one
+                st.last_break = t  # did, from its own time: the resolved episode's start, so its alert id, at worst)
             return end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
