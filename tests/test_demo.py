@@ -3,8 +3,10 @@ follow-up commands it prints working as printed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -48,6 +50,19 @@ def wait_for(condition, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def stop_demo(demo: subprocess.Popen, run: str) -> None:
+    """A demo still running (its test failed or timed out) is killed with every process it started:
+    its broker and worker would otherwise outlive it (SIGKILL leaves them no chance to stop). A demo
+    that ended by itself is left alone: the test then checks its processes stop on their own."""
+    if demo.poll() is not None:
+        return
+    demo.kill()
+    demo.wait()
+    for pid in started_by(run):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_demo_shows_alerts_summary_a_postmortem_and_commands_that_work(tmp_path):
     run = uuid.uuid4().hex
     env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_RULES": str(ROOT / "rules"), "PATH": "/usr/bin:/bin",
@@ -61,9 +76,7 @@ def test_demo_shows_alerts_summary_a_postmortem_and_commands_that_work(tmp_path)
         wait_for(lambda: len(started_by(run) - {demo.pid}) >= 2 or demo.poll() is not None, 120, "the demo's broker and worker")
         stdout, stderr = demo.communicate(timeout=300)
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        stop_demo(demo, run)
     assert demo.returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert "🔥 WARNING Idle GPUs on" in stdout and "✅ RESOLVED Idle GPUs on" in stdout
     found, injected = map(int, re.search(r"(\d+) of (\d+) injected episodes found", stdout).groups())

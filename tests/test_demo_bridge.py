@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_demo import MARK, started_by, wait_for
+from tests.test_demo import MARK, started_by, stop_demo, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -28,9 +28,7 @@ def test_the_bridge_path_finds_gpus_idle_beside_busy_ones_and_gpus_nobody_reques
     try:
         stdout, stderr = demo.communicate(timeout=300)
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        stop_demo(demo, run)
     assert demo.returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert "! bridge:" not in stdout  # every scrape of the fake exporters parsed
     assert re.search(r"🔥 WARNING Part of a host's GPUs idle on i-0[0-9a-f]{16} ", stdout)
