@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from itertools import groupby
 
 import msgspec
@@ -181,6 +182,27 @@ def kubernetes_host(seed: int) -> list[tuple[str, float, list[GpuMetric]]]:
     return out
 
 
+def both_ways(fast, slow, host: list[tuple[str, float, list[GpuMetric]]]) -> Iterator[list]:
+    """A host's scrapes, stops and starts through a rule as it is (``fast``) and as it is kept from its
+    short way (``slow``): after every event the same findings, credited to the same samples, and the
+    same state. Yields each scrape's findings once both agree."""
+    info = {"resource_id": "host-1", "resource_type": "gpu_instance", "usd_per_hour": 32.0, "gpus": 8}
+    running = Context(ResourceInfo(state="running", **info))
+    stopped = Context(ResourceInfo(state="stopped", **info))
+    states = fast.new_state(), slow.new_state()
+    ctx = running
+    for kind, t, samples in host:
+        if kind != "scrape":
+            ctx = stopped if kind == "stop" else running
+            usage = UsageEvent(ts=at(t), resource_id="host-1", resource_type="gpu_instance", state=ctx.resource.state)
+            assert fast.step(states[0], ctx, usage, t) == slow.step(states[1], ctx, usage, t)
+            continue
+        got = [d.step_scrape(st, ctx, Scrape(samples), t) for d, st in zip((fast, slow), states, strict=True)]
+        assert got[0] == got[1], t
+        assert msgspec.msgpack.encode(states[0], enc_hook=enc_hook) == msgspec.msgpack.encode(states[1], enc_hook=enc_hook)
+        yield got[0]
+
+
 @pytest.mark.parametrize("rule_type", ["idle_gpu", "stuck_gpu", "partly_idle_gpu", "unallocated_gpu"])
 def test_the_usual_kubernetes_scrape_keeps_what_the_sample_by_sample_way_keeps(rule_type, monkeypatch):
     """Random Kubernetes nodes (MIG or not, holders flapping) through a rule as it is, and through the
@@ -192,23 +214,10 @@ def test_the_usual_kubernetes_scrape_keeps_what_the_sample_by_sample_way_keeps(r
     taken: list[bool] = []
     monkeypatch.setattr(fast, "_usual", lambda st, scrape: taken.append(usual(st, scrape)) or taken[-1], raising=False)
     monkeypatch.setattr(slow, "_usual", lambda st, scrape: False, raising=False)
-    info = {"resource_id": "host-1", "resource_type": "gpu_instance", "usd_per_hour": 32.0, "gpus": 8}
-    running = Context(ResourceInfo(state="running", **info))
-    stopped = Context(ResourceInfo(state="stopped", **info))
     findings = 0
     for seed in range(24):
-        states = fast.new_state(), slow.new_state()
-        ctx = running
-        for kind, t, samples in kubernetes_host(seed):
-            if kind != "scrape":
-                ctx = stopped if kind == "stop" else running
-                usage = UsageEvent(ts=at(t), resource_id="host-1", resource_type="gpu_instance", state=ctx.resource.state)
-                assert fast.step(states[0], ctx, usage, t) == slow.step(states[1], ctx, usage, t)
-                continue
-            got = [d.step_scrape(st, ctx, Scrape(samples), t) for d, st in zip((fast, slow), states, strict=True)]
-            assert got[0] == got[1], (seed, t)
-            assert msgspec.msgpack.encode(states[0], enc_hook=enc_hook) == msgspec.msgpack.encode(states[1], enc_hook=enc_hook)
-            findings += len(got[0])
+        for found in both_ways(fast, slow, kubernetes_host(seed)):
+            findings += len(found)
     assert findings, "the nodes should make findings of this rule"
     assert sum(taken) > len(taken) / 4, "the short way should be taken often (not MIG in gpu_share)"
 
@@ -299,25 +308,12 @@ def test_churning_hostile_kubernetes_nodes_keep_what_the_sample_by_sample_way_ke
     fast, slow = (next(r.detector for r in load_rules(ROOT / "rules").rules if r.detector.type == rule_type)
                   for _ in range(2))  # fmt: skip
     monkeypatch.setattr(slow, "_usual", lambda st, scrape: False, raising=False)
-    info = {"resource_id": "host-1", "resource_type": "gpu_instance", "usd_per_hour": 32.0, "gpus": 8}
-    running = Context(ResourceInfo(state="running", **info))
-    stopped = Context(ResourceInfo(state="stopped", **info))
     pods_module._PODS.clear()
     for i in range(pods_module._MAX_PODS - 100):  # a worker that has seen nearly as many pods
         pods_module.pod_of(sample(T0, 0, 1.0, namespace="seen", pod=f"pod-{i}"))
-    cleared = 0
+    cleared, held = 0, len(pods_module._PODS)
     for seed in range(24):
-        states = fast.new_state(), slow.new_state()
-        ctx = running
-        for kind, t, samples in churning_host(seed):
-            if kind != "scrape":
-                ctx = stopped if kind == "stop" else running
-                usage = UsageEvent(ts=at(t), resource_id="host-1", resource_type="gpu_instance", state=ctx.resource.state)
-                assert fast.step(states[0], ctx, usage, t) == slow.step(states[1], ctx, usage, t)
-                continue
-            before = len(pods_module._PODS)
-            got = [d.step_scrape(st, ctx, Scrape(samples), t) for d, st in zip((fast, slow), states, strict=True)]
-            cleared += len(pods_module._PODS) < before
-            assert got[0] == got[1], (seed, t)
-            assert msgspec.msgpack.encode(states[0], enc_hook=enc_hook) == msgspec.msgpack.encode(states[1], enc_hook=enc_hook)
+        for _ in both_ways(fast, slow, churning_host(seed)):  # (only scrapes add pods: held is the size before this one)
+            cleared += len(pods_module._PODS) < held
+            held = len(pods_module._PODS)
     assert cleared and len(pods_module._PODS) <= pods_module._MAX_PODS  # (the table started afresh, and is bounded)
