@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import builtins
 import math
-import statistics
 from typing import Any, ClassVar
 
 import msgspec
@@ -75,8 +74,8 @@ class DestinationState(Episode, kw_only=True):
     bucket_s: float = 0.0
     rates: BucketRates | None = None
     """Bytes/s of each closed 5-minute bucket inside the baseline window, oldest first (the exact
-    median needs every one: a day of them is 1.5 KB held as whole bytes, 2.3 KB as doubles, and
-    saved as the doubles); None before the first."""
+    median needs every one: a day of them is 1.5 KB held and saved as whole bytes, 2.3 KB as
+    doubles); None before the first."""
     spans: FloatArray | None = None
     """The buckets' starts, as (first start, buckets) of each run of consecutive buckets, flattened:
     a run is broken only by a bucket without egress or inside a runaway, so a day's starts take a
@@ -280,7 +279,7 @@ class EgressRunaway(DetectorBase):
                 st.keep(st.bucket, st.bucket_bytes / st.bucket_s)
             st.forget_before(t - self.params.baseline)
             if st.rates:
-                st.baseline = statistics.median(st.rates.values())
+                st.baseline = st.rates.median()
             st.bucket, st.bucket_bytes, st.bucket_s = bucket, 0.0, 0.0
         st.bucket_bytes += size
         st.bucket_s += interval
