@@ -29,7 +29,7 @@ def test_building_the_parser_connects_to_nothing():
     """``burnwatch backtest FILE`` reads a file: clickhouse-connect and the store's repositories
     (once behind the incidents' and the reports' help) are imported by the commands that
     connect, when they connect."""
-    loaded = _modules_after(f"from streams.cli import build_parser\nbuild_parser().parse_args(['backtest', 'fleet.jsonl'])")
+    loaded = _modules_after("from streams.cli import build_parser\nbuild_parser().parse_args(['backtest', 'fleet.jsonl'])")
     assert {"streams.cli", "detector.incidents", "detector.reports"} <= loaded
     assert not loaded & {"clickhouse_connect", "detector.store.facade", "detector.alerts"}
 
