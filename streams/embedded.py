@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from streams.children import die_with_parent
+
 __all__ = ["EmbeddedBroker", "free_port"]
 
 
@@ -22,7 +24,8 @@ def free_port() -> int:
 
 
 class EmbeddedBroker:
-    """Start with ``with EmbeddedBroker() as broker:``; ``broker.bootstrap`` is ``127.0.0.1:PORT``."""
+    """Start with ``with EmbeddedBroker() as broker:``; ``broker.bootstrap`` is ``127.0.0.1:PORT``.
+    The broker dies with the thread that started it (:mod:`streams.children`)."""
 
     def __init__(self, port: int | None = None, log_path: Path | None = None, advertised_port: int | None = None) -> None:
         self.port = port or free_port()
@@ -41,7 +44,7 @@ class EmbeddedBroker:
         self._proc = subprocess.Popen(
             [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
              "--storage-engine", "memory://tansu/"],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent(),
         )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
