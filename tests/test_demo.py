@@ -96,7 +96,7 @@ def test_demo_shows_alerts_summary_a_postmortem_and_commands_that_work(tmp_path)
     assert not (tmp_path / "clickhouse").exists()  # no command created a store where the demo's is not
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP])  # killed -9; its terminal closed
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP], ids=["killed", "terminal-closed"])
 def test_a_demo_killed_takes_the_broker_and_worker_it_started_with_it(tmp_path, how: signal.Signals):
     """``make demo`` killed -9, or its terminal closed, has no chance to stop what it started:
     the broker and the worker end with it all the same (they used to run on: a pair outlived
