@@ -52,12 +52,18 @@ def wait_for(condition, timeout: float, what: str):
 
 def stop_demo(demo: subprocess.Popen, run: str) -> None:
     """A demo still running (its test failed or timed out) is killed with every process it started:
-    its broker and worker would otherwise outlive it (SIGKILL leaves them no chance to stop). A demo
-    that ended by itself is left alone: the test then checks its processes stop on their own."""
+    they die with it (:mod:`streams.children`), and any that did not (that broken, or not Linux) is
+    killed here rather than left running. A demo that ended by itself is left alone: the test
+    then checks its processes stop on their own."""
     if demo.poll() is not None:
         return
     demo.kill()
     demo.wait()
+    kill_started(run)
+
+
+def kill_started(run: str) -> None:
+    """SIGKILL every live process of this run: what a failed test must not leave running."""
     for pid in started_by(run):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -119,6 +125,4 @@ def test_a_demo_killed_takes_the_broker_and_worker_it_started_with_it(tmp_path, 
     finally:
         demo.kill()
         demo.wait()
-        for pid in started_by(run):  # what did not end with it (the test failed): not left running
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        kill_started(run)  # what did not end with it (the test failed): not left running
