@@ -50,10 +50,10 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     is no parent-death signal: the child then lives until it is stopped, as before."""
     if _PRCTL is None:
         return None
-    prctl, parent = _PRCTL, os.getpid()
+    prctl, number, parent = _PRCTL, int(sig), os.getpid()
 
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig))
+    def hook() -> None:  # between fork and exec: as little as can be
+        prctl(_PR_SET_PDEATHSIG, number)
         if os.getppid() != parent:  # the parent died between the fork and the request
             os._exit(1)
 
