@@ -20,7 +20,6 @@ starts a new one, and what the dead one stored is left out again by content.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import signal
@@ -44,6 +43,7 @@ from detector.store.batch import EventBatch
 from detector.store.connection import Connection, connect
 from detector.store.events import Events, InsertMetrics
 from detector.units import one_line
+from streams.children import ask_parent_death_signal
 
 if TYPE_CHECKING:
     from detector.store import Store
@@ -374,9 +374,6 @@ def _answer(store: EventStore, payload: bytes, decoder: EventDecoder, pricing: P
         return "failed", one_line(exc, MAX_REASON)
 
 
-_PR_SET_PDEATHSIG = 1
-
-
 def _die_with(worker: int) -> None:
     """Be killed when the worker dies (Linux's parent-death signal). A worker killed -9 takes its
     writer thread's insert with it; the child's batch must not be stored after it either: the
@@ -384,10 +381,7 @@ def _die_with(worker: int) -> None:
     it inserts, so an insert landing meanwhile could store the same events twice. (The signal
     comes when the thread that started the child ends: the pipeline's writer thread, which
     lives as long as the worker.)"""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the child ends at the pipe's end-of-file, after the batch in hand
+    ask_parent_death_signal(signal.SIGKILL)  # not Linux: the child ends at the pipe's end-of-file, after its batch
     if os.getppid() != worker:  # the worker died before the signal was asked for
         os._exit(0)
 
