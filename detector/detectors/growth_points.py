@@ -24,8 +24,10 @@ __all__ = ["Points"]
 if TYPE_CHECKING:
     Ints = array[int]
     Doubles = array[float]
+    Column = array[Any]
+    """The doubles, or the time differences: which, its typecode says."""
 else:
-    Ints = Doubles = array
+    Ints = Doubles = Column = array
 
 _EXACT = 2**53
 """Whole doubles below this in size are exactly Python ints and back."""
@@ -58,40 +60,48 @@ def _put(diffs: Ints, i: int | None, d: int) -> Ints:
 
 
 class Points:
-    """(t, bytes) points, oldest first: added at the end, the last replaced, forgotten from the front."""
+    """(t, bytes) points, oldest first: added at the end, the last replaced, forgotten from the front.
 
-    __slots__ = ("_t0", "_b0", "_dt", "_db", "_flat")
+    Four slots: ``_dt`` says which form. An ``array('d')``: the points as doubles, flat (``t0, b0,
+    t1, b1...``; none held, or one was not a whole number). Else the time differences (``t[i + 1] -
+    t[i]``), with ``_db`` the sizes' and ``_t0``, ``_b0`` the first point, whole, as its doubles (a
+    float object is 8 bytes less than an int past 2^30)."""
+
+    __slots__ = ("_t0", "_b0", "_dt", "_db")
+    _t0: float
+    _b0: float
+    _dt: Column
+    _db: Ints
 
     def __init__(self) -> None:
         self._clear()
 
     def _clear(self) -> None:
-        self._t0 = self._b0 = 0
-        self._dt: Ints = _NO_DIFFS  # t[i + 1] - t[i]
-        self._db: Ints = _NO_DIFFS  # b[i + 1] - b[i]
-        self._flat: Doubles | None = _NONE
-        """The points as doubles, flat (``t0, b0, t1, b1...``): while none is held (empty) and once one
-        was not a whole number; None while they are held as differences."""
+        self._t0 = self._b0 = 0.0
+        self._dt = _NONE
+        self._db = _NO_DIFFS
 
     def __len__(self) -> int:
         """How many points."""
-        return len(self._flat) // 2 if self._flat is not None else len(self._dt) + 1
+        dt = self._dt
+        return len(dt) // 2 if dt.typecode == "d" else len(dt) + 1
 
     def last(self) -> tuple[float, float]:
         """The newest point (there must be one)."""
-        if self._flat is not None:
-            return self._flat[-2], self._flat[-1]
-        return float(self._t0 + sum(self._dt)), float(self._b0 + sum(self._db))
+        dt = self._dt
+        if dt.typecode == "d":
+            return dt[-2], dt[-1]
+        return float(int(self._t0) + sum(dt)), float(int(self._b0) + sum(self._db))
 
     def pairs(self) -> list[tuple[float, float]]:
         """Every point, oldest first, each as the doubles added."""
-        flat = self._flat
-        if flat is not None:
-            return list(zip(flat[0::2], flat[1::2], strict=True))
-        t, b = self._t0, self._b0
-        out = [(float(t), float(b))]
-        for dt, db in zip(self._dt, self._db, strict=True):
-            t += dt
+        dt = self._dt
+        if dt.typecode == "d":
+            return list(zip(dt[0::2], dt[1::2], strict=True))
+        t, b = int(self._t0), int(self._b0)
+        out = [(self._t0, self._b0)]
+        for d, db in zip(dt, self._db, strict=True):
+            t += d
             b += db
             out.append((float(t), float(b)))
         return out
@@ -109,66 +119,68 @@ class Points:
         return f"Points({self.pairs()!r})"
 
     def _as_doubles(self) -> Doubles:
-        flat = self._flat = array("d", [x for pair in self.pairs() for x in pair])
-        self._dt = self._db = _NO_DIFFS
+        """The points as doubles from now on (one is not a whole number)."""
+        flat = array("d", [x for pair in self.pairs() for x in pair])
+        self._dt, self._db, self._t0, self._b0 = flat, _NO_DIFFS, 0.0, 0.0
         return flat
 
     def add(self, t: float, b: float) -> None:
         """A new newest point."""
-        flat = self._flat
+        dt = self._dt
         wt, wb = _whole(t), _whole(b)
-        if flat is not None and not flat and wt is not None and wb is not None:
-            self._t0, self._b0, self._flat = wt, wb, None  # the first point: held whole from now
-            return
-        if flat is None:
-            if wt is not None and wb is not None:
-                lt, lb = self._t0 + sum(self._dt), self._b0 + sum(self._db)
-                self._dt = _put(array("H", self._dt) if self._dt is _NO_DIFFS else self._dt, None, wt - lt)
-                self._db = _put(array("i", self._db) if self._db is _NO_DIFFS else self._db, None, wb - lb)
+        if dt.typecode == "d":
+            if not dt and wt is not None and wb is not None:  # the first point: held whole from now
+                self._t0, self._b0, self._dt = float(wt), float(wb), _NO_DIFFS
                 return
-            flat = self._as_doubles()
-        elif flat is _NONE:
-            flat = self._flat = array("d")
-        flat.extend((t, b))
+            if dt is _NONE:
+                dt = self._dt = array("d")
+            dt.extend((t, b))
+            return
+        if wt is None or wb is None:
+            self._as_doubles().extend((t, b))
+            return
+        lt, lb = int(self._t0) + sum(dt), int(self._b0) + sum(self._db)
+        self._dt = _put(array("H") if dt is _NO_DIFFS else dt, None, wt - lt)
+        self._db = _put(array("i") if self._db is _NO_DIFFS else self._db, None, wb - lb)
 
     def replace_last(self, t: float, b: float) -> None:
         """The newest point becomes (t, b) (a later sample of its slot)."""
-        flat = self._flat
-        if flat is None:
+        dt = self._dt
+        if dt.typecode != "d":
             wt, wb = _whole(t), _whole(b)
             if wt is not None and wb is not None:
-                if not self._dt:
-                    self._t0, self._b0 = wt, wb
+                if not dt:
+                    self._t0, self._b0 = float(wt), float(wb)
                     return
-                lt, lb = self._t0 + sum(self._dt[:-1]), self._b0 + sum(self._db[:-1])  # the point before
-                self._dt = _put(self._dt, -1, wt - lt)
+                lt, lb = int(self._t0) + sum(dt[:-1]), int(self._b0) + sum(self._db[:-1])  # the point before
+                self._dt = _put(dt, -1, wt - lt)
                 self._db = _put(self._db, -1, wb - lb)
                 return
-            flat = self._as_doubles()
-        flat[-2], flat[-1] = t, b
+            dt = self._as_doubles()
+        dt[-2], dt[-1] = t, b
 
     def forget_before(self, horizon: float) -> None:
         """The points older than ``horizon`` leave."""
-        flat = self._flat
-        if flat is not None:
+        dt = self._dt
+        if dt.typecode == "d":
             old = 0
-            while old < len(flat) and flat[old] < horizon:
+            while old < len(dt) and dt[old] < horizon:
                 old += 2
             if old:
-                del flat[:old]
+                del dt[:old]
             return
-        old, t, b, dts, dbs = 0, self._t0, self._b0, self._dt, self._db
+        old, t, b, dbs = 0, int(self._t0), int(self._b0), self._db
         while t < horizon:
-            if old == len(dts):  # the last point too: none left
+            if old == len(dt):  # the last point too: none left
                 self._clear()
                 return
-            t, b, old = t + dts[old], b + dbs[old], old + 1
+            t, b, old = t + dt[old], b + dbs[old], old + 1
         if old:
-            self._t0, self._b0 = t, b
-            if old == len(dts):
+            self._t0, self._b0 = float(t), float(b)
+            if old == len(dt):
                 self._dt = self._db = _NO_DIFFS
             else:
-                del dts[:old], dbs[:old]
+                del dt[:old], dbs[:old]
 
     # -- saved as the flat doubles it replaces (detector.floats.enc_hook / dec_hook) ----------
 
