@@ -165,7 +165,11 @@ class BucketRates:
             raise ValueError("a byte and a 32-bit word a rate, and a double for each odd one")
         rates = cls()
         rates._hi = array("B", hi)
-        rates._lo = array("I", [int.from_bytes(words[i : i + 4], "little") for i in range(0, len(words), 4)])
+        if _FAST:
+            rates._lo = array("I")
+            rates._lo.frombytes(words)
+        else:
+            rates._lo = array("I", [int.from_bytes(words[i : i + 4], "little") for i in range(0, len(words), 4)])
         if odd:
             rates._odd = array("d", odd)
         return rates
