@@ -362,13 +362,36 @@ third of a second over the shipped rules, at every command's start."""
 
 def parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
     """The document's node (for :func:`_line_index`) and its data, parsed once: what
-    ``yaml.compose`` and ``yaml.safe_load`` give, without reading the text twice."""
-    loader = _Loader(text)
+    ``yaml.compose`` and ``yaml.safe_load`` give, without reading the text twice. A text
+    libyaml refuses is read again by the pure-Python loader for its error, which names what
+    libyaml's does not (the character: "found character '\\t'", the alias)."""
+    try:
+        return _parse(text, _Loader)
+    except yaml.YAMLError:
+        if _Loader is yaml.SafeLoader:
+            raise
+        _parse(text, yaml.SafeLoader)  # raises its own error; where it reads the text, libyaml's stands
+        raise
+
+
+def _parse(text: str, loader_class: Any) -> tuple[yaml.Node | None, Any]:
+    loader = loader_class(text)
     try:
         node = loader.get_single_node()
         return node, (loader.construct_document(node) if node is not None else None)
     finally:
         loader.dispose()
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, UTF-8 as YAML's is; :class:`UnicodeDecodeError` where it is not."""
+    return path.read_bytes().decode("utf-8")
+
+
+def _not_utf8(file: str, exc: UnicodeDecodeError) -> RuleError:
+    """A file not in UTF-8 (saved as Latin-1, say) as an error of that file at that line."""
+    line = exc.object[: exc.start].count(b"\n") + 1
+    return RuleError(file, line, "", f"cannot read: not UTF-8 (byte 0x{exc.object[exc.start]:02x})")
 
 
 def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
@@ -441,9 +464,11 @@ def _validate_file(path: Path) -> _RuleFile:
     """Validate one file rule by rule, so one bad rule does not hide the errors of the others."""
     file = str(path)
     try:
-        text = path.read_text()
+        text = _read_text(path)
     except OSError as exc:
         return _RuleFile(errors=[RuleError(file, 0, "", f"cannot read: {exc.strerror}")])
+    except UnicodeDecodeError as exc:
+        return _RuleFile(errors=[_not_utf8(file, exc)])
     try:
         node, data = parse_yaml(text)
     except yaml.YAMLError as exc:
@@ -717,8 +742,10 @@ def _load_model(path: Path, model: type[BaseModel]) -> Any:
     """A whole-file model (routing) with the same file:line errors as rule files."""
     file = str(path)
     try:
-        text = path.read_text()
+        text = _read_text(path)
         node, data = parse_yaml(text)
+    except UnicodeDecodeError as exc:
+        return [_not_utf8(file, exc)]
     except (OSError, yaml.YAMLError) as exc:
         mark = getattr(exc, "problem_mark", None)
         return [RuleError(file, mark.line + 1 if mark else 0, "", f"cannot read: {exc}")]

@@ -76,6 +76,36 @@ def test_invalid_yaml_names_the_line(tmp_path):
     assert "invalid YAML" in str(info.value)
 
 
+def test_a_tab_is_named_in_the_error(tmp_path):
+    """libyaml says "found character that cannot start any token"; the error names it, as the
+    pure-Python loader did: a tab is the commonest mistake in a YAML file, and invisible."""
+    path = tmp_path / "tabbed.yaml"
+    path.write_text("rules:\n\t- name: a\n    type: idle_gpu\n")
+    with pytest.raises(RulesInvalid) as info:
+        load_rules(path)
+    assert str(info.value) == f"{path}:2: invalid YAML: found character '\\t' that cannot start any token"
+
+
+@pytest.mark.parametrize("name", ["rules.yaml", "routing.yaml", "limits.yaml"])
+def test_a_file_not_in_utf8_is_refused_with_its_line_and_the_rules_in_force_kept(tmp_path, name):
+    """A file saved in Latin-1 (a comment's "café") is an error of that file, at that line, as
+    any other: it used to escape as a UnicodeDecodeError, a traceback from ``rules check`` and
+    the end of the worker's reload timer (its task's error crashes the app)."""
+    from detector.reload import RulesWatcher
+
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    watcher = RulesWatcher(rules, load_rules(rules))
+    in_force = watcher.current
+    edited = rules / name
+    lines = edited.read_bytes().count(b"\n")
+    edited.write_bytes(edited.read_bytes() + "# caf\u00e9\n".encode("latin-1"))
+    ruleset, refused = watcher.poll()
+    assert ruleset is None and refused is not None
+    assert [str(e) for e in refused.errors] == [f"{edited}:{lines + 1}: cannot read: not UTF-8 (byte 0xe9)"]
+    assert watcher.current is in_force
+
+
 def test_duplicate_names_across_files(tmp_path):
     (tmp_path / "a.yaml").write_text("rules:\n  - {name: idle, type: idle_gpu}\n")
     (tmp_path / "b.yaml").write_text("rules:\n  - {name: idle, type: idle_gpu}\n")
