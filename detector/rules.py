@@ -360,17 +360,32 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 third of a second over the shipped rules, at every command's start."""
 
 
+_LIBYAML_MAX_INDICATORS = 5_000
+"""libyaml's composer recurses in C, a frame a level of nesting: some 30,000 levels (60 KB of
+brackets) overflow the stack, a segfault and not an error. Each level takes one of ``[{-?:``;
+a text with more of them than this (the shipped files have a few hundred) is parsed by the
+pure-Python loader, whose recursion is Python's: :class:`NestedTooDeeply`."""
+
+
+class NestedTooDeeply(yaml.YAMLError):
+    def __init__(self) -> None:
+        super().__init__("nested too deeply")
+
+
 def parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
     """The document's node (for :func:`_line_index`) and its data, parsed once: what
     ``yaml.compose`` and ``yaml.safe_load`` give, without reading the text twice. A text
     libyaml refuses is read again by the pure-Python loader for its error, which names what
     libyaml's does not (the character: "found character '\\t'", the alias)."""
+    if _Loader is yaml.SafeLoader or sum(map(text.count, "[{-?:")) > _LIBYAML_MAX_INDICATORS:
+        return _parse(text, yaml.SafeLoader)
     try:
         return _parse(text, _Loader)
     except yaml.YAMLError:
-        if _Loader is yaml.SafeLoader:
-            raise
-        _parse(text, yaml.SafeLoader)  # raises its own error; where it reads the text, libyaml's stands
+        try:
+            _parse(text, yaml.SafeLoader)  # raises its own error; where it reads the text, libyaml's stands
+        except NestedTooDeeply:
+            pass
         raise
 
 
@@ -379,6 +394,8 @@ def _parse(text: str, loader_class: Any) -> tuple[yaml.Node | None, Any]:
     try:
         node = loader.get_single_node()
         return node, (loader.construct_document(node) if node is not None else None)
+    except RecursionError:
+        raise NestedTooDeeply from None
     finally:
         loader.dispose()
 

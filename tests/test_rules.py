@@ -106,6 +106,16 @@ def test_a_file_not_in_utf8_is_refused_with_its_line_and_the_rules_in_force_kept
     assert watcher.current is in_force
 
 
+def test_a_file_nested_deeper_than_libyaml_can_parse_is_an_error_not_a_crash(tmp_path):
+    """libyaml's composer recurses in C, a frame a level: 30,000 brackets (60 KB) overflowed the
+    stack, and ``rules check`` (or a worker reloading the rules) died of a segfault, saying nothing."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("rules: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    out = subprocess.run([sys.executable, "-m", "streams.cli", "rules", "check", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert (out.returncode, out.stderr.splitlines()[:1]) == (1, [f"{path}: invalid YAML: nested too deeply"]), out.stderr
+
+
 def test_duplicate_names_across_files(tmp_path):
     (tmp_path / "a.yaml").write_text("rules:\n  - {name: idle, type: idle_gpu}\n")
     (tmp_path / "b.yaml").write_text("rules:\n  - {name: idle, type: idle_gpu}\n")
