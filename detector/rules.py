@@ -494,7 +494,10 @@ def _validate_file(path: Path) -> _RuleFile:
         return _RuleFile(errors=[RuleError(file, mark.line + 1 if mark else 0, "", problem)])
     if data is None:
         return _RuleFile()
-    lines = _line_index(node) if node is not None else {}
+    try:
+        lines = _line_index(node) if node is not None else {}
+    except RecursionError:  # libyaml's parse goes deeper than Python's recursion
+        return _RuleFile(errors=[RuleError(file, 0, "", f"invalid YAML: {NestedTooDeeply()}")])
     if not isinstance(data, dict) or set(data) - set(FILE_KEYS):
         keys = "'rules', 'silences' and 'allow_no_rules'"
         return _RuleFile(errors=[RuleError(file, 1, "", f"a rule file is a mapping with the keys {keys}")])
@@ -769,7 +772,11 @@ def _load_model(path: Path, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate(data or {})
     except ValidationError as exc:
-        return _errors_from(exc, (), file, _line_index(node) if node is not None else {})
+        try:
+            lines = _line_index(node) if node is not None else {}
+        except RecursionError:  # libyaml's parse goes deeper than Python's recursion
+            return [RuleError(file, 0, "", f"cannot read: {NestedTooDeeply()}")]
+        return _errors_from(exc, (), file, lines)
 
 
 

@@ -106,11 +106,14 @@ def test_a_file_not_in_utf8_is_refused_with_its_line_and_the_rules_in_force_kept
     assert watcher.current is in_force
 
 
-def test_a_file_nested_deeper_than_libyaml_can_parse_is_an_error_not_a_crash(tmp_path):
+@pytest.mark.parametrize("prefix", ["rules: ", "rules:\n  - name: a\n    type: idle_gpu\n    params: "])
+@pytest.mark.parametrize("depth", [2_000, 50_000])
+def test_a_file_nested_deeper_than_libyaml_can_parse_is_an_error_not_a_crash(tmp_path, depth, prefix):
     """libyaml's composer recurses in C, a frame a level: 30,000 brackets (60 KB) overflowed the
-    stack, and ``rules check`` (or a worker reloading the rules) died of a segfault, saying nothing."""
+    stack, and ``rules check`` (or a worker reloading the rules) died of a segfault, saying nothing;
+    2,000 were parsed, and the lines of its keys then looked for to a RecursionError."""
     path = tmp_path / "deep.yaml"
-    path.write_text("rules: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    path.write_text(prefix + "[" * depth + "]" * depth + "\n")
     out = subprocess.run([sys.executable, "-m", "streams.cli", "rules", "check", str(path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert (out.returncode, out.stderr.splitlines()[:1]) == (1, [f"{path}: invalid YAML: nested too deeply"]), out.stderr
