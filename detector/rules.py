@@ -368,6 +368,8 @@ pure-Python loader, whose recursion is Python's: :class:`NestedTooDeeply`."""
 
 
 class NestedTooDeeply(yaml.YAMLError):
+    """A document deeper than its parse can recurse: an error of the file, not a crash."""
+
     def __init__(self) -> None:
         super().__init__("nested too deeply")
 
