@@ -650,10 +650,12 @@ class Engine:
     def expire(self) -> list[str]:
         """Drop keys with no event for ``state_ttl_s`` of event time before the watermark (which
         a single future-dated event cannot move), held or evicted; return them (the worker
-        deletes their saved state). Then :meth:`evict` what has gone quiet."""
+        deletes their saved state). Then :meth:`evict` what has gone quiet. A key that has folded in
+        no event (``last_t`` 0: taken in by :meth:`already_seen` for events the worker's aligner
+        still holds) is not quiet: its events are on their way."""
         self._swept_at = self.watermark
         horizon = self.watermark - self.state_ttl_s
-        gone = [k for k, s in self._keys.items() if s.last_t < horizon]
+        gone = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon]
         gone += [k for k, t in self._evicted.items() if t < horizon]
         for key in gone:
             self.forget(key)
@@ -670,7 +672,7 @@ class Engine:
             return []
         horizon = self.watermark - self.evict_after_s
         dirty, leaving, evicted = self.dirty, self._leaving, self._evicted
-        quiet = [k for k, s in self._keys.items() if s.last_t < horizon and k not in dirty]
+        quiet = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon and k not in dirty]
         for key in quiet:
             leaving[key] = self.snapshot(key)  # type: ignore[assignment]  # held: never None
             evicted[key] = self._keys.pop(key).last_t

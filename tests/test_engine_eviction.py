@@ -155,3 +155,19 @@ def test_a_sweep_is_due_each_eighth_of_the_window_of_event_time(ruleset):
         assert engine.sweep_due
         engine.expire()
         assert not engine.sweep_due
+
+
+def test_a_key_whose_events_are_still_held_is_not_swept(ruleset):
+    """The worker asks whether each decoded event was seen before (:meth:`Engine.already_seen`),
+    which takes its key into memory, before the aligner releases it: such a key has folded in
+    no event yet, and a sweep meanwhile must neither expire it (the worker would tombstone it
+    and forget which partition it came on) nor evict it."""
+    engine = Engine(ruleset, evict_after_s=20 * MIN, fetch=lambda key: None)
+    engine.process(sorted(timeline(T0, T0 + 3 * 3600, [90.0] * 2) + timeline(T0, T0 + 3 * 3600, [90.0] * 2, rid="host-2")
+                          + timeline(T0, T0 + 3 * 3600, [90.0] * 2, rid="host-3"), key=lambda e: e.ts))  # fmt: skip
+    ahead = usage(T0 + 3 * 3600 + 60, rid="new-host")
+    assert not engine.already_seen(ahead.ts.timestamp(), ahead) and len(engine) == 4
+    assert engine.expire() == [] and engine.last_evicted == 0
+    assert len(engine) == 4 and engine.evicted == 0
+    engine.process([ahead])
+    assert len(engine) == 4 and "new-host" in engine.dirty
