@@ -55,6 +55,10 @@ log = structlog.get_logger("burnwatch.engine")
 _SNAPSHOT_VERSION = 1
 _WATERMARK_KEYS = 3
 """How many keys must have reached a time for the watermark to move there (fewer keys: all)."""
+_SWEEP_EVERY = 1 / 8
+"""The share of the eviction window (of the TTL without eviction) the watermark moves between two
+sweeps the worker runs by event time (:attr:`Engine.sweep_due`): memory then holds the keys that
+spoke within ``evict_after_s`` and an eighth, at any catch-up speed."""
 
 
 Plan = tuple[tuple[Any, Any, Detector[Any], int], ...]
@@ -220,6 +224,10 @@ class Engine:
         self.dirty: set[str] = set()
         self.watermark = 0.0
         """Event time reached: see the module's docstring."""
+        self._swept_at = -math.inf
+        """The watermark at the latest :meth:`expire` (:attr:`sweep_due`)."""
+        self.last_evicted = 0
+        """Keys the latest :meth:`expire` took out of memory."""
         self._ahead: dict[str, float] = {}
         """Key → the time it vouches for (its second-latest distinct event time), for keys past
         the watermark (at most two between batches)."""
@@ -627,12 +635,27 @@ class Engine:
                     found.extend(rule.detector.open_episodes(rule_state, state.info))
         return found
 
+    @property
+    def sweep_due(self) -> bool:
+        """The watermark has moved an eighth of the eviction window (of the TTL, when nothing is
+        evicted) since the latest :meth:`expire`. The worker sweeps then, whatever the wall
+        clock says: catching up a backlog, event time runs hundreds of times faster than wall
+        time, and a sweep on a wall-clock timer alone would let every key of the hours between
+        two of them stay in memory."""
+        window = self.state_ttl_s
+        if self.evict_after_s is not None and self._fetch is not None:
+            window = min(window, self.evict_after_s)
+        return self.watermark - self._swept_at >= window * _SWEEP_EVERY
+
     def expire(self) -> list[str]:
         """Drop keys with no event for ``state_ttl_s`` of event time before the watermark (which
         a single future-dated event cannot move), held or evicted; return them (the worker
-        deletes their saved state). Then :meth:`evict` what has gone quiet."""
+        deletes their saved state). Then :meth:`evict` what has gone quiet. A key that has folded in
+        no event (``last_t`` 0: taken in by :meth:`already_seen` for events the worker's aligner
+        still holds) is not quiet: its events are on their way."""
+        self._swept_at = self.watermark
         horizon = self.watermark - self.state_ttl_s
-        gone = [k for k, s in self._keys.items() if s.last_t < horizon]
+        gone = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon]
         gone += [k for k, t in self._evicted.items() if t < horizon]
         for key in gone:
             self.forget(key)
@@ -644,15 +667,16 @@ class Engine:
         has saved them: a key is evicted only once no longer :attr:`dirty`); the next event of
         one restores it through ``fetch`` as it was, so detection is the same as if it had
         stayed. Without ``fetch`` (``backtest``), nothing is evicted. Returns the keys evicted."""
-        self._leaving = {}
+        self._leaving, self.last_evicted = {}, 0
         if self.evict_after_s is None or self._fetch is None:
             return []
         horizon = self.watermark - self.evict_after_s
         dirty, leaving, evicted = self.dirty, self._leaving, self._evicted
-        quiet = [k for k, s in self._keys.items() if s.last_t < horizon and k not in dirty]
+        quiet = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon and k not in dirty]
         for key in quiet:
             leaving[key] = self.snapshot(key)  # type: ignore[assignment]  # held: never None
             evicted[key] = self._keys.pop(key).last_t
+        self.last_evicted = len(quiet)
         return quiet
 
     @property

@@ -43,6 +43,13 @@ class Metrics:
         self.holding_partitions = Gauge("burnwatch_partitions_holding_watermark",
                                         "Assigned input partitions that cannot yet show they have nothing to read, "
                                         "holding event time back", registry=r)  # fmt: skip
+        self.sweeps = Counter("burnwatch_state_sweeps", "Sweeps of per-resource state (expiry of keys quiet for "
+                              "two days, eviction of keys quiet for BURNWATCH_EVICT_AFTER_S) by what ran them: "
+                              "event_time (the watermark moved an eighth of the window), wall_clock (the timer)",
+                              ["trigger"], registry=r)  # fmt: skip
+        self.keys_held = Gauge("burnwatch_keys_held", "Resources whose state is in memory", registry=r)
+        self.keys_evicted = Gauge("burnwatch_keys_evicted", "Resources quiet past BURNWATCH_EVICT_AFTER_S: state "
+                                  "saved in the store, out of memory", registry=r)  # fmt: skip
         self.stalled_seconds = Gauge("burnwatch_store_stalled_seconds",
                                      "Seconds the worker has been unable to write to ClickHouse (0: writing)",
                                      registry=r)  # fmt: skip

@@ -146,6 +146,9 @@ class _Step:
     done: list[Message] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
     states: list[tuple[str, int, bytes]] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    """Keys whose state expired at this batch's sweep (:meth:`Pipeline._sweep`): their saved
+    state is deleted by the batch's write, after its states are saved."""
     events: int = 0
     detected: int = 0
     messages: int = 0
@@ -270,6 +273,8 @@ class Pipeline:
                 self._detect(step, held)
                 _CPU_DETECT.inc(time.thread_time() - cpu)
                 await self.drain()
+                if self.engine.sweep_due:  # after the drain: the previous batch's states have landed
+                    step.expired = self._sweep("event_time")
                 loop = asyncio.get_running_loop()
                 write = loop.run_in_executor(self._writer, self._write, step)
                 self._inflight = asyncio.ensure_future(self._finish(write, step, ack))
@@ -352,6 +357,34 @@ class Pipeline:
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
             await inflight
+
+    async def sweep(self) -> None:
+        """The sweep on the wall clock, for a stream too quiet to move event time: between
+        batches (none detected, none in flight), never while partitions move. Batches sweep by
+        event time themselves (:meth:`process`)."""
+        if self._stopping.is_set():
+            return
+        async with self._serial:
+            if not self.ready.is_set():
+                return
+            await self.drain()
+            expired = self._sweep("wall_clock")
+            if expired:
+                await asyncio.get_running_loop().run_in_executor(self._writer, self.store.states.delete, expired)
+
+    def _sweep(self, trigger: str) -> list[str]:
+        """Expire and evict (:meth:`Engine.expire`) once every state the engine holds is saved or in
+        the write about to start: a key evicted now whose latest state that write carries is
+        held as it left (:meth:`Engine.evict`) until the next sweep, which comes after the
+        write has landed. Returns the expired keys, whose saved state is to be deleted."""
+        engine = self.engine
+        expired = engine.expire()
+        self.forget(expired)
+        METRICS.sweeps.labels(trigger).inc()
+        if expired or engine.last_evicted:
+            log.info("state_swept", trigger=trigger, watermark=round(engine.watermark, 3), held=len(engine),
+                     evicted=engine.last_evicted, expired=len(expired), out_of_memory=engine.evicted)  # fmt: skip
+        return expired
 
     def forget(self, keys: Iterable[str]) -> None:
         """Keys whose state expired: what the pipeline keeps per key goes too."""
@@ -697,6 +730,8 @@ class Pipeline:
                 if step.alerts:
                     self._write_own(lambda: self.store.alerts.record(step.alerts, version=version))
                 self._write_own(lambda: self.store.states.save(step.states, version=version))
+                if step.expired:
+                    self._write_own(lambda: self.store.states.delete(step.expired))
             except StoreUnavailable as exc:
                 self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")
                 if self._stopping.wait(backoff):

@@ -324,14 +324,13 @@ async def _publish(store: Store, artifacts: list[ModelArtifact], taken: list[tup
 
 
 def _housekeeping(parts: WorkerParts) -> None:
-    app, engine, pipeline, store, outbox = parts.app, parts.engine, parts.pipeline, parts.store, parts.outbox
+    app, engine, pipeline, outbox = parts.app, parts.engine, parts.pipeline, parts.outbox
 
     @app.timer(interval=60.0)
     async def expire_state() -> None:
-        expired = engine.expire()
-        pipeline.forget(expired)
-        if expired:
-            await asyncio.get_running_loop().run_in_executor(None, store.states.delete, expired)
+        """State expiry and eviction on the wall clock, for a quiet stream: batches sweep
+        each time event time has moved an eighth of the eviction window (:meth:`Pipeline.process`)."""
+        await pipeline.sweep()
 
     @app.timer(interval=10.0)
     async def report() -> None:

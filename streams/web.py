@@ -270,6 +270,8 @@ def _metrics(parts: WorkerParts) -> None:
         return out
 
     METRICS.stalled_seconds.set_function(pipeline.stalled_for)
+    METRICS.keys_held.set_function(lambda: len(engine))
+    METRICS.keys_evicted.set_function(lambda: engine.evicted)
     METRICS.watch(lag=consumer_lag,
                   freshness=lambda: time.time() - engine.watermark if engine.watermark else None)  # fmt: skip
 
@@ -298,6 +300,10 @@ def _healthz(parts: WorkerParts) -> None:
                 "events": s.events,
                 "detected": s.detected,
                 "held": len(pipeline.aligner),
+                "keys_held": len(engine),
+                "keys_evicted": engine.evicted,
+                "read_ahead": s.read_ahead,
+                "watermark": engine.watermark,
                 "fetch_paused": len(pipeline.paused),
                 "fetch_pauses": s.fetch_pauses,
                 "dead_letters": s.dead_letters,

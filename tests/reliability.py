@@ -26,6 +26,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from streams.process import WorkerProcess, worker_env
 __all__ = [
     "ALERT_ID", "AlertDiff", "ChaosReport", "CpuLoad", "Fleet", "Pacer", "PostsDiff", "Stored", "Worker", "chaos",
     "compare_alerts", "compare_posts", "expected_counts", "fleet", "idle_host", "offsets", "publish",
-    "read_dead_letters", "reported_alerts", "rfc", "set_immutable", "single_event_messages", "slack_env", "sql",
+    "read_dead_letters", "reported_alerts", "resource_times", "rfc", "set_immutable", "single_event_messages", "slack_env", "sql",
     "stored", "stored_alerts", "wait_acknowledged", "worker_env", "write_records",
 ]  # fmt: skip
 
@@ -105,6 +106,18 @@ def reported_alerts(path: Path, ruleset: RuleSet, lateness_s: float = 60.0) -> l
             feed(aligner.release()[0])
     feed(aligner.release(everything=True)[0])
     return sorted(latest.values(), key=lambda a: (a.fired_at, a.alert_id))
+
+
+def resource_times(records: Iterable[Record]) -> dict[str, float]:
+    """Resource id → the latest event time of its usage and GPU samples in ``records``."""
+    out: dict[str, float] = {}
+    for _, _, value in records:
+        decoded = msgspec.json.decode(value)
+        for item in decoded if isinstance(decoded, list) else [decoded]:
+            if "resource_id" in item:
+                t = datetime.fromisoformat(item["ts"].replace("Z", "+00:00")).timestamp()
+                out[item["resource_id"]] = max(t, out.get(item["resource_id"], t))
+    return out
 
 
 def write_records(path: Path, records: Iterable[Record]) -> Path:
@@ -301,6 +314,16 @@ class Worker(WorkerProcess):
                 return exc.code, None
         except (urllib.error.URLError, OSError, ValueError):
             return None, None
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """A sample of /metrics: the line naming ``name`` (and containing ``labels``, e.g.
+        ``'trigger="event_time"'``); 0.0 when there is none yet."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name) and labels in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
 
     def stop_timed(self, timeout: float = 30.0) -> tuple[int | None, float]:
         """SIGTERM; (exit status, seconds it took). SIGKILL (status -9) if it did not stop in time."""

@@ -134,3 +134,40 @@ def test_a_runs_look_up_of_an_evicted_host_reads_it_back(ruleset, store):
     assert engine.evicted == 1 and len(engine) == 3
     info = engine.resource(HOST)
     assert info is not None and info.instance_type == "p4d.24xlarge" and info.usd_per_hour == 32.0
+
+
+def test_a_sweep_is_due_each_eighth_of_the_window_of_event_time(ruleset):
+    """The worker sweeps when the watermark has moved an eighth of the eviction window since
+    the last sweep, whatever the wall clock (a catch-up runs event time hundreds of times
+    faster); without a store to evict to, an eighth of the state TTL."""
+    evicting = Engine(ruleset, evict_after_s=20 * MIN, fetch=lambda key: None, state_ttl_s=86_400.0)
+    keeping = Engine(ruleset, state_ttl_s=86_400.0)
+    for engine, step in ((evicting, 150.0), (keeping, 86_400.0 / 8)):
+        engine.process(timeline(T0, T0 + 10 * MIN, [90.0] * 2) + timeline(T0, T0 + 10 * MIN, [90.0] * 2, rid="host-2")
+                       + timeline(T0, T0 + 10 * MIN, [90.0] * 2, rid="host-3"))  # fmt: skip
+        assert engine.sweep_due  # never swept
+        engine.expire()
+        swept_at = engine.watermark
+        assert not engine.sweep_due
+        engine.watermark = swept_at + step - 1.0
+        assert not engine.sweep_due
+        engine.watermark = swept_at + step
+        assert engine.sweep_due
+        engine.expire()
+        assert not engine.sweep_due
+
+
+def test_a_key_whose_events_are_still_held_is_not_swept(ruleset):
+    """The worker asks whether each decoded event was seen before (:meth:`Engine.already_seen`),
+    which takes its key into memory, before the aligner releases it: such a key has folded in
+    no event yet, and a sweep meanwhile must neither expire it (the worker would tombstone it
+    and forget which partition it came on) nor evict it."""
+    engine = Engine(ruleset, evict_after_s=20 * MIN, fetch=lambda key: None)
+    engine.process(sorted(timeline(T0, T0 + 3 * 3600, [90.0] * 2) + timeline(T0, T0 + 3 * 3600, [90.0] * 2, rid="host-2")
+                          + timeline(T0, T0 + 3 * 3600, [90.0] * 2, rid="host-3"), key=lambda e: e.ts))  # fmt: skip
+    ahead = usage(T0 + 3 * 3600 + 60, rid="new-host")
+    assert not engine.already_seen(ahead.ts.timestamp(), ahead) and len(engine) == 4
+    assert engine.expire() == [] and engine.last_evicted == 0
+    assert len(engine) == 4 and engine.evicted == 0
+    engine.process([ahead])
+    assert len(engine) == 4 and "new-host" in engine.dirty

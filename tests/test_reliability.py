@@ -21,7 +21,7 @@ import pytest
 from detector.simulate import SimConfig
 from detector.testing import LocalSlack
 from streams.embedded import EmbeddedBroker
-from streams.kafka import count_events
+from streams.kafka import count_events, value_end_time
 from streams.process import StoreServerProcess as ServerProcess
 from tests.conftest import ROOT
 from tests.reliability import (
@@ -37,6 +37,7 @@ from tests.reliability import (
     publish,
     read_dead_letters,
     reported_alerts,
+    resource_times,
     rfc,
     set_immutable,
     sql,
@@ -288,8 +289,10 @@ def test_an_empty_rules_file_is_refused_and_detection_goes_on(tmp_path: Path, ru
 def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_dir: Path, small_fleet: Fleet):
     """A replay weeks old with one event dated 20 h ahead of the wall clock (the contract
     accepts up to a day) in its middle: the other resources' alerts equal backtest's
-    without that event, and all their events are stored. The state expiry runs on a
-    60 s timer, so the test waits for seven 10 s stats reports after the event."""
+    without that event, and all their events are stored. State is swept (expiry, eviction)
+    each time event time moves an eighth of the eviction window, so the second half's
+    batches sweep after the future event was detected (asserted: it used to wait for the
+    60 s wall-clock timer); a watermark the event had moved would sweep at once."""
     fl = small_fleet
     before, after = _halves(fl.records)
     ahead = time.time() + 20 * 3600
@@ -302,20 +305,52 @@ def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_di
         worker = Worker(env, tmp_path / "worker.log").start()
         try:
             wait_acknowledged(broker.bootstrap, worker, timeout=180)
-            reports = worker.log_path.read_text().count('"worker_stats"')
-            deadline = time.monotonic() + 180
-            while worker.log_path.read_text().count('"worker_stats"') < reports + 7:  # the expiry timer has run
-                assert time.monotonic() < deadline and worker.running, worker.tail()
-                time.sleep(1)
+            swept = worker.metric("burnwatch_state_sweeps_total", 'trigger="event_time"')
             publish(broker.bootstrap, after)
             wait_acknowledged(broker.bootstrap, worker, timeout=180)
+            swept_after = worker.metric("burnwatch_state_sweeps_total", 'trigger="event_time"')
         finally:
             assert worker.stop() == 0, worker.tail()
+    assert swept_after > swept, (swept, swept_after)
     rows = stored(env, where="resource_id != 'future-host'")
     assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
     got = {k: v for k, v in stored_alerts(env).items() if v["resource_id"] != "future-host"}
     diff = compare_alerts(fl.expected, got)
     assert diff.ok, diff
+
+
+def test_catch_up_evicts_by_event_time(tmp_path: Path, ruleset, rules_dir: Path):
+    """A 12 h backlog of GPU hosts in eight waves (each idle an hour, quiet three, idle an
+    hour again), caught up with ``BURNWATCH_EVICT_AFTER_S`` at 20 minutes in small batches:
+    keys leave memory as event time passes, not on the 60 s wall-clock timer (the catch-up
+    takes seconds), and come back from the store when they speak again. Once acknowledged,
+    memory holds only the keys that spoke within the window and the eighth of it between
+    two sweeps; the alerts equal backtest's."""
+    evict_s, t0 = 1200.0, datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
+    hosts = [(f"wave{w}-host{h}", t0 + stint * 3600) for w in range(8) for h in range(6) for stint in (w, w + 4)]
+    records = sorted((r for rid, start in hosts for r in idle_host(rid, start)),
+                     key=lambda r: value_end_time(r[2]) or 0.0)  # fmt: skip
+    path = write_records(tmp_path / "waves.jsonl", records)
+    expected = reported_alerts(path, ruleset)
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS, BURNWATCH_EVICT_AFTER_S=str(evict_s),
+                         BURNWATCH_BATCH_MAX_MESSAGES="40", BURNWATCH_MAX_HELD_PER_PARTITION="40")  # fmt: skip
+        publish(broker.bootstrap, records)
+        worker = Worker(env, tmp_path / "worker.log").start()
+        try:
+            health = wait_acknowledged(broker.bootstrap, worker, timeout=180)
+        finally:
+            assert worker.stop() == 0, worker.tail()
+    last = resource_times(records)
+    spoke = {rid for rid, t in last.items() if t >= health["watermark"] - evict_s * 9 / 8}
+    problems = [f"{health['keys_held']} keys in memory, {len(spoke)} spoke within the window"] \
+        if health["keys_held"] > len(spoke) else []  # fmt: skip
+    problems += [f"{health['keys_held']} held + {health['keys_evicted']} evicted, {len(last)} resources"] \
+        if health["keys_held"] + health["keys_evicted"] != len(last) else []  # fmt: skip
+    problems += ["no key came back from the store during the catch-up"] if not health["read_ahead"] else []
+    diff = compare_alerts(expected, stored_alerts(env))
+    problems += [str(diff)] if not diff.ok else []
+    assert expected and not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("then", ["wait", "stop"])
