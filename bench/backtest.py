@@ -7,7 +7,10 @@ Each side runs in its own fresh interpreter (the past commit from a git worktree
 events/s of ``backtest(path, rules)`` after :func:`detector.runtime.tune_gc`, by wall and by
 CPU time (CPU time moves less on a machine others share). ``--whole FILE``: ``burnwatch
 backtest FILE`` as a command, its CPU time (user + sys) against a bare read-and-decode of the
-same file with msgspec. Every run is printed, not only the means.
+same file with msgspec. ``--startup``: instead, what a start costs: the CPU seconds of
+``burnwatch backtest`` on the bench fleet's first 100 lines and of importing the event writer's
+child (``streams.event_writer``, started with every worker). Every run is printed, not only the
+means.
 """
 
 from __future__ import annotations
@@ -79,17 +82,39 @@ def whole_process(tree: Path | None, path: str) -> float:
     return _cpu_of(cmd, _env(tree), tree or ROOT)
 
 
+def startup(tree: Path | None, runs: int, rev: str) -> None:
+    """Each side's start, alternating: ``burnwatch backtest`` of 100 events, and the child's imports."""
+    sides: dict[str, Path | None] = {rev: tree, "working tree": None}
+    with tempfile.TemporaryDirectory(prefix="burnwatch-start-") as tmp:
+        small = Path(tmp) / "100.jsonl"
+        with open(bench_fleet(None), "rb") as source:
+            small.write_bytes(b"".join(next(source) for _ in range(100)))
+        cpu: dict[tuple[str, str], list[float]] = {}
+        for _ in range(runs):
+            for side, where in sides.items():
+                rules = str((where or ROOT) / "rules")
+                for what, cmd in (("backtest of 100 events", ["-m", "streams.cli", "backtest", "--rules", rules, str(small)]),
+                                  ("event writer child's import", ["-c", "import streams.event_writer"])):  # fmt: skip
+                    cpu.setdefault((side, what), []).append(_cpu_of([sys.executable, *cmd], _env(where), Path(tmp)))
+        for (side, what), runs_s in cpu.items():
+            print(f"{side}: {what}: mean {mean(runs_s):.2f} CPU s ({', '.join(f'{r:.2f}' for r in runs_s)})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rev", help="the commit to compare the working tree with")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--file", type=Path, help="replay file (default: the bench fleet, bench/out/fleet.jsonl)")
     parser.add_argument("--whole", default=None, help="also time `burnwatch backtest` on this file (CPU s)")
+    parser.add_argument("--startup", action="store_true", help="only what a start costs (CPU s), not the backtest")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="burnwatch-bt-ab-") as tmp:
         tree = Path(tmp) / "tree"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.rev], check=True)
         try:
+            if args.startup:
+                startup(tree, args.runs, args.rev)
+                return 0
             sides: dict[str, Path | None] = {args.rev: tree, "working tree": None}
             wall: dict[str, list[float]] = {s: [] for s in sides}
             cpu: dict[str, list[float]] = {s: [] for s in sides}

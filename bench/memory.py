@@ -267,8 +267,8 @@ def scoring(model_dir: str | None) -> Scoring:
     return Scoring(ModelSet.load(model_dir))
 
 
-def by_kind(path: str, model_dir: str | None = None) -> None:
-    """Each key's state after a replay file, by resource kind: in memory (deep size) and saved."""
+def replayed(path: str, model_dir: str | None = None) -> Engine:
+    """An engine with the shipped rules after the replay file ``path``, fed in sorted batches."""
     from detector.replay import read_replay
 
     ruleset = load_rules(ROOT / "rules")
@@ -282,6 +282,12 @@ def by_kind(path: str, model_dir: str | None = None) -> None:
             engine.process_timed(sorted(batch, key=lambda item: item[0]))
             batch = []
     engine.process_timed(sorted(batch, key=lambda item: item[0]))
+    return engine
+
+
+def by_kind(path: str, model_dir: str | None = None) -> None:
+    """Each key's state after a replay file, by resource kind: in memory (deep size) and saved."""
+    engine = replayed(path, model_dir)
     kinds: dict[str, list[int]] = {}
     seen: set[int] = set()
     for key, state in engine._keys.items():

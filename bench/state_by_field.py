@@ -3,6 +3,7 @@ state a memory pass should shrink next (bench/memory.py gives the state by rule,
 
     .venv/bin/python bench/state_by_field.py                                   # 700 resources, 5 min
     .venv/bin/python bench/state_by_field.py --resources 700 --rules anomaly,data_starved_training
+    .venv/bin/python bench/state_by_field.py --replay bench/out/fleet.jsonl --rules all   # after a day
 
 An :class:`~detector.engine.Engine` with the shipped rules is fed bench/memory.py's feed (the
 simulated fleet's proportions) for ``--minutes`` of event time; then each chosen rule's state
@@ -84,11 +85,16 @@ def main() -> int:
     parser.add_argument("--resources", type=int, default=700, help="distinct resources fed (default 700)")
     parser.add_argument("--minutes", type=float, default=5.0, help="event time fed to every resource")
     parser.add_argument("--rules", default="anomaly,data_starved_training",
-                        help="detector types whose states are broken down, comma-separated")  # fmt: skip
+                        help="detector types whose states are broken down, comma-separated, or all")  # fmt: skip
     parser.add_argument("--model-dir", help="score windows with the model in this folder (default: built, not judged)")
+    parser.add_argument("--replay", help="the state after this replay file (a day: bench/out/fleet.jsonl) instead")
     args = parser.parse_args()
-    engine = fed_engine(args.resources, args.minutes, args.model_dir)
-    report(*by_field(engine, set(args.rules.split(","))))
+    if args.replay:
+        engine = memory.replayed(args.replay, args.model_dir)
+    else:
+        engine = fed_engine(args.resources, args.minutes, args.model_dir)
+    rules = {r.detector.type for r in engine.ruleset.rules} if args.rules == "all" else set(args.rules.split(","))
+    report(*by_field(engine, rules))
     return 0
 
 

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from detector.store import EventBatch, Store, connect  # noqa: E402
+from streams.children import die_with_parent  # noqa: E402
 from streams.embedded import free_port  # noqa: E402
 from tests.helpers import T0, usage  # noqa: E402
 
@@ -68,7 +69,7 @@ def main() -> None:
         port = free_port()
         server = subprocess.Popen([sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", f"chdb://{tmp}/served",
                                    "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True)  # fmt: skip
+                                  start_new_session=True, preexec_fn=die_with_parent())  # fmt: skip
         try:
             deadline = time.monotonic() + 60
             while True:

@@ -123,15 +123,23 @@ def newer(times: FloatArray, index: int, t: float) -> bool:
 
 
 def enc_hook(obj: Any) -> Any:
-    """Arrays of a rule's state are saved as lists."""
+    """Arrays of a rule's state are saved as lists; an object with a ``saved()`` as what it returns
+    (:class:`detector.detectors.ended.Ended`: the dict it replaces)."""
     if isinstance(obj, array):
         return obj.tolist()
+    saved = getattr(obj, "saved", None)
+    if saved is not None:
+        return saved()
     raise NotImplementedError(f"cannot save {type(obj).__name__} in a key's state")
 
 
 def dec_hook(kind: type, obj: Any) -> Any:
     """A saved list back into an array; a list of pairs (saved before) is flattened, and a map of
-    GPU index to value (saved before) becomes a per-GPU series."""
+    GPU index to value (saved before) becomes a per-GPU series; a class with a ``read_saved`` reads
+    what its ``saved()`` wrote."""
+    read = getattr(kind, "read_saved", None)
+    if read is not None:
+        return read(obj)
     if kind is array and isinstance(obj, dict):
         series = per_gpu()
         for index, value in sorted(obj.items()):

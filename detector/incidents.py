@@ -24,12 +24,14 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
-from detector.alerts import burning_sql
-from detector.store.connection import Connection
 from detector.units import epoch, format_duration, rfc3339
+
+if TYPE_CHECKING:
+    from detector.store.connection import Connection
 
 __all__ = [
     "DEFAULT_LIMIT", "MAX_LIMIT", "STATES", "Incident", "IncidentFilter", "IncidentList", "InvalidFilter",
@@ -232,8 +234,6 @@ def slack_permalink(workspace_url: str | None, channel: str | None, ts: str | No
 
 _WHERE = "silenced = '' AND ({open_only:Bool} = false OR status != 'resolved') AND ({team:String} = '' OR tags['team'] = {team:String})"  # noqa: E501
 
-_BURNING = burning_sql()
-"""1 where an alert's $/h is still being spent while open, on ``type`` and ``details``."""
 _ORDER = ("status = 'resolved', if(status = 'resolved' OR burning = 0, 0, usd_per_hour) DESC, "
           "if(status = 'resolved', resolved_at, NULL) DESC, waste_usd DESC, alert_id")
 """Open first, highest $/h first, sunk ones (no $/h now) after them by dollars; then the latest
@@ -248,7 +248,7 @@ SELECT a.alert_id AS alert_id, a.type AS type, a.rule AS rule, a.severity AS sev
        x.acked_at AS acked_at, x.acked_by AS acked_by, x.snoozed_until AS snoozed_until, x.snoozed_by AS snoozed_by,
        x.expected AS expected, d.channel AS slack_channel, d.message_ts AS slack_ts, a.burning AS burning
 FROM (SELECT alert_id, type, rule, severity, resource_id, resource_type, account, region, instance_type, status,
-             waste_usd, usd_per_hour, episode_start, fired_at, updated_at, resolved_at, tags, {_BURNING} AS burning
+             waste_usd, usd_per_hour, episode_start, fired_at, updated_at, resolved_at, tags, {{burning}} AS burning
       FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
       ORDER BY {_ORDER} LIMIT {{limit:UInt32}}) AS a
 LEFT JOIN (SELECT alert_id, minIfOrNull(at, action = 'acknowledged') AS acked_at,
@@ -264,9 +264,20 @@ SETTINGS join_use_nulls = 1
 """
 _COUNT = f"""
 SELECT count() AS total, countIf(status != 'resolved') AS open_total,
-       sumIf(usd_per_hour, status != 'resolved' AND {_BURNING} = 1) AS open_usd_per_hour
+       sumIf(usd_per_hour, status != 'resolved' AND {{burning}} = 1) AS open_usd_per_hour
 FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
 """
+
+
+@cache
+def _queries() -> tuple[str, str]:
+    """:data:`_ROWS` and :data:`_COUNT` with ``{burning}``: 1 where an alert's $/h is still being
+    spent while open, on ``type`` and ``details``. Made on first use: it asks every detector
+    class, which a command that only builds its parser (``burnwatch backtest``) should not import."""
+    from detector.alerts import burning_sql
+
+    burning = burning_sql()
+    return _ROWS.replace("{burning}", burning), _COUNT.replace("{burning}", burning)
 
 
 def _wall(value: datetime | None) -> float | None:
@@ -304,8 +315,9 @@ def list_incidents(conn: Connection, flt: IncidentFilter, now: float) -> Inciden
     while its pipeline writes: no write of this process lands between the rows and the totals
     (which would show 3 rows under "showing all 2", or "3 of 4" with nothing more to show)."""
     params = {"db": conn.db, "open_only": flt.open_only, "team": flt.team or "", "limit": flt.limit}
+    rows_sql, count_sql = _queries()
     with conn.lock:
-        found, totals = conn.client.query(_ROWS, parameters=params), conn.client.query(_COUNT, parameters=params)
+        found, totals = conn.client.query(rows_sql, parameters=params), conn.client.query(count_sql, parameters=params)
     rows = [dict(zip(found.column_names, row, strict=True)) for row in found.result_rows]
     counts = dict(zip(totals.column_names, totals.result_rows[0], strict=True))
     return IncidentList(

@@ -20,9 +20,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from detector.store.connection import Connection, named_sql
+from detector.store.connection import named_sql
+
+if TYPE_CHECKING:
+    from detector.store.connection import Connection
 
 __all__ = ["REPORTS", "Report", "format_rows", "newest_event_time", "period", "run_report"]
 

@@ -24,6 +24,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -257,10 +258,17 @@ def _the_bill(pipeline: _Pipeline, settings: Settings, cfg: SimConfig, ruleset: 
     _say()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(settings: Settings, hours: float | None = None, speed: float = 1800.0, config: str | None = None,
              via_bridge: bool = False) -> int:  # fmt: skip
     """The demo; ``hours`` of simulated time (default 24, or 12 through the bridge, whose
-    parsing of each scrape's text is what takes the time)."""
+    parsing of each scrape's text is what takes the time). Stopped by SIGTERM (``kill``,
+    ``timeout``, a supervisor) as by Ctrl-C: it stops what it started, then exits 130."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     if via_bridge:
         return run_bridge_demo(settings, hours or BRIDGE_HOURS, config)
     hours = hours or 24.0

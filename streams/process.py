@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from streams.children import die_with_parent
+
 __all__ = ["StoreServerProcess", "WorkerProcess", "stop_group", "worker_env"]
 
 
@@ -40,6 +42,9 @@ def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **e
 
 
 class WorkerProcess:
+    """``burnwatch worker`` in a child process, which dies with the thread that started it
+    (:mod:`streams.children`)."""
+
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.env = {**os.environ, **env}
         self.port = int(self.env.get("BURNWATCH_WEB_PORT", "6066"))
@@ -51,7 +56,7 @@ class WorkerProcess:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "streams.cli", "worker"],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=die_with_parent(),
         )  # fmt: skip
         log.close()
         return self
@@ -129,7 +134,7 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
 
 class StoreServerProcess:
     """``burnwatch store serve`` in a child process, ready once ``GET /ping`` answers: the
-    store several workers share (tests, benchmarks)."""
+    store several workers share (tests, benchmarks). It dies with the thread that started it."""
 
     def __init__(self, dsn: str, log_path: Path) -> None:
         from streams.embedded import free_port
@@ -142,6 +147,7 @@ class StoreServerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", dsn, "--port", str(self.port)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=die_with_parent(),
             )  # fmt: skip
 
     def wait_ready(self, timeout: float = 60.0) -> StoreServerProcess:

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from streams.children import die_with_parent
+
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 
 
@@ -170,7 +172,7 @@ class Alertmanager:
         self.process = subprocess.Popen(
             [ALERTMANAGER, f"--config.file={config}", f"--storage.path={folder / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdout=self._out, stderr=subprocess.STDOUT,
+            stdout=self._out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(),
         )  # fmt: skip
         try:
             wait_until(self._ready, timeout=30, what="Alertmanager to be ready")

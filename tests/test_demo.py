@@ -52,12 +52,18 @@ def wait_for(condition, timeout: float, what: str):
 
 def stop_demo(demo: subprocess.Popen, run: str) -> None:
     """A demo still running (its test failed or timed out) is killed with every process it started:
-    its broker and worker would otherwise outlive it (SIGKILL leaves them no chance to stop). A demo
-    that ended by itself is left alone: the test then checks its processes stop on their own."""
+    they die with it (:mod:`streams.children`), and any that did not (that broken, or not Linux) is
+    killed here rather than left running. A demo that ended by itself is left alone: the test
+    then checks its processes stop on their own."""
     if demo.poll() is not None:
         return
     demo.kill()
     demo.wait()
+    kill_started(run)
+
+
+def kill_started(run: str) -> None:
+    """SIGKILL every live process of this run: what a failed test must not leave running."""
     for pid in started_by(run):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -94,3 +100,34 @@ def test_demo_shows_alerts_summary_a_postmortem_and_commands_that_work(tmp_path)
         assert out.stdout.strip() and "(no rows)" not in out.stdout, f"{command}\n{out.stdout}"
         assert f"store: chdb://{tmp_path / 'demo' / 'clickhouse'}" in out.stderr  # it says which store it read
     assert not (tmp_path / "clickhouse").exists()  # no command created a store where the demo's is not
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP, signal.SIGTERM],
+                         ids=["killed", "terminal-closed", "terminated"])  # fmt: skip
+def test_a_demo_killed_takes_the_broker_and_worker_it_started_with_it(tmp_path, how: signal.Signals):
+    """``make demo`` killed -9, or its terminal closed, has no chance to stop what it started:
+    the broker and the worker end with it all the same (they used to run on: a pair outlived
+    its demo by 1 h 45 min)."""
+    run = uuid.uuid4().hex
+    env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_RULES": str(ROOT / "rules"), "PATH": "/usr/bin:/bin",
+           MARK: run}  # fmt: skip
+    said = tmp_path / "demo.out"
+    with open(said, "w") as out:  # a minute of replay: the demo is still replaying when it is killed
+        demo = subprocess.Popen([sys.executable, "-m", "streams.cli", "demo", "--hours", "1", "--speed", "60"],
+                                env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_for(lambda: "- worker up" in said.read_text() or demo.poll() is not None, 180, "the demo's worker")
+        assert demo.poll() is None, said.read_text()
+        started = started_by(run) - {demo.pid}
+        assert len(started) >= 2, started  # the broker and the worker
+        demo.send_signal(how)
+        if how == signal.SIGTERM:  # (``kill``, ``timeout``, a supervisor) stopped as Ctrl-C stops it
+            assert demo.wait(timeout=60) == 130
+            assert "interrupted; stopping" in said.read_text()
+        else:
+            assert demo.wait(timeout=30) == -how
+        wait_for(lambda: not started_by(run), 30, f"the processes the demo started ({started}) to end with it")
+    finally:
+        demo.kill()
+        demo.wait()
+        kill_started(run)  # what did not end with it (the test failed): not left running

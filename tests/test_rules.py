@@ -48,6 +48,25 @@ def test_every_error_reported_with_file_line_and_path(tmp_path):
     assert len(info.value.errors) == 3
 
 
+@pytest.mark.parametrize("name", ["rules.yaml", "routing.yaml", "limits.yaml", "pricing.yaml"])
+def test_one_parse_reads_what_the_pure_python_loader_reads(name):
+    """The rules are parsed once, by libyaml where PyYAML has it: the same data and the same
+    line of every key as ``yaml.compose`` and ``yaml.safe_load`` with the pure-Python loader,
+    on the shipped files and on the same file with its lines shuffled about (anchors, flow
+    mappings, quoted keys, comments)."""
+    import yaml
+
+    from detector.rules import _line_index, parse_yaml
+
+    texts = [(ROOT / "rules" / name).read_text(),
+             "# c\na: &x {b: 1, 'c d': [1, 2.5, null, ~]}\n\ne: *x\nf:\n  - g: |\n      two\n      lines\n    h: 'x'\n"]
+    for text in texts:
+        node, data = parse_yaml(text)
+        assert data == yaml.load(text, Loader=yaml.SafeLoader)
+        assert _line_index(node) == _line_index(yaml.compose(text, Loader=yaml.SafeLoader))
+    assert parse_yaml("") == (None, None)
+
+
 def test_invalid_yaml_names_the_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("rules:\n  - name: a\n    type: [idle_gpu\n")

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import builtins
 import math
-import statistics
 from typing import Any, ClassVar
 
 import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
+from detector.detectors.bucket_rates import BucketRates
 from detector.detectors.episode import Episode, due, end, fire
 from detector.events import Event, UsageEvent
 from detector.floats import FloatArray, floats
@@ -72,9 +72,10 @@ class DestinationState(Episode, kw_only=True):
     bucket: float = 0.0
     bucket_bytes: float = 0.0
     bucket_s: float = 0.0
-    rates: FloatArray | None = None
-    """Bytes/s of each closed 5-minute bucket inside the baseline window, oldest first (a day of
-    them is 2.3 KB: the exact median needs every one); None before the first."""
+    rates: BucketRates | None = None
+    """Bytes/s of each closed 5-minute bucket inside the baseline window, oldest first (the exact
+    median needs every one: a day of them is 1.5 KB held and saved as whole bytes, 2.3 KB as
+    doubles); None before the first."""
     spans: FloatArray | None = None
     """The buckets' starts, as (first start, buckets) of each run of consecutive buckets, flattened:
     a run is broken only by a bucket without egress or inside a runaway, so a day's starts take a
@@ -111,7 +112,7 @@ class DestinationState(Episode, kw_only=True):
         """A closed bucket from ``bucket`` at ``rate`` bytes/s joins the baseline's buckets, newest."""
         spans, rates = self.spans, self.rates
         if spans is None or rates is None:
-            spans, rates = self.spans, self.rates = floats(), floats()
+            spans, rates = self.spans, self.rates = floats(), BucketRates()
         if spans and spans[-2] + spans[-1] * BUCKET_S == bucket:
             spans[-1] += 1.0
         else:
@@ -136,7 +137,7 @@ class DestinationState(Episode, kw_only=True):
             else:
                 del spans[:2]
         if old:
-            del self.rates[:old]
+            self.rates.drop_first(old)
 
 
 def _runs(spans: FloatArray, buckets: int) -> bool:
@@ -278,7 +279,7 @@ class EgressRunaway(DetectorBase):
                 st.keep(st.bucket, st.bucket_bytes / st.bucket_s)
             st.forget_before(t - self.params.baseline)
             if st.rates:
-                st.baseline = statistics.median(st.rates)
+                st.baseline = st.rates.median()
             st.bucket, st.bucket_bytes, st.bucket_s = bucket, 0.0, 0.0
         st.bucket_bytes += size
         st.bucket_s += interval

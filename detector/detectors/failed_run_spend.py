@@ -31,6 +31,7 @@ import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.ended import Ended
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, follow, hosts_of
 from detector.events import Event, RunEvent
@@ -65,7 +66,7 @@ class FailedRunSpendState(Episode, kw_only=True):
     fired_at: float | None = msgspec.field(default=None, name="loop_fired_at")
     runs: dict[str, RunState] = {}
     """Runs of the project that have started and not ended."""
-    ended: dict[str, float] = {}
+    ended: Ended = msgspec.field(default_factory=Ended)
     """Run id → end time, so a re-read end event is not a second failure."""
     failures: list[Failure] = []
     """Failures inside the crash-loop window."""
@@ -114,7 +115,7 @@ class FailedRunSpend(DetectorBase):
             return found
         del st.runs[ev.run_id]
         st.runs = emptied(st.runs)
-        st.ended[ev.run_id] = t
+        st.ended.add(ev.run_id, t)
         self._prune(st, t)
         if ev.status == "succeeded":
             if st.fired_at is not None:
@@ -164,7 +165,7 @@ class FailedRunSpend(DetectorBase):
         horizon = t - self.params.loop_window
         if st.fired_at is None:
             st.failures = [f for f in st.failures if f.t >= horizon]
-        st.ended = {k: v for k, v in st.ended.items() if v >= horizon - self.params.loop_window}
+        st.ended.keep_since(horizon - self.params.loop_window)
 
     def _maybe_end_loop(self, st: FailedRunSpendState, t: float, res: ResourceInfo) -> list[Finding]:
         """A loop with no failure for a whole window is over."""

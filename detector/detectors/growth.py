@@ -15,8 +15,8 @@ from pydantic import Field
 
 from detector.detectors.base import DetectorBase, Params
 from detector.detectors.episode import Episode
+from detector.detectors.growth_points import Points
 from detector.events import DAY_S
-from detector.floats import FloatArray, floats
 from detector.units import Duration
 
 __all__ = ["GrowthBase", "GrowthParams", "GrowthState", "Trend", "fit"]
@@ -33,9 +33,10 @@ class GrowthParams(Params):
 
 
 class GrowthState(Episode, kw_only=True):
-    points: FloatArray = msgspec.field(default_factory=floats)
-    """(t, bytes): the latest sample of each 15-minute slot inside the window, as pairs flattened
-    (``t0, b0, t1, b1...``: :mod:`detector.floats`; a week of them is 11 KB, not 75)."""
+    points: Points = msgspec.field(default_factory=Points)
+    """(t, bytes): the latest sample of each 15-minute slot inside the window (:class:`Points`:
+    6 bytes a point while times and sizes are whole, 16 as doubles; saved as pairs flattened,
+    ``t0, b0, t1, b1...``)."""
     last_t: float = 0.0
     evaluated_at: float = 0.0
     capacity: float | None = None
@@ -62,9 +63,9 @@ class Trend(msgspec.Struct, kw_only=True, frozen=True):
         return 100.0 * self.per_day / self.size if self.size > 0 else 0.0
 
 
-def fit(flat: FloatArray) -> Trend | None:
-    """Least-squares slope through the (t, bytes) pairs of ``flat``; None with fewer than four."""
-    points = list(zip(flat[0::2], flat[1::2], strict=True))
+def fit(history: Points) -> Trend | None:
+    """Least-squares slope through the (t, bytes) points of ``history``; None with fewer than four."""
+    points = history.pairs()
     n = len(points)
     if n < 4:
         return None
@@ -93,7 +94,7 @@ class GrowthBase(DetectorBase):
         trend = fit(st.points)
         if trend is not None:
             return trend
-        size = st.points[-1] if st.points else 0.0
+        size = st.points.last()[1] if st.points else 0.0
         return Trend(size=size, per_day=0.0, span_s=0.0, drop=0.0)
 
     def observe(self, st: GrowthState, t: float, size: float) -> Trend | None:
@@ -102,16 +103,12 @@ class GrowthBase(DetectorBase):
             return None  # a re-read or late sample
         st.last_t = t
         points = st.points
-        if points and t - points[-2] < POINT_S and int(t // POINT_S) == int(points[-2] // POINT_S):
-            points[-2], points[-1] = t, size
+        last_t = points.last()[0] if points else 0.0
+        if points and t - last_t < POINT_S and int(t // POINT_S) == int(last_t // POINT_S):
+            points.replace_last(t, size)
         else:
-            points.extend((t, size))
-        horizon = t - self.params.window
-        old = 0
-        while old < len(points) and points[old] < horizon:
-            old += 2
-        if old:
-            del points[:old]
+            points.add(t, size)
+        points.forget_before(t - self.params.window)
         if t - st.evaluated_at < self.params.evaluate_every:
             return None
         trend = fit(st.points)

@@ -39,9 +39,11 @@ import math
 import re
 from typing import Any, ClassVar, Literal
 
+import msgspec
 from pydantic import Field, model_validator
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.ended import Ended
 from detector.detectors.episode import Episode, due, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, hosts_of, refresh
 from detector.events import Event, RunEvent
@@ -132,7 +134,7 @@ class PlateauedRunState(Episode, kw_only=True):
     """A project's open runs (the episodes live on each run)."""
 
     runs: dict[str, WatchedRun] = {}
-    ended: dict[str, float] = {}
+    ended: Ended = msgspec.field(default_factory=Ended)
     """Run id → end time: a re-read event of an ended run (dated up to its end) changes nothing."""
     scan_at: float = -math.inf
     """Event time of the next look for runs gone quiet (it walks every open run: hourly, not per event)."""
@@ -168,7 +170,7 @@ class PlateauedRun(DetectorBase):
         if ended_at is not None:
             if t <= ended_at:
                 return []  # a re-read event of the ended run
-            del st.ended[ev.run_id]  # the id used again later (a scheduled job's fixed name): a new run
+            st.ended.discard(ev.run_id)  # the id used again later (a scheduled job's fixed name): a new run
         found: list[Finding] = []
         if t >= st.scan_at:
             st.scan_at = t + SCAN_EVERY_S
@@ -184,11 +186,9 @@ class PlateauedRun(DetectorBase):
             w.last_t = t
         if ev.status not in ("started", "running"):
             found += self._drop(st, ev.run_id, t, ctx.lookup, reason=f"run_{ev.status}")
-            st.ended[ev.run_id] = t
+            st.ended.add(ev.run_id, t)
             if len(st.ended) > MAX_ENDED:  # pruned now and then, not at every end (a sweep ends thousands)
-                horizon = t - self.params.forget_after
-                kept = [(k, v) for k, v in st.ended.items() if v >= horizon]
-                st.ended = dict(kept[-MAX_ENDED // 2:])  # the newest (ended in event-time order)
+                st.ended.keep_since(t - self.params.forget_after, newest=MAX_ENDED // 2)  # ended in event-time order
             return found
         value = ev.metrics.get(self.params.metric) if ev.metrics else None
         if value is not None and math.isfinite(value) and self._new_evaluation(w, ev, t):

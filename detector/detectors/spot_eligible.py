@@ -30,6 +30,7 @@ import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.ended import Ended
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, follow, hosts_of
 from detector.events import Event, RunEvent
@@ -59,7 +60,7 @@ class Candidate(Episode, kw_only=True):
 class SpotEligibleState(msgspec.Struct, kw_only=True, gc=False):
     runs: dict[str, RunState] = {}
     fired: dict[str, Candidate] = {}
-    ended: dict[str, float] = {}
+    ended: Ended = msgspec.field(default_factory=Ended)
     """Run id → end time, so a re-read event does not reopen a run."""
     last_t: float = 0.0
 
@@ -101,8 +102,8 @@ class SpotEligible(DetectorBase):
         if event.status in ("succeeded", "failed", "killed"):
             run = st.runs.pop(event.run_id)
             st.runs = emptied(st.runs)
-            st.ended[event.run_id] = t
-            st.ended = {k: v for k, v in st.ended.items() if v >= t - 2 * 86_400}
+            st.ended.add(event.run_id, t)
+            st.ended.keep_since(t - 2 * 86_400)
             candidate = st.fired.pop(event.run_id, None)
             st.fired = emptied(st.fired)
             if candidate is not None:

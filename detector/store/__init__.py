@@ -20,20 +20,45 @@
 :class:`~detector.store.facade.Store` opens all of them at once.
 """
 
-from detector.store.actions import Actions
-from detector.store.alerts import Alerts, alert_from_row
-from detector.store.batch import EventBatch, event_ids
-from detector.store.connection import Connection, StoreBusy, StoreNotFound, StoreOutdated, chdb_dir, connect, named_sql
-from detector.store.deliveries import Deliveries
-from detector.store.digests import Digests
-from detector.store.events import Events
-from detector.store.facade import Store
-from detector.store.history import EventHistory
-from detector.store.memory import ManagerMemory
-from detector.store.remediation import ActionStep, Remediations
-from detector.store.schema import MIGRATIONS_DIR, RAW_TABLES, Migration, Schema, migrations
-from detector.store.states import States
-from detector.units import epoch
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from detector.store.actions import Actions
+    from detector.store.alerts import Alerts, alert_from_row
+    from detector.store.batch import EventBatch, event_ids
+    from detector.store.connection import Connection, StoreBusy, StoreNotFound, StoreOutdated, chdb_dir, connect, named_sql
+    from detector.store.deliveries import Deliveries
+    from detector.store.digests import Digests
+    from detector.store.events import Events
+    from detector.store.facade import Store
+    from detector.store.history import EventHistory
+    from detector.store.memory import ManagerMemory
+    from detector.store.remediation import ActionStep, Remediations
+    from detector.store.schema import MIGRATIONS_DIR, RAW_TABLES, Migration, Schema, migrations
+    from detector.store.states import States
+    from detector.units import epoch
+
+_HOME = {
+    "Actions": ".actions", "Alerts": ".alerts", "alert_from_row": ".alerts", "EventBatch": ".batch", "event_ids": ".batch",
+    "Connection": ".connection", "StoreBusy": ".connection", "StoreNotFound": ".connection", "StoreOutdated": ".connection",
+    "chdb_dir": ".connection", "connect": ".connection", "named_sql": ".connection", "Deliveries": ".deliveries",
+    "Digests": ".digests", "Events": ".events", "Store": ".facade", "EventHistory": ".history", "ManagerMemory": ".memory",
+    "ActionStep": ".remediation", "Remediations": ".remediation", "MIGRATIONS_DIR": ".schema", "RAW_TABLES": ".schema",
+    "Migration": ".schema", "Schema": ".schema", "migrations": ".schema", "States": ".states", "epoch": "detector.units",
+}  # fmt: skip
+"""Where each name lives. Imported on first use (PEP 562), not with the package: a process that
+needs one repository (the event writer's child: the connection, the batch, the events) does not
+pay for the others' imports (the alerts', the rules', the detectors': half a second a start)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'detector.store' has no attribute {name!r}")
+    value = getattr(import_module(_HOME[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "MIGRATIONS_DIR", "RAW_TABLES", "ActionStep", "Actions", "Alerts", "Connection", "Deliveries", "Digests", "EventBatch",

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import clickhouse_connect
 import structlog
 
 from detector.units import one_line
@@ -107,6 +106,8 @@ def connect(dsn: str, create: bool = True) -> Any:
     """A clickhouse-connect client for ``chdb:///dir``, ``chdb://memory`` or ``http(s)://…``.
     ``create=False``: an embedded store's directory must hold one already (:class:`StoreNotFound`).
     An embedded store another process holds is :class:`StoreBusy`, saying who and what to do."""
+    import clickhouse_connect  # here, not with the module: a fifth of a second that commands never connecting skip
+
     from detector.logs import redact, redact_dsn
 
     directory = chdb_dir(dsn)

@@ -1,0 +1,113 @@
+"""A project's ended runs (:class:`detector.detectors.ended.Ended`): the dict it replaced, in less memory."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import msgspec
+import pytest
+
+from detector.detectors.ended import SMALL, Ended
+from detector.engine import Engine
+from detector.events import RunEvent
+from detector.floats import dec_hook, enc_hook
+from tests.helpers import MIN, T0, at, usage
+
+HOUR = 3600.0
+RULES = ("failed-run-spend", "plateaued-run", "spot-eligible")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ended_answers_as_the_dict_it_replaces(seed):
+    """Random ends, re-uses and prunes, across the size where it holds a dict: every answer, the
+    order and what is saved are the dict's."""
+    rng = random.Random(seed)
+    ids = [f"run-{i}" for i in range(3 * SMALL)]
+    model: dict[str, float] = {}
+    ended = Ended()
+    t = 0.0
+    for _ in range(2000):
+        t += rng.choice((0.0, 1.0, 7.5))
+        op = rng.random()
+        run_id = rng.choice(ids)
+        if op < 0.6:
+            model[run_id] = t
+            ended.add(run_id, t)
+        elif op < 0.75:
+            model.pop(run_id, None)
+            ended.discard(run_id)
+        elif op < 0.8:
+            horizon, newest = t - rng.choice((10.0, 100.0, 1000.0)), rng.choice((None, 0, 5, SMALL + 3))
+            kept = [(k, v) for k, v in model.items() if v >= horizon]
+            model = dict(kept if newest is None else kept[-newest:] if newest else [])
+            ended.keep_since(horizon, newest=newest)
+        probe = rng.choice(ids)
+        assert ended.get(probe) == model.get(probe) and (probe in ended) == (probe in model)
+        assert len(ended) == len(model) and ended.items() == list(model.items()) and list(ended) == list(model)
+    assert msgspec.msgpack.encode(ended, enc_hook=enc_hook) == msgspec.msgpack.encode(model)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(model), type=Ended, dec_hook=dec_hook) == ended
+
+
+def test_ended_holds_a_run_in_less_than_a_dict_slot():
+    """Under SMALL runs: a tuple's slot and a double, not a dict's slot and a float object."""
+    runs = {f"run-{i:04d}": T0 + i * 60.0 for i in range(SMALL)}
+    ended = Ended(runs)
+    held = sys.getsizeof(ended) + sys.getsizeof(ended._ids) + sys.getsizeof(ended._times)
+    as_dict = sys.getsizeof(runs) + sum(sys.getsizeof(v) for v in runs.values())
+    assert held < as_dict / 2.5
+    none = Ended()  # none ended: the one empty tuple and one shared empty array, in less than an empty dict
+    assert none._ids == () and none._times is Ended()._times and sys.getsizeof(none) < sys.getsizeof({})
+
+
+def test_a_saved_map_that_is_not_run_ids_to_times_is_refused():
+    for bad in ({"r1": "late"}, {"r1": True}, [["r1", 1.0]], {1: 2.0}):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.msgpack.decode(msgspec.msgpack.encode(bad), type=Ended, dec_hook=dec_hook)
+
+
+def run(t: float, run_id: str, status: str, project: str = "llm") -> RunEvent:
+    return RunEvent(ts=at(t), run_id=run_id, status=status, resource_ids=["host-1"], gpu_count=8, project=project,
+                    metrics={"val_loss": 1.0}, step=int(t - T0),
+                    tags={"team": "nlp", "owner": "alice", "checkpoint": "s3://ckpt/llm"})  # fmt: skip
+
+
+def day_of_runs() -> list:
+    """A host billed for a day and a project's runs on it: failures (a crash loop), successes, a run id
+    used again, and the end events of all sent twice (a re-read after a restart)."""
+    runs = []
+    for i in range(40):
+        start, status = T0 + i * 30 * MIN, ("failed" if i % 3 == 0 else "succeeded")
+        runs += [run(start, f"r{i % 33}", "started"), run(start + 25 * MIN, f"r{i % 33}", status)]
+        runs.append(run(start + 26 * MIN, f"r{i % 33}", status))  # re-read: changes nothing
+    runs += [run(T0 + HOUR, "long", "started"), run(T0 + 6 * HOUR, "long", "succeeded")]  # spot_eligible's
+    billed = [usage(T0 + i * MIN, "host-1", usd_per_hour=32.0) for i in range(24 * 60)]
+    return sorted(billed + runs, key=lambda e: e.ts)
+
+
+def test_a_snapshot_of_the_dict_shape_restores_to_the_same_findings(ruleset):
+    """What 13c551f saved (``ended`` a map of run id to end time, as it is still saved) restores into
+    Ended, saves back byte for byte, and the run rules then find what an uninterrupted run finds."""
+    events = day_of_runs()
+    whole = Engine(ruleset).process(events)
+    assert {f.type for f in whole} >= {"failed_run_spend", "spot_eligible"}
+    half = len(events) // 2
+    first = Engine(ruleset)
+    before = first.process(events[:half])
+    saved = first.snapshot("llm")
+    assert saved is not None
+    raw = msgspec.msgpack.decode(saved)
+    for name in RULES:  # the shape 13c551f wrote: a plain map, in the order the runs ended
+        old = raw["rules"][name]["ended"]
+        assert isinstance(old, dict) and old and all(isinstance(v, float) for v in old.values())
+        assert list(old.values()) == sorted(old.values())
+    second = Engine(ruleset)
+    for key in first._keys:
+        snapshot = first.snapshot(key)
+        assert snapshot is not None
+        state = second.restore(key, snapshot)
+        assert second.snapshot(key) == snapshot
+        if key == "llm":
+            assert all(isinstance(state.rule(name).ended, Ended) for name in RULES)
+    after = second.process(events[half:])
+    assert msgspec.json.encode(before + after) == msgspec.json.encode(whole)

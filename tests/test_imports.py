@@ -1,0 +1,45 @@
+"""What a process imports to start: the event writer's child (started with every worker) and a
+command's parser (built by every ``burnwatch`` command) must not pull in what they never use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``code``."""
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_the_event_writer_child_imports_neither_rules_nor_detectors():
+    loaded = _modules_after("import streams.event_writer")
+    assert {"detector.store.events", "detector.store.batch"} <= loaded
+    assert not loaded & {"detector.rules", "detector.detectors", "detector.alerts", "detector.store.facade"}
+
+
+def test_building_the_parser_connects_to_nothing():
+    """``burnwatch backtest FILE`` reads a file: clickhouse-connect and the store's repositories
+    (once behind the incidents' and the reports' help) are imported by the commands that
+    connect, when they connect."""
+    loaded = _modules_after("from streams.cli import build_parser\nbuild_parser().parse_args(['backtest', 'fleet.jsonl'])")
+    assert {"streams.cli", "detector.incidents", "detector.reports"} <= loaded
+    assert not loaded & {"clickhouse_connect", "detector.store.facade", "detector.alerts"}
+
+
+def test_the_store_package_gives_every_name_it_lists():
+    import detector.store as store
+
+    assert {name: getattr(store, name).__name__ for name in ("Store", "EventBatch", "connect", "epoch")} == {
+        "Store": "Store", "EventBatch": "EventBatch", "connect": "connect", "epoch": "epoch"}  # fmt: skip
+    for name in store.__all__:
+        assert getattr(store, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        store.Nope  # noqa: B018
