@@ -287,11 +287,19 @@ class Engine:
             t, event = items[i]
             etype = type(event)
             i += 1
+            key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
+            if key != last_key:  # time-sorted input keeps a scrape's samples together
+                held = keys.get(key)
+                state = held if held is not None else self._load(key)
+                ctx.point(state)
+                mark_dirty(key)
+                last_key = key
             if etype is GpuMetric:
-                key = event.resource_id  # type: ignore[union-attr]
                 run_end = i
-                guess, guessed = i - 1 + size, None
-                if size > 1 and guess <= n:  # as many as the latest scrape? Checked in C, not item by item
+                # As many samples as the host has GPUs (by its instance type), else as the latest scrape had?
+                expected = state.info.gpus
+                guess, guessed = i - 1 + (expected if expected > 1 else size), None
+                if guess > i and guess <= n:  # checked in C, not item by item
                     chunk = items[i - 1 : guess]
                     if set(map(_time, chunk)) == {t}:
                         samples = list(map(_event, chunk))
@@ -312,14 +320,7 @@ class Engine:
                 size = run_end - i + 1
                 i = run_end
             else:
-                key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
                 scrape = None
-            if key != last_key:  # time-sorted input keeps a scrape's samples together
-                held = keys.get(key)
-                state = held if held is not None else self._load(key)
-                ctx.point(state)
-                mark_dirty(key)
-                last_key = key
             last_t = state.last_t
             if t > last_t:
                 state.last_t = t

@@ -223,10 +223,11 @@ def test_the_usual_kubernetes_scrape_keeps_what_the_sample_by_sample_way_keeps(r
 
 
 def test_the_engine_folds_each_run_of_one_hosts_samples_at_one_time_as_one_scrape(monkeypatch):
-    """The engine finds a scrape's samples by guessing the latest scrape's size and checking the guess;
-    whatever the sizes before (larger, smaller, a host's samples split by another's or by a usage
-    event at the same time), each run of one host's samples at one time is one scrape, as a scan
-    item by item finds it."""
+    """The engine finds a scrape's samples by guessing its size (the host's GPUs by its instance type,
+    8 here once its usage is known; else the latest scrape's) and checking the guess; whatever the
+    sizes before (larger, smaller, a host's samples split by another's or by a usage event at the
+    same time), each run of one host's samples at one time is one scrape, as a scan item by item
+    finds it."""
     seen: list[list[GpuMetric]] = []
 
     class Spy(Scrape):

@@ -1,7 +1,7 @@
 """What the GPU detectors share: episodes of a host whose every GPU sample shows a
 waste condition, held for a sustained time while the host is billed.
 
-A subclass says which samples of a scrape *break* an episode (``breaking``) and what its findings
+A subclass says which sample of a scrape first *breaks* an episode (``first_break``) and what its findings
 add (``describe``); this class does the rest the same way for all of them:
 
 - the episode starts at the first sample after the last breaking one, and fires when
@@ -20,7 +20,6 @@ add (``describe``); this class does the rest the same way for all of them:
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -86,9 +85,10 @@ class GpuEpisode(DetectorBase):
     """Whether its findings say what to run to stop the pods (what stops an idle pod would
     only restart a hung one)."""
 
-    def breaking(self, st: GpuEpisodeState, scrape: Scrape) -> Sequence[bool]:
-        """Per sample of the scrape, in order, whether it shows the waste condition does not hold
-        (ends an episode)."""
+    def first_break(self, st: GpuEpisodeState, scrape: Scrape) -> int:
+        """The place in the scrape of its first sample that shows the waste condition does not hold
+        (ends an episode), or the scrape's length when none does; what the rule keeps of every
+        sample (``stuck_gpu``: its power) is kept."""
         raise NotImplementedError
 
     @staticmethod
@@ -130,8 +130,7 @@ class GpuEpisode(DetectorBase):
         resource = ctx.resource
         st = state
         events = scrape.samples
-        breaking = self.breaking(st, scrape)
-        first = breaking.index(True) if True in breaking else len(events)  # the first sample that breaks
+        first = self.first_break(st, scrape)
         gpus = scrape.gpus
         if ((scrape.plain and not st.pods and not st.allocated and gpus == st.gpus and scrape.model is not None)
                 or self._usual(st, scrape)):  # (off Kubernetes without MIG, the usual host, in one line)  # fmt: skip

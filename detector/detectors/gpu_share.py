@@ -45,6 +45,8 @@ from __future__ import annotations
 import builtins
 import math
 from array import array
+from itertools import compress
+from math import isnan
 from operator import or_
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -573,6 +575,19 @@ class GpuShare(DetectorBase):
         else:  # every sample said who holds its GPU (as before): when, and who with busy or not
             times[_G * n + n :] = now
             st.unit_codes[:] = bytes(map(or_, _holders(scrape), busy))
+        # Most scrapes move no idle run: every idle GPU's is under way, and no busy GPU has one (nor time
+        # pending). Seen in C (NaN: unset); otherwise GPU by GPU.
+        unset = tuple(map(isnan, times[_IDLE_SINCE : _G * n : _G]))
+        if unset != busy or not all(map(isnan, compress(times[_PENDING_FROM : _G * n : _G], busy))):
+            self._keep_runs(st, busy, t)
+        if scrape.model and scrape.model != st.model:
+            st.model = intern(scrape.model)
+
+    @staticmethod
+    def _keep_runs(st: GpuShareState, busy: tuple[bool, ...], t: float) -> None:
+        """GPU ``g`` is sample ``g`` of the usual scrape, at ``t``: its idle run starts at an idle sample,
+        and ends (with the time pending before it counts) at a busy one."""
+        times: Any = st.gpu_times
         for g, is_busy in enumerate(busy):
             at = _G * g
             idle_since = times[at + _IDLE_SINCE]
@@ -582,8 +597,6 @@ class GpuShare(DetectorBase):
                     _restart_run(st, g)
             elif idle_since != idle_since:  # unset (NaN): its idle run starts
                 times[at + _IDLE_SINCE] = t
-        if scrape.model and scrape.model != st.model:
-            st.model = intern(scrape.model)
 
     def _forget_for(self, st: GpuShareState, g: int, gpu: int) -> int:
         """Make room for a new unit of GPU ``gpu`` (at place ``g``): forget the least recently seen

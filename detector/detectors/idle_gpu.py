@@ -34,7 +34,6 @@ does not change the figure.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from detector.detectors.gpu_episode import GpuEpisode, GpuEpisodeParams, GpuEpisodeState
@@ -77,8 +76,9 @@ class IdleGpu(GpuEpisode):
             return cls.empty_suggestion
         return cls.suggestion
 
-    def breaking(self, st: GpuEpisodeState, scrape: Scrape) -> Sequence[bool]:
-        return scrape.busy(self.params.util_below)  # (what partly_idle_gpu and unallocated_gpu ask too)
+    def first_break(self, st: GpuEpisodeState, scrape: Scrape) -> int:
+        busy = scrape.busy(self.params.util_below)  # (what partly_idle_gpu and unallocated_gpu ask too)
+        return busy.index(True) if True in busy else len(busy)
 
     def describe(self, st: GpuEpisodeState) -> dict[str, Any]:
         return {"util_below_pct": self.params.util_below}

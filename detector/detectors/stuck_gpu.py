@@ -39,17 +39,21 @@ episode.
 from __future__ import annotations
 
 import builtins
+from operator import attrgetter, gt
 from typing import Any, ClassVar
 
 from pydantic import Field
 
 from detector.detectors.activity import stuck_evidence
 from detector.detectors.gpu_episode import GpuEpisode, GpuEpisodeParams, GpuEpisodeState
-from detector.detectors.scrape import Scrape
+from detector.detectors.scrape import FIRST, Scrape
+from detector.events import GpuMetric
 from detector.floats import grow, per_gpu
 from detector.units import Duration, Percent
 
 __all__ = ["StuckGpu", "StuckGpuParams"]
+
+_power = attrgetter("power_w")
 
 
 class StuckGpuParams(GpuEpisodeParams):
@@ -72,29 +76,51 @@ class StuckGpu(GpuEpisode):
     )
     break_reason: ClassVar[str] = "gpu_active"
 
-    def breaking(self, st: GpuEpisodeState, scrape: Scrape) -> list[bool]:
-        """Each sample in turn, judged against the most power its GPU drew before it (then kept, with
-        its own); how long a kernel was resident is the scrape's
-        (:meth:`~detector.detectors.scrape.Scrape.resident`, which ``data_starved_training`` reads too)."""
-        p = self.params
+    def first_break(self, st: GpuEpisodeState, scrape: Scrape) -> int:
+        """Each sample judged against the most power its GPU drew before it (then kept, with its own);
+        how long a kernel was resident is the scrape's (:meth:`~detector.detectors.scrape.Scrape.resident`,
+        which ``data_starved_training`` reads too). Every sample's power is kept; the judging stops at
+        the first that breaks.
+
+        On GPUs ``0 .. n-1`` in order, each once, whose peaks are kept already (the usual scrape), a
+        sample's peak before it is its GPU's before the scrape, and most scrapes draw no more power
+        than each GPU has before (seen in C): then no peak moves and none is copied."""
         peaks = st.peak_power_w
         if peaks is None:
             peaks = st.peak_power_w = per_gpu()
-        out = []
-        for ev, share in zip(scrape.samples, scrape.resident(), strict=True):
+        samples, shares = scrape.samples, scrape.resident()
+        n = len(samples)
+        util_above = self.params.util_above
+        if n < len(FIRST) and scrape.gpus is FIRST[n] and len(peaks) >= n:
+            before = peaks
+            if any(map(gt, map(_power, samples), peaks)):  # a GPU draws more than ever before
+                before = peaks[:n]
+                for gpu, ev in enumerate(samples):
+                    if ev.power_w > peaks[gpu]:
+                        peaks[gpu] = ev.power_w
+            for i, share in enumerate(shares):
+                if share < util_above or self._works(samples[i], before[i]):
+                    return i
+            return n
+        first = n
+        for i, (ev, share) in enumerate(zip(samples, shares, strict=True)):
             gpu = ev.gpu_index
             if gpu >= len(peaks):
                 grow(peaks, gpu)
             peak = peaks[gpu]
             if ev.power_w > peak:
                 peaks[gpu] = ev.power_w
-            if share < p.util_above:
-                out.append(True)
-                continue
-            stuck = stuck_evidence(ev, tensor_below=p.tensor_below, dram_below=p.dram_below, sm_working=p.sm_working,
-                                   sm_below=p.sm_below)  # fmt: skip
-            out.append(not stuck if stuck is not None else peak <= 0 or ev.power_w >= peak * p.power_below / 100)
-        return out
+            if first == n and (share < util_above or self._works(ev, peak)):
+                first = i
+        return first
+
+    def _works(self, ev: GpuMetric, peak: float) -> bool:
+        """Whether a sample with a kernel resident shows work (or no sign of a hang), its GPU's peak
+        power before it being ``peak``."""
+        p = self.params
+        stuck = stuck_evidence(ev, tensor_below=p.tensor_below, dram_below=p.dram_below, sm_working=p.sm_working,
+                               sm_below=p.sm_below)  # fmt: skip
+        return not stuck if stuck is not None else peak <= 0 or ev.power_w >= peak * p.power_below / 100
 
     def describe(self, st: GpuEpisodeState) -> dict[str, Any]:
         return {"util_above_pct": self.params.util_above}
