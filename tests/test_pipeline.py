@@ -506,3 +506,38 @@ def test_keys_loaded_without_their_bytes_are_read_together_before_their_batch(st
     assert one_by_one == [] and len(together) == 1 and sorted(together[0]) == hosts
     assert second.stats.read_ahead == 5 and second.saved_states.keys() == {"other"}
     assert all(a["resolved_at"] is not None for a in store.alerts.latest())
+
+
+def test_a_key_whose_next_event_is_held_keeps_its_state_and_partition_through_a_sweep(store, ruleset):
+    """A catch-up jumps event time past a quiet key's TTL in one batch, whose next event (on
+    partition 3) that batch also read but the aligner still holds. That key is not quiet, its
+    event is on its way: the batch's sweep neither expires it (detection goes on from its state,
+    as in backtest, which expires nothing) nor forgets the partition it came on, so the state it
+    saves once the event is released is saved under partition 3, where the next holder of that
+    partition loads it (under partition 0 another worker would, and this one start afresh)."""
+    behind = {"gpu-metrics": True}
+    pipeline = Pipeline(
+        engine=Engine(ruleset, state_ttl_s=3600.0), store=store, outbox=Outbox(store, None), manager=AlertManager(),
+        send_dead_letter=lambda key, value: asyncio.sleep(0),
+        caught_up=lambda topic, p, offset: not behind.get(topic, False),
+    )  # fmt: skip
+
+    def old_usage(offset: int, t: float) -> Message:
+        message = usage_message(offset, t, host="old")
+        return Message(message.topic, 3, offset, message.key, message.value)
+
+    hosts = ["a", "b", "c"]
+    gpu = iter(range(1000))
+
+    def scrapes(start: float, minutes: int) -> list[Message]:
+        return [gpu_message(next(gpu), start + m * MIN, 50.0, host) for m in range(minutes) for host in hosts]
+
+    run_batches(pipeline, [[old_usage(0, T0)] + scrapes(T0, 2)], [])
+    swept = METRICS.registry.get_sample_value("burnwatch_state_sweeps_total", {"trigger": "event_time"}) or 0.0
+    run_batches(pipeline, [[old_usage(1, T0 + 150 * MIN)] + scrapes(T0 + 120 * MIN, 3)], [])  # "old" held
+    assert METRICS.registry.get_sample_value("burnwatch_state_sweeps_total", {"trigger": "event_time"}) == swept + 1
+    assert pipeline.engine.watermark > T0 + 3600.0 and len(pipeline.aligner)  # past its TTL; its event held
+    assert len(pipeline.engine) == 4  # "old" kept
+    run_batches(pipeline, [scrapes(T0 + 151 * MIN, 3)], [])  # releases it
+    result = store.client.query(f"SELECT argMax(partition, version) FROM {store.db}.detector_state WHERE key = 'old'")
+    assert result.result_rows == [(3,)]
