@@ -63,6 +63,10 @@ class EventTimeAligner(Generic[T]):
     def __len__(self) -> int:
         return sum(map(len, self._held.values()))
 
+    def held_keys(self) -> set[Any]:
+        """The keys (``event.key``) of the events held: their next event is read, not yet released."""
+        return {event.key for held in self._held.values() for _, event in held}
+
     def push(self, source: Hashable, events: Sequence[Any], token: T | None = None) -> None:
         """Add one message's events (each with its ``ts``) from ``source``. Called once per
         Kafka message, so written for the message of one event that many exporters send."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -648,32 +648,35 @@ class Engine:
             window = min(window, self.evict_after_s)
         return self.watermark - self._swept_at >= window * _SWEEP_EVERY
 
-    def expire(self) -> list[str]:
+    def expire(self, coming: Container[str] = frozenset()) -> list[str]:
         """Drop keys with no event for ``state_ttl_s`` of event time before the watermark (which
         a single future-dated event cannot move), held or evicted; return them (the worker
         deletes their saved state). Then :meth:`evict` what has gone quiet. A key that has folded in
         no event (``last_t`` 0: taken in by :meth:`already_seen` for events the worker's aligner
-        still holds) is not quiet: its events are on their way."""
+        still holds) is not quiet, nor is one in ``coming`` (the worker's aligner holds its next
+        event, read in a batch that jumped event time past the key's TTL): its events are on
+        their way, and expiring it would start it afresh, or not, by where a batch ends."""
         self._swept_at = self.watermark
         horizon = self.watermark - self.state_ttl_s
-        gone = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon]
-        gone += [k for k, t in self._evicted.items() if t < horizon]
+        gone = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon and k not in coming]
+        gone += [k for k, t in self._evicted.items() if t < horizon and k not in coming]
         for key in gone:
             self.forget(key)
-        self.evict()
+        self.evict(coming)
         return gone
 
-    def evict(self) -> list[str]:
+    def evict(self, coming: Container[str] = frozenset()) -> list[str]:
         """Take keys with no event for ``evict_after_s`` of event time out of memory (the worker
         has saved them: a key is evicted only once no longer :attr:`dirty`); the next event of
         one restores it through ``fetch`` as it was, so detection is the same as if it had
-        stayed. Without ``fetch`` (``backtest``), nothing is evicted. Returns the keys evicted."""
+        stayed. Without ``fetch`` (``backtest``), nothing is evicted, nor is a key in ``coming``
+        (:meth:`expire`). Returns the keys evicted."""
         self._leaving, self.last_evicted = {}, 0
         if self.evict_after_s is None or self._fetch is None:
             return []
         horizon = self.watermark - self.evict_after_s
         dirty, leaving, evicted = self.dirty, self._leaving, self._evicted
-        quiet = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon and k not in dirty]
+        quiet = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon and k not in dirty and k not in coming]
         for key in quiet:
             leaving[key] = self.snapshot(key)  # type: ignore[assignment]  # held: never None
             evicted[key] = self._keys.pop(key).last_t

@@ -376,9 +376,11 @@ class Pipeline:
         """Expire and evict (:meth:`Engine.expire`) once every state the engine holds is saved or in
         the write about to start: a key evicted now whose latest state that write carries is
         held as it left (:meth:`Engine.evict`) until the next sweep, which comes after the
-        write has landed. Returns the expired keys, whose saved state is to be deleted."""
+        write has landed. A key whose next event the aligner holds is neither: expired, it would
+        lose the partition it came on (its state saved under partition 0). Returns the expired
+        keys, whose saved state is to be deleted."""
         engine = self.engine
-        expired = engine.expire()
+        expired = engine.expire(self.aligner.held_keys())  # their next event is read: not quiet
         self.forget(expired)
         METRICS.sweeps.labels(trigger).inc()
         if expired or engine.last_evicted:
