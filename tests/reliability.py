@@ -580,12 +580,13 @@ class ChaosReport:
 
 def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSlack, *, seed: int, cfg: SimConfig,
           kills: int, speed: float, rules_dir: Path, slack_faults: bool = True, timeout: float = 300.0,
-          store_url: str | None = None, log: Callable[[str], None] = lambda line: None) -> ChaosReport:  # fmt: skip
+          store_url: str | None = None, log: Callable[[str], None] = lambda line: None,
+          extra_env: dict[str, str] | None = None) -> ChaosReport:  # fmt: skip
     """A seeded fleet replayed paced while the worker is SIGKILLed ``kills`` times at seeded
     points (one of them while a Slack post hangs) and Slack answers 429, 500 or hangs in
     seeded windows; then everything is compared. The broker and Slack are the caller's.
     With ``store_url`` (a shared store: ``burnwatch store serve``), a second worker joins
-    at a seeded point and leaves cleanly at a later one."""
+    at a seeded point and leaves cleanly at a later one. ``extra_env``: more settings for the workers."""
     import random
     from datetime import datetime, timezone
 
@@ -614,7 +615,8 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
         plan += [(rng.randrange(n // 5, n * 2 // 5), "join"), (rng.randrange(n * 3 // 5, n * 4 // 5), "leave")]
     plan.sort()
     shared = {"BURNWATCH_CLICKHOUSE_DSN": store_url} if store_url else {}
-    env = worker_env(broker_bootstrap, workdir / "data", rules_dir, PARTITIONS, **slack_env(slack), **shared)
+    extra = extra_env or {}
+    env = worker_env(broker_bootstrap, workdir / "data", rules_dir, PARTITIONS, **slack_env(slack), **shared, **extra)
     helper: Worker | None = None
     generation = [0]
 
@@ -641,7 +643,7 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
             worker = supervise(worker)
             if what == "join":
                 helper_env = worker_env(broker_bootstrap, workdir / "data-2", rules_dir, PARTITIONS,
-                                        **slack_env(slack), **shared)  # fmt: skip
+                                        **slack_env(slack), **shared, **extra)  # fmt: skip
                 helper = Worker(helper_env, workdir / "helper.log").start()
                 helper.wait_until(lambda h: h["partitions"] > 0, timeout=120)
                 note(f"message {index}: a second worker joined")

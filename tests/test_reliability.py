@@ -58,18 +58,21 @@ def rules_dir(tmp_path: Path) -> Path:
     return rules
 
 
-def test_chaos_kills_and_flaky_slack_change_nothing(tmp_path: Path, ruleset, rules_dir: Path):
+@pytest.mark.parametrize("evict_s", [None, "600"])
+def test_chaos_kills_and_flaky_slack_change_nothing(tmp_path: Path, ruleset, rules_dir: Path, evict_s: str | None):
     """SIGKILL at seeded points (one while a Slack post hangs), Slack answering 429, 500 and
     hanging past the client's timeout in seeded windows, a second worker joining and leaving
     (the two share one store through `burnwatch store serve`): same alerts, same events,
-    same posts."""
+    same posts. Again with keys evicted after 10 minutes of quiet (swept each 75 s of event
+    time): kills and handovers land between an eviction and the key's next event."""
     cfg = SimConfig(hours=10, training_hosts=4, notebooks=3, inference_endpoints=1, buckets=1, vector_dbs=1,
                     cpu_instances=2, seed=3)  # fmt: skip
     server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "store.log").wait_ready()  # shared by two workers
     try:
         with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
             report = chaos(tmp_path, ruleset, broker.bootstrap, slack, seed=11, cfg=cfg, kills=3, speed=900,
-                           rules_dir=rules_dir, store_url=server.url, log=print)  # fmt: skip
+                           rules_dir=rules_dir, store_url=server.url, log=print,
+                           extra_env={"BURNWATCH_EVICT_AFTER_S": evict_s} if evict_s else None)  # fmt: skip
     finally:
         server.stop()
     print(report)
@@ -351,6 +354,46 @@ def test_catch_up_evicts_by_event_time(tmp_path: Path, ruleset, rules_dir: Path)
     diff = compare_alerts(expected, stored_alerts(env))
     problems += [str(diff)] if not diff.ok else []
     assert expected and not problems, "\n".join(problems)
+
+
+def test_catch_up_evicting_by_event_time_survives_kills(tmp_path: Path, ruleset, rules_dir: Path):
+    """The backlog of waves of the test above, caught up with a 20 min eviction window in small
+    batches, the worker SIGKILLed three times at seeded points of its reading once it has
+    evicted keys (between an eviction and the write that carries the key's last state, or the
+    key's next event): once caught up, every event is stored once and the alerts equal backtest's."""
+    evict_s, t0 = 1200.0, datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
+    hosts = [(f"wave{w}-host{h}", t0 + stint * 3600) for w in range(8) for h in range(6) for stint in (w, w + 4)]
+    records = sorted((r for rid, start in hosts for r in idle_host(rid, start)),
+                     key=lambda r: value_end_time(r[2]) or 0.0)  # fmt: skip
+    path = write_records(tmp_path / "waves.jsonl", records)
+    expected = reported_alerts(path, ruleset)
+    total = count_events(records)
+    rng = random.Random(5)
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS, BURNWATCH_EVICT_AFTER_S=str(evict_s),
+                         BURNWATCH_BATCH_MAX_MESSAGES="40", BURNWATCH_MAX_HELD_PER_PARTITION="40")  # fmt: skip
+        publish(broker.bootstrap, records)
+        kills = 0
+        for generation in range(4):
+            worker = Worker(env, tmp_path / f"worker-{generation}.log").start()
+            try:
+                if generation == 3:
+                    wait_acknowledged(broker.bootstrap, worker, timeout=180)
+                    break
+                read = rng.randrange(total // 20, total // 4)  # events this worker reads before it dies
+                worker.wait_until(lambda h, read=read: h["keys_evicted"] > 0 and h["events"] >= read, timeout=180,
+                                  poll_s=0.02)  # fmt: skip
+                worker.kill()
+                kills += 1
+            finally:
+                if generation == 3:
+                    assert worker.stop() == 0, worker.tail()
+                else:
+                    worker.kill()
+    rows = stored(env)
+    diff = compare_alerts(expected, stored_alerts(env))
+    assert kills == 3 and rows.total == total and rows.doubled == 0, (kills, rows, total)
+    assert expected and diff.ok, diff
 
 
 @pytest.mark.parametrize("then", ["wait", "stop"])
