@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import pytest
@@ -541,3 +542,44 @@ def test_a_key_whose_next_event_is_held_keeps_its_state_and_partition_through_a_
     run_batches(pipeline, [scrapes(T0 + 151 * MIN, 3)], [])  # releases it
     result = store.client.query(f"SELECT argMax(partition, version) FROM {store.db}.detector_state WHERE key = 'old'")
     assert result.result_rows == [(3,)]
+
+
+def test_a_key_evicted_while_its_last_state_is_being_written_comes_back_as_it_left(store, ruleset, monkeypatch):
+    """A batch's sweep evicts a key whose latest state is in that batch's write, and the key
+    speaks again in the next batch, detected while that write is still in flight (held here
+    until the next batch's detection is done): the key comes back as it left, from what the
+    engine kept of it, not from the store, which does not have it yet (it would start afresh)."""
+    engine = Engine(ruleset, evict_after_s=600.0, fetch=store.states.get)
+    pipeline = Pipeline(
+        engine=engine, store=store, outbox=Outbox(store, None), manager=AlertManager(),
+        send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=lambda topic, p, offset: True,
+    )  # fmt: skip
+    detected, batches, saves, save = threading.Event(), [], [], store.states.save
+    process_timed = engine.process_timed
+
+    def detecting(events):
+        batches.append(len(events))
+        out = process_timed(events)
+        if len(batches) == 2:
+            detected.set()
+        return out
+
+    def saving(states, version):
+        saves.append(len(states))
+        if len(saves) == 1:
+            assert detected.wait(30), "the next batch was not detected while this write was in flight"
+        return save(states, version)
+
+    monkeypatch.setattr(engine, "process_timed", detecting)
+    monkeypatch.setattr(store.states, "save", saving)
+    hosts, gpu = ["a", "b", "c"], iter(range(1000))
+
+    def scrapes(start: float, minutes: int, names=hosts) -> list[Message]:
+        return [gpu_message(next(gpu), start + m * MIN, 50.0, host) for m in range(minutes) for host in names]
+
+    run_batches(pipeline, [
+        [usage_message(0, T0, host="k")] + scrapes(T0, 20),  # "k" quiet 19 min at the sweep: evicted
+        scrapes(T0 + 20 * MIN, 2) + scrapes(T0 + 21 * MIN, 1, ["k"]),  # "k" speaks again
+    ], [])  # fmt: skip
+    info = engine.resource("k")
+    assert info is not None and info.resource_type == "gpu_instance"  # what its usage said, in the first batch
