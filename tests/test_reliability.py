@@ -322,6 +322,14 @@ def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_di
     assert diff.ok, diff
 
 
+def waves_backlog() -> list:
+    """12 h of GPU hosts in eight waves of six, each idle an hour, quiet three, idle an hour
+    again: records in event-time order, for catching up with keys evicted and restored."""
+    t0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
+    hosts = [(f"wave{w}-host{h}", t0 + stint * 3600) for w in range(8) for h in range(6) for stint in (w, w + 4)]
+    return sorted((r for rid, start in hosts for r in idle_host(rid, start)), key=lambda r: value_end_time(r[2]) or 0.0)
+
+
 def test_catch_up_evicts_by_event_time(tmp_path: Path, ruleset, rules_dir: Path):
     """A 12 h backlog of GPU hosts in eight waves (each idle an hour, quiet three, idle an
     hour again), caught up with ``BURNWATCH_EVICT_AFTER_S`` at 20 minutes in small batches:
@@ -329,10 +337,7 @@ def test_catch_up_evicts_by_event_time(tmp_path: Path, ruleset, rules_dir: Path)
     takes seconds), and come back from the store when they speak again. Once acknowledged,
     memory holds only the keys that spoke within the window and the eighth of it between
     two sweeps; the alerts equal backtest's."""
-    evict_s, t0 = 1200.0, datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
-    hosts = [(f"wave{w}-host{h}", t0 + stint * 3600) for w in range(8) for h in range(6) for stint in (w, w + 4)]
-    records = sorted((r for rid, start in hosts for r in idle_host(rid, start)),
-                     key=lambda r: value_end_time(r[2]) or 0.0)  # fmt: skip
+    evict_s, records = 1200.0, waves_backlog()
     path = write_records(tmp_path / "waves.jsonl", records)
     expected = reported_alerts(path, ruleset)
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
@@ -361,10 +366,7 @@ def test_catch_up_evicting_by_event_time_survives_kills(tmp_path: Path, ruleset,
     batches, the worker SIGKILLed three times at seeded points of its reading once it has
     evicted keys (between an eviction and the write that carries the key's last state, or the
     key's next event): once caught up, every event is stored once and the alerts equal backtest's."""
-    evict_s, t0 = 1200.0, datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
-    hosts = [(f"wave{w}-host{h}", t0 + stint * 3600) for w in range(8) for h in range(6) for stint in (w, w + 4)]
-    records = sorted((r for rid, start in hosts for r in idle_host(rid, start)),
-                     key=lambda r: value_end_time(r[2]) or 0.0)  # fmt: skip
+    evict_s, records = 1200.0, waves_backlog()
     path = write_records(tmp_path / "waves.jsonl", records)
     expected = reported_alerts(path, ruleset)
     total = count_events(records)
