@@ -374,9 +374,10 @@ class NestedTooDeeply(yaml.YAMLError):
         super().__init__("nested too deeply")
 
 
-def parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
-    """The document's node (for :func:`_line_index`) and its data, parsed once: what
-    ``yaml.compose`` and ``yaml.safe_load`` give, without reading the text twice. A text
+def parse_yaml(text: str) -> tuple[dict[tuple, int], Any]:
+    """The line of each key path (:func:`_line_index`) and the document's data, parsed once: what
+    ``yaml.compose`` and ``yaml.safe_load`` give, without reading the text twice. A document
+    deeper than Python can walk is :class:`NestedTooDeeply`, as any YAML error. A text
     libyaml refuses is read again by the pure-Python loader for its error, which names what
     libyaml's does not (the character: "found character '\\t'", the alias)."""
     if _Loader is yaml.SafeLoader or sum(map(text.count, "[{-?:")) > _LIBYAML_MAX_INDICATORS:
@@ -391,12 +392,14 @@ def parse_yaml(text: str) -> tuple[yaml.Node | None, Any]:
         raise
 
 
-def _parse(text: str, loader_class: Any) -> tuple[yaml.Node | None, Any]:
+def _parse(text: str, loader_class: Any) -> tuple[dict[tuple, int], Any]:
     loader = loader_class(text)
     try:
         node = loader.get_single_node()
-        return node, (loader.construct_document(node) if node is not None else None)
-    except RecursionError:
+        if node is None:
+            return {}, None
+        return _line_index(node), loader.construct_document(node)
+    except RecursionError:  # the pure-Python parse, or the walk over libyaml's deeper one
         raise NestedTooDeeply from None
     finally:
         loader.dispose()
@@ -489,17 +492,13 @@ def _validate_file(path: Path) -> _RuleFile:
     except UnicodeDecodeError as exc:
         return _RuleFile(errors=[_not_utf8(file, exc)])
     try:
-        node, data = parse_yaml(text)
+        lines, data = parse_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = f"invalid YAML: {getattr(exc, 'problem', exc)}"
         return _RuleFile(errors=[RuleError(file, mark.line + 1 if mark else 0, "", problem)])
     if data is None:
         return _RuleFile()
-    try:
-        lines = _line_index(node) if node is not None else {}
-    except RecursionError:  # libyaml's parse goes deeper than Python's recursion
-        return _RuleFile(errors=[RuleError(file, 0, "", f"invalid YAML: {NestedTooDeeply()}")])
     if not isinstance(data, dict) or set(data) - set(FILE_KEYS):
         keys = "'rules', 'silences' and 'allow_no_rules'"
         return _RuleFile(errors=[RuleError(file, 1, "", f"a rule file is a mapping with the keys {keys}")])
@@ -765,7 +764,7 @@ def _load_model(path: Path, model: type[BaseModel]) -> Any:
     file = str(path)
     try:
         text = _read_text(path)
-        node, data = parse_yaml(text)
+        lines, data = parse_yaml(text)
     except UnicodeDecodeError as exc:
         return [_not_utf8(file, exc)]
     except (OSError, yaml.YAMLError) as exc:
@@ -774,10 +773,6 @@ def _load_model(path: Path, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate(data or {})
     except ValidationError as exc:
-        try:
-            lines = _line_index(node) if node is not None else {}
-        except RecursionError:  # libyaml's parse goes deeper than Python's recursion
-            return [RuleError(file, 0, "", f"cannot read: {NestedTooDeeply()}")]
         return _errors_from(exc, (), file, lines)
 
 

@@ -61,10 +61,10 @@ def test_one_parse_reads_what_the_pure_python_loader_reads(name):
     texts = [(ROOT / "rules" / name).read_text(),
              "# c\na: &x {b: 1, 'c d': [1, 2.5, null, ~]}\n\ne: *x\nf:\n  - g: |\n      two\n      lines\n    h: 'x'\n"]
     for text in texts:
-        node, data = parse_yaml(text)
+        lines, data = parse_yaml(text)
         assert data == yaml.load(text, Loader=yaml.SafeLoader)
-        assert _line_index(node) == _line_index(yaml.compose(text, Loader=yaml.SafeLoader))
-    assert parse_yaml("") == (None, None)
+        assert lines == _line_index(yaml.compose(text, Loader=yaml.SafeLoader))
+    assert parse_yaml("") == ({}, None)
 
 
 def test_invalid_yaml_names_the_line(tmp_path):
