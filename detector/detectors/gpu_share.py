@@ -141,9 +141,9 @@ _BUSY_BIT = 1
 """A unit's code (:attr:`GpuShareState.unit_codes`): bit 0 busy, bits 1-2 who holds it (:data:`_HOLDER`)."""
 _HOLDER_CODE = {None: 0, True: 2, False: 4}
 _HOLDER = (None, True, False)
+"""A unit's ``allocated`` by its code's bits 1-2 (``code >> 1``)."""
 _HOLDER_BITS = bytes(code & ~_BUSY_BIT for code in range(256))
 """A ``bytes.translate`` table: the codes with their busy bit cleared (who holds each unit)."""
-"""A unit's ``allocated`` by its code's bits 1-2 (``code >> 1``)."""
 _GROUP_SHARE_MAX = 64
 """Tuples of units or GPUs up to this long are shared between hosts (:func:`shared`); longer (a MIG
 host's hundreds of instances) are kept as they are."""
