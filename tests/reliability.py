@@ -26,7 +26,6 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from detector.replay import read_replay, write_replay
 from detector.rules import RuleSet
 from detector.simulate import SimConfig, simulate
 from detector.testing import LocalSlack
+from detector.units import parse_rfc3339
 from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, publish_records, value_end_time
 from streams.process import WorkerProcess, worker_env
 
@@ -115,7 +115,7 @@ def resource_times(records: Iterable[Record]) -> dict[str, float]:
         decoded = msgspec.json.decode(value)
         for item in decoded if isinstance(decoded, list) else [decoded]:
             if "resource_id" in item:
-                t = datetime.fromisoformat(item["ts"].replace("Z", "+00:00")).timestamp()
+                t = parse_rfc3339(item["ts"], "ts")
                 out[item["resource_id"]] = max(t, out.get(item["resource_id"], t))
     return out
 
