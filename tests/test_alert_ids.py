@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import random
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from detector.events import UsageEvent
 from detector.rules import load_rules
 from detector.simulate import SimConfig
 from detector.suppression import stages
+from detector.units import parse_rfc3339, rfc3339
 from tests.conftest import ROOT
 from tests.helpers import fleet_file
 from tests.test_scrape import at, churning_host, kubernetes_host
@@ -41,8 +41,8 @@ def _stopped(line: bytes, rng: random.Random) -> bytes:
     usage event (running, from the simulator) starts it again."""
     record = json.loads(line)
     event = dict(record["value"][0] if isinstance(record["value"], list) else record["value"])
-    later = datetime.fromisoformat(event["ts"].replace("Z", "+00:00")) + timedelta(seconds=rng.randint(1, 30))
-    event.update(ts=later.strftime("%Y-%m-%dT%H:%M:%SZ"), state=rng.choice(["stopped", "terminated"]), cost_usd=0.0)
+    later = parse_rfc3339(event["ts"], "ts") + rng.randint(1, 30)
+    event.update(ts=rfc3339(later), state=rng.choice(["stopped", "terminated"]), cost_usd=0.0)
     return json.dumps({**record, "value": event}).encode()
 
 
