@@ -13,6 +13,10 @@ settings.load_profile("burnwatch")
 pure aligner property under a loaded CI machine (445 ms once, 0.19 ms on the rerun)."""
 
 ROOT = Path(__file__).resolve().parent.parent
+DATASET = ROOT.parent / "shared" / "datasets" / "ms-cloud-monitoring" / "data"
+"""Microsoft's Cloud Monitoring Dataset, read-only beside the checkout (``../shared/datasets``)."""
+needs_dataset = pytest.mark.skipif(not DATASET.is_dir(), reason="the Cloud Monitoring Dataset is not in ../shared/datasets")
+"""For a test of the real data: a checkout without it (a clone elsewhere) skips, saying why."""
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +14,7 @@ from detector.engine import Engine
 from detector.events import UsageEvent
 from detector.rules import RuleSet
 from detector.series import read_series
+from tests.conftest import DATASET, needs_dataset
 from tests.helpers import T0, at
 
 HOUR = 3600.0
@@ -187,10 +187,10 @@ def test_schedule_text(runs, text):
 
 # -- real request traces ---------------------------------------------------------------------
 
-DATASET = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "ms-cloud-monitoring" / "data"
 TRACES = ["ecommerce-api-incoming-rps/api-01.csv", *(f"mongodb-application-rps/mongo-0{i}.csv" for i in range(1, 5))]
 
 
+@needs_dataset
 @pytest.mark.parametrize("trace", TRACES)
 def test_real_production_request_traces_never_idle_give_no_schedule(ruleset, trace):
     """Microsoft's Cloud Monitoring Dataset (real API and MongoDB request rates, diurnal and

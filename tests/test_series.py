@@ -15,8 +15,8 @@ from detector.events import TOPIC_RESOURCE_USAGE, EventDecoder, UsageEvent
 from detector.series import SeriesError, read_series, read_series_dir, replay_records
 from detector.series_eval import evaluate_series, first_of_runs, naive_forest, score
 from detector.store import EventBatch
+from tests.conftest import DATASET, needs_dataset
 
-DATASET = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "ms-cloud-monitoring" / "data"
 HOUR = 3600.0
 
 
@@ -90,7 +90,7 @@ def test_a_directory_is_read_domain_by_domain(tmp_path):
         read_series_dir(tmp_path / "empty")
 
 
-@pytest.mark.skipif(not DATASET.is_dir(), reason="the Cloud Monitoring Dataset is not in ../shared/datasets")
+@needs_dataset
 def test_a_real_file_of_the_dataset():
     """api-01: hourly, 6,192 rows after the header (one repeats a timestamp), 120 labelled (counted with grep)."""
     s = read_series(DATASET / "ecommerce-api-incoming-rps" / "api-01.csv")
