@@ -512,10 +512,10 @@ def test_keys_loaded_without_their_bytes_are_read_together_before_their_batch(st
 def test_a_key_whose_next_event_is_held_keeps_its_state_and_partition_through_a_sweep(store, ruleset):
     """A catch-up jumps event time past a quiet key's TTL in one batch, whose next event (on
     partition 3) that batch also read but the aligner still holds. That key is not quiet, its
-    event is on its way: the batch's sweep neither expires it (detection goes on from its state,
-    as in backtest, which expires nothing) nor forgets the partition it came on, so the state it
-    saves once the event is released is saved under partition 3, where the next holder of that
-    partition loads it (under partition 0 another worker would, and this one start afresh)."""
+    event is on its way: the batch's sweep neither reclaims it nor forgets the partition it came
+    on (the event, past the TTL, starts it afresh, as in backtest), so the state it saves once
+    the event is released is saved under partition 3, where the next holder of that partition
+    loads it (under partition 0 another worker would)."""
     behind = {"gpu-metrics": True}
     pipeline = Pipeline(
         engine=Engine(ruleset, state_ttl_s=3600.0), store=store, outbox=Outbox(store, None), manager=AlertManager(),
@@ -583,3 +583,72 @@ def test_a_key_evicted_while_its_last_state_is_being_written_comes_back_as_it_le
     ], [])  # fmt: skip
     info = engine.resource("k")
     assert info is not None and info.resource_type == "gpu_instance"  # what its usage said, in the first batch
+
+
+def test_a_key_quiet_past_the_ttl_has_the_alerts_of_backtest_whether_the_worker_restarted_or_not(
+        store, chdb_client, ruleset, tmp_path):  # fmt: skip
+    """h1 is idle 90 minutes (an idle alert fires), then says nothing for three days, more than
+    the state TTL (two days), while three hosts go on, then is busy. It starts afresh when it
+    speaks again, in backtest (which never expires state), in a worker that ran through the
+    gap (its sweep reclaimed h1) and in one restarted during it (h1 restored from the store):
+    the same alerts. Before, the restarted worker and backtest went on from h1's old state and
+    resolved the alert three days on, where the worker that ran through did not."""
+    from datetime import timezone
+
+    import msgspec
+
+    from detector.backtest import backtest
+    from detector.replay import write_replay
+    from detector.store import Store
+
+    day = 86_400.0
+    offsets = {"gpu-metrics": 0, "resource-usage": 0}
+    timed: list[tuple[float, Message]] = []
+
+    def seconds(at) -> float | None:
+        return None if at is None else at.replace(tzinfo=timezone.utc).timestamp()
+
+    def add(t: float, host: str, util: float) -> None:
+        for make_message, topic in ((usage_message, "resource-usage"), (gpu_message, "gpu-metrics")):
+            message = make_message(offsets[topic], t, host=host) if topic == "resource-usage" else \
+                gpu_message(offsets[topic], t, util, host)  # fmt: skip
+            offsets[topic] += 1
+            timed.append((t, message))
+
+    for m in range(90):
+        add(T0 + m * MIN, "h1", 1.0)
+    for m in range(30):
+        add(T0 + 3 * day + m * MIN, "h1", 90.0)
+    for hour in range(3 * 24 + 1):
+        for host in ("a", "b", "c"):
+            add(T0 + hour * 3600.0, host, 70.0)
+    timed.sort(key=lambda item: item[0])
+    messages = [message for _, message in timed]
+    batches = [messages[i : i + 20] for i in range(0, len(messages), 20)]
+    starts = [timed[messages.index(batch[0])][0] for batch in batches]
+    gap = next(i for i, t in enumerate(starts) if t > T0 + 1.5 * day)  # h1 quiet, within its TTL
+    late = next(i for i, t in enumerate(starts) if t > T0 + 2.9 * day)  # past it
+
+    path = tmp_path / "gap.jsonl"
+    with open(path, "wb") as out:
+        write_replay(((0, m.topic, m.key.decode(), msgspec.Raw(m.value)) for m in messages), out)  # type: ignore[union-attr]
+    expected = sorted((a.alert_id, a.rule, a.fired_at, a.resolved_at) for a in backtest(path, ruleset).alerts)
+    assert [(rule, fired, resolved) for _, rule, fired, resolved in expected] == [("idle-gpu", T0 + 30 * MIN, None)]
+
+    def alerts(s) -> list[tuple]:
+        return sorted((a["alert_id"], a["rule"], seconds(a["fired_at"]), seconds(a["resolved_at"]))
+                      for a in s.alerts.latest())  # fmt: skip
+
+    through = started(store, ruleset, {})
+    run_batches(through, batches[:late], [])
+    assert "h1" not in store.states.load([0])  # a sweep reclaimed it
+    run_batches(through, batches[late:], [])
+
+    restarted_store = Store(chdb_client, database=store.db + "_r")
+    chdb_client.command(f"DROP DATABASE IF EXISTS {restarted_store.db}")
+    restarted_store.migrate()
+    run_batches(started(restarted_store, ruleset, {}), batches[:gap], [])
+    run_batches(started(restarted_store, ruleset, {}), batches[gap:], [])
+
+    assert alerts(store) == expected
+    assert alerts(restarted_store) == expected
