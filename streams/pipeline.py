@@ -361,7 +361,9 @@ class Pipeline:
     async def sweep(self) -> None:
         """The sweep on the wall clock, for a stream too quiet to move event time: between
         batches (none detected, none in flight), never while partitions move. Batches sweep by
-        event time themselves (:meth:`process`)."""
+        event time themselves (:meth:`process`). The expired keys' saved states are deleted by a
+        write of their own, retried as a batch's is (:meth:`_write`) until the store takes it:
+        a delete lost would leave the state in the store, loaded again at the next assignment."""
         if self._stopping.is_set():
             return
         async with self._serial:
@@ -370,7 +372,10 @@ class Pipeline:
             await self.drain()
             expired = self._sweep("wall_clock")
             if expired:
-                await asyncio.get_running_loop().run_in_executor(self._writer, self.store.states.delete, expired)
+                try:
+                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write, _Step(expired=expired))
+                except PipelineStopped:
+                    return
 
     def _sweep(self, trigger: str) -> list[str]:
         """Expire and evict (:meth:`Engine.expire`) once every state the engine holds is saved or in

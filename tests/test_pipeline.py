@@ -652,3 +652,40 @@ def test_a_key_quiet_past_the_ttl_has_the_alerts_of_backtest_whether_the_worker_
 
     assert alerts(store) == expected
     assert alerts(restarted_store) == expected
+
+
+def test_a_wall_clock_sweep_deletes_expired_states_once_the_store_takes_writes_again(store, ruleset, monkeypatch):
+    """The stream goes quiet with a key past its TTL that no batch swept (event time moved less
+    than an eighth of the TTL since the last sweep: here no batch sweeps), and the store is down
+    when the 60 s timer sweeps. The delete of the key's saved state stalls the pipeline and is
+    retried, as a batch's write is, until the store takes it: the next worker to load the
+    partition does not load that state again. Before, the delete failed once and was lost."""
+    monkeypatch.setattr(Engine, "sweep_due", property(lambda self: False))
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    pipeline.engine.state_ttl_s = 3600.0
+    pipeline._retry_max_s = 0.2
+    gpu = iter(range(1000))
+
+    def scrapes(start: float, minutes: int) -> list[Message]:
+        return [gpu_message(next(gpu), start + m * MIN, 50.0, host) for m in range(minutes) for host in ("a", "b", "c")]
+
+    run_batches(pipeline, [[usage_message(0, T0, host="old")] + scrapes(T0, 2), scrapes(T0 + 120 * MIN, 3)], [])
+    assert "old" in store.states.load([0]) and pipeline.engine.watermark > T0 + 3600.0
+    tables = ["detector_state", "write_probe"]
+
+    async def sweep_while_the_store_is_down() -> bool:
+        for table in tables:
+            store.client.command(f"ALTER TABLE {store.db}.{table} ADD CONSTRAINT down CHECK 0")
+        sweep = asyncio.ensure_future(pipeline.sweep())
+        deadline = time.monotonic() + 30
+        while pipeline.stalled_for() == 0.0 and not sweep.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        stalled = pipeline.stalled_for() > 0 and not sweep.done()
+        for table in tables:
+            store.client.command(f"ALTER TABLE {store.db}.{table} DROP CONSTRAINT down")
+        await sweep
+        return stalled
+
+    assert asyncio.run(sweep_while_the_store_is_down())
+    assert "old" not in store.states.load([0]) and store.states.load([0]).keys() == {"a", "b", "c"}
+    assert pipeline.stalled_for() == 0.0
