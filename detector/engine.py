@@ -743,6 +743,12 @@ class Engine:
              "kind_t": state.kind_t}
         )
 
+    def latest_time(self, key: str) -> float:
+        """The time of the key's latest event folded in (0: none, or the key is not held): saved
+        beside its snapshot, so a worker that loads it can reclaim it past the TTL unread."""
+        state = self._keys.get(key)
+        return state.last_t if state is not None else 0.0
+
     def restore(self, key: str, data: bytes, *, restart: bool = True) -> KeyState:
         """Rebuild a key's state from :meth:`snapshot` bytes; state of rules no longer loaded is dropped.
         ``restart``: after a restart or handover, so events read again are checked

@@ -13,6 +13,7 @@ from detector.alerts import AlertManager
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.metrics import METRICS
+from detector.store.states import SavedTimes
 from streams.parts import remembering_manager
 from streams.pipeline import Message, Pipeline
 from tests.helpers import MIN, T0, at
@@ -96,18 +97,21 @@ def test_acks_follow_detection_and_everything_is_stored(store, ruleset):
     assert store.states.load([0]).keys() == {"h1"}
 
 
-def started(store, ruleset, behind: dict[str, bool]) -> Pipeline:
+def started(store, ruleset, behind: dict[str, bool], **engine_options) -> Pipeline:
     """A pipeline as a worker (re)starts one: its engine loads the keys' states saved in the
     store; a topic in ``behind`` is not caught up. The keys not in the partitions' newest save
     as ones saved long ago: loaded without their bytes, read from the store when they speak
-    (``saved_within_s=0``)."""
-    states = store.states.load([0], saved_within_s=0)
-    engine = Engine(ruleset, loader=lambda key: store.states.take(states, key))
-    return Pipeline(
+    (``saved_within_s=0``); their latest times for the sweeps (``saved_times``)."""
+    latest: dict[str, float] = {}
+    states = store.states.load([0], saved_within_s=0, latest=latest)
+    engine = Engine(ruleset, loader=lambda key: store.states.take(states, key), **engine_options)
+    pipeline = Pipeline(
         engine=engine, store=store, outbox=Outbox(store, None), manager=remembering_manager(store, ruleset),
         send_dead_letter=lambda key, value: asyncio.sleep(0),
         caught_up=lambda topic, p, offset: not behind.get(topic, False), saved_states=states,
     )  # fmt: skip
+    pipeline.saved_times = SavedTimes(latest)
+    return pipeline
 
 
 def run_batches(pipeline, batches, acked):
@@ -689,3 +693,44 @@ def test_a_wall_clock_sweep_deletes_expired_states_once_the_store_takes_writes_a
     assert asyncio.run(sweep_while_the_store_is_down())
     assert "old" not in store.states.load([0]) and store.states.load([0]).keys() == {"a", "b", "c"}
     assert pipeline.stalled_for() == 0.0
+
+
+def test_a_delete_a_kill_lost_is_made_by_the_next_worker(store, ruleset):
+    """A batch's sweep expires a key quiet past its TTL, and the worker is killed before that
+    batch's write (the key's delete with it) lands. The next worker loads the key's state, saved
+    with its latest event time; the key never speaks again, so no engine holds it, but that
+    worker's first sweep reclaims it by that time and deletes it: nothing stale stays in the
+    store to be loaded by every worker after. Before, only a key in memory was ever swept."""
+    gpu = iter(range(1000))
+
+    def scrapes(start: float, minutes: int) -> list[Message]:
+        return [gpu_message(next(gpu), start + m * MIN, 50.0, host) for m in range(minutes) for host in ("a", "b", "c")]
+
+    first = started(store, ruleset, {}, state_ttl_s=3600.0)
+    first._retry_max_s = 0.2
+    run_batches(first, [[usage_message(0, T0, host="old")] + scrapes(T0, 2)], [])
+    assert "old" in store.states.load([0])
+    later = scrapes(T0 + 120 * MIN, 3)  # past old's TTL: this batch's sweep expires it
+    tables, acked = ["detector_state", "write_probe"], []
+
+    async def ack(messages):
+        acked.extend(messages)
+
+    async def killed_before_the_write_lands():
+        for table in tables:
+            store.client.command(f"ALTER TABLE {store.db}.{table} ADD CONSTRAINT down CHECK 0")
+        await first.process(later, ack)
+        deadline = time.monotonic() + 30
+        while first.stalled_for() == 0.0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        first.stop()
+        await first.drain()
+        for table in tables:
+            store.client.command(f"ALTER TABLE {store.db}.{table} DROP CONSTRAINT down")
+
+    asyncio.run(killed_before_the_write_lands())
+    assert acked == [] and len(first.engine) == 3  # old expired in memory only
+    assert "old" in store.states.load([0])  # its delete was lost with the write
+    second = started(store, ruleset, {}, state_ttl_s=3600.0)
+    run_batches(second, [later], [])  # read again: old is not in it
+    assert store.states.load([0]).keys() == {"a", "b", "c"} and "old" not in second.saved_states
