@@ -17,6 +17,7 @@ import pytest
 
 from detector.settings import ENV, load_settings
 from detector.store import Store
+from streams.children import die_with_parent
 from streams.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_UNAVAILABLE
 from tests.conftest import ROOT
 from tests.helpers import store_held
@@ -228,7 +229,7 @@ def test_missing_files_bad_paths_and_bad_seeds(tmp_path):
 
 def test_output_piped_into_head_stops_quietly():
     reader = subprocess.Popen([sys.executable, "-m", "streams.cli", "simulate", "--hours", "2"], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent())  # fmt: skip
     assert reader.stdout.read(100)
     reader.stdout.close()  # what `| head -c 100` does
     stderr = reader.stderr.read().decode()
