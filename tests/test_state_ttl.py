@@ -101,3 +101,22 @@ def test_one_future_dated_event_starts_afresh_its_own_key_only(ruleset):
         assert engine.watermark < batch[0].ts.timestamp() + 3 * 3600.0
         engine.expire()
     assert found == _fresh(ruleset)
+
+
+def test_a_late_event_of_the_life_before_goes_into_the_new_one_as_late(ruleset):
+    """After host-1 has started afresh, 40 more idle minutes of its old life arrive late (an
+    exporter's backlog): older than the key's latest time, they go into the state it has now,
+    late by kind (the GPU rules skip them), and start nothing afresh again: no update of the old
+    episode, no new one, whether or not a sweep reclaimed the old state. (Checked: a rule that
+    also started a key afresh on an event that far behind its latest fails here.)"""
+    batches = _batches(_events())
+    late = timeline(T0 + 90 * MIN, T0 + 130 * MIN, [0.0] * 4)
+    expected = _fresh(ruleset)
+    for sweeping in (False, True):
+        engine = Engine(ruleset)
+        found = []
+        for batch in [*batches, late]:
+            found += _host(engine.process(batch))
+            if sweeping:
+                engine.expire()
+        assert found == expected
