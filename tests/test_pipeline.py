@@ -594,9 +594,11 @@ def test_a_key_quiet_past_the_ttl_has_the_alerts_of_backtest_whether_the_worker_
     """h1 is idle 90 minutes (an idle alert fires), then says nothing for three days, more than
     the state TTL (two days), while three hosts go on, then is busy. It starts afresh when it
     speaks again, in backtest (which never expires state), in a worker that ran through the
-    gap (its sweep reclaimed h1) and in one restarted during it (h1 restored from the store):
-    the same alerts. Before, the restarted worker and backtest went on from h1's old state and
-    resolved the alert three days on, where the worker that ran through did not."""
+    gap (its sweep reclaimed h1), in one restarted during it that catches up in batches (its
+    sweep reclaims h1, loaded with its latest time) and in one that catches up the rest in one
+    batch (h1 restored from the store at its event, no sweep between): the same alerts. Before,
+    a restarted worker and backtest went on from h1's old state and resolved the alert three
+    days on, where the worker that ran through did not."""
     from datetime import timezone
 
     import msgspec
@@ -648,14 +650,17 @@ def test_a_key_quiet_past_the_ttl_has_the_alerts_of_backtest_whether_the_worker_
     assert "h1" not in store.states.load([0])  # a sweep reclaimed it
     run_batches(through, batches[late:], [])
 
-    restarted_store = Store(chdb_client, database=store.db + "_r")
-    chdb_client.command(f"DROP DATABASE IF EXISTS {restarted_store.db}")
-    restarted_store.migrate()
-    run_batches(started(restarted_store, ruleset, {}), batches[:gap], [])
-    run_batches(started(restarted_store, ruleset, {}), batches[gap:], [])
+    restarted: list[Store] = []
+    for rest in (batches[gap:], [[m for batch in batches[gap:] for m in batch]]):
+        restarted.append(Store(chdb_client, database=f"{store.db}_{len(restarted)}"))
+        chdb_client.command(f"DROP DATABASE IF EXISTS {restarted[-1].db}")
+        restarted[-1].migrate()
+        run_batches(started(restarted[-1], ruleset, {}), batches[:gap], [])
+        run_batches(started(restarted[-1], ruleset, {}), rest, [])
 
     assert alerts(store) == expected
-    assert alerts(restarted_store) == expected
+    assert alerts(restarted[0]) == expected  # swept
+    assert alerts(restarted[1]) == expected  # restored, then started afresh by the rule
 
 
 def test_a_wall_clock_sweep_deletes_expired_states_once_the_store_takes_writes_again(store, ruleset, monkeypatch):
