@@ -14,7 +14,9 @@ store (``fetch``) at its next event, as it was: memory holds the resources that 
 State lives ``state_ttl_s`` of event time after a key's latest event. The rule is decided per key at
 its next event, by that event's time alone: one more than ``state_ttl_s`` after the key's latest
 time starts the key afresh, as a key never seen, before the event is folded in: what it said and
-what its rules tracked are forgotten (an episode left open too: it is not resolved). So ``backtest``
+what its rules tracked are forgotten (an episode left open too: it is not resolved); only its latest
+time of each kind stays, so that its old life's events read again after a restart are skipped
+(:meth:`Engine.already_seen`), not folded into the new one. So ``backtest``
 (which never sweeps), a worker that ran through the gap, one restarted during it and one that
 evicted the key and reads it back all detect alike, whenever their sweeps ran. Sweeps
 (:meth:`Engine.expire`) only reclaim memory and store rows, of keys whose latest time is more than
@@ -340,7 +342,7 @@ class Engine:
             last_t = state.last_t
             if t > last_t:
                 if t - last_t > ttl and last_t:  # quiet past the TTL: the key starts afresh
-                    state = self._renew(key)
+                    state = self._renew(key, state)
                 state.last_t = t
                 if last_t > watermark:  # the key vouches for its time before this one
                     ahead[key] = last_t
@@ -397,11 +399,15 @@ class Engine:
             findings.extend(self._end_batch())
         return findings
 
-    def _renew(self, key: str) -> KeyState:
+    def _renew(self, key: str, old: KeyState) -> KeyState:
         """The key's next event came more than ``state_ttl_s`` after its last: it starts afresh, as a
         key never seen (what it said and what its rules tracked are forgotten), whether it stayed in
-        memory, was evicted or was restored after a restart (see the module's docstring)."""
+        memory, was evicted or was restored after a restart (see the module's docstring). Only the
+        latest time of each kind it folded in stays: an event of its old life read again after a
+        restart is known as folded (:meth:`already_seen`, by kind), not taken into the new life as
+        new, and one that comes late is late (the new life's first event of each kind is past them)."""
         state = self._keys[key] = KeyState(info=ResourceInfo(resource_id=key))
+        state.gpu_t, state.usage_t, state.run_t = old.gpu_t, old.usage_t, old.run_t
         self._context.point(state)
         return state
 

@@ -739,3 +739,47 @@ def test_a_delete_a_kill_lost_is_made_by_the_next_worker(store, ruleset):
     second = started(store, ruleset, {}, state_ttl_s=3600.0)
     run_batches(second, [later], [])  # read again: old is not in it
     assert store.states.load([0]).keys() == {"a", "b", "c"} and "old" not in second.saved_states
+
+
+def test_events_of_a_keys_life_before_read_again_after_a_restart_are_not_folded_into_its_new_one(
+        store, chdb_client, ruleset):  # fmt: skip
+    """h1 is idle 90 minutes (an idle alert fires), then quiet for three days; its next usage event
+    starts it afresh (the state TTL), and the worker is killed before the consumer commits: the
+    next one reads it all again. The restored state (h1's new life, which has had no GPU sample
+    yet) must still know the old life's GPU samples as folded, or they go into the new life as
+    new: the idle episode opens again there and h1's busy samples then resolve the alert that
+    the uninterrupted worker (and backtest) leave firing, the old episode being forgotten."""
+    from datetime import timezone
+
+    from detector.store import Store
+
+    day = 86_400.0
+    offsets = {"gpu-metrics": 0, "resource-usage": 0}
+
+    def usage(t: float) -> Message:
+        offsets["resource-usage"] += 1
+        return usage_message(offsets["resource-usage"] - 1, t)
+
+    def gpu(t: float, util: float) -> Message:
+        offsets["gpu-metrics"] += 1
+        return gpu_message(offsets["gpu-metrics"] - 1, t, util)
+
+    old_life = [m for i in range(90) for m in (usage(T0 + i * MIN), gpu(T0 + i * MIN, 1.0))]
+    renewed = [usage(T0 + 3 * day)]  # the usage topic speaks first
+    busy = [m for i in range(1, 30) for m in (usage(T0 + 3 * day + i * MIN), gpu(T0 + 3 * day + i * MIN, 90.0))]
+
+    def alerts(s) -> list[tuple]:
+        return sorted((a["rule"], a["fired_at"].replace(tzinfo=timezone.utc).timestamp(), a["resolved_at"])
+                      for a in s.alerts.latest())  # fmt: skip
+
+    run_batches(started(store, ruleset, {}), [old_life, renewed, busy], [])
+    assert alerts(store) == [("idle-gpu", T0 + 30 * MIN, None)]  # forgotten with the old life, not resolved
+
+    killed = Store(chdb_client, database=store.db + "_k")
+    chdb_client.command(f"DROP DATABASE IF EXISTS {killed.db}")
+    killed.migrate()
+    run_batches(started(killed, ruleset, {}), [old_life, renewed], [])  # then killed: nothing committed
+    again = started(killed, ruleset, {})
+    run_batches(again, [old_life + renewed, busy], [])
+    assert alerts(killed) == alerts(store)
+    assert again.stats.replayed == 90 + 2 * 90 + 1  # every event read again is skipped, GPU samples too
