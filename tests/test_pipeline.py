@@ -783,3 +783,34 @@ def test_events_of_a_keys_life_before_read_again_after_a_restart_are_not_folded_
     run_batches(again, [old_life + renewed, busy], [])
     assert alerts(killed) == alerts(store)
     assert again.stats.replayed == 90 + 2 * 90 + 1  # every event read again is skipped, GPU samples too
+
+
+def test_a_worker_whose_partition_moved_deletes_none_of_its_keys(store, ruleset):
+    """Worker A loads partition 0, with "old" quiet since T0; the partition moves to B (A pauses
+    and resets as its revocation does), "old" speaks three days on and B saves its new life. A
+    then sweeps past old's TTL (event time moved by what it reads next): it must not delete the
+    key by the latest time it loaded before the move. A delete is by key, the newest version
+    wins: one from A would erase B's fresh state in the store (lost at B's next restart)."""
+    gpu = iter(range(1000))
+    day = 86_400.0
+
+    def scrapes(start: float, minutes: int) -> list[Message]:
+        return [gpu_message(next(gpu), start + m * MIN, 50.0, host) for m in range(minutes) for host in ("a", "b", "c")]
+
+    run_batches(started(store, ruleset, {}), [[usage_message(0, T0, host="old")] + scrapes(T0, 2)], [])
+    a = started(store, ruleset, {})
+    assert "old" in a.saved_states
+
+    async def revoked():
+        await a.pause()
+        a.reset()
+
+    asyncio.run(revoked())
+    b = started(store, ruleset, {})
+    run_batches(b, [[usage_message(1, T0 + 3 * day, host="old")] + scrapes(T0 + 3 * day, 2)], [])
+    fresh = store.states.get("old")
+    assert fresh is not None
+    a.resume()
+    run_batches(a, [scrapes(T0 + 3 * day + 10 * MIN, 3)], [])  # its sweep is past old's TTL
+    asyncio.run(a.sweep())
+    assert store.states.get("old") == fresh
