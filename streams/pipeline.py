@@ -395,8 +395,8 @@ class Pipeline:
         expired = engine.expire(coming)  # their next event is read: not quiet
         if self.saved_times is not None:
             saved = self.saved_states
-            for key in self.saved_times.before(engine.watermark - engine.state_ttl_s):
-                if key in saved and key not in coming:  # not taken by the engine: never spoke
+            for key in self.saved_times.before(engine.watermark - engine.state_ttl_s, saved):
+                if key not in coming:  # still loaded, not taken by the engine: never spoke
                     del saved[key]
                     expired.append(key)
         self.forget(expired)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import time
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from detector.store.connection import Connection
 
@@ -131,15 +131,24 @@ class SavedTimes:
     event time, for its sweeps to reclaim those that have not spoken by the time the watermark is
     past their TTL: a key loaded but never taken is in no engine's memory, so no engine's sweep
     sees it, and before a restart lost track of every quiet key (and of a delete a kill lost).
-    16 bytes a key (a time in an array, a reference to the key the loaded dict holds)."""
+    16 bytes a key (a time in an array, a reference to the key the loaded dict holds) while the
+    loaded dict holds it; a key taken from it (it spoke: the engine holds it by its own string) is
+    let go of once such keys are half of those held (:meth:`before`), not kept till the next
+    assignment (a key's string is ~70 bytes more)."""
 
     def __init__(self, latest: dict[str, float]) -> None:
         self._keys = sorted(latest, key=latest.__getitem__)
         self._times = array("d", map(latest.__getitem__, self._keys))
-        self._next = 0
 
-    def before(self, horizon: float) -> list[str]:
-        """The keys whose latest time is before ``horizon`` not given before (each once)."""
-        start = self._next
-        end = self._next = bisect.bisect_left(self._times, horizon, lo=start)
-        return self._keys[start:end]
+    def before(self, horizon: float, loaded: Collection[str]) -> list[str]:
+        """The keys whose latest time is before ``horizon`` still in ``loaded`` (not taken), each
+        once; the keys given, and those no longer in ``loaded``, are let go of."""
+        keys, times = self._keys, self._times
+        end = bisect.bisect_left(times, horizon)
+        given = [key for key in keys[:end] if key in loaded]
+        del keys[:end], times[:end]
+        if len(keys) > 2 * len(loaded):  # most of them taken: keep those still loaded
+            kept = [i for i, key in enumerate(keys) if key in loaded]
+            self._keys = [keys[i] for i in kept]
+            self._times = array("d", [times[i] for i in kept])
+        return given
