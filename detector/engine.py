@@ -731,6 +731,10 @@ class Engine:
         self.dirty.discard(key)
 
     def forget_all(self) -> None:
+        """Drop every key (partitions moved), and the watermark their times made: the keys of the
+        partitions taken over next may be days behind it (a partition that lagged), and sweeps by
+        it would reclaim them, and their saved states, within their TTL. It is made again from the
+        new keys' times (0 till then: no sweep reclaims anything, the digest waits)."""
         self._keys.clear()
         self._restored_t.clear()
         self._evicted.clear()
@@ -738,6 +742,8 @@ class Engine:
         self._read_ahead = {}
         self.dirty.clear()
         self._ahead.clear()
+        self.watermark = 0.0
+        self._swept_at = -math.inf
 
     def snapshot(self, key: str) -> bytes | None:
         """The key's state as bytes, for a changelog-backed table."""

@@ -814,3 +814,40 @@ def test_a_worker_whose_partition_moved_deletes_none_of_its_keys(store, ruleset)
     run_batches(a, [scrapes(T0 + 3 * day + 10 * MIN, 3)], [])  # its sweep is past old's TTL
     asyncio.run(a.sweep())
     assert store.states.get("old") == fresh
+
+
+def test_a_partition_taken_over_behind_the_workers_event_time_keeps_its_keys(store, ruleset):
+    """Worker B has read other partitions to T0 + 3 days when it takes over partition 0, whose
+    keys are behind it: h1 was idle from T0 (an idle alert fired) and is busy again 40 minutes
+    on, well within its TTL. B's sweeps must not reclaim h1 by the event time B reached on its
+    partitions before the move: h1 speaks, goes on from its saved state and resolves the alert,
+    as the worker that held the partition before would have."""
+    from datetime import timezone
+
+    day = 86_400.0
+    gpu = iter(range(10_000))
+    idle = [m for i in range(40) for m in (usage_message(i, T0 + i * MIN), gpu_message(next(gpu), T0 + i * MIN, 1.0))]
+    busy = [m for i in range(40, 50)
+            for m in (usage_message(i, T0 + i * MIN), gpu_message(next(gpu), T0 + i * MIN, 90.0))]  # fmt: skip
+    ahead = [gpu_message(next(gpu), T0 + 3 * day + m * MIN, 50.0, host) for m in range(3) for host in ("a", "b", "c")]
+
+    b = started(store, ruleset, {})
+    run_batches(b, [ahead], [])  # B's partitions before the move
+    run_batches(started(store, ruleset, {}), [idle], [])  # A, the partition's holder till then
+    (alert,) = store.alerts.latest()
+    assert alert["rule"] == "idle-gpu" and alert["resolved_at"] is None
+
+    async def moved():  # as the worker's handover does (streams.handover)
+        await b.pause()
+        b.reset()
+        latest: dict[str, float] = {}
+        b.saved_states.clear()
+        b.saved_states.update(store.states.load([0], saved_within_s=0, latest=latest))
+        b.saved_times = SavedTimes(latest)
+        b.resume()
+        await b.sweep()  # the wall clock's, before h1 speaks
+
+    asyncio.run(moved())
+    run_batches(b, [busy], [])
+    (alert,) = store.alerts.latest()
+    assert alert["resolved_at"] is not None and alert["resolved_at"].replace(tzinfo=timezone.utc).timestamp() > T0
