@@ -1,14 +1,14 @@
 """Does compiling the hot detection path with mypyc pay? A probe, not a build (see docs/performance.md,
 "Compiling the hot path with mypyc").
 
-    .venv/bin/python bench/mypyc_probe.py [--callgrind] [--runs 3] [--file bench/out/fleet.jsonl] [--keep DIR]
+    .venv/bin/python bench/mypyc_probe.py [--all] [--callgrind] [--runs 3] [--file bench/out/fleet.jsonl] [--keep DIR]
 
 Copies ``HEAD``'s tracked files to a scratch tree, makes there the few edits that let mypyc compile
 the engine and the per-GPU share rules (mypyc drops a msgspec ``Struct``'s class keywords and
 type-checks a pydantic model's class body, so those classes move to pure modules; the engine's
 context stays a Python class: a native class cannot extend one with ``__slots__``), compiles
-:data:`MODULES` there, checks that ``backtest`` gives the same alerts on the first 4,000 lines of the
-file in both trees, then measures both, alternating: ``--callgrind`` the CPU instructions an event
+:data:`MODULES` there (with ``--all`` :data:`RULES` too), checks that ``backtest`` gives the same alerts
+on the first 4,000 lines of the file in both trees, then measures both, alternating: ``--callgrind`` the CPU instructions an event
 (lines 1,001-4,000: N = 4,000 minus N = 1,000, ``PYTHONHASHSEED=0``), and ``--runs`` in-process
 events/s by CPU time on the whole file. Needs a C compiler (and valgrind for ``--callgrind``).
 """
@@ -30,8 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = ["detector/engine.py", "detector/detectors/gpu_share.py", "detector/detectors/partly_idle_gpu.py",
            "detector/detectors/unallocated_gpu.py", "detector/detectors/scrape.py", "detector/detectors/activity.py",
            "detector/align.py", "detector/backtest.py"]  # fmt: skip
-"""What the probe compiles: the engine's loop, the two per-GPU rules that cost most, the scrape view,
+"""What the probe compiles by default: the engine's loop, the two per-GPU share rules, the scrape view,
 the aligner and backtest's own loop (the hottest Python of a backtest by cProfile)."""
+RULES = ["gpu_episode", "idle_gpu", "stuck_gpu", "telemetry_stale", "data_starved_training"]
+"""With ``--all``, also these rules (the other four that see every GPU scrape, and their base): each
+split in two, what comes before its detector class into a pure ``<rule>_decl`` module."""
+_DETECTOR_BASES = {"DetectorBase", "GpuEpisode", "GpuShare"}
 
 _BUILD = """
 import sys
@@ -105,6 +109,25 @@ def _split_gpu_share(tree: Path) -> None:
         rpath.write_text(rtext)
 
 
+def _split_rule(tree: Path, rule: str) -> None:
+    """What comes before the rule module's first detector class (its params, state structs and their
+    helpers) into a pure ``<rule>_decl``; the detector's code stays, importing those names."""
+    path = tree / f"detector/detectors/{rule}.py"
+    text = path.read_text()
+    body = ast.parse(text).body
+    first = next(n for n in body if isinstance(n, ast.ClassDef)
+                 and any(isinstance(b, ast.Name) and b.id in _DETECTOR_BASES for b in n.bases))  # fmt: skip
+    assert not first.decorator_list
+    lines = text.splitlines(keepends=True)
+    start = first.lineno - 1
+    decl = "".join(lines[:start])
+    imports_end = max(n.end_lineno or n.lineno for n in body if isinstance(n, ast.Import | ast.ImportFrom) and n.lineno <= start)
+    (tree / f"detector/detectors/{rule}_decl.py").write_text(decl)
+    names = ", ".join(_top_names(decl))
+    path.write_text("".join(lines[:imports_end]) + f"\nfrom detector.detectors.{rule}_decl import ({names})  # noqa\n\n\n"
+                    + "".join(lines[start:]))  # fmt: skip
+
+
 def _split_engine(tree: Path) -> None:
     """The engine's snapshot struct into a pure module; its context a Python class."""
     path = tree / "detector/engine.py"
@@ -121,14 +144,17 @@ def _split_engine(tree: Path) -> None:
     path.write_text(text)
 
 
-def prepare(tree: Path) -> None:
+def prepare(tree: Path, rules: list[str]) -> None:
     archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     _split_gpu_share(tree)
     _split_engine(tree)
-    subprocess.run([sys.executable, "-c", _BUILD, *MODULES], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+    for rule in rules:
+        _split_rule(tree, rule)
+    modules = MODULES + [f"detector/detectors/{rule}.py" for rule in rules]
+    subprocess.run([sys.executable, "-c", _BUILD, *modules], cwd=tree, check=True, stdout=subprocess.DEVNULL)
     built = sorted(str(p.relative_to(tree)) for p in tree.glob("detector/**/*.so"))
-    assert len(built) == len(MODULES), built
+    assert len(built) == len(modules), built
     print(f"compiled in {tree}: {', '.join(built)}")
 
 
@@ -162,6 +188,7 @@ def main() -> None:
     ap.add_argument("--file", default=str(ROOT / "bench/out/fleet.jsonl"))
     ap.add_argument("--runs", type=int, default=3, help="in-process runs of each tree on the whole file (0: none)")
     ap.add_argument("--callgrind", action="store_true", help="CPU instructions an event, by valgrind's callgrind")
+    ap.add_argument("--all", action="store_true", help="also compile the other GPU rules (RULES)")
     ap.add_argument("--keep", help="build the compiled tree here and keep it (default: a temporary folder)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
@@ -171,7 +198,7 @@ def main() -> None:
         pure.mkdir()
         archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(pure)], input=archive, check=True)
-        prepare(tree)
+        prepare(tree, RULES if args.all else [])
         short, long = _head(args.file, 1000, Path(scratch)), _head(args.file, 4000, Path(scratch))
         same = {name: json.loads(_run(t, long).stdout.strip().splitlines()[-1]) for name, t in (("pure", pure), ("mypyc", tree))}
         print(f"first 4,000 lines: pure {same['pure']['alerts']} alerts {same['pure']['hash']}, "
