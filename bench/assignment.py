@@ -4,8 +4,10 @@ against only the keys saved within the eviction horizon (the rest read when they
     .venv/bin/python bench/assignment.py [--keys 100000] [--live 1000] [--snapshot-bytes 3500]
 
 In-process, on a fresh embedded ClickHouse in a temporary folder; tracemalloc measures what
-the loaded dict holds. Prints one line per way of loading, the time of one key's read, and
-of reading a batch's quiet keys together (``States.get_many``, what the worker does before a batch).
+the loaded dict holds (and, as the worker loads, the keys' latest times its sweeps go by:
+:class:`~detector.store.states.SavedTimes`). Prints one line per way of loading, the time of one
+key's read, and of reading a batch's quiet keys together (``States.get_many``, what the worker
+does before a batch).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from detector.store import Store, connect  # noqa: E402
+from detector.store.states import SavedTimes  # noqa: E402
 
 
 def main() -> int:
@@ -35,19 +38,24 @@ def main() -> int:
         blob = os.urandom(args.snapshot_bytes)
         old = time.time_ns() - 2 * 3600 * 10**9
         for i in range(0, args.keys, 20_000):
-            store.states.save([(f"key-{k:07d}", k % 4, blob) for k in range(i, min(i + 20_000, args.keys))], version=old)
-        store.states.save([(f"live-{k:05d}", k % 4, blob) for k in range(args.live)], version=time.time_ns())
-        for horizon in (None, 3600.0):
+            store.states.save([(f"key-{k:07d}", k % 4, blob, 1.7e9 + k) for k in range(i, min(i + 20_000, args.keys))],
+                              version=old)  # fmt: skip
+        store.states.save([(f"live-{k:05d}", k % 4, blob, 1.8e9 + k) for k in range(args.live)], version=time.time_ns())
+        for horizon, with_times in ((None, False), (3600.0, False), (3600.0, True)):
             tracemalloc.start()
             started = time.monotonic()
-            loaded = store.states.load([0, 1, 2, 3], horizon)
+            latest: dict[str, float] | None = {} if with_times else None
+            loaded = store.states.load([0, 1, 2, 3], horizon, latest)
+            times = SavedTimes(latest) if latest is not None else None
+            latest = None
             took = time.monotonic() - started
             held, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
             with_bytes = sum(data is not None for data in loaded.values())
-            print(f"saved within {horizon or 'any'} s with bytes: {len(loaded):,} keys, {with_bytes:,} with bytes; "
-                  f"held {held / 1e6:.1f} MB ({held / len(loaded):.0f} B a key), peak {peak / 1e6:.1f} MB, {took:.2f} s")
-            del loaded
+            print(f"saved within {horizon or 'any'} s with bytes{', and latest times' if times else ''}: "
+                  f"{len(loaded):,} keys, {with_bytes:,} with bytes; held {held / 1e6:.1f} MB "
+                  f"({held / len(loaded):.0f} B a key), peak {peak / 1e6:.1f} MB, {took:.2f} s")
+            del loaded, times
         started, n = time.monotonic(), 200
         for k in range(n):
             store.states.get(f"key-{k * 97 % args.keys:07d}")

@@ -5,19 +5,34 @@ events): what the latest usage event said about the resource, and each rule's
 detector state: None for a rule that is lazy (:attr:`~detector.detectors.base.DetectorBase.lazy`)
 until an event gives it something to track (:meth:`~detector.detectors.base.DetectorBase.starts`),
 the engine skipping its step till then, so a rule about what most resources never do (egress,
-Kubernetes allocation, missing tags) holds nothing on them. State is bounded: keys that go quiet for ``state_ttl_s`` of
-event time are dropped. The streaming worker persists the keys the engine
-marks dirty, and restores a key with :meth:`Engine.restore` after a restart or
+Kubernetes allocation, missing tags) holds nothing on them. The streaming worker persists the
+keys the engine marks dirty, and restores a key with :meth:`Engine.restore` after a restart or
 rebalance; ``backtest`` simply never persists. In the worker, a key quiet for
 ``evict_after_s`` leaves memory once saved (:meth:`Engine.evict`) and is read back from the
 store (``fetch``) at its next event, as it was: memory holds the resources that speak.
 
-The engine's watermark (how far event time has got: what expiry, the daily digest
+State lives ``state_ttl_s`` of event time after a key's latest event. The rule is decided per key at
+its next event, by that event's time alone: one more than ``state_ttl_s`` after the key's latest
+time starts the key afresh, as a key never seen, before the event is folded in: what it said and
+what its rules tracked are forgotten (an episode left open too: it is not resolved). So ``backtest``
+(which never sweeps), a worker that ran through the gap, one restarted during it and one that
+evicted the key and reads it back all detect alike, whenever their sweeps ran. Sweeps
+(:meth:`Engine.expire`) only reclaim memory and store rows, of keys whose latest time is more than
+``state_ttl_s`` before the watermark: the rule would start each afresh at any event from the
+watermark on. The one event that can tell is one older than the watermark (out of order: a topic or
+an exporter running behind the others) for a key a sweep has reclaimed, yet within ``state_ttl_s``
+of its latest time: it finds nothing and starts the key afresh, where an engine that had not swept
+would have gone on from its state. An event older than a key's latest time is folded into the state
+the key has (late, by kind), never into one forgotten.
+
+The engine's watermark (how far event time has got: what sweeps, the daily digest
 and the freshness metric go by) is not the newest timestamp seen, which one
-future-dated event would move by days and so expire every other key's state. A key
+future-dated event would move by days and so reclaim every other key's state. A key
 vouches only for the second-latest distinct time it has sent (its latest may be an
 outlier), and the watermark is the time at least ``min(3, n)`` of the ``n`` keys that
-moved past it have reached. It is computed once per batch, not per event.
+moved past it have reached. It is computed once per batch, not per event. The TTL rule goes
+by a key's own times, not by the watermark: a future-dated event more than ``state_ttl_s``
+ahead of its key's latest time starts that key afresh, and no other.
 
 A step reads its key's :class:`~detector.detectors.base.Context` (the resource, a look-up
 of other resources, what the key's rules are tracking) and may defer work to the end of
@@ -276,6 +291,7 @@ class Engine:
         mark_dirty = self.dirty.add
         watermark = self.watermark
         ahead = self._ahead
+        ttl = self.state_ttl_s
         last_key: str | None = None
         state = KeyState(ResourceInfo())  # replaced at the first event (no key is None)
         ctx = self._context
@@ -323,6 +339,8 @@ class Engine:
                 scrape = None
             last_t = state.last_t
             if t > last_t:
+                if t - last_t > ttl and last_t:  # quiet past the TTL: the key starts afresh
+                    state = self._renew(key)
                 state.last_t = t
                 if last_t > watermark:  # the key vouches for its time before this one
                     ahead[key] = last_t
@@ -378,6 +396,14 @@ class Engine:
         if self._deferred:
             findings.extend(self._end_batch())
         return findings
+
+    def _renew(self, key: str) -> KeyState:
+        """The key's next event came more than ``state_ttl_s`` after its last: it starts afresh, as a
+        key never seen (what it said and what its rules tracked are forgotten), whether it stayed in
+        memory, was evicted or was restored after a restart (see the module's docstring)."""
+        state = self._keys[key] = KeyState(info=ResourceInfo(resource_id=key))
+        self._context.point(state)
+        return state
 
     def _scrape(self, route: Plan, state: KeyState, ctx: Context, key: str, scrape: Scrape,
                 t: float) -> list[Finding]:  # fmt: skip
@@ -649,13 +675,14 @@ class Engine:
         return self.watermark - self._swept_at >= window * _SWEEP_EVERY
 
     def expire(self, coming: Container[str] = frozenset()) -> list[str]:
-        """Drop keys with no event for ``state_ttl_s`` of event time before the watermark (which
+        """Reclaim keys with no event for ``state_ttl_s`` of event time before the watermark (which
         a single future-dated event cannot move), held or evicted; return them (the worker
-        deletes their saved state). Then :meth:`evict` what has gone quiet. A key that has folded in
-        no event (``last_t`` 0: taken in by :meth:`already_seen` for events the worker's aligner
-        still holds) is not quiet, nor is one in ``coming`` (the worker's aligner holds its next
-        event, read in a batch that jumped event time past the key's TTL): its events are on
-        their way, and expiring it would start it afresh, or not, by where a batch ends."""
+        deletes their saved state). Their next event would start them afresh anyway (the module's
+        docstring): reclaiming changes no detection. Then :meth:`evict` what has gone quiet. A key
+        that has folded in no event (``last_t`` 0: taken in by :meth:`already_seen` for events the
+        worker's aligner still holds) is not quiet, nor is one in ``coming`` (the worker's aligner
+        holds its next event, read in a batch that jumped event time past the key's TTL): its
+        events are on their way, and the worker keeps the partition they came on."""
         self._swept_at = self.watermark
         horizon = self.watermark - self.state_ttl_s
         gone = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon and k not in coming]
@@ -715,6 +742,12 @@ class Engine:
             {"v": _SNAPSHOT_VERSION, "info": state.info, "rules": state.rules, "last_t": state.last_t,
              "kind_t": state.kind_t}
         )
+
+    def latest_time(self, key: str) -> float:
+        """The time of the key's latest event folded in (0: none, or the key is not held): saved
+        beside its snapshot, so a worker that loads it can reclaim it past the TTL unread."""
+        state = self._keys.get(key)
+        return state.last_t if state is not None else 0.0
 
     def restore(self, key: str, data: bytes, *, restart: bool = True) -> KeyState:
         """Rebuild a key's state from :meth:`snapshot` bytes; state of rules no longer loaded is dropped.

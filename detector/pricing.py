@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import re
 from datetime import date
-from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["HOURS_PER_MONTH", "ApiPrice", "BilledRate", "CapacityTier", "EgressPrices", "InstancePrice", "IntervalCost",
-           "LlmModel", "Pricer", "Pricing", "RegionalPrices", "SelfHost", "egress_destination", "load_pricing", "usd_over"]
+           "LlmModel", "Pricer", "Pricing", "RegionalPrices", "SelfHost", "egress_destination", "usd_over"]
 
 
 class InstancePrice(BaseModel):
@@ -255,13 +253,3 @@ def egress_destination(region: str, dest_region: str) -> str:
     if not dest_region or dest_region == "internet":
         return "internet"
     return "same_region" if dest_region == region else "inter_region"
-
-
-def load_pricing(path: str | Path) -> Pricing:
-    """Load and validate a pricing file; errors name the file and the field."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-        return Pricing.model_validate(data)
-    except (yaml.YAMLError, ValidationError) as exc:
-        raise ValueError(f"{path}: invalid pricing file: {exc}") from exc

@@ -43,7 +43,7 @@ from detector.outputs.config import (
     outputs_for,
     template_fields,
 )
-from detector.pricing import Pricing, load_pricing
+from detector.pricing import Pricing
 from detector.remediation.spec import ActionSpec, kind_error
 from detector.suppression.silence import Silence as CompiledSilence
 from detector.units import Duration, _parse_percent, format_duration, parse_duration
@@ -731,13 +731,7 @@ def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> Rule
     path = Path(path)
     found, errors, silences, allow_no_rules = _validate_rule_files(path)
     beside = path if path.is_dir() else path.parent
-    pricing = Pricing()
-    pricing_file = Path(pricing_path) if pricing_path else beside / "pricing.yaml"
-    if pricing_file.exists():
-        try:
-            pricing = load_pricing(pricing_file)
-        except ValueError as exc:
-            errors.append(RuleError(str(pricing_file), 0, "", str(exc)))
+    pricing = _optional_model(Path(pricing_path) if pricing_path else beside / "pricing.yaml", Pricing, errors)
     routing = _optional_model(beside / "routing.yaml", Routing, errors)
     limits = _optional_model(beside / LIMITS_FILE, Limits, errors)
     if not errors and not allow_no_rules and not any(rule.enabled for _, rule in found):
@@ -745,6 +739,15 @@ def load_rules(path: str | Path, pricing_path: str | Path | None = None) -> Rule
     if errors:
         raise RulesInvalid(errors)
     return compile_rules((rule for _, rule in found), pricing, silences, routing, limits)
+
+
+def load_pricing(path: str | Path) -> Pricing:
+    """A pricing file alone (``simulate`` prices its fleet with it), refused as the rules are:
+    :class:`RulesInvalid`, its errors at their file and line."""
+    loaded = _load_model(Path(path), Pricing)
+    if isinstance(loaded, list):
+        raise RulesInvalid(loaded)
+    return loaded
 
 
 def _optional_model(path: Path, model: type[BaseModel], errors: list[RuleError]) -> Any:
@@ -760,7 +763,7 @@ def _optional_model(path: Path, model: type[BaseModel], errors: list[RuleError])
 
 
 def _load_model(path: Path, model: type[BaseModel]) -> Any:
-    """A whole-file model (routing) with the same file:line errors as rule files."""
+    """A whole-file model (pricing, routing, limits) with the same file:line errors as rule files."""
     file = str(path)
     try:
         text = _read_text(path)

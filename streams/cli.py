@@ -133,8 +133,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from detector.pricing import load_pricing
     from detector.replay import write_replay
+    from detector.rules import RulesInvalid, load_pricing
     from detector.simulate import SimConfig, simulate
 
     settings = _settings(args)
@@ -146,6 +146,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     bootstrap = settings.kafka_bootstrap
     if args.publish and not bootstrap:
         raise SystemExit("--publish needs BURNWATCH_KAFKA_BOOTSTRAP")
+    try:  # before any output file is opened: a refused price list leaves none truncated
+        pricing = load_pricing(settings.rules_path / "pricing.yaml")
+    except RulesInvalid as exc:
+        raise SystemExit(f"pricing refused:\n{exc}") from None
     # the files are opened before the fleet is simulated: a bad path fails at once
     labels_file = _open_for_writing(args.labels, "--labels") if args.labels else None
     if args.focus and not args.focus.lower().endswith((".parquet", ".csv", ".csv.gz")):
@@ -154,7 +158,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _open_for_writing(args.focus, "--focus", binary=True).close()
     to_stdout = args.publish or not args.out or args.out == "-"
     out = sys.stdout.buffer if to_stdout else _open_for_writing(args.out, "--out", binary=True)
-    pricing = load_pricing(settings.rules_path / "pricing.yaml")
     records, labels = simulate(cfg, pricing)
     if labels_file is not None:
         with labels_file:

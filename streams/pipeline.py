@@ -41,7 +41,7 @@ from detector.events import Event, InvalidMessage, RunEvent
 from detector.metrics import METRICS
 from detector.outputs.outbox import OutputOutbox
 from detector.store import Store
-from detector.store.states import States
+from detector.store.states import SavedTimes, States
 from detector.units import one_line
 from streams.acks import InOrderAcks
 from streams.config import Config, LiveConfig
@@ -145,7 +145,7 @@ class _Step:
     once detection has seen them, like any other."""
     done: list[Message] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
-    states: list[tuple[str, int, bytes]] = field(default_factory=list)
+    states: list[tuple[str, int, bytes, float]] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     """Keys whose state expired at this batch's sweep (:meth:`Pipeline._sweep`): their saved
     state is deleted by the batch's write, after its states are saved."""
@@ -196,6 +196,9 @@ class Pipeline:
         self.saved_states = saved_states if saved_states is not None else {}
         """The states loaded at assignment that no key has taken yet (:meth:`States.load`): those
         loaded without their bytes are read before the batch that needs them (:meth:`_read_ahead`)."""
+        self.saved_times: SavedTimes | None = None
+        """The latest event time of the keys loaded at assignment (:meth:`States.load`): the sweeps
+        reclaim those past the TTL still in :attr:`saved_states` (:meth:`_sweep`)."""
         self.store = store
         self.outbox = outbox
         self.outputs = outputs
@@ -361,7 +364,9 @@ class Pipeline:
     async def sweep(self) -> None:
         """The sweep on the wall clock, for a stream too quiet to move event time: between
         batches (none detected, none in flight), never while partitions move. Batches sweep by
-        event time themselves (:meth:`process`)."""
+        event time themselves (:meth:`process`). The expired keys' saved states are deleted by a
+        write of their own, retried as a batch's is (:meth:`_write`) until the store takes it:
+        a delete lost would leave the state in the store, loaded again at the next assignment."""
         if self._stopping.is_set():
             return
         async with self._serial:
@@ -370,7 +375,10 @@ class Pipeline:
             await self.drain()
             expired = self._sweep("wall_clock")
             if expired:
-                await asyncio.get_running_loop().run_in_executor(self._writer, self.store.states.delete, expired)
+                try:
+                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write, _Step(expired=expired))
+                except PipelineStopped:
+                    return
 
     def _sweep(self, trigger: str) -> list[str]:
         """Expire and evict (:meth:`Engine.expire`) once every state the engine holds is saved or in
@@ -378,9 +386,19 @@ class Pipeline:
         held as it left (:meth:`Engine.evict`) until the next sweep, which comes after the
         write has landed. A key whose next event the aligner holds is neither: expired, it would
         lose the partition it came on (its state saved under partition 0). Returns the expired
-        keys, whose saved state is to be deleted."""
+        keys, whose saved state is to be deleted: with the keys loaded at assignment that have not
+        spoken and whose latest event is as far back (:attr:`saved_times`), which no engine holds.
+        A key that is not reclaimed here, or whose delete a kill loses, is reclaimed by the sweeps
+        of the worker that loads it next."""
         engine = self.engine
-        expired = engine.expire(self.aligner.held_keys())  # their next event is read: not quiet
+        coming = self.aligner.held_keys()
+        expired = engine.expire(coming)  # their next event is read: not quiet
+        if self.saved_times is not None:
+            saved = self.saved_states
+            for key in self.saved_times.before(engine.watermark - engine.state_ttl_s):
+                if key in saved and key not in coming:  # not taken by the engine: never spoke
+                    del saved[key]
+                    expired.append(key)
         self.forget(expired)
         METRICS.sweeps.labels(trigger).inc()
         if expired or engine.last_evicted:
@@ -678,6 +696,7 @@ class Pipeline:
         whatever the aligner holds (unacknowledged, so it is read again by the new owner)."""
         self._moves += 1
         self.engine.forget_all()
+        self.saved_times = None
         self._partition_of.clear()
         self._positions.clear()
         self._expected.clear()
@@ -709,12 +728,12 @@ class Pipeline:
             self.stats.fetch_pauses += len(pause)
             self._flow(pause, resume)
 
-    def _dirty_states(self) -> list[tuple[str, int, bytes]]:
+    def _dirty_states(self) -> list[tuple[str, int, bytes, float]]:
         engine, states = self.engine, []
         for key in engine.dirty:
             snapshot = engine.snapshot(key)
             if snapshot is not None:
-                states.append((key, self._partition_of.get(key, 0), snapshot))
+                states.append((key, self._partition_of.get(key, 0), snapshot, engine.latest_time(key)))
         engine.dirty.clear()
         return states
 

@@ -14,6 +14,7 @@ from detector.events import GpuMetric, UsageEvent
 from detector.pricing import Pricing
 from detector.replay import write_replay
 from detector.simulate import Label, SimConfig, simulate
+from streams.children import die_with_parent
 
 if TYPE_CHECKING:  # slack-sdk is imported by the tests that post, not by every test
     from detector.slack import SlackNotifier
@@ -106,6 +107,7 @@ def store_held(directory: Path) -> Iterator[subprocess.Popen]:
         [sys.executable, "-c", "import sys; from detector.store import connect; "
          f"c = connect('chdb://{directory}'); print('open', flush=True); sys.stdin.read()"],
         cwd=Path(__file__).resolve().parent.parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        preexec_fn=die_with_parent(),
     )  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "open"

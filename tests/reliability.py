@@ -43,6 +43,7 @@ from detector.rules import RuleSet
 from detector.simulate import SimConfig, simulate
 from detector.testing import LocalSlack
 from detector.units import parse_rfc3339
+from streams.children import die_with_parent
 from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, publish_records, value_end_time
 from streams.process import WorkerProcess, worker_env
 
@@ -505,7 +506,8 @@ class CpuLoad:
 
     def __enter__(self) -> CpuLoad:
         for _ in range(self.n):
-            self._procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL))
+            self._procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+                                               preexec_fn=die_with_parent()))  # fmt: skip
         return self
 
     def __exit__(self, *exc: object) -> None:

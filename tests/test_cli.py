@@ -17,6 +17,7 @@ import pytest
 
 from detector.settings import ENV, load_settings
 from detector.store import Store
+from streams.children import die_with_parent
 from streams.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_UNAVAILABLE
 from tests.conftest import ROOT
 from tests.helpers import store_held
@@ -226,9 +227,27 @@ def test_missing_files_bad_paths_and_bad_seeds(tmp_path):
     assert not Path(missing).exists()  # --labels failed before anything was written
 
 
+def test_simulate_refuses_a_wrong_price_before_writing_anything(tmp_path):
+    """simulate prices its fleet with pricing.yaml: a wrong price is refused at its file and line
+    (it was a ValueError's traceback), and no --out file is left empty behind it."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    pricing = rules / "pricing.yaml"
+    text = pricing.read_text()
+    assert text.count("on_demand: 55.04,") == 1
+    pricing.write_text(text.replace("on_demand: 55.04,", "on_demand: lots,"))
+    line = 1 + pricing.read_text()[: pricing.read_text().index("on_demand: lots,")].count("\n")
+    out_file = tmp_path / "fleet.jsonl"
+    out = burnwatch("simulate", "--hours", "1", "--out", str(out_file), env={"BURNWATCH_RULES": str(rules)})
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED, out.stderr
+    assert f"{pricing}:{line} instances.p5.48xlarge.on_demand: Input should be a valid number" in out.stderr
+    assert not out_file.exists()
+
+
 def test_output_piped_into_head_stops_quietly():
     reader = subprocess.Popen([sys.executable, "-m", "streams.cli", "simulate", "--hours", "2"], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent())  # fmt: skip
     assert reader.stdout.read(100)
     reader.stdout.close()  # what `| head -c 100` does
     stderr = reader.stderr.read().decode()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from streams.children import die_with_parent
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -75,7 +76,7 @@ def test_demo_shows_alerts_summary_a_postmortem_and_commands_that_work(tmp_path)
            MARK: run}  # fmt: skip
     demo = subprocess.Popen(
         [sys.executable, "-m", "streams.cli", "demo", "--hours", "12", "--speed", "3600"],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent(),
     )  # fmt: skip
     try:
         # the mark finds the demo, its broker and its worker while they run (so finding none later means something)
@@ -114,7 +115,8 @@ def test_a_demo_killed_takes_the_broker_and_worker_it_started_with_it(tmp_path, 
     said = tmp_path / "demo.out"
     with open(said, "w") as out:  # a minute of replay: the demo is still replaying when it is killed
         demo = subprocess.Popen([sys.executable, "-m", "streams.cli", "demo", "--hours", "1", "--speed", "60"],
-                                env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+                                env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=die_with_parent())  # fmt: skip
     try:
         wait_for(lambda: "- worker up" in said.read_text() or demo.poll() is not None, 180, "the demo's worker")
         assert demo.poll() is None, said.read_text()

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from streams.children import die_with_parent
 from tests.conftest import ROOT
 from tests.test_demo import MARK, started_by, stop_demo, wait_for
 
@@ -24,7 +25,8 @@ def test_the_bridge_path_finds_gpus_idle_beside_busy_ones_and_gpus_nobody_reques
     env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_RULES": str(ROOT / "rules"), "PATH": "/usr/bin:/bin",
            MARK: run}  # fmt: skip
     demo = subprocess.Popen([sys.executable, "-m", "streams.cli", "demo", "--via-bridge", "--hours", "2"], env=env,
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=die_with_parent())  # fmt: skip
     try:
         stdout, stderr = demo.communicate(timeout=300)
     finally:

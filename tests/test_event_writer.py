@@ -29,6 +29,7 @@ from detector.limits import Limits
 from detector.metrics import METRICS
 from detector.store import Store, connect
 from detector.store.batch import KIND, event_ids
+from streams.children import die_with_parent
 from streams.event_writer import (
     ANSWER_WITHIN_S,
     ProcessEventWriter,
@@ -281,7 +282,7 @@ def test_a_killed_worker_takes_its_child_with_it(server, remote):
     what is stored before it inserts (so the same events could be stored twice)."""
     root = Path(__file__).resolve().parent.parent
     worker = subprocess.Popen([sys.executable, "-c", _WORKER, server.url, remote.db], cwd=root,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent())  # fmt: skip
     try:
         assert worker.stdout is not None and worker.stdin is not None
         child = int(worker.stdout.readline())

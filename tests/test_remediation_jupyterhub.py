@@ -22,6 +22,7 @@ import urllib3
 
 from detector.remediation.base import Call, NotApplicable, Target
 from detector.remediation.jupyterhub import API, API_NAMED, JupyterHubCuller
+from streams.children import die_with_parent
 from streams.embedded import free_port
 
 pytestmark = pytest.mark.integration
@@ -76,7 +77,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
            "HUB_CULLER_TOKEN": CULLER, "HUB_WEAK_TOKEN": WEAK, "HUB_ADMIN_TOKEN": ADMIN}  # fmt: skip
     log = (state / "hub.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(HERE / "hub" / "hub_config.py")],
-                            cwd=state, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                            cwd=state, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())  # fmt: skip
     hub = Hub(f"http://127.0.0.1:{port}")
     try:
         deadline = time.monotonic() + 90

@@ -67,6 +67,23 @@ def test_one_parse_reads_what_the_pure_python_loader_reads(name):
     assert parse_yaml("") == ({}, None)
 
 
+def test_a_wrong_price_is_refused_at_its_line(tmp_path):
+    """pricing.yaml's errors read as the rule files' do (file:line field: what is wrong), not
+    pydantic's report with the file named twice and line 0: a price is what puts dollars on an alert."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    pricing = rules / "pricing.yaml"
+    lines = pricing.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("p3.8xlarge:"))
+    assert "on_demand: 12.24," in lines[at]
+    lines[at] = lines[at].replace("on_demand: 12.24,", "on_demand: -12.24,")
+    pricing.write_text("".join(lines))
+    with pytest.raises(RulesInvalid) as info:
+        load_rules(rules)
+    assert [str(e) for e in info.value.errors] == [
+        f"{pricing}:{at + 1} instances.p3.8xlarge.on_demand: Input should be greater than or equal to 0"]
+
+
 def test_invalid_yaml_names_the_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("rules:\n  - name: a\n    type: [idle_gpu\n")
@@ -86,7 +103,7 @@ def test_a_tab_is_named_in_the_error(tmp_path):
     assert str(info.value) == f"{path}:2: invalid YAML: found character '\\t' that cannot start any token"
 
 
-@pytest.mark.parametrize("name", ["rules.yaml", "routing.yaml", "limits.yaml"])
+@pytest.mark.parametrize("name", ["rules.yaml", "routing.yaml", "limits.yaml", "pricing.yaml"])
 def test_a_file_not_in_utf8_is_refused_with_its_line_and_the_rules_in_force_kept(tmp_path, name):
     """A file saved in Latin-1 (a comment's "café") is an error of that file, at that line, as
     any other: it used to escape as a UnicodeDecodeError, a traceback from ``rules check`` and

@@ -17,7 +17,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from detector.pricing import Pricing, load_pricing
+from detector.pricing import Pricing
+from detector.rules import load_pricing
 from detector.simulate import SimConfig, build, simulate
 from detector.simulate_focus import DISCOUNT, DISCOUNT_ACCOUNT, SPOT_SPREAD, bill_of, simulate_focus, write_focus
 from tests.conftest import ROOT

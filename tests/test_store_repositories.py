@@ -147,6 +147,23 @@ def test_states_newest_version_wins_and_a_tombstone_deletes(store: Store):
     assert store.states.load([]) == {}
 
 
+def test_states_are_loaded_with_their_keys_latest_times_for_the_sweeps_in_time_order(store: Store):
+    """Each state's latest event time is saved beside it and loaded with the names (the newest
+    version's); a state saved without one (0: before the column) is not told, so never reclaimed
+    by it. :class:`SavedTimes` gives the keys before a time once each, oldest first."""
+    from detector.store.states import SavedTimes
+
+    store.states.save([("k1", 0, b"v1", 300.0), ("k2", 0, b"x", 100.0), ("k3", 0, b"y", 200.0)], version=1)
+    store.states.save([("k1", 0, b"v2", 400.0), ("old", 0, b"saved before the column")], version=2)
+    store.states.delete(["k3"])
+    latest: dict[str, float] = {}
+    assert store.states.load([0], saved_within_s=0, latest=latest).keys() == {"k1", "k2", "old"}
+    assert latest == {"k1": 400.0, "k2": 100.0}
+    times = SavedTimes({**latest, "k4": 250.0})
+    assert times.before(100.0) == [] and times.before(300.0) == ["k2", "k4"]
+    assert times.before(300.0) == [] and times.before(1e9) == ["k1"]
+
+
 def test_states_saved_long_ago_are_loaded_without_their_bytes_and_read_when_they_speak(store: Store):
     """A worker taking over partitions holds the bytes of the keys saved within the horizon only."""
     hour_ago = time.time_ns() - 3600 * 10**9

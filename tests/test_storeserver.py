@@ -26,6 +26,7 @@ from detector.alerts import Alert
 from detector.events import RunEvent
 from detector.reports import run_report
 from detector.store import EventBatch, alert_from_row, migrations
+from streams.children import die_with_parent
 from streams.embedded import free_port
 from streams.process import StoreServerProcess as ServerProcess
 from streams.storeserver import redact_dsn
@@ -224,7 +225,7 @@ def test_two_processes_write_to_one_store_at_once(server, tmp_path):
     setup.command(f"DROP DATABASE IF EXISTS {db}")
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, server.url, db, name, str(batches), str(per), str(tmp_path)],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())  # fmt: skip
         for name in ("w1", "w2")
     ]
     deadline = time.monotonic() + 60

@@ -81,15 +81,12 @@ CASES = [
     # a two-hour period across midnight is split between the days it covers
     (hourly((70, 30))[:23] + [charge(T0 + 23 * HOUR, 70 / 12, 30 / 12, 2 * HOUR)] + hourly((70, 30), start=T0 + DAY)[1:],
      [("fire", T0 + DAY, 30.0), ("update", T0 + 2 * DAY, 60.0)]),
-    # data stops for three days (past expire_after) and resumes used: resolved as expired, not used
-    (days((70, 30)) + days((100, 0), start=T0 + 4 * DAY),
-     [("fire", T0 + DAY, 30.0), ("resolve", T0 + DAY, 30.0)]),
 ]
 
 
 @pytest.mark.parametrize("events,expected", CASES, ids=[
     "fully-used", "30pct-unused-a-day", "under-dollar-floor", "under-share", "resolves-when-used", "two-episodes",
-    "duplicates", "out-of-order-day", "hourly", "hourly-shuffled", "reread-half-day", "across-midnight", "expired"])  # fmt: skip
+    "duplicates", "out-of-order-day", "hourly", "hourly-shuffled", "reread-half-day", "across-midnight"])  # fmt: skip
 def test_cases(ruleset, events, expected):
     assert actions(findings(ruleset, events)) == expected
 
@@ -104,11 +101,25 @@ def test_facts_and_dollars_of_a_firing(ruleset):
     assert (d["min_unused_share"], d["min_unused_usd"]) == (5.0, 10.0)  # the rule's line, which the chart writes
 
 
-def test_expired_resolve_names_the_reason(ruleset):
-    found = findings(ruleset, days((70, 30)) + days((100, 0), start=T0 + 4 * DAY))
+def test_data_resuming_after_expire_after_resolves_as_expired_not_used(ruleset):
+    """Data stops for three days (past ``expire_after``) and resumes used: the episode resolves as
+    expired. The engine's state TTL is made longer than the gap here: past it (the shipped TTL is
+    two days) the commitment starts afresh at its next event instead (below)."""
+    engine = Engine(ruleset, state_ttl_s=5 * DAY)
+    found = [f for f in engine.process(days((70, 30)) + days((100, 0), start=T0 + 4 * DAY)) if f.type == "unused_commitment"]
+    assert actions(found) == [("fire", T0 + DAY, 30.0), ("resolve", T0 + DAY, 30.0)]
     assert found[-1].details["reason"] == "expired"
     found = findings(ruleset, days((70, 30), (100, 0)))
     assert found[-1].details["reason"] == "used"
+
+
+def test_data_resuming_past_the_state_ttl_starts_the_commitment_afresh(ruleset):
+    """The same gap with the shipped state TTL (two days of event time after the commitment's
+    latest event): the commitment starts afresh when its data resumes (docs/architecture.md,
+    Per-resource state), its episode not resolved, as in a worker whose sweep had reclaimed it.
+    Daily data that stops for ``expire_after`` (2d) has been quiet three days since its latest
+    event, the start of its last day: past the TTL first."""
+    assert actions(findings(ruleset, days((70, 30)) + days((100, 0), start=T0 + 4 * DAY))) == [("fire", T0 + DAY, 30.0)]
 
 
 def test_reread_after_judgement_is_not_counted(ruleset):

@@ -3,14 +3,16 @@ restarted or newly assigned worker resumes where the last one stopped (docs/reli
 
 from __future__ import annotations
 
+import bisect
 import time
+from array import array
 from collections.abc import Iterable, Sequence
 
 from detector.store.connection import Connection
 
-__all__ = ["States"]
+__all__ = ["SavedTimes", "States"]
 
-_STATE_COLS = ["key", "partition", "snapshot", "deleted", "version"]
+_STATE_COLS = ["key", "partition", "snapshot", "deleted", "version", "last_t"]
 GET_MANY_CHUNK = 10_000
 """Keys per query of :meth:`States.get_many`: a few hundred kB of query text for ids of tens of
 characters (10 MB at most: ids are at most 1,024 characters)."""
@@ -22,24 +24,28 @@ class States:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    def save(self, states: Sequence[tuple[str, int, bytes]], version: int) -> None:
-        """Write (key, partition, snapshot) rows; the newest version of a key wins."""
+    def save(self, states: Sequence[tuple[str, int, bytes] | tuple[str, int, bytes, float]], version: int) -> None:
+        """Write (key, partition, snapshot[, latest event time]) rows; the newest version of a key
+        wins. The time (0 when not given: unknown) is what :meth:`load` tells of each key."""
         if not states:
             return
-        cols = [[k for k, _, _ in states], [p for _, p, _ in states], [s for _, _, s in states],
-                [0] * len(states), [version] * len(states)]  # fmt: skip
+        cols = [[s[0] for s in states], [s[1] for s in states], [s[2] for s in states],
+                [0] * len(states), [version] * len(states), [s[3] if len(s) > 3 else 0.0 for s in states]]  # fmt: skip
         with self.conn.lock:
             self.conn.client.insert(f"{self.conn.db}.detector_state", cols, column_oriented=True,
                                     column_names=_STATE_COLS)  # fmt: skip
 
-    def load(self, partitions: Sequence[int], saved_within_s: float | None = None) -> dict[str, bytes | None]:
+    def load(self, partitions: Sequence[int], saved_within_s: float | None = None,
+             latest: dict[str, float] | None = None) -> dict[str, bytes | None]:
         """Every live key on these partitions → its latest snapshot; with ``saved_within_s``, only
         the keys saved within that many seconds of the partitions' newest save (a save's version
         is its wall-clock time) come with their snapshot, the rest with None, to be read one by
         one (:meth:`get`) if they speak again: a worker taking over a million keys, most of them
         quiet, does not hold every one's bytes until it speaks (docs/performance.md, Memory).
         From the newest save, not from now: after an outage longer than the horizon the keys
-        that were live still come with their bytes, and catching up reads none of them one by one."""
+        that were live still come with their bytes, and catching up reads none of them one by one.
+        ``latest`` is given each key's latest event time, where its state was saved with one
+        (:meth:`save`): what the worker's sweeps reclaim the keys that never speak again by."""
         if not partitions:
             return {}
         within_ns = -1 if saved_within_s is None else int(saved_within_s * 1e9)
@@ -48,12 +54,15 @@ class States:
             result = self.conn.client.query(
                 f"WITH (SELECT max(version) FROM {db}.detector_state WHERE partition IN %(partitions)s) AS newest "
                 f"SELECT key, (%(within)s < 0 OR version + %(within)s >= newest) AS recent, "
-                f"if(recent, snapshot, '') AS snapshot FROM {db}.detector_state FINAL "
+                f"if(recent, snapshot, '') AS snapshot, last_t FROM {db}.detector_state FINAL "
                 "WHERE partition IN %(partitions)s AND deleted = 0",
                 parameters={"partitions": list(partitions), "within": within_ns},
                 column_formats={"snapshot": "bytes"},
             )
-        return {key: (snapshot if recent else None) for key, recent, snapshot in result.result_rows}
+        rows = result.result_rows
+        if latest is not None:
+            latest.update((key, last_t) for key, _, _, last_t in rows if last_t > 0)
+        return {key: (snapshot if recent else None) for key, recent, snapshot, _ in rows}
 
     def take(self, loaded: dict[str, bytes | None], key: str) -> bytes | None:
         """A key's snapshot the first time it speaks after :meth:`load`: taken out of ``loaded``
@@ -114,4 +123,23 @@ class States:
         """Tombstone keys whose state expired, so a restart does not bring them back."""
         if not keys:
             return
-        self.conn.insert("detector_state", [[k, 0, b"", 1, time.time_ns()] for k in keys], column_names=_STATE_COLS)
+        self.conn.insert("detector_state", [[k, 0, b"", 1, time.time_ns(), 0.0] for k in keys], column_names=_STATE_COLS)
+
+
+class SavedTimes:
+    """The keys a worker loaded at assignment (:meth:`States.load`), in the order of their latest
+    event time, for its sweeps to reclaim those that have not spoken by the time the watermark is
+    past their TTL: a key loaded but never taken is in no engine's memory, so no engine's sweep
+    sees it, and before a restart lost track of every quiet key (and of a delete a kill lost).
+    16 bytes a key (a time in an array, a reference to the key the loaded dict holds)."""
+
+    def __init__(self, latest: dict[str, float]) -> None:
+        self._keys = sorted(latest, key=latest.__getitem__)
+        self._times = array("d", map(latest.__getitem__, self._keys))
+        self._next = 0
+
+    def before(self, horizon: float) -> list[str]:
+        """The keys whose latest time is before ``horizon`` not given before (each once)."""
+        start = self._next
+        end = self._next = bisect.bisect_left(self._times, horizon, lo=start)
+        return self._keys[start:end]

@@ -13,6 +13,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from streams.children import ask_parent_death_signal
+
 
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -32,6 +34,7 @@ def _exit_soon(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    ask_parent_death_signal()  # the hub killed -9 (its own parent gone: tests/test_remediation_jupyterhub.py) takes it along
     if os.environ.get("USER", "").startswith("slow-"):
         signal.signal(signal.SIGINT, _exit_soon)
     url = urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
