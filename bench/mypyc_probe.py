@@ -55,7 +55,7 @@ from detector.rules import load_rules
 from detector.runtime import tune_gc
 tune_gc()
 rules = load_rules("rules")
-wall, cpu = time.perf_counter(), time.process_time()
+cpu = time.process_time()
 result = backtest(sys.argv[1], rules)
 cpu = time.process_time() - cpu
 digest = hashlib.sha256(msgspec.json.encode([msgspec.to_builtins(a) for a in result.alerts])).hexdigest()[:8]
