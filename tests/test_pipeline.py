@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -421,6 +422,31 @@ def test_events_read_again_after_a_restart_are_detected_once(store, ruleset, sto
     assert second.stats.replayed == 1  # the early usage event
 
 
+def stopped_before_its_state_write_lands(pipeline: Pipeline, messages: list[Message], store: Any) -> list[Message]:
+    """``pipeline`` processes ``messages`` while the state table (and the write's probe) refuses
+    writes, stalls retrying, and is stopped there: a kill before the batch's write lands. The
+    tables take writes again after; returns what it acknowledged (nothing, if it kept its word)."""
+    tables, acked = ["detector_state", "write_probe"], []
+
+    async def ack(batch: list[Message]) -> None:
+        acked.extend(batch)
+
+    async def stopped() -> None:
+        for table in tables:
+            store.client.command(f"ALTER TABLE {store.db}.{table} ADD CONSTRAINT down CHECK 0")
+        await pipeline.process(messages, ack)
+        deadline = time.monotonic() + 30
+        while pipeline.stalled_for() == 0.0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        pipeline.stop()
+        await pipeline.drain()
+        for table in tables:
+            store.client.command(f"ALTER TABLE {store.db}.{table} DROP CONSTRAINT down")
+
+    asyncio.run(stopped())
+    return acked
+
+
 def test_a_kill_between_the_alert_record_and_the_state_save_leaves_the_alert_resolved(store, ruleset):
     """A batch's alert changes are recorded, then the state that reflects them: a worker killed
     between the two restarts from the state before the batch and detects it again. The
@@ -436,24 +462,7 @@ def test_a_kill_between_the_alert_record_and_the_state_save_leaves_the_alert_res
     first._retry_max_s = 0.2
     run_batches(first, [fired], [])
     (alert,) = store.alerts.latest()
-    tables, acked_first = ["detector_state", "write_probe"], []
-
-    async def ack(messages):
-        acked_first.extend(messages)
-
-    async def killed_before_the_state_save():
-        for table in tables:
-            store.client.command(f"ALTER TABLE {store.db}.{table} ADD CONSTRAINT down CHECK 0")
-        await first.process(replayed, ack)
-        deadline = time.monotonic() + 30
-        while first.stalled_for() == 0.0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        first.stop()
-        await first.drain()
-        for table in tables:
-            store.client.command(f"ALTER TABLE {store.db}.{table} DROP CONSTRAINT down")
-
-    asyncio.run(killed_before_the_state_save())
+    acked_first = stopped_before_its_state_write_lands(first, replayed, store)
     recorded = [r["change"] for r in store.client.query(
         f"SELECT change FROM {store.db}.alert_changes WHERE alert_id = %(id)s ORDER BY at",
         parameters={"id": alert["alert_id"]}).named_results()]  # fmt: skip
@@ -716,24 +725,7 @@ def test_a_delete_a_kill_lost_is_made_by_the_next_worker(store, ruleset):
     run_batches(first, [[usage_message(0, T0, host="old")] + scrapes(T0, 2)], [])
     assert "old" in store.states.load([0])
     later = scrapes(T0 + 120 * MIN, 3)  # past old's TTL: this batch's sweep expires it
-    tables, acked = ["detector_state", "write_probe"], []
-
-    async def ack(messages):
-        acked.extend(messages)
-
-    async def killed_before_the_write_lands():
-        for table in tables:
-            store.client.command(f"ALTER TABLE {store.db}.{table} ADD CONSTRAINT down CHECK 0")
-        await first.process(later, ack)
-        deadline = time.monotonic() + 30
-        while first.stalled_for() == 0.0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        first.stop()
-        await first.drain()
-        for table in tables:
-            store.client.command(f"ALTER TABLE {store.db}.{table} DROP CONSTRAINT down")
-
-    asyncio.run(killed_before_the_write_lands())
+    acked = stopped_before_its_state_write_lands(first, later, store)
     assert acked == [] and len(first.engine) == 3  # old expired in memory only
     assert "old" in store.states.load([0])  # its delete was lost with the write
     second = started(store, ruleset, {}, state_ttl_s=3600.0)
