@@ -236,7 +236,7 @@ def test_simulate_refuses_a_wrong_price_before_writing_anything(tmp_path):
     text = pricing.read_text()
     assert text.count("on_demand: 55.04,") == 1
     pricing.write_text(text.replace("on_demand: 55.04,", "on_demand: lots,"))
-    line = 1 + pricing.read_text()[: pricing.read_text().index("on_demand: lots,")].count("\n")
+    line = 1 + text[: text.index("on_demand: 55.04,")].count("\n")
     out_file = tmp_path / "fleet.jsonl"
     out = burnwatch("simulate", "--hours", "1", "--out", str(out_file), env={"BURNWATCH_RULES": str(rules)})
     no_traceback(out)
