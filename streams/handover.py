@@ -56,9 +56,13 @@ def install_handover(parts: WorkerParts) -> None:
         loop = asyncio.get_running_loop()
         # Keys saved within the eviction horizon (of the newest save) come with their bytes, held
         # until each speaks; older ones come as names and are read from the store when they speak.
-        latest: dict[str, float] = {}  # each key's latest event time: the sweeps reclaim those that never speak
-        states = await loop.run_in_executor(
-            None, lambda: store.states.load(partitions, parts.settings.evict_after_s or None, latest))
+        def load() -> tuple[dict[str, bytes | None], SavedTimes]:
+            """Off the event loop: a million keys' rows and their times sorted take seconds."""
+            latest: dict[str, float] = {}  # each key's latest event time: the sweeps reclaim those that never speak
+            loaded = store.states.load(partitions, parts.settings.evict_after_s or None, latest)
+            return loaded, SavedTimes(latest)
+
+        states, saved_times = await loop.run_in_executor(None, load)
         if pipeline.stopping:  # a stop came meanwhile: its hook has handed everything over
             return
         # What another worker alerted on these keys until now is in the store: the alert manager
@@ -70,7 +74,7 @@ def install_handover(parts: WorkerParts) -> None:
         pipeline.expect((tp.topic, tp.partition) for tp in assigned if tp.topic in TOPICS)
         parts.assigned_states.clear()
         parts.assigned_states.update(states)
-        pipeline.saved_times = SavedTimes(latest)
+        pipeline.saved_times = saved_times
         pipeline.stats.partitions = len(partitions)
         parts.holds_partition_0 = 0 in partitions  # one worker of the group posts the digests: partition 0's
         log.info("state_loaded", partitions=partitions, keys=len(states),
