@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/alert_hashes.py                    # this tree
     .venv/bin/python bench/alert_hashes.py --tree ../other    # another checkout, same inputs
+    .venv/bin/python bench/alert_hashes.py --jobs 3           # the same hashes, detected in 3 processes
 
 Each is the first 8 hex digits of the sha256 of ``burnwatch backtest FILE --json`` run by the
 tree's own ``.venv/bin/burnwatch`` (a subprocess, so the tree's code and not this one's decides):
@@ -72,7 +73,9 @@ def alert_hash(tree: Path, path: Path, *options: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tree", type=Path, default=ROOT, help="checkout whose .venv/bin/burnwatch runs (default: this one)")
+    parser.add_argument("--jobs", type=int, help="backtest --jobs N (detection sharded over N processes)")
     args = parser.parse_args()
+    jobs = ["--jobs", str(args.jobs)] if args.jobs is not None else []
     tree = args.tree.resolve()
     fleet = bench_fleet()
     runs: dict[str, tuple[Path, list[str]]] = {
@@ -81,7 +84,7 @@ def main() -> int:
         "serving48": (serving_fleet(), []),
     }
     for name, (path, options) in runs.items():
-        print(f"{name:<10} {alert_hash(tree, path, *options)}", flush=True)
+        print(f"{name:<10} {alert_hash(tree, path, *options, *jobs)}", flush=True)
     return 0
 
 

@@ -4,11 +4,22 @@ worker uses, without Kafka or Slack.
 History is a replay file (topics aligned on event time as the worker aligns them)
 or the events stored in ClickHouse. With a second rule set, both run over the same
 events in one pass, and :func:`compare` says what the change would add or remove.
+
+A replay file can be detected over in several processes at once (``jobs``): each takes the keys
+of one shard (a stable hash of the key, as a topic's partitioner does) and gives the alerts a
+single process would give them. Each reads and decodes the whole file and aligns it as one
+process would (the events of other shards move event time on without being held), so every
+engine sees its keys' events in the single process's order and at its batch boundaries; of the
+other shards' resources it sees the usage events only, so that a run's hosts are known to the
+shard of the run's project (:meth:`Engine.resource`). The alerts are merged in the order one
+process lists them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import multiprocessing
+import zlib
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +30,7 @@ from detector.align import EventTimeAligner
 from detector.billing.rates import BilledRates
 from detector.detectors.anomaly import Scoring, scoring_during
 from detector.engine import Engine
-from detector.events import EventDecoder, InvalidMessage
+from detector.events import EventDecoder, InvalidMessage, UsageEvent
 from detector.replay import read_replay
 from detector.rules import RuleSet
 
@@ -45,11 +56,28 @@ class BacktestResult:
     """Event time covered, for ``--since`` runs."""
 
 
+class _Shard:
+    """Which keys one of ``of`` processes detects for (``backtest --jobs``): a stable hash of the key."""
+
+    def __init__(self, index: int, of: int) -> None:
+        self.index, self.of = index, of
+        self._mine: dict[str, bool] = {}
+
+    def owns(self, key: str) -> bool:
+        mine = self._mine.get(key)
+        if mine is None:
+            mine = self._mine[key] = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.of == self.index
+        return mine
+
+    def foreign(self, key: str) -> bool:
+        return not self.owns(key)
+
+
 class _Detection:
     """One rule set's engine and alert manager, fed time-ordered events."""
 
-    def __init__(self, ruleset: RuleSet, billed: BilledRates | None = None) -> None:
-        self.engine = Engine(ruleset, billed=billed)
+    def __init__(self, ruleset: RuleSet, billed: BilledRates | None = None, shard: _Shard | None = None) -> None:
+        self.engine = Engine(ruleset, billed=billed, foreign=shard.foreign if shard is not None else None)
         self.manager = AlertManager(ruleset=ruleset)
         self.latest: dict[str, Alert] = {}
 
@@ -65,13 +93,13 @@ class _Detection:
                 alert.channel, alert.held, alert.silenced = before.channel, before.held, before.silenced
                 alert.details = {**before.details, **alert.details}
             self.latest[alert.alert_id] = alert
-        return sorted(self.latest.values(), key=lambda a: (a.fired_at, a.alert_id))
+        return _in_order(self.latest.values())
 
 
 def _run(batches: Iterable[list[tuple[float, Any]]], ruleset: RuleSet, other: RuleSet | None, result: BacktestResult,
          models: Any = None, on_windows: Any = None, record: Any = None,
-         billed: BilledRates | None = None) -> None:  # fmt: skip
-    runs = [_Detection(ruleset, billed)] + ([_Detection(other, billed)] if other is not None else [])
+         billed: BilledRates | None = None, shard: _Shard | None = None) -> None:  # fmt: skip
+    runs = [_Detection(ruleset, billed, shard)] + ([_Detection(other, billed, shard)] if other is not None else [])
     with ExitStack() as lent:  # the anomaly rules score with ``models`` for this run only
         lent.enter_context(scoring_during(ruleset.rules, Scoring(models, on_windows, record)))
         if other is not None:
@@ -94,14 +122,25 @@ def backtest(
     on_windows: Any = None,
     record: Any = None,
     billed: BilledRates | None = None,
+    jobs: int = 1,
+    shard: _Shard | None = None,
 ) -> BacktestResult:
     """Detect over a whole replay file, topics aligned on event time as the worker aligns them.
     ``models`` scores the ``anomaly`` rule's windows; ``on_windows`` sees them (training);
     ``record`` sees each batch's judged windows with their scores (``backtest --scores``). Without
     a ``decoder``, events are decoded with the rule set's plausibility bounds, as the worker does.
-    ``billed``: rates and tags from a FOCUS bill (``backtest --bill``), as the worker has them."""
+    ``billed``: rates and tags from a FOCUS bill (``backtest --bill``), as the worker has them.
+    ``jobs``: processes that detect at once, each for a shard of the keys (the module's docstring),
+    with the same alerts; not with ``on_windows`` or ``record``, which see windows in file order."""
+    if jobs > 1:
+        if on_windows is not None or record is not None:
+            raise ValueError("backtest in several processes (jobs) cannot train or record scores: those see "
+                             "every window in the file's order")  # fmt: skip
+        return _in_processes(jobs, lambda part: backtest(path, ruleset, decoder, lateness_s, other, models,
+                                                         billed=billed, shard=part))  # fmt: skip
     decoder = decoder or EventDecoder(limits=ruleset.limits)
     result = BacktestResult(alerts=[])
+    owns = shard.owns if shard is not None else None
 
     def batches() -> Iterable[list[tuple[float, Any]]]:
         aligner: EventTimeAligner[None] = EventTimeAligner(lateness_s)
@@ -116,6 +155,11 @@ def backtest(
                 invalid.append((line_no, exc.reason))
                 continue
             n_events += len(events)
+            if owns is not None:  # another shard's events move event time on here, not held
+                kept = [e for e in events if type(e) is UsageEvent or owns(e.key)]
+                if len(kept) != len(events):
+                    aligner.advance(record.topic, max(e.ts.timestamp() for e in events))
+                    events = kept
             if record.topic != topic:
                 if run:
                     aligner.push(topic, run)
@@ -133,8 +177,40 @@ def backtest(
         result.messages, result.events = messages, n_events
         yield aligner.release(everything=True)[0]
 
-    _run(batches(), ruleset, other, result, models, on_windows, record, billed)
+    _run(batches(), ruleset, other, result, models, on_windows, record, billed, shard)
     return result
+
+
+_SHARD_RUN: Callable[[_Shard], BacktestResult] | None = None
+"""What each forked process of :func:`_in_processes` runs (a closure: inherited, never pickled)."""
+
+
+def _run_shard(index_of: tuple[int, int]) -> BacktestResult:
+    assert _SHARD_RUN is not None
+    return _SHARD_RUN(_Shard(*index_of))
+
+
+def _in_processes(jobs: int, run: Callable[[_Shard], BacktestResult]) -> BacktestResult:
+    """``run`` for each of ``jobs`` shards in its own process (forked: the rules and models are
+    shared, not pickled), merged: every shard reads the whole file, so the counts and the invalid
+    lines are the first's; the alerts are all of theirs, in the order one process lists them."""
+    global _SHARD_RUN
+    _SHARD_RUN = run
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            parts = pool.map(_run_shard, [(i, jobs) for i in range(jobs)], chunksize=1)
+    finally:
+        _SHARD_RUN = None
+    merged = parts[0]
+    merged.alerts = _in_order(a for part in parts for a in part.alerts)
+    if merged.other is not None:
+        merged.other = _in_order(a for part in parts for a in part.other or [])
+    return merged
+
+
+def _in_order(alerts: Iterable[Alert]) -> list[Alert]:
+    """As :meth:`_Detection.finish` lists them."""
+    return sorted(alerts, key=lambda a: (a.fired_at, a.alert_id))
 
 
 def backtest_store(history: EventHistory, since_s: float, ruleset: RuleSet, other: RuleSet | None = None, models: Any = None,

@@ -215,6 +215,7 @@ class Engine:
         billed: BilledRates | None = None,
         evict_after_s: float | None = None,
         fetch: Callable[[str], bytes | None] | None = None,
+        foreign: Callable[[str], bool] | None = None,
     ) -> None:
         self.ruleset = ruleset
         self.billed = billed
@@ -227,6 +228,10 @@ class Engine:
         """Keys quiet this long (event time) leave memory at :meth:`expire`; None: never (needs ``fetch``)."""
         self._fetch = fetch
         """The store's look-up of one key's saved state: how an evicted key comes back."""
+        self._foreign = foreign
+        """Keys another engine detects for (``backtest --jobs``: one engine a shard of the keys): of those
+        only usage events come here, for what the resource is (:meth:`resource`: a run's hosts), and no
+        rule runs on them. None: every key is this engine's."""
         self._evicted: dict[str, float] = {}
         """Keys evicted (saved in the store, not in memory) → their time, for their TTL expiry."""
         self._read_ahead: dict[str, bytes | None] = {}
@@ -362,6 +367,8 @@ class Engine:
                 else:
                     ctx.late = True
                 self._update_info(state, event)  # type: ignore[arg-type]
+                if self._foreign is not None and self._foreign(key):
+                    continue  # another shard's resource: known for look-ups, detected there
                 route = state.usage_route  # after the update: a changed resource has none
             else:
                 if t > state.run_t:

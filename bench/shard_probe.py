@@ -1,0 +1,93 @@
+"""How far detection sharded by key across processes could go on this machine: an upper bound.
+
+    .venv/bin/python bench/shard_probe.py [--file FLEET.jsonl] [--shards 2] [--runs 2]
+
+The fleet file is split by each message's Kafka key (``zlib.crc32(key) % N``: what a topic's
+partitioner does, so a resource's messages stay together) into N files; then one
+``backtest`` runs over the whole file, and N at once, one process a shard, alternating
+``--runs`` times. Prints events/s by detection time (the slowest shard's), the CPU seconds,
+and the alerts by type against the whole file's. The shards share nothing: a run's hosts
+priced by another shard's usage events are not looked up there, so run alerts go missing. This
+is what key-sharding is worth before paying for what it must share (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import subprocess
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+_RUN = """
+import collections, json, sys, time
+sys.path.insert(0, sys.argv[2])
+from detector.backtest import backtest
+from detector.rules import load_rules
+from detector.runtime import tune_gc
+tune_gc()
+rules = load_rules(sys.argv[2] + "/rules")
+wall, cpu = time.perf_counter(), time.process_time()
+result = backtest(sys.argv[1], rules)
+print(json.dumps({"events": result.events, "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+                  "alerts": collections.Counter(a.type for a in result.alerts)}))
+"""
+
+
+def split(path: Path, shards: int, into: Path) -> list[Path]:
+    """The file's lines, each to the shard of its message key (``"key":"..."``, as replay files write it)."""
+    paths = [into / f"shard-{i}.jsonl" for i in range(shards)]
+    outs = [open(p, "wb") for p in paths]  # noqa: SIM115 - closed below
+    try:
+        with open(path, "rb") as lines:
+            for line in lines:
+                start = line.index(b'"key":"') + 7
+                outs[zlib.crc32(line[start : line.index(b'"', start)]) % shards].write(line)
+    finally:
+        for out in outs:
+            out.close()
+    return paths
+
+
+def run(paths: list[Path]) -> dict:
+    """A backtest per file, all at once; their figures together."""
+    procs = [subprocess.Popen([sys.executable, "-c", _RUN, str(p), str(ROOT)], stdout=subprocess.PIPE, text=True)
+             for p in paths]  # fmt: skip
+    results = [json.loads(p.communicate()[0]) for p in procs]
+    alerts: collections.Counter[str] = collections.Counter()
+    for r in results:
+        alerts.update(r["alerts"])
+    events = sum(r["events"] for r in results)
+    slowest = max(r["wall_s"] for r in results)
+    return {"events": events, "events_per_s": events / slowest, "cpu_s": sum(r["cpu_s"] for r in results),
+            "alerts": alerts}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--file", type=Path, default=ROOT / "bench/out/fleet.jsonl")
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="burnwatch-shards-") as tmp:
+        paths = split(args.file, args.shards, Path(tmp))
+        for n in range(args.runs):
+            whole, sharded = run([args.file]), run(paths)
+            print(f"run {n}: one process {whole['events_per_s']:,.0f} events/s ({whole['cpu_s']:.1f} CPU s); "
+                  f"{args.shards} shards {sharded['events_per_s']:,.0f} events/s ({sharded['cpu_s']:.1f} CPU s), "
+                  f"{sharded['events_per_s'] / whole['events_per_s']:.2f}x", flush=True)
+        lost = {t: n - sharded["alerts"].get(t, 0) for t, n in whole["alerts"].items() if n != sharded["alerts"].get(t, 0)}
+        print(f"alerts: {sum(whole['alerts'].values())} in one process, {sum(sharded['alerts'].values())} sharded; "
+              f"by type, fewer (more if negative) sharded: {lost or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""``backtest --jobs``: detection sharded by key over processes gives the single process's alerts,
+on fleets delivered messily, with runs whose hosts another shard detects, with hostile lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from detector.backtest import _Shard, backtest
+from detector.rules import RuleSet
+from detector.simulate import SimConfig
+from tests.conftest import ROOT
+from tests.helpers import fleet_file
+
+
+def listed(alerts) -> list[dict]:
+    """Everything an alert says, as ``backtest --json`` prints it, plus the key that made it."""
+    return [{**a.to_json(), "key": a.key} for a in alerts]
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory, ruleset):
+    """30 h of a fleet with training hosts, runs that fail, notebooks, Kubernetes nodes, serving
+    endpoints and regional choices, delivered as real pipelines do: scrapes lost, clocks
+    jittered, messages duplicated and delayed."""
+    cfg = SimConfig.messy(hours=30, training_hosts=10, notebooks=4, inference_endpoints=2, k8s_nodes=3,
+                          serving_endpoints=6, choices=1, training_jobs=4, seed=11)  # fmt: skip
+    path, _ = fleet_file(tmp_path_factory.mktemp("jobs") / "messy.jsonl", cfg, ruleset.pricing)
+    return path
+
+
+@pytest.fixture(scope="module")
+def single(messy, ruleset):
+    return backtest(messy, ruleset)
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_sharded_backtest_gives_the_single_process_alerts(messy, single, ruleset, jobs):
+    sharded = backtest(messy, ruleset, jobs=jobs)
+    assert len(single.alerts) > 50
+    assert listed(sharded.alerts) == listed(single.alerts)
+    assert (sharded.events, sharded.messages, sharded.invalid) == (single.events, single.messages, single.invalid)
+
+
+def test_runs_whose_hosts_another_shard_detects_are_priced_as_in_one_process(single):
+    """A run's project and its hosts are keys of their own: sharded apart, the run's shard knows
+    the hosts from their usage events alone. Without that, these alerts go missing."""
+    shard = _Shard(0, 2)
+    apart = [a for a in single.alerts if a.type == "failed_run_spend" and a.details.get("resource_ids")
+             and any(shard.owns(host) != shard.owns(a.key) for host in a.details["resource_ids"])]  # fmt: skip
+    assert apart, "the fleet has no run alert whose hosts are in another shard: nothing is tested"
+    assert all(a.usd_per_hour > 0 and a.waste_usd > 0 for a in apart)
+
+
+def test_a_hostile_file_gives_the_same_alerts_and_the_same_invalid_lines(tmp_path, messy, ruleset):
+    """Lines that are not events, events from far in the future, and a stretch of messages
+    delivered out of order, late past the allowed lateness: each shard aligns the whole file
+    as one process does, so late events come where they came."""
+    lines = messy.read_bytes().splitlines()
+    late = lines[3000:3400]
+    del lines[3000:3400]
+    lines[9000:9000] = late  # minutes late: past the 60 s lateness
+    hostile = [
+        b'{"topic":"gpu-metrics","key":"gpu-host-000","value":{"ts":"2099-01-01T00:00:00Z"}}',
+        b'{"topic":"gpu-metrics","key":"x","value":"not an event"}',
+        b'{"topic":"resource-usage","key":"r","value":[]}',
+        b'{"topic":"run-events","key":"p","value":{"ts":"2026-11-02T05:00:00Z","run_id":"' + b"r" * 5000 + b'"}}',
+    ]
+    for i, line in enumerate(hostile):
+        lines.insert(500 + 2000 * i, line)
+    path = tmp_path / "hostile.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    one = backtest(path, ruleset)
+    assert len(one.invalid) >= len(hostile)
+    three = backtest(path, ruleset, jobs=3)
+    assert listed(three.alerts) == listed(one.alerts)
+    assert three.invalid == one.invalid
+
+
+def test_a_rules_comparison_is_the_same_in_shards(messy, ruleset):
+    fewer = RuleSet(tuple(r for r in ruleset.rules if r.detector.type != "idle_gpu"), ruleset.pricing)
+    one = backtest(messy, ruleset, other=fewer)
+    two = backtest(messy, ruleset, other=fewer, jobs=2)
+    assert one.other is not None and two.other is not None
+    assert len(one.other) < len(one.alerts)
+    assert listed(two.other) == listed(one.other)
+    assert listed(two.alerts) == listed(one.alerts)
+
+
+def test_recording_scores_or_training_needs_one_process(messy, ruleset):
+    with pytest.raises(ValueError, match="cannot train or record"):
+        backtest(messy, ruleset, jobs=2, record=lambda windows: None)
+    with pytest.raises(ValueError, match="cannot train or record"):
+        backtest(messy, ruleset, jobs=2, on_windows=lambda windows: None)
+
+
+def test_cli_jobs_prints_the_same_alerts_and_refuses_what_it_cannot_do(messy, tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "streams.cli", "backtest", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    one, two = run(str(messy), "--json"), run(str(messy), "--json", "--jobs", "2")
+    assert one.returncode == two.returncode == 0, two.stderr
+    assert [json.loads(line) for line in two.stdout.splitlines()] == [json.loads(line) for line in one.stdout.splitlines()]
+    for args, says in [
+        (["--jobs", "two"], "'two' is not a whole number of processes"),
+        (["--jobs", "-1"], "give 0 (one per usable CPU) to 1024"),
+        (["--jobs", "2", "--scores", str(tmp_path / "s.csv"), "--model-dir", str(tmp_path)], "--jobs cannot write --scores"),
+    ]:
+        done = run(str(messy), *args)
+        assert done.returncode != 0 and says in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+    done = run("--since", "1d", "--jobs", "2")
+    assert done.returncode != 0 and "--jobs works with a replay file, not --since" in done.stderr
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_a_shard_is_a_stable_hash_of_the_key():
+    """The same key in the same shard in every process (not Python's per-process string hash)."""
+    keys = [f"gpu-host-{i:03d}" for i in range(200)] + ["project/détecteur", "\udcff"]
+    for of in (2, 3, 7):
+        owners = [[k for k in keys if _Shard(i, of).owns(k)] for i in range(of)]
+        assert sorted(sum(owners, [])) == sorted(keys)  # each key in exactly one shard
+        assert all(owners)
+        some = keys[:200]
+        done = subprocess.run([sys.executable, "-c", "import sys, json; from detector.backtest import _Shard; "
+                               f"print(json.dumps([k for k in json.loads(sys.argv[1]) if _Shard(0, {of}).owns(k)]))",
+                               msgspec.json.encode(some).decode()],
+                              cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
+        assert json.loads(done.stdout) == [k for k in some if _Shard(0, of).owns(k)]
+
+
+def test_each_shard_sees_its_keys_events_in_the_batches_and_order_of_one_process(tmp_path, messy, ruleset, monkeypatch):
+    """The invariant the equality rests on: batch by batch, a shard's engine is given exactly the
+    single process's events of its keys, and every usage event, in the same order. Its aligner
+    holds only those, yet releases at the single process's watermark (the other shards' events
+    move event time on), so a batch boundary never falls elsewhere."""
+    from detector.engine import Engine
+
+    path = tmp_path / "part.jsonl"
+    path.write_bytes(b"".join(messy.read_bytes().splitlines(keepends=True)[:12_000]))
+    batches: list[list[tuple[float, bytes]]] = []
+    process_timed = Engine.process_timed
+
+    def seen(self, items):
+        items = list(items)
+        batches.append([(t, type(e).__name__.encode() + msgspec.json.encode(e)) for t, e in items])
+        return process_timed(self, items)
+
+    monkeypatch.setattr(Engine, "process_timed", seen)
+    backtest(path, ruleset)
+    whole, batches[:] = list(batches), []
+    for i in range(3):
+        shard = _Shard(i, 3)
+        backtest(path, ruleset, shard=shard)
+        mine = [[(t, e) for t, e in batch if e.startswith(b"UsageEvent") or shard.owns(msgspec.json.decode(
+            e[e.index(b"{"):])["project" if e.startswith(b"RunEvent") else "resource_id"])] for batch in whole]  # fmt: skip
+        assert len(batches) == len(whole)
+        assert batches == mine, f"shard {i} of 3"
+        assert sum(map(len, batches)) < sum(map(len, whole))
+        batches[:] = []
