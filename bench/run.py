@@ -1,7 +1,7 @@
 """``make bench``: throughput and alert latency on real parts. Not part of ``make test``.
 
 1. backtest: events/s of the detection code in-process over a simulated fleet
-   of at least one million events;
+   of at least one million events, and the same in 2 processes (``--jobs 2``);
 2. streaming: the same file replayed into the embedded broker, then one worker
    process consumes it into ClickHouse; events/s from its first to its last
    event (also the replay producer's rate); the same with one event per message,
@@ -72,9 +72,9 @@ def env(bootstrap: str, workdir: Path, **extra: str) -> dict[str, str]:
     return worker_env(bootstrap, workdir, ROOT / "rules", PARTITIONS, **extra)
 
 
-def bench_backtest(path: Path, ruleset) -> dict:
+def bench_backtest(path: Path, ruleset, jobs: int = 1) -> dict:
     started = time.perf_counter()
-    result = backtest(path, ruleset)
+    result = backtest(path, ruleset, jobs=jobs)
     elapsed = time.perf_counter() - started
     return {"events": result.events, "messages": result.messages, "seconds": elapsed,
             "events_per_s": result.events / elapsed, "alerts": len(result.alerts)}  # fmt: skip
@@ -238,6 +238,8 @@ def main() -> int:
         results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
         results["backtest"] = bench_backtest(path, ruleset)
         print("backtest", results["backtest"], flush=True)
+        results["backtest_jobs"] = bench_backtest(path, ruleset, jobs=2)
+        print("backtest --jobs 2", results["backtest_jobs"], flush=True)
         idle_only = RuleSet(tuple(r for r in ruleset.rules if r.detector.type == "idle_gpu"), ruleset.pricing)
         results["backtest_idle_only"] = bench_backtest(path, idle_only)
         print("backtest, idle-gpu rule only", results["backtest_idle_only"], flush=True)
@@ -269,6 +271,8 @@ def main() -> int:
     rows = [
         ("fleet", f"{b['events']:,} events in {b['messages']:,} messages ({b['events'] / b['messages']:.1f} events/message)"),
         (f"backtest, the {len(ruleset.rules)} shipped rules", f"{b['events_per_s']:,.0f} events/s"),
+        ("the same in 2 processes (`backtest --jobs 2`)", f"{results['backtest_jobs']['events_per_s']:,.0f} events/s, "
+         f"{results['backtest_jobs']['alerts']} alerts"),
         ("backtest, the idle-gpu rule alone", f"{results['backtest_idle_only']['events_per_s']:,.0f} events/s"),
         ("replay (aiokafka producer)",
          f"{s['replay_messages_per_s']:,.0f} messages/s, {s['replay_events_per_s']:,.0f} events/s"),
