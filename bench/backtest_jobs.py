@@ -1,12 +1,17 @@
-"""How far detection sharded by key across processes could go on this machine: an upper bound.
+"""``backtest --jobs N`` against one process, and what sharding could give with nothing shared.
 
-    .venv/bin/python bench/shard_probe.py [--file FLEET.jsonl] [--shards 2] [--runs 2]
+    .venv/bin/python bench/backtest_jobs.py [--file FLEET.jsonl] [--jobs 2] [--runs 3]
+    .venv/bin/python bench/backtest_jobs.py --probe [--file FLEET.jsonl] [--jobs 2] [--runs 3]
 
-The fleet file is split by each message's Kafka key (``zlib.crc32(key) % N``: what a topic's
-partitioner does, so a resource's messages stay together) into N files; then one
-``backtest`` runs over the whole file, and N at once, one process a shard, alternating
-``--runs`` times. Prints events/s by detection time (the slowest shard's), the CPU seconds,
-and the alerts by type against the whole file's. The shards share nothing: a run's hosts
+By default, ``backtest(FILE, jobs=1)`` and ``backtest(FILE, jobs=N)`` alternate ``--runs`` times
+in this interpreter: events/s by the wall clock, CPU seconds of every process, and the alerts
+(which must be the same).
+
+With ``--probe``, the upper bound instead: the fleet file is split by each message's Kafka key
+(``zlib.crc32(key) % N``: what a topic's partitioner does, so a resource's messages stay together)
+into N files; then one ``backtest`` runs over the whole file, and N at once, one process a shard,
+alternating ``--runs`` times. Prints events/s by detection time (the slowest shard's), the CPU
+seconds, and the alerts by type against the whole file's. The shards share nothing: a run's hosts
 priced by another shard's usage events are not looked up there, so run alerts go missing. This
 is what key-sharding is worth before paying for what it must share (docs/performance.md).
 """
@@ -16,11 +21,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import resource
 import subprocess
 import sys
 import tempfile
+import time
 import zlib
 from pathlib import Path
+
+import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -70,12 +79,42 @@ def run(paths: list[Path]) -> dict:
             "alerts": alerts}  # fmt: skip
 
 
+def alternate(path: Path, jobs: int, runs: int) -> int:
+    """One process and ``jobs`` processes, in turn."""
+    from detector.backtest import backtest
+    from detector.rules import load_rules
+    from detector.runtime import tune_gc
+
+    tune_gc()
+    rules = load_rules(ROOT / "rules")
+
+    def cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    alerts = set()
+    for n in range(runs):
+        for j in (1, jobs):
+            wall, used = time.perf_counter(), cpu()
+            result = backtest(path, rules, jobs=j)
+            wall, used = time.perf_counter() - wall, cpu() - used
+            alerts.add(msgspec.json.encode([a.to_json() for a in result.alerts]))
+            print(f"run {n}, {j} process{'es' if j > 1 else ''}: {result.events / wall:,.0f} events/s ({wall:.2f} s), "
+                  f"{used:.2f} CPU s, {len(result.alerts)} alerts", flush=True)
+    print("alerts the same in every run" if len(alerts) == 1 else "ALERTS DIFFER between runs")
+    return 0 if len(alerts) == 1 else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--file", type=Path, default=ROOT / "bench/out/fleet.jsonl")
-    parser.add_argument("--shards", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--probe", action="store_true", help="split the file and share nothing: the upper bound")
     args = parser.parse_args()
+    if not args.probe:
+        return alternate(args.file, args.jobs, args.runs)
+    args.shards = args.jobs
     with tempfile.TemporaryDirectory(prefix="burnwatch-shards-") as tmp:
         paths = split(args.file, args.shards, Path(tmp))
         for n in range(args.runs):
