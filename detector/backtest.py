@@ -13,6 +13,13 @@ engine sees its keys' events in the single process's order and at its batch boun
 other shards' resources it sees the usage events only, so that a run's hosts are known to the
 shard of the run's project (:meth:`Engine.resource`). The alerts are merged in the order one
 process lists them.
+
+One difference can show, and only in a run's price: a shard knows another shard's host by its
+usage events alone, so a host that sent GPU samples but no usage event for longer than the state
+TTL (two days) starts afresh there at its next usage event (the engine's rule for a key that went
+quiet), where one process, which saw its samples, goes on. A fresh host has no hourly rate until a
+priced running interval, so if that usage event is not one (a stop), a run on the host is priced
+there from nothing until it is.
 """
 
 from __future__ import annotations
