@@ -25,9 +25,10 @@ __all__ = ["EventTimeAligner"]
 T = TypeVar("T")
 _time = itemgetter(0)
 _order = itemgetter(0, 1, 2)
-_RANK: dict[str, int] = {"GpuMetric": 0, "UsageEvent": 1, "RunEvent": 2}
+_RANK: dict[str, int] = {"GpuMetric": 0, "SeenSample": 0, "UsageEvent": 1, "RunEvent": 2}
 """At equal timestamps, samples before usage intervals before run events: every consumer
-of the same events then sees the same order, whichever topic was read first."""
+of the same events then sees the same order, whichever topic was read first. A
+:class:`~detector.engine.SeenSample` (a sample's key and time alone) ranks as the sample."""
 _NEVER = float("-inf")
 
 

@@ -6,20 +6,21 @@ or the events stored in ClickHouse. With a second rule set, both run over the sa
 events in one pass, and :func:`compare` says what the change would add or remove.
 
 A replay file can be detected over in several processes at once (``jobs``): each takes the keys
-of one shard (a stable hash of the key, as a topic's partitioner does) and gives the alerts a
-single process would give them. Each reads and decodes the whole file and aligns it as one
-process would (the events of other shards move event time on without being held), so every
-engine sees its keys' events in the single process's order and at its batch boundaries; of the
-other shards' resources it sees the usage events only, so that a run's hosts are known to the
-shard of the run's project (:meth:`Engine.resource`). The alerts are merged in the order one
-process lists them.
+of one shard (``crc32`` of the key modulo the processes: stable from run to run) and detects as a
+single process would. Each reads and decodes the whole file and aligns it as one process would
+(other shards' run events move its event time on without being held), so every engine sees its
+keys' events in the single process's order and at its batch boundaries. Of the other shards'
+resources it takes the usage events (what each resource is: a run's hosts' price, through
+:meth:`Engine.resource`) and each GPU sample's key and time (:class:`SeenSample`: when a host starts
+afresh after going quiet), so what it looks up is what one process would find. The alerts are
+merged in the order one process lists them.
 
-One difference can show, and only in a run's price: a shard knows another shard's host by its
-usage events alone, so a host that sent GPU samples but no usage event for longer than the state
-TTL (two days) starts afresh there at its next usage event (the engine's rule for a key that went
-quiet), where one process, which saw its samples, goes on. A fresh host has no hourly rate until a
-priced running interval, so if that usage event is not one (a stop), a run on the host is priced
-there from nothing until it is.
+The alert manager's memory is the whole fleet's in one process and a shard's in each, which shows
+in three cases (found by review; docs/cli.md): two projects' runs of one run id whose alerts share
+an id (rule, run id, start second), which one process takes for one alert; ``realert`` held across
+such runs; and what the manager forgets each 10,000 alerts it remembers, which a shard, remembering
+fewer, forgets later (an alert held by ``realert`` more than 7 days of episodes after its previous
+one).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from __future__ import annotations
 import multiprocessing
 import zlib
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,17 +39,21 @@ from detector.alerts import Alert, AlertManager, from_finding
 from detector.align import EventTimeAligner
 from detector.billing.rates import BilledRates
 from detector.detectors.anomaly import Scoring, scoring_during
-from detector.engine import Engine
-from detector.events import EventDecoder, InvalidMessage, UsageEvent
+from detector.engine import Engine, SeenSample
+from detector.events import EventDecoder, GpuMetric, InvalidMessage, UsageEvent
 from detector.replay import read_replay
 from detector.rules import RuleSet
 
 if TYPE_CHECKING:
     from detector.store import EventHistory
 
-__all__ = ["BacktestResult", "RuleDiff", "backtest", "backtest_store", "compare"]
+__all__ = ["BacktestResult", "RuleDiff", "ShardFailed", "backtest", "backtest_store", "compare"]
 
 HOUR_S = 3600.0
+
+
+class ShardFailed(RuntimeError):
+    """A process of ``backtest --jobs`` ended without its alerts, or read another file than the rest."""
 
 
 @dataclass
@@ -137,8 +144,9 @@ def backtest(
     ``record`` sees each batch's judged windows with their scores (``backtest --scores``). Without
     a ``decoder``, events are decoded with the rule set's plausibility bounds, as the worker does.
     ``billed``: rates and tags from a FOCUS bill (``backtest --bill``), as the worker has them.
-    ``jobs``: processes that detect at once, each for a shard of the keys (the module's docstring),
-    with the same alerts; not with ``on_windows`` or ``record``, which see windows in file order."""
+    ``jobs``: processes that detect at once, each for a shard of the keys (the module's docstring);
+    1 or less, this one. Not with ``on_windows`` or ``record``, which see windows in file order.
+    ``shard``: this process is one of them (what :func:`_in_processes` gives each)."""
     if jobs > 1:
         if on_windows is not None or record is not None:
             raise ValueError("backtest in several processes (jobs) cannot train or record scores: those see "
@@ -151,6 +159,31 @@ def backtest(
 
     def batches() -> Iterable[list[tuple[float, Any]]]:
         aligner: EventTimeAligner[None] = EventTimeAligner(lateness_s)
+        seen: list[Any] = [None, None]  # the latest SeenSample's (host, timestamp): one a scrape is enough
+
+        def of_shard(topic: str, events: list[Any], owns: Callable[[str], bool]) -> list[Any]:
+            """What of a message this shard's engine takes: the events of its keys, every usage event (what
+            the other shards' resources are, for look-ups), and each other host's sample as a SeenSample,
+            one a host and time (when it starts afresh). Other shards' run events are left out; their
+            times move the aligner's event time on, so it releases as one process would."""
+            kind = type(events[0])  # a message holds one topic's events
+            if kind is UsageEvent:
+                return events
+            if kind is not GpuMetric:
+                kept = [e for e in events if owns(e.key)]
+                if len(kept) != len(events):
+                    aligner.advance(topic, max(e.ts.timestamp() for e in events))
+                return kept
+            kept = []
+            for e in events:
+                host = e.resource_id
+                if owns(host):
+                    kept.append(e)
+                elif host != seen[0] or e.ts != seen[1]:
+                    seen[0], seen[1] = host, e.ts
+                    kept.append(SeenSample(host, e.ts))
+            return kept
+
         decode, invalid = decoder.decode, result.invalid
         messages = n_events = 0
         topic, run = "", []  # type: tuple[str, list[Any]]  # consecutive messages of a topic, pushed as one
@@ -162,11 +195,8 @@ def backtest(
                 invalid.append((line_no, exc.reason))
                 continue
             n_events += len(events)
-            if owns is not None:  # another shard's events move event time on here, not held
-                kept = [e for e in events if type(e) is UsageEvent or owns(e.key)]
-                if len(kept) != len(events):
-                    aligner.advance(record.topic, max(e.ts.timestamp() for e in events))
-                    events = kept
+            if owns is not None:
+                events = of_shard(record.topic, events, owns)
             if record.topic != topic:
                 if run:
                     aligner.push(topic, run)
@@ -204,10 +234,15 @@ def _in_processes(jobs: int, run: Callable[[_Shard], BacktestResult]) -> Backtes
     global _SHARD_RUN
     _SHARD_RUN = run
     try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            parts = pool.map(_run_shard, [(i, jobs) for i in range(jobs)], chunksize=1)
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            parts = list(pool.map(_run_shard, [(i, jobs) for i in range(jobs)]))
+    except BrokenProcessPool:  # one was killed (out of memory: every process reads the whole file)
+        raise ShardFailed(f"a backtest process of the {jobs} ended without its alerts (killed: out of memory?); "
+                          "run it again with fewer --jobs") from None
     finally:
         _SHARD_RUN = None
+    if any((p.events, p.messages, p.invalid) != (parts[0].events, parts[0].messages, parts[0].invalid) for p in parts):
+        raise ShardFailed("the backtest processes read the file differently (it changed while they read it?)")
     merged = parts[0]
     merged.alerts = _in_order(a for part in parts for a in part.alerts)
     if merged.other is not None:

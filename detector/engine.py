@@ -65,7 +65,7 @@ from detector.pricing import Pricer
 from detector.rules import RuleSet
 from detector.saved import read_state
 
-__all__ = ["Engine", "KeyState"]
+__all__ = ["Engine", "KeyState", "SeenSample"]
 
 log = structlog.get_logger("burnwatch.engine")
 
@@ -100,6 +100,20 @@ _NEVER = -math.inf
 
 
 _NO_NAMES: tuple[str, ...] = ()
+
+
+class SeenSample:
+    """A GPU sample that another engine detects on (``backtest --jobs``: another shard's host), given
+    to this one by its key and time alone: it moves the key's latest time, so the key starts afresh
+    where it would in one engine (a sample more than ``state_ttl_s`` after the key's latest event),
+    and nothing else. What the resource is comes from its usage events (``Engine(foreign=...)``)."""
+
+    __slots__ = ("resource_id", "ts")
+
+    def __init__(self, resource_id: str, ts: Any) -> None:
+        self.resource_id = resource_id
+        self.ts = ts
+        """The sample's timestamp (a datetime, as the event's), which the aligner orders it by."""
 
 
 class KeyState:
@@ -230,8 +244,10 @@ class Engine:
         """The store's look-up of one key's saved state: how an evicted key comes back."""
         self._foreign = foreign
         """Keys another engine detects for (``backtest --jobs``: one engine a shard of the keys): of those
-        only usage events come here, for what the resource is (:meth:`resource`: a run's hosts), and no
-        rule runs on them. None: every key is this engine's."""
+        their usage events come here, for what the resource is (:meth:`resource`: a run's hosts), and their
+        GPU samples as :class:`SeenSample`, for when the key starts afresh; no rule runs on them. Their
+        latest time and the TTL rule are kept as for any key, so what :meth:`resource` says of one is what
+        one engine holding every key would say. None: every key is this engine's."""
         self._evicted: dict[str, float] = {}
         """Keys evicted (saved in the store, not in memory) → their time, for their TTL expiry."""
         self._read_ahead: dict[str, bytes | None] = {}
@@ -371,6 +387,8 @@ class Engine:
                     continue  # another shard's resource: known for look-ups, detected there
                 route = state.usage_route  # after the update: a changed resource has none
             else:
+                if etype is not RunEvent:
+                    continue  # a SeenSample: its key's time, moved above, is all it says
                 if t > state.run_t:
                     state.run_t = t
                     ctx.late = False

@@ -315,14 +315,14 @@ def _jobs(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of processes (0: one per usable CPU)") from None
     if not 0 <= jobs <= 1024:
-        raise argparse.ArgumentTypeError(f"{jobs} processes: give 0 (one per usable CPU) to 1024")
+        raise argparse.ArgumentTypeError(f"takes 0 (one per usable CPU) to 1024, not {jobs}")
     return jobs
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     import time
 
-    from detector.backtest import backtest, backtest_store, compare
+    from detector.backtest import ShardFailed, backtest, backtest_store, compare
     from detector.replay import ReplayError
     from detector.runtime import tune_gc
     from detector.suppression import describe_holds
@@ -335,15 +335,15 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     scored = args.scores or args.model_dir or args.metrics
     if scored and args.since:
         raise SystemExit("--scores, --model-dir and --metrics work with a replay file, not --since")
-    if args.jobs != 1 and args.since:
-        raise SystemExit("--jobs works with a replay file, not --since")
-    if args.jobs != 1 and args.scores:
-        raise SystemExit("--jobs cannot write --scores: the scores file lists every window in the file's order; "
-                         "leave --jobs out")  # fmt: skip
     if args.jobs == 0:
         from streams.event_writer import usable_cpus
 
         args.jobs = max(1, int(usable_cpus()))
+    if args.jobs > 1 and args.since:
+        raise SystemExit("--jobs works with a replay file, not --since")
+    if args.jobs > 1 and args.scores:
+        raise SystemExit("--jobs cannot write --scores: the scores file lists every window in the file's order; "
+                         "leave --jobs out")  # fmt: skip
     metrics = _metrics(args.metrics)
     ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
     other = _load_rules_or_exit(args.compare) if args.compare else None
@@ -381,7 +381,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
                               record=scores.write if scores is not None else None, billed=_billed(args),
                               jobs=args.jobs)  # fmt: skip
             completed = True
-        except ReplayError as exc:
+        except (ReplayError, ShardFailed) as exc:
             raise SystemExit(str(exc)) from None
         except OSError as exc:
             raise SystemExit(f"{exc.filename or args.file}: {exc.strerror}") from None
@@ -1191,8 +1191,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--currency", default="USD", help="the --bill's billing currency (default USD)")
     p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
                    help="with a replay file: detect in N processes at once, each for a shard of the resources, with "
-                   "the same alerts (each reads the whole file: worth it from 2 CPUs; 0: one per usable CPU; "
-                   "default 1)")  # fmt: skip
+                   "one process's alerts (docs/cli.md says the exceptions; each reads the whole file: worth it "
+                   "from 2 CPUs; 0: one per usable CPU; default 1)")  # fmt: skip
     p.set_defaults(func=cmd_backtest)
 
     p = sub.add_parser("eval", help="precision, recall and dollar error per type on simulated fleets")

@@ -6,15 +6,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
 from detector.backtest import _Shard, backtest
+from detector.events import RunEvent
+from detector.replay import write_replay
 from detector.rules import RuleSet
 from detector.simulate import SimConfig
 from tests.conftest import ROOT
-from tests.helpers import fleet_file
+from tests.helpers import T0, at, fleet_file, scrape, usage
+
+DAY = 86_400.0
 
 
 def listed(alerts) -> list[dict]:
@@ -108,7 +114,7 @@ def test_cli_jobs_prints_the_same_alerts_and_refuses_what_it_cannot_do(messy, tm
     assert [json.loads(line) for line in two.stdout.splitlines()] == [json.loads(line) for line in one.stdout.splitlines()]
     for args, says in [
         (["--jobs", "two"], "'two' is not a whole number of processes"),
-        (["--jobs", "-1"], "give 0 (one per usable CPU) to 1024"),
+        (["--jobs", "-1"], "takes 0 (one per usable CPU) to 1024, not -1"),
         (["--jobs", "2", "--scores", str(tmp_path / "s.csv"), "--model-dir", str(tmp_path)], "--jobs cannot write --scores"),
     ]:
         done = run(str(messy), *args)
@@ -136,19 +142,20 @@ def test_a_shard_is_a_stable_hash_of_the_key():
 
 def test_each_shard_sees_its_keys_events_in_the_batches_and_order_of_one_process(tmp_path, messy, ruleset, monkeypatch):
     """The invariant the equality rests on: batch by batch, a shard's engine is given exactly the
-    single process's events of its keys, and every usage event, in the same order. Its aligner
-    holds only those, yet releases at the single process's watermark (the other shards' events
-    move event time on), so a batch boundary never falls elsewhere."""
-    from detector.engine import Engine
+    single process's events of its keys and every usage event, in the same order, and the other
+    hosts' samples as their host and time (SeenSample, one a host and time). Its aligner holds only
+    those, yet releases at the single process's watermark, so a batch boundary never falls elsewhere."""
+    from detector.engine import Engine, SeenSample
 
     path = tmp_path / "part.jsonl"
     path.write_bytes(b"".join(messy.read_bytes().splitlines(keepends=True)[:12_000]))
-    batches: list[list[tuple[float, bytes]]] = []
+    batches: list[list[tuple[float, str, str, bytes]]] = []
     process_timed = Engine.process_timed
 
     def seen(self, items):
         items = list(items)
-        batches.append([(t, type(e).__name__.encode() + msgspec.json.encode(e)) for t, e in items])
+        batches.append([(t, type(e).__name__, e.key if isinstance(e, RunEvent) else e.resource_id,
+                         b"" if isinstance(e, SeenSample) else msgspec.json.encode(e)) for t, e in items])  # fmt: skip
         return process_timed(self, items)
 
     monkeypatch.setattr(Engine, "process_timed", seen)
@@ -157,9 +164,96 @@ def test_each_shard_sees_its_keys_events_in_the_batches_and_order_of_one_process
     for i in range(3):
         shard = _Shard(i, 3)
         backtest(path, ruleset, shard=shard)
-        mine = [[(t, e) for t, e in batch if e.startswith(b"UsageEvent") or shard.owns(msgspec.json.decode(
-            e[e.index(b"{"):])["project" if e.startswith(b"RunEvent") else "resource_id"])] for batch in whole]  # fmt: skip
         assert len(batches) == len(whole)
-        assert batches == mine, f"shard {i} of 3"
+        for k, (mine, one) in enumerate(zip(batches, whole, strict=True)):
+            expected = [item for item in one if item[1] == "UsageEvent" or shard.owns(item[2])]
+            assert [item for item in mine if item[1] != "SeenSample"] == expected, f"shard {i} of 3, batch {k}"
+            others = {(t, key) for t, kind, key, _ in one if kind == "GpuMetric" and not shard.owns(key)}
+            assert {(t, key) for t, kind, key, _ in mine if kind == "SeenSample"} == others, f"shard {i}, batch {k}"
         assert sum(map(len, batches)) < sum(map(len, whole))
         batches[:] = []
+
+def keys_apart(of: int = 2) -> tuple[str, str]:
+    """A host and a project that shard 0 of ``of`` splits apart."""
+    s = _Shard(0, of)
+    host = next(f"host-{i}" for i in range(100) if s.owns(f"host-{i}"))
+    project = next(f"proj-{i}" for i in range(100) if not s.owns(f"proj-{i}"))
+    return host, project
+
+
+def write(path: Path, records: list[tuple[str, str, Any]]) -> Path:
+    with open(path, "wb") as out:
+        write_replay(((0, topic, key, value) for topic, key, value in records), out)
+    return path
+
+
+def run(t: float, project: str, host: str, status: str) -> RunEvent:
+    return RunEvent(
+        ts=at(t),
+        run_id="run-1",
+        status=status,
+        resource_ids=[host],
+        gpu_count=8,
+        project=project,
+        tags={"team": "nlp", "owner": "alice", "project": project},
+    )
+
+
+def test_a_host_a_sample_starts_afresh_is_unknown_to_the_run_in_every_shard(tmp_path, ruleset):
+    """One process: the host's GPU sample 3 days after its last usage event starts it afresh (what
+    it was is forgotten), so the failed run on it is unpriced. The run's shard, which does not detect
+    on the host, learns of that sample as a SeenSample, and does the same (it priced the run from
+    the 3-day-old usage event, a $2,304 alert, before SeenSample; found by review)."""
+    host, project = keys_apart()
+    recs: list[tuple[str, str, Any]] = []
+    for m in range(5):
+        recs.append(("resource-usage", host, usage(T0 + 60 * m, host)))
+    recs.append(("run-events", project, run(T0, project, host, "started")))
+    for d in (1, 2):
+        recs.append(("run-events", project, run(T0 + d * DAY, project, host, "running")))
+    recs.append(("gpu-metrics", host, scrape(T0 + 3 * DAY, [90.0] * 8, host)))
+    recs.append(("run-events", project, run(T0 + 3 * DAY + 60, project, host, "failed")))
+    path = write(tmp_path / "renew.jsonl", recs)
+    one = backtest(path, ruleset)
+    assert not [a for a in one.alerts if a.type == "failed_run_spend"]
+    for jobs in (2, 3):
+        assert listed(backtest(path, ruleset, jobs=jobs).alerts) == listed(one.alerts)
+
+
+def test_a_host_its_samples_keep_alive_keeps_its_price_for_the_run_in_every_shard(tmp_path, ruleset):
+    """The host's usage events are more than the TTL (2 days) apart but its GPU samples keep it alive:
+    one process never starts it afresh, and a ``stopped`` usage event (no rate) leaves its last price.
+    The run's shard sees the samples as SeenSamples and keeps the price too (with usage events alone it
+    started the host afresh at the stopped one and the run went unpriced; found by review)."""
+    host, project = keys_apart()
+    recs: list[tuple[str, str, Any]] = []
+    for m in range(5):
+        recs.append(("resource-usage", host, usage(T0 + 60 * m, host)))
+    recs.append(("run-events", project, run(T0, project, host, "started")))
+    for d in (1, 2):
+        recs.append(("gpu-metrics", host, scrape(T0 + d * DAY, [90.0] * 8, host)))
+        recs.append(("run-events", project, run(T0 + d * DAY, project, host, "running")))
+    recs.append(("resource-usage", host, usage(T0 + 3 * DAY, host, state="stopped", usd_per_hour=None)))
+    recs.append(("run-events", project, run(T0 + 3 * DAY + 60, project, host, "failed")))
+    path = write(tmp_path / "stopped.jsonl", recs)
+    one = backtest(path, ruleset)
+    assert [a.waste_usd > 0 for a in one.alerts if a.type == "failed_run_spend"] == [True]
+    for jobs in (2, 3):
+        assert listed(backtest(path, ruleset, jobs=jobs).alerts) == listed(one.alerts)
+
+
+def test_a_process_killed_midway_is_a_clear_error_not_a_hang(messy, ruleset):
+    """What the out-of-memory killer does to one of the processes: the run ends with a message
+    saying so (multiprocessing's Pool waited forever for its result)."""
+    import os
+    import signal
+
+    from detector.backtest import ShardFailed, _in_processes
+
+    def killed_in_shard_1(part):
+        if part.index == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return backtest(messy, ruleset, shard=part)
+
+    with pytest.raises(ShardFailed, match="ended without its alerts .* fewer --jobs"):
+        _in_processes(3, killed_in_shard_1)
