@@ -244,6 +244,9 @@ class Pipeline:
         self.stall_reason = ""
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
         self._inflight: asyncio.Future | None = None
+        """The latest batch's write and what follows it (:meth:`_finish`)."""
+        self._previous: asyncio.Future | None = None
+        """The batch's before it, which may still be landing (:meth:`_drain_previous`)."""
         self._ack: Callable[[list[Message]], Awaitable[Any]] | None = None
         self._serial = asyncio.Lock()
         """The agent and the release timer both call :meth:`process`; one batch at a time."""
@@ -259,7 +262,9 @@ class Pipeline:
         thread while the next batch is detected. Once written, alert changes are queued
         for Slack and ``ack`` is called once with the messages that are now stored and fully
         seen by detection (the aligner may hold some back), in offset order per partition,
-        each after every earlier message of its partition. At most one write is in flight."""
+        each after every earlier message of its partition. At most two writes are in flight, in
+        order: a batch is detected while the previous batch's write lands, and its own write
+        starts once the one before that has landed, so a decision never waits behind a write."""
         while True:
             await self.ready.wait()
             async with self._serial:
@@ -275,12 +280,15 @@ class Pipeline:
                 cpu = time.thread_time()
                 self._detect(step, held)
                 _CPU_DETECT.inc(time.thread_time() - cpu)
-                await self.drain()
-                if self.engine.sweep_due:  # after the drain: the previous batch's states have landed
+                if self.engine.sweep_due:
+                    await self.drain()  # every earlier batch's states have landed (eviction takes them as saved)
                     step.expired = self._sweep("event_time")
+                else:
+                    await self._drain_previous()
                 loop = asyncio.get_running_loop()
-                write = loop.run_in_executor(self._writer, self._write, step)
-                self._inflight = asyncio.ensure_future(self._finish(write, step, ack))
+                write = loop.run_in_executor(self._writer, self._write, step)  # one writer thread: in order
+                before = self._inflight
+                self._previous, self._inflight = before, asyncio.ensure_future(self._finish(write, step, ack, before))
                 return
 
     async def pause(self) -> None:
@@ -356,10 +364,18 @@ class Pipeline:
         METRICS.holding_partitions.set(len(self.holding))
 
     async def drain(self) -> None:
-        """Wait for the write in flight, if any, and its acknowledgements."""
+        """Wait for the writes in flight, if any, and their acknowledgements."""
+        await self._drain_previous()
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
             await inflight
+
+    async def _drain_previous(self) -> None:
+        """Wait for the write before the latest, if any: once the next batch's write starts, two are
+        in flight at most (two batches' events in memory, and their writes queued in order)."""
+        previous, self._previous = self._previous, None
+        if previous is not None:
+            await previous
 
     async def sweep(self) -> None:
         """The sweep on the wall clock, for a stream too quiet to move event time: between
@@ -612,12 +628,17 @@ class Pipeline:
             log.info("replayed_events_skipped", events=step.replayed,
                      note="read again after a restart or handover; the restored state holds them")  # fmt: skip
 
-    async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[list[Message]], Awaitable[Any]]) -> None:
+    async def _finish(self, write: Awaitable[float], step: _Step, ack: Callable[[list[Message]], Awaitable[Any]],
+                      before: Awaitable[None] | None = None) -> None:  # fmt: skip
+        """Once the batch is stored (and the batch ``before`` it is done), queue its alert changes
+        for delivery, dead-letter what it refused and acknowledge what is done: in batch order."""
         stats = self.stats
         try:
             stats.insert_s += await write
         except PipelineStopped:
             return  # nothing acknowledged: read again after the restart
+        if before is not None:
+            await before  # its alerts queued and its messages acknowledged first
         self.outbox.add(step.alerts)
         if self.outbox.has_work:
             self.outbox_ready.set()

@@ -298,8 +298,8 @@ def test_a_stopping_worker_asks_the_broker_nothing_more(store, ruleset):
 
 def test_a_pause_waits_for_the_batch_being_written_and_the_one_behind_it(store, ruleset):
     """A revocation pauses the pipeline while a batch's write is in flight and the next batch,
-    detected, waits for it: the pause returns only once both writes have landed, and no batch
-    is taken after it (a write landing later could race the partitions' new holder)."""
+    detected, has its write queued behind it: the pause returns only once both writes have landed,
+    and no batch is taken after it (a write landing later could race the partitions' new holder)."""
     import threading
 
     pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
@@ -319,9 +319,7 @@ def test_a_pause_waits_for_the_batch_being_written_and_the_one_behind_it(store, 
 
     async def go():
         await pipeline.process([gpu_message(i, T0 + i * 60, 50.0) for i in range(5)], ack)  # its write waits
-        second = asyncio.create_task(pipeline.process([gpu_message(5 + i, T0 + (5 + i) * 60, 50.0) for i in range(5)], ack))
-        while not pipeline._serial.locked():  # the second batch is detected and waits for the first write
-            await asyncio.sleep(0)
+        await pipeline.process([gpu_message(5 + i, T0 + (5 + i) * 60, 50.0) for i in range(5)], ack)  # queued
         pausing = asyncio.create_task(pipeline.pause())
         for _ in range(20):
             await asyncio.sleep(0)
@@ -334,7 +332,7 @@ def test_a_pause_waits_for_the_batch_being_written_and_the_one_behind_it(store, 
             await asyncio.sleep(0)
         taken_while_paused = third.done()
         pipeline.ready.set()
-        await asyncio.gather(second, third)
+        await third
         await pipeline.drain()
         return paused_early, landed, taken_while_paused
 
@@ -342,6 +340,57 @@ def test_a_pause_waits_for_the_batch_being_written_and_the_one_behind_it(store, 
     assert not paused_early and landed == [5, 5] and not taken_while_paused
     assert store.count("gpu_metrics") == 22
 
+
+def test_a_batch_is_decided_while_the_write_before_it_lands_and_acknowledged_after_it(store, ruleset):
+    """The delay to a decision does not include a write: the next batch is detected (its alerts
+    decided) while the previous batch's write is still landing; the batch after that waits for
+    that write, so two writes at most are in flight. Whatever order they could finish in, the
+    batches' messages are acknowledged, and their alert changes queued, in batch order."""
+    import threading
+
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    gates = [threading.Event() for _ in range(3)]
+    writes: list[int] = []
+    real_write = pipeline._write
+
+    def gated_write(step):
+        n = len(writes)
+        writes.append(step.messages)
+        gates[n].wait(30)
+        return real_write(step)
+
+    pipeline._write = gated_write
+    acked: list[list[int]] = []
+
+    async def ack(messages):
+        acked.append([m.offset for m in messages])
+
+    def batch(first: int) -> list[Message]:
+        return [gpu_message(first + i, T0 + (first + i) * 60, 0.0) for i in range(40)]
+
+    async def go():
+        await pipeline.process(batch(0), ack)  # its write waits at gates[0]
+        await asyncio.wait_for(pipeline.process(batch(40), ack), 10)  # detected while the first write waits
+        third = asyncio.create_task(pipeline.process(batch(80), ack))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        third_waited = not third.done()  # two writes in flight: it waits for the first to land
+        gates[1].set()  # opened first: still the first write lands first (one writer thread), then the second
+        for _ in range(50):
+            await asyncio.sleep(0)
+        acked_before_first = list(acked)
+        gates[0].set()
+        await asyncio.wait_for(third, 30)
+        gates[2].set()
+        await pipeline.drain()
+        return third_waited, acked_before_first
+
+    third_waited, acked_before_first = asyncio.run(go())
+    assert third_waited and acked_before_first == []
+    assert writes == [40, 40, 40]
+    offsets = [o for batch_offsets in acked for o in batch_offsets]
+    assert offsets == sorted(offsets) and len(offsets) > 40
+    assert store.count("gpu_metrics") == 2 * 120  # two GPUs a message
 
 def test_messages_fetched_before_a_rebalance_are_left_for_the_reread(store, ruleset):
     """A rebalance that keeps a partition here: the consumer reads it again from the committed
