@@ -243,6 +243,9 @@ class Pipeline:
         """Monotonic time since which writes have been failing for want of a writable store."""
         self.stall_reason = ""
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
+        self._gave_up = False
+        """A write gave up (the worker stopping while the store took none): the writes queued behind
+        it are not made (:meth:`_write`). Read and set in the writer thread only."""
         self._inflight: asyncio.Future | None = None
         """The latest batch's write and what follows it (:meth:`_finish`)."""
         self._previous: asyncio.Future | None = None
@@ -762,7 +765,12 @@ class Pipeline:
         """Events, then alert changes (an alert is stored before it can be delivered), then
         the state that reflects them: all before the batch's messages are acknowledged.
         Runs in the writer thread; returns the seconds it took. A store that takes no write
-        is retried with backoff until it does or the worker stops (:class:`PipelineStopped`)."""
+        is retried with backoff until it does or the worker stops (:class:`PipelineStopped`); once one
+        has given up so, no later one is written: its batch was detected on the state the lost one
+        left, and storing it (its state, its events) would have a restart fold the lost batch's
+        events in twice."""
+        if self._gave_up:
+            raise PipelineStopped
         started, cpu = time.perf_counter(), time.thread_time()
         backoff = 0.5
         version = time.time_ns()
@@ -777,6 +785,7 @@ class Pipeline:
             except StoreUnavailable as exc:
                 self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")
                 if self._stopping.wait(backoff):
+                    self._gave_up = True
                     raise PipelineStopped from exc
                 backoff = min(backoff * 2, self._retry_max_s)
                 continue

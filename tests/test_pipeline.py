@@ -496,6 +496,56 @@ def stopped_before_its_state_write_lands(pipeline: Pipeline, messages: list[Mess
     return acked
 
 
+def test_a_write_queued_behind_one_that_gave_up_is_not_made(store, ruleset):
+    """Two writes may be in flight. The first stalls (the state table refuses writes) and gives
+    up as the worker stops; the store then takes writes again before the second, queued behind it,
+    starts. The second is not made: its batch was detected on the state the lost one left, so its
+    events and state stored (with the first's not) would have a restart fold the first batch's
+    events in twice. A restarted worker then detects both batches from the start, each event once."""
+    import threading
+
+    minutes = [m for i in range(20) for m in (usage_message(i, T0 + i * MIN), gpu_message(i, T0 + i * MIN, 1.0))]
+    a, b = minutes[:20], minutes[20:]
+    first = started(store, ruleset, {})
+    first._retry_max_s = 0.2
+    gate, calls, real_write = threading.Event(), [], first._write
+
+    def second_waits(step):
+        calls.append(step.messages)
+        if len(calls) == 2:
+            gate.wait(30)  # starts once the store takes writes again
+        return real_write(step)
+
+    first._write = second_waits
+    acked: list[Message] = []
+
+    async def ack(batch: list[Message]) -> None:
+        acked.extend(batch)
+
+    async def go() -> None:
+        store.client.command(f"ALTER TABLE {store.db}.detector_state ADD CONSTRAINT down CHECK 0")
+        store.client.command(f"ALTER TABLE {store.db}.write_probe ADD CONSTRAINT down CHECK 0")
+        await first.process(a, ack)
+        await first.process(b, ack)  # detected; its write queued behind the stalled one
+        deadline = time.monotonic() + 30
+        while first.stalled_for() == 0.0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        first.stop()
+        for table in ("detector_state", "write_probe"):
+            store.client.command(f"ALTER TABLE {store.db}.{table} DROP CONSTRAINT down")
+        gate.set()
+        await first.drain()
+
+    asyncio.run(go())
+    assert calls == [20, 20] and acked == []
+    assert store.count("gpu_metrics") == 2 * 10  # the first batch's events (stored before its state failed)
+    assert store.states.load([0]) == {}  # neither batch's state
+    second, acked_again = started(store, ruleset, {}), []
+    run_batches(second, [a + b], acked_again)
+    assert len(acked_again) == 40 and second.stats.detected == 60 and second.stats.replayed == 0
+    assert store.count("gpu_metrics") == 2 * 20
+
+
 def test_a_kill_between_the_alert_record_and_the_state_save_leaves_the_alert_resolved(store, ruleset):
     """A batch's alert changes are recorded, then the state that reflects them: a worker killed
     between the two restarts from the state before the batch and detects it again. The
