@@ -244,12 +244,12 @@ class Pipeline:
         self.stall_reason = ""
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
         self._gave_up = False
-        """A write gave up (the worker stopping while the store took none): the writes queued behind
-        it are not made (:meth:`_write`). Read and set in the writer thread only."""
+        """A write gave up (the worker stopping while the store took none) or failed: the writes queued
+        behind it are not made (:meth:`_write`). Read and set in the writer thread only."""
         self._inflight: asyncio.Future | None = None
         """The latest batch's write and what follows it (:meth:`_finish`)."""
         self._previous: asyncio.Future | None = None
-        """The batch's before it, which may still be landing (:meth:`_drain_previous`)."""
+        """The same of the batch before it, which may still be landing (:meth:`_drain_previous`)."""
         self._ack: Callable[[list[Message]], Awaitable[Any]] | None = None
         self._serial = asyncio.Lock()
         """The agent and the release timer both call :meth:`process`; one batch at a time."""
@@ -300,7 +300,10 @@ class Pipeline:
         partitions once their new holder may read them)."""
         self.ready.clear()
         async with self._serial:
-            await self.drain()
+            try:
+                await self.drain()
+            except PipelineStopped:
+                pass  # a write or dead letter gave up as the worker stops: what it held is read again
 
     @property
     def positions(self) -> dict[TP, int]:
@@ -367,15 +370,17 @@ class Pipeline:
         METRICS.holding_partitions.set(len(self.holding))
 
     async def drain(self) -> None:
-        """Wait for the writes in flight, if any, and their acknowledgements."""
-        await self._drain_previous()
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            await inflight
+        """Wait for the writes in flight, if any, and their acknowledgements; then raise the first
+        one's error, if one failed (both are awaited whatever the first did)."""
+        futures = [f for f in (self._previous, self._inflight) if f is not None]
+        self._previous = self._inflight = None
+        for outcome in await asyncio.gather(*futures, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _drain_previous(self) -> None:
         """Wait for the write before the latest, if any: once the next batch's write starts, two are
-        in flight at most (two batches' events in memory, and their writes queued in order)."""
+        in flight at most (with the batch being detected, three batches' events in memory)."""
         previous, self._previous = self._previous, None
         if previous is not None:
             await previous
@@ -641,7 +646,10 @@ class Pipeline:
         except PipelineStopped:
             return  # nothing acknowledged: read again after the restart
         if before is not None:
-            await before  # its alerts queued and its messages acknowledged first
+            try:
+                await before  # its alerts queued and its messages acknowledged first
+            except BaseException:  # noqa: BLE001 - raised where it is drained; this batch is not done either
+                return
         self.outbox.add(step.alerts)
         if self.outbox.has_work:
             self.outbox_ready.set()
@@ -765,12 +773,19 @@ class Pipeline:
         """Events, then alert changes (an alert is stored before it can be delivered), then
         the state that reflects them: all before the batch's messages are acknowledged.
         Runs in the writer thread; returns the seconds it took. A store that takes no write
-        is retried with backoff until it does or the worker stops (:class:`PipelineStopped`); once one
-        has given up so, no later one is written: its batch was detected on the state the lost one
-        left, and storing it (its state, its events) would have a restart fold the lost batch's
-        events in twice."""
+        is retried with backoff until it does or the worker stops (:class:`PipelineStopped`). Once one
+        has given up so, or failed (an error the worker stops on), no later one is written: the batch
+        queued behind it was detected on the state the lost one left, and storing it (its events, its
+        state) would have a restart skip or fold in twice what the lost one held."""
         if self._gave_up:
             raise PipelineStopped
+        try:
+            return self._write_until_stored(step)
+        except BaseException:
+            self._gave_up = True
+            raise
+
+    def _write_until_stored(self, step: _Step) -> float:
         started, cpu = time.perf_counter(), time.thread_time()
         backoff = 0.5
         version = time.time_ns()
@@ -785,7 +800,6 @@ class Pipeline:
             except StoreUnavailable as exc:
                 self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")
                 if self._stopping.wait(backoff):
-                    self._gave_up = True
                     raise PipelineStopped from exc
                 backoff = min(backoff * 2, self._retry_max_s)
                 continue

@@ -16,7 +16,7 @@ from detector.engine import Engine
 from detector.metrics import METRICS
 from detector.store.states import SavedTimes
 from streams.parts import remembering_manager
-from streams.pipeline import Message, Pipeline
+from streams.pipeline import Message, Pipeline, PipelineStopped
 from tests.helpers import MIN, T0, at
 
 
@@ -544,6 +544,82 @@ def test_a_write_queued_behind_one_that_gave_up_is_not_made(store, ruleset):
     run_batches(second, [a + b], acked_again)
     assert len(acked_again) == 40 and second.stats.detected == 60 and second.stats.replayed == 0
     assert store.count("gpu_metrics") == 2 * 20
+
+
+def test_a_write_that_fails_stops_the_write_queued_behind_it_and_its_alert_comes_after_a_restart(store, ruleset):
+    """A batch's write fails with an error that is not the store being down (its alert changes
+    refused while the store answers): the worker exits on it. The next batch, detected meanwhile
+    on the state the failed batch left, has its write queued: it is not made, or its state (which
+    holds the failed batch's events) would be saved and a restart would skip those events, stored
+    before the failure, and never record the alert they fired (found by review)."""
+    minutes = [m for i in range(45) for m in (usage_message(i, T0 + i * MIN), gpu_message(i, T0 + i * MIN, 1.0))]
+    a, b, c = minutes[: 2 * 35], minutes[2 * 35 : 2 * 40], minutes[2 * 40 :]  # idle fires at 30 min: in a
+    first = started(store, ruleset, {})
+    real_record, writes = store.alerts.record, []
+
+    def refused_once(alerts, version):
+        writes.append([(x.type, x.change) for x in alerts])
+        if len(writes) == 1:
+            raise RuntimeError("the alert insert failed (the store answers its probe)")
+        return real_record(alerts, version)
+
+    store.alerts.record = refused_once
+    acked: list[Message] = []
+
+    async def ack(batch: list[Message]) -> None:
+        acked.extend(batch)
+
+    async def go() -> BaseException | None:
+        await first.process(a, ack)
+        try:
+            await first.process(b, ack)
+            await first.process(c, ack)
+        except RuntimeError as exc:  # the agent fails the worker on it
+            return exc
+        return None
+
+    try:
+        raised = asyncio.run(go())
+    finally:
+        first._writer.shutdown(wait=True)
+        store.alerts.record = real_record
+    assert raised is not None and "alert insert failed" in str(raised)
+    assert writes == [[("idle_gpu", "fired")]] and acked == []  # the queued write made nothing
+    assert store.count("resource_usage") == 35 and store.states.load([0]) == {}
+    second, acked_again = started(store, ruleset, {}), []
+    run_batches(second, [minutes], acked_again)
+    assert [(r["type"], r["status"]) for r in store.alerts.latest()] == [("idle_gpu", "firing")]
+
+
+def test_a_stop_while_a_dead_letter_is_retried_lets_the_stop_hook_go_on(store, ruleset):
+    """The worker stops while a batch's dead letter is being retried (the broker down) and two
+    later batches wait behind it: the dead letter gives up, and the stop hook's pause returns (it
+    must go on to close the writer and hand the outbox over), not raise."""
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    retried = asyncio.Event()
+
+    async def broker_down(key, value):
+        retried.set()
+        raise ConnectionError("broker down")
+
+    pipeline._send_dead_letter = broker_down
+
+    async def ack(messages):
+        pass
+
+    async def go() -> list[Any]:
+        bad = Message("gpu-metrics", 0, 0, b"h1", b"{not json")
+        await pipeline.process([bad] + [gpu_message(i, T0 + i * 60, 1.0) for i in range(1, 5)], ack)
+        later = [asyncio.create_task(pipeline.process([gpu_message(i, T0 + i * 60, 1.0) for i in range(j, j + 5)], ack))
+                 for j in (5, 10)]  # fmt: skip
+        await asyncio.wait_for(retried.wait(), 30)
+        pipeline.stop()
+        outcomes = await asyncio.gather(*later, return_exceptions=True)
+        await asyncio.wait_for(pipeline.pause(), 30)  # the stop hook's; it raised PipelineStopped
+        return outcomes
+
+    outcomes = asyncio.run(go())
+    assert all(o is None or isinstance(o, PipelineStopped) for o in outcomes), outcomes
 
 
 def test_a_kill_between_the_alert_record_and_the_state_save_leaves_the_alert_resolved(store, ruleset):
