@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from detector.backtest import _Shard, backtest
-from detector.events import RunEvent
+from detector.events import RunEvent, UsageEvent
 from detector.replay import write_replay
 from detector.rules import RuleSet
 from detector.simulate import SimConfig
@@ -199,21 +199,30 @@ def run(t: float, project: str, host: str, status: str) -> RunEvent:
     )
 
 
+def host_and_run(path: Path, sample_days: tuple[int, ...], last_usage: UsageEvent | None = None) -> Path:
+    """A host of one shard, priced by 5 minutes of usage at T0, with a run on it of a project of the
+    other shard: started at T0, running on days 1 and 2, failed at day 3 + 60 s; the host's GPU
+    scrapes on ``sample_days``, and ``last_usage`` (at day 3) if given."""
+    host, project = keys_apart()
+    recs: list[tuple[str, str, Any]] = [("resource-usage", host, usage(T0 + 60 * m, host)) for m in range(5)]
+    recs.append(("run-events", project, run(T0, project, host, "started")))
+    for d in (1, 2, 3):
+        if d in sample_days:
+            recs.append(("gpu-metrics", host, scrape(T0 + d * DAY, [90.0] * 8, host)))
+        if d < 3:
+            recs.append(("run-events", project, run(T0 + d * DAY, project, host, "running")))
+    if last_usage is not None:
+        recs.append(("resource-usage", host, last_usage))
+    recs.append(("run-events", project, run(T0 + 3 * DAY + 60, project, host, "failed")))
+    return write(path, recs)
+
+
 def test_a_host_a_sample_starts_afresh_is_unknown_to_the_run_in_every_shard(tmp_path, ruleset):
     """One process: the host's GPU sample 3 days after its last usage event starts it afresh (what
     it was is forgotten), so the failed run on it is unpriced. The run's shard, which does not detect
     on the host, learns of that sample as a SeenSample, and does the same (it priced the run from
     the 3-day-old usage event, a $2,304 alert, before SeenSample; found by review)."""
-    host, project = keys_apart()
-    recs: list[tuple[str, str, Any]] = []
-    for m in range(5):
-        recs.append(("resource-usage", host, usage(T0 + 60 * m, host)))
-    recs.append(("run-events", project, run(T0, project, host, "started")))
-    for d in (1, 2):
-        recs.append(("run-events", project, run(T0 + d * DAY, project, host, "running")))
-    recs.append(("gpu-metrics", host, scrape(T0 + 3 * DAY, [90.0] * 8, host)))
-    recs.append(("run-events", project, run(T0 + 3 * DAY + 60, project, host, "failed")))
-    path = write(tmp_path / "renew.jsonl", recs)
+    path = host_and_run(tmp_path / "renew.jsonl", sample_days=(3,))
     one = backtest(path, ruleset)
     assert not [a for a in one.alerts if a.type == "failed_run_spend"]
     for jobs in (2, 3):
@@ -225,22 +234,13 @@ def test_a_host_its_samples_keep_alive_keeps_its_price_for_the_run_in_every_shar
     one process never starts it afresh, and a ``stopped`` usage event (no rate) leaves its last price.
     The run's shard sees the samples as SeenSamples and keeps the price too (with usage events alone it
     started the host afresh at the stopped one and the run went unpriced; found by review)."""
-    host, project = keys_apart()
-    recs: list[tuple[str, str, Any]] = []
-    for m in range(5):
-        recs.append(("resource-usage", host, usage(T0 + 60 * m, host)))
-    recs.append(("run-events", project, run(T0, project, host, "started")))
-    for d in (1, 2):
-        recs.append(("gpu-metrics", host, scrape(T0 + d * DAY, [90.0] * 8, host)))
-        recs.append(("run-events", project, run(T0 + d * DAY, project, host, "running")))
-    recs.append(("resource-usage", host, usage(T0 + 3 * DAY, host, state="stopped", usd_per_hour=None)))
-    recs.append(("run-events", project, run(T0 + 3 * DAY + 60, project, host, "failed")))
-    path = write(tmp_path / "stopped.jsonl", recs)
+    host, _ = keys_apart()
+    stopped = usage(T0 + 3 * DAY, host, state="stopped", usd_per_hour=None)
+    path = host_and_run(tmp_path / "stopped.jsonl", sample_days=(1, 2), last_usage=stopped)
     one = backtest(path, ruleset)
     assert [a.waste_usd > 0 for a in one.alerts if a.type == "failed_run_spend"] == [True]
     for jobs in (2, 3):
         assert listed(backtest(path, ruleset, jobs=jobs).alerts) == listed(one.alerts)
-
 
 def test_a_process_killed_midway_is_a_clear_error_not_a_hang(messy, ruleset):
     """What the out-of-memory killer does to one of the processes: the run ends with a message
