@@ -151,8 +151,8 @@ def backtest(
         if on_windows is not None or record is not None:
             raise ValueError("backtest in several processes (jobs) cannot train or record scores: those see "
                              "every window in the file's order")  # fmt: skip
-        return _in_processes(jobs, lambda part: backtest(path, ruleset, decoder, lateness_s, other, models,
-                                                         billed=billed, shard=part))  # fmt: skip
+        return _in_processes(jobs, lambda part: backtest(path, ruleset, decoder=decoder, lateness_s=lateness_s, other=other,
+                                                         models=models, billed=billed, shard=part))  # fmt: skip
     decoder = decoder or EventDecoder(limits=ruleset.limits)
     result = BacktestResult(alerts=[])
     owns = shard.owns if shard is not None else None
