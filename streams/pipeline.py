@@ -399,8 +399,9 @@ class Pipeline:
             await self.drain()
             expired = self._sweep("wall_clock")
             if expired:
-                try:
-                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write, _Step(expired=expired))
+                try:  # no write is queued behind this one (drained, under the lock): a failure here stops none
+                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write_until_stored,
+                                                                     _Step(expired=expired))  # fmt: skip
                 except PipelineStopped:
                     return
 

@@ -983,6 +983,38 @@ def test_a_worker_whose_partition_moved_deletes_none_of_its_keys(store, ruleset)
     assert store.states.get("old") == fresh
 
 
+def test_a_failed_delete_of_the_wall_clock_sweep_stops_no_later_batch(store, ruleset):
+    """The wall clock's sweep writes its deletes alone (drained, under the batch lock): nothing is
+    queued behind it, so its failing (an error, not the store being down) must not stop the writes
+    of later batches, as a batch's failed write stops the one queued behind it."""
+    gpu = iter(range(1000))
+    day = 86_400.0
+
+    def scrapes(start: float, minutes: int) -> list[Message]:
+        return [gpu_message(next(gpu), start + m * MIN, 50.0, host) for m in range(minutes) for host in ("a", "b", "c")]
+
+    pipeline = started(store, ruleset, {})
+    run_batches(pipeline, [[usage_message(0, T0, host="old")] + scrapes(T0, 2),
+                           scrapes(T0 + 2 * day - 3600, 2),  # swept here: old within its TTL still
+                           scrapes(T0 + 2 * day + 3600, 2)], [])  # past it, but too soon for a batch's sweep
+    assert not pipeline.engine.sweep_due and store.states.get("old") is not None
+    real_delete = store.states.delete
+
+    def refused(keys):
+        raise RuntimeError("the delete failed (the store answers its probe)")
+
+    store.states.delete = refused
+    try:
+        with pytest.raises(RuntimeError, match="the delete failed"):
+            asyncio.run(pipeline.sweep())
+    finally:
+        store.states.delete = real_delete
+    acked: list[tuple[str, int]] = []
+    later = scrapes(T0 + 2 * day + 7200, 2)
+    run_batches(pipeline, [later], acked)
+    assert sorted(acked) == sorted((m.topic, m.offset) for m in later)
+
+
 def test_a_partition_taken_over_behind_the_workers_event_time_keeps_its_keys(store, ruleset):
     """Worker B has read other partitions to T0 + 3 days when it takes over partition 0, whose
     keys are behind it: h1 was idle from T0 (an idle alert fired) and is busy again 40 minutes
