@@ -114,13 +114,12 @@ def main() -> int:
     args = parser.parse_args()
     if not args.probe:
         return alternate(args.file, args.jobs, args.runs)
-    args.shards = args.jobs
     with tempfile.TemporaryDirectory(prefix="burnwatch-shards-") as tmp:
-        paths = split(args.file, args.shards, Path(tmp))
+        paths = split(args.file, args.jobs, Path(tmp))
         for n in range(args.runs):
             whole, sharded = run([args.file]), run(paths)
             print(f"run {n}: one process {whole['events_per_s']:,.0f} events/s ({whole['cpu_s']:.1f} CPU s); "
-                  f"{args.shards} shards {sharded['events_per_s']:,.0f} events/s ({sharded['cpu_s']:.1f} CPU s), "
+                  f"{args.jobs} shards {sharded['events_per_s']:,.0f} events/s ({sharded['cpu_s']:.1f} CPU s), "
                   f"{sharded['events_per_s'] / whole['events_per_s']:.2f}x", flush=True)
         lost = {t: n - sharded["alerts"].get(t, 0) for t, n in whole["alerts"].items() if n != sharded["alerts"].get(t, 0)}
         print(f"alerts: {sum(whole['alerts'].values())} in one process, {sum(sharded['alerts'].values())} sharded; "

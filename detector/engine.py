@@ -315,6 +315,7 @@ class Engine:
         watermark = self.watermark
         ahead = self._ahead
         ttl = self.state_ttl_s
+        foreign = self._foreign
         last_key: str | None = None
         state = KeyState(ResourceInfo())  # replaced at the first event (no key is None)
         ctx = self._context
@@ -383,7 +384,7 @@ class Engine:
                 else:
                     ctx.late = True
                 self._update_info(state, event)  # type: ignore[arg-type]
-                if self._foreign is not None and self._foreign(key):
+                if foreign is not None and foreign(key):
                     continue  # another shard's resource: known for look-ups, detected there
                 route = state.usage_route  # after the update: a changed resource has none
             else:
