@@ -8,8 +8,10 @@ worker is bound to about one core (docs/performance.md). With a ClickHouse serve
 which the worker holds already, cross a pipe (one msgspec call, no Python per event), the
 child decodes them again (the same function of the bytes: the same events) and writes them
 with its own client, by the same code the thread runs (:func:`store_events`). The embedded
-engine (chdb) is one per process and its directory is one process's, so with it the insert
-stays in the thread.
+engine (chdb) is one per process and its directory is one process's, so with it the child
+reaches the store through the worker (:class:`RelayClient`): the child does the Python (ids,
+columns, the Native encoding), and each of its queries and inserts, already encoded, is run
+by the worker's writer thread on the worker's engine, which lets go of the GIL while it works.
 
 Either way the outcome is the same: the store leaves out what it holds (by content), a batch
 the store refuses is split until the refused message is alone, and a store that cannot be
@@ -24,6 +26,7 @@ import math
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
 __all__ = [
     "EventWriter",
     "ProcessEventWriter",
+    "RelayClient",
+    "RelayedError",
     "StoreUnavailable",
     "ThreadEventWriter",
     "store_events",
@@ -84,6 +89,93 @@ the ClickHouse client's own 300 s timeout and a retry, so a slow store is not ta
 
 class StoreUnavailable(Exception):
     """The store takes no write at all (down, read-only, full): retry, drop nothing."""
+
+
+class RelayedError(Exception):
+    """What the worker's store raised for a call the child relayed to it, with its ClickHouse
+    code (None when it has none), so that :meth:`~detector.store.connection.Connection.refused`
+    tells refused rows from a store unavailable as it does in the writer thread."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+_REFUSED_HERE = (OverflowError, struct.error, ValueError, TypeError, UnicodeError)
+"""Errors a client raises for the rows themselves, before ClickHouse sees them (as
+:meth:`~detector.store.connection.Connection.refused` reads them)."""
+
+
+class _Rows:
+    """A relayed query's answer: as much of clickhouse-connect's ``QueryResult`` as
+    :class:`~detector.store.events.Events` reads."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.result_rows = rows
+
+
+class RelayClient:
+    """The worker's embedded store as the child reaches it: through the worker. Each query and
+    insert :class:`~detector.store.events.Events` makes is a request down the pipe that the
+    worker's writer thread runs on its own client (:meth:`ProcessEventWriter._run`), an insert
+    already encoded here (clickhouse-connect's Native encoding, the client's slowest Python);
+    the worker answers with the rows, or the error."""
+
+    def __init__(self, pipe: Pipe) -> None:
+        self._pipe = pipe
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> _Rows:
+        return _Rows(self._call("query", sql, parameters or {}))
+
+    def create_insert_context(
+        self,
+        table: str,
+        column_names: Sequence[str],
+        column_oriented: bool = False,
+        column_type_names: Sequence[str] = (),
+        settings: dict[str, Any] | None = None,
+    ) -> Any:
+        """The client's insert context, made here: the types are named (the worker asked the store)."""
+        from clickhouse_connect.datatypes.registry import get_from_name
+        from clickhouse_connect.driver.insert import InsertContext
+
+        return InsertContext(table, list(column_names), [get_from_name(name) for name in column_type_names],
+                             column_oriented=column_oriented, settings=settings)  # fmt: skip
+
+    def insert(
+        self, table: str | None = None, data: Any = None, column_names: Sequence[str] | None = None, context: Any = None
+    ) -> None:
+        """An insert of ``context``'s columns, encoded here; or of ``data``'s few rows (the write probe)."""
+        if context is None:
+            self._call("insert_rows", table, data, list(column_names or ()))
+            return
+        self._call("insert_native", context.table, list(context.column_names), native(context), dict(context.settings))
+
+    def close(self) -> None:
+        """The worker's client is the worker's to close."""
+
+    def _call(self, op: str, *args: Any) -> Any:
+        self._pipe.send(("call", op, args))
+        ok, answer = self._pipe.recv()
+        if ok:
+            return answer
+        message, code, refused_here = answer
+        raise ValueError(message) if refused_here else RelayedError(message, code)
+
+
+def native(context: Any) -> bytes:
+    """The insert context's rows in ClickHouse's Native format, as clickhouse-connect sends them,
+    less the statement it puts before the first block (a raw insert names its table and columns)."""
+    from clickhouse_connect.driver.transform import NativeTransform
+
+    chunks = list(NativeTransform.build_insert(context))
+    if context.insert_exception is not None:  # a column that cannot be encoded (raised as the client raises it)
+        failed, context.insert_exception = context.insert_exception, None
+        raise failed
+    if chunks:
+        statement_end = b" FORMAT Native\n"
+        chunks[0] = chunks[0][chunks[0].index(statement_end) + len(statement_end) :]
+    return b"".join(chunks)
 
 
 class EventStore(Connection):
@@ -177,13 +269,18 @@ def decode_items(payload: bytes, decoder: EventDecoder) -> list[Item]:
 
 
 class ProcessEventWriter(EventWriter):
-    """In a child process with its own client to the ClickHouse server at ``dsn``. Blocking
-    calls, one at a time (the pipeline's single writer thread); the pipe's wait releases the
-    GIL, which is the point."""
+    """In a child process with its own client to the ClickHouse server at ``dsn``; with no
+    ``dsn``, on ``store`` (the worker's embedded engine), which the child reaches through this
+    writer (:class:`RelayClient`). Blocking calls, one at a time (the pipeline's single writer
+    thread); the pipe's wait and the engine's work release the GIL, which is the point."""
 
-    def __init__(self, dsn: str, database: str, store: Store | None = None) -> None:
+    def __init__(self, dsn: str | None, database: str, store: Store | None = None) -> None:
+        if dsn is None and store is None:
+            raise ValueError("an event writer process needs a ClickHouse server's DSN or the worker's store to relay to")
         self.dsn = dsn
         self.database = database
+        self.relay = store if dsn is None else None
+        """The store the child's queries and inserts run on, here (None: the child has its own client)."""
         self.fallback = ThreadEventWriter(store) if store is not None else None
         """Writes a batch the child could not read (a bug: logged) in the writer thread instead."""
         self._child: subprocess.Popen[bytes] | None = None
@@ -215,7 +312,7 @@ class ProcessEventWriter(EventWriter):
                 pipe.send((changed, pricing if changed else None))  # the price list, when it changed (a reload)
                 pipe.send_bytes(encode_items(items))  # (not pickled: a batch's values are megabytes)
                 self._pricing = pricing
-                status, answer, observed = pipe.recv()
+                status, answer, observed = self._answer(pipe)
             except (EOFError, OSError) as exc:
                 hung = self._killed
                 code = self._reap()
@@ -238,6 +335,37 @@ class ProcessEventWriter(EventWriter):
         if status != "ok":
             raise StoreUnavailable(f"the event writer process failed: {answer}")
         return [(index, reason) for index, reason in answer]
+
+    def _answer(self, pipe: Pipe) -> tuple[str, Any, dict[str, Any]]:
+        """The child's answer to the batch, running the calls it relays meanwhile."""
+        while True:
+            message = pipe.recv()
+            if message[0] != "call":
+                return message
+            pipe.send(self._run(message[1], message[2]))
+
+    def _run(self, op: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
+        """One call the child relays, on the worker's store: (True, its answer) or (False, (the
+        error's message, its ClickHouse code, whether the client refused the rows before sending))."""
+        store = self.relay
+        try:
+            if store is None:
+                raise RuntimeError("the event writer process relayed a call, but it has a store of its own")
+            with store.lock:
+                if op == "query":
+                    sql, parameters = args
+                    return True, store.client.query(sql, parameters=parameters).result_rows
+                if op == "insert_native":
+                    table, names, body, settings = args
+                    store.client.raw_insert(table, names, insert_block=body, settings=settings, fmt="Native")
+                    return True, None
+                if op == "insert_rows":
+                    table, rows, names = args
+                    store.client.insert(table, rows, column_names=names)
+                    return True, None
+            raise RuntimeError(f"the event writer process relayed an unknown call {op!r}")
+        except Exception as exc:  # noqa: BLE001 - the child decides what it means (refused rows or a store down)
+            return False, (str(exc)[: 10 * MAX_REASON], getattr(exc, "code", None), isinstance(exc, _REFUSED_HERE))
 
     def _start(self) -> Pipe:
         ours, theirs = socket.socketpair()
@@ -284,20 +412,15 @@ class ProcessEventWriter(EventWriter):
 
 
 def writer_for(store: Store, dsn: str, database: str, mode: str = "auto", cpus: float | None = None) -> EventWriter:
-    """The event writer a worker uses (``BURNWATCH_EVENT_WRITER``): with a ClickHouse server, a
-    child process (``process``; ``auto`` when the worker may use two CPUs or more, ``cpus``,
-    default :func:`usable_cpus`: the child decodes each event again, so on one CPU it only adds
-    work); otherwise, or with ``thread``, the writer thread."""
+    """The event writer a worker uses (``BURNWATCH_EVENT_WRITER``): a child process (``process``;
+    ``auto`` when the worker may use two CPUs or more, ``cpus``, default :func:`usable_cpus`: the
+    child decodes each event again, so on one CPU it only adds work), with its own client to a
+    ClickHouse server, or reaching the worker's embedded engine through the worker; with
+    ``thread``, the writer thread."""
+    if mode == "thread" or (mode == "auto" and (cpus if cpus is not None else usable_cpus()) < 2):
+        return ThreadEventWriter(store)
     server = urlsplit(dsn).scheme in ("http", "https")
-    if mode == "process" and not server:
-        log.warning("event_writer_in_thread", asked="process",
-                    note="the embedded engine is one per process: its inserts stay in the worker's writer thread; "
-                         "a child process needs a ClickHouse server DSN (http:// or https://)")  # fmt: skip
-    if mode == "thread" or not server:
-        return ThreadEventWriter(store)
-    if mode == "auto" and (cpus if cpus is not None else usable_cpus()) < 2:
-        return ThreadEventWriter(store)
-    return ProcessEventWriter(dsn, database, store)
+    return ProcessEventWriter(dsn if server else None, database, store)
 
 
 def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> float:
@@ -346,6 +469,9 @@ def _serve(pipe: Pipe, worker: int) -> None:
             if changed:
                 pricing = sent_pricing  # (kept even when the store is out of reach: the worker sends it once)
             observed["inserts"], observed["duplicates"] = [], 0
+            if store is None and dsn is None:  # the worker's embedded engine, through the worker
+                store = EventStore(RelayClient(pipe), database)
+                store.events.observe = _Observer(observed)
             if store is None:  # not reached yet: asked again at each try, as the writer thread's client is
                 try:
                     store = EventStore(connect(dsn, create=False), database)
