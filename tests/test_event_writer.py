@@ -1,4 +1,5 @@
-"""The events' insert in a child process (``streams.event_writer``), against a store server.
+"""The events' insert in a child process (``streams.event_writer``), against a store server
+and against the worker's embedded engine, which the child reaches through the worker.
 
 The child must store exactly what the writer thread stores (the same rows, ids and prices),
 leave out what is stored already, name the message the store refuses, and, killed, be a store
@@ -204,12 +205,17 @@ def test_the_message_the_store_refuses_is_named_from_the_child(server, remote, r
     assert acked == list(range(20))
 
 
-def test_the_embedded_engine_keeps_its_inserts_in_the_thread(store, server):
-    """chdb is one engine per process: with it every mode writes in the thread; with a server
-    ``process`` writes in a child, ``auto`` too when there are two CPUs for it, ``thread`` never."""
-    assert all(isinstance(writer_for(store, "chdb:///tmp/x", "db", mode), ThreadEventWriter)
-               for mode in ("auto", "process", "thread"))  # fmt: skip
-    assert isinstance(writer_for(store, server.url, "db", "auto", cpus=2), ProcessEventWriter)
+def test_where_the_inserts_run_by_mode_cpus_and_store(store, server):
+    """``process`` writes in a child, ``auto`` too when there are two CPUs for it, ``thread``
+    never; with a server the child has its own client, with the embedded engine (one per
+    process: the worker's) it reaches it through the worker."""
+    embedded = writer_for(store, "chdb:///tmp/x", "db", "auto", cpus=2)
+    assert isinstance(embedded, ProcessEventWriter) and embedded.relay is store and embedded.dsn is None
+    assert isinstance(writer_for(store, "chdb://memory", "db", "process", cpus=1), ProcessEventWriter)
+    assert isinstance(writer_for(store, "chdb:///tmp/x", "db", "auto", cpus=1), ThreadEventWriter)
+    assert isinstance(writer_for(store, "chdb:///tmp/x", "db", "thread", cpus=8), ThreadEventWriter)
+    served = writer_for(store, server.url, "db", "auto", cpus=2)
+    assert isinstance(served, ProcessEventWriter) and served.relay is None and served.dsn == server.url
     assert isinstance(writer_for(store, server.url, "db", "process", cpus=1), ProcessEventWriter)
     assert isinstance(writer_for(store, server.url, "db", "auto", cpus=1.5), ThreadEventWriter)  # one CPU and a half: no gain
     assert isinstance(writer_for(store, server.url, "db", "thread", cpus=8), ThreadEventWriter)
@@ -361,3 +367,108 @@ def test_a_child_that_gives_no_answer_is_killed_and_the_next_write_starts_anothe
     writer.answer_within_s = ANSWER_WITHIN_S  # (a new child takes longer than a second to start)
     assert writer.write(items(), ruleset.pricing) == []
     assert remote.count("gpu_metrics") == 12 * 3 and remote.count("resource_usage") == 8 + 1
+
+
+@pytest.fixture
+def second_store(chdb_client, request):
+    """Another fresh database on the session's embedded engine."""
+    name = "t2_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
+    chdb_client.command(f"DROP DATABASE IF EXISTS {name}")
+    other = Store(chdb_client, database=name)
+    other.migrate()
+    return other
+
+
+def test_a_child_reaching_the_embedded_engine_through_the_worker_stores_what_the_thread_stores(
+    store, second_store, ruleset, request
+):
+    """The same items, one database written by the writer thread, one by a child whose queries
+    and inserts (encoded in the child) the worker runs on its embedded engine: every row equal;
+    written again, nothing is stored twice and the duplicates are counted in the worker's metrics."""
+    thread, child = ThreadEventWriter(store), ProcessEventWriter(None, second_store.db, second_store)
+    request.addfinalizer(child.close)
+    assert thread.write(items(), ruleset.pricing) == child.write(items(), ruleset.pricing) == []
+    assert child._child is not None  # written by the child, not by the fallback in this thread
+    assert digest(store) == digest(second_store)
+    assert digest(second_store)["gpu_metrics"][0] == 12 * 3 and digest(second_store)["run_events"][0] == 1
+    before = METRICS.duplicates_skipped._value.get()
+    assert child.write(items(), ruleset.pricing) == []
+    assert METRICS.duplicates_skipped._value.get() - before == sum(len(events) for _, events in items())
+    assert digest(store) == digest(second_store)
+
+
+def test_a_batch_larger_than_one_native_block_is_stored_whole_through_the_worker(store, second_store, ruleset,
+                                                                                 request):  # fmt: skip
+    """Thousands of rows: the client cuts the insert into several Native blocks, and only the
+    first carries the statement, which the child leaves out; every row arrives, as the thread's."""
+    many = [message("gpu-metrics", 0, i, scrape(T0 + i * 15, [float(i % 100)] * 8, rid=f"h{i % 50}"))
+            for i in range(6_000)]  # fmt: skip
+    thread, child = ThreadEventWriter(store), ProcessEventWriter(None, second_store.db, second_store)
+    request.addfinalizer(child.close)
+    assert thread.write(many, ruleset.pricing) == child.write(many, ruleset.pricing) == []
+    assert digest(second_store)["gpu_metrics"][0] == 6_000 * 8
+    assert digest(store) == digest(second_store)
+
+
+def test_a_killed_child_reaching_the_embedded_engine_is_one_failed_try(store, ruleset, request):
+    """kill -9 of the child between writes: the next write is a store unavailable (retried), the
+    one after starts a new child, and what both stored is stored once."""
+    writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    first, second = items()[:10], items()[10:]
+    assert writer.write(first, ruleset.pricing) == []
+    assert writer._child is not None
+    os.kill(writer._child.pid, signal.SIGKILL)
+    with pytest.raises(StoreUnavailable, match="exited"):
+        writer.write(second, ruleset.pricing)
+    assert writer.write(second, ruleset.pricing) == []
+    assert writer.write(items(), ruleset.pricing) == []
+    assert store.count("gpu_metrics") == 12 * 3 and store.count("resource_usage") == 8 + 1
+
+
+def test_an_embedded_table_gone_is_a_store_unavailable_not_a_refused_message(store, ruleset, request):
+    """The engine fails for a reason that is not the rows (here the table is gone): the child, told
+    the error's ClickHouse code, does not take it for refused rows to dead-letter but for a store
+    that cannot be written now, which the pipeline retries, dropping nothing."""
+    writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    store.client.command(f"DROP TABLE {store.db}.run_events")
+    with pytest.raises(StoreUnavailable, match="run_events"):
+        writer.write(items(), ruleset.pricing)
+
+
+def test_the_message_the_embedded_engine_refuses_is_named_from_the_child(store, ruleset):
+    """The pipeline on the embedded engine with its inserts in a child process: ClickHouse refuses
+    one message's rows (a constraint), the error's code crosses back to the child, and that
+    message alone is dead-lettered with the reason; every other one is stored once, and
+    acknowledgements go on past it in order."""
+    store.client.command(f"ALTER TABLE {store.db}.gpu_metrics ADD CONSTRAINT no_poison CHECK resource_id != 'poison'")
+    dead: list[bytes] = []
+
+    async def send_dead_letter(key, value):
+        dead.append(value)
+
+    writer = writer_for(store, "chdb://memory", store.db, "process")
+    assert isinstance(writer, ProcessEventWriter) and writer.relay is store
+    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
+                        send_dead_letter=send_dead_letter, event_writer=writer)  # fmt: skip
+    messages = [gpu_message(i, T0 + i * 60) for i in range(20)]
+    messages[7] = gpu_message(7, T0 + 7 * 60, host="poison")
+    acked: list[int] = []
+
+    async def ack(done):
+        acked.extend(m.offset for m in done)
+
+    async def go():
+        for batch in (messages[:12], messages[12:]):
+            await pipeline.process(batch, ack)
+        await pipeline.drain()
+
+    try:
+        asyncio.run(asyncio.wait_for(go(), 120))
+    finally:
+        writer.close()
+    assert store.count("gpu_metrics") == 19 * 2
+    (record,) = [json.loads(d) for d in dead]
+    assert record["offset"] == 7 and "no_poison" in record["reason"] and "store refused" in record["reason"]
+    assert acked == list(range(20))
