@@ -82,9 +82,10 @@ class Settings(BaseSettings):
     """A worker that could not write to ClickHouse for this long exits non-zero, so that its
     orchestrator restarts it; until then /healthz answers 503 ``stalled``."""
     event_writer: Literal["auto", "process", "thread"] = Field(default="auto", validation_alias="BURNWATCH_EVENT_WRITER")
-    """Where a worker's event inserts run: in a child process with a ClickHouse server DSN (``process``;
-    ``auto`` when the worker may use two CPUs or more): the insert's Python off the worker's GIL; in
-    its writer thread with the embedded engine, which is one per process, or always (``thread``)."""
+    """Where a worker's event inserts run: in a child process (``process``; ``auto`` when the worker
+    may use two CPUs or more): the insert's Python off the worker's GIL, the child reaching a
+    ClickHouse server with its own client and the embedded engine (one per process) through the
+    worker; or always in the worker's writer thread (``thread``)."""
     slack_charts: bool = Field(default=True, validation_alias="BURNWATCH_SLACK_CHARTS")
     """Attach a chart of the metric in each incident's thread (bot token only)."""
     slack_signing_secret: SecretStr | None = Field(default=None, validation_alias="SLACK_SIGNING_SECRET")
