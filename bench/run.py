@@ -245,6 +245,8 @@ def main() -> int:
         print("backtest, idle-gpu rule only", results["backtest_idle_only"], flush=True)
         results["streaming"] = bench_streaming(path, workdir, "stream")
         print("streaming", results["streaming"], flush=True)
+        results["streaming_thread"] = bench_streaming(path, workdir, "stream-thread", BURNWATCH_EVENT_WRITER="thread")
+        print("streaming, the embedded engine's inserts in the writer thread", results["streaming_thread"], flush=True)
         for writer in ("thread", "process"):  # a ClickHouse server's setting: inserts in the thread or a child
             results[f"streaming_server_{writer}"] = bench_streaming(path, workdir, f"stream-server-{writer}", writer)
             print(f"streaming to a store server, inserts in a {writer}", results[f"streaming_server_{writer}"], flush=True)
@@ -276,8 +278,11 @@ def main() -> int:
         ("backtest, the idle-gpu rule alone", f"{results['backtest_idle_only']['events_per_s']:,.0f} events/s"),
         ("replay (aiokafka producer)",
          f"{s['replay_messages_per_s']:,.0f} messages/s, {s['replay_events_per_s']:,.0f} events/s"),
-        ("streaming, one worker, into ClickHouse",
+        ("streaming, one worker, into ClickHouse (embedded; inserts in a child process where two CPUs are usable)",
          f"{s['events_per_s']:,.0f} events/s ({s['messages_per_s']:,.0f} messages/s)"),
+        ("same, the inserts in the worker's writer thread (`BURNWATCH_EVENT_WRITER=thread`)",
+         f"{results['streaming_thread']['events_per_s']:,.0f} events/s, "
+         f"{results['streaming_thread']['cpu_seconds']:.1f} worker CPU s against {s['cpu_seconds']:.1f}"),
         ("same, one event per message", f"{ss['events_per_s']:,.0f} events/s "
          f"({100 * ss['messages_per_s'] / bare['messages_per_s']:.0f} % of aiokafka alone reading the same messages, "
          f"{bare['messages_per_s']:,.0f} messages/s)"),
