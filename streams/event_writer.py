@@ -84,7 +84,10 @@ MAX_REASON = 2_000
 """Characters of a refusal's reason kept (in the dead-letter record and the log)."""
 ANSWER_WITHIN_S = 900.0
 """How long a write waits for the child's answer before killing it (a hung or stopped child): past
-the ClickHouse client's own 300 s timeout and a retry, so a slow store is not taken for a hung child."""
+the ClickHouse client's own 300 s timeout and a retry, so a slow store is not taken for a hung child.
+With the embedded engine it counts the worker's own runs of the child's calls too (the engine has no
+client timeout): a call past it ends the write as a store unavailable once the call returns, retried,
+and what it stored is left out again by content."""
 
 
 class StoreUnavailable(Exception):
@@ -320,6 +323,9 @@ class ProcessEventWriter(EventWriter):
                     raise StoreUnavailable(f"the event writer process gave no answer within {self.answer_within_s:g} s "
                                            "and was killed; starting another") from exc  # fmt: skip
                 raise StoreUnavailable(f"the event writer process exited ({code}); starting another") from exc
+            except BaseException:  # anything else mid-exchange (a relayed answer too large to send): the pipe may
+                self._reap()  # be out of step with the child, which must not read the next batch as an answer
+                raise
             finally:
                 watchdog.cancel()
         metrics = InsertMetrics()  # the child's figures, in this process's metrics

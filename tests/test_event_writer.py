@@ -472,3 +472,26 @@ def test_the_message_the_embedded_engine_refuses_is_named_from_the_child(store, 
     (record,) = [json.loads(d) for d in dead]
     assert record["offset"] == 7 and "no_poison" in record["reason"] and "store refused" in record["reason"]
     assert acked == list(range(20))
+
+
+def test_a_write_that_fails_mid_exchange_leaves_no_stale_answer_for_the_next(store, ruleset, request, monkeypatch):
+    """The worker fails while running one of the child's calls in a way the call's own answer
+    cannot carry (out of memory making it): the child, waiting for that answer, must not read the
+    next batch as one. The next write starts afresh and stores the batch, once."""
+    writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    real, calls = ProcessEventWriter._run, []
+
+    def failing_once(self, op, args):
+        calls.append(op)
+        if len(calls) == 1:
+            raise MemoryError("making the answer")
+        return real(self, op, args)
+
+    monkeypatch.setattr(ProcessEventWriter, "_run", failing_once)
+    sent = [message("gpu-metrics", 0, i, scrape(T0 + i * MIN, [1.0, 2.0], rid=f"h{i}")) for i in range(10)]
+    with pytest.raises(MemoryError):
+        writer.write(sent, ruleset.pricing)
+    assert writer.write(sent, ruleset.pricing) == []
+    assert writer.write(sent, ruleset.pricing) == []
+    assert store.count("gpu_metrics") == 10 * 2
