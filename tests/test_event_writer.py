@@ -147,10 +147,17 @@ def test_a_child_process_stores_what_the_thread_stores(server, request, ruleset)
     assert digest(stores[0]) == digest(stores[1])
 
 
-def test_a_killed_child_is_one_failed_try_and_the_next_starts_another(server, remote, ruleset, request):
-    """kill -9 of the child between writes: the next write fails as a store unavailable (the
-    pipeline retries it), the one after starts a new child, and what both stored is stored once."""
-    writer = ProcessEventWriter(server.url, remote.db)
+@pytest.mark.parametrize("engine", ["server", "embedded"])
+def test_a_killed_child_is_one_failed_try_and_the_next_starts_another(engine, ruleset, request):
+    """kill -9 of the child between writes (its own client to a server, or reaching the embedded
+    engine through the worker): the next write fails as a store unavailable (the pipeline retries
+    it), the one after starts a new child, and what both stored is stored once."""
+    if engine == "server":
+        remote = request.getfixturevalue("remote")
+        writer = ProcessEventWriter(request.getfixturevalue("server").url, remote.db)
+    else:
+        remote = request.getfixturevalue("store")
+        writer = ProcessEventWriter(None, remote.db, remote)
     request.addfinalizer(writer.close)
     first, second = items()[:10], items()[10:]
     assert writer.write(first, ruleset.pricing) == []
@@ -169,18 +176,25 @@ def gpu_message(offset: int, t: float, host: str = "h1") -> Message:
     return Message("gpu-metrics", 0, offset, host.encode(), value)
 
 
-def test_the_message_the_store_refuses_is_named_from_the_child(server, remote, ruleset):
-    """The pipeline on a store server with its inserts in a child process: ClickHouse refuses one
-    message's rows; that message alone is dead-lettered with the reason, every other one is
-    stored once, and acknowledgements go on past it in order, as with the writer thread."""
+@pytest.mark.parametrize("engine", ["server", "embedded"])
+def test_the_message_the_store_refuses_is_named_from_the_child(engine, ruleset, request):
+    """The pipeline with its inserts in a child process, on a store server (the child's own
+    client) and on the embedded engine (the child's calls run by the worker, the error's code sent
+    back): ClickHouse refuses one message's rows; that message alone is dead-lettered with the
+    reason, every other one is stored once, and acknowledgements go on past it in order, as with
+    the writer thread."""
+    if engine == "server":
+        remote, dsn = request.getfixturevalue("remote"), request.getfixturevalue("server").url
+    else:
+        remote, dsn = request.getfixturevalue("store"), "chdb://memory"
     remote.client.command(f"ALTER TABLE {remote.db}.gpu_metrics ADD CONSTRAINT no_poison CHECK resource_id != 'poison'")
     dead: list[bytes] = []
 
     async def send_dead_letter(key, value):
         dead.append(value)
 
-    writer = writer_for(remote, server.url, remote.db, "process")
-    assert isinstance(writer, ProcessEventWriter)
+    writer = writer_for(remote, dsn, remote.db, "process")
+    assert isinstance(writer, ProcessEventWriter) and (writer.relay is remote) == (engine == "embedded")
     pipeline = Pipeline(engine=Engine(ruleset), store=remote, outbox=Outbox(remote, None), manager=AlertManager(),
                         send_dead_letter=send_dead_letter, event_writer=writer)  # fmt: skip
     messages = [gpu_message(i, T0 + i * 60) for i in range(20)]
@@ -196,7 +210,7 @@ def test_the_message_the_store_refuses_is_named_from_the_child(server, remote, r
         await pipeline.drain()
 
     try:
-        asyncio.run(go())
+        asyncio.run(asyncio.wait_for(go(), 120))
     finally:
         writer.close()
     assert remote.count("gpu_metrics") == 19 * 2
@@ -410,22 +424,6 @@ def test_a_batch_larger_than_one_native_block_is_stored_whole_through_the_worker
     assert digest(store) == digest(second_store)
 
 
-def test_a_killed_child_reaching_the_embedded_engine_is_one_failed_try(store, ruleset, request):
-    """kill -9 of the child between writes: the next write is a store unavailable (retried), the
-    one after starts a new child, and what both stored is stored once."""
-    writer = ProcessEventWriter(None, store.db, store)
-    request.addfinalizer(writer.close)
-    first, second = items()[:10], items()[10:]
-    assert writer.write(first, ruleset.pricing) == []
-    assert writer._child is not None
-    os.kill(writer._child.pid, signal.SIGKILL)
-    with pytest.raises(StoreUnavailable, match="exited"):
-        writer.write(second, ruleset.pricing)
-    assert writer.write(second, ruleset.pricing) == []
-    assert writer.write(items(), ruleset.pricing) == []
-    assert store.count("gpu_metrics") == 12 * 3 and store.count("resource_usage") == 8 + 1
-
-
 def test_an_embedded_table_gone_is_a_store_unavailable_not_a_refused_message(store, ruleset, request):
     """The engine fails for a reason that is not the rows (here the table is gone): the child, told
     the error's ClickHouse code, does not take it for refused rows to dead-letter but for a store
@@ -435,43 +433,6 @@ def test_an_embedded_table_gone_is_a_store_unavailable_not_a_refused_message(sto
     store.client.command(f"DROP TABLE {store.db}.run_events")
     with pytest.raises(StoreUnavailable, match="run_events"):
         writer.write(items(), ruleset.pricing)
-
-
-def test_the_message_the_embedded_engine_refuses_is_named_from_the_child(store, ruleset):
-    """The pipeline on the embedded engine with its inserts in a child process: ClickHouse refuses
-    one message's rows (a constraint), the error's code crosses back to the child, and that
-    message alone is dead-lettered with the reason; every other one is stored once, and
-    acknowledgements go on past it in order."""
-    store.client.command(f"ALTER TABLE {store.db}.gpu_metrics ADD CONSTRAINT no_poison CHECK resource_id != 'poison'")
-    dead: list[bytes] = []
-
-    async def send_dead_letter(key, value):
-        dead.append(value)
-
-    writer = writer_for(store, "chdb://memory", store.db, "process")
-    assert isinstance(writer, ProcessEventWriter) and writer.relay is store
-    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
-                        send_dead_letter=send_dead_letter, event_writer=writer)  # fmt: skip
-    messages = [gpu_message(i, T0 + i * 60) for i in range(20)]
-    messages[7] = gpu_message(7, T0 + 7 * 60, host="poison")
-    acked: list[int] = []
-
-    async def ack(done):
-        acked.extend(m.offset for m in done)
-
-    async def go():
-        for batch in (messages[:12], messages[12:]):
-            await pipeline.process(batch, ack)
-        await pipeline.drain()
-
-    try:
-        asyncio.run(asyncio.wait_for(go(), 120))
-    finally:
-        writer.close()
-    assert store.count("gpu_metrics") == 19 * 2
-    (record,) = [json.loads(d) for d in dead]
-    assert record["offset"] == 7 and "no_poison" in record["reason"] and "store refused" in record["reason"]
-    assert acked == list(range(20))
 
 
 def test_a_write_that_fails_mid_exchange_leaves_no_stale_answer_for_the_next(store, ruleset, request, monkeypatch):
