@@ -45,16 +45,21 @@ def chdb_client():
     client.close()
 
 
+def fresh_store(client, request, prefix: str = "t_"):
+    """A fresh database named after the test (and ``prefix``) on ``client``, with the schema applied."""
+    from detector.store import Store
+
+    name = prefix + "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
+    client.command(f"DROP DATABASE IF EXISTS {name}")
+    s = Store(client, database=name)
+    s.migrate()
+    return s
+
+
 @pytest.fixture
 def store(chdb_client, request):
     """A fresh database per test on the session's embedded engine, with the schema applied."""
-    from detector.store import Store
-
-    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
-    chdb_client.command(f"DROP DATABASE IF EXISTS {name}")
-    s = Store(chdb_client, database=name)
-    s.migrate()
-    return s
+    return fresh_store(chdb_client, request)
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +79,8 @@ def server(tmp_path_factory):
 @pytest.fixture
 def remote(server, request):
     """A fresh database on the server, through the HTTP client, with the schema applied."""
-    from detector.store import Store, connect
+    from detector.store import connect
 
-    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
-    store = Store(connect(server.url), database=name)
-    store.client.command(f"DROP DATABASE IF EXISTS {name}")
-    store.migrate()
+    store = fresh_store(connect(server.url), request)
     yield store
     store.close()

@@ -43,6 +43,7 @@ from streams.event_writer import (
     writer_for,
 )
 from streams.pipeline import Message, Pipeline
+from tests.conftest import fresh_store
 from tests.helpers import MIN, T0, at, scrape, usage
 from tests.test_contract_bounds import NOW, SLOW, messages
 
@@ -386,11 +387,7 @@ def test_a_child_that_gives_no_answer_is_killed_and_the_next_write_starts_anothe
 @pytest.fixture
 def second_store(chdb_client, request):
     """Another fresh database on the session's embedded engine."""
-    name = "t2_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
-    chdb_client.command(f"DROP DATABASE IF EXISTS {name}")
-    other = Store(chdb_client, database=name)
-    other.migrate()
-    return other
+    return fresh_store(chdb_client, request, prefix="t2_")
 
 
 def test_a_child_reaching_the_embedded_engine_through_the_worker_stores_what_the_thread_stores(
