@@ -423,9 +423,13 @@ def writer_for(store: Store, dsn: str, database: str, mode: str = "auto", cpus: 
     child decodes each event again, so on one CPU it only adds work), with its own client to a
     ClickHouse server, or reaching the worker's embedded engine through the worker; with
     ``thread``, the writer thread."""
-    if mode == "thread" or (mode == "auto" and (cpus if cpus is not None else usable_cpus()) < 2):
+    usable = cpus if cpus is not None else usable_cpus()
+    if mode == "thread" or (mode == "auto" and usable < 2):
+        log.info("event_writer", writer="thread", mode=mode, usable_cpus=usable)
         return ThreadEventWriter(store)
     server = urlsplit(dsn).scheme in ("http", "https")
+    log.info("event_writer", writer="child, own client" if server else "child, through the worker", mode=mode,
+             usable_cpus=usable)  # fmt: skip
     return ProcessEventWriter(dsn if server else None, database, store)
 
 

@@ -21,6 +21,7 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from detector.alerts import AlertManager
 from detector.delivery import Outbox
@@ -235,6 +236,17 @@ def test_where_the_inserts_run_by_mode_cpus_and_store(store, server):
     assert isinstance(writer_for(store, server.url, "db", "auto", cpus=1.5), ThreadEventWriter)  # one CPU and a half: no gain
     assert isinstance(writer_for(store, server.url, "db", "thread", cpus=8), ThreadEventWriter)
     assert 0 < usable_cpus() <= (os.cpu_count() or 1)
+
+
+def test_the_worker_logs_which_writer_it_picked(store, server):
+    """An operator tells the three apart from the log, not from the process list."""
+    with capture_logs() as logs:
+        writer_for(store, "chdb:///tmp/x", "db", "auto", cpus=1)
+        writer_for(store, "chdb:///tmp/x", "db", "auto", cpus=2)
+        writer_for(store, server.url, "db", "process", cpus=1)
+    picked = [(entry["writer"], entry["mode"], entry["usable_cpus"]) for entry in logs if entry["event"] == "event_writer"]
+    assert picked == [("thread", "auto", 1), ("child, through the worker", "auto", 2),
+                      ("child, own client", "process", 1)]  # fmt: skip
 
 
 def test_a_closed_writer_writes_nothing(server, ruleset):
