@@ -6,7 +6,8 @@ rebuilt from the store (:meth:`Outbox.recover`) and what was already posted is
 not posted again: the alert id is the idempotency key. A post is marked begun in
 the store before it is sent; after a kill, one begun and never recorded as
 delivered may be in Slack already, so it is looked for there before it is sent
-again.
+again. A post's record as delivered goes into the store with the next post's mark
+(or at the end of the pass): one insert a post, not two.
 
 Threads: :meth:`Outbox.add` runs on the worker's event loop, :meth:`Outbox.snooze`
 on a web request's thread, the delivery passes on the delivery thread. ``add`` only
@@ -39,6 +40,7 @@ from detector.metrics import METRICS
 from detector.slack import SlackError, SlackNotifier
 from detector.store import Store, alert_from_row
 from detector.suppression import Silence
+from detector.units import one_line
 
 __all__ = ["UNROUTED", "Outbox"]
 
@@ -98,6 +100,9 @@ class Outbox:
         self._edits: dict[str, Alert] = {}
         """Alert id → its latest cost update not yet shown on its message."""
         self._edited_at: dict[str, float] = {}
+        self._unrecorded: list[tuple[str, str, str, str]] = []
+        """Deliveries made and not yet in the store (alert id, change, channel, ts): written with the
+        next post's mark, before that post, or at the end of the pass: one insert a post, not two."""
         self._maybe_posted: dict[tuple[str, str], float] = {}
         """Posts that timed out, or were begun by a worker that died → wall time after which they
         are looked for in Slack (a request cut off may still land until then), then sent if absent."""
@@ -137,6 +142,7 @@ class Outbox:
         what is queued (stored, so the next holder recovers it) and deliver nothing until
         :meth:`assign`."""
         with self._pass:
+            self._record_delivered_or_leave()  # else the next holder looks for them in Slack
             self._owned = set()
             with self._lock:
                 self._inbox.clear()
@@ -155,7 +161,9 @@ class Outbox:
         Slack before posting."""
         if self.notifier is None:
             return 0
+        self._record_delivered_or_leave()
         self._done = self.store.deliveries.made()
+        self._done.update(((a, c), (channel, ts)) for a, c, channel, ts in self._unrecorded)  # made, whatever the store says
         snoozed = self.store.actions.snoozed(self._wall())
         with self._lock:
             self._snoozed.update(snoozed)
@@ -202,7 +210,24 @@ class Outbox:
             try:
                 return self._deliver()
             finally:
-                self._publish()
+                try:
+                    self._record_delivered()  # kept for the next pass if the store refuses
+                finally:
+                    self._publish()
+
+    def _record_delivered(self) -> None:
+        if self._unrecorded:
+            self.store.deliveries.record_many(self._unrecorded)
+            self._unrecorded = []
+
+    def _record_delivered_or_leave(self) -> None:
+        """:meth:`_record_delivered` where a failure must not stop the caller: a post begun and not
+        recorded as delivered is looked for in Slack by whoever delivers its alert next."""
+        try:
+            self._record_delivered()
+        except Exception as exc:  # noqa: BLE001 - the store's: logged, the marks are the fallback
+            log.warning("delivery_records_left", deliveries=len(self._unrecorded), error=one_line(exc),
+                        note="their posts will be looked for in Slack before being posted again")  # fmt: skip
 
     def _deliver(self) -> int:
         sent = 0
@@ -234,7 +259,8 @@ class Outbox:
                 if found:
                     continue  # those are delivered; the rest forms its message again
             # Before sending (every try): a kill from here on leaves the mark, and its time, for the next worker.
-            self.store.deliveries.record_attempt([a.alert_id for a in group], alert.change)
+            self.store.deliveries.record_attempt([a.alert_id for a in group], alert.change, self._unrecorded)
+            self._unrecorded = []
             try:
                 if len(group) > 1:
                     channel, ts = self.notifier.post_group(group)
@@ -338,7 +364,7 @@ class Outbox:
             self._counts = (len(self._queue), len(self._edits), self._counts[2])
 
     def _delivered(self, group: list[Alert], channel: str, ts: str) -> None:
-        self.store.deliveries.record_many([(m.alert_id, m.change, channel, ts) for m in group])
+        self._unrecorded.extend((m.alert_id, m.change, channel, ts) for m in group)
         for member in group:
             self._done[(member.alert_id, member.change)] = (channel, ts)
         if len(group) > 1 and ts:

@@ -126,7 +126,7 @@ def test_a_kill_before_any_write_loses_no_post_and_doubles_none(chdb_client, sla
     clean = posted(slack, "#clean")
     assert {ALERT_IDS[a] for a in clean[0]} == HOSTS and len(clean[1]) == 3
     assert len({ts for (ts,) in clean[0].values()}) == 2  # h1 and h2 in one group message
-    assert counted.writes >= 9  # at least: 4 batches of changes, 5 posts recorded (14: each post marked begun too)
+    assert counted.writes >= 9  # 4 batches of changes, 5 posts marked begun; each pass writes its last post's record (12 in all)
     for n in range(counted.writes + 1):
         store, channel, acked = _fresh(chdb_client, f"t_kill_{n}"), f"#kill-{n}", []
         with pytest.raises(Killed) if n < counted.writes else nullcontext():
@@ -333,3 +333,50 @@ def test_a_group_posted_before_a_kill_is_not_posted_again_nor_taken_for_a_new_me
     opened = [alert_id for p in slack.calls("chat.postMessage") if "thread_ts" not in p.body
               for alert_id in ("a1", "a2", "a3") if f"alert `{alert_id}`" in p.text_of_blocks()]  # fmt: skip
     assert sorted(opened) == ["a1", "a2", "a3"] and store.deliveries.undelivered() == []
+
+
+class RefusesWrite(DiesBeforeWrite):
+    """The store's real client, refusing its ``n``-th write once (a store error, not a kill)."""
+
+    def insert(self, *args: Any, **kwargs: Any) -> Any:
+        if self.writes == self._n:
+            self._n = None
+            raise ConnectionError("store unavailable")
+        self.writes += 1
+        return self._client.insert(*args, **kwargs)
+
+
+def test_a_post_is_one_write_its_record_going_with_the_next_posts_mark(chdb_client, slack):
+    """Five alerts of five teams (five messages) cost six writes, not ten: each post's mark
+    carries the deliveries before it, the pass's end the last one; all are recorded."""
+    counted = DiesBeforeWrite(chdb_client, None)
+    store = Store(counted, _fresh(chdb_client, "t_one_write").db)
+    ids = [f"a{i}" for i in range(5)]
+    store.alerts.record([idle(alert_id=a) for a in ids], version=1)
+    outbox = Outbox(store, impatient(slack), group_wait_s=0, landing_s=0)
+    outbox.add([idle(alert_id=a) for a in ids])
+    before = counted.writes
+    assert outbox.deliver_pending() == 5
+    assert counted.writes - before == 6
+    assert {a for a, _ in store.deliveries.made()} == set(ids) and store.deliveries.attempted() == {}
+    assert store.deliveries.undelivered() == []
+
+
+def test_deliveries_the_store_refused_are_written_by_the_next_pass_and_nothing_is_posted_twice(chdb_client, slack):
+    """The pass's last write (the last post's record) fails: the posts are known as made, the
+    record is written by the next pass, and a restart then finds nothing to post or look for."""
+    refusing = RefusesWrite(chdb_client, None)
+    store = Store(refusing, _fresh(chdb_client, "t_refused_record").db)
+    store.alerts.record([idle(alert_id=a) for a in ("a1", "a2")], version=1)
+    outbox = Outbox(store, impatient(slack), group_wait_s=0, landing_s=0)
+    outbox.add([idle(alert_id=a) for a in ("a1", "a2")])
+    refusing._n = refusing.writes + 2  # the two marks pass, the end-of-pass record fails
+    with pytest.raises(ConnectionError):
+        outbox.deliver_pending()
+    assert len(slack.calls("chat.postMessage")) == 2
+    assert set(store.deliveries.attempted()) == {("a2", "fired")}  # a1's record went with a2's mark
+    assert outbox.deliver_pending() == 0  # the retry: nothing posted again, the record written
+    assert store.deliveries.attempted() == {} and store.deliveries.undelivered() == []
+    restarted = Outbox(store, impatient(slack), group_wait_s=0, landing_s=0)
+    assert restarted.recover() == 0
+    assert len(slack.calls("chat.postMessage")) == 2 and slack.calls("conversations.history") == []

@@ -30,10 +30,13 @@ class Deliveries:
             return
         self.conn.insert("alert_deliveries", [list(r) for r in rows], column_names=["alert_id", "kind", "channel", "message_ts"])
 
-    def record_attempt(self, alert_ids: Sequence[str], change: str) -> None:
+    def record_attempt(self, alert_ids: Sequence[str], change: str,
+                       delivered: Sequence[tuple[str, str, str, str]] = ()) -> None:  # fmt: skip
         """Mark a post as about to be sent, before it is: if the worker dies before the post is
-        recorded as delivered, the next one looks for it in Slack before posting again."""
-        self.record_many([(alert_id, ATTEMPT + change, "", "") for alert_id in alert_ids])
+        recorded as delivered, the next one looks for it in Slack before posting again. With the
+        deliveries made since the last write (``delivered``, rows as :meth:`record_many`'s) in the
+        same insert: an insert into the embedded engine costs ~10 ms of CPU whatever its rows."""
+        self.record_many([*delivered, *((alert_id, ATTEMPT + change, "", "") for alert_id in alert_ids)])
 
     def made(self) -> dict[tuple[str, str], tuple[str, str]]:
         """(alert_id, kind) → (channel, message ts) of every delivery made."""
