@@ -67,13 +67,17 @@ class Events:
         by_type: dict[type, list[int]] = {}
         for i, event in enumerate(events):
             by_type.setdefault(type(event), []).append(i)
+        asked = []
         for etype, indexes in by_type.items():
             group = [events[i] for i in indexes]
-            kind, table = KIND[etype]
             keys = [e.run_id if isinstance(e, RunEvent) else e.resource_id for e in group]
-            with self.conn.lock:
-                ids, _ = self._stored_ids(table, keys, [round(e.ts.timestamp() * 1000) for e in group])
-            for i, event_id in zip(indexes, event_ids(kind, group), strict=True):
+            asked.append((KIND[etype][1], keys, [round(e.ts.timestamp() * 1000) for e in group]))
+        with self.conn.lock:
+            found = self._stored_ids(asked)
+        for etype, indexes in by_type.items():
+            kind, table = KIND[etype]
+            ids = found[table][0]
+            for i, event_id in zip(indexes, event_ids(kind, [events[i] for i in indexes]), strict=True):
                 flags[i] = event_id in ids
         return flags
 
@@ -87,8 +91,11 @@ class Events:
         written = 0
         client = self.conn.client
         with self.conn.lock:
-            for table, names, cols in batch.tables(pricing):
-                keep = self._new_rows(table, names, cols)
+            tables = list(batch.tables(pricing))
+            stored = self._stored_ids([(table, cols[names.index(_KEY_COLUMN[table])], cols[0])
+                                       for table, names, cols in tables])  # fmt: skip
+            for table, names, cols in tables:
+                keep = self._new_rows(names, cols, *stored[table])
                 if keep is not None:
                     cols = [[col[i] for i in keep] for col in cols]
                 if not cols[0]:
@@ -122,11 +129,12 @@ class Events:
             self._contexts[key] = context
         return context
 
-    def _new_rows(self, table: str, names: list[str], cols: list[list[Any]]) -> list[int] | None:
-        """Indexes of the rows to insert (the first of each event id, not stored yet); None: all.
-        Rows stored before events had ids (``event_id`` 0) are matched by their Kafka source."""
+    def _new_rows(self, names: list[str], cols: list[list[Any]], seen: set[int],
+                  legacy: set[tuple[Any, ...]]) -> list[int] | None:  # fmt: skip
+        """Indexes of the rows to insert (the first of each event id, not stored yet: ``seen``, which
+        this adds to); None: all. Rows stored before events had ids (``event_id`` 0) are matched
+        by their Kafka source (``legacy``)."""
         ids = cols[names.index("event_id")]
-        seen, legacy = self._stored_ids(table, cols[names.index(_KEY_COLUMN[table])], cols[0])
         keep = []
         if legacy:
             sources = zip(*(cols[names.index(c)] for c in SOURCE_COLS[1:]), strict=True)
@@ -146,11 +154,40 @@ class Events:
         self.observe.duplicates(len(ids) - len(keep))
         return keep
 
-    def _stored_ids(self, table: str, keys: list[str], ts_ms: list[int]) -> tuple[set[int], set[tuple[Any, ...]]]:
-        """Event ids already stored for these keys within the batch's time span, looked up
-        per day the batch touches (through the table's (key, ts) order, so the cost follows
-        what is stored there, which is nothing for new data); and the Kafka sources of rows
-        stored there without an id (before migration 0005). The caller holds the lock."""
+    def _stored_ids(self, asked: Sequence[tuple[str, list[str], list[int]]]) -> dict[str, tuple[set[int], set[tuple[Any, ...]]]]:
+        """For each ``(table, keys, ts in ms)`` asked: the event ids already stored for these keys
+        within the batch's time span, looked up per day the batch touches (through the table's
+        (key, ts) order, so the cost follows what is stored there, which is nothing for new data);
+        and the Kafka sources of rows stored there without an id (before migration 0005). One
+        query for every table (a query into the embedded engine costs a few ms whatever it
+        reads). The caller holds the lock."""
+        found: dict[str, tuple[set[int], set[tuple[Any, ...]]]] = {}
+        selects: list[str] = []
+        parameters: dict[str, Any] = {}
+        for table, keys, ts_ms in asked:
+            found.setdefault(table, (set(), set()))
+            if not ts_ms:
+                continue
+            n = len(selects)
+            clauses = self._within(_KEY_COLUMN[table], keys, ts_ms, f"t{n}_", parameters)
+            selects.append(f"SELECT {n} AS asked, event_id, src_topic, src_partition, src_offset "
+                           f"FROM {self.conn.db}.{table} WHERE {clauses}")  # fmt: skip
+        if not selects:
+            return found
+        tables = [table for table, _, ts_ms in asked if ts_ms]
+        result = self.conn.client.query(" UNION ALL ".join(selects), parameters=parameters)
+        for n, event_id, topic, partition, offset in result.result_rows:
+            ids, legacy = found[tables[n]]
+            if event_id:
+                ids.add(event_id)
+            elif topic:
+                legacy.add((topic, partition, offset))
+        return found
+
+    @staticmethod
+    def _within(column: str, keys: list[str], ts_ms: list[int], prefix: str, parameters: dict[str, Any]) -> str:
+        """The WHERE of one table's look-up: its keys per day the batch touches (one wider span past
+        :data:`_MAX_SPANS` days, no keys in the text past :data:`_MAX_KEYS`)."""
         first, last = min(ts_ms), max(ts_ms)
         spans: dict[int, tuple[int, int, set[str]]] = {}
         if first // _DAY_MS == last // _DAY_MS:  # within one day (most batches): no loop per event
@@ -165,25 +202,13 @@ class Events:
                     spans[t // _DAY_MS] = (min(span[0], t), max(span[1], t), span[2])
         if len(spans) > _MAX_SPANS:  # events over many days in one batch (a replay): one wider look-up
             spans = {0: (first, last, set(keys))}
-        column = _KEY_COLUMN[table]
         clauses: list[str] = []
-        parameters: dict[str, Any] = {}
         for n, (lo, hi, span_keys) in enumerate(spans.values()):
-            within = (f"ts BETWEEN fromUnixTimestamp64Milli(%(lo{n})s, 'UTC') "
-                      f"AND fromUnixTimestamp64Milli(%(hi{n})s, 'UTC')")  # fmt: skip
+            within = (f"ts BETWEEN fromUnixTimestamp64Milli(%({prefix}lo{n})s, 'UTC') "
+                      f"AND fromUnixTimestamp64Milli(%({prefix}hi{n})s, 'UTC')")  # fmt: skip
             if len(span_keys) <= _MAX_KEYS:  # the keys go into the query's text: bounded
-                within = f"{column} IN %(k{n})s AND {within}"
-                parameters[f"k{n}"] = list(span_keys)
+                within = f"{column} IN %({prefix}k{n})s AND {within}"
+                parameters[f"{prefix}k{n}"] = list(span_keys)
             clauses.append(f"({within})")
-            parameters.update({f"lo{n}": lo, f"hi{n}": hi})
-        result = self.conn.client.query(
-            f"SELECT event_id, src_topic, src_partition, src_offset FROM {self.conn.db}.{table} WHERE {' OR '.join(clauses)}",
-            parameters=parameters,
-        )  # fmt: skip
-        ids, legacy = set(), set()
-        for event_id, topic, partition, offset in result.result_rows:
-            if event_id:
-                ids.add(event_id)
-            elif topic:
-                legacy.add((topic, partition, offset))
-        return ids, legacy
+            parameters.update({f"{prefix}lo{n}": lo, f"{prefix}hi{n}": hi})
+        return " OR ".join(clauses)
