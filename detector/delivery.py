@@ -100,9 +100,10 @@ class Outbox:
         self._edits: dict[str, Alert] = {}
         """Alert id → its latest cost update not yet shown on its message."""
         self._edited_at: dict[str, float] = {}
-        self._unrecorded: list[tuple[str, str, str, str]] = []
-        """Deliveries made and not yet in the store (alert id, change, channel, ts): written with the
-        next post's mark, before that post, or at the end of the pass: one insert a post, not two."""
+        self._unrecorded: list[tuple[str, str, str, str, float]] = []
+        """Deliveries made and not yet in the store (alert id, change, channel, ts, wall time of the
+        post): written with the next post's mark, before that post, or at the end of the pass: one
+        insert a post, not two; stamped with the post's time, not the insert's."""
         self._maybe_posted: dict[tuple[str, str], float] = {}
         """Posts that timed out, or were begun by a worker that died → wall time after which they
         are looked for in Slack (a request cut off may still land until then), then sent if absent."""
@@ -163,7 +164,7 @@ class Outbox:
             return 0
         self._record_delivered_or_leave()
         self._done = self.store.deliveries.made()
-        self._done.update(((a, c), (channel, ts)) for a, c, channel, ts in self._unrecorded)  # made, whatever the store says
+        self._done.update(((a, c), (channel, ts)) for a, c, channel, ts, _ in self._unrecorded)  # made, whatever the store says
         snoozed = self.store.actions.snoozed(self._wall())
         with self._lock:
             self._snoozed.update(snoozed)
@@ -217,7 +218,7 @@ class Outbox:
 
     def _record_delivered(self) -> None:
         if self._unrecorded:
-            self.store.deliveries.record_many(self._unrecorded)
+            self.store.deliveries.record_made(self._unrecorded)
             self._unrecorded = []
 
     def _record_delivered_or_leave(self) -> None:
@@ -286,6 +287,7 @@ class Outbox:
                 self.on_opened(alert, channel, ts)
             sent += 1
         if self._edits and self.notifier is not None and self.notifier.threads:
+            self._record_delivered()  # before the edits' Slack calls: the pass's end write, made sooner
             self._edit_messages()
         return sent
 
@@ -364,7 +366,8 @@ class Outbox:
             self._counts = (len(self._queue), len(self._edits), self._counts[2])
 
     def _delivered(self, group: list[Alert], channel: str, ts: str) -> None:
-        self._unrecorded.extend((m.alert_id, m.change, channel, ts) for m in group)
+        now = time.time()  # when Slack took it (or it was found there): its record's delivered_at
+        self._unrecorded.extend((m.alert_id, m.change, channel, ts, now) for m in group)
         for member in group:
             self._done[(member.alert_id, member.change)] = (channel, ts)
         if len(group) > 1 and ts:

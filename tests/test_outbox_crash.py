@@ -380,3 +380,141 @@ def test_deliveries_the_store_refused_are_written_by_the_next_pass_and_nothing_i
     restarted = Outbox(store, impatient(slack), group_wait_s=0, landing_s=0)
     assert restarted.recover() == 0
     assert len(slack.calls("chat.postMessage")) == 2 and slack.calls("conversations.history") == []
+
+
+MULTI_IDS = ("a1", "a2", "g1", "g2", "a3")
+"""Openings of four messages (g1 and g2 one team's group), then their resolutions: each phase one pass."""
+
+
+def _multi(change: str) -> list[Alert]:
+    out = [idle(change, alert_id) for alert_id in MULTI_IDS]
+    for a in out:
+        if a.alert_id.startswith("g"):
+            a.tags = {"team": "grp"}
+    return out
+
+
+def _run_multi(store: Store, slack: LocalSlack, acked: list[int], channel: str) -> None:
+    outbox = Outbox(store, SlackNotifier(token="xoxb-test", channel=channel, base_url=slack.api_url, timeout=2),
+                    group_wait_s=0, landing_s=0)  # fmt: skip
+    outbox.recover()
+    outbox.deliver_pending()
+    for i, change in enumerate(("fired", "resolved")):
+        if i < len(acked):
+            continue
+        store.alerts.record(_multi(change), version=i + 1)
+        acked.append(i)
+        outbox.add(_multi(change))
+        outbox.deliver_pending()
+    outbox.deliver_pending()
+
+
+def test_a_kill_before_any_write_of_passes_of_several_posts_loses_none_and_doubles_none(chdb_client, slack):
+    """Passes that post several messages (four openings, one a group of two, then their five
+    resolutions): killed before each write and restarted, Slack has each opening once and
+    each resolution once, in its opening's thread."""
+    counted = DiesBeforeWrite(chdb_client, None)
+    _run_multi(Store(counted, _fresh(chdb_client, "t_multi_clean").db), slack, [], "#multi-clean")
+    total = counted.writes
+    assert len(slack.calls("chat.postMessage")) == 9 and total == 13  # 2 alert writes, 9 marks, 2 pass ends
+    for n in range(total + 1):
+        store, channel, acked = _fresh(chdb_client, f"t_multi_{n}"), f"#multi-{n}", []
+        with pytest.raises(Killed) if n < total else nullcontext():
+            _run_multi(Store(DiesBeforeWrite(chdb_client, n), store.db), slack, acked, channel)
+        _run_multi(store, slack, acked, channel)
+        openings: dict[str, list[str]] = {}
+        replies: dict[str, list[str]] = {}
+        for post in slack.calls("chat.postMessage"):
+            if post.body["channel"] != channel:
+                continue
+            for alert_id in MULTI_IDS:
+                if f"alert `{alert_id}`" in post.text_of_blocks():
+                    if "thread_ts" in post.body:
+                        replies.setdefault(alert_id, []).append(post.body["thread_ts"])
+                    else:
+                        openings.setdefault(alert_id, []).append(post.response["ts"])
+        assert {a: len(ts) for a, ts in openings.items()} == dict.fromkeys(MULTI_IDS, 1), f"killed at {n}"
+        assert {a: len(ts) for a, ts in replies.items()} == dict.fromkeys(MULTI_IDS, 1), f"killed at {n}"
+        assert openings["g1"] == openings["g2"], f"killed at {n}: the group split"
+        for alert_id, (thread,) in replies.items():
+            assert thread == openings[alert_id][0], f"killed at {n}: {alert_id} resolved outside its thread"
+        assert store.deliveries.undelivered() == [] and store.deliveries.attempted() == {}, n
+
+
+class SlowEdits(SlackNotifier):
+    """A real notifier whose edits take ``edit_s`` (Slack slow, or rate-limited), and which notes
+    the wall time each post came back."""
+
+    def __init__(self, edit_s: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.edit_s = edit_s
+        self.posted_at: dict[str, float] = {}
+
+    def post(self, alert: Alert, *args: Any, **kwargs: Any) -> tuple[str, str]:
+        result = super().post(alert, *args, **kwargs)
+        self.posted_at[alert.alert_id] = time.time()
+        return result
+
+    def edit(self, *args: Any, **kwargs: Any) -> None:
+        time.sleep(self.edit_s)
+        super().edit(*args, **kwargs)
+
+
+def _delivered_at(store: Store, alert_id: str, kind: str) -> float:
+    rows = store.query(f"SELECT toUnixTimestamp64Milli(delivered_at) AS at FROM {store.db}.alert_deliveries "
+                            "WHERE alert_id = %(id)s AND kind = %(kind)s", {"id": alert_id, "kind": kind})  # fmt: skip
+    return min(r["at"] for r in rows) / 1000
+
+
+def test_a_delivery_is_stamped_with_its_posts_time_not_the_time_its_record_was_written(chdb_client, slack):
+    """A post's record goes into the store later than the post (with the next mark, at the
+    pass's end, or the next pass when the store refused it): its ``delivered_at``, which the
+    ``incidents`` report counts time to acknowledge from, is still when Slack took the post."""
+    refusing = RefusesWrite(chdb_client, None)
+    store = Store(refusing, _fresh(chdb_client, "t_posted_at").db)
+    store.alerts.record([idle(alert_id=a) for a in ("a1", "a2", "a3")], version=1)
+    notifier = SlowEdits(1.5, token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=5)
+    outbox = Outbox(store, notifier, group_wait_s=0, landing_s=0, edit_every_s=0)
+    outbox.add([idle(alert_id="a1")])
+    outbox.deliver_pending()
+    outbox.add([idle(alert_id="a2"), idle("updated", "a1")])  # a2 posted, then a1's message edited (slowly)
+    outbox.deliver_pending()
+    assert abs(_delivered_at(store, "a2", "fired") - notifier.posted_at["a2"]) < 0.5
+    outbox.add([idle(alert_id="a3")])
+    refusing._n = refusing.writes + 1  # a3's mark passes, its record (the pass's end) is refused
+    with pytest.raises(ConnectionError):
+        outbox.deliver_pending()
+    time.sleep(1.5)
+    outbox.deliver_pending()  # the next pass writes it
+    assert abs(_delivered_at(store, "a3", "fired") - notifier.posted_at["a3"]) < 0.5
+
+
+class DiesEditing(SlackNotifier):
+    """A real notifier; the worker is killed (the store's client too) inside its first edit."""
+
+    def __init__(self, client: DiesBeforeWrite, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.client = client
+
+    def edit(self, *args: Any, **kwargs: Any) -> None:
+        self.client._n = self.client.writes  # nothing more reaches the store
+        raise Killed("killed while editing a message")
+
+
+def test_a_kill_while_the_pass_edits_messages_leaves_its_posts_recorded(chdb_client, slack):
+    """A pass posts, then edits other incidents' messages (Slack calls, rate-limited): the
+    posts' records are written before the edits, so a worker killed during them leaves no post
+    to look for in Slack, nor the restarted outbox waiting for one to land."""
+    client = DiesBeforeWrite(chdb_client, None)
+    store = Store(client, _fresh(chdb_client, "t_kill_editing").db)
+    store.alerts.record([idle(alert_id=a) for a in ("a1", "a2")], version=1)
+    outbox = Outbox(store, DiesEditing(client, token="xoxb-test", channel="#ml-cost", base_url=slack.api_url,
+                                       timeout=2), group_wait_s=0, landing_s=30, edit_every_s=0)  # fmt: skip
+    outbox.add([idle(alert_id="a1")])
+    outbox.deliver_pending()
+    outbox.add([idle(alert_id="a2"), idle("updated", "a1")])
+    with pytest.raises(Killed):
+        outbox.deliver_pending()  # a2 posted, then killed editing a1's message
+    assert len(slack.calls("chat.postMessage")) == 2
+    restarted = Outbox(Store(chdb_client, store.db), impatient(slack), group_wait_s=0, landing_s=30)
+    assert restarted.recover() == 0 and store.deliveries.attempted() == {}

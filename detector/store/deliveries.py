@@ -3,9 +3,10 @@ rebalance so that every change people should hear of is posted once (docs/reliab
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
-from detector.store.connection import Connection
+from detector.store.connection import Connection, ms
 from detector.units import epoch
 
 __all__ = ["ATTEMPT", "Deliveries"]
@@ -31,12 +32,22 @@ class Deliveries:
         self.conn.insert("alert_deliveries", [list(r) for r in rows], column_names=["alert_id", "kind", "channel", "message_ts"])
 
     def record_attempt(self, alert_ids: Sequence[str], change: str,
-                       delivered: Sequence[tuple[str, str, str, str]] = ()) -> None:  # fmt: skip
+                       delivered: Sequence[tuple[str, str, str, str, float]] = ()) -> None:  # fmt: skip
         """Mark a post as about to be sent, before it is: if the worker dies before the post is
         recorded as delivered, the next one looks for it in Slack before posting again. With the
-        deliveries made since the last write (``delivered``, rows as :meth:`record_many`'s) in the
+        deliveries made since the last write (``delivered``, rows as :meth:`record_made`'s) in the
         same insert: an insert into the embedded engine costs ~10 ms of CPU whatever its rows."""
-        self.record_many([*delivered, *((alert_id, ATTEMPT + change, "", "") for alert_id in alert_ids)])
+        now = time.time()
+        self.record_made([*delivered, *((alert_id, ATTEMPT + change, "", "", now) for alert_id in alert_ids)])
+
+    def record_made(self, rows: Sequence[tuple[str, str, str, str, float]]) -> None:
+        """Record (alert_id, kind, channel, message ts, wall time) rows in one insert, each row's
+        ``delivered_at`` its own time: a delivery's record may be written a pass after its post,
+        and ``delivered_at`` is when the post was made (the ``incidents`` report's time to acknowledge)."""
+        if not rows:
+            return
+        self.conn.insert("alert_deliveries", [[a, kind, channel, ts, ms(at)] for a, kind, channel, ts, at in rows],
+                         column_names=["alert_id", "kind", "channel", "message_ts", "delivered_at"])  # fmt: skip
 
     def made(self) -> dict[tuple[str, str], tuple[str, str]]:
         """(alert_id, kind) → (channel, message ts) of every delivery made."""
