@@ -67,17 +67,15 @@ class Events:
         by_type: dict[type, list[int]] = {}
         for i, event in enumerate(events):
             by_type.setdefault(type(event), []).append(i)
-        asked = []
-        for etype, indexes in by_type.items():
-            group = [events[i] for i in indexes]
-            keys = [e.run_id if isinstance(e, RunEvent) else e.resource_id for e in group]
-            asked.append((KIND[etype][1], keys, [round(e.ts.timestamp() * 1000) for e in group]))
+        groups = {etype: [events[i] for i in indexes] for etype, indexes in by_type.items()}
+        asked = [(KIND[etype][1], [e.run_id if isinstance(e, RunEvent) else e.resource_id for e in group],
+                  [round(e.ts.timestamp() * 1000) for e in group]) for etype, group in groups.items()]  # fmt: skip
         with self.conn.lock:
             found = self._stored_ids(asked)
         for etype, indexes in by_type.items():
             kind, table = KIND[etype]
             ids = found[table][0]
-            for i, event_id in zip(indexes, event_ids(kind, [events[i] for i in indexes]), strict=True):
+            for i, event_id in zip(indexes, event_ids(kind, groups[etype]), strict=True):
                 flags[i] = event_id in ids
         return flags
 
@@ -163,18 +161,20 @@ class Events:
         reads). The caller holds the lock."""
         found: dict[str, tuple[set[int], set[tuple[Any, ...]]]] = {}
         selects: list[str] = []
+        tables: list[str] = []
+        """The table of each select, by its ``asked`` column."""
         parameters: dict[str, Any] = {}
         for table, keys, ts_ms in asked:
             found.setdefault(table, (set(), set()))
             if not ts_ms:
                 continue
             n = len(selects)
+            tables.append(table)
             clauses = self._within(_KEY_COLUMN[table], keys, ts_ms, f"t{n}_", parameters)
             selects.append(f"SELECT {n} AS asked, event_id, src_topic, src_partition, src_offset "
                            f"FROM {self.conn.db}.{table} WHERE {clauses}")  # fmt: skip
         if not selects:
             return found
-        tables = [table for table, _, ts_ms in asked if ts_ms]
         result = self.conn.client.query(" UNION ALL ".join(selects), parameters=parameters)
         for n, event_id, topic, partition, offset in result.result_rows:
             ids, legacy = found[tables[n]]
