@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from itertools import groupby
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from detector import engine as engine_module
-from detector.detectors.activity import busy, resident
+from detector.detectors.activity import busy, busy_flags, resident, resident_shares
 from detector.detectors.base import Context, ResourceInfo
 from detector.detectors.scrape import FIRST, Scrape
 from detector.engine import Engine
@@ -43,6 +46,30 @@ def test_a_scrape_answers_what_every_rule_asks_of_its_samples():
     podded = Scrape([sample(T0, 0, 1.0, pod="p", namespace="ns")])
     assert podded.holders_unknown and not podded.plain  # a pod named, nobody said to hold the GPU
     assert not Scrape([sample(T0, 0, 1.0, mig_instance="1", mig_profile="1g.10gb")]).plain
+
+
+@st.composite
+def _scrape_at_edges(draw: st.DrawFn) -> tuple[list[GpuMetric], float]:
+    """A threshold, and samples whose utilisation and profiling ratios sit on it, just either side of
+    it, anywhere, or (the ratios) are missing."""
+    threshold = draw(st.sampled_from([0.0, 5.0, 50.0, 100.0]) | st.floats(0, 100))
+    ratio = threshold / 100
+    near = st.sampled_from([ratio, math.nextafter(ratio, 0), math.nextafter(ratio, 2)]) | st.floats(0, 1)
+    util = st.sampled_from([threshold, math.nextafter(threshold, 0), math.nextafter(threshold, 200)]) | st.floats(0, 100)
+    fields = st.fixed_dictionaries({}, optional={name: near for name in
+                                                 ("gr_engine_active", "sm_active", "tensor_active", "dram_active")})  # fmt: skip
+    samples = draw(st.lists(st.builds(lambda u, f: sample(T0, 0, u, **f), util, fields), max_size=10))
+    return samples, threshold
+
+
+@given(_scrape_at_edges())
+def test_a_scrapes_flags_and_shares_are_each_samples(case):
+    """The scrape-wide comprehensions answer exactly what the per-sample definitions do, at the
+    thresholds' edges and with any profiling ratio missing."""
+    samples, threshold = case
+    assert busy_flags(samples, threshold) == tuple(busy(ev, threshold) for ev in samples)
+    assert all(type(flag) is bool for flag in busy_flags(samples, threshold))
+    assert resident_shares(samples) == tuple(resident(ev) for ev in samples)
 
 
 def scrapes() -> list[tuple[float, list[GpuMetric]]]:

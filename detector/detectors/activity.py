@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from detector.events import GpuMetric
 
-__all__ = ["busy", "resident", "stuck_evidence"]
+__all__ = ["busy", "busy_flags", "resident", "resident_shares", "stuck_evidence"]
 
 
 def busy(ev: GpuMetric, threshold_pct: float) -> bool:
@@ -61,6 +61,24 @@ def resident(ev: GpuMetric) -> float:
     when higher (``util_pct`` reads 0 under MIG, where it is unsupported)."""
     gr = ev.gr_engine_active
     return max(ev.util_pct, gr * 100) if gr is not None else ev.util_pct
+
+
+def busy_flags(samples: list[GpuMetric], threshold_pct: float) -> tuple[bool, ...]:
+    """:func:`busy` of each sample, in one comprehension: no call a sample (every GPU rule asks it of
+    every scrape of every host; the same comparisons, in the same order)."""
+    ratio = threshold_pct / 100
+    return tuple([ev.util_pct >= threshold_pct
+                  or (ev.gr_engine_active is not None and ev.gr_engine_active >= ratio)
+                  or (ev.sm_active is not None and ev.sm_active >= ratio)
+                  or (ev.tensor_active is not None and ev.tensor_active >= ratio)
+                  or (ev.dram_active is not None and ev.dram_active >= ratio)
+                  for ev in samples])  # fmt: skip
+
+
+def resident_shares(samples: list[GpuMetric]) -> tuple[float, ...]:
+    """:func:`resident` of each sample, in one comprehension (as :func:`busy_flags`)."""
+    return tuple([ev.util_pct if ev.gr_engine_active is None else max(ev.util_pct, ev.gr_engine_active * 100)
+                  for ev in samples])  # fmt: skip
 
 
 def stuck_evidence(ev: GpuMetric, *, tensor_below: float, dram_below: float, sm_working: float,

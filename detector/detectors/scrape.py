@@ -23,7 +23,7 @@ from itertools import compress, repeat
 from operator import attrgetter, is_not
 from typing import cast
 
-from detector.detectors.activity import busy, resident
+from detector.detectors.activity import busy_flags, resident_shares
 from detector.detectors.pods import Pod, pod_of
 from detector.events import GpuMetric
 
@@ -83,7 +83,7 @@ class Scrape:
         worked out once per threshold (the rules that ask share theirs, 5 % by default)."""
         flags = self._busy.get(threshold_pct)
         if flags is None:
-            flags = self._busy[threshold_pct] = tuple([busy(ev, threshold_pct) for ev in self.samples])
+            flags = self._busy[threshold_pct] = busy_flags(self.samples, threshold_pct)
         return flags
 
     def resident(self) -> tuple[float, ...]:
@@ -91,7 +91,7 @@ class Scrape:
         (:func:`detector.detectors.activity.resident`)."""
         shares = self._resident
         if shares is None:
-            shares = self._resident = tuple([resident(ev) for ev in self.samples])
+            shares = self._resident = resident_shares(self.samples)
         return shares
 
     def distinct_gpus(self) -> tuple[int, ...]:
