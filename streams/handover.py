@@ -39,6 +39,7 @@ def install_handover(parts: WorkerParts) -> None:
         # State moves with partitions: what this worker holds may now belong to another. The
         # write in flight lands and what is done is committed before the group reassigns.
         await pipeline.pause()  # no batch until the next assignment's state is loaded
+        parts.posts_recovered = False
         await _commit(app, pipeline)
         parts.fetches.clear()  # fetched in this generation: read again from the committed offsets
         pipeline.reset()
@@ -53,6 +54,7 @@ def install_handover(parts: WorkerParts) -> None:
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
+        parts.posts_recovered = False  # (an assignment without a revocation before it: the first)
         loop = asyncio.get_running_loop()
         # Keys saved within the eviction horizon (of the newest save) come with their bytes, held
         # until each speaks; older ones come as names and are read from the store when they speak.
@@ -90,6 +92,7 @@ def install_handover(parts: WorkerParts) -> None:
             if recovered:
                 log.info("outputs_recovered", pending=recovered)
             pipeline.outputs_ready.set()
+        parts.posts_recovered = True
         pipeline.resume()
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
@@ -99,6 +102,7 @@ def install_handover(parts: WorkerParts) -> None:
         none, gives up unacknowledged) and any Slack post in progress finishes, before the
         consumer commits what is acknowledged and leaves the group."""
         pipeline.stop()
+        parts.posts_recovered = False
         await pipeline.pause()
         await asyncio.get_running_loop().run_in_executor(None, pipeline.event_writer.close)
         await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)

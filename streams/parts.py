@@ -52,6 +52,10 @@ class WorkerParts:
     actions on incidents (one worker of the group)."""
     actions: ActionRunner | None = None
     """Actions on incidents (docs/actions.md): proposed, decided and carried out on the wall clock."""
+    posts_recovered: bool = False
+    """The outboxes (Slack's and the other outputs') have taken the partitions held now, with the
+    posts their previous holder left undelivered in the store. Until then how many posts wait is
+    not known: ``/healthz`` says so (null) rather than 0."""
 
     @property
     def fetches(self) -> Fetches:
