@@ -29,6 +29,13 @@
 
 5. /healthz every 0.1 s (events held by the event-time aligner: by Little's law, mean held /
    event rate is the mean wait there) and /metrics at the end (batch and insert histograms).
+6. Where the machine's CPU went while the live fleet was published and caught up (``cpu``): the
+   CPU seconds of the worker's process (every thread: ClickHouse's too, which the worker's
+   per-stage figures leave out), of its child processes (the insert child), of the broker and of
+   this process (the publisher), from ``/proc``; and the machine's busy and stolen time (a
+   virtual machine's host taking its cores: the same work then takes longer). Half of a capacity
+   measured minutes earlier is half only if the machine did not slow meanwhile: these say whether
+   the run was past what the cores could give.
 
 ``--simulate K`` streams a fleet with K times the bench fleet's hosts instead, so that a low
 ``--speed`` (where the aligner's allowed lateness, 60 s of event time, is long in wall time)
@@ -181,6 +188,61 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a process, every thread (``/proc/PID/stat``); 0 when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14 and 15 of stat)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started (every thread's children; none when it is gone)."""
+    out: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            out += [int(c) for c in children.read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def machine_cpu_s() -> dict[str, float]:
+    """The machine's CPU seconds so far, all cores together: busy (not idle nor waiting for I/O) and
+    stolen by a virtual machine's host (``/proc/stat``)."""
+    user, nice, system, idle, iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return {"busy": (user + nice + system + irq + softirq) * _TICK_S, "steal": steal * _TICK_S}
+
+
+class CpuWatch:
+    """CPU seconds of the live run's processes and of the machine, between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, worker_pid: int, broker_pid: int) -> None:
+        self.worker_pid, self.broker_pid = worker_pid, broker_pid
+
+    def _read(self) -> dict[str, float]:
+        children = child_pids(self.worker_pid)
+        return {"worker": process_cpu_s(self.worker_pid), "worker_children": sum(map(process_cpu_s, children)),
+                "broker": process_cpu_s(self.broker_pid), "publisher": time.process_time(),
+                **{f"machine_{k}": v for k, v in machine_cpu_s().items()}}  # fmt: skip
+
+    def start(self) -> None:
+        self._wall, self._before = time.perf_counter(), self._read()
+
+    def stop(self) -> dict[str, float]:
+        """CPU seconds of each over the run, and the machine's busy and stolen shares of its cores."""
+        wall, after = time.perf_counter() - self._wall, self._read()
+        out = {k: round(after[k] - self._before[k], 2) for k in after}
+        cores = os.cpu_count() or 1
+        out.update(wall_s=round(wall, 2), cores=cores, machine_busy_share=round(out["machine_busy"] / (wall * cores), 3),
+                   machine_steal_share=round(out["machine_steal"] / (wall * cores), 3))  # fmt: skip
+        return out
+
+
 def log_decisions(log_path: Path, event: str = "alert_fired", field: str = "timestamp") -> dict[str, float]:
     """alert id → wall time of its first ``event`` line in the worker's JSON log: the line's
     ``timestamp`` (stored and acknowledged), or its ``decided_at`` (detection decided it)."""
@@ -243,12 +305,15 @@ def live_run(path: Path, workdir: Path, speed: float, extra_env: dict[str, str],
             load_before = os.getloadavg()
             sampler = HealthSampler(worker)
             sampler.start()
+            cpu_watch = CpuWatch(worker.pid, broker.pid)
+            cpu_watch.start()
             started, started_wall, harness_cpu = time.perf_counter(), time.time(), time.process_time()
             asyncio.run(publish_records(broker.bootstrap, messages, speed=speed, on_sent=on_sent))
             publish_s = time.perf_counter() - started
             health = worker.wait_until(lambda h: h["events"] >= n_events, timeout=600, poll_s=0.2)
             caught_up_s = time.perf_counter() - started
             harness_cpu = time.process_time() - harness_cpu
+            cpu = cpu_watch.stop()
             sampler.stop()
             metrics = scrape(worker.port)
             deadline = time.monotonic() + 60
@@ -281,7 +346,7 @@ def live_run(path: Path, workdir: Path, speed: float, extra_env: dict[str, str],
     result = {
         "speed": speed, "events": n_events, "messages": len(messages), "publish_s": publish_s,
         "offered_events_per_s": n_events / publish_s, "caught_up_s": caught_up_s,
-        "harness_cpu_s": harness_cpu, "fetch_watch": fetch_watch,
+        "harness_cpu_s": harness_cpu, "fetch_watch": fetch_watch, "cpu": cpu,
         "alerts_expected": len(expected_fired), "alerts_fired_by_worker": len(fired_ids),
         "alerts_missing": sorted(expected_fired - fired_ids)[:10], "alerts_invented": sorted(fired_ids - expected_fired)[:10],
         "alerts_timed": len(delays), "env": extra_env, "load_before": load_before, "load_after": load_after,

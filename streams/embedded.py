@@ -59,6 +59,12 @@ class EmbeddedBroker:
         self.stop()
         raise TimeoutError(f"embedded broker did not listen on {self.bootstrap} within {timeout_s}s")
 
+    @property
+    def pid(self) -> int:
+        """The broker's process id (started): what it costs in CPU is read from ``/proc`` by benchmarks."""
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
