@@ -99,6 +99,59 @@ class EventTimeAligner(Generic[T]):
             source_t[source] = latest
         self._caught_up.discard(source)
 
+    def push_many(self, source: Hashable, messages: Sequence[tuple[T, Sequence[Any]]]) -> None:
+        """:meth:`push` of each ``(token, events)`` in turn, all from ``source``: the same held
+        events, tokens and release order. The worker hands over a fetch's run of one partition's
+        messages at a time, so what is the source's (its time, caught-up flag and count of
+        messages held) is touched once per run, not once per message. ``(token, events)``, as the
+        worker keeps each decoded message, so that no pair is built again to push it."""
+        if not messages:
+            return
+        msg = self._next_msg
+        self._next_msg = msg + len(messages)
+        pending = self._pending
+        ranks = self._rank
+        run_latest = _NEVER
+        kind: type | None = None
+        rank = 0
+        held: list[tuple[float, Any]] = []
+        tokens = 0
+        for token, events in messages:
+            latest = _NEVER
+            if events:
+                first = events[0]
+                if type(first) is not kind:  # a run is mostly of one event type: its rank and list kept
+                    kind = type(first)
+                    known = ranks.get(kind)
+                    if known is None:
+                        known = ranks[kind] = _RANK.get(kind.__name__, 9)
+                    rank = known
+                    found = self._held.get(rank)
+                    if found is None:
+                        found = self._held[rank] = []
+                        self._held = dict(sorted(self._held.items()))
+                    held = found
+                if len(events) == 1:
+                    latest = first.ts.timestamp()
+                    held.append((latest, first))
+                else:
+                    times = [event.ts.timestamp() for event in events]
+                    latest = max(times)
+                    held.extend(zip(times, events, strict=True))
+                if token is not None:
+                    pending.append((latest, rank, msg, token, source))
+                    tokens += 1
+                if latest > run_latest:
+                    run_latest = latest
+            msg += 1
+        if tokens:
+            held_by_source = self.held_by_source
+            held_by_source[source] = held_by_source.get(source, 0) + tokens
+        source_t = self._source_t
+        if run_latest > source_t.get(source, _NEVER) or source not in source_t:
+            source_t[source] = run_latest
+        self._caught_up.discard(source)
+
     def advance(self, source: Hashable, t: float) -> None:
         """``source`` has given data up to ``t`` that needs no detection (read again after a
         restart, already seen): it may move the watermark as a push would."""

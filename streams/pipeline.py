@@ -138,6 +138,9 @@ class _Step:
 
     stored: list[tuple[Message, list[Event]]] = field(default_factory=list)
     """Each decoded message with its events: what the write stores."""
+    runs: list[tuple[TP, int, int]] = field(default_factory=list)
+    """(partition, start, end) of each run of one partition's messages in :attr:`stored`: what
+    the aligner takes in one call (:meth:`EventTimeAligner.push_many`)."""
     dead: list[tuple[Message, str]] = field(default_factory=list)
     """Messages that are not events (decoder's reason): dead-lettered, then done."""
     refused: list[tuple[Message, str]] = field(default_factory=list)
@@ -495,6 +498,7 @@ class Pipeline:
                 counts = per_topic[topic] = [0, 0]
             expected = positions.get(tp)
             taken: list[Message] = []
+            start = len(stored)
             for message in run:
                 if generation is not None and message.generation is not None and message.generation != generation:
                     # Fetched before the last rebalance (a batch being gathered, or waiting for the
@@ -517,6 +521,8 @@ class Pipeline:
                     partition_of[event.key] = partition
                 stored.append((message, decoded))
                 step.events += len(decoded)
+            if len(stored) > start:
+                step.runs.append((tp, start, len(stored)))
             if taken:
                 counts[0] += len(taken)
                 positions[tp] = taken[-1].offset + 1
@@ -610,16 +616,18 @@ class Pipeline:
         (no later than it, and stored: ``held`` has their ``id()``); hold what is ahead of event time."""
         aligner = self.aligner
         already_done: list[Message] = []
-        for message, decoded in step.stored:
+        stored = step.stored
+        if not held:  # nothing read again: each partition's run of messages is pushed whole
+            for tp, start, end in step.runs:
+                aligner.push_many(tp, stored[start:end])
+        for message, decoded in stored if held else ():
             tp = (message.topic, message.partition)
-            fresh = decoded
-            if held:
-                fresh = [e for e in decoded if id(e) not in held]
-                step.replayed += len(decoded) - len(fresh)
-                if not fresh:  # every event read again: done, and its time still counts
-                    aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
-                    already_done.append(message)
-                    continue
+            fresh = [e for e in decoded if id(e) not in held]
+            step.replayed += len(decoded) - len(fresh)
+            if not fresh:  # every event read again: done, and its time still counts
+                aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
+                already_done.append(message)
+                continue
             aligner.push(tp, fresh, message)
         for (topic, partition), next_offset in self._positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
