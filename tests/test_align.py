@@ -105,10 +105,17 @@ def test_push_many_is_push_of_each_message(batches, lateness_s):
     messages without a token included)."""
     one, many = EventTimeAligner(lateness_s), EventTimeAligner(lateness_s)
     number = 0
+    order: dict[int, tuple[float, int, int]] = {}  # id of an event or token → (time, rank, arrival)
     for messages, caught_up, everything in batches:
         made = []
         for source, kind, ts, with_token in messages:
-            made.append((source, number if with_token else None, [_KINDS[kind](t) for t in ts]))
+            events = [_KINDS[kind](t) for t in ts]
+            rank = (0, 1, 2, 9)[kind]
+            for i, event in enumerate(events):
+                order[id(event)] = (event.t, rank, number * 10 + i)
+            if events and with_token:
+                order[number] = (max(ts), rank, number)
+            made.append((source, number if with_token else None, events))
             number += 1
         for source, token, events in made:
             one.push(source, events, token)
@@ -124,6 +131,9 @@ def test_push_many_is_push_of_each_message(batches, lateness_s):
         (out_one, tokens_one), (out_many, tokens_many) = one.release(everything), many.release(everything)
         assert [(t, id(e)) for t, e in out_many] == [(t, id(e)) for t, e in out_one]
         assert tokens_many == tokens_one
+        # in (time, rank, arrival) order: a token where its message's last event is
+        assert out_one == sorted(out_one, key=lambda pair: order[id(pair[1])])
+        assert tokens_one == sorted(tokens_one, key=order.__getitem__)
         assert many.held_by_source == one.held_by_source
         assert many._source_t == one._source_t and many.slowest() == one.slowest()
         assert len(many) == len(one)
