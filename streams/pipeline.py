@@ -138,6 +138,9 @@ class _Step:
 
     stored: list[tuple[Message, list[Event]]] = field(default_factory=list)
     """Each decoded message with its events: what the write stores."""
+    keys: dict[str, int] = field(default_factory=dict)
+    """The key of each event in :attr:`stored` → the partition it came on (the latest, as
+    :attr:`Pipeline._partition_of` keeps it): the batch's keys, each once."""
     runs: list[tuple[TP, int, int]] = field(default_factory=list)
     """(partition, start, end) of each run of one partition's messages in :attr:`stored`: what
     the aligner takes in one call (:meth:`EventTimeAligner.push_many`)."""
@@ -481,7 +484,7 @@ class Pipeline:
         step = _Step()
         decode = self.configure().decoder.decode
         positions = self._positions
-        partition_of = self._partition_of
+        keys = step.keys  # into _partition_of once the batch is read
         per_topic = step.per_topic
         assigned = self._assigned
         generation = self._generation()
@@ -518,7 +521,7 @@ class Pipeline:
                     continue
                 counts[1] += len(decoded)
                 for event in decoded:
-                    partition_of[event.key] = partition
+                    keys[event.key] = partition
                 stored.append((message, decoded))
                 step.events += len(decoded)
             if len(stored) > start:
@@ -527,6 +530,7 @@ class Pipeline:
                 counts[0] += len(taken)
                 positions[tp] = taken[-1].offset + 1
                 self._acks.received(tp, taken)
+        self._partition_of.update(keys)
         step.messages = len(messages) - step.elsewhere - step.stale
         if step.elsewhere:
             log.info("messages_left_to_new_holder", messages=step.elsewhere)
@@ -537,7 +541,10 @@ class Pipeline:
 
     def _maybe_replayed(self, step: _Step) -> list[Event]:
         """Events no later than their key's restored state: read again after a restart or a
-        handover (or re-sent). Which of them that state holds is asked of the store."""
+        handover (or re-sent). Which of them that state holds is asked of the store. No event is
+        looked at when every key of the batch is held and none was restored (nothing can be)."""
+        if not self.engine.may_have_seen(step.keys):
+            return []
         seen = self.engine.already_seen
         return [e for _, decoded in step.stored for e in decoded if seen(e.ts.timestamp(), e)]
 
@@ -549,7 +556,7 @@ class Pipeline:
         engine, saved = self.engine, self.saved_states
         if not (engine.evicted or saved) or not step.stored:
             return
-        keys = {event.key for _, decoded in step.stored for event in decoded}
+        keys = set(step.keys)
         for _, decoded in step.stored:  # a run's hosts are looked up by its detectors
             keys.update(rid for event in decoded if type(event) is RunEvent for rid in event.resource_ids)
         evicted, lazy = engine.unread(keys), States.unread(saved, keys)
