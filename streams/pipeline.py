@@ -502,8 +502,10 @@ class Pipeline:
             expected = positions.get(tp)
             taken: list[Message] = []
             start = len(stored)
+            events = 0
             for message in run:
-                if generation is not None and message.generation is not None and message.generation != generation:
+                fetched_in = message.generation
+                if fetched_in != generation and fetched_in is not None and generation is not None:
                     # Fetched before the last rebalance (a batch being gathered, or waiting for the
                     # pause to end): the consumer reads the partition again from its committed
                     # offset, so taking it now would run detection ahead of that and then rewind.
@@ -519,11 +521,16 @@ class Pipeline:
                 except InvalidMessage as exc:
                     dead.append((message, exc.reason))
                     continue
-                counts[1] += len(decoded)
-                for event in decoded:
-                    keys[event.key] = partition
+                if len(decoded) == 1:  # the message of one event that many exporters send
+                    keys[decoded[0].key] = partition
+                    events += 1
+                else:
+                    for event in decoded:
+                        keys[event.key] = partition
+                    events += len(decoded)
                 stored.append((message, decoded))
-                step.events += len(decoded)
+            counts[1] += events  # the run's, counted once
+            step.events += events
             if len(stored) > start:
                 step.runs.append((tp, start, len(stored)))
             if taken:
