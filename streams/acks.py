@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from operator import attrgetter
 from typing import Generic, Protocol, TypeVar
 
 __all__ = ["InOrderAcks"]
@@ -24,8 +23,6 @@ class _Offset(Protocol):
 
 
 M = TypeVar("M", bound=_Offset)
-_tp = attrgetter("topic", "partition")
-_offset = attrgetter("offset")
 
 
 class _Partition(Generic[M]):
@@ -56,33 +53,23 @@ class InOrderAcks(Generic[M]):
 
     def done(self, messages: Iterable[M]) -> list[M]:
         """Mark ``messages`` done; return the messages that may now be acknowledged, in offset
-        order per partition. Called once per batch: each partition with messages done is walked
-        once from its head (one not touched now stops at its head, which is not done)."""
+        order per partition. Called once per batch: a partition's queue is walked once."""
+        touched: dict[tuple[str, int], _Partition[M]] = {}
         partitions = self._partitions
         for message in messages:
-            partition = partitions.get(_tp(message))
-            if partition is not None:  # None: received before a clear(), its partition handed over
-                partition.done.add(message.offset)
+            tp = (message.topic, message.partition)
+            partition = partitions.get(tp)
+            if partition is None:
+                continue  # received before a clear(): its partition was handed over
+            partition.done.add(message.offset)
+            touched[tp] = partition
         ready: list[M] = []
-        for partition in partitions.values():
-            done = partition.done
-            if not done:
-                continue
-            queue = partition.pending
-            n = 0
-            for message in queue:  # the done prefix's length, then taken at once
-                if message.offset not in done:
-                    break
-                n += 1
-            if not n:
-                continue
-            if n == len(queue):
-                taken = list(queue)
-                queue.clear()
-            else:
-                taken = [queue.popleft() for _ in range(n)]
-            done.difference_update(map(_offset, taken))
-            ready.extend(taken)
+        for partition in touched.values():
+            queue, done = partition.pending, partition.done
+            while queue and queue[0].offset in done:
+                head = queue.popleft()
+                done.discard(head.offset)
+                ready.append(head)
         return ready
 
     def clear(self) -> None:
