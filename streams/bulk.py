@@ -28,8 +28,6 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
-from itertools import groupby
-from operator import attrgetter
 from typing import Any, cast
 
 import faust
@@ -41,9 +39,6 @@ from mode.utils.futures import notify
 from streams.pipeline import Message
 
 __all__ = ["FETCH_MAX_WAIT_MS", "BulkConsumer", "BulkTransport", "Fetches", "install_bulk"]
-
-_tp = attrgetter("topic", "partition")
-_offset = attrgetter("offset")
 
 
 class Fetches:
@@ -150,14 +145,14 @@ class BulkConsumer(faust_aiokafka.Consumer):
     def acknowledge(self, messages: Iterable[Message]) -> None:
         """What ``Consumer.ack`` records for each message, from its offset alone, under one lock
         for the lot: Faust commits the first run of consecutive acknowledged offsets (and gaps)
-        of each partition. The pipeline hands each partition's messages over together (in runs), so
-        they are taken a run at a time."""
+        of each partition."""
         offsets: dict[tuple[str, int], list[int]] = {}
-        for key, run in groupby(messages, _tp):
-            per_tp = offsets.get(key)
+        for message in messages:
+            tp = (message.topic, message.partition)
+            per_tp = offsets.get(tp)
             if per_tp is None:
-                per_tp = offsets[key] = []
-            per_tp.extend(map(_offset, run))
+                per_tp = offsets[tp] = []
+            per_tp.append(message.offset)
         if not offsets:
             return
         acked = 0
@@ -165,12 +160,11 @@ class BulkConsumer(faust_aiokafka.Consumer):
             for (topic, partition), each in offsets.items():
                 tp = TP(topic, partition)
                 committed, index, in_order = self._committed_offset[tp], self._acked_index[tp], self._acked[tp]
-                # each offset once (the first), none already acknowledged or below the committed offset
-                fresh = list(dict.fromkeys([o for o in each if o not in index] if committed is None else
-                                           [o for o in each if o >= committed and o not in index]))  # fmt: skip
-                index.update(fresh)
-                in_order.extend(fresh)
-                acked += len(fresh)
+                for offset in each:
+                    if (committed is None or offset >= committed) and offset not in index:
+                        index.add(offset)
+                        in_order.append(offset)
+                        acked += 1
             self._n_acked += acked
             notify(self._waiting_for_ack)
         now, inbound = time.monotonic(), self.app.monitor.stream_inbound_time
