@@ -16,6 +16,7 @@ go through it, which is what makes them see the same order.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from operator import itemgetter
 from typing import Any, Generic, TypeVar
@@ -24,7 +25,8 @@ __all__ = ["EventTimeAligner"]
 
 T = TypeVar("T")
 _time = itemgetter(0)
-_order = itemgetter(0, 1, 2)
+_token = itemgetter(1)
+_source = itemgetter(2)
 _RANK: dict[str, int] = {"GpuMetric": 0, "SeenSample": 0, "UsageEvent": 1, "RunEvent": 2}
 """At equal timestamps, samples before usage intervals before run events: every consumer
 of the same events then sees the same order, whichever topic was read first. A
@@ -50,14 +52,15 @@ class EventTimeAligner(Generic[T]):
         so each sort is a merge of a few runs: linear in practice."""
         self._source_t: dict[Hashable, float] = {}
         self._caught_up: set[Hashable] = set()
-        self._pending: list[tuple[float, int, int, T, Hashable]] = []
-        """(latest time of its events, rank, message number, token, source) of each message with a
-        token not yet released. A message is released whole once its latest event is, which is once
-        the watermark reaches that time; its token then comes where its last event does."""
+        self._pending: dict[int, list[tuple[float, T, Hashable]]] = {}
+        """Rank of its first event's type → (latest time of its events, token, source) of each message
+        with a token not yet released, in arrival order: kept as :attr:`_held` is (one list per rank,
+        sorted stably by time at release), so the tokens come out in (time, rank, arrival) order with
+        no key built per message. A message is released whole once its latest event is, which is
+        once the watermark reaches that time; its token then comes where its last event does."""
         self.held_by_source: dict[Hashable, int] = {}
         """Source → messages with a token it has pushed that are not released yet (the worker pauses
         fetching from a source far ahead of the others, so that what is held stays bounded)."""
-        self._next_msg = 0
         self._rank: dict[type, int] = {}
         """Event type → its rank (:data:`_RANK`, by the type's name: this module imports no event type)."""
 
@@ -71,8 +74,6 @@ class EventTimeAligner(Generic[T]):
     def push(self, source: Hashable, events: Sequence[Any], token: T | None = None) -> None:
         """Add one message's events (each with its ``ts``) from ``source``. Called once per
         Kafka message, so written for the message of one event that many exporters send."""
-        msg = self._next_msg
-        self._next_msg = msg + 1
         latest = _NEVER
         if events:
             first = events[0]
@@ -81,8 +82,7 @@ class EventTimeAligner(Generic[T]):
                 rank = self._rank[type(first)] = _RANK.get(type(first).__name__, 9)
             held = self._held.get(rank)
             if held is None:
-                held = self._held[rank] = []
-                self._held = dict(sorted(self._held.items()))
+                held = self._add_rank(rank)
             if len(events) == 1:
                 latest = first.ts.timestamp()
                 held.append((latest, first))
@@ -91,13 +91,68 @@ class EventTimeAligner(Generic[T]):
                 latest = max(times)
                 held.extend(zip(times, events, strict=True))
             if token is not None:
-                self._pending.append((latest, rank, msg, token, source))
+                self._pending[rank].append((latest, token, source))
                 held_by_source = self.held_by_source
                 held_by_source[source] = held_by_source.get(source, 0) + 1
         source_t = self._source_t
         if latest > source_t.get(source, _NEVER) or source not in source_t:
             source_t[source] = latest
         self._caught_up.discard(source)
+
+    def push_many(self, source: Hashable, messages: Sequence[tuple[T, Sequence[Any]]]) -> None:
+        """:meth:`push` of each ``(token, events)`` in turn, all from ``source``: the same held
+        events, tokens and release order. The worker hands over a fetch's run of one partition's
+        messages at a time, so what is the source's (its time, caught-up flag and count of
+        messages held) is touched once per run, not once per message. ``(token, events)``, as the
+        worker keeps each decoded message, so that no pair is built again to push it."""
+        if not messages:
+            return
+        ranks = self._rank
+        run_latest = _NEVER
+        kind: type | None = None
+        held: list[tuple[float, Any]] = []
+        pending: list[tuple[float, T, Hashable]] = []
+        tokens = 0
+        for token, events in messages:
+            latest = _NEVER
+            if events:
+                first = events[0]
+                if type(first) is not kind:  # a run is mostly of one event type: its rank and list kept
+                    kind = type(first)
+                    known = ranks.get(kind)
+                    if known is None:
+                        known = ranks[kind] = _RANK.get(kind.__name__, 9)
+                    found = self._held.get(known)
+                    held = found if found is not None else self._add_rank(known)
+                    pending = self._pending[known]
+                if len(events) == 1:
+                    latest = first.ts.timestamp()
+                    held.append((latest, first))
+                else:
+                    times = [event.ts.timestamp() for event in events]
+                    latest = max(times)
+                    held.extend(zip(times, events, strict=True))
+                if token is not None:
+                    pending.append((latest, token, source))
+                    tokens += 1
+                if latest > run_latest:
+                    run_latest = latest
+        if tokens:
+            held_by_source = self.held_by_source
+            held_by_source[source] = held_by_source.get(source, 0) + tokens
+        source_t = self._source_t
+        if run_latest > source_t.get(source, _NEVER) or source not in source_t:
+            source_t[source] = run_latest
+        self._caught_up.discard(source)
+
+    def _add_rank(self, rank: int) -> list[tuple[float, Any]]:
+        """A rank's first event: its held and pending lists, each dict kept in rank order."""
+        held: list[tuple[float, Any]] = []
+        self._held[rank] = held
+        self._pending[rank] = []
+        self._held = dict(sorted(self._held.items()))
+        self._pending = dict(sorted(self._pending.items()))
+        return held
 
     def advance(self, source: Hashable, t: float) -> None:
         """``source`` has given data up to ``t`` that needs no detection (read again after a
@@ -147,17 +202,25 @@ class EventTimeAligner(Generic[T]):
         if not out:
             return [], []
         out.sort(key=_time)  # stable: at equal times, by rank (the order of the lists), then arrival
-        tokens: list[T] = []
-        if self._pending:
-            done = [m for m in self._pending if m[0] <= limit]
-            if done:
-                self._pending = [m for m in self._pending if m[0] > limit]
-                done.sort(key=_order)  # where each message's last event is in ``out``
-                tokens = [m[3] for m in done]
-                held_by_source = self.held_by_source
-                for m in done:
-                    held_by_source[m[4]] -= 1
-        return out, tokens
+        done: list[tuple[float, T, Hashable]] = []
+        for rank, pending in self._pending.items():
+            if not pending:
+                continue
+            pending.sort(key=_time)
+            cut = len(pending) if limit == float("inf") else bisect.bisect_right(pending, limit, key=_time)
+            if cut == len(pending):
+                done.extend(pending)
+                self._pending[rank] = []
+            elif cut:
+                done.extend(pending[:cut])
+                del pending[:cut]
+        if not done:
+            return out, []
+        done.sort(key=_time)  # as ``out``: where each message's last event is in it
+        held_by_source = self.held_by_source
+        for source, n in Counter(map(_source, done)).items():
+            held_by_source[source] -= n
+        return out, list(map(_token, done))
 
     def clear(self) -> None:
         """Partitions moved: drop what is held. Its messages were never acknowledged, so

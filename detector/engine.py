@@ -482,6 +482,13 @@ class Engine:
         # kinds were kept has only the key's time.
         return t <= (kinds.get(_KIND[type(event)], -math.inf) if kinds else last_t)
 
+    def may_have_seen(self, keys: Iterable[str]) -> bool:
+        """Whether :meth:`already_seen` could be true of an event of one of ``keys`` (each an event's
+        ``key``, which is the key it asks of), or would load one's state first: false when every one
+        is held and none was restored after a restart, and the worker's replay check asks nothing."""
+        held, restored = self._keys, self._restored_t
+        return any(key not in held or key in restored for key in keys)
+
     def _step_failed(self, detector: Detector[Any], key: str, event: Event, exc: Exception, events: int = 1) -> None:
         """A detector raised on an event: the event is skipped for that rule (the same in the
         worker and in backtest; a ``step_scrape`` that raises skips its scrape, ``events`` samples), counted,

@@ -138,6 +138,12 @@ class _Step:
 
     stored: list[tuple[Message, list[Event]]] = field(default_factory=list)
     """Each decoded message with its events: what the write stores."""
+    keys: dict[str, int] = field(default_factory=dict)
+    """The key of each event in :attr:`stored` → the partition it came on (the latest, as
+    :attr:`Pipeline._partition_of` keeps it): the batch's keys, each once."""
+    runs: list[tuple[TP, int, int]] = field(default_factory=list)
+    """(partition, start, end) of each run of one partition's messages in :attr:`stored`: what
+    the aligner takes in one call (:meth:`EventTimeAligner.push_many`)."""
     dead: list[tuple[Message, str]] = field(default_factory=list)
     """Messages that are not events (decoder's reason): dead-lettered, then done."""
     refused: list[tuple[Message, str]] = field(default_factory=list)
@@ -478,7 +484,7 @@ class Pipeline:
         step = _Step()
         decode = self.configure().decoder.decode
         positions = self._positions
-        partition_of = self._partition_of
+        keys = step.keys  # into _partition_of once the batch is read
         per_topic = step.per_topic
         assigned = self._assigned
         generation = self._generation()
@@ -495,8 +501,11 @@ class Pipeline:
                 counts = per_topic[topic] = [0, 0]
             expected = positions.get(tp)
             taken: list[Message] = []
+            start = len(stored)
+            events = 0
             for message in run:
-                if generation is not None and message.generation is not None and message.generation != generation:
+                fetched_in = message.generation
+                if fetched_in != generation and fetched_in is not None and generation is not None:
                     # Fetched before the last rebalance (a batch being gathered, or waiting for the
                     # pause to end): the consumer reads the partition again from its committed
                     # offset, so taking it now would run detection ahead of that and then rewind.
@@ -512,15 +521,23 @@ class Pipeline:
                 except InvalidMessage as exc:
                     dead.append((message, exc.reason))
                     continue
-                counts[1] += len(decoded)
-                for event in decoded:
-                    partition_of[event.key] = partition
+                if len(decoded) == 1:  # the message of one event that many exporters send
+                    keys[decoded[0].key] = partition
+                    events += 1
+                else:
+                    for event in decoded:
+                        keys[event.key] = partition
+                    events += len(decoded)
                 stored.append((message, decoded))
-                step.events += len(decoded)
+            counts[1] += events  # the run's, counted once
+            step.events += events
+            if len(stored) > start:
+                step.runs.append((tp, start, len(stored)))
             if taken:
                 counts[0] += len(taken)
                 positions[tp] = taken[-1].offset + 1
                 self._acks.received(tp, taken)
+        self._partition_of.update(keys)
         step.messages = len(messages) - step.elsewhere - step.stale
         if step.elsewhere:
             log.info("messages_left_to_new_holder", messages=step.elsewhere)
@@ -531,7 +548,10 @@ class Pipeline:
 
     def _maybe_replayed(self, step: _Step) -> list[Event]:
         """Events no later than their key's restored state: read again after a restart or a
-        handover (or re-sent). Which of them that state holds is asked of the store."""
+        handover (or re-sent). Which of them that state holds is asked of the store. No event is
+        looked at when every key of the batch is held and none was restored (nothing can be)."""
+        if not self.engine.may_have_seen(step.keys):
+            return []
         seen = self.engine.already_seen
         return [e for _, decoded in step.stored for e in decoded if seen(e.ts.timestamp(), e)]
 
@@ -543,7 +563,7 @@ class Pipeline:
         engine, saved = self.engine, self.saved_states
         if not (engine.evicted or saved) or not step.stored:
             return
-        keys = {event.key for _, decoded in step.stored for event in decoded}
+        keys = set(step.keys)
         for _, decoded in step.stored:  # a run's hosts are looked up by its detectors
             keys.update(rid for event in decoded if type(event) is RunEvent for rid in event.resource_ids)
         evicted, lazy = engine.unread(keys), States.unread(saved, keys)
@@ -610,16 +630,18 @@ class Pipeline:
         (no later than it, and stored: ``held`` has their ``id()``); hold what is ahead of event time."""
         aligner = self.aligner
         already_done: list[Message] = []
-        for message, decoded in step.stored:
+        stored = step.stored
+        if not held:  # nothing read again: each partition's run of messages is pushed whole
+            for tp, start, end in step.runs:
+                aligner.push_many(tp, stored[start:end])
+        for message, decoded in stored if held else ():
             tp = (message.topic, message.partition)
-            fresh = decoded
-            if held:
-                fresh = [e for e in decoded if id(e) not in held]
-                step.replayed += len(decoded) - len(fresh)
-                if not fresh:  # every event read again: done, and its time still counts
-                    aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
-                    already_done.append(message)
-                    continue
+            fresh = [e for e in decoded if id(e) not in held]
+            step.replayed += len(decoded) - len(fresh)
+            if not fresh:  # every event read again: done, and its time still counts
+                aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
+                already_done.append(message)
+                continue
             aligner.push(tp, fresh, message)
         for (topic, partition), next_offset in self._positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))

@@ -43,3 +43,21 @@ def test_a_message_of_a_partition_handed_over_is_not_acknowledged() -> None:
     acks.received(("gpu-metrics", 0), [held])
     acks.clear()  # the partition moved: its new holder reads it again
     assert acks.done([held]) == []
+
+
+def test_an_offset_received_again_is_acknowledged_only_once_done_again() -> None:
+    """A partition read again from an earlier offset (a rewind): an offset acknowledged before
+    waits to be done anew; and a partition with nothing done is left as it is."""
+    acks = InOrderAcks()
+    first = [Message("gpu-metrics", 0, offset, None, b"{}") for offset in range(3)]
+    acks.received(("gpu-metrics", 0), first)
+    acks.received(("gpu-metrics", 1), [Message("gpu-metrics", 1, 0, None, b"{}")])
+    assert [m.offset for m in acks.done(first[:2])] == [0, 1]
+    again = Message("gpu-metrics", 0, 1, None, b"{}")
+    acks.received(("gpu-metrics", 0), [again])
+    assert acks.done([first[2]]) == [first[2]]  # offset 2 done; the 1 read again is not
+    assert acks.done([]) == []
+    assert acks.done([again]) == [again]
+    later = Message("gpu-metrics", 0, 2, None, b"{}")
+    acks.received(("gpu-metrics", 0), [later])
+    assert acks.done([later]) == [later]

@@ -84,3 +84,64 @@ def test_everything_comes_out_once_in_time_order(messages):
     tokens += done
     assert sorted(out) == sorted(t for _, ts in messages for t in ts)
     assert sorted(tokens) == list(range(len(messages)))
+
+
+_KINDS = [type(name, (Ev,), {}) for name in ("GpuMetric", "UsageEvent", "RunEvent", "Other")]
+"""Event types by the names the aligner ranks (samples, usage, runs, anything else)."""
+_message = st.tuples(
+    st.sampled_from("abc"),  # source
+    st.sampled_from(range(len(_KINDS))),  # the type of its events
+    st.lists(st.sampled_from([0.0, 1.0, 2.0, 5.0, 30.0, 61.0, 100.0]), max_size=4),  # times: ties are frequent
+    st.booleans(),  # with a token
+)
+_batch = st.tuples(st.lists(_message, max_size=12), st.sets(st.sampled_from("abc")), st.booleans())
+
+
+@given(st.lists(_batch, max_size=8), st.sampled_from([0.0, 60.0]))
+def test_push_many_is_push_of_each_message(batches, lateness_s):
+    """A run of one source's messages pushed in one call gives what pushing them one by one gives:
+    the same events in the same order, the same tokens in the same order, the same time per source
+    and messages held per source, batch after batch (ties of time and rank, empty messages and
+    messages without a token included)."""
+    one, many = EventTimeAligner(lateness_s), EventTimeAligner(lateness_s)
+    number = 0
+    order: dict[int, tuple[float, int, int]] = {}  # id of an event or token → (time, rank, arrival)
+    for messages, caught_up, everything in batches:
+        made = []
+        for source, kind, ts, with_token in messages:
+            events = [_KINDS[kind](t) for t in ts]
+            rank = (0, 1, 2, 9)[kind]
+            for i, event in enumerate(events):
+                order[id(event)] = (event.t, rank, number * 10 + i)
+            if events and with_token:
+                order[number] = (max(ts), rank, number)
+            made.append((source, number if with_token else None, events))
+            number += 1
+        for source, token, events in made:
+            one.push(source, events, token)
+        run: list = []
+        for i, (source, token, events) in enumerate(made):
+            run.append((token, events))
+            if i + 1 == len(made) or made[i + 1][0] != source:
+                many.push_many(source, run)
+                run = []
+        for aligner in (one, many):
+            for source in "abc":
+                aligner.caught_up(source, source in caught_up)
+        (out_one, tokens_one), (out_many, tokens_many) = one.release(everything), many.release(everything)
+        assert [(t, id(e)) for t, e in out_many] == [(t, id(e)) for t, e in out_one]
+        assert tokens_many == tokens_one
+        # in (time, rank, arrival) order: a token where its message's last event is
+        assert out_one == sorted(out_one, key=lambda pair: order[id(pair[1])])
+        assert tokens_one == sorted(tokens_one, key=order.__getitem__)
+        assert many.held_by_source == one.held_by_source
+        assert many._source_t == one._source_t and many.slowest() == one.slowest()
+        assert len(many) == len(one)
+    assert many.release(everything=True)[1] == one.release(everything=True)[1]
+
+
+def test_push_many_of_nothing_changes_nothing():
+    aligner: EventTimeAligner[str] = EventTimeAligner(lateness_s=0)
+    aligner.caught_up("a")
+    aligner.push_many("a", [])
+    assert aligner.slowest() is None and aligner.release() == ([], [])

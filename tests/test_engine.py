@@ -240,6 +240,11 @@ def test_a_snapshot_keeps_the_latest_time_of_each_kind_the_key_sent(ruleset):
     before = Engine(ruleset, loader={"h": msgspec.msgpack.encode(old)}.get)
     assert before.already_seen(T0 + 4 * MIN, usage(T0 + 4 * MIN, rid="h"))
     assert before.snapshot("h") is not None and msgspec.msgpack.decode(before.snapshot("h"))["kind_t"] == {}
+    # may_have_seen: false only when every key is held and none was restored
+    assert restarted.may_have_seen(["h"]) and restarted.may_have_seen(["other"])
+    fresh = Engine(ruleset)
+    fresh.process([usage(T0, rid="h")])
+    assert not fresh.may_have_seen(["h"]) and fresh.may_have_seen(["h", "new"]) and not fresh.may_have_seen([])
 
 
 def test_egress_intervals_saved_as_triples_before_are_read_back_flat():

@@ -471,6 +471,42 @@ def test_events_read_again_after_a_restart_are_detected_once(store, ruleset, sto
     assert second.stats.replayed == 1  # the early usage event
 
 
+def test_an_event_read_again_after_its_key_came_back_in_an_earlier_batch_is_detected_once(store, ruleset):
+    """After a restart, a key's state is restored by its first batch; an event of it read again in
+    a later batch (another partition's, here the usage topic's) is still checked against the restored
+    time, though the key is held by then, and is not folded in twice."""
+    behind = {"gpu-metrics": True}
+    held = usage_message(0, T0 + 90 * MIN)
+    early = usage_message(1, T0 + MIN)
+    gpu = [gpu_message(i, T0 + i * 60, 1.0) for i in range(10)]
+    first, acked = started(store, ruleset, behind), []
+    run_batches(first, [[held, early] + gpu], acked)
+    assert ("resource-usage", 1) not in acked
+    behind["gpu-metrics"] = False
+    again = [m for m in [held, early] + gpu if (m.topic, m.offset) not in acked]
+    gpu_again = [m for m in again if m.topic == "gpu-metrics"] + [gpu_message(10, T0 + 10 * 60, 1.0)]
+    usage_again = [m for m in again if m.topic == "resource-usage"]
+    second, acked = started(store, ruleset, behind), []
+    run_batches(second, [gpu_again, usage_again], acked)  # h1 is restored by the first, held in the second
+    assert first.stats.detected + second.stats.detected == 22 + 2  # every event once
+    assert second.stats.replayed == 1  # the early usage event
+
+
+def test_the_replay_check_asks_about_no_event_when_every_key_is_held_and_none_was_restored(store, ruleset):
+    """Nothing restored after a restart, every key of the batch held: no event can have been seen
+    by a restored state, and none is asked about (a per-event scan of every batch otherwise)."""
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    asked: list[float] = []
+    seen = pipeline.engine.already_seen
+    pipeline.engine.already_seen = lambda t, event: asked.append(t) or seen(t, event)  # type: ignore[method-assign]
+    run_batches(pipeline, [[gpu_message(0, T0, 1.0)]], [])
+    assert len(asked) == 2  # h1 not held yet: asked (and loaded)
+    run_batches(pipeline, [[gpu_message(1, T0 + 60, 1.0), usage_message(0, T0 + 60)]], [])
+    assert len(asked) == 2 and pipeline.stats.detected == 5 and pipeline.stats.replayed == 0
+    run_batches(pipeline, [[gpu_message(2, T0 + 120, 1.0), gpu_message(3, T0 + 120, 1.0, host="h2")]], [])
+    assert len(asked) == 2 + 4  # h2 is new: the batch is asked about
+
+
 def stopped_before_its_state_write_lands(pipeline: Pipeline, messages: list[Message], store: Any) -> list[Message]:
     """``pipeline`` processes ``messages`` while the state table (and the write's probe) refuses
     writes, stalls retrying, and is stopped there: a kill before the batch's write lands. The
