@@ -92,8 +92,8 @@ def install_handover(parts: WorkerParts) -> None:
             if recovered:
                 log.info("outputs_recovered", pending=recovered)
             pipeline.outputs_ready.set()
-        parts.posts_recovered = True
-        pipeline.resume()
+        # Refused during a stop (its hook has revoked the outboxes): the posts are the next holder's.
+        parts.posts_recovered = pipeline.resume()
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stopping(sender: Any, **kwargs: Any) -> None:

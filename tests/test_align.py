@@ -145,3 +145,16 @@ def test_push_many_of_nothing_changes_nothing():
     aligner.caught_up("a")
     aligner.push_many("a", [])
     assert aligner.slowest() is None and aligner.release() == ([], [])
+
+
+def test_push_many_marks_its_source_not_caught_up_as_push_does():
+    """A source that said it had caught up and then gives a run holds the watermark again (the
+    property test above says every source caught up or not after each push, so it cannot tell)."""
+    one, many = EventTimeAligner(lateness_s=0), EventTimeAligner(lateness_s=0)
+    for aligner in (one, many):
+        aligner.push("a", [Ev(10.0)])
+        aligner.push("b", [Ev(50.0)])
+        aligner.caught_up("a")
+    one.push("a", [Ev(20.0)])
+    many.push_many("a", [(None, [Ev(20.0)])])
+    assert one.slowest() == many.slowest() == "a" and one.watermark == many.watermark == 20.0
