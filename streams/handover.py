@@ -87,6 +87,8 @@ def install_handover(parts: WorkerParts) -> None:
         if recovered:
             log.info("outbox_recovered", pending=recovered)
         pipeline.outbox_ready.set()
+        if pipeline.stopping:  # a stop came during the recovery: its hook revokes the outputs next, or has
+            return  # (taking them now could leave them owned, and delivering, through the shutdown)
         if parts.outputs is not None:
             recovered = await loop.run_in_executor(None, parts.outputs.assign, partitions)
             if recovered:

@@ -94,3 +94,36 @@ def test_a_stop_during_the_outboxs_recovery_leaves_the_posts_not_recovered() -> 
 
     asyncio.run(run())
     assert parts.pipeline.stopping and parts.posts_recovered is False
+
+
+def test_a_stop_during_the_outboxs_recovery_leaves_the_other_outputs_unassigned() -> None:
+    """The other outputs are taken after Slack's outbox: a stop that came meanwhile revokes them
+    (or is about to), so the assignment does not take them, which would leave them owned, and
+    delivering, through the shutdown while the next holder delivers them too."""
+    in_assign, go_on = threading.Event(), threading.Event()
+    taken: list[list[int]] = []
+
+    def assign(partitions: list[int]) -> int:
+        in_assign.set()
+        go_on.wait(10)
+        return 0
+
+    parts = _parts(assign)
+    parts.outputs = SimpleNamespace(assign=lambda partitions: taken.append(partitions) or 0, revoke=lambda: None)
+    install_handover(parts)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        assigning = asyncio.ensure_future(parts.app.on_partitions_assigned.receiver(None, _assigned([0])))
+        await loop.run_in_executor(None, in_assign.wait, 10)
+        await parts.app.on_before_shutdown.receiver(None)
+        go_on.set()
+        await assigning
+
+    asyncio.run(run())
+    assert taken == [] and parts.posts_recovered is False
+    fresh = _parts(lambda partitions: 0)  # a worker that no stop interrupts takes them
+    fresh.outputs = parts.outputs
+    install_handover(fresh)  # type: ignore[arg-type]
+    asyncio.run(fresh.app.on_partitions_assigned.receiver(None, _assigned([0])))
+    assert taken == [[0]] and fresh.posts_recovered is True
