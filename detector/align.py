@@ -34,6 +34,26 @@ of the same events then sees the same order, whichever topic was read first. A
 _NEVER = float("-inf")
 
 
+def _take_until(by_rank: dict[int, list[Any]], limit: float) -> list[Any]:
+    """Take out of each rank's list (items of which the time comes first, in arrival order) those at
+    or before ``limit``, each list sorted stably by time first, then all of them sorted stably by time:
+    (time, rank, arrival) order. Input is nearly in order, so each sort merges a few runs."""
+    taken: list[Any] = []
+    for rank, items in by_rank.items():
+        if not items:
+            continue
+        items.sort(key=_time)
+        cut = len(items) if limit == float("inf") else bisect.bisect_right(items, limit, key=_time)
+        if cut == len(items):
+            taken.extend(items)
+            by_rank[rank] = []
+        elif cut:
+            taken.extend(items[:cut])
+            del items[:cut]
+    taken.sort(key=_time)  # stable: at equal times, by rank (the order of the lists), then arrival
+    return taken
+
+
 class EventTimeAligner(Generic[T]):
     """Buffers messages (lists of events) per source; releases events in time order.
 
@@ -72,39 +92,18 @@ class EventTimeAligner(Generic[T]):
         return {event.key for held in self._held.values() for _, event in held}
 
     def push(self, source: Hashable, events: Sequence[Any], token: T | None = None) -> None:
-        """Add one message's events (each with its ``ts``) from ``source``. Called once per
-        Kafka message, so written for the message of one event that many exporters send."""
-        latest = _NEVER
-        if events:
-            first = events[0]
-            rank = self._rank.get(type(first))
-            if rank is None:
-                rank = self._rank[type(first)] = _RANK.get(type(first).__name__, 9)
-            held = self._held.get(rank)
-            if held is None:
-                held = self._add_rank(rank)
-            if len(events) == 1:
-                latest = first.ts.timestamp()
-                held.append((latest, first))
-            else:
-                times = [event.ts.timestamp() for event in events]
-                latest = max(times)
-                held.extend(zip(times, events, strict=True))
-            if token is not None:
-                self._pending[rank].append((latest, token, source))
-                held_by_source = self.held_by_source
-                held_by_source[source] = held_by_source.get(source, 0) + 1
-        source_t = self._source_t
-        if latest > source_t.get(source, _NEVER) or source not in source_t:
-            source_t[source] = latest
-        self._caught_up.discard(source)
+        """Add one message's events (each with its ``ts``) from ``source``, with its token (None:
+        no token to give back): :meth:`push_many` of that one message."""
+        self.push_many(source, ((token, events),))
 
-    def push_many(self, source: Hashable, messages: Sequence[tuple[T, Sequence[Any]]]) -> None:
-        """:meth:`push` of each ``(token, events)`` in turn, all from ``source``: the same held
-        events, tokens and release order. The worker hands over a fetch's run of one partition's
-        messages at a time, so what is the source's (its time, caught-up flag and count of
-        messages held) is touched once per run, not once per message. ``(token, events)``, as the
-        worker keeps each decoded message, so that no pair is built again to push it."""
+    def push_many(self, source: Hashable, messages: Sequence[tuple[T | None, Sequence[Any]]]) -> None:
+        """Add messages from ``source`` in order, each ``(token, events)`` (events each with its ``ts``;
+        a token None: none to give back at release). Pushing a run at once gives what pushing its
+        messages one by one gives. The worker hands over a fetch's run of one partition's messages
+        at a time, so what is the source's (its time, caught-up flag and count of messages held) is
+        touched once per run, not once per message; ``(token, events)``, as the worker keeps each
+        decoded message, so that no pair is built again to push it. Called once per Kafka message
+        too (:meth:`push`), so written for the message of one event that many exporters send."""
         if not messages:
             return
         ranks = self._rank
@@ -187,36 +186,12 @@ class EventTimeAligner(Generic[T]):
     def release(self, everything: bool = False) -> tuple[list[tuple[float, Any]], list[T]]:
         """``(t, event)`` up to the watermark in time order, and the tokens of fully released messages."""
         limit = float("inf") if everything else self.watermark
-        out: list[tuple[float, Any]] = []
-        for rank, held in self._held.items():
-            if not held:
-                continue
-            held.sort(key=_time)
-            cut = len(held) if limit == float("inf") else bisect.bisect_right(held, limit, key=_time)
-            if cut == len(held):
-                out.extend(held)
-                self._held[rank] = []
-            elif cut:
-                out.extend(held[:cut])
-                del held[:cut]
+        out = _take_until(self._held, limit)
         if not out:
             return [], []
-        out.sort(key=_time)  # stable: at equal times, by rank (the order of the lists), then arrival
-        done: list[tuple[float, T, Hashable]] = []
-        for rank, pending in self._pending.items():
-            if not pending:
-                continue
-            pending.sort(key=_time)
-            cut = len(pending) if limit == float("inf") else bisect.bisect_right(pending, limit, key=_time)
-            if cut == len(pending):
-                done.extend(pending)
-                self._pending[rank] = []
-            elif cut:
-                done.extend(pending[:cut])
-                del pending[:cut]
+        done = _take_until(self._pending, limit)  # each message where its last event is in ``out``
         if not done:
             return out, []
-        done.sort(key=_time)  # as ``out``: where each message's last event is in it
         held_by_source = self.held_by_source
         for source, n in Counter(map(_source, done)).items():
             held_by_source[source] -= n

@@ -70,10 +70,8 @@ def test_posts_are_recovered_once_an_assignment_has_taken_them() -> None:
     assert parts.posts_recovered is True
 
 
-def test_a_stop_during_the_outboxs_recovery_leaves_the_posts_not_recovered() -> None:
-    """A stop arrives while the outbox recovers the assignment's posts: the stop's hook revokes
-    the outbox (its posts are left in the store for the next holder), so the assignment, finishing
-    after it, must not say they are recovered (``/healthz`` would say 0 posts wait)."""
+def _stop_while_the_outbox_recovers(outputs: Any = None) -> SimpleNamespace:
+    """An assignment whose outbox recovery (six posts) a stop interrupts: the parts after both hooks."""
     in_assign, go_on = threading.Event(), threading.Event()
 
     def assign(partitions: list[int]) -> int:
@@ -82,6 +80,7 @@ def test_a_stop_during_the_outboxs_recovery_leaves_the_posts_not_recovered() -> 
         return 6
 
     parts = _parts(assign)
+    parts.outputs = outputs
     install_handover(parts)  # type: ignore[arg-type]
 
     async def run() -> None:
@@ -93,6 +92,14 @@ def test_a_stop_during_the_outboxs_recovery_leaves_the_posts_not_recovered() -> 
         await assigning
 
     asyncio.run(run())
+    return parts
+
+
+def test_a_stop_during_the_outboxs_recovery_leaves_the_posts_not_recovered() -> None:
+    """A stop arrives while the outbox recovers the assignment's posts: the stop's hook revokes
+    the outbox (its posts are left in the store for the next holder), so the assignment, finishing
+    after it, must not say they are recovered (``/healthz`` would say 0 posts wait)."""
+    parts = _stop_while_the_outbox_recovers()
     assert parts.pipeline.stopping and parts.posts_recovered is False
 
 
@@ -100,30 +107,12 @@ def test_a_stop_during_the_outboxs_recovery_leaves_the_other_outputs_unassigned(
     """The other outputs are taken after Slack's outbox: a stop that came meanwhile revokes them
     (or is about to), so the assignment does not take them, which would leave them owned, and
     delivering, through the shutdown while the next holder delivers them too."""
-    in_assign, go_on = threading.Event(), threading.Event()
     taken: list[list[int]] = []
-
-    def assign(partitions: list[int]) -> int:
-        in_assign.set()
-        go_on.wait(10)
-        return 0
-
-    parts = _parts(assign)
-    parts.outputs = SimpleNamespace(assign=lambda partitions: taken.append(partitions) or 0, revoke=lambda: None)
-    install_handover(parts)  # type: ignore[arg-type]
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        assigning = asyncio.ensure_future(parts.app.on_partitions_assigned.receiver(None, _assigned([0])))
-        await loop.run_in_executor(None, in_assign.wait, 10)
-        await parts.app.on_before_shutdown.receiver(None)
-        go_on.set()
-        await assigning
-
-    asyncio.run(run())
+    outputs = SimpleNamespace(assign=lambda partitions: taken.append(partitions) or 0, revoke=lambda: None)
+    parts = _stop_while_the_outbox_recovers(outputs)
     assert taken == [] and parts.posts_recovered is False
     fresh = _parts(lambda partitions: 0)  # a worker that no stop interrupts takes them
-    fresh.outputs = parts.outputs
+    fresh.outputs = outputs
     install_handover(fresh)  # type: ignore[arg-type]
     asyncio.run(fresh.app.on_partitions_assigned.receiver(None, _assigned([0])))
     assert taken == [[0]] and fresh.posts_recovered is True
