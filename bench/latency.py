@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
-from bench.run import PARTITIONS, bench_fleet, bench_streaming, env  # noqa: E402
+from bench.run import PARTITIONS, bench_fleet, bench_streaming, cpu_seconds, env  # noqa: E402
 from detector.alerts import Alert  # noqa: E402
 from detector.backtest import backtest  # noqa: E402
 from detector.events import TOPICS  # noqa: E402
@@ -191,26 +191,6 @@ def scrape(port: int) -> dict[str, float]:
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu_s(pid: int) -> float:
-    """User and system CPU seconds of a process, every thread (``/proc/PID/stat``); 0 when gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14 and 15 of stat)
-
-
-def child_pids(pid: int) -> list[int]:
-    """The processes ``pid`` started (every thread's children; none when it is gone)."""
-    out: list[int] = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            out += [int(c) for c in children.read_text().split()]
-        except OSError:
-            continue
-    return out
-
-
 def machine_cpu_s() -> dict[str, float]:
     """The machine's CPU seconds so far, all cores together: busy (not idle nor waiting for I/O) and
     stolen by a virtual machine's host (``/proc/stat``)."""
@@ -225,9 +205,9 @@ class CpuWatch:
         self.worker_pid, self.broker_pid = worker_pid, broker_pid
 
     def _read(self) -> dict[str, float]:
-        children = child_pids(self.worker_pid)
-        return {"worker": process_cpu_s(self.worker_pid), "worker_children": sum(map(process_cpu_s, children)),
-                "broker": process_cpu_s(self.broker_pid), "publisher": time.process_time(),
+        worker = cpu_seconds(self.worker_pid, children=False)
+        return {"worker": worker, "worker_children": cpu_seconds(self.worker_pid) - worker,  # (reaped ones too)
+                "broker": cpu_seconds(self.broker_pid, children=False), "publisher": time.process_time(),
                 **{f"machine_{k}": v for k, v in machine_cpu_s().items()}}  # fmt: skip
 
     def start(self) -> None:

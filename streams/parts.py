@@ -58,6 +58,18 @@ class WorkerParts:
     not known: ``/healthz`` says so (null) rather than 0."""
 
     @property
+    def slack_pending(self) -> int | None:
+        """Slack posts waiting (None until :attr:`posts_recovered`: not known yet, not 0)."""
+        return len(self.outbox) if self.posts_recovered else None
+
+    @property
+    def outputs_pending(self) -> int | None:
+        """The other outputs' messages waiting (None until :attr:`posts_recovered`)."""
+        if not self.posts_recovered:
+            return None
+        return len(self.outputs) if self.outputs is not None else 0
+
+    @property
     def fetches(self) -> Fetches:
         """The input topics' fetches on their way to the detect agent (:mod:`streams.bulk`)."""
         return cast(Fetches, cast(BulkTransport, self.app.transport).fetches)

@@ -634,15 +634,16 @@ class Pipeline:
         if not held:  # nothing read again: each partition's run of messages is pushed whole
             for tp, start, end in step.runs:
                 aligner.push_many(tp, stored[start:end])
-        for message, decoded in stored if held else ():
-            tp = (message.topic, message.partition)
-            fresh = [e for e in decoded if id(e) not in held]
-            step.replayed += len(decoded) - len(fresh)
-            if not fresh:  # every event read again: done, and its time still counts
-                aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
-                already_done.append(message)
-                continue
-            aligner.push(tp, fresh, message)
+        else:
+            for message, decoded in stored:
+                tp = (message.topic, message.partition)
+                fresh = [e for e in decoded if id(e) not in held]
+                step.replayed += len(decoded) - len(fresh)
+                if not fresh:  # every event read again: done, and its time still counts
+                    aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
+                    already_done.append(message)
+                    continue
+                aligner.push(tp, fresh, message)
         for (topic, partition), next_offset in self._positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
         events, released = aligner.release()

@@ -338,5 +338,5 @@ def _housekeeping(parts: WorkerParts) -> None:
         log.info(
             "worker_stats", messages=s.messages, events=s.events, dead_letters=s.dead_letters,
             alerts_fired=s.alerts_fired, alerts_resolved=s.alerts_resolved, keys=len(engine),
-            slack_pending=len(outbox) if parts.posts_recovered else None, slack_delivered=outbox.delivered,
+            slack_pending=parts.slack_pending, slack_delivered=outbox.delivered,
         )  # fmt: skip

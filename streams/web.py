@@ -288,7 +288,6 @@ def _healthz(parts: WorkerParts) -> None:
     async def healthz(web: Any, request: Any) -> Any:
         s = pipeline.stats
         stalled = pipeline.stalled_for()
-        recovered = parts.posts_recovered
         return web.json(
             {
                 "status": "stalled" if stalled else "ok",
@@ -313,9 +312,9 @@ def _healthz(parts: WorkerParts) -> None:
                 "alerts_resolved": s.alerts_resolved,
                 # null while the posts the partitions' previous holder left in the store are being
                 # recovered: "0" then would tell an operator (or a test) that nothing waits
-                "slack_pending": len(outbox) if recovered else None,
+                "slack_pending": parts.slack_pending,
                 "slack_delivered": outbox.delivered,
-                "outputs_pending": (len(parts.outputs) if parts.outputs is not None else 0) if recovered else None,
+                "outputs_pending": parts.outputs_pending,
                 "outputs_delivered": parts.outputs.delivered if parts.outputs is not None else 0,
             },
             status=503 if stalled else 200,
