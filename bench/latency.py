@@ -33,9 +33,11 @@
    CPU seconds of the worker's process (every thread: ClickHouse's too, which the worker's
    per-stage figures leave out), of its child processes (the insert child), of the broker and of
    this process (the publisher), from ``/proc``; and the machine's busy and stolen time (a
-   virtual machine's host taking its cores: the same work then takes longer). Half of a capacity
-   measured minutes earlier is half only if the machine did not slow meanwhile: these say whether
-   the run was past what the cores could give.
+   virtual machine's host taking its cores: the same work then takes longer), and the worker's
+   CPU by thread name (``worker_threads``: ClickHouse names its threads, ``MergeMutate`` and the
+   like; Python's threads carry the process's name). Half of a capacity measured minutes earlier
+   is half only if the machine did not slow meanwhile: these say whether the run was past what
+   the cores could give.
 
 ``--simulate K`` streams a fleet with K times the bench fleet's hosts instead, so that a low
 ``--speed`` (where the aligner's allowed lateness, 60 s of event time, is long in wall time)
@@ -204,6 +206,19 @@ class CpuWatch:
     def __init__(self, worker_pid: int, broker_pid: int) -> None:
         self.worker_pid, self.broker_pid = worker_pid, broker_pid
 
+    def _threads(self) -> dict[str, float]:
+        """The worker's CPU seconds by thread name (ClickHouse names its threads; Python's are the
+        process's name): which part of the process the time went to."""
+        out: dict[str, float] = defaultdict(float)
+        for task in Path(f"/proc/{self.worker_pid}/task").glob("*"):
+            try:
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            out[name] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return out
+
     def _read(self) -> dict[str, float]:
         worker = cpu_seconds(self.worker_pid, children=False)
         return {"worker": worker, "worker_children": cpu_seconds(self.worker_pid) - worker,  # (reaped ones too)
@@ -211,12 +226,15 @@ class CpuWatch:
                 **{f"machine_{k}": v for k, v in machine_cpu_s().items()}}  # fmt: skip
 
     def start(self) -> None:
-        self._wall, self._before = time.perf_counter(), self._read()
+        self._wall, self._before, self._threads_before = time.perf_counter(), self._read(), self._threads()
 
-    def stop(self) -> dict[str, float]:
+    def stop(self) -> dict[str, Any]:
         """CPU seconds of each over the run, and the machine's busy and stolen shares of its cores."""
         wall, after = time.perf_counter() - self._wall, self._read()
-        out = {k: round(after[k] - self._before[k], 2) for k in after}
+        out: dict[str, Any] = {k: round(after[k] - self._before[k], 2) for k in after}
+        threads = self._threads()
+        used = {k: round(v - self._threads_before.get(k, 0.0), 2) for k, v in threads.items()}
+        out["worker_threads"] = dict(sorted(((k, v) for k, v in used.items() if v >= 0.05), key=lambda kv: -kv[1]))
         cores = os.cpu_count() or 1
         out.update(wall_s=round(wall, 2), cores=cores, machine_busy_share=round(out["machine_busy"] / (wall * cores), 3),
                    machine_steal_share=round(out["machine_steal"] / (wall * cores), 3))  # fmt: skip
