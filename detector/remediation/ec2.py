@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
-
-import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from typing import TYPE_CHECKING, Any
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
+
+if TYPE_CHECKING:  # boto3 is imported at the first call (~0.5 CPU s of imports a worker start would pay)
+    from botocore.exceptions import ClientError
 
 __all__ = ["API", "StopInstance"]
 
@@ -53,6 +52,8 @@ class StopInstance:
         return Call(api=API, request={"InstanceIds": [instance]}, endpoint=target.region)
 
     def execute(self, call: Call) -> Outcome:
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
         ids = self._ids(call)
         try:
             answer = self._client(call.endpoint).stop_instances(InstanceIds=ids)
@@ -71,6 +72,8 @@ class StopInstance:
     def observe(self, call: Call) -> Outcome | None:
         """After a worker died mid-call: the outcome if the instances are stopping or stopped
         already, None if they are not (so the call was not made, or did not take)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
         try:
             answer = self._client(call.endpoint).describe_instances(InstanceIds=self._ids(call))
         except (ClientError, BotoCoreError):
@@ -90,6 +93,9 @@ class StopInstance:
     def _client(self, region: str) -> Any:
         client = self._clients.get(region)
         if client is None:
+            import boto3
+            from botocore.config import Config
+
             session = self._session or boto3.session.Session()
             config = Config(connect_timeout=5, read_timeout=20, retries={"max_attempts": 2, "mode": "standard"})
             client = session.client("ec2", region_name=region, endpoint_url=self._endpoint_url, config=config)

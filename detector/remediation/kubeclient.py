@@ -4,21 +4,25 @@ Credentials come from the standard chain only: the pod's service account when th
 runs in the cluster (``KUBERNETES_SERVICE_HOST`` and the mounted token), else the
 kubeconfig ``KUBECONFIG`` names (or ``~/.kube/config``), with an optional context. They
 stay inside the client: nothing here logs them or puts them in a :class:`Call`.
+
+The Kubernetes client is imported at the first call, not with the worker: it is ~0.7 CPU s of
+imports (its generated API and models), and with ``kubernetes-validate`` installed ~3.6 s (its
+``dynamic`` module imports that, whose JSON Schema formats compile a grammar), paid by every
+start of a worker that may never act on a cluster.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 from detector.remediation.base import Outcome
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s
 
 __all__ = ["FIELD_MANAGER", "TIMEOUT", "KubeClient", "failure"]
 
@@ -49,6 +53,10 @@ class KubeClient:
     def api(self) -> k8s.ApiClient:
         """The client; raises ConfigException when no credentials are found."""
         if self._api is None:
+            from kubernetes import client as k8s
+            from kubernetes import config as k8s_config
+            from kubernetes.config.config_exception import ConfigException
+
             cfg = k8s.Configuration()
             try:
                 k8s_config.load_incluster_config(client_configuration=cfg)
@@ -77,6 +85,9 @@ def _message(body: object) -> str:
 def failure(exc: Exception, doing: str) -> Outcome:
     """An outcome for an exception raised while ``doing`` something: throttling, server errors and
     timeouts are retryable; refusals (401, 403, 404, 409, 422...) are not."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
     if isinstance(exc, ApiException):
         status = exc.status or 0
         retryable = status == 429 or status >= 500 or status == 0

@@ -20,8 +20,6 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
-from kubernetes import client as k8s
-
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
 from detector.remediation.kubeclient import FIELD_MANAGER, KubeClient, failure
 from detector.remediation.workloads import PodRef, only, pod_labels, pods_of, shown, valid_name, valid_namespace
@@ -90,7 +88,9 @@ class KubeflowCuller:
         assert isinstance(namespace, str) and isinstance(name, str)
         where = f"notebook {namespace}/{name}"
         try:
-            api = k8s.CustomObjectsApi(self.kube.api())
+            from kubernetes.client import CustomObjectsApi  # (at the first call: see kubeclient)
+
+            api = CustomObjectsApi(self.kube.api())
             current: Any = api.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.kube.timeout
             )

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from kubernetes import client as k8s
-
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
 from detector.remediation.kubeclient import FIELD_MANAGER, KubeClient, failure
 from detector.remediation.workloads import PodRef, only, pods_of, shown, valid_name, valid_namespace
@@ -93,7 +91,9 @@ class ScaleToZero:
     def _deployment(self, namespace: str, name: str) -> Outcome:
         where = f"Deployment {namespace}/{name}"
         try:
-            apps = k8s.AppsV1Api(self.kube.api())
+            from kubernetes.client import AppsV1Api  # (at the first call: see kubeclient)
+
+            apps = AppsV1Api(self.kube.api())
             deployment = apps.read_namespaced_deployment(name, namespace, _request_timeout=self.kube.timeout)
             owners = (deployment.metadata.owner_references if deployment.metadata else None) or []
             owner = next((o for o in owners if o.controller), None)
@@ -118,7 +118,9 @@ class ScaleToZero:
         where = f"InferenceService {namespace}/{name}"
         group, version, plural = KSERVE
         try:
-            api = k8s.CustomObjectsApi(self.kube.api())
+            from kubernetes.client import CustomObjectsApi  # (at the first call: see kubeclient)
+
+            api = CustomObjectsApi(self.kube.api())
             current: Any = api.get_namespaced_custom_object(
                 group, version, namespace, plural, name, _request_timeout=self.kube.timeout
             )
