@@ -8,9 +8,9 @@ events/s of ``backtest(path, rules)`` after :func:`detector.runtime.tune_gc`, by
 CPU time (CPU time moves less on a machine others share). ``--whole FILE``: ``burnwatch
 backtest FILE`` as a command, its CPU time (user + sys) against a bare read-and-decode of the
 same file with msgspec. ``--startup``: instead, what a start costs: the CPU seconds of
-``burnwatch backtest`` on the bench fleet's first 100 lines and of importing the event writer's
-child (``streams.event_writer``, started with every worker). Every run is printed, not only the
-means.
+``burnwatch backtest`` on the bench fleet's first 100 lines, of importing the event writer's
+child (``streams.event_writer``, started with every worker) and of building a worker's action
+executors. Every run is printed, not only the means.
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ print(n)
 """
 
 
+_EXECUTORS = "from detector.remediation.executors import executors\nexecutors()"
+"""What every worker builds at its start, with its imports."""
+
+
 def _env(tree: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     if tree is not None:
@@ -94,7 +98,8 @@ def startup(tree: Path | None, runs: int, rev: str) -> None:
             for side, where in sides.items():
                 rules = str((where or ROOT) / "rules")
                 for what, cmd in (("backtest of 100 events", ["-m", "streams.cli", "backtest", "--rules", rules, str(small)]),
-                                  ("event writer child's import", ["-c", "import streams.event_writer"])):  # fmt: skip
+                                  ("event writer child's import", ["-c", "import streams.event_writer"]),
+                                  ("worker's action executors", ["-c", _EXECUTORS])):  # fmt: skip
                     cpu.setdefault((side, what), []).append(_cpu_of([sys.executable, *cmd], _env(where), Path(tmp)))
         for (side, what), runs_s in cpu.items():
             print(f"{side}: {what}: mean {mean(runs_s):.2f} CPU s ({', '.join(f'{r:.2f}' for r in runs_s)})")
