@@ -50,8 +50,8 @@ from streams.process import WorkerProcess, worker_env
 __all__ = [
     "ALERT_ID", "AlertDiff", "ChaosReport", "CpuLoad", "Fleet", "Pacer", "PostsDiff", "Stored", "Worker", "chaos",
     "compare_alerts", "compare_posts", "expected_counts", "fleet", "idle_host", "offsets", "publish",
-    "read_dead_letters", "reported_alerts", "resource_times", "rfc", "set_immutable", "single_event_messages", "slack_env", "sql",
-    "stored", "stored_alerts", "wait_acknowledged", "worker_env", "write_records",
+    "read_dead_letters", "read_store", "reported_alerts", "resource_times", "rfc", "set_immutable", "single_event_messages",
+    "slack_env", "sql", "sql_many", "stored", "stored_alerts", "wait_acknowledged", "worker_env", "write_records",
 ]  # fmt: skip
 
 PARTITIONS = 4
@@ -232,7 +232,7 @@ async def true_ends(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> di
     return {tp: max(listed[tp], consumer.highwater(tp) or 0) if tp in nonempty else listed[tp] for tp in tps}
 
 
-def wait_acknowledged(bootstrap: str, worker: Worker, timeout: float, poll_s: float = 1.0,
+def wait_acknowledged(bootstrap: str, worker: Worker, timeout: float, poll_s: float = 0.25,
                       extra: Callable[[dict[str, Any]], bool] = lambda h: True) -> dict[str, Any]:  # fmt: skip
     """Until the worker's group has committed every input message (stored and detected:
     offsets are acknowledged only then), holds nothing back, has no Slack post pending
@@ -352,6 +352,33 @@ def sql(env: dict[str, str], query: str) -> list[dict]:
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
+_QUERIES = """
+import json, sys
+from detector.settings import load_settings
+from detector.store import Store
+settings = load_settings(None)
+store = Store.open(settings.dsn, settings.clickhouse_database, create=False)
+try:
+    for query in json.load(sys.stdin):
+        print(json.dumps(store.query(query), default=str))
+finally:
+    store.close()
+"""
+
+
+def sql_many(env: dict[str, str], *queries: str) -> list[list[dict]]:
+    """Each query's rows, as :func:`sql` gives them, all read by one child process: the store
+    opened as ``burnwatch sql`` opens it, once (each child costs Python's and chdb's start,
+    about 2 s of CPU)."""
+    out = subprocess.run([sys.executable, "-c", _QUERIES], input=json.dumps(queries), env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"the store's queries failed ({out.returncode}): {out.stderr[-2000:]}")
+    results = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(results) == len(queries), out.stdout[-2000:]
+    return results
+
+
 @dataclass
 class Stored:
     rows: dict[str, int]
@@ -369,12 +396,19 @@ class Stored:
         return sum(self.rows[t] - self.distinct[t] for t in self.rows)
 
 
-def stored(env: dict[str, str], where: str = "1") -> Stored:
-    """Rows and distinct events per event table (``where`` filters, e.g. on resource_id)."""
+def _stored_query(where: str) -> str:
     parts = [f"SELECT '{t}' AS t, count() AS n, uniqExact({CONTENT_KEY[t]}) AS d FROM burnwatch.{t} WHERE "
              + (where if t != "run_events" else "1") for t in TABLES]  # fmt: skip
-    rows = sql(env, " UNION ALL ".join(parts))
+    return " UNION ALL ".join(parts)
+
+
+def _stored(rows: list[dict]) -> Stored:
     return Stored({r["t"]: int(r["n"]) for r in rows}, {r["t"]: int(r["d"]) for r in rows})
+
+
+def stored(env: dict[str, str], where: str = "1") -> Stored:
+    """Rows and distinct events per event table (``where`` filters, e.g. on resource_id)."""
+    return _stored(sql(env, _stored_query(where)))
 
 
 def expected_counts(records: Iterable[Record]) -> dict[str, int]:
@@ -387,10 +421,18 @@ def expected_counts(records: Iterable[Record]) -> dict[str, int]:
     return out
 
 
+_ALERTS_QUERY = ("SELECT alert_id, type, resource_id, status, waste_usd, toUnixTimestamp64Milli(fired_at) AS fired_ms,"
+                 " toUnixTimestamp64Milli(resolved_at) AS resolved_ms FROM burnwatch.alerts FINAL")  # fmt: skip
+
+
 def stored_alerts(env: dict[str, str]) -> dict[str, dict]:
-    rows = sql(env, "SELECT alert_id, type, resource_id, status, waste_usd, toUnixTimestamp64Milli(fired_at) AS fired_ms,"
-                    " toUnixTimestamp64Milli(resolved_at) AS resolved_ms FROM burnwatch.alerts FINAL")  # fmt: skip
-    return {r["alert_id"]: r for r in rows}
+    return {r["alert_id"]: r for r in sql(env, _ALERTS_QUERY)}
+
+
+def read_store(env: dict[str, str], *queries: str, where: str = "1") -> tuple[Stored, dict[str, dict], list[list[dict]]]:
+    """``(stored(env, where), stored_alerts(env), each query's rows)``, read by one child process."""
+    counts, alerts, *rest = sql_many(env, _stored_query(where), _ALERTS_QUERY, *queries)
+    return _stored(counts), {r["alert_id"]: r for r in alerts}, rest
 
 
 def alert_history(env: dict[str, str], alert_ids: Iterable[str]) -> dict[str, list[str]]:
@@ -583,12 +625,13 @@ class ChaosReport:
 def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSlack, *, seed: int, cfg: SimConfig,
           kills: int, speed: float, rules_dir: Path, slack_faults: bool = True, timeout: float = 300.0,
           store_url: str | None = None, log: Callable[[str], None] = lambda line: None,
-          extra_env: dict[str, str] | None = None) -> ChaosReport:  # fmt: skip
+          extra_env: dict[str, str] | None = None, fl: Fleet | None = None) -> ChaosReport:  # fmt: skip
     """A seeded fleet replayed paced while the worker is SIGKILLed ``kills`` times at seeded
     points (one of them while a Slack post hangs) and Slack answers 429, 500 or hangs in
     seeded windows; then everything is compared. The broker and Slack are the caller's.
     With ``store_url`` (a shared store: ``burnwatch store serve``), a second worker joins
-    at a seeded point and leaves cleanly at a later one. ``extra_env``: more settings for the workers."""
+    at a seeded point and leaves cleanly at a later one. ``extra_env``: more settings for the workers.
+    ``fl``: the fleet of ``cfg``, if the caller has built it already (it is only read)."""
     import random
     from datetime import datetime, timezone
 
@@ -598,7 +641,7 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
     started = time.monotonic()
     rng = random.Random(seed)
     report = ChaosReport(seed)
-    fl = fleet(workdir / "fleet.jsonl", cfg, ruleset)
+    fl = fl if fl is not None else fleet(workdir / "fleet.jsonl", cfg, ruleset)
     n = len(fl.records)
     report.messages, report.events_published = n, fl.events
     kill_at = sorted(rng.sample(range(n // 10, n * 9 // 10), kills))
@@ -689,9 +732,9 @@ def chaos(workdir: Path, ruleset: RuleSet, broker_bootstrap: str, slack: LocalSl
             helper.kill()
     for kind, window in windows:
         report.slack_faults[kind] = report.slack_faults.get(kind, 0) + window.hits
-    counts = stored(env)
+    counts, alerts, _ = read_store(env)
     report.events_stored, report.events_distinct = counts.total, sum(counts.distinct.values())
-    report.alerts = compare_alerts(fl.expected, stored_alerts(env))
+    report.alerts = compare_alerts(fl.expected, alerts)
     report.history = alert_history(env, report.alerts.different_ids)
     report.posts = compare_posts(slack, fl.expected)
     report.wall_s = time.monotonic() - started

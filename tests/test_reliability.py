@@ -36,12 +36,12 @@ from tests.reliability import (
     idle_host,
     publish,
     read_dead_letters,
+    read_store,
     reported_alerts,
     resource_times,
     rfc,
     set_immutable,
     sql,
-    stored,
     stored_alerts,
     wait_acknowledged,
     worker_env,
@@ -58,20 +58,29 @@ def rules_dir(tmp_path: Path) -> Path:
     return rules
 
 
+CHAOS = SimConfig(hours=10, training_hosts=4, notebooks=3, inference_endpoints=1, buckets=1, vector_dbs=1,
+                  cpu_instances=2, seed=3)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chaos_fleet(tmp_path_factory, ruleset) -> Fleet:
+    """CHAOS simulated and backtested once per module (in each test process) for both runs (3 s of CPU)."""
+    return fleet(tmp_path_factory.mktemp("chaos") / "fleet.jsonl", CHAOS, ruleset)
+
+
 @pytest.mark.parametrize("evict_s", [None, "600"])
-def test_chaos_kills_and_flaky_slack_change_nothing(tmp_path: Path, ruleset, rules_dir: Path, evict_s: str | None):
+def test_chaos_kills_and_flaky_slack_change_nothing(tmp_path: Path, ruleset, rules_dir: Path, evict_s: str | None,
+                                                    chaos_fleet: Fleet):  # fmt: skip
     """SIGKILL at seeded points (one while a Slack post hangs), Slack answering 429, 500 and
     hanging past the client's timeout in seeded windows, a second worker joining and leaving
     (the two share one store through `burnwatch store serve`): same alerts, same events,
     same posts. Again with keys evicted after 10 minutes of quiet (swept each 75 s of event
     time): kills and handovers land between an eviction and the key's next event."""
-    cfg = SimConfig(hours=10, training_hosts=4, notebooks=3, inference_endpoints=1, buckets=1, vector_dbs=1,
-                    cpu_instances=2, seed=3)  # fmt: skip
     server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "store.log").wait_ready()  # shared by two workers
     try:
         with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
-            report = chaos(tmp_path, ruleset, broker.bootstrap, slack, seed=11, cfg=cfg, kills=3, speed=900,
-                           rules_dir=rules_dir, store_url=server.url, log=print,
+            report = chaos(tmp_path, ruleset, broker.bootstrap, slack, seed=11, cfg=CHAOS, kills=3, speed=900,
+                           rules_dir=rules_dir, store_url=server.url, log=print, fl=chaos_fleet,
                            extra_env={"BURNWATCH_EVICT_AFTER_S": evict_s} if evict_s else None)  # fmt: skip
     finally:
         server.stop()
@@ -168,10 +177,10 @@ def test_poison_messages_are_dead_lettered_and_the_partition_goes_on(tmp_path: P
             code, took = worker.stop_timed(timeout=30)
         dead = {d["key"]: d for d in read_dead_letters(broker.bootstrap, len(poison))}
 
-    rows = stored(env)
-    per_resource = {r["resource_id"]: int(r["n"]) for r in sql(env, "SELECT resource_id, count() AS n FROM ("
-                    "SELECT resource_id FROM burnwatch.resource_usage UNION ALL SELECT resource_id FROM "
-                    "burnwatch.gpu_metrics) GROUP BY resource_id")}  # fmt: skip
+    rows, alerts, (resources,) = read_store(env, "SELECT resource_id, count() AS n FROM (SELECT resource_id FROM "
+                                            "burnwatch.resource_usage UNION ALL SELECT resource_id FROM "
+                                            "burnwatch.gpu_metrics) GROUP BY resource_id")  # fmt: skip
+    per_resource = {r["resource_id"]: int(r["n"]) for r in resources}
     good_per_resource = {rid: count_events([r for r in good if r[1] == rid]) for rid in poison}
     problems = []
     for rid, (name, words, size) in poison.items():
@@ -184,7 +193,7 @@ def test_poison_messages_are_dead_lettered_and_the_partition_goes_on(tmp_path: P
             problems.append(f"{name}: dead-letter copy not truncated")
         if per_resource.get(rid, 0) != good_per_resource[rid]:
             problems.append(f"{name}: {per_resource.get(rid, 0)} events of the good {good_per_resource[rid]} after it stored")
-    diff = compare_alerts(expected, stored_alerts(env))
+    diff = compare_alerts(expected, alerts)
     problems += ["101 months: dead-lettered"] if "months-ago" in dead else []
     problems += [f"101 months: {per_resource.get('months-ago', 0)} of 101 events stored"] \
         if per_resource.get("months-ago", 0) != 101 else []  # fmt: skip
@@ -243,9 +252,9 @@ def test_topic_reset_keeps_every_event(tmp_path: Path, ruleset, rules_dir: Path,
         _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-2.log")
     finally:
         broker.stop()
-    rows = stored(env)
+    rows, alerts, _ = read_store(env)
     assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
-    diff = compare_alerts(fl.expected, stored_alerts(env))
+    diff = compare_alerts(fl.expected, alerts)
     assert diff.ok, diff
 
 
@@ -261,12 +270,12 @@ def test_producer_duplicates_are_stored_once(tmp_path: Path, ruleset, rules_dir:
         resent = random.Random(7).sample(fl.records, len(fl.records) // 3)
         publish(broker.bootstrap, resent)
         _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker-2.log")
-    (twice,) = sql(env, "SELECT count() AS n, round(sum(usd), 2) AS usd FROM burnwatch.resource_usage")
+    rows, alerts, ((twice,),) = read_store(env, "SELECT count() AS n, round(sum(usd), 2) AS usd FROM "
+                                                "burnwatch.resource_usage")  # fmt: skip
     assert int(once["n"]) == expected_counts(fl.records)["resource_usage"]
     assert (int(twice["n"]), twice["usd"]) == (int(once["n"]), once["usd"])
-    rows = stored(env)
     assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
-    diff = compare_alerts(fl.expected, stored_alerts(env))
+    diff = compare_alerts(fl.expected, alerts)
     assert diff.ok, diff
 
 
@@ -315,9 +324,9 @@ def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_di
         finally:
             assert worker.stop() == 0, worker.tail()
     assert swept_after > swept, (swept, swept_after)
-    rows = stored(env, where="resource_id != 'future-host'")
+    rows, alerts, _ = read_store(env, where="resource_id != 'future-host'")
     assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
-    got = {k: v for k, v in stored_alerts(env).items() if v["resource_id"] != "future-host"}
+    got = {k: v for k, v in alerts.items() if v["resource_id"] != "future-host"}
     diff = compare_alerts(fl.expected, got)
     assert diff.ok, diff
 
@@ -330,16 +339,23 @@ def waves_backlog() -> list:
     return sorted((r for rid, start in hosts for r in idle_host(rid, start)), key=lambda r: value_end_time(r[2]) or 0.0)
 
 
-def test_catch_up_evicts_by_event_time(tmp_path: Path, ruleset, rules_dir: Path):
+@pytest.fixture(scope="module")
+def waves(tmp_path_factory, ruleset) -> Fleet:
+    """The backlog of waves and backtest's alerts over it, once per module (in each test process) for
+    the two tests that catch it up (2 s of CPU)."""
+    records = waves_backlog()
+    path = write_records(tmp_path_factory.mktemp("waves") / "waves.jsonl", records)
+    return Fleet(path, records, reported_alerts(path, ruleset))
+
+
+def test_catch_up_evicts_by_event_time(tmp_path: Path, ruleset, rules_dir: Path, waves: Fleet):
     """A 12 h backlog of GPU hosts in eight waves (each idle an hour, quiet three, idle an
     hour again), caught up with ``BURNWATCH_EVICT_AFTER_S`` at 20 minutes in small batches:
     keys leave memory as event time passes, not on the 60 s wall-clock timer (the catch-up
     takes seconds), and come back from the store when they speak again. Once acknowledged,
     memory holds only the keys that spoke within the window and the eighth of it between
     two sweeps; the alerts equal backtest's."""
-    evict_s, records = 1200.0, waves_backlog()
-    path = write_records(tmp_path / "waves.jsonl", records)
-    expected = reported_alerts(path, ruleset)
+    evict_s, records, expected = 1200.0, waves.records, waves.expected
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
         env = worker_env(broker.bootstrap, tmp_path / "data", rules_dir, PARTITIONS, BURNWATCH_EVICT_AFTER_S=str(evict_s),
                          BURNWATCH_BATCH_MAX_MESSAGES="40", BURNWATCH_MAX_HELD_PER_PARTITION="40")  # fmt: skip
@@ -361,14 +377,12 @@ def test_catch_up_evicts_by_event_time(tmp_path: Path, ruleset, rules_dir: Path)
     assert expected and not problems, "\n".join(problems)
 
 
-def test_catch_up_evicting_by_event_time_survives_kills(tmp_path: Path, ruleset, rules_dir: Path):
+def test_catch_up_evicting_by_event_time_survives_kills(tmp_path: Path, ruleset, rules_dir: Path, waves: Fleet):
     """The backlog of waves of the test above, caught up with a 20 min eviction window in small
     batches, the worker SIGKILLed three times at seeded points of its reading once it has
     evicted keys (between an eviction and the write that carries the key's last state, or the
     key's next event): once caught up, every event is stored once and the alerts equal backtest's."""
-    evict_s, records = 1200.0, waves_backlog()
-    path = write_records(tmp_path / "waves.jsonl", records)
-    expected = reported_alerts(path, ruleset)
+    evict_s, records, expected = 1200.0, waves.records, waves.expected
     total = count_events(records)
     rng = random.Random(5)
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
@@ -392,8 +406,8 @@ def test_catch_up_evicting_by_event_time_survives_kills(tmp_path: Path, ruleset,
                     assert worker.stop() == 0, worker.tail()
                 else:
                     worker.kill()
-    rows = stored(env)
-    diff = compare_alerts(expected, stored_alerts(env))
+    rows, alerts, _ = read_store(env)
+    diff = compare_alerts(expected, alerts)
     assert kills == 3 and rows.total == total and rows.doubled == 0, (kills, rows, total)
     assert expected and diff.ok, diff
 
@@ -439,8 +453,8 @@ def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Pat
             wait_acknowledged(broker.bootstrap, worker, timeout=180)
         finally:
             code = worker.stop()
-    rows = stored(env)
-    diff = compare_alerts(fl.expected, stored_alerts(env))
+    rows, alerts, _ = read_store(env)
+    diff = compare_alerts(fl.expected, alerts)
     problems = ["/healthz said ok all along while the store could not be written"] if said is None else []
     problems += [f"stored {rows}, want {fl.events}"] if rows.total != fl.events or rows.doubled else []
     problems += [f"SIGTERM: exit {code}"] if code != 0 else []
@@ -459,7 +473,7 @@ def test_backlog_replay_under_cpu_load_equals_backtest(tmp_path: Path, ruleset, 
         publish(broker.bootstrap, fl.records)
         with CpuLoad(3 * (os.cpu_count() or 2)):
             _run_until_acknowledged(env, broker.bootstrap, tmp_path / "worker.log", timeout=400)
-    rows = stored(env)
+    rows, alerts, _ = read_store(env)
     assert rows.total == fl.events and rows.doubled == 0, (rows, fl.events)
-    diff = compare_alerts(fl.expected, stored_alerts(env))
+    diff = compare_alerts(fl.expected, alerts)
     assert diff.ok, diff
