@@ -69,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
-from bench.run import PARTITIONS, bench_fleet, bench_streaming, cpu_seconds, env  # noqa: E402
+from bench.run import PARTITIONS, bench_fleet, bench_streaming, cpu_seconds, env, proc_stat  # noqa: E402
 from detector.alerts import Alert  # noqa: E402
 from detector.backtest import backtest  # noqa: E402
 from detector.events import TOPICS  # noqa: E402
@@ -211,12 +211,13 @@ class CpuWatch:
         process's name): which part of the process the time went to."""
         out: dict[str, float] = defaultdict(float)
         for task in Path(f"/proc/{self.worker_pid}/task").glob("*"):
+            fields = proc_stat(task / "stat")
             try:
                 name = (task / "comm").read_text().strip()
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue  # gone meanwhile
-            out[name] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            if fields is not None:
+                out[name] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return out
 
     def _read(self) -> dict[str, float]:

@@ -80,16 +80,24 @@ def bench_backtest(path: Path, ruleset, jobs: int = 1) -> dict:
             "events_per_s": result.events / elapsed, "alerts": len(result.alerts)}  # fmt: skip
 
 
+def proc_stat(path: Path) -> list[str] | None:
+    """The fields of a ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat`` after the name
+    (index 11 and 12: user and system ticks; 13 and 14: those of reaped children), None if gone."""
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None  # gone meanwhile
+
+
 def cpu_seconds(pid: int, children: bool = True) -> float:
     """CPU seconds (user + system, every thread) a process and (``children``) its live children,
     a worker's event writer, have used, from /proc: on a machine shared with other work, events
     per CPU second move far less than events per second."""
     total = 0.0
     for p in [pid, *(_children(pid) if children else ())]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
+        fields = proc_stat(Path(f"/proc/{p}/stat"))
+        if fields is None:
+            continue
         total += int(fields[11]) + int(fields[12])
         if children and p == pid:
             total += int(fields[13]) + int(fields[14])  # children it has reaped (a writer child replaced)
