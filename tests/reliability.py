@@ -26,6 +26,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -772,6 +773,16 @@ def idle_host(resource_id: str, start: float, minutes: int = 60, gpus: int = 2, 
         out += [("gpu-metrics", resource_id, msgspec.json.encode(scrapes)),
                 ("resource-usage", resource_id, msgspec.json.encode(usage))]  # fmt: skip
     return out
+
+
+def waves_backlog(hosts_per_wave: int = 6) -> list[Record]:
+    """12 h of GPU hosts in eight waves, each idle an hour, quiet three (nothing sent: gone, not
+    stopped), idle an hour again: records in the order of their last event's time, as exporters
+    publish them, for catching up with keys evicted and restored."""
+    t0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
+    hosts = [(f"wave{w}-host{h}", t0 + stint * 3600) for w in range(8) for h in range(hosts_per_wave)
+             for stint in (w, w + 4)]  # fmt: skip
+    return sorted((r for rid, start in hosts for r in idle_host(rid, start)), key=lambda r: value_end_time(r[2]) or 0.0)
 
 
 def set_immutable(path: Path, on: bool) -> None:

@@ -21,7 +21,7 @@ import pytest
 from detector.simulate import SimConfig
 from detector.testing import LocalSlack
 from streams.embedded import EmbeddedBroker
-from streams.kafka import count_events, value_end_time
+from streams.kafka import count_events
 from streams.process import StoreServerProcess as ServerProcess
 from tests.conftest import ROOT
 from tests.reliability import (
@@ -44,6 +44,7 @@ from tests.reliability import (
     sql,
     stored_alerts,
     wait_acknowledged,
+    waves_backlog,
     worker_env,
     write_records,
 )  # fmt: skip
@@ -329,14 +330,6 @@ def test_one_future_dated_event_loses_no_state(tmp_path: Path, ruleset, rules_di
     got = {k: v for k, v in alerts.items() if v["resource_id"] != "future-host"}
     diff = compare_alerts(fl.expected, got)
     assert diff.ok, diff
-
-
-def waves_backlog() -> list:
-    """12 h of GPU hosts in eight waves of six, each idle an hour, quiet three, idle an hour
-    again: records in event-time order, for catching up with keys evicted and restored."""
-    t0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
-    hosts = [(f"wave{w}-host{h}", t0 + stint * 3600) for w in range(8) for h in range(6) for stint in (w, w + 4)]
-    return sorted((r for rid, start in hosts for r in idle_host(rid, start)), key=lambda r: value_end_time(r[2]) or 0.0)
 
 
 @pytest.fixture(scope="module")

@@ -96,3 +96,42 @@ def test_a_host_stopped_as_samples_return_does_not_alert_when_it_runs_again(rule
               + ordered(metrics(later + 12 * MIN, 3) + billing(later, 15)))  # its exporter starts late  # fmt: skip
     found = stale(ruleset, events)
     assert [f.action for f in found] == ["fire", "resolve"]
+
+
+def _interleaved(events, usage_first: bool):
+    """In time order, and at equal times usage before samples (``usage_first``) or after them."""
+    return sorted(events, key=lambda e: (e.t, (type(e).__name__ == "GpuMetric") == usage_first))
+
+
+@pytest.mark.parametrize("usage_first", [False, True], ids=["samples-first", "usage-first"])
+def test_a_host_back_after_hours_away_does_not_fire_whichever_reaches_detection_first(ruleset, usage_first):
+    """A host that sent nothing for three hours (neither usage nor samples: gone, not reported as
+    stopped) comes back with both. Its first usage interval back and its first sample back can reach
+    detection in either order (the two topics are read apart, and a consumer's batching decides it;
+    a worker caught up a backlog with kills invented this alert that backtest did not have): the
+    hours away were never billed, so they are not blind time, and nothing fires either way."""
+    back = T0 + 4 * 3600
+    events = metrics(T0, 60) + billing(T0, 60) + metrics(back, 60) + billing(back, 60)
+    assert stale(ruleset, _interleaved(events, usage_first)) == []
+
+
+def test_a_host_back_with_usage_but_no_samples_is_blind_from_its_first_interval_back(ruleset):
+    """Back after three hours away with usage and no samples: blind from the start of its first
+    interval back, so it fires ten minutes later, with the dollars billed since (not dated in the
+    hours it was away, when nothing ran)."""
+    back = T0 + 4 * 3600
+    found = stale(ruleset, ordered(metrics(T0, 60) + billing(T0, 60)) + billing(back, 30))
+    assert [f.action for f in found] == ["fire"]
+    returned = back - MIN  # the start of the first interval back
+    assert found[0].episode_start == returned and found[0].fired_at == returned + 600
+    assert found[0].waste_usd == pytest.approx(12.0 * 10 / 60)  # ten intervals at $12/h when it fired
+
+
+def test_a_short_gap_in_usage_does_not_restart_the_blind_time(ruleset):
+    """Usage missing for less than ``after`` (an exporter's hiccup) is not a host gone away: the
+    spell still counts from the last sample and fires when it did without the gap."""
+    usage_with_gap = billing(T0, 14) + billing(T0 + 19 * MIN, 10)  # five minutes without usage
+    found = stale(ruleset, ordered(metrics(T0, 5) + usage_with_gap))
+    last_sample = T0 + 5 * MIN - 30
+    assert [f.action for f in found] == ["fire"]
+    assert found[0].episode_start == last_sample and found[0].fired_at == last_sample + 600

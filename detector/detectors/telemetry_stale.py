@@ -16,6 +16,13 @@ without a sample is an exporter or scrape failure, not jitter. It fires only for
 hosts that have sent GPU metrics before (a CPU instance has none to miss), only while
 usage says the host runs, and resolves when samples return or the host stops. The
 dollars are the spend while blind.
+
+Blind time is billed time: a host whose usage stopped coming for longer than ``after`` (gone
+quiet, not reported as stopped) and then comes back counts from its first interval back, not
+from its last sample before the gap. Otherwise the hours it was away would count, and whether
+the first usage interval back or the first sample back reaches detection first (the two topics
+are read apart: any batching a consumer does decides it) would decide whether a host that just
+came back fires.
 """
 
 from __future__ import annotations
@@ -63,6 +70,11 @@ class TelemetryStaleState(Episode, kw_only=True):
     """The time of the sample that ended a fired spell, while usage has not reached it yet."""
     back_latest: float | None = None
     """The latest sample seen since ``back_at`` (the latest sample once the spell resolves)."""
+    usage_at: float | None = None
+    """The latest usage interval's time seen since the host's first sample, wherever it fell."""
+    billed_since: float | None = None
+    """Start of the interval that brought the host's usage back after a gap longer than ``after``
+    (or its first interval): blind time counts from here at the earliest."""
 
     def clear(self) -> None:
         super().clear()
@@ -116,8 +128,11 @@ class TelemetryStale(DetectorBase):
                 return self._telemetry_back(st, resource, t)
             st.back_at = t
             return []
-        if type(event) is not UsageEvent or st.last_sample is None or t <= st.last_usage:
-            return []  # no GPU host yet, or a re-read interval
+        if type(event) is not UsageEvent or st.last_sample is None:
+            return []  # no GPU host yet
+        self._billing(st, event, t)
+        if t <= st.last_usage:
+            return []  # a re-read interval
         if st.back_at is None and t <= st.last_sample:
             return []  # an interval from before the latest sample
         st.last_usage = t
@@ -136,10 +151,11 @@ class TelemetryStale(DetectorBase):
         st.counted = (*st.counted[-(_KEEP_COUNTED - 1):], (t, resource.interval_usd))
         if st.back_at is not None:
             return []  # blind, though it reached detection after the sample that ended the spell
-        if t - st.last_sample < self.params.after:
+        start = st.last_sample if st.billed_since is None else max(st.last_sample, st.billed_since)
+        if t - start < self.params.after:
             return []
         p = self.params
-        action = advance(st, t, start=st.last_sample, held_s=t - st.last_sample, need_s=p.after, every_s=p.update_every)
+        action = advance(st, t, start=start, held_s=t - start, need_s=p.after, every_s=p.update_every)
         if action is None or st.fired_at is None:
             return []
         return [self._finding(action, st, resource, st.fired_at if action == "fire" else t)]
@@ -159,6 +175,19 @@ class TelemetryStale(DetectorBase):
             out.extend((i, f) for f in self.step(state, ctx, events[i], t))
         return out
 
+    def _billing(self, st: TelemetryStaleState, usage: UsageEvent, t: float) -> None:
+        """Keep the host's latest usage time; usage back after a gap longer than ``after`` (or its
+        first interval) starts billed time afresh, and a candidate spell's dollars with it."""
+        previous = st.usage_at if st.usage_at is not None else (st.last_usage or None)  # (a state saved before)
+        if previous is not None and t <= previous:
+            return  # late, or read again
+        st.usage_at = t
+        begins = t - usage.interval_s
+        if previous is None or begins - previous > self.params.after:
+            st.billed_since = begins
+            if st.fired_at is None:
+                st.blind_usd, st.counted = 0.0, ()  # what was counted before the gap was not spent blind
+
     def _telemetry_back(self, st: TelemetryStaleState, resource: ResourceInfo, at: float) -> list[Finding]:
         """Resolve the spell ended by the sample at ``at``; the latest sample seen since is the
         latest now (samples kept coming while usage caught up)."""
@@ -170,7 +199,8 @@ class TelemetryStale(DetectorBase):
     def _finding(self, action: str, st: TelemetryStaleState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.last_sample is not None and st.fired_at is not None
         details = {"last_sample_s_ago": round(at - st.last_sample, 3), **extra}
-        return make_finding(self, action, res, episode_start=st.last_sample, fired_at=st.fired_at, at=at,
+        start = st.since if st.since is not None else st.last_sample  # the last sample, or billing's start after it
+        return make_finding(self, action, res, episode_start=start, fired_at=st.fired_at, at=at,
                             usd=st.blind_usd, details=details)  # fmt: skip
 
     def open_episode(self, state: TelemetryStaleState, resource: ResourceInfo) -> Finding | None:
