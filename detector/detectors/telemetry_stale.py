@@ -62,6 +62,7 @@ class TelemetryStaleState(Episode, kw_only=True):
     last_sample: float | None = None
     blind_usd: float = 0.0
     last_usage: float = 0.0
+    """The latest usage interval's time since the host's first sample (0: none)."""
     counted: tuple[tuple[float, float], ...] = ()
     """The latest intervals counted blind, (time, dollars): taken back if they turn out to come
     after the sample that ended the spell (see :meth:`TelemetryStale.step`). A tuple replaced on
@@ -70,8 +71,6 @@ class TelemetryStaleState(Episode, kw_only=True):
     """The time of the sample that ended a fired spell, while usage has not reached it yet."""
     back_latest: float | None = None
     """The latest sample seen since ``back_at`` (the latest sample once the spell resolves)."""
-    usage_at: float | None = None
-    """The latest usage interval's time seen since the host's first sample, wherever it fell."""
     billed_since: float | None = None
     """Start of the interval that brought the host's usage back after a gap longer than ``after``
     (or its first interval): blind time counts from here at the earliest."""
@@ -130,12 +129,12 @@ class TelemetryStale(DetectorBase):
             return []
         if type(event) is not UsageEvent or st.last_sample is None:
             return []  # no GPU host yet
-        self._billing(st, event, t)
         if t <= st.last_usage:
             return []  # a re-read interval
+        self._billing(st, event, t)
+        st.last_usage = t
         if st.back_at is None and t <= st.last_sample:
             return []  # an interval from before the latest sample
-        st.last_usage = t
         if st.back_at is not None and t >= st.back_at:
             found = self._telemetry_back(st, resource, st.back_at)
             if not resource.billed:
@@ -176,14 +175,10 @@ class TelemetryStale(DetectorBase):
         return out
 
     def _billing(self, st: TelemetryStaleState, usage: UsageEvent, t: float) -> None:
-        """Keep the host's latest usage time; usage back after a gap longer than ``after`` (or its
-        first interval) starts billed time afresh, and a candidate spell's dollars with it."""
-        previous = st.usage_at if st.usage_at is not None else (st.last_usage or None)  # (a state saved before)
-        if previous is not None and t <= previous:
-            return  # late, or read again
-        st.usage_at = t
+        """Usage back after a gap longer than ``after`` since the latest interval (or the host's first
+        interval) starts billed time afresh, and a candidate spell's dollars with it."""
         begins = t - usage.interval_s
-        if previous is None or begins - previous > self.params.after:
+        if not st.last_usage or begins - st.last_usage > self.params.after:
             st.billed_since = begins
             if st.fired_at is None:
                 st.blind_usd, st.counted = 0.0, ()  # what was counted before the gap was not spent blind
