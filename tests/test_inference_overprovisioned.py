@@ -239,3 +239,17 @@ def test_an_hour_saved_before_with_a_histogram_not_of_20_bins_is_refused():
         saved = {"hours": [[T0, hist, 0.0, 0.0, 0.0]]}
         with pytest.raises(msgspec.ValidationError):
             msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=InferenceOverprovisionedState, dec_hook=dec_hook)
+
+
+def test_the_first_sample_reaching_detection_before_the_first_interval_changes_nothing(ruleset):
+    """The endpoint's first usage interval (at T0) reaches detection after its first GPU sample (a
+    second later), as a consumer that read the GPU topic first hands them over: the window is
+    whole from the earliest time seen, not the first to arrive, so it fires when it does in time
+    order (it fired an hour later, with other dollars: a messy fleet read with other fetches)."""
+    usage, sample = minute(T0, 10.0, 6.0, 2.0)
+    sample.ts = at(T0 + 1)
+    rest = day(30)[2:]
+    in_order = findings(ruleset, [usage, sample, *rest])
+    sample_first = findings(ruleset, [sample, usage, *rest])
+    assert in_order and [(f.action, f.fired_at, f.episode_start, f.waste_usd) for f in sample_first] == [
+        (f.action, f.fired_at, f.episode_start, f.waste_usd) for f in in_order]

@@ -131,8 +131,11 @@ class HourlySaving(DetectorBase, ABC):
         return self.roll(st, res, t) if newer(st.gpu_last, gpu, t) else None
 
     def roll(self, st: HourlySavingState, res: ResourceInfo, t: float) -> list[Finding]:
-        """Open the hour ``t`` falls in; when an hour closes, judge the window."""
-        if st.first_t is None:
+        """Open the hour ``t`` falls in; when an hour closes, judge the window. ``first_t`` is the
+        earliest time seen, not the first to arrive: a host's samples and its usage come on two
+        topics, and which of its first sample and its first interval reaches detection first
+        depends on how they were read, so the window would be judged whole an hour apart."""
+        if st.first_t is None or t < st.first_t:
             st.first_t = t
         st.last_t = max(st.last_t, t)
         start = t - t % HOUR_S
