@@ -253,3 +253,20 @@ def test_the_first_sample_reaching_detection_before_the_first_interval_changes_n
     sample_first = findings(ruleset, [sample, usage, *rest])
     assert in_order and [(f.action, f.fired_at, f.episode_start, f.waste_usd) for f in sample_first] == [
         (f.action, f.fired_at, f.episode_start, f.waste_usd) for f in in_order]
+
+
+def test_the_event_that_closes_an_hour_does_not_date_the_episode(ruleset):
+    """Each minute's sample 20 s after its interval, handed over before it (the GPU topic read
+    ahead, within the allowed lateness): every hour is closed by a sample at :00:20 instead of the
+    interval at :00:00. The window is judged as of the hour's end either way: the same fire, start
+    (the alert's id), updates and dollars (it fired 20 s later, another alert)."""
+    pairs = [minute(T0 + i * MIN, 10.0, 6.0, 2.0) for i in range(30 * 60)]
+    for _, sample in pairs:
+        sample.ts = at(sample.ts.timestamp() + 20)
+    in_order = findings(ruleset, [e for usage, sample in pairs for e in (usage, sample)])
+    sample_first = findings(ruleset, [e for usage, sample in pairs for e in (sample, usage)])
+
+    def seen(found):
+        return [(f.action, f.fired_at, f.episode_start, f.at, round(f.waste_usd, 6)) for f in found]
+
+    assert in_order and seen(sample_first) == seen(in_order)

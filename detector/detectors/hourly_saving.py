@@ -131,10 +131,11 @@ class HourlySaving(DetectorBase, ABC):
         return self.roll(st, res, t) if newer(st.gpu_last, gpu, t) else None
 
     def roll(self, st: HourlySavingState, res: ResourceInfo, t: float) -> list[Finding]:
-        """Open the hour ``t`` falls in; when an hour closes, judge the window. ``first_t`` is the
-        earliest time seen, not the first to arrive: a host's samples and its usage come on two
-        topics, and which of its first sample and its first interval reaches detection first
-        depends on how they were read, so the window would be judged whole an hour apart."""
+        """Open the hour ``t`` falls in; when an hour closes, judge the window as of the hour's end.
+        Not as of ``t``, nor from the first event to arrive (``first_t`` is the earliest time
+        seen): an endpoint's samples and its usage come on two topics, and which reaches detection
+        first depends on how they were read, so the event that closes an hour, and the first one,
+        would date the episode (its start, its id, its dollars) by the order of reading."""
         if st.first_t is None or t < st.first_t:
             st.first_t = t
         st.last_t = max(st.last_t, t)
@@ -142,7 +143,7 @@ class HourlySaving(DetectorBase, ABC):
         figures, width = st.figures, st.width
         if figures and figures[START - width] >= start:
             return []
-        found = self._judge(st, res, t) if figures else []
+        found = self._judge(st, res, start) if figures else []
         st.open_hour(start)
         horizon, old = start - self.params.window, 0
         while old * width < len(figures) and figures[old * width + START] <= horizon:
@@ -158,7 +159,7 @@ class HourlySaving(DetectorBase, ABC):
         return end(st, lambda: self._finding("resolve", st, res, t, reason=f"instance_{state}"))
 
     def _judge(self, st: HourlySavingState, res: ResourceInfo, t: float) -> list[Finding]:
-        """An hour closed at ``t``: once a whole window is seen, fire, update or resolve on its saving."""
+        """The hours up to ``t`` have closed: once a whole window is seen, fire, update or resolve on its saving."""
         assert st.first_t is not None
         window = self.params.window
         if t - st.first_t < window or not res.billed or not self.judgeable(st):
