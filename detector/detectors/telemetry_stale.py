@@ -73,7 +73,8 @@ class TelemetryStaleState(Episode, kw_only=True):
     """The latest sample seen since ``back_at`` (the latest sample once the spell resolves)."""
     billed_since: float | None = None
     """Start of the interval that brought the host's usage back after a gap longer than ``after``
-    (or its first interval): blind time counts from here at the earliest."""
+    (or its first interval), when after the latest sample: blind time counts from here at the
+    earliest. None otherwise (most hosts: no float held), as the latest sample only moves on."""
 
     def clear(self) -> None:
         super().clear()
@@ -131,7 +132,7 @@ class TelemetryStale(DetectorBase):
             return []  # no GPU host yet
         if t <= st.last_usage:
             return []  # a re-read interval
-        self._billing(st, event, t)
+        self._billing(st, event, t, st.last_sample)
         st.last_usage = t
         if st.back_at is None and t <= st.last_sample:
             return []  # an interval from before the latest sample
@@ -174,12 +175,12 @@ class TelemetryStale(DetectorBase):
             out.extend((i, f) for f in self.step(state, ctx, events[i], t))
         return out
 
-    def _billing(self, st: TelemetryStaleState, usage: UsageEvent, t: float) -> None:
+    def _billing(self, st: TelemetryStaleState, usage: UsageEvent, t: float, last_sample: float) -> None:
         """Usage back after a gap longer than ``after`` since the latest interval (or the host's first
         interval) starts billed time afresh, and a candidate spell's dollars with it."""
         begins = t - usage.interval_s
         if not st.last_usage or begins - st.last_usage > self.params.after:
-            st.billed_since = begins
+            st.billed_since = begins if begins > last_sample else None
             if st.fired_at is None:
                 st.blind_usd, st.counted = 0.0, ()  # what was counted before the gap was not spent blind
 
