@@ -11,6 +11,13 @@ with its input (nothing more to read now) does not hold the others back.
 
 Both the worker (sources: topic-partitions) and ``backtest`` (sources: topics)
 go through it, which is what makes them see the same order.
+
+The same order up to what the lateness covers: a source's time is the latest event of its latest
+message, and a message may span more than the lateness (an exporter flushing five minutes of usage
+at once), so a later message of the same partition can hold earlier events. Events that close in
+time on two topics then reach detection in an order the batching decides (a worker's fetches, where
+a restart starts them again); the detectors must decide the same in either order, which
+``tests/test_fetch_order.py`` checks with fetches drawn at random.
 """
 
 from __future__ import annotations
