@@ -96,16 +96,28 @@ def _row(alert: Alert) -> dict:
             "resolved_ms": None if alert.resolved_at is None else round(alert.resolved_at * 1000)}  # fmt: skip
 
 
-@pytest.mark.parametrize("fleet", ["waves", "messy"])
-@settings(max_examples=4, suppress_health_check=[HealthCheck.too_slow])
-@given(partitions=st.integers(1, 6), max_batch=st.sampled_from([1, 8, 40]), seed=st.integers(0, 2**32))
-@example(partitions=1, max_batch=1, seed=0)  # messy: an hour closed by a sample before the interval at :00:00
-@example(partitions=4, max_batch=40, seed=2)  # waves: a host back after hours, its first interval first
-def test_the_alerts_are_backtests_however_fetches_interleave_partitions(fleets, fleet, ruleset, partitions, max_batch,
-                                                                        seed):  # fmt: skip
-    """(The fetches are drawn from a seed, not from Hypothesis's own random: each batch draws a few
-    numbers, thousands in all, more than it can shrink.)"""
-    records, expected = fleets[fleet]
+def check(fleet: tuple[list, list[Alert]], ruleset, partitions: int, max_batch: int, seed: int) -> None:
+    """The fetches are drawn from a seed, not from Hypothesis's own random: each batch draws a few
+    numbers, thousands in all, more than it can shrink."""
+    records, expected = fleet
     assert expected
     diff = compare_alerts(expected, consumed(records, ruleset, partitions, max_batch, random.Random(seed)))
     assert diff.ok, diff
+
+
+@settings(max_examples=8, suppress_health_check=[HealthCheck.too_slow])
+@given(partitions=st.integers(1, 6), max_batch=st.sampled_from([1, 8, 40]), seed=st.integers(0, 2**32))
+@example(partitions=4, max_batch=40, seed=2)  # a host back after hours, its first interval first
+def test_the_waves_alert_as_backtest_however_fetches_interleave_partitions(fleets, ruleset, partitions, max_batch,
+                                                                           seed):  # fmt: skip
+    check(fleets["waves"], ruleset, partitions, max_batch, seed)
+
+
+@settings(max_examples=3, suppress_health_check=[HealthCheck.too_slow])
+@given(partitions=st.integers(1, 6), max_batch=st.sampled_from([8, 40]), seed=st.integers(0, 2**32))
+@example(partitions=1, max_batch=1, seed=0)  # an hour closed by a sample before the interval at :00:00
+def test_the_messy_fleet_alerts_as_backtest_however_fetches_interleave_partitions(fleets, ruleset, partitions,
+                                                                                  max_batch, seed):  # fmt: skip
+    """Batches of one message only in the example that found a fault: a 26 h fleet released message by
+    message is 13-19 s of CPU, ten times a batch of 40."""
+    check(fleets["messy"], ruleset, partitions, max_batch, seed)
