@@ -98,14 +98,16 @@ def _row(alert: Alert) -> dict:
 
 def check(fleet: tuple[list, list[Alert]], ruleset, partitions: int, max_batch: int, seed: int) -> None:
     """The fetches are drawn from a seed, not from Hypothesis's own random: each batch draws a few
-    numbers, thousands in all, more than it can shrink."""
+    numbers, thousands in all, more than it can shrink. Derandomized: the same draws on every run,
+    so a fault this finds is found by the change that brings it, not by a later one's CI (a wider
+    search, with other seeds, is a script's job: docs/reliability.md)."""
     records, expected = fleet
     assert expected
     diff = compare_alerts(expected, consumed(records, ruleset, partitions, max_batch, random.Random(seed)))
     assert diff.ok, diff
 
 
-@settings(max_examples=8, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(partitions=st.integers(1, 6), max_batch=st.sampled_from([1, 8, 40]), seed=st.integers(0, 2**32))
 @example(partitions=4, max_batch=40, seed=2)  # a host back after hours, its first interval first
 def test_the_waves_alert_as_backtest_however_fetches_interleave_partitions(fleets, ruleset, partitions, max_batch,
@@ -113,7 +115,7 @@ def test_the_waves_alert_as_backtest_however_fetches_interleave_partitions(fleet
     check(fleets["waves"], ruleset, partitions, max_batch, seed)
 
 
-@settings(max_examples=3, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(partitions=st.integers(1, 6), max_batch=st.sampled_from([8, 40]), seed=st.integers(0, 2**32))
 @example(partitions=1, max_batch=1, seed=0)  # an hour closed by a sample before the interval at :00:00
 def test_the_messy_fleet_alerts_as_backtest_however_fetches_interleave_partitions(fleets, ruleset, partitions,

@@ -117,14 +117,13 @@ def test_a_host_back_after_hours_away_does_not_fire_whichever_reaches_detection_
 
 def test_a_host_back_with_usage_but_no_samples_is_blind_from_its_first_interval_back(ruleset):
     """Back after three hours away with usage and no samples: blind from the start of its first
-    interval back, so it fires ten minutes later, with the dollars billed since (not dated in the
-    hours it was away, when nothing ran)."""
+    interval back (an interval's ``ts`` is its start), so it fires ten minutes later, with the
+    dollars billed since (not dated in the hours it was away, when nothing ran)."""
     back = T0 + 4 * 3600
     found = stale(ruleset, ordered(metrics(T0, 60) + billing(T0, 60)) + billing(back, 30))
     assert [f.action for f in found] == ["fire"]
-    returned = back - MIN  # the start of the first interval back
-    assert found[0].episode_start == returned and found[0].fired_at == returned + 600
-    assert found[0].waste_usd == pytest.approx(12.0 * 10 / 60)  # ten intervals at $12/h when it fired
+    assert found[0].episode_start == back and found[0].fired_at == back + 600
+    assert found[0].waste_usd == pytest.approx(12.0 * 11 / 60)  # the intervals from `back` to the one that fired
 
 
 def test_a_short_gap_in_usage_does_not_restart_the_blind_time(ruleset):
@@ -135,3 +134,33 @@ def test_a_short_gap_in_usage_does_not_restart_the_blind_time(ruleset):
     last_sample = T0 + 5 * MIN - 30
     assert [f.action for f in found] == ["fire"]
     assert found[0].episode_start == last_sample and found[0].fired_at == last_sample + 600
+
+
+def hourly_billing(start: float, hours: int) -> list:
+    return [usage(start + i * 3600, usd_per_hour=12.0, interval_s=3600.0) for i in range(hours)]
+
+
+@pytest.mark.parametrize("usage_first", [False, True], ids=["samples-first", "usage-first"])
+@pytest.mark.parametrize("samples_back", [0, 15 * MIN], ids=["samples-at-once", "samples-at-15m"])
+def test_a_host_billed_by_the_hour_back_after_hours_away_does_not_fire(ruleset, usage_first, samples_back):
+    """The same with hourly usage intervals (a billing export's, as long as ``after`` or longer): the
+    gap is from the end of the latest interval to the start of the next, and the spell counts from
+    the start of the first interval back. Read as the interval's end, the first interval back
+    looked an hour old and the host fired dated in the hours it was away (even in time order when
+    its samples came back a quarter of an hour after its usage)."""
+    back = T0 + 4 * 3600
+    events = metrics(T0, 60) + hourly_billing(T0, 1) + metrics(back + samples_back, 45) + hourly_billing(back, 1)
+    assert stale(ruleset, _interleaved(events, usage_first)) == []
+
+
+@pytest.mark.parametrize("usage_first", [False, True], ids=["samples-first", "usage-first"])
+def test_a_restarted_host_whose_exporter_dies_fires_the_same_alert_whichever_comes_first(ruleset, usage_first):
+    """Stopped, then running again three hours later: one scrape 10 s into the run, then its
+    exporter dies. The first interval back counts whether it reaches detection before the host's
+    first sample back or after it: the spell starts at that sample either way (one alert id)."""
+    restart = T0 + 3 * 3600
+    before = ordered(metrics(T0, 10) + billing(T0, 10) + billing(T0 + 10 * MIN, 5, state="stopped"))
+    sample, intervals = scrape(restart + 10, [50.0] * 2), billing(restart, 30)
+    back = intervals[:1] + sample + intervals[1:] if usage_first else sample + intervals
+    found = stale(ruleset, before + back)
+    assert [(f.action, f.episode_start) for f in found] == [("fire", restart + 10)]

@@ -131,7 +131,7 @@ class HourlySaving(DetectorBase, ABC):
         return self.roll(st, res, t) if newer(st.gpu_last, gpu, t) else None
 
     def roll(self, st: HourlySavingState, res: ResourceInfo, t: float) -> list[Finding]:
-        """Open the hour ``t`` falls in; when an hour closes, judge the window as of the hour's end.
+        """Open the hour ``t`` falls in; when an hour closes, judge the window as of the new hour's start.
         Not as of ``t``, nor from the first event to arrive (``first_t`` is the earliest time
         seen): an endpoint's samples and its usage come on two topics, and which reaches detection
         first depends on how they were read, so the event that closes an hour, and the first one,

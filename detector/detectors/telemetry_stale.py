@@ -17,9 +17,10 @@ hosts that have sent GPU metrics before (a CPU instance has none to miss), only 
 usage says the host runs, and resolves when samples return or the host stops. The
 dollars are the spend while blind.
 
-Blind time is billed time: a host whose usage stopped coming for longer than ``after`` (gone
-quiet, not reported as stopped) and then comes back counts from its first interval back, not
-from its last sample before the gap. Otherwise the hours it was away would count, and whether
+Blind time is billed time: a host whose billed usage stopped coming for longer than ``after``
+(gone quiet, not reported as stopped: from the end of its latest interval to the start of the
+next) and then comes back counts from the start of its first interval back, not from its last
+sample before the gap. Otherwise the hours it was away would count, and whether
 the first usage interval back or the first sample back reaches detection first (the two topics
 are read apart: any batching a consumer does decides it) would decide whether a host that just
 came back fires.
@@ -62,7 +63,9 @@ class TelemetryStaleState(Episode, kw_only=True):
     last_sample: float | None = None
     blind_usd: float = 0.0
     last_usage: float = 0.0
-    """The latest usage interval's time since the host's first sample (0: none)."""
+    """The latest usage interval's time (its start; 0: none)."""
+    usage_end: float = 0.0
+    """The end of the latest billed interval (0: none yet, or a state saved before it was kept)."""
     counted: tuple[tuple[float, float], ...] = ()
     """The latest intervals counted blind, (time, dollars): taken back if they turn out to come
     after the sample that ended the spell (see :meth:`TelemetryStale.step`). A tuple replaced on
@@ -72,8 +75,8 @@ class TelemetryStaleState(Episode, kw_only=True):
     back_latest: float | None = None
     """The latest sample seen since ``back_at`` (the latest sample once the spell resolves)."""
     billed_since: float | None = None
-    """Start of the interval that brought the host's usage back after a gap longer than ``after``
-    (or its first interval), when after the latest sample: blind time counts from here at the
+    """Start of the interval that brought the host's billed usage back after a gap longer than
+    ``after`` (or its first interval), while no sample is later: blind time counts from here at the
     earliest. None otherwise (most hosts: no float held), as the latest sample only moves on."""
 
     def clear(self) -> None:
@@ -116,6 +119,8 @@ class TelemetryStale(DetectorBase):
             if st.fired_at is None:  # nothing open: a candidate spell, if any, ends
                 st.clear()
                 st.last_sample = t
+                if st.billed_since is not None and st.billed_since <= t:
+                    st.billed_since = None  # the sample is later: it starts any spell
                 return []
             if st.back_at is not None:  # the spell has ended already; waiting for usage to reach it
                 st.back_latest = t
@@ -128,12 +133,14 @@ class TelemetryStale(DetectorBase):
                 return self._telemetry_back(st, resource, t)
             st.back_at = t
             return []
-        if type(event) is not UsageEvent or st.last_sample is None:
-            return []  # no GPU host yet
-        if t <= st.last_usage:
+        if type(event) is not UsageEvent or t <= st.last_usage:
             return []  # a re-read interval
-        self._billing(st, event, t, st.last_sample)
+        # Kept before the host's first sample too: which of its first interval back and its first
+        # sample back reaches detection first must not move the start of a spell.
+        self._billing(st, event, t, resource.billed)
         st.last_usage = t
+        if st.last_sample is None:
+            return []  # no GPU host yet (or one stopped: it starts afresh at its next sample)
         if st.back_at is None and t <= st.last_sample:
             return []  # an interval from before the latest sample
         if st.back_at is not None and t >= st.back_at:
@@ -175,14 +182,19 @@ class TelemetryStale(DetectorBase):
             out.extend((i, f) for f in self.step(state, ctx, events[i], t))
         return out
 
-    def _billing(self, st: TelemetryStaleState, usage: UsageEvent, t: float, last_sample: float) -> None:
-        """Usage back after a gap longer than ``after`` since the latest interval (or the host's first
-        interval) starts billed time afresh, and a candidate spell's dollars with it."""
-        begins = t - usage.interval_s
-        if not st.last_usage or begins - st.last_usage > self.params.after:
-            st.billed_since = begins if begins > last_sample else None
+    def _billing(self, st: TelemetryStaleState, usage: UsageEvent, t: float, billed: bool) -> None:
+        """A billed interval starting more than ``after`` past the end of the latest one (or the host's
+        first) starts billed time afresh at ``t`` (the interval's start), and a candidate spell's
+        dollars with it. A stopped host's intervals are not billed time: they neither end a gap
+        nor start one."""
+        if not billed:
+            return
+        previous_end = st.usage_end or (st.last_usage + usage.interval_s if st.last_usage else 0.0)  # (saved before)
+        if not previous_end or t - previous_end > self.params.after:
+            st.billed_since = t if st.last_sample is None or t > st.last_sample else None
             if st.fired_at is None:
                 st.blind_usd, st.counted = 0.0, ()  # what was counted before the gap was not spent blind
+        st.usage_end = max(st.usage_end, t + usage.interval_s)
 
     def _telemetry_back(self, st: TelemetryStaleState, resource: ResourceInfo, at: float) -> list[Finding]:
         """Resolve the spell ended by the sample at ``at``; the latest sample seen since is the
