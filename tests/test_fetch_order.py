@@ -17,7 +17,6 @@ from __future__ import annotations
 import random
 import zlib
 
-import msgspec
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -26,10 +25,11 @@ from detector.alerts import Alert, AlertManager
 from detector.align import EventTimeAligner
 from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage
-from detector.simulate import SimConfig, simulate
-from tests.reliability import compare_alerts, reported_alerts, waves_backlog, write_records
+from detector.simulate import SimConfig
+from tests.reliability import Fleet, compare_alerts, fleet, reported_alerts, waves_backlog, write_records
 
-LATENESS_S = 60.0  # the worker's default
+LATENESS_S = 60.0
+"""The worker's default, and what :func:`tests.reliability.reported_alerts` (backtest's alerts) aligns with."""
 
 
 MESSY = SimConfig.messy(hours=26, training_hosts=1, notebooks=1, inference_endpoints=2, buckets=1, vector_dbs=1,
@@ -39,17 +39,14 @@ jittered, messages duplicated and delayed): 15 alert types, 29 alerts."""
 
 
 @pytest.fixture(scope="module")
-def fleets(tmp_path_factory, ruleset) -> dict[str, tuple[list, list[Alert]]]:
+def fleets(tmp_path_factory, ruleset) -> dict[str, Fleet]:
     """Each fleet's records and backtest's alerts over them: the waves backlog (hosts gone for hours
     and back: the order of their first usage and first sample back decides detection if anything
     does) and the messy fleet."""
-    out = {}
-    raw, _ = simulate(MESSY, ruleset.pricing)
-    for name, records in [("waves", waves_backlog(hosts_per_wave=6)),
-                          ("messy", [(topic, key, msgspec.json.encode(value)) for _, topic, key, value in raw])]:  # fmt: skip
-        path = write_records(tmp_path_factory.mktemp(name) / f"{name}.jsonl", records)
-        out[name] = records, reported_alerts(path, ruleset, lateness_s=LATENESS_S)
-    return out
+    waves = waves_backlog(hosts_per_wave=6)
+    path = write_records(tmp_path_factory.mktemp("waves") / "waves.jsonl", waves)
+    return {"waves": Fleet(path, waves, reported_alerts(path, ruleset, lateness_s=LATENESS_S)),
+            "messy": fleet(tmp_path_factory.mktemp("messy") / "messy.jsonl", MESSY, ruleset)}  # fmt: skip
 
 
 def consumed(records: list, ruleset, partitions: int, max_batch: int, rng: random.Random) -> dict[str, dict]:
@@ -96,14 +93,14 @@ def _row(alert: Alert) -> dict:
             "resolved_ms": None if alert.resolved_at is None else round(alert.resolved_at * 1000)}  # fmt: skip
 
 
-def check(fleet: tuple[list, list[Alert]], ruleset, partitions: int, max_batch: int, seed: int) -> None:
+def check(replayed: Fleet, ruleset, partitions: int, max_batch: int, seed: int) -> None:
     """The fetches are drawn from a seed, not from Hypothesis's own random: each batch draws a few
     numbers, thousands in all, more than it can shrink. Derandomized: the same draws on every run,
     so a fault this finds is found by the change that brings it, not by a later one's CI (a wider
     search, with other seeds, is a script's job: docs/reliability.md)."""
-    records, expected = fleet
-    assert expected
-    diff = compare_alerts(expected, consumed(records, ruleset, partitions, max_batch, random.Random(seed)))
+    assert replayed.expected
+    diff = compare_alerts(replayed.expected, consumed(replayed.records, ruleset, partitions, max_batch,
+                                                      random.Random(seed)))  # fmt: skip
     assert diff.ok, diff
 
 

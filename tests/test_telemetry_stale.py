@@ -16,8 +16,9 @@ def metrics(start: float, minutes: int) -> list:
     return [e for i in range(minutes * 2) for e in scrape(start + i * 30, [50.0] * 2)]
 
 
-def billing(start: float, minutes: int, state: str = "running") -> list:
-    return [usage(start + i * MIN, state=state, usd_per_hour=12.0) for i in range(minutes)]
+def billing(start: float, intervals: int, state: str = "running", interval_s: float = MIN) -> list:
+    return [usage(start + i * interval_s, state=state, usd_per_hour=12.0, interval_s=interval_s)
+            for i in range(intervals)]  # fmt: skip
 
 
 def ordered(events):
@@ -136,10 +137,6 @@ def test_a_short_gap_in_usage_does_not_restart_the_blind_time(ruleset):
     assert found[0].episode_start == last_sample and found[0].fired_at == last_sample + 600
 
 
-def hourly_billing(start: float, hours: int) -> list:
-    return [usage(start + i * 3600, usd_per_hour=12.0, interval_s=3600.0) for i in range(hours)]
-
-
 @pytest.mark.parametrize("usage_first", [False, True], ids=["samples-first", "usage-first"])
 @pytest.mark.parametrize("samples_back", [0, 15 * MIN], ids=["samples-at-once", "samples-at-15m"])
 def test_a_host_billed_by_the_hour_back_after_hours_away_does_not_fire(ruleset, usage_first, samples_back):
@@ -149,7 +146,9 @@ def test_a_host_billed_by_the_hour_back_after_hours_away_does_not_fire(ruleset, 
     looked an hour old and the host fired dated in the hours it was away (even in time order when
     its samples came back a quarter of an hour after its usage)."""
     back = T0 + 4 * 3600
-    events = metrics(T0, 60) + hourly_billing(T0, 1) + metrics(back + samples_back, 45) + hourly_billing(back, 1)
+    hourly = 3600.0
+    events = metrics(T0, 60) + billing(T0, 1, interval_s=hourly) + metrics(back + samples_back, 45) + billing(
+        back, 1, interval_s=hourly)
     assert stale(ruleset, _interleaved(events, usage_first)) == []
 
 

@@ -205,10 +205,9 @@ class TelemetryStale(DetectorBase):
         return found
 
     def _finding(self, action: str, st: TelemetryStaleState, res: ResourceInfo, at: float, **extra: object) -> Finding:
-        assert st.last_sample is not None and st.fired_at is not None
+        assert st.last_sample is not None and st.fired_at is not None and st.since is not None
         details = {"last_sample_s_ago": round(at - st.last_sample, 3), **extra}
-        start = st.since if st.since is not None else st.last_sample  # the last sample, or billing's start after it
-        return make_finding(self, action, res, episode_start=start, fired_at=st.fired_at, at=at,
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
                             usd=st.blind_usd, details=details)  # fmt: skip
 
     def open_episode(self, state: TelemetryStaleState, resource: ResourceInfo) -> Finding | None:
