@@ -751,27 +751,32 @@ def rfc(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def idle_host(resource_id: str, start: float, minutes: int = 60, gpus: int = 2, usd_per_hour: float = 32.0) -> list[Record]:
+def idle_host(resource_id: str, start: float, minutes: int = 60, gpus: int = 2, usd_per_hour: float = 32.0,
+              stopped_at: float | None = None, scrape_offset: float = 0.0) -> list[Record]:  # fmt: skip
     """A tagged GPU host billed while its GPUs sit idle for ``minutes`` (an idle-gpu episode
-    fires after 30), sent as exporters send it: usage every minute and scrapes every 30 s,
-    one message per five minutes per topic."""
+    fires after 30), sent as exporters send it: usage every minute and scrapes every 30 s
+    (``scrape_offset`` past each half minute), one message per five minutes per topic. With
+    ``stopped_at`` (minutes from ``start``, a whole minute), its usage says stopped from then
+    on, and its scrapes go on a minute more before they end (an agent stopped with its host)."""
     tags = {"team": "nlp", "owner": "alice", "project": "llm"}
     out: list[Record] = []
     for block in range(0, minutes, 5):
         t0 = start + block * 60
         usage = [
             {"ts": rfc(t0 + m * 60), "resource_id": resource_id, "resource_type": "gpu_instance", "provider": "aws",
-             "account": "ml", "region": "us-east-1", "instance_type": "p4d.24xlarge", "state": "running",
+             "account": "ml", "region": "us-east-1", "instance_type": "p4d.24xlarge",
+             "state": "running" if stopped_at is None or block + m < stopped_at else "stopped",
              "interval_s": 60, "cost_usd": round(usd_per_hour / 60, 6), "tags": tags}
             for m in range(5)
         ]  # fmt: skip
         scrapes = [
-            {"ts": rfc(t0 + s * 30), "resource_id": resource_id, "gpu_index": g, "model": "A100", "util_pct": 0.0,
-             "mem_used_mib": 0.0, "mem_total_mib": 40960.0, "power_w": 60.0}
+            {"ts": rfc(t0 + s * 30 + scrape_offset), "resource_id": resource_id, "gpu_index": g, "model": "A100",
+             "util_pct": 0.0, "mem_used_mib": 0.0, "mem_total_mib": 40960.0, "power_w": 60.0}
             for s in range(10) for g in range(gpus)
+            if stopped_at is None or block * 60 + s * 30 + scrape_offset < stopped_at * 60 + 60
         ]  # fmt: skip
-        out += [("gpu-metrics", resource_id, msgspec.json.encode(scrapes)),
-                ("resource-usage", resource_id, msgspec.json.encode(usage))]  # fmt: skip
+        out += [("gpu-metrics", resource_id, msgspec.json.encode(scrapes))] * bool(scrapes)
+        out += [("resource-usage", resource_id, msgspec.json.encode(usage))]
     return out
 
 
@@ -783,6 +788,20 @@ def waves_backlog(hosts_per_wave: int = 6) -> list[Record]:
     hosts = [(f"wave{w}-host{h}", t0 + stint * 3600) for w in range(8) for h in range(hosts_per_wave)
              for stint in (w, w + 4)]  # fmt: skip
     return sorted((r for rid, start in hosts for r in idle_host(rid, start)), key=lambda r: value_end_time(r[2]) or 0.0)
+
+
+def stopping_hosts() -> list[Record]:
+    """GPU hosts idle from their start and stopped around the half hour an idle-gpu episode needs
+    (29 to 33 minutes in, scrapes at 0 to 25 s past each half minute, a minute past the stop),
+    starting a minute apart: the stop and the scrape that completes the threshold are events a few
+    seconds apart on two topics, each in a message of five minutes. Records in the order of their
+    last event's time, as exporters publish them."""
+    t0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
+    hosts = [(f"stopping-{stop}m-{offset}s", t0 + (i * 5 + j) * 60, stop, offset)
+             for i, stop in enumerate(range(29, 34)) for j, offset in enumerate((0, 5, 15, 25))]  # fmt: skip
+    records = (r for rid, start, stop, offset in hosts
+               for r in idle_host(rid, start, minutes=40, stopped_at=stop, scrape_offset=offset))  # fmt: skip
+    return sorted(records, key=lambda r: value_end_time(r[2]) or 0.0)
 
 
 def set_immutable(path: Path, on: bool) -> None:

@@ -26,7 +26,15 @@ from detector.align import EventTimeAligner
 from detector.engine import Engine
 from detector.events import EventDecoder, InvalidMessage
 from detector.simulate import SimConfig
-from tests.reliability import Fleet, compare_alerts, fleet, reported_alerts, waves_backlog, write_records
+from tests.reliability import (
+    Fleet,
+    compare_alerts,
+    fleet,
+    reported_alerts,
+    stopping_hosts,
+    waves_backlog,
+    write_records,  # fmt: skip
+)
 
 LATENESS_S = 60.0
 """The worker's default, and what :func:`tests.reliability.reported_alerts` (backtest's alerts) aligns with."""
@@ -43,10 +51,12 @@ def fleets(tmp_path_factory, ruleset) -> dict[str, Fleet]:
     """Each fleet's records and backtest's alerts over them: the waves backlog (hosts gone for hours
     and back: the order of their first usage and first sample back decides detection if anything
     does) and the messy fleet."""
-    waves = waves_backlog(hosts_per_wave=6)
-    path = write_records(tmp_path_factory.mktemp("waves") / "waves.jsonl", waves)
-    return {"waves": Fleet(path, waves, reported_alerts(path, ruleset, lateness_s=LATENESS_S)),
-            "messy": fleet(tmp_path_factory.mktemp("messy") / "messy.jsonl", MESSY, ruleset)}  # fmt: skip
+    crafted = {"waves": waves_backlog(hosts_per_wave=6), "stopping": stopping_hosts()}
+    out = {"messy": fleet(tmp_path_factory.mktemp("messy") / "messy.jsonl", MESSY, ruleset)}
+    for name, records in crafted.items():
+        path = write_records(tmp_path_factory.mktemp(name) / f"{name}.jsonl", records)
+        out[name] = Fleet(path, records, reported_alerts(path, ruleset, lateness_s=LATENESS_S))
+    return out
 
 
 def consumed(records: list, ruleset, partitions: int, max_batch: int, rng: random.Random) -> dict[str, dict]:
@@ -110,6 +120,19 @@ def check(replayed: Fleet, ruleset, partitions: int, max_batch: int, seed: int) 
 def test_the_waves_alert_as_backtest_however_fetches_interleave_partitions(fleets, ruleset, partitions, max_batch,
                                                                            seed):  # fmt: skip
     check(fleets["waves"], ruleset, partitions, max_batch, seed)
+
+
+@settings(max_examples=8, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(partitions=st.integers(1, 6), max_batch=st.sampled_from([1, 8, 40]), seed=st.integers(0, 2**32))
+def test_hosts_stopped_as_their_episode_reaches_its_threshold_alert_as_backtest(fleets, ruleset, partitions,
+                                                                                max_batch, seed):  # fmt: skip
+    """The scrape that completes an idle episode's half hour and the stop a few seconds before or
+    after it: the alert (or none) is backtest's whichever reaches detection first. Some hosts fire
+    and resolve (stopped after the threshold), the others never fire."""
+    stopping = fleets["stopping"]
+    assert {a.status for a in stopping.expected} == {"resolved"}
+    assert len({a.resource_id for a in stopping.expected}) < len({r[1] for r in stopping.records})
+    check(stopping, ruleset, partitions, max_batch, seed)
 
 
 @settings(max_examples=3, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

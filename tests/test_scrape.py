@@ -107,8 +107,9 @@ def test_the_usual_scrape_keeps_what_the_sample_by_sample_way_keeps(rule_type):
     samples in another order take the way of any scrape, sample by sample. Both leave the same
     state and make the same findings (only the sample a finding is credited to may differ)."""
     detector = next(r.detector for r in load_rules(ROOT / "rules").rules if r.detector.type == rule_type)
+    # billing known throughout (no usage event here): no fire waits for the next interval
     ctx = Context(ResourceInfo(resource_id="host-1", resource_type="gpu_instance", state="running",
-                               usd_per_hour=32.0, gpus=GPUS))  # fmt: skip
+                               usd_per_hour=32.0, gpus=GPUS, usage_end=math.inf))  # fmt: skip
     usual, shuffled = detector.new_state(), detector.new_state()
     found_usual, found_shuffled = [], []
     for n, (t, samples) in enumerate(scrapes()):

@@ -8,6 +8,12 @@ add (``describe``); this class does the rest the same way for all of them:
   samples cover ``for`` of it, with ``fired_at = start + for`` (event time);
 - it fires only while the host is billed (its latest usage event says ``running``);
   a stop resolves it;
+- it fires once the host's usage has reached the threshold's time (an interval covering it), so
+  that it fires on the billing then, whichever of the two topics reached detection first: a host
+  stopped at 30:00 whose scrape at 30:15 completes ``for`` does not fire, even when that scrape
+  is read before the stop; the wait ends ``usage_wait`` of sample time past the threshold (a
+  usage exporter down: it then fires on the billing known). Updates count from the threshold's
+  time, not from when the fire was read;
 - silence is not evidence: a telemetry gap longer than ``stale_after`` restarts a
   candidate episode and is not counted (time or dollars) in an open one;
 - dollars accrue over sample-covered time at the host's price; time seen before the
@@ -42,6 +48,10 @@ class GpuEpisodeParams(Params):
     """A gap in GPU telemetry longer than this is missing data, not evidence."""
     update_every: Duration = Field(default=900.0, gt=0)
     """How often an open episode reports its growing dollars (event time)."""
+    usage_wait: Duration = Field(default=600.0, ge=0)
+    """How long past the threshold's time, in sample time, a fire waits for the host's usage to reach
+    that time (read behind the samples: an exporter flushing minutes at once, a backlog); past it, it
+    fires on the billing known."""
 
 
 class GpuEpisodeState(Episode, kw_only=True):
@@ -225,6 +235,7 @@ class GpuEpisode(DetectorBase):
             since = st.since
             if st.fired_at is not None:
                 self._accrue(st, res, t)
+                self._uncount_after(st, res, t)
             if t > st.last_break:  # the stop breaks the episode: a late sample from before it starts none (one
                 st.last_break = t  # did, from its own time: the resolved episode's start, so its alert id, at worst)
             return end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
@@ -247,21 +258,49 @@ class GpuEpisode(DetectorBase):
                 st.waste_usd += usd_over(res.usd_per_hour, gap)
         st.covered_until = t
 
+    def _uncount_after(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> None:
+        """Take back the episode time counted past a stop at ``t``: samples after the stop, read
+        before it (the usage topic behind), so that the episode ends at the stop with the dollars
+        of time order. (Assumes no telemetry gap past the stop, where nothing was counted.)"""
+        excess = st.covered_until - t
+        if excess <= 0:
+            return
+        if res.usd_per_hour is None:
+            st.unpriced_s = max(0.0, st.unpriced_s - excess)
+        else:
+            st.waste_usd = max(0.0, st.waste_usd - usd_over(res.usd_per_hour, excess))
+        st.covered_until = t
+
     def _maybe_fire_or_report(self, st: GpuEpisodeState, res: ResourceInfo) -> list[Finding]:
         if st.since is None or not res.billed:
             return []
         p, at = self.params, st.covered_until
+        if st.fired_at is None:
+            threshold = st.since + p.for_
+            if at < threshold or (res.usage_end <= threshold and at < threshold + p.usage_wait):
+                return []  # not held long enough, or billing at the threshold not known yet (the next interval says)
         action = advance(st, at, start=st.since, held_s=at - st.since, need_s=p.for_, every_s=p.update_every)
         if action is None or st.fired_at is None:
             return []
-        return [self._finding(action, st, res, st.fired_at if action == "fire" else at)]
+        if action == "update":
+            return [self._finding(action, st, res, at)]
+        # A fire is reported as of its time, however late it was read (billing known late): its update
+        # times count from it, and its dollars are those up to it. No gap is uncounted since the episode
+        # started (a gap restarts one that has not fired), so what was counted past it is its length.
+        st.last_report = fired_at = st.fired_at
+        past = at - fired_at
+        usd = st.waste_usd
+        if past > 0 and res.usd_per_hour is not None and st.unpriced_s <= 0:
+            usd = max(0.0, usd - usd_over(res.usd_per_hour, past))
+        return [self._finding(action, st, res, fired_at, usd=usd)]
 
-    def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, **extra: object) -> Finding:
+    def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, usd: float | None = None,
+                 **extra: object) -> Finding:  # fmt: skip
         assert st.since is not None and st.fired_at is not None
         details = {
             "gpu_count": len(st.gpus),
             "gpu_model": st.model,
-            "episode_s": round(max(at, st.covered_until) - st.since, 3),
+            "episode_s": round((at if action == "fire" else max(at, st.covered_until)) - st.since, 3),
             **self.describe(st),
             **extra,
         }
@@ -279,7 +318,7 @@ class GpuEpisode(DetectorBase):
             details.update(listing(pods, commands=self.pod_commands))
             res = with_owner(res, [pod for ps in pods.values() for pod in ps])
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
-                            usd=st.waste_usd, details=details)  # fmt: skip
+                            usd=st.waste_usd if usd is None else usd, details=details)  # fmt: skip
 
 
 def _note_pod(st: GpuEpisodeState, unit: str, pod: Pod | None, allocated: bool | None) -> None:
