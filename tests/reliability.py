@@ -752,12 +752,13 @@ def rfc(t: float) -> str:
 
 
 def idle_host(resource_id: str, start: float, minutes: int = 60, gpus: int = 2, usd_per_hour: float = 32.0,
-              stopped_at: float | None = None, scrape_offset: float = 0.0) -> list[Record]:  # fmt: skip
+              stopped_at: float | None = None, scrape_offset: float = 0.0, busy_gpus: int = 0) -> list[Record]:  # fmt: skip
     """A tagged GPU host billed while its GPUs sit idle for ``minutes`` (an idle-gpu episode
     fires after 30), sent as exporters send it: usage every minute and scrapes every 30 s
     (``scrape_offset`` past each half minute), one message per five minutes per topic. With
     ``stopped_at`` (minutes from ``start``, a whole minute), its usage says stopped from then
-    on, and its scrapes go on a minute more before they end (an agent stopped with its host)."""
+    on, and its scrapes go on a minute more before they end (an agent stopped with its host). Its
+    first ``busy_gpus`` GPUs work (the others partly idle a host: ``partly_idle_gpu``'s)."""
     tags = {"team": "nlp", "owner": "alice", "project": "llm"}
     out: list[Record] = []
     for block in range(0, minutes, 5):
@@ -771,7 +772,8 @@ def idle_host(resource_id: str, start: float, minutes: int = 60, gpus: int = 2, 
         ]  # fmt: skip
         scrapes = [
             {"ts": rfc(t0 + s * 30 + scrape_offset), "resource_id": resource_id, "gpu_index": g, "model": "A100",
-             "util_pct": 0.0, "mem_used_mib": 0.0, "mem_total_mib": 40960.0, "power_w": 60.0}
+             "util_pct": 90.0 if g < busy_gpus else 0.0, "mem_used_mib": 0.0, "mem_total_mib": 40960.0,
+             "power_w": 300.0 if g < busy_gpus else 60.0}
             for s in range(10) for g in range(gpus)
             if stopped_at is None or block * 60 + s * 30 + scrape_offset < stopped_at * 60 + 60
         ]  # fmt: skip
@@ -791,16 +793,16 @@ def waves_backlog(hosts_per_wave: int = 6) -> list[Record]:
 
 
 def stopping_hosts() -> list[Record]:
-    """GPU hosts idle from their start and stopped around the half hour an idle-gpu episode needs
-    (29 to 33 minutes in, scrapes at 0 to 25 s past each half minute, a minute past the stop),
-    starting a minute apart: the stop and the scrape that completes the threshold are events a few
-    seconds apart on two topics, each in a message of five minutes. Records in the order of their
-    last event's time, as exporters publish them."""
+    """GPU hosts idle (or one GPU of two working: partly idle) from their start and stopped around
+    the half hour an episode needs (29 to 33 minutes in, scrapes at 0 to 25 s past each half minute,
+    a minute past the stop), starting a minute apart: the stop and the scrape that completes the
+    threshold are events a few seconds apart on two topics, each in a message of five minutes.
+    Records in the order of their last event's time, as exporters publish them."""
     t0 = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
-    hosts = [(f"stopping-{stop}m-{offset}s", t0 + (i * 5 + j) * 60, stop, offset)
-             for i, stop in enumerate(range(29, 34)) for j, offset in enumerate((0, 5, 15, 25))]  # fmt: skip
-    records = (r for rid, start, stop, offset in hosts
-               for r in idle_host(rid, start, minutes=40, stopped_at=stop, scrape_offset=offset))  # fmt: skip
+    hosts = [(f"stopping-{'partly-' * busy}{stop}m-{offset}s", t0 + (i * 5 + j) * 60, stop, offset, busy)
+             for i, stop in enumerate(range(29, 34)) for j, offset in enumerate((0, 5, 15, 25)) for busy in (0, 1)]  # fmt: skip
+    records = (r for rid, start, stop, offset, busy in hosts
+               for r in idle_host(rid, start, minutes=40, stopped_at=stop, scrape_offset=offset, busy_gpus=busy))  # fmt: skip
     return sorted(records, key=lambda r: value_end_time(r[2]) or 0.0)
 
 

@@ -126,11 +126,12 @@ def test_the_waves_alert_as_backtest_however_fetches_interleave_partitions(fleet
 @given(partitions=st.integers(1, 6), max_batch=st.sampled_from([1, 8, 40]), seed=st.integers(0, 2**32))
 def test_hosts_stopped_as_their_episode_reaches_its_threshold_alert_as_backtest(fleets, ruleset, partitions,
                                                                                 max_batch, seed):  # fmt: skip
-    """The scrape that completes an idle episode's half hour and the stop a few seconds before or
-    after it: the alert (or none) is backtest's whichever reaches detection first. Some hosts fire
-    and resolve (stopped after the threshold), the others never fire."""
+    """The scrape that completes an idle (or partly idle) episode's half hour and the stop a few
+    seconds before or after it: the alert (or none) is backtest's whichever reaches detection first.
+    Some hosts fire and resolve (stopped after the threshold), the others never fire."""
     stopping = fleets["stopping"]
     assert {a.status for a in stopping.expected} == {"resolved"}
+    assert {a.type for a in stopping.expected} == {"idle_gpu", "partly_idle_gpu"}
     assert len({a.resource_id for a in stopping.expected}) < len({r[1] for r in stopping.records})
     check(stopping, ruleset, partitions, max_batch, seed)
 

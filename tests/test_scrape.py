@@ -215,7 +215,7 @@ def both_ways(fast, slow, host: list[tuple[str, float, list[GpuMetric]]]) -> Ite
     short way (``slow``): after every event the same findings, credited to the same samples, and the
     same state. Yields each scrape's findings once both agree."""
     info = {"resource_id": "host-1", "resource_type": "gpu_instance", "usd_per_hour": 32.0, "gpus": 8}
-    running = Context(ResourceInfo(state="running", **info))
+    running = Context(ResourceInfo(state="running", usage_end=math.inf, **info))  # billing known throughout
     stopped = Context(ResourceInfo(state="stopped", **info))
     states = fast.new_state(), slow.new_state()
     ctx = running

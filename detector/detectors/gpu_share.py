@@ -36,7 +36,11 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
   duplicate) changes nothing; a late one updates its unit without recounting the past.
   Findings are dated by sample times.
 - **Billed only.** It fires only while the host's latest usage says ``running``; a stop
-  resolves it (``reason: instance_stopped``) and every GPU's count starts again.
+  resolves it (``reason: instance_stopped``) and every GPU's count starts again. As for
+  ``idle_gpu``, a fire waits until the host's usage reaches its time (at most ``usage_wait`` of
+  sample time past it) and is reported as of its time, and time counted past a stop read after
+  the samples that followed it is taken back: the usage topic read behind the samples does not
+  change what fires or its dollars.
 - **Bounded.** At most :data:`MAX_UNITS` units per host (the least recently seen gives way).
 """
 
@@ -102,6 +106,9 @@ class GpuShareParams(Params):
     """A gap in GPU telemetry longer than this is missing data, not idle time."""
     update_every: Duration = Field(default=900.0, gt=0)
     """How often an open episode reports its growing dollars (event time)."""
+    usage_wait: Duration = Field(default=600.0, ge=0)
+    """How long past its time, in sample time, a fire waits for the host's usage to reach that time
+    (as :class:`~detector.detectors.gpu_episode.GpuEpisodeParams`'s)."""
 
 
 class Unit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -200,8 +207,9 @@ class GpuShareState(Episode, kw_only=True):
     every host (:data:`_ALONE`)."""
     gpu_times: FloatArray | None = None
     """Every time, in three parts. Per GPU, :data:`_G` times (newest sample of any of its units;
-    first idle sample after its last busy one, unset: busy or not seen idle yet; host-seconds,
-    its share of the host, idle while another GPU worked before it counted, priced once it does;
+    first idle sample after its last busy one, unset: busy or not seen idle yet; seconds it was
+    idle while another GPU worked before it counted, priced as its share of the host once it does
+    (snapshots before 2026-12-03 held host-seconds here);
     when those began). Then per unit, its latest sample. Then, only once a sample has said who
     holds a unit (``allocated`` not None: Kubernetes), per unit the newest that did (0.0 where
     none; :meth:`set_allocated_at`): 8 bytes a unit less on every host off Kubernetes."""
@@ -227,9 +235,10 @@ class GpuShareState(Episode, kw_only=True):
     """Why a GPU left the set since the clock last moved ('' = none left)."""
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
-    """Host-seconds counted before the host's price was known."""
+    """GPU-seconds counted before the host's price was known (its GPUs too: both come with its first
+    usage event, which may be read after its first samples), priced as a share of the host then."""
     spell_s: float = 0.0
-    """Host-seconds of the counted GPUs in the current whole-host idle spell: charged if it ends
+    """GPU-seconds of the counted GPUs in the current whole-host idle spell: charged if it ends
     short of ``for``, dropped if it lasts (then it is ``idle_gpu``'s)."""
 
     def __post_init__(self) -> None:
@@ -621,6 +630,11 @@ class GpuShare(DetectorBase):
     def _on_usage(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         if not res.billed:
             found: list[Finding] = []
+            gap = t - st.covered_until
+            if st.fired_at is not None and gap <= self.params.stale_after:
+                # Counted to the stop, as idle_gpu's: up from the latest sample, or back from samples past
+                # the stop read before it (the usage topic behind), so both orders give the same dollars.
+                self._charge(st, res, gap * len(st.counted()))
             if st.since is not None:
                 since = st.since
                 found = end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
@@ -631,8 +645,10 @@ class GpuShare(DetectorBase):
             st.whole_idle_since, st.spell_s = None, 0.0
             return found
         if st.unpriced_s and res.usd_per_hour is not None:
-            st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
+            st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s / _gpus(st, res))
             st.unpriced_s = 0.0
+        if st.fired_at is None and st.since is not None and st.whole_idle_since is None:
+            return self._fire_if_billed(st, res, st.covered_until, st.counted())  # waiting for this interval
         return []
 
     # -- the clock ----------------------------------------------------------
@@ -710,17 +726,13 @@ class GpuShare(DetectorBase):
             if st.since is not None:
                 found = end(st, lambda: self._finding("resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
-            if any_busy and res.billed and len(listed) >= p.min_gpus and st.since is not None:
-                qualified = sorted(max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], c), st.rebase_at) for gpu in listed)
-                fired_at = min(c, max(st.since, qualified[p.min_gpus - 1] + p.for_))
-                fire(st, since=st.since, fired_at=fired_at, at=c)
-                found = [self._finding("fire", st, res, fired_at)]
+            if any_busy:
+                found = self._fire_if_billed(st, res, c, listed)
         elif any_busy and (changed or c - st.last_report >= p.update_every):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
         gap = t - c
         if gap <= p.stale_after:
-            share_s = gap / max(len(ids), res.gpus)
             n = 0
             for g, gpu in enumerate(ids):
                 if state.get(gpu, BUSY) not in codes:
@@ -731,14 +743,30 @@ class GpuShare(DetectorBase):
                 at = _G * g
                 idle_since = times[at + _IDLE_SINCE]
                 if idle_since == idle_since:  # set: not NaN
-                    times[at + _PENDING_S] += share_s
+                    times[at + _PENDING_S] += gap
                     if times[at + _PENDING_FROM] != times[at + _PENDING_FROM]:
                         times[at + _PENDING_FROM] = c
             if n and any_busy:
-                self._charge(st, res, share_s * n)
+                self._charge(st, res, gap * n)
             elif n:
-                st.spell_s += share_s * n
+                st.spell_s += gap * n
         return found
+
+    def _fire_if_billed(self, st: GpuShareState, res: ResourceInfo, c: float, listed: list[int]) -> list[Finding]:
+        """Fire the episode of the GPUs ``listed`` (counted, some GPU working), charged up to ``c``, if
+        the host was billed at its time: its usage has reached that time, or ``usage_wait`` of samples
+        passed it. Reported as of its time, however late it was read: the counted GPUs' share of the
+        host since then is left out of its dollars, and its updates count from it."""
+        p = self.params
+        if not res.billed or len(listed) < p.min_gpus or st.since is None:
+            return []
+        times: Any = st.gpu_times
+        qualified = sorted(max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], c), st.rebase_at) for gpu in listed)
+        fired_at = min(c, max(st.since, qualified[p.min_gpus - 1] + p.for_))
+        if res.usage_end <= fired_at and c < fired_at + p.usage_wait:
+            return []  # billing at its time not known yet: the next interval (or scrape) says
+        fire(st, since=st.since, fired_at=fired_at, at=fired_at)
+        return [self._finding("fire", st, res, fired_at, uncounted_s=(c - fired_at) * len(listed))]
 
     def _spell(self, st: GpuShareState, res: ResourceInfo, c: float, any_busy: bool) -> None:
         """Keep the host's whole-idle spells: one starts at the first instant no GPU works, and
@@ -785,13 +813,15 @@ class GpuShare(DetectorBase):
             out.allocated = False
         return out
 
-    def _charge(self, st: GpuShareState, res: ResourceInfo, host_s: float) -> None:
-        if host_s <= 0:
+    def _charge(self, st: GpuShareState, res: ResourceInfo, gpu_s: float) -> None:
+        """Count ``gpu_s`` GPU-seconds as waste, each a share of the host's price (:func:`_gpus`);
+        negative: take back what was counted past a stop (never below nothing)."""
+        if not gpu_s:
             return
         if res.usd_per_hour is None:
-            st.unpriced_s += host_s
+            st.unpriced_s = max(0.0, st.unpriced_s + gpu_s)
         else:
-            st.waste_usd += usd_over(res.usd_per_hour, host_s)
+            st.waste_usd = max(0.0, st.waste_usd + usd_over(res.usd_per_hour, gpu_s / _gpus(st, res)))
 
     @staticmethod
     def _forget(st: GpuShareState, key: str) -> None:
@@ -806,7 +836,9 @@ class GpuShare(DetectorBase):
             else:
                 st.drop_gpu(g)
 
-    def _finding(self, action: str, st: GpuShareState, res: ResourceInfo, at: float, **extra: object) -> Finding:
+    def _finding(self, action: str, st: GpuShareState, res: ResourceInfo, at: float, uncounted_s: float = 0.0,
+                 **extra: object) -> Finding:  # fmt: skip
+        """``uncounted_s``: GPU-seconds counted after ``at``, left out of its dollars."""
         assert st.since is not None and st.fired_at is not None
         counted = sorted(st.counted())
         if counted or action != "resolve":
@@ -826,7 +858,15 @@ class GpuShare(DetectorBase):
             **extra,
         }
         return make_finding(self, action, with_owner(res, pod_list), episode_start=st.since, fired_at=st.fired_at,
-                            at=at, usd=st.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip
+                            at=at, usd=self._usd_less(st, res, uncounted_s), details=details,
+                            usd_per_hour=rate)  # fmt: skip
+
+    @staticmethod
+    def _usd_less(st: GpuShareState, res: ResourceInfo, gpu_s: float) -> float:
+        """The dollars counted, less ``gpu_s`` GPU-seconds (when priced)."""
+        if gpu_s <= 0 or res.usd_per_hour is None or st.unpriced_s > 0:
+            return st.waste_usd
+        return max(0.0, st.waste_usd - usd_over(res.usd_per_hour, gpu_s / _gpus(st, res)))
 
 
 def _holders(scrape: Scrape) -> bytes:
@@ -841,6 +881,11 @@ def _who(pod: Pod | None) -> tuple[str, str] | None:
 def _or(x: float, default: float) -> float:
     """``x``, or ``default`` where unset or 0.0 (what ``idle_since or c`` said of the struct's field)."""
     return x if _set(x) and x else default
+
+
+def _gpus(st: GpuShareState, res: ResourceInfo) -> int:
+    """The GPUs a share of the host is priced over: those its instance type has, or those reporting if more."""
+    return max(len(st.gpu_ids), res.gpus, 1)
 
 
 def _restart_run(st: GpuShareState, g: int) -> None:
