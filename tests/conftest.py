@@ -46,14 +46,14 @@ def chdb_client():
 
 
 def fresh_store(client, request, prefix: str = "t_"):
-    """A fresh database named after the test (and ``prefix``) on ``client``, with the schema applied."""
-    from detector.store import Store
+    """A fresh database named after the test (and ``prefix``) on ``client``, with the schema applied:
+    dropped if it was there, then made as a copy of a database the migrations made once for the
+    client (``tests.store_template``: the copy equals a migrated database, and ``migrate()`` on it
+    applies nothing)."""
+    from tests.store_template import migrated_copy
 
     name = prefix + "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
-    client.command(f"DROP DATABASE IF EXISTS {name}")
-    s = Store(client, database=name)
-    s.migrate()
-    return s
+    return migrated_copy(client, name)
 
 
 @pytest.fixture

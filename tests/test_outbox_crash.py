@@ -26,6 +26,7 @@ from detector.slack import SlackError, SlackNotifier
 from detector.store import Store
 from detector.testing import LocalSlack
 from tests.helpers import T0
+from tests.store_template import migrated_copy
 
 
 class Killed(Exception):
@@ -140,29 +141,11 @@ def test_a_kill_before_any_write_loses_no_post_and_doubles_none(chdb_client, sla
         assert store.deliveries.undelivered() == [], n
 
 
-_TEMPLATE = "t_outbox_migrated"
-_MADE: dict[int, list[str]] = {}
-"""Per ClickHouse client: the statements that make a copy of ``_TEMPLATE`` (tables, then views)."""
-
-
 def _fresh(client: Any, name: str) -> Store:
-    """A freshly migrated database: a copy of one migrated once for the client (running the
+    """A freshly migrated database (a copy of one migrated once for the client: running the
     migrations is most of a kill test's time, and a kill test wants a store for each write),
     checked up to date as a migrating worker would find it: no migration left, no table missing."""
-    if id(client) not in _MADE:
-        client.command(f"DROP DATABASE IF EXISTS {_TEMPLATE}")
-        Store(client, database=_TEMPLATE).migrate()
-        objects = client.query(f"SELECT name, engine FROM system.tables WHERE database = '{_TEMPLATE}'").result_rows
-        in_order = sorted(objects, key=lambda o: o[1] in ("View", "MaterializedView"))  # what they read first
-        _MADE[id(client)] = [client.query(f"SHOW CREATE TABLE {_TEMPLATE}.{n}").result_rows[0][0] for n, _ in in_order]
-    client.command(f"DROP DATABASE IF EXISTS {name}")
-    client.command(f"CREATE DATABASE {name}")
-    for statement in _MADE[id(client)]:
-        made = statement.replace(f"{_TEMPLATE}.", f"{name}.")
-        assert _TEMPLATE not in made, made
-        client.command(made)
-    client.command(f"INSERT INTO {name}.schema_migrations SELECT * FROM {_TEMPLATE}.schema_migrations")
-    store = Store(client, database=name)
+    store = migrated_copy(client, name)
     assert store.migrate() == [] and store.schema.missing_tables() == [], name
     return store
 
