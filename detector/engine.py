@@ -383,7 +383,7 @@ class Engine:
                     ctx.late = False
                 else:
                     ctx.late = True
-                self._update_info(state, event, t)  # type: ignore[arg-type]
+                self._update_info(state, event)  # type: ignore[arg-type]
                 if foreign is not None and foreign(key):
                     continue  # another shard's resource: known for look-ups, detected there
                 route = state.usage_route  # after the update: a changed resource has none
@@ -602,9 +602,8 @@ class Engine:
             return self.directory(resource_id, self._run_t)
         return None
 
-    def _update_info(self, state: KeyState, ev: UsageEvent, t: float) -> None:
+    def _update_info(self, state: KeyState, ev: UsageEvent) -> None:
         info = state.info
-        info.usage_end = t + ev.interval_s
         tags = self.billed.fill_tags(ev.resource_id, ev.tags) if self.billed is not None else ev.tags
         changed = (
             ev.resource_type != info.resource_type

@@ -176,16 +176,13 @@ def test_a_late_sample_from_before_a_stop_starts_no_episode_with_the_resolved_on
     assert alerts[-1].status == "firing" and alerts[-1].alert_id != alerts[0].alert_id
 
 
-def _read(events, usage_behind_s: float = 0.0, samples_first_at: set[float] = frozenset()):
-    """``events`` in time order as one consumer reads them: usage read once the samples are
-    ``usage_behind_s`` past it (the usage topic read behind: an exporter flushing minutes at once, a
-    backlog), and at the times in ``samples_first_at`` the samples read before usage of an earlier time."""
+def _read(events, usage_behind_s: float = 0.0):
+    """``events`` in time order as one consumer reads them with the usage topic ``usage_behind_s``
+    behind the samples (an exporter flushing minutes at once, a backlog)."""
 
     def when(e):
         t = e.ts.timestamp()
-        if type(e).__name__ != "UsageEvent":
-            return (t, 0)
-        return (t + usage_behind_s, 1) if not any(t <= s <= t + 60 for s in samples_first_at) else (t + 60, 1)
+        return (t + usage_behind_s, 1) if type(e).__name__ == "UsageEvent" else (t, 0)
 
     return sorted(events, key=when)
 
@@ -194,33 +191,11 @@ def _summary(findings):
     return [(f.action, f.episode_start, f.fired_at, f.at, round(f.waste_usd, 6)) for f in findings]
 
 
-def _stopped_at_30m(scrape_past_s: float) -> list:
-    """Idle from T0 + 15 s, billed every minute, stopped at 30:00; scrapes go on a minute past it."""
-    events = [e for i in range(62) for e in scrape(T0 + scrape_past_s + i * 30, IDLE8)]
-    events += [usage(T0 + i * MIN) for i in range(30)] + [usage(T0 + 30 * MIN, state="stopped", usd_per_hour=0.0)]
-    return sorted(events, key=lambda e: e.ts)
-
-
-@pytest.mark.parametrize("past_s", [15.0, 29.0])
-@pytest.mark.parametrize("order", ["time", "scrape-first", "usage-behind"])
-def test_a_host_stopped_before_its_threshold_fires_nothing_whichever_topic_is_read_first(ruleset, past_s, order):
-    """Stopped at 30:00; the scrape at 30:15 (or 30:29) completes the half hour counted from the first
-    at 00:15. In time order the stop comes first and nothing fires. Read before the stop (its topic
-    behind), that scrape found the host billed and fired, then the stop resolved it, dated before its
-    fire: the fire waits for usage to reach the threshold's time, which says stopped."""
-    events = _stopped_at_30m(past_s)
-    read = {"time": events, "scrape-first": _read(events, samples_first_at={T0 + 30 * MIN + past_s}),
-            "usage-behind": _read(events, usage_behind_s=5 * MIN)}[order]
-    assert read != events or order == "time"
-    _, found = run(ruleset, read)
-    assert found == []
-
-
 @pytest.mark.parametrize("behind_min", [1, 5, 9])
 def test_usage_read_behind_the_samples_gives_time_orders_findings(ruleset, behind_min):
     """Idle 45 minutes, stopped at 45:00 (scrapes a minute past it): fired at 30:00 and resolved at the
-    stop, with the dollars of 45 minutes, however far behind the samples (up to the wait) usage is read.
-    Read behind, samples past the stop were counted before it came: taken back."""
+    stop, with the dollars of 45 minutes, however far behind the samples usage is read. Read behind,
+    samples past the stop were counted before it came: taken back."""
     events = timeline(T0, T0 + 46 * MIN, IDLE8)
     events = [e for e in events if not (type(e).__name__ == "UsageEvent" and e.ts.timestamp() >= T0 + 45 * MIN)]
     events = sorted(events + [usage(T0 + 45 * MIN, state="stopped", usd_per_hour=0.0)], key=lambda e: e.ts)
@@ -231,15 +206,16 @@ def test_usage_read_behind_the_samples_gives_time_orders_findings(ruleset, behin
     assert in_order[-1].waste_usd == pytest.approx(32.0 * 45 / 60, rel=1e-6)
 
 
-def test_a_fire_waits_for_usage_at_most_usage_wait_past_the_threshold(ruleset):
-    """Usage stops coming at 20:00 (its exporter down) while the host sits idle: the fire waits for
-    billing at the threshold (30:00), then past ``usage_wait`` (10 min) fires on the billing known,
-    dated as it would have been."""
-    events = [e for e in timeline(T0, T0 + 60 * MIN, IDLE8)
-              if type(e).__name__ != "UsageEvent" or e.ts.timestamp() < T0 + 20 * MIN]  # fmt: skip
-    before_wait = [e for e in events if e.ts.timestamp() < T0 + 40 * MIN]
-    assert run(ruleset, before_wait)[1] == []
-    _, found = run(ruleset, events)
-    fire = found[0]
-    assert fire.action == "fire" and fire.episode_start == T0 and fire.fired_at == T0 + 30 * MIN
-    assert fire.at == T0 + 30 * MIN
+def test_a_stop_read_after_a_restarted_hosts_samples_takes_back_nothing_it_cannot_know(ruleset):
+    """Stopped at 45:00 and started again at 55:00, idle throughout, the stop read after the samples
+    that came back (usage 15 min behind). What was counted past the stop is not known (a gap longer
+    than ``stale_after`` lies in it, counted as nothing), so nothing is taken back: the resolution
+    claims the 4.5 minutes after the restart too (time order: 45 minutes, $24.00, and those minutes
+    in the next episode). Taking back all 14.5 minutes past the stop would claim less than the 45
+    billed idle minutes before it ($18.40)."""
+    events = timeline(T0, T0 + 45 * MIN, IDLE8) + [usage(T0 + 45 * MIN, state="stopped", usd_per_hour=0.0)]
+    events += timeline(T0 + 55 * MIN, T0 + 60 * MIN, IDLE8)
+    _, behind = run(ruleset, _read(events, usage_behind_s=15 * MIN))
+    resolve = next(f for f in behind if f.action == "resolve")
+    assert resolve.at == T0 + 45 * MIN
+    assert resolve.waste_usd == pytest.approx(32.0 * (45 * MIN - 30 + 5 * MIN - 30) / 3600, rel=1e-4)

@@ -107,9 +107,8 @@ def test_the_usual_scrape_keeps_what_the_sample_by_sample_way_keeps(rule_type):
     samples in another order take the way of any scrape, sample by sample. Both leave the same
     state and make the same findings (only the sample a finding is credited to may differ)."""
     detector = next(r.detector for r in load_rules(ROOT / "rules").rules if r.detector.type == rule_type)
-    # billing known throughout (no usage event here): no fire waits for the next interval
     ctx = Context(ResourceInfo(resource_id="host-1", resource_type="gpu_instance", state="running",
-                               usd_per_hour=32.0, gpus=GPUS, usage_end=math.inf))  # fmt: skip
+                               usd_per_hour=32.0, gpus=GPUS))  # fmt: skip
     usual, shuffled = detector.new_state(), detector.new_state()
     found_usual, found_shuffled = [], []
     for n, (t, samples) in enumerate(scrapes()):
@@ -215,7 +214,7 @@ def both_ways(fast, slow, host: list[tuple[str, float, list[GpuMetric]]]) -> Ite
     short way (``slow``): after every event the same findings, credited to the same samples, and the
     same state. Yields each scrape's findings once both agree."""
     info = {"resource_id": "host-1", "resource_type": "gpu_instance", "usd_per_hour": 32.0, "gpus": 8}
-    running = Context(ResourceInfo(state="running", usage_end=math.inf, **info))  # billing known throughout
+    running = Context(ResourceInfo(state="running", **info))
     stopped = Context(ResourceInfo(state="stopped", **info))
     states = fast.new_state(), slow.new_state()
     ctx = running

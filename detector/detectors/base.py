@@ -85,11 +85,6 @@ class ResourceInfo(msgspec.Struct, kw_only=True, gc=False):
     interval_usd: float = 0.0
     """What its latest usage interval cost, priced once by the engine's pricer: detectors that
     add up spend add this, so their dollars are the stored rows' dollars."""
-    usage_end: float = 0.0
-    """End of its latest usage interval (the interval's ``ts`` is its start, plus ``interval_s``): how far
-    its billing is known. A rule deciding on the billing at a time after this reads the usage topic
-    behind the samples (an exporter's flush, a backlog), and may wait for the next interval
-    (:class:`~detector.detectors.gpu_episode.GpuEpisode`); 0 until a usage event has been seen."""
     tags: dict[str, str] = {}
 
     @property

@@ -7,13 +7,8 @@ add (``describe``); this class does the rest the same way for all of them:
 - the episode starts at the first sample after the last breaking one, and fires when
   samples cover ``for`` of it, with ``fired_at = start + for`` (event time);
 - it fires only while the host is billed (its latest usage event says ``running``);
-  a stop resolves it;
-- it fires once the host's usage has reached the threshold's time (an interval covering it), so
-  that it fires on the billing then, whichever of the two topics reached detection first: a host
-  stopped at 30:00 whose scrape at 30:15 completes ``for`` does not fire, even when that scrape
-  is read before the stop; the wait ends ``usage_wait`` of sample time past the threshold (a
-  usage exporter down: it then fires on the billing known). Updates count from the threshold's
-  time, not from when the fire was read;
+  a stop resolves it, its dollars counted to the stop: samples past the stop read before it (the
+  usage topic read behind) are taken back, so that either order gives the same dollars;
 - silence is not evidence: a telemetry gap longer than ``stale_after`` restarts a
   candidate episode and is not counted (time or dollars) in an open one;
 - dollars accrue over sample-covered time at the host's price; time seen before the
@@ -48,10 +43,6 @@ class GpuEpisodeParams(Params):
     """A gap in GPU telemetry longer than this is missing data, not evidence."""
     update_every: Duration = Field(default=900.0, gt=0)
     """How often an open episode reports its growing dollars (event time)."""
-    usage_wait: Duration = Field(default=600.0, ge=0)
-    """How long past the threshold's time, in sample time, a fire waits for the host's usage to reach
-    that time (read behind the samples: an exporter flushing minutes at once, a backlog); past it, it
-    fires on the billing known."""
 
 
 class GpuEpisodeState(Episode, kw_only=True):
@@ -259,11 +250,12 @@ class GpuEpisode(DetectorBase):
         st.covered_until = t
 
     def _uncount_after(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> None:
-        """Take back the episode time counted past a stop at ``t``: samples after the stop, read
-        before it (the usage topic behind), so that the episode ends at the stop with the dollars
-        of time order. (Assumes no telemetry gap past the stop, where nothing was counted.)"""
+        """Take back the episode time counted past a stop at ``t``: samples after the stop, read before
+        it. Only up to ``stale_after`` past the stop, where every second was counted (no gap that
+        long inside); beyond (a host restarted minutes later, its samples read first) what was counted
+        is not known, and nothing is taken back."""
         excess = st.covered_until - t
-        if excess <= 0:
+        if excess <= 0 or excess > self.params.stale_after:
             return
         if res.usd_per_hour is None:
             st.unpriced_s = max(0.0, st.unpriced_s - excess)
@@ -275,32 +267,17 @@ class GpuEpisode(DetectorBase):
         if st.since is None or not res.billed:
             return []
         p, at = self.params, st.covered_until
-        if st.fired_at is None:
-            threshold = st.since + p.for_
-            if at < threshold or (res.usage_end <= threshold and at < threshold + p.usage_wait):
-                return []  # not held long enough, or billing at the threshold not known yet (the next interval says)
         action = advance(st, at, start=st.since, held_s=at - st.since, need_s=p.for_, every_s=p.update_every)
         if action is None or st.fired_at is None:
             return []
-        if action == "update":
-            return [self._finding(action, st, res, at)]
-        # A fire is reported as of its time, however late it was read (billing known late): its update
-        # times count from it, and its dollars are those up to it. No gap is uncounted since the episode
-        # started (a gap restarts one that has not fired), so what was counted past it is its length.
-        st.last_report = fired_at = st.fired_at
-        past = at - fired_at
-        usd = st.waste_usd
-        if past > 0 and res.usd_per_hour is not None and st.unpriced_s <= 0:
-            usd = max(0.0, usd - usd_over(res.usd_per_hour, past))
-        return [self._finding(action, st, res, fired_at, usd=usd)]
+        return [self._finding(action, st, res, st.fired_at if action == "fire" else at)]
 
-    def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, usd: float | None = None,
-                 **extra: object) -> Finding:  # fmt: skip
+    def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None
         details = {
             "gpu_count": len(st.gpus),
             "gpu_model": st.model,
-            "episode_s": round((at if action == "fire" else max(at, st.covered_until)) - st.since, 3),
+            "episode_s": round(max(at, st.covered_until) - st.since, 3),
             **self.describe(st),
             **extra,
         }
@@ -318,7 +295,7 @@ class GpuEpisode(DetectorBase):
             details.update(listing(pods, commands=self.pod_commands))
             res = with_owner(res, [pod for ps in pods.values() for pod in ps])
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
-                            usd=st.waste_usd if usd is None else usd, details=details)  # fmt: skip
+                            usd=st.waste_usd, details=details)  # fmt: skip
 
 
 def _note_pod(st: GpuEpisodeState, unit: str, pod: Pod | None, allocated: bool | None) -> None:

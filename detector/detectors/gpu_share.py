@@ -36,11 +36,12 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
   duplicate) changes nothing; a late one updates its unit without recounting the past.
   Findings are dated by sample times.
 - **Billed only.** It fires only while the host's latest usage says ``running``; a stop
-  resolves it (``reason: instance_stopped``) and every GPU's count starts again. As for
-  ``idle_gpu``, a fire waits until the host's usage reaches its time (at most ``usage_wait`` of
-  sample time past it) and is reported as of its time, and time counted past a stop read after
-  the samples that followed it is taken back: the usage topic read behind the samples does not
-  change what fires or its dollars.
+  resolves it (``reason: instance_stopped``), its dollars counted to the stop (as ``idle_gpu``'s:
+  up from the latest sample, or back from samples past it read before it), and every GPU's count
+  starts again.
+- **The same dollars in either order.** Idle time is kept in GPU-seconds and priced as a share of
+  the host's GPUs when it is priced: a host's first samples, read before its first usage event
+  (its instance type, so its GPUs, unknown), are not divided by the GPUs reporting then.
 - **Bounded.** At most :data:`MAX_UNITS` units per host (the least recently seen gives way).
 """
 
@@ -106,9 +107,6 @@ class GpuShareParams(Params):
     """A gap in GPU telemetry longer than this is missing data, not idle time."""
     update_every: Duration = Field(default=900.0, gt=0)
     """How often an open episode reports its growing dollars (event time)."""
-    usage_wait: Duration = Field(default=600.0, ge=0)
-    """How long past its time, in sample time, a fire waits for the host's usage to reach that time
-    (as :class:`~detector.detectors.gpu_episode.GpuEpisodeParams`'s)."""
 
 
 class Unit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -630,10 +628,12 @@ class GpuShare(DetectorBase):
     def _on_usage(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         if not res.billed:
             found: list[Finding] = []
-            gap = t - st.covered_until
-            if st.fired_at is not None and gap <= self.params.stale_after:
+            gap, stale = t - st.covered_until, self.params.stale_after
+            if st.fired_at is not None and st.whole_idle_since is None and -stale <= gap <= stale:
                 # Counted to the stop, as idle_gpu's: up from the latest sample, or back from samples past
-                # the stop read before it (the usage topic behind), so both orders give the same dollars.
+                # it read before it (the usage topic behind), so both orders give the same dollars.
+                # Beyond stale_after either way, nothing (a gap: not counted, or not known what was);
+                # nor in a whole-host idle spell, whose time the stop drops.
                 self._charge(st, res, gap * len(st.counted()))
             if st.since is not None:
                 since = st.since
@@ -647,8 +647,6 @@ class GpuShare(DetectorBase):
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s / _gpus(st, res))
             st.unpriced_s = 0.0
-        if st.fired_at is None and st.since is not None and st.whole_idle_since is None:
-            return self._fire_if_billed(st, res, st.covered_until, st.counted())  # waiting for this interval
         return []
 
     # -- the clock ----------------------------------------------------------
@@ -726,8 +724,11 @@ class GpuShare(DetectorBase):
             if st.since is not None:
                 found = end(st, lambda: self._finding("resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
-            if any_busy:
-                found = self._fire_if_billed(st, res, c, listed)
+            if any_busy and res.billed and len(listed) >= p.min_gpus and st.since is not None:
+                qualified = sorted(max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], c), st.rebase_at) for gpu in listed)
+                fired_at = min(c, max(st.since, qualified[p.min_gpus - 1] + p.for_))
+                fire(st, since=st.since, fired_at=fired_at, at=c)
+                found = [self._finding("fire", st, res, fired_at)]
         elif any_busy and (changed or c - st.last_report >= p.update_every):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
@@ -751,22 +752,6 @@ class GpuShare(DetectorBase):
             elif n:
                 st.spell_s += gap * n
         return found
-
-    def _fire_if_billed(self, st: GpuShareState, res: ResourceInfo, c: float, listed: list[int]) -> list[Finding]:
-        """Fire the episode of the GPUs ``listed`` (counted, some GPU working), charged up to ``c``, if
-        the host was billed at its time: its usage has reached that time, or ``usage_wait`` of samples
-        passed it. Reported as of its time, however late it was read: the counted GPUs' share of the
-        host since then is left out of its dollars, and its updates count from it."""
-        p = self.params
-        if not res.billed or len(listed) < p.min_gpus or st.since is None:
-            return []
-        times: Any = st.gpu_times
-        qualified = sorted(max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], c), st.rebase_at) for gpu in listed)
-        fired_at = min(c, max(st.since, qualified[p.min_gpus - 1] + p.for_))
-        if res.usage_end <= fired_at and c < fired_at + p.usage_wait:
-            return []  # billing at its time not known yet: the next interval (or scrape) says
-        fire(st, since=st.since, fired_at=fired_at, at=fired_at)
-        return [self._finding("fire", st, res, fired_at, uncounted_s=(c - fired_at) * len(listed))]
 
     def _spell(self, st: GpuShareState, res: ResourceInfo, c: float, any_busy: bool) -> None:
         """Keep the host's whole-idle spells: one starts at the first instant no GPU works, and
@@ -836,9 +821,7 @@ class GpuShare(DetectorBase):
             else:
                 st.drop_gpu(g)
 
-    def _finding(self, action: str, st: GpuShareState, res: ResourceInfo, at: float, uncounted_s: float = 0.0,
-                 **extra: object) -> Finding:  # fmt: skip
-        """``uncounted_s``: GPU-seconds counted after ``at``, left out of its dollars."""
+    def _finding(self, action: str, st: GpuShareState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None
         counted = sorted(st.counted())
         if counted or action != "resolve":
@@ -858,15 +841,7 @@ class GpuShare(DetectorBase):
             **extra,
         }
         return make_finding(self, action, with_owner(res, pod_list), episode_start=st.since, fired_at=st.fired_at,
-                            at=at, usd=self._usd_less(st, res, uncounted_s), details=details,
-                            usd_per_hour=rate)  # fmt: skip
-
-    @staticmethod
-    def _usd_less(st: GpuShareState, res: ResourceInfo, gpu_s: float) -> float:
-        """The dollars counted, less ``gpu_s`` GPU-seconds (when priced)."""
-        if gpu_s <= 0 or res.usd_per_hour is None or st.unpriced_s > 0:
-            return st.waste_usd
-        return max(0.0, st.waste_usd - usd_over(res.usd_per_hour, gpu_s / _gpus(st, res)))
+                            at=at, usd=st.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip
 
 
 def _holders(scrape: Scrape) -> bytes:
