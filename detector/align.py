@@ -12,12 +12,19 @@ with its input (nothing more to read now) does not hold the others back.
 Both the worker (sources: topic-partitions) and ``backtest`` (sources: topics)
 go through it, which is what makes them see the same order.
 
-The same order up to what the lateness covers: a source's time is the latest event of its latest
-message, and a message may span more than the lateness (an exporter flushing five minutes of usage
-at once), so a later message of the same partition can hold earlier events. Events that close in
-time on two topics then reach detection in an order the batching decides (a worker's fetches, where
-a restart starts them again); the detectors must decide the same in either order, which
-``tests/test_fetch_order.py`` checks with fetches drawn at random.
+A source's time is the *earliest* event of its latest message: a message may span more than the
+lateness (an exporter flushing five minutes of usage at once), and the next message of the same
+partition, another resource's flush, may start before it ends, but not (by much) before it starts.
+Taken from the latest event instead (before 2026-12-03 evening), a usage message ending at 30:00
+let samples to 29:00 through while another host's flush, holding its stop at 29:30, was still to
+come: that host's scrape at 29:45 completed its idle half hour before its stop was read, and it
+fired and resolved where backtest had nothing. What is held grows by one message's span per
+source; a source caught up holds nothing back, so a live worker decides as soon as before (and
+there, a flush not yet published can still arrive after what it precedes). Events close in time
+on two topics may still reach detection in an order the batching decides (a worker's fetches,
+where a restart starts them again) where messages start out of order by more than the lateness;
+the detectors must decide the same in either order, which ``tests/test_fetch_order.py`` checks
+with fetches drawn at random.
 """
 
 from __future__ import annotations
@@ -114,13 +121,13 @@ class EventTimeAligner(Generic[T]):
         if not messages:
             return
         ranks = self._rank
-        run_latest = _NEVER
+        run_start = _NEVER  # the latest start (earliest event) of the run's messages: the source's time
         kind: type | None = None
         held: list[tuple[float, Any]] = []
         pending: list[tuple[float, T, Hashable]] = []
         tokens = 0
         for token, events in messages:
-            latest = _NEVER
+            latest = earliest = _NEVER
             if events:
                 first = events[0]
                 if type(first) is not kind:  # a run is mostly of one event type: its rank and list kept
@@ -132,23 +139,23 @@ class EventTimeAligner(Generic[T]):
                     held = found if found is not None else self._add_rank(known)
                     pending = self._pending[known]
                 if len(events) == 1:
-                    latest = first.ts.timestamp()
+                    latest = earliest = first.ts.timestamp()
                     held.append((latest, first))
                 else:
                     times = [event.ts.timestamp() for event in events]
-                    latest = max(times)
+                    latest, earliest = max(times), min(times)
                     held.extend(zip(times, events, strict=True))
                 if token is not None:
                     pending.append((latest, token, source))
                     tokens += 1
-                if latest > run_latest:
-                    run_latest = latest
+                if earliest > run_start:
+                    run_start = earliest
         if tokens:
             held_by_source = self.held_by_source
             held_by_source[source] = held_by_source.get(source, 0) + tokens
         source_t = self._source_t
-        if run_latest > source_t.get(source, _NEVER) or source not in source_t:
-            source_t[source] = run_latest
+        if run_start > source_t.get(source, _NEVER) or source not in source_t:
+            source_t[source] = run_start
         self._caught_up.discard(source)
 
     def _add_rank(self, rank: int) -> list[tuple[float, Any]]:
@@ -161,8 +168,10 @@ class EventTimeAligner(Generic[T]):
         return held
 
     def advance(self, source: Hashable, t: float) -> None:
-        """``source`` has given data up to ``t`` that needs no detection (read again after a
-        restart, already seen): it may move the watermark as a push would."""
+        """``source`` has given data from ``t`` on (a message's earliest event) that needs no detection
+        (read again after a restart, already seen): it may move the watermark as a push would. (A
+        message pushed in part, its other events seen or another shard's, moves it to the earliest
+        of the part: later than the whole would by at most the message's span.)"""
         if t > self._source_t.get(source, float("-inf")):
             self._source_t[source] = t
         self._caught_up.discard(source)

@@ -172,7 +172,7 @@ def backtest(
             if kind is not GpuMetric:
                 kept = [e for e in events if owns(e.key)]
                 if len(kept) != len(events):
-                    aligner.advance(topic, max(e.ts.timestamp() for e in events))
+                    aligner.advance(topic, min(e.ts.timestamp() for e in events))
                 return kept
             kept = []
             for e in events:

@@ -639,8 +639,8 @@ class Pipeline:
                 tp = (message.topic, message.partition)
                 fresh = [e for e in decoded if id(e) not in held]
                 step.replayed += len(decoded) - len(fresh)
-                if not fresh:  # every event read again: done, and its time still counts
-                    aligner.advance(tp, max(e.ts.timestamp() for e in decoded))
+                if not fresh:  # every event read again: done, and its time (its start) still counts
+                    aligner.advance(tp, min(e.ts.timestamp() for e in decoded))
                     already_done.append(message)
                     continue
                 aligner.push(tp, fresh, message)

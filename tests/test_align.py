@@ -30,24 +30,36 @@ def times(released):
 def test_a_source_ahead_waits_for_the_one_behind():
     aligner = EventTimeAligner(lateness_s=0)
     aligner.push("usage", [Ev(100), Ev(400), Ev(700)], token="u1")  # hours ahead in a backlog
-    aligner.push("gpu", [Ev(10), Ev(20)], token="g1")
+    aligner.push("gpu", [Ev(10)], token="g0")
+    aligner.push("gpu", [Ev(20), Ev(30)], token="g1")
     released, tokens = aligner.release()
-    assert times(released) == [10, 20]  # usage at 100 must wait: gpu has only reached 20
-    assert tokens == ["g1"]
+    assert times(released) == [10, 20]  # usage at 100 must wait: gpu's next message may start at 20
+    assert tokens == ["g0"]  # g1 still has an event (30) held
     aligner.push("gpu", [Ev(450)], token="g2")
     released, tokens = aligner.release()
-    assert times(released) == [100, 400, 450]
-    assert tokens == ["g2"]  # u1 still has an event (700) held
+    assert times(released) == [30, 100]  # usage's next message may start at 100
+    assert tokens == ["g1"]
+    aligner.push("usage", [Ev(800)], token="u2")
+    released, tokens = aligner.release()
+    assert times(released) == [400, 450] and tokens == ["g2"]  # u1 still has an event (700) held
     aligner.caught_up("gpu")  # nothing more to read on gpu: it no longer holds usage back
     released, tokens = aligner.release()
-    assert times(released) == [700] and tokens == ["u1"]
+    assert times(released) == [700, 800] and tokens == ["u1", "u2"]
 
 
-def test_lateness_holds_events_inside_the_window():
+def test_a_sources_time_is_the_start_of_its_latest_message():
+    """A message spans minutes of event time (an exporter flushing five minutes at once), and the
+    next message of its partition, another resource's flush, may start before this one ends: the
+    source has passed the start of its latest message, not its end. Held: the message's own later
+    events, until a later message starts past them (less the lateness)."""
     aligner = EventTimeAligner(lateness_s=60)
-    aligner.push("a", [Ev(0), Ev(50), Ev(100)])
-    assert times(aligner.release()[0]) == [0]  # watermark = 100 - 60 = 40
-    assert times(aligner.release(everything=True)[0]) == [50, 100]
+    aligner.push("a", [Ev(0), Ev(150), Ev(300)])
+    assert times(aligner.release()[0]) == []  # watermark = 0 - 60
+    aligner.push("a", [Ev(120), Ev(420)])  # another host's flush, starting before 300
+    assert times(aligner.release()[0]) == [0]  # watermark = 120 - 60 = 60
+    aligner.push("a", [Ev(400)])
+    assert times(aligner.release()[0]) == [120, 150, 300]  # watermark = 340
+    assert times(aligner.release(everything=True)[0]) == [400, 420]
 
 
 def test_an_expected_source_holds_everything_until_it_reports():

@@ -36,12 +36,7 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
   duplicate) changes nothing; a late one updates its unit without recounting the past.
   Findings are dated by sample times.
 - **Billed only.** It fires only while the host's latest usage says ``running``; a stop
-  resolves it (``reason: instance_stopped``), its dollars counted to the stop (as ``idle_gpu``'s:
-  up from the latest sample, or back from samples past it read before it), and every GPU's count
-  starts again.
-- **The same dollars in either order.** Idle time is kept in GPU-seconds and priced as a share of
-  the host's GPUs when it is priced: a host's first samples, read before its first usage event
-  (its instance type, so its GPUs, unknown), are not divided by the GPUs reporting then.
+  resolves it (``reason: instance_stopped``) and every GPU's count starts again.
 - **Bounded.** At most :data:`MAX_UNITS` units per host (the least recently seen gives way).
 """
 
@@ -205,9 +200,8 @@ class GpuShareState(Episode, kw_only=True):
     every host (:data:`_ALONE`)."""
     gpu_times: FloatArray | None = None
     """Every time, in three parts. Per GPU, :data:`_G` times (newest sample of any of its units;
-    first idle sample after its last busy one, unset: busy or not seen idle yet; seconds it was
-    idle while another GPU worked before it counted, priced as its share of the host once it does
-    (snapshots before 2026-12-03 held host-seconds here);
+    first idle sample after its last busy one, unset: busy or not seen idle yet; host-seconds,
+    its share of the host, idle while another GPU worked before it counted, priced once it does;
     when those began). Then per unit, its latest sample. Then, only once a sample has said who
     holds a unit (``allocated`` not None: Kubernetes), per unit the newest that did (0.0 where
     none; :meth:`set_allocated_at`): 8 bytes a unit less on every host off Kubernetes."""
@@ -233,10 +227,9 @@ class GpuShareState(Episode, kw_only=True):
     """Why a GPU left the set since the clock last moved ('' = none left)."""
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
-    """GPU-seconds counted before the host's price was known (its GPUs too: both come with its first
-    usage event, which may be read after its first samples), priced as a share of the host then."""
+    """Host-seconds counted before the host's price was known."""
     spell_s: float = 0.0
-    """GPU-seconds of the counted GPUs in the current whole-host idle spell: charged if it ends
+    """Host-seconds of the counted GPUs in the current whole-host idle spell: charged if it ends
     short of ``for``, dropped if it lasts (then it is ``idle_gpu``'s)."""
 
     def __post_init__(self) -> None:
@@ -628,13 +621,6 @@ class GpuShare(DetectorBase):
     def _on_usage(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         if not res.billed:
             found: list[Finding] = []
-            gap, stale = t - st.covered_until, self.params.stale_after
-            if st.fired_at is not None and st.whole_idle_since is None and -stale <= gap <= stale:
-                # Counted to the stop, as idle_gpu's: up from the latest sample, or back from samples past
-                # it read before it (the usage topic behind), so both orders give the same dollars.
-                # Beyond stale_after either way, nothing (a gap: not counted, or not known what was);
-                # nor in a whole-host idle spell, whose time the stop drops.
-                self._charge(st, res, gap * len(st.counted()))
             if st.since is not None:
                 since = st.since
                 found = end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
@@ -645,7 +631,7 @@ class GpuShare(DetectorBase):
             st.whole_idle_since, st.spell_s = None, 0.0
             return found
         if st.unpriced_s and res.usd_per_hour is not None:
-            st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s / _gpus(st, res))
+            st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
         return []
 
@@ -734,6 +720,7 @@ class GpuShare(DetectorBase):
             found = [self._finding("update", st, res, c)]
         gap = t - c
         if gap <= p.stale_after:
+            share_s = gap / max(len(ids), res.gpus)
             n = 0
             for g, gpu in enumerate(ids):
                 if state.get(gpu, BUSY) not in codes:
@@ -744,13 +731,13 @@ class GpuShare(DetectorBase):
                 at = _G * g
                 idle_since = times[at + _IDLE_SINCE]
                 if idle_since == idle_since:  # set: not NaN
-                    times[at + _PENDING_S] += gap
+                    times[at + _PENDING_S] += share_s
                     if times[at + _PENDING_FROM] != times[at + _PENDING_FROM]:
                         times[at + _PENDING_FROM] = c
             if n and any_busy:
-                self._charge(st, res, gap * n)
+                self._charge(st, res, share_s * n)
             elif n:
-                st.spell_s += gap * n
+                st.spell_s += share_s * n
         return found
 
     def _spell(self, st: GpuShareState, res: ResourceInfo, c: float, any_busy: bool) -> None:
@@ -798,15 +785,13 @@ class GpuShare(DetectorBase):
             out.allocated = False
         return out
 
-    def _charge(self, st: GpuShareState, res: ResourceInfo, gpu_s: float) -> None:
-        """Count ``gpu_s`` GPU-seconds as waste, each a share of the host's price (:func:`_gpus`);
-        negative: take back what was counted past a stop (never below nothing)."""
-        if not gpu_s:
+    def _charge(self, st: GpuShareState, res: ResourceInfo, host_s: float) -> None:
+        if host_s <= 0:
             return
         if res.usd_per_hour is None:
-            st.unpriced_s = max(0.0, st.unpriced_s + gpu_s)
+            st.unpriced_s += host_s
         else:
-            st.waste_usd = max(0.0, st.waste_usd + usd_over(res.usd_per_hour, gpu_s / _gpus(st, res)))
+            st.waste_usd += usd_over(res.usd_per_hour, host_s)
 
     @staticmethod
     def _forget(st: GpuShareState, key: str) -> None:
@@ -856,11 +841,6 @@ def _who(pod: Pod | None) -> tuple[str, str] | None:
 def _or(x: float, default: float) -> float:
     """``x``, or ``default`` where unset or 0.0 (what ``idle_since or c`` said of the struct's field)."""
     return x if _set(x) and x else default
-
-
-def _gpus(st: GpuShareState, res: ResourceInfo) -> int:
-    """The GPUs a share of the host is priced over: those its instance type has, or those reporting if more."""
-    return max(len(st.gpu_ids), res.gpus, 1)
 
 
 def _restart_run(st: GpuShareState, g: int) -> None:
