@@ -19,8 +19,12 @@ Taken from the latest event instead (before 2026-12-03 evening), a usage message
 let samples to 29:00 through while another host's flush, holding its stop at 29:30, was still to
 come: that host's scrape at 29:45 completed its idle half hour before its stop was read, and it
 fired and resolved where backtest had nothing. What is held grows by one message's span per
-source; a source caught up holds nothing back, so a live worker decides as soon as before (and
-there, a flush not yet published can still arrive after what it precedes). Events close in time
+source; a source caught up holds nothing back, so a live worker whose partitions are caught up
+decides as soon as before (and there, a flush not yet published can still arrive after what it
+precedes), while one behind holds decisions a message's span longer (a five-minute flush: five
+minutes). A part of a message pushed alone (its events not yet seen after a restart, a shard's
+keys' events, several messages pushed as one by ``backtest``) moves its source as the whole would
+(``start``), so that the worker, ``backtest`` and its shards release alike. Events close in time
 on two topics may still reach detection in an order the batching decides (a worker's fetches,
 where a restart starts them again) where messages start out of order by more than the lateness;
 the detectors must decide the same in either order, which ``tests/test_fetch_order.py`` checks
@@ -105,20 +109,28 @@ class EventTimeAligner(Generic[T]):
         """The keys (``event.key``) of the events held: their next event is read, not yet released."""
         return {event.key for held in self._held.values() for _, event in held}
 
-    def push(self, source: Hashable, events: Sequence[Any], token: T | None = None) -> None:
+    def push(self, source: Hashable, events: Sequence[Any], token: T | None = None, start: float | None = None) -> None:
         """Add one message's events (each with its ``ts``) from ``source``, with its token (None:
         no token to give back): :meth:`push_many` of that one message."""
-        self.push_many(source, ((token, events),))
+        self.push_many(source, ((token, events),), start)
 
-    def push_many(self, source: Hashable, messages: Sequence[tuple[T | None, Sequence[Any]]]) -> None:
+    def push_many(self, source: Hashable, messages: Sequence[tuple[T | None, Sequence[Any]]],
+                  start: float | None = None) -> None:  # fmt: skip
         """Add messages from ``source`` in order, each ``(token, events)`` (events each with its ``ts``;
         a token None: none to give back at release). Pushing a run at once gives what pushing its
         messages one by one gives. The worker hands over a fetch's run of one partition's messages
         at a time, so what is the source's (its time, caught-up flag and count of messages held) is
         touched once per run, not once per message; ``(token, events)``, as the worker keeps each
         decoded message, so that no pair is built again to push it. Called once per Kafka message
-        too (:meth:`push`), so written for the message of one event that many exporters send."""
+        too (:meth:`push`), so written for the message of one event that many exporters send.
+
+        ``start``: the source's time after these messages, when they are a part of what it gave (the
+        events of a message not yet seen, after a restart; a shard's keys' events; several messages
+        pushed as one), so that the source moves as the whole would have moved it: the latest start
+        of the whole messages, each one's earliest event."""
         if not messages:
+            if start is not None:
+                self.advance(source, start)
             return
         ranks = self._rank
         run_start = _NEVER  # the latest start (earliest event) of the run's messages: the source's time
@@ -153,6 +165,8 @@ class EventTimeAligner(Generic[T]):
         if tokens:
             held_by_source = self.held_by_source
             held_by_source[source] = held_by_source.get(source, 0) + tokens
+        if start is not None:
+            run_start = start
         source_t = self._source_t
         if run_start > source_t.get(source, _NEVER) or source not in source_t:
             source_t[source] = run_start
@@ -169,9 +183,7 @@ class EventTimeAligner(Generic[T]):
 
     def advance(self, source: Hashable, t: float) -> None:
         """``source`` has given data from ``t`` on (a message's earliest event) that needs no detection
-        (read again after a restart, already seen): it may move the watermark as a push would. (A
-        message pushed in part, its other events seen or another shard's, moves it to the earliest
-        of the part: later than the whole would by at most the message's span.)"""
+        (read again after a restart, already seen): it may move the watermark as a push would."""
         if t > self._source_t.get(source, float("-inf")):
             self._source_t[source] = t
         self._caught_up.discard(source)

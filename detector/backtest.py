@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BacktestResult", "RuleDiff", "ShardFailed", "backtest", "backtest_store", "compare"]
 
+_NEVER = float("-inf")
+
 HOUR_S = 3600.0
 
 
@@ -165,15 +167,12 @@ def backtest(
             """What of a message this shard's engine takes: the events of its keys, every usage event (what
             the other shards' resources are, for look-ups), and each other host's sample as a SeenSample,
             one a host and time (when it starts afresh). Other shards' run events are left out; their
-            times move the aligner's event time on, so it releases as one process would."""
+            times move the aligner's event time on (the run's ``start``), so it releases as one process would."""
             kind = type(events[0])  # a message holds one topic's events
             if kind is UsageEvent:
                 return events
             if kind is not GpuMetric:
-                kept = [e for e in events if owns(e.key)]
-                if len(kept) != len(events):
-                    aligner.advance(topic, min(e.ts.timestamp() for e in events))
-                return kept
+                return [e for e in events if owns(e.key)]
             kept = []
             for e in events:
                 host = e.resource_id
@@ -187,6 +186,7 @@ def backtest(
         decode, invalid = decoder.decode, result.invalid
         messages = n_events = 0
         topic, run = "", []  # type: tuple[str, list[Any]]  # consecutive messages of a topic, pushed as one
+        run_start = _NEVER  # the latest of its messages' earliest events: the topic's time, as the worker takes it
         for line_no, record in read_replay(path):
             messages += 1
             try:
@@ -195,27 +195,37 @@ def backtest(
                 invalid.append((line_no, exc.reason))
                 continue
             n_events += len(events)
+            start = _start(events)
             if owns is not None:
                 events = of_shard(record.topic, events, owns)
             if record.topic != topic:
-                if run:
-                    aligner.push(topic, run)
-                topic, run = record.topic, events
+                if run_start != _NEVER:
+                    aligner.push(topic, run, start=run_start)
+                topic, run, run_start = record.topic, events, start
             else:
                 run.extend(events)
+                if start > run_start:
+                    run_start = start
             if messages % 1000 == 0:  # as the worker does per batch
-                if run:
-                    aligner.push(topic, run)
-                    run = []
+                if run_start != _NEVER:
+                    aligner.push(topic, run, start=run_start)
+                    run, run_start = [], _NEVER
                 result.messages, result.events = messages, n_events
                 yield aligner.release()[0]
-        if run:
-            aligner.push(topic, run)
+        if run_start != _NEVER:
+            aligner.push(topic, run, start=run_start)
         result.messages, result.events = messages, n_events
         yield aligner.release(everything=True)[0]
 
     _run(batches(), ruleset, other, result, models, on_windows, record, billed, shard)
     return result
+
+
+def _start(events: list[Any]) -> float:
+    """A message's earliest event: where its topic has reached (:class:`~detector.align.EventTimeAligner`)."""
+    if len(events) == 1:
+        return events[0].ts.timestamp()
+    return min(e.ts.timestamp() for e in events) if events else _NEVER
 
 
 _SHARD_RUN: Callable[[_Shard], BacktestResult] | None = None

@@ -643,7 +643,7 @@ class Pipeline:
                     aligner.advance(tp, min(e.ts.timestamp() for e in decoded))
                     already_done.append(message)
                     continue
-                aligner.push(tp, fresh, message)
+                aligner.push(tp, fresh, message, start=min(e.ts.timestamp() for e in decoded))  # as the whole
         for (topic, partition), next_offset in self._positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
         events, released = aligner.release()

@@ -268,3 +268,38 @@ def test_a_process_killed_midway_is_a_clear_error_not_a_hang(messy, ruleset):
 
     with pytest.raises(ShardFailed, match="ended without its alerts .* fewer --jobs"):
         _in_processes(3, killed_in_shard_1)
+
+
+def test_a_shard_moves_a_topic_as_one_process_when_its_messages_are_another_shards(tmp_path, ruleset):
+    """Two run-event messages at a batch's end (every 1,000 lines): this shard's run running on day 2,
+    then another shard's project's at day 3 + 2,000 s; then this shard's run fails at day 3 + 500 s
+    (late, past the lateness), while its host's price doubles at day 3 + 600 s. One process takes
+    the topic's time from the start of its latest message, the other project's; a shard that drops
+    that message must move it the same, not to the start of what it kept, or the two price the run
+    on either side of the change (review, 2026-12-03: $4,616.89 in a shard, $2,308.44 in one process,
+    when one process pushed a batch's messages of a topic as one, timed by the earliest of all)."""
+    shard = _Shard(0, 2)
+    host = next(f"host-{i}" for i in range(100) if shard.owns(f"host-{i}"))
+    other = next(f"host-{i}" for i in range(100) if not shard.owns(f"host-{i}"))
+    mine = next(f"proj-{i}" for i in range(100) if shard.owns(f"proj-{i}"))
+    theirs = next(f"proj-{i}" for i in range(100) if not shard.owns(f"proj-{i}"))
+    def run(t: float, project: str, host: str, status: str) -> RunEvent:  # one run a project
+        return RunEvent(ts=at(t), run_id=f"run-{project}", status=status, resource_ids=[host], gpu_count=8,
+                        project=project, tags={"team": "nlp", "owner": "alice", "project": project})  # fmt: skip
+
+    recs: list[tuple[str, str, Any]] = [("gpu-metrics", other, scrape(T0 + 30 * k, [90.0] * 8, other)) for k in range(981)]
+    recs += [("gpu-metrics", host, scrape(T0 + d * DAY, [90.0] * 8, host)) for d in (1, 2, 3)]
+    recs += [("resource-usage", host, usage(T0 + 60 * m, host)) for m in range(5)]
+    later = ("resource-usage", other, usage(T0 + 3 * DAY + 3000, other))
+    recs += [("run-events", mine, run(T0, mine, host, "started")), ("run-events", mine, run(T0 + DAY, mine, host, "running")),
+             later, ("gpu-metrics", host, scrape(T0 + 3 * DAY + 600, [90.0] * 8, host)),
+             ("resource-usage", host, usage(T0 + 3 * DAY + 600, host, usd_per_hour=64.0)), later,
+             ("gpu-metrics", other, scrape(T0 + 3 * DAY + 2000, [90.0] * 8, other))]  # fmt: skip
+    recs += [later] * (998 - len(recs))
+    recs += [("run-events", mine, run(T0 + 2 * DAY, mine, host, "running")),  # line 999
+             ("run-events", theirs, run(T0 + 3 * DAY + 2000, theirs, other, "running")),  # line 1000: a batch ends
+             ("run-events", mine, run(T0 + 3 * DAY + 500, mine, host, "failed"))]  # fmt: skip
+    path = write(tmp_path / "ends.jsonl", recs)
+    one = backtest(path, ruleset)
+    assert [a.type for a in one.alerts if a.key == mine] == ["failed_run_spend"]
+    assert listed(backtest(path, ruleset, jobs=2).alerts) == listed(one.alerts)
