@@ -639,11 +639,12 @@ class Pipeline:
                 tp = (message.topic, message.partition)
                 fresh = [e for e in decoded if id(e) not in held]
                 step.replayed += len(decoded) - len(fresh)
-                if not fresh:  # every event read again: done, and its time (its start) still counts
-                    aligner.advance(tp, min(e.ts.timestamp() for e in decoded))
+                begins = min(e.ts.timestamp() for e in decoded)  # the whole message's start moves its source
+                if not fresh:  # every event read again: done, and its time still counts
+                    aligner.advance(tp, begins)
                     already_done.append(message)
                     continue
-                aligner.push(tp, fresh, message, start=min(e.ts.timestamp() for e in decoded))  # as the whole
+                aligner.push(tp, fresh, message, start=begins)
         for (topic, partition), next_offset in self._positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
         events, released = aligner.release()

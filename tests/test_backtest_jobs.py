@@ -198,10 +198,10 @@ def write(path: Path, records: list[tuple[str, str, Any]]) -> Path:
     return path
 
 
-def run(t: float, project: str, host: str, status: str) -> RunEvent:
+def run(t: float, project: str, host: str, status: str, run_id: str = "run-1") -> RunEvent:
     return RunEvent(
         ts=at(t),
-        run_id="run-1",
+        run_id=run_id,
         status=status,
         resource_ids=[host],
         gpu_count=8,
@@ -283,22 +283,22 @@ def test_a_shard_moves_a_topic_as_one_process_when_its_messages_are_another_shar
     other = next(f"host-{i}" for i in range(100) if not shard.owns(f"host-{i}"))
     mine = next(f"proj-{i}" for i in range(100) if shard.owns(f"proj-{i}"))
     theirs = next(f"proj-{i}" for i in range(100) if not shard.owns(f"proj-{i}"))
-    def run(t: float, project: str, host: str, status: str) -> RunEvent:  # one run a project
-        return RunEvent(ts=at(t), run_id=f"run-{project}", status=status, resource_ids=[host], gpu_count=8,
-                        project=project, tags={"team": "nlp", "owner": "alice", "project": project})  # fmt: skip
+    def run_of(t: float, project: str, host: str, status: str) -> RunEvent:  # one run a project
+        return run(t, project, host, status, run_id=f"run-{project}")
 
     recs: list[tuple[str, str, Any]] = [("gpu-metrics", other, scrape(T0 + 30 * k, [90.0] * 8, other)) for k in range(981)]
     recs += [("gpu-metrics", host, scrape(T0 + d * DAY, [90.0] * 8, host)) for d in (1, 2, 3)]
     recs += [("resource-usage", host, usage(T0 + 60 * m, host)) for m in range(5)]
     later = ("resource-usage", other, usage(T0 + 3 * DAY + 3000, other))
-    recs += [("run-events", mine, run(T0, mine, host, "started")), ("run-events", mine, run(T0 + DAY, mine, host, "running")),
-             later, ("gpu-metrics", host, scrape(T0 + 3 * DAY + 600, [90.0] * 8, host)),
+    recs += [("run-events", mine, run_of(T0, mine, host, "started")),
+             ("run-events", mine, run_of(T0 + DAY, mine, host, "running")), later,
+             ("gpu-metrics", host, scrape(T0 + 3 * DAY + 600, [90.0] * 8, host)),
              ("resource-usage", host, usage(T0 + 3 * DAY + 600, host, usd_per_hour=64.0)), later,
              ("gpu-metrics", other, scrape(T0 + 3 * DAY + 2000, [90.0] * 8, other))]  # fmt: skip
     recs += [later] * (998 - len(recs))
-    recs += [("run-events", mine, run(T0 + 2 * DAY, mine, host, "running")),  # line 999
-             ("run-events", theirs, run(T0 + 3 * DAY + 2000, theirs, other, "running")),  # line 1000: a batch ends
-             ("run-events", mine, run(T0 + 3 * DAY + 500, mine, host, "failed"))]  # fmt: skip
+    recs += [("run-events", mine, run_of(T0 + 2 * DAY, mine, host, "running")),  # line 999
+             ("run-events", theirs, run_of(T0 + 3 * DAY + 2000, theirs, other, "running")),  # line 1000: a batch ends
+             ("run-events", mine, run_of(T0 + 3 * DAY + 500, mine, host, "failed"))]  # fmt: skip
     path = write(tmp_path / "ends.jsonl", recs)
     one = backtest(path, ruleset)
     assert [a.type for a in one.alerts if a.key == mine] == ["failed_run_spend"]

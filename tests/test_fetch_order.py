@@ -33,7 +33,7 @@ from tests.reliability import (
     reported_alerts,
     stopping_hosts,
     waves_backlog,
-    write_records,  # fmt: skip
+    write_records,
 )
 
 LATENESS_S = 60.0
