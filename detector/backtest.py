@@ -185,8 +185,14 @@ def backtest(
 
         decode, invalid = decoder.decode, result.invalid
         messages = n_events = 0
-        topic, run = "", []  # type: tuple[str, list[Any]]  # consecutive messages of a topic, pushed as one
-        run_start = _NEVER  # the latest of its messages' earliest events: the topic's time, as the worker takes it
+        topic, run = "", []  # type: tuple[str, list[tuple[None, list[Any]]]]  # consecutive messages of a topic
+        # A shard's messages lose other shards' events: the whole messages' starts (their earliest events)
+        # move the topic, as in one process; the aligner reads them off the messages it is given otherwise.
+        run_start = _NEVER
+
+        def push() -> None:
+            aligner.push_many(topic, run, start=None if owns is None else run_start)
+
         for line_no, record in read_replay(path):
             messages += 1
             try:
@@ -195,25 +201,24 @@ def backtest(
                 invalid.append((line_no, exc.reason))
                 continue
             n_events += len(events)
-            start = _start(events)
+            start = _NEVER
             if owns is not None:
+                start = _start(events)
                 events = of_shard(record.topic, events, owns)
             if record.topic != topic:
-                if run_start != _NEVER:
-                    aligner.push(topic, run, start=run_start)
-                topic, run, run_start = record.topic, events, start
-            else:
-                run.extend(events)
-                if start > run_start:
-                    run_start = start
+                if run:
+                    push()
+                topic, run, run_start = record.topic, [], _NEVER
+            run.append((None, events))
+            if start > run_start:
+                run_start = start
             if messages % 1000 == 0:  # as the worker does per batch
-                if run_start != _NEVER:
-                    aligner.push(topic, run, start=run_start)
-                    run, run_start = [], _NEVER
+                push()
+                run, run_start = [], _NEVER
                 result.messages, result.events = messages, n_events
                 yield aligner.release()[0]
-        if run_start != _NEVER:
-            aligner.push(topic, run, start=run_start)
+        if run:
+            push()
         result.messages, result.events = messages, n_events
         yield aligner.release(everything=True)[0]
 
