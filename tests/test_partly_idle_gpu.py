@@ -84,9 +84,13 @@ def story(found) -> list[tuple]:
         ([(60, ALL_IDLE), (5, ONE_BUSY), (30, ALL_BUSY)], [("idle_gpu", "fire", 30, None), ("idle_gpu", "resolve", 60, None)]),
         # a whole-host idle spell shorter than `for` (a dip between epochs): the episode stays open
         ([(60, ONE_BUSY), (10, ALL_IDLE), (60, ONE_BUSY)], [("partly_idle_gpu", "fire", 30, [1, 2, 3, 4, 5, 6, 7])]),
+        # a dip ends at the first busy scrape though no episode is open: the next dip, an hour on, is a spell
+        # of its own (10 m, this rule's), not one lasting since the first (which would start the counts again)
+        ([(1, ALL_IDLE), (59, ALL_BUSY), (10, ALL_IDLE), (60, ONE_BUSY)],
+         [("partly_idle_gpu", "fire", 90, [1, 2, 3, 4, 5, 6, 7])]),
     ],
     ids=["one-busy-of-eight", "all-idle-is-idle-gpu", "under-30m", "gpu-leaves-then-resolves", "hand-over-and-back",
-         "staggered-restart", "short-whole-idle-spell"],
+         "staggered-restart", "short-whole-idle-spell", "dips-an-hour-apart"],
 )
 def test_lifecycle(ruleset, segments, expected):
     _, found = run(ruleset, host(segments))
@@ -173,6 +177,16 @@ def test_a_gpu_that_stops_reporting_is_not_counted_idle(ruleset):
     (fire,) = [f for f in found if f.action == "fire"]
     assert fire.details["gpus_idle"] == [1, 2, 3, 4, 5, 6]
     assert fire.usd_per_hour == pytest.approx(PRICE * 6 / 8)
+
+
+def test_a_gpu_gone_an_hour_is_forgotten_while_the_others_work(ruleset):
+    """GPU 7 stops reporting while the others stay busy: after FORGET_S it is no longer tracked (a host's
+    state does not keep every unit it ever had), though no scrape of the host has anything to judge."""
+    events = host([(10, ALL_BUSY), (65, ALL_BUSY[:7])])
+    engine, found = run(ruleset, events)
+    assert found == []
+    state = engine._keys["host-1"].rules["partly-idle-gpu"]
+    assert sorted(state.unit_keys) == [str(g) for g in range(7)]
 
 
 def test_a_gpu_back_after_an_hour_silent_counts_from_its_first_sample(ruleset):

@@ -144,6 +144,8 @@ _HOLDER = (None, True, False)
 """A unit's ``allocated`` by its code's bits 1-2 (``code >> 1``)."""
 _HOLDER_BITS = bytes(code & ~_BUSY_BIT for code in range(256))
 """A ``bytes.translate`` table: the codes with their busy bit cleared (who holds each unit)."""
+_BUSY_CODES = bytes(code for code in range(256) if code & _BUSY_BIT)
+"""The codes of busy units: what ``bytes.translate`` deletes to leave the units not busy."""
 _GROUP_SHARE_MAX = 64
 """Tuples of units or GPUs up to this long are shared between hosts (:func:`shared`); longer (a MIG
 host's hundreds of instances) are kept as they are."""
@@ -651,6 +653,9 @@ class GpuShare(DetectorBase):
         column, units_at = st.gpu_times, _G * len(st.gpu_ids)
         seen = column[units_at : units_at + len(st.unit_keys)] if column is not None else ()
         codes_now = st.unit_codes or b""
+        if (st.since is None and st.whole_idle_since is None and codes_now
+                and not codes_now.translate(None, _BUSY_CODES) and c - min(seen) <= stale):  # fmt: skip
+            return []  # every unit fresh and busy, no episode nor idle spell: nothing to judge (most scrapes)
         if seen and c - min(seen) <= stale and st.unit_gpus == st.gpu_ids:
             # Every unit fresh (the largest age is c - the oldest's), and one unit a GPU: a GPU's state is its unit's.
             state = dict(zip(st.gpu_ids, map(_STATE.__getitem__, codes_now), strict=True))
