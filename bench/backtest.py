@@ -10,7 +10,10 @@ backtest FILE`` as a command, its CPU time (user + sys) against a bare read-and-
 same file with msgspec. ``--startup``: instead, what a start costs: the CPU seconds of
 ``burnwatch backtest`` on the bench fleet's first 100 lines, of importing the event writer's
 child (``streams.event_writer``, started with every worker) and of building a worker's action
-executors. Every run is printed, not only the means.
+executors. ``--instructions``: instead, the CPU instructions an event of each side's in-process
+``backtest`` (valgrind's callgrind on the file's first 1,000 and 6,000 lines, differenced), the
+same on every run where the clock on this VM moves by a fifth, and each side's alerts digest.
+Every run is printed, not only the means.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,6 +46,18 @@ wall, cpu = time.perf_counter(), time.process_time()
 result = backtest(sys.argv[1], rules)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 print(json.dumps({"events": result.events, "alerts": len(result.alerts), "wall_s": wall, "cpu_s": cpu}))
+"""
+
+_COUNTED = """
+import hashlib, json, sys
+import msgspec
+from detector.backtest import backtest
+from detector.rules import load_rules
+from detector.runtime import tune_gc
+tune_gc()
+result = backtest(sys.argv[1], load_rules(sys.argv[2]))
+digest = hashlib.sha256(msgspec.json.encode([msgspec.to_builtins(a) for a in result.alerts])).hexdigest()[:8]
+print(json.dumps({"events": result.events, "alerts": len(result.alerts), "hash": digest}))
 """
 
 _DECODE = """
@@ -80,6 +97,33 @@ def _cpu_of(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def head(path: str | Path, lines: int, into: Path) -> str:
+    """The first ``lines`` lines of ``path``, as a file in ``into``."""
+    out = into / f"head{lines}.jsonl"
+    with open(path, "rb") as src, open(out, "wb") as dst:
+        for _, line in zip(range(lines), src, strict=False):
+            dst.write(line)
+    return str(out)
+
+
+def instructions_per_event(tree: Path | None, short: str, long: str) -> tuple[float, dict[str, Any]]:
+    """CPU instructions an event of in-process ``backtest`` (callgrind), counted on two heads of one file
+    and differenced, so that the interpreter's start and imports cancel; ``PYTHONHASHSEED=0``, so that
+    the count is the same on every run where the clock on a shared VM is not. Also the longer run's
+    alerts and their digest, which an optimisation must leave as they were."""
+    counts = []
+    for path in (short, long):
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
+                               _COUNTED, path, str((tree or ROOT) / "rules")],
+                              env=dict(_env(tree), PYTHONHASHSEED="0"), cwd=tree or ROOT, capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        assert found is not None, done.stderr[-500:]
+        counts.append((json.loads(done.stdout.strip().splitlines()[-1]), int(found.group(1))))
+    (short_run, i1), (long_run, i2) = counts
+    return (i2 - i1) / (long_run["events"] - short_run["events"]), long_run
+
+
 def whole_process(tree: Path | None, path: str) -> float:
     """CPU seconds of ``burnwatch backtest path`` (the CLI of that tree)."""
     cmd = [sys.executable, "-c", "from streams.cli import main; main()", "backtest", path]
@@ -112,6 +156,8 @@ def main() -> int:
     parser.add_argument("--file", type=Path, help="replay file (default: the bench fleet, bench/out/fleet.jsonl)")
     parser.add_argument("--whole", default=None, help="also time `burnwatch backtest` on this file (CPU s)")
     parser.add_argument("--startup", action="store_true", help="only what a start costs (CPU s), not the backtest")
+    parser.add_argument("--instructions", action="store_true",
+                        help="only CPU instructions an event (callgrind, lines 1,001-6,000 of the file) and the alerts")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="burnwatch-bt-ab-") as tmp:
         tree = Path(tmp) / "tree"
@@ -119,6 +165,13 @@ def main() -> int:
         try:
             if args.startup:
                 startup(tree, args.runs, args.rev)
+                return 0
+            if args.instructions:
+                short, long = head(bench_fleet(args.file), 1000, Path(tmp)), head(bench_fleet(args.file), 6000, Path(tmp))
+                for side, where in ((args.rev, tree), ("working tree", None)):
+                    per_event, run = instructions_per_event(where, short, long)
+                    print(f"{side}: {per_event:,.0f} instructions an event (lines 1,001-6,000), {run['alerts']} alerts "
+                          f"{run['hash']}", flush=True)  # fmt: skip
                 return 0
             sides: dict[str, Path | None] = {args.rev: tree, "working tree": None}
             wall: dict[str, list[float]] = {s: [] for s in sides}

@@ -26,6 +26,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.backtest import head, instructions_per_event  # noqa: E402
 
 MODULES = ["detector/engine.py", "detector/detectors/gpu_share.py", "detector/detectors/partly_idle_gpu.py",
            "detector/detectors/unallocated_gpu.py", "detector/detectors/scrape.py", "detector/detectors/activity.py",
@@ -164,25 +167,6 @@ def _run(tree: Path, path: str, *prefix: str) -> subprocess.CompletedProcess[str
                           check=True)  # fmt: skip
 
 
-def _head(path: str, lines: int, into: Path) -> str:
-    out = into / f"head{lines}.jsonl"
-    with open(path, "rb") as src, open(out, "wb") as dst:
-        for _, line in zip(range(lines), src, strict=False):
-            dst.write(line)
-    return str(out)
-
-
-def instructions_per_event(tree: Path, short: str, long: str) -> float:
-    counts = []
-    for path in (short, long):
-        done = _run(tree, path, "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
-        found = re.search(r"Collected : (\d+)", done.stderr)
-        assert found is not None, done.stderr[-500:]
-        counts.append((json.loads(done.stdout.strip().splitlines()[-1])["events"], int(found.group(1))))
-    (e1, i1), (e2, i2) = counts
-    return (i2 - i1) / (e2 - e1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--file", default=str(ROOT / "bench/out/fleet.jsonl"))
@@ -199,14 +183,14 @@ def main() -> None:
         archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(pure)], input=archive, check=True)
         prepare(tree, RULES if args.all else [])
-        short, long = _head(args.file, 1000, Path(scratch)), _head(args.file, 4000, Path(scratch))
+        short, long = head(args.file, 1000, Path(scratch)), head(args.file, 4000, Path(scratch))
         same = {name: json.loads(_run(t, long).stdout.strip().splitlines()[-1]) for name, t in (("pure", pure), ("mypyc", tree))}
         print(f"first 4,000 lines: pure {same['pure']['alerts']} alerts {same['pure']['hash']}, "
               f"mypyc {same['mypyc']['alerts']} alerts {same['mypyc']['hash']}")  # fmt: skip
         assert same["pure"]["hash"] == same["mypyc"]["hash"], "the compiled tree's alerts differ"
         if args.callgrind:
             for name, t in (("pure", pure), ("mypyc", tree)):
-                print(f"{name}: {instructions_per_event(t, short, long):,.0f} instructions an event (lines 1,001-4,000)")
+                print(f"{name}: {instructions_per_event(t, short, long)[0]:,.0f} instructions an event (lines 1,001-4,000)")
         for i in range(args.runs):
             for name, t in (("pure", pure), ("mypyc", tree)):
                 got = json.loads(_run(t, args.file).stdout.strip().splitlines()[-1])
