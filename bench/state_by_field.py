@@ -4,6 +4,7 @@ state a memory pass should shrink next (bench/memory.py gives the state by rule,
     .venv/bin/python bench/state_by_field.py                                   # 700 resources, 5 min
     .venv/bin/python bench/state_by_field.py --resources 700 --rules anomaly,data_starved_training
     .venv/bin/python bench/state_by_field.py --replay bench/out/fleet.jsonl --rules all   # after a day
+    .venv/bin/python bench/state_by_field.py --replay bench/out/fleet.jsonl --held   # what each rule tracks
 
 An :class:`~detector.engine.Engine` with the shipped rules is fed bench/memory.py's feed (the
 simulated fleet's proportions) for ``--minutes`` of event time; then each chosen rule's state
@@ -80,6 +81,33 @@ def report(sizes: dict[str, Counter[str]], keys: Counter[str]) -> None:
                 print(f"   {size / n:8.1f} {path}")
 
 
+def held(engine: Engine) -> None:
+    """Per kind and rule: keys holding None (a lazy rule not started), and of the others, how many hold
+    each field otherwise than a new state does (saved bytes compared): a rule whose states differ from
+    new ones in the key's latest times alone tracks nothing there, a candidate to make lazy."""
+    detectors = {r.detector.name: r.detector for r in engine.ruleset.rules}
+    encode = engine._encoder.encode
+    nones: Counter[tuple[str, str]] = Counter()
+    keys: Counter[tuple[str, str]] = Counter()
+    fields: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    for state in engine._keys.values():
+        kind = state.info.resource_type or "(run project)"
+        for name, rule_state in state.rules.items():
+            detector = detectors[name]
+            row = (kind, detector.type)
+            keys[row] += 1
+            if rule_state is None:
+                nones[row] += 1
+                continue
+            new = detector.new_state()
+            for field in rule_state.__struct_fields__:
+                if encode(getattr(rule_state, field)) != encode(getattr(new, field)):
+                    fields[row][field] += 1
+    for row in sorted(keys):
+        differ = ", ".join(f"{field} {n}" for field, n in fields[row].most_common())
+        print(f"{row[0]:20} {row[1]:26} {keys[row]:4} keys {nones[row]:4} None   {differ or '-'}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resources", type=int, default=700, help="distinct resources fed (default 700)")
@@ -88,11 +116,17 @@ def main() -> int:
                         help="detector types whose states are broken down, comma-separated, or all")  # fmt: skip
     parser.add_argument("--model-dir", help="score windows with the model in this folder (default: built, not judged)")
     parser.add_argument("--replay", help="the state after this replay file (a day: bench/out/fleet.jsonl) instead")
+    parser.add_argument("--held", action="store_true",
+                        help="instead of sizes: per kind and rule, keys holding None and the fields held otherwise "
+                             "than in a new state")  # fmt: skip
     args = parser.parse_args()
     if args.replay:
         engine = memory.replayed(args.replay, args.model_dir)
     else:
         engine = fed_engine(args.resources, args.minutes, args.model_dir)
+    if args.held:
+        held(engine)
+        return 0
     rules = {r.detector.type for r in engine.ruleset.rules} if args.rules == "all" else set(args.rules.split(","))
     report(*by_field(engine, rules))
     return 0

@@ -15,15 +15,16 @@ from detector.detectors.anomaly import Scoring, scoring_during
 from detector.detectors.base import Behaviour, Context, ResourceInfo
 from detector.detectors.scrape import Scrape
 from detector.engine import Engine
-from detector.events import EventDecoder, GpuMetric
+from detector.events import EventDecoder, GpuMetric, UsageEvent
 from detector.floats import enc_hook
 from detector.replay import read_replay
 from detector.simulate import SimConfig
 from tests.helpers import MIN, T0, at, fleet_file, timeline, usage
 
 SMALL = {"hours": 4.0, "training_hosts": 3, "notebooks": 2, "inference_endpoints": 1, "buckets": 1, "vector_dbs": 1,
-         "cpu_instances": 2, "k8s_nodes": 2, "seed": 4}  # fmt: skip
-"""A fleet with a resource untagged, Kubernetes nodes and hosts off it, egress and none (seed 4)."""
+         "cpu_instances": 2, "k8s_nodes": 2, "seed": 4, "serving_endpoints": 10, "choices": 1}  # fmt: skip
+"""A fleet with a resource untagged, Kubernetes nodes and hosts off it, egress and none, endpoints on spot
+alone and spread, and endpoints serving a named model and none (seed 4)."""
 
 
 def _lazy(ruleset) -> list[Any]:
@@ -48,7 +49,8 @@ def _batches(path: Path) -> list[list[tuple[float, Any]]]:
 
 def test_the_shipped_rules_that_are_lazy(ruleset):
     """Those whose state most resources would hold at its defaults (the bench's memory figures)."""
-    assert {d.type for d in _lazy(ruleset)} == {"unallocated_gpu", "egress_runaway", "untagged", "anomaly"}
+    assert {d.type for d in _lazy(ruleset)} == {"unallocated_gpu", "egress_runaway", "untagged", "anomaly", "build_or_call",
+                                           "spot_without_redundancy"}
 
 
 @pytest.mark.parametrize("windows", [False, True], ids=["rules only", "windows built"])
@@ -101,6 +103,9 @@ CASES: list[tuple[str, list[Any]]] = [
     ("untagged", [usage(T0, tags={"team": "nlp"})]),
     ("stopped untagged", [usage(T0, state="stopped", tags={})]),
     ("egress", [msgspec.structs.replace(usage(T0), egress_bytes=10**9, dest_region="eu-west-1")]),
+    ("a model served", [usage(T0, tags={"team": "nlp", "owner": "alice", "project": "llm", "model": "gpt-4o"})]),
+    ("on spot alone", [msgspec.structs.replace(usage(T0), pricing="spot")]),
+    ("on spot spread", [msgspec.structs.replace(usage(T0), pricing="spot", metrics={"replicas": 3.0, "zones": 3.0})]),
     ("off Kubernetes", [_sample(g, None, u) for g, u in enumerate([90.0, 1.0])]),
     ("every GPU free", [_sample(g, False) for g in range(2)]),
     ("a GPU held", [_sample(0, True), _sample(1, None)]),
@@ -235,3 +240,55 @@ def test_a_rules_reload_keeps_a_lazy_rule_s_none(ruleset):
     assert engine._keys["host-1"].rule("unallocated-gpu") is None
     engine.process(timeline(T0 + 5 * MIN, T0 + 6 * MIN, [90.0, 1.0]))
     assert engine.errors == {}
+
+
+def _endpoint(t: float, rid: str = "ep-1", pricing: str = "on_demand", model: str = "", state: str = "running",
+              replicas: float = 1.0) -> UsageEvent:
+    tags = {"team": "nlp", "owner": "alice", "project": "llm", **({"model": model} if model else {})}
+    event = usage(t, rid=rid, state=state, resource_type="inference_endpoint", tags=tags, interval_s=300.0)
+    return msgspec.structs.replace(event, pricing=pricing, requests=600, metrics={"replicas": replicas})
+
+
+ENDPOINT_RULES = ("spot-without-redundancy", "build-or-call")
+
+
+def test_an_endpoint_on_demand_that_names_no_model_holds_no_state_for_the_endpoint_rules(ruleset):
+    """Most endpoints: never all on spot with too few replicas, no model the price list could know.
+    Each rule is made by the first interval that gives it something to track, and only for its key."""
+    engine = Engine(ruleset)
+    engine.process([_endpoint(T0 + i * 5 * MIN) for i in range(12)] + [_endpoint(T0 + 60 * MIN, state="stopped")])
+    assert [engine._keys["ep-1"].rule(name) for name in ENDPOINT_RULES] == [None, None]
+    engine.process([_endpoint(T0 + 30 * MIN, pricing="spot", model="gpt-4o")])  # late: a state made first refuses it
+    assert [engine._keys["ep-1"].rule(name) for name in ENDPOINT_RULES] == [None, None]
+    engine.process([_endpoint(T0 + 65 * MIN, pricing="spot"), _endpoint(T0 + 65 * MIN, rid="ep-2", model="gpt-4o")])
+    spot, ep2 = engine._keys["ep-1"], engine._keys["ep-2"]
+    assert spot.rule("spot-without-redundancy").start == T0 + 65 * MIN and spot.rule("build-or-call") is None
+    assert ep2.rule("build-or-call").model == "gpt-4o" and ep2.rule("spot-without-redundancy") is None
+    assert engine.errors == {}
+
+
+def test_an_eager_state_saved_before_the_rules_were_lazy_restores_and_goes_on_as_it_would_have(ruleset, monkeypatch):
+    """A snapshot from before (each endpoint rule's state made with the key's route) is read as the
+    state it is and goes on to the same findings as an engine whose rules are eager; and an endpoint
+    that then goes to spot alone fires as it would have."""
+    before = [_endpoint(T0 + i * 5 * MIN) for i in range(6)]
+    after = [_endpoint(T0 + (6 + i) * 5 * MIN, pricing="spot", model="gpt-4o") for i in range(12)]
+    after.insert(3, _endpoint(T0 + 2 * MIN, pricing="spot"))  # an older interval, late: refused by both
+    lazy_now = Engine(ruleset)
+    for name in ENDPOINT_RULES:
+        monkeypatch.setattr(type(ruleset.by_name(name).detector), "lazy", False)
+    old = Engine(ruleset)
+    old.process(before)
+    saved = old.snapshot("ep-1")
+    assert all(msgspec.msgpack.decode(saved)["rules"][name] is not None for name in ENDPOINT_RULES)
+    eager = Engine(ruleset)
+    eager.restore("ep-1", saved)
+    expected = [f for e in after for f in eager.process([e])]
+    monkeypatch.undo()
+    assert all(ruleset.by_name(name).detector.lazy for name in ENDPOINT_RULES)
+    restored = lazy_now.restore("ep-1", saved)
+    assert all(restored.rule(name) is not None for name in ENDPOINT_RULES)  # the saved state, not None
+    assert [f for e in after for f in lazy_now.process([e])] == expected
+    assert [f.action for f in expected if f.rule == "spot-without-redundancy"] == ["fire"]
+    for name in ENDPOINT_RULES:
+        assert _encoded(lazy_now._keys["ep-1"].rule(name)) == _encoded(eager._keys["ep-1"].rule(name))

@@ -170,6 +170,9 @@ class BuildOrCall(DetectorBase):
     consumes: ClassVar[tuple[builtins.type, ...]] = (UsageEvent,)
     suggestion: ClassVar[str] = "Compare the two ways on your own traffic before switching."
     dollars: ClassVar[str] = "could have been saved"
+    lazy: ClassVar[bool] = True
+    """An endpoint whose intervals never name a model (most of them) holds no state for this rule:
+    what it would hold is the time of its latest interval, which is the key's."""
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
@@ -200,6 +203,12 @@ class BuildOrCall(DetectorBase):
                     "with other models), and scale the endpoint to zero once quality is checked.")
         return ("The API spend is steady and high enough to keep its own GPUs busy: evaluate serving the "
                 "suggested open model yourself (quality first), on the suggested instance count.")
+
+    def starts(self, ctx: Context, event: Event) -> bool:
+        """An interval that names a model, newer than every interval of the resource before it: one
+        without a model leaves a state kept from the first interval with no model and no day (an
+        older interval is ``late`` to the key, as it would be to that state)."""
+        return type(event) is UsageEvent and not ctx.late and bool(event.tags.get(self.params.model_tag))
 
     def step(self, state: BuildOrCallState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if type(event) is not UsageEvent:

@@ -88,6 +88,9 @@ class SpotWithoutRedundancy(DetectorBase):
     )
     dollars: ClassVar[str] = ""
     burning: ClassVar[bool | str] = False
+    lazy: ClassVar[bool] = True
+    """An endpoint never at risk (on demand, or spot with redundancy: most of them) holds no state
+    for this rule: what it would hold is the time of its latest interval, which is the key's."""
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
@@ -98,6 +101,20 @@ class SpotWithoutRedundancy(DetectorBase):
                           f"on-demand ${figure(details.get('on_demand_premium_usd_per_hour', 0), ',.3f')}/h more"),
         ]  # fmt: skip
 
+    def starts(self, ctx: Context, event: Event) -> bool:
+        """A running interval at risk, newer than every interval of the endpoint before it: any other
+        would leave a state kept from the endpoint's first interval with nothing open and nothing
+        counted (an older interval is ``late`` to the key, as it would be to that state)."""
+        if type(event) is not UsageEvent or ctx.late or event.state != "running":
+            return False
+        replicas, zones, spot = _counts(event)
+        return self._at_risk(replicas, zones, spot)
+
+    def _at_risk(self, replicas: int, zones: int, spot: int) -> bool:
+        """Every replica on spot, and too few of them or in too few zones."""
+        p = self.params
+        return spot > 0 and spot == replicas and (replicas < p.min_replicas or 0 < zones < p.min_zones)
+
     def step(self, state: SpotWithoutRedundancyState, ctx: Context, event: Event, t: float) -> list[Finding]:
         st, res = state, ctx.resource
         if type(event) is not UsageEvent or t <= st.usage_last:
@@ -106,15 +123,8 @@ class SpotWithoutRedundancy(DetectorBase):
         if event.state != "running":
             st.start = None
             return end(st, lambda: self._finding("resolve", st, res, t, reason=f"instance_{event.state}"))
-        metrics = event.metrics
-        replicas = _count(metrics.get("replicas"), 1)
-        # Zones not reported: one replica is in one zone; several may be spread, so only their count is judged.
-        zones = min(_count(metrics.get("zones"), 1 if replicas == 1 else 0), replicas)
-        on_spot = event.pricing == "spot" or _spot_label(event.tags)
-        spot = min(_count(metrics.get("spot_replicas"), replicas if on_spot else 0), replicas)
-        at_risk = (spot > 0 and spot == replicas
-                   and (replicas < self.params.min_replicas or 0 < zones < self.params.min_zones))  # fmt: skip
-        if not at_risk:
+        replicas, zones, spot = _counts(event)
+        if not self._at_risk(replicas, zones, spot):
             st.start = None
             reason = "no_ready_replicas" if not replicas else "on_demand" if spot < replicas else "redundant"
             return end(st, lambda: self._finding("resolve", st, res, t, reason=reason))
@@ -158,6 +168,17 @@ def _count(value: float | None, default: int) -> int:
     if value is None or not 0 <= value <= MAX_COUNT:
         return default
     return int(value)
+
+
+def _counts(event: UsageEvent) -> tuple[int, int, int]:
+    """The interval's replicas, zones and replicas on spot, as reported or implied."""
+    metrics = event.metrics
+    replicas = _count(metrics.get("replicas"), 1)
+    # Zones not reported: one replica is in one zone; several may be spread, so only their count is judged.
+    zones = min(_count(metrics.get("zones"), 1 if replicas == 1 else 0), replicas)
+    on_spot = event.pricing == "spot" or _spot_label(event.tags)
+    spot = min(_count(metrics.get("spot_replicas"), replicas if on_spot else 0), replicas)
+    return replicas, zones, spot
 
 
 def _spot_label(tags: dict[str, str]) -> bool:
