@@ -15,6 +15,7 @@ Prints a Markdown table for docs/performance.md and writes bench/out/results.jso
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -232,6 +233,8 @@ def bench_latency(workdir: Path, ruleset) -> dict:
 
 
 def main() -> int:
+    # No options: parsed anyway, so that ``--help`` (or a typo) says so instead of running the whole bench.
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     tune_gc()  # as `burnwatch backtest` and `burnwatch worker` do
     ruleset = load_rules(ROOT / "rules")
     out_dir = ROOT / "bench" / "out"
