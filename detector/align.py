@@ -23,8 +23,8 @@ source; a source caught up holds nothing back, so a live worker whose partitions
 decides as soon as before (and there, a flush not yet published can still arrive after what it
 precedes), while one behind holds decisions a message's span longer (a five-minute flush: five
 minutes). A part of a message pushed alone (its events not yet seen after a restart, a shard's
-keys' events, several messages pushed as one by ``backtest``) moves its source as the whole would
-(``start``), so that the worker, ``backtest`` and its shards release alike. Events close in time
+keys' events) moves its source as the whole would (``start``), so that the worker, ``backtest``
+and its shards release alike. Events close in time
 on two topics may still reach detection in an order the batching decides (a worker's fetches,
 where a restart starts them again) where messages start out of order by more than the lateness;
 the detectors must decide the same in either order, which ``tests/test_fetch_order.py`` checks
@@ -125,9 +125,9 @@ class EventTimeAligner(Generic[T]):
         too (:meth:`push`), so written for the message of one event that many exporters send.
 
         ``start``: the source's time after these messages, when they are a part of what it gave (the
-        events of a message not yet seen, after a restart; a shard's keys' events; several messages
-        pushed as one), so that the source moves as the whole would have moved it: the latest start
-        of the whole messages, each one's earliest event."""
+        events of a message not yet seen, after a restart; a shard's keys' events), so that the source
+        moves as the whole would have moved it: the latest start of the whole messages, each one's
+        earliest event."""
         if not messages:
             if start is not None:
                 self.advance(source, start)
