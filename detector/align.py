@@ -23,12 +23,11 @@ source; a source caught up holds nothing back, so a live worker whose partitions
 decides as soon as before (and there, a flush not yet published can still arrive after what it
 precedes), while one behind holds decisions a message's span longer (a five-minute flush: five
 minutes). A part of a message pushed alone (its events not yet seen after a restart, a shard's
-keys' events) moves its source as the whole would (``start``), so that the worker, ``backtest``
-and its shards release alike. Events close in time
-on two topics may still reach detection in an order the batching decides (a worker's fetches,
-where a restart starts them again) where messages start out of order by more than the lateness;
-the detectors must decide the same in either order, which ``tests/test_fetch_order.py`` checks
-with fetches drawn at random.
+keys' events) moves its source as the whole would (``start``: :func:`message_start`), so that the
+worker, ``backtest`` and its shards release alike. Events close in time on two topics may still
+reach detection in an order the batching decides (a worker's fetches, where a restart starts them
+again) where messages start out of order by more than the lateness; the detectors must decide the
+same in either order, which ``tests/test_fetch_order.py`` checks with fetches drawn at random.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from collections.abc import Hashable, Sequence
 from operator import itemgetter
 from typing import Any, Generic, TypeVar
 
-__all__ = ["EventTimeAligner"]
+__all__ = ["EventTimeAligner", "message_start"]
 
 T = TypeVar("T")
 _time = itemgetter(0)
@@ -50,6 +49,13 @@ _RANK: dict[str, int] = {"GpuMetric": 0, "SeenSample": 0, "UsageEvent": 1, "RunE
 of the same events then sees the same order, whichever topic was read first. A
 :class:`~detector.engine.SeenSample` (a sample's key and time alone) ranks as the sample."""
 _NEVER = float("-inf")
+
+
+def message_start(events: Sequence[Any]) -> float:
+    """A message's earliest event: where its source has reached (the ``start`` of a part of it pushed alone)."""
+    if len(events) == 1:
+        return events[0].ts.timestamp()
+    return min(e.ts.timestamp() for e in events) if events else _NEVER
 
 
 def _take_until(by_rank: dict[int, list[Any]], limit: float) -> list[Any]:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detector.alerts import Alert, AlertManager, from_finding
-from detector.align import EventTimeAligner
+from detector.align import EventTimeAligner, message_start
 from detector.billing.rates import BilledRates
 from detector.detectors.anomaly import Scoring, scoring_during
 from detector.engine import Engine, SeenSample
@@ -203,7 +203,7 @@ def backtest(
             n_events += len(events)
             start = _NEVER
             if owns is not None:
-                start = _start(events)
+                start = message_start(events)
                 events = of_shard(record.topic, events, owns)
             if record.topic != topic:
                 if run:
@@ -224,13 +224,6 @@ def backtest(
 
     _run(batches(), ruleset, other, result, models, on_windows, record, billed, shard)
     return result
-
-
-def _start(events: list[Any]) -> float:
-    """A message's earliest event: where its topic has reached (:class:`~detector.align.EventTimeAligner`)."""
-    if len(events) == 1:
-        return events[0].ts.timestamp()
-    return min(e.ts.timestamp() for e in events) if events else _NEVER
 
 
 _SHARD_RUN: Callable[[_Shard], BacktestResult] | None = None

@@ -34,7 +34,7 @@ import msgspec
 import structlog
 
 from detector.alerts import Alert, AlertManager
-from detector.align import EventTimeAligner
+from detector.align import EventTimeAligner, message_start
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.events import Event, InvalidMessage, RunEvent
@@ -639,7 +639,7 @@ class Pipeline:
                 tp = (message.topic, message.partition)
                 fresh = [e for e in decoded if id(e) not in held]
                 step.replayed += len(decoded) - len(fresh)
-                begins = min(e.ts.timestamp() for e in decoded)  # the whole message's start moves its source
+                begins = message_start(decoded)  # the whole message's start moves its source
                 if not fresh:  # every event read again: done, and its time still counts
                     aligner.advance(tp, begins)
                     already_done.append(message)
