@@ -301,6 +301,20 @@ def _waiting_at(port: int) -> bool:
     return False
 
 
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` has stopped. ``kill(SIGSTOP)`` returns before they do (2-5 ms
+    here when idle, far longer on a loaded machine), and a handler thread woken by the signal while a
+    request arrives reads the request before it stops: the request then waits in the server's memory,
+    where no socket shows it, and the test would wait in vain for it to reach the store."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "stat").read_text().split(") ")[1][0] != "T":
+                return False
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+    return True
+
+
 def _gone(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
@@ -323,6 +337,10 @@ def test_a_killed_worker_takes_its_child_with_it(server, remote):
         assert stored == 10 * 3
         os.kill(server.proc.pid, signal.SIGSTOP)  # the store hangs: the child's next request waits there
         try:
+            deadline = time.monotonic() + 60
+            while not _stopped(server.proc.pid):  # (a thread not yet stopped would read the request first)
+                assert time.monotonic() < deadline, "the store server never stopped"
+                time.sleep(0.01)
             worker.stdin.write(b"go\n")
             worker.stdin.flush()
             deadline = time.monotonic() + 60
