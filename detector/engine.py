@@ -457,7 +457,8 @@ class Engine:
                 self._step_failed(detector, key, scrape.samples[0], exc, len(scrape.samples))
                 continue
             if got:
-                tagged.extend((i, j, f) for i, f in got)
+                for i, f in got:  # (a loop, not a generator: j would be a cell at every scrape, at_sample says why)
+                    tagged.append((i, j, f))
         if not tagged:
             return []  # (most scrapes)
         if len(tagged) > 1:

@@ -55,8 +55,18 @@ def shared(items: tuple[T, ...]) -> tuple[T, ...]:
         found = _TUPLES[items] = items
     return found
 
+
+def at_sample(i: int, found: list[Finding]) -> list[tuple[int, Finding]]:
+    """``found`` with the index of the sample that made them, as ``step_scrape`` returns findings.
+
+    A function of its own so that the per-scrape and per-event code that calls it holds no closure
+    (a comprehension or lambda over its locals): CPython 3.11 makes every variable a closure reads
+    into a cell at each call of the function that holds it, whether or not the closure runs, and
+    on the usual scrape or usage interval none does."""
+    return [(i, f) for f in found]
+
 __all__ = ["BatchPhase", "Behaviour", "Context", "Detector", "DetectorBase", "Finding", "Params", "ResourceInfo",
-           "intern", "make_finding", "shared"]
+           "at_sample", "intern", "make_finding", "shared"]
 
 
 class Params(BaseModel):
@@ -232,7 +242,10 @@ class DetectorBase:
     def starts_scrape(self, ctx: Context, scrape: Scrape) -> bool:
         """:meth:`starts` for a scrape: whether any of its samples starts the state."""
         starts = self.starts
-        return any(starts(ctx, event) for event in scrape.samples)
+        for event in scrape.samples:  # (a loop, not a generator over ctx: see at_sample)
+            if starts(ctx, event):
+                return True
+        return False
 
     def tracking(self, state: Any) -> Behaviour:
         return Behaviour.NONE
@@ -247,7 +260,7 @@ class DetectorBase:
         for i, event in enumerate(scrape.samples):
             found = step(state, ctx, event, t)
             if found:
-                out.extend((i, f) for f in found)
+                out += at_sample(i, found)
         return out
 
     @staticmethod

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import builtins
 from array import array
+from functools import partial
 from typing import Any, ClassVar
 
 import msgspec
@@ -220,7 +221,7 @@ class BuildOrCall(DetectorBase):
         model = event.tags.get(self.params.model_tag, "")
         if model and model != st.model:
             st.model, st.figures = intern(model), None
-            found = end(st, lambda: self._finding("resolve", st, res, t, reason="model_changed"))
+            found = end(st, partial(self._finding, "resolve", st, res, t, reason="model_changed"))
         else:
             found = []
         entry = self.pricing.llm_model(st.model)
@@ -318,7 +319,7 @@ class BuildOrCall(DetectorBase):
         peak = self._peak(week)
         if st.fired_at is not None:
             if not self._passed(closed, res, entry, peak):
-                return end(st, lambda: self._finding("resolve", st, res, t, reason="crossover_not_passed"))
+                return end(st, partial(self._finding, "resolve", st, res, t, reason="crossover_not_passed"))
             st.saved_usd += self._saving(closed, res, entry, peak) or 0.0
             st.advice = self._advice(week, res, entry)
             st.last_report = t

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from functools import partial
 from typing import Any, ClassVar
 
 import msgspec
@@ -408,7 +409,7 @@ class DataStarvedTraining(DetectorBase):
             return []
         if not res.billed:
             since = ep.since or 0.0
-            found = end(ep, lambda: self._finding("resolve", st, ep, res, max(t, since), reason=f"instance_{res.state}"))
+            found = end(ep, partial(self._finding, "resolve", st, ep, res, max(t, since), reason=f"instance_{res.state}"))
             st.episode = None
             return found
         if ep.unpriced_s and res.usd_per_hour is not None:
@@ -455,7 +456,7 @@ class DataStarvedTraining(DetectorBase):
             if ep.fed < p.fed_windows:
                 return []  # not counted; a second fed window in a row ends it from this one's start
             fed_at, ending = ep.fed_at, ep
-            found = end(ep, lambda: self._finding("resolve", st, ending, res, max(fed_at, ending.covered_until),
+            found = end(ep, partial(self._finding, "resolve", st, ending, res, max(fed_at, ending.covered_until),
                                                   reason="gpus_fed"))  # fmt: skip
             st.episode = None
             return found

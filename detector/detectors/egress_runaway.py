@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from functools import partial
 from typing import Any, ClassVar
 
 import msgspec
@@ -242,7 +243,7 @@ class EgressRunaway(DetectorBase):
             return found
         st.excess_bytes += excess
         if self._recent_rate(st, t) <= self.params.resolve_multiple * base or resource.state == "terminated":
-            found.extend(end(st, lambda: self._finding("resolve", st, dest, resource, t, reason="rate_back_to_baseline")))
+            found.extend(end(st, partial(self._finding, "resolve", st, dest, resource, t, reason="rate_back_to_baseline")))
         elif due(st, t, self.params.update_every):
             found.append(self._finding("update", st, dest, resource, t))
         return found

@@ -85,7 +85,11 @@ def advance(ep: Episode, at: float, *, start: float, held_s: float, need_s: floa
 
 def end(ep: Episode, resolve: Callable[[], Finding]) -> list[Finding]:
     """The condition no longer holds: the ``resolve`` finding if ``ep`` fired (made before
-    anything is cleared), then ``ep`` is cleared for the next episode."""
+    anything is cleared), then ``ep`` is cleared for the next episode.
+
+    Code that runs per event or scrape passes ``functools.partial(self._finding, ...)``, not a
+    lambda: a lambda over its locals costs it cells at every call, ending or not
+    (:func:`~detector.detectors.base.at_sample`)."""
     found = [resolve()] if ep.fired_at is not None else []
     ep.clear()
     return found

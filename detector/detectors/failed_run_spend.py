@@ -25,6 +25,7 @@ exponential back-off over minutes).
 from __future__ import annotations
 
 import builtins
+from functools import partial
 from typing import Any, ClassVar
 
 import msgspec
@@ -119,7 +120,7 @@ class FailedRunSpend(DetectorBase):
         self._prune(st, t)
         if ev.status == "succeeded":
             if st.fired_at is not None:
-                found.extend(end(st, lambda: self._loop_finding("resolve", st, resource, t, reason="run_succeeded")))
+                found.extend(end(st, partial(self._loop_finding, "resolve", st, resource, t, reason="run_succeeded")))
             return found
         if ev.status == "killed" and not self.params.count_killed:
             return found
@@ -171,7 +172,7 @@ class FailedRunSpend(DetectorBase):
         """A loop with no failure for a whole window is over."""
         if st.fired_at is None or t - st.failures[-1].t < self.params.loop_window:
             return []
-        return end(st, lambda: self._loop_finding("resolve", st, res, t, reason="no_failure_in_window"))
+        return end(st, partial(self._loop_finding, "resolve", st, res, t, reason="no_failure_in_window"))
 
     # -- findings -------------------------------------------------------------------
 

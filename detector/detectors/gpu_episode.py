@@ -21,11 +21,22 @@ add (``describe``); this class does the rest the same way for all of them:
 from __future__ import annotations
 
 import builtins
+from functools import partial
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding
+from detector.detectors.base import (
+    Behaviour,
+    Context,
+    DetectorBase,
+    Finding,
+    Params,
+    ResourceInfo,
+    at_sample,
+    intern,
+    make_finding,
+)
 from detector.detectors.episode import Episode, advance, end
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import FIRST, Scrape
@@ -141,7 +152,7 @@ class GpuEpisode(DetectorBase):
             broken = self._breaks(st, resource, t) if first < len(events) else []
             if not held and not broken:
                 return []  # (most scrapes)
-            return [(0, f) for f in held] + [(first, f) for f in broken]
+            return at_sample(0, held) + at_sample(first, broken)
         out: list[tuple[int, Finding]] = []
         gpus = st.gpus
         units: tuple[str, ...] | None = None
@@ -163,7 +174,7 @@ class GpuEpisode(DetectorBase):
             else:
                 continue
             if found:
-                out.extend((i, f) for f in found)
+                out += at_sample(i, found)
         return out
 
     def _usual(self, st: GpuEpisodeState, scrape: Scrape) -> bool:
@@ -188,7 +199,7 @@ class GpuEpisode(DetectorBase):
         if st.since is not None and t >= st.since:
             if st.fired_at is not None:
                 self._accrue(st, resource, t)
-            found = end(st, lambda: self._finding("resolve", st, resource, t, reason=self.break_reason))
+            found = end(st, partial(self._finding, "resolve", st, resource, t, reason=self.break_reason))
         if t > st.covered_until:
             st.covered_until = t
         return found
@@ -229,7 +240,7 @@ class GpuEpisode(DetectorBase):
                 self._uncount_after(st, res, t)
             if t > st.last_break:  # the stop breaks the episode: a late sample from before it starts none (one
                 st.last_break = t  # did, from its own time: the resolved episode's start, so its alert id, at worst)
-            return end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
+            return end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0

@@ -45,6 +45,7 @@ from __future__ import annotations
 import builtins
 import math
 from array import array
+from functools import partial
 from itertools import compress
 from math import isnan
 from operator import or_
@@ -625,7 +626,7 @@ class GpuShare(DetectorBase):
             found: list[Finding] = []
             if st.since is not None:
                 since = st.since
-                found = end(st, lambda: self._finding("resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
+                found = end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
             if t > st.stopped_at:
                 st.stopped_at = t
             for g in range(len(st.gpu_ids)):
@@ -708,16 +709,15 @@ class GpuShare(DetectorBase):
         elif st.whole_idle_since is not None:
             if c - st.whole_idle_since >= p.for_ and 1 in counted:
                 spell, st.spell_s, st.gpu_counted = st.whole_idle_since, 0.0, _flags(bytes(len(ids)))
-                return end(st, lambda: self._finding("resolve", st, res, max(spell, st.since or spell),
-                                                     reason="whole_host_idle"))  # fmt: skip
+                return end(st, partial(self._finding, "resolve", st, res, max(spell, st.since or spell),
+                                       reason="whole_host_idle"))  # fmt: skip
         listed = st.counted()
         if not listed:
             if st.since is not None:
-                found = end(st, lambda: self._finding("resolve", st, res, c, reason=reason or "gpu_busy"))
+                found = end(st, partial(self._finding, "resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
             if any_busy and res.billed and len(listed) >= p.min_gpus and st.since is not None:
-                qualified = sorted(max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], c), st.rebase_at) for gpu in listed)
-                fired_at = min(c, max(st.since, qualified[p.min_gpus - 1] + p.for_))
+                fired_at = min(c, max(st.since, self._qualified(st, listed, c) + p.for_))
                 fire(st, since=st.since, fired_at=fired_at, at=c)
                 found = [self._finding("fire", st, res, fired_at)]
         elif any_busy and (changed or c - st.last_report >= p.update_every):
@@ -744,6 +744,15 @@ class GpuShare(DetectorBase):
             elif n:
                 st.spell_s += share_s * n
         return found
+
+    def _qualified(self, st: GpuShareState, listed: list[int], c: float) -> float:
+        """When the ``min_gpus``-th of the counted GPUs ``listed`` went idle (from the rebase at most): the
+        episode fires ``for`` after it. (Apart from :meth:`_advance`, which runs every scrape: a closure
+        there would cost it cells at every call, :func:`~detector.detectors.base.at_sample`.)"""
+        times: Any = st.gpu_times
+        rebase_at = st.rebase_at
+        qualified = sorted(max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], c), rebase_at) for gpu in listed)
+        return qualified[self.params.min_gpus - 1]
 
     def _spell(self, st: GpuShareState, res: ResourceInfo, c: float, any_busy: bool) -> None:
         """Keep the host's whole-idle spells: one starts at the first instant no GPU works, and

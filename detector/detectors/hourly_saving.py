@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from functools import partial
 from typing import Any, ClassVar
 
 import msgspec
@@ -156,7 +157,7 @@ class HourlySaving(DetectorBase, ABC):
         """The endpoint stopped running (``state``): an open episode resolves."""
         if st.fired_at is None:
             return []
-        return end(st, lambda: self._finding("resolve", st, res, t, reason=f"instance_{state}"))
+        return end(st, partial(self._finding, "resolve", st, res, t, reason=f"instance_{state}"))
 
     def _judge(self, st: HourlySavingState, res: ResourceInfo, t: float) -> list[Finding]:
         """The hours up to ``t`` have closed: once a whole window is seen, fire, update or resolve on its saving."""
@@ -166,7 +167,7 @@ class HourlySaving(DetectorBase, ABC):
             return []
         advice = self.saving(st, res)
         if advice is None:
-            return end(st, lambda: self._finding("resolve", st, res, t, reason=self.resolved_because))
+            return end(st, partial(self._finding, "resolve", st, res, t, reason=self.resolved_because))
         st.advice, st.saving_usd_h = advice, advice["saving_usd_per_hour"]
         if st.fired_at is None:
             since = max(st.first_t, t - window)

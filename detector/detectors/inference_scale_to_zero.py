@@ -44,6 +44,7 @@ import builtins
 import math
 import re
 from datetime import datetime
+from functools import partial
 from typing import Any, ClassVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -182,7 +183,7 @@ class InferenceScaleToZero(DetectorBase):
             found = self._close(st, res, hour)
         if event.state != "running":
             if st.fired_at is not None:
-                found += end(st, lambda: self._finding("resolve", st, res, t, reason=f"instance_{event.state}"))
+                found += end(st, partial(self._finding, "resolve", st, res, t, reason=f"instance_{event.state}"))
                 st.first_t, st.idle_usd = t, 0.0  # a new episode learns afresh from here, with its own start (alert id)
             return found
         st.hour_running_s += min(event.interval_s, HOUR_S)
@@ -268,7 +269,7 @@ class InferenceScaleToZero(DetectorBase):
         hours = sum(n for _, n in runs)
         worth = usd_over(st.usd_h, hours * HOUR_S) >= self.params.min_saving_usd_per_week and res.gpus > 0
         if not worth or not hours:
-            found = end(st, lambda: self._finding("resolve", st, res, t, reason="traffic_in_idle_hours"))
+            found = end(st, partial(self._finding, "resolve", st, res, t, reason="traffic_in_idle_hours"))
             if found:  # a new episode learns afresh from here
                 st.first_t, st.idle_usd = t, 0.0
             return found

@@ -37,6 +37,7 @@ from __future__ import annotations
 import builtins
 import math
 import re
+from functools import partial
 from typing import Any, ClassVar, Literal
 
 import msgspec
@@ -218,7 +219,7 @@ class PlateauedRun(DetectorBase):
         w.last_value = value
         better = w.best is None or (value < w.best - p.min_delta if p.mode == "min" else value > w.best + p.min_delta)
         if better:
-            found = end(w, lambda: self._finding("resolve", w, t, fleet, reason="improved"))  # (clears it either way)
+            found = end(w, partial(self._finding, "resolve", w, t, fleet, reason="improved"))  # (clears it either way)
             w.best, w.best_t, w.best_step, w.stale = value, t, ev.step, 0
             return found
         w.stale += 1

@@ -36,6 +36,7 @@ instance types); 15 minutes lets a rolling update or a replaced replica come bac
 from __future__ import annotations
 
 import builtins
+from functools import partial
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -122,12 +123,12 @@ class SpotWithoutRedundancy(DetectorBase):
         st.usage_last, st.last_t = t, t
         if event.state != "running":
             st.start = None
-            return end(st, lambda: self._finding("resolve", st, res, t, reason=f"instance_{event.state}"))
+            return end(st, partial(self._finding, "resolve", st, res, t, reason=f"instance_{event.state}"))
         replicas, zones, spot = _counts(event)
         if not self._at_risk(replicas, zones, spot):
             st.start = None
             reason = "no_ready_replicas" if not replicas else "on_demand" if spot < replicas else "redundant"
-            return end(st, lambda: self._finding("resolve", st, res, t, reason=reason))
+            return end(st, partial(self._finding, "resolve", st, res, t, reason=reason))
         st.replicas, st.zones, st.spot_replicas = replicas, zones, spot
         if st.start is None:
             st.start = t

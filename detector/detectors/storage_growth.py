@@ -25,6 +25,7 @@ deletion shows up or the growth slows under three quarters of the floor.
 from __future__ import annotations
 
 import builtins
+from functools import partial
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -99,7 +100,7 @@ class StorageGrowth(GrowthBase):
             return []
         if not unbounded or growth_usd < 0.75 * self.params.min_monthly_growth_usd:
             reason = "deletions_seen" if not unbounded else "growth_slowed"
-            return end(st, lambda: self._finding("resolve", st, resource, t, trend, reason=reason))
+            return end(st, partial(self._finding, "resolve", st, resource, t, trend, reason=reason))
         st.last_report = t  # every evaluation of an open episode reports its trend
         return [self._finding("update", st, resource, t, trend)]
 

@@ -29,11 +29,12 @@ came back fires.
 from __future__ import annotations
 
 import builtins
+from functools import partial
 from typing import ClassVar
 
 from pydantic import Field
 
-from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
+from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, at_sample, make_finding
 from detector.detectors.episode import Episode, advance, end
 from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, UsageEvent
@@ -127,7 +128,11 @@ class TelemetryStale(DetectorBase):
                 if t >= st.back_at + self.params.settle:  # usage is not coming: resolve without it
                     return self._telemetry_back(st, resource, st.back_at)
                 return []
-            st.blind_usd -= sum(usd for at, usd in st.counted if at >= t)
+            taken = 0.0  # (a loop, not a generator over t: see at_sample)
+            for at, usd in st.counted:
+                if at >= t:
+                    taken += usd
+            st.blind_usd -= taken
             st.counted = ()
             if st.last_usage >= t:
                 return self._telemetry_back(st, resource, t)
@@ -149,7 +154,7 @@ class TelemetryStale(DetectorBase):
                 st.last_sample = None  # stopped as samples returned: start afresh when it runs again
             return found
         if not resource.billed:
-            found = end(st, lambda: self._finding("resolve", st, resource, t, reason=f"instance_{resource.state}"))
+            found = end(st, partial(self._finding, "resolve", st, resource, t, reason=f"instance_{resource.state}"))
             st.last_sample = None  # a stopped host sends nothing: start afresh when it runs again
             return found
         # Spend since the last sample (the engine's price of the interval, as stored), counted
@@ -179,7 +184,9 @@ class TelemetryStale(DetectorBase):
             latest = state.back_at if state.back_at is not None else state.last_sample
             if latest is not None and t <= latest:
                 break
-            out.extend((i, f) for f in self.step(state, ctx, events[i], t))
+            found = self.step(state, ctx, events[i], t)
+            if found:
+                out += at_sample(i, found)
         return out
 
     def _billing(self, st: TelemetryStaleState, usage: UsageEvent, t: float, billed: bool) -> None:
@@ -200,7 +207,7 @@ class TelemetryStale(DetectorBase):
         """Resolve the spell ended by the sample at ``at``; the latest sample seen since is the
         latest now (samples kept coming while usage caught up)."""
         latest = max(at, st.back_latest or at)
-        found = end(st, lambda: self._finding("resolve", st, resource, at, reason="telemetry_back"))
+        found = end(st, partial(self._finding, "resolve", st, resource, at, reason="telemetry_back"))
         st.last_sample = latest
         return found
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import builtins
 import math
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
@@ -172,7 +173,7 @@ class UnusedCommitment(DetectorBase):
         found: list[Finding] = []
         if state.reached and t >= state.reached + self.params.expire_after:
             found += self._judge(state, resource, force=True)
-            found += end(state, lambda: self._finding("resolve", state, resource, state.reached, reason="expired"))
+            found += end(state, partial(self._finding, "resolve", state, resource, state.reached, reason="expired"))
             # A day is judged once, so this never goes back: the rest of a day whose expiry (an expire_after under
             # a day) judged it was judged again, opening an episode with the resolved one's start (its alert id).
             state.judged_until = max(state.judged_until, _day(t))

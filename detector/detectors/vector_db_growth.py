@@ -26,6 +26,7 @@ horizon and the growth well under the rate (1.5x and 0.75x: no flapping at the e
 from __future__ import annotations
 
 import builtins
+from functools import partial
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -81,7 +82,7 @@ class VectorDbGrowth(GrowthBase):
         if event.capacity_bytes:
             st.capacity = float(event.capacity_bytes)
         if event.state == "terminated" and st.fired_at is not None and t > st.last_t:
-            return end(st, lambda: self._finding("resolve", st, resource, t, self.current(st), reason="terminated"))
+            return end(st, partial(self._finding, "resolve", st, resource, t, self.current(st), reason="terminated"))
         if event.storage_bytes is not None:
             size = float(event.storage_bytes)
         elif event.vector_count is not None:
@@ -100,9 +101,9 @@ class VectorDbGrowth(GrowthBase):
             return [self._fire(st, resource, t, trend, days)]
         eased = (days is None or days > 1.5 * horizon_days) and trend.pct_per_day < 0.75 * self.params.max_growth_per_day
         if eased:
-            return end(st, lambda: self._finding("resolve", st, resource, t, trend, reason="trend_eased"))
+            return end(st, partial(self._finding, "resolve", st, resource, t, trend, reason="trend_eased"))
         if t - st.fired_at >= self.params.window and self._sooner((st.notified or {}).get("days"), days):
-            resolved = end(st, lambda: self._finding("resolve", st, resource, t, trend, reason="trend_changed"))
+            resolved = end(st, partial(self._finding, "resolve", st, resource, t, trend, reason="trend_changed"))
             return [*resolved, self._fire(st, resource, t, trend, days)]  # a new episode, its own alert
         st.last_report = t  # every evaluation of an open episode reports its trend
         return [self._finding("update", st, resource, t, trend)]

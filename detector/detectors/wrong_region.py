@@ -34,6 +34,7 @@ running in the cheaper region repay the move.
 from __future__ import annotations
 
 import builtins
+from functools import partial
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -129,7 +130,7 @@ class WrongRegion(DetectorBase):
         if event.state != "running" or moved or gap:
             reason = f"instance_{event.state}" if event.state != "running" else ("moved" if moved else "no_usage")
             st.running_since = None if event.state != "running" else t
-            return end(st, lambda: self._finding("resolve", st, res, t, reason=reason))
+            return end(st, partial(self._finding, "resolve", st, res, t, reason=reason))
         if st.running_since is None:
             st.running_since = t  # an interval's ts is its start
         if t + event.interval_s - st.running_since < self.params.min_running:
@@ -139,7 +140,7 @@ class WrongRegion(DetectorBase):
         st.judged_at = t
         advice = self._advice(st, res)
         if advice is None:
-            found = end(st, lambda: self._finding("resolve", st, res, t, reason="no_cheaper_region"))
+            found = end(st, partial(self._finding, "resolve", st, res, t, reason="no_cheaper_region"))
             if found:
                 st.resolved_at = t
             return found
