@@ -604,40 +604,45 @@ class Engine:
         return None
 
     def _update_info(self, state: KeyState, ev: UsageEvent) -> None:
+        """Keep the key's :class:`ResourceInfo` as its latest usage event says, priced. Each field is
+        compared once (this runs for every usage event); only what changed is taken, interned: a
+        million resources share a few dozen types, regions, accounts and tag sets instead of holding
+        a copy each. A change of what routes the key's rules (its kind, owner tags, account, region,
+        type, or the first interval) clears its routes."""
         info = state.info
         tags = self.billed.fill_tags(ev.resource_id, ev.tags) if self.billed is not None else ev.tags
-        changed = (
-            ev.resource_type != info.resource_type
-            or tags != info.tags
-            or ev.account != info.account
-            or ev.region != info.region
-            or ev.instance_type != info.instance_type
-            or not info.known
-        )
-        # Only what changed is taken, interned: a million resources share a few dozen types,
-        # regions, accounts and tag sets instead of holding a copy each.
+        changed = not info.state  # (the first usage interval: nothing was known)
         if ev.resource_type != info.resource_type:
             info.resource_type = _intern(ev.resource_type)
+            changed = True
         if ev.provider != info.provider:
             info.provider = _intern(ev.provider)
         if ev.account != info.account:
             info.account = _intern(ev.account)
+            changed = True
         if ev.region != info.region:
             info.region = _intern(ev.region)
+            changed = True
         if ev.instance_type != info.instance_type:
             info.instance_type = _intern(ev.instance_type)
+            changed = True
         if ev.pricing != info.pricing:
             info.pricing = _intern(ev.pricing)
         if ev.state != info.state:
             info.state = _intern(ev.state)
         if tags != info.tags:
             info.tags = self._shared_tags(tags)
-        cost = self.pricer.cost(ev)
-        listed = self.pricer.pricing.instances.get(ev.instance_type) if ev.instance_type else None
+            changed = True
+        pricer = self.pricer
+        usd, rate = pricer.interval(ev)
+        listed = pricer.pricing.instances.get(ev.instance_type) if ev.instance_type else None
         info.gpus = listed.gpus if listed is not None else 0
-        info.interval_usd = self._shared_price(cost.usd)
-        if cost.usd_per_hour is not None:
-            info.usd_per_hour = self._shared_price(cost.usd_per_hour)
+        held = info.interval_usd  # (a price equal to the one held, of its type and not a zero, is kept as held)
+        if usd != held or not usd or type(usd) is not type(held):
+            info.interval_usd = self._shared_price(usd)
+        held_rate = info.usd_per_hour
+        if rate is not None and (rate != held_rate or not rate or type(rate) is not type(held_rate)):
+            info.usd_per_hour = self._shared_price(rate)
         if changed:
             state.clear_routes()
 

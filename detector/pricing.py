@@ -206,6 +206,12 @@ class Pricer:
         running) the rate the bill charged it, else the list price of its instance type and
         pricing model, else the bytes a storage bucket holds at the object-storage price;
         nothing else prices it."""
+        usd, rate = self.interval(event)
+        return IntervalCost(usd=usd, egress_usd=self.egress_usd(event), usd_per_hour=rate)
+
+    def interval(self, event: Any) -> tuple[float, float | None]:
+        """:meth:`cost`'s dollars of the interval and rate per hour, without its egress: what the
+        engine keeps of every usage event (the egress is priced where it is stored and judged)."""
         usd = event.cost_usd
         rate = None
         if event.state == "running":
@@ -222,7 +228,7 @@ class Pricer:
                 rate = usd * 3600.0 / event.interval_s
         elif usd is None:
             usd = 0.0
-        return IntervalCost(usd=usd, egress_usd=self.egress_usd(event), usd_per_hour=rate)
+        return usd, rate
 
     def egress_usd(self, event: Any) -> float:
         """An interval's egress dollars at its destination class's price."""
