@@ -179,7 +179,7 @@ class PlateauedRun(DetectorBase):
         w = st.runs.get(ev.run_id)
         if w is None:
             if len(st.runs) >= MAX_RUNS:
-                oldest = min(st.runs, key=lambda k: st.runs[k].last_t)
+                oldest = self._oldest(st)
                 found += self._drop(st, oldest, st.runs[oldest].last_t, ctx.lookup, reason="forgotten")
             w = st.runs[ev.run_id] = WatchedRun(run_id=ev.run_id, run=RunState(start=t))
         refresh(w.run, ev)  # its hosts, GPUs and tags
@@ -197,6 +197,13 @@ class PlateauedRun(DetectorBase):
         elif w.fired_at is not None and due(w, t, self.params.update_every):
             found.append(self._finding("update", w, t, ctx.lookup))
         return found
+
+    @staticmethod
+    def _oldest(st: PlateauedRunState) -> str:
+        """The watched run quiet the longest (a helper: the lambda in :meth:`step` would cost it a cell
+        at every run event, :func:`~detector.detectors.base.at_sample`)."""
+        runs = st.runs
+        return min(runs, key=lambda k: runs[k].last_t)
 
     def open_episodes(self, state: PlateauedRunState, resource: ResourceInfo) -> list[Finding]:
         return [self._finding("update", w, w.last_t, None) for w in state.runs.values() if w.fired_at is not None]

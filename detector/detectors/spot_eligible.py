@@ -24,6 +24,7 @@ rate against their spot price, shared by GPU count.
 from __future__ import annotations
 
 import builtins
+from functools import partial
 from typing import Any, ClassVar
 
 import msgspec
@@ -107,9 +108,8 @@ class SpotEligible(DetectorBase):
             candidate = st.fired.pop(event.run_id, None)
             st.fired = emptied(st.fired)
             if candidate is not None:
-                ended = candidate
-                found.extend(end(ended, lambda: self._finding("resolve", event.run_id, run, ended, t,
-                                                             reason=f"run_{event.status}")))  # fmt: skip
+                found.extend(end(candidate, partial(self._finding, "resolve", event.run_id, run, candidate, t,
+                                                    reason=f"run_{event.status}")))  # fmt: skip
         return found
 
     def open_episodes(self, state: SpotEligibleState, resource: ResourceInfo) -> list[Finding]:
