@@ -12,7 +12,8 @@ same file with msgspec. ``--startup``: instead, what a start costs: the CPU seco
 child (``streams.event_writer``, started with every worker) and of building a worker's action
 executors. ``--instructions``: instead, the CPU instructions an event of each side's in-process
 ``backtest`` (valgrind's callgrind on the file's first 1,000 and 6,000 lines, differenced), the
-same on every run where the clock on this VM moves by a fifth, and each side's alerts digest.
+same on every run where the clock on this VM moves by a fifth, and each side's alerts digest;
+``--topic resource-usage`` (or ``gpu-metrics``, ``run-events``) counts one topic's messages only.
 Every run is printed, not only the means.
 """
 
@@ -97,11 +98,12 @@ def _cpu_of(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def head(path: str | Path, lines: int, into: Path) -> str:
-    """The first ``lines`` lines of ``path``, as a file in ``into``."""
-    out = into / f"head{lines}.jsonl"
+def head(path: str | Path, lines: int, into: Path, topic: str | None = None) -> str:
+    """The first ``lines`` lines of ``path`` (of one ``topic``'s messages, when given), as a file in ``into``."""
+    out = into / f"head{lines}{'-' + topic if topic else ''}.jsonl"
     with open(path, "rb") as src, open(out, "wb") as dst:
-        for _, line in zip(range(lines), src, strict=False):
+        chosen = (line for line in src if topic is None or json.loads(line).get("topic") == topic)
+        for _, line in zip(range(lines), chosen, strict=False):
             dst.write(line)
     return str(out)
 
@@ -158,6 +160,8 @@ def main() -> int:
     parser.add_argument("--startup", action="store_true", help="only what a start costs (CPU s), not the backtest")
     parser.add_argument("--instructions", action="store_true",
                         help="only CPU instructions an event (callgrind, lines 1,001-6,000 of the file) and the alerts")
+    parser.add_argument("--topic", choices=["gpu-metrics", "resource-usage", "run-events"],
+                        help="with --instructions: the file's messages of this topic only (their lines 1,001-6,000)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="burnwatch-bt-ab-") as tmp:
         tree = Path(tmp) / "tree"
@@ -167,10 +171,12 @@ def main() -> int:
                 startup(tree, args.runs, args.rev)
                 return 0
             if args.instructions:
-                short, long = head(bench_fleet(args.file), 1000, Path(tmp)), head(bench_fleet(args.file), 6000, Path(tmp))
+                fleet = bench_fleet(args.file)
+                short, long = head(fleet, 1000, Path(tmp), args.topic), head(fleet, 6000, Path(tmp), args.topic)
+                lines = f"{args.topic} lines" if args.topic else "lines"
                 for side, where in ((args.rev, tree), ("working tree", None)):
                     per_event, run = instructions_per_event(where, short, long)
-                    print(f"{side}: {per_event:,.0f} instructions an event (lines 1,001-6,000), {run['alerts']} alerts "
+                    print(f"{side}: {per_event:,.0f} instructions an event ({lines} 1,001-6,000), {run['alerts']} alerts "
                           f"{run['hash']}", flush=True)  # fmt: skip
                 return 0
             sides: dict[str, Path | None] = {args.rev: tree, "working tree": None}
