@@ -28,22 +28,43 @@ worker, ``backtest`` and its shards release alike. Events close in time on two t
 reach detection in an order the batching decides (a worker's fetches, where a restart starts them
 again) where messages start out of order by more than the lateness; the detectors must decide the
 same in either order, which ``tests/test_fetch_order.py`` checks with fetches drawn at random.
+
+Released items are ``(t, event)``, with one more shape: a message's GPU samples (``GpuMetric``) of one
+host at one time, two or more side by side, are held and released as one ``(t, samples)`` item, a
+``list`` of them in message order (no event is a list). The engine takes such a list as a scrape
+as it is (:meth:`~detector.engine.Engine.process_timed`), where it would otherwise find the scrape's
+end and check it sample by sample, and the aligner sorts, cuts and holds one item where it held one
+per GPU. Expanded (:func:`each_event`), the items are what one item per event would give, event by
+event: a message's events sit side by side in their rank's list, and a stable sort by time keeps its
+samples of one time together where the first of them would be. What counts events counts a list's
+samples (:func:`count`, ``len()``). A list only ever holds samples of one message: a host's scrape
+split across messages comes as two items side by side, which the engine takes as one scrape. Every
+other event stays a pair of its own: a list around each usage or run event would cost them what it
+saves the samples, and a sample alone in its message gains nothing from one.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Hashable, Sequence
-from operator import itemgetter
+from collections.abc import Hashable, Iterator, Sequence
+from itertools import groupby
+from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar
 
-__all__ = ["EventTimeAligner", "message_start"]
+__all__ = ["EventTimeAligner", "count", "each_event", "message_start"]
 
 T = TypeVar("T")
 _time = itemgetter(0)
+_event = itemgetter(1)
 _token = itemgetter(1)
 _source = itemgetter(2)
+_ts = attrgetter("ts")
+_resource_id = attrgetter("resource_id")
+_is_list = list.__instancecheck__
+_GATHERED = "GpuMetric"
+"""The event type (by name, as :data:`_RANK`) of which a message's samples of one host at one time are
+held as one item: the GPU rules take a host's samples at one time together (a scrape)."""
 _RANK: dict[str, int] = {"GpuMetric": 0, "SeenSample": 0, "UsageEvent": 1, "RunEvent": 2}
 """At equal timestamps, samples before usage intervals before run events: every consumer
 of the same events then sees the same order, whichever topic was read first. A
@@ -56,6 +77,58 @@ def message_start(events: Sequence[Any]) -> float:
     if len(events) == 1:
         return events[0].ts.timestamp()
     return min(e.ts.timestamp() for e in events) if events else _NEVER
+
+
+def count(items: Sequence[tuple[float, Any]]) -> int:
+    """The events in released items (a list of samples counts each), counted in C, not item by item."""
+    gathered = list(filter(_is_list, map(_event, items)))
+    return len(items) + sum(map(len, gathered)) - len(gathered)
+
+
+def each_event(items: Sequence[tuple[float, Any]]) -> Iterator[tuple[float, Any]]:
+    """Released items as ``(t, event)``, one per event (a list's samples each at its time), in order:
+    for what reads events one by one rather than as the engine does."""
+    for t, item in items:
+        if type(item) is list:
+            for event in item:
+                yield t, event
+        else:
+            yield t, item
+
+
+def _gather(events: Sequence[Any], held: list[tuple[float, Any]]) -> tuple[float, float]:
+    """Hold a GPU message's events (GPU samples, or a shard's :class:`~detector.engine.SeenSample`):
+    each run of its ``GpuMetric`` samples of one host at one time as one ``(t, samples)`` item when
+    it has two or more, any other event as ``(t, event)``. Returns the latest and earliest time.
+    Runs are found on the samples' timestamps (datetimes, equal where their times are) and hosts,
+    in C; a time is worked out once a run, not once a sample."""
+    n = len(events)
+    stamps = list(map(_ts, events))
+    hosts = list(map(_resource_id, events))
+    kinds = list(map(type, events))
+    if hosts.count(hosts[0]) == n and kinds.count(kinds[0]) == n:
+        keys: list[Any] = stamps  # one host, one type (the usual message): runs by time alone
+    else:
+        keys = list(zip(kinds, hosts, stamps, strict=True))
+    latest = earliest = None
+    i = 0
+    for _, run in groupby(keys):
+        j = i + len(list(run))
+        first = events[i]
+        t = first.ts.timestamp()
+        if j - i == 1:
+            held.append((t, first))
+        elif type(first).__name__ == _GATHERED:
+            samples = events[i:j]
+            held.append((t, samples if type(samples) is list else list(samples)))
+        else:
+            held.extend((t, event) for event in events[i:j])
+        if latest is None or t > latest:
+            latest = t
+        if earliest is None or t < earliest:
+            earliest = t
+        i = j
+    return latest, earliest  # type: ignore[return-value]  # a message of events has a run
 
 
 def _take_until(by_rank: dict[int, list[Any]], limit: float) -> list[Any]:
@@ -84,16 +157,18 @@ class EventTimeAligner(Generic[T]):
     Each pushed message carries a token (the worker's Kafka message); a token is
     returned by :meth:`release` once every event of its message has been
     released, so the caller can acknowledge exactly what detection has seen.
+    A message's GPU samples of one host at one time come out as one item (the module's docstring).
     """
 
     def __init__(self, lateness_s: float = 60.0) -> None:
         self.lateness_s = lateness_s
         self._held: dict[int, list[tuple[float, Any]]] = {}
-        """Rank of the event type → its ``(t, event)`` pairs in arrival order, sorted lazily (and
-        stably) by time at release. One list per rank, so that concatenated in rank order and
-        sorted stably by time alone they come out in (time, rank, arrival) order, and a pair is
-        released as it was held: nothing is built per event beyond it. Input is nearly in order,
-        so each sort is a merge of a few runs: linear in practice."""
+        """Rank of the event type → its ``(t, event)`` pairs (``(t, samples)`` for a message's GPU
+        samples of one host at one time) in arrival order, sorted lazily (and stably) by time at
+        release. One list per rank, so that concatenated in rank order and sorted stably by time
+        alone they come out in (time, rank, arrival) order, and a pair is released as it was held:
+        nothing is built per event beyond it. Input is nearly in order, so each sort is a merge of a
+        few runs: linear in practice."""
         self._source_t: dict[Hashable, float] = {}
         self._caught_up: set[Hashable] = set()
         self._pending: dict[int, list[tuple[float, T, Hashable]]] = {}
@@ -107,13 +182,16 @@ class EventTimeAligner(Generic[T]):
         fetching from a source far ahead of the others, so that what is held stays bounded)."""
         self._rank: dict[type, int] = {}
         """Event type → its rank (:data:`_RANK`, by the type's name: this module imports no event type)."""
+        self._events = 0
+        """Events held (a list of samples is as many as it holds): ``len()``, kept as they come and go."""
 
     def __len__(self) -> int:
-        return sum(map(len, self._held.values()))
+        """Events held, not items: a message's samples held as one item count each."""
+        return self._events
 
     def held_keys(self) -> set[Any]:
         """The keys (``event.key``) of the events held: their next event is read, not yet released."""
-        return {event.key for held in self._held.values() for _, event in held}
+        return {item[0].key if type(item) is list else item.key for held in self._held.values() for _, item in held}
 
     def push(self, source: Hashable, events: Sequence[Any], token: T | None = None, start: float | None = None) -> None:
         """Add one message's events (each with its ``ts``) from ``source``, with its token (None:
@@ -133,7 +211,8 @@ class EventTimeAligner(Generic[T]):
         ``start``: the source's time after these messages, when they are a part of what it gave (the
         events of a message not yet seen, after a restart; a shard's keys' events), so that the source
         moves as the whole would have moved it: the latest start of the whole messages, each one's
-        earliest event."""
+        earliest event. A message of the GPU rank holds its samples of one host at one time as one item
+        (:func:`_gather`)."""
         if not messages:
             if start is not None:
                 self.advance(source, start)
@@ -143,7 +222,8 @@ class EventTimeAligner(Generic[T]):
         kind: type | None = None
         held: list[tuple[float, Any]] = []
         pending: list[tuple[float, T, Hashable]] = []
-        tokens = 0
+        tokens = n_events = 0
+        gpu = False  # the run's latest type is of the GPU rank, whose messages' samples are gathered
         for token, events in messages:
             latest = earliest = _NEVER
             if events:
@@ -156,18 +236,25 @@ class EventTimeAligner(Generic[T]):
                     found = self._held.get(known)
                     held = found if found is not None else self._add_rank(known)
                     pending = self._pending[known]
+                    gpu = known == 0
                 if len(events) == 1:
                     latest = earliest = first.ts.timestamp()
                     held.append((latest, first))
+                    n_events += 1
+                elif gpu:
+                    latest, earliest = _gather(events, held)
+                    n_events += len(events)
                 else:
                     times = [event.ts.timestamp() for event in events]
                     latest, earliest = max(times), min(times)
                     held.extend(zip(times, events, strict=True))
+                    n_events += len(events)
                 if token is not None:
                     pending.append((latest, token, source))
                     tokens += 1
                 if earliest > run_start:
                     run_start = earliest
+        self._events += n_events
         if tokens:
             held_by_source = self.held_by_source
             held_by_source[source] = held_by_source.get(source, 0) + tokens
@@ -218,11 +305,13 @@ class EventTimeAligner(Generic[T]):
         return self._source_t[slowest] - self.lateness_s if slowest is not None else float("inf")
 
     def release(self, everything: bool = False) -> tuple[list[tuple[float, Any]], list[T]]:
-        """``(t, event)`` up to the watermark in time order, and the tokens of fully released messages."""
+        """``(t, event)`` up to the watermark in time order (``(t, samples)`` for a message's GPU samples
+        of one host at one time: the module's docstring), and the tokens of fully released messages."""
         limit = float("inf") if everything else self.watermark
         out = _take_until(self._held, limit)
         if not out:
             return [], []
+        self._events -= count(out)
         done = _take_until(self._pending, limit)  # each message where its last event is in ``out``
         if not done:
             return out, []
@@ -236,6 +325,7 @@ class EventTimeAligner(Generic[T]):
         whichever worker now owns their partitions reads them again."""
         self._held.clear()
         self._pending.clear()
+        self._events = 0
         self.held_by_source.clear()
         self._source_t.clear()
         self._caught_up.clear()

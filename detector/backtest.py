@@ -90,7 +90,8 @@ class _Shard:
 
 
 class _Detection:
-    """One rule set's engine and alert manager, fed time-ordered events."""
+    """One rule set's engine and alert manager, fed time-ordered events as the aligner releases them
+    (a message's GPU samples of one host at one time as one item: :mod:`detector.align`)."""
 
     def __init__(self, ruleset: RuleSet, billed: BilledRates | None = None, shard: _Shard | None = None) -> None:
         self.engine = Engine(ruleset, billed=billed, foreign=shard.foreign if shard is not None else None)

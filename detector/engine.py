@@ -95,6 +95,21 @@ def _by_sample_then_rule(item: tuple[int, int, Any]) -> tuple[int, int]:
     return item[0], item[1]
 
 
+def _samples(items: list[tuple[float, Any]]) -> list[Any]:
+    """The samples of a scrape's items, in order: each a sample, or a list of them (a message's part of
+    the scrape, :mod:`detector.align`), which is rare: a scrape split across messages."""
+    samples = list(map(_event, items))
+    if list not in set(map(type, samples)):
+        return samples
+    out: list[Any] = []
+    for item in samples:
+        if type(item) is list:
+            out.extend(item)
+        else:
+            out.append(item)
+    return out
+
+
 _NEVER = -math.inf
 """A key's time for an event kind it has not sent (one float object shared by every key)."""
 
@@ -303,12 +318,16 @@ class Engine:
         """Fold events in order; return every finding they produced."""
         return self.process_timed((event.ts.timestamp(), event) for event in events)
 
-    def process_timed(self, items: Iterable[tuple[float, Event]]) -> list[Finding]:
-        """:meth:`process` for ``(t, event)`` pairs whose time is already computed (the aligner's).
+    def process_timed(self, items: Iterable[tuple[float, Event | SeenSample | list[GpuMetric]]]) -> list[Finding]:
+        """:meth:`process` for ``(t, event)`` pairs whose time is already computed (the aligner's), or
+        ``(t, samples)``: a list of GPU samples of one host at ``t``, which the aligner makes of a
+        message's samples (:mod:`detector.align`), taken as they are, in order, as their events would be.
 
         A scrape (consecutive GPU samples of one key at one time: one host's GPUs, which the
         aligner releases together) is folded into the key once, and each detector that has a
-        ``step_scrape`` takes it in one call; findings keep the order of one step per event."""
+        ``step_scrape`` takes it in one call; findings keep the order of one step per event. A list
+        is a scrape already (no check of its samples); one next to more samples of its host at its
+        time (a scrape split across messages) is a part of the scrape they make together."""
         findings: list[Finding] = []
         keys = self._keys
         mark_dirty = self.dirty.add
@@ -324,9 +343,16 @@ class Engine:
         i = 0
         size = 1  # the latest scrape's samples: most hosts' scrapes are alike
         while i < n:
-            t, event = items[i]
-            etype = type(event)
+            t, item = items[i]
+            etype = type(item)
             i += 1
+            gathered: list[GpuMetric] | None = None
+            if etype is list:  # a message's samples of one host at t (detector.align): a scrape, or its start
+                gathered = item  # type: ignore[assignment]
+                event: Event = gathered[0]  # type: ignore[index]
+                etype = GpuMetric
+            else:
+                event = item  # type: ignore[assignment]  # (a SeenSample, told apart by its type below)
             key = event.key if etype is RunEvent else event.resource_id  # type: ignore[union-attr]
             if key != last_key:  # time-sorted input keeps a scrape's samples together
                 held = keys.get(key)
@@ -336,28 +362,38 @@ class Engine:
                 last_key = key
             if etype is GpuMetric:
                 run_end = i
-                # As many samples as the host has GPUs (by its instance type), else as the latest scrape had?
-                expected = state.info.gpus
-                guess, guessed = i - 1 + (expected if expected > 1 else size), None
-                if guess > i and guess <= n:  # checked in C, not item by item
-                    chunk = items[i - 1 : guess]
-                    if set(map(_time, chunk)) == {t}:
-                        samples = list(map(_event, chunk))
-                        if set(map(type, samples)) == _GPU_ONLY and set(map(_resource_id, samples)) == {key}:
-                            run_end, guessed = guess, samples
-                while run_end < n:  # the rest of its scrape: same key, same time
+                guess, guessed = 0, None
+                if gathered is None:
+                    # As many samples as the host has GPUs (by its instance type), else as the latest scrape had?
+                    expected = state.info.gpus
+                    guess = i - 1 + (expected if expected > 1 else size)
+                    if guess > i and guess <= n:  # checked in C, not item by item
+                        chunk = items[i - 1 : guess]
+                        if set(map(_time, chunk)) == {t}:
+                            samples = list(map(_event, chunk))
+                            if set(map(type, samples)) == _GPU_ONLY and set(map(_resource_id, samples)) == {key}:
+                                run_end, guessed = guess, samples
+                while run_end < n:  # the rest of its scrape: same key, same time, a sample or a list
                     nt, nxt = items[run_end]
-                    if nt != t or type(nxt) is not GpuMetric or nxt.resource_id != key:
+                    if nt != t:
+                        break
+                    ntype = type(nxt)
+                    if ntype is list:
+                        nxt = nxt[0]  # type: ignore[index]
+                    elif ntype is not GpuMetric:
+                        break
+                    if nxt.resource_id != key:  # type: ignore[union-attr]
                         break
                     run_end += 1
                 # A sample alone is a scrape of one: every GPU sample takes one path, each rule's step_scrape.
                 if run_end == i:
-                    scrape: list[Any] | None = [event]
-                elif run_end == guess and guessed is not None:
-                    scrape = guessed
+                    taken: list[Any] = [event] if gathered is None else gathered
+                elif guessed is not None and run_end == guess:
+                    taken = guessed
                 else:
-                    scrape = list(map(_event, items[i - 1 : run_end]))
-                size = run_end - i + 1
+                    taken = _samples(items[i - 1 : run_end])
+                scrape: list[Any] | None = taken
+                size = len(taken)
                 i = run_end
             else:
                 scrape = None

@@ -34,7 +34,7 @@ import msgspec
 import structlog
 
 from detector.alerts import Alert, AlertManager
-from detector.align import EventTimeAligner, message_start
+from detector.align import EventTimeAligner, count, message_start
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.events import Event, InvalidMessage, RunEvent
@@ -650,7 +650,7 @@ class Pipeline:
         events, released = aligner.release()
         self._flow_control()
         step.done = already_done + released
-        step.detected = len(events)
+        step.detected = count(events)  # events, not items: a message's samples of a host at a time are one
         step.alerts = self.manager.handle(self.engine.process_timed(events))
         step.decided_at = time.time()
         partition_of = self._partition_of

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detector.align import EventTimeAligner
+from detector.align import EventTimeAligner, count, each_event
 
 
 @dataclass(frozen=True)
 class Ev:
     t: float
+    resource_id: str = "host"
+    """A GPU sample's host: a message's samples of one host at one time are held as one item."""
 
     @property
     def ts(self):  # the aligner reads ts.timestamp(), as on real events
@@ -140,8 +142,10 @@ def test_push_many_is_push_of_each_message(batches, lateness_s):
         for aligner in (one, many):
             for source in "abc":
                 aligner.caught_up(source, source in caught_up)
-        (out_one, tokens_one), (out_many, tokens_many) = one.release(everything), many.release(everything)
+        (items_one, tokens_one), (items_many, tokens_many) = one.release(everything), many.release(everything)
+        out_one, out_many = list(each_event(items_one)), list(each_event(items_many))
         assert [(t, id(e)) for t, e in out_many] == [(t, id(e)) for t, e in out_one]
+        assert count(items_one) == len(out_one)
         assert tokens_many == tokens_one
         # in (time, rank, arrival) order: a token where its message's last event is
         assert out_one == sorted(out_one, key=lambda pair: order[id(pair[1])])

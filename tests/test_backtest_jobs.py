@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from detector.align import each_event
 from detector.backtest import _Shard, backtest
 from detector.events import RunEvent, UsageEvent
 from detector.replay import write_replay
@@ -166,7 +167,8 @@ def test_each_shard_sees_its_keys_events_in_the_batches_and_order_of_one_process
     def seen(self, items):
         items = list(items)
         batches.append([(t, type(e).__name__, e.key if isinstance(e, RunEvent) else e.resource_id,
-                         b"" if isinstance(e, SeenSample) else msgspec.json.encode(e)) for t, e in items])  # fmt: skip
+                         b"" if isinstance(e, SeenSample) else msgspec.json.encode(e))
+                        for t, e in each_event(items)])  # fmt: skip
         return process_timed(self, items)
 
     monkeypatch.setattr(Engine, "process_timed", seen)

@@ -48,6 +48,24 @@ def test_a_scrape_answers_what_every_rule_asks_of_its_samples():
     assert not Scrape([sample(T0, 0, 1.0, mig_instance="1", mig_profile="1g.10gb")]).plain
 
 
+_holder = st.fixed_dictionaries({}, optional={"allocated": st.sampled_from([None, True, False]),
+                                              "pod": st.sampled_from(["", "p"]), "mig_instance": st.sampled_from(["", "1"]),
+                                              "model": st.sampled_from(["A100", "H100", ""])})  # fmt: skip
+
+
+@given(st.lists(_holder, max_size=6))
+def test_a_scrapes_flags_are_what_each_of_its_samples_says(fields):
+    """The flags as they read, sample by sample (the one pass over the usual scrape, and the count of
+    models equal to the first, give the same): any mix of holders, pods, MIG instances and models."""
+    samples = [sample(T0, i, 1.0, **f) for i, f in enumerate(fields)]
+    scrape = Scrape(samples)
+    models = {s.model for s in samples}
+    assert scrape.model == (models.pop() if len(models) == 1 else None)
+    assert scrape.holders_unknown == ({s.allocated for s in samples} == {None})
+    assert scrape.pods_named == any(s.pod for s in samples) and scrape.mig == any(s.mig_instance for s in samples)
+    assert scrape.plain == (scrape.holders_unknown and not scrape.pods_named and not scrape.mig)
+
+
 @st.composite
 def _scrape_at_edges(draw: st.DrawFn) -> tuple[list[GpuMetric], float]:
     """A threshold, and samples whose utilisation and profiling ratios sit on it, just either side of

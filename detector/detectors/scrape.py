@@ -43,6 +43,10 @@ _model = attrgetter("model")
 _pod = attrgetter("pod")
 _mig = attrgetter("mig_instance")
 _allocated = attrgetter("allocated")
+_off_kubernetes = attrgetter("allocated", "pod", "mig_instance")
+_PLAIN = (None, "", "")
+"""A sample's ``allocated``, ``pod`` and ``mig_instance`` on a host off Kubernetes without MIG
+(:attr:`Scrape.plain`): a scrape whose every sample has them is plain in one pass over it."""
 
 
 class Scrape:
@@ -55,20 +59,26 @@ class Scrape:
 
     def __init__(self, samples: list[GpuMetric]) -> None:
         self.samples = samples
+        n = len(samples)
         gpus = tuple(map(_gpu_index, samples))
-        first = FIRST[len(gpus)] if len(gpus) < len(FIRST) else None
+        first = FIRST[n] if n < len(FIRST) else None
         self.gpus: tuple[int, ...] = first if gpus == first else gpus
         """The samples' GPU indexes in order (:data:`FIRST` ``[n]`` itself when they are ``0 .. n-1``)."""
-        models = set(map(_model, samples))
-        self.model: str | None = models.pop() if len(models) == 1 else None
+        models = list(map(_model, samples))  # all equal to the first, counted in C: no set of them built
+        self.model: str | None = models[0] if n and models.count(models[0]) == n else None
         """The model every sample names ("" when none does); None when they differ."""
-        self.holders_unknown = set(map(_allocated, samples)) == {None}
+        if n and list(map(_off_kubernetes, samples)).count(_PLAIN) == n:  # the usual host: one pass, not three
+            holders_unknown, pods_named, mig = True, False, False
+        else:
+            holders_unknown = set(map(_allocated, samples)) == {None}
+            pods_named, mig = any(map(_pod, samples)), any(map(_mig, samples))
+        self.holders_unknown = holders_unknown
         """No sample says whether a pod holds its GPU (``allocated``: off Kubernetes, or the bridge could not tell)."""
-        self.pods_named = any(map(_pod, samples))
+        self.pods_named = pods_named
         """Some sample names a pod (dcgm-exporter's Kubernetes mode)."""
-        self.mig = any(map(_mig, samples))
+        self.mig = mig
         """Some sample is a MIG instance's."""
-        self.plain = self.holders_unknown and not self.pods_named and not self.mig
+        self.plain = holders_unknown and not pods_named and not mig
         """Nor does any name a pod or a MIG instance: a host off Kubernetes without MIG, the usual host."""
         self._busy: dict[float, tuple[bool, ...]] = {}
         self._resident: tuple[float, ...] | None = None
