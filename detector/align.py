@@ -122,7 +122,8 @@ def _gather(events: Sequence[Any], held: list[tuple[float, Any]]) -> tuple[float
             samples = events[i:j]
             held.append((t, samples if type(samples) is list else list(samples)))
         else:
-            held.extend((t, event) for event in events[i:j])
+            for event in events[i:j]:  # (a loop, not a generator over t: a cell at every message otherwise)
+                held.append((t, event))
         if latest is None or t > latest:
             latest = t
         if earliest is None or t < earliest:

@@ -4,7 +4,7 @@ CPython 3.11 makes each local that a lambda, comprehension or generator reads in
 call of the function holding it, whether or not the closure runs: the rules' resolve lambdas and
 small generators cost ~7k CPU instructions a usage event in cells alone before they went
 (docs/performance.md, "Closures"). This keeps them out of the per-event methods of every
-registered rule and of the engine's per-event code; a closure there belongs in a helper called
+registered rule and of the engine's and the aligner's per-event code; a closure there belongs in a helper called
 only when it is needed (``functools.partial`` for :func:`~detector.detectors.episode.end`,
 :func:`~detector.detectors.base.at_sample`).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from detector.align import EventTimeAligner, _gather
 from detector.detectors import REGISTRY
 from detector.engine import Engine
 
@@ -22,6 +23,8 @@ PER_EVENT = ("step", "step_scrape", "starts", "starts_scrape", "_on_usage", "_ad
 
 def _methods() -> list[tuple[str, object]]:
     found = [(f"Engine.{name}", getattr(Engine, name)) for name in ("_scrape", "_update_info")]
+    found += [("align._gather", _gather), ("EventTimeAligner.push_many", EventTimeAligner.push_many),
+              ("EventTimeAligner.push", EventTimeAligner.push)]  # fmt: skip
     for rule, cls in sorted(REGISTRY.items()):
         for name in PER_EVENT:
             method = getattr(cls, name, None)
