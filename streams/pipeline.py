@@ -34,7 +34,7 @@ import msgspec
 import structlog
 
 from detector.alerts import Alert, AlertManager
-from detector.align import EventTimeAligner, count, message_start
+from detector.align import EventTimeAligner, message_start
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.events import Event, InvalidMessage, RunEvent
@@ -647,10 +647,11 @@ class Pipeline:
                 aligner.push(tp, fresh, message, start=begins)
         for (topic, partition), next_offset in self._positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
+        before = len(aligner)  # events, not items (a message's samples of a host at a time are one item)
         events, released = aligner.release()
         self._flow_control()
         step.done = already_done + released
-        step.detected = count(events)  # events, not items: a message's samples of a host at a time are one
+        step.detected = before - len(aligner)  # (counted once, by the release)
         step.alerts = self.manager.handle(self.engine.process_timed(events))
         step.decided_at = time.time()
         partition_of = self._partition_of
