@@ -581,8 +581,10 @@ class Engine:
         key's states (made where missing; None for a :attr:`~detector.detectors.base.DetectorBase.lazy`
         rule, made by its first event that needs one): of the rules whose match passes, each with the
         params its overrides give this resource; every candidate rule as written while the resource is unknown
-        (no usage event yet). Cached until the resource changes (the hot loop then does no lookups
-        per detector)."""
+        (no usage event yet). Cached until the resource changes or the rules are reloaded (the hot loop
+        then does no lookups per detector), an unknown resource's too: its first usage event is a change
+        (:meth:`_update_info`), and a key that never sends one (a run's project, a host that only a
+        metrics bridge without an instance type reports) would otherwise make its plan at every event."""
         info = state.info
         candidates = [r for r in self.ruleset.rules if event_type in r.consumes]
         if info.known:
@@ -602,13 +604,12 @@ class Engine:
         plan = self._plans.get(signature)
         if plan is None:  # bound methods made once per plan, shared by every key's routes
             plan = self._plans[signature] = tuple((d.step, d.step_scrape, d, names.index(d.name)) for d in detectors)
-        if info.known:
-            if event_type is GpuMetric:
-                state.gpu_route = plan
-            elif event_type is UsageEvent:
-                state.usage_route = plan
-            else:
-                state.run_route = plan
+        if event_type is GpuMetric:
+            state.gpu_route = plan
+        elif event_type is UsageEvent:
+            state.usage_route = plan
+        else:
+            state.run_route = plan
         return plan
 
     def _set_rules(self, state: KeyState, names: list[str], states: list[Any]) -> None:
