@@ -13,7 +13,8 @@ child (``streams.event_writer``, started with every worker) and of building a wo
 executors. ``--instructions``: instead, the CPU instructions an event of each side's in-process
 ``backtest`` (valgrind's callgrind on the file's first 1,000 and 6,000 lines, differenced), the
 same on every run where the clock on this VM moves by a fifth, and each side's alerts digest;
-``--topic resource-usage`` (or ``gpu-metrics``, ``run-events``) counts one topic's messages only.
+``--topic resource-usage`` (or ``gpu-metrics``, ``run-events``) counts one topic's messages only: GPU
+messages alone are of hosts no usage event describes, which run every GPU rule (an endpoint's too).
 Every run is printed, not only the means.
 """
 
@@ -161,7 +162,8 @@ def main() -> int:
     parser.add_argument("--instructions", action="store_true",
                         help="only CPU instructions an event (callgrind, lines 1,001-6,000 of the file) and the alerts")
     parser.add_argument("--topic", choices=["gpu-metrics", "resource-usage", "run-events"],
-                        help="with --instructions: the file's messages of this topic only (their lines 1,001-6,000)")
+                        help="with --instructions: the file's messages of this topic only (their lines 1,001-6,000; "
+                             "gpu-metrics alone: hosts no usage event describes)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="burnwatch-bt-ab-") as tmp:
         tree = Path(tmp) / "tree"
