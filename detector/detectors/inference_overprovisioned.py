@@ -34,9 +34,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Context, Finding, Params, ResourceInfo
+from detector.detectors.base import Context, Finding, Params, ResourceInfo, at_sample
 from detector.detectors.hourly_saving import HOUR_S, REQUEST_S, REQUESTS, HourlySaving, HourlySavingState
+from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import newer
 from detector.units import Duration, Money, Percent
 
 __all__ = ["InferenceOverprovisioned", "InferenceOverprovisionedParams", "InferenceOverprovisionedState"]
@@ -149,6 +151,25 @@ class InferenceOverprovisioned(HourlySaving):
                      + (f", {rps:,.1f} req/s" if rps is not None else "")
                      + f", peak memory {details.get('gpu_mem_peak_gb')} GB"),
         ]  # fmt: skip
+
+    def step_scrape(self, state: InferenceOverprovisionedState, ctx: Context, scrape: Scrape,
+                    t: float) -> list[tuple[int, Finding]]:  # fmt: skip
+        """:meth:`step` for each sample of a scrape, in one call: an endpoint's GPUs, or every GPU of a
+        host no usage event has described yet (the rule runs there until one does). Its first sample
+        not read before opens the hour, as a step per sample would; at the same time again nothing."""
+        st, found, rolled = state, None, False
+        for i, event in enumerate(scrape.samples):
+            if not newer(st.gpu_last, event.gpu_index, t):
+                continue  # a sample read again
+            if not rolled:
+                rolled, closed = True, self.roll(st, ctx.resource, t)
+                if closed:
+                    found = at_sample(i, closed)
+            st.count(min(BINS - 1, int(event.util_pct * BINS / 100.0)))
+            f, j = st.figures, MEM_PEAK - st.width  # from the end: the latest hour's row
+            if event.mem_used_mib > f[j]:
+                f[j] = event.mem_used_mib
+        return found if found is not None else []
 
     def step(self, state: InferenceOverprovisionedState, ctx: Context, event: Event, t: float) -> list[Finding]:
         resource = ctx.resource

@@ -66,9 +66,11 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Context, Finding, Params, ResourceInfo
+from detector.detectors.base import Context, Finding, Params, ResourceInfo, at_sample
 from detector.detectors.hourly_saving import HOUR_S, REQUEST_S, REQUESTS, HourlySaving, HourlySavingState
+from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, UsageEvent
+from detector.floats import newer
 from detector.units import Duration, Money, Percent, figure
 
 __all__ = ["InferenceUnbatched", "InferenceUnbatchedParams", "InferenceUnbatchedState", "work_left"]
@@ -158,6 +160,26 @@ class InferenceUnbatched(HourlySaving):
                                   f"saving ${figure(details.get('saving_usd_per_hour', 0), ',.3f')}/h "
                                   f"({details.get('how', '')})"))  # fmt: skip
         return facts
+
+    def step_scrape(self, state: InferenceUnbatchedState, ctx: Context, scrape: Scrape,
+                    t: float) -> list[tuple[int, Finding]]:  # fmt: skip
+        """:meth:`step` for each sample of a scrape, in one call (as ``inference_overprovisioned``'s)."""
+        st, found, rolled = state, None, False
+        for i, event in enumerate(scrape.samples):
+            if not newer(st.gpu_last, event.gpu_index, t):
+                continue  # a sample read again
+            if not rolled:
+                rolled, closed = True, self.roll(st, ctx.resource, t)
+                if closed:
+                    found = at_sample(i, closed)
+            f, j = st.figures, -st.width  # from the end: the latest hour's row
+            sm = event.sm_active if event.sm_active is not None else event.gr_engine_active
+            f[j + UTIL_SUM] += event.util_pct
+            f[j + SAMPLES] += 1.0
+            if sm is not None:
+                f[j + SM_SUM] += 100.0 * sm
+                f[j + SM_SAMPLES] += 1.0
+        return found if found is not None else []
 
     def step(self, state: InferenceUnbatchedState, ctx: Context, event: Event, t: float) -> list[Finding]:
         st, res = state, ctx.resource
