@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import msgspec
 import pytest
 
 from detector.store import EventBatch, Store, migrations
+from detector.store.schema import BATCH_TABLES, MERGE_SELECTOR_BASE
 from tests.helpers import MIN, T0, at, scrape, usage
 from tests.test_pipeline import gpu_message, make, usage_message
 
@@ -42,6 +44,32 @@ def test_a_store_from_before_recorded_migrations_is_migrated_in_place(chdb_clien
     assert store.count("resource_usage") == 1
     assert store.query(f"SELECT src_topic, usd FROM {db}.resource_usage") == [{"src_topic": "", "usd": 0.0}]
 
+
+
+def _merge_base(store, table):
+    ddl = store.query("SELECT create_table_query AS q FROM system.tables WHERE database = %(d)s AND name = %(t)s",
+                      {"d": store.db, "t": table})[0]["q"]  # fmt: skip
+    found = re.search(r"merge_selector_base = (\d+)", ddl)
+    return int(found.group(1)) if found else None
+
+
+def test_a_store_made_here_merges_its_batch_tables_wider_and_an_existing_one_keeps_its_own(chdb_client):
+    """The tables each batch inserts into merge at ``MERGE_SELECTOR_BASE`` in a store ``migrate`` makes;
+    the others keep ClickHouse's default. A store that exists already is not changed at its next start:
+    an operator who reset the setting keeps that, and a store made before this release keeps the default."""
+    db = "t_merge_width"
+    chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
+    store = Store(chdb_client, db)
+    store.migrate()
+    assert {t: _merge_base(store, t) for t in BATCH_TABLES} == dict.fromkeys(BATCH_TABLES, MERGE_SELECTOR_BASE)
+    assert _merge_base(store, "alerts") is None and _merge_base(store, "detector_state") is None
+    store.command(f"ALTER TABLE {db}.gpu_metrics RESET SETTING merge_selector_base")
+    again = Store(chdb_client, db)  # the next start: the tables exist
+    assert again.migrate() == []
+    assert _merge_base(again, "gpu_metrics") is None and _merge_base(again, "run_events") == MERGE_SELECTOR_BASE
+    assert again.schema.widen_merges() == ["gpu_metrics"]  # what a fresh store would get, asked for by name
+    assert _merge_base(again, "gpu_metrics") == MERGE_SELECTOR_BASE
+    chdb_client.command(f"DROP DATABASE {db}")
 
 def test_db_migrate_applies_then_reports_up_to_date(tmp_path):
     env = {**os.environ, "BURNWATCH_CLICKHOUSE_DSN": f"chdb://{tmp_path / 'ch'}", "BURNWATCH_EVENT_TTL_DAYS": "45"}

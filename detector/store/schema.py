@@ -12,7 +12,7 @@ import structlog
 
 from detector.store.connection import Connection, StoreNotFound, StoreOutdated
 
-__all__ = ["MIGRATIONS_DIR", "RAW_TABLES", "Migration", "Schema", "migrations"]
+__all__ = ["BATCH_TABLES", "MERGE_SELECTOR_BASE", "MIGRATIONS_DIR", "RAW_TABLES", "Migration", "Schema", "migrations"]
 
 log = structlog.get_logger("burnwatch.store")
 
@@ -20,6 +20,14 @@ MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 RAW_TABLES = ("resource_usage", "gpu_metrics", "run_events")
 _MADE = re.compile(r"CREATE\s+(?:TABLE|(?:MATERIALIZED\s+)?VIEW)\s+IF\s+NOT\s+EXISTS\s+\{db\}\.(\w+)", re.IGNORECASE)
 """The name of each table or view a migration makes."""
+BATCH_TABLES = (*RAW_TABLES, "gpu_hourly", "usage_hourly", "ingest_positions")
+"""The tables every batch inserts into: the raw events and the rollups their materialized views fill."""
+MERGE_SELECTOR_BASE = 10
+"""``merge_selector_base`` of :data:`BATCH_TABLES` in a store burnwatch creates (ClickHouse's default:
+5). A worker leaves a small part in each of them every fraction of a second, and the default merges
+such parts so soon and so often that, in the embedded engine, merging took as much of the worker's CPU
+as detection; at 10 a merge waits for about twice as many parts of a size, so each row is rewritten
+fewer times (docs/performance.md, "Merging the parts each batch leaves"). Queries read the same rows."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,26 @@ class Schema:
                 applied_now.append(f"{migration.version:04d}_{migration.name}")
         if applied_now:
             log.info("migrations_applied", database=db, migrations=applied_now)
+        if self.created:
+            self.widen_merges()
         return applied_now
+
+    def widen_merges(self) -> list[str]:
+        """Set :data:`MERGE_SELECTOR_BASE` on :data:`BATCH_TABLES`, where the engine knows the setting
+        (ClickHouse 24.12 and later) and a table does not set it already. :meth:`migrate` does it once,
+        for a store it creates: like a table's order or codecs, a choice made with the table, which a
+        server's operator may undo (``ALTER TABLE … RESET SETTING merge_selector_base``) and which an
+        existing store does not have forced on it at the next start. Returns the tables changed."""
+        db = self.conn.db
+        known = self.conn.command("SELECT count() FROM system.merge_tree_settings WHERE name = 'merge_selector_base'")
+        if not int(known):
+            return []
+        ddl = {r["name"]: r["ddl"] for r in self.conn.query(
+            "SELECT name, create_table_query AS ddl FROM system.tables WHERE database = %(db)s", {"db": db})}  # fmt: skip
+        changed = [t for t in BATCH_TABLES if t in ddl and "merge_selector_base" not in ddl[t]]
+        for table in changed:
+            self.conn.command(f"ALTER TABLE {db}.{table} MODIFY SETTING merge_selector_base = {MERGE_SELECTOR_BASE}")
+        return changed
 
     def applied(self) -> list[dict[str, Any]]:
         """The migrations recorded as applied, in version order."""
