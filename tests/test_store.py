@@ -12,6 +12,7 @@ import time
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from detector.store import EventBatch, Store, migrations
 from detector.store.schema import BATCH_TABLES, MERGE_SELECTOR_BASE
@@ -69,6 +70,38 @@ def test_a_store_made_here_merges_its_batch_tables_wider_and_an_existing_one_kee
     assert _merge_base(again, "gpu_metrics") is None and _merge_base(again, "run_events") == MERGE_SELECTOR_BASE
     assert again.schema.widen_merges() == ["gpu_metrics"]  # what a fresh store would get, asked for by name
     assert _merge_base(again, "gpu_metrics") == MERGE_SELECTOR_BASE
+    store.command(f"ALTER TABLE {db}.gpu_metrics RESET SETTING merge_selector_base")
+    store.command(f"DROP TABLE {db}.resource_usage")  # lost by hand: made again, the store is not new
+    lost = Store(chdb_client, db)
+    assert lost.migrate() == [] and lost.schema.restore_missing() == ["resource_usage"]
+    assert _merge_base(lost, "gpu_metrics") is None
+    chdb_client.command(f"DROP DATABASE {db}")
+
+
+def test_an_engine_refusing_the_merge_width_leaves_the_store_working_and_says_so(chdb_client, monkeypatch):
+    """The setting is only a hint for speed: ClickHouse refusing it (a user without the ``ALTER MODIFY
+    SETTING`` grant: the refusal injected at the driver, as the server would send it) must not stop a
+    worker's start; the store is made, warned about, and takes events."""
+    db = "t_merge_refused"
+    chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
+    driver = chdb_client.command
+
+    def refuse(sql, *args, **kwargs):
+        if "MODIFY SETTING merge_selector_base" in sql:
+            raise RuntimeError("Code: 497. DB::Exception: default: Not enough privileges. (ACCESS_DENIED)")
+        return driver(sql, *args, **kwargs)
+
+    monkeypatch.setattr(chdb_client, "command", refuse)
+    store = Store(chdb_client, db)
+    with capture_logs() as logs:
+        assert store.migrate() == [f"{m.version:04d}_{m.name}" for m in migrations()]
+    (warning,) = [e for e in logs if e["event"] == "merge_width_not_set"]
+    assert "ACCESS_DENIED" in warning["error"] and warning["changed"] == []
+    assert all(_merge_base(store, t) is None for t in BATCH_TABLES)
+    batch = EventBatch()
+    batch.extend([usage(time.time() - HOUR, rid="after-refusal")])
+    assert store.events.insert(batch) == 1 and store.count("resource_usage") == 1
+    monkeypatch.undo()
     chdb_client.command(f"DROP DATABASE {db}")
 
 def test_db_migrate_applies_then_reports_up_to_date(tmp_path):

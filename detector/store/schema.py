@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from detector.store.connection import Connection, StoreNotFound, StoreOutdated
+from detector.units import one_line
 
 __all__ = ["BATCH_TABLES", "MERGE_SELECTOR_BASE", "MIGRATIONS_DIR", "RAW_TABLES", "Migration", "Schema", "migrations"]
 
@@ -110,25 +111,36 @@ class Schema:
                 applied_now.append(f"{migration.version:04d}_{migration.name}")
         if applied_now:
             log.info("migrations_applied", database=db, migrations=applied_now)
-        if self.created:
+        first = migrations()[0]
+        if self.created and f"{first.version:04d}_{first.name}" in applied_now:  # its tables made just now
             self.widen_merges()
         return applied_now
 
     def widen_merges(self) -> list[str]:
         """Set :data:`MERGE_SELECTOR_BASE` on :data:`BATCH_TABLES`, where the engine knows the setting
-        (ClickHouse 24.12 and later) and a table does not set it already. :meth:`migrate` does it once,
-        for a store it creates: like a table's order or codecs, a choice made with the table, which a
+        (its ``system.merge_tree_settings``: ClickHouse added it late in 2024) and a table does not set
+        it. :meth:`migrate` does it once, for a store it creates: like a table's order or codecs, a choice
+        made with the table, which a
         server's operator may undo (``ALTER TABLE … RESET SETTING merge_selector_base``) and which an
-        existing store does not have forced on it at the next start. Returns the tables changed."""
-        db = self.conn.db
-        known = self.conn.command("SELECT count() FROM system.merge_tree_settings WHERE name = 'merge_selector_base'")
-        if not int(known):
-            return []
-        ddl = {r["name"]: r["ddl"] for r in self.conn.query(
-            "SELECT name, create_table_query AS ddl FROM system.tables WHERE database = %(db)s", {"db": db})}  # fmt: skip
-        changed = [t for t in BATCH_TABLES if t in ddl and "merge_selector_base" not in ddl[t]]
-        for table in changed:
-            self.conn.command(f"ALTER TABLE {db}.{table} MODIFY SETTING merge_selector_base = {MERGE_SELECTOR_BASE}")
+        existing store does not have forced on it at the next start (nor a store whose first table was
+        lost and made again). Only a hint for speed: an engine that refuses it (a user without the
+        ``ALTER MODIFY SETTING`` grant, a settings constraint) leaves the tables as they are, with a
+        warning, and the start goes on. Returns the tables changed."""
+        db, changed = self.conn.db, []
+        try:
+            known = self.conn.command("SELECT count() FROM system.merge_tree_settings WHERE name = 'merge_selector_base'")
+            if not int(known):
+                return []
+            ddl = {r["name"]: r["ddl"] for r in self.conn.query(
+                "SELECT name, create_table_query AS ddl FROM system.tables WHERE database = %(db)s", {"db": db})}  # fmt: skip
+            for table in [t for t in BATCH_TABLES if t in ddl and "merge_selector_base" not in ddl[t]]:
+                self.conn.command(f"ALTER TABLE {db}.{table} MODIFY SETTING merge_selector_base = {MERGE_SELECTOR_BASE}")
+                changed.append(table)
+        except Exception as exc:  # noqa: BLE001 - a driver or the server may raise; the store works without it
+            log.warning("merge_width_not_set", database=db, changed=changed, error=one_line(exc),
+                        hint=f"the tables merge as ClickHouse's default does, which costs more CPU; to set it "
+                             f"by hand: ALTER TABLE {db}.<table> MODIFY SETTING merge_selector_base = "
+                             f"{MERGE_SELECTOR_BASE}, for {', '.join(BATCH_TABLES)}")  # fmt: skip
         return changed
 
     def applied(self) -> list[dict[str, Any]]:
