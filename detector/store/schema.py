@@ -122,9 +122,9 @@ class Schema:
         it. :meth:`migrate` does it once, for a store it creates: like a table's order or codecs, a choice
         made with the table, which a server's operator may undo (``ALTER TABLE … RESET SETTING
         merge_selector_base``) and which an existing store does not have forced on it at the next start
-        (nor a store whose first table was lost and made again). Only a hint for speed: an engine that refuses it (a user without the
-        ``ALTER MODIFY SETTING`` grant, a settings constraint) leaves the tables as they are, with a
-        warning, and the start goes on. Returns the tables changed."""
+        (nor a store whose first table was lost and made again). Only a hint for speed: an engine that
+        refuses it (a user without the ``ALTER MODIFY SETTING`` grant, a settings constraint) leaves the
+        tables as they are, with a warning, and the start goes on. Returns the tables changed."""
         db, changed = self.conn.db, []
         try:
             known = self.conn.command("SELECT count() FROM system.merge_tree_settings WHERE name = 'merge_selector_base'")
