@@ -46,7 +46,6 @@ def test_a_store_from_before_recorded_migrations_is_migrated_in_place(chdb_clien
     assert store.query(f"SELECT src_topic, usd FROM {db}.resource_usage") == [{"src_topic": "", "usd": 0.0}]
 
 
-
 def _merge_base(store, table):
     ddl = store.query("SELECT create_table_query AS q FROM system.tables WHERE database = %(d)s AND name = %(t)s",
                       {"d": store.db, "t": table})[0]["q"]  # fmt: skip
@@ -57,7 +56,7 @@ def _merge_base(store, table):
 def test_a_store_made_here_merges_its_batch_tables_wider_and_an_existing_one_keeps_its_own(chdb_client):
     """The tables each batch inserts into merge at ``MERGE_SELECTOR_BASE`` in a store ``migrate`` makes;
     the others keep ClickHouse's default. A store that exists already is not changed at its next start:
-    an operator who reset the setting keeps that, and a store made before this release keeps the default."""
+    an operator who reset the setting keeps that, and so does a store whose first table was lost and made again."""
     db = "t_merge_width"
     chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
     store = Store(chdb_client, db)
@@ -103,6 +102,7 @@ def test_an_engine_refusing_the_merge_width_leaves_the_store_working_and_says_so
     assert store.events.insert(batch) == 1 and store.count("resource_usage") == 1
     monkeypatch.undo()
     chdb_client.command(f"DROP DATABASE {db}")
+
 
 def test_db_migrate_applies_then_reports_up_to_date(tmp_path):
     env = {**os.environ, "BURNWATCH_CLICKHOUSE_DSN": f"chdb://{tmp_path / 'ch'}", "BURNWATCH_EVENT_TTL_DAYS": "45"}

@@ -130,8 +130,7 @@ class Schema:
             known = self.conn.command("SELECT count() FROM system.merge_tree_settings WHERE name = 'merge_selector_base'")
             if not int(known):
                 return []
-            ddl = {r["name"]: r["ddl"] for r in self.conn.query(
-                "SELECT name, create_table_query AS ddl FROM system.tables WHERE database = %(db)s", {"db": db})}  # fmt: skip
+            ddl = self._ddl()
             for table in [t for t in BATCH_TABLES if t in ddl and "merge_selector_base" not in ddl[t]]:
                 self.conn.command(f"ALTER TABLE {db}.{table} MODIFY SETTING merge_selector_base = {MERGE_SELECTOR_BASE}")
                 changed.append(table)
@@ -169,10 +168,15 @@ class Schema:
 
     def event_ttl(self) -> int:
         """Days of event time the raw tables keep (0: forever), as the store says."""
-        ddl = self.conn.query("SELECT create_table_query AS ddl FROM system.tables WHERE database = %(db)s "
-                              "AND name = 'resource_usage'", {"db": self.conn.db})  # fmt: skip
-        found = re.search(r"TTL toDateTime\(ts\) \+ toIntervalDay\((\d+)\)", ddl[0]["ddl"]) if ddl else None
+        ddl = self._ddl().get("resource_usage")
+        found = re.search(r"TTL toDateTime\(ts\) \+ toIntervalDay\((\d+)\)", ddl) if ddl else None
         return int(found.group(1)) if found else 0
+
+    def _ddl(self) -> dict[str, str]:
+        """Each table's and view's ``CREATE`` in this database, as the engine holds it now (its TTL and settings)."""
+        rows = self.conn.query("SELECT name, create_table_query AS ddl FROM system.tables WHERE database = %(db)s",
+                               {"db": self.conn.db})  # fmt: skip
+        return {r["name"]: r["ddl"] for r in rows}
 
     def set_event_ttl(self, days: int, *, explicit: bool = True) -> int:
         """Keep raw events ``days`` days of event time (0: forever); rollups are kept. A change
@@ -185,10 +189,9 @@ class Schema:
         events because a command ran with the environment's default."""
         if not explicit and not self.created:
             return self.event_ttl()
-        db = self.conn.db
+        db, tables = self.conn.db, self._ddl()
         for table in RAW_TABLES:
-            ddl = self.conn.query("SELECT create_table_query AS ddl FROM system.tables WHERE database = %(db)s "
-                                  "AND name = %(table)s", {"db": db, "table": table})[0]["ddl"]  # fmt: skip
+            ddl = tables[table]
             ttl = f"toDateTime(ts) + toIntervalDay({days})"
             has_ttl = " TTL " in ddl
             if days > 0 and ttl not in ddl:
