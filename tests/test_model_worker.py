@@ -118,6 +118,9 @@ def test_a_worker_that_does_not_train_scores_with_what_the_group_published(tmp_p
         try:
             taken = json.loads(worker.wait_for_log('"model_taken"', timeout=120))
             loaded = json.loads(worker.wait_for_log('"model_loaded"', timeout=30, after='"model_taken"'))
+            # the model loads before Faust starts and installs its SIGTERM handler: a stop sent in
+            # between ends the process by the signal (-15), so stop the worker once it is running
+            worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
         finally:
             assert worker.stop() == 0, worker.tail()
     assert taken["groups"] == ["gpu"] and loaded["groups"] == ["gpu"]
