@@ -71,8 +71,8 @@ def install_handover(parts: WorkerParts) -> None:
         # learns it again, so re-read input neither re-opens nor re-closes those alerts.
         pipeline.manager = await loop.run_in_executor(None, parts.alert_manager)
         pipeline.reset()
-        # Each holds the watermark until it delivers or the release timer finds it has nothing
-        # to read: asking the broker here held a stop up until the worker was killed.
+        # Each holds the watermark until it delivers or the release timer, woken here, finds it
+        # has nothing to read: asking the broker here held a stop up until the worker was killed.
         pipeline.expect((tp.topic, tp.partition) for tp in assigned if tp.topic in TOPICS)
         parts.assigned_states.clear()
         parts.assigned_states.update(states)

@@ -130,9 +130,12 @@ def _act(parts: WorkerParts, interval_s: float = 5.0) -> None:
 def _pipeline_timers(parts: WorkerParts) -> None:
     app, pipeline, settings = parts.app, parts.pipeline, parts.settings
 
-    @app.timer(interval=1.0)
+    @app.task
     async def release_held() -> None:
-        await pipeline.tick()
+        """Every second, and at once after an assignment (:meth:`Pipeline.tick_due`)."""
+        while not app.should_stop:
+            await pipeline.tick_due(1.0)
+            await pipeline.tick()
 
     @app.timer(interval=5.0)
     async def watch_progress() -> None:

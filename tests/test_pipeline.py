@@ -274,6 +274,30 @@ def test_an_end_offset_answer_from_before_the_partitions_moved_is_not_used(store
     assert "12 < end offset 20" in holding[("gpu-metrics", 0)]
 
 
+def test_the_release_timer_asks_about_new_partitions_at_once(store, ruleset):
+    """Between ticks the release timer waits its second, except after an assignment: until each
+    new partition delivers or is found to have nothing to read, no event is decided, so a fresh
+    worker's first decisions waited up to a second for the next tick (``bench/first_release.py``)."""
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+
+    async def go():
+        waiting = asyncio.create_task(pipeline.tick_due(3600.0))
+        for _ in range(10):
+            await asyncio.sleep(0)  # (a yield to the task, not a wait for time)
+        before = waiting.done()
+        pipeline.expect([("gpu-metrics", 0), ("gpu-metrics", 1)])
+        await asyncio.wait_for(waiting, 30)  # at once, not after the hour
+        again = asyncio.create_task(pipeline.tick_due(3600.0))  # and then the usual wait again
+        for _ in range(10):
+            await asyncio.sleep(0)
+        after = again.done()
+        again.cancel()
+        return before, after
+
+    before, after = asyncio.run(go())
+    assert not before and not after
+
+
 def test_a_stopping_worker_asks_the_broker_nothing_more(store, ruleset):
     """Once the worker is stopping, the release timer asks no end offsets: the consumer's
     thread, stopping too, would cancel the request or never answer it."""
