@@ -238,8 +238,8 @@ class Pipeline:
         """Assigned partitions that have delivered nothing yet: they hold the watermark until
         they deliver or their position reaches their end offset (a condition, never a timeout)."""
         self._check_soon = asyncio.Event()
-        """Set by :meth:`expect`: the release timer asks about the new partitions at once, not at its
-        next second (:meth:`tick_due`)."""
+        """Set by :meth:`expect`: the release timer asks about the new partitions without waiting
+        out its second (:meth:`tick_due`)."""
         self._moves = 0
         """Times the partitions moved (:meth:`reset`): an end-offset answer asked for before is stale."""
         self.holding: dict[TP, str] = {}
@@ -340,8 +340,8 @@ class Pipeline:
     async def tick_due(self, interval_s: float) -> None:
         """Wait until the next :meth:`tick` is due: ``interval_s``, or less when partitions were
         just assigned. Until each new partition delivers or is found to have nothing to read, no
-        event is decided; waiting out the second held a fresh worker's first decisions ~0.8 s
-        (``bench/first_release.py``)."""
+        event is decided: waiting out the second, one with nothing to read held the others' first
+        events ~0.8 s longer (``bench/first_release.py``)."""
         try:
             await asyncio.wait_for(self._check_soon.wait(), interval_s)
         except asyncio.TimeoutError:

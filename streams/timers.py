@@ -132,9 +132,19 @@ def _pipeline_timers(parts: WorkerParts) -> None:
 
     @app.task
     async def release_held() -> None:
-        """Every second, and at once after an assignment (:meth:`Pipeline.tick_due`)."""
+        """Every second, and as soon as an assignment's rebalance has ended (:meth:`Pipeline.tick_due`).
+        Faust seeks to the committed offsets last in a rebalance, and where a partition's reading
+        starts is read from them: a check before that could take an offset that is not yet (or, after
+        a commit refused by the rebalance, never) the group's. So a tick waits for the rebalance's
+        end, for a second at most, as the timer's tick came before."""
+        loop = asyncio.get_running_loop()
         while not app.should_stop:
             await pipeline.tick_due(1.0)
+            deadline = loop.time() + 1.0
+            while app.rebalancing and not app.should_stop and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+            if app.should_stop:
+                break
             await pipeline.tick()
 
     @app.timer(interval=5.0)
