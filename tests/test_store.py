@@ -15,7 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from detector.store import EventBatch, Store, migrations
-from detector.store.schema import BATCH_TABLES, MERGE_SELECTOR_BASE
+from detector.store.schema import BATCH_TABLES, MERGE_SELECTOR_BASE, PACKED_BELOW_BYTES
 from tests.helpers import MIN, T0, at, scrape, usage
 from tests.test_pipeline import gpu_message, make, usage_message
 
@@ -74,6 +74,38 @@ def test_a_store_made_here_merges_its_batch_tables_wider_and_an_existing_one_kee
     lost = Store(chdb_client, db)
     assert lost.migrate() == [] and lost.schema.restore_missing() == ["resource_usage"]
     assert _merge_base(lost, "gpu_metrics") is None
+    chdb_client.command(f"DROP DATABASE {db}")
+
+
+def test_an_embedded_store_made_here_packs_its_batch_tables_small_parts(chdb_client):
+    """In the embedded engine, the parts each batch leaves in the tables it inserts into are written
+    as one file each (packed), not a directory of files; the other tables, and parts of those tables
+    once merged past ``PACKED_BELOW_BYTES``, are stored as ClickHouse does by default. The events read
+    back the same, and an existing store is not changed at its next start."""
+    db = "t_packed"
+    chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
+    store = Store(chdb_client, db)
+    store.migrate()
+
+    def packed_below(table):
+        ddl = store.query("SELECT create_table_query AS q FROM system.tables WHERE database = %(d)s AND name = %(t)s",
+                          {"d": db, "t": table})[0]["q"]  # fmt: skip
+        found = re.search(r"min_bytes_for_full_part_storage = (\d+)", ddl)
+        return int(found.group(1)) if found else None
+
+    assert {t: packed_below(t) for t in BATCH_TABLES} == dict.fromkeys(BATCH_TABLES, PACKED_BELOW_BYTES)
+    assert packed_below("alerts") is None and packed_below("detector_state") is None
+    batch = EventBatch()
+    batch.extend([usage(T0 + i * MIN, rid=f"packed-{i % 3}") for i in range(30)] + scrape(T0, [0.0, 1.0, 2.0, 3.0]))
+    assert store.events.insert(batch) == 34
+    storage = {r["table"]: r["s"] for r in store.query(
+        "SELECT table, groupUniqArray(part_storage_type) AS s FROM system.parts "
+        "WHERE database = %(d)s AND active AND table IN ('resource_usage', 'gpu_metrics') GROUP BY table", {"d": db})}  # fmt: skip
+    assert storage == {"resource_usage": ["Packed"], "gpu_metrics": ["Packed"]}
+    assert store.count("resource_usage") == 30 and store.count("gpu_metrics") == 4
+    store.command(f"ALTER TABLE {db}.gpu_metrics RESET SETTING min_bytes_for_full_part_storage")
+    again = Store(chdb_client, db)  # the next start: the tables exist, an operator's reset stays
+    assert again.migrate() == [] and packed_below("gpu_metrics") is None
     chdb_client.command(f"DROP DATABASE {db}")
 
 

@@ -13,7 +13,8 @@ import structlog
 from detector.store.connection import Connection, StoreNotFound, StoreOutdated
 from detector.units import one_line
 
-__all__ = ["BATCH_TABLES", "MERGE_SELECTOR_BASE", "MIGRATIONS_DIR", "RAW_TABLES", "Migration", "Schema", "migrations"]
+__all__ = ["BATCH_TABLES", "MERGE_SELECTOR_BASE", "MIGRATIONS_DIR", "PACKED_BELOW_BYTES", "RAW_TABLES", "Migration", "Schema",
+           "embedded", "migrations"]
 
 log = structlog.get_logger("burnwatch.store")
 
@@ -29,6 +30,21 @@ MERGE_SELECTOR_BASE = 10
 such parts so soon and so often that, in the embedded engine, merging took as much of the worker's CPU
 as detection; at 10 a merge waits for about twice as many parts of a size, so each row is rewritten
 fewer times (docs/performance.md, "Merging the parts each batch leaves"). Queries read the same rows."""
+
+
+PACKED_BELOW_BYTES = 10 << 20
+"""``min_bytes_for_full_part_storage`` of :data:`BATCH_TABLES` in an embedded store burnwatch creates: a
+part smaller than this is written as one file ("packed"), not as a directory of ~10. Each batch leaves
+a small part in each of those tables and each merge makes one and deletes several; on the worker's
+own disk, allocating those files' inodes was most of the kernel time of the embedded engine's writes,
+and packed, the engine's CPU for the same inserts about halved (docs/performance.md, "What differs in
+a bad run"). The same bound as ClickHouse's ``min_bytes_for_wide_part``: larger parts are stored as
+before. Queries read the same rows."""
+
+
+def embedded(client: Any) -> bool:
+    """Whether ``client`` is the embedded engine's (chdb, in this process), not a server's."""
+    return type(client).__module__.startswith("clickhouse_connect.driver._chdb")
 
 
 @dataclass(frozen=True)
@@ -114,6 +130,7 @@ class Schema:
         first = migrations()[0]
         if self.created and f"{first.version:04d}_{first.name}" in applied_now:  # its tables made just now
             self.widen_merges()
+            self.pack_small_parts()
         return applied_now
 
     def widen_merges(self) -> list[str]:
@@ -125,20 +142,34 @@ class Schema:
         (nor a store whose first table was lost and made again). Only a hint for speed: an engine that
         refuses it (a user without the ``ALTER MODIFY SETTING`` grant, a settings constraint) leaves the
         tables as they are, with a warning, and the start goes on. Returns the tables changed."""
+        return self._set_on_batch_tables("merge_selector_base", MERGE_SELECTOR_BASE, "merge_width_not_set",
+                                         "the tables merge as ClickHouse's default does, which costs more CPU")  # fmt: skip
+
+    def pack_small_parts(self) -> list[str]:
+        """In the embedded engine, set :data:`PACKED_BELOW_BYTES` on :data:`BATCH_TABLES`, as
+        :meth:`widen_merges` sets its setting (once, for a store :meth:`migrate` creates; a hint, refused
+        with a warning). Not on a server: ClickHouse's reference calls the setting ClickHouse Cloud's, and
+        a server's disk is its operator's to tune. Returns the tables changed."""
+        if not embedded(self.conn.client):
+            return []
+        return self._set_on_batch_tables("min_bytes_for_full_part_storage", PACKED_BELOW_BYTES, "parts_not_packed",
+                                         "each small part stays a directory of files, which costs more CPU")  # fmt: skip
+
+    def _set_on_batch_tables(self, setting: str, value: int, event: str, cost: str) -> list[str]:
+        """``setting = value`` on each of :data:`BATCH_TABLES` that does not set it, where the engine
+        knows it; an engine that refuses logs ``event`` (saying ``cost``) and the start goes on."""
         db, changed = self.conn.db, []
         try:
-            known = self.conn.command("SELECT count() FROM system.merge_tree_settings WHERE name = 'merge_selector_base'")
-            if not int(known):
+            if not int(self.conn.command(f"SELECT count() FROM system.merge_tree_settings WHERE name = '{setting}'")):
                 return []
             ddl = self._ddl()
-            for table in [t for t in BATCH_TABLES if t in ddl and "merge_selector_base" not in ddl[t]]:
-                self.conn.command(f"ALTER TABLE {db}.{table} MODIFY SETTING merge_selector_base = {MERGE_SELECTOR_BASE}")
+            for table in [t for t in BATCH_TABLES if t in ddl and setting not in ddl[t]]:
+                self.conn.command(f"ALTER TABLE {db}.{table} MODIFY SETTING {setting} = {value}")
                 changed.append(table)
         except Exception as exc:  # noqa: BLE001 - a driver or the server may raise; the store works without it
-            log.warning("merge_width_not_set", database=db, changed=changed, error=one_line(exc),
-                        hint=f"the tables merge as ClickHouse's default does, which costs more CPU; to set it "
-                             f"by hand: ALTER TABLE {db}.<table> MODIFY SETTING merge_selector_base = "
-                             f"{MERGE_SELECTOR_BASE}, for {', '.join(BATCH_TABLES)}")  # fmt: skip
+            log.warning(event, database=db, changed=changed, error=one_line(exc),
+                        hint=f"{cost}; to set it by hand: ALTER TABLE {db}.<table> MODIFY SETTING {setting} = "
+                             f"{value}, for {', '.join(BATCH_TABLES)}")  # fmt: skip
         return changed
 
     def applied(self) -> list[dict[str, Any]]:
