@@ -98,9 +98,9 @@ def test_an_embedded_store_made_here_packs_its_batch_tables_small_parts(chdb_cli
     batch = EventBatch()
     batch.extend([usage(T0 + i * MIN, rid=f"packed-{i % 3}") for i in range(30)] + scrape(T0, [0.0, 1.0, 2.0, 3.0]))
     assert store.events.insert(batch) == 34
-    storage = {r["table"]: r["s"] for r in store.query(
-        "SELECT table, groupUniqArray(part_storage_type) AS s FROM system.parts "
-        "WHERE database = %(d)s AND active AND table IN ('resource_usage', 'gpu_metrics') GROUP BY table", {"d": db})}  # fmt: skip
+    parts = store.query("SELECT table, groupUniqArray(part_storage_type) AS s FROM system.parts WHERE database = %(d)s "
+                        "AND active AND table IN ('resource_usage', 'gpu_metrics') GROUP BY table", {"d": db})  # fmt: skip
+    storage = {r["table"]: r["s"] for r in parts}
     assert storage == {"resource_usage": ["Packed"], "gpu_metrics": ["Packed"]}
     assert store.count("resource_usage") == 30 and store.count("gpu_metrics") == 4
     store.command(f"ALTER TABLE {db}.gpu_metrics RESET SETTING min_bytes_for_full_part_storage")
