@@ -15,7 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from detector.store import EventBatch, Store, migrations
-from detector.store.schema import BATCH_TABLES, MERGE_SELECTOR_BASE, PACKED_BELOW_BYTES
+from detector.store.schema import BATCH_TABLES, MERGE_SELECTOR_BASE, PACKED_BELOW_BYTES, embedded
 from tests.helpers import MIN, T0, at, scrape, usage
 from tests.test_pipeline import gpu_message, make, usage_message
 
@@ -79,9 +79,8 @@ def test_a_store_made_here_merges_its_batch_tables_wider_and_an_existing_one_kee
 
 def test_an_embedded_store_made_here_packs_its_batch_tables_small_parts(chdb_client):
     """In the embedded engine, the parts each batch leaves in the tables it inserts into are written
-    as one file each (packed), not a directory of files; the other tables, and parts of those tables
-    once merged past ``PACKED_BELOW_BYTES``, are stored as ClickHouse does by default. The events read
-    back the same, and an existing store is not changed at its next start."""
+    packed (one file each), not as a directory of files; the other tables keep ClickHouse's default.
+    The events are all there, and an operator's reset of the setting stays at the next start."""
     db = "t_packed"
     chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
     store = Store(chdb_client, db)
@@ -93,6 +92,7 @@ def test_an_embedded_store_made_here_packs_its_batch_tables_small_parts(chdb_cli
         found = re.search(r"min_bytes_for_full_part_storage = (\d+)", ddl)
         return int(found.group(1)) if found else None
 
+    assert embedded(chdb_client) and not embedded(object())
     assert {t: packed_below(t) for t in BATCH_TABLES} == dict.fromkeys(BATCH_TABLES, PACKED_BELOW_BYTES)
     assert packed_below("alerts") is None and packed_below("detector_state") is None
     batch = EventBatch()

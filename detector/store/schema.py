@@ -34,12 +34,13 @@ fewer times (docs/performance.md, "Merging the parts each batch leaves"). Querie
 
 PACKED_BELOW_BYTES = 10 << 20
 """``min_bytes_for_full_part_storage`` of :data:`BATCH_TABLES` in an embedded store burnwatch creates: a
-part smaller than this is written as one file ("packed"), not as a directory of ~10. Each batch leaves
-a small part in each of those tables and each merge makes one and deletes several; on the worker's
-own disk, allocating those files' inodes was most of the kernel time of the embedded engine's writes,
-and packed, the engine's CPU for the same inserts about halved (docs/performance.md, "What differs in
-a bad run"). The same bound as ClickHouse's ``min_bytes_for_wide_part``: larger parts are stored as
-before. Queries read the same rows."""
+part smaller than this is written packed (a directory holding one file), not as a directory of ~10
+files. Each batch leaves a small part in each of those tables and each merge makes one and deletes
+several; on the worker's own disk, allocating those files' inodes was most of the kernel time of the
+embedded engine's writes, and packed, the engine's CPU for the same inserts fell by about 40 %
+(docs/performance.md, "Fewer files a part"). The same bound as ClickHouse's ``min_bytes_for_wide_part``:
+larger parts are stored as before. Queries read the same rows. A store that workers create through
+``burnwatch store serve`` (over HTTP) is not packed."""
 
 
 def embedded(client: Any) -> bool:
