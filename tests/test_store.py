@@ -46,11 +46,16 @@ def test_a_store_from_before_recorded_migrations_is_migrated_in_place(chdb_clien
     assert store.query(f"SELECT src_topic, usd FROM {db}.resource_usage") == [{"src_topic": "", "usd": 0.0}]
 
 
-def _merge_base(store, table):
+def _table_setting(store, table, setting):
+    """A table's MergeTree ``setting`` as its CREATE says, None where the table leaves it default."""
     ddl = store.query("SELECT create_table_query AS q FROM system.tables WHERE database = %(d)s AND name = %(t)s",
                       {"d": store.db, "t": table})[0]["q"]  # fmt: skip
-    found = re.search(r"merge_selector_base = (\d+)", ddl)
+    found = re.search(rf"{setting} = (\d+)", ddl)
     return int(found.group(1)) if found else None
+
+
+def _merge_base(store, table):
+    return _table_setting(store, table, "merge_selector_base")
 
 
 def test_a_store_made_here_merges_its_batch_tables_wider_and_an_existing_one_keeps_its_own(chdb_client):
@@ -87,10 +92,7 @@ def test_an_embedded_store_made_here_packs_its_batch_tables_small_parts(chdb_cli
     store.migrate()
 
     def packed_below(table):
-        ddl = store.query("SELECT create_table_query AS q FROM system.tables WHERE database = %(d)s AND name = %(t)s",
-                          {"d": db, "t": table})[0]["q"]  # fmt: skip
-        found = re.search(r"min_bytes_for_full_part_storage = (\d+)", ddl)
-        return int(found.group(1)) if found else None
+        return _table_setting(store, table, "min_bytes_for_full_part_storage")
 
     assert embedded(chdb_client) and not embedded(object())
     assert {t: packed_below(t) for t in BATCH_TABLES} == dict.fromkeys(BATCH_TABLES, PACKED_BELOW_BYTES)
