@@ -15,7 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from detector.store import EventBatch, Store, migrations
-from detector.store.schema import BATCH_TABLES, MERGE_SELECTOR_BASE, PACKED_BELOW_BYTES, embedded
+from detector.store.schema import BATCH_TABLES, MERGE_SELECTOR_BASE, ON_CHDB, PACKED_BELOW_BYTES
 from tests.helpers import MIN, T0, at, scrape, usage
 from tests.test_pipeline import gpu_message, make, usage_message
 
@@ -94,7 +94,7 @@ def test_an_embedded_store_made_here_packs_its_batch_tables_small_parts(chdb_cli
     def packed_below(table):
         return _table_setting(store, table, "min_bytes_for_full_part_storage")
 
-    assert embedded(chdb_client) and not embedded(object())
+    assert int(chdb_client.command(f"SELECT {ON_CHDB}")) == 1
     assert {t: packed_below(t) for t in BATCH_TABLES} == dict.fromkeys(BATCH_TABLES, PACKED_BELOW_BYTES)
     assert packed_below("alerts") is None and packed_below("detector_state") is None
     batch = EventBatch()
@@ -111,16 +111,20 @@ def test_an_embedded_store_made_here_packs_its_batch_tables_small_parts(chdb_cli
     chdb_client.command(f"DROP DATABASE {db}")
 
 
-def test_an_engine_refusing_the_merge_width_leaves_the_store_working_and_says_so(chdb_client, monkeypatch):
-    """The setting is only a hint for speed: ClickHouse refusing it (a user without the ``ALTER MODIFY
+@pytest.mark.parametrize(("setting", "event"), [("merge_selector_base", "merge_width_not_set"),
+                                              ("min_bytes_for_full_part_storage", "parts_not_packed")])
+def test_an_engine_refusing_a_batch_table_setting_leaves_the_store_working_and_says_so(chdb_client, monkeypatch,
+                                                                                       setting, event):
+    """Each setting is only a hint for speed: ClickHouse refusing it (a user without the ``ALTER MODIFY
     SETTING`` grant: the refusal injected at the driver, as the server would send it) must not stop a
-    worker's start; the store is made, warned about, and takes events."""
-    db = "t_merge_refused"
+    worker's start; the store is made, warned about (by the setting's own event), keeps the other
+    setting, and takes events."""
+    db = "t_setting_refused"
     chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
     driver = chdb_client.command
 
     def refuse(sql, *args, **kwargs):
-        if "MODIFY SETTING merge_selector_base" in sql:
+        if f"MODIFY SETTING {setting}" in sql:
             raise RuntimeError("Code: 497. DB::Exception: default: Not enough privileges. (ACCESS_DENIED)")
         return driver(sql, *args, **kwargs)
 
@@ -128,9 +132,12 @@ def test_an_engine_refusing_the_merge_width_leaves_the_store_working_and_says_so
     store = Store(chdb_client, db)
     with capture_logs() as logs:
         assert store.migrate() == [f"{m.version:04d}_{m.name}" for m in migrations()]
-    (warning,) = [e for e in logs if e["event"] == "merge_width_not_set"]
-    assert "ACCESS_DENIED" in warning["error"] and warning["changed"] == []
-    assert all(_merge_base(store, t) is None for t in BATCH_TABLES)
+    (warning,) = [e for e in logs if e["event"] == event]
+    assert "ACCESS_DENIED" in warning["error"] and warning["changed"] == [] and setting in warning["hint"]
+    assert [e["event"] for e in logs if e.get("log_level") == "warning"] == [event]
+    assert all(_table_setting(store, t, setting) is None for t in BATCH_TABLES)
+    other = "min_bytes_for_full_part_storage" if setting == "merge_selector_base" else "merge_selector_base"
+    assert all(_table_setting(store, t, other) is not None for t in BATCH_TABLES)
     batch = EventBatch()
     batch.extend([usage(time.time() - HOUR, rid="after-refusal")])
     assert store.events.insert(batch) == 1 and store.count("resource_usage") == 1

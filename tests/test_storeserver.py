@@ -25,7 +25,8 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from detector.alerts import Alert
 from detector.events import RunEvent
 from detector.reports import run_report
-from detector.store import EventBatch, alert_from_row, migrations
+from detector.store import EventBatch, Store, alert_from_row, connect, migrations
+from detector.store.schema import BATCH_TABLES, PACKED_BELOW_BYTES
 from streams.children import die_with_parent
 from streams.embedded import free_port
 from streams.process import StoreServerProcess as ServerProcess
@@ -65,6 +66,29 @@ def test_events_round_trip_as_they_do_in_process(remote, store):
     sql = "SELECT src_topic, src_partition, src_offset, error FROM {db}.run_events"
     assert remote.query(sql.format(db=remote.db)) == [{"src_topic": "run-events", "src_partition": 3,
                                                        "src_offset": 42, "error": "NCCL timeout"}]  # fmt: skip
+
+
+def test_a_store_workers_make_through_the_server_packs_its_batch_tables_small_parts(server):
+    """The served engine is chdb on the server's own disk, as the worker's own engine is: a store made
+    through it (its tables made over HTTP by ``migrate``) writes the batch tables' small parts packed
+    (one file each), and leaves the other tables at ClickHouse's default."""
+    db = "t_served_packed"
+    client = connect(server.url)
+    client.command(f"DROP DATABASE IF EXISTS {db}")
+    store = Store(client, db)
+    try:
+        store.migrate()
+        ddl = {r["name"]: r["q"] for r in store.query(
+            "SELECT name, create_table_query AS q FROM system.tables WHERE database = %(d)s", {"d": db})}  # fmt: skip
+        packed = {t for t, q in ddl.items() if f"min_bytes_for_full_part_storage = {PACKED_BELOW_BYTES}" in q}
+        assert packed == set(BATCH_TABLES)
+        assert store.events.insert(one_of_each()) == 62
+        parts = store.query("SELECT DISTINCT part_storage_type AS s FROM system.parts WHERE database = %(d)s AND active "
+                            "AND table IN ('resource_usage', 'gpu_metrics', 'run_events')", {"d": db})  # fmt: skip
+        assert [r["s"] for r in parts] == ["Packed"]
+    finally:
+        client.command(f"DROP DATABASE IF EXISTS {db}")
+        client.close()
 
 
 def test_alerts_states_and_deliveries_round_trip(remote):

@@ -13,8 +13,8 @@ import structlog
 from detector.store.connection import Connection, StoreNotFound, StoreOutdated
 from detector.units import one_line
 
-__all__ = ["BATCH_TABLES", "MERGE_SELECTOR_BASE", "MIGRATIONS_DIR", "PACKED_BELOW_BYTES", "RAW_TABLES", "Migration", "Schema",
-           "embedded", "migrations"]
+__all__ = ["BATCH_TABLES", "MERGE_SELECTOR_BASE", "MIGRATIONS_DIR", "ON_CHDB", "PACKED_BELOW_BYTES", "RAW_TABLES", "Migration",
+           "Schema", "migrations"]
 
 log = structlog.get_logger("burnwatch.store")
 
@@ -39,13 +39,11 @@ files. Each batch leaves a small part in each of those tables and each merge mak
 several; on the worker's own disk, allocating those files' inodes was most of the kernel time of the
 embedded engine's writes, and packed, the engine's CPU for the same inserts fell by about 40 %
 (docs/performance.md, "Fewer files a part"). The same bound as ClickHouse's ``min_bytes_for_wide_part``:
-larger parts are stored as before. Queries read the same rows. A store that workers create through
-``burnwatch store serve`` (over HTTP) is not packed."""
+larger parts are stored as before. Queries read the same rows."""
 
-
-def embedded(client: Any) -> bool:
-    """Whether ``client`` is the embedded engine's (chdb, in this process), not a server's."""
-    return type(client).__module__.startswith("clickhouse_connect.driver._chdb")
+ON_CHDB = "(SELECT count() FROM system.functions WHERE name = 'chdb') > 0"
+"""True where the engine is chdb, the embedded engine, whether in this process or served by ``burnwatch
+store serve`` over HTTP: chdb has a ``chdb()`` function (its version), which a ClickHouse server has not."""
 
 
 @dataclass(frozen=True)
@@ -147,21 +145,23 @@ class Schema:
                                          "the tables merge as ClickHouse's default does, which costs more CPU")  # fmt: skip
 
     def pack_small_parts(self) -> list[str]:
-        """In the embedded engine, set :data:`PACKED_BELOW_BYTES` on :data:`BATCH_TABLES`, as
-        :meth:`widen_merges` sets its setting (once, for a store :meth:`migrate` creates; a hint, refused
-        with a warning). Not on a server: ClickHouse's reference calls the setting ClickHouse Cloud's, and
-        a server's disk is its operator's to tune. Returns the tables changed."""
-        if not embedded(self.conn.client):
-            return []
+        """On the embedded engine (:data:`ON_CHDB`: in the worker's process or served by ``burnwatch store
+        serve``), set :data:`PACKED_BELOW_BYTES` on :data:`BATCH_TABLES`, as :meth:`widen_merges` sets its
+        setting (once, for a store :meth:`migrate` creates; a hint, refused with a warning). Not on a
+        ClickHouse server: its reference calls the setting ClickHouse Cloud's, and a server's disk is its
+        operator's to tune. Returns the tables changed."""
         return self._set_on_batch_tables("min_bytes_for_full_part_storage", PACKED_BELOW_BYTES, "parts_not_packed",
-                                         "each small part stays a directory of files, which costs more CPU")  # fmt: skip
+                                         "each small part stays a directory of files, which costs more CPU",
+                                         only_where=ON_CHDB)  # fmt: skip
 
-    def _set_on_batch_tables(self, setting: str, value: int, event: str, cost: str) -> list[str]:
+    def _set_on_batch_tables(self, setting: str, value: int, event: str, cost: str, only_where: str = "1") -> list[str]:
         """``setting = value`` on each of :data:`BATCH_TABLES` that does not set it, where the engine
-        knows it; an engine that refuses logs ``event`` (saying ``cost``) and the start goes on."""
+        knows it and ``only_where`` (a condition on the engine) holds; an engine that refuses logs
+        ``event`` (saying ``cost``) and the start goes on."""
         db, changed = self.conn.db, []
         try:
-            if not int(self.conn.command(f"SELECT count() FROM system.merge_tree_settings WHERE name = '{setting}'")):
+            known = f"SELECT count() FROM system.merge_tree_settings WHERE name = '{setting}' AND {only_where}"
+            if not int(self.conn.command(known)):
                 return []
             ddl = self._ddl()
             for table in [t for t in BATCH_TABLES if t in ddl and setting not in ddl[t]]:
