@@ -89,11 +89,14 @@ class GroupProgress:
 
     def wanted(self, watermark: float) -> bool:
         """Whether to read the others' progress before a release: only where partitions are held
-        elsewhere and the last cap holds the watermark back (or said nothing holds it, once a
-        second: a partition caught up may fall behind again)."""
-        if not self.others or watermark <= self.cap:
+        elsewhere, and there when the last cap holds the watermark back, or said that nothing holds
+        it (every other partition caught up) a second ago or more: a partition caught up falls
+        behind again when its next messages come (a worker restarting into a backlog)."""
+        if not self.others:
             return False
-        return self.cap < _INF or time.monotonic() - self._read_at >= 1.0
+        if self.cap == _INF:
+            return time.monotonic() - self._read_at >= 1.0
+        return watermark > self.cap
 
     def read(self) -> float:
         """The others' progress (a query: call it off the event loop): the cap."""
