@@ -294,6 +294,11 @@ class EventTimeAligner(Generic[T]):
         else:
             self._caught_up.discard(source)
 
+    def progress(self, source: Hashable) -> tuple[float, bool]:
+        """Where ``source`` has reached (its latest message's earliest event; -inf: nothing given yet)
+        and whether it is caught up: what a worker tells the others of a partition it holds."""
+        return self._source_t.get(source, _NEVER), source in self._caught_up
+
     def slowest(self) -> Hashable | None:
         """The source that sets the watermark (None: every source has caught up)."""
         behind = [(t, s) for s, t in self._source_t.items() if s not in self._caught_up]
@@ -305,10 +310,14 @@ class EventTimeAligner(Generic[T]):
         slowest = self.slowest()
         return self._source_t[slowest] - self.lateness_s if slowest is not None else float("inf")
 
-    def release(self, everything: bool = False) -> tuple[list[tuple[float, Any]], list[T]]:
+    def release(self, everything: bool = False, cap: float = float("inf")) -> tuple[list[tuple[float, Any]], list[T]]:
         """``(t, event)`` up to the watermark in time order (``(t, samples)`` for a message's GPU samples
-        of one host at one time: the module's docstring), and the tokens of fully released messages."""
+        of one host at one time: the module's docstring), and the tokens of fully released messages.
+        ``cap``: release nothing later than it either (what other workers have stored through, for a
+        worker that looks up their hosts): what is later waits, in order, as behind a slow source."""
         limit = float("inf") if everything else self.watermark
+        if cap < limit:
+            limit = cap
         out = _take_until(self._held, limit)
         if not out:
             return [], []

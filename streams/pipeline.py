@@ -47,6 +47,7 @@ from streams.acks import InOrderAcks
 from streams.config import Config, LiveConfig
 from streams.event_writer import MAX_REASON as _MAX_REASON
 from streams.event_writer import EventWriter, StoreUnavailable, ThreadEventWriter
+from streams.progress import GroupProgress
 
 __all__ = ["DEAD_LETTER_MAX_VALUE", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable", "dead_letter"]
 
@@ -173,6 +174,8 @@ class _Step:
     with each change, so the delay to a decision can be told from the delay to storing it."""
     per_topic: dict[str, list[int]] = field(default_factory=dict)
     """topic → [messages, events], for the metrics."""
+    progress: list[tuple[int, float, bool]] = field(default_factory=list)
+    """The usage partitions' progress to record after the batch's events (:mod:`streams.progress`)."""
 
 
 class Pipeline:
@@ -195,6 +198,7 @@ class Pipeline:
         outputs: OutputOutbox | None = None,
         saved_states: dict[str, bytes | None] | None = None,
         event_writer: EventWriter | None = None,
+        partitions: int | None = None,
     ) -> None:
         self.engine = engine
         self.event_writer = event_writer if event_writer is not None else ThreadEventWriter(store)
@@ -218,6 +222,9 @@ class Pipeline:
         self._generation = generation
         """The group generation now: a message fetched in an earlier one is stale (below)."""
         self.aligner: EventTimeAligner[Message] = EventTimeAligner(lateness_s)
+        self.group = GroupProgress(store.progress, partitions, lateness_s) if partitions else None
+        """With several workers (``partitions``: of each input topic), what this one records of its usage
+        partitions and how far the others' let it release (:mod:`streams.progress`). None: not tracked."""
         self._partition_of: dict[str, int] = {}
         """Key → partition it arrived on, so its state is filed under that partition."""
         self.stats = Stats()
@@ -290,7 +297,12 @@ class Pipeline:
                 replays = self._maybe_replayed(step)
                 held = await self._already_held(replays) if replays else set()
                 cpu = time.thread_time()
-                self._detect(step, held)
+                self._push(step, held)
+                if self.group is not None and self.group.wanted(self.aligner.watermark):
+                    _CPU_DETECT.inc(time.thread_time() - cpu)
+                    await self._read_cap(self.group)
+                    cpu = time.thread_time()
+                self._detect(step)
                 _CPU_DETECT.inc(time.thread_time() - cpu)
                 if self.engine.sweep_due:
                     await self.drain()  # every earlier batch's states have landed (eviction takes them as saved)
@@ -336,6 +348,30 @@ class Pipeline:
         await self.check_expected()
         if len(self.aligner) and self._ack is not None and self.ready.is_set() and not self._serial.locked():
             await self.process([], self._ack)
+        elif self.group is not None and self.group.held and self.ready.is_set() and not self._serial.locked():
+            await self._record_progress(self.group)
+
+    async def _record_progress(self, group: GroupProgress) -> None:
+        """With nothing held to release, record what changed of the usage partitions held (one found
+        to have nothing to read, or caught up since its last batch), in the writer thread: after the
+        writes queued before it, so what it says is stored is. The others' release waits on it."""
+        async with self._serial:
+            if not self.ready.is_set():
+                return
+            self._mark_caught_up()
+            rows = group.to_record(self.aligner)
+            if rows:
+                try:
+                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write, _Step(progress=rows))
+                except PipelineStopped:
+                    return
+
+    async def _read_cap(self, group: GroupProgress) -> None:
+        """Read how far the other workers' usage partitions are stored (off the event loop, as the
+        other look-ups are): what this batch releases up to."""
+        cap = await self._ask_store(lambda _: group.read(), None, "progress read",
+                                    "reading the other workers' progress; retrying")  # fmt: skip
+        group.update(cap, self.aligner.watermark)
 
     async def tick_due(self, interval_s: float) -> None:
         """Wait until the next :meth:`tick` is due: ``interval_s``, or less when partitions were
@@ -639,11 +675,11 @@ class Pipeline:
             await asyncio.sleep(min(left, 0.1))
         raise PipelineStopped
 
-    def _detect(self, step: _Step, held: set[int]) -> None:
-        """Run detection on the batch's events, except those the restored state already holds
-        (no later than it, and stored: ``held`` has their ``id()``); hold what is ahead of event time."""
+    def _push(self, step: _Step, held: set[int]) -> None:
+        """Hand the batch's events to the aligner, except those the restored state already holds (no
+        later than it, and stored: ``held`` has their ``id()``): those are done (:attr:`_Step.done`)."""
         aligner = self.aligner
-        already_done: list[Message] = []
+        already_done = step.done
         stored = step.stored
         if not held:  # nothing read again: each partition's run of messages is pushed whole
             for tp, start, end in step.runs:
@@ -659,12 +695,25 @@ class Pipeline:
                     already_done.append(message)
                     continue
                 aligner.push(tp, fresh, message, start=begins)
+        self._mark_caught_up()
+
+    def _mark_caught_up(self) -> None:
+        """Tell the aligner which partitions that have delivered have nothing more to read now."""
+        aligner = self.aligner
         for (topic, partition), next_offset in self._positions.items():
             aligner.caught_up((topic, partition), self._caught_up(topic, partition, next_offset - 1))
+
+    def _detect(self, step: _Step) -> None:
+        """Run detection on what the aligner releases (up to the other workers' progress, where
+        :attr:`group` caps it); hold what is ahead of event time."""
+        aligner = self.aligner
+        group = self.group
+        if group is not None:
+            step.progress = group.to_record(aligner)
         before = len(aligner)  # events, not items (a message's samples of a host at a time are one item)
-        events, released = aligner.release()
+        events, released = aligner.release() if group is None else aligner.release(cap=group.cap)
         self._flow_control()
-        step.done = already_done + released
+        step.done += released
         step.detected = before - len(aligner)  # (counted once, by the release)
         step.alerts = self.manager.handle(self.engine.process_timed(events))
         step.decided_at = time.time()
@@ -762,6 +811,8 @@ class Pipeline:
             self._assigned.add(tp)
             self._expected.add(tp)
             self.aligner.expect(tp)
+        if self.group is not None:
+            self.group.assign(self._assigned)
         self._check_soon.set()
 
     def reset(self) -> None:
@@ -777,6 +828,8 @@ class Pipeline:
             self._assigned.clear()
         self.holding.clear()
         self.aligner.clear()
+        if self.group is not None:
+            self.group.assign(set())
         self._acks.clear()
         if self.paused and self._flow is not None:
             self._flow([], sorted(self.paused))
@@ -838,6 +891,8 @@ class Pipeline:
                 self._write_own(lambda: self.store.states.save(step.states, version=version))
                 if step.expired:
                     self._write_own(lambda: self.store.states.delete(step.expired))
+                if step.progress and self.group is not None:  # after the events it says are stored
+                    self._write_own(lambda: self.group.record(step.progress, version))  # type: ignore[union-attr]
             except StoreUnavailable as exc:
                 self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")
                 if self._stopping.wait(backoff):

@@ -15,7 +15,8 @@
 - :mod:`~detector.store.digests`: daily digests sent, and a day's ledger rows;
 - :mod:`~detector.store.deliveries`: Slack posts made and begun (the outbox's record);
 - :mod:`~detector.store.outputs`: deliveries to the other outputs (webhook, Alertmanager, email);
-- :mod:`~detector.store.remediation`: actions on incidents, every step (the audit).
+- :mod:`~detector.store.remediation`: actions on incidents, every step (the audit);
+- :mod:`~detector.store.progress`: how far each worker has stored the partitions it holds.
 
 :class:`~detector.store.facade.Store` opens all of them at once.
 """
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from detector.store.facade import Store
     from detector.store.history import EventHistory
     from detector.store.memory import ManagerMemory
+    from detector.store.progress import PartitionProgress
     from detector.store.remediation import ActionStep, Remediations
     from detector.store.schema import MIGRATIONS_DIR, RAW_TABLES, Migration, Schema, migrations
     from detector.store.states import States
@@ -44,6 +46,7 @@ _HOME = {
     "Connection": ".connection", "StoreBusy": ".connection", "StoreNotFound": ".connection", "StoreOutdated": ".connection",
     "chdb_dir": ".connection", "connect": ".connection", "named_sql": ".connection", "Deliveries": ".deliveries",
     "Digests": ".digests", "Events": ".events", "Store": ".facade", "EventHistory": ".history", "ManagerMemory": ".memory",
+    "PartitionProgress": ".progress",
     "ActionStep": ".remediation", "Remediations": ".remediation", "MIGRATIONS_DIR": ".schema", "RAW_TABLES": ".schema",
     "Migration": ".schema", "Schema": ".schema", "migrations": ".schema", "States": ".states", "epoch": "detector.units",
 }  # fmt: skip
@@ -62,6 +65,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "MIGRATIONS_DIR", "RAW_TABLES", "ActionStep", "Actions", "Alerts", "Connection", "Deliveries", "Digests", "EventBatch",
-    "EventHistory", "Events", "ManagerMemory", "Migration", "Remediations", "Schema", "States", "Store", "StoreBusy",
+    "EventHistory", "Events", "ManagerMemory", "Migration", "PartitionProgress", "Remediations", "Schema", "States", "Store",
+    "StoreBusy",
     "StoreNotFound", "StoreOutdated", "alert_from_row", "chdb_dir", "connect", "epoch", "event_ids", "migrations", "named_sql",
 ]  # fmt: skip

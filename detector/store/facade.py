@@ -14,6 +14,7 @@ from detector.store.history import EventHistory
 from detector.store.memory import ManagerMemory
 from detector.store.models import ModelArtifacts
 from detector.store.outputs import OutputDeliveries
+from detector.store.progress import PartitionProgress
 from detector.store.remediation import Remediations
 from detector.store.schema import Schema
 from detector.store.states import States
@@ -48,6 +49,8 @@ class Store(Connection):
         """Deliveries to outputs besides Slack."""
         self.models = ModelArtifacts(self)
         """The anomaly model's artifacts, as the worker that retrains publishes them."""
+        self.progress = PartitionProgress(self)
+        """How far each worker has stored the partitions it holds (several workers)."""
 
     @classmethod
     def open(cls, dsn: str, database: str = "burnwatch", *, create: bool = True) -> Store:

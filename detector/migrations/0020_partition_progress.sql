@@ -1,0 +1,13 @@
+-- How far each worker has stored each input partition it holds (detector/store/progress.py): the
+-- partition's time (its latest stored message's earliest event, as the aligner counts a source's
+-- time) and whether it was caught up with its log. A worker that looks up a run's hosts in the
+-- store releases run events only up to what the other workers' partitions are stored through
+-- (docs/architecture.md, Several workers). The newest version (a write's wall-clock ns) wins.
+CREATE TABLE IF NOT EXISTS {db}.partition_progress (
+    topic LowCardinality(String),
+    partition UInt32,
+    stored_through DateTime64(3, 'UTC'),
+    caught_up UInt8,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY (topic, partition);

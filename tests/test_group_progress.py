@@ -1,0 +1,154 @@
+"""Several workers: each records how far the usage partitions it holds are stored, and one that looks
+up another's hosts releases nothing past what that one has stored (streams/progress.py). The store
+round trip, the aligner's cap, and two pipelines on one store (no Kafka); the worker processes
+catching up a backlog are in tests/test_several_workers.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from detector.alerts import AlertManager
+from detector.align import EventTimeAligner
+from detector.delivery import Outbox
+from detector.engine import Engine
+from detector.store import Store
+from streams.pipeline import Message, Pipeline
+from tests.helpers import MIN, T0, at
+from tests.test_align import Ev, times
+
+INF = float("inf")
+PARTITIONS = 2
+
+
+def test_progress_round_trip(store: Store):
+    """The newest version of each partition wins; nothing stored yet reads as the epoch's start."""
+    store.progress.record("resource-usage", [(0, T0, False), (1, float("-inf"), False)], version=1)
+    store.progress.record("resource-usage", [(0, T0 + 90.5, True)], version=2)
+    store.progress.record("resource-usage", [(0, T0 - 1, False)], version=0)  # older: loses
+    store.progress.record("gpu-metrics", [(0, T0 + 999, False)], version=3)  # another topic
+    assert store.progress.read("resource-usage") == {0: (T0 + 90.5, True), 1: (0.0, False)}
+
+
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.lists(st.integers(0, 50), min_size=1, max_size=4)), max_size=12),
+       st.integers(-5, 60))  # fmt: skip
+def test_a_capped_release_then_the_rest_is_the_uncapped_release(messages, cap):
+    """Released with a cap: nothing past it, and then (the cap lifted) what an uncapped release gives
+    follows, so a cap delays events without reordering them or losing a token."""
+    capped, free = EventTimeAligner(lateness_s=2), EventTimeAligner(lateness_s=2)
+    for i, (source, ts) in enumerate(messages):
+        for aligner in (capped, free):
+            aligner.push(source, [Ev(float(t)) for t in ts], token=i)
+    first, first_tokens = capped.release(cap=cap)
+    assert all(t <= cap for t in times(first))
+    rest, rest_tokens = capped.release()
+    expected, expected_tokens = free.release()
+    assert times(first) + times(rest) == times(expected)
+    assert sorted(first_tokens + rest_tokens) == sorted(expected_tokens)
+
+
+def usage(partition: int, offset: int, t: float, host: str) -> Message:
+    value = {"ts": at(t).isoformat(), "resource_id": host, "resource_type": "gpu_instance", "cost_usd": 0.5,
+             "interval_s": 60, "tags": {"team": "nlp", "project": "llm"}}  # fmt: skip
+    return Message("resource-usage", partition, offset, host.encode(), json.dumps(value).encode())
+
+
+def gpu(partition: int, offset: int, t: float, host: str) -> Message:
+    value = [{"ts": at(t).isoformat(), "resource_id": host, "gpu_index": 0, "util_pct": 50.0}]
+    return Message("gpu-metrics", partition, offset, host.encode(), json.dumps(value).encode())
+
+
+def run(partition: int, offset: int, t: float, host: str) -> Message:
+    value = {"ts": at(t).isoformat(), "run_id": "r1", "status": "running", "resource_ids": [host], "project": "llm"}
+    return Message("run-events", partition, offset, b"llm", json.dumps(value).encode())
+
+
+def worker(store: Store, ruleset, partitions: list[int], end_positions=None) -> Pipeline:
+    """A pipeline as a worker of the group holds it: ``partitions`` of each input topic, catching up
+    (nothing caught up: a backlog)."""
+    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
+                        send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=lambda topic, p, offset: False,
+                        end_positions=end_positions, partitions=PARTITIONS)  # fmt: skip
+    pipeline.expect((topic, p) for topic in ("resource-usage", "gpu-metrics", "run-events") for p in partitions)
+    return pipeline
+
+
+async def ack(messages: list[Message]) -> None:
+    pass
+
+
+async def batch(pipeline: Pipeline, messages: list[Message]) -> None:
+    await pipeline.process(messages, ack)
+    await pipeline.drain()
+
+
+def own_hour(partition: int, host: str) -> list[Message]:
+    """An hour of a host's usage and samples, every 10 minutes, on ``partition``."""
+    times = [T0 + i * 10 * MIN for i in range(7)]
+    return [m for i, t in enumerate(times) for m in (usage(partition, i, t, host), gpu(partition, i, t, host))]
+
+
+def test_a_run_whose_host_another_worker_holds_waits_until_that_worker_has_stored_its_time(store: Store, ruleset):
+    """Worker A holds a run (at 30 min) whose host B holds: A's own partitions are past it, but
+    nothing is released until B has stored its usage partition through it (its progress, written
+    after its events), and then only up to that; a worker's progress moves with what it stores,
+    not with what it releases, so neither waits on the other."""
+    a, b = worker(store, ruleset, [0]), worker(store, ruleset, [1])
+    assert (a.group.held, a.group.others) == ([0], [1])  # type: ignore[union-attr]
+
+    async def scenario() -> None:
+        await batch(a, [*own_hour(0, "a1"), run(0, 0, T0 + 30 * MIN, "b1"), run(0, 1, T0 + 60 * MIN, "b1")])
+        assert a.aligner.watermark > T0 + 30 * MIN  # A's own partitions would release the run at 30 min
+        assert a.stats.detected == 0 and len(a.aligner) == 16  # no progress of B's partition yet: all held
+        assert store.progress.read("resource-usage")[0] == (T0 + 60 * MIN, False)  # A's own, though
+        await batch(b, [usage(1, i, T0 + i * 10 * MIN, "b1") for i in range(4)])  # B stored to 30 min
+        await batch(a, [])  # the release timer's batch
+        assert a.group.cap == T0 + 30 * MIN - 60  # type: ignore[union-attr]  # less the lateness
+        assert a.stats.detected > 0 and "llm" in a.aligner.held_keys()  # the run (30 min) still waits
+        await batch(b, [usage(1, 4 + i, T0 + (4 + i) * 10 * MIN, "b1") for i in range(3)])
+        await batch(a, [])
+        assert a.group.cap == T0 + 60 * MIN - 60  # type: ignore[union-attr]
+        assert [t for t, e in a.aligner._held[2]] == [T0 + 60 * MIN]  # the run at 30 min released: B is past it
+
+    asyncio.run(scenario())
+
+
+def test_a_partition_with_nothing_to_read_is_recorded_caught_up(store: Store, ruleset):
+    """A worker whose usage partition never delivers (empty) records it caught up from its release
+    timer, with nothing held to release: the others' release is not held by it."""
+    async def empty(tps):
+        return {tp: (0, 0) for tp in tps}
+
+    a, b = worker(store, ruleset, [0]), worker(store, ruleset, [1], end_positions=empty)
+
+    async def scenario() -> None:
+        await batch(a, [*own_hour(0, "a1"), run(0, 0, T0 + 30 * MIN, "a1")])
+        assert a.stats.detected == 0
+        await b.tick()  # finds partition 1 empty, records it caught up
+        assert store.progress.read("resource-usage")[1] == (0.0, True)
+        await batch(a, [])
+        assert a.group.cap == INF and a.stats.detected > 0  # type: ignore[union-attr]
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_holding_every_partition_records_and_reads_nothing(store: Store, ruleset):
+    """One worker alone (every partition): no progress written or read, and it releases what a
+    pipeline with no group does."""
+    alone = worker(store, ruleset, [0, 1])
+    plain = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
+                     send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=lambda topic, p, offset: False)  # fmt: skip
+    plain.expect((topic, p) for topic in ("resource-usage", "gpu-metrics", "run-events") for p in (0, 1))
+    messages = [*own_hour(0, "a1"), *own_hour(1, "b1"), run(0, 0, T0 + 30 * MIN, "b1"), run(1, 0, T0 + 60 * MIN, "a1")]
+
+    async def scenario() -> None:
+        for pipeline in (alone, plain):
+            await batch(pipeline, messages)
+
+    asyncio.run(scenario())
+    assert alone.group is not None and (alone.group.held, alone.group.others, alone.group.cap) == ([], [], INF)
+    assert alone.stats.detected == plain.stats.detected > 0
+    assert store.count("partition_progress") == 0
