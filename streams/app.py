@@ -106,7 +106,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         max_held_per_partition=settings.max_held_per_partition,
         outputs=outputs,
         event_writer=writer_for(store, settings.dsn, settings.clickhouse_database, settings.event_writer),
-        partitions=settings.partitions,  # several workers: each releases up to what the others stored
+        partitions=lambda topic: app.consumer.topic_partitions(topic) or settings.partitions,  # as the group has them
     )
     actions = ActionRunner(store, executors(settings), lambda: config.current.ruleset, outbox.notifier)
     parts = WorkerParts(settings=settings, store=store, app=app, config=config, engine=engine, outbox=outbox,

@@ -198,7 +198,7 @@ class Pipeline:
         outputs: OutputOutbox | None = None,
         saved_states: dict[str, bytes | None] | None = None,
         event_writer: EventWriter | None = None,
-        partitions: int | None = None,
+        partitions: Callable[[str], int] | None = None,
     ) -> None:
         self.engine = engine
         self.event_writer = event_writer if event_writer is not None else ThreadEventWriter(store)
@@ -223,8 +223,8 @@ class Pipeline:
         """The group generation now: a message fetched in an earlier one is stale (below)."""
         self.aligner: EventTimeAligner[Message] = EventTimeAligner(lateness_s)
         self.group = GroupProgress(store.progress, partitions, lateness_s) if partitions else None
-        """With several workers (``partitions``: of each input topic), what this one records of its usage
-        partitions and how far the others' let it release (:mod:`streams.progress`). None: not tracked."""
+        """With several workers (``partitions``: a topic's partition count), what this one records of its
+        usage partitions and how far the others' let it release (:mod:`streams.progress`). None: not tracked."""
         self._partition_of: dict[str, int] = {}
         """Key → partition it arrived on, so its state is filed under that partition."""
         self.stats = Stats()

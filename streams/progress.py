@@ -21,7 +21,7 @@ A worker holding every usage partition (one worker alone) records and reads noth
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import structlog
 
@@ -41,10 +41,12 @@ _INF = float("inf")
 class GroupProgress:
     """What this worker records of its usage partitions, and how far the others' let it release."""
 
-    def __init__(self, progress: PartitionProgress, partitions: int, lateness_s: float) -> None:
+    def __init__(self, progress: PartitionProgress, partitions: Callable[[str], int], lateness_s: float) -> None:
         self.repository = progress
         self.partitions = partitions
-        """Partitions of each input topic (co-partitioned: the same for all three)."""
+        """A topic's partition count, as the group's metadata has it when partitions are assigned (not
+        ``BURNWATCH_PARTITIONS``, which only says how many to make: topics made otherwise keep theirs, and
+        a worker holding all of fewer partitions must not wait for ones that do not exist)."""
         self.lateness_s = lateness_s
         self.held: list[int] = []
         """Usage partitions this worker holds, when it records them (it does not hold every input partition)."""
@@ -62,13 +64,14 @@ class GroupProgress:
         """The partitions this worker now holds (None: every one). Nothing is recorded yet for them."""
         self.recorded.clear()
         self.cap, self._read_at, self._capped_since = -_INF, -_INF, None
-        everything = {(topic, p) for topic in TOPICS for p in range(self.partitions)}
+        counts = {topic: self.partitions(topic) for topic in TOPICS}
+        everything = {(topic, p) for topic in TOPICS for p in range(counts[topic])}
         if assigned is None or everything <= set(assigned):
             self.held, self.others, self.cap = [], [], _INF
             return
         self.held = sorted(p for topic, p in assigned if topic == TOPIC_RESOURCE_USAGE)
         runs = any(topic == TOPIC_RUN_EVENTS for topic, _ in assigned)
-        self.others = sorted(set(range(self.partitions)) - set(self.held)) if runs else []
+        self.others = sorted(set(range(counts[TOPIC_RESOURCE_USAGE])) - set(self.held)) if runs else []
         if not self.others:
             self.cap = _INF
 
@@ -107,6 +110,11 @@ class GroupProgress:
             if not done:
                 cap = min(cap, through - self.lateness_s)
         return cap
+
+    def held_s(self) -> float:
+        """Seconds the others' progress has held this worker's release back, as last read (0: it does
+        not): what ``/healthz`` shows as ``held_by_other_workers_s``."""
+        return 0.0 if self._capped_since is None else time.monotonic() - self._capped_since
 
     def update(self, cap: float, watermark: float) -> None:
         """Take a cap read; say so (once in 30 s) when one holds the release back for long."""

@@ -294,6 +294,8 @@ def _healthz(parts: WorkerParts) -> None:
                 "stalled_s": round(stalled, 1),
                 "stall_reason": pipeline.stall_reason or None,
                 "holding_watermark": {f"{t}/{p}": why for (t, p), why in pipeline.holding.items()},
+                # several workers: how long the others' stored progress has held this one's release back
+                "held_by_other_workers_s": round(pipeline.group.held_s(), 1) if pipeline.group is not None else 0.0,
                 "partitions": s.partitions,
                 "messages": s.messages,
                 "batches": s.batches,

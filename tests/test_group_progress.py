@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -66,12 +67,12 @@ def run(partition: int, offset: int, t: float, host: str) -> Message:
     return Message("run-events", partition, offset, b"llm", json.dumps(value).encode())
 
 
-def worker(store: Store, ruleset, partitions: list[int], end_positions=None) -> Pipeline:
-    """A pipeline as a worker of the group holds it: ``partitions`` of each input topic, catching up
-    (nothing caught up: a backlog)."""
+def worker(store: Store, ruleset, partitions: list[int], end_positions=None, count: int = PARTITIONS) -> Pipeline:
+    """A pipeline as a worker of the group holds it: ``partitions`` of each input topic of ``count``
+    partitions, catching up (nothing caught up: a backlog)."""
     pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
                         send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=lambda topic, p, offset: False,
-                        end_positions=end_positions, partitions=PARTITIONS)  # fmt: skip
+                        end_positions=end_positions, partitions=lambda topic: count)  # fmt: skip
     pipeline.expect((topic, p) for topic in ("resource-usage", "gpu-metrics", "run-events") for p in partitions)
     return pipeline
 
@@ -85,10 +86,10 @@ async def batch(pipeline: Pipeline, messages: list[Message]) -> None:
     await pipeline.drain()
 
 
-def own_hour(partition: int, host: str) -> list[Message]:
-    """An hour of a host's usage and samples, every 10 minutes, on ``partition``."""
+def own_hour(partition: int, host: str, first: int = 0) -> list[Message]:
+    """An hour of a host's usage and samples, every 10 minutes, on ``partition`` from offset ``first``."""
     times = [T0 + i * 10 * MIN for i in range(7)]
-    return [m for i, t in enumerate(times) for m in (usage(partition, i, t, host), gpu(partition, i, t, host))]
+    return [m for i, t in enumerate(times) for m in (usage(partition, first + i, t, host), gpu(partition, first + i, t, host))]
 
 
 def test_a_run_whose_host_another_worker_holds_waits_until_that_worker_has_stored_its_time(store: Store, ruleset):
@@ -103,6 +104,7 @@ def test_a_run_whose_host_another_worker_holds_waits_until_that_worker_has_store
         await batch(a, [*own_hour(0, "a1"), run(0, 0, T0 + 30 * MIN, "b1"), run(0, 1, T0 + 60 * MIN, "b1")])
         assert a.aligner.watermark > T0 + 30 * MIN  # A's own partitions would release the run at 30 min
         assert a.stats.detected == 0 and len(a.aligner) == 16  # no progress of B's partition yet: all held
+        assert a.group.held_s() > 0  # type: ignore[union-attr]  # what /healthz shows an operator
         assert store.progress.read("resource-usage")[0] == (T0 + 60 * MIN, False)  # A's own, though
         await batch(b, [usage(1, i, T0 + i * 10 * MIN, "b1") for i in range(4)])  # B stored to 30 min
         await batch(a, [])  # the release timer's batch
@@ -131,18 +133,23 @@ def test_a_partition_with_nothing_to_read_is_recorded_caught_up(store: Store, ru
         assert store.progress.read("resource-usage")[1] == (0.0, True)
         await batch(a, [])
         assert a.group.cap == INF and a.stats.detected > 0  # type: ignore[union-attr]
+        assert a.group.held_s() == 0  # type: ignore[union-attr]
 
     asyncio.run(scenario())
 
 
-def test_a_worker_holding_every_partition_records_and_reads_nothing(store: Store, ruleset):
+@pytest.mark.parametrize("count", [PARTITIONS, 1])
+def test_a_worker_holding_every_partition_records_and_reads_nothing(store: Store, ruleset, count):
     """One worker alone (every partition): no progress written or read, and it releases what a
-    pipeline with no group does."""
-    alone = worker(store, ruleset, [0, 1])
+    pipeline with no group does. Every partition is every one the topics have (``count``), however
+    many ``BURNWATCH_PARTITIONS`` would make: topics of one partition each, made beforehand, hold it alone."""
+    alone = worker(store, ruleset, list(range(count)), count=count)
     plain = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
                      send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=lambda topic, p, offset: False)  # fmt: skip
-    plain.expect((topic, p) for topic in ("resource-usage", "gpu-metrics", "run-events") for p in (0, 1))
-    messages = [*own_hour(0, "a1"), *own_hour(1, "b1"), run(0, 0, T0 + 30 * MIN, "b1"), run(1, 0, T0 + 60 * MIN, "a1")]
+    plain.expect((topic, p) for topic in ("resource-usage", "gpu-metrics", "run-events") for p in range(count))
+    alone_on_one = count == 1  # both hosts and both runs on partition 0, one after the other
+    messages = [*own_hour(0, "a1"), *own_hour(1 % count, "b1", first=7 if alone_on_one else 0), run(0, 0, T0 + 30 * MIN, "b1"),
+                run(1 % count, 1 if alone_on_one else 0, T0 + 60 * MIN, "a1")]  # fmt: skip
 
     async def scenario() -> None:
         for pipeline in (alone, plain):

@@ -146,3 +146,30 @@ def test_two_workers_catching_up_a_backlog_alert_as_backtest(tmp_path: Path, rul
     assert counts.rows == expected_counts(fl.records) and counts.doubled == 0
     kinds = {a.alert_id: f"{a.type} {a.resource_id}" for a in fl.expected}
     assert alerts.ok, f"{alerts}; missing: {[kinds[i] for i in alerts.missing]}"
+
+
+def test_a_worker_alone_on_topics_of_fewer_partitions_than_it_would_make_alerts_as_backtest(tmp_path: Path, ruleset):
+    """Topics made beforehand with one partition each, and a worker told ``BURNWATCH_PARTITIONS=4``
+    (what it would make, not what there is): it holds every partition there is, so it waits for no
+    other worker's progress (streams/progress.py counts the topics' partitions as the group has them)
+    and alerts as backtest does. Counting the setting's four, it waited for three partitions that do
+    not exist and released nothing."""
+    cfg = SimConfig(hours=6, training_hosts=4, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
+                    cpu_instances=0, seed=11)  # fmt: skip
+    fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
+    assert {a.type for a in fl.expected} >= {"failed_run_spend", "spot_eligible"}
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        publish(broker.bootstrap, fl.records, partitions=1)  # the topics, one partition each, and the fleet
+        env = worker_env(broker.bootstrap, tmp_path / "w", rules, 4)
+        worker = Worker(env, tmp_path / "w.log").start()
+        try:
+            wait_all_acknowledged(broker.bootstrap, [worker], timeout=240, partitions=1)
+            assert worker.stop() == 0, worker.tail()
+        finally:
+            worker.kill()
+    counts = stored(env)
+    alerts = compare_alerts(fl.expected, stored_alerts(env))
+    assert counts.rows == expected_counts(fl.records) and counts.doubled == 0
+    assert alerts.ok, str(alerts)
