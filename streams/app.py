@@ -7,7 +7,7 @@ Thin on purpose: the work is in :mod:`streams.pipeline` and :mod:`detector`.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import faust
 from aiokafka.errors import KafkaError
@@ -24,6 +24,7 @@ from detector.remediation.runner import ActionRunner
 from detector.settings import Settings
 from detector.slack import SlackNotifier
 from detector.store import EventHistory, Store
+from streams.bulk import BulkConsumer
 from streams.config import LiveConfig
 from streams.event_writer import writer_for
 from streams.handover import install_handover
@@ -106,7 +107,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         max_held_per_partition=settings.max_held_per_partition,
         outputs=outputs,
         event_writer=writer_for(store, settings.dsn, settings.clickhouse_database, settings.event_writer),
-        partitions=lambda topic: app.consumer.topic_partitions(topic) or settings.partitions,  # as the group has them
+        partitions=lambda topic: cast(BulkConsumer, app.consumer).partition_count(topic) or settings.partitions,
     )
     actions = ActionRunner(store, executors(settings), lambda: config.current.ruleset, outbox.notifier)
     parts = WorkerParts(settings=settings, store=store, app=app, config=config, engine=engine, outbox=outbox,

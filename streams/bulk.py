@@ -31,12 +31,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import faust
+import structlog
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
 from streams.pipeline import Message
+
+log = structlog.get_logger("burnwatch.worker")
 
 __all__ = ["FETCH_MAX_WAIT_MS", "BulkConsumer", "BulkTransport", "Fetches", "install_bulk"]
 
@@ -142,6 +145,14 @@ class BulkConsumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+    def partition_count(self, topic: str) -> int | None:
+        """How many partitions ``topic`` has, from the cluster metadata every member of the group
+        holds (Faust's ``topic_partitions`` reads the assignor's snapshot, which only the group's
+        leader fills: on the others it knows no topic). None before the consumer has metadata."""
+        consumer = self._thread._consumer  # the consumer thread's aiokafka consumer
+        found = consumer.partitions_for_topic(topic) if consumer is not None else None
+        return len(found) if found else None
+
     def acknowledge(self, messages: Iterable[Message]) -> None:
         """What ``Consumer.ack`` records for each message, from its offset alone, under one lock
         for the lot: Faust commits the first run of consecutive acknowledged offsets (and gaps)
@@ -182,7 +193,13 @@ class BulkConsumer(faust_aiokafka.Consumer):
                 if not records or self.should_stop:
                     continue
                 if not self.flow_active:  # a rebalance began during the fetch: read again after it
-                    await self.perform_seek()
+                    try:
+                        await self.perform_seek()
+                    except Exception as exc:  # noqa: BLE001 - as Faust's own loop: the rebalance's end seeks again
+                        # A partition revoked by a second rebalance meanwhile (aiokafka's IllegalStateError "No
+                        # current assignment") crashed the fetcher, and so the worker; the recovery that ends the
+                        # rebalance seeks every partition then assigned to its committed offset before resuming.
+                        log.warning("seek_after_rebalance_failed", error=f"{type(exc).__name__}: {exc}")
                     continue
                 await self._hand_over(records)
         except self.consumer_stopped_errors:

@@ -176,6 +176,8 @@ class _Step:
     """topic → [messages, events], for the metrics."""
     progress: list[tuple[int, float, bool]] = field(default_factory=list)
     """The usage partitions' progress to record after the batch's events (:mod:`streams.progress`)."""
+    generation: int | None = None
+    """The group generation the progress was taken in."""
 
 
 class Pipeline:
@@ -359,17 +361,18 @@ class Pipeline:
             if not self.ready.is_set():
                 return
             self._mark_caught_up()
-            rows = group.to_record(self.aligner)
-            if rows:
+            step = _Step(progress=group.to_record(self.aligner), generation=self._generation())
+            if step.progress:
                 try:
-                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write, _Step(progress=rows))
+                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write, step)
                 except PipelineStopped:
                     return
 
     async def _read_cap(self, group: GroupProgress) -> None:
         """Read how far the other workers' usage partitions are stored (off the event loop, as the
         other look-ups are): what this batch releases up to."""
-        cap = await self._ask_store(lambda _: group.read(), None, "progress read",
+        generation = self._generation()
+        cap = await self._ask_store(lambda _: group.read(generation), None, "progress read",
                                     "reading the other workers' progress; retrying")  # fmt: skip
         group.update(cap, self.aligner.watermark)
 
@@ -709,7 +712,7 @@ class Pipeline:
         aligner = self.aligner
         group = self.group
         if group is not None:
-            step.progress = group.to_record(aligner)
+            step.progress, step.generation = group.to_record(aligner), self._generation()
         before = len(aligner)  # events, not items (a message's samples of a host at a time are one item)
         events, released = aligner.release() if group is None else aligner.release(cap=group.cap)
         self._flow_control()
@@ -892,7 +895,7 @@ class Pipeline:
                 if step.expired:
                     self._write_own(lambda: self.store.states.delete(step.expired))
                 if step.progress and self.group is not None:  # after the events it says are stored
-                    self._write_own(lambda: self.group.record(step.progress, version))  # type: ignore[union-attr]
+                    self._write_own(lambda: self.group.record(step.progress, version, step.generation))  # type: ignore[union-attr]
             except StoreUnavailable as exc:
                 self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")
                 if self._stopping.wait(backoff):

@@ -31,6 +31,11 @@ from detector.store.progress import PartitionProgress
 
 __all__ = ["GroupProgress"]
 
+
+def _generation(generation: int | None) -> int:
+    """The group generation as recorded: -1 where none is known (a pipeline outside a group)."""
+    return -1 if generation is None else generation
+
 log = structlog.get_logger("burnwatch.worker")
 
 TP = tuple[str, int]
@@ -86,9 +91,10 @@ class GroupProgress:
                 rows.append((p, now[0], now[1]))
         return rows
 
-    def record(self, rows: list[Row], version: int) -> None:
-        """Write rows :meth:`to_record` gave (in the writer thread, after the events they cover)."""
-        self.repository.record(TOPIC_RESOURCE_USAGE, rows, version)
+    def record(self, rows: list[Row], version: int, generation: int | None) -> None:
+        """Write rows :meth:`to_record` gave (in the writer thread, after the events they cover), as a
+        holder of the group's ``generation``."""
+        self.repository.record(TOPIC_RESOURCE_USAGE, rows, version, _generation(generation))
 
     def wanted(self, watermark: float) -> bool:
         """Whether to read the others' progress before a release: only where partitions are held
@@ -101,13 +107,16 @@ class GroupProgress:
             return time.monotonic() - self._read_at >= 1.0
         return watermark > self.cap
 
-    def read(self) -> float:
-        """The others' progress (a query: call it off the event loop): the cap."""
+    def read(self, generation: int | None) -> float:
+        """The others' progress (a query: call it off the event loop): the cap. A partition is caught up
+        only as a holder of this ``generation`` said: one of an earlier generation (before a restart or
+        a rebalance) said nothing of a backlog since, though what it stored stays stored."""
         found = self.repository.read(TOPIC_RESOURCE_USAGE)
+        now = _generation(generation)
         cap = _INF
         for p in self.others:
-            through, done = found.get(p, (-_INF, False))
-            if not done:
+            through, done, said_in = found.get(p, (-_INF, False, now))
+            if not (done and said_in == now):
                 cap = min(cap, through - self.lateness_s)
         return cap
 

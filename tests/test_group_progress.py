@@ -26,12 +26,14 @@ PARTITIONS = 2
 
 
 def test_progress_round_trip(store: Store):
-    """The newest version of each partition wins; nothing stored yet reads as the epoch's start."""
-    store.progress.record("resource-usage", [(0, T0, False), (1, float("-inf"), False)], version=1)
-    store.progress.record("resource-usage", [(0, T0 + 90.5, True)], version=2)
-    store.progress.record("resource-usage", [(0, T0 - 1, False)], version=0)  # older: loses
-    store.progress.record("gpu-metrics", [(0, T0 + 999, False)], version=3)  # another topic
-    assert store.progress.read("resource-usage") == {0: (T0 + 90.5, True), 1: (0.0, False)}
+    """The newest generation's row of each partition wins, then the newest version within it (a holder
+    of an earlier generation whose clock is ahead does not win); nothing stored yet reads as the epoch's start."""
+    store.progress.record("resource-usage", [(0, T0, False), (1, float("-inf"), False)], version=1, generation=4)
+    store.progress.record("resource-usage", [(0, T0 + 90.5, True)], version=2, generation=4)
+    store.progress.record("resource-usage", [(0, T0 - 1, False)], version=0, generation=4)  # older: loses
+    store.progress.record("resource-usage", [(1, T0 + 5, True)], version=99, generation=3)  # an earlier generation: loses
+    store.progress.record("gpu-metrics", [(0, T0 + 999, False)], version=3, generation=4)  # another topic
+    assert store.progress.read("resource-usage") == {0: (T0 + 90.5, True, 4), 1: (0.0, False, 4)}
 
 
 @given(st.lists(st.tuples(st.sampled_from("ab"), st.lists(st.integers(0, 50), min_size=1, max_size=4)), max_size=12),
@@ -67,12 +69,14 @@ def run(partition: int, offset: int, t: float, host: str) -> Message:
     return Message("run-events", partition, offset, b"llm", json.dumps(value).encode())
 
 
-def worker(store: Store, ruleset, partitions: list[int], end_positions=None, count: int = PARTITIONS) -> Pipeline:
+def worker(store: Store, ruleset, partitions: list[int], end_positions=None, count: int = PARTITIONS,
+           generation: int | None = None) -> Pipeline:  # fmt: skip
     """A pipeline as a worker of the group holds it: ``partitions`` of each input topic of ``count``
-    partitions, catching up (nothing caught up: a backlog)."""
+    partitions, in the group's ``generation``, catching up (nothing caught up: a backlog)."""
     pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
                         send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=lambda topic, p, offset: False,
-                        end_positions=end_positions, partitions=lambda topic: count)  # fmt: skip
+                        end_positions=end_positions, partitions=lambda topic: count,
+                        generation=lambda: generation)  # fmt: skip
     pipeline.expect((topic, p) for topic in ("resource-usage", "gpu-metrics", "run-events") for p in partitions)
     return pipeline
 
@@ -105,7 +109,7 @@ def test_a_run_whose_host_another_worker_holds_waits_until_that_worker_has_store
         assert a.aligner.watermark > T0 + 30 * MIN  # A's own partitions would release the run at 30 min
         assert a.stats.detected == 0 and len(a.aligner) == 16  # no progress of B's partition yet: all held
         assert a.group.held_s() > 0  # type: ignore[union-attr]  # what /healthz shows an operator
-        assert store.progress.read("resource-usage")[0] == (T0 + 60 * MIN, False)  # A's own, though
+        assert store.progress.read("resource-usage")[0] == (T0 + 60 * MIN, False, -1)  # A's own, though
         await batch(b, [usage(1, i, T0 + i * 10 * MIN, "b1") for i in range(4)])  # B stored to 30 min
         await batch(a, [])  # the release timer's batch
         assert a.group.cap == T0 + 30 * MIN - 60  # type: ignore[union-attr]  # less the lateness
@@ -130,7 +134,7 @@ def test_a_partition_with_nothing_to_read_is_recorded_caught_up(store: Store, ru
         await batch(a, [*own_hour(0, "a1"), run(0, 0, T0 + 30 * MIN, "a1")])
         assert a.stats.detected == 0
         await b.tick()  # finds partition 1 empty, records it caught up
-        assert store.progress.read("resource-usage")[1] == (0.0, True)
+        assert store.progress.read("resource-usage")[1] == (0.0, True, -1)
         await batch(a, [])
         assert a.group.cap == INF and a.stats.detected > 0  # type: ignore[union-attr]
         assert a.group.held_s() == 0  # type: ignore[union-attr]
@@ -159,3 +163,26 @@ def test_a_worker_holding_every_partition_records_and_reads_nothing(store: Store
     assert alone.group is not None and (alone.group.held, alone.group.others, alone.group.cap) == ([], [], INF)
     assert alone.stats.detected == plain.stats.detected > 0
     assert store.count("partition_progress") == 0
+
+
+def test_a_partition_caught_up_in_an_earlier_generation_holds_until_its_holder_says_so_again(store: Store, ruleset):
+    """Restarted into a backlog (or rebalanced), the group is in a new generation: a row saying a
+    partition was caught up in an earlier one says nothing of the backlog since, so it holds the
+    release at what it stored, until the partition's holder in this generation records it."""
+    async def empty(tps):
+        return {tp: (0, 0) for tp in tps}
+
+    before = worker(store, ruleset, [1], end_positions=empty, generation=1)
+    a = worker(store, ruleset, [0], generation=2)
+    b = worker(store, ruleset, [1], end_positions=empty, generation=2)
+
+    async def scenario() -> None:
+        await before.tick()  # generation 1: partition 1 found empty, recorded caught up
+        assert store.progress.read("resource-usage")[1] == (0.0, True, 1)
+        await batch(a, [*own_hour(0, "a1"), run(0, 0, T0 + 30 * MIN, "a1")])
+        assert a.stats.detected == 0 and a.group.cap < T0  # type: ignore[union-attr]  # held: not said in generation 2
+        await b.tick()  # generation 2: its holder finds it empty again
+        await batch(a, [])
+        assert a.group.cap == INF and a.stats.detected > 0  # type: ignore[union-attr]
+
+    asyncio.run(scenario())

@@ -129,7 +129,9 @@ def test_two_workers_catching_up_a_backlog_alert_as_backtest(tmp_path: Path, rul
     try:
         with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
             publish(broker.bootstrap, fl.records, partitions=partitions)  # a backlog: all of it before any worker
-            envs = [worker_env(broker.bootstrap, tmp_path / f"w{i}", rules, partitions, BURNWATCH_CLICKHOUSE_DSN=server.url)
+            # Told to make 4 (the default), the workers count the 2 there are, the group's leader and the
+            # other alike (each from the cluster's metadata): counting 4, one waited for 2 that do not exist.
+            envs = [worker_env(broker.bootstrap, tmp_path / f"w{i}", rules, 4, BURNWATCH_CLICKHOUSE_DSN=server.url)
                     for i in range(2)]  # fmt: skip
             workers.extend(Worker(env, tmp_path / f"w{i}.log").start() for i, env in enumerate(envs))
             wait_all_acknowledged(broker.bootstrap, workers, timeout=240, partitions=partitions)
