@@ -17,6 +17,7 @@ from streams.embedded import EmbeddedBroker
 from streams.process import StoreServerProcess as ServerProcess
 from tests.conftest import ROOT
 from tests.reliability import (
+    Fleet,
     Pacer,
     Worker,
     compare_alerts,
@@ -110,6 +111,18 @@ def test_workers_joining_and_leaving_mid_stream_alert_as_one(tmp_path: Path, rul
     assert posts.ok, str(posts)  # every incident posted once, its resolution in its thread
 
 
+def run_fleet(tmp_path: Path, ruleset) -> tuple[Fleet, Path]:
+    """A 6-hour fleet of 4 training hosts whose runs fail and could run on spot (run alerts, which
+    read a run's hosts), with backtest's alerts, and a copy of the shipped rules."""
+    cfg = SimConfig(hours=6, training_hosts=4, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
+                    cpu_instances=0, seed=11)  # fmt: skip
+    fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
+    assert {a.type for a in fl.expected} >= {"failed_run_spend", "spot_eligible"}
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    return fl, rules
+
+
 def test_two_workers_catching_up_a_backlog_alert_as_backtest(tmp_path: Path, ruleset):
     """The whole fleet published first, then two workers start together: each holds one partition
     of each topic, so a run whose project hashes to one and whose host to the other is priced from
@@ -118,12 +131,7 @@ def test_two_workers_catching_up_a_backlog_alert_as_backtest(tmp_path: Path, rul
     before the other had stored it, and run alerts (failed_run_spend, spot_eligible) went missing,
     were invented or fired at other times."""
     partitions = 2
-    cfg = SimConfig(hours=6, training_hosts=4, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
-                    cpu_instances=0, seed=11)  # fmt: skip
-    fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
-    assert {a.type for a in fl.expected} >= {"failed_run_spend", "spot_eligible"}
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
+    fl, rules = run_fleet(tmp_path, ruleset)
     server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "store.log").wait_ready()
     workers: list[Worker] = []
     try:
@@ -156,12 +164,7 @@ def test_a_worker_alone_on_topics_of_fewer_partitions_than_it_would_make_alerts_
     other worker's progress (streams/progress.py counts the topics' partitions as the group has them)
     and alerts as backtest does. Counting the setting's four, it waited for three partitions that do
     not exist and released nothing."""
-    cfg = SimConfig(hours=6, training_hosts=4, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
-                    cpu_instances=0, seed=11)  # fmt: skip
-    fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
-    assert {a.type for a in fl.expected} >= {"failed_run_spend", "spot_eligible"}
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
+    fl, rules = run_fleet(tmp_path, ruleset)
     with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
         publish(broker.bootstrap, fl.records, partitions=1)  # the topics, one partition each, and the fleet
         env = worker_env(broker.bootstrap, tmp_path / "w", rules, 4)
