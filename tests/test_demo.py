@@ -113,10 +113,16 @@ def test_a_demo_killed_takes_the_broker_and_worker_it_started_with_it(tmp_path, 
     env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_RULES": str(ROOT / "rules"), "PATH": "/usr/bin:/bin",
            MARK: run}  # fmt: skip
     said = tmp_path / "demo.out"
+    dies_with_parent = die_with_parent()
+
+    def as_in_a_terminal() -> None:  # SIGHUP's default action, as a terminal's shell has it, even where this
+        dies_with_parent()  # test runs with SIGHUP ignored (under nohup), which its children would inherit
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
     with open(said, "w") as out:  # a minute of replay: the demo is still replaying when it is killed
         demo = subprocess.Popen([sys.executable, "-m", "streams.cli", "demo", "--hours", "1", "--speed", "60"],
                                 env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=die_with_parent())  # fmt: skip
+                                preexec_fn=as_in_a_terminal)  # fmt: skip
     try:
         wait_for(lambda: "- worker up" in said.read_text() or demo.poll() is not None, 180, "the demo's worker")
         assert demo.poll() is None, said.read_text()
