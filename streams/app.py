@@ -107,7 +107,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         max_held_per_partition=settings.max_held_per_partition,
         outputs=outputs,
         event_writer=writer_for(store, settings.dsn, settings.clickhouse_database, settings.event_writer),
-        partitions=lambda topic: cast(BulkConsumer, app.consumer).partition_count(topic) or settings.partitions,
+        partition_count=lambda topic: cast(BulkConsumer, app.consumer).partition_count(topic) or settings.partitions,
     )
     actions = ActionRunner(store, executors(settings), lambda: config.current.ruleset, outbox.notifier)
     parts = WorkerParts(settings=settings, store=store, app=app, config=config, engine=engine, outbox=outbox,

@@ -200,7 +200,7 @@ class Pipeline:
         outputs: OutputOutbox | None = None,
         saved_states: dict[str, bytes | None] | None = None,
         event_writer: EventWriter | None = None,
-        partitions: Callable[[str], int] | None = None,
+        partition_count: Callable[[str], int] | None = None,
     ) -> None:
         self.engine = engine
         self.event_writer = event_writer if event_writer is not None else ThreadEventWriter(store)
@@ -224,9 +224,10 @@ class Pipeline:
         self._generation = generation
         """The group generation now: a message fetched in an earlier one is stale (below)."""
         self.aligner: EventTimeAligner[Message] = EventTimeAligner(lateness_s)
-        self.group = GroupProgress(store.progress, partitions, lateness_s) if partitions else None
-        """With several workers (``partitions``: a topic's partition count), what this one records of its
-        usage partitions and how far the others' let it release (:mod:`streams.progress`). None: not tracked."""
+        self.group = GroupProgress(store.progress, partition_count, lateness_s) if partition_count else None
+        """With several workers (``partition_count``: a topic's, as the cluster has it), what this one records
+        of its usage partitions and how far the others' let it release (:mod:`streams.progress`). None: not
+        tracked."""
         self._partition_of: dict[str, int] = {}
         """Key → partition it arrived on, so its state is filed under that partition."""
         self.stats = Stats()
@@ -894,8 +895,8 @@ class Pipeline:
                 self._write_own(lambda: self.store.states.save(step.states, version=version))
                 if step.expired:
                     self._write_own(lambda: self.store.states.delete(step.expired))
-                if step.progress and self.group is not None:  # after the events it says are stored
-                    self._write_own(lambda: self.group.record(step.progress, version, step.generation))  # type: ignore[union-attr]
+                if step.progress and (group := self.group) is not None:  # after the events it says are stored
+                    self._write_own(lambda: group.record(step.progress, version, step.generation))
             except StoreUnavailable as exc:
                 self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")
                 if self._stopping.wait(backoff):

@@ -46,9 +46,9 @@ _INF = float("inf")
 class GroupProgress:
     """What this worker records of its usage partitions, and how far the others' let it release."""
 
-    def __init__(self, progress: PartitionProgress, partitions: Callable[[str], int], lateness_s: float) -> None:
+    def __init__(self, progress: PartitionProgress, partition_count: Callable[[str], int], lateness_s: float) -> None:
         self.repository = progress
-        self.partitions = partitions
+        self.partition_count = partition_count
         """A topic's partition count, as the group's metadata has it when partitions are assigned (not
         ``BURNWATCH_PARTITIONS``, which only says how many to make: topics made otherwise keep theirs, and
         a worker holding all of fewer partitions must not wait for ones that do not exist)."""
@@ -69,7 +69,7 @@ class GroupProgress:
         """The partitions this worker now holds (None: every one). Nothing is recorded yet for them."""
         self.recorded.clear()
         self.cap, self._read_at, self._capped_since = -_INF, -_INF, None
-        counts = {topic: self.partitions(topic) for topic in TOPICS}
+        counts = {topic: self.partition_count(topic) for topic in TOPICS}
         everything = {(topic, p) for topic in TOPICS for p in range(counts[topic])}
         if assigned is None or everything <= set(assigned):
             self.held, self.others, self.cap = [], [], _INF

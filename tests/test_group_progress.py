@@ -20,6 +20,7 @@ from detector.store import Store
 from streams.pipeline import Message, Pipeline
 from tests.helpers import MIN, T0, at
 from tests.test_align import Ev, times
+from tests.test_pipeline import make
 
 INF = float("inf")
 PARTITIONS = 2
@@ -75,7 +76,7 @@ def worker(store: Store, ruleset, partitions: list[int], end_positions=None, cou
     partitions, in the group's ``generation``, catching up (nothing caught up: a backlog)."""
     pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
                         send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=lambda topic, p, offset: False,
-                        end_positions=end_positions, partitions=lambda topic: count,
+                        end_positions=end_positions, partition_count=lambda topic: count,
                         generation=lambda: generation)  # fmt: skip
     pipeline.expect((topic, p) for topic in ("resource-usage", "gpu-metrics", "run-events") for p in partitions)
     return pipeline
@@ -148,8 +149,7 @@ def test_a_worker_holding_every_partition_records_and_reads_nothing(store: Store
     pipeline with no group does. Every partition is every one the topics have (``count``), however
     many ``BURNWATCH_PARTITIONS`` would make: topics of one partition each, made beforehand, hold it alone."""
     alone = worker(store, ruleset, list(range(count)), count=count)
-    plain = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
-                     send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=lambda topic, p, offset: False)  # fmt: skip
+    plain, _ = make(store, ruleset, caught_up=lambda topic, p, offset: False)
     plain.expect((topic, p) for topic in ("resource-usage", "gpu-metrics", "run-events") for p in range(count))
     alone_on_one = count == 1  # both hosts and both runs on partition 0, one after the other
     messages = [*own_hour(0, "a1"), *own_hour(1 % count, "b1", first=7 if alone_on_one else 0), run(0, 0, T0 + 30 * MIN, "b1"),
