@@ -55,6 +55,7 @@ log = structlog.get_logger("burnwatch.worker")
 _json = msgspec.json.Encoder()
 
 TP = tuple[str, int]
+_INF = float("inf")
 DEAD_LETTER_MAX_VALUE = 512 << 10
 """Bytes of a refused message kept in its dead-letter record; a larger one is kept truncated
 (with its size and SHA-256), so the record (base64) fits a broker's default 1 MB message limit."""
@@ -275,9 +276,13 @@ class Pipeline:
         self._flow = flow
         """``flow(pause, resume)``: stop and restart fetching from partitions (the consumer's)."""
         self.max_held_per_partition = max_held_per_partition
+        self._capped_margin_s = max(3 * lateness_s, 60.0)
+        """How far past the cap (event time) a capped worker fetches (:meth:`_flow_control`): at least
+        twice the lateness, which the deadlock-freedom argument needs."""
         self.paused: set[TP] = set()
         """Partitions not fetched from for now: far ahead in event time of the one that holds
-        the watermark, with more than ``max_held_per_partition`` messages held by the aligner."""
+        the watermark, with more than ``max_held_per_partition`` messages held by the aligner, or,
+        capped by the other workers' progress, far past the cap (:meth:`_flow_control`)."""
 
     async def process(self, messages: Sequence[Message], ack: Callable[[list[Message]], Awaitable[Any]]) -> None:
         """Handle one batch. Detection runs now; the ClickHouse write runs in a writer
@@ -845,13 +850,29 @@ class Pipeline:
         fetch may bring thousands of messages of one), and what runs ahead only waits in the
         aligner, re-sorted with every batch, while the partition behind waits for its turn
         (Kafka Streams pauses a partition past 1,000 buffered records for the same reason).
-        The partition that holds the watermark is never paused, so the watermark always moves."""
+        The partition that holds the watermark is not paused for its count, so the watermark always moves.
+
+        Capped by the other workers' progress (:mod:`streams.progress`), what runs ahead waits however far
+        the watermark goes, so every partition more than :attr:`_capped_margin_s` of event time past the
+        cap is paused, the slowest too, and fetched again once within half of it: what a capped worker
+        holds is bounded by event time, not by the other workers' lag. It cannot stall the group: the
+        cap is at least the least partition's time less the lateness, and the margin halved is at least
+        the lateness, so the partition furthest behind of all is fetched by whoever holds it."""
         if self._flow is None:
             return
-        held, limit = self.aligner.held_by_source, self.max_held_per_partition
-        slowest = self.aligner.slowest()
-        pause: list[TP] = [tp for tp, n in held.items() if n > limit and tp != slowest and tp not in self.paused]  # type: ignore[misc]  # sources are (topic, partition)
-        resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2 or tp == slowest]
+        aligner = self.aligner
+        held, limit = aligner.held_by_source, self.max_held_per_partition
+        slowest = aligner.slowest()
+        cap = self.group.cap if self.group is not None else _INF
+        if cap == _INF:
+            pause: list[TP] = [tp for tp, n in held.items() if n > limit and tp != slowest and tp not in self.paused]  # type: ignore[misc]  # sources are (topic, partition)
+            resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2 or tp == slowest]
+        else:  # capped by the other workers' progress: nothing far past it is fetched, the slowest either
+            margin = self._capped_margin_s
+            pause = [tp for tp, n in held.items() if tp not in self.paused  # type: ignore[misc]
+                     and ((n > limit and tp != slowest) or aligner.progress(tp)[0] > cap + margin)]  # fmt: skip
+            resume = [tp for tp in self.paused if (held.get(tp, 0) <= limit // 2 or tp == slowest)
+                      and aligner.progress(tp)[0] <= cap + margin / 2]  # fmt: skip
         if pause or resume:
             self.paused.difference_update(resume)
             self.paused.update(pause)

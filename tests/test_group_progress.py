@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 
 import pytest
+from aiokafka.partitioner import murmur2
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,9 +18,13 @@ from detector.alerts import AlertManager
 from detector.align import EventTimeAligner
 from detector.delivery import Outbox
 from detector.engine import Engine
+from detector.simulate import SimConfig
 from detector.store import Store
-from streams.pipeline import Message, Pipeline
+from streams.app import HostDirectory
+from streams.kafka import count_events
+from streams.pipeline import TP, Message, Pipeline
 from tests.helpers import MIN, T0, at
+from tests.reliability import _ALERTS_QUERY, compare_alerts, fleet
 from tests.test_align import Ev, times
 from tests.test_pipeline import make
 
@@ -186,3 +192,93 @@ def test_a_partition_caught_up_in_an_earlier_generation_holds_until_its_holder_s
         assert a.group.cap == INF and a.stats.detected > 0  # type: ignore[union-attr]
 
     asyncio.run(scenario())
+
+
+def _partition_of(key: str, partitions: int) -> int:
+    """The partition a Kafka producer's default partitioner gives ``key`` (murmur2, as Java's)."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_two_workers_fetching_unevenly_bound_what_they_hold_never_stall_and_alert_as_backtest(tmp_path, store: Store,
+                                                                                                ruleset, seed):  # fmt: skip
+    """Two workers catch up a backlog fetching as a consumer does: a run of each partition not paused
+    at a time, in a seeded random order with one worker fetching four times as often as the other.
+    The faster one is capped by the other's progress: it never has a partition fetching that is more
+    than the margin past the cap (before the fix its watermark's partition ran on, and it held most of
+    its input), neither worker ever waits on the other for good (every message is acknowledged), and
+    the alerts are backtest's to the cent and the millisecond."""
+    cfg = SimConfig(hours=6, training_hosts=4, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
+                    cpu_instances=0, seed=11)  # fmt: skip
+    fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
+    assert {a.type for a in fl.expected} >= {"failed_run_spend", "spot_eligible"}  # run alerts: hosts priced from the store
+    logs: dict[TP, list[Message]] = {}
+    for topic, key, value in fl.records:
+        p = _partition_of(key, PARTITIONS)
+        log = logs.setdefault((topic, p), [])
+        log.append(Message(topic, p, len(log), key.encode(), value))
+    read = dict.fromkeys(logs, 0)
+    acked: set[tuple[TP, int]] = set()
+    rng = random.Random(seed)
+    fast = seed % 2  # either worker the faster
+
+    async def ack(messages: list[Message]) -> None:
+        acked.update(((m.topic, m.partition), m.offset) for m in messages)
+
+    async def end_positions(tps):
+        return {tp: (read.get(tp, 0), len(logs.get(tp, []))) for tp in tps}
+
+    paused: list[set[TP]] = [set(), set()]
+
+    def flow_of(i: int):
+        def flow(pause: list[TP], resume: list[TP]) -> None:  # the consumer's pause and resume
+            paused[i].update(pause)
+            paused[i].difference_update(resume)
+        return flow
+
+    engines = [Engine(ruleset) for _ in range(2)]
+    for engine in engines:
+        engine.directory = HostDirectory(store.history)  # a run's hosts held by the other worker, as a worker wires it
+    workers = [Pipeline(engine=engines[i], store=store, outbox=Outbox(store, None), manager=AlertManager(ruleset=ruleset),
+                        send_dead_letter=lambda key, value: asyncio.sleep(0), end_positions=end_positions,
+                        caught_up=lambda topic, p, offset: offset + 1 >= len(logs.get((topic, p), [])),
+                        partition_count=lambda topic: PARTITIONS, generation=lambda: 1, flow=flow_of(i),
+                        max_held_per_partition=50) for i in range(2)]  # fmt: skip
+    for i, w in enumerate(workers):
+        w.expect((topic, i) for topic in ("resource-usage", "gpu-metrics", "run-events"))
+    margin = workers[0]._capped_margin_s
+    most_held, capped, steps = [0, 0], [0, 0], 0
+
+    async def scenario() -> None:
+        nonlocal steps
+        while len(acked) < len(fl.records):
+            steps += 1
+            assert steps < 20_000, f"stalled: {len(acked)} of {len(fl.records)} acknowledged"
+            i = fast if rng.random() < 0.8 else 1 - fast
+            w = workers[i]
+            batch_ = []
+            for tp in sorted(tp for tp in logs if tp[1] == i and tp not in paused[i]):
+                n = rng.randint(1, 30)
+                batch_ += logs[tp][read[tp]:read[tp] + n]
+                read[tp] = min(read[tp] + n, len(logs[tp]))
+            if batch_:
+                await w.process(batch_, ack)
+                await w.drain()
+            else:
+                await w.tick()
+            group = w.group
+            assert group is not None
+            if group.cap != INF and group.cap < w.aligner.watermark:
+                capped[i] += 1
+                fetching = [tp for tp in logs if tp[1] == i and tp not in paused[i]]
+                ahead = [tp for tp in fetching if w.aligner.progress(tp)[0] > group.cap + margin]
+                assert not ahead, f"fetching {ahead} more than {margin} s past the cap"
+            most_held[i] = max(most_held[i], len(w.aligner))
+
+    asyncio.run(scenario())
+    assert capped[fast] > 0  # the cap engaged, and with it the bound
+    own = count_events((topic, "", m.value) for (topic, p), log in logs.items() if p == fast for m in log)  # type: ignore[misc]
+    assert most_held[fast] < own / 8, (most_held, own)  # without the bound: 29-50 % of its events
+    query = _ALERTS_QUERY.replace("burnwatch.", f"{store.alerts.conn.db}.")
+    alerts = compare_alerts(fl.expected, {r["alert_id"]: r for r in store.alerts.conn.query(query)})
+    assert alerts.ok, str(alerts)
