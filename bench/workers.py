@@ -7,7 +7,10 @@ Each run: a fresh embedded broker (4 partitions per input topic) and a fresh
 share here); the whole fleet is published as fast as the producer goes, then N workers start
 together and join one group (a backlog to catch up); events/s is the sum of the workers'
 stored events over the time from the first stored event to the last, the group's forming
-included (how many assignments each worker went through is reported), with the CPU seconds
+included (how many assignments each worker went through is reported); "decided" is the same
+count over the time until every event is also decided (no worker holds any: several workers
+catching up a backlog decide no faster than the slowest stores, streams/progress.py), and "most
+held" the most events each worker's aligner held at a poll (20 a second); with the CPU seconds
 each worker and the store server used meanwhile: on a shared machine two processes get a
 larger share of the cores than one, so events per worker CPU second is the steadier figure. Then every
 worker drains (nothing held, all acknowledged), stops, and the store is compared with
@@ -25,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -48,7 +52,7 @@ PARTITIONS = 4
 
 
 def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert],
-             event_writer: str = "auto") -> dict:  # fmt: skip
+             event_writer: str = "auto", stall_s: float = 0.0) -> dict:  # fmt: skip
     server = StoreServerProcess(f"chdb://{workdir / name / 'ch'}", workdir / f"store-{name}.log").wait_ready()
     workers: list[WorkerProcess] = []
     try:
@@ -69,22 +73,45 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
             load_before = os.getloadavg()
             first = None
             per_worker = [0] * n_workers
+            most_held = [0] * n_workers
+            """The most events each worker held in its aligner at a poll (read, not yet decided)."""
+            stored_at: float | None = None
             deadline = time.monotonic() + 900
+            stall_end: float | None = None
+            """While the last worker is stopped (``stall_s``): when it is continued."""
+            stalled_most_held = 0
+            """The most events the first worker held while the last was stopped."""
             while time.monotonic() < deadline:
-                hs = [w.health() for w in workers]
+                polled = workers[:-1] if stall_end is not None else workers  # a stopped worker does not answer
+                hs = [w.health() for w in polled] + [None] * (len(workers) - len(polled))
                 per_worker = [h["events"] if h else per_worker[i] for i, h in enumerate(hs)]
+                most_held = [max(m, h["held"]) if h else m for m, h in zip(most_held, hs, strict=True)]
                 total = sum(per_worker)
+                if stall_s and n_workers > 1 and first is not None and stall_end is None and total >= n_events // 4:
+                    os.kill(workers[-1]._proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+                    stall_end, stall_s = time.monotonic() + stall_s, 0.0
+                    continue
+                if stall_end is not None:
+                    stalled_most_held = max(stalled_most_held, hs[0]["held"] if hs[0] else 0)
+                    if time.monotonic() >= stall_end:
+                        os.kill(workers[-1]._proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+                        stall_end = None
+                    time.sleep(0.05)
+                    continue
                 if first is None and total > 0:
                     first = time.perf_counter()
                     cpu_first = [cpu_seconds(w._proc.pid) for w in workers] + [cpu_seconds(server.proc.pid)]  # type: ignore[union-attr]
                     main_first = [cpu_seconds(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
-                if total >= n_events:
-                    break
+                if total >= n_events and stored_at is None:
+                    stored_at = time.perf_counter()
+                if stored_at is not None and all(h is not None and h["held"] == 0 for h in hs):
+                    break  # every event stored and decided
                 for w in workers:
                     if not w.running:
                         raise RuntimeError(f"a worker exited:\n{w.tail()}")
                 time.sleep(0.05)
-            elapsed = time.perf_counter() - (first or started)
+            decided = time.perf_counter() - (first or started)
+            elapsed = (stored_at or time.perf_counter()) - (first or started)
             cpu_end = [cpu_seconds(w._proc.pid) for w in workers] + [cpu_seconds(server.proc.pid)]  # type: ignore[union-attr]
             main_end = [cpu_seconds(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
             cpu_main = [round(b - a, 1) for a, b in zip(main_first, main_end, strict=True)]
@@ -108,7 +135,9 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
         server.stop()
     return {
         "workers": n_workers, "event_writer": event_writer, "partitions_each": parts, "events": n_events, "seconds": elapsed,
-        "events_per_s": n_events / elapsed, "events_per_worker": per_worker, "publish_s": publish_s, "assignments": assignments,
+        "events_per_s": n_events / elapsed, "decided_s": decided, "decided_events_per_s": n_events / decided,
+        "most_held": most_held, "stalled_most_held": stalled_most_held, "events_per_worker": per_worker,
+        "publish_s": publish_s, "assignments": assignments,
         "cpu_s_workers": cpu[:-1], "cpu_s_workers_main": cpu_main,
         "cpu_s_stages": [{k: round(v, 1) for k, v in m.items() if k.startswith("cpu_")} for m in stages],
         "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
@@ -121,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", type=Path, help="replay file (default: the bench fleet, bench/out/fleet.jsonl)")
     parser.add_argument("--runs", type=int, default=2, help="runs per side")
+    parser.add_argument("--stall", type=float, default=0.0, metavar="S",
+                        help="stop the last worker (SIGSTOP) for S seconds once a quarter of the events are stored: "
+                             "the others, capped by its progress, must not hold more for it (keep S under the "
+                             "group's session timeout, 6 s here, or the group moves its partitions)")
     parser.add_argument("--order", default="1,2",
                         help="worker counts, in the order each round runs them; N:MODE also sets where their "
                              "inserts run (BURNWATCH_EVENT_WRITER: auto, process, thread), e.g. 1:thread,1:process")  # fmt: skip
@@ -138,20 +171,24 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="burnwatch-workers-") as tmp:
         for run in range(args.runs):
             for n, mode in sides:
-                r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}-{mode}", expected, mode)
+                r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}-{mode}", expected, mode, args.stall)
                 r["rows_ok"] = r["stored_rows"] == want_rows and r["doubled"] == 0
                 results.append(r)
+                stalled = f", the first while the last was stopped {r['stalled_most_held']}" if args.stall else ""
                 print(f"{n} worker(s), inserts {mode}: {r['events_per_s']:,.0f} events/s in {r['seconds']:.1f} s "
-                      f"(per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
+                      f"(all decided in {r['decided_s']:.1f} s: {r['decided_events_per_s']:,.0f} events/s; most held "
+                      f"{r['most_held']}{stalled}; per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
                       f"assignments {r['assignments']}); CPU s: workers {r['cpu_s_workers']} (of which their own process "
                       f"{r['cpu_s_workers_main']}; by stage {r['cpu_s_stages']}), store {r['cpu_s_store']} "
                       f"({r['events_per_worker_cpu_s']:,.0f} events per worker CPU second); "
                       f"rows ok {r['rows_ok']}, alerts ok {r['alerts_ok']} ({r['alerts']}); "
                       f"load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}", flush=True)  # fmt: skip
     for n, mode in sorted(set(sides)):
-        figures = [r["events_per_s"] for r in results if r["workers"] == n and r["event_writer"] == mode]
-        print(f"{n} worker(s), inserts {mode}: mean {statistics.mean(figures):,.0f} events/s over {len(figures)} runs "
-              f"({', '.join(f'{f:,.0f}' for f in figures)})")  # fmt: skip
+        side = [r for r in results if r["workers"] == n and r["event_writer"] == mode]
+        for what, key in (("stored", "events_per_s"), ("decided", "decided_events_per_s")):
+            figures = [r[key] for r in side]
+            print(f"{n} worker(s), inserts {mode}, {what}: mean {statistics.mean(figures):,.0f} events/s over "
+                  f"{len(figures)} runs ({', '.join(f'{f:,.0f}' for f in figures)})")  # fmt: skip
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "workers.json").write_text(json.dumps(results, indent=1, default=str))

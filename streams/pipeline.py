@@ -277,8 +277,9 @@ class Pipeline:
         """``flow(pause, resume)``: stop and restart fetching from partitions (the consumer's)."""
         self.max_held_per_partition = max_held_per_partition
         self._capped_margin_s = max(3 * lateness_s, 60.0)
-        """How far past the cap (event time) a capped worker fetches (:meth:`_flow_control`): at least
-        twice the lateness, which the deadlock-freedom argument needs."""
+        """How far past the cap (event time) a capped worker's slowest partition is fetched beyond its share
+        of messages (:meth:`_flow_control`): at least twice the lateness, which the argument that the group
+        cannot stall needs."""
         self.paused: set[TP] = set()
         """Partitions not fetched from for now: far ahead in event time of the one that holds
         the watermark, with more than ``max_held_per_partition`` messages held by the aligner, or,
@@ -853,11 +854,12 @@ class Pipeline:
         The partition that holds the watermark is not paused for its count, so the watermark always moves.
 
         Capped by the other workers' progress (:mod:`streams.progress`), what runs ahead waits however far
-        the watermark goes, so every partition more than :attr:`_capped_margin_s` of event time past the
-        cap is paused, the slowest too, and fetched again once within half of it: what a capped worker
-        holds is bounded by event time, not by the other workers' lag. It cannot stall the group: the
-        cap is at least the least partition's time less the lateness, and the margin halved is at least
-        the lateness, so the partition furthest behind of all is fetched by whoever holds it."""
+        the watermark goes, so the slowest partition too is paused once it holds more than its share and
+        is more than :attr:`_capped_margin_s` of event time past the cap, and fetched again once within
+        half of it: what a capped worker holds is bounded (its share of messages a partition, or the
+        margin), not growing with the other workers' lag. It cannot stall the group: the cap is at least
+        the least partition's time less the lateness, and the margin halved is at least the lateness, so
+        the partition furthest behind of all is fetched by whoever holds it."""
         if self._flow is None:
             return
         aligner = self.aligner
@@ -867,12 +869,12 @@ class Pipeline:
         if cap == _INF:
             pause: list[TP] = [tp for tp, n in held.items() if n > limit and tp != slowest and tp not in self.paused]  # type: ignore[misc]  # sources are (topic, partition)
             resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2 or tp == slowest]
-        else:  # capped by the other workers' progress: nothing far past it is fetched, the slowest either
+        else:  # capped by the other workers' progress: the slowest too, once it holds its share far past the cap
             margin = self._capped_margin_s
-            pause = [tp for tp, n in held.items() if tp not in self.paused  # type: ignore[misc]
-                     and ((n > limit and tp != slowest) or aligner.progress(tp)[0] > cap + margin)]  # fmt: skip
-            resume = [tp for tp in self.paused if (held.get(tp, 0) <= limit // 2 or tp == slowest)
-                      and aligner.progress(tp)[0] <= cap + margin / 2]  # fmt: skip
+            pause = [tp for tp, n in held.items() if n > limit and tp not in self.paused  # type: ignore[misc]
+                     and (tp != slowest or aligner.progress(tp)[0] > cap + margin)]  # fmt: skip
+            resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2
+                      or (tp == slowest and aligner.progress(tp)[0] <= cap + margin / 2)]  # fmt: skip
         if pause or resume:
             self.paused.difference_update(resume)
             self.paused.update(pause)

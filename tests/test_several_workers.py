@@ -5,6 +5,7 @@ local Slack server."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import time
 from pathlib import Path
@@ -153,6 +154,53 @@ def test_two_workers_catching_up_a_backlog_alert_as_backtest(tmp_path: Path, rul
             worker.kill()
         server.stop()
     assert all(n > 0 for n in held), held  # both held partitions: the group split the backlog
+    assert counts.rows == expected_counts(fl.records) and counts.doubled == 0
+    kinds = {a.alert_id: f"{a.type} {a.resource_id}" for a in fl.expected}
+    assert alerts.ok, f"{alerts}; missing: {[kinds[i] for i in alerts.missing]}"
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_two_workers_catching_up_a_backlog_through_kills_alert_as_backtest(tmp_path: Path, ruleset, seed: int):
+    """The backlog of the test above, a day of it, and a SIGKILL at a seeded point of the catch-up (a
+    seeded worker's stored events passing a seeded share of its half), the worker started again at
+    once: the survivor, capped by the dead one's last recorded progress, waits for the group to move
+    its partitions (the session timeout), the restarted one rejoins, and together they still store
+    every event once and alert as backtest: nothing the dead one stored and did not acknowledge is
+    decided twice, and no row it left (progress, state) lets the others decide early. A fetch or two
+    brings a worker's whole half here, so the kill lands with its events stored and few or none
+    decided: each worker capped, waiting on the other's progress (seed 7: 58,959 stored, none decided)."""
+    cfg = SimConfig(hours=24, training_hosts=6, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
+                    cpu_instances=0, seed=11)  # fmt: skip
+    fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
+    assert {a.type for a in fl.expected} >= {"failed_run_spend", "spot_eligible"}
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    rng = random.Random(seed)
+    victim, share = rng.randrange(2), rng.uniform(0.1, 0.6)
+    partitions = 2
+    server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "store.log").wait_ready()
+    workers: list[Worker] = []
+    try:
+        with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+            publish(broker.bootstrap, fl.records, partitions=partitions)
+            envs = [worker_env(broker.bootstrap, tmp_path / f"w{i}", rules, partitions, BURNWATCH_CLICKHOUSE_DSN=server.url)
+                    for i in range(2)]  # fmt: skip
+            workers.extend(Worker(env, tmp_path / f"w{i}.log").start() for i, env in enumerate(envs))
+            half = fl.events / 2
+            at_kill = workers[victim].wait_until(lambda h: h["events"] >= share * half, timeout=240, poll_s=0.02)
+            workers[victim].kill()  # mid catch-up: stored, partly decided, nothing said
+            assert at_kill["detected"] < at_kill["events"], at_kill  # it held stored events it had not decided
+            workers.append(Worker(envs[victim], tmp_path / f"w{victim}-again.log").start())
+            wait_all_acknowledged(broker.bootstrap, [w for w in workers if w.running], timeout=240, partitions=partitions)
+            for worker in workers:
+                if worker.running:
+                    assert worker.stop() == 0, worker.tail()
+        counts = stored(envs[0])
+        alerts = compare_alerts(fl.expected, stored_alerts(envs[0]))
+    finally:
+        for worker in workers:
+            worker.kill()
+        server.stop()
     assert counts.rows == expected_counts(fl.records) and counts.doubled == 0
     kinds = {a.alert_id: f"{a.type} {a.resource_id}" for a in fl.expected}
     assert alerts.ok, f"{alerts}; missing: {[kinds[i] for i in alerts.missing]}"
