@@ -208,7 +208,7 @@ def test_two_workers_fetching_unevenly_bound_what_they_hold_never_stall_and_aler
     at a time, in a seeded random order with one worker fetching four times as often as the other.
     The faster one is capped by the other's progress: no partition it fetches holds more than its share
     of messages more than the margin past the cap (before, the partition that held its watermark ran
-    on, and it held up to half its input), neither worker waits on the other for good (every message
+    on, and it held up to 58 % of its events), neither worker waits on the other for good (every message
     is acknowledged), and the alerts are backtest's to the cent and the millisecond."""
     cfg = SimConfig(hours=6, training_hosts=4, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
                     cpu_instances=0, seed=11)  # fmt: skip
@@ -282,7 +282,7 @@ def test_two_workers_fetching_unevenly_bound_what_they_hold_never_stall_and_aler
     asyncio.run(scenario())
     assert capped[fast] > 0  # the cap engaged, and with it the bound
     own = count_events((topic, "", m.value) for (topic, p), log in logs.items() if p == fast for m in log)  # type: ignore[misc]
-    assert most_held[fast] < own / 8, (most_held, own)  # without the bound: 29-50 % of its events
+    assert most_held[fast] < own / 8, (most_held, own)  # 4.5-8 % of its events; without the bound 35-58 %
     query = _ALERTS_QUERY.replace("burnwatch.", f"{store.alerts.conn.db}.")
     alerts = compare_alerts(fl.expected, {r["alert_id"]: r for r in store.alerts.conn.query(query)})
     assert alerts.ok, str(alerts)
