@@ -131,6 +131,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
         alerts = compare_alerts(expected, stored_alerts(env0))
     finally:
         for w in workers:
+            if w.running:
+                os.kill(w._proc.pid, signal.SIGCONT)  # type: ignore[union-attr]  # one stopped by --stall, if the run broke off
             w.stop()
         server.stop()
     return {
