@@ -112,16 +112,25 @@ def test_workers_joining_and_leaving_mid_stream_alert_as_one(tmp_path: Path, rul
     assert posts.ok, str(posts)  # every incident posted once, its resolution in its thread
 
 
-def run_fleet(tmp_path: Path, ruleset) -> tuple[Fleet, Path]:
-    """A 6-hour fleet of 4 training hosts whose runs fail and could run on spot (run alerts, which
-    read a run's hosts), with backtest's alerts, and a copy of the shipped rules."""
-    cfg = SimConfig(hours=6, training_hosts=4, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
+def run_fleet(tmp_path: Path, ruleset, hours: int = 6, hosts: int = 4) -> tuple[Fleet, Path]:
+    """A fleet of training hosts (6 hours of 4 unless told) whose runs fail and could run on spot (run
+    alerts, which read a run's hosts), with backtest's alerts, and a copy of the shipped rules."""
+    cfg = SimConfig(hours=hours, training_hosts=hosts, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
                     cpu_instances=0, seed=11)  # fmt: skip
     fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
     assert {a.type for a in fl.expected} >= {"failed_run_spend", "spot_eligible"}
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
     return fl, rules
+
+
+def assert_stored_as_backtest(fl: Fleet, env: dict[str, str]) -> None:
+    """Every event stored once, and the alerts backtest's (ids, status, times, dollars)."""
+    counts = stored(env)
+    alerts = compare_alerts(fl.expected, stored_alerts(env))
+    assert counts.rows == expected_counts(fl.records) and counts.doubled == 0
+    kinds = {a.alert_id: f"{a.type} {a.resource_id}" for a in fl.expected}
+    assert alerts.ok, f"{alerts}; missing: {[kinds[i] for i in alerts.missing]}"
 
 
 def test_two_workers_catching_up_a_backlog_alert_as_backtest(tmp_path: Path, ruleset):
@@ -147,16 +156,12 @@ def test_two_workers_catching_up_a_backlog_alert_as_backtest(tmp_path: Path, rul
             held = [w.health()["partitions"] for w in workers]  # type: ignore[index]
             for worker in workers:
                 assert worker.stop() == 0, worker.tail()
-        counts = stored(envs[0])
-        alerts = compare_alerts(fl.expected, stored_alerts(envs[0]))
+        assert all(n > 0 for n in held), held  # both held partitions: the group split the backlog
+        assert_stored_as_backtest(fl, envs[0])
     finally:
         for worker in workers:
             worker.kill()
         server.stop()
-    assert all(n > 0 for n in held), held  # both held partitions: the group split the backlog
-    assert counts.rows == expected_counts(fl.records) and counts.doubled == 0
-    kinds = {a.alert_id: f"{a.type} {a.resource_id}" for a in fl.expected}
-    assert alerts.ok, f"{alerts}; missing: {[kinds[i] for i in alerts.missing]}"
 
 
 @pytest.mark.parametrize("seed", [7])
@@ -169,12 +174,7 @@ def test_two_workers_catching_up_a_backlog_through_kills_alert_as_backtest(tmp_p
     decided twice, and no row it left (progress, state) lets the others decide early. A fetch or two
     brings a worker's whole half here, so the kill lands with its events stored and few or none
     decided: each worker capped, waiting on the other's progress (seed 7: 58,959 stored, none decided)."""
-    cfg = SimConfig(hours=24, training_hosts=6, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
-                    cpu_instances=0, seed=11)  # fmt: skip
-    fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
-    assert {a.type for a in fl.expected} >= {"failed_run_spend", "spot_eligible"}
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
+    fl, rules = run_fleet(tmp_path, ruleset, hours=24, hosts=6)
     rng = random.Random(seed)
     victim, share = rng.randrange(2), rng.uniform(0.1, 0.6)
     partitions = 2
@@ -195,15 +195,11 @@ def test_two_workers_catching_up_a_backlog_through_kills_alert_as_backtest(tmp_p
             for worker in workers:
                 if worker.running:
                     assert worker.stop() == 0, worker.tail()
-        counts = stored(envs[0])
-        alerts = compare_alerts(fl.expected, stored_alerts(envs[0]))
+        assert_stored_as_backtest(fl, envs[0])
     finally:
         for worker in workers:
             worker.kill()
         server.stop()
-    assert counts.rows == expected_counts(fl.records) and counts.doubled == 0
-    kinds = {a.alert_id: f"{a.type} {a.resource_id}" for a in fl.expected}
-    assert alerts.ok, f"{alerts}; missing: {[kinds[i] for i in alerts.missing]}"
 
 
 def test_a_worker_alone_on_topics_of_fewer_partitions_than_it_would_make_alerts_as_backtest(tmp_path: Path, ruleset):
@@ -222,7 +218,4 @@ def test_a_worker_alone_on_topics_of_fewer_partitions_than_it_would_make_alerts_
             assert worker.stop() == 0, worker.tail()
         finally:
             worker.kill()
-    counts = stored(env)
-    alerts = compare_alerts(fl.expected, stored_alerts(env))
-    assert counts.rows == expected_counts(fl.records) and counts.doubled == 0
-    assert alerts.ok, str(alerts)
+    assert_stored_as_backtest(fl, env)
