@@ -10,8 +10,9 @@ stored events over the time from the first stored event to the last, the group's
 included (how many assignments each worker went through is reported); "decided" is the same
 count over the time until every event is also decided (no worker holds any: several workers
 catching up a backlog decide no faster than the slowest stores, streams/progress.py), and "most
-held" the most events each worker's aligner held at a poll (20 a second); with the CPU seconds
-each worker and the store server used meanwhile: on a shared machine two processes get a
+held" the most events each worker's aligner held at a poll (up to 20 a second); with the CPU seconds
+each worker and the store server used until every event is decided (until the last was stored,
+before 2026-12-04's fourth session): on a shared machine two processes get a
 larger share of the cores than one, so events per worker CPU second is the steadier figure. Then every
 worker drains (nothing held, all acknowledged), stops, and the store is compared with
 backtest: every event stored once, and the alerts (ids, status, event times, dollars) equal
@@ -93,6 +94,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                     continue
                 if stall_end is not None:
                     stalled_most_held = max(stalled_most_held, hs[0]["held"] if hs[0] else 0)
+                    if not workers[0].running:
+                        raise RuntimeError(f"a worker exited:\n{workers[0].tail()}")
                     if time.monotonic() >= stall_end:
                         os.kill(workers[-1]._proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
                         stall_end = None
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}-{mode}", expected, mode, args.stall)
                 r["rows_ok"] = r["stored_rows"] == want_rows and r["doubled"] == 0
                 results.append(r)
-                stalled = f", the first while the last was stopped {r['stalled_most_held']}" if args.stall else ""
+                stalled = f", the first while the last was stopped {r['stalled_most_held']}" if args.stall and n > 1 else ""
                 print(f"{n} worker(s), inserts {mode}: {r['events_per_s']:,.0f} events/s in {r['seconds']:.1f} s "
                       f"(all decided in {r['decided_s']:.1f} s: {r['decided_events_per_s']:,.0f} events/s; most held "
                       f"{r['most_held']}{stalled}; per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
