@@ -200,8 +200,8 @@ def _partition_of(key: str, partitions: int) -> int:
 
 
 @pytest.mark.parametrize(("seed", "limit"), [(1, 20), (2, 20), (3, 20), (4, 3)])
-def test_two_workers_fetching_unevenly_bound_what_they_hold_never_stall_and_alert_as_backtest(tmp_path, store: Store,
-                                                                                                ruleset, seed, limit):  # fmt: skip
+def test_two_workers_fetching_unevenly_bound_what_they_hold_never_stall_and_alert_as_backtest(
+        tmp_path, store: Store, ruleset, seed, limit):  # fmt: skip
     """Two workers catch up a backlog fetching as a consumer does: a run of each partition not paused
     at a time, in a seeded random order with one worker fetching four times as often as the other.
     The faster one is capped by the other's progress: no partition it fetches holds more than its share
