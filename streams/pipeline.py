@@ -278,7 +278,7 @@ class Pipeline:
         self.max_held_per_partition = max_held_per_partition
         self._capped_margin_s = max(3 * lateness_s, 60.0)
         """How far past the cap (event time) a capped worker's slowest partition is fetched beyond its share
-        of messages (:meth:`_flow_control`): at least twice the lateness, which the argument that the group
+        of messages (:meth:`_flow_control`): more than twice the lateness, which the argument that the group
         cannot stall needs."""
         self.paused: set[TP] = set()
         """Partitions not fetched from for now: far ahead in event time of the one that holds
@@ -857,9 +857,10 @@ class Pipeline:
         the watermark goes, so the slowest partition too is paused once it holds more than its share and
         is more than :attr:`_capped_margin_s` of event time past the cap, and fetched again once within
         half of it: what a capped worker holds is bounded (its share of messages a partition, or the
-        margin), not growing with the other workers' lag. It cannot stall the group: the cap is at least
-        the least partition's time less the lateness, and the margin halved is at least the lateness, so
-        the partition furthest behind of all is fetched by whoever holds it."""
+        margin's span, whichever is more), not growing with the other workers' lag. It cannot stall the
+        group: the cap is at least the least time of the other workers' slowest partitions, as last
+        recorded, less the lateness, and half the margin is more than the lateness, so the partition
+        furthest behind of all is fetched by whoever holds it (docs/architecture.md)."""
         if self._flow is None:
             return
         aligner = self.aligner
