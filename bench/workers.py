@@ -53,7 +53,7 @@ PARTITIONS = 4
 
 
 def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert],
-             event_writer: str = "auto", stall_s: float = 0.0) -> dict:  # fmt: skip
+             event_writer: str = "auto", stall_s: float = 0.0, stalls: int = 1) -> dict:  # fmt: skip
     server = StoreServerProcess(f"chdb://{workdir / name / 'ch'}", workdir / f"store-{name}.log").wait_ready()
     workers: list[WorkerProcess] = []
     try:
@@ -80,6 +80,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
             deadline = time.monotonic() + 900
             stall_end: float | None = None
             """While the last worker is stopped (``stall_s``): when it is continued."""
+            next_stall: float | None = None
+            """When to stop it again (``stalls`` more than one: stopped ``stall_s``, then running 1 s)."""
             stalled_most_held = 0
             """The most events the first worker held while the last was stopped."""
             while time.monotonic() < deadline:
@@ -88,9 +90,10 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                 per_worker = [h["events"] if h else per_worker[i] for i, h in enumerate(hs)]
                 most_held = [max(m, h["held"]) if h else m for m, h in zip(most_held, hs, strict=True)]
                 total = sum(per_worker)
-                if stall_s and n_workers > 1 and first is not None and stall_end is None and total >= n_events // 4:
+                due = total >= n_events // 4 if next_stall is None else time.monotonic() >= next_stall
+                if stalls and stall_s and n_workers > 1 and first is not None and stall_end is None and due:
                     os.kill(workers[-1]._proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
-                    stall_end, stall_s = time.monotonic() + stall_s, 0.0
+                    stall_end, stalls, next_stall = time.monotonic() + stall_s, stalls - 1, None
                     continue
                 if stall_end is not None:
                     stalled_most_held = max(stalled_most_held, hs[0]["held"] if hs[0] else 0)
@@ -98,7 +101,7 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                         raise RuntimeError(f"a worker exited:\n{workers[0].tail()}")
                     if time.monotonic() >= stall_end:
                         os.kill(workers[-1]._proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
-                        stall_end = None
+                        stall_end, next_stall = None, time.monotonic() + 1.0
                     time.sleep(0.05)
                     continue
                 if first is None and total > 0:
@@ -159,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop the last worker (SIGSTOP) for S seconds once a quarter of the events are stored: "
                              "the others, capped by its progress, must not hold more for it (keep S under the "
                              "group's session timeout, 6 s here, or the group moves its partitions)")
+    parser.add_argument("--stalls", type=int, default=1, metavar="N",
+                        help="with --stall: stop it N times, running 1 s between (a worker several times slower)")
     parser.add_argument("--order", default="1,2",
                         help="worker counts, in the order each round runs them; N:MODE also sets where their "
                              "inserts run (BURNWATCH_EVENT_WRITER: auto, process, thread), e.g. 1:thread,1:process")  # fmt: skip
@@ -176,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="burnwatch-workers-") as tmp:
         for run in range(args.runs):
             for n, mode in sides:
-                r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}-{mode}", expected, mode, args.stall)
+                r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}-{mode}", expected, mode, args.stall, args.stalls)
                 r["rows_ok"] = r["stored_rows"] == want_rows and r["doubled"] == 0
                 results.append(r)
                 stalled = f", the first while the last was stopped {r['stalled_most_held']}" if args.stall and n > 1 else ""

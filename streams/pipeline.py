@@ -56,6 +56,11 @@ _json = msgspec.json.Encoder()
 
 TP = tuple[str, int]
 _INF = float("inf")
+CAPPED_ALLOWANCE = 10
+"""Times its share (``max_held_per_partition``) the partition holding a capped worker's watermark may hold
+before it is paused for being far past the cap (:meth:`Pipeline._flow_control`): 20,000 messages by default
+(some 160,000 events at the bench fleet's 8 a message), so that a worker stores ahead while another is
+slower, and only a lead that would grow without bound is paused."""
 DEAD_LETTER_MAX_VALUE = 512 << 10
 """Bytes of a refused message kept in its dead-letter record; a larger one is kept truncated
 (with its size and SHA-256), so the record (base64) fits a broker's default 1 MB message limit."""
@@ -854,10 +859,13 @@ class Pipeline:
         The partition that holds the watermark is not paused for its count, so the watermark always moves.
 
         Capped by the other workers' progress (:mod:`streams.progress`), what runs ahead waits however far
-        the watermark goes, so the slowest partition too is paused once it holds more than its share and
-        is more than :attr:`_capped_margin_s` of event time past the cap, and fetched again once within
-        half of it: what a capped worker holds is bounded (its share of messages a partition, or the
-        margin's span, whichever is more), not growing with the other workers' lag. It cannot stall the
+        the watermark goes, so the slowest partition too is paused once it holds more than
+        :data:`CAPPED_ALLOWANCE` times its share and is more than :attr:`_capped_margin_s` of event time
+        past the cap, and fetched again once within half of it: what a capped worker holds is bounded (a
+        partition's share, the slowest's allowance, or the margin's span, whichever is more), not growing
+        with the other workers' lag. The allowance lets a worker store ahead while another is slower
+        (paused at its share, a worker stopped 3 s in 4 took the two-worker catch-up from 17-23 s to
+        26-28 s, bench/workers.py --stall 3 --stalls 12). It cannot stall the
         group: the cap is at least the least time of the other workers' slowest partitions, as last
         recorded, less the lateness, and half the margin is more than the lateness, so the partition
         furthest behind of all is fetched by whoever holds it (docs/architecture.md)."""
@@ -870,10 +878,10 @@ class Pipeline:
         if cap == _INF:
             pause: list[TP] = [tp for tp, n in held.items() if n > limit and tp != slowest and tp not in self.paused]  # type: ignore[misc]  # sources are (topic, partition)
             resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2 or tp == slowest]
-        else:  # capped by the other workers' progress: the slowest too, once it holds its share far past the cap
-            margin = self._capped_margin_s
+        else:  # capped by the other workers' progress: the slowest too, once it holds its allowance far past the cap
+            margin, allowance = self._capped_margin_s, CAPPED_ALLOWANCE * limit
             pause = [tp for tp, n in held.items() if n > limit and tp not in self.paused  # type: ignore[misc]
-                     and (tp != slowest or aligner.progress(tp)[0] > cap + margin)]  # fmt: skip
+                     and (tp != slowest or (n > allowance and aligner.progress(tp)[0] > cap + margin))]  # fmt: skip
             resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2
                       or (tp == slowest and aligner.progress(tp)[0] <= cap + margin / 2)]  # fmt: skip
         if pause or resume:

@@ -22,7 +22,7 @@ from detector.simulate import SimConfig
 from detector.store import Store
 from streams.app import HostDirectory
 from streams.kafka import count_events
-from streams.pipeline import TP, Message, Pipeline
+from streams.pipeline import CAPPED_ALLOWANCE, TP, Message, Pipeline
 from tests.helpers import MIN, T0, at
 from tests.reliability import _ALERTS_QUERY, compare_alerts, fleet
 from tests.test_align import Ev, times
@@ -199,17 +199,18 @@ def _partition_of(key: str, partitions: int) -> int:
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
-@pytest.mark.parametrize(("seed", "limit"), [(1, 20), (2, 20), (3, 20), (4, 3)])
+@pytest.mark.parametrize(("seed", "limit"), [(1, 3), (2, 3), (3, 3), (4, 2)])
 def test_two_workers_fetching_unevenly_bound_what_they_hold_never_stall_and_alert_as_backtest(
         tmp_path, store: Store, ruleset, seed, limit):  # fmt: skip
     """Two workers catch up a backlog fetching as a consumer does: a run of each partition not paused
     at a time, in a seeded random order with one worker fetching four times as often as the other.
-    The faster one is capped by the other's progress: no partition it fetches holds more than its share
-    of messages more than the margin past the cap (before, the partition that held its watermark ran
-    on, and it held up to 58 % of its events), neither worker waits on the other for good (every message
-    is acknowledged), and the alerts are backtest's to the cent and the millisecond. With a share of 3
-    messages, the slowest partition is paused for its time and fetched again once within half the
-    margin of the cap (without that, every partition of both workers stays paused); with 20 it never is."""
+    The faster one is capped by the other's progress: no partition it fetches more than the margin past
+    the cap holds more than its share of messages (the one holding its watermark, its allowance: 10
+    shares); before, that one ran on, and the faster worker held 53-79 % of its events. Neither worker
+    waits on the other for good (every message is acknowledged; without the rule that fetches the
+    slowest partition again within half the margin, every partition of both stays paused), and the
+    alerts are backtest's to the cent and the millisecond. Shares of 2-3 messages keep the allowance
+    small against this 6-hour fleet (720 messages a GPU partition)."""
     cfg = SimConfig(hours=6, training_hosts=4, notebooks=0, inference_endpoints=0, buckets=0, vector_dbs=0,
                     cpu_instances=0, seed=11)  # fmt: skip
     fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
@@ -274,15 +275,17 @@ def test_two_workers_fetching_unevenly_bound_what_they_hold_never_stall_and_aler
             if group.cap != INF and group.cap < w.aligner.watermark:
                 capped[i] += 1
                 fetching = [tp for tp in logs if tp[1] == i and tp not in paused[i]]
-                ahead = [tp for tp in fetching if w.aligner.held_by_source.get(tp, 0) > limit
-                         and w.aligner.progress(tp)[0] > group.cap + margin]  # fmt: skip
-                assert not ahead, f"fetching {ahead}, each holding over {limit} messages, more than {margin} s past the cap"
+                slowest = w.aligner.slowest()
+                most = {tp: CAPPED_ALLOWANCE * limit if tp == slowest else limit for tp in fetching}
+                ahead = [tp for tp in fetching if w.aligner.progress(tp)[0] > group.cap + margin
+                         and w.aligner.held_by_source.get(tp, 0) > most[tp]]  # fmt: skip
+                assert not ahead, f"fetching {ahead}, each holding more than its share or allowance, {margin} s past the cap"
             most_held[i] = max(most_held[i], len(w.aligner))
 
     asyncio.run(scenario())
     assert capped[fast] > 0  # the cap engaged, and with it the bound
     own = count_events((topic, "", m.value) for (topic, p), log in logs.items() if p == fast for m in log)  # type: ignore[misc]
-    assert most_held[fast] < own / 8, (most_held, own)  # 4.5-8 % of its events; without the bound 35-58 %
+    assert most_held[fast] < own / 8, (most_held, own)  # 6.5-8.1 % of its events; without the bound 53-79 %
     query = _ALERTS_QUERY.replace("burnwatch.", f"{store.alerts.conn.db}.")
     alerts = compare_alerts(fl.expected, {r["alert_id"]: r for r in store.alerts.conn.query(query)})
     assert alerts.ok, str(alerts)
