@@ -874,16 +874,13 @@ class Pipeline:
         aligner = self.aligner
         held, limit = aligner.held_by_source, self.max_held_per_partition
         slowest = aligner.slowest()
+        # Uncapped (cap inf), the slowest is never far past it: paused for its count alone, never for its time.
         cap = self.group.cap if self.group is not None else _INF
-        if cap == _INF:
-            pause: list[TP] = [tp for tp, n in held.items() if n > limit and tp != slowest and tp not in self.paused]  # type: ignore[misc]  # sources are (topic, partition)
-            resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2 or tp == slowest]
-        else:  # capped by the other workers' progress: the slowest too, once it holds its allowance far past the cap
-            margin, allowance = self._capped_margin_s, CAPPED_ALLOWANCE * limit
-            pause = [tp for tp, n in held.items() if n > limit and tp not in self.paused  # type: ignore[misc]
-                     and (tp != slowest or (n > allowance and aligner.progress(tp)[0] > cap + margin))]  # fmt: skip
-            resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2
-                      or (tp == slowest and aligner.progress(tp)[0] <= cap + margin / 2)]  # fmt: skip
+        margin, allowance = self._capped_margin_s, CAPPED_ALLOWANCE * limit
+        pause: list[TP] = [tp for tp, n in held.items() if n > limit and tp not in self.paused  # type: ignore[misc]  # sources are (topic, partition)
+                           and (tp != slowest or (n > allowance and aligner.progress(tp)[0] > cap + margin))]  # fmt: skip
+        resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2
+                  or (tp == slowest and aligner.progress(tp)[0] <= cap + margin / 2)]  # fmt: skip
         if pause or resume:
             self.paused.difference_update(resume)
             self.paused.update(pause)
