@@ -31,16 +31,16 @@ from detector.store.progress import PartitionProgress
 
 __all__ = ["GroupProgress"]
 
-
-def _generation(generation: int | None) -> int:
-    """The group generation as recorded: -1 where none is known (a pipeline outside a group)."""
-    return -1 if generation is None else generation
-
 log = structlog.get_logger("burnwatch.worker")
 
 TP = tuple[str, int]
 Row = tuple[int, float, bool]
 _INF = float("inf")
+
+
+def _generation(generation: int | None) -> int:
+    """The group generation as recorded: -1 where none is known (a pipeline outside a group)."""
+    return -1 if generation is None else generation
 
 
 class GroupProgress:
@@ -127,8 +127,8 @@ class GroupProgress:
 
     def update(self, cap: float, watermark: float) -> None:
         """Take a cap read; say so (once in 30 s) when one holds the release back for long."""
-        self.cap, self._read_at = cap, time.monotonic()
         now = time.monotonic()
+        self.cap, self._read_at = cap, now
         if cap >= watermark:
             self._capped_since = None
             return
