@@ -77,13 +77,17 @@ def run(partition: int, offset: int, t: float, host: str) -> Message:
 
 
 def worker(store: Store, ruleset, partitions: list[int], end_positions=None, count: int = PARTITIONS,
-           generation: int | None = None) -> Pipeline:  # fmt: skip
-    """A pipeline as a worker of the group holds it: ``partitions`` of each input topic of ``count``
-    partitions, in the group's ``generation``, catching up (nothing caught up: a backlog)."""
-    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
-                        send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=lambda topic, p, offset: False,
+           generation: int | None = None, caught_up=lambda topic, p, offset: False, **options) -> Pipeline:  # fmt: skip
+    """A pipeline as a worker of the group holds it, wired as the worker wires it (a run's hosts held
+    elsewhere read from the store): ``partitions`` of each input topic of ``count`` partitions, in the
+    group's ``generation``, catching up unless ``caught_up`` says so (by default nothing is: a backlog);
+    ``options``: the pipeline's other settings (flow control)."""
+    engine = Engine(ruleset)
+    engine.directory = HostDirectory(store.history)
+    pipeline = Pipeline(engine=engine, store=store, outbox=Outbox(store, None), manager=AlertManager(ruleset=ruleset),
+                        send_dead_letter=lambda key, value: asyncio.sleep(0), caught_up=caught_up,
                         end_positions=end_positions, partition_count=lambda topic: count,
-                        generation=lambda: generation)  # fmt: skip
+                        generation=lambda: generation, **options)  # fmt: skip
     pipeline.expect((topic, p) for topic in ("resource-usage", "gpu-metrics", "run-events") for p in partitions)
     return pipeline
 
@@ -239,16 +243,11 @@ def test_two_workers_fetching_unevenly_bound_what_they_hold_never_stall_and_aler
             paused[i].difference_update(resume)
         return flow
 
-    engines = [Engine(ruleset) for _ in range(2)]
-    for engine in engines:
-        engine.directory = HostDirectory(store.history)  # a run's hosts held by the other worker, as a worker wires it
-    workers = [Pipeline(engine=engines[i], store=store, outbox=Outbox(store, None), manager=AlertManager(ruleset=ruleset),
-                        send_dead_letter=lambda key, value: asyncio.sleep(0), end_positions=end_positions,
-                        caught_up=lambda topic, p, offset: offset + 1 >= len(logs.get((topic, p), [])),
-                        partition_count=lambda topic: PARTITIONS, generation=lambda: 1, flow=flow_of(i),
-                        max_held_per_partition=limit) for i in range(2)]  # fmt: skip
-    for i, w in enumerate(workers):
-        w.expect((topic, i) for topic in ("resource-usage", "gpu-metrics", "run-events"))
+    def at_end(topic: str, p: int, offset: int) -> bool:
+        return offset + 1 >= len(logs.get((topic, p), []))
+
+    workers = [worker(store, ruleset, [i], end_positions=end_positions, generation=1, caught_up=at_end, flow=flow_of(i),
+                      max_held_per_partition=limit) for i in range(2)]  # fmt: skip
     margin = workers[0]._capped_margin_s
     most_held, capped, steps = [0, 0], [0, 0], 0
 
