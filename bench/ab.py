@@ -6,7 +6,7 @@ Both workers read the same fleet file from a fresh embedded broker into a fresh 
 ClickHouse (``bench.run.bench_streaming``), alternating so that drift on the machine
 falls on both sides; the past commit's worker runs from a git worktree, from its directory
 and put first on ``PYTHONPATH`` (before 2026-12-01 it ran from this tree's directory, which
-comes first on ``python -m``'s path: the A/Bs in docs/performance.md before issue 16 compared
+comes first on ``python -m``'s path: the A/Bs in docs/performance-log.md before issue 16 compared
 the working tree with itself). On a small shared VM one commit's figure spans ±15 % and more, so
 compare means over several runs, never one pair. Each run also prints events per CPU second of
 the worker process (user + system, every thread, from /proc): it moves less than events per

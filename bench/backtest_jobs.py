@@ -13,7 +13,7 @@ into N files; then one ``backtest`` runs over the whole file, and N at once, one
 alternating ``--runs`` times. Prints events/s by detection time (the slowest shard's), the CPU
 seconds, and the alerts by type against the whole file's. The shards share nothing: a run's hosts
 priced by another shard's usage events are not looked up there, so run alerts go missing. This
-is what key-sharding is worth before paying for what it must share (docs/performance.md).
+is what key-sharding is worth before paying for what it must share (docs/performance-log.md, "Backtest in several processes").
 """
 
 from __future__ import annotations

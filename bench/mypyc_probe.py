@@ -1,4 +1,4 @@
-"""Does compiling the hot detection path with mypyc pay? A probe, not a build (see docs/performance.md,
+"""Does compiling the hot detection path with mypyc pay? A probe, not a build (see docs/performance-log.md,
 "Compiling the hot path with mypyc").
 
     .venv/bin/python bench/mypyc_probe.py [--all] [--callgrind] [--runs 3] [--file bench/out/fleet.jsonl] [--keep DIR]

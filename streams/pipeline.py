@@ -864,7 +864,7 @@ class Pipeline:
         past the cap, and fetched again once within half of it: what a capped worker holds is bounded (a
         partition's share, the slowest's allowance, or the margin's span, whichever is more), not growing
         with the other workers' lag. The allowance lets a worker store ahead while another is slower:
-        paused at its share, it made a catch-up with a slow partner slower (docs/performance.md, "What a
+        paused at its share, it made a catch-up with a slow partner slower (docs/performance-log.md, "What a
         capped worker holds"). It cannot stall the group: the cap is at least the least time of the other
         workers' slowest partitions, as last recorded, less the lateness, and half the margin is more
         than the lateness, so the partition furthest behind of all is fetched by whoever holds it

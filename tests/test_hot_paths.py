@@ -3,7 +3,7 @@
 CPython 3.11 makes each local that a lambda, comprehension or generator reads into a cell at every
 call of the function holding it, whether or not the closure runs: the rules' resolve lambdas and
 small generators cost ~7k CPU instructions a usage event in cells alone before they went
-(docs/performance.md, "A usage event's own cost, and closures in the per-event code"). This keeps
+(docs/performance-log.md, "A usage event's own cost, and closures in the per-event code"). This keeps
 them out of the per-event methods of every registered rule and of the engine's and the aligner's
 per-event code; a closure there belongs in a helper called only when it is needed
 (``functools.partial`` for :func:`~detector.detectors.episode.end`,

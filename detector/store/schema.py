@@ -29,7 +29,7 @@ MERGE_SELECTOR_BASE = 10
 5). A worker leaves a small part in each of them every fraction of a second, and the default merges
 such parts so soon and so often that, in the embedded engine, merging took as much of the worker's CPU
 as detection; at 10 a merge waits for about twice as many parts of a size, so each row is rewritten
-fewer times (docs/performance.md, "Merging the parts each batch leaves"). Queries read the same rows."""
+fewer times (docs/performance-log.md, "Merging the parts each batch leaves"). Queries read the same rows."""
 
 
 PACKED_BELOW_BYTES = 10 << 20
@@ -38,7 +38,7 @@ part smaller than this is written packed (a directory holding one file), not as 
 files. Each batch leaves a small part in each of those tables and each merge makes one and deletes
 several; on the worker's own disk, allocating those files' inodes was most of the kernel time of the
 embedded engine's writes, and packed, the engine's CPU for the same inserts fell by about 40 %
-(docs/performance.md, "Fewer files a part"). The same bound as ClickHouse's ``min_bytes_for_wide_part``:
+(docs/performance-log.md, "Fewer files a part"). The same bound as ClickHouse's ``min_bytes_for_wide_part``:
 larger parts are stored as before. Queries read the same rows."""
 
 ON_CHDB = "(SELECT count() FROM system.functions WHERE name = 'chdb') > 0"

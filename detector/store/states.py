@@ -43,7 +43,7 @@ class States:
         the keys saved within that many seconds of the partitions' newest save (a save's version
         is its wall-clock time) come with their snapshot, the rest with None, to be read one by
         one (:meth:`get`) if they speak again: a worker taking over a million keys, most of them
-        quiet, does not hold every one's bytes until it speaks (docs/performance.md, Memory).
+        quiet, does not hold every one's bytes until it speaks (docs/performance-log.md, "Memory per resource").
         From the newest save, not from now: after an outage longer than the horizon the keys
         that were live still come with their bytes, and catching up reads none of them one by one.
         ``latest`` is given each key's latest event time, where its state was saved with one
@@ -108,7 +108,7 @@ class States:
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         """The latest snapshot of each of these keys that has one (a key never saved, or deleted,
         is absent): what :meth:`get` gives one key, for a batch's quiet keys in one query per
-        :data:`GET_MANY_CHUNK` keys, not one look-up each (docs/performance.md, Memory)."""
+        :data:`GET_MANY_CHUNK` keys, not one look-up each (docs/performance-log.md, "Memory per resource")."""
         found: dict[str, bytes] = {}
         for i in range(0, len(keys), GET_MANY_CHUNK):
             with self.conn.lock:
