@@ -1,6 +1,6 @@
 """Where the streaming worker's time goes: py-spy attached to a worker consuming a fleet file.
 
-    .venv/bin/python bench/profile_worker.py FLEET.jsonl [--top 30] [--out stacks.txt] [--store-server thread|process]
+    .venv/bin/python bench/profile_worker.py FLEET.jsonl [--top 30] [--out stacks.txt] [--store-server thread|process] [--child]
 
 The file is published to a fresh embedded broker first; then one worker process consumes it
 into a fresh embedded ClickHouse while py-spy samples it (every thread, 200 Hz, idle samples
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import PARTITIONS, env  # noqa: E402
+from bench.run import PARTITIONS, _children, env  # noqa: E402
 from streams.embedded import EmbeddedBroker  # noqa: E402
 from streams.kafka import count_events, ensure_topics, file_records, publish_records  # noqa: E402
 from streams.process import StoreServerProcess, WorkerProcess  # noqa: E402
@@ -65,6 +65,9 @@ def main() -> int:
                         help="write to a `burnwatch store serve` instead of the embedded engine, the inserts in the "
                              "worker's writer thread or its child process (BURNWATCH_EVENT_WRITER); the worker's own "
                              "process is what is sampled")  # fmt: skip
+    parser.add_argument("--child", action="store_true",
+                        help="sample the worker's event writer child (BURNWATCH_EVENT_WRITER=process: the events' ids, "
+                             "columns and inserts) instead of the worker, from its first stored batch")  # fmt: skip
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
@@ -86,7 +89,15 @@ def main() -> int:
         stacks = args.out or workdir / "stacks.txt"
         try:
             worker.wait_until(lambda h: h["partitions"] > 0, timeout=120, poll_s=0.05)
-            spy = subprocess.Popen([py_spy, "record", "--pid", str(worker._proc.pid), "--rate", "200",  # type: ignore[union-attr]
+            pid = worker._proc.pid  # type: ignore[union-attr]
+            if args.child:  # started with the worker's first write
+                worker.wait_until(lambda h: h["events"] > 0, timeout=120, poll_s=0.02)
+                children = _children(pid)
+                if len(children) != 1:
+                    print(f"expected one event writer child, found {children}", file=sys.stderr)
+                    return 2
+                pid = children[0]
+            spy = subprocess.Popen([py_spy, "record", "--pid", str(pid), "--rate", "200",
                                     "--format", "raw", "--output", str(stacks), "--nonblocking"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
             worker.wait_until(lambda h: h["events"] > 0, timeout=120, poll_s=0.02)

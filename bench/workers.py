@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.catch_up import _status  # noqa: E402
 from bench.latency import scrape  # noqa: E402
 from bench.run import bench_fleet, cpu_seconds  # noqa: E402
 from detector.alerts import Alert  # noqa: E402
@@ -50,6 +51,19 @@ from streams.process import StoreServerProcess, WorkerProcess, worker_env  # noq
 from tests.reliability import compare_alerts, expected_counts, reported_alerts, stored, stored_alerts  # noqa: E402
 
 PARTITIONS = 4
+
+
+def tenths(polls: list[tuple[float, int]], n_events: int) -> list[float]:
+    """Events/s over each tenth of the backlog, from the polls' (when, events stored): whether the pace
+    holds as the store and the keys' state grow, or falls (a look-up or a merge that grows with them)."""
+    rates: list[float] = []
+    done_at = [next((t for t, n in polls if n >= n_events * k / 10), None) for k in range(11)]
+    done_at[0] = next((t for t, n in polls if n > 0), None)
+    for k in range(10):
+        start, end = done_at[k], done_at[k + 1]
+        if start is not None and end is not None and end > start:
+            rates.append(round(n_events / 10 / (end - start)))
+    return rates
 
 
 def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert],
@@ -84,12 +98,15 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
             """When to stop it again (``stalls`` more than one: stopped ``stall_s``, then running 1 s)."""
             stalled_most_held = 0
             """The most events the first worker held while the last was stopped."""
+            polls: list[tuple[float, int]] = []
+            """(when, events stored by every worker) at each poll: the pace through the backlog."""
             while time.monotonic() < deadline:
                 polled = workers[:-1] if stall_end is not None else workers  # a stopped worker does not answer
                 hs = [w.health() for w in polled] + [None] * (len(workers) - len(polled))
                 per_worker = [h["events"] if h else per_worker[i] for i, h in enumerate(hs)]
                 most_held = [max(m, h["held"]) if h else m for m, h in zip(most_held, hs, strict=True)]
                 total = sum(per_worker)
+                polls.append((time.perf_counter(), total))
                 due = total >= n_events // 4 if next_stall is None else time.monotonic() >= next_stall
                 if stalls and stall_s and n_workers > 1 and first is not None and stall_end is None and due:
                     os.kill(workers[-1]._proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
@@ -127,6 +144,7 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
             for w in workers:
                 w.wait_until(lambda h: h["held"] == 0, timeout=120)
             parts = [w.health()["partitions"] for w in workers]  # type: ignore[index]
+            peak_rss_mb = [round(_status(w._proc.pid)["VmHWM"] / 1024) for w in workers]  # type: ignore[union-attr]
             stages = [scrape(w.port) for w in workers]
             codes = [w.stop() for w in workers]
             # Assignments each worker went through (a second join while the first reads: a rebalance).
@@ -145,11 +163,11 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
         "workers": n_workers, "event_writer": event_writer, "partitions_each": parts, "events": n_events, "seconds": elapsed,
         "events_per_s": n_events / elapsed, "decided_s": decided, "decided_events_per_s": n_events / decided,
         "most_held": most_held, "stalled_most_held": stalled_most_held, "events_per_worker": per_worker,
-        "publish_s": publish_s, "assignments": assignments,
+        "publish_s": publish_s, "assignments": assignments, "tenths": tenths(polls, n_events),
         "cpu_s_workers": cpu[:-1], "cpu_s_workers_main": cpu_main,
         "cpu_s_stages": [{k: round(v, 1) for k, v in m.items() if k.startswith("cpu_")} for m in stages],
         "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
-        "exit_codes": codes, "stored_rows": counts.rows, "doubled": counts.doubled,
+        "peak_rss_mb": peak_rss_mb, "exit_codes": codes, "stored_rows": counts.rows, "doubled": counts.doubled,
         "alerts_ok": alerts.ok, "alerts": str(alerts), "load_before": load_before, "load_after": load_after,
     }  # fmt: skip
 
@@ -188,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{n} worker(s), inserts {mode}: {r['events_per_s']:,.0f} events/s in {r['seconds']:.1f} s "
                       f"(all decided in {r['decided_s']:.1f} s: {r['decided_events_per_s']:,.0f} events/s; most held "
                       f"{r['most_held']}{stalled}; per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
-                      f"assignments {r['assignments']}); CPU s: workers {r['cpu_s_workers']} (of which their own process "
+                      f"assignments {r['assignments']}; events/s by tenth of the backlog {r['tenths']}; "
+                      f"peak RSS MB {r['peak_rss_mb']}); "
+                      f"CPU s: workers {r['cpu_s_workers']} (of which their own process "
                       f"{r['cpu_s_workers_main']}; by stage {r['cpu_s_stages']}), store {r['cpu_s_store']} "
                       f"({r['events_per_worker_cpu_s']:,.0f} events per worker CPU second); "
                       f"rows ok {r['rows_ok']}, alerts ok {r['alerts_ok']} ({r['alerts']}); "
