@@ -7,8 +7,8 @@ FILE is a replay file (default: the bench fleet with one event per message,
 ``bench/out/fleet-single.jsonl``, written from ``bench/out/fleet.jsonl`` when missing); its first ``--messages`` are
 decoded once, then each part runs over them ``--repeat`` times and the best is printed, in µs
 per message (one event each): the best of several, because on a shared VM the rest only
-measures the neighbours. These are parts, not the worker: docs/performance.md says how little
-of the end-to-end figure they are.
+measures the neighbours. These are parts, not the worker: docs/performance.md ("Where a worker's time goes") says how
+little of the end-to-end figure they are.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
    time from publishing the message that completes the idle threshold to the
    local Slack server receiving the post; p50 / p99.
 
-Prints a Markdown table for docs/performance.md and writes bench/out/results.json.
+Prints a Markdown table of the figures (docs/performance.md quotes them) and writes bench/out/results.json.
 """
 
 from __future__ import annotations
