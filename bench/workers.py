@@ -1,8 +1,8 @@
 """One worker against two in one consumer group, on one shared store, over the bench fleet.
 
-    .venv/bin/python bench/workers.py [--fleet FLEET.jsonl] [--runs 2] [--order 1,2 | 1:thread,1:process]
+    .venv/bin/python bench/workers.py [--fleet FLEET.jsonl] [--runs 2] [--order 1,2 | 1:thread,1:process] [--partitions 4]
 
-Each run: a fresh embedded broker (4 partitions per input topic) and a fresh
+Each run: a fresh embedded broker (4 partitions per input topic, or --partitions) and a fresh
 ``burnwatch store serve`` (chdb in its own process: the one store that several workers can
 share here); the whole fleet is published as fast as the producer goes, then N workers start
 together and join one group (a backlog to catch up); events/s is the sum of the workers'
@@ -67,12 +67,13 @@ def tenths(polls: list[tuple[float, int]], n_events: int) -> list[float]:
 
 
 def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert],
-             event_writer: str = "auto", stall_s: float = 0.0, stalls: int = 1) -> dict:  # fmt: skip
+             event_writer: str = "auto", stall_s: float = 0.0, stalls: int = 1,
+             partitions: int = PARTITIONS) -> dict:  # fmt: skip
     server = StoreServerProcess(f"chdb://{workdir / name / 'ch'}", workdir / f"store-{name}.log").wait_ready()
     workers: list[WorkerProcess] = []
     try:
         with EmbeddedBroker(log_path=workdir / f"broker-{name}.log") as broker:
-            asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
+            asyncio.run(ensure_topics(broker.bootstrap, partitions))
             # The backlog is published first: a worker reading while a producer writes 8 hours of
             # event time per second can see one input partition caught up (nothing there yet)
             # while the others run ahead of it, and then receive that partition's older events late.
@@ -81,7 +82,7 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
             publish_s = time.perf_counter() - started
             envs = []
             for i in range(n_workers):
-                e = worker_env(broker.bootstrap, workdir / name / f"w{i}", ROOT / "rules", PARTITIONS,
+                e = worker_env(broker.bootstrap, workdir / name / f"w{i}", ROOT / "rules", partitions,
                                BURNWATCH_CLICKHOUSE_DSN=server.url, BURNWATCH_EVENT_WRITER=event_writer)  # fmt: skip
                 envs.append(e)
                 workers.append(WorkerProcess(e, workdir / f"worker-{name}-{i}.log").start())
@@ -182,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                              "group's session timeout, 6 s here, or the group moves its partitions)")
     parser.add_argument("--stalls", type=int, default=1, metavar="N",
                         help="with --stall: stop it N times, running 1 s between (a worker several times slower)")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS,
+                        help=f"partitions of each input topic (default {PARTITIONS}; a worker alone holds them all)")
     parser.add_argument("--order", default="1,2",
                         help="worker counts, in the order each round runs them; N:MODE also sets where their "
                              "inserts run (BURNWATCH_EVENT_WRITER: auto, process, thread), e.g. 1:thread,1:process")  # fmt: skip
@@ -199,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="burnwatch-workers-") as tmp:
         for run in range(args.runs):
             for n, mode in sides:
-                r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}-{mode}", expected, mode, args.stall, args.stalls)
+                r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}-{mode}", expected, mode, args.stall, args.stalls,
+                             args.partitions)  # fmt: skip
                 r["rows_ok"] = r["stored_rows"] == want_rows and r["doubled"] == 0
                 results.append(r)
                 stalled = f", the first while the last was stopped {r['stalled_most_held']}" if args.stall and n > 1 else ""
