@@ -99,6 +99,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
             """When to stop it again (``stalls`` more than one: stopped ``stall_s``, then running 1 s)."""
             stalled_most_held = 0
             """The most events the first worker held while the last was stopped."""
+            peak_held = (0, 0)
+            """(the most events the workers held together at a poll, the events stored then): when the peak came."""
             polls: list[tuple[float, int]] = []
             """(when, events stored by every worker) at each poll: the pace through the backlog."""
             while time.monotonic() < deadline:
@@ -107,6 +109,9 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                 per_worker = [h["events"] if h else per_worker[i] for i, h in enumerate(hs)]
                 most_held = [max(m, h["held"]) if h else m for m, h in zip(most_held, hs, strict=True)]
                 total = sum(per_worker)
+                held_now = sum(h["held"] for h in hs if h)
+                if held_now > peak_held[0]:
+                    peak_held = (held_now, total)
                 polls.append((time.perf_counter(), total))
                 due = total >= n_events // 4 if next_stall is None else time.monotonic() >= next_stall
                 if stalls and stall_s and n_workers > 1 and first is not None and stall_end is None and due:
@@ -168,7 +173,8 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
         "cpu_s_workers": cpu[:-1], "cpu_s_workers_main": cpu_main,
         "cpu_s_stages": [{k: round(v, 1) for k, v in m.items() if k.startswith("cpu_")} for m in stages],
         "cpu_s_store": cpu[-1], "events_per_worker_cpu_s": n_events / sum(cpu[:-1]),
-        "peak_rss_mb": peak_rss_mb, "exit_codes": codes, "stored_rows": counts.rows, "doubled": counts.doubled,
+        "peak_rss_mb": peak_rss_mb, "peak_held_at_stored": peak_held[1] / n_events,
+        "exit_codes": codes, "stored_rows": counts.rows, "doubled": counts.doubled,
         "alerts_ok": alerts.ok, "alerts": str(alerts), "load_before": load_before, "load_after": load_after,
     }  # fmt: skip
 
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"(all decided in {r['decided_s']:.1f} s: {r['decided_events_per_s']:,.0f} events/s; most held "
                       f"{r['most_held']}{stalled}; per worker {r['events_per_worker']}, partitions {r['partitions_each']}, "
                       f"assignments {r['assignments']}; events/s by tenth of the backlog {r['tenths']}; "
-                      f"peak RSS MB {r['peak_rss_mb']}); "
+                      f"peak RSS MB {r['peak_rss_mb']}, the most held when {r['peak_held_at_stored']:.0%} were stored); "
                       f"CPU s: workers {r['cpu_s_workers']} (of which their own process "
                       f"{r['cpu_s_workers_main']}; by stage {r['cpu_s_stages']}), store {r['cpu_s_store']} "
                       f"({r['events_per_worker_cpu_s']:,.0f} events per worker CPU second); "
