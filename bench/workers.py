@@ -53,12 +53,12 @@ from tests.reliability import compare_alerts, expected_counts, reported_alerts, 
 PARTITIONS = 4
 
 
-def tenths(polls: list[tuple[float, int]], n_events: int) -> list[float]:
+def tenths(polls: list[tuple[float, int]], n_events: int) -> list[int]:
     """Events/s over each tenth of the backlog, from the polls' (when, events stored): whether the pace
     holds as the store and the keys' state grow, or falls (a look-up or a merge that grows with them)."""
-    rates: list[float] = []
-    done_at = [next((t for t, n in polls if n >= n_events * k / 10), None) for k in range(11)]
-    done_at[0] = next((t for t, n in polls if n > 0), None)
+    rates: list[int] = []
+    first_stored = next((t for t, n in polls if n > 0), None)
+    done_at = [first_stored, *(next((t for t, n in polls if n >= n_events * k / 10), None) for k in range(1, 11))]
     for k in range(10):
         start, end = done_at[k], done_at[k + 1]
         if start is not None and end is not None and end > start:
