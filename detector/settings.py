@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     batch_max_bytes: int = Field(default=16 << 20, ge=1, validation_alias="BURNWATCH_BATCH_MAX_BYTES")
     batch_within_s: float = Field(default=0.25, gt=0, validation_alias="BURNWATCH_BATCH_WITHIN_S")
     max_held_per_partition: int = Field(default=2000, ge=1, validation_alias="BURNWATCH_MAX_HELD_PER_PARTITION")
+    max_partition_fetch_bytes: int = Field(default=1 << 20, ge=1 << 10, validation_alias="BURNWATCH_MAX_PARTITION_FETCH_BYTES")
+    """The most one fetch takes of one partition (Kafka's ``max.partition.fetch.bytes``, whose default
+    this is; a record batch larger is still taken whole): what a partition can take in past its share
+    before its pause takes effect, and what the consumer buffers for a paused one. 8 MiB until
+    2026-12-04 (docs/performance.md, Memory)."""
     session_timeout_s: float = Field(default=10.0, gt=0, validation_alias="BURNWATCH_SESSION_TIMEOUT_S")
     log_format: Literal["auto", "json", "console"] = Field(default="auto", validation_alias="BURNWATCH_LOG_FORMAT")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", validation_alias="BURNWATCH_LOG_LEVEL")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 import faust
@@ -56,24 +56,41 @@ class Fetches:
         batch of one-event messages must be larger than one of arrays."""
         self.within_s = within_s
         """... or this long after it began: a trickle is processed within it, not one message at a time."""
-        self._fetches: deque[tuple[list[Message], int, float]] = deque()
-        """(messages, bytes of their values, when they arrived) of each fetch queued."""
+        self._fetches: deque[tuple[list[Message], int, float, dict[tuple[str, int], int]]] = deque()
+        """(messages, bytes of their values, when they arrived, messages by partition) of each fetch queued."""
+        self.queued: dict[tuple[str, int], int] = {}
+        """Messages queued, by (topic, partition): flow control counts them with what the aligner holds
+        (:meth:`streams.pipeline.Pipeline._flow_control`), or a partition would take in the queue's worth
+        (two batches) before its pause took effect."""
+        self.on_queued: Callable[[], None] | None = None
+        """Called once a fetch is queued, before the consumer's next fetch: the pipeline pauses the
+        partitions that now have more than their share coming (:meth:`streams.pipeline.Pipeline.fetched`)."""
         self._messages = 0
         self._bytes = 0
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
 
-    async def put(self, messages: list[Message]) -> None:
-        """Queue one fetch; wait while two batches' worth are already queued."""
+    async def put(self, messages: list[Message], by_partition: dict[tuple[str, int], int] | None = None) -> None:
+        """Queue one fetch (``by_partition``: its messages by (topic, partition), counted here when not
+        given); wait while two batches' worth are already queued."""
         while self._messages >= 2 * self.max_messages or self._bytes >= 2 * self.max_bytes:
             self._room.clear()
             await self._room.wait()
+        if by_partition is None:
+            by_partition = {}
+            for m in messages:
+                by_partition[m.topic, m.partition] = by_partition.get((m.topic, m.partition), 0) + 1
         size = sum(len(m.value) for m in messages if m.value is not None)  # None: a tombstone
-        self._fetches.append((messages, size, asyncio.get_running_loop().time()))
+        self._fetches.append((messages, size, asyncio.get_running_loop().time(), by_partition))
         self._messages += len(messages)
         self._bytes += size
+        queued = self.queued
+        for tp, n in by_partition.items():
+            queued[tp] = queued.get(tp, 0) + n
         self._arrived.set()
+        if self.on_queued is not None:
+            self.on_queued()
 
     def _full(self) -> bool:
         return self._messages >= self.max_messages or self._bytes >= self.max_bytes
@@ -99,11 +116,20 @@ class Fetches:
                     break
             if self._fetches:  # a revocation may have cleared the queue meanwhile: wait again
                 break
-        fetches = self._fetches
-        batch, size, _ = fetches.popleft()
+        fetches, queued = self._fetches, self.queued
+        batch, size, _, by_partition = fetches.popleft()
+        taken = [by_partition]
         while fetches and len(batch) + len(fetches[0][0]) <= self.max_messages and size + fetches[0][1] <= self.max_bytes:
-            more, more_size, _ = fetches.popleft()
+            more, more_size, _, by_partition = fetches.popleft()
             batch, size = batch + more, size + more_size
+            taken.append(by_partition)
+        for by_partition in taken:
+            for tp, n in by_partition.items():
+                left = queued[tp] - n
+                if left:
+                    queued[tp] = left
+                else:
+                    del queued[tp]
         self._messages -= len(batch)
         self._bytes -= size
         self._room.set()
@@ -113,6 +139,7 @@ class Fetches:
         """Partitions moved: what is queued was fetched in the old generation, and the pipeline
         would leave it alone anyway (read again from the committed offsets)."""
         self._fetches.clear()
+        self.queued.clear()
         self._messages = self._bytes = 0
         self._room.set()
 
@@ -216,6 +243,7 @@ class BulkConsumer(faust_aiokafka.Consumer):
         the others message by message through Faust's conductor, as Faust would."""
         generation = self.app.consumer_generation_id
         bulk: list[Message] = []
+        by_partition: dict[tuple[str, int], int] = {}
         for tp, fetched in records.items():
             # Every fetched record is handed over, even of a partition paused while the fetch ran
             # (streams.pipeline's flow control): the consumer's position is past it, so a record
@@ -233,6 +261,7 @@ class BulkConsumer(faust_aiokafka.Consumer):
                 self.app.monitor.stream_inbound_time[tp] = time.monotonic()
                 topic, partition = tp.topic, tp.partition
                 bulk.extend(Message(topic, partition, r.offset, r.key, r.value, None, generation) for r in fresh)
+                by_partition[topic, partition] = by_partition.get((topic, partition), 0) + len(fresh)
             else:
                 for record in fresh:
                     await self.wait_first(self.callback(self._to_message(tp, record)), self.suspend_flow.wait())
@@ -241,7 +270,7 @@ class BulkConsumer(faust_aiokafka.Consumer):
             self._n_acked = 0
             await self.commit()
         if bulk:
-            await self.wait_first(cast(Fetches, self.fetches).put(bulk), self.suspend_flow.wait())
+            await self.wait_first(cast(Fetches, self.fetches).put(bulk, by_partition), self.suspend_flow.wait())
 
     async def _fresh(self, tp: TP, fetched: list[Any]) -> list[Any]:
         """The records past the partition's read offset, as Faust's own loop takes them (one

@@ -23,7 +23,7 @@ import base64
 import hashlib
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -61,6 +61,12 @@ CAPPED_ALLOWANCE = 10
 before it is paused for being far past the cap (:meth:`Pipeline._flow_control`): 20,000 messages by default
 (some 160,000 events at the bench fleet's 8 a message), so that a worker stores ahead while another is
 slower, and only a lead that would grow without bound is paused."""
+WATERMARK_QUEUE_ALLOWANCE = 4
+"""Times its share the partition holding the watermark may have fetched and not yet taken into a batch
+before it too is paused (:meth:`Pipeline._flow_control`), until its messages are pushed: enough for a
+batch to be full of it. What a partition takes in while it holds the watermark, it holds once it has
+passed the others; unpaused, it took in up to the consumer's whole queue (two batches). Paused at its
+share, a catch-up over 4 partitions was 18 % slower (three runs each, docs/performance.md, Memory)."""
 DEAD_LETTER_MAX_VALUE = 512 << 10
 """Bytes of a refused message kept in its dead-letter record; a larger one is kept truncated
 (with its size and SHA-256), so the record (base64) fits a broker's default 1 MB message limit."""
@@ -287,8 +293,11 @@ class Pipeline:
         cannot stall needs."""
         self.paused: set[TP] = set()
         """Partitions not fetched from for now: far ahead in event time of the one that holds
-        the watermark, with more than ``max_held_per_partition`` messages held by the aligner, or,
-        capped by the other workers' progress, far past the cap (:meth:`_flow_control`)."""
+        the watermark, with more than ``max_held_per_partition`` messages held by the aligner or on
+        their way to it, or, capped by the other workers' progress, far past the cap (:meth:`_flow_control`)."""
+        self.queued: Mapping[TP, int] = {}
+        """Messages fetched and not yet taken into a batch, by partition (the consumer's queue,
+        :class:`streams.bulk.Fetches`): flow control counts them as held."""
 
     async def process(self, messages: Sequence[Message], ack: Callable[[list[Message]], Awaitable[Any]]) -> None:
         """Handle one batch. Detection runs now; the ClickHouse write runs in a writer
@@ -850,13 +859,27 @@ class Pipeline:
             self._flow([], sorted(self.paused))
         self.paused.clear()
 
-    def _flow_control(self) -> None:
+    def fetched(self) -> None:
+        """A fetch was queued: pause the partitions that now have more than their share held or coming,
+        before the consumer fetches again. Deciding only once a batch, after its push, let a partition
+        take in the queue's two batches' worth first: a worker alone catching up held several times its
+        partitions' shares (docs/performance.md, Memory). Nothing is resumed here: what a batch has taken
+        and not yet pushed is counted nowhere until its push, after which :meth:`_detect` decides."""
+        if self.ready.is_set():  # not between a revocation and the next assignment's state
+            self._flow_control(may_resume=False)
+
+    def _flow_control(self, may_resume: bool = True) -> None:
         """Stop fetching from partitions far ahead of the one that holds the watermark, and fetch
         from them again once they are not: a consumer catching up reads partitions unevenly (a
         fetch may bring thousands of messages of one), and what runs ahead only waits in the
         aligner, re-sorted with every batch, while the partition behind waits for its turn
         (Kafka Streams pauses a partition past 1,000 buffered records for the same reason).
-        The partition that holds the watermark is not paused for its count, so the watermark always moves.
+        What a partition has fetched and not yet taken into a batch (:attr:`queued`) counts as held: the
+        consumer fetches on while a batch is processed. The partition that holds the watermark is not
+        paused for what it holds, so the watermark always moves, only for what it has queued beyond
+        :data:`WATERMARK_QUEUE_ALLOWANCE` times its share, and then only until those messages are pushed:
+        once they are, either it holds the watermark still, and is fetched again, or it has passed
+        another, which now holds it and is fetched.
 
         Capped by the other workers' progress (:mod:`streams.progress`), what runs ahead waits however far
         the watermark goes, so the slowest partition too is paused once it holds more than
@@ -873,14 +896,20 @@ class Pipeline:
             return
         aligner = self.aligner
         held, limit = aligner.held_by_source, self.max_held_per_partition
+        queued = self.queued
+        if queued:
+            held = dict(held)
+            for tp, n in queued.items():
+                held[tp] = held.get(tp, 0) + n
         slowest = aligner.slowest()
-        # Uncapped (cap inf), the slowest is never far past it: paused for its count alone, never for its time.
+        # Uncapped (cap inf), the slowest is never far past it: paused for what it has queued alone, never for its time.
         cap = self.group.cap if self.group is not None else _INF
         margin, allowance = self._capped_margin_s, CAPPED_ALLOWANCE * limit
         pause: list[TP] = [tp for tp, n in held.items() if n > limit and tp not in self.paused  # type: ignore[misc]  # sources are (topic, partition)
-                           and (tp != slowest or (n > allowance and aligner.progress(tp)[0] > cap + margin))]  # fmt: skip
+                           and (tp != slowest or queued.get(tp, 0) > WATERMARK_QUEUE_ALLOWANCE * limit  # type: ignore[call-overload]
+                                or (n > allowance and aligner.progress(tp)[0] > cap + margin))]  # fmt: skip
         resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2
-                  or (tp == slowest and aligner.progress(tp)[0] <= cap + margin / 2)]  # fmt: skip
+                  or (tp == slowest and aligner.progress(tp)[0] <= cap + margin / 2)] if may_resume else []  # fmt: skip
         if pause or resume:
             self.paused.difference_update(resume)
             self.paused.update(pause)

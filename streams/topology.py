@@ -43,7 +43,7 @@ def make_app(settings: Settings) -> faust.App:
         web_bind=settings.web_host,
         producer_max_request_size=8 << 20,
         broker_max_poll_records=settings.batch_max_messages,
-        consumer_max_fetch_size=8 << 20,
+        consumer_max_fetch_size=settings.max_partition_fetch_bytes,
         # Faust's own partition assignor: it co-partitions the three inputs (a resource's usage
         # and its GPU metrics on one worker). Faust picks aiokafka's round-robin, which does
         # not, unless standby replicas are asked for; with no tables, they cost nothing.
@@ -143,6 +143,8 @@ def install_agent(parts: WorkerParts) -> None:
     source = _raw_topic(app, settings, *TOPICS)
     app.topics.add(source)  # subscribed: the agent takes its messages from the bulk consumer, not a stream
     fetches = parts.fetches
+    pipeline.queued = fetches.queued  # flow control counts what is fetched and not yet taken ...
+    fetches.on_queued = pipeline.fetched  # ... and pauses a partition with more than its share before the next fetch
 
     async def ack(messages: list[Message]) -> None:
         cast(BulkConsumer, app.consumer).acknowledge(messages)

@@ -34,7 +34,7 @@ from detector.simulate import SimConfig, simulate
 from streams.bulk import BulkConsumer, Fetches
 from streams.embedded import EmbeddedBroker
 from streams.kafka import count_events, ensure_topics, file_records, publish_records
-from streams.pipeline import Message, Pipeline, dead_letter
+from streams.pipeline import WATERMARK_QUEUE_ALLOWANCE, Message, Pipeline, dead_letter
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
 
@@ -349,3 +349,70 @@ def test_a_paused_partition_resumes_once_half_of_what_it_held_is_released(rulese
     assert pipeline.paused == {ahead}
     pipeline.reset()  # partitions moved: what was paused is resumed, the counts start again
     assert calls[-1] == ([], [ahead]) and not pipeline.paused and aligner.held_by_source == {}
+
+
+def test_a_partition_with_more_than_its_share_fetched_is_paused_before_the_next_fetch(ruleset):
+    """The pause is decided as a fetch is queued, counting what is queued with what the aligner holds:
+    decided only after a batch's push, a partition took in the queue's two batches' worth first, and a
+    worker alone catching up held several times its partitions' shares."""
+
+    async def go() -> None:
+        pipeline, calls = flow_pipeline(ruleset, limit=4)
+        fetches = Fetches(max_messages=100, within_s=0.01)
+        pipeline.queued, fetches.on_queued = fetches.queued, pipeline.fetched
+        aligner, ahead, behind = pipeline.aligner, ("gpu-metrics", 0), ("gpu-metrics", 1)
+        aligner.push(behind, [Gpu(0.0)], object())  # holds the watermark
+        for i in range(2):
+            aligner.push(ahead, [Gpu(100.0 + i)], object())
+        await fetches.put([message(i, partition=0) for i in range(2, 4)])  # 2 held + 2 queued: its share
+        assert calls == [] and fetches.queued == {ahead: 2}
+        await fetches.put([message(4, partition=0)])  # one more: paused now, no batch in between
+        assert calls == [([ahead], [])] and pipeline.paused == {ahead}
+        await fetches.put([message(i, partition=1) for i in range(1, 16)])  # the watermark's, within its allowance
+        assert pipeline.paused == {ahead} and fetches.queued == {ahead: 3, behind: 15}
+        batch = await fetches.take()
+        assert len(batch) == 18 and fetches.queued == {}  # taken: counted again once pushed
+        pipeline.fetched()  # what a batch took and has not pushed is counted nowhere: nothing is resumed meanwhile
+        assert pipeline.paused == {ahead}
+        for m in batch:
+            aligner.push((m.topic, m.partition), [Gpu(100.0 + m.offset if m.partition == 0 else 200.0)], m)
+        aligner.release()  # partition 1 passed partition 0, which now holds the watermark: their roles swap
+        pipeline._flow_control()
+        assert calls[-1] == ([behind], [ahead]) and pipeline.paused == {behind}  # 16 held
+        await fetches.put([message(5, partition=0)])
+        fetches.clear()  # partitions moved: nothing queued counts
+        assert fetches.queued == {}
+
+    asyncio.run(go())
+
+
+def test_the_partition_holding_the_watermark_is_paused_for_what_it_has_queued_and_fetched_again_once_pushed(ruleset):
+    """Never for what it holds (the watermark must move), but what it takes in while behind it holds once it
+    has passed the others: unpaused, it filled the consumer's queue."""
+
+    async def go() -> None:
+        pipeline, calls = flow_pipeline(ruleset, limit=4)
+        fetches = Fetches(max_messages=1000, within_s=0.01)
+        pipeline.queued, fetches.on_queued = fetches.queued, pipeline.fetched
+        aligner, ahead, behind = pipeline.aligner, ("gpu-metrics", 0), ("gpu-metrics", 1)
+        aligner.push(ahead, [Gpu(500.0)], object())
+        for i in range(10):  # far over its share, but it holds the watermark: not paused for it
+            aligner.push(behind, [Gpu(float(i))], object())
+        pipeline._flow_control()
+        assert aligner.slowest() == behind and calls == []
+        await fetches.put([message(i, partition=1) for i in range(10, 10 + WATERMARK_QUEUE_ALLOWANCE * 4)])
+        assert calls == []  # its allowance queued
+        await fetches.put([message(100, partition=1)])  # one more: paused until these are pushed
+        assert calls == [([behind], [])]
+        batch = await fetches.take()
+        for m in batch[:-1]:
+            aligner.push(behind, [Gpu(float(m.offset))], m)  # still behind partition 0
+        aligner.release()
+        pipeline._flow_control()
+        assert aligner.slowest() == behind and calls[-1] == ([], [behind])  # still holds it: fetched again
+        aligner.push(behind, [Gpu(1000.0)], batch[-1])  # passes partition 0, which now holds the watermark
+        aligner.release()
+        pipeline._flow_control()
+        assert aligner.slowest() == ahead and pipeline.paused == set()  # held within its share once released
+
+    asyncio.run(go())
