@@ -59,7 +59,8 @@ class Fetches:
         self._fetches: deque[tuple[list[Message], int, float, dict[tuple[str, int], int]]] = deque()
         """(messages, bytes of their values, when they arrived, messages by partition) of each fetch queued."""
         self.queued: dict[tuple[str, int], int] = {}
-        """Messages queued, by (topic, partition): flow control counts them with what the aligner holds
+        """Messages queued, by (topic, partition), changed in place (the pipeline holds it): flow control
+        counts them with what the aligner holds
         (:meth:`streams.pipeline.Pipeline._flow_control`), or a partition would take in the queue's worth
         (two batches) before its pause took effect."""
         self.on_queued: Callable[[], None] | None = None
@@ -71,16 +72,14 @@ class Fetches:
         self._room = asyncio.Event()
         self._room.set()
 
-    async def put(self, messages: list[Message], by_partition: dict[tuple[str, int], int] | None = None) -> None:
-        """Queue one fetch (``by_partition``: its messages by (topic, partition), counted here when not
-        given); wait while two batches' worth are already queued."""
+    async def put(self, messages: list[Message]) -> None:
+        """Queue one fetch; wait while two batches' worth are already queued."""
         while self._messages >= 2 * self.max_messages or self._bytes >= 2 * self.max_bytes:
             self._room.clear()
             await self._room.wait()
-        if by_partition is None:
-            by_partition = {}
-            for m in messages:
-                by_partition[m.topic, m.partition] = by_partition.get((m.topic, m.partition), 0) + 1
+        by_partition: dict[tuple[str, int], int] = {}
+        for m in messages:
+            by_partition[m.topic, m.partition] = by_partition.get((m.topic, m.partition), 0) + 1
         size = sum(len(m.value) for m in messages if m.value is not None)  # None: a tombstone
         self._fetches.append((messages, size, asyncio.get_running_loop().time(), by_partition))
         self._messages += len(messages)
@@ -126,6 +125,7 @@ class Fetches:
         for by_partition in taken:
             for tp, n in by_partition.items():
                 left = queued[tp] - n
+                assert left >= 0, (tp, left)
                 if left:
                     queued[tp] = left
                 else:
@@ -168,6 +168,8 @@ class BulkConsumer(faust_aiokafka.Consumer):
 
     fetches: Fetches | None = None
     bulk_topics: frozenset[str] = frozenset()
+    _resumed: asyncio.Event | None = None
+    """Set when flow control resumes a partition: wakes a fetcher waiting with every partition paused."""
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -213,9 +215,22 @@ class BulkConsumer(faust_aiokafka.Consumer):
         if self.fetches is None:
             return await super()._drain_messages(fetcher)
         consumer_stopped, fetcher_stopped = self._stopped.is_set, fetcher._stopped.is_set
+        resumed = self._resumed = asyncio.Event()
+        wait_s = FETCH_MAX_WAIT_MS / 1000
         try:
             while not (consumer_stopped() or fetcher_stopped()):
-                records, _ = await self._wait_next_records(1.0)
+                if self.flow_active and not self._get_active_partitions():
+                    # Every partition paused (flow control): Faust's loop would sleep a second whatever
+                    # happens; a resume, a batch later, wakes this at once (the stop within wait_s).
+                    resumed.clear()
+                    try:
+                        await asyncio.wait_for(resumed.wait(), wait_s)
+                    except TimeoutError:
+                        pass
+                    continue
+                # A short wait: a fetch from caught-up partitions alone waits it out, and a partition
+                # resumed meanwhile is fetched only by the next call.
+                records, _ = await self._wait_next_records(wait_s)
                 await asyncio.sleep(0)  # a fetch that returns at once must not starve the loop
                 if not records or self.should_stop:
                     continue
@@ -238,12 +253,16 @@ class BulkConsumer(faust_aiokafka.Consumer):
                 return
             raise
 
+    def resume_partitions(self, tps: Iterable[TP]) -> None:
+        super().resume_partitions(tps)
+        if self._resumed is not None:
+            self._resumed.set()
+
     async def _hand_over(self, records: Mapping[TP, list[Any]]) -> None:
         """One fetch: the bulk topics' messages as one list (in offset order per partition),
         the others message by message through Faust's conductor, as Faust would."""
         generation = self.app.consumer_generation_id
         bulk: list[Message] = []
-        by_partition: dict[tuple[str, int], int] = {}
         for tp, fetched in records.items():
             # Every fetched record is handed over, even of a partition paused while the fetch ran
             # (streams.pipeline's flow control): the consumer's position is past it, so a record
@@ -261,7 +280,6 @@ class BulkConsumer(faust_aiokafka.Consumer):
                 self.app.monitor.stream_inbound_time[tp] = time.monotonic()
                 topic, partition = tp.topic, tp.partition
                 bulk.extend(Message(topic, partition, r.offset, r.key, r.value, None, generation) for r in fresh)
-                by_partition[topic, partition] = by_partition.get((topic, partition), 0) + len(fresh)
             else:
                 for record in fresh:
                     await self.wait_first(self.callback(self._to_message(tp, record)), self.suspend_flow.wait())
@@ -270,7 +288,7 @@ class BulkConsumer(faust_aiokafka.Consumer):
             self._n_acked = 0
             await self.commit()
         if bulk:
-            await self.wait_first(cast(Fetches, self.fetches).put(bulk, by_partition), self.suspend_flow.wait())
+            await self.wait_first(cast(Fetches, self.fetches).put(bulk), self.suspend_flow.wait())
 
     async def _fresh(self, tp: TP, fetched: list[Any]) -> list[Any]:
         """The records past the partition's read offset, as Faust's own loop takes them (one

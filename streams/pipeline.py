@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 import structlog
@@ -63,10 +63,11 @@ before it is paused for being far past the cap (:meth:`Pipeline._flow_control`):
 slower, and only a lead that would grow without bound is paused."""
 WATERMARK_QUEUE_ALLOWANCE = 4
 """Times its share the partition holding the watermark may have fetched and not yet taken into a batch
-before it too is paused (:meth:`Pipeline._flow_control`), until its messages are pushed: enough for a
-batch to be full of it. What a partition takes in while it holds the watermark, it holds once it has
-passed the others; unpaused, it took in up to the consumer's whole queue (two batches). Paused at its
-share, a catch-up over 4 partitions was 18 % slower (three runs each, docs/performance.md, Memory)."""
+before it too is paused (:meth:`Pipeline._flow_control`), until its messages are pushed: 8,000 messages
+by default, about a batch's 16 MiB of 2 KB messages (a GPU host's scrape). What a partition takes in
+while it holds the watermark, it holds once it has passed the others; unpaused, it took in up to the
+consumer's whole queue (two batches). Paused at its share, a catch-up over 4 partitions was 18 % slower
+(three runs each, docs/performance.md, Memory)."""
 DEAD_LETTER_MAX_VALUE = 512 << 10
 """Bytes of a refused message kept in its dead-letter record; a larger one is kept truncated
 (with its size and SHA-256), so the record (base64) fits a broker's default 1 MB message limit."""
@@ -877,9 +878,10 @@ class Pipeline:
         What a partition has fetched and not yet taken into a batch (:attr:`queued`) counts as held: the
         consumer fetches on while a batch is processed. The partition that holds the watermark is not
         paused for what it holds, so the watermark always moves, only for what it has queued beyond
-        :data:`WATERMARK_QUEUE_ALLOWANCE` times its share, and then only until those messages are pushed:
-        once they are, either it holds the watermark still, and is fetched again, or it has passed
-        another, which now holds it and is fetched.
+        :data:`WATERMARK_QUEUE_ALLOWANCE` times its share, and then (uncapped) only until those messages
+        are pushed: once they are, either it holds the watermark still, and is fetched again, or it has
+        passed another, which now holds it and is fetched. A partition no longer assigned is not paused:
+        what was fetched of it before it moved may still be queued.
 
         Capped by the other workers' progress (:mod:`streams.progress`), what runs ahead waits however far
         the watermark goes, so the slowest partition too is paused once it holds more than
@@ -894,21 +896,22 @@ class Pipeline:
         (docs/architecture.md)."""
         if self._flow is None:
             return
-        aligner = self.aligner
-        held, limit = aligner.held_by_source, self.max_held_per_partition
-        queued = self.queued
-        if queued:
-            held = dict(held)
-            for tp, n in queued.items():
-                held[tp] = held.get(tp, 0) + n
+        aligner, limit, queued, assigned = self.aligner, self.max_held_per_partition, self.queued, self._assigned
+        coming = cast(dict[TP, int], dict(aligner.held_by_source))  # held, and fetched on its way
+        for tp, n in queued.items():
+            coming[tp] = coming.get(tp, 0) + n
         slowest = aligner.slowest()
-        # Uncapped (cap inf), the slowest is never far past it: paused for what it has queued alone, never for its time.
+        # Uncapped (cap inf), the slowest is never far past it: paused for what it has queued, never for its time.
         cap = self.group.cap if self.group is not None else _INF
         margin, allowance = self._capped_margin_s, CAPPED_ALLOWANCE * limit
-        pause: list[TP] = [tp for tp, n in held.items() if n > limit and tp not in self.paused  # type: ignore[misc]  # sources are (topic, partition)
-                           and (tp != slowest or queued.get(tp, 0) > WATERMARK_QUEUE_ALLOWANCE * limit  # type: ignore[call-overload]
-                                or (n > allowance and aligner.progress(tp)[0] > cap + margin))]  # fmt: skip
-        resume = [tp for tp in self.paused if held.get(tp, 0) <= limit // 2
+        pause: list[TP] = []
+        for tp, n in coming.items():
+            if n <= limit or tp in self.paused or (assigned is not None and tp not in assigned):
+                continue  # within its share, paused already, or fetched before its partition moved away
+            if (tp != slowest or queued.get(tp, 0) > WATERMARK_QUEUE_ALLOWANCE * limit
+                    or (n > allowance and aligner.progress(tp)[0] > cap + margin)):  # fmt: skip
+                pause.append(tp)
+        resume = [tp for tp in self.paused if coming.get(tp, 0) <= limit // 2
                   or (tp == slowest and aligner.progress(tp)[0] <= cap + margin / 2)] if may_resume else []  # fmt: skip
         if pause or resume:
             self.paused.difference_update(resume)

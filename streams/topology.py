@@ -127,10 +127,11 @@ def flow_control(app: faust.App) -> Callable[[list[tuple[str, int]], list[tuple[
 
     def flow(pause: list[tuple[str, int]], resume: list[tuple[str, int]]) -> None:
         consumer = app.consumer
-        if pause:
-            consumer.pause_partitions([TP(topic, partition) for topic, partition in pause])
+        assigned = consumer.assignment()
+        if pause:  # one not assigned stays paused in Faust, and would be if assigned here again
+            consumer.pause_partitions([tp for tp in (TP(topic, partition) for topic, partition in pause)
+                                       if tp in assigned])  # fmt: skip
         if resume:
-            assigned = consumer.assignment()
             consumer.resume_partitions([tp for tp in (TP(topic, partition) for topic, partition in resume)
                                         if tp in assigned])  # fmt: skip
 
@@ -143,7 +144,7 @@ def install_agent(parts: WorkerParts) -> None:
     source = _raw_topic(app, settings, *TOPICS)
     app.topics.add(source)  # subscribed: the agent takes its messages from the bulk consumer, not a stream
     fetches = parts.fetches
-    pipeline.queued = fetches.queued  # flow control counts what is fetched and not yet taken ...
+    pipeline.queued = fetches.queued  # flow control counts what is fetched and not yet taken (changed in place) ...
     fetches.on_queued = pipeline.fetched  # ... and pauses a partition with more than its share before the next fetch
 
     async def ack(messages: list[Message]) -> None:

@@ -410,9 +410,35 @@ def test_the_partition_holding_the_watermark_is_paused_for_what_it_has_queued_an
         aligner.release()
         pipeline._flow_control()
         assert aligner.slowest() == behind and calls[-1] == ([], [behind])  # still holds it: fetched again
-        aligner.push(behind, [Gpu(1000.0)], batch[-1])  # passes partition 0, which now holds the watermark
+        aligner.push(behind, [Gpu(1000.0)], batch[-1])  # passes partition 0, with what it fetched since
+        for i in range(5):
+            aligner.push(behind, [Gpu(1001.0 + i)], object())
         aligner.release()
         pipeline._flow_control()
-        assert aligner.slowest() == ahead and pipeline.paused == set()  # held within its share once released
+        # partition 0 holds the watermark now; partition 1, past its share, is paused as any other
+        assert aligner.slowest() == ahead and aligner.held_by_source[behind] == 6
+        assert calls[-1] == ([behind], []) and pipeline.paused == {behind}
+
+
+def test_no_partition_is_paused_for_what_is_queued_before_the_next_assignment_or_after_it_moved(ruleset):
+    """A pause of a partition no longer assigned would stay in Faust's consumer, and a later assignment of
+    it here would never fetch it; what the queue holds of it was fetched before it moved."""
+
+    async def go() -> None:
+        pipeline, calls = flow_pipeline(ruleset, limit=4)
+        fetches = Fetches(max_messages=100, within_s=0.01)
+        pipeline.queued, fetches.on_queued = fetches.queued, pipeline.fetched
+        mine, moved = ("gpu-metrics", 0), ("gpu-metrics", 1)
+        pipeline.aligner.push(mine, [Gpu(0.0)], object())
+        pipeline.ready.clear()  # between a revocation and the next assignment's state
+        await fetches.put([message(i, partition=0) for i in range(10)])
+        assert calls == [] and fetches.queued == {mine: 10}
+        pipeline.ready.set()
+        pipeline.expect([mine, ("gpu-metrics", 2)])  # assigned: partitions 0 and 2, not 1
+        await fetches.put([message(i, partition=1) for i in range(10)])
+        # partition 0 (not holding the watermark: 2 has delivered nothing), not partition 1, queued as much
+        assert calls == [([mine], [])] and fetches.queued[moved] == 10
+
+    asyncio.run(go())
 
     asyncio.run(go())
