@@ -66,8 +66,8 @@ WATERMARK_QUEUE_ALLOWANCE = 4
 before it too is paused (:meth:`Pipeline._flow_control`), until its messages are pushed: 8,000 messages
 by default, about a batch's 16 MiB of 2 KB messages (a GPU host's scrape). What a partition takes in
 while it holds the watermark, it holds once it has passed the others; unpaused, it took in up to the
-consumer's whole queue (two batches). Paused at its share, a catch-up over 4 partitions was 18 % slower
-(three runs each, docs/performance.md, Memory)."""
+consumer's whole queue (two batches). Paused at its share instead, a catch-up held ~100 MB less over 4
+partitions and no less over 16, and was no faster (docs/performance.md, Memory)."""
 DEAD_LETTER_MAX_VALUE = 512 << 10
 """Bytes of a refused message kept in its dead-letter record; a larger one is kept truncated
 (with its size and SHA-256), so the record (base64) fits a broker's default 1 MB message limit."""
