@@ -56,13 +56,15 @@ class Fetches:
         batch of one-event messages must be larger than one of arrays."""
         self.within_s = within_s
         """... or this long after it began: a trickle is processed within it, not one message at a time."""
-        self._fetches: deque[tuple[list[Message], int, float, dict[tuple[str, int], int]]] = deque()
-        """(messages, bytes of their values, when they arrived, messages by partition) of each fetch queued."""
+        self._fetches: deque[tuple[list[Message], int, float, dict[tuple[str, int], tuple[int, int]]]] = deque()
+        """(messages, bytes of their values, when they arrived, (messages, bytes) by partition) of each fetch queued."""
         self.queued: dict[tuple[str, int], int] = {}
         """Messages queued, by (topic, partition), changed in place (the pipeline holds it): flow control
         counts them with what the aligner holds
         (:meth:`streams.pipeline.Pipeline._flow_control`), or a partition would take in the queue's worth
         (two batches) before its pause took effect."""
+        self._queued_bytes: dict[tuple[str, int], int] = {}
+        """Bytes of values queued, by (topic, partition)."""
         self.on_queued: Callable[[], None] | None = None
         """Called once a fetch is queued, before the consumer's next fetch: the pipeline pauses the
         partitions that now have more than their share coming (:meth:`streams.pipeline.Pipeline.fetched`)."""
@@ -77,16 +79,20 @@ class Fetches:
         while self._messages >= 2 * self.max_messages or self._bytes >= 2 * self.max_bytes:
             self._room.clear()
             await self._room.wait()
-        by_partition: dict[tuple[str, int], int] = {}
+        by_partition: dict[tuple[str, int], tuple[int, int]] = {}  # (messages, bytes)
+        size = 0
         for m in messages:
-            by_partition[m.topic, m.partition] = by_partition.get((m.topic, m.partition), 0) + 1
-        size = sum(len(m.value) for m in messages if m.value is not None)  # None: a tombstone
+            tp, n = (m.topic, m.partition), len(m.value) if m.value is not None else 0  # None: a tombstone
+            count, nbytes = by_partition.get(tp, (0, 0))
+            by_partition[tp] = (count + 1, nbytes + n)
+            size += n
         self._fetches.append((messages, size, asyncio.get_running_loop().time(), by_partition))
         self._messages += len(messages)
         self._bytes += size
-        queued = self.queued
-        for tp, n in by_partition.items():
-            queued[tp] = queued.get(tp, 0) + n
+        queued, queued_bytes = self.queued, self._queued_bytes
+        for tp, (count, nbytes) in by_partition.items():
+            queued[tp] = queued.get(tp, 0) + count
+            queued_bytes[tp] = queued_bytes.get(tp, 0) + nbytes
         self._arrived.set()
         if self.on_queued is not None:
             self.on_queued()
@@ -115,7 +121,7 @@ class Fetches:
                     break
             if self._fetches:  # a revocation may have cleared the queue meanwhile: wait again
                 break
-        fetches, queued = self._fetches, self.queued
+        fetches, queued, queued_bytes = self._fetches, self.queued, self._queued_bytes
         batch, size, _, by_partition = fetches.popleft()
         taken = [by_partition]
         while fetches and len(batch) + len(fetches[0][0]) <= self.max_messages and size + fetches[0][1] <= self.max_bytes:
@@ -123,13 +129,14 @@ class Fetches:
             batch, size = batch + more, size + more_size
             taken.append(by_partition)
         for by_partition in taken:
-            for tp, n in by_partition.items():
-                left = queued[tp] - n
+            for tp, (count, nbytes) in by_partition.items():
+                left = queued[tp] - count
                 assert left >= 0, (tp, left)
                 if left:
                     queued[tp] = left
+                    queued_bytes[tp] -= nbytes
                 else:
-                    del queued[tp]
+                    del queued[tp], queued_bytes[tp]
         self._messages -= len(batch)
         self._bytes -= size
         self._room.set()
@@ -140,8 +147,13 @@ class Fetches:
         would leave it alone anyway (read again from the committed offsets)."""
         self._fetches.clear()
         self.queued.clear()
+        self._queued_bytes.clear()
         self._messages = self._bytes = 0
         self._room.set()
+
+    def holds_a_batch(self, tp: tuple[str, int]) -> bool:
+        """Whether a batch's worth (messages or bytes) of ``tp`` is queued: the next batch can be full of it."""
+        return self.queued.get(tp, 0) >= self.max_messages or self._queued_bytes.get(tp, 0) >= self.max_bytes
 
     def __len__(self) -> int:
         """Messages queued."""

@@ -61,13 +61,6 @@ CAPPED_ALLOWANCE = 10
 before it is paused for being far past the cap (:meth:`Pipeline._flow_control`): 20,000 messages by default
 (some 160,000 events at the bench fleet's 8 a message), so that a worker stores ahead while another is
 slower, and only a lead that would grow without bound is paused."""
-WATERMARK_QUEUE_ALLOWANCE = 4
-"""Times its share the partition holding the watermark may have fetched and not yet taken into a batch
-before it too is paused (:meth:`Pipeline._flow_control`), until its messages are pushed: 8,000 messages
-by default, about a batch's 16 MiB of 2 KB messages (a GPU host's scrape). What a partition takes in
-while it holds the watermark, it holds once it has passed the others; unpaused, it took in up to the
-consumer's whole queue (two batches). Paused at its share instead, a catch-up held ~100 MB less over 4
-partitions and no less over 16, and was no faster (docs/performance.md, Memory)."""
 DEAD_LETTER_MAX_VALUE = 512 << 10
 """Bytes of a refused message kept in its dead-letter record; a larger one is kept truncated
 (with its size and SHA-256), so the record (base64) fits a broker's default 1 MB message limit."""
@@ -299,6 +292,9 @@ class Pipeline:
         self.queued: Mapping[TP, int] = {}
         """Messages fetched and not yet taken into a batch, by partition (the consumer's queue,
         :class:`streams.bulk.Fetches`): flow control counts them as held."""
+        self.holds_a_batch: Callable[[TP], bool] = lambda tp: False
+        """Whether the consumer's queue holds a batch's worth (messages or bytes) of a partition: the
+        partition holding the watermark is paused then, until they are pushed (:meth:`_flow_control`)."""
 
     async def process(self, messages: Sequence[Message], ack: Callable[[list[Message]], Awaitable[Any]]) -> None:
         """Handle one batch. Detection runs now; the ClickHouse write runs in a writer
@@ -877,11 +873,13 @@ class Pipeline:
         (Kafka Streams pauses a partition past 1,000 buffered records for the same reason).
         What a partition has fetched and not yet taken into a batch (:attr:`queued`) counts as held: the
         consumer fetches on while a batch is processed. The partition that holds the watermark is not
-        paused for what it holds, so the watermark always moves, only for what it has queued beyond
-        :data:`WATERMARK_QUEUE_ALLOWANCE` times its share, and then (uncapped) only until those messages
-        are pushed: once they are, either it holds the watermark still, and is fetched again, or it has
-        passed another, which now holds it and is fetched. A partition no longer assigned is not paused:
-        what was fetched of it before it moved may still be queued.
+        paused for what it holds, so the watermark always moves; uncapped, it is paused once a batch's worth
+        of it is queued (:attr:`holds_a_batch`), until those messages are pushed: once they are, either it
+        holds the watermark still, and is fetched again, or it has passed another, which now holds it and
+        is fetched. What it takes in while behind, it holds once it has passed the others: unpaused, it
+        took in up to the consumer's whole queue (two batches). Paused at four times its share of messages
+        instead, a stream of one-event messages ran 25 % slower (docs/performance.md, Memory). A partition no longer assigned
+        is not paused: what was fetched of it before it moved may still be queued.
 
         Capped by the other workers' progress (:mod:`streams.progress`), what runs ahead waits however far
         the watermark goes, so the slowest partition too is paused once it holds more than
@@ -908,7 +906,7 @@ class Pipeline:
         for tp, n in coming.items():
             if n <= limit or tp in self.paused or (assigned is not None and tp not in assigned):
                 continue  # within its share, paused already, or fetched before its partition moved away
-            if (tp != slowest or queued.get(tp, 0) > WATERMARK_QUEUE_ALLOWANCE * limit
+            if (tp != slowest or (cap == _INF and self.holds_a_batch(tp))
                     or (n > allowance and aligner.progress(tp)[0] > cap + margin)):  # fmt: skip
                 pause.append(tp)
         resume = [tp for tp in self.paused if coming.get(tp, 0) <= limit // 2

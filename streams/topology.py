@@ -145,6 +145,7 @@ def install_agent(parts: WorkerParts) -> None:
     app.topics.add(source)  # subscribed: the agent takes its messages from the bulk consumer, not a stream
     fetches = parts.fetches
     pipeline.queued = fetches.queued  # flow control counts what is fetched and not yet taken (changed in place) ...
+    pipeline.holds_a_batch = fetches.holds_a_batch
     fetches.on_queued = pipeline.fetched  # ... and pauses a partition with more than its share before the next fetch
 
     async def ack(messages: list[Message]) -> None:

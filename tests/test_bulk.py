@@ -34,7 +34,7 @@ from detector.simulate import SimConfig, simulate
 from streams.bulk import BulkConsumer, Fetches
 from streams.embedded import EmbeddedBroker
 from streams.kafka import count_events, ensure_topics, file_records, publish_records
-from streams.pipeline import WATERMARK_QUEUE_ALLOWANCE, Message, Pipeline, dead_letter
+from streams.pipeline import Message, Pipeline, dead_letter
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
 
@@ -386,23 +386,24 @@ def test_a_partition_with_more_than_its_share_fetched_is_paused_before_the_next_
     asyncio.run(go())
 
 
-def test_the_partition_holding_the_watermark_is_paused_for_what_it_has_queued_and_fetched_again_once_pushed(ruleset):
+def test_the_partition_holding_the_watermark_is_paused_with_a_batch_of_it_queued_and_fetched_again_once_pushed(ruleset):
     """Never for what it holds (the watermark must move), but what it takes in while behind it holds once it
-    has passed the others: unpaused, it filled the consumer's queue."""
+    has passed the others: unpaused, it filled the consumer's queue (two batches)."""
 
     async def go() -> None:
         pipeline, calls = flow_pipeline(ruleset, limit=4)
-        fetches = Fetches(max_messages=1000, within_s=0.01)
+        fetches = Fetches(max_messages=16, within_s=0.01)
         pipeline.queued, fetches.on_queued = fetches.queued, pipeline.fetched
+        pipeline.holds_a_batch = fetches.holds_a_batch
         aligner, ahead, behind = pipeline.aligner, ("gpu-metrics", 0), ("gpu-metrics", 1)
         aligner.push(ahead, [Gpu(500.0)], object())
         for i in range(10):  # far over its share, but it holds the watermark: not paused for it
             aligner.push(behind, [Gpu(float(i))], object())
         pipeline._flow_control()
         assert aligner.slowest() == behind and calls == []
-        await fetches.put([message(i, partition=1) for i in range(10, 10 + WATERMARK_QUEUE_ALLOWANCE * 4)])
-        assert calls == []  # its allowance queued
-        await fetches.put([message(100, partition=1)])  # one more: paused until these are pushed
+        await fetches.put([message(i, partition=1) for i in range(10, 25)])
+        assert calls == []  # less than a batch of it queued
+        await fetches.put([message(100, partition=1)])  # a batch's worth: paused until these are pushed
         assert calls == [([behind], [])]
         batch = await fetches.take()
         for m in batch[:-1]:
@@ -440,5 +441,19 @@ def test_no_partition_is_paused_for_what_is_queued_before_the_next_assignment_or
         assert calls == [([mine], [])] and fetches.queued[moved] == 10
 
     asyncio.run(go())
+
+    asyncio.run(go())
+
+
+def test_a_batch_of_a_partition_is_queued_at_a_batchs_messages_or_bytes():
+    async def go() -> None:
+        fetches = Fetches(max_messages=100, max_bytes=10, within_s=0.01)
+        tp = ("gpu-metrics", 0)
+        await fetches.put([message(i) for i in range(4)] + [message(0, partition=1)])  # 8 bytes of partition 0
+        assert not fetches.holds_a_batch(tp) and fetches.queued == {tp: 4, ("gpu-metrics", 1): 1}
+        await fetches.put([message(4)])  # 10 bytes
+        assert fetches.holds_a_batch(tp) and not fetches.holds_a_batch(("gpu-metrics", 1))
+        await fetches.take()
+        assert not fetches.holds_a_batch(tp) and fetches.queued == {tp: 1}  # the first fetch taken, 10 bytes
 
     asyncio.run(go())
