@@ -878,8 +878,8 @@ class Pipeline:
         holds the watermark still, and is fetched again, or it has passed another, which now holds it and
         is fetched. What it takes in while behind, it holds once it has passed the others: unpaused, it
         took in up to the consumer's whole queue (two batches). Paused at four times its share of messages
-        instead, a stream of one-event messages ran 25 % slower (docs/performance.md, Memory). A partition no longer assigned
-        is not paused: what was fetched of it before it moved may still be queued.
+        instead, a stream of one-event messages ran 25 % slower (docs/performance.md, Memory). A partition
+        no longer assigned is not paused: what was fetched of it before it moved may still be queued.
 
         Capped by the other workers' progress (:mod:`streams.progress`), what runs ahead waits however far
         the watermark goes, so the slowest partition too is paused once it holds more than

@@ -420,6 +420,8 @@ def test_the_partition_holding_the_watermark_is_paused_with_a_batch_of_it_queued
         assert aligner.slowest() == ahead and aligner.held_by_source[behind] == 6
         assert calls[-1] == ([behind], []) and pipeline.paused == {behind}
 
+    asyncio.run(go())
+
 
 def test_no_partition_is_paused_for_what_is_queued_before_the_next_assignment_or_after_it_moved(ruleset):
     """A pause of a partition no longer assigned would stay in Faust's consumer, and a later assignment of
@@ -429,18 +431,17 @@ def test_no_partition_is_paused_for_what_is_queued_before_the_next_assignment_or
         pipeline, calls = flow_pipeline(ruleset, limit=4)
         fetches = Fetches(max_messages=100, within_s=0.01)
         pipeline.queued, fetches.on_queued = fetches.queued, pipeline.fetched
-        mine, moved = ("gpu-metrics", 0), ("gpu-metrics", 1)
+        mine, moved, behind = ("gpu-metrics", 0), ("gpu-metrics", 1), ("gpu-metrics", 2)
         pipeline.aligner.push(mine, [Gpu(0.0)], object())
+        pipeline.aligner.push(behind, [Gpu(-10.0)], object())  # holds the watermark: partition 0 could be paused
         pipeline.ready.clear()  # between a revocation and the next assignment's state
         await fetches.put([message(i, partition=0) for i in range(10)])
         assert calls == [] and fetches.queued == {mine: 10}
         pipeline.ready.set()
-        pipeline.expect([mine, ("gpu-metrics", 2)])  # assigned: partitions 0 and 2, not 1
+        pipeline.expect([mine, behind])  # assigned: partitions 0 and 2, not 1
         await fetches.put([message(i, partition=1) for i in range(10)])
-        # partition 0 (not holding the watermark: 2 has delivered nothing), not partition 1, queued as much
+        # partition 0 (not holding the watermark), not partition 1, queued as much
         assert calls == [([mine], [])] and fetches.queued[moved] == 10
-
-    asyncio.run(go())
 
     asyncio.run(go())
 
