@@ -171,7 +171,11 @@ own default is 500; at 100 an idle worker sends ten empty fetches a second per b
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts its fetcher
+        # Read when the consumer starts its fetcher; Faust sets neither from its settings.
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        fetch_max_bytes = getattr(transport, "fetch_max_bytes", None)
+        if fetch_max_bytes is not None:
+            consumer._fetch_max_bytes = fetch_max_bytes
         return consumer
 
 
@@ -327,6 +331,8 @@ class BulkTransport(faust_aiokafka.Transport):
     Consumer = BulkConsumer
     fetches: Fetches | None = None
     bulk_topics: frozenset[str] = frozenset()
+    fetch_max_bytes: int | None = None
+    """The most one fetch brings of all partitions together (Kafka's ``fetch.max.bytes``; None: aiokafka's 50 MB)."""
 
     def create_consumer(self, callback: Any, **kwargs: Any) -> Any:
         consumer = cast(BulkConsumer, super().create_consumer(callback, **kwargs))
@@ -334,11 +340,12 @@ class BulkTransport(faust_aiokafka.Transport):
         return consumer
 
 
-def install_bulk(app: faust.App, topics: Iterable[str], fetches: Fetches) -> Fetches:
+def install_bulk(app: faust.App, topics: Iterable[str], fetches: Fetches, fetch_max_bytes: int | None = None) -> Fetches:
     """Give ``app`` a consumer that hands fetches of ``topics`` to ``fetches`` (before anything
-    has made the app's transport)."""
+    has made the app's transport), each fetch at most ``fetch_max_bytes``."""
     transport = BulkTransport(app.conf.broker_consumer, app)
     transport.fetches = fetches
     transport.bulk_topics = frozenset(topics)
+    transport.fetch_max_bytes = fetch_max_bytes
     app.transport = transport
     return transport.fetches

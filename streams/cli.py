@@ -1082,6 +1082,7 @@ _ENV_HELP = {
     "batch_within_s": "... or this long after its first message (a backlog's batches close full at once)",
     "max_held_per_partition": "messages a partition may have waiting for the others (or fetched) before its fetching pauses",
     "max_partition_fetch_bytes": "the most one fetch takes of one partition (Kafka's max.partition.fetch.bytes)",
+    "fetch_max_bytes": "the most one fetch brings of all partitions together (Kafka's fetch.max.bytes)",
     "session_timeout_s": "Kafka group session timeout",
     "log_format": "auto, json or console",
     "log_level": "debug, info, warning or error",

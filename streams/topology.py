@@ -53,7 +53,8 @@ def make_app(settings: Settings) -> faust.App:
         # (streams.handover) drains the write in flight and commits what is done instead.
         stream_wait_empty=False,
     )
-    install_bulk(app, TOPICS, Fetches(settings.batch_max_messages, settings.batch_max_bytes, settings.batch_within_s))
+    install_bulk(app, TOPICS, Fetches(settings.batch_max_messages, settings.batch_max_bytes, settings.batch_within_s),
+                 fetch_max_bytes=settings.fetch_max_bytes)
     return app
 
 

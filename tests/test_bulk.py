@@ -30,12 +30,14 @@ from detector.backtest import backtest
 from detector.engine import Engine
 from detector.events import TOPICS
 from detector.replay import one_event_per_message, write_replay
+from detector.settings import Settings
 from detector.simulate import SimConfig, simulate
 from streams.bulk import BulkConsumer, Fetches
 from streams.embedded import EmbeddedBroker
 from streams.kafka import count_events, ensure_topics, file_records, publish_records
 from streams.pipeline import Message, Pipeline, dead_letter
 from streams.process import WorkerProcess, worker_env
+from streams.topology import make_app
 from tests.conftest import ROOT
 
 PARTITIONS = 4
@@ -458,3 +460,54 @@ def test_a_batch_of_a_partition_is_queued_at_a_batchs_messages_or_bytes():
         assert not fetches.holds_a_batch(tp) and fetches.queued == {tp: 1}  # the first fetch taken, 10 bytes
 
     asyncio.run(go())
+
+
+async def fetched_bytes(bootstrap: str, data_dir: Path, fetch_max_bytes: int | None, total: int) -> list[int]:
+    """The value bytes of each ``getmany`` of the consumer the worker's app makes (its settings, its
+    consumer thread), reading every partition of gpu-metrics from the start until ``total`` bytes.
+    ``fetch_max_bytes`` None: the worker's default."""
+    update: dict[str, object] = {"kafka_bootstrap": bootstrap, "data_dir": data_dir, "partitions": PARTITIONS}
+    if fetch_max_bytes is not None:
+        update["fetch_max_bytes"] = fetch_max_bytes
+    app = make_app(Settings().model_copy(update=update))
+    consumer = app.consumer._thread._create_worker_consumer(app.transport)  # type: ignore[attr-defined]
+    await consumer.start()
+    try:
+        consumer.assign([aiokafka.TopicPartition("gpu-metrics", p) for p in range(PARTITIONS)])
+        await consumer.seek_to_beginning()
+        sizes: list[int] = []
+        while sum(sizes) < total:
+            got = await consumer.getmany(timeout_ms=10_000)
+            assert got, f"nothing more fetched after {sum(sizes)} of {total} bytes"
+            sizes.append(sum(len(r.value) for records in got.values() for r in records))
+        return sizes
+    finally:
+        await consumer.stop()
+
+
+def test_a_fetch_brings_at_most_its_bytes_of_all_partitions_together(tmp_path: Path):
+    """``BURNWATCH_FETCH_MAX_BYTES`` bounds what one fetch brings over all partitions (Kafka's
+    ``fetch.max.bytes``): what lands between two decisions of flow control, and what the consumer
+    buffers beside its queue, whatever the number of partitions. By default (Kafka's 50 MiB) the
+    embedded broker gives all it has of every partition (docs/performance.md, Memory). aiokafka
+    sends a broker no fetch while records it fetched from it wait to be taken, so one ``getmany``
+    holds one fetch: the limit, and the rest of the record batch that crosses it."""
+    limit, record_batch, value = 64 << 10, 16 << 10, b"x" * 1000
+
+    async def publish(bootstrap: str) -> int:
+        producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=record_batch, linger_ms=5)
+        await producer.start()
+        try:
+            sent = [await producer.send("gpu-metrics", value, partition=i % PARTITIONS) for i in range(1024)]
+            await asyncio.gather(*sent)
+        finally:
+            await producer.stop()
+        return len(sent) * len(value)
+
+    with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS, ["gpu-metrics"]))
+        total = asyncio.run(publish(broker.bootstrap))
+        bounded = asyncio.run(fetched_bytes(broker.bootstrap, tmp_path / "a", limit, total))
+        unbounded = asyncio.run(fetched_bytes(broker.bootstrap, tmp_path / "b", None, total))
+    assert sum(bounded) == total and max(bounded) <= limit + record_batch, bounded
+    assert max(unbounded) > PARTITIONS * (limit + record_batch)  # the worker's default: everything in one fetch
