@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import msgspec
 import structlog
@@ -89,6 +89,19 @@ _LOOKUP_TIMEOUT_S = 30.0
 counts as failed (and is retried)."""
 _A = TypeVar("_A")
 _R = TypeVar("_R")
+
+
+class FetchQueue(Protocol):
+    """What flow control reads of the consumer's queue of fetched messages (:class:`streams.bulk.Fetches`)."""
+
+    on_queued: Callable[[], None] | None
+
+    @property
+    def queued(self) -> Mapping[TP, int]:
+        """Messages fetched and not yet taken into a batch, by partition."""
+
+    def holds_a_batch(self, tp: TP) -> bool:
+        """Whether a batch's worth (messages or bytes) of ``tp`` is queued."""
 
 
 class PipelineStopped(Exception):
@@ -289,12 +302,8 @@ class Pipeline:
         """Partitions not fetched from for now: far ahead in event time of the one that holds
         the watermark, with more than ``max_held_per_partition`` messages held by the aligner or on
         their way to it, or, capped by the other workers' progress, far past the cap (:meth:`_flow_control`)."""
-        self.queued: Mapping[TP, int] = {}
-        """Messages fetched and not yet taken into a batch, by partition (the consumer's queue,
-        :class:`streams.bulk.Fetches`): flow control counts them as held."""
-        self.holds_a_batch: Callable[[TP], bool] = lambda tp: False
-        """Whether the consumer's queue holds a batch's worth (messages or bytes) of a partition: the
-        partition holding the watermark is paused then, until they are pushed (:meth:`_flow_control`)."""
+        self._queue: FetchQueue | None = None
+        """The consumer's queue of fetched messages (:meth:`watch`): flow control counts what it holds as held."""
 
     async def process(self, messages: Sequence[Message], ack: Callable[[list[Message]], Awaitable[Any]]) -> None:
         """Handle one batch. Detection runs now; the ClickHouse write runs in a writer
@@ -856,6 +865,12 @@ class Pipeline:
             self._flow([], sorted(self.paused))
         self.paused.clear()
 
+    def watch(self, queue: FetchQueue) -> None:
+        """Count what ``queue`` holds, fetched and not yet taken into a batch, as held, and decide as
+        each fetch is queued (:meth:`fetched`)."""
+        self._queue = queue
+        queue.on_queued = self.fetched
+
     def fetched(self) -> None:
         """A fetch was queued: pause the partitions that now have more than their share held or coming,
         before the consumer fetches again. Deciding only once a batch, after its push, let a partition
@@ -871,10 +886,10 @@ class Pipeline:
         fetch may bring thousands of messages of one), and what runs ahead only waits in the
         aligner, re-sorted with every batch, while the partition behind waits for its turn
         (Kafka Streams pauses a partition past 1,000 buffered records for the same reason).
-        What a partition has fetched and not yet taken into a batch (:attr:`queued`) counts as held: the
+        What a partition has fetched and not yet taken into a batch (:meth:`watch`) counts as held: the
         consumer fetches on while a batch is processed. The partition that holds the watermark is not
         paused for what it holds, so the watermark always moves; uncapped, it is paused once a batch's worth
-        of it is queued (:attr:`holds_a_batch`), until those messages are pushed: once they are, either it
+        of it is queued (:meth:`FetchQueue.holds_a_batch`), until those messages are pushed: once they are, either it
         holds the watermark still, and is fetched again, or it has passed another, which now holds it and
         is fetched. What it takes in while behind, it holds once it has passed the others: unpaused, it
         took in up to the consumer's whole queue (two batches). Paused at four times its share of messages
@@ -894,10 +909,11 @@ class Pipeline:
         (docs/architecture.md)."""
         if self._flow is None:
             return
-        aligner, limit, queued, assigned = self.aligner, self.max_held_per_partition, self.queued, self._assigned
+        aligner, limit, queue, assigned = self.aligner, self.max_held_per_partition, self._queue, self._assigned
         coming = cast(dict[TP, int], dict(aligner.held_by_source))  # held, and fetched on its way
-        for tp, n in queued.items():
-            coming[tp] = coming.get(tp, 0) + n
+        if queue is not None:
+            for tp, n in queue.queued.items():
+                coming[tp] = coming.get(tp, 0) + n
         slowest = aligner.slowest()
         # Uncapped (cap inf), the slowest is never far past it: paused for what it has queued, never for its time.
         cap = self.group.cap if self.group is not None else _INF
@@ -906,7 +922,7 @@ class Pipeline:
         for tp, n in coming.items():
             if n <= limit or tp in self.paused or (assigned is not None and tp not in assigned):
                 continue  # within its share, paused already, or fetched before its partition moved away
-            if (tp != slowest or (cap == _INF and self.holds_a_batch(tp))
+            if (tp != slowest or (cap == _INF and queue is not None and queue.holds_a_batch(tp))
                     or (n > allowance and aligner.progress(tp)[0] > cap + margin)):  # fmt: skip
                 pause.append(tp)
         resume = [tp for tp in self.paused if coming.get(tp, 0) <= limit // 2

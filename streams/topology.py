@@ -145,9 +145,7 @@ def install_agent(parts: WorkerParts) -> None:
     source = _raw_topic(app, settings, *TOPICS)
     app.topics.add(source)  # subscribed: the agent takes its messages from the bulk consumer, not a stream
     fetches = parts.fetches
-    pipeline.queued = fetches.queued  # flow control counts what is fetched and not yet taken (changed in place) ...
-    pipeline.holds_a_batch = fetches.holds_a_batch
-    fetches.on_queued = pipeline.fetched  # ... and pauses a partition with more than its share before the next fetch
+    pipeline.watch(fetches)  # flow control counts what is fetched and not yet taken, deciding as each fetch lands
 
     async def ack(messages: list[Message]) -> None:
         cast(BulkConsumer, app.consumer).acknowledge(messages)

@@ -361,7 +361,7 @@ def test_a_partition_with_more_than_its_share_fetched_is_paused_before_the_next_
     async def go() -> None:
         pipeline, calls = flow_pipeline(ruleset, limit=4)
         fetches = Fetches(max_messages=100, within_s=0.01)
-        pipeline.queued, fetches.on_queued = fetches.queued, pipeline.fetched
+        pipeline.watch(fetches)
         aligner, ahead, behind = pipeline.aligner, ("gpu-metrics", 0), ("gpu-metrics", 1)
         aligner.push(behind, [Gpu(0.0)], object())  # holds the watermark
         for i in range(2):
@@ -395,8 +395,7 @@ def test_the_partition_holding_the_watermark_is_paused_with_a_batch_of_it_queued
     async def go() -> None:
         pipeline, calls = flow_pipeline(ruleset, limit=4)
         fetches = Fetches(max_messages=16, within_s=0.01)
-        pipeline.queued, fetches.on_queued = fetches.queued, pipeline.fetched
-        pipeline.holds_a_batch = fetches.holds_a_batch
+        pipeline.watch(fetches)
         aligner, ahead, behind = pipeline.aligner, ("gpu-metrics", 0), ("gpu-metrics", 1)
         aligner.push(ahead, [Gpu(500.0)], object())
         for i in range(10):  # far over its share, but it holds the watermark: not paused for it
@@ -432,7 +431,7 @@ def test_no_partition_is_paused_for_what_is_queued_before_the_next_assignment_or
     async def go() -> None:
         pipeline, calls = flow_pipeline(ruleset, limit=4)
         fetches = Fetches(max_messages=100, within_s=0.01)
-        pipeline.queued, fetches.on_queued = fetches.queued, pipeline.fetched
+        pipeline.watch(fetches)
         mine, moved, behind = ("gpu-metrics", 0), ("gpu-metrics", 1), ("gpu-metrics", 2)
         pipeline.aligner.push(mine, [Gpu(0.0)], object())
         pipeline.aligner.push(behind, [Gpu(-10.0)], object())  # holds the watermark: partition 0 could be paused
