@@ -68,10 +68,10 @@ class Settings(BaseSettings):
     2026-12-04 (docs/performance.md, Memory)."""
     fetch_max_bytes: int = Field(default=50 << 20, ge=1 << 10, validation_alias="BURNWATCH_FETCH_MAX_BYTES")
     """The most one fetch brings of all partitions together (Kafka's ``fetch.max.bytes``, whose default
-    this is; a first record batch larger is still returned): what the consumer buffers beside its queue,
-    whatever the number of partitions, and how much lands between two decisions of flow control. 2 MiB
-    took 15 % off a catch-up's peak memory over 16 partitions and 4 % off one event a message's
-    throughput (docs/performance.md, Memory)."""
+    this is; a first record batch larger is still returned): how much lands between two decisions of flow
+    control. A broker that honours the per-partition limit above bounds each partition's part anyway; the
+    embedded broker does not, and honours this one: there 2 MiB took 15 % off a catch-up's peak memory
+    over 16 partitions and 4 % off one event a message's throughput (docs/performance.md, Memory)."""
     session_timeout_s: float = Field(default=10.0, gt=0, validation_alias="BURNWATCH_SESSION_TIMEOUT_S")
     log_format: Literal["auto", "json", "console"] = Field(default="auto", validation_alias="BURNWATCH_LOG_FORMAT")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", validation_alias="BURNWATCH_LOG_LEVEL")

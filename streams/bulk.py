@@ -59,7 +59,7 @@ class Fetches:
         self._fetches: deque[tuple[list[Message], int, float, dict[tuple[str, int], tuple[int, int]]]] = deque()
         """(messages, bytes of their values, when they arrived, (messages, bytes) by partition) of each fetch queued."""
         self.queued: dict[tuple[str, int], int] = {}
-        """Messages queued, by (topic, partition), changed in place (the pipeline holds it): flow control
+        """Messages queued, by (topic, partition), changed in place (the pipeline reads it, :meth:`Pipeline.watch`): flow control
         counts them with what the aligner holds
         (:meth:`streams.pipeline.Pipeline._flow_control`), or a partition would take in the queue's worth
         (two batches) before its pause took effect."""
@@ -173,9 +173,8 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         # Read when the consumer starts its fetcher; Faust sets neither from its settings.
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
-        fetch_max_bytes = getattr(transport, "fetch_max_bytes", None)
-        if fetch_max_bytes is not None:
-            consumer._fetch_max_bytes = fetch_max_bytes
+        if transport.fetch_max_bytes is not None:  # a BulkTransport's
+            consumer._fetch_max_bytes = transport.fetch_max_bytes
         return consumer
 
 
@@ -342,7 +341,7 @@ class BulkTransport(faust_aiokafka.Transport):
 
 def install_bulk(app: faust.App, topics: Iterable[str], fetches: Fetches, fetch_max_bytes: int | None = None) -> Fetches:
     """Give ``app`` a consumer that hands fetches of ``topics`` to ``fetches`` (before anything
-    has made the app's transport), each fetch at most ``fetch_max_bytes``."""
+    has made the app's transport), each fetch at most ``fetch_max_bytes`` (None: aiokafka's 50 MB)."""
     transport = BulkTransport(app.conf.broker_consumer, app)
     transport.fetches = fetches
     transport.bulk_topics = frozenset(topics)

@@ -289,6 +289,8 @@ def test_the_private_parts_of_faust_and_aiokafka_the_bulk_consumer_uses_still_ex
     for method in ("_wait_next_records", "_add_gap", "_new_offset", "perform_seek", "_to_message"):
         assert callable(getattr(BulkConsumer, method)), method
     assert "_fetch_max_wait_ms" in inspect.getsource(aiokafka.AIOKafkaConsumer.__init__)
+    start = inspect.getsource(aiokafka.AIOKafkaConsumer.start)  # where both reach its fetcher
+    assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in start and "fetch_max_bytes=self._fetch_max_bytes" in start
     assert "fetch_max_wait_ms=1500" in inspect.getsource(AIOKafkaConsumerThread._create_worker_consumer)
 
 
@@ -487,10 +489,11 @@ async def fetched_bytes(bootstrap: str, data_dir: Path, fetch_max_bytes: int | N
 def test_a_fetch_brings_at_most_its_bytes_of_all_partitions_together(tmp_path: Path):
     """``BURNWATCH_FETCH_MAX_BYTES`` bounds what one fetch brings over all partitions (Kafka's
     ``fetch.max.bytes``): what lands between two decisions of flow control, and what the consumer
-    buffers beside its queue, whatever the number of partitions. By default (Kafka's 50 MiB) the
-    embedded broker gives all it has of every partition (docs/performance.md, Memory). aiokafka
-    sends a broker no fetch while records it fetched from it wait to be taken, so one ``getmany``
-    holds one fetch: the limit, and the rest of the record batch that crosses it."""
+    buffers of each partition: the embedded broker ignores the per-partition limit and honours this
+    one, and by default (Kafka's 50 MiB) gives all it has of every partition at once
+    (docs/performance.md, Memory). aiokafka fetches no partition whose last fetch waits to be taken,
+    so one ``getmany`` holds at most one fetch of each partition: each the limit and the rest of the
+    record batch that crosses it (one fetch alone when taken at once, as here)."""
     limit, record_batch, value = 64 << 10, 16 << 10, b"x" * 1000
 
     async def publish(bootstrap: str) -> int:
@@ -508,5 +511,5 @@ def test_a_fetch_brings_at_most_its_bytes_of_all_partitions_together(tmp_path: P
         total = asyncio.run(publish(broker.bootstrap))
         bounded = asyncio.run(fetched_bytes(broker.bootstrap, tmp_path / "a", limit, total))
         unbounded = asyncio.run(fetched_bytes(broker.bootstrap, tmp_path / "b", None, total))
-    assert sum(bounded) == total and max(bounded) <= limit + record_batch, bounded
+    assert sum(bounded) == total and max(bounded) <= PARTITIONS * (limit + record_batch), bounded
     assert max(unbounded) > PARTITIONS * (limit + record_batch)  # the worker's default: everything in one fetch
