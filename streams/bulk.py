@@ -59,8 +59,8 @@ class Fetches:
         self._fetches: deque[tuple[list[Message], int, float, dict[tuple[str, int], tuple[int, int]]]] = deque()
         """(messages, bytes of their values, when they arrived, (messages, bytes) by partition) of each fetch queued."""
         self.queued: dict[tuple[str, int], int] = {}
-        """Messages queued, by (topic, partition), changed in place (the pipeline reads it, :meth:`Pipeline.watch`): flow control
-        counts them with what the aligner holds
+        """Messages queued, by (topic, partition), changed in place (the pipeline reads it:
+        :meth:`streams.pipeline.Pipeline.watch`): flow control counts them with what the aligner holds
         (:meth:`streams.pipeline.Pipeline._flow_control`), or a partition would take in the queue's worth
         (two batches) before its pause took effect."""
         self._queued_bytes: dict[tuple[str, int], int] = {}
