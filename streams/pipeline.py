@@ -34,7 +34,7 @@ import msgspec
 import structlog
 
 from detector.alerts import Alert, AlertManager
-from detector.align import EventTimeAligner, message_start
+from detector.align import EventTimeAligner, HeldKeys, message_start
 from detector.delivery import Outbox
 from detector.engine import Engine
 from detector.events import Event, InvalidMessage, RunEvent
@@ -502,7 +502,7 @@ class Pipeline:
         A key that is not reclaimed here, or whose delete a kill loses, is reclaimed by the sweeps
         of the worker that loads it next."""
         engine = self.engine
-        coming = self.aligner.held_keys()
+        coming = HeldKeys(self.aligner)  # gathered only if a key has gone quiet
         expired = engine.expire(coming)  # their next event is read: not quiet
         if self.saved_times is not None:
             saved = self.saved_states

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detector.align import EventTimeAligner, count, each_event
+from detector.align import EventTimeAligner, HeldKeys, count, each_event
 
 
 @dataclass(frozen=True)
@@ -174,3 +174,35 @@ def test_push_many_marks_its_source_not_caught_up_as_push_does():
     one.push("a", [Ev(20.0)])
     many.push_many("a", [(None, [Ev(20.0)])])
     assert one.slowest() == many.slowest() == "a" and one.watermark == many.watermark == 20.0
+
+
+@dataclass(frozen=True)
+class Keyed(Ev):
+    @property
+    def key(self) -> str:
+        return self.resource_id
+
+
+class CountingAligner(EventTimeAligner):
+    """Counts how often the held keys are gathered (a walk over every event held)."""
+
+    gathered = 0
+
+    def held_keys(self):
+        self.gathered += 1
+        return super().held_keys()
+
+
+def test_held_keys_are_gathered_at_the_first_look_up_only_and_answer_as_the_set():
+    """A sweep asks only about keys gone quiet; one that finds none must not walk what the aligner holds."""
+    aligner = CountingAligner(lateness_s=0)
+    aligner.expect("b")  # holds the watermark until it delivers: what "a" gives is held
+    aligner.push("a", [Keyed(100.0, "h1"), Keyed(100.0, "h2")], object())
+    aligner.push("a", [Keyed(160.0, "h3")], object())
+    keys = HeldKeys(aligner)
+    assert aligner.gathered == 0
+    assert all(k in keys for k in ("h1", "h2", "h3")) and "h4" not in keys
+    assert aligner.gathered == 1 and aligner.held_keys() == {"h1", "h2", "h3"}
+    aligner.push("b", [Keyed(130.0, "h4")], object())
+    aligner.release()  # h1, h2 (100) go; h3 (160) waits for "b", at 130
+    assert "h3" in HeldKeys(aligner) and "h1" not in HeldKeys(aligner)
