@@ -123,18 +123,17 @@ def reading_starts(committed: int | None, earliest: int | None, end: int | None)
 
 def flow_control(app: faust.App) -> Callable[[list[tuple[str, int]], list[tuple[str, int]]], None]:
     """``flow(pause, resume)``: stop and restart fetching from input partitions (the messages
-    already fetched stay buffered in the consumer). Only assigned partitions are resumed: one
-    revoked meanwhile is not fetched again."""
+    already fetched stay buffered in the consumer). Only assigned partitions are paused or resumed:
+    one revoked meanwhile is not fetched again, and a pause of one not assigned would stay in Faust,
+    and hold it if it were assigned here again."""
 
     def flow(pause: list[tuple[str, int]], resume: list[tuple[str, int]]) -> None:
         consumer = app.consumer
         assigned = consumer.assignment()
-        if pause:  # one not assigned stays paused in Faust, and would be if assigned here again
-            consumer.pause_partitions([tp for tp in (TP(topic, partition) for topic, partition in pause)
-                                       if tp in assigned])  # fmt: skip
+        if pause:
+            consumer.pause_partitions([tp for tp in map(TP._make, pause) if tp in assigned])
         if resume:
-            consumer.resume_partitions([tp for tp in (TP(topic, partition) for topic, partition in resume)
-                                        if tp in assigned])  # fmt: skip
+            consumer.resume_partitions([tp for tp in map(TP._make, resume) if tp in assigned])
 
     return flow
 
