@@ -147,11 +147,20 @@ def _split_engine(tree: Path) -> None:
     path.write_text(text)
 
 
+def _mark_backtest(tree: Path) -> None:
+    """backtest's exception a Python class: a native class cannot extend ``RuntimeError``."""
+    path = tree / "detector/backtest.py"
+    text = _once(path.read_text(), "\nclass ShardFailed(RuntimeError):",
+                 "\n@mypyc_attr(native_class=False)\nclass ShardFailed(RuntimeError):")  # fmt: skip
+    path.write_text(_once(text, "\nimport zlib\n", "\nimport zlib\n\nfrom mypy_extensions import mypyc_attr\n"))
+
+
 def prepare(tree: Path, rules: list[str]) -> None:
     archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     _split_gpu_share(tree)
     _split_engine(tree)
+    _mark_backtest(tree)
     for rule in rules:
         _split_rule(tree, rule)
     modules = MODULES + [f"detector/detectors/{rule}.py" for rule in rules]
