@@ -267,12 +267,14 @@ def scoring(model_dir: str | None) -> Scoring:
     return Scoring(ModelSet.load(model_dir))
 
 
-def replayed(path: str, model_dir: str | None = None) -> Engine:
-    """An engine with the shipped rules after the replay file ``path``, fed in sorted batches."""
+def replayed(path: str, model_dir: str | None = None, rules_only: bool = False) -> Engine:
+    """An engine with the shipped rules after the replay file ``path``, fed in sorted batches
+    (``rules_only``: no window built, as a worker without a model)."""
     from detector.replay import read_replay
 
     ruleset = load_rules(ROOT / "rules")
-    use_scoring(ruleset.rules, scoring(model_dir))
+    if not rules_only:
+        use_scoring(ruleset.rules, scoring(model_dir))
     engine = Engine(ruleset)
     decoder = EventDecoder(max_future_s=10 * 365 * 86_400.0)
     batch: list[tuple[float, Any]] = []
@@ -285,9 +287,9 @@ def replayed(path: str, model_dir: str | None = None) -> Engine:
     return engine
 
 
-def by_kind(path: str, model_dir: str | None = None) -> None:
+def by_kind(path: str, model_dir: str | None = None, rules_only: bool = False) -> None:
     """Each key's state after a replay file, by resource kind: in memory (deep size) and saved."""
-    engine = replayed(path, model_dir)
+    engine = replayed(path, model_dir, rules_only)
     kinds: dict[str, list[int]] = {}
     seen: set[int] = set()
     for key, state in engine._keys.items():
@@ -319,7 +321,9 @@ def main() -> int:
     parser.add_argument("--rules-only", action="store_true", help="no model and no windows, as a worker without a model")
     args = parser.parse_args()
     if args.replay:
-        by_kind(args.replay, args.model_dir)
+        if args.rules_only and args.model_dir:
+            parser.error("--rules-only is a worker without a model: leave out --model-dir")
+        by_kind(args.replay, args.model_dir, args.rules_only)
         return 0
 
     ruleset = load_rules(ROOT / "rules")
