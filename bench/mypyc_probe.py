@@ -164,7 +164,11 @@ def prepare(tree: Path, rules: list[str]) -> None:
     for rule in rules:
         _split_rule(tree, rule)
     modules = MODULES + [f"detector/detectors/{rule}.py" for rule in rules]
-    subprocess.run([sys.executable, "-c", _BUILD, *modules], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+    built_out = subprocess.run([sys.executable, "-c", _BUILD, *modules], cwd=tree, capture_output=True, text=True)
+    if built_out.returncode:  # mypy's errors come on stdout: say them, not only the exit status
+        noise = ("gcc", "building", "copying", "creating")
+        lines = [ln for ln in (built_out.stdout + built_out.stderr).splitlines() if not ln.startswith(noise)]
+        sys.exit("mypyc could not build the scratch tree " + str(tree) + ":\n" + "\n".join(lines[-40:]))
     built = sorted(str(p.relative_to(tree)) for p in tree.glob("detector/**/*.so"))
     assert len(built) == len(modules), built
     print(f"compiled in {tree}: {', '.join(built)}")
