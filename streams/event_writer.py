@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,7 +45,7 @@ from detector.limits import Limits
 from detector.pricing import Pricing
 from detector.store.batch import EventBatch
 from detector.store.connection import Connection, connect
-from detector.store.events import Events, InsertMetrics
+from detector.store.events import Events, InsertMetrics, PreparedInsert, native
 from detector.units import one_line
 from streams.children import ask_parent_death_signal
 
@@ -62,6 +63,9 @@ __all__ = [
     "usable_cpus",
     "writer_for",
 ]
+
+Prepared = Future[PreparedInsert | None]
+"""A batch's insert being made ready ahead (:meth:`EventWriter.prepare`): None when it could not be."""
 
 log = structlog.get_logger("burnwatch.worker")
 
@@ -166,21 +170,6 @@ class RelayClient:
         raise ValueError(message) if refused_here else RelayedError(message, code)
 
 
-def native(context: Any) -> bytes:
-    """The insert context's rows in ClickHouse's Native format, as clickhouse-connect sends them,
-    less the statement it puts before the first block (a raw insert names its table and columns)."""
-    from clickhouse_connect.driver.transform import NativeTransform
-
-    chunks = list(NativeTransform.build_insert(context))
-    if context.insert_exception is not None:  # a column that cannot be encoded (raised as the client raises it)
-        failed, context.insert_exception = context.insert_exception, None
-        raise failed
-    if chunks:
-        statement_end = b" FORMAT Native\n"
-        chunks[0] = chunks[0][chunks[0].index(statement_end) + len(statement_end) :]
-    return b"".join(chunks)
-
-
 class EventStore(Connection):
     """The store as the child needs it: the connection and the events' repository. Not
     :class:`~detector.store.Store`, whose other repositories import the alerts, the rules and the
@@ -199,14 +188,18 @@ def store_events(store: Store | EventStore, items: Sequence[Item], pricing: Pric
     return _store(store, items, 0, pricing)
 
 
-def _store(store: Store | EventStore, items: Sequence[Item], first: int, pricing: Pricing | None) -> Refused:
-    if not items:
-        return []
+def _batch(items: Sequence[Item]) -> EventBatch:
     batch = EventBatch()
     for message, events in items:
         batch.extend(events, (message.topic, message.partition, message.offset))
+    return batch
+
+
+def _store(store: Store | EventStore, items: Sequence[Item], first: int, pricing: Pricing | None) -> Refused:
+    if not items:
+        return []
     try:
-        store.events.insert(batch, pricing)
+        store.events.insert(_batch(items), pricing)
         return []
     except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
         if not store.refused(exc) or not store.writable():  # not the rows: retry, drop nothing
@@ -220,7 +213,12 @@ def _store(store: Store | EventStore, items: Sequence[Item], first: int, pricing
 class EventWriter:
     """Writes a batch's events (:func:`store_events`), here or elsewhere."""
 
-    def write(self, items: Sequence[Item], pricing: Pricing | None) -> Refused:
+    def prepare(self, items: Sequence[Item], pricing: Pricing | None) -> Prepared | None:
+        """Start making the batch's insert ready now, elsewhere, for its :meth:`write` later (None:
+        this writer does not)."""
+        return None
+
+    def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None) -> Refused:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -233,7 +231,7 @@ class ThreadEventWriter(EventWriter):
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def write(self, items: Sequence[Item], pricing: Pricing | None) -> Refused:
+    def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None) -> Refused:
         return store_events(self.store, items, pricing)
 
 
@@ -275,7 +273,16 @@ class ProcessEventWriter(EventWriter):
     """In a child process with its own client to the ClickHouse server at ``dsn``; with no
     ``dsn``, on ``store`` (the worker's embedded engine), which the child reaches through this
     writer (:class:`RelayClient`). Blocking calls, one at a time (the pipeline's single writer
-    thread); the pipe's wait and the engine's work release the GIL, which is the point."""
+    thread); the pipe's wait and the engine's work release the GIL, which is the point.
+
+    On the embedded engine a batch's insert is prepared ahead (:meth:`prepare`): as soon as the
+    worker has read it, the child decodes it and makes its ids, columns and Native blocks, while
+    the worker's writer thread is still inserting the batch before; the write then only looks up
+    its ids and sends the blocks (:meth:`~detector.store.events.Events.insert_prepared`), so the
+    writer thread is not left waiting on the child's Python. A batch whose ids are partly stored,
+    which the store refuses, or which could not be prepared is written the usual way, the child
+    doing it all (:meth:`write`). With a server the child does its inserts itself, and a batch is
+    not prepared ahead (the child would do both in turn: nothing overlaps)."""
 
     def __init__(self, dsn: str | None, database: str, store: Store | None = None) -> None:
         if dsn is None and store is None:
@@ -290,13 +297,73 @@ class ProcessEventWriter(EventWriter):
         self._pipe: Pipe | None = None
         self._pricing: Pricing | None = None
         self._lock = threading.Lock()
+        """One exchange with the child at a time: a write's (the writer thread) or a preparation's."""
         self._closed = False
         self.answer_within_s = ANSWER_WITHIN_S
         self._killed = False
+        self._preparer: ThreadPoolExecutor | None = None
+        """The thread that hands batches to the child to prepare, and waits for them, in order. (It
+        lives as long as the writer, as the child's parent-death signal needs: :func:`_die_with`.)"""
 
-    def write(self, items: Sequence[Item], pricing: Pricing | None) -> Refused:
+    def prepare(self, items: Sequence[Item], pricing: Pricing | None) -> Prepared | None:
+        if self.relay is None or not items or self._closed:
+            return None
+        if self._preparer is None:
+            self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="event-prepare")
+        return self._preparer.submit(self._prepare, items, pricing)
+
+    def _prepare(self, items: Sequence[Item], pricing: Pricing | None) -> PreparedInsert | None:
+        status, answer = self._exchange("prepare", items, pricing)
+        if status == "ok":
+            prepared: PreparedInsert = answer
+            return prepared
+        log.warning("event_prepare_failed", status=status, error=answer, note="the batch is written the usual way")
+        return None
+
+    def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None) -> Refused:
         if not items:
             return []
+        if prepared is not None and self._write_prepared(prepared):
+            return []
+        status, answer = self._exchange("write", items, pricing)
+        if status == "unreadable" and self.fallback is not None:
+            log.error("event_writer_unreadable", error=answer, note="the batch is written in the worker's writer thread")
+            return self.fallback.write(items, pricing)
+        if status == "unavailable":
+            raise StoreUnavailable(answer)
+        if status != "ok":
+            raise StoreUnavailable(f"the event writer process failed: {answer}")
+        return [(index, reason) for index, reason in answer]
+
+    def _write_prepared(self, prepared: Prepared) -> bool:
+        """The prepared batch inserted on the worker's store, in this (the writer) thread. False,
+        having stored nothing the usual write would not leave out: the batch could not be prepared
+        (the child failed, died or hung: its watchdog killed it), some of its ids are stored, or
+        the store refused its rows (the usual write splits the batch to name the message)."""
+        store = self.relay
+        if store is None:
+            return False
+        try:
+            ready = prepared.result()
+        except Exception as exc:  # noqa: BLE001 - StoreUnavailable from the exchange; cancelled at close
+            log.info("event_prepare_failed", error=one_line(exc), note="the batch is written the usual way")
+            return False
+        if ready is None:
+            return False
+        if self._closed:
+            raise StoreUnavailable("the event writer is closed (the worker is stopping)")
+        try:
+            return store.events.insert_prepared(ready) is not None
+        except Exception as exc:  # noqa: BLE001 - a client, a driver or the engine may raise
+            if not store.refused(exc) or not store.writable():  # not the rows: retry, drop nothing
+                raise StoreUnavailable(one_line(exc)) from exc
+            return False
+
+    def _exchange(self, kind: str, items: Sequence[Item], pricing: Pricing | None) -> tuple[str, Any]:
+        """Send the child a batch to ``write`` or ``prepare`` and return its answer (a status and
+        what goes with it), running the calls it relays meanwhile; its insert figures go to this
+        process's metrics. A child that dies, or gives no answer within :attr:`answer_within_s`
+        (killed then), is a store unavailable, and the next exchange starts another."""
         with self._lock:
             if self._closed:
                 raise StoreUnavailable("the event writer is closed (the worker is stopping)")
@@ -312,7 +379,7 @@ class ProcessEventWriter(EventWriter):
             watchdog.start()
             try:
                 changed = pricing is not self._pricing
-                pipe.send((changed, pricing if changed else None))  # the price list, when it changed (a reload)
+                pipe.send((kind, changed, pricing if changed else None))  # the price list, when it changed (a reload)
                 pipe.send_bytes(encode_items(items))  # (not pickled: a batch's values are megabytes)
                 self._pricing = pricing
                 status, answer, observed = self._answer(pipe)
@@ -333,14 +400,7 @@ class ProcessEventWriter(EventWriter):
             metrics.insert(seconds, rows)
         if observed.get("duplicates"):
             metrics.duplicates(observed["duplicates"])
-        if status == "unreadable" and self.fallback is not None:
-            log.error("event_writer_unreadable", error=answer, note="the batch is written in the worker's writer thread")
-            return self.fallback.write(items, pricing)
-        if status == "unavailable":
-            raise StoreUnavailable(answer)
-        if status != "ok":
-            raise StoreUnavailable(f"the event writer process failed: {answer}")
-        return [(index, reason) for index, reason in answer]
+        return status, answer
 
     def _answer(self, pipe: Pipe) -> tuple[str, Any, dict[str, Any]]:
         """The child's answer to the batch, running the calls it relays meanwhile."""
@@ -411,9 +471,11 @@ class ProcessEventWriter(EventWriter):
             return child.wait()
 
     def close(self) -> None:
-        """Stop the child after the write in progress, if any (its pipe closed: it exits)."""
+        """Stop the child after the exchange in progress, if any (its pipe closed: it exits)."""
+        self._closed = True
+        if self._preparer is not None:
+            self._preparer.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            self._closed = True
             self._reap()
 
 
@@ -472,7 +534,7 @@ def _serve(pipe: Pipe, worker: int) -> None:
     try:
         while True:
             try:
-                changed, sent_pricing = pipe.recv()
+                kind, changed, sent_pricing = pipe.recv()
                 payload = pipe.recv_bytes()
             except EOFError:
                 return  # the worker closed the pipe
@@ -489,7 +551,8 @@ def _serve(pipe: Pipe, worker: int) -> None:
                     pipe.send(("unavailable", f"the event writer process cannot reach the store: {one_line(exc)}", {}))
                     continue
                 store.events.observe = _Observer(observed)
-            pipe.send((*_answer(store, payload, decoder, pricing), observed))
+            answer = _prepared if kind == "prepare" else _answer
+            pipe.send((*answer(store, payload, decoder, pricing), observed))
             del payload  # a batch is megabytes: not held while the child waits for the next
     finally:
         if store is not None:
@@ -507,6 +570,18 @@ def _answer(store: EventStore, payload: bytes, decoder: EventDecoder, pricing: P
     except StoreUnavailable as exc:
         return "unavailable", str(exc)
     except Exception as exc:  # noqa: BLE001 - told to the worker, which retries
+        return "failed", one_line(exc, MAX_REASON)
+
+
+def _prepared(store: EventStore, payload: bytes, decoder: EventDecoder, pricing: Pricing | None) -> tuple[str, Any]:
+    """One batch decoded again and its insert made ready for the worker (:meth:`Events.prepare`)."""
+    try:
+        items = decode_items(payload, decoder)
+    except InvalidMessage as exc:
+        return "unreadable", one_line(exc, MAX_REASON)
+    try:
+        return "ok", store.events.prepare(_batch(items), pricing)
+    except Exception as exc:  # noqa: BLE001 - told to the worker, which writes the batch the usual way
         return "failed", one_line(exc, MAX_REASON)
 
 

@@ -40,13 +40,14 @@ from detector.engine import Engine
 from detector.events import Event, InvalidMessage, RunEvent
 from detector.metrics import METRICS
 from detector.outputs.outbox import OutputOutbox
+from detector.pricing import Pricing
 from detector.store import Store
 from detector.store.states import SavedTimes, States
 from detector.units import one_line
 from streams.acks import InOrderAcks
 from streams.config import Config, LiveConfig
 from streams.event_writer import MAX_REASON as _MAX_REASON
-from streams.event_writer import EventWriter, StoreUnavailable, ThreadEventWriter
+from streams.event_writer import EventWriter, Prepared, StoreUnavailable, ThreadEventWriter
 from streams.progress import GroupProgress
 
 __all__ = ["DEAD_LETTER_MAX_VALUE", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable", "dead_letter"]
@@ -193,6 +194,10 @@ class _Step:
     with each change, so the delay to a decision can be told from the delay to storing it."""
     per_topic: dict[str, list[int]] = field(default_factory=dict)
     """topic → [messages, events], for the metrics."""
+    pricing: Pricing | None = None
+    """The price list the batch was detected with: its stored rows are priced with it too."""
+    prepared: Prepared | None = None
+    """The event writer's preparation of :attr:`stored`'s insert, started once the batch is read."""
     progress: list[tuple[int, float, bool]] = field(default_factory=list)
     """The usage partitions' progress to record after the batch's events (:mod:`streams.progress`)."""
     generation: int | None = None
@@ -321,6 +326,8 @@ class Pipeline:
                 self._ack = ack
                 cpu = time.thread_time()
                 step = self._read(messages)
+                step.pricing = self.engine.ruleset.pricing
+                step.prepared = self.event_writer.prepare(step.stored, step.pricing)
                 _CPU_READ.inc(time.thread_time() - cpu)
                 await self._read_ahead(step)
                 replays = self._maybe_replayed(step)
@@ -964,7 +971,7 @@ class Pipeline:
         version = time.time_ns()
         while True:
             try:
-                step.refused = self._store_events(step.stored)
+                step.refused = self._store_events(step)
                 if step.alerts:
                     self._write_own(lambda: self.store.alerts.record(step.alerts, version=version))
                 self._write_own(lambda: self.store.states.save(step.states, version=version))
@@ -991,13 +998,14 @@ class Pipeline:
                 raise StoreUnavailable(one_line(exc)) from exc
             raise
 
-    def _store_events(self, items: list[tuple[Message, list[Event]]]) -> list[tuple[Message, str]]:
-        """Store the messages' events; return the messages the store refused, each with the
+    def _store_events(self, step: _Step) -> list[tuple[Message, str]]:
+        """Store the batch's events; return the messages the store refused, each with the
         reason. A failed insert is split in halves until the refused message is alone (what
         was stored meanwhile is not stored again: the store leaves out what it holds)."""
+        items = step.stored
         if not items:
             return []
-        refused = self.event_writer.write(items, self.engine.ruleset.pricing)
+        refused = self.event_writer.write(items, step.pricing, step.prepared)
         out: list[tuple[Message, str]] = []
         for index, reason in refused:
             message = items[index][0]

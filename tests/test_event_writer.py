@@ -483,3 +483,97 @@ def test_a_write_that_fails_mid_exchange_leaves_no_stale_answer_for_the_next(sto
     assert writer.write(sent, ruleset.pricing) == []
     assert writer.write(sent, ruleset.pricing) == []
     assert store.count("gpu_metrics") == 10 * 2
+
+
+def _exchanges(writer: ProcessEventWriter) -> list[str]:
+    """The kinds of exchange the writer has with its child from now on (``write``, ``prepare``), recorded
+    as they pass: the writer's own method runs them."""
+    kinds: list[str] = []
+    exchange = writer._exchange
+
+    def recorded(kind, items, pricing):
+        kinds.append(kind)
+        return exchange(kind, items, pricing)
+
+    writer._exchange = recorded  # type: ignore[method-assign]
+    return kinds
+
+
+def test_a_batch_prepared_ahead_stores_what_the_thread_stores(store, second_store, ruleset, request):
+    """A batch prepared by the child (ids, columns, Native blocks) and inserted by the worker: every
+    row equal to the writer thread's, and the child did no write of its own. Written again, its ids
+    are found stored: nothing is sent from the preparation, the usual write leaves them all out
+    and counts them as duplicates. A batch whose messages repeat an event is stored once."""
+    thread, child = ThreadEventWriter(store), ProcessEventWriter(None, second_store.db, second_store)
+    request.addfinalizer(child.close)
+    kinds = _exchanges(child)
+    assert thread.write(items(), ruleset.pricing) == []
+    assert child.write(items(), ruleset.pricing, child.prepare(items(), ruleset.pricing)) == []
+    assert kinds == ["prepare"]
+    assert digest(store) == digest(second_store)
+    before = METRICS.duplicates_skipped._value.get()
+    assert child.write(items(), ruleset.pricing, child.prepare(items(), ruleset.pricing)) == []
+    assert kinds == ["prepare", "prepare", "write"]
+    assert METRICS.duplicates_skipped._value.get() - before == sum(len(events) for _, events in items())
+    assert digest(store) == digest(second_store)
+    twice = [message("gpu-metrics", 0, 100 + i, scrape(T0 + 86_400 + i * MIN, [1.0, 2.0], rid="h9")) for i in range(3)] * 2
+    before = METRICS.duplicates_skipped._value.get()
+    assert child.write(twice, ruleset.pricing, child.prepare(twice, ruleset.pricing)) == []
+    assert kinds[-1] == "prepare" and METRICS.duplicates_skipped._value.get() - before == 3 * 2
+    assert thread.write(twice, ruleset.pricing) == []
+    assert digest(store) == digest(second_store)
+
+
+def test_a_batch_partly_stored_when_its_prepared_write_comes_is_stored_once(store, ruleset, request):
+    """Half of a prepared batch lands first (a write before it that failed midway, then retried): the
+    look-up finds those ids, and the batch is written the usual way, which leaves them out."""
+    writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    sent = [message("gpu-metrics", 0, i, scrape(T0 + i * MIN, [1.0, 2.0], rid=f"h{i % 3}")) for i in range(10)]
+    prepared = writer.prepare(sent, ruleset.pricing)
+    assert ThreadEventWriter(store).write(sent[3:7], ruleset.pricing) == []
+    assert writer.write(sent, ruleset.pricing, prepared) == []
+    assert store.count("gpu_metrics") == 10 * 2
+    assert store.query(f"SELECT uniqExact(event_id) AS n FROM {store.db}.gpu_metrics")[0]["n"] == 10 * 2
+
+
+def test_a_child_hung_while_preparing_is_killed_and_the_batch_written_by_another(store, ruleset, request):
+    """The child stops (SIGSTOP) while it prepares a batch: its watchdog kills it after
+    ``answer_within_s``, the preparation fails, and the write stores the batch the usual way with a
+    new child, once. A preparation can delay a write, never hang it."""
+    writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    assert writer.write(items()[:2], ruleset.pricing, writer.prepare(items()[:2], ruleset.pricing)) == []
+    hung = writer._child
+    assert hung is not None
+    writer.answer_within_s = 1.0
+    os.kill(hung.pid, signal.SIGSTOP)
+    prepared = writer.prepare(items(), ruleset.pricing)
+    assert prepared is not None
+    with pytest.raises(StoreUnavailable, match="no answer within 1 s"):
+        prepared.result(timeout=60)
+    assert hung.poll() is not None  # killed and reaped
+    writer.answer_within_s = ANSWER_WITHIN_S
+    assert writer.write(items(), ruleset.pricing, prepared) == []
+    assert writer._child is not None and writer._child is not hung
+    assert store.count("gpu_metrics") == 12 * 3 and store.count("resource_usage") == 8 + 1
+
+
+def test_a_closed_writer_writes_no_batch_it_prepared(store, ruleset, request):
+    """Closed (the worker stopping) with a batch prepared: its write is a store unavailable, nothing stored."""
+    writer = ProcessEventWriter(None, store.db, store)
+    prepared = writer.prepare(items(), ruleset.pricing)
+    assert prepared is not None
+    writer.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        writer.write(items(), ruleset.pricing, prepared)
+    assert store.count("gpu_metrics") == 0
+    assert writer.prepare(items(), ruleset.pricing) is None
+
+
+def test_a_writer_on_a_server_or_in_the_thread_prepares_nothing(store, server, remote, ruleset, request):
+    """With a server the child inserts itself (nothing to overlap), and the writer thread has no child."""
+    served = ProcessEventWriter(server.url, remote.db)
+    request.addfinalizer(served.close)
+    assert served.prepare(items(), ruleset.pricing) is None
+    assert ThreadEventWriter(store).prepare(items(), ruleset.pricing) is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from detector.events import Event, RunEvent
@@ -19,7 +20,7 @@ from detector.pricing import Pricer, Pricing
 from detector.store.batch import KIND, SOURCE_COLS, EventBatch, event_ids
 from detector.store.connection import Connection
 
-__all__ = ["Events", "InsertMetrics"]
+__all__ = ["Events", "InsertMetrics", "PreparedBlock", "PreparedInsert", "native"]
 
 _KEY_COLUMN = {"resource_usage": "resource_id", "gpu_metrics": "resource_id", "run_events": "run_id"}
 _DAY_MS = 86_400_000
@@ -36,6 +37,49 @@ def wire_type(column_type: str) -> str:
     ClickHouse applies as it stores them. Sending plain strings spares building each
     block's dictionary in Python (the client's slowest step, holding the GIL)."""
     return _LOW_CARDINALITY.sub(r"\1", column_type)
+
+
+def native(context: Any) -> bytes:
+    """The insert context's rows in ClickHouse's Native format, as clickhouse-connect sends them,
+    less the statement it puts before the first block (a raw insert names its table and columns)."""
+    from clickhouse_connect.driver.transform import NativeTransform
+
+    chunks = list(NativeTransform.build_insert(context))
+    if context.insert_exception is not None:  # a column that cannot be encoded (raised as the client raises it)
+        failed, context.insert_exception = context.insert_exception, None
+        raise failed
+    if chunks:
+        statement_end = b" FORMAT Native\n"
+        chunks[0] = chunks[0][chunks[0].index(statement_end) + len(statement_end) :]
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class PreparedBlock:
+    """One table's rows of a prepared insert, Native-encoded."""
+
+    table: str
+    names: list[str]
+    ids: list[int]
+    """The rows' event ids, to tell whether any is stored already."""
+    body: bytes
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PreparedInsert:
+    """A batch's insert made ready without reading the store (:meth:`Events.prepare`): the look-up
+    of its ids to run, and each table's rows Native-encoded. Bytes, strings and numbers only: it
+    crosses a pipe from the process that made it."""
+
+    lookup: str | None
+    """The look-up's SQL (None: nothing to look up)."""
+    parameters: dict[str, Any]
+    asked: list[str]
+    """The table of each select of the look-up."""
+    blocks: list[PreparedBlock]
+    repeats: int
+    """Rows left out as repeats of an event within the batch (counted as duplicates once stored)."""
 
 
 class InsertMetrics:
@@ -90,11 +134,11 @@ class Events:
         client = self.conn.client
         with self.conn.lock:
             tables = list(batch.tables(pricing))
-            stored = self._stored_ids([(table, cols[names.index(_KEY_COLUMN[table])], cols[0])
-                                       for table, names, cols in tables])  # fmt: skip
+            stored = self._stored_ids(self._asked(tables))
             for table, names, cols in tables:
                 keep = self._new_rows(names, cols, *stored[table])
                 if keep is not None:
+                    self.observe.duplicates(len(cols[0]) - len(keep))
                     cols = [[col[i] for i in keep] for col in cols]
                 if not cols[0]:
                     continue
@@ -110,6 +154,61 @@ class Events:
                     context.data = None  # the batch's rows are not kept alive
                 self.observe.insert(time.perf_counter() - started, len(cols[0]))
                 written += len(cols[0])
+        return written
+
+    def prepare(self, batch: EventBatch, pricing: Pricing | Pricer | None = None) -> PreparedInsert:
+        """What :meth:`insert` does that needs no answer from the store (the columns, the ids, the
+        look-up's text, the Native encoding: most of an insert's Python), done ahead: a writer child
+        prepares a batch while the worker inserts the one before (:mod:`streams.event_writer`), and
+        :meth:`insert_prepared` then only looks up and sends. Repeats within the batch are left out
+        here; the column types are asked of the store once (:meth:`_context`)."""
+        blocks: list[PreparedBlock] = []
+        repeats = 0
+        with self.conn.lock:
+            tables = list(batch.tables(pricing))
+            lookup, parameters, asked = self._lookup(self._asked(tables))
+            for table, names, cols in tables:
+                keep = self._new_rows(names, cols, set(), set())
+                if keep is not None:
+                    repeats += len(cols[0]) - len(keep)
+                    cols = [[col[i] for i in keep] for col in cols]
+                if not cols[0]:
+                    continue
+                context = self._context(table, names)
+                context.data = cols
+                try:
+                    body = native(context)
+                except BaseException:
+                    self._contexts.clear()  # the table may have changed: ask its types again
+                    raise
+                finally:
+                    context.data = None
+                blocks.append(PreparedBlock(table, names, cols[names.index("event_id")], body, dict(context.settings)))
+        return PreparedInsert(lookup, parameters, asked, blocks, repeats)
+
+    def insert_prepared(self, prepared: PreparedInsert) -> int | None:
+        """Store a batch :meth:`prepare` made ready: its look-up, then, when none of its rows is stored
+        (new data, the common case), its blocks as they are. None, having sent nothing: some are
+        stored already (read again after a crash, re-sent), and the caller inserts the batch with
+        :meth:`insert`, which leaves them out. Raises what the client raises, as :meth:`insert` does."""
+        client = self.conn.client
+        with self.conn.lock:
+            if prepared.lookup is not None:
+                rows = client.query(prepared.lookup, parameters=prepared.parameters).result_rows
+                found = self._found({block.table: (set(), set()) for block in prepared.blocks}, prepared.asked, rows)
+                for block in prepared.blocks:
+                    seen, legacy = found[block.table]
+                    if legacy or not seen.isdisjoint(block.ids):
+                        return None
+            written = 0
+            for block in prepared.blocks:
+                started = time.perf_counter()
+                client.raw_insert(f"{self.conn.db}.{block.table}", block.names, insert_block=block.body,
+                                  settings=block.settings, fmt="Native")  # fmt: skip
+                self.observe.insert(time.perf_counter() - started, len(block.ids))
+                written += len(block.ids)
+        if prepared.repeats:
+            self.observe.duplicates(prepared.repeats)
         return written
 
     def _context(self, table: str, names: list[str]) -> Any:
@@ -147,10 +246,7 @@ class Events:
                 if event_id not in seen:
                     seen.add(event_id)
                     keep.append(i)
-        if len(keep) == len(ids):
-            return None
-        self.observe.duplicates(len(ids) - len(keep))
-        return keep
+        return None if len(keep) == len(ids) else keep
 
     def _stored_ids(self, asked: Sequence[tuple[str, list[str], list[int]]]) -> dict[str, tuple[set[int], set[tuple[Any, ...]]]]:
         """For each ``(table, keys, ts in ms)`` asked: the event ids already stored for these keys
@@ -159,13 +255,22 @@ class Events:
         and the Kafka sources of rows stored there without an id (before migration 0005). One
         query for every table (a query into the embedded engine costs a few ms whatever it
         reads). The caller holds the lock."""
-        found: dict[str, tuple[set[int], set[tuple[Any, ...]]]] = {}
+        lookup, parameters, tables = self._lookup(asked)
+        rows = self.conn.client.query(lookup, parameters=parameters).result_rows if lookup is not None else []
+        return self._found({table: (set(), set()) for table, _, _ in asked}, tables, rows)
+
+    @staticmethod
+    def _asked(tables: Sequence[tuple[str, list[str], list[list[Any]]]]) -> list[tuple[str, list[str], list[int]]]:
+        """The look-up's question for a batch's columns: each table's keys and times (ms)."""
+        return [(table, cols[names.index(_KEY_COLUMN[table])], cols[0]) for table, names, cols in tables]
+
+    def _lookup(self, asked: Sequence[tuple[str, list[str], list[int]]]) -> tuple[str | None, dict[str, Any], list[str]]:
+        """:meth:`_stored_ids`'s query: its SQL (None: nothing asked), its parameters, and the table
+        of each of its selects."""
         selects: list[str] = []
         tables: list[str] = []
-        """The table of each select, by its ``asked`` column."""
         parameters: dict[str, Any] = {}
         for table, keys, ts_ms in asked:
-            found.setdefault(table, (set(), set()))
             if not ts_ms:
                 continue
             n = len(selects)
@@ -173,10 +278,13 @@ class Events:
             clauses = self._within(_KEY_COLUMN[table], keys, ts_ms, f"t{n}_", parameters)
             selects.append(f"SELECT {n} AS asked, event_id, src_topic, src_partition, src_offset "
                            f"FROM {self.conn.db}.{table} WHERE {clauses}")  # fmt: skip
-        if not selects:
-            return found
-        result = self.conn.client.query(" UNION ALL ".join(selects), parameters=parameters)
-        for n, event_id, topic, partition, offset in result.result_rows:
+        return (" UNION ALL ".join(selects) if selects else None), parameters, tables
+
+    @staticmethod
+    def _found(found: dict[str, tuple[set[int], set[tuple[Any, ...]]]], tables: list[str],
+               rows: Sequence[tuple[Any, ...]]) -> dict[str, tuple[set[int], set[tuple[Any, ...]]]]:  # fmt: skip
+        """The look-up's rows read into ``found`` (table → (event ids, Kafka sources of rows without an id))."""
+        for n, event_id, topic, partition, offset in rows:
             ids, legacy = found[tables[n]]
             if event_id:
                 ids.add(event_id)
