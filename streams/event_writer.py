@@ -12,6 +12,9 @@ engine (chdb) is one per process and its directory is one process's, so with it 
 reaches the store through the worker (:class:`RelayClient`): the child does the Python (ids,
 columns, the Native encoding), and each of its queries and inserts, already encoded, is run
 by the worker's writer thread on the worker's engine, which lets go of the GIL while it works.
+There the child prepares a batch as soon as the worker has read it (:meth:`ProcessEventWriter.prepare`),
+while the writer thread still inserts the batch before, so that the write itself is only the
+look-up of stored ids and the inserts.
 
 Either way the outcome is the same: the store leaves out what it holds (by content), a batch
 the store refuses is split until the refused message is alone, and a store that cannot be
@@ -31,7 +34,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -87,7 +90,8 @@ Refused = list[tuple[int, str]]
 MAX_REASON = 2_000
 """Characters of a refusal's reason kept (in the dead-letter record and the log)."""
 ANSWER_WITHIN_S = 900.0
-"""How long a write waits for the child's answer before killing it (a hung or stopped child): past
+"""How long an exchange with the child (a write, or a batch's preparation) waits for its answer before
+killing it (a hung or stopped child): past
 the ClickHouse client's own 300 s timeout and a retry, so a slow store is not taken for a hung child.
 With the embedded engine it counts the worker's own runs of the child's calls too (the engine has no
 client timeout): a call past it ends the write as a store unavailable once the call returns, retried,
@@ -124,7 +128,8 @@ class _Rows:
 class RelayClient:
     """The worker's embedded store as the child reaches it: through the worker. Each query and
     insert :class:`~detector.store.events.Events` makes is a request down the pipe that the
-    worker's writer thread runs on its own client (:meth:`ProcessEventWriter._run`), an insert
+    worker runs on its own client (:meth:`ProcessEventWriter._run`: in the thread of the exchange,
+    the writer thread's or the preparing one's), an insert
     already encoded here (clickhouse-connect's Native encoding, the client's slowest Python);
     the worker answers with the rows, or the error."""
 
@@ -272,8 +277,8 @@ def decode_items(payload: bytes, decoder: EventDecoder) -> list[Item]:
 class ProcessEventWriter(EventWriter):
     """In a child process with its own client to the ClickHouse server at ``dsn``; with no
     ``dsn``, on ``store`` (the worker's embedded engine), which the child reaches through this
-    writer (:class:`RelayClient`). Blocking calls, one at a time (the pipeline's single writer
-    thread); the pipe's wait and the engine's work release the GIL, which is the point.
+    writer (:class:`RelayClient`). Blocking calls from the pipeline's single writer thread; the
+    pipe's wait and the engine's work release the GIL, which is the point.
 
     On the embedded engine a batch's insert is prepared ahead (:meth:`prepare`): as soon as the
     worker has read it, the child decodes it and makes its ids, columns and Native blocks, while
@@ -281,8 +286,10 @@ class ProcessEventWriter(EventWriter):
     its ids and sends the blocks (:meth:`~detector.store.events.Events.insert_prepared`), so the
     writer thread is not left waiting on the child's Python. A batch whose ids are partly stored,
     which the store refuses, or which could not be prepared is written the usual way, the child
-    doing it all (:meth:`write`). With a server the child does its inserts itself, and a batch is
-    not prepared ahead (the child would do both in turn: nothing overlaps)."""
+    doing it all (:meth:`write`). Only the writer thread starts a child (its parent-death signal
+    follows the thread that started it, :func:`_die_with`): a batch read while there is none, the
+    first or after one died, is not prepared. With a server the child does its inserts itself, and
+    a batch is not prepared ahead (the child would do both in turn: nothing overlaps)."""
 
     def __init__(self, dsn: str | None, database: str, store: Store | None = None) -> None:
         if dsn is None and store is None:
@@ -298,12 +305,13 @@ class ProcessEventWriter(EventWriter):
         self._pricing: Pricing | None = None
         self._lock = threading.Lock()
         """One exchange with the child at a time: a write's (the writer thread) or a preparation's."""
+        self._exchanging: str | None = None
+        """The kind of the exchange in progress (None: none)."""
         self._closed = False
         self.answer_within_s = ANSWER_WITHIN_S
         self._killed = False
         self._preparer: ThreadPoolExecutor | None = None
-        """The thread that hands batches to the child to prepare, and waits for them, in order. (It
-        lives as long as the writer, as the child's parent-death signal needs: :func:`_die_with`.)"""
+        """The thread that hands batches to the child to prepare, and waits for them, in order."""
 
     def prepare(self, items: Sequence[Item], pricing: Pricing | None) -> Prepared | None:
         if self.relay is None or not items or self._closed:
@@ -313,11 +321,15 @@ class ProcessEventWriter(EventWriter):
         return self._preparer.submit(self._prepare, items, pricing)
 
     def _prepare(self, items: Sequence[Item], pricing: Pricing | None) -> PreparedInsert | None:
-        status, answer = self._exchange("prepare", items, pricing)
+        try:
+            status, answer = self._exchange("prepare", items, pricing)
+        except StoreUnavailable as exc:  # the child died or hung (killed): the write starts another
+            status, answer = "unavailable", str(exc)
         if status == "ok":
             prepared: PreparedInsert = answer
             return prepared
-        log.warning("event_prepare_failed", status=status, error=answer, note="the batch is written the usual way")
+        if status != "no child":
+            log.warning("event_prepare_failed", status=status, error=answer, note="the batch is written the usual way")
         return None
 
     def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None) -> Refused:
@@ -345,13 +357,12 @@ class ProcessEventWriter(EventWriter):
             return False
         try:
             ready = prepared.result()
-        except Exception as exc:  # noqa: BLE001 - StoreUnavailable from the exchange; cancelled at close
-            log.info("event_prepare_failed", error=one_line(exc), note="the batch is written the usual way")
-            return False
-        if ready is None:
-            return False
+        except CancelledError:  # at close, before it was prepared
+            ready = None
         if self._closed:
             raise StoreUnavailable("the event writer is closed (the worker is stopping)")
+        if ready is None:
+            return False
         try:
             return store.events.insert_prepared(ready) is not None
         except Exception as exc:  # noqa: BLE001 - a client, a driver or the engine may raise
@@ -363,11 +374,13 @@ class ProcessEventWriter(EventWriter):
         """Send the child a batch to ``write`` or ``prepare`` and return its answer (a status and
         what goes with it), running the calls it relays meanwhile; its insert figures go to this
         process's metrics. A child that dies, or gives no answer within :attr:`answer_within_s`
-        (killed then), is a store unavailable, and the next exchange starts another."""
+        (killed then), is a store unavailable, and the next write starts another."""
         with self._lock:
             if self._closed:
                 raise StoreUnavailable("the event writer is closed (the worker is stopping)")
             pipe = self._pipe
+            if pipe is None and kind == "prepare":
+                return "no child", ""
             if pipe is None:
                 try:
                     pipe = self._start()
@@ -377,6 +390,7 @@ class ProcessEventWriter(EventWriter):
             watchdog = threading.Timer(self.answer_within_s, self._kill, args=(self._child,))
             watchdog.daemon = True
             watchdog.start()
+            self._exchanging = kind
             try:
                 changed = pricing is not self._pricing
                 pipe.send((kind, changed, pricing if changed else None))  # the price list, when it changed (a reload)
@@ -395,6 +409,7 @@ class ProcessEventWriter(EventWriter):
                 raise
             finally:
                 watchdog.cancel()
+                self._exchanging = None
         metrics = InsertMetrics()  # the child's figures, in this process's metrics
         for seconds, rows in observed.get("inserts", ()):
             metrics.insert(seconds, rows)
@@ -471,10 +486,13 @@ class ProcessEventWriter(EventWriter):
             return child.wait()
 
     def close(self) -> None:
-        """Stop the child after the exchange in progress, if any (its pipe closed: it exits)."""
+        """Stop the child after the write in progress, if any (its pipe closed: it exits); a batch
+        being prepared is not waited for (it will not be written): the child is killed."""
         self._closed = True
         if self._preparer is not None:
             self._preparer.shutdown(wait=False, cancel_futures=True)
+        if self._exchanging == "prepare":
+            self._kill(self._child)
         with self._lock:
             self._reap()
 
@@ -591,7 +609,7 @@ def _die_with(worker: int) -> None:
     next holder of the partitions reads those messages again and checks what is stored before
     it inserts, so an insert landing meanwhile could store the same events twice. (The signal
     comes when the thread that started the child ends: the pipeline's writer thread, which
-    lives as long as the worker.)"""
+    lives as long as the worker, and the only one that starts a child.)"""
     ask_parent_death_signal(signal.SIGKILL)  # not Linux: the child ends at the pipe's end-of-file, after its batch
     if os.getppid() != worker:  # the worker died before the signal was asked for
         os._exit(0)

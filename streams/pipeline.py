@@ -972,6 +972,7 @@ class Pipeline:
         while True:
             try:
                 step.refused = self._store_events(step)
+                step.prepared = None  # stored: its encoded rows are not held until the batch is done
                 if step.alerts:
                     self._write_own(lambda: self.store.alerts.record(step.alerts, version=version))
                 self._write_own(lambda: self.store.states.save(step.states, version=version))

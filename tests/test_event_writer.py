@@ -184,7 +184,8 @@ def test_the_message_the_store_refuses_is_named_from_the_child(engine, ruleset, 
     client) and on the embedded engine (the child's calls run by the worker, the error's code sent
     back): ClickHouse refuses one message's rows; that message alone is dead-lettered with the
     reason, every other one is stored once, and acknowledgements go on past it in order, as with
-    the writer thread."""
+    the writer thread. On the embedded engine the second batch, the poisoned one, was prepared
+    ahead by the child (the first started it)."""
     if engine == "server":
         remote, dsn = request.getfixturevalue("remote"), request.getfixturevalue("server").url
     else:
@@ -197,10 +198,11 @@ def test_the_message_the_store_refuses_is_named_from_the_child(engine, ruleset, 
 
     writer = writer_for(remote, dsn, remote.db, "process")
     assert isinstance(writer, ProcessEventWriter) and (writer.relay is remote) == (engine == "embedded")
+    kinds = _exchanges(writer)
     pipeline = Pipeline(engine=Engine(ruleset), store=remote, outbox=Outbox(remote, None), manager=AlertManager(),
                         send_dead_letter=send_dead_letter, event_writer=writer)  # fmt: skip
     messages = [gpu_message(i, T0 + i * 60) for i in range(20)]
-    messages[7] = gpu_message(7, T0 + 7 * 60, host="poison")
+    messages[15] = gpu_message(15, T0 + 15 * 60, host="poison")
     acked: list[int] = []
 
     async def ack(done):
@@ -209,7 +211,7 @@ def test_the_message_the_store_refuses_is_named_from_the_child(engine, ruleset, 
     async def go():
         for batch in (messages[:12], messages[12:]):
             await pipeline.process(batch, ack)
-        await pipeline.drain()
+            await pipeline.drain()  # (the first batch's write starts the child before the second is read)
 
     try:
         asyncio.run(asyncio.wait_for(go(), 120))
@@ -217,8 +219,9 @@ def test_the_message_the_store_refuses_is_named_from_the_child(engine, ruleset, 
         writer.close()
     assert remote.count("gpu_metrics") == 19 * 2
     (record,) = [json.loads(d) for d in dead]
-    assert record["offset"] == 7 and "no_poison" in record["reason"] and "store refused" in record["reason"]
+    assert record["offset"] == 15 and "no_poison" in record["reason"] and "store refused" in record["reason"]
     assert acked == list(range(20))
+    assert kinds == (["prepare", "write", "prepare", "write"] if engine == "embedded" else ["write", "write"])
 
 
 def test_where_the_inserts_run_by_mode_cpus_and_store(store, server):
@@ -499,74 +502,141 @@ def _exchanges(writer: ProcessEventWriter) -> list[str]:
     return kinds
 
 
+def _started(writer: ProcessEventWriter, ruleset) -> None:
+    """The writer's child started, as the writer thread starts it: by a write (only a write starts one)."""
+    first = [message("run-events", 0, 0, [RunEvent(ts=at(T0), run_id="run-0", status="running")])]
+    assert writer.write(first, ruleset.pricing, writer.prepare(first, ruleset.pricing)) == []
+    assert writer._child is not None
+
+
 def test_a_batch_prepared_ahead_stores_what_the_thread_stores(store, second_store, ruleset, request):
     """A batch prepared by the child (ids, columns, Native blocks) and inserted by the worker: every
-    row equal to the writer thread's, and the child did no write of its own. Written again, its ids
-    are found stored: nothing is sent from the preparation, the usual write leaves them all out
-    and counts them as duplicates. A batch whose messages repeat an event is stored once."""
+    row equal to the writer thread's, and the child did no write of its own. Written again, every
+    id is found stored: nothing is sent, and all its rows count as duplicates. A batch whose
+    messages repeat an event is stored once, the repeats counted."""
     thread, child = ThreadEventWriter(store), ProcessEventWriter(None, second_store.db, second_store)
     request.addfinalizer(child.close)
+    _started(child, ruleset)
     kinds = _exchanges(child)
     assert thread.write(items(), ruleset.pricing) == []
     assert child.write(items(), ruleset.pricing, child.prepare(items(), ruleset.pricing)) == []
     assert kinds == ["prepare"]
-    assert digest(store) == digest(second_store)
     before = METRICS.duplicates_skipped._value.get()
     assert child.write(items(), ruleset.pricing, child.prepare(items(), ruleset.pricing)) == []
-    assert kinds == ["prepare", "prepare", "write"]
+    assert kinds == ["prepare", "prepare"]
     assert METRICS.duplicates_skipped._value.get() - before == sum(len(events) for _, events in items())
-    assert digest(store) == digest(second_store)
     twice = [message("gpu-metrics", 0, 100 + i, scrape(T0 + 86_400 + i * MIN, [1.0, 2.0], rid="h9")) for i in range(3)] * 2
     before = METRICS.duplicates_skipped._value.get()
     assert child.write(twice, ruleset.pricing, child.prepare(twice, ruleset.pricing)) == []
     assert kinds[-1] == "prepare" and METRICS.duplicates_skipped._value.get() - before == 3 * 2
     assert thread.write(twice, ruleset.pricing) == []
+    thread.write([message("run-events", 0, 0, [RunEvent(ts=at(T0), run_id="run-0", status="running")])], ruleset.pricing)
     assert digest(store) == digest(second_store)
 
 
 def test_a_batch_partly_stored_when_its_prepared_write_comes_is_stored_once(store, ruleset, request):
-    """Half of a prepared batch lands first (a write before it that failed midway, then retried): the
-    look-up finds those ids, and the batch is written the usual way, which leaves them out."""
+    """Some of a prepared batch's events are stored when its write comes (re-sent by a producer):
+    the look-up finds those ids, nothing prepared is sent, and the batch is written the usual way,
+    which leaves them out."""
     writer = ProcessEventWriter(None, store.db, store)
     request.addfinalizer(writer.close)
+    _started(writer, ruleset)
+    kinds = _exchanges(writer)
     sent = [message("gpu-metrics", 0, i, scrape(T0 + i * MIN, [1.0, 2.0], rid=f"h{i % 3}")) for i in range(10)]
     prepared = writer.prepare(sent, ruleset.pricing)
     assert ThreadEventWriter(store).write(sent[3:7], ruleset.pricing) == []
     assert writer.write(sent, ruleset.pricing, prepared) == []
+    assert kinds == ["prepare", "write"]
     assert store.count("gpu_metrics") == 10 * 2
     assert store.query(f"SELECT uniqExact(event_id) AS n FROM {store.db}.gpu_metrics")[0]["n"] == 10 * 2
 
 
-def test_a_child_hung_while_preparing_is_killed_and_the_batch_written_by_another(store, ruleset, request):
-    """The child stops (SIGSTOP) while it prepares a batch: its watchdog kills it after
-    ``answer_within_s``, the preparation fails, and the write stores the batch the usual way with a
-    new child, once. A preparation can delay a write, never hang it."""
+def test_a_prepared_write_that_fails_midway_is_retried_and_stored_once(store, ruleset, request, monkeypatch):
+    """The engine takes the prepared batch's first table, then fails (not the rows: a store
+    unavailable, which the pipeline retries with the same preparation): the retry's look-up finds
+    the first table's rows, and the usual write stores the rest, once."""
     writer = ProcessEventWriter(None, store.db, store)
     request.addfinalizer(writer.close)
-    assert writer.write(items()[:2], ruleset.pricing, writer.prepare(items()[:2], ruleset.pricing)) == []
+    _started(writer, ruleset)
+    real, calls = store.client.raw_insert, []
+
+    def failing_second(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise OSError("the engine's disk went away")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store.client, "raw_insert", failing_second)
+    sent = items()[:-1]  # GPU scrapes and usage: two tables
+    prepared = writer.prepare(sent, ruleset.pricing)
+    with pytest.raises(StoreUnavailable, match="disk went away"):
+        writer.write(sent, ruleset.pricing, prepared)
+    assert store.count("gpu_metrics") + store.count("resource_usage") in (12 * 3, 8 + 1)  # one table landed
+    assert writer.write(sent, ruleset.pricing, prepared) == []
+    assert store.count("gpu_metrics") == 12 * 3 and store.count("resource_usage") == 8 + 1
+
+
+def test_the_message_the_store_refuses_in_a_prepared_batch_is_named(store, ruleset, request):
+    """ClickHouse refuses one message's rows of a prepared batch: nothing prepared is stored, the
+    usual write splits the batch until that message is alone, and every other one is stored once."""
+    store.client.command(f"ALTER TABLE {store.db}.gpu_metrics ADD CONSTRAINT no_poison CHECK resource_id != 'poison'")
+    writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    _started(writer, ruleset)
+    kinds = _exchanges(writer)
+    sent = [(gpu_message(i, T0 + i * 60, host="poison" if i == 5 else "h1"), None) for i in range(12)]
+    sent = [(m, DECODER.decode(m.topic, m.value)) for m, _ in sent]
+    refused = writer.write(sent, ruleset.pricing, writer.prepare(sent, ruleset.pricing))
+    assert [index for index, _ in refused] == [5] and "no_poison" in refused[0][1]
+    assert kinds == ["prepare", "write"]
+    assert store.count("gpu_metrics") == 11 * 2
+
+
+def test_a_child_hung_while_preparing_is_killed_and_the_batch_written_by_another(store, ruleset, request):
+    """The child stops (SIGSTOP) while it prepares a batch: its watchdog kills it after
+    ``answer_within_s``, the preparation fails (logged), and the write stores the batch the usual
+    way with a new child, once. A preparation can delay a write, never hang it."""
+    writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    _started(writer, ruleset)
     hung = writer._child
     assert hung is not None
     writer.answer_within_s = 1.0
     os.kill(hung.pid, signal.SIGSTOP)
-    prepared = writer.prepare(items(), ruleset.pricing)
-    assert prepared is not None
-    with pytest.raises(StoreUnavailable, match="no answer within 1 s"):
-        prepared.result(timeout=60)
+    with capture_logs() as logs:
+        prepared = writer.prepare(items()[:-1], ruleset.pricing)
+        assert prepared is not None and prepared.result(timeout=60) is None
+    assert [e["error"] for e in logs if e["event"] == "event_prepare_failed"] == [
+        "the event writer process gave no answer within 1 s and was killed; starting another"]
     assert hung.poll() is not None  # killed and reaped
     writer.answer_within_s = ANSWER_WITHIN_S
-    assert writer.write(items(), ruleset.pricing, prepared) == []
+    assert writer.write(items()[:-1], ruleset.pricing, prepared) == []
     assert writer._child is not None and writer._child is not hung
     assert store.count("gpu_metrics") == 12 * 3 and store.count("resource_usage") == 8 + 1
 
 
-def test_a_closed_writer_writes_no_batch_it_prepared(store, ruleset, request):
-    """Closed (the worker stopping) with a batch prepared: its write is a store unavailable, nothing stored."""
+def test_a_batch_read_while_there_is_no_child_is_not_prepared(store, ruleset, request):
+    """Only the writer thread starts a child (the child's parent-death signal follows the thread
+    that started it): a batch read before the first write is written the usual way."""
     writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    kinds = _exchanges(writer)
     prepared = writer.prepare(items(), ruleset.pricing)
+    assert prepared is not None and prepared.result(timeout=60) is None and writer._child is None
+    assert writer.write(items(), ruleset.pricing, prepared) == []
+    assert kinds == ["prepare", "write"] and store.count("gpu_metrics") == 12 * 3
+
+
+def test_a_closed_writer_writes_no_batch_it_prepared(store, ruleset, request):
+    """Closed (the worker stopping) with a batch prepared: its write is a store unavailable, nothing
+    stored, and nothing more is prepared."""
+    writer = ProcessEventWriter(None, store.db, store)
+    _started(writer, ruleset)
+    prepared = writer.prepare(items()[:-1], ruleset.pricing)
     assert prepared is not None
     writer.close()
     with pytest.raises(StoreUnavailable, match="closed"):
-        writer.write(items(), ruleset.pricing, prepared)
+        writer.write(items()[:-1], ruleset.pricing, prepared)
     assert store.count("gpu_metrics") == 0
     assert writer.prepare(items(), ruleset.pricing) is None
 

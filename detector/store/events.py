@@ -188,18 +188,27 @@ class Events:
 
     def insert_prepared(self, prepared: PreparedInsert) -> int | None:
         """Store a batch :meth:`prepare` made ready: its look-up, then, when none of its rows is stored
-        (new data, the common case), its blocks as they are. None, having sent nothing: some are
-        stored already (read again after a crash, re-sent), and the caller inserts the batch with
-        :meth:`insert`, which leaves them out. Raises what the client raises, as :meth:`insert` does."""
+        (new data, the common case), its blocks as they are; when all are (a batch read again after
+        a restart), nothing. None, having sent nothing: some are stored already (re-sent, or a write
+        that failed midway), and the caller inserts the batch with :meth:`insert`, which leaves them
+        out. Raises what the client raises, as :meth:`insert` does."""
         client = self.conn.client
+        rows = sum(len(block.ids) for block in prepared.blocks)
         with self.conn.lock:
             if prepared.lookup is not None:
-                rows = client.query(prepared.lookup, parameters=prepared.parameters).result_rows
-                found = self._found({block.table: (set(), set()) for block in prepared.blocks}, prepared.asked, rows)
+                answer = client.query(prepared.lookup, parameters=prepared.parameters).result_rows
+                found = self._found({block.table: (set(), set()) for block in prepared.blocks}, prepared.asked, answer)
+                stored = 0
                 for block in prepared.blocks:
                     seen, legacy = found[block.table]
-                    if legacy or not seen.isdisjoint(block.ids):
+                    if legacy:
                         return None
+                    stored += len(block.ids) if seen.issuperset(block.ids) else len(seen.intersection(block.ids))
+                if stored == rows:
+                    self.observe.duplicates(rows + prepared.repeats)
+                    return 0
+                if stored:
+                    return None
             written = 0
             for block in prepared.blocks:
                 started = time.perf_counter()
