@@ -59,7 +59,9 @@ class Settings(BaseSettings):
     per process (a page must be reloaded after a restart, or on another worker)."""
     batch_max_messages: int = Field(default=50_000, ge=1, validation_alias="BURNWATCH_BATCH_MAX_MESSAGES")
     batch_max_bytes: int = Field(default=16 << 20, ge=1, validation_alias="BURNWATCH_BATCH_MAX_BYTES")
-    batch_within_s: float = Field(default=0.25, gt=0, validation_alias="BURNWATCH_BATCH_WITHIN_S")
+    batch_within_s: float = Field(default=0.1, gt=0, validation_alias="BURNWATCH_BATCH_WITHIN_S")
+    """How long a live trickle's batch waits for more after its first message: the decision's delay
+    against the store's inserts a second (docs/performance.md, "The delay to a decision")."""
     max_held_per_partition: int = Field(default=2000, ge=1, validation_alias="BURNWATCH_MAX_HELD_PER_PARTITION")
     max_partition_fetch_bytes: int = Field(default=1 << 20, ge=1 << 10, validation_alias="BURNWATCH_MAX_PARTITION_FETCH_BYTES")
     """The most one fetch takes of one partition (Kafka's ``max.partition.fetch.bytes``, whose default

@@ -48,7 +48,7 @@ class Fetches:
     """Fetched messages on their way from the consumer to the agent. Bounded (two batches'
     worth), so that a pipeline that falls behind slows the fetching instead of filling memory."""
 
-    def __init__(self, max_messages: int, max_bytes: int = 16 << 20, within_s: float = 0.25) -> None:
+    def __init__(self, max_messages: int, max_bytes: int = 16 << 20, within_s: float = 0.1) -> None:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         """A batch closes at this many messages or bytes of values (a single fetch may be larger):
