@@ -45,7 +45,7 @@ def main() -> int:
         tree = workdir / "tree"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.rev], check=True)
         try:
-            fleet = args.file or workdir / "fleet.jsonl"
+            fleet = args.file.resolve() if args.file else workdir / "fleet.jsonl"  # (the old side runs from its worktree)
             if args.file is None:
                 records, _ = simulate(BIG_BATCHED if args.batched else BIG, load_rules(ROOT / "rules").pricing)
                 with open(fleet, "wb") as out:
