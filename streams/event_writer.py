@@ -323,8 +323,8 @@ class ProcessEventWriter(EventWriter):
     def _prepare(self, items: Sequence[Item], pricing: Pricing | None) -> PreparedInsert | None:
         try:
             status, answer = self._exchange("prepare", items, pricing)
-        except StoreUnavailable as exc:  # the child died or hung (killed): the write starts another
-            status, answer = "unavailable", str(exc)
+        except Exception as exc:  # noqa: BLE001 - the child died or hung (killed): the write starts another
+            status, answer = "unavailable", one_line(exc)
         if status == "ok":
             prepared: PreparedInsert = answer
             return prepared

@@ -607,7 +607,7 @@ def test_a_child_hung_while_preparing_is_killed_and_the_batch_written_by_another
         prepared = writer.prepare(items()[:-1], ruleset.pricing)
         assert prepared is not None and prepared.result(timeout=60) is None
     assert [e["error"] for e in logs if e["event"] == "event_prepare_failed"] == [
-        "the event writer process gave no answer within 1 s and was killed; starting another"]
+        "StoreUnavailable: the event writer process gave no answer within 1 s and was killed; starting another"]
     assert hung.poll() is not None  # killed and reaped
     writer.answer_within_s = ANSWER_WITHIN_S
     assert writer.write(items()[:-1], ruleset.pricing, prepared) == []
