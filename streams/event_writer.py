@@ -569,37 +569,27 @@ def _serve(pipe: Pipe, worker: int) -> None:
                     pipe.send(("unavailable", f"the event writer process cannot reach the store: {one_line(exc)}", {}))
                     continue
                 store.events.observe = _Observer(observed)
-            answer = _prepared if kind == "prepare" else _answer
-            pipe.send((*answer(store, payload, decoder, pricing), observed))
+            pipe.send((*_answer(kind, store, payload, decoder, pricing), observed))
             del payload  # a batch is megabytes: not held while the child waits for the next
     finally:
         if store is not None:
             store.close()
 
 
-def _answer(store: EventStore, payload: bytes, decoder: EventDecoder, pricing: Pricing | None) -> tuple[str, Any]:
-    """One batch decoded again and stored: the child's answer (a status and what goes with it)."""
+def _answer(kind: str, store: EventStore, payload: bytes, decoder: EventDecoder, pricing: Pricing | None) -> tuple[str, Any]:
+    """One batch decoded again, then stored (``write``) or its insert made ready for the worker to
+    run (``prepare``: :meth:`Events.prepare`): the child's answer (a status and what goes with it)."""
     try:
         items = decode_items(payload, decoder)
     except InvalidMessage as exc:
         return "unreadable", one_line(exc, MAX_REASON)
     try:
+        if kind == "prepare":
+            return "ok", store.events.prepare(_batch(items), pricing)
         return "ok", store_events(store, items, pricing)
     except StoreUnavailable as exc:
         return "unavailable", str(exc)
-    except Exception as exc:  # noqa: BLE001 - told to the worker, which retries
-        return "failed", one_line(exc, MAX_REASON)
-
-
-def _prepared(store: EventStore, payload: bytes, decoder: EventDecoder, pricing: Pricing | None) -> tuple[str, Any]:
-    """One batch decoded again and its insert made ready for the worker (:meth:`Events.prepare`)."""
-    try:
-        items = decode_items(payload, decoder)
-    except InvalidMessage as exc:
-        return "unreadable", one_line(exc, MAX_REASON)
-    try:
-        return "ok", store.events.prepare(_batch(items), pricing)
-    except Exception as exc:  # noqa: BLE001 - told to the worker, which writes the batch the usual way
+    except Exception as exc:  # noqa: BLE001 - told to the worker, which retries (or writes a batch it could not prepare)
         return "failed", one_line(exc, MAX_REASON)
 
 
