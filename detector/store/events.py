@@ -203,7 +203,7 @@ class Events:
                     seen, legacy = found[block.table]
                     if legacy:
                         return None
-                    stored += len(block.ids) if seen.issuperset(block.ids) else len(seen.intersection(block.ids))
+                    stored += len(seen.intersection(block.ids))  # (a block's ids are distinct: repeats left out)
                 if stored == rows:
                     self.observe.duplicates(rows + prepared.repeats)
                     return 0
