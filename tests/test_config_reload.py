@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 
+import pytest
 import yaml
 
 from detector.alerts import AlertManager
@@ -91,3 +93,46 @@ def test_a_reload_reaches_the_engine_the_manager_the_decoder_and_slack(store, tm
         assert "<@U0ALICE>" in json.dumps(post.body["blocks"])
         (letter,) = dead
         assert letter["topic"] == "resource-usage" and "max_usd_per_hour" in letter["reason"]
+
+
+def test_a_batch_written_after_a_reload_keeps_the_prices_it_was_read_with(store, tmp_path):
+    """Egress is priced where it is stored: a batch read (and detected) under one price list whose
+    write lands after an edit of ``pricing.yaml`` is reloaded keeps that list's dollars; the batch
+    read after the reload has the new ones."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    config = LiveConfig.load(rules)
+    pipeline = Pipeline(engine=Engine(config.current.ruleset), store=store, outbox=Outbox(store, None),
+                        manager=AlertManager(ruleset=config.current.ruleset),
+                        send_dead_letter=lambda key, value: asyncio.sleep(0), config=config)  # fmt: skip
+    gate, writing = threading.Event(), threading.Event()
+    real_write = pipeline._write
+
+    def gated_write(step):
+        writing.set()
+        gate.wait(30)
+        return real_write(step)
+
+    pipeline._write = gated_write
+
+    def egress(offset: int, t: float) -> Message:
+        usage = {"ts": at(t).isoformat(), "resource_id": "i-1", "resource_type": "cpu_instance", "cost_usd": 0.1,
+                 "interval_s": 60, "region": "us-east-1", "dest_region": "internet", "egress_bytes": 2_000_000_000}  # fmt: skip
+        return Message("resource-usage", 0, offset, b"i-1", json.dumps(usage).encode())
+
+    async def ack(messages):
+        pass
+
+    async def go():
+        await pipeline.process([egress(0, T0)], ack)  # read at the shipped prices; its write waits at the gate
+        assert await asyncio.to_thread(writing.wait, 30)
+        edit(rules / "pricing.yaml", lambda p: p["egress_per_gb"].update(internet=4.5))
+        new, refused = config.reload()
+        assert refused is None and new is config.current
+        gate.set()
+        await pipeline.process([egress(1, T0 + MIN)], ack)
+        await pipeline.drain()
+
+    asyncio.run(go())
+    rows = store.query(f"SELECT toUnixTimestamp(ts) AS t, egress_usd FROM {store.db}.resource_usage ORDER BY ts")
+    assert [(r["t"], r["egress_usd"]) for r in rows] == [(T0, pytest.approx(2 * 0.09)), (T0 + MIN, pytest.approx(2 * 4.5))]
