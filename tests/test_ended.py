@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 import sys
+from array import array
 
 import msgspec
 import pytest
 
-from detector.detectors.ended import SMALL, Ended
+from detector.detectors.ended import SMALL, Ended, digest
 from detector.engine import Engine
 from detector.events import RunEvent
 from detector.floats import dec_hook, enc_hook
@@ -44,24 +45,35 @@ def test_ended_answers_as_the_dict_it_replaces(seed):
             ended.keep_since(horizon, newest=newest)
         probe = rng.choice(ids)
         assert ended.get(probe) == model.get(probe) and (probe in ended) == (probe in model)
-        assert len(ended) == len(model) and ended.items() == list(model.items()) and list(ended) == list(model)
-    assert msgspec.msgpack.encode(ended, enc_hook=enc_hook) == msgspec.msgpack.encode(model)
-    assert msgspec.msgpack.decode(msgspec.msgpack.encode(model), type=Ended, dec_hook=dec_hook) == ended
+        assert len(ended) == len(model) and ended.items() == [(digest(k), v) for k, v in model.items()]
+    saved = msgspec.msgpack.encode(ended, enc_hook=enc_hook)
+    assert msgspec.msgpack.decode(saved, type=Ended, dec_hook=dec_hook) == ended
+    assert len(saved) <= 16 * len(model) + 16
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(model), type=Ended, dec_hook=dec_hook) == ended  # saved before
 
 
-def test_ended_holds_a_run_in_less_than_a_dict_slot():
-    """Under SMALL runs: a tuple's slot and a double, not a dict's slot and a float object."""
-    runs = {f"run-{i:04d}": T0 + i * 60.0 for i in range(SMALL)}
+def test_ended_holds_a_run_in_16_bytes_not_its_id():
+    """Under SMALL runs: two arrays' 8 bytes each, not a dict's slot, a float object and the id string."""
+    runs = {f"train-llm-sweep-{i:04d}-2026-12-05": T0 + i * 60.0 for i in range(SMALL)}
     ended = Ended(runs)
-    held = sys.getsizeof(ended) + sys.getsizeof(ended._ids) + sys.getsizeof(ended._times)
-    as_dict = sys.getsizeof(runs) + sum(sys.getsizeof(v) for v in runs.values())
-    assert held < as_dict / 2.5
-    none = Ended()  # none ended: the one empty tuple and one shared empty array, in less than an empty dict
-    assert none._ids == () and none._times is Ended()._times and sys.getsizeof(none) < sys.getsizeof({})
+    held = sys.getsizeof(ended) + sys.getsizeof(ended._keys) + sys.getsizeof(ended._times)
+    as_dict = sys.getsizeof(runs) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in runs.items())
+    assert held < 20 * SMALL + 300 and held < as_dict / 5
+    none = Ended()  # none ended: two shared empty arrays, in less than an empty dict
+    assert none._keys == array("Q") and none._times is Ended()._times and sys.getsizeof(none) < sys.getsizeof({})
+
+
+def test_a_digest_is_the_same_in_every_process():
+    """A snapshot saved by one worker is read by another: the digest must not be ``hash()``'s (salted
+    per process). BLAKE2b-64 of the id's UTF-8, little-endian: fixed values."""
+    assert digest("r1") == int.from_bytes(__import__("hashlib").blake2b(b"r1", digest_size=8).digest(), "little")
+    assert digest("r1") != digest("r2") and digest("\ud800") != digest("?")  # a lone surrogate is an id too
 
 
 def test_a_saved_map_that_is_not_run_ids_to_times_is_refused():
-    for bad in ({"r1": "late"}, {"r1": True}, [["r1", 1.0]], {1: 2.0}):
+    two = (bytes(8), bytes(8))  # one run: digest 0 at time 0.0
+    for bad in ({"r1": "late"}, {"r1": True}, [["r1", 1.0]], {1: 2.0}, {"k": bytes(7), "t": bytes(7)},
+                {"k": bytes(8), "t": bytes(16)}, {"k": two[0] * 2, "t": two[1] * 2}, {"k": b"", "t": b"", "x": b""}):  # fmt: skip
         with pytest.raises(msgspec.ValidationError):
             msgspec.msgpack.decode(msgspec.msgpack.encode(bad), type=Ended, dec_hook=dec_hook)
 
@@ -86,8 +98,9 @@ def day_of_runs() -> list:
 
 
 def test_a_snapshot_of_the_dict_shape_restores_to_the_same_findings(ruleset):
-    """What 13c551f saved (``ended`` a map of run id to end time, as it is still saved) restores into
-    Ended, saves back byte for byte, and the run rules then find what an uninterrupted run finds."""
+    """What was saved up to 4c0bdb7 (``ended`` a map of run id to end time) restores into Ended, and the
+    run rules then find what an uninterrupted run finds; a snapshot saved now (the digests and times)
+    restores byte for byte."""
     events = day_of_runs()
     whole = Engine(ruleset).process(events)
     assert {f.type for f in whole} >= {"failed_run_spend", "spot_eligible"}
@@ -96,18 +109,19 @@ def test_a_snapshot_of_the_dict_shape_restores_to_the_same_findings(ruleset):
     before = first.process(events[:half])
     saved = first.snapshot("llm")
     assert saved is not None
+    ids = {digest(e.run_id): e.run_id for e in events if isinstance(e, RunEvent)}
     raw = msgspec.msgpack.decode(saved)
-    for name in RULES:  # the shape 13c551f wrote: a plain map, in the order the runs ended
-        old = raw["rules"][name]["ended"]
-        assert isinstance(old, dict) and old and all(isinstance(v, float) for v in old.values())
-        assert list(old.values()) == sorted(old.values())
-    second = Engine(ruleset)
-    for key in first._keys:
-        snapshot = first.snapshot(key)
-        assert snapshot is not None
-        state = second.restore(key, snapshot)
-        assert second.snapshot(key) == snapshot
-        if key == "llm":
-            assert all(isinstance(state.rule(name).ended, Ended) for name in RULES)
-    after = second.process(events[half:])
-    assert msgspec.json.encode(before + after) == msgspec.json.encode(whole)
+    for name in RULES:  # the shape saved before: a plain map of id to time, in the order the runs ended
+        ended = msgspec.msgpack.decode(msgspec.msgpack.encode(raw["rules"][name]["ended"]), type=Ended, dec_hook=dec_hook)
+        assert len(ended) > 0
+        raw["rules"][name]["ended"] = {ids[k]: t for k, t in ended.items()}
+    old_shape = msgspec.msgpack.encode(raw)
+    for snapshot in (saved, old_shape):
+        second = Engine(ruleset)
+        for key in first._keys:
+            state = second.restore(key, old_shape if key == "llm" and snapshot is old_shape else first.snapshot(key))
+            if key == "llm":
+                assert all(isinstance(state.rule(name).ended, Ended) for name in RULES)
+                assert second.snapshot(key) == saved
+        after = second.process(events[half:])
+        assert msgspec.json.encode(before + after) == msgspec.json.encode(whole)
