@@ -147,20 +147,19 @@ class RelayClient:
         column_type_names: Sequence[str] = (),
         settings: dict[str, Any] | None = None,
     ) -> Any:
-        """The client's insert context, made here: the types are named (the worker asked the store)."""
+        """The client's insert context, made here: with the types named (the events', whose types the
+        worker was asked once) or, as the client does, asked of the table (the write probe's)."""
         from clickhouse_connect.datatypes.registry import get_from_name
         from clickhouse_connect.driver.insert import InsertContext
 
+        if not column_type_names:
+            types = dict(row[:2] for row in self.query(f"DESCRIBE TABLE {table}").result_rows)
+            column_type_names = [types[name] for name in column_names]
         return InsertContext(table, list(column_names), [get_from_name(name) for name in column_type_names],
                              column_oriented=column_oriented, settings=settings)  # fmt: skip
 
-    def insert(
-        self, table: str | None = None, data: Any = None, column_names: Sequence[str] | None = None, context: Any = None
-    ) -> None:
-        """An insert of ``context``'s columns, encoded here; or of ``data``'s few rows (the write probe)."""
-        if context is None:
-            self._call("insert_rows", table, data, list(column_names or ()))
-            return
+    def insert(self, context: Any) -> None:
+        """An insert of ``context``'s rows, encoded here."""
         self._call("insert_native", context.table, list(context.column_names), native(context), dict(context.settings))
 
     def close(self) -> None:
@@ -439,10 +438,6 @@ class ProcessEventWriter(EventWriter):
                 if op == "insert_native":
                     table, names, body, settings = args
                     store.client.raw_insert(table, names, insert_block=body, settings=settings, fmt="Native")
-                    return True, None
-                if op == "insert_rows":
-                    table, rows, names = args
-                    store.client.insert(table, rows, column_names=names)
                     return True, None
             raise RuntimeError(f"the event writer process relayed an unknown call {op!r}")
         except Exception as exc:  # noqa: BLE001 - the child decides what it means (refused rows or a store down)

@@ -331,3 +331,33 @@ def test_an_insert_error_is_the_rows_fault_only_when_clickhouse_says_so(store):
     assert not store.refused(DatabaseError("Code: 252. DB::Exception: Too many parts (300). (TOO_MANY_PARTS)"))
     assert not store.refused(DatabaseError("Code: 241. DB::Exception: Memory limit exceeded. (MEMORY_LIMIT_EXCEEDED)"))
     assert not store.refused(OperationalError("Error HTTPConnectionPool: Read timed out"))
+
+
+def test_an_insert_asks_a_tables_column_types_once_and_again_after_a_failure(store):
+    """The client asks a table's types (a DESCRIBE, a round trip to a server) when it makes an insert
+    context: one a table and set of columns, kept; a failed insert drops it, so a table that changed
+    is described anew."""
+    table = f"{store.db}.scratch_types"
+    store.command(f"CREATE TABLE {table} (a String, b UInt8) ENGINE = MergeTree ORDER BY a")
+    made: list[str] = []
+    real = store.client.create_insert_context
+
+    def counting(table_name, *args, **kwargs):
+        made.append(table_name)
+        return real(table_name, *args, **kwargs)
+
+    store.client.create_insert_context = counting
+    try:
+        for i in range(3):
+            store.insert("scratch_types", [[f"r{i}", i]], column_names=["a", "b"])
+        store.insert("scratch_types", [["c0", "c1"], [7, 8]], column_names=["a", "b"], column_oriented=True)
+        assert made == [table, table]  # rows, then columns: a context each
+        store.command(f"DROP TABLE {table}")
+        store.command(f"CREATE TABLE {table} (a String, b String) ENGINE = MergeTree ORDER BY a")
+        with pytest.raises(Exception):  # noqa: B017 - the client's, building the block with the old types
+            store.insert("scratch_types", [["x", "not a number"]], column_names=["a", "b"])
+        store.insert("scratch_types", [["x", "now a string"]], column_names=["a", "b"])
+        assert made == [table, table, table]
+    finally:
+        del store.client.create_insert_context
+    assert store.query(f"SELECT a, b FROM {table} ORDER BY a") == [{"a": "x", "b": "now a string"}]

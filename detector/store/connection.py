@@ -140,6 +140,8 @@ class Connection:
         self.db = database
         """The database's name: tables are ``{db}.name``."""
         self.lock = threading.Lock()
+        self._contexts: dict[tuple[str, tuple[str, ...], bool], Any] = {}
+        """(table, columns, column-oriented) → the client's insert context, kept (:meth:`insert`)."""
 
     def close(self) -> None:
         with self.lock:
@@ -155,10 +157,27 @@ class Connection:
         """Rows of the named query :func:`named_sql` ``(name)``, with ``db`` bound to this database."""
         return self.query(named_sql(name), {**(parameters or {}), "db": self.db})
 
-    def insert(self, table: str, rows: list[list[Any]], column_names: list[str]) -> None:
-        """Insert rows (row-oriented) into ``{db}.table``."""
+    def insert(self, table: str, rows: list[list[Any]], column_names: list[str], column_oriented: bool = False) -> None:
+        """Insert rows (or, ``column_oriented``, columns) into ``{db}.table``. The table's column types
+        are asked once for these columns and kept in an insert context: the client asks them (a
+        DESCRIBE) at every insert otherwise, a round trip to a server and ~0.6 ms on the embedded
+        engine, a sixth of a small insert. After a failed insert they are asked again (the table
+        may have changed)."""
+        key = (table, tuple(column_names), column_oriented)
         with self.lock:
-            self.client.insert(f"{self.db}.{table}", rows, column_names=column_names)
+            context = self._contexts.get(key)
+            if context is None:
+                context = self.client.create_insert_context(f"{self.db}.{table}", list(column_names),
+                                                            column_oriented=column_oriented)  # fmt: skip
+                self._contexts[key] = context
+            context.data = rows
+            try:
+                self.client.insert(context=context)
+            except BaseException:
+                del self._contexts[key]
+                raise
+            finally:
+                context.data = None  # the rows are not kept alive
 
     def command(self, sql: str) -> Any:
         with self.lock:

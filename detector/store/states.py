@@ -7,6 +7,7 @@ import bisect
 import time
 from array import array
 from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,11 +32,9 @@ class States:
         wins. The time (0 when not given: unknown) is what :meth:`load` tells of each key."""
         if not states:
             return
-        cols = [[s[0] for s in states], [s[1] for s in states], [s[2] for s in states],
+        cols: list[list[Any]] = [[s[0] for s in states], [s[1] for s in states], [s[2] for s in states],
                 [0] * len(states), [version] * len(states), [s[3] if len(s) > 3 else 0.0 for s in states]]  # fmt: skip
-        with self.conn.lock:
-            self.conn.client.insert(f"{self.conn.db}.detector_state", cols, column_oriented=True,
-                                    column_names=_STATE_COLS)  # fmt: skip
+        self.conn.insert("detector_state", cols, column_names=_STATE_COLS, column_oriented=True)
 
     def load(self, partitions: Sequence[int], saved_within_s: float | None = None,
              latest: dict[str, float] | None = None) -> dict[str, bytes | None]:
