@@ -147,14 +147,11 @@ class RelayClient:
         column_type_names: Sequence[str] = (),
         settings: dict[str, Any] | None = None,
     ) -> Any:
-        """The client's insert context, made here: with the types named (the events', whose types the
-        worker was asked once) or, as the client does, asked of the table (the write probe's)."""
+        """The client's insert context, made here: the types are named (the connection asked the
+        worker once, :meth:`~detector.store.connection.Connection.insert_context`)."""
         from clickhouse_connect.datatypes.registry import get_from_name
         from clickhouse_connect.driver.insert import InsertContext
 
-        if not column_type_names:
-            types = dict(row[:2] for row in self.query(f"DESCRIBE TABLE {table}").result_rows)
-            column_type_names = [types[name] for name in column_names]
         return InsertContext(table, list(column_names), [get_from_name(name) for name in column_type_names],
                              column_oriented=column_oriented, settings=settings)  # fmt: skip
 

@@ -334,30 +334,44 @@ def test_an_insert_error_is_the_rows_fault_only_when_clickhouse_says_so(store):
 
 
 def test_an_insert_asks_a_tables_column_types_once_and_again_after_a_failure(store):
-    """The client asks a table's types (a DESCRIBE, a round trip to a server) when it makes an insert
-    context: one a table and set of columns, kept; a failed insert drops it, so a table that changed
-    is described anew."""
+    """The client asks a table's types (a DESCRIBE, a round trip to a server) for every insert it is not
+    told them: the connection asks once a table and keeps them, and asks again after a failed insert
+    (the table may have changed). It keeps no rows alive, and an empty insert sends nothing."""
+    import gc
+    import weakref
+
     table = f"{store.db}.scratch_types"
     store.command(f"CREATE TABLE {table} (a String, b UInt8) ENGINE = MergeTree ORDER BY a")
-    made: list[str] = []
-    real = store.client.create_insert_context
+    described: list[str] = []
+    real = store.client.query
 
-    def counting(table_name, *args, **kwargs):
-        made.append(table_name)
-        return real(table_name, *args, **kwargs)
+    def counting(sql, *args, **kwargs):
+        if sql.startswith("DESCRIBE"):
+            described.append(sql)
+        return real(sql, *args, **kwargs)
 
-    store.client.create_insert_context = counting
+    class Rows(list):  # a list a weak reference can follow
+        pass
+
+    store.client.query = counting
     try:
         for i in range(3):
-            store.insert("scratch_types", [[f"r{i}", i]], column_names=["a", "b"])
+            store.insert("scratch_types", Rows([[f"r{i}", i]]), column_names=["a", "b"])
         store.insert("scratch_types", [["c0", "c1"], [7, 8]], column_names=["a", "b"], column_oriented=True)
-        assert made == [table, table]  # rows, then columns: a context each
+        store.insert("scratch_types", [], column_names=["a", "b"])
+        assert described == [f"DESCRIBE TABLE {table}"]
+        last = Rows([["r3", 3]])
+        gone = weakref.ref(last)
+        store.insert("scratch_types", last, column_names=["a", "b"])
+        del last
+        gc.collect()
+        assert gone() is None
         store.command(f"DROP TABLE {table}")
         store.command(f"CREATE TABLE {table} (a String, b String) ENGINE = MergeTree ORDER BY a")
         with pytest.raises(Exception):  # noqa: B017 - the client's, building the block with the old types
             store.insert("scratch_types", [["x", "not a number"]], column_names=["a", "b"])
         store.insert("scratch_types", [["x", "now a string"]], column_names=["a", "b"])
-        assert made == [table, table, table]
+        assert len(described) == 2
     finally:
-        del store.client.create_insert_context
+        del store.client.query
     assert store.query(f"SELECT a, b FROM {table} ORDER BY a") == [{"a": "x", "b": "now a string"}]

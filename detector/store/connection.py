@@ -12,6 +12,7 @@ import re
 import struct
 import threading
 import time
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -140,8 +141,8 @@ class Connection:
         self.db = database
         """The database's name: tables are ``{db}.name``."""
         self.lock = threading.Lock()
-        self._contexts: dict[tuple[str, tuple[str, ...], bool], Any] = {}
-        """(table, columns, column-oriented) → the client's insert context, kept (:meth:`insert`)."""
+        self._types: dict[tuple[str, bool], dict[str, str]] = {}
+        """(table, sent as wire types) → its columns' type names, asked once (:meth:`insert_context`)."""
 
     def close(self) -> None:
         with self.lock:
@@ -158,26 +159,44 @@ class Connection:
         return self.query(named_sql(name), {**(parameters or {}), "db": self.db})
 
     def insert(self, table: str, rows: list[list[Any]], column_names: list[str], column_oriented: bool = False) -> None:
-        """Insert rows (or, ``column_oriented``, columns) into ``{db}.table``. The table's column types
-        are asked once for these columns and kept in an insert context: the client asks them (a
-        DESCRIBE) at every insert otherwise, a round trip to a server and ~0.6 ms on the embedded
-        engine, a sixth of a small insert. After a failed insert they are asked again (the table
-        may have changed)."""
-        key = (table, tuple(column_names), column_oriented)
+        """Insert rows (or, ``column_oriented``, columns) into ``{db}.table`` (:meth:`insert_context`)."""
         with self.lock:
-            context = self._contexts.get(key)
-            if context is None:
-                context = self.client.create_insert_context(f"{self.db}.{table}", list(column_names),
-                                                            column_oriented=column_oriented)  # fmt: skip
-                self._contexts[key] = context
+            context = self.insert_context(table, column_names, column_oriented)
             context.data = rows
+            if context.empty:
+                return
             try:
                 self.client.insert(context=context)
             except BaseException:
-                del self._contexts[key]
+                self.forget_types()
                 raise
-            finally:
-                context.data = None  # the rows are not kept alive
+
+    def insert_context(self, table: str, column_names: Sequence[str], column_oriented: bool = False,
+                       wire: Callable[[str], str] | None = None, settings: dict[str, Any] | None = None) -> Any:  # fmt: skip
+        """A new insert context for these columns of ``{db}.table``. The table's column types are asked
+        of the store once and kept: the client asks them (a DESCRIBE) at every insert otherwise, a round
+        trip to a server and ~0.6 ms on the embedded engine, a sixth of a small insert. ``wire`` names the
+        type a column's values are sent as. A new context each insert, not one kept: a context holds its
+        last rows alive. The caller holds :attr:`lock`, and calls :meth:`forget_types` after a failed
+        insert (the table may have changed)."""
+        key = (table, wire is not None)
+        types = self._types.get(key)
+        if types is None:
+            described = self.client.query(f"DESCRIBE TABLE {self.db}.{table}").result_rows
+            types = self._types[key] = {row[0]: wire(row[1]) if wire else row[1] for row in described}
+        missing = [name for name in column_names if name not in types]
+        if missing:
+            self._types.pop(key, None)
+            from clickhouse_connect.driver.exceptions import ProgrammingError
+
+            raise ProgrammingError(f"no column {', '.join(missing)} in {self.db}.{table}")
+        names = list(column_names)
+        return self.client.create_insert_context(f"{self.db}.{table}", names, column_oriented=column_oriented,
+                                                 column_type_names=[types[n] for n in names], settings=settings)  # fmt: skip
+
+    def forget_types(self) -> None:
+        """Ask the tables' column types again at the next insert (one failed: a table may have changed)."""
+        self._types.clear()
 
     def command(self, sql: str) -> Any:
         with self.lock:

@@ -100,9 +100,6 @@ class Events:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.observe = InsertMetrics()
-        self._contexts: dict[tuple[str, tuple[str, ...]], Any] = {}
-        """(table, columns) → the client's insert context, kept: asking the table's column
-        types on every insert costs a query each."""
 
     def stored(self, events: Sequence[Event]) -> list[bool]:
         """For each event, whether one with its content is stored already (read again after a
@@ -148,10 +145,8 @@ class Events:
                 try:
                     client.insert(context=context)
                 except BaseException:
-                    self._contexts.clear()  # the table may have changed: ask its types again
+                    self.conn.forget_types()  # the table may have changed: ask its types again
                     raise
-                finally:
-                    context.data = None  # the batch's rows are not kept alive
                 self.observe.insert(time.perf_counter() - started, len(cols[0]))
                 written += len(cols[0])
         return written
@@ -179,10 +174,8 @@ class Events:
                 try:
                     body = native(context)
                 except BaseException:
-                    self._contexts.clear()  # the table may have changed: ask its types again
+                    self.conn.forget_types()  # the table may have changed: ask its types again
                     raise
-                finally:
-                    context.data = None
                 blocks.append(PreparedBlock(table, names, cols[names.index("event_id")], body, dict(context.settings)))
         return PreparedInsert(lookup, parameters, asked, blocks, repeats)
 
@@ -221,19 +214,10 @@ class Events:
         return written
 
     def _context(self, table: str, names: list[str]) -> Any:
-        """The insert context of these columns of ``table``, their types asked of the store
-        once (sent as :func:`wire_type`). The caller holds the lock."""
-        key = (table, tuple(names))
-        context = self._contexts.get(key)
-        if context is None:
-            client = self.conn.client
-            described = client.query(f"DESCRIBE TABLE {self.conn.db}.{table}").result_rows
-            types = {row[0]: row[1] for row in described}
-            context = client.create_insert_context(f"{self.conn.db}.{table}", names, column_oriented=True,
-                                                   column_type_names=[wire_type(types[n]) for n in names],
-                                                   settings=_INSERT_SETTINGS)  # fmt: skip
-            self._contexts[key] = context
-        return context
+        """A new insert context of these columns of ``table``, their types asked of the store once
+        (:meth:`~detector.store.connection.Connection.insert_context`), sent as :func:`wire_type`.
+        The caller holds the lock."""
+        return self.conn.insert_context(table, names, column_oriented=True, wire=wire_type, settings=_INSERT_SETTINGS)
 
     def _new_rows(self, names: list[str], cols: list[list[Any]], seen: set[int],
                   legacy: set[tuple[Any, ...]]) -> list[int] | None:  # fmt: skip
