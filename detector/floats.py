@@ -124,7 +124,7 @@ def newer(times: FloatArray, index: int, t: float) -> bool:
 
 def enc_hook(obj: Any) -> Any:
     """Arrays of a rule's state are saved as lists; an object with a ``saved()`` as what it returns
-    (:class:`detector.detectors.ended.Ended`: the dict it replaces)."""
+    (:class:`detector.detectors.ended.Ended`: a map of run digest to end time)."""
     if isinstance(obj, array):
         return obj.tolist()
     saved = getattr(obj, "saved", None)

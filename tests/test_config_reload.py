@@ -124,12 +124,14 @@ def test_a_batch_written_after_a_reload_keeps_the_prices_it_was_read_with(store,
         pass
 
     async def go():
-        await pipeline.process([egress(0, T0)], ack)  # read at the shipped prices; its write waits at the gate
-        assert await asyncio.to_thread(writing.wait, 30)
-        edit(rules / "pricing.yaml", lambda p: p["egress_per_gb"].update(internet=4.5))
-        new, refused = config.reload()
-        assert refused is None and new is config.current
-        gate.set()
+        try:
+            await pipeline.process([egress(0, T0)], ack)  # read at the shipped prices; its write waits at the gate
+            assert await asyncio.to_thread(writing.wait, 30)
+            edit(rules / "pricing.yaml", lambda p: p["egress_per_gb"].update(internet=4.5))
+            new, refused = config.reload()
+            assert refused is None and new is config.current
+        finally:
+            gate.set()  # a failure above must not leave the writer thread waiting
         await pipeline.process([egress(1, T0 + MIN)], ack)
         await pipeline.drain()
 

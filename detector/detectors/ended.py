@@ -10,16 +10,18 @@ of a project's state after the bench fleet's day. Past :data:`SMALL` runs (a swe
 thousands) it holds a dict of digest to time, so a look-up never walks more than :data:`SMALL`.
 
 Two ids with the same digest would read as one run: for a project's thousand ids the chance is
-about one in 10^13. Saved as the two arrays' bytes (``k`` and ``t``); the map of run id to end
-time saved before (up to 4c0bdb7) reads back as the same runs. The code before reads this shape as
-no state (a rollback forgets which runs ended: a re-read end event within the horizon could count
-again).
+about one in 10^13. Saved as a map of ``#`` and each digest's 16 hex digits to the end time: the code
+before (up to 4c0bdb7) reads it as ended runs whose ids no run has, so a rollback keeps the rules'
+other state (open runs, a crash loop) and forgets only which runs ended; the map of run ids it
+saved reads back here as the same runs. (An id of that very form, ``#`` and 16 hex digits, saved
+before is read as a digest: its end would be forgotten.)
 """
 
 from __future__ import annotations
 
 import hashlib
-import sys
+import math
+import re
 from array import array
 from collections.abc import Mapping
 from functools import lru_cache
@@ -39,29 +41,14 @@ SMALL = 128
 _NO_KEYS: Digests = array("Q")
 _NO_TIMES: Times = array("d")
 """No run ended (never appended to: a new ``Ended`` makes its own arrays at its first run)."""
-_LITTLE = sys.byteorder == "little"
+_SAVED = re.compile(r"#[0-9a-f]{16}")
+"""A saved run: its digest in hex (:meth:`Ended.saved`)."""
 
 
 @lru_cache(maxsize=4096)
 def digest(run_id: str) -> int:
     """``run_id``'s 64-bit digest (the three run rules ask for the same id one after another)."""
     return int.from_bytes(hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
-
-
-def _to_bytes(values: array[Any]) -> bytes:
-    if _LITTLE:
-        return values.tobytes()
-    swapped = array(values.typecode, values)
-    swapped.byteswap()
-    return swapped.tobytes()
-
-
-def _from_bytes(typecode: str, data: bytes) -> array[Any]:
-    values = array(typecode)
-    values.frombytes(data)
-    if not _LITTLE:
-        values.byteswap()
-    return values
 
 
 class Ended:
@@ -74,7 +61,7 @@ class Ended:
         self._times: Times = _NO_TIMES
         self._big: dict[int, float] | None = None
         if runs:
-            self._set([(digest(k), v) for k, v in runs.items()])
+            self._set(list({digest(k): v for k, v in runs.items()}.items()))
 
     def _set(self, items: list[tuple[int, float]]) -> None:
         if len(items) > SMALL:
@@ -160,29 +147,21 @@ class Ended:
 
     # -- saved (detector.floats.enc_hook / dec_hook) --------------------------------------------
 
-    def saved(self) -> dict[str, bytes]:
-        """The digests and the times, each as its array's bytes little-endian (16 bytes a run)."""
-        if self._big is not None:
-            keys, times = array("Q", self._big.keys()), array("d", self._big.values())
-        else:
-            keys, times = self._keys, self._times
-        return {"k": _to_bytes(keys), "t": _to_bytes(times)}
+    def saved(self) -> dict[str, float]:
+        """Each run as ``#`` and its digest's 16 hex digits → its end time, in the order they ended."""
+        return {f"#{key:016x}": t for key, t in self.items()}
 
     @classmethod
     def read_saved(cls, obj: Any) -> Ended:
         """What :meth:`saved` wrote, or the map of run id to end time saved before."""
-        if isinstance(obj, dict) and set(obj) == {"k", "t"} and all(isinstance(v, bytes) for v in obj.values()):
-            keys, times = obj["k"], obj["t"]
-            if len(keys) % 8 or len(keys) != len(times):
-                raise ValueError("ended runs are 8 bytes of digest and 8 of end time a run")
-            digests = _from_bytes("Q", keys)
-            if len(set(digests)) != len(digests):
-                raise ValueError("ended runs hold a digest twice")
-            ended = cls()
-            ended._set(list(zip(digests, _from_bytes("d", times), strict=True)))
-            return ended
         if not isinstance(obj, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in obj.items()
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for k, v in obj.items()
         ):
-            raise ValueError("ended runs are a map of run id to end time, or their digests and times")
-        return cls({k: float(v) for k, v in obj.items()})
+            raise ValueError("ended runs are a map of run (its id, or its digest in hex) to a finite end time")
+        runs: dict[int, float] = {}
+        for k, v in obj.items():
+            runs[int(k[1:], 16) if _SAVED.fullmatch(k) else digest(k)] = float(v)
+        ended = cls()
+        ended._set(list(runs.items()))
+        return ended
