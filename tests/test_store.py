@@ -335,8 +335,9 @@ def test_an_insert_error_is_the_rows_fault_only_when_clickhouse_says_so(store):
 
 def test_an_insert_asks_a_tables_column_types_once_and_again_after_a_failure(store):
     """The client asks a table's types (a DESCRIBE, a round trip to a server) for every insert it is not
-    told them: the connection asks once a table and keeps them, and asks again after a failed insert
-    (the table may have changed). It keeps no rows alive, and an empty insert sends nothing."""
+    told them: the connection asks once a table and keeps them, and asks again after a failed insert or
+    for a column it does not know (the table may have changed). It keeps no rows alive, and an empty
+    insert sends nothing."""
     import gc
     import weakref
 
@@ -353,7 +354,15 @@ def test_an_insert_asks_a_tables_column_types_once_and_again_after_a_failure(sto
     class Rows(list):  # a list a weak reference can follow
         pass
 
+    real_context = store.client.create_insert_context
+    named: list[bool] = []
+
+    def told_types(*args, **kwargs):  # the client asks the types itself unless told them
+        named.append(bool(kwargs.get("column_type_names")))
+        return real_context(*args, **kwargs)
+
     store.client.query = counting
+    store.client.create_insert_context = told_types
     try:
         for i in range(3):
             store.insert("scratch_types", Rows([[f"r{i}", i]]), column_names=["a", "b"])
@@ -372,6 +381,10 @@ def test_an_insert_asks_a_tables_column_types_once_and_again_after_a_failure(sto
             store.insert("scratch_types", [["x", "not a number"]], column_names=["a", "b"])
         store.insert("scratch_types", [["x", "now a string"]], column_names=["a", "b"])
         assert len(described) == 2
+        store.command(f"ALTER TABLE {table} ADD COLUMN c UInt16")  # a migration elsewhere: a column the types lack
+        store.insert("scratch_types", [["y", "with c", 300]], column_names=["a", "b", "c"])
+        assert len(described) == 3 and named and all(named)
     finally:
-        del store.client.query
-    assert store.query(f"SELECT a, b FROM {table} ORDER BY a") == [{"a": "x", "b": "now a string"}]
+        del store.client.query, store.client.create_insert_context
+    assert store.query(f"SELECT a, b, c FROM {table} ORDER BY a") == [{"a": "x", "b": "now a string", "c": 0},
+                                                                      {"a": "y", "b": "with c", "c": 300}]  # fmt: skip

@@ -141,8 +141,8 @@ class Connection:
         self.db = database
         """The database's name: tables are ``{db}.name``."""
         self.lock = threading.Lock()
-        self._types: dict[tuple[str, bool], dict[str, str]] = {}
-        """(table, sent as wire types) → its columns' type names, asked once (:meth:`insert_context`)."""
+        self._types: dict[tuple[str, Callable[[str], str] | None], dict[str, str]] = {}
+        """(table, how a type is sent) → its columns' type names, asked once (:meth:`insert_context`)."""
 
     def close(self) -> None:
         with self.lock:
@@ -177,16 +177,17 @@ class Connection:
         of the store once and kept: the client asks them (a DESCRIBE) at every insert otherwise, a round
         trip to a server and ~0.6 ms on the embedded engine, a sixth of a small insert. ``wire`` names the
         type a column's values are sent as. A new context each insert, not one kept: a context holds its
-        last rows alive. The caller holds :attr:`lock`, and calls :meth:`forget_types` after a failed
-        insert (the table may have changed)."""
-        key = (table, wire is not None)
+        last rows alive. A column the kept types lack has them asked again (a migration added it). The
+        caller holds :attr:`lock`, and calls :meth:`forget_types` after a failed insert (the table may have
+        changed); a migration run elsewhere that changes a column's type in a way ClickHouse converts
+        is seen only at a failure (no migration changes one)."""
+        key = (table, wire)
         types = self._types.get(key)
-        if types is None:
+        if types is None or any(name not in types for name in column_names):  # none yet, or a column added since
             described = self.client.query(f"DESCRIBE TABLE {self.db}.{table}").result_rows
             types = self._types[key] = {row[0]: wire(row[1]) if wire else row[1] for row in described}
         missing = [name for name in column_names if name not in types]
         if missing:
-            self._types.pop(key, None)
             from clickhouse_connect.driver.exceptions import ProgrammingError
 
             raise ProgrammingError(f"no column {', '.join(missing)} in {self.db}.{table}")
@@ -195,7 +196,7 @@ class Connection:
                                                  column_type_names=[types[n] for n in names], settings=settings)  # fmt: skip
 
     def forget_types(self) -> None:
-        """Ask the tables' column types again at the next insert (one failed: a table may have changed)."""
+        """Ask the tables' column types again at the next insert (one failed, or the schema was migrated)."""
         self._types.clear()
 
     def command(self, sql: str) -> Any:

@@ -124,6 +124,8 @@ class Schema:
                 client.insert(f"{db}.schema_migrations", [[migration.version, migration.name, migration.checksum]],
                               column_names=["version", "name", "checksum"])  # fmt: skip
                 applied_now.append(f"{migration.version:04d}_{migration.name}")
+            if applied_now:
+                self.conn.forget_types()  # a migration may have changed a table this connection inserts into
         if applied_now:
             log.info("migrations_applied", database=db, migrations=applied_now)
         first = migrations()[0]
@@ -195,6 +197,7 @@ class Schema:
                 for migration in migrations():
                     for statement in migration.statements(self.conn.db):
                         self.conn.client.command(statement)
+                self.conn.forget_types()
             log.warning("tables_restored", database=self.conn.db, tables=missing)
         return [name for name in missing if name not in self.missing_tables()]
 
