@@ -18,6 +18,7 @@ from detector.engine import Engine
 from detector.slack import SlackNotifier
 from detector.testing import LocalSlack
 from streams.config import LiveConfig
+from streams.event_writer import ProcessEventWriter, writer_for
 from streams.pipeline import Message, Pipeline
 from tests.conftest import ROOT
 from tests.helpers import MIN, T0, at
@@ -95,25 +96,41 @@ def test_a_reload_reaches_the_engine_the_manager_the_decoder_and_slack(store, tm
         assert letter["topic"] == "resource-usage" and "max_usd_per_hour" in letter["reason"]
 
 
-def test_a_batch_written_after_a_reload_keeps_the_prices_it_was_read_with(store, tmp_path):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_batch_written_after_a_reload_keeps_the_prices_it_was_read_with(mode, store, tmp_path):
     """Egress is priced where it is stored: a batch read (and detected) under one price list whose
     write lands after an edit of ``pricing.yaml`` is reloaded keeps that list's dollars; the batch
-    read after the reload has the new ones."""
+    read after the reload has the new ones. With the inserts in a child (``process``), the batch was
+    prepared ahead, priced at its read (the batch before started the child)."""
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
     config = LiveConfig.load(rules)
+    writer = writer_for(store, "chdb://memory", store.db, mode)
     pipeline = Pipeline(engine=Engine(config.current.ruleset), store=store, outbox=Outbox(store, None),
-                        manager=AlertManager(ruleset=config.current.ruleset),
+                        manager=AlertManager(ruleset=config.current.ruleset), event_writer=writer,
                         send_dead_letter=lambda key, value: asyncio.sleep(0), config=config)  # fmt: skip
     gate, writing = threading.Event(), threading.Event()
     real_write = pipeline._write
+    writes = 0
 
     def gated_write(step):
-        writing.set()
-        gate.wait(30)
+        nonlocal writes
+        writes += 1
+        if writes == 2:  # the second batch: read at the shipped prices
+            writing.set()
+            gate.wait(30)
         return real_write(step)
 
     pipeline._write = gated_write
+    exchanges: list[tuple[str, float]] = []  # with the child: each kind, and the internet price it was given
+    if isinstance(writer, ProcessEventWriter):
+        exchange = writer._exchange
+
+        def recorded(kind, items, pricing):
+            exchanges.append((kind, pricing.egress_per_gb.internet))
+            return exchange(kind, items, pricing)
+
+        writer._exchange = recorded
 
     def egress(offset: int, t: float) -> Message:
         usage = {"ts": at(t).isoformat(), "resource_id": "i-1", "resource_type": "cpu_instance", "cost_usd": 0.1,
@@ -124,17 +141,25 @@ def test_a_batch_written_after_a_reload_keeps_the_prices_it_was_read_with(store,
         pass
 
     async def go():
+        await pipeline.process([egress(0, T0)], ack)
+        await pipeline.drain()  # (its write starts the child)
         try:
-            await pipeline.process([egress(0, T0)], ack)  # read at the shipped prices; its write waits at the gate
+            await pipeline.process([egress(1, T0 + MIN)], ack)  # read at the shipped prices; its write waits at the gate
             assert await asyncio.to_thread(writing.wait, 30)
             edit(rules / "pricing.yaml", lambda p: p["egress_per_gb"].update(internet=4.5))
             new, refused = config.reload()
             assert refused is None and new is config.current
         finally:
             gate.set()  # a failure above must not leave the writer thread waiting
-        await pipeline.process([egress(1, T0 + MIN)], ack)
+        await pipeline.process([egress(2, T0 + 2 * MIN)], ack)
         await pipeline.drain()
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    finally:
+        writer.close()
     rows = store.query(f"SELECT toUnixTimestamp(ts) AS t, egress_usd FROM {store.db}.resource_usage ORDER BY ts")
-    assert [(r["t"], r["egress_usd"]) for r in rows] == [(T0, pytest.approx(2 * 0.09)), (T0 + MIN, pytest.approx(2 * 4.5))]
+    old, new = pytest.approx(2 * 0.09), pytest.approx(2 * 4.5)
+    assert [(r["t"], r["egress_usd"]) for r in rows] == [(T0, old), (T0 + MIN, old), (T0 + 2 * MIN, new)]
+    if mode == "process":  # the second and third batches prepared as read and stored from that, no write by the child
+        assert exchanges[2:] == [("prepare", 0.09), ("prepare", 4.5)]
