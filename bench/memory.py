@@ -4,7 +4,6 @@
     .venv/bin/python bench/memory.py --resources 1000000 --minutes 3    # a million resources
     .venv/bin/python bench/memory.py --resources 1000000 --minutes 2 --waves 10 --evict-after 60
     .venv/bin/python bench/memory.py --replay bench/out/fleet.jsonl   # a day of history, by kind
-    .venv/bin/python bench/memory.py --replay bench/out/fleet.jsonl --rules-only --by-path inference_endpoint
 
 An :class:`~detector.engine.Engine` with the shipped rules (``rules/``) and the anomaly rule
 building windows (and, with ``--model-dir``, judging them) is fed ``--minutes`` of event time
@@ -33,9 +32,7 @@ fleet it was trained on. Without it the windows are built and not judged.
 
 ``--replay FILE``: instead, a replay file (the bench fleet: 24 h of history) through the same
 engine, then each key's state by resource kind, in memory and saved (a steady state: the
-series a rule keeps over its window are full); with ``--by-path KIND`` (``gpu_instance``,
-``inference_endpoint``, ``(run project)``...), that kind's state by field path and type, the
-largest first: where its bytes are.
+series a rule keeps over its window are full).
 """
 
 from __future__ import annotations
@@ -310,53 +307,6 @@ def by_kind(path: str, model_dir: str | None = None, rules_only: bool = False) -
           f"{'':16}{sum(row[2] for row in kinds.values()) / n:7,.0f} B saved")  # fmt: skip
 
 
-def by_path(path: str, kind: str, model_dir: str | None = None, rules_only: bool = False, top: int = 40) -> None:
-    """The state of one resource kind's keys after a replay file (``(run project)`` for the run rules'
-    project keys), by field path (``egress_runaway.destinations{}.rates._lo``) and object type: bytes a
-    key, each object counted once (where several keys or fields share it, the first to reach it; one
-    shared with keys of other kinds counts here whole, so the total is a little above :func:`by_kind`'s)."""
-    engine = replayed(path, model_dir, rules_only)
-    types_by_name = {r.detector.name: r.detector.type for r in engine.ruleset.rules}
-    sizes: dict[tuple[str, str], int] = {}
-    seen: set[int] = set()
-
-    def walk(obj: Any, at: str) -> None:
-        stack = [(obj, at)]
-        while stack:
-            o, at = stack.pop()
-            if id(o) in seen or isinstance(o, _STOP) or o is None or o is True or o is False:
-                continue
-            seen.add(id(o))
-            sizes[at, type(o).__name__] = sizes.get((at, type(o).__name__), 0) + sys.getsizeof(o)
-            if isinstance(o, dict):
-                stack.extend((k, at + "{k}") for k in o)
-                stack.extend((v, at + "{}") for v in o.values())
-            elif isinstance(o, (list, tuple, set, frozenset)):
-                stack.extend((v, at + "[]") for v in o)
-            elif isinstance(o, types.MethodType):
-                stack.append((o.__self__, at + ".__self__"))
-            elif isinstance(o, msgspec.Struct):
-                stack.extend((getattr(o, f), f"{at}.{f}") for f in o.__struct_fields__)
-            elif hasattr(type(o), "__slots__"):
-                stack.extend((getattr(o, s), f"{at}.{s}") for s in type(o).__slots__ if hasattr(o, s))
-            elif hasattr(o, "__dict__"):
-                stack.append((o.__dict__, at + ".__dict__"))
-
-    keys = [(key, state) for key, state in engine._keys.items() if (state.info.resource_type or "(run project)") == kind]
-    if not keys:
-        kinds = sorted({state.info.resource_type or "(run project)" for state in engine._keys.values()})
-        raise SystemExit(f"no key of kind {kind!r} after {path}: the kinds are {', '.join(kinds)}")
-    for key, state in keys:
-        for name, rule_state in zip(state.names, state.states, strict=True):  # the rules first: what they reach is theirs
-            walk(rule_state, types_by_name.get(name, name))
-        walk(key, "key id")
-        walk(state, "KeyState")
-    total = sum(sizes.values())
-    print(f"{kind} after {path}: {len(keys)} keys, {total / len(keys):,.0f} B a key; the {top} largest parts:")
-    for (at, type_name), size in sorted(sizes.items(), key=lambda item: -item[1])[:top]:
-        print(f"  {size / len(keys):8,.1f}  {at}  ({type_name})")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resources", type=int, default=20_000)
@@ -369,17 +319,11 @@ def main() -> int:
     parser.add_argument("--replay", help="measure the state after this replay file instead, by resource kind")
     parser.add_argument("--model-dir", help="score windows with the model in this folder (default: built, not judged)")
     parser.add_argument("--rules-only", action="store_true", help="no model and no windows, as a worker without a model")
-    parser.add_argument("--by-path", metavar="KIND", help="with --replay: one resource kind's state by field path")
     args = parser.parse_args()
-    if args.by_path and not args.replay:
-        parser.error("--by-path breaks down the state after a replay file: give --replay FILE")
     if args.replay:
         if args.rules_only and args.model_dir:
             parser.error("--rules-only is a worker without a model: leave out --model-dir")
-        if args.by_path:
-            by_path(args.replay, args.by_path, args.model_dir, args.rules_only)
-        else:
-            by_kind(args.replay, args.model_dir, args.rules_only)
+        by_kind(args.replay, args.model_dir, args.rules_only)
         return 0
 
     ruleset = load_rules(ROOT / "rules")
