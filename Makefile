@@ -51,6 +51,7 @@ bench: install
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/model.py
 	$(BIN)/python bench/focus.py
+	$(BIN)/python bench/bridge.py
 	$(BIN)/python bench/workers.py --runs 1
 
 eval: install
