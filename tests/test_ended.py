@@ -87,6 +87,16 @@ def test_a_saved_map_that_is_not_run_ids_to_times_is_refused():
             msgspec.msgpack.decode(msgspec.msgpack.encode(bad), type=Ended, dec_hook=dec_hook)
 
 
+def test_a_time_that_is_not_finite_is_refused_as_its_restore_would_refuse_it():
+    """Held, a NaN end time would be saved and then make the rule's whole state unreadable at its restore."""
+    ended = Ended({"r1": 10.0})
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="not a time"):
+            ended.add("r2", bad)
+    assert ended.items() == [(digest("r1"), 10.0)]
+    assert Ended.read_saved(ended.saved()).items() == ended.items()
+
+
 def run(t: float, run_id: str, status: str, project: str = "llm") -> RunEvent:
     return RunEvent(ts=at(t), run_id=run_id, status=status, resource_ids=["host-1"], gpu_count=8, project=project,
                     metrics={"val_loss": 1.0}, step=int(t - T0),

@@ -104,7 +104,11 @@ class Ended:
         return f"Ended({self.items()!r})"
 
     def add(self, run_id: str, t: float) -> None:
-        """``run_id`` ended at ``t``: the newest (a run already held keeps its place, as a dict's key)."""
+        """``run_id`` ended at ``t``: the newest (a run already held keeps its place, as a dict's key).
+        A time that is not finite is refused here, as :meth:`read_saved` refuses it: held, it would
+        make the whole rule state unreadable at its restore, not only this run."""
+        if not math.isfinite(t):
+            raise ValueError(f"run {run_id[:200]!r} ended at {t!r}: not a time")
         key = digest(run_id)
         if self._big is not None:
             self._big[key] = t
