@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -331,6 +332,29 @@ def test_an_insert_error_is_the_rows_fault_only_when_clickhouse_says_so(store):
     assert not store.refused(DatabaseError("Code: 252. DB::Exception: Too many parts (300). (TOO_MANY_PARTS)"))
     assert not store.refused(DatabaseError("Code: 241. DB::Exception: Memory limit exceeded. (MEMORY_LIMIT_EXCEEDED)"))
     assert not store.refused(OperationalError("Error HTTPConnectionPool: Read timed out"))
+
+
+def test_column_types_changed_elsewhere_are_asked_again_within_a_minute(store):
+    """A type changed by someone else in a way ClickHouse converts (Float32 to Float64, a Decimal's scale)
+    fails no insert: types kept forever would round every value sent as the old type until a restart.
+    They are asked again once :data:`TYPES_KEPT_S` have passed (a clock that only this test moves)."""
+    from detector.store.connection import TYPES_KEPT_S, Connection
+
+    now = [1000.0]
+    conn = Connection(store.client, store.db, clock=lambda: now[0])
+    table = f"{store.db}.scratch_widened"
+    store.command(f"CREATE TABLE {table} (k String, f Float32, d Decimal(18, 2)) ENGINE = MergeTree ORDER BY k")
+    conn.insert("scratch_widened", [["before", 0.1, 1.25]], column_names=["k", "f", "d"])
+    store.command(f"ALTER TABLE {table} MODIFY COLUMN f Float64")  # an operator, or a newer worker's migration
+    store.command(f"ALTER TABLE {table} MODIFY COLUMN d Decimal(18, 6)")
+    now[0] += TYPES_KEPT_S - 1
+    conn.insert("scratch_widened", [["kept", 0.1, 1.234567]], column_names=["k", "f", "d"])  # the old types, still
+    now[0] += 1
+    conn.insert("scratch_widened", [["asked again", 0.1, 1.234567]], column_names=["k", "f", "d"])
+    rows = {r["k"]: (r["f"], str(r["d"])) for r in store.query(f"SELECT k, f, toString(d) AS d FROM {table}")}
+    float32 = struct.unpack("f", struct.pack("f", 0.1))[0]
+    assert rows["kept"] == (float32, "1.23")  # what a minute of the old types stores
+    assert rows["asked again"] == (0.1, "1.234567")
 
 
 def test_an_insert_asks_a_tables_column_types_once_and_again_after_a_failure(store):

@@ -27,6 +27,12 @@ __all__ = ["Connection", "StoreBusy", "StoreNotFound", "StoreOutdated", "chdb_di
 log = structlog.get_logger("burnwatch.store")
 
 SQL_DIR = Path(__file__).with_name("sql")
+TYPES_KEPT_S = 60.0
+"""How long a table's column types are kept before an insert asks them again (:meth:`Connection.insert_context`):
+a type changed elsewhere (an operator's ``ALTER TABLE … MODIFY COLUMN``, a newer worker's migration) that
+ClickHouse converts from the old one (Float32 to Float64, a Decimal's scale) fails no insert, so kept
+forever the old type would round every value sent as it until a restart; a DESCRIBE a minute a table
+is nothing."""
 _CODE = re.compile(r"Code: (\d+)\.")
 _DATA_ERRORS = {6, 26, 27, 32, 33, 36, 38, 41, 43, 53, 69, 70, 72, 117, 131, 321, 407, 469}
 """ClickHouse error codes that mean the rows themselves were refused (cannot parse or convert,
@@ -136,13 +142,14 @@ class Connection:
     (a repository that makes several calls as one, like an insert and its look-ups, holds
     it and uses :attr:`client` directly)."""
 
-    def __init__(self, client: Any, database: str = "burnwatch") -> None:
+    def __init__(self, client: Any, database: str = "burnwatch", *, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.db = database
         """The database's name: tables are ``{db}.name``."""
         self.lock = threading.Lock()
-        self._types: dict[tuple[str, Callable[[str], str] | None], dict[str, str]] = {}
-        """(table, how a type is sent) → its columns' type names, asked once (:meth:`insert_context`)."""
+        self._types: dict[tuple[str, Callable[[str], str] | None], tuple[float, dict[str, str]]] = {}
+        """(table, how a type is sent) → when its columns' type names were asked, and they (:meth:`insert_context`)."""
+        self._clock = clock
 
     def close(self) -> None:
         with self.lock:
@@ -177,15 +184,16 @@ class Connection:
         of the store once and kept: the client asks them (a DESCRIBE) at every insert otherwise, a round
         trip to a server and ~0.6 ms on the embedded engine, a sixth of a small insert. ``wire`` names the
         type a column's values are sent as. A new context each insert, not one kept: a context holds its
-        last rows alive. A column the kept types lack has them asked again (a migration added it). The
-        caller holds :attr:`lock`, and calls :meth:`forget_types` after a failed insert (the table may have
-        changed); a migration run elsewhere that changes a column's type in a way ClickHouse converts
-        is seen only at a failure (no migration changes one)."""
+        last rows alive. The types are asked again when a column is missing from them (a migration added
+        it), when :data:`TYPES_KEPT_S` have passed (a type changed elsewhere that no insert fails on), and
+        after :meth:`forget_types`, which the caller, holding :attr:`lock`, calls after a failed insert."""
         key = (table, wire)
-        types = self._types.get(key)
-        if types is None or any(name not in types for name in column_names):  # none yet, or a column added since
+        kept = self._types.get(key)
+        now = self._clock()
+        if kept is None or now - kept[0] >= TYPES_KEPT_S or any(name not in kept[1] for name in column_names):
             described = self.client.query(f"DESCRIBE TABLE {self.db}.{table}").result_rows
-            types = self._types[key] = {row[0]: wire(row[1]) if wire else row[1] for row in described}
+            kept = self._types[key] = (now, {row[0]: wire(row[1]) if wire else row[1] for row in described})
+        types = kept[1]
         missing = [name for name in column_names if name not in types]
         if missing:
             from clickhouse_connect.driver.exceptions import ProgrammingError
