@@ -214,7 +214,7 @@ class Events:
         return written
 
     def _context(self, table: str, names: list[str]) -> Any:
-        """A new insert context of these columns of ``table``, their types asked of the store once
+        """A new insert context of these columns of ``table``, their types kept from the store's answer
         (:meth:`~detector.store.connection.Connection.insert_context`), sent as :func:`wire_type`.
         The caller holds the lock."""
         return self.conn.insert_context(table, names, column_oriented=True, wire=wire_type, settings=_INSERT_SETTINGS)
