@@ -2,7 +2,9 @@
 
 scikit-learn's ``score_samples`` is *lower* for more anomalous rows. Everywhere in
 burnwatch a higher anomaly score means more anomalous: :meth:`ModelArtifact.score`
-returns ``-score_samples`` plus the range guard below, and nothing else calls sklearn.
+returns ``-score_samples`` plus the range guard below, and nothing else scores. (The
+forest's scores are walked flat, :mod:`detector.model.flat_forest`: sklearn's to the bit,
+without its per-tree cost on a call of a few windows.)
 The decision is calibrated to a stated rate of alerts, not sklearn's
 ``predict``/``contamination`` nor a margin tuned on one simulator (:class:`Calibration`):
 training scores the windows of each half of the training span with a forest fitted on the
@@ -43,6 +45,7 @@ import math
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from detector.model.features import feature_names, metrics_of
+from detector.model.flat_forest import FlatForest
 
 __all__ = ["ALERTS_PER_1000H", "MODEL_VERSION", "Calibration", "ModelArtifact", "ModelRefused", "ModelSet", "fit"]
 
@@ -347,7 +351,16 @@ def _guard(features: list[str], ranges: list[tuple[float, float]], rows: np.ndar
 
 
 def _score(forest: Any, features: list[str], ranges: list[tuple[float, float]], rows: np.ndarray) -> np.ndarray:
-    return -forest.score_samples(rows) + _guard(features, ranges, rows)
+    """The forest's scores (walked flat: :mod:`detector.model.flat_forest`, scikit-learn's to the bit),
+    sign turned, plus the guard."""
+    flat = _FLAT.get(forest)
+    if flat is None:
+        flat = _FLAT[forest] = FlatForest(forest)
+    return -flat.score_samples(rows) + _guard(features, ranges, rows)
+
+
+_FLAT: weakref.WeakKeyDictionary[Any, FlatForest] = weakref.WeakKeyDictionary()
+"""Each forest in use, flattened once (it goes when the forest does: a model reloaded, a training's)."""
 
 
 def _forest(x: np.ndarray, n_estimators: int, max_samples: int, seed: int) -> Any:
