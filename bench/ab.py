@@ -1,6 +1,6 @@
 """A/B of the worker's streaming throughput: a past commit against the working tree.
 
-    .venv/bin/python bench/ab.py e0a0a47 --runs 2 [--batched | --file fleet.jsonl]
+    .venv/bin/python bench/ab.py e0a0a47 --runs 2 [--batched | --file fleet.jsonl] [--env KEY=VALUE ...]
 
 Both workers read the same fleet file from a fresh embedded broker into a fresh embedded
 ClickHouse (``bench.run.bench_streaming``), alternating so that drift on the machine
@@ -39,7 +39,10 @@ def main() -> int:
     parser.add_argument("--batched", action="store_true", help="exporters batching 5 minutes (32 events/message)")
     parser.add_argument("--file", type=Path, help="a replay file to read instead of the simulated bench fleet "
                         "(e.g. one event per message)")  # fmt: skip
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="for both sides' workers (e.g. BURNWATCH_MODEL_DIR=DIR: with a model)")  # fmt: skip
     args = parser.parse_args()
+    extra_env = dict(item.split("=", 1) for item in args.env)
     with tempfile.TemporaryDirectory(prefix="burnwatch-ab-") as tmp:
         workdir = Path(tmp)
         tree = workdir / "tree"
@@ -62,7 +65,7 @@ def main() -> int:
                     else:
                         os.environ.pop("PYTHONPATH", None)
                         os.chdir(ROOT)
-                    result = bench_streaming(fleet, workdir, f"run-{i}-{len(figures[side])}-{side[:7]}")
+                    result = bench_streaming(fleet, workdir, f"run-{i}-{len(figures[side])}-{side[:7]}", **extra_env)
                     figures[side].append(result["events_per_s"])
                     per_cpu[side].append(result["events_per_cpu_s"])
                     print(f"{side}: {result['events_per_s']:,.0f} events/s, "
