@@ -50,7 +50,7 @@ import heapq
 import math
 from collections.abc import Callable, Container, Iterable
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import structlog
@@ -556,8 +556,23 @@ class Engine:
             by_detector.setdefault(id(detector), (detector, []))[1].append(item)
         found: list[Finding] = []
         for detector, items in by_detector.values():
-            found.extend(detector.end_batch(items))
+            try:
+                found.extend(detector.end_batch(items))
+            except Exception as exc:  # noqa: BLE001 - as a step's: one rule's batch phase must not stop the rest
+                self._batch_failed(cast("Detector[Any]", detector), exc, len(items))
         return found
+
+    def _batch_failed(self, detector: Detector[Any], exc: Exception, items: int) -> None:
+        """A detector's batch phase raised (a model that no longer scores, a bug): what its steps deferred
+        in the batch is skipped for that rule, counted and logged once per rule and error type, as a
+        step's error is. The other rules' findings stand and the batch goes on (raised, it would stop
+        the worker at every restart on the same batch)."""
+        name = detector.name
+        self.errors[name] = self.errors.get(name, 0) + items
+        if (name, type(exc)) not in self._errors_logged:
+            self._errors_logged.add((name, type(exc)))
+            log.error("detector_batch_error", rule=name, type=detector.type, deferred=items,
+                      error=f"{type(exc).__name__}: {exc}")  # fmt: skip
 
     @staticmethod
     def _start(state: KeyState, detector: Detector[Any], slot: int) -> Any:

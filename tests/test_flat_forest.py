@@ -79,3 +79,34 @@ def test_a_single_row_is_walked_flat_not_tree_by_tree(monkeypatch):
     flat = FlatForest(forest)
     monkeypatch.setattr(forest, "score_samples", lambda rows: pytest.fail("walked by scikit-learn"))
     assert np.array_equal(flat.score_samples(x[:1]), expected)
+
+
+def test_a_walk_goes_when_its_forest_does():
+    """The cache of walks is keyed by the forest, which the walk holds only weakly: a model reloaded, or a
+    training's held-out forests, leave memory (holding it, every reload kept a forest for good)."""
+    import gc
+
+    from detector.model.forest import _FLAT, _score
+
+    forest, x, _ = _forest(11, 200, 3, 10, "auto", 1.0, 0.0)
+    before = len(_FLAT)
+    _score(forest, ["a", "b", "c"], [], x[:2])
+    assert len(_FLAT) == before + 1
+    del forest
+    gc.collect()
+    assert len(_FLAT) == before
+
+
+def test_nodes_that_share_children_are_walked_in_bounded_levels():
+    """A model file's tree whose nodes both point at the next (in bounds, each child after its parent)
+    doubles at every level if each level's nodes are not taken once; deeper than any isolation tree, it
+    is left to scikit-learn's walk."""
+    from detector.model.flat_forest import MAX_LEVELS, _levels
+
+    n = 200
+    left = np.minimum(np.arange(n) + 1, n - 1)
+    left[-1] = n - 1  # the last a leaf (pointing to itself)
+    assert _levels(np.array([0]), left, left.copy()) == MAX_LEVELS + 1
+    chain = np.arange(5) + 1
+    chain[-1] = 4
+    assert _levels(np.array([0]), chain, chain.copy()) == 4

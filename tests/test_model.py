@@ -767,3 +767,34 @@ def test_a_generic_metric_of_huge_values_of_opposite_signs_keeps_a_finite_mean()
         assert st.extra is not None and st.extra.metric_mean is not None
         assert math.isfinite(st.extra.metric_mean["queue_depth"])
     assert math.isfinite(builder._base_values(st)[METRIC_PREFIX + "queue_depth"])
+
+
+def test_a_model_that_stops_scoring_skips_the_anomaly_rules_batch_not_the_worker(tmp_path, monkeypatch):
+    """A model that loaded but raises when it scores (an edited file, a bug) fails the anomaly rule's batch
+    phase: its windows of the batch are skipped, counted and logged once, and every other rule's findings
+    are what they are without the model (raised, it stopped the worker at every restart on that batch)."""
+    from structlog.testing import capture_logs
+
+    events = working(T0, 12) + [e for i in range(90) for e in minute(T0 + 12 * HOUR + i * MIN, 0.0, 60.0)]  # then idle
+    models = trained_on(working(T0 - 24 * HOUR, 12), tmp_path)
+    gpu = models.get("gpu")
+    assert gpu is not None
+
+    def broken(rows, fleet=None):
+        raise ValueError("tree 0 cannot be walked")
+
+    monkeypatch.setattr(gpu, "score", broken)
+    ruleset = anomaly_ruleset(load_rules(ROOT / "rules"))
+    use_scoring(ruleset.rules, Scoring(models))
+    engine = Engine(ruleset)
+    with capture_logs() as logs:
+        got = [(f.type, f.action, f.key, f.at) for batch in range(0, len(events), 5000)
+               for f in engine.process(events[batch : batch + 5000]) if f.type != "anomaly"]  # fmt: skip
+    expected_engine = Engine(load_rules(ROOT / "rules"))
+    expected = [(f.type, f.action, f.key, f.at) for batch in range(0, len(events), 5000)
+                for f in expected_engine.process(events[batch : batch + 5000])]  # fmt: skip
+    assert got == expected and any(kind == "idle_gpu" for kind, *_ in got)
+    anomaly = next(r.detector.name for r in ruleset.rules if r.detector.type == "anomaly")
+    assert engine.errors[anomaly] > 0
+    failed = [entry for entry in logs if entry["event"] == "detector_batch_error"]
+    assert len(failed) == 1 and failed[0]["rule"] == anomaly and "tree 0 cannot be walked" in failed[0]["error"]

@@ -86,6 +86,20 @@ def test_a_tree_that_loops_is_refused(tmp_path):
         ModelSet.load(tmp_path)
 
 
+def test_a_tree_whose_node_has_two_parents_is_refused(tmp_path):
+    """Children after their parents and in bounds, but a node both children of one split (its sibling
+    orphaned): not a tree. Such nodes repeated down a file's tree would double the flat walk's levels."""
+    saved = artifact()
+    tree = saved.model.estimators_[2].tree_
+    state = tree.__getstate__()
+    split = int(np.flatnonzero(state["nodes"]["left_child"] != -1)[0])
+    state["nodes"]["right_child"][split] = state["nodes"]["left_child"][split]
+    tree.__setstate__(state)
+    saved.save(tmp_path)
+    with pytest.raises(ModelRefused, match="tree 2 has node or feature indices out of bounds, or is not a tree"):
+        ModelSet.load(tmp_path)
+
+
 @pytest.mark.parametrize(
     "content, reason",
     [

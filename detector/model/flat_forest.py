@@ -20,6 +20,7 @@ scikit-learn itself, whose compiled walk is faster there, and gives the same sco
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -28,17 +29,24 @@ __all__ = ["FlatForest"]
 
 LARGE_CALL = 512
 """Rows from which scikit-learn's own walk (one compiled call a tree) is the faster."""
+MAX_LEVELS = 64
+"""Trees deeper than this are scikit-learn's to walk (a step a level costs ~4 µs a call): an isolation
+forest grows none deeper than ``ceil(log2(max_samples))``; only an edited model file could."""
 
 
 class FlatForest:
     """The trees of one fitted :class:`sklearn.ensemble.IsolationForest`; :meth:`score_samples` is its
-    ``score_samples``. The forest's arrays are checked before it is used (``forest._check_forest``)."""
+    ``score_samples``. The forest's arrays are checked before it is used (``forest._check_forest``). It
+    holds the forest weakly: a cache keyed by the forest lets both go together."""
 
     def __init__(self, forest: Any) -> None:
         from sklearn.ensemble._iforest import _average_path_length
 
-        self._forest = forest
+        self._forest = weakref.ref(forest)  # not the forest itself: _FLAT's value would keep its key alive
+        self._n_features = forest.n_features_in_
         trees, columns = forest.estimators_, forest.estimators_features_
+        if forest._max_features == forest.n_features_in_:  # scikit-learn then gives each tree every column, in order
+            columns = [np.arange(forest.n_features_in_)] * len(trees)
         sizes = [int(t.tree_.node_count) for t in trees]
         starts = np.cumsum([0, *sizes[:-1]])
         self._roots = np.asarray(starts, dtype=np.intp)[:, None]
@@ -53,7 +61,7 @@ class FlatForest:
             feature.append(np.where(leaf, 0, np.asarray(cols)[np.where(leaf, 0, t.feature)]))
             threshold.append(np.asarray(t.threshold, dtype=np.float64))
             nan_left.append(np.asarray(t.missing_go_to_left, dtype=bool))
-            leaf_part.append(np.asarray(path) + np.asarray(average) - 1.0)  # scikit-learn's (a + b) - 1.0
+            leaf_part.append((np.asarray(path) + np.asarray(average) - 1.0).astype(np.float64))  # sklearn's (a + b) - 1.0
         self._left, self._right = np.concatenate(left), np.concatenate(right)
         self._feature, self._threshold = np.concatenate(feature), np.concatenate(threshold)
         self._nan_left, self._leaf_part = np.concatenate(nan_left), np.concatenate(leaf_part)
@@ -65,8 +73,11 @@ class FlatForest:
     def score_samples(self, rows: np.ndarray) -> np.ndarray:
         """``forest.score_samples(rows)``, the same numbers: lower is more anomalous."""
         x = np.asarray(rows)
-        if x.ndim != 2 or x.shape[1] != self._forest.n_features_in_ or not 0 < len(x) < LARGE_CALL:
-            return np.asarray(self._forest.score_samples(rows))  # its own walk, and its own errors
+        if x.ndim != 2 or x.shape[1] != self._n_features or not 0 < len(x) < LARGE_CALL or self._depth > MAX_LEVELS:
+            forest = self._forest()  # alive: it is what this walk is looked up by
+            if forest is None:
+                raise ReferenceError("the forest this walk was made of is gone")
+            return np.asarray(forest.score_samples(rows))  # its own walk, and its own errors
         with np.errstate(over="ignore"):  # beyond float32's range: infinite, as scikit-learn casts it
             x = x.astype(np.float32)  # the dtype scikit-learn's trees compare in
         depths = self._depths(x)
@@ -86,11 +97,13 @@ class FlatForest:
 
 
 def _levels(roots: np.ndarray, left: np.ndarray, right: np.ndarray) -> int:
-    """The most levels any leaf lies below its tree's root (a leaf points to itself; each child comes after
-    its parent, which the model's check makes sure of, so this ends)."""
+    """The most levels any leaf lies below its tree's root (a leaf points to itself), or ``MAX_LEVELS + 1``
+    past that. Each level's nodes are taken once: an edited file whose nodes share children (which the
+    model's check refuses) must not double them at every level."""
     level, levels = roots, 0
-    while True:
+    while levels <= MAX_LEVELS:
         inner = level[left[level] != level]
         if not len(inner):
             return levels
-        level, levels = np.concatenate([left[inner], right[inner]]), levels + 1
+        level, levels = np.unique(np.concatenate([left[inner], right[inner]])), levels + 1
+    return levels

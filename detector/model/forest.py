@@ -304,7 +304,10 @@ def _check_calibration(cal: Calibration) -> None:
 def _check_forest(path: Path, forest: Any, n_features: int) -> None:
     """Every index scikit-learn follows without a bounds check is in bounds: each tree's children
     come after their parent (which also rules out cycles) and inside the tree, its split features
-    are columns the tree is given, and those columns are the model's features."""
+    are columns the tree is given, and those columns are the model's features. And each tree is one:
+    every node but the root is the child of exactly one node (shared children would make the flat
+    walk's levels double, :mod:`detector.model.flat_forest`), its columns are whole numbers and its
+    path lengths the types scikit-learn makes."""
     if getattr(forest, "n_features_in_", None) != n_features:
         raise ModelRefused(f"{path}: the forest takes {getattr(forest, 'n_features_in_', None)} features, "
                            f"its metadata lists {n_features}")  # fmt: skip
@@ -327,9 +330,13 @@ def _check_forest(path: Path, forest: Any, n_features: int) -> None:
             and ((left[split] > node[split]) & (left[split] < n)).all()
             and ((right[split] > node[split]) & (right[split] < n)).all()
             and ((feature[split] >= 0) & (feature[split] < len(cols))).all()
+            and np.issubdtype(cols.dtype, np.integer)
+            and all(np.asarray(p[i]).dtype in (np.int64, np.float64) for p in per_tree)
+            and (np.bincount(np.concatenate([left[split], right[split]]), minlength=n)[1:] == 1).all()
         )  # fmt: skip
         if not ok:
-            raise ModelRefused(f"{path}: tree {i} has node or feature indices out of bounds: not loaded")
+            raise ModelRefused(f"{path}: tree {i} has node or feature indices out of bounds, or is not a tree (a node "
+                               "with two parents, arrays of another type): not loaded")  # fmt: skip
 
 
 def _ranges(x: np.ndarray) -> list[tuple[float, float]]:
