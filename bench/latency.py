@@ -73,6 +73,7 @@ from bench.run import PARTITIONS, bench_fleet, bench_streaming, cpu_seconds, env
 from detector.alerts import Alert  # noqa: E402
 from detector.backtest import backtest  # noqa: E402
 from detector.events import TOPICS  # noqa: E402
+from detector.model.forest import ModelSet  # noqa: E402
 from detector.rules import load_rules  # noqa: E402
 from detector.runtime import tune_gc  # noqa: E402
 from detector.testing import LocalSlack  # noqa: E402
@@ -265,7 +266,8 @@ def live_run(path: Path, workdir: Path, speed: float, extra_env: dict[str, str],
     ruleset = load_rules(ROOT / "rules")
     messages = list(file_records(path))
     n_events = count_events(messages)
-    expected = backtest(path, ruleset).alerts
+    model_dir = extra_env.get("BURNWATCH_MODEL_DIR")  # the worker scores with it: so does the backtest it is held to
+    expected = backtest(path, ruleset, models=ModelSet.load(model_dir) if model_dir else None).alerts
     completing, types = completing_messages(messages, expected)
     ordinal: dict[int, int] = {}  # message index → its ordinal among its (topic, key)'s messages
     counts: dict[tuple[str, str], int] = defaultdict(int)
