@@ -50,7 +50,7 @@ import heapq
 import math
 from collections.abc import Callable, Container, Iterable
 from operator import attrgetter, itemgetter
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import structlog
@@ -294,7 +294,7 @@ class Engine:
         """Event time of the run event being processed (what a directory look-up is as of)."""
         self.errors: dict[str, int] = {}
         """Rule name → events its detector raised on (skipped for that rule)."""
-        self._errors_logged: set[tuple[str, type]] = set()
+        self._errors_logged: set[tuple[str, str, type]] = set()
         self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
         self._plans: dict[tuple[tuple[str, ...], tuple[Detector[Any], ...]], Plan] = {}
         """A key's rule names and the detectors of a route → its plan (bound steps and slots), one per
@@ -531,12 +531,19 @@ class Engine:
         worker and in backtest; a ``step_scrape`` that raises skips its scrape, ``events`` samples), counted,
         and logged once per rule and error type, so a hostile
         or unforeseen event can neither stop detection nor flood the log."""
-        name = detector.name
-        self.errors[name] = self.errors.get(name, 0) + events
-        if (name, type(exc)) not in self._errors_logged:
-            self._errors_logged.add((name, type(exc)))
-            log.error("detector_error", rule=name, type=detector.type, key=key, error=f"{type(exc).__name__}: {exc}",
+        if self._count_failure(detector, exc, events, "step"):
+            log.error("detector_error", rule=detector.name, type=detector.type, key=key,
+                      error=f"{type(exc).__name__}: {exc}",
                       sample=msgspec.json.encode(event)[:500].decode("utf-8", "replace"))  # fmt: skip
+
+    def _count_failure(self, detector: Detector[Any] | BatchPhase, exc: Exception, skipped: int, phase: str) -> bool:
+        """Count ``skipped`` events or deferred items of ``detector``'s rule as failed (``detector_errors``);
+        true the first time this rule fails in this phase with this error type: what is logged."""
+        name = detector.name
+        self.errors[name] = self.errors.get(name, 0) + skipped
+        first = (name, phase, type(exc)) not in self._errors_logged
+        self._errors_logged.add((name, phase, type(exc)))
+        return first
 
     def _advance(self, ahead: dict[str, float]) -> None:
         """Move the watermark to the time reached by ``min(3, n)`` of the ``n`` keys past it;
@@ -559,20 +566,13 @@ class Engine:
             try:
                 found.extend(detector.end_batch(items))
             except Exception as exc:  # noqa: BLE001 - as a step's: one rule's batch phase must not stop the rest
-                self._batch_failed(cast("Detector[Any]", detector), exc, len(items))
+                # What its steps deferred in the batch is skipped for that rule, counted and logged once per
+                # rule and error type, as a step's error is; the other rules' findings stand (raised, it
+                # would stop the worker at every restart on the same batch).
+                if self._count_failure(detector, exc, len(items), "batch"):
+                    log.error("detector_batch_error", rule=detector.name, type=detector.type, deferred=len(items),
+                              error=f"{type(exc).__name__}: {exc}")  # fmt: skip
         return found
-
-    def _batch_failed(self, detector: Detector[Any], exc: Exception, items: int) -> None:
-        """A detector's batch phase raised (a model that no longer scores, a bug): what its steps deferred
-        in the batch is skipped for that rule, counted and logged once per rule and error type, as a
-        step's error is. The other rules' findings stand and the batch goes on (raised, it would stop
-        the worker at every restart on the same batch)."""
-        name = detector.name
-        self.errors[name] = self.errors.get(name, 0) + items
-        if (name, type(exc)) not in self._errors_logged:
-            self._errors_logged.add((name, type(exc)))
-            log.error("detector_batch_error", rule=name, type=detector.type, deferred=items,
-                      error=f"{type(exc).__name__}: {exc}")  # fmt: skip
 
     @staticmethod
     def _start(state: KeyState, detector: Detector[Any], slot: int) -> Any:

@@ -145,7 +145,10 @@ class Behaviour(enum.IntEnum):
 
 
 class BatchPhase(Protocol):
-    """What the engine calls at the end of a batch (:meth:`Detector.end_batch`)."""
+    """What the engine calls at the end of a batch (:meth:`Detector.end_batch`), and the rule it is."""
+
+    name: str
+    type: ClassVar[str]
 
     def end_batch(self, items: list[Any]) -> list[Finding]: ...
 

@@ -181,7 +181,7 @@ class Connection:
     def insert_context(self, table: str, column_names: Sequence[str], column_oriented: bool = False,
                        wire: Callable[[str], str] | None = None, settings: dict[str, Any] | None = None) -> Any:  # fmt: skip
         """A new insert context for these columns of ``{db}.table``. The table's column types are asked
-        of the store once and kept: the client asks them (a DESCRIBE) at every insert otherwise, a round
+        of the store and kept: the client asks them (a DESCRIBE) at every insert otherwise, a round
         trip to a server and ~0.6 ms on the embedded engine, a sixth of a small insert. ``wire`` names the
         type a column's values are sent as. A new context each insert, not one kept: a context holds its
         last rows alive. The types are asked again when a column is missing from them (a migration added
