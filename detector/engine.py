@@ -225,8 +225,8 @@ class _KeyContext(Context):
     def lookup(self, resource_id: str) -> ResourceInfo | None:
         return self._engine.resource(resource_id)
 
-    def others(self) -> Behaviour:
-        return self._engine._others(self._state) if self._state is not None else Behaviour.NONE
+    def others(self, t: float) -> Behaviour:
+        return self._engine._others(self._state, t) if self._state is not None else Behaviour.NONE
 
     def defer(self, detector: BatchPhase, item: Any) -> None:
         self._engine._deferred.append((detector, item))
@@ -582,13 +582,18 @@ class Engine:
         state.states = (*states[:slot], rule_state, *states[slot + 1 :])
         return rule_state
 
-    def _others(self, state: KeyState) -> Behaviour:
-        """The most unusual behaviour the key's rules are tracking (a lazy rule with no state: none)."""
+    def _others(self, state: KeyState, t: float) -> Behaviour:
+        """The most unusual behaviour the key's rules are tracking at ``t`` (a lazy rule with no state: none).
+        None while the resource is unknown (samples read before its first usage event): its rules are
+        then every candidate as written, not those that apply to it (an inference endpoint's idle samples
+        would count as an idle host's pause until its usage says what it is, only where read first)."""
+        if not state.info.known:
+            return Behaviour.NONE
         most, by_name = Behaviour.NONE, self._by_name  # the rules in force now (a reload swaps them)
         for name, rule_state in zip(state.names, state.states, strict=True):
             detector = by_name.get(name)
             if detector is not None and rule_state is not None:
-                most = max(most, detector.tracking(rule_state))
+                most = max(most, detector.tracking(rule_state, t))
         return most
 
     def _route(self, state: KeyState, event_type: type) -> Plan:

@@ -80,7 +80,7 @@ class Strict:
         if type(event) is RunEvent:  # the fleet look-up: a run's host, held by the engine
             state.hosts = [h.instance_type for rid in event.resource_ids if (h := ctx.lookup(rid)) is not None]
         if type(event) is UsageEvent:
-            state.others.append(int(ctx.others()))
+            state.others.append(int(ctx.others(t)))
         if state.seen % self.params.every == 0:
             ctx.defer(self, (state, msgspec.structs.replace(ctx.resource), t))
         return []
@@ -94,7 +94,7 @@ class Strict:
         return [make_finding(self, "fire", resource, episode_start=t, fired_at=t, at=t, usd=float(state.seen),
                              details={}) for state, resource, t in items]  # fmt: skip
 
-    def tracking(self, state: StrictState) -> Behaviour:
+    def tracking(self, state: StrictState, t: float) -> Behaviour:
         return Behaviour.LEVEL if state.seen > 5 else Behaviour.NONE
 
     def open_episodes(self, state: StrictState, resource: ResourceInfo) -> list[Finding]:
@@ -118,7 +118,7 @@ def test_the_protocol_declares_what_the_engine_uses():
     PROBED.clear()
     ruleset, strict = strict_rules()
     engine = Engine(ruleset)
-    host = [e for i in range(8 * 60) for e in [usage(T0 + i * MIN), *scrape(T0 + i * MIN, [0.0, 0.0])]]
+    host = [e for i in range(8 * 60) for e in [*scrape(T0 + i * MIN, [0.0, 0.0]), usage(T0 + i * MIN)]]  # (the aligner's order)
     runs = [RunEvent(ts=at(T0 + 60 * MIN), run_id="r1", status="started", resource_ids=["host-1"], project="p"),
             RunEvent(ts=at(T0 + 3 * 60 * MIN), run_id="r1", status="failed", resource_ids=["host-1"], project="p")]
     events = sorted(host + runs, key=lambda e: e.ts)

@@ -81,7 +81,7 @@ def test_a_lazy_rule_finds_and_holds_what_it_did_with_its_state_made_at_once(rul
                 assert mine is None  # not a rule of this resource
             elif mine is None:
                 held[detector.type] = held.get(detector.type, 0) + 1
-                assert detector.tracking(theirs) is Behaviour.NONE
+                assert detector.tracking(theirs, 0.0) is Behaviour.NONE
                 assert detector.open_episodes(theirs, state.info) == []
             else:
                 made[detector.type] = made.get(detector.type, 0) + 1

@@ -337,15 +337,14 @@ class Anomaly(DetectorBase):
         if not self.scoring.active:
             return []  # no model loaded: rules only (the worker said so in its log)
         resource = ctx.resource
-        # A rule tracking unusual behaviour here (idle, hung, dark, runaway) is noted on the window;
-        # a pause of the resource's work (idle, hung, dark) is neither judged nor learnt. Asked on
-        # usage events (a minute apart), not on every GPU sample.
-        covered = paused = False
-        if type(event) is UsageEvent:
-            others = ctx.others()
-            covered, paused = others is not Behaviour.NONE, others is Behaviour.PAUSE
+        # A rule tracking unusual behaviour here (idle, hung, dark, runaway) at the event's time is
+        # noted on the window; a pause of the resource's work (idle, hung, dark) is neither judged nor
+        # learnt. Asked at every event, samples too: live, a host's five minutes of usage can reach
+        # detection after the samples that follow them, where a spell ended, so asked at usage alone
+        # whether a window was paused would depend on which topic was read first (tests/test_fetch_order.py).
+        others = ctx.others(t)
         window = self._builder.add(state, resource.resource_id, resource.resource_type, resource.interval_usd,
-                                   event, t, covered, paused)  # fmt: skip
+                                   event, t, others is not Behaviour.NONE, others is Behaviour.PAUSE)  # fmt: skip
         if window is not None:
             self._defer(state, ctx, window)
         return []
@@ -358,8 +357,9 @@ class Anomaly(DetectorBase):
             return []
         resource, gpus = ctx.resource, scrape.gpus
         in_order = len(gpus) < len(FIRST) and gpus is FIRST[len(gpus)]
+        others = ctx.others(t)
         window = self._builder.add_scrape(state, resource.resource_id, resource.resource_type, scrape.samples,
-                                          in_order, t)  # fmt: skip
+                                          in_order, t, others is not Behaviour.NONE, others is Behaviour.PAUSE)  # fmt: skip
         if window is not None:
             self._defer(state, ctx, window)
         return []

@@ -169,7 +169,7 @@ class Context:
         self,
         resource: ResourceInfo,
         lookup: Callable[[str], ResourceInfo | None] | None = None,
-        others: Callable[[], Behaviour] | None = None,
+        others: Callable[[float], Behaviour] | None = None,
         defer: Callable[[BatchPhase, Any], None] | None = None,
         late: bool = False,
     ) -> None:
@@ -186,9 +186,9 @@ class Context:
         """What is known of another resource (held here, or by another worker), or None."""
         return self._lookup(resource_id) if self._lookup is not None else None
 
-    def others(self) -> Behaviour:
-        """The most unusual behaviour any rule on this key is tracking now."""
-        return self._others() if self._others is not None else Behaviour.NONE
+    def others(self, t: float) -> Behaviour:
+        """The most unusual behaviour any rule on this key is tracking at event time ``t``."""
+        return self._others(t) if self._others is not None else Behaviour.NONE
 
     def defer(self, detector: BatchPhase, item: Any) -> None:
         """Hand ``item`` to ``detector.end_batch`` at the end of this batch."""
@@ -250,7 +250,7 @@ class DetectorBase:
                 return True
         return False
 
-    def tracking(self, state: Any) -> Behaviour:
+    def tracking(self, state: Any, t: float) -> Behaviour:
         return Behaviour.NONE
 
     def end_batch(self, items: list[Any]) -> list[Finding]:
@@ -392,8 +392,11 @@ class Detector(Protocol, Generic[S]):
         (:meth:`Context.defer`), in the order deferred. Most detectors defer nothing."""
         ...
 
-    def tracking(self, state: S) -> Behaviour:
-        """What unusual behaviour of its resource ``state`` is tracking now."""
+    def tracking(self, state: S, t: float) -> Behaviour:
+        """What unusual behaviour of its resource ``state`` is tracking at event time ``t``. Asked
+        for an event of ``t``, which live may reach detection after a later event of another topic
+        (a usage flush after the samples that follow its start): a change the state saw at a later
+        time (telemetry back) is not yet in force at ``t``, so the answer is the one event order gives."""
         ...
 
     def open_episodes(self, state: S, resource: ResourceInfo) -> list[Finding]:

@@ -283,7 +283,7 @@ class DataStarvedTraining(DetectorBase):
             facts.append(("Evidence", str(details["evidence"])))
         return facts
 
-    def tracking(self, state: DataStarvedTrainingState) -> Behaviour:
+    def tracking(self, state: DataStarvedTrainingState, t: float) -> Behaviour:
         return Behaviour.LEVEL if state.episode is not None else Behaviour.NONE
 
     def step(self, state: DataStarvedTrainingState, ctx: Context, event: Event, t: float) -> list[Finding]:

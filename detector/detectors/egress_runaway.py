@@ -191,7 +191,7 @@ class EgressRunaway(DetectorBase):
                      f"{details.get('baseline_gb_per_hour', 0):,.1f} GB/h usual"),
         ]  # fmt: skip
 
-    def tracking(self, state: EgressRunawayState) -> Behaviour:
+    def tracking(self, state: EgressRunawayState, t: float) -> Behaviour:
         """A runaway is a level, not a pause of the resource's work: the anomaly model's baselines
         keep learning while it is open (see :mod:`detector.detectors.anomaly`)."""
         if any(d.above_since is not None or d.fired_at is not None for d in (state.destinations or _NONE).values()):

@@ -117,9 +117,12 @@ class GpuEpisode(DetectorBase):
         """What this detector adds to its findings' details."""
         return {}
 
-    def tracking(self, state: GpuEpisodeState) -> Behaviour:
-        """An episode being counted or open is a pause of the host's work (the anomaly model stays out)."""
-        return Behaviour.PAUSE if state.since is not None else Behaviour.NONE
+    def tracking(self, state: GpuEpisodeState, t: float) -> Behaviour:
+        """An episode being counted or open is a pause of the host's work (the anomaly model stays out),
+        between its first sample and its latest: the samples say when it held, and a usage event read
+        after the samples that follow it (live) or before them (backtest) hears the same."""
+        since = state.since
+        return Behaviour.PAUSE if since is not None and since <= t <= state.covered_until else Behaviour.NONE
 
     def step(self, state: GpuEpisodeState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if type(event) is GpuMetric:

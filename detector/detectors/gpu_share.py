@@ -403,13 +403,23 @@ class GpuShare(DetectorBase):
         """Whether an idle GPU with this allocation is this detector's."""
         return _CODE[allocated] in self.codes
 
-    def tracking(self, state: GpuShareState) -> Behaviour:
+    def tracking(self, state: GpuShareState, t: float) -> Behaviour:
         """Part of the host idle while the rest works: an unusual level, not a pause; tracked from a
-        GPU's first idle sample (being counted towards ``for``), as ``idle_gpu`` tracks a host, so
-        the anomaly model leaves the rule the first word on it."""
+        GPU's first idle sample (being counted towards ``for``) to its latest, as ``idle_gpu`` tracks a
+        host, so the anomaly model leaves the rule the first word on it. Between those samples only:
+        a usage event hears what the samples around its time said, whichever was read first."""
         times = state.gpu_times
-        if state.since is not None or (times is not None and any(map(_set, times[_IDLE_SINCE : _G * len(state.gpu_ids) : _G]))):
+        if times is None:
+            return Behaviour.NONE
+        end = _G * len(state.gpu_ids)
+        if state.since is None and not any(map(_set, times[_IDLE_SINCE:end:_G])):
+            return Behaviour.NONE  # (most hosts: every GPU busy)
+        seen = times[_G_SEEN:end:_G]
+        if state.since is not None and state.since <= t <= max(seen, default=state.since):
             return Behaviour.LEVEL
+        for at in range(0, end, _G):
+            if times[at + _IDLE_SINCE] <= t <= times[at + _G_SEEN]:  # (False where unset: NaN)
+                return Behaviour.LEVEL
         return Behaviour.NONE
 
     @classmethod

@@ -101,9 +101,13 @@ class TelemetryStale(DetectorBase):
     dollars: ClassVar[str] = "spent while blind"
     behaviour: ClassVar[bool] = True
 
-    def tracking(self, state: TelemetryStaleState) -> Behaviour:
-        """Dark telemetry is a pause of what can be seen of the host's work."""
-        return Behaviour.PAUSE if state.fired_at is not None and state.back_at is None else Behaviour.NONE
+    def tracking(self, state: TelemetryStaleState, t: float) -> Behaviour:
+        """Dark telemetry is a pause of what can be seen of the host's work: until the sample
+        that ended the spell (``back_at``), which live may be read before the usage of the minutes
+        it was still dark (they are dark at their time, as in event order)."""
+        if state.fired_at is not None and (state.back_at is None or t < state.back_at):
+            return Behaviour.PAUSE
+        return Behaviour.NONE
 
     def step(self, state: TelemetryStaleState, ctx: Context, event: Event, t: float) -> list[Finding]:
         # Live, a caught-up partition does not wait for the others, so a host's usage and its

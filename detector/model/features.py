@@ -456,16 +456,20 @@ class WindowBuilder:
         return None, start < st.start
 
     def add_scrape(self, st: WindowState, resource_id: str, resource_type: str, samples: list[GpuMetric],
-                   in_order: bool, t: float) -> Window | None:  # fmt: skip
+                   in_order: bool, t: float, covered: bool = False, paused: bool = False) -> Window | None:  # fmt: skip
         """:meth:`add` for each of one scrape's GPU samples (all at ``t``) in one call: the window the
-        first closed, if any. ``in_order``: the samples are GPUs ``0 .. n-1`` in that order (the usual
-        scrape), which a window that holds its GPUs as ``gpu_t`` and ``gpu_n`` takes or refuses whole,
-        as :meth:`_newer` would sample by sample, with no per-GPU array."""
+        first closed, if any; ``covered`` and ``paused`` as :meth:`add` takes them. ``in_order``: the
+        samples are GPUs ``0 .. n-1`` in that order (the usual scrape), which a window that holds its
+        GPUs as ``gpu_t`` and ``gpu_n`` takes or refuses whole, as :meth:`_newer` would sample by
+        sample, with no per-GPU array."""
         if not samples:
             return None
         closed, late = self._enter(st, resource_id, resource_type, t)
         if late:
             return None
+        if covered:
+            st.covered = True
+            st.paused = st.paused or paused
         if in_order and st.gpu_last is None:
             m, n, last = len(samples), st.gpu_n, st.gpu_t
             if last is None or t > last:
