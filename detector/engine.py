@@ -57,12 +57,12 @@ import structlog
 
 from detector.billing.rates import BilledRates
 from detector.detectors import Detector, Finding, ResourceInfo
-from detector.detectors.base import BatchPhase, Behaviour, Context, intern
+from detector.detectors.base import BatchPhase, Behaviour, Context, DetectorBase, intern
 from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
 from detector.floats import enc_hook
 from detector.pricing import Pricer
-from detector.rules import RuleSet
+from detector.rules import CompiledRule, RuleSet
 from detector.saved import read_state
 
 __all__ = ["Engine", "KeyState", "SeenSample"]
@@ -199,12 +199,26 @@ _KIND: dict[type, str] = {GpuMetric: "gpu", UsageEvent: "usage", RunEvent: "run"
 _NIL = msgspec.msgpack.encode(None)
 """A rule state saved as None: a lazy rule's before its first state (:meth:`Engine.restore`)."""
 _MAX_TAG_SETS = 100_000
+_MAX_LAYOUTS = 4_096
+"""Layouts of rule names whose tracking rules :meth:`Engine._others` keeps (a few per rule set) before it starts afresh."""
 _MAX_PRICES = 10_000
 """Distinct prices the engine shares one float of (:meth:`Engine._shared_price`) before it starts afresh."""
 _NO_TAGS: dict[str, str] = {}
 
 
 _intern = intern
+
+
+def _listens(rule: CompiledRule) -> bool:
+    return rule.detector.listens
+
+
+def _trackers(ruleset: RuleSet) -> dict[str, Callable[[Any, float], Behaviour]]:
+    """Rule name → its detector's ``tracking``, for the rules that can track anything: asked at every
+    event of a key while the anomaly model is loaded, of the key's few rules that say more than
+    :meth:`DetectorBase.tracking`'s NONE (a detector of its own kind is always asked)."""
+    return {r.detector.name: r.detector.tracking for r in ruleset.rules
+            if getattr(type(r.detector), "tracking", None) is not DetectorBase.tracking}  # fmt: skip
 
 
 class _KeyContext(Context):
@@ -286,7 +300,10 @@ class Engine:
         the watermark (at most two between batches)."""
         self._deferred: list[tuple[BatchPhase, Any]] = []
         """What the batch's steps deferred to :meth:`Detector.end_batch`, in order."""
-        self._by_name: dict[str, Detector[Any]] = {r.detector.name: r.detector for r in ruleset.rules}
+        self._trackers = _trackers(ruleset)
+        self._tracked: dict[int, tuple[tuple[str, ...], tuple[tuple[int, Callable[[Any, float], Behaviour]], ...]]] = {}
+        """A layout of rule names (its id: one tuple per layout) → the slots of its rules that track, each
+        with its ``tracking``: what :meth:`_others` asks, at every event of a key while a model is loaded."""
         self.directory: Callable[[str, float], ResourceInfo | None] | None = None
         """Resources this engine does not hold, as of an event time: with several workers, a run's
         hosts may live on another (the worker looks them up in the store). None: every key is here."""
@@ -589,11 +606,23 @@ class Engine:
         would count as an idle host's pause until its usage says what it is, only where read first)."""
         if not state.info.known:
             return Behaviour.NONE
-        most, by_name = Behaviour.NONE, self._by_name  # the rules in force now (a reload swaps them)
-        for name, rule_state in zip(state.names, state.states, strict=True):
-            detector = by_name.get(name)
-            if detector is not None and rule_state is not None:
-                most = max(most, detector.tracking(rule_state, t))
+        names, states = state.names, state.states
+        tracked = self._tracked.get(id(names))
+        if tracked is None or tracked[0] is not names:  # (a few layouts per rule set: see _names)
+            trackers = self._trackers  # the rules in force now (a reload swaps them)
+            tracked = (names, tuple((i, trackers[name]) for i, name in enumerate(names) if name in trackers))
+            if len(self._tracked) >= _MAX_LAYOUTS:
+                self._tracked.clear()
+            self._tracked[id(names)] = tracked
+        most = Behaviour.NONE
+        for slot, tracking in tracked[1]:
+            rule_state = states[slot]
+            if rule_state is not None:
+                said = tracking(rule_state, t)
+                if said > most:
+                    if said is Behaviour.PAUSE:
+                        return said  # (the most there is)
+                    most = said
         return most
 
     def _route(self, state: KeyState, event_type: type) -> Plan:
@@ -607,6 +636,7 @@ class Engine:
         metrics bridge without an instance type reports) would otherwise make its plan at every event."""
         info = state.info
         candidates = [r for r in self.ruleset.rules if event_type in r.consumes]
+        candidates.sort(key=_listens)  # (stable) a rule that asks what the others track steps after them
         if info.known:
             detectors = [r.for_resource(info) for r in candidates if r.matches(info)]
             live = {r.detector.name for r in self.ruleset.rules if r.matches(info)}
@@ -739,7 +769,8 @@ class Engine:
         with the new params; state of rules removed, or whose type changed, is dropped."""
         self.ruleset = ruleset
         self.pricer = Pricer(ruleset.pricing, self.billed)
-        self._by_name = {r.detector.name: r.detector for r in ruleset.rules}
+        self._trackers = _trackers(ruleset)
+        self._tracked.clear()
         self._plans.clear()
         for state in self._keys.values():
             state.clear_routes()

@@ -50,6 +50,7 @@ class Strict:
     behaviour: ClassVar[bool] = True
     group_by: ClassVar[str | None] = None
     lazy: ClassVar[bool] = True  # the engine makes its state at a key's first event, through starts
+    listens: ClassVar[bool] = True  # it asks ctx.others: stepped after the key's other rules
 
     def __init__(self, name: str, severity: str, params: Any, pricing: Pricing | None = None) -> None:
         self.name = name

@@ -798,3 +798,22 @@ def test_a_model_that_stops_scoring_skips_the_anomaly_rules_batch_not_the_worker
     assert engine.errors[anomaly] > 0
     failed = [entry for entry in logs if entry["event"] == "detector_batch_error"]
     assert len(failed) == 1 and failed[0]["rule"] == anomaly and "tree 0 cannot be walked" in failed[0]["error"]
+
+
+def test_a_stall_of_a_scrape_or_two_leaves_the_window_judged_a_spell_of_minutes_pauses_it():
+    """Whether a rule tracks a pause is asked at every sample (not only at usage events, which a live
+    worker reads after the samples that follow them). An idle spell counts from :data:`SPELL_S` into
+    it: a host whose GPUs stall for half a minute in every window (a checkpoint) is judged and learnt
+    (a review found every such window paused when a spell counted from its first sample), while
+    three idle minutes pause the window they fall in."""
+    def observed(idle_minutes: set[int]) -> list:
+        rules = anomaly_ruleset(load_rules(ROOT / "rules"))
+        windows: list = []
+        use_scoring(rules.rules, Scoring(observe=windows.extend))
+        events = [e for i in range(120) for e in minute(T0 + i * MIN, 0.0 if i % 5 in idle_minutes else 80.0, 300.0)]
+        Engine(rules).process(events)
+        return windows
+
+    # the stall: samples at +60 s and +90 s of each window idle, busy again at +120 s
+    assert len(observed(set())) == len(observed({1})) == 23  # every window but the last, still open
+    assert len(observed({1, 2, 3})) == 0  # idle from +60 s to +239 s of each: each window paused

@@ -303,6 +303,7 @@ class Anomaly(DetectorBase):
     consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
     behaviour: ClassVar[bool] = True
     lazy: ClassVar[bool] = True
+    listens: ClassVar[bool] = True
     """A worker running rules only (no model) builds no window: a key holds no state for this rule."""
     dollars: ClassVar[str] = "spent during it"
     suggestion: ClassVar[str] = (

@@ -144,6 +144,14 @@ class Behaviour(enum.IntEnum):
     """The resource's work paused (idle, hung, dark): the anomaly model's baselines wait it out."""
 
 
+SPELL_S = 60.0
+"""How long a spell of GPUs idle (or hung) must have lasted, at an event's time, for its rule to
+track it as behaviour (:meth:`Detector.tracking`): a stall of a scrape or two is the work's own
+rhythm (a checkpoint, an input wait), and pausing the anomaly model's window for it would leave a
+host that stalls every few minutes never judged nor learnt. A minute: when only usage events, a
+minute apart, asked, a spell that long was always heard and a shorter one by chance."""
+
+
 class BatchPhase(Protocol):
     """What the engine calls at the end of a batch (:meth:`Detector.end_batch`), and the rule it is."""
 
@@ -231,6 +239,9 @@ class DetectorBase:
     """Its state is made at the first event that :meth:`starts` it: until then a key holds None for
     the rule (a rule about what most resources never do holds nothing on them). False: made with
     the key's route, as every state was before."""
+    listens: ClassVar[bool] = False
+    """It reads what the key's other rules track (:meth:`Context.others`): the engine steps it after
+    them, so that it hears what they made of the same event whatever order the rules are declared in."""
 
     def new_state(self) -> Any:
         return self.State()
@@ -362,6 +373,8 @@ class Detector(Protocol, Generic[S]):
 
     lazy: ClassVar[bool]
     """Its state is made at the first event that :meth:`starts` it (None on the key until then)."""
+    listens: ClassVar[bool]
+    """It reads :meth:`Context.others`: stepped after the key's other rules."""
 
     def new_state(self) -> S: ...
 
@@ -393,10 +406,11 @@ class Detector(Protocol, Generic[S]):
         ...
 
     def tracking(self, state: S, t: float) -> Behaviour:
-        """What unusual behaviour of its resource ``state`` is tracking at event time ``t``. Asked
-        for an event of ``t``, which live may reach detection after a later event of another topic
-        (a usage flush after the samples that follow its start): a change the state saw at a later
-        time (telemetry back) is not yet in force at ``t``, so the answer is the one event order gives."""
+        """What unusual behaviour of its resource ``state`` is tracking at event time ``t``. Asked for an
+        event of ``t``, which live may reach detection after later events of another topic (a usage
+        flush after the samples that follow its start): answer for ``t`` where the state can (a dark
+        spell is dark until the sample that ended it, an idle one between its samples), so that what
+        a window hears, asked at each of its events, does not depend on which topic was read first."""
         ...
 
     def open_episodes(self, state: S, resource: ResourceInfo) -> list[Finding]:

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from detector.detectors.base import (
+    SPELL_S,
     Behaviour,
     Context,
     DetectorBase,
@@ -118,11 +119,11 @@ class GpuEpisode(DetectorBase):
         return {}
 
     def tracking(self, state: GpuEpisodeState, t: float) -> Behaviour:
-        """An episode being counted or open is a pause of the host's work (the anomaly model stays out),
-        between its first sample and its latest: the samples say when it held, and a usage event read
-        after the samples that follow it (live) or before them (backtest) hears the same."""
+        """An episode being counted or open is a pause of the host's work (the anomaly model stays out)
+        once it has lasted :data:`SPELL_S` at ``t``, up to its latest sample: what the samples say of
+        ``t``, not of a usage event's reading (live, after the samples that follow it)."""
         since = state.since
-        return Behaviour.PAUSE if since is not None and since <= t <= state.covered_until else Behaviour.NONE
+        return Behaviour.PAUSE if since is not None and since + SPELL_S <= t <= state.covered_until else Behaviour.NONE
 
     def step(self, state: GpuEpisodeState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if type(event) is GpuMetric:

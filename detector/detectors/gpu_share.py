@@ -54,7 +54,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import msgspec
 from pydantic import Field
 
-from detector.detectors.base import Behaviour, Context, DetectorBase, Finding, Params, ResourceInfo, intern, make_finding, shared
+from detector.detectors.base import (
+    SPELL_S,
+    Behaviour,
+    Context,
+    DetectorBase,
+    Finding,
+    Params,
+    ResourceInfo,
+    intern,
+    make_finding,
+    shared,
+)
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import KEYS, UNIT_KEYS, Scrape
@@ -405,20 +416,20 @@ class GpuShare(DetectorBase):
 
     def tracking(self, state: GpuShareState, t: float) -> Behaviour:
         """Part of the host idle while the rest works: an unusual level, not a pause; tracked from a
-        GPU's first idle sample (being counted towards ``for``) to its latest, as ``idle_gpu`` tracks a
-        host, so the anomaly model leaves the rule the first word on it. Between those samples only:
-        a usage event hears what the samples around its time said, whichever was read first."""
+        GPU's first idle sample (being counted towards ``for``) once it has lasted :data:`SPELL_S`, to
+        the GPU's latest sample, as ``idle_gpu`` tracks a host, so the anomaly model leaves the rule
+        the first word on it: what the samples say of ``t``, not of a usage event's reading."""
         times = state.gpu_times
         if times is None:
             return Behaviour.NONE
         end = _G * len(state.gpu_ids)
-        if state.since is None and not any(map(_set, times[_IDLE_SINCE:end:_G])):
+        if state.since is None and all(map(isnan, times[_IDLE_SINCE:end:_G])):
             return Behaviour.NONE  # (most hosts: every GPU busy)
         seen = times[_G_SEEN:end:_G]
-        if state.since is not None and state.since <= t <= max(seen, default=state.since):
+        if state.since is not None and state.since + SPELL_S <= t <= max(seen, default=state.since):
             return Behaviour.LEVEL
         for at in range(0, end, _G):
-            if times[at + _IDLE_SINCE] <= t <= times[at + _G_SEEN]:  # (False where unset: NaN)
+            if times[at + _IDLE_SINCE] + SPELL_S <= t <= times[at + _G_SEEN]:  # (False where unset: NaN)
                 return Behaviour.LEVEL
         return Behaviour.NONE
 
