@@ -43,6 +43,9 @@ def main() -> int:
                         help="for both sides' workers (e.g. BURNWATCH_MODEL_DIR=DIR: with a model)")  # fmt: skip
     args = parser.parse_args()
     extra_env = dict(item.split("=", 1) for item in args.env)
+    for key, value in extra_env.items():  # the old side runs from its worktree: a relative path would miss there
+        if value and not Path(value).is_absolute() and Path(value).exists():
+            extra_env[key] = str(Path(value).resolve())
     with tempfile.TemporaryDirectory(prefix="burnwatch-ab-") as tmp:
         workdir = Path(tmp)
         tree = workdir / "tree"

@@ -303,8 +303,9 @@ class Anomaly(DetectorBase):
     consumes: ClassVar[tuple[builtins.type, ...]] = (GpuMetric, UsageEvent)
     behaviour: ClassVar[bool] = True
     lazy: ClassVar[bool] = True
-    listens: ClassVar[bool] = True
     """A worker running rules only (no model) builds no window: a key holds no state for this rule."""
+    listens: ClassVar[bool] = True
+    """It asks what the key's other rules track at each event: stepped after them."""
     dollars: ClassVar[str] = "spent during it"
     suggestion: ClassVar[str] = (
         "Look at what changed on the resource at the window's start (a deploy, a price or "

@@ -146,10 +146,12 @@ class Behaviour(enum.IntEnum):
 
 SPELL_S = 60.0
 """How long a spell of GPUs idle (or hung) must have lasted, at an event's time, for its rule to
-track it as behaviour (:meth:`Detector.tracking`): a stall of a scrape or two is the work's own
-rhythm (a checkpoint, an input wait), and pausing the anomaly model's window for it would leave a
-host that stalls every few minutes never judged nor learnt. A minute: when only usage events, a
-minute apart, asked, a spell that long was always heard and a shorter one by chance."""
+track it as behaviour (:meth:`Detector.tracking`): a stall shorter than a minute (a scrape or two
+at 30 s) is the work's own rhythm (a checkpoint, an input wait), and pausing the anomaly model's
+window for it would leave a host that stalls every few minutes never judged nor learnt. A minute:
+when only usage events, a minute apart, asked, a spell that long was always heard and a shorter one
+by chance. At 60 s scrapes two idle scrapes are exactly a minute apart and count (a tie: jitter
+decides it either way)."""
 
 
 class BatchPhase(Protocol):
@@ -409,7 +411,8 @@ class Detector(Protocol, Generic[S]):
         """What unusual behaviour of its resource ``state`` is tracking at event time ``t``. Asked for an
         event of ``t``, which live may reach detection after later events of another topic (a usage
         flush after the samples that follow its start): answer for ``t`` where the state can (a dark
-        spell is dark until the sample that ended it, an idle one between its samples), so that what
+        spell is dark until the sample that ended it, an idle one from :data:`SPELL_S` into it to its
+        latest sample), so that what
         a window hears, asked at each of its events, does not depend on which topic was read first."""
         ...
 
