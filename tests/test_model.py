@@ -817,3 +817,19 @@ def test_a_stall_of_a_scrape_or_two_leaves_the_window_judged_a_spell_of_minutes_
     # the stall: samples at +60 s and +90 s of each window idle, busy again at +120 s
     assert len(observed(set())) == len(observed({1})) == 23  # every window but the last, still open
     assert len(observed({1, 2, 3})) == 0  # idle from +60 s to +239 s of each: each window paused
+
+
+def test_an_idle_spell_that_starts_again_after_a_telemetry_gap_pauses_at_once():
+    """The idle rule starts its count again at the first sample after a gap longer than its
+    ``stale_after``; that spell follows no busy sample, so it is a pause from its first sample, not
+    from a minute in (a review: samples back in a window's last minute left that window judged, all
+    idle, where the idle rule has the first word)."""
+    rules = anomaly_ruleset(load_rules(ROOT / "rules"))
+    windows: list = []
+    use_scoring(rules.rules, Scoring(observe=windows.extend))
+    events: list = []
+    for i in range(60):
+        usage, *samples = minute(T0 + i * MIN, 80.0 if i < 30 else 0.0, 300.0 if i < 30 else 60.0)
+        events += [usage, *(s for s in samples if not 2100 < s.ts.timestamp() - T0 < 2650)]  # dark 35:00-44:10
+    Engine(rules).process(events)
+    assert [w.window.start - T0 for w in windows] == [300.0 * k for k in range(6)]  # the busy half hour only

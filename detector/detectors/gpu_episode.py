@@ -121,9 +121,13 @@ class GpuEpisode(DetectorBase):
     def tracking(self, state: GpuEpisodeState, t: float) -> Behaviour:
         """An episode being counted or open is a pause of the host's work (the anomaly model stays out)
         once it has lasted :data:`SPELL_S` at ``t``, up to its latest sample: what the samples say of
-        ``t``, not of a usage event's reading (live, after the samples that follow it)."""
+        ``t``, not of a usage event's reading (live, after the samples that follow it). At once where
+        no breaking sample came within :data:`SPELL_S` before it (the count started again after a
+        telemetry gap, or at the host's first sample): no stall of busy work, a spell going on."""
         since = state.since
-        return Behaviour.PAUSE if since is not None and since + SPELL_S <= t <= state.covered_until else Behaviour.NONE
+        if since is None or not since <= t <= state.covered_until:
+            return Behaviour.NONE
+        return Behaviour.PAUSE if t >= since + SPELL_S or since - state.last_break > SPELL_S else Behaviour.NONE
 
     def step(self, state: GpuEpisodeState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if type(event) is GpuMetric:
