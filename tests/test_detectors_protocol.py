@@ -188,3 +188,21 @@ def test_a_rules_reload_keeps_the_model_the_worker_loaded(tmp_path):
     (anomaly,) = [r.detector for r in new.ruleset.rules if isinstance(r.detector, Anomaly)]
     assert anomaly.params.for_ == 45 * 60  # the edited rule...
     assert anomaly.scoring is config.scoring and anomaly.scoring.scorer is models  # ...scores with the model
+
+
+def test_every_detector_that_asks_what_the_others_track_listens():
+    """A detector that reads ``ctx.others`` must set ``listens``, or the engine may step it before the
+    rules it asks (in the rule files' order) and it hears what they made of the previous event: the
+    anomaly rule declared first judged 881 windows otherwise than declared last. Read from the source
+    of each registered detector's class and its bases, so that a new detector cannot forget it."""
+    import inspect
+
+    from detector.detectors import REGISTRY
+
+    def asks(cls: type) -> bool:
+        return any("ctx.others(" in inspect.getsource(c) for c in cls.__mro__ if c.__module__.startswith("detector."))
+
+    asking = {name for name, cls in REGISTRY.items() if asks(cls)}
+    assert "anomaly" in asking
+    assert {name for name in asking if not REGISTRY[name].listens} == set()
+    assert {name for name, cls in REGISTRY.items() if cls.listens} == asking  # and none listens for nothing
