@@ -412,8 +412,8 @@ class Detector(Protocol, Generic[S]):
         event of ``t``, which live may reach detection after later events of another topic (a usage
         flush after the samples that follow its start): answer for ``t`` where the state can (a dark
         spell is dark until the sample that ended it, an idle one from :data:`SPELL_S` into it to its
-        latest sample), so that what
-        a window hears, asked at each of its events, does not depend on which topic was read first."""
+        latest sample), so that what a window hears, asked at each of its events, does not depend on
+        which topic was read first."""
         ...
 
     def open_episodes(self, state: S, resource: ResourceInfo) -> list[Finding]:
