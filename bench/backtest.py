@@ -15,6 +15,8 @@ executors. ``--instructions``: instead, the CPU instructions an event of each si
 same on every run where the clock on this VM moves by a fifth, and each side's alerts digest;
 ``--topic resource-usage`` (or ``gpu-metrics``, ``run-events``) counts one topic's messages only: GPU
 messages alone are of hosts no usage event describes, which run every GPU rule (an endpoint's too).
+``--model DIR``: both sides judge windows with the model in DIR, as a worker with one does (the
+bench fleet's: ``bench/out/mdl``, ``burnwatch model train``), in-process and with ``--instructions``.
 Every run is printed, not only the means.
 """
 
@@ -37,15 +39,24 @@ sys.path.insert(0, str(ROOT))
 
 from bench.run import bench_fleet  # noqa: E402
 
-_IN_PROCESS = """
-import json, sys, time
-from detector.backtest import backtest
+_RULES = """
 from detector.rules import load_rules
 from detector.runtime import tune_gc
 tune_gc()
-rules = load_rules(sys.argv[2])
+rules, models = load_rules(sys.argv[2]), None
+if sys.argv[3]:  # a model: the anomaly rule judges windows, as a worker with one does
+    from detector.model.forest import ModelSet
+    from detector.model.train import anomaly_ruleset
+    rules, models = anomaly_ruleset(rules), ModelSet.load(sys.argv[3])
+"""
+"""The rules of a run (``argv[2]``) and, with a model directory (``argv[3]``, '' for none), its model."""
+
+_IN_PROCESS = """
+import json, sys, time
+from detector.backtest import backtest
+""" + _RULES + """
 wall, cpu = time.perf_counter(), time.process_time()
-result = backtest(sys.argv[1], rules)
+result = backtest(sys.argv[1], rules, models=models)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 print(json.dumps({"events": result.events, "alerts": len(result.alerts), "wall_s": wall, "cpu_s": cpu}))
 """
@@ -54,10 +65,8 @@ _COUNTED = """
 import hashlib, json, sys
 import msgspec
 from detector.backtest import backtest
-from detector.rules import load_rules
-from detector.runtime import tune_gc
-tune_gc()
-result = backtest(sys.argv[1], load_rules(sys.argv[2]))
+""" + _RULES + """
+result = backtest(sys.argv[1], rules, models=models)
 digest = hashlib.sha256(msgspec.json.encode([msgspec.to_builtins(a) for a in result.alerts])).hexdigest()[:8]
 print(json.dumps({"events": result.events, "alerts": len(result.alerts), "hash": digest}))
 """
@@ -86,8 +95,8 @@ def _env(tree: Path | None) -> dict[str, str]:
     return env
 
 
-def in_process(tree: Path | None, path: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", _IN_PROCESS, path, str((tree or ROOT) / "rules")], env=_env(tree),
+def in_process(tree: Path | None, path: str, model: str = "") -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", _IN_PROCESS, path, str((tree or ROOT) / "rules"), model], env=_env(tree),
                          cwd=tree or ROOT, capture_output=True, text=True, check=True)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -109,7 +118,7 @@ def head(path: str | Path, lines: int, into: Path, topic: str | None = None) -> 
     return str(out)
 
 
-def instructions_per_event(tree: Path | None, short: str, long: str) -> tuple[float, dict[str, Any]]:
+def instructions_per_event(tree: Path | None, short: str, long: str, model: str = "") -> tuple[float, dict[str, Any]]:
     """CPU instructions an event of in-process ``backtest`` (callgrind), counted on two heads of one file
     and differenced, so that the interpreter's start and imports cancel; ``PYTHONHASHSEED=0``, so that
     the count is the same on every run where the clock on a shared VM is not. Also the longer run's
@@ -117,7 +126,7 @@ def instructions_per_event(tree: Path | None, short: str, long: str) -> tuple[fl
     counts = []
     for path in (short, long):
         done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
-                               _COUNTED, path, str((tree or ROOT) / "rules")],
+                               _COUNTED, path, str((tree or ROOT) / "rules"), model],
                               env=dict(_env(tree), PYTHONHASHSEED="0"), cwd=tree or ROOT, capture_output=True, text=True,
                               check=True)  # fmt: skip
         found = re.search(r"Collected : (\d+)", done.stderr)
@@ -164,7 +173,11 @@ def main() -> int:
     parser.add_argument("--topic", choices=["gpu-metrics", "resource-usage", "run-events"],
                         help="with --instructions: the file's messages of this topic only (their lines 1,001-6,000; "
                              "gpu-metrics alone: hosts no usage event describes)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a model directory (`burnwatch model train`): the anomaly rule judges windows with it, "
+                             "on both sides (in-process and --instructions)")
     args = parser.parse_args()
+    model = str(args.model.resolve()) if args.model else ""  # (each side runs in its own tree)
     with tempfile.TemporaryDirectory(prefix="burnwatch-bt-ab-") as tmp:
         tree = Path(tmp) / "tree"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.rev], check=True)
@@ -177,7 +190,7 @@ def main() -> int:
                 short, long = head(fleet, 1000, Path(tmp), args.topic), head(fleet, 6000, Path(tmp), args.topic)
                 lines = f"{args.topic} lines" if args.topic else "lines"
                 for side, where in ((args.rev, tree), ("working tree", None)):
-                    per_event, run = instructions_per_event(where, short, long)
+                    per_event, run = instructions_per_event(where, short, long, model)
                     print(f"{side}: {per_event:,.0f} instructions an event ({lines} 1,001-6,000), {run['alerts']} alerts "
                           f"{run['hash']}", flush=True)  # fmt: skip
                 return 0
@@ -187,7 +200,7 @@ def main() -> int:
             whole: dict[str, list[float]] = {s: [] for s in sides}
             for _ in range(args.runs):
                 for side, where in sides.items():
-                    r = in_process(where, str(bench_fleet(args.file)))
+                    r = in_process(where, str(bench_fleet(args.file)), model)
                     wall[side].append(r["events"] / r["wall_s"])
                     cpu[side].append(r["events"] / r["cpu_s"])
                     print(f"{side}: {wall[side][-1]:,.0f} events/s wall, {cpu[side][-1]:,.0f} events/s CPU "

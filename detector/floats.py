@@ -23,8 +23,8 @@ import math
 from array import array
 from typing import TYPE_CHECKING, Any, cast
 
-__all__ = ["FloatArray", "Series", "append", "as_floats", "bytewise", "dec_hook", "enc_hook", "floats", "grow", "narrowed",
-           "per_gpu", "shared_whole"]
+__all__ = ["FloatArray", "Series", "append", "as_floats", "bytewise", "dec_hook", "enc_hook", "extend", "floats", "grow",
+           "narrowed", "per_gpu", "shared_whole"]
 
 if TYPE_CHECKING:
     FloatArray = array[float]
@@ -72,6 +72,21 @@ def append(series: Series, x: float) -> Series:
             return series
         series = array("d", series)
     cast("FloatArray", series).append(x)
+    return series
+
+
+def extend(series: Series, xs: list[float]) -> Series:
+    """:func:`append` of each of ``xs`` in turn, in one call (a scrape's samples): a byte series takes
+    them whole where each is a whole number in 0..255 and none is -0.0; else they go one by one."""
+    if series.typecode == "d":
+        cast("FloatArray", series).extend(xs)
+        return series
+    wholes = [_WHOLE.get(x) for x in xs]
+    if None not in wholes and (0 not in wholes or all(math.copysign(1.0, x) > 0.0 for x in xs if x == 0.0)):
+        series.extend(cast("list[int]", wholes))
+        return series
+    for x in xs:
+        series = append(series, x)
     return series
 
 

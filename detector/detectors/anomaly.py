@@ -344,8 +344,9 @@ class Anomaly(DetectorBase):
         # learnt. Asked at every event, samples too: live, a host's five minutes of usage can reach
         # detection after the samples that follow them, where a spell ended, so asked at usage alone
         # whether a window was paused would depend on which topic was read first (tests/test_fetch_order.py).
-        others = ctx.others(t)
-        window = self._builder.add(state, resource.resource_id, resource.resource_type, resource.interval_usd,
+        builder = self._builder
+        others = Behaviour.NONE if builder.paused_through(state, t) else ctx.others(t)  # (nothing left to hear)
+        window = builder.add(state, resource.resource_id, resource.resource_type, resource.interval_usd,
                                    event, t, others is not Behaviour.NONE, others is Behaviour.PAUSE)  # fmt: skip
         if window is not None:
             self._defer(state, ctx, window)
@@ -359,8 +360,9 @@ class Anomaly(DetectorBase):
             return []
         resource, gpus = ctx.resource, scrape.gpus
         in_order = len(gpus) < len(FIRST) and gpus is FIRST[len(gpus)]
-        others = ctx.others(t)
-        window = self._builder.add_scrape(state, resource.resource_id, resource.resource_type, scrape.samples,
+        builder = self._builder
+        others = Behaviour.NONE if builder.paused_through(state, t) else ctx.others(t)
+        window = builder.add_scrape(state, resource.resource_id, resource.resource_type, scrape.samples,
                                           in_order, t, others is not Behaviour.NONE, others is Behaviour.PAUSE)  # fmt: skip
         if window is not None:
             self._defer(state, ctx, window)

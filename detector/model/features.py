@@ -35,7 +35,7 @@ from typing import ClassVar
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, Series, append, as_floats, bytewise, narrowed, newer, per_gpu
+from detector.floats import FloatArray, Series, append, as_floats, bytewise, extend, narrowed, newer, per_gpu
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowExtras", "WindowState",
            "WindowStateBefore", "base_features", "feature_names", "follows", "metrics_of", "model_group"]
@@ -65,6 +65,8 @@ METRIC_PREFIX = "metric."
 """Generic metrics (a usage event's ``metrics``) are features named ``metric.<name>``."""
 _GROUP_OF = {"gpu_instance": "gpu", "notebook": "gpu", "inference_endpoint": "inference", "cpu_instance": "cpu",
              "storage_bucket": "storage", "vector_db": "storage"}  # fmt: skip
+_GPU_GROUPS = frozenset(("gpu", "inference"))
+"""The groups whose windows need GPU samples: without any, the host's telemetry is missing."""
 HALF_LIFE_S = 86_400.0
 CLIP_SIGMAS = 3.0
 """A window teaches the baseline at most this many of its deviations away from the usual level."""
@@ -360,6 +362,7 @@ class WindowBuilder:
         self.metrics = tuple(metrics)
         self._names: dict[str, tuple[str, ...]] = {}
         self._bases: dict[str, tuple[str, ...]] = {}
+        self._layouts: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
         self._last_start = self._last_end = -math.inf
         """The latest window start a resource moved to, and end a resource closed: the next with the
         same holds this float, not one of its own (windows are aligned, so a fleet's keys share one:
@@ -445,6 +448,12 @@ class WindowBuilder:
                         extra.metric_n[name] = n
         return closed
 
+    def paused_through(self, st: WindowState, t: float) -> bool:
+        """Whether an event at ``t`` falls in a window that a pause has marked already (or in one closed
+        before it): what the other rules track at ``t`` cannot change that window, so it need not be asked."""
+        start = st.start
+        return st.paused and start is not None and t - t % self.window_s <= start
+
     def _enter(self, st: WindowState, resource_id: str, resource_type: str, t: float) -> tuple[Window | None, bool]:
         """Move to the window ``t`` falls in: the window this closed, if any, and whether ``t`` is late
         for a window already closed."""
@@ -474,13 +483,12 @@ class WindowBuilder:
             m, n, last = len(samples), st.gpu_n, st.gpu_t
             if last is None or t > last:
                 if m >= n:  # each GPU's latest is older (or none): every sample is taken
-                    for event in samples:
-                        self._fold(st, event)
+                    self._fold_all(st, samples)
                     st.gpu_t, st.gpu_n = t, m
                     return closed
             elif t == last:  # GPUs 0 .. n-1 are read again; the next ones are new
-                for event in samples[n:]:
-                    self._fold(st, event)
+                if m > n:
+                    self._fold_all(st, samples[n:])
                 st.gpu_n = max(n, m)
                 return closed
             elif m <= n:
@@ -518,42 +526,74 @@ class WindowBuilder:
         st.power_sum += event.power_w
         st.gpu_samples += 1
 
+    @staticmethod
+    def _fold_all(st: WindowState, samples: list[GpuMetric]) -> None:
+        """:meth:`_fold` of each of a scrape's samples (at least one) in turn, in one call: the same
+        sums, added in the same order (a float sum depends on it)."""
+        st.utils = extend(st.utils if st.utils is not None else bytewise(), [event.util_pct for event in samples])
+        mem = st.mem_frac_sum
+        for event in samples:
+            if event.mem_total_mib > 0:
+                mem += event.mem_used_mib / event.mem_total_mib
+        st.mem_frac_sum = mem
+        st.power_sum = sum([event.power_w for event in samples], st.power_sum)
+        st.gpu_samples += len(samples)
+
     def _close(self, st: WindowState, resource_id: str, resource_type: str) -> Window | None:
-        group = model_group(resource_type)
-        base = self._base_values(st)
+        group = _GROUP_OF.get(resource_type, "cpu")  # (model_group)
         start = st.start or 0.0
-        end = start + self.window_s
-        end = self._last_end = self._shared(end, self._last_end)
-        window = None
+        end = self._last_end = self._shared(start + self.window_s, self._last_end)
         st.closes += 1
-        gpu_blind = group in ("gpu", "inference") and st.gpu_samples == 0
+        window = None
         # Nothing judged or learnt without billed usage, with a GPU host's telemetry missing,
-        # or while a rule tracks a pause of the resource's work; a window during a rule's other
-        # episodes is scored and learnt (see ``add``), and opens nothing (the rule's first word).
-        finite = all(math.isfinite(v) for v in base.values())  # sums of absurd values: neither judged nor learnt
-        if st.usage_s > 0 and not gpu_blind and not st.paused and finite:
-            names = self.names(group)
-            if st.learnt_at is not None and end - st.learnt_at > self.half_life_s:
-                _forget(st)  # a baseline older than its half-life says little about now: start again
-            dt = end - st.learnt_at if st.learnt_at is not None else None
-            values = dict(base)
-            usual = {}
-            bases = self.bases(group)
-            logs = {name: _log(base[name]) for name in bases}
-            known = st.known()
-            for name, y in logs.items():
-                mean, var = known.get(name, (y, 0.0))
-                sd = math.sqrt(var / st.weight) if st.weight > 0.0 else 0.0
-                usual[name] = (_unlog(mean), _unlog(mean - 2 * sd), _unlog(mean + 2 * sd))
-                values[f"{name}_rel"] = math.exp(max(-REL_CAP, min(REL_CAP, y - mean)))
-                values[f"{name}_z"] = max(-Z_CAP, min(Z_CAP, (y - mean) / max(sd, MIN_SCALE))) if st.weight else 0.0
-            window = Window(resource_id=resource_id, group=group, start=start, end=end,
-                            values={k: values[k] for k in names}, usual=usual, cost_usd=st.cost_usd,
-                            history=st.windows, history_s=end - st.first if st.first is not None else 0.0,
-                            seq=st.closes, covered=st.covered, names=names)  # fmt: skip
-            self._learn(st, logs, dt, known, bases, start, end)
+        # or while a rule tracks a pause of the resource's work (most closed windows: asked before
+        # the figures are worked out); a window during a rule's other episodes is scored and
+        # learnt (see ``add``), and opens nothing (the rule's first word).
+        if st.usage_s > 0 and not st.paused and (st.gpu_samples or group not in _GPU_GROUPS):
+            base = self._base_values(st)
+            if all(map(math.isfinite, base.values())):  # sums of absurd values: neither judged nor learnt
+                window = self._judge(st, base, resource_id, group, start, end)
         self._reset(st)
         return window
+
+    def _judge(self, st: WindowState, base: dict[str, float], resource_id: str, group: str, start: float,
+               end: float) -> Window:  # fmt: skip
+        """The window of figures ``base`` against the resource's baselines, which then learn it."""
+        names, bases, rels, zs = self._layout(group)
+        if st.learnt_at is not None and end - st.learnt_at > self.half_life_s:
+            _forget(st)  # a baseline older than its half-life says little about now: start again
+        dt = end - st.learnt_at if st.learnt_at is not None else None
+        logs = {name: _log(base[name]) for name in bases}
+        known = st.known()
+        weight = st.weight
+        values = {name: base[name] for name in bases}
+        usual = {}
+        z_of = []
+        for name, rel, y in zip(bases, rels, logs.values(), strict=True):
+            mean, var = known.get(name, (y, 0.0))
+            sd = math.sqrt(var / weight) if weight > 0.0 else 0.0
+            usual[name] = (_unlog(mean), _unlog(mean - 2 * sd), _unlog(mean + 2 * sd))
+            values[rel] = math.exp(max(-REL_CAP, min(REL_CAP, y - mean)))
+            z_of.append(max(-Z_CAP, min(Z_CAP, (y - mean) / max(sd, MIN_SCALE))) if weight else 0.0)
+        values.update(zip(zs, z_of, strict=True))
+        window = Window(resource_id=resource_id, group=group, start=start, end=end, values=values, usual=usual,
+                        cost_usd=st.cost_usd, history=st.windows,
+                        history_s=end - st.first if st.first is not None else 0.0, seq=st.closes,
+                        covered=st.covered, names=names)  # fmt: skip
+        self._learn(st, logs, dt, known, bases, start, end)
+        return window
+
+    def _layout(self, group: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """The group's features in the model's order, its base features, and their ``_rel`` and ``_z``
+        names (:func:`feature_names`), made once per group, not formatted at every window."""
+        layout = self._layouts.get(group)
+        if layout is None:
+            names, bases = self.names(group), self.bases(group)
+            rels, zs = names[len(bases) : 2 * len(bases)], names[2 * len(bases) :]
+            if names != (*bases, *(f"{b}_rel" for b in bases), *(f"{b}_z" for b in bases)):
+                raise AssertionError(f"the {group} features are not its bases, then _rel, then _z")
+            layout = self._layouts[group] = (names, bases, rels, zs)
+        return layout
 
     def _base_values(self, st: WindowState) -> dict[str, float]:
         utils = sorted(as_floats(st.utils)) if st.utils is not None else []
