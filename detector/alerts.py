@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from detector.detectors import REGISTRY, Finding
+from detector.detectors.episode import WITHDRAWN
 from detector.rules import RuleSet
 from detector.suppression.hold import Hold
 from detector.suppression.memory import HORIZON_S, AlertMemory
@@ -120,6 +121,12 @@ class Alert(msgspec.Struct, kw_only=True):
         return cls.dollars if cls is not None else "wasted"
 
     @property
+    def withdrawn(self) -> bool:
+        """Resolved by taking its fire back (:data:`~detector.detectors.episode.WITHDRAWN`): the resource
+        had stopped before the threshold was met, read late. It never stood and counts no dollars."""
+        return self.status == "resolved" and self.details.get("reason") == WITHDRAWN
+
+    @property
     def burning(self) -> bool:
         """Whether, while open, its ``usd_per_hour`` is still being spent (False: the money
         is sunk, e.g. a failed run that has ended); see ``DetectorBase.burning``."""
@@ -148,6 +155,10 @@ class Alert(msgspec.Struct, kw_only=True):
         """One line for logs, the console and Slack's notification text."""
         who = self.tags.get("team") or "no team tag"
         facts = "; ".join(f"{k}: {v}" for k, v in self.facts[:2]).replace("`", "")
+        if self.withdrawn:
+            return (f"WITHDRAWN {self.title} on {self.resource_id} ({who}): it had stopped after "
+                    f"{format_duration(self.duration_s)}, short of the rule's threshold (the stop read late); "
+                    "nothing counted")  # fmt: skip
         if self.status == "resolved":
             reason = str(self.details.get("reason", "")).replace("_", " ")
             money = f": ${self.waste_usd:,.2f} {self.dollars}" if self.dollars else ""

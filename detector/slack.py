@@ -94,7 +94,9 @@ def notification_text(alert: Alert) -> str:
     """What a phone's notification shows for an alert, complete on its own: what, whose and how
     much ("Idle GPUs on gpu-host-7 (team nlp): $412 so far, $32/h"). Escaped; short."""
     what = f"{alert.title} on {escape(alert.resource_id, _ID_SHOWN)} ({_whose(alert)})"
-    if alert.status == "resolved":
+    if alert.withdrawn:
+        text = f"Withdrawn: {what}: it had stopped after {format_duration(alert.duration_s)}, short of the threshold"
+    elif alert.status == "resolved":
         money_part = f": {money(alert.waste_usd)} {alert.dollars} in total" if alert.dollars else ""
         text = f"Resolved: {what} after {format_duration(alert.duration_s)}{money_part}"
     elif not alert.dollars:  # a forecast: its first fact is the "how much" ("full by 2026-11-20")
@@ -250,7 +252,9 @@ def render_blocks(
     ``routing`` (``rules/routing.yaml``) supplies owner mentions and links."""
     routing = routing or Routing()
     resource = escape(alert.resource_id, 60)
-    if alert.status == "resolved":
+    if alert.withdrawn:
+        header = f":leftwards_arrow_with_hook: Withdrawn: {alert.title} on {resource}"
+    elif alert.status == "resolved":
         header = f":white_check_mark: Resolved: {alert.title} on {resource}"
     else:
         rate = money(alert.usd_per_hour, exact=True)
@@ -300,6 +304,10 @@ def _commands(alert: Alert) -> list[str]:
 
 
 def _resolution_text(alert: Alert) -> str:
+    if alert.withdrawn:
+        return (f":leftwards_arrow_with_hook: *Withdrawn* at {rfc3339(alert.resolved_at or alert.updated_at)}: the "
+                f"resource had stopped after {format_duration(alert.duration_s)}, short of this rule's threshold "
+                "(its stop was read after the samples that seemed to complete it). Nothing is counted.")  # fmt: skip
     reason = escape(alert.details.get("reason", ""), 200).replace("_", " ")
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"

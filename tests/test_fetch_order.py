@@ -121,7 +121,7 @@ def consumed(records: list, ruleset, partitions: int, max_batch: int, rng: rando
 
 
 def _row(alert: Alert) -> dict:
-    return {"type": alert.type, "resource_id": alert.resource_id, "status": alert.status,
+    return {"type": alert.type, "resource_id": alert.resource_id, "status": alert.status, "withdrawn": alert.withdrawn,
             "waste_usd": alert.waste_usd, "fired_ms": round(alert.fired_at * 1000),
             "resolved_ms": None if alert.resolved_at is None else round(alert.resolved_at * 1000)}  # fmt: skip
 
@@ -161,6 +161,25 @@ def test_hosts_stopped_around_their_threshold_alert_as_backtest(fleets, ruleset,
     assert {a.type for a in stopping.expected} == {"idle_gpu", "partly_idle_gpu"}
     assert len({a.resource_id for a in stopping.expected}) < len({r[1] for r in stopping.records})
     check(stopping, ruleset, partitions, max_batch, seed)
+
+
+@pytest.mark.parametrize(("partitions", "max_batch", "seed"), [(4, 8, 0), (3, 2, 1), (6, 1, 2), (2, 40, 3)])
+def test_read_live_the_stopping_hosts_fires_that_a_stop_read_later_preceded_are_withdrawn(fleets, ruleset, partitions,
+                                                                                          max_batch, seed):  # fmt: skip
+    """A worker keeping up with its exporters reads a host's scrapes before the stop its usage flush
+    brings minutes later: it fired where the stop came first (7 alerts beyond backtest's 25 in every
+    reading), and ``partly_idle_gpu`` counted the scrapes past the stop into the resolution's dollars
+    (12 of its alerts some cents over). Now a stop dated before the sample that fired the episode
+    resolves it as withdrawn, with no dollars, and a stop after it puts the dollars back to those of
+    the latest scrape before it: every alert that stands is backtest's, to the cent."""
+    stopping = fleets["stopping"]
+    rows = consumed(stopping.records, ruleset, partitions, max_batch, random.Random(seed), live=True)
+    withdrawn = {alert_id: row for alert_id, row in rows.items() if row["withdrawn"]}
+    assert withdrawn, "the live order brings no fire before its stop: the test no longer tests the withdrawal"
+    assert {row["type"] for row in withdrawn.values()} <= {"idle_gpu", "partly_idle_gpu"}
+    assert all(row["status"] == "resolved" and row["waste_usd"] == 0.0 for row in withdrawn.values())
+    diff = compare_alerts(stopping.expected, {i: row for i, row in rows.items() if i not in withdrawn})
+    assert diff.ok, diff
 
 
 @settings(max_examples=3, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

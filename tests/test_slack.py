@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from detector.alerts import Alert
 from detector.delivery import Outbox
-from detector.slack import SlackError, SlackNotifier, render_group
+from detector.slack import SlackError, SlackNotifier, notification_text, render_group
 from tests.helpers import T0, slack_bot
 
 
@@ -76,6 +77,25 @@ def test_resolution_replies_in_thread_and_edits_parent(slack):
     assert "$49.16 wasted" in reply.text_of_blocks() and "1h 30m" in reply.text_of_blocks()
     (update,) = slack.calls("chat.update")
     assert update.body["ts"] == parent and "Resolved" in update.text_of_blocks()
+
+
+def test_a_withdrawn_fire_says_so_in_its_thread_and_message_and_counts_no_dollars(slack):
+    """A stop read after the samples that seemed to complete the episode, dated before them, takes the
+    fire back (``reason: withdrawn``): people read that it never met the rule, not a resolution with
+    dollars wasted."""
+    notifier = bot(slack)
+    channel, parent = notifier.post(alert())
+    withdrawn = msgspec.structs.replace(alert("resolved", waste_usd=0.0, updated_at=T0 + 1770), resolved_at=T0 + 1770,
+                                        details={"gpu_count": 8, "reason": "withdrawn"})  # fmt: skip
+    assert withdrawn.withdrawn and not alert("resolved").withdrawn
+    notifier.post(withdrawn, thread=(channel, parent))
+    reply = slack.calls("chat.postMessage")[1].text_of_blocks()
+    (update,) = slack.calls("chat.update")
+    for text in (reply, update.text_of_blocks()):
+        assert "Withdrawn" in text and "stopped after 29m" in text and "Resolved" not in text
+        assert "wasted" not in text.split("Withdrawn")[1]
+    assert withdrawn.summary().startswith("WITHDRAWN Idle GPU") and "nothing counted" in withdrawn.summary()
+    assert notification_text(withdrawn).startswith("Withdrawn: Idle GPU") and "$" not in notification_text(withdrawn)
 
 
 def test_webhook(slack):

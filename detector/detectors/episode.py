@@ -23,9 +23,24 @@ import msgspec
 
 from detector.detectors.base import Finding
 
-__all__ = ["Action", "Episode", "advance", "due", "end", "fire"]
+__all__ = ["WITHDRAWN", "Action", "Episode", "advance", "due", "end", "fire", "withdraws"]
 
 Action = Literal["fire", "update", "resolve"]
+
+WITHDRAWN = "withdrawn"
+"""The ``reason`` of a resolution that takes its fire back: the resource stopped before the sample that
+completed the episode, a stop read after that sample (live, a usage flush read behind the samples).
+Read in event-time order (``backtest``), the stop comes first and no episode fires: the alert never
+stood, and it counts no dollars (:attr:`detector.alerts.Alert.withdrawn`)."""
+
+
+def withdraws(fired_by: float | None, covered_until: float, stop: float, stale_after: float) -> bool:
+    """Whether a stop at ``stop``, read now, takes back the open episode fired by the sample at
+    ``fired_by``: it came before that sample, and the samples read past it span no more than
+    ``stale_after`` (a longer run of samples after a stop is a host started again, whose own
+    count is not known: that stop resolves, as any other). ``fired_by`` None: not known (a state
+    saved before it was kept), so nothing is taken back."""
+    return fired_by is not None and stop < fired_by and covered_until - stop <= stale_after
 
 
 class Episode(msgspec.Struct, kw_only=True, gc=False):

@@ -8,7 +8,9 @@ add (``describe``); this class does the rest the same way for all of them:
   samples cover ``for`` of it, with ``fired_at = start + for`` (event time);
 - it fires only while the host is billed (its latest usage event says ``running``);
   a stop resolves it, its dollars counted to the stop: samples past the stop read before it (the
-  usage topic read behind) are taken back, so that either order gives the same dollars;
+  usage topic read behind) are taken back, so that either order gives the same dollars, and a
+  stop before the sample that fired the episode withdraws it (``reason: withdrawn``, no dollars:
+  :func:`~detector.detectors.episode.withdraws`), where in time order nothing would have fired;
 - silence is not evidence: a telemetry gap longer than ``stale_after`` restarts a
   candidate episode and is not counted (time or dollars) in an open one;
 - dollars accrue over sample-covered time at the host's price; time seen before the
@@ -38,7 +40,7 @@ from detector.detectors.base import (
     intern,
     make_finding,
 )
-from detector.detectors.episode import Episode, advance, end
+from detector.detectors.episode import WITHDRAWN, Episode, advance, end, withdraws
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import FIRST, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
@@ -69,6 +71,9 @@ class GpuEpisodeState(Episode, kw_only=True):
     """Time of the newest sample that breaks an episode, or stop that ended one: a sample not after it starts none."""
     covered_until: float = 0.0
     """Time of the newest sample seen: episode time is only counted up to here."""
+    fired_by: float | None = None
+    """Time of the sample that fired the open episode (None: none open), by which a stop read after
+    it and dated before it takes the fire back (:func:`~detector.detectors.episode.withdraws`)."""
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
@@ -81,6 +86,7 @@ class GpuEpisodeState(Episode, kw_only=True):
     def clear(self) -> None:
         super().clear()
         self.waste_usd = self.unpriced_s = 0.0
+        self.fired_by = None
 
 
 class GpuEpisode(DetectorBase):
@@ -242,13 +248,16 @@ class GpuEpisode(DetectorBase):
         if st.since is None:
             return []
         if not res.billed:
-            since = st.since
+            since, reason = st.since, f"instance_{res.state}"
             if st.fired_at is not None:
+                early = withdraws(st.fired_by, st.covered_until, t, self.params.stale_after)
                 self._accrue(st, res, t)
                 self._uncount_after(st, res, t)
+                if early:  # stopped before the sample that fired it: the episode never held for ``for``
+                    reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0
             if t > st.last_break:  # the stop breaks the episode: a late sample from before it starts none (one
                 st.last_break = t  # did, from its own time: the resolved episode's start, so its alert id, at worst)
-            return end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
+            return end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
@@ -289,6 +298,8 @@ class GpuEpisode(DetectorBase):
         action = advance(st, at, start=st.since, held_s=at - st.since, need_s=p.for_, every_s=p.update_every)
         if action is None or st.fired_at is None:
             return []
+        if action == "fire":
+            st.fired_by = at  # (the float covered_until holds: no object of its own)
         return [self._finding(action, st, res, st.fired_at if action == "fire" else at)]
 
     def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, **extra: object) -> Finding:

@@ -36,7 +36,10 @@ held by none, for ``unallocated_gpu``); this class does the rest the same way fo
   duplicate) changes nothing; a late one updates its unit without recounting the past.
   Findings are dated by sample times.
 - **Billed only.** It fires only while the host's latest usage says ``running``; a stop
-  resolves it (``reason: instance_stopped``) and every GPU's count starts again.
+  resolves it (``reason: instance_stopped``) and every GPU's count starts again. Scrapes past the
+  stop read before it (the usage topic read behind) count nothing: the dollars go back to those of
+  the latest scrape not after it, and a stop before the scrape that fired the episode withdraws it
+  (``reason: withdrawn``, no dollars: :func:`~detector.detectors.episode.withdraws`).
 - **Bounded.** At most :data:`MAX_UNITS` units per host (the least recently seen gives way).
 """
 
@@ -66,7 +69,7 @@ from detector.detectors.base import (
     make_finding,
     shared,
 )
-from detector.detectors.episode import Episode, end, fire
+from detector.detectors.episode import WITHDRAWN, Episode, end, fire, withdraws
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import KEYS, UNIT_KEYS, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
@@ -228,6 +231,9 @@ class GpuShareState(Episode, kw_only=True):
     model: str = ""
     covered_until: float = 0.0
     """Time of the newest sample seen: time is only counted up to here."""
+    fired_by: float | None = None
+    """Time of the scrape that fired the open episode (None: none open), by which a stop read after it
+    and dated before it takes the fire back (:func:`~detector.detectors.episode.withdraws`)."""
     whole_idle_since: float | None = None
     """Start of the current spell with no GPU of the host busy."""
     rebase_at: float = 0.0
@@ -245,6 +251,11 @@ class GpuShareState(Episode, kw_only=True):
     spell_s: float = 0.0
     """Host-seconds of the counted GPUs in the current whole-host idle spell: charged if it ends
     short of ``for``, dropped if it lasts (then it is ``idle_gpu``'s)."""
+    charged: FloatArray | None = None
+    """While an episode is open, ``t, waste_usd, unpriced_s`` as each scrape left them, back to the first
+    at or before ``stale_after`` before the newest (None: no episode open, most hosts): a stop read
+    after later scrapes puts the dollars back to those of the latest scrape not after it, as they
+    stood when read in event-time order."""
 
     def __post_init__(self) -> None:
         self.gpu_counted = _flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
@@ -292,6 +303,7 @@ class GpuShareState(Episode, kw_only=True):
     def clear(self) -> None:
         super().clear()
         self.waste_usd = self.unpriced_s = self.spell_s = 0.0
+        self.fired_by = self.charged = None
 
     # -- the columns ----------------------------------------------------------
 
@@ -646,8 +658,12 @@ class GpuShare(DetectorBase):
         if not res.billed:
             found: list[Finding] = []
             if st.since is not None:
-                since = st.since
-                found = end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=f"instance_{res.state}"))
+                since, reason = st.since, f"instance_{res.state}"
+                if st.fired_at is not None and withdraws(st.fired_by, st.covered_until, t, self.params.stale_after):
+                    reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
+                elif st.fired_at is not None:
+                    self._uncount_after(st, res, t)
+                found = end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
             if t > st.stopped_at:
                 st.stopped_at = t
             for g in range(len(st.gpu_ids)):
@@ -740,6 +756,7 @@ class GpuShare(DetectorBase):
             if any_busy and res.billed and len(listed) >= p.min_gpus and st.since is not None:
                 fired_at = min(c, max(st.since, self._qualified(st, listed, c) + p.for_))
                 fire(st, since=st.since, fired_at=fired_at, at=c)
+                st.fired_by = t  # the scrape that judged the host at c: read after a stop before it, none fires
                 found = [self._finding("fire", st, res, fired_at)]
         elif any_busy and (changed or c - st.last_report >= p.update_every):
             st.last_report = c
@@ -764,7 +781,24 @@ class GpuShare(DetectorBase):
                 self._charge(st, res, share_s * n)
             elif n:
                 st.spell_s += share_s * n
+        if st.fired_at is not None:
+            _note_charged(st, t, p.stale_after)
         return found
+
+    def _uncount_after(self, st: GpuShareState, res: ResourceInfo, t: float) -> None:
+        """Put the open episode's dollars back to those of its latest scrape not after a stop at ``t``
+        (:attr:`GpuShareState.charged`), taking back what scrapes past the stop, read before it, counted.
+        Only up to ``stale_after`` past the stop, as ``idle_gpu`` does: beyond, a host started again."""
+        log = st.charged
+        if log is None or not 0.0 < st.covered_until - t <= self.params.stale_after:
+            return
+        for k in range(len(log) - 3, -1, -3):
+            if log[k] <= t:
+                waste, unpriced = log[k + 1], log[k + 2]
+                if unpriced and res.usd_per_hour is not None:  # priced since: as the usage that priced it did
+                    waste, unpriced = waste + usd_over(res.usd_per_hour, unpriced), 0.0
+                st.waste_usd, st.unpriced_s = waste, unpriced
+                return
 
     def _qualified(self, st: GpuShareState, listed: list[int], c: float) -> float:
         """When the ``min_gpus``-th of the counted GPUs ``listed`` went idle (from the rebase at most): the
@@ -876,6 +910,20 @@ def _who(pod: Pod | None) -> tuple[str, str] | None:
 def _or(x: float, default: float) -> float:
     """``x``, or ``default`` where unset or 0.0 (what ``idle_since or c`` said of the struct's field)."""
     return x if _set(x) and x else default
+
+
+def _note_charged(st: GpuShareState, t: float, stale_after: float) -> None:
+    """Keep the open episode's dollars as the scrape at ``t`` left them (:attr:`GpuShareState.charged`),
+    and of the earlier ones those a stop within ``stale_after`` of ``t`` may need."""
+    log = st.charged
+    if log is None:
+        log = st.charged = floats()
+    log.extend((t, st.waste_usd, st.unpriced_s))
+    horizon, k = t - stale_after, 0
+    while k + 3 < len(log) and log[k + 3] <= horizon:
+        k += 3
+    if k:
+        del log[:k]
 
 
 def _restart_run(st: GpuShareState, g: int) -> None:
