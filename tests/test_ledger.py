@@ -12,6 +12,7 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from detector.alerts import Alert
@@ -239,6 +240,20 @@ def test_a_claim_beyond_the_bill_is_cut_and_silenced_alerts_claim_nothing(store)
                          alert("quiet", "idle_gpu", 10.0, T0, T0 + HOUR, silenced="maintenance"),
                          alert("nobill", "idle_gpu", 7.0, T0, T0 + HOUR, rid="h-unknown")], version=1)  # fmt: skip
     assert ledger(store) == pytest.approx({("stale", "waste"): 10.0, ("nobill", "waste"): 0.0})
+
+
+def test_a_withdrawn_fire_claims_nothing_though_its_fire_recorded_dollars(store):
+    """A fire taken back (the host had stopped before the sample that seemed to complete it, the stop
+    read late) recorded its dollars at the fire, then none: it never stood, and claims nothing."""
+    billed(store, 1, 10.0)
+    fired = alert("early", "idle_gpu", 5.0, T0, T0 + HOUR / 2)
+    withdrawn = msgspec.structs.replace(fired, status="resolved", change="resolved", waste_usd=0.0,
+                                        updated_at=T0 + HOUR / 2 + 60, resolved_at=T0 + HOUR / 2 - 30,
+                                        details={"reason": "withdrawn"})  # fmt: skip
+    stopped = alert("stood", "partly_idle_gpu", 4.0, T0 + HOUR / 2, T0 + HOUR)
+    store.alerts.record([fired, stopped], version=1)
+    store.alerts.record([withdrawn], version=2)
+    assert ledger(store) == pytest.approx({("stood", "waste"): 4.0})
 
 
 def test_per_gpu_idle_and_unallocated_gpus_are_wasted_dollars(store):
