@@ -276,6 +276,8 @@ class AlertManager:
             else:
                 if alert.change == "resolved":
                     self._inhibit.resolved(alert)
+                    if alert.withdrawn:
+                        self._realert.withdrawn(alert)
                 hold = self._held.get(alert.alert_id)
                 if hold is None and first_sight:  # its opening came before this manager's memory
                     hold = Silencing.hold(alert, silences)

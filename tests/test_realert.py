@@ -6,7 +6,7 @@ from detector.alerts import AlertManager, AlertMemory
 from detector.engine import Engine
 from detector.rules import load_rules
 from detector.suppression import Hold
-from tests.helpers import MIN, T0, timeline
+from tests.helpers import MIN, T0, timeline, usage
 
 RULES = """\
 rules:
@@ -62,3 +62,26 @@ def test_realert_survives_a_restart(tmp_path, store):
     store.alerts.record(again, version=2)
     last, held = store.memory.suppression()
     assert last == {("idle-gpu", "host-1"): T0 + 30 * MIN} and held == {again[0].alert_id: again[0].held}
+
+
+def test_a_withdrawn_fire_holds_back_no_later_opening_nor_after_a_restart(tmp_path, store):
+    """A fire taken back (the stop, read after the samples that seemed to complete the half hour, was
+    dated before them) never stood: the host's next episode inside the interval is posted, as in
+    event-time order, where the first never fired; and so after a restart, from the store."""
+    (tmp_path / "rules.yaml").write_text(RULES)
+    ruleset = load_rules(tmp_path / "rules.yaml")
+    engine = Engine(ruleset)
+    early = engine.process(timeline(T0, T0 + 31 * MIN, [0.0] * 4))  # fires at the half hour
+    early += engine.process([usage(T0 + 29.5 * MIN, state="stopped")])  # the stop, read late
+    manager = AlertManager(ruleset=ruleset)
+    first = manager.handle(early)
+    assert changes(first) == [("fired", T0 + 30 * MIN, False), ("resolved", T0 + 30 * MIN, False)]
+    assert first[-1].withdrawn and first[-1].waste_usd == 0.0
+    store.alerts.record(first, version=1)
+    assert store.memory.suppression()[0] == {}
+    again = episodes([T0 + 40 * MIN])
+    assert changes(manager.handle(engine.process(again))) == [("fired", T0 + 70 * MIN, False),
+                                                              ("resolved", T0 + 70 * MIN, False)]  # fmt: skip
+    restarted = AlertManager(AlertMemory.load(store.memory), ruleset=ruleset)
+    assert changes(restarted.handle(Engine(ruleset).process(again))) == [("fired", T0 + 70 * MIN, False),
+                                                                        ("resolved", T0 + 70 * MIN, False)]  # fmt: skip

@@ -41,11 +41,12 @@ class ManagerMemory:
 
     def suppression(self, horizon_s: float = HORIZON_S) -> tuple[dict[tuple[str, str], float], dict[str, Hold]]:
         """For :class:`detector.suppression.AlertMemory`: the fire time of the latest posted
-        opening per (rule, resource), for ``realert``; and why each held-back alert was held
+        opening per (rule, resource) that was not withdrawn, for ``realert``; and why each held-back alert was held
         back, whose later changes stay held back. Within ``horizon_s`` of the newest alert."""
         db = self.conn.db
         rows = self.conn.query(
-            f"""SELECT rule, resource_id, alert_id, fired_at, held, held_by, silenced
+            f"""SELECT rule, resource_id, alert_id, fired_at, held, held_by, silenced,
+                       JSONExtractString(details, 'reason') = 'withdrawn' AS withdrawn
                 FROM {db}.alerts FINAL
                 WHERE fired_at >= (SELECT max(fired_at) FROM {db}.alerts) - toIntervalSecond(%(horizon)s)""",
             {"horizon": int(horizon_s)},
@@ -55,7 +56,7 @@ class ManagerMemory:
         for r in rows:
             if r["held"]:
                 held[r["alert_id"]] = Hold(kind=r["held"], by=r["held_by"], reason=r["silenced"])
-            else:
+            elif not r["withdrawn"]:  # a fire taken back never stood: it holds back no later opening
                 key = (r["rule"], r["resource_id"])
                 last[key] = max(last.get(key, 0.0), epoch(r["fired_at"]))
         return last, held

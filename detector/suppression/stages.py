@@ -119,6 +119,13 @@ class Realert:
         self.last_posted[key] = alert.fired_at
         return None
 
+    def withdrawn(self, alert: Alert) -> None:
+        """An opening taken back (:attr:`~detector.alerts.Alert.withdrawn`) never stood: it holds back
+        no later opening, as in event-time order, where it never fired."""
+        key = (alert.rule, alert.resource_id)
+        if self.last_posted.get(key) == alert.fired_at:
+            del self.last_posted[key]
+
     def prune(self, horizon: float) -> None:
         self.last_posted = {k: t for k, t in self.last_posted.items() if t >= horizon}
 
