@@ -103,6 +103,7 @@ def test_the_webhook_posts_signed_json_with_an_idempotency_key(store, secret_env
     assert body["episode_start"] == "2026-11-02T00:00:00Z" and body["suggestion"]
     assert body["links"] == [{"name": "Console", "url": "https://console.example.com/us-east-1/host-1"}]
     assert resolved.json["status"] == "resolved" and resolved.json["resolved_at"] == "2026-11-02T01:30:00Z"
+    assert body["withdrawn"] is False and resolved.json["withdrawn"] is False  # (True: a fire taken back)
     assert store.outputs.states("a1") == {("hook", "fired"): {"sending", "sent"}, ("hook", "resolved"): {"sending", "sent"}}
 
 

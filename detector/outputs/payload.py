@@ -61,6 +61,7 @@ def alert_fields(alert: Alert, routing: Routing) -> dict[str, Any]:
         "episode_start": rfc3339(alert.episode_start),
         "fired_at": rfc3339(alert.fired_at),
         "resolved_at": rfc3339(alert.resolved_at) if alert.resolved_at is not None else None,
+        "withdrawn": alert.withdrawn,
         "summary": cap(alert.summary(), 4 * MAX_VALUE),
         "suggestion": cap(alert.suggestion, 4 * MAX_VALUE),
         "facts": [[cap(k, 128), cap(v)] for k, v in alert.facts[:20]],
