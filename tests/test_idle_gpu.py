@@ -219,3 +219,21 @@ def test_a_stop_read_after_a_restarted_hosts_samples_takes_back_nothing_it_canno
     resolve = next(f for f in behind if f.action == "resolve")
     assert resolve.at == T0 + 45 * MIN
     assert resolve.waste_usd == pytest.approx(32.0 * (45 * MIN - 30 + 5 * MIN - 30) / 3600, rel=1e-4)
+
+
+def test_a_fire_made_by_the_first_usage_read_behind_its_samples_is_kept_by_a_stop_after_that_usage(ruleset):
+    """A host idle from its first sample, its usage starting at 30:30 (the host not known before, so not
+    billed) and stopped at 33:00. In time order it fires at that first usage and resolves at the stop.
+    Read with usage 5 minutes behind, the fire comes at that usage too, after samples to 35:30: the stop
+    precedes those samples but not the usage that made the fire, so it resolves the alert (time order's
+    dollars), and does not withdraw it, which a fire dated by its newest sample would."""
+    events = timeline(T0, T0 + 36 * MIN, IDLE8, with_usage=False)
+    events += [usage(T0 + (30.5 + k) * MIN) for k in range(2)] + [usage(T0 + 33 * MIN, state="stopped")]
+    events.sort(key=lambda e: e.ts)
+    _, in_order = run(ruleset, events)
+    _, behind = run(ruleset, _read(events, usage_behind_s=5 * MIN))
+    assert [(f.action, f.fired_at, f.details.get("reason")) for f in in_order] == [
+        ("fire", T0 + 30 * MIN, None), ("resolve", T0 + 30 * MIN, "instance_stopped")]  # fmt: skip
+    assert [(f.action, f.fired_at, f.details.get("reason")) for f in behind] == [
+        (f.action, f.fired_at, f.details.get("reason")) for f in in_order]  # fmt: skip
+    assert behind[-1].waste_usd == pytest.approx(in_order[-1].waste_usd, abs=0.005)

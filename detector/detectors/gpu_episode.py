@@ -235,7 +235,7 @@ class GpuEpisode(DetectorBase):
                 self._accrue(st, resource, t)
         else:
             return []  # another GPU of a scrape already counted
-        return self._maybe_fire_or_report(st, resource)
+        return self._maybe_fire_or_report(st, resource, t)
 
     def open_episode(self, state: GpuEpisodeState, resource: ResourceInfo) -> Finding | None:
         if state.fired_at is None:
@@ -261,7 +261,7 @@ class GpuEpisode(DetectorBase):
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
-        return self._maybe_fire_or_report(st, res)
+        return self._maybe_fire_or_report(st, res, t)
 
     # -- helpers ------------------------------------------------------------
 
@@ -291,15 +291,16 @@ class GpuEpisode(DetectorBase):
             st.waste_usd = max(0.0, st.waste_usd - usd_over(res.usd_per_hour, excess))
         st.covered_until = t
 
-    def _maybe_fire_or_report(self, st: GpuEpisodeState, res: ResourceInfo) -> list[Finding]:
+    def _maybe_fire_or_report(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> list[Finding]:
+        """Fire, or report the open episode's dollars, as of its newest sample; ``t``: the event's time."""
         if st.since is None or not res.billed:
             return []
         p, at = self.params, st.covered_until
         action = advance(st, at, start=st.since, held_s=at - st.since, need_s=p.for_, every_s=p.update_every)
         if action is None or st.fired_at is None:
             return []
-        if action == "fire":
-            st.fired_by = at  # (the float covered_until holds: no object of its own)
+        if action == "fire":  # by a sample at ``at``, or by the usage event at ``t`` that says the host is billed:
+            st.fired_by = at if at <= t else t  # in time order it fired there, not at samples read ahead of it
         return [self._finding(action, st, res, st.fired_at if action == "fire" else at)]
 
     def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, **extra: object) -> Finding:
