@@ -42,10 +42,12 @@ from detector.store import Store, alert_from_row
 from detector.suppression import Silence
 from detector.units import one_line
 
-__all__ = ["UNROUTED", "Outbox"]
+__all__ = ["UNROUTED", "WITHDRAWN_UNPOSTED", "Outbox"]
 
 UNROUTED = ("", "unrouted")
 """The (channel, ts) recorded for a change ``routing.yaml`` sends elsewhere than Slack."""
+WITHDRAWN_UNPOSTED = ("", "withdrawn")
+"""The (channel, ts) recorded for the opening and the withdrawal of a fire withdrawn before it was posted."""
 
 log = structlog.get_logger("burnwatch.delivery")
 
@@ -305,7 +307,22 @@ class Outbox:
             if alert.change == "resolved":
                 self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
                 self._edited_at.pop(alert.alert_id, None)
+                if alert.withdrawn and self._withdrawn_unposted(alert.alert_id):
+                    continue
             self._enqueue(alert, added_at)
+
+    def _withdrawn_unposted(self, alert_id: str) -> bool:
+        """Whether the fire withdrawn (:attr:`~detector.alerts.Alert.withdrawn`) was still waiting in the
+        queue, not posted nor perhaps posted: then neither its opening nor its withdrawal goes out (a
+        backlog read fast brings both in one batch), and both are recorded as handled, so that a
+        restart posts neither."""
+        opening = (alert_id, "fired")
+        if opening not in self._queued or opening in self._done or opening in self._maybe_posted:
+            return False
+        self._drop([a for a in self._queue if (a.alert_id, a.change) == opening])
+        self.store.deliveries.record_many([(alert_id, "fired", *WITHDRAWN_UNPOSTED), (alert_id, "resolved", *WITHDRAWN_UNPOSTED)])
+        self._done[opening] = self._done[(alert_id, "resolved")] = WITHDRAWN_UNPOSTED
+        return True
 
     def _enqueue(self, alert: Alert, added_at: float) -> None:
         key = (alert.alert_id, alert.change)

@@ -167,7 +167,9 @@ def _fields(alert: Alert, routing: Routing) -> list[dict[str, str]]:
         ("Project", escape(tags["project"], _FIELD_SHOWN) if tags.get("project") else "_none_"),
         (_DURATION.get(alert.type, "Duration"), format_duration(alert.duration_s)),
     ]
-    if alert.dollars:
+    if alert.withdrawn:
+        fields.append(("Counted", "nothing: withdrawn"))  # it never met the rule: no dollars, no burn rate
+    elif alert.dollars:
         fields += [
             (f"{alert.dollars.capitalize()} so far", f"*{money(alert.waste_usd, exact=True)}*"),
             ("Burn rate", f"{money(alert.usd_per_hour, exact=True)}/h "

@@ -254,6 +254,8 @@ def test_a_withdrawn_fire_claims_nothing_though_its_fire_recorded_dollars(store)
     store.alerts.record([fired, stopped], version=1)
     store.alerts.record([withdrawn], version=2)
     assert ledger(store) == pytest.approx({("stood", "waste"): 4.0})
+    by_day = store.query(f"SELECT alert_id, sum(usd) AS usd FROM {store.db}.waste_by_day GROUP BY alert_id")
+    assert {r["alert_id"]: r["usd"] for r in by_day} == pytest.approx({"stood": 4.0})
 
 
 def test_per_gpu_idle_and_unallocated_gpus_are_wasted_dollars(store):

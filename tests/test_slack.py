@@ -94,8 +94,35 @@ def test_a_withdrawn_fire_says_so_in_its_thread_and_message_and_counts_no_dollar
     for text in (reply, update.text_of_blocks()):
         assert "Withdrawn" in text and "stopped after 29m" in text and "Resolved" not in text
         assert "wasted" not in text.split("Withdrawn")[1]
+    assert "Burn rate" not in update.text_of_blocks() and "$" not in update.text_of_blocks()
     assert withdrawn.summary().startswith("WITHDRAWN Idle GPU") and "nothing counted" in withdrawn.summary()
     assert notification_text(withdrawn).startswith("Withdrawn: Idle GPU") and "$" not in notification_text(withdrawn)
+
+
+def test_a_fire_withdrawn_before_its_opening_went_out_posts_nothing_nor_after_a_restart(slack, store):
+    """A backlog read fast brings a fire and its withdrawal in one batch: the opening, still waiting for
+    company, goes out with neither; one already posted is marked withdrawn in its thread."""
+    now = [1000.0]
+    waiting, posted = alert(alert_id="w1"), alert(alert_id="p1", tags={"team": "vision"})
+    withdrawn = [msgspec.structs.replace(alert("resolved", alert_id=a.alert_id, waste_usd=0.0, tags=a.tags),
+                                         details={"gpu_count": 8, "reason": "withdrawn"})
+                 for a in (waiting, posted)]  # fmt: skip
+    store.alerts.record([waiting, posted], version=1)
+    store.alerts.record(withdrawn, version=2)
+    outbox = Outbox(store, bot(slack), group_wait_s=2.0, clock=lambda: now[0])
+    outbox.add([posted])
+    now[0] += 5.0
+    assert outbox.deliver_pending() == 1  # p1's opening, its wait over
+    outbox.add([waiting])
+    outbox.deliver_pending()  # w1 waits for company
+    outbox.add(withdrawn)
+    outbox.deliver_pending()
+    posts = slack.calls("chat.postMessage")
+    assert len(posts) == 2 and "p1" in posts[0].text_of_blocks() and "Withdrawn" in posts[1].text_of_blocks()
+    assert posts[1].body["thread_ts"] and len(outbox) == 0
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert restarted.recover() == 0 and restarted.deliver_pending() == 0
+    assert len(slack.calls("chat.postMessage")) == 2
 
 
 def test_webhook(slack):

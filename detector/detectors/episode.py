@@ -34,13 +34,13 @@ Read in event-time order (``backtest``), the stop comes first and no episode fir
 stood, and it counts no dollars (:attr:`detector.alerts.Alert.withdrawn`)."""
 
 
-def withdraws(fired_by: float | None, covered_until: float, stop: float, stale_after: float) -> bool:
-    """Whether a stop at ``stop``, read now, takes back the open episode fired by the sample at
-    ``fired_by``: it came before that sample, and the samples read past it span no more than
-    ``stale_after`` (a longer run of samples after a stop is a host started again, whose own
-    count is not known: that stop resolves, as any other). ``fired_by`` None: not known (a state
-    saved before it was kept), so nothing is taken back."""
-    return fired_by is not None and stop < fired_by and covered_until - stop <= stale_after
+def withdraws(fired_by: float | None, stop: float) -> bool:
+    """Whether a stop at ``stop``, read now, takes back the open episode fired at ``fired_by`` (the time
+    of the event that fired it): it came before, so in event-time order the stop ended the episode
+    first and this one never fired, however many samples were read past the stop (a host started
+    again soon after starts an episode of its own there). ``fired_by`` None: not known (a state saved
+    before it was kept), so nothing is taken back."""
+    return fired_by is not None and stop < fired_by
 
 
 class Episode(msgspec.Struct, kw_only=True, gc=False):

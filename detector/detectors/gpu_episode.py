@@ -250,7 +250,7 @@ class GpuEpisode(DetectorBase):
         if not res.billed:
             since, reason = st.since, f"instance_{res.state}"
             if st.fired_at is not None:
-                early = withdraws(st.fired_by, st.covered_until, t, self.params.stale_after)
+                early = withdraws(st.fired_by, t)
                 self._accrue(st, res, t)
                 self._uncount_after(st, res, t)
                 if early:  # stopped before the sample that fired it: the episode never held for ``for``
@@ -299,8 +299,9 @@ class GpuEpisode(DetectorBase):
         action = advance(st, at, start=st.since, held_s=at - st.since, need_s=p.for_, every_s=p.update_every)
         if action is None or st.fired_at is None:
             return []
-        if action == "fire":  # by a sample at ``at``, or by the usage event at ``t`` that says the host is billed:
-            st.fired_by = at if at <= t else t  # in time order it fired there, not at samples read ahead of it
+        if action == "fire":  # by a sample at ``at``, or by a usage event at ``t`` (the host billed at last), after
+            # samples read ahead of it: in time order it fired at that event, or at the sample that completed ``for``
+            st.fired_by = at if at <= t else max(t, st.fired_at)
         return [self._finding(action, st, res, st.fired_at if action == "fire" else at)]
 
     def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, **extra: object) -> Finding:

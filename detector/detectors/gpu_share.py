@@ -659,7 +659,7 @@ class GpuShare(DetectorBase):
             found: list[Finding] = []
             if st.since is not None:
                 since, reason = st.since, f"instance_{res.state}"
-                if st.fired_at is not None and withdraws(st.fired_by, st.covered_until, t, self.params.stale_after):
+                if st.fired_at is not None and withdraws(st.fired_by, t):
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
                 elif st.fired_at is not None:
                     self._uncount_after(st, res, t)

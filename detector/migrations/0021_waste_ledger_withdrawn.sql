@@ -3,7 +3,8 @@
 -- a usage flush read behind the samples; reason 'withdrawn', docs/reliability.md). Its changes
 -- recorded the dollars counted at its fire and then none; the ledger claims what each change
 -- added and never takes back, so the fire's dollars stayed claimed. Such an alert never stood:
--- it claims nothing, as a silenced one. The view is otherwise the same.
+-- it claims nothing, as a silenced one. The view is otherwise the same. Nor is it in
+-- waste_by_day (0003), whose days hold each alert's highest dollars of the day.
 
 DROP VIEW IF EXISTS {db}.waste_ledger;
 
@@ -71,3 +72,15 @@ FROM (SELECT c.*, b.bill_usd AS bill_usd FROM claim_hours AS c
       LEFT JOIN bills AS b ON c.resource_id = b.resource_id AND c.hour = b.hour)
 WINDOW w AS (PARTITION BY resource_id, hour ORDER BY rank, claim ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
        hour_w AS (PARTITION BY resource_id, hour);
+
+DROP VIEW IF EXISTS {db}.waste_by_day;
+
+CREATE VIEW IF NOT EXISTS {db}.waste_by_day AS
+SELECT day, alert_id, type, rule, resource_id, team, silenced,
+       waste_usd - lagInFrame(waste_usd, 1, 0) OVER (PARTITION BY alert_id ORDER BY day
+                                                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS usd
+FROM (SELECT day, alert_id, anyLast(type) AS type, anyLast(rule) AS rule, anyLast(resource_id) AS resource_id,
+             anyLast(team) AS team, anyLast(silenced) AS silenced, max(waste_usd) AS waste_usd
+      FROM {db}.waste_daily
+      WHERE alert_id NOT IN (SELECT alert_id FROM {db}.alerts FINAL WHERE JSONExtractString(details, 'reason') = 'withdrawn')
+      GROUP BY day, alert_id);
