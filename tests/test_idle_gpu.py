@@ -237,3 +237,23 @@ def test_a_fire_made_by_the_first_usage_read_behind_its_samples_is_kept_by_a_sto
     assert [(f.action, f.fired_at, f.details.get("reason")) for f in behind] == [
         (f.action, f.fired_at, f.details.get("reason")) for f in in_order]  # fmt: skip
     assert behind[-1].waste_usd == pytest.approx(in_order[-1].waste_usd, abs=0.005)
+
+
+def test_a_stop_before_the_fire_withdraws_it_however_many_samples_were_read_past_the_stop(ruleset):
+    """Stopped at 28:00 and started again at 29:30, idle throughout, the usage from 25:00 read after
+    the samples to 36:00 (a review's case). In time order the stop ends the spell before its half hour
+    and nothing fires (the restarted host's spell is 6.5 minutes). Read so, the spell fired at 30:00 on
+    samples from both sides of the stop; the stop, dated before that, withdraws it with no dollars,
+    though more than ``stale_after`` of samples came past it (a bound that holds only the dollars'
+    take-back: it had left this alert standing at $19.20)."""
+    samples = [e for t in [*range(0, 28 * 60 + 1, 30), *range(29 * 60 + 30, 36 * 60 + 1, 30)]
+               for e in scrape(T0 + t, IDLE8)]  # fmt: skip
+    usages = [usage(T0 + m * MIN, state="stopped" if m == 28 else "running") for m in range(37)]
+    events = sorted(samples + usages, key=lambda e: e.ts)
+    _, in_order = run(ruleset, events)
+    cut = T0 + 25 * MIN
+    late = [e for e in events if e.ts.timestamp() < cut] + [e for e in samples if e.ts.timestamp() >= cut]
+    _, live = run(ruleset, late + [u for u in usages if u.ts.timestamp() >= cut])
+    assert in_order == []
+    assert [(f.action, f.fired_at, f.details.get("reason"), f.waste_usd) for f in live] == [
+        ("fire", T0 + 30 * MIN, None, pytest.approx(16.0)), ("resolve", T0 + 30 * MIN, "withdrawn", 0.0)]  # fmt: skip
