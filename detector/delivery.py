@@ -182,8 +182,8 @@ class Outbox:
         ids = [alert_id for alert_id, _ in pending]
         rows = {r["alert_id"]: r for r in self.store.alerts.latest("alert_id IN %(ids)s", {"ids": ids})} if pending else {}
         now = self._clock()
-        for alert_id, change in pending:
-            if alert_id in rows:
+        for alert_id, change in sorted(pending, key=lambda p: p[1] == "resolved"):  # openings first: a withdrawal
+            if alert_id in rows:  # is dated by its stop, before its opening, and drops it only once queued
                 self._enqueue(alert_from_row(rows[alert_id], change), now - self.group_wait_s)
         self._publish()
         return len(pending)
@@ -294,22 +294,31 @@ class Outbox:
         return sent
 
     def _take_inbox(self) -> None:
-        """Move what :meth:`add` handed over into the delivery thread's own queue and edits."""
+        """Move what :meth:`add` handed over into the delivery thread's own queue and edits. A store
+        error part way (recording a change that goes nowhere) leaves the rest in the inbox, in order,
+        for the next pass."""
         with self._lock:
             taken = list(self._inbox)
             self._inbox.clear()
-        for alert, added_at in taken:
-            if not self._owns(alert):
-                continue  # its partition moved on: the new holder recovers it from the store
-            if alert.change == "updated":
-                self._edits[alert.alert_id] = alert  # only the latest matters
-                continue
-            if alert.change == "resolved":
-                self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
-                self._edited_at.pop(alert.alert_id, None)
-                if alert.withdrawn and self._withdrawn_unposted(alert.alert_id):
-                    continue
-            self._enqueue(alert, added_at)
+        for i, (alert, added_at) in enumerate(taken):
+            try:
+                self._take(alert, added_at)
+            except BaseException:
+                with self._lock:
+                    self._inbox.extendleft(reversed(taken[i:]))
+                raise
+
+    def _take(self, alert: Alert, added_at: float) -> None:
+        """One change handed over: into the queue, the edits, or recorded as going nowhere."""
+        if not self._owns(alert):
+            return  # its partition moved on: the new holder recovers it from the store
+        if alert.change == "updated":
+            self._edits[alert.alert_id] = alert  # only the latest matters
+            return
+        if alert.change == "resolved":
+            self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
+            self._edited_at.pop(alert.alert_id, None)
+        self._enqueue(alert, added_at)
 
     def _withdrawn_unposted(self, alert_id: str) -> bool:
         """Whether the fire withdrawn (:attr:`~detector.alerts.Alert.withdrawn`) was still waiting in the
@@ -319,8 +328,8 @@ class Outbox:
         opening = (alert_id, "fired")
         if opening not in self._queued or opening in self._done or opening in self._maybe_posted:
             return False
-        self._drop([a for a in self._queue if (a.alert_id, a.change) == opening])
         self.store.deliveries.record_many([(alert_id, "fired", *WITHDRAWN_UNPOSTED), (alert_id, "resolved", *WITHDRAWN_UNPOSTED)])
+        self._drop([a for a in self._queue if (a.alert_id, a.change) == opening])
         self._done[opening] = self._done[(alert_id, "resolved")] = WITHDRAWN_UNPOSTED
         return True
 
@@ -328,6 +337,8 @@ class Outbox:
         key = (alert.alert_id, alert.change)
         if key in self._done or key in self._queued:
             return
+        if alert.change == "resolved" and alert.withdrawn and self._withdrawn_unposted(alert.alert_id):
+            return  # (live, and after a restart: recover queues the opening, then this)
         if self.wants is not None and (not self.wants(alert) or self._done.get((alert.alert_id, "fired")) == UNROUTED):
             self.store.deliveries.record(alert.alert_id, alert.change, *UNROUTED)  # its resolution follows its opening
             self._done[key] = UNROUTED
@@ -351,6 +362,10 @@ class Outbox:
             return False
         log.info("slack_post_found", alert_id=alert.alert_id, change=alert.change)
         self._delivered(group, *(thread if alert.change == "resolved" and thread else found))
+        ts = found[1]
+        if alert.change == "fired" and ts and any(kind == "fired" and other != alert.alert_id and done[1] == ts
+                                                  for (other, kind), done in self._done.items()):  # fmt: skip
+            self._group_ts.add(ts)  # a group's message, found member by member: not edited for one of them
         if alert.change == "resolved" and thread is not None and thread[1] not in self._group_ts:
             try:  # the parent's edit may not have followed the reply
                 self.notifier.edit(alert, thread, self.store.actions.of(alert.alert_id))

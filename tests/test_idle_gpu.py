@@ -257,3 +257,29 @@ def test_a_stop_before_the_fire_withdraws_it_however_many_samples_were_read_past
     assert in_order == []
     assert [(f.action, f.fired_at, f.details.get("reason"), f.waste_usd) for f in live] == [
         ("fire", T0 + 30 * MIN, None, pytest.approx(16.0)), ("resolve", T0 + 30 * MIN, "withdrawn", 0.0)]  # fmt: skip
+
+
+@pytest.mark.parametrize("rule_type", ["idle_gpu", "partly_idle_gpu"])
+def test_a_stop_from_before_the_episode_began_read_late_or_sent_again_leaves_it_alone(ruleset, rule_type):
+    """Busy, stopped at 20:00, running again at 21:00 and idle (all GPUs, or half) to 70:00: in time
+    order one alert fires at 51:00 and stays open. The stop read after the idle samples (usage 5 or
+    35 minutes behind, a backlog), or sent again at 55:00 (an exporter's retry), came before the
+    episode began: it neither ends nor withdraws it (a review found it withdrawn, $0, once a
+    withdrawal had no lower bound, and before that resolved, $18.13; 5 minutes behind, it restarted
+    the count under another alert id)."""
+    idle = IDLE8 if rule_type == "idle_gpu" else [90.0] * 4 + [1.0] * 4
+    samples = [e for t in range(0, 20 * 60, 30) for e in scrape(T0 + t, BUSY8)]
+    samples += [e for t in range(21 * 60, 70 * 60, 30) for e in scrape(T0 + t, idle)]
+    usages = [usage(T0 + m * MIN, state="stopped" if m == 20 else "running") for m in range(70)]
+    in_order = sorted(samples + usages, key=lambda e: e.ts)
+    again = [e for e in in_order if e.ts.timestamp() <= T0 + 55 * MIN]
+    again += [usage(T0 + 20 * MIN, state="stopped")] + [e for e in in_order if e.ts.timestamp() > T0 + 55 * MIN]
+
+    def found(events):
+        return [(f.action, f.episode_start, f.fired_at, f.details.get("reason"), round(f.waste_usd, 2))
+                for f in Engine(ruleset).process(events) if f.type == rule_type and f.action != "update"]  # fmt: skip
+
+    want = found(in_order)
+    assert [(a, start - T0, fired - T0) for a, start, fired, *_ in want] == [("fire", 21 * MIN, 51 * MIN)]
+    for events in (_read(in_order, 5 * MIN), _read(in_order, 35 * MIN), again):
+        assert found(events) == want

@@ -125,6 +125,50 @@ def test_a_fire_withdrawn_before_its_opening_went_out_posts_nothing_nor_after_a_
     assert len(slack.calls("chat.postMessage")) == 2
 
 
+def test_a_fire_withdrawn_before_it_was_posted_is_not_posted_after_a_restart_either(slack, store):
+    """Stored, opening and withdrawal, and neither posted when the worker died: the next worker's outbox
+    posts neither (the withdrawal, dated by its stop, comes before its opening in time)."""
+    opened = alert(alert_id="w1")
+    withdrawn = msgspec.structs.replace(alert("resolved", alert_id="w1", waste_usd=0.0), resolved_at=T0 + 1770,
+                                        details={"gpu_count": 8, "reason": "withdrawn"})  # fmt: skip
+    store.alerts.record([opened], version=1)
+    store.alerts.record([withdrawn], version=2)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert outbox.recover() == 2 and outbox.deliver_pending() == 0 and len(outbox) == 0
+    assert slack.calls("chat.postMessage") == []
+    assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0  # recorded as handled
+
+
+def test_a_store_error_while_a_withdrawal_is_taken_loses_nothing_behind_it(slack, store, monkeypatch):
+    """The outbox takes what the worker handed over in one go; a store error part way (recording a
+    withdrawn opening as handled) leaves the rest for the next pass, not dropped until a restart."""
+    now = [1000.0]
+    first, other = alert(alert_id="w1"), alert(alert_id="x1", tags={"team": "vision"})
+    withdrawn = msgspec.structs.replace(alert("resolved", alert_id="w1", waste_usd=0.0), resolved_at=T0 + 1770,
+                                        details={"gpu_count": 8, "reason": "withdrawn"})  # fmt: skip
+    store.alerts.record([first, other], version=1)
+    store.alerts.record([withdrawn], version=2)
+    outbox = Outbox(store, bot(slack), group_wait_s=2.0, clock=lambda: now[0])
+    outbox.add([first])
+    outbox.deliver_pending()  # w1 waits for company
+    record_many, failures = store.deliveries.record_many, [1]
+
+    def failing(rows):
+        if failures:
+            failures.pop()
+            raise ConnectionError("the store went away")
+        record_many(rows)
+
+    monkeypatch.setattr(store.deliveries, "record_many", failing)
+    outbox.add([withdrawn, other])
+    with pytest.raises(ConnectionError):
+        outbox.deliver_pending()
+    now[0] += 5.0
+    outbox.deliver_pending()
+    posts = slack.calls("chat.postMessage")
+    assert len(posts) == 1 and "x1" in posts[0].text_of_blocks() and len(outbox) == 0
+
+
 def test_webhook(slack):
     SlackNotifier(webhook_url=slack.webhook_url).post(alert())
     (hook,) = slack.calls("webhook")
@@ -288,6 +332,29 @@ def test_a_post_that_timed_out_but_landed_is_not_posted_again(slack, store):
     outbox.add([alert("resolved")])
     outbox.deliver_pending()
     assert slack.calls("chat.postMessage")[-1].body["thread_ts"] == slack.calls("chat.postMessage")[0].response["ts"]
+
+
+def test_a_group_message_that_timed_out_but_landed_is_not_edited_for_one_member(slack, store):
+    """A group's message found in Slack after its post timed out is a group's: a member's resolution
+    replies in its thread and leaves the message listing the others as it is (it was edited to show
+    that member alone when the members were found one by one)."""
+    notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=1)
+    outbox = Outbox(store, notifier, group_wait_s=0, landing_s=0)
+    members = [alert(alert_id=f"g{i}", fired_at=T0 + 1800 + 30 * i) for i in range(2)]
+    store.alerts.record(members, version=1)
+    outbox.add(members)
+    slack.hang(1.5)
+    with pytest.raises(SlackError):
+        outbox.deliver_pending()
+    slack.hang(0)
+    assert slack.wait_for(lambda reqs: any(r.method == "chat.postMessage" for r in reqs), timeout=10)
+    outbox.deliver_pending()
+    (group,) = slack.calls("chat.postMessage")
+    assert "alert `g0`" in group.text_of_blocks() and "alert `g1`" in group.text_of_blocks()
+    outbox.add([alert("resolved", alert_id="g0", fired_at=T0 + 1800)])
+    outbox.deliver_pending()
+    reply = slack.calls("chat.postMessage")[-1]
+    assert reply.body["thread_ts"] == group.response["ts"] and slack.calls("chat.update") == []
 
 
 def test_a_post_that_timed_out_and_never_landed_is_posted(slack, store):

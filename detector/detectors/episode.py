@@ -34,13 +34,14 @@ Read in event-time order (``backtest``), the stop comes first and no episode fir
 stood, and it counts no dollars (:attr:`detector.alerts.Alert.withdrawn`)."""
 
 
-def withdraws(fired_by: float | None, stop: float) -> bool:
-    """Whether a stop at ``stop``, read now, takes back the open episode fired at ``fired_by`` (the time
-    of the event that fired it): it came before, so in event-time order the stop ended the episode
-    first and this one never fired, however many samples were read past the stop (a host started
-    again soon after starts an episode of its own there). ``fired_by`` None: not known (a state saved
-    before it was kept), so nothing is taken back."""
-    return fired_by is not None and stop < fired_by
+def withdraws(since: float, fired_by: float | None, stop: float) -> bool:
+    """Whether a stop at ``stop``, read now, takes back the open episode that started at ``since`` and
+    fired at ``fired_by`` (the time of the event that fired it): it came within, so in event-time order
+    the stop ended the episode first and this one never fired, however many samples were read past
+    the stop (a host started again soon after starts an episode of its own there). A stop before the
+    episode began (a backlog's, or one sent again) never touched it. ``fired_by`` None: not known (a
+    state saved before it was kept), so nothing is taken back."""
+    return fired_by is not None and since <= stop < fired_by
 
 
 class Episode(msgspec.Struct, kw_only=True, gc=False):

@@ -249,8 +249,10 @@ class GpuEpisode(DetectorBase):
             return []
         if not res.billed:
             since, reason = st.since, f"instance_{res.state}"
+            if t < since:  # a stop from before the episode began (a backlog's usage read behind its samples, or
+                return []  # a stop sent again): in time order the host ran again after it, and this one began
             if st.fired_at is not None:
-                early = withdraws(st.fired_by, t)
+                early = withdraws(since, st.fired_by, t)
                 self._accrue(st, res, t)
                 self._uncount_after(st, res, t)
                 if early:  # stopped before the sample that fired it: the episode never held for ``for``

@@ -657,18 +657,23 @@ class GpuShare(DetectorBase):
     def _on_usage(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         if not res.billed:
             found: list[Finding] = []
+            if st.since is not None and t < st.since:
+                return found  # a stop from before the episode began (read behind, or sent again): not its end
             if st.since is not None:
                 since, reason = st.since, f"instance_{res.state}"
-                if st.fired_at is not None and withdraws(st.fired_by, t):
+                if st.fired_at is not None and withdraws(since, st.fired_by, t):
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
                 elif st.fired_at is not None:
                     self._uncount_after(st, res, t)
                 found = end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
             if t > st.stopped_at:
                 st.stopped_at = t
-            for g in range(len(st.gpu_ids)):
-                _restart(st, g)
-            st.whole_idle_since, st.spell_s = None, 0.0
+            times = st.gpu_times
+            for g in range(len(st.gpu_ids)):  # a GPU idle since after the stop (its samples read first) runs on
+                if times is None or not times[_G * g + _IDLE_SINCE] > t:  # (unset: NaN)
+                    _restart(st, g)
+            if st.whole_idle_since is None or st.whole_idle_since <= t:
+                st.whole_idle_since, st.spell_s = None, 0.0
             return found
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
