@@ -11,6 +11,7 @@ add (``describe``); this class does the rest the same way for all of them:
   usage topic read behind) are taken back, so that either order gives the same dollars, and a
   stop before the sample that fired the episode withdraws it (``reason: withdrawn``, no dollars:
   :func:`~detector.detectors.episode.withdraws`), where in time order nothing would have fired;
+  a stop from before the episode began (read behind, or sent again) leaves it alone;
 - silence is not evidence: a telemetry gap longer than ``stale_after`` restarts a
   candidate episode and is not counted (time or dollars) in an open one;
 - dollars accrue over sample-covered time at the host's price; time seen before the
