@@ -73,8 +73,9 @@ class GpuEpisodeState(Episode, kw_only=True):
     covered_until: float = 0.0
     """Time of the newest sample seen: episode time is only counted up to here."""
     fired_by: float | None = None
-    """Time of the sample that fired the open episode (None: none open), by which a stop read after
-    it and dated before it takes the fire back (:func:`~detector.detectors.episode.withdraws`)."""
+    """Time of the event that fired the open episode (None: none open): the sample that completed
+    ``for``, or the usage event that said the host is billed. A stop read after it and dated before it
+    takes the fire back (:func:`~detector.detectors.episode.withdraws`)."""
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
