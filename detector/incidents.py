@@ -147,6 +147,9 @@ class Incident:
     burning: bool = True
     """Whether its ``usd_per_hour`` is still being spent while it is open (False: the money
     is sunk, a failed run that has ended)."""
+    withdrawn: bool = False
+    """Resolved by taking its fire back: the resource had stopped before the rule's threshold, the stop
+    read late (:attr:`detector.alerts.Alert.withdrawn`); it never stood and counts no dollars."""
 
     @property
     def team(self) -> str:
@@ -190,7 +193,7 @@ class Incident:
             "snoozed_until": t(self.snoozed_until), "snoozed_by": self.snoozed_by,
             "marked_expected": self.marked_expected, "slack_channel": self.slack_channel, "slack_ts": self.slack_ts,
             "slack_url": slack_permalink(slack_workspace_url, self.slack_channel, self.slack_ts),
-            "tags": dict(self.tags), "burning": self.burning,
+            "tags": dict(self.tags), "burning": self.burning, "withdrawn": self.withdrawn,
         }  # fmt: skip
 
 
@@ -246,9 +249,11 @@ SELECT a.alert_id AS alert_id, a.type AS type, a.rule AS rule, a.severity AS sev
        a.status AS status, a.waste_usd AS usd, a.usd_per_hour AS usd_per_hour, a.episode_start AS episode_start,
        a.fired_at AS fired_at, a.updated_at AS updated_at, a.resolved_at AS resolved_at, a.tags AS tags,
        x.acked_at AS acked_at, x.acked_by AS acked_by, x.snoozed_until AS snoozed_until, x.snoozed_by AS snoozed_by,
-       x.expected AS expected, d.channel AS slack_channel, d.message_ts AS slack_ts, a.burning AS burning
+       x.expected AS expected, d.channel AS slack_channel, d.message_ts AS slack_ts, a.burning AS burning,
+       a.withdrawn AS withdrawn
 FROM (SELECT alert_id, type, rule, severity, resource_id, resource_type, account, region, instance_type, status,
-             waste_usd, usd_per_hour, episode_start, fired_at, updated_at, resolved_at, tags, {{burning}} AS burning
+             waste_usd, usd_per_hour, episode_start, fired_at, updated_at, resolved_at, tags, {{burning}} AS burning,
+             status = 'resolved' AND JSONExtractString(details, 'reason') = 'withdrawn' AS withdrawn
       FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
       ORDER BY {_ORDER} LIMIT {{limit:UInt32}}) AS a
 LEFT JOIN (SELECT alert_id, minIfOrNull(at, action = 'acknowledged') AS acked_at,
@@ -306,6 +311,7 @@ def _incident(row: dict[str, Any], now: float) -> Incident:
         acknowledged_at=acked_at, snoozed_until=snoozed_until,
         snoozed_by=row["snoozed_by"] if snoozed_until is not None else None, marked_expected=bool(row["expected"]),
         slack_channel=row["slack_channel"] or None, slack_ts=row["slack_ts"] or None, burning=bool(row["burning"]),
+        withdrawn=bool(row["withdrawn"]),
     )  # fmt: skip
 
 

@@ -78,7 +78,7 @@ def _slack(incident: Incident, workspace_url: str | None) -> str:
 COLUMNS: tuple[tuple[str, str, Cell], ...] = (
     ("$/h", "num", lambda i, _: _text(money(i.usd_per_hour)) if i.burning_now else "sunk" if i.open else "-"),
     ("$ so far", "num", lambda i, _: _text(money(i.usd))),
-    ("State", "state", lambda i, _: _text(i.state)),
+    ("State", "state", lambda i, _: _text("withdrawn" if i.withdrawn else i.state)),
     ("Age", "num", lambda i, _: _text(format_duration(i.age_s))),
     ("Owner", "owner", lambda i, _: _text(i.owner or "-")),
     ("Team", "team", lambda i, _: _text(i.team or "-")),

@@ -65,6 +65,19 @@ def test_states_come_from_the_alert_and_the_clicks(store):
     assert listed["fire"].acknowledged_at is None and listed["fire"].snoozed_until is None
 
 
+def test_a_withdrawn_fire_is_resolved_and_says_so_in_the_json_and_on_the_page(store):
+    """A fire taken back (the host had stopped before the threshold, the stop read late) is a resolved
+    incident of no dollars that says it was withdrawn; another resolved one does not."""
+    store.alerts.record([alert("wd", 32.0, usd=0.0, resolved_at=T0 + 1790, details={"reason": "withdrawn"}),
+                         alert("done", 1, resolved_at=T0 + 7200, details={"reason": "gpu_busy"})], version=1)  # fmt: skip
+    listed = list_incidents(store, IncidentFilter(), NOW)
+    by_id = {i["alert_id"]: i for i in listed.to_json()["incidents"]}
+    assert (by_id["wd"]["state"], by_id["wd"]["withdrawn"]) == ("resolved", True)
+    assert (by_id["done"]["state"], by_id["done"]["withdrawn"]) == ("resolved", False)
+    page = render_page(listed)
+    assert page.count(">withdrawn<") == 1 and page.count(">resolved<") == 1
+
+
 def test_a_click_without_a_user_name_is_shown_by_its_user_id(store):
     """Slack's payload may carry only the user's id (as the worker's log and the snooze notice show it)."""
     store.alerts.record([alert("ack", 1), alert("snz", 1)], version=1)
@@ -224,7 +237,7 @@ def test_the_json_of_an_incident_keeps_its_documented_fields(store):
         "alert_id", "state", "type", "rule", "severity", "resource_id", "resource_type", "team", "owner", "account",
         "region", "instance_type", "usd", "usd_per_hour", "age_s", "episode_start", "fired_at", "updated_at",
         "resolved_at", "acknowledged_by", "acknowledged_at", "snoozed_until", "snoozed_by", "marked_expected",
-        "slack_channel", "slack_ts", "slack_url", "tags", "burning",
+        "slack_channel", "slack_ts", "slack_url", "tags", "burning", "withdrawn",
     }  # fmt: skip (docs/incidents.md lists these)
     assert one["usd"] == 12.35 and one["usd_per_hour"] == 3.25 and one["age_s"] == 5400
     assert one["episode_start"] == "2026-09-21T14:13:20Z" and one["resolved_at"] is None
