@@ -43,17 +43,23 @@ _SAMPLE = st.tuples(_VALUES.filter(lambda x: 0.0 <= x <= 100.0), st.floats(0, 1e
 
 @given(st.lists(st.lists(_SAMPLE, min_size=1, max_size=8), min_size=1, max_size=6))
 def test_a_scrape_folded_whole_sums_as_its_samples_folded_one_by_one(scrapes):
-    """The window's utilisations, memory fractions and power: the same floats, added in the same order."""
+    """The window's utilisations, memory fractions and power: the same floats, added in the same order,
+    as taking the samples one by one (written out here: :func:`append`, and each sum in turn)."""
     whole, single = WindowState(), WindowState()
+    utils: array = array("B")  # (a window holds None until its first sample)
     for k, scrape in enumerate(scrapes):
         samples = [GpuMetric(ts=at(T0 + k), resource_id="h", gpu_index=i, util_pct=u, mem_used_mib=used,
                              mem_total_mib=total, power_w=power)
                    for i, (u, used, total, power) in enumerate(scrape)]  # fmt: skip
-        WindowBuilder._fold_all(whole, samples)
+        WindowBuilder._fold(whole, samples)
         for sample in samples:
-            WindowBuilder._fold(single, sample)
-    assert whole.utils is not None and single.utils is not None
-    assert _bits(whole.utils) == _bits(single.utils)
+            utils = append(utils, sample.util_pct)
+            if sample.mem_total_mib > 0:
+                single.mem_frac_sum += sample.mem_used_mib / sample.mem_total_mib
+            single.power_sum += sample.power_w
+            single.gpu_samples += 1
+    assert whole.utils is not None
+    assert _bits(whole.utils) == _bits(utils)
     assert (whole.mem_frac_sum, whole.power_sum, whole.gpu_samples) == (single.mem_frac_sum, single.power_sum,
                                                                         single.gpu_samples)  # fmt: skip
 

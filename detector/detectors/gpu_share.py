@@ -657,11 +657,12 @@ class GpuShare(DetectorBase):
     def _on_usage(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         if not res.billed:
             found: list[Finding] = []
-            if st.since is not None and t < st.since:
-                return found  # a stop from before the episode began (read behind, or sent again): not its end
-            if st.since is not None:
-                since, reason = st.since, f"instance_{res.state}"
-                if st.fired_at is not None and withdraws(since, st.fired_by, t):
+            since = st.since
+            if since is not None:
+                if t < since:
+                    return found  # a stop from before the episode began (read behind, or sent again): not its end
+                reason = f"instance_{res.state}"
+                if withdraws(since, st.fired_by, t):  # (fired_by: None unless it fired)
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
                 elif st.fired_at is not None:
                     self._uncount_after(st, res, t)

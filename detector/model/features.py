@@ -35,7 +35,7 @@ from typing import ClassVar
 import msgspec
 
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.floats import FloatArray, Series, append, as_floats, bytewise, extend, narrowed, newer, per_gpu
+from detector.floats import FloatArray, Series, as_floats, bytewise, extend, narrowed, newer, per_gpu
 
 __all__ = ["BASE_FEATURES", "FEATURE_SETS", "METRIC_PREFIX", "Window", "WindowBuilder", "WindowExtras", "WindowState",
            "WindowStateBefore", "base_features", "feature_names", "follows", "metrics_of", "model_group"]
@@ -407,7 +407,7 @@ class WindowBuilder:
             st.paused = st.paused or paused
         if type(event) is GpuMetric:
             if self._newer(st, event.gpu_index, t):
-                self._fold(st, event)
+                self._fold(st, [event])
         elif type(event) is UsageEvent:
             if t <= st.usage_last:
                 return closed
@@ -483,19 +483,19 @@ class WindowBuilder:
             m, n, last = len(samples), st.gpu_n, st.gpu_t
             if last is None or t > last:
                 if m >= n:  # each GPU's latest is older (or none): every sample is taken
-                    self._fold_all(st, samples)
+                    self._fold(st, samples)
                     st.gpu_t, st.gpu_n = t, m
                     return closed
             elif t == last:  # GPUs 0 .. n-1 are read again; the next ones are new
                 if m > n:
-                    self._fold_all(st, samples[n:])
+                    self._fold(st, samples[n:])
                 st.gpu_n = max(n, m)
                 return closed
             elif m <= n:
                 return closed  # each GPU's latest is later: none is taken
-        for event in samples:
-            if self._newer(st, event.gpu_index, t):
-                self._fold(st, event)
+        taken = [event for event in samples if self._newer(st, event.gpu_index, t)]
+        if taken:
+            self._fold(st, taken)
         return closed
 
     @staticmethod
@@ -519,17 +519,9 @@ class WindowBuilder:
         return newer(times, index, t)
 
     @staticmethod
-    def _fold(st: WindowState, event: GpuMetric) -> None:
-        st.utils = append(st.utils if st.utils is not None else bytewise(), event.util_pct)
-        if event.mem_total_mib > 0:
-            st.mem_frac_sum += event.mem_used_mib / event.mem_total_mib
-        st.power_sum += event.power_w
-        st.gpu_samples += 1
-
-    @staticmethod
-    def _fold_all(st: WindowState, samples: list[GpuMetric]) -> None:
-        """:meth:`_fold` of each of a scrape's samples (at least one) in turn, in one call: the same
-        sums, added in the same order (a float sum depends on it)."""
+    def _fold(st: WindowState, samples: list[GpuMetric]) -> None:
+        """Take GPU samples (at least one; a scrape's in one call) into the window, in order: each sum
+        is added to sample by sample, in that order (a float sum depends on it)."""
         st.utils = extend(st.utils if st.utils is not None else bytewise(), [event.util_pct for event in samples])
         mem = st.mem_frac_sum
         for event in samples:
@@ -540,7 +532,7 @@ class WindowBuilder:
         st.gpu_samples += len(samples)
 
     def _close(self, st: WindowState, resource_id: str, resource_type: str) -> Window | None:
-        group = _GROUP_OF.get(resource_type, "cpu")  # (model_group)
+        group = model_group(resource_type)
         start = st.start or 0.0
         end = self._last_end = self._shared(start + self.window_s, self._last_end)
         st.closes += 1
