@@ -253,7 +253,7 @@ SELECT a.alert_id AS alert_id, a.type AS type, a.rule AS rule, a.severity AS sev
        a.withdrawn AS withdrawn
 FROM (SELECT alert_id, type, rule, severity, resource_id, resource_type, account, region, instance_type, status,
              waste_usd, usd_per_hour, episode_start, fired_at, updated_at, resolved_at, tags, {{burning}} AS burning,
-             status = 'resolved' AND JSONExtractString(details, 'reason') = 'withdrawn' AS withdrawn
+             withdrawn
       FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
       ORDER BY {_ORDER} LIMIT {{limit:UInt32}}) AS a
 LEFT JOIN (SELECT alert_id, minIfOrNull(at, action = 'acknowledged') AS acked_at,

@@ -47,6 +47,30 @@ def test_a_store_from_before_recorded_migrations_is_migrated_in_place(chdb_clien
     assert store.query(f"SELECT src_topic, usd FROM {db}.resource_usage") == [{"src_topic": "", "usd": 0.0}]
 
 
+
+def test_an_alert_withdrawn_before_its_column_existed_reads_as_withdrawn(chdb_client, monkeypatch):
+    """Migration 0022 gives ``alerts`` a ``withdrawn`` column: rows a worker wrote before it get it
+    from their details' reason (a fire taken back), and only a resolution taken back is withdrawn."""
+    import detector.store.schema as schema
+
+    db = "t_before_withdrawn"
+    chdb_client.command(f"DROP DATABASE IF EXISTS {db}")
+    every = migrations()
+    monkeypatch.setattr(schema, "migrations", lambda: [m for m in every if m.version < 22])
+    store = Store(chdb_client, db)
+    store.migrate()
+    chdb_client.command(
+        f"""INSERT INTO {db}.alerts (alert_id, type, rule, resource_id, status, change, details, version) VALUES
+            ('taken', 'idle_gpu', 'idle_gpu', 'h1', 'firing', 'fired', '{{}}', 1),
+            ('taken', 'idle_gpu', 'idle_gpu', 'h1', 'resolved', 'resolved', '{{"reason": "withdrawn"}}', 2),
+            ('stood', 'idle_gpu', 'idle_gpu', 'h2', 'resolved', 'resolved', '{{"reason": "instance_stopped"}}', 2),
+            ('open', 'idle_gpu', 'idle_gpu', 'h3', 'firing', 'updated', '{{"reason": "withdrawn"}}', 2)""")
+    monkeypatch.setattr(schema, "migrations", lambda: every)
+    assert store.migrate() == [f"{m.version:04d}_{m.name}" for m in every if m.version >= 22]
+    rows = store.query(f"SELECT alert_id, withdrawn FROM {db}.alerts FINAL ORDER BY alert_id")
+    assert {r["alert_id"]: r["withdrawn"] for r in rows} == {"open": False, "stood": False, "taken": True}
+
+
 def _table_setting(store, table, setting):
     """A table's MergeTree ``setting`` as its CREATE says, None where the table leaves it default."""
     ddl = store.query("SELECT create_table_query AS q FROM system.tables WHERE database = %(d)s AND name = %(t)s",

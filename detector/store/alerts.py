@@ -19,7 +19,7 @@ _Change = Literal["fired", "updated", "resolved"]
 _ALERT_COLS = [
     "alert_id", "type", "rule", "resource_id", "status", "change", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
-    "instance_type", "tags", "details", "silenced", "held", "held_by", "channel", "partition", "version",
+    "instance_type", "tags", "details", "silenced", "held", "held_by", "withdrawn", "channel", "partition", "version",
 ]  # fmt: skip
 
 
@@ -74,7 +74,7 @@ class Alerts:
              ms(a.fired_at), ms(a.updated_at), ms(a.resolved_at) if a.resolved_at is not None else None,
              a.waste_usd, a.usd_per_hour, a.resource_type, a.account, a.region, a.instance_type, a.tags,
              _json.encode(a.details).decode(), a.silenced, a.held.kind if a.held else "", a.held.by if a.held else "",
-             a.channel, a.partition, version + i]
+             a.withdrawn, a.channel, a.partition, version + i]
             for i, a in enumerate(alerts)
         ]  # fmt: skip
         self.conn.insert("alerts", rows, column_names=_ALERT_COLS)

@@ -45,8 +45,7 @@ class ManagerMemory:
         back, whose later changes stay held back. Within ``horizon_s`` of the newest alert."""
         db = self.conn.db
         rows = self.conn.query(
-            f"""SELECT rule, resource_id, alert_id, fired_at, held, held_by, silenced,
-                       JSONExtractString(details, 'reason') = 'withdrawn' AS withdrawn
+            f"""SELECT rule, resource_id, alert_id, fired_at, held, held_by, silenced, withdrawn
                 FROM {db}.alerts FINAL
                 WHERE fired_at >= (SELECT max(fired_at) FROM {db}.alerts) - toIntervalSecond(%(horizon)s)""",
             {"horizon": int(horizon_s)},

@@ -7,7 +7,7 @@ FROM (SELECT rule, type, count() AS alerts, countIf(is_ack) AS acks, countIf(is_
       FROM (SELECT a.rule AS rule, a.type AS type, a.team AS team, x.acknowledged = 1 AS is_ack,
                    x.expected = 1 AS is_expected
             FROM (SELECT alert_id, rule, type, tags['team'] AS team FROM {db:Identifier}.alerts FINAL
-                  WHERE silenced = '' AND JSONExtractString(details, 'reason') != 'withdrawn'
+                  WHERE silenced = '' AND NOT withdrawn
                     AND fired_at >= {since:DateTime('UTC')}
                     AND fired_at < {until:DateTime('UTC')}) AS a
             LEFT JOIN (SELECT alert_id, max(action = 'acknowledged') AS acknowledged, max(action = 'expected') AS expected
