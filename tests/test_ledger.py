@@ -258,6 +258,23 @@ def test_a_withdrawn_fire_claims_nothing_though_its_fire_recorded_dollars(store)
     assert {r["alert_id"]: r["usd"] for r in by_day} == pytest.approx({"stood": 4.0})
 
 
+
+def test_dollars_taken_back_in_part_are_not_claimed(store):
+    """An alert whose resolution says fewer dollars than an update before it (a stop read late took back
+    the minutes counted past it) claims what it finally says, in the ledger and by day, not its peak."""
+    billed(store, 1, 10.0)
+    fired = alert("partly", "partly_idle_gpu", 5.0, T0, T0 + HOUR / 2)
+    updated = msgspec.structs.replace(fired, change="updated", waste_usd=8.0, updated_at=T0 + 0.8 * HOUR)
+    resolved = msgspec.structs.replace(fired, status="resolved", change="resolved", waste_usd=6.5,
+                                       updated_at=T0 + 0.8 * HOUR, resolved_at=T0 + 0.65 * HOUR)  # fmt: skip
+    store.alerts.record([fired], version=1)
+    store.alerts.record([updated], version=2)
+    store.alerts.record([resolved], version=3)
+    assert ledger(store) == pytest.approx({("partly", "waste"): 6.5})
+    by_day = store.query(f"SELECT alert_id, sum(usd) AS usd FROM {store.db}.waste_by_day GROUP BY alert_id")
+    assert {r["alert_id"]: r["usd"] for r in by_day} == pytest.approx({"partly": 6.5})
+
+
 def test_per_gpu_idle_and_unallocated_gpus_are_wasted_dollars(store):
     """Part of a host idle ($7) and GPUs no pod requested ($2) in one $10 hour: both waste, and
     spot can save only on the $1 nothing wasted (migration 0010 ranks them with idle_gpu)."""

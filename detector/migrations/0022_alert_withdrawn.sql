@@ -3,7 +3,10 @@
 -- from the alert's record as `held` is (0008). Before, five queries (these two views, the
 -- precision report, the alert manager's memory, the incidents list) each parsed it back out of
 -- `details`. Rows written before this migration get it from that text, here. The views are
--- 0021's, reading the column.
+-- 0021's, reading the column, and each now claims at most what an alert's latest change says:
+-- both claimed an alert's highest dollars (the ledger what each change added and never took
+-- back, waste_by_day each day's highest), so a resolution that took back minutes an update had
+-- counted (a stop read late: the host had stopped before them) still claimed them.
 
 ALTER TABLE {db}.alerts ADD COLUMN IF NOT EXISTS withdrawn Bool DEFAULT
     status = 'resolved' AND JSONExtractString(details, 'reason') = 'withdrawn' AFTER held_by;
@@ -21,19 +24,20 @@ WITH
                if(type IN ('failed_run_spend', 'spot_eligible', 'plateaued_run'),
                   JSONExtract(details, 'resource_ids', 'Array(String)'),
                   [resource_id]) AS hosts,
-               JSONExtractBool(details, 'crash_loop') AS crash_loop, details
+               JSONExtractBool(details, 'crash_loop') AS crash_loop, details, waste_usd AS final_usd
         FROM {db}.alerts FINAL
         WHERE silenced = '' AND has(precedence, type) AND NOT withdrawn
     ),
     claims AS (
-        -- An alert's dollars by its changes: what each change added, over the time since the one before.
+        -- An alert's dollars by its changes: what each change added, over the time since the one before,
+        -- up to what its latest change says (a stop read late takes back minutes an update had counted).
         SELECT if(run_id != '' AND type = 'failed_run_spend', 'run:' || run_id, alert_id) AS claim,
                alert_id, type, rule, team, account, rank, hosts,
                if(row_number() OVER w = 1, start0, greatest(start0, lagInFrame(at_s) OVER w)) AS start_s,
                greatest(start_s, at_s) AS stop_s,
-               greatest(0, waste - lagInFrame(waste) OVER w) AS usd
+               greatest(0, least(waste, final_usd) - least(lagInFrame(waste) OVER w, final_usd)) AS usd
         FROM (SELECT a.alert_id AS alert_id, a.type AS type, a.rule AS rule, a.team AS team, a.account AS account,
-                     a.rank AS rank, a.start0 AS start0, a.run_id AS run_id, a.hosts AS hosts,
+                     a.rank AS rank, a.start0 AS start0, a.run_id AS run_id, a.hosts AS hosts, a.final_usd AS final_usd,
                      toUnixTimestamp64Milli(c.at) / 1000 AS at_s, c.waste_usd AS waste
               FROM {db}.alert_changes AS c INNER JOIN alerted AS a ON c.alert_id = a.alert_id
               WHERE NOT a.crash_loop)
@@ -79,10 +83,12 @@ DROP VIEW IF EXISTS {db}.waste_by_day;
 
 CREATE VIEW IF NOT EXISTS {db}.waste_by_day AS
 SELECT day, alert_id, type, rule, resource_id, team, silenced,
-       waste_usd - lagInFrame(waste_usd, 1, 0) OVER (PARTITION BY alert_id ORDER BY day
-                                                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS usd
-FROM (SELECT day, alert_id, anyLast(type) AS type, anyLast(rule) AS rule, anyLast(resource_id) AS resource_id,
-             anyLast(team) AS team, anyLast(silenced) AS silenced, max(waste_usd) AS waste_usd
-      FROM {db}.waste_daily
-      WHERE alert_id NOT IN (SELECT alert_id FROM {db}.alerts FINAL WHERE withdrawn)
+       least(waste_usd, final_usd) - lagInFrame(least(waste_usd, final_usd), 1, 0)
+           OVER (PARTITION BY alert_id ORDER BY day ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS usd
+FROM (SELECT d.day AS day, d.alert_id AS alert_id, anyLast(d.type) AS type, anyLast(d.rule) AS rule,
+             anyLast(d.resource_id) AS resource_id, anyLast(d.team) AS team, anyLast(d.silenced) AS silenced,
+             max(d.waste_usd) AS waste_usd, any(a.final_usd) AS final_usd
+      FROM {db}.waste_daily AS d
+      INNER JOIN (SELECT alert_id, waste_usd AS final_usd FROM {db}.alerts FINAL WHERE NOT withdrawn) AS a
+          ON d.alert_id = a.alert_id
       GROUP BY day, alert_id);
