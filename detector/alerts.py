@@ -23,7 +23,10 @@ from detector.units import format_duration, rfc3339
 
 __all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "burning", "burning_sql", "from_finding", "link_fields"]
 
-Change = Literal["fired", "updated", "resolved"]
+Change = Literal["fired", "updated", "resolved", "withdrawn"]
+"""What a change of an alert did; ``withdrawn``: an alert already resolved was taken back (a stop read
+after the sample that resolved it, dated before the one that fired it: it never stood). A fire taken
+back while open is ``resolved``, :attr:`Alert.withdrawn` saying so."""
 _CHANGES: dict[str, Change] = {"fire": "fired", "update": "updated", "resolve": "resolved"}
 """A finding's action, said of the alert it changes."""
 
@@ -274,7 +277,7 @@ class AlertManager:
                 if hold is not None:
                     self._held[alert.alert_id] = hold
             else:
-                if alert.change == "resolved":
+                if alert.change in ("resolved", "withdrawn"):
                     self._inhibit.resolved(alert)
                     if alert.withdrawn:
                         self._realert.withdrawn(alert)

@@ -49,6 +49,9 @@ UNROUTED = ("", "unrouted")
 WITHDRAWN_UNPOSTED = ("", "withdrawn")
 """The (channel, ts) recorded for the opening and the withdrawal of a fire withdrawn before it was posted."""
 
+_ORDER = {"fired": 0, "resolved": 1, "withdrawn": 2}
+"""The order an alert's changes are queued in after a restart."""
+
 log = structlog.get_logger("burnwatch.delivery")
 
 
@@ -182,8 +185,8 @@ class Outbox:
         ids = [alert_id for alert_id, _ in pending]
         rows = {r["alert_id"]: r for r in self.store.alerts.latest("alert_id IN %(ids)s", {"ids": ids})} if pending else {}
         now = self._clock()
-        for alert_id, change in sorted(pending, key=lambda p: p[1] == "resolved"):  # openings first: a withdrawal
-            if alert_id in rows:  # is dated by its stop, before its opening, and drops it only once queued
+        for alert_id, change in sorted(pending, key=lambda p: _ORDER[p[1]]):  # openings first: a withdrawal is
+            if alert_id in rows:  # dated by its stop, before its opening (and resolution), and drops it only once queued
                 self._enqueue(alert_from_row(rows[alert_id], change), now - self.group_wait_s)
         self._publish()
         return len(pending)
@@ -315,7 +318,7 @@ class Outbox:
         if alert.change == "updated":
             self._edits[alert.alert_id] = alert  # only the latest matters
             return
-        if alert.change == "resolved":
+        if alert.change in ("resolved", "withdrawn"):
             self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
             self._edited_at.pop(alert.alert_id, None)
         self._enqueue(alert, added_at)
@@ -323,21 +326,22 @@ class Outbox:
     def _withdrawn_unposted(self, alert_id: str) -> bool:
         """Whether the fire withdrawn (:attr:`~detector.alerts.Alert.withdrawn`) was still waiting in the
         queue, not posted nor perhaps posted: then neither its opening nor its withdrawal goes out (a
-        backlog read fast brings both in one batch), and both are recorded as handled, so that a
-        restart posts neither."""
+        backlog read fast brings both in one batch), nor a resolution queued behind the opening, and
+        each is recorded as handled, so that a restart posts none."""
         opening = (alert_id, "fired")
         if opening not in self._queued or opening in self._done or opening in self._maybe_posted:
             return False
-        self.store.deliveries.record_many([(alert_id, "fired", *WITHDRAWN_UNPOSTED), (alert_id, "resolved", *WITHDRAWN_UNPOSTED)])
-        self._drop([a for a in self._queue if (a.alert_id, a.change) == opening])
-        self._done[opening] = self._done[(alert_id, "resolved")] = WITHDRAWN_UNPOSTED
+        changes = ("fired", "resolved", "withdrawn")
+        self.store.deliveries.record_many([(alert_id, change, *WITHDRAWN_UNPOSTED) for change in changes])
+        self._drop([a for a in self._queue if a.alert_id == alert_id])
+        self._done.update(((alert_id, change), WITHDRAWN_UNPOSTED) for change in changes)
         return True
 
     def _enqueue(self, alert: Alert, added_at: float) -> None:
         key = (alert.alert_id, alert.change)
         if key in self._done or key in self._queued:
             return
-        if alert.change == "resolved" and alert.withdrawn and self._withdrawn_unposted(alert.alert_id):
+        if alert.change != "fired" and alert.withdrawn and self._withdrawn_unposted(alert.alert_id):
             return  # (live, and after a restart: recover queues the opening, then this)
         if self.wants is not None and (not self.wants(alert) or self._done.get((alert.alert_id, "fired")) == UNROUTED):
             self.store.deliveries.record(alert.alert_id, alert.change, *UNROUTED)  # its resolution follows its opening
@@ -352,21 +356,23 @@ class Outbox:
         assert self.notifier is not None
         for member in group:
             self._maybe_posted.pop((member.alert_id, member.change), None)
-        if alert.change == "resolved":
+        closing = alert.change != "fired"
+        if closing:
             if thread is None or not thread[1]:
                 return False
-            found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1])
+            found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1],
+                                              withdrawal=alert.change == "withdrawn")  # fmt: skip
         else:
             found = self.notifier.find_posted(alert.alert_id, alert.channel or self.notifier.channel)
         if found is None:
             return False
         log.info("slack_post_found", alert_id=alert.alert_id, change=alert.change)
-        self._delivered(group, *(thread if alert.change == "resolved" and thread else found))
+        self._delivered(group, *(thread if closing and thread else found))
         ts = found[1]
         if alert.change == "fired" and ts and any(kind == "fired" and other != alert.alert_id and done[1] == ts
                                                   for (other, kind), done in self._done.items()):  # fmt: skip
             self._group_ts.add(ts)  # a group's message, found member by member: not edited for one of them
-        if alert.change == "resolved" and thread is not None and thread[1] not in self._group_ts:
+        if closing and thread is not None and thread[1] not in self._group_ts:
             try:  # the parent's edit may not have followed the reply
                 self.notifier.edit(alert, thread, self.store.actions.of(alert.alert_id))
             except SlackError as exc:
@@ -399,9 +405,13 @@ class Outbox:
 
     def _delivered(self, group: list[Alert], channel: str, ts: str) -> None:
         now = time.time()  # when Slack took it (or it was found there): its record's delivered_at
-        self._unrecorded.extend((m.alert_id, m.change, channel, ts, now) for m in group)
         for member in group:
-            self._done[(member.alert_id, member.change)] = (channel, ts)
+            changes = [member.change]
+            if member.change == "resolved" and member.withdrawn:  # said withdrawn: a withdrawal after it
+                changes.append("withdrawn")  # (an alert resolved, then taken back, recovered at once) is said
+            for change in changes:
+                self._unrecorded.append((member.alert_id, change, channel, ts, now))
+                self._done[(member.alert_id, change)] = (channel, ts)
         if len(group) > 1 and ts:
             self._group_ts.add(ts)
         self._drop(group)

@@ -305,11 +305,16 @@ def _commands(alert: Alert) -> list[str]:
     return found[:_MAX_COMMANDS]
 
 
+_WITHDRAWN_MARK = "*Withdrawn*"
+"""What a withdrawal's reply says, and a resolution's does not (:meth:`SlackNotifier.find_posted`)."""
+
+
 def _resolution_text(alert: Alert) -> str:
     if alert.withdrawn:
-        return (f":leftwards_arrow_with_hook: *Withdrawn* at {rfc3339(alert.resolved_at or alert.updated_at)}: the "
+        return (f":leftwards_arrow_with_hook: {_WITHDRAWN_MARK} at {rfc3339(alert.resolved_at or alert.updated_at)}: the "
                 f"resource had stopped after {format_duration(alert.duration_s)}, short of this rule's threshold "
-                "(its stop was read after the samples that seemed to complete it). Nothing is counted.")  # fmt: skip
+                "(its stop was read after the samples that seemed to complete it). Nothing is counted"
+                + (", and the dollars its resolution said are taken back." if alert.change == "withdrawn" else "."))  # fmt: skip
     reason = escape(alert.details.get("reason", ""), 200).replace("_", " ")
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
@@ -443,19 +448,21 @@ class SlackNotifier:
         return self._send(alert.channel, notification_text(alert), blocks, alert=alert, thread=thread,
                           edit_parent=edit_parent)  # fmt: skip
 
-    def find_posted(self, alert_id: str, channel: str, limit: int = 200,
-                    thread_ts: str | None = None) -> tuple[str, str] | None:  # fmt: skip
+    def find_posted(self, alert_id: str, channel: str, limit: int = 200, thread_ts: str | None = None,
+                    withdrawal: bool = False) -> tuple[str, str] | None:  # fmt: skip
         """(channel, ts) of a message already in ``channel`` that opens ``alert_id`` (with
-        ``thread_ts``: a reply in that thread that names it), if any: after a timeout or a
-        worker's death, Slack may have posted what we never heard back about. None when it is
-        not there or cannot be looked up (then the caller posts: at least once beats never)."""
+        ``thread_ts``: a reply in that thread that names it; ``withdrawal``: one that withdraws it,
+        not its resolution), if any: after a timeout or a worker's death, Slack may have posted what
+        we never heard back about. None when it is not there or cannot be looked up (then the caller
+        posts: at least once beats never)."""
         history = self._history(channel, thread_ts, limit)
         if history is None:
             return None
         needle = f"alert `{alert_id}`"
         messages: list[dict[str, Any]] = history.get("messages", [])
         for message in messages:
-            if message.get("ts") != thread_ts and needle in json.dumps(message.get("blocks", [])):
+            blocks = json.dumps(message.get("blocks", []))
+            if message.get("ts") != thread_ts and needle in blocks and (not withdrawal or _WITHDRAWN_MARK in blocks):
                 return str(history.get("channel") or channel), str(message["ts"])
         return None
 
@@ -572,7 +579,7 @@ class SlackNotifier:
                         retryable=answer.status_code == 429 or answer.status_code >= 500,
                     )
                 return self.channel, ""
-            if alert is not None and alert.change == "resolved" and thread is not None:
+            if alert is not None and alert.change in ("resolved", "withdrawn") and thread is not None:
                 channel, parent_ts = thread
                 self._web.chat_postMessage(
                     channel=channel, thread_ts=parent_ts, text=text, blocks=_verbatim(render_resolution(alert))

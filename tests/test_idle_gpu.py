@@ -283,3 +283,50 @@ def test_a_stop_from_before_the_episode_began_read_late_or_sent_again_leaves_it_
     assert [(a, start - T0, fired - T0) for a, start, fired, *_ in want] == [("fire", 21 * MIN, 51 * MIN)]
     for events in (_read(in_order, 5 * MIN), _read(in_order, 35 * MIN), again):
         assert found(events) == want
+
+
+@pytest.mark.parametrize("rule_type", ["idle_gpu", "partly_idle_gpu"])
+def test_a_stop_read_after_the_sample_that_resolved_the_episode_withdraws_that_too(ruleset, rule_type):
+    """Stopped at 28:00 and started again at 29:30, idle (all GPUs, or half) to 33:00 and busy after, the
+    usage from 25:00 read after the samples to 36:00. In time order the stop ends the spell short of its
+    half hour, and nothing fires. Read so, the spell fired at 30:00 and a busy sample resolved it at
+    33:00 before the stop came: the stop, dated before the fire, takes it back all the same (the
+    episode is kept for it until a usage event after its fire), and the alert manager lets that through
+    once after the resolution, as change ``withdrawn`` (before, it stood with its dollars)."""
+    idle = IDLE8 if rule_type == "idle_gpu" else [90.0] * 4 + [1.0] * 4
+    samples = [e for t in [*range(0, 28 * 60 + 1, 30), *range(29 * 60 + 30, 33 * 60, 30)] for e in scrape(T0 + t, idle)]
+    samples += [e for t in range(33 * 60, 36 * 60 + 1, 30) for e in scrape(T0 + t, BUSY8)]
+    usages = [usage(T0 + m * MIN, state="stopped" if m == 28 else "running") for m in range(37)]
+    events = sorted(samples + usages, key=lambda e: e.ts)
+    cut = T0 + 25 * MIN
+    late = [e for e in events if e.ts.timestamp() < cut] + [e for e in samples if e.ts.timestamp() >= cut]
+    late += [u for u in usages if u.ts.timestamp() >= cut]
+
+    def found(events):
+        return [f for f in Engine(ruleset).process(events) if f.type == rule_type]
+
+    assert found(events) == []
+    live = [f for f in found(late) if f.action != "update"]
+    assert [(f.action, f.episode_start, f.fired_at, f.details.get("reason"), f.waste_usd > 0) for f in live] == [
+        ("fire", T0, T0 + 30 * MIN, None, True), ("resolve", T0, T0 + 30 * MIN, "gpu_busy", True),
+        ("resolve", T0, T0 + 30 * MIN, "withdrawn", False)]  # fmt: skip
+    assert live[-1].at == T0 + 28 * MIN
+    manager = AlertManager(ruleset=ruleset)
+    changes = manager.handle(found(late))
+    assert [(a.change, a.status, a.withdrawn, a.waste_usd) for a in changes if a.change != "updated"][-2:] == [
+        ("resolved", "resolved", False, pytest.approx(live[1].waste_usd)), ("withdrawn", "resolved", True, 0.0)]  # fmt: skip
+    assert manager.handle(found(late)) == []  # read again (a restart): nothing goes through twice
+
+
+def test_a_usage_event_after_the_fire_lets_the_resolved_episode_go(ruleset):
+    """The resolved episode is kept only until a usage event dated after its fire: a stop after that
+    (here at 34:00, the host busy since 33:00) resolves nothing and takes nothing back, in time order or
+    read behind."""
+    samples = [e for t in range(0, 33 * 60, 30) for e in scrape(T0 + t, IDLE8)]
+    samples += [e for t in range(33 * 60, 36 * 60 + 1, 30) for e in scrape(T0 + t, BUSY8)]
+    usages = [usage(T0 + m * MIN, state="stopped" if m == 34 else "running") for m in range(35)]
+    events = sorted(samples + usages, key=lambda e: e.ts)
+    _, in_order = run(ruleset, events)
+    _, behind = run(ruleset, _read(events, usage_behind_s=5 * MIN))
+    assert actions(in_order) == ["fire", "resolve"] and in_order[-1].details["reason"] == "gpu_busy"
+    assert _summary(behind) == _summary(in_order)

@@ -259,6 +259,22 @@ def test_a_withdrawn_fire_claims_nothing_though_its_fire_recorded_dollars(store)
 
 
 
+
+def test_an_alert_taken_back_after_its_resolution_claims_nothing(store):
+    """Fired, resolved with its dollars, then taken back (a stop read after the sample that resolved it,
+    dated before the fire): it never stood, and claims nothing, in the ledger or by day."""
+    billed(store, 1, 10.0)
+    fired = alert("late", "idle_gpu", 5.0, T0, T0 + HOUR / 2)
+    resolved = msgspec.structs.replace(fired, status="resolved", change="resolved", waste_usd=6.0,
+                                       updated_at=T0 + 0.6 * HOUR, resolved_at=T0 + 0.6 * HOUR)  # fmt: skip
+    withdrawn = msgspec.structs.replace(resolved, change="withdrawn", waste_usd=0.0, resolved_at=T0 + 0.4 * HOUR,
+                                        details={"reason": "withdrawn"})  # fmt: skip
+    for version, change in enumerate((fired, resolved, withdrawn), start=1):
+        store.alerts.record([change], version=version)
+    assert ledger(store) == {}
+    assert store.query(f"SELECT count() AS n FROM {store.db}.waste_by_day")[0]["n"] == 0
+
+
 def test_dollars_taken_back_in_part_are_not_claimed(store):
     """An alert whose resolution says fewer dollars than an update before it (a stop read late took back
     the minutes counted past it) claims what it finally says, in the ledger and by day, not its peak."""

@@ -107,6 +107,41 @@ def test_the_webhook_posts_signed_json_with_an_idempotency_key(store, secret_env
     assert store.outputs.states("a1") == {("hook", "fired"): {"sending", "sent"}, ("hook", "resolved"): {"sending", "sent"}}
 
 
+
+def _taken_back(resolved: Alert) -> Alert:
+    """``resolved``, then taken back: a stop read after the sample that resolved it (change ``withdrawn``)."""
+    return msgspec.structs.replace(resolved, change="withdrawn", waste_usd=0.0, usd_per_hour=0.0,
+                                   resolved_at=T0 + 1770, details={"reason": "withdrawn"})  # fmt: skip
+
+
+def test_a_receiver_hears_an_alert_taken_back_after_its_resolution_once(store, secret_env):
+    """Opening and resolution sent, then the fire taken back: the receiver gets change ``withdrawn`` (its
+    own idempotency key) with no dollars; a restart sends nothing more. Stored resolved and taken back
+    before either was sent, a restarted outbox sends the one (withdrawn) resolution, not two."""
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(hook(receiver.url)))
+        stored(store, alert())
+        stored(store, alert("resolved"))
+        outbox.add([alert(), alert("resolved")])
+        assert outbox.deliver_pending() == 2
+        stored(store, _taken_back(alert("resolved")))
+        outbox.add([_taken_back(alert("resolved"))])
+        assert outbox.deliver_pending() == 1
+        assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
+        stored(store, alert(alert_id="a2"))
+        outbox.add([alert(alert_id="a2")])
+        assert outbox.deliver_pending() == 1
+        stored(store, alert("resolved", alert_id="a2"))
+        stored(store, _taken_back(alert("resolved", alert_id="a2")))
+        restarted = OutputOutbox(store, routing(hook(receiver.url)))
+        assert restarted.recover() == 2 and restarted.deliver_pending() == 1  # (the withdrawal: said by then)
+        assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
+    got = [(r.json["id"], r.json["change"], r.json["withdrawn"], r.json["dollars_so_far"]) for r in receiver.delivered]
+    assert got == [("a1", "fired", False, 49.16), ("a1", "resolved", False, 49.16), ("a1", "withdrawn", True, 0.0),
+                   ("a2", "fired", False, 49.16), ("a2", "resolved", True, 0.0)]  # fmt: skip
+    assert receiver.delivered[2].headers["idempotency-key"] == "a1:hook:withdrawn"
+
+
 def test_a_failing_receiver_is_retried_with_backoff_and_gets_the_alert_once(store, secret_env):
     clock = Clock()
     with LocalReceiver() as receiver:

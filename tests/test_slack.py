@@ -139,6 +139,73 @@ def test_a_fire_withdrawn_before_it_was_posted_is_not_posted_after_a_restart_eit
     assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0  # recorded as handled
 
 
+
+def _taken_back(resolved: Alert) -> Alert:
+    """``resolved``, then taken back: a stop read after the sample that resolved it (change ``withdrawn``)."""
+    return msgspec.structs.replace(resolved, change="withdrawn", waste_usd=0.0, usd_per_hour=0.0,
+                                   resolved_at=T0 + 1770, details={"gpu_count": 8, "reason": "withdrawn"})  # fmt: skip
+
+
+def test_an_alert_taken_back_after_its_resolution_was_posted_says_so_once(slack, store):
+    """Opening and resolution posted, then the fire taken back (the stop read after the sample that
+    resolved it): a reply in the thread says it is withdrawn and the message is edited to say so,
+    with no dollars; a restarted outbox posts nothing more."""
+    opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
+    store.alerts.record([opened], version=1)
+    store.alerts.record([resolved], version=2)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    outbox.add([opened, resolved])
+    assert outbox.deliver_pending() == 2
+    withdrawn = _taken_back(resolved)
+    store.alerts.record([withdrawn], version=3)
+    outbox.add([withdrawn])
+    assert outbox.deliver_pending() == 1
+    posts, updates = slack.calls("chat.postMessage"), slack.calls("chat.update")
+    assert len(posts) == 3 and posts[2].body["thread_ts"] == posts[1].body["thread_ts"]
+    assert "*Withdrawn*" in posts[2].text_of_blocks() and "taken back" in posts[2].text_of_blocks()
+    assert "Withdrawn" in updates[-1].text_of_blocks() and "$" not in updates[-1].text_of_blocks()
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert restarted.recover() == 0 and restarted.deliver_pending() == 0
+    assert len(slack.calls("chat.postMessage")) == 3
+
+
+def test_an_alert_taken_back_before_its_resolution_was_posted_is_posted_once_after_a_restart(slack, store):
+    """Opening posted; the resolution and the withdrawal after it stored when the worker died: the next
+    worker's outbox replies once, saying withdrawn (the alert's latest state), not a resolution with its
+    dollars and then a withdrawal; and nothing after another restart."""
+    opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
+    store.alerts.record([opened], version=1)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    outbox.add([opened])
+    assert outbox.deliver_pending() == 1
+    store.alerts.record([resolved], version=2)
+    store.alerts.record([_taken_back(resolved)], version=3)
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert restarted.recover() == 2 and restarted.deliver_pending() == 1
+    posts = slack.calls("chat.postMessage")
+    assert len(posts) == 2 and "*Withdrawn*" in posts[1].text_of_blocks() and "Resolved" not in posts[1].text_of_blocks()
+    again = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert again.recover() == 0 and again.deliver_pending() == 0
+
+
+def test_a_withdrawal_in_doubt_is_not_taken_for_the_resolution_already_in_its_thread(slack, store):
+    """A withdrawal whose post timed out is looked for in the thread before it is sent again: the
+    resolution's reply there names the same alert, and is not it."""
+    opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
+    store.alerts.record([opened], version=1)
+    store.alerts.record([resolved], version=2)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    outbox.add([opened, resolved])
+    assert outbox.deliver_pending() == 2
+    withdrawn = _taken_back(resolved)
+    store.alerts.record([withdrawn], version=3)
+    store.deliveries.record_attempt(["r1"], "withdrawn")  # begun, then the worker died
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    assert restarted.recover() == 1 and restarted.deliver_pending() == 1
+    posts = slack.calls("chat.postMessage")
+    assert len(posts) == 3 and "*Withdrawn*" in posts[2].text_of_blocks()
+
+
 def test_a_store_error_while_a_withdrawal_is_taken_loses_nothing_behind_it(slack, store, monkeypatch):
     """The outbox takes what the worker handed over in one go; a store error part way (recording a
     withdrawn opening as handled) leaves the rest for the next pass, not dropped until a restart."""

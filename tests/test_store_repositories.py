@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import msgspec
+
 from detector.actions import Click
 from detector.alerts import Alert
 from detector.store import Store
@@ -50,6 +52,26 @@ def test_memory_reads_the_latest_change_of_each_alert(store: Store):
     store.alerts.record([alert("a", T0)], version=1)
     store.alerts.record([alert("a", T0, resolved=True)], version=2)
     assert store.memory.recent_alerts() == {"a": (T0, True)}
+
+
+
+def test_memory_tells_a_withdrawn_alert_from_a_resolved_one(store: Store):
+    """After a restart, an alert resolved may still be taken back once (a stop read late), and one
+    withdrawn (while open, or after its resolution) takes nothing more: the alert manager lets a
+    withdrawal re-derived from re-read input through only where none was stored."""
+    from detector.suppression import AlertMemory
+    from detector.suppression.stages import Dedup, Stage
+
+    def withdrawn(a: Alert, change: str = "resolved") -> Alert:
+        return msgspec.structs.replace(a, change=change, waste_usd=0.0, details={"reason": "withdrawn"})
+
+    resolved = {rid: alert(rid, T0, rid=rid, resolved=True) for rid in ("r", "w", "t")}
+    store.alerts.record(list(resolved.values()), version=1)
+    store.alerts.record([withdrawn(resolved["w"]), withdrawn(resolved["t"], "withdrawn")], version=2)
+    assert store.memory.recent_alerts() == {"r": (T0, Stage.RESOLVED), "w": (T0, Stage.WITHDRAWN),
+                                            "t": (T0, Stage.WITHDRAWN)}  # fmt: skip
+    dedup = Dedup(AlertMemory.load(store.memory).seen)  # (the alert manager's first stage, after a restart)
+    assert [dedup.admit(a) and a.change for a in [withdrawn(a) for a in resolved.values()]] == ["withdrawn", False, False]
 
 
 def test_memory_finds_open_incidents_of_the_types_an_anomaly_joins(store: Store):

@@ -23,7 +23,7 @@ import msgspec
 
 from detector.detectors.base import Finding
 
-__all__ = ["WITHDRAWN", "Action", "Episode", "advance", "due", "end", "fire", "withdraws"]
+__all__ = ["WITHDRAWN", "Action", "Ended", "Episode", "advance", "due", "end", "fire", "take_back_ended", "withdraws"]
 
 Action = Literal["fire", "update", "resolve"]
 
@@ -42,6 +42,23 @@ def withdraws(since: float, fired_by: float | None, stop: float) -> bool:
     episode began (a backlog's, or one sent again) never touched it. ``fired_by`` None: not known (a
     state saved before it was kept), so nothing is taken back."""
     return fired_by is not None and since <= stop < fired_by
+
+
+Ended = tuple[float, float, float]
+"""``(since, fired_at, fired_by)`` of the episode a sample resolved last: a stop read after that
+sample and dated within it (:func:`withdraws`) takes it back too, resolved though it is."""
+
+
+def take_back_ended(ended: Ended, t: float, stopped: bool) -> tuple[Ended | None, Ended | None]:
+    """A usage event at ``t`` (``stopped``: it says the resource no longer runs), read after the sample
+    that resolved the episode ``ended``: returns what is still to be kept of it, and the episode it
+    takes back (None: none). Kept until a usage event dated after its fire: a resource's usage is read
+    in order, so no stop read later is dated within it."""
+    if t >= ended[2]:
+        return None, None
+    if stopped and withdraws(ended[0], ended[2], t):
+        return None, ended
+    return ended, None
 
 
 class Episode(msgspec.Struct, kw_only=True, gc=False):

@@ -41,7 +41,7 @@ from detector.detectors.base import (
     intern,
     make_finding,
 )
-from detector.detectors.episode import WITHDRAWN, Episode, advance, end, withdraws
+from detector.detectors.episode import WITHDRAWN, Ended, Episode, advance, end, take_back_ended, withdraws
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import FIRST, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
@@ -76,6 +76,9 @@ class GpuEpisodeState(Episode, kw_only=True):
     """Time of the event that fired the open episode (None: none open): the sample that completed
     ``for``, or the usage event that said the host is billed. A stop read after it and dated before it
     takes the fire back (:func:`~detector.detectors.episode.withdraws`)."""
+    ended: Ended | None = None
+    """The episode a sample resolved last, while a stop read later may still take it back
+    (:func:`~detector.detectors.episode.take_back_ended`); not cleared with the episode."""
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
@@ -215,6 +218,8 @@ class GpuEpisode(DetectorBase):
         if st.since is not None and t >= st.since:
             if st.fired_at is not None:
                 self._accrue(st, resource, t)
+                if st.fired_by is not None:
+                    st.ended = (st.since, st.fired_at, st.fired_by)
             found = end(st, partial(self._finding, "resolve", st, resource, t, reason=self.break_reason))
         if t > st.covered_until:
             st.covered_until = t
@@ -247,6 +252,10 @@ class GpuEpisode(DetectorBase):
     # -- events -------------------------------------------------------------
 
     def _on_usage(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> list[Finding]:
+        if st.ended is not None:
+            st.ended, taken = take_back_ended(st.ended, t, not res.billed)
+            if taken is not None:  # stopped within the episode a sample resolved since: it never fired
+                return [self._withdrawal(st, res, taken, t)]  # (the open one, if any, began after that sample)
         if st.since is None:
             return []
         if not res.billed:
@@ -307,6 +316,15 @@ class GpuEpisode(DetectorBase):
             # samples read ahead of it: in time order it fired at that event, or at the sample that completed ``for``
             st.fired_by = at if at <= t else max(t, st.fired_at)
         return [self._finding(action, st, res, st.fired_at if action == "fire" else at)]
+
+    def _withdrawal(self, st: GpuEpisodeState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
+        """The resolution that takes back the resolved episode ``ended``: a stop at ``t`` came within it."""
+        since, fired_at, _ = ended
+        at = max(t, since)
+        details = {"gpu_count": len(st.gpus), "gpu_model": st.model, "episode_s": round(at - since, 3), **self.describe(st),
+                   "reason": WITHDRAWN}  # fmt: skip
+        return make_finding(self, "resolve", res, episode_start=since, fired_at=fired_at, at=at, usd=0.0, details=details,
+                            usd_per_hour=0.0)  # fmt: skip
 
     def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None

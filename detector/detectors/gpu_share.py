@@ -69,7 +69,7 @@ from detector.detectors.base import (
     make_finding,
     shared,
 )
-from detector.detectors.episode import WITHDRAWN, Episode, end, fire, withdraws
+from detector.detectors.episode import WITHDRAWN, Ended, Episode, end, fire, take_back_ended, withdraws
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import KEYS, UNIT_KEYS, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
@@ -234,6 +234,9 @@ class GpuShareState(Episode, kw_only=True):
     fired_by: float | None = None
     """Time of the scrape that fired the open episode (None: none open), by which a stop read after it
     and dated before it takes the fire back (:func:`~detector.detectors.episode.withdraws`)."""
+    ended: Ended | None = None
+    """The episode a scrape resolved last, while a stop read later may still take it back
+    (:func:`~detector.detectors.episode.take_back_ended`); not cleared with the episode."""
     whole_idle_since: float | None = None
     """Start of the current spell with no GPU of the host busy."""
     rebase_at: float = 0.0
@@ -655,8 +658,12 @@ class GpuShare(DetectorBase):
         return self._finding("update", state, resource, state.covered_until)
 
     def _on_usage(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
+        found: list[Finding] = []
+        if st.ended is not None:
+            st.ended, taken = take_back_ended(st.ended, t, not res.billed)
+            if taken is not None:  # stopped within the episode a scrape resolved since: it never fired
+                found.append(self._withdrawal(st, res, taken, t))
         if not res.billed:
-            found: list[Finding] = []
             since = st.since
             if since is not None:
                 if t < since:
@@ -666,7 +673,7 @@ class GpuShare(DetectorBase):
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
                 elif st.fired_at is not None:
                     self._uncount_after(st, res, t)
-                found = end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
+                found += end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
             if t > st.stopped_at:
                 st.stopped_at = t
             times = st.gpu_times
@@ -679,7 +686,7 @@ class GpuShare(DetectorBase):
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
-        return []
+        return found
 
     # -- the clock ----------------------------------------------------------
 
@@ -752,11 +759,13 @@ class GpuShare(DetectorBase):
         elif st.whole_idle_since is not None:
             if c - st.whole_idle_since >= p.for_ and 1 in counted:
                 spell, st.spell_s, st.gpu_counted = st.whole_idle_since, 0.0, _flags(bytes(len(ids)))
+                _keep_ended(st)
                 return end(st, partial(self._finding, "resolve", st, res, max(spell, st.since or spell),
                                        reason="whole_host_idle"))  # fmt: skip
         listed = st.counted()
         if not listed:
             if st.since is not None:
+                _keep_ended(st)
                 found = end(st, partial(self._finding, "resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
             if any_busy and res.billed and len(listed) >= p.min_gpus and st.since is not None:
@@ -881,6 +890,15 @@ class GpuShare(DetectorBase):
             else:
                 st.drop_gpu(g)
 
+    def _withdrawal(self, st: GpuShareState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
+        """The resolution that takes back the resolved episode ``ended``: a stop at ``t`` came within it."""
+        since, fired_at, _ = ended
+        at = max(t, since)
+        details = {"gpu_count": max(len(st.gpu_ids), res.gpus, 1), "gpu_model": st.model, "episode_s": round(at - since, 3),
+                   "util_below_pct": self.params.util_below, "reason": WITHDRAWN}  # fmt: skip
+        return make_finding(self, "resolve", res, episode_start=since, fired_at=fired_at, at=at, usd=0.0, details=details,
+                            usd_per_hour=0.0)  # fmt: skip
+
     def _finding(self, action: str, st: GpuShareState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None
         counted = sorted(st.counted())
@@ -902,6 +920,12 @@ class GpuShare(DetectorBase):
         }
         return make_finding(self, action, with_owner(res, pod_list), episode_start=st.since, fired_at=st.fired_at,
                             at=at, usd=st.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip
+
+
+def _keep_ended(st: GpuShareState) -> None:
+    """Keep the episode a scrape resolves now, if it fired, for a stop read later (:attr:`GpuShareState.ended`)."""
+    if st.since is not None and st.fired_at is not None and st.fired_by is not None:
+        st.ended = (st.since, st.fired_at, st.fired_by)
 
 
 def _holders(scrape: Scrape) -> bytes:

@@ -34,7 +34,7 @@ class Output(Protocol):
     """Firing alerts are sent again this often (0: never; Alertmanager needs it)."""
 
     def send(self, alert: Alert) -> str:
-        """Deliver one change (``alert.change``: fired or resolved); a short detail for the
+        """Deliver one change (``alert.change``: fired, resolved, or withdrawn after it); a short detail for the
         record. Raises :class:`OutputError`."""
         ...
 

@@ -161,7 +161,7 @@ class OutputOutbox:
         (silenced) changes are not sent anywhere, except the resolution of an alert an
         output keeps open (a silence added since its opening was sent: without it, it would
         be re-sent as firing for good)."""
-        items = [alert for alert in alerts if not alert.silenced or alert.change == "resolved"]
+        items = [alert for alert in alerts if not alert.silenced or alert.change in ("resolved", "withdrawn")]
         if items:
             with self._lock:
                 self._inbox.extend(items)
@@ -215,6 +215,8 @@ class OutputOutbox:
         pending: list[tuple[float, int, Alert]] = []
         for row in rows:
             changes = ["fired", "resolved"] if row["status"] == "resolved" else ["fired"]
+            if row["taken_back"]:
+                changes.append("withdrawn")
             for order, change in enumerate(changes):
                 alert = alert_from_row(row, change)
                 key = (alert.alert_id, change)
@@ -225,7 +227,7 @@ class OutputOutbox:
                     log.error("output_send_unknown", output=name, alert_id=alert.alert_id, change=change,
                               reason="a send begun before the restart may have arrived; not sent twice")  # fmt: skip
                     continue
-                at = alert.resolved_at if change == "resolved" and alert.resolved_at is not None else alert.fired_at
+                at = alert.resolved_at if change != "fired" and alert.resolved_at is not None else alert.fired_at
                 pending.append((at, order, alert))
             if lane.output.resend_s and row["status"] == "firing" and (row["alert_id"], "fired") in sent:
                 lane.firing[row["alert_id"]] = alert_from_row(row, "fired")
@@ -349,12 +351,15 @@ class OutputOutbox:
         """Known here at once (so nothing is sent twice), then written to the store; a failed
         write is retried before the output's next send."""
         key = (alert.alert_id, alert.change)
-        lane.finished.add(key)
-        if alert.change == "resolved":  # sent, refused or unknown: never re-sent as firing again
+        changes = [alert.change]
+        if alert.change == "resolved" and alert.withdrawn:  # said withdrawn: a withdrawal after it (an alert
+            changes.append("withdrawn")  # resolved, then taken back, recovered at once) is said already
+        lane.finished.update((alert.alert_id, change) for change in changes)
+        if alert.change != "fired":  # sent, refused or unknown: never re-sent as firing again
             lane.firing.pop(alert.alert_id, None)
         if lane.queue and (lane.queue[0].alert_id, lane.queue[0].change) == key:
             self._pop(lane)
-        lane.unrecorded.append((alert.alert_id, name, alert.change, state, redact(detail)))
+        lane.unrecorded.extend((alert.alert_id, name, change, state, redact(detail)) for change in changes)
         self._flush(name, lane)
 
     def _flush(self, name: str, lane: _Lane) -> None:

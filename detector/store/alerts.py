@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import msgspec
 
-from detector.alerts import Alert
+from detector.alerts import Alert, Change
 from detector.store.connection import Connection, ms
 from detector.suppression import Hold
 from detector.units import epoch
@@ -15,7 +15,6 @@ from detector.units import epoch
 __all__ = ["Alerts", "alert_from_row"]
 
 _json = msgspec.json.Encoder()
-_Change = Literal["fired", "updated", "resolved"]
 _ALERT_COLS = [
     "alert_id", "type", "rule", "resource_id", "status", "change", "severity", "episode_start", "fired_at",
     "updated_at", "resolved_at", "waste_usd", "usd_per_hour", "resource_type", "account", "region",
@@ -32,7 +31,7 @@ def alert_from_row(row: dict[str, Any], change: str | None = None) -> Alert:
         rule=row["rule"],
         resource_id=row["resource_id"],
         status=row["status"],
-        change=cast(_Change, change or ("resolved" if row["status"] == "resolved" else "fired")),
+        change=cast(Change, change or ("resolved" if row["status"] == "resolved" else "fired")),
         severity=row["severity"],
         episode_start=t(row["episode_start"]),
         fired_at=t(row["fired_at"]),

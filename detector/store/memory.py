@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from detector.store.connection import Connection
 from detector.suppression import Hold
 from detector.suppression.memory import HORIZON_S
+from detector.suppression.stages import Stage
 from detector.units import epoch
 
 __all__ = ["ManagerMemory"]
@@ -20,16 +21,16 @@ class ManagerMemory:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    def recent_alerts(self, horizon_s: float = HORIZON_S) -> dict[str, tuple[float, bool]]:
-        """alert id → (episode start, resolved) for alerts whose episode started within
-        ``horizon_s`` of event time before the newest: what the alert manager must remember."""
+    def recent_alerts(self, horizon_s: float = HORIZON_S) -> dict[str, tuple[float, int]]:
+        """alert id → (episode start, :class:`~detector.suppression.stages.Stage`) for alerts whose episode
+        started within ``horizon_s`` of event time before the newest: what the alert manager must remember."""
         db = self.conn.db
         rows = self.conn.query(
-            f"""SELECT alert_id, episode_start, status = 'resolved' AS resolved FROM {db}.alerts FINAL
+            f"""SELECT alert_id, episode_start, (status = 'resolved') + withdrawn AS stage FROM {db}.alerts FINAL
                 WHERE episode_start >= (SELECT max(episode_start) FROM {db}.alerts) - toIntervalSecond(%(horizon)s)""",
             {"horizon": int(horizon_s)},
         )
-        return {r["alert_id"]: (epoch(r["episode_start"]), bool(r["resolved"])) for r in rows}
+        return {r["alert_id"]: (epoch(r["episode_start"]), Stage(r["stage"])) for r in rows}
 
     def open_incidents(self, types: Sequence[str]) -> dict[str, str]:
         """Resource → an open incident of one of these rule types on it (what an anomaly

@@ -22,8 +22,8 @@ class AlertMemory:
     closes an alert twice, a held-back opening's later changes stay held back, an anomaly still
     joins an open rule incident, and ``realert`` counts from the last posted opening."""
 
-    seen: dict[str, tuple[float, bool]] = field(default_factory=dict)
-    """Alert id → (episode start, resolved): :class:`~detector.suppression.stages.Dedup`."""
+    seen: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """Alert id → (episode start, how far it went): :class:`~detector.suppression.stages.Dedup`."""
     held: dict[str, Hold] = field(default_factory=dict)
     """Alert id → why its opening was held back: its later changes are held back alike."""
     open_incidents: dict[str, str] = field(default_factory=dict)

@@ -5,6 +5,7 @@ docstring for the order and why). A stage that holds an opening back returns a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from detector.detectors import REGISTRY
@@ -17,7 +18,17 @@ if TYPE_CHECKING:
     from detector.alerts import Alert
     from detector.rules import RuleSet
 
-__all__ = ["Dedup", "Inhibit", "Realert", "Route", "Silencing"]
+__all__ = ["Dedup", "Inhibit", "Realert", "Route", "Silencing", "Stage"]
+
+
+class Stage(IntEnum):
+    """How far an alert has gone, as :class:`Dedup` remembers it (0 and 1 read as the resolved flag
+    that memory held before)."""
+
+    OPEN = 0
+    RESOLVED = 1
+    WITHDRAWN = 2
+    """Resolved by taking its fire back (:attr:`~detector.alerts.Alert.withdrawn`): nothing follows."""
 
 
 class Dedup:
@@ -25,22 +36,29 @@ class Dedup:
     input re-read after a restart or a rebalance re-derives the same findings, with the same
     alert ids. A worker killed between recording a batch's alert changes and saving the state
     that reflects them detects the batch again from the state before it; an update of an alert
-    it resolved, let through, would be recorded after the resolution and read as firing."""
+    it resolved, let through, would be recorded after the resolution and read as firing.
 
-    def __init__(self, seen: Mapping[str, tuple[float, bool]] | None = None) -> None:
-        self.seen: dict[str, tuple[float, bool]] = dict(seen or {})
-        """Alert id → (episode start, resolved)."""
+    One change may follow a resolution, once: its withdrawal, where a stop read after the sample
+    that resolved the episode was dated before the one that fired it (live, the usage topic read
+    behind): it goes on as change ``withdrawn``."""
+
+    def __init__(self, seen: Mapping[str, tuple[float, int]] | None = None) -> None:
+        self.seen: dict[str, tuple[float, int]] = dict(seen or {})
+        """Alert id → (episode start, :class:`Stage`)."""
 
     def admit(self, alert: Alert) -> bool:
         known = self.seen.get(alert.alert_id)
         if alert.change == "fired":
             if known is not None:
                 return False
-            self.seen[alert.alert_id] = (alert.episode_start, False)
+            self.seen[alert.alert_id] = (alert.episode_start, Stage.OPEN)
         elif known is not None and known[1]:  # resolved: an episode's id never opens again
-            return False
+            if known[1] != Stage.RESOLVED or alert.change != "resolved" or not alert.withdrawn:
+                return False
+            alert.change = "withdrawn"  # taken back after its resolution
+            self.seen[alert.alert_id] = (alert.episode_start, Stage.WITHDRAWN)
         elif alert.change == "resolved":
-            self.seen[alert.alert_id] = (alert.episode_start, True)
+            self.seen[alert.alert_id] = (alert.episode_start, Stage.WITHDRAWN if alert.withdrawn else Stage.RESOLVED)
         return True
 
     def prune(self, horizon: float) -> None:
