@@ -163,3 +163,58 @@ def test_a_restarted_host_whose_exporter_dies_fires_the_same_alert_whichever_com
     back = intervals[:1] + sample + intervals[1:] if usage_first else sample + intervals
     found = stale(ruleset, before + back)
     assert [(f.action, f.episode_start) for f in found] == [("fire", restart + 10)]
+
+
+def _usage_behind(events, behind_s: float):
+    """``events`` as a live worker reads them with the usage topic ``behind_s`` behind the samples (an
+    exporter flushing minutes of intervals at once)."""
+    return sorted(events, key=lambda e: (e.t + behind_s, 1) if type(e).__name__ == "UsageEvent" else (e.t, 0))
+
+
+@pytest.mark.parametrize("dark_s", [690, 900, 1500])
+@pytest.mark.parametrize("behind_min", [2, 5, 9])
+def test_a_dark_spell_over_before_its_usage_is_read_fires_as_in_time_order(ruleset, dark_s, behind_min):
+    """Samples stop after 10 minutes and come back ``dark_s`` later; the host is billed throughout, its
+    usage read minutes behind the samples. In time order the spell fires ``after`` (10 min) past the last
+    sample and resolves at the returning one. Read so, the spell had ended before the usage that fires it
+    was read: the returning sample must not forget it (it did, and a spell shorter than ``after`` plus
+    the usage's lag never fired live: a fuzz over the simulated fleets found it)."""
+    back = T0 + 10 * MIN + dark_s
+    events = ordered(metrics(T0, 10) + billing(T0, 60) + [e for e in metrics(back, 30) if e.t < T0 + 60 * MIN])
+    in_order = stale(ruleset, events)
+    assert [f.action for f in in_order] == ["fire", "resolve"] and in_order[1].at == back
+
+    def summary(found):
+        return [(f.action, f.episode_start, f.fired_at, f.at, round(f.waste_usd, 6)) for f in found]
+
+    assert summary(stale(ruleset, _usage_behind(events, behind_min * MIN))) == summary(in_order)
+
+
+def test_a_stop_in_a_dark_spell_read_after_the_samples_that_came_back_leaves_the_host_seen(ruleset):
+    """Dark for 12 minutes, stopped in the middle and started again, the stop read after the samples
+    that came back (usage 10 minutes behind): nothing fires (not billed long enough blind), and the
+    spell after the restart's last sample fires as in time order (it never did: the stop left the host
+    with no latest sample, and no sample came after it)."""
+    back = T0 + 22 * MIN
+    events = ordered(metrics(T0, 10) + billing(T0, 14) + billing(T0 + 14 * MIN, 2, state="stopped")
+                     + billing(T0 + 16 * MIN, 60) + metrics(back, 2))  # dark again from 24:00  # fmt: skip
+    in_order = stale(ruleset, events)
+    assert [f.action for f in in_order] == ["fire"] and in_order[0].episode_start == back + 2 * MIN - 30
+    assert [(f.action, f.episode_start) for f in stale(ruleset, _usage_behind(events, 10 * MIN))] == [
+        (f.action, f.episode_start) for f in in_order]  # fmt: skip
+
+
+def test_a_dark_spell_of_a_host_billed_by_the_hour_fires_though_its_usage_comes_an_hour_late(ruleset):
+    """Usage in hourly intervals, each sent when its hour is over (a billing export): a spell of 70
+    dark minutes has ended long before the interval that fires it is read, and the one that reaches the
+    returning sample comes later still. Samples wait two intervals for it, not ``settle`` (30 min): by
+    then the spell had been forgotten and never fired."""
+    hour = 3600.0
+    back = T0 + 4 * hour + 70 * MIN
+    samples = [e for e in metrics(T0, 4 * 60) + metrics(back, 180) if e.t < T0 + 8 * hour]
+    hourly = billing(T0, 8, interval_s=hour)
+    in_order = stale(ruleset, ordered(samples + hourly))
+    assert [f.action for f in in_order] == ["fire", "resolve"] and in_order[1].at == back
+    sent_hourly = sorted(samples + hourly, key=lambda e: (e.t + hour, 1) if type(e).__name__ == "UsageEvent" else (e.t, 0))
+    assert [(f.action, f.fired_at, f.at, round(f.waste_usd, 6)) for f in stale(ruleset, sent_hourly)] == [
+        (f.action, f.fired_at, f.at, round(f.waste_usd, 6)) for f in in_order]  # fmt: skip

@@ -55,7 +55,7 @@ class TelemetryStaleParams(Params):
     the returning sample before resolving without it: a host whose usage stopped coming must
     not stay alerted forever. Long, because an accelerated replay turns a second's fetch gap
     between the two topics into many minutes of event time; the GPU detectors are not paused
-    meanwhile."""
+    meanwhile. Two of the host's usage intervals where that is longer (hourly billing)."""
 
 
 class TelemetryStaleState(Episode, kw_only=True):
@@ -121,16 +121,19 @@ class TelemetryStale(DetectorBase):
             latest = st.back_at if st.back_at is not None else st.last_sample
             if latest is not None and t <= latest:
                 return []
+            if st.back_at is not None:  # the spell has ended already; waiting for usage to reach it
+                st.back_latest = t
+                if t >= st.back_at + self._settle(st):  # usage is not coming: resolve without it
+                    return self._telemetry_back(st, resource, st.back_at)
+                return []
             if st.fired_at is None:  # nothing open: a candidate spell, if any, ends
+                if latest is not None and t - latest >= self.params.after and st.last_usage < t:
+                    st.back_at = t  # dark long enough to fire, usage not read that far: it may yet (live, the
+                    return []  # usage topic read behind), and ends here if it does, as a fired spell waits
                 st.clear()
                 st.last_sample = t
                 if st.billed_since is not None and st.billed_since <= t:
                     st.billed_since = None  # the sample is later: it starts any spell
-                return []
-            if st.back_at is not None:  # the spell has ended already; waiting for usage to reach it
-                st.back_latest = t
-                if t >= st.back_at + self.params.settle:  # usage is not coming: resolve without it
-                    return self._telemetry_back(st, resource, st.back_at)
                 return []
             taken = 0.0  # (a loop, not a generator over t: see at_sample)
             for at, usd in st.counted:
@@ -158,14 +161,15 @@ class TelemetryStale(DetectorBase):
                 st.last_sample = None  # stopped as samples returned: start afresh when it runs again
             return found
         if not resource.billed:
+            seen = max(st.back_at or 0.0, st.back_latest or 0.0)  # samples read before the stop, past it
             found = end(st, partial(self._finding, "resolve", st, resource, t, reason=f"instance_{resource.state}"))
-            st.last_sample = None  # a stopped host sends nothing: start afresh when it runs again
+            st.last_sample = seen or None  # a stopped host sends nothing: start afresh when it runs again
             return found
         # Spend since the last sample (the engine's price of the interval, as stored), counted
         # once the gap is long enough.
         st.blind_usd += resource.interval_usd
         st.counted = (*st.counted[-(_KEEP_COUNTED - 1):], (t, resource.interval_usd))
-        if st.back_at is not None:
+        if st.back_at is not None and st.fired_at is not None:
             return []  # blind, though it reached detection after the sample that ended the spell
         start = st.last_sample if st.billed_since is None else max(st.last_sample, st.billed_since)
         if t - start < self.params.after:
@@ -206,6 +210,13 @@ class TelemetryStale(DetectorBase):
             if st.fired_at is None:
                 st.blind_usd, st.counted = 0.0, ()  # what was counted before the gap was not spent blind
         st.usage_end = max(st.usage_end, t + usage.interval_s)
+
+    def _settle(self, st: TelemetryStaleState) -> float:
+        """How long samples wait past the returning one for the host's usage: ``settle``, or two of its
+        usage intervals where that is longer (hourly intervals sent hourly reach the returning sample up
+        to two hours after it: a spell would resolve, or be forgotten, before its blind hours are read)."""
+        interval = st.usage_end - st.last_usage
+        return max(self.params.settle, 2.0 * interval) if interval > 0.0 else self.params.settle
 
     def _telemetry_back(self, st: TelemetryStaleState, resource: ResourceInfo, at: float) -> list[Finding]:
         """Resolve the spell ended by the sample at ``at``; the latest sample seen since is the
