@@ -434,9 +434,11 @@ class Engine:
                 if t > state.usage_t:
                     state.usage_t = t
                     ctx.late = False
-                else:
+                    self._update_info(state, event)  # type: ignore[arg-type]
+                else:  # the key keeps what its newest usage said; the rules read this event's own facts
                     ctx.late = True
-                self._update_info(state, event)  # type: ignore[arg-type]
+                    ctx.resource = self._late_info(state, event)  # type: ignore[arg-type]
+                    last_key = None  # (so the key's next event points the context back at its info)
                 if foreign is not None and foreign(key):
                     continue  # another shard's resource: known for look-ups, detected there
                 route = state.usage_route  # after the update: a changed resource has none
@@ -732,6 +734,15 @@ class Engine:
             info.usd_per_hour = self._shared_price(rate)
         if changed:
             state.clear_routes()
+
+    def _late_info(self, state: KeyState, ev: UsageEvent) -> ResourceInfo:
+        """What a late usage event (no newer than the key's newest) says of its resource, priced, for
+        its own rules' steps: a copy of the key's info updated by it, so a stop read late is a stop and
+        an interval's dollars are its own, while the key's info stays what its newest usage said (the
+        billing state and price its other events read, as in time order). Late events alone pay the copy."""
+        scratch = KeyState(msgspec.structs.replace(state.info))
+        self._update_info(scratch, ev)
+        return scratch.info
 
     def _shared_price(self, usd: float) -> float:
         """One float object per distinct price (bounded like :meth:`_shared_tags`); a zero keeps its

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -364,3 +365,26 @@ def test_resources_priced_alike_share_their_price_and_keep_its_value(ruleset):
     # An event built in Python may carry an int: it is not handed to a resource whose price is the float.
     engine.process([msgspec.structs.replace(usage(T0 + MIN, rid="i"), cost_usd=2), usage(T0 + MIN, rid="f", usd_per_hour=120.0)])
     assert engine._keys["i"].info.interval_usd == 2 and type(engine._keys["f"].info.interval_usd) is float
+
+
+def test_a_usage_event_older_than_the_keys_newest_leaves_what_the_key_says(ruleset):
+    """Running at 10:00 ($32/h, team nlp), stopped at 11:00, then the 10:00 interval sent again (an
+    exporter re-sending after its restart): the key still says what 11:00 said (stopped, not billed,
+    its price and tags), as in time order, where the copy comes before the stop. So too for an engine
+    restored from a snapshot taken before the copy is read: the usage time it saved makes the copy late."""
+    running = usage(T0 + 10 * MIN, tags={"team": "nlp"})
+    stopped = usage(T0 + 11 * MIN, state="stopped", usd_per_hour=16.0, tags={"team": "vision"})
+    engine = Engine(ruleset)
+    engine.process([running, stopped])
+    newest = engine.resource("host-1")
+    assert newest is not None and not newest.billed
+    said = msgspec.structs.asdict(newest)
+    saved = engine.snapshot("host-1")
+    engine.process([running])
+    assert msgspec.structs.asdict(engine.resource("host-1")) == said
+    restored = Engine(ruleset, loader={"host-1": saved}.get)
+    restored.process([running])
+    assert msgspec.structs.asdict(restored.resource("host-1")) == said
+    in_order = Engine(ruleset)
+    in_order.process([running, running, stopped])
+    assert msgspec.structs.asdict(in_order.resource("host-1")) == said

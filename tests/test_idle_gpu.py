@@ -330,3 +330,55 @@ def test_a_usage_event_after_the_fire_lets_the_resolved_episode_go(ruleset):
     _, behind = run(ruleset, _read(events, usage_behind_s=5 * MIN))
     assert actions(in_order) == ["fire", "resolve"] and in_order[-1].details["reason"] == "gpu_busy"
     assert _summary(behind) == _summary(in_order)
+
+
+@pytest.mark.parametrize("rule_type", ["idle_gpu", "partly_idle_gpu"])
+def test_a_stop_sent_again_after_the_host_ran_again_neither_hides_nor_delays_the_fire(ruleset, rule_type):
+    """Hourly usage: stopped the hour before T0, running from T0, idle (all GPUs, or half) for 40
+    minutes, then busy. In time order the rule fires at 30:00 and resolves at 40:00. The stop sent
+    again (an at-least-once producer's retry) and read after the samples to 29:30 is older than the
+    usage of T0 already read: the host's billing state stays what that usage said. It used to take
+    the stop's (the host not billed until the next hourly interval): the fire at 30:00 was not
+    made, and the episode ended at 40:00 unseen."""
+    idle = IDLE8 if rule_type == "idle_gpu" else [90.0] * 4 + [1.0] * 4
+    stop = usage(T0 - 60 * MIN, state="stopped", usd_per_hour=0.0, interval_s=3600.0)
+    usages = [usage(T0 - 120 * MIN, interval_s=3600.0), stop, usage(T0, interval_s=3600.0)]
+    samples = [e for t in range(0, 40 * 60, 30) for e in scrape(T0 + t, idle)]
+    samples += [e for t in range(40 * 60, 50 * 60, 30) for e in scrape(T0 + t, BUSY8)]
+    read = sorted(usages + samples, key=lambda e: e.ts)
+    cut = next(i for i, e in enumerate(read) if e.ts.timestamp() > T0 + 29.5 * MIN)
+    again = [*read[:cut], stop, *read[cut:]]
+
+    def found(events):
+        return [(f.action, f.episode_start, f.fired_at, f.at, f.details.get("reason"), round(f.waste_usd, 2))
+                for f in Engine(ruleset).process(events) if f.type == rule_type and f.action != "update"]  # fmt: skip
+
+    want = found(sorted(again, key=lambda e: e.ts))  # backtest's order: the copy beside the stop
+    assert [(a, start - T0, fired - T0, at - T0) for a, start, fired, at, *_ in want] == [
+        ("fire", 0.0, 30 * MIN, 30 * MIN), ("resolve", 0.0, 30 * MIN, 40 * MIN)]  # fmt: skip
+    assert found(again) == want
+
+
+@pytest.mark.parametrize("rule_type", ["idle_gpu", "partly_idle_gpu"])
+def test_a_stop_read_after_newer_usage_is_still_a_stop_to_the_rules(ruleset, rule_type):
+    """Idle (all GPUs, or half) from 0:00, stopped for the interval of 35:00 and running again from
+    36:00. The stop's interval read after the usage of 36:00 and 37:00 (a producer's retry, out of order)
+    is older than the key's newest usage, which the key keeps, but the rules read the stop's own word:
+    the episode resolves at 35:00 with time order's dollars."""
+    idle = IDLE8 if rule_type == "idle_gpu" else [90.0] * 4 + [1.0] * 4
+    stop = usage(T0 + 35 * MIN, state="stopped", usd_per_hour=0.0)
+    usages = [stop if m == 35 else usage(T0 + m * MIN) for m in range(40)]
+    samples = [e for t in [*range(0, 35 * 60, 30), *range(36 * 60, 40 * 60, 30)] for e in scrape(T0 + t, idle)]
+    in_order = sorted(usages + samples, key=lambda e: e.ts)
+    cut = next(i for i, e in enumerate(in_order) if e.ts.timestamp() > T0 + 37 * MIN)
+    late = [e for e in in_order[:cut] if e is not stop] + [stop] + in_order[cut:]
+
+    def first(events):
+        return [(f.action, f.fired_at, f.at, f.details.get("reason"), round(f.waste_usd, 2))
+                for f in Engine(ruleset).process(events)
+                if f.type == rule_type and f.action != "update" and f.episode_start == T0]  # fmt: skip
+
+    want = first(in_order)
+    assert [(a, fired - T0, at - T0, reason) for a, fired, at, reason, _ in want] == [
+        ("fire", 30 * MIN, 30 * MIN, None), ("resolve", 30 * MIN, 35 * MIN, "instance_stopped")]  # fmt: skip
+    assert first(late) == want
