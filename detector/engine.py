@@ -1,7 +1,7 @@
 """Per-resource state and the routing of events to the rules that apply.
 
 The engine owns one :class:`KeyState` per key (resource id, or the project for run
-events): what the latest usage event said about the resource, and each rule's
+events): what its newest usage event said about the resource, and each rule's
 detector state: None for a rule that is lazy (:attr:`~detector.detectors.base.DetectorBase.lazy`)
 until an event gives it something to track (:meth:`~detector.detectors.base.DetectorBase.starts`),
 the engine skipping its step till then, so a rule about what most resources never do (egress,
@@ -25,7 +25,10 @@ watermark on. The one event that can tell is one older than the watermark (out o
 an exporter running behind the others) for a key a sweep has reclaimed, yet within ``state_ttl_s``
 of its latest time: it finds nothing and starts the key afresh, where an engine that had not swept
 would have gone on from its state. An event older than a key's latest time is folded into the state
-the key has (late, by kind), never into one forgotten.
+the key has (late, by kind), never into one forgotten. A usage event no newer than the key's newest
+usage (sent again, or out of order) leaves what the key says of the resource as the newest said: its
+rules read its own facts (:meth:`Engine._late_info`), the key's other events the newest's, as in time
+order.
 
 The engine's watermark (how far event time has got: what sweeps, the daily digest
 and the freshness metric go by) is not the newest timestamp seen, which one
@@ -693,7 +696,7 @@ class Engine:
         return None
 
     def _update_info(self, state: KeyState, ev: UsageEvent) -> None:
-        """Keep the key's :class:`ResourceInfo` as its latest usage event says, priced. Each field is
+        """Keep the key's :class:`ResourceInfo` as its newest usage event says, priced. Each field is
         compared once (this runs for every usage event); only what changed is taken, interned: a
         million resources share a few dozen types, regions, accounts and tag sets instead of holding
         a copy each. A change of what routes the key's rules (its kind, owner tags, account, region,

@@ -76,7 +76,8 @@ class Params(BaseModel):
 
 
 class ResourceInfo(msgspec.Struct, kw_only=True, gc=False):
-    """What the latest usage event said about a resource: who owns it, whether it is billed, its price."""
+    """What the newest usage event (by event time) said about a resource: who owns it, whether it is
+    billed, its price."""
 
     resource_id: str = ""
     resource_type: str = ""
@@ -167,8 +168,9 @@ class Context:
     """What a step may read besides its state and the event: the engine keeps one and points it at
     the key whose event a step folds, so a step reads it during its call and keeps no reference.
 
-    ``resource`` is what the key's latest usage event said, with the pricer's figures for
-    it (``usd_per_hour``, ``interval_usd``: see :mod:`detector.pricing`). :meth:`lookup`
+    ``resource`` is what the key's newest usage event said, with the pricer's figures for
+    it (``usd_per_hour``, ``interval_usd``: see :mod:`detector.pricing`); to the steps of a
+    :attr:`late` usage event, what that event says (a stop read late is a stop). :meth:`lookup`
     finds another resource (a run's hosts), :meth:`others` says what the key's rules are
     tracking, and :meth:`defer` hands work to the batch phase (:meth:`Detector.end_batch`).
     The engine builds it; a test can build one with only a resource."""
