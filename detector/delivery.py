@@ -367,7 +367,7 @@ class Outbox:
         if found is None:
             return False
         log.info("slack_post_found", alert_id=alert.alert_id, change=alert.change)
-        self._delivered(group, *(thread if closing and thread else found))
+        self._delivered(group, *(thread if closing and thread else found), said=False)
         ts = found[1]
         if alert.change == "fired" and ts and any(kind == "fired" and other != alert.alert_id and done[1] == ts
                                                   for (other, kind), done in self._done.items()):  # fmt: skip
@@ -403,11 +403,13 @@ class Outbox:
         with self._lock:
             self._counts = (len(self._queue), len(self._edits), self._counts[2])
 
-    def _delivered(self, group: list[Alert], channel: str, ts: str) -> None:
+    def _delivered(self, group: list[Alert], channel: str, ts: str, said: bool = True) -> None:
+        """Record ``group``'s posts as made; ``said``: posted now with what the alerts say (not found in
+        Slack after a timeout or a kill, posted before with what they said then)."""
         now = time.time()  # when Slack took it (or it was found there): its record's delivered_at
         for member in group:
             changes = [member.change]
-            if member.change == "resolved" and member.withdrawn:  # said withdrawn: a withdrawal after it
+            if member.change == "resolved" and member.withdrawn and said:  # said withdrawn: a withdrawal after it
                 changes.append("withdrawn")  # (an alert resolved, then taken back, recovered at once) is said
             for change in changes:
                 self._unrecorded.append((member.alert_id, change, channel, ts, now))

@@ -142,6 +142,43 @@ def test_a_receiver_hears_an_alert_taken_back_after_its_resolution_once(store, s
     assert receiver.delivered[2].headers["idempotency-key"] == "a1:hook:withdrawn"
 
 
+
+@pytest.mark.parametrize("dedupes", [False, True], ids=["receiver-keeps-all", "receiver-dedupes"])
+def test_a_resolution_begun_before_a_restart_and_taken_back_since_is_followed_by_its_withdrawal(store, secret_env,
+                                                                                             dedupes):  # fmt: skip
+    """The resolution's send was begun when the worker died (it may have arrived), and the fire was taken
+    back since: the next worker sends the withdrawal under its own key. A review found it lost: taken
+    as said by the resolution (marked unknown), or sent again as the resolution, which a deduping
+    receiver drops."""
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(hook(receiver.url, dedupes=dedupes)))
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+        stored(store, alert("resolved"))
+        store.outputs.record([("a1", "hook", "resolved", "sending", "")])  # begun, then the worker died
+        stored(store, _taken_back(alert("resolved")))
+        restarted = OutputOutbox(store, routing(hook(receiver.url, dedupes=dedupes)))
+        restarted.recover()
+        restarted.deliver_pending()
+    got = [(r.json["change"], r.json["withdrawn"], r.headers["idempotency-key"]) for r in receiver.delivered]
+    assert got == [("fired", False, "a1:hook:fired"), ("withdrawn", True, "a1:hook:withdrawn")]
+
+
+def test_a_restarted_outbox_sends_an_opening_before_the_withdrawal_dated_before_it(store, secret_env):
+    """Stored fired, then taken back (resolved, dated by the stop, before the fire), none sent: the
+    opening goes first (sent after, it would open the alert again, in Alertmanager for good)."""
+    with LocalReceiver() as receiver:
+        OutputOutbox(store, routing(hook(receiver.url))).recover()  # the output enabled before
+        withdrawn = msgspec.structs.replace(alert("resolved"), waste_usd=0.0, resolved_at=T0 + 1770,
+                                            details={"reason": "withdrawn"})  # fmt: skip
+        stored(store, alert())
+        stored(store, withdrawn)
+        restarted = OutputOutbox(store, routing(hook(receiver.url)))
+        assert restarted.recover() == 2 and restarted.deliver_pending() == 2
+    assert [r.json["change"] for r in receiver.delivered] == ["fired", "resolved"]  # (both as the alert stands now)
+
+
 def test_a_failing_receiver_is_retried_with_backoff_and_gets_the_alert_once(store, secret_env):
     clock = Clock()
     with LocalReceiver() as receiver:

@@ -206,6 +206,29 @@ def test_a_withdrawal_in_doubt_is_not_taken_for_the_resolution_already_in_its_th
     assert len(posts) == 3 and "*Withdrawn*" in posts[2].text_of_blocks()
 
 
+
+def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_withdrawal_after_it(slack, store):
+    """The resolution's reply landed but the worker died before recording it, and the fire was taken
+    back since: the next worker finds that reply (a resolution, with its dollars) and still posts the
+    withdrawal (a review found the thread left saying resolved, $49.16, the message edited to withdrawn)."""
+    opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
+    store.alerts.record([opened], version=1)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    outbox.add([opened])
+    assert outbox.deliver_pending() == 1
+    thread = store.deliveries.thread_of("r1")
+    assert thread is not None
+    store.alerts.record([resolved], version=2)
+    store.deliveries.record_attempt(["r1"], "resolved")  # begun...
+    bot(slack).post(resolved, thread=thread)  # ...and it landed, never recorded
+    store.alerts.record([_taken_back(resolved)], version=3)
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    restarted.recover()
+    restarted.deliver_pending()
+    replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
+    assert len(replies) == 2 and "*Resolved*" in replies[0] and "*Withdrawn*" in replies[1]
+
+
 def test_a_store_error_while_a_withdrawal_is_taken_loses_nothing_behind_it(slack, store, monkeypatch):
     """The outbox takes what the worker handed over in one go; a store error part way (recording a
     withdrawn opening as handled) leaves the rest for the next pass, not dropped until a restart."""

@@ -222,6 +222,9 @@ class OutputOutbox:
                 key = (alert.alert_id, change)
                 if key in lane.finished:
                     continue
+                if change == "resolved" and row["taken_back"] and key in begun:  # its content may be the resolution's:
+                    self._finish(name, lane, alert, "unknown", "begun before a restart; taken back since: its withdrawal is sent")
+                    continue  # (sent again, now withdrawn, a deduping receiver would drop it as the resolution)
                 if key in begun and not lane.output.dedupes:
                     self._finish(name, lane, alert, "unknown", "begun before a restart; the receiver does not dedupe")
                     log.error("output_send_unknown", output=name, alert_id=alert.alert_id, change=change,
@@ -231,7 +234,8 @@ class OutputOutbox:
                 pending.append((at, order, alert))
             if lane.output.resend_s and row["status"] == "firing" and (row["alert_id"], "fired") in sent:
                 lane.firing[row["alert_id"]] = alert_from_row(row, "fired")
-        for _, _, alert in sorted(pending, key=lambda p: (p[0], p[1], p[2].alert_id)):
+        for _, _, alert in sorted(pending, key=lambda p: (p[1], p[0], p[2].alert_id)):  # openings first: a withdrawal
+            # is dated by its stop, before its opening (sent after, the opening would open it again)
             self._enqueue(lane, alert)
         lane.next_refresh = self._clock()  # the receiver may have expired them while no one held them
         self._flush(name, lane)
@@ -352,8 +356,8 @@ class OutputOutbox:
         write is retried before the output's next send."""
         key = (alert.alert_id, alert.change)
         changes = [alert.change]
-        if alert.change == "resolved" and alert.withdrawn:  # said withdrawn: a withdrawal after it (an alert
-            changes.append("withdrawn")  # resolved, then taken back, recovered at once) is said already
+        if alert.change == "resolved" and alert.withdrawn and state == "sent":  # sent saying withdrawn: a withdrawal
+            changes.append("withdrawn")  # after it (resolved, then taken back, recovered at once) is said already
         lane.finished.update((alert.alert_id, change) for change in changes)
         if alert.change != "fired":  # sent, refused or unknown: never re-sent as firing again
             lane.firing.pop(alert.alert_id, None)
