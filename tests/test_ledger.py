@@ -291,6 +291,27 @@ def test_dollars_taken_back_in_part_are_not_claimed(store):
     assert {r["alert_id"]: r["usd"] for r in by_day} == pytest.approx({"partly": 6.5})
 
 
+
+def test_an_alert_whose_dollars_dip_and_recover_claims_what_it_finally_says(store):
+    """An alert's figure may fall and rise again (``plateaued_run`` prices its plateau at the host's
+    price now: a cheaper hour lowers it): it claims its latest dollars, spread as its running highest
+    grew, never a dip's recovery twice (a review found $33 claimed for $21) and no day below zero."""
+    billed(store, 3, 40.0)
+    figures = [(0.5, 40.0), (1.0, 9.0), (1.5, 13.0), (2.0, 17.0), (2.5, 21.0)]
+    first = alert("plateau", "plateaued_run", figures[0][1], T0, T0 + figures[0][0] * HOUR, rid="r1",
+                  details={"run_id": "r1", "resource_ids": ["h1"]})  # fmt: skip
+    for version, (hours, usd) in enumerate(figures, start=1):
+        last = version == len(figures)
+        change = msgspec.structs.replace(first, waste_usd=usd, updated_at=T0 + hours * HOUR,
+                                         change="resolved" if last else "fired" if version == 1 else "updated",
+                                         status="resolved" if last else "firing",
+                                         resolved_at=T0 + hours * HOUR if last else None)  # fmt: skip
+        store.alerts.record([change], version=version)
+    assert ledger(store) == pytest.approx({("plateau", "waste"): 21.0})
+    days = store.query(f"SELECT usd FROM {store.db}.waste_by_day WHERE alert_id = 'plateau'")
+    assert sum(r["usd"] for r in days) == pytest.approx(21.0) and min(r["usd"] for r in days) >= 0.0
+
+
 def test_per_gpu_idle_and_unallocated_gpus_are_wasted_dollars(store):
     """Part of a host idle ($7) and GPUs no pod requested ($2) in one $10 hour: both waste, and
     spot can save only on the $1 nothing wasted (migration 0010 ranks them with idle_gpu)."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import msgspec
 import pytest
 
 from detector.actions import Click
@@ -118,6 +119,23 @@ def test_incidents_time_to_acknowledge_and_resolve_and_precision_by_rule(filled)
     rule = precision[acked["rule"]]
     assert (rule["acknowledged"], rule["expected"], rule["precision"]) == (1, 1, 0.5)
     assert rule["alerts"] == len(idle)
+
+
+
+def test_a_withdrawn_fire_is_neither_an_incident_nor_counted_in_precision(store):
+    """A fire taken back (the host had stopped before it, the stop read late) never stood: the incidents
+    report leaves it out (it showed it resolved before it fired, hours to resolve below zero) and so
+    does the precision report."""
+    from tests.test_ledger import alert
+
+    stood = alert("stood", "idle_gpu", 5.0, time.time() - 7200, time.time() - 3600)
+    fired = alert("taken", "idle_gpu", 5.0, time.time() - 7200, time.time() - 3600)
+    taken = msgspec.structs.replace(fired, status="resolved", change="resolved", waste_usd=0.0,
+                                    resolved_at=fired.fired_at - 60, details={"reason": "withdrawn"})  # fmt: skip
+    store.alerts.record([stood, fired], version=1)
+    store.alerts.record([taken], version=2)
+    assert [r["alert_id"] for r in run_report(store, "incidents", ALL)] == ["stood"]
+    assert [r["alerts"] for r in run_report(store, "precision", ALL)] == [1]
 
 
 def test_team_filter_is_bound_not_pasted(filled):

@@ -3,10 +3,11 @@
 -- from the alert's record as `held` is (0008). Before, five queries (these two views, the
 -- precision report, the alert manager's memory, the incidents list) each parsed it back out of
 -- `details`. Rows written before this migration get it from that text, here. The views are
--- 0021's, reading the column, and each now claims at most what an alert's latest change says:
--- both claimed an alert's highest dollars (the ledger what each change added and never took
--- back, waste_by_day each day's highest), so a resolution that took back minutes an update had
--- counted (a stop read late: the host had stopped before them) still claimed them.
+-- 0021's, reading the column, and each now claims what an alert's latest change says, spread
+-- as its highest dollars grew: the ledger claimed what each change added and never took back
+-- (a resolution that took back minutes an update had counted, a stop read late, still claimed
+-- them; a figure that dipped and recovered claimed the recovery twice), and waste_by_day each
+-- day's highest (a day could go below zero).
 
 ALTER TABLE {db}.alerts ADD COLUMN IF NOT EXISTS withdrawn Bool DEFAULT
     status = 'resolved' AND JSONExtractString(details, 'reason') = 'withdrawn' AFTER held_by;
@@ -29,19 +30,21 @@ WITH
         WHERE silenced = '' AND has(precedence, type) AND NOT withdrawn
     ),
     claims AS (
-        -- An alert's dollars by its changes: what each change added, over the time since the one before,
-        -- up to what its latest change says (a stop read late takes back minutes an update had counted).
+        -- An alert's dollars by its changes: what each change added to its highest yet, over the time since
+        -- the one before, up to what its latest change says (a stop read late takes back minutes an update
+        -- had counted; a figure priced anew may dip): in all, what it finally says.
         SELECT if(run_id != '' AND type = 'failed_run_spend', 'run:' || run_id, alert_id) AS claim,
                alert_id, type, rule, team, account, rank, hosts,
                if(row_number() OVER w = 1, start0, greatest(start0, lagInFrame(at_s) OVER w)) AS start_s,
                greatest(start_s, at_s) AS stop_s,
-               greatest(0, least(waste, final_usd) - least(lagInFrame(waste) OVER w, final_usd)) AS usd
+               least(max(waste) OVER w, final_usd) - least(max(waste) OVER before, final_usd) AS usd
         FROM (SELECT a.alert_id AS alert_id, a.type AS type, a.rule AS rule, a.team AS team, a.account AS account,
                      a.rank AS rank, a.start0 AS start0, a.run_id AS run_id, a.hosts AS hosts, a.final_usd AS final_usd,
                      toUnixTimestamp64Milli(c.at) / 1000 AS at_s, c.waste_usd AS waste
               FROM {db}.alert_changes AS c INNER JOIN alerted AS a ON c.alert_id = a.alert_id
               WHERE NOT a.crash_loop)
-        WINDOW w AS (PARTITION BY alert_id ORDER BY at_s, waste ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+        WINDOW w AS (PARTITION BY alert_id ORDER BY at_s, waste ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
+               before AS (PARTITION BY alert_id ORDER BY at_s, waste ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
         UNION ALL
         -- A crash loop's runs, each over its own lifetime on its own hosts, unless alerted alone.
         SELECT 'run:' || JSONExtractString(run, 'run_id') AS claim, alert_id, type, rule, team, account, rank,
@@ -83,8 +86,10 @@ DROP VIEW IF EXISTS {db}.waste_by_day;
 
 CREATE VIEW IF NOT EXISTS {db}.waste_by_day AS
 SELECT day, alert_id, type, rule, resource_id, team, silenced,
-       least(waste_usd, final_usd) - lagInFrame(least(waste_usd, final_usd), 1, 0)
-           OVER (PARTITION BY alert_id ORDER BY day ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS usd
+       least(max(waste_usd) OVER (PARTITION BY alert_id ORDER BY day ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
+             final_usd)
+       - least(max(waste_usd) OVER (PARTITION BY alert_id ORDER BY day ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+               final_usd) AS usd
 FROM (SELECT d.day AS day, d.alert_id AS alert_id, anyLast(d.type) AS type, anyLast(d.rule) AS rule,
              anyLast(d.resource_id) AS resource_id, anyLast(d.team) AS team, anyLast(d.silenced) AS silenced,
              max(d.waste_usd) AS waste_usd, any(a.final_usd) AS final_usd
