@@ -60,6 +60,10 @@ def _say(text: str = "") -> None:
     print(text, flush=True)
 
 
+_MARKERS = {"alert_fired": "🔥", "alert_resolved": "✅", "alert_withdrawn": "↩️"}
+"""The worker's log events the demo shows, and how (``alert_withdrawn``: an alert resolved, then taken back)."""
+
+
 def _follow_alerts(log_path: Path, stop: threading.Event) -> None:
     """Print the worker's alert lines as they appear in its log."""
     position = 0
@@ -75,8 +79,8 @@ def _follow_alerts(log_path: Path, stop: threading.Event) -> None:
                         record = json.loads(line)
                     except ValueError:
                         continue
-                    if record.get("event") in ("alert_fired", "alert_resolved"):
-                        marker = "🔥" if record["event"] == "alert_fired" else "✅"
+                    marker = _MARKERS.get(record.get("event", ""))
+                    if marker is not None:
                         silenced = f"  (silenced: {record['silenced']})" if record.get("silenced") else ""
                         _say(f"  {marker} {record['summary']}{silenced}")
                     elif record.get("level") in ("error", "critical"):
