@@ -137,6 +137,19 @@ def test_fed_gpus_resolve_and_a_stop_resolves():
     assert stopped[-1].action == "resolve" and stopped[-1].details["reason"] == "instance_stopped"
 
 
+
+def test_a_stop_from_before_the_episode_began_sent_again_leaves_it_open():
+    """Stopped at 5:00, running again from 6:00 and starved for an hour: one alert, open. The stop sent
+    again (an exporter's retry) and read at the end came before the episode began: it does not end it
+    (it did, ``instance_stopped``; the GPU rules already left such a stop alone)."""
+    events = [host_usage(T0 + m * MIN, state="stopped" if m == 5 else "running") for m in range(6)]
+    events += job(T0 + 6 * MIN, T0 + 66 * MIN, sawtooth)
+    once = findings(events)
+    assert [f.action for f in once if f.action != "update"] == ["fire"]
+    again = findings(events, late=(host_usage(T0 + 5 * MIN, state="stopped"),))
+    assert [(f.action, f.waste_usd) for f in again] == [(f.action, f.waste_usd) for f in once]
+
+
 def test_re_read_and_late_samples_change_nothing():
     events = job(T0, T0 + HOUR, sawtooth)
     once = findings(events)

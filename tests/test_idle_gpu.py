@@ -382,3 +382,16 @@ def test_a_stop_read_after_newer_usage_is_still_a_stop_to_the_rules(ruleset, rul
     assert [(a, fired - T0, at - T0, reason) for a, fired, at, reason, _ in want] == [
         ("fire", 30 * MIN, 30 * MIN, None), ("resolve", 30 * MIN, 35 * MIN, "instance_stopped")]  # fmt: skip
     assert first(late) == want
+
+
+def test_a_running_interval_sent_again_after_the_stop_fires_nothing(ruleset):
+    """The host's usage said stopped at 10:00 while idle samples kept coming (its usage is what bills it:
+    no alert); its running interval of 5:00, sent again, is read at 45:00. It says how the host was
+    billed then, not now: in time order nothing fires, and read late it fires nothing either (it fired,
+    an alert time order never makes, dated 30 minutes into samples of a stopped host)."""
+    events = timeline(T0, T0 + 45 * MIN, IDLE8, with_usage=False)
+    events += [usage(T0 + m * MIN) for m in range(10)] + [usage(T0 + 10 * MIN, state="stopped")]
+    events.sort(key=lambda e: e.ts)
+    _, in_order = run(ruleset, events)
+    _, resent = run(ruleset, [*events, usage(T0 + 5 * MIN)])
+    assert in_order == [] and resent == []

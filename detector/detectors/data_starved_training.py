@@ -409,6 +409,8 @@ class DataStarvedTraining(DetectorBase):
             return []
         if not res.billed:
             since = ep.since or 0.0
+            if t < since:  # a stop from before the episode began (read behind its samples, or sent again): in
+                return []  # time order the host ran again after it, and this episode began then
             found = end(ep, partial(self._finding, "resolve", st, ep, res, max(t, since), reason=f"instance_{res.state}"))
             st.episode = None
             return found

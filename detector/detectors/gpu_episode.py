@@ -144,7 +144,7 @@ class GpuEpisode(DetectorBase):
         if type(event) is GpuMetric:
             return [f for _, f in self.step_scrape(state, ctx, Scrape([event]), t)]
         if type(event) is UsageEvent:
-            return self._on_usage(state, ctx.resource, t)
+            return self._on_usage(state, ctx.resource, t, ctx.late)
         return []
 
     def step_scrape(self, state: GpuEpisodeState, ctx: Context, scrape: Scrape,
@@ -251,7 +251,10 @@ class GpuEpisode(DetectorBase):
 
     # -- events -------------------------------------------------------------
 
-    def _on_usage(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> list[Finding]:
+    def _on_usage(self, st: GpuEpisodeState, res: ResourceInfo, t: float, late: bool = False) -> list[Finding]:
+        """A usage event at ``t``; ``late``: older than the host's newest (sent again, or read behind it),
+        which says how the host was billed then, not now: a stop in it still ends what it came within,
+        but a running one fires nothing (the host's newest usage decides that)."""
         if st.ended is not None:
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
             if taken is not None:  # stopped within the episode a sample resolved since: it never fired
@@ -274,7 +277,7 @@ class GpuEpisode(DetectorBase):
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
-        return self._maybe_fire_or_report(st, res, t)
+        return [] if late else self._maybe_fire_or_report(st, res, t)
 
     # -- helpers ------------------------------------------------------------
 
