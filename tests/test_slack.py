@@ -146,16 +146,22 @@ def _taken_back(resolved: Alert) -> Alert:
                                    resolved_at=T0 + 1770, details={"gpu_count": 8, "reason": "withdrawn"})  # fmt: skip
 
 
-def test_an_alert_taken_back_after_its_resolution_was_posted_says_so_once(slack, store):
-    """Opening and resolution posted, then the fire taken back (the stop read after the sample that
-    resolved it): a reply in the thread says it is withdrawn and the message is edited to say so,
-    with no dollars; a restarted outbox posts nothing more."""
+def _posted_and_resolved(slack, store) -> tuple[Outbox, Alert]:
+    """Alert r1's opening and resolution, stored and posted: the outbox, and the resolution."""
     opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
     store.alerts.record([opened], version=1)
     store.alerts.record([resolved], version=2)
     outbox = Outbox(store, bot(slack), group_wait_s=0.0)
     outbox.add([opened, resolved])
     assert outbox.deliver_pending() == 2
+    return outbox, resolved
+
+
+def test_an_alert_taken_back_after_its_resolution_was_posted_says_so_once(slack, store):
+    """Opening and resolution posted, then the fire taken back (the stop read after the sample that
+    resolved it): a reply in the thread says it is withdrawn and the message is edited to say so,
+    with no dollars; a restarted outbox posts nothing more."""
+    outbox, resolved = _posted_and_resolved(slack, store)
     withdrawn = _taken_back(resolved)
     store.alerts.record([withdrawn], version=3)
     outbox.add([withdrawn])
@@ -191,20 +197,13 @@ def test_an_alert_taken_back_before_its_resolution_was_posted_is_posted_once_aft
 def test_a_withdrawal_in_doubt_is_not_taken_for_the_resolution_already_in_its_thread(slack, store):
     """A withdrawal whose post timed out is looked for in the thread before it is sent again: the
     resolution's reply there names the same alert, and is not it."""
-    opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
-    store.alerts.record([opened], version=1)
-    store.alerts.record([resolved], version=2)
-    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
-    outbox.add([opened, resolved])
-    assert outbox.deliver_pending() == 2
-    withdrawn = _taken_back(resolved)
-    store.alerts.record([withdrawn], version=3)
+    _, resolved = _posted_and_resolved(slack, store)
+    store.alerts.record([_taken_back(resolved)], version=3)
     store.deliveries.record_attempt(["r1"], "withdrawn")  # begun, then the worker died
     restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
     assert restarted.recover() == 1 and restarted.deliver_pending() == 1
     posts = slack.calls("chat.postMessage")
     assert len(posts) == 3 and "*Withdrawn*" in posts[2].text_of_blocks()
-
 
 
 def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_withdrawal_after_it(slack, store):
