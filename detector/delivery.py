@@ -356,18 +356,22 @@ class Outbox:
         assert self.notifier is not None
         for member in group:
             self._maybe_posted.pop((member.alert_id, member.change), None)
-        closing = alert.change != "fired"
+        closing, said = alert.change != "fired", False
         if closing:
             if thread is None or not thread[1]:
                 return False
-            found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1],
-                                              withdrawal=alert.change == "withdrawn")  # fmt: skip
+            found = None
+            if alert.withdrawn:  # a reply saying withdrawn: the withdrawal too, if one follows a resolution
+                found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1], withdrawal=True)
+                said = found is not None
+            if found is None and alert.change == "resolved":  # a resolution said before it was taken back
+                found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1])
         else:
             found = self.notifier.find_posted(alert.alert_id, alert.channel or self.notifier.channel)
         if found is None:
             return False
         log.info("slack_post_found", alert_id=alert.alert_id, change=alert.change)
-        self._delivered(group, *(thread if closing and thread else found), said=False)
+        self._delivered(group, *(thread if closing and thread else found), said=said)
         ts = found[1]
         if alert.change == "fired" and ts and any(kind == "fired" and other != alert.alert_id and done[1] == ts
                                                   for (other, kind), done in self._done.items()):  # fmt: skip

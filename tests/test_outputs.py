@@ -165,6 +165,29 @@ def test_a_resolution_begun_before_a_restart_and_taken_back_since_is_followed_by
     assert got == [("fired", False, "a1:hook:fired"), ("withdrawn", True, "a1:hook:withdrawn")]
 
 
+
+def test_a_recovered_resolution_saying_withdrawn_answered_in_doubt_is_not_followed_by_the_withdrawal(store,
+                                                                                                  secret_env):  # fmt: skip
+    """Resolved and taken back while no worker held the alert: the next one sends the resolution as the
+    alert stands (withdrawn), and its answer is garbage (maybe arrived: unknown). That resolution said the
+    withdrawal; a receiver that does not dedupe is not sent it again (a review found it sent twice)."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(hook(receiver.url)))
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+        stored(store, alert("resolved"))
+        stored(store, _taken_back(alert("resolved")))
+        restarted = OutputOutbox(store, routing(hook(receiver.url)), clock=clock)
+        assert restarted.recover() == 2
+        receiver.garble_next(1)
+        for _ in range(3):
+            restarted.deliver_pending()
+            clock.now += 60
+    assert [(r.json["change"], r.json["withdrawn"]) for r in receiver.delivered] == [("fired", False), ("resolved", True)]
+
+
 def test_a_restarted_outbox_sends_an_opening_before_the_withdrawal_dated_before_it(store, secret_env):
     """Stored fired, then taken back (resolved, dated by the stop, before the fire), none sent: the
     opening goes first (sent after, it would open the alert again, in Alertmanager for good)."""

@@ -228,6 +228,29 @@ def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_withdr
     assert len(replies) == 2 and "*Resolved*" in replies[0] and "*Withdrawn*" in replies[1]
 
 
+
+def test_a_resolution_found_in_slack_saying_withdrawn_is_the_withdrawal_too(slack, store):
+    """Resolved and taken back while no worker held the alert; the next worker's resolution reply, the
+    alert as it stands (withdrawn), landed but was never recorded: the worker after finds it and posts
+    no second withdrawal."""
+    opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
+    store.alerts.record([opened], version=1)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    outbox.add([opened])
+    assert outbox.deliver_pending() == 1
+    thread = store.deliveries.thread_of("r1")
+    assert thread is not None
+    store.alerts.record([resolved], version=2)
+    store.alerts.record([_taken_back(resolved)], version=3)
+    store.deliveries.record_attempt(["r1"], "resolved")  # begun...
+    bot(slack).post(msgspec.structs.replace(_taken_back(resolved), change="resolved"), thread=thread)  # ...landed
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    restarted.recover()
+    restarted.deliver_pending()
+    replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
+    assert len(replies) == 1 and "*Withdrawn*" in replies[0]
+
+
 def test_a_store_error_while_a_withdrawal_is_taken_loses_nothing_behind_it(slack, store, monkeypatch):
     """The outbox takes what the worker handed over in one go; a store error part way (recording a
     withdrawn opening as handled) leaves the rest for the next pass, not dropped until a restart."""

@@ -218,3 +218,17 @@ def test_a_dark_spell_of_a_host_billed_by_the_hour_fires_though_its_usage_comes_
     sent_hourly = sorted(samples + hourly, key=lambda e: (e.t + hour, 1) if type(e).__name__ == "UsageEvent" else (e.t, 0))
     assert [(f.action, f.fired_at, f.at, round(f.waste_usd, 6)) for f in stale(ruleset, sent_hourly)] == [
         (f.action, f.fired_at, f.at, round(f.waste_usd, 6)) for f in in_order]  # fmt: skip
+
+
+def test_the_usage_that_ends_a_wait_counts_for_the_spell_going_on(ruleset):
+    """In time order: hourly usage; dark 5-20 min (too short to fire, though 15 minutes: samples wait
+    for usage to reach the returning one), then dark from 45 to 100 min. The interval of 1 h that
+    reaches the first spell's end is also the second spell's first blind hour: it fires it (a review
+    found both lost: the wait took that interval for itself alone). With minute usage and a usage gap,
+    the interval that ends a wait is counted blind too."""
+    samples = metrics(T0, 5) + metrics(T0 + 20 * MIN, 25) + metrics(T0 + 100 * MIN, 30)
+    found = stale(ruleset, ordered(samples + billing(T0, 3, interval_s=3600.0)))
+    assert [f.action for f in found] == ["fire", "resolve"] and found[0].episode_start == T0 + 45 * MIN - 30
+    samples = metrics(T0, 77) + metrics(T0 + 89 * MIN, 20) + metrics(T0 + 149 * MIN, 10)
+    found = stale(ruleset, ordered(samples + billing(T0, 69) + billing(T0 + 109 * MIN, 50)))
+    assert [f.action for f in found] == ["fire", "resolve"] and round(found[1].waste_usd, 2) == round(12.0 * 40 / 60, 2)

@@ -155,11 +155,14 @@ class TelemetryStale(DetectorBase):
             return []  # no GPU host yet (or one stopped: it starts afresh at its next sample)
         if st.back_at is None and t <= st.last_sample:
             return []  # an interval from before the latest sample
+        found: list[Finding] = []
         if st.back_at is not None and t >= st.back_at:
             found = self._telemetry_back(st, resource, st.back_at)
             if not resource.billed:
                 st.last_sample = None  # stopped as samples returned: start afresh when it runs again
-            return found
+                return found
+            if t <= st.last_sample:
+                return found  # (billed, and later than the latest sample: blind time of a spell going on)
         if not resource.billed:
             seen = max(st.back_at or 0.0, st.back_latest or 0.0)  # samples read before the stop, past it
             found = end(st, partial(self._finding, "resolve", st, resource, t, reason=f"instance_{resource.state}"))
@@ -173,12 +176,12 @@ class TelemetryStale(DetectorBase):
             return []  # blind, though it reached detection after the sample that ended the spell
         start = st.last_sample if st.billed_since is None else max(st.last_sample, st.billed_since)
         if t - start < self.params.after:
-            return []
+            return found
         p = self.params
         action = advance(st, t, start=start, held_s=t - start, need_s=p.after, every_s=p.update_every)
         if action is None or st.fired_at is None:
-            return []
-        return [self._finding(action, st, resource, st.fired_at if action == "fire" else t)]
+            return found
+        return [*found, self._finding(action, st, resource, st.fired_at if action == "fire" else t)]
 
     def step_scrape(self, state: TelemetryStaleState, ctx: Context, scrape: Scrape,
                     t: float) -> list[tuple[int, Finding]]:  # fmt: skip

@@ -223,8 +223,9 @@ class OutputOutbox:
                 if key in lane.finished:
                     continue
                 if change == "resolved" and row["taken_back"] and key in begun:  # its content may be the resolution's:
-                    self._finish(name, lane, alert, "unknown", "begun before a restart; taken back since: its withdrawal is sent")
-                    continue  # (sent again, now withdrawn, a deduping receiver would drop it as the resolution)
+                    self._finish(name, lane, alert, "unknown", "begun before a restart; taken back since: its withdrawal is sent",
+                                 said=False)  # (sent again, now withdrawn, a deduping receiver would drop it)  # fmt: skip
+                    continue
                 if key in begun and not lane.output.dedupes:
                     self._finish(name, lane, alert, "unknown", "begun before a restart; the receiver does not dedupe")
                     log.error("output_send_unknown", output=name, alert_id=alert.alert_id, change=change,
@@ -351,13 +352,14 @@ class OutputOutbox:
         except Exception as error:  # noqa: BLE001 - left begun: after a kill, taken as maybe sent (never twice)
             log.warning("output_store_error", output=name, error=str(error)[:300])
 
-    def _finish(self, name: str, lane: _Lane, alert: Alert, state: str, detail: str) -> None:
+    def _finish(self, name: str, lane: _Lane, alert: Alert, state: str, detail: str, said: bool = True) -> None:
         """Known here at once (so nothing is sent twice), then written to the store; a failed
-        write is retried before the output's next send."""
+        write is retried before the output's next send. ``said``: what was sent (or may have been)
+        is ``alert`` as it stands, not a send begun before a restart with what it said then."""
         key = (alert.alert_id, alert.change)
         changes = [alert.change]
-        if alert.change == "resolved" and alert.withdrawn and state == "sent":  # sent saying withdrawn: a withdrawal
-            changes.append("withdrawn")  # after it (resolved, then taken back, recovered at once) is said already
+        if alert.change == "resolved" and alert.withdrawn and said:  # sent saying withdrawn: a withdrawal after
+            changes.append("withdrawn")  # it (resolved, then taken back, recovered at once) is said already
         lane.finished.update((alert.alert_id, change) for change in changes)
         if alert.change != "fired":  # sent, refused or unknown: never re-sent as firing again
             lane.firing.pop(alert.alert_id, None)
