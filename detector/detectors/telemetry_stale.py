@@ -161,8 +161,8 @@ class TelemetryStale(DetectorBase):
             if not resource.billed:
                 st.last_sample = None  # stopped as samples returned: start afresh when it runs again
                 return found
-            if t <= st.last_sample:
-                return found  # (billed, and later than the latest sample: blind time of a spell going on)
+            if t <= st.last_sample:  # (billed and after the latest sample, the interval goes on below: it is
+                return found  # also the first blind time of a spell going on, and may fire it)
         if not resource.billed:
             seen = max(st.back_at or 0.0, st.back_latest or 0.0)  # samples read before the stop, past it
             found = end(st, partial(self._finding, "resolve", st, resource, t, reason=f"instance_{resource.state}"))
