@@ -206,10 +206,9 @@ def test_a_withdrawal_in_doubt_is_not_taken_for_the_resolution_already_in_its_th
     assert len(posts) == 3 and "*Withdrawn*" in posts[2].text_of_blocks()
 
 
-def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_withdrawal_after_it(slack, store):
-    """The resolution's reply landed but the worker died before recording it, and the fire was taken
-    back since: the next worker finds that reply (a resolution, with its dollars) and still posts the
-    withdrawal (a review found the thread left saying resolved, $49.16, the message edited to withdrawn)."""
+def _posted_then_resolved_unposted(slack, store) -> tuple[tuple[str, str], Alert]:
+    """Alert r1's opening stored and posted, then its resolution stored: the opening's thread, and the
+    resolution."""
     opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
     store.alerts.record([opened], version=1)
     outbox = Outbox(store, bot(slack), group_wait_s=0.0)
@@ -218,6 +217,14 @@ def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_withdr
     thread = store.deliveries.thread_of("r1")
     assert thread is not None
     store.alerts.record([resolved], version=2)
+    return thread, resolved
+
+
+def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_withdrawal_after_it(slack, store):
+    """The resolution's reply landed but the worker died before recording it, and the fire was taken
+    back since: the next worker finds that reply (a resolution, with its dollars) and still posts the
+    withdrawal (a review found the thread left saying resolved, $49.16, the message edited to withdrawn)."""
+    thread, resolved = _posted_then_resolved_unposted(slack, store)
     store.deliveries.record_attempt(["r1"], "resolved")  # begun...
     bot(slack).post(resolved, thread=thread)  # ...and it landed, never recorded
     store.alerts.record([_taken_back(resolved)], version=3)
@@ -228,19 +235,11 @@ def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_withdr
     assert len(replies) == 2 and "*Resolved*" in replies[0] and "*Withdrawn*" in replies[1]
 
 
-
 def test_a_resolution_found_in_slack_saying_withdrawn_is_the_withdrawal_too(slack, store):
     """Resolved and taken back while no worker held the alert; the next worker's resolution reply, the
     alert as it stands (withdrawn), landed but was never recorded: the worker after finds it and posts
     no second withdrawal."""
-    opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
-    store.alerts.record([opened], version=1)
-    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
-    outbox.add([opened])
-    assert outbox.deliver_pending() == 1
-    thread = store.deliveries.thread_of("r1")
-    assert thread is not None
-    store.alerts.record([resolved], version=2)
+    thread, resolved = _posted_then_resolved_unposted(slack, store)
     store.alerts.record([_taken_back(resolved)], version=3)
     store.deliveries.record_attempt(["r1"], "resolved")  # begun...
     bot(slack).post(msgspec.structs.replace(_taken_back(resolved), change="resolved"), thread=thread)  # ...landed
