@@ -130,6 +130,18 @@ class Alert(msgspec.Struct, kw_only=True):
         return self.status == "resolved" and self.details.get("reason") == WITHDRAWN
 
     @property
+    def closes(self) -> bool:
+        """Whether this change closes the alert: its resolution, or the withdrawal after one (told in
+        the opening's thread, an output's alert ended)."""
+        return self.change in ("resolved", "withdrawn")
+
+    @property
+    def told(self) -> tuple[Change, ...]:
+        """The changes a message of this record tells: its own, and where a resolution says withdrawn (the
+        alert taken back by then), the withdrawal after a resolution too, which is not told again."""
+        return ("resolved", "withdrawn") if self.change == "resolved" and self.withdrawn else (self.change,)
+
+    @property
     def burning(self) -> bool:
         """Whether, while open, its ``usd_per_hour`` is still being spent (False: the money
         is sunk, e.g. a failed run that has ended); see ``DetectorBase.burning``."""
@@ -277,7 +289,7 @@ class AlertManager:
                 if hold is not None:
                     self._held[alert.alert_id] = hold
             else:
-                if alert.change in ("resolved", "withdrawn"):
+                if alert.closes:
                     self._inhibit.resolved(alert)
                     if alert.withdrawn:
                         self._realert.withdrawn(alert)

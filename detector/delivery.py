@@ -318,7 +318,7 @@ class Outbox:
         if alert.change == "updated":
             self._edits[alert.alert_id] = alert  # only the latest matters
             return
-        if alert.change in ("resolved", "withdrawn"):
+        if alert.closes:
             self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
             self._edited_at.pop(alert.alert_id, None)
         self._enqueue(alert, added_at)
@@ -356,7 +356,7 @@ class Outbox:
         assert self.notifier is not None
         for member in group:
             self._maybe_posted.pop((member.alert_id, member.change), None)
-        closing, said = alert.change != "fired", False
+        closing, said = alert.closes, False
         if closing:
             if thread is None or not thread[1]:
                 return False
@@ -412,10 +412,7 @@ class Outbox:
         Slack after a timeout or a kill, posted before with what they said then)."""
         now = time.time()  # when Slack took it (or it was found there): its record's delivered_at
         for member in group:
-            changes = [member.change]
-            if member.change == "resolved" and member.withdrawn and said:  # said withdrawn: a withdrawal after it
-                changes.append("withdrawn")  # (an alert resolved, then taken back, recovered at once) is said
-            for change in changes:
+            for change in member.told if said else (member.change,):
                 self._unrecorded.append((member.alert_id, change, channel, ts, now))
                 self._done[(member.alert_id, change)] = (channel, ts)
         if len(group) > 1 and ts:

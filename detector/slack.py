@@ -579,7 +579,7 @@ class SlackNotifier:
                         retryable=answer.status_code == 429 or answer.status_code >= 500,
                     )
                 return self.channel, ""
-            if alert is not None and alert.change in ("resolved", "withdrawn") and thread is not None:
+            if alert is not None and alert.closes and thread is not None:
                 channel, parent_ts = thread
                 self._web.chat_postMessage(
                     channel=channel, thread_ts=parent_ts, text=text, blocks=_verbatim(render_resolution(alert))

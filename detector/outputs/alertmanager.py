@@ -65,7 +65,7 @@ class AlertmanagerOutput:
             "owner": alert.tags.get(routing.owner_tag, ""), "episode_start": rfc3339(alert.episode_start),
         }  # fmt: skip
         starts = min(alert.fired_at, now)
-        ends = now if alert.change in ("resolved", "withdrawn") else now + self.ends_after_s
+        ends = now if alert.closes else now + self.ends_after_s
         body: dict[str, Any] = {
             "labels": {k: cap(v, MAX_LABEL) for k, v in labels.items() if v},
             "annotations": {k: cap(v, 4096) for k, v in annotations.items() if v},

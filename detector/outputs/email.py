@@ -57,7 +57,7 @@ class EmailOutput:
         msg["To"] = ", ".join(self.spec.to)
         msg["Date"] = formatdate(localtime=False)
         msg["Message-ID"] = self.message_id(alert, alert.change)
-        if alert.change in ("resolved", "withdrawn"):
+        if alert.closes:
             msg["In-Reply-To"] = msg["References"] = self.message_id(alert, "fired")
         msg["X-Burnwatch-Alert-Id"] = alert.alert_id
         msg.set_content(_plain(fields))

@@ -161,7 +161,7 @@ class OutputOutbox:
         (silenced) changes are not sent anywhere, except the resolution of an alert an
         output keeps open (a silence added since its opening was sent: without it, it would
         be re-sent as firing for good)."""
-        items = [alert for alert in alerts if not alert.silenced or alert.change in ("resolved", "withdrawn")]
+        items = [alert for alert in alerts if not alert.silenced or alert.closes]
         if items:
             with self._lock:
                 self._inbox.extend(items)
@@ -231,7 +231,7 @@ class OutputOutbox:
                     log.error("output_send_unknown", output=name, alert_id=alert.alert_id, change=change,
                               reason="a send begun before the restart may have arrived; not sent twice")  # fmt: skip
                     continue
-                at = alert.resolved_at if change != "fired" and alert.resolved_at is not None else alert.fired_at
+                at = alert.resolved_at if alert.closes and alert.resolved_at is not None else alert.fired_at
                 pending.append((at, order, alert))
             if lane.output.resend_s and row["status"] == "firing" and (row["alert_id"], "fired") in sent:
                 lane.firing[row["alert_id"]] = alert_from_row(row, "fired")
@@ -357,11 +357,9 @@ class OutputOutbox:
         write is retried before the output's next send. ``said``: what was sent (or may have been)
         is ``alert`` as it stands, not a send begun before a restart with what it said then."""
         key = (alert.alert_id, alert.change)
-        changes = [alert.change]
-        if alert.change == "resolved" and alert.withdrawn and said:  # sent saying withdrawn: a withdrawal after
-            changes.append("withdrawn")  # it (resolved, then taken back, recovered at once) is said already
+        changes = alert.told if said else (alert.change,)
         lane.finished.update((alert.alert_id, change) for change in changes)
-        if alert.change != "fired":  # sent, refused or unknown: never re-sent as firing again
+        if alert.closes:  # sent, refused or unknown: never re-sent as firing again
             lane.firing.pop(alert.alert_id, None)
         if lane.queue and (lane.queue[0].alert_id, lane.queue[0].change) == key:
             self._pop(lane)

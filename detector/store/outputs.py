@@ -51,8 +51,9 @@ class OutputDeliveries:
     def owed(self, output: str, since: float, partitions: Sequence[int] | None, *, firing: bool) -> list[dict[str, Any]]:
         """The latest state (rows of :meth:`Alerts.latest`) of unsilenced alerts stored since
         ``since`` (wall time) whose opening, resolution, or withdrawal after it (``taken_back``),
-        ``output`` has not finished; with ``firing``, every firing one too (re-sent while firing). ``partitions``: only the alerts
-        of keys on those input partitions (None: all). Routing is the caller's to apply."""
+        ``output`` has not finished; with ``firing``, every firing one too (re-sent while firing).
+        ``partitions``: only the alerts of keys on those input partitions (None: all). Routing is
+        the caller's to apply."""
         db = self.conn.db
         owned = "1"
         if partitions is not None:
