@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detector.engine import Engine
 from tests.helpers import MIN, T0, scrape, usage
@@ -232,3 +234,51 @@ def test_the_usage_that_ends_a_wait_counts_for_the_spell_going_on(ruleset):
     samples = metrics(T0, 77) + metrics(T0 + 89 * MIN, 20) + metrics(T0 + 149 * MIN, 10)
     found = stale(ruleset, ordered(samples + billing(T0, 69) + billing(T0 + 109 * MIN, 50)))
     assert [f.action for f in found] == ["fire", "resolve"] and round(found[1].waste_usd, 2) == round(12.0 * 40 / 60, 2)
+
+
+def _sent_late(events, lag_s: float):
+    """``events`` as read live with the usage topic ``lag_s`` behind: each interval after the samples
+    of its start plus ``lag_s`` (hourly usage sent when its hour is over: one hour)."""
+    return sorted(events, key=lambda e: (e.t + lag_s, 1) if type(e).__name__ == "UsageEvent" else (e.t, 0))
+
+
+def _summary(found):
+    return [(f.action, f.episode_start, f.fired_at, f.at, round(f.waste_usd, 6)) for f in found]
+
+
+def test_a_second_dark_spell_that_ends_while_samples_wait_for_the_first_fires_as_in_time_order(ruleset):
+    """Hourly usage sent when its hour is over: dark 50-70 min (the first spell, fired by the 1 h interval
+    read at 2 h), samples for ten minutes, dark again 80-130 min. Samples wait for usage to reach the first
+    spell's end (the 2 h interval, read at 3 h) and went dark again meanwhile: that spell was forgotten
+    (the latest sample overwritten), where time order fires it. A review's reproduction."""
+    samples = metrics(T0, 50) + metrics(T0 + 70 * MIN, 10) + metrics(T0 + 130 * MIN, 110)
+    events = ordered(samples + billing(T0, 4, interval_s=3600.0))
+    in_order = stale(ruleset, events)
+    assert [(f.action, f.episode_start) for f in in_order] == [
+        ("fire", T0 + 50 * MIN - 30), ("resolve", T0 + 50 * MIN - 30),
+        ("fire", T0 + 80 * MIN - 30), ("resolve", T0 + 80 * MIN - 30)]  # fmt: skip
+    assert _summary(stale(ruleset, _sent_late(events, 3600.0))) == _summary(in_order)
+
+
+@settings(max_examples=120, derandomize=True)
+@given(
+    spells=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 130)), min_size=1, max_size=12),
+    interval=st.sampled_from([60.0, 300.0, 900.0, 3600.0]),
+    lag=st.sampled_from([0.0, 0.5, 1.0, "10m"]),
+)
+def test_dark_spells_fire_and_resolve_as_in_time_order_with_usage_read_up_to_an_interval_late(
+        ruleset, spells, interval, lag):  # fmt: skip
+    """Any pattern of samples and dark spells of a host billed in intervals of a minute to an hour,
+    its usage read up to one interval after it ends (or ten minutes behind): the same alerts, at the
+    same times, with the same dollars as in time order. (Read later than that, samples stop waiting
+    for usage after two intervals, and a spell may fire with more dollars or not at all: the bound a
+    host whose usage stopped coming needs.)"""
+    samples, minute = [], 0
+    for on, dark in spells:
+        samples += metrics(T0 + minute * MIN, on)
+        minute += on + dark
+    hours = 8
+    samples = [e for e in samples if e.t < T0 + hours * 3600]
+    events = ordered(samples + billing(T0, int(hours * 3600 / interval), interval_s=interval))
+    lag_s = 600.0 if lag == "10m" else lag * interval
+    assert _summary(stale(ruleset, _sent_late(events, lag_s))) == _summary(stale(ruleset, events))

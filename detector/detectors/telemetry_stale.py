@@ -42,6 +42,10 @@ from detector.units import Duration
 
 __all__ = ["TelemetryStale", "TelemetryStaleParams", "TelemetryStaleState"]
 
+_KEEP_LATER = 16
+"""Spells kept while samples wait for usage (:attr:`TelemetryStaleState.later`, two floats each): a wait
+lasts ``settle`` or two usage intervals, and each spell ``after`` at least (twelve in two hours)."""
+
 _KEEP_COUNTED = 16
 """Intervals kept for the take-back: more than a minute's worth at any usage cadence in use
 (the allowed lateness is 60 s)."""
@@ -75,6 +79,11 @@ class TelemetryStaleState(Episode, kw_only=True):
     """The time of the sample that ended a fired spell, while usage has not reached it yet."""
     back_latest: float | None = None
     """The latest sample seen since ``back_at`` (the latest sample once the spell resolves)."""
+    later: tuple[float, ...] = ()
+    """Dark spells among the samples read while they wait (``back_at``), as (last sample before, first
+    after) pairs flattened, oldest first, at most :data:`_KEEP_LATER`: each is judged as a spell of its
+    own once usage has reached the one before it (usage read an hour late, two spells in its wait).
+    The one empty tuple on most hosts."""
     billed_since: float | None = None
     """Start of the interval that brought the host's billed usage back after a gap longer than
     ``after`` (or its first interval), while no sample is later: blind time counts from here at the
@@ -122,6 +131,11 @@ class TelemetryStale(DetectorBase):
             if latest is not None and t <= latest:
                 return []
             if st.back_at is not None:  # the spell has ended already; waiting for usage to reach it
+                previous = st.back_latest if st.back_latest is not None else st.back_at
+                if t <= previous:
+                    return []  # read already
+                if t - previous >= self.params.after and len(st.later) < 2 * _KEEP_LATER:
+                    st.later = (*st.later, previous, t)  # dark again meanwhile: a spell of its own
                 st.back_latest = t
                 if t >= st.back_at + self._settle(st):  # usage is not coming: resolve without it
                     return self._telemetry_back(st, resource, st.back_at)
@@ -157,23 +171,25 @@ class TelemetryStale(DetectorBase):
             return []  # an interval from before the latest sample
         found: list[Finding] = []
         if st.back_at is not None and t >= st.back_at:
-            found = self._telemetry_back(st, resource, st.back_at)
-            if not resource.billed:
-                st.last_sample = None  # stopped as samples returned: start afresh when it runs again
-                return found
+            while st.back_at is not None and t >= st.back_at:  # (and a spell that followed, usage past it too)
+                found += self._telemetry_back(st, resource, st.back_at)
+                if not resource.billed:
+                    st.last_sample, st.later = None, ()  # stopped as samples returned: start afresh when it runs again
+                    return found
             if t <= st.last_sample:  # (billed and after the latest sample, the interval goes on below: it is
                 return found  # also the first blind time of a spell going on, and may fire it)
         if not resource.billed:
             seen = max(st.back_at or 0.0, st.back_latest or 0.0)  # samples read before the stop, past it
             found = end(st, partial(self._finding, "resolve", st, resource, t, reason=f"instance_{resource.state}"))
             st.last_sample = seen or None  # a stopped host sends nothing: start afresh when it runs again
+            st.later = ()
             return found
         # Spend since the last sample (the engine's price of the interval, as stored), counted
         # once the gap is long enough.
         st.blind_usd += resource.interval_usd
         st.counted = (*st.counted[-(_KEEP_COUNTED - 1):], (t, resource.interval_usd))
         if st.back_at is not None and st.fired_at is not None:
-            return []  # blind, though it reached detection after the sample that ended the spell
+            return found  # blind, though it reached detection after the sample that ended the spell
         start = st.last_sample if st.billed_since is None else max(st.last_sample, st.billed_since)
         if t - start < self.params.after:
             return found
@@ -223,10 +239,16 @@ class TelemetryStale(DetectorBase):
 
     def _telemetry_back(self, st: TelemetryStaleState, resource: ResourceInfo, at: float) -> list[Finding]:
         """Resolve the spell ended by the sample at ``at``; the latest sample seen since is the
-        latest now (samples kept coming while usage caught up)."""
+        latest now (samples kept coming while usage caught up), or where they went dark again
+        meanwhile (:attr:`~TelemetryStaleState.later`), that spell is next: a candidate that waits for
+        usage as its own returning sample would have."""
         latest = max(at, st.back_latest or at)
         found = end(st, partial(self._finding, "resolve", st, resource, at, reason="telemetry_back"))
-        st.last_sample = latest
+        if st.later:
+            st.last_sample, st.back_at, st.later = st.later[0], st.later[1], st.later[2:]
+            st.back_latest = latest if latest > st.back_at else None
+        else:
+            st.last_sample = latest
         return found
 
     def _finding(self, action: str, st: TelemetryStaleState, res: ResourceInfo, at: float, **extra: object) -> Finding:
