@@ -206,19 +206,35 @@ def test_usage_read_behind_the_samples_gives_time_orders_findings(ruleset, behin
     assert in_order[-1].waste_usd == pytest.approx(32.0 * 45 / 60, rel=1e-6)
 
 
-def test_a_stop_read_after_a_restarted_hosts_samples_takes_back_nothing_it_cannot_know(ruleset):
-    """Stopped at 45:00 and started again at 55:00, idle throughout, the stop read after the samples
-    that came back (usage 15 min behind). What was counted past the stop is not known (a gap longer
-    than ``stale_after`` lies in it, counted as nothing), so nothing is taken back: the resolution
-    claims the 4.5 minutes after the restart too (time order: 45 minutes, $24.00, and those minutes
-    in the next episode). Taking back all 14.5 minutes past the stop would claim less than the 45
-    billed idle minutes before it ($18.40)."""
-    events = timeline(T0, T0 + 45 * MIN, IDLE8) + [usage(T0 + 45 * MIN, state="stopped", usd_per_hour=0.0)]
-    events += timeline(T0 + 55 * MIN, T0 + 60 * MIN, IDLE8)
-    _, behind = run(ruleset, _read(events, usage_behind_s=15 * MIN))
-    resolve = next(f for f in behind if f.action == "resolve")
-    assert resolve.at == T0 + 45 * MIN
-    assert resolve.waste_usd == pytest.approx(32.0 * (45 * MIN - 30 + 5 * MIN - 30) / 3600, rel=1e-4)
+@pytest.mark.parametrize(("rule_type", "utils", "sm", "for_min"), [("idle_gpu", 0.0, None, 30), ("stuck_gpu", 100.0, 0.0, 20)])
+@pytest.mark.parametrize(("dark_min", "back_min", "behind_min"), [(45, 55, 11), (45, 55, 15), (41, 49, 11), (41, 47, 3)])
+def test_a_stop_read_after_a_restarted_hosts_samples_ends_the_episode_at_the_stop(ruleset, rule_type, utils, sm, for_min,
+                                                                                  dark_min, back_min, behind_min):  # fmt: skip
+    """Stopped at 45:00 and started again at 55:00 (or dark from 41:00, stopped at 45:00 and back at
+    49:00 or 47:00), idle (or stuck) throughout, the stop read after the samples that came back (usage
+    read minutes behind). The telemetry gap was counted as nothing, and the stop lies in it: the
+    episode resolves at the stop with time order's 45 minutes ($24.00; before, the minutes after the
+    restart read before the stop were claimed too, $25.33 to $26.13, and by the next episode again,
+    which began only after the stop was read; or, back within ``stale_after`` of the stop and read
+    before it, minutes never counted were taken back, $20.53), and the samples after the gap are an
+    episode of their own, which fires ``for`` later as in time order."""
+
+    def spell(start: float, end: float) -> list:
+        minutes = int((end - start) // MIN)
+        sms = None if sm is None else [sm] * 8
+        return [e for i in range(2 * minutes) for e in scrape(start + 30 * i, [utils] * 8, sm=sms)] + [
+            usage(start + i * MIN) for i in range(minutes)]  # fmt: skip
+
+    events = spell(T0, T0 + dark_min * MIN) + [usage(T0 + i * MIN) for i in range(dark_min, 45)]
+    events += [usage(T0 + i * MIN, state="stopped", usd_per_hour=0.0) for i in range(45, back_min)]
+    events = sorted(events + spell(T0 + back_min * MIN, T0 + 100 * MIN), key=lambda e: e.ts)
+    found = lambda evs: [f for f in Engine(ruleset).process(evs) if f.type == rule_type and f.action != "update"]  # noqa: E731
+    in_order = found(events)
+    back = T0 + back_min * MIN
+    assert [(f.action, f.episode_start, f.at) for f in in_order] == [
+        ("fire", T0, T0 + for_min * MIN), ("resolve", T0, T0 + 45 * MIN), ("fire", back, back + for_min * MIN)]  # fmt: skip
+    assert in_order[1].waste_usd == pytest.approx(24.0)
+    assert _summary(found(_read(events, usage_behind_s=behind_min * MIN))) == _summary(in_order)
 
 
 def test_a_fire_made_by_the_first_usage_read_behind_its_samples_is_kept_by_a_stop_after_that_usage(ruleset):

@@ -13,7 +13,9 @@ add (``describe``); this class does the rest the same way for all of them:
   :func:`~detector.detectors.episode.withdraws`), where in time order nothing would have fired;
   a stop from before the episode began (read behind, or sent again) leaves it alone;
 - silence is not evidence: a telemetry gap longer than ``stale_after`` restarts a
-  candidate episode and is not counted (time or dollars) in an open one;
+  candidate episode and is not counted (time or dollars) in an open one; a stop read later and
+  dated within that gap (a host restarted while its usage was read behind) ends the open episode
+  there, and the samples after the gap are a candidate of their own, as in time order;
 - dollars accrue over sample-covered time at the host's price; time seen before the
   price is known is priced once it is, so topic arrival order does not matter;
 - a sample already seen (a re-read batch) or a late one changes nothing;
@@ -82,6 +84,11 @@ class GpuEpisodeState(Episode, kw_only=True):
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
+    resumed: tuple[float, float, float, float] | None = None
+    """The open episode's latest telemetry gap longer than ``stale_after``: (its last sample before, the
+    first after, ``waste_usd`` and ``unpriced_s`` then). A stop read later and dated within the gap (a
+    host restarted while the usage topic was read behind) ends the episode there, and what came after
+    the gap is a candidate of its own, as in time order. None while there was none (most episodes)."""
     pods: dict[str, Pod] | None = None
     """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named (None: no sample
     named one; most hosts are not on Kubernetes, and an empty dict is 64 bytes on each)."""
@@ -91,7 +98,7 @@ class GpuEpisodeState(Episode, kw_only=True):
     def clear(self) -> None:
         super().clear()
         self.waste_usd = self.unpriced_s = 0.0
-        self.fired_by = None
+        self.fired_by = self.resumed = None
 
 
 class GpuEpisode(DetectorBase):
@@ -234,9 +241,12 @@ class GpuEpisode(DetectorBase):
             if t > st.covered_until:
                 st.covered_until = t
         elif t > st.covered_until:
-            if t - st.covered_until > self.params.stale_after and st.fired_at is None:
-                st.since = t  # telemetry gap: the count starts again
-                st.waste_usd = st.unpriced_s = 0.0
+            if t - st.covered_until > self.params.stale_after:
+                if st.fired_at is None:
+                    st.since = t  # telemetry gap: the count starts again
+                    st.waste_usd = st.unpriced_s = 0.0
+                else:  # not counted in the open episode; where a stop read later falls in it, it ends there
+                    st.resumed = (st.covered_until, t, st.waste_usd, st.unpriced_s)
                 st.covered_until = t
             else:
                 self._accrue(st, resource, t)
@@ -265,18 +275,26 @@ class GpuEpisode(DetectorBase):
             since, reason = st.since, f"instance_{res.state}"
             if t < since:  # a stop from before the episode began (a backlog's usage read behind its samples, or
                 return []  # a stop sent again): in time order the host ran again after it, and this one began
+            after = None
             if st.fired_at is not None:
                 early = withdraws(since, st.fired_by, t)
+                after = self._split_at_gap(st, t)
                 self._accrue(st, res, t)
                 self._uncount_after(st, res, t)
                 if early:  # stopped before the sample that fired it: the episode never held for ``for``
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0
             if t > st.last_break:  # the stop breaks the episode: a late sample from before it starts none (one
                 st.last_break = t  # did, from its own time: the resolved episode's start, so its alert id, at worst)
-            return end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
+            found = end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
+            if after is not None:  # the samples after the gap: a candidate of their own, fired when usage says billed
+                st.since, st.covered_until, st.waste_usd, st.unpriced_s = after
+            return found
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
+            if st.resumed is not None:  # (what the gap's start had counted, priced alike)
+                g0, g1, waste, unpriced = st.resumed
+                st.resumed = (g0, g1, waste + usd_over(res.usd_per_hour, unpriced), 0.0)
         return [] if late else self._maybe_fire_or_report(st, res, t)
 
     # -- helpers ------------------------------------------------------------
@@ -292,6 +310,20 @@ class GpuEpisode(DetectorBase):
             else:
                 st.waste_usd += usd_over(res.usd_per_hour, gap)
         st.covered_until = t
+
+    @staticmethod
+    def _split_at_gap(st: GpuEpisodeState, t: float) -> tuple[float, float, float, float] | None:
+        """A stop at ``t`` within the open episode's latest telemetry gap (:attr:`GpuEpisodeState.resumed`):
+        the episode is cut back to the gap's start (the stop's own seconds are counted after, as in time
+        order), and what the samples after the gap counted is returned, (start, newest sample, dollars,
+        unpriced seconds), to become a candidate of its own. None where the stop is not in that gap."""
+        gap = st.resumed
+        if gap is None or not gap[0] <= t <= gap[1]:
+            return None
+        start, resumed_at, waste, unpriced = gap
+        after = (resumed_at, st.covered_until, st.waste_usd - waste, st.unpriced_s - unpriced)
+        st.covered_until, st.waste_usd, st.unpriced_s = start, waste, unpriced
+        return after
 
     def _uncount_after(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> None:
         """Take back the episode time counted past a stop at ``t``: samples after the stop, read before
