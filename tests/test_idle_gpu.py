@@ -237,6 +237,21 @@ def test_a_stop_read_after_a_restarted_hosts_samples_ends_the_episode_at_the_sto
     assert _summary(found(_read(events, usage_behind_s=behind_min * MIN))) == _summary(in_order)
 
 
+def test_a_stop_at_the_first_sample_after_a_gap_is_read_after_it_in_time_order(ruleset):
+    """Idle from 0:00, the exporter dark 40:00-50:00 while billed, a scrape and a one-minute stop both
+    at 50:00, running again from 51:00. In time order the sample comes first at a tie (``align``): the
+    open episode resolves at the stop and the next starts at 51:00, the first sample after it. A stop at
+    the gap's end taken as within the gap started it at 50:00 and counted the stopped minute (a review's
+    reproduction, red before)."""
+    events = [e for i in range(80) for e in scrape(T0 + 30 * i, IDLE8)] + [usage(T0 + i * MIN) for i in range(50)]
+    events += scrape(T0 + 50 * MIN, IDLE8) + [usage(T0 + 50 * MIN, state="stopped")]
+    events += [e for i in range(51 * 2, 100 * 2) for e in scrape(T0 + 30 * i, IDLE8)]
+    events += [usage(T0 + i * MIN) for i in range(51, 100)]
+    _, found = run(ruleset, _read(events))
+    fires = [f for f in found if f.action == "fire"]
+    assert [(f.episode_start, f.fired_at) for f in fires[1:]] == [(T0 + 51 * MIN, T0 + 81 * MIN)]
+
+
 def test_a_fire_made_by_the_first_usage_read_behind_its_samples_is_kept_by_a_stop_after_that_usage(ruleset):
     """A host idle from its first sample, its usage starting at 30:30 (the host not known before, so not
     billed) and stopped at 33:00. In time order it fires at that first usage and resolves at the stop.

@@ -316,9 +316,10 @@ class GpuEpisode(DetectorBase):
         """A stop at ``t`` within the open episode's latest telemetry gap (:attr:`GpuEpisodeState.resumed`):
         the episode is cut back to the gap's start (the stop's own seconds are counted after, as in time
         order), and what the samples after the gap counted is returned, (start, newest sample, dollars,
-        unpriced seconds), to become a candidate of its own. None where the stop is not in that gap."""
+        unpriced seconds), to become a candidate of its own. None where the stop is not in that gap: a
+        stop at the first sample after it is read after that sample in time order (samples first at a tie)."""
         gap = st.resumed
-        if gap is None or not gap[0] <= t <= gap[1]:
+        if gap is None or not gap[0] <= t < gap[1]:
             return None
         start, resumed_at, waste, unpriced = gap
         after = (resumed_at, st.covered_until, st.waste_usd - waste, st.unpriced_s - unpriced)

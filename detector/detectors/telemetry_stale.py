@@ -173,8 +173,8 @@ class TelemetryStale(DetectorBase):
         if st.back_at is not None and t >= st.back_at:
             while st.back_at is not None and t >= st.back_at:  # (and a spell that followed, usage past it too)
                 found += self._telemetry_back(st, resource, st.back_at)
-                if not resource.billed:
-                    st.last_sample, st.later = None, ()  # stopped as samples returned: start afresh when it runs again
+                if not resource.billed:  # stopped as samples returned: start afresh when it runs again (what waits
+                    st.last_sample, st.later, st.back_at, st.back_latest = None, (), None, None  # on it too)
                     return found
             if t <= st.last_sample:  # (billed and after the latest sample, the interval goes on below: it is
                 return found  # also the first blind time of a spell going on, and may fire it)
