@@ -206,23 +206,25 @@ def test_usage_read_behind_the_samples_gives_time_orders_findings(ruleset, behin
     assert in_order[-1].waste_usd == pytest.approx(32.0 * 45 / 60, rel=1e-6)
 
 
-@pytest.mark.parametrize(("rule_type", "utils", "sm", "for_min"), [("idle_gpu", 0.0, None, 30), ("stuck_gpu", 100.0, 0.0, 20)])
+@pytest.mark.parametrize(("rule_type", "utils", "sm", "for_min"), [
+    ("idle_gpu", [0.0] * 8, None, 30), ("stuck_gpu", [100.0] * 8, [0.0] * 8, 20),
+    ("partly_idle_gpu", [90.0] * 4 + [0.0] * 4, None, 30)])  # fmt: skip
 @pytest.mark.parametrize(("dark_min", "back_min", "behind_min"), [(45, 55, 11), (45, 55, 15), (41, 49, 11), (41, 47, 3)])
 def test_a_stop_read_after_a_restarted_hosts_samples_ends_the_episode_at_the_stop(ruleset, rule_type, utils, sm, for_min,
                                                                                   dark_min, back_min, behind_min):  # fmt: skip
     """Stopped at 45:00 and started again at 55:00 (or dark from 41:00, stopped at 45:00 and back at
-    49:00 or 47:00), idle (or stuck) throughout, the stop read after the samples that came back (usage
-    read minutes behind). The telemetry gap was counted as nothing, and the stop lies in it: the
-    episode resolves at the stop with time order's 45 minutes ($24.00; before, the minutes after the
-    restart read before the stop were claimed too, $25.33 to $26.13, and by the next episode again,
-    which began only after the stop was read; or, back within ``stale_after`` of the stop and read
-    before it, minutes never counted were taken back, $20.53), and the samples after the gap are an
-    episode of their own, which fires ``for`` later as in time order."""
+    49:00 or 47:00), idle (stuck, half idle) throughout, the stop read after the samples that came back
+    (usage read minutes behind). The telemetry gap was counted as nothing, and the stop lies in it: the
+    episode resolves at the stop with time order's dollars ($24.00 for the whole host's 45 minutes;
+    before, the minutes after the restart read before the stop were claimed too, $25.33 to $26.13,
+    and by the next episode again, which began only after the stop was read; or, back within
+    ``stale_after`` of the stop and read before it, minutes never counted were taken back, $20.53),
+    and the samples after the gap are an episode of their own, which fires ``for`` later as in time
+    order. ``partly_idle_gpu`` counts its four idle GPUs to their latest scrape before the stop."""
 
     def spell(start: float, end: float) -> list:
         minutes = int((end - start) // MIN)
-        sms = None if sm is None else [sm] * 8
-        return [e for i in range(2 * minutes) for e in scrape(start + 30 * i, [utils] * 8, sm=sms)] + [
+        return [e for i in range(2 * minutes) for e in scrape(start + 30 * i, utils, sm=sm)] + [
             usage(start + i * MIN) for i in range(minutes)]  # fmt: skip
 
     events = spell(T0, T0 + dark_min * MIN) + [usage(T0 + i * MIN) for i in range(dark_min, 45)]
@@ -233,7 +235,8 @@ def test_a_stop_read_after_a_restarted_hosts_samples_ends_the_episode_at_the_sto
     back = T0 + back_min * MIN
     assert [(f.action, f.episode_start, f.at) for f in in_order] == [
         ("fire", T0, T0 + for_min * MIN), ("resolve", T0, T0 + 45 * MIN), ("fire", back, back + for_min * MIN)]  # fmt: skip
-    assert in_order[1].waste_usd == pytest.approx(24.0)
+    half_to_last_scrape = 16.0 * (min(dark_min, 45) - 0.5) / 60
+    assert in_order[1].waste_usd == pytest.approx(half_to_last_scrape if rule_type == "partly_idle_gpu" else 24.0, abs=1e-3)
     assert _summary(found(_read(events, usage_behind_s=behind_min * MIN))) == _summary(in_order)
 
 

@@ -259,6 +259,11 @@ class GpuShareState(Episode, kw_only=True):
     at or before ``stale_after`` before the newest (None: no episode open, most hosts): a stop read
     after later scrapes puts the dollars back to those of the latest scrape not after it, as they
     stood when read in event-time order."""
+    resumed: tuple[float, float, float, float] | None = None
+    """The open episode's latest telemetry gap longer than ``stale_after``: (its last scrape before, the
+    first after, ``waste_usd`` and ``unpriced_s`` then). A stop read later and dated within it (a host
+    restarted while its usage was read behind) ends the episode there, and the GPUs idle across the gap
+    start again from its end, as in time order (:meth:`GpuShare._split_at_gap`). None: none (most)."""
 
     def __post_init__(self) -> None:
         self.gpu_counted = _flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
@@ -306,7 +311,7 @@ class GpuShareState(Episode, kw_only=True):
     def clear(self) -> None:
         super().clear()
         self.waste_usd = self.unpriced_s = self.spell_s = 0.0
-        self.fired_by = self.charged = None
+        self.fired_by = self.charged = self.resumed = None
 
     # -- the columns ----------------------------------------------------------
 
@@ -659,6 +664,7 @@ class GpuShare(DetectorBase):
 
     def _on_usage(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         found: list[Finding] = []
+        resumed: float | None = None
         if st.ended is not None:
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
             if taken is not None:  # stopped within the episode a scrape resolved since: it never fired
@@ -672,14 +678,19 @@ class GpuShare(DetectorBase):
                 if withdraws(since, st.fired_by, t):  # (fired_by: None unless it fired)
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
                 elif st.fired_at is not None:
-                    self._uncount_after(st, res, t)
+                    resumed = self._split_at_gap(st, res, t)
+                    if resumed is None:
+                        self._uncount_after(st, res, t)
                 found += end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
             if t > st.stopped_at:
                 st.stopped_at = t
             times = st.gpu_times
             for g in range(len(st.gpu_ids)):  # a GPU idle since after the stop (its samples read first) runs on
                 if times is None or not times[_G * g + _IDLE_SINCE] > t:  # (unset: NaN)
-                    _restart(st, g)
+                    if resumed is not None and times is not None and _set(times[_G * g + _IDLE_SINCE]):
+                        self._idle_from(st, res, g, resumed)  # idle across the gap that held the stop: from its end
+                    else:
+                        _restart(st, g)
             if st.whole_idle_since is None or st.whole_idle_since <= t:
                 st.whole_idle_since, st.spell_s = None, 0.0
             return found
@@ -777,6 +788,8 @@ class GpuShare(DetectorBase):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
         gap = t - c
+        if gap > p.stale_after and st.fired_at is not None:
+            st.resumed = (c, t, st.waste_usd, st.unpriced_s)  # not counted; a stop read later may fall in it
         if gap <= p.stale_after:
             share_s = gap / max(len(ids), res.gpus)
             n = 0
@@ -814,6 +827,31 @@ class GpuShare(DetectorBase):
                     waste, unpriced = waste + usd_over(res.usd_per_hour, unpriced), 0.0
                 st.waste_usd, st.unpriced_s = waste, unpriced
                 return
+
+    def _split_at_gap(self, st: GpuShareState, res: ResourceInfo, t: float) -> float | None:
+        """A stop at ``t`` within the open episode's latest telemetry gap (:attr:`GpuShareState.resumed`; at
+        the first scrape after it, the stop is read after that scrape in time order): the dollars are put
+        back to those of the gap's start, and the gap's end is returned, from which the GPUs idle across
+        it start again (:meth:`_idle_from`). None where the stop is not in that gap, or the host was all
+        idle across it (then the spell is ``idle_gpu``'s, and the count starts again as before)."""
+        gap = st.resumed
+        if gap is None or not gap[0] <= t < gap[1] or st.whole_idle_since is not None:
+            return None
+        waste, unpriced = gap[2], gap[3]
+        if unpriced and res.usd_per_hour is not None:  # priced since: as the usage that priced it did
+            waste, unpriced = waste + usd_over(res.usd_per_hour, unpriced), 0.0
+        st.waste_usd, st.unpriced_s = waste, unpriced
+        return gap[1]
+
+    def _idle_from(self, st: GpuShareState, res: ResourceInfo, g: int, resumed: float) -> None:
+        """GPU ``g``, idle from before a stop to now across the telemetry gap that held the stop, out of the
+        episode the stop ended: idle since the gap's end, its share of the host's seconds since then
+        pending, as a GPU that went idle at that scrape holds them (:meth:`_advance`)."""
+        times: Any = st.gpu_times
+        at = _G * g
+        pending = max(0.0, st.covered_until - resumed) / max(len(st.gpu_ids), res.gpus)
+        times[at + _IDLE_SINCE], times[at + _PENDING_S], times[at + _PENDING_FROM] = resumed, pending, resumed
+        _set_counted(st, g, 0)
 
     def _qualified(self, st: GpuShareState, listed: list[int], c: float) -> float:
         """When the ``min_gpus``-th of the counted GPUs ``listed`` went idle (from the rebase at most): the
