@@ -363,3 +363,80 @@ def test_a_state_saved_in_an_older_shape_restores_as_it_was(ruleset, cut_min, ol
     _, second = run(restarted.ruleset, events[cut:], restarted)
     assert [(f.type, f.action, f.at, f.waste_usd, f.details) for f in saved + second] == \
         [(f.type, f.action, f.at, f.waste_usd, f.details) for f in whole]  # fmt: skip
+
+
+# -- a stop read late inside a telemetry gap (GpuShareState.resumed) --------------------------------
+
+WORK, REST = 90.0, 0.0  # a busy GPU's util, an idle one's
+
+
+def _build(util, stopped, end_min: int) -> list:
+    """Scrapes every 30 s (``util(m)``: the 8 GPUs' utils at minute ``m``, None for no scrape), usage
+    every minute (``stopped(m)``), $32/h."""
+    events: list = []
+    for k in range(2 * end_min):
+        m = k / 2
+        utils = util(m)
+        if utils is not None:
+            events += [GpuMetric(ts=at(T0 + m * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=x)
+                       for g, x in enumerate(utils)]  # fmt: skip
+    return events + [usage(T0 + m * MIN, state="stopped" if stopped(m) else "running") for m in range(end_min)]
+
+
+def _read(events, lag_min: float | None = None) -> list:
+    """Time order (samples first at equal times, as backtest), or the usage topic ``lag_min`` behind."""
+    lag = 0.0 if lag_min is None else lag_min * MIN
+    return sorted(events, key=lambda e: (e.ts.timestamp() + (lag if type(e).__name__ == "UsageEvent" else 0.0),
+                                         type(e).__name__ == "UsageEvent"))  # fmt: skip
+
+
+def _partly(ruleset, events, updates: bool = False) -> list:
+    return [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3))
+            for f in Engine(ruleset).process(events)
+            if f.type == "partly_idle_gpu" and (updates or f.action != "update")]  # fmt: skip
+
+
+@pytest.mark.parametrize("lag", [9, 15])
+def test_a_stop_in_a_gap_leaves_out_what_the_scrape_before_the_gap_was_judged_to_add(ruleset, lag):
+    """GPUs 4-7 idle from 0 (fired at 30), GPU 3 idle from 10: it reaches ``for`` at 40, the last scrape
+    before a gap (dark 40-50, stopped 42-50). In time order the stop is read before the scrape at 50
+    judges 40: resolved at 42 with $10.667. Live, the gap kept the dollars after 40 was judged (GPU 3's
+    30 pending minutes): $12.667 (a review's reproduction, red before)."""
+    events = _build(lambda m: None if 40 < m < 50 else [WORK, WORK, WORK, REST if m >= 10 else WORK, REST, REST, REST, REST],
+                    lambda m: 42 <= m < 50, 150)  # fmt: skip
+    assert _partly(ruleset, _read(events, lag)) == _partly(ruleset, _read(events))
+
+
+@pytest.mark.parametrize("lag", [9, 15])
+def test_a_stop_in_a_gap_leaves_out_a_dip_the_scrape_before_the_gap_ended(ruleset, lag):
+    """The whole host idle 36-39.5, busy again at 40, the last scrape before a gap (40-50, stopped 42-50):
+    time order drops the dip's held seconds at the stop, $9.60; live claimed them, $10.667 (a review's
+    reproduction, red before)."""
+    events = _build(lambda m: None if 40 < m < 50 else [REST if 36 <= m < 40 else WORK] * 4 + [REST] * 4,
+                    lambda m: 42 <= m < 50, 150)  # fmt: skip
+    assert _partly(ruleset, _read(events, lag)) == _partly(ruleset, _read(events))
+
+
+def test_a_gpu_idle_from_the_restart_that_joined_the_ended_episode_starts_the_next(ruleset):
+    """Stopped and dark 80-86, GPU 3 idle from 86, usage read 40 minutes behind: GPU 3 joined the
+    still-open episode at 116 (its pending minutes charged to it) before the stop was read at 120,
+    which ended that episode at the gap's start and left GPU 3 counted in no episode: with GPUs 4-7
+    busy from 118 nothing joined again, and the episode time order fires at 116 (from 86) was never
+    made. Now its dollars pend again from its idle start (a review's reproduction, red before)."""
+    def utils(m: float) -> list[float] | None:
+        return None if 80 <= m < 86 else [WORK] * 3 + [REST if m >= 86 else WORK] + [WORK if m >= 118 else REST] * 4
+
+    events = _build(utils, lambda m: 80 <= m < 86, 240)
+    in_order = _partly(ruleset, _read(events))
+    assert [x[:3] for x in in_order if x[0] == "fire"] == [("fire", 0.0, 30.0), ("fire", 86.0, 116.0)]
+    assert [x[:3] for x in _partly(ruleset, _read(events, 40)) if x[0] == "fire"] == [
+        x[:3] for x in in_order if x[0] == "fire"]  # fmt: skip
+
+
+def test_a_gpu_idle_from_the_restart_keeps_its_dollars_when_the_stop_is_read_late(ruleset):
+    """As above with GPUs 4-7 idle on, usage 45 minutes behind: the next episode fired, but $2.60 short
+    for good (GPU 3's pending minutes lost with the ended episode: $37.40 for $40.00 at 206)."""
+    events = _build(lambda m: None if 80 <= m < 86 else [WORK, WORK, WORK, REST if m >= 86 else WORK] + [REST] * 4,
+                    lambda m: 80 <= m < 86, 240)  # fmt: skip
+    at_206 = lambda found: [x for x in found if x[2] == 206.0]  # noqa: E731
+    assert at_206(_partly(ruleset, _read(events, 45), updates=True)) == at_206(_partly(ruleset, _read(events), updates=True))

@@ -691,6 +691,8 @@ class GpuShare(DetectorBase):
                         self._idle_from(st, res, g, resumed)  # idle across the gap that held the stop: from its end
                     else:
                         _restart(st, g)
+                elif resumed is not None and st.gpu_counted[g]:  # idle since after the stop, it joined the episode
+                    self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # the stop ended: its dollars pend again
             if st.whole_idle_since is None or st.whole_idle_since <= t:
                 st.whole_idle_since, st.spell_s = None, 0.0
             return found
@@ -788,8 +790,10 @@ class GpuShare(DetectorBase):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
         gap = t - c
-        if gap > p.stale_after and st.fired_at is not None:
-            st.resumed = (c, t, st.waste_usd, st.unpriced_s)  # not counted; a stop read later may fall in it
+        if gap > p.stale_after and st.fired_at is not None:  # not counted; a stop read later may fall in it
+            log = st.charged  # its dollars as the scrape at c left them, before c was judged above (read first, a
+            waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)  # stop in the gap comes before)
+            st.resumed = (c, t, waste, unpriced)
         if gap <= p.stale_after:
             share_s = gap / max(len(ids), res.gpus)
             n = 0
