@@ -261,7 +261,8 @@ class GpuShareState(Episode, kw_only=True):
     stood when read in event-time order."""
     resumed: tuple[float, float, float, float] | None = None
     """The open episode's latest telemetry gap longer than ``stale_after``: (its last scrape before, the
-    first after, ``waste_usd`` and ``unpriced_s`` then). A stop read later and dated within it (a host
+    first after, ``waste_usd`` and ``unpriced_s`` as that last scrape left them, before it was judged).
+    A stop read later and dated within it (a host
     restarted while its usage was read behind) ends the episode there, and the GPUs idle across the gap
     start again from its end, as in time order (:meth:`GpuShare._split_at_gap`). None: none (most)."""
 
@@ -691,8 +692,8 @@ class GpuShare(DetectorBase):
                         self._idle_from(st, res, g, resumed)  # idle across the gap that held the stop: from its end
                     else:
                         _restart(st, g)
-                elif resumed is not None and st.gpu_counted[g]:  # idle since after the stop, it joined the episode
-                    self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # the stop ended: its dollars pend again
+                elif resumed is not None and st.gpu_counted[g]:  # idle since after the stop, it joined the ended
+                    self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # episode: from its own start
             if st.whole_idle_since is None or st.whole_idle_since <= t:
                 st.whole_idle_since, st.spell_s = None, 0.0
             return found
@@ -791,8 +792,10 @@ class GpuShare(DetectorBase):
             found = [self._finding("update", st, res, c)]
         gap = t - c
         if gap > p.stale_after and st.fired_at is not None:  # not counted; a stop read later may fall in it
-            log = st.charged  # its dollars as the scrape at c left them, before c was judged above (read first, a
-            waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)  # stop in the gap comes before)
+            # The dollars as the scrape at c left them (the log's latest), not as judging c above moved them: in
+            # time order a stop in the gap is read before the scrape at t, which judges c.
+            log = st.charged
+            waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)
             st.resumed = (c, t, waste, unpriced)
         if gap <= p.stale_after:
             share_s = gap / max(len(ids), res.gpus)
@@ -847,14 +850,16 @@ class GpuShare(DetectorBase):
         st.waste_usd, st.unpriced_s = waste, unpriced
         return gap[1]
 
-    def _idle_from(self, st: GpuShareState, res: ResourceInfo, g: int, resumed: float) -> None:
-        """GPU ``g``, idle from before a stop to now across the telemetry gap that held the stop, out of the
-        episode the stop ended: idle since the gap's end, its share of the host's seconds since then
-        pending, as a GPU that went idle at that scrape holds them (:meth:`_advance`)."""
+    def _idle_from(self, st: GpuShareState, res: ResourceInfo, g: int, start: float) -> None:
+        """GPU ``g``, idle from ``start`` to now after a stop that ended its episode (across the gap that held
+        the stop: from the gap's end; or idle since after the stop, its samples read first): out of the
+        episode, idle since ``start``, its share of the host's seconds since then pending, as a GPU that went
+        idle at that scrape holds them (:meth:`_advance`); what it counted after the gap went with the
+        episode's dollars, put back to the gap's start."""
         times: Any = st.gpu_times
         at = _G * g
-        pending = max(0.0, st.covered_until - resumed) / max(len(st.gpu_ids), res.gpus)
-        times[at + _IDLE_SINCE], times[at + _PENDING_S], times[at + _PENDING_FROM] = resumed, pending, resumed
+        pending = max(0.0, st.covered_until - start) / max(len(st.gpu_ids), res.gpus)
+        times[at + _IDLE_SINCE], times[at + _PENDING_S], times[at + _PENDING_FROM] = start, pending, start
         _set_counted(st, g, 0)
 
     def _qualified(self, st: GpuShareState, listed: list[int], c: float) -> float:
