@@ -209,12 +209,14 @@ def test_usage_read_behind_the_samples_gives_time_orders_findings(ruleset, behin
 @pytest.mark.parametrize(("rule_type", "utils", "sm", "for_min"), [
     ("idle_gpu", [0.0] * 8, None, 30), ("stuck_gpu", [100.0] * 8, [0.0] * 8, 20),
     ("partly_idle_gpu", [90.0] * 4 + [0.0] * 4, None, 30)])  # fmt: skip
-@pytest.mark.parametrize(("dark_min", "back_min", "behind_min"), [(45, 55, 11), (45, 55, 15), (41, 49, 11), (41, 47, 3)])
+@pytest.mark.parametrize(("dark_min", "back_min", "behind_min"),
+                         [(45, 55, 11), (45, 55, 15), (41, 49, 11), (41, 47, 3), (45, 49, 11), (45, 47, 6)])  # fmt: skip
 def test_a_stop_read_after_a_restarted_hosts_samples_ends_the_episode_at_the_stop(ruleset, rule_type, utils, sm, for_min,
                                                                                   dark_min, back_min, behind_min):  # fmt: skip
     """Stopped at 45:00 and started again at 55:00 (or dark from 41:00, stopped at 45:00 and back at
-    49:00 or 47:00), idle (stuck, half idle) throughout, the stop read after the samples that came back
-    (usage read minutes behind). The telemetry gap was counted as nothing, and the stop lies in it: the
+    49:00 or 47:00; or a reboot of 4 or 2 minutes, no longer than ``stale_after``, bridged as idle),
+    idle (stuck, half idle) throughout, the stop read after the samples that came back (usage read
+    minutes behind). The stop lies in the gap: the
     episode resolves at the stop with time order's dollars ($24.00 for the whole host's 45 minutes;
     before, the minutes after the restart read before the stop were claimed too, $25.33 to $26.13,
     and by the next episode again, which began only after the stop was read; or, back within

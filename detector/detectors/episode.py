@@ -23,7 +23,8 @@ import msgspec
 
 from detector.detectors.base import Finding
 
-__all__ = ["WITHDRAWN", "Action", "Ended", "Episode", "advance", "due", "end", "fire", "take_back_ended", "withdraws"]
+__all__ = ["STOP_GAP_S", "WITHDRAWN", "Action", "Ended", "Episode", "advance", "due", "end", "fire", "take_back_ended",
+           "withdraws"]
 
 Action = Literal["fire", "update", "resolve"]
 
@@ -32,6 +33,13 @@ WITHDRAWN = "withdrawn"
 completed the episode, a stop read after that sample (live, a usage flush read behind the samples).
 Read in event-time order (``backtest``), the stop comes first and no episode fires: the alert never
 stood, and it counts no dollars (:attr:`detector.alerts.Alert.withdrawn`)."""
+
+
+STOP_GAP_S = 60.0
+"""A gap in a host's samples longer than this may hold a stop: a host stopped and started again is
+gone for a billing interval at least (a minute) and boots after, while a scrape every 15-60 s misses
+one now and then. The GPU rules keep an open episode's latest such gap, so that a stop read after
+the samples past it (the usage topic read behind) ends the episode there, as in time order."""
 
 
 def withdraws(since: float, fired_by: float | None, stop: float) -> bool:

@@ -43,7 +43,7 @@ from detector.detectors.base import (
     intern,
     make_finding,
 )
-from detector.detectors.episode import WITHDRAWN, Ended, Episode, advance, end, take_back_ended, withdraws
+from detector.detectors.episode import STOP_GAP_S, WITHDRAWN, Ended, Episode, advance, end, take_back_ended, withdraws
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import FIRST, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
@@ -84,11 +84,12 @@ class GpuEpisodeState(Episode, kw_only=True):
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
-    resumed: tuple[float, float, float, float] | None = None
-    """The open episode's latest telemetry gap longer than ``stale_after``: (its last sample before, the
-    first after, ``waste_usd`` and ``unpriced_s`` then). A stop read later and dated within the gap (a
-    host restarted while the usage topic was read behind) ends the episode there, and what came after
-    the gap is a candidate of its own, as in time order. None while there was none (most episodes)."""
+    resumed: tuple[float, float, float, float, float, float] | None = None
+    """The open episode's latest gap in samples longer than :data:`~detector.detectors.episode.STOP_GAP_S`:
+    (its last sample before, the first after, ``waste_usd`` and ``unpriced_s`` before it, and after it:
+    the same unless it was bridged, no longer than ``stale_after``). A stop read later and dated within
+    the gap (a host restarted while the usage topic was read behind) ends the episode there, and what
+    came after the gap is a candidate of its own, as in time order. None while there was none."""
     pods: dict[str, Pod] | None = None
     """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named (None: no sample
     named one; most hosts are not on Kubernetes, and an empty dict is 64 bytes on each)."""
@@ -241,13 +242,18 @@ class GpuEpisode(DetectorBase):
             if t > st.covered_until:
                 st.covered_until = t
         elif t > st.covered_until:
-            if t - st.covered_until > self.params.stale_after:
+            gap = t - st.covered_until
+            if gap > self.params.stale_after:
                 if st.fired_at is None:
                     st.since = t  # telemetry gap: the count starts again
                     st.waste_usd = st.unpriced_s = 0.0
                 else:  # not counted in the open episode; where a stop read later falls in it, it ends there
-                    st.resumed = (st.covered_until, t, st.waste_usd, st.unpriced_s)
+                    st.resumed = (st.covered_until, t, st.waste_usd, st.unpriced_s, st.waste_usd, st.unpriced_s)
                 st.covered_until = t
+            elif gap > STOP_GAP_S and st.fired_at is not None:  # bridged, but it may hold a stop read later
+                before, waste, unpriced = st.covered_until, st.waste_usd, st.unpriced_s
+                self._accrue(st, resource, t)
+                st.resumed = (before, t, waste, unpriced, st.waste_usd, st.unpriced_s)
             else:
                 self._accrue(st, resource, t)
         else:
@@ -292,9 +298,10 @@ class GpuEpisode(DetectorBase):
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
-            if st.resumed is not None:  # (what the gap's start had counted, priced alike)
-                g0, g1, waste, unpriced = st.resumed
-                st.resumed = (g0, g1, waste + usd_over(res.usd_per_hour, unpriced), 0.0)
+            if st.resumed is not None:  # (what was counted at the gap, priced alike)
+                g0, g1, waste, unpriced, waste_after, unpriced_after = st.resumed
+                price = res.usd_per_hour
+                st.resumed = (g0, g1, waste + usd_over(price, unpriced), 0.0, waste_after + usd_over(price, unpriced_after), 0.0)
         return [] if late else self._maybe_fire_or_report(st, res, t)
 
     # -- helpers ------------------------------------------------------------
@@ -313,7 +320,7 @@ class GpuEpisode(DetectorBase):
 
     @staticmethod
     def _split_at_gap(st: GpuEpisodeState, t: float) -> tuple[float, float, float, float] | None:
-        """A stop at ``t`` within the open episode's latest telemetry gap (:attr:`GpuEpisodeState.resumed`):
+        """A stop at ``t`` within the open episode's latest gap in samples (:attr:`GpuEpisodeState.resumed`):
         the episode is cut back to the gap's start (the stop's own seconds are counted after, as in time
         order), and what the samples after the gap counted is returned, (start, newest sample, dollars,
         unpriced seconds), to become a candidate of its own. None where the stop is not in that gap: a
@@ -321,8 +328,8 @@ class GpuEpisode(DetectorBase):
         gap = st.resumed
         if gap is None or not gap[0] <= t < gap[1]:
             return None
-        start, resumed_at, waste, unpriced = gap
-        after = (resumed_at, st.covered_until, st.waste_usd - waste, st.unpriced_s - unpriced)
+        start, resumed_at, waste, unpriced, waste_after, unpriced_after = gap
+        after = (resumed_at, st.covered_until, st.waste_usd - waste_after, st.unpriced_s - unpriced_after)
         st.covered_until, st.waste_usd, st.unpriced_s = start, waste, unpriced
         return after
 

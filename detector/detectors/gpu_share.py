@@ -69,7 +69,7 @@ from detector.detectors.base import (
     make_finding,
     shared,
 )
-from detector.detectors.episode import WITHDRAWN, Ended, Episode, end, fire, take_back_ended, withdraws
+from detector.detectors.episode import STOP_GAP_S, WITHDRAWN, Ended, Episode, end, fire, take_back_ended, withdraws
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import KEYS, UNIT_KEYS, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
@@ -260,11 +260,11 @@ class GpuShareState(Episode, kw_only=True):
     after later scrapes puts the dollars back to those of the latest scrape not after it, as they
     stood when read in event-time order."""
     resumed: tuple[float, float, float, float] | None = None
-    """The open episode's latest telemetry gap longer than ``stale_after``: (its last scrape before, the
-    first after, ``waste_usd`` and ``unpriced_s`` as that last scrape left them, before it was judged).
-    A stop read later and dated within it (a host
-    restarted while its usage was read behind) ends the episode there, and the GPUs idle across the gap
-    start again from its end, as in time order (:meth:`GpuShare._split_at_gap`). None: none (most)."""
+    """The open episode's latest gap in scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S`
+    (counted where no longer than ``stale_after``): (its last scrape before, the first after, ``waste_usd``
+    and ``unpriced_s`` as that last scrape left them, before it was judged). A stop read later and dated
+    within it (a host restarted while its usage was read behind) ends the episode there, and the GPUs
+    idle across the gap start again from its end, as in time order (:meth:`GpuShare._split_at_gap`)."""
 
     def __post_init__(self) -> None:
         self.gpu_counted = _flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
@@ -791,7 +791,7 @@ class GpuShare(DetectorBase):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
         gap = t - c
-        if gap > p.stale_after and st.fired_at is not None:  # not counted; a stop read later may fall in it
+        if gap > STOP_GAP_S and st.fired_at is not None:  # (counted below or not) a stop read later may fall in it
             # The dollars as the scrape at c left them (the log's latest), not as judging c above moved them: in
             # time order a stop in the gap is read before the scrape at t, which judges c.
             log = st.charged
@@ -836,7 +836,7 @@ class GpuShare(DetectorBase):
                 return
 
     def _split_at_gap(self, st: GpuShareState, res: ResourceInfo, t: float) -> float | None:
-        """A stop at ``t`` within the open episode's latest telemetry gap (:attr:`GpuShareState.resumed`; at
+        """A stop at ``t`` within the open episode's latest gap in scrapes (:attr:`GpuShareState.resumed`; at
         the first scrape after it, the stop is read after that scrape in time order): the dollars are put
         back to those of the gap's start, and the gap's end is returned, from which the GPUs idle across
         it start again (:meth:`_idle_from`). None where the stop is not in that gap, or the host was all
