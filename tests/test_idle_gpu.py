@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from detector.alerts import AlertManager
@@ -431,3 +432,18 @@ def test_a_running_interval_sent_again_after_the_stop_fires_nothing(ruleset):
     _, in_order = run(ruleset, events)
     _, resent = run(ruleset, [*events, usage(T0 + 5 * MIN)])
     assert in_order == [] and resent == []
+
+
+def test_a_gap_saved_as_four_figures_reads_as_six_and_a_gap_of_other_lengths_is_refused():
+    """``GpuEpisodeState.resumed`` as a snapshot of 2026-12-05 saved it, before bridged gaps were kept:
+    a gap not counted (the dollars after it the same as before). Any other length is not a gap."""
+    from detector.detectors.gpu_episode import GpuEpisodeState
+
+    def decode(resumed):
+        saved = msgspec.msgpack.encode({"since": 1.0, "fired_at": 2.0, "resumed": resumed})
+        return msgspec.msgpack.decode(saved, type=GpuEpisodeState)
+
+    assert decode([10.0, 400.0, 5.0, 0.0]).resumed == (10.0, 400.0, 5.0, 0.0, 5.0, 0.0)
+    assert decode([10.0, 100.0, 5.0, 0.0, 6.0, 0.0]).resumed == (10.0, 100.0, 5.0, 0.0, 6.0, 0.0)
+    with pytest.raises(msgspec.ValidationError):
+        decode([10.0, 100.0, 5.0])

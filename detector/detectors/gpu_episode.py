@@ -84,17 +84,25 @@ class GpuEpisodeState(Episode, kw_only=True):
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
-    resumed: tuple[float, float, float, float, float, float] | None = None
+    resumed: tuple[float, ...] | None = None
     """The open episode's latest gap in samples longer than :data:`~detector.detectors.episode.STOP_GAP_S`:
     (its last sample before, the first after, ``waste_usd`` and ``unpriced_s`` before it, and after it:
     the same unless it was bridged, no longer than ``stale_after``). A stop read later and dated within
     the gap (a host restarted while the usage topic was read behind) ends the episode there, and what
-    came after the gap is a candidate of its own, as in time order. None while there was none."""
+    came after the gap is a candidate of its own, as in time order. None while there was none. Four
+    figures as saved on 2026-12-05 before bridged gaps were kept (a gap not counted): read as six."""
     pods: dict[str, Pod] | None = None
     """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named (None: no sample
     named one; most hosts are not on Kubernetes, and an empty dict is 64 bytes on each)."""
     allocated: dict[str, bool] | None = None
     """Unit → whether a pod holds it, for units whose samples say (None: none said)."""
+
+    def __post_init__(self) -> None:
+        gap = self.resumed
+        if gap is not None and len(gap) != 6:
+            if len(gap) != 4:
+                raise ValueError("a gap is its two times and the dollars and unpriced seconds before and after it")
+            self.resumed = (*gap, gap[2], gap[3])  # saved before bridged gaps were kept: not counted, the same after
 
     def clear(self) -> None:
         super().clear()
