@@ -447,3 +447,44 @@ def test_a_gap_saved_as_four_figures_reads_as_six_and_a_gap_of_other_lengths_is_
     assert decode([10.0, 100.0, 5.0, 0.0, 6.0, 0.0]).resumed == (10.0, 100.0, 5.0, 0.0, 6.0, 0.0)
     with pytest.raises(msgspec.ValidationError):
         decode([10.0, 100.0, 5.0])
+
+
+GAP_RULES = [("idle_gpu", [0.0] * 8, None), ("stuck_gpu", [100.0] * 8, [0.0] * 8),
+             ("partly_idle_gpu", [90.0] * 4 + [0.0] * 4, None)]  # fmt: skip
+
+
+def _rebooted(utils, sm, step: float, jitter: float, missed: tuple[float, float] | None) -> list:
+    """Running (idle, stuck, half idle) 0:00-45:00, stopped 45:00-55:00, running again to 100:00: scrapes
+    every ``step`` seconds, every other one ``jitter`` late, none in ``missed`` (minutes)."""
+    events, k = [], 0
+    while k * step < 100 * MIN:
+        t = k * step + (jitter if k % 2 else 0.0)
+        if not (45 * MIN <= t < 55 * MIN or (missed is not None and missed[0] < t < missed[1])):
+            events += scrape(T0 + t, utils, sm=sm)
+        k += 1
+    return events + [usage(T0 + m * MIN, state="stopped" if 45 <= m < 55 else "running") for m in range(100)]
+
+
+def _of(ruleset, rule: str, events: list, behind_s: float = 0.0) -> list:
+    return [(f.action, f.episode_start, f.at, round(f.waste_usd, 3))
+            for f in Engine(ruleset).process(_read(events, usage_behind_s=behind_s))
+            if f.type == rule and f.action != "update"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES)
+def test_a_missed_scrape_after_a_reboot_does_not_hide_the_stop_in_its_gap(ruleset, rule, utils, sm):
+    """Scrapes every 30 s, two minutes of them missed at 60:00-62:00, usage read 20 minutes behind: time
+    order resolves at 45:00 ($24.00; $11.87 half idle) and starts the next episode at 55:00. Keeping only
+    the latest gap over a minute, the missed scrapes hid the reboot's ($29.07, next from 65:30; a
+    review's reproduction, red before): a shorter bridged gap does not replace the one kept."""
+    events = _rebooted(utils, sm, 30.0, 0.0, (60 * MIN, 62 * MIN))
+    assert _of(ruleset, rule, events, 20 * MIN) == _of(ruleset, rule, events)
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES)
+def test_a_jittered_minute_scrape_after_a_reboot_does_not_hide_the_stop_in_its_gap(ruleset, rule, utils, sm):
+    """Scrapes every 60 s, every other one 0.5 s late (intervals of 60.5 s: each a gap over a minute), none
+    missed, usage read 15 minutes behind: time order's $24.00 ($11.73 half idle), next from 55:00 (a
+    review's reproduction: $26.13, next from 61:00, red before)."""
+    events = _rebooted(utils, sm, 60.0, 0.5, None)
+    assert _of(ruleset, rule, events, 15 * MIN) == _of(ruleset, rule, events)

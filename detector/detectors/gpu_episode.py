@@ -85,12 +85,14 @@ class GpuEpisodeState(Episode, kw_only=True):
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
     resumed: tuple[float, ...] | None = None
-    """The open episode's latest gap in samples longer than :data:`~detector.detectors.episode.STOP_GAP_S`:
-    (its last sample before, the first after, ``waste_usd`` and ``unpriced_s`` before it, and after it:
-    the same unless it was bridged, no longer than ``stale_after``). A stop read later and dated within
-    the gap (a host restarted while the usage topic was read behind) ends the episode there, and what
-    came after the gap is a candidate of its own, as in time order. None while there was none. Four
-    figures as saved on 2026-12-05 before bridged gaps were kept (a gap not counted): read as six."""
+    """A gap in the open episode's samples longer than :data:`~detector.detectors.episode.STOP_GAP_S`, usage
+    not yet read past it: the latest longer than ``stale_after``, else the longest bridged (a missed or
+    late scrape does not hide a restart's): (its last sample before, the first after, ``waste_usd`` and
+    ``unpriced_s`` before it, and after it: the same unless it was bridged). A stop read later and dated
+    within the gap (a host restarted while the usage topic was read behind) ends the episode there, and
+    what came after the gap is a candidate of its own, as in time order. None while there is none (usage
+    read past a gap drops it: usage is read in order). Four figures as saved on 2026-12-05 before
+    bridged gaps were kept (a gap not counted): read as six."""
     pods: dict[str, Pod] | None = None
     """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named (None: no sample
     named one; most hosts are not on Kubernetes, and an empty dict is 64 bytes on each)."""
@@ -258,7 +260,7 @@ class GpuEpisode(DetectorBase):
                 else:  # not counted in the open episode; where a stop read later falls in it, it ends there
                     st.resumed = (st.covered_until, t, st.waste_usd, st.unpriced_s, st.waste_usd, st.unpriced_s)
                 st.covered_until = t
-            elif gap > STOP_GAP_S and st.fired_at is not None:  # bridged, but it may hold a stop read later
+            elif gap > STOP_GAP_S and st.fired_at is not None and _replaces(st.resumed, gap):  # bridged: it may hold a stop
                 before, waste, unpriced = st.covered_until, st.waste_usd, st.unpriced_s
                 self._accrue(st, resource, t)
                 st.resumed = (before, t, waste, unpriced, st.waste_usd, st.unpriced_s)
@@ -303,6 +305,8 @@ class GpuEpisode(DetectorBase):
             if after is not None:  # the samples after the gap: a candidate of their own, fired when usage says billed
                 st.since, st.covered_until, st.waste_usd, st.unpriced_s = after
             return found
+        if st.resumed is not None and t >= st.resumed[1]:  # usage is read in order: no stop read later falls in it
+            st.resumed = None
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
@@ -401,6 +405,13 @@ class GpuEpisode(DetectorBase):
             res = with_owner(res, [pod for ps in pods.values() for pod in ps])
         return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
                             usd=st.waste_usd, details=details)  # fmt: skip
+
+
+def _replaces(kept: tuple[float, ...] | None, gap: float) -> bool:
+    """Whether a bridged gap of ``gap`` seconds replaces the gap kept: a shorter one (a missed scrape, a
+    scrape a little late) does not, so that it does not hide a restart's (a gap longer than ``stale_after``
+    always does: the count of what follows it starts again)."""
+    return kept is None or gap >= kept[1] - kept[0]
 
 
 def _note_pod(st: GpuEpisodeState, unit: str, pod: Pod | None, allocated: bool | None) -> None:

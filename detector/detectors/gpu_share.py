@@ -260,8 +260,9 @@ class GpuShareState(Episode, kw_only=True):
     after later scrapes puts the dollars back to those of the latest scrape not after it, as they
     stood when read in event-time order."""
     resumed: tuple[float, float, float, float] | None = None
-    """The open episode's latest gap in scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S`
-    (counted where no longer than ``stale_after``): (its last scrape before, the first after, ``waste_usd``
+    """A gap in the open episode's scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S`, usage
+    not yet read past it (the latest longer than ``stale_after``, else the longest, counted as idle: a
+    missed or late scrape does not hide a restart's): (its last scrape before, the first after, ``waste_usd``
     and ``unpriced_s`` as that last scrape left them, before it was judged). A stop read later and dated
     within it (a host restarted while its usage was read behind) ends the episode there, and the GPUs
     idle across the gap start again from its end, as in time order (:meth:`GpuShare._split_at_gap`)."""
@@ -697,6 +698,8 @@ class GpuShare(DetectorBase):
             if st.whole_idle_since is None or st.whole_idle_since <= t:
                 st.whole_idle_since, st.spell_s = None, 0.0
             return found
+        if st.resumed is not None and t >= st.resumed[1]:  # usage is read in order: no stop read later falls in it
+            st.resumed = None
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
@@ -791,7 +794,8 @@ class GpuShare(DetectorBase):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
         gap = t - c
-        if gap > STOP_GAP_S and st.fired_at is not None:  # (counted below or not) a stop read later may fall in it
+        kept = st.resumed  # (a bridged gap shorter than the one kept does not hide it: a missed scrape, a late one)
+        if gap > STOP_GAP_S and st.fired_at is not None and (kept is None or gap > p.stale_after or gap >= kept[1] - kept[0]):
             # The dollars as the scrape at c left them (the log's latest), not as judging c above moved them: in
             # time order a stop in the gap is read before the scrape at t, which judges c.
             log = st.charged
