@@ -488,3 +488,23 @@ def test_a_jittered_minute_scrape_after_a_reboot_does_not_hide_the_stop_in_its_g
     review's reproduction: $26.13, next from 61:00, red before)."""
     events = _rebooted(utils, sm, 60.0, 0.5, None)
     assert _of(ruleset, rule, events, 15 * MIN) == _of(ruleset, rule, events)
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES)
+@pytest.mark.parametrize("behind_min", [5, 9])
+def test_a_stop_in_a_bridged_gap_before_the_fire_starts_the_next_candidate_at_the_gap_s_end(ruleset, rule, utils, sm,
+                                                                                              behind_min):  # fmt: skip
+    """Idle (stuck, half idle) from 0:00, a reboot before ``for``: dark 11:30-15:00, stopped 12:00-15:00 (a
+    gap no longer than ``stale_after``, bridged). In time order the stop ends the candidate, and the next
+    starts at the first sample after the gap (15:00). Live, the usage topic minutes behind, the gap was
+    kept only once an episode had fired: the candidate ran across it, ended at the stop's reading, and the
+    next started at the first sample after that (17:30 or 21:30: its alert id and fire minutes late; a
+    fuzz's find, red before). ``stuck_gpu`` (``for`` 20 minutes), its usage 9 minutes behind, fires
+    before the stop is read and takes that fire back: what stood is compared."""
+    events = [e for k in range(200) if not 11.5 * MIN < 30 * k < 15 * MIN for e in scrape(T0 + 30 * k, utils, sm=sm)]
+    events += [usage(T0 + m * MIN, state="stopped" if 12 <= m < 15 else "running") for m in range(100)]
+    in_order = _of(ruleset, rule, events)
+    assert [x[:2] for x in in_order] == [("fire", T0 + 15 * MIN)]
+    live = _of(ruleset, rule, events, behind_min * MIN)
+    withdrawn = {since for action, since, _, usd in live if action == "resolve" and usd == 0.0}
+    assert [x for x in live if x[1] not in withdrawn] == in_order

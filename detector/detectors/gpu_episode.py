@@ -85,7 +85,7 @@ class GpuEpisodeState(Episode, kw_only=True):
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
     resumed: tuple[float, ...] | None = None
-    """A gap in the open episode's samples longer than :data:`~detector.detectors.episode.STOP_GAP_S`, usage
+    """A gap in the episode's samples (open, or a candidate's) longer than :data:`~detector.detectors.episode.STOP_GAP_S`, usage
     not yet read past it: the latest longer than ``stale_after``, else the longest bridged (a missed or
     late scrape does not hide a restart's): (its last sample before, the first after, ``waste_usd`` and
     ``unpriced_s`` before it, and after it: the same unless it was bridged). A stop read later and dated
@@ -260,7 +260,7 @@ class GpuEpisode(DetectorBase):
                 else:  # not counted in the open episode; where a stop read later falls in it, it ends there
                     st.resumed = (st.covered_until, t, st.waste_usd, st.unpriced_s, st.waste_usd, st.unpriced_s)
                 st.covered_until = t
-            elif gap > STOP_GAP_S and st.fired_at is not None and _replaces(st.resumed, gap):  # bridged: it may hold a stop
+            elif gap > STOP_GAP_S and _replaces(st.resumed, gap):  # bridged (an episode or a candidate): it may hold a stop
                 before, waste, unpriced = st.covered_until, st.waste_usd, st.unpriced_s
                 self._accrue(st, resource, t)
                 st.resumed = (before, t, waste, unpriced, st.waste_usd, st.unpriced_s)
@@ -291,10 +291,9 @@ class GpuEpisode(DetectorBase):
             since, reason = st.since, f"instance_{res.state}"
             if t < since:  # a stop from before the episode began (a backlog's usage read behind its samples, or
                 return []  # a stop sent again): in time order the host ran again after it, and this one began
-            after = None
+            after = self._split_at_gap(st, t)  # (a candidate's too: in time order the next starts after the gap)
             if st.fired_at is not None:
                 early = withdraws(since, st.fired_by, t)
-                after = self._split_at_gap(st, t)
                 self._accrue(st, res, t)
                 self._uncount_after(st, res, t)
                 if early:  # stopped before the sample that fired it: the episode never held for ``for``
@@ -332,7 +331,7 @@ class GpuEpisode(DetectorBase):
 
     @staticmethod
     def _split_at_gap(st: GpuEpisodeState, t: float) -> tuple[float, float, float, float] | None:
-        """A stop at ``t`` within the open episode's latest gap in samples (:attr:`GpuEpisodeState.resumed`):
+        """A stop at ``t`` within the episode's latest gap in samples (:attr:`GpuEpisodeState.resumed`; a candidate's too):
         the episode is cut back to the gap's start (the stop's own seconds are counted after, as in time
         order), and what the samples after the gap counted is returned, (start, newest sample, dollars,
         unpriced seconds), to become a candidate of its own. None where the stop is not in that gap: a

@@ -233,7 +233,9 @@ class GpuShareState(Episode, kw_only=True):
     """Time of the newest sample seen: time is only counted up to here."""
     fired_by: float | None = None
     """Time of the scrape that fired the open episode (None: none open), by which a stop read after it
-    and dated before it takes the fire back (:func:`~detector.detectors.episode.withdraws`)."""
+    and dated before it takes the fire back (:func:`~detector.detectors.episode.withdraws`). Set before the
+    fire by a scrape that would have fired it but for the host's billing, not known yet (no usage read:
+    its topic read behind the samples), as time order fires it there."""
     ended: Ended | None = None
     """The episode a scrape resolved last, while a stop read later may still take it back
     (:func:`~detector.detectors.episode.take_back_ended`); not cleared with the episode."""
@@ -259,13 +261,15 @@ class GpuShareState(Episode, kw_only=True):
     at or before ``stale_after`` before the newest (None: no episode open, most hosts): a stop read
     after later scrapes puts the dollars back to those of the latest scrape not after it, as they
     stood when read in event-time order."""
-    resumed: tuple[float, float, float, float] | None = None
+    resumed: tuple[float, ...] | None = None
     """A gap in the open episode's scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S`, usage
     not yet read past it (the latest longer than ``stale_after``, else the longest, counted as idle: a
     missed or late scrape does not hide a restart's): (its last scrape before, the first after, ``waste_usd``
-    and ``unpriced_s`` as that last scrape left them, before it was judged). A stop read later and dated
-    within it (a host restarted while its usage was read behind) ends the episode there, and the GPUs
-    idle across the gap start again from its end, as in time order (:meth:`GpuShare._split_at_gap`)."""
+    and ``unpriced_s`` as that last scrape left them, before it was judged), then the index and first sample
+    of each GPU missing from that first scrape that has reported since (:func:`_note_back`). A stop read
+    later and dated within it (a host restarted while its usage was read behind) ends the episode there,
+    and the GPUs idle across the gap start again from their first sample after it, as in time order
+    (:meth:`GpuShare._split_at_gap`)."""
 
     def __post_init__(self) -> None:
         self.gpu_counted = _flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
@@ -287,7 +291,8 @@ class GpuShareState(Episode, kw_only=True):
         return (len(self.unit_gpus) == n and len(self.gpu_units) == g
                 and len(times or ()) in (_G * g + n, _G * g + 2 * n)
                 and len(codes or ()) == n and (pods is None or len(pods) == n)
-                and len(self.gpu_counted) == g and not self.gpu_counted.strip(b"\0\1"))  # fmt: skip
+                and len(self.gpu_counted) == g and not self.gpu_counted.strip(b"\0\1")
+                and (self.resumed is None or (len(self.resumed) >= 4 and len(self.resumed) % 2 == 0)))  # fmt: skip
 
     def _read_structs(self) -> None:
         units, gpus = self.units or {}, self.gpus or {}  # saved before: one struct per unit and per GPU
@@ -531,6 +536,8 @@ class GpuShare(DetectorBase):
                 units_at = _G * len(st.gpu_ids)
             else:
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
+                if st.resumed is not None and gpu_seen <= st.resumed[0]:
+                    _note_back(st, gpu, t)  # back after the gap's first scrape
                 if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):
                     _restart(st, g)  # a telemetry gap: its idle count starts again
             allocated = ev.allocated
@@ -609,6 +616,10 @@ class GpuShare(DetectorBase):
         times: Any = st.gpu_times
         assert times is not None and st.unit_codes is not None
         seen = times[_G_SEEN : _G * n : _G]  # each GPU's latest sample
+        if st.resumed is not None and min(seen) <= st.resumed[0]:  # back after the gap's first scrape
+            for g in range(n):
+                if seen[g] <= st.resumed[0]:
+                    _note_back(st, g, t)
         if t - min(seen) > stale_after:  # (the largest gap: t - x only falls as x grows)
             fired = st.fired_at is not None
             for g in range(n):
@@ -666,13 +677,13 @@ class GpuShare(DetectorBase):
 
     def _on_usage(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         found: list[Finding] = []
-        resumed: float | None = None
         if st.ended is not None:
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
             if taken is not None:  # stopped within the episode a scrape resolved since: it never fired
                 found.append(self._withdrawal(st, res, taken, t))
         if not res.billed:
             since = st.since
+            resumed = _gap_holding(st, t)
             if since is not None:
                 if t < since:
                     return found  # a stop from before the episode began (read behind, or sent again): not its end
@@ -680,8 +691,9 @@ class GpuShare(DetectorBase):
                 if withdraws(since, st.fired_by, t):  # (fired_by: None unless it fired)
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
                 elif st.fired_at is not None:
-                    resumed = self._split_at_gap(st, res, t)
-                    if resumed is None:
+                    if resumed is not None:
+                        self._back_to_gap(st, res, resumed)
+                    else:
                         self._uncount_after(st, res, t)
                 found += end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
             if t > st.stopped_at:
@@ -689,10 +701,12 @@ class GpuShare(DetectorBase):
             times = st.gpu_times
             for g in range(len(st.gpu_ids)):  # a GPU idle since after the stop (its samples read first) runs on
                 if times is None or not times[_G * g + _IDLE_SINCE] > t:  # (unset: NaN)
-                    if resumed is not None and times is not None and _set(times[_G * g + _IDLE_SINCE]):
-                        self._idle_from(st, res, g, resumed)  # idle across the gap that held the stop: from its end
+                    back = None if resumed is None or times is None or not _set(times[_G * g + _IDLE_SINCE]) else \
+                        _back_at(resumed, st.gpu_ids[g], times[_G * g + _G_SEEN])  # fmt: skip
+                    if back is not None:
+                        self._idle_from(st, res, g, back)  # idle across the gap that held the stop: from its return
                     else:
-                        _restart(st, g)
+                        _restart(st, g)  # (or not back yet: from its first sample, as in time order)
                 elif resumed is not None and st.gpu_counted[g]:  # idle since after the stop, it joined the ended
                     self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # episode: from its own start
             if st.whole_idle_since is None or st.whole_idle_since <= t:
@@ -711,8 +725,8 @@ class GpuShare(DetectorBase):
         """Time moves from the newest sample ``c`` to ``t``: judge the host as the samples up to
         ``c`` left it (a whole scrape), make the findings dated ``c``, then count ``(c, t]``."""
         c, st.covered_until = st.covered_until, t
-        if c <= 0.0:
-            return []
+        if c <= st.stopped_at or c <= 0.0:
+            return []  # the scrape at c came before a stop read since: history, not the host's state now
         p = self.params
         reason, st.left = st.left, ""
         # Each fresh GPU's state at c, from its units' latest samples, in one pass (every scrape).
@@ -785,17 +799,22 @@ class GpuShare(DetectorBase):
                 _keep_ended(st)
                 found = end(st, partial(self._finding, "resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
-            if any_busy and res.billed and len(listed) >= p.min_gpus and st.since is not None:
-                fired_at = min(c, max(st.since, self._qualified(st, listed, c) + p.for_))
-                fire(st, since=st.since, fired_at=fired_at, at=c)
-                st.fired_by = t  # the scrape that judged the host at c: read after a stop before it, none fires
-                found = [self._finding("fire", st, res, fired_at)]
+            if any_busy and len(listed) >= p.min_gpus and st.since is not None:
+                if res.billed:
+                    fired_at = min(c, max(st.since, self._qualified(st, listed, c) + p.for_))
+                    fire(st, since=st.since, fired_at=fired_at, at=c)
+                    if st.fired_by is None:  # the scrape that judged the host at c: read after a stop before it, none fires
+                        st.fired_by = t
+                    found = [self._finding("fire", st, res, fired_at)]
+                elif not res.known and st.fired_by is None:
+                    st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
         elif any_busy and (changed or c - st.last_report >= p.update_every):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
         gap = t - c
         kept = st.resumed  # (a bridged gap shorter than the one kept does not hide it: a missed scrape, a late one)
-        if gap > STOP_GAP_S and st.fired_at is not None and (kept is None or gap > p.stale_after or gap >= kept[1] - kept[0]):
+        if gap > STOP_GAP_S and (kept is None or gap > p.stale_after or gap >= kept[1] - kept[0]):
+            # (An episode or an idle run is under way, here: a stop in the gap restarts the GPUs from its end.)
             # The dollars as the scrape at c left them (the log's latest), not as judging c above moved them: in
             # time order a stop in the gap is read before the scrape at t, which judges c.
             log = st.charged
@@ -839,20 +858,14 @@ class GpuShare(DetectorBase):
                 st.waste_usd, st.unpriced_s = waste, unpriced
                 return
 
-    def _split_at_gap(self, st: GpuShareState, res: ResourceInfo, t: float) -> float | None:
-        """A stop at ``t`` within the open episode's latest gap in scrapes (:attr:`GpuShareState.resumed`; at
-        the first scrape after it, the stop is read after that scrape in time order): the dollars are put
-        back to those of the gap's start, and the gap's end is returned, from which the GPUs idle across
-        it start again (:meth:`_idle_from`). None where the stop is not in that gap, or the host was all
-        idle across it (then the spell is ``idle_gpu``'s, and the count starts again as before)."""
-        gap = st.resumed
-        if gap is None or not gap[0] <= t < gap[1] or st.whole_idle_since is not None:
-            return None
+    @staticmethod
+    def _back_to_gap(st: GpuShareState, res: ResourceInfo, gap: tuple[float, ...]) -> None:
+        """The open episode's dollars put back to those of the start of ``gap``, which held a stop read after
+        the scrapes past it (:func:`_gap_holding`): in time order the stop ended the episode there."""
         waste, unpriced = gap[2], gap[3]
         if unpriced and res.usd_per_hour is not None:  # priced since: as the usage that priced it did
             waste, unpriced = waste + usd_over(res.usd_per_hour, unpriced), 0.0
         st.waste_usd, st.unpriced_s = waste, unpriced
-        return gap[1]
 
     def _idle_from(self, st: GpuShareState, res: ResourceInfo, g: int, start: float) -> None:
         """GPU ``g``, idle from ``start`` to now after a stop that ended its episode (across the gap that held
@@ -1005,6 +1018,39 @@ def _note_charged(st: GpuShareState, t: float, stale_after: float) -> None:
         k += 3
     if k:
         del log[:k]
+
+
+def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
+    """The latest gap in the host's scrapes (:attr:`GpuShareState.resumed`) if it holds a stop at ``t``, read
+    after the scrapes past it: in time order the stop came first, so the episode (or the candidate, or
+    the GPUs' idle runs) ended there, and the GPUs idle across the gap start again from their first
+    sample after it (:func:`_back_at`). None where the host was all idle across it (a spell that began
+    before it): the spell is then ``idle_gpu``'s, and the counts start again at the stop."""
+    gap, spell = st.resumed, st.whole_idle_since
+    if gap is None or not gap[0] <= t < gap[1] or (spell is not None and spell <= gap[0]):
+        return None  # (a spell from after the gap, the GPUs back idle before the busy ones, is not across it)
+    return gap
+
+
+def _note_back(st: GpuShareState, gpu: int, t: float) -> None:
+    """GPU ``gpu``, silent since before the open episode's gap (:attr:`GpuShareState.resumed`), reports at
+    ``t``: kept where ``t`` is after the gap's first scrape (then it was missing from it), so that a stop
+    read later in the gap starts its idle run here, where time order started it (:func:`_back_at`)."""
+    gap = st.resumed
+    if gap is not None and t > gap[1]:
+        st.resumed = (*gap, float(gpu), t)
+
+
+def _back_at(gap: tuple[float, ...], gpu: int, seen: float) -> float | None:
+    """When GPU ``gpu`` (its latest sample ``seen``) first reported after ``gap``: the gap's first scrape,
+    or later where :func:`_note_back` kept it; None while it has not (in time order the stop restarted its
+    idle run, which starts again at its first sample)."""
+    if seen <= gap[0]:
+        return None
+    for k in range(4, len(gap) - 1, 2):
+        if gap[k] == gpu:
+            return gap[k + 1]
+    return gap[1]
 
 
 def _restart_run(st: GpuShareState, g: int) -> None:
