@@ -1,0 +1,108 @@
+"""The GPU rules read live (the usage topic behind the samples) against time order, on seeded random
+hosts stopped and started again: what docs/reliability.md records of the restart's gap.
+
+    .venv/bin/python bench/gpu_live_order.py --draws 400                 # GPUs idle and busy by turns
+    .venv/bin/python bench/gpu_live_order.py --draws 300 --seed 1000 --whole   # every GPU alike (idle_gpu)
+    .venv/bin/python bench/gpu_live_order.py --draws 400 --lags 5,9,15 --show  # each difference
+
+Each draw is one 8-GPU host for 4 hours: every GPU idle (0 %) and busy (90 %) by turns at up to four
+random half-minutes (``--whole``: every GPU the same turns), scraped every 30 s; one gap of 2-30
+minutes in its scrapes, the host stopped from its start or up to 3 minutes into it to its end; with
+a chance of 3 in 10, GPUs back from that gap up to 10 minutes after the others. Usage every minute,
+$32/h. The engine reads the events in time order, and then with the usage topic a random lag of
+``--lags`` minutes behind; the draw differs where a fire's episode or time, or a resolution's time or
+dollars, differ, leaving out what live reading takes back (a fire withdrawn with its withdrawal) and
+a fire's dollars (live, those as of when the host's price was known). Exit status 0: a measurement,
+not a test (docs/reliability.md names the differences left).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from detector.engine import Engine  # noqa: E402
+from detector.events import GpuMetric  # noqa: E402
+from detector.rules import load_rules  # noqa: E402
+from tests.helpers import MIN, T0, at, usage  # noqa: E402
+
+TYPES = ("partly_idle_gpu", "idle_gpu", "stuck_gpu", "unallocated_gpu")
+END_MIN = 240
+
+
+def draw(rng: random.Random, whole: bool) -> tuple[list, dict]:
+    """One host's events, and what was drawn (for ``--show``)."""
+    def turns() -> tuple[bool, list[float]]:
+        return rng.random() < 0.5, sorted(rng.choice(range(2 * END_MIN)) / 2 for _ in range(rng.randint(0, 4)))
+
+    segs = [turns()] * 8 if whole else [turns() for _ in range(8)]
+    gap_at = rng.randint(20, 180) + rng.choice([0, 0.5])
+    back = gap_at + rng.choice([2, 3, 4, 6, 10, 15, 30])
+    stop = gap_at + rng.choice([0, 0.5, 1, 2, 3])
+    stop = gap_at if stop >= back else stop
+    late = {g: rng.choice([0, 2, 5, 10]) for g in range(8)} if rng.random() < 0.3 else {}
+
+    def util(g: int, m: float) -> float:
+        busy, points = segs[g]
+        return 90.0 if busy ^ (sum(m >= p for p in points) % 2 == 1) else 0.0
+
+    events: list = []
+    for k in range(2 * END_MIN):
+        m = k / 2
+        if gap_at < m < back:
+            continue
+        events += [GpuMetric(ts=at(T0 + m * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=util(g, m))
+                   for g in range(8) if not back <= m < back + late.get(g, 0)]  # fmt: skip
+    events += [usage(T0 + m * MIN, state="stopped" if stop <= m < back else "running") for m in range(END_MIN)]
+    return events, {"gap": (gap_at, back), "stopped": stop, "late": late}
+
+
+def read(events: list, lag_min: float) -> list:
+    """Time order (samples first at equal times, as ``align``), or the usage topic ``lag_min`` behind."""
+    lag = lag_min * MIN
+    return sorted(events, key=lambda e: (e.ts.timestamp() + (lag if type(e).__name__ == "UsageEvent" else 0.0),
+                                         type(e).__name__ == "UsageEvent"))  # fmt: skip
+
+
+def stood(ruleset, events: list) -> list[tuple]:
+    """Each fire (rule, episode start, time) and resolution (and its dollars) that stood, in minutes."""
+    found = [f for f in Engine(ruleset).process(events) if f.type in TYPES and f.action != "update"]
+    withdrawn = {(f.type, f.episode_start) for f in found if f.details.get("reason") == "withdrawn"}
+    return [(f.type, f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN,
+             round(f.waste_usd, 2) if f.action == "resolve" else None)
+            for f in found if (f.type, f.episode_start) not in withdrawn]  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--draws", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=0, help="the first draw's seed (draws take seed, seed+1, ...)")
+    ap.add_argument("--lags", default="5,9,15,40,45", help="minutes the usage topic is read behind, one drawn a host")
+    ap.add_argument("--whole", action="store_true", help="every GPU of a host idle and busy alike")
+    ap.add_argument("--show", action="store_true", help="print each draw that differs")
+    args = ap.parse_args()
+    lags = [float(x) for x in args.lags.split(",")]
+    ruleset = load_rules(ROOT / "rules")
+    differ = 0
+    for seed in range(args.seed, args.seed + args.draws):
+        rng = random.Random(seed)
+        events, drawn = draw(rng, args.whole)
+        lag = rng.choice(lags)
+        in_order, live = stood(ruleset, read(events, 0.0)), stood(ruleset, read(events, lag))
+        if in_order != live:
+            differ += 1
+            if args.show:
+                print(f"seed {seed}, usage {lag:g} min behind, {drawn}")
+                print("   only in time order:", [x for x in in_order if x not in live])
+                print("   only live:         ", [x for x in live if x not in in_order])
+    print(f"{differ} of {args.draws} draws differ from time order")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
