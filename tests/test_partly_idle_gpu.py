@@ -537,3 +537,58 @@ def test_a_whole_idle_spell_from_after_the_gap_does_not_hide_it(ruleset, lag):
     in_order = _partly(ruleset, _read(events), updates=True)
     assert ("fire", 113.0, 143.0) in [x[:3] for x in in_order]
     assert _partly(ruleset, _read(events, lag)) == _partly(ruleset, _read(events))
+
+
+@pytest.mark.parametrize("lag", [5, 9])
+def test_a_whole_idle_spell_across_the_gap_starts_again_at_its_end(ruleset, lag):
+    """GPUs 4-7 idle from 0 (fired at 30), GPUs 0-3 idle too from 40: the whole host idle across the gap
+    (dark 50-53, stopped 51-52); GPU 0 works again from 65. In time order the stop ends the episode and
+    the spell, and after the restart the host is all idle from 53, a dip of 12 minutes: GPUs 1-7 count
+    from 53 and fire at 83. Live the spell across the gap made the rule fall back to restarting every
+    GPU at the stop's reading: the next episode from 56.5 or 60.5, under another id (red before)."""
+    def utils(m: float) -> list[float] | None:
+        if 50 < m < 53:
+            return None
+        busy = WORK if m < 40 else REST
+        return [WORK if m >= 65 else busy] + [busy] * 3 + [REST] * 4
+
+    events = _build(utils, lambda m: 51 <= m < 53, 150)
+    in_order = _partly(ruleset, _read(events))
+    assert [x[:3] for x in in_order] == [("fire", 0.0, 30.0), ("resolve", 0.0, 51.0), ("fire", 53.0, 83.0)]
+    assert _partly(ruleset, _read(events, lag)) == in_order
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_gpu_dark_again_after_the_restart_starts_again_at_its_return(ruleset, late):
+    """GPUs 4-7 idle from 0 (fired at 30), dark 60-63, stopped 61-62, usage read 15 minutes behind. GPU 7
+    goes dark again after the restart, 65-71.5 (or is back only at 64, then dark 64.5-71), longer than
+    ``stale_after``: in time order that gap restarts its idle run (not yet counted in an episode); live
+    it was counted in the old one, still open, which such a gap spares, and the stop then started it at
+    its first return: $8.00 at the next fire and $17.87 at its end for $6.00 and $17.30 ($17.80 for
+    $17.33 returning late; a review's reproduction, red before)."""
+    def utils(m: float) -> list[float | None] | None:
+        if 60 < m < 63:
+            return None
+        idle = WORK if m >= 130 else REST
+        dark = (m < 64 or 64.5 < m < 71) if late else 65 < m < 71.5
+        return [WORK] * 4 + [idle] * 3 + [None if m >= 60 and dark else idle]
+
+    events = _build(utils, lambda m: 61 <= m < 63, 150)
+    assert _partly(ruleset, _read(events, 15)) == _partly(ruleset, _read(events))
+
+
+def test_a_first_usage_and_a_stop_read_in_one_flush_keep_the_episode(ruleset):
+    """GPUs 4-7 idle from 0, dark 38-41, stopped 38-40, usage flushed hourly (read at 60:12): the host's
+    first usage and its stop come with no scrape between them. The fire waiting for the host's billing
+    was made only at a scrape, so the stop ended the candidate unfired: time order's episode (fired at
+    30, resolved at 38, $10.13) was lost (a review's reproduction, red before). It fires on the usage
+    event now, with the dollars as of then."""
+    events = _build(lambda m: None if 38 < m < 41 else [WORK] * 4 + [REST] * 4, lambda m: 38 <= m < 41, 150)
+
+    def flushed(e) -> tuple[float, int]:
+        if type(e).__name__ == "UsageEvent":
+            return T0 + (math.floor((e.ts.timestamp() - T0) / (60 * MIN)) + 1) * 60 * MIN + 0.2 * MIN, 1
+        return e.ts.timestamp(), 0
+
+    dated = lambda found: [x if x[0] == "resolve" else x[:3] for x in found]  # noqa: E731  # (a fire's dollars: as of its price)
+    assert dated(_partly(ruleset, sorted(events, key=flushed))) == dated(_partly(ruleset, _read(events)))

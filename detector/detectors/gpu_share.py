@@ -538,8 +538,11 @@ class GpuShare(DetectorBase):
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
                 if st.resumed is not None and gpu_seen <= st.resumed[0]:
                     _note_back(st, gpu, t)  # back after the gap's first scrape
-                if t - gpu_seen > stale_after and not (st.fired_at is not None and st.gpu_counted[g]):
-                    _restart(st, g)  # a telemetry gap: its idle count starts again
+                if t - gpu_seen > stale_after:
+                    if not (st.fired_at is not None and st.gpu_counted[g]):
+                        _restart(st, g)  # a telemetry gap: its idle count starts again
+                    elif st.resumed is not None and gpu_seen > st.resumed[0]:
+                        _note_dark(st, gpu, gpu_seen, t, p.for_)
             allocated = ev.allocated
             if allocated is None and known and was_holder is not None and t - was_allocated_at <= stale_after:
                 # The bridge could not tell for this scrape (dcgm-exporter and kube-state-metrics a
@@ -623,8 +626,11 @@ class GpuShare(DetectorBase):
         if t - min(seen) > stale_after:  # (the largest gap: t - x only falls as x grows)
             fired = st.fired_at is not None
             for g in range(n):
-                if t - seen[g] > stale_after and not (fired and st.gpu_counted[g]):
-                    _restart(st, g)  # a telemetry gap: its idle count starts again
+                if t - seen[g] > stale_after:
+                    if not (fired and st.gpu_counted[g]):
+                        _restart(st, g)  # a telemetry gap: its idle count starts again
+                    elif st.resumed is not None and seen[g] > st.resumed[0]:
+                        _note_dark(st, g, seen[g], t, self.params.for_)
         now = array("d", (t,)) * n
         times[_G_SEEN : _G * n : _G] = times[_G * n : _G * n + n] = now  # the GPUs' and their units' latest sample
         if scrape.plain:
@@ -710,14 +716,31 @@ class GpuShare(DetectorBase):
                 elif resumed is not None and st.gpu_counted[g]:  # idle since after the stop, it joined the ended
                     self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # episode: from its own start
             if st.whole_idle_since is None or st.whole_idle_since <= t:
-                st.whole_idle_since, st.spell_s = None, 0.0
+                # (A spell across the gap that held the stop, on since: the host all idle from the gap's end.)
+                across = resumed is not None and st.whole_idle_since is not None
+                st.whole_idle_since, st.spell_s = resumed[1] if across else None, 0.0  # type: ignore[index]
             return found
         if st.resumed is not None and t >= st.resumed[1]:  # usage is read in order: no stop read later falls in it
             st.resumed = None
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
+        if st.fired_at is None and st.fired_by is not None and st.since is not None and res.billed:
+            found += self._fire_held(st, res, t)
         return found
+
+    def _fire_held(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
+        """The host billed at last, by a usage event at ``t``: the episode a scrape held for its billing (its
+        ``fired_by`` set) fires now, as time order fired it at that scrape or at the first after this
+        event, not at the next scrape: a stop read right after this event (one flush) would end it unfired."""
+        listed = st.counted()
+        if st.since is None or len(listed) < self.params.min_gpus:
+            return []
+        c = st.covered_until
+        fired_at = min(c, max(st.since, self._qualified(st, listed, c) + self.params.for_))
+        fire(st, since=st.since, fired_at=fired_at, at=c)
+        st.fired_by = max(st.fired_by or t, t)  # (in time order not before this event)
+        return [self._finding("fire", st, res, fired_at)]
 
     # -- the clock ----------------------------------------------------------
 
@@ -1026,19 +1049,31 @@ def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
     the GPUs' idle runs) ended there, and the GPUs idle across the gap start again from their first
     sample after it (:func:`_back_at`). None where the host was all idle across it (a spell that began
     before it): the spell is then ``idle_gpu``'s, and the counts start again at the stop."""
-    gap, spell = st.resumed, st.whole_idle_since
-    if gap is None or not gap[0] <= t < gap[1] or (spell is not None and spell <= gap[0]):
-        return None  # (a spell from after the gap, the GPUs back idle before the busy ones, is not across it)
-    return gap
+    gap = st.resumed
+    return gap if gap is not None and gap[0] <= t < gap[1] else None
 
 
 def _note_back(st: GpuShareState, gpu: int, t: float) -> None:
     """GPU ``gpu``, silent since before the open episode's gap (:attr:`GpuShareState.resumed`), reports at
     ``t``: kept where ``t`` is after the gap's first scrape (then it was missing from it), so that a stop
-    read later in the gap starts its idle run here, where time order started it (:func:`_back_at`)."""
+    read later in the gap starts its idle run here, where time order started it (:func:`_back_at`). Once
+    a GPU: a later return replaces the earlier (:func:`_note_dark`)."""
     gap = st.resumed
     if gap is not None and t > gap[1]:
-        st.resumed = (*gap, float(gpu), t)
+        others = [x for k in range(4, len(gap) - 1, 2) if gap[k] != gpu for x in (gap[k], gap[k + 1])]
+        st.resumed = (*gap[:4], *others, float(gpu), t)
+
+
+def _note_dark(st: GpuShareState, gpu: int, seen: float, t: float, for_s: float) -> None:
+    """GPU ``gpu``, counted in the open episode (so not restarted), back at ``t`` from a telemetry gap of its
+    own (its latest sample ``seen``) after the gap kept: where a stop read later falls in that gap, time
+    order had ended the episode there, and this gap restarted the GPU's idle run here, unless it had
+    counted ``for`` since its return (then it was in an episode of its own, whose GPUs such a gap spares)."""
+    gap = st.resumed
+    if gap is not None and seen > gap[0]:
+        back = _back_at(gap, gpu, seen)
+        if back is not None and seen - back < for_s:
+            _note_back(st, gpu, t)
 
 
 def _back_at(gap: tuple[float, ...], gpu: int, seen: float) -> float | None:
