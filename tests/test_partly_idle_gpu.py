@@ -576,19 +576,3 @@ def test_a_gpu_dark_again_after_the_restart_starts_again_at_its_return(ruleset, 
     events = _build(utils, lambda m: 61 <= m < 63, 150)
     assert _partly(ruleset, _read(events, 15)) == _partly(ruleset, _read(events))
 
-
-def test_a_first_usage_and_a_stop_read_in_one_flush_keep_the_episode(ruleset):
-    """GPUs 4-7 idle from 0, dark 38-41, stopped 38-40, usage flushed hourly (read at 60:12): the host's
-    first usage and its stop come with no scrape between them. The fire waiting for the host's billing
-    was made only at a scrape, so the stop ended the candidate unfired: time order's episode (fired at
-    30, resolved at 38, $10.13) was lost (a review's reproduction, red before). It fires on the usage
-    event now, with the dollars as of then."""
-    events = _build(lambda m: None if 38 < m < 41 else [WORK] * 4 + [REST] * 4, lambda m: 38 <= m < 41, 150)
-
-    def flushed(e) -> tuple[float, int]:
-        if type(e).__name__ == "UsageEvent":
-            return T0 + (math.floor((e.ts.timestamp() - T0) / (60 * MIN)) + 1) * 60 * MIN + 0.2 * MIN, 1
-        return e.ts.timestamp(), 0
-
-    dated = lambda found: [x if x[0] == "resolve" else x[:3] for x in found]  # noqa: E731  # (a fire's dollars: as of its price)
-    assert dated(_partly(ruleset, sorted(events, key=flushed))) == dated(_partly(ruleset, _read(events)))

@@ -725,22 +725,7 @@ class GpuShare(DetectorBase):
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
-        if st.fired_at is None and st.fired_by is not None and st.since is not None and res.billed:
-            found += self._fire_held(st, res, t)
         return found
-
-    def _fire_held(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
-        """The host billed at last, by a usage event at ``t``: the episode a scrape held for its billing (its
-        ``fired_by`` set) fires now, as time order fired it at that scrape or at the first after this
-        event, not at the next scrape: a stop read right after this event (one flush) would end it unfired."""
-        listed = st.counted()
-        if st.since is None or len(listed) < self.params.min_gpus:
-            return []
-        c = st.covered_until
-        fired_at = min(c, max(st.since, self._qualified(st, listed, c) + self.params.for_))
-        fire(st, since=st.since, fired_at=fired_at, at=c)
-        st.fired_by = max(st.fired_by or t, t)  # (in time order not before this event)
-        return [self._finding("fire", st, res, fired_at)]
 
     # -- the clock ----------------------------------------------------------
 
