@@ -8,7 +8,8 @@ hosts stopped and started again: what docs/reliability.md records of the restart
 Each draw is one 8-GPU host for 4 hours: every GPU idle (0 %) and busy (90 %) by turns at up to four
 random half-minutes (``--whole``: every GPU the same turns), scraped every 30 s; one gap of 2-30
 minutes in its scrapes, the host stopped from its start or up to 3 minutes into it to its end; with
-a chance of 3 in 10, GPUs back from that gap up to 10 minutes after the others. Usage every minute,
+a chance of 3 in 10, GPUs back from that gap up to 10 minutes after the others (``--dark-again``: the
+host, running, dark once more for 2-10 minutes, 1-20 minutes after the gap). Usage every minute,
 $32/h. The engine reads the events in time order, and then with the usage topic a random lag of
 ``--lags`` minutes behind; the draw differs where a fire's episode or time, or a resolution's time or
 dollars, differ, leaving out what live reading takes back (a fire withdrawn with its withdrawal) and
@@ -35,7 +36,7 @@ TYPES = ("partly_idle_gpu", "idle_gpu", "stuck_gpu", "unallocated_gpu")
 END_MIN = 240
 
 
-def draw(rng: random.Random, whole: bool) -> tuple[list, dict]:
+def draw(rng: random.Random, whole: bool, dark_again: bool = False) -> tuple[list, dict]:
     """One host's events, and what was drawn (for ``--show``)."""
     def turns() -> tuple[bool, list[float]]:
         return rng.random() < 0.5, sorted(rng.choice(range(2 * END_MIN)) / 2 for _ in range(rng.randint(0, 4)))
@@ -46,6 +47,9 @@ def draw(rng: random.Random, whole: bool) -> tuple[list, dict]:
     stop = gap_at + rng.choice([0, 0.5, 1, 2, 3])
     stop = gap_at if stop >= back else stop
     late = {g: rng.choice([0, 2, 5, 10]) for g in range(8)} if rng.random() < 0.3 else {}
+    # (--dark-again: the whole host dark once more, running, 1-20 minutes after the gap, for 2-10 minutes)
+    again = back + rng.choice([1, 3, 5, 10, 20]) if dark_again else 0.0
+    again_end = again + rng.choice([2, 4, 6, 10]) if dark_again else 0.0
 
     def util(g: int, m: float) -> float:
         busy, points = segs[g]
@@ -54,12 +58,12 @@ def draw(rng: random.Random, whole: bool) -> tuple[list, dict]:
     events: list = []
     for k in range(2 * END_MIN):
         m = k / 2
-        if gap_at < m < back:
+        if gap_at < m < back or again < m < again_end:
             continue
         events += [GpuMetric(ts=at(T0 + m * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=util(g, m))
                    for g in range(8) if not back <= m < back + late.get(g, 0)]  # fmt: skip
     events += [usage(T0 + m * MIN, state="stopped" if stop <= m < back else "running") for m in range(END_MIN)]
-    return events, {"gap": (gap_at, back), "stopped": stop, "late": late}
+    return events, {"gap": (gap_at, back), "stopped": stop, "late": late, "dark_again": (again, again_end)}
 
 
 def read(events: list, lag_min: float) -> list:
@@ -84,6 +88,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="the first draw's seed (draws take seed, seed+1, ...)")
     ap.add_argument("--lags", default="5,9,15,40,45", help="minutes the usage topic is read behind, one drawn a host")
     ap.add_argument("--whole", action="store_true", help="every GPU of a host idle and busy alike")
+    ap.add_argument("--dark-again", action="store_true", help="the host dark once more, running, soon after the gap")
     ap.add_argument("--show", action="store_true", help="print each draw that differs")
     args = ap.parse_args()
     lags = [float(x) for x in args.lags.split(",")]
@@ -91,7 +96,7 @@ def main() -> int:
     differ = 0
     for seed in range(args.seed, args.seed + args.draws):
         rng = random.Random(seed)
-        events, drawn = draw(rng, args.whole)
+        events, drawn = draw(rng, args.whole, args.dark_again)
         lag = rng.choice(lags)
         in_order, live = stood(ruleset, read(events, 0.0)), stood(ruleset, read(events, lag))
         if in_order != live:

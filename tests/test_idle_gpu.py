@@ -508,3 +508,24 @@ def test_a_stop_in_a_bridged_gap_before_the_fire_starts_the_next_candidate_at_th
     live = _of(ruleset, rule, events, behind_min * MIN)
     withdrawn = {since for action, since, _, usd in live if action == "resolve" and usd == 0.0}
     assert [x for x in live if x[1] not in withdrawn] == in_order
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES[:2])
+@pytest.mark.parametrize(("stopped", "dark"), [((45, 55), (56, 63)), ((45, 47), (50, 54))])
+def test_a_later_dark_spell_does_not_hide_the_reboot_s_gap(ruleset, rule, utils, sm, stopped, dark):
+    """Stopped 45:00-55:00 (the reboot's gap), then dark again while running, 56:00-63:00 (longer than
+    ``stale_after``); or a reboot of 2 minutes, then dark 50:00-54:00 (both bridged, the later longer:
+    it replaced the reboot's). Usage read 20 minutes behind. Only one gap was kept: the stop at 45:00
+    fell in none, and the episode resolved with the dollars of samples after the restart ($25.33 or
+    $34.67 for time order's $24.00), the next one from 65:30 (for 63:00 or 47:00; a review's
+    reproduction and a fuzz's, red before). Up to four gaps are kept now: the stop cuts at its own,
+    and the samples after it are a candidate, which a later dark spell longer than ``stale_after``
+    starts again, as in time order."""
+    def scraped(m: float) -> bool:
+        return not (stopped[0] <= m < stopped[1] or dark[0] < m < dark[1])
+
+    events = [e for k in range(200) if scraped(k / 2) for e in scrape(T0 + 30 * k, utils, sm=sm)]
+    events += [usage(T0 + m * MIN, state="stopped" if stopped[0] <= m < stopped[1] else "running") for m in range(100)]
+    in_order = _of(ruleset, rule, events)
+    assert in_order[1][:2] == ("resolve", T0) and in_order[1][3] == pytest.approx(24.0, abs=1e-3)
+    assert _of(ruleset, rule, events, 20 * MIN) == in_order

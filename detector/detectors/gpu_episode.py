@@ -85,14 +85,15 @@ class GpuEpisodeState(Episode, kw_only=True):
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
     resumed: tuple[float, ...] | None = None
-    """A gap in the episode's samples (open, or a candidate's) longer than :data:`~detector.detectors.episode.STOP_GAP_S`, usage
-    not yet read past it: the latest longer than ``stale_after``, else the longest bridged (a missed or
-    late scrape does not hide a restart's): (its last sample before, the first after, ``waste_usd`` and
-    ``unpriced_s`` before it, and after it: the same unless it was bridged). A stop read later and dated
-    within the gap (a host restarted while the usage topic was read behind) ends the episode there, and
-    what came after the gap is a candidate of its own, as in time order. None while there is none (usage
-    read past a gap drops it: usage is read in order). Four figures as saved on 2026-12-05 before
-    bridged gaps were kept (a gap not counted): read as six."""
+    """The gaps in the episode's samples (open, or a candidate's) longer than :data:`~detector.detectors.episode.STOP_GAP_S`
+    that usage is not yet read past, oldest first, six figures each (:data:`GAP`): its last sample before,
+    the first after, ``waste_usd`` and ``unpriced_s`` before it, and after it (the same unless it was
+    bridged). At most :data:`MAX_GAPS`: then the shortest goes (a missed or late scrape does not hide a
+    restart's). A stop read later and dated within one (a host restarted while the usage topic was read
+    behind) ends the episode there, and what came after is a candidate of its own, as in time order
+    (:meth:`GpuEpisode._split_at_gap`). None while there is none (usage read past a gap drops it: usage
+    is read in order). Four figures as saved on 2026-12-05 before bridged gaps were kept (a gap not
+    counted): read as six."""
     pods: dict[str, Pod] | None = None
     """Unit (``"3"``, ``"3/1"`` for a MIG instance) → the pod its latest sample named (None: no sample
     named one; most hosts are not on Kubernetes, and an empty dict is 64 bytes on each)."""
@@ -101,7 +102,7 @@ class GpuEpisodeState(Episode, kw_only=True):
 
     def __post_init__(self) -> None:
         gap = self.resumed
-        if gap is not None and len(gap) != 6:
+        if gap is not None and (len(gap) % GAP or len(gap) > GAP * MAX_GAPS):
             if len(gap) != 4:
                 raise ValueError("a gap is its two times and the dollars and unpriced seconds before and after it")
             self.resumed = (*gap, gap[2], gap[3])  # saved before bridged gaps were kept: not counted, the same after
@@ -255,15 +256,16 @@ class GpuEpisode(DetectorBase):
             gap = t - st.covered_until
             if gap > self.params.stale_after:
                 if st.fired_at is None:
-                    st.since = t  # telemetry gap: the count starts again
+                    st.since = t  # telemetry gap: the count starts again (after every gap kept: none of them is its)
                     st.waste_usd = st.unpriced_s = 0.0
+                    st.resumed = None
                 else:  # not counted in the open episode; where a stop read later falls in it, it ends there
-                    st.resumed = (st.covered_until, t, st.waste_usd, st.unpriced_s, st.waste_usd, st.unpriced_s)
+                    _keep_gap(st, (st.covered_until, t, st.waste_usd, st.unpriced_s, st.waste_usd, st.unpriced_s))
                 st.covered_until = t
-            elif gap > STOP_GAP_S and _replaces(st.resumed, gap):  # bridged (an episode or a candidate): it may hold a stop
+            elif gap > STOP_GAP_S:  # bridged (an episode or a candidate): it may hold a stop
                 before, waste, unpriced = st.covered_until, st.waste_usd, st.unpriced_s
                 self._accrue(st, resource, t)
-                st.resumed = (before, t, waste, unpriced, st.waste_usd, st.unpriced_s)
+                _keep_gap(st, (before, t, waste, unpriced, st.waste_usd, st.unpriced_s))
             else:
                 self._accrue(st, resource, t)
         else:
@@ -302,17 +304,20 @@ class GpuEpisode(DetectorBase):
                 st.last_break = t  # did, from its own time: the resolved episode's start, so its alert id, at worst)
             found = end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
             if after is not None:  # the samples after the gap: a candidate of their own, fired when usage says billed
-                st.since, st.covered_until, st.waste_usd, st.unpriced_s = after
+                (st.since, st.covered_until, st.waste_usd, st.unpriced_s), st.resumed = after
             return found
-        if st.resumed is not None and t >= st.resumed[1]:  # usage is read in order: no stop read later falls in it
-            st.resumed = None
+        gaps = st.resumed
+        if gaps is not None and t >= gaps[1]:  # usage is read in order: no stop read later falls in a gap before t
+            kept = [gaps[k : k + GAP] for k in range(0, len(gaps), GAP) if t < gaps[k + 1]]
+            st.resumed = gaps = tuple(x for gap in kept for x in gap) or None
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
-            if st.resumed is not None:  # (what was counted at the gap, priced alike)
-                g0, g1, waste, unpriced, waste_after, unpriced_after = st.resumed
+            if gaps is not None:  # (what was counted at the gaps, priced alike)
                 price = res.usd_per_hour
-                st.resumed = (g0, g1, waste + usd_over(price, unpriced), 0.0, waste_after + usd_over(price, unpriced_after), 0.0)
+                st.resumed = tuple(x for k in range(0, len(gaps), GAP) for x in (
+                    gaps[k], gaps[k + 1], gaps[k + 2] + usd_over(price, gaps[k + 3]), 0.0,
+                    gaps[k + 4] + usd_over(price, gaps[k + 5]), 0.0))  # fmt: skip
         return [] if late else self._maybe_fire_or_report(st, res, t)
 
     # -- helpers ------------------------------------------------------------
@@ -329,20 +334,34 @@ class GpuEpisode(DetectorBase):
                 st.waste_usd += usd_over(res.usd_per_hour, gap)
         st.covered_until = t
 
-    @staticmethod
-    def _split_at_gap(st: GpuEpisodeState, t: float) -> tuple[float, float, float, float] | None:
-        """A stop at ``t`` within the episode's latest gap in samples (:attr:`GpuEpisodeState.resumed`; a candidate's too):
-        the episode is cut back to the gap's start (the stop's own seconds are counted after, as in time
-        order), and what the samples after the gap counted is returned, (start, newest sample, dollars,
-        unpriced seconds), to become a candidate of its own. None where the stop is not in that gap: a
-        stop at the first sample after it is read after that sample in time order (samples first at a tie)."""
-        gap = st.resumed
-        if gap is None or not gap[0] <= t < gap[1]:
+    def _split_at_gap(self, st: GpuEpisodeState, t: float) -> _Split | None:
+        """A stop at ``t`` within one of the episode's gaps in samples (:attr:`GpuEpisodeState.resumed`; a
+        candidate's too): the episode is cut back to that gap's start (the stop's own seconds are counted
+        after, as in time order), and what the samples after it counted is returned, (start, newest sample,
+        dollars, unpriced seconds), to become a candidate of its own, with the gaps after it that are still
+        its (dollars from its start). In time order that candidate began at the gap's end, and a later gap
+        longer than ``stale_after`` before it had lasted ``for`` began it again there. None where the stop
+        is in no gap: a stop at the first sample after one is read after that sample in time order
+        (samples first at a tie)."""
+        gaps = st.resumed
+        if gaps is None:
             return None
-        start, resumed_at, waste, unpriced, waste_after, unpriced_after = gap
+        held = [k for k in range(0, len(gaps), GAP) if gaps[k] <= t < gaps[k + 1]]
+        if not held:
+            return None
+        i = held[-1]
+        start, resumed_at, waste, unpriced, waste_after, unpriced_after = gaps[i : i + GAP]
+        p = self.params
+        k = i + GAP
+        for j in range(i + GAP, len(gaps), GAP):
+            if gaps[j + 1] - gaps[j] > p.stale_after and gaps[j] - resumed_at < p.for_:  # a telemetry gap restarted it
+                resumed_at, waste_after, unpriced_after, k = gaps[j + 1], gaps[j + 4], gaps[j + 5], j + GAP
+        rest = tuple(x for j in range(k, len(gaps), GAP) for x in (
+            gaps[j], gaps[j + 1], gaps[j + 2] - waste_after, gaps[j + 3] - unpriced_after,
+            gaps[j + 4] - waste_after, gaps[j + 5] - unpriced_after))  # fmt: skip
         after = (resumed_at, st.covered_until, st.waste_usd - waste_after, st.unpriced_s - unpriced_after)
         st.covered_until, st.waste_usd, st.unpriced_s = start, waste, unpriced
-        return after
+        return after, rest or None
 
     def _uncount_after(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> None:
         """Take back the episode time counted past a stop at ``t``: samples after the stop, read before
@@ -406,11 +425,22 @@ class GpuEpisode(DetectorBase):
                             usd=st.waste_usd, details=details)  # fmt: skip
 
 
-def _replaces(kept: tuple[float, ...] | None, gap: float) -> bool:
-    """Whether a bridged gap of ``gap`` seconds replaces the gap kept: a shorter one (a missed scrape, a
-    scrape a little late) does not, so that it does not hide a restart's (a gap longer than ``stale_after``
-    always does: the count of what follows it starts again)."""
-    return kept is None or gap >= kept[1] - kept[0]
+_Split = tuple[tuple[float, float, float, float], tuple[float, ...] | None]
+"""What a stop in a gap leaves (:meth:`GpuEpisode._split_at_gap`): the candidate after it, and its gaps."""
+GAP = 6
+"""Figures a gap kept in :attr:`GpuEpisodeState.resumed`."""
+MAX_GAPS = 4
+"""Gaps kept at most: a host's stops come minutes apart at the least, and usage is read behind by minutes."""
+
+
+def _keep_gap(st: GpuEpisodeState, gap: tuple[float, float, float, float, float, float]) -> None:
+    """Keep ``gap`` (:attr:`GpuEpisodeState.resumed`), the latest; past :data:`MAX_GAPS`, the shortest goes (a
+    missed scrape, or a one-minute scrape half a second late, does not push out a restart's)."""
+    gaps = [*(st.resumed[k : k + GAP] for k in range(0, len(st.resumed), GAP))] if st.resumed else []
+    gaps.append(gap)
+    if len(gaps) > MAX_GAPS:
+        del gaps[min(range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])]
+    st.resumed = tuple(x for g in gaps for x in g)
 
 
 def _note_pod(st: GpuEpisodeState, unit: str, pod: Pod | None, allocated: bool | None) -> None:
