@@ -266,7 +266,8 @@ class GpuShareState(Episode, kw_only=True):
     not yet read past it (the latest longer than ``stale_after``, else the longest, counted as idle: a
     missed or late scrape does not hide a restart's): (its last scrape before, the first after, ``waste_usd``
     and ``unpriced_s`` as that last scrape left them, before it was judged), then the index and first sample
-    of each GPU missing from that first scrape that has reported since (:func:`_note_back`). A stop read
+    of each GPU missing from that first scrape that has reported since, or back since from a telemetry gap
+    of its own (:func:`_note_back`, :func:`_note_dark`). A stop read
     later and dated within it (a host restarted while its usage was read behind) ends the episode there,
     and the GPUs idle across the gap start again from their first sample after it, as in time order
     (:meth:`GpuShare._split_at_gap`)."""
@@ -1031,9 +1032,8 @@ def _note_charged(st: GpuShareState, t: float, stale_after: float) -> None:
 def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
     """The latest gap in the host's scrapes (:attr:`GpuShareState.resumed`) if it holds a stop at ``t``, read
     after the scrapes past it: in time order the stop came first, so the episode (or the candidate, or
-    the GPUs' idle runs) ended there, and the GPUs idle across the gap start again from their first
-    sample after it (:func:`_back_at`). None where the host was all idle across it (a spell that began
-    before it): the spell is then ``idle_gpu``'s, and the counts start again at the stop."""
+    the GPUs' idle runs, or the host's whole-idle spell) ended there, and the GPUs idle across the gap
+    start again from their first sample after it (:func:`_back_at`), a spell across it from its end."""
     gap = st.resumed
     return gap if gap is not None and gap[0] <= t < gap[1] else None
 
