@@ -529,3 +529,33 @@ def test_a_later_dark_spell_does_not_hide_the_reboot_s_gap(ruleset, rule, utils,
     in_order = _of(ruleset, rule, events)
     assert in_order[1][:2] == ("resolve", T0) and in_order[1][3] == pytest.approx(24.0, abs=1e-3)
     assert _of(ruleset, rule, events, 20 * MIN) == in_order
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES[:2])
+def test_a_fifth_gap_as_short_as_the_stop_s_does_not_push_it_out(ruleset, rule, utils, sm):
+    """A one-minute stop at 50:00 (a gap of 1.5 minutes in scrapes every 30 s), then four missed pairs of
+    scrapes as long, usage read 15 minutes behind: past four gaps the shortest goes, and of equal ones
+    the oldest went, the stop's: $34.67 for time order's $26.67, the next episode from 65:30 for 51:00
+    (a review's reproduction, red before). Of equal ones the newest goes now: usage is read in order."""
+    darks = [(52.5, 54), (55.5, 57), (58.5, 60), (61.5, 63)]
+
+    def scraped(m: float) -> bool:
+        return not (50 <= m < 51 or any(a < m < b for a, b in darks))
+
+    events = [e for k in range(200) if scraped(k / 2) for e in scrape(T0 + 30 * k, utils, sm=sm)]
+    events += [usage(T0 + m * MIN, state="stopped" if m == 50 else "running") for m in range(100)]
+    assert _of(ruleset, rule, events, 15 * MIN) == _of(ruleset, rule, events)
+
+
+def test_a_saved_state_with_an_empty_gap_list_is_refused(ruleset):
+    """A snapshot whose ``resumed`` is empty (none is written so: a corrupt one) is refused and the rule
+    starts afresh, rather than failing on every running usage event after (a review's find, red before)."""
+    events = sorted([e for k in range(80) for e in scrape(T0 + 30 * k, [0.0] * 8)]
+                    + [usage(T0 + m * MIN) for m in range(40)], key=lambda e: e.ts)  # fmt: skip
+    first = Engine(ruleset)
+    list(first.process(events))
+    first._keys["host-1"].rules["idle-gpu"].resumed = ()
+    again = Engine(ruleset)
+    again.restore("host-1", first.snapshot("host-1"))
+    state = again._keys["host-1"].rules.get("idle-gpu")
+    assert state is None or state.resumed is None

@@ -102,7 +102,7 @@ class GpuEpisodeState(Episode, kw_only=True):
 
     def __post_init__(self) -> None:
         gap = self.resumed
-        if gap is not None and (len(gap) % GAP or len(gap) > GAP * MAX_GAPS):
+        if gap is not None and (not gap or len(gap) % GAP or len(gap) > GAP * MAX_GAPS):
             if len(gap) != 4:
                 raise ValueError("a gap is its two times and the dollars and unpriced seconds before and after it")
             self.resumed = (*gap, gap[2], gap[3])  # saved before bridged gaps were kept: not counted, the same after
@@ -306,18 +306,13 @@ class GpuEpisode(DetectorBase):
             if after is not None:  # the samples after the gap: a candidate of their own, fired when usage says billed
                 (st.since, st.covered_until, st.waste_usd, st.unpriced_s), st.resumed = after
             return found
-        gaps = st.resumed
-        if gaps is not None and t >= gaps[1]:  # usage is read in order: no stop read later falls in a gap before t
-            kept = [gaps[k : k + GAP] for k in range(0, len(gaps), GAP) if t < gaps[k + 1]]
-            st.resumed = gaps = tuple(x for gap in kept for x in gap) or None
+        if st.resumed is not None and t >= st.resumed[1]:  # usage is read in order: no stop read later falls in a gap before t
+            st.resumed = _gaps_after(st.resumed, t)
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
-            if gaps is not None:  # (what was counted at the gaps, priced alike)
-                price = res.usd_per_hour
-                st.resumed = tuple(x for k in range(0, len(gaps), GAP) for x in (
-                    gaps[k], gaps[k + 1], gaps[k + 2] + usd_over(price, gaps[k + 3]), 0.0,
-                    gaps[k + 4] + usd_over(price, gaps[k + 5]), 0.0))  # fmt: skip
+            if st.resumed is not None:  # (what was counted at the gaps, priced alike)
+                st.resumed = _gaps_priced(st.resumed, res.usd_per_hour)
         return [] if late else self._maybe_fire_or_report(st, res, t)
 
     # -- helpers ------------------------------------------------------------
@@ -433,13 +428,28 @@ MAX_GAPS = 4
 """Gaps kept at most: a host's stops come minutes apart at the least, and usage is read behind by minutes."""
 
 
+def _gaps_after(gaps: tuple[float, ...], t: float) -> tuple[float, ...] | None:
+    """The gaps kept that end after ``t`` (a usage event's time: none before it can hold a stop read later).
+    (Apart from :meth:`GpuEpisode._on_usage`, which runs for every usage event: its comprehensions would
+    cost it cells at every call.)"""
+    return tuple(x for k in range(0, len(gaps), GAP) if t < gaps[k + 1] for x in gaps[k : k + GAP]) or None
+
+
+def _gaps_priced(gaps: tuple[float, ...], price: float) -> tuple[float, ...]:
+    """The gaps kept, what they counted unpriced priced at ``price`` (the host's price known at last)."""
+    return tuple(x for k in range(0, len(gaps), GAP) for x in (
+        gaps[k], gaps[k + 1], gaps[k + 2] + usd_over(price, gaps[k + 3]), 0.0,
+        gaps[k + 4] + usd_over(price, gaps[k + 5]), 0.0))  # fmt: skip
+
+
 def _keep_gap(st: GpuEpisodeState, gap: tuple[float, float, float, float, float, float]) -> None:
     """Keep ``gap`` (:attr:`GpuEpisodeState.resumed`), the latest; past :data:`MAX_GAPS`, the shortest goes (a
-    missed scrape, or a one-minute scrape half a second late, does not push out a restart's)."""
+    missed scrape, or a one-minute scrape half a second late, does not push out a restart's), of equal ones
+    the newest (usage is read in order: a stop in an older gap is read first)."""
     gaps = [*(st.resumed[k : k + GAP] for k in range(0, len(st.resumed), GAP))] if st.resumed else []
     gaps.append(gap)
     if len(gaps) > MAX_GAPS:
-        del gaps[min(range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])]
+        del gaps[min(range(len(gaps)), key=lambda k: (gaps[k][1] - gaps[k][0], -k))]
     st.resumed = tuple(x for g in gaps for x in g)
 
 
