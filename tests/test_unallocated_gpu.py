@@ -6,8 +6,9 @@ import pytest
 
 from detector.alerts import from_finding
 from detector.engine import Engine
-from tests.helpers import MIN, T0
-from tests.test_partly_idle_gpu import PRICE, gpu, host
+from detector.events import GpuMetric
+from tests.helpers import MIN, T0, at, usage
+from tests.test_partly_idle_gpu import PRICE, _read, gpu, host
 
 POD = {"namespace": "ml", "pod": "train-abc", "workload": "Job/train", "tags": {"team": "nlp", "owner": "alice"}}
 GPU_TYPES = ("idle_gpu", "partly_idle_gpu", "unallocated_gpu")
@@ -112,3 +113,28 @@ def test_dollars_run_on_through_a_scrape_that_cannot_tell(ruleset):
     events = host([(9.5, SIX_HELD_TWO_FREE), (0.5, UNKNOWN_FOR_A_SCRAPE)] * 6 + [(10, [held(g) for g in range(8)])])
     (resolve,) = [f for f in Engine(ruleset).process(events) if f.type == "unallocated_gpu" and f.action == "resolve"]
     assert resolve.waste_usd == pytest.approx(PRICE * 2 / 8, rel=1e-3)  # the whole hour, two eighths
+
+
+@pytest.mark.parametrize("lag_min", [5, 9])
+def test_a_whole_idle_spell_across_a_restart_with_every_gpu_held_restarts_at_the_gap_s_end(ruleset, lag_min):
+    """Every GPU held and idle, dark 50-53 and stopped 51-52, GPUs 4-7 free from the restart, GPU 0 busy
+    from 83.5, the usage topic read minutes behind. In time order the stop ends the host's whole-idle
+    spell, the next runs from the restart (53) to 83.5, longer than ``for`` (``idle_gpu``'s), and the free
+    GPUs count from its end: fired at 113.5. Live no gap was kept while no GPU of this rule was idle, so
+    the spell restarted at the stop's reading, came short of ``for``, and the free GPUs fired from 53 at
+    83 (a review's reproduction, red before)."""
+    events: list = []
+    for k in range(2 * 200):
+        m = k / 2
+        if not 50 < m < 53:
+            events += [GpuMetric(ts=at(T0 + m * MIN), resource_id="host-1", gpu_index=g, model="A100",
+                                 util_pct=90.0 if g == 0 and m >= 83.5 else 0.0, allocated=not (g >= 4 and m >= 53))
+                       for g in range(8)]  # fmt: skip
+    events += [usage(T0 + m * MIN, state="stopped" if 51 <= m < 53 else "running") for m in range(200)]
+
+    def fires(evs: list) -> list[tuple[float, float]]:
+        return [((f.episode_start - T0) / MIN, (f.at - T0) / MIN) for f in Engine(ruleset).process(evs)
+                if f.type == "unallocated_gpu" and f.action == "fire"]  # fmt: skip
+
+    assert fires(_read(events)) == [(83.5, 113.5)]
+    assert fires(_read(events, lag_min)) == fires(_read(events))

@@ -769,6 +769,8 @@ class GpuShare(DetectorBase):
         codes = self.codes
         if st.since is None and codes.isdisjoint(state.values()):
             self._spell(st, res, c, any_busy)  # no GPU of ours idle, no episode: only the host's spells
+            if st.whole_idle_since is not None and t - c > STOP_GAP_S:
+                _keep_gap(st, c, t, p.stale_after)  # (a spell across a stop restarts at the gap's end)
             return []
         self._spell(st, res, c, any_busy)
         changed = bool(reason)
@@ -821,14 +823,8 @@ class GpuShare(DetectorBase):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
         gap = t - c
-        kept = st.resumed  # (a bridged gap shorter than the one kept does not hide it: a missed scrape, a late one)
-        if gap > STOP_GAP_S and (kept is None or gap > p.stale_after or gap >= kept[1] - kept[0]):
-            # (An episode or an idle run is under way, here: a stop in the gap restarts the GPUs from its end.)
-            # The dollars as the scrape at c left them (the log's latest), not as judging c above moved them: in
-            # time order a stop in the gap is read before the scrape at t, which judges c.
-            log = st.charged
-            waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)
-            st.resumed = (c, t, waste, unpriced)
+        if gap > STOP_GAP_S:  # (an episode or an idle run is under way, here: a stop in the gap restarts the GPUs from its end)
+            _keep_gap(st, c, t, p.stale_after)
         if gap <= p.stale_after:
             share_s = gap / max(len(ids), res.gpus)
             n = 0
@@ -1036,6 +1032,20 @@ def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
     start again from their first sample after it (:func:`_back_at`), a spell across it from its end."""
     gap = st.resumed
     return gap if gap is not None and gap[0] <= t < gap[1] else None
+
+
+def _keep_gap(st: GpuShareState, c: float, t: float, stale_after: float) -> None:
+    """The scrapes of the host jump from ``c`` to ``t``, more than a minute, while an episode, an idle run
+    or a whole-idle spell is under way: the gap is kept (:attr:`GpuShareState.resumed`) unless a longer
+    bridged one is (a missed scrape, or a late one, does not hide a restart's; one longer than
+    ``stale_after`` always replaces it). The dollars are those the scrape at ``c`` left (the ``charged``
+    log's latest), not as judging ``c`` moved them: in time order a stop in the gap is read before the
+    scrape at ``t``, which judges ``c``."""
+    gap, kept = t - c, st.resumed
+    if kept is None or gap > stale_after or gap >= kept[1] - kept[0]:
+        log = st.charged
+        waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)
+        st.resumed = (c, t, waste, unpriced)
 
 
 def _note_back(st: GpuShareState, gpu: int, t: float) -> None:
