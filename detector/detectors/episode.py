@@ -38,8 +38,9 @@ stood, and it counts no dollars (:attr:`detector.alerts.Alert.withdrawn`)."""
 STOP_GAP_S = 60.0
 """A gap in a host's samples longer than this may hold a stop: a host stopped and started again is
 gone for a billing interval at least (a minute) and boots after, while a scrape every 15-60 s misses
-one now and then. The GPU rules keep an open episode's latest such gap, so that a stop read after
-the samples past it (the usage topic read behind) ends the episode there, as in time order."""
+one now and then. The GPU rules keep such gaps while an episode (or a candidate, an idle run) is
+under way, until usage is read past them, so that a stop read after the samples past one (the usage
+topic read behind) ends the episode there, as in time order."""
 
 
 def withdraws(since: float, fired_by: float | None, stop: float) -> bool:

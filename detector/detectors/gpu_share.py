@@ -262,15 +262,15 @@ class GpuShareState(Episode, kw_only=True):
     after later scrapes puts the dollars back to those of the latest scrape not after it, as they
     stood when read in event-time order."""
     resumed: tuple[float, ...] | None = None
-    """A gap in the open episode's scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S`, usage
-    not yet read past it (the latest longer than ``stale_after``, else the longest, counted as idle: a
-    missed or late scrape does not hide a restart's): (its last scrape before, the first after, ``waste_usd``
-    and ``unpriced_s`` as that last scrape left them, before it was judged), then the index and first sample
-    of each GPU missing from that first scrape that has reported since, or back since from a telemetry gap
-    of its own (:func:`_note_back`, :func:`_note_dark`). A stop read
-    later and dated within it (a host restarted while its usage was read behind) ends the episode there,
-    and the GPUs idle across the gap start again from their first sample after it, as in time order
-    (:meth:`GpuShare._split_at_gap`)."""
+    """A gap in the host's scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S` while an episode,
+    an idle run or a whole-idle spell was under way, usage not yet read past it (the latest longer than
+    ``stale_after``, else the longest, counted as idle: a missed or late scrape does not hide a restart's;
+    :func:`_keep_gap`): (its last scrape before, the first after, ``waste_usd`` and ``unpriced_s`` as that
+    last scrape left them, before it was judged), then the index and first sample of each GPU missing from
+    that first scrape that has reported since, or back since from a telemetry gap of its own
+    (:func:`_note_back`, :func:`_note_dark`). A stop read later and dated within it (a host restarted while
+    its usage was read behind) ends the episode there, and the GPUs idle across the gap start again from
+    their first sample after it, as in time order (:func:`_gap_holding`)."""
 
     def __post_init__(self) -> None:
         self.gpu_counted = _flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
@@ -540,10 +540,7 @@ class GpuShare(DetectorBase):
                 if st.resumed is not None and gpu_seen <= st.resumed[0]:
                     _note_back(st, gpu, t)  # back after the gap's first scrape
                 if t - gpu_seen > stale_after:
-                    if not (st.fired_at is not None and st.gpu_counted[g]):
-                        _restart(st, g)  # a telemetry gap: its idle count starts again
-                    elif st.resumed is not None and gpu_seen > st.resumed[0]:
-                        _note_dark(st, gpu, gpu_seen, t, p.for_)
+                    _dark_until(st, g, gpu, gpu_seen, t, p.for_)
             allocated = ev.allocated
             if allocated is None and known and was_holder is not None and t - was_allocated_at <= stale_after:
                 # The bridge could not tell for this scrape (dcgm-exporter and kube-state-metrics a
@@ -625,13 +622,9 @@ class GpuShare(DetectorBase):
                 if seen[g] <= st.resumed[0]:
                     _note_back(st, g, t)
         if t - min(seen) > stale_after:  # (the largest gap: t - x only falls as x grows)
-            fired = st.fired_at is not None
             for g in range(n):
                 if t - seen[g] > stale_after:
-                    if not (fired and st.gpu_counted[g]):
-                        _restart(st, g)  # a telemetry gap: its idle count starts again
-                    elif st.resumed is not None and seen[g] > st.resumed[0]:
-                        _note_dark(st, g, seen[g], t, self.params.for_)
+                    _dark_until(st, g, g, seen[g], t, self.params.for_)
         now = array("d", (t,)) * n
         times[_G_SEEN : _G * n : _G] = times[_G * n : _G * n + n] = now  # the GPUs' and their units' latest sample
         if scrape.plain:
@@ -874,7 +867,7 @@ class GpuShare(DetectorBase):
 
     def _idle_from(self, st: GpuShareState, res: ResourceInfo, g: int, start: float) -> None:
         """GPU ``g``, idle from ``start`` to now after a stop that ended its episode (across the gap that held
-        the stop: from the gap's end; or idle since after the stop, its samples read first): out of the
+        the stop: from its first sample after it; or idle since after the stop, its samples read first): out of the
         episode, idle since ``start``, its share of the host's seconds since then pending, as a GPU that went
         idle at that scrape holds them (:meth:`_advance`); what it counted after the gap went with the
         episode's dollars, put back to the gap's start."""
@@ -1057,6 +1050,16 @@ def _note_back(st: GpuShareState, gpu: int, t: float) -> None:
     if gap is not None and t > gap[1]:
         others = [x for k in range(4, len(gap) - 1, 2) if gap[k] != gpu for x in (gap[k], gap[k + 1])]
         st.resumed = (*gap[:4], *others, float(gpu), t)
+
+
+def _dark_until(st: GpuShareState, g: int, gpu: int, seen: float, t: float, for_s: float) -> None:
+    """GPU ``gpu`` (at place ``g``) back at ``t`` from a telemetry gap of its own longer than ``stale_after``
+    (its latest sample ``seen``): its idle count starts again, unless it is counted in the open episode,
+    which such a gap spares (then its return is kept for a stop read later: :func:`_note_dark`)."""
+    if not (st.fired_at is not None and st.gpu_counted[g]):
+        _restart(st, g)
+    elif st.resumed is not None and seen > st.resumed[0]:
+        _note_dark(st, gpu, seen, t, for_s)
 
 
 def _note_dark(st: GpuShareState, gpu: int, seen: float, t: float, for_s: float) -> None:
