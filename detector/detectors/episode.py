@@ -23,7 +23,7 @@ import msgspec
 
 from detector.detectors.base import Finding
 
-__all__ = ["STOP_GAP_S", "WITHDRAWN", "Action", "Ended", "Episode", "advance", "due", "end", "fire", "take_back_ended",
+__all__ = ["CORRECTED", "STOP_GAP_S", "WITHDRAWN", "Action", "Ended", "Episode", "advance", "due", "end", "fire", "take_back_ended",
            "withdraws"]
 
 Action = Literal["fire", "update", "resolve"]
@@ -33,6 +33,13 @@ WITHDRAWN = "withdrawn"
 completed the episode, a stop read after that sample (live, a usage flush read behind the samples).
 Read in event-time order (``backtest``), the stop comes first and no episode fires: the alert never
 stood, and it counts no dollars (:attr:`detector.alerts.Alert.withdrawn`)."""
+
+CORRECTED = "corrected"
+"""The details key (True) of a resolution that corrects the one made before for the same episode: a stop
+read after the sample that resolved it, dated after the sample that fired it and within a gap in the
+samples before that resolution (live, a usage topic read behind a restarted host). In event-time order
+(``backtest``) the stop ended the episode there: the correction says so, with its time and dollars
+(``at``, ``waste_usd``), and the figures it replaces in ``was_resolved_at`` and ``was_usd``."""
 
 
 STOP_GAP_S = 60.0
