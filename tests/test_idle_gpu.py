@@ -559,3 +559,68 @@ def test_a_saved_state_with_an_empty_gap_list_is_refused(ruleset):
     again.restore("host-1", first.snapshot("host-1"))
     state = again._keys["host-1"].rules.get("idle-gpu")
     assert state is None or state.resumed is None
+
+
+def _resolved(ruleset, rule: str, events: list, behind_s: float = 0.0) -> list:
+    """What stood: a corrected resolution in place of the one it corrects (``details['corrected']``); a fire's
+    dollars left out (live, those as of when the price was known)."""
+    found = [f for f in Engine(ruleset).process(_read(events, usage_behind_s=behind_s))
+             if f.type == rule and f.action != "update"]  # fmt: skip
+    corrected = {f.episode_start for f in found if f.details.get("corrected")}
+    stood = [f for f in found if f.action == "fire" or f.details.get("corrected") or f.episode_start not in corrected]
+    return sorted((f.action, f.episode_start, f.at, round(f.waste_usd, 3) if f.action == "resolve" else None,
+                   f.details.get("reason")) for f in stood)  # fmt: skip
+
+
+def _restarted(utils, sm, busy_from_min: float) -> list:
+    """Idle (stuck, half idle) from 0:00, stopped 45:00-55:00 and dark, idle again from 55:00 and busy from
+    ``busy_from_min``, scrapes every 30 s and usage every minute, to 100:00."""
+    busy = [90.0] * 8
+
+    def at(k: int) -> list:
+        m = k / 2
+        if 45 <= m < 55:
+            return []
+        return scrape(T0 + 30 * k, busy, sm=None) if m >= busy_from_min else scrape(T0 + 30 * k, utils, sm=sm)
+
+    events = [e for k in range(200) for e in at(k)]
+    return events + [usage(T0 + m * MIN, state="stopped" if 45 <= m < 55 else "running") for m in range(100)]
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES)
+@pytest.mark.parametrize("behind_min", [20, 40])
+def test_a_stop_read_after_the_sample_that_resolved_the_episode_corrects_the_resolution(ruleset, rule, utils, sm,
+                                                                                        behind_min):  # fmt: skip
+    """Stopped 45:00-55:00, idle again after the restart to 60:00, busy after; usage read 20 or 40 minutes
+    behind. In time order the stop resolves the episode at 45:00 ($24.00; $11.73 half idle) and the five
+    idle minutes after the restart fire nothing. Read live, the busy sample at 60:00 resolved it before
+    the stop came, with the minutes after the restart ($26.67; $12.80 half idle), and nothing changed once
+    the stop was read (red before). Now the stop, in a gap before that resolution, corrects it: a second
+    resolution of the same episode, ``corrected``, with time order's time and dollars, saying what it
+    replaces."""
+    events = _restarted(utils, sm, 60)
+    in_order = _resolved(ruleset, rule, events)
+    assert [x[:3] + x[4:] for x in in_order] == [("fire", T0, T0 + (20 if rule == "stuck_gpu" else 30) * MIN, None),
+                                                 ("resolve", T0, T0 + 45 * MIN, "instance_stopped")]  # fmt: skip
+    assert _resolved(ruleset, rule, events, behind_min * MIN) == in_order
+    live = [f for f in Engine(ruleset).process(_read(events, usage_behind_s=behind_min * MIN))
+            if f.type == rule and f.action == "resolve"]  # fmt: skip
+    first, correction = live
+    assert first.at == T0 + 60 * MIN and first.details["reason"] in ("gpu_busy", "gpu_active")
+    assert correction.details["corrected"] is True and correction.episode_start == first.episode_start
+    assert correction.details["was_resolved_at"] == first.at
+    assert correction.details["was_usd"] == round(first.waste_usd, 2) > round(correction.waste_usd, 2)
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES[:2])
+def test_a_corrected_resolution_brings_the_episode_after_the_restart_that_time_order_fired(ruleset, rule, utils, sm):
+    """The same restart, idle after it to 90:00 (35 minutes, past ``for``), usage read 50 minutes behind, so
+    the busy sample at 90:00 resolved the one episode before the stop was read. Time order resolves at
+    the stop, and the samples after the gap are an episode of their own, fired at 55:00 + ``for`` and
+    resolved at 90:00: with the correction come that episode's fire and resolution, with time order's
+    dates and dollars (before, one episode from 0:00 to 90:00)."""
+    events = _restarted(utils, sm, 90)
+    in_order = _resolved(ruleset, rule, events)
+    assert [x[:2] for x in in_order] == [("fire", T0), ("fire", T0 + 55 * MIN), ("resolve", T0),
+                                         ("resolve", T0 + 55 * MIN)]  # fmt: skip
+    assert _resolved(ruleset, rule, events, 50 * MIN) == in_order

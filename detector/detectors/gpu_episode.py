@@ -43,7 +43,22 @@ from detector.detectors.base import (
     intern,
     make_finding,
 )
-from detector.detectors.episode import STOP_GAP_S, WITHDRAWN, Ended, Episode, advance, end, take_back_ended, withdraws
+from detector.detectors.episode import (
+    CORRECTED,
+    ENDED,
+    GAP,
+    STOP_GAP_S,
+    WITHDRAWN,
+    Ended,
+    Episode,
+    advance,
+    end,
+    ended_of,
+    gap_at,
+    is_ended,
+    take_back_ended,
+    withdraws,
+)
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import FIRST, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
@@ -79,8 +94,8 @@ class GpuEpisodeState(Episode, kw_only=True):
     ``for``, or the usage event that said the host is billed. A stop read after it and dated before it
     takes the fire back (:func:`~detector.detectors.episode.withdraws`)."""
     ended: Ended | None = None
-    """The episode a sample resolved last, while a stop read later may still take it back
-    (:func:`~detector.detectors.episode.take_back_ended`); not cleared with the episode."""
+    """The episode a sample resolved last, with its gaps (:attr:`resumed`), while a stop read later may still
+    take it back or correct it (:func:`~detector.detectors.episode.take_back_ended`); not cleared with the episode."""
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
@@ -101,6 +116,8 @@ class GpuEpisodeState(Episode, kw_only=True):
     """Unit → whether a pod holds it, for units whose samples say (None: none said)."""
 
     def __post_init__(self) -> None:
+        if self.ended is not None and not is_ended(self.ended):
+            raise ValueError("the episode resolved last is its start, fire and firing event, then its resolution and gaps")
         gap = self.resumed
         if gap is not None and (not gap or len(gap) % GAP or len(gap) > GAP * MAX_GAPS):
             if len(gap) != 4:
@@ -236,9 +253,13 @@ class GpuEpisode(DetectorBase):
         found: list[Finding] = []
         if st.since is not None and t >= st.since:
             if st.fired_at is not None:
+                before, waste, unpriced = st.covered_until, st.waste_usd, st.unpriced_s
                 self._accrue(st, resource, t)
                 if st.fired_by is not None:
-                    st.ended = (st.since, st.fired_at, st.fired_by)
+                    gaps = st.resumed
+                    if t - before > STOP_GAP_S:  # the gap this sample ends may hold a stop too
+                        gaps = (*(gaps or ()), before, t, waste, unpriced, st.waste_usd, st.unpriced_s)
+                    st.ended = ended_of(st.since, st.fired_at, st.fired_by, t, st.waste_usd, gaps)
             found = end(st, partial(self._finding, "resolve", st, resource, t, reason=self.break_reason))
         if t > st.covered_until:
             st.covered_until = t
@@ -285,8 +306,8 @@ class GpuEpisode(DetectorBase):
         but a running one fires nothing (the host's newest usage decides that)."""
         if st.ended is not None:
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
-            if taken is not None:  # stopped within the episode a sample resolved since: it never fired
-                return [self._withdrawal(st, res, taken, t)]  # (the open one, if any, began after that sample)
+            if taken is not None:  # stopped within the episode a sample resolved since: it never fired, or it
+                return self._taken_back(st, res, taken, t)  # ended at the stop (the open one began after that sample)
         if st.since is None:
             return []
         if not res.billed:
@@ -345,12 +366,8 @@ class GpuEpisode(DetectorBase):
         if not held:
             return None
         i = held[-1]
-        start, resumed_at, waste, unpriced, waste_after, unpriced_after = gaps[i : i + GAP]
-        p = self.params
-        k = i + GAP
-        for j in range(i + GAP, len(gaps), GAP):
-            if gaps[j + 1] - gaps[j] > p.stale_after and gaps[j] - resumed_at < p.for_:  # a telemetry gap restarted it
-                resumed_at, waste_after, unpriced_after, k = gaps[j + 1], gaps[j + 4], gaps[j + 5], j + GAP
+        start, _, waste, unpriced = gaps[i : i + 4]
+        resumed_at, waste_after, unpriced_after, k = _after_gap(gaps, i, self.params.stale_after, self.params.for_)
         rest = tuple(x for j in range(k, len(gaps), GAP) for x in (
             gaps[j], gaps[j + 1], gaps[j + 2] - waste_after, gaps[j + 3] - unpriced_after,
             gaps[j + 4] - waste_after, gaps[j + 5] - unpriced_after))  # fmt: skip
@@ -385,9 +402,41 @@ class GpuEpisode(DetectorBase):
             st.fired_by = at if at <= t else max(t, st.fired_at)
         return [self._finding(action, st, res, st.fired_at if action == "fire" else at)]
 
+    def _taken_back(self, st: GpuEpisodeState, res: ResourceInfo, ended: Ended, t: float) -> list[Finding]:
+        """A stop at ``t`` read after the sample that resolved ``ended``, dated within it: before its fire, it
+        withdraws the episode; in one of its gaps after the fire, it corrects the resolution to the stop, as
+        in time order (the stop's own seconds counted up to ``stale_after``, as :meth:`_on_usage` counts
+        them), and the samples after that gap, where they had lasted ``for`` by the resolution, were an
+        episode of their own, fired and resolved as time order did."""
+        k = gap_at(ended, t)
+        if k is None:
+            return [self._withdrawal(st, res, ended, t)]
+        since, fired_at, _, was_at, was_usd = ended[:ENDED]
+        before, _, waste, unpriced = ended[k : k + 4]
+        own, price, p = t - before, res.usd_per_hour, self.params
+        if price is not None:
+            waste += usd_over(price, unpriced + (own if own <= p.stale_after else 0.0))
+        at = max(t, since)
+        details = {"gpu_count": len(st.gpus), "gpu_model": st.model, "episode_s": round(at - since, 3), **self.describe(st),
+                   "reason": f"instance_{res.state}", CORRECTED: True, "was_resolved_at": was_at,
+                   "was_usd": round(was_usd, 2)}  # fmt: skip
+        found = [make_finding(self, "resolve", res, episode_start=since, fired_at=fired_at, at=at, usd=waste,
+                              details=details)]  # fmt: skip
+        start, waste_after, unpriced_after, _ = _after_gap(ended[ENDED:], k - ENDED, p.stale_after, p.for_)
+        if was_at - start >= p.for_:  # (its dollars priced as the resolution's were)
+            usd = max(0.0, was_usd - waste_after - (usd_over(price, unpriced_after) if price is not None else 0.0))
+            fired = {key: v for key, v in details.items() if key not in ("reason", CORRECTED, "was_resolved_at", "was_usd")}
+            at_fire = min(usd, usd_over(price, p.for_)) if price is not None else 0.0  # (``for`` of samples, gaps aside)
+            for action, when, dollars, extra in (("fire", start + p.for_, at_fire, {}),
+                                                 ("resolve", was_at, usd, {"reason": self.break_reason})):  # fmt: skip
+                details = {**fired, "episode_s": round(when - start, 3), **extra}
+                found.append(make_finding(self, action, res, episode_start=start, fired_at=start + p.for_, at=when,
+                                          usd=dollars, details=details))  # fmt: skip
+        return found
+
     def _withdrawal(self, st: GpuEpisodeState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
         """The resolution that takes back the resolved episode ``ended``: a stop at ``t`` came within it."""
-        since, fired_at, _ = ended
+        since, fired_at = ended[0], ended[1]
         at = max(t, since)
         details = {"gpu_count": len(st.gpus), "gpu_model": st.model, "episode_s": round(at - since, 3), **self.describe(st),
                    "reason": WITHDRAWN}  # fmt: skip
@@ -422,10 +471,20 @@ class GpuEpisode(DetectorBase):
 
 _Split = tuple[tuple[float, float, float, float], tuple[float, ...] | None]
 """What a stop in a gap leaves (:meth:`GpuEpisode._split_at_gap`): the candidate after it, and its gaps."""
-GAP = 6
-"""Figures a gap kept in :attr:`GpuEpisodeState.resumed`."""
 MAX_GAPS = 4
 """Gaps kept at most: a host's stops come minutes apart at the least, and usage is read behind by minutes."""
+
+
+def _after_gap(gaps: tuple[float, ...], i: int, stale_after: float, for_s: float) -> tuple[float, float, float, int]:
+    """Where the samples after the gap at ``i`` of ``gaps`` began a candidate of their own in time order, a stop
+    in that gap read first: the gap's end, or a later gap's longer than ``stale_after`` that came before
+    they had lasted ``for_s`` (a telemetry gap restarts a candidate); the dollars and unpriced seconds
+    counted before that start; and the place of the gaps after it."""
+    resumed_at, waste_after, unpriced_after, k = gaps[i + 1], gaps[i + 4], gaps[i + 5], i + GAP
+    for j in range(i + GAP, len(gaps), GAP):
+        if gaps[j + 1] - gaps[j] > stale_after and gaps[j] - resumed_at < for_s:
+            resumed_at, waste_after, unpriced_after, k = gaps[j + 1], gaps[j + 4], gaps[j + 5], j + GAP
+    return resumed_at, waste_after, unpriced_after, k
 
 
 def _gaps_after(gaps: tuple[float, ...], t: float) -> tuple[float, ...] | None:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import builtins
 import math
 from array import array
+from collections.abc import Callable
 from functools import partial
 from itertools import compress
 from math import isnan
@@ -69,7 +70,21 @@ from detector.detectors.base import (
     make_finding,
     shared,
 )
-from detector.detectors.episode import STOP_GAP_S, WITHDRAWN, Ended, Episode, end, fire, take_back_ended, withdraws
+from detector.detectors.episode import (
+    CORRECTED,
+    ENDED,
+    STOP_GAP_S,
+    WITHDRAWN,
+    Ended,
+    Episode,
+    end,
+    ended_of,
+    fire,
+    gap_at,
+    is_ended,
+    take_back_ended,
+    withdraws,
+)
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
 from detector.detectors.scrape import KEYS, UNIT_KEYS, Scrape
 from detector.events import Event, GpuMetric, UsageEvent
@@ -237,8 +252,8 @@ class GpuShareState(Episode, kw_only=True):
     fire by a scrape that would have fired it but for the host's billing, not known yet (no usage read:
     its topic read behind the samples), as time order fires it there."""
     ended: Ended | None = None
-    """The episode a scrape resolved last, while a stop read later may still take it back
-    (:func:`~detector.detectors.episode.take_back_ended`); not cleared with the episode."""
+    """The episode a scrape resolved last, with its gap (:attr:`resumed`), while a stop read later may still take
+    it back or correct it (:func:`~detector.detectors.episode.take_back_ended`); not cleared with the episode."""
     whole_idle_since: float | None = None
     """Start of the current spell with no GPU of the host busy."""
     rebase_at: float = 0.0
@@ -293,7 +308,8 @@ class GpuShareState(Episode, kw_only=True):
                 and len(times or ()) in (_G * g + n, _G * g + 2 * n)
                 and len(codes or ()) == n and (pods is None or len(pods) == n)
                 and len(self.gpu_counted) == g and not self.gpu_counted.strip(b"\0\1")
-                and (self.resumed is None or (len(self.resumed) >= 4 and len(self.resumed) % 2 == 0)))  # fmt: skip
+                and (self.resumed is None or (len(self.resumed) >= 4 and len(self.resumed) % 2 == 0))
+                and (self.ended is None or is_ended(self.ended)))  # fmt: skip
 
     def _read_structs(self) -> None:
         units, gpus = self.units or {}, self.gpus or {}  # saved before: one struct per unit and per GPU
@@ -679,8 +695,8 @@ class GpuShare(DetectorBase):
         found: list[Finding] = []
         if st.ended is not None:
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
-            if taken is not None:  # stopped within the episode a scrape resolved since: it never fired
-                found.append(self._withdrawal(st, res, taken, t))
+            if taken is not None:  # stopped within the episode a scrape resolved since: it never fired, or it
+                found.append(self._taken_back(st, res, taken, t))  # ended at the stop
         if not res.billed:
             since = st.since
             resumed = _gap_holding(st, t)
@@ -794,14 +810,12 @@ class GpuShare(DetectorBase):
         elif st.whole_idle_since is not None:
             if c - st.whole_idle_since >= p.for_ and 1 in counted:
                 spell, st.spell_s, st.gpu_counted = st.whole_idle_since, 0.0, _flags(bytes(len(ids)))
-                _keep_ended(st)
-                return end(st, partial(self._finding, "resolve", st, res, max(spell, st.since or spell),
-                                       reason="whole_host_idle"))  # fmt: skip
+                return _resolve(st, partial(self._finding, "resolve", st, res, max(spell, st.since or spell),
+                                            reason="whole_host_idle"))  # fmt: skip
         listed = st.counted()
         if not listed:
             if st.since is not None:
-                _keep_ended(st)
-                found = end(st, partial(self._finding, "resolve", st, res, c, reason=reason or "gpu_busy"))
+                found = _resolve(st, partial(self._finding, "resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
             if any_busy and len(listed) >= p.min_gpus and st.since is not None:
                 if res.billed:
@@ -952,9 +966,29 @@ class GpuShare(DetectorBase):
             else:
                 st.drop_gpu(g)
 
+    def _taken_back(self, st: GpuShareState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
+        """A stop at ``t`` read after the scrape that resolved ``ended``, dated within it: before its fire, it
+        withdraws the episode; in its gap after the fire, it corrects the resolution to the stop, its dollars
+        those of the gap's start, as in time order (:meth:`_back_to_gap`)."""
+        k = gap_at(ended, t)
+        if k is None:
+            return self._withdrawal(st, res, ended, t)
+        since, fired_at, _, was_at, was_usd = ended[:ENDED]
+        waste, unpriced = ended[k + 2], ended[k + 3]
+        if unpriced and res.usd_per_hour is not None:
+            waste += usd_over(res.usd_per_hour, unpriced)
+        at = max(t, since)
+        listed = [g for g in st.listed if g in st.gpu_ids]
+        total = max(len(st.gpu_ids), res.gpus, 1)
+        details = {"gpu_count": total, "gpu_model": st.model, "gpus_idle": listed, "episode_s": round(at - since, 3),
+                   "util_below_pct": self.params.util_below, "reason": f"instance_{res.state}", CORRECTED: True,
+                   "was_resolved_at": was_at, "was_usd": round(was_usd, 2)}  # fmt: skip
+        return make_finding(self, "resolve", res, episode_start=since, fired_at=fired_at, at=at, usd=waste,
+                            details=details, usd_per_hour=(res.usd_per_hour or 0.0) * len(listed) / total)  # fmt: skip
+
     def _withdrawal(self, st: GpuShareState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
         """The resolution that takes back the resolved episode ``ended``: a stop at ``t`` came within it."""
-        since, fired_at, _ = ended
+        since, fired_at = ended[0], ended[1]
         at = max(t, since)
         details = {"gpu_count": max(len(st.gpu_ids), res.gpus, 1), "gpu_model": st.model, "episode_s": round(at - since, 3),
                    "util_below_pct": self.params.util_below, "reason": WITHDRAWN}  # fmt: skip
@@ -984,10 +1018,17 @@ class GpuShare(DetectorBase):
                             at=at, usd=st.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip
 
 
-def _keep_ended(st: GpuShareState) -> None:
-    """Keep the episode a scrape resolves now, if it fired, for a stop read later (:attr:`GpuShareState.ended`)."""
-    if st.since is not None and st.fired_at is not None and st.fired_by is not None:
-        st.ended = (st.since, st.fired_at, st.fired_by)
+def _resolve(st: GpuShareState, resolution: Callable[[], Finding]) -> list[Finding]:
+    """The episode ends by a scrape: ``resolution`` if it fired, then kept with its gap for a stop read later
+    (:attr:`GpuShareState.ended`); the gap stays kept past the episode's end (:attr:`GpuShareState.resumed`),
+    so that where such a stop falls in it, the GPUs idle across it start again from their return."""
+    gap, since, fired_at, fired_by = st.resumed, st.since, st.fired_at, st.fired_by
+    found = end(st, resolution)
+    if found and since is not None and fired_at is not None and fired_by is not None:
+        gaps = None if gap is None else (*gap[:4], gap[2], gap[3])
+        st.ended = ended_of(since, fired_at, fired_by, found[0].at, found[0].waste_usd, gaps)
+    st.resumed = gap
+    return found
 
 
 def _holders(scrape: Scrape) -> bytes:
