@@ -14,7 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from detector.detectors import REGISTRY, Finding
-from detector.detectors.episode import WITHDRAWN
+from detector.detectors.episode import CORRECTED, WITHDRAWN
 from detector.rules import RuleSet
 from detector.suppression.hold import Hold
 from detector.suppression.memory import HORIZON_S, AlertMemory
@@ -23,10 +23,12 @@ from detector.units import format_duration, rfc3339
 
 __all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "burning", "burning_sql", "from_finding", "link_fields"]
 
-Change = Literal["fired", "updated", "resolved", "withdrawn"]
+Change = Literal["fired", "updated", "resolved", "withdrawn", "corrected"]
 """What a change of an alert did; ``withdrawn``: an alert already resolved was taken back (a stop read
 after the sample that resolved it, dated before the one that fired it: it never stood). A fire taken
-back while open is ``resolved``, :attr:`Alert.withdrawn` saying so."""
+back while open is ``resolved``, :attr:`Alert.withdrawn` saying so. ``corrected``: an alert already
+resolved ended earlier, with fewer dollars (a stop read after the sample that resolved it, dated
+within a gap in the samples before: :attr:`Alert.corrected`)."""
 _CHANGES: dict[str, Change] = {"fire": "fired", "update": "updated", "resolve": "resolved"}
 """A finding's action, said of the alert it changes."""
 
@@ -130,16 +132,39 @@ class Alert(msgspec.Struct, kw_only=True):
         return self.status == "resolved" and self.details.get("reason") == WITHDRAWN
 
     @property
+    def corrected(self) -> bool:
+        """Resolved by a resolution that corrects the one made before (:data:`~detector.detectors.episode.CORRECTED`):
+        a stop read late, dated within a gap in the samples before that resolution, ended the episode
+        there, with the dollars it says; the ones it replaces are :attr:`corrects`."""
+        return self.status == "resolved" and self.details.get(CORRECTED) is True
+
+    @property
+    def corrects(self) -> tuple[float, float] | None:
+        """(resolved at, dollars) of the resolution a correction replaces, as its details say; None when
+        it is no correction (or they are missing)."""
+        if not self.corrected:
+            return None
+        try:
+            return float(self.details["was_resolved_at"]), float(self.details["was_usd"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
     def closes(self) -> bool:
-        """Whether this change closes the alert: its resolution, or the withdrawal after one (told in
-        the opening's thread, an output's alert ended)."""
-        return self.change in ("resolved", "withdrawn")
+        """Whether this change closes the alert: its resolution, or the withdrawal or correction after one
+        (told in the opening's thread, an output's alert ended, with the figures it says)."""
+        return self.change in ("resolved", "withdrawn", "corrected")
 
     @property
     def told(self) -> tuple[Change, ...]:
-        """The changes a message of this record tells: its own, and where a resolution says withdrawn (the
-        alert taken back by then), the withdrawal after a resolution too, which is not told again."""
-        return ("resolved", "withdrawn") if self.change == "resolved" and self.withdrawn else (self.change,)
+        """The changes a message of this record tells: its own, and where a resolution says withdrawn or
+        corrected (the alert taken back or corrected by then), the withdrawal or correction after a
+        resolution too, which is not told again."""
+        if self.change == "resolved" and self.withdrawn:
+            return ("resolved", "withdrawn")
+        if self.change == "resolved" and self.corrected:
+            return ("resolved", "corrected")
+        return (self.change,)
 
     @property
     def burning(self) -> bool:
@@ -174,6 +199,13 @@ class Alert(msgspec.Struct, kw_only=True):
             return (f"WITHDRAWN {self.title} on {self.resource_id} ({who}): it had stopped after "
                     f"{format_duration(self.duration_s)}, short of the rule's threshold (the stop read late); "
                     "nothing counted")  # fmt: skip
+        if self.corrected:
+            was = self.corrects if self.change == "corrected" else None  # (a resolution said nothing else before)
+            money = f": ${self.waste_usd:,.2f} {self.dollars}" if self.dollars else ""
+            return (f"CORRECTED {self.title} on {self.resource_id} ({who}): it had stopped at "
+                    f"{rfc3339(self.resolved_at or self.updated_at)}, read late; ended after "
+                    f"{format_duration(self.duration_s)}" + money
+                    + (f" (not ${was[1]:,.2f})" if money and was is not None else ""))  # fmt: skip
         if self.status == "resolved":
             reason = str(self.details.get("reason", "")).replace("_", " ")
             money = f": ${self.waste_usd:,.2f} {self.dollars}" if self.dollars else ""

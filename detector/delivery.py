@@ -49,7 +49,7 @@ UNROUTED = ("", "unrouted")
 WITHDRAWN_UNPOSTED = ("", "withdrawn")
 """The (channel, ts) recorded for the opening and the withdrawal of a fire withdrawn before it was posted."""
 
-_ORDER = {"fired": 0, "resolved": 1, "withdrawn": 2}
+_ORDER = {"fired": 0, "resolved": 1, "withdrawn": 2, "corrected": 3}
 """The order an alert's changes are queued in after a restart."""
 
 log = structlog.get_logger("burnwatch.delivery")
@@ -364,7 +364,10 @@ class Outbox:
             if alert.withdrawn:  # a reply saying withdrawn: the withdrawal too, if one follows a resolution
                 found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1], withdrawal=True)
                 said = found is not None
-            if found is None and alert.change == "resolved":  # a resolution said before it was taken back
+            elif alert.corrected:  # a reply saying corrected: the correction too, if one follows a resolution
+                found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1], correction=True)
+                said = found is not None
+            if found is None and alert.change == "resolved":  # a resolution said before it was taken back or corrected
                 found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1])
         else:
             found = self.notifier.find_posted(alert.alert_id, alert.channel or self.notifier.channel)

@@ -96,6 +96,11 @@ def notification_text(alert: Alert) -> str:
     what = f"{alert.title} on {escape(alert.resource_id, _ID_SHOWN)} ({_whose(alert)})"
     if alert.withdrawn:
         text = f"Withdrawn: {what}: it had stopped after {format_duration(alert.duration_s)}, short of the threshold"
+    elif alert.corrected:
+        was = alert.corrects if alert.change == "corrected" else None  # (a resolution said nothing else before)
+        money_part = f": {money(alert.waste_usd)} {alert.dollars} in total" if alert.dollars else ""
+        text = (f"Corrected: {what}: it had stopped at {rfc3339(alert.resolved_at or alert.updated_at)}, read late"
+                + money_part + (f" (not {money(was[1])})" if money_part and was is not None else ""))  # fmt: skip
     elif alert.status == "resolved":
         money_part = f": {money(alert.waste_usd)} {alert.dollars} in total" if alert.dollars else ""
         text = f"Resolved: {what} after {format_duration(alert.duration_s)}{money_part}"
@@ -256,6 +261,8 @@ def render_blocks(
     resource = escape(alert.resource_id, 60)
     if alert.withdrawn:
         header = f":leftwards_arrow_with_hook: Withdrawn: {alert.title} on {resource}"
+    elif alert.corrected:
+        header = f":white_check_mark: Resolved (corrected): {alert.title} on {resource}"
     elif alert.status == "resolved":
         header = f":white_check_mark: Resolved: {alert.title} on {resource}"
     else:
@@ -307,6 +314,8 @@ def _commands(alert: Alert) -> list[str]:
 
 _WITHDRAWN_MARK = "*Withdrawn*"
 """What a withdrawal's reply says, and a resolution's does not (:meth:`SlackNotifier.find_posted`)."""
+_CORRECTED_MARK = "*Corrected*"
+"""What a correction's reply says, and a resolution's does not (:meth:`SlackNotifier.find_posted`)."""
 
 
 def _resolution_text(alert: Alert) -> str:
@@ -316,6 +325,14 @@ def _resolution_text(alert: Alert) -> str:
                 "(its stop was read after the samples that seemed to complete it). Nothing is counted"
                 + (", and the dollars its resolution said are taken back." if alert.change == "withdrawn" else "."))  # fmt: skip
     reason = escape(alert.details.get("reason", ""), 200).replace("_", " ")
+    if alert.corrected:
+        was = alert.corrects if alert.change == "corrected" else None  # (a resolution said nothing else before)
+        return (f":pencil2: {_CORRECTED_MARK}: the resource had stopped at {rfc3339(alert.resolved_at or alert.updated_at)}"
+                + (f" ({reason})" if reason else "")
+                + f", read after a later sample that seemed to resolve it: it ended after {format_duration(alert.duration_s)}"
+                + (f": *{money(alert.waste_usd, exact=True)} {alert.dollars}* in total" if alert.dollars else "")
+                + (f", not the {money(was[1], exact=True)} its resolution at {rfc3339(was[0])} said."
+                   if alert.dollars and was is not None else "."))  # fmt: skip
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
         + (f" ({reason})" if reason else "")
@@ -449,20 +466,21 @@ class SlackNotifier:
                           edit_parent=edit_parent)  # fmt: skip
 
     def find_posted(self, alert_id: str, channel: str, limit: int = 200, thread_ts: str | None = None,
-                    withdrawal: bool = False) -> tuple[str, str] | None:  # fmt: skip
+                    withdrawal: bool = False, correction: bool = False) -> tuple[str, str] | None:  # fmt: skip
         """(channel, ts) of a message already in ``channel`` that opens ``alert_id`` (with
         ``thread_ts``: a reply in that thread that names it; ``withdrawal``: one that withdraws it,
-        not its resolution), if any: after a timeout or a worker's death, Slack may have posted what
-        we never heard back about. None when it is not there or cannot be looked up (then the caller
-        posts: at least once beats never)."""
+        ``correction``: one that corrects it, not its resolution), if any: after a timeout or a
+        worker's death, Slack may have posted what we never heard back about. None when it is not
+        there or cannot be looked up (then the caller posts: at least once beats never)."""
         history = self._history(channel, thread_ts, limit)
         if history is None:
             return None
         needle = f"alert `{alert_id}`"
+        mark = _WITHDRAWN_MARK if withdrawal else _CORRECTED_MARK if correction else ""
         messages: list[dict[str, Any]] = history.get("messages", [])
         for message in messages:
             blocks = json.dumps(message.get("blocks", []))
-            if message.get("ts") != thread_ts and needle in blocks and (not withdrawal or _WITHDRAWN_MARK in blocks):
+            if message.get("ts") != thread_ts and needle in blocks and mark in blocks:
                 return str(history.get("channel") or channel), str(message["ts"])
         return None
 

@@ -60,8 +60,9 @@ def _say(text: str = "") -> None:
     print(text, flush=True)
 
 
-_MARKERS = {"alert_fired": "🔥", "alert_resolved": "✅", "alert_withdrawn": "↩️"}
-"""The worker's log events the demo shows, and how (``alert_withdrawn``: an alert resolved, then taken back)."""
+_MARKERS = {"alert_fired": "🔥", "alert_resolved": "✅", "alert_withdrawn": "↩️", "alert_corrected": "✏️"}
+"""The worker's log events the demo shows, and how (``alert_withdrawn``: an alert resolved, then taken back;
+``alert_corrected``: one resolved, then found to have ended earlier)."""
 
 
 def _follow_alerts(log_path: Path, stop: threading.Event) -> None:

@@ -808,9 +808,9 @@ class Pipeline:
             METRICS.alerts.labels(alert.type, alert.change).inc()
             if alert.change == "fired":
                 stats.alerts_fired += 1
-            elif alert.change == "resolved":
+            elif alert.change == "resolved":  # (a withdrawal or correction after it is the same alert's: not counted again)
                 stats.alerts_resolved += 1
-            if alert.change != "updated":
+            if alert.change != "updated":  # alert_fired, alert_resolved, alert_withdrawn, alert_corrected
                 log.info(f"alert_{alert.change}", alert_id=alert.alert_id, summary=alert.summary(),
                          silenced=alert.silenced or None, decided_at=round(step.decided_at, 3))  # fmt: skip
 

@@ -78,6 +78,30 @@ def test_a_withdrawn_fire_is_resolved_and_says_so_in_the_json_and_on_the_page(st
     assert page.count(">withdrawn<") == 1 and page.count(">resolved<") == 1
 
 
+def test_a_corrected_incident_shows_the_corrected_end_and_dollars(store):
+    """Resolved at a busy sample, then corrected by the GPU rule (a stop read late ended it earlier): the
+    alert manager records the correction, and the incident list, reading the latest row, shows the
+    corrected end and dollars."""
+    from detector.alerts import AlertManager
+    from detector.detectors import Finding, ResourceInfo
+
+    def finding(action: str, at: float, usd: float, **details: object) -> Finding:
+        return Finding(action=action, rule="idle-gpu", type="idle_gpu", resource_id="host-c", episode_start=T0,
+                       fired_at=T0 + 1800, at=at, waste_usd=usd, usd_per_hour=12.0, severity="warning",
+                       details=details, resource=ResourceInfo(resource_id="host-c", tags={"team": "nlp"}))  # fmt: skip
+
+    changes = AlertManager().handle([
+        finding("fire", T0 + 1800, 6.0), finding("resolve", T0 + 7200, 24.0, reason="gpu_busy"),
+        finding("resolve", T0 + 5400, 18.0, reason="instance_stopped", corrected=True, was_resolved_at=T0 + 7200,
+                was_usd=24.0),
+    ])  # fmt: skip
+    for version, change in enumerate(changes, start=1):
+        store.alerts.record([change], version=version)
+    (incident,) = list_incidents(store, IncidentFilter(), NOW).incidents
+    assert (incident.state, incident.usd, incident.resolved_at) == ("resolved", 18.0, pytest.approx(T0 + 5400))
+    assert not incident.withdrawn
+
+
 def test_a_click_without_a_user_name_is_shown_by_its_user_id(store):
     """Slack's payload may carry only the user's id (as the worker's log and the snooze notice show it)."""
     store.alerts.record([alert("ack", 1), alert("snz", 1)], version=1)

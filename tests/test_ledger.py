@@ -275,6 +275,33 @@ def test_an_alert_taken_back_after_its_resolution_claims_nothing(store):
     assert store.query(f"SELECT count() AS n FROM {store.db}.waste_by_day")[0]["n"] == 0
 
 
+def test_a_corrected_resolution_claims_its_corrected_dollars(store):
+    """Resolved at a busy sample with $6.00, then corrected by the GPU rule (a stop read late, within a gap
+    in the samples before: the episode ended there, with $4.00): the alert manager records the correction
+    as the alert's latest change, and the ledger and waste_by_day claim the corrected dollars, not $6.00."""
+    from detector.alerts import AlertManager
+    from detector.detectors import Finding, ResourceInfo
+
+    def finding(action: str, at: float, usd: float, **details: object) -> Finding:
+        return Finding(action=action, rule="idle_gpu", type="idle_gpu", resource_id="h1", episode_start=T0,
+                       fired_at=T0 + HOUR / 4, at=at, waste_usd=usd, usd_per_hour=10.0, severity="warning",
+                       details=details, resource=ResourceInfo(resource_id="h1", tags={"team": "nlp"}))  # fmt: skip
+
+    billed(store, 1, 10.0)
+    changes = AlertManager().handle([
+        finding("fire", T0 + HOUR / 4, 2.5), finding("resolve", T0 + 0.6 * HOUR, 6.0, reason="gpu_busy"),
+        finding("resolve", T0 + 0.4 * HOUR, 4.0, reason="instance_stopped", corrected=True,
+                was_resolved_at=T0 + 0.6 * HOUR, was_usd=6.0),
+    ])  # fmt: skip
+    assert [a.change for a in changes] == ["fired", "resolved", "corrected"]
+    for version, change in enumerate(changes, start=1):
+        store.alerts.record([change], version=version)
+    alert_id = changes[0].alert_id
+    assert ledger(store) == pytest.approx({(alert_id, "waste"): 4.0})
+    by_day = store.query(f"SELECT alert_id, sum(usd) AS usd FROM {store.db}.waste_by_day GROUP BY alert_id")
+    assert {r["alert_id"]: r["usd"] for r in by_day} == pytest.approx({alert_id: 4.0})
+
+
 def test_dollars_taken_back_in_part_are_not_claimed(store):
     """An alert whose resolution says fewer dollars than an update before it (a stop read late took back
     the minutes counted past it) claims what it finally says, in the ledger and by day, not its peak."""

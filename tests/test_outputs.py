@@ -18,7 +18,7 @@ from detector.alerts import Alert
 from detector.outputs.outbox import OutputOutbox
 from detector.outputs.webhook import SIGNATURE, TIMESTAMP, verify
 from detector.rules import Routing
-from detector.units import rfc3339
+from detector.units import parse_rfc3339, rfc3339
 from tests.helpers import T0
 from tests.receivers import LocalReceiver, alertmanager, free_port, smtp_server, wait_until
 
@@ -186,6 +186,71 @@ def test_a_recovered_resolution_saying_withdrawn_answered_in_doubt_is_not_follow
             restarted.deliver_pending()
             clock.now += 60
     assert [(r.json["change"], r.json["withdrawn"]) for r in receiver.delivered] == [("fired", False), ("resolved", True)]
+
+
+def _corrected(resolved: Alert) -> Alert:
+    """``resolved`` (at 01:30, $49.16), then corrected: a stop read after the sample that resolved it, dated
+    within a gap in the samples before, ended it at 01:00 with $32.77 (change ``corrected``)."""
+    return msgspec.structs.replace(resolved, change="corrected", waste_usd=32.77, resolved_at=T0 + 3600,
+                                   updated_at=T0 + 3600, details={
+                                       "reason": "instance_stopped", "corrected": True,
+                                       "was_resolved_at": resolved.resolved_at, "was_usd": resolved.waste_usd})  # fmt: skip
+
+
+def test_a_receiver_hears_an_alert_corrected_after_its_resolution_once(store, secret_env):
+    """Opening and resolution sent, then corrected: the receiver gets change ``corrected`` (its own
+    idempotency key) with the corrected time and dollars and what the resolution said; a restart sends
+    nothing more. Stored resolved and corrected before either was sent, a restarted outbox sends the one
+    resolution, with the corrected figures, not two."""
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(hook(receiver.url)))
+        stored(store, alert())
+        stored(store, alert("resolved"))
+        outbox.add([alert(), alert("resolved")])
+        assert outbox.deliver_pending() == 2
+        stored(store, _corrected(alert("resolved")))
+        outbox.add([_corrected(alert("resolved"))])
+        assert outbox.deliver_pending() == 1
+        assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
+        stored(store, alert(alert_id="a2"))
+        outbox.add([alert(alert_id="a2")])
+        assert outbox.deliver_pending() == 1
+        stored(store, alert("resolved", alert_id="a2"))
+        stored(store, _corrected(alert("resolved", alert_id="a2")))
+        restarted = OutputOutbox(store, routing(hook(receiver.url)))
+        assert restarted.recover() == 2 and restarted.deliver_pending() == 1  # (the correction: said by then)
+        assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
+    got = [(r.json["id"], r.json["change"], r.json["corrected"], r.json["dollars_so_far"], r.json["resolved_at"])
+           for r in receiver.delivered]  # fmt: skip
+    assert got == [("a1", "fired", False, 49.16, None), ("a1", "resolved", False, 49.16, "2026-11-02T01:30:00Z"),
+                   ("a1", "corrected", True, 32.77, "2026-11-02T01:00:00Z"),
+                   ("a2", "fired", False, 49.16, None), ("a2", "resolved", True, 32.77, "2026-11-02T01:00:00Z")]  # fmt: skip
+    correction = receiver.delivered[2]
+    assert correction.headers["idempotency-key"] == "a1:hook:corrected" and correction.json["status"] == "resolved"
+    assert correction.json["corrects"] == {"resolved_at": "2026-11-02T01:30:00Z", "dollars_so_far": 49.16}
+    assert correction.json["summary"].startswith("CORRECTED") and "(not $49.16)" in correction.json["summary"]
+    assert receiver.delivered[1].json["corrects"] is None
+
+
+@pytest.mark.parametrize("dedupes", [False, True], ids=["receiver-keeps-all", "receiver-dedupes"])
+def test_a_resolution_begun_before_a_restart_and_corrected_since_is_followed_by_its_correction(store, secret_env,
+                                                                                            dedupes):  # fmt: skip
+    """The resolution's send was begun when the worker died (it may have arrived with the first figures),
+    and the alert was corrected since: the next worker sends the correction under its own key."""
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(hook(receiver.url, dedupes=dedupes)))
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+        stored(store, alert("resolved"))
+        store.outputs.record([("a1", "hook", "resolved", "sending", "")])  # begun, then the worker died
+        stored(store, _corrected(alert("resolved")))
+        restarted = OutputOutbox(store, routing(hook(receiver.url, dedupes=dedupes)))
+        restarted.recover()
+        restarted.deliver_pending()
+    got = [(r.json["change"], r.json["dollars_so_far"], r.headers["idempotency-key"]) for r in receiver.delivered]
+    assert got == [("fired", 49.16, "a1:hook:fired"), ("corrected", 32.77, "a1:hook:corrected")]
+    assert store.outputs.states("a1")[("hook", "resolved")] == {"sending", "unknown"}
 
 
 def test_a_restarted_outbox_sends_an_opening_before_the_withdrawal_dated_before_it(store, secret_env):
@@ -643,6 +708,22 @@ def test_email_arrives_with_headers_subject_and_both_bodies(store):
     assert "https://console.example.com/us-east-1/host-1" in plain and "<td>alice</td>" in html
 
 
+def test_a_correction_is_mailed_in_the_opening_s_thread(store):
+    """The email of a correction replies to the opening's, says CORRECTED in its subject and what the
+    resolution it replaces said."""
+    with smtp_server() as (mailbox, port):
+        outbox = OutputOutbox(store, routing(mail_output(port)))
+        for change in (alert(), alert("resolved"), _corrected(alert("resolved"))):
+            stored(store, change)
+            outbox.add([change])
+        assert outbox.deliver_pending() == 3
+    assert len(mailbox.messages) == 3
+    _, mail = mailbox.messages[2]
+    assert mail["Subject"].startswith("[burnwatch] CORRECTED Idle GPUs on host-1")
+    assert mail["In-Reply-To"] == "<a1.fired.mail@burnwatch>" and mail["Message-ID"] == "<a1.corrected.mail@burnwatch>"
+    assert "Corrected from: $49.16 at 2026-11-02T01:30:00Z" in mail.get_body(("plain",)).get_content()
+
+
 def test_email_escapes_everything_an_event_carries(store):
     evil = alert(tags=HOSTILE, resource_id="host-1\r\nBcc: victim@example.com\r\nSubject: pwned <b>x</b>")
     with smtp_server() as (mailbox, port):
@@ -918,6 +999,25 @@ def test_a_refused_resolution_is_not_resent_as_firing(store):
         clock.now += 120
         outbox.deliver_pending()
     assert len(pager_posts(receiver)) == posted  # no re-send of it as firing since
+
+
+def test_a_correction_ends_the_alert_in_alertmanager_again_with_its_figures_and_is_not_resent(store):
+    """A correction is posted once, ended (``endsAt`` now) with the corrected dollars, and the alert is no
+    longer re-sent as firing after it."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(am_output(receiver.url, resend_s=60)), clock=clock)
+        for change in (alert(), alert("resolved"), _corrected(alert("resolved"))):
+            stored(store, change)
+            outbox.add([change])
+            outbox.deliver_pending()
+        clock.now += 120
+        outbox.deliver_pending()
+    posts = pager_posts(receiver)
+    assert len(posts) == 3 and [p["annotations"]["dollars"] for p in posts] == ["49.16", "49.16", "32.77"]
+    assert parse_rfc3339(posts[2]["endsAt"], "endsAt") <= time.time() < parse_rfc3339(posts[0]["endsAt"], "endsAt")
+    assert posts[2]["annotations"]["summary"].startswith("CORRECTED")
+    assert store.outputs.states("a1")[("pager", "corrected")] == {"sending", "sent"}
 
 
 def test_alertmanager_labels_stay_those_first_sent_while_firing(store):

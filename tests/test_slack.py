@@ -250,6 +250,112 @@ def test_a_resolution_found_in_slack_saying_withdrawn_is_the_withdrawal_too(slac
     assert len(replies) == 1 and "*Withdrawn*" in replies[0]
 
 
+def _corrected(resolved: Alert) -> Alert:
+    """``resolved`` (at 01:30, $49.16), then corrected: a stop read after the sample that resolved it, dated
+    within a gap in the samples before, ended it at 01:00 with $32.77 (change ``corrected``)."""
+    return msgspec.structs.replace(resolved, change="corrected", waste_usd=32.77, resolved_at=T0 + 3600,
+                                   updated_at=T0 + 3600, details={
+                                       "gpu_count": 8, "reason": "instance_stopped", "corrected": True,
+                                       "was_resolved_at": resolved.resolved_at, "was_usd": resolved.waste_usd})  # fmt: skip
+
+
+def test_an_alert_corrected_after_its_resolution_was_posted_says_so_once(slack, store):
+    """Opening and resolution posted, then corrected (the host had stopped at 01:00, read after the busy
+    sample that resolved it at 01:30): one reply in the thread says when it stopped and the dollars, new
+    and old, and the message is edited to the corrected figures; a restarted outbox posts nothing more."""
+    outbox, resolved = _posted_and_resolved(slack, store)
+    fix = _corrected(resolved)
+    store.alerts.record([fix], version=3)
+    outbox.add([fix])
+    assert outbox.deliver_pending() == 1
+    posts, updates = slack.calls("chat.postMessage"), slack.calls("chat.update")
+    assert len(posts) == 3 and posts[2].body["thread_ts"] == posts[1].body["thread_ts"] == updates[-1].body["ts"]
+    reply, parent = posts[2].text_of_blocks(), updates[-1].text_of_blocks()
+    assert "*Corrected*" in reply and "stopped at 2026-11-02T01:00:00Z" in reply and "ended after 1h" in reply
+    assert "*$32.77 wasted*" in reply and "not the $49.16 its resolution at 2026-11-02T01:30:00Z said" in reply
+    assert "*Wasted so far*\n*$32.77*" in parent and "Resolved (corrected)" in parent and "1h 30m" not in parent
+    assert fix.summary() == ("CORRECTED Idle GPUs on gpu-host-007 (nlp): it had stopped at 2026-11-02T01:00:00Z, read "
+                             "late; ended after 1h: $32.77 wasted (not $49.16)")  # fmt: skip
+    assert notification_text(fix).startswith("Corrected: Idle GPU") and "(not $49.16)" in notification_text(fix)
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert restarted.recover() == 0 and restarted.deliver_pending() == 0
+    assert len(slack.calls("chat.postMessage")) == 3
+
+
+def test_an_alert_corrected_before_its_resolution_was_posted_is_posted_once_after_a_restart(slack, store):
+    """Opening posted; the resolution and its correction stored when the worker died: the next worker's
+    outbox replies once, with the corrected figures (the alert's latest state), not the first ones and
+    then a correction; and nothing after another restart."""
+    thread, resolved = _posted_then_resolved_unposted(slack, store)
+    store.alerts.record([_corrected(resolved)], version=3)
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert restarted.recover() == 2 and restarted.deliver_pending() == 1
+    posts = slack.calls("chat.postMessage")
+    assert len(posts) == 2 and posts[1].body["thread_ts"] == thread[1]
+    assert "*Corrected*" in posts[1].text_of_blocks() and "$32.77" in posts[1].text_of_blocks()
+    assert "$49.16" not in posts[1].text_of_blocks()  # (people never read it)
+    again = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert again.recover() == 0 and again.deliver_pending() == 0
+
+
+def test_a_correction_in_doubt_found_in_its_thread_is_not_posted_twice(slack, store):
+    """The correction's reply landed but the worker died before recording it: the next worker finds it
+    in the thread (its mark) and posts no second one."""
+    _, resolved = _posted_and_resolved(slack, store)
+    fix = _corrected(resolved)
+    store.alerts.record([fix], version=3)
+    store.deliveries.record_attempt(["r1"], "corrected")  # begun...
+    thread = store.deliveries.thread_of("r1")
+    assert thread is not None
+    bot(slack).post(fix, thread=thread)  # ...and it landed, never recorded
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    assert restarted.recover() == 1 and restarted.deliver_pending() == 0
+    replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
+    assert len(replies) == 2 and "*Resolved*" in replies[0] and "*Corrected*" in replies[1]
+    assert store.deliveries.undelivered() == [] and store.deliveries.made()[("r1", "corrected")] == thread
+
+
+def test_a_correction_in_doubt_is_not_taken_for_the_resolution_already_in_its_thread(slack, store):
+    """A correction whose post was begun and never landed is looked for in the thread before it is sent
+    again: the resolution's reply there names the same alert, and is not it."""
+    _, resolved = _posted_and_resolved(slack, store)
+    store.alerts.record([_corrected(resolved)], version=3)
+    store.deliveries.record_attempt(["r1"], "corrected")  # begun, then the worker died
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    assert restarted.recover() == 1 and restarted.deliver_pending() == 1
+    posts = slack.calls("chat.postMessage")
+    assert len(posts) == 3 and "*Corrected*" in posts[2].text_of_blocks()
+
+
+def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_correction_after_it(slack, store):
+    """The resolution's reply (the first figures) landed but was never recorded, and the alert was corrected
+    since: the next worker finds that reply and still posts the correction."""
+    thread, resolved = _posted_then_resolved_unposted(slack, store)
+    store.deliveries.record_attempt(["r1"], "resolved")  # begun...
+    bot(slack).post(resolved, thread=thread)  # ...and it landed, never recorded
+    store.alerts.record([_corrected(resolved)], version=3)
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    restarted.recover()
+    restarted.deliver_pending()
+    replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
+    assert len(replies) == 2 and "*Resolved*" in replies[0] and "*Corrected*" in replies[1]
+
+
+def test_a_resolution_found_in_slack_saying_corrected_is_the_correction_too(slack, store):
+    """Resolved and corrected while no worker held the alert; the next worker's resolution reply, the
+    alert as it stands (corrected), landed but was never recorded: the worker after finds it and posts
+    no correction after it."""
+    thread, resolved = _posted_then_resolved_unposted(slack, store)
+    store.alerts.record([_corrected(resolved)], version=3)
+    store.deliveries.record_attempt(["r1"], "resolved")  # begun...
+    bot(slack).post(msgspec.structs.replace(_corrected(resolved), change="resolved"), thread=thread)  # ...landed
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    restarted.recover()
+    restarted.deliver_pending()
+    replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
+    assert len(replies) == 1 and "*Corrected*" in replies[0]
+
+
 def test_a_store_error_while_a_withdrawal_is_taken_loses_nothing_behind_it(slack, store, monkeypatch):
     """The outbox takes what the worker handed over in one go; a store error part way (recording a
     withdrawn opening as handled) leaves the rest for the next pass, not dropped until a restart."""

@@ -13,6 +13,7 @@ from detector.alerts import Alert
 from detector.store import Store
 from detector.suppression import Hold
 from detector.suppression.stages import inhibiting_types
+from detector.units import epoch
 from tests.helpers import T0, at
 
 HOUR = 3600.0
@@ -72,6 +73,55 @@ def test_memory_tells_a_withdrawn_alert_from_a_resolved_one(store: Store):
                                             "t": (T0, Stage.WITHDRAWN)}  # fmt: skip
     dedup = Dedup(AlertMemory.load(store.memory).seen)  # (the alert manager's first stage, after a restart)
     assert [dedup.admit(a) and a.change for a in [withdrawn(a) for a in resolved.values()]] == ["withdrawn", False, False]
+
+
+def _corrected(a: Alert, change: str = "corrected") -> Alert:
+    """``a`` (resolved) corrected: it ended half an hour earlier, with fewer dollars."""
+    assert a.resolved_at is not None
+    return msgspec.structs.replace(a, change=change, waste_usd=2.0, resolved_at=a.resolved_at - HOUR / 2,
+                                   details={"reason": "instance_stopped", "corrected": True,
+                                            "was_resolved_at": a.resolved_at, "was_usd": a.waste_usd})  # fmt: skip
+
+
+def test_memory_tells_a_corrected_alert_from_a_resolved_one(store: Store):
+    """After a restart, an alert resolved may still be corrected once, and one corrected (after its
+    resolution, or by a resolution first let through with corrected figures) takes nothing more: the
+    correction re-derived from re-read input is not recorded twice."""
+    from detector.suppression import AlertMemory
+    from detector.suppression.stages import Dedup, Stage
+
+    resolved = {rid: alert(rid, T0, rid=rid, resolved=True) for rid in ("r", "c", "f")}
+    store.alerts.record(list(resolved.values()), version=1)
+    store.alerts.record([_corrected(resolved["c"]), _corrected(resolved["f"], "resolved")], version=2)
+    assert store.memory.recent_alerts() == {"r": (T0, Stage.RESOLVED), "c": (T0, Stage.CORRECTED),
+                                            "f": (T0, Stage.CORRECTED)}  # fmt: skip
+    dedup = Dedup(AlertMemory.load(store.memory).seen)  # (the alert manager's first stage, after a restart)
+    assert [dedup.admit(a) and a.change for a in [_corrected(a, "resolved") for a in resolved.values()]] == [
+        "corrected", False, False]  # fmt: skip
+
+
+def test_a_correction_read_again_after_a_restart_is_not_recorded_again(store: Store):
+    """The alert manager turns a GPU rule's second resolution of an episode (``corrected``) into change
+    ``corrected``; input read again after a restart derives fire, resolution and correction again, and
+    the manager that loaded its memory from the store lets none of them through."""
+    from detector.alerts import AlertManager, AlertMemory
+    from detector.detectors import Finding, ResourceInfo
+
+    def finding(action: str, at: float, usd: float, **details: object) -> Finding:
+        return Finding(action=action, rule="idle-gpu", type="idle_gpu", resource_id="h1", episode_start=T0,
+                       fired_at=T0 + 1800, at=at, waste_usd=usd, usd_per_hour=2.0, severity="warning",
+                       details=details, resource=ResourceInfo(resource_id="h1"))  # fmt: skip
+
+    findings = [finding("fire", T0 + 1800, 1.0), finding("resolve", T0 + 2 * HOUR, 4.0, reason="gpu_busy"),
+                finding("resolve", T0 + HOUR, 2.0, reason="instance_stopped", corrected=True,
+                        was_resolved_at=T0 + 2 * HOUR, was_usd=4.0)]  # fmt: skip
+    changes = AlertManager().handle(findings)
+    assert [(a.change, a.waste_usd) for a in changes] == [("fired", 1.0), ("resolved", 4.0), ("corrected", 2.0)]
+    for version, change in enumerate(changes, start=1):
+        store.alerts.record([change], version=version)
+    assert AlertManager(AlertMemory.load(store.memory)).handle(findings) == []
+    row = store.alerts.get(changes[0].alert_id)
+    assert row is not None and (row["waste_usd"], epoch(row["resolved_at"])) == (2.0, T0 + HOUR)
 
 
 def test_memory_finds_open_incidents_of_the_types_an_anomaly_joins(store: Store):
@@ -137,6 +187,20 @@ def test_undelivered_is_what_people_should_have_heard_of(store: Store):
     assert store.deliveries.undelivered([0]) == [("unknown", "fired"), ("unknown", "resolved")]
     assert store.deliveries.undelivered([1]) == [("p1", "fired")]
     assert store.deliveries.undelivered([]) == []  # no partitions held: nothing to deliver
+
+
+def test_undelivered_has_the_correction_of_an_alert_corrected_after_its_resolution(store: Store):
+    """A correction (change ``corrected``, the alert's latest row) is owed after its resolution, until it
+    is delivered; a resolution first let through with corrected figures owes no correction."""
+    resolved = alert("c", T0, resolved=True)
+    store.alerts.record([resolved, alert("f", T0 + HOUR, rid="h2", resolved=True)], version=1)
+    store.alerts.record([_corrected(resolved), _corrected(alert("f", T0 + HOUR, rid="h2", resolved=True), "resolved")],
+                        version=2)  # fmt: skip
+    store.deliveries.record_many([("c", "fired", "#c", "1.1"), ("c", "resolved", "#c", "1.1"),
+                                  ("f", "fired", "#c", "2.1"), ("f", "resolved", "#c", "2.1")])  # fmt: skip
+    assert store.deliveries.undelivered() == [("c", "corrected")]
+    store.deliveries.record("c", "corrected", "#c", "1.1")
+    assert store.deliveries.undelivered() == []
 
 
 # -- clicks and snoozes, detector state, digests -----------------------------------------

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import msgspec
 import pytest
 
 from detector.alerts import Alert, AlertManager, AlertMemory, from_finding
 from detector.detectors import Finding, ResourceInfo
+from detector.detectors.episode import CORRECTED
 from detector.rules import load_rules
 from detector.store import alert_from_row
 from detector.store import schema as store_module
 from detector.suppression import Hold, Silence, describe_holds
-from detector.suppression.stages import Dedup, Inhibit, Realert, Route, Silencing
+from detector.suppression.stages import Dedup, Inhibit, Realert, Route, Silencing, Stage
 from tests.helpers import T0, at
 
 HOUR = 3600.0
@@ -44,6 +46,44 @@ def test_dedup_lets_each_opening_and_resolution_through_once_and_no_update_after
     dedup.admit(later)
     dedup.prune(T0 + 5 * HOUR)
     assert list(dedup.seen) == [later.alert_id]
+
+
+def corrected(resolution: Alert, at: float, usd: float) -> Alert:
+    """``resolution`` corrected: the episode ended at ``at`` with ``usd`` (a stop read after the sample that
+    resolved it, dated within a gap in the samples before), as the GPU rules' second resolution says."""
+    assert resolution.resolved_at is not None
+    return msgspec.structs.replace(resolution, resolved_at=at, updated_at=at, waste_usd=usd, details={
+        "reason": "instance_stopped", CORRECTED: True, "was_resolved_at": resolution.resolved_at,
+        "was_usd": resolution.waste_usd})  # fmt: skip
+
+
+def test_dedup_lets_one_correction_through_after_a_resolution_and_nothing_after_it():
+    """A resolution's correction goes on once, as change ``corrected``; a second one, a withdrawal or an
+    update after it are refused (re-read input derives them again), and so is a correction of an alert
+    never seen (nothing to correct)."""
+    dedup = Dedup()
+    opened, resolved = alert("fire"), alert("resolve", at=T0 + 2 * HOUR)
+    fix = corrected(resolved, T0 + HOUR, 0.5)
+    assert fix.corrected and not resolved.corrected and fix.corrects == (T0 + 2 * HOUR, 1.0)
+    assert [dedup.admit(a) for a in (opened, resolved)] == [True, True]
+    assert dedup.admit(fix) and fix.change == "corrected"
+    again = corrected(alert("resolve", at=T0 + 2 * HOUR), T0 + HOUR, 0.5)
+    withdrawn = msgspec.structs.replace(alert("resolve", at=T0 + HOUR), details={"reason": "withdrawn"})
+    assert [dedup.admit(a) for a in (again, withdrawn, alert("update", at=T0 + 3 * HOUR))] == [False, False, False]
+    assert dedup.seen[opened.alert_id] == (T0, Stage.CORRECTED)
+    unknown = corrected(alert("resolve", rid="h2", at=T0 + 2 * HOUR), T0 + HOUR, 0.5)
+    assert not dedup.admit(unknown) and unknown.alert_id not in dedup.seen
+
+
+def test_a_correction_whose_resolution_was_never_let_through_is_that_resolution():
+    """Known open (the first resolution never admitted): the correction goes on as the resolution, with
+    the corrected figures; then nothing more, neither the first resolution nor the correction again."""
+    dedup = Dedup()
+    opened, resolved = alert("fire"), alert("resolve", at=T0 + 2 * HOUR)
+    fix = corrected(resolved, T0 + HOUR, 0.5)
+    assert dedup.admit(opened) and dedup.admit(fix)
+    assert fix.change == "resolved" and fix.waste_usd == 0.5 and dedup.seen[opened.alert_id] == (T0, Stage.CORRECTED)
+    assert [dedup.admit(a) for a in (resolved, corrected(resolved, T0 + HOUR, 0.5))] == [False, False]
 
 
 def test_route_picks_the_channel_from_the_rules(tmp_path):

@@ -34,8 +34,8 @@ class Output(Protocol):
     """Firing alerts are sent again this often (0: never; Alertmanager needs it)."""
 
     def send(self, alert: Alert) -> str:
-        """Deliver one change (``alert.change``: fired, resolved, or withdrawn after it); a short detail for the
-        record. Raises :class:`OutputError`."""
+        """Deliver one change (``alert.change``: fired, resolved, or withdrawn or corrected after it); a short
+        detail for the record. Raises :class:`OutputError`."""
         ...
 
     def refresh(self, alerts: list[Alert]) -> None:

@@ -143,6 +143,8 @@ def _rows(fields: dict[str, Any]) -> list[tuple[str, str]]:
     ]  # fmt: skip
     if fields["resolved_at"]:
         rows.append(("Resolved at", fields["resolved_at"]))
+    if fields["corrects"]:  # a correction: what the resolution it replaces said
+        rows.append(("Corrected from", f"${fields['corrects']['dollars_so_far']:,.2f} at {fields['corrects']['resolved_at']}"))
     rows += [(k, v) for k, v in fields["facts"]]
     return [(k, v) for k, v in rows if v]
 

@@ -217,6 +217,8 @@ class OutputOutbox:
             changes = ["fired", "resolved"] if row["status"] == "resolved" else ["fired"]
             if row["taken_back"]:
                 changes.append("withdrawn")
+            if row["correction"]:
+                changes.append("corrected")
             for order, change in enumerate(changes):
                 alert = alert_from_row(row, change)
                 key = (alert.alert_id, change)
@@ -225,6 +227,10 @@ class OutputOutbox:
                 if change == "resolved" and row["taken_back"] and key in begun:  # its content may be the resolution's:
                     self._finish(name, lane, alert, "unknown", "begun before a restart; taken back since: its withdrawal is sent",
                                  said=False)  # (sent again, now withdrawn, a deduping receiver would drop it)  # fmt: skip
+                    continue
+                if change == "resolved" and row["correction"] and key in begun:  # its figures may be the first ones:
+                    self._finish(name, lane, alert, "unknown", "begun before a restart; corrected since: its correction is sent",
+                                 said=False)  # (sent again, now corrected, a deduping receiver would drop it)  # fmt: skip
                     continue
                 if key in begun and not lane.output.dedupes:
                     self._finish(name, lane, alert, "unknown", "begun before a restart; the receiver does not dedupe")

@@ -37,6 +37,14 @@ def links(alert: Alert, routing: Routing) -> list[dict[str, str]]:
             if not link.types or alert.type in link.types]  # fmt: skip
 
 
+def _corrects(alert: Alert) -> dict[str, Any] | None:
+    """What the resolution a correction replaces said (its time and dollars); None for any other change."""
+    was = alert.corrects
+    if was is None:
+        return None
+    return {"resolved_at": rfc3339(was[0]), "dollars_so_far": round(was[1], 2)}
+
+
 def alert_fields(alert: Alert, routing: Routing) -> dict[str, Any]:
     """What a person or a program needs to act on one alert change."""
     tags = dict(sorted(alert.tags.items())[:MAX_TAGS])
@@ -62,6 +70,8 @@ def alert_fields(alert: Alert, routing: Routing) -> dict[str, Any]:
         "fired_at": rfc3339(alert.fired_at),
         "resolved_at": rfc3339(alert.resolved_at) if alert.resolved_at is not None else None,
         "withdrawn": alert.withdrawn,
+        "corrected": alert.corrected,
+        "corrects": _corrects(alert),
         "summary": cap(alert.summary(), 4 * MAX_VALUE),
         "suggestion": cap(alert.suggestion, 4 * MAX_VALUE),
         "facts": [[cap(k, 128), cap(v)] for k, v in alert.facts[:20]],

@@ -22,7 +22,7 @@ class Deliveries:
         self.conn = conn
 
     def record(self, alert_id: str, kind: str, channel: str, message_ts: str) -> None:
-        """Record one delivery (``kind``: the change posted, ``fired``, ``resolved`` or ``withdrawn``)."""
+        """Record one delivery (``kind``: the change posted, ``fired``, ``resolved``, ``withdrawn`` or ``corrected``)."""
         self.record_many([(alert_id, kind, channel, message_ts)])
 
     def record_many(self, rows: Sequence[tuple[str, str, str, str]]) -> None:
@@ -82,7 +82,8 @@ class Deliveries:
         """(alert_id, change) pairs people should have heard of but have not, oldest first: the
         outbox after a restart or a rebalance. Read from the alerts' latest state alone (every
         posted alert opened; a resolved one also closed), so it agrees with the alert manager's
-        memory; an alert resolved and then taken back (change ``withdrawn``) also has its withdrawal.
+        memory; an alert resolved and then taken back (change ``withdrawn``) also has its withdrawal,
+        and one resolved and then corrected (change ``corrected``) its correction.
         ``partitions``: only the alerts of keys on these input partitions (those of
         unknown partition count as partition 0's)."""
         db = self.conn.db
@@ -98,7 +99,10 @@ class Deliveries:
                     FROM {db}.alerts FINAL WHERE silenced = '' AND status = 'resolved' AND {owned}
                     UNION ALL
                     SELECT alert_id, 'withdrawn' AS change, assumeNotNull(resolved_at) AS at, 2 AS o
-                    FROM {db}.alerts AS a FINAL WHERE silenced = '' AND a.change = 'withdrawn' AND {owned})
+                    FROM {db}.alerts AS a FINAL WHERE silenced = '' AND a.change = 'withdrawn' AND {owned}
+                    UNION ALL
+                    SELECT alert_id, 'corrected' AS change, assumeNotNull(resolved_at) AS at, 3 AS o
+                    FROM {db}.alerts AS a FINAL WHERE silenced = '' AND a.change = 'corrected' AND {owned})
                 WHERE (alert_id, change) NOT IN (SELECT alert_id, kind FROM {db}.alert_deliveries)
                 ORDER BY at, o, alert_id""",
             {"partitions": list(partitions or [])},

@@ -23,10 +23,14 @@ class ManagerMemory:
 
     def recent_alerts(self, horizon_s: float = HORIZON_S) -> dict[str, tuple[float, int]]:
         """alert id → (episode start, :class:`~detector.suppression.stages.Stage`) for alerts whose episode
-        started within ``horizon_s`` of event time before the newest: what the alert manager must remember."""
+        started within ``horizon_s`` of event time before the newest: what the alert manager must remember.
+        A resolution that says corrected (``details``; a correction, or a resolution first let through
+        with corrected figures) is :attr:`~detector.suppression.stages.Stage.CORRECTED`: nothing follows it."""
         db = self.conn.db
         rows = self.conn.query(
-            f"""SELECT alert_id, episode_start, (status = 'resolved') + withdrawn AS stage FROM {db}.alerts FINAL
+            f"""SELECT alert_id, episode_start,
+                       multiIf(status != 'resolved', 0, withdrawn, 2, JSONExtractBool(details, 'corrected'), 3, 1) AS stage
+                FROM {db}.alerts FINAL
                 WHERE episode_start >= (SELECT max(episode_start) FROM {db}.alerts) - toIntervalSecond(%(horizon)s)""",
             {"horizon": int(horizon_s)},
         )

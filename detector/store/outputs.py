@@ -50,10 +50,10 @@ class OutputDeliveries:
 
     def owed(self, output: str, since: float, partitions: Sequence[int] | None, *, firing: bool) -> list[dict[str, Any]]:
         """The latest state (rows of :meth:`Alerts.latest`) of unsilenced alerts stored since
-        ``since`` (wall time) whose opening, resolution, or withdrawal after it (``taken_back``),
-        ``output`` has not finished; with ``firing``, every firing one too (re-sent while firing).
-        ``partitions``: only the alerts of keys on those input partitions (None: all). Routing is
-        the caller's to apply."""
+        ``since`` (wall time) whose opening, resolution, or withdrawal after it (``taken_back``) or
+        correction after it (``correction``), ``output`` has not finished; with ``firing``, every
+        firing one too (re-sent while firing). ``partitions``: only the alerts of keys on those input
+        partitions (None: all). Routing is the caller's to apply."""
         db = self.conn.db
         owned = "1"
         if partitions is not None:
@@ -61,11 +61,13 @@ class OutputDeliveries:
         done = (f"SELECT alert_id FROM {db}.output_deliveries WHERE output = %(o)s AND state IN %(final)s "
                 "AND change = ")  # fmt: skip
         return self.conn.query(
-            f"""SELECT * EXCEPT (version, change), change = 'withdrawn' AS taken_back FROM {db}.alerts FINAL
+            f"""SELECT * EXCEPT (version, change), change = 'withdrawn' AS taken_back, change = 'corrected' AS correction
+                FROM {db}.alerts FINAL
                 WHERE silenced = '' AND version >= %(since)s AND {owned}
                   AND (alert_id NOT IN ({done}'fired')
                        OR (status = 'resolved' AND alert_id NOT IN ({done}'resolved'))
                        OR (change = 'withdrawn' AND alert_id NOT IN ({done}'withdrawn'))
+                       OR (change = 'corrected' AND alert_id NOT IN ({done}'corrected'))
                        OR (%(firing)s AND status = 'firing'))
                 ORDER BY fired_at, alert_id""",
             {"since": int(since * 1e9), "partitions": list(partitions or []), "o": output,

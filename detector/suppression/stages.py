@@ -29,6 +29,8 @@ class Stage(IntEnum):
     RESOLVED = 1
     WITHDRAWN = 2
     """Resolved by taking its fire back (:attr:`~detector.alerts.Alert.withdrawn`): nothing follows."""
+    CORRECTED = 3
+    """Resolved, then corrected (:attr:`~detector.alerts.Alert.corrected`): nothing follows."""
 
 
 class Dedup:
@@ -40,7 +42,10 @@ class Dedup:
 
     One change may follow a resolution, once: its withdrawal, where a stop read after the sample
     that resolved the episode was dated before the one that fired it (live, the usage topic read
-    behind): it goes on as change ``withdrawn``."""
+    behind): it goes on as change ``withdrawn``; or its correction, where that stop was dated after
+    the fire, within a gap in the samples before the resolution: it goes on as change ``corrected``.
+    A correction of an alert never seen corrects nothing; one whose resolution was never let through
+    is that resolution, with the corrected figures."""
 
     def __init__(self, seen: Mapping[str, tuple[float, int]] | None = None) -> None:
         self.seen: dict[str, tuple[float, int]] = dict(seen or {})
@@ -52,13 +57,16 @@ class Dedup:
             if known is not None:
                 return False
             self.seen[alert.alert_id] = (alert.episode_start, Stage.OPEN)
+        elif known is None and alert.corrected:
+            return False  # no resolution known to correct (forgotten past the horizon, or never made)
         elif known is not None and known[1]:  # resolved: an episode's id never opens again
-            if known[1] != Stage.RESOLVED or alert.change != "resolved" or not alert.withdrawn:
+            if known[1] != Stage.RESOLVED or alert.change != "resolved" or not (alert.withdrawn or alert.corrected):
                 return False
-            alert.change = "withdrawn"  # taken back after its resolution
-            self.seen[alert.alert_id] = (alert.episode_start, Stage.WITHDRAWN)
+            alert.change = "withdrawn" if alert.withdrawn else "corrected"  # taken back, or corrected, after it
+            self.seen[alert.alert_id] = (alert.episode_start, Stage.WITHDRAWN if alert.withdrawn else Stage.CORRECTED)
         elif alert.change == "resolved":
-            self.seen[alert.alert_id] = (alert.episode_start, Stage.WITHDRAWN if alert.withdrawn else Stage.RESOLVED)
+            stage = Stage.WITHDRAWN if alert.withdrawn else Stage.CORRECTED if alert.corrected else Stage.RESOLVED
+            self.seen[alert.alert_id] = (alert.episode_start, stage)
         return True
 
     def prune(self, horizon: float) -> None:
