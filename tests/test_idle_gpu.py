@@ -610,6 +610,12 @@ def test_a_stop_read_after_the_sample_that_resolved_the_episode_corrects_the_res
     assert correction.details["corrected"] is True and correction.episode_start == first.episode_start
     assert correction.details["was_resolved_at"] == first.at
     assert correction.details["was_usd"] == round(first.waste_usd, 2) > round(correction.waste_usd, 2)
+    found = [f for f in Engine(ruleset).process(_read(events, usage_behind_s=behind_min * MIN)) if f.type == rule]
+    manager = AlertManager(ruleset=ruleset)
+    changes = [(a.change, a.resolved_at, a.waste_usd) for a in manager.handle(found) if a.change != "updated"]
+    assert changes[-2:] == [("resolved", first.at, pytest.approx(first.waste_usd)),
+                            ("corrected", correction.at, pytest.approx(correction.waste_usd))]  # fmt: skip
+    assert manager.handle(found) == []  # read again (a restart): nothing goes through twice
 
 
 @pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES[:2])

@@ -417,20 +417,18 @@ class GpuEpisode(DetectorBase):
         if price is not None:
             waste += usd_over(price, unpriced + (own if own <= p.stale_after else 0.0))
         at = max(t, since)
-        details = {"gpu_count": len(st.gpus), "gpu_model": st.model, "episode_s": round(at - since, 3), **self.describe(st),
-                   "reason": f"instance_{res.state}", CORRECTED: True, "was_resolved_at": was_at,
-                   "was_usd": round(was_usd, 2)}  # fmt: skip
-        found = [make_finding(self, "resolve", res, episode_start=since, fired_at=fired_at, at=at, usd=waste,
+        details, who = self._facts(st, res, at - since, {"reason": f"instance_{res.state}", CORRECTED: True,
+                                                         "was_resolved_at": was_at, "was_usd": round(was_usd, 2)})  # fmt: skip
+        found = [make_finding(self, "resolve", who, episode_start=since, fired_at=fired_at, at=at, usd=waste,
                               details=details)]  # fmt: skip
         start, waste_after, unpriced_after, _ = _after_gap(ended[ENDED:], k - ENDED, p.stale_after, p.for_)
         if was_at - start >= p.for_:  # (its dollars priced as the resolution's were)
             usd = max(0.0, was_usd - waste_after - (usd_over(price, unpriced_after) if price is not None else 0.0))
-            fired = {key: v for key, v in details.items() if key not in ("reason", CORRECTED, "was_resolved_at", "was_usd")}
             at_fire = min(usd, usd_over(price, p.for_)) if price is not None else 0.0  # (``for`` of samples, gaps aside)
             for action, when, dollars, extra in (("fire", start + p.for_, at_fire, {}),
                                                  ("resolve", was_at, usd, {"reason": self.break_reason})):  # fmt: skip
-                details = {**fired, "episode_s": round(when - start, 3), **extra}
-                found.append(make_finding(self, action, res, episode_start=start, fired_at=start + p.for_, at=when,
+                details, _ = self._facts(st, res, when - start, extra)
+                found.append(make_finding(self, action, who, episode_start=start, fired_at=start + p.for_, at=when,
                                           usd=dollars, details=details))  # fmt: skip
         return found
 
@@ -438,20 +436,22 @@ class GpuEpisode(DetectorBase):
         """The resolution that takes back the resolved episode ``ended``: a stop at ``t`` came within it."""
         since, fired_at = ended[0], ended[1]
         at = max(t, since)
-        details = {"gpu_count": len(st.gpus), "gpu_model": st.model, "episode_s": round(at - since, 3), **self.describe(st),
-                   "reason": WITHDRAWN}  # fmt: skip
-        return make_finding(self, "resolve", res, episode_start=since, fired_at=fired_at, at=at, usd=0.0, details=details,
+        details, who = self._facts(st, res, at - since, {"reason": WITHDRAWN})
+        return make_finding(self, "resolve", who, episode_start=since, fired_at=fired_at, at=at, usd=0.0, details=details,
                             usd_per_hour=0.0)  # fmt: skip
 
     def _finding(self, action: str, st: GpuEpisodeState, res: ResourceInfo, at: float, **extra: object) -> Finding:
         assert st.since is not None and st.fired_at is not None
-        details = {
-            "gpu_count": len(st.gpus),
-            "gpu_model": st.model,
-            "episode_s": round(max(at, st.covered_until) - st.since, 3),
-            **self.describe(st),
-            **extra,
-        }
+        details, res = self._facts(st, res, max(at, st.covered_until) - st.since, extra)
+        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
+                            usd=st.waste_usd, details=details)  # fmt: skip
+
+    def _facts(self, st: GpuEpisodeState, res: ResourceInfo, episode_s: float,
+               extra: dict[str, Any]) -> tuple[dict[str, Any], ResourceInfo]:  # fmt: skip
+        """What a finding ``episode_s`` into its episode says of the host as its samples left it (its GPUs,
+        free ones, pods), with ``extra``, and the resource with the owner those pods name."""
+        details = {"gpu_count": len(st.gpus), "gpu_model": st.model, "episode_s": round(episode_s, 3), **self.describe(st),
+                   **extra}  # fmt: skip
         if st.allocated:
             by_gpu: dict[str, list[bool]] = {}
             for unit, held in st.allocated.items():
@@ -465,8 +465,7 @@ class GpuEpisode(DetectorBase):
                 pods.setdefault(int(unit.partition("/")[0]), []).append(pod)
             details.update(listing(pods, commands=self.pod_commands))
             res = with_owner(res, [pod for ps in pods.values() for pod in ps])
-        return make_finding(self, action, res, episode_start=st.since, fired_at=st.fired_at, at=at,
-                            usd=st.waste_usd, details=details)  # fmt: skip
+        return details, res
 
 
 _Split = tuple[tuple[float, float, float, float], tuple[float, ...] | None]

@@ -978,13 +978,12 @@ class GpuShare(DetectorBase):
         if unpriced and res.usd_per_hour is not None:
             waste += usd_over(res.usd_per_hour, unpriced)
         at = max(t, since)
-        listed = [g for g in st.listed if g in st.gpu_ids]
-        total = max(len(st.gpu_ids), res.gpus, 1)
-        details = {"gpu_count": total, "gpu_model": st.model, "gpus_idle": listed, "episode_s": round(at - since, 3),
-                   "util_below_pct": self.params.util_below, "reason": f"instance_{res.state}", CORRECTED: True,
-                   "was_resolved_at": was_at, "was_usd": round(was_usd, 2)}  # fmt: skip
-        return make_finding(self, "resolve", res, episode_start=since, fired_at=fired_at, at=at, usd=waste,
-                            details=details, usd_per_hour=(res.usd_per_hour or 0.0) * len(listed) / total)  # fmt: skip
+        listed = [g for g in st.listed if g in st.gpu_ids]  # (its latest finding's GPUs)
+        details, who, rate = self._facts(st, res, listed, at - since)
+        details.update({"reason": f"instance_{res.state}", CORRECTED: True, "was_resolved_at": was_at,
+                        "was_usd": round(was_usd, 2)})  # fmt: skip
+        return make_finding(self, "resolve", who, episode_start=since, fired_at=fired_at, at=at, usd=waste,
+                            details=details, usd_per_hour=rate)  # fmt: skip
 
     def _withdrawal(self, st: GpuShareState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
         """The resolution that takes back the resolved episode ``ended``: a stop at ``t`` came within it."""
@@ -1001,21 +1000,22 @@ class GpuShare(DetectorBase):
         if counted or action != "resolve":
             st.listed = tuple(counted)
         counted = counted or [g for g in st.listed if g in st.gpu_ids]
+        details, who, rate = self._facts(st, res, counted, max(at, st.since) - st.since)
+        details.update(extra)
+        return make_finding(self, action, who, episode_start=st.since, fired_at=st.fired_at, at=at, usd=st.waste_usd,
+                            details=details, usd_per_hour=rate)  # fmt: skip
+
+    def _facts(self, st: GpuShareState, res: ResourceInfo, counted: list[int],
+               episode_s: float) -> tuple[dict[str, Any], ResourceInfo, float]:  # fmt: skip
+        """What a finding says of the host with the GPUs ``counted`` idle (their pods) ``episode_s`` into the
+        episode, the resource with the owner those pods name, and what those GPUs' share of the host costs
+        an hour."""
         total = max(len(st.gpu_ids), res.gpus, 1)
         pods = {g: self._status(st, g, st.covered_until).pods for g in counted}
-        pod_list = [pod for ps in pods.values() for pod in ps]
-        rate = (res.usd_per_hour or 0.0) * len(counted) / total
-        details = {
-            "gpu_count": total,
-            "gpu_model": st.model,
-            "gpus_idle": counted,
-            "episode_s": round(max(at, st.since) - st.since, 3),
-            "util_below_pct": self.params.util_below,
-            **listing(pods),
-            **extra,
-        }
-        return make_finding(self, action, with_owner(res, pod_list), episode_start=st.since, fired_at=st.fired_at,
-                            at=at, usd=st.waste_usd, details=details, usd_per_hour=rate)  # fmt: skip
+        details = {"gpu_count": total, "gpu_model": st.model, "gpus_idle": counted, "episode_s": round(episode_s, 3),
+                   "util_below_pct": self.params.util_below, **listing(pods)}  # fmt: skip
+        who = with_owner(res, [pod for ps in pods.values() for pod in ps])
+        return details, who, (res.usd_per_hour or 0.0) * len(counted) / total
 
 
 def _resolve(st: GpuShareState, resolution: Callable[[], Finding]) -> list[Finding]:
