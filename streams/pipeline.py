@@ -991,13 +991,20 @@ class Pipeline:
             return time.perf_counter() - started
 
     def _write_own(self, write: Callable[[], Any]) -> None:
-        """Write rows burnwatch made (alerts, state): a failure is the store's, never the data's."""
+        """Write rows burnwatch made (alerts, state): a failure is the store's, never the data's. A store
+        found writable after the failure may have just come back (a failure, then the probe): the write is
+        tried once more before its error is taken for what it says."""
         try:
             write()
         except Exception as exc:
             if not self.store.writable():
                 raise StoreUnavailable(one_line(exc)) from exc
-            raise
+            try:
+                write()
+            except Exception as again:
+                if not self.store.writable():
+                    raise StoreUnavailable(one_line(again)) from again
+                raise
 
     def _store_events(self, step: _Step) -> list[tuple[Message, str]]:
         """Store the batch's events; return the messages the store refused, each with the

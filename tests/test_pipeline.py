@@ -1111,3 +1111,36 @@ def test_a_partition_taken_over_behind_the_workers_event_time_keeps_its_keys(sto
     run_batches(b, [busy], [])
     (alert,) = store.alerts.latest()
     assert alert["resolved_at"] is not None and alert["resolved_at"].replace(tzinfo=timezone.utc).timestamp() > T0
+
+
+def test_a_store_that_comes_back_between_a_failed_write_and_its_probe_loses_nothing(store, ruleset):
+    """The store refuses the state write, and takes writes again before the probe that follows asks (the
+    race CI met at 373aabc: every table's constraint dropped between the two). A failure of our own rows
+    with the store writable was taken for the rows' fault, and the pipeline gave up on the batch (red
+    before): the write is tried once more, and the batch is stored and acknowledged."""
+    store.client.command(f"ALTER TABLE {store.db}.detector_state ADD CONSTRAINT down CHECK 0")
+    pipeline, dead = make(store, ruleset, lambda topic, p, offset: True)
+    save, failed = store.states.save, []
+
+    def save_once_refused(*args, **kwargs):
+        try:
+            return save(*args, **kwargs)
+        except Exception:
+            failed.append(True)
+            store.client.command(f"ALTER TABLE {store.db}.detector_state DROP CONSTRAINT down")  # back, before the probe
+            raise
+
+    store.states.save = save_once_refused
+    acked: list[tuple[str, int]] = []
+
+    async def ack(messages):
+        acked.extend((message.topic, message.offset) for message in messages)
+
+    async def go():
+        await pipeline.process([gpu_message(i, T0 + i * 60, 1.0) for i in range(10)], ack)
+        await pipeline.drain()
+
+    asyncio.run(go())
+    assert failed == [True] and dead == []
+    assert acked == [("gpu-metrics", i) for i in range(10)] and store.count("gpu_metrics") == 20
+    assert store.query(f"SELECT count() AS n FROM {store.db}.detector_state")[0]["n"] > 0
