@@ -630,3 +630,70 @@ def test_a_corrected_resolution_brings_the_episode_after_the_restart_that_time_o
     assert [x[:2] for x in in_order] == [("fire", T0), ("fire", T0 + 55 * MIN), ("resolve", T0),
                                          ("resolve", T0 + 55 * MIN)]  # fmt: skip
     assert _resolved(ruleset, rule, events, 50 * MIN) == in_order
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm", "stop_min"), [(*r, None) for r in GAP_RULES[:2]] + [(*GAP_RULES[0], 10)])
+@pytest.mark.parametrize("behind_min", [40, 60])
+def test_a_candidate_broken_before_its_first_usage_is_read_fires_as_in_time_order(ruleset, rule, utils, sm, stop_min,
+                                                                                   behind_min):  # fmt: skip
+    """A new host idle (stuck) from 0:00 to 36:30 and busy after, its usage read 40 or 60 minutes behind
+    (an exporter flushing an hour at once). In time order it fires at ``for`` and resolves at 36:30.
+    Live, the candidate lasted ``for`` before any usage was read and broke before the first came, and
+    nothing ever fired (red before): the usage read later, billed before the break, now fires and
+    resolves it, dated and priced as time order did. With a stop at 10:00 (usage saying stopped while
+    the samples go on: hostile input), time order fires nothing, and live the stop read after takes the
+    fire back. (``stuck_gpu``'s 20 minutes would fire in time order from 10:30, after the stop, which a
+    live worker, having withdrawn the first, does not: docs/reliability.md.)"""
+    busy = [90.0] * 8
+    events = [e for k in range(160) for e in (scrape(T0 + 30 * k, utils, sm=sm) if k < 73 else scrape(T0 + 30 * k, busy))]
+    events += [usage(T0 + m * MIN, state="stopped" if m == stop_min else "running") for m in range(80)]
+    in_order = _resolved(ruleset, rule, events)
+    if stop_min is None:
+        assert [x[:3] for x in in_order] == [("fire", T0, T0 + (20 if rule == "stuck_gpu" else 30) * MIN),
+                                             ("resolve", T0, T0 + 36.5 * MIN)]  # fmt: skip
+    else:
+        assert in_order == []
+    live = _resolved(ruleset, rule, events, behind_min * MIN)
+    withdrawn = {x[1] for x in live if x[4] == "withdrawn"}
+    assert [x for x in live if x[1] not in withdrawn] == in_order
+
+
+def _stops(utils, sm, stops, darks, busy_min: float, end_min: int = 100) -> list:
+    """Idle (stuck, half idle) from an hour before 0:00 to ``busy_min``, busy after; no samples in ``darks``,
+    usage stopped in ``stops``."""
+    events = []
+    for k in range(-120, 2 * end_min):
+        m = k / 2
+        if any(a <= m < b for a, b in darks):
+            continue
+        events += scrape(T0 + 30 * k, [90.0] * 8) if m >= busy_min or m < 0 else scrape(T0 + 30 * k, utils, sm=sm)
+    return events + [usage(T0 + m * MIN, state="stopped" if any(a <= m < b for a, b in stops) else "running")
+                     for m in range(-60, end_min)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm", "busy_min"), [(*GAP_RULES[0], 85), (*GAP_RULES[1], 75)])
+def test_the_samples_after_the_gap_that_reach_for_only_at_the_busy_one_fire_nothing(ruleset, rule, utils, sm, busy_min):
+    """Stopped 45:00-55:00, idle again from 55:00, busy at exactly 55:00 + ``for``, usage 45 minutes behind.
+    The busy sample does not count as idle: in time order the samples after the gap never covered
+    ``for``, and nothing fires after the stop. A correction that measured them to the busy sample fired
+    an episode time order never made (a review's reproduction: $16.00, $10.67)."""
+    events = _stops(utils, sm, [(45, 55)], [(45, 55)], busy_min)
+    in_order = _resolved(ruleset, rule, events)
+    assert [x[:2] for x in in_order] == [("fire", T0), ("resolve", T0)]
+    assert _resolved(ruleset, rule, events, 45 * MIN) == in_order
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES[:2])
+def test_a_second_stop_in_the_episode_a_correction_brought_takes_it_back_or_cuts_it(ruleset, rule, utils, sm):
+    """Stopped 45:00-50:00 and 55:00-57:00 (dark to 58:00), busy from 90:00, usage 50 minutes behind. Time
+    order: the first stop resolves at 45:00, the second ends the candidate from 50:00 short of ``for``, and
+    the samples from 58:00 fire one of their own, resolved at 90:00 ($17.07). Live, the correction brought
+    the episode from 50:00 (fired, resolved at 90:00, $21.33), which the second stop, read later, never
+    touched (a review's reproduction): it is kept, so that stop takes it back, and brings the one from
+    58:00."""
+    events = _stops(utils, sm, [(45, 50), (55, 57)], [(45, 50), (55, 58)], 90)
+    in_order = _resolved(ruleset, rule, events)
+    assert [x[:2] for x in in_order if x[0] == "resolve"] == [("resolve", T0), ("resolve", T0 + 58 * MIN)]
+    live = _resolved(ruleset, rule, events, 50 * MIN)
+    withdrawn = {x[1] for x in live if x[4] == "withdrawn"}
+    assert [x for x in live if x[1] not in withdrawn] == in_order

@@ -14,7 +14,7 @@ from detector.events import GpuMetric
 from detector.floats import enc_hook
 from detector.rules import load_rules
 from tests.conftest import ROOT
-from tests.helpers import MIN, T0, at, usage
+from tests.helpers import MIN, T0, at, scrape, usage
 
 PRICE = 32.0
 
@@ -576,3 +576,32 @@ def test_a_gpu_dark_again_after_the_restart_starts_again_at_its_return(ruleset, 
     events = _build(utils, lambda m: 61 <= m < 63, 150)
     assert _partly(ruleset, _read(events, 15)) == _partly(ruleset, _read(events))
 
+
+
+def test_a_gap_kept_past_the_episode_s_end_gives_way_to_the_next_candidate_s(ruleset):
+    """Half idle, stopped 45:00-55:00 (dark), busy 60:00-62:00, stopped 70:00-72:00 (dark to 73:00), busy
+    from 110:00, usage 20 minutes behind. The first gap is kept past the episode's end (so that the GPUs
+    idle across it start again from their return), but then the second, shorter and no longer than
+    ``stale_after``, was not kept, and its stop restarted the GPUs where it was read: the episode time
+    order fires from 73:00 never came (a review's reproduction, red before). A gap past an episode's end
+    gives way to any of the next."""
+    half = [90.0] * 4 + [0.0] * 4
+    events = []
+    for k in range(240):
+        m = k / 2
+        if 45 <= m < 55 or 70 <= m < 73:
+            continue
+        events += scrape(T0 + 30 * k, [90.0] * 8 if 60 <= m < 62 or m >= 110 else half)
+    events += [usage(T0 + m * MIN, state="stopped" if 45 <= m < 55 or 70 <= m < 72 else "running") for m in range(120)]
+
+    def stood(behind_min: float) -> list:
+        found = [f for f in Engine(ruleset).process(_read(events, behind_min))
+                 if f.type == "partly_idle_gpu" and f.action != "update"]  # fmt: skip
+        corrected = {f.episode_start for f in found if f.details.get("corrected")}
+        kept = [f for f in found if f.action == "fire" or f.details.get("corrected") or f.episode_start not in corrected]
+        return sorted((f.action, f.episode_start, f.at, round(f.waste_usd, 2) if f.action == "resolve" else None)
+                      for f in kept)  # fmt: skip
+
+    in_order = stood(0)
+    assert ("fire", T0 + 73 * MIN, T0 + 103 * MIN, None) in in_order
+    assert stood(20) == in_order

@@ -23,8 +23,8 @@ import msgspec
 
 from detector.detectors.base import Finding
 
-__all__ = ["CORRECTED", "ENDED", "GAP", "STOP_GAP_S", "WITHDRAWN", "Action", "Ended", "Episode", "advance", "due", "end",
-           "ended_of", "fire", "gap_at", "is_ended", "take_back_ended", "withdraws"]
+__all__ = ["CORRECTED", "ENDED", "GAP", "MAX_ENDED_GAPS", "STOP_GAP_S", "WITHDRAWN", "Action", "Ended", "Episode",
+           "advance", "due", "end", "ended_of", "fire", "gap_at", "is_ended", "take_back_ended", "withdraws"]
 
 Action = Literal["fire", "update", "resolve"]
 
@@ -64,33 +64,38 @@ Ended = tuple[float, ...]
 """``(since, fired_at, fired_by)`` of the episode a sample resolved last: a stop read after that sample and
 dated within it (:func:`withdraws`) takes it back too, resolved though it is. Where the episode had gaps in
 its samples that usage was not yet read past (:data:`GAP` figures each, oldest first, as the GPU rules keep
-them), then ``(resolved_at, waste_usd)`` of that resolution and the gaps: a stop read later and dated in
-one of them, after the fire, corrects it (:func:`gap_at`, :data:`CORRECTED`)."""
+them), then ``(resolved_at, waste_usd, unpriced_s)`` of that resolution, the time of the episode's last
+sample before it, and the gaps: a stop read later and dated in one of them, after the fire, corrects it
+(:func:`gap_at`, :data:`CORRECTED`)."""
 
-ENDED = 5
+ENDED = 7
 """Figures of an :data:`Ended` before its gaps."""
+MAX_ENDED_GAPS = 8
+"""Gaps an :data:`Ended` holds at most (the GPU rules keep four, and the one a resolving sample ends)."""
 GAP = 6
 """Figures of a gap in an episode's samples that may hold a stop: its last sample before, the first after,
 ``waste_usd`` and ``unpriced_s`` before it, and after it (the same unless it was counted)."""
 
 
-def ended_of(since: float, fired_at: float, fired_by: float, at: float, waste_usd: float,
-             gaps: tuple[float, ...] | None) -> Ended:  # fmt: skip
-    """The :data:`Ended` of an episode resolved at ``at`` with ``waste_usd``, its gaps ``gaps`` (None: none)."""
-    return (since, fired_at, fired_by, at, waste_usd, *gaps) if gaps else (since, fired_at, fired_by)
+def ended_of(since: float, fired_at: float, fired_by: float, at: float, waste_usd: float, unpriced_s: float,
+             held_until: float, gaps: tuple[float, ...] | None) -> Ended:  # fmt: skip
+    """The :data:`Ended` of an episode resolved at ``at`` with ``waste_usd`` and ``unpriced_s``, its last
+    sample before at ``held_until``, its gaps ``gaps`` (None: none)."""
+    if not gaps:
+        return (since, fired_at, fired_by)
+    return (since, fired_at, fired_by, at, waste_usd, unpriced_s, held_until, *gaps)
 
 
 def is_ended(ended: tuple[float, ...]) -> bool:
     """Whether a saved ``ended`` has an :data:`Ended`'s shape (a state that does not is refused)."""
-    return len(ended) == 3 or (len(ended) > ENDED and (len(ended) - ENDED) % GAP == 0)
+    n = len(ended) - ENDED
+    return len(ended) == 3 or (0 < n <= GAP * MAX_ENDED_GAPS and n % GAP == 0)
 
 
 def gap_at(ended: Ended, t: float) -> int | None:
-    """The place in ``ended`` of its gap that holds a stop at ``t``, at or after the fire (before it, the stop
-    withdraws the episode): read after the sample that resolved the episode, the stop ended it there in
-    event-time order. None: no gap of it holds ``t``."""
-    if t < ended[2]:
-        return None
+    """The place in ``ended`` of its gap that holds a stop at ``t``: read after the sample that resolved the
+    episode, the stop ended it there in event-time order (withdrew it, before its fire), and the samples
+    after the gap were a candidate of their own. None: no gap of it holds ``t``."""
     for k in range(ENDED, len(ended), GAP):
         if ended[k] <= t < ended[k + 1]:
             return k
@@ -102,11 +107,15 @@ def take_back_ended(ended: Ended, t: float, stopped: bool) -> tuple[Ended | None
     that resolved the episode ``ended``: returns what is still to be kept of it, and the episode it
     takes back (None: none): withdrawn where the stop came before its fire, corrected where it came in
     one of its gaps (:func:`gap_at`). Kept until a usage event dated after its fire and its gaps: a
-    resource's usage is read in order, so no stop read later is dated within them."""
+    resource's usage is read in order, so no stop read later is dated within them. A stop after the
+    fire and before the resolution in no gap kept ended the episode there in time order, with dollars
+    not known: the resolution stands, and no stop read later corrects it."""
     if t >= ended[2] and (len(ended) == 3 or t >= ended[-GAP + 1]):
         return None, None
-    if stopped and (withdraws(ended[0], ended[2], t) or gap_at(ended, t) is not None):
+    if stopped and (withdraws(ended[0], ended[2], t) or (t >= ended[2] and gap_at(ended, t) is not None)):
         return None, ended
+    if stopped and len(ended) > 3 and ended[2] <= t < ended[3]:
+        return None, None
     return ended, None
 
 

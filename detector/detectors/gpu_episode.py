@@ -99,6 +99,12 @@ class GpuEpisodeState(Episode, kw_only=True):
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
+    unbilled: tuple[float, float, float, float] | None = None
+    """A candidate that lasted ``for`` while the host read as not billed (no usage read yet, or a stop
+    before a restart), broken before a usage event said billed: ``(since, broken at, waste_usd,
+    unpriced_s)`` until usage is read past it. Usage read that says billed before the break (its topic
+    read behind: an exporter flushing an hour at once) fires and resolves it, as time order did
+    (:meth:`GpuEpisode._billed_late`); a stop within it, or usage past it, lets it go."""
     resumed: tuple[float, ...] | None = None
     """The gaps in the episode's samples (open, or a candidate's) longer than :data:`~detector.detectors.episode.STOP_GAP_S`
     that usage is not yet read past, oldest first, six figures each (:data:`GAP`): its last sample before,
@@ -118,6 +124,8 @@ class GpuEpisodeState(Episode, kw_only=True):
     def __post_init__(self) -> None:
         if self.ended is not None and not is_ended(self.ended):
             raise ValueError("the episode resolved last is its start, fire and firing event, then its resolution and gaps")
+        if self.unbilled is not None and not self.unbilled[0] <= self.unbilled[1]:
+            raise ValueError("a candidate not billed starts before it was broken")
         gap = self.resumed
         if gap is not None and (not gap or len(gap) % GAP or len(gap) > GAP * MAX_GAPS):
             if len(gap) != 4:
@@ -259,7 +267,10 @@ class GpuEpisode(DetectorBase):
                     gaps = st.resumed
                     if t - before > STOP_GAP_S:  # the gap this sample ends may hold a stop too
                         gaps = (*(gaps or ()), before, t, waste, unpriced, st.waste_usd, st.unpriced_s)
-                    st.ended = ended_of(st.since, st.fired_at, st.fired_by, t, st.waste_usd, gaps)
+                    st.ended = ended_of(st.since, st.fired_at, st.fired_by, t, st.waste_usd, st.unpriced_s, before, gaps)
+            elif st.covered_until - st.since >= self.params.for_ and not resource.billed:  # usage read later may bill it
+                self._accrue(st, resource, t)
+                st.unbilled = (st.since, t, st.waste_usd, st.unpriced_s)
             found = end(st, partial(self._finding, "resolve", st, resource, t, reason=self.break_reason))
         if t > st.covered_until:
             st.covered_until = t
@@ -308,6 +319,10 @@ class GpuEpisode(DetectorBase):
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
             if taken is not None:  # stopped within the episode a sample resolved since: it never fired, or it
                 return self._taken_back(st, res, taken, t)  # ended at the stop (the open one began after that sample)
+        if st.unbilled is not None:
+            found = self._billed_late(st, res, t, late)
+            if found:
+                return found + (self._on_usage(st, res, t, late) if st.since is not None else [])
         if st.since is None:
             return []
         if not res.billed:
@@ -368,9 +383,7 @@ class GpuEpisode(DetectorBase):
         i = held[-1]
         start, _, waste, unpriced = gaps[i : i + 4]
         resumed_at, waste_after, unpriced_after, k = _after_gap(gaps, i, self.params.stale_after, self.params.for_)
-        rest = tuple(x for j in range(k, len(gaps), GAP) for x in (
-            gaps[j], gaps[j + 1], gaps[j + 2] - waste_after, gaps[j + 3] - unpriced_after,
-            gaps[j + 4] - waste_after, gaps[j + 5] - unpriced_after))  # fmt: skip
+        rest = _rebased(gaps, k, waste_after, unpriced_after)
         after = (resumed_at, st.covered_until, st.waste_usd - waste_after, st.unpriced_s - unpriced_after)
         st.covered_until, st.waste_usd, st.unpriced_s = start, waste, unpriced
         return after, rest or None
@@ -406,30 +419,78 @@ class GpuEpisode(DetectorBase):
         """A stop at ``t`` read after the sample that resolved ``ended``, dated within it: before its fire, it
         withdraws the episode; in one of its gaps after the fire, it corrects the resolution to the stop, as
         in time order (the stop's own seconds counted up to ``stale_after``, as :meth:`_on_usage` counts
-        them), and the samples after that gap, where they had lasted ``for`` by the resolution, were an
-        episode of their own, fired and resolved as time order did."""
+        them). Where the stop is in one of its gaps, the samples after that gap were a candidate of their
+        own in time order (:meth:`_after_stop`)."""
         k = gap_at(ended, t)
-        if k is None:
-            return [self._withdrawal(st, res, ended, t)]
-        since, fired_at, _, was_at, was_usd = ended[:ENDED]
-        before, _, waste, unpriced = ended[k : k + 4]
-        own, price, p = t - before, res.usd_per_hour, self.params
+        if t < ended[2]:
+            found = [self._withdrawal(st, res, ended, t)]
+        else:
+            assert k is not None
+            since, fired_at, _, was_at, was_usd = ended[:5]
+            before, _, waste, unpriced = ended[k : k + 4]
+            own, price = t - before, res.usd_per_hour
+            if price is not None:
+                waste += usd_over(price, unpriced + (own if own <= self.params.stale_after else 0.0))
+            at = max(t, since)
+            said = {"reason": f"instance_{res.state}", CORRECTED: True, "was_resolved_at": was_at, "was_usd": round(was_usd, 2)}
+            details, who = self._facts(st, res, at - since, said)
+            found = [make_finding(self, "resolve", who, episode_start=since, fired_at=fired_at, at=at, usd=waste,
+                                  details=details)]  # fmt: skip
+        return found + (self._after_stop(st, res, ended, k) if k is not None else [])
+
+    def _after_stop(self, st: GpuEpisodeState, res: ResourceInfo, ended: Ended, k: int) -> list[Finding]:
+        """The samples after the gap at ``k`` of ``ended``, in which a stop read late fell: in time order a
+        candidate of their own, from the gap's end (or a later telemetry gap's), which fired where they
+        covered ``for`` before the sample that resolved ``ended``, and which that sample resolved. Made now,
+        fire and resolution, dated and priced as time order did, and kept as the episode resolved last (a
+        stop read later in one of its gaps takes it back or corrects it too)."""
+        _, _, _, was_at, was_usd, was_unpriced, held_until = ended[:ENDED]
+        gaps, p, price = ended[ENDED:], self.params, res.usd_per_hour
+        start, waste_after, unpriced_after, j = _after_gap(gaps, k - ENDED, p.stale_after, p.for_)
+        if held_until - start < p.for_:
+            return []
+        usd, unpriced = was_usd - waste_after, was_unpriced - unpriced_after
         if price is not None:
-            waste += usd_over(price, unpriced + (own if own <= p.stale_after else 0.0))
-        at = max(t, since)
-        details, who = self._facts(st, res, at - since, {"reason": f"instance_{res.state}", CORRECTED: True,
-                                                         "was_resolved_at": was_at, "was_usd": round(was_usd, 2)})  # fmt: skip
-        found = [make_finding(self, "resolve", who, episode_start=since, fired_at=fired_at, at=at, usd=waste,
-                              details=details)]  # fmt: skip
-        start, waste_after, unpriced_after, _ = _after_gap(ended[ENDED:], k - ENDED, p.stale_after, p.for_)
-        if was_at - start >= p.for_:  # (its dollars priced as the resolution's were)
-            usd = max(0.0, was_usd - waste_after - (usd_over(price, unpriced_after) if price is not None else 0.0))
-            at_fire = min(usd, usd_over(price, p.for_)) if price is not None else 0.0  # (``for`` of samples, gaps aside)
-            for action, when, dollars, extra in (("fire", start + p.for_, at_fire, {}),
-                                                 ("resolve", was_at, usd, {"reason": self.break_reason})):  # fmt: skip
-                details, _ = self._facts(st, res, when - start, extra)
-                found.append(make_finding(self, action, who, episode_start=start, fired_at=start + p.for_, at=when,
-                                          usd=dollars, details=details))  # fmt: skip
+            usd, unpriced = usd + usd_over(price, unpriced), 0.0
+        fired_at = start + p.for_
+        st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until,
+                            _rebased(gaps, j, waste_after, unpriced_after))  # fmt: skip
+        at_fire = min(usd, usd_over(price, p.for_)) if price is not None else 0.0  # (``for`` of samples, gaps aside)
+        found = []
+        for action, when, dollars, extra in (("fire", fired_at, at_fire, {}),
+                                             ("resolve", was_at, usd, {"reason": self.break_reason})):  # fmt: skip
+            details, who = self._facts(st, res, when - start, extra)
+            found.append(make_finding(self, action, who, episode_start=start, fired_at=fired_at, at=when, usd=dollars,
+                                      details=details))  # fmt: skip
+        return found
+
+    def _billed_late(self, st: GpuEpisodeState, res: ResourceInfo, t: float, late: bool) -> list[Finding]:
+        """A usage event at ``t`` read after the candidate kept in :attr:`GpuEpisodeState.unbilled` was broken:
+        where it says billed before the break, time order fired the candidate (at its ``for``, or at this
+        event) and the break resolved it: both are made now, dated so, and it is kept as the episode resolved
+        last (a stop read later within it takes it back). A stop within it ended it short of a fire, and
+        usage from its break on is too late: either lets it go."""
+        assert st.unbilled is not None
+        since, broken, waste, unpriced = st.unbilled
+        if t >= broken or (not res.billed and t >= since):
+            st.unbilled = None
+            return []
+        if not res.billed or late:
+            return []
+        st.unbilled = None
+        p, price = self.params, res.usd_per_hour
+        if price is not None:
+            waste += usd_over(price, unpriced)
+        fired_at = since + p.for_
+        at_fire = min(waste, usd_over(price, p.for_)) if price is not None else 0.0  # (``for`` of samples, gaps aside)
+        found = []
+        for action, when, dollars, extra in (("fire", fired_at, at_fire, {}),
+                                             ("resolve", broken, waste, {"reason": self.break_reason})):  # fmt: skip
+            details, who = self._facts(st, res, when - since, extra)
+            found.append(make_finding(self, action, who, episode_start=since, fired_at=fired_at, at=when, usd=dollars,
+                                      details=details))  # fmt: skip
+        if st.ended is None:
+            st.ended = (since, fired_at, max(t, fired_at))
         return found
 
     def _withdrawal(self, st: GpuEpisodeState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
@@ -484,6 +545,14 @@ def _after_gap(gaps: tuple[float, ...], i: int, stale_after: float, for_s: float
         if gaps[j + 1] - gaps[j] > stale_after and gaps[j] - resumed_at < for_s:
             resumed_at, waste_after, unpriced_after, k = gaps[j + 1], gaps[j + 4], gaps[j + 5], j + GAP
     return resumed_at, waste_after, unpriced_after, k
+
+
+def _rebased(gaps: tuple[float, ...], k: int, waste: float, unpriced: float) -> tuple[float, ...] | None:
+    """The gaps from place ``k`` on, their dollars and unpriced seconds counted from a start at which the episode had
+    ``waste`` and ``unpriced`` (a candidate of their own after a stop); None: none."""
+    return tuple(x for j in range(k, len(gaps), GAP) for x in (
+        gaps[j], gaps[j + 1], gaps[j + 2] - waste, gaps[j + 3] - unpriced, gaps[j + 4] - waste,
+        gaps[j + 5] - unpriced)) or None  # fmt: skip
 
 
 def _gaps_after(gaps: tuple[float, ...], t: float) -> tuple[float, ...] | None:

@@ -94,6 +94,9 @@ from detector.units import Duration, Percent
 
 __all__ = ["MAX_UNITS", "GpuShare", "GpuShareParams", "GpuShareState", "gpu_names"]
 
+_PAST = -1.0
+"""The dollars of a gap kept past the end of the episode it came in (:func:`_resolve`): not the open
+episode's to go back to, and any gap of the next replaces it (:func:`_keep_gap`)."""
 FORGET_S = 3600.0
 """A unit with no sample for this long (while the host's others report) is gone."""
 _ALONE = {key: (key,) for key in KEYS}
@@ -707,7 +710,7 @@ class GpuShare(DetectorBase):
                 if withdraws(since, st.fired_by, t):  # (fired_by: None unless it fired)
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
                 elif st.fired_at is not None:
-                    if resumed is not None:
+                    if resumed is not None and resumed[2] != _PAST:
                         self._back_to_gap(st, res, resumed)
                     else:
                         self._uncount_after(st, res, t)
@@ -971,9 +974,9 @@ class GpuShare(DetectorBase):
         withdraws the episode; in its gap after the fire, it corrects the resolution to the stop, its dollars
         those of the gap's start, as in time order (:meth:`_back_to_gap`)."""
         k = gap_at(ended, t)
-        if k is None:
+        if k is None or t < ended[2]:
             return self._withdrawal(st, res, ended, t)
-        since, fired_at, _, was_at, was_usd = ended[:ENDED]
+        since, fired_at, _, was_at, was_usd, _, _ = ended[:ENDED]
         waste, unpriced = ended[k + 2], ended[k + 3]
         if unpriced and res.usd_per_hour is not None:
             waste += usd_over(res.usd_per_hour, unpriced)
@@ -1022,12 +1025,13 @@ def _resolve(st: GpuShareState, resolution: Callable[[], Finding]) -> list[Findi
     """The episode ends by a scrape: ``resolution`` if it fired, then kept with its gap for a stop read later
     (:attr:`GpuShareState.ended`); the gap stays kept past the episode's end (:attr:`GpuShareState.resumed`),
     so that where such a stop falls in it, the GPUs idle across it start again from their return."""
-    gap, since, fired_at, fired_by = st.resumed, st.since, st.fired_at, st.fired_by
+    gap, since, fired_at, fired_by, unpriced = st.resumed, st.since, st.fired_at, st.fired_by, st.unpriced_s
     found = end(st, resolution)
     if found and since is not None and fired_at is not None and fired_by is not None:
         gaps = None if gap is None else (*gap[:4], gap[2], gap[3])
-        st.ended = ended_of(since, fired_at, fired_by, found[0].at, found[0].waste_usd, gaps)
-    st.resumed = gap
+        at = found[0].at
+        st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced, at, gaps)
+    st.resumed = None if gap is None else (gap[0], gap[1], _PAST, 0.0, *gap[4:])
     return found
 
 
@@ -1076,7 +1080,7 @@ def _keep_gap(st: GpuShareState, c: float, t: float, stale_after: float) -> None
     log's latest), not as judging ``c`` moved them: in time order a stop in the gap is read before the
     scrape at ``t``, which judges ``c``."""
     gap, kept = t - c, st.resumed
-    if kept is None or gap > stale_after or gap >= kept[1] - kept[0]:
+    if kept is None or kept[2] == _PAST or gap > stale_after or gap >= kept[1] - kept[0]:
         log = st.charged
         waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)
         st.resumed = (c, t, waste, unpriced)
