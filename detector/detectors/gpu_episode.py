@@ -455,14 +455,7 @@ class GpuEpisode(DetectorBase):
         fired_at = start + p.for_
         st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until,
                             _rebased(gaps, j, waste_after, unpriced_after))  # fmt: skip
-        at_fire = min(usd, usd_over(price, p.for_)) if price is not None else 0.0  # (``for`` of samples, gaps aside)
-        found = []
-        for action, when, dollars, extra in (("fire", fired_at, at_fire, {}),
-                                             ("resolve", was_at, usd, {"reason": self.break_reason})):  # fmt: skip
-            details, who = self._facts(st, res, when - start, extra)
-            found.append(make_finding(self, action, who, episode_start=start, fired_at=fired_at, at=when, usd=dollars,
-                                      details=details))  # fmt: skip
-        return found
+        return self._past_episode(st, res, start, was_at, usd)
 
     def _billed_late(self, st: GpuEpisodeState, res: ResourceInfo, t: float, late: bool) -> list[Finding]:
         """A usage event at ``t`` read after the candidate kept in :attr:`GpuEpisodeState.unbilled` was broken:
@@ -482,15 +475,24 @@ class GpuEpisode(DetectorBase):
         if price is not None:
             waste += usd_over(price, unpriced)
         fired_at = since + p.for_
-        at_fire = min(waste, usd_over(price, p.for_)) if price is not None else 0.0  # (``for`` of samples, gaps aside)
+        if st.ended is None:
+            st.ended = (since, fired_at, max(t, fired_at))
+        return self._past_episode(st, res, since, broken, waste)
+
+    def _past_episode(self, st: GpuEpisodeState, res: ResourceInfo, since: float, resolved_at: float,
+                      usd: float) -> list[Finding]:  # fmt: skip
+        """The fire and the resolution of an episode found only now to have been one in time order (its
+        usage or a stop read late): from ``since``, fired ``for`` into it with the dollars of ``for`` (gaps
+        aside), resolved by the breaking sample at ``resolved_at`` with ``usd``."""
+        p, price = self.params, res.usd_per_hour
+        fired_at = since + p.for_
+        at_fire = min(usd, usd_over(price, p.for_)) if price is not None else 0.0
         found = []
         for action, when, dollars, extra in (("fire", fired_at, at_fire, {}),
-                                             ("resolve", broken, waste, {"reason": self.break_reason})):  # fmt: skip
+                                             ("resolve", resolved_at, usd, {"reason": self.break_reason})):  # fmt: skip
             details, who = self._facts(st, res, when - since, extra)
             found.append(make_finding(self, action, who, episode_start=since, fired_at=fired_at, at=when, usd=dollars,
                                       details=details))  # fmt: skip
-        if st.ended is None:
-            st.ended = (since, fired_at, max(t, fired_at))
         return found
 
     def _withdrawal(self, st: GpuEpisodeState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
