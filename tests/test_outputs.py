@@ -114,28 +114,35 @@ def _taken_back(resolved: Alert) -> Alert:
                                    resolved_at=T0 + 1770, details={"reason": "withdrawn"})  # fmt: skip
 
 
+def _resolved_then(store, receiver, changed) -> None:
+    """An opening and its resolution sent, then the change after the resolution (``changed`` of it) sent once,
+    and nothing more by a restart; a second alert (``a2``) opened and sent, then stored resolved and changed
+    before either was sent: a restarted outbox sends the one resolution, saying the change (then by)."""
+    outbox = OutputOutbox(store, routing(hook(receiver.url)))
+    stored(store, alert())
+    stored(store, alert("resolved"))
+    outbox.add([alert(), alert("resolved")])
+    assert outbox.deliver_pending() == 2
+    stored(store, changed(alert("resolved")))
+    outbox.add([changed(alert("resolved"))])
+    assert outbox.deliver_pending() == 1
+    assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
+    stored(store, alert(alert_id="a2"))
+    outbox.add([alert(alert_id="a2")])
+    assert outbox.deliver_pending() == 1
+    stored(store, alert("resolved", alert_id="a2"))
+    stored(store, changed(alert("resolved", alert_id="a2")))
+    restarted = OutputOutbox(store, routing(hook(receiver.url)))
+    assert restarted.recover() == 2 and restarted.deliver_pending() == 1  # (the change: said by then)
+    assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
+
+
 def test_a_receiver_hears_an_alert_taken_back_after_its_resolution_once(store, secret_env):
     """Opening and resolution sent, then the fire taken back: the receiver gets change ``withdrawn`` (its
     own idempotency key) with no dollars; a restart sends nothing more. Stored resolved and taken back
     before either was sent, a restarted outbox sends the one (withdrawn) resolution, not two."""
     with LocalReceiver() as receiver:
-        outbox = OutputOutbox(store, routing(hook(receiver.url)))
-        stored(store, alert())
-        stored(store, alert("resolved"))
-        outbox.add([alert(), alert("resolved")])
-        assert outbox.deliver_pending() == 2
-        stored(store, _taken_back(alert("resolved")))
-        outbox.add([_taken_back(alert("resolved"))])
-        assert outbox.deliver_pending() == 1
-        assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
-        stored(store, alert(alert_id="a2"))
-        outbox.add([alert(alert_id="a2")])
-        assert outbox.deliver_pending() == 1
-        stored(store, alert("resolved", alert_id="a2"))
-        stored(store, _taken_back(alert("resolved", alert_id="a2")))
-        restarted = OutputOutbox(store, routing(hook(receiver.url)))
-        assert restarted.recover() == 2 and restarted.deliver_pending() == 1  # (the withdrawal: said by then)
-        assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
+        _resolved_then(store, receiver, _taken_back)
     got = [(r.json["id"], r.json["change"], r.json["withdrawn"], r.json["dollars_so_far"]) for r in receiver.delivered]
     assert got == [("a1", "fired", False, 49.16), ("a1", "resolved", False, 49.16), ("a1", "withdrawn", True, 0.0),
                    ("a2", "fired", False, 49.16), ("a2", "resolved", True, 0.0)]  # fmt: skip
@@ -203,23 +210,7 @@ def test_a_receiver_hears_an_alert_corrected_after_its_resolution_once(store, se
     nothing more. Stored resolved and corrected before either was sent, a restarted outbox sends the one
     resolution, with the corrected figures, not two."""
     with LocalReceiver() as receiver:
-        outbox = OutputOutbox(store, routing(hook(receiver.url)))
-        stored(store, alert())
-        stored(store, alert("resolved"))
-        outbox.add([alert(), alert("resolved")])
-        assert outbox.deliver_pending() == 2
-        stored(store, _corrected(alert("resolved")))
-        outbox.add([_corrected(alert("resolved"))])
-        assert outbox.deliver_pending() == 1
-        assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
-        stored(store, alert(alert_id="a2"))
-        outbox.add([alert(alert_id="a2")])
-        assert outbox.deliver_pending() == 1
-        stored(store, alert("resolved", alert_id="a2"))
-        stored(store, _corrected(alert("resolved", alert_id="a2")))
-        restarted = OutputOutbox(store, routing(hook(receiver.url)))
-        assert restarted.recover() == 2 and restarted.deliver_pending() == 1  # (the correction: said by then)
-        assert OutputOutbox(store, routing(hook(receiver.url))).recover() == 0
+        _resolved_then(store, receiver, _corrected)
     got = [(r.json["id"], r.json["change"], r.json["corrected"], r.json["dollars_so_far"], r.json["resolved_at"])
            for r in receiver.delivered]  # fmt: skip
     assert got == [("a1", "fired", False, 49.16, None), ("a1", "resolved", False, 49.16, "2026-11-02T01:30:00Z"),
