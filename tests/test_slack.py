@@ -146,6 +146,15 @@ def _taken_back(resolved: Alert) -> Alert:
                                    resolved_at=T0 + 1770, details={"gpu_count": 8, "reason": "withdrawn"})  # fmt: skip
 
 
+def _corrected(resolved: Alert) -> Alert:
+    """``resolved`` (at 01:30, $49.16), then corrected: a stop read after the sample that resolved it, dated
+    within a gap in the samples before, ended it at 01:00 with $32.77 (change ``corrected``)."""
+    return msgspec.structs.replace(resolved, change="corrected", waste_usd=32.77, resolved_at=T0 + 3600,
+                                   updated_at=T0 + 3600, details={
+                                       "gpu_count": 8, "reason": "instance_stopped", "corrected": True,
+                                       "was_resolved_at": resolved.resolved_at, "was_usd": resolved.waste_usd})  # fmt: skip
+
+
 def _posted_and_resolved(slack, store) -> tuple[Outbox, Alert]:
     """Alert r1's opening and resolution, stored and posted: the outbox, and the resolution."""
     opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
@@ -220,43 +229,41 @@ def _posted_then_resolved_unposted(slack, store) -> tuple[tuple[str, str], Alert
     return thread, resolved
 
 
-def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_withdrawal_after_it(slack, store):
+AFTER_RESOLUTION = [(_taken_back, "*Withdrawn*"), (_corrected, "*Corrected*")]
+"""What may follow a resolution (a withdrawal, a correction), and the mark of its reply."""
+
+
+@pytest.mark.parametrize(("changed", "mark"), AFTER_RESOLUTION)
+def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_change_after_it(slack, store, changed, mark):
     """The resolution's reply landed but the worker died before recording it, and the fire was taken
-    back since: the next worker finds that reply (a resolution, with its dollars) and still posts the
-    withdrawal (a review found the thread left saying resolved, $49.16, the message edited to withdrawn)."""
+    back (or the alert corrected) since: the next worker finds that reply (a resolution, with its
+    dollars) and still posts the withdrawal or correction (a review found the thread left saying
+    resolved, $49.16, the message edited to withdrawn)."""
     thread, resolved = _posted_then_resolved_unposted(slack, store)
     store.deliveries.record_attempt(["r1"], "resolved")  # begun...
     bot(slack).post(resolved, thread=thread)  # ...and it landed, never recorded
-    store.alerts.record([_taken_back(resolved)], version=3)
+    store.alerts.record([changed(resolved)], version=3)
     restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
     restarted.recover()
     restarted.deliver_pending()
     replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
-    assert len(replies) == 2 and "*Resolved*" in replies[0] and "*Withdrawn*" in replies[1]
+    assert len(replies) == 2 and "*Resolved*" in replies[0] and mark in replies[1]
 
 
-def test_a_resolution_found_in_slack_saying_withdrawn_is_the_withdrawal_too(slack, store):
-    """Resolved and taken back while no worker held the alert; the next worker's resolution reply, the
-    alert as it stands (withdrawn), landed but was never recorded: the worker after finds it and posts
-    no second withdrawal."""
+@pytest.mark.parametrize(("changed", "mark"), AFTER_RESOLUTION)
+def test_a_resolution_found_in_slack_saying_the_change_after_it_is_that_change_too(slack, store, changed, mark):
+    """Resolved and taken back (or corrected) while no worker held the alert; the next worker's resolution
+    reply, the alert as it stands (withdrawn, corrected), landed but was never recorded: the worker after
+    finds it and posts no second withdrawal (no correction after it)."""
     thread, resolved = _posted_then_resolved_unposted(slack, store)
-    store.alerts.record([_taken_back(resolved)], version=3)
+    store.alerts.record([changed(resolved)], version=3)
     store.deliveries.record_attempt(["r1"], "resolved")  # begun...
-    bot(slack).post(msgspec.structs.replace(_taken_back(resolved), change="resolved"), thread=thread)  # ...landed
+    bot(slack).post(msgspec.structs.replace(changed(resolved), change="resolved"), thread=thread)  # ...landed
     restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
     restarted.recover()
     restarted.deliver_pending()
     replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
-    assert len(replies) == 1 and "*Withdrawn*" in replies[0]
-
-
-def _corrected(resolved: Alert) -> Alert:
-    """``resolved`` (at 01:30, $49.16), then corrected: a stop read after the sample that resolved it, dated
-    within a gap in the samples before, ended it at 01:00 with $32.77 (change ``corrected``)."""
-    return msgspec.structs.replace(resolved, change="corrected", waste_usd=32.77, resolved_at=T0 + 3600,
-                                   updated_at=T0 + 3600, details={
-                                       "gpu_count": 8, "reason": "instance_stopped", "corrected": True,
-                                       "was_resolved_at": resolved.resolved_at, "was_usd": resolved.waste_usd})  # fmt: skip
+    assert len(replies) == 1 and mark in replies[0]
 
 
 def test_an_alert_corrected_after_its_resolution_was_posted_says_so_once(slack, store):
@@ -325,35 +332,6 @@ def test_a_correction_in_doubt_is_not_taken_for_the_resolution_already_in_its_th
     assert restarted.recover() == 1 and restarted.deliver_pending() == 1
     posts = slack.calls("chat.postMessage")
     assert len(posts) == 3 and "*Corrected*" in posts[2].text_of_blocks()
-
-
-def test_a_resolution_found_in_slack_after_a_restart_is_not_taken_for_the_correction_after_it(slack, store):
-    """The resolution's reply (the first figures) landed but was never recorded, and the alert was corrected
-    since: the next worker finds that reply and still posts the correction."""
-    thread, resolved = _posted_then_resolved_unposted(slack, store)
-    store.deliveries.record_attempt(["r1"], "resolved")  # begun...
-    bot(slack).post(resolved, thread=thread)  # ...and it landed, never recorded
-    store.alerts.record([_corrected(resolved)], version=3)
-    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
-    restarted.recover()
-    restarted.deliver_pending()
-    replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
-    assert len(replies) == 2 and "*Resolved*" in replies[0] and "*Corrected*" in replies[1]
-
-
-def test_a_resolution_found_in_slack_saying_corrected_is_the_correction_too(slack, store):
-    """Resolved and corrected while no worker held the alert; the next worker's resolution reply, the
-    alert as it stands (corrected), landed but was never recorded: the worker after finds it and posts
-    no correction after it."""
-    thread, resolved = _posted_then_resolved_unposted(slack, store)
-    store.alerts.record([_corrected(resolved)], version=3)
-    store.deliveries.record_attempt(["r1"], "resolved")  # begun...
-    bot(slack).post(msgspec.structs.replace(_corrected(resolved), change="resolved"), thread=thread)  # ...landed
-    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
-    restarted.recover()
-    restarted.deliver_pending()
-    replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
-    assert len(replies) == 1 and "*Corrected*" in replies[0]
 
 
 def test_a_store_error_while_a_withdrawal_is_taken_loses_nothing_behind_it(slack, store, monkeypatch):
