@@ -697,3 +697,18 @@ def test_a_second_stop_in_the_episode_a_correction_brought_takes_it_back_or_cuts
     live = _resolved(ruleset, rule, events, 50 * MIN)
     withdrawn = {x[1] for x in live if x[4] == "withdrawn"}
     assert [x for x in live if x[1] not in withdrawn] == in_order
+
+
+@pytest.mark.parametrize(("rule", "utils", "sm"), GAP_RULES[:2])
+def test_a_candidate_billed_late_keeps_its_gaps_for_a_stop_read_after(ruleset, rule, utils, sm):
+    """A new host idle (stuck) from 0:00, stopped and dark 40:00-50:00, busy from 50:00, its usage read an
+    hour behind. Time order fires at ``for`` and the stop resolves it at 40:00. Live, the candidate broke
+    at 50:00 before any usage came, the usage read later fired and resolved it there, and the stop, read
+    after, corrected nothing (a review's reproduction, red before: the gaps were not kept with it)."""
+    events = [e for k in range(200) if not 40 <= k / 2 < 50
+              for e in (scrape(T0 + 30 * k, [90.0] * 8) if k >= 100 else scrape(T0 + 30 * k, utils, sm=sm))]  # fmt: skip
+    events += [usage(T0 + m * MIN, state="stopped" if 40 <= m < 50 else "running") for m in range(100)]
+    in_order = _resolved(ruleset, rule, events)
+    assert [x[0] for x in in_order] == ["fire", "resolve"] and in_order[1][2:] == (T0 + 40 * MIN, in_order[1][3],
+                                                                                     "instance_stopped")  # fmt: skip
+    assert _resolved(ruleset, rule, events, 60 * MIN) == in_order

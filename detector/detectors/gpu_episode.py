@@ -99,10 +99,11 @@ class GpuEpisodeState(Episode, kw_only=True):
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """Episode seconds seen before the host's price was known."""
-    unbilled: tuple[float, float, float, float] | None = None
+    unbilled: tuple[float, ...] | None = None
     """A candidate that lasted ``for`` while the host read as not billed (no usage read yet, or a stop
     before a restart), broken before a usage event said billed: ``(since, broken at, waste_usd,
-    unpriced_s)`` until usage is read past it. Usage read that says billed before the break (its topic
+    unpriced_s, its last sample before the break)`` and its gaps (:attr:`resumed`, and the one the
+    breaking sample ended) until usage is read past it. Usage read that says billed before the break (its topic
     read behind: an exporter flushing an hour at once) fires and resolves it, as time order did
     (:meth:`GpuEpisode._billed_late`); a stop within it, or usage past it, lets it go."""
     resumed: tuple[float, ...] | None = None
@@ -124,8 +125,9 @@ class GpuEpisodeState(Episode, kw_only=True):
     def __post_init__(self) -> None:
         if self.ended is not None and not is_ended(self.ended):
             raise ValueError("the episode resolved last is its start, fire and firing event, then its resolution and gaps")
-        if self.unbilled is not None and not self.unbilled[0] <= self.unbilled[1]:
-            raise ValueError("a candidate not billed starts before it was broken")
+        held = self.unbilled
+        if held is not None and not (len(held) >= 5 and is_ended((*held[:5], 0.0, 0.0, *held[5:])) and held[0] <= held[1]):
+            raise ValueError("a candidate not billed is its start, break, dollars, unpriced seconds, last sample and gaps")
         gap = self.resumed
         if gap is not None and (not gap or len(gap) % GAP or len(gap) > GAP * MAX_GAPS):
             if len(gap) != 4:
@@ -260,17 +262,17 @@ class GpuEpisode(DetectorBase):
             st.last_break = t
         found: list[Finding] = []
         if st.since is not None and t >= st.since:
-            if st.fired_at is not None:
+            unbilled = st.fired_at is None and st.covered_until - st.since >= self.params.for_ and not resource.billed
+            if st.fired_at is not None or unbilled:  # (unbilled: usage read later may bill it)
                 before, waste, unpriced = st.covered_until, st.waste_usd, st.unpriced_s
                 self._accrue(st, resource, t)
-                if st.fired_by is not None:
-                    gaps = st.resumed
-                    if t - before > STOP_GAP_S:  # the gap this sample ends may hold a stop too
-                        gaps = (*(gaps or ()), before, t, waste, unpriced, st.waste_usd, st.unpriced_s)
+                gaps = st.resumed
+                if t - before > STOP_GAP_S:  # the gap this sample ends may hold a stop too
+                    gaps = (*(gaps or ()), before, t, waste, unpriced, st.waste_usd, st.unpriced_s)
+                if unbilled:
+                    st.unbilled = (st.since, t, st.waste_usd, st.unpriced_s, before, *(gaps or ()))
+                elif st.fired_at is not None and st.fired_by is not None:
                     st.ended = ended_of(st.since, st.fired_at, st.fired_by, t, st.waste_usd, st.unpriced_s, before, gaps)
-            elif st.covered_until - st.since >= self.params.for_ and not resource.billed:  # usage read later may bill it
-                self._accrue(st, resource, t)
-                st.unbilled = (st.since, t, st.waste_usd, st.unpriced_s)
             found = end(st, partial(self._finding, "resolve", st, resource, t, reason=self.break_reason))
         if t > st.covered_until:
             st.covered_until = t
@@ -464,19 +466,19 @@ class GpuEpisode(DetectorBase):
         last (a stop read later within it takes it back). A stop within it ended it short of a fire, and
         usage from its break on is too late: either lets it go."""
         assert st.unbilled is not None
-        since, broken, waste, unpriced = st.unbilled
+        since, broken, waste, unpriced, held_until = st.unbilled[:5]
         if t >= broken or (not res.billed and t >= since):
             st.unbilled = None
             return []
         if not res.billed or late:
             return []
-        st.unbilled = None
+        gaps, st.unbilled = st.unbilled[5:], None
         p, price = self.params, res.usd_per_hour
         if price is not None:
-            waste += usd_over(price, unpriced)
+            waste, unpriced = waste + usd_over(price, unpriced), 0.0
         fired_at = since + p.for_
-        if st.ended is None:
-            st.ended = (since, fired_at, max(t, fired_at))
+        if st.ended is None:  # (kept with its gaps: a stop read later in one corrects it)
+            st.ended = ended_of(since, fired_at, max(t, fired_at), broken, waste, unpriced, held_until, gaps or None)
         return self._past_episode(st, res, since, broken, waste)
 
     def _past_episode(self, st: GpuEpisodeState, res: ResourceInfo, since: float, resolved_at: float,
