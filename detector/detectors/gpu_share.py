@@ -1028,7 +1028,7 @@ def _resolve(st: GpuShareState, resolution: Callable[[], Finding]) -> list[Findi
     gap, since, fired_at, fired_by, unpriced = st.resumed, st.since, st.fired_at, st.fired_by, st.unpriced_s
     found = end(st, resolution)
     if found and since is not None and fired_at is not None and fired_by is not None:
-        gaps = None if gap is None else (*gap[:4], gap[2], gap[3])
+        gaps = None if gap is None or gap[2] == _PAST else (*gap[:4], gap[2], gap[3])  # (past: an earlier episode's)
         at = found[0].at
         st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced, at, gaps)
     st.resumed = None if gap is None else (gap[0], gap[1], _PAST, 0.0, *gap[4:])
