@@ -24,7 +24,8 @@ import msgspec
 from detector.detectors.base import Finding
 
 __all__ = ["CORRECTED", "ENDED", "GAP", "MAX_ENDED_GAPS", "STOP_GAP_S", "WITHDRAWN", "Action", "Ended", "Episode",
-           "advance", "due", "end", "ended_of", "fire", "gap_at", "is_ended", "take_back_ended", "withdraws"]
+           "advance", "due", "end", "ended_of", "fire", "gap_at", "gap_holding", "is_ended", "take_back_ended", "with_gaps",
+           "withdraws"]
 
 Action = Literal["fire", "update", "resolve"]
 
@@ -86,20 +87,31 @@ def ended_of(since: float, fired_at: float, fired_by: float, at: float, waste_us
     return (since, fired_at, fired_by, at, waste_usd, unpriced_s, held_until, *gaps)
 
 
+def with_gaps(figures: tuple[float, ...], head: int) -> bool:
+    """Whether ``figures`` are ``head`` figures, then whole gaps (:data:`GAP`), at most :data:`MAX_ENDED_GAPS`."""
+    n = len(figures) - head
+    return 0 <= n <= GAP * MAX_ENDED_GAPS and n % GAP == 0
+
+
 def is_ended(ended: tuple[float, ...]) -> bool:
     """Whether a saved ``ended`` has an :data:`Ended`'s shape (a state that does not is refused)."""
-    n = len(ended) - ENDED
-    return len(ended) == 3 or (0 < n <= GAP * MAX_ENDED_GAPS and n % GAP == 0)
+    return len(ended) == 3 or (len(ended) > ENDED and with_gaps(ended, ENDED))
+
+
+def gap_holding(gaps: tuple[float, ...], t: float, start: int = 0) -> int | None:
+    """The place of the gap (:data:`GAP` figures each, from ``start``) that holds ``t``: its last sample
+    before at or before ``t``, its first after later. None: none does (gaps do not overlap)."""
+    for k in range(start, len(gaps), GAP):
+        if gaps[k] <= t < gaps[k + 1]:
+            return k
+    return None
 
 
 def gap_at(ended: Ended, t: float) -> int | None:
     """The place in ``ended`` of its gap that holds a stop at ``t``: read after the sample that resolved the
     episode, the stop ended it there in event-time order (withdrew it, before its fire), and the samples
     after the gap were a candidate of their own. None: no gap of it holds ``t``."""
-    for k in range(ENDED, len(ended), GAP):
-        if ended[k] <= t < ended[k + 1]:
-            return k
-    return None
+    return gap_holding(ended, t, ENDED)
 
 
 def take_back_ended(ended: Ended, t: float, stopped: bool) -> tuple[Ended | None, Ended | None]:

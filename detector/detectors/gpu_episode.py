@@ -55,8 +55,10 @@ from detector.detectors.episode import (
     end,
     ended_of,
     gap_at,
+    gap_holding,
     is_ended,
     take_back_ended,
+    with_gaps,
     withdraws,
 )
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
@@ -126,7 +128,7 @@ class GpuEpisodeState(Episode, kw_only=True):
         if self.ended is not None and not is_ended(self.ended):
             raise ValueError("the episode resolved last is its start, fire and firing event, then its resolution and gaps")
         held = self.unbilled
-        if held is not None and not (len(held) >= 5 and is_ended((*held[:5], 0.0, 0.0, *held[5:])) and held[0] <= held[1]):
+        if held is not None and not (len(held) >= 5 and with_gaps(held, 5) and held[0] <= held[1]):
             raise ValueError("a candidate not billed is its start, break, dollars, unpriced seconds, last sample and gaps")
         gap = self.resumed
         if gap is not None and (not gap or len(gap) % GAP or len(gap) > GAP * MAX_GAPS):
@@ -379,16 +381,15 @@ class GpuEpisode(DetectorBase):
         gaps = st.resumed
         if gaps is None:
             return None
-        held = [k for k in range(0, len(gaps), GAP) if gaps[k] <= t < gaps[k + 1]]
-        if not held:
+        i = gap_holding(gaps, t)
+        if i is None:
             return None
-        i = held[-1]
         start, _, waste, unpriced = gaps[i : i + 4]
         resumed_at, waste_after, unpriced_after, k = _after_gap(gaps, i, self.params.stale_after, self.params.for_)
         rest = _rebased(gaps, k, waste_after, unpriced_after)
         after = (resumed_at, st.covered_until, st.waste_usd - waste_after, st.unpriced_s - unpriced_after)
         st.covered_until, st.waste_usd, st.unpriced_s = start, waste, unpriced
-        return after, rest or None
+        return after, rest
 
     def _uncount_after(self, st: GpuEpisodeState, res: ResourceInfo, t: float) -> None:
         """Take back the episode time counted past a stop at ``t``: samples after the stop, read before

@@ -867,20 +867,14 @@ class GpuShare(DetectorBase):
             return
         for k in range(len(log) - 3, -1, -3):
             if log[k] <= t:
-                waste, unpriced = log[k + 1], log[k + 2]
-                if unpriced and res.usd_per_hour is not None:  # priced since: as the usage that priced it did
-                    waste, unpriced = waste + usd_over(res.usd_per_hour, unpriced), 0.0
-                st.waste_usd, st.unpriced_s = waste, unpriced
+                st.waste_usd, st.unpriced_s = _priced(res, log[k + 1], log[k + 2])
                 return
 
     @staticmethod
     def _back_to_gap(st: GpuShareState, res: ResourceInfo, gap: tuple[float, ...]) -> None:
         """The open episode's dollars put back to those of the start of ``gap``, which held a stop read after
         the scrapes past it (:func:`_gap_holding`): in time order the stop ended the episode there."""
-        waste, unpriced = gap[2], gap[3]
-        if unpriced and res.usd_per_hour is not None:  # priced since: as the usage that priced it did
-            waste, unpriced = waste + usd_over(res.usd_per_hour, unpriced), 0.0
-        st.waste_usd, st.unpriced_s = waste, unpriced
+        st.waste_usd, st.unpriced_s = _priced(res, gap[2], gap[3])
 
     def _idle_from(self, st: GpuShareState, res: ResourceInfo, g: int, start: float) -> None:
         """GPU ``g``, idle from ``start`` to now after a stop that ended its episode (across the gap that held
@@ -977,9 +971,7 @@ class GpuShare(DetectorBase):
         if k is None or t < ended[2]:
             return self._withdrawal(st, res, ended, t)
         since, fired_at, _, was_at, was_usd, _, _ = ended[:ENDED]
-        waste, unpriced = ended[k + 2], ended[k + 3]
-        if unpriced and res.usd_per_hour is not None:
-            waste += usd_over(res.usd_per_hour, unpriced)
+        waste, _ = _priced(res, ended[k + 2], ended[k + 3])
         at = max(t, since)
         listed = [g for g in st.listed if g in st.gpu_ids]  # (its latest finding's GPUs)
         details, who, rate = self._facts(st, res, listed, at - since)
@@ -1033,6 +1025,14 @@ def _resolve(st: GpuShareState, resolution: Callable[[], Finding]) -> list[Findi
         st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced, at, gaps)
     st.resumed = None if gap is None else (gap[0], gap[1], _PAST, 0.0, *gap[4:])
     return found
+
+
+def _priced(res: ResourceInfo, waste: float, unpriced: float) -> tuple[float, float]:
+    """Dollars and unpriced seconds as a scrape left them, the seconds priced where the host's price is known
+    since (as the usage that priced them did)."""
+    if unpriced and res.usd_per_hour is not None:
+        return waste + usd_over(res.usd_per_hour, unpriced), 0.0
+    return waste, unpriced
 
 
 def _holders(scrape: Scrape) -> bytes:
