@@ -155,6 +155,10 @@ def _corrected(resolved: Alert) -> Alert:
                                        "was_resolved_at": resolved.resolved_at, "was_usd": resolved.waste_usd})  # fmt: skip
 
 
+AFTER_RESOLUTION = [(_taken_back, "*Withdrawn*"), (_corrected, "*Corrected*")]
+"""What may follow a resolution (a withdrawal, a correction), and the mark of its reply."""
+
+
 def _posted_and_resolved(slack, store) -> tuple[Outbox, Alert]:
     """Alert r1's opening and resolution, stored and posted: the outbox, and the resolution."""
     opened, resolved = alert(alert_id="r1"), alert("resolved", alert_id="r1")
@@ -203,16 +207,18 @@ def test_an_alert_taken_back_before_its_resolution_was_posted_is_posted_once_aft
     assert again.recover() == 0 and again.deliver_pending() == 0
 
 
-def test_a_withdrawal_in_doubt_is_not_taken_for_the_resolution_already_in_its_thread(slack, store):
-    """A withdrawal whose post timed out is looked for in the thread before it is sent again: the
-    resolution's reply there names the same alert, and is not it."""
+@pytest.mark.parametrize(("changed", "mark"), AFTER_RESOLUTION)
+def test_a_change_after_the_resolution_in_doubt_is_not_taken_for_the_resolution_in_its_thread(slack, store, changed,
+                                                                                               mark):  # fmt: skip
+    """A withdrawal (a correction) whose post timed out, or was begun and never landed, is looked for in
+    the thread before it is sent again: the resolution's reply there names the same alert, and is not it."""
     _, resolved = _posted_and_resolved(slack, store)
-    store.alerts.record([_taken_back(resolved)], version=3)
-    store.deliveries.record_attempt(["r1"], "withdrawn")  # begun, then the worker died
+    store.alerts.record([changed(resolved)], version=3)
+    store.deliveries.record_attempt(["r1"], changed(resolved).change)  # begun, then the worker died
     restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
     assert restarted.recover() == 1 and restarted.deliver_pending() == 1
     posts = slack.calls("chat.postMessage")
-    assert len(posts) == 3 and "*Withdrawn*" in posts[2].text_of_blocks()
+    assert len(posts) == 3 and mark in posts[2].text_of_blocks()
 
 
 def _posted_then_resolved_unposted(slack, store) -> tuple[tuple[str, str], Alert]:
@@ -227,10 +233,6 @@ def _posted_then_resolved_unposted(slack, store) -> tuple[tuple[str, str], Alert
     assert thread is not None
     store.alerts.record([resolved], version=2)
     return thread, resolved
-
-
-AFTER_RESOLUTION = [(_taken_back, "*Withdrawn*"), (_corrected, "*Corrected*")]
-"""What may follow a resolution (a withdrawal, a correction), and the mark of its reply."""
 
 
 @pytest.mark.parametrize(("changed", "mark"), AFTER_RESOLUTION)
@@ -320,18 +322,6 @@ def test_a_correction_in_doubt_found_in_its_thread_is_not_posted_twice(slack, st
     replies = [p.text_of_blocks() for p in slack.calls("chat.postMessage")[1:]]
     assert len(replies) == 2 and "*Resolved*" in replies[0] and "*Corrected*" in replies[1]
     assert store.deliveries.undelivered() == [] and store.deliveries.made()[("r1", "corrected")] == thread
-
-
-def test_a_correction_in_doubt_is_not_taken_for_the_resolution_already_in_its_thread(slack, store):
-    """A correction whose post was begun and never landed is looked for in the thread before it is sent
-    again: the resolution's reply there names the same alert, and is not it."""
-    _, resolved = _posted_and_resolved(slack, store)
-    store.alerts.record([_corrected(resolved)], version=3)
-    store.deliveries.record_attempt(["r1"], "corrected")  # begun, then the worker died
-    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
-    assert restarted.recover() == 1 and restarted.deliver_pending() == 1
-    posts = slack.calls("chat.postMessage")
-    assert len(posts) == 3 and "*Corrected*" in posts[2].text_of_blocks()
 
 
 def test_a_store_error_while_a_withdrawal_is_taken_loses_nothing_behind_it(slack, store, monkeypatch):
