@@ -289,6 +289,11 @@ class GpuShareState(Episode, kw_only=True):
     (:func:`_note_back`, :func:`_note_dark`). A stop read later and dated within it (a host restarted while
     its usage was read behind) ends the episode there, and the GPUs idle across the gap start again from
     their first sample after it, as in time order (:func:`_gap_holding`)."""
+    earlier: tuple[tuple[float, ...], ...] | None = None
+    """The gaps kept before :attr:`resumed` (of the same shape, oldest first; at most :data:`MAX_GAPS` in all,
+    the shortest but the latest giving way): a host dark again before its usage is read past the first
+    gap (a usage flush read an hour behind) keeps both, and a stop read later in either ends the episode
+    there, as in time order (None: none, most hosts)."""
 
     def __post_init__(self) -> None:
         self.gpu_counted = _flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
@@ -311,7 +316,8 @@ class GpuShareState(Episode, kw_only=True):
                 and len(times or ()) in (_G * g + n, _G * g + 2 * n)
                 and len(codes or ()) == n and (pods is None or len(pods) == n)
                 and len(self.gpu_counted) == g and not self.gpu_counted.strip(b"\0\1")
-                and (self.resumed is None or (len(self.resumed) >= 4 and len(self.resumed) % 2 == 0))
+                and all(len(gap) >= 4 and len(gap) % 2 == 0 for gap in _gaps(self))
+                and (self.earlier is None or (self.resumed is not None and 0 < len(self.earlier) < MAX_GAPS))
                 and (self.ended is None or is_ended(self.ended)))  # fmt: skip
 
     def _read_structs(self) -> None:
@@ -338,7 +344,7 @@ class GpuShareState(Episode, kw_only=True):
     def clear(self) -> None:
         super().clear()
         self.waste_usd = self.unpriced_s = self.spell_s = 0.0
-        self.fired_by = self.charged = self.resumed = None
+        self.fired_by = self.charged = self.resumed = self.earlier = None
 
     # -- the columns ----------------------------------------------------------
 
@@ -557,7 +563,7 @@ class GpuShare(DetectorBase):
             else:
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
                 if st.resumed is not None and gpu_seen <= st.resumed[0]:
-                    _note_back(st, gpu, t)  # back after the gap's first scrape
+                    _note_back(st, gpu, gpu_seen, t)  # back after the gap's first scrape
                 if t - gpu_seen > stale_after:
                     _dark_until(st, g, gpu, gpu_seen, t, p.for_)
             allocated = ev.allocated
@@ -639,7 +645,7 @@ class GpuShare(DetectorBase):
         if st.resumed is not None and min(seen) <= st.resumed[0]:  # back after the gap's first scrape
             for g in range(n):
                 if seen[g] <= st.resumed[0]:
-                    _note_back(st, g, t)
+                    _note_back(st, g, seen[g], t)
         if t - min(seen) > stale_after:  # (the largest gap: t - x only falls as x grows)
             for g in range(n):
                 if t - seen[g] > stale_after:
@@ -733,8 +739,8 @@ class GpuShare(DetectorBase):
                 across = resumed is not None and st.whole_idle_since is not None
                 st.whole_idle_since, st.spell_s = resumed[1] if across else None, 0.0  # type: ignore[index]
             return found
-        if st.resumed is not None and t >= st.resumed[1]:  # usage is read in order: no stop read later falls in it
-            st.resumed = None
+        if st.resumed is not None and t >= (st.earlier or (st.resumed,))[0][1]:  # usage is read in order: no stop
+            _forget_gaps_before(st, t)  # read later falls in a gap before t
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
@@ -1014,16 +1020,16 @@ class GpuShare(DetectorBase):
 
 
 def _resolve(st: GpuShareState, resolution: Callable[[], Finding]) -> list[Finding]:
-    """The episode ends by a scrape: ``resolution`` if it fired, then kept with its gap for a stop read later
-    (:attr:`GpuShareState.ended`); the gap stays kept past the episode's end (:attr:`GpuShareState.resumed`),
-    so that where such a stop falls in it, the GPUs idle across it start again from their return."""
-    gap, since, fired_at, fired_by, unpriced = st.resumed, st.since, st.fired_at, st.fired_by, st.unpriced_s
+    """The episode ends by a scrape: ``resolution`` if it fired, then kept with its gaps for a stop read later
+    (:attr:`GpuShareState.ended`); the gaps stay kept past the episode's end (:attr:`GpuShareState.resumed`),
+    so that where such a stop falls in one, the GPUs idle across it start again from their return."""
+    kept, since, fired_at, fired_by, unpriced = _gaps(st), st.since, st.fired_at, st.fired_by, st.unpriced_s
     found = end(st, resolution)
     if found and since is not None and fired_at is not None and fired_by is not None:
-        gaps = None if gap is None or gap[2] == _PAST else (*gap[:4], gap[2], gap[3])  # (past: an earlier episode's)
-        at = found[0].at
-        st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced, at, gaps)
-    st.resumed = None if gap is None else (gap[0], gap[1], _PAST, 0.0, *gap[4:])
+        gaps = tuple(x for gap in kept if gap[2] != _PAST for x in (*gap[:4], gap[2], gap[3]))  # (past: an earlier
+        at = found[0].at  # episode's)
+        st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced, at, gaps or None)
+    _set_gaps(st, [(gap[0], gap[1], _PAST, 0.0, *gap[4:]) for gap in kept])
     return found
 
 
@@ -1063,38 +1069,64 @@ def _note_charged(st: GpuShareState, t: float, stale_after: float) -> None:
         del log[:k]
 
 
+MAX_GAPS = 4
+"""Gaps a host keeps at most (:attr:`GpuShareState.resumed` and :attr:`GpuShareState.earlier`), as ``idle_gpu``."""
+
+
+def _gaps(st: GpuShareState) -> list[tuple[float, ...]]:
+    """The gaps kept, oldest first."""
+    return [] if st.resumed is None else [*(st.earlier or ()), st.resumed]
+
+
+def _set_gaps(st: GpuShareState, gaps: list[tuple[float, ...]]) -> None:
+    st.resumed = gaps[-1] if gaps else None
+    st.earlier = tuple(gaps[:-1]) or None
+
+
+def _forget_gaps_before(st: GpuShareState, t: float) -> None:
+    """Usage read at ``t``: the gaps kept that end by then go (a resource's usage is read in order, so no
+    stop read later falls in them)."""
+    _set_gaps(st, [gap for gap in _gaps(st) if t < gap[1]])
+
+
 def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
-    """The latest gap in the host's scrapes (:attr:`GpuShareState.resumed`) if it holds a stop at ``t``, read
-    after the scrapes past it: in time order the stop came first, so the episode (or the candidate, or
-    the GPUs' idle runs, or the host's whole-idle spell) ended there, and the GPUs idle across the gap
-    start again from their first sample after it (:func:`_back_at`), a spell across it from its end."""
-    gap = st.resumed
-    return gap if gap is not None and gap[0] <= t < gap[1] else None
+    """The gap in the host's scrapes kept (:attr:`GpuShareState.resumed`, :attr:`GpuShareState.earlier`) that
+    holds a stop at ``t``, read after the scrapes past it: in time order the stop came first, so the episode
+    (or the candidate, or the GPUs' idle runs, or the host's whole-idle spell) ended there, and the GPUs idle
+    across the gap start again from their first sample after it (:func:`_back_at`), a spell across it from
+    its end."""
+    return next((gap for gap in _gaps(st) if gap[0] <= t < gap[1]), None)
 
 
 def _keep_gap(st: GpuShareState, c: float, t: float, stale_after: float) -> None:
     """The scrapes of the host jump from ``c`` to ``t``, more than a minute, while an episode, an idle run
-    or a whole-idle spell is under way: the gap is kept (:attr:`GpuShareState.resumed`) unless a longer
-    bridged one is (a missed scrape, or a late one, does not hide a restart's; one longer than
-    ``stale_after`` always replaces it). The dollars are those the scrape at ``c`` left (the ``charged``
+    or a whole-idle spell is under way: the gap is kept, the latest (:attr:`GpuShareState.resumed`), and the
+    ones before it with it (a missed scrape, or a late one, does not hide a restart's: past :data:`MAX_GAPS`
+    the shortest before it gives way). The dollars are those the scrape at ``c`` left (the ``charged``
     log's latest), not as judging ``c`` moved them: in time order a stop in the gap is read before the
     scrape at ``t``, which judges ``c``."""
-    gap, kept = t - c, st.resumed
-    if kept is None or kept[2] == _PAST or gap > stale_after or gap >= kept[1] - kept[0]:
-        log = st.charged
-        waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)
-        st.resumed = (c, t, waste, unpriced)
+    log = st.charged
+    waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)
+    gaps = _gaps(st)
+    if len(gaps) >= MAX_GAPS:
+        del gaps[min(range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])]
+    _set_gaps(st, [*gaps, (c, t, waste, unpriced)])
 
 
-def _note_back(st: GpuShareState, gpu: int, t: float) -> None:
-    """GPU ``gpu``, silent since before the open episode's gap (:attr:`GpuShareState.resumed`), reports at
-    ``t``: kept where ``t`` is after the gap's first scrape (then it was missing from it), so that a stop
-    read later in the gap starts its idle run here, where time order started it (:func:`_back_at`). Once
-    a GPU: a later return replaces the earlier (:func:`_note_dark`)."""
-    gap = st.resumed
-    if gap is not None and t > gap[1]:
-        others = [x for k in range(4, len(gap) - 1, 2) if gap[k] != gpu for x in (gap[k], gap[k + 1])]
-        st.resumed = (*gap[:4], *others, float(gpu), t)
+def _noted(gap: tuple[float, ...], gpu: int, t: float) -> tuple[float, ...]:
+    """``gap`` with GPU ``gpu``'s return at ``t`` (a later one replacing the one kept)."""
+    others = [x for k in range(4, len(gap) - 1, 2) if gap[k] != gpu for x in (gap[k], gap[k + 1])]
+    return (*gap[:4], *others, float(gpu), t)
+
+
+def _note_back(st: GpuShareState, gpu: int, seen: float, t: float) -> None:
+    """GPU ``gpu``, silent since ``seen``, before the latest gap kept (:attr:`GpuShareState.resumed`), reports
+    at ``t``: kept in each gap it was silent across, where ``t`` is after the gap's first scrape (then it
+    was missing from it), so that a stop read later in that gap starts its idle run here, where time
+    order started it (:func:`_back_at`). Once a GPU: a later return replaces the earlier (:func:`_note_dark`)."""
+    gaps = _gaps(st)
+    if any(seen <= gap[0] and t > gap[1] for gap in gaps):
+        _set_gaps(st, [_noted(gap, gpu, t) if seen <= gap[0] and t > gap[1] else gap for gap in gaps])
 
 
 def _dark_until(st: GpuShareState, g: int, gpu: int, seen: float, t: float, for_s: float) -> None:
@@ -1103,20 +1135,22 @@ def _dark_until(st: GpuShareState, g: int, gpu: int, seen: float, t: float, for_
     which such a gap spares (then its return is kept for a stop read later: :func:`_note_dark`)."""
     if not (st.fired_at is not None and st.gpu_counted[g]):
         _restart(st, g)
-    elif st.resumed is not None and seen > st.resumed[0]:
+    elif st.resumed is not None:
         _note_dark(st, gpu, seen, t, for_s)
 
 
 def _note_dark(st: GpuShareState, gpu: int, seen: float, t: float, for_s: float) -> None:
     """GPU ``gpu``, counted in the open episode (so not restarted), back at ``t`` from a telemetry gap of its
-    own (its latest sample ``seen``) after the gap kept: where a stop read later falls in that gap, time
-    order had ended the episode there, and this gap restarted the GPU's idle run here, unless it had
-    counted ``for`` since its return (then it was in an episode of its own, whose GPUs such a gap spares)."""
-    gap = st.resumed
-    if gap is not None and seen > gap[0]:
+    own (its latest sample ``seen``; the host's, a gap kept, darkens every GPU) after a gap kept: where a
+    stop read later falls in that gap, time order had ended the episode there, and this gap restarted the
+    GPU's idle run here, unless it had counted ``for`` since its return (then it was in an episode of its
+    own, whose GPUs such a gap spares)."""
+    gaps = _gaps(st)
+    for k, gap in enumerate(gaps):
         back = _back_at(gap, gpu, seen)
         if back is not None and seen - back < for_s:
-            _note_back(st, gpu, t)
+            gaps[k] = _noted(gap, gpu, t)
+    _set_gaps(st, gaps)
 
 
 def _back_at(gap: tuple[float, ...], gpu: int, seen: float) -> float | None:
