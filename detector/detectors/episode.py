@@ -24,8 +24,8 @@ import msgspec
 from detector.detectors.base import Finding
 
 __all__ = ["CORRECTED", "ENDED", "GAP", "MAX_ENDED_GAPS", "STOP_GAP_S", "WITHDRAWN", "Action", "Ended", "Episode",
-           "advance", "due", "end", "ended_of", "fire", "gap_at", "gap_holding", "is_ended", "take_back_ended", "with_gaps",
-           "withdraws"]
+           "advance", "after_gap", "due", "end", "ended_of", "fire", "gap_at", "gap_holding", "is_ended", "rebased",
+           "take_back_ended", "with_gaps", "withdraws"]
 
 Action = Literal["fire", "update", "resolve"]
 
@@ -112,6 +112,26 @@ def gap_at(ended: Ended, t: float) -> int | None:
     episode, the stop ended it there in event-time order (withdrew it, before its fire), and the samples
     after the gap were a candidate of their own. None: no gap of it holds ``t``."""
     return gap_holding(ended, t, ENDED)
+
+
+def after_gap(gaps: tuple[float, ...], i: int, stale_after: float, for_s: float) -> tuple[float, float, float, int]:
+    """Where the samples after the gap at ``i`` of ``gaps`` began a candidate of their own in time order, a stop
+    in that gap read first: the gap's end, or a later gap's longer than ``stale_after`` that came before
+    they had lasted ``for_s`` (a telemetry gap restarts a candidate); the dollars and unpriced seconds
+    counted before that start; and the place of the gaps after it."""
+    resumed_at, waste_after, unpriced_after, k = gaps[i + 1], gaps[i + 4], gaps[i + 5], i + GAP
+    for j in range(i + GAP, len(gaps), GAP):
+        if gaps[j + 1] - gaps[j] > stale_after and gaps[j] - resumed_at < for_s:
+            resumed_at, waste_after, unpriced_after, k = gaps[j + 1], gaps[j + 4], gaps[j + 5], j + GAP
+    return resumed_at, waste_after, unpriced_after, k
+
+
+def rebased(gaps: tuple[float, ...], k: int, waste: float, unpriced: float) -> tuple[float, ...] | None:
+    """The gaps from place ``k`` on, their dollars and unpriced seconds counted from a start at which the episode had
+    ``waste`` and ``unpriced`` (a candidate of their own after a stop); None: none."""
+    return tuple(x for j in range(k, len(gaps), GAP) for x in (
+        gaps[j], gaps[j + 1], gaps[j + 2] - waste, gaps[j + 3] - unpriced, gaps[j + 4] - waste,
+        gaps[j + 5] - unpriced)) or None  # fmt: skip
 
 
 def take_back_ended(ended: Ended, t: float, stopped: bool) -> tuple[Ended | None, Ended | None]:

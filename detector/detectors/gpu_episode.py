@@ -52,11 +52,13 @@ from detector.detectors.episode import (
     Ended,
     Episode,
     advance,
+    after_gap,
     end,
     ended_of,
     gap_at,
     gap_holding,
     is_ended,
+    rebased,
     take_back_ended,
     with_gaps,
     withdraws,
@@ -385,8 +387,8 @@ class GpuEpisode(DetectorBase):
         if i is None:
             return None
         start, _, waste, unpriced = gaps[i : i + 4]
-        resumed_at, waste_after, unpriced_after, k = _after_gap(gaps, i, self.params.stale_after, self.params.for_)
-        rest = _rebased(gaps, k, waste_after, unpriced_after)
+        resumed_at, waste_after, unpriced_after, k = after_gap(gaps, i, self.params.stale_after, self.params.for_)
+        rest = rebased(gaps, k, waste_after, unpriced_after)
         after = (resumed_at, st.covered_until, st.waste_usd - waste_after, st.unpriced_s - unpriced_after)
         st.covered_until, st.waste_usd, st.unpriced_s = start, waste, unpriced
         return after, rest
@@ -449,7 +451,7 @@ class GpuEpisode(DetectorBase):
         stop read later in one of its gaps takes it back or corrects it too)."""
         _, _, _, was_at, was_usd, was_unpriced, held_until = ended[:ENDED]
         gaps, p, price = ended[ENDED:], self.params, res.usd_per_hour
-        start, waste_after, unpriced_after, j = _after_gap(gaps, k - ENDED, p.stale_after, p.for_)
+        start, waste_after, unpriced_after, j = after_gap(gaps, k - ENDED, p.stale_after, p.for_)
         if held_until - start < p.for_:
             return []
         usd, unpriced = was_usd - waste_after, was_unpriced - unpriced_after
@@ -457,7 +459,7 @@ class GpuEpisode(DetectorBase):
             usd, unpriced = usd + usd_over(price, unpriced), 0.0
         fired_at = start + p.for_
         st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until,
-                            _rebased(gaps, j, waste_after, unpriced_after))  # fmt: skip
+                            rebased(gaps, j, waste_after, unpriced_after))  # fmt: skip
         return self._past_episode(st, res, start, was_at, usd)
 
     def _billed_late(self, st: GpuEpisodeState, res: ResourceInfo, t: float, late: bool) -> list[Finding]:
@@ -538,26 +540,6 @@ _Split = tuple[tuple[float, float, float, float], tuple[float, ...] | None]
 """What a stop in a gap leaves (:meth:`GpuEpisode._split_at_gap`): the candidate after it, and its gaps."""
 MAX_GAPS = 4
 """Gaps kept at most: a host's stops come minutes apart at the least, and usage is read behind by minutes."""
-
-
-def _after_gap(gaps: tuple[float, ...], i: int, stale_after: float, for_s: float) -> tuple[float, float, float, int]:
-    """Where the samples after the gap at ``i`` of ``gaps`` began a candidate of their own in time order, a stop
-    in that gap read first: the gap's end, or a later gap's longer than ``stale_after`` that came before
-    they had lasted ``for_s`` (a telemetry gap restarts a candidate); the dollars and unpriced seconds
-    counted before that start; and the place of the gaps after it."""
-    resumed_at, waste_after, unpriced_after, k = gaps[i + 1], gaps[i + 4], gaps[i + 5], i + GAP
-    for j in range(i + GAP, len(gaps), GAP):
-        if gaps[j + 1] - gaps[j] > stale_after and gaps[j] - resumed_at < for_s:
-            resumed_at, waste_after, unpriced_after, k = gaps[j + 1], gaps[j + 4], gaps[j + 5], j + GAP
-    return resumed_at, waste_after, unpriced_after, k
-
-
-def _rebased(gaps: tuple[float, ...], k: int, waste: float, unpriced: float) -> tuple[float, ...] | None:
-    """The gaps from place ``k`` on, their dollars and unpriced seconds counted from a start at which the episode had
-    ``waste`` and ``unpriced`` (a candidate of their own after a stop); None: none."""
-    return tuple(x for j in range(k, len(gaps), GAP) for x in (
-        gaps[j], gaps[j + 1], gaps[j + 2] - waste, gaps[j + 3] - unpriced, gaps[j + 4] - waste,
-        gaps[j + 5] - unpriced)) or None  # fmt: skip
 
 
 def _gaps_after(gaps: tuple[float, ...], t: float) -> tuple[float, ...] | None:

@@ -73,15 +73,18 @@ from detector.detectors.base import (
 from detector.detectors.episode import (
     CORRECTED,
     ENDED,
+    GAP,
     STOP_GAP_S,
     WITHDRAWN,
     Ended,
     Episode,
+    after_gap,
     end,
     ended_of,
     fire,
     gap_at,
     is_ended,
+    rebased,
     take_back_ended,
     withdraws,
 )
@@ -255,7 +258,7 @@ class GpuShareState(Episode, kw_only=True):
     fire by a scrape that would have fired it but for the host's billing, not known yet (no usage read:
     its topic read behind the samples), as time order fires it there."""
     ended: Ended | None = None
-    """The episode a scrape resolved last, with its gap (:attr:`resumed`), while a stop read later may still take
+    """The episode a scrape resolved last, with its gaps (:attr:`gaps`), while a stop read later may still take
     it back or correct it (:func:`~detector.detectors.episode.take_back_ended`); not cleared with the episode."""
     whole_idle_since: float | None = None
     """Start of the current spell with no GPU of the host busy."""
@@ -279,24 +282,29 @@ class GpuShareState(Episode, kw_only=True):
     at or before ``stale_after`` before the newest (None: no episode open, most hosts): a stop read
     after later scrapes puts the dollars back to those of the latest scrape not after it, as they
     stood when read in event-time order."""
+    gaps: tuple[tuple[float, ...], ...] | None = None
+    """The gaps in the host's scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S` while an episode,
+    an idle run or a whole-idle spell was under way, usage not yet read past them, oldest first (at most
+    :data:`MAX_GAPS`, the shortest before the latest giving way: a missed or late scrape does not hide a
+    restart's, nor a host dark again before its usage is read its first gap; :func:`_keep_gap`). Each is
+    (its last scrape before, the first after, ``waste_usd`` and ``unpriced_s`` as that last scrape left
+    them, before it was judged, and as the first after left them, :data:`_NOTES` figures), then the index and
+    first sample of each GPU missing from that first scrape that has reported since, or back since from a
+    telemetry gap of its own (:func:`_note_back`, :func:`_note_dark`). A stop read later and dated within one
+    (a host restarted while its usage was read behind) ends the episode there, and the GPUs idle across the
+    gap start again from their first sample after it, as in time order (:func:`_gap_holding`). None: none,
+    most hosts."""
     resumed: tuple[float, ...] | None = None
-    """A gap in the host's scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S` while an episode,
-    an idle run or a whole-idle spell was under way, usage not yet read past it (the latest longer than
-    ``stale_after``, else the longest, counted as idle: a missed or late scrape does not hide a restart's;
-    :func:`_keep_gap`): (its last scrape before, the first after, ``waste_usd`` and ``unpriced_s`` as that
-    last scrape left them, before it was judged), then the index and first sample of each GPU missing from
-    that first scrape that has reported since, or back since from a telemetry gap of its own
-    (:func:`_note_back`, :func:`_note_dark`). A stop read later and dated within it (a host restarted while
-    its usage was read behind) ends the episode there, and the GPUs idle across the gap start again from
-    their first sample after it, as in time order (:func:`_gap_holding`)."""
-    earlier: tuple[tuple[float, ...], ...] | None = None
-    """The gaps kept before :attr:`resumed` (of the same shape, oldest first; at most :data:`MAX_GAPS` in all,
-    the shortest but the latest giving way): a host dark again before its usage is read past the first
-    gap (a usage flush read an hour behind) keeps both, and a stop read later in either ends the episode
-    there, as in time order (None: none, most hosts)."""
+    """The one gap snapshots kept before :attr:`gaps` (2026-12-06: its dollars before it only, then the GPUs'
+    returns): read into them on decoding, then None."""
 
     def __post_init__(self) -> None:
         self.gpu_counted = _flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
+        if self.resumed is not None:  # saved before: one gap, its dollars before it only (after it the same)
+            gap, self.resumed = self.resumed, None
+            if len(gap) < 4 or len(gap) % 2 or self.gaps is not None:
+                raise ValueError("a gap is its last scrape before, the first after, its dollars and the GPUs' returns")
+            self.gaps = ((*gap[:4], gap[2], gap[3], *gap[4:]),)
         if self.unit_times is not None:  # saved before: the units' times an array apart, two a unit
             unit_times, self.unit_times = self.unit_times, None
             allocated_at = unit_times[_ALLOCATED_AT::_U]
@@ -316,8 +324,8 @@ class GpuShareState(Episode, kw_only=True):
                 and len(times or ()) in (_G * g + n, _G * g + 2 * n)
                 and len(codes or ()) == n and (pods is None or len(pods) == n)
                 and len(self.gpu_counted) == g and not self.gpu_counted.strip(b"\0\1")
-                and all(len(gap) >= 4 and len(gap) % 2 == 0 for gap in _gaps(self))
-                and (self.earlier is None or (self.resumed is not None and 0 < len(self.earlier) < MAX_GAPS))
+                and (self.gaps is None or 0 < len(self.gaps) <= MAX_GAPS)
+                and all(len(gap) >= _NOTES and len(gap) % 2 == 0 for gap in self.gaps or ())
                 and (self.ended is None or is_ended(self.ended)))  # fmt: skip
 
     def _read_structs(self) -> None:
@@ -344,7 +352,7 @@ class GpuShareState(Episode, kw_only=True):
     def clear(self) -> None:
         super().clear()
         self.waste_usd = self.unpriced_s = self.spell_s = 0.0
-        self.fired_by = self.charged = self.resumed = self.earlier = None
+        self.fired_by = self.charged = self.gaps = None
 
     # -- the columns ----------------------------------------------------------
 
@@ -562,7 +570,7 @@ class GpuShare(DetectorBase):
                 units_at = _G * len(st.gpu_ids)
             else:
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
-                if st.resumed is not None and gpu_seen <= st.resumed[0]:
+                if st.gaps is not None and gpu_seen <= st.gaps[-1][0]:
                     _note_back(st, gpu, gpu_seen, t)  # back after the gap's first scrape
                 if t - gpu_seen > stale_after:
                     _dark_until(st, g, gpu, gpu_seen, t, p.for_)
@@ -642,9 +650,9 @@ class GpuShare(DetectorBase):
         times: Any = st.gpu_times
         assert times is not None and st.unit_codes is not None
         seen = times[_G_SEEN : _G * n : _G]  # each GPU's latest sample
-        if st.resumed is not None and min(seen) <= st.resumed[0]:  # back after the gap's first scrape
+        if st.gaps is not None and min(seen) <= st.gaps[-1][0]:  # back after the gap's first scrape
             for g in range(n):
-                if seen[g] <= st.resumed[0]:
+                if seen[g] <= st.gaps[-1][0]:
                     _note_back(st, g, seen[g], t)
         if t - min(seen) > stale_after:  # (the largest gap: t - x only falls as x grows)
             for g in range(n):
@@ -705,10 +713,10 @@ class GpuShare(DetectorBase):
         if st.ended is not None:
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
             if taken is not None:  # stopped within the episode a scrape resolved since: it never fired, or it
-                found.append(self._taken_back(st, res, taken, t))  # ended at the stop
+                found += self._taken_back(st, res, taken, t)  # ended at the stop
         if not res.billed:
             since = st.since
-            resumed = _gap_holding(st, t)
+            held = _gap_holding(st, t)
             if since is not None:
                 if t < since:
                     return found  # a stop from before the episode began (read behind, or sent again): not its end
@@ -716,31 +724,33 @@ class GpuShare(DetectorBase):
                 if withdraws(since, st.fired_by, t):  # (fired_by: None unless it fired)
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
                 elif st.fired_at is not None:
-                    if resumed is not None and resumed[2] != _PAST:
-                        self._back_to_gap(st, res, resumed)
+                    if held is not None and held[2] != _PAST:
+                        self._back_to_gap(st, res, held)
                     else:
                         self._uncount_after(st, res, t)
+                later = _gaps_from(st, t)
                 found += end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
+                _set_gaps(st, later)  # (they may hold a later stop, read later still)
             if t > st.stopped_at:
                 st.stopped_at = t
             times = st.gpu_times
             for g in range(len(st.gpu_ids)):  # a GPU idle since after the stop (its samples read first) runs on
                 if times is None or not times[_G * g + _IDLE_SINCE] > t:  # (unset: NaN)
-                    back = None if resumed is None or times is None or not _set(times[_G * g + _IDLE_SINCE]) else \
-                        _back_at(resumed, st.gpu_ids[g], times[_G * g + _G_SEEN])  # fmt: skip
+                    back = None if held is None or times is None or not _set(times[_G * g + _IDLE_SINCE]) else \
+                        _back_at(held, st.gpu_ids[g], times[_G * g + _G_SEEN])  # fmt: skip
                     if back is not None:
                         self._idle_from(st, res, g, back)  # idle across the gap that held the stop: from its return
                     else:
                         _restart(st, g)  # (or not back yet: from its first sample, as in time order)
-                elif resumed is not None and st.gpu_counted[g]:  # idle since after the stop, it joined the ended
+                elif held is not None and st.gpu_counted[g]:  # idle since after the stop, it joined the ended
                     self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # episode: from its own start
             if st.whole_idle_since is None or st.whole_idle_since <= t:
                 # (A spell across the gap that held the stop, on since: the host all idle from the gap's end.)
-                across = resumed is not None and st.whole_idle_since is not None
-                st.whole_idle_since, st.spell_s = resumed[1] if across else None, 0.0  # type: ignore[index]
+                across = held is not None and st.whole_idle_since is not None
+                st.whole_idle_since, st.spell_s = held[1] if across else None, 0.0  # type: ignore[index]
             return found
-        if st.resumed is not None and t >= (st.earlier or (st.resumed,))[0][1]:  # usage is read in order: no stop
-            _forget_gaps_before(st, t)  # read later falls in a gap before t
+        if st.gaps is not None and t >= st.gaps[0][1]:  # usage is read in order: no stop read later falls in a gap
+            _forget_gaps_before(st, t)  # before t
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
             st.unpriced_s = 0.0
@@ -819,12 +829,14 @@ class GpuShare(DetectorBase):
         elif st.whole_idle_since is not None:
             if c - st.whole_idle_since >= p.for_ and 1 in counted:
                 spell, st.spell_s, st.gpu_counted = st.whole_idle_since, 0.0, _flags(bytes(len(ids)))
-                return _resolve(st, partial(self._finding, "resolve", st, res, max(spell, st.since or spell),
+                return _resolve(st, None, partial(self._finding, "resolve", st, res, max(spell, st.since or spell),
                                             reason="whole_host_idle"))  # fmt: skip
         listed = st.counted()
         if not listed:
             if st.since is not None:
-                found = _resolve(st, partial(self._finding, "resolve", st, res, c, reason=reason or "gpu_busy"))
+                log = st.charged  # (the scrape before c: the last that judged the GPUs idle)
+                found = _resolve(st, log[-6] if log is not None and len(log) >= 6 else None,
+                                 partial(self._finding, "resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
             if any_busy and len(listed) >= p.min_gpus and st.since is not None:
                 if res.billed:
@@ -860,6 +872,8 @@ class GpuShare(DetectorBase):
                 self._charge(st, res, share_s * n)
             elif n:
                 st.spell_s += share_s * n
+        if gap > STOP_GAP_S:
+            _counted_to(st)  # (what judging c and counting the gap added: the episode's, not the next's)
         if st.fired_at is not None:
             _note_charged(st, t, p.stale_after)
         return found
@@ -969,22 +983,54 @@ class GpuShare(DetectorBase):
             else:
                 st.drop_gpu(g)
 
-    def _taken_back(self, st: GpuShareState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
+    def _taken_back(self, st: GpuShareState, res: ResourceInfo, ended: Ended, t: float) -> list[Finding]:
         """A stop at ``t`` read after the scrape that resolved ``ended``, dated within it: before its fire, it
-        withdraws the episode; in its gap after the fire, it corrects the resolution to the stop, its dollars
-        those of the gap's start, as in time order (:meth:`_back_to_gap`)."""
+        withdraws the episode; in one of its gaps after the fire, it corrects the resolution to the stop, its
+        dollars those of the gap's start, as in time order (:meth:`_back_to_gap`). Where the stop is in one of
+        its gaps, the GPUs idle after that gap were an episode of their own in time order (:meth:`_after_stop`)."""
         k = gap_at(ended, t)
-        if k is None or t < ended[2]:
-            return self._withdrawal(st, res, ended, t)
-        since, fired_at, _, was_at, was_usd, _, _ = ended[:ENDED]
-        waste, _ = _priced(res, ended[k + 2], ended[k + 3])
-        at = max(t, since)
-        listed = [g for g in st.listed if g in st.gpu_ids]  # (its latest finding's GPUs)
-        details, who, rate = self._facts(st, res, listed, at - since)
-        details.update({"reason": f"instance_{res.state}", CORRECTED: True, "was_resolved_at": was_at,
-                        "was_usd": round(was_usd, 2)})  # fmt: skip
-        return make_finding(self, "resolve", who, episode_start=since, fired_at=fired_at, at=at, usd=waste,
-                            details=details, usd_per_hour=rate)  # fmt: skip
+        if t < ended[2]:
+            found = [self._withdrawal(st, res, ended, t)]
+        else:
+            assert k is not None  # (take_back_ended: a stop after the fire takes it back only in a gap)
+            since, fired_at, _, was_at, was_usd, _, _ = ended[:ENDED]
+            waste, _ = _priced(res, ended[k + 2], ended[k + 3])
+            at = max(t, since)
+            listed = [g for g in st.listed if g in st.gpu_ids]  # (its latest finding's GPUs)
+            details, who, rate = self._facts(st, res, listed, at - since)
+            details.update({"reason": f"instance_{res.state}", CORRECTED: True, "was_resolved_at": was_at,
+                            "was_usd": round(was_usd, 2)})  # fmt: skip
+            found = [make_finding(self, "resolve", who, episode_start=since, fired_at=fired_at, at=at, usd=waste,
+                                  details=details, usd_per_hour=rate)]  # fmt: skip
+        return found + (self._after_stop(st, res, ended, k) if k is not None else [])
+
+    def _after_stop(self, st: GpuShareState, res: ResourceInfo, ended: Ended, k: int) -> list[Finding]:
+        """The GPUs idle after the gap at ``k`` of ``ended``, in which a stop read late fell: in time order the
+        stop restarted them, from the gap's end (or a later gap's longer than ``stale_after``), and they made
+        an episode of their own where they had been idle ``for`` by the last scrape that judged them idle,
+        which the scrape that resolved ``ended`` resolved in turn. Made now, fire and resolution, dated and
+        priced as time order did, with the GPUs that resolution named, and kept as the episode resolved last
+        (a stop read later in one of its gaps takes it back or corrects it too). Its resolution says
+        ``gpu_busy`` (the reason the GPUs left is not kept), and GPUs back from the gap after its end are
+        taken as back at its end."""
+        since, _, _, was_at, was_usd, was_unpriced, held_until = ended[:ENDED]
+        gaps, p = ended[ENDED:], self.params
+        start, waste_after, unpriced_after, j = after_gap(gaps, k - ENDED, p.stale_after, p.for_)
+        if held_until <= since or held_until - start < p.for_:
+            return []  # (held_until at since: a whole-host spell's hand-over, see _resolve)
+        usd, unpriced = _priced(res, was_usd - waste_after, was_unpriced - unpriced_after)
+        fired_at = start + p.for_
+        st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until,
+                            rebased(gaps, j, waste_after, unpriced_after))  # fmt: skip
+        listed = [g for g in st.listed if g in st.gpu_ids]
+        found = []
+        for action, when, extra in (("fire", fired_at, {}), ("resolve", was_at, {"reason": "gpu_busy"})):
+            details, who, rate = self._facts(st, res, listed, when - start)
+            details.update(extra)
+            dollars = usd if action == "resolve" else min(usd, rate * p.for_ / 3600.0)
+            found.append(make_finding(self, action, who, episode_start=start, fired_at=fired_at, at=when, usd=dollars,
+                                      details=details, usd_per_hour=rate))  # fmt: skip
+        return found
 
     def _withdrawal(self, st: GpuShareState, res: ResourceInfo, ended: Ended, t: float) -> Finding:
         """The resolution that takes back the resolved episode ``ended``: a stop at ``t`` came within it."""
@@ -1019,17 +1065,20 @@ class GpuShare(DetectorBase):
         return details, who, (res.usd_per_hour or 0.0) * len(counted) / total
 
 
-def _resolve(st: GpuShareState, resolution: Callable[[], Finding]) -> list[Finding]:
+def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[], Finding]) -> list[Finding]:
     """The episode ends by a scrape: ``resolution`` if it fired, then kept with its gaps for a stop read later
-    (:attr:`GpuShareState.ended`); the gaps stay kept past the episode's end (:attr:`GpuShareState.resumed`),
-    so that where such a stop falls in one, the GPUs idle across it start again from their return."""
+    (:attr:`GpuShareState.ended`), and ``held_until``, the last scrape that judged its GPUs idle (None: a
+    whole-host spell's hand-over, after which no episode of the GPUs after a gap is made:
+    :meth:`GpuShare._after_stop`); the gaps stay kept past the episode's end, so that where such a stop
+    falls in one, the GPUs idle across it start again from their return."""
     kept, since, fired_at, fired_by, unpriced = _gaps(st), st.since, st.fired_at, st.fired_by, st.unpriced_s
     found = end(st, resolution)
     if found and since is not None and fired_at is not None and fired_by is not None:
-        gaps = tuple(x for gap in kept if gap[2] != _PAST for x in (*gap[:4], gap[2], gap[3]))  # (past: an earlier
-        at = found[0].at  # episode's)
-        st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced, at, gaps or None)
-    _set_gaps(st, [(gap[0], gap[1], _PAST, 0.0, *gap[4:]) for gap in kept])
+        gaps = tuple(x for gap in kept if gap[2] != _PAST for x in gap[:_NOTES])  # (past: an earlier episode's)
+        at = found[0].at
+        st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced,
+                            since if held_until is None else held_until, gaps or None)  # fmt: skip
+    _set_gaps(st, [(gap[0], gap[1], _PAST, 0.0, _PAST, 0.0, *gap[_NOTES:]) for gap in kept])  # (as _gaps_from)
     return found
 
 
@@ -1070,17 +1119,19 @@ def _note_charged(st: GpuShareState, t: float, stale_after: float) -> None:
 
 
 MAX_GAPS = 4
-"""Gaps a host keeps at most (:attr:`GpuShareState.resumed` and :attr:`GpuShareState.earlier`), as ``idle_gpu``."""
+"""Gaps a host keeps at most (:attr:`GpuShareState.gaps`), as ``idle_gpu``."""
+_NOTES = GAP
+"""Figures of a gap (:attr:`GpuShareState.gaps`) before the GPUs' returns: those of an
+:data:`~detector.detectors.episode.Ended`'s gap."""
 
 
 def _gaps(st: GpuShareState) -> list[tuple[float, ...]]:
     """The gaps kept, oldest first."""
-    return [] if st.resumed is None else [*(st.earlier or ()), st.resumed]
+    return list(st.gaps or ())
 
 
 def _set_gaps(st: GpuShareState, gaps: list[tuple[float, ...]]) -> None:
-    st.resumed = gaps[-1] if gaps else None
-    st.earlier = tuple(gaps[:-1]) or None
+    st.gaps = tuple(gaps) or None
 
 
 def _forget_gaps_before(st: GpuShareState, t: float) -> None:
@@ -1089,8 +1140,14 @@ def _forget_gaps_before(st: GpuShareState, t: float) -> None:
     _set_gaps(st, [gap for gap in _gaps(st) if t < gap[1]])
 
 
+def _gaps_from(st: GpuShareState, t: float) -> list[tuple[float, ...]]:
+    """The gaps kept that begin after a stop at ``t``, which ends the open episode: marked as past it (their
+    dollars not the next episode's), as :func:`_resolve` leaves them."""
+    return [(gap[0], gap[1], _PAST, 0.0, _PAST, 0.0, *gap[_NOTES:]) for gap in _gaps(st) if gap[0] > t]
+
+
 def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
-    """The gap in the host's scrapes kept (:attr:`GpuShareState.resumed`, :attr:`GpuShareState.earlier`) that
+    """The gap in the host's scrapes kept (:attr:`GpuShareState.gaps`) that
     holds a stop at ``t``, read after the scrapes past it: in time order the stop came first, so the episode
     (or the candidate, or the GPUs' idle runs, or the host's whole-idle spell) ended there, and the GPUs idle
     across the gap start again from their first sample after it (:func:`_back_at`), a spell across it from
@@ -1100,27 +1157,36 @@ def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
 
 def _keep_gap(st: GpuShareState, c: float, t: float, stale_after: float) -> None:
     """The scrapes of the host jump from ``c`` to ``t``, more than a minute, while an episode, an idle run
-    or a whole-idle spell is under way: the gap is kept, the latest (:attr:`GpuShareState.resumed`), and the
-    ones before it with it (a missed scrape, or a late one, does not hide a restart's: past :data:`MAX_GAPS`
-    the shortest before it gives way). The dollars are those the scrape at ``c`` left (the ``charged``
-    log's latest), not as judging ``c`` moved them: in time order a stop in the gap is read before the
-    scrape at ``t``, which judges ``c``."""
+    or a whole-idle spell is under way: the gap is kept (:attr:`GpuShareState.gaps`) with those before it (a
+    missed scrape, or a late one, does not hide a restart's: past :data:`MAX_GAPS` the shortest before it
+    gives way). The dollars are those the scrape at ``c`` left (the ``charged`` log's latest), not as
+    judging ``c`` moved them: in time order a stop in the gap is read before the scrape at ``t``, which
+    judges ``c``; those after it, the same until :func:`_counted_to` says what the scrape at ``t`` left."""
     log = st.charged
     waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)
     gaps = _gaps(st)
     if len(gaps) >= MAX_GAPS:
         del gaps[min(range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])]
-    _set_gaps(st, [*gaps, (c, t, waste, unpriced)])
+    _set_gaps(st, [*gaps, (c, t, waste, unpriced, waste, unpriced)])
+
+
+def _counted_to(st: GpuShareState) -> None:
+    """The scrape that ends the latest gap kept has judged the one before and counted the gap: the dollars
+    after the gap are those it left (what the episode counted from there on was an episode of its own in
+    time order, where a stop read later falls in the gap: :meth:`GpuShare._after_stop`)."""
+    gaps = st.gaps
+    assert gaps is not None  # (kept by _keep_gap in the same call)
+    st.gaps = (*gaps[:-1], (*gaps[-1][:4], st.waste_usd, st.unpriced_s, *gaps[-1][_NOTES:]))
 
 
 def _noted(gap: tuple[float, ...], gpu: int, t: float) -> tuple[float, ...]:
     """``gap`` with GPU ``gpu``'s return at ``t`` (a later one replacing the one kept)."""
-    others = [x for k in range(4, len(gap) - 1, 2) if gap[k] != gpu for x in (gap[k], gap[k + 1])]
-    return (*gap[:4], *others, float(gpu), t)
+    others = [x for k in range(_NOTES, len(gap) - 1, 2) if gap[k] != gpu for x in (gap[k], gap[k + 1])]
+    return (*gap[:_NOTES], *others, float(gpu), t)
 
 
 def _note_back(st: GpuShareState, gpu: int, seen: float, t: float) -> None:
-    """GPU ``gpu``, silent since ``seen``, before the latest gap kept (:attr:`GpuShareState.resumed`), reports
+    """GPU ``gpu``, silent since ``seen``, before the latest gap kept (:attr:`GpuShareState.gaps`), reports
     at ``t``: kept in each gap it was silent across, where ``t`` is after the gap's first scrape (then it
     was missing from it), so that a stop read later in that gap starts its idle run here, where time
     order started it (:func:`_back_at`). Once a GPU: a later return replaces the earlier (:func:`_note_dark`)."""
@@ -1135,7 +1201,7 @@ def _dark_until(st: GpuShareState, g: int, gpu: int, seen: float, t: float, for_
     which such a gap spares (then its return is kept for a stop read later: :func:`_note_dark`)."""
     if not (st.fired_at is not None and st.gpu_counted[g]):
         _restart(st, g)
-    elif st.resumed is not None:
+    elif st.gaps is not None:
         _note_dark(st, gpu, seen, t, for_s)
 
 
@@ -1159,7 +1225,7 @@ def _back_at(gap: tuple[float, ...], gpu: int, seen: float) -> float | None:
     idle run, which starts again at its first sample)."""
     if seen <= gap[0]:
         return None
-    for k in range(4, len(gap) - 1, 2):
+    for k in range(_NOTES, len(gap) - 1, 2):
         if gap[k] == gpu:
             return gap[k + 1]
     return gap[1]
