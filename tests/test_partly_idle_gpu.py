@@ -646,17 +646,19 @@ def test_the_gaps_kept_survive_a_restart_from_the_saved_state(ruleset, cut_min):
             for f in before + after] == whole  # fmt: skip
 
 
-@pytest.mark.parametrize("gaps", [[[1.0, 2.0, 3.0, 4.0]], [[1.0, 2.0, 3.0, 4.0, 3.0, 4.0]] * 5, []],
-                         ids=["a-gap-cut-short", "too-many", "none-but-not-None"])
-def test_saved_gaps_out_of_shape_are_refused(ruleset, gaps):
-    """A saved state whose gaps are cut short, or more than a host keeps, is refused: the rule starts
-    afresh on that host rather than read figures out of place (the host's other rules go on)."""
+@pytest.mark.parametrize("change", [{"gaps": [[1.0, 2.0, 3.0, 4.0]]}, {"gaps": [[1.0, 2.0, 3.0, 4.0, 3.0, 4.0]] * 5},
+                                    {"gaps": []}, {"held_by_a_newer_version": 1.0}],
+                         ids=["a-gap-cut-short", "too-many", "none-but-not-None", "an-unknown-field"])
+def test_saved_gaps_out_of_shape_are_refused(ruleset, change):
+    """A saved state whose gaps are cut short, or more than a host keeps, or with a field no shape of it
+    has, is refused: the rule starts afresh on that host rather than read figures out of place or drop
+    one unread (the host's other rules go on)."""
     events = _read(_build(_dark_twice, lambda m: 76 <= m < 90, 200), 45)
     first = Engine(load_rules(ROOT / "rules"))
     first.process(events[: next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + 112 * MIN)])
     snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
     assert len(snapshot["rules"]["partly-idle-gpu"]["gaps"]) == 2
-    snapshot["rules"]["partly-idle-gpu"]["gaps"] = gaps
+    snapshot["rules"]["partly-idle-gpu"].update(change)
     restarted = Engine(load_rules(ROOT / "rules"))
     restarted.restore("host-1", msgspec.msgpack.encode(snapshot))
     assert restarted._keys["host-1"].rule("partly-idle-gpu") is None  # refused: a new state at the next event

@@ -212,21 +212,19 @@ else:
 default, written out), read as ``b""`` (:meth:`GpuShareState.__post_init__`)."""
 
 
-class GpuShareState(Episode, kw_only=True):
+class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
     """A host's GPUs and their units as columns (struct of arrays): one value per unit or GPU,
     indexed by its place, not a dict of one struct per unit and per GPU (~1.8 KB on a host of eight
     GPUs, ~0.7 KB now). Every time is in one array of doubles (one header, not one per column),
     the units' codes in one of bytes, the GPUs counted in shared bytes. Tuples of keys are shared
-    between hosts alike; unset times are NaN."""
+    between hosts alike; unset times are NaN. A state saved in a shape before is read by
+    :class:`GpuShareStateBefore` (unknown fields are refused, so that none is dropped unread)."""
 
     unit_keys: tuple[str, ...] = ()
     """Each GPU or MIG instance (a unit) seen, by key ("3", or "3/1" for a MIG instance), in the
     order first seen: a unit's place in the fields below."""
     unit_gpus: tuple[int, ...] = ()
     """The GPU of each unit."""
-    unit_times: FloatArray | None = None
-    """Per unit, (latest sample, newest that said who holds it), as snapshots saved them before
-    :attr:`gpu_times` held them: read into it on decoding, then None."""
     unit_codes: bytearray | None = None
     """Per unit, whether its latest sample was busy and who held it (:data:`_BUSY_BIT`, :data:`_HOLDER`)."""
     unit_pods: list[Pod | None] | None = None
@@ -246,9 +244,6 @@ class GpuShareState(Episode, kw_only=True):
     gpu_counted: _Flags = b""
     """Per GPU, 1 while in the episode's set: bytes, not a bytearray, one object for every host with the
     same flags (:func:`_flags`; most hosts' are all 0), replaced when a GPU joins or leaves the set."""
-    units: dict[str, Unit] | None = None
-    gpus: dict[int, GpuTrack] | None = None
-    """The units and GPUs as snapshots saved them before the fields above: read into them, then None."""
     model: str = ""
     covered_until: float = 0.0
     """Time of the newest sample seen: time is only counted up to here."""
@@ -294,24 +289,10 @@ class GpuShareState(Episode, kw_only=True):
     (a host restarted while its usage was read behind) ends the episode there, and the GPUs idle across the
     gap start again from their first sample after it, as in time order (:func:`_gap_holding`). None: none,
     most hosts."""
-    resumed: tuple[float, ...] | None = None
-    """The one gap snapshots kept before :attr:`gaps` (2026-12-06: its dollars before it only, then the GPUs'
-    returns): read into them on decoding, then None."""
+    saved_before: ClassVar[builtins.type[GpuShareStateBefore]]
 
     def __post_init__(self) -> None:
         self.gpu_counted = _flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
-        if self.resumed is not None:  # saved before: one gap, its dollars before it only (after it the same)
-            gap, self.resumed = self.resumed, None
-            if len(gap) < 4 or len(gap) % 2 or self.gaps is not None:
-                raise ValueError("a gap is its last scrape before, the first after, its dollars and the GPUs' returns")
-            self.gaps = ((*gap[:4], gap[2], gap[3], *gap[4:]),)
-        if self.unit_times is not None:  # saved before: the units' times an array apart, two a unit
-            unit_times, self.unit_times = self.unit_times, None
-            allocated_at = unit_times[_ALLOCATED_AT::_U]
-            parts = (self.gpu_times or floats(), unit_times[_SEEN::_U], allocated_at if any(allocated_at) else floats())
-            self.gpu_times = parts[0] + parts[1] + parts[2]
-        if self.units is not None or self.gpus is not None:
-            self._read_structs()
         if not self._lined_up():
             raise ValueError("a host's columns, a value per unit or GPU in each (times, codes, flags 0 or 1)")
 
@@ -327,27 +308,6 @@ class GpuShareState(Episode, kw_only=True):
                 and (self.gaps is None or 0 < len(self.gaps) <= MAX_GAPS)
                 and all(len(gap) >= _NOTES and len(gap) % 2 == 0 for gap in self.gaps or ())
                 and (self.ended is None or is_ended(self.ended)))  # fmt: skip
-
-    def _read_structs(self) -> None:
-        units, gpus = self.units or {}, self.gpus or {}  # saved before: one struct per unit and per GPU
-        self.units = self.gpus = None
-        for key, unit in units.items():
-            j = self.add_unit(key, unit.gpu, unit.seen, unit.allocated, unit.pod)
-            if unit.allocated_at:
-                self.set_allocated_at(j, unit.allocated_at)
-            if unit.busy:
-                self.unit_codes[j] |= _BUSY_BIT  # type: ignore[index]
-        for gpu, track in gpus.items():
-            p = self.add_gpu(gpu)
-            self.set_gpu_units(p, track.units)
-            times = self.gpu_times
-            assert times is not None
-            at = _G * p
-            times[at + _G_SEEN], times[at + _PENDING_S] = track.seen, track.pending_s
-            times[at + _IDLE_SINCE] = _UNSET if track.idle_since is None else track.idle_since
-            times[at + _PENDING_FROM] = _UNSET if track.pending_from is None else track.pending_from
-            if track.counted:
-                _set_counted(self, p, 1)
 
     def clear(self) -> None:
         super().clear()
@@ -435,6 +395,67 @@ class GpuShareState(Episode, kw_only=True):
         """The GPUs in the episode's set, in the order tracked."""
         flags = self.gpu_counted
         return [gpu for gpu, flag in zip(self.gpu_ids, flags, strict=True) if flag] if 1 in flags else []
+
+
+class GpuShareStateBefore(GpuShareState, kw_only=True, forbid_unknown_fields=True):
+    """A host's state as snapshots saved it before 2026-12-06: besides the fields of the state held now, one
+    gap (``resumed``), and in older shapes the units' times an array apart (``unit_times``) or one struct
+    per unit and per GPU (``units``, ``gpus``). Read only to be made a :class:`GpuShareState`
+    (:meth:`upgrade`): the state held now has no slot for them (8 bytes each on a GPU host's two states)."""
+
+    unit_times: FloatArray | None = None
+    """Per unit, (latest sample, newest that said who holds it), as saved before :attr:`gpu_times` held them."""
+    units: dict[str, Unit] | None = None
+    gpus: dict[int, GpuTrack] | None = None
+    """The units and GPUs as saved before the columns."""
+    resumed: tuple[float, ...] | None = None
+    """The one gap saved before :attr:`gaps`: its dollars before it only (after it the same), then the
+    GPUs' returns."""
+
+    def __post_init__(self) -> None:
+        """Read as saved: :meth:`upgrade` checks what it makes."""
+
+    def upgrade(self) -> GpuShareState:
+        fields = {name: getattr(self, name) for name in GpuShareState.__struct_fields__}
+        if self.resumed is not None:
+            gap = self.resumed
+            if len(gap) < 4 or len(gap) % 2 or self.gaps is not None:
+                raise ValueError("a gap is its last scrape before, the first after, its dollars and the GPUs' returns")
+            fields["gaps"] = ((*gap[:4], gap[2], gap[3], *gap[4:]),)
+        if self.unit_times is not None:  # the units' times an array apart, two a unit
+            allocated_at = self.unit_times[_ALLOCATED_AT::_U]
+            parts = (self.gpu_times or floats(), self.unit_times[_SEEN::_U], allocated_at if any(allocated_at) else floats())
+            fields["gpu_times"] = parts[0] + parts[1] + parts[2]
+        state = GpuShareState(**fields)
+        if self.units is not None or self.gpus is not None:
+            self._read_structs(state, self.units or {}, self.gpus or {})
+            if not state._lined_up():
+                raise ValueError("a host's units and GPUs, each once")
+        return state
+
+    @staticmethod
+    def _read_structs(state: GpuShareState, units: dict[str, Unit], gpus: dict[int, GpuTrack]) -> None:
+        """One struct per unit and per GPU, as saved before the columns, into ``state``'s columns."""
+        for key, unit in units.items():
+            j = state.add_unit(key, unit.gpu, unit.seen, unit.allocated, unit.pod)
+            if unit.allocated_at:
+                state.set_allocated_at(j, unit.allocated_at)
+            if unit.busy:
+                state.unit_codes[j] |= _BUSY_BIT  # type: ignore[index]
+        for gpu, track in gpus.items():
+            p = state.add_gpu(gpu)
+            state.set_gpu_units(p, track.units)
+            times = state.gpu_times
+            assert times is not None
+            at = _G * p
+            times[at + _G_SEEN], times[at + _PENDING_S] = track.seen, track.pending_s
+            times[at + _IDLE_SINCE] = _UNSET if track.idle_since is None else track.idle_since
+            times[at + _PENDING_FROM] = _UNSET if track.pending_from is None else track.pending_from
+            if track.counted:
+                _set_counted(state, p, 1)
+
+
+GpuShareState.saved_before = GpuShareStateBefore
 
 
 class _Status(msgspec.Struct):
