@@ -647,8 +647,8 @@ def test_the_gaps_kept_survive_a_restart_from_the_saved_state(ruleset, cut_min):
 
 
 @pytest.mark.parametrize("change", [{"gaps": [[1.0, 2.0, 3.0, 4.0]]}, {"gaps": [[1.0, 2.0, 3.0, 4.0, 3.0, 4.0]] * 5},
-                                    {"gaps": []}, {"held_by_a_newer_version": 1.0}],
-                         ids=["a-gap-cut-short", "too-many", "none-but-not-None", "an-unknown-field"])
+                                    {"gaps": []}, {"held_by_a_newer_version": 1.0}, {"unbilled": [1.0, 2.0]}],
+                         ids=["a-gap-cut-short", "too-many", "none-but-not-None", "an-unknown-field", "unbilled-cut-short"])
 def test_saved_gaps_out_of_shape_are_refused(ruleset, change):
     """A saved state whose gaps are cut short, or more than a host keeps, or with a field no shape of it
     has, is refused: the rule starts afresh on that host rather than read figures out of place or drop
@@ -728,3 +728,68 @@ def test_a_second_stop_read_later_corrects_the_episode_the_first_brought(ruleset
              if f.action == "fire" or f.details.get("corrected") or f.episode_start not in corrected]  # fmt: skip
     fires_dated = lambda found: sorted(x if x[0] == "resolve" else x[:3] for x in found)  # noqa: E731
     assert fires_dated(stood) == fires_dated(in_order)
+
+
+def _unbilled_cases() -> dict:
+    """Hosts whose candidate lasts ``for`` while the host reads as not billed live, and ends before usage says
+    billed: (utils by minute, stopped by minute, usage minutes behind, what time order fires and resolves)."""
+    return {
+        # no usage read yet (45 minutes behind) when GPUs 4-7 complete ``for`` at 30; every GPU busy from 40
+        "first-usage-late": (lambda m: [WORK] * 4 + [WORK if m >= 40 else REST] * 4, lambda m: False, 45,
+                             [("fire", 0.0, 30.0), ("resolve", 0.0, 40.0)]),
+        # the same, the other GPUs idle from 36: a whole-host spell, idle_gpu's from its start
+        "first-usage-late-whole-host": (lambda m: [REST if m >= 36 else WORK] * 4 + [REST] * 4, lambda m: False, 45,
+                                        [("fire", 0.0, 30.0), ("resolve", 0.0, 36.0)]),
+        # stopped and dark 77-95 (usage 60 minutes behind): the GPUs idle from the restart complete ``for`` at
+        # 125 while the stop is read, and are busy from 140, before the usage of the restart is read
+        "restart-usage-late": (lambda m: None if 75 < m < 95 else [WORK] * 4 + [WORK if m >= 140 else REST] * 4,
+                               lambda m: 77 <= m < 95, 60,
+                               [("fire", 0.0, 30.0), ("resolve", 0.0, 77.0), ("fire", 95.0, 125.0), ("resolve", 95.0, 140.0)]),
+    }
+
+
+@pytest.mark.parametrize("case", list(_unbilled_cases()))
+def test_a_candidate_ended_before_its_billing_was_read_fires_and_resolves_when_it_is(ruleset, case):
+    """A candidate that would have fired but for the host's billing, not yet read (usage read behind the
+    samples), and that ended before the usage saying billed was read, fired and resolved in time order:
+    live, that usage now fires and resolves it, dated, priced and naming the GPUs as time order did (live
+    fired nothing before: a fuzz's find, red before)."""
+    utils, stopped, lag, expected = _unbilled_cases()[case]
+    events = _build(utils, stopped, 200)
+    in_order = _partly(ruleset, _read(events))
+    assert [x[:3] for x in in_order] == expected
+    found = [f for f in Engine(ruleset).process(_read(events, lag)) if f.type == "partly_idle_gpu" and f.action != "update"]
+    fires_dated = lambda found: sorted(x if x[0] == "resolve" else x[:3] for x in found)  # noqa: E731
+    live = [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3)) for f in found]
+    assert fires_dated(live) == fires_dated(in_order)
+    by_time = {((f.episode_start - T0) / MIN, f.action): f.details["gpus_idle"] for f in found}
+    assert by_time[(expected[-1][1], "resolve")] == [4, 5, 6, 7]
+
+
+def test_a_candidate_the_host_was_stopped_through_is_let_go(ruleset):
+    """As above with the usage saying stopped from before the candidate to after its end (samples from a host
+    billed as stopped are hostile input, not evidence of spend): time order fires nothing, and live the
+    candidate kept is let go at that usage, not fired."""
+    events = _build(lambda m: [WORK] * 4 + [WORK if m >= 40 else REST] * 4, lambda m: m < 60, 200)
+    assert _partly(ruleset, _read(events)) == []
+    engine = Engine(ruleset)
+    assert [f for f in engine.process(_read(events, 45)) if f.type == "partly_idle_gpu"] == []
+    assert engine._keys["host-1"].rule("partly-idle-gpu").unbilled is None
+
+
+@pytest.mark.parametrize("cut_min", [139, 150])
+def test_a_candidate_kept_unbilled_survives_a_restart_from_the_saved_state(ruleset, cut_min):
+    """The restart case above, the worker restarted from the saved state while the candidate runs unbilled
+    (139) or is kept ended (150): the alerts are those of one uninterrupted run."""
+    utils, stopped, lag, _ = _unbilled_cases()["restart-usage-late"]
+    events = _read(_build(utils, stopped, 200), lag)
+    whole = _partly(ruleset, events)
+    cut = next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + cut_min * MIN)
+    first = Engine(load_rules(ROOT / "rules"))
+    before = [f for f in first.process(events[:cut]) if f.type == "partly_idle_gpu" and f.action != "update"]
+    assert len(first._keys["host-1"].rule("partly-idle-gpu").unbilled) == (1 if cut_min < 140 else 6)
+    restarted = Engine(load_rules(ROOT / "rules"))
+    restarted.restore("host-1", first.snapshot("host-1"))
+    after = [f for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu" and f.action != "update"]
+    assert [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3))
+            for f in before + after] == whole  # fmt: skip

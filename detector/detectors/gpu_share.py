@@ -86,6 +86,7 @@ from detector.detectors.episode import (
     is_ended,
     rebased,
     take_back_ended,
+    with_gaps,
     withdraws,
 )
 from detector.detectors.pods import MAX_UNITS, Pod, listing, pod_facts, with_owner
@@ -263,7 +264,8 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
     stopped_at: float = 0.0
     """When the host was last seen stopped: samples from before it are history."""
     listed: tuple[int, ...] = ()
-    """The GPUs of the latest finding (a resolution names what was idle)."""
+    """The GPUs of the latest finding (a resolution names what was idle), or of a candidate that would have
+    fired but for the host's billing (:attr:`unbilled`)."""
     left: str = ""
     """Why a GPU left the set since the clock last moved ('' = none left)."""
     waste_usd: float = 0.0
@@ -289,6 +291,14 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
     (a host restarted while its usage was read behind) ends the episode there, and the GPUs idle across the
     gap start again from their first sample after it, as in time order (:func:`_gap_holding`). None: none,
     most hosts."""
+    unbilled: tuple[float, ...] | None = None
+    """A candidate that would have fired but for the host's billing (no usage read yet, or a stop read
+    before the usage of a restart: the usage topic read behind the samples): while it runs, ``(the fire's
+    date,)``, its GPUs in :attr:`listed`; once it ended unfired, ``(since, the fire's date, the end's date,
+    waste_usd, unpriced_s, 1.0 if a whole-host spell ended it, else 0.0)`` and its gaps (:data:`GAP`
+    figures each), until usage is read past it. Usage read that says billed before its end fires and
+    resolves it, as time order did (:meth:`GpuShare._billed_late`); a stop within it, or usage from its
+    end on, lets it go. One at a time: a candidate while one is held is not kept."""
     saved_before: ClassVar[builtins.type[GpuShareStateBefore]]
 
     def __post_init__(self) -> None:
@@ -307,7 +317,8 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
                 and len(self.gpu_counted) == g and not self.gpu_counted.strip(b"\0\1")
                 and (self.gaps is None or 0 < len(self.gaps) <= MAX_GAPS)
                 and all(len(gap) >= _NOTES and len(gap) % 2 == 0 for gap in self.gaps or ())
-                and (self.ended is None or is_ended(self.ended)))  # fmt: skip
+                and (self.ended is None or is_ended(self.ended))
+                and (self.unbilled is None or len(self.unbilled) == 1 or with_gaps(self.unbilled, _UNBILLED)))  # fmt: skip
 
     def clear(self) -> None:
         super().clear()
@@ -735,6 +746,8 @@ class GpuShare(DetectorBase):
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
             if taken is not None:  # stopped within the episode a scrape resolved since: it never fired, or it
                 found += self._taken_back(st, res, taken, t)  # ended at the stop
+        if st.unbilled is not None and len(st.unbilled) > 1:
+            found += self._billed_late(st, res, t)
         if not res.billed:
             since = st.since
             held = _gap_holding(st, t)
@@ -752,6 +765,8 @@ class GpuShare(DetectorBase):
                 later = _gaps_from(st, t)
                 found += end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
                 _set_gaps(st, later)  # (they may hold a later stop, read later still)
+                if st.unbilled is not None and len(st.unbilled) == 1:
+                    st.unbilled = None  # (the candidate stopped before usage said billed: it never fired)
             if t > st.stopped_at:
                 st.stopped_at = t
             times = st.gpu_times
@@ -850,24 +865,33 @@ class GpuShare(DetectorBase):
         elif st.whole_idle_since is not None:
             if c - st.whole_idle_since >= p.for_ and 1 in counted:
                 spell, st.spell_s, st.gpu_counted = st.whole_idle_since, 0.0, _flags(bytes(len(ids)))
+                _keep_unbilled(st, max(spell, st.since or spell), whole_host=True)
                 return _resolve(st, None, partial(self._finding, "resolve", st, res, max(spell, st.since or spell),
                                             reason="whole_host_idle"))  # fmt: skip
         listed = st.counted()
         if not listed:
             if st.since is not None:
                 log = st.charged  # (the scrape before c: the last that judged the GPUs idle)
+                _keep_unbilled(st, c, whole_host=False)
                 found = _resolve(st, log[-6] if log is not None and len(log) >= 6 else None,
                                  partial(self._finding, "resolve", st, res, c, reason=reason or "gpu_busy"))
         elif st.fired_at is None:
             if any_busy and len(listed) >= p.min_gpus and st.since is not None:
+                fired_at = min(c, max(st.since, self._qualified(st, listed, c) + p.for_))
                 if res.billed:
-                    fired_at = min(c, max(st.since, self._qualified(st, listed, c) + p.for_))
                     fire(st, since=st.since, fired_at=fired_at, at=c)
                     if st.fired_by is None:  # the scrape that judged the host at c: read after a stop before it, none fires
                         st.fired_by = t
+                    if st.unbilled is not None and len(st.unbilled) == 1:
+                        st.unbilled = None
                     found = [self._finding("fire", st, res, fired_at)]
-                elif not res.known and st.fired_by is None:
-                    st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
+                else:
+                    if not res.known and st.fired_by is None:
+                        st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
+                    if st.unbilled is None:
+                        st.unbilled = (fired_at,)  # (kept if it ends unfired: usage read later may say billed)
+                    if len(st.unbilled) == 1:
+                        st.listed = tuple(sorted(listed))  # (what its findings name, if they are made)
         elif any_busy and (changed or c - st.last_report >= p.update_every):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
@@ -1043,13 +1067,39 @@ class GpuShare(DetectorBase):
         fired_at = start + p.for_
         st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until,
                             rebased(gaps, j, waste_after, unpriced_after))  # fmt: skip
+        return self._past_episode(st, res, start, fired_at, was_at, usd)
+
+    def _billed_late(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
+        """A usage event at ``t`` read after the candidate kept in :attr:`GpuShareState.unbilled` ended unfired:
+        where it says billed before the break, time order fired the candidate (at the date kept) and the
+        break resolved it: both are made now, and it is kept as the episode resolved last (a stop read later
+        within it takes it back or corrects it). A stop within it ended it short of a fire, and usage from
+        its break on is too late: either lets it go."""
+        assert st.unbilled is not None
+        since, fired_at, broken, waste, unpriced, whole_host = st.unbilled[:_UNBILLED]
+        if t >= broken or (not res.billed and t >= since):
+            st.unbilled = None
+            return []
+        if not res.billed:
+            return []  # (a stop from before it began: not its end)
+        gaps, st.unbilled = st.unbilled[_UNBILLED:], None
+        usd, unpriced = _priced(res, waste, unpriced)
+        if st.ended is None:  # (kept with its gaps: a stop read later in one corrects it)
+            st.ended = ended_of(since, fired_at, max(t, fired_at), broken, usd, unpriced, since, gaps or None)
+        return self._past_episode(st, res, since, fired_at, broken, usd, "whole_host_idle" if whole_host else "gpu_busy")
+
+    def _past_episode(self, st: GpuShareState, res: ResourceInfo, since: float, fired_at: float, resolved_at: float,
+                      usd: float, reason: str = "gpu_busy") -> list[Finding]:  # fmt: skip
+        """The fire and the resolution (``reason``) of an episode found only now to have been one in time
+        order (a stop or usage read late), with the GPUs of the latest finding: from ``since``, fired at
+        ``fired_at`` with the dollars of ``for`` of those GPUs, resolved at ``resolved_at`` with ``usd``."""
         listed = [g for g in st.listed if g in st.gpu_ids]
         found = []
-        for action, when, extra in (("fire", fired_at, {}), ("resolve", was_at, {"reason": "gpu_busy"})):
-            details, who, rate = self._facts(st, res, listed, when - start)
+        for action, when, extra in (("fire", fired_at, {}), ("resolve", resolved_at, {"reason": reason})):
+            details, who, rate = self._facts(st, res, listed, when - since)
             details.update(extra)
-            dollars = usd if action == "resolve" else min(usd, rate * p.for_ / 3600.0)
-            found.append(make_finding(self, action, who, episode_start=start, fired_at=fired_at, at=when, usd=dollars,
+            dollars = usd if action == "resolve" else min(usd, rate * self.params.for_ / 3600.0)
+            found.append(make_finding(self, action, who, episode_start=since, fired_at=fired_at, at=when, usd=dollars,
                                       details=details, usd_per_hour=rate))  # fmt: skip
         return found
 
@@ -1095,12 +1145,29 @@ def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[
     kept, since, fired_at, fired_by, unpriced = _gaps(st), st.since, st.fired_at, st.fired_by, st.unpriced_s
     found = end(st, resolution)
     if found and since is not None and fired_at is not None and fired_by is not None:
-        gaps = tuple(x for gap in kept if gap[2] != _PAST for x in gap[:_NOTES])  # (past: an earlier episode's)
+        gaps = _episode_gaps(st, kept)
         at = found[0].at
         st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced,
                             since if held_until is None else held_until, gaps or None)  # fmt: skip
     _set_gaps(st, [(gap[0], gap[1], _PAST, 0.0, _PAST, 0.0, *gap[_NOTES:]) for gap in kept])  # (as _gaps_from)
+    if st.unbilled is not None and len(st.unbilled) == 1:
+        st.unbilled = None  # (a candidate that would have fired, ended otherwise than by a scrape of busy GPUs)
     return found
+
+
+def _keep_unbilled(st: GpuShareState, at: float, *, whole_host: bool) -> None:
+    """The candidate, which would have fired but for the host's billing (:attr:`GpuShareState.unbilled`), ends
+    unfired at ``at`` (its GPUs busy, or a whole-host spell's start): kept, with its dollars and gaps, for
+    usage read later that says billed before then."""
+    if st.fired_at is None and st.since is not None and st.unbilled is not None and len(st.unbilled) == 1:
+        st.unbilled = (st.since, st.unbilled[0], at, st.waste_usd, st.unpriced_s, 1.0 if whole_host else 0.0,
+                       *_episode_gaps(st))  # fmt: skip
+
+
+def _episode_gaps(st: GpuShareState, kept: list[tuple[float, ...]] | None = None) -> tuple[float, ...]:
+    """The episode's gaps kept (``kept``, or the state's), :data:`GAP` figures each, as an
+    :data:`~detector.detectors.episode.Ended` holds them: those marked past an earlier episode's end left out."""
+    return tuple(x for gap in (_gaps(st) if kept is None else kept) if gap[2] != _PAST for x in gap[:_NOTES])
 
 
 def _priced(res: ResourceInfo, waste: float, unpriced: float) -> tuple[float, float]:
@@ -1141,6 +1208,8 @@ def _note_charged(st: GpuShareState, t: float, stale_after: float) -> None:
 
 MAX_GAPS = 4
 """Gaps a host keeps at most (:attr:`GpuShareState.gaps`), as ``idle_gpu``."""
+_UNBILLED = 6
+"""Figures of a candidate ended unfired (:attr:`GpuShareState.unbilled`) before its gaps."""
 _NOTES = GAP
 """Figures of a gap (:attr:`GpuShareState.gaps`) before the GPUs' returns: those of an
 :data:`~detector.detectors.episode.Ended`'s gap."""
