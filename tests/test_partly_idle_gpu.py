@@ -793,3 +793,46 @@ def test_a_candidate_kept_unbilled_survives_a_restart_from_the_saved_state(rules
     after = [f for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu" and f.action != "update"]
     assert [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3))
             for f in before + after] == whole  # fmt: skip
+
+
+def _four_gpus(util, dark, stopped, late_gpu: tuple[int, float, float] | None = None) -> list:
+    """4 GPUs scraped every 30 s (``util(g, m)``; none while ``dark(m)``; GPU ``late_gpu[0]`` silent from
+    ``late_gpu[1]`` to ``late_gpu[2]``), usage every minute from -90 (``stopped(m)``), $32/h."""
+    events = [GpuMetric(ts=at(T0 + k / 2 * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=util(g, k / 2))
+              for k in range(400) if not dark(k / 2) for g in range(4)
+              if late_gpu is None or g != late_gpu[0] or not late_gpu[1] <= k / 2 < late_gpu[2]]  # fmt: skip
+    return events + [usage(T0 + m * MIN, state="stopped" if stopped(m) else "running") for m in range(-90, 200)]
+
+
+@pytest.mark.parametrize("case", ["min-gpus", "back-late", "joined-short", "withdrawn"])
+def test_the_episode_after_the_gap_is_made_only_as_time_order_makes_it(tmp_path, case):
+    """A review's finds in the episode a late stop brings after its gap (red before): with ``min_gpus: 2`` one
+    GPU idle after the gap made none; a GPU back 10 minutes after the gap, idle 25 minutes from its return,
+    made none; a GPU idle 15 minutes after the gap was priced into it ($4.33 for $3.33); and after a
+    withdrawal, the withdrawn candidate's idle time from before the gap was ($3.67 for $2.20)."""
+    (tmp_path / "rules.yaml").write_text(
+        f"rules:\n  - {{name: p, type: partly_idle_gpu, params: {{min_gpus: {2 if case == 'min-gpus' else 1}}}}}\n")
+    rules = load_rules(tmp_path / "rules.yaml")
+    dark, stopped, late, lag = (lambda m: 60 < m < 70), (lambda m: 61 <= m < 70), None, 75
+    if case == "min-gpus":
+        util = lambda g, m: REST if (g == 1 and m < 110) or (g == 2 and m < 60) else WORK  # noqa: E731
+        lag = 55
+    elif case == "back-late":
+        util, late = (lambda g, m: REST if g == 1 and m < 105 else WORK), (1, 70, 80)  # noqa: E731
+    elif case == "joined-short":
+        util = lambda g, m: REST if (g == 1 and m < 120) or (g == 2 and m < 85) else WORK  # noqa: E731
+    else:
+        util = lambda g, m: REST if g == 1 and 55 <= m < 110 else WORK  # noqa: E731
+        dark, stopped, lag = (lambda m: 75 < m < 77), (lambda m: 75 <= m < 76), 45
+    events = _four_gpus(util, dark, stopped, late)
+
+    def stood(found: list) -> list:  # (a withdrawn episode left out, a correction in place of what it corrects)
+        withdrawn = {f.episode_start for f in found if f.details.get("reason") == "withdrawn"}
+        corrected = {f.episode_start for f in found if f.details.get("corrected")}
+        return sorted(((f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN,
+                        round(f.waste_usd, 2) if f.action == "resolve" else None)
+                       for f in found if f.action != "update" and f.episode_start not in withdrawn
+                       and (f.action == "fire" or f.details.get("corrected") or f.episode_start not in corrected)),
+                      key=repr)  # fmt: skip
+
+    assert stood(Engine(rules).process(_read(events, lag))) == stood(Engine(rules).process(_read(events)))

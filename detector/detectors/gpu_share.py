@@ -84,7 +84,6 @@ from detector.detectors.episode import (
     fire,
     gap_at,
     is_ended,
-    rebased,
     take_back_ended,
     with_gaps,
     withdraws,
@@ -1052,21 +1051,33 @@ class GpuShare(DetectorBase):
     def _after_stop(self, st: GpuShareState, res: ResourceInfo, ended: Ended, k: int) -> list[Finding]:
         """The GPUs idle after the gap at ``k`` of ``ended``, in which a stop read late fell: in time order the
         stop restarted them, from the gap's end (or a later gap's longer than ``stale_after``), and they made
-        an episode of their own where they had been idle ``for`` by the last scrape that judged them idle,
-        which the scrape that resolved ``ended`` resolved in turn. Made now, fire and resolution, dated and
-        priced as time order did, with the GPUs that resolution named, and kept as the episode resolved last
-        (a stop read later in one of its gaps takes it back or corrects it too). Its resolution says
-        ``gpu_busy`` (the reason the GPUs left is not kept), and GPUs back from the gap after its end are
-        taken as back at its end."""
-        since, _, _, was_at, was_usd, was_unpriced, held_until = ended[:ENDED]
+        an episode of their own where at least ``min_gpus`` of them had been idle ``for`` by the last scrape
+        that judged them idle, which the scrape that resolved ``ended`` resolved in turn. Made now, fire and
+        resolution, dated as time order did, and kept as the episode resolved last (a stop read later in one
+        of its gaps takes it back or corrects it too). Its GPUs are those that resolution named, priced as
+        idle from the restart over the time samples cover (:func:`_covered_s`), not by the dollars the
+        episode counted after the gap (GPUs that never lasted ``for`` after it, or a candidate's time before
+        it, were in those). Its resolution says ``gpu_busy`` (the reason the GPUs left is not kept). None is made
+        where a GPU it would name came back from a gap after its end (:func:`_resolve`: taken as back at its
+        end, a review found an alert made where time order made none, a GPU back ten minutes late and idle 25
+        minutes after)."""
+        since, _, _, was_at, _, _, held_until = ended[:ENDED]
         gaps, p = ended[ENDED:], self.params
-        start, waste_after, unpriced_after, j = after_gap(gaps, k - ENDED, p.stale_after, p.for_)
-        if held_until <= since or held_until - start < p.for_:
+        listed = [g for g in st.listed if g in st.gpu_ids]
+        start, _, _, j = after_gap(gaps, k - ENDED, p.stale_after, p.for_)
+        if held_until <= since or held_until - start < p.for_ or len(listed) < p.min_gpus:
             return []  # (held_until at since: a whole-host spell's hand-over, see _resolve)
-        usd, unpriced = _priced(res, was_usd - waste_after, was_unpriced - unpriced_after)
+        share = len(listed) / max(len(st.gpu_ids), res.gpus, 1)
+        later = gaps[j:]
+        def counted(at: float) -> tuple[float, float]:  # (its dollars and unpriced seconds as of ``at``)
+            return _priced(res, 0.0, share * _covered_s(later, start, at, p.stale_after))
+
+        usd, unpriced = counted(was_at)
+        its_gaps: list[float] = []  # (the gaps after its start, their dollars its own)
+        for i in range(0, len(later), GAP):
+            its_gaps += (later[i], later[i + 1], *counted(later[i]), *counted(later[i + 1]))
         fired_at = start + p.for_
-        st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until,
-                            rebased(gaps, j, waste_after, unpriced_after))  # fmt: skip
+        st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until, tuple(its_gaps) or None)
         return self._past_episode(st, res, start, fired_at, was_at, usd)
 
     def _billed_late(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
@@ -1139,20 +1150,36 @@ class GpuShare(DetectorBase):
 def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[], Finding]) -> list[Finding]:
     """The episode ends by a scrape: ``resolution`` if it fired, then kept with its gaps for a stop read later
     (:attr:`GpuShareState.ended`), and ``held_until``, the last scrape that judged its GPUs idle (None: a
-    whole-host spell's hand-over, after which no episode of the GPUs after a gap is made:
-    :meth:`GpuShare._after_stop`); the gaps stay kept past the episode's end, so that where such a stop
-    falls in one, the GPUs idle across it start again from their return."""
+    whole-host spell's hand-over; and where a GPU the resolution names came back from a gap after its end,
+    the Ended not keeping when: no episode of the GPUs after a gap is made then, :meth:`GpuShare._after_stop`);
+    the gaps stay kept past the episode's end, so that where such a stop falls in one, the GPUs idle across
+    it start again from their return."""
     kept, since, fired_at, fired_by, unpriced = _gaps(st), st.since, st.fired_at, st.fired_by, st.unpriced_s
     found = end(st, resolution)
     if found and since is not None and fired_at is not None and fired_by is not None:
         gaps = _episode_gaps(st, kept)
         at = found[0].at
+        if held_until is not None and _back_late(kept, st.listed):
+            held_until = None
         st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced,
                             since if held_until is None else held_until, gaps or None)  # fmt: skip
     _set_gaps(st, [(gap[0], gap[1], _PAST, 0.0, _PAST, 0.0, *gap[_NOTES:]) for gap in kept])  # (as _gaps_from)
     if st.unbilled is not None and len(st.unbilled) == 1:
         st.unbilled = None  # (a candidate that would have fired, ended otherwise than by a scrape of busy GPUs)
     return found
+
+
+def _covered_s(gaps: tuple[float, ...], start: float, at: float, stale_after: float) -> float:
+    """Seconds from ``start`` to ``at`` that samples cover: less the gaps (:data:`GAP` figures each) within
+    them longer than ``stale_after``, which are not idle time."""
+    dark = sum(min(gaps[i + 1], at) - gaps[i] for i in range(0, len(gaps), GAP)
+               if gaps[i + 1] - gaps[i] > stale_after and start <= gaps[i] < at)  # fmt: skip
+    return max(0.0, at - start - dark)
+
+
+def _back_late(gaps: list[tuple[float, ...]], gpus: tuple[int, ...]) -> bool:
+    """Whether any of ``gpus`` came back from one of ``gaps`` after its end (a return noted in it)."""
+    return any(int(gap[k]) in gpus for gap in gaps for k in range(_NOTES, len(gap) - 1, 2))
 
 
 def _keep_unbilled(st: GpuShareState, at: float, *, whole_host: bool) -> None:
