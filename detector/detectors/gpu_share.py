@@ -1069,6 +1069,7 @@ class GpuShare(DetectorBase):
             return []  # (held_until at since: a whole-host spell's hand-over, see _resolve)
         share = len(listed) / max(len(st.gpu_ids), res.gpus, 1)
         later = gaps[j:]
+
         def counted(at: float) -> tuple[float, float]:  # (its dollars and unpriced seconds as of ``at``)
             return _priced(res, 0.0, share * _covered_s(later, start, at, p.stale_after))
 
