@@ -98,8 +98,8 @@ from detector.units import Duration, Percent
 __all__ = ["MAX_UNITS", "GpuShare", "GpuShareParams", "GpuShareState", "gpu_names"]
 
 _PAST = -1.0
-"""The dollars of a gap kept past the end of the episode it came in (:func:`_resolve`): not the open
-episode's to go back to, and any gap of the next replaces it (:func:`_keep_gap`)."""
+"""The dollars of a gap kept past the end of the episode it came in (:func:`_past`): not the open
+episode's to go back to, nor an :data:`~detector.detectors.episode.Ended`'s (:func:`_episode_gaps`)."""
 FORGET_S = 3600.0
 """A unit with no sample for this long (while the host's others report) is gone."""
 _ALONE = {key: (key,) for key in KEYS}
@@ -764,8 +764,7 @@ class GpuShare(DetectorBase):
                 later = _gaps_from(st, t)
                 found += end(st, partial(self._finding, "resolve", st, res, max(t, since), reason=reason))
                 _set_gaps(st, later)  # (they may hold a later stop, read later still)
-                if st.unbilled is not None and len(st.unbilled) == 1:
-                    st.unbilled = None  # (the candidate stopped before usage said billed: it never fired)
+                _let_go_running(st)  # (the candidate stopped before usage said billed: it never fired)
             if t > st.stopped_at:
                 st.stopped_at = t
             times = st.gpu_times
@@ -833,7 +832,7 @@ class GpuShare(DetectorBase):
         if st.since is None and codes.isdisjoint(state.values()):
             self._spell(st, res, c, any_busy)  # no GPU of ours idle, no episode: only the host's spells
             if st.whole_idle_since is not None and t - c > STOP_GAP_S:
-                _keep_gap(st, c, t, p.stale_after)  # (a spell across a stop restarts at the gap's end)
+                _keep_gap(st, c, t)  # (a spell across a stop restarts at the gap's end)
             return []
         self._spell(st, res, c, any_busy)
         changed = bool(reason)
@@ -881,22 +880,21 @@ class GpuShare(DetectorBase):
                     fire(st, since=st.since, fired_at=fired_at, at=c)
                     if st.fired_by is None:  # the scrape that judged the host at c: read after a stop before it, none fires
                         st.fired_by = t
-                    if st.unbilled is not None and len(st.unbilled) == 1:
-                        st.unbilled = None
+                    _let_go_running(st)
                     found = [self._finding("fire", st, res, fired_at)]
                 else:
                     if not res.known and st.fired_by is None:
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
                     if st.unbilled is None:
                         st.unbilled = (fired_at,)  # (kept if it ends unfired: usage read later may say billed)
-                    if len(st.unbilled) == 1:
+                    if _running(st):
                         st.listed = tuple(sorted(listed))  # (what its findings name, if they are made)
         elif any_busy and (changed or c - st.last_report >= p.update_every):
             st.last_report = c
             found = [self._finding("update", st, res, c)]
         gap = t - c
         if gap > STOP_GAP_S:  # (an episode or an idle run is under way, here: a stop in the gap restarts the GPUs from its end)
-            _keep_gap(st, c, t, p.stale_after)
+            _keep_gap(st, c, t)
         if gap <= p.stale_after:
             share_s = gap / max(len(ids), res.gpus)
             n = 0
@@ -1164,9 +1162,8 @@ def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[
             held_until = None
         st.ended = ended_of(since, fired_at, fired_by, at, found[0].waste_usd, unpriced,
                             since if held_until is None else held_until, gaps or None)  # fmt: skip
-    _set_gaps(st, [(gap[0], gap[1], _PAST, 0.0, _PAST, 0.0, *gap[_NOTES:]) for gap in kept])  # (as _gaps_from)
-    if st.unbilled is not None and len(st.unbilled) == 1:
-        st.unbilled = None  # (a candidate that would have fired, ended otherwise than by a scrape of busy GPUs)
+    _set_gaps(st, [_past(gap) for gap in kept])
+    _let_go_running(st)  # (a candidate that would have fired, ended otherwise than by _keep_unbilled)
     return found
 
 
@@ -1187,9 +1184,22 @@ def _keep_unbilled(st: GpuShareState, at: float, *, whole_host: bool) -> None:
     """The candidate, which would have fired but for the host's billing (:attr:`GpuShareState.unbilled`), ends
     unfired at ``at`` (its GPUs busy, or a whole-host spell's start): kept, with its dollars and gaps, for
     usage read later that says billed before then."""
-    if st.fired_at is None and st.since is not None and st.unbilled is not None and len(st.unbilled) == 1:
-        st.unbilled = (st.since, st.unbilled[0], at, st.waste_usd, st.unpriced_s, 1.0 if whole_host else 0.0,
+    running = st.unbilled
+    if st.fired_at is None and st.since is not None and running is not None and len(running) == 1:
+        st.unbilled = (st.since, running[0], at, st.waste_usd, st.unpriced_s, 1.0 if whole_host else 0.0,
                        *_episode_gaps(st))  # fmt: skip
+
+
+def _running(st: GpuShareState) -> bool:
+    """Whether :attr:`GpuShareState.unbilled` holds a candidate still running (its fire's date alone)."""
+    return st.unbilled is not None and len(st.unbilled) == 1
+
+
+def _let_go_running(st: GpuShareState) -> None:
+    """The candidate running unbilled fired, or ended otherwise than kept: no longer held (one ended and kept
+    stays, for usage read later)."""
+    if _running(st):
+        st.unbilled = None
 
 
 def _episode_gaps(st: GpuShareState, kept: list[tuple[float, ...]] | None = None) -> tuple[float, ...]:
@@ -1261,7 +1271,13 @@ def _forget_gaps_before(st: GpuShareState, t: float) -> None:
 def _gaps_from(st: GpuShareState, t: float) -> list[tuple[float, ...]]:
     """The gaps kept that begin after a stop at ``t``, which ends the open episode: marked as past it (their
     dollars not the next episode's), as :func:`_resolve` leaves them."""
-    return [(gap[0], gap[1], _PAST, 0.0, _PAST, 0.0, *gap[_NOTES:]) for gap in _gaps(st) if gap[0] > t]
+    return [_past(gap) for gap in _gaps(st) if gap[0] > t]
+
+
+def _past(gap: tuple[float, ...]) -> tuple[float, ...]:
+    """``gap`` kept past the end of the episode it came in: its GPUs' returns still say where a stop read later
+    in it restarts them, its dollars are no episode's (:data:`_PAST`)."""
+    return (gap[0], gap[1], _PAST, 0.0, _PAST, 0.0, *gap[_NOTES:])
 
 
 def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
@@ -1273,7 +1289,7 @@ def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
     return next((gap for gap in _gaps(st) if gap[0] <= t < gap[1]), None)
 
 
-def _keep_gap(st: GpuShareState, c: float, t: float, stale_after: float) -> None:
+def _keep_gap(st: GpuShareState, c: float, t: float) -> None:
     """The scrapes of the host jump from ``c`` to ``t``, more than a minute, while an episode, an idle run
     or a whole-idle spell is under way: the gap is kept (:attr:`GpuShareState.gaps`) with those before it (a
     missed scrape, or a late one, does not hide a restart's: past :data:`MAX_GAPS` the shortest before it
