@@ -14,7 +14,7 @@ $32/h. The engine reads the events in time order, and then with the usage topic 
 ``--lags`` minutes behind; the draw differs where a fire's episode or time, or a resolution's time or
 dollars, differ, leaving out what live reading takes back (a fire withdrawn with its withdrawal, a
 resolution corrected: its correction stands in its place) and a fire's dollars (live, those as of when
-the host's price was known). Exit status 0: a measurement,
+the host's price was known; ``--fire-dollars`` compares them too). Exit status 0: a measurement,
 not a test (docs/reliability.md names the differences left).
 """
 
@@ -74,13 +74,14 @@ def read(events: list, lag_min: float) -> list:
                                          type(e).__name__ == "UsageEvent"))  # fmt: skip
 
 
-def stood(ruleset, events: list) -> list[tuple]:
-    """Each fire (rule, episode start, time) and resolution (and its dollars) that stood, in minutes."""
+def stood(ruleset, events: list, fire_dollars: bool = False) -> list[tuple]:
+    """Each fire (rule, episode start, time; its dollars with ``fire_dollars``) and resolution (and its
+    dollars) that stood, in minutes."""
     found = [f for f in Engine(ruleset).process(events) if f.type in TYPES and f.action != "update"]
     withdrawn = {(f.type, f.episode_start) for f in found if f.details.get("reason") == "withdrawn"}
     corrected = {(f.type, f.episode_start) for f in found if f.details.get("corrected")}
     return [(f.type, f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN,
-             round(f.waste_usd, 2) if f.action == "resolve" else None)
+             round(f.waste_usd, 2) if f.action == "resolve" or fire_dollars else None)
             for f in found if (f.type, f.episode_start) not in withdrawn
             and (f.action != "resolve" or f.details.get("corrected") or (f.type, f.episode_start) not in corrected)]  # fmt: skip
 
@@ -92,6 +93,7 @@ def main() -> int:
     ap.add_argument("--lags", default="5,9,15,40,45", help="minutes the usage topic is read behind, one drawn a host")
     ap.add_argument("--whole", action="store_true", help="every GPU of a host idle and busy alike")
     ap.add_argument("--dark-again", action="store_true", help="the host dark once more, running, soon after the gap")
+    ap.add_argument("--fire-dollars", action="store_true", help="a fire's dollars differing makes a draw differ too")
     ap.add_argument("--show", action="store_true", help="print each draw that differs")
     args = ap.parse_args()
     lags = [float(x) for x in args.lags.split(",")]
@@ -101,7 +103,8 @@ def main() -> int:
         rng = random.Random(seed)
         events, drawn = draw(rng, args.whole, args.dark_again)
         lag = rng.choice(lags)
-        in_order, live = stood(ruleset, read(events, 0.0)), stood(ruleset, read(events, lag))
+        in_order = stood(ruleset, read(events, 0.0), args.fire_dollars)
+        live = stood(ruleset, read(events, lag), args.fire_dollars)
         if sorted(in_order, key=repr) != sorted(live, key=repr):  # (a correction comes after what followed)
             differ += 1
             if args.show:

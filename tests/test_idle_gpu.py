@@ -712,3 +712,24 @@ def test_a_candidate_billed_late_keeps_its_gaps_for_a_stop_read_after(ruleset, r
     assert [x[0] for x in in_order] == ["fire", "resolve"] and in_order[1][2:] == (T0 + 40 * MIN, in_order[1][3],
                                                                                      "instance_stopped")  # fmt: skip
     assert _resolved(ruleset, rule, events, 60 * MIN) == in_order
+
+
+@pytest.mark.parametrize(("rule_type", "utils", "sm", "for_min"), [
+    ("idle_gpu", [0.0] * 8, None, 30), ("stuck_gpu", [100.0] * 8, [0.0] * 8, 20)])  # fmt: skip
+@pytest.mark.parametrize("behind_min", [40, 50])
+def test_fires_caught_up_after_stops_read_late_say_the_dollars_of_their_date(ruleset, rule_type, utils, sm, for_min,
+                                                                           behind_min):  # fmt: skip
+    """Idle (stuck) throughout, dark 60-65 (stopped 61-65) and 100-103 (stopped 101-103), usage from 0 read 40 or
+    50 minutes behind: the first fire waits for the host's billing, the next two for the stop before them, and
+    each is made samples after its date. Time order made each at its date, with the dollars of ``for``; live said
+    every dollar counted to the sample that made it ($21.33 or $26.67 for $16.00: red before)."""
+    stopped = lambda m: 61 <= m < 65 or 101 <= m < 103  # noqa: E731
+    events = [e for k in range(2 * 220) if not (60 < k / 2 < 65 or 100 < k / 2 < 103)
+              for e in scrape(T0 + 30 * k, utils, sm=sm)]  # fmt: skip
+    events += [usage(T0 + m * MIN, state="stopped" if stopped(m) else "running") for m in range(220)]
+    found = lambda evs: [f for f in Engine(ruleset).process(evs) if f.type == rule_type and f.action != "update"]  # noqa: E731
+    in_order = found(_read(events))
+    starts = [0, 65, 103]
+    assert [(f.action, f.episode_start) for f in in_order if f.action == "fire"] == [("fire", T0 + m * MIN) for m in starts]
+    assert {round(f.waste_usd, 3) for f in in_order if f.action == "fire"} == {round(32.0 * for_min / 60, 3)}
+    assert _summary(found(_read(events, usage_behind_s=behind_min * MIN))) == _summary(in_order)

@@ -836,3 +836,30 @@ def test_the_episode_after_the_gap_is_made_only_as_time_order_makes_it(tmp_path,
                       key=repr)  # fmt: skip
 
     assert stood(Engine(rules).process(_read(events, lag))) == stood(Engine(rules).process(_read(events)))
+
+
+@pytest.mark.parametrize("lag", [40, 50])
+def test_two_stops_in_one_open_episode_read_late_resolve_each_episode_as_time_order(ruleset, lag):
+    """GPUs 4-7 idle throughout; dark 60-65 (stopped 61-65) and 100-103 (stopped 101-103); usage 40 or 50
+    minutes behind, so each stop is read while the episode it ends is still open. In time order: fired at 30,
+    resolved at 61; from the restart (65) fired at 95, resolved at 101; from 103 fired at 133. Live, the first
+    stop restarted the GPUs from 65 and the next scrape fired that episode dated 95, but it took the scrape
+    that fired it as the one at the stop's reading: the second stop, dated 101, withdrew it as if it came
+    before the fire, and each of the two fires said 50 minutes' dollars, not 30 (a review's reproduction,
+    red before)."""
+    events = _build(lambda m: None if 60 < m < 65 or 100 < m < 103 else [WORK] * 4 + [REST] * 4,
+                    lambda m: 61 <= m < 65 or 101 <= m < 103, 220)  # fmt: skip
+    in_order = _partly(ruleset, _read(events))
+    assert [x[:3] for x in in_order] == [("fire", 0.0, 30.0), ("resolve", 0.0, 61.0), ("fire", 65.0, 95.0),
+                                         ("resolve", 65.0, 101.0), ("fire", 103.0, 133.0)]  # fmt: skip
+    assert _partly(ruleset, _read(events, lag)) == in_order
+
+
+@pytest.mark.parametrize("lag", [None, 15])
+def test_a_fire_dated_before_a_dip_is_made_at_the_dip_s_end_with_every_dollar_to_then(ruleset, lag):
+    """GPUs 4-7 idle from 0, GPUs 0-3 idle 25-45: a dip, no GPU working, so none is counted until 45, when the
+    episode fires dated 30 (``for`` after its start). Fifteen minutes after its date, but time order made it
+    there too (no scrape between judged a GPU working): its dollars are all counted to 45, not a fire of 30
+    minutes' (the rule for a fire caught up after a stop read late must not take it)."""
+    events = _build(lambda m: [REST if 25 <= m < 45 else WORK] * 4 + [REST] * 4, lambda m: False, 120)
+    assert _partly(ruleset, _read(events, lag)) == [("fire", 0.0, 30.0, 12.0)]

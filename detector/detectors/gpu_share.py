@@ -834,6 +834,7 @@ class GpuShare(DetectorBase):
             if st.whole_idle_since is not None and t - c > STOP_GAP_S:
                 _keep_gap(st, c, t)  # (a spell across a stop restarts at the gap's end)
             return []
+        dip = st.whole_idle_since  # (a spell that c ends: no GPU was counted in it, so time order fires at c)
         self._spell(st, res, c, any_busy)
         changed = bool(reason)
         ids = st.gpu_ids
@@ -878,10 +879,14 @@ class GpuShare(DetectorBase):
                 fired_at = min(c, max(st.since, self._qualified(st, listed, c) + p.for_))
                 if res.billed:
                     fire(st, since=st.since, fired_at=fired_at, at=c)
+                    # Time order fired it scrapes ago (see _caught_up), unless no GPU worked from its date to c.
+                    caught_up = c - fired_at > p.stale_after and (dip is None or fired_at < dip)
                     if st.fired_by is None:  # the scrape that judged the host at c: read after a stop before it, none fires
-                        st.fired_by = t
+                        st.fired_by = _firing_scrape(st, fired_at, t - c) if caught_up else t
                     _let_go_running(st)
                     found = [self._finding("fire", st, res, fired_at)]
+                    if caught_up:
+                        found = [self._caught_up(st, res, found[0], listed)]
                 else:
                     if not res.known and st.fired_by is None:
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
@@ -1079,6 +1084,28 @@ class GpuShare(DetectorBase):
         st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until, tuple(its_gaps) or None)
         return self._past_episode(st, res, start, fired_at, was_at, usd)
 
+    def _caught_up(self, st: GpuShareState, res: ResourceInfo, fired: Finding, listed: list[int]) -> Finding:
+        """``fired``, the fire of the open episode, dated more than ``stale_after`` before the scrape that made it:
+        a stop read late restarted its GPUs in the past (from their return after the gap that held it,
+        :meth:`_idle_from`), or the host's billing was read late. Time order fired it at the scrape that judged
+        its date, with the dollars of its GPUs' idle time to then, not all counted since: those, as its GPUs idle
+        from its start over the time samples cover (:func:`_covered_s`, as :meth:`_after_stop` prices). The gaps
+        kept after its start that the stop marked past the episode it ended are this one's now, with its dollars
+        at each: a second stop read late in one resolves it there, as time order did (:meth:`_back_to_gap`),
+        not with every dollar counted since."""
+        since, stale_after = fired.episode_start, self.params.stale_after
+        share = len(listed) / max(len(st.gpu_ids), res.gpus, 1)
+        later = [gap for gap in _gaps(st) if gap[0] >= since]
+        flat = tuple(x for gap in later for x in gap[:_NOTES])
+
+        def counted(at: float) -> tuple[float, float]:  # (its dollars and unpriced seconds as of ``at``)
+            return _priced(res, 0.0, share * _covered_s(flat, since, at, stale_after))
+
+        _set_gaps(st, [(gap[0], gap[1], *counted(gap[0]), *counted(gap[1]), *gap[_NOTES:])
+                       if gap[0] >= since and gap[2] == _PAST else gap for gap in _gaps(st)])  # fmt: skip
+        usd = min(fired.waste_usd, counted(fired.fired_at)[0])
+        return msgspec.structs.replace(fired, waste_usd=round(usd, 4))
+
     def _billed_late(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         """A usage event at ``t`` read after the candidate kept in :attr:`GpuShareState.unbilled` ended unfired:
         where it says billed before the break, time order fired the candidate (at the date kept) and the
@@ -1165,6 +1192,18 @@ def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[
     _set_gaps(st, [_past(gap) for gap in kept])
     _let_go_running(st)  # (a candidate that would have fired, ended otherwise than by _keep_unbilled)
     return found
+
+
+def _firing_scrape(st: GpuShareState, fired_at: float, step: float) -> float:
+    """The scrape that fired, in time order, an episode dated ``fired_at`` (the scrape after the one that judged
+    it, scrapes ``step`` apart): after a gap kept that holds its date, or that comes right after it, that scrape is
+    the gap's end, or the next after it (a stop read late in such a gap came before the fire, :func:`withdraws`)."""
+    for gap in _gaps(st):
+        if fired_at <= gap[0] < fired_at + step:  # judged at the gap's start, by the scrape that ends it
+            return gap[1]
+        if gap[0] < fired_at < gap[1]:  # judged at the gap's end
+            return gap[1] + step
+    return fired_at + step
 
 
 def _covered_s(gaps: tuple[float, ...], start: float, at: float, stale_after: float) -> float:
