@@ -863,3 +863,24 @@ def test_a_fire_dated_before_a_dip_is_made_at_the_dip_s_end_with_every_dollar_to
     minutes' (the rule for a fire caught up after a stop read late must not take it)."""
     events = _build(lambda m: [REST if 25 <= m < 45 else WORK] * 4 + [REST] * 4, lambda m: False, 120)
     assert _partly(ruleset, _read(events, lag)) == [("fire", 0.0, 30.0, 12.0)]
+
+
+def test_an_episode_from_a_gap_that_the_one_before_marked_past_brings_its_follow_on_when_a_stop_in_it_is_read(ruleset):
+    """GPU 4 idle 0-120, GPU 0 idle 104-136.5; dark 104-106, stopped 105-106; usage 40 minutes behind. In time
+    order the stop ends the first episode at 105, and GPU 0, idle from the restart, fires at 136 and resolves
+    at 136.5. Live, the first episode ran on across the gap to 120 and GPU 0's, from its idle sample before the
+    gap (104), fired at 134: the gap, kept by the first and marked past its end, was none of the second's, so the
+    stop, read after, withdrew the second and brought nothing (a fuzz's find, `gpu_live_order.py` seed 335, red
+    before). Now the second fire claims it, and the stop brings time order's episode from 106. Left: only the
+    episode resolved last is kept, so the first's resolution at 120 is not corrected to the stop."""
+    def utils(m: float) -> list[float] | None:
+        if 104 < m < 106:
+            return None
+        return [REST if 104 <= m < 136.5 else WORK, WORK, WORK, WORK, REST if m < 120 else WORK, WORK, WORK, WORK]
+
+    events = _build(utils, lambda m: 105 <= m < 106, 200)
+    in_order = _partly(ruleset, _read(events))
+    assert [x[:3] for x in in_order] == [("fire", 0.0, 30.0), ("resolve", 0.0, 105.0), ("fire", 106.0, 136.0),
+                                         ("resolve", 106.0, 136.5)]  # fmt: skip
+    live = _stood(_partly(ruleset, _read(events, 40)))
+    assert [x for x in live if x[1] >= 104] == [x for x in in_order if x[1] >= 104]

@@ -884,9 +884,7 @@ class GpuShare(DetectorBase):
                     if st.fired_by is None:  # the scrape that judged the host at c: read after a stop before it, none fires
                         st.fired_by = _firing_scrape(st, fired_at, t - c) if caught_up else t
                     _let_go_running(st)
-                    found = [self._finding("fire", st, res, fired_at)]
-                    if caught_up:
-                        found = [self._caught_up(st, res, found[0], listed)]
+                    found = [self._fired(st, res, self._finding("fire", st, res, fired_at), listed, caught_up)]
                 else:
                     if not res.known and st.fired_by is None:
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
@@ -1072,10 +1070,7 @@ class GpuShare(DetectorBase):
             return []  # (held_until at since: a whole-host spell's hand-over, see _resolve)
         share = len(listed) / max(len(st.gpu_ids), res.gpus, 1)
         later = gaps[j:]
-
-        def counted(at: float) -> tuple[float, float]:  # (its dollars and unpriced seconds as of ``at``)
-            return _priced(res, 0.0, share * _covered_s(later, start, at, p.stale_after))
-
+        counted = partial(_share_priced, res, share, later, start, stale_after=p.stale_after)
         usd, unpriced = counted(was_at)
         its_gaps: list[float] = []  # (the gaps after its start, their dollars its own)
         for i in range(0, len(later), GAP):
@@ -1084,26 +1079,26 @@ class GpuShare(DetectorBase):
         st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until, tuple(its_gaps) or None)
         return self._past_episode(st, res, start, fired_at, was_at, usd)
 
-    def _caught_up(self, st: GpuShareState, res: ResourceInfo, fired: Finding, listed: list[int]) -> Finding:
-        """``fired``, the fire of the open episode, dated more than ``stale_after`` before the scrape that made it:
-        a stop read late restarted its GPUs in the past (from their return after the gap that held it,
-        :meth:`_idle_from`), or the host's billing was read late. Time order fired it at the scrape that judged
-        its date, with the dollars of its GPUs' idle time to then, not all counted since: those, as its GPUs idle
-        from its start over the time samples cover (:func:`_covered_s`, as :meth:`_after_stop` prices). The gaps
-        kept after its start that the stop marked past the episode it ended are this one's now, with its dollars
-        at each: a second stop read late in one resolves it there, as time order did (:meth:`_back_to_gap`),
-        not with every dollar counted since."""
+    def _fired(self, st: GpuShareState, res: ResourceInfo, fired: Finding, listed: list[int], caught_up: bool) -> Finding:
+        """``fired``, the fire of the open episode of the GPUs ``listed``. The gaps kept after its start that a stop
+        marked past the episode it ended (read late: the GPUs restarted from their return after its gap) are
+        this episode's now, with its dollars at each, its GPUs idle from its start over the time samples cover
+        (:func:`_share_priced`, as :meth:`_after_stop` prices): a second stop read late in one corrects or takes
+        it back there, as time order ended it (:meth:`_back_to_gap`, :meth:`_taken_back`), not with every dollar
+        counted since, nor withdrawn for want of a gap. ``caught_up``: made more than ``stale_after`` past its
+        date (the stop, or the host's billing, read late); time order made it at the scrape that judged its
+        date, with the dollars of its GPUs' idle time to then, not all counted since: those, priced so."""
         since, stale_after = fired.episode_start, self.params.stale_after
         share = len(listed) / max(len(st.gpu_ids), res.gpus, 1)
-        later = [gap for gap in _gaps(st) if gap[0] >= since]
-        flat = tuple(x for gap in later for x in gap[:_NOTES])
-
-        def counted(at: float) -> tuple[float, float]:  # (its dollars and unpriced seconds as of ``at``)
-            return _priced(res, 0.0, share * _covered_s(flat, since, at, stale_after))
-
-        _set_gaps(st, [(gap[0], gap[1], *counted(gap[0]), *counted(gap[1]), *gap[_NOTES:])
-                       if gap[0] >= since and gap[2] == _PAST else gap for gap in _gaps(st)])  # fmt: skip
-        usd = min(fired.waste_usd, counted(fired.fired_at)[0])
+        gaps = _gaps(st)
+        flat = tuple(x for gap in gaps if gap[0] >= since for x in gap[:_NOTES])
+        if any(gap[0] >= since and gap[2] == _PAST for gap in gaps):
+            _set_gaps(st, [(gap[0], gap[1], *_share_priced(res, share, flat, since, gap[0], stale_after=stale_after),
+                            *_share_priced(res, share, flat, since, gap[1], stale_after=stale_after), *gap[_NOTES:])
+                           if gap[0] >= since and gap[2] == _PAST else gap for gap in gaps])  # fmt: skip
+        if not caught_up:
+            return fired
+        usd = min(fired.waste_usd, _share_priced(res, share, flat, since, fired.fired_at, stale_after=stale_after)[0])
         return msgspec.structs.replace(fired, waste_usd=round(usd, 4))
 
     def _billed_late(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
@@ -1204,6 +1199,13 @@ def _firing_scrape(st: GpuShareState, fired_at: float, step: float) -> float:
         if gap[0] < fired_at < gap[1]:  # judged at the gap's end
             return gap[1] + step
     return fired_at + step
+
+
+def _share_priced(res: ResourceInfo, share: float, gaps: tuple[float, ...], start: float, at: float, *,
+                  stale_after: float) -> tuple[float, float]:
+    """Dollars and unpriced seconds of ``share`` of the host idle from ``start`` to ``at``, over the time samples
+    cover (:func:`_covered_s`)."""
+    return _priced(res, 0.0, share * _covered_s(gaps, start, at, stale_after))
 
 
 def _covered_s(gaps: tuple[float, ...], start: float, at: float, stale_after: float) -> float:
