@@ -251,7 +251,8 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
     """Time of the scrape that fired the open episode (None: none open), by which a stop read after it
     and dated before it takes the fire back (:func:`~detector.detectors.episode.withdraws`). Set before the
     fire by a scrape that would have fired it but for the host's billing, not known yet (no usage read:
-    its topic read behind the samples), as time order fires it there."""
+    its topic read behind the samples), as time order fires it there. NaN (:data:`_RESTARTED`) from a stop read
+    late that restarted GPUs in the past to the fire (or the end of the episode: :meth:`~Episode.clear`)."""
     ended: Ended | None = None
     """The episode a scrape resolved last, with its gaps (:attr:`gaps`), while a stop read later may still take
     it back or correct it (:func:`~detector.detectors.episode.take_back_ended`); not cleared with the episode."""
@@ -750,6 +751,8 @@ class GpuShare(DetectorBase):
         if not res.billed:
             since = st.since
             held = _gap_holding(st, t)
+            if held is not None and _rebased_across(held) == st.rebase_at and st.rebase_at - held[1] < self.params.for_:
+                st.rebase_at = t  # (the spell that set it spanned the stop's gap: in time order cut there, short of ``for``)
             if since is not None:
                 if t < since:
                     return found  # a stop from before the episode began (read behind, or sent again): not its end
@@ -778,6 +781,8 @@ class GpuShare(DetectorBase):
                         _restart(st, g)  # (or not back yet: from its first sample, as in time order)
                 elif held is not None and st.gpu_counted[g]:  # idle since after the stop, it joined the ended
                     self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # episode: from its own start
+            if held is not None and st.fired_at is None and st.fired_by is None:
+                st.fired_by = _RESTARTED  # (the GPUs idle across the gap restart in the past: the next judge may fire late)
             if st.whole_idle_since is None or st.whole_idle_since <= t:
                 # (A spell across the gap that held the stop, on since: the host all idle from the gap's end.)
                 across = held is not None and st.whole_idle_since is not None
@@ -879,10 +884,13 @@ class GpuShare(DetectorBase):
                 fired_at = min(c, max(st.since, self._qualified(st, listed, c) + p.for_))
                 if res.billed:
                     fire(st, since=st.since, fired_at=fired_at, at=c)
-                    # Time order fired it scrapes ago (see _caught_up), unless no GPU worked from its date to c.
-                    caught_up = c - fired_at > p.stale_after and (dip is None or fired_at < dip)
-                    if st.fired_by is None:  # the scrape that judged the host at c: read after a stop before it, none fires
-                        st.fired_by = _firing_scrape(st, fired_at, t - c) if caught_up else t
+                    # Its GPUs restarted in the past by a stop read late (_RESTARTED: NaN): time order fired it
+                    # scrapes ago (see _fired), unless no GPU worked from its date to c.
+                    restarted = st.fired_by is not None and st.fired_by != st.fired_by
+                    caught_up = restarted and c - fired_at > p.stale_after and (dip is None or fired_at < dip)
+                    if st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
+                        # before it, none fires
+                        st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S)) if caught_up else t
                     _let_go_running(st)
                     found = [self._fired(st, res, self._finding("fire", st, res, fired_at), listed, caught_up)]
                 else:
@@ -944,13 +952,15 @@ class GpuShare(DetectorBase):
     def _idle_from(self, st: GpuShareState, res: ResourceInfo, g: int, start: float) -> None:
         """GPU ``g``, idle from ``start`` to now after a stop that ended its episode (across the gap that held
         the stop: from its first sample after it; or idle since after the stop, its samples read first): out of the
-        episode, idle since ``start``, its share of the host's seconds since then pending, as a GPU that went
-        idle at that scrape holds them (:meth:`_advance`); what it counted after the gap went with the
-        episode's dollars, put back to the gap's start."""
+        episode, idle since ``start``, its share of the host's seconds since then pending (since the rebase, where
+        a whole-host spell after ``start`` lasted ``for``: ``idle_gpu``'s), as a GPU that went idle at that scrape
+        holds them (:meth:`_advance`); what it counted after the gap went with the episode's dollars, put back to
+        the gap's start."""
         times: Any = st.gpu_times
         at = _G * g
-        pending = max(0.0, st.covered_until - start) / max(len(st.gpu_ids), res.gpus)
-        times[at + _IDLE_SINCE], times[at + _PENDING_S], times[at + _PENDING_FROM] = start, pending, start
+        pending_from = max(start, st.rebase_at)
+        pending = max(0.0, st.covered_until - pending_from) / max(len(st.gpu_ids), res.gpus)
+        times[at + _IDLE_SINCE], times[at + _PENDING_S], times[at + _PENDING_FROM] = start, pending, pending_from
         _set_counted(st, g, 0)
 
     def _qualified(self, st: GpuShareState, listed: list[int], c: float) -> float:
@@ -978,6 +988,8 @@ class GpuShare(DetectorBase):
             times = st.gpu_times
             for g in range(len(st.gpu_ids)):
                 times[_G * g + _PENDING_S], times[_G * g + _PENDING_FROM] = 0.0, _UNSET  # type: ignore[index]
+            if st.gaps is not None:  # (a stop read later in a gap it spanned cut it short: _rebased_across)
+                _set_gaps(st, [_noted(gap, _REBASE, c) if since <= gap[0] else gap for gap in _gaps(st)])
         else:
             self._charge(st, res, st.spell_s)
             st.spell_s = 0.0
@@ -1086,8 +1098,10 @@ class GpuShare(DetectorBase):
         (:func:`_share_priced`, as :meth:`_after_stop` prices): a second stop read late in one corrects or takes
         it back there, as time order ended it (:meth:`_back_to_gap`, :meth:`_taken_back`), not with every dollar
         counted since, nor withdrawn for want of a gap. ``caught_up``: made more than ``stale_after`` past its
-        date (the stop, or the host's billing, read late); time order made it at the scrape that judged its
-        date, with the dollars of its GPUs' idle time to then, not all counted since: those, priced so."""
+        date, its GPUs restarted in the past by a stop read late (:data:`_RESTARTED`); time order made it at the
+        scrape that judged its date, with the dollars of its GPUs' idle time to then, not all counted since:
+        those, priced so. (A fire that waited for the host's billing is not capped: time order, too, made it
+        only once the billing was read, with every dollar counted to then.)"""
         since, stale_after = fired.episode_start, self.params.stale_after
         share = len(listed) / max(len(st.gpu_ids), res.gpus, 1)
         gaps = _gaps(st)
@@ -1191,8 +1205,9 @@ def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[
 
 def _firing_scrape(st: GpuShareState, fired_at: float, step: float) -> float:
     """The scrape that fired, in time order, an episode dated ``fired_at`` (the scrape after the one that judged
-    it, scrapes ``step`` apart): after a gap kept that holds its date, or that comes right after it, that scrape is
-    the gap's end, or the next after it (a stop read late in such a gap came before the fire, :func:`withdraws`)."""
+    it, scrapes ``step`` apart: the latest interval, a gap's no longer than a minute): after a gap kept that holds
+    its date, or that comes right after it, that scrape is the gap's end, or the next after it (a stop read late
+    in such a gap came before the fire, :func:`withdraws`)."""
     for gap in _gaps(st):
         if fired_at <= gap[0] < fired_at + step:  # judged at the gap's start, by the scrape that ends it
             return gap[1]
@@ -1352,6 +1367,24 @@ def _counted_to(st: GpuShareState) -> None:
     gaps = st.gaps
     assert gaps is not None  # (kept by _keep_gap in the same call)
     st.gaps = (*gaps[:-1], (*gaps[-1][:4], st.waste_usd, st.unpriced_s, *gaps[-1][_NOTES:]))
+
+
+_RESTARTED = math.nan
+""":attr:`GpuShareState.fired_by` between a stop read late that restarted GPUs idle across its gap in the past
+(from their return: :meth:`GpuShare._idle_from`) and the next fire, which may come more than ``stale_after`` past
+its date (also when it waited for the restart's usage), as time order made it scrapes ago (:meth:`GpuShare._fired`).
+Time order never reads a stop in a gap kept, so never sets it: its fires are never capped."""
+_REBASE = -1
+"""In a gap's notes (:attr:`GpuShareState.gaps`), in place of a GPU's index: a whole-host spell that spanned the gap
+lasted ``for``, and set :attr:`GpuShareState.rebase_at` to the time noted (:func:`_rebased_across`)."""
+
+
+def _rebased_across(gap: tuple[float, ...]) -> float | None:
+    """The :attr:`GpuShareState.rebase_at` that a whole-host idle spell spanning ``gap`` set when it ended, having
+    lasted ``for`` (:data:`_REBASE`), or None. A stop read later in the gap cut that spell there in time order: where
+    what was left of it after the gap fell short of ``for``, no rebase came of it, and the GPUs, restarted by the
+    stop, count from their return."""
+    return next((gap[k + 1] for k in range(_NOTES, len(gap) - 1, 2) if gap[k] == _REBASE), None)
 
 
 def _noted(gap: tuple[float, ...], gpu: int, t: float) -> tuple[float, ...]:
