@@ -905,3 +905,19 @@ def test_a_whole_host_spell_across_a_stop_read_late_rebases_only_if_what_follows
     fire = 108.0 if spell_end == 108 else 77.0
     assert [x[:3] for x in in_order if x[1] >= 77] == [("fire", fire, fire + 30)]
     assert [x for x in _partly(ruleset, _read(events, lag)) if x[1] >= 77] == [x for x in in_order if x[1] >= 77]
+
+
+@pytest.mark.parametrize("lag", [45, 50])
+def test_a_fire_caught_up_after_a_stop_is_judged_where_time_order_judged_it_after_a_dip(ruleset, lag):
+    """GPUs 4-7 idle throughout, GPUs 0-3 idle 64-84 (a dip of the whole host); dark 39-44 (stopped 40-44) and
+    75-76.5 (stopped 75-76.5); usage 45 or 50 minutes behind, so the first stop is read after the dip. The GPUs
+    restart at 44 and reach ``for`` at 74, inside the dip: time order counts no GPU there, and the second stop, at
+    75, ends the candidate unfired. Live, the fire caught up after the first stop was taken as made at 74.5, so
+    the second stop resolved it, an alert time order never made (a review's reproduction, red before). The dip,
+    noted in the gaps kept, now dates its firing scrape after the dip: the second stop withdraws it."""
+    dark = lambda m: 39 < m < 44 or 75 < m < 76.5  # noqa: E731
+    events = _build(lambda m: None if dark(m) else [REST if 64 <= m < 84 else WORK] * 4 + [REST] * 4,
+                    lambda m: 40 <= m < 44 or 75 <= m < 77, 160)  # fmt: skip
+    in_order = _partly(ruleset, _read(events))
+    assert [x[:3] for x in in_order] == [("fire", 0.0, 30.0), ("resolve", 0.0, 40.0), ("fire", 76.5, 106.5)]
+    assert [x[:3] for x in _stood(_partly(ruleset, _read(events, lag)))] == [x[:3] for x in in_order]

@@ -887,12 +887,13 @@ class GpuShare(DetectorBase):
                     # Its GPUs restarted in the past by a stop read late (_RESTARTED: NaN): time order fired it
                     # scrapes ago (see _fired), unless no GPU worked from its date to c.
                     restarted = st.fired_by is not None and st.fired_by != st.fired_by
-                    caught_up = restarted and c - fired_at > p.stale_after and (dip is None or fired_at < dip)
-                    if st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
-                        # before it, none fires
-                        st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S)) if caught_up else t
+                    judged = None  # (time order's scrape that judged it, where made scrapes after)
+                    if restarted and c - fired_at > p.stale_after and (dip is None or fired_at < dip):
+                        judged, st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S))
+                    elif st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
+                        st.fired_by = t  # before it, none fires
                     _let_go_running(st)
-                    found = [self._fired(st, res, self._finding("fire", st, res, fired_at), listed, caught_up)]
+                    found = [self._fired(st, res, self._finding("fire", st, res, fired_at), listed, judged)]
                 else:
                     if not res.known and st.fired_by is None:
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
@@ -993,6 +994,8 @@ class GpuShare(DetectorBase):
         else:
             self._charge(st, res, st.spell_s)
             st.spell_s = 0.0
+            if st.gaps is not None:  # (a fire dated within it, caught up after a stop read late in a gap before)
+                _set_gaps(st, [_noted(_noted(gap, _DIP, since), _DIP_END, c) for gap in _gaps(st)])
         st.whole_idle_since = None
 
     # -- helpers ------------------------------------------------------------
@@ -1091,16 +1094,17 @@ class GpuShare(DetectorBase):
         st.ended = ended_of(start, fired_at, fired_at, was_at, usd, unpriced, held_until, tuple(its_gaps) or None)
         return self._past_episode(st, res, start, fired_at, was_at, usd)
 
-    def _fired(self, st: GpuShareState, res: ResourceInfo, fired: Finding, listed: list[int], caught_up: bool) -> Finding:
+    def _fired(self, st: GpuShareState, res: ResourceInfo, fired: Finding, listed: list[int],
+               judged: float | None) -> Finding:  # fmt: skip
         """``fired``, the fire of the open episode of the GPUs ``listed``. The gaps kept after its start that a stop
         marked past the episode it ended (read late: the GPUs restarted from their return after its gap) are
         this episode's now, with its dollars at each, its GPUs idle from its start over the time samples cover
         (:func:`_share_priced`, as :meth:`_after_stop` prices): a second stop read late in one corrects or takes
         it back there, as time order ended it (:meth:`_back_to_gap`, :meth:`_taken_back`), not with every dollar
-        counted since, nor withdrawn for want of a gap. ``caught_up``: made more than ``stale_after`` past its
-        date, its GPUs restarted in the past by a stop read late (:data:`_RESTARTED`); time order made it at the
-        scrape that judged its date, with the dollars of its GPUs' idle time to then, not all counted since:
-        those, priced so. (A fire that waited for the host's billing is not capped: time order, too, made it
+        counted since, nor withdrawn for want of a gap. ``judged``: made more than ``stale_after`` past its date,
+        its GPUs restarted in the past by a stop read late (:data:`_RESTARTED`), time order made it when judging
+        the host at ``judged`` (:func:`_firing_scrape`), with the dollars of its GPUs' idle time to then, not all
+        counted since: those, priced so. (A fire that waited for the host's billing is not capped: time order, too, made it
         only once the billing was read, with every dollar counted to then.)"""
         since, stale_after = fired.episode_start, self.params.stale_after
         share = len(listed) / max(len(st.gpu_ids), res.gpus, 1)
@@ -1110,9 +1114,9 @@ class GpuShare(DetectorBase):
             _set_gaps(st, [(gap[0], gap[1], *_share_priced(res, share, flat, since, gap[0], stale_after=stale_after),
                             *_share_priced(res, share, flat, since, gap[1], stale_after=stale_after), *gap[_NOTES:])
                            if gap[0] >= since and gap[2] == _PAST else gap for gap in gaps])  # fmt: skip
-        if not caught_up:
+        if judged is None:
             return fired
-        usd = min(fired.waste_usd, _share_priced(res, share, flat, since, fired.fired_at, stale_after=stale_after)[0])
+        usd = min(fired.waste_usd, _share_priced(res, share, flat, since, judged, stale_after=stale_after)[0])
         return msgspec.structs.replace(fired, waste_usd=round(usd, 4))
 
     def _billed_late(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
@@ -1203,17 +1207,23 @@ def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[
     return found
 
 
-def _firing_scrape(st: GpuShareState, fired_at: float, step: float) -> float:
-    """The scrape that fired, in time order, an episode dated ``fired_at`` (the scrape after the one that judged
-    it, scrapes ``step`` apart: the latest interval, a gap's no longer than a minute): after a gap kept that holds
-    its date, or that comes right after it, that scrape is the gap's end, or the next after it (a stop read late
-    in such a gap came before the fire, :func:`withdraws`)."""
+def _firing_scrape(st: GpuShareState, fired_at: float, step: float) -> tuple[float, float]:
+    """The scrape that judged, in time order, an episode dated ``fired_at``, and the one after it, which fired it
+    (scrapes ``step`` apart: the latest interval, a gap's no longer than a minute). Usually its date; after a whole-
+    host dip that held its date (noted in the gaps kept before it, :data:`_DIP`), no GPU counted before the dip's
+    end; after a gap kept that holds its date, or that comes right after it, the firing scrape is the gap's end,
+    or the next after it (a stop read late in such a gap, or dip, came before the fire: :func:`withdraws`)."""
+    judged = fired_at
     for gap in _gaps(st):
-        if fired_at <= gap[0] < fired_at + step:  # judged at the gap's start, by the scrape that ends it
-            return gap[1]
-        if gap[0] < fired_at < gap[1]:  # judged at the gap's end
-            return gap[1] + step
-    return fired_at + step
+        dip = _noted_at(gap, _DIP), _noted_at(gap, _DIP_END)
+        if dip[0] is not None and dip[1] is not None and dip[0] <= judged < dip[1]:
+            judged = dip[1]
+    for gap in _gaps(st):
+        if judged <= gap[0] < judged + step:  # judged at the gap's start, by the scrape that ends it
+            return gap[0], gap[1]
+        if gap[0] < judged < gap[1]:  # judged at the gap's end
+            return gap[1], gap[1] + step
+    return judged, judged + step
 
 
 def _share_priced(res: ResourceInfo, share: float, gaps: tuple[float, ...], start: float, at: float, *,
@@ -1379,12 +1389,23 @@ _REBASE = -1
 lasted ``for``, and set :attr:`GpuShareState.rebase_at` to the time noted (:func:`_rebased_across`)."""
 
 
+_DIP, _DIP_END = -2, -3
+"""In a gap's notes, the start and the end of the latest whole-host dip while it was kept (a spell shorter than
+``for``, in which no GPU counted), in every gap kept: the gap that held a stop read late goes with it, those after
+it stay (:func:`_firing_scrape`)."""
+
+
+def _noted_at(gap: tuple[float, ...], key: int) -> float | None:
+    """The time noted in ``gap`` under ``key`` (a GPU's index, or :data:`_REBASE`, :data:`_DIP`...), or None."""
+    return next((gap[k + 1] for k in range(_NOTES, len(gap) - 1, 2) if gap[k] == key), None)
+
+
 def _rebased_across(gap: tuple[float, ...]) -> float | None:
     """The :attr:`GpuShareState.rebase_at` that a whole-host idle spell spanning ``gap`` set when it ended, having
     lasted ``for`` (:data:`_REBASE`), or None. A stop read later in the gap cut that spell there in time order: where
     what was left of it after the gap fell short of ``for``, no rebase came of it, and the GPUs, restarted by the
     stop, count from their return."""
-    return next((gap[k + 1] for k in range(_NOTES, len(gap) - 1, 2) if gap[k] == _REBASE), None)
+    return _noted_at(gap, _REBASE)
 
 
 def _noted(gap: tuple[float, ...], gpu: int, t: float) -> tuple[float, ...]:
