@@ -921,3 +921,19 @@ def test_a_fire_caught_up_after_a_stop_is_judged_where_time_order_judged_it_afte
     in_order = _partly(ruleset, _read(events))
     assert [x[:3] for x in in_order] == [("fire", 0.0, 30.0), ("resolve", 0.0, 40.0), ("fire", 76.5, 106.5)]
     assert [x[:3] for x in _stood(_partly(ruleset, _read(events, lag)))] == [x[:3] for x in in_order]
+
+
+def test_a_fire_caught_up_after_a_stop_is_judged_no_earlier_than_for_after_a_long_gap_since_the_restart(ruleset):
+    """GPUs 4-7 idle throughout, GPUs 0-3 idle 30.5-60 (a dip); dark and stopped 15-16.5; dark 47.5-57.5, running
+    (a telemetry gap longer than ``stale_after``); dark 62.5-107.5, stopped from 63.5; usage an hour behind. In
+    time order the gap restarts GPUs 4-7 (not yet counted: the dip kept them from it), and the stop at 63.5 again:
+    the first fire comes at 137.5. Live, the first stop, read at 75, restarted them from 16.5, and the fire caught
+    up after it, dated 46.5, was taken as judged at the dip's end, so the stop at 63.5 resolved it: a fire and a
+    resolution time order never made (a second review's find, red before). A gap that long, after the restart and
+    before the judge, dates the judge ``for`` after its end at the earliest: the stop withdraws the fire."""
+    dark = lambda m: 15 < m < 16.5 or 47.5 < m < 57.5 or 62.5 < m < 107.5  # noqa: E731
+    events = _four_gpus(lambda g, m: REST if g >= 2 or 30.5 <= m < 60 else WORK, dark,
+                        lambda m: 15 <= m < 16.5 or 63 <= m < 107.5)  # fmt: skip
+    in_order = _partly(ruleset, _read(events))
+    assert [x[:3] for x in in_order] == [("fire", 107.5, 137.5)]
+    assert [x[:3] for x in _stood(_partly(ruleset, _read(events, 60)))] == [x[:3] for x in in_order]

@@ -751,7 +751,8 @@ class GpuShare(DetectorBase):
         if not res.billed:
             since = st.since
             held = _gap_holding(st, t)
-            if held is not None and _rebased_across(held) == st.rebase_at and st.rebase_at - held[1] < self.params.for_:
+            undone = held is not None and _rebased_across(held) == st.rebase_at and st.rebase_at - held[1] < self.params.for_
+            if undone:
                 st.rebase_at = t  # (the spell that set it spanned the stop's gap: in time order cut there, short of ``for``)
             if since is not None:
                 if t < since:
@@ -779,8 +780,9 @@ class GpuShare(DetectorBase):
                         self._idle_from(st, res, g, back)  # idle across the gap that held the stop: from its return
                     else:
                         _restart(st, g)  # (or not back yet: from its first sample, as in time order)
-                elif held is not None and st.gpu_counted[g]:  # idle since after the stop, it joined the ended
-                    self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # episode: from its own start
+                elif held is not None and (st.gpu_counted[g] or undone):  # idle since after the stop, it joined the
+                    self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # ended episode, or pended from the rebase
+                    # undone: from its own start
             if held is not None and st.fired_at is None and st.fired_by is None:
                 st.fired_by = _RESTARTED  # (the GPUs idle across the gap restart in the past: the next judge may fire late)
             if st.whole_idle_since is None or st.whole_idle_since <= t:
@@ -889,7 +891,7 @@ class GpuShare(DetectorBase):
                     restarted = st.fired_by is not None and st.fired_by != st.fired_by
                     judged = None  # (time order's scrape that judged it, where made scrapes after)
                     if restarted and c - fired_at > p.stale_after and (dip is None or fired_at < dip):
-                        judged, st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S))
+                        judged, st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S), p)
                     elif st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
                         st.fired_by = t  # before it, none fires
                     _let_go_running(st)
@@ -1207,17 +1209,23 @@ def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[
     return found
 
 
-def _firing_scrape(st: GpuShareState, fired_at: float, step: float) -> tuple[float, float]:
+def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareParams) -> tuple[float, float]:
     """The scrape that judged, in time order, an episode dated ``fired_at``, and the one after it, which fired it
     (scrapes ``step`` apart: the latest interval, a gap's no longer than a minute). Usually its date; after a whole-
     host dip that held its date (noted in the gaps kept before it, :data:`_DIP`), no GPU counted before the dip's
     end; after a gap kept that holds its date, or that comes right after it, the firing scrape is the gap's end,
-    or the next after it (a stop read late in such a gap, or dip, came before the fire: :func:`withdraws`)."""
-    judged = fired_at
+    or the next after it (a stop read late in such a gap, or dip, came before the fire: :func:`withdraws`). A gap kept
+    longer than ``stale_after`` from its start to then restarted its GPUs, not yet counted, in time order: judged
+    ``for`` after its end at the earliest (:meth:`GpuShare._idle_from` took them as idle from their return, and a
+    dip may have kept them from counting where :func:`_note_dark` takes them as counted: a review's find)."""
+    judged, since = fired_at, st.since if st.since is not None else fired_at
     for gap in _gaps(st):
         dip = _noted_at(gap, _DIP), _noted_at(gap, _DIP_END)
         if dip[0] is not None and dip[1] is not None and dip[0] <= judged < dip[1]:
             judged = dip[1]
+    for gap in _gaps(st):
+        if since <= gap[0] < judged and gap[1] - gap[0] > p.stale_after:
+            judged = max(judged, gap[1] + p.for_)
     for gap in _gaps(st):
         if judged <= gap[0] < judged + step:  # judged at the gap's start, by the scrape that ends it
             return gap[0], gap[1]
