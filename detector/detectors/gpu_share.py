@@ -780,9 +780,9 @@ class GpuShare(DetectorBase):
                         self._idle_from(st, res, g, back)  # idle across the gap that held the stop: from its return
                     else:
                         _restart(st, g)  # (or not back yet: from its first sample, as in time order)
-                elif held is not None and (st.gpu_counted[g] or undone):  # idle since after the stop, it joined the
-                    self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])  # ended episode, or pended from the rebase
-                    # undone: from its own start
+                elif held is not None and (st.gpu_counted[g] or undone):  # idle since after the stop, it joined
+                    # the ended episode, or pended from the rebase undone: from its own start
+                    self._idle_from(st, res, g, times[_G * g + _IDLE_SINCE])
             if held is not None and st.fired_at is None and st.fired_by is None:
                 st.fired_by = _RESTARTED  # (the GPUs idle across the gap restart in the past: the next judge may fire late)
             if st.whole_idle_since is None or st.whole_idle_since <= t:
@@ -1212,9 +1212,9 @@ def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[
 def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareParams) -> tuple[float, float]:
     """The scrape that judged, in time order, an episode dated ``fired_at``, and the one after it, which fired it
     (scrapes ``step`` apart: the latest interval, a gap's no longer than a minute). Usually its date; after a whole-
-    host dip that held its date (noted in the gaps kept before it, :data:`_DIP`), no GPU counted before the dip's
-    end; after a gap kept that holds its date, or that comes right after it, the firing scrape is the gap's end,
-    or the next after it (a stop read late in such a gap, or dip, came before the fire: :func:`withdraws`). A gap kept
+    host dip that held its date (noted in the gaps kept, :data:`_DIP`), no GPU counted before the dip's end; after
+    a gap kept that holds its date, or that comes right after it, the firing scrape is the gap's end, or the next
+    after it (a stop read late in such a gap, or dip, came before the fire: :func:`withdraws`). A gap kept
     longer than ``stale_after`` from its start to then restarted its GPUs, not yet counted, in time order: judged
     ``for`` after its end at the earliest (:meth:`GpuShare._idle_from` took them as idle from their return, and a
     dip may have kept them from counting where :func:`_note_dark` takes them as counted: a review's find)."""
@@ -1417,7 +1417,8 @@ def _rebased_across(gap: tuple[float, ...]) -> float | None:
 
 
 def _noted(gap: tuple[float, ...], gpu: int, t: float) -> tuple[float, ...]:
-    """``gap`` with GPU ``gpu``'s return at ``t`` (a later one replacing the one kept)."""
+    """``gap`` with GPU ``gpu``'s return at ``t`` (a later one replacing the one kept), or a spell's time under
+    ``gpu`` = :data:`_REBASE`, :data:`_DIP` or :data:`_DIP_END`."""
     others = [x for k in range(_NOTES, len(gap) - 1, 2) if gap[k] != gpu for x in (gap[k], gap[k + 1])]
     return (*gap[:_NOTES], *others, float(gpu), t)
 
@@ -1462,10 +1463,8 @@ def _back_at(gap: tuple[float, ...], gpu: int, seen: float) -> float | None:
     idle run, which starts again at its first sample)."""
     if seen <= gap[0]:
         return None
-    for k in range(_NOTES, len(gap) - 1, 2):
-        if gap[k] == gpu:
-            return gap[k + 1]
-    return gap[1]
+    back = _noted_at(gap, gpu)
+    return gap[1] if back is None else back
 
 
 def _restart_run(st: GpuShareState, g: int) -> None:
