@@ -937,3 +937,20 @@ def test_a_fire_caught_up_after_a_stop_is_judged_no_earlier_than_for_after_a_lon
     in_order = _partly(ruleset, _read(events))
     assert [x[:3] for x in in_order] == [("fire", 107.5, 137.5)]
     assert [x[:3] for x in _stood(_partly(ruleset, _read(events, 60)))] == [x[:3] for x in in_order]
+
+
+@pytest.mark.parametrize("lag", [45, 50])
+def test_a_rebase_undone_by_a_stop_read_late_re_pends_the_gpus_idle_since_after_the_stop(ruleset, lag):
+    """GPUs 1 and 3 idle to 150, every GPU idle 20-51 (a whole-host spell); dark 25-30.5, stopped 26-30.5, GPU 3
+    silent to 33 (a gap of its own: its idle run starts again there); usage 45 or 50 minutes behind. In time order
+    the stop cuts the spell short of ``for``: GPU 1 fires from 30.5 at 60.5, GPU 3 joins, and the episode resolves
+    at 150 with $15.77. Live, the spell rebased the GPUs at 51 before the stop was read; the stop undid the rebase,
+    but GPU 3, idle since after the stop, kept its time pending from 51: the episode said it began at 51, 9.5
+    minutes before its fire, and resolved with $13.20 (a second review's find, red before). (The fire's dollars
+    name both GPUs, idle at the scrape that made it.)"""
+    events = _four_gpus(lambda g, m: REST if (g in (1, 3) and m < 150) or 20 <= m < 51 else WORK,
+                        lambda m: 25 < m < 30.5, lambda m: 26 <= m < 30.5, late_gpu=(3, 25, 33))  # fmt: skip
+    in_order = _partly(ruleset, _read(events))
+    assert in_order == [("fire", 30.5, 60.5, 2.0), ("resolve", 30.5, 150.0, 15.767)]
+    live = _partly(ruleset, _read(events, lag))
+    assert [x[:3] for x in live] == [x[:3] for x in in_order] and live[-1] == in_order[-1]
