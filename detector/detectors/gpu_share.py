@@ -1085,7 +1085,7 @@ class GpuShare(DetectorBase):
         start, _, _, j = after_gap(gaps, k - ENDED, p.stale_after, p.for_)
         if held_until <= since or held_until - start < p.for_ or len(listed) < p.min_gpus:
             return []  # (held_until at since: a whole-host spell's hand-over, see _resolve)
-        share = len(listed) / max(len(st.gpu_ids), res.gpus, 1)
+        share = _share_of(st, res, listed)
         later = gaps[j:]
         counted = partial(_share_priced, res, share, later, start, stale_after=p.stale_after)
         usd, unpriced = counted(was_at)
@@ -1109,7 +1109,7 @@ class GpuShare(DetectorBase):
         counted since: those, priced so. (A fire that waited for the host's billing is not capped: time order, too, made it
         only once the billing was read, with every dollar counted to then.)"""
         since, stale_after = fired.episode_start, self.params.stale_after
-        share = len(listed) / max(len(st.gpu_ids), res.gpus, 1)
+        share = _share_of(st, res, listed)
         gaps = _gaps(st)
         flat = tuple(x for gap in gaps if gap[0] >= since for x in gap[:_NOTES])
         if any(gap[0] >= since and gap[2] == _PAST for gap in gaps):
@@ -1218,20 +1218,25 @@ def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareP
     longer than ``stale_after`` from its start to then restarted its GPUs, not yet counted, in time order: judged
     ``for`` after its end at the earliest (:meth:`GpuShare._idle_from` took them as idle from their return, and a
     dip may have kept them from counting where :func:`_note_dark` takes them as counted: a review's find)."""
-    judged, since = fired_at, st.since if st.since is not None else fired_at
-    for gap in _gaps(st):
+    judged, since, gaps = fired_at, st.since if st.since is not None else fired_at, _gaps(st)
+    for gap in gaps:
         dip = _noted_at(gap, _DIP), _noted_at(gap, _DIP_END)
         if dip[0] is not None and dip[1] is not None and dip[0] <= judged < dip[1]:
             judged = dip[1]
-    for gap in _gaps(st):
+    for gap in gaps:
         if since <= gap[0] < judged and gap[1] - gap[0] > p.stale_after:
             judged = max(judged, gap[1] + p.for_)
-    for gap in _gaps(st):
+    for gap in gaps:
         if judged <= gap[0] < judged + step:  # judged at the gap's start, by the scrape that ends it
             return gap[0], gap[1]
         if gap[0] < judged < gap[1]:  # judged at the gap's end
             return gap[1], gap[1] + step
     return judged, judged + step
+
+
+def _share_of(st: GpuShareState, res: ResourceInfo, gpus: list[int]) -> float:
+    """The share of the host ``gpus`` are: of the GPUs its instance type has, or of those reporting if more."""
+    return len(gpus) / max(len(st.gpu_ids), res.gpus, 1)
 
 
 def _share_priced(res: ResourceInfo, share: float, gaps: tuple[float, ...], start: float, at: float, *,
@@ -1395,8 +1400,6 @@ Time order never reads a stop in a gap kept, so never sets it: its fires are nev
 _REBASE = -1
 """In a gap's notes (:attr:`GpuShareState.gaps`), in place of a GPU's index: a whole-host spell that spanned the gap
 lasted ``for``, and set :attr:`GpuShareState.rebase_at` to the time noted (:func:`_rebased_across`)."""
-
-
 _DIP, _DIP_END = -2, -3
 """In a gap's notes, the start and the end of the latest whole-host dip while it was kept (a spell shorter than
 ``for``, in which no GPU counted), in every gap kept: the gap that held a stop read late goes with it, those after
@@ -1416,11 +1419,11 @@ def _rebased_across(gap: tuple[float, ...]) -> float | None:
     return _noted_at(gap, _REBASE)
 
 
-def _noted(gap: tuple[float, ...], gpu: int, t: float) -> tuple[float, ...]:
-    """``gap`` with GPU ``gpu``'s return at ``t`` (a later one replacing the one kept), or a spell's time under
-    ``gpu`` = :data:`_REBASE`, :data:`_DIP` or :data:`_DIP_END`."""
-    others = [x for k in range(_NOTES, len(gap) - 1, 2) if gap[k] != gpu for x in (gap[k], gap[k + 1])]
-    return (*gap[:_NOTES], *others, float(gpu), t)
+def _noted(gap: tuple[float, ...], key: int, t: float) -> tuple[float, ...]:
+    """``gap`` with ``t`` noted under ``key`` (a later one replacing the one kept): a GPU's index, its return;
+    :data:`_REBASE`, :data:`_DIP` or :data:`_DIP_END`, a spell's time."""
+    others = [x for k in range(_NOTES, len(gap) - 1, 2) if gap[k] != key for x in (gap[k], gap[k + 1])]
+    return (*gap[:_NOTES], *others, float(key), t)
 
 
 def _note_back(st: GpuShareState, gpu: int, seen: float, t: float) -> None:
