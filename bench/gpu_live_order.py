@@ -10,11 +10,13 @@ random half-minutes (``--whole``: every GPU the same turns), scraped every 30 s;
 minutes in its scrapes, the host stopped from its start or up to 3 minutes into it to its end; with
 a chance of 3 in 10, GPUs back from that gap up to 10 minutes after the others (``--dark-again``: the
 host, running, dark once more for 2-10 minutes, 1-20 minutes after the gap). Usage every minute,
-$32/h. The engine reads the events in time order, and then with the usage topic a random lag of
-``--lags`` minutes behind; the draw differs where a fire's episode or time, or a resolution's time or
-dollars, differ, leaving out what live reading takes back (a fire withdrawn with its withdrawal, a
-resolution corrected: its correction stands in its place) and a fire's dollars (live, those as of when
-the host's price was known; ``--fire-dollars`` compares them too). Exit status 0: a measurement,
+$32/h; then an hour more as the 4 hours left it, so that what live reading decides once the usage of the
+last minutes is read is made (a stream does not end where a draw does). The engine reads the events in time
+order, and then with the usage topic a random lag of ``--lags`` minutes behind; the draw differs where, of
+what is dated in the 4 hours, a fire's episode or time, or a resolution's time or dollars, differ, leaving
+out what live reading takes back (a fire withdrawn with its withdrawal, a resolution corrected: its
+correction stands in its place) and a fire's dollars (made scrapes after its date, live, those time order
+counted where the rule can tell them; ``--fire-dollars`` compares them too). Exit status 0: a measurement,
 not a test (docs/reliability.md names the differences left).
 """
 
@@ -35,6 +37,8 @@ from tests.helpers import MIN, T0, at, usage  # noqa: E402
 
 TYPES = ("partly_idle_gpu", "idle_gpu", "stuck_gpu", "unallocated_gpu")
 END_MIN = 240
+TAIL_MIN = 60
+"""Minutes of events after ``END_MIN``, the GPUs and the host as it left them: what is dated in them is not compared."""
 
 
 def draw(rng: random.Random, whole: bool, dark_again: bool = False) -> tuple[list, dict]:
@@ -57,13 +61,13 @@ def draw(rng: random.Random, whole: bool, dark_again: bool = False) -> tuple[lis
         return 90.0 if busy ^ (sum(m >= p for p in points) % 2 == 1) else 0.0
 
     events: list = []
-    for k in range(2 * END_MIN):
+    for k in range(2 * (END_MIN + TAIL_MIN)):
         m = k / 2
         if gap_at < m < back or again < m < again_end:
             continue
         events += [GpuMetric(ts=at(T0 + m * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=util(g, m))
                    for g in range(8) if not back <= m < back + late.get(g, 0)]  # fmt: skip
-    events += [usage(T0 + m * MIN, state="stopped" if stop <= m < back else "running") for m in range(END_MIN)]
+    events += [usage(T0 + m * MIN, state="stopped" if stop <= m < back else "running") for m in range(END_MIN + TAIL_MIN)]
     return events, {"gap": (gap_at, back), "stopped": stop, "late": late, "dark_again": (again, again_end)}
 
 
@@ -82,7 +86,7 @@ def stood(ruleset, events: list, fire_dollars: bool = False) -> list[tuple]:
     corrected = {(f.type, f.episode_start) for f in found if f.details.get("corrected")}
     return [(f.type, f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN,
              round(f.waste_usd, 2) if f.action == "resolve" or fire_dollars else None)
-            for f in found if (f.type, f.episode_start) not in withdrawn
+            for f in found if f.at < T0 + END_MIN * MIN and (f.type, f.episode_start) not in withdrawn
             and (f.action != "resolve" or f.details.get("corrected") or (f.type, f.episode_start) not in corrected)]  # fmt: skip
 
 

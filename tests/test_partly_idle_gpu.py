@@ -846,15 +846,14 @@ def test_two_stops_in_one_open_episode_read_late_resolve_each_episode_as_time_or
     stop restarted the GPUs from 65 and the next scrape fired that episode dated 95, but it took the scrape
     that fired it as the one at the stop's reading: the second stop, dated 101, withdrew it as if it came
     before the fire, and each of the two fires said 50 minutes' dollars, not 30 (a review's reproduction,
-    red before). (The first fire waits for the host's first usage, read late too: its dollars are those as of
-    then, as time order's would be had that usage come then.)"""
+    red before). (The first fire waits for the host's first usage, read late too, and says time order's dollars:
+    that usage is dated before the scrape that would have fired it.)"""
     events = _build(lambda m: None if 60 < m < 65 or 100 < m < 103 else [WORK] * 4 + [REST] * 4,
                     lambda m: 61 <= m < 65 or 101 <= m < 103, 220)  # fmt: skip
     in_order = _partly(ruleset, _read(events))
     assert [x[:3] for x in in_order] == [("fire", 0.0, 30.0), ("resolve", 0.0, 61.0), ("fire", 65.0, 95.0),
                                          ("resolve", 65.0, 101.0), ("fire", 103.0, 133.0)]  # fmt: skip
-    live = _partly(ruleset, _read(events, lag))
-    assert live[0][:3] == in_order[0][:3] and live[1:] == in_order[1:]
+    assert _partly(ruleset, _read(events, lag)) == in_order
 
 
 @pytest.mark.parametrize("lag", [None, 15])
@@ -946,11 +945,70 @@ def test_a_rebase_undone_by_a_stop_read_late_re_pends_the_gpus_idle_since_after_
     the stop cuts the spell short of ``for``: GPU 1 fires from 30.5 at 60.5, GPU 3 joins, and the episode resolves
     at 150 with $15.77. Live, the spell rebased the GPUs at 51 before the stop was read; the stop undid the rebase,
     but GPU 3, idle since after the stop, kept its time pending from 51: the episode said it began at 51, 9.5
-    minutes before its fire, and resolved with $13.20 (a second review's find, red before). (The fire's dollars
-    name both GPUs, idle at the scrape that made it.)"""
+    minutes before its fire, and resolved with $13.20 (a second review's find, red before). The fire's dollars are
+    GPU 1's alone, as time order's (both GPUs idle at the scrape that made it, $4.00, before the fire's cap counted
+    each GPU from its own start)."""
     events = _four_gpus(lambda g, m: REST if (g in (1, 3) and m < 150) or 20 <= m < 51 else WORK,
                         lambda m: 25 < m < 30.5, lambda m: 26 <= m < 30.5, late_gpu=(3, 25, 33))  # fmt: skip
     in_order = _partly(ruleset, _read(events))
     assert in_order == [("fire", 30.5, 60.5, 2.0), ("resolve", 30.5, 150.0, 15.767)]
     live = _partly(ruleset, _read(events, lag))
     assert [x[:3] for x in live] == [x[:3] for x in in_order] and live[-1] == in_order[-1]
+    assert live[0] == in_order[0]  # (the fire's dollars: GPU 1's alone, as time order counted at 60.5)
+
+
+@pytest.mark.parametrize("lag", [40, 45])
+def test_a_fire_that_waited_for_the_first_usage_says_the_dollars_time_order_said(ruleset, lag):
+    """GPUs 4-7 idle from 0, GPU 3 from 5 to 60; usage from 0, read 40 or 45 minutes behind. Time order fires
+    at 30 with GPUs 4-7's 30 minutes ($8.00). Live, the scrape at 30 would have fired it but for the host's
+    billing, not read yet; the first usage, dated before that scrape, fires it when read: with the dollars that
+    scrape counted, not those counted to the scrape that made it, GPU 3's too ($13.00 or $14.67, red before)."""
+    events = _build(lambda m: [WORK] * 3 + [REST if 5 <= m < 60 else WORK] + [REST] * 4, lambda m: False, 150)
+    in_order = _partly(ruleset, _read(events))
+    assert in_order == [("fire", 0.0, 30.0, 8.0)]
+    assert _partly(ruleset, _read(events, lag)) == in_order
+
+
+def test_a_fire_that_waited_for_usage_dated_after_the_scrape_that_would_have_fired_it_is_not_capped(ruleset):
+    """As above with no usage before minute 20, read 45 minutes behind: time order, too, knew nothing of the host's
+    billing until that usage, and fired at the scrape after it, with every dollar counted to then. Live the
+    candidate waits as before, and, as in time order, its fire is not capped to the scrape that would have fired
+    it (a guard: it passes before the cap too)."""
+    events = [e for e in _build(lambda m: [WORK] * 4 + [REST] * 4, lambda m: False, 150)
+              if type(e).__name__ != "UsageEvent" or e.ts.timestamp() >= T0 + 35 * MIN]  # fmt: skip
+    in_order = _partly(ruleset, _read(events))
+    assert in_order == [("fire", 0.0, 30.0, 9.333)]  # (judged at 35, with the first usage)
+    live = _partly(ruleset, _read(events, 45))
+    assert [x[:3] for x in live] == [x[:3] for x in in_order] and live[0][3] > in_order[0][3]
+
+
+@pytest.mark.parametrize("lag", [45, 50])
+def test_a_fire_caught_up_after_a_stop_says_the_dollars_of_the_gpus_time_order_counted(ruleset, lag):
+    """GPUs 4-7 idle throughout, GPU 6 back 6 minutes after the others from a gap (dark 60-64, stopped 60-64);
+    usage 45 or 50 minutes behind. In time order the stop ends the first episode at 60, and GPUs 4, 5 and 7, idle
+    from the restart, fire at 94 with their 30 minutes ($6.00); GPU 6 joins at 100. Live, the stop read after 94
+    restarts the GPUs from their returns and the fire comes scrapes after its date: it said the 30 minutes of
+    every GPU idle at the scrape that made it, GPU 6's too ($8.00, red before)."""
+    events = _build(lambda m: None if 60 < m < 64 else [WORK] * 4 + [REST, REST, None if m < 70 else REST, REST],
+                    lambda m: 60 <= m < 64, 200)  # fmt: skip
+    in_order = _partly(ruleset, _read(events))
+    assert in_order[2:] == [("fire", 64.0, 94.0, 6.0)]
+    live = _stood(_partly(ruleset, _read(events, lag)))
+    assert [x for x in live if x[1] >= 64] == in_order[2:]
+
+
+@pytest.mark.parametrize("cut_min", [35, 45.25])
+def test_a_candidate_waiting_for_the_first_usage_survives_a_restart_from_the_saved_state(ruleset, cut_min):
+    """The first case above (usage 45 minutes behind), the worker restarted from the saved state while the
+    candidate waits for the host's billing (35), or once the usage dated before the scrape that would have fired
+    it is read, before the next scrape (45.25): the fire says time order's dollars, as in one uninterrupted run."""
+    events = _read(_build(lambda m: [WORK] * 3 + [REST if 5 <= m < 60 else WORK] + [REST] * 4, lambda m: False, 150), 45)
+    cut = next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + cut_min * MIN)
+    first = Engine(load_rules(ROOT / "rules"))
+    before = [f for f in first.process(events[:cut]) if f.type == "partly_idle_gpu" and f.action != "update"]
+    assert before == [] and len(first._keys["host-1"].rule("partly-idle-gpu").unbilled) == 4
+    restarted = Engine(load_rules(ROOT / "rules"))
+    restarted.restore("host-1", first.snapshot("host-1"))
+    after = [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3))
+             for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu" and f.action != "update"]
+    assert after == [("fire", 0.0, 30.0, 8.0)]

@@ -293,12 +293,14 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
     most hosts."""
     unbilled: tuple[float, ...] | None = None
     """A candidate that would have fired but for the host's billing (no usage read yet, or a stop read
-    before the usage of a restart: the usage topic read behind the samples): while it runs, ``(the fire's
-    date,)``, its GPUs in :attr:`listed`; once it ended unfired, ``(since, the fire's date, the end's date,
-    waste_usd, unpriced_s, 1.0 if a whole-host spell ended it, else 0.0)`` and its gaps (:data:`GAP`
-    figures each), until usage is read past it. Usage read that says billed before its end fires and
-    resolves it, as time order did (:meth:`GpuShare._billed_late`); a stop within it, or usage from its
-    end on, lets it go. One at a time: a candidate while one is held is not kept."""
+    before the usage of a restart: the usage topic read behind the samples): while it runs, its fire's date
+    and what the scrape that would have fired it counted (:data:`_RUNNING`), its GPUs in :attr:`listed`; once
+    it ended unfired, ``(since, the fire's date, the end's date, waste_usd, unpriced_s, 1.0 if a whole-host
+    spell ended it, else 0.0)`` and its gaps (:data:`GAP` figures each), until usage is read past it. Usage
+    read that says billed before that scrape makes its fire say what the scrape counted, as time order's did
+    (:meth:`GpuShare._fired`); before its end, once it ended, fires and resolves it, as time order did
+    (:meth:`GpuShare._billed_late`); a stop within it, or usage from its end on, lets it go. One at a time: a
+    candidate while one is held is not kept."""
     saved_before: ClassVar[builtins.type[GpuShareStateBefore]]
 
     def __post_init__(self) -> None:
@@ -318,7 +320,8 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
                 and (self.gaps is None or 0 < len(self.gaps) <= MAX_GAPS)
                 and all(len(gap) >= _NOTES and len(gap) % 2 == 0 for gap in self.gaps or ())
                 and (self.ended is None or is_ended(self.ended))
-                and (self.unbilled is None or len(self.unbilled) == 1 or with_gaps(self.unbilled, _UNBILLED)))  # fmt: skip
+                and (self.unbilled is None or len(self.unbilled) in (1, _RUNNING)
+                     or with_gaps(self.unbilled, _UNBILLED)))  # fmt: skip
 
     def clear(self) -> None:
         super().clear()
@@ -746,7 +749,7 @@ class GpuShare(DetectorBase):
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
             if taken is not None:  # stopped within the episode a scrape resolved since: it never fired, or it
                 found += self._taken_back(st, res, taken, t)  # ended at the stop
-        if st.unbilled is not None and len(st.unbilled) > 1:
+        if st.unbilled is not None and len(st.unbilled) >= _UNBILLED:  # (ended unfired, not running)
             found += self._billed_late(st, res, t)
         if not res.billed:
             since = st.since
@@ -790,6 +793,11 @@ class GpuShare(DetectorBase):
                 across = held is not None and st.whole_idle_since is not None
                 st.whole_idle_since, st.spell_s = held[1] if across else None, 0.0  # type: ignore[index]
             return found
+        running = st.unbilled
+        if running is not None and len(running) == _RUNNING and running[1] != _BILLED_BEFORE:
+            # The candidate waiting for the host's billing: billed before the scrape that would have fired it
+            # (time order fired it there), or from it on (fired at the next scrape, in time order too).
+            st.unbilled = (running[0], _BILLED_BEFORE, *running[2:]) if t < running[1] else running[:1]
         if st.gaps is not None and t >= st.gaps[0][1]:  # usage is read in order: no stop read later falls in a gap
             _forget_gaps_before(st, t)  # before t
         if st.unpriced_s and res.usd_per_hour is not None:
@@ -894,13 +902,15 @@ class GpuShare(DetectorBase):
                         judged, st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S), p)
                     elif st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
                         st.fired_by = t  # before it, none fires
+                    kept = st.unbilled if _running(st) else None
                     _let_go_running(st)
-                    found = [self._fired(st, res, self._finding("fire", st, res, fired_at), listed, judged)]
+                    found = [self._fired(st, res, self._finding("fire", st, res, fired_at), listed, judged, kept)]
                 else:
                     if not res.known and st.fired_by is None:
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
-                    if st.unbilled is None:
-                        st.unbilled = (fired_at,)  # (kept if it ends unfired: usage read later may say billed)
+                    if st.unbilled is None:  # (kept if it ends unfired, or fires late: usage read later may say billed)
+                        # what this scrape counted, where it is the first past the fire's date (time order's)
+                        st.unbilled = (fired_at, t, st.waste_usd, st.unpriced_s) if c - fired_at < t - c else (fired_at,)
                     if _running(st):
                         st.listed = tuple(sorted(listed))  # (what its findings name, if they are made)
         elif any_busy and (changed or c - st.last_report >= p.update_every):
@@ -1097,7 +1107,7 @@ class GpuShare(DetectorBase):
         return self._past_episode(st, res, start, fired_at, was_at, usd)
 
     def _fired(self, st: GpuShareState, res: ResourceInfo, fired: Finding, listed: list[int],
-               judged: float | None) -> Finding:  # fmt: skip
+               judged: float | None, running: tuple[float, ...] | None = None) -> Finding:  # fmt: skip
         """``fired``, the fire of the open episode of the GPUs ``listed``. The gaps kept after its start that a stop
         marked past the episode it ended (read late: the GPUs restarted from their return after its gap) are
         this episode's now, with its dollars at each, its GPUs idle from its start over the time samples cover
@@ -1106,8 +1116,11 @@ class GpuShare(DetectorBase):
         counted since, nor withdrawn for want of a gap. ``judged``: made more than ``stale_after`` past its date,
         its GPUs restarted in the past by a stop read late (:data:`_RESTARTED`), time order made it when judging
         the host at ``judged`` (:func:`_firing_scrape`), with the dollars of its GPUs' idle time to then, not all
-        counted since: those, priced so. (A fire that waited for the host's billing is not capped: time order, too, made it
-        only once the billing was read, with every dollar counted to then.)"""
+        counted since: those, priced so. ``running``: the candidate that waited for the host's billing
+        (:attr:`GpuShareState.unbilled`): where usage dated before the scrape that would have fired it said billed
+        (:data:`_BILLED_BEFORE`), time order fired it there, with the dollars counted to then; those. (Where the
+        billing was dated later, time order, too, made it only once the billing was read, with every dollar counted
+        to then: not capped.)"""
         since, stale_after = fired.episode_start, self.params.stale_after
         share = _share_of(st, res, listed)
         gaps = _gaps(st)
@@ -1116,10 +1129,28 @@ class GpuShare(DetectorBase):
             _set_gaps(st, [(gap[0], gap[1], *_share_priced(res, share, flat, since, gap[0], stale_after=stale_after),
                             *_share_priced(res, share, flat, since, gap[1], stale_after=stale_after), *gap[_NOTES:])
                            if gap[0] >= since and gap[2] == _PAST else gap for gap in gaps])  # fmt: skip
-        if judged is None:
+        if running is not None and len(running) == _RUNNING and running[1] == _BILLED_BEFORE:
+            usd = min(fired.waste_usd, _priced(res, running[2], running[3])[0])
+        elif judged is None:
             return fired
-        usd = min(fired.waste_usd, _share_priced(res, share, flat, since, judged, stale_after=stale_after)[0])
+        else:
+            usd = min(fired.waste_usd, self._judged_usd(st, res, listed, since, judged, flat))
         return msgspec.structs.replace(fired, waste_usd=round(usd, 4))
+
+    def _judged_usd(self, st: GpuShareState, res: ResourceInfo, listed: list[int], since: float, judged: float,
+                    gaps: tuple[float, ...]) -> float:  # fmt: skip
+        """The dollars time order's fire said, judging the host at ``judged``: those of the GPUs of ``listed`` that
+        had been idle ``for`` by then, each from its own start (from the rebase at most, as :meth:`_idle_from`
+        pends them), over the time samples cover; not a GPU that joined the episode after (it counted each from
+        ``since`` before). All of ``listed`` from ``since`` where fewer than ``min_gpus`` had. A GPU that left before
+        the scrape that made the fire is not in ``listed``: too little, then."""
+        times: Any = st.gpu_times
+        p, share = self.params, _share_of(st, res, [0])
+        starts = [max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], judged), st.rebase_at, since) for gpu in listed]
+        starts = [start for start in starts if judged - start >= p.for_]
+        if len(starts) < p.min_gpus:
+            starts = [since] * len(listed)
+        return sum(_share_priced(res, share, gaps, start, judged, stale_after=p.stale_after)[0] for start in starts)
 
     def _billed_late(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         """A usage event at ``t`` read after the candidate kept in :attr:`GpuShareState.unbilled` ended unfired:
@@ -1263,15 +1294,14 @@ def _keep_unbilled(st: GpuShareState, at: float, *, whole_host: bool) -> None:
     """The candidate, which would have fired but for the host's billing (:attr:`GpuShareState.unbilled`), ends
     unfired at ``at`` (its GPUs busy, or a whole-host spell's start): kept, with its dollars and gaps, for
     usage read later that says billed before then."""
-    running = st.unbilled
-    if st.fired_at is None and st.since is not None and running is not None and len(running) == 1:
-        st.unbilled = (st.since, running[0], at, st.waste_usd, st.unpriced_s, 1.0 if whole_host else 0.0,
+    if st.fired_at is None and st.since is not None and st.unbilled is not None and _running(st):
+        st.unbilled = (st.since, st.unbilled[0], at, st.waste_usd, st.unpriced_s, 1.0 if whole_host else 0.0,
                        *_episode_gaps(st))  # fmt: skip
 
 
 def _running(st: GpuShareState) -> bool:
-    """Whether :attr:`GpuShareState.unbilled` holds a candidate still running (its fire's date alone)."""
-    return st.unbilled is not None and len(st.unbilled) == 1
+    """Whether :attr:`GpuShareState.unbilled` holds a candidate still running (:data:`_RUNNING`)."""
+    return st.unbilled is not None and len(st.unbilled) < _UNBILLED
 
 
 def _let_go_running(st: GpuShareState) -> None:
@@ -1327,6 +1357,12 @@ MAX_GAPS = 4
 """Gaps a host keeps at most (:attr:`GpuShareState.gaps`), as ``idle_gpu``."""
 _UNBILLED = 6
 """Figures of a candidate ended unfired (:attr:`GpuShareState.unbilled`) before its gaps."""
+_RUNNING = 4
+"""Figures of a candidate running unbilled (:attr:`GpuShareState.unbilled`): its fire's date, the scrape that
+would have fired it, ``waste_usd`` and ``unpriced_s`` as that scrape left them (a state saved before holds the
+date alone)."""
+_BILLED_BEFORE = -1.0
+"""In place of the scrape that would have fired a candidate running unbilled: usage dated before it said billed."""
 _NOTES = GAP
 """Figures of a gap (:attr:`GpuShareState.gaps`) before the GPUs' returns: those of an
 :data:`~detector.detectors.episode.Ended`'s gap."""
