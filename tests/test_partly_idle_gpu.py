@@ -1012,3 +1012,19 @@ def test_a_candidate_waiting_for_the_first_usage_survives_a_restart_from_the_sav
     after = [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3))
              for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu" and f.action != "update"]
     assert after == [("fire", 0.0, 30.0, 8.0)]
+
+
+@pytest.mark.parametrize("lag", [45, 50])
+def test_a_fire_that_waited_for_a_restart_s_usage_is_dated_as_time_order_though_its_first_gpu_left(ruleset, lag):
+    """GPUs 4-7 idle from 0; dark and stopped 53-83; after it GPU 4 idle to 116.5, GPU 5 from 84, the others
+    busy; usage 45 or 50 minutes behind. In time order the stop ends the first episode at 53, GPU 4 fires the
+    next at 113 (its 30 minutes, $2.00), GPU 5 joins at 114 and GPU 4 leaves at 116.5. Live, the stop is read
+    first, and the restart's usage, dated 83, only after GPU 4 left: the fire was dated by the GPUs idle at the
+    scrape that made it, GPU 5's, 114 (red before). The scrape that would have fired it keeps its date and
+    dollars, and that usage, dated before it, says time order fired there."""
+    events = _build(lambda m: None if 53 < m < 83 else [WORK] * 4 + (
+        [REST] * 4 if m < 53 else [REST if m < 116.5 else WORK, REST if m >= 84 else WORK, WORK, WORK]),
+        lambda m: 53 <= m < 83, 200)  # fmt: skip
+    in_order = _partly(ruleset, _read(events))
+    assert in_order[2:] == [("fire", 83.0, 113.0, 2.0)]
+    assert _stood(_partly(ruleset, _read(events, lag)))[2:] == in_order[2:]

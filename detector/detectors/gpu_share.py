@@ -794,10 +794,11 @@ class GpuShare(DetectorBase):
                 st.whole_idle_since, st.spell_s = held[1] if across else None, 0.0  # type: ignore[index]
             return found
         running = st.unbilled
-        if running is not None and len(running) == _RUNNING and running[1] != _BILLED_BEFORE:
+        if running is not None and len(running) == _RUNNING and running[1] > 0.0:
             # The candidate waiting for the host's billing: billed before the scrape that would have fired it
-            # (time order fired it there), or from it on (fired at the next scrape, in time order too).
-            st.unbilled = (running[0], _BILLED_BEFORE, *running[2:]) if t < running[1] else running[:1]
+            # (time order fired it there: the scrape marked, negated), or from it on (fired at a scrape after, in
+            # time order too).
+            st.unbilled = (running[0], -running[1], *running[2:]) if t < running[1] else running[:1]
         if st.gaps is not None and t >= st.gaps[0][1]:  # usage is read in order: no stop read later falls in a gap
             _forget_gaps_before(st, t)  # before t
         if st.unpriced_s and res.usd_per_hour is not None:
@@ -893,16 +894,22 @@ class GpuShare(DetectorBase):
             if any_busy and len(listed) >= p.min_gpus and st.since is not None:
                 fired_at = min(c, max(st.since, self._qualified(st, listed, c) + p.for_))
                 if res.billed:
+                    # Billed before the scrape that would have fired it (read since, usage dated before): time order
+                    # fired it there, dated as then (GPUs may have left since), with what that scrape counted.
+                    kept = _billed_before(st)
+                    if kept is not None:
+                        fired_at = kept[0]
                     fire(st, since=st.since, fired_at=fired_at, at=c)
                     # Its GPUs restarted in the past by a stop read late (_RESTARTED: NaN): time order fired it
                     # scrapes ago (see _fired), unless no GPU worked from its date to c.
                     restarted = st.fired_by is not None and st.fired_by != st.fired_by
                     judged = None  # (time order's scrape that judged it, where made scrapes after)
-                    if restarted and c - fired_at > p.stale_after and (dip is None or fired_at < dip):
+                    if kept is not None:
+                        st.fired_by = -kept[1]
+                    elif restarted and c - fired_at > p.stale_after and (dip is None or fired_at < dip):
                         judged, st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S), p)
                     elif st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
                         st.fired_by = t  # before it, none fires
-                    kept = st.unbilled if _running(st) else None
                     _let_go_running(st)
                     found = [self._fired(st, res, self._finding("fire", st, res, fired_at), listed, judged, kept)]
                 else:
@@ -1107,7 +1114,7 @@ class GpuShare(DetectorBase):
         return self._past_episode(st, res, start, fired_at, was_at, usd)
 
     def _fired(self, st: GpuShareState, res: ResourceInfo, fired: Finding, listed: list[int],
-               judged: float | None, running: tuple[float, ...] | None = None) -> Finding:  # fmt: skip
+               judged: float | None, billed_before: tuple[float, ...] | None = None) -> Finding:  # fmt: skip
         """``fired``, the fire of the open episode of the GPUs ``listed``. The gaps kept after its start that a stop
         marked past the episode it ended (read late: the GPUs restarted from their return after its gap) are
         this episode's now, with its dollars at each, its GPUs idle from its start over the time samples cover
@@ -1116,11 +1123,10 @@ class GpuShare(DetectorBase):
         counted since, nor withdrawn for want of a gap. ``judged``: made more than ``stale_after`` past its date,
         its GPUs restarted in the past by a stop read late (:data:`_RESTARTED`), time order made it when judging
         the host at ``judged`` (:func:`_firing_scrape`), with the dollars of its GPUs' idle time to then, not all
-        counted since: those, priced so. ``running``: the candidate that waited for the host's billing
-        (:attr:`GpuShareState.unbilled`): where usage dated before the scrape that would have fired it said billed
-        (:data:`_BILLED_BEFORE`), time order fired it there, with the dollars counted to then; those. (Where the
-        billing was dated later, time order, too, made it only once the billing was read, with every dollar counted
-        to then: not capped.)"""
+        counted since: those, priced so. ``billed_before``: the candidate that waited for the host's billing, where
+        usage dated before the scrape that would have fired it said billed (:func:`_billed_before`): time order
+        fired it there, with the dollars counted to then; those. (Where the billing was dated later, time order,
+        too, made it only once the billing was read, with every dollar counted to then: not capped.)"""
         since, stale_after = fired.episode_start, self.params.stale_after
         share = _share_of(st, res, listed)
         gaps = _gaps(st)
@@ -1129,8 +1135,8 @@ class GpuShare(DetectorBase):
             _set_gaps(st, [(gap[0], gap[1], *_share_priced(res, share, flat, since, gap[0], stale_after=stale_after),
                             *_share_priced(res, share, flat, since, gap[1], stale_after=stale_after), *gap[_NOTES:])
                            if gap[0] >= since and gap[2] == _PAST else gap for gap in gaps])  # fmt: skip
-        if running is not None and len(running) == _RUNNING and running[1] == _BILLED_BEFORE:
-            usd = min(fired.waste_usd, _priced(res, running[2], running[3])[0])
+        if billed_before is not None:
+            usd = min(fired.waste_usd, _priced(res, billed_before[2], billed_before[3])[0])
         elif judged is None:
             return fired
         else:
@@ -1299,6 +1305,13 @@ def _keep_unbilled(st: GpuShareState, at: float, *, whole_host: bool) -> None:
                        *_episode_gaps(st))  # fmt: skip
 
 
+def _billed_before(st: GpuShareState) -> tuple[float, ...] | None:
+    """The candidate running unbilled (:data:`_RUNNING`) where usage read since, dated before the scrape that
+    would have fired it, said billed (that scrape's time negated): None where not so."""
+    running = st.unbilled
+    return running if running is not None and len(running) == _RUNNING and running[1] < 0.0 else None
+
+
 def _running(st: GpuShareState) -> bool:
     """Whether :attr:`GpuShareState.unbilled` holds a candidate still running (:data:`_RUNNING`)."""
     return st.unbilled is not None and len(st.unbilled) < _UNBILLED
@@ -1359,10 +1372,8 @@ _UNBILLED = 6
 """Figures of a candidate ended unfired (:attr:`GpuShareState.unbilled`) before its gaps."""
 _RUNNING = 4
 """Figures of a candidate running unbilled (:attr:`GpuShareState.unbilled`): its fire's date, the scrape that
-would have fired it, ``waste_usd`` and ``unpriced_s`` as that scrape left them (a state saved before holds the
-date alone)."""
-_BILLED_BEFORE = -1.0
-"""In place of the scrape that would have fired a candidate running unbilled: usage dated before it said billed."""
+would have fired it (negated once usage dated before it said billed: :func:`_billed_before`), ``waste_usd`` and
+``unpriced_s`` as that scrape left them (a state saved before holds the date alone)."""
 _NOTES = GAP
 """Figures of a gap (:attr:`GpuShareState.gaps`) before the GPUs' returns: those of an
 :data:`~detector.detectors.episode.Ended`'s gap."""
