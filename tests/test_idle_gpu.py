@@ -716,6 +716,23 @@ def test_a_candidate_billed_late_keeps_its_gaps_for_a_stop_read_after(ruleset, r
 
 @pytest.mark.parametrize(("rule_type", "utils", "sm", "for_min"), [
     ("idle_gpu", [0.0] * 8, None, 30), ("stuck_gpu", [100.0] * 8, [0.0] * 8, 20)])  # fmt: skip
+def test_a_fire_that_waited_minutes_for_the_first_usage_says_the_dollars_of_its_date(ruleset, rule_type, utils, sm,
+                                                                                   for_min):  # fmt: skip
+    """Idle (stuck) from 0, usage from 0 read ``for`` and 3 minutes behind: the fire waits for the host's billing,
+    and the first usage, read 3 minutes of samples past the fire's date, makes it. Time order made it at its date
+    with the dollars of ``for``; live said every dollar counted to the sample before that usage (a fire caught up
+    less than ``stale_after`` past its date was not capped: $17.60 for $16.00, $12.27 for $10.67, red before)."""
+    events = [e for k in range(2 * 120) for e in scrape(T0 + 30 * k, utils, sm=sm)]
+    events += [usage(T0 + m * MIN) for m in range(120)]
+    found = lambda evs: [(f.action, f.episode_start, f.at, round(f.waste_usd, 3))  # noqa: E731
+                         for f in Engine(ruleset).process(evs) if f.type == rule_type and f.action != "update"]
+    in_order = found(_read(events))
+    assert in_order == [("fire", T0, T0 + for_min * MIN, round(32.0 * for_min / 60, 3))]
+    assert found(_read(events, usage_behind_s=(for_min + 3) * MIN)) == in_order
+
+
+@pytest.mark.parametrize(("rule_type", "utils", "sm", "for_min"), [
+    ("idle_gpu", [0.0] * 8, None, 30), ("stuck_gpu", [100.0] * 8, [0.0] * 8, 20)])  # fmt: skip
 @pytest.mark.parametrize("behind_min", [40, 50])
 def test_fires_caught_up_after_stops_read_late_say_the_dollars_of_their_date(ruleset, rule_type, utils, sm, for_min,
                                                                            behind_min):  # fmt: skip

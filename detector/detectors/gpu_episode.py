@@ -419,10 +419,10 @@ class GpuEpisode(DetectorBase):
         if action == "fire":  # by a sample at ``at``, or by a usage event at ``t`` (the host billed at last), after
             # samples read ahead of it: in time order it fired at that event, or at the sample that completed ``for``
             st.fired_by = at if at <= t else max(t, st.fired_at)
-            if at - st.fired_by > p.stale_after and res.usd_per_hour is not None:
-                # Fired by a usage event read after samples well past the time order fired it (a stop or the
-                # host's billing read late): its dollars those counted to then (gaps aside, as _past_episode
-                # prices), not all counted since.
+            if at - st.fired_by > 0.0 and res.usd_per_hour is not None:
+                # Fired by a usage event read after samples past the time order fired it (a stop or the host's
+                # billing read late): its dollars those counted to then (gaps aside, as _past_episode prices: the
+                # lesser of the two), not all counted since. (In time order no sample past the event is read yet.)
                 found = self._finding(action, st, res, st.fired_at)
                 usd = min(st.waste_usd, usd_over(res.usd_per_hour, st.fired_by - st.since))
                 return [msgspec.structs.replace(found, waste_usd=round(usd, 4))]
