@@ -1006,7 +1006,7 @@ def test_a_candidate_waiting_for_the_first_usage_survives_a_restart_from_the_sav
     cut = next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + cut_min * MIN)
     first = Engine(load_rules(ROOT / "rules"))
     before = [f for f in first.process(events[:cut]) if f.type == "partly_idle_gpu" and f.action != "update"]
-    assert before == [] and len(first._keys["host-1"].rule("partly-idle-gpu").unbilled) == 4
+    assert before == [] and len(first._keys["host-1"].rule("partly-idle-gpu").unbilled) == 5
     restarted = Engine(load_rules(ROOT / "rules"))
     restarted.restore("host-1", first.snapshot("host-1"))
     after = [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3))
@@ -1028,3 +1028,18 @@ def test_a_fire_that_waited_for_a_restart_s_usage_is_dated_as_time_order_though_
     in_order = _partly(ruleset, _read(events))
     assert in_order[2:] == [("fire", 83.0, 113.0, 2.0)]
     assert _stood(_partly(ruleset, _read(events, lag)))[2:] == in_order[2:]
+
+
+@pytest.mark.parametrize("lag", [40, 45])
+def test_a_fire_that_waited_for_the_first_usage_prices_a_gpu_as_its_share_of_the_host(ruleset, lag):
+    """Three of the host's eight GPUs report (GPU 1 idle, 0 and 2 busy); usage from 0, read 40 or 45 minutes
+    behind. Time order, which knew the host's eight GPUs from its first usage, prices GPU 1 as an eighth of the
+    host: $2.00 at 30. Live, until that usage was read, GPU 1's seconds counted as a third (of the GPUs
+    reporting): the fire that usage makes, dated before the scrape that would have made it, said $5.33 (and
+    $7.11 or $8.00 before it took that scrape's dollars: a review's find, red before); it says $2.00 now."""
+    events = [GpuMetric(ts=at(T0 + k / 2 * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=x)
+              for k in range(2 * 150) for g, x in enumerate([WORK, REST, WORK])]  # fmt: skip
+    events += [usage(T0 + m * MIN) for m in range(150)]
+    in_order = _partly(ruleset, _read(events))
+    assert in_order == [("fire", 0.0, 30.0, 2.0)]
+    assert _partly(ruleset, _read(events, lag)) == in_order

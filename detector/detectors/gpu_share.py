@@ -917,7 +917,8 @@ class GpuShare(DetectorBase):
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
                     if st.unbilled is None:  # (kept if it ends unfired, or fires late: usage read later may say billed)
                         # what this scrape counted, where it is the first past the fire's date (time order's)
-                        st.unbilled = (fired_at, t, st.waste_usd, st.unpriced_s) if c - fired_at < t - c else (fired_at,)
+                        st.unbilled = (fired_at, t, st.waste_usd, st.unpriced_s, float(max(len(ids), res.gpus))) \
+                            if c - fired_at < t - c else (fired_at,)  # fmt: skip
                     if _running(st):
                         st.listed = tuple(sorted(listed))  # (what its findings name, if they are made)
         elif any_busy and (changed or c - st.last_report >= p.update_every):
@@ -1135,8 +1136,9 @@ class GpuShare(DetectorBase):
             _set_gaps(st, [(gap[0], gap[1], *_share_priced(res, share, flat, since, gap[0], stale_after=stale_after),
                             *_share_priced(res, share, flat, since, gap[1], stale_after=stale_after), *gap[_NOTES:])
                            if gap[0] >= since and gap[2] == _PAST else gap for gap in gaps])  # fmt: skip
-        if billed_before is not None:
-            usd = min(fired.waste_usd, _priced(res, billed_before[2], billed_before[3])[0])
+        if billed_before is not None:  # (counted a share of the GPUs then reporting where the host's were not known)
+            shares = billed_before[4] / max(len(st.gpu_ids), res.gpus, billed_before[4])
+            usd = min(fired.waste_usd, _priced(res, billed_before[2], billed_before[3])[0] * shares)
         elif judged is None:
             return fired
         else:
@@ -1370,10 +1372,12 @@ MAX_GAPS = 4
 """Gaps a host keeps at most (:attr:`GpuShareState.gaps`), as ``idle_gpu``."""
 _UNBILLED = 6
 """Figures of a candidate ended unfired (:attr:`GpuShareState.unbilled`) before its gaps."""
-_RUNNING = 4
+_RUNNING = 5
 """Figures of a candidate running unbilled (:attr:`GpuShareState.unbilled`): its fire's date, the scrape that
 would have fired it (negated once usage dated before it said billed: :func:`_billed_before`), ``waste_usd`` and
-``unpriced_s`` as that scrape left them (a state saved before holds the date alone)."""
+``unpriced_s`` as that scrape left them, and the GPUs a GPU's seconds were a share of then (those reporting,
+where no usage has said the host's count: time order, which had read it, counted a smaller share). A state saved
+before holds the date alone."""
 _NOTES = GAP
 """Figures of a gap (:attr:`GpuShareState.gaps`) before the GPUs' returns: those of an
 :data:`~detector.detectors.episode.Ended`'s gap."""
