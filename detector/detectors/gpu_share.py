@@ -1126,7 +1126,8 @@ class GpuShare(DetectorBase):
         the host at ``judged`` (:func:`_firing_scrape`), with the dollars of its GPUs' idle time to then, not all
         counted since: those, priced so. ``billed_before``: the candidate that waited for the host's billing, where
         usage dated before the scrape that would have fired it said billed (:func:`_billed_before`): time order
-        fired it there, with the dollars counted to then; those. (Where the billing was dated later, time order,
+        fired it there, with the dollars counted to then; those, each GPU's seconds a share of the host's GPUs
+        (:data:`_RUNNING`). (Where the billing was dated later, time order,
         too, made it only once the billing was read, with every dollar counted to then: not capped.)"""
         since, stale_after = fired.episode_start, self.params.stale_after
         share = _share_of(st, res, listed)
@@ -1153,12 +1154,12 @@ class GpuShare(DetectorBase):
         ``since`` before). All of ``listed`` from ``since`` where fewer than ``min_gpus`` had. A GPU that left before
         the scrape that made the fire is not in ``listed``: too little, then."""
         times: Any = st.gpu_times
-        p, share = self.params, _share_of(st, res, [0])
+        p, one_gpu = self.params, _share_of(st, res, [0])  # (one GPU's share of the host)
         starts = [max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], judged), st.rebase_at, since) for gpu in listed]
         starts = [start for start in starts if judged - start >= p.for_]
         if len(starts) < p.min_gpus:
             starts = [since] * len(listed)
-        return sum(_share_priced(res, share, gaps, start, judged, stale_after=p.stale_after)[0] for start in starts)
+        return sum(_share_priced(res, one_gpu, gaps, start, judged, stale_after=p.stale_after)[0] for start in starts)
 
     def _billed_late(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
         """A usage event at ``t`` read after the candidate kept in :attr:`GpuShareState.unbilled` ended unfired:
