@@ -1043,3 +1043,18 @@ def test_a_fire_that_waited_for_the_first_usage_prices_a_gpu_as_its_share_of_the
     in_order = _partly(ruleset, _read(events))
     assert in_order == [("fire", 0.0, 30.0, 2.0)]
     assert _partly(ruleset, _read(events, lag)) == in_order
+
+
+@pytest.mark.parametrize("instance_type", ["x9.custom", "g5.xlarge"])
+def test_a_fire_that_waited_for_the_first_usage_keeps_the_share_a_gpu_had_when_the_host_s_count_is_not_known(
+        ruleset, instance_type):  # fmt: skip
+    """GPU 0 busy, GPU 1 idle, GPU 2 (idle) reporting from 35; the host of an instance type whose GPU count pricing
+    does not list, or lists as one: no usage says more GPUs than report. Usage from 0, read 40 minutes behind. Time
+    order prices GPU 1 as half the host at 30 ($8.00); the fire that usage makes says so too, not a third, GPU 2
+    having joined since (a second review's find: $5.33, red at 93812c3)."""
+    events = [GpuMetric(ts=at(T0 + k / 2 * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=x)
+              for k in range(2 * 120) for g, x in enumerate([WORK, REST, REST]) if g < 2 or k / 2 >= 35]  # fmt: skip
+    events += [msgspec.structs.replace(usage(T0 + m * MIN), instance_type=instance_type) for m in range(120)]
+    in_order = _partly(ruleset, _read(events))
+    assert in_order == [("fire", 0.0, 30.0, 8.0)]
+    assert _partly(ruleset, _read(events, 40)) == in_order

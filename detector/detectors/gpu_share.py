@@ -1137,8 +1137,8 @@ class GpuShare(DetectorBase):
             _set_gaps(st, [(gap[0], gap[1], *_share_priced(res, share, flat, since, gap[0], stale_after=stale_after),
                             *_share_priced(res, share, flat, since, gap[1], stale_after=stale_after), *gap[_NOTES:])
                            if gap[0] >= since and gap[2] == _PAST else gap for gap in gaps])  # fmt: skip
-        if billed_before is not None:  # (counted a share of the GPUs then reporting where the host's were not known)
-            shares = billed_before[4] / max(len(st.gpu_ids), res.gpus, billed_before[4])
+        if billed_before is not None:  # (counted a share of the GPUs then reporting where the host's were not known:
+            shares = billed_before[4] / max(res.gpus, billed_before[4])  # time order's share then, not of those now)
             usd = min(fired.waste_usd, _priced(res, billed_before[2], billed_before[3])[0] * shares)
         elif judged is None:
             return fired
