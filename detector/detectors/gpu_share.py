@@ -320,7 +320,7 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
                 and (self.gaps is None or 0 < len(self.gaps) <= MAX_GAPS)
                 and all(len(gap) >= _NOTES and len(gap) % 2 == 0 for gap in self.gaps or ())
                 and (self.ended is None or is_ended(self.ended))
-                and (self.unbilled is None or len(self.unbilled) in (1, _RUNNING)
+                and (self.unbilled is None or len(self.unbilled) in (1, _BILLED_AFTER, _RUNNING)
                      or with_gaps(self.unbilled, _UNBILLED)))  # fmt: skip
 
     def clear(self) -> None:
@@ -798,7 +798,10 @@ class GpuShare(DetectorBase):
             # The candidate waiting for the host's billing: billed before the scrape that would have fired it
             # (time order fired it there: the scrape marked, negated), or from it on (fired at a scrape after, in
             # time order too).
-            st.unbilled = (running[0], -running[1], *running[2:]) if t < running[1] else running[:1]
+            if t < running[1]:
+                st.unbilled = (running[0], -running[1], *running[2:])
+            else:  # (samples past it read first, live: time order judged the host at its date, the scrape before)
+                st.unbilled = (running[0], t) if st.covered_until > t else running[:1]
         if st.gaps is not None and t >= st.gaps[0][1]:  # usage is read in order: no stop read later falls in a gap
             _forget_gaps_before(st, t)  # before t
         if st.unpriced_s and res.usd_per_hour is not None:
@@ -910,6 +913,12 @@ class GpuShare(DetectorBase):
                         judged, st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S), p)
                     elif st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
                         st.fired_by = t  # before it, none fires
+                    # Billed by usage dated after the scrape that would have fired it, read after samples past it: time
+                    # order judged it at that usage, or at its date if later, unless a whole-host dip held it (c ends it)
+                    billed_at = _billed_after(st)
+                    if billed_at is not None and c - max(billed_at, fired_at) > t - c \
+                            and (dip is None or max(billed_at, fired_at) < dip):  # fmt: skip
+                        judged = max(billed_at, fired_at, judged or 0.0)
                     _let_go_running(st)
                     found = [self._fired(st, res, self._finding("fire", st, res, fired_at), listed, judged, kept)]
                 else:
@@ -1127,8 +1136,9 @@ class GpuShare(DetectorBase):
         counted since: those, priced so. ``billed_before``: the candidate that waited for the host's billing, where
         usage dated before the scrape that would have fired it said billed (:func:`_billed_before`): time order
         fired it there, with the dollars counted to then; those, each GPU's seconds a share of the host's GPUs
-        (:data:`_RUNNING`). (Where the billing was dated later, time order,
-        too, made it only once the billing was read, with every dollar counted to then: not capped.)"""
+        (:data:`_RUNNING`). (Where the billing was dated later, time order, too, made it only once the billing was
+        read, with every dollar counted to then; where that billing was read after samples past it, ``judged`` is its
+        date: :func:`_billed_after`.)"""
         since, stale_after = fired.episode_start, self.params.stale_after
         share = _share_of(st, res, listed)
         gaps = _gaps(st)
@@ -1315,6 +1325,14 @@ def _billed_before(st: GpuShareState) -> tuple[float, ...] | None:
     return running if running is not None and len(running) == _RUNNING and running[1] < 0.0 else None
 
 
+def _billed_after(st: GpuShareState) -> float | None:
+    """When usage said billed, where it came after the scrape that would have fired the candidate running
+    unbilled and was read after samples past it (:data:`_BILLED_AFTER`): time order judged it at that usage's
+    date. None where not so."""
+    running = st.unbilled
+    return running[1] if running is not None and len(running) == _BILLED_AFTER else None
+
+
 def _running(st: GpuShareState) -> bool:
     """Whether :attr:`GpuShareState.unbilled` holds a candidate still running (:data:`_RUNNING`)."""
     return st.unbilled is not None and len(st.unbilled) < _UNBILLED
@@ -1379,6 +1397,9 @@ would have fired it (negated once usage dated before it said billed: :func:`_bil
 ``unpriced_s`` as that scrape left them, and the GPUs a GPU's seconds were a share of then (those reporting,
 where no usage has said the host's count: time order, which had read it, counted a smaller share). A state saved
 before holds the date alone."""
+_BILLED_AFTER = 2
+"""Figures of a candidate running unbilled (:attr:`GpuShareState.unbilled`) once usage dated after the scrape
+that would have fired it, read after samples past that usage, said billed: its fire's date and that usage's."""
 _NOTES = GAP
 """Figures of a gap (:attr:`GpuShareState.gaps`) before the GPUs' returns: those of an
 :data:`~detector.detectors.episode.Ended`'s gap."""
