@@ -294,7 +294,8 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
     unbilled: tuple[float, ...] | None = None
     """A candidate that would have fired but for the host's billing (no usage read yet, or a stop read
     before the usage of a restart: the usage topic read behind the samples): while it runs, its fire's date
-    and what the scrape that would have fired it counted (:data:`_RUNNING`), its GPUs in :attr:`listed`; once
+    and what the scrape that would have fired it counted (:data:`_RUNNING`; once usage dated after that scrape,
+    read after samples past it, said billed, that usage's date: :data:`_BILLED_AFTER`), its GPUs in :attr:`listed`; once
     it ended unfired, ``(since, the fire's date, the end's date, waste_usd, unpriced_s, 1.0 if a whole-host
     spell ended it, else 0.0)`` and its gaps (:data:`GAP` figures each), until usage is read past it. Usage
     read that says billed before that scrape makes its fire say what the scrape counted, as time order's did
@@ -1334,7 +1335,8 @@ def _billed_after(st: GpuShareState) -> float | None:
 
 
 def _running(st: GpuShareState) -> bool:
-    """Whether :attr:`GpuShareState.unbilled` holds a candidate still running (:data:`_RUNNING`)."""
+    """Whether :attr:`GpuShareState.unbilled` holds a candidate still running (:data:`_RUNNING`,
+    :data:`_BILLED_AFTER`, or its fire's date alone, as saved before)."""
     return st.unbilled is not None and len(st.unbilled) < _UNBILLED
 
 
