@@ -998,10 +998,7 @@ class GpuShare(DetectorBase):
         """When the ``min_gpus``-th of the counted GPUs ``listed`` went idle (from the rebase at most): the
         episode fires ``for`` after it. (Apart from :meth:`_advance`, which runs every scrape: a closure
         there would cost it cells at every call, :func:`~detector.detectors.base.at_sample`.)"""
-        times: Any = st.gpu_times
-        rebase_at = st.rebase_at
-        qualified = sorted(max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], c), rebase_at) for gpu in listed)
-        return qualified[self.params.min_gpus - 1]
+        return sorted(_idle_starts(st, listed, c))[self.params.min_gpus - 1]
 
     def _spell(self, st: GpuShareState, res: ResourceInfo, c: float, any_busy: bool) -> None:
         """Keep the host's whole-idle spells: one starts at the first instant no GPU works, and
@@ -1164,9 +1161,8 @@ class GpuShare(DetectorBase):
         pends them), over the time samples cover; not a GPU that joined the episode after (it counted each from
         ``since`` before). All of ``listed`` from ``since`` where fewer than ``min_gpus`` had. A GPU that left before
         the scrape that made the fire is not in ``listed``: too little, then."""
-        times: Any = st.gpu_times
         p, one_gpu = self.params, _share_of(st, res, [0])  # (one GPU's share of the host)
-        starts = [max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], judged), st.rebase_at, since) for gpu in listed]
+        starts = [max(start, since) for start in _idle_starts(st, listed, judged)]
         starts = [start for start in starts if judged - start >= p.for_]
         if len(starts) < p.min_gpus:
             starts = [since] * len(listed)
@@ -1283,6 +1279,12 @@ def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareP
         if gap[0] < judged < gap[1]:  # judged at the gap's end
             return gap[1], gap[1] + step
     return judged, judged + step
+
+
+def _idle_starts(st: GpuShareState, gpus: list[int], at: float) -> list[float]:
+    """When each of ``gpus`` went idle (from the rebase at most; ``at`` where not idle): what it counts from."""
+    times: Any = st.gpu_times
+    return [max(_or(times[_G * st.gpu(gpu) + _IDLE_SINCE], at), st.rebase_at) for gpu in gpus]
 
 
 def _share_of(st: GpuShareState, res: ResourceInfo, gpus: list[int]) -> float:
