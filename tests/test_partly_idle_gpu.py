@@ -1057,3 +1057,34 @@ def test_a_fire_that_waited_for_the_first_usage_keeps_the_share_a_gpu_had_when_t
     in_order = _partly(ruleset, _read(events))
     assert in_order == [("fire", 0.0, 30.0, 8.0)]
     assert _partly(ruleset, _read(events, 40)) == in_order
+
+
+@pytest.mark.parametrize("lag", [1, 5])
+def test_a_candidate_billed_late_that_fires_only_once_it_qualifies_again_keeps_its_dollars(tmp_path, lag):
+    """``min_gpus: 2``; GPUs 4 and 5 idle from 0, GPU 5 busy from 31, GPU 6 idle from 40; no usage before 31, read 1
+    or 5 minutes behind. The candidate would fire at 30 but for the billing; the usage dated 31 is read after
+    samples past it, and by then GPU 5 has left: the episode fires only when GPU 6 has lasted ``for``, dated 70,
+    at the scrape after. Time order's fire says every dollar counted to 70, GPU 5's 31 minutes too ($8.73). It is
+    priced to the usage's date only where it was made a scrape or more after (it was not): priced so, GPU 5's
+    dollars, out of the GPUs listed, went missing ($6.67; red with that guard taken out)."""
+    (tmp_path / "rules.yaml").write_text("rules:\n  - {name: p, type: partly_idle_gpu, params: {min_gpus: 2}}\n")
+    ruleset = load_rules(tmp_path)
+    events = _build(lambda m: [WORK] * 4 + [REST, REST if m < 31 else WORK, REST if m >= 40 else WORK, WORK],
+                    lambda m: False, 150)  # fmt: skip
+    events = [e for e in events if type(e).__name__ != "UsageEvent" or e.ts.timestamp() >= T0 + 31 * MIN]
+    in_order = _partly(ruleset, _read(events))
+    assert in_order == [("fire", 0.0, 70.0, 8.733)]
+    assert _partly(ruleset, _read(events, lag)) == in_order
+
+
+def test_a_candidate_billed_late_that_a_whole_host_dip_held_keeps_its_dollars(ruleset):
+    """GPUs 4-7 idle from 0, GPUs 0-3 idle 35-64.5 (a whole-host dip, shorter than ``for``); no usage before 50,
+    read 9 minutes behind. Time order fires at the dip's end, with every dollar counted to then ($17.20): no GPU
+    counts in a dip. Live the usage dated 50 is read at 59, in the dip, and the fire comes at its end too: it is not
+    priced to the usage's date ($13.33; red with the dip's guard taken out). (Read 20 minutes behind, after the
+    dip ended, the dip is no longer known and the fire says $13.33: left.)"""
+    events = _build(lambda m: [REST if 35 <= m < 64.5 else WORK] * 4 + [REST] * 4, lambda m: False, 150)
+    events = [e for e in events if type(e).__name__ != "UsageEvent" or e.ts.timestamp() >= T0 + 50 * MIN]
+    in_order = _partly(ruleset, _read(events))
+    assert in_order == [("fire", 0.0, 30.0, 17.2)]
+    assert _partly(ruleset, _read(events, 9)) == in_order
