@@ -390,6 +390,11 @@ def _read(events, lag_min: float | None = None) -> list:
                                          type(e).__name__ == "UsageEvent"))  # fmt: skip
 
 
+def _usage_from(events: list, minute: float) -> list:
+    """``events`` with no usage before ``minute``: a host whose billing exporter starts late."""
+    return [e for e in events if type(e).__name__ != "UsageEvent" or e.ts.timestamp() >= T0 + minute * MIN]
+
+
 def _partly(ruleset, events, updates: bool = False) -> list:
     return [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3))
             for f in Engine(ruleset).process(events)
@@ -974,8 +979,7 @@ def test_a_fire_that_waited_for_usage_dated_after_the_scrape_that_would_have_fir
     host's billing until that usage, and fired after it, with every dollar counted to then ($9.33), not capped to
     the scrape that would have fired it. Live the usage is read 45 minutes of samples later: its fire says time
     order's dollars, not those counted to the scrape that made it ($21.33, red before)."""
-    events = [e for e in _build(lambda m: [WORK] * 4 + [REST] * 4, lambda m: False, 150)
-              if type(e).__name__ != "UsageEvent" or e.ts.timestamp() >= T0 + 35 * MIN]  # fmt: skip
+    events = _usage_from(_build(lambda m: [WORK] * 4 + [REST] * 4, lambda m: False, 150), 35)
     in_order = _partly(ruleset, _read(events))
     assert in_order == [("fire", 0.0, 30.0, 9.333)]  # (judged at 35, with the first usage)
     assert _partly(ruleset, _read(events, 45)) == in_order
@@ -1071,7 +1075,7 @@ def test_a_candidate_billed_late_that_fires_only_once_it_qualifies_again_keeps_i
     ruleset = load_rules(tmp_path)
     events = _build(lambda m: [WORK] * 4 + [REST, REST if m < 31 else WORK, REST if m >= 40 else WORK, WORK],
                     lambda m: False, 150)  # fmt: skip
-    events = [e for e in events if type(e).__name__ != "UsageEvent" or e.ts.timestamp() >= T0 + 31 * MIN]
+    events = _usage_from(events, 31)
     in_order = _partly(ruleset, _read(events))
     assert in_order == [("fire", 0.0, 70.0, 8.733)]
     assert _partly(ruleset, _read(events, lag)) == in_order
@@ -1084,7 +1088,7 @@ def test_a_candidate_billed_late_that_a_whole_host_dip_held_keeps_its_dollars(ru
     priced to the usage's date ($13.33; red with the dip's guard taken out). (Read 20 minutes behind, after the
     dip ended, the dip is no longer known and the fire says $13.33: left.)"""
     events = _build(lambda m: [REST if 35 <= m < 64.5 else WORK] * 4 + [REST] * 4, lambda m: False, 150)
-    events = [e for e in events if type(e).__name__ != "UsageEvent" or e.ts.timestamp() >= T0 + 50 * MIN]
+    events = _usage_from(events, 50)
     in_order = _partly(ruleset, _read(events))
     assert in_order == [("fire", 0.0, 30.0, 17.2)]
     assert _partly(ruleset, _read(events, 9)) == in_order
