@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
 import msgspec
 import pytest
 
+from detector.detectors.gpu_share import UnbilledCandidate, UnbilledEnded
 from detector.detectors.pods import MAX_UNITS
 from detector.engine import Engine
-from detector.events import GpuMetric
+from detector.events import GpuMetric, UsageEvent
 from detector.floats import enc_hook
 from detector.rules import load_rules
 from tests.conftest import ROOT
@@ -792,7 +794,8 @@ def test_a_candidate_kept_unbilled_survives_a_restart_from_the_saved_state(rules
     cut = next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + cut_min * MIN)
     first = Engine(load_rules(ROOT / "rules"))
     before = [f for f in first.process(events[:cut]) if f.type == "partly_idle_gpu" and f.action != "update"]
-    assert len(first._keys["host-1"].rule("partly-idle-gpu").unbilled) == (1 if cut_min < 140 else 6)
+    kept = first._keys["host-1"].rule("partly-idle-gpu").unbilled
+    assert isinstance(kept, UnbilledCandidate) and kept.scrape is None if cut_min < 140 else isinstance(kept, UnbilledEnded)
     restarted = Engine(load_rules(ROOT / "rules"))
     restarted.restore("host-1", first.snapshot("host-1"))
     after = [f for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu" and f.action != "update"]
@@ -1009,7 +1012,9 @@ def test_a_candidate_waiting_for_the_first_usage_survives_a_restart_from_the_sav
     cut = next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + cut_min * MIN)
     first = Engine(load_rules(ROOT / "rules"))
     before = [f for f in first.process(events[:cut]) if f.type == "partly_idle_gpu" and f.action != "update"]
-    assert before == [] and len(first._keys["host-1"].rule("partly-idle-gpu").unbilled) == 5
+    kept = first._keys["host-1"].rule("partly-idle-gpu").unbilled
+    assert before == [] and isinstance(kept, UnbilledCandidate) and kept.scrape is not None
+    assert kept.billed_before == (cut_min > 45)
     restarted = Engine(load_rules(ROOT / "rules"))
     restarted.restore("host-1", first.snapshot("host-1"))
     after = [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3))
@@ -1092,3 +1097,71 @@ def test_a_candidate_billed_late_that_a_whole_host_dip_held_keeps_its_dollars(ru
     in_order = _partly(ruleset, _read(events))
     assert in_order == [("fire", 0.0, 30.0, 17.2)]
     assert _partly(ruleset, _read(events, 9)) == in_order
+
+
+def _saved_before(kept: UnbilledCandidate | UnbilledEnded) -> list[float]:
+    """``kept`` as states saved it before its structs (2026-12-06): figures, their count telling the form."""
+    if isinstance(kept, UnbilledEnded):
+        return [kept.since, kept.fired_at, kept.ended_at, kept.waste_usd, kept.unpriced_s, float(kept.whole_host),
+                *kept.gaps]  # fmt: skip
+    if kept.scrape is not None:  # (the scrape's time negated once usage dated before it said billed)
+        return [kept.fired_at, -kept.scrape if kept.billed_before else kept.scrape, kept.waste_usd, kept.unpriced_s,
+                kept.share_of]  # fmt: skip
+    return [kept.fired_at] if kept.billed_at is None else [kept.fired_at, kept.billed_at]
+
+
+def _form(kept: UnbilledCandidate | UnbilledEnded) -> str:
+    if isinstance(kept, UnbilledEnded):
+        return "ended"
+    if kept.scrape is not None:
+        return "billed before its scrape" if kept.billed_before else "counted at its scrape"
+    return "date alone" if kept.billed_at is None else "billed after"
+
+
+@pytest.mark.parametrize(("case", "forms"), [
+    ("first-usage-late", {"counted at its scrape", "ended"}),
+    ("first-usage-late-whole-host", {"counted at its scrape", "billed before its scrape", "ended"}),
+    ("restart-usage-late", {"counted at its scrape", "billed before its scrape", "date alone", "ended"}),
+    ("first-usage-45-behind", {"counted at its scrape", "billed before its scrape"}),
+    ("billed-after", {"counted at its scrape", "billed after"}),
+    ("three-of-eight-gpus-reporting", {"counted at its scrape", "billed before its scrape"}),
+])  # fmt: skip
+def test_a_candidate_unbilled_saved_as_figures_before_its_structs_is_read(tmp_path, ruleset, case, forms):
+    """A state saved before the candidate unbilled became structs holds it as figures (:func:`_saved_before`): a
+    worker restarted from such a state after any usage event read while the candidate is held (each of its
+    ``forms``) makes the alerts of one uninterrupted run (each form read as its struct: a figure read out of place
+    moves a date or a dollar)."""
+    if case in _unbilled_cases():
+        utils, stopped, lag, _ = _unbilled_cases()[case]
+        events = _read(_build(utils, stopped, 200), lag)
+    elif case == "first-usage-45-behind":
+        events = _read(_build(lambda m: [WORK] * 3 + [REST if 5 <= m < 60 else WORK] + [REST] * 4, lambda m: False,
+                              150), 45)  # fmt: skip
+    elif case == "three-of-eight-gpus-reporting":  # (test_a_fire_that_waited_for_the_first_usage_prices_a_gpu_as_...)
+        events = [GpuMetric(ts=at(T0 + k / 2 * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=x)
+                  for k in range(2 * 150) for g, x in enumerate([WORK, REST, WORK])]  # fmt: skip
+        events = _read([*events, *(usage(T0 + m * MIN) for m in range(150))], 45)
+    else:  # (the case of test_a_candidate_billed_late_that_fires_only_once_it_qualifies_again_keeps_its_dollars)
+        (tmp_path / "rules.yaml").write_text("rules:\n  - {name: partly-idle-gpu, type: partly_idle_gpu, params: "
+                                             "{min_gpus: 2}}\n")  # fmt: skip
+        ruleset = load_rules(tmp_path)
+        events = _usage_from(_build(lambda m: [WORK] * 4 + [REST, REST if m < 31 else WORK, REST if m >= 40 else WORK,
+                                                             WORK], lambda m: False, 150), 31)  # fmt: skip
+        events = _read(events, 5)
+    whole = [f for f in Engine(ruleset).process(events) if f.type == "partly_idle_gpu"]
+    first, before, seen = Engine(ruleset), [], set()
+    cuts = {i + 1 for i, e in enumerate(events) if isinstance(e, UsageEvent)}  # (after any usage read, and every two
+    for done, cut in itertools.pairwise([0, *sorted(cuts.union(range(34, len(events), 34)))]):  # minutes or so)
+        before += [f for f in first.process(events[done:cut]) if f.type == "partly_idle_gpu"]
+        kept = first._keys["host-1"].rule("partly-idle-gpu").unbilled
+        if kept is None:
+            continue
+        seen.add(_form(kept))
+        snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
+        snapshot["rules"]["partly-idle-gpu"]["unbilled"] = _saved_before(kept)
+        restarted = Engine(ruleset)
+        restarted.restore("host-1", msgspec.msgpack.encode(snapshot))
+        assert restarted._keys["host-1"].rule("partly-idle-gpu").unbilled == kept
+        after = [f for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu"]
+        assert before + after == whole, f"restarted after event {cut}, the candidate {kept}"
+    assert seen == forms

@@ -212,6 +212,46 @@ else:
 default, written out), read as ``b""`` (:meth:`GpuShareState.__post_init__`)."""
 
 
+class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen=True, gc=False):
+    """A candidate that would have fired but for the host's billing (no usage read yet, or a stop read before the
+    usage of a restart: the usage topic read behind the samples), while it runs (:attr:`GpuShareState.unbilled`).
+    Usage read later that says billed makes it fire as time order fired it (:meth:`GpuShare._fired`)."""
+
+    fired_at: float
+    """Its fire's date."""
+    scrape: float | None = None
+    """The scrape that would have fired it, where that scrape is the first past the fire's date (time order's), with
+    what it counted below. None: not kept (a scrape later, or a state saved before), or usage said billed after it."""
+    waste_usd: float = 0.0
+    unpriced_s: float = 0.0
+    """The candidate's dollars and unpriced host-seconds as :attr:`scrape` left them."""
+    share_of: float = 0.0
+    """The GPUs a GPU's seconds were a share of at :attr:`scrape` (those reporting, where no usage has said the
+    host's count: time order, which had read it, counted a smaller share)."""
+    billed_before: bool = False
+    """Usage dated before :attr:`scrape` said billed: time order fired it there, with what that scrape counted."""
+    billed_at: float | None = None
+    """Usage dated at or after the scrape that would have fired it, read after samples past it, said billed: that
+    usage's date, at which time order judged it."""
+
+
+class UnbilledEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True, gc=False):
+    """A candidate that would have fired but for the host's billing and ended unfired (its GPUs busy, or a whole-host
+    spell's start), kept until usage is read past it (:attr:`GpuShareState.unbilled`): usage that says billed before
+    its end fires and resolves it, as time order did (:meth:`GpuShare._billed_late`)."""
+
+    since: float
+    fired_at: float
+    """Its fire's date, had it been billed."""
+    ended_at: float
+    waste_usd: float
+    unpriced_s: float
+    whole_host: bool
+    """A whole-host idle spell ended it (``idle_gpu``'s from there), not a GPU turning busy."""
+    gaps: tuple[float, ...] = ()
+    """Its gaps, :data:`~detector.detectors.episode.GAP` figures each, as an :data:`Ended` holds them."""
+
+
 class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
     """A host's GPUs and their units as columns (struct of arrays): one value per unit or GPU,
     indexed by its place, not a dict of one struct per unit and per GPU (~1.8 KB on a host of eight
@@ -291,17 +331,11 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
     (a host restarted while its usage was read behind) ends the episode there, and the GPUs idle across the
     gap start again from their first sample after it, as in time order (:func:`_gap_holding`). None: none,
     most hosts."""
-    unbilled: tuple[float, ...] | None = None
-    """A candidate that would have fired but for the host's billing (no usage read yet, or a stop read
-    before the usage of a restart: the usage topic read behind the samples): while it runs, its fire's date
-    and what the scrape that would have fired it counted (:data:`_RUNNING`; once usage dated after that scrape,
-    read after samples past it, said billed, that usage's date: :data:`_BILLED_AFTER`), its GPUs in :attr:`listed`; once
-    it ended unfired, ``(since, the fire's date, the end's date, waste_usd, unpriced_s, 1.0 if a whole-host
-    spell ended it, else 0.0)`` and its gaps (:data:`GAP` figures each), until usage is read past it. Usage
-    read that says billed before that scrape makes its fire say what the scrape counted, as time order's did
-    (:meth:`GpuShare._fired`); before its end, once it ended, fires and resolves it, as time order did
-    (:meth:`GpuShare._billed_late`); a stop within it, or usage from its end on, lets it go. One at a time: a
-    candidate while one is held is not kept."""
+    unbilled: UnbilledCandidate | UnbilledEnded | None = None
+    """A candidate that would have fired but for the host's billing: while it runs, its fire's date and what the
+    scrape that would have fired it counted, its GPUs in :attr:`listed` (:class:`UnbilledCandidate`); once it ended
+    unfired, its dollars and gaps until usage is read past it (:class:`UnbilledEnded`). A stop within it, or usage
+    from its end on, lets it go. One at a time: a candidate while one is held is not kept."""
     saved_before: ClassVar[builtins.type[GpuShareStateBefore]]
 
     def __post_init__(self) -> None:
@@ -321,8 +355,7 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
                 and (self.gaps is None or 0 < len(self.gaps) <= MAX_GAPS)
                 and all(len(gap) >= _NOTES and len(gap) % 2 == 0 for gap in self.gaps or ())
                 and (self.ended is None or is_ended(self.ended))
-                and (self.unbilled is None or len(self.unbilled) in (1, _BILLED_AFTER, _RUNNING)
-                     or with_gaps(self.unbilled, _UNBILLED)))  # fmt: skip
+                and (not isinstance(self.unbilled, UnbilledEnded) or with_gaps(self.unbilled.gaps, 0)))  # fmt: skip
 
     def clear(self) -> None:
         super().clear()
@@ -426,6 +459,9 @@ class GpuShareStateBefore(GpuShareState, kw_only=True, forbid_unknown_fields=Tru
     resumed: tuple[float, ...] | None = None
     """The one gap saved before :attr:`gaps`: its dollars before it only (after it the same), then the
     GPUs' returns."""
+    unbilled: tuple[float, ...] | None = None  # type: ignore[assignment]  # (figures, as saved before the structs)
+    """The candidate unbilled as figures (:func:`_unbilled_of`), as saved before :class:`UnbilledCandidate` and
+    :class:`UnbilledEnded`."""
 
     def __post_init__(self) -> None:
         """Read as saved: :meth:`upgrade` checks what it makes."""
@@ -437,6 +473,8 @@ class GpuShareStateBefore(GpuShareState, kw_only=True, forbid_unknown_fields=Tru
             if len(gap) < 4 or len(gap) % 2 or self.gaps is not None:
                 raise ValueError("a gap is its last scrape before, the first after, its dollars and the GPUs' returns")
             fields["gaps"] = ((*gap[:4], gap[2], gap[3], *gap[4:]),)
+        if self.unbilled is not None:
+            fields["unbilled"] = _unbilled_of(self.unbilled)
         if self.unit_times is not None:  # the units' times an array apart, two a unit
             allocated_at = self.unit_times[_ALLOCATED_AT::_U]
             parts = (self.gpu_times or floats(), self.unit_times[_SEEN::_U], allocated_at if any(allocated_at) else floats())
@@ -468,6 +506,25 @@ class GpuShareStateBefore(GpuShareState, kw_only=True, forbid_unknown_fields=Tru
             times[at + _PENDING_FROM] = _UNSET if track.pending_from is None else track.pending_from
             if track.counted:
                 _set_counted(state, p, 1)
+
+
+def _unbilled_of(figures: tuple[float, ...]) -> UnbilledCandidate | UnbilledEnded:
+    """The candidate unbilled, as states saved it before 2026-12-06 (evening): while it ran, its fire's date alone,
+    then with what the scrape that would have fired it counted (five figures: the date, that scrape's time,
+    negated once usage dated before it said billed, ``waste_usd``, ``unpriced_s``, the GPUs it shared by), or the
+    date and that of usage after it that said billed (two); once it ended, six figures then its gaps."""
+    n = len(figures)
+    if n == 1:
+        return UnbilledCandidate(figures[0])
+    if n == 2:
+        return UnbilledCandidate(figures[0], billed_at=figures[1])
+    if n == 5:
+        fired_at, scrape, waste_usd, unpriced_s, share_of = figures
+        return UnbilledCandidate(fired_at, abs(scrape), waste_usd, unpriced_s, share_of, billed_before=scrape < 0.0)
+    if with_gaps(figures, 6):
+        since, fired_at, ended_at, waste_usd, unpriced_s, whole_host = figures[:6]
+        return UnbilledEnded(since, fired_at, ended_at, waste_usd, unpriced_s, bool(whole_host), figures[6:])
+    raise ValueError("a candidate unbilled is 1, 2 or 5 figures while it runs, or 6 and whole gaps once ended")
 
 
 GpuShareState.saved_before = GpuShareStateBefore
@@ -750,8 +807,8 @@ class GpuShare(DetectorBase):
             st.ended, taken = take_back_ended(st.ended, t, not res.billed)
             if taken is not None:  # stopped within the episode a scrape resolved since: it never fired, or it
                 found += self._taken_back(st, res, taken, t)  # ended at the stop
-        if st.unbilled is not None and len(st.unbilled) >= _UNBILLED:  # (ended unfired, not running)
-            found += self._billed_late(st, res, t)
+        if isinstance(st.unbilled, UnbilledEnded):
+            found += self._billed_late(st, res, t, st.unbilled)
         if not res.billed:
             since = st.since
             held = _gap_holding(st, t)
@@ -795,14 +852,13 @@ class GpuShare(DetectorBase):
                 st.whole_idle_since, st.spell_s = held[1] if across else None, 0.0  # type: ignore[index]
             return found
         running = st.unbilled
-        if running is not None and len(running) == _RUNNING and running[1] > 0.0:
+        if isinstance(running, UnbilledCandidate) and running.scrape is not None and not running.billed_before:
             # The candidate waiting for the host's billing: billed before the scrape that would have fired it
-            # (time order fired it there: the scrape marked, negated), or from it on (fired at a scrape after, in
-            # time order too).
-            if t < running[1]:
-                st.unbilled = (running[0], -running[1], *running[2:])
+            # (time order fired it there), or from it on (fired at a scrape after, in time order too).
+            if t < running.scrape:
+                st.unbilled = msgspec.structs.replace(running, billed_before=True)
             else:  # (samples past it read first, live: time order judged the host at its date, the scrape before)
-                st.unbilled = (running[0], t) if st.covered_until > t else running[:1]
+                st.unbilled = UnbilledCandidate(running.fired_at, billed_at=t if st.covered_until > t else None)
         if st.gaps is not None and t >= st.gaps[0][1]:  # usage is read in order: no stop read later falls in a gap
             _forget_gaps_before(st, t)  # before t
         if st.unpriced_s and res.usd_per_hour is not None:
@@ -902,14 +958,14 @@ class GpuShare(DetectorBase):
                     # fired it there, dated as then (GPUs may have left since), with what that scrape counted.
                     kept = _billed_before(st)
                     if kept is not None:
-                        fired_at = kept[0]
+                        fired_at = kept.fired_at
                     fire(st, since=st.since, fired_at=fired_at, at=c)
                     # Its GPUs restarted in the past by a stop read late (_RESTARTED: NaN): time order fired it
                     # scrapes ago (see _fired), unless no GPU worked from its date to c.
                     restarted = st.fired_by is not None and st.fired_by != st.fired_by
                     judged = None  # (time order's scrape that judged it, where made scrapes after)
                     if kept is not None:
-                        st.fired_by = -kept[1]
+                        st.fired_by = kept.scrape
                     elif restarted and c - fired_at > p.stale_after and (dip is None or fired_at < dip):
                         judged, st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S), p)
                     elif st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
@@ -927,8 +983,9 @@ class GpuShare(DetectorBase):
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
                     if st.unbilled is None:  # (kept if it ends unfired, or fires late: usage read later may say billed)
                         # what this scrape counted, where it is the first past the fire's date (time order's)
-                        st.unbilled = (fired_at, t, st.waste_usd, st.unpriced_s, float(max(len(ids), res.gpus))) \
-                            if c - fired_at < t - c else (fired_at,)  # fmt: skip
+                        share_of = float(max(len(ids), res.gpus))
+                        st.unbilled = UnbilledCandidate(fired_at, t, st.waste_usd, st.unpriced_s, share_of) \
+                            if c - fired_at < t - c else UnbilledCandidate(fired_at)  # fmt: skip
                     if _running(st):
                         st.listed = tuple(sorted(listed))  # (what its findings name, if they are made)
         elif any_busy and (changed or c - st.last_report >= p.update_every):
@@ -1122,7 +1179,7 @@ class GpuShare(DetectorBase):
         return self._past_episode(st, res, start, fired_at, was_at, usd)
 
     def _fired(self, st: GpuShareState, res: ResourceInfo, fired: Finding, listed: list[int],
-               judged: float | None, billed_before: tuple[float, ...] | None = None) -> Finding:  # fmt: skip
+               judged: float | None, billed_before: UnbilledCandidate | None = None) -> Finding:  # fmt: skip
         """``fired``, the fire of the open episode of the GPUs ``listed``. The gaps kept after its start that a stop
         marked past the episode it ended (read late: the GPUs restarted from their return after its gap) are
         this episode's now, with its dollars at each, its GPUs idle from its start over the time samples cover
@@ -1134,9 +1191,9 @@ class GpuShare(DetectorBase):
         counted since: those, priced so. ``billed_before``: the candidate that waited for the host's billing, where
         usage dated before the scrape that would have fired it said billed (:func:`_billed_before`): time order
         fired it there, with the dollars counted to then; those, each GPU's seconds a share of the host's GPUs
-        (:data:`_RUNNING`). (Where the billing was dated later, time order, too, made it only once the billing was
-        read, with every dollar counted to then; where that billing was read after samples past it, ``judged`` is its
-        date: :func:`_billed_after`.)"""
+        (:attr:`UnbilledCandidate.share_of`). (Where the billing was dated later, time order, too, made it only once
+        the billing was read, with every dollar counted to then; where that billing was read after samples past it,
+        ``judged`` is its date: :func:`_billed_after`.)"""
         since, stale_after = fired.episode_start, self.params.stale_after
         share = _share_of(st, res, listed)
         gaps = _gaps(st)
@@ -1146,8 +1203,9 @@ class GpuShare(DetectorBase):
                             *_share_priced(res, share, flat, since, gap[1], stale_after=stale_after), *gap[_NOTES:])
                            if gap[0] >= since and gap[2] == _PAST else gap for gap in gaps])  # fmt: skip
         if billed_before is not None:  # (counted a share of the GPUs then reporting where the host's were not known:
-            shares = billed_before[4] / max(res.gpus, billed_before[4])  # time order's share then, not of those now)
-            usd = min(fired.waste_usd, _priced(res, billed_before[2], billed_before[3])[0] * shares)
+            # time order's share then, not of those now)
+            shares = billed_before.share_of / max(res.gpus, billed_before.share_of)
+            usd = min(fired.waste_usd, _priced(res, billed_before.waste_usd, billed_before.unpriced_s)[0] * shares)
         elif judged is None:
             return fired
         else:
@@ -1168,24 +1226,24 @@ class GpuShare(DetectorBase):
             starts = [since] * len(listed)
         return sum(_share_priced(res, one_gpu, gaps, start, judged, stale_after=p.stale_after)[0] for start in starts)
 
-    def _billed_late(self, st: GpuShareState, res: ResourceInfo, t: float) -> list[Finding]:
-        """A usage event at ``t`` read after the candidate kept in :attr:`GpuShareState.unbilled` ended unfired:
+    def _billed_late(self, st: GpuShareState, res: ResourceInfo, t: float, kept: UnbilledEnded) -> list[Finding]:
+        """A usage event at ``t`` read after the candidate ``kept`` ended unfired:
         where it says billed before the break, time order fired the candidate (at the date kept) and the
         break resolved it: both are made now, and it is kept as the episode resolved last (a stop read later
         within it takes it back or corrects it). A stop within it ended it short of a fire, and usage from
         its break on is too late: either lets it go."""
-        assert st.unbilled is not None
-        since, fired_at, broken, waste, unpriced, whole_host = st.unbilled[:_UNBILLED]
+        since, fired_at, broken = kept.since, kept.fired_at, kept.ended_at
         if t >= broken or (not res.billed and t >= since):
             st.unbilled = None
             return []
         if not res.billed:
             return []  # (a stop from before it began: not its end)
-        gaps, st.unbilled = st.unbilled[_UNBILLED:], None
-        usd, unpriced = _priced(res, waste, unpriced)
+        st.unbilled = None
+        usd, unpriced = _priced(res, kept.waste_usd, kept.unpriced_s)
         if st.ended is None:  # (kept with its gaps: a stop read later in one corrects it)
-            st.ended = ended_of(since, fired_at, max(t, fired_at), broken, usd, unpriced, since, gaps or None)
-        return self._past_episode(st, res, since, fired_at, broken, usd, "whole_host_idle" if whole_host else "gpu_busy")
+            st.ended = ended_of(since, fired_at, max(t, fired_at), broken, usd, unpriced, since, kept.gaps or None)
+        return self._past_episode(st, res, since, fired_at, broken, usd,
+                                  "whole_host_idle" if kept.whole_host else "gpu_busy")
 
     def _past_episode(self, st: GpuShareState, res: ResourceInfo, since: float, fired_at: float, resolved_at: float,
                       usd: float, reason: str = "gpu_busy") -> list[Finding]:  # fmt: skip
@@ -1316,30 +1374,28 @@ def _keep_unbilled(st: GpuShareState, at: float, *, whole_host: bool) -> None:
     """The candidate, which would have fired but for the host's billing (:attr:`GpuShareState.unbilled`), ends
     unfired at ``at`` (its GPUs busy, or a whole-host spell's start): kept, with its dollars and gaps, for
     usage read later that says billed before then."""
-    if st.fired_at is None and st.since is not None and st.unbilled is not None and _running(st):
-        st.unbilled = (st.since, st.unbilled[0], at, st.waste_usd, st.unpriced_s, 1.0 if whole_host else 0.0,
-                       *_episode_gaps(st))  # fmt: skip
+    if st.fired_at is None and st.since is not None and isinstance(st.unbilled, UnbilledCandidate):
+        st.unbilled = UnbilledEnded(st.since, st.unbilled.fired_at, at, st.waste_usd, st.unpriced_s, whole_host,
+                                    _episode_gaps(st))  # fmt: skip
 
 
-def _billed_before(st: GpuShareState) -> tuple[float, ...] | None:
-    """The candidate running unbilled (:data:`_RUNNING`) where usage read since, dated before the scrape that
-    would have fired it, said billed (that scrape's time negated): None where not so."""
+def _billed_before(st: GpuShareState) -> UnbilledCandidate | None:
+    """The candidate running unbilled where usage read since, dated before the scrape that would have fired it,
+    said billed: None where not so."""
     running = st.unbilled
-    return running if running is not None and len(running) == _RUNNING and running[1] < 0.0 else None
+    return running if isinstance(running, UnbilledCandidate) and running.billed_before else None
 
 
 def _billed_after(st: GpuShareState) -> float | None:
     """When usage said billed, where it came after the scrape that would have fired the candidate running
-    unbilled and was read after samples past it (:data:`_BILLED_AFTER`): time order judged it at that usage's
-    date. None where not so."""
+    unbilled and was read after samples past it: time order judged it at that usage's date. None where not so."""
     running = st.unbilled
-    return running[1] if running is not None and len(running) == _BILLED_AFTER else None
+    return running.billed_at if isinstance(running, UnbilledCandidate) else None
 
 
 def _running(st: GpuShareState) -> bool:
-    """Whether :attr:`GpuShareState.unbilled` holds a candidate still running (:data:`_RUNNING`,
-    :data:`_BILLED_AFTER`, or its fire's date alone, as saved before)."""
-    return st.unbilled is not None and len(st.unbilled) < _UNBILLED
+    """Whether :attr:`GpuShareState.unbilled` holds a candidate still running."""
+    return isinstance(st.unbilled, UnbilledCandidate)
 
 
 def _let_go_running(st: GpuShareState) -> None:
@@ -1393,17 +1449,6 @@ def _note_charged(st: GpuShareState, t: float, stale_after: float) -> None:
 
 MAX_GAPS = 4
 """Gaps a host keeps at most (:attr:`GpuShareState.gaps`), as ``idle_gpu``."""
-_UNBILLED = 6
-"""Figures of a candidate ended unfired (:attr:`GpuShareState.unbilled`) before its gaps."""
-_RUNNING = 5
-"""Figures of a candidate running unbilled (:attr:`GpuShareState.unbilled`): its fire's date, the scrape that
-would have fired it (negated once usage dated before it said billed: :func:`_billed_before`), ``waste_usd`` and
-``unpriced_s`` as that scrape left them, and the GPUs a GPU's seconds were a share of then (those reporting,
-where no usage has said the host's count: time order, which had read it, counted a smaller share). A state saved
-before holds the date alone."""
-_BILLED_AFTER = 2
-"""Figures of a candidate running unbilled (:attr:`GpuShareState.unbilled`) once usage dated after the scrape
-that would have fired it, read after samples past that usage, said billed: its fire's date and that usage's."""
 _NOTES = GAP
 """Figures of a gap (:attr:`GpuShareState.gaps`) before the GPUs' returns: those of an
 :data:`~detector.detectors.episode.Ended`'s gap."""
