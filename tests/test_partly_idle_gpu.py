@@ -9,7 +9,7 @@ import random
 import msgspec
 import pytest
 
-from detector.detectors.gpu_share import UnbilledCandidate, UnbilledEnded
+from detector.detectors.gpu_share import Gap, UnbilledCandidate, UnbilledEnded
 from detector.detectors.pods import MAX_UNITS
 from detector.engine import Engine
 from detector.events import GpuMetric, UsageEvent
@@ -681,14 +681,16 @@ def test_a_gap_saved_before_the_gaps_were_kept_restores_as_one(ruleset):
     cut = next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + 95 * MIN)
     first = Engine(load_rules(ROOT / "rules"))
     before = [f for f in first.process(events[:cut]) if f.type == "partly_idle_gpu" and f.action != "update"]
+    (gap,) = first._keys["host-1"].rule("partly-idle-gpu").gaps
+    assert gap.figures()[2:4] == gap.figures()[4:6]  # (a gap longer than stale_after: nothing counted across it)
     snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
     saved = snapshot["rules"]["partly-idle-gpu"]
-    (gap,) = saved.pop("gaps")
-    assert gap[2:4] == gap[4:6]  # (a gap longer than stale_after: nothing counted across it)
-    saved["resumed"] = gap[:4] + gap[6:]
+    del saved["gaps"]
+    figures = _gap_saved_before(gap)
+    saved["resumed"] = figures[:4] + figures[6:]
     restarted = Engine(load_rules(ROOT / "rules"))
     restarted.restore("host-1", msgspec.msgpack.encode(snapshot))
-    assert restarted._keys["host-1"].rule("partly-idle-gpu").gaps == tuple(tuple(x) for x in [gap])
+    assert restarted._keys["host-1"].rule("partly-idle-gpu").gaps == (gap,)
     after = [f for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu" and f.action != "update"]
     assert [(f.action, (f.episode_start - T0) / MIN, (f.at - T0) / MIN, round(f.waste_usd, 3))
             for f in before + after] == whole  # fmt: skip
@@ -1099,7 +1101,7 @@ def test_a_candidate_billed_late_that_a_whole_host_dip_held_keeps_its_dollars(ru
     assert _partly(ruleset, _read(events, 9)) == in_order
 
 
-def _saved_before(kept: UnbilledCandidate | UnbilledEnded) -> list[float]:
+def _unbilled_saved_before(kept: UnbilledCandidate | UnbilledEnded) -> list[float]:
     """``kept`` as states saved it before its structs (2026-12-06): figures, their count telling the form."""
     if isinstance(kept, UnbilledEnded):
         return [kept.since, kept.fired_at, kept.ended_at, kept.waste_usd, kept.unpriced_s, float(kept.whole_host),
@@ -1110,58 +1112,102 @@ def _saved_before(kept: UnbilledCandidate | UnbilledEnded) -> list[float]:
     return [kept.fired_at] if kept.billed_at is None else [kept.fired_at, kept.billed_at]
 
 
-def _form(kept: UnbilledCandidate | UnbilledEnded) -> str:
+def _gap_saved_before(gap: Gap) -> list[float]:
+    """``gap`` as states saved it before its struct (2026-12-06): its times, its dollars (-1.0 past its episode),
+    then pairs of a key and a time (a GPU's index and its return; -1 a rebase; -2 and -3 a dip's start and end)."""
+    dollars = [-1.0, 0.0, -1.0, 0.0] if gap.past else [gap.waste_usd, gap.unpriced_s, gap.waste_after_usd,
+                                                       gap.unpriced_after_s]  # fmt: skip
+    notes = [x for gpu, back in gap.returns for x in (float(gpu), back)]
+    notes += [-1.0, gap.rebase_at] if gap.rebase_at is not None else []
+    notes += [-2.0, gap.dip[0], -3.0, gap.dip[1]] if gap.dip is not None else []
+    return [gap.before, gap.after, *dollars, *notes]
+
+
+def _forms(state) -> set[str]:
+    """What a host's state holds in the shapes that were figures before (the candidate unbilled, the gaps)."""
+    kept, forms = state.unbilled, set()
     if isinstance(kept, UnbilledEnded):
-        return "ended"
-    if kept.scrape is not None:
-        return "billed before its scrape" if kept.billed_before else "counted at its scrape"
-    return "date alone" if kept.billed_at is None else "billed after"
+        forms.add("ended")
+    elif kept is not None and kept.scrape is not None:
+        forms.add("billed before its scrape" if kept.billed_before else "counted at its scrape")
+    elif kept is not None:
+        forms.add("date alone" if kept.billed_at is None else "billed after")
+    for gap in state.gaps or ():
+        forms.add("gap past its episode" if gap.past else "gap")
+        forms.update(name for name, held in (("a return", gap.returns), ("a rebase", gap.rebase_at is not None),
+                                             ("a dip", gap.dip is not None)) if held)  # fmt: skip
+    return forms
+
+
+def _saved_before_cases(case: str, tmp_path) -> tuple[object, list]:
+    """The rules and the events of each case of the test below (most are those of a test above)."""
+    ruleset = load_rules(ROOT / "rules")
+    if case in _unbilled_cases():
+        utils, stopped, lag, _ = _unbilled_cases()[case]
+        return ruleset, _read(_build(utils, stopped, 200), lag)
+    if case == "first-usage-45-behind":
+        return ruleset, _read(_build(lambda m: [WORK] * 3 + [REST if 5 <= m < 60 else WORK] + [REST] * 4,
+                                     lambda m: False, 150), 45)  # fmt: skip
+    if case == "three-of-eight-gpus-reporting":  # (test_a_fire_that_waited_for_the_first_usage_prices_a_gpu_as_...)
+        events = [GpuMetric(ts=at(T0 + k / 2 * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=x)
+                  for k in range(2 * 150) for g, x in enumerate([WORK, REST, WORK])]  # fmt: skip
+        return ruleset, _read([*events, *(usage(T0 + m * MIN) for m in range(150))], 45)
+    if case == "billed-after":  # (test_a_candidate_billed_late_that_fires_only_once_it_qualifies_again_keeps_...)
+        (tmp_path / "rules.yaml").write_text("rules:\n  - {name: partly-idle-gpu, type: partly_idle_gpu, params: "
+                                             "{min_gpus: 2}}\n")  # fmt: skip
+        events = _usage_from(_build(lambda m: [WORK] * 4 + [REST, REST if m < 31 else WORK, REST if m >= 40 else WORK,
+                                                             WORK], lambda m: False, 150), 31)  # fmt: skip
+        return load_rules(tmp_path), _read(events, 5)
+    if case == "dark-twice":  # (test_a_stop_in_a_gap_before_the_latest_ends_the_episode_there)
+        return ruleset, _read(_build(_dark_twice, lambda m: 76 <= m < 90, 200), 45)
+    if case == "dip-after-a-stop":  # (test_a_fire_caught_up_after_a_stop_is_judged_where_time_order_judged_it_...)
+        dark = lambda m: 39 < m < 44 or 75 < m < 76.5  # noqa: E731
+        return ruleset, _read(_build(lambda m: None if dark(m) else [REST if 64 <= m < 84 else WORK] * 4 + [REST] * 4,
+                                     lambda m: 40 <= m < 44 or 75 <= m < 77, 160), 45)  # fmt: skip
+    # (test_a_rebase_undone_by_a_stop_read_late_re_pends_the_gpus_idle_since_after_the_stop)
+    return ruleset, _read(_four_gpus(lambda g, m: REST if (g in (1, 3) and m < 150) or 20 <= m < 51 else WORK,
+                                     lambda m: 25 < m < 30.5, lambda m: 26 <= m < 30.5, late_gpu=(3, 25, 33)), 45)
 
 
 @pytest.mark.parametrize(("case", "forms"), [
     ("first-usage-late", {"counted at its scrape", "ended"}),
     ("first-usage-late-whole-host", {"counted at its scrape", "billed before its scrape", "ended"}),
-    ("restart-usage-late", {"counted at its scrape", "billed before its scrape", "date alone", "ended"}),
+    ("restart-usage-late", {"counted at its scrape", "billed before its scrape", "date alone", "ended", "gap"}),
     ("first-usage-45-behind", {"counted at its scrape", "billed before its scrape"}),
     ("billed-after", {"counted at its scrape", "billed after"}),
     ("three-of-eight-gpus-reporting", {"counted at its scrape", "billed before its scrape"}),
+    ("dark-twice", {"counted at its scrape", "billed before its scrape", "gap", "gap past its episode", "a return"}),
+    ("dip-after-a-stop", {"counted at its scrape", "billed before its scrape", "date alone", "gap",
+                          "gap past its episode", "a dip"}),
+    ("rebase-across-a-stop", {"date alone", "gap", "a return", "a rebase"}),
 ])  # fmt: skip
-def test_a_candidate_unbilled_saved_as_figures_before_its_structs_is_read(tmp_path, ruleset, case, forms):
-    """A state saved before the candidate unbilled became structs holds it as figures (:func:`_saved_before`): a
-    worker restarted from such a state after any usage event read while the candidate is held (each of its
-    ``forms``) makes the alerts of one uninterrupted run (each form read as its struct: a figure read out of place
-    moves a date or a dollar)."""
-    if case in _unbilled_cases():
-        utils, stopped, lag, _ = _unbilled_cases()[case]
-        events = _read(_build(utils, stopped, 200), lag)
-    elif case == "first-usage-45-behind":
-        events = _read(_build(lambda m: [WORK] * 3 + [REST if 5 <= m < 60 else WORK] + [REST] * 4, lambda m: False,
-                              150), 45)  # fmt: skip
-    elif case == "three-of-eight-gpus-reporting":  # (test_a_fire_that_waited_for_the_first_usage_prices_a_gpu_as_...)
-        events = [GpuMetric(ts=at(T0 + k / 2 * MIN), resource_id="host-1", gpu_index=g, model="A100", util_pct=x)
-                  for k in range(2 * 150) for g, x in enumerate([WORK, REST, WORK])]  # fmt: skip
-        events = _read([*events, *(usage(T0 + m * MIN) for m in range(150))], 45)
-    else:  # (the case of test_a_candidate_billed_late_that_fires_only_once_it_qualifies_again_keeps_its_dollars)
-        (tmp_path / "rules.yaml").write_text("rules:\n  - {name: partly-idle-gpu, type: partly_idle_gpu, params: "
-                                             "{min_gpus: 2}}\n")  # fmt: skip
-        ruleset = load_rules(tmp_path)
-        events = _usage_from(_build(lambda m: [WORK] * 4 + [REST, REST if m < 31 else WORK, REST if m >= 40 else WORK,
-                                                             WORK], lambda m: False, 150), 31)  # fmt: skip
-        events = _read(events, 5)
+def test_a_state_saved_with_figures_before_the_structs_is_read(tmp_path, case, forms):
+    """A state saved before the candidate unbilled and the gaps kept became structs holds them as figures
+    (:func:`_unbilled_saved_before`, :func:`_gap_saved_before`): a worker restarted from such a state, after any
+    usage read and every two minutes or so while either is held (in each of its ``forms``), makes the alerts of one
+    uninterrupted run, each read as its struct (a figure read out of place moves a date or a dollar)."""
+    ruleset, events = _saved_before_cases(case, tmp_path)
     whole = [f for f in Engine(ruleset).process(events) if f.type == "partly_idle_gpu"]
     first, before, seen = Engine(ruleset), [], set()
-    cuts = {i + 1 for i, e in enumerate(events) if isinstance(e, UsageEvent)}  # (after any usage read, and every two
-    for done, cut in itertools.pairwise([0, *sorted(cuts.union(range(34, len(events), 34)))]):  # minutes or so)
+    cuts = {i + 1 for i, e in enumerate(events) if isinstance(e, UsageEvent)}  # (usage read is what moves them on)
+    for done, cut in itertools.pairwise([0, *sorted(cuts.union(range(34, len(events), 34)))]):
         before += [f for f in first.process(events[done:cut]) if f.type == "partly_idle_gpu"]
-        kept = first._keys["host-1"].rule("partly-idle-gpu").unbilled
-        if kept is None:
+        state = first._keys["host-1"].rule("partly-idle-gpu")
+        if state.unbilled is None and state.gaps is None:
             continue
-        seen.add(_form(kept))
-        snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
-        snapshot["rules"]["partly-idle-gpu"]["unbilled"] = _saved_before(kept)
-        restarted = Engine(ruleset)
-        restarted.restore("host-1", msgspec.msgpack.encode(snapshot))
-        assert restarted._keys["host-1"].rule("partly-idle-gpu").unbilled == kept
-        after = [f for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu"]
-        assert before + after == whole, f"restarted after event {cut}, the candidate {kept}"
+        seen |= _forms(state)
+        # (and, holding both, the gaps as figures with the candidate a struct, as saved between the two changes)
+        for as_figures in ({"unbilled", "gaps"}, *([{"gaps"}] if state.unbilled and state.gaps else [])):
+            snapshot = msgspec.msgpack.decode(first.snapshot("host-1"))
+            saved = snapshot["rules"]["partly-idle-gpu"]
+            if state.unbilled is not None and "unbilled" in as_figures:
+                saved["unbilled"] = _unbilled_saved_before(state.unbilled)
+            if state.gaps is not None:
+                saved["gaps"] = [_gap_saved_before(gap) for gap in state.gaps]
+            restarted = Engine(ruleset)
+            restarted.restore("host-1", msgspec.msgpack.encode(snapshot))
+            read = restarted._keys["host-1"].rule("partly-idle-gpu")
+            assert (read.unbilled, read.gaps) == (state.unbilled, state.gaps)
+            after = [f for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu"]
+            assert before + after == whole, f"restarted after event {cut}, with {state.unbilled} and {state.gaps}"
     assert seen == forms

@@ -56,6 +56,7 @@ from operator import or_
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
+from msgspec.structs import replace
 from pydantic import Field
 
 from detector.detectors.base import (
@@ -97,9 +98,6 @@ from detector.units import Duration, Percent
 
 __all__ = ["MAX_UNITS", "GpuShare", "GpuShareParams", "GpuShareState", "gpu_names"]
 
-_PAST = -1.0
-"""The dollars of a gap kept past the end of the episode it came in (:func:`_past`): not the open
-episode's to go back to, nor an :data:`~detector.detectors.episode.Ended`'s (:func:`_episode_gaps`)."""
 FORGET_S = 3600.0
 """A unit with no sample for this long (while the host's others report) is gone."""
 _ALONE = {key: (key,) for key in KEYS}
@@ -212,6 +210,41 @@ else:
 default, written out), read as ``b""`` (:meth:`GpuShareState.__post_init__`)."""
 
 
+class Gap(msgspec.Struct, tag="gap", array_like=True, frozen=True, gc=False):
+    """A gap in the host's scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S` while an episode, an
+    idle run or a whole-idle spell was under way, kept until usage is read past it (:attr:`GpuShareState.gaps`): a
+    stop read later and dated within it (a host restarted while its usage was read behind) ends the episode there,
+    and the GPUs idle across it start again from their first sample after it, as in time order
+    (:func:`_gap_holding`)."""
+
+    before: float
+    """The host's last scrape before it."""
+    after: float
+    """Its first scrape after."""
+    waste_usd: float = 0.0
+    unpriced_s: float = 0.0
+    """The episode's dollars and unpriced host-seconds as the scrape before it left them, before it was judged."""
+    waste_after_usd: float = 0.0
+    unpriced_after_s: float = 0.0
+    """... and as the first scrape after it left them (:func:`_counted_to`)."""
+    past: bool = False
+    """Kept past the end of the episode it came in (:func:`_past`): its dollars are no episode's (0.0), its GPUs'
+    returns still say where a stop read later in it restarts them."""
+    returns: tuple[tuple[int, float], ...] = ()
+    """``(GPU index, first sample)`` of each GPU missing from its first scrape that has reported since, or back
+    since from a telemetry gap of its own (:func:`_note_back`, :func:`_note_dark`): once a GPU, the latest."""
+    rebase_at: float | None = None
+    """A whole-host idle spell that spanned it lasted ``for`` and set :attr:`GpuShareState.rebase_at` to this (a
+    stop read later in it cut that spell there: :meth:`GpuShare._on_usage`)."""
+    dip: tuple[float, float] | None = None
+    """The start and the end of the latest whole-host dip while it was kept (a spell shorter than ``for``, in which
+    no GPU counted): :func:`_firing_scrape`."""
+
+    def figures(self) -> tuple[float, ...]:
+        """Its :data:`~detector.detectors.episode.GAP` figures, as an :data:`Ended` holds a gap."""
+        return (self.before, self.after, self.waste_usd, self.unpriced_s, self.waste_after_usd, self.unpriced_after_s)
+
+
 class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen=True, gc=False):
     """A candidate that would have fired but for the host's billing (no usage read yet, or a stop read before the
     usage of a restart: the usage topic read behind the samples), while it runs (:attr:`GpuShareState.unbilled`).
@@ -319,18 +352,10 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
     at or before ``stale_after`` before the newest (None: no episode open, most hosts): a stop read
     after later scrapes puts the dollars back to those of the latest scrape not after it, as they
     stood when read in event-time order."""
-    gaps: tuple[tuple[float, ...], ...] | None = None
-    """The gaps in the host's scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S` while an episode,
-    an idle run or a whole-idle spell was under way, usage not yet read past them, oldest first (at most
-    :data:`MAX_GAPS`, the shortest before the latest giving way: a missed or late scrape does not hide a
-    restart's, nor a host dark again before its usage is read its first gap; :func:`_keep_gap`). Each is
-    (its last scrape before, the first after, ``waste_usd`` and ``unpriced_s`` as that last scrape left
-    them, before it was judged, and as the first after left them, :data:`_NOTES` figures), then the index and
-    first sample of each GPU missing from that first scrape that has reported since, or back since from a
-    telemetry gap of its own (:func:`_note_back`, :func:`_note_dark`). A stop read later and dated within one
-    (a host restarted while its usage was read behind) ends the episode there, and the GPUs idle across the
-    gap start again from their first sample after it, as in time order (:func:`_gap_holding`). None: none,
-    most hosts."""
+    gaps: tuple[Gap, ...] | None = None
+    """The gaps in the host's scrapes kept (:class:`Gap`), oldest first: at most :data:`MAX_GAPS`, the shortest
+    before the latest giving way (a missed or late scrape does not hide a restart's, nor a host dark again before
+    its usage is read its first gap; :func:`_keep_gap`). None: none, most hosts."""
     unbilled: UnbilledCandidate | UnbilledEnded | None = None
     """A candidate that would have fired but for the host's billing: while it runs, its fire's date and what the
     scrape that would have fired it counted, its GPUs in :attr:`listed` (:class:`UnbilledCandidate`); once it ended
@@ -353,7 +378,6 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
                 and len(codes or ()) == n and (pods is None or len(pods) == n)
                 and len(self.gpu_counted) == g and not self.gpu_counted.strip(b"\0\1")
                 and (self.gaps is None or 0 < len(self.gaps) <= MAX_GAPS)
-                and all(len(gap) >= _NOTES and len(gap) % 2 == 0 for gap in self.gaps or ())
                 and (self.ended is None or is_ended(self.ended))
                 and (not isinstance(self.unbilled, UnbilledEnded) or with_gaps(self.unbilled.gaps, 0)))  # fmt: skip
 
@@ -459,22 +483,27 @@ class GpuShareStateBefore(GpuShareState, kw_only=True, forbid_unknown_fields=Tru
     resumed: tuple[float, ...] | None = None
     """The one gap saved before :attr:`gaps`: its dollars before it only (after it the same), then the
     GPUs' returns."""
-    unbilled: tuple[float, ...] | None = None  # type: ignore[assignment]  # (figures, as saved before the structs)
+    gaps: list[Any] | None = None  # type: ignore[assignment]  # (figures, or the structs: read by upgrade)
+    """The gaps kept, each as figures (:func:`_gap_of`) as saved before :class:`Gap`, or as one."""
+    unbilled: list[Any] | None = None  # type: ignore[assignment]
     """The candidate unbilled as figures (:func:`_unbilled_of`), as saved before :class:`UnbilledCandidate` and
-    :class:`UnbilledEnded`."""
+    :class:`UnbilledEnded`, or as one of them."""
 
     def __post_init__(self) -> None:
         """Read as saved: :meth:`upgrade` checks what it makes."""
 
     def upgrade(self) -> GpuShareState:
         fields = {name: getattr(self, name) for name in GpuShareState.__struct_fields__}
+        gaps = self.gaps
         if self.resumed is not None:
             gap = self.resumed
-            if len(gap) < 4 or len(gap) % 2 or self.gaps is not None:
+            if len(gap) < 4 or len(gap) % 2 or gaps is not None:
                 raise ValueError("a gap is its last scrape before, the first after, its dollars and the GPUs' returns")
-            fields["gaps"] = ((*gap[:4], gap[2], gap[3], *gap[4:]),)
+            gaps = [(*gap[:4], gap[2], gap[3], *gap[4:])]
+        if gaps is not None:
+            fields["gaps"] = tuple(_saved_part(gap, Gap, _gap_of) for gap in gaps)
         if self.unbilled is not None:
-            fields["unbilled"] = _unbilled_of(self.unbilled)
+            fields["unbilled"] = _saved_part(self.unbilled, UnbilledCandidate | UnbilledEnded, _unbilled_of)
         if self.unit_times is not None:  # the units' times an array apart, two a unit
             allocated_at = self.unit_times[_ALLOCATED_AT::_U]
             parts = (self.gpu_times or floats(), self.unit_times[_SEEN::_U], allocated_at if any(allocated_at) else floats())
@@ -506,6 +535,48 @@ class GpuShareStateBefore(GpuShareState, kw_only=True, forbid_unknown_fields=Tru
             times[at + _PENDING_FROM] = _UNSET if track.pending_from is None else track.pending_from
             if track.counted:
                 _set_counted(state, p, 1)
+
+
+def _saved_part(raw: Any, kind: Any, of_figures: Callable[[tuple[float, ...]], Any]) -> Any:
+    """A part of a state saved before, ``raw``: a struct of ``kind`` as saved since (its tag first), or figures as
+    saved before it, made one by ``of_figures``."""
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise ValueError(f"a saved part of a host's state is an array, not {raw!r:.40}")
+    if isinstance(raw[0], str):
+        try:
+            return msgspec.convert(raw, kind)
+        except msgspec.ValidationError as exc:
+            raise ValueError(str(exc)) from None
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in raw):
+        raise ValueError("figures saved before are numbers")
+    return of_figures(tuple(float(x) for x in raw))
+
+
+def _gap_of(figures: tuple[float, ...]) -> Gap:
+    """A gap kept, as states saved it before 2026-12-06 (evening): its last scrape before, the first after, the
+    dollars and unpriced seconds before and after it (``waste_usd`` -1.0 once kept past its episode), then pairs
+    of a key and a time: a GPU's index and its return, or -1 a rebase, -2 and -3 a dip's start and end."""
+    if len(figures) < GAP or len(figures) % 2:
+        raise ValueError("a gap is its two times, its dollars before and after, then pairs of a key and a time")
+    returns: list[tuple[int, float]] = []
+    rebase_at = dip_start = dip_end = None
+    for k in range(GAP, len(figures), 2):
+        key, at_ = int(figures[k]), figures[k + 1]
+        if key >= 0:
+            returns.append((key, at_))
+        elif key == -1:
+            rebase_at = at_
+        elif key == -2:
+            dip_start = at_
+        elif key == -3:
+            dip_end = at_
+        else:
+            raise ValueError(f"a gap's note is a GPU's index, or -1, -2 or -3, not {key}")
+    past = figures[2] == -1.0
+    waste, unpriced, waste_after, unpriced_after = (0.0, 0.0, 0.0, 0.0) if past else figures[2:GAP]
+    dip = (dip_start, dip_end) if dip_start is not None and dip_end is not None else None
+    return Gap(figures[0], figures[1], waste, unpriced, waste_after, unpriced_after, past=past, returns=tuple(returns),
+               rebase_at=rebase_at, dip=dip)  # fmt: skip
 
 
 def _unbilled_of(figures: tuple[float, ...]) -> UnbilledCandidate | UnbilledEnded:
@@ -663,7 +734,7 @@ class GpuShare(DetectorBase):
                 units_at = _G * len(st.gpu_ids)
             else:
                 gpu_seen = st.gpu_times[_G * g]  # type: ignore[index]  # (kept below: nothing between moves it)
-                if st.gaps is not None and gpu_seen <= st.gaps[-1][0]:
+                if st.gaps is not None and gpu_seen <= st.gaps[-1].before:
                     _note_back(st, gpu, gpu_seen, t)  # back after the gap's first scrape
                 if t - gpu_seen > stale_after:
                     _dark_until(st, g, gpu, gpu_seen, t, p.for_)
@@ -743,9 +814,9 @@ class GpuShare(DetectorBase):
         times: Any = st.gpu_times
         assert times is not None and st.unit_codes is not None
         seen = times[_G_SEEN : _G * n : _G]  # each GPU's latest sample
-        if st.gaps is not None and min(seen) <= st.gaps[-1][0]:  # back after the gap's first scrape
+        if st.gaps is not None and min(seen) <= st.gaps[-1].before:  # back after the gap's first scrape
             for g in range(n):
-                if seen[g] <= st.gaps[-1][0]:
+                if seen[g] <= st.gaps[-1].before:
                     _note_back(st, g, seen[g], t)
         if t - min(seen) > stale_after:  # (the largest gap: t - x only falls as x grows)
             for g in range(n):
@@ -812,7 +883,7 @@ class GpuShare(DetectorBase):
         if not res.billed:
             since = st.since
             held = _gap_holding(st, t)
-            undone = held is not None and _rebased_across(held) == st.rebase_at and st.rebase_at - held[1] < self.params.for_
+            undone = held is not None and held.rebase_at == st.rebase_at and st.rebase_at - held.after < self.params.for_
             if undone:
                 st.rebase_at = t  # (the spell that set it spanned the stop's gap: in time order cut there, short of ``for``)
             if since is not None:
@@ -822,7 +893,7 @@ class GpuShare(DetectorBase):
                 if withdraws(since, st.fired_by, t):  # (fired_by: None unless it fired)
                     reason, st.waste_usd, st.unpriced_s = WITHDRAWN, 0.0, 0.0  # stopped before the scrape that fired it
                 elif st.fired_at is not None:
-                    if held is not None and held[2] != _PAST:
+                    if held is not None and not held.past:
                         self._back_to_gap(st, res, held)
                     else:
                         self._uncount_after(st, res, t)
@@ -849,7 +920,7 @@ class GpuShare(DetectorBase):
             if st.whole_idle_since is None or st.whole_idle_since <= t:
                 # (A spell across the gap that held the stop, on since: the host all idle from the gap's end.)
                 across = held is not None and st.whole_idle_since is not None
-                st.whole_idle_since, st.spell_s = held[1] if across else None, 0.0  # type: ignore[index]
+                st.whole_idle_since, st.spell_s = held.after if held is not None and across else None, 0.0
             return found
         running = st.unbilled
         if isinstance(running, UnbilledCandidate) and running.scrape is not None and not running.billed_before:
@@ -859,7 +930,7 @@ class GpuShare(DetectorBase):
                 st.unbilled = msgspec.structs.replace(running, billed_before=True)
             else:  # (samples past it read first, live: time order judged the host at its date, the scrape before)
                 st.unbilled = UnbilledCandidate(running.fired_at, billed_at=t if st.covered_until > t else None)
-        if st.gaps is not None and t >= st.gaps[0][1]:  # usage is read in order: no stop read later falls in a gap
+        if st.gaps is not None and t >= st.gaps[0].after:  # usage is read in order: no stop read later falls in a gap
             _forget_gaps_before(st, t)  # before t
         if st.unpriced_s and res.usd_per_hour is not None:
             st.waste_usd += usd_over(res.usd_per_hour, st.unpriced_s)
@@ -1032,10 +1103,10 @@ class GpuShare(DetectorBase):
                 return
 
     @staticmethod
-    def _back_to_gap(st: GpuShareState, res: ResourceInfo, gap: tuple[float, ...]) -> None:
+    def _back_to_gap(st: GpuShareState, res: ResourceInfo, gap: Gap) -> None:
         """The open episode's dollars put back to those of the start of ``gap``, which held a stop read after
         the scrapes past it (:func:`_gap_holding`): in time order the stop ended the episode there."""
-        st.waste_usd, st.unpriced_s = _priced(res, gap[2], gap[3])
+        st.waste_usd, st.unpriced_s = _priced(res, gap.waste_usd, gap.unpriced_s)
 
     def _idle_from(self, st: GpuShareState, res: ResourceInfo, g: int, start: float) -> None:
         """GPU ``g``, idle from ``start`` to now after a stop that ended its episode (across the gap that held
@@ -1073,13 +1144,13 @@ class GpuShare(DetectorBase):
             times = st.gpu_times
             for g in range(len(st.gpu_ids)):
                 times[_G * g + _PENDING_S], times[_G * g + _PENDING_FROM] = 0.0, _UNSET  # type: ignore[index]
-            if st.gaps is not None:  # (a stop read later in a gap it spanned cut it short: _rebased_across)
-                _set_gaps(st, [_noted(gap, _REBASE, c) if since <= gap[0] else gap for gap in _gaps(st)])
+            if st.gaps is not None:  # (a stop read later in a gap it spanned cut it short: Gap.rebase_at)
+                _set_gaps(st, [replace(gap, rebase_at=c) if since <= gap.before else gap for gap in _gaps(st)])
         else:
             self._charge(st, res, st.spell_s)
             st.spell_s = 0.0
             if st.gaps is not None:  # (a fire dated within it, caught up after a stop read late in a gap before)
-                _set_gaps(st, [_noted(_noted(gap, _DIP, since), _DIP_END, c) for gap in _gaps(st)])
+                _set_gaps(st, [replace(gap, dip=(since, c)) for gap in _gaps(st)])
         st.whole_idle_since = None
 
     # -- helpers ------------------------------------------------------------
@@ -1197,11 +1268,12 @@ class GpuShare(DetectorBase):
         since, stale_after = fired.episode_start, self.params.stale_after
         share = _share_of(st, res, listed)
         gaps = _gaps(st)
-        flat = tuple(x for gap in gaps if gap[0] >= since for x in gap[:_NOTES])
-        if any(gap[0] >= since and gap[2] == _PAST for gap in gaps):
-            _set_gaps(st, [(gap[0], gap[1], *_share_priced(res, share, flat, since, gap[0], stale_after=stale_after),
-                            *_share_priced(res, share, flat, since, gap[1], stale_after=stale_after), *gap[_NOTES:])
-                           if gap[0] >= since and gap[2] == _PAST else gap for gap in gaps])  # fmt: skip
+        flat = tuple(x for gap in gaps if gap.before >= since for x in gap.figures())  # (their times: _covered_s)
+        if any(gap.before >= since and gap.past for gap in gaps):
+            priced = partial(_share_priced, res, share, flat, since, stale_after=stale_after)
+            _set_gaps(st, [Gap(gap.before, gap.after, *priced(gap.before), *priced(gap.after), returns=gap.returns,
+                               rebase_at=gap.rebase_at, dip=gap.dip)
+                           if gap.before >= since and gap.past else gap for gap in gaps])  # fmt: skip
         if billed_before is not None:  # (counted a share of the GPUs then reporting where the host's were not known:
             # time order's share then, not of those now)
             shares = billed_before.share_of / max(res.gpus, billed_before.share_of)
@@ -1317,7 +1389,7 @@ def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[
 def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareParams) -> tuple[float, float]:
     """The scrape that judged, in time order, an episode dated ``fired_at``, and the one after it, which fired it
     (scrapes ``step`` apart: the latest interval, a gap's no longer than a minute). Usually its date; after a whole-
-    host dip that held its date (noted in the gaps kept, :data:`_DIP`), no GPU counted before the dip's end; after
+    host dip that held its date (noted in the gaps kept, :attr:`Gap.dip`), no GPU counted before the dip's end; after
     a gap kept that holds its date, or that comes right after it, the firing scrape is the gap's end, or the next
     after it (a stop read late in such a gap, or dip, came before the fire: :func:`withdraws`). A gap kept
     longer than ``stale_after`` from its start to then restarted its GPUs, not yet counted, in time order: judged
@@ -1325,17 +1397,16 @@ def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareP
     dip may have kept them from counting where :func:`_note_dark` takes them as counted: a review's find)."""
     judged, since, gaps = fired_at, st.since if st.since is not None else fired_at, _gaps(st)
     for gap in gaps:
-        dip = _noted_at(gap, _DIP), _noted_at(gap, _DIP_END)
-        if dip[0] is not None and dip[1] is not None and dip[0] <= judged < dip[1]:
-            judged = dip[1]
+        if gap.dip is not None and gap.dip[0] <= judged < gap.dip[1]:
+            judged = gap.dip[1]
     for gap in gaps:
-        if since <= gap[0] < judged and gap[1] - gap[0] > p.stale_after:
-            judged = max(judged, gap[1] + p.for_)
+        if since <= gap.before < judged and gap.after - gap.before > p.stale_after:
+            judged = max(judged, gap.after + p.for_)
     for gap in gaps:
-        if judged <= gap[0] < judged + step:  # judged at the gap's start, by the scrape that ends it
-            return gap[0], gap[1]
-        if gap[0] < judged < gap[1]:  # judged at the gap's end
-            return gap[1], gap[1] + step
+        if judged <= gap.before < judged + step:  # judged at the gap's start, by the scrape that ends it
+            return gap.before, gap.after
+        if gap.before < judged < gap.after:  # judged at the gap's end
+            return gap.after, gap.after + step
     return judged, judged + step
 
 
@@ -1365,9 +1436,9 @@ def _covered_s(gaps: tuple[float, ...], start: float, at: float, stale_after: fl
     return max(0.0, at - start - dark)
 
 
-def _back_late(gaps: list[tuple[float, ...]], gpus: tuple[int, ...]) -> bool:
+def _back_late(gaps: list[Gap], gpus: tuple[int, ...]) -> bool:
     """Whether any of ``gpus`` came back from one of ``gaps`` after its end (a return noted in it)."""
-    return any(int(gap[k]) in gpus for gap in gaps for k in range(_NOTES, len(gap) - 1, 2))
+    return any(gpu in gpus for gap in gaps for gpu, _ in gap.returns)
 
 
 def _keep_unbilled(st: GpuShareState, at: float, *, whole_host: bool) -> None:
@@ -1405,10 +1476,10 @@ def _let_go_running(st: GpuShareState) -> None:
         st.unbilled = None
 
 
-def _episode_gaps(st: GpuShareState, kept: list[tuple[float, ...]] | None = None) -> tuple[float, ...]:
+def _episode_gaps(st: GpuShareState, kept: list[Gap] | None = None) -> tuple[float, ...]:
     """The episode's gaps kept (``kept``, or the state's), :data:`GAP` figures each, as an
     :data:`~detector.detectors.episode.Ended` holds them: those marked past an earlier episode's end left out."""
-    return tuple(x for gap in (_gaps(st) if kept is None else kept) if gap[2] != _PAST for x in gap[:_NOTES])
+    return tuple(x for gap in (_gaps(st) if kept is None else kept) if not gap.past for x in gap.figures())
 
 
 def _priced(res: ResourceInfo, waste: float, unpriced: float) -> tuple[float, float]:
@@ -1449,45 +1520,42 @@ def _note_charged(st: GpuShareState, t: float, stale_after: float) -> None:
 
 MAX_GAPS = 4
 """Gaps a host keeps at most (:attr:`GpuShareState.gaps`), as ``idle_gpu``."""
-_NOTES = GAP
-"""Figures of a gap (:attr:`GpuShareState.gaps`) before the GPUs' returns: those of an
-:data:`~detector.detectors.episode.Ended`'s gap."""
 
 
-def _gaps(st: GpuShareState) -> list[tuple[float, ...]]:
+def _gaps(st: GpuShareState) -> list[Gap]:
     """The gaps kept, oldest first."""
     return list(st.gaps or ())
 
 
-def _set_gaps(st: GpuShareState, gaps: list[tuple[float, ...]]) -> None:
+def _set_gaps(st: GpuShareState, gaps: list[Gap]) -> None:
     st.gaps = tuple(gaps) or None
 
 
 def _forget_gaps_before(st: GpuShareState, t: float) -> None:
     """Usage read at ``t``: the gaps kept that end by then go (a resource's usage is read in order, so no
     stop read later falls in them)."""
-    _set_gaps(st, [gap for gap in _gaps(st) if t < gap[1]])
+    _set_gaps(st, [gap for gap in _gaps(st) if t < gap.after])
 
 
-def _gaps_from(st: GpuShareState, t: float) -> list[tuple[float, ...]]:
+def _gaps_from(st: GpuShareState, t: float) -> list[Gap]:
     """The gaps kept that begin after a stop at ``t``, which ends the open episode: marked as past it (their
     dollars not the next episode's), as :func:`_resolve` leaves them."""
-    return [_past(gap) for gap in _gaps(st) if gap[0] > t]
+    return [_past(gap) for gap in _gaps(st) if gap.before > t]
 
 
-def _past(gap: tuple[float, ...]) -> tuple[float, ...]:
+def _past(gap: Gap) -> Gap:
     """``gap`` kept past the end of the episode it came in: its GPUs' returns still say where a stop read later
-    in it restarts them, its dollars are no episode's (:data:`_PAST`)."""
-    return (gap[0], gap[1], _PAST, 0.0, _PAST, 0.0, *gap[_NOTES:])
+    in it restarts them, its dollars are no episode's."""
+    return replace(gap, past=True, waste_usd=0.0, unpriced_s=0.0, waste_after_usd=0.0, unpriced_after_s=0.0)
 
 
-def _gap_holding(st: GpuShareState, t: float) -> tuple[float, ...] | None:
+def _gap_holding(st: GpuShareState, t: float) -> Gap | None:
     """The gap in the host's scrapes kept (:attr:`GpuShareState.gaps`) that
     holds a stop at ``t``, read after the scrapes past it: in time order the stop came first, so the episode
     (or the candidate, or the GPUs' idle runs, or the host's whole-idle spell) ended there, and the GPUs idle
     across the gap start again from their first sample after it (:func:`_back_at`), a spell across it from
     its end."""
-    return next((gap for gap in _gaps(st) if gap[0] <= t < gap[1]), None)
+    return next((gap for gap in _gaps(st) if gap.before <= t < gap.after), None)
 
 
 def _keep_gap(st: GpuShareState, c: float, t: float) -> None:
@@ -1501,8 +1569,8 @@ def _keep_gap(st: GpuShareState, c: float, t: float) -> None:
     waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)
     gaps = _gaps(st)
     if len(gaps) >= MAX_GAPS:
-        del gaps[min(range(len(gaps)), key=lambda k: gaps[k][1] - gaps[k][0])]
-    _set_gaps(st, [*gaps, (c, t, waste, unpriced, waste, unpriced)])
+        del gaps[min(range(len(gaps)), key=lambda k: gaps[k].after - gaps[k].before)]
+    _set_gaps(st, [*gaps, Gap(c, t, waste, unpriced, waste, unpriced)])
 
 
 def _counted_to(st: GpuShareState) -> None:
@@ -1511,7 +1579,7 @@ def _counted_to(st: GpuShareState) -> None:
     time order, where a stop read later falls in the gap: :meth:`GpuShare._after_stop`)."""
     gaps = st.gaps
     assert gaps is not None  # (kept by _keep_gap in the same call)
-    st.gaps = (*gaps[:-1], (*gaps[-1][:4], st.waste_usd, st.unpriced_s, *gaps[-1][_NOTES:]))
+    st.gaps = (*gaps[:-1], replace(gaps[-1], waste_after_usd=st.waste_usd, unpriced_after_s=st.unpriced_s))
 
 
 _RESTARTED = math.nan
@@ -1519,33 +1587,16 @@ _RESTARTED = math.nan
 (from their return: :meth:`GpuShare._idle_from`) and the next fire, which may come more than ``stale_after`` past
 its date (also when it waited for the restart's usage), as time order made it scrapes ago (:meth:`GpuShare._fired`).
 Time order never reads a stop in a gap kept, so never sets it: its fires are never capped."""
-_REBASE = -1
-"""In a gap's notes (:attr:`GpuShareState.gaps`), in place of a GPU's index: a whole-host spell that spanned the gap
-lasted ``for``, and set :attr:`GpuShareState.rebase_at` to the time noted (:func:`_rebased_across`)."""
-_DIP, _DIP_END = -2, -3
-"""In a gap's notes, the start and the end of the latest whole-host dip while it was kept (a spell shorter than
-``for``, in which no GPU counted), in every gap kept: the gap that held a stop read late goes with it, those after
-it stay (:func:`_firing_scrape`)."""
 
 
-def _noted_at(gap: tuple[float, ...], key: int) -> float | None:
-    """The time noted in ``gap`` under ``key`` (a GPU's index, or :data:`_REBASE`, :data:`_DIP`...), or None."""
-    return next((gap[k + 1] for k in range(_NOTES, len(gap) - 1, 2) if gap[k] == key), None)
+def _returned_at(gap: Gap, gpu: int) -> float | None:
+    """When GPU ``gpu``'s return after ``gap`` was noted in it (:attr:`Gap.returns`), or None."""
+    return next((at for g, at in gap.returns if g == gpu), None)
 
 
-def _rebased_across(gap: tuple[float, ...]) -> float | None:
-    """The :attr:`GpuShareState.rebase_at` that a whole-host idle spell spanning ``gap`` set when it ended, having
-    lasted ``for`` (:data:`_REBASE`), or None. A stop read later in the gap cut that spell there in time order: where
-    what was left of it after the gap fell short of ``for``, no rebase came of it, and the GPUs, restarted by the
-    stop, count from their return."""
-    return _noted_at(gap, _REBASE)
-
-
-def _noted(gap: tuple[float, ...], key: int, t: float) -> tuple[float, ...]:
-    """``gap`` with ``t`` noted under ``key`` (a later one replacing the one kept): a GPU's index, its return;
-    :data:`_REBASE`, :data:`_DIP` or :data:`_DIP_END`, a spell's time."""
-    others = [x for k in range(_NOTES, len(gap) - 1, 2) if gap[k] != key for x in (gap[k], gap[k + 1])]
-    return (*gap[:_NOTES], *others, float(key), t)
+def _with_return(gap: Gap, gpu: int, t: float) -> Gap:
+    """``gap`` with GPU ``gpu``'s return at ``t`` noted (a later one replacing the one kept)."""
+    return replace(gap, returns=(*((g, at) for g, at in gap.returns if g != gpu), (gpu, t)))
 
 
 def _note_back(st: GpuShareState, gpu: int, seen: float, t: float) -> None:
@@ -1554,8 +1605,8 @@ def _note_back(st: GpuShareState, gpu: int, seen: float, t: float) -> None:
     was missing from it), so that a stop read later in that gap starts its idle run here, where time
     order started it (:func:`_back_at`). Once a GPU: a later return replaces the earlier (:func:`_note_dark`)."""
     gaps = _gaps(st)
-    if any(seen <= gap[0] and t > gap[1] for gap in gaps):
-        _set_gaps(st, [_noted(gap, gpu, t) if seen <= gap[0] and t > gap[1] else gap for gap in gaps])
+    if any(seen <= gap.before and t > gap.after for gap in gaps):
+        _set_gaps(st, [_with_return(gap, gpu, t) if seen <= gap.before and t > gap.after else gap for gap in gaps])
 
 
 def _dark_until(st: GpuShareState, g: int, gpu: int, seen: float, t: float, for_s: float) -> None:
@@ -1578,18 +1629,18 @@ def _note_dark(st: GpuShareState, gpu: int, seen: float, t: float, for_s: float)
     for k, gap in enumerate(gaps):
         back = _back_at(gap, gpu, seen)
         if back is not None and seen - back < for_s:
-            gaps[k] = _noted(gap, gpu, t)
+            gaps[k] = _with_return(gap, gpu, t)
     _set_gaps(st, gaps)
 
 
-def _back_at(gap: tuple[float, ...], gpu: int, seen: float) -> float | None:
+def _back_at(gap: Gap, gpu: int, seen: float) -> float | None:
     """When GPU ``gpu`` (its latest sample ``seen``) first reported after ``gap``: the gap's first scrape,
     or later where :func:`_note_back` kept it; None while it has not (in time order the stop restarted its
     idle run, which starts again at its first sample)."""
-    if seen <= gap[0]:
+    if seen <= gap.before:
         return None
-    back = _noted_at(gap, gpu)
-    return gap[1] if back is None else back
+    back = _returned_at(gap, gpu)
+    return gap.after if back is None else back
 
 
 def _restart_run(st: GpuShareState, g: int) -> None:
