@@ -19,7 +19,6 @@ import argparse
 import ast
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -84,16 +83,15 @@ def _top_names(source: str) -> list[str]:
 
 
 def _split_gpu_share(tree: Path) -> None:
-    """Params, state structs and their helpers of ``gpu_share`` (and its two rules' params) into a
-    pure ``gpu_share_state``; the detector's code stays, importing them."""
+    """Params and structs of ``gpu_share`` before its detector class (and its two rules' params) into a pure
+    ``gpu_share_decl``; the detector's code stays, importing them (its state's structs are in the pure
+    ``gpu_share_state`` already)."""
     path = tree / "detector/detectors/gpu_share.py"
     text = path.read_text()
     start = text.index("\nclass GpuShareParams(Params):")
     end = text.index("\nclass GpuShare(DetectorBase):")
     assert text.count("\nclass GpuShareParams(Params):") == 1 and text.count("\nclass GpuShare(DetectorBase):") == 1
-    flags = re.search(r"\ndef _set_counted\(.*?\n    return found\n", text[end:], re.S)
-    assert flags is not None
-    state = text[:end] + flags.group(0)
+    decl = text[:end]
     moved = {}
     for rule, params in (("partly_idle_gpu", "PartlyIdleGpuParams"), ("unallocated_gpu", "UnallocatedGpuParams")):
         rpath = tree / f"detector/detectors/{rule}.py"
@@ -101,13 +99,12 @@ def _split_gpu_share(tree: Path) -> None:
         node = next(n for n in ast.parse(rtext).body if isinstance(n, ast.ClassDef) and n.name == params)
         segment = ast.get_source_segment(rtext, node)
         assert segment is not None
-        moved[rpath] = _once(rtext, segment, f"from detector.detectors.gpu_share_state import {params}")
-        state += "\n\n" + segment + "\n"
-    names = _top_names(state)
-    imports = f"from detector.detectors.gpu_share_state import ({', '.join(names)})  # noqa: F401\n"
-    code = text[:start] + "\n" + imports + "\n" + text[end:].replace(flags.group(0), "\n")
-    (tree / "detector/detectors/gpu_share_state.py").write_text(state)
-    path.write_text(code)
+        moved[rpath] = _once(rtext, segment, f"from detector.detectors.gpu_share_decl import {params}")
+        decl += "\n\n" + segment + "\n"
+    names = _top_names(decl)
+    imports = f"from detector.detectors.gpu_share_decl import ({', '.join(names)})  # noqa: F401\n"
+    (tree / "detector/detectors/gpu_share_decl.py").write_text(decl)
+    path.write_text(text[:start] + "\n" + imports + "\n" + text[end:])
     for rpath, rtext in moved.items():
         rpath.write_text(rtext)
 

@@ -100,7 +100,7 @@ def test_short_way_decides_as_the_long_path(ruleset, short_rules, monkeypatch, r
     for seed in range(block * 25, block * 25 + 25):
         events = stream(seed)
         with monkeypatch.context() as m:
-            m.setattr(gpu_share, "_BUSY_CODES", b"")  # deletes nothing: the short way never taken
+            m.setattr(gpu_share, "BUSY_CODES", b"")  # deletes nothing: the short way never taken
             long_path = outcome(rs, events)
         short = outcome(rs, events)
         assert short[0] == long_path[0], f"seed {seed}: findings differ"

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from detector.detectors.data_starved_training import DataStarvedTrainingState
-from detector.detectors.gpu_share import GpuShareState
+from detector.detectors.gpu_share_state import GpuShareState
 from detector.floats import dec_hook
 from tests.test_partly_idle_gpu import kubernetes_host_with_mig, run
 

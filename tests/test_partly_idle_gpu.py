@@ -9,7 +9,7 @@ import random
 import msgspec
 import pytest
 
-from detector.detectors.gpu_share import Gap, UnbilledCandidate, UnbilledEnded
+from detector.detectors.gpu_share_state import Gap, UnbilledCandidate, UnbilledEnded
 from detector.detectors.pods import MAX_UNITS
 from detector.engine import Engine
 from detector.events import GpuMetric, UsageEvent
@@ -296,7 +296,7 @@ def test_a_host_of_more_than_64_gpus_counted_saves_and_restores(ruleset):
     """GPU indexes go to 255: a host sending 80 (a producer's odd numbering is normal input) with all
     but GPU 0 idle counts GPUs past the 64th, and its state saves (msgpack: no int past 64 bits in it)
     and restores as it was."""
-    from detector.detectors.gpu_share import GpuShareState
+    from detector.detectors.gpu_share_state import GpuShareState
     from detector.floats import dec_hook
 
     engine, found = run(ruleset, host([(40, [gpu(0, 95.0)] + [gpu(g) for g in range(1, 80)])]))
