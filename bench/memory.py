@@ -30,6 +30,10 @@ fleet it was trained on. Without it the windows are built and not judged.
 
 ``--rules-only``: neither, as a worker without a model runs (the anomaly rule builds no window).
 
+``--whole-utils`` (with ``--replay``): each GPU sample's ``util_pct`` rounded to a whole percent, as DCGM
+reports ``DCGM_FI_DEV_GPU_UTIL`` (an integer field) and NVML ``utilization.gpu``; the simulator writes one
+decimal, which a window of samples holds in 8 bytes each rather than 1 (:func:`detector.floats.append`).
+
 ``--replay FILE``: instead, a replay file (the bench fleet: 24 h of history) through the same
 engine, then each key's state by resource kind, in memory and saved (a steady state: the
 series a rule keeps over its window are full).
@@ -267,9 +271,13 @@ def scoring(model_dir: str | None) -> Scoring:
     return Scoring(ModelSet.load(model_dir))
 
 
-def replayed(path: str, model_dir: str | None = None, rules_only: bool = False) -> Engine:
+def replayed(path: str, model_dir: str | None = None, rules_only: bool = False, whole_utils: bool = False) -> Engine:
     """An engine with the shipped rules after the replay file ``path``, fed in sorted batches
-    (``rules_only``: no window built, as a worker without a model)."""
+    (``rules_only``: no window built, as a worker without a model; ``whole_utils``: each GPU sample's
+    ``util_pct`` rounded to a whole percent, as DCGM and NVML report it)."""
+    import msgspec
+
+    from detector.events import GpuMetric
     from detector.replay import read_replay
 
     ruleset = load_rules(ROOT / "rules")
@@ -279,7 +287,11 @@ def replayed(path: str, model_dir: str | None = None, rules_only: bool = False) 
     decoder = EventDecoder(max_future_s=10 * 365 * 86_400.0)
     batch: list[tuple[float, Any]] = []
     for _, record in read_replay(path):
-        batch.extend((ev.ts.timestamp(), ev) for ev in decoder.decode(record.topic, bytes(record.value)))
+        events = decoder.decode(record.topic, bytes(record.value))
+        if whole_utils:
+            events = [msgspec.structs.replace(ev, util_pct=float(round(ev.util_pct))) if type(ev) is GpuMetric else ev
+                      for ev in events]  # fmt: skip
+        batch.extend((ev.ts.timestamp(), ev) for ev in events)
         if len(batch) >= 5000:
             engine.process_timed(sorted(batch, key=lambda item: item[0]))
             batch = []
@@ -287,9 +299,9 @@ def replayed(path: str, model_dir: str | None = None, rules_only: bool = False) 
     return engine
 
 
-def by_kind(path: str, model_dir: str | None = None, rules_only: bool = False) -> None:
+def by_kind(path: str, model_dir: str | None = None, rules_only: bool = False, whole_utils: bool = False) -> None:
     """Each key's state after a replay file, by resource kind: in memory (deep size) and saved."""
-    engine = replayed(path, model_dir, rules_only)
+    engine = replayed(path, model_dir, rules_only, whole_utils)
     kinds: dict[str, list[int]] = {}
     seen: set[int] = set()
     for key, state in engine._keys.items():
@@ -319,11 +331,13 @@ def main() -> int:
     parser.add_argument("--replay", help="measure the state after this replay file instead, by resource kind")
     parser.add_argument("--model-dir", help="score windows with the model in this folder (default: built, not judged)")
     parser.add_argument("--rules-only", action="store_true", help="no model and no windows, as a worker without a model")
+    parser.add_argument("--whole-utils", action="store_true",
+                        help="with --replay: GPU utilisation in whole percents, as DCGM and NVML report it")  # fmt: skip
     args = parser.parse_args()
     if args.replay:
         if args.rules_only and args.model_dir:
             parser.error("--rules-only is a worker without a model: leave out --model-dir")
-        by_kind(args.replay, args.model_dir, args.rules_only)
+        by_kind(args.replay, args.model_dir, args.rules_only, args.whole_utils)
         return 0
 
     ruleset = load_rules(ROOT / "rules")
