@@ -1088,17 +1088,19 @@ def test_a_candidate_billed_late_that_fires_only_once_it_qualifies_again_keeps_i
     assert _partly(ruleset, _read(events, lag)) == in_order
 
 
-def test_a_candidate_billed_late_that_a_whole_host_dip_held_keeps_its_dollars(ruleset):
+@pytest.mark.parametrize("lag", [9, 15, 20, 45])
+def test_a_candidate_billed_late_that_a_whole_host_dip_held_keeps_its_dollars(ruleset, lag):
     """GPUs 4-7 idle from 0, GPUs 0-3 idle 35-64.5 (a whole-host dip, shorter than ``for``); no usage before 50,
-    read 9 minutes behind. Time order fires at the dip's end, with every dollar counted to then ($17.20): no GPU
-    counts in a dip. Live the usage dated 50 is read at 59, in the dip, and the fire comes at its end too: it is not
-    priced to the usage's date ($13.33; red with the dip's guard taken out). (Read 20 minutes behind, after the
-    dip ended, the dip is no longer known and the fire says $13.33: left.)"""
+    read 9 to 45 minutes behind. Time order fires at the dip's end, with every dollar counted to then ($17.20): no
+    GPU counts in a dip. Live the usage dated 50 is read at 59, in the dip, and the fire comes at its end too: it is
+    not priced to the usage's date ($13.33; red with the dip's guard taken out). Read 15 minutes behind or more,
+    after the dip ended, the fire comes scrapes after the dip's end: the dip, kept by the candidate, prices it to
+    there, not to the usage's date ($13.33, red before) nor to the scrape that made it ($17.33 read 15 behind)."""
     events = _build(lambda m: [REST if 35 <= m < 64.5 else WORK] * 4 + [REST] * 4, lambda m: False, 150)
     events = _usage_from(events, 50)
     in_order = _partly(ruleset, _read(events))
     assert in_order == [("fire", 0.0, 30.0, 17.2)]
-    assert _partly(ruleset, _read(events, 9)) == in_order
+    assert _partly(ruleset, _read(events, lag)) == in_order
 
 
 def _unbilled_saved_before(kept: UnbilledCandidate | UnbilledEnded) -> list[float]:

@@ -485,7 +485,8 @@ class GpuShare(DetectorBase):
             if t < running.scrape:
                 st.unbilled = msgspec.structs.replace(running, billed_before=True)
             else:  # (samples past it read first, live: time order judged the host at its date, the scrape before)
-                st.unbilled = UnbilledCandidate(running.fired_at, billed_at=t if st.covered_until > t else None)
+                billed_at = t if st.covered_until > t else None
+                st.unbilled = UnbilledCandidate(running.fired_at, billed_at=billed_at, dip=running.dip)
         if st.gaps is not None and t >= st.gaps[0].after:  # usage is read in order: no stop read later falls in a gap
             _forget_gaps_before(st, t)  # before t
         if st.unpriced_s and res.usd_per_hour is not None:
@@ -598,11 +599,15 @@ class GpuShare(DetectorBase):
                     elif st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
                         st.fired_by = t  # before it, none fires
                     # Billed by usage dated after the scrape that would have fired it, read after samples past it: time
-                    # order judged it at that usage, or at its date if later, unless a whole-host dip held it (c ends it)
-                    billed_at = _billed_after(st)
-                    if billed_at is not None and c - max(billed_at, fired_at) > t - c \
-                            and (dip is None or max(billed_at, fired_at) < dip):  # fmt: skip
-                        judged = max(billed_at, fired_at, judged or 0.0)
+                    # order judged it at that usage (or at its date, if later), fired by the scrape after, or where a
+                    # whole-host dip held it (no GPU counts in one), by the scrape that ended the dip (it may be c)
+                    running = st.unbilled
+                    if isinstance(running, UnbilledCandidate) and running.billed_at is not None:
+                        when, late = max(running.billed_at, fired_at), t - c
+                        if running.dip is not None and running.dip[0] <= when < running.dip[1]:
+                            when, late = running.dip[1], 0.0
+                        if c - when > late:
+                            judged = max(when, judged or 0.0)
                     _let_go_running(st)
                     found = [self._fired(st, res, self._finding("fire", st, res, fired_at), listed, judged, kept)]
                 else:
@@ -707,6 +712,8 @@ class GpuShare(DetectorBase):
             st.spell_s = 0.0
             if st.gaps is not None:  # (a fire dated within it, caught up after a stop read late in a gap before)
                 _set_gaps(st, [replace(gap, dip=(since, c)) for gap in _gaps(st)])
+            if isinstance(st.unbilled, UnbilledCandidate):  # (billed within it, read after: judged at its end)
+                st.unbilled = replace(st.unbilled, dip=(since, c))
         st.whole_idle_since = None
 
     # -- helpers ------------------------------------------------------------
@@ -820,7 +827,7 @@ class GpuShare(DetectorBase):
         fired it there, with the dollars counted to then; those, each GPU's seconds a share of the host's GPUs
         (:attr:`UnbilledCandidate.share_of`). (Where the billing was dated later, time order, too, made it only once
         the billing was read, with every dollar counted to then; where that billing was read after samples past it,
-        ``judged`` is its date: :func:`_billed_after`.)"""
+        ``judged`` is its date, :attr:`UnbilledCandidate.billed_at`, or the end of a whole-host dip it fell in.)"""
         since, stale_after = fired.episode_start, self.params.stale_after
         share = _share_of(st, res, listed)
         gaps = _gaps(st)
@@ -1011,13 +1018,6 @@ def _billed_before(st: GpuShareState) -> UnbilledCandidate | None:
     said billed: None where not so."""
     running = st.unbilled
     return running if isinstance(running, UnbilledCandidate) and running.billed_before else None
-
-
-def _billed_after(st: GpuShareState) -> float | None:
-    """When usage said billed, where it came after the scrape that would have fired the candidate running
-    unbilled and was read after samples past it: time order judged it at that usage's date. None where not so."""
-    running = st.unbilled
-    return running.billed_at if isinstance(running, UnbilledCandidate) else None
 
 
 def _running(st: GpuShareState) -> bool:

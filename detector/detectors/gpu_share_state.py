@@ -136,7 +136,10 @@ class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen
     """Usage dated before :attr:`scrape` said billed: time order fired it there, with what that scrape counted."""
     billed_at: float | None = None
     """Usage dated at or after the scrape that would have fired it, read after samples past it, said billed: that
-    usage's date, at which time order judged it."""
+    usage's date, at which time order judged it (or the end of the whole-host dip it fell in, :attr:`dip`: no GPU
+    counts in a dip, so time order judged it there)."""
+    dip: tuple[float, float] | None = None
+    """The start and the end of the latest whole-host dip (a spell shorter than ``for``) that ended while it ran."""
 
 
 class UnbilledEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True, gc=False):
