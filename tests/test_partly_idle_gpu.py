@@ -1213,3 +1213,26 @@ def test_a_state_saved_with_figures_before_the_structs_is_read(tmp_path, case, f
             after = [f for f in restarted.process(events[cut:]) if f.type == "partly_idle_gpu"]
             assert before + after == whole, f"restarted after event {cut}, with {state.unbilled} and {state.gaps}"
     assert seen == forms
+
+
+@pytest.mark.parametrize("lag", [30, 40, 45])
+def test_a_fire_caught_up_after_a_stop_is_held_by_a_dip_that_ended_before_its_billing_was_read(ruleset, lag):
+    """GPUs 5 and 6 idle throughout, GPU 0 to 60, GPU 1 50-90, the other four busy; dark and stopped 40-50 and
+    83-85; every GPU idle 73-83 (a whole-host dip). In time order the restart at 50 starts GPUs 0, 1, 5 and 6 again,
+    ``for`` comes at 80, in the dip, where no GPU counts, and the stop at 83 ends the candidate unfired: the next
+    episode is from 85. Read 40 or 45 minutes behind, the first stop is read after the dip ended (the candidate then
+    made at the scrape that ended it, or the gap after it kept), the dip was known nowhere, and the fire caught up
+    after the stop was taken as judged at its date, 80: the stop at 83, read later, resolved an episode time order
+    never made (`fz4.py` seed 876, a review's fuzzer; red before). The candidate made at the dip's end keeps it, a gap
+    kept after keeps the dip the gaps before it noted, and the fire is judged after the dip: the stop withdraws it."""
+    def util(m: float) -> list[float] | None:
+        if 40 < m < 50 or 83 < m < 85:
+            return None
+        if 73 <= m < 83:
+            return [REST] * 8
+        return [REST if m < 60 else WORK, REST if 50 <= m < 90 else WORK, WORK, WORK, WORK, REST, REST, WORK]
+
+    events = _build(util, lambda m: 40 <= m < 50 or 83 <= m < 85, 160)
+    in_order = _stood(_partly(ruleset, _read(events)))
+    assert in_order == [("fire", 0.0, 30.0, 6.0), ("resolve", 0.0, 40.0, 8.0), ("fire", 85.0, 115.0, 4.0)]
+    assert _stood(_partly(ruleset, _read(events, lag))) == in_order

@@ -614,10 +614,12 @@ class GpuShare(DetectorBase):
                     if not res.known and st.fired_by is None:
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
                     if st.unbilled is None:  # (kept if it ends unfired, or fires late: usage read later may say billed)
-                        # what this scrape counted, where it is the first past the fire's date (time order's)
+                        # what this scrape counted, where it is the first past the fire's date (time order's), and the
+                        # whole-host dip it ended, if any
                         share_of = float(max(len(ids), res.gpus))
-                        st.unbilled = UnbilledCandidate(fired_at, t, st.waste_usd, st.unpriced_s, share_of) \
-                            if c - fired_at < t - c else UnbilledCandidate(fired_at)  # fmt: skip
+                        ended = (dip, c) if dip is not None and c - dip < p.for_ else None
+                        st.unbilled = UnbilledCandidate(fired_at, t, st.waste_usd, st.unpriced_s, share_of, dip=ended) \
+                            if c - fired_at < t - c else UnbilledCandidate(fired_at, dip=ended)  # fmt: skip
                     if _running(st):
                         st.listed = tuple(sorted(listed))  # (what its findings name, if they are made)
         elif any_busy and (changed or c - st.last_report >= p.update_every):
@@ -959,9 +961,12 @@ def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareP
     ``for`` after its end at the earliest (:meth:`GpuShare._idle_from` took them as idle from their return, and a
     dip may have kept them from counting where :func:`_note_dark` takes them as counted: a review's find)."""
     judged, since, gaps = fired_at, st.since if st.since is not None else fired_at, _gaps(st)
-    for gap in gaps:
-        if gap.dip is not None and gap.dip[0] <= judged < gap.dip[1]:
-            judged = gap.dip[1]
+    dips = [gap.dip for gap in gaps]
+    if isinstance(st.unbilled, UnbilledCandidate):  # (one that waited for its billing keeps its latest dip too)
+        dips.append(st.unbilled.dip)
+    for dip in dips:
+        if dip is not None and dip[0] <= judged < dip[1]:
+            judged = dip[1]
     for gap in gaps:
         if since <= gap.before < judged and gap.after - gap.before > p.stale_after:
             judged = max(judged, gap.after + p.for_)
@@ -1118,13 +1123,16 @@ def _keep_gap(st: GpuShareState, c: float, t: float) -> None:
     missed scrape, or a late one, does not hide a restart's: past :data:`MAX_GAPS` the shortest before it
     gives way). The dollars are those the scrape at ``c`` left (the ``charged`` log's latest), not as
     judging ``c`` moved them: in time order a stop in the gap is read before the scrape at ``t``, which
-    judges ``c``; those after it, the same until :func:`_counted_to` says what the scrape at ``t`` left."""
+    judges ``c``; those after it, the same until :func:`_counted_to` says what the scrape at ``t`` left. It
+    keeps the latest whole-host dip the gaps before it noted (:attr:`Gap.dip`): a stop read later in one of those
+    lets it go with that gap, and a fire caught up after it may have been held by the dip (:func:`_firing_scrape`)."""
     log = st.charged
     waste, unpriced = (log[-2], log[-1]) if log else (st.waste_usd, st.unpriced_s)
     gaps = _gaps(st)
+    dip = gaps[-1].dip if gaps else None
     if len(gaps) >= MAX_GAPS:
         del gaps[min(range(len(gaps)), key=lambda k: gaps[k].after - gaps[k].before)]
-    _set_gaps(st, [*gaps, Gap(c, t, waste, unpriced, waste, unpriced)])
+    _set_gaps(st, [*gaps, Gap(c, t, waste, unpriced, waste, unpriced, dip=dip)])
 
 
 def _counted_to(st: GpuShareState) -> None:
