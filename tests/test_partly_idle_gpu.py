@@ -1215,7 +1215,7 @@ def test_a_state_saved_with_figures_before_the_structs_is_read(tmp_path, case, f
     assert seen == forms
 
 
-@pytest.mark.parametrize("lag", [30, 40, 45])
+@pytest.mark.parametrize("lag", [30, 35, 40, 45])
 def test_a_fire_caught_up_after_a_stop_is_held_by_a_dip_that_ended_before_its_billing_was_read(ruleset, lag):
     """GPUs 5 and 6 idle throughout, GPU 0 to 60, GPU 1 50-90, the other four busy; dark and stopped 40-50 and
     83-85; every GPU idle 73-83 (a whole-host dip). In time order the restart at 50 starts GPUs 0, 1, 5 and 6 again,
@@ -1224,7 +1224,10 @@ def test_a_fire_caught_up_after_a_stop_is_held_by_a_dip_that_ended_before_its_bi
     made at the scrape that ended it, or the gap after it kept), the dip was known nowhere, and the fire caught up
     after the stop was taken as judged at its date, 80: the stop at 83, read later, resolved an episode time order
     never made (`fz4.py` seed 876, a review's fuzzer; red before). The candidate made at the dip's end keeps it, a gap
-    kept after keeps the dip the gaps before it noted, and the fire is judged after the dip: the stop withdraws it."""
+    kept after keeps the dip the gaps before it noted, and the fire is judged after the dip: the stop withdraws it.
+    Read 35 minutes behind, the next episode's fire, caught up after the second stop, came exactly ``stale_after``
+    past its date, and only a fire more than that late was priced to its date: $4.67 for $4.00 (red before). It is
+    now whenever a scrape or more late."""
     def util(m: float) -> list[float] | None:
         if 40 < m < 50 or 83 < m < 85:
             return None
@@ -1236,3 +1239,19 @@ def test_a_fire_caught_up_after_a_stop_is_held_by_a_dip_that_ended_before_its_bi
     in_order = _stood(_partly(ruleset, _read(events)))
     assert in_order == [("fire", 0.0, 30.0, 6.0), ("resolve", 0.0, 40.0, 8.0), ("fire", 85.0, 115.0, 4.0)]
     assert _stood(_partly(ruleset, _read(events, lag))) == in_order
+
+
+def test_a_fire_caught_up_after_a_stop_and_made_after_a_dark_spell_is_priced_to_its_date(ruleset):
+    """GPU 1 idle throughout, GPU 3 to 35, GPU 7 41-121, GPU 0 74-109; dark 45-55 (stopped 47-55) and 95-110
+    (running); usage 45 minutes behind. The stop is read at 92, the restart's usage at 100, and the fire of the GPUs
+    idle from the restart, dated 85, is made only after the dark spell, at 110: priced to its date, $4.00, as time
+    order's. A fire counts as late when made a scrape or more past its date, the scrape the latest interval, a gap's
+    a minute at most: taken as the dark spell's 15 minutes, it was not late enough, and said $5.33 (a fuzz's find,
+    `fz3.py` seed 5299, while the threshold was being lowered from ``stale_after``; red with the gap taken whole)."""
+    idle = {0: (74, 109), 1: (0, 1000), 3: (0, 35), 7: (41, 121)}
+    events = _build(lambda m: None if 45 < m < 55 or 95 < m < 110 else
+                    [REST if g in idle and idle[g][0] <= m < idle[g][1] else WORK for g in range(8)],
+                    lambda m: 47 <= m < 55, 160)  # fmt: skip
+    in_order = _stood(_partly(ruleset, _read(events)))
+    assert in_order == [("fire", 0.0, 30.0, 4.0), ("resolve", 0.0, 47.0, 5.333), ("fire", 55.0, 85.0, 4.0)]
+    assert _stood(_partly(ruleset, _read(events, 45))) == in_order

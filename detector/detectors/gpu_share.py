@@ -591,11 +591,12 @@ class GpuShare(DetectorBase):
                     # Its GPUs restarted in the past by a stop read late (_RESTARTED: NaN): time order fired it
                     # scrapes ago (see _fired), unless no GPU worked from its date to c.
                     restarted = st.fired_by is not None and st.fired_by != st.fired_by
+                    step = min(t - c, STOP_GAP_S)  # (scrapes apart: the latest interval, a gap's a minute at most)
                     judged = None  # (time order's scrape that judged it, where made scrapes after)
                     if kept is not None:
                         st.fired_by = kept.scrape
-                    elif restarted and c - fired_at > p.stale_after and (dip is None or fired_at < dip):
-                        judged, st.fired_by = _firing_scrape(st, fired_at, min(t - c, STOP_GAP_S), p)
+                    elif restarted and c - fired_at > step and (dip is None or fired_at < dip):
+                        judged, st.fired_by = _firing_scrape(st, fired_at, step, p)
                     elif st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
                         st.fired_by = t  # before it, none fires
                     # Billed by usage dated after the scrape that would have fired it, read after samples past it: time
@@ -821,7 +822,7 @@ class GpuShare(DetectorBase):
         this episode's now, with its dollars at each, its GPUs idle from its start over the time samples cover
         (:func:`_share_priced`, as :meth:`_after_stop` prices): a second stop read late in one corrects or takes
         it back there, as time order ended it (:meth:`_back_to_gap`, :meth:`_taken_back`), not with every dollar
-        counted since, nor withdrawn for want of a gap. ``judged``: made more than ``stale_after`` past its date,
+        counted since, nor withdrawn for want of a gap. ``judged``: made a scrape or more past its date,
         its GPUs restarted in the past by a stop read late (:data:`_RESTARTED`), time order made it when judging
         the host at ``judged`` (:func:`_firing_scrape`), with the dollars of its GPUs' idle time to then, not all
         counted since: those, priced so. ``billed_before``: the candidate that waited for the host's billing, where
