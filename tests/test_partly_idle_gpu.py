@@ -653,13 +653,33 @@ def test_the_gaps_kept_survive_a_restart_from_the_saved_state(ruleset, cut_min):
             for f in before + after] == whole  # fmt: skip
 
 
-@pytest.mark.parametrize("change", [{"gaps": [[1.0, 2.0, 3.0, 4.0]]}, {"gaps": [[1.0, 2.0, 3.0, 4.0, 3.0, 4.0]] * 5},
-                                    {"gaps": []}, {"held_by_a_newer_version": 1.0}, {"unbilled": [1.0, 2.0, 3.0]}],
-                         ids=["a-gap-cut-short", "too-many", "none-but-not-None", "an-unknown-field", "unbilled-cut-short"])
+_OUT_OF_SHAPE = {
+    "a-gap-cut-short": {"gaps": [[1.0, 2.0, 3.0, 4.0]]},
+    "too-many": {"gaps": [[1.0, 2.0, 3.0, 4.0, 3.0, 4.0]] * 5},
+    "none-but-not-None": {"gaps": []},
+    "an-unknown-field": {"held_by_a_newer_version": 1.0},
+    "unbilled-cut-short": {"unbilled": [1.0, 2.0, 3.0]},
+    # a gap as figures whose note's key is no GPU's index (infinite: an OverflowError escaped restore, a review's
+    # find), not a whole number, or given twice
+    "a-note-key-infinite": {"gaps": [[1.0, 2.0, 0.0, 0.0, 0.0, 0.0, math.inf, 3.0]]},
+    "a-note-key-not-whole": {"gaps": [[1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 1.5, 3.0]]},
+    "a-note-key-twice": {"gaps": [[1.0, 2.0, 0.0, 0.0, 0.0, 0.0, -1.0, 3.0, -1.0, 4.0]]},
+    # a struct with a figure more than it has (from a newer version: not dropped unread)
+    "a-gap-with-more": {"gaps": [["gap", 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, False, [], None, None, 42]]},
+    "a-candidate-with-more": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, None, None, 42]},
+    # a candidate in a shape the rule never makes: billed before a scrape it did not keep; kept a scrape with no
+    # GPUs to share by (a division by zero at its fire); billed after it kept one
+    "billed-before-no-scrape": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, True, None, None]},
+    "a-share-of-none": {"unbilled": ["candidate", 5.0, 6.0, 1.0, 0.0, 0.0, True, None, None]},
+    "billed-after-and-a-scrape": {"unbilled": ["candidate", 5.0, 6.0, 1.0, 0.0, 8.0, False, 7.0, None]},
+}
+
+
+@pytest.mark.parametrize("change", list(_OUT_OF_SHAPE.values()), ids=list(_OUT_OF_SHAPE))
 def test_saved_gaps_out_of_shape_are_refused(ruleset, change):
     """A saved state whose gaps are cut short, or more than a host keeps, or with a field no shape of it
-    has, is refused: the rule starts afresh on that host rather than read figures out of place or drop
-    one unread (the host's other rules go on)."""
+    has, or holding what the rule never makes, is refused: the rule starts afresh on that host rather than read
+    figures out of place, drop one unread, or fail later (the host's other rules go on)."""
     events = _read(_build(_dark_twice, lambda m: 76 <= m < 90, 200), 45)
     first = Engine(load_rules(ROOT / "rules"))
     first.process(events[: next(i for i, e in enumerate(events) if e.ts.timestamp() >= T0 + 112 * MIN)])

@@ -483,7 +483,7 @@ class GpuShare(DetectorBase):
             # The candidate waiting for the host's billing: billed before the scrape that would have fired it
             # (time order fired it there), or from it on (fired at a scrape after, in time order too).
             if t < running.scrape:
-                st.unbilled = msgspec.structs.replace(running, billed_before=True)
+                st.unbilled = replace(running, billed_before=True)
             else:  # (samples past it read first, live: time order judged the host at its date, the scrape before)
                 billed_at = t if st.covered_until > t else None
                 st.unbilled = UnbilledCandidate(running.fired_at, billed_at=billed_at, dip=running.dip)
@@ -604,7 +604,7 @@ class GpuShare(DetectorBase):
                     # whole-host dip held it (no GPU counts in one), by the scrape that ended the dip (it may be c)
                     running = st.unbilled
                     if isinstance(running, UnbilledCandidate) and running.billed_at is not None:
-                        when, late = max(running.billed_at, fired_at), t - c
+                        when, late = max(running.billed_at, fired_at), step
                         if running.dip is not None and running.dip[0] <= when < running.dip[1]:
                             when, late = running.dip[1], 0.0
                         if c - when > late:
@@ -837,8 +837,7 @@ class GpuShare(DetectorBase):
         flat = tuple(x for gap in gaps if gap.before >= since for x in gap.figures())  # (their times: _covered_s)
         if any(gap.before >= since and gap.past for gap in gaps):
             priced = partial(_share_priced, res, share, flat, since, stale_after=stale_after)
-            _set_gaps(st, [Gap(gap.before, gap.after, *priced(gap.before), *priced(gap.after), returns=gap.returns,
-                               rebase_at=gap.rebase_at, dip=gap.dip)
+            _set_gaps(st, [_claimed(gap, *priced(gap.before), *priced(gap.after))
                            if gap.before >= since and gap.past else gap for gap in gaps])  # fmt: skip
         if billed_before is not None:  # (counted a share of the GPUs then reporting where the host's were not known:
             # time order's share then, not of those now)
@@ -955,7 +954,8 @@ def _resolve(st: GpuShareState, held_until: float | None, resolution: Callable[[
 def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareParams) -> tuple[float, float]:
     """The scrape that judged, in time order, an episode dated ``fired_at``, and the one after it, which fired it
     (scrapes ``step`` apart: the latest interval, a gap's no longer than a minute). Usually its date; after a whole-
-    host dip that held its date (noted in the gaps kept, :attr:`Gap.dip`), no GPU counted before the dip's end; after
+    host dip that held its date (noted in the gaps kept and by the candidate, :attr:`Gap.dip`,
+    :attr:`UnbilledCandidate.dip`), no GPU counted before the dip's end; after
     a gap kept that holds its date, or that comes right after it, the firing scrape is the gap's end, or the next
     after it (a stop read late in such a gap, or dip, came before the fire: :func:`withdraws`). A gap kept
     longer than ``stale_after`` from its start to then restarted its GPUs, not yet counted, in time order: judged
@@ -1080,8 +1080,6 @@ def _note_charged(st: GpuShareState, t: float, stale_after: float) -> None:
         del log[:k]
 
 
-
-
 def _gaps(st: GpuShareState) -> list[Gap]:
     """The gaps kept, oldest first."""
     return list(st.gaps or ())
@@ -1101,6 +1099,12 @@ def _gaps_from(st: GpuShareState, t: float) -> list[Gap]:
     """The gaps kept that begin after a stop at ``t``, which ends the open episode: marked as past it (their
     dollars not the next episode's), as :func:`_resolve` leaves them."""
     return [_past(gap) for gap in _gaps(st) if gap.before > t]
+
+
+def _claimed(gap: Gap, waste: float, unpriced: float, waste_after: float, unpriced_after: float) -> Gap:
+    """``gap``, kept past the episode it came in, claimed by the one that fired since, with its dollars at it."""
+    return replace(gap, past=False, waste_usd=waste, unpriced_s=unpriced, waste_after_usd=waste_after,
+                   unpriced_after_s=unpriced_after)  # fmt: skip
 
 
 def _past(gap: Gap) -> Gap:

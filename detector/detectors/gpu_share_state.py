@@ -19,7 +19,7 @@ import msgspec
 
 from detector.detectors.base import shared
 from detector.detectors.episode import GAP, Ended, Episode, is_ended, with_gaps
-from detector.detectors.pods import Pod
+from detector.detectors.pods import MAX_UNITS, Pod
 from detector.floats import FloatArray, floats
 
 __all__ = ["BUSY_BIT", "BUSY_CODES", "GPU_SEEN", "HOLDER", "HOLDER_BITS", "HOLDER_CODE", "IDLE_SINCE", "MAX_GAPS",
@@ -79,7 +79,7 @@ else:
 default, written out), read as ``b""`` (:meth:`GpuShareState.__post_init__`)."""
 
 
-class Gap(msgspec.Struct, tag="gap", array_like=True, frozen=True, gc=False):
+class Gap(msgspec.Struct, tag="gap", array_like=True, frozen=True, gc=False, forbid_unknown_fields=True):
     """A gap in the host's scrapes longer than :data:`~detector.detectors.episode.STOP_GAP_S` while an episode, an
     idle run or a whole-idle spell was under way, kept until usage is read past it (:attr:`GpuShareState.gaps`): a
     stop read later and dated within it (a host restarted while its usage was read behind) ends the episode there,
@@ -107,15 +107,17 @@ class Gap(msgspec.Struct, tag="gap", array_like=True, frozen=True, gc=False):
     """A whole-host idle spell that spanned it lasted ``for`` and set :attr:`GpuShareState.rebase_at` to this (a
     stop read later in it cut that spell there: :meth:`~detector.detectors.gpu_share.GpuShare._on_usage`)."""
     dip: tuple[float, float] | None = None
-    """The start and the end of the latest whole-host dip while it was kept (a spell shorter than ``for``, in which
-    no GPU counted): :func:`~detector.detectors.gpu_share._firing_scrape`."""
+    """The start and the end of the latest whole-host dip (a spell shorter than ``for``, in which no GPU counted)
+    that ended while it or a gap kept before it was kept (a gap kept takes the latest gap's):
+    :func:`~detector.detectors.gpu_share._firing_scrape`."""
 
     def figures(self) -> tuple[float, ...]:
         """Its :data:`~detector.detectors.episode.GAP` figures, as an :data:`~detector.detectors.episode.Ended` holds a gap."""
         return (self.before, self.after, self.waste_usd, self.unpriced_s, self.waste_after_usd, self.unpriced_after_s)
 
 
-class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen=True, gc=False):
+class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen=True, gc=False,
+                        forbid_unknown_fields=True):
     """A candidate that would have fired but for the host's billing (no usage read yet, or a stop read before the
     usage of a restart: the usage topic read behind the samples), while it runs (:attr:`GpuShareState.unbilled`).
     Usage read later that says billed makes it fire as time order fired it
@@ -139,20 +141,24 @@ class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen
     usage's date, at which time order judged it (or the end of the whole-host dip it fell in, :attr:`dip`: no GPU
     counts in a dip, so time order judged it there)."""
     dip: tuple[float, float] | None = None
-    """The start and the end of the latest whole-host dip (a spell shorter than ``for``) that ended while it ran."""
+    """The start and the end of the latest whole-host dip (a spell shorter than ``for``) that ended while it ran, or
+    at the scrape that made it."""
 
 
-class UnbilledEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True, gc=False):
+class UnbilledEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True, gc=False, forbid_unknown_fields=True):
     """A candidate that would have fired but for the host's billing and ended unfired (its GPUs busy, or a whole-host
     spell's start), kept until usage is read past it (:attr:`GpuShareState.unbilled`): usage that says billed before
     its end fires and resolves it, as time order did (:meth:`~detector.detectors.gpu_share.GpuShare._billed_late`)."""
 
     since: float
+    """When its GPUs' idle time began (the episode's start, had it fired)."""
     fired_at: float
     """Its fire's date, had it been billed."""
     ended_at: float
+    """The scrape that ended it."""
     waste_usd: float
     unpriced_s: float
+    """Its dollars and unpriced host-seconds when it ended."""
     whole_host: bool
     """A whole-host idle spell ended it (``idle_gpu``'s from there), not a GPU turning busy."""
     gaps: tuple[float, ...] = ()
@@ -254,8 +260,9 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
                 and len(codes or ()) == n and (pods is None or len(pods) == n)
                 and len(self.gpu_counted) == g and not self.gpu_counted.strip(b"\0\1")
                 and (self.gaps is None or 0 < len(self.gaps) <= MAX_GAPS)
+                and all(len(gap.returns) <= MAX_UNITS for gap in self.gaps or ())
                 and (self.ended is None or is_ended(self.ended))
-                and (not isinstance(self.unbilled, UnbilledEnded) or with_gaps(self.unbilled.gaps, 0)))  # fmt: skip
+                and _held_in_shape(self.unbilled))  # fmt: skip
 
     def clear(self) -> None:
         super().clear()
@@ -345,6 +352,19 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
         return [gpu for gpu, flag in zip(self.gpu_ids, flags, strict=True) if flag] if 1 in flags else []
 
 
+def _held_in_shape(kept: UnbilledCandidate | UnbilledEnded | None) -> bool:
+    """Whether a candidate unbilled holds only what the rule makes of one: once ended, whole gaps; while it runs,
+    billed before the scrape it kept only with that scrape (and a share of GPUs to divide by), billed after one only
+    without it (:meth:`~detector.detectors.gpu_share.GpuShare._on_usage`)."""
+    if isinstance(kept, UnbilledEnded):
+        return with_gaps(kept.gaps, 0)
+    if isinstance(kept, UnbilledCandidate):
+        if kept.scrape is None:
+            return not kept.billed_before
+        return kept.billed_at is None and kept.share_of >= 1.0
+    return True
+
+
 class Unit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """The latest sample of one GPU or MIG instance, as snapshots saved it before the unit fields
     of :class:`GpuShareState` (read into them on decoding)."""
@@ -372,8 +392,10 @@ class GpuTrack(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
 class GpuShareStateBefore(GpuShareState, kw_only=True, forbid_unknown_fields=True):
     """A host's state as snapshots saved it before 2026-12-06: besides the fields of the state held now, one
     gap (``resumed``), and in older shapes the units' times an array apart (``unit_times``) or one struct
-    per unit and per GPU (``units``, ``gpus``). Read only to be made a :class:`GpuShareState`
-    (:meth:`upgrade`): the state held now has no slot for them (8 bytes each on a GPU host's two states)."""
+    per unit and per GPU (``units``, ``gpus``); and the gaps and the candidate unbilled as figures
+    (:func:`_gap_of`, :func:`_unbilled_of`), as saved before their structs. Read only to be made a
+    :class:`GpuShareState` (:meth:`upgrade`): the state held now has no slot for them (8 bytes each on a GPU
+    host's two states)."""
 
     unit_times: FloatArray | None = None
     """Per unit, (latest sample, newest that said who holds it), as saved before :attr:`gpu_times` held them."""
@@ -458,20 +480,14 @@ def _gap_of(figures: tuple[float, ...]) -> Gap:
     of a key and a time: a GPU's index and its return, or -1 a rebase, -2 and -3 a dip's start and end."""
     if len(figures) < GAP or len(figures) % 2:
         raise ValueError("a gap is its two times, its dollars before and after, then pairs of a key and a time")
-    returns: list[tuple[int, float]] = []
-    rebase_at = dip_start = dip_end = None
+    notes: dict[int, float] = {}
     for k in range(GAP, len(figures), 2):
-        key, at_ = int(figures[k]), figures[k + 1]
-        if key >= 0:
-            returns.append((key, at_))
-        elif key == -1:
-            rebase_at = at_
-        elif key == -2:
-            dip_start = at_
-        elif key == -3:
-            dip_end = at_
-        else:
-            raise ValueError(f"a gap's note is a GPU's index, or -1, -2 or -3, not {key}")
+        key = figures[k]
+        if not (key.is_integer() and -3 <= key < MAX_UNITS) or int(key) in notes:
+            raise ValueError(f"a gap's note is a GPU's index, or -1, -2 or -3, each once, not {key!r}")
+        notes[int(key)] = figures[k + 1]
+    returns = [(gpu, back) for gpu, back in notes.items() if gpu >= 0]
+    rebase_at, dip_start, dip_end = notes.get(-1), notes.get(-2), notes.get(-3)
     past = figures[2] == -1.0
     waste, unpriced, waste_after, unpriced_after = (0.0, 0.0, 0.0, 0.0) if past else figures[2:GAP]
     dip = (dip_start, dip_end) if dip_start is not None and dip_end is not None else None
