@@ -672,6 +672,9 @@ _OUT_OF_SHAPE = {
     "billed-before-no-scrape": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, True, None, None]},
     "a-share-of-none": {"unbilled": ["candidate", 5.0, 6.0, 1.0, 0.0, 0.0, True, None, None]},
     "billed-after-and-a-scrape": {"unbilled": ["candidate", 5.0, 6.0, 1.0, 0.0, 8.0, False, 7.0, None]},
+    # dips a candidate keeps: not pairs, or more than it keeps
+    "a-dip-cut-short": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, None, [1.0, 2.0, 3.0]]},
+    "too-many-dips": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, None, [1.0, 2.0] * 5]},
 }
 
 
@@ -1120,6 +1123,53 @@ def test_a_candidate_billed_late_that_a_whole_host_dip_held_keeps_its_dollars(ru
     events = _usage_from(events, 50)
     in_order = _partly(ruleset, _read(events))
     assert in_order == [("fire", 0.0, 30.0, 17.2)]
+    assert _partly(ruleset, _read(events, lag)) == in_order
+
+
+@pytest.mark.parametrize("lag", [15, 30, 45])
+def test_a_candidate_billed_in_a_dip_and_stopped_before_its_end_never_fired(ruleset, lag):
+    """GPUs 4-7 idle from 0, GPUs 0-3 idle 47-72 (a whole-host dip), no usage before 50; stopped and dark 60-62.
+    Time order: the candidate, unbilled at 30, is billed at 50, in the dip: no GPU counts there, so the scrape
+    that would fire it is the dip's end, and the stop at 60 comes first; the only episode is the one from the
+    restart, fired at 92. Read 15 minutes behind or more, the usage dated 50 is read after the dip ended and the
+    fire comes then, priced to the dip's end: it is taken as fired there, so the stop read later withdraws it
+    (before, it stood with $19.20 and a resolution at 60 time order never made: a review's find, red before)."""
+    events = _build(lambda m: None if 60 < m < 62 else [REST if 47 <= m < 72 else WORK] * 4 + [REST] * 4,
+                    lambda m: 60 <= m < 62, 200)  # fmt: skip
+    events = _usage_from(events, 50)
+    in_order = _stood(_partly(ruleset, _read(events)))
+    assert in_order == [("fire", 62.0, 92.0, 8.0)]
+    assert _stood(_partly(ruleset, _read(events, lag))) == in_order
+
+
+@pytest.mark.parametrize(("usage_from", "usd"), [(25, 10.667), (35, 10.667), (45, 12.0)])
+@pytest.mark.parametrize("lag", [5, 20, 45])
+def test_a_candidate_made_at_the_end_of_the_dip_that_held_its_date_keeps_its_billing_read_late(
+        ruleset, usage_from, usd, lag):  # fmt: skip
+    """GPUs 4-7 idle from 0, GPUs 0-3 idle 20-40 (a whole-host dip holding the fire's date, 30), no usage before
+    ``usage_from``. Time order fires at the dip's end, 40, billed by then ($10.67), or at the usage's date, 45
+    ($12.00). Live, the candidate is made at the dip's end, more than a scrape past its date: it was kept as its
+    date alone, and usage read later said nothing to it, so the fire came when the next scrape after the usage
+    was read, priced to there: $12.00 to $24.00 (a review's find, red before). Made at the dip's end, the
+    candidate counts as made by the scrape that judged it, as one made at its date does."""
+    events = _usage_from(_build(lambda m: [REST if 20 <= m < 40 else WORK] * 4 + [REST] * 4, lambda m: False, 150),
+                         usage_from)  # fmt: skip
+    in_order = _partly(ruleset, _read(events))
+    assert in_order == [("fire", 0.0, 30.0, usd)]
+    assert _partly(ruleset, _read(events, lag)) == in_order
+
+
+@pytest.mark.parametrize(("dips", "usd"), [([(35, 45), (50, 60)], 12.0), ([(35, 55), (57, 75)], 14.667)])
+@pytest.mark.parametrize("lag", [15, 20, 45])
+def test_a_candidate_billed_in_a_dip_before_its_latest_keeps_its_dollars(ruleset, dips, usd, lag):
+    """GPUs 4-7 idle from 0, GPUs 0-3 idle in two whole-host dips, no usage before 40, in the first. Time order fires
+    at the first dip's end, $12.00 or $14.67. Read after the second dip ended, the usage dated 40 fell in no dip the
+    candidate knew (it kept the latest only), and the fire was priced to the usage's date, $10.67 (a review's
+    find, red before): the candidate keeps its latest dips, as many as the gaps kept."""
+    events = _usage_from(_build(lambda m: [REST if any(a <= m < b for a, b in dips) else WORK] * 4 + [REST] * 4,
+                                lambda m: False, 150), 40)  # fmt: skip
+    in_order = _partly(ruleset, _read(events))
+    assert in_order == [("fire", 0.0, 30.0, usd)]
     assert _partly(ruleset, _read(events, lag)) == in_order
 
 

@@ -486,7 +486,7 @@ class GpuShare(DetectorBase):
                 st.unbilled = replace(running, billed_before=True)
             else:  # (samples past it read first, live: time order judged the host at its date, the scrape before)
                 billed_at = t if st.covered_until > t else None
-                st.unbilled = UnbilledCandidate(running.fired_at, billed_at=billed_at, dip=running.dip)
+                st.unbilled = UnbilledCandidate(running.fired_at, billed_at=billed_at, dips=running.dips)
         if st.gaps is not None and t >= st.gaps[0].after:  # usage is read in order: no stop read later falls in a gap
             _forget_gaps_before(st, t)  # before t
         if st.unpriced_s and res.usd_per_hour is not None:
@@ -538,7 +538,7 @@ class GpuShare(DetectorBase):
             if st.whole_idle_since is not None and t - c > STOP_GAP_S:
                 _keep_gap(st, c, t)  # (a spell across a stop restarts at the gap's end)
             return []
-        dip = st.whole_idle_since  # (a spell that c ends: no GPU was counted in it, so time order fires at c)
+        spell_from = st.whole_idle_since  # (a spell that c ends: no GPU was counted in it, so time order fires at c)
         self._spell(st, res, c, any_busy)
         changed = bool(reason)
         ids = st.gpu_ids
@@ -595,7 +595,7 @@ class GpuShare(DetectorBase):
                     judged = None  # (time order's scrape that judged it, where made scrapes after)
                     if kept is not None:
                         st.fired_by = kept.scrape
-                    elif restarted and c - fired_at > step and (dip is None or fired_at < dip):
+                    elif restarted and c - fired_at > step and (spell_from is None or fired_at < spell_from):
                         judged, st.fired_by = _firing_scrape(st, fired_at, step, p)
                     elif st.fired_by is None or restarted:  # the scrape that judged the host at c: read after a stop
                         st.fired_by = t  # before it, none fires
@@ -605,8 +605,11 @@ class GpuShare(DetectorBase):
                     running = st.unbilled
                     if isinstance(running, UnbilledCandidate) and running.billed_at is not None:
                         when, late = max(running.billed_at, fired_at), step
-                        if running.dip is not None and running.dip[0] <= when < running.dip[1]:
-                            when, late = running.dip[1], 0.0
+                        in_dip = running.dip_holding(when)
+                        if in_dip is not None:
+                            when, late = in_dip[1], 0.0
+                            if kept is None and not restarted:  # (time order fired it by the scrape after the dip's
+                                st.fired_by = max(st.fired_by or 0.0, when + step)  # end: a stop before withdraws)
                         if c - when > late:
                             judged = max(when, judged or 0.0)
                     _let_go_running(st)
@@ -615,12 +618,15 @@ class GpuShare(DetectorBase):
                     if not res.known and st.fired_by is None:
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
                     if st.unbilled is None:  # (kept if it ends unfired, or fires late: usage read later may say billed)
-                        # what this scrape counted, where it is the first past the fire's date (time order's), and the
-                        # whole-host dip it ended, if any
-                        share_of = float(max(len(ids), res.gpus))
-                        ended = (dip, c) if dip is not None and c - dip < p.for_ else None
-                        st.unbilled = UnbilledCandidate(fired_at, t, st.waste_usd, st.unpriced_s, share_of, dip=ended) \
-                            if c - fired_at < t - c else UnbilledCandidate(fired_at, dip=ended)  # fmt: skip
+                        # what this scrape counted, where it is the one time order judged it at (its date falls in
+                        # the interval c ends, or in the whole-host dip c ends: no GPU counts in a dip), and that dip
+                        dip_ended = (spell_from, c) if spell_from is not None and c - spell_from < p.for_ else None
+                        if c - fired_at < t - c or (dip_ended is not None and dip_ended[0] <= fired_at):
+                            share_of = float(max(len(ids), res.gpus))
+                            st.unbilled = UnbilledCandidate(fired_at, t, st.waste_usd, st.unpriced_s, share_of,
+                                                            dips=dip_ended)  # fmt: skip
+                        else:
+                            st.unbilled = UnbilledCandidate(fired_at, dips=dip_ended)
                     if _running(st):
                         st.listed = tuple(sorted(listed))  # (what its findings name, if they are made)
         elif any_busy and (changed or c - st.last_report >= p.update_every):
@@ -716,7 +722,7 @@ class GpuShare(DetectorBase):
             if st.gaps is not None:  # (a fire dated within it, caught up after a stop read late in a gap before)
                 _set_gaps(st, [replace(gap, dip=(since, c)) for gap in _gaps(st)])
             if isinstance(st.unbilled, UnbilledCandidate):  # (billed within it, read after: judged at its end)
-                st.unbilled = replace(st.unbilled, dip=(since, c))
+                st.unbilled = st.unbilled.with_dip(since, c)
         st.whole_idle_since = None
 
     # -- helpers ------------------------------------------------------------
@@ -955,7 +961,7 @@ def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareP
     """The scrape that judged, in time order, an episode dated ``fired_at``, and the one after it, which fired it
     (scrapes ``step`` apart: the latest interval, a gap's no longer than a minute). Usually its date; after a whole-
     host dip that held its date (noted in the gaps kept and by the candidate, :attr:`Gap.dip`,
-    :attr:`UnbilledCandidate.dip`), no GPU counted before the dip's end; after
+    :attr:`UnbilledCandidate.dips`), no GPU counted before the dip's end; after
     a gap kept that holds its date, or that comes right after it, the firing scrape is the gap's end, or the next
     after it (a stop read late in such a gap, or dip, came before the fire: :func:`withdraws`). A gap kept
     longer than ``stale_after`` from its start to then restarted its GPUs, not yet counted, in time order: judged
@@ -963,8 +969,9 @@ def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareP
     dip may have kept them from counting where :func:`_note_dark` takes them as counted: a review's find)."""
     judged, since, gaps = fired_at, st.since if st.since is not None else fired_at, _gaps(st)
     dips = [gap.dip for gap in gaps]
-    if isinstance(st.unbilled, UnbilledCandidate):  # (one that waited for its billing keeps its latest dip too)
-        dips.append(st.unbilled.dip)
+    if isinstance(st.unbilled, UnbilledCandidate):  # (one that waited for its billing keeps its latest dips too)
+        kept = st.unbilled.dips or ()
+        dips += [(kept[k], kept[k + 1]) for k in range(0, len(kept), 2)]
     for dip in dips:
         if dip is not None and dip[0] <= judged < dip[1]:
             judged = dip[1]

@@ -126,8 +126,9 @@ class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen
     fired_at: float
     """Its fire's date."""
     scrape: float | None = None
-    """The scrape that would have fired it, where that scrape is the first past the fire's date (time order's), with
-    what it counted below. None: not kept (a scrape later, or a state saved before), or usage said billed after it."""
+    """The scrape that would have fired it, where that scrape is the one time order judged it at (the first past the
+    fire's date, or the end of a whole-host dip that held the date), with what it counted below. None: not kept (a
+    scrape later, or a state saved before), or usage said billed after it."""
     waste_usd: float = 0.0
     unpriced_s: float = 0.0
     """The candidate's dollars and unpriced host-seconds as :attr:`scrape` left them."""
@@ -138,11 +139,24 @@ class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen
     """Usage dated before :attr:`scrape` said billed: time order fired it there, with what that scrape counted."""
     billed_at: float | None = None
     """Usage dated at or after the scrape that would have fired it, read after samples past it, said billed: that
-    usage's date, at which time order judged it (or the end of the whole-host dip it fell in, :attr:`dip`: no GPU
+    usage's date, at which time order judged it (or the end of the whole-host dip it fell in, :attr:`dips`: no GPU
     counts in a dip, so time order judged it there)."""
-    dip: tuple[float, float] | None = None
-    """The start and the end of the latest whole-host dip (a spell shorter than ``for``) that ended while it ran, or
-    at the scrape that made it."""
+    dips: tuple[float, ...] | None = None
+    """The start and the end of each of the latest whole-host dips (spells shorter than ``for``) that ended while it
+    ran, or at the scrape that made it, oldest first, at most :data:`MAX_GAPS` (usage read later may be dated in
+    any). Saved before 2026-12-07 as the latest dip alone: the same two figures."""
+
+    def dip_holding(self, when: float) -> tuple[float, float] | None:
+        """The dip it kept that holds ``when``, if any."""
+        dips = self.dips or ()
+        for k in range(0, len(dips), 2):
+            if dips[k] <= when < dips[k + 1]:
+                return dips[k], dips[k + 1]
+        return None
+
+    def with_dip(self, start: float, end: float) -> UnbilledCandidate:
+        """It, having kept the dip from ``start`` to ``end`` (the oldest let go past :data:`MAX_GAPS`)."""
+        return msgspec.structs.replace(self, dips=(*(self.dips or ()), start, end)[-2 * MAX_GAPS :])
 
 
 class UnbilledEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -359,6 +373,8 @@ def _held_in_shape(kept: UnbilledCandidate | UnbilledEnded | None) -> bool:
     if isinstance(kept, UnbilledEnded):
         return with_gaps(kept.gaps, 0)
     if isinstance(kept, UnbilledCandidate):
+        if kept.dips is not None and not (0 < len(kept.dips) <= 2 * MAX_GAPS and len(kept.dips) % 2 == 0):
+            return False
         if kept.scrape is None:
             return not kept.billed_before
         return kept.billed_at is None and kept.share_of >= 1.0
