@@ -610,6 +610,9 @@ class GpuShare(DetectorBase):
                             when, late = in_dip[1], 0.0
                             if kept is None and not restarted:  # (time order fired it by the scrape after the dip's
                                 st.fired_by = max(st.fired_by or 0.0, when + step)  # end: a stop before withdraws)
+                                if c > when and is_set(in_dip[2]):  # (with what that scrape counted, noted there)
+                                    kept = UnbilledCandidate(fired_at, when, in_dip[2], in_dip[3], in_dip[4],
+                                                             billed_before=True)  # fmt: skip
                         if c - when > late:
                             judged = max(when, judged or 0.0)
                     _let_go_running(st)
@@ -617,16 +620,18 @@ class GpuShare(DetectorBase):
                 else:
                     if not res.known and st.fired_by is None:
                         st.fired_by = t  # no usage read yet (its topic read behind): in time order it fires here
-                    if st.unbilled is None:  # (kept if it ends unfired, or fires late: usage read later may say billed)
-                        # what this scrape counted, where it is the one time order judged it at (its date falls in
-                        # the interval c ends, or in the whole-host dip c ends: no GPU counts in a dip), and that dip
-                        dip_ended = (spell_from, c) if spell_from is not None and c - spell_from < p.for_ else None
-                        if c - fired_at < t - c or (dip_ended is not None and dip_ended[0] <= fired_at):
-                            share_of = float(max(len(ids), res.gpus))
-                            st.unbilled = UnbilledCandidate(fired_at, t, st.waste_usd, st.unpriced_s, share_of,
-                                                            dips=dip_ended)  # fmt: skip
+                    # (kept if it ends unfired, or fires late: usage read later may say billed) what this scrape
+                    # counted, where it is the one time order judged it at (its date falls in the interval c ends, or
+                    # in the whole-host dip c ends: no GPU counts in a dip), and the dip it ended, with what it counted
+                    scraped = (st.waste_usd, st.unpriced_s, float(max(len(ids), res.gpus)))
+                    dip_from = spell_from if spell_from is not None and c - spell_from < p.for_ else None
+                    if st.unbilled is None:
+                        if c - fired_at < t - c or (dip_from is not None and dip_from <= fired_at):
+                            st.unbilled = UnbilledCandidate(fired_at, t, *scraped)
                         else:
-                            st.unbilled = UnbilledCandidate(fired_at, dips=dip_ended)
+                            st.unbilled = UnbilledCandidate(fired_at)
+                    if dip_from is not None and isinstance(st.unbilled, UnbilledCandidate):  # (billed in it: fired at c)
+                        st.unbilled = st.unbilled.with_dip(dip_from, c, scraped)
                     if _running(st):
                         st.listed = tuple(sorted(listed))  # (what its findings name, if they are made)
         elif any_busy and (changed or c - st.last_report >= p.update_every):
@@ -970,8 +975,7 @@ def _firing_scrape(st: GpuShareState, fired_at: float, step: float, p: GpuShareP
     judged, since, gaps = fired_at, st.since if st.since is not None else fired_at, _gaps(st)
     dips = [gap.dip for gap in gaps]
     if isinstance(st.unbilled, UnbilledCandidate):  # (one that waited for its billing keeps its latest dips too)
-        kept = st.unbilled.dips or ()
-        dips += [(kept[k], kept[k + 1]) for k in range(0, len(kept), 2)]
+        dips += st.unbilled.dip_spans()
     for dip in dips:
         if dip is not None and dip[0] <= judged < dip[1]:
             judged = dip[1]

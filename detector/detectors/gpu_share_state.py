@@ -22,7 +22,7 @@ from detector.detectors.episode import GAP, Ended, Episode, is_ended, with_gaps
 from detector.detectors.pods import MAX_UNITS, Pod
 from detector.floats import FloatArray, floats
 
-__all__ = ["BUSY_BIT", "BUSY_CODES", "GPU_SEEN", "HOLDER", "HOLDER_BITS", "HOLDER_CODE", "IDLE_SINCE", "MAX_GAPS",
+__all__ = ["BUSY_BIT", "BUSY_CODES", "DIP", "GPU_SEEN", "HOLDER", "HOLDER_BITS", "HOLDER_CODE", "IDLE_SINCE", "MAX_GAPS",
            "PENDING_FROM", "PENDING_S", "PER_GPU", "UNSET", "Gap", "GpuShareState", "GpuShareStateBefore",
            "UnbilledCandidate", "UnbilledEnded", "is_set", "place", "set_counted", "shared_flags"]
 
@@ -52,6 +52,8 @@ host's hundreds of instances) are kept as they are."""
 
 MAX_GAPS = 4
 """Gaps a host keeps at most (:attr:`GpuShareState.gaps`), as ``idle_gpu``."""
+DIP = 5
+"""Figures a dip a candidate kept holds (:attr:`UnbilledCandidate.dips`)."""
 
 
 def _share(items: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -142,21 +144,37 @@ class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen
     usage's date, at which time order judged it (or the end of the whole-host dip it fell in, :attr:`dips`: no GPU
     counts in a dip, so time order judged it there)."""
     dips: tuple[float, ...] | None = None
-    """The start and the end of each of the latest whole-host dips (spells shorter than ``for``) that ended while it
-    ran, or at the scrape that made it, oldest first, at most :data:`MAX_GAPS` (usage read later may be dated in
-    any). Saved before 2026-12-07 as the latest dip alone: the same two figures."""
+    """Each of the latest whole-host dips (spells shorter than ``for``) that ended while it ran, or at the scrape
+    that made it, oldest first, at most :data:`MAX_GAPS` (usage read later may be dated in any): :data:`DIP`
+    figures each, its start and end, then what the scrape that ended it counted (time order, billed within it,
+    fired there with those dollars): ``waste_usd``, ``unpriced_s`` and ``share_of`` as :attr:`scrape`'s, NaN
+    where no fire was judged there. Saved before 2026-12-07 as the latest dip alone: its start and end."""
 
-    def dip_holding(self, when: float) -> tuple[float, float] | None:
-        """The dip it kept that holds ``when``, if any."""
+    def dip_holding(self, when: float) -> tuple[float, ...] | None:
+        """The dip it kept that holds ``when``, if any: :data:`DIP` figures (its dollars NaN where not noted)."""
         dips = self.dips or ()
-        for k in range(0, len(dips), 2):
+        if len(dips) == 2:  # (as saved before: the latest dip alone)
+            return (*dips, math.nan, math.nan, math.nan) if dips[0] <= when < dips[1] else None
+        for k in range(0, len(dips), DIP):
             if dips[k] <= when < dips[k + 1]:
-                return dips[k], dips[k + 1]
+                return dips[k : k + DIP]
         return None
 
-    def with_dip(self, start: float, end: float) -> UnbilledCandidate:
-        """It, having kept the dip from ``start`` to ``end`` (the oldest let go past :data:`MAX_GAPS`)."""
-        return msgspec.structs.replace(self, dips=(*(self.dips or ()), start, end)[-2 * MAX_GAPS :])
+    def dip_spans(self) -> list[tuple[float, float]]:
+        """The start and end of each dip it kept."""
+        dips = self.dips or ()
+        stride = 2 if len(dips) == 2 else DIP
+        return [(dips[k], dips[k + 1]) for k in range(0, len(dips), stride)]
+
+    def with_dip(self, start: float, end: float, counted: tuple[float, float, float] | None = None) -> UnbilledCandidate:
+        """It, having kept the dip from ``start`` to ``end``, with what the scrape that ended it ``counted`` if it
+        judged a fire there (the oldest let go past :data:`MAX_GAPS`)."""
+        kept = self.dips or ()
+        if len(kept) == 2:
+            kept = (*kept, math.nan, math.nan, math.nan)
+        if kept and kept[-DIP + 1] == end:  # (noted again by the same scrape, the dollars now)
+            kept = kept[:-DIP]
+        return msgspec.structs.replace(self, dips=(*kept, start, end, *(counted or (math.nan,) * 3))[-DIP * MAX_GAPS :])
 
 
 class UnbilledEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -373,7 +391,8 @@ def _held_in_shape(kept: UnbilledCandidate | UnbilledEnded | None) -> bool:
     if isinstance(kept, UnbilledEnded):
         return with_gaps(kept.gaps, 0)
     if isinstance(kept, UnbilledCandidate):
-        if kept.dips is not None and not (0 < len(kept.dips) <= 2 * MAX_GAPS and len(kept.dips) % 2 == 0):
+        if kept.dips is not None and not (len(kept.dips) == 2 or 0 < len(kept.dips) <= DIP * MAX_GAPS
+                                          and len(kept.dips) % DIP == 0):  # fmt: skip
             return False
         if kept.scrape is None:
             return not kept.billed_before
