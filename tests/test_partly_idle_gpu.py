@@ -675,6 +675,7 @@ _OUT_OF_SHAPE = {
     # dips a candidate keeps: not pairs, or more than it keeps
     "a-dip-cut-short": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, None, [1.0, 2.0, 3.0]]},
     "too-many-dips": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, None, [1.0, 2.0, 0.0, 0.0, 8.0] * 5]},
+    "a-dip-shared-by-none": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, 6.0, [1.0, 2.0, 3.0, 0.0, 0.0]]},
 }
 
 

@@ -22,8 +22,8 @@ from detector.detectors.episode import GAP, Ended, Episode, is_ended, with_gaps
 from detector.detectors.pods import MAX_UNITS, Pod
 from detector.floats import FloatArray, floats
 
-__all__ = ["BUSY_BIT", "BUSY_CODES", "DIP", "GPU_SEEN", "HOLDER", "HOLDER_BITS", "HOLDER_CODE", "IDLE_SINCE", "MAX_GAPS",
-           "PENDING_FROM", "PENDING_S", "PER_GPU", "UNSET", "Gap", "GpuShareState", "GpuShareStateBefore",
+__all__ = ["BUSY_BIT", "BUSY_CODES", "DIP", "GPU_SEEN", "HOLDER", "HOLDER_BITS", "HOLDER_CODE", "IDLE_SINCE",
+           "MAX_GAPS", "PENDING_FROM", "PENDING_S", "PER_GPU", "UNSET", "Gap", "GpuShareState", "GpuShareStateBefore",
            "UnbilledCandidate", "UnbilledEnded", "is_set", "place", "set_counted", "shared_flags"]
 
 
@@ -166,7 +166,8 @@ class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen
         stride = 2 if len(dips) == 2 else DIP
         return [(dips[k], dips[k + 1]) for k in range(0, len(dips), stride)]
 
-    def with_dip(self, start: float, end: float, counted: tuple[float, float, float] | None = None) -> UnbilledCandidate:
+    def with_dip(self, start: float, end: float,
+                 counted: tuple[float, float, float] | None = None) -> UnbilledCandidate:  # fmt: skip
         """It, having kept the dip from ``start`` to ``end``, with what the scrape that ended it ``counted`` if it
         judged a fire there (the oldest let go past :data:`MAX_GAPS`)."""
         kept = self.dips or ()
@@ -174,7 +175,8 @@ class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen
             kept = (*kept, math.nan, math.nan, math.nan)
         if kept and kept[-DIP + 1] == end:  # (noted again by the same scrape, the dollars now)
             kept = kept[:-DIP]
-        return msgspec.structs.replace(self, dips=(*kept, start, end, *(counted or (math.nan,) * 3))[-DIP * MAX_GAPS :])
+        noted = counted or (math.nan, math.nan, math.nan)
+        return msgspec.structs.replace(self, dips=(*kept, start, end, *noted)[-DIP * MAX_GAPS :])
 
 
 class UnbilledEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -391,9 +393,10 @@ def _held_in_shape(kept: UnbilledCandidate | UnbilledEnded | None) -> bool:
     if isinstance(kept, UnbilledEnded):
         return with_gaps(kept.gaps, 0)
     if isinstance(kept, UnbilledCandidate):
-        if kept.dips is not None and not (len(kept.dips) == 2 or 0 < len(kept.dips) <= DIP * MAX_GAPS
-                                          and len(kept.dips) % DIP == 0):  # fmt: skip
-            return False
+        dips = kept.dips
+        if dips is not None and not (len(dips) == 2 or 0 < len(dips) <= DIP * MAX_GAPS and len(dips) % DIP == 0
+                                     and all(not share < 1.0 for share in dips[DIP - 1 :: DIP])):  # fmt: skip
+            return False  # (dips as pairs, or as DIP figures each with a share of a GPU or more, or NaN: not noted)
         if kept.scrape is None:
             return not kept.billed_before
         return kept.billed_at is None and kept.share_of >= 1.0
