@@ -672,7 +672,7 @@ _OUT_OF_SHAPE = {
     "billed-before-no-scrape": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, True, None, None]},
     "a-share-of-none": {"unbilled": ["candidate", 5.0, 6.0, 1.0, 0.0, 0.0, True, None, None]},
     "billed-after-and-a-scrape": {"unbilled": ["candidate", 5.0, 6.0, 1.0, 0.0, 8.0, False, 7.0, None]},
-    # dips a candidate keeps: not pairs, or more than it keeps
+    # dips a candidate keeps: cut short, more than it keeps, or noted with a share of no GPU (its fire divides by it)
     "a-dip-cut-short": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, None, [1.0, 2.0, 3.0]]},
     "too-many-dips": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, None, [1.0, 2.0, 0.0, 0.0, 8.0] * 5]},
     "a-dip-shared-by-none": {"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, 6.0, [1.0, 2.0, 3.0, 0.0, 0.0]]},
