@@ -9,7 +9,7 @@ import random
 import msgspec
 import pytest
 
-from detector.detectors.gpu_share_state import Gap, UnbilledCandidate, UnbilledEnded
+from detector.detectors.gpu_share_state import Gap, GpuShareState, UnbilledCandidate, UnbilledEnded
 from detector.detectors.pods import MAX_UNITS
 from detector.engine import Engine
 from detector.events import GpuMetric, UsageEvent
@@ -296,7 +296,6 @@ def test_a_host_of_more_than_64_gpus_counted_saves_and_restores(ruleset):
     """GPU indexes go to 255: a host sending 80 (a producer's odd numbering is normal input) with all
     but GPU 0 idle counts GPUs past the 64th, and its state saves (msgpack: no int past 64 bits in it)
     and restores as it was."""
-    from detector.detectors.gpu_share_state import GpuShareState
     from detector.floats import dec_hook
 
     engine, found = run(ruleset, host([(40, [gpu(0, 95.0)] + [gpu(g) for g in range(1, 80)])]))
@@ -1190,10 +1189,11 @@ def test_a_fire_billed_in_a_dip_read_late_keeps_the_dollars_of_a_gpu_that_left_b
 
 def test_a_candidate_saved_with_its_latest_dip_alone_reads_it():
     """A candidate saved before it kept several dips, each with what the scrape that ended it counted, holds the
-    latest dip's start and end alone: read, that dip holds its times (with no dollars noted), and a dip kept after
-    joins it."""
-    saved = msgspec.msgpack.encode(["candidate", 5.0, None, 0.0, 0.0, 0.0, False, 6.0, [1.0, 2.0]])
-    kept = msgspec.msgpack.decode(saved, type=UnbilledCandidate)
+    latest dip's start and end alone: read with the host's state, that dip holds its times (with no dollars
+    noted), and a dip kept after joins it."""
+    saved = msgspec.msgpack.encode({"unbilled": ["candidate", 5.0, None, 0.0, 0.0, 0.0, False, 6.0, [1.0, 2.0]]})
+    kept = msgspec.msgpack.decode(saved, type=GpuShareState).unbilled
+    assert isinstance(kept, UnbilledCandidate)
     assert kept.dip_spans() == [(1.0, 2.0)] and kept.dip_holding(2.0) is None
     assert kept.dip_holding(1.5)[:2] == (1.0, 2.0) and all(math.isnan(x) for x in kept.dip_holding(1.5)[2:])
     later = kept.with_dip(3.0, 4.0, (7.0, 0.0, 8.0))

@@ -148,13 +148,12 @@ class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen
     that made it, oldest first, at most :data:`MAX_GAPS` (usage read later may be dated in any): :data:`DIP`
     figures each, its start and end, then what the scrape that ended it counted (time order, billed within it,
     fired there with those dollars): ``waste_usd``, ``unpriced_s`` and ``share_of`` as :attr:`scrape`'s, NaN
-    where no fire was judged there. Saved before 2026-12-07 as the latest dip alone: its start and end."""
+    where no fire was judged there. Saved before 2026-12-07 as the latest dip alone, its start and end: read so
+    (:meth:`GpuShareState.__post_init__`), with its dollars NaN."""
 
     def dip_holding(self, when: float) -> tuple[float, ...] | None:
         """The dip it kept that holds ``when``, if any: :data:`DIP` figures (its dollars NaN where not noted)."""
         dips = self.dips or ()
-        if len(dips) == 2:  # (as saved before: the latest dip alone)
-            return (*dips, math.nan, math.nan, math.nan) if dips[0] <= when < dips[1] else None
         for k in range(0, len(dips), DIP):
             if dips[k] <= when < dips[k + 1]:
                 return dips[k : k + DIP]
@@ -163,16 +162,13 @@ class UnbilledCandidate(msgspec.Struct, tag="candidate", array_like=True, frozen
     def dip_spans(self) -> list[tuple[float, float]]:
         """The start and end of each dip it kept."""
         dips = self.dips or ()
-        stride = 2 if len(dips) == 2 else DIP
-        return [(dips[k], dips[k + 1]) for k in range(0, len(dips), stride)]
+        return [(dips[k], dips[k + 1]) for k in range(0, len(dips), DIP)]
 
     def with_dip(self, start: float, end: float,
                  counted: tuple[float, float, float] | None = None) -> UnbilledCandidate:  # fmt: skip
         """It, having kept the dip from ``start`` to ``end``, with what the scrape that ended it ``counted`` if it
         judged a fire there (the oldest let go past :data:`MAX_GAPS`)."""
         kept = self.dips or ()
-        if len(kept) == 2:
-            kept = (*kept, math.nan, math.nan, math.nan)
         if kept and kept[-DIP + 1] == end:  # (noted again by the same scrape, the dollars now)
             kept = kept[:-DIP]
         noted = counted or (math.nan, math.nan, math.nan)
@@ -281,6 +277,10 @@ class GpuShareState(Episode, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         self.gpu_counted = shared_flags(self.gpu_counted) if self.gpu_counted else b""  # (None: saved before, no GPU)
+        kept = self.unbilled
+        if isinstance(kept, UnbilledCandidate) and kept.dips is not None and len(kept.dips) == 2:
+            # (saved before 2026-12-07: the latest dip alone, with no dollars noted)
+            self.unbilled = msgspec.structs.replace(kept, dips=(*kept.dips, math.nan, math.nan, math.nan))
         if not self._lined_up():
             raise ValueError("a host's columns, a value per unit or GPU in each (times, codes, flags 0 or 1)")
 
@@ -394,9 +394,9 @@ def _held_in_shape(kept: UnbilledCandidate | UnbilledEnded | None) -> bool:
         return with_gaps(kept.gaps, 0)
     if isinstance(kept, UnbilledCandidate):
         dips = kept.dips
-        if dips is not None and not (len(dips) == 2 or 0 < len(dips) <= DIP * MAX_GAPS and len(dips) % DIP == 0
+        if dips is not None and not (0 < len(dips) <= DIP * MAX_GAPS and len(dips) % DIP == 0
                                      and all(not share < 1.0 for share in dips[DIP - 1 :: DIP])):  # fmt: skip
-            return False  # (dips as pairs, or as DIP figures each with a share of a GPU or more, or NaN: not noted)
+            return False  # (DIP figures a dip, each with a share of a GPU or more, or NaN: not noted)
         if kept.scrape is None:
             return not kept.billed_before
         return kept.billed_at is None and kept.share_of >= 1.0
