@@ -10,32 +10,76 @@ alert manager's memory and the Slack posts still to make (docs/reliability.md).
   asks which new partitions have nothing to read, :meth:`Pipeline.tick`).
 - **stopping** (Faust does not call the revocation handler at a stop): the same handover as
   a revocation, before the consumer commits and leaves the group.
+
+A revocation and a stop mark the partitions given up in the store when they begin and again
+when they end; an assignment first waits for every mark of another worker still giving up one
+of its partitions (at most the group's rebalance timeout), so that nothing the previous holder
+writes or posts lands after the next holder began. Kafka promises as much (no member is assigned
+anything before every member has rejoined, its revocation done); the embedded broker forms the
+group when its leader rejoins, and a slower revocation overlapped the next holder.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
+from urllib.parse import urlsplit
 
 import faust
 import structlog
 
 from detector.events import TOPICS
+from detector.store import Store
+from detector.store.connection import Connection, connect
+from detector.store.handovers import PartitionHandovers
 from detector.store.states import SavedTimes
+from detector.units import one_line
 from streams.parts import WorkerParts
 from streams.pipeline import Pipeline
 
 __all__ = ["install_handover"]
+
+HANDOVER_POLL_S = 0.2
+"""How often an assignment asks whether the previous holders' handovers have ended."""
 
 log = structlog.get_logger("burnwatch.worker")
 
 
 def install_handover(parts: WorkerParts) -> None:
     app, store, pipeline, outbox = parts.app, parts.store, parts.pipeline, parts.outbox
+    marks = _marks(parts.settings.dsn, parts.settings.clickhouse_database, store)
+
+    holder = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+    """This worker in the handover marks: a process of its own (a restarted worker is another)."""
+    held: set[int] = set()
+    """The input partitions of the assignment in force (given up at the next revocation or stop)."""
+
+    async def handing_over(handover: Callable[[], Awaitable[None]]) -> None:
+        """Run a revocation's or a stop's ``handover`` between its two marks in the store."""
+        partitions = sorted(held)
+        held.clear()
+        started = time.monotonic()
+        await _mark(marks, holder, partitions, releasing=True)
+        if partitions:
+            log.info("handing_over", partitions=partitions, holder=holder)
+        try:
+            await handover()
+        finally:
+            await _mark(marks, holder, partitions, releasing=False)
+            if partitions:
+                log.info("handed_over", partitions=partitions, holder=holder, seconds=round(time.monotonic() - started, 3))
 
     # Faust's signal types say a receiver takes any positional arguments; Faust passes these.
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        await handing_over(revoke)
+
+    async def revoke() -> None:
         # State moves with partitions: what this worker holds may now belong to another. The
         # write in flight lands and what is done is committed before the group reassigns.
         await pipeline.pause()  # no batch until the next assignment's state is loaded
@@ -56,6 +100,12 @@ def install_handover(parts: WorkerParts) -> None:
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
         parts.posts_recovered = False  # (an assignment without a revocation before it: the first)
         loop = asyncio.get_running_loop()
+        held.update(partitions)
+        # Nothing is read, loaded or posted before the previous holders' last writes have landed.
+        await _await_handovers(marks, holder, partitions, float(app.conf.broker_rebalance_timeout),
+                               lambda: pipeline.stopping)  # fmt: skip
+        if pipeline.stopping:
+            return
         # Keys saved within the eviction horizon (of the newest save) come with their bytes, held
         # until each speaks; older ones come as names and are read from the store when they speak.
         def load() -> tuple[dict[str, bytes | None], SavedTimes]:
@@ -105,12 +155,71 @@ def install_handover(parts: WorkerParts) -> None:
         consumer commits what is acknowledged and leaves the group."""
         pipeline.stop()
         parts.posts_recovered = False
+        await handing_over(stop)
+
+    async def stop() -> None:
         await pipeline.pause()
         await asyncio.get_running_loop().run_in_executor(None, pipeline.event_writer.close)
         await asyncio.get_running_loop().run_in_executor(None, outbox.revoke)
         if parts.outputs is not None:
             await asyncio.get_running_loop().run_in_executor(None, parts.outputs.revoke)
         await _stop_acting(parts)
+
+
+def _marks(dsn: str, database: str, store: Store) -> PartitionHandovers:
+    """The handover marks, on a client of their own where the store is a server: a mark must not wait
+    behind the write in flight (the writer thread's insert holds the store connection's lock), the very
+    thing the next holder is to wait for. An embedded store is one process's: one worker, no other."""
+    if urlsplit(dsn).scheme not in ("http", "https"):
+        return store.handovers
+    return PartitionHandovers(Connection(connect(dsn), database))
+
+
+async def _mark(marks: PartitionHandovers, holder: str, partitions: Collection[int], releasing: bool) -> None:
+    """Mark in the store that this worker begins (``releasing``) or has ended giving up
+    ``partitions``. A store that refuses is logged and the handover goes on: the next holder
+    then waits for nothing, as before the marks (or, the end refused, until the mark is old)."""
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, marks.mark, holder, partitions, releasing)
+    except Exception as exc:  # noqa: BLE001 - the store's: logged, the handover itself goes on
+        log.warning("handover_mark_failed", partitions=list(partitions), releasing=releasing, error=one_line(exc))
+
+
+async def _await_handovers(marks: PartitionHandovers, holder: str, partitions: Collection[int], within_s: float,
+                           stopping: Callable[[], bool]) -> None:  # fmt: skip
+    """Until no other worker is giving up one of ``partitions`` (its handover begun less than
+    ``within_s`` ago and not ended: one killed during it is waited for that long at most), or
+    this worker stops. A store that cannot be read is asked again, as long."""
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    waited_for: dict[int, list[str]] = {}
+    while not stopping():
+        try:
+            releasing = await loop.run_in_executor(None, marks.releasing, holder, partitions)
+        except Exception as exc:  # noqa: BLE001 - the store's: asked again until the wait is over
+            log.warning("handover_read_failed", error=one_line(exc))
+        else:
+            pending = {p: sorted(h for h, age in holders.items() if age < within_s) for p, holders in releasing.items()}
+            pending = {p: holders for p, holders in pending.items() if holders}
+            if not pending:
+                if waited_for:  # each ended, or began more than within_s ago
+                    unended = {p: [h for h in hs if h in releasing.get(p, {})] for p, hs in waited_for.items()}
+                    unended = {p: hs for p, hs in unended.items() if hs}
+                    if unended:
+                        log.warning("handover_not_ended", seconds=round(time.monotonic() - started, 3), partitions=unended,
+                                    note="reading the partitions anyway: their previous holder may still write")  # fmt: skip
+                    else:
+                        log.info("handover_awaited", seconds=round(time.monotonic() - started, 3), partitions=waited_for)
+                return
+            if not waited_for:
+                log.info("handover_awaiting", partitions=pending, holder=holder)
+            for p, holders in pending.items():
+                waited_for[p] = sorted({*waited_for.get(p, []), *holders})
+        if time.monotonic() - started >= within_s:  # (the store unreadable all along)
+            log.warning("handover_not_ended", seconds=round(time.monotonic() - started, 3), partitions=waited_for,
+                        note="reading the partitions anyway: their previous holder may still write")  # fmt: skip
+            return
+        await asyncio.sleep(HANDOVER_POLL_S)
 
 
 async def _commit(app: faust.App, pipeline: Pipeline) -> None:

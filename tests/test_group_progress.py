@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
+import time
 
 import pytest
 from aiokafka.partitioner import murmur2
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from detector.alerts import AlertManager
 from detector.align import EventTimeAligner
@@ -21,6 +24,7 @@ from detector.engine import Engine
 from detector.simulate import SimConfig
 from detector.store import Store
 from streams.app import HostDirectory
+from streams.handover import _await_handovers
 from streams.kafka import count_events
 from streams.pipeline import CAPPED_ALLOWANCE, TP, Message, Pipeline
 from tests.helpers import MIN, T0, at
@@ -30,6 +34,59 @@ from tests.test_pipeline import make
 
 INF = float("inf")
 PARTITIONS = 2
+
+
+def test_handover_marks_say_who_is_still_giving_a_partition_up(store: Store):
+    """A holder's latest mark wins (its end after its begin, within one millisecond of the store's clock
+    too); a worker is not told of its own marks; another partition's marks say nothing; each handover
+    not ended comes with its age on the store's clock."""
+    marks = store.handovers
+
+    def releasing(holder: str, partitions: list[int]) -> dict[int, list[str]]:
+        return {p: sorted(holders) for p, holders in marks.releasing(holder, partitions).items()}
+
+    marks.mark("a", [0, 4], releasing=True)
+    marks.mark("b", [1], releasing=True)
+    assert releasing("c", [0, 1, 4]) == {0: ["a"], 1: ["b"], 4: ["a"]}
+    assert releasing("a", [0, 4]) == {}  # its own
+    assert releasing("c", [2, 3]) == {}
+    marks.mark("a", [0, 4], releasing=False)
+    assert releasing("c", [0, 1, 4]) == {1: ["b"]}
+    marks.mark("a", [4], releasing=True)  # a later handover of one of them
+    assert releasing("c", [0, 4]) == {4: ["a"]}
+    store.command(f"ALTER TABLE {store.db}.partition_handovers UPDATE at = at - INTERVAL 2 MINUTE WHERE holder = 'b' "
+                  "SETTINGS mutations_sync = 1")  # fmt: skip
+    assert 120 <= marks.releasing("c", [1])[1]["b"] < 180  # begun two minutes ago, never ended
+    assert marks.releasing("c", [4])[4]["a"] < 60
+    marks.mark("d", [], releasing=True)  # nothing held: nothing marked
+    assert store.count("partition_handovers") == 6
+
+
+def test_an_assignment_waits_for_the_handover_until_it_ends_its_bound_or_a_stop(store: Store):
+    """The next holder's wait (streams.handover) ends when the other holder's handover ends; when the
+    bound passes (a holder killed during its handover never ends it), saying so; and at once when the
+    worker stops."""
+    marks = store.handovers
+    marks.mark("gone", [3], releasing=True)
+
+    def wait(within_s: float, stopping: bool = False) -> tuple[float, list[dict]]:
+        started = time.monotonic()
+        with capture_logs() as logs:
+            asyncio.run(_await_handovers(marks, "me", [1, 3], within_s, lambda: stopping))
+        return time.monotonic() - started, [e for e in logs if e["event"].startswith("handover_")]
+
+    seconds, logs = wait(0.6)
+    assert seconds >= 0.6 and [e["event"] for e in logs] == ["handover_awaiting", "handover_not_ended"]
+    assert logs[1]["partitions"] == {3: ["gone"]}
+    assert wait(60, stopping=True) == (pytest.approx(0, abs=0.5), [])
+    marks.mark("gone", [3], releasing=False)
+    marks.mark("slow", [1], releasing=True)
+    ending = threading.Timer(0.5, marks.mark, ("slow", [1], False))
+    ending.start()
+    seconds, logs = wait(60)
+    ending.join()
+    assert 0.5 <= seconds < 30 and [e["event"] for e in logs] == ["handover_awaiting", "handover_awaited"]
+    assert logs[1]["partitions"] == {1: ["slow"]}
 
 
 def test_progress_round_trip(store: Store):

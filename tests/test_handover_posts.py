@@ -49,11 +49,13 @@ class _Pipeline:
 
 def _parts(outbox_assign: Any) -> SimpleNamespace:
     app = SimpleNamespace(on_partitions_revoked=_Signal(), on_partitions_assigned=_Signal(),
-                          on_before_shutdown=_Signal())  # fmt: skip
+                          on_before_shutdown=_Signal(), conf=SimpleNamespace(broker_rebalance_timeout=60.0))  # fmt: skip
     return SimpleNamespace(
         app=app, pipeline=_Pipeline(), outputs=None, actions=None, posts_recovered=False, assigned_states={},
-        holds_partition_0=False, settings=SimpleNamespace(evict_after_s=0),
-        store=SimpleNamespace(states=SimpleNamespace(load=lambda partitions, horizon, latest: {})),
+        holds_partition_0=False, settings=SimpleNamespace(evict_after_s=0, dsn="chdb://memory", clickhouse_database="burnwatch"),
+        store=SimpleNamespace(states=SimpleNamespace(load=lambda partitions, horizon, latest: {}),
+                              handovers=SimpleNamespace(mark=lambda holder, partitions, releasing: None,
+                                                        releasing=lambda holder, partitions, within_s: {})),
         outbox=SimpleNamespace(assign=outbox_assign, revoke=lambda: None), alert_manager=lambda: None,
     )  # fmt: skip
 

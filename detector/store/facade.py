@@ -10,6 +10,7 @@ from detector.store.connection import Connection, connect
 from detector.store.deliveries import Deliveries
 from detector.store.digests import Digests
 from detector.store.events import Events
+from detector.store.handovers import PartitionHandovers
 from detector.store.history import EventHistory
 from detector.store.memory import ManagerMemory
 from detector.store.models import ModelArtifacts
@@ -51,6 +52,8 @@ class Store(Connection):
         """The anomaly model's artifacts, as the worker that retrains publishes them."""
         self.progress = PartitionProgress(self)
         """How far each worker has stored the partitions it holds (several workers)."""
+        self.handovers = PartitionHandovers(self)
+        """Partitions a worker is giving up, until its last write has landed (several workers)."""
 
     @classmethod
     def open(cls, dsn: str, database: str = "burnwatch", *, create: bool = True) -> Store:
