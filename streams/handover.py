@@ -13,8 +13,8 @@ alert manager's memory and the Slack posts still to make (docs/reliability.md).
 
 A revocation and a stop mark the partitions given up in the store when they begin and again
 when they end; an assignment first waits for every mark of another worker still giving up one
-of its partitions (at most the group's rebalance timeout), so that nothing the previous holder
-writes or posts lands after the next holder began. Kafka promises as much (no member is assigned
+of its partitions (at most half the session timeout: no heartbeat goes out meanwhile), so that
+nothing the previous holder writes or posts lands after the next holder began. Kafka promises as much (no member is assigned
 anything before every member has rejoined, its revocation done); the embedded broker forms the
 group when its leader rejoins, and a slower revocation overlapped the next holder.
 """
@@ -27,7 +27,8 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import faust
@@ -46,16 +47,17 @@ __all__ = ["install_handover"]
 
 HANDOVER_POLL_S = 0.2
 """How often an assignment asks whether the previous holders' handovers have ended."""
+MARK_WITHIN_S = 5.0
+"""How long a handover mark may take before it is given up (logged): a store that hangs holds no stop up."""
+
+T = TypeVar("T")
 
 log = structlog.get_logger("burnwatch.worker")
 
 
 def install_handover(parts: WorkerParts) -> None:
     app, store, pipeline, outbox = parts.app, parts.store, parts.pipeline, parts.outbox
-    marks = _marks(parts.settings.dsn, parts.settings.clickhouse_database, store)
-
-    holder = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
-    """This worker in the handover marks: a process of its own (a restarted worker is another)."""
+    marks = _Marks(_handovers(parts.settings.dsn, parts.settings.clickhouse_database, store))
     held: set[int] = set()
     """The input partitions of the assignment in force (given up at the next revocation or stop)."""
 
@@ -64,15 +66,15 @@ def install_handover(parts: WorkerParts) -> None:
         partitions = sorted(held)
         held.clear()
         started = time.monotonic()
-        await _mark(marks, holder, partitions, releasing=True)
+        await marks.mark(partitions, releasing=True)
         if partitions:
-            log.info("handing_over", partitions=partitions, holder=holder)
+            log.info("handing_over", partitions=partitions, holder=marks.holder)
         try:
             await handover()
         finally:
-            await _mark(marks, holder, partitions, releasing=False)
+            await marks.mark(partitions, releasing=False)
             if partitions:
-                log.info("handed_over", partitions=partitions, holder=holder, seconds=round(time.monotonic() - started, 3))
+                log.info("handed_over", partitions=partitions, holder=marks.holder, seconds=round(time.monotonic() - started, 3))
 
     # Faust's signal types say a receiver takes any positional arguments; Faust passes these.
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
@@ -102,8 +104,8 @@ def install_handover(parts: WorkerParts) -> None:
         loop = asyncio.get_running_loop()
         held.update(partitions)
         # Nothing is read, loaded or posted before the previous holders' last writes have landed.
-        await _await_handovers(marks, holder, partitions, float(app.conf.broker_rebalance_timeout),
-                               lambda: pipeline.stopping)  # fmt: skip
+        await marks.wait(partitions, alive_s=float(app.conf.broker_rebalance_timeout),
+                         wait_s=parts.settings.session_timeout_s / 2, stopping=lambda: pipeline.stopping)  # fmt: skip
         if pipeline.stopping:
             return
         # Keys saved within the eviction horizon (of the newest save) come with their bytes, held
@@ -166,60 +168,86 @@ def install_handover(parts: WorkerParts) -> None:
         await _stop_acting(parts)
 
 
-def _marks(dsn: str, database: str, store: Store) -> PartitionHandovers:
+def _handovers(dsn: str, database: str, store: Store) -> PartitionHandovers:
     """The handover marks, on a client of their own where the store is a server: a mark must not wait
     behind the write in flight (the writer thread's insert holds the store connection's lock), the very
     thing the next holder is to wait for. An embedded store is one process's: one worker, no other."""
     if urlsplit(dsn).scheme not in ("http", "https"):
         return store.handovers
-    return PartitionHandovers(Connection(connect(dsn), database))
-
-
-async def _mark(marks: PartitionHandovers, holder: str, partitions: Collection[int], releasing: bool) -> None:
-    """Mark in the store that this worker begins (``releasing``) or has ended giving up
-    ``partitions``. A store that refuses is logged and the handover goes on: the next holder
-    then waits for nothing, as before the marks (or, the end refused, until the mark is old)."""
     try:
-        await asyncio.get_running_loop().run_in_executor(None, marks.mark, holder, partitions, releasing)
-    except Exception as exc:  # noqa: BLE001 - the store's: logged, the handover itself goes on
-        log.warning("handover_mark_failed", partitions=list(partitions), releasing=releasing, error=one_line(exc))
+        return PartitionHandovers(Connection(connect(dsn), database))
+    except Exception as exc:  # noqa: BLE001 - the server, reached a moment ago for the store: logged, the store's client then
+        log.warning("handover_client_failed", error=one_line(exc), note="the marks share the store's client")
+        return store.handovers
 
 
-async def _await_handovers(marks: PartitionHandovers, holder: str, partitions: Collection[int], within_s: float,
-                           stopping: Callable[[], bool]) -> None:  # fmt: skip
-    """Until no other worker is giving up one of ``partitions`` (its handover begun less than
-    ``within_s`` ago and not ended: one killed during it is waited for that long at most), or
-    this worker stops. A store that cannot be read is asked again, as long."""
-    loop = asyncio.get_running_loop()
-    started = time.monotonic()
-    waited_for: dict[int, list[str]] = {}
-    while not stopping():
-        try:
-            releasing = await loop.run_in_executor(None, marks.releasing, holder, partitions)
-        except Exception as exc:  # noqa: BLE001 - the store's: asked again until the wait is over
-            log.warning("handover_read_failed", error=one_line(exc))
-        else:
-            pending = {p: sorted(h for h, age in holders.items() if age < within_s) for p, holders in releasing.items()}
-            pending = {p: holders for p, holders in pending.items() if holders}
-            if not pending:
-                if waited_for:  # each ended, or began more than within_s ago
-                    unended = {p: [h for h in hs if h in releasing.get(p, {})] for p, hs in waited_for.items()}
-                    unended = {p: hs for p, hs in unended.items() if hs}
-                    if unended:
-                        log.warning("handover_not_ended", seconds=round(time.monotonic() - started, 3), partitions=unended,
-                                    note="reading the partitions anyway: their previous holder may still write")  # fmt: skip
-                    else:
-                        log.info("handover_awaited", seconds=round(time.monotonic() - started, 3), partitions=waited_for)
-                return
-            if not waited_for:
-                log.info("handover_awaiting", partitions=pending, holder=holder)
-            for p, holders in pending.items():
-                waited_for[p] = sorted({*waited_for.get(p, []), *holders})
-        if time.monotonic() - started >= within_s:  # (the store unreadable all along)
-            log.warning("handover_not_ended", seconds=round(time.monotonic() - started, 3), partitions=waited_for,
-                        note="reading the partitions anyway: their previous holder may still write")  # fmt: skip
+class _Marks:
+    """This worker's handover marks: made, and the other workers' read, on a thread of their own (a
+    thread of the loop's default pool may be parked on the store connection's lock behind the very
+    write a mark announces), each call bounded (a store that hangs must not hold a stop up)."""
+
+    def __init__(self, handovers: PartitionHandovers) -> None:
+        self.handovers = handovers
+        self.holder = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+        """This worker in the marks: a process of its own (a restarted worker is another)."""
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="handover-marks")
+
+    async def _call(self, within_s: float, fn: Callable[..., T], *args: Any) -> T:
+        future = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        return await asyncio.wait_for(future, within_s)
+
+    async def mark(self, partitions: Collection[int], releasing: bool) -> None:
+        """Mark in the store that this worker begins (``releasing``) or has ended giving up
+        ``partitions``. A store that refuses, or does not answer within ``MARK_WITHIN_S``, is logged
+        and the handover goes on: the next holder then does not wait (the begin lost) or waits to its
+        bound (the end lost)."""
+        if not partitions:
             return
-        await asyncio.sleep(HANDOVER_POLL_S)
+        try:
+            await self._call(MARK_WITHIN_S, self.handovers.mark, self.holder, partitions, releasing)
+        except Exception as exc:  # noqa: BLE001 - the store's: logged, the handover itself goes on
+            log.warning("handover_mark_failed", partitions=list(partitions), releasing=releasing,
+                        error=one_line(exc) or type(exc).__name__)  # fmt: skip
+
+    async def wait(self, partitions: Collection[int], *, alive_s: float, wait_s: float,
+                   stopping: Callable[[], bool]) -> None:  # fmt: skip
+        """Until no other worker is giving up one of ``partitions``, or this worker stops. A handover
+        begun more than ``alive_s`` ago is not waited for (its worker died during it); none is waited
+        for longer than ``wait_s``: the consumer sends no heartbeat until the assignment's handler
+        returns, and a wait past the session timeout would have the group give the partitions away
+        again. A store that cannot be read is asked again meanwhile."""
+        started = time.monotonic()
+        waited_for: dict[int, list[str]] = {}
+        while not stopping():
+            releasing: dict[int, dict[str, float]] | None = None
+            try:
+                releasing = await self._call(max(HANDOVER_POLL_S, wait_s - (time.monotonic() - started)),
+                                             self.handovers.releasing, self.holder, partitions)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - the store's: asked again until the wait is over
+                log.warning("handover_read_failed", error=one_line(exc) or type(exc).__name__)
+            seconds = round(time.monotonic() - started, 3)
+            if releasing is not None:
+                pending = {p: sorted(h for h, age in holders.items() if age < alive_s) for p, holders in releasing.items()}
+                pending = {p: holders for p, holders in pending.items() if holders}
+                if not pending:
+                    died = {p: [h for h in holders if h in releasing.get(p, {})] for p, holders in waited_for.items()}
+                    died = {p: holders for p, holders in died.items() if holders}
+                    if died:
+                        log.warning("handover_not_ended", seconds=seconds, partitions=died,
+                                    reason=f"begun more than {alive_s:g} s ago: its worker died during it")  # fmt: skip
+                    elif waited_for:
+                        log.info("handover_awaited", seconds=seconds, partitions=waited_for)
+                    return
+                if not waited_for:
+                    log.info("handover_awaiting", partitions=pending, holder=self.holder)
+                for p, holders in pending.items():
+                    waited_for[p] = sorted({*waited_for.get(p, []), *holders})
+            if seconds >= wait_s:
+                log.warning("handover_not_ended", seconds=seconds, partitions=waited_for,
+                            reason=f"waited {wait_s:g} s, half the session timeout: reading the partitions anyway, "
+                                   "their previous holder may still write")  # fmt: skip
+                return
+            await asyncio.sleep(HANDOVER_POLL_S)
 
 
 async def _commit(app: faust.App, pipeline: Pipeline) -> None:

@@ -24,7 +24,7 @@ from detector.engine import Engine
 from detector.simulate import SimConfig
 from detector.store import Store
 from streams.app import HostDirectory
-from streams.handover import _await_handovers
+from streams.handover import _Marks
 from streams.kafka import count_events
 from streams.pipeline import CAPPED_ALLOWANCE, TP, Message, Pipeline
 from tests.helpers import MIN, T0, at
@@ -59,31 +59,37 @@ def test_handover_marks_say_who_is_still_giving_a_partition_up(store: Store):
     assert 120 <= marks.releasing("c", [1])[1]["b"] < 180  # begun two minutes ago, never ended
     assert marks.releasing("c", [4])[4]["a"] < 60
     marks.mark("d", [], releasing=True)  # nothing held: nothing marked
-    assert store.count("partition_handovers") == 6
+    assert int(store.command(f"SELECT count() FROM {store.db}.partition_handovers WHERE holder = 'd'")) == 0
 
 
-def test_an_assignment_waits_for_the_handover_until_it_ends_its_bound_or_a_stop(store: Store):
+def test_an_assignment_waits_for_the_handover_until_it_ends_its_bounds_or_a_stop(store: Store):
     """The next holder's wait (streams.handover) ends when the other holder's handover ends; when the
-    bound passes (a holder killed during its handover never ends it), saying so; and at once when the
-    worker stops."""
+    handover began longer ago than a living worker's takes (one killed during it never ends it); when
+    the wait itself reaches its bound (no heartbeat goes out meanwhile), saying so each time; and at
+    once when the worker stops."""
     marks = store.handovers
-    marks.mark("gone", [3], releasing=True)
+    waiting = _Marks(marks)
 
-    def wait(within_s: float, stopping: bool = False) -> tuple[float, list[dict]]:
+    def wait(alive_s: float = 60, wait_s: float = 60, stopping: bool = False) -> tuple[float, list[dict]]:
         started = time.monotonic()
         with capture_logs() as logs:
-            asyncio.run(_await_handovers(marks, "me", [1, 3], within_s, lambda: stopping))
+            asyncio.run(waiting.wait([1, 3], alive_s=alive_s, wait_s=wait_s, stopping=lambda: stopping))
         return time.monotonic() - started, [e for e in logs if e["event"].startswith("handover_")]
 
-    seconds, logs = wait(0.6)
-    assert seconds >= 0.6 and [e["event"] for e in logs] == ["handover_awaiting", "handover_not_ended"]
-    assert logs[1]["partitions"] == {3: ["gone"]}
-    assert wait(60, stopping=True) == (pytest.approx(0, abs=0.5), [])
+    marks.mark("gone", [3], releasing=True)
+    seconds, logs = wait(wait_s=0.5)
+    assert 0.5 <= seconds < 30 and [e["event"] for e in logs] == ["handover_awaiting", "handover_not_ended"]
+    assert logs[1]["partitions"] == {3: ["gone"]} and "waited 0.5 s" in logs[1]["reason"]
+    seconds, logs = wait(alive_s=2)  # begun half a second ago or more: waited for until 2 s after it began
+    assert seconds < 30 and [e["event"] for e in logs] == ["handover_awaiting", "handover_not_ended"]
+    assert logs[1]["partitions"] == {3: ["gone"]} and "its worker died" in logs[1]["reason"]
+    assert wait(alive_s=2)[1] == []  # begun long ago: not waited for, nothing said
+    assert wait(stopping=True) == (pytest.approx(0, abs=0.5), [])
     marks.mark("gone", [3], releasing=False)
     marks.mark("slow", [1], releasing=True)
     ending = threading.Timer(0.5, marks.mark, ("slow", [1], False))
     ending.start()
-    seconds, logs = wait(60)
+    seconds, logs = wait()
     ending.join()
     assert 0.5 <= seconds < 30 and [e["event"] for e in logs] == ["handover_awaiting", "handover_awaited"]
     assert logs[1]["partitions"] == {1: ["slow"]}

@@ -52,10 +52,11 @@ def _parts(outbox_assign: Any) -> SimpleNamespace:
                           on_before_shutdown=_Signal(), conf=SimpleNamespace(broker_rebalance_timeout=60.0))  # fmt: skip
     return SimpleNamespace(
         app=app, pipeline=_Pipeline(), outputs=None, actions=None, posts_recovered=False, assigned_states={},
-        holds_partition_0=False, settings=SimpleNamespace(evict_after_s=0, dsn="chdb://memory", clickhouse_database="burnwatch"),
+        holds_partition_0=False,
+        settings=SimpleNamespace(evict_after_s=0, dsn="chdb://memory", clickhouse_database="burnwatch", session_timeout_s=10),
         store=SimpleNamespace(states=SimpleNamespace(load=lambda partitions, horizon, latest: {}),
                               handovers=SimpleNamespace(mark=lambda holder, partitions, releasing: None,
-                                                        releasing=lambda holder, partitions, within_s: {})),
+                                                        releasing=lambda holder, partitions: {})),
         outbox=SimpleNamespace(assign=outbox_assign, revoke=lambda: None), alert_manager=lambda: None,
     )  # fmt: skip
 
@@ -88,7 +89,7 @@ def _stop_while_the_outbox_recovers(outputs: Any = None) -> SimpleNamespace:
     async def run() -> None:
         loop = asyncio.get_running_loop()
         assigning = asyncio.ensure_future(parts.app.on_partitions_assigned.receiver(None, _assigned([0])))
-        await loop.run_in_executor(None, in_assign.wait, 10)
+        assert await loop.run_in_executor(None, in_assign.wait, 10)  # the stop comes during the recovery
         await parts.app.on_before_shutdown.receiver(None)
         go_on.set()
         await assigning

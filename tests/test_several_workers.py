@@ -134,9 +134,17 @@ def writer_child(worker: Worker) -> list[int]:
 
 
 def log_events(worker: Worker, event: str) -> list[dict]:
-    """The worker's JSON log lines of ``event``, in order."""
-    lines = worker.log_path.read_text(errors="replace").splitlines()
-    return [e for e in (json.loads(line) for line in lines if line.startswith("{")) if e.get("event") == event]
+    """The worker's JSON log lines of ``event``, in order (a line still being written is left out)."""
+    found = []
+    for line in worker.log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{") and f'"{event}"' in line:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("event") == event:
+                found.append(entry)
+    return found
 
 
 def wait_for(found: Callable[[], list], timeout: float, what: str) -> list:
@@ -179,7 +187,8 @@ def test_a_handover_slower_than_the_group_is_awaited_by_the_next_holder(tmp_path
 
             def start(name: str) -> Worker:
                 env = worker_env(broker.bootstrap, tmp_path / name, rules, PARTITIONS, BURNWATCH_EVENT_WRITER="process",
-                                 BURNWATCH_CLICKHOUSE_DSN=server.url, **slack_env(slack))  # fmt: skip
+                                 BURNWATCH_CLICKHOUSE_DSN=server.url, **slack_env(slack),
+                                 BURNWATCH_SESSION_TIMEOUT_S="20")  # the wait's bound is half: room when loaded  # fmt: skip
                 worker = Worker(env, tmp_path / f"{name}.log").start()
                 workers.append(worker)
                 return worker
