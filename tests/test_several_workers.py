@@ -24,6 +24,7 @@ from tests.conftest import ROOT
 from tests.reliability import (
     Fleet,
     Pacer,
+    PostsDiff,
     Worker,
     compare_alerts,
     compare_posts,
@@ -64,6 +65,30 @@ def wait_all_acknowledged(bootstrap: str, workers: list[Worker], timeout: float,
     raise TimeoutError(f"not acknowledged within {timeout}s: {state}\n" + "\n".join(w.tail(10) for w in workers))
 
 
+def starter(broker: EmbeddedBroker, server: ServerProcess, slack: LocalSlack, tmp_path: Path, rules: Path,
+            workers: list[Worker], **extra: str) -> Callable[[str], Worker]:
+    """Starts the worker ``name`` (its data and log under ``tmp_path``) on the shared store and Slack, into ``workers``."""
+
+    def start(name: str) -> Worker:
+        env = worker_env(broker.bootstrap, tmp_path / name, rules, PARTITIONS, BURNWATCH_CLICKHOUSE_DSN=server.url,
+                         **slack_env(slack), **extra)  # fmt: skip
+        worker = Worker(env, tmp_path / f"{name}.log").start()
+        workers.append(worker)
+        return worker
+
+    return start
+
+
+def finish(broker: EmbeddedBroker, pacer: Pacer, n: int, workers: list[Worker], slack: LocalSlack, fl: Fleet) -> PostsDiff:
+    """The fleet's ``n`` records sent and acknowledged, every worker stopped cleanly: what Slack received,
+    against backtest's alerts."""
+    pacer.wait_sent(n, timeout=300)
+    wait_all_acknowledged(broker.bootstrap, workers, timeout=240)
+    for worker in workers:
+        assert worker.stop() == 0, worker.tail()
+    return compare_posts(slack, fl.expected)
+
+
 def test_workers_joining_and_leaving_mid_stream_alert_as_one(tmp_path: Path, ruleset):
     cfg = SimConfig(hours=10, training_hosts=6, notebooks=3, inference_endpoints=2, seed=11)
     fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset)
@@ -75,14 +100,7 @@ def test_workers_joining_and_leaving_mid_stream_alert_as_one(tmp_path: Path, rul
     try:
         with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
             publish(broker.bootstrap, [], partitions=PARTITIONS)
-
-            def start(name: str) -> Worker:
-                env = worker_env(broker.bootstrap, tmp_path / name, rules, PARTITIONS,
-                                 BURNWATCH_CLICKHOUSE_DSN=server.url, **slack_env(slack))  # fmt: skip
-                worker = Worker(env, tmp_path / f"{name}.log").start()
-                workers.append(worker)
-                return worker
-
+            start = starter(broker, server, slack, tmp_path, rules, workers)
             first = start("w1")
             first.wait_until(lambda h: h["partitions"] > 0, timeout=120)
             pacer = Pacer(broker.bootstrap, fl.records, SPEED)
@@ -96,11 +114,7 @@ def test_workers_joining_and_leaving_mid_stream_alert_as_one(tmp_path: Path, rul
             pacer.wait_sent(3 * n // 4, timeout=300)
             assert second.stop() == 0, second.tail()  # leaves cleanly: its partitions go to the others
             workers.remove(second)
-            pacer.wait_sent(n, timeout=300)
-            wait_all_acknowledged(broker.bootstrap, workers, timeout=240)
-            for worker in workers:
-                assert worker.stop() == 0, worker.tail()
-            posts = compare_posts(slack, fl.expected)
+            posts = finish(broker, pacer, n, workers, slack, fl)
         env = worker_env(broker.bootstrap, tmp_path / "w1", rules, PARTITIONS, BURNWATCH_CLICKHOUSE_DSN=server.url)
         counts = stored(env)
         alerts = compare_alerts(fl.expected, stored_alerts(env))
@@ -184,15 +198,9 @@ def test_a_handover_slower_than_the_group_is_awaited_by_the_next_holder(tmp_path
     try:
         with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker, LocalSlack() as slack:
             publish(broker.bootstrap, [], partitions=PARTITIONS)
-
-            def start(name: str) -> Worker:
-                env = worker_env(broker.bootstrap, tmp_path / name, rules, PARTITIONS, BURNWATCH_EVENT_WRITER="process",
-                                 BURNWATCH_CLICKHOUSE_DSN=server.url, **slack_env(slack),
-                                 BURNWATCH_SESSION_TIMEOUT_S="20")  # the wait's bound is half: room when loaded  # fmt: skip
-                worker = Worker(env, tmp_path / f"{name}.log").start()
-                workers.append(worker)
-                return worker
-
+            # (a 20 s session: the wait's bound is half of it, room on a loaded machine)
+            start = starter(broker, server, slack, tmp_path, rules, workers, BURNWATCH_EVENT_WRITER="process",
+                            BURNWATCH_SESSION_TIMEOUT_S="20")  # fmt: skip
             first = start("w1")
             first.wait_until(lambda h: h["partitions"] > 0, timeout=120)
             pacer = Pacer(broker.bootstrap, fl.records, SPEED)
@@ -215,11 +223,7 @@ def test_a_handover_slower_than_the_group_is_awaited_by_the_next_holder(tmp_path
                              timeout=120, what="another worker given the slow worker's partitions")  # fmt: skip
             os.kill(frozen, signal.SIGCONT)
             frozen = None
-            pacer.wait_sent(n, timeout=300)
-            wait_all_acknowledged(broker.bootstrap, workers, timeout=240)
-            for worker in workers:
-                assert worker.stop() == 0, worker.tail()
-            posts = compare_posts(slack, fl.expected)
+            posts = finish(broker, pacer, n, workers, slack, fl)
         env = worker_env(broker.bootstrap, tmp_path / "w1", rules, PARTITIONS, BURNWATCH_CLICKHOUSE_DSN=server.url)
         overlaps = [overlap for giver in workers for taker in workers if taker is not giver
                     for overlap in loaded_during_handover(giver, taker)]  # fmt: skip
