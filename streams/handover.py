@@ -14,9 +14,10 @@ alert manager's memory and the Slack posts still to make (docs/reliability.md).
 A revocation and a stop mark the partitions given up in the store when they begin and again
 when they end; an assignment first waits for every mark of another worker still giving up one
 of its partitions (at most half the session timeout: no heartbeat goes out meanwhile), so that
-nothing the previous holder writes or posts lands after the next holder began. Kafka promises as much (no member is assigned
-anything before every member has rejoined, its revocation done); the embedded broker forms the
-group when its leader rejoins, and a slower revocation overlapped the next holder.
+nothing the previous holder writes or posts lands after the next holder began. Kafka promises
+as much (no member is assigned anything before every member has rejoined, its revocation
+done); the embedded broker forms the group when its leader rejoins, and a slower revocation
+overlapped the next holder (docs/architecture.md, "Several workers: what moves at a rebalance").
 """
 
 from __future__ import annotations
