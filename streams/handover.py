@@ -176,7 +176,7 @@ def _handovers(dsn: str, database: str, store: Store) -> PartitionHandovers:
     if urlsplit(dsn).scheme not in ("http", "https"):
         return store.handovers
     try:
-        return PartitionHandovers(Connection(connect(dsn), database))
+        return PartitionHandovers(Connection(connect(dsn, send_receive_timeout=MARK_WITHIN_S), database))
     except Exception as exc:  # noqa: BLE001 - the server, reached a moment ago for the store: logged, the store's client then
         log.warning("handover_client_failed", error=one_line(exc), note="the marks share the store's client")
         return store.handovers
@@ -194,8 +194,11 @@ class _Marks:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="handover-marks")
 
     async def _call(self, within_s: float, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the marks' thread, awaited for ``within_s`` at most. Shielded: one given up
+        still runs once the thread is free (a mark queued behind a slow one lands late, in order, rather
+        than never; the client's own timeout, as long, frees the thread)."""
         future = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
-        return await asyncio.wait_for(future, within_s)
+        return await asyncio.wait_for(asyncio.shield(future), within_s)
 
     async def mark(self, partitions: Collection[int], releasing: bool) -> None:
         """Mark in the store that this worker begins (``releasing``) or has ended giving up
@@ -219,6 +222,7 @@ class _Marks:
         again. A store that cannot be read is asked again meanwhile."""
         started = time.monotonic()
         waited_for: dict[int, list[str]] = {}
+        pending: dict[int, list[str]] = {}
         while not stopping():
             releasing: dict[int, dict[str, float]] | None = None
             try:
@@ -244,7 +248,7 @@ class _Marks:
                 for p, holders in pending.items():
                     waited_for[p] = sorted({*waited_for.get(p, []), *holders})
             if seconds >= wait_s:
-                log.warning("handover_not_ended", seconds=seconds, partitions=waited_for,
+                log.warning("handover_not_ended", seconds=seconds, partitions=pending,
                             reason=f"waited {wait_s:g} s, half the session timeout: reading the partitions anyway, "
                                    "their previous holder may still write")  # fmt: skip
                 return

@@ -212,9 +212,11 @@ def test_a_handover_slower_than_the_group_is_awaited_by_the_next_holder(tmp_path
             [frozen] = wait_for(lambda: writer_child(slow), timeout=120, what="the second worker's event writer")
             os.kill(frozen, signal.SIGSTOP)  # its next insert hangs: its revocation waits for it
             pacer.wait_sent(n // 2, timeout=300)  # (a batch for it to write, at 900x: a second or so)
+            handed = len(log_events(slow, "handing_over"))
             third = start("w3")
-            slow.wait_for_log('"handing_over"', timeout=120, after='"state_loaded"')
-            began = log_events(slow, "handing_over")[-1]
+            # The handover w3's joining starts (not one before it).
+            began = wait_for(lambda: log_events(slow, "handing_over")[handed:], timeout=120,
+                             what="the second worker's handover once the third joined")[0]  # fmt: skip
             # Another worker is given some of its partitions: it waits for the handover (or, not waiting, loads them).
             taken = wait_for(lambda: [e for w in (first, third)
                                       for e in log_events(w, "handover_awaiting") + log_events(w, "state_loaded")
@@ -227,7 +229,8 @@ def test_a_handover_slower_than_the_group_is_awaited_by_the_next_holder(tmp_path
         env = worker_env(broker.bootstrap, tmp_path / "w1", rules, PARTITIONS, BURNWATCH_CLICKHOUSE_DSN=server.url)
         overlaps = [overlap for giver in workers for taker in workers if taker is not giver
                     for overlap in loaded_during_handover(giver, taker)]  # fmt: skip
-        awaited = [e for w in workers for e in log_events(w, "handover_awaited")]
+        awaited = [e for w in (first, third) for e in log_events(w, "handover_awaited")
+                   if any(began["holder"] in holders for holders in e["partitions"].values())]  # fmt: skip
         assert_stored_as_backtest(fl, env)
     finally:
         if frozen is not None:

@@ -109,9 +109,10 @@ def _holder(directory: Path) -> str | None:
     return f"{what} (pid {pid}" + (f": {command[:120]}" if command else "") + ")"
 
 
-def connect(dsn: str, create: bool = True) -> Any:
+def connect(dsn: str, create: bool = True, **settings: Any) -> Any:
     """A clickhouse-connect client for ``chdb:///dir``, ``chdb://memory`` or ``http(s)://…``.
     ``create=False``: an embedded store's directory must hold one already (:class:`StoreNotFound`).
+    ``settings``: the client's own (``send_receive_timeout``, ...).
     An embedded store another process holds is :class:`StoreBusy`, saying who and what to do."""
     import clickhouse_connect  # here, not with the module: a fifth of a second that commands never connecting skip
 
@@ -132,7 +133,7 @@ def connect(dsn: str, create: bool = True) -> Any:
             )
         directory.mkdir(parents=True, exist_ok=True)
     try:
-        return clickhouse_connect.get_client(dsn=dsn)
+        return clickhouse_connect.get_client(dsn=dsn, **settings)
     except Exception as exc:  # its message may quote the DSN, password included
         raise ConnectionError(f"cannot connect to ClickHouse at {redact_dsn(dsn)}: {redact(str(exc))}") from None
 
