@@ -211,7 +211,7 @@ class _Marks:
             await self._call(MARK_WITHIN_S, self.handovers.mark, self.holder, partitions, releasing)
         except Exception as exc:  # noqa: BLE001 - the store's: logged, the handover itself goes on
             log.warning("handover_mark_failed", partitions=list(partitions), releasing=releasing,
-                        error=one_line(exc) or type(exc).__name__)  # fmt: skip
+                        error=one_line(exc))  # fmt: skip
 
     async def wait(self, partitions: Collection[int], *, alive_s: float, wait_s: float,
                    stopping: Callable[[], bool]) -> None:  # fmt: skip
@@ -229,14 +229,14 @@ class _Marks:
                 releasing = await self._call(max(HANDOVER_POLL_S, wait_s - (time.monotonic() - started)),
                                              self.handovers.releasing, self.holder, partitions)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - the store's: asked again until the wait is over
-                log.warning("handover_read_failed", error=one_line(exc) or type(exc).__name__)
+                log.warning("handover_read_failed", error=one_line(exc))
             seconds = round(time.monotonic() - started, 3)
             if releasing is not None:
-                pending = {p: sorted(h for h, age in holders.items() if age < alive_s) for p, holders in releasing.items()}
-                pending = {p: holders for p, holders in pending.items() if holders}
-                if not pending:
-                    died = {p: [h for h in holders if h in releasing.get(p, {})] for p, holders in waited_for.items()}
-                    died = {p: holders for p, holders in died.items() if holders}
+                pending = {p: alive for p, holders in releasing.items()
+                           if (alive := sorted(h for h, age in holders.items() if age < alive_s))}  # fmt: skip
+                if not pending:  # each ended, or began more than alive_s ago: those are still releasing
+                    died = {p: unended for p, holders in waited_for.items()
+                            if (unended := [h for h in holders if h in releasing.get(p, {})])}  # fmt: skip
                     if died:
                         log.warning("handover_not_ended", seconds=seconds, partitions=died,
                                     reason=f"begun more than {alive_s:g} s ago: its worker died during it")  # fmt: skip

@@ -680,7 +680,7 @@ class Pipeline:
             except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
                 if self._stopping.is_set():
                     raise PipelineStopped from exc
-                error = one_line(exc) or type(exc).__name__
+                error = one_line(exc)
                 self._store_stalled(error, f"{what}: {error}", note=note)
                 await self._wait_or_stop(backoff)
                 backoff = min(backoff * 2, self._retry_max_s)

@@ -21,7 +21,7 @@ from typing import Any
 
 from streams.children import die_with_parent
 
-__all__ = ["StoreServerProcess", "WorkerProcess", "stop_group", "worker_env"]
+__all__ = ["StoreServerProcess", "WorkerProcess", "log_events", "stop_group", "worker_env"]
 
 
 def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **extra: str) -> dict[str, str]:
@@ -39,6 +39,19 @@ def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **e
         "BURNWATCH_EVENT_TTL_DAYS": "0",  # simulated and replayed fleets are dated in the past: keep them
         **extra,
     }
+
+
+def log_events(path: Path, event: str) -> list[dict[str, Any]]:
+    """The entries of ``event`` in a JSON log (``BURNWATCH_LOG_FORMAT=json``), in order; a line still being
+    written is left out."""
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        if f'"event": "{event}"' in line:
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+    return found
 
 
 class WorkerProcess:
@@ -115,6 +128,10 @@ class WorkerProcess:
         except OSError:
             return ""
 
+    def log_events(self, event: str) -> list[dict]:
+        """Its JSON log's entries of ``event``, in order."""
+        return log_events(self.log_path, event)
+
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (Faust stops cleanly and commits), then SIGKILL if it does not exit in time."""
         return stop_group(self._proc, timeout) if self._proc is not None else None
@@ -167,7 +184,7 @@ class StoreServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def log_events(self, event: str) -> list[dict]:
-        return [json.loads(line) for line in self.log().splitlines() if f'"event": "{event}"' in line]
+        return log_events(self.log_path, event)
 
     def stop(self, timeout: float = 30.0) -> int:
         return stop_group(self.proc, timeout)

@@ -5,7 +5,6 @@ local Slack server."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -147,20 +146,6 @@ def writer_child(worker: Worker) -> list[int]:
     return []
 
 
-def log_events(worker: Worker, event: str) -> list[dict]:
-    """The worker's JSON log lines of ``event``, in order (a line still being written is left out)."""
-    found = []
-    for line in worker.log_path.read_text(errors="replace").splitlines():
-        if line.startswith("{") and f'"{event}"' in line:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("event") == event:
-                found.append(entry)
-    return found
-
-
 def wait_for(found: Callable[[], list], timeout: float, what: str) -> list:
     """Poll ``found`` until it returns something, and return that; raise after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -174,10 +159,10 @@ def wait_for(found: Callable[[], list], timeout: float, what: str) -> list:
 def loaded_during_handover(giver: Worker, taker: Worker) -> list[tuple]:
     """(partitions, handover began, taker loaded, handover ended) of each time ``taker`` loaded partitions
     that ``giver`` was handing over (between its two marks)."""
-    handovers = zip(log_events(giver, "handing_over"), log_events(giver, "handed_over"), strict=True)
+    handovers = zip(giver.log_events("handing_over"), giver.log_events("handed_over"), strict=True)
     return [(sorted(set(began["partitions"]) & set(loaded["partitions"])), began["timestamp"], loaded["timestamp"],
              ended["timestamp"])
-            for began, ended in handovers for loaded in log_events(taker, "state_loaded")
+            for began, ended in handovers for loaded in taker.log_events("state_loaded")
             if began["timestamp"] < loaded["timestamp"] < ended["timestamp"]
             and set(began["partitions"]) & set(loaded["partitions"])]  # fmt: skip
 
@@ -212,14 +197,14 @@ def test_a_handover_slower_than_the_group_is_awaited_by_the_next_holder(tmp_path
             [frozen] = wait_for(lambda: writer_child(slow), timeout=120, what="the second worker's event writer")
             os.kill(frozen, signal.SIGSTOP)  # its next insert hangs: its revocation waits for it
             pacer.wait_sent(n // 2, timeout=300)  # (a batch for it to write, at 900x: a second or so)
-            handed = len(log_events(slow, "handing_over"))
+            handed = len(slow.log_events("handing_over"))
             third = start("w3")
             # The handover w3's joining starts (not one before it).
-            began = wait_for(lambda: log_events(slow, "handing_over")[handed:], timeout=120,
+            began = wait_for(lambda: slow.log_events("handing_over")[handed:], timeout=120,
                              what="the second worker's handover once the third joined")[0]  # fmt: skip
             # Another worker is given some of its partitions: it waits for the handover (or, not waiting, loads them).
             taken = wait_for(lambda: [e for w in (first, third)
-                                      for e in log_events(w, "handover_awaiting") + log_events(w, "state_loaded")
+                                      for e in w.log_events("handover_awaiting") + w.log_events("state_loaded")
                                       if e["timestamp"] > began["timestamp"]
                                       and set(began["partitions"]) & {int(p) for p in e["partitions"]}],
                              timeout=120, what="another worker given the slow worker's partitions")  # fmt: skip
@@ -229,7 +214,7 @@ def test_a_handover_slower_than_the_group_is_awaited_by_the_next_holder(tmp_path
         env = worker_env(broker.bootstrap, tmp_path / "w1", rules, PARTITIONS, BURNWATCH_CLICKHOUSE_DSN=server.url)
         overlaps = [overlap for giver in workers for taker in workers if taker is not giver
                     for overlap in loaded_during_handover(giver, taker)]  # fmt: skip
-        awaited = [e for w in (first, third) for e in log_events(w, "handover_awaited")
+        awaited = [e for w in (first, third) for e in w.log_events("handover_awaited")
                    if any(began["holder"] in holders for holders in e["partitions"].values())]  # fmt: skip
         assert_stored_as_backtest(fl, env)
     finally:
