@@ -4,20 +4,24 @@ alert manager's memory and the Slack posts still to make (docs/reliability.md).
 - **revoked**: the write in flight lands and what is done is committed, then the cached
   state and held messages are dropped (unacknowledged: the next holder reads them again),
   and Slack posts still queued are left to the next holder.
-- **assigned**: the state of the new partitions and the alerts every worker made are loaded
-  from the store, then batches resume. Nothing here asks the broker: the consumer's stop
-  waits for this handler, and a stop cancels the consumer thread's calls (the release timer
-  asks which new partitions have nothing to read, :meth:`Pipeline.tick`).
+- **assigned**: batches stay paused, and a task takes the partitions over beside the consumer
+  (which sends no heartbeat until the handler returns): it waits for the previous holders'
+  handovers, loads the state of the new partitions and the alerts every worker made from the
+  store, recovers the posts left undelivered, then resumes batches. A revocation or a stop that
+  comes meanwhile ends it at its next step, before its own handover begins. Nothing here asks
+  the broker: a stop cancels the consumer thread's calls (the release timer asks which new
+  partitions have nothing to read, :meth:`Pipeline.tick`).
 - **stopping** (Faust does not call the revocation handler at a stop): the same handover as
   a revocation, before the consumer commits and leaves the group.
 
 A revocation and a stop mark the partitions given up in the store when they begin and again
-when they end; an assignment first waits for every mark of another worker still giving up one
-of its partitions (at most half the session timeout: no heartbeat goes out meanwhile), so that
-nothing the previous holder writes or posts lands after the next holder began. Kafka promises
-as much (no member is assigned anything before every member has rejoined, its revocation
-done); the embedded broker forms the group when its leader rejoins, and a slower revocation
-overlapped the next holder (docs/architecture.md, "Several workers: what moves at a rebalance").
+when they end; an assignment's taking over first waits for every mark of another worker still
+giving up one of its partitions (begun within the rebalance timeout: a worker that takes longer
+has left the group), so that nothing the previous holder writes or posts lands after the next
+holder began. Kafka promises as much (no member is assigned anything before every member has
+rejoined, its revocation done); the embedded broker forms the group when its leader rejoins, and
+a slower revocation overlapped the next holder (docs/architecture.md, "Several workers: what
+moves at a rebalance").
 """
 
 from __future__ import annotations
@@ -41,10 +45,10 @@ from detector.store.connection import Connection, connect
 from detector.store.handovers import PartitionHandovers
 from detector.store.states import SavedTimes
 from detector.units import one_line
-from streams.parts import WorkerParts
+from streams.parts import WorkerParts, fail
 from streams.pipeline import Pipeline
 
-__all__ = ["install_handover"]
+__all__ = ["Handover", "install_handover"]
 
 HANDOVER_POLL_S = 0.2
 """How often an assignment asks whether the previous holders' handovers have ended."""
@@ -56,14 +60,49 @@ T = TypeVar("T")
 log = structlog.get_logger("burnwatch.worker")
 
 
-def install_handover(parts: WorkerParts) -> None:
+class _Taking:
+    """An assignment's taking over of its partitions: a task beside the consumer's rebalance, so
+    that heartbeats go on while it waits for the previous holders (the consumer sends none until
+    the assignment's handler returns)."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Future[None] | None = None
+        self.given_up = False
+        """A revocation or a stop came: the taking over ends at its next step, taking nothing more."""
+
+
+class Handover:
+    """The hooks' shared part: the taking over in progress, which a handover ends first."""
+
+    def __init__(self) -> None:
+        self.taking: _Taking | None = None
+
+    def give_up(self) -> None:
+        """Tell the taking over in progress to end at its next step, taking nothing more."""
+        if self.taking is not None:
+            self.taking.given_up = True
+
+    async def taken(self) -> None:
+        """Until the assignment's taking over has ended, however it ends. A caller cancelled meanwhile
+        leaves it to end, never half done (a recovery of posts in a thread of its own would land after
+        the next handover)."""
+        taking = self.taking
+        if taking is not None and taking.task is not None:
+            await asyncio.wait({taking.task})
+
+
+def install_handover(parts: WorkerParts) -> Handover:
     app, store, pipeline, outbox = parts.app, parts.store, parts.pipeline, parts.outbox
     marks = _Marks(_handovers(parts.settings.dsn, parts.settings.clickhouse_database, store))
+    handover = Handover()
     held: set[int] = set()
     """The input partitions of the assignment in force (given up at the next revocation or stop)."""
 
-    async def handing_over(handover: Callable[[], Awaitable[None]]) -> None:
-        """Run a revocation's or a stop's ``handover`` between its two marks in the store."""
+    async def handing_over(hand_over: Callable[[], Awaitable[None]]) -> None:
+        """Run a revocation's or a stop's ``hand_over`` between its two marks in the store, once the
+        assignment's taking over, told to give up at once, has ended its step in progress (a read, or
+        posts recovered and not delivered): the begin mark first, so that the next holder waits for it."""
+        handover.give_up()
         partitions = sorted(held)
         held.clear()
         started = time.monotonic()
@@ -71,7 +110,8 @@ def install_handover(parts: WorkerParts) -> None:
         if partitions:
             log.info("handing_over", partitions=partitions, holder=marks.holder)
         try:
-            await handover()
+            await handover.taken()
+            await hand_over()
         finally:
             await marks.mark(partitions, releasing=False)
             if partitions:
@@ -87,6 +127,7 @@ def install_handover(parts: WorkerParts) -> None:
         # write in flight lands and what is done is committed before the group reassigns.
         await pipeline.pause()  # no batch until the next assignment's state is loaded
         parts.posts_recovered = False
+        pipeline.stats.partitions = 0  # (/healthz) none until the next assignment's are taken over
         await _commit(app, pipeline)
         parts.fetches.clear()  # fetched in this generation: read again from the committed offsets
         pipeline.reset()
@@ -100,15 +141,40 @@ def install_handover(parts: WorkerParts) -> None:
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        """Pause, and leave the taking over to a task: the consumer sends no heartbeat until this
+        returns, and the wait for the previous holders may last as long as their revocation does."""
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
         parts.posts_recovered = False  # (an assignment without a revocation before it: the first)
-        loop = asyncio.get_running_loop()
         held.update(partitions)
+        handover.give_up()  # (a revocation ended the one before; this is a guard)
+        await handover.taken()
+        await pipeline.pause()  # no batch before this assignment's state is loaded (the first: none in flight)
+        taking = _Taking()
+        taking.task = asyncio.ensure_future(take_over(assigned, partitions, taking))
+        handover.taking = taking
+
+    async def take_over(assigned: Any, partitions: list[int], taking: _Taking) -> None:
+        def given_up() -> bool:
+            return taking.given_up or pipeline.stopping
+
+        try:
+            await _take_over(assigned, partitions, given_up)
+        except Exception as exc:  # noqa: BLE001 - the store's, most likely: a restart assigns the partitions again
+            if given_up():  # the partitions are handed over anyway
+                log.warning("assignment_given_up", partitions=partitions, error=one_line(exc))
+                return
+            fail("assignment_failed", partitions=partitions, error=one_line(exc))
+
+    async def _take_over(assigned: Any, partitions: list[int], given_up: Callable[[], bool]) -> None:
+        """Wait for the previous holders, load the state and the alerts, recover the posts, then
+        resume; at each step, nothing more once a revocation or a stop has come."""
+        loop = asyncio.get_running_loop()
         # Nothing is read, loaded or posted before the previous holders' last writes have landed.
-        await marks.wait(partitions, alive_s=float(app.conf.broker_rebalance_timeout),
-                         wait_s=parts.settings.session_timeout_s / 2, stopping=lambda: pipeline.stopping)  # fmt: skip
-        if pipeline.stopping:
+        alive_s = float(app.conf.broker_rebalance_timeout)
+        await marks.wait(partitions, alive_s=alive_s, wait_s=alive_s, stopping=given_up)
+        if given_up():
             return
+
         # Keys saved within the eviction horizon (of the newest save) come with their bytes, held
         # until each speaks; older ones come as names and are read from the store when they speak.
         def load() -> tuple[dict[str, bytes | None], SavedTimes]:
@@ -118,11 +184,14 @@ def install_handover(parts: WorkerParts) -> None:
             return loaded, SavedTimes(latest)
 
         states, saved_times = await loop.run_in_executor(None, load)
-        if pipeline.stopping:  # a stop came meanwhile: its hook has handed everything over
+        if given_up():  # a revocation or a stop came meanwhile: its hook hands everything over
             return
         # What another worker alerted on these keys until now is in the store: the alert manager
         # learns it again, so re-read input neither re-opens nor re-closes those alerts.
-        pipeline.manager = await loop.run_in_executor(None, parts.alert_manager)
+        manager = await loop.run_in_executor(None, parts.alert_manager)
+        if given_up():
+            return
+        pipeline.manager = manager
         pipeline.reset()
         # Each holds the watermark until it delivers or the release timer, woken here, finds it
         # has nothing to read: asking the broker here held a stop up until the worker was killed.
@@ -133,19 +202,19 @@ def install_handover(parts: WorkerParts) -> None:
         pipeline.stats.partitions = len(partitions)
         parts.holds_partition_0 = 0 in partitions  # one worker of the group posts the digests: partition 0's
         log.info("state_loaded", partitions=partitions, keys=len(states),
-                 read_when_they_speak=sum(1 for data in states.values() if data is None))
-        if pipeline.stopping:  # a stop came during the assignment: its hook revoked the outbox
-            return
+                 read_when_they_speak=sum(1 for data in states.values() if data is None))  # fmt: skip
         recovered = await loop.run_in_executor(None, outbox.assign, partitions)
         if recovered:
             log.info("outbox_recovered", pending=recovered)
+        if given_up():  # not delivered: its hook revokes the outbox next, the posts are the next holder's
+            return
         pipeline.outbox_ready.set()
-        if pipeline.stopping:  # a stop came during the recovery: its hook revokes the outputs next, or has
-            return  # (taking them now could leave them owned, and delivering, through the shutdown)
         if parts.outputs is not None:
             recovered = await loop.run_in_executor(None, parts.outputs.assign, partitions)
             if recovered:
                 log.info("outputs_recovered", pending=recovered)
+            if given_up():
+                return
             pipeline.outputs_ready.set()
         # Refused during a stop (its hook has revoked the outboxes): the posts are the next holder's.
         parts.posts_recovered = pipeline.resume()
@@ -167,6 +236,8 @@ def install_handover(parts: WorkerParts) -> None:
         if parts.outputs is not None:
             await asyncio.get_running_loop().run_in_executor(None, parts.outputs.revoke)
         await _stop_acting(parts)
+
+    return handover
 
 
 def _handovers(dsn: str, database: str, store: Store) -> PartitionHandovers:
@@ -215,19 +286,19 @@ class _Marks:
 
     async def wait(self, partitions: Collection[int], *, alive_s: float, wait_s: float,
                    stopping: Callable[[], bool]) -> None:  # fmt: skip
-        """Until no other worker is giving up one of ``partitions``, or this worker stops. A handover
-        begun more than ``alive_s`` ago is not waited for (its worker died during it); none is waited
-        for longer than ``wait_s``: the consumer sends no heartbeat until the assignment's handler
-        returns, and a wait past the session timeout would have the group give the partitions away
-        again. A store that cannot be read is asked again meanwhile."""
+        """Until no other worker is giving up one of ``partitions``, or ``stopping()``. A handover
+        begun more than ``alive_s`` ago is not waited for (its worker died during it, or has left the
+        group); none is waited for longer than ``wait_s`` (a store that cannot be read is asked again
+        meanwhile)."""
         started = time.monotonic()
         waited_for: dict[int, list[str]] = {}
         pending: dict[int, list[str]] = {}
         while not stopping():
             releasing: dict[int, dict[str, float]] | None = None
             try:
-                releasing = await self._call(max(HANDOVER_POLL_S, wait_s - (time.monotonic() - started)),
-                                             self.handovers.releasing, self.holder, partitions)  # fmt: skip
+                left = max(HANDOVER_POLL_S, wait_s - (time.monotonic() - started))
+                releasing = await self._call(min(MARK_WITHIN_S, left), self.handovers.releasing, self.holder,
+                                             partitions)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - the store's: asked again until the wait is over
                 log.warning("handover_read_failed", error=one_line(exc))
             seconds = round(time.monotonic() - started, 3)
@@ -249,10 +320,13 @@ class _Marks:
                     waited_for[p] = sorted({*waited_for.get(p, []), *holders})
             if seconds >= wait_s:
                 log.warning("handover_not_ended", seconds=seconds, partitions=pending,
-                            reason=f"waited {wait_s:g} s, half the session timeout: reading the partitions anyway, "
+                            reason=f"waited {wait_s:g} s: reading the partitions anyway, "
                                    "their previous holder may still write")  # fmt: skip
                 return
             await asyncio.sleep(HANDOVER_POLL_S)
+        if waited_for:
+            log.info("handover_wait_given_up", seconds=round(time.monotonic() - started, 3), partitions=waited_for,
+                     reason="a revocation or a stop")  # fmt: skip
 
 
 async def _commit(app: faust.App, pipeline: Pipeline) -> None:

@@ -1,5 +1,6 @@
-"""``WorkerParts.posts_recovered`` (``/healthz`` says null pending posts until it is true) through the
-handover hooks, with the hooks' collaborators faked: no broker, no store."""
+"""The handover hooks with their collaborators faked (no broker, no store): ``WorkerParts.posts_recovered``
+(``/healthz`` says null pending posts until it is true), and an assignment's taking over run beside the
+consumer's rebalance, which a revocation ends before its own handover."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from faust.types import TP
 
-from streams.handover import install_handover
+from streams.handover import Handover, install_handover
 
 
 class _Signal:
@@ -47,16 +48,22 @@ class _Pipeline:
         return not self.stopping
 
 
-def _parts(outbox_assign: Any) -> SimpleNamespace:
+async def _committed() -> None:
+    pass
+
+
+def _parts(outbox_assign: Any, releasing: Any = lambda holder, partitions: {}) -> SimpleNamespace:
     app = SimpleNamespace(on_partitions_revoked=_Signal(), on_partitions_assigned=_Signal(),
-                          on_before_shutdown=_Signal(), conf=SimpleNamespace(broker_rebalance_timeout=60.0))  # fmt: skip
+                          on_before_shutdown=_Signal(), conf=SimpleNamespace(broker_rebalance_timeout=60.0),
+                          consumer=SimpleNamespace(commit=_committed))  # fmt: skip
     return SimpleNamespace(
+        fetches=SimpleNamespace(clear=lambda: None),
         app=app, pipeline=_Pipeline(), outputs=None, actions=None, posts_recovered=False, assigned_states={},
         holds_partition_0=False,
         settings=SimpleNamespace(evict_after_s=0, dsn="chdb://memory", clickhouse_database="burnwatch", session_timeout_s=10),
         store=SimpleNamespace(states=SimpleNamespace(load=lambda partitions, horizon, latest: {}),
                               handovers=SimpleNamespace(mark=lambda holder, partitions, releasing: None,
-                                                        releasing=lambda holder, partitions: {})),
+                                                        releasing=releasing)),
         outbox=SimpleNamespace(assign=outbox_assign, revoke=lambda: None), alert_manager=lambda: None,
     )  # fmt: skip
 
@@ -65,12 +72,87 @@ def _assigned(partitions: list[int]) -> set[TP]:
     return {TP("gpu-metrics", p) for p in partitions}
 
 
+def _assign(parts: SimpleNamespace, handover: Handover, partitions: list[int]) -> None:
+    """The assignment's handler, then its taking over to its end."""
+
+    async def run() -> None:
+        await parts.app.on_partitions_assigned.receiver(None, _assigned(partitions))
+        await handover.taken()
+
+    asyncio.run(run())
+
+
 def test_posts_are_recovered_once_an_assignment_has_taken_them() -> None:
     parts = _parts(lambda partitions: 0)
-    install_handover(parts)  # type: ignore[arg-type]
+    handover = install_handover(parts)  # type: ignore[arg-type]
     assert parts.posts_recovered is False  # before the first assignment: not known
-    asyncio.run(parts.app.on_partitions_assigned.receiver(None, _assigned([0, 1])))
+    _assign(parts, handover, [0, 1])
     assert parts.posts_recovered is True
+
+
+def test_the_assignment_returns_while_its_taking_over_waits_and_a_revocation_ends_it_first() -> None:
+    """The consumer sends no heartbeat until the assignment's handler returns, so the wait for a previous
+    holder's handover runs beside it, as long as that handover lasts. A revocation meanwhile gives the
+    taking over up before its own handover: nothing of the partitions is loaded or recovered."""
+    asked = threading.Event()
+
+    def releasing(holder: str, partitions: list[int]) -> dict[int, dict[str, float]]:
+        asked.set()
+        return {0: {"the previous holder": 1.0}}  # giving partition 0 up for a second, and not done
+
+    order: list[str] = []
+    parts = _parts(lambda partitions: order.append("recovered") or 0, releasing)
+    parts.store.states.load = lambda partitions, horizon, latest: order.append("loaded") or {}
+    parts.outbox.revoke = lambda: order.append("revoked")
+    handover = install_handover(parts)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.wait_for(parts.app.on_partitions_assigned.receiver(None, _assigned([0])), 5)
+        assert await loop.run_in_executor(None, asked.wait, 10)  # the taking over waits for the handover
+        taking = handover.taking
+        assert taking is not None and taking.task is not None and not taking.task.done()
+        await parts.app.on_partitions_revoked.receiver(None, _assigned([0]))
+        assert taking.task.done() and taking.given_up
+
+    asyncio.run(run())
+    assert order == ["revoked"] and parts.posts_recovered is False
+
+
+def test_a_revocation_during_the_posts_recovery_marks_its_handover_first_and_delivers_none() -> None:
+    """The revocation's begin mark goes to the store before the taking over's step in progress (here the
+    recovery of the posts) has ended, so that the next holder waits for it; and the posts recovered are
+    not delivered (delivery is not woken): they are the next holder's."""
+    in_assign, go_on = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def assign(partitions: list[int]) -> int:
+        in_assign.set()
+        go_on.wait(10)
+        order.append("recovered")
+        return 6
+
+    parts = _parts(assign)
+    parts.store.handovers.mark = lambda holder, partitions, releasing: order.append(f"marked releasing={releasing}")
+    parts.outbox.revoke = lambda: order.append("revoked")
+    install_handover(parts)  # type: ignore[arg-type]
+
+    async def marked() -> None:
+        while "marked releasing=True" not in order:
+            await asyncio.sleep(0.01)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        await parts.app.on_partitions_assigned.receiver(None, _assigned([0]))
+        assert await loop.run_in_executor(None, in_assign.wait, 10)  # the revocation comes during the recovery
+        revoking = asyncio.ensure_future(parts.app.on_partitions_revoked.receiver(None, _assigned([0])))
+        await asyncio.wait_for(marked(), 10)
+        go_on.set()
+        await asyncio.wait_for(revoking, 10)
+
+    asyncio.run(run())
+    assert order == ["marked releasing=True", "recovered", "revoked", "marked releasing=False"]
+    assert not parts.pipeline.outbox_ready.is_set() and parts.posts_recovered is False
 
 
 def _stop_while_the_outbox_recovers(outputs: Any = None) -> SimpleNamespace:
@@ -84,15 +166,18 @@ def _stop_while_the_outbox_recovers(outputs: Any = None) -> SimpleNamespace:
 
     parts = _parts(assign)
     parts.outputs = outputs
-    install_handover(parts)  # type: ignore[arg-type]
+    handover = install_handover(parts)  # type: ignore[arg-type]
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        assigning = asyncio.ensure_future(parts.app.on_partitions_assigned.receiver(None, _assigned([0])))
+        await parts.app.on_partitions_assigned.receiver(None, _assigned([0]))  # the taking over goes on beside it
         assert await loop.run_in_executor(None, in_assign.wait, 10)  # the stop comes during the recovery
-        await parts.app.on_before_shutdown.receiver(None)
+        stopping = asyncio.ensure_future(parts.app.on_before_shutdown.receiver(None))
+        while not parts.pipeline.stopping:  # the stop's hook has begun (it waits for the taking over to end)
+            await asyncio.sleep(0)
         go_on.set()
-        await assigning
+        await asyncio.wait_for(stopping, 10)
+        await handover.taken()
 
     asyncio.run(run())
     return parts
@@ -116,6 +201,5 @@ def test_a_stop_during_the_outboxs_recovery_leaves_the_other_outputs_unassigned(
     assert taken == [] and parts.posts_recovered is False
     fresh = _parts(lambda partitions: 0)  # a worker that no stop interrupts takes them
     fresh.outputs = outputs
-    install_handover(fresh)  # type: ignore[arg-type]
-    asyncio.run(fresh.app.on_partitions_assigned.receiver(None, _assigned([0])))
+    _assign(fresh, install_handover(fresh), [0])  # type: ignore[arg-type]
     assert taken == [[0]] and fresh.posts_recovered is True
