@@ -14,19 +14,21 @@ alert manager's memory and the Slack posts still to make (docs/reliability.md).
 - **stopping** (Faust does not call the revocation handler at a stop): the same handover as
   a revocation, before the consumer commits and leaves the group.
 
-A revocation and a stop mark the partitions given up in the store when they begin and again
-when they end; an assignment's taking over first waits for every mark of another worker still
-giving up one of its partitions (begun within the rebalance timeout: a worker that takes longer
-has left the group), so that nothing the previous holder writes or posts lands after the next
-holder began. Kafka promises as much (no member is assigned anything before every member has
-rejoined, its revocation done); the embedded broker forms the group when its leader rejoins, and
-a slower revocation overlapped the next holder (docs/architecture.md, "Several workers: what
-moves at a rebalance").
+A revocation and a stop mark the partitions given up in the store when they begin, every second
+while they last, and when they end; an assignment's taking over first waits for every other
+worker still giving up one of its partitions (marked within the session timeout: one marked last
+before that died or froze during it; at most the rebalance timeout, after which a worker has left
+the group), so that nothing the previous holder writes or posts lands after the next holder began.
+Kafka promises as much (no member is assigned anything before every member has rejoined, its
+revocation done); the embedded broker forms the group when its leader rejoins, and a slower
+revocation overlapped the next holder (docs/architecture.md, "Several workers: what moves at a
+rebalance").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -54,6 +56,10 @@ HANDOVER_POLL_S = 0.2
 """How often an assignment asks whether the previous holders' handovers have ended."""
 MARK_WITHIN_S = 5.0
 """How long a handover mark may take before it is given up (logged): a store that hangs holds no stop up."""
+REFRESH_S = 1.0
+"""How often a handover in progress marks its partitions again (at most a quarter of the session timeout):
+the next holder waits while the latest mark is younger than the session timeout, so for a live worker's
+handover however long it lasts, and for a dead one's no longer than the group takes to find it gone."""
 
 T = TypeVar("T")
 
@@ -87,7 +93,7 @@ class Handover:
         leaves it to end, never half done (a recovery of posts in a thread of its own would land after
         the next handover)."""
         taking = self.taking
-        if taking is not None and taking.task is not None:
+        if taking is not None and taking.task is not None and not taking.task.done():
             await asyncio.wait({taking.task})
 
 
@@ -109,10 +115,15 @@ def install_handover(parts: WorkerParts) -> Handover:
         await marks.mark(partitions, releasing=True)
         if partitions:
             log.info("handing_over", partitions=partitions, holder=marks.holder)
+        ended = asyncio.Event()
+        refreshing = asyncio.ensure_future(marks.refresh(partitions, min(REFRESH_S, parts.settings.session_timeout_s / 4),
+                                                         ended))  # fmt: skip
         try:
             await handover.taken()
             await hand_over()
         finally:
+            ended.set()
+            await asyncio.wait({refreshing})  # (its mark in progress lands before the end mark)
             await marks.mark(partitions, releasing=False)
             if partitions:
                 log.info("handed_over", partitions=partitions, holder=marks.holder, seconds=round(time.monotonic() - started, 3))
@@ -170,8 +181,8 @@ def install_handover(parts: WorkerParts) -> Handover:
         resume; at each step, nothing more once a revocation or a stop has come."""
         loop = asyncio.get_running_loop()
         # Nothing is read, loaded or posted before the previous holders' last writes have landed.
-        alive_s = float(app.conf.broker_rebalance_timeout)
-        await marks.wait(partitions, alive_s=alive_s, wait_s=alive_s, stopping=given_up)
+        await marks.wait(partitions, alive_s=parts.settings.session_timeout_s,
+                         wait_s=float(app.conf.broker_rebalance_timeout), stopping=given_up)  # fmt: skip
         if given_up():
             return
 
@@ -284,12 +295,22 @@ class _Marks:
             log.warning("handover_mark_failed", partitions=list(partitions), releasing=releasing,
                         error=one_line(exc))  # fmt: skip
 
+    async def refresh(self, partitions: Collection[int], every_s: float, ended: asyncio.Event) -> None:
+        """Mark ``partitions`` as still being given up every ``every_s`` until ``ended`` (:data:`REFRESH_S`).
+        Ended by an event, not cancelled: Python 3.11's ``wait_for`` loses a cancellation that comes as the
+        call it waits for ends."""
+        while partitions and not ended.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), every_s)
+            if not ended.is_set():
+                await self.mark(partitions, releasing=True)
+
     async def wait(self, partitions: Collection[int], *, alive_s: float, wait_s: float,
                    stopping: Callable[[], bool]) -> None:  # fmt: skip
-        """Until no other worker is giving up one of ``partitions``, or ``stopping()``. A handover
-        begun more than ``alive_s`` ago is not waited for (its worker died during it, or has left the
-        group); none is waited for longer than ``wait_s`` (a store that cannot be read is asked again
-        meanwhile)."""
+        """Until no other worker is giving up one of ``partitions``, or ``stopping()``. A handover whose
+        latest mark is more than ``alive_s`` old is not waited for (its worker, which marks it again every
+        :data:`REFRESH_S`, died or froze during it); none is waited for longer than ``wait_s`` (a store that
+        cannot be read is asked again meanwhile)."""
         started = time.monotonic()
         waited_for: dict[int, list[str]] = {}
         pending: dict[int, list[str]] = {}
@@ -305,12 +326,12 @@ class _Marks:
             if releasing is not None:
                 pending = {p: alive for p, holders in releasing.items()
                            if (alive := sorted(h for h, age in holders.items() if age < alive_s))}  # fmt: skip
-                if not pending:  # each ended, or began more than alive_s ago: those are still releasing
+                if not pending:  # each ended, or was marked last more than alive_s ago: those are still releasing
                     died = {p: unended for p, holders in waited_for.items()
                             if (unended := [h for h in holders if h in releasing.get(p, {})])}  # fmt: skip
                     if died:
                         log.warning("handover_not_ended", seconds=seconds, partitions=died,
-                                    reason=f"begun more than {alive_s:g} s ago: its worker died during it")  # fmt: skip
+                                    reason=f"marked last over {alive_s:g} s ago: its worker died or froze during it")  # fmt: skip
                     elif waited_for:
                         log.info("handover_awaited", seconds=seconds, partitions=waited_for)
                     return

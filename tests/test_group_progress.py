@@ -64,9 +64,9 @@ def test_handover_marks_say_who_is_still_giving_a_partition_up(store: Store):
 
 def test_an_assignment_waits_for_the_handover_until_it_ends_its_bounds_or_a_stop(store: Store):
     """The next holder's wait (streams.handover) ends when the other holder's handover ends; when the
-    wait itself reaches its bound (no heartbeat goes out meanwhile); when the handover began longer ago
-    than a living worker's takes (one killed during it never ends it), saying so each time; and at once
-    when the worker stops. A mark's age is set in the store, not waited out."""
+    wait itself reaches its bound; when the handover was marked last longer ago than a living worker
+    marks it again (one killed during it neither marks it again nor ends it), saying so each time; and
+    at once when the worker stops. A mark's age is set in the store, not waited out."""
     marks = store.handovers
     waiting = _Marks(marks)
 
@@ -85,11 +85,14 @@ def test_an_assignment_waits_for_the_handover_until_it_ends_its_bounds_or_a_stop
     seconds, logs = wait(wait_s=0.5)
     assert 0.5 <= seconds < 30 and [e["event"] for e in logs] == ["handover_awaiting", "handover_not_ended"]
     assert logs[1]["partitions"] == {3: ["gone"]} and "waited 0.5 s" in logs[1]["reason"]
-    age("gone", 595)  # begun 595 s ago: waited for until 600 s after it began
+    age("gone", 595)  # marked last 595 s ago: waited for until 600 s after
     seconds, logs = wait()
     assert seconds < 30 and [e["event"] for e in logs] == ["handover_awaiting", "handover_not_ended"]
     assert logs[1]["partitions"] == {3: ["gone"]} and "its worker died" in logs[1]["reason"]
-    assert wait()[1] == []  # begun more than 600 s ago: not waited for, nothing said
+    assert wait()[1] == []  # marked last more than 600 s ago: not waited for, nothing said
+    marks.mark("gone", [3], releasing=True)  # marked again (its worker alive, the handover going on): waited for
+    seconds, logs = wait(wait_s=0.5)
+    assert [e["event"] for e in logs] == ["handover_awaiting", "handover_not_ended"] and "waited" in logs[1]["reason"]
     age("gone", 0)
     assert wait(stopping=True) == (pytest.approx(0, abs=5), [])
     marks.mark("gone", [3], releasing=False)

@@ -119,6 +119,28 @@ def test_the_assignment_returns_while_its_taking_over_waits_and_a_revocation_end
     assert order == ["revoked"] and parts.posts_recovered is False
 
 
+def test_a_handover_marked_last_longer_ago_than_the_session_timeout_is_not_waited_for() -> None:
+    """A worker killed during its handover stops marking it (every second while it lasts): once its last
+    mark is older than the session timeout, as long as the group takes to find a silent member gone, the
+    next holder goes ahead, rather than waiting out the rebalance timeout (60 s here)."""
+    ages = {"killed": 11.0, "alive": 1.0}  # seconds since each one's latest mark; the session timeout is 10 s
+
+    for holder, waits in (("killed", False), ("alive", True)):
+        parts = _parts(lambda partitions: 0, lambda _, partitions, h=holder: {0: {h: ages[h]}})
+        handover = install_handover(parts)  # type: ignore[arg-type]
+
+        async def run(parts: SimpleNamespace = parts, handover: Handover = handover) -> bool:
+            await parts.app.on_partitions_assigned.receiver(None, _assigned([0]))
+            try:
+                await asyncio.wait_for(handover.taken(), 3)
+            except TimeoutError:
+                return True
+            return False
+
+        assert asyncio.run(run()) is waits, holder
+        assert parts.posts_recovered is not waits
+
+
 def test_a_revocation_during_the_posts_recovery_marks_its_handover_first_and_delivers_none() -> None:
     """The revocation's begin mark goes to the store before the taking over's step in progress (here the
     recovery of the posts) has ended, so that the next holder waits for it; and the posts recovered are
@@ -153,6 +175,33 @@ def test_a_revocation_during_the_posts_recovery_marks_its_handover_first_and_del
     asyncio.run(run())
     assert order == ["marked releasing=True", "recovered", "revoked", "marked releasing=False"]
     assert not parts.pipeline.outbox_ready.is_set() and parts.posts_recovered is False
+
+
+def test_a_handover_in_progress_is_marked_again_until_it_ends() -> None:
+    """A revocation slower than the marks' refresh marks its partitions again while it lasts, then ends
+    them: the next holder waits while the latest mark is recent, and not for a worker that died during it."""
+    order: list[str] = []
+    marked_again = threading.Event()
+
+    def mark(holder: str, partitions: list[int], releasing: bool) -> None:
+        order.append(f"marked releasing={releasing}")
+        if order.count("marked releasing=True") >= 3:
+            marked_again.set()
+
+    parts = _parts(lambda partitions: 0)
+    parts.settings.session_timeout_s = 0.4  # marked again every 0.1 s
+    parts.store.handovers.mark = mark
+    parts.outbox.revoke = lambda: marked_again.wait(10) and order.append("revoked")  # a slow revocation
+    handover = install_handover(parts)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        await parts.app.on_partitions_assigned.receiver(None, _assigned([0]))
+        await handover.taken()
+        await asyncio.wait_for(parts.app.on_partitions_revoked.receiver(None, _assigned([0])), 10)
+
+    asyncio.run(run())
+    assert marked_again.is_set()
+    assert order[-2:] == ["revoked", "marked releasing=False"] and set(order[:-2]) == {"marked releasing=True"}
 
 
 def _stop_while_the_outbox_recovers(outputs: Any = None) -> SimpleNamespace:

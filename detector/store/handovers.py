@@ -28,8 +28,8 @@ class PartitionHandovers:
 
     def releasing(self, holder: str, partitions: Collection[int]) -> dict[int, dict[str, float]]:
         """Partition → the other holders whose handover of it has begun and not ended, each with the
-        seconds since it began (on the store's clock): their writes may not have landed yet, or
-        they died during it."""
+        seconds since its latest mark (on the store's clock; a handover in progress is marked again
+        every second or so): their writes may not have landed yet, or they died during it."""
         if not partitions:
             return {}
         rows = self.conn.query(
