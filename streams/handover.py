@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -48,7 +49,7 @@ from detector.store.handovers import PartitionHandovers
 from detector.store.states import SavedTimes
 from detector.units import one_line
 from streams.parts import WorkerParts, fail
-from streams.pipeline import Pipeline
+from streams.pipeline import Pipeline, PipelineStopped
 
 __all__ = ["Handover", "install_handover"]
 
@@ -170,7 +171,9 @@ def install_handover(parts: WorkerParts) -> Handover:
 
         try:
             await _take_over(assigned, partitions, given_up)
-        except Exception as exc:  # noqa: BLE001 - the store's, most likely: a restart assigns the partitions again
+        except PipelineStopped:  # given up while the store failed: the partitions are handed over
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug (the store's failures are retried): a restart takes them over again
             if given_up():  # the partitions are handed over anyway
                 log.warning("assignment_given_up", partitions=partitions, error=one_line(exc))
                 return
@@ -178,8 +181,12 @@ def install_handover(parts: WorkerParts) -> Handover:
 
     async def _take_over(assigned: Any, partitions: list[int], given_up: Callable[[], bool]) -> None:
         """Wait for the previous holders, load the state and the alerts, recover the posts, then
-        resume; at each step, nothing more once a revocation or a stop has come."""
-        loop = asyncio.get_running_loop()
+        resume; at each step, nothing more once a revocation or a stop has come. A store that fails
+        is asked again, as a batch's look-up is (/healthz says stalled; the stall exit applies)."""
+
+        async def from_store(what: str, look_up: Callable[[], T]) -> T:
+            return await pipeline.ask_store(look_up, what, "taking partitions over; retrying", given_up=given_up)
+
         # Nothing is read, loaded or posted before the previous holders' last writes have landed.
         await marks.wait(partitions, alive_s=parts.settings.session_timeout_s,
                          wait_s=float(app.conf.broker_rebalance_timeout), stopping=given_up)  # fmt: skip
@@ -194,12 +201,12 @@ def install_handover(parts: WorkerParts) -> Handover:
             loaded = store.states.load(partitions, parts.settings.evict_after_s or None, latest)
             return loaded, SavedTimes(latest)
 
-        states, saved_times = await loop.run_in_executor(None, load)
+        states, saved_times = await from_store("state load", load)
         if given_up():  # a revocation or a stop came meanwhile: its hook hands everything over
             return
         # What another worker alerted on these keys until now is in the store: the alert manager
         # learns it again, so re-read input neither re-opens nor re-closes those alerts.
-        manager = await loop.run_in_executor(None, parts.alert_manager)
+        manager = await from_store("alerts' load", parts.alert_manager)
         if given_up():
             return
         pipeline.manager = manager
@@ -214,14 +221,14 @@ def install_handover(parts: WorkerParts) -> Handover:
         parts.holds_partition_0 = 0 in partitions  # one worker of the group posts the digests: partition 0's
         log.info("state_loaded", partitions=partitions, keys=len(states),
                  read_when_they_speak=sum(1 for data in states.values() if data is None))  # fmt: skip
-        recovered = await loop.run_in_executor(None, outbox.assign, partitions)
+        recovered = await from_store("posts' recovery", functools.partial(outbox.assign, partitions))
         if recovered:
             log.info("outbox_recovered", pending=recovered)
         if given_up():  # not delivered: its hook revokes the outbox next, the posts are the next holder's
             return
         pipeline.outbox_ready.set()
         if parts.outputs is not None:
-            recovered = await loop.run_in_executor(None, parts.outputs.assign, partitions)
+            recovered = await from_store("outputs' recovery", functools.partial(parts.outputs.assign, partitions))
             if recovered:
                 log.info("outputs_recovered", pending=recovered)
             if given_up():

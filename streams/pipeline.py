@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import threading
 import time
@@ -106,7 +107,8 @@ class FetchQueue(Protocol):
 
 
 class PipelineStopped(Exception):
-    """The worker is stopping while a write waits for the store: nothing is acknowledged."""
+    """The worker is stopping while a write waits for the store: nothing is acknowledged. Also raised
+    to a look-up's caller that gave it up while the store failed (:meth:`Pipeline.ask_store`)."""
 
 
 @dataclass
@@ -669,24 +671,46 @@ class Pipeline:
         return {id(event) for event, held in zip(events, stored, strict=True) if held}
 
     async def _ask_store(self, look_up: Callable[[_A], _R], arg: _A, what: str, note: str) -> _R:
-        """``look_up(arg)`` off the event loop. A store that cannot answer stalls the batch as a
-        failed write does (retried with backoff, /healthz says stalled), until it answers or the
-        worker stops (:class:`PipelineStopped`)."""
+        """``look_up(arg)`` off the event loop, as :meth:`ask_store` asks, bounded: a look-up that
+        hangs must not hold the batch lock through a revocation."""
+        return await self.ask_store(functools.partial(look_up, arg), what, note, timeout_s=_LOOKUP_TIMEOUT_S)
+
+    async def ask_store(self, look_up: Callable[[], _R], what: str, note: str, *, timeout_s: float | None = None,
+                        given_up: Callable[[], bool] = lambda: False) -> _R:  # fmt: skip
+        """``look_up()`` off the event loop. A store that cannot answer (or not within ``timeout_s``)
+        stalls the pipeline as a failed write does (retried with backoff, /healthz says stalled, the
+        worker exits past ``BURNWATCH_STALL_EXIT_S``), until it answers, or the worker stops or the
+        caller gives the look-up up (:class:`PipelineStopped`; a stall this look-up began ends)."""
         backoff = 0.5
         loop = asyncio.get_running_loop()
+        stalled_here = False
         while True:
-            try:  # bounded: a look-up that hangs must not hold the batch lock through a revocation
-                answer = await asyncio.wait_for(loop.run_in_executor(None, look_up, arg), _LOOKUP_TIMEOUT_S)
+            try:
+                answer = await asyncio.wait_for(loop.run_in_executor(None, look_up), timeout_s)
             except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
-                if self._stopping.is_set():
+                if self._stopping.is_set() or given_up():
+                    self._give_up_stall(stalled_here, what)
                     raise PipelineStopped from exc
                 error = one_line(exc)
+                stalled_here = stalled_here or self.stalled_since is None
                 self._store_stalled(error, f"{what}: {error}", note=note)
-                await self._wait_or_stop(backoff)
+                try:
+                    await self._wait_or_stop(backoff, given_up)
+                except PipelineStopped:
+                    self._give_up_stall(stalled_here, what)
+                    raise
                 backoff = min(backoff * 2, self._retry_max_s)
                 continue
             self._store_available()
             return answer
+
+    def _give_up_stall(self, stalled_here: bool, what: str) -> None:
+        """A look-up given up while the store failed: the stall it began is no longer waited on (a
+        revocation: nothing asks the store until the next assignment, and the stall exit must not
+        fire for a question nobody asks)."""
+        if stalled_here and self.stalled_since is not None and not self._stopping.is_set():
+            log.info("store_stall_given_up", what=what, stalled_s=round(self.stalled_for(), 1))
+            self.stalled_since, self.stall_reason = None, ""
 
     def _store_stalled(self, error: str, reason: str, note: str) -> None:
         """The store took no write or answered no look-up: /healthz and the stall exit apply
@@ -702,10 +726,10 @@ class Pipeline:
             log.info("store_available", stalled_s=round(self.stalled_for(), 1))
             self.stalled_since, self.stall_reason = None, ""
 
-    async def _wait_or_stop(self, seconds: float) -> None:
-        """Back off for ``seconds``, or less if the worker stops (:class:`PipelineStopped`)."""
+    async def _wait_or_stop(self, seconds: float, given_up: Callable[[], bool] = lambda: False) -> None:
+        """Back off for ``seconds``, or less if the worker stops or the caller gives up (:class:`PipelineStopped`)."""
         deadline = time.monotonic() + seconds
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not given_up():
             left = deadline - time.monotonic()
             if left <= 0:
                 return

@@ -176,6 +176,52 @@ def test_a_store_that_takes_no_write_stalls_the_pipeline_and_loses_nothing(store
     assert acked == [("gpu-metrics", i) for i in range(40)]
 
 
+def test_a_look_up_the_store_fails_is_asked_again_until_it_answers_or_is_given_up(store, ruleset):
+    """An assignment takes its partitions over through ``Pipeline.ask_store``: a store that fails (its
+    state table gone) stalls the pipeline (/healthz says why) and is asked again with backoff until it
+    answers; a look-up given up meanwhile (a revocation) raises PipelineStopped and ends the stall it began,
+    so that the stall exit does not fire for a question nobody asks any more."""
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    pipeline._retry_max_s = 0.2
+    asked: list[float] = []
+
+    def load() -> dict:
+        asked.append(time.monotonic())
+        return store.states.load([0], None, {})
+
+    def table(away: bool) -> None:
+        names = ("detector_state", "detector_state_away")
+        store.client.command(f"RENAME TABLE {store.db}.{names[not away]} TO {store.db}.{names[away]}")
+
+    async def until(condition, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.02)
+
+    async def go() -> tuple[dict, bool, bool]:
+        table(away=True)
+        loading = asyncio.ensure_future(pipeline.ask_store(load, "state load", "taking partitions over; retrying"))
+        await until(lambda: len(asked) >= 3, "asked again")
+        stalled = pipeline.stalled_for() > 0 and pipeline.stall_reason.startswith("state load: ")
+        table(away=False)
+        loaded = await asyncio.wait_for(loading, 30)
+        answered = pipeline.stalled_for() == 0.0
+        table(away=True)
+        given_up: list[bool] = []
+        loading = asyncio.ensure_future(pipeline.ask_store(load, "state load", "retrying", given_up=lambda: bool(given_up)))
+        await until(lambda: pipeline.stalled_for() > 0, "stalled again")
+        given_up.append(True)
+        with pytest.raises(PipelineStopped):
+            await asyncio.wait_for(loading, 30)
+        table(away=False)
+        return loaded, stalled, answered
+
+    loaded, stalled, answered = asyncio.run(go())
+    assert loaded == {} and stalled and answered
+    assert pipeline.stalled_for() == 0.0 and pipeline.stall_reason == ""
+
+
 def test_events_are_stored_once_by_content_whatever_their_offsets(store, ruleset):
     """A producer re-sends messages (new offsets, same content), the topic is recreated
     (offsets start again at 0 with new content): the re-sent events are stored once, the new
