@@ -16,9 +16,9 @@ alert manager's memory and the Slack posts still to make (docs/reliability.md).
 
 A revocation and a stop mark the partitions given up in the store when they begin, every second
 while they last, and when they end; an assignment's taking over first waits for every other
-worker still giving up one of its partitions (marked within the session timeout: one marked last
-before that died or froze during it; at most the rebalance timeout, after which a worker has left
-the group), so that nothing the previous holder writes or posts lands after the next holder began.
+worker still giving up one of its partitions (marked within the session timeout and a mark's
+bound: one marked last before that died or froze during it; at most the rebalance timeout, after
+which a worker has left the group), so that nothing the previous holder writes or posts lands after the next holder began.
 Kafka promises as much (no member is assigned anything before every member has rejoined, its
 revocation done); the embedded broker forms the group when its leader rejoins, and a slower
 revocation overlapped the next holder (docs/architecture.md, "Several workers: what moves at a
@@ -51,7 +51,7 @@ from detector.units import one_line
 from streams.parts import WorkerParts, fail
 from streams.pipeline import Pipeline, PipelineStopped
 
-__all__ = ["Handover", "install_handover"]
+__all__ = ["Handover", "alive_for", "install_handover"]
 
 HANDOVER_POLL_S = 0.2
 """How often an assignment asks whether the previous holders' handovers have ended."""
@@ -59,8 +59,21 @@ MARK_WITHIN_S = 5.0
 """How long a handover mark may take before it is given up (logged): a store that hangs holds no stop up."""
 REFRESH_S = 1.0
 """How often a handover in progress marks its partitions again (at most a quarter of the session timeout):
-the next holder waits while the latest mark is younger than the session timeout, so for a live worker's
-handover however long it lasts, and for a dead one's no longer than the group takes to find it gone."""
+the next holder waits while the latest mark is recent (:func:`alive_for`), so for a live worker's handover
+however long it lasts, and for a dead one's a few seconds longer than the group takes to find it gone."""
+
+
+def refresh_every(session_timeout_s: float) -> float:
+    """How often a handover in progress is marked again."""
+    return min(REFRESH_S, session_timeout_s / 4)
+
+
+def alive_for(session_timeout_s: float) -> float:
+    """How recent the latest mark of a handover must be for the next holder to wait for it: the session
+    timeout (as long as the group takes to find a silent member gone), plus a mark that took its whole
+    bound and the refreshes around it (a slow store at a rebalance must not pass a live worker over)."""
+    return session_timeout_s + MARK_WITHIN_S + 2 * refresh_every(session_timeout_s)
+
 
 T = TypeVar("T")
 
@@ -117,15 +130,16 @@ def install_handover(parts: WorkerParts) -> Handover:
         if partitions:
             log.info("handing_over", partitions=partitions, holder=marks.holder)
         ended = asyncio.Event()
-        refreshing = asyncio.ensure_future(marks.refresh(partitions, min(REFRESH_S, parts.settings.session_timeout_s / 4),
-                                                         ended))  # fmt: skip
+        refreshing = asyncio.ensure_future(marks.refresh(partitions, refresh_every(parts.settings.session_timeout_s), ended))
         try:
             await handover.taken()
             await hand_over()
         finally:
             ended.set()
-            await asyncio.wait({refreshing})  # (its mark in progress lands before the end mark)
-            await marks.mark(partitions, releasing=False)
+            try:
+                await asyncio.wait({refreshing})  # (its mark in progress lands before the end mark)
+            finally:
+                await marks.mark(partitions, releasing=False)
             if partitions:
                 log.info("handed_over", partitions=partitions, holder=marks.holder, seconds=round(time.monotonic() - started, 3))
 
@@ -188,7 +202,7 @@ def install_handover(parts: WorkerParts) -> Handover:
             return await pipeline.ask_store(look_up, what, "taking partitions over; retrying", given_up=given_up)
 
         # Nothing is read, loaded or posted before the previous holders' last writes have landed.
-        await marks.wait(partitions, alive_s=parts.settings.session_timeout_s,
+        await marks.wait(partitions, alive_s=alive_for(parts.settings.session_timeout_s),
                          wait_s=float(app.conf.broker_rebalance_timeout), stopping=given_up)  # fmt: skip
         if given_up():
             return

@@ -11,7 +11,7 @@ from typing import Any
 
 from faust.types import TP
 
-from streams.handover import Handover, install_handover
+from streams.handover import Handover, alive_for, install_handover
 
 
 class _Signal:
@@ -122,11 +122,12 @@ def test_the_assignment_returns_while_its_taking_over_waits_and_a_revocation_end
     assert order == ["revoked"] and parts.posts_recovered is False
 
 
-def test_a_handover_marked_last_longer_ago_than_the_session_timeout_is_not_waited_for() -> None:
+def test_a_handover_marked_last_longer_ago_than_a_live_worker_marks_it_is_not_waited_for() -> None:
     """A worker killed during its handover stops marking it (every second while it lasts): once its last
-    mark is older than the session timeout, as long as the group takes to find a silent member gone, the
-    next holder goes ahead, rather than waiting out the rebalance timeout (60 s here)."""
-    ages = {"killed": 11.0, "alive": 1.0}  # seconds since each one's latest mark; the session timeout is 10 s
+    mark is older than the session timeout and a mark's bound (10 + 5 + 2 s here), the next holder goes
+    ahead, rather than waiting out the rebalance timeout (60 s here)."""
+    assert alive_for(10) == 10 + 5 + 2
+    ages = {"killed": alive_for(10) + 1, "alive": alive_for(10) - 1}  # seconds since each one's latest mark
 
     for holder, waits in (("killed", False), ("alive", True)):
         parts = _parts(lambda partitions: 0, lambda _, partitions, h=holder: {0: {h: ages[h]}})
