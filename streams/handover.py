@@ -198,8 +198,9 @@ def install_handover(parts: WorkerParts) -> Handover:
         resume; at each step, nothing more once a revocation or a stop has come. A store that fails
         is asked again, as a batch's look-up is (/healthz says stalled; the stall exit applies)."""
 
-        async def from_store(what: str, look_up: Callable[[], T]) -> T:
-            return await pipeline.ask_store(look_up, what, "taking partitions over; retrying", given_up=given_up)
+        async def from_store(what: str, look_up: Callable[[], T], read_only: bool = False) -> T:
+            return await pipeline.ask_store(look_up, what, "taking partitions over; retrying", given_up=given_up,
+                                            read_only=read_only)  # fmt: skip
 
         # Nothing is read, loaded or posted before the previous holders' last writes have landed.
         await marks.wait(partitions, alive_s=alive_for(parts.settings.session_timeout_s),
@@ -215,12 +216,12 @@ def install_handover(parts: WorkerParts) -> Handover:
             loaded = store.states.load(partitions, parts.settings.evict_after_s or None, latest)
             return loaded, SavedTimes(latest)
 
-        states, saved_times = await from_store("state load", load)
+        states, saved_times = await from_store("state load", load, read_only=True)
         if given_up():  # a revocation or a stop came meanwhile: its hook hands everything over
             return
         # What another worker alerted on these keys until now is in the store: the alert manager
         # learns it again, so re-read input neither re-opens nor re-closes those alerts.
-        manager = await from_store("alerts' load", parts.alert_manager)
+        manager = await from_store("alerts' load", parts.alert_manager, read_only=True)
         if given_up():
             return
         pipeline.manager = manager

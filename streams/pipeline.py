@@ -111,6 +111,21 @@ class PipelineStopped(Exception):
     to a look-up's caller that gave it up while the store failed (:meth:`Pipeline.ask_store`)."""
 
 
+async def _unless_given_up(asked: asyncio.Future[_R], given_up: Callable[[], bool], timeout_s: float | None) -> _R:
+    """A read's answer, within ``timeout_s``; :class:`PipelineStopped` as soon as ``given_up()`` (checked
+    every 0.1 s), the read left to finish unused (a store that hangs holds no revocation up)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    while not (await asyncio.wait({asked}, timeout=0.1))[0]:
+        if given_up():
+            asked.add_done_callback(lambda f: f.cancelled() or f.exception())  # its error, if any, unused
+            raise PipelineStopped
+        if deadline is not None and loop.time() >= deadline:
+            asked.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise TimeoutError(f"no answer within {timeout_s:g} s")
+    return asked.result()
+
+
 @dataclass
 class Stats:
     messages: int = 0
@@ -676,17 +691,22 @@ class Pipeline:
         return await self.ask_store(functools.partial(look_up, arg), what, note, timeout_s=_LOOKUP_TIMEOUT_S)
 
     async def ask_store(self, look_up: Callable[[], _R], what: str, note: str, *, timeout_s: float | None = None,
-                        given_up: Callable[[], bool] = lambda: False) -> _R:  # fmt: skip
+                        given_up: Callable[[], bool] = lambda: False, read_only: bool = False) -> _R:  # fmt: skip
         """``look_up()`` off the event loop. A store that cannot answer (or not within ``timeout_s``)
         stalls the pipeline as a failed write does (retried with backoff, /healthz says stalled, the
         worker exits past ``BURNWATCH_STALL_EXIT_S``), until it answers, or the worker stops or the
-        caller gives the look-up up (:class:`PipelineStopped`; a stall this look-up began ends)."""
+        caller gives the look-up up (:class:`PipelineStopped`; a stall this look-up began ends): between
+        two tries, or, ``read_only``, at once, the try in progress left to finish unused."""
         backoff = 0.5
         loop = asyncio.get_running_loop()
         stalled_here = False
         while True:
             try:
-                answer = await asyncio.wait_for(loop.run_in_executor(None, look_up), timeout_s)
+                asked = loop.run_in_executor(None, look_up)
+                if read_only:
+                    answer = await _unless_given_up(asked, given_up, timeout_s)
+                else:
+                    answer = await asyncio.wait_for(asked, timeout_s)
             except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
                 if self._stopping.is_set() or given_up():
                     self._give_up_stall(stalled_here, what)

@@ -47,7 +47,7 @@ class _Pipeline:
     def resume(self) -> bool:
         return not self.stopping
 
-    async def ask_store(self, look_up: Any, what: str, note: str, *, given_up: Any) -> Any:
+    async def ask_store(self, look_up: Any, what: str, note: str, **options: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, look_up)  # a store that answers
 
 

@@ -222,6 +222,39 @@ def test_a_look_up_the_store_fails_is_asked_again_until_it_answers_or_is_given_u
     assert pipeline.stalled_for() == 0.0 and pipeline.stall_reason == ""
 
 
+def test_a_read_the_store_does_not_answer_is_given_up_at_once_and_a_recovery_is_awaited(store, ruleset):
+    """A revocation gives up the taking over's look-ups: a read (the state load) that hangs is left to
+    finish unused, so a store that hangs holds no revocation up; a look-up that is not only a read (the
+    posts' recovery takes the partitions) is awaited, so it never lands after the handover."""
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    hanging, gave_up = threading.Event(), threading.Event()
+
+    def hung() -> dict:
+        hanging.set()
+        gave_up.wait(30)  # a store that does not answer, until the test is done
+        return store.states.load([0], None, {})
+
+    async def go(read_only: bool) -> tuple[bool, object]:
+        """Whether the look-up ended while the store still hung, and its outcome once the store answered."""
+        given_up: list[bool] = []
+        asked = asyncio.ensure_future(pipeline.ask_store(hung, "state load", "retrying", read_only=read_only,
+                                                         given_up=lambda: bool(given_up)))  # fmt: skip
+        assert await asyncio.get_running_loop().run_in_executor(None, hanging.wait, 30)
+        given_up.append(True)
+        done, _ = await asyncio.wait({asked}, timeout=30 if read_only else 0.5)  # (not given up: still waiting)
+        gave_up.set()  # the store answers
+        try:
+            outcome: object = await asyncio.wait_for(asked, 30)
+        except PipelineStopped:
+            outcome = "given up"
+        hanging.clear()
+        gave_up.clear()
+        return bool(done), outcome
+
+    assert asyncio.run(go(read_only=True)) == (True, "given up")
+    assert asyncio.run(go(read_only=False)) == (False, {})  # awaited until it answered: its answer stands
+
+
 def test_events_are_stored_once_by_content_whatever_their_offsets(store, ruleset):
     """A producer re-sends messages (new offsets, same content), the topic is recreated
     (offsets start again at 0 with new content): the re-sent events are stored once, the new
