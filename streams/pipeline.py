@@ -118,11 +118,13 @@ async def _unless_given_up(asked: asyncio.Future[_R], given_up: Callable[[], boo
     deadline = None if timeout_s is None else loop.time() + timeout_s
     while not (await asyncio.wait({asked}, timeout=0.1))[0]:
         if given_up():
-            asked.add_done_callback(lambda f: f.cancelled() or f.exception())  # its error, if any, unused
-            raise PipelineStopped
-        if deadline is not None and loop.time() >= deadline:
-            asked.add_done_callback(lambda f: f.cancelled() or f.exception())
-            raise TimeoutError(f"no answer within {timeout_s:g} s")
+            left: Exception = PipelineStopped()
+        elif deadline is not None and loop.time() >= deadline:
+            left = TimeoutError(f"no answer within {timeout_s:g} s")
+        else:
+            continue
+        asked.add_done_callback(lambda f: f.cancelled() or f.exception())  # its error, if any, unused
+        raise left
     return asked.result()
 
 

@@ -21,7 +21,10 @@ from typing import Any
 
 from streams.children import die_with_parent
 
-__all__ = ["StoreServerProcess", "WorkerProcess", "log_events", "stop_group", "worker_env"]
+__all__ = ["SESSION_TIMEOUT_S", "StoreServerProcess", "WorkerProcess", "log_events", "stop_group", "worker_env"]
+
+SESSION_TIMEOUT_S = 6
+"""The group session timeout of a :func:`worker_env` worker: short, so that a rebalance is quick."""
 
 
 def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **extra: str) -> dict[str, str]:
@@ -35,7 +38,7 @@ def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **e
         "BURNWATCH_PARTITIONS": str(partitions),
         "BURNWATCH_WEB_PORT": str(free_port()),
         "BURNWATCH_LOG_FORMAT": "json",
-        "BURNWATCH_SESSION_TIMEOUT_S": "6",
+        "BURNWATCH_SESSION_TIMEOUT_S": str(SESSION_TIMEOUT_S),
         "BURNWATCH_EVENT_TTL_DAYS": "0",  # simulated and replayed fleets are dated in the past: keep them
         **extra,
     }

@@ -18,6 +18,7 @@ import pytest
 from detector.simulate import SimConfig
 from detector.testing import LocalSlack
 from streams.embedded import EmbeddedBroker
+from streams.process import SESSION_TIMEOUT_S as SESSION_S
 from streams.process import StoreServerProcess as ServerProcess
 from tests.conftest import ROOT
 from tests.reliability import (
@@ -42,8 +43,6 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 8
 SPEED = 900.0
 """Event time per wall-clock second: a 10-hour fleet streams in about 40 s."""
-SESSION_S = float(worker_env("", Path(), Path(), PARTITIONS)["BURNWATCH_SESSION_TIMEOUT_S"])
-"""The workers' group session timeout (the tests' setting)."""
 
 
 def wait_all_acknowledged(bootstrap: str, workers: list[Worker], timeout: float, partitions: int = PARTITIONS) -> None:
