@@ -66,9 +66,16 @@ def tenths(polls: list[tuple[float, int]], n_events: int) -> list[int]:
     return rates
 
 
+def all_stored(env: dict[str, str], want_rows: dict[str, int]) -> bool:
+    """Whether the store holds every event (at least as many rows of each table as the fleet has)."""
+    rows = stored(env).rows
+    return all(rows.get(table, 0) >= n for table, n in want_rows.items())
+
+
 def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name: str, expected: list[Alert],
              event_writer: str = "auto", stall_s: float = 0.0, stalls: int = 1,
-             partitions: int = PARTITIONS) -> dict:  # fmt: skip
+             partitions: int = PARTITIONS, want_rows: dict[str, int] | None = None) -> dict:  # fmt: skip
+    want_rows = want_rows if want_rows is not None else expected_counts(messages)
     server = StoreServerProcess(f"chdb://{workdir / name / 'ch'}", workdir / f"store-{name}.log").wait_ready()
     workers: list[WorkerProcess] = []
     try:
@@ -131,10 +138,13 @@ def run_once(n_workers: int, messages: list, n_events: int, workdir: Path, name:
                     first = time.perf_counter()
                     cpu_first = [cpu_seconds(w._proc.pid) for w in workers] + [cpu_seconds(server.proc.pid)]  # type: ignore[union-attr]
                     main_first = [cpu_seconds(w._proc.pid, children=False) for w in workers]  # type: ignore[union-attr]
-                if total >= n_events and stored_at is None:
+                # A stall past the session timeout has the group read some messages again, which the workers
+                # count again: then the store says when every event is in.
+                if total >= n_events and stored_at is None and (not stall_s or all_stored(envs[0], want_rows)):
                     stored_at = time.perf_counter()
-                if stored_at is not None and all(h is not None and h["held"] == 0 for h in hs):
-                    break  # every event stored and decided
+                if stored_at is not None and all(h is not None and h["held"] == 0 for h in hs) \
+                        and sum(h["partitions"] for h in hs if h) == partitions:  # fmt: skip
+                    break  # every event stored and decided, and the group settled (a stall past the session moves it)
                 for w in workers:
                     if not w.running:
                         raise RuntimeError(f"a worker exited:\n{w.tail()}")
@@ -209,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             for n, mode in sides:
                 r = run_once(n, messages, n_events, Path(tmp), f"r{run}-w{n}-{mode}", expected, mode, args.stall, args.stalls,
-                             args.partitions)  # fmt: skip
+                             args.partitions, want_rows)  # fmt: skip
                 r["rows_ok"] = r["stored_rows"] == want_rows and r["doubled"] == 0
                 results.append(r)
                 stalled = f", the first while the last was stopped {r['stalled_most_held']}" if args.stall and n > 1 else ""
@@ -221,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"CPU s: workers {r['cpu_s_workers']} (of which their own process "
                       f"{r['cpu_s_workers_main']}; by stage {r['cpu_s_stages']}), store {r['cpu_s_store']} "
                       f"({r['events_per_worker_cpu_s']:,.0f} events per worker CPU second); "
-                      f"rows ok {r['rows_ok']}, alerts ok {r['alerts_ok']} ({r['alerts']}); "
+                      f"rows ok {r['rows_ok']} (doubled {r['doubled']}), alerts ok {r['alerts_ok']} ({r['alerts']}); "
                       f"load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}", flush=True)  # fmt: skip
     for n, mode in sorted(set(sides)):
         side = [r for r in results if r["workers"] == n and r["event_writer"] == mode]

@@ -48,6 +48,8 @@ UNROUTED = ("", "unrouted")
 """The (channel, ts) recorded for a change ``routing.yaml`` sends elsewhere than Slack."""
 WITHDRAWN_UNPOSTED = ("", "withdrawn")
 """The (channel, ts) recorded for the opening and the withdrawal of a fire withdrawn before it was posted."""
+MAY_POST_AGAIN_S = 0.5
+"""How soon a pass that found :attr:`Outbox.may_post` false comes back."""
 
 _ORDER = {"fired": 0, "resolved": 1, "withdrawn": 2, "corrected": 3}
 """The order an alert's changes are queued in after a restart."""
@@ -117,6 +119,10 @@ class Outbox:
         self.failed = 0
         self.hold_s = 0.0
         """After a pass: seconds until a group waiting for company is due (0: none waits)."""
+        self.may_post: Callable[[], bool] = lambda: True
+        """Whether this worker may post for its partitions now: a worker frozen past its group's session
+        posts nothing until the group is known to hold it still (its partitions may be another's; the
+        worker's :class:`~streams.membership.Membership`). Asked before each post and edit."""
 
     def __len__(self) -> int:
         """Changes waiting to be posted."""
@@ -264,6 +270,9 @@ class Outbox:
                 found = [a for a in doubtful if self._found(a, [a], self._done.get((a.alert_id, "fired")))]
                 if found:
                     continue  # those are delivered; the rest forms its message again
+            if not self.may_post():  # asked again shortly: the revocation that may follow drops the queue
+                self.hold_s = MAY_POST_AGAIN_S
+                return sent
             # Before sending (every try): a kill from here on leaves the mark, and its time, for the next worker.
             self.store.deliveries.record_attempt([a.alert_id for a in group], alert.change, self._unrecorded)
             self._unrecorded = []
@@ -291,7 +300,7 @@ class Outbox:
             if self.on_opened is not None and len(group) == 1 and alert.change == "fired" and ts:
                 self.on_opened(alert, channel, ts)
             sent += 1
-        if self._edits and self.notifier is not None and self.notifier.threads:
+        if self._edits and self.notifier is not None and self.notifier.threads and self.may_post():
             self._record_delivered()  # before the edits' Slack calls: the pass's end write, made sooner
             self._edit_messages()
         return sent

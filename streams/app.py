@@ -24,7 +24,7 @@ from detector.remediation.runner import ActionRunner
 from detector.settings import Settings
 from detector.slack import SlackNotifier
 from detector.store import EventHistory, Store
-from streams.bulk import BulkConsumer
+from streams.bulk import BulkConsumer, BulkTransport
 from streams.config import LiveConfig
 from streams.event_writer import writer_for
 from streams.handover import install_handover
@@ -78,6 +78,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
     (:mod:`streams.web`) each read what they need from :class:`WorkerParts`."""
     config = LiveConfig.load(settings.rules_path)
     app = make_app(settings)
+    membership = cast(BulkTransport, app.transport).membership  # renewed by the consumer's heartbeats
     serve_only_burnwatch(app)  # /healthz, /metrics, /slack/actions; not Faust's own views
     # Per-resource state lives in ClickHouse beside the events it was built from, written
     # in the same step before offsets are acked, and loaded when partitions are assigned.
@@ -108,7 +109,10 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         outputs=outputs,
         event_writer=writer_for(store, settings.dsn, settings.clickhouse_database, settings.event_writer),
         partition_count=lambda topic: cast(BulkConsumer, app.consumer).partition_count(topic) or settings.partitions,
+        membership=membership,
     )
+    if membership is not None:  # a worker frozen past the session posts nothing until the group holds it still
+        outbox.may_post = outputs.may_post = membership.held
     actions = ActionRunner(store, executors(settings), lambda: config.current.ruleset, outbox.notifier)
     parts = WorkerParts(settings=settings, store=store, app=app, config=config, engine=engine, outbox=outbox,
                         pipeline=pipeline, assigned_states=assigned_states, outputs=outputs,

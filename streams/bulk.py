@@ -37,6 +37,7 @@ from faust.types import TP
 from faust.types.tuples import ack_lock
 from mode.utils.futures import notify
 
+from streams.membership import Membership, watch_heartbeats
 from streams.pipeline import Message
 
 log = structlog.get_logger("burnwatch.worker")
@@ -175,6 +176,15 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
         if transport.fetch_max_bytes is not None:  # a BulkTransport's
             consumer._fetch_max_bytes = transport.fetch_max_bytes
+        membership = getattr(transport, "membership", None)
+        if membership is not None:  # its group coordinator, made when it starts, renews the membership
+            start = consumer.start
+
+            async def start_watched() -> None:
+                await start()
+                watch_heartbeats(consumer._coordinator, membership)
+
+            consumer.start = start_watched
         return consumer
 
 
@@ -268,6 +278,17 @@ class BulkConsumer(faust_aiokafka.Consumer):
                 return
             raise
 
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        """Each assigned partition's read offset starts afresh; Faust's seek to the committed offsets then sets
+        it. Faust forgets it when the partition is revoked, but a fetch of the generation before that is handed
+        over after the revocation (a worker frozen past the session wakes with one) sets it again
+        (:meth:`_fresh`), and the seek leaves it where nothing is committed: every record below it was then
+        left out as read already, and the partition was never read again (seen with a worker frozen during a
+        backlog's catch-up and given its partition back)."""
+        for tp in assigned:
+            self._read_offset.pop(tp, None)
+        await super().on_partitions_assigned(assigned, generation_id)
+
     def resume_partitions(self, tps: Iterable[TP]) -> None:
         super().resume_partitions(tps)
         if self._resumed is not None:
@@ -332,6 +353,8 @@ class BulkTransport(faust_aiokafka.Transport):
     bulk_topics: frozenset[str] = frozenset()
     fetch_max_bytes: int | None = None
     """The most one fetch brings of all partitions together (Kafka's ``fetch.max.bytes``; None: aiokafka's 50 MB)."""
+    membership: Membership | None = None
+    """Renewed by the consumer's heartbeats (:mod:`streams.membership`; None: not watched)."""
 
     def create_consumer(self, callback: Any, **kwargs: Any) -> Any:
         consumer = cast(BulkConsumer, super().create_consumer(callback, **kwargs))
@@ -339,12 +362,15 @@ class BulkTransport(faust_aiokafka.Transport):
         return consumer
 
 
-def install_bulk(app: faust.App, topics: Iterable[str], fetches: Fetches, fetch_max_bytes: int | None = None) -> Fetches:
+def install_bulk(app: faust.App, topics: Iterable[str], fetches: Fetches, fetch_max_bytes: int | None = None,
+                 membership: Membership | None = None) -> Fetches:  # fmt: skip
     """Give ``app`` a consumer that hands fetches of ``topics`` to ``fetches`` (before anything
-    has made the app's transport), each fetch at most ``fetch_max_bytes`` (None: aiokafka's 50 MB)."""
+    has made the app's transport), each fetch at most ``fetch_max_bytes`` (None: aiokafka's 50 MB),
+    whose heartbeats renew ``membership``."""
     transport = BulkTransport(app.conf.broker_consumer, app)
     transport.fetches = fetches
     transport.bulk_topics = frozenset(topics)
     transport.fetch_max_bytes = fetch_max_bytes
+    transport.membership = membership
     app.transport = transport
     return transport.fetches

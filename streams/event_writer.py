@@ -33,7 +33,8 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EventWriter",
+    "HeldUntil",
+    "NotMember",
     "ProcessEventWriter",
     "RelayClient",
     "RelayedError",
@@ -96,6 +99,30 @@ the ClickHouse client's own 300 s timeout and a retry, so a slow store is not ta
 With the embedded engine it counts the worker's own runs of the child's calls too (the engine has no
 client timeout): a call past it ends the write as a store unavailable once the call returns, retried,
 and what it stored is left out again by content."""
+
+
+class NotMember(Exception):
+    """An insert was about to be sent after the worker's membership of its group ran out (a freeze:
+    :mod:`streams.membership`): nothing more of the batch was sent. The pipeline waits for the group
+    to say whether it holds the worker still, then writes the batch again or drops it."""
+
+
+HeldUntil = Callable[[], float]
+"""When (``time.monotonic()``) the worker's membership runs out unless renewed (:meth:`Membership.held_until`)."""
+
+
+def _within(held_until: float) -> Callable[[], None]:
+    """A ``before_insert`` that raises :class:`NotMember` once ``time.monotonic()`` reaches ``held_until``."""
+
+    def check() -> None:
+        if time.monotonic() >= held_until:
+            raise NotMember
+
+    return check
+
+
+def _while_held(held_until: HeldUntil | None) -> Callable[[], None] | None:
+    return None if held_until is None else lambda: _within(held_until())()
 
 
 class StoreUnavailable(Exception):
@@ -181,12 +208,14 @@ class EventStore(Connection):
         self.events = Events(self)
 
 
-def store_events(store: Store | EventStore, items: Sequence[Item], pricing: Pricing | None) -> Refused:
+def store_events(store: Store | EventStore, items: Sequence[Item], pricing: Pricing | None,
+                 before_insert: Callable[[], None] | None = None) -> Refused:  # fmt: skip
     """Store the items' events; return the items the store refused, each with the reason. A
     failed insert is split in halves until the refused item is alone (what was stored
     meanwhile is not stored again: the store leaves out what it holds). Raises
-    :class:`StoreUnavailable` when the store, not the data, is at fault."""
-    return _store(store, items, 0, pricing)
+    :class:`StoreUnavailable` when the store, not the data, is at fault, and what
+    ``before_insert`` raises (called before each insert, after its look-up)."""
+    return _store(store, items, 0, pricing, before_insert)
 
 
 def _batch(items: Sequence[Item]) -> EventBatch:
@@ -196,19 +225,23 @@ def _batch(items: Sequence[Item]) -> EventBatch:
     return batch
 
 
-def _store(store: Store | EventStore, items: Sequence[Item], first: int, pricing: Pricing | None) -> Refused:
+def _store(store: Store | EventStore, items: Sequence[Item], first: int, pricing: Pricing | None,
+           before_insert: Callable[[], None] | None) -> Refused:  # fmt: skip
     if not items:
         return []
     try:
-        store.events.insert(_batch(items), pricing)
+        store.events.insert(_batch(items), pricing, before_insert)
         return []
+    except NotMember:
+        raise
     except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
         if not store.refused(exc) or not store.writable():  # not the rows: retry, drop nothing
             raise StoreUnavailable(one_line(exc)) from exc
         if len(items) == 1:
             return [(first, f"the store refused this message's events: {one_line(exc, MAX_REASON)}")]
     half = len(items) // 2
-    return _store(store, items[:half], first, pricing) + _store(store, items[half:], first + half, pricing)
+    return (_store(store, items[:half], first, pricing, before_insert)
+            + _store(store, items[half:], first + half, pricing, before_insert))  # fmt: skip
 
 
 class EventWriter:
@@ -219,7 +252,10 @@ class EventWriter:
         this writer does not)."""
         return None
 
-    def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None) -> Refused:
+    def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None,
+              held_until: HeldUntil | None = None) -> Refused:  # fmt: skip
+        """Store the batch (:func:`store_events`). ``held_until``: no insert is sent at or after the time it
+        gives, asked just before (the worker's membership of its group: :class:`NotMember` then)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -232,8 +268,9 @@ class ThreadEventWriter(EventWriter):
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None) -> Refused:
-        return store_events(self.store, items, pricing)
+    def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None,
+              held_until: HeldUntil | None = None) -> Refused:  # fmt: skip
+        return store_events(self.store, items, pricing, _while_held(held_until))
 
 
 class Received(msgspec.Struct, array_like=True):
@@ -328,22 +365,25 @@ class ProcessEventWriter(EventWriter):
             log.warning("event_prepare_failed", status=status, error=answer, note="the batch is written the usual way")
         return None
 
-    def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None) -> Refused:
+    def write(self, items: Sequence[Item], pricing: Pricing | None, prepared: Prepared | None = None,
+              held_until: HeldUntil | None = None) -> Refused:  # fmt: skip
         if not items:
             return []
-        if prepared is not None and self._write_prepared(prepared):
+        if prepared is not None and self._write_prepared(prepared, held_until):
             return []
-        status, answer = self._exchange("write", items, pricing)
+        status, answer = self._exchange("write", items, pricing, held_until)
         if status == "unreadable" and self.fallback is not None:
             log.error("event_writer_unreadable", error=answer, note="the batch is written in the worker's writer thread")
-            return self.fallback.write(items, pricing)
+            return self.fallback.write(items, pricing, held_until=held_until)
+        if status == "not member":
+            raise NotMember
         if status == "unavailable":
             raise StoreUnavailable(answer)
         if status != "ok":
             raise StoreUnavailable(f"the event writer process failed: {answer}")
         return [(index, reason) for index, reason in answer]
 
-    def _write_prepared(self, prepared: Prepared) -> bool:
+    def _write_prepared(self, prepared: Prepared, held_until: HeldUntil | None = None) -> bool:
         """The prepared batch inserted on the worker's store, in this (the writer) thread. False,
         having stored nothing the usual write would not leave out: the batch could not be prepared
         (the child failed, died or hung: its watchdog killed it), some of its ids are stored, or
@@ -360,13 +400,16 @@ class ProcessEventWriter(EventWriter):
         if ready is None:
             return False
         try:
-            return store.events.insert_prepared(ready) is not None
+            return store.events.insert_prepared(ready, _while_held(held_until)) is not None
+        except NotMember:
+            raise
         except Exception as exc:  # noqa: BLE001 - a client, a driver or the engine may raise
             if not store.refused(exc) or not store.writable():  # not the rows: retry, drop nothing
                 raise StoreUnavailable(one_line(exc)) from exc
             return False
 
-    def _exchange(self, kind: str, items: Sequence[Item], pricing: Pricing | None) -> tuple[str, Any]:
+    def _exchange(self, kind: str, items: Sequence[Item], pricing: Pricing | None,
+                  held_until: HeldUntil | None = None) -> tuple[str, Any]:  # fmt: skip
         """Send the child a batch to ``write`` or ``prepare`` and return its answer (a status and
         what goes with it), running the calls it relays meanwhile; its insert figures go to this
         process's metrics. A child that dies, or gives no answer within :attr:`answer_within_s`
@@ -389,7 +432,10 @@ class ProcessEventWriter(EventWriter):
             self._exchanging = kind
             try:
                 changed = pricing is not self._pricing
-                pipe.send((kind, changed, pricing if changed else None))  # the price list, when it changed (a reload)
+                # The price list when it changed (a reload), and when the worker's membership runs out: asked
+                # now, so that a batch sent after a freeze (or while the worker froze) is not inserted late.
+                until = held_until() if held_until is not None else math.inf
+                pipe.send((kind, changed, pricing if changed else None, until))
                 pipe.send_bytes(encode_items(items))  # (not pickled: a batch's values are megabytes)
                 self._pricing = pricing
                 status, answer, observed = self._answer(pipe)
@@ -544,7 +590,7 @@ def _serve(pipe: Pipe, worker: int) -> None:
     try:
         while True:
             try:
-                kind, changed, sent_pricing = pipe.recv()
+                kind, changed, sent_pricing, held_until = pipe.recv()
                 payload = pipe.recv_bytes()
             except EOFError:
                 return  # the worker closed the pipe
@@ -561,16 +607,18 @@ def _serve(pipe: Pipe, worker: int) -> None:
                     pipe.send(("unavailable", f"the event writer process cannot reach the store: {one_line(exc)}", {}))
                     continue
                 store.events.observe = _Observer(observed)
-            pipe.send((*_answer(kind, store, payload, decoder, pricing), observed))
+            pipe.send((*_answer(kind, store, payload, decoder, pricing, held_until), observed))
             del payload  # a batch is megabytes: not held while the child waits for the next
     finally:
         if store is not None:
             store.close()
 
 
-def _answer(kind: str, store: EventStore, payload: bytes, decoder: EventDecoder, pricing: Pricing | None) -> tuple[str, Any]:
-    """One batch decoded again, then stored (``write``) or its insert made ready for the worker to
-    run (``prepare``: :meth:`Events.prepare`): the child's answer (a status and what goes with it)."""
+def _answer(kind: str, store: EventStore, payload: bytes, decoder: EventDecoder, pricing: Pricing | None,
+            held_until: float = math.inf) -> tuple[str, Any]:  # fmt: skip
+    """One batch decoded again, then stored (``write``: no insert sent at or after ``held_until``, the
+    worker's membership, ``not member`` then) or its insert made ready for the worker to run
+    (``prepare``: :meth:`Events.prepare`): the child's answer (a status and what goes with it)."""
     try:
         items = decode_items(payload, decoder)
     except InvalidMessage as exc:
@@ -578,7 +626,9 @@ def _answer(kind: str, store: EventStore, payload: bytes, decoder: EventDecoder,
     try:
         if kind == "prepare":
             return "ok", store.events.prepare(_batch(items), pricing)
-        return "ok", store_events(store, items, pricing)
+        return "ok", store_events(store, items, pricing, _within(held_until))
+    except NotMember:
+        return "not member", ""
     except StoreUnavailable as exc:
         return "unavailable", str(exc)
     except Exception as exc:  # noqa: BLE001 - told to the worker, which retries (or writes a batch it could not prepare)

@@ -146,6 +146,8 @@ def install_handover(parts: WorkerParts) -> Handover:
     # Faust's signal types say a receiver takes any positional arguments; Faust passes these.
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        if pipeline.membership is not None:  # dropped while frozen: the writes waiting for it give up first
+            pipeline.membership.revoking()
         await handing_over(revoke)
 
     async def revoke() -> None:
@@ -170,6 +172,8 @@ def install_handover(parts: WorkerParts) -> Handover:
         """Pause, and leave the taking over to a task: the consumer sends no heartbeat until this
         returns, and the wait for the previous holders may last as long as their revocation does."""
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
+        if pipeline.membership is not None:  # the group has just formed with this worker in it
+            pipeline.membership.assigned()
         parts.posts_recovered = False  # (an assignment without a revocation before it: the first)
         held.update(partitions)
         handover.give_up()  # (a revocation ended the one before; this is a guard)
@@ -258,6 +262,8 @@ def install_handover(parts: WorkerParts) -> Handover:
         revocation handler at a stop): the write in flight lands (or, for a store that takes
         none, gives up unacknowledged) and any Slack post in progress finishes, before the
         consumer commits what is acknowledged and leaves the group."""
+        if pipeline.membership is not None:  # (as a revocation: a write waiting for it gives up or goes ahead)
+            pipeline.membership.revoking()
         pipeline.stop()
         parts.posts_recovered = False
         await handing_over(stop)

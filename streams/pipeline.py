@@ -48,10 +48,12 @@ from detector.units import one_line
 from streams.acks import InOrderAcks
 from streams.config import Config, LiveConfig
 from streams.event_writer import MAX_REASON as _MAX_REASON
-from streams.event_writer import EventWriter, Prepared, StoreUnavailable, ThreadEventWriter
+from streams.event_writer import EventWriter, NotMember, Prepared, StoreUnavailable, ThreadEventWriter
+from streams.membership import Membership
 from streams.progress import GroupProgress
 
-__all__ = ["DEAD_LETTER_MAX_VALUE", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable", "dead_letter"]
+__all__ = ["DEAD_LETTER_MAX_VALUE", "Dropped", "Message", "Pipeline", "PipelineStopped", "Stats", "StoreUnavailable",
+           "dead_letter"]  # fmt: skip
 
 log = structlog.get_logger("burnwatch.worker")
 _json = msgspec.json.Encoder()
@@ -109,6 +111,11 @@ class FetchQueue(Protocol):
 class PipelineStopped(Exception):
     """The worker is stopping while a write waits for the store: nothing is acknowledged. Also raised
     to a look-up's caller that gave it up while the store failed (:meth:`Pipeline.ask_store`)."""
+
+
+class Dropped(PipelineStopped):
+    """The group dropped this worker (frozen past the session timeout) before a write: it is not made,
+    and nothing is acknowledged. The partitions' holder reads the batch again (:mod:`streams.membership`)."""
 
 
 async def _unless_given_up(asked: asyncio.Future[_R], given_up: Callable[[], bool], timeout_s: float | None) -> _R:
@@ -244,8 +251,12 @@ class Pipeline:
         saved_states: dict[str, bytes | None] | None = None,
         event_writer: EventWriter | None = None,
         partition_count: Callable[[str], int] | None = None,
+        membership: Membership | None = None,
     ) -> None:
         self.engine = engine
+        self.membership = membership
+        """This worker's hold on its partitions in the group: a batch is written only while it is held
+        (:mod:`streams.membership`; None: always)."""
         self.event_writer = event_writer if event_writer is not None else ThreadEventWriter(store)
         """Where the events' insert runs: the writer thread, or a child process (:mod:`streams.event_writer`)."""
         self.saved_states = saved_states if saved_states is not None else {}
@@ -308,6 +319,9 @@ class Pipeline:
         self._gave_up = False
         """A write gave up (the worker stopping while the store took none) or failed: the writes queued
         behind it are not made (:meth:`_write`). Read and set in the writer thread only."""
+        self._dropped = False
+        """The group dropped this worker while a write waited for its membership (:class:`Dropped`): the
+        writes queued behind it, for the same partitions, are not made either, until :meth:`reset`."""
         self._inflight: asyncio.Future | None = None
         """The latest batch's write and what follows it (:meth:`_finish`)."""
         self._previous: asyncio.Future | None = None
@@ -902,6 +916,7 @@ class Pipeline:
         """Partitions moved: drop every key's cached state (it reloads from the store) and
         whatever the aligner holds (unacknowledged, so it is read again by the new owner)."""
         self._moves += 1
+        self._dropped = False  # (the writes of the partitions dropped have all given up: drained before this)
         self.engine.forget_all()
         self.saved_times = None
         self._partition_of.clear()
@@ -1005,11 +1020,37 @@ class Pipeline:
         state) would have a restart skip or fold in twice what the lost one held."""
         if self._gave_up:
             raise PipelineStopped
+        if self._dropped:
+            raise Dropped
         try:
             return self._write_until_stored(step)
+        except Dropped:
+            self._dropped = True
+            log.warning("write_dropped", messages=step.messages, events=step.events, alerts=len(step.alerts),
+                        note="the group dropped this worker: neither this batch nor those behind it are written "
+                             "or acknowledged; the partitions' holder reads them again")  # fmt: skip
+            raise
         except BaseException:
             self._gave_up = True
             raise
+
+    def _while_member(self) -> None:
+        """Return once this worker holds its membership of the group (at once, but after a freeze longer
+        than the session timeout); raise :class:`Dropped` if a revocation finds it dropped meanwhile, or
+        :class:`PipelineStopped` if it stops (:mod:`streams.membership`)."""
+        membership = self.membership
+        if membership is None or membership.held():
+            return
+        if not membership.lost:
+            log.warning("write_awaiting_membership", unconfirmed_s=round(membership.unconfirmed_s(), 3),
+                        note="no heartbeat answered within the session timeout: written once the group is known "
+                             "to hold this worker still")  # fmt: skip
+            if membership.wait_held(self._stopping):
+                log.info("membership_confirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3))
+                return
+        if membership.lost:
+            raise Dropped
+        raise PipelineStopped
 
     def _write_until_stored(self, step: _Step) -> float:
         started, cpu = time.perf_counter(), time.thread_time()
@@ -1017,15 +1058,22 @@ class Pipeline:
         version = time.time_ns()
         while True:
             try:
+                self._while_member()  # (before each part: a freeze may come between two)
                 step.refused = self._store_events(step)
                 step.prepared = None  # stored: its encoded rows are not held until the batch is done
                 if step.alerts:
+                    self._while_member()
                     self._write_own(lambda: self.store.alerts.record(step.alerts, version=version))
+                self._while_member()
                 self._write_own(lambda: self.store.states.save(step.states, version=version))
                 if step.expired:
                     self._write_own(lambda: self.store.states.delete(step.expired))
                 if step.progress and (group := self.group) is not None:  # after the events it says are stored
+                    self._while_member()
                     self._write_own(lambda: group.record(step.progress, version, step.generation))
+            except NotMember:  # frozen while the write was under way: sent again once the group holds it still
+                self._while_member()
+                continue
             except StoreUnavailable as exc:
                 self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")
                 if self._stopping.wait(backoff):
@@ -1059,7 +1107,9 @@ class Pipeline:
         items = step.stored
         if not items:
             return []
-        refused = self.event_writer.write(items, step.pricing, step.prepared)
+        membership = self.membership
+        refused = self.event_writer.write(items, step.pricing, step.prepared,
+                                          membership.held_until if membership is not None else None)  # fmt: skip
         out: list[tuple[Message, str]] = []
         for index, reason in refused:
             message = items[index][0]

@@ -103,8 +103,11 @@ def _act(parts: WorkerParts, interval_s: float = 5.0) -> None:
         if runner is None:
             return
 
+        membership = parts.pipeline.membership
+
         def holds_partition_0() -> bool:  # asked again under the runner's lock (a revocation may come between)
-            return parts.holds_partition_0
+            # (and not after a freeze past the group's session, until the group is known to hold this worker still)
+            return parts.holds_partition_0 and (membership is None or membership.held())
 
         loop = asyncio.get_running_loop()
         backoff, acting = interval_s, False

@@ -17,6 +17,7 @@ from detector.events import TOPICS
 from detector.settings import Settings
 from streams.bulk import BulkConsumer, Fetches, install_bulk
 from streams.kafka import DEAD_LETTER_TOPIC
+from streams.membership import Membership
 from streams.parts import WorkerParts, fail
 from streams.pipeline import Message, PipelineStopped
 
@@ -54,7 +55,7 @@ def make_app(settings: Settings) -> faust.App:
         stream_wait_empty=False,
     )
     install_bulk(app, TOPICS, Fetches(settings.batch_max_messages, settings.batch_max_bytes, settings.batch_within_s),
-                 fetch_max_bytes=settings.fetch_max_bytes)
+                 fetch_max_bytes=settings.fetch_max_bytes, membership=Membership(settings.session_timeout_s))
     return app
 
 

@@ -283,6 +283,7 @@ def _metrics(parts: WorkerParts) -> None:
 
 def _healthz(parts: WorkerParts) -> None:
     pipeline, engine, outbox = parts.pipeline, parts.engine, parts.outbox
+    membership = pipeline.membership
 
     @parts.app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
@@ -297,6 +298,10 @@ def _healthz(parts: WorkerParts) -> None:
                 # several workers: how long the others' stored progress has held this one's release back
                 "held_by_other_workers_s": round(pipeline.group.held_s(), 1) if pipeline.group is not None else 0.0,
                 "partitions": s.partitions,
+                # "unconfirmed" after a freeze past the group's session: nothing is written or posted until
+                # a heartbeat says the group holds this worker still, or a revocation finds it dropped ("lost")
+                "membership": membership.status() if membership is not None else "held",
+                "writes_awaiting_membership": membership.waiting if membership is not None else 0,
                 "messages": s.messages,
                 "batches": s.batches,
                 "events": s.events,

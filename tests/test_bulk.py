@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import aiokafka
 import pytest
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from faust.transport.consumer import Consumer as FaustConsumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
@@ -292,6 +293,9 @@ def test_the_private_parts_of_faust_and_aiokafka_the_bulk_consumer_uses_still_ex
     start = inspect.getsource(aiokafka.AIOKafkaConsumer.start)  # where both reach its fetcher
     assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in start and "fetch_max_bytes=self._fetch_max_bytes" in start
     assert "fetch_max_wait_ms=1500" in inspect.getsource(AIOKafkaConsumerThread._create_worker_consumer)
+    # streams.membership: the coordinator made at the consumer's start, whose heartbeats renew the membership
+    assert "self._coordinator = GroupCoordinator(" in start
+    assert "success = await self._do_heartbeat()" in inspect.getsource(GroupCoordinator._heartbeat_routine)
 
 
 class Gpu:

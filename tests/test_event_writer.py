@@ -34,6 +34,7 @@ from detector.store.batch import KIND, event_ids
 from streams.children import die_with_parent
 from streams.event_writer import (
     ANSWER_WITHIN_S,
+    NotMember,
     ProcessEventWriter,
     StoreUnavailable,
     ThreadEventWriter,
@@ -506,9 +507,9 @@ def _exchanges(writer: ProcessEventWriter) -> list[str]:
     kinds: list[str] = []
     exchange = writer._exchange
 
-    def recorded(kind, items, pricing):
+    def recorded(kind, items, pricing, held_until=None):
         kinds.append(kind)
-        return exchange(kind, items, pricing)
+        return exchange(kind, items, pricing, held_until)
 
     writer._exchange = recorded  # type: ignore[method-assign]
     return kinds
@@ -659,3 +660,35 @@ def test_a_writer_on_a_server_or_in_the_thread_prepares_nothing(store, server, r
     request.addfinalizer(served.close)
     assert served.prepare(items(), ruleset.pricing) is None
     assert ThreadEventWriter(store).prepare(items(), ruleset.pricing) is None
+
+
+@pytest.mark.parametrize("path", ["thread", "server", "embedded", "prepared"])
+def test_no_insert_is_sent_once_the_workers_membership_has_run_out(path, ruleset, request):
+    """The worker's membership of its group (streams/membership.py) runs out at a time the writer asks
+    for just before it sends: in the writer thread, in the child writing to a server or through the
+    worker to the embedded engine, and for a batch the child prepared. Past that time the write raises
+    NotMember with nothing stored, so a batch sent while the worker froze is not inserted after the group
+    gave its partitions to another; before it, the same write stores the batch."""
+    if path == "server":
+        store = request.getfixturevalue("remote")
+        writer: ThreadEventWriter | ProcessEventWriter = ProcessEventWriter(request.getfixturevalue("server").url, store.db)
+    elif path == "thread":
+        store = request.getfixturevalue("store")
+        writer = ThreadEventWriter(store)
+    else:
+        store = request.getfixturevalue("store")
+        writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    if isinstance(writer, ProcessEventWriter):
+        _started(writer, ruleset)
+    sent = [message("gpu-metrics", 0, i, scrape(T0 + i * MIN, [1.0, 2.0], rid=f"h{i % 3}")) for i in range(10)]
+    before = store.count("gpu_metrics")
+
+    def prepared():
+        return writer.prepare(sent, ruleset.pricing) if path == "prepared" else None
+
+    with pytest.raises(NotMember):
+        writer.write(sent, ruleset.pricing, prepared(), held_until=lambda: time.monotonic() - 0.001)
+    assert store.count("gpu_metrics") == before
+    assert writer.write(sent, ruleset.pricing, prepared(), held_until=lambda: time.monotonic() + 60) == []
+    assert store.count("gpu_metrics") == before + 10 * 2

@@ -38,6 +38,7 @@ import msgspec
 import structlog
 
 from detector.alerts import Alert
+from detector.delivery import MAY_POST_AGAIN_S
 from detector.logs import redact
 from detector.metrics import METRICS
 from detector.outputs.alertmanager import AlertmanagerOutput
@@ -125,6 +126,9 @@ class OutputOutbox:
         self._lanes: dict[str, _Lane] = {}
         self.hold_s = 0.0
         """After a pass: seconds until a retry or a re-send is due (0: nothing waits)."""
+        self.may_post: Callable[[], bool] = lambda: True
+        """Whether this worker may send for its partitions now (as :attr:`detector.delivery.Outbox.may_post`):
+        asked before each send and re-send."""
         self.failed = 0
         self._delivered = 0
         self._apply(routing or Routing())
@@ -264,6 +268,8 @@ class OutputOutbox:
         sent = 0
         waits: list[float] = []
         for name, lane in self._lanes.items():
+            if not self.may_post():  # (below)
+                break
             now = self._clock()
             if now < lane.next_try:
                 waits.append(lane.next_try - now)
@@ -275,7 +281,7 @@ class OutputOutbox:
                     lane.stalled = False
                     waits.append(self._back_off(lane))
                     continue
-                if lane.output.resend_s and lane.firing and now >= lane.next_refresh:
+                if lane.output.resend_s and lane.firing and now >= lane.next_refresh and self.may_post():
                     self._refresh(name, lane, now)
                 lane.backoff = 0.0
             except Exception as exc:  # noqa: BLE001 - the receiver's (OutputError) or the store's
@@ -287,6 +293,8 @@ class OutputOutbox:
                 continue
             if lane.output.resend_s and lane.firing:
                 waits.append(max(0.01, lane.next_refresh - self._clock()))
+        if not self.may_post():  # asked again shortly: the revocation that may follow drops the queues
+            waits.append(MAY_POST_AGAIN_S)
         self.hold_s = min(waits) if waits else 0.0
         return sent
 
@@ -315,6 +323,8 @@ class OutputOutbox:
             if key in lane.finished:
                 self._pop(lane)
                 continue
+            if not self.may_post():
+                return sent
             # Before sending (every try): a kill from here on leaves the mark for the next worker.
             self.store.outputs.record([(alert.alert_id, name, alert.change, "sending", "")])
             try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,13 +120,15 @@ class Events:
                 flags[i] = event_id in ids
         return flags
 
-    def insert(self, batch: EventBatch, pricing: Pricing | Pricer | None = None) -> int:
+    def insert(self, batch: EventBatch, pricing: Pricing | Pricer | None = None,
+               before_insert: Callable[[], None] | None = None) -> int:  # fmt: skip
         """Insert a batch: one columnar insert per non-empty table. Events already stored
         (the same content: read again after a crash or a rebalance, re-sent by a producer,
         or read from a recreated topic) and repeats within the batch are left out, so
         nothing counts twice. Returns rows written. Raises whatever the client raises: the
         caller tells a store that cannot be written from rows it refuses
-        (:meth:`~detector.store.connection.Connection.writable`)."""
+        (:meth:`~detector.store.connection.Connection.writable`). ``before_insert`` is called
+        after the look-up, just before the first insert: what it raises stops the insert."""
         written = 0
         client = self.conn.client
         with self.conn.lock:
@@ -139,6 +141,8 @@ class Events:
                     cols = [[col[i] for i in keep] for col in cols]
                 if not cols[0]:
                     continue
+                if before_insert is not None and not written:
+                    before_insert()
                 started = time.perf_counter()
                 context = self._context(table, names)
                 context.data = cols
@@ -179,12 +183,12 @@ class Events:
                 blocks.append(PreparedBlock(table, names, cols[names.index("event_id")], body, dict(context.settings)))
         return PreparedInsert(lookup, parameters, asked, blocks, repeats)
 
-    def insert_prepared(self, prepared: PreparedInsert) -> int | None:
+    def insert_prepared(self, prepared: PreparedInsert, before_insert: Callable[[], None] | None = None) -> int | None:
         """Store a batch :meth:`prepare` made ready: its look-up, then, when none of its rows is stored
         (new data, the common case), its blocks as they are; when all are (a batch read again after
         a restart), nothing. None, having sent nothing: some are stored already (re-sent, or a write
         that failed midway), and the caller inserts the batch with :meth:`insert`, which leaves them
-        out. Raises what the client raises, as :meth:`insert` does."""
+        out. Raises what the client raises, as :meth:`insert` does; ``before_insert`` as there."""
         client = self.conn.client
         rows = sum(len(block.ids) for block in prepared.blocks)
         with self.conn.lock:
@@ -203,6 +207,8 @@ class Events:
                 if stored:
                     return None
             written = 0
+            if before_insert is not None and prepared.blocks:
+                before_insert()
             for block in prepared.blocks:
                 started = time.perf_counter()
                 client.raw_insert(f"{self.conn.db}.{block.table}", block.names, insert_block=block.body,
