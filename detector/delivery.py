@@ -300,7 +300,9 @@ class Outbox:
             if self.on_opened is not None and len(group) == 1 and alert.change == "fired" and ts:
                 self.on_opened(alert, channel, ts)
             sent += 1
-        if self._edits and self.notifier is not None and self.notifier.threads and self.may_post():
+        if self._edits and self.notifier is not None and self.notifier.threads and not self.may_post():
+            self.hold_s = MAY_POST_AGAIN_S  # the edits, asked again shortly (the queue may be empty: nothing else wakes it)
+        elif self._edits and self.notifier is not None and self.notifier.threads:
             self._record_delivered()  # before the edits' Slack calls: the pass's end write, made sooner
             self._edit_messages()
         return sent

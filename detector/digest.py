@@ -22,6 +22,7 @@ itself rather than as the start of matplotlib math, which would fail the chart.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -246,10 +247,12 @@ def _dollars(o: dict[str, Any]) -> str:
     return f"{money(o['billed_usd'], exact=True)} billed (alert said {money(o['usd'], exact=True)})"
 
 
-def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: float = 600.0) -> list[Digest]:
+def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: float = 600.0,
+                     may_post: Callable[[], bool] = lambda: True) -> list[Digest]:  # fmt: skip
     """Post the digest of every finished day not yet sent: a day is finished once the
     stream's event time is ``settle_s`` past its end. The first day burnwatch sees is
-    its first digest; days before it are not sent."""
+    its first digest; days before it are not sent. ``may_post`` is asked before each day's
+    posts (:attr:`detector.delivery.Outbox.may_post`): a day it refuses is posted at a later call."""
     if watermark <= 0:
         return []
     last = repo.last_day()
@@ -262,6 +265,8 @@ def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: f
     day = last + DAY_S
     while day + DAY_S + settle_s <= watermark:
         digests = build_digests(repo, day)
+        if digests and not may_post():  # (asked once a day: a day's channels are posted together, then recorded)
+            return sent
         for d in digests:
             channel, ts = notifier.post_digest(d, render_digest(d), digest_chart(d) if d.by_type else None)
             repo.record(day, d.channel, ts)

@@ -33,7 +33,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection as Pipe
@@ -52,6 +51,7 @@ from detector.store.connection import Connection, connect
 from detector.store.events import Events, InsertMetrics, PreparedInsert, native
 from detector.units import one_line
 from streams.children import ask_parent_death_signal
+from streams.membership import now as membership_clock
 
 if TYPE_CHECKING:
     from detector.store import Store
@@ -108,14 +108,14 @@ class NotMember(Exception):
 
 
 HeldUntil = Callable[[], float]
-"""When (``time.monotonic()``) the worker's membership runs out unless renewed (:meth:`Membership.held_until`)."""
+"""When (:func:`streams.membership.now`) the worker's membership runs out unless renewed (:meth:`Membership.held_until`)."""
 
 
 def _within(held_until: float) -> Callable[[], None]:
-    """A ``before_insert`` that raises :class:`NotMember` once ``time.monotonic()`` reaches ``held_until``."""
+    """A ``before_insert`` that raises :class:`NotMember` once the memberships' clock reaches ``held_until``."""
 
     def check() -> None:
-        if time.monotonic() >= held_until:
+        if membership_clock() >= held_until:
             raise NotMember
 
     return check

@@ -48,6 +48,7 @@ from detector.store.connection import Connection, connect
 from detector.store.handovers import PartitionHandovers
 from detector.store.states import SavedTimes
 from detector.units import one_line
+from streams.membership import Membership
 from streams.parts import WorkerParts, fail
 from streams.pipeline import Pipeline, PipelineStopped
 
@@ -113,7 +114,10 @@ class Handover:
 
 def install_handover(parts: WorkerParts) -> Handover:
     app, store, pipeline, outbox = parts.app, parts.store, parts.pipeline, parts.outbox
-    marks = _Marks(_handovers(parts.settings.dsn, parts.settings.clickhouse_database, store))
+    membership = pipeline.membership
+    if membership is not None:  # a live handover holds it while the next holder would wait for its marks
+        membership.handover_alive_s = alive_for(parts.settings.session_timeout_s)
+    marks = _Marks(_handovers(parts.settings.dsn, parts.settings.clickhouse_database, store), membership)
     handover = Handover()
     held: set[int] = set()
     """The input partitions of the assignment in force (given up at the next revocation or stop)."""
@@ -146,8 +150,8 @@ def install_handover(parts: WorkerParts) -> Handover:
     # Faust's signal types say a receiver takes any positional arguments; Faust passes these.
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
-        if pipeline.membership is not None:  # dropped while frozen: the writes waiting for it give up first
-            pipeline.membership.revoking()
+        if membership is not None:  # dropped while frozen: the writes waiting for it give up first
+            membership.revoking()
         await handing_over(revoke)
 
     async def revoke() -> None:
@@ -172,8 +176,8 @@ def install_handover(parts: WorkerParts) -> Handover:
         """Pause, and leave the taking over to a task: the consumer sends no heartbeat until this
         returns, and the wait for the previous holders may last as long as their revocation does."""
         partitions = sorted({tp.partition for tp in assigned if tp.topic in TOPICS})
-        if pipeline.membership is not None:  # the group has just formed with this worker in it
-            pipeline.membership.assigned()
+        if membership is not None:  # the group has just formed with this worker in it
+            membership.assigned()
         parts.posts_recovered = False  # (an assignment without a revocation before it: the first)
         held.update(partitions)
         handover.give_up()  # (a revocation ended the one before; this is a guard)
@@ -262,8 +266,8 @@ def install_handover(parts: WorkerParts) -> Handover:
         revocation handler at a stop): the write in flight lands (or, for a store that takes
         none, gives up unacknowledged) and any Slack post in progress finishes, before the
         consumer commits what is acknowledged and leaves the group."""
-        if pipeline.membership is not None:  # (as a revocation: a write waiting for it gives up or goes ahead)
-            pipeline.membership.revoking()
+        if membership is not None:  # (as a revocation: a write waiting for it gives up or goes ahead)
+            membership.revoking()
         pipeline.stop()
         parts.posts_recovered = False
         await handing_over(stop)
@@ -297,8 +301,10 @@ class _Marks:
     thread of the loop's default pool may be parked on the store connection's lock behind the very
     write a mark announces), each call bounded (a store that hangs must not hold a stop up)."""
 
-    def __init__(self, handovers: PartitionHandovers) -> None:
+    def __init__(self, handovers: PartitionHandovers, membership: Membership | None = None) -> None:
         self.handovers = handovers
+        self.membership = membership
+        """Told when each mark of a handover in progress landed: its writes go ahead while the marks are recent."""
         self.holder = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         """This worker in the marks: a process of its own (a restarted worker is another)."""
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="handover-marks")
@@ -317,11 +323,16 @@ class _Marks:
         bound (the end lost)."""
         if not partitions:
             return
+        membership = self.membership
+        sent_at = membership.now() if membership is not None else 0.0
         try:
             await self._call(MARK_WITHIN_S, self.handovers.mark, self.holder, partitions, releasing)
         except Exception as exc:  # noqa: BLE001 - the store's: logged, the handover itself goes on
             log.warning("handover_mark_failed", partitions=list(partitions), releasing=releasing,
                         error=one_line(exc))  # fmt: skip
+            return
+        if membership is not None and releasing:
+            membership.marked(sent_at)
 
     async def refresh(self, partitions: Collection[int], every_s: float, ended: asyncio.Event) -> None:
         """Mark ``partitions`` as still being given up every ``every_s`` until ``ended`` (:data:`REFRESH_S`).

@@ -1,6 +1,6 @@
 """Whether this worker still holds its partitions: the group session its heartbeats renew.
 
-A worker frozen longer than the session timeout (SIGSTOP, swap, a paused VM, a process that
+A worker frozen longer than the session timeout (SIGSTOP, swap, a suspended host, a process that
 held the GIL that long) is dropped from the group, and its partitions go to another worker.
 When it wakes, its writer thread and its Slack delivery run before its consumer learns, at its
 next heartbeat, that it was dropped: a batch written then lands in partitions another worker
@@ -8,18 +8,29 @@ holds. Its state, saved as the newest, replaces the new holder's for keys the ne
 not write again soon, and its alerts and posts may follow another worker's. Kafka refuses a dropped
 member's commits (its generation is stale), not its writes to the store.
 ``bench/workers.py --stall 15`` (one of two workers stopped 15 s, past the 6 s session) ended
-2 runs of 4 with alerts that were not backtest's.
+4 runs of 4 with alerts that were not backtest's.
 
 So a worker writes and posts only while its membership is held: less than the session timeout
-(less a margin) after it sent the latest heartbeat that the coordinator answered, or after it was
-given its partitions. The coordinator drops a member only a session timeout after the latest
-heartbeat it received, which was sent no earlier, so a worker that holds its membership by this
-clock has not been dropped. A worker that cannot say so waits: the next heartbeat either renews
-it (not dropped: it goes on) or finds it dropped, and then the revocation that follows gives up
-the waiting writes (:meth:`Membership.revoking`). What they held is read again by the partitions'
-holder, as after a crash. Only a write already under way when the worker froze can still land.
-A revocation that finds the membership held is a live worker's handover: its writes go ahead until the
-next assignment, whatever the heartbeats say meanwhile, and the next holder waits for its marks.
+(less a margin) after it sent the latest heartbeat that the coordinator answered as a member's,
+or the join request of its latest assignment. Kafka's coordinator drops a member a session timeout
+after the latest heartbeat it received, which was sent no earlier, so a worker that holds its
+membership by this clock has not been dropped for silence (removal at the end of a rebalance's
+join phase, for a member that did not rejoin within the rebalance timeout, is the handover's
+matter: below). A worker that cannot say so waits: the next heartbeat either renews it (not
+dropped: it goes on) or finds it dropped, and then the revocation that follows gives up the waiting
+writes (:meth:`Membership.revoking`). What they held is read again by the partitions' holder, as
+after a crash. Only a write already under way when the worker froze can still land.
+
+A revocation that finds the membership held is a live worker's handover: the next holder waits for
+its marks in the store (:mod:`streams.handover`), for as long as the latest is younger than
+``handover_alive_s``. So its writes go ahead while its latest mark is that recent, whatever the
+heartbeats say (one during a rebalance may find the generation moved on, and none follows it); a
+handover whose marks lapsed (the worker froze during it, or the store refused them) is lost, and
+stays lost even if a later mark lands.
+
+The clock is ``CLOCK_BOOTTIME`` where there is one (Linux: it counts a suspended host's sleep,
+which ``CLOCK_MONOTONIC`` does not). A paused virtual machine's guest clocks may not count the pause
+either; such a worker counts on a membership it may have lost until its next heartbeat's answer.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["MARGIN_S", "Membership", "watch_heartbeats"]
+__all__ = ["MARGIN_S", "Membership", "now", "watch_heartbeats"]
 
 log = structlog.get_logger("burnwatch.worker")
 
@@ -40,102 +51,162 @@ MARGIN_S = 1.0
 """How long before the session's end a worker stops counting on it (at most a sixth of the session
 timeout): a write checked just before the end would land after it."""
 
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def now() -> float:
+    """Seconds on the memberships' clock: ``CLOCK_BOOTTIME`` where there is one, else monotonic. The same
+    in every process of the machine, so a writer child checks a deadline the worker gave it."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
 
 class Membership:
     """This worker's hold on its partitions, renewed by the consumer thread's heartbeats and read by
     the writer and delivery threads. A worker outside a consumer group holds it always."""
 
-    def __init__(self, session_timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, session_timeout_s: float, clock: Callable[[], float] = now,
+                 handover_alive_s: float | None = None) -> None:  # fmt: skip
         self.session_timeout_s = session_timeout_s
         self.margin_s = min(MARGIN_S, session_timeout_s / 6)
+        self.handover_alive_s = handover_alive_s
+        """How recent the latest mark of a handover must be for the next holder to wait for it (None: a
+        handover holds the membership until the next assignment)."""
         self._clock = clock
         self._renewed_at = clock()
-        """When the latest heartbeat the coordinator answered was sent, or the latest assignment came."""
+        """When the latest heartbeat the coordinator answered was sent, or the latest join request."""
         self._lost = False
+        self._assigned = False
+        """An assignment has come since the last revocation: a revocation has something to hand over."""
         self._handing_over = False
-        """A revocation or a stop began while the membership was held: the handover's writes go ahead
-        whatever the heartbeats say meanwhile (the next holder waits for its marks, streams.handover)."""
+        """A revocation or a stop began while the membership was held: the handover's writes go ahead while
+        its marks are recent (:attr:`handover_alive_s`)."""
+        self._marked_at = 0.0
+        """When the handover's latest mark that landed was sent (or the handover began)."""
         self._changed = threading.Condition()
         self.waiting = 0
         """Threads waiting for the membership now (the writer's, the deliveries'): /healthz says it."""
 
+    def now(self) -> float:
+        """This membership's clock."""
+        return self._clock()
+
     def renewed(self, sent_at: float) -> None:
-        """The coordinator answered a heartbeat sent at ``sent_at`` (this clock): the group holds this worker."""
+        """The coordinator answered a heartbeat (or a join) sent at ``sent_at`` (this clock): the group
+        holds this worker."""
         with self._changed:
             if sent_at > self._renewed_at:
                 self._renewed_at = sent_at
             self._changed.notify_all()
 
     def assigned(self) -> None:
-        """The group has just given this worker its partitions: held, whatever was lost before."""
+        """The group has just given this worker its partitions (renewed from the join request's time by
+        :func:`watch_heartbeats`): whatever was lost before, it is held again once that renewal lands."""
         with self._changed:
-            self._renewed_at = max(self._renewed_at, self._clock())
             self._lost = self._handing_over = False
+            self._assigned = True
             self._changed.notify_all()
 
     def revoking(self) -> bool:
         """A revocation or a stop begins. If the membership is not held now, the group dropped this
         worker and its partitions are another's: it is lost, and what waits for it gives up. If it is held,
-        the handover's writes go ahead until the next assignment, whatever the heartbeats say meanwhile (a
-        heartbeat during a rebalance may find the generation moved on, and none is sent after it): the
-        next holder waits for the handover's marks. Returns whether it was lost."""
+        the handover's writes go ahead while its marks are recent (:meth:`marked`). Before any assignment
+        (the first join's revocation) there is nothing to hand over. Returns whether it was lost."""
         with self._changed:
-            if self._lost or self._handing_over:
+            if not self._assigned or self._lost or self._handing_over:
                 pass
-            elif self._held():
-                self._handing_over = True
+            elif self._heard():
+                self._handing_over, self._marked_at = True, self._clock()
             else:
-                self._lost = True
-                log.warning("membership_lost", unconfirmed_s=round(self.unconfirmed_s(), 3),
-                            session_timeout_s=self.session_timeout_s,
-                            note="dropped from the group while frozen: what it had not written is left to the "
-                                 "partitions' holder, who reads it again")  # fmt: skip
+                self._lose("membership_lost", unconfirmed_s=round(self._clock() - self._renewed_at, 3),
+                           note="dropped from the group while frozen: what it had not written is left to the "
+                                "partitions' holder, who reads it again")  # fmt: skip
+            self._assigned = False
             self._changed.notify_all()
             return self._lost
+
+    def marked(self, sent_at: float) -> None:
+        """A mark of the handover in progress, sent at ``sent_at``, landed. One that comes after the marks
+        lapsed does not bring the handover back: the next holder may have gone ahead meanwhile."""
+        with self._changed:
+            if self._handing_over and not self._lost and self._lapsed(sent_at):
+                self._lose_handover(sent_at)
+            elif self._handing_over and sent_at > self._marked_at:
+                self._marked_at = sent_at
+            self._changed.notify_all()
 
     @property
     def lost(self) -> bool:
         return self._lost
 
-    def now(self) -> float:
-        """This membership's clock (monotonic seconds)."""
-        return self._clock()
-
     def unconfirmed_s(self) -> float:
         """Seconds since the membership was last confirmed."""
         return self._clock() - self._renewed_at
 
-    def _held(self) -> bool:
+    def _heard(self) -> bool:
         return self._clock() - self._renewed_at < self.session_timeout_s - self.margin_s
+
+    def _lapsed(self, at: float) -> bool:
+        alive = self.handover_alive_s
+        return alive is not None and at - self._marked_at >= alive - self.margin_s
+
+    def _lose(self, event: str, **fields: Any) -> None:
+        self._lost = True
+        log.warning(event, session_timeout_s=self.session_timeout_s, **fields)
+
+    def _lose_handover(self, at: float) -> None:
+        self._lose("handover_lapsed", marked_s_ago=round(at - self._marked_at, 3),
+                   note="its marks stopped landing (a freeze or the store): the next holder may have gone ahead, so "
+                        "what the handover had not written is left to it")  # fmt: skip
+
+    def _check(self) -> bool:
+        """Whether held now (under the lock): a handover whose marks lapsed is lost here."""
+        if self._lost:
+            return False
+        if self._handing_over:
+            at = self._clock()
+            if self._lapsed(at):
+                self._lose_handover(at)
+                self._changed.notify_all()
+                return False
+            return True
+        return self._heard()
 
     def held(self) -> bool:
         """Whether this worker may write and post for its partitions now."""
-        return not self._lost and (self._handing_over or self._held())
+        with self._changed:
+            return self._check()
 
     def held_until(self) -> float:
-        """When, by ``time.monotonic()``, the membership runs out unless a heartbeat renews it first: what a
-        writer child checks just before each insert it sends (inf while a live handover lasts)."""
+        """When, on :func:`now`'s clock, the membership runs out unless renewed first: what the event writer
+        checks just before each insert it sends (-inf once lost)."""
         with self._changed:
-            if self._lost:
+            if not self._check():
                 return -math.inf
             if self._handing_over:
-                return math.inf
-            return time.monotonic() + (self._renewed_at + self.session_timeout_s - self.margin_s - self._clock())
+                alive = self.handover_alive_s
+                end = math.inf if alive is None else self._marked_at + alive - self.margin_s
+            else:
+                end = self._renewed_at + self.session_timeout_s - self.margin_s
+            return now() + (end - self._clock())
 
     def status(self) -> str:
-        """``held``, ``unconfirmed`` (no heartbeat answered within the session timeout: a freeze) or ``lost``
-        (a revocation found it so: the group dropped this worker)."""
-        return "lost" if self._lost else "held" if self.held() else "unconfirmed"
+        """``held``, ``unconfirmed`` (no heartbeat answered within the session timeout less the margin: a
+        freeze, or heartbeats starved) or ``lost`` (the group dropped this worker, or its handover lapsed)."""
+        with self._changed:
+            return "held" if self._check() else "lost" if self._lost else "unconfirmed"
 
-    def wait_held(self, stopping: threading.Event, poll_s: float = 0.1) -> bool:
-        """Until the membership is held (True), or lost or ``stopping`` set (False). The caller's thread
-        blocks: a writer or delivery thread, never the event loop."""
+    def wait_held(self, stopping: threading.Event, timeout_s: float | None = None, poll_s: float = 0.1) -> bool | None:
+        """Until the membership is held (True), or lost or ``stopping`` set (False), or ``timeout_s`` passed
+        (None). The caller's thread blocks: a writer or delivery thread, never the event loop."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._changed:
             self.waiting += 1
             try:
                 while not self._lost and not stopping.is_set():
-                    if self._handing_over or self._held():
+                    if self._check():
                         return True
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
                     self._changed.wait(poll_s)
             finally:
                 self.waiting -= 1
@@ -145,9 +216,11 @@ class Membership:
 def watch_heartbeats(coordinator: Any, membership: Membership) -> None:
     """Renew ``membership`` with each heartbeat of aiokafka's group ``coordinator`` that the coordinator
     answered as a member's (no error, or a rebalance in progress, which keeps the member in the group
-    while it rejoins): ``_do_heartbeat`` returns True for those alone. Reaches into aiokafka (the
-    version pinned in pyproject.toml; tests/test_membership.py checks the method is still there)."""
-    beat = coordinator._do_heartbeat
+    while it rejoins: ``_do_heartbeat`` returns True for those alone), and with each completed join,
+    from when its request was sent (``_do_rejoin_group``: the coordinator's session for the member
+    starts no earlier). Reaches into aiokafka (the version pinned in pyproject.toml; tests/test_bulk.py
+    checks both methods are still there)."""
+    beat, rejoin = coordinator._do_heartbeat, coordinator._do_rejoin_group
 
     async def _do_heartbeat() -> bool:
         sent_at = membership.now()
@@ -156,4 +229,12 @@ def watch_heartbeats(coordinator: Any, membership: Membership) -> None:
             membership.renewed(sent_at)
         return bool(answered)
 
+    async def _do_rejoin_group(subscription: Any) -> bool:
+        sent_at = membership.now()
+        joined = await rejoin(subscription)
+        if joined:
+            membership.renewed(sent_at)
+        return bool(joined)
+
     coordinator._do_heartbeat = _do_heartbeat
+    coordinator._do_rejoin_group = _do_rejoin_group

@@ -91,6 +91,9 @@ _CPU_READ, _CPU_DETECT, _CPU_WRITE = (METRICS.cpu_seconds.labels(stage) for stag
 _LOOKUP_TIMEOUT_S = 30.0
 """How long a look-up in the store (the replay check, the state read) may take before it
 counts as failed (and is retried)."""
+_RESENT_STALL = 3
+"""Tries of one batch refused for the membership's end (:class:`NotMember`), renewed each time, after which the
+pipeline counts as stalled (/healthz): its inserts come later than a session after they are asked for."""
 _A = TypeVar("_A")
 _R = TypeVar("_R")
 
@@ -1041,13 +1044,23 @@ class Pipeline:
         membership = self.membership
         if membership is None or membership.held():
             return
-        if not membership.lost:
-            log.warning("write_awaiting_membership", unconfirmed_s=round(membership.unconfirmed_s(), 3),
-                        note="no heartbeat answered within the session timeout: written once the group is known "
-                             "to hold this worker still")  # fmt: skip
-            if membership.wait_held(self._stopping):
-                log.info("membership_confirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3))
-                return
+        stalled_here = False
+        try:
+            if not membership.lost:
+                log.warning("write_awaiting_membership", unconfirmed_s=round(membership.unconfirmed_s(), 3),
+                            note="no heartbeat answered within the session timeout: written once the group is "
+                                 "known to hold this worker still")  # fmt: skip
+                while (held := membership.wait_held(self._stopping, timeout_s=membership.session_timeout_s)) is None:
+                    if self.stalled_since is None:  # (/healthz 503, and the stall exit, as for a store that takes no write)
+                        stalled_here, self.stalled_since = True, time.monotonic()
+                        self.stall_reason = "membership unconfirmed: no heartbeat answered"
+                        log.error("membership_unconfirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3))
+                if held:
+                    log.info("membership_confirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3))
+                    return
+        finally:
+            if stalled_here:
+                self.stalled_since, self.stall_reason = None, ""
         if membership.lost:
             raise Dropped
         raise PipelineStopped
@@ -1055,6 +1068,7 @@ class Pipeline:
     def _write_until_stored(self, step: _Step) -> float:
         started, cpu = time.perf_counter(), time.thread_time()
         backoff = 0.5
+        resent = 0
         version = time.time_ns()
         while True:
             try:
@@ -1073,6 +1087,12 @@ class Pipeline:
                     self._write_own(lambda: group.record(step.progress, version, step.generation))
             except NotMember:  # frozen while the write was under way: sent again once the group holds it still
                 self._while_member()
+                resent += 1
+                log.info("write_sent_again", times=resent,
+                         note="the membership ran out before an insert was sent, and was renewed since")  # fmt: skip
+                if resent >= _RESENT_STALL:  # renewed each time, yet the insert comes later still: a store that slow
+                    self._store_stalled("inserts sent after the membership's end", "store too slow for the membership",
+                                        note="retrying; nothing is acknowledged until stored")  # fmt: skip
                 continue
             except StoreUnavailable as exc:
                 self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")

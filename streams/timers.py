@@ -5,6 +5,7 @@ reloads, retraining, the daily digest, state expiry and the stats line. Each is 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -184,7 +185,8 @@ def _daily_digest(parts: WorkerParts) -> None:
             return
         loop = asyncio.get_running_loop()
         try:
-            sent = await loop.run_in_executor(None, send_due_digests, store.digests, outbox.notifier, engine.watermark)
+            sent = await loop.run_in_executor(None, functools.partial(
+                send_due_digests, store.digests, outbox.notifier, engine.watermark, may_post=outbox.may_post))
         except SlackError as exc:
             log.warning("digest_retry", error=str(exc))
             return

@@ -296,6 +296,7 @@ def test_the_private_parts_of_faust_and_aiokafka_the_bulk_consumer_uses_still_ex
     # streams.membership: the coordinator made at the consumer's start, whose heartbeats renew the membership
     assert "self._coordinator = GroupCoordinator(" in start
     assert "success = await self._do_heartbeat()" in inspect.getsource(GroupCoordinator._heartbeat_routine)
+    assert "success = await self._do_rejoin_group(subscription)" in inspect.getsource(GroupCoordinator.ensure_active_group)
 
 
 class Gpu:

@@ -44,6 +44,7 @@ from streams.event_writer import (
     usable_cpus,
     writer_for,
 )
+from streams.membership import now as membership_clock
 from streams.pipeline import Message, Pipeline
 from tests.conftest import fresh_store
 from tests.helpers import MIN, T0, at, scrape, usage
@@ -688,7 +689,7 @@ def test_no_insert_is_sent_once_the_workers_membership_has_run_out(path, ruleset
         return writer.prepare(sent, ruleset.pricing) if path == "prepared" else None
 
     with pytest.raises(NotMember):
-        writer.write(sent, ruleset.pricing, prepared(), held_until=lambda: time.monotonic() - 0.001)
+        writer.write(sent, ruleset.pricing, prepared(), held_until=lambda: membership_clock() - 0.001)
     assert store.count("gpu_metrics") == before
-    assert writer.write(sent, ruleset.pricing, prepared(), held_until=lambda: time.monotonic() + 60) == []
+    assert writer.write(sent, ruleset.pricing, prepared(), held_until=lambda: membership_clock() + 60) == []
     assert store.count("gpu_metrics") == before + 10 * 2

@@ -31,6 +31,7 @@ class _Pipeline:
         self.stats = SimpleNamespace(partitions=0)
         self.outbox_ready, self.outputs_ready = asyncio.Event(), asyncio.Event()
         self.event_writer = SimpleNamespace(close=lambda: None)
+        self.membership = None  # (outside a consumer group: held always)
 
     def stop(self) -> None:
         self.stopping = True

@@ -59,13 +59,19 @@ def test_the_membership_is_held_for_the_session_less_a_margin_after_a_heartbeat_
     assert not membership.held()
     membership.renewed(clock.now - 30.0)  # an answer to a heartbeat older than the latest counted changes nothing
     assert not membership.held()
-    membership.assigned()
-    assert membership.held() and membership.unconfirmed_s() == 0.0
+    membership.assigned()  # the handler runs within the join; the join's own renewal (its request's time) follows
+    assert not membership.held()
+    membership.renewed(clock.now - 0.5)
+    assert membership.held() and membership.unconfirmed_s() == 0.5
 
 
 def test_a_revocation_drops_the_membership_only_if_it_is_not_held():
     clock = Clock()
     membership = Membership(SESSION_S, clock=clock)
+    clock.now += 10.0
+    assert membership.revoking() is False  # the first join's revocation, before any assignment: nothing to hand over
+    membership.renewed(clock.now)
+    membership.assigned()
     clock.now += 2.0
     assert membership.revoking() is False and membership.held()  # a rebalance of a live worker: it writes on,
     clock.now += 60.0  # its handover's writes whatever the heartbeats say meanwhile (the next holder waits for it)
@@ -77,6 +83,32 @@ def test_a_revocation_drops_the_membership_only_if_it_is_not_held():
     assert not membership.held()
     membership.assigned()  # the next assignment: held again
     assert membership.held() and not membership.lost
+
+
+def test_a_handover_holds_the_membership_while_its_marks_land_and_loses_it_once_they_lapse():
+    """The next holder waits for a handover while its latest mark is younger than ``handover_alive_s``: the
+    handover's writes go ahead that long after each mark, and a handover whose marks stopped (a freeze
+    during it) is lost, a mark landing after the lapse notwithstanding."""
+    clock = Clock()
+    membership = Membership(SESSION_S, clock=clock, handover_alive_s=13.0)
+    membership.assigned()
+    assert membership.revoking() is False
+    for _ in range(20):  # a slow handover, marked every second: held throughout, heartbeats or none
+        clock.now += 1.0
+        membership.marked(clock.now)
+        assert membership.held()
+    clock.now += 11.99  # the latest mark 11.99 s ago: 12 s (13 less the margin) is the bound
+    assert membership.held()
+    clock.now += 0.01
+    assert not membership.held() and membership.status() == "lost"
+    membership.marked(clock.now)  # the refresh, run again once the worker woke: too late
+    assert not membership.held()
+    membership.assigned()
+    membership.renewed(clock.now)
+    assert membership.revoking() is False
+    clock.now += 20.0  # frozen during the handover, woken: its refresh's mark comes first, yet the marks lapsed
+    membership.marked(clock.now)
+    assert membership.lost
 
 
 def test_a_wait_for_the_membership_ends_when_a_heartbeat_renews_it_or_a_revocation_finds_it_lost():
@@ -92,7 +124,9 @@ def test_a_wait_for_the_membership_ends_when_a_heartbeat_renews_it_or_a_revocati
         return thread
 
     assert membership.wait_held(stopping) is True  # held: at once
+    membership.assigned()
     clock.now += 20.0
+    assert membership.wait_held(stopping, timeout_s=0.05) is None  # not yet: the caller counts it a stall
     thread = waiter()
     membership.renewed(clock.now)
     thread.join(5)
@@ -105,7 +139,7 @@ def test_a_wait_for_the_membership_ends_when_a_heartbeat_renews_it_or_a_revocati
     thread = waiter()
     stopping.set()
     thread.join(5)
-    assert outcomes == [True, False, False] and membership.waiting == 0
+    assert not thread.is_alive() and outcomes == [True, False, False] and membership.waiting == 0
 
 
 def batch(start: int, hosts: int = 2) -> list[Message]:
@@ -121,6 +155,7 @@ def test_a_batch_written_after_a_freeze_waits_for_the_group_and_is_not_written_i
     them again); after the next assignment the worker writes again."""
     clock = Clock()
     membership = Membership(SESSION_S, clock=clock)
+    membership.assigned()
     pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
                         send_dead_letter=lambda key, value: asyncio.sleep(0), membership=membership)  # fmt: skip
     acked: list[Message] = []
@@ -156,6 +191,7 @@ def test_a_batch_written_after_a_freeze_waits_for_the_group_and_is_not_written_i
         seen["dropped"] = (store.count("resource_usage"), len(acked))
         pipeline.reset()
         membership.assigned()
+        membership.renewed(clock.now)  # the join's
         await pipeline.process(batch(4), ack)
         await pipeline.drain()
         seen["again"] = (store.count("resource_usage"), len(acked))
@@ -192,9 +228,8 @@ def test_an_alert_is_not_posted_while_the_membership_is_unconfirmed(store):
 def test_heartbeats_of_aiokafkas_coordinator_renew_the_membership(tmp_path):
     """The hook on the coordinator aiokafka makes (a private method: the pinned version's), against the
     embedded broker: a member's heartbeats move the membership's renewal on."""
-    clock_start = time.monotonic()
     membership = Membership(SESSION_S)
-    membership._renewed_at = clock_start - 100.0  # as if frozen: only a heartbeat can make it held
+    membership._renewed_at = membership.now() - 100.0  # as if frozen: only a heartbeat can make it held
 
     async def go() -> float:
         with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
