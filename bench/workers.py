@@ -195,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2, help="runs per side")
     parser.add_argument("--stall", type=float, default=0.0, metavar="S",
                         help="stop the last worker (SIGSTOP) for S seconds once a quarter of the events are stored: "
-                             "the others, capped by its progress, must not hold more for it (keep S under the "
-                             "group's session timeout, 6 s here, or the group moves its partitions)")
+                             "the others, capped by its progress, must not hold more for it; past the group's "
+                             "session timeout (6 s here) the group moves its partitions, and the run then ends once "
+                             "the store holds every event and the group has settled (a frozen worker's writes: "
+                             "streams/membership.py)")
     parser.add_argument("--stalls", type=int, default=1, metavar="N",
                         help="with --stall: stop it N times, running 1 s between (a worker several times slower)")
     parser.add_argument("--partitions", type=int, default=PARTITIONS,

@@ -1098,7 +1098,8 @@ _ENV_HELP = {
     "model_train_since": "history a retraining reads",
     "event_ttl_days": "days of event time raw events are kept, 0 forever; a new store "
                       "takes it, an existing one keeps its own unless this is set",
-    "stall_exit_s": "exit 70 after this long without a write to (or an answer from) ClickHouse",
+    "stall_exit_s": "exit 70 after this long without a write to (or an answer from) ClickHouse, or with a "
+                    "write waiting for the Kafka group to confirm the worker's membership",
 }  # fmt: skip
 
 

@@ -111,11 +111,15 @@ HeldUntil = Callable[[], float]
 """When (:func:`streams.membership.now`) the worker's membership runs out unless renewed (:meth:`Membership.held_until`)."""
 
 
-def _within(held_until: float) -> Callable[[], None]:
-    """A ``before_insert`` that raises :class:`NotMember` once the memberships' clock reaches ``held_until``."""
+def _within(held_until: float, ask_again: Callable[[], float] | None = None) -> Callable[[], None]:
+    """A ``before_insert`` that raises :class:`NotMember` once the memberships' clock reaches ``held_until``,
+    unless ``ask_again()`` (the worker's end now: a heartbeat may have renewed it since) is later."""
+    end = [held_until]
 
     def check() -> None:
-        if membership_clock() >= held_until:
+        if membership_clock() >= end[0] and ask_again is not None:
+            end[0] = ask_again()
+        if membership_clock() >= end[0]:
             raise NotMember
 
     return check
@@ -340,6 +344,8 @@ class ProcessEventWriter(EventWriter):
         """One exchange with the child at a time: a write's (the writer thread) or a preparation's."""
         self._exchanging: str | None = None
         """The kind of the exchange in progress (None: none)."""
+        self._held_until: HeldUntil | None = None
+        """The membership's end of the write being exchanged, which the child may ask again (:meth:`_run`)."""
         self._closed = False
         self.answer_within_s = ANSWER_WITHIN_S
         self._killed = False
@@ -435,6 +441,7 @@ class ProcessEventWriter(EventWriter):
                 # The price list when it changed (a reload), and when the worker's membership runs out: asked
                 # now, so that a batch sent after a freeze (or while the worker froze) is not inserted late.
                 until = held_until() if held_until is not None else math.inf
+                self._held_until = held_until  # (asked again by the child once that end has passed: _run)
                 pipe.send((kind, changed, pricing if changed else None, until))
                 pipe.send_bytes(encode_items(items))  # (not pickled: a batch's values are megabytes)
                 self._pricing = pricing
@@ -469,7 +476,11 @@ class ProcessEventWriter(EventWriter):
 
     def _run(self, op: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
         """One call the child relays, on the worker's store: (True, its answer) or (False, (the
-        error's message, its ClickHouse code, whether the client refused the rows before sending))."""
+        error's message, its ClickHouse code, whether the client refused the rows before sending)).
+        ``held_until``: when the worker's membership ends now (the write's :data:`HeldUntil`)."""
+        if op == "held_until":
+            held_until = self._held_until
+            return True, held_until() if held_until is not None else math.inf
         store = self.relay
         try:
             if store is None:
@@ -607,18 +618,30 @@ def _serve(pipe: Pipe, worker: int) -> None:
                     pipe.send(("unavailable", f"the event writer process cannot reach the store: {one_line(exc)}", {}))
                     continue
                 store.events.observe = _Observer(observed)
-            pipe.send((*_answer(kind, store, payload, decoder, pricing, held_until), observed))
+            pipe.send((*_answer(kind, store, payload, decoder, pricing, held_until, _asker(pipe)), observed))
             del payload  # a batch is megabytes: not held while the child waits for the next
     finally:
         if store is not None:
             store.close()
 
 
+def _asker(pipe: Pipe) -> Callable[[], float]:
+    """Asks the worker, over the pipe as a relayed call, when its membership ends now."""
+
+    def ask() -> float:
+        pipe.send(("call", "held_until", ()))
+        ok, answer = pipe.recv()
+        return float(answer) if ok else -math.inf
+
+    return ask
+
+
 def _answer(kind: str, store: EventStore, payload: bytes, decoder: EventDecoder, pricing: Pricing | None,
-            held_until: float = math.inf) -> tuple[str, Any]:  # fmt: skip
+            held_until: float = math.inf, ask_again: Callable[[], float] | None = None) -> tuple[str, Any]:  # fmt: skip
     """One batch decoded again, then stored (``write``: no insert sent at or after ``held_until``, the
-    worker's membership, ``not member`` then) or its insert made ready for the worker to run
-    (``prepare``: :meth:`Events.prepare`): the child's answer (a status and what goes with it)."""
+    worker's membership, unless ``ask_again`` says it was renewed since; ``not member`` then) or its insert
+    made ready for the worker to run (``prepare``: :meth:`Events.prepare`): the child's answer (a status and
+    what goes with it)."""
     try:
         items = decode_items(payload, decoder)
     except InvalidMessage as exc:
@@ -626,7 +649,7 @@ def _answer(kind: str, store: EventStore, payload: bytes, decoder: EventDecoder,
     try:
         if kind == "prepare":
             return "ok", store.events.prepare(_batch(items), pricing)
-        return "ok", store_events(store, items, pricing, _within(held_until))
+        return "ok", store_events(store, items, pricing, _within(held_until, ask_again))
     except NotMember:
         return "not member", ""
     except StoreUnavailable as exc:

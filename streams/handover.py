@@ -117,6 +117,7 @@ def install_handover(parts: WorkerParts) -> Handover:
     membership = pipeline.membership
     if membership is not None:  # a live handover holds it while the next holder would wait for its marks
         membership.handover_alive_s = alive_for(parts.settings.session_timeout_s)
+        membership.handover_within_s = float(app.conf.broker_rebalance_timeout)
     marks = _Marks(_handovers(parts.settings.dsn, parts.settings.clickhouse_database, store), membership)
     handover = Handover()
     held: set[int] = set()

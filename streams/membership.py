@@ -23,10 +23,12 @@ after a crash. Only a write already under way when the worker froze can still la
 
 A revocation that finds the membership held is a live worker's handover: the next holder waits for
 its marks in the store (:mod:`streams.handover`), for as long as the latest is younger than
-``handover_alive_s``. So its writes go ahead while its latest mark is that recent, whatever the
-heartbeats say (one during a rebalance may find the generation moved on, and none follows it); a
-handover whose marks lapsed (the worker froze during it, or the store refused them) is lost, and
-stays lost even if a later mark lands.
+``handover_alive_s`` and for the rebalance timeout at most. So once its first mark has landed its
+writes go ahead while its latest mark is that recent and the rebalance timeout has not passed,
+whatever the heartbeats say (one during a rebalance may find the generation moved on, and none
+follows it); before that the heartbeats say. A handover that lapsed (the worker froze during it, the
+store refused its marks, or it outlasted the rebalance timeout) is lost, and stays lost even if a
+later mark lands.
 
 The clock is ``CLOCK_BOOTTIME`` where there is one (Linux: it counts a suspended host's sleep,
 which ``CLOCK_MONOTONIC`` does not). A paused virtual machine's guest clocks may not count the pause
@@ -65,12 +67,15 @@ class Membership:
     the writer and delivery threads. A worker outside a consumer group holds it always."""
 
     def __init__(self, session_timeout_s: float, clock: Callable[[], float] = now,
-                 handover_alive_s: float | None = None) -> None:  # fmt: skip
+                 handover_alive_s: float | None = None, handover_within_s: float | None = None) -> None:  # fmt: skip
         self.session_timeout_s = session_timeout_s
         self.margin_s = min(MARGIN_S, session_timeout_s / 6)
         self.handover_alive_s = handover_alive_s
         """How recent the latest mark of a handover must be for the next holder to wait for it (None: a
         handover holds the membership until the next assignment)."""
+        self.handover_within_s = handover_within_s
+        """How long the next holder waits for a handover at most, and the group for a member to rejoin (the
+        rebalance timeout; None: no bound)."""
         self._clock = clock
         self._renewed_at = clock()
         """When the latest heartbeat the coordinator answered was sent, or the latest join request."""
@@ -80,8 +85,10 @@ class Membership:
         self._handing_over = False
         """A revocation or a stop began while the membership was held: the handover's writes go ahead while
         its marks are recent (:attr:`handover_alive_s`)."""
-        self._marked_at = 0.0
-        """When the handover's latest mark that landed was sent (or the handover began)."""
+        self._revoked_at = 0.0
+        """When the handover in progress began."""
+        self._marked_at: float | None = None
+        """When the handover's latest mark that landed was sent (None: none has landed yet)."""
         self._changed = threading.Condition()
         self.waiting = 0
         """Threads waiting for the membership now (the writer's, the deliveries'): /healthz says it."""
@@ -115,7 +122,7 @@ class Membership:
             if not self._assigned or self._lost or self._handing_over:
                 pass
             elif self._heard():
-                self._handing_over, self._marked_at = True, self._clock()
+                self._handing_over, self._revoked_at, self._marked_at = True, self._clock(), None
             else:
                 self._lose("membership_lost", unconfirmed_s=round(self._clock() - self._renewed_at, 3),
                            note="dropped from the group while frozen: what it had not written is left to the "
@@ -125,13 +132,13 @@ class Membership:
             return self._lost
 
     def marked(self, sent_at: float) -> None:
-        """A mark of the handover in progress, sent at ``sent_at``, landed. One that comes after the marks
-        lapsed does not bring the handover back: the next holder may have gone ahead meanwhile."""
+        """A mark of the handover in progress, sent at ``sent_at``, landed. One that lands after the marks
+        lapsed (judged when it lands, whenever it was sent) does not bring the handover back: the next
+        holder may have gone ahead meanwhile."""
         with self._changed:
-            if self._handing_over and not self._lost and self._lapsed(sent_at):
-                self._lose_handover(sent_at)
-            elif self._handing_over and sent_at > self._marked_at:
-                self._marked_at = sent_at
+            if self._handing_over and not self._lost and not self._lost_handover():
+                if self._marked_at is None or sent_at > self._marked_at:
+                    self._marked_at = sent_at
             self._changed.notify_all()
 
     @property
@@ -145,31 +152,41 @@ class Membership:
     def _heard(self) -> bool:
         return self._clock() - self._renewed_at < self.session_timeout_s - self.margin_s
 
-    def _lapsed(self, at: float) -> bool:
-        alive = self.handover_alive_s
-        return alive is not None and at - self._marked_at >= alive - self.margin_s
+    def _lapsed(self, at: float) -> str | None:
+        """Why the handover in progress can no longer count on the next holder's wait at ``at`` (None: it can):
+        its latest mark too old, none landed in as long since it began, or it began a rebalance timeout ago."""
+        within, alive = self.handover_within_s, self.handover_alive_s
+        if within is not None and at - self._revoked_at >= within - self.margin_s:
+            return "it began a rebalance timeout ago: the group and the next holder wait no longer"
+        since = self._revoked_at if self._marked_at is None else self._marked_at
+        if alive is not None and at - since >= alive - self.margin_s:
+            return "its marks stopped landing (a freeze, or the store): the next holder may have gone ahead"
+        return None
 
     def _lose(self, event: str, **fields: Any) -> None:
         self._lost = True
         log.warning(event, session_timeout_s=self.session_timeout_s, **fields)
 
-    def _lose_handover(self, at: float) -> None:
-        self._lose("handover_lapsed", marked_s_ago=round(at - self._marked_at, 3),
-                   note="its marks stopped landing (a freeze or the store): the next holder may have gone ahead, so "
-                        "what the handover had not written is left to it")  # fmt: skip
-
     def _check(self) -> bool:
-        """Whether held now (under the lock): a handover whose marks lapsed is lost here."""
+        """Whether held now (under the lock). A handover holds it while the next holder would wait for it,
+        once its first mark has landed (before that, the next holder sees no mark: heartbeats say); one
+        that lapsed is lost here."""
         if self._lost:
             return False
         if self._handing_over:
-            at = self._clock()
-            if self._lapsed(at):
-                self._lose_handover(at)
-                self._changed.notify_all()
-                return False
-            return True
+            return not self._lost_handover() and (self._marked_at is not None or self._heard())
         return self._heard()
+
+    def _lost_handover(self) -> bool:
+        """Whether the handover in progress lapsed (lost here if so), under the lock."""
+        at = self._clock()
+        why = self._lapsed(at)
+        if why is None:
+            return False
+        self._lose("handover_lapsed", began_s_ago=round(at - self._revoked_at, 3), reason=why,
+                   note="what the handover had not written is left to the partitions' next holder")  # fmt: skip
+        self._changed.notify_all()
+        return True
 
     def held(self) -> bool:
         """Whether this worker may write and post for its partitions now."""
@@ -182,9 +199,13 @@ class Membership:
         with self._changed:
             if not self._check():
                 return -math.inf
-            if self._handing_over:
-                alive = self.handover_alive_s
-                end = math.inf if alive is None else self._marked_at + alive - self.margin_s
+            if self._handing_over and self._marked_at is not None:
+                ends = [math.inf]
+                if self.handover_alive_s is not None:
+                    ends.append(self._marked_at + self.handover_alive_s - self.margin_s)
+                if self.handover_within_s is not None:
+                    ends.append(self._revoked_at + self.handover_within_s - self.margin_s)
+                end = min(ends)
             else:
                 end = self._renewed_at + self.session_timeout_s - self.margin_s
             return now() + (end - self._clock())

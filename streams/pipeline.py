@@ -1025,10 +1025,13 @@ class Pipeline:
             raise PipelineStopped
         if self._dropped:
             raise Dropped
+        unstalled = self.stalled_since is None
         try:
             return self._write_until_stored(step)
         except Dropped:
             self._dropped = True
+            if unstalled and self.stalled_since is not None:  # a stall this write began: over with it
+                self.stalled_since, self.stall_reason = None, ""
             log.warning("write_dropped", messages=step.messages, events=step.events, alerts=len(step.alerts),
                         note="the group dropped this worker: neither this batch nor those behind it are written "
                              "or acknowledged; the partitions' holder reads them again")  # fmt: skip
@@ -1044,22 +1047,28 @@ class Pipeline:
         membership = self.membership
         if membership is None or membership.held():
             return
-        stalled_here = False
+        stalled: float | None = None
+        """When this wait began a stall (cleared at its end, unless another began since)."""
         try:
             if not membership.lost:
-                log.warning("write_awaiting_membership", unconfirmed_s=round(membership.unconfirmed_s(), 3),
-                            note="no heartbeat answered within the session timeout: written once the group is "
-                                 "known to hold this worker still")  # fmt: skip
+                # (at info while within the session timeout: a join longer than the session less the margin, before
+                # the first heartbeat's answer, or heartbeats a little late; at warning past it, a freeze)
+                unconfirmed = membership.unconfirmed_s()
+                (log.warning if unconfirmed >= membership.session_timeout_s else log.info)(
+                    "write_awaiting_membership", unconfirmed_s=round(unconfirmed, 3),
+                    note="no heartbeat answered within the session timeout less a margin: written once the group is "
+                         "known to hold this worker still")  # fmt: skip
                 while (held := membership.wait_held(self._stopping, timeout_s=membership.session_timeout_s)) is None:
                     if self.stalled_since is None:  # (/healthz 503, and the stall exit, as for a store that takes no write)
-                        stalled_here, self.stalled_since = True, time.monotonic()
+                        stalled = self.stalled_since = time.monotonic()
                         self.stall_reason = "membership unconfirmed: no heartbeat answered"
-                        log.error("membership_unconfirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3))
+                        log.error("membership_unconfirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3),
+                                  note="the broker or its group coordinator unreachable, or the worker starved")  # fmt: skip
                 if held:
                     log.info("membership_confirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3))
                     return
         finally:
-            if stalled_here:
+            if stalled is not None and self.stalled_since == stalled:
                 self.stalled_since, self.stall_reason = None, ""
         if membership.lost:
             raise Dropped

@@ -126,9 +126,9 @@ def test_a_batch_written_after_a_reload_keeps_the_prices_it_was_read_with(mode, 
     if isinstance(writer, ProcessEventWriter):
         exchange = writer._exchange
 
-        def recorded(kind, items, pricing):
+        def recorded(kind, items, pricing, held_until=None):
             exchanges.append((kind, pricing.egress_per_gb.internet))
-            return exchange(kind, items, pricing)
+            return exchange(kind, items, pricing, held_until)
 
         writer._exchange = recorded
 

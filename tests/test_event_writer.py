@@ -686,10 +686,38 @@ def test_no_insert_is_sent_once_the_workers_membership_has_run_out(path, ruleset
     before = store.count("gpu_metrics")
 
     def prepared():
-        return writer.prepare(sent, ruleset.pricing) if path == "prepared" else None
+        if path != "prepared":
+            return None
+        made = writer.prepare(sent, ruleset.pricing)
+        assert made is not None
+        return made
 
     with pytest.raises(NotMember):
         writer.write(sent, ruleset.pricing, prepared(), held_until=lambda: membership_clock() - 0.001)
     assert store.count("gpu_metrics") == before
     assert writer.write(sent, ruleset.pricing, prepared(), held_until=lambda: membership_clock() + 60) == []
     assert store.count("gpu_metrics") == before + 10 * 2
+
+
+@pytest.mark.parametrize("engine", ["server", "embedded"])
+def test_a_child_whose_deadline_passed_asks_the_worker_again_before_it_gives_a_batch_up(engine, ruleset, request):
+    """The end the child was given passed while it decoded and looked the batch up, but a heartbeat renewed
+    the membership since: the child asks the worker (over the pipe) and stores the batch, not refusing it."""
+    if engine == "server":
+        store = request.getfixturevalue("remote")
+        writer = ProcessEventWriter(request.getfixturevalue("server").url, store.db)
+    else:
+        store = request.getfixturevalue("store")
+        writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    _started(writer, ruleset)
+    sent = [message("gpu-metrics", 0, i, scrape(T0 + 7 * 86_400 + i * MIN, [1.0], rid="h7")) for i in range(5)]
+    asked: list[float] = []
+
+    def held_until() -> float:  # past when the batch is sent, renewed when the child asks again
+        asked.append(membership_clock())
+        return membership_clock() + (60.0 if len(asked) > 1 else -1.0)
+
+    before = store.count("gpu_metrics")
+    assert writer.write(sent, ruleset.pricing, held_until=held_until) == []
+    assert len(asked) == 2 and store.count("gpu_metrics") == before + 5

@@ -74,7 +74,8 @@ def test_a_revocation_drops_the_membership_only_if_it_is_not_held():
     membership.assigned()
     clock.now += 2.0
     assert membership.revoking() is False and membership.held()  # a rebalance of a live worker: it writes on,
-    clock.now += 60.0  # its handover's writes whatever the heartbeats say meanwhile (the next holder waits for it)
+    membership.marked(clock.now)  # once its first mark landed, whatever the heartbeats say (no bound given here)
+    clock.now += 60.0
     assert membership.held() and membership.revoking() is False
     membership.assigned()
     clock.now += 10.0  # frozen: no heartbeat answered
@@ -109,6 +110,34 @@ def test_a_handover_holds_the_membership_while_its_marks_land_and_loses_it_once_
     clock.now += 20.0  # frozen during the handover, woken: its refresh's mark comes first, yet the marks lapsed
     membership.marked(clock.now)
     assert membership.lost
+
+
+def test_a_handover_before_its_first_mark_goes_by_the_heartbeats_and_one_mark_landing_late_is_judged_when_it_lands():
+    clock = Clock()
+    membership = Membership(SESSION_S, clock=clock, handover_alive_s=13.0, handover_within_s=60.0)
+    membership.assigned()
+    assert membership.revoking() is False
+    clock.now += 5.0  # no mark yet, and no heartbeat answered for the session less the margin: not held, not lost
+    assert membership.status() == "unconfirmed"
+    membership.marked(clock.now - 0.5)  # the begin mark lands: the next holder waits for it
+    assert membership.held()
+    sent = clock.now + 11.0
+    clock.now += 13.0  # a mark sent 11 s after the last, landing 2 s later: the next holder stopped waiting at 12
+    membership.marked(sent)
+    assert membership.lost
+
+
+def test_a_handover_holds_the_membership_for_the_rebalance_timeout_at_most():
+    clock = Clock()
+    membership = Membership(SESSION_S, clock=clock, handover_alive_s=13.0, handover_within_s=60.0)
+    membership.assigned()
+    membership.revoking()
+    for _ in range(58):
+        clock.now += 1.0
+        membership.marked(clock.now)
+    assert membership.held()  # 58 s in, marked every second
+    clock.now += 1.0
+    assert not membership.held() and membership.lost  # 59 s: the rebalance timeout less the margin
 
 
 def test_a_wait_for_the_membership_ends_when_a_heartbeat_renews_it_or_a_revocation_finds_it_lost():
@@ -231,19 +260,36 @@ def test_heartbeats_of_aiokafkas_coordinator_renew_the_membership(tmp_path):
     membership = Membership(SESSION_S)
     membership._renewed_at = membership.now() - 100.0  # as if frozen: only a heartbeat can make it held
 
-    async def go() -> float:
+    beats: list[bool] = []
+
+    async def go() -> tuple[int, float]:
         with EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
-            consumer = AIOKafkaConsumer("membership-topic", bootstrap_servers=broker.bootstrap, group_id="membership",
-                                        session_timeout_ms=int(SESSION_S * 1000), heartbeat_interval_ms=300)  # fmt: skip
+            consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="membership",
+                                        session_timeout_ms=int(SESSION_S * 1000), heartbeat_interval_ms=1900)  # fmt: skip
             await consumer.start()
             try:
-                watch_heartbeats(consumer._coordinator, membership)
+                coordinator = consumer._coordinator
+                watch_heartbeats(coordinator, membership)
+                watched = coordinator._do_heartbeat
+
+                async def counted() -> bool:  # (counts the answered heartbeats the hook sees)
+                    beats.append(await watched())
+                    return beats[-1]
+
+                coordinator._do_heartbeat = counted
+                consumer.subscribe(["membership-topic"])  # the join, after the hook: it renews the membership
                 deadline = time.monotonic() + 60
                 while not membership.held():
-                    assert time.monotonic() < deadline, "no heartbeat renewed the membership"
+                    assert time.monotonic() < deadline, "neither the join nor a heartbeat renewed the membership"
                     await asyncio.sleep(0.05)
-                return membership.unconfirmed_s()
+                joined_with = sum(beats)
+                while sum(beats) < 2:  # and the heartbeats go on renewing it
+                    assert time.monotonic() < deadline, "no heartbeat answered"
+                    await asyncio.sleep(0.05)
+                return joined_with, membership.unconfirmed_s()
             finally:
                 await consumer.stop()
 
-    assert asyncio.run(go()) < SESSION_S
+    joined_with, unconfirmed = asyncio.run(go())
+    assert joined_with == 0  # held by the join's renewal, before any heartbeat was answered
+    assert unconfirmed < SESSION_S
