@@ -12,7 +12,7 @@ member's commits (its generation is stale), not its writes to the store.
 
 So a worker writes and posts only while its membership is held: less than the session timeout
 (less a margin) after it sent the latest heartbeat that the coordinator answered as a member's,
-or the join request of its latest assignment. Kafka's coordinator drops a member a session timeout
+or the SyncGroup request of its latest assignment. Kafka's coordinator drops a member a session timeout
 after the latest heartbeat it received, which was sent no earlier, so a worker that holds its
 membership by this clock has not been dropped for silence (removal at the end of a rebalance's
 join phase, for a member that did not rejoin within the rebalance timeout, is the handover's
@@ -78,7 +78,7 @@ class Membership:
         rebalance timeout; None: no bound)."""
         self._clock = clock
         self._renewed_at = clock()
-        """When the latest heartbeat the coordinator answered was sent, or the latest join request."""
+        """When the latest heartbeat the coordinator answered was sent, or the latest SyncGroup request."""
         self._lost = False
         self._assigned = False
         """An assignment has come since the last revocation: a revocation has something to hand over."""
@@ -98,16 +98,16 @@ class Membership:
         return self._clock()
 
     def renewed(self, sent_at: float) -> None:
-        """The coordinator answered a heartbeat (or a join) sent at ``sent_at`` (this clock): the group
-        holds this worker."""
+        """The coordinator answered a heartbeat (or a join's SyncGroup) sent at ``sent_at`` (this clock): the
+        group holds this worker."""
         with self._changed:
             if sent_at > self._renewed_at:
                 self._renewed_at = sent_at
             self._changed.notify_all()
 
     def assigned(self) -> None:
-        """The group has just given this worker its partitions (renewed from the join request's time by
-        :func:`watch_heartbeats`): whatever was lost before, it is held again once that renewal lands."""
+        """The group has just given this worker its partitions (renewed from its SyncGroup request's time by
+        :func:`watch_heartbeats`, just before): whatever was lost before, it is held again."""
         with self._changed:
             self._lost = self._handing_over = False
             self._assigned = True
@@ -237,11 +237,12 @@ class Membership:
 def watch_heartbeats(coordinator: Any, membership: Membership) -> None:
     """Renew ``membership`` with each heartbeat of aiokafka's group ``coordinator`` that the coordinator
     answered as a member's (no error, or a rebalance in progress, which keeps the member in the group
-    while it rejoins: ``_do_heartbeat`` returns True for those alone), and with each completed join,
-    from when its request was sent (``_do_rejoin_group``: the coordinator's session for the member
-    starts no earlier). Reaches into aiokafka (the version pinned in pyproject.toml; tests/test_bulk.py
-    checks both methods are still there)."""
-    beat, rejoin = coordinator._do_heartbeat, coordinator._do_rejoin_group
+    while it rejoins: ``_do_heartbeat`` returns True for those alone), and with each join's SyncGroup
+    request the coordinator answered without error, from when it was sent (the coordinator restarts the
+    member's session when it answers it, no earlier; the JoinGroup before it may wait seconds for the
+    other members). Reaches into aiokafka (the version pinned in pyproject.toml; tests/test_bulk.py
+    checks these methods are still there and called so)."""
+    beat, send = coordinator._do_heartbeat, coordinator._send_req
 
     async def _do_heartbeat() -> bool:
         sent_at = membership.now()
@@ -250,12 +251,12 @@ def watch_heartbeats(coordinator: Any, membership: Membership) -> None:
             membership.renewed(sent_at)
         return bool(answered)
 
-    async def _do_rejoin_group(subscription: Any) -> bool:
+    async def _send_req(request: Any) -> Any:
         sent_at = membership.now()
-        joined = await rejoin(subscription)
-        if joined:
+        response = await send(request)
+        if type(request).__name__ == "SyncGroupRequest" and getattr(response, "error_code", None) == 0:
             membership.renewed(sent_at)
-        return bool(joined)
+        return response
 
     coordinator._do_heartbeat = _do_heartbeat
-    coordinator._do_rejoin_group = _do_rejoin_group
+    coordinator._send_req = _send_req

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import aiokafka
 import pytest
-from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance, GroupCoordinator
 from faust.transport.consumer import Consumer as FaustConsumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.types import TP
@@ -296,7 +296,8 @@ def test_the_private_parts_of_faust_and_aiokafka_the_bulk_consumer_uses_still_ex
     # streams.membership: the coordinator made at the consumer's start, whose heartbeats renew the membership
     assert "self._coordinator = GroupCoordinator(" in start
     assert "success = await self._do_heartbeat()" in inspect.getsource(GroupCoordinator._heartbeat_routine)
-    assert "success = await self._do_rejoin_group(subscription)" in inspect.getsource(GroupCoordinator.ensure_active_group)
+    assert "self._send_req(" in inspect.getsource(GroupCoordinator._do_heartbeat)
+    assert "await self._coordinator._send_req(request)" in inspect.getsource(CoordinatorGroupRebalance._send_sync_group_request)
 
 
 class Gpu:
