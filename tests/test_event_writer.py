@@ -151,18 +151,25 @@ def test_a_child_process_stores_what_the_thread_stores(server, request, ruleset)
     assert digest(stores[0]) == digest(stores[1])
 
 
+def child_writer(engine: str, request) -> tuple[Store, ProcessEventWriter]:
+    """A store and a writer child storing into it: with its own client to a server (``server``), or through
+    the worker to the embedded engine (``embedded``); closed at the test's end."""
+    if engine == "server":
+        store = request.getfixturevalue("remote")
+        writer = ProcessEventWriter(request.getfixturevalue("server").url, store.db)
+    else:
+        store = request.getfixturevalue("store")
+        writer = ProcessEventWriter(None, store.db, store)
+    request.addfinalizer(writer.close)
+    return store, writer
+
+
 @pytest.mark.parametrize("engine", ["server", "embedded"])
 def test_a_killed_child_is_one_failed_try_and_the_next_starts_another(engine, ruleset, request):
     """kill -9 of the child between writes (its own client to a server, or reaching the embedded
     engine through the worker): the next write fails as a store unavailable (the pipeline retries
     it), the one after starts a new child, and what both stored is stored once."""
-    if engine == "server":
-        remote = request.getfixturevalue("remote")
-        writer = ProcessEventWriter(request.getfixturevalue("server").url, remote.db)
-    else:
-        remote = request.getfixturevalue("store")
-        writer = ProcessEventWriter(None, remote.db, remote)
-    request.addfinalizer(writer.close)
+    remote, writer = child_writer(engine, request)
     first, second = items()[:10], items()[10:]
     assert writer.write(first, ruleset.pricing) == []
     assert writer._child is not None
@@ -703,13 +710,7 @@ def test_no_insert_is_sent_once_the_workers_membership_has_run_out(path, ruleset
 def test_a_child_whose_deadline_passed_asks_the_worker_again_before_it_gives_a_batch_up(engine, ruleset, request):
     """The end the child was given passed while it decoded and looked the batch up, but a heartbeat renewed
     the membership since: the child asks the worker (over the pipe) and stores the batch, not refusing it."""
-    if engine == "server":
-        store = request.getfixturevalue("remote")
-        writer = ProcessEventWriter(request.getfixturevalue("server").url, store.db)
-    else:
-        store = request.getfixturevalue("store")
-        writer = ProcessEventWriter(None, store.db, store)
-    request.addfinalizer(writer.close)
+    store, writer = child_writer(engine, request)
     _started(writer, ruleset)
     sent = [message("gpu-metrics", 0, i, scrape(T0 + 7 * 86_400 + i * MIN, [1.0], rid="h7")) for i in range(5)]
     asked: list[float] = []
