@@ -718,7 +718,8 @@ class Pipeline:
         two tries, or, ``read_only``, at once, the try in progress left to finish unused."""
         backoff = 0.5
         loop = asyncio.get_running_loop()
-        stalled_here = False
+        began: float | None = None
+        """When the stall this look-up began began (None: it began none)."""
         while True:
             try:
                 asked = loop.run_in_executor(None, look_up)
@@ -728,36 +729,43 @@ class Pipeline:
                     answer = await asyncio.wait_for(asked, timeout_s)
             except Exception as exc:  # noqa: BLE001 - a client, a driver or the server may raise
                 if self._stopping.is_set() or given_up():
-                    self._give_up_stall(stalled_here, what)
+                    self._give_up_stall(began, what)
                     raise PipelineStopped from exc
                 error = one_line(exc)
-                stalled_here = stalled_here or self.stalled_since is None
-                self._store_stalled(error, f"{what}: {error}", note=note)
+                began = self._store_stalled(error, f"{what}: {error}", note=note) or began
                 try:
                     await self._wait_or_stop(backoff, given_up)
                 except PipelineStopped:
-                    self._give_up_stall(stalled_here, what)
+                    self._give_up_stall(began, what)
                     raise
                 backoff = min(backoff * 2, self._retry_max_s)
                 continue
             self._store_available()
             return answer
 
-    def _give_up_stall(self, stalled_here: bool, what: str) -> None:
-        """A look-up given up while the store failed: the stall it began is no longer waited on (a
+    def _give_up_stall(self, began: float | None, what: str) -> None:
+        """A look-up given up while the store failed: the stall it began at ``began`` is no longer waited on (a
         revocation: nothing asks the store until the next assignment, and the stall exit must not
         fire for a question nobody asks)."""
-        if stalled_here and self.stalled_since is not None and not self._stopping.is_set():
+        if began is not None and self.stalled_since == began and not self._stopping.is_set():
             log.info("store_stall_given_up", what=what, stalled_s=round(self.stalled_for(), 1))
+            self._end_stall(began)
+
+    def _end_stall(self, began: float | None) -> None:
+        """The stall begun at ``began`` (:meth:`_store_stalled`'s answer) is over, unless another began since."""
+        if began is not None and self.stalled_since == began:
             self.stalled_since, self.stall_reason = None, ""
 
-    def _store_stalled(self, error: str, reason: str, note: str) -> None:
-        """The store took no write or answered no look-up: /healthz and the stall exit apply
-        from the first failure (logged once per stall)."""
+    def _store_stalled(self, error: str, reason: str, note: str, event: str = "store_unavailable") -> float | None:
+        """The store took no write or answered no look-up (or, ``event``, the write waits on something
+        else): /healthz and the stall exit apply from the first failure (logged once per stall). Returns
+        when the stall began if this call began it (for :meth:`_end_stall`), else None."""
+        began = None
         if self.stalled_since is None:
-            self.stalled_since = time.monotonic()
-            log.error("store_unavailable", error=error, note=note)
+            began = self.stalled_since = time.monotonic()
+            log.error(event, error=error, note=note)
         self.stall_reason = reason
+        return began
 
     def _store_available(self) -> None:
         """The store answered again: the stall, if any, is over."""
@@ -1030,8 +1038,8 @@ class Pipeline:
             return self._write_until_stored(step)
         except Dropped:
             self._dropped = True
-            if unstalled and self.stalled_since is not None:  # a stall this write began: over with it
-                self.stalled_since, self.stall_reason = None, ""
+            if unstalled:  # a stall this write began: over with it
+                self._end_stall(self.stalled_since)
             log.warning("write_dropped", messages=step.messages, events=step.events, alerts=len(step.alerts),
                         note="the group dropped this worker: neither this batch nor those behind it are written "
                              "or acknowledged; the partitions' holder reads them again")  # fmt: skip
@@ -1047,29 +1055,23 @@ class Pipeline:
         membership = self.membership
         if membership is None or membership.held():
             return
-        stalled: float | None = None
-        """When this wait began a stall (cleared at its end, unless another began since)."""
-        try:
-            if not membership.lost:
-                # (at info while within the session timeout: a join longer than the session less the margin, before
-                # the first heartbeat's answer, or heartbeats a little late; at warning past it, a freeze)
-                unconfirmed = membership.unconfirmed_s()
-                (log.warning if unconfirmed >= membership.session_timeout_s else log.info)(
-                    "write_awaiting_membership", unconfirmed_s=round(unconfirmed, 3),
-                    note="no heartbeat answered within the session timeout less a margin: written once the group is "
-                         "known to hold this worker still")  # fmt: skip
-                while (held := membership.wait_held(self._stopping, timeout_s=membership.session_timeout_s)) is None:
-                    if self.stalled_since is None:  # (/healthz 503, and the stall exit, as for a store that takes no write)
-                        stalled = self.stalled_since = time.monotonic()
-                        self.stall_reason = "membership unconfirmed: no heartbeat answered"
-                        log.error("membership_unconfirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3),
-                                  note="the broker or its group coordinator unreachable, or the worker starved")  # fmt: skip
-                if held:
-                    log.info("membership_confirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3))
-                    return
-        finally:
-            if stalled is not None and self.stalled_since == stalled:
-                self.stalled_since, self.stall_reason = None, ""
+        if not membership.lost:
+            # (at info while within the session timeout: a join longer than the session less the margin, before
+            # the first heartbeat's answer, or heartbeats a little late; at warning past it, a freeze)
+            unconfirmed = membership.unconfirmed_s()
+            (log.warning if unconfirmed >= membership.session_timeout_s else log.info)(
+                "write_awaiting_membership", unconfirmed_s=round(unconfirmed, 3),
+                note="no heartbeat answered within the session timeout less a margin: written once the group is "
+                     "known to hold this worker still")  # fmt: skip
+            # A wait past a session is a stall (/healthz 503, the stall exit), as a store that takes no write is:
+            # ended, as that is, by the write's success, or by its drop (:meth:`_write`).
+            while (held := membership.wait_held(self._stopping, timeout_s=membership.session_timeout_s)) is None:
+                self._store_stalled(f"no heartbeat answered for {membership.unconfirmed_s():.1f} s",
+                                    "membership unconfirmed: no heartbeat answered", event="membership_unconfirmed",
+                                    note="the broker or its group coordinator unreachable, or the worker starved")  # fmt: skip
+            if held:
+                log.info("membership_confirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3))
+                return
         if membership.lost:
             raise Dropped
         raise PipelineStopped

@@ -230,6 +230,36 @@ def test_a_batch_written_after_a_freeze_waits_for_the_group_and_is_not_written_i
     assert store.states.load([0]).keys() == {"h0", "h1"}
 
 
+def test_a_write_waiting_for_the_group_longer_than_a_session_is_a_stall_until_the_group_answers(store, ruleset):
+    """/healthz says stalled (and the stall exit applies) once a write has waited a session timeout for a
+    heartbeat's answer; the answer ends the stall, and the batch is written."""
+    clock = Clock()
+    membership = Membership(0.6, clock=clock)  # (a short session: the wait is real time)
+    membership.assigned()
+    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
+                        send_dead_letter=lambda key, value: asyncio.sleep(0), membership=membership)  # fmt: skip
+    acked: list[Message] = []
+    seen: dict[str, object] = {}
+
+    async def ack(messages: list[Message]) -> None:
+        acked.extend(messages)
+
+    async def go() -> None:
+        clock.now += 10.0  # frozen
+        await pipeline.process(batch(0), ack)
+        deadline = time.monotonic() + 30
+        while pipeline.stalled_since is None:
+            assert time.monotonic() < deadline, "no stall"
+            await asyncio.sleep(0.01)
+        seen["stalled"] = (pipeline.stall_reason, store.count("resource_usage"))
+        membership.renewed(clock.now)
+        await pipeline.drain()
+        seen["renewed"] = (pipeline.stalled_since, store.count("resource_usage"), len(acked))
+
+    asyncio.run(go())
+    assert seen == {"stalled": ("membership unconfirmed: no heartbeat answered", 0), "renewed": (None, 2, 4)}
+
+
 def opening(rid: str):
     found = Finding(action="fire", rule="idle-gpu", type="idle_gpu", resource_id=rid, episode_start=T0,
                     fired_at=T0 + 1800, at=T0 + 1800, waste_usd=16.0, usd_per_hour=32.0, severity="warning",
