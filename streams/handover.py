@@ -114,10 +114,11 @@ class Handover:
 
 def install_handover(parts: WorkerParts) -> Handover:
     app, store, pipeline, outbox = parts.app, parts.store, parts.pipeline, parts.outbox
+    alive_s, rebalance_s = alive_for(parts.settings.session_timeout_s), float(app.conf.broker_rebalance_timeout)
+    """How recent a handover's latest mark must be for the next holder to wait for it, and how long it waits at most."""
     membership = pipeline.membership
     if membership is not None:  # a live handover holds it while the next holder would wait for its marks
-        membership.handover_alive_s = alive_for(parts.settings.session_timeout_s)
-        membership.handover_within_s = float(app.conf.broker_rebalance_timeout)
+        membership.handover_alive_s, membership.handover_within_s = alive_s, rebalance_s
     marks = _Marks(_handovers(parts.settings.dsn, parts.settings.clickhouse_database, store), membership)
     handover = Handover()
     held: set[int] = set()
@@ -212,8 +213,7 @@ def install_handover(parts: WorkerParts) -> Handover:
                                             read_only=read_only)  # fmt: skip
 
         # Nothing is read, loaded or posted before the previous holders' last writes have landed.
-        await marks.wait(partitions, alive_s=alive_for(parts.settings.session_timeout_s),
-                         wait_s=float(app.conf.broker_rebalance_timeout), stopping=given_up)  # fmt: skip
+        await marks.wait(partitions, alive_s=alive_s, wait_s=rebalance_s, stopping=given_up)
         if given_up():
             return
 
