@@ -760,10 +760,17 @@ class Pipeline:
         """The store took no write or answered no look-up (or, ``event``, the write waits on something
         else): /healthz and the stall exit apply from the first failure (logged once per stall). Returns
         when the stall began if this call began it (for :meth:`_end_stall`), else None."""
+        began = self._begin_stall(reason)
+        if began is not None:
+            log.error(event, error=error, note=note)
+        return began
+
+    def _begin_stall(self, reason: str) -> float | None:
+        """No progress until ``reason`` clears: /healthz and the stall exit apply from the stall's first
+        moment. Returns when the stall began if this call began it (for :meth:`_end_stall`), else None."""
         began = None
         if self.stalled_since is None:
             began = self.stalled_since = time.monotonic()
-            log.error(event, error=error, note=note)
         self.stall_reason = reason
         return began
 
@@ -889,7 +896,7 @@ class Pipeline:
         """Send the dead-letter record; a failed send is retried (the message stays unacknowledged)."""
         record = dead_letter(message, reason)
         backoff = 0.5
-        stalled = False
+        began: float | None = None
         while True:
             try:
                 await self._send_dead_letter(message.key, record)
@@ -899,14 +906,11 @@ class Pipeline:
                           offset=message.offset, error=one_line(exc), retry_in_s=backoff)  # fmt: skip
                 if self._stopping.is_set():
                     raise PipelineStopped from exc
-                if self.stalled_since is None:  # no progress past this message: /healthz and the exit apply
-                    self.stalled_since = time.monotonic()
-                self.stall_reason = f"dead-letter topic: {one_line(exc)}"
+                # No progress past this message: /healthz and the exit apply.
+                began = self._begin_stall(f"dead-letter topic: {one_line(exc)}") or began
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._retry_max_s)
-                stalled = True
-        if stalled:
-            self.stalled_since, self.stall_reason = None, ""
+        self._end_stall(began)  # a store stall the writer began meanwhile is not this one's to end
         log.warning("dead_letter", topic=message.topic, partition=message.partition, offset=message.offset,
                     reason=reason[:_MAX_REASON])  # fmt: skip
 

@@ -761,6 +761,37 @@ def test_a_stop_while_a_dead_letter_is_retried_lets_the_stop_hook_go_on(store, r
     assert all(o is None or isinstance(o, PipelineStopped) for o in outcomes), outcomes
 
 
+@pytest.mark.parametrize("store_stalls", [False, True])
+def test_a_dead_letter_retried_stalls_the_pipeline_and_ends_only_its_own_stall(store, ruleset, store_stalls: bool):
+    """The dead-letter topic refuses two sends: the pipeline is stalled (/healthz, the stall exit) while
+    the send is retried, and no longer once it lands. A store stall the writer begins meanwhile
+    (``store_stalls``) is not the dead letter's to end: it outlives the send (it ends when the store answers)."""
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    pipeline._retry_max_s = 0.05
+    refused: list[float | None] = []
+    writers: list[float | None] = []
+
+    async def broker_flaky(key, value):
+        if len(refused) < 2:
+            if store_stalls and not writers:
+                writers.append(pipeline._store_stalled("insert refused", "store: insert refused", note="retrying"))
+            refused.append(pipeline.stalled_since)
+            raise ConnectionError("broker down")
+
+    pipeline._send_dead_letter = broker_flaky
+
+    async def ack(messages):
+        pass
+
+    async def go() -> None:
+        await pipeline.process([Message("gpu-metrics", 0, 0, b"h1", b"{not json")], ack)
+        await pipeline.drain()
+
+    asyncio.run(go())
+    assert len(refused) == 2 and refused[1] is not None  # stalled while the send is retried
+    assert pipeline.stalled_since == (writers[0] if store_stalls else None), (refused, writers)
+
+
 def test_a_kill_between_the_alert_record_and_the_state_save_leaves_the_alert_resolved(store, ruleset):
     """A batch's alert changes are recorded, then the state that reflects them: a worker killed
     between the two restarts from the state before the batch and detects it again. The
