@@ -47,7 +47,7 @@ from detector.events import DAY_S, TS_MAX, Event, EventDecoder, InvalidMessage
 from detector.limits import Limits
 from detector.pricing import Pricing
 from detector.store.batch import EventBatch
-from detector.store.connection import Connection, connect
+from detector.store.connection import Connection, connect, no_dataframes
 from detector.store.events import Events, InsertMetrics, PreparedInsert, native
 from detector.units import one_line
 from streams.children import ask_parent_death_signal
@@ -183,6 +183,7 @@ class RelayClient:
         from clickhouse_connect.datatypes.registry import get_from_name
         from clickhouse_connect.driver.insert import InsertContext
 
+        no_dataframes()
         return InsertContext(table, list(column_names), [get_from_name(name) for name in column_type_names],
                              column_oriented=column_oriented, settings=settings)  # fmt: skip
 

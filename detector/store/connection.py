@@ -22,7 +22,8 @@ import structlog
 
 from detector.units import one_line
 
-__all__ = ["Connection", "StoreBusy", "StoreNotFound", "StoreOutdated", "chdb_dir", "connect", "ms", "named_sql"]
+__all__ = ["Connection", "StoreBusy", "StoreNotFound", "StoreOutdated", "chdb_dir", "connect", "ms", "named_sql",
+           "no_dataframes"]
 
 log = structlog.get_logger("burnwatch.store")
 
@@ -118,6 +119,8 @@ def connect(dsn: str, create: bool = True, **settings: Any) -> Any:
 
     from detector.logs import redact, redact_dsn
 
+    no_dataframes()
+
     directory = chdb_dir(dsn)
     if directory is not None:
         if not create and not (directory / "metadata").is_dir():
@@ -136,6 +139,20 @@ def connect(dsn: str, create: bool = True, **settings: Any) -> Any:
         return clickhouse_connect.get_client(dsn=dsn, **settings)
     except Exception as exc:  # its message may quote the DSN, password included
         raise ConnectionError(f"cannot connect to ClickHouse at {redact_dsn(dsn)}: {redact(str(exc))}") from None
+
+
+def no_dataframes() -> None:
+    """Tell clickhouse-connect that this process inserts no pandas DataFrame, unless pandas is loaded already.
+    It asks whether each insert's rows are a DataFrame, and imports pandas to ask (installed: chdb depends on
+    it): 0.3-0.6 CPU s and 40 MB more in each process that inserts (the worker, its event writer, the store
+    server). burnwatch inserts lists and columns, never a DataFrame, and reads no result as one. Called by
+    :func:`connect` and wherever an insert context is made without it (the event writer's child)."""
+    import sys
+
+    from clickhouse_connect.driver import options
+
+    if "pandas" not in sys.modules and "pd" not in vars(options):
+        options.pd = options.pd_time_test = None
 
 
 class Connection:
