@@ -282,6 +282,28 @@ def test_a_fetch_hands_over_what_is_past_the_read_offset_and_notes_what_the_brok
     assert sorted((i.begin, i.end) for i in consumer._gap[tp]) == gaps
 
 
+def test_a_partition_assigned_again_is_not_read_from_where_a_late_fetch_left_it(monkeypatch):
+    """A fetch of the generation before, handed over after the revocation (a worker frozen past the
+    session wakes with one), sets the partition's read offset again after Faust forgot it; Faust's seek
+    at the next assignment leaves it where nothing is committed. Every record below it was then left
+    out as read already, and the partition was never read again. The assignment starts it afresh."""
+    consumer = bookkeeping_consumer()
+    consumer.app.topics = SimpleNamespace(acks_enabled_for=lambda topic: True)  # type: ignore[attr-defined]
+    again, kept = TP("gpu-metrics", 0), TP("gpu-metrics", 1)
+    consumer._read_offset = defaultdict(lambda: None, {again: 500, kept: 40})  # 500: the late fetch's
+    assigned: list[set[TP]] = []
+
+    async def faust_assigns(self, tps, generation_id=0):  # Faust's own: nothing committed, so no seek sets it
+        assigned.append(set(tps))
+
+    monkeypatch.setattr(BulkConsumer.__mro__[1], "on_partitions_assigned", faust_assigns)
+    asyncio.run(consumer.on_partitions_assigned({again}, 3))
+    assert assigned == [{again}]  # Faust's handler still runs
+    handed = asyncio.run(consumer._fresh(again, [SimpleNamespace(offset=offset) for offset in (0, 1, 2)]))
+    assert [r.offset for r in handed] == [0, 1, 2]
+    assert consumer._read_offset[kept] == 40  # a partition not assigned again keeps its own
+
+
 def test_the_private_parts_of_faust_and_aiokafka_the_bulk_consumer_uses_still_exist():
     consumer_init = inspect.getsource(FaustConsumer.__init__)
     for name in ("_acked", "_acked_index", "_committed_offset", "_read_offset", "_commit_every"):
