@@ -1,9 +1,10 @@
-"""A worker's resident memory at rest: what each worker costs before it holds any key.
+"""A worker's resident memory at rest and the CPU its start took: what each worker costs before it holds any key.
 
 Starts ``burnwatch worker`` on the embedded broker, once with the embedded engine in its process
 (``chdb://``, the default) and once with a store server (``burnwatch store serve``, the worker
 reaching it over HTTP as it would a ClickHouse server), feeds it an hour of one idle host so that
-its event writer's child has started and written, and reads ``VmRSS`` of the worker and its child.
+its event writer's child has started and written, and reads ``VmRSS`` of the worker and its child
+and the CPU seconds both have used (a fresh store: the worker's start migrates it).
 
     .venv/bin/python bench/worker_rss.py
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.run import _children  # noqa: E402
+from bench.run import _children, cpu_seconds  # noqa: E402
 from streams.embedded import EmbeddedBroker  # noqa: E402
 from streams.process import StoreServerProcess, worker_env  # noqa: E402
 from tests.reliability import Worker, idle_host, publish, wait_acknowledged  # noqa: E402
@@ -32,8 +33,8 @@ def rss_mb(pid: int) -> float:
     raise LookupError(f"no VmRSS for {pid}")
 
 
-def at_rest(tmp: Path, store_url: str | None) -> tuple[float, float]:
-    """(worker MB, its event writer's child MB) once an hour of one idle host is stored."""
+def at_rest(tmp: Path, store_url: str | None) -> tuple[float, float, float]:
+    """(worker MB, its event writer's child MB, CPU seconds of both) once an hour of one idle host is stored."""
     tmp.mkdir(parents=True)
     with EmbeddedBroker(log_path=tmp / "broker.log") as broker:
         publish(broker.bootstrap, [])
@@ -45,7 +46,7 @@ def at_rest(tmp: Path, store_url: str | None) -> tuple[float, float]:
             publish(broker.bootstrap, host)
             wait_acknowledged(broker.bootstrap, worker, timeout=120)  # stored: the child has started and written
             [child] = _children(worker.pid)
-            return rss_mb(worker.pid), rss_mb(child)
+            return rss_mb(worker.pid), rss_mb(child), cpu_seconds(worker.pid)
         finally:
             worker.stop()
 
@@ -58,8 +59,8 @@ def main() -> None:
             served = at_rest(Path(tmp) / "served-worker", server.url)
         finally:
             server.stop()
-    print(f"embedded engine in the worker: worker {embedded[0]:.0f} MB, its event writer's child {embedded[1]:.0f} MB")
-    print(f"a store server over HTTP:      worker {served[0]:.0f} MB, its event writer's child {served[1]:.0f} MB")
+    for name, (worker, child, cpu) in (("embedded engine in the worker", embedded), ("a store server over HTTP", served)):
+        print(f"{name:30s} worker {worker:.0f} MB, its event writer's child {child:.0f} MB; {cpu:.2f} CPU s to get there")
 
 
 if __name__ == "__main__":
