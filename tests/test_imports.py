@@ -57,7 +57,7 @@ def test_building_a_workers_executors_imports_no_cloud_client():
 @pytest.mark.parametrize("process", ["store", "event writer child"])
 def test_a_process_that_inserts_does_not_import_pandas(tmp_path, process: str):
     """clickhouse-connect imports pandas at a process's first insert to ask whether the rows are a DataFrame
-    (0.3-0.6 CPU s and 40 MB in the worker, its event writer's child and the store server); burnwatch never
+    (0.3-0.6 CPU s and 40-70 MB in the worker and its event writer's child); burnwatch never
     inserts one, and its inserts go on without pandas. The child encodes the rows it sends the worker."""
     code = {"store": f"from detector.store import Store\nstore = Store.open('chdb://{tmp_path}/clickhouse')\n"
                      "assert store.count('schema_migrations') > 0  # migrated: its inserts ran",

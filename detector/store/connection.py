@@ -144,9 +144,9 @@ def connect(dsn: str, create: bool = True, **settings: Any) -> Any:
 def no_dataframes() -> None:
     """Tell clickhouse-connect that this process inserts no pandas DataFrame, unless pandas is loaded already.
     It asks whether each insert's rows are a DataFrame, and imports pandas to ask (installed: chdb depends on
-    it): 0.3-0.6 CPU s and 40 MB more in each process that inserts (the worker, its event writer, the store
-    server). burnwatch inserts lists and columns, never a DataFrame, and reads no result as one. Called by
-    :func:`connect` and wherever an insert context is made without it (the event writer's child)."""
+    it): 0.3-0.6 CPU s and 40-70 MB more in each process that inserts through it (the worker, a command that
+    writes, the event writer's child). burnwatch inserts lists and columns, never a DataFrame, and reads no
+    result as one. Called by :func:`connect` and where the event writer's child makes an insert context."""
     import sys
 
     from clickhouse_connect.driver import options
