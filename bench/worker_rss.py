@@ -4,7 +4,8 @@ Starts ``burnwatch worker`` on the embedded broker, once with the embedded engin
 (``chdb://``, the default) and once with a store server (``burnwatch store serve``, the worker
 reaching it over HTTP as it would a ClickHouse server), feeds it an hour of one idle host so that
 its event writer's child has started and written, and reads ``VmRSS`` of the worker and its child
-and the CPU seconds both have used (a fresh store: the worker's start migrates it).
+and the CPU seconds both have used (a fresh store: the worker's start migrates it; with the store
+server, the server's own CPU, the migration's inserts and statements included, is not counted).
 
     .venv/bin/python bench/worker_rss.py
 """
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def rss_mb(pid: int) -> float:
+    """The process's resident memory in MB (``VmRSS``): what the machine gives it, libraries' pages included."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
@@ -39,7 +41,8 @@ def at_rest(tmp: Path, store_url: str | None) -> tuple[float, float, float]:
     with EmbeddedBroker(log_path=tmp / "broker.log") as broker:
         publish(broker.bootstrap, [])
         extra = {"BURNWATCH_CLICKHOUSE_DSN": store_url} if store_url else {}
-        worker = Worker(worker_env(broker.bootstrap, tmp / "data", ROOT / "rules", 4, **extra), tmp / "worker.log").start()
+        worker = Worker(worker_env(broker.bootstrap, tmp / "data", ROOT / "rules", 4, **extra), tmp / "worker.log")
+        worker.start()
         try:
             worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
             host = idle_host("h1", time.time() - 7200)

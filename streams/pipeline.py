@@ -96,6 +96,10 @@ _RESENT_STALL = 3
 pipeline counts as stalled (/healthz): its inserts come later than a session after they are asked for."""
 _A = TypeVar("_A")
 _R = TypeVar("_R")
+_STORE = "store"
+"""A stall's cause: the store takes no write or answers no look-up, or the write waits for the group."""
+_DEAD_LETTER_TOPIC = "dead-letter topic"
+"""A stall's cause: the dead-letter topic takes no record."""
 
 
 class FetchQueue(Protocol):
@@ -315,9 +319,10 @@ class Pipeline:
         self._acks: InOrderAcks[Message] = InOrderAcks()
         self._retry_max_s = retry_max_s
         self._stopping = threading.Event()
-        self.stalled_since: float | None = None
-        """Monotonic time since which writes have been failing for want of a writable store."""
-        self.stall_reason = ""
+        self._stalls: dict[str, tuple[float, str]] = {}
+        """What stalls the pipeline now, by cause (:data:`_STORE`, :data:`_DEAD_LETTER_TOPIC`): since when (monotonic)
+        and why. Each cause's stall begins and ends on its own, from the event loop or the writer thread."""
+        self._stalls_lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
         self._gave_up = False
         """A write gave up (the worker stopping while the store took none) or failed: the writes queued
@@ -402,6 +407,21 @@ class Pipeline:
     def positions(self) -> dict[TP, int]:
         """(topic, partition) → the next offset this worker will read (for consumer lag)."""
         return self._positions
+
+    @property
+    def stalled_since(self) -> float | None:
+        """Monotonic time since which the pipeline has made no progress (None: it is not stalled): the
+        earliest of the stalls now on (a store that takes no write, a dead-letter topic that takes no record)."""
+        with self._stalls_lock:
+            stalls = list(self._stalls.values())
+        return min(since for since, _ in stalls) if stalls else None
+
+    @property
+    def stall_reason(self) -> str:
+        """Why, each stall now on, the earliest first ("" when none)."""
+        with self._stalls_lock:
+            stalls = sorted(self._stalls.values())
+        return "; ".join(reason for _, reason in stalls)
 
     def stalled_for(self) -> float:
         """Seconds the pipeline has been unable to write (0: it is not stalled)."""
@@ -747,38 +767,49 @@ class Pipeline:
         """A look-up given up while the store failed: the stall it began at ``began`` is no longer waited on (a
         revocation: nothing asks the store until the next assignment, and the stall exit must not
         fire for a question nobody asks)."""
-        if began is not None and self.stalled_since == began and not self._stopping.is_set():
+        if began is not None and self._stall_began(_STORE) == began and not self._stopping.is_set():
             log.info("store_stall_given_up", what=what, stalled_s=round(self.stalled_for(), 1))
-            self._end_stall(began)
+            self._end_stall(_STORE, began)
 
-    def _end_stall(self, began: float | None) -> None:
-        """The stall begun at ``began`` (:meth:`_store_stalled`'s answer) is over, unless another began since."""
-        if began is not None and self.stalled_since == began:
-            self.stalled_since, self.stall_reason = None, ""
+    def _stall_began(self, cause: str) -> float | None:
+        """When ``cause``'s stall now on began (None: none is on)."""
+        stall = self._stalls.get(cause)
+        return None if stall is None else stall[0]
+
+    def _end_stall(self, cause: str, began: float | None) -> None:
+        """``cause``'s stall begun at ``began`` (:meth:`_begin_stall`'s answer) is over, unless another began since."""
+        with self._stalls_lock:
+            if began is not None and self._stall_began(cause) == began:
+                del self._stalls[cause]
 
     def _store_stalled(self, error: str, reason: str, note: str, event: str = "store_unavailable") -> float | None:
         """The store took no write or answered no look-up (or, ``event``, the write waits on something
         else): /healthz and the stall exit apply from the first failure (logged once per stall). Returns
         when the stall began if this call began it (for :meth:`_end_stall`), else None."""
-        began = self._begin_stall(reason)
+        began = self._begin_stall(_STORE, reason)
         if began is not None:
             log.error(event, error=error, note=note)
         return began
 
-    def _begin_stall(self, reason: str) -> float | None:
-        """No progress until ``reason`` clears: /healthz and the stall exit apply from the stall's first
-        moment. Returns when the stall began if this call began it (for :meth:`_end_stall`), else None."""
-        began = None
-        if self.stalled_since is None:
-            began = self.stalled_since = time.monotonic()
-        self.stall_reason = reason
-        return began
+    def _begin_stall(self, cause: str, reason: str) -> float | None:
+        """No progress until ``cause`` clears (for ``reason``, which replaces the one it had): /healthz and the
+        stall exit apply from its first moment. Returns when the stall began if this call began it (for
+        :meth:`_end_stall`), else None."""
+        with self._stalls_lock:
+            stall = self._stalls.get(cause)
+            if stall is None:
+                began = time.monotonic()
+                self._stalls[cause] = (began, reason)
+                return began
+            self._stalls[cause] = (stall[0], reason)
+            return None
 
     def _store_available(self) -> None:
-        """The store answered again: the stall, if any, is over."""
-        if self.stalled_since is not None:
-            log.info("store_available", stalled_s=round(self.stalled_for(), 1))
-            self.stalled_since, self.stall_reason = None, ""
+        """The store answered again: its stall, if one is on, is over (another cause's is not)."""
+        with self._stalls_lock:
+            stall = self._stalls.pop(_STORE, None)
+        if stall is not None:
+            log.info("store_available", stalled_s=round(time.monotonic() - stall[0], 1))
 
     async def _wait_or_stop(self, seconds: float, given_up: Callable[[], bool] = lambda: False) -> None:
         """Back off for ``seconds``, or less if the worker stops or the caller gives up (:class:`PipelineStopped`)."""
@@ -907,10 +938,10 @@ class Pipeline:
                 if self._stopping.is_set():
                     raise PipelineStopped from exc
                 # No progress past this message: /healthz and the exit apply.
-                began = self._begin_stall(f"dead-letter topic: {one_line(exc)}") or began
+                began = self._begin_stall(_DEAD_LETTER_TOPIC, f"dead-letter topic: {one_line(exc)}") or began
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._retry_max_s)
-        self._end_stall(began)  # a store stall the writer began meanwhile is not this one's to end
+        self._end_stall(_DEAD_LETTER_TOPIC, began)  # a store stall on meanwhile is not this one's to end
         log.warning("dead_letter", topic=message.topic, partition=message.partition, offset=message.offset,
                     reason=reason[:_MAX_REASON])  # fmt: skip
 
@@ -1037,13 +1068,13 @@ class Pipeline:
             raise PipelineStopped
         if self._dropped:
             raise Dropped
-        unstalled = self.stalled_since is None
+        unstalled = self._stall_began(_STORE) is None
         try:
             return self._write_until_stored(step)
         except Dropped:
             self._dropped = True
-            if unstalled:  # a stall this write began: over with it
-                self._end_stall(self.stalled_since)
+            if unstalled:  # a store stall this write began: over with it
+                self._end_stall(_STORE, self._stall_began(_STORE))
             log.warning("write_dropped", messages=step.messages, events=step.events, alerts=len(step.alerts),
                         note="the group dropped this worker: neither this batch nor those behind it are written "
                              "or acknowledged; the partitions' holder reads them again")  # fmt: skip

@@ -296,7 +296,7 @@ def test_a_partition_assigned_again_is_not_read_from_where_a_late_fetch_left_it(
     async def faust_assigns(self, tps, generation_id=0):  # Faust's own: nothing committed, so no seek sets it
         assigned.append(set(tps))
 
-    monkeypatch.setattr(BulkConsumer.__mro__[1], "on_partitions_assigned", faust_assigns)
+    monkeypatch.setattr(FaustConsumer, "on_partitions_assigned", faust_assigns)
     asyncio.run(consumer.on_partitions_assigned({again}, 3))
     assert assigned == [{again}]  # Faust's handler still runs
     handed = asyncio.run(consumer._fresh(again, [SimpleNamespace(offset=offset) for offset in (0, 1, 2)]))

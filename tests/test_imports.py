@@ -4,6 +4,7 @@ command's parser (built by every ``burnwatch`` command) must not pull in what th
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -67,3 +68,14 @@ def test_a_process_that_inserts_does_not_import_pandas(tmp_path, process: str):
     loaded = _modules_after(code)
     assert "clickhouse_connect.driver.insert" in loaded
     assert "pandas" not in loaded
+
+
+def test_nothing_asks_clickhouse_connect_for_a_dataframe():
+    """``detector.store.connection.no_dataframes`` tells clickhouse-connect no process of burnwatch's holds
+    a pandas DataFrame, for the process's life: its DataFrame calls would then refuse (its Arrow calls,
+    which the FOCUS bill's ingest makes, need no pandas)."""
+    calls = re.compile(r"\.(query_df|query_df_stream|query_df_arrow|insert_df|insert_df_arrow)\(")
+    found = [f"{path.relative_to(ROOT)}:{n}" for package in ("detector", "streams", "bench")
+             for path in sorted((ROOT / package).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if calls.search(line)]  # fmt: skip
+    assert not found

@@ -761,21 +761,24 @@ def test_a_stop_while_a_dead_letter_is_retried_lets_the_stop_hook_go_on(store, r
     assert all(o is None or isinstance(o, PipelineStopped) for o in outcomes), outcomes
 
 
-@pytest.mark.parametrize("store_stalls", [False, True])
-def test_a_dead_letter_retried_stalls_the_pipeline_and_ends_only_its_own_stall(store, ruleset, store_stalls: bool):
+@pytest.mark.parametrize("store_stalls_at", [None, 0, 1])
+def test_a_dead_letter_retried_stalls_the_pipeline_and_ends_only_its_own_stall(store, ruleset, store_stalls_at):
     """The dead-letter topic refuses two sends: the pipeline is stalled (/healthz, the stall exit) while
-    the send is retried, and no longer once it lands. A store stall the writer begins meanwhile
-    (``store_stalls``) is not the dead letter's to end: it outlives the send (it ends when the store answers)."""
+    the send is retried, and no longer once it lands. A store stall begun meanwhile, before the dead
+    letter's or during it (``store_stalls_at``: at which refusal), is not the dead letter's to end: it
+    outlives the send, with its own reason. Nor does the store answering end the dead letter's."""
     pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
     pipeline._retry_max_s = 0.05
-    refused: list[float | None] = []
+    refused: list[tuple[float | None, str]] = []
     writers: list[float | None] = []
 
     async def broker_flaky(key, value):
         if len(refused) < 2:
-            if store_stalls and not writers:
+            if len(refused) == store_stalls_at:
                 writers.append(pipeline._store_stalled("insert refused", "store: insert refused", note="retrying"))
-            refused.append(pipeline.stalled_since)
+            elif store_stalls_at is None and refused:
+                pipeline._store_available()  # the writer's next batch stored: the store's stall, none, ends
+            refused.append((pipeline.stalled_since, pipeline.stall_reason))
             raise ConnectionError("broker down")
 
     pipeline._send_dead_letter = broker_flaky
@@ -788,8 +791,12 @@ def test_a_dead_letter_retried_stalls_the_pipeline_and_ends_only_its_own_stall(s
         await pipeline.drain()
 
     asyncio.run(go())
-    assert len(refused) == 2 and refused[1] is not None  # stalled while the send is retried
-    assert pipeline.stalled_since == (writers[0] if store_stalls else None), (refused, writers)
+    assert len(refused) == 2 and refused[1][0] is not None and "dead-letter topic" in refused[1][1], refused
+    if store_stalls_at is None:
+        assert pipeline.stalled_since is None and pipeline.stall_reason == ""
+    else:
+        assert writers[0] is not None  # the store's stall began there, not joined to the dead letter's
+        assert (pipeline.stalled_since, pipeline.stall_reason) == (writers[0], "store: insert refused"), refused
 
 
 def test_a_kill_between_the_alert_record_and_the_state_save_leaves_the_alert_resolved(store, ruleset):

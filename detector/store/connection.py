@@ -22,8 +22,9 @@ import structlog
 
 from detector.units import one_line
 
-__all__ = ["Connection", "StoreBusy", "StoreNotFound", "StoreOutdated", "chdb_dir", "connect", "ms", "named_sql",
-           "no_dataframes"]
+__all__ = [
+    "Connection", "StoreBusy", "StoreNotFound", "StoreOutdated", "chdb_dir", "connect", "ms", "named_sql", "no_dataframes",
+]  # fmt: skip
 
 log = structlog.get_logger("burnwatch.store")
 
@@ -146,7 +147,10 @@ def no_dataframes() -> None:
     It asks whether each insert's rows are a DataFrame, and imports pandas to ask (installed: chdb depends on
     it): 0.3-0.6 CPU s and 40-70 MB more in each process that inserts through it (the worker, a command that
     writes, the event writer's child). burnwatch inserts lists and columns, never a DataFrame, and reads no
-    result as one. Called by :func:`connect` and where the event writer's child makes an insert context."""
+    result as one. For the process's life: pandas imported later (scikit-learn imports it when a model
+    loads) is not seen, and clickhouse-connect's DataFrame calls (``query_df``, ``insert_df``) would refuse
+    (tests/test_imports.py fails if burnwatch makes one). Called by :func:`connect` and where the event
+    writer's child makes an insert context."""
     import sys
 
     from clickhouse_connect.driver import options
