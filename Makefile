@@ -36,7 +36,9 @@ demo-bridge: install
 # clone's `.ci/run` on the idle 2-core VM, 2026-12-03: 18m57s of tests, 22m27s with install; with the
 # fetch-order test, 19m17s and 21m36s of tests in two runs, 23m06s and 25m32s with install; with the
 # `store` fixture copied from a template (tests/store_template.py), 14m34s of tests, 17m46s with install,
-# 26m50s of user CPU against 35m00s).
+# 26m50s of user CPU against 35m00s). 2026-12-06: CPU-bound (1.87 of the 2 cores busy) and spread thin (the
+# 39 tests over 10 CPU s were half of it); 16m54s of tests at 0dc6afc, 14m01s at 8e89214 (a worker's start
+# 1.3 CPU s lighter without pandas, the CPU-load test half as long).
 test: install-test
 	$(BIN)/python -m pytest -n 3 --dist worksteal --durations=25
 
