@@ -458,8 +458,8 @@ def test_a_read_only_store_loses_nothing(tmp_path: Path, ruleset, rules_dir: Pat
 def test_backlog_replay_under_cpu_load_equals_backtest(tmp_path: Path, ruleset, rules_dir: Path):
     """One event per message (73k messages), a backlog in 4 partitions, three processes spinning per core
     while the worker catches up: the same alerts as backtest, to the millisecond and cent. Twelve hours of
-    a fleet whose seed gives 26 alerts of eight rules (24 hours of seed 9 gave 43 of nine, at twice the
-    suite's time: the spinners take most of the machine while they spin)."""
+    a fleet whose seed gives 26 alerts of eight rules (24 hours of seed 9 gave 43 of nine and took twice as
+    long; the spinners take most of the machine while they spin, so this test's length is the whole suite's)."""
     cfg = SimConfig(hours=12, training_hosts=6, notebooks=4, inference_endpoints=2, buckets=1, vector_dbs=1,
                     cpu_instances=2, seed=11)  # fmt: skip
     fl = fleet(tmp_path / "fleet.jsonl", cfg, ruleset, single_events=True)
