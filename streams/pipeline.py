@@ -97,7 +97,9 @@ pipeline counts as stalled (/healthz): its inserts come later than a session aft
 _A = TypeVar("_A")
 _R = TypeVar("_R")
 _STORE = "store"
-"""A stall's cause: the store takes no write or answers no look-up, or the write waits for the group."""
+"""A stall's cause: the store takes no write or answers no look-up."""
+_MEMBERSHIP = "membership"
+"""A stall's cause: a write has waited a session timeout for the group to answer a heartbeat."""
 _DEAD_LETTER_TOPIC = "dead-letter topic"
 """A stall's cause: the dead-letter topic takes no record."""
 
@@ -320,8 +322,9 @@ class Pipeline:
         self._retry_max_s = retry_max_s
         self._stopping = threading.Event()
         self._stalls: dict[str, tuple[float, str]] = {}
-        """What stalls the pipeline now, by cause (:data:`_STORE`, :data:`_DEAD_LETTER_TOPIC`): since when (monotonic)
-        and why. Each cause's stall begins and ends on its own, from the event loop or the writer thread."""
+        """What stalls the pipeline now, by cause (:data:`_STORE`, :data:`_MEMBERSHIP`, :data:`_DEAD_LETTER_TOPIC`):
+        since when (monotonic) and why. Each cause's stall begins and ends on its own, from the event loop or the
+        writer thread."""
         self._stalls_lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-writer")
         self._gave_up = False
@@ -782,13 +785,13 @@ class Pipeline:
             if began is not None and self._stall_began(cause) == began:
                 del self._stalls[cause]
 
-    def _store_stalled(self, error: str, reason: str, note: str, event: str = "store_unavailable") -> float | None:
-        """The store took no write or answered no look-up (or, ``event``, the write waits on something
-        else): /healthz and the stall exit apply from the first failure (logged once per stall). Returns
-        when the stall began if this call began it (for :meth:`_end_stall`), else None."""
+    def _store_stalled(self, error: str, reason: str, note: str) -> float | None:
+        """The store took no write or answered no look-up: /healthz and the stall exit apply from the first
+        failure (logged once per stall). Returns when the stall began if this call began it (for
+        :meth:`_end_stall`), else None."""
         began = self._begin_stall(_STORE, reason)
         if began is not None:
-            log.error(event, error=error, note=note)
+            log.error("store_unavailable", error=error, note=note)
         return began
 
     def _begin_stall(self, cause: str, reason: str) -> float | None:
@@ -1068,13 +1071,10 @@ class Pipeline:
             raise PipelineStopped
         if self._dropped:
             raise Dropped
-        unstalled = self._stall_began(_STORE) is None
         try:
             return self._write_until_stored(step)
         except Dropped:
             self._dropped = True
-            if unstalled:  # a store stall this write began: over with it
-                self._end_stall(_STORE, self._stall_began(_STORE))
             log.warning("write_dropped", messages=step.messages, events=step.events, alerts=len(step.alerts),
                         note="the group dropped this worker: neither this batch nor those behind it are written "
                              "or acknowledged; the partitions' holder reads them again")  # fmt: skip
@@ -1098,12 +1098,19 @@ class Pipeline:
                 "write_awaiting_membership", unconfirmed_s=round(unconfirmed, 3),
                 note="no heartbeat answered within the session timeout less a margin: written once the group is "
                      "known to hold this worker still")  # fmt: skip
-            # A wait past a session is a stall (/healthz 503, the stall exit), as a store that takes no write is:
-            # ended, as that is, by the write's success, or by its drop (:meth:`_write`).
-            while (held := membership.wait_held(self._stopping, timeout_s=membership.session_timeout_s)) is None:
-                self._store_stalled(f"no heartbeat answered for {membership.unconfirmed_s():.1f} s",
-                                    "membership unconfirmed: no heartbeat answered", event="membership_unconfirmed",
-                                    note="the broker or its group coordinator unreachable, or the worker starved")  # fmt: skip
+            # A wait past a session is a stall (/healthz 503, the stall exit), as a store that takes no write is,
+            # of its own cause: the wait's end (held, dropped or stopping) ends it, not the store answering.
+            began: float | None = None
+            try:
+                while (held := membership.wait_held(self._stopping, timeout_s=membership.session_timeout_s)) is None:
+                    since = self._begin_stall(_MEMBERSHIP, "membership unconfirmed: no heartbeat answered")
+                    if since is not None:
+                        began = since
+                        log.error("membership_unconfirmed",
+                                  error=f"no heartbeat answered for {membership.unconfirmed_s():.1f} s",
+                                  note="the broker or its group coordinator unreachable, or the worker starved")  # fmt: skip
+            finally:
+                self._end_stall(_MEMBERSHIP, began)
             if held:
                 log.info("membership_confirmed", unconfirmed_s=round(membership.unconfirmed_s(), 3))
                 return
@@ -1112,43 +1119,53 @@ class Pipeline:
         raise PipelineStopped
 
     def _write_until_stored(self, step: _Step) -> float:
+        """The batch's write, retried until the store takes it (:meth:`_write`; the sweep's too). Dropped (the
+        group moved on): a store stall it began is over with it (the partitions' holder writes the batch)."""
         started, cpu = time.perf_counter(), time.thread_time()
         backoff = 0.5
         resent = 0
         version = time.time_ns()
-        while True:
-            try:
-                self._while_member()  # (before each part: a freeze may come between two)
-                step.refused = self._store_events(step)
-                step.prepared = None  # stored: its encoded rows are not held until the batch is done
-                if step.alerts:
+        began: float | None = None
+        """When the store stall this write began began (None: it began none)."""
+        try:
+            while True:
+                try:
+                    self._while_member()  # (before each part: a freeze may come between two)
+                    step.refused = self._store_events(step)
+                    step.prepared = None  # stored: its encoded rows are not held until the batch is done
+                    if step.alerts:
+                        self._while_member()
+                        self._write_own(lambda: self.store.alerts.record(step.alerts, version=version))
                     self._while_member()
-                    self._write_own(lambda: self.store.alerts.record(step.alerts, version=version))
-                self._while_member()
-                self._write_own(lambda: self.store.states.save(step.states, version=version))
-                if step.expired:
-                    self._write_own(lambda: self.store.states.delete(step.expired))
-                if step.progress and (group := self.group) is not None:  # after the events it says are stored
+                    self._write_own(lambda: self.store.states.save(step.states, version=version))
+                    if step.expired:
+                        self._write_own(lambda: self.store.states.delete(step.expired))
+                    if step.progress and (group := self.group) is not None:  # after the events it says are stored
+                        self._while_member()
+                        self._write_own(lambda: group.record(step.progress, version, step.generation))
+                except NotMember:  # frozen while the write was under way: sent again once the group holds it still
                     self._while_member()
-                    self._write_own(lambda: group.record(step.progress, version, step.generation))
-            except NotMember:  # frozen while the write was under way: sent again once the group holds it still
-                self._while_member()
-                resent += 1
-                log.info("write_sent_again", times=resent,
-                         note="the membership ran out before an insert was sent, and was renewed since")  # fmt: skip
-                if resent >= _RESENT_STALL:  # renewed each time, yet the insert comes later still: a store that slow
-                    self._store_stalled("inserts sent after the membership's end", "store too slow for the membership",
-                                        note="retrying; nothing is acknowledged until stored")  # fmt: skip
-                continue
-            except StoreUnavailable as exc:
-                self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored")
-                if self._stopping.wait(backoff):
-                    raise PipelineStopped from exc
-                backoff = min(backoff * 2, self._retry_max_s)
-                continue
-            self._store_available()
-            _CPU_WRITE.inc(time.thread_time() - cpu)
-            return time.perf_counter() - started
+                    resent += 1
+                    log.info("write_sent_again", times=resent,
+                             note="the membership ran out before an insert was sent, and was renewed since")  # fmt: skip
+                    if resent >= _RESENT_STALL:  # renewed each time, yet the insert comes later still: a store that slow
+                        began = self._store_stalled("inserts sent after the membership's end",
+                                                    "store too slow for the membership",
+                                                    note="retrying; nothing is acknowledged until stored") or began  # fmt: skip
+                    continue
+                except StoreUnavailable as exc:
+                    began = self._store_stalled(str(exc), str(exc), note="retrying; nothing is acknowledged until stored") \
+                        or began  # fmt: skip
+                    if self._stopping.wait(backoff):
+                        raise PipelineStopped from exc
+                    backoff = min(backoff * 2, self._retry_max_s)
+                    continue
+                self._store_available()
+                _CPU_WRITE.inc(time.thread_time() - cpu)
+                return time.perf_counter() - started
+        except Dropped:
+            self._end_stall(_STORE, began)
+            raise
 
     def _write_own(self, write: Callable[[], Any]) -> None:
         """Write rows burnwatch made (alerts, state): a failure is the store's, never the data's. A store

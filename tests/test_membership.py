@@ -232,7 +232,8 @@ def test_a_batch_written_after_a_freeze_waits_for_the_group_and_is_not_written_i
 
 def test_a_write_waiting_for_the_group_longer_than_a_session_is_a_stall_until_the_group_answers(store, ruleset):
     """/healthz says stalled (and the stall exit applies) once a write has waited a session timeout for a
-    heartbeat's answer; the answer ends the stall, and the batch is written."""
+    heartbeat's answer; the answer ends the stall, and the batch is written. The store answering a look-up
+    meanwhile does not end it: the store was never what it waited for."""
     clock = Clock()
     membership = Membership(0.6, clock=clock)  # (a short session: the wait is real time)
     membership.assigned()
@@ -252,12 +253,49 @@ def test_a_write_waiting_for_the_group_longer_than_a_session_is_a_stall_until_th
             assert time.monotonic() < deadline, "no stall"
             await asyncio.sleep(0.01)
         seen["stalled"] = (pipeline.stall_reason, store.count("resource_usage"))
+        await pipeline.ask_store(lambda: store.count("resource_usage"), what="a look-up", note="")  # answered
+        seen["answered"] = pipeline.stall_reason
         membership.renewed(clock.now)
         await pipeline.drain()
         seen["renewed"] = (pipeline.stalled_since, store.count("resource_usage"), len(acked))
 
     asyncio.run(go())
-    assert seen == {"stalled": ("membership unconfirmed: no heartbeat answered", 0), "renewed": (None, 2, 4)}
+    assert seen == {"stalled": ("membership unconfirmed: no heartbeat answered", 0),
+                    "answered": "membership unconfirmed: no heartbeat answered", "renewed": (None, 2, 4)}  # fmt: skip
+
+
+def test_a_write_dropped_while_it_waited_for_the_group_leaves_no_stall(store, ruleset):
+    """A write (a batch's, or the wall-clock sweep's, which calls the same method) waits past a session for a
+    heartbeat's answer, and the revocation finds the worker dropped: the write gives up (``Dropped``) and the
+    stall it was ends with it. Left on, a worker given no partitions at its rejoin (so writing and asking
+    nothing more) would exit for a stall nothing waits on."""
+    from streams.pipeline import Dropped, _Step
+
+    clock = Clock()
+    membership = Membership(0.6, clock=clock)
+    membership.assigned()
+    pipeline = Pipeline(engine=Engine(ruleset), store=store, outbox=Outbox(store, None), manager=AlertManager(),
+                        send_dead_letter=lambda key, value: asyncio.sleep(0), membership=membership)  # fmt: skip
+    clock.now += 10.0  # frozen
+    outcome: list[BaseException | None] = []
+
+    def write() -> None:
+        try:
+            pipeline._write_until_stored(_Step(expired=["gone"]))  # the sweep's kind of write
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - what it raised is the assertion
+            outcome.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    deadline = time.monotonic() + 30
+    while pipeline.stalled_since is None:
+        assert time.monotonic() < deadline, "no stall"
+        time.sleep(0.01)
+    membership.revoking()  # not heard from within the session: lost
+    writer.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], Dropped), outcome
+    assert pipeline.stalled_since is None and pipeline.stall_reason == ""
 
 
 def opening(rid: str):
