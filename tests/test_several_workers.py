@@ -216,7 +216,10 @@ def test_a_handover_slower_than_the_group_is_awaited_by_the_next_holder(tmp_path
         env = worker_env(broker.bootstrap, tmp_path / "w1", rules, PARTITIONS, BURNWATCH_CLICKHOUSE_DSN=server.url)
         overlaps = [overlap for giver in workers for taker in workers if taker is not giver
                     for overlap in loaded_during_handover(giver, taker)]  # fmt: skip
-        awaited = [e for w in (first, third) for e in w.log_events("handover_awaited")
+        # Awaited to its end; or awaited past the session and then given up for a revocation: the slow worker
+        # rejoins as its handover ends, and the revocation that follows can reach the waiter within one of its
+        # polls of the marks (CI once: the handover ended 47 ms before it, the wait given up after 10.1 s).
+        awaited = [e for w in (first, third) for e in w.log_events("handover_awaited") + w.log_events("handover_wait_given_up")
                    if any(began["holder"] in holders for holders in e["partitions"].values())]  # fmt: skip
         assert_stored_as_backtest(fl, env)
     finally:
