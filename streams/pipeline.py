@@ -414,7 +414,8 @@ class Pipeline:
     @property
     def stalled_since(self) -> float | None:
         """Monotonic time since which the pipeline has made no progress (None: it is not stalled): the
-        earliest of the stalls now on (a store that takes no write, a dead-letter topic that takes no record)."""
+        earliest of the stalls now on (a store that takes no write, a write waiting for the group, a dead-letter
+        topic that takes no record)."""
         with self._stalls_lock:
             stalls = list(self._stalls.values())
         return min(since for since, _ in stalls) if stalls else None
@@ -789,9 +790,13 @@ class Pipeline:
         """The store took no write or answered no look-up: /healthz and the stall exit apply from the first
         failure (logged once per stall). Returns when the stall began if this call began it (for
         :meth:`_end_stall`), else None."""
-        began = self._begin_stall(_STORE, reason)
+        return self._stalled(_STORE, reason, "store_unavailable", error=error, note=note)
+
+    def _stalled(self, cause: str, reason: str, event: str, error: str, note: str) -> float | None:
+        """:meth:`_begin_stall`, logging ``event`` at error when this call began the stall (once per stall)."""
+        began = self._begin_stall(cause, reason)
         if began is not None:
-            log.error("store_unavailable", error=error, note=note)
+            log.error(event, error=error, note=note)
         return began
 
     def _begin_stall(self, cause: str, reason: str) -> float | None:
@@ -1103,12 +1108,11 @@ class Pipeline:
             began: float | None = None
             try:
                 while (held := membership.wait_held(self._stopping, timeout_s=membership.session_timeout_s)) is None:
-                    since = self._begin_stall(_MEMBERSHIP, "membership unconfirmed: no heartbeat answered")
-                    if since is not None:
-                        began = since
-                        log.error("membership_unconfirmed",
-                                  error=f"no heartbeat answered for {membership.unconfirmed_s():.1f} s",
-                                  note="the broker or its group coordinator unreachable, or the worker starved")  # fmt: skip
+                    began = self._stalled(_MEMBERSHIP, "membership unconfirmed: no heartbeat answered",
+                                          "membership_unconfirmed",
+                                          error=f"no heartbeat answered for {membership.unconfirmed_s():.1f} s",
+                                          note="the broker or its group coordinator unreachable, or the worker starved") \
+                        or began  # fmt: skip
             finally:
                 self._end_stall(_MEMBERSHIP, began)
             if held:
