@@ -166,6 +166,7 @@ class RelayClient:
 
     def __init__(self, pipe: Pipe) -> None:
         self._pipe = pipe
+        no_dataframes()  # the child makes its insert contexts without connect(), which says so
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> _Rows:
         return _Rows(self._call("query", sql, parameters or {}))
@@ -183,7 +184,6 @@ class RelayClient:
         from clickhouse_connect.datatypes.registry import get_from_name
         from clickhouse_connect.driver.insert import InsertContext
 
-        no_dataframes()
         return InsertContext(table, list(column_names), [get_from_name(name) for name in column_type_names],
                              column_oriented=column_oriented, settings=settings)  # fmt: skip
 

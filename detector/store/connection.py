@@ -149,8 +149,8 @@ def no_dataframes() -> None:
     writes, the event writer's child). burnwatch inserts lists and columns, never a DataFrame, and reads no
     result as one. For the process's life: pandas imported later (scikit-learn imports it when a model
     loads) is not seen, and clickhouse-connect's DataFrame calls (``query_df``, ``insert_df``) would refuse
-    (tests/test_imports.py fails if burnwatch makes one). Called by :func:`connect` and where the event
-    writer's child makes an insert context."""
+    (tests/test_imports.py fails if burnwatch makes one). Called by :func:`connect` and by the event
+    writer's child, which makes its insert contexts without it (its ``RelayClient``)."""
     import sys
 
     from clickhouse_connect.driver import options
