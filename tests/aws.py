@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 import boto3
 import pytest
@@ -38,6 +39,17 @@ def run_instance(url: str) -> str:
     return str(answer["Instances"][0]["InstanceId"])
 
 
+def asg_instance(url: str, group: str) -> str:
+    """A running instance that moto's Auto Scaling launched for a group of one; its id."""
+    client = session().client("autoscaling", endpoint_url=url)
+    client.create_launch_configuration(LaunchConfigurationName=group, ImageId="ami-12c6146b",
+                                       InstanceType="p4d.24xlarge")  # fmt: skip
+    client.create_auto_scaling_group(AutoScalingGroupName=group, LaunchConfigurationName=group, MinSize=1, MaxSize=1,
+                                     DesiredCapacity=1, AvailabilityZones=[f"{REGION}a"])  # fmt: skip
+    (found,) = client.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"]
+    return str(found["Instances"][0]["InstanceId"])
+
+
 def state(url: str, instance_id: str) -> str:
     (reservation,) = ec2(url).describe_instances(InstanceIds=[instance_id])["Reservations"]
     return str(reservation["Instances"][0]["State"]["Name"])
@@ -48,6 +60,8 @@ class Ec2Errors:
 
     def __init__(self, status: int, code: str) -> None:
         self.status, self.code, self.requests = status, code, 0
+        self.actions: list[str] = []
+        """Each request's ``Action`` (``DescribeInstances``, ``StopInstances``), in order."""
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -55,8 +69,9 @@ class Ec2Errors:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
                 outer.requests += 1
+                outer.actions += form.get("Action", ["?"])
                 body = (f"<?xml version='1.0' encoding='UTF-8'?><Response><Errors><Error><Code>{outer.code}</Code>"
                         f"<Message>refused by the test server</Message></Error></Errors>"
                         f"<RequestID>r-1</RequestID></Response>").encode()  # fmt: skip

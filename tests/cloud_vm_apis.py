@@ -93,8 +93,10 @@ class GceApi(_Api):
     """How many ``wait`` calls answer the operation still RUNNING (as the API does after ~2 minutes),
     each after 0.1 s, before it is DONE."""
 
-    def add(self, project: str, zone: str, name: str, numeric_id: str, status: str = "RUNNING") -> None:
-        self.instances[(project, zone, name)] = {"id": numeric_id, "status": status}
+    def add(self, project: str, zone: str, name: str, numeric_id: str, status: str = "RUNNING",
+            created_by: str = "") -> None:  # fmt: skip
+        """``created_by``: the ``created-by`` metadata GCE sets on a managed instance group's instances."""
+        self.instances[(project, zone, name)] = {"id": numeric_id, "status": status, "created_by": created_by}
 
     def status(self, project: str, zone: str, name: str) -> str:
         return str(self.instances[(project, zone, name)]["status"])
@@ -145,8 +147,11 @@ class GceApi(_Api):
 
     def _instance(self, project: str, zone: str, name: str, inst: dict[str, Any]) -> dict[str, Any]:
         link = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
+        items = [{"key": "created-by", "value": inst["created_by"]}] if inst.get("created_by") else []
         return {"kind": "compute#instance", "id": inst["id"], "name": name, "status": inst["status"],
-                "zone": link, "selfLink": f"{link}/instances/{name}"}  # fmt: skip
+                "zone": link, "selfLink": f"{link}/instances/{name}",
+                "metadata": {"kind": "compute#metadata", "fingerprint": "x2kGcmW8Wg4=",
+                             "items": [{"key": "startup-script", "value": "#!/bin/sh"}, *items]}}  # fmt: skip
 
     def _stop(self, project: str, zone: str, name: str, inst: dict[str, Any]) -> dict[str, Any]:
         op = f"operation-{len(self.operations) + 1}-5f3c2a-stop"

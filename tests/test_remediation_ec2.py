@@ -8,7 +8,7 @@ import pytest
 from detector.remediation.base import Call, NotApplicable, Target
 from detector.remediation.ec2 import API, StopInstance
 from tests import aws
-from tests.aws import REGION, Ec2Errors, run_instance, session, state
+from tests.aws import REGION, Ec2Errors, asg_instance, ec2, run_instance, session, state
 
 moto_url = aws.moto_url  # the fixture: moto's server on 127.0.0.1
 
@@ -54,6 +54,34 @@ def test_execute_stops_the_instance(moto_url):
     assert found is not None and found.ok and "after a restart" in found.detail
 
 
+def test_an_auto_scaling_groups_instance_is_not_stopped(moto_url):
+    """The group would count it unhealthy, terminate it and launch another: the waste goes on and the
+    instance is lost. Its alert's tags may not say so (an exporter's tags are its own): the instance's
+    tags in EC2 do, read just before the call."""
+    instance = asg_instance(moto_url, "train-gpus")
+    stopper = StopInstance(endpoint_url=moto_url, session=session())
+    outcome = stopper.execute(stopper.plan(target(instance)))
+    assert not outcome.ok and not outcome.retryable
+    assert "Auto Scaling group 'train-gpus'" in outcome.detail and "desired capacity" in outcome.detail
+    assert state(moto_url, instance) == "running"
+
+
+def test_a_karpenter_node_is_not_stopped(moto_url):
+    instance = run_instance(moto_url)
+    ec2(moto_url).create_tags(Resources=[instance], Tags=[{"Key": "karpenter.sh/nodepool", "Value": "gpu"}])
+    stopper = StopInstance(endpoint_url=moto_url, session=session())
+    outcome = stopper.execute(Call(API, {"InstanceIds": [instance]}, REGION))
+    assert not outcome.ok and not outcome.retryable and "Karpenter node pool 'gpu'" in outcome.detail
+    assert "kubectl delete node" in outcome.detail and state(moto_url, instance) == "running"
+
+
+def test_an_alert_tagged_with_its_group_is_not_applicable_when_planned():
+    """A dry run already says it, with no call to EC2."""
+    tagged = target("i-0123456789abcdef0", tags={"aws:autoscaling:groupName": "train-gpus"})
+    with pytest.raises(NotApplicable, match="Auto Scaling group 'train-gpus'"):
+        StopInstance().plan(tagged)
+
+
 def test_observe_a_running_instance_says_not_done(moto_url):
     instance = run_instance(moto_url)
     assert StopInstance(endpoint_url=moto_url, session=session()).observe(Call(API, {"InstanceIds": [instance]}, REGION)) is None
@@ -78,6 +106,9 @@ def test_errors_are_classified(status, code, retryable):
     finally:
         server.close()
     assert not outcome.ok and outcome.retryable is retryable and outcome.detail.startswith(code)
+    # the instance could not be read first, so no stop was asked for
+    assert "checking the instance before stopping it" in outcome.detail
+    assert server.actions and set(server.actions) == {"DescribeInstances"}
 
 
 def test_no_credentials_is_reported_not_retried(moto_url, monkeypatch, tmp_path):

@@ -156,7 +156,8 @@ def test_gce_stop_posts_to_the_instance_and_records_the_operation(gce_api):
     assert post.body in (b"", b"{}")
     assert "operation-1-5f3c2a-stop RUNNING" in outcome.detail and f"--zone {ZONE}" in outcome.detail
     assert api.status(PROJECT, ZONE, "gpu-vm-1") == "STOPPING"
-    assert len(api.received) == 1  # no wait by default: the SDK's own poll is not made either
+    # the instance read first (no managed group keeps it); no wait by default: the SDK's own poll is not made either
+    assert [r.method for r in api.received] == ["GET", "POST"]
     # after a restart, observe() reads the instance's state through the same API
     found = ex.observe(call)
     assert found is not None and found.ok and "STOPPING" in found.detail
@@ -197,7 +198,7 @@ def test_gce_wait_gives_up_at_wait_s_with_the_stop_accepted(gce_api):
 def test_gce_wait_that_fails_after_the_stop_was_accepted_is_not_a_failure(gce_api):
     """The stop was accepted; a failed wait is reported, and is no reason to stop again."""
     api, url = gce_api
-    api.pass_first, api.failures = 1, [503]
+    api.pass_first, api.failures = 2, [503]  # the instance read and the stop pass
     ex = gce_stopper(url, wait_s=30)
     outcome = ex.execute(ex.plan(Target("gpu-vm-1", account=PROJECT, region=ZONE)))
     assert outcome.ok and "operation-1-5f3c2a-stop RUNNING; could not follow it" in outcome.detail, outcome.detail
@@ -228,12 +229,35 @@ def test_gce_operation_done_with_an_error_is_a_failure(gce_api):
 )  # fmt: skip
 def test_gce_errors(gce_api, status, retryable, said):
     api, url = gce_api
+    api.pass_first = 1  # the instance read passes, the stop fails
     api.failures.append(status)
     ex = gce_stopper(url)
     outcome = ex.execute(ex.plan(Target(f"projects/{PROJECT}/zones/{ZONE}/instances/gpu-vm-1")))
     assert (outcome.ok, outcome.retryable) == (False, retryable), outcome.detail
     assert said in outcome.detail and "injected" in outcome.detail
     assert api.status(PROJECT, ZONE, "gpu-vm-1") == "RUNNING"
+
+
+@pytest.mark.parametrize("status, retryable, said", [(403, False, "need compute.instances.get"), (503, True, "HTTP 503")])
+def test_gce_an_instance_that_cannot_be_read_first_is_not_stopped(gce_api, status, retryable, said):
+    api, url = gce_api
+    api.failures.append(status)
+    outcome = gce_stopper(url).execute(gce_stopper(url).plan(Target(f"projects/{PROJECT}/zones/{ZONE}/instances/gpu-vm-1")))
+    assert (outcome.ok, outcome.retryable) == (False, retryable) and said in outcome.detail, outcome.detail
+    assert "before stopping it" in outcome.detail and api.posts() == []
+
+
+def test_gce_an_instance_a_managed_group_keeps_is_not_stopped(gce_api):
+    """The group would start it again (a GKE node pool's node is one's): resizing the group is the fix."""
+    api, url = gce_api
+    group = f"projects/123456789012/zones/{ZONE}/instanceGroupManagers/gke-train-gpu-pool-1a2b3c4d-grp"
+    api.add(PROJECT, ZONE, "gke-train-gpu-pool-1a2b3c4d-x9zq", "4518079127640735999", created_by=group)
+    ex = gce_stopper(url)
+    outcome = ex.execute(ex.plan(Target(f"gce://{PROJECT}/{ZONE}/gke-train-gpu-pool-1a2b3c4d-x9zq")))
+    assert (outcome.ok, outcome.retryable) == (False, False), outcome.detail
+    assert "managed instance group" in outcome.detail and "gke-train-gpu-pool-1a2b3c4d-grp" in outcome.detail
+    assert "resize" in outcome.detail and api.posts() == []
+    assert api.status(PROJECT, ZONE, "gke-train-gpu-pool-1a2b3c4d-x9zq") == "RUNNING"
 
 
 def test_gce_401_makes_google_auth_refresh_and_then_refuses(gce_api):

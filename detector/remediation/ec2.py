@@ -4,6 +4,14 @@ Credentials and the endpoint come from boto3's standard chain (``AWS_ACCESS_KEY_
 ``AWS_PROFILE`` / an instance role; ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT_URL_EC2``),
 never from a rule file, and are never logged or recorded. Stopping keeps the instance and
 its EBS volumes (unlike terminating): the owner starts it again when needed.
+
+An instance that something else keeps running is not stopped: a member of an Auto Scaling
+group (EKS managed node groups are ones) or a Karpenter node. The group would count a stopped
+instance unhealthy, terminate it (its root volume with it, by default) and launch another, so
+the waste goes on and the instance is lost; Karpenter replaces a node it no longer sees. The
+alert's tags are read for it when the call is planned (so a dry run says it), and the
+instance's own tags (``DescribeInstances``) just before the call, since an exporter's tags
+may leave the cloud's own out.
 """
 
 from __future__ import annotations
@@ -28,6 +36,15 @@ RETRYABLE = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingExceptio
 InvalidInstanceID.NotFound, IncorrectInstanceState...) are refusals: reported, not retried."""
 NOT_INSTANCES = frozenset({"notebook", "pod", "inference_endpoint", "storage_bucket", "vector_db", "commitment",
                            "run", "project", "deployment"})  # fmt: skip
+_KARPENTER = "a stopped node would be replaced; delete the node (kubectl delete node) and Karpenter removes the instance"
+MANAGERS = (
+    ("aws:autoscaling:groupName", "Auto Scaling group",
+     "a stopped instance would be replaced; take it out with the group's capacity (aws autoscaling "
+     "terminate-instance-in-auto-scaling-group --should-decrement-desired-capacity) or lower the group's desired capacity"),
+    ("karpenter.sh/nodepool", "Karpenter node pool", _KARPENTER),
+    ("karpenter.sh/provisioner-name", "Karpenter provisioner", _KARPENTER),
+)  # fmt: skip
+"""Tags that say something else keeps the instance running, what it is, and what to do instead of a stop."""
 
 
 class StopInstance:
@@ -49,20 +66,31 @@ class StopInstance:
             raise NotApplicable(f"{instance[:100]!r} is not an EC2 instance id (i-...)")
         if not REGION.fullmatch(target.region):
             raise NotApplicable(f"no AWS region on the alert (region {target.region[:40]!r})")
+        managed = _managed(instance, target.tags)
+        if managed:
+            raise NotApplicable(managed)
         return Call(api=API, request={"InstanceIds": [instance]}, endpoint=target.region)
 
     def execute(self, call: Call) -> Outcome:
+        """Stop the instances, unless the cloud says something else keeps one running (module docstring)."""
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         ids = self._ids(call)
+        doing = "DescribeInstances, checking the instance before stopping it (ec2:DescribeInstances)"
         try:
-            answer = self._client(call.endpoint).stop_instances(InstanceIds=ids)
+            client = self._client(call.endpoint)
+            found = client.describe_instances(InstanceIds=ids)
+            managed = [m for i in _instances(found) if (m := _managed(i["InstanceId"], _tags(i)))]
+            if managed:
+                return Outcome(False, "; ".join(managed)[:500], retryable=False)
+            doing = "StopInstances"
+            answer = client.stop_instances(InstanceIds=ids)
         except NoCredentialsError:
             return Outcome(False, "no AWS credentials (environment, profile or instance role)", retryable=False)
         except ClientError as exc:
-            return _refusal(exc)
+            return _refusal(exc, doing)
         except BotoCoreError as exc:  # the endpoint unreachable, a timeout: the stop may be tried again safely
-            return Outcome(False, f"{type(exc).__name__}: {exc}"[:500], retryable=True)
+            return Outcome(False, f"{type(exc).__name__}: {exc} ({doing})"[:500], retryable=True)
         states = {i["InstanceId"]: i["CurrentState"]["Name"] for i in answer.get("StoppingInstances", [])}
         missing = [i for i in ids if i not in states]
         if missing:
@@ -78,7 +106,7 @@ class StopInstance:
             answer = self._client(call.endpoint).describe_instances(InstanceIds=self._ids(call))
         except (ClientError, BotoCoreError):
             return None
-        states = {i["InstanceId"]: i["State"]["Name"] for r in answer.get("Reservations", []) for i in r["Instances"]}
+        states = {i["InstanceId"]: i["State"]["Name"] for i in _instances(answer)}
         if states and all(s in ("stopping", "stopped") for s in states.values()):
             return Outcome(True, ", ".join(f"{i}: {s}" for i, s in states.items()) + " (found after a restart)")
         return None
@@ -103,9 +131,27 @@ class StopInstance:
         return client
 
 
-def _refusal(exc: ClientError) -> Outcome:
+def _instances(answer: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The instances of a ``DescribeInstances`` answer."""
+    return [i for r in answer.get("Reservations", []) for i in r.get("Instances", [])]
+
+
+def _tags(instance: Mapping[str, Any]) -> dict[str, str]:
+    return {str(t.get("Key")): str(t.get("Value")) for t in instance.get("Tags") or []}
+
+
+def _managed(instance: str, tags: Mapping[str, str]) -> str:
+    """Why ``instance`` is not to be stopped, as its tags say (something else keeps it running); '' if not."""
+    for key, what, instead in MANAGERS:
+        name = tags.get(key)
+        if name:
+            return f"{instance} is in {what} {str(name)[:100]!r}, which keeps it running: {instead}"
+    return ""
+
+
+def _refusal(exc: ClientError, doing: str) -> Outcome:
     error: Mapping[str, Any] = exc.response.get("Error", {})
     code = str(error.get("Code", ""))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-    detail = f"{code or status}: {error.get('Message', '')}"[:500]
+    detail = f"{code or status}: {error.get('Message', '')} ({doing})"[:500]
     return Outcome(False, detail, retryable=code in RETRYABLE or status >= 500)

@@ -5,8 +5,8 @@ again); it is no longer billed for vCPUs, memory or GPUs, only for its disks and
 addresses. Credentials come from Application Default Credentials
 (``GOOGLE_APPLICATION_CREDENTIALS``, ``gcloud auth application-default login``, the metadata
 server of a GCE/GKE workload), never from a rule file, and are never logged or recorded. The
-role needs ``compute.instances.stop`` (and ``compute.instances.get`` for :meth:`observe`;
-``compute.zoneOperations.get`` if ``wait_s`` is set).
+role needs ``compute.instances.stop`` and ``compute.instances.get`` (the check below, and
+:meth:`observe`; ``compute.zoneOperations.get`` if ``wait_s`` is set).
 
 Which instance: ``instances.stop`` needs the project, the zone and the instance (its name or
 its numeric id: the API accepts either). They are read from the first of:
@@ -24,6 +24,11 @@ its numeric id: the API accepts either). They are read from the first of:
   (``us-central1-a``). The ``project`` tag is the team's project, not a GCP one, and is not read.
 
 Every part is checked against GCE's own syntax before it becomes a path segment.
+
+An instance a managed instance group keeps (every GKE node pool's nodes are one's) is not stopped:
+the group would start it again or recreate it, and the waste goes on. The instance is read
+(``instances.get``) just before the call, and one whose ``created-by`` metadata names an
+``instanceGroupManagers`` is refused, saying to resize the group instead.
 
 The stop is asynchronous: the API answers with a zone Operation at once and the instance goes
 STOPPING, then TERMINATED, in about a minute. By default (``wait_s=0``) the executor does not
@@ -167,6 +172,15 @@ class StopGceInstance:
         except Exception as exc:  # no Application Default Credentials
             return _failure(exc, f"stopping {where}")
         try:
+            found = client.get(project=project, zone=zone, instance=instance, retry=None, timeout=self.timeout_s)
+        except Exception as exc:
+            return _failure(exc, f"checking {where} before stopping it", "compute.instances.get")
+        group = _group_manager(found)
+        if group:
+            return Outcome(ok=False, detail=f"{where} is kept by managed instance group {shown(group, 200)}, which "
+                                            "would start it again: resize the group (gcloud compute instance-groups "
+                                            "managed resize, or the GKE node pool's size) instead")  # fmt: skip
+        try:
             operation = client.stop(project=project, zone=zone, instance=instance, retry=None, timeout=self.timeout_s)
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
             return _failure(exc, f"stopping {where}")
@@ -221,6 +235,15 @@ class StopGceInstance:
         return client
 
 
+def _group_manager(instance: Any) -> str:
+    """The managed instance group an instance's ``created-by`` metadata names; '' if none."""
+    items = getattr(getattr(instance, "metadata", None), "items", None) or []
+    for item in items:
+        if getattr(item, "key", "") == "created-by" and "/instanceGroupManagers/" in str(getattr(item, "value", "")):
+            return str(item.value)
+    return ""
+
+
 def _timed_out(exc: Exception) -> bool:
     import requests
     from google.api_core import exceptions as gexc
@@ -250,7 +273,7 @@ RETRYABLE_HTTP = frozenset({408, 409, 429})
 """Besides 5xx: a timeout, a conflicting operation in progress on the instance, throttling."""
 
 
-def _failure(exc: Exception, doing: str) -> Outcome:
+def _failure(exc: Exception, doing: str, permission: str = API) -> Outcome:
     """What an exception from the client means: a refusal, or worth trying again."""
     import requests  # the REST transport's HTTP library, a dependency of google-auth's
     from google.api_core import exceptions as gexc
@@ -270,7 +293,7 @@ def _failure(exc: Exception, doing: str) -> Outcome:
         code = exc.code
         said = f"HTTP {code}: {_line(exc.message or '')}"
         if code in (401, 403):
-            return Outcome(ok=False, detail=f"{doing}: refused ({said}): the credentials need compute.instances.stop")
+            return Outcome(ok=False, detail=f"{doing}: refused ({said}): the credentials need {permission}")
         if code == 404:
             return Outcome(ok=False, detail=f"{doing}: no such instance, zone or project ({said})")
         return Outcome(ok=False, detail=f"{doing}: {said}", retryable=code in RETRYABLE_HTTP or code >= 500)
