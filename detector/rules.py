@@ -750,6 +750,17 @@ def load_pricing(path: str | Path) -> Pricing:
     return loaded
 
 
+def load_limits(path: str | Path) -> Limits:
+    """``limits.yaml`` beside the rules at ``path`` (its defaults when there is none); a bad file raises
+    :class:`RulesInvalid` naming its line. For what reads the bounds without the rules (a bill's reader)."""
+    path = Path(path)
+    errors: list[RuleError] = []
+    limits = _optional_model((path if path.is_dir() else path.parent) / LIMITS_FILE, Limits, errors)
+    if errors:
+        raise RulesInvalid(errors)
+    return limits
+
+
 def _optional_model(path: Path, model: type[BaseModel], errors: list[RuleError]) -> Any:
     """A whole-file model from ``path``; its defaults when the file is absent or invalid
     (its errors then added to ``errors``)."""

@@ -294,16 +294,20 @@ def _load_rules_or_exit(path: str | Path) -> RuleSet:
         raise SystemExit(1) from None
 
 
-def _billed(args: argparse.Namespace) -> Any:
+def _billed(args: argparse.Namespace, limits: Any) -> Any:
     """``--bill PATH``: rates and tags from a FOCUS bill read from files, or None."""
     if not getattr(args, "bill", None):
         return None
     from detector.billing.focus import FocusError
     from detector.billing.ingest import read_bill
-    from detector.billing.rates import BilledRates
+    from detector.billing.rates import PRICED_IN, BilledRates
 
+    if args.currency != PRICED_IN:
+        raise SystemExit(f"--bill: burnwatch prices in {PRICED_IN}, and a bill in {args.currency!r} would put its "
+                         f"numbers on alerts as dollars; convert it to {PRICED_IN}, or leave --bill out")  # fmt: skip
     try:
-        return BilledRates.from_table(read_bill(args.bill, currency=args.currency).table)
+        return BilledRates.from_table(read_bill(args.bill, currency=args.currency,
+                                                max_usd_per_hour=limits.max_usd_per_hour).table)  # fmt: skip
     except FocusError as exc:
         raise SystemExit(f"--bill: {exc}") from None
 
@@ -378,7 +382,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         completed = False
         try:
             result = backtest(args.file, ruleset, other=other, models=models,
-                              record=scores.write if scores is not None else None, billed=_billed(args),
+                              record=scores.write if scores is not None else None, billed=_billed(args, ruleset.limits),
                               jobs=args.jobs)  # fmt: skip
             completed = True
         except (ReplayError, ShardFailed) as exc:
@@ -889,17 +893,26 @@ def cmd_rules_explain(args: argparse.Namespace) -> int:
 def cmd_ingest_focus(args: argparse.Namespace) -> int:
     from detector.billing.focus import FocusError
     from detector.billing.ingest import read_bill, store_bill
+    from detector.billing.rates import PRICED_IN
     from detector.billing.reprice import reprice
     from detector.billing.usage import telemetry_sql, usage_records
     from detector.events import TOPIC_RESOURCE_USAGE
+    from detector.rules import RulesInvalid, load_limits
     from detector.store import Store, StoreBusy
 
     settings = _settings(args)
     bootstrap = settings.kafka_bootstrap
     if args.publish_usage and not bootstrap:
         raise SystemExit("--publish-usage: BURNWATCH_KAFKA_BOOTSTRAP is not set; nothing was stored")
+    if args.publish_usage and args.currency != PRICED_IN:
+        raise SystemExit(f"--publish-usage: usage events carry US dollars (cost_usd), and this bill is in "
+                         f"{args.currency!r}; nothing was stored")  # fmt: skip
     try:
-        bill = read_bill(args.path, currency=args.currency)  # every file checked before the store is touched
+        limits = load_limits(settings.rules_path)
+    except RulesInvalid as exc:
+        raise SystemExit(f"{exc}; nothing was stored") from None
+    try:  # every file checked before the store is touched
+        bill = read_bill(args.path, currency=args.currency, max_usd_per_hour=limits.max_usd_per_hour)
     except FocusError as exc:
         raise SystemExit(f"{exc}; nothing was stored") from None
     _say_store(settings)
@@ -915,7 +928,11 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
         store.close()
     print(f"ingest {result.ingest_id}: {result.rows:,} charges from {len(result.files)} file(s), "
           f"billed {result.billed_cost:,.2f} {args.currency}, effective {result.effective_cost:,.2f} {args.currency}")
-    print(f"re-priced {repriced} incident(s) from the bill (episodes it covers end to end)")
+    if args.currency != PRICED_IN:
+        print(f"a bill in {args.currency} is stored for queries; it prices no event and re-prices no incident "
+              f"(burnwatch counts {PRICED_IN})")  # fmt: skip
+    else:
+        print(f"re-priced {repriced} incident(s) from the bill (episodes it covers end to end)")
     if args.publish_usage:
         from streams.kafka import publish_records
 

@@ -115,3 +115,45 @@ def test_the_command_refuses_another_currency_and_stores_nothing(tmp_path, monke
     with pytest.raises(SystemExit) as exc:
         cli.main(["ingest", "focus", str(FIXTURE), "--currency", "EUR"])
     assert "column BillingCurrency" in str(exc.value) and "nothing was stored" in str(exc.value)
+
+
+def test_a_bill_in_another_currency_is_stored_but_never_priced_from(tmp_path, monkeypatch):
+    """Asked for, a bill in euros is stored for queries; its figures price no event and re-price no
+    incident (burnwatch counts dollars), and --bill / --publish-usage, which would put them on alerts
+    as dollars, refuse it."""
+    from streams import cli
+    from tests.test_cli import burnwatch, no_traceback
+
+    eur = _write(tmp_path / "eur.csv", [{**r, "BillingCurrency": "EUR"} for r in _rows(FIXTURE)])
+    env = {"BURNWATCH_DATA_DIR": str(tmp_path / "data"), "BURNWATCH_EVENT_TTL_DAYS": "0"}
+    out = burnwatch("ingest", "focus", str(eur), "--currency", "EUR", env=env)  # a process of its own: a store
+    no_traceback(out)
+    assert out.returncode == 0, out.stderr
+    assert "5 charges" in out.stdout and " EUR, effective " in out.stdout
+    assert "stored for queries; it prices no event and re-prices no incident" in out.stdout
+    monkeypatch.setattr(cli, "configure_logging", lambda *a, **k: None)
+    monkeypatch.setenv("BURNWATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9")  # refused before any broker is asked
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["ingest", "focus", str(eur), "--currency", "EUR", "--publish-usage"])
+    assert "usage events carry US dollars" in str(exc.value) and "nothing was stored" in str(exc.value)
+    replay = tmp_path / "empty.jsonl"
+    replay.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["backtest", str(replay), "--bill", str(eur), "--currency", "EUR"])
+    assert "burnwatch prices in USD" in str(exc.value)
+
+
+def test_ingest_reads_the_rate_bound_beside_the_rules(tmp_path, monkeypatch):
+    """A fleet whose resources cost more than limits.yaml's default an hour raises it there: its bill follows."""
+    from streams import cli
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "limits.yaml").write_text("max_usd_per_hour: 50\n")
+    monkeypatch.setenv("BURNWATCH_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("BURNWATCH_RULES", str(rules))
+    monkeypatch.setattr(cli, "configure_logging", lambda *a, **k: None)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["ingest", "focus", str(FIXTURE)])
+    assert "row 1, column EffectiveCost" in str(exc.value) and "above the plausible $50.00/h" in str(exc.value)
+    assert "nothing was stored" in str(exc.value)

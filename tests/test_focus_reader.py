@@ -115,7 +115,7 @@ def test_parquet_float_noise_rounds_to_twelve_places(tmp_path: Path) -> None:
     raw = raw.set_column(i, "EffectiveCost", pa.array([123456.789]))
     path = tmp_path / "noise.parquet"
     pq.write_table(raw, path)
-    row = read_focus(path).to_pylist()[0]
+    row = read_focus(path, max_usd_per_hour=1e6).to_pylist()[0]  # $123,456.79 in an hour: a bound raised
     assert row["billed_cost"] == Decimal("0.3")
     assert row["effective_cost"] == Decimal("123456.789")
 
@@ -365,3 +365,63 @@ def test_parquet_nested_extra_column_map_tags_and_nan_cost(tmp_path: Path) -> No
     i = table.column_names.index("BilledCost")
     pq.write_table(table.set_column(i, "BilledCost", pa.array([1.0, float("nan")])), path)
     assert str(_error(path)) == "nested.parquet: row 2, column BilledCost: 'nan' is not a decimal number"
+
+
+@pytest.mark.parametrize(
+    "change, column, said",
+    [
+        ({"ChargePeriodEnd": "2026-11-03T09:00:00Z"}, "ChargePeriodEnd", "is before ChargePeriodStart 2026-11-03T10:00:00"),
+        ({"ChargePeriodEnd": "2026-11-03T10:00:00Z"}, "ChargePeriodEnd", "a Usage charge over no time"),
+        ({"EffectiveCost": "99999999999999"}, "EffectiveCost", "$99,999,999,999,999.00/h, above the plausible $2,000.00/h"),
+        ({"BilledCost": "-5000"}, "BilledCost", "1 h of usage by 'i-0abc' is $5,000.00/h"),  # a refund as absurd as a charge
+        ({"EffectiveCost": "4800", "ChargePeriodEnd": "2026-11-04T10:00:00Z"}, None, None),  # $200/h over a day: fine
+        ({"ChargeCategory": "Purchase", "EffectiveCost": "99999999"}, None, None),  # a purchase is no hour's usage
+    ],
+    ids=["backwards", "no-time", "absurd-rate", "absurd-refund", "a-day", "purchase"],
+)  # fmt: skip
+def test_charge_periods_and_a_resources_rate_are_checked(tmp_path: Path, change, column, said) -> None:
+    """A bill's rates price events and re-price incidents: one no event could carry is refused, naming it."""
+    rows = _rows()
+    rows[0].update(change)
+    path = _write(tmp_path / "bill.csv", rows)
+    if column is None:
+        assert read_focus(path).num_rows == len(rows)
+        return
+    error = _error(path)
+    assert (error.row, error.column) == (1, column) and said in error.problem, str(error)
+
+
+def test_a_parquet_date_beyond_what_events_carry_is_refused(tmp_path: Path) -> None:
+    """CSV refuses 9999-12-31 (no ISO date/time pyarrow reads); a Parquet timestamp holds it: refused alike."""
+    raw = pacsv.read_csv(FIXTURE, convert_options=pacsv.ConvertOptions(strings_can_be_null=True))
+    i = raw.column_names.index("ChargePeriodEnd")
+    ends = [datetime(9999, 12, 31, tzinfo=timezone.utc), *raw.column(i).to_pylist()[1:]]
+    raw = raw.set_column(i, "ChargePeriodEnd", pa.array(ends, pa.timestamp("us", tz="UTC")))
+    pq.write_table(raw, tmp_path / "far.parquet")
+    error = _error(tmp_path / "far.parquet")
+    assert (error.row, error.column) == (1, "ChargePeriodEnd") and "outside 1970-01-01 to 2200-01-01" in error.problem
+
+
+def test_polars_large_string_dates_are_read(tmp_path: Path) -> None:
+    """Polars writes every text column as large_string: dates among them read as the CSV's do."""
+    names = pacsv.read_csv(FIXTURE).column_names
+    text = pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.large_string()), strings_can_be_null=True)
+    pq.write_table(pacsv.read_csv(FIXTURE, convert_options=text), tmp_path / "polars.parquet")
+    assert read_focus(tmp_path / "polars.parquet").to_pylist() == read_focus(FIXTURE).to_pylist()
+
+
+def test_a_tag_with_a_lone_surrogate_is_refused_naming_its_row(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[1]["Tags"] = '{"team":"\\ud800"}'  # JSON allows the escape; no UTF-8 text holds it
+    error = _error(_write(tmp_path / "bill.csv", rows))
+    assert (error.row, error.column) == (2, "Tags") and "is not text: surrogates not allowed" in error.problem, str(error)
+
+
+def test_a_parquet_decimal_too_wide_is_refused_naming_its_row(tmp_path: Path) -> None:
+    raw = pa.Table.from_pylist(_rows())
+    i = raw.column_names.index("BilledCost")
+    wide = [Decimal("98"), Decimal("9" * 38), Decimal("1"), Decimal("1"), Decimal("1")]
+    raw = raw.set_column(i, "BilledCost", pa.array(wide, pa.decimal128(38, 0)))
+    pq.write_table(raw, tmp_path / "wide.parquet")
+    error = _error(tmp_path / "wide.parquet")
+    assert (error.row, error.column) == (2, "BilledCost") and "Decimal(38, 12)" in error.problem, str(error)

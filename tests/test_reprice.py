@@ -25,7 +25,7 @@ def iso(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def write_bill(path: Path, hourly: dict[str, float], hours: int) -> Path:
+def write_bill(path: Path, hourly: dict[str, float], hours: int, category: str = "Usage", currency: str = "USD") -> Path:
     """A FOCUS 1.2 CSV: each resource billed ``hourly[rid]`` for each of ``hours`` hours from T0."""
     with open(FIXTURE, newline="") as f:
         header, template = list(csv.reader(f))[:2]
@@ -40,6 +40,7 @@ def write_bill(path: Path, hourly: dict[str, float], hours: int) -> Path:
                 row[col["ChargePeriodStart"]], row[col["ChargePeriodEnd"]] = iso(T0 + k * HOUR), iso(T0 + (k + 1) * HOUR)
                 for c in ("BilledCost", "EffectiveCost", "ListCost", "ContractedCost"):
                     row[col[c]] = f"{usd:.2f}"
+                row[col["ChargeCategory"]], row[col["BillingCurrency"]] = category, currency
                 w.writerow(row)
     return path
 
@@ -82,6 +83,31 @@ def test_an_incident_gains_the_bills_prorated_dollars_and_a_restatement_replaces
     now = figures(incidents)
     assert now["a"]["billed_usd"] == pytest.approx(120.0) and now["a"]["billed_waste_usd"] == pytest.approx(60.0)
     assert now["b"]["billed_waste_usd"] == pytest.approx(30.0)  # $50 x 60 / 100
+
+
+@pytest.mark.parametrize(
+    "others, waste",
+    [
+        ([("Credit", -300.0)], 80.0),  # a credit on the resource: netted in, the billed waste was -$220
+        ([("Tax", 4.0), ("Adjustment", -10.0)], 80.0),
+        ([("Usage", -70.0)], 0.0),  # a usage refund beyond the usage: nothing billed, never below
+    ],
+    ids=["credit", "tax-and-adjustment", "refund"],
+)  # fmt: skip
+def test_only_the_resources_usage_reprices_its_incident(incidents, tmp_path, others, waste):
+    bill = tmp_path / "bill"
+    bill.mkdir()
+    write_bill(bill / "usage.csv", {"h1": 40.0}, hours=8)
+    for i, (category, usd) in enumerate(others):
+        write_bill(bill / f"other-{i}.csv", {"h1": usd}, hours=8, category=category)
+    assert reprice(incidents, ingest_files(incidents, bill).ingest_id) == 1
+    assert figures(incidents)["a"]["billed_waste_usd"] == pytest.approx(waste)
+
+
+def test_a_bill_in_another_currency_reprices_nothing(incidents, tmp_path):
+    """Stored for queries, as the user asked; its figures are no dollars."""
+    bill = ingest_files(incidents, write_bill(tmp_path / "eur.csv", {"h1": 40.0}, hours=8, currency="EUR"), currency="EUR")
+    assert bill.rows == 8 and reprice(incidents, bill.ingest_id) == 0 and figures(incidents) == {}
 
 
 def test_the_digest_shows_billed_dollars_and_says_how_many_were_repriced(incidents, tmp_path):

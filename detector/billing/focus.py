@@ -33,6 +33,8 @@ from detector.billing.columns import (
     SERVICE_PROVIDER_NAME,
     Column,
 )
+from detector.events import TS_MAX, TS_MIN
+from detector.limits import Limits
 
 SUFFIXES = (".csv", ".csv.gz", ".parquet")
 MAX_CELL_BYTES = 64 * 1024  # one cell (a tag blob, a description) larger than this is refused, naming it
@@ -83,9 +85,12 @@ def focus_files(path: Path | str) -> list[Path]:
     return [p]
 
 
-def read_focus(path: Path | str, currency: str = "USD") -> pa.Table:
-    """Every file at `path` read, checked and normalized into one table (source_row counts within each file)."""
-    tables = [_read_file(f, currency) for f in focus_files(path)]
+def read_focus(path: Path | str, currency: str = "USD", max_usd_per_hour: float | None = None) -> pa.Table:
+    """Every file at `path` read, checked and normalized into one table (source_row counts within each file).
+    ``max_usd_per_hour``: the most a resource's usage may cost an hour of its charge period, as events may
+    (``limits.yaml``; default its default)."""
+    bound = Limits().max_usd_per_hour if max_usd_per_hour is None else max_usd_per_hour
+    tables = [_read_file(f, currency, bound) for f in focus_files(path)]
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
@@ -94,9 +99,9 @@ def _show(value: object) -> str:
     return repr(text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS] + "...")
 
 
-def _read_file(file: Path, currency: str) -> pa.Table:
+def _read_file(file: Path, currency: str, max_usd_per_hour: float) -> pa.Table:
     raw = _read_parquet(file) if file.name.endswith(".parquet") else _read_csv(file)
-    return _normalize(file, raw, currency)
+    return _normalize(file, raw, currency, max_usd_per_hour)
 
 
 def _read_parquet(file: Path) -> pa.Table:
@@ -206,7 +211,7 @@ def _first(mask: pa.Array | pa.ChunkedArray) -> int | None:
     return None if index is None or index < 0 else int(index)
 
 
-def _normalize(file: Path, raw: pa.Table, currency: str) -> pa.Table:
+def _normalize(file: Path, raw: pa.Table, currency: str, max_usd_per_hour: float) -> pa.Table:
     names = raw.column_names
     present = set(names)
     provider_source = "ProviderName"
@@ -232,6 +237,7 @@ def _normalize(file: Path, raw: pa.Table, currency: str) -> pa.Table:
         out[col.name] = _convert(file, col, source, cells, n)
 
     _check_values(file, out, currency)
+    _check_periods(file, out, max_usd_per_hour)
     used = {c.focus for c in NORMALIZED if c.focus in present} | {provider_source}
     extra = [name for name in names if name not in used]
     out["x_columns"] = _x_columns(file, raw, extra)
@@ -316,21 +322,19 @@ def _to_decimal(file: Path, source: str, cells: pa.ChunkedArray) -> pa.ChunkedAr
     if pa.types.is_floating(t):
         cells = cells.cast(pa.string())  # shortest round-trip text: 0.1 stays 0.1, not 0.1000000000000000055
         t = cells.type
-    if pa.types.is_integer(t):
-        return cells.cast(DECIMAL)
-    if pa.types.is_decimal(t):
-        return pc.round(cells.cast(_WIDE), 12).cast(DECIMAL) if t.scale > 12 else cells.cast(DECIMAL)
-    if not _is_text(t):
+    if not (pa.types.is_integer(t) or pa.types.is_decimal(t) or _is_text(t)):
         raise FocusError(file, None, source, f"a {t} column where the spec says Decimal")
 
     def cast(a: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-        wide = pc.cast(a, _WIDE)
-        return pc.cast(pc.round(wide, 12), DECIMAL)
+        if pa.types.is_integer(t) or (pa.types.is_decimal(t) and t.scale <= 12):
+            return pc.cast(a, DECIMAL)
+        return pc.cast(pc.round(pc.cast(a, _WIDE), 12), DECIMAL)
 
     try:
         return cast(cells)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise _bad_row(file, source, cells, cast, "a decimal number") from None
+        said = "a decimal number" if _is_text(t) else "a number Decimal(38, 12) holds (26 digits before the point)"
+        raise _bad_row(file, source, cells, cast, said) from None
 
 
 _ZONED = r"(Z|z|[+-]\d\d:?\d\d)$"
@@ -338,6 +342,8 @@ _DATE_ONLY = r"^\d{4}-\d\d-\d\d$"
 
 
 def _to_timestamp(file: Path, source: str, cells: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_large_string(cells.type):  # Polars writes every text column so
+        cells = cells.cast(pa.string())
     t = cells.type
     if pa.types.is_timestamp(t):
         return cells.cast(TIMESTAMP, safe=False)  # a naive timestamp's value is already UTC
@@ -377,7 +383,13 @@ def _tag_pairs(file: Path, source: str, text: str, row: int) -> list[tuple[str, 
         raise FocusError(file, row, source, f"{_show(text)} is not JSON ({e.msg if hasattr(e, 'msg') else e})") from None
     if not isinstance(value, dict):
         raise FocusError(file, row, source, f"{_show(text)} is not a JSON object")
-    return [(str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in value.items()]
+    pairs = [(str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in value.items()]
+    try:
+        for k, v in pairs:
+            k.encode(), v.encode()
+    except UnicodeEncodeError as e:  # a \ud800 escape JSON allows: a lone surrogate, which no text holds
+        raise FocusError(file, row, source, f"{_show(text)} is not text: {e.reason} at character {e.start}") from None
+    return pairs
 
 
 def _to_tags(file: Path, source: str, cells: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -441,6 +453,38 @@ def _as_text(file: Path, name: str, cells: pa.ChunkedArray) -> pa.ChunkedArray:
         # Nested Parquet types (lists, structs) have no cast to text: their JSON text, value by value.
         return pa.chunked_array([pa.array([None if v is None else json.dumps(v, default=str) for v in cells.to_pylist()],
                                           pa.string())])
+
+
+def _check_periods(file: Path, out: dict[str, pa.ChunkedArray | pa.Array], max_usd_per_hour: float) -> None:
+    """Charge periods within the dates events may carry, and going forwards (a usage charge over some
+    time); a resource's usage at no more an hour of its period than ``max_usd_per_hour``, as its events:
+    an absurd rate would otherwise price events and re-price incidents."""
+    start, end = out["charge_period_start"], out["charge_period_end"]
+    for column, cells in (("ChargePeriodStart", start), ("ChargePeriodEnd", end)):
+        outside = _first(pc.or_(pc.less(cells, pa.scalar(TS_MIN, TIMESTAMP)), pc.greater(cells, pa.scalar(TS_MAX, TIMESTAMP))))
+        if outside is not None:
+            raise FocusError(file, outside + 1, column, f"{cells[outside].as_py().isoformat()} is outside "
+                                                        f"{TS_MIN:%Y-%m-%d} to {TS_MAX:%Y-%m-%d}")  # fmt: skip
+    backwards = _first(pc.less(end, start))
+    if backwards is not None:
+        raise FocusError(file, backwards + 1, "ChargePeriodEnd",
+                         f"{end[backwards].as_py().isoformat()} is before ChargePeriodStart "
+                         f"{start[backwards].as_py().isoformat()}")  # fmt: skip
+    usage = pc.equal(out["charge_category"], "Usage")
+    instant = _first(pc.and_(usage, pc.equal(end, start)))
+    if instant is not None:
+        raise FocusError(file, instant + 1, "ChargePeriodEnd", "a Usage charge over no time (ChargePeriodEnd "
+                                                               "equals ChargePeriodStart)")  # fmt: skip
+    hours = pc.divide(pc.cast(pc.subtract(pc.cast(end, pa.int64()), pc.cast(start, pa.int64())), pa.float64()), 3_600_000.0)
+    resource = pc.and_(usage, pc.not_equal(out["resource_id"], ""))
+    for column, name in (("effective_cost", "EffectiveCost"), ("billed_cost", "BilledCost")):
+        rate = pc.divide(pc.abs(pc.cast(out[column], pa.float64())), pc.max_element_wise(hours, 1e-9))
+        row = _first(pc.and_(resource, pc.greater(rate, max_usd_per_hour)))
+        if row is not None:
+            raise FocusError(file, row + 1, name, f"${out[column][row].as_py():,.2f} over {hours[row].as_py():g} h of "
+                                                  f"usage by {_show(out['resource_id'][row].as_py())} is "
+                                                  f"${rate[row].as_py():,.2f}/h, above the plausible "
+                                                  f"${max_usd_per_hour:,.2f}/h (limits.yaml's max_usd_per_hour)")  # fmt: skip
 
 
 def _check_values(file: Path, out: dict[str, pa.ChunkedArray | pa.Array], currency: str) -> None:

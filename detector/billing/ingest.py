@@ -57,11 +57,12 @@ class Bill:
     """The reader's columns, and ``source``: the file each row came from."""
 
 
-def read_bill(path: Path | str, currency: str = "USD") -> Bill:
+def read_bill(path: Path | str, currency: str = "USD", max_usd_per_hour: float | None = None) -> Bill:
     """Read every FOCUS file at ``path`` (a file or a directory). Raises
-    :class:`~detector.billing.focus.FocusError` (naming file, row and column) when any is bad."""
+    :class:`~detector.billing.focus.FocusError` (naming file, row and column) when any is bad
+    (``max_usd_per_hour``: :func:`~detector.billing.focus.read_focus`'s)."""
     files = focus_files(path)
-    tables = [read_focus(f, currency=currency) for f in files]
+    tables = [read_focus(f, currency=currency, max_usd_per_hour=max_usd_per_hour) for f in files]
     sources = [pa.array([f.name] * t.num_rows, pa.string()) for f, t in zip(files, tables, strict=True)]
     return Bill(files, pa.concat_tables([t.append_column("source", s) for t, s in zip(tables, sources, strict=True)]))
 

@@ -32,7 +32,10 @@ if TYPE_CHECKING:
 
     from detector.store.connection import Connection
 
-__all__ = ["HOUR_UNITS", "BilledRates", "tag_key"]
+__all__ = ["HOUR_UNITS", "PRICED_IN", "BilledRates", "tag_key"]
+
+PRICED_IN = "USD"
+"""The currency every dollar figure is in: a bill in another is stored for queries, never priced from."""
 
 HOUR_UNITS = ("Hours", "Hour", "Hrs", "hours", "hour", "Hrs.")
 """ConsumedUnit values that measure time in hours, as the clouds' FOCUS exports spell them."""
@@ -139,12 +142,14 @@ class BilledRates:
             FROM {store.db}.billing
             WHERE resource_id != '' AND charge_category = 'Usage' AND consumed_unit IN ({units})
                   AND commitment_discount_status != 'Unused' AND charge_class != 'Correction'
+                  AND billing_currency = '{PRICED_IN}'
             GROUP BY resource_id, start, end""")  # fmt: skip
         corrections = store.query(f"""
             SELECT resource_id, toUnixTimestamp64Milli(charge_period_start) / 1000 AS start,
                    toUnixTimestamp64Milli(charge_period_end) / 1000 AS end, toFloat64(effective_cost) AS usd
             FROM {store.db}.billing
-            WHERE resource_id != '' AND charge_category = 'Usage' AND charge_class = 'Correction'""")  # fmt: skip
+            WHERE resource_id != '' AND charge_category = 'Usage' AND charge_class = 'Correction'
+                  AND billing_currency = '{PRICED_IN}'""")  # fmt: skip
         tags = store.query(f"SELECT resource_id, argMax(tags, charge_period_start) AS latest FROM {store.db}.billing "
                            f"WHERE resource_id != '' AND length(tags) > 0 GROUP BY resource_id")  # fmt: skip
         return cls(periods, {r["resource_id"]: r["latest"] for r in tags}, corrections)

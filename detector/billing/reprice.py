@@ -5,14 +5,18 @@ gains what the bill charged (``alert_billing``, migration 0014).
 The incident's dollars are scaled by the bill over the events for the same resource and
 hours: billed_waste_usd = waste_usd x billed_usd / claimed_usd, where claimed_usd is what
 the events said the resource cost over the episode (``cost_hourly``: usd + egress, each hour
-prorated by its overlap with the episode) and billed_usd is the bill's EffectiveCost over it
-(each charge prorated by its overlap). An episode the bill does not cover end to end (its
-rows for the resource leave a gap, or stop before the episode ends) is left for a later
-bill. One INSERT ... SELECT: the work is the engine's, never a loop per alert.
+prorated by its overlap with the episode) and billed_usd is the bill's EffectiveCost of the
+resource's usage over it (each charge prorated by its overlap). Only usage charges in US
+dollars count: a credit, a tax or a purchase is no hour's use of the resource (a credit netted
+in made an idle GPU's billed waste negative), and a bill in another currency is no dollar
+figure; a usage refund larger than the usage bills the waste at nothing, never below. An
+episode the bill does not cover end to end (its usage rows for the resource leave a gap, or
+stop before the episode ends) is left for a later bill. One INSERT ... SELECT: the work is the engine's, never a loop per alert.
 """
 
 from __future__ import annotations
 
+from detector.billing.rates import PRICED_IN
 from detector.store.connection import Connection
 
 __all__ = ["reprice"]
@@ -26,7 +30,8 @@ WITH episodes AS (
            toUnixTimestamp64Milli(episode_start) AS s_ms, toUnixTimestamp64Milli(ifNull(resolved_at, updated_at)) AS e_ms
     FROM {db}.alerts FINAL
     WHERE waste_usd > 0 AND ifNull(resolved_at, updated_at) > episode_start
-      AND resource_id IN (SELECT resource_id FROM {db}.billing_charges WHERE ingest_id = {{ingest_id:String}})
+      AND resource_id IN (SELECT resource_id FROM {db}.billing_charges WHERE ingest_id = {{ingest_id:String}}
+                          AND charge_category = 'Usage' AND billing_currency = '{priced_in}')
 ),
 billed AS (
     SELECT ep.alert_id AS alert_id,
@@ -42,6 +47,7 @@ billed AS (
     FROM episodes AS ep
     INNER JOIN {db}.billing AS b ON b.resource_id = ep.resource_id
     WHERE b.charge_period_end > ep.s AND b.charge_period_start < ep.e
+      AND b.charge_category = 'Usage' AND b.billing_currency = '{priced_in}'
     GROUP BY ep.alert_id
 ),
 claimed AS (
@@ -55,7 +61,7 @@ claimed AS (
     GROUP BY ep.alert_id
 )
 SELECT ep.alert_id, ep.resource_id, ep.s, ep.e, c.claimed_usd, b.billed_usd, ep.waste_usd,
-       ep.waste_usd * b.billed_usd / c.claimed_usd, now64(3), {{ingest_id:String}}
+       ep.waste_usd * greatest(b.billed_usd, 0) / c.claimed_usd, now64(3), {{ingest_id:String}}
 FROM episodes AS ep
 INNER JOIN billed AS b ON b.alert_id = ep.alert_id
 INNER JOIN claimed AS c ON c.alert_id = ep.alert_id
@@ -68,7 +74,7 @@ def reprice(store: Connection, ingest_id: str) -> int:
     covers end to end; return how many. A later bill's figure replaces an earlier one."""
     db = store.db
     with store.lock:
-        store.client.command(_SQL.format(db=db), parameters={"ingest_id": ingest_id})
+        store.client.command(_SQL.format(db=db, priced_in=PRICED_IN), parameters={"ingest_id": ingest_id})
     rows = store.query(f"SELECT uniqExact(alert_id) AS n FROM {db}.alert_billing WHERE ingest_id = {{i:String}}",
                        {"i": ingest_id})
     return int(rows[0]["n"])
