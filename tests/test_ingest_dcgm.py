@@ -301,3 +301,21 @@ def test_a_power_reading_that_is_not_a_number_is_counted_not_silently_dropped() 
     (batch,) = mapped(dcgm_text([Gpu(0, gpu_values(50, power=float("nan")), "h")]), mapper)
     assert "power_w" not in batch.events[0] or batch.events[0]["power_w"] == 0.0
     assert mapper.skipped == {"power_w not a number or negative (the energy counter stands in)": 1}
+
+
+def test_a_gpu_label_is_read_as_the_exporter_writes_it() -> None:
+    """Decimal digits only: int() would take "1_0" for GPU 10, publish its 0 % and drop the real GPU 10's
+    90 % as a second series of it; " 7" for GPU 7 alike."""
+    mapper = DcgmMapper()
+    text = dcgm_text([Gpu(11, gpu_values(0), "h"), Gpu(12, gpu_values(0), "h"), Gpu(10, gpu_values(90), "h")])
+    batches = mapped(text.replace('gpu="11"', 'gpu="1_0"').replace('gpu="12"', 'gpu=" 7"'), mapper)
+    assert [(e["gpu_index"], e["util_pct"]) for e in batches[0].events] == [(10, 90)]
+    assert set(mapper.skipped) == {"gpu label missing or not 0-255"}
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_name() -> None:
+    """A page saved by a Windows tool, or a proxy that adds one: the first GPU's samples are kept, not renamed."""
+    text = dcgm_text([Gpu(0, gpu_values(5), "h"), Gpu(1, gpu_values(7), "h")])
+    assert parse_exposition("\ufeff" + text, TARGET) == parse_exposition(text, TARGET)
+    bare = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"  # no HELP line first
+    assert [e["gpu_index"] for e in mapped("\ufeff" + bare)[0].events] == [0, 1]

@@ -123,10 +123,8 @@ class DcgmMapper:
                 continue
             labels = s.labels
             host = label(labels, "Hostname", "hostname") or instance_host(label(labels, "instance") or instance)
-            try:
-                index = int(labels.get("gpu", ""))
-            except ValueError:
-                index = -1
+            gpu = labels.get("gpu", "")  # the exporter writes the index in decimal digits: "1_0" is no GPU 10
+            index = int(gpu) if 0 < len(gpu) <= 3 and gpu.isascii() and gpu.isdigit() else -1
             if not 0 <= index <= 255:
                 self.skipped["gpu label missing or not 0-255"] += 1
                 continue

@@ -53,6 +53,7 @@ def parse_exposition(text: str | bytes, target: str) -> list[Sample]:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ExpositionError(target, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark would become part of the first metric's name
     try:
         families = list(text_string_to_metric_families(text))
     except Exception:  # the parser raises bare ValueError, IndexError...: find the line ourselves
