@@ -20,7 +20,6 @@ bound parameter.
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,14 +27,14 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
-from detector.units import epoch, format_duration, rfc3339
+from detector.units import epoch, format_duration, printable, rfc3339
 
 if TYPE_CHECKING:
     from detector.store.connection import Connection
 
 __all__ = [
     "DEFAULT_LIMIT", "MAX_LIMIT", "STATES", "Incident", "IncidentFilter", "IncidentList", "InvalidFilter",
-    "format_table", "list_incidents", "money", "printable", "slack_permalink", "summary",
+    "format_table", "list_incidents", "money", "slack_permalink", "summary",
 ]  # fmt: skip
 
 State = Literal["firing", "acknowledged", "snoozed", "resolved"]
@@ -330,14 +329,6 @@ def list_incidents(conn: Connection, flt: IncidentFilter, now: float) -> Inciden
         incidents=[_incident(r, now) for r in rows], total=int(counts["total"]), open_total=int(counts["open_total"]),
         open_usd_per_hour=float(counts["open_usd_per_hour"] or 0.0), filter=flt, as_of=now,
     )  # fmt: skip
-
-
-def printable(value: object, limit: int = 0) -> str:
-    """Text from an event made safe for a terminal: control characters (an escape sequence
-    could move the cursor or retitle the window) shown as ``\\x1b``; cut at ``limit``
-    characters (0: never) with an ellipsis."""
-    text = "".join(c if unicodedata.category(c)[0] != "C" else repr(c)[1:-1] for c in str(value))
-    return text if not limit or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def money(usd: float) -> str:

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from html import escape
 from urllib.parse import urlencode
 
-from detector.incidents import MAX_LIMIT, Incident, IncidentList, money, printable, slack_permalink
+from detector.incidents import MAX_LIMIT, Incident, IncidentList, money, slack_permalink
 from detector.remediation.messages import describe_call
 from detector.remediation.policy import Action
-from detector.units import format_duration, rfc3339
+from detector.units import format_duration, printable, rfc3339
 
 __all__ = ["COLUMNS", "HEADERS", "action_cell", "render_error", "render_page"]
 

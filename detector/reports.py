@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from detector.store.connection import named_sql
+from detector.units import printable
 
 if TYPE_CHECKING:
     from detector.store.connection import Connection
@@ -145,7 +146,7 @@ def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
     if not rows:
         return "(no rows)\n"
     cols = list(rows[0])
-    cells = [["" if r[c] is None else str(r[c]) for c in cols] for r in rows]
+    cells = [["" if r[c] is None else printable(r[c]) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-__all__ = ["Duration", "Money", "Percent", "epoch", "format_duration", "money", "one_line", "parse_duration", "rfc3339"]
+__all__ = ["Duration", "Money", "Percent", "epoch", "format_duration", "money", "one_line", "parse_duration", "printable",
+           "rfc3339"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
@@ -132,3 +134,13 @@ def figure(value: object, spec: str = ",.2f") -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return "?"
     return format(value, spec)
+
+
+def printable(value: object, limit: int = 0) -> str:
+    """Text from an event made safe for a terminal: control and format characters (an escape
+    sequence could clear the screen or retitle the window, a right-to-left override reverse what
+    follows) shown escaped, as ``\\x1b``; cut at ``limit`` characters (0: never) with an ellipsis."""
+    text = str(value)
+    if not text.isprintable():  # the usual text takes no look at each character
+        text = "".join(c if unicodedata.category(c)[0] != "C" else repr(c)[1:-1] for c in text)
+    return text if not limit or len(text) <= limit else text[: limit - 1] + "…"

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from detector.logs import configure_logging, install_redaction, redact, redact_dsn, register_settings
 from detector.settings import ENV, Settings, load_settings
+from detector.units import printable
 
 if TYPE_CHECKING:  # imported where used, so the CLI starts fast
     from detector.backtest import RuleDiff
@@ -403,7 +404,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             print(json.dumps(alert.to_json()))
     else:
         for alert in result.alerts:
-            print(alert.summary() + (f"  (held back, {alert.held.kind}: {alert.held.reason})" if alert.held else ""))
+            print(printable(alert.summary()) + (f"  (held back, {alert.held.kind}: {alert.held.reason})" if alert.held else ""))
     print(
         f"{len(result.alerts)} alerts from {result.events} events of {source} "
         f"({result.events / max(elapsed, 1e-9):,.0f} events/s); {len(result.invalid)} invalid",
@@ -490,7 +491,7 @@ def _print_comparison(diff: RuleDiff, as_json: bool) -> None:
         print(f"  {rule_type}: +{added} -{removed}")
     for sign, alerts in (("+", diff.added), ("-", diff.removed)):
         for alert in alerts:
-            print(f"{sign} {alert.summary()}")
+            print(f"{sign} {printable(alert.summary())}")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

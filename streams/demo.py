@@ -38,7 +38,7 @@ from detector.rules import load_rules
 from detector.settings import Settings
 from detector.simulate import SimConfig, simulate
 from detector.store import Store, epoch
-from detector.units import rfc3339
+from detector.units import printable, rfc3339
 from streams.embedded import EmbeddedBroker
 from streams.kafka import count_events, ensure_topics, file_records, publish_records
 from streams.process import WorkerProcess, worker_env
@@ -83,7 +83,7 @@ def _follow_alerts(log_path: Path, stop: threading.Event) -> None:
                     marker = _MARKERS.get(record.get("event", ""))
                     if marker is not None:
                         silenced = f"  (silenced: {record['silenced']})" if record.get("silenced") else ""
-                        _say(f"  {marker} {record['summary']}{silenced}")
+                        _say(f"  {marker} {printable(record['summary'])}{silenced}")
                     elif record.get("level") in ("error", "critical"):
                         _say(f"  ! worker: {record.get('event')} {record}")
         except FileNotFoundError:

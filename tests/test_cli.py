@@ -280,6 +280,21 @@ def test_rules_check_reports_duplicate_names_with_every_other_error(tmp_path):
     assert "2 error(s)" in out.stderr
 
 
+def test_backtest_shows_an_events_control_characters_escaped(tmp_path):
+    """A resource id is the producer's text: an escape sequence in it would clear the reader's screen
+    and print a forged line, a right-to-left override reverse what follows. Shown escaped instead."""
+    from detector.simulate import SimConfig
+    from tests.reliability import idle_host, write_records
+
+    rid = "gpu-\x1b[2J\x1b[31mFAKE: all clear\x1b[0m\r\u202e"
+    fleet = write_records(tmp_path / "fleet.jsonl", idle_host(rid, SimConfig().start))
+    out = burnwatch("backtest", str(fleet))
+    no_traceback(out)
+    assert out.returncode == 0 and "Idle GPUs on gpu-" in out.stdout, out.stderr
+    assert "\x1b" not in out.stdout and "\r" not in out.stdout and "\u202e" not in out.stdout
+    assert "gpu-\\x1b[2J\\x1b[31mFAKE: all clear\\x1b[0m\\r\\u202e" in out.stdout
+
+
 def test_replay_refuses_the_topics_backtest_refuses(tmp_path):
     fleet = tmp_path / "fleet.jsonl"
     fleet.write_text('{"topic": "resource-usage", "key": "h", "value": {}}\n'
