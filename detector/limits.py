@@ -11,6 +11,7 @@ legitimately exceeds one raises it in ``limits.yaml``.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,7 +26,7 @@ LIMITS_FILE = "limits.yaml"
 class Limits(BaseModel):
     """The bounds; every one has a default, so a missing ``limits.yaml`` means these."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     max_usd_per_hour: Annotated[float, Field(gt=0)] = 2000.0
     """``cost_usd`` scaled by ``interval_s`` to dollars per hour, per resource. The most
@@ -34,6 +35,12 @@ class Limits(BaseModel):
     """``interval_s``: exporters send 1 minute to 1 hour; a day is already generous."""
     max_egress_gbit_per_s: Annotated[float, Field(gt=0)] = 400.0
     """``egress_bytes`` over ``interval_s``, in Gbit/s: a 400 Gbit/s NIC sending flat out."""
+
+    @classmethod
+    def none(cls) -> Limits:
+        """No bound at all, for a decoder that checks only what can be stored (a file's bounds are
+        finite: ``.inf`` there is refused with its line, so this is made without validation)."""
+        return cls.model_construct(max_usd_per_hour=math.inf, max_interval=math.inf, max_egress_gbit_per_s=math.inf)
 
     @property
     def max_egress_bytes_per_s(self) -> float:

@@ -25,7 +25,7 @@ __all__ = ["HOURS_PER_MONTH", "ApiPrice", "BilledRate", "CapacityTier", "EgressP
 
 
 class InstancePrice(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     on_demand: float = Field(ge=0)
     spot: float | None = Field(default=None, ge=0)
@@ -40,7 +40,7 @@ class InstancePrice(BaseModel):
 class EgressPrices(BaseModel):
     """USD per GB of network egress by destination class (AWS list prices, first tier)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     same_region: float = Field(default=0.01, ge=0)
     inter_region: float = Field(default=0.02, ge=0)
@@ -50,7 +50,7 @@ class EgressPrices(BaseModel):
 class CapacityTier(BaseModel):
     """One size of a managed store (a vector database plan, a volume size) and its price."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = ""
     capacity_gb: float = Field(gt=0)
@@ -60,7 +60,7 @@ class CapacityTier(BaseModel):
 class RegionalPrices(BaseModel):
     """On-demand USD/hour of instance types by region, with where and when they were read."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     as_of: date | None = None
     source: str = ""
@@ -82,7 +82,7 @@ class RegionalPrices(BaseModel):
 class ApiPrice(BaseModel):
     """A hosted model API's list price, per million tokens, with when and where it was read."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     provider: str = ""
     usd_per_1m_input: float = Field(ge=0)
@@ -98,7 +98,7 @@ class SelfHost(BaseModel):
     """How a model (or the open model that would replace an API one) is served on your own GPUs:
     the instance type and the output tokens per second one instance sustains at acceptable latency."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     instance_type: str
     output_tokens_per_s: float = Field(gt=0)
@@ -109,7 +109,7 @@ class SelfHost(BaseModel):
 class LlmModel(BaseModel):
     """One model's two ways to be had: its hosted API price, and serving it yourself."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     api: ApiPrice | None = None
     self_host: SelfHost | None = None
@@ -118,7 +118,7 @@ class LlmModel(BaseModel):
 class Pricing(BaseModel):
     """Price list; ``hourly`` answers None for an instance type it does not know."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     reserved_discount: float = Field(default=0.6, gt=0, le=1)
     instances: dict[str, InstancePrice] = {}

@@ -73,7 +73,7 @@ Selector = Union[str, list[str]]
 class Match(BaseModel):
     """Which resources a rule applies to. Globs (``p4d.*``); ``!`` negates (``!dev-*``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     resource_id: Selector | None = None
     resource_type: Selector | None = None
@@ -90,7 +90,7 @@ class Override(BaseModel):
     """Different params (or severity) for the resources an override's ``match`` selects,
     e.g. a longer idle time for the research team, without copying the rule."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     match: Match
     params: dict[str, Any] = {}
@@ -100,7 +100,7 @@ class Override(BaseModel):
 class Route(BaseModel):
     """A rule's own destination, ahead of routing by team."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     channel: Annotated[str, Field(min_length=1)]
 
@@ -115,7 +115,7 @@ class Link(BaseModel):
     ``{instance_type}``, ``{team}``, ``{owner}``, ``{project}``, ``{episode_start}``,
     ``{fired_at}``), each URL-quoted."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: Annotated[str, Field(min_length=1)]
     url: Annotated[str, Field(pattern=r"^https?://")]
@@ -151,7 +151,7 @@ class Approvers(BaseModel):
     ``by_tag`` tag's value), else ``default``; with ``owner: true`` also the resource's
     owner (``users``). Nobody else: a click from anyone else is refused and recorded."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     default: list[SlackId] = []
     teams: dict[str, list[SlackId]] = {}
@@ -166,7 +166,7 @@ class Routing(BaseModel):
     ``default_channel``; then the notifier's own (``SLACK_CHANNEL``).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     default_channel: str = ""
     by_tag: str = "team"
@@ -215,7 +215,7 @@ class Silence(BaseModel):
             reason: cluster drained for the driver upgrade
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     id: str = ""
     """Set by ``burnwatch silence add``, for ``burnwatch silence expire``."""
@@ -248,7 +248,7 @@ class Silence(BaseModel):
 
 
 class RuleBase(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
     enabled: bool = True
@@ -416,12 +416,29 @@ def _not_utf8(file: str, exc: UnicodeDecodeError) -> RuleError:
     return RuleError(file, line, "", f"cannot read: not UTF-8 (byte 0x{exc.object[exc.start]:02x})")
 
 
+class DuplicateKey(yaml.MarkedYAMLError):
+    """A key given twice in one mapping: YAML keeps the last silently, so a second ``rules:`` block
+    appended to a file would drop every rule above it. Refused as an error of the file."""
+
+    def __init__(self, key: str, first_line: int, mark: yaml.Mark) -> None:
+        super().__init__(problem=f"duplicate key {key!r} (first at line {first_line}); YAML would keep only the last",
+                         problem_mark=mark)  # fmt: skip
+
+    def __str__(self) -> str:
+        return str(self.problem)
+
+
 def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Map each key path in a YAML document to its 1-based line."""
+    """Map each key path in a YAML document to its 1-based line; a key given twice is :class:`DuplicateKey`."""
     out = {} if out is None else out
     out.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
         for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value != "<<":
+                if key.value in seen:
+                    raise DuplicateKey(key.value, seen[key.value], key.start_mark)
+                seen[key.value] = key.start_mark.line + 1
             child = path + (key.value,)
             out[child] = key.start_mark.line + 1
             _line_index(value, child, out)

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, InitSettingsSource, SettingsConfigDict
 from pydantic_settings import PydanticBaseSettingsSource as Source
+
+from detector.units import parse_duration
 
 __all__ = ["ENV", "Settings", "load_settings"]
 
@@ -36,12 +38,14 @@ class Settings(BaseSettings):
     """host:port[,host:port]; empty starts the embedded broker (demo) or is an error (worker)."""
     clickhouse_dsn: str = Field(default="", validation_alias="BURNWATCH_CLICKHOUSE_DSN")
     """``chdb:///abs/dir``, ``chdb://memory`` or ``http://user:pass@host:8123``; empty: embedded under data_dir."""
-    clickhouse_database: str = Field(default="burnwatch", validation_alias="BURNWATCH_CLICKHOUSE_DATABASE")
+    clickhouse_database: str = Field(default="burnwatch", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$",
+                                     validation_alias="BURNWATCH_CLICKHOUSE_DATABASE")  # fmt: skip
+    """A plain identifier: it is written into every statement, unquoted."""
     rules_path: Path = Field(default=Path("rules"), validation_alias="BURNWATCH_RULES")
     data_dir: Path = Field(default=Path(".burnwatch"), validation_alias="BURNWATCH_DATA_DIR")
     app_id: str = Field(default="burnwatch", validation_alias="BURNWATCH_APP_ID")
     partitions: int = Field(default=4, ge=1, validation_alias="BURNWATCH_PARTITIONS")
-    web_port: int = Field(default=6066, validation_alias="BURNWATCH_WEB_PORT")
+    web_port: int = Field(default=6066, ge=1, le=65535, validation_alias="BURNWATCH_WEB_PORT")
     web_host: str = Field(default="127.0.0.1", validation_alias="BURNWATCH_WEB_HOST")
     web_user_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$",
                                         validation_alias="BURNWATCH_WEB_USER_HEADER")
@@ -109,6 +113,21 @@ class Settings(BaseSettings):
     Slack message from it (``/archives/CHANNEL/pTS``); unset, they show no link."""
     slack_base_url: str | None = Field(default=None, validation_alias="SLACK_BASE_URL")
     """Only for pointing slack-sdk at a local Slack stand-in (tests, demo)."""
+
+    @field_validator("clickhouse_dsn")
+    @classmethod
+    def _chdb_directory_is_absolute(cls, dsn: str) -> str:
+        """``chdb://dir`` reads ``dir`` as a host and the rest as the path: a store made at the root."""
+        if dsn.startswith("chdb:") and dsn != "chdb://memory" and not dsn.startswith("chdb:///"):
+            raise ValueError("an embedded store is chdb:///absolute/directory (three slashes) or chdb://memory")
+        return dsn
+
+    @field_validator("model_retrain_every", "model_train_since")
+    @classmethod
+    def _a_duration(cls, value: str) -> str:
+        if value:
+            parse_duration(value)  # its error names the value: "invalid duration 'daily'; expected e.g. 30m, 6h, 7d"
+        return value
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Source, env_settings: Source,

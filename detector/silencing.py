@@ -55,8 +55,13 @@ def _file(rules_dir: Path) -> Path:
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
+    """The silences the file holds, once the rules beside it (the file among them) load: a hand edit
+    that broke it (invalid YAML, a list where a mapping goes) is :class:`RulesInvalid`, naming its line."""
     if not path.exists():
         return []
+    _, errors, _ = validate_rule_files(path.parent)
+    if errors:
+        raise RulesInvalid(errors)
     data = yaml.safe_load(path.read_text()) or {}
     return list(data.get("silences") or [])
 

@@ -27,6 +27,8 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(f"invalid duration {value!r}; expected e.g. 30m")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"invalid duration {value!r}; expected e.g. 30m, 6h, 7d")
         if value < 0:
             raise ValueError(f"invalid duration {value!r}; must not be negative")
         return float(value)
@@ -59,6 +61,8 @@ def _parse_money(value: Any) -> float:
         number = float(text)
     except ValueError:
         raise ValueError(f"invalid amount {value!r}; expected e.g. 20 (USD)") from None
+    if not math.isfinite(number):
+        raise ValueError(f"invalid amount {value!r}; expected e.g. 20 (USD)")
     if number < 0:
         raise ValueError(f"invalid amount {value!r}; must not be negative")
     return number

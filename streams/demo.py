@@ -117,7 +117,9 @@ def _as_typed(path: Path) -> str:
 def follow_up_commands(settings: Settings, workdir: Path, hours: float, first_day: str | None,
                        config: str | None = None) -> list[str]:  # fmt: skip
     """Commands that read the demo's store, runnable verbatim from the current directory."""
-    env = "" if settings.clickhouse_dsn else f"BURNWATCH_DATA_DIR={shlex.quote(_as_typed(workdir))} "
+    store = f"chdb://{workdir.resolve() / 'clickhouse'}"  # a DSN set in this shell would win over a data directory
+    env = (f"BURNWATCH_CLICKHOUSE_DSN={shlex.quote(store)} " if settings.clickhouse_dsn
+           else f"BURNWATCH_DATA_DIR={shlex.quote(_as_typed(workdir))} ")  # fmt: skip
     burnwatch = env + burnwatch_command(config)
     since = f"{max(1, math.ceil(hours / 24))}d"
     db = settings.clickhouse_database
@@ -147,8 +149,11 @@ class _Pipeline:
         self.stop_follow = threading.Event()
         self.follower: threading.Thread | None = None
         self.started = time.monotonic()
-        self.bootstrap = settings.kafka_bootstrap
-        self.dsn = settings.clickhouse_dsn or f"chdb://{workdir / 'clickhouse'}"
+        # Never the configured broker or store: the simulated fleet would reach the topics real workers
+        # read (and their Slack), and its worker, which keeps the demo's events forever, would turn off
+        # the store's event expiry and write the simulated alerts beside real ones.
+        self.bootstrap = ""
+        self.dsn = f"chdb://{workdir / 'clickhouse'}"
 
     def __enter__(self) -> _Pipeline:
         try:
@@ -159,13 +164,12 @@ class _Pipeline:
 
     def _start(self) -> _Pipeline:
         settings = self.settings
-        if self.bootstrap:
-            _say(f"- Kafka: {self.bootstrap}")
-        else:
-            self.broker = EmbeddedBroker(log_path=self.workdir / "broker.log").start()
-            self.bootstrap = self.broker.bootstrap
-            _say(f"- Kafka: embedded Tansu broker on {self.bootstrap}")
-        _say(f"- ClickHouse: {redact_dsn(self.dsn)}")
+        self.broker = EmbeddedBroker(log_path=self.workdir / "broker.log").start()
+        self.bootstrap = self.broker.bootstrap
+        unused = " (not BURNWATCH_KAFKA_BOOTSTRAP's: the demo's fleet is simulated)" if settings.kafka_bootstrap else ""
+        _say(f"- Kafka: embedded Tansu broker on {self.bootstrap}{unused}")
+        unused = " (not BURNWATCH_CLICKHOUSE_DSN's)" if settings.clickhouse_dsn else ""
+        _say(f"- ClickHouse: {redact_dsn(self.dsn)}{unused}")
         slack = "posting to Slack" if settings.slack_configured else "Slack not configured: alerts are printed here"
         _say(f"- Slack: {slack}")
         asyncio.run(ensure_topics(self.bootstrap, settings.partitions))
@@ -222,8 +226,8 @@ def _closing(settings: Settings, pipeline: _Pipeline, labels: list, hours: float
     first_day = _summary(pipeline.dsn, settings.clickhouse_database, labels, postmortem)
     _say()
     workdir = pipeline.workdir
-    where = "its store" if settings.clickhouse_dsn else f"its store, {workdir / 'clickhouse'}"
-    _say(f"The demo's worker has stopped; these commands read {where} (not the default store):")
+    _say(f"The demo's worker has stopped; these commands read its store, {workdir / 'clickhouse'} (not the default "
+         "store):")  # fmt: skip
     _say()
     for command in follow_up_commands(settings, workdir, hours, first_day, config):
         _say(f"    {command}")

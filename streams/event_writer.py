@@ -302,8 +302,7 @@ def child_decoder() -> EventDecoder:
     """The child's decoder: the worker's, with no bound that depends on when or where it runs
     (its clock, ``limits.yaml``). Decoding is the same function of the bytes whatever those
     are; they only decide whether a message is refused, and the worker sends none it refused."""
-    return EventDecoder(clock=lambda: _ANY_TIME, limits=Limits(max_usd_per_hour=math.inf, max_interval=math.inf,
-                                                                 max_egress_gbit_per_s=math.inf))  # fmt: skip
+    return EventDecoder(clock=lambda: _ANY_TIME, limits=Limits.none())
 
 
 def decode_items(payload: bytes, decoder: EventDecoder) -> list[Item]:

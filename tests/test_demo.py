@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from detector.settings import load_settings
 from streams.children import die_with_parent
 from tests.conftest import ROOT
 
@@ -71,9 +72,11 @@ def kill_started(run: str) -> None:
 
 
 def test_demo_shows_alerts_summary_a_postmortem_and_commands_that_work(tmp_path):
+    """Also where the shell names a broker (here one nobody listens on): the demo's simulated fleet
+    never goes to the topics real workers read, so it starts its own."""
     run = uuid.uuid4().hex
     env = {"BURNWATCH_DATA_DIR": str(tmp_path), "BURNWATCH_RULES": str(ROOT / "rules"), "PATH": "/usr/bin:/bin",
-           MARK: run}  # fmt: skip
+           "BURNWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:9", MARK: run}  # fmt: skip
     demo = subprocess.Popen(
         [sys.executable, "-m", "streams.cli", "demo", "--hours", "12", "--speed", "3600"],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent(),
@@ -85,6 +88,7 @@ def test_demo_shows_alerts_summary_a_postmortem_and_commands_that_work(tmp_path)
     finally:
         stop_demo(demo, run)
     assert demo.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "(not BURNWATCH_KAFKA_BOOTSTRAP's: the demo's fleet is simulated)" in stdout
     assert "🔥 WARNING Idle GPUs on" in stdout and "✅ RESOLVED Idle GPUs on" in stdout
     found, injected = map(int, re.search(r"(\d+) of (\d+) injected episodes found", stdout).groups())
     assert found == injected > 0
@@ -101,6 +105,21 @@ def test_demo_shows_alerts_summary_a_postmortem_and_commands_that_work(tmp_path)
         assert out.stdout.strip() and "(no rows)" not in out.stdout, f"{command}\n{out.stdout}"
         assert f"store: chdb://{tmp_path / 'demo' / 'clickhouse'}" in out.stderr  # it says which store it read
     assert not (tmp_path / "clickhouse").exists()  # no command created a store where the demo's is not
+
+
+def test_the_follow_up_commands_name_the_demos_store_over_a_dsn_set_in_the_shell(tmp_path):
+    """The demo never writes the configured store (its worker would turn off the store's event expiry and put
+    simulated alerts beside real ones): with BURNWATCH_CLICKHOUSE_DSN set in the shell, a data directory
+    would not win over it, so the commands name the demo's store by DSN."""
+    from streams.demo import follow_up_commands
+
+    settings = load_settings(environ={"BURNWATCH_CLICKHOUSE_DSN": "http://user:pw@clickhouse:8123",
+                                  "BURNWATCH_DATA_DIR": str(tmp_path)})  # fmt: skip
+    commands = follow_up_commands(settings, tmp_path / "demo", 24, "2026-11-02")
+    assert commands and all(c.startswith(f"BURNWATCH_CLICKHOUSE_DSN=chdb://{tmp_path / 'demo' / 'clickhouse'} ")
+                            for c in commands), commands  # fmt: skip
+    plain = follow_up_commands(load_settings(environ={"BURNWATCH_DATA_DIR": str(tmp_path)}), tmp_path / "demo", 24, None)
+    assert all(c.startswith("BURNWATCH_DATA_DIR=") for c in plain), plain
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP, signal.SIGTERM],

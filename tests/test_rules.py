@@ -84,6 +84,51 @@ def test_a_wrong_price_is_refused_at_its_line(tmp_path):
         f"{pricing}:{at + 1} instances.p3.8xlarge.on_demand: Input should be greater than or equal to 0"]
 
 
+@pytest.mark.parametrize(
+    "old, new, line_of, said",
+    [
+        ("      for: 30m ", "      for: .inf ", "      for: .inf", "rules[0].params.for: invalid duration inf"),
+        ("      for: 30m ", "      for: .nan ", "      for: .nan", "rules[0].params.for: invalid duration nan"),
+        ("      min_usd: 20 ", "      min_usd: .nan ", "      min_usd: .nan", "params.min_usd: invalid amount nan"),
+        ("      min_usd: 20 ", "      min_usd: .inf ", "      min_usd: .inf", "params.min_usd: invalid amount inf"),
+    ],
+    ids=["for-inf", "for-nan", "money-nan", "money-inf"],
+)  # fmt: skip
+def test_a_number_that_is_not_finite_is_refused_at_its_line(tmp_path, old, new, line_of, said):
+    """YAML reads `.inf` and `.nan` as numbers: a rule waiting forever, or a NaN that compares false to
+    everything (failed-run-spend silently off), and `.inf` crashed a running worker at its reload."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    text = (rules / "rules.yaml").read_text()
+    assert old in text
+    (rules / "rules.yaml").write_text(text.replace(old, new, 1))
+    with pytest.raises(RulesInvalid) as info:
+        load_rules(rules)
+    line = next(i for i, t in enumerate((rules / "rules.yaml").read_text().splitlines(), 1) if t.startswith(line_of))
+    (error,) = info.value.errors
+    assert error.line == line and said in str(error), str(error)
+
+
+@pytest.mark.parametrize("where", ["rules", "params"])
+def test_a_key_given_twice_is_refused_at_its_second_line(tmp_path, where):
+    """YAML keeps the last of two equal keys silently: a team's `rules:` block appended to the shipped
+    file left its one rule in force and dropped the 21 above it."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    text = (rules / "rules.yaml").read_text()
+    if where == "rules":
+        text += "\nrules:\n  - name: nlp-idle\n    type: idle_gpu\n"
+    else:
+        text = text.replace("      for: 30m ", "      for: 1h\n      for: 30m ", 1)
+    (rules / "rules.yaml").write_text(text)
+    with pytest.raises(RulesInvalid) as info:
+        load_rules(rules)
+    lines = text.splitlines()
+    second = (len(lines) - 2 if where == "rules" else lines.index("      for: 1h") + 2)  # the later of the two
+    (error,) = info.value.errors
+    assert error.line == second and "duplicate key" in error.message, str(error)
+
+
 def test_invalid_yaml_names_the_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("rules:\n  - name: a\n    type: [idle_gpu\n")

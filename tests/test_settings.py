@@ -51,6 +51,16 @@ def test_settings_alone_read_no_environment(monkeypatch):
         ({"BURNWATCH_PARTITIONS": "2"}, {"partitions": 0}, None, "--partitions: Input should be greater"),
         ({}, {}, "batch_max_messages: 0\n", "burnwatch.yaml: batch_max_messages: Input should be greater"),
         ({}, {}, "partition: 2\n", "burnwatch.yaml: partition: Extra inputs are not permitted"),
+        # a relative chdb DSN made its store at the root (/clickhouse), then failed on a database named so
+        ({"BURNWATCH_CLICKHOUSE_DSN": "chdb://.burnwatch/clickhouse"}, {}, None,
+         "BURNWATCH_CLICKHOUSE_DSN: Value error, an embedded store is chdb:///absolute/directory (three slashes)"),
+        # written unquoted into every statement: a hyphen was a ClickHouse syntax error, a ';' worse
+        ({"BURNWATCH_CLICKHOUSE_DATABASE": "burnwatch-prod"}, {}, None, "BURNWATCH_CLICKHOUSE_DATABASE: String should match"),
+        ({"BURNWATCH_WEB_PORT": "70000"}, {}, None, "BURNWATCH_WEB_PORT: Input should be less than or equal to 65535"),
+        # read only when the worker's timers start, after the store was made: a traceback naming nothing
+        ({"BURNWATCH_MODEL_RETRAIN_EVERY": "daily"}, {}, None,
+         "BURNWATCH_MODEL_RETRAIN_EVERY: Value error, invalid duration 'daily'"),
+        ({"BURNWATCH_MODEL_TRAIN_SINCE": "two weeks"}, {}, None, "BURNWATCH_MODEL_TRAIN_SINCE: Value error, invalid duration"),
     ],
 )
 def test_a_bad_value_names_its_variable(tmp_path, environ, overrides, config, expected):

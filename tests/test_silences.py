@@ -184,6 +184,27 @@ def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, monkeypatch, 
     assert cli_in_process(monkeypatch, capsys, "expire", "deadbeef", rules=rules)[0] == 1
 
 
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("silences:\n  - match: {tags: {team: nlp}\n", "silences.yaml:3: invalid YAML"),
+        ("- a\n- b\n", "silences.yaml:1: a rule file is a mapping"),
+        ("silences: {a: 1}\n", "silences.yaml:1 silences: expected a list of silences"),
+    ],
+    ids=["invalid-yaml", "a-list", "a-mapping"],
+)  # fmt: skip
+def test_a_silences_file_broken_by_hand_is_named_not_a_traceback(tmp_path, monkeypatch, capsys, text, said):
+    """add and expire read the file before they write it: a hand edit that broke it is refused at its line,
+    as list refuses it, and the file is left as it was."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    (rules / "silences.yaml").write_text(text)
+    for args in (["add", "--match", "team=nlp", "--for", "8h", "--reason", "x"], ["expire", "abc"]):
+        code, _, stderr = cli_in_process(monkeypatch, capsys, *args, rules=rules)
+        assert code == 1 and said in stderr and "Traceback" not in stderr, stderr
+    assert (rules / "silences.yaml").read_text() == text
+
+
 def cli_in_process(monkeypatch, capsys, *args: str, rules) -> tuple[int, str, str]:
     """``burnwatch silence ARGS`` in-process (see :func:`tests.helpers.burnwatch_in_process`)."""
     monkeypatch.setattr("streams.cli.configure_logging", lambda *a, **k: None)

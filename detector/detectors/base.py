@@ -72,7 +72,7 @@ __all__ = ["BatchPhase", "Behaviour", "Context", "Detector", "DetectorBase", "Fi
 class Params(BaseModel):
     """Base of every detector's params: unknown keys are refused."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
 
 class ResourceInfo(msgspec.Struct, kw_only=True, gc=False):

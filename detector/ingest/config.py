@@ -28,7 +28,7 @@ DEFAULT_PATHS = {"dcgm": "/metrics", "kube-state-metrics": "/metrics", "federate
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Target(_Model):

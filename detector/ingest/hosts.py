@@ -21,7 +21,7 @@ __all__ = ["Host", "StaticHost", "resolve_host"]
 class StaticHost(BaseModel):
     """A host described in config (``hosts: {gpu-node-1: {resource_id: i-0abc, ...}}``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     resource_id: str = ""
     instance_type: str = ""

@@ -55,7 +55,7 @@ Timeout = Annotated[float, Field(gt=0), AfterValidator(_timeout)]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SlackSpec(_Spec):
@@ -108,7 +108,7 @@ class AlertmanagerSpec(_Spec):
 class EmailSpec(_Spec):
     """One mail per alert change over SMTP (plain text and HTML)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
     kind: Literal["email"]
     host: Annotated[str, Field(pattern=r"^[A-Za-z0-9.:\[\]-]+$", max_length=253)]

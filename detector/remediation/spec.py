@@ -29,7 +29,7 @@ busy (``partly_idle_gpu``: stopping it would kill the busy GPUs' work) take no a
 class ActionSpec(BaseModel):
     """``action: {kind: stop_instance, after: 2h, mode: approve}`` on a rule."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: ActionKind = "notify_only"
     after: Duration = 0.0
