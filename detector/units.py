@@ -74,8 +74,13 @@ Money = Annotated[float, BeforeValidator(_parse_money)]
 
 
 def format_duration(seconds: float) -> str:
-    """1h 25m style, for humans reading alerts."""
+    """1h 25m style, for humans reading alerts; under a minute in seconds (``30s``: a rule's
+    ``for: 30``, a bare number, is 30 seconds, not ``0m``)."""
+    if not math.isfinite(seconds):
+        return "forever" if seconds > 0 else "?"
     seconds = int(round(seconds))
+    if 0 < seconds < 60:
+        return f"{seconds}s"
     days, rest = divmod(seconds, 86_400)
     hours, rest = divmod(rest, 3600)
     minutes = rest // 60

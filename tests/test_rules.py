@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 
 from detector.detectors import ResourceInfo
 from detector.rules import Match, RulesInvalid, compile_match, load_rules
-from detector.units import parse_duration
+from detector.units import format_duration, parse_duration
 from tests.conftest import ROOT
 
 
@@ -208,6 +209,12 @@ def test_disabled_rules_are_not_compiled(tmp_path):
 )
 def test_selectors(match, resource, expected):
     assert compile_match(Match(**match))(ResourceInfo(**resource)) is expected
+
+
+@pytest.mark.parametrize("seconds, shown", [(30, "30s"), (0, "0m"), (90, "1m"), (90_061, "1d 1h 1m"), (math.inf, "forever")])
+def test_a_duration_shown(seconds, shown):
+    """Under a minute in seconds: a rule's bare `for: 30` (30 seconds) was shown by `rules explain` as 0m."""
+    assert format_duration(seconds) == shown
 
 
 @pytest.mark.parametrize("text, seconds", [("30m", 1800), ("6h", 21600), ("7d", 604800), ("45s", 45), (90, 90)])
