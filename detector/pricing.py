@@ -18,6 +18,7 @@ from datetime import date
 from typing import Any, Protocol
 
 import msgspec
+import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["HOURS_PER_MONTH", "ApiPrice", "BilledRate", "CapacityTier", "EgressPrices", "InstancePrice", "IntervalCost",
@@ -186,6 +187,11 @@ class IntervalCost(msgspec.Struct, frozen=True, gc=False):
     """The rate the interval was billed at while running; None when stopped or unpriced."""
 
 
+log = structlog.get_logger("burnwatch.pricing")
+MAX_UNPRICED_SAID = 100
+"""Kinds of unpriced usage said at most: a producer inventing instance types floods no log."""
+
+
 class BilledRate(Protocol):
     """Rates learnt from the bill (:class:`detector.billing.rates.BilledRates`)."""
 
@@ -200,6 +206,8 @@ class Pricer:
         self.pricing = pricing or Pricing()
         self.billed = billed
         """What the bill charged (``detector.billing.rates.BilledRates``), asked before the price list."""
+        self.unpriced: set[tuple[str, str]] = set()
+        """(resource type, instance type) of running intervals nothing priced, each said once (:meth:`_unpriced`)."""
 
     def cost(self, event: Any) -> IntervalCost:
         """The cost of one usage interval: ``cost_usd`` when the exporter sent it, else (while
@@ -223,12 +231,26 @@ class Pricer:
                     rate = self.pricing.hourly(event.instance_type, event.pricing)
                 if rate is None and event.storage_bytes is not None and event.resource_type == "storage_bucket":
                     rate = self.storage_rate(event.storage_bytes, self.pricing.storage_usd_per_gb_month)
+                if rate is None:
+                    self._unpriced(event)
                 usd = usd_over(rate, event.interval_s) if rate is not None else 0.0
             else:
                 rate = usd * 3600.0 / event.interval_s
         elif usd is None:
             usd = 0.0
         return usd, rate
+
+    def _unpriced(self, event: Any) -> None:
+        """Say once per kind that a running resource costs $0 here: an instance type the price list
+        lacks (a new one, a typo, the bridge's usage events, which carry no ``cost_usd``) would otherwise
+        put $0.00/h on its alerts with nothing said."""
+        kind = (event.resource_type, event.instance_type)
+        if kind not in self.unpriced and len(self.unpriced) < MAX_UNPRICED_SAID:
+            self.unpriced.add(kind)
+            log.warning("unpriced_usage", resource_type=event.resource_type, instance_type=event.instance_type or "(none)",
+                        resource_id=event.resource_id,
+                        note="no cost_usd, no billed rate and no list price: its alerts put $0 on it "
+                             "($0.00/h); add the instance type to pricing.yaml beside the rules, or send cost_usd")  # fmt: skip
 
     def egress_usd(self, event: Any) -> float:
         """An interval's egress dollars at its destination class's price."""

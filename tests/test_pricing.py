@@ -9,12 +9,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import structlog.testing
 
 from detector.detectors.anomaly import Scoring, use_scoring
 from detector.engine import Engine
 from detector.events import UsageEvent
 from detector.model.train import anomaly_ruleset
-from detector.pricing import Pricer, Pricing, storage_usd, usd_over
+from detector.pricing import MAX_UNPRICED_SAID, Pricer, Pricing, storage_usd, usd_over
 from detector.store import EventBatch
 from tests.helpers import MIN, T0, at, scrape, usage
 
@@ -92,6 +93,23 @@ def test_interval_cost():
     egress = pricer.cost(UsageEvent(**base, region="us-east-1", dest_region="eu-west-1", egress_bytes=10**10))
     assert egress.egress_usd == pytest.approx(10 * 0.02)
     assert usd_over(36.0, 100.0) == pytest.approx(1.0)
+
+
+def test_usage_nothing_prices_is_said_once_per_kind():
+    """An instance type the price list lacks (a new one, a typo, the bridge's usage, which carries no cost_usd)
+    costs $0: its alerts said $0.00/h with nothing said anywhere. Said once a kind, a bounded number of kinds."""
+    pricer = Pricer(Pricing.model_validate({"instances": {"g5.xlarge": {"on_demand": 1.0}}}))
+    base = dict(ts=at(T0), resource_id="r", resource_type="gpu_instance", interval_s=600.0)
+    with structlog.testing.capture_logs() as logs:
+        for instance_type in ("p5e.48xlarge", "p5e.48xlarge", "g5.xlarge", "p5e.48xlarge"):
+            pricer.cost(UsageEvent(**base, instance_type=instance_type))
+        pricer.cost(UsageEvent(**base, instance_type="p5e.48xlarge", cost_usd=1.0))  # priced by its producer
+        pricer.cost(UsageEvent(**base, instance_type="p5e.48xlarge", state="stopped"))  # costs nothing anyway
+        for i in range(MAX_UNPRICED_SAID + 50):
+            pricer.cost(UsageEvent(**base, instance_type=f"made-up-{i}"))
+    said = [e for e in logs if e["event"] == "unpriced_usage"]
+    assert said[0]["instance_type"] == "p5e.48xlarge" and "pricing.yaml" in said[0]["note"]
+    assert len(said) == MAX_UNPRICED_SAID and len({e["instance_type"] for e in said}) == MAX_UNPRICED_SAID
 
 
 _PRICE = re.compile(r"usd|price|hourly|cost", re.IGNORECASE)
