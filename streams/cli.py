@@ -1014,10 +1014,12 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_sql(args: argparse.Namespace) -> int:
     from detector.reports import format_rows
 
+    if not args.query.strip():
+        raise SystemExit("sql: the query is empty; e.g. burnwatch sql \"SELECT count() FROM burnwatch.alerts\"")
     settings = _settings(args)
     store = _open_store(settings)
     try:
-        rows = store.query(args.query)
+        rows = store.query(args.query, read_only=True)  # the commands that only read (docs/cli.md): ClickHouse holds it to that
     finally:
         store.close()
     sys.stdout.write(format_rows(rows, args.format))

@@ -17,7 +17,8 @@ One engine, one lock: requests are read, decompressed and answered in parallel t
 but the engine runs one statement at a time. A body is read whole before anything runs,
 so an insert cut short (its client killed mid-send) is refused, never stored in part;
 results are built whole too (no streaming). It is not a ClickHouse server: no sessions
-(a ``SET`` or ``USE`` statement is refused; settings are request parameters), no users
+(a ``SET`` or ``USE`` statement is refused; settings are request parameters; ``readonly`` lets only
+a statement that reads run), no users
 or authentication (it binds to loopback unless told otherwise), no replication.
 """
 
@@ -64,7 +65,6 @@ _TRANSPORT_PARAMS = frozenset({
 but only shape the HTTP response, which this server does not do)."""
 
 _REFUSED_SETTINGS = {
-    "readonly": "a request cannot make the shared engine read-only",
     "decompress": "ClickHouse's own compressed block format is not supported; use Content-Encoding",
 }
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -75,6 +75,8 @@ _SETTINGS_CLAUSE = re.compile(rb"\s+SETTINGS\s+", re.IGNORECASE)
 _SESSION_STATEMENT = re.compile(rb"\A\s*(SET|USE)\b", re.IGNORECASE)
 _TRAILING_FORMAT = re.compile(rb"\bFORMAT\s+([A-Za-z0-9_]+)\s*;?\s*\Z", re.IGNORECASE)
 _RESULT_STATEMENT = re.compile(rb"\A\s*(SELECT|WITH|SHOW|DESC|DESCRIBE|EXISTS|EXPLAIN|\()", re.IGNORECASE)
+_INTO_OUTFILE = re.compile(rb"\bINTO\s+OUTFILE\b", re.IGNORECASE)
+READONLY = 164
 _CODE = re.compile(r"Code: (\d+)\.")
 
 # ClickHouse error codes this server reports itself.
@@ -114,6 +116,10 @@ class StoreRequest:
     database: str = "default"
     default_format: str = "TabSeparated"
     query_id: str = ""
+    readonly: bool = False
+    """The request's ``readonly`` setting (1 or 2): only a statement that reads (``SELECT``, ``SHOW``, ...)
+    runs. Checked here, not set on the engine: chdb keeps a ``SET readonly`` for the session every
+    client shares, and cannot take it back."""
 
 
 @dataclass
@@ -134,6 +140,9 @@ def split_request(query_param: str, body: bytes, url_params: dict[str, str]) -> 
     for key, value in url_params.items():
         if key.startswith("param_"):
             params[key[6:]] = value
+        elif key == "readonly":
+            if value not in ("0", "1", "2"):
+                raise StoreError(UNKNOWN_SETTING, f"readonly: {value[:20]!r} is not 0, 1 or 2", status=400)
         elif key in _REFUSED_SETTINGS:
             raise StoreError(NOT_IMPLEMENTED, f"{key}: {_REFUSED_SETTINGS[key]}", status=400)
         elif key not in _TRANSPORT_PARAMS:
@@ -143,9 +152,13 @@ def split_request(query_param: str, body: bytes, url_params: dict[str, str]) -> 
     request = StoreRequest(sql=text, params=params, settings=settings,
                            database=url_params.get("database") or "default",
                            default_format=url_params.get("default_format") or "TabSeparated",
-                           query_id=url_params.get("query_id") or str(uuid.uuid4()))  # fmt: skip
+                           query_id=url_params.get("query_id") or str(uuid.uuid4()),
+                           readonly=url_params.get("readonly", "0") != "0")  # fmt: skip
     if not text.strip():
         raise StoreError(CANNOT_PARSE_INPUT, "Empty query", status=400)
+    if request.readonly and (not _RESULT_STATEMENT.match(text) or _INTO_OUTFILE.search(text)):
+        raise StoreError(READONLY, "Cannot execute query in readonly mode: only a statement that reads (SELECT, "
+                         "SHOW, DESCRIBE, EXISTS, EXPLAIN) runs", status=403)  # fmt: skip
     if _SESSION_STATEMENT.match(text):
         raise StoreError(NOT_IMPLEMENTED, "SET and USE would change the engine every client shares: pass settings and "
                          "the database as request parameters (clickhouse-connect: settings=, database=)", status=400)  # fmt: skip

@@ -95,6 +95,19 @@ def test_a_database_that_is_not_there_is_not_created(made):
     assert out.stdout.splitlines() == ["n", "0"]
 
 
+def test_sql_only_reads(made):
+    """Listed among the commands that only read: ClickHouse refuses anything that writes (it ran a TRUNCATE)."""
+    for statement in ("TRUNCATE TABLE burnwatch.schema_migrations", "DROP TABLE burnwatch.alerts",
+                      "INSERT INTO burnwatch.schema_migrations SELECT * FROM burnwatch.schema_migrations"):  # fmt: skip
+        out = burnwatch("sql", statement, env=made)
+        no_traceback(out)
+        assert out.returncode == EXIT_FAILED and "readonly" in out.stderr, (statement, out.stderr)
+    out = burnwatch("sql", "SELECT count() AS n FROM burnwatch.schema_migrations", "--format", "csv", env=made)
+    assert out.returncode == 0 and int(out.stdout.splitlines()[1]) > 0, out.stderr
+    empty = burnwatch("sql", "  ", env=made)
+    assert empty.returncode != 0 and "the query is empty" in empty.stderr
+
+
 def test_db_migrate_says_it_created_the_store(tmp_path):
     out = burnwatch("db", "migrate", env={"BURNWATCH_DATA_DIR": str(tmp_path)})
     assert out.returncode == 0 and "created the store" in out.stdout.splitlines()[0]

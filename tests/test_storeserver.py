@@ -165,6 +165,26 @@ def test_settings_apply_to_their_request_only(server):
     client.close()
 
 
+def test_a_readonly_request_only_reads_and_leaves_the_engine_writable(remote, server):
+    """`burnwatch sql` asks ClickHouse to refuse writes (readonly = 2). Set on the shared engine, chdb would keep
+    it for every client; the server lets only a statement that reads run instead."""
+    client = clickhouse_connect.get_client(dsn=server.url)
+    read_only = {"readonly": 2}
+    before = remote.query(f"SELECT count() AS n FROM {remote.db}.schema_migrations")
+    assert client.query(f"SELECT count() AS n FROM {remote.db}.schema_migrations", settings=read_only).result_rows \
+        == [(before[0]["n"],)]  # fmt: skip
+    for statement in (f"TRUNCATE TABLE {remote.db}.schema_migrations", f"DROP TABLE {remote.db}.alerts",
+                      f"INSERT INTO {remote.db}.schema_migrations SELECT * FROM {remote.db}.schema_migrations",
+                      "SELECT 1 INTO OUTFILE '/tmp/burnwatch-readonly-probe'"):  # fmt: skip
+        with pytest.raises(DatabaseError, match="readonly mode") as caught:
+            client.command(statement, settings=read_only)
+        assert caught.value.code == 164, statement
+    assert remote.query(f"SELECT count() AS n FROM {remote.db}.schema_migrations") == before
+    client.command("CREATE TABLE IF NOT EXISTS default.readonly_probe (x UInt8) ENGINE = Memory")  # still writable
+    client.command("DROP TABLE default.readonly_probe")
+    client.close()
+
+
 @pytest.mark.parametrize("compress", ["lz4", "zstd", "gzip", False])
 def test_compressed_inserts_and_form_encoded_parameters(server, compress):
     """What clickhouse-connect may send: bodies compressed block by block, and long

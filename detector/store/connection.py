@@ -177,10 +177,11 @@ class Connection:
         with self.lock:
             self.client.close()
 
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """Rows as dicts (column name → value)."""
+    def query(self, sql: str, parameters: dict[str, Any] | None = None, read_only: bool = False) -> list[dict[str, Any]]:
+        """Rows as dicts (column name → value); ``read_only``: ClickHouse refuses anything that writes
+        (``readonly = 2``: settings may still change), for a query a person typed."""
         with self.lock:
-            result = self.client.query(sql, parameters=parameters or {})
+            result = self.client.query(sql, parameters=parameters or {}, settings={"readonly": 2} if read_only else None)
         return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 
     def named(self, name: str, parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
