@@ -708,12 +708,37 @@ SPLIT_PARAMS = ("util_below", "for_")
 """What ``idle_gpu`` and the per-GPU rules must agree on to split a host's idle hours exactly."""
 
 
+RESOURCE_TYPES = frozenset({"gpu_instance", "cpu_instance", "notebook", "storage_bucket", "vector_db", "network",
+                            "inference_endpoint", "llm_api", "commitment", "pod", "deployment"})  # fmt: skip
+"""The resource types the exporters, the bridge and the bill's usage send (docs/events.md). The contract
+takes others, so a rule may select one; a selector close to one of these is likely its typo."""
+
+
+def _resource_type_typos(rule: CompiledRule) -> list[str]:
+    """A ``match.resource_type`` (the rule's or an override's) no resource type is, but close to one."""
+    source = rule.source
+    matches = [getattr(source, "match", None), *(o.match for o in getattr(source, "overrides", []))]
+    said = []
+    for match in matches:
+        wanted = getattr(match, "resource_type", None)
+        for value in [wanted] if isinstance(wanted, str) else wanted or []:
+            plain = value.removeprefix("!")
+            if plain in RESOURCE_TYPES or any(c in plain for c in "*?["):
+                continue
+            near = difflib.get_close_matches(plain.replace("-", "_"), sorted(RESOURCE_TYPES), n=1, cutoff=0.75)
+            if near:
+                said.append(f"rule {rule.detector.name}: match.resource_type {value!r} is no resource type burnwatch "
+                            f"is sent; did you mean {near[0]!r}? (a rule that selects no resource never fires)")  # fmt: skip
+    return said
+
+
 def consistency_warnings(ruleset: RuleSet) -> list[str]:
     """Rule combinations that are valid one by one but price wrong together: ``partly_idle_gpu``
     and ``unallocated_gpu`` count a host's idle hours that ``idle_gpu`` does not, which holds
-    only while they share its busy threshold and ``for`` (docs/detectors.md)."""
+    only while they share its busy threshold and ``for`` (docs/detectors.md). And a resource type
+    selected that is likely a typo of one burnwatch is sent (``gpu-instance``)."""
     whole = [r.detector for r in ruleset.rules if r.detector.type == "idle_gpu"]
-    warnings = []
+    warnings = [said for rule in ruleset.rules for said in _resource_type_typos(rule)]
     for rule in ruleset.rules:
         share = rule.detector
         if share.type not in ("partly_idle_gpu", "unallocated_gpu"):

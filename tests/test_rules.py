@@ -130,6 +130,23 @@ def test_a_key_given_twice_is_refused_at_its_second_line(tmp_path, where):
     assert error.line == second and "duplicate key" in error.message, str(error)
 
 
+def test_a_resource_type_selected_that_is_likely_a_typo_is_warned_of(tmp_path):
+    """The contract takes any resource type, so a selector is no error; `gpu-instance` and `notebooks` made a
+    rule that selects nothing, silently. The shipped rules select none such; globs and others are left alone."""
+    from detector.rules import consistency_warnings
+
+    assert consistency_warnings(load_rules(ROOT / "rules")) == []
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n  - name: idle\n    type: idle_gpu\n    match: {resource_type: [gpu-instance, notebooks, "
+                    "'gpu_*', my_own_kind]}\n    overrides:\n      - match: {resource_type: '!vectordb'}\n"
+                    "        params: {for: 1h}\n")  # fmt: skip
+    said = consistency_warnings(load_rules(path))
+    assert [w.split(" is no ")[0] for w in said] == [
+        "rule idle: match.resource_type 'gpu-instance'", "rule idle: match.resource_type 'notebooks'",
+        "rule idle: match.resource_type '!vectordb'"]  # fmt: skip
+    assert "did you mean 'gpu_instance'?" in said[0] and "did you mean 'vector_db'?" in said[2]
+
+
 def test_invalid_yaml_names_the_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("rules:\n  - name: a\n    type: [idle_gpu\n")
