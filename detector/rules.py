@@ -736,9 +736,13 @@ def consistency_warnings(ruleset: RuleSet) -> list[str]:
     """Rule combinations that are valid one by one but price wrong together: ``partly_idle_gpu``
     and ``unallocated_gpu`` count a host's idle hours that ``idle_gpu`` does not, which holds
     only while they share its busy threshold and ``for`` (docs/detectors.md). And a resource type
-    selected that is likely a typo of one burnwatch is sent (``gpu-instance``)."""
+    selected that is likely a typo of one burnwatch is sent (``gpu-instance``), and an owner mapped to
+    no Slack user id (``@farah``: the mention rendered ``<@@farah>``)."""
     whole = [r.detector for r in ruleset.rules if r.detector.type == "idle_gpu"]
     warnings = [said for rule in ruleset.rules for said in _resource_type_typos(rule)]
+    warnings += [f"routing.yaml users.{name}: {user[:40]!r} is not a Slack user id (U012AB3CD, W... on Enterprise "
+                 "Grid): alerts cannot mention this owner, nor may they approve as the owner"
+                 for name, user in ruleset.routing.users.items() if not re.fullmatch(r"[UW][A-Z0-9]{2,20}", user)]  # fmt: skip
     for rule in ruleset.rules:
         share = rule.detector
         if share.type not in ("partly_idle_gpu", "unallocated_gpu"):

@@ -147,6 +147,17 @@ def test_a_resource_type_selected_that_is_likely_a_typo_is_warned_of(tmp_path):
     assert "did you mean 'gpu_instance'?" in said[0] and "did you mean 'vector_db'?" in said[2]
 
 
+def test_an_owner_mapped_to_no_slack_user_id_is_warned_of(tmp_path):
+    """`users: {farah: "@farah"}` rendered the mention `<@@farah>`; a name or an e-mail cannot be mentioned either."""
+    from detector.rules import consistency_warnings
+
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    (rules / "routing.yaml").write_text('users: {farah: "@farah", gus: gus@example.com, ines: U012AB3CD}\n')
+    said = consistency_warnings(load_rules(rules))
+    assert [w.split(":")[0] for w in said] == ["routing.yaml users.farah", "routing.yaml users.gus"], said
+
+
 def test_invalid_yaml_names_the_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("rules:\n  - name: a\n    type: [idle_gpu\n")
