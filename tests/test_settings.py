@@ -91,3 +91,10 @@ def test_an_unreadable_config_file_is_named(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(ValueError, match="list.yaml: a config file is a mapping"):
         load_settings(tmp_path / "list.yaml", environ={})
+
+
+def test_every_setting_has_its_line_in_worker_help():
+    """`worker --help` listed five variables with no description."""
+    from streams.cli import _ENV_HELP
+
+    assert sorted(set(ENV) - set(_ENV_HELP)) == []
