@@ -254,6 +254,24 @@ def test_bad_config_names_file_and_field(tmp_path: Path) -> None:
     assert f"{path}:5 targets[0].timeot: unknown key" in message
 
 
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ("listen: 127.0.0.1:99999", "listen: expected host:port with a port from 1 to 65535"),  # bind() traceback before
+        ("timeout: .inf", "timeout: invalid duration inf"),  # aiohttp's OverflowError before
+        ("interval: .nan", "interval: invalid duration nan"),  # scraped about every 10 s before
+    ],
+)  # fmt: skip
+def test_a_config_value_no_bridge_can_run_with_is_refused_at_its_line(tmp_path: Path, line: str, said: str) -> None:
+    from detector.ingest.config import ConfigInvalid, load_bridge_config
+
+    path = tmp_path / "bridge.yaml"
+    path.write_text(f"{line}\ntargets:\n  - url: http://127.0.0.1:9400/metrics\n    job: dcgm\n")
+    with pytest.raises(ConfigInvalid) as info:
+        load_bridge_config(path)
+    assert str(info.value).startswith(f"{path}:1 ") and said in str(info.value), str(info.value)
+
+
 def federated() -> str:
     """A Prometheus that scrapes the cluster's exporters through Kubernetes service discovery
     (target labels namespace/pod/container/instance/job), federated: the GPU's pod labels

@@ -104,8 +104,9 @@ class BridgeConfig(_Model):
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
-        if value and not value.rpartition(":")[2].isdigit():
-            raise ValueError(f"expected host:port, got {value!r}")
+        port = value.rpartition(":")[2]
+        if value and not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+            raise ValueError(f"expected host:port with a port from 1 to 65535, got {value!r}")
         return value
 
 
