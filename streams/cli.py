@@ -104,6 +104,25 @@ def _no_store(settings: Settings, exc: Exception) -> str:
     return "\n".join(lines)
 
 
+def _web_port_free(host: str, port: int) -> None:
+    """Exit saying so when the worker's web port is taken (Faust would fail after the store was opened, with
+    a traceback), before anything starts: another worker on this machine, or another program."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return  # an address the web server will refuse in its own words
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server binds: TIME_WAIT is no owner
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise SystemExit(f"BURNWATCH_WEB_PORT {port}: cannot listen on {host}:{port} ({exc.strerror}); another "
+                             "worker on this machine? Give each its own BURNWATCH_WEB_PORT") from None  # fmt: skip
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(settings.log_format, settings.log_level)
@@ -111,6 +130,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise SystemExit(
             "BURNWATCH_KAFKA_BOOTSTRAP is not set (host:port of a Kafka broker); `burnwatch demo` starts an embedded one"
         )
+    _web_port_free(settings.web_host, settings.web_port)
     import structlog
 
     from detector.rules import RulesInvalid

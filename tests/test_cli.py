@@ -95,6 +95,21 @@ def test_a_database_that_is_not_there_is_not_created(made):
     assert out.stdout.splitlines() == ["n", "0"]
 
 
+def test_a_worker_whose_web_port_is_taken_says_so_before_it_starts(tmp_path):
+    """Faust failed after the store was opened, with a traceback; now a line before anything starts."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = burnwatch("worker", env={"BURNWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:9", "BURNWATCH_WEB_PORT": str(port),
+                                       "BURNWATCH_DATA_DIR": str(tmp_path)})  # fmt: skip
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and f"BURNWATCH_WEB_PORT {port}: cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert not (tmp_path / "clickhouse").exists()
+
+
 def test_sql_only_reads(made):
     """Listed among the commands that only read: ClickHouse refuses anything that writes (it ran a TRUNCATE)."""
     for statement in ("TRUNCATE TABLE burnwatch.schema_migrations", "DROP TABLE burnwatch.alerts",
