@@ -115,10 +115,11 @@ def period(store: Connection, since_s: float) -> tuple[datetime, datetime]:
     """[since, until): until is the newest event time in the store rounded up to a whole
     hour (a time on the hour stays), since is ``since_s`` before it. Whole hours, because
     the reports read hourly rollups: a period ending a second past the hour would start a
-    second past the hour too, and leave out its first rollup (``--since 1d`` read 23 hours)."""
+    second past the hour too, and leave out its first rollup (``--since 1d`` read 23 hours). A period
+    reaching back past 1970, where no event is (``--since 36500d``), starts there."""
     newest = newest_event_time(store) or 0.0
     until = math.ceil(newest / 3600) * 3600
-    return (datetime.fromtimestamp(until - since_s, tz=timezone.utc),
+    return (datetime.fromtimestamp(max(until - since_s, 0.0), tz=timezone.utc),
             datetime.fromtimestamp(until, tz=timezone.utc))  # fmt: skip
 
 

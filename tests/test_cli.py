@@ -133,6 +133,10 @@ def test_query_says_its_store_and_period(made):
     out = burnwatch("query", "untagged", "--since", "1d", env=made)
     assert out.returncode == 0 and out.stdout == "(no rows)\n"
     assert "store: chdb://" in out.stderr and "the store holds no events yet" in out.stderr
+    # a period reaching back past 1970 starts there (a traceback: year -273788674 is out of range)
+    out = burnwatch("query", "untagged", "--since", "99999999999d", env=made)
+    no_traceback(out)
+    assert out.returncode == 0 and out.stdout == "(no rows)\n", out.stderr
 
 
 # -- figure 6: db migrate and model train ---------------------------------------------------------
