@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shlex
 import sys
@@ -342,6 +343,28 @@ def _jobs(text: str) -> int:
     if not 0 <= jobs <= 1024:
         raise argparse.ArgumentTypeError(f"takes 0 (one per usable CPU) to 1024, not {jobs}")
     return jobs
+
+
+def _positive(text: str) -> float:
+    """A number of hours, an acceleration: finite and more than 0 (argparse's float takes nan, inf and -5)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"takes a number more than 0, not {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    """How many of a simulated kind: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"takes 0 or more, not {value}")
+    return value
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
@@ -1184,31 +1207,31 @@ def build_parser() -> argparse.ArgumentParser:
                    formatter_class=argparse.RawDescriptionHelpFormatter).set_defaults(func=cmd_worker)  # fmt: skip
 
     p = sub.add_parser("simulate", help="generate a simulated fleet with labelled waste")
-    p.add_argument("--hours", type=float, default=24.0)
-    p.add_argument("--hosts", type=int, default=12, help="GPU training hosts")
-    p.add_argument("--notebooks", type=int, default=8)
-    p.add_argument("--inference", type=int, default=3)
-    p.add_argument("--k8s-nodes", type=int, default=0,
+    p.add_argument("--hours", type=_positive, default=24.0)
+    p.add_argument("--hosts", type=_count, default=12, help="GPU training hosts")
+    p.add_argument("--notebooks", type=_count, default=8)
+    p.add_argument("--inference", type=_count, default=3)
+    p.add_argument("--k8s-nodes", type=_count, default=0,
                    help="shared Kubernetes GPU nodes, pods holding some of their GPUs (burnwatch eval uses 4)")
-    p.add_argument("--choices", type=int, default=0,
+    p.add_argument("--choices", type=_count, default=0,
                    help="sets of region and build-or-call workloads, with a week of usage before the start "
                         "(burnwatch eval uses 2)")
-    p.add_argument("--serving", type=int, default=0,
+    p.add_argument("--serving", type=_count, default=0,
                    help="inference endpoints for the serving rules: idle schedules, batching, caching, spot "
                         "(burnwatch eval uses 20)")
-    p.add_argument("--training-jobs", type=int, default=0,
+    p.add_argument("--training-jobs", type=_count, default=0,
                    help="hosts whose jobs starve on their input or plateau, with look-alikes (burnwatch eval uses 6)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="-", help="replay file to write ('-' for stdout)")
     p.add_argument("--labels", help="write the ground-truth labels (JSON lines) here")
     p.add_argument("--focus", help="write the fleet's bill here as FOCUS 1.2 (.parquet, .csv or .csv.gz)")
     p.add_argument("--publish", action="store_true", help="publish to Kafka instead of writing a file")
-    p.add_argument("--speed", type=float, help="with --publish: event-time acceleration (e.g. 600)")
+    p.add_argument("--speed", type=_positive, help="with --publish: event-time acceleration (e.g. 600)")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("replay", help="publish a replay file to Kafka")
     p.add_argument("file")
-    p.add_argument("--speed", type=float, help="pace by event time at this acceleration; default: as fast as possible")
+    p.add_argument("--speed", type=_positive, help="pace by event time at this acceleration; default: as fast as possible")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("bridge", help="scrape dcgm-exporter / kube-state-metrics / Prometheus federate into the topics",
@@ -1245,7 +1268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="precision, recall and dollar error per type on simulated fleets")
     p.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated simulator seeds")
-    p.add_argument("--hours", type=float, default=48.0, help="hours of fleet time per seed")
+    p.add_argument("--hours", type=_positive, default=48.0, help="hours of fleet time per seed")
     p.add_argument("--rules", help="rules file or directory (default: BURNWATCH_RULES or rules/)")
     p.add_argument("--messy", action="store_true", help="lose 2 %% of scrapes, jitter clocks, duplicate and delay messages")
     p.add_argument("--bill", action="store_true", help="also write each fleet's FOCUS bill and check alert dollars "
@@ -1376,8 +1399,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_store_serve)
 
     p = sub.add_parser("demo", help="everything on embedded defaults, with a simulated fleet")
-    p.add_argument("--hours", type=float, help="hours of simulated fleet time (default 24; 12 with --via-bridge)")
-    p.add_argument("--speed", type=float, default=1800.0, help="event-time acceleration")
+    p.add_argument("--hours", type=_positive, help="hours of simulated fleet time (default 24; 12 with --via-bridge)")
+    p.add_argument("--speed", type=_positive, default=1800.0, help="event-time acceleration")
     p.add_argument("--via-bridge", action="store_true",
                    help="Kubernetes GPU nodes served by fake dcgm-exporters and kube-state-metrics, scraped by the bridge")
     p.set_defaults(func=cmd_demo)

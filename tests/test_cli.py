@@ -110,6 +110,19 @@ def test_a_worker_whose_web_port_is_taken_says_so_before_it_starts(tmp_path):
     assert not (tmp_path / "clickhouse").exists()
 
 
+@pytest.mark.parametrize("args, said", [
+    (["simulate", "--hours", "nan"], "argument --hours: takes a number more than 0, not 'nan'"),  # int(NaN) traceback
+    (["simulate", "--hours", "-3"], "argument --hours: takes a number more than 0"),  # wrote 0 messages, exit 0
+    (["simulate", "--hosts", "-1"], "argument --hosts: takes 0 or more, not -1"),
+    (["replay", "fleet.jsonl", "--speed", "-5"], "argument --speed: takes a number more than 0"),  # silently unpaced
+    (["eval", "--hours", "-1"], "argument --hours: takes a number more than 0"),  # ran and printed a table
+])  # fmt: skip
+def test_a_number_of_hours_or_an_acceleration_that_means_nothing_is_refused(args, said):
+    out = burnwatch(*args)
+    no_traceback(out)
+    assert out.returncode == 2 and said in out.stderr, out.stderr
+
+
 def test_sql_only_reads(made):
     """Listed among the commands that only read: ClickHouse refuses anything that writes (it ran a TRUNCATE)."""
     for statement in ("TRUNCATE TABLE burnwatch.schema_migrations", "DROP TABLE burnwatch.alerts",
