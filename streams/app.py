@@ -110,6 +110,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         event_writer=writer_for(store, settings.dsn, settings.clickhouse_database, settings.event_writer),
         partition_count=lambda topic: cast(BulkConsumer, app.consumer).partition_count(topic) or settings.partitions,
         membership=membership,
+        event_expiry_days=store.schema.event_ttl(),
     )
     if membership is not None:  # a worker frozen past the session posts nothing until the group holds it still
         outbox.may_post = outputs.may_post = membership.held

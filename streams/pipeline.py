@@ -22,6 +22,7 @@ import asyncio
 import base64
 import functools
 import hashlib
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -261,8 +262,13 @@ class Pipeline:
         event_writer: EventWriter | None = None,
         partition_count: Callable[[str], int] | None = None,
         membership: Membership | None = None,
+        event_expiry_days: int = 0,
     ) -> None:
         self.engine = engine
+        self.event_expiry_days = event_expiry_days
+        """The store's expiry of raw events, in days of event time (0: kept forever): what :meth:`_store_events`
+        says of a batch older than it."""
+        self._expiry_said_at = -math.inf
         self.membership = membership
         """This worker's hold on its partitions in the group: a batch is written only while it is held
         (:mod:`streams.membership`; None: always)."""
@@ -1187,6 +1193,24 @@ class Pipeline:
                     raise StoreUnavailable(one_line(again)) from again
                 raise
 
+    def _say_past_expiry(self, items: Sequence[tuple[Any, Sequence[Any]]]) -> None:
+        """Say, at most hourly, that the events being stored are older than the store keeps raw events: a
+        replay of last quarter into a store with the default 30 days was detected and alerted on, and its
+        events were gone at the next merge, with nothing said. One event a batch is looked at."""
+        if not self.event_expiry_days:
+            return
+        now = time.time()
+        events = items[0][1]
+        if not events or now - self._expiry_said_at < 3600.0:
+            return
+        oldest_kept = now - self.event_expiry_days * 86_400.0
+        if events[0].ts.timestamp() < oldest_kept:
+            self._expiry_said_at = now
+            log.warning("events_past_expiry", event_time=events[0].ts.isoformat(), expiry_days=self.event_expiry_days,
+                        note="the store deletes raw events this many days after their event time, so these go at its "
+                             "next merge (alerts, rollups and the waste ledger stay); to keep a replay of older events, "
+                             "set BURNWATCH_EVENT_TTL_DAYS=0 (burnwatch db migrate applies it)")  # fmt: skip
+
     def _store_events(self, step: _Step) -> list[tuple[Message, str]]:
         """Store the batch's events; return the messages the store refused, each with the
         reason. A failed insert is split in halves until the refused message is alone (what
@@ -1194,6 +1218,7 @@ class Pipeline:
         items = step.stored
         if not items:
             return []
+        self._say_past_expiry(items)
         membership = self.membership
         refused = self.event_writer.write(items, step.pricing, step.prepared,
                                           membership.held_until if membership is not None else None)  # fmt: skip

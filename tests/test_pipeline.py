@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from detector.alerts import AlertManager
 from detector.delivery import Outbox
@@ -125,6 +126,41 @@ def run_batches(pipeline, batches, acked):
         await pipeline.drain()
 
     asyncio.run(go())
+
+
+def test_events_older_than_the_store_keeps_are_said_to_be_so_at_most_hourly(store, ruleset):
+    """A replay of events older than the store's expiry was stored, detected and alerted on, and gone at the next
+    merge with nothing said: the worker says so, once an hour at most, and stores everything all the same."""
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)
+    pipeline.event_expiry_days = 30  # T0 is 2026-11-02: over 30 days before this machine's clock
+    now_ish = time.time() - 3600
+
+    async def ack(messages):
+        pass
+
+    async def run():
+        with structlog.testing.capture_logs() as logs:
+            await pipeline.process([usage_message(i, T0 + i * 60) for i in range(3)], ack)
+            await pipeline.drain()
+            await pipeline.process([usage_message(3 + i, T0 + (3 + i) * 60) for i in range(3)], ack)
+            await pipeline.drain()
+            await pipeline.process([usage_message(6, now_ish, host="h2")], ack)  # within the expiry: nothing said
+            await pipeline.drain()
+        return [e for e in logs if e["event"] == "events_past_expiry"]
+
+    said = asyncio.run(run())
+    assert len(said) == 1 and said[0]["expiry_days"] == 30 and "BURNWATCH_EVENT_TTL_DAYS=0" in said[0]["note"]
+    assert store.count("resource_usage") == 7
+    pipeline, _ = make(store, ruleset, lambda topic, p, offset: True)  # events within the expiry: nothing said
+    pipeline.event_expiry_days = 30
+
+    async def recent():
+        with structlog.testing.capture_logs() as logs:
+            await pipeline.process([usage_message(7 + i, now_ish + i * 60, host="h3") for i in range(3)], ack)
+            await pipeline.drain()
+        return [e for e in logs if e["event"] == "events_past_expiry"]
+
+    assert asyncio.run(recent()) == []
 
 
 def test_a_message_the_store_refuses_is_dead_lettered_and_the_partition_goes_on(store, ruleset):
