@@ -58,3 +58,26 @@ def test_a_partly_unused_commitment_alerts_through_backtest(bill, ruleset, tmp_p
     (alert,) = [a for a in result.alerts if a.type == "unused_commitment"]
     assert alert.resource_id == sim.commitment_id
     assert alert.waste_usd == pytest.approx(unused, rel=1e-6)  # the bill's unused dollars, to the cent
+
+
+def test_a_tag_no_event_can_carry_is_left_out_not_the_dollars(tmp_path):
+    """A bill's tag value over the contract's 4,096 characters made the resource's billed-usage event refused
+    by the worker's decoder, its dollars with it: the tag is left out of the event (the stored bill keeps it)."""
+    import csv
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
+    with fixture.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[1]["Tags"] = json.dumps({"team": "nlp", "notes": "x" * 5000})
+    path = tmp_path / "bill.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    records = [r for r in usage_records(read_focus(path), set()) if r[1] == rows[1]["ResourceId"]]
+    assert records
+    decoder = EventDecoder(clock=lambda: 2e9)
+    for topic, _, value in records:
+        (event,) = decoder.decode(topic, value)
+        assert event.tags == {"team": "nlp"} and event.cost_usd == pytest.approx(float(rows[1]["EffectiveCost"]))

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from detector.events import TOPIC_RESOURCE_USAGE
+from detector.events import MAX_ID, MAX_TAG_VALUE, MAX_TAGS, TOPIC_RESOURCE_USAGE
 
 __all__ = ["COMMITMENT", "telemetry_sql", "usage_records"]
 
@@ -86,9 +86,21 @@ def _group(groups: dict[tuple[str, datetime, datetime], dict[str, Any]], rid: st
         g = groups[key] = {
             "type": kind, "provider": row["provider_name"], "account": row["sub_account_id"], "region": row["region_id"],
             "pricing": "reserved" if kind == COMMITMENT else _PRICING.get(row["pricing_category"], "on_demand"),
-            "tags": {k.removeprefix("user:"): v for k, v in (row["tags"] or [])}, "cost": 0.0, "used": 0.0, "unused": 0.0,
+            "tags": _carried(row["tags"]), "cost": 0.0, "used": 0.0, "unused": 0.0,
         }  # fmt: skip
     return g
+
+
+def _carried(tags: list[tuple[str, str]] | None) -> dict[str, str]:
+    """The bill's tags an event can carry (keys less AWS's ``user:``): a tag longer than the contract
+    takes, or one past its count, is left out of the event rather than the event refused with its dollars
+    (the bill in the store keeps every tag)."""
+    carried: dict[str, str] = {}
+    for k, v in tags or []:
+        key = k.removeprefix("user:")
+        if len(key) <= MAX_ID and len(v) <= MAX_TAG_VALUE and len(carried) < MAX_TAGS:
+            carried[key] = v
+    return carried
 
 
 def telemetry_sql(db: str) -> str:
