@@ -171,7 +171,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:  # before any output file is opened: a refused price list leaves none truncated
         pricing = load_pricing(settings.rules_path / "pricing.yaml")
     except RulesInvalid as exc:
-        raise SystemExit(f"pricing refused:\n{exc}") from None
+        raise SystemExit(f"pricing refused:\n{exc}{_rules_hint(settings.rules_path)}") from None
     # the files are opened before the fleet is simulated: a bad path fails at once
     labels_file = _open_for_writing(args.labels, "--labels") if args.labels else None
     if args.focus and not args.focus.lower().endswith((".parquet", ".csv", ".csv.gz")):
@@ -312,8 +312,16 @@ def _load_rules_or_exit(path: str | Path) -> RuleSet:
     try:
         return load_rules(path)
     except RulesInvalid as exc:
-        print(exc, file=sys.stderr)
+        print(f"{exc}{_rules_hint(path)}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _rules_hint(path: str | Path) -> str:
+    """Where the rules are looked for, when they are not there (a command run outside the checkout)."""
+    if Path(path).exists():
+        return ""
+    return (f"\n(the rules are read from {str(path)!r}: --rules or BURNWATCH_RULES names them, and the default "
+            "'rules' is relative to the directory the command runs in)")  # fmt: skip
 
 
 def _billed(args: argparse.Namespace, limits: Any) -> Any:

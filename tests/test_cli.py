@@ -123,6 +123,17 @@ def test_a_number_of_hours_or_an_acceleration_that_means_nothing_is_refused(args
     assert out.returncode == 2 and said in out.stderr, out.stderr
 
 
+def test_run_outside_the_checkout_a_command_says_where_it_looked_for_the_rules(tmp_path):
+    fleet = tmp_path / "fleet.jsonl"
+    fleet.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BURNWATCH_", "SLACK_"))}
+    for args in (["backtest", str(fleet)], ["simulate", "--hours", "1", "--out", str(tmp_path / "out.jsonl")]):
+        out = subprocess.run([sys.executable, "-m", "streams.cli", *args], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        no_traceback(out)
+        assert out.returncode == EXIT_FAILED and "--rules or BURNWATCH_RULES names them" in out.stderr, out.stderr
+
+
 def test_sql_only_reads(made):
     """Listed among the commands that only read: ClickHouse refuses anything that writes (it ran a TRUNCATE)."""
     for statement in ("TRUNCATE TABLE burnwatch.schema_migrations", "DROP TABLE burnwatch.alerts",
