@@ -120,6 +120,9 @@ class Settings(BaseSettings):
         """``chdb://dir`` reads ``dir`` as a host and the rest as the path: a store made at the root."""
         if dsn.startswith("chdb:") and dsn != "chdb://memory" and not dsn.startswith("chdb:///"):
             raise ValueError("an embedded store is chdb:///absolute/directory (three slashes) or chdb://memory")
+        scheme = dsn.partition("://")[0].lower() if "://" in dsn else ""
+        if dsn and scheme not in ("chdb", "http", "https", "clickhouse", "clickhouses"):
+            raise ValueError("expected chdb:///dir, chdb://memory or http(s)://user:pass@host:8123 (a server)")
         return dsn
 
     @field_validator("model_retrain_every", "model_train_since")

@@ -76,8 +76,9 @@ def _say_store(settings: Settings) -> None:
     _note(f"store: {redact_dsn(settings.dsn)}, database {settings.clickhouse_database}")
 
 
-def _open_store(settings: Settings) -> Any:
-    """The configured store for a command that only reads it: it must exist."""
+def _open_store(settings: Settings, source: str = "") -> Any:
+    """The configured store for a command that only reads it: it must exist (``source``: the option that
+    named it, if one did)."""
     from detector.store import Store, StoreNotFound, StoreOutdated
 
     _say_store(settings)
@@ -86,14 +87,15 @@ def _open_store(settings: Settings) -> Any:
     except StoreOutdated as exc:
         raise SystemExit(str(exc)) from None
     except StoreNotFound as exc:
-        raise SystemExit(_no_store(settings, exc)) from None
+        raise SystemExit(_no_store(settings, exc, source)) from None
 
 
-def _no_store(settings: Settings, exc: Exception) -> str:
-    """Why there is no store, where its address came from, and where one may be."""
-    if settings.clickhouse_dsn:
+def _no_store(settings: Settings, exc: Exception, source: str = "") -> str:
+    """Why there is no store, where its address came from (``source``: an option that named it), and where
+    one may be."""
+    if not source and settings.clickhouse_dsn:
         source = "BURNWATCH_CLICKHOUSE_DSN"
-    else:
+    elif not source:
         default = "" if "data_dir" in settings.model_fields_set else ", the default"
         source = f"BURNWATCH_DATA_DIR={settings.data_dir}{default}"
     lines = [f"{exc} (the store's address comes from {source}); nothing was created."]
@@ -1087,7 +1089,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         raise SystemExit(f"--{exc}") from None
     settings = _settings(args, clickhouse_dsn=args.store)
     try:
-        store = _open_store(settings)
+        store = _open_store(settings, "--store" if args.store else "")
     except StoreBusy as exc:
         from urllib.parse import urlencode
 

@@ -134,6 +134,12 @@ def test_run_outside_the_checkout_a_command_says_where_it_looked_for_the_rules(t
         assert out.returncode == EXIT_FAILED and "--rules or BURNWATCH_RULES names them" in out.stderr, out.stderr
 
 
+def test_incidents_say_a_store_named_by_store_came_from_it(tmp_path):
+    out = burnwatch("incidents", "--store", f"chdb://{tmp_path / 'missing'}")
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and "(the store's address comes from --store)" in out.stderr, out.stderr
+
+
 def test_sql_only_reads(made):
     """Listed among the commands that only read: ClickHouse refuses anything that writes (it ran a TRUNCATE)."""
     for statement in ("TRUNCATE TABLE burnwatch.schema_migrations", "DROP TABLE burnwatch.alerts",

@@ -54,6 +54,8 @@ def test_settings_alone_read_no_environment(monkeypatch):
         # a relative chdb DSN made its store at the root (/clickhouse), then failed on a database named so
         ({"BURNWATCH_CLICKHOUSE_DSN": "chdb://.burnwatch/clickhouse"}, {}, None,
          "BURNWATCH_CLICKHOUSE_DSN: Value error, an embedded store is chdb:///absolute/directory (three slashes)"),
+        # any other scheme was taken for an HTTP server's host ("x")
+        ({"BURNWATCH_CLICKHOUSE_DSN": "foo://x"}, {}, None, "BURNWATCH_CLICKHOUSE_DSN: Value error, expected chdb:///dir"),
         # written unquoted into every statement: a hyphen was a ClickHouse syntax error, a ';' worse
         ({"BURNWATCH_CLICKHOUSE_DATABASE": "burnwatch-prod"}, {}, None, "BURNWATCH_CLICKHOUSE_DATABASE: String should match"),
         ({"BURNWATCH_WEB_PORT": "70000"}, {}, None, "BURNWATCH_WEB_PORT: Input should be less than or equal to 65535"),
