@@ -266,7 +266,7 @@ class Engine:
         self.ruleset = ruleset
         self.billed = billed
         """Rates and tags from the FOCUS bill (:mod:`detector.billing.rates`); None: the price list alone."""
-        self.pricer = Pricer(ruleset.pricing, billed)
+        self.pricer = Pricer(ruleset.pricing, billed, say=True)
         """Prices each usage event once, for every detector (see :mod:`detector.pricing`)."""
         self.state_ttl_s = state_ttl_s
         self._loader = loader
@@ -776,13 +776,13 @@ class Engine:
     def set_billed(self, billed: BilledRates | None) -> None:
         """Price and tag from a newer bill (the worker, after ``burnwatch ingest focus``)."""
         self.billed = billed
-        self.pricer = Pricer(self.ruleset.pricing, billed)
+        self.pricer = Pricer(self.ruleset.pricing, billed, say=True)
 
     def set_ruleset(self, ruleset: RuleSet) -> None:
         """Swap rules in place (hot reload). Open episodes of rules that remain continue
         with the new params; state of rules removed, or whose type changed, is dropped."""
         self.ruleset = ruleset
-        self.pricer = Pricer(ruleset.pricing, self.billed)
+        self.pricer = Pricer(ruleset.pricing, self.billed, say=True)
         self._trackers = _trackers(ruleset)
         self._tracked.clear()
         self._plans.clear()

@@ -202,11 +202,13 @@ class BilledRate(Protocol):
 class Pricer:
     """Prices usage intervals from one price list (see the module docstring)."""
 
-    def __init__(self, pricing: Pricing | None = None, billed: BilledRate | None = None) -> None:
+    def __init__(self, pricing: Pricing | None = None, billed: BilledRate | None = None, *, say: bool = False) -> None:
+        """``say``: log usage nothing prices (:meth:`_unpriced`); the engine's pricer does, one for the rules in
+        force, and not the pricers made per stored batch, which would say it again each batch."""
         self.pricing = pricing or Pricing()
         self.billed = billed
         """What the bill charged (``detector.billing.rates.BilledRates``), asked before the price list."""
-        self.unpriced: set[tuple[str, str]] = set()
+        self.unpriced: set[tuple[str, str]] | None = set() if say else None
         """(resource type, instance type) of running intervals nothing priced, each said once (:meth:`_unpriced`)."""
 
     def cost(self, event: Any) -> IntervalCost:
@@ -231,8 +233,8 @@ class Pricer:
                     rate = self.pricing.hourly(event.instance_type, event.pricing)
                 if rate is None and event.storage_bytes is not None and event.resource_type == "storage_bucket":
                     rate = self.storage_rate(event.storage_bytes, self.pricing.storage_usd_per_gb_month)
-                if rate is None:
-                    self._unpriced(event)
+                if rate is None and self.unpriced is not None:
+                    self._unpriced(event, self.unpriced)
                 usd = usd_over(rate, event.interval_s) if rate is not None else 0.0
             else:
                 rate = usd * 3600.0 / event.interval_s
@@ -240,13 +242,14 @@ class Pricer:
             usd = 0.0
         return usd, rate
 
-    def _unpriced(self, event: Any) -> None:
+    @staticmethod
+    def _unpriced(event: Any, said: set[tuple[str, str]]) -> None:
         """Say once per kind that a running resource costs $0 here: an instance type the price list
         lacks (a new one, a typo, the bridge's usage events, which carry no ``cost_usd``) would otherwise
         put $0.00/h on its alerts with nothing said."""
         kind = (event.resource_type, event.instance_type)
-        if kind not in self.unpriced and len(self.unpriced) < MAX_UNPRICED_SAID:
-            self.unpriced.add(kind)
+        if kind not in said and len(said) < MAX_UNPRICED_SAID:
+            said.add(kind)
             log.warning("unpriced_usage", resource_type=event.resource_type, instance_type=event.instance_type or "(none)",
                         resource_id=event.resource_id,
                         note="no cost_usd, no billed rate and no list price: its alerts put $0 on it "

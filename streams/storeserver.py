@@ -118,8 +118,8 @@ class StoreRequest:
     query_id: str = ""
     readonly: bool = False
     """The request's ``readonly`` setting (1 or 2): only a statement that reads (``SELECT``, ``SHOW``, ...)
-    runs. Checked here, not set on the engine: chdb keeps a ``SET readonly`` for the session every
-    client shares, and cannot take it back."""
+    runs (:meth:`StoreEngine.check_reads`). Not set on the engine: chdb keeps a ``SET readonly`` for the
+    session every client shares, and cannot take it back."""
 
 
 @dataclass
@@ -156,9 +156,6 @@ def split_request(query_param: str, body: bytes, url_params: dict[str, str]) -> 
                            readonly=url_params.get("readonly", "0") != "0")  # fmt: skip
     if not text.strip():
         raise StoreError(CANNOT_PARSE_INPUT, "Empty query", status=400)
-    if request.readonly and (not _RESULT_STATEMENT.match(text) or _INTO_OUTFILE.search(text)):
-        raise StoreError(READONLY, "Cannot execute query in readonly mode: only a statement that reads (SELECT, "
-                         "SHOW, DESCRIBE, EXISTS, EXPLAIN) runs", status=403)  # fmt: skip
     if _SESSION_STATEMENT.match(text):
         raise StoreError(NOT_IMPLEMENTED, "SET and USE would change the engine every client shares: pass settings and "
                          "the database as request parameters (clickhouse-connect: settings=, database=)", status=400)  # fmt: skip
@@ -214,6 +211,8 @@ class StoreEngine:
             with self._lock:
                 if self._closed:
                     raise StoreError(UNKNOWN_EXCEPTION, "the store is shutting down", status=503)
+                if request.readonly:
+                    self._check_reads(request)
                 self._use(request.database)
                 self._apply(request.settings)
                 started = time.perf_counter_ns()
@@ -236,6 +235,19 @@ class StoreEngine:
             "total_rows_to_read": "0", "result_rows": "0", "result_bytes": str(len(body)), "elapsed_ns": str(elapsed),
         }  # fmt: skip
         return StoreResponse(body, fmt, summary)
+
+    def _check_reads(self, request: StoreRequest) -> None:
+        """A ``readonly`` request runs only a statement that reads. Judged on the engine's own reading of
+        it (``formatQuerySingleLine``): one statement (chdb would run all of ``SELECT 1; TRUNCATE t``),
+        comments gone, ``WITH ... INSERT`` written as the ``INSERT`` it is, ``INTO/**/OUTFILE`` spaced."""
+        if request.data is not None:
+            raise StoreError(READONLY, "Cannot execute query in readonly mode: an insert", status=403)
+        text = request.sql.decode(errors="replace")  # a statement not in UTF-8 is judged as read, and runs as sent
+        literal = "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        normal = self._run(f"SELECT formatQuerySingleLine({literal})", "TabSeparatedRaw", {}).bytes().strip()
+        if not _RESULT_STATEMENT.match(normal) or _INTO_OUTFILE.search(normal):
+            raise StoreError(READONLY, "Cannot execute query in readonly mode: only a statement that reads (SELECT, "
+                             "SHOW, DESCRIBE, EXISTS, EXPLAIN) runs", status=403)  # fmt: skip
 
     def _run(self, sql: str | bytes, fmt: str, params: dict[str, str]) -> Any:
         try:

@@ -98,9 +98,12 @@ def test_interval_cost():
 def test_usage_nothing_prices_is_said_once_per_kind():
     """An instance type the price list lacks (a new one, a typo, the bridge's usage, which carries no cost_usd)
     costs $0: its alerts said $0.00/h with nothing said anywhere. Said once a kind, a bounded number of kinds."""
-    pricer = Pricer(Pricing.model_validate({"instances": {"g5.xlarge": {"on_demand": 1.0}}}))
+    pricing = Pricing.model_validate({"instances": {"g5.xlarge": {"on_demand": 1.0}}})
+    pricer = Pricer(pricing, say=True)  # the engine's
     base = dict(ts=at(T0), resource_id="r", resource_type="gpu_instance", interval_s=600.0)
     with structlog.testing.capture_logs() as logs:
+        for _ in range(3):  # the pricers made per stored batch say nothing: they would say it each batch
+            Pricer(pricing).cost(UsageEvent(**base, instance_type="p5e.48xlarge"))
         for instance_type in ("p5e.48xlarge", "p5e.48xlarge", "g5.xlarge", "p5e.48xlarge"):
             pricer.cost(UsageEvent(**base, instance_type=instance_type))
         pricer.cost(UsageEvent(**base, instance_type="p5e.48xlarge", cost_usd=1.0))  # priced by its producer
@@ -147,3 +150,17 @@ def test_no_other_module_multiplies_a_price_by_a_duration():
 def test_a_models_dated_snapshot_is_priced_as_the_model(ruleset, name, listed):
     found = ruleset.pricing.llm_model(name)
     assert found is (ruleset.pricing.llm_models[listed] if listed else None)
+
+
+def test_the_engine_says_unpriced_usage_once_and_the_stored_batches_do_not(ruleset, store):
+    """Through the engine and the store's insert, as the worker runs them: one line for the kind, however many batches."""
+    engine = Engine(ruleset)
+    with structlog.testing.capture_logs() as logs:
+        for i in range(4):
+            batch = EventBatch()
+            event = UsageEvent(ts=at(T0 + i * MIN), resource_id="h", resource_type="gpu_instance",
+                               instance_type="p5e.48xlarge", interval_s=60.0)  # fmt: skip
+            batch.extend([event])
+            store.events.insert(batch, ruleset.pricing)
+            engine.process([event])
+    assert [e["instance_type"] for e in logs if e["event"] == "unpriced_usage"] == ["p5e.48xlarge"]

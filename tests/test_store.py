@@ -436,3 +436,33 @@ def test_an_insert_asks_a_tables_column_types_once_and_again_after_a_failure(sto
         del store.client.query, store.client.create_insert_context
     assert store.query(f"SELECT a, b, c FROM {table} ORDER BY a") == [{"a": "x", "b": "now a string", "c": 0},
                                                                       {"a": "y", "b": "with c", "c": 300}]  # fmt: skip
+
+
+
+_READ_ONLY_PROBE = """
+import sys
+from clickhouse_connect.driver.models import SettingDef
+from detector.store.connection import Connection, connect
+
+conn = Connection(connect("chdb://memory"), "default")
+assert conn.query("SELECT 1 AS x", read_only=True) == [{"x": 1}]
+try:
+    conn.query("CREATE TABLE default.t (x UInt8) ENGINE = Memory", read_only=True)
+    sys.exit("a statement that writes ran")
+except Exception as exc:
+    assert "readonly" in str(exc).lower(), exc
+conn.client.server_settings["readonly"] = SettingDef(name="readonly", value="1", readonly=1)  # a read-only user
+assert conn.query("SELECT 2 AS x", read_only=True) == [{"x": 2}]
+print("ok")
+"""
+
+
+def test_a_query_a_person_typed_only_reads_and_a_read_only_user_stays_so():
+    """`burnwatch sql` asks ClickHouse for readonly = 2; a user whose profile is read-only already cannot be sent
+    the setting at all (clickhouse-connect refuses a setting the server says is read-only), so it is not. In a
+    process of its own: on the embedded engine the setting stays for the process, and this one's engine is shared."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _READ_ONLY_PROBE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

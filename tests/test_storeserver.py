@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import clickhouse_connect
 import pytest
@@ -175,11 +176,18 @@ def test_a_readonly_request_only_reads_and_leaves_the_engine_writable(remote, se
         == [(before[0]["n"],)]  # fmt: skip
     for statement in (f"TRUNCATE TABLE {remote.db}.schema_migrations", f"DROP TABLE {remote.db}.alerts",
                       f"INSERT INTO {remote.db}.schema_migrations SELECT * FROM {remote.db}.schema_migrations",
-                      "SELECT 1 INTO OUTFILE '/tmp/burnwatch-readonly-probe'"):  # fmt: skip
+                      f"WITH 1 AS y INSERT INTO {remote.db}.schema_migrations SELECT * FROM {remote.db}.schema_migrations",
+                      "SELECT 1 INTO OUTFILE '/tmp/burnwatch-readonly-probe'",
+                      "SELECT 1 INTO/**/OUTFILE '/tmp/burnwatch-readonly-probe'"):  # fmt: skip
         with pytest.raises(DatabaseError, match="readonly mode") as caught:
             client.command(statement, settings=read_only)
         assert caught.value.code == 164, statement
+    with pytest.raises(DatabaseError, match="Multi-statements"):  # chdb would run both: the second wrote
+        client.command(f"SELECT 1 AS a; TRUNCATE TABLE {remote.db}.schema_migrations", settings=read_only)
     assert remote.query(f"SELECT count() AS n FROM {remote.db}.schema_migrations") == before
+    assert not Path("/tmp/burnwatch-readonly-probe").exists()
+    for statement in ("-- how many\nSELECT 2 AS n", "/* a note */ SELECT 2 AS n", "WITH 2 AS n SELECT n"):  # reads
+        assert client.query(statement, settings=read_only).result_rows == [(2,)], statement
     client.command("CREATE TABLE IF NOT EXISTS default.readonly_probe (x UInt8) ENGINE = Memory")  # still writable
     client.command("DROP TABLE default.readonly_probe")
     client.close()

@@ -179,9 +179,16 @@ class Connection:
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None, read_only: bool = False) -> list[dict[str, Any]]:
         """Rows as dicts (column name → value); ``read_only``: ClickHouse refuses anything that writes
-        (``readonly = 2``: settings may still change), for a query a person typed."""
+        (``readonly = 2``: settings may still change), for a query a person typed. A user read-only
+        already is left so (the setting cannot be sent to it); on the embedded engine the setting stays
+        for the rest of the process, so it is for a process that only reads after it (``burnwatch sql``)."""
+        settings = None
+        if read_only:
+            found = getattr(self.client, "server_settings", {}).get("readonly")
+            if found is None or str(getattr(found, "value", "0")) == "0":
+                settings = {"readonly": 2}
         with self.lock:
-            result = self.client.query(sql, parameters=parameters or {}, settings={"readonly": 2} if read_only else None)
+            result = self.client.query(sql, parameters=parameters or {}, settings=settings)
         return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 
     def named(self, name: str, parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
