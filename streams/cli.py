@@ -949,7 +949,7 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
     from detector.billing.ingest import read_bill, store_bill
     from detector.billing.rates import PRICED_IN
     from detector.billing.reprice import reprice
-    from detector.billing.usage import telemetry_sql, usage_records
+    from detector.billing.usage import over_no_time, telemetry_sql, usage_records
     from detector.events import TOPIC_RESOURCE_USAGE
     from detector.rules import RulesInvalid, load_limits
     from detector.store import Store, StoreBusy
@@ -994,6 +994,9 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
         n = _kafka(bootstrap, lambda: publish_records(bootstrap, records))
         _note(f"published {n} usage events of billed resources without telemetry and of commitments to "
               f"{TOPIC_RESOURCE_USAGE}")
+        if instant := over_no_time(bill.table):
+            _note(f"{instant} usage charge(s) over no time (ChargePeriodEnd equals ChargePeriodStart) were not "
+                  "published: dollars over no time are no rate; the stored bill keeps them")  # fmt: skip
     return 0
 
 

@@ -81,3 +81,26 @@ def test_a_tag_no_event_can_carry_is_left_out_not_the_dollars(tmp_path):
     for topic, _, value in records:
         (event,) = decoder.decode(topic, value)
         assert event.tags == {"team": "nlp"} and event.cost_usd == pytest.approx(float(rows[1]["EffectiveCost"]))
+
+
+def test_a_usage_charge_over_no_time_is_not_published_and_is_counted(tmp_path):
+    """Its dollars over no time made an event of a rate the worker refuses (dead-lettered): left out, and counted
+    for the command to say; the charge itself is stored with the bill."""
+    import csv
+    from pathlib import Path
+
+    from detector.billing.usage import over_no_time
+
+    fixture = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
+    with fixture.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[1]["ChargePeriodEnd"] = rows[1]["ChargePeriodStart"]
+    path = tmp_path / "bill.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    table = read_focus(path)
+    assert table.num_rows == len(rows) and over_no_time(table) == 1
+    published = {key for _, key, _ in usage_records(table, set())}
+    assert rows[1]["ResourceId"] not in published and rows[0]["ResourceId"] in published

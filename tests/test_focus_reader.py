@@ -371,16 +371,20 @@ def test_parquet_nested_extra_column_map_tags_and_nan_cost(tmp_path: Path) -> No
     "change, column, said",
     [
         ({"ChargePeriodEnd": "2026-11-03T09:00:00Z"}, "ChargePeriodEnd", "is before ChargePeriodStart 2026-11-03T10:00:00"),
-        ({"ChargePeriodEnd": "2026-11-03T10:00:00Z"}, "ChargePeriodEnd", "a Usage charge over no time"),
-        ({"EffectiveCost": "99999999999999"}, "EffectiveCost", "$99,999,999,999,999.00/h, above the plausible $2,000.00/h"),
-        ({"BilledCost": "-5000"}, "BilledCost", "1 h of usage by 'i-0abc' is $5,000.00/h"),  # a refund as absurd as a charge
-        ({"EffectiveCost": "4800", "ChargePeriodEnd": "2026-11-04T10:00:00Z"}, None, None),  # $200/h over a day: fine
-        ({"ChargeCategory": "Purchase", "EffectiveCost": "99999999"}, None, None),  # a purchase is no hour's usage
+        ({"EffectiveCost": "99999999999999"}, "EffectiveCost",
+         "$99,999,999,999,999.00 for 1 hour(s) of 'i-0abc' is $99,999,999,999,999.00/h, above the plausible $2,000.00/h"),
+        ({"BilledCost": "-5000"}, "BilledCost", "for 1 hour(s) of 'i-0abc' is $5,000.00/h"),  # a refund as absurd
+        ({"EffectiveCost": "4800", "ChargePeriodEnd": "2026-11-04T10:00:00Z", "ConsumedQuantity": "24"}, None, None),
+        ({"ChargeCategory": "Purchase", "EffectiveCost": "99999999"}, None, None),  # a purchase prices no hour
+        ({"ConsumedUnit": "GB", "EffectiveCost": "3125", "BilledCost": "3125"}, None, None),  # a query engine's hour
+        ({"ChargePeriodEnd": "2026-11-03T10:00:00Z", "EffectiveCost": "0", "BilledCost": "0"}, None, None),  # no time
     ],
-    ids=["backwards", "no-time", "absurd-rate", "absurd-refund", "a-day", "purchase"],
+    ids=["backwards", "absurd-rate", "absurd-refund", "a-day", "purchase", "not-hours", "no-time"],
 )  # fmt: skip
-def test_charge_periods_and_a_resources_rate_are_checked(tmp_path: Path, change, column, said) -> None:
-    """A bill's rates price events and re-price incidents: one no event could carry is refused, naming it."""
+def test_charge_periods_and_the_rate_of_an_hour_are_checked(tmp_path: Path, change, column, said) -> None:
+    """A bill's hourly rates price events and re-price incidents: one no event could carry is refused, naming
+    it. What prices no hour is not bounded (a BigQuery dataset, a bucket's egress), so a real bill is not
+    refused whole for it; a usage charge over no time is stored (``--publish-usage`` leaves it out, saying so)."""
     rows = _rows()
     rows[0].update(change)
     path = _write(tmp_path / "bill.csv", rows)

@@ -33,6 +33,7 @@ from detector.billing.columns import (
     SERVICE_PROVIDER_NAME,
     Column,
 )
+from detector.billing.rates import HOUR_UNITS
 from detector.events import TS_MAX, TS_MIN
 from detector.limits import Limits
 
@@ -456,9 +457,10 @@ def _as_text(file: Path, name: str, cells: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _check_periods(file: Path, out: dict[str, pa.ChunkedArray | pa.Array], max_usd_per_hour: float) -> None:
-    """Charge periods within the dates events may carry, and going forwards (a usage charge over some
-    time); a resource's usage at no more an hour of its period than ``max_usd_per_hour``, as its events:
-    an absurd rate would otherwise price events and re-price incidents."""
+    """Charge periods within the dates events may carry, and not ending before they start; an hour of a
+    resource's usage (the rows that price its hours, :mod:`detector.billing.rates`) at no more than
+    ``max_usd_per_hour``, as its events: an absurd rate would price events and re-price incidents. Other
+    charges are not bounded: a query engine's or a bucket's egress may cost thousands an hour."""
     start, end = out["charge_period_start"], out["charge_period_end"]
     for column, cells in (("ChargePeriodStart", start), ("ChargePeriodEnd", end)):
         outside = _first(pc.or_(pc.less(cells, pa.scalar(TS_MIN, TIMESTAMP)), pc.greater(cells, pa.scalar(TS_MAX, TIMESTAMP))))
@@ -470,19 +472,18 @@ def _check_periods(file: Path, out: dict[str, pa.ChunkedArray | pa.Array], max_u
         raise FocusError(file, backwards + 1, "ChargePeriodEnd",
                          f"{end[backwards].as_py().isoformat()} is before ChargePeriodStart "
                          f"{start[backwards].as_py().isoformat()}")  # fmt: skip
-    usage = pc.equal(out["charge_category"], "Usage")
-    instant = _first(pc.and_(usage, pc.equal(end, start)))
-    if instant is not None:
-        raise FocusError(file, instant + 1, "ChargePeriodEnd", "a Usage charge over no time (ChargePeriodEnd "
-                                                               "equals ChargePeriodStart)")  # fmt: skip
-    hours = pc.divide(pc.cast(pc.subtract(pc.cast(end, pa.int64()), pc.cast(start, pa.int64())), pa.float64()), 3_600_000.0)
-    resource = pc.and_(usage, pc.not_equal(out["resource_id"], ""))
+    quantity = pc.cast(out["consumed_quantity"], pa.float64())
+    prices_hours = pc.and_(
+        pc.and_(pc.equal(out["charge_category"], "Usage"), pc.not_equal(out["charge_class"], "Correction")),
+        pc.and_(pc.and_(pc.is_in(out["consumed_unit"], pa.array(HOUR_UNITS)), pc.not_equal(out["resource_id"], "")),
+                pc.and_(pc.not_equal(out["commitment_discount_status"], "Unused"), pc.greater(quantity, 0.0))),
+    ).fill_null(False)
     for column, name in (("effective_cost", "EffectiveCost"), ("billed_cost", "BilledCost")):
-        rate = pc.divide(pc.abs(pc.cast(out[column], pa.float64())), pc.max_element_wise(hours, 1e-9))
-        row = _first(pc.and_(resource, pc.greater(rate, max_usd_per_hour)))
+        rate = pc.divide(pc.abs(pc.cast(out[column], pa.float64())), quantity)
+        row = _first(pc.and_(prices_hours, pc.greater(rate, max_usd_per_hour)).fill_null(False))
         if row is not None:
-            raise FocusError(file, row + 1, name, f"${out[column][row].as_py():,.2f} over {hours[row].as_py():g} h of "
-                                                  f"usage by {_show(out['resource_id'][row].as_py())} is "
+            raise FocusError(file, row + 1, name, f"${out[column][row].as_py():,.2f} for {quantity[row].as_py():g} "
+                                                  f"hour(s) of {_show(out['resource_id'][row].as_py())} is "
                                                   f"${rate[row].as_py():,.2f}/h, above the plausible "
                                                   f"${max_usd_per_hour:,.2f}/h (limits.yaml's max_usd_per_hour)")  # fmt: skip
 

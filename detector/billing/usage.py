@@ -26,10 +26,11 @@ from typing import Any
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from detector.events import MAX_ID, MAX_TAG_VALUE, MAX_TAGS, TOPIC_RESOURCE_USAGE
 
-__all__ = ["COMMITMENT", "telemetry_sql", "usage_records"]
+__all__ = ["COMMITMENT", "over_no_time", "telemetry_sql", "usage_records"]
 
 COMMITMENT = "commitment"
 _PRICING = {"Dynamic": "spot", "Committed": "reserved"}
@@ -62,6 +63,8 @@ def usage_records(table: pa.Table, with_telemetry: Collection[str]) -> Iterator[
             continue
         _group(groups, rid, row, row["resource_type"] or "billed")["cost"] += float(row["effective_cost"])
     for (rid, start, end), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if end <= start:
+            continue  # usage over no time has no rate: the worker would refuse it (:func:`over_no_time`)
         event: dict[str, Any] = {
             "ts": start.isoformat().replace("+00:00", "Z"), "resource_id": rid, "resource_type": g["type"],
             "provider": g["provider"], "account": g["account"], "region": g["region"], "pricing": g["pricing"],
@@ -76,6 +79,14 @@ def usage_records(table: pa.Table, with_telemetry: Collection[str]) -> Iterator[
         else:
             event["cost_usd"] = max(g["cost"], 0.0)
         yield TOPIC_RESOURCE_USAGE, rid, msgspec.json.encode(event)
+
+
+def over_no_time(table: pa.Table) -> int:
+    """The bill's usage charges whose period ends where it starts, which :func:`usage_records` leaves out
+    (their dollars over no time are no rate an event can carry; the stored bill keeps them)."""
+    usage = pc.and_(pc.equal(table.column("charge_category"), "Usage"),
+                    pc.equal(table.column("charge_period_end"), table.column("charge_period_start")))  # fmt: skip
+    return int(pc.sum(pc.cast(usage, pa.int64())).as_py() or 0)
 
 
 def _group(groups: dict[tuple[str, datetime, datetime], dict[str, Any]], rid: str, row: dict[str, Any],
