@@ -433,12 +433,13 @@ def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> d
     out = {} if out is None else out
     out.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, int] = {}
+        seen: dict[tuple[str, str], int] = {}
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode) and key.value != "<<":
-                if key.value in seen:
-                    raise DuplicateKey(key.value, seen[key.value], key.start_mark)
-                seen[key.value] = key.start_mark.line + 1
+                same = (key.tag, key.value)  # 1 and "1" are two keys
+                if same in seen:
+                    raise DuplicateKey(key.value, seen[same], key.start_mark)
+                seen[same] = key.start_mark.line + 1
             child = path + (key.value,)
             out[child] = key.start_mark.line + 1
             _line_index(value, child, out)
@@ -709,13 +710,23 @@ SPLIT_PARAMS = ("util_below", "for_")
 
 
 RESOURCE_TYPES = frozenset({"gpu_instance", "cpu_instance", "notebook", "storage_bucket", "vector_db", "network",
-                            "inference_endpoint", "llm_api", "commitment", "pod", "deployment"})  # fmt: skip
-"""The resource types the exporters, the bridge and the bill's usage send (docs/events.md). The contract
-takes others, so a rule may select one; a selector close to one of these is likely its typo."""
+                            "inference_endpoint", "llm_api", "commitment", "pod", "deployment", "run", "project"})  # fmt: skip
+"""The resource types the exporters, the bridge, the bill's usage and the rules themselves use (docs/events.md).
+The contract takes others, so a rule may select one; one written like these but for case, separators or a
+plural is likely a typo."""
+
+
+def _written_as(resource_type: str) -> str:
+    """``gpu-instance``, ``GPU_Instances``, ``gpuinstance`` → ``gpuinstance``: what a typo leaves the same
+    (``tpu_instance``, a type of its own, stays apart from ``gpu_instance``)."""
+    return re.sub(r"[-_ .]", "", resource_type.lower()).removesuffix("s")
+
+
+_TYPES_WRITTEN = {_written_as(t): t for t in RESOURCE_TYPES}
 
 
 def _resource_type_typos(rule: CompiledRule) -> list[str]:
-    """A ``match.resource_type`` (the rule's or an override's) no resource type is, but close to one."""
+    """A ``match.resource_type`` (the rule's or an override's) no resource type is, but written like one."""
     source = rule.source
     matches = [getattr(source, "match", None), *(o.match for o in getattr(source, "overrides", []))]
     said = []
@@ -725,10 +736,10 @@ def _resource_type_typos(rule: CompiledRule) -> list[str]:
             plain = value.removeprefix("!")
             if plain in RESOURCE_TYPES or any(c in plain for c in "*?["):
                 continue
-            near = difflib.get_close_matches(plain.replace("-", "_"), sorted(RESOURCE_TYPES), n=1, cutoff=0.75)
+            near = _TYPES_WRITTEN.get(_written_as(plain))
             if near:
                 said.append(f"rule {rule.detector.name}: match.resource_type {value!r} is no resource type burnwatch "
-                            f"is sent; did you mean {near[0]!r}? (a rule that selects no resource never fires)")  # fmt: skip
+                            f"is sent; did you mean {near!r}? (a rule that selects no resource never fires)")  # fmt: skip
     return said
 
 

@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     alone reads only its arguments, never the environment."""
 
     model_config = SettingsConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True,
-                                      case_sensitive=True, env_ignore_empty=True)  # fmt: skip
+                                      case_sensitive=True, env_ignore_empty=True, allow_inf_nan=False)  # fmt: skip
 
     kafka_bootstrap: str = Field(default="", validation_alias="BURNWATCH_KAFKA_BOOTSTRAP")
     """host:port[,host:port]; empty starts the embedded broker (demo) or is an error (worker)."""

@@ -110,6 +110,7 @@ def _no_store(settings: Settings, exc: Exception, source: str = "") -> str:
 def _web_port_free(host: str, port: int) -> None:
     """Exit saying so when the worker's web port is taken (Faust would fail after the store was opened, with
     a traceback), before anything starts: another worker on this machine, or another program."""
+    import errno
     import socket
 
     try:
@@ -117,11 +118,17 @@ def _web_port_free(host: str, port: int) -> None:
     except OSError:
         return  # an address the web server will refuse in its own words
     family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
+    try:
+        probe = socket.socket(family, kind, proto)
+    except OSError:
+        return  # an address family this host lacks (::1 without IPv6): the web server skips it
+    with probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server binds: TIME_WAIT is no owner
         try:
             probe.bind(address)
         except OSError as exc:
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                return
             raise SystemExit(f"BURNWATCH_WEB_PORT {port}: cannot listen on {host}:{port} ({exc.strerror}); another "
                              "worker on this machine? Give each its own BURNWATCH_WEB_PORT") from None  # fmt: skip
 
@@ -687,6 +694,11 @@ def cmd_silence(args: argparse.Namespace) -> int:
     return 0
 
 
+def _offender(o: dict[str, Any]) -> str:
+    """A digest line's resource, type and team, as a terminal shows them (the resource's text is an event's)."""
+    return f"{printable(o['resource_id'])} ({o['type']}, {printable(o['team'])})"
+
+
 def cmd_digest(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
@@ -713,22 +725,23 @@ def cmd_digest(args: argparse.Namespace) -> int:
 
         notifier = _notifier(settings) or sys.exit("--post needs SLACK_BOT_TOKEN and SLACK_CHANNEL, or SLACK_WEBHOOK_URL")
     for d in digests:
-        print(f"{d.channel or '(default channel)'}: {money(d.total, exact=True)} on {d.date}; {d.incidents} incidents, "
+        channel = printable(d.channel or "(default channel)")
+        print(f"{channel}: {money(d.total, exact=True)} on {d.date}; {d.incidents} incidents, "
               f"{d.open_incidents} open at the end ({money(d.open_usd_per_hour, exact=True)}/h)")  # fmt: skip
         for rule_type, usd in sorted(d.by_type.items(), key=lambda kv: -kv[1]):
             print(f"  {rule_type:<28}{money(usd, exact=True):>13}")
         for team, usd in sorted(d.by_team.items(), key=lambda kv: -kv[1]):
-            print(f"  team {team:<23}{money(usd, exact=True):>13}")
+            print(f"  team {printable(team):<23}{money(usd, exact=True):>13}")
         for o in d.top:
-            print(f"  top: {o['resource_id']} ({o['type']}, {o['team']}) {money(o['usd'], exact=True)}")
+            print(f"  top: {_offender(o)} {money(o['usd'], exact=True)}")
         for o in d.fixed:
             how = f", {o['how']}" if o["how"] else ""
             at = datetime.fromtimestamp(o["resolved_at"], tz=timezone.utc)
-            print(f"  fixed: {o['resource_id']} ({o['type']}, {o['team']}) resolved {at:%H:%M} UTC{how}; "
+            print(f"  fixed: {_offender(o)} resolved {at:%H:%M} UTC{how}; "
                   f"{money(o['usd'], exact=True)} that day")  # fmt: skip
         for o in d.still_open:
             rate = f"{money(o['usd_per_hour'], exact=True)}/h" if o["usd_per_hour"] else "spent, not burning"
-            print(f"  open: {o['resource_id']} ({o['type']}, {o['team']}) {rate}; {money(o['usd'], exact=True)} that day")
+            print(f"  open: {_offender(o)} {rate}; {money(o['usd'], exact=True)} that day")
         if d.could_save:  # kept apart from the waste above, as in the Slack digest
             print(f"  could be saved (not waste, not in the total): {money(sum(d.could_save.values()), exact=True)}")
             for rule_type, usd in sorted(d.could_save.items(), key=lambda kv: -kv[1]):

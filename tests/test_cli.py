@@ -357,6 +357,13 @@ def test_backtest_shows_an_events_control_characters_escaped(tmp_path):
     assert "gpu-\\x1b[2J\\x1b[31mFAKE: all clear\\x1b[0m\\r\\u202e" in out.stdout
 
 
+def test_the_digests_lines_show_an_events_text_escaped():
+    from streams.cli import _offender
+
+    line = _offender({"resource_id": "gpu-\x1b[2Jx", "type": "idle_gpu", "team": "nlp\u202e"})
+    assert line == "gpu-\\x1b[2Jx (idle_gpu, nlp\\u202e)"
+
+
 def test_replay_refuses_the_topics_backtest_refuses(tmp_path):
     fleet = tmp_path / "fleet.jsonl"
     fleet.write_text('{"topic": "resource-usage", "key": "h", "value": {}}\n'

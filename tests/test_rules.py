@@ -138,8 +138,8 @@ def test_a_resource_type_selected_that_is_likely_a_typo_is_warned_of(tmp_path):
     assert consistency_warnings(load_rules(ROOT / "rules")) == []
     path = tmp_path / "rules.yaml"
     path.write_text("rules:\n  - name: idle\n    type: idle_gpu\n    match: {resource_type: [gpu-instance, notebooks, "
-                    "'gpu_*', my_own_kind]}\n    overrides:\n      - match: {resource_type: '!vectordb'}\n"
-                    "        params: {for: 1h}\n")  # fmt: skip
+                    "'gpu_*', my_own_kind, tpu_instance, spot_instance]}\n    overrides:\n"
+                    "      - match: {resource_type: '!vectordb'}\n        params: {for: 1h}\n")  # fmt: skip
     said = consistency_warnings(load_rules(path))
     assert [w.split(" is no ")[0] for w in said] == [
         "rule idle: match.resource_type 'gpu-instance'", "rule idle: match.resource_type 'notebooks'",
@@ -156,6 +156,13 @@ def test_an_owner_mapped_to_no_slack_user_id_is_warned_of(tmp_path):
     (rules / "routing.yaml").write_text('users: {farah: "@farah", gus: gus@example.com, ines: U012AB3CD}\n')
     said = consistency_warnings(load_rules(rules))
     assert [w.split(":")[0] for w in said] == ["routing.yaml users.farah", "routing.yaml users.gus"], said
+
+
+def test_keys_equal_as_text_but_not_as_values_are_two_keys():
+    """YAML's 1 and "1" are two keys: no duplicate."""
+    from detector.rules import parse_yaml
+
+    assert parse_yaml('1: x\n"1": y\n')[1] == {1: "x", "1": "y"}
 
 
 def test_invalid_yaml_names_the_line(tmp_path):

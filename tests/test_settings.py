@@ -54,6 +54,7 @@ def test_settings_alone_read_no_environment(monkeypatch):
         # a relative chdb DSN made its store at the root (/clickhouse), then failed on a database named so
         ({"BURNWATCH_CLICKHOUSE_DSN": "chdb://.burnwatch/clickhouse"}, {}, None,
          "BURNWATCH_CLICKHOUSE_DSN: Value error, an embedded store is chdb:///absolute/directory (three slashes)"),
+        ({"BURNWATCH_SESSION_TIMEOUT_S": "inf"}, {}, None, "BURNWATCH_SESSION_TIMEOUT_S: Input should be a finite number"),
         # any other scheme was taken for an HTTP server's host ("x")
         ({"BURNWATCH_CLICKHOUSE_DSN": "foo://x"}, {}, None, "BURNWATCH_CLICKHOUSE_DSN: Value error, expected chdb:///dir"),
         # written unquoted into every statement: a hyphen was a ClickHouse syntax error, a ';' worse
