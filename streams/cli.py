@@ -1285,7 +1285,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--metrics` named)")  # fmt: skip
     p.add_argument("--bill", metavar="PATH", help="a FOCUS bill (file or directory): price events without cost_usd at "
                    "the rates it charged and fill in its tags, as a worker does after `ingest focus`")  # fmt: skip
-    p.add_argument("--currency", default="USD", help="the --bill's billing currency (default USD)")
+    p.add_argument("--currency", default="USD", help="the --bill's billing currency: USD, the one burnwatch prices in "
+                                                     "(another is refused: convert the bill)")  # fmt: skip
     p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
                    help="with a replay file: detect in N processes at once, each for a shard of the resources, with "
                    "one process's alerts (docs/cli.md says the exceptions; each reads the whole file: worth it "

@@ -58,7 +58,9 @@ def state(url: str, instance_id: str) -> str:
 class Ec2Errors:
     """Answers every request with ``status`` and EC2's error document for ``code``; counts them."""
 
-    def __init__(self, status: int, code: str) -> None:
+    def __init__(self, status: int, code: str, failing: str = "") -> None:
+        """``failing``: the one action that gets the error (``StopInstances``); the others are answered as EC2
+        answers a ``DescribeInstances`` of a running instance with no tags. Default: every action fails."""
         self.status, self.code, self.requests = status, code, 0
         self.actions: list[str] = []
         """Each request's ``Action`` (``DescribeInstances``, ``StopInstances``), in order."""
@@ -72,6 +74,19 @@ class Ec2Errors:
                 form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
                 outer.requests += 1
                 outer.actions += form.get("Action", ["?"])
+                if failing and form.get("Action", [""])[0] != failing:
+                    ids = [v[0] for k, v in form.items() if k.startswith("InstanceId.")]
+                    items = "".join(f"<item><instanceId>{i}</instanceId><instanceState><code>16</code><name>running"
+                                    "</name></instanceState><tagSet/></item>" for i in ids)  # fmt: skip
+                    body = (f"<?xml version='1.0' encoding='UTF-8'?><DescribeInstancesResponse><requestId>r-1</requestId>"
+                            f"<reservationSet><item><reservationId>r-0</reservationId><instancesSet>{items}</instancesSet>"
+                            f"</item></reservationSet></DescribeInstancesResponse>").encode()  # fmt: skip
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/xml")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 body = (f"<?xml version='1.0' encoding='UTF-8'?><Response><Errors><Error><Code>{outer.code}</Code>"
                         f"<Message>refused by the test server</Message></Error></Errors>"
                         f"<RequestID>r-1</RequestID></Response>").encode()  # fmt: skip

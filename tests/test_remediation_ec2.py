@@ -66,13 +66,19 @@ def test_an_auto_scaling_groups_instance_is_not_stopped(moto_url):
     assert state(moto_url, instance) == "running"
 
 
-def test_a_karpenter_node_is_not_stopped(moto_url):
+@pytest.mark.parametrize("key, value, said", [
+    ("karpenter.sh/nodepool", "gpu", ["Karpenter node pool 'gpu'", "kubectl delete node"]),
+    ("aws:ec2:fleet-id", "fleet-0123", ["EC2 Fleet 'fleet-0123'", "modify-fleet"]),
+    ("aws:ec2spot:fleet-request-id", "sfr-0123", ["Spot Fleet request 'sfr-0123'", "modify-spot-fleet-request"]),
+    ("aws:elasticmapreduce:job-flow-id", "j-0123", ["EMR cluster 'j-0123'", "resize the instance group"]),
+])  # fmt: skip
+def test_an_instance_another_service_keeps_running_is_not_stopped(moto_url, key, value, said):
     instance = run_instance(moto_url)
-    ec2(moto_url).create_tags(Resources=[instance], Tags=[{"Key": "karpenter.sh/nodepool", "Value": "gpu"}])
+    ec2(moto_url).create_tags(Resources=[instance], Tags=[{"Key": key, "Value": value}])
     stopper = StopInstance(endpoint_url=moto_url, session=session())
     outcome = stopper.execute(Call(API, {"InstanceIds": [instance]}, REGION))
-    assert not outcome.ok and not outcome.retryable and "Karpenter node pool 'gpu'" in outcome.detail
-    assert "kubectl delete node" in outcome.detail and state(moto_url, instance) == "running"
+    assert not outcome.ok and not outcome.retryable and all(s in outcome.detail for s in said), outcome.detail
+    assert state(moto_url, instance) == "running"
 
 
 def test_an_alert_tagged_with_its_group_is_not_applicable_when_planned():
@@ -98,17 +104,22 @@ def test_an_unknown_instance_is_a_refusal_not_retried(moto_url):
     [(503, "Unavailable", True), (400, "RequestLimitExceeded", True), (500, "InternalError", True),
      (403, "UnauthorizedOperation", False), (400, "IncorrectInstanceState", False)],
 )  # fmt: skip
-def test_errors_are_classified(status, code, retryable):
-    server = Ec2Errors(status, code)
+@pytest.mark.parametrize("failing", ["DescribeInstances", "StopInstances"])
+def test_errors_are_classified(status, code, retryable, failing):
+    """Whichever call gets the error: the instance read first (then no stop is asked for), or the stop."""
+    server = Ec2Errors(status, code, failing=failing)
     try:
         outcome = StopInstance(endpoint_url=server.url, session=session()).execute(
             Call(API, {"InstanceIds": ["i-0123456789abcdef0"]}, REGION))
     finally:
         server.close()
-    assert not outcome.ok and outcome.retryable is retryable and outcome.detail.startswith(code)
-    # the instance could not be read first, so no stop was asked for
-    assert "checking the instance before stopping it" in outcome.detail
-    assert server.actions and set(server.actions) == {"DescribeInstances"}
+    assert not outcome.ok and outcome.retryable is retryable and outcome.detail.startswith(code), outcome.detail
+    if failing == "DescribeInstances":
+        assert "checking the instance before stopping it" in outcome.detail
+        assert server.actions and set(server.actions) == {"DescribeInstances"}
+    else:
+        assert outcome.detail.endswith("(StopInstances)") and server.actions[0] == "DescribeInstances"
+        assert "StopInstances" in server.actions
 
 
 def test_no_credentials_is_reported_not_retried(moto_url, monkeypatch, tmp_path):

@@ -6,7 +6,8 @@ never from a rule file, and are never logged or recorded. Stopping keeps the ins
 its EBS volumes (unlike terminating): the owner starts it again when needed.
 
 An instance that something else keeps running is not stopped: a member of an Auto Scaling
-group (EKS managed node groups are ones) or a Karpenter node. The group would count a stopped
+group (EKS managed node groups are ones), a Karpenter node, an EC2 Fleet's or Spot Fleet's, or an
+EMR cluster's node. The group would count a stopped
 instance unhealthy, terminate it (its root volume with it, by default) and launch another, so
 the waste goes on and the instance is lost; Karpenter replaces a node it no longer sees. The
 alert's tags are read for it when the call is planned (so a dry run says it), and the
@@ -43,6 +44,12 @@ MANAGERS = (
      "terminate-instance-in-auto-scaling-group --should-decrement-desired-capacity) or lower the group's desired capacity"),
     ("karpenter.sh/nodepool", "Karpenter node pool", _KARPENTER),
     ("karpenter.sh/provisioner-name", "Karpenter provisioner", _KARPENTER),
+    ("aws:ec2:fleet-id", "EC2 Fleet", "a fleet that maintains its capacity would replace it; lower the fleet's target "
+                                      "capacity (aws ec2 modify-fleet)"),
+    ("aws:ec2spot:fleet-request-id", "Spot Fleet request", "a Spot Fleet that maintains its capacity would replace it; "
+                                                           "lower its target capacity (aws ec2 modify-spot-fleet-request)"),
+    ("aws:elasticmapreduce:job-flow-id", "EMR cluster", "EMR would count the node lost; resize the instance group or "
+                                                        "fleet, or terminate the cluster when its work is done"),
 )  # fmt: skip
 """Tags that say something else keeps the instance running, what it is, and what to do instead of a stop."""
 
