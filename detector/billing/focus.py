@@ -88,8 +88,8 @@ def focus_files(path: Path | str) -> list[Path]:
 
 def read_focus(path: Path | str, currency: str = "USD", max_usd_per_hour: float | None = None) -> pa.Table:
     """Every file at `path` read, checked and normalized into one table (source_row counts within each file).
-    ``max_usd_per_hour``: the most a resource's usage may cost an hour of its charge period, as events may
-    (``limits.yaml``; default its default)."""
+    ``max_usd_per_hour``: the most an hour of a resource's usage may cost, as its events may (``limits.yaml``;
+    default its default): see :func:`_check_periods`."""
     bound = Limits().max_usd_per_hour if max_usd_per_hour is None else max_usd_per_hour
     tables = [_read_file(f, currency, bound) for f in focus_files(path)]
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]

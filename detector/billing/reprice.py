@@ -11,7 +11,8 @@ dollars count: a credit, a tax or a purchase is no hour's use of the resource (a
 in made an idle GPU's billed waste negative), and a bill in another currency is no dollar
 figure; a usage refund larger than the usage bills the waste at nothing, never below. An
 episode the bill does not cover end to end (its usage rows for the resource leave a gap, or
-stop before the episode ends) is left for a later bill. One INSERT ... SELECT: the work is the engine's, never a loop per alert.
+stop before the episode ends) is left for a later bill. One INSERT ... SELECT: the work is
+the engine's, never a loop per alert.
 """
 
 from __future__ import annotations
