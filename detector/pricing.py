@@ -233,8 +233,8 @@ class Pricer:
                     rate = self.pricing.hourly(event.instance_type, event.pricing)
                 if rate is None and event.storage_bytes is not None and event.resource_type == "storage_bucket":
                     rate = self.storage_rate(event.storage_bytes, self.pricing.storage_usd_per_gb_month)
-                if rate is None and self.unpriced is not None:
-                    self._unpriced(event, self.unpriced)
+                if rate is None and self.unpriced is not None and event.instance_type:
+                    self._unpriced(event, self.unpriced)  # (with no instance type, no price list would price it)
                 usd = usd_over(rate, event.interval_s) if rate is not None else 0.0
             else:
                 rate = usd * 3600.0 / event.interval_s
@@ -250,7 +250,7 @@ class Pricer:
         kind = (event.resource_type, event.instance_type)
         if kind not in said and len(said) < MAX_UNPRICED_SAID:
             said.add(kind)
-            log.warning("unpriced_usage", resource_type=event.resource_type, instance_type=event.instance_type or "(none)",
+            log.warning("unpriced_usage", resource_type=event.resource_type, instance_type=event.instance_type,
                         resource_id=event.resource_id,
                         note="no cost_usd, no billed rate and no list price: its alerts put $0 on it "
                              "($0.00/h); add the instance type to pricing.yaml beside the rules, or send cost_usd")  # fmt: skip

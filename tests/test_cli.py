@@ -31,6 +31,26 @@ def burnwatch(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess
                           capture_output=True, text=True, timeout=120, **kw)  # fmt: skip
 
 
+_WRITE = """
+import sys
+from detector.settings import load_settings
+from detector.store.connection import connect
+
+client = connect(load_settings().dsn, create=False)
+for statement in sys.argv[1:]:
+    client.command(statement)
+"""
+
+
+def store_writes(*statements: str, env: dict[str, str]) -> None:
+    """Statements that write, through the store's own client in a process of its own (`burnwatch sql` only
+    reads); the store is the one ``env`` names."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("BURNWATCH_", "SLACK_"))}
+    out = subprocess.run([sys.executable, "-c", _WRITE, *statements], env={**base, **env}, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def no_traceback(out: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, out.stderr
 
@@ -178,9 +198,9 @@ def test_db_migrate_leaves_a_stores_event_expiry_alone_unless_told(made):
     old = ("INSERT INTO burnwatch.resource_usage (ts, resource_id, resource_type, interval_s, usd) "
            "SELECT now64(3) - toIntervalDay(100) + toIntervalMinute(number), 'old-host', 'gpu_instance', 60, 1 "
            "FROM numbers(300)")  # fmt: skip
-    assert burnwatch("sql", old, env=made).returncode == 0
+    store_writes(old, env=made)
     out = burnwatch("db", "migrate", env=made)
-    burnwatch("sql", "OPTIMIZE TABLE burnwatch.resource_usage FINAL", env=made)  # the merge that applies a TTL
+    store_writes("OPTIMIZE TABLE burnwatch.resource_usage FINAL", env=made)  # the merge that applies a TTL
     count = burnwatch("sql", "SELECT count() AS n FROM burnwatch.resource_usage", "--format", "csv", env=made)
     assert count.stdout.splitlines() == ["n", "300"]
     assert out.returncode == 0 and "raw events kept forever (the store's own" in out.stdout, out.stdout
@@ -209,7 +229,7 @@ def test_a_default_event_expiry_applies_to_a_new_store_only(chdb_client):
 
 
 def test_db_migrate_makes_a_missing_table_again_instead_of_saying_up_to_date(made):
-    assert burnwatch("sql", "DROP TABLE burnwatch.alert_actions", env=made).returncode == 0
+    store_writes("DROP TABLE burnwatch.alert_actions", env=made)
     out = burnwatch("db", "migrate", env=made)
     assert out.returncode == 0, out.stderr
     said = next(line for line in out.stdout.splitlines() if " database burnwatch: " in line)
@@ -398,9 +418,7 @@ def test_digest_prints_what_could_be_saved_apart_from_the_waste(made):
               "('s1', 'spot_eligible', 'spot-eligible', 'run-1', 'resolved', 'resolved', 'info', "
               "'2026-11-02 02:00:00', '2026-11-02 02:00:00', '2026-11-02 06:00:00', 12, 3, "
               "'{\"resource_ids\": [\"h1\"]}', '', 1)")  # fmt: skip
-    for statement in (usage, alerts):
-        out = burnwatch("sql", statement, env=made)
-        assert out.returncode == 0, out.stderr
+    store_writes(usage, alerts, env=made)
     out = burnwatch("digest", "--day", "2026-11-02", env=made)
     no_traceback(out)
     assert out.returncode == 0, out.stderr
@@ -425,9 +443,7 @@ def test_digest_prints_what_was_fixed_what_stayed_open_and_writes_its_chart(made
     changes = [("INSERT INTO burnwatch.alert_changes (alert_id, at, waste_usd) VALUES "
                 "('a1', '2026-11-02 01:00:00', 0), ('a1', '2026-11-02 05:00:00', 40), "
                 "('a2', '2026-11-02 02:00:00', 0), ('a2', '2026-11-02 08:00:00', 60)")]
-    for statement in (usage, columns + rows, *changes):
-        out = burnwatch("sql", statement, env=made)
-        assert out.returncode == 0, out.stderr
+    store_writes(usage, columns + rows, *changes, env=made)
     chart = tmp_path / "digest.png"
     out = burnwatch("digest", "--day", "2026-11-02", "--chart", str(chart), env=made)
     no_traceback(out)
