@@ -351,15 +351,28 @@ def _billed(args: argparse.Namespace, limits: Any) -> Any:
         raise SystemExit(f"--bill: {exc}") from None
 
 
+def _whole(text: str, what: str = "", most: int | None = None, zero: str = "") -> int:
+    """A whole number (of ``what``) from 0 (``zero``: what 0 means) to ``most``, for argparse."""
+    try:
+        value = int(text)
+    except ValueError:
+        said = f"{text!r} is not a whole number" + (f" of {what}" if what else "") + (f" (0: {zero})" if zero else "")
+        raise argparse.ArgumentTypeError(said) from None
+    if value < 0 or (most is not None and value > most):
+        low = f"0 ({zero})" if zero else "0"
+        raise argparse.ArgumentTypeError(f"takes {low} to {most}, not {value}" if most is not None
+                                         else f"takes {low} or more, not {value}")  # fmt: skip
+    return value
+
+
 def _jobs(text: str) -> int:
     """``--jobs``: a whole number of processes, 0 for one per usable CPU."""
-    try:
-        jobs = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of processes (0: one per usable CPU)") from None
-    if not 0 <= jobs <= 1024:
-        raise argparse.ArgumentTypeError(f"takes 0 (one per usable CPU) to 1024, not {jobs}")
-    return jobs
+    return _whole(text, "processes", 1024, "one per usable CPU")
+
+
+def _count(text: str) -> int:
+    """How many of a simulated kind: a whole number, 0 or more."""
+    return _whole(text)
 
 
 def _positive(text: str) -> float:
@@ -370,17 +383,6 @@ def _positive(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"takes a number more than 0, not {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    """How many of a simulated kind: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"takes 0 or more, not {value}")
     return value
 
 
