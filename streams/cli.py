@@ -662,6 +662,7 @@ def _eval_series(args: argparse.Namespace) -> int:
 def cmd_silence(args: argparse.Namespace) -> int:
     import getpass
 
+    from detector.events import TS_MAX
     from detector.rules import RulesInvalid
     from detector.silencing import add_silence, expire_silence, list_silences, now_utc, parse_match, parse_time
     from detector.units import parse_duration
@@ -671,9 +672,13 @@ def cmd_silence(args: argparse.Namespace) -> int:
     try:
         if args.silence_command == "add":
             starts = parse_time(args.start) if args.start else now
+            until = starts + parse_duration(args.duration)
+            if until >= TS_MAX.timestamp():
+                raise ValueError(f"--for {args.duration}: the silence would end after {TS_MAX:%Y}; give it an end that "
+                                 "comes (a silence for good is a rule's match, or the rule disabled)")  # fmt: skip
             silence = add_silence(
                 rules_dir, parse_match(args.match or []), types=args.type or [], rules=args.rule or [], starts=starts,
-                until=starts + parse_duration(args.duration), reason=args.reason, created_by=args.by or getpass.getuser(),
+                until=until, reason=args.reason, created_by=args.by or getpass.getuser(),
             )  # fmt: skip
             print(f"silence {silence.id} from {silence.starts.isoformat()} until {silence.until.isoformat()} added to "
                   f"{rules_dir}/silences.yaml; a running worker takes it up within seconds")  # fmt: skip

@@ -169,11 +169,14 @@ def test_a_silence_that_has_not_started_lists_as_pending_and_expires_empty(tmp_p
          "--start 'tomorrow': expected an RFC 3339 time"),
         (["--type", "idle_gpu", "--start", "2026-11-02T00:00:00", "--for", "1h", "--reason", "x"],
          "--start '2026-11-02T00:00:00': give the time zone"),
+        (["--type", "idle_gpu", "--for", "99999999d", "--reason", "x"],  # "year 275817 is out of range" before
+         "--for 99999999d: the silence would end after 2200"),
     ],
-    ids=["bad-match", "unknown-type", "bad-duration", "unknown-rule", "no-matcher", "bad-start", "start-without-zone"],
+    ids=["bad-match", "unknown-type", "bad-duration", "unknown-rule", "no-matcher", "bad-start", "start-without-zone",
+         "ends-never"],
 )
 def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, monkeypatch, capsys, args, error):
-    """In-process (``streams.cli.main``, as the subprocess runs it): seven cases, two commands
+    """In-process (``streams.cli.main``, as the subprocess runs it): eight cases, two commands
     each, were fourteen interpreters starting (about 1.3 s of CPU each) to check a message;
     ``test_silence_cli_adds_lists_and_expires`` runs the command as a user does."""
     rules = tmp_path / "rules"
