@@ -177,7 +177,7 @@ def test_a_silence_that_has_not_started_lists_as_pending_and_expires_empty(tmp_p
 )
 def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, monkeypatch, capsys, args, error):
     """In-process (``streams.cli.main``, as the subprocess runs it): eight cases, two commands
-    each, were fourteen interpreters starting (about 1.3 s of CPU each) to check a message;
+    each, would be sixteen interpreters starting (about 1.3 s of CPU each) to check a message;
     ``test_silence_cli_adds_lists_and_expires`` runs the command as a user does."""
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
