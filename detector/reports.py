@@ -17,7 +17,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -135,20 +135,35 @@ def run_report(store: Connection, name: str, since_s: float, team: str = "", rul
 
 def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
     """``table`` (aligned columns), ``csv`` (with a header) or ``json`` (one object per line)."""
-    if fmt == "json":
-        return "".join(json.dumps(row, default=str) + "\n" for row in rows)
-    if fmt == "csv":
-        out = io.StringIO()
-        if rows:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-            writer.writeheader()
-            writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
-        return out.getvalue()
-    if not rows:
-        return "(no rows)\n"
-    cols = list(rows[0])
-    cells = [["" if r[c] is None else printable(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines) + "\n"
+    return "".join(format_blocks(list(rows[0]) if rows else [], [[list(r.values()) for r in rows]], fmt))
+
+
+def format_blocks(names: Sequence[str], blocks: Iterable[Sequence[Sequence[Any]]], fmt: str) -> Iterator[str]:
+    """:func:`format_rows`' text a block of rows at a time, for output written as the rows come (``burnwatch
+    sql``: ``| head`` ends the query). A table's columns are as wide as its first block needs."""
+    names = list(names)
+    widths: list[int] | None = None
+    for block in blocks:
+        if not block:
+            continue
+        if fmt == "json":
+            yield "".join(json.dumps(dict(zip(names, row, strict=True)), default=str) + "\n" for row in block)
+            continue
+        if fmt == "csv":
+            out = io.StringIO()
+            writer = csv.writer(out, lineterminator="\n")
+            if widths is None:
+                writer.writerow(names)
+                widths = []
+            writer.writerows(["" if v is None else v for v in row] for row in block)
+            yield out.getvalue()
+            continue
+        cells = [["" if v is None else printable(v) for v in row] for row in block]
+        lines = []
+        if widths is None:
+            widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(names)]
+            lines.append("  ".join(c.ljust(w) for c, w in zip(names, widths, strict=True)))
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+        yield "\n".join(lines) + "\n"
+    if widths is None and fmt == "table":
+        yield "(no rows)\n"

@@ -1088,17 +1088,26 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from detector.reports import format_rows
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    from detector.reports import format_blocks, format_rows
 
     if not args.query.strip():
         raise SystemExit("sql: the query is empty; e.g. burnwatch sql \"SELECT count() FROM burnwatch.alerts\"")
     settings = _settings(args)
     store = _open_store(settings)
-    try:
-        rows = store.query(args.query, read_only=True)  # the commands that only read (docs/cli.md): ClickHouse holds it to that
+    try:  # read-only, as the commands that only read (docs/cli.md): ClickHouse holds it to that
+        try:
+            with store.stream(args.query, read_only=True) as (names, blocks):
+                for text in format_blocks(names, blocks, args.format):  # as it comes: `| head` ends the query
+                    sys.stdout.write(text)
+        except DatabaseError as exc:
+            if "Streaming query is not supported" not in str(exc):
+                raise
+            # the embedded engine streams a SELECT only (not SHOW, DESCRIBE, EXISTS, EXPLAIN): read it whole
+            sys.stdout.write(format_rows(store.query(args.query, read_only=True), args.format))
     finally:
         store.close()
-    sys.stdout.write(format_rows(rows, args.format))
     return 0
 
 

@@ -12,7 +12,8 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -182,14 +183,24 @@ class Connection:
         (``readonly = 2``: settings may still change), for a query a person typed. A user read-only
         already is left so (the setting cannot be sent to it); on the embedded engine the setting stays
         for the rest of the process, so it is for a process that only reads after it (``burnwatch sql``)."""
-        settings = None
-        if read_only:
-            found = getattr(self.client, "server_settings", {}).get("readonly")
-            if found is None or str(getattr(found, "value", "0")) == "0":
-                settings = {"readonly": 2}
         with self.lock:
-            result = self.client.query(sql, parameters=parameters or {}, settings=settings)
+            result = self.client.query(sql, parameters=parameters or {}, settings=self._reading(read_only))
         return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+
+    @contextmanager
+    def stream(self, sql: str, read_only: bool = False) -> Iterator[tuple[list[str], Iterator[Sequence[Any]]]]:
+        """The column names and the result's blocks of rows as the engine sends them (``read_only`` as
+        :meth:`query`'s): a reader that stops early (``burnwatch sql | head``) ends the query."""
+        with self.lock, self.client.query_row_block_stream(sql, settings=self._reading(read_only)) as blocks:
+            yield list(blocks.source.column_names), iter(blocks)
+
+    def _reading(self, read_only: bool) -> dict[str, Any] | None:
+        """The settings of a query that must only read: ``readonly = 2``, unless the user is read-only already
+        (clickhouse-connect refuses to send a setting the server says is read-only)."""
+        if not read_only:
+            return None
+        found = getattr(self.client, "server_settings", {}).get("readonly")
+        return {"readonly": 2} if found is None or str(getattr(found, "value", "0")) == "0" else None
 
     def named(self, name: str, parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Rows of the named query :func:`named_sql` ``(name)``, with ``db`` bound to this database."""
