@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from detector.remediation.policy import Action
-from detector.rules import Routing
+from detector.rules import SLACK_USER_ID, Routing
 
 if TYPE_CHECKING:
     from detector.remediation.runner import ActionRunner
@@ -46,7 +46,6 @@ DECISIONS = ("approve", "decline", "snooze")
 """What a form may ask: Approve, Decline (Object, on an automatic action) and Snooze 24h."""
 MAX_IDENTITY = 254
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_SLACK_USER = re.compile(r"[UW][A-Z0-9]{2,20}")
 _ALERT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 SNOOZE_S = 86_400.0
 
@@ -73,7 +72,7 @@ def slack_user(routing: Routing, who: str) -> str:
     if found is None and "@" in who:
         folded = who.casefold()
         found = next((v for k, v in routing.users.items() if "@" in k and k.casefold() == folded), None)
-    return found if found is not None and _SLACK_USER.fullmatch(found) else ""
+    return found if found is not None and SLACK_USER_ID.fullmatch(found) else ""
 
 
 def who_may(routing: Routing, tags: Mapping[str, str]) -> str:

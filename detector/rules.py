@@ -135,6 +135,10 @@ class Link(BaseModel):
         return url
 
 
+SLACK_USER_ID = re.compile(r"[UW][A-Z0-9]{2,20}")
+"""A Slack user id: ``U012AB3CD``, or ``W...`` on Enterprise Grid (a user group's is ``S...``)."""
+
+
 def _slack_id(value: str) -> str:
     if not re.fullmatch(r"[UWS][A-Z0-9]{2,20}", value):
         raise ValueError(f"{value[:40]!r} is not a Slack user id (U012AB3CD, W... on Enterprise Grid) or user "
@@ -753,7 +757,7 @@ def consistency_warnings(ruleset: RuleSet) -> list[str]:
     warnings = [said for rule in ruleset.rules for said in _resource_type_typos(rule)]
     warnings += [f"routing.yaml users.{name}: {user[:40]!r} is not a Slack user id (U012AB3CD, W... on Enterprise "
                  "Grid): alerts cannot mention this owner, nor may they approve as the owner"
-                 for name, user in ruleset.routing.users.items() if not re.fullmatch(r"[UW][A-Z0-9]{2,20}", user)]  # fmt: skip
+                 for name, user in ruleset.routing.users.items() if not SLACK_USER_ID.fullmatch(user)]  # fmt: skip
     for rule in ruleset.rules:
         share = rule.detector
         if share.type not in ("partly_idle_gpu", "unallocated_gpu"):

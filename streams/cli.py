@@ -93,11 +93,9 @@ def _open_store(settings: Settings, source: str = "") -> Any:
 def _no_store(settings: Settings, exc: Exception, source: str = "") -> str:
     """Why there is no store, where its address came from (``source``: an option that named it), and where
     one may be."""
-    if not source and settings.clickhouse_dsn:
-        source = "BURNWATCH_CLICKHOUSE_DSN"
-    elif not source:
+    if not source:
         default = "" if "data_dir" in settings.model_fields_set else ", the default"
-        source = f"BURNWATCH_DATA_DIR={settings.data_dir}{default}"
+        source = "BURNWATCH_CLICKHOUSE_DSN" if settings.clickhouse_dsn else f"BURNWATCH_DATA_DIR={settings.data_dir}{default}"
     lines = [f"{exc} (the store's address comes from {source}); nothing was created."]
     demo = settings.data_dir / "demo"
     if not settings.clickhouse_dsn and (demo / "clickhouse" / "metadata").is_dir():

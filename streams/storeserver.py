@@ -243,8 +243,7 @@ class StoreEngine:
         if request.data is not None:
             raise StoreError(READONLY, "Cannot execute query in readonly mode: an insert", status=403)
         text = request.sql.decode(errors="replace")  # a statement not in UTF-8 is judged as read, and runs as sent
-        literal = "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-        normal = self._run(f"SELECT formatQuerySingleLine({literal})", "TabSeparatedRaw", {}).bytes().strip()
+        normal = self._run(f"SELECT formatQuerySingleLine({_string(text)})", "TabSeparatedRaw", {}).bytes().strip()
         if not _RESULT_STATEMENT.match(normal) or _INTO_OUTFILE.search(normal):
             raise StoreError(READONLY, "Cannot execute query in readonly mode: only a statement that reads (SELECT, "
                              "SHOW, DESCRIBE, EXISTS, EXPLAIN) runs", status=403)  # fmt: skip
@@ -271,8 +270,7 @@ class StoreEngine:
             del self._settings[name]
         for name, value in settings.items():
             if self._settings.get(name) != value:
-                quoted = value.replace("\\", "\\\\").replace("'", "\\'")
-                self._run(f"SET {name} = '{quoted}'", "TabSeparated", {})
+                self._run(f"SET {name} = {_string(value)}", "TabSeparated", {})
                 self._settings[name] = value
 
     def close(self) -> None:
@@ -294,6 +292,11 @@ def engine_path(dsn: str) -> str:
         return ":memory:"
     os.makedirs(location, exist_ok=True)
     return os.path.realpath(location)
+
+
+def _string(text: str) -> str:
+    """``text`` as a ClickHouse string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _text(sql: bytes) -> str | bytes:

@@ -33,7 +33,7 @@ from detector.billing.columns import (
     SERVICE_PROVIDER_NAME,
     Column,
 )
-from detector.billing.rates import HOUR_UNITS
+from detector.billing.rates import hour_rows
 from detector.events import TS_MAX, TS_MIN
 from detector.limits import Limits
 
@@ -473,11 +473,7 @@ def _check_periods(file: Path, out: dict[str, pa.ChunkedArray | pa.Array], max_u
                          f"{end[backwards].as_py().isoformat()} is before ChargePeriodStart "
                          f"{start[backwards].as_py().isoformat()}")  # fmt: skip
     quantity = pc.cast(out["consumed_quantity"], pa.float64())
-    prices_hours = pc.and_(
-        pc.and_(pc.equal(out["charge_category"], "Usage"), pc.not_equal(out["charge_class"], "Correction")),
-        pc.and_(pc.and_(pc.is_in(out["consumed_unit"], pa.array(HOUR_UNITS)), pc.not_equal(out["resource_id"], "")),
-                pc.and_(pc.not_equal(out["commitment_discount_status"], "Unused"), pc.greater(quantity, 0.0))),
-    ).fill_null(False)
+    prices_hours = hour_rows(out)
     for column, name in (("effective_cost", "EffectiveCost"), ("billed_cost", "BilledCost")):
         rate = pc.divide(pc.abs(pc.cast(out[column], pa.float64())), quantity)
         row = _first(pc.and_(prices_hours, pc.greater(rate, max_usd_per_hour)).fill_null(False))

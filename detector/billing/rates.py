@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from detector.store.connection import Connection
 
-__all__ = ["HOUR_UNITS", "PRICED_IN", "BilledRates", "tag_key"]
+__all__ = ["HOUR_UNITS", "PRICED_IN", "BilledRates", "hour_rows", "tag_key"]
 
 PRICED_IN = "USD"
 """The currency every dollar figure is in: a bill in another is stored for queries, never priced from."""
@@ -153,6 +153,20 @@ class BilledRates:
         tags = store.query(f"SELECT resource_id, argMax(tags, charge_period_start) AS latest FROM {store.db}.billing "
                            f"WHERE resource_id != '' AND length(tags) > 0 GROUP BY resource_id")  # fmt: skip
         return cls(periods, {r["resource_id"]: r["latest"] for r in tags}, corrections)
+
+
+def hour_rows(columns: Mapping[str, Any]) -> Any:
+    """Which rows of a bill's columns (:func:`detector.billing.focus.read_focus`'s names) price a resource's
+    hours, all at once: :func:`_prices_an_hour`'s rule, for a row with a resource and some hours that is no
+    correction (what :meth:`BilledRates.from_table` takes a rate from). A boolean array, no null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    quantity = pc.cast(columns["consumed_quantity"], pa.float64())
+    usage = pc.and_(pc.equal(columns["charge_category"], "Usage"), pc.not_equal(columns["charge_class"], "Correction"))
+    hours = pc.and_(pc.is_in(columns["consumed_unit"], pa.array(HOUR_UNITS)), pc.not_equal(columns["resource_id"], ""))
+    used = pc.and_(pc.not_equal(columns["commitment_discount_status"], "Unused"), pc.greater(quantity, 0.0))
+    return pc.and_(pc.and_(usage, hours), used).fill_null(False)
 
 
 def _prices_an_hour(charge_category: str, consumed_unit: str, commitment_status: str) -> bool:
