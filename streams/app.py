@@ -71,11 +71,12 @@ class HostDirectory:
         return info
 
 
-def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipeline]:
+def build_worker_app(settings: Settings, store: Store, event_expiry_days: int = 0) -> tuple[faust.App, Pipeline]:
     """Build the Faust app around an open store; rules are loaded (and validated) here.
     The parts are wired in one place: the topology (:mod:`streams.topology`), the partition
     handover (:mod:`streams.handover`), the timers (:mod:`streams.timers`) and the web views
-    (:mod:`streams.web`) each read what they need from :class:`WorkerParts`."""
+    (:mod:`streams.web`) each read what they need from :class:`WorkerParts`. ``event_expiry_days``: the
+    store's expiry of raw events in force, as setting it at start returned (0: kept forever)."""
     config = LiveConfig.load(settings.rules_path)
     app = make_app(settings)
     membership = cast(BulkTransport, app.transport).membership  # renewed by the consumer's heartbeats
@@ -110,7 +111,7 @@ def build_worker_app(settings: Settings, store: Store) -> tuple[faust.App, Pipel
         event_writer=writer_for(store, settings.dsn, settings.clickhouse_database, settings.event_writer),
         partition_count=lambda topic: cast(BulkConsumer, app.consumer).partition_count(topic) or settings.partitions,
         membership=membership,
-        event_expiry_days=store.schema.event_ttl(),
+        event_expiry_days=event_expiry_days,
     )
     if membership is not None:  # a worker frozen past the session posts nothing until the group holds it still
         outbox.may_post = outputs.may_post = membership.held
@@ -133,9 +134,9 @@ def run_worker(settings: Settings) -> None:
     asyncio.set_event_loop(asyncio.new_event_loop())
     settings.data_dir.mkdir(parents=True, exist_ok=True)  # Faust's data; with a server DSN nothing else makes it
     store = Store.open(settings.dsn, settings.clickhouse_database)
-    store.schema.set_event_ttl(settings.event_ttl_days, explicit="event_ttl_days" in settings.model_fields_set)
+    expiry_days = store.schema.set_event_ttl(settings.event_ttl_days, explicit="event_ttl_days" in settings.model_fields_set)
     try:
-        app, _ = build_worker_app(settings, store)
+        app, _ = build_worker_app(settings, store, expiry_days)
         worker = faust.Worker(
             app,
             loglevel="warn" if settings.log_level == "warning" else settings.log_level,
