@@ -116,8 +116,9 @@ class Settings(BaseSettings):
 
     @field_validator("clickhouse_dsn")
     @classmethod
-    def _chdb_directory_is_absolute(cls, dsn: str) -> str:
-        """``chdb://dir`` reads ``dir`` as a host and the rest as the path: a store made at the root."""
+    def _a_store_address(cls, dsn: str) -> str:
+        """An embedded store by its absolute directory (``chdb://dir`` reads ``dir`` as a host: a store made at the
+        root), or a server (any other scheme was taken for a server at a host of that name)."""
         if dsn.startswith("chdb:") and dsn != "chdb://memory" and not dsn.startswith("chdb:///"):
             raise ValueError("an embedded store is chdb:///absolute/directory (three slashes) or chdb://memory")
         scheme = dsn.partition("://")[0].lower() if "://" in dsn else ""
