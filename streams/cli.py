@@ -994,7 +994,7 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
         raise SystemExit(f"{exc}; nothing was stored") from None
     try:
         result = store_bill(store, bill)
-        repriced = reprice(store, result.ingest_id)
+        repriced = reprice(store, result.ingest_id, limits.max_usd_per_hour)
         with_telemetry = {r["resource_id"] for r in store.query(telemetry_sql(store.db))} if args.publish_usage else set()
     finally:
         store.close()
@@ -1004,7 +1004,11 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
         print(f"a bill in {args.currency} is stored for queries; it prices no event and re-prices no incident "
               f"(burnwatch counts {PRICED_IN})")  # fmt: skip
     else:
-        print(f"re-priced {repriced} incident(s) from the bill (episodes it covers end to end)")
+        print(f"re-priced {repriced.repriced} incident(s) from the bill (episodes it covers end to end)")
+        if repriced.beyond_limits:
+            _note(f"{repriced.beyond_limits} incident(s) not re-priced: the bill charges their resource more than "
+                  f"${limits.max_usd_per_hour:,.2f}/h (limits.yaml's max_usd_per_hour) over the episode, "
+                  f"e.g. {', '.join(map(printable, repriced.some_beyond))}; they keep their events' dollars")  # fmt: skip
     if args.publish_usage:
         from streams.kafka import publish_records
 

@@ -250,7 +250,7 @@ def _the_bill(pipeline: _Pipeline, settings: Settings, cfg: SimConfig, ruleset: 
     store = Store.open(pipeline.dsn, settings.clickhouse_database)
     try:
         result = ingest_files(store, path)
-        repriced = reprice(store, result.ingest_id)
+        repriced = reprice(store, result.ingest_id).repriced
         rows = run_report(store, "reconcile", cfg.hours * 3600 + 86_400, "")
         billed = BilledRates.from_store(store)
     finally:

@@ -71,7 +71,7 @@ def figures(store) -> dict[str, dict]:
 def test_an_incident_gains_the_bills_prorated_dollars_and_a_restatement_replaces_them(incidents, tmp_path):
     first = ingest_files(incidents, write_bill(tmp_path / "bill-1.csv", {"h1": 40.0, "h2": 40.0}, hours=8))
     # h2's episode runs past the bill's last hour: left for a later bill
-    assert reprice(incidents, first.ingest_id) == 1
+    assert reprice(incidents, first.ingest_id).repriced == 1
     (a,) = figures(incidents).values()
     assert a["alert_id"] == "a"
     assert a["claimed_usd"] == pytest.approx(200.0)  # 4 hours at $50, the first and last prorated by half
@@ -79,7 +79,7 @@ def test_an_incident_gains_the_bills_prorated_dollars_and_a_restatement_replaces
     assert a["billed_waste_usd"] == pytest.approx(80.0)  # $100 x 160 / 200
 
     restated = ingest_files(incidents, write_bill(tmp_path / "bill-2.csv", {"h1": 30.0, "h2": 30.0}, hours=24))
-    assert reprice(incidents, restated.ingest_id) == 2
+    assert reprice(incidents, restated.ingest_id).repriced == 2
     now = figures(incidents)
     assert now["a"]["billed_usd"] == pytest.approx(120.0) and now["a"]["billed_waste_usd"] == pytest.approx(60.0)
     assert now["b"]["billed_waste_usd"] == pytest.approx(30.0)  # $50 x 60 / 100
@@ -100,14 +100,32 @@ def test_only_the_resources_usage_reprices_its_incident(incidents, tmp_path, oth
     write_bill(bill / "usage.csv", {"h1": 40.0}, hours=8)
     for i, (category, usd) in enumerate(others):
         write_bill(bill / f"other-{i}.csv", {"h1": usd}, hours=8, category=category)
-    assert reprice(incidents, ingest_files(incidents, bill).ingest_id) == 1
+    assert reprice(incidents, ingest_files(incidents, bill).ingest_id).repriced == 1
     assert figures(incidents)["a"]["billed_waste_usd"] == pytest.approx(waste)
+
+
+def test_a_bill_beyond_the_limits_reprices_nothing_and_says_so(incidents, tmp_path):
+    """A corrupt charge in a unit that is no hour (the reader bounds only hourly rates) would price
+    the waste at it: an incident whose bill is over limits.yaml's max_usd_per_hour over its episode
+    keeps its events' dollars and is counted; one within the limit is re-priced as before."""
+    bill = tmp_path / "bill"
+    bill.mkdir()
+    write_bill(bill / "usage.csv", {"h1": 40.0, "h2": 40.0}, hours=24)
+    with open(write_bill(bill / "gb.csv", {"h2": 1e11}, hours=24)) as f:  # $1e11 an hour of "GB" on h2
+        text = f.read()
+    (bill / "gb.csv").write_text(text.replace(",Hours,", ",GB,"))
+    ingest = ingest_files(incidents, bill)
+    assert ingest.rows == 72
+    done = reprice(incidents, ingest.ingest_id, max_usd_per_hour=2000.0)
+    assert (done.repriced, done.beyond_limits, done.some_beyond) == (1, 1, ["h2"])
+    assert set(figures(incidents)) == {"a"} and figures(incidents)["a"]["billed_waste_usd"] == pytest.approx(80.0)
+    assert reprice(incidents, ingest.ingest_id, max_usd_per_hour=1e12).repriced == 2  # the user's limit is theirs
 
 
 def test_a_bill_in_another_currency_reprices_nothing(incidents, tmp_path):
     """Stored for queries, as the user asked; its figures are no dollars."""
     bill = ingest_files(incidents, write_bill(tmp_path / "eur.csv", {"h1": 40.0}, hours=8, currency="EUR"), currency="EUR")
-    assert bill.rows == 8 and reprice(incidents, bill.ingest_id) == 0 and figures(incidents) == {}
+    assert bill.rows == 8 and reprice(incidents, bill.ingest_id).repriced == 0 and figures(incidents) == {}
 
 
 def test_the_digest_shows_billed_dollars_and_says_how_many_were_repriced(incidents, tmp_path):
@@ -146,7 +164,7 @@ def test_a_simulated_fleets_incidents_are_repriced_at_what_its_bill_charged(stor
     cfg = SimConfig(hours=30, training_hosts=6, notebooks=8, seed=9)
     store_fleet(store, ruleset, fleet_file(tmp_path / "fleet.jsonl", cfg, ruleset.pricing)[0])
     path = write_focus(simulate_focus(cfg, ruleset.pricing), tmp_path / "bill.parquet")
-    n = reprice(store, ingest_files(store, path).ingest_id)
+    n = reprice(store, ingest_files(store, path).ingest_id).repriced
     repriced = figures(store)
     assert n == len(repriced) > 0
     charges = read_focus(path).select(["resource_id", "charge_period_start", "charge_period_end", "effective_cost"])

@@ -17,14 +17,15 @@ the engine's, never a loop per alert.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from detector.billing.rates import PRICED_IN
+from detector.limits import Limits
 from detector.store.connection import Connection
 
-__all__ = ["reprice"]
+__all__ = ["Repriced", "reprice"]
 
-_SQL = """
-INSERT INTO {db}.alert_billing (alert_id, resource_id, episode_start, episode_end, claimed_usd, billed_usd,
-                                 waste_usd, billed_waste_usd, repriced_at, ingest_id)
+_JUDGED = """
 WITH episodes AS (
     SELECT alert_id, resource_id, episode_start AS s,
            ifNull(resolved_at, updated_at) AS e, waste_usd,
@@ -61,21 +62,50 @@ claimed AS (
     WHERE c.hour + INTERVAL 1 HOUR > ep.s AND c.hour < ep.e
     GROUP BY ep.alert_id
 )
-SELECT ep.alert_id, ep.resource_id, ep.s, ep.e, c.claimed_usd, b.billed_usd, ep.waste_usd,
-       ep.waste_usd * greatest(b.billed_usd, 0) / c.claimed_usd, now64(3), {{ingest_id:String}}
+SELECT ep.alert_id AS alert_id, ep.resource_id AS resource_id, ep.s AS s, ep.e AS e, c.claimed_usd AS claimed_usd,
+       b.billed_usd AS billed_usd, ep.waste_usd AS waste_usd,
+       ep.waste_usd * greatest(b.billed_usd, 0) / c.claimed_usd AS billed_waste_usd,
+       b.billed_usd <= {{max_usd_per_hour:Float64}} * (ep.e_ms - ep.s_ms) / 3600000 AS within_limits
 FROM episodes AS ep
 INNER JOIN billed AS b ON b.alert_id = ep.alert_id
 INNER JOIN claimed AS c ON c.alert_id = ep.alert_id
 WHERE b.covered_ms >= ep.e_ms - ep.s_ms AND c.claimed_usd > 0
 """
 
+_INSERT = """
+INSERT INTO {db}.alert_billing (alert_id, resource_id, episode_start, episode_end, claimed_usd, billed_usd,
+                                 waste_usd, billed_waste_usd, repriced_at, ingest_id)
+SELECT alert_id, resource_id, s, e, claimed_usd, billed_usd, waste_usd, billed_waste_usd, now64(3), {{ingest_id:String}}
+FROM ({judged}) WHERE within_limits
+"""
 
-def reprice(store: Connection, ingest_id: str) -> int:
+_BEYOND = """
+SELECT count() AS n, groupArray(5)(resource_id) AS some FROM ({judged}) WHERE NOT within_limits
+"""
+
+
+class Repriced(NamedTuple):
+    """What :func:`reprice` did: incidents re-priced, and those the bill prices beyond ``limits.yaml``."""
+
+    repriced: int
+    beyond_limits: int
+    some_beyond: list[str]
+
+
+def reprice(store: Connection, ingest_id: str, max_usd_per_hour: float | None = None) -> Repriced:
     """Re-price every incident on a resource of ingest ``ingest_id`` whose episode the bill
-    covers end to end; return how many. A later bill's figure replaces an earlier one."""
+    covers end to end. A later bill's figure replaces an earlier one. An incident whose bill
+    charges the resource more than ``max_usd_per_hour`` (``limits.yaml``, the bound its events
+    meet) over the episode's hours keeps its events' figure and is counted in ``beyond_limits``:
+    the reader bounds only charges in hours, and a corrupt charge in another unit (GB, requests)
+    would otherwise price the waste at it."""
     db = store.db
+    bound = Limits().max_usd_per_hour if max_usd_per_hour is None else max_usd_per_hour
+    judged = _JUDGED.format(db=db, priced_in=PRICED_IN)
+    parameters = {"ingest_id": ingest_id, "max_usd_per_hour": bound}
     with store.lock:
-        store.client.command(_SQL.format(db=db, priced_in=PRICED_IN), parameters={"ingest_id": ingest_id})
+        store.client.command(_INSERT.format(db=db, judged=judged), parameters=parameters)
+    (beyond,) = store.query(_BEYOND.format(judged=judged), parameters)
     rows = store.query(f"SELECT uniqExact(alert_id) AS n FROM {db}.alert_billing WHERE ingest_id = {{i:String}}",
                        {"i": ingest_id})
-    return int(rows[0]["n"])
+    return Repriced(int(rows[0]["n"]), int(beyond["n"]), list(beyond["some"]))
