@@ -183,10 +183,11 @@ def _config_file(path: str | Path) -> dict[str, Any]:
 
 
 def load_settings(config_file: str | Path | None = None, environ: Mapping[str, str] | None = None,
-                  **overrides: Any) -> Settings:  # fmt: skip
+                  options: Mapping[str, str] | None = None, **overrides: Any) -> Settings:  # fmt: skip
     """File (if any) < environment (``environ``, default the process's) < explicit overrides.
     Every bad value is reported at once, as ``ValueError`` naming where it came from: the
-    variable, the ``--option`` or the config file's key."""
+    variable, the ``--option`` (``options``: an override's option where it is not ``--its-name``,
+    as ``incidents --store``) or the config file's key."""
     env = os.environ if environ is None else environ
     config_file = config_file or env.get("BURNWATCH_CONFIG")
     from_file = _config_file(config_file) if config_file else {}
@@ -200,7 +201,7 @@ def load_settings(config_file: str | Path | None = None, environ: Mapping[str, s
             key = str(err["loc"][0]) if err["loc"] else ""
             name = next((n for n, var in ENV.items() if key in (n, var)), key)
             if name in given:
-                source = f"--{name.replace('_', '-')}"
+                source = (options or {}).get(name) or f"--{name.replace('_', '-')}"
             elif env.get(ENV.get(name, "")):
                 source = ENV[name]
             else:

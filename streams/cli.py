@@ -58,9 +58,11 @@ EXIT_BROKEN_PIPE = 141
 """Whoever read the output stopped reading (``| head``): as a process killed by SIGPIPE."""
 
 
-def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
+def _settings(args: argparse.Namespace, options: dict[str, str] | None = None, **overrides: Any) -> Settings:
+    """The settings, ``overrides`` given by options (``options``: the option of each, where it is not
+    ``--its-name``); a bad value ends the command with what was wrong and where it came from."""
     try:
-        settings = load_settings(getattr(args, "config", None), **overrides)
+        settings = load_settings(getattr(args, "config", None), options=options, **overrides)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     register_settings(settings)  # from here on, no log line, error or message shows its secrets
@@ -1121,7 +1123,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         flt = IncidentFilter(open_only=args.open, team=args.team or None, limit=args.limit)
     except InvalidFilter as exc:
         raise SystemExit(f"--{exc}") from None
-    settings = _settings(args, clickhouse_dsn=args.store)
+    settings = _settings(args, {"clickhouse_dsn": "--store"}, clickhouse_dsn=args.store)
     try:
         store = _open_store(settings, "--store" if args.store else "")
     except StoreBusy as exc:

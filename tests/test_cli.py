@@ -158,6 +158,9 @@ def test_incidents_say_a_store_named_by_store_came_from_it(tmp_path):
     out = burnwatch("incidents", "--store", f"chdb://{tmp_path / 'missing'}")
     no_traceback(out)
     assert out.returncode == EXIT_FAILED and "(the store's address comes from --store)" in out.stderr, out.stderr
+    out = burnwatch("incidents", "--store", "foo://x")  # refused by the settings, which know the option as --store
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and "--store: " in out.stderr and "--clickhouse-dsn" not in out.stderr, out.stderr
 
 
 def test_sql_only_reads(made):
