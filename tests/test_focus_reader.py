@@ -188,6 +188,16 @@ def test_wrong_decimal_names_row_column_and_value(tmp_path: Path) -> None:
     assert (err.row, err.column) == (2, "BilledCost")
 
 
+@pytest.mark.parametrize("value", ["1" + "0" * 30, "-1e40"])
+def test_a_decimal_too_large_for_the_column_is_said_to_be(tmp_path: Path, value: str) -> None:
+    """A number, not a typo: the message names the range, as a Parquet decimal's does."""
+    rows = _rows()
+    rows[2]["EffectiveCost"] = value
+    err = _error(_write(tmp_path / "bill.csv", rows))
+    assert str(err) == (f"bill.csv: row 3, column EffectiveCost: {value!r} is not a number Decimal(38, 12) holds "
+                        "(26 digits before the point)")  # fmt: skip
+
+
 def test_long_bad_value_is_truncated_in_the_message(tmp_path: Path) -> None:
     rows = _rows()
     rows[2]["ConsumedQuantity"] = "9" * 50 + "x" * 500

@@ -13,6 +13,7 @@ Every problem is a `FocusError` naming file, 1-based data row (None for whole-fi
 from __future__ import annotations
 
 import csv
+import decimal
 import gzip
 import io
 import json
@@ -43,6 +44,8 @@ CSV_BLOCK_BYTES = 16 * 1024 * 1024  # pyarrow's parse block: rows up to this siz
 SHOW_CHARS = 80  # a bad value is quoted up to this many characters
 
 DECIMAL = pa.decimal128(38, 12)
+_TEXT_DECIMAL = "a decimal number"
+_DECIMAL_RANGE = "a number Decimal(38, 12) holds (26 digits before the point)"
 _WIDE = pa.decimal256(76, 30)  # parse at a wider scale, then round to 12 places
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
 STR_MAP = pa.map_(pa.string(), pa.string())
@@ -314,8 +317,21 @@ def _bad_row(file: Path, source: str, cells: pa.ChunkedArray, cast: Any, what: s
             try:
                 cast(pa.array([value], type=column.type))
             except failures:
-                return FocusError(file, start + i + 1, source, f"{_show(value)} is not {what}")
+                return FocusError(file, start + i + 1, source, f"{_show(value)} is not {_said(value, what)}")
     return FocusError(file, None, source, f"is not {what}")
+
+
+def _said(value: Any, what: str) -> str:
+    """What a rejected value is not: a decimal number written in text that is too large for the column is
+    said to be so (it is a number, and "not a decimal number" sent the user looking for a typo)."""
+    if what == _TEXT_DECIMAL and isinstance(value, str):
+        try:
+            number = decimal.Decimal(value.strip())
+        except decimal.InvalidOperation:
+            return what
+        if number.is_finite():
+            return _DECIMAL_RANGE
+    return what
 
 
 def _to_decimal(file: Path, source: str, cells: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -334,7 +350,7 @@ def _to_decimal(file: Path, source: str, cells: pa.ChunkedArray) -> pa.ChunkedAr
     try:
         return cast(cells)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        said = "a decimal number" if _is_text(t) else "a number Decimal(38, 12) holds (26 digits before the point)"
+        said = _TEXT_DECIMAL if _is_text(t) else _DECIMAL_RANGE
         raise _bad_row(file, source, cells, cast, said) from None
 
 
