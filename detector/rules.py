@@ -474,8 +474,11 @@ def _alias_loc(loc: tuple) -> tuple:
 
 
 def _type_error(rule: Any, loc: tuple, file: str, lines: dict[tuple, int]) -> RuleError | None:
-    if not isinstance(rule, dict) or "type" not in rule or rule["type"] in REGISTRY:
+    if not isinstance(rule, dict) or (isinstance(rule.get("type"), str) and rule["type"] in REGISTRY):
         return None
+    if "type" not in rule:  # pydantic says "Unable to extract tag using discriminator 'type'"
+        where = lines.get(loc + ("name",), lines.get(loc, 0))
+        return RuleError(file, where, _format_path(loc + ("type",)), f"missing; known types: {', '.join(sorted(REGISTRY))}")
     near = difflib.get_close_matches(str(rule["type"]), list(REGISTRY), n=1)
     hint = f"; did you mean {near[0]!r}?" if near else f"; known types: {', '.join(sorted(REGISTRY))}"
     loc = loc + ("type",)
@@ -483,8 +486,13 @@ def _type_error(rule: Any, loc: tuple, file: str, lines: dict[tuple, int]) -> Ru
 
 
 def _errors_from(exc: ValidationError, prefix: tuple, file: str, lines: dict[tuple, int]) -> list[RuleError]:
+    return _rule_errors(exc.errors(), prefix, file, lines)
+
+
+def _rule_errors(found: Iterable[Any], prefix: tuple, file: str, lines: dict[tuple, int]) -> list[RuleError]:
+    """pydantic's errors (``found``: ``ValidationError.errors()``) at ``prefix``, each with its line."""
     errors = []
-    for err in exc.errors():
+    for err in found:
         loc = _alias_loc(_clean_loc(prefix + tuple(err["loc"])))
         line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), 0)
         message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
@@ -551,6 +559,7 @@ def _validate_file(path: Path) -> _RuleFile:
             rule = parse_rule(item)
         except ValidationError as exc:
             errors.extend(_errors_from(exc, ("rules", i), file, lines))
+            errors.extend(_override_errors_beside(item, i, file, lines))
             continue
         refused = kind_error(rule.action.kind, rule.type)
         if refused:
@@ -569,6 +578,32 @@ def _validate_file(path: Path) -> _RuleFile:
     if errors:
         return _RuleFile(errors=errors, names=names)
     return _RuleFile(rules, silences, allow_no_rules=allow, names=names)
+
+
+def _override_errors_beside(item: dict[str, Any], i: int, file: str, lines: dict[tuple, int]) -> list[RuleError]:
+    """The errors of an invalid rule's overrides' params, in the same round as the rule's own: merged onto
+    the rule's params where those are valid (else the detector's defaults), each override's params checked
+    key by key (an error no key of the override's own names waits for the rule to be valid)."""
+    kind = item.get("type") if isinstance(item, dict) else None
+    cls = REGISTRY.get(kind) if isinstance(kind, str) else None
+    overrides = item.get("overrides") if cls is not None else None
+    if cls is None or not isinstance(overrides, list):
+        return []
+    try:
+        base = cls.Params.model_validate(item.get("params") or {}).model_dump(by_alias=True)
+    except (ValidationError, TypeError, ValueError):
+        base = cls.Params().model_dump(by_alias=True)
+    errors = []
+    for j, override in enumerate(overrides):
+        params = override.get("params") if isinstance(override, dict) else None
+        if not isinstance(params, dict) or not params:
+            continue
+        try:
+            cls.Params.model_validate({**base, **params})
+        except ValidationError as exc:
+            own = [e for e in exc.errors() if e["loc"] and e["loc"][0] in params]
+            errors.extend(_rule_errors(own, ("rules", i, "overrides", j, "params"), file, lines))
+    return errors
 
 
 def _override_params(rule: Any, override: Override) -> Any:

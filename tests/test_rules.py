@@ -49,6 +49,39 @@ def test_every_error_reported_with_file_line_and_path(tmp_path):
     assert len(info.value.errors) == 3
 
 
+def test_an_invalid_rules_overrides_are_checked_in_the_same_round(tmp_path):
+    """An override's params are checked against the rule's params; when the rule itself is invalid they
+    used to wait for it to be fixed, so a user fixed the file in two rounds. A key the override sets that
+    is valid with the rule's own params (util_below 7% over a rule's 500%) is no error."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - name: idle\n"
+        "    type: idle_gpu\n"
+        "    severity: loud\n"
+        "    params: {util_below: 500%}\n"
+        "    overrides:\n"
+        "      - match: {tags: {team: research}}\n"
+        "        params:\n"
+        "          for: forever-ish\n"
+        "          util_below: 7%\n"
+        "          colour: red\n"
+        "      - 3\n"
+        "  - name: untyped\n"
+        "  - name: listed\n"
+        "    type: [idle_gpu]\n"
+    )
+    with pytest.raises(RulesInvalid) as info:
+        load_rules(path)
+    lines = str(info.value).splitlines()
+    assert f"{path}:4 rules[0].severity: Input should be 'info', 'warning' or 'critical'" in lines
+    assert f"{path}:9 rules[0].overrides[0].params.for: invalid duration 'forever-ish'; expected e.g. 30m, 6h, 7d" in lines
+    assert f"{path}:11 rules[0].overrides[0].params.colour: unknown key" in lines
+    assert not [line for line in lines if "overrides[0].params.util_below" in line], lines
+    assert any(line.startswith(f"{path}:13 rules[1].type: missing; known types: ") for line in lines), lines
+    assert f"{path}:15 rules[2].type: unknown rule type ['idle_gpu']; did you mean 'idle_gpu'?" in lines  # a traceback
+
+
 @pytest.mark.parametrize("name", ["rules.yaml", "routing.yaml", "limits.yaml", "pricing.yaml"])
 def test_one_parse_reads_what_the_pure_python_loader_reads(name):
     """The rules are parsed once, by libyaml where PyYAML has it: the same data and the same
