@@ -87,7 +87,8 @@ def read_series(path: str | Path, kind: str | None = None) -> Series:
             reader = csv.reader(handle)
             header = next(reader, None)
             if header is None or tuple(h.strip().lower() for h in header) != HEADER:
-                raise SeriesError(f"{path}:1: expected the header {','.join(COLUMNS)}, got {header!r}")
+                got = "an empty file" if header is None else repr(header)
+                raise SeriesError(f"{path}:1: expected the header {','.join(COLUMNS)}, got {got}")
             for row in reader:
                 _read_row(series, row, f"{path}:{reader.line_num}")
     except UnicodeDecodeError as exc:

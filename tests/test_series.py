@@ -67,6 +67,10 @@ def test_a_file_without_the_header_is_refused(tmp_path):
     f = write(tmp_path / "d" / "s.csv", ["2018-07-03 14:00:00,1,0"], header="time,value")
     with pytest.raises(SeriesError, match=r"s\.csv:1: expected the header TimeStamp,Value,Label"):
         read_series(f)
+    empty = tmp_path / "d" / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(SeriesError, match=r"empty\.csv:1: expected the header TimeStamp,Value,Label, got an empty file$"):
+        read_series(empty)
 
 
 def test_replay_records_are_usage_events_the_decoder_accepts(tmp_path):
