@@ -180,7 +180,7 @@ def _gce_error(code: int, message: str) -> tuple[int, dict[str, str], Any]:
 # --- Azure Resource Manager --------------------------------------------------------------
 
 _ARM_VM = re.compile(r"/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/virtualMachines/([^/]+)"
-                     r"/(deallocate|instanceView)", re.IGNORECASE)  # fmt: skip
+                     r"(?:/(deallocate|instanceView))?", re.IGNORECASE)  # fmt: skip
 _ARM_OPERATION = re.compile(r"/subscriptions/([^/]+)/providers/Microsoft\.Compute/locations/([^/]+)/operations/([^/]+)",
                             re.IGNORECASE)  # fmt: skip
 _ARM_CODES = {400: "BadRequest", 401: "AuthenticationFailed", 403: "AuthorizationFailed", 404: "ResourceNotFound",
@@ -196,6 +196,8 @@ class AzureApi(_Api):
     base_url: str = ""
     """Set by the test once the server listens: the async-operation URLs point back at it."""
     vms: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    scale_sets: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    """The scale set (its ARM id) of each VM that is a Flexible scale set's instance."""
     operations: dict[str, dict[str, Any]] = field(default_factory=dict)
     polls_in_progress: int = 1
     """How many polls of an operation answer InProgress before it ends."""
@@ -203,8 +205,10 @@ class AzureApi(_Api):
     """When set, operations end Failed with this error."""
     api_versions: list[str] = field(default_factory=list)
 
-    def add(self, subscription: str, group: str, name: str, power: str = "running") -> None:
+    def add(self, subscription: str, group: str, name: str, power: str = "running", scale_set: str = "") -> None:
         self.vms[(subscription.lower(), group.lower(), name.lower())] = power
+        if scale_set:
+            self.scale_sets[(subscription.lower(), group.lower(), name.lower())] = scale_set
 
     def power(self, subscription: str, group: str, name: str) -> str:
         return self.vms[(subscription.lower(), group.lower(), name.lower())]
@@ -225,6 +229,15 @@ class AzureApi(_Api):
                 if key not in self.vms:
                     return _arm_error(404, f"The Resource 'Microsoft.Compute/virtualMachines/{name}' under resource "
                                            f"group '{group}' was not found.")  # fmt: skip
+                if verb is None and method == "GET":  # the VM, as ARM's GET answers (the fields read here)
+                    properties: dict[str, Any] = {"vmId": "0f9e8d7c-0000-4000-8000-000000000001",
+                                                  "provisioningState": "Succeeded"}  # fmt: skip
+                    if key in self.scale_sets:
+                        properties["virtualMachineScaleSet"] = {"id": self.scale_sets[key]}
+                    return 200, {}, {"id": path, "name": name, "type": "Microsoft.Compute/virtualMachines",
+                                     "location": "eastus", "properties": properties}  # fmt: skip
+                if verb is None:
+                    return _arm_error(405, "The requested resource does not support this method.")
                 if verb.lower() == "deallocate" and method == "POST":
                     return self._deallocate(sub, key)
                 if verb.lower() == "instanceview" and method == "GET":

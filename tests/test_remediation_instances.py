@@ -395,7 +395,8 @@ def test_azure_deallocates_and_records_the_operation_without_waiting(azure_api):
     call = ex.plan(Target(VM_ID.lower()))
     outcome = ex.execute(call)
     assert outcome.ok, outcome.detail
-    [post] = api.received
+    get, post = api.received  # the VM read first: a Flexible scale set's instance is refused
+    assert (get.method, get.path) == ("GET", f"/subscriptions/{SUB}/resourceGroups/ml-gpu/{VMS}/gpu-vm-1")
     assert post.method == "POST"
     # the SDK's own casing of the fixed segments; the names as the (lower-cased) id gave them
     assert post.path == f"/subscriptions/{SUB}/resourceGroups/ml-gpu/{VMS}/gpu-vm-1/deallocate"
@@ -412,8 +413,8 @@ def test_azure_with_wait_polls_the_async_operation_to_its_end(azure_api):
     ex = azure_stopper(api, url, wait_s=30)
     outcome = ex.execute(ex.plan(Target(VM_ID)))
     assert outcome.ok and outcome.detail.startswith("deallocated"), outcome.detail
-    assert api.received[0].method == "POST" and api.received[0].path.endswith("/virtualMachines/gpu-vm-1/deallocate")
-    polls = [r for r in api.received[1:] if "monitor=true" not in r.query]
+    assert api.received[1].method == "POST" and api.received[1].path.endswith("/virtualMachines/gpu-vm-1/deallocate")
+    polls = [r for r in api.received[2:] if "monitor=true" not in r.query]
     assert len(polls) == 3 and all(r.method == "GET" and "/operations/" in r.path for r in polls)
     assert all(r.headers["Authorization"] == f"Bearer {api.token}" for r in api.received)
     assert api.power(SUB, "ml-gpu", "gpu-vm-1") == "deallocated"
@@ -432,11 +433,11 @@ def test_azure_failed_operation_is_reported_with_arms_error(azure_api):
 def test_azure_poll_that_fails_after_the_deallocation_was_accepted_is_not_a_failure(azure_api):
     """ARM accepted the deallocation; a failed poll is reported, and is no reason to call again."""
     api, url = azure_api
-    api.pass_first, api.failures = 1, [503]
+    api.pass_first, api.failures = 2, [503]
     ex = azure_stopper(api, url, wait_s=30)
     outcome = ex.execute(ex.plan(Target(VM_ID)))
     assert outcome.ok and "could not follow it" in outcome.detail and "503" in outcome.detail, outcome.detail
-    assert [r.method for r in api.received] == ["POST", "GET"]
+    assert [r.method for r in api.received] == ["GET", "POST", "GET"]
 
 
 def test_azure_merely_stopped_vm_is_not_observed_as_done(azure_api):
@@ -450,10 +451,11 @@ def test_azure_merely_stopped_vm_is_not_observed_as_done(azure_api):
     assert found is not None and found.ok
 
 
+@pytest.mark.parametrize("at", ["read", "deallocate"])
 @pytest.mark.parametrize(
     "status, retryable, said",
     [
-        (403, False, "deallocate/action"),  # the identity lacks the role: a refusal
+        (403, False, "needs Microsoft.Compute/virtualMachines/"),  # the identity lacks the role: a refusal
         (401, False, "refused"),
         (404, False, "no such VM"),
         (400, False, "HTTP 400"),
@@ -463,15 +465,33 @@ def test_azure_merely_stopped_vm_is_not_observed_as_done(azure_api):
         (503, True, "HTTP 503"),
     ],
 )  # fmt: skip
-def test_azure_errors(azure_api, status, retryable, said):
+def test_azure_errors(azure_api, status, retryable, said, at):
+    """The same classification whether the read before the call or the deallocation gets the error; a 403
+    names the permission that call needs."""
     api, url = azure_api
+    api.pass_first = 0 if at == "read" else 1
     api.failures.append(status)
     ex = azure_stopper(api, url)
     outcome = ex.execute(ex.plan(Target(VM_ID)))
     assert (outcome.ok, outcome.retryable) == (False, retryable), outcome.detail
     assert said in outcome.detail and "injected" in outcome.detail
+    if status == 403:
+        assert outcome.detail.endswith("virtualMachines/read" if at == "read" else "deallocate/action"), outcome.detail
     assert api.power(SUB, "ml-gpu", "gpu-vm-1") == "running"
-    assert len(api.received) == 1  # the SDK does not retry behind the runner's back
+    assert len(api.received) == api.pass_first + 1  # the SDK does not retry behind the runner's back
+
+
+def test_azure_flexible_scale_set_instance_is_not_deallocated(azure_api):
+    """Its id is a plain VM's: the VM read before the call says it belongs to a scale set, which would
+    replace it or count it against its capacity. Nothing is deallocated; the detail says what to do."""
+    api, url = azure_api
+    scale_set = f"/subscriptions/{SUB}/resourceGroups/ml-gpu/providers/Microsoft.Compute/virtualMachineScaleSets/gpu-pool"
+    api.add(SUB, "ml-gpu", "gpu-vm-1", scale_set=scale_set)
+    ex = azure_stopper(api, url)
+    outcome = ex.execute(ex.plan(Target(VM_ID)))
+    assert (outcome.ok, outcome.retryable) == (False, False), outcome.detail
+    assert "is an instance of scale set 'gpu-pool' (Flexible" in outcome.detail and "scale the scale set" in outcome.detail
+    assert [r.method for r in api.received] == ["GET"] and api.power(SUB, "ml-gpu", "gpu-vm-1") == "running"
 
 
 def test_azure_unknown_vm_is_reported_by_the_api(azure_api):

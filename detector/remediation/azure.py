@@ -11,14 +11,17 @@ The VM is named by its ARM resource id, which is what Azure's cost exports (FOCU
 ``/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}``.
 It is parsed strictly: a subscription GUID, a resource group name and a VM name in Azure's
 own syntax; the fixed segments compared without case (ARM ignores it, exports lower-case it);
-nothing before, after or in between. A scale set's instance
-(``.../virtualMachineScaleSets/{ss}/virtualMachines/{n}``) is not a VM this executor
-deallocates: the scale set would replace it or count it against its capacity.
+nothing before, after or in between. A scale set's instance is not a VM this executor
+deallocates: the scale set would replace it or count it against its capacity. A Uniform scale
+set's instance says so in its id (``.../virtualMachineScaleSets/{ss}/virtualMachines/{n}``) and
+is refused at plan time; a Flexible one's is a plain VM id, so the VM is read (``virtualMachines
+get``) just before the call, and one whose ``virtualMachineScaleSet`` is set is refused, saying
+to scale the scale set instead.
 
 Credentials: azure-identity's ``DefaultAzureCredential`` (environment service principal,
 workload identity, managed identity, Azure CLI login), never from a rule file, never logged.
-The role needs ``Microsoft.Compute/virtualMachines/deallocate/action`` (and ``.../read`` for
-:meth:`observe`), as in "Virtual Machine Contributor".
+The role needs ``Microsoft.Compute/virtualMachines/deallocate/action`` and ``.../read`` (the check
+before the call, and :meth:`observe`), as "Virtual Machine Contributor" has.
 
 Deallocation is a long-running operation (202 with ``Azure-AsyncOperation`` and ``Location``
 headers, then polled). By default (``wait_s=0``) the executor does not wait: an accepted
@@ -42,6 +45,8 @@ __all__ = ["API", "DEFAULT_ENDPOINT", "DeallocateAzureVm", "arm_vm", "looks_like
 
 API = "Microsoft.Compute/virtualMachines/deallocate/action"
 """The ARM operation, which is also the RBAC permission it needs."""
+READ = "Microsoft.Compute/virtualMachines/read"
+"""The permission reading the VM needs, before the call and after a restart."""
 DEFAULT_ENDPOINT = "https://management.azure.com"
 SUBSCRIPTION = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 RESOURCE_GROUP = re.compile(r"[-\w().]{0,89}[-\w()]")
@@ -153,6 +158,15 @@ class DeallocateAzureVm:
         except Exception as exc:  # DefaultAzureCredential refusing its settings (a bad AZURE_TOKEN_CREDENTIALS)
             return _failure(exc, f"deallocating {where}: setting up Azure credentials")
         try:
+            vm = vms.get(group, name)
+        except Exception as exc:
+            return _failure(exc, f"checking {where} before deallocating it", READ)
+        scale_set = getattr(getattr(vm, "virtual_machine_scale_set", None), "id", None)
+        if scale_set:
+            return Outcome(ok=False, detail=f"{where} is an instance of scale set {shown(str(scale_set).rsplit('/', 1)[-1])} "
+                                            "(Flexible orchestration), which would replace it or count it against its "
+                                            "capacity: scale the scale set instead")  # fmt: skip
+        try:
             poller = vms.begin_deallocate(group, name, polling=self.wait_s > 0, polling_interval=self.polling_interval_s,
                                           raw_response_hook=first_response)  # fmt: skip
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
@@ -232,8 +246,8 @@ RETRYABLE_HTTP = frozenset({408, 409, 429})
 """Besides 5xx: a timeout, another operation in progress on the VM (409 Conflict), throttling."""
 
 
-def _failure(exc: Exception, doing: str) -> Outcome:
-    """What an exception from the SDK means: a refusal, or worth trying again."""
+def _failure(exc: Exception, doing: str, permission: str = API) -> Outcome:
+    """What an exception from the SDK means: a refusal (``permission``: what the call needs), or worth trying again."""
     from azure.core import exceptions as az
 
     try:
@@ -249,7 +263,7 @@ def _failure(exc: Exception, doing: str) -> Outcome:
         said = f"HTTP {code}" + (f" {error.code}: {_line(str(error.message))}" if error is not None and error.code else
                                  f": {_line(exc.message or '')}")  # fmt: skip
         if code in (401, 403):
-            return Outcome(ok=False, detail=f"{doing}: refused ({said}): the identity needs {API}")
+            return Outcome(ok=False, detail=f"{doing}: refused ({said}): the identity needs {permission}")
         if code == 404:
             return Outcome(ok=False, detail=f"{doing}: no such VM, resource group or subscription ({said})")
         return Outcome(ok=False, detail=f"{doing}: {said}", retryable=code in RETRYABLE_HTTP or code >= 500)
