@@ -29,6 +29,7 @@ from detector.remediation.instances import StopInstances
 from detector.remediation.policy import may_approve
 from detector.remediation.runner import ActionRunner
 from detector.rules import Routing, load_rules
+from detector.slack import SlackNotifier
 from streams.web import IncidentViews
 from tests import aws
 from tests.aws import run_instance, session, state
@@ -62,11 +63,15 @@ def rules(tmp_path, mode: str):
 class World:
     """A worker's action side and its incident views: store, runner (EC2 in moto), server."""
 
-    def __init__(self, store, tmp_path, moto: str, mode: str = "approve", user_header: str | None = HEADER) -> None:
+    def __init__(self, store, tmp_path, moto: str, mode: str = "approve", user_header: str | None = HEADER,
+                 slack_url: str = "") -> None:  # fmt: skip
         self.store, self.wall, self.moto = store, Wall(), moto
         ruleset = rules(tmp_path, mode)
         stop = StopInstances(ec2=StopInstance(endpoint_url=moto, session=session()))
-        self.runner = ActionRunner(store, {"stop_instance": stop}, lambda: ruleset, None, wall=self.wall)
+        # a Slack to warn in (auto_unless_objected acts only after a warning there); the alert has no thread
+        # in it here, so nothing is posted
+        notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack_url, timeout=2) if slack_url else None
+        self.runner = ActionRunner(store, {"stop_instance": stop}, lambda: ruleset, notifier, wall=self.wall)
         self.decisions = WebDecisions(store, self.runner, PageTokens(clock=self.wall), clock=self.wall)
         self.instance = run_instance(moto)
         store.alerts.record([incident(self.instance)], version=1)
@@ -95,9 +100,9 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 @pytest.fixture
-def world(store, tmp_path, moto_url, request):
+def world(store, tmp_path, moto_url, request, slack):
     mode, header = getattr(request, "param", ("approve", HEADER))
-    made = World(store, tmp_path, moto_url, mode, header)
+    made = World(store, tmp_path, moto_url, mode, header, slack.api_url)
     yield made
     made.server.close()
 

@@ -13,6 +13,7 @@ import pytest
 from detector.actions import ActionHandler, RequestVerifier
 from detector.alerts import Alert
 from detector.metrics import METRICS
+from detector.remediation.base import Outcome
 from detector.remediation.ec2 import StopInstance
 from detector.remediation.runner import ActionRunner
 from detector.rules import load_rules
@@ -107,6 +108,12 @@ def click(handler, action_id: str, user: str, alert_id: str = "a1", response_url
     return int(answer.get("status", status))
 
 
+def events_go_on(store, instance: str, wall: Wall, version: int) -> None:
+    """The idle episode's events still arrive as the wall clock moves (its latest event time is now): an
+    incident whose events stopped more than an hour ago is never acted on."""
+    store.alerts.record([incident(instance, lasted=wall.t - T0)], version=version)
+
+
 def posted(store, *alerts) -> None:
     """Record alerts and their Slack messages, as the worker's pipeline and outbox do."""
     store.alerts.record(list(alerts), version=1)
@@ -148,6 +155,7 @@ def test_approve_a_click_by_an_approver_stops_the_instance(store, slack, tmp_pat
     runner.run_once()
     assert state(moto_url, instance) == "running"
     assert click(handler, "burnwatch_approve", APPROVER) == 200
+    events_go_on(store, instance, wall, version=3)
     runner.run_once()
     assert state(moto_url, instance) in ("stopping", "stopped")
     assert (counted("refused") - refused_before, counted("succeeded") - done_before) == (1, 1)
@@ -213,6 +221,7 @@ def test_auto_unless_objected_acts_after_the_grace_on_the_wall_clock(store, slac
     (announcement,) = slack.calls("chat.postMessage")
     assert "unless this incident is snoozed or declined" in announcement.text_of_blocks()
     wall.t += 3599
+    events_go_on(store, instance, wall, version=2)
     runner.run_once()
     assert state(moto_url, instance) == "running"
     wall.t += 1
@@ -229,6 +238,7 @@ def test_auto_unless_objected_a_snooze_cancels(store, slack, tmp_path, moto_url)
     body = click_body("burnwatch_snooze")
     assert handler.handle(body, signed(body))[0] == 200  # anyone may snooze (it only holds back)
     wall.t += 3600
+    events_go_on(store, instance, wall, version=2)
     runner.run_once()
     assert state(moto_url, instance) == "running"
     assert ("cancelled", "snoozed") in steps(store) and not any(s == "begun" for s, _ in steps(store))
@@ -285,6 +295,7 @@ def test_a_retryable_failure_is_retried_with_backoff_then_reported(store, slack,
         posted(store, incident("i-0123456789abcdef0"))
         runner.run_once()
         wall.t += 3600
+        events_go_on(store, "i-0123456789abcdef0", wall, version=2)
         runner.run_once()
         assert steps(store)[-2][0] == "retry" or steps(store)[-1][0] == "retry"
         calls = server.requests
@@ -417,3 +428,166 @@ def test_an_objection_stored_just_before_the_grace_ends_is_read_before_acting(st
     acting.run_once()
     assert state(moto_url, instance) == "running"
     assert ("declined", GROUPIE) in steps(store) and not any(s in ("approved", "begun") for s, _ in steps(store))
+
+
+# -- what stops a pending action: the rules as loaded now, events that stopped, no Slack to warn in -----------
+
+
+def _rules_now(tmp_path: Path, action: str, enabled: bool = True):
+    (tmp_path / "now").mkdir(exist_ok=True)
+    (tmp_path / "now" / "rules.yaml").write_text(textwrap.dedent(f"""
+        rules:
+          - name: idle-gpu
+            type: idle_gpu
+            enabled: {str(enabled).lower()}
+            action: {action}
+          - name: kept
+            type: untagged
+    """))  # fmt: skip
+    (tmp_path / "now" / "routing.yaml").write_text((tmp_path / "routing.yaml").read_text())
+    return load_rules(tmp_path / "now")
+
+
+@pytest.mark.parametrize("mode", ["approve", "auto_unless_objected"])
+@pytest.mark.parametrize(
+    "action, enabled, said",
+    [
+        ("{kind: stop_instance, after: 2h, mode: dry_run}", True, "is now a dry run"),
+        ("{kind: notify_only}", True, "no longer asks for an action"),
+        ("{kind: stop_instance, after: 2h, mode: approve}", False, "no longer asks for an action"),  # disabled
+        ("{kind: cull_notebook, after: 2h, mode: approve}", True, "now asks for cull_notebook"),
+        ("{kind: stop_instance, after: 2h, mode: approve}", True, "now asks for an approval"),
+    ],
+    ids=["dry-run", "notify-only", "disabled", "another-kind", "approve-now"],
+)  # fmt: skip
+def test_a_rule_changed_and_reloaded_cancels_its_pending_actions(store, slack, tmp_path, moto_url, mode, action,
+                                                                 enabled, said):  # fmt: skip
+    """Editing the rules and reloading them is how an operator stops actions: an approved or announced
+    action whose rule no longer asks for it is cancelled at the next pass, saying why, and nothing is
+    called after its grace or its approval (a rule set to dry_run had the stop go ahead)."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, mode, wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    if mode == "approve":
+        assert click(handler, "burnwatch_approve", APPROVER) == 200
+    if mode == "auto_unless_objected" and "now asks for an approval" in said:
+        pass  # from auto to approve: the automatic action goes
+    elif "now asks for an approval" in said:
+        action = "{kind: stop_instance, after: 2h, mode: auto_unless_objected}"  # approve to auto keeps the approval
+        said = ""
+    now = _rules_now(tmp_path, action, enabled)
+    runner.ruleset = lambda: now
+    wall.t += 3600
+    events_go_on(store, instance, wall, version=2)
+    runner.run_once()
+    if not said:
+        assert state(moto_url, instance) in ("stopping", "stopped") and steps(store)[-1][0] == "succeeded"
+        return
+    assert state(moto_url, instance) == "running"
+    assert ("cancelled", "rules") in steps(store) and not any(s == "begun" for s, _ in steps(store))
+    (row,) = [r for r in store.remediations.steps("a1") if r["step"] == "cancelled"]
+    assert said in row["result"]
+    assert said in slack.calls("chat.update")[-1].text_of_blocks()  # the thread says why
+
+
+@pytest.mark.parametrize("mode", ["approve", "auto_unless_objected"])
+def test_an_incident_whose_events_stopped_is_not_acted_on(store, slack, tmp_path, moto_url, mode):
+    """Proposed while its events arrived; then none for over an hour (the exporter died, the host may be
+    gone): neither the approval nor the grace's end acts on what is no longer known."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, mode, wall)
+    posted(store, incident(instance, lasted=4 * 3600))  # its latest event is now
+    runner.run_once()
+    wall.t += 3 * 86_400 if mode == "approve" else 2 * 3600
+    if mode == "approve":
+        assert click(handler, "burnwatch_approve", APPROVER) == 200
+    runner.run_once()
+    assert state(moto_url, instance) == "running"
+    (row,) = [r for r in store.remediations.steps("a1") if r["step"] == "cancelled"]
+    assert row["decided_by"] == "stale" and row["result"].startswith("no events for ")
+    assert "check by hand" in slack.calls("chat.update")[-1].text_of_blocks()
+
+
+def test_without_slack_an_automatic_action_is_not_applicable(store, slack, tmp_path, moto_url):
+    """auto_unless_objected acts only after a warning people can see; with no Slack it would act unseen."""
+    instance, wall = run_instance(moto_url), Wall()
+    ruleset = load_rules(rules_dir(tmp_path, "auto_unless_objected"))
+    executors = {"stop_instance": StopInstance(endpoint_url=moto_url, session=session())}
+    runner = ActionRunner(store, executors, lambda: ruleset, None, wall=wall)
+    store.alerts.record([incident(instance, lasted=4 * 3600)], version=1)
+    runner.run_once()
+    wall.t += 2 * 3600
+    events_go_on(store, instance, wall, version=2)
+    runner.run_once()
+    assert state(moto_url, instance) == "running"
+    assert steps(store) == [("proposed", ""), ("not_applicable", "worker")]
+    assert "no Slack is configured" in store.remediations.steps("a1")[-1]["result"]
+
+
+def test_a_stop_whose_answer_timed_out_is_looked_up_before_a_resolution_cancels_it(store, slack, tmp_path, moto_url):
+    """The call took but its answer was lost (a retry is due); the instance stops, the incident resolves:
+    the action is recorded done, with its saving, not 'not acting (resolved)'."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    assert click(handler, "burnwatch_approve", APPROVER) == 200
+    real = runner.executors["stop_instance"]
+
+    class AnswerLost:  # the real stop, whose answer never comes back
+        def plan(self, target):
+            return real.plan(target)
+
+        def execute(self, call):
+            real.execute(call)
+            return Outcome(False, "ReadTimeoutError: the answer timed out", retryable=True)
+
+        def observe(self, call):
+            return real.observe(call)
+
+    runner.executors = {"stop_instance": AnswerLost()}
+    events_go_on(store, instance, wall, version=2)
+    runner.run_once()
+    assert steps(store)[-1][0] == "retry" and state(moto_url, instance) in ("stopping", "stopped")
+    store.alerts.record([incident(instance, lasted=wall.t - T0, change="resolved")], version=3)
+    runner.run_once()
+    assert steps(store)[-1] == ("succeeded", APPROVER) and ("cancelled", "resolved") not in steps(store)
+
+
+def test_a_click_is_answered_while_a_call_hangs(store, slack, tmp_path, moto_url):
+    """The pass does not hold the clicks' lock while a cloud's API takes its time (a minute a call, four
+    tries): a Decline on another incident is answered at once."""
+    import socket
+    import threading
+    import time
+
+    wall = Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts, reads nothing, never answers
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True).start()
+    hanging = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    runner.executors = {"stop_instance": StopInstance(endpoint_url=hanging, session=session())}
+    posted(store, incident("i-0aaaaaaaaaaaaaaaa", alert_id="a1"), incident("i-0bbbbbbbbbbbbbbbb", alert_id="b1"))
+    runner.run_once()
+    assert click(handler, "burnwatch_approve", APPROVER, alert_id="a1") == 200
+    passing = threading.Thread(target=runner.run_once, daemon=True)
+    passing.start()
+    deadline = time.monotonic() + 30
+    while not (accepted and ("begun", APPROVER) in steps(store, "a1")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert accepted, "the call never reached the endpoint"
+    answered: list[int] = []
+    clicking = threading.Thread(target=lambda: answered.append(click(handler, "burnwatch_decline", APPROVER,
+                                                                     alert_id="b1")), daemon=True)  # fmt: skip
+    clicking.start()
+    clicking.join(timeout=20)
+    try:
+        assert answered == [200] and passing.is_alive()  # answered while the call still hangs
+        assert steps(store, "b1")[-1] == ("declined", APPROVER)
+    finally:
+        for conn in accepted:
+            conn.close()  # the call fails (retried later): the pass ends
+        listener.close()
+        passing.join(timeout=60)

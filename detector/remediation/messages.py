@@ -66,6 +66,8 @@ def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]
         text = f":no_entry_sign: Declined by {_who(action.decided_by)}: burnwatch will not {what}."
     elif state == "cancelled":
         text = f":heavy_minus_sign: Not acting ({escape(action.decided_by, 80)}): burnwatch will not {what}."
+        if action.result and action.decided_by != "resolved":  # the snooze's reason, the rule's change, the silence of events
+            text += f" {escape(action.result, 1000)}."
     else:
         text = f"{what}: {escape(state, 40)}"
     text = clip(text, MAX_TEXT)  # an API's error can be long: cut whole, never half an entity or a link

@@ -11,7 +11,19 @@ is stored in ``remediation_actions`` before what it announces is done: a call is
 
 An incident whose latest event time is older than ``fresh_s`` on the wall clock is never
 acted on: that is a replay of past events or a backlog, not waste happening now
-(``burnwatch backtest`` runs no worker at all, so it never acts).
+(``burnwatch backtest`` runs no worker at all, so it never acts). That is checked when an
+action is proposed and again when it would be carried out (its grace ended, an approval, a
+retry): the events may have stopped in between, and what they said is no longer known.
+
+The rules as loaded now decide whether a pending action still goes ahead: one whose rule was
+removed, disabled, set to ``dry_run`` or ``notify_only``, or changed to another kind (or from
+``auto_unless_objected`` to ``approve``) is cancelled at the next pass, so editing the rules
+and reloading them is how an operator stops every action at once. An ``auto_unless_objected``
+action is never carried out without its warning in Slack: without a Slack notifier it is not
+applicable.
+
+A call to a cloud's API may take a minute; the pass does not hold the lock a click takes
+(:meth:`decide`) while it waits, so an Approve or Decline on another incident is answered at once.
 
 With several workers, a decision (a Slack click, the incidents page) may reach a worker that
 does not act. :meth:`ActionRunner.decide` checks it against the stored steps, not memory, and
@@ -39,6 +51,7 @@ from detector.remediation.policy import Action, may_approve
 from detector.remediation.spec import ActionSpec
 from detector.rules import RuleSet
 from detector.store import ActionStep, Store, alert_from_row
+from detector.units import format_duration, rfc3339
 
 __all__ = ["ActionRunner"]
 
@@ -170,9 +183,13 @@ class ActionRunner:
                         continue
                     if action.ended:
                         continue
-                    if alert.status == "resolved" and action.state != "begun":
-                        self._step(action, "cancelled", now, decided_by="resolved", result="the incident resolved")
-                        self._show(action, now)
+                    if action.state == "begun":
+                        continue  # its call is under way, or recover() looks it up
+                    stop = ("resolved", "the incident resolved") if alert.status == "resolved" else self._withdrawn(action, specs)
+                    if stop is None and self._acts_now(action, now):
+                        stop = self._stale(alert, now)
+                    if stop is not None:
+                        self._cancel(action, now, *stop)
                         continue
                     if action.state == "proposed" and action.mode == "auto_unless_objected":
                         if snoozed is None:
@@ -181,7 +198,7 @@ class ActionRunner:
                             self._step(action, "cancelled", now, decided_by="snoozed", result=snoozed[alert.alert_id].reason)
                             self._show(action, now)
                         elif action.due_at is not None and now >= action.due_at and (
-                                self.notifier is None or action.message is not None  # never before the warning
+                                action.message is not None  # never before the warning
                         ) and not self._take_decisions(now, [action.key]):  # an objection just stored elsewhere
                             self._step(action, "approved", now, decided_by="auto")
                     if action.state == "approved" or (action.state == "retry" and now >= (action.due_at or 0.0)):
@@ -190,6 +207,49 @@ class ActionRunner:
                 if key in self._actions:
                     self._announce(self._actions[key], now)
             return self._count - before
+
+    def _withdrawn(self, action: Action, specs: Mapping[str, ActionSpec]) -> tuple[str, str] | None:
+        """(who, why) if the rules as loaded now no longer ask for this pending action; None if they do."""
+        spec = specs.get(action.rule)
+        if spec is None:
+            return "rules", f"rule {action.rule} no longer asks for an action (removed, disabled or notify_only)"
+        if spec.kind != action.kind:
+            return "rules", f"rule {action.rule} now asks for {spec.kind}, not {action.kind}"
+        if spec.mode == "dry_run":
+            return "rules", f"rule {action.rule} is now a dry run"
+        if action.mode == "auto_unless_objected" and spec.mode != action.mode:
+            return "rules", f"rule {action.rule} now asks for an approval ({spec.mode}), not to act unless objected"
+        if action.mode == "auto_unless_objected" and self.notifier is None:
+            return "no Slack", "nobody would see its warning (no Slack is configured): use mode approve"
+        return None
+
+    def _acts_now(self, action: Action, now: float) -> bool:
+        """Whether this pass would carry the action out (or auto-approve it) were nothing to stop it."""
+        due = action.due_at is not None and now >= action.due_at
+        warned = action.message is not None
+        return (action.state == "approved" or (action.state == "retry" and due)
+                or (action.state == "proposed" and action.mode == "auto_unless_objected" and due and warned))  # fmt: skip
+
+    def _stale(self, alert: Alert, now: float) -> tuple[str, str] | None:
+        """("stale", why) if the incident's latest event time is older than ``fresh_s`` on the wall clock."""
+        age = now - alert.updated_at
+        if age <= self.fresh_s:
+            return None
+        return "stale", (f"no events for {format_duration(age)} (latest at {rfc3339(alert.updated_at)}): whether the "
+                         "waste goes on is not known; check by hand")  # fmt: skip
+
+    def _cancel(self, action: Action, now: float, who: str, why: str) -> None:
+        """Cancel a pending action; one whose call may have taken before (``retry``: an answer timed out) is
+        looked up first, and recorded as done if it took."""
+        if action.state == "retry":
+            observe = getattr(self.executors.get(action.kind), "observe", None)
+            found = observe(action.call) if observe is not None and action.call is not None else None
+            if found is not None and found.ok:
+                self._finish(action, found, now)
+                return
+        self._step(action, "cancelled", now, decided_by=who, result=why)
+        log.info("action_cancelled", action=action.key, by=who, reason=why)
+        self._show(action, now)
 
     def _take_decisions(self, now: float, keys: list[str] | None = None) -> int:
         """Take in the decisions another worker stored for actions held here pending (one
@@ -233,6 +293,13 @@ class ActionRunner:
             self._step(action, "proposed", now, event_time=alert.updated_at)
             self._step(action, "not_applicable", now, decided_by="worker", result=exc.reason)
             self._show(action, now)
+            return
+        if spec.mode == "auto_unless_objected" and self.notifier is None:
+            self._step(action, "proposed", now, event_time=alert.updated_at)
+            self._step(action, "not_applicable", now, decided_by="worker",
+                       result="mode auto_unless_objected warns in Slack before it acts, and no Slack is configured "
+                              "(SLACK_BOT_TOKEN and SLACK_CHANNEL, or SLACK_WEBHOOK_URL): use mode approve (the "
+                              "incidents page decides)")  # fmt: skip
             return
         due = now + spec.grace if spec.mode == "auto_unless_objected" else None
         self._step(action, "proposed", now, event_time=alert.updated_at, due_at=due)
@@ -288,10 +355,13 @@ class ActionRunner:
             return
         attempt = action.attempts + 1
         self._step(action, "begun", now, attempt=attempt)  # stored before the call: see recover()
+        self._lock.release()  # a click (decide) is answered while the API takes its time: this action is begun
         try:
             outcome = executor.execute(call)
         except Exception as exc:  # noqa: BLE001 - an executor's bug: reported, never retried blindly
             outcome = Outcome(False, f"{type(exc).__name__}: {exc}"[:500], retryable=False)
+        finally:
+            self._lock.acquire()
         self._finish(action, outcome, self._wall())
 
     def _finish(self, action: Action, outcome: Outcome, now: float) -> None:
