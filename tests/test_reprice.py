@@ -111,15 +111,70 @@ def test_a_bill_beyond_the_limits_reprices_nothing_and_says_so(incidents, tmp_pa
     bill = tmp_path / "bill"
     bill.mkdir()
     write_bill(bill / "usage.csv", {"h1": 40.0, "h2": 40.0}, hours=24)
-    with open(write_bill(bill / "gb.csv", {"h2": 1e11}, hours=24)) as f:  # $1e11 an hour of "GB" on h2
+    with open(write_bill(bill / "gb.csv", {"h2": 1e11}, hours=24)) as f:  # $1e11 an hour of "Requests" on h2
         text = f.read()
-    (bill / "gb.csv").write_text(text.replace(",Hours,", ",GB,"))
+    (bill / "gb.csv").write_text(text.replace(",Hours,", ",Requests,"))
     ingest = ingest_files(incidents, bill)
     assert ingest.rows == 72
     done = reprice(incidents, ingest.ingest_id, max_usd_per_hour=2000.0)
     assert (done.repriced, done.beyond_limits, done.some_beyond) == (1, 1, ["h2"])
     assert set(figures(incidents)) == {"a"} and figures(incidents)["a"]["billed_waste_usd"] == pytest.approx(80.0)
     assert reprice(incidents, ingest.ingest_id, max_usd_per_hour=1e12).repriced == 2  # the user's limit is theirs
+
+
+def _egress_incident(store) -> None:
+    """e1 ran at $10/h for 8 hours and sent 100 GB an hour (its events priced the egress); an egress
+    runaway on it for hours 2 to 6, its waste the egress."""
+    import msgspec
+
+    batch = EventBatch()
+    batch.extend([msgspec.structs.replace(usage(T0 + k * HOUR, "e1", usd_per_hour=10.0, interval_s=HOUR),
+                                          egress_bytes=100 * 10**9) for k in range(8)])  # fmt: skip
+    store.events.insert(batch, store_pricing())
+    (claimed,) = store.query(f"SELECT sum(egress_usd) AS egress FROM {store.db}.cost_hourly WHERE resource_id = 'e1'")
+    assert claimed["egress"] > 0
+    egress = Alert(alert_id="x", type="egress_runaway", rule="egress-runaway", resource_id="e1", status="resolved",
+                   change="resolved", severity="warning", episode_start=T0 + 2 * HOUR, fired_at=T0 + 2 * HOUR,
+                   updated_at=T0 + 6 * HOUR, resolved_at=T0 + 6 * HOUR, waste_usd=30.0, usd_per_hour=9.0,
+                   tags={"team": "nlp"})  # fmt: skip
+    store.alerts.record([egress], version=1)
+
+
+def store_pricing():
+    from detector.rules import load_pricing
+    from tests.conftest import ROOT
+
+    return load_pricing(ROOT / "rules" / "pricing.yaml")
+
+
+def test_an_egress_incident_is_repriced_by_the_bills_network_charges_only(store, tmp_path):
+    """Scaled by the instance's compute bill, $77.92 of egress was priced at $0.81: an egress incident
+    compares the events' egress dollars with the bill's network charges, and a bill without them
+    leaves it as its events priced it."""
+    _egress_incident(store)
+    compute = write_bill(tmp_path / "compute.csv", {"e1": 10.0}, hours=8)
+    assert reprice(store, ingest_files(store, compute).ingest_id).repriced == 0 and figures(store) == {}
+    network = tmp_path / "network.csv"
+    text = write_bill(network, {"e1": 4.5}, hours=8).read_text()  # 100 GB an hour at $0.045
+    network.write_text(text.replace(",Compute,", ",Networking,").replace(",Hours,Hours,", ",GB,GB,"))
+    assert reprice(store, ingest_files(store, network).ingest_id).repriced == 1
+    (x,) = figures(store).values()
+    (claimed,) = store.query(f"SELECT sum(egress_usd) AS usd FROM {store.db}.cost_hourly "
+                             f"WHERE resource_id = 'e1' AND hour >= toDateTime({T0 + 2 * HOUR}) "
+                             f"AND hour < toDateTime({T0 + 6 * HOUR})")  # fmt: skip
+    assert x["billed_usd"] == pytest.approx(4 * 4.5) and x["claimed_usd"] == pytest.approx(claimed["usd"])
+    assert x["billed_waste_usd"] == pytest.approx(30.0 * 18.0 / claimed["usd"])
+
+
+def test_a_days_charge_counts_the_hours_it_billed(incidents, tmp_path):
+    """A daily bill (Azure's FOCUS export is daily): h1 billed $320 for the 8 hours it ran that day. The
+    incident's 4 hours are half of those, $160, not 4/24 of the day ($53.33) as a period's share."""
+    path = write_bill(tmp_path / "daily.csv", {"h1": 320.0}, hours=1)
+    text = path.read_text().replace(iso(T0 + HOUR), iso(T0 + 24 * HOUR))  # one row over the whole day
+    path.write_text(text.replace(",1,1,Hours,Hours,", ",8,8,Hours,Hours,"))
+    assert reprice(incidents, ingest_files(incidents, path).ingest_id).repriced == 1
+    a = figures(incidents)["a"]
+    assert a["billed_usd"] == pytest.approx(160.0) and a["billed_waste_usd"] == pytest.approx(100.0 * 160 / 200)
 
 
 def test_a_bill_in_another_currency_reprices_nothing(incidents, tmp_path):
@@ -156,8 +211,11 @@ def test_ingest_focus_says_how_many_incidents_it_repriced(tmp_path):
 def test_a_simulated_fleets_incidents_are_repriced_at_what_its_bill_charged(store, ruleset, tmp_path):
     """The simulator's fleet through the real pipeline, then the bill it writes: every incident
     the bill covers is re-priced at the bill's dollars over its episode, reckoned here from
-    the file itself (each charge prorated by its overlap with the episode)."""
+    the file itself: each usage charge of the incident's kind (network charges for egress, the
+    others for the rest) counts the share of the hours it billed that the episode overlaps, or of
+    its period where it bills no hours."""
     from detector.billing.focus import read_focus
+    from detector.billing.rates import HOUR_UNITS
     from detector.simulate import SimConfig
     from detector.simulate_focus import simulate_focus, write_focus
 
@@ -167,13 +225,18 @@ def test_a_simulated_fleets_incidents_are_repriced_at_what_its_bill_charged(stor
     n = reprice(store, ingest_files(store, path).ingest_id).repriced
     repriced = figures(store)
     assert n == len(repriced) > 0
-    charges = read_focus(path).select(["resource_id", "charge_period_start", "charge_period_end", "effective_cost"])
-    rows = charges.to_pylist()
+    types = {r["alert_id"]: r["type"] for r in store.query(f"SELECT alert_id, type FROM {store.db}.alerts FINAL")}
+    rows = read_focus(path).to_pylist()
     for r in repriced.values():
         s, e = r["episode_start"].timestamp(), r["episode_end"].timestamp()
-        expected = sum(float(c["effective_cost"]) * max(0.0, min(e, c["charge_period_end"].timestamp())
-                                                         - max(s, c["charge_period_start"].timestamp()))
-                       / (c["charge_period_end"].timestamp() - c["charge_period_start"].timestamp())
-                       for c in rows if c["resource_id"] == r["resource_id"])  # fmt: skip
+        egress = types[r["alert_id"]] == "egress_runaway"
+        expected = 0.0
+        for c in rows:
+            network = c["service_category"] == "Networking" or c["consumed_unit"] in ("GB", "GiB", "Bytes")
+            if c["resource_id"] != r["resource_id"] or c["charge_category"] != "Usage" or network != egress:
+                continue
+            start, end = c["charge_period_start"].timestamp(), c["charge_period_end"].timestamp()
+            overlap = max(0.0, min(e, end) - max(s, start))
+            used = float(c["consumed_quantity"] or 0) * 3600 if c["consumed_unit"] in HOUR_UNITS else 0.0
+            expected += float(c["effective_cost"]) * (min(1.0, overlap / used) if used > 0 else overlap / (end - start))
         assert r["billed_usd"] == pytest.approx(expected, rel=1e-9, abs=1e-9), r["alert_id"]
-        assert r["billed_waste_usd"] == pytest.approx(r["waste_usd"] * expected / r["claimed_usd"], rel=1e-9)

@@ -2,59 +2,78 @@
 finance trusts it, so once it covers an incident's whole episode the incident's record
 gains what the bill charged (``alert_billing``, migration 0014).
 
-The incident's dollars are scaled by the bill over the events for the same resource and
-hours: billed_waste_usd = waste_usd x billed_usd / claimed_usd, where claimed_usd is what
-the events said the resource cost over the episode (``cost_hourly``: usd + egress, each hour
-prorated by its overlap with the episode) and billed_usd is the bill's EffectiveCost of the
-resource's usage over it (each charge prorated by its overlap). Only usage charges in US
-dollars count: a credit, a tax or a purchase is no hour's use of the resource (a credit netted
-in made an idle GPU's billed waste negative), and a bill in another currency is no dollar
-figure; a usage refund larger than the usage bills the waste at nothing, never below. An
-episode the bill does not cover end to end (its usage rows for the resource leave a gap, or
-stop before the episode ends) is left for a later bill. One INSERT ... SELECT: the work is
-the engine's, never a loop per alert.
+The incident's dollars are scaled by the bill over the events for the same resource, hours and
+kind of charge: billed_waste_usd = waste_usd x billed_usd / claimed_usd. An egress incident
+(``egress_runaway``) compares the events' egress dollars with the bill's network charges
+(ServiceCategory ``Networking``, or usage in bytes); every other incident the events' other
+dollars with the bill's other usage charges: scaling an egress incident by the instance's
+compute bill had priced $77.92 of egress at $0.81. claimed_usd is what the events said over
+the episode (``cost_hourly``, each hour prorated by its overlap); billed_usd the bill's
+EffectiveCost over it: a charge in hours with its ConsumedQuantity counts the hours the episode
+overlaps out of those it billed (a day's charge for 9 hours of a host is 9 hours' worth, not
+a 24th of it an hour: the episode's hours are hours it ran), any other charge is prorated by
+its overlap with its period. Only usage charges in US dollars count: a credit, a tax or a
+purchase is no hour's use of the resource (a credit netted in made an idle GPU's billed waste
+negative), and a bill in another currency is no dollar figure; a usage refund larger than
+the usage bills the waste at nothing, never below. An episode the bill does not cover end to
+end (its charges of that kind for the resource leave a gap, or stop before the episode
+ends) is left for a later bill. One INSERT ... SELECT: the work is the engine's, never a loop
+per alert.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from detector.billing.rates import PRICED_IN
+from detector.billing.rates import HOUR_UNITS, PRICED_IN
 from detector.limits import Limits
 from detector.store.connection import Connection
 
 __all__ = ["Repriced", "reprice"]
 
+_EGRESS_TYPES = ("egress_runaway",)
+"""Incident types whose waste is egress: priced against the bill's network charges."""
+_DATA_UNITS = ("Bytes", "Byte", "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB")
+"""ConsumedUnit values of data moved (a transfer), not stored (GB-Mo) or run (Hours)."""
+
 _JUDGED = """
 WITH episodes AS (
     SELECT alert_id, resource_id, episode_start AS s,
-           ifNull(resolved_at, updated_at) AS e, waste_usd,
+           ifNull(resolved_at, updated_at) AS e, waste_usd, type IN {egress_types} AS egress,
            toUnixTimestamp64Milli(episode_start) AS s_ms, toUnixTimestamp64Milli(ifNull(resolved_at, updated_at)) AS e_ms
     FROM {db}.alerts FINAL
     WHERE waste_usd > 0 AND ifNull(resolved_at, updated_at) > episode_start
       AND resource_id IN (SELECT resource_id FROM {db}.billing_charges WHERE ingest_id = {{ingest_id:String}}
                           AND charge_category = 'Usage' AND billing_currency = '{priced_in}')
 ),
+charges AS (
+    SELECT resource_id, toFloat64(effective_cost) AS usd,
+           toUnixTimestamp64Milli(charge_period_start) AS p_s, toUnixTimestamp64Milli(charge_period_end) AS p_e,
+           if(consumed_unit IN {hour_units} AND consumed_quantity > 0, toFloat64(consumed_quantity) * 3600000, 0)
+               AS used_ms,
+           service_category = 'Networking' OR consumed_unit IN {data_units} AS network
+    FROM {db}.billing
+    WHERE charge_category = 'Usage' AND billing_currency = '{priced_in}'
+      AND resource_id IN (SELECT resource_id FROM episodes)
+),
 billed AS (
     SELECT ep.alert_id AS alert_id,
-           sum(toFloat64(b.effective_cost)
-               * greatest(0, least(ep.e_ms, toUnixTimestamp64Milli(b.charge_period_end))
-                             - greatest(ep.s_ms, toUnixTimestamp64Milli(b.charge_period_start)))
-               / greatest(1, toUnixTimestamp64Milli(b.charge_period_end)
-                             - toUnixTimestamp64Milli(b.charge_period_start))) AS billed_usd,
+           -- each charge's share of the episode: of the hours it billed where it says them, else of its period
+           sum(b.usd * if(b.used_ms > 0,
+                          least(1, greatest(0, least(ep.e_ms, b.p_e) - greatest(ep.s_ms, b.p_s)) / b.used_ms),
+                          greatest(0, least(ep.e_ms, b.p_e) - greatest(ep.s_ms, b.p_s)) / greatest(1, b.p_e - b.p_s)))
+               AS billed_usd,
            -- the episode's milliseconds the bill's charge periods cover (each period once)
            arraySum(arrayMap(p -> greatest(0, least(any(ep.e_ms), p.2) - greatest(any(ep.s_ms), p.1)),
-                             groupUniqArray((toUnixTimestamp64Milli(b.charge_period_start),
-                                             toUnixTimestamp64Milli(b.charge_period_end))))) AS covered_ms
+                             groupUniqArray((b.p_s, b.p_e)))) AS covered_ms
     FROM episodes AS ep
-    INNER JOIN {db}.billing AS b ON b.resource_id = ep.resource_id
-    WHERE b.charge_period_end > ep.s AND b.charge_period_start < ep.e
-      AND b.charge_category = 'Usage' AND b.billing_currency = '{priced_in}'
+    INNER JOIN charges AS b ON b.resource_id = ep.resource_id
+    WHERE b.p_e > ep.s_ms AND b.p_s < ep.e_ms AND b.network = ep.egress
     GROUP BY ep.alert_id
 ),
 claimed AS (
     SELECT ep.alert_id AS alert_id,
-           sum((c.usd + c.egress_usd)
+           sum(if(ep.egress, c.egress_usd, c.usd)
                * greatest(0, least(ep.e_ms, toInt64(toUnixTimestamp(c.hour)) * 1000 + 3600000)
                              - greatest(ep.s_ms, toInt64(toUnixTimestamp(c.hour)) * 1000)) / 3600000) AS claimed_usd
     FROM episodes AS ep
@@ -101,7 +120,8 @@ def reprice(store: Connection, ingest_id: str, max_usd_per_hour: float | None = 
     would otherwise price the waste at it."""
     db = store.db
     bound = Limits().max_usd_per_hour if max_usd_per_hour is None else max_usd_per_hour
-    judged = _JUDGED.format(db=db, priced_in=PRICED_IN)
+    judged = _JUDGED.format(db=db, priced_in=PRICED_IN, egress_types=_sql_tuple(_EGRESS_TYPES),
+                            hour_units=_sql_tuple(HOUR_UNITS), data_units=_sql_tuple(_DATA_UNITS))
     parameters = {"ingest_id": ingest_id, "max_usd_per_hour": bound}
     with store.lock:
         store.client.command(_INSERT.format(db=db, judged=judged), parameters=parameters)
@@ -109,3 +129,8 @@ def reprice(store: Connection, ingest_id: str, max_usd_per_hour: float | None = 
     rows = store.query(f"SELECT uniqExact(alert_id) AS n FROM {db}.alert_billing WHERE ingest_id = {{i:String}}",
                        {"i": ingest_id})
     return Repriced(int(rows[0]["n"]), int(beyond["n"]), list(beyond["some"]))
+
+
+def _sql_tuple(values: tuple[str, ...]) -> str:
+    """``('a', 'b')``: constants of this module, quoted for SQL (none holds a quote)."""
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
