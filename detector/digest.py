@@ -197,7 +197,7 @@ def render_digest(d: Digest) -> list[dict[str, Any]]:
     def who(o: dict[str, Any]) -> str:
         return f"{code(o['resource_id'], 60)} ({escape(type_title(o['type']))}, {escape(o['team'], 40)})"
 
-    top = [f"{i}. {who(o)}: {_dollars(o)}" for i, o in enumerate(d.top, 1)]
+    top = [f"{i}. {who(o)}: {offender_dollars(o)}" for i, o in enumerate(d.top, 1)]
     fixed = [f"• {who(o)}: resolved {_hhmm(o['resolved_at'])}" + (f", {o['how']}" if o["how"] else "")
              + f"; {money(o['usd'], exact=True)} that day" for o in d.fixed]  # fmt: skip
     still = [f"• {who(o)}: "
@@ -240,11 +240,13 @@ def _hhmm(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M UTC")
 
 
-def _dollars(o: dict[str, Any]) -> str:
-    """An offender's dollars: the billed figure, and what the alert said, once the bill re-priced it."""
+def offender_dollars(o: dict[str, Any]) -> str:
+    """An offender's dollars: the billed figure, and what the alert said, once the bill re-priced it
+    (one figure where the two agree to the cent)."""
     if o.get("billed_usd") is None:
         return money(o["usd"], exact=True)
-    return f"{money(o['billed_usd'], exact=True)} billed (alert said {money(o['usd'], exact=True)})"
+    billed, said = money(o["billed_usd"], exact=True), money(o["usd"], exact=True)
+    return f"{billed} billed (the alert said so too)" if billed == said else f"{billed} billed (alert said {said})"
 
 
 def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: float = 600.0,

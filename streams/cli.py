@@ -710,7 +710,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
     from detector.charts.digest import digest_chart
-    from detector.digest import TREND_DAYS, build_digests, render_digest
+    from detector.digest import TREND_DAYS, build_digests, offender_dollars, render_digest
     from detector.units import money
 
     settings = _settings(args)
@@ -740,7 +740,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         for team, usd in sorted(d.by_team.items(), key=lambda kv: -kv[1]):
             print(f"  team {printable(team):<23}{money(usd, exact=True):>13}")
         for o in d.top:
-            print(f"  top: {_offender(o)} {money(o['usd'], exact=True)}")
+            print(f"  top: {_offender(o)} {offender_dollars(o)}")
         for o in d.fixed:
             how = f", {o['how']}" if o["how"] else ""
             at = datetime.fromtimestamp(o["resolved_at"], tz=timezone.utc)
@@ -753,6 +753,9 @@ def cmd_digest(args: argparse.Namespace) -> int:
             print(f"  could be saved (not waste, not in the total): {money(sum(d.could_save.values()), exact=True)}")
             for rule_type, usd in sorted(d.could_save.items(), key=lambda kv: -kv[1]):
                 print(f"    {rule_type:<26}{money(usd, exact=True):>13}")
+        if d.repriced:
+            print(f"  {d.repriced} of {d.incidents} incidents re-priced from the bill (top offenders show what it "
+                  "charged; the totals stay the events' dollars)")  # fmt: skip
         trend = " ".join(f"{datetime.fromtimestamp(t, tz=timezone.utc):%m-%d} {money(sum(v.values()))}"
                          for t, v in sorted(d.trend.items()))  # fmt: skip
         print(f"  last {TREND_DAYS} days: {trend or '(none)'}")

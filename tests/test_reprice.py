@@ -196,6 +196,13 @@ def test_the_digest_shows_billed_dollars_and_says_how_many_were_repriced(inciden
     assert "1 of 2 incidents re-priced from the bill" in text
 
 
+def test_a_billed_figure_equal_to_the_alerts_is_said_once():
+    from detector.digest import offender_dollars
+
+    assert offender_dollars({"usd": 12.5, "billed_usd": 12.5}) == "$12.50 billed (the alert said so too)"
+    assert offender_dollars({"usd": 12.5, "billed_usd": None}) == "$12.50"
+
+
 def test_ingest_focus_says_how_many_incidents_it_repriced(tmp_path):
     """The CLI re-prices after storing the bill, against a store on disk (no incidents there yet)."""
     from tests.test_cli import burnwatch, no_traceback
