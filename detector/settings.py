@@ -140,6 +140,12 @@ class Settings(BaseSettings):
         return (init_settings,)
 
     @property
+    def event_ttl_set(self) -> bool:
+        """Whether the event expiry was given (the variable, the file, an option), not the default: a default
+        never changes an existing store's expiry (:meth:`detector.store.schema.Schema.set_event_ttl`)."""
+        return "event_ttl_days" in self.model_fields_set
+
+    @property
     def dsn(self) -> str:
         if self.clickhouse_dsn:
             return self.clickhouse_dsn

@@ -133,8 +133,8 @@ def run_worker(settings: Settings) -> None:
     asyncio.run(_ensure(settings))
     asyncio.set_event_loop(asyncio.new_event_loop())
     settings.data_dir.mkdir(parents=True, exist_ok=True)  # Faust's data; with a server DSN nothing else makes it
-    store = Store.open(settings.dsn, settings.clickhouse_database)
-    expiry_days = store.schema.set_event_ttl(settings.event_ttl_days, explicit="event_ttl_days" in settings.model_fields_set)
+    store, expiry_days = Store.open_expiring(settings.dsn, settings.clickhouse_database, settings.event_ttl_days,
+                                             settings.event_ttl_set)  # fmt: skip
     try:
         app, _ = build_worker_app(settings, store, expiry_days)
         worker = faust.Worker(

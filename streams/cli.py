@@ -994,9 +994,13 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
         raise SystemExit(f"{exc}; nothing was stored") from None
     _say_store(settings)
     try:
-        store = Store.open(settings.dsn, settings.clickhouse_database)
+        store, days = Store.open_expiring(settings.dsn, settings.clickhouse_database, settings.event_ttl_days,
+                                          settings.event_ttl_set)  # fmt: skip
     except StoreBusy as exc:
         raise SystemExit(f"{exc}; nothing was stored") from None
+    if store.schema.created:
+        _note(f"created the store; raw events kept {f'{days} days of event time' if days else 'forever'} "
+              "(BURNWATCH_EVENT_TTL_DAYS sets it)")  # fmt: skip
     try:
         result = store_bill(store, bill)
         repriced = reprice(store, result.ingest_id, limits.max_usd_per_hour)
@@ -1031,7 +1035,7 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
     from detector.store import RAW_TABLES, Store, connect
 
     settings = _settings(args)
-    explicit_ttl = "event_ttl_days" in settings.model_fields_set
+    explicit_ttl = settings.event_ttl_set
     _say_store(settings)
     store = Store(connect(settings.dsn), settings.clickhouse_database)
     try:

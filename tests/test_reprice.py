@@ -215,6 +215,19 @@ def test_ingest_focus_says_how_many_incidents_it_repriced(tmp_path):
     assert "re-priced 0 incident(s) from the bill" in out.stdout
 
 
+def test_ingest_focus_making_the_store_gives_it_the_default_expiry(tmp_path):
+    """Ingesting the bill first (a natural first step) made the store with its raw events kept forever,
+    silently, and a worker started on the default never changed it."""
+    from tests.test_cli import burnwatch, no_traceback
+
+    env = {"BURNWATCH_DATA_DIR": str(tmp_path / "data")}
+    out = burnwatch("ingest", "focus", str(write_bill(tmp_path / "bill.csv", {"h1": 40.0}, hours=2)), env=env)
+    no_traceback(out)
+    assert out.returncode == 0 and "created the store; raw events kept 30 days of event time" in out.stderr, out.stderr
+    out = burnwatch("db", "migrate", env=env)
+    assert out.returncode == 0 and "raw events kept 30 days of event time" in out.stdout, out.stdout
+
+
 def test_a_simulated_fleets_incidents_are_repriced_at_what_its_bill_charged(store, ruleset, tmp_path):
     """The simulator's fleet through the real pipeline, then the bill it writes: every incident
     the bill covers is re-priced at the bill's dollars over its episode, reckoned here from

@@ -72,6 +72,20 @@ class Store(Connection):
             raise
         return store
 
+    @classmethod
+    def open_expiring(cls, dsn: str, database: str, event_ttl_days: int, explicit: bool) -> tuple[Store, int]:
+        """:meth:`open` with ``create``, for a command that may make the store (the worker, ``ingest focus``),
+        and the days of event time its raw events are kept (0: forever): a store made here gets
+        ``event_ttl_days``, the default included; one that exists keeps its own unless ``explicit``
+        (:meth:`~detector.store.schema.Schema.set_event_ttl`). A store ``ingest focus`` made first had kept its
+        events forever."""
+        store = cls.open(dsn, database)
+        try:
+            return store, store.schema.set_event_ttl(event_ttl_days, explicit=explicit)
+        except BaseException:
+            store.close()
+            raise
+
     def migrate(self) -> list[str]:
         """Apply the migrations not applied yet (:meth:`Schema.migrate`); returns their names."""
         return self.schema.migrate()
