@@ -785,11 +785,16 @@ def _resource_type_typos(rule: CompiledRule) -> list[str]:
 def consistency_warnings(ruleset: RuleSet) -> list[str]:
     """Rule combinations that are valid one by one but price wrong together: ``partly_idle_gpu``
     and ``unallocated_gpu`` count a host's idle hours that ``idle_gpu`` does not, which holds
-    only while they share its busy threshold and ``for`` (docs/detectors.md). And a resource type
+    only while they share its busy threshold and ``for`` (docs/detectors.md). And no instance prices
+    (a ConfigMap of rules.yaml alone: every alert on the bridge's usage said $0.00), a resource type
     selected that is likely a typo of one burnwatch is sent (``gpu-instance``), and an owner mapped to
     no Slack user id (``@farah``: the mention rendered ``<@@farah>``)."""
     whole = [r.detector for r in ruleset.rules if r.detector.type == "idle_gpu"]
-    warnings = [said for rule in ruleset.rules for said in _resource_type_typos(rule)]
+    warnings = [] if ruleset.pricing.instances else [
+        "no instance prices (pricing.yaml beside the rules is missing or lists no instances): usage events "
+        "without cost_usd (the bridge's, most exporters') are priced $0.00 and their alerts say $0.00/h; "
+        "copy rules/pricing.yaml beside the rules"]  # fmt: skip
+    warnings += [said for rule in ruleset.rules for said in _resource_type_typos(rule)]
     warnings += [f"routing.yaml users.{name}: {user[:40]!r} is not a Slack user id (U012AB3CD, W... on Enterprise "
                  "Grid): alerts cannot mention this owner, nor may they approve as the owner"
                  for name, user in ruleset.routing.users.items() if not SLACK_USER_ID.fullmatch(user)]  # fmt: skip

@@ -170,6 +170,7 @@ def test_a_resource_type_selected_that_is_likely_a_typo_is_warned_of(tmp_path):
 
     assert consistency_warnings(load_rules(ROOT / "rules")) == []
     path = tmp_path / "rules.yaml"
+    shutil.copy(ROOT / "rules" / "pricing.yaml", tmp_path)
     path.write_text("rules:\n  - name: idle\n    type: idle_gpu\n    match: {resource_type: [gpu-instance, notebooks, "
                     "'gpu_*', my_own_kind, tpu_instance, spot_instance]}\n    overrides:\n"
                     "      - match: {resource_type: '!vectordb'}\n        params: {for: 1h}\n")  # fmt: skip
@@ -178,6 +179,18 @@ def test_a_resource_type_selected_that_is_likely_a_typo_is_warned_of(tmp_path):
         "rule idle: match.resource_type 'gpu-instance'", "rule idle: match.resource_type 'notebooks'",
         "rule idle: match.resource_type '!vectordb'"]  # fmt: skip
     assert "did you mean 'gpu_instance'?" in said[0] and "did you mean 'vector_db'?" in said[2]
+
+
+def test_rules_without_prices_are_warned_of(tmp_path):
+    """A ConfigMap of rules.yaml alone (the Kubernetes manifest's, once): every alert on usage events without
+    cost_usd, which is all of the bridge's, said $0.00/h, and nothing said why."""
+    from detector.rules import consistency_warnings
+
+    (tmp_path / "rules.yaml").write_text("rules:\n  - name: idle\n    type: idle_gpu\n")
+    (said,) = consistency_warnings(load_rules(tmp_path))
+    assert said.startswith("no instance prices (pricing.yaml beside the rules is missing") and "$0.00/h" in said
+    shutil.copy(ROOT / "rules" / "pricing.yaml", tmp_path)
+    assert consistency_warnings(load_rules(tmp_path)) == []
 
 
 def test_an_owner_mapped_to_no_slack_user_id_is_warned_of(tmp_path):
