@@ -16,7 +16,6 @@ answer to a ``block_actions`` request and shows any status but 200 as a bare err
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+import msgspec
 import structlog
 from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.webhook import WebhookClient
@@ -84,10 +84,18 @@ class RequestVerifier:
         if not timestamp or not signature:
             raise Unauthorized("missing X-Slack-Request-Timestamp or X-Slack-Signature")
         try:
-            sent = int(timestamp)
+            sent = int(timestamp) if timestamp.isascii() else None
         except ValueError:
-            raise Unauthorized(f"bad timestamp {timestamp!r}") from None
-        if not self._slack.is_valid(body=body, timestamp=timestamp, signature=signature):
+            sent = None
+        if sent is None:
+            raise Unauthorized(f"bad timestamp {timestamp[:40]!r}")
+        if not signature.isascii():  # hmac.compare_digest raises TypeError on other text
+            raise Unauthorized("signature does not match (not ASCII)")
+        try:  # slack-sdk decodes the body itself, raising on bytes that are not UTF-8
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Unauthorized("signature does not match (the body is not UTF-8, as Slack's always is)") from None
+        if not self._slack.is_valid(body=text, timestamp=timestamp, signature=signature):
             age = self._clock() - sent
             if abs(age) > MAX_AGE_S:
                 raise Unauthorized(f"stale request: signed {age:.0f} s ago (over {MAX_AGE_S:.0f} s)")
@@ -112,25 +120,58 @@ class Click:
     """Where Slack takes an answer to this click (an ephemeral message to the clicker)."""
 
 
+class _Action(msgspec.Struct):
+    action_id: str
+    value: str = ""
+
+
+class _User(msgspec.Struct):
+    id: str = ""
+    username: str | None = None
+    name: str | None = None
+
+
+class _Channel(msgspec.Struct):
+    id: str = ""
+
+
+class _Message(msgspec.Struct):
+    ts: str = ""
+
+
+class _Payload(msgspec.Struct):
+    """The fields of Slack's ``block_actions`` payload that a click uses, typed: anything else
+    in them (a string for an object, a list for a string) is a 400 naming where, not a
+    TypeError in the worker. Fields not named here are ignored."""
+
+    actions: list[_Action]
+    user: _User | None = None
+    channel: _Channel | None = None
+    message: _Message | None = None
+    response_url: str | None = None
+
+
 def parse_click(body: bytes) -> Click:
-    """The click in a ``block_actions`` request; ``ValueError`` names what is missing."""
+    """The click in a ``block_actions`` request; ``ValueError`` names what is missing or of the wrong type."""
     try:
-        payload = json.loads(parse_qs(body.decode("utf-8"))["payload"][0])
-        action = payload["actions"][0]
-    except (KeyError, IndexError, ValueError, UnicodeDecodeError) as exc:
+        payload = msgspec.json.decode(parse_qs(body.decode("utf-8"))["payload"][0], type=_Payload)
+    except (KeyError, ValueError) as exc:  # UnicodeDecodeError and msgspec's errors are ValueErrors
         raise ValueError(f"not a Slack block_actions payload: {exc}") from None
-    kind = ACTIONS.get(action.get("action_id", ""))
+    if not payload.actions:
+        raise ValueError("not a Slack block_actions payload: no actions")
+    action = payload.actions[0]
+    kind = ACTIONS.get(action.action_id)
     if kind is None:
-        raise ValueError(f"unknown action {action.get('action_id')!r}; expected one of {', '.join(ACTIONS)}")
-    user = payload.get("user") or {}
+        raise ValueError(f"unknown action {action.action_id!r}; expected one of {', '.join(ACTIONS)}")
+    user = payload.user or _User()
     return Click(
         action=kind,
-        alert_id=str(action.get("value", "")),
-        user_id=str(user.get("id", "")),
-        user_name=str(user.get("username") or user.get("name") or ""),
-        channel=str((payload.get("channel") or {}).get("id", "")),
-        message_ts=str((payload.get("message") or {}).get("ts", "")),
-        response_url=str(payload.get("response_url") or ""),
+        alert_id=action.value,
+        user_id=user.id,
+        user_name=user.username or user.name or "",
+        channel=payload.channel.id if payload.channel else "",
+        message_ts=payload.message.ts if payload.message else "",
+        response_url=payload.response_url or "",
     )
 
 

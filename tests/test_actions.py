@@ -50,8 +50,10 @@ def test_a_signed_fresh_request_passes_once():
         (signed(click_body(alert_id="other")), "does not match"),  # a signature for another body
         ({}, "missing"),  # no signature at all
         ({"X-Slack-Request-Timestamp": "soon", "X-Slack-Signature": "v0=00"}, "bad timestamp"),
+        ({"X-Slack-Request-Timestamp": "\u0661\u0662", "X-Slack-Signature": "v0=00"}, "bad timestamp"),  # int() takes these
+        ({"X-Slack-Request-Timestamp": str(NOW), "X-Slack-Signature": "v0=\xe9"}, "not ASCII"),  # compare_digest raised
     ],
-    ids=["stale", "future", "forged", "other-body", "unsigned", "bad-timestamp"],
+    ids=["stale", "future", "forged", "other-body", "unsigned", "bad-timestamp", "arabic-digits", "non-ascii-signature"],
 )
 def test_refused(headers, reason):
     with pytest.raises(Unauthorized, match=reason):
