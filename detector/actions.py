@@ -16,6 +16,7 @@ answer to a ``block_actions`` request and shows any status but 200 as a bare err
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +30,7 @@ from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
 from detector.suppression import snooze
+from detector.units import one_line
 
 if TYPE_CHECKING:
     from detector.store import Store
@@ -175,6 +177,14 @@ def parse_click(body: bytes) -> Click:
     )
 
 
+def _store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store did not answer or refused: ClickHouse's client's errors (its
+    module is loaded wherever a store is) or a connection's."""
+    clickhouse = sys.modules.get("clickhouse_connect.driver.exceptions")
+    return isinstance(exc, (ConnectionError, TimeoutError)) or (
+        clickhouse is not None and isinstance(exc, clickhouse.ClickHouseError))
+
+
 SLACK_RESPONSE_ORIGIN = "https://hooks.slack.com"
 """Where Slack's ``response_url`` points; an answer goes nowhere else (another origin: the
 local stand-in named by ``SLACK_BASE_URL``)."""
@@ -229,6 +239,16 @@ class ActionHandler:
             click = parse_click(body)
         except ValueError as exc:
             return 400, {"error": str(exc)}
+        try:
+            return self._handle(click)
+        except Exception as exc:
+            if not _store_error(exc):
+                raise
+            # As /incidents: a warning, no traceback; Slack shows the clicker an error, who clicks again.
+            log.warning("slack_action_failed", alert_id=click.alert_id, action=click.action, error=one_line(exc))
+            return 503, {"error": "the store did not answer; the click was not recorded. Try again"}
+
+    def _handle(self, click: Click) -> tuple[int, dict[str, Any]]:
         from detector.store import alert_from_row
 
         row = self.store.alerts.get(click.alert_id)

@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from detector.actions import ActionHandler, RequestVerifier
 from streams.web import SlackActionsView
@@ -120,3 +121,32 @@ def test_a_signed_click_of_the_right_shape_still_passes(served, store):
     body = click_body("burnwatch_ack")
     status, _, answer = served.post(body, signed(body, at=int(time.time())))
     assert (status, answer) == (200, {"ok": True, "action": "acknowledged", "alert_id": "a1"})
+
+
+def test_a_click_while_the_store_does_not_answer_is_a_503_and_a_warning(tmp_path, request):
+    """The store (``burnwatch store serve``) stopped: the click is answered 503 with a JSON
+    reason, as ``/incidents`` is, and logged as a warning without a traceback (it was a 500:
+    ``ActionHandler.handle`` raised the client's OperationalError)."""
+    from detector.store import connect
+    from streams.process import StoreServerProcess
+    from tests.conftest import fresh_store
+
+    process = StoreServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "server.log").wait_ready()
+    try:
+        remote = fresh_store(connect(process.url), request)
+        remote.alerts.record([alert()], version=1)
+        server = serve(remote)
+    finally:
+        assert process.stop() == 0, process.log()
+    try:
+        body = click_body("burnwatch_ack")
+        with capture_logs() as logs:
+            status, headers, answer = server.post(body, signed(body, at=int(time.time())))
+        assert status == 503 and headers["Content-Type"].startswith("application/json")
+        assert answer == {"error": "the store did not answer; the click was not recorded. Try again"}
+        (failed,) = [e for e in logs if e["event"] == "slack_action_failed"]
+        assert failed["log_level"] == "warning" and failed["alert_id"] == "a1" and "exc_info" not in failed
+        assert failed["error"].startswith("OperationalError")
+    finally:
+        server.close()
+        remote.close()
