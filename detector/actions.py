@@ -3,7 +3,8 @@
 Slack posts a click to the worker's ``/slack/actions`` as a form with a JSON
 ``payload``, signed with the app's signing secret. A request is refused (401) when its
 signature does not match, when its timestamp is more than five minutes from now
-(Slack's own rule against replays), or when the same signed request was seen before.
+(Slack's own rule against replays), or when the same signed request was seen before (by this
+process: README, Slack).
 A click is recorded in ClickHouse (``alert_actions``: who, what, when) and shown on
 the incident's message; a snooze also keeps that incident's later changes out of the
 channel for 24 hours, and "expected" is kept as feedback for the model and for rule
@@ -72,12 +73,15 @@ class RequestVerifier:
     """Slack's request signature (``X-Slack-Signature``, HMAC-SHA256 of ``v0:timestamp:body``)
     and freshness (``X-Slack-Request-Timestamp`` within five minutes) as slack-sdk's
     :class:`SignatureVerifier` checks them; this class adds the reason for a refusal and
-    remembers signatures for the window in which a replay could pass the timestamp check."""
+    remembers signatures for the window in which a replay could pass the timestamp check.
+    Per process: another worker has not seen them (README, Slack: the effects are idempotent)."""
 
     def __init__(self, signing_secret: str, *, clock: Callable[[], float] = time.time):
         self._slack = SignatureVerifier(signing_secret, clock=_Clock(clock))
         self._clock = clock
         self._seen: dict[str, float] = {}
+        """Signatures accepted within :data:`MAX_AGE_S`, in this process only."""
+        self._lock = threading.Lock()
 
     def verify(self, body: bytes, headers: Mapping[str, str]) -> None:
         """Return if the request is Slack's, fresh and new; raise :class:`Unauthorized` if not."""
@@ -102,11 +106,12 @@ class RequestVerifier:
             if abs(age) > MAX_AGE_S:
                 raise Unauthorized(f"stale request: signed {age:.0f} s ago (over {MAX_AGE_S:.0f} s)")
             raise Unauthorized("signature does not match (wrong signing secret, or the body was altered)")
-        now = self._clock()
-        self._seen = {s: t for s, t in self._seen.items() if now - t <= MAX_AGE_S}
-        if signature in self._seen:
-            raise Unauthorized("replayed request: this signed request was already handled")
-        self._seen[signature] = sent
+        with self._lock:  # clicks are handled on executor threads: two copies must not both pass
+            now = self._clock()
+            self._seen = {s: t for s, t in self._seen.items() if now - t <= MAX_AGE_S}
+            if signature in self._seen:
+                raise Unauthorized("replayed request: this signed request was already handled")
+            self._seen[signature] = sent
 
 
 @dataclass(frozen=True)
