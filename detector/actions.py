@@ -45,6 +45,8 @@ ACTIONS = {"burnwatch_ack": "acknowledged", "burnwatch_snooze": "snoozed", "burn
 """Button action id → what is recorded. Approve and Decline are on an action's message
 (:mod:`detector.remediation.messages`), not on the alert's."""
 DECISIONS = ("approved", "declined")
+ACTION_BLOCK = "burnwatch-action:"
+"""An action's message's buttons' ``block_id``, before the alert id (:mod:`detector.remediation.messages`)."""
 BUTTONS = (("Acknowledge", "burnwatch_ack"), ("Snooze 24h", "burnwatch_snooze"), ("Mark as expected", "burnwatch_expected"))
 SNOOZE_S = 86_400.0
 MAX_AGE_S = 300.0
@@ -125,11 +127,19 @@ class Click:
     message_ts: str
     response_url: str = ""
     """Where Slack takes an answer to this click (an ephemeral message to the clicker)."""
+    block_id: str = ""
+    """The clicked button's block: :data:`ACTION_BLOCK` and the alert id on an action's message."""
+
+    @property
+    def on_action_message(self) -> bool:
+        """Clicked on an action's message (its Snooze), not on the alert's own message."""
+        return self.block_id.startswith(ACTION_BLOCK)
 
 
 class _Action(msgspec.Struct):
     action_id: str
     value: str = ""
+    block_id: str = ""
 
 
 class _User(msgspec.Struct):
@@ -179,6 +189,7 @@ def parse_click(body: bytes) -> Click:
         channel=payload.channel.id if payload.channel else "",
         message_ts=payload.message.ts if payload.message else "",
         response_url=payload.response_url or "",
+        block_id=action.block_id,
     )
 
 
@@ -267,7 +278,11 @@ class ActionHandler:
         if until is not None and self.outbox is not None:
             self.outbox.snooze(snooze(click.alert_id, now, until, click.user_name or click.user_id))
         log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
-        if self.notifier is not None and click.channel and click.message_ts:
+        if click.on_action_message:  # an action's warning, not the alert's message: the runner updates it
+            if click.action == "snoozed":
+                self._answer(click, ":zzz: Snoozed for 24 hours: a pending automatic action on this incident is not "
+                                    "taken. This message says so at the worker's next pass.")  # fmt: skip
+        elif self.notifier is not None and click.channel and click.message_ts:
             alert = alert_from_row(row)
             try:
                 self.notifier.show_actions(alert, self.store.actions.of(click.alert_id), click.channel, click.message_ts)
