@@ -3,7 +3,8 @@
 Slack posts a click to the worker's ``/slack/actions`` as a form with a JSON
 ``payload``, signed with the app's signing secret. A request is refused (401) when its
 signature does not match, when its timestamp is more than five minutes from now
-(Slack's own rule against replays), or when the same signed request was seen before.
+(Slack's own rule against replays), or when the same signed request was seen before (by this
+process: README, Slack).
 A click is recorded in ClickHouse (``alert_actions``: who, what, when) and shown on
 the incident's message; a snooze also keeps that incident's later changes out of the
 channel for 24 hours, and "expected" is kept as feedback for the model and for rule
@@ -16,7 +17,7 @@ answer to a ``block_actions`` request and shows any status but 200 as a bare err
 
 from __future__ import annotations
 
-import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,11 +25,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+import msgspec
 import structlog
 from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
 from detector.suppression import snooze
+from detector.units import one_line
 
 if TYPE_CHECKING:
     from detector.store import Store
@@ -42,6 +45,8 @@ ACTIONS = {"burnwatch_ack": "acknowledged", "burnwatch_snooze": "snoozed", "burn
 """Button action id → what is recorded. Approve and Decline are on an action's message
 (:mod:`detector.remediation.messages`), not on the alert's."""
 DECISIONS = ("approved", "declined")
+ACTION_BLOCK = "burnwatch-action:"
+"""An action's message's buttons' ``block_id``, before the alert id (:mod:`detector.remediation.messages`)."""
 BUTTONS = (("Acknowledge", "burnwatch_ack"), ("Snooze 24h", "burnwatch_snooze"), ("Mark as expected", "burnwatch_expected"))
 SNOOZE_S = 86_400.0
 MAX_AGE_S = 300.0
@@ -70,12 +75,15 @@ class RequestVerifier:
     """Slack's request signature (``X-Slack-Signature``, HMAC-SHA256 of ``v0:timestamp:body``)
     and freshness (``X-Slack-Request-Timestamp`` within five minutes) as slack-sdk's
     :class:`SignatureVerifier` checks them; this class adds the reason for a refusal and
-    remembers signatures for the window in which a replay could pass the timestamp check."""
+    remembers signatures for the window in which a replay could pass the timestamp check.
+    Per process: another worker has not seen them (README, Slack: the effects are idempotent)."""
 
     def __init__(self, signing_secret: str, *, clock: Callable[[], float] = time.time):
         self._slack = SignatureVerifier(signing_secret, clock=_Clock(clock))
         self._clock = clock
         self._seen: dict[str, float] = {}
+        """Signatures accepted within :data:`MAX_AGE_S`, in this process only."""
+        self._lock = threading.Lock()
 
     def verify(self, body: bytes, headers: Mapping[str, str]) -> None:
         """Return if the request is Slack's, fresh and new; raise :class:`Unauthorized` if not."""
@@ -84,19 +92,28 @@ class RequestVerifier:
         if not timestamp or not signature:
             raise Unauthorized("missing X-Slack-Request-Timestamp or X-Slack-Signature")
         try:
-            sent = int(timestamp)
+            sent = int(timestamp) if timestamp.isascii() else None
         except ValueError:
-            raise Unauthorized(f"bad timestamp {timestamp!r}") from None
-        if not self._slack.is_valid(body=body, timestamp=timestamp, signature=signature):
+            sent = None
+        if sent is None:
+            raise Unauthorized(f"bad timestamp {timestamp[:40]!r}")
+        if not signature.isascii():  # hmac.compare_digest raises TypeError on other text
+            raise Unauthorized("signature does not match (not ASCII)")
+        try:  # slack-sdk decodes the body itself, raising on bytes that are not UTF-8
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Unauthorized("signature does not match (the body is not UTF-8, as Slack's always is)") from None
+        if not self._slack.is_valid(body=text, timestamp=timestamp, signature=signature):
             age = self._clock() - sent
             if abs(age) > MAX_AGE_S:
                 raise Unauthorized(f"stale request: signed {age:.0f} s ago (over {MAX_AGE_S:.0f} s)")
             raise Unauthorized("signature does not match (wrong signing secret, or the body was altered)")
-        now = self._clock()
-        self._seen = {s: t for s, t in self._seen.items() if now - t <= MAX_AGE_S}
-        if signature in self._seen:
-            raise Unauthorized("replayed request: this signed request was already handled")
-        self._seen[signature] = sent
+        with self._lock:  # clicks are handled on executor threads: two copies must not both pass
+            now = self._clock()
+            self._seen = {s: t for s, t in self._seen.items() if now - t <= MAX_AGE_S}
+            if signature in self._seen:
+                raise Unauthorized("replayed request: this signed request was already handled")
+            self._seen[signature] = sent
 
 
 @dataclass(frozen=True)
@@ -110,28 +127,78 @@ class Click:
     message_ts: str
     response_url: str = ""
     """Where Slack takes an answer to this click (an ephemeral message to the clicker)."""
+    block_id: str = ""
+    """The clicked button's block: :data:`ACTION_BLOCK` and the alert id on an action's message."""
+
+    @property
+    def on_action_message(self) -> bool:
+        """Clicked on an action's message (its Snooze), not on the alert's own message."""
+        return self.block_id.startswith(ACTION_BLOCK)
+
+
+class _Action(msgspec.Struct):
+    action_id: str
+    value: str = ""
+    block_id: str = ""
+
+
+class _User(msgspec.Struct):
+    id: str = ""
+    username: str | None = None
+    name: str | None = None
+
+
+class _Channel(msgspec.Struct):
+    id: str = ""
+
+
+class _Message(msgspec.Struct):
+    ts: str = ""
+
+
+class _Payload(msgspec.Struct):
+    """The fields of Slack's ``block_actions`` payload that a click uses, typed: anything else
+    in them (a string for an object, a list for a string) is a 400 naming where, not a
+    TypeError in the worker. Fields not named here are ignored."""
+
+    actions: list[_Action]
+    user: _User | None = None
+    channel: _Channel | None = None
+    message: _Message | None = None
+    response_url: str | None = None
 
 
 def parse_click(body: bytes) -> Click:
-    """The click in a ``block_actions`` request; ``ValueError`` names what is missing."""
+    """The click in a ``block_actions`` request; ``ValueError`` names what is missing or of the wrong type."""
     try:
-        payload = json.loads(parse_qs(body.decode("utf-8"))["payload"][0])
-        action = payload["actions"][0]
-    except (KeyError, IndexError, ValueError, UnicodeDecodeError) as exc:
+        payload = msgspec.json.decode(parse_qs(body.decode("utf-8"))["payload"][0], type=_Payload)
+    except (KeyError, ValueError) as exc:  # UnicodeDecodeError and msgspec's errors are ValueErrors
         raise ValueError(f"not a Slack block_actions payload: {exc}") from None
-    kind = ACTIONS.get(action.get("action_id", ""))
+    if not payload.actions:
+        raise ValueError("not a Slack block_actions payload: no actions")
+    action = payload.actions[0]
+    kind = ACTIONS.get(action.action_id)
     if kind is None:
-        raise ValueError(f"unknown action {action.get('action_id')!r}; expected one of {', '.join(ACTIONS)}")
-    user = payload.get("user") or {}
+        raise ValueError(f"unknown action {action.action_id!r}; expected one of {', '.join(ACTIONS)}")
+    user = payload.user or _User()
     return Click(
         action=kind,
-        alert_id=str(action.get("value", "")),
-        user_id=str(user.get("id", "")),
-        user_name=str(user.get("username") or user.get("name") or ""),
-        channel=str((payload.get("channel") or {}).get("id", "")),
-        message_ts=str((payload.get("message") or {}).get("ts", "")),
-        response_url=str(payload.get("response_url") or ""),
+        alert_id=action.value,
+        user_id=user.id,
+        user_name=user.username or user.name or "",
+        channel=payload.channel.id if payload.channel else "",
+        message_ts=payload.message.ts if payload.message else "",
+        response_url=payload.response_url or "",
+        block_id=action.block_id,
     )
+
+
+def _store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store did not answer or refused: ClickHouse's client's errors (its
+    module is loaded wherever a store is) or a connection's."""
+    clickhouse = sys.modules.get("clickhouse_connect.driver.exceptions")
+    return isinstance(exc, (ConnectionError, TimeoutError)) or (
+        clickhouse is not None and isinstance(exc, clickhouse.ClickHouseError))
 
 
 SLACK_RESPONSE_ORIGIN = "https://hooks.slack.com"
@@ -188,6 +255,16 @@ class ActionHandler:
             click = parse_click(body)
         except ValueError as exc:
             return 400, {"error": str(exc)}
+        try:
+            return self._handle(click)
+        except Exception as exc:
+            if not _store_error(exc):
+                raise
+            # As /incidents: a warning, no traceback; Slack shows the clicker an error, who clicks again.
+            log.warning("slack_action_failed", alert_id=click.alert_id, action=click.action, error=one_line(exc))
+            return 503, {"error": "the store did not answer; the click was not recorded. Try again"}
+
+    def _handle(self, click: Click) -> tuple[int, dict[str, Any]]:
         from detector.store import alert_from_row
 
         row = self.store.alerts.get(click.alert_id)
@@ -201,7 +278,11 @@ class ActionHandler:
         if until is not None and self.outbox is not None:
             self.outbox.snooze(snooze(click.alert_id, now, until, click.user_name or click.user_id))
         log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
-        if self.notifier is not None and click.channel and click.message_ts:
+        if click.on_action_message:  # an action's warning, not the alert's message: the runner updates it
+            if click.action == "snoozed":
+                self._answer(click, ":zzz: Snoozed for 24 hours: a pending automatic action on this incident is not "
+                                    "taken. This message says so at the worker's next pass.")  # fmt: skip
+        elif self.notifier is not None and click.channel and click.message_ts:
             alert = alert_from_row(row)
             try:
                 self.notifier.show_actions(alert, self.store.actions.of(click.alert_id), click.channel, click.message_ts)

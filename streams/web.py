@@ -43,7 +43,7 @@ from detector.store import Connection
 from detector.units import one_line
 from streams.parts import WorkerParts
 
-__all__ = ["INCIDENT_PATHS", "SERVED_PATHS", "IncidentViews", "install_views", "serve_only_burnwatch"]
+__all__ = ["INCIDENT_PATHS", "SERVED_PATHS", "IncidentViews", "SlackActionsView", "install_views", "serve_only_burnwatch"]
 
 log = structlog.get_logger("burnwatch.web")
 
@@ -236,12 +236,32 @@ def _incidents(parts: WorkerParts) -> None:
             return await views.decide(request)
 
 
+class SlackActionsView:
+    """``/slack/actions`` as an aiohttp handler: the request's body and headers go to the
+    :class:`ActionHandler` in the default executor (it reads and writes the store and may
+    call Slack); its (status, JSON) is the answer. None: no signing secret, every click refused."""
+
+    def __init__(self, actions: ActionHandler | None) -> None:
+        self.actions = actions
+
+    async def post(self, request: web.Request) -> web.Response:
+        if self.actions is None:
+            return web.json_response({"error": "Slack actions are not configured (SLACK_SIGNING_SECRET)"}, status=404,
+                                     headers=_JSON_HEADERS)  # fmt: skip
+        body = await request.read()
+        headers = dict(request.headers)
+        loop = asyncio.get_running_loop()
+        status, answer = await loop.run_in_executor(None, self.actions.handle, body, headers)
+        return web.json_response(answer, status=status, headers=_JSON_HEADERS)
+
+
 def _slack_actions(parts: WorkerParts) -> None:
     secret = parts.settings.slack_signing_secret
     outbox = parts.outbox
     actions = (ActionHandler(RequestVerifier(secret.get_secret_value()), parts.store, outbox.notifier, outbox,
                              remediation=parts.actions, response_origin=parts.settings.slack_base_url)
                if secret else None)  # fmt: skip
+    view = SlackActionsView(actions)
 
     @parts.app.page("/slack/actions")
     class SlackActions(View):
@@ -249,13 +269,7 @@ def _slack_actions(parts: WorkerParts) -> None:
         and Decline on an action's message."""
 
         async def post(self, request: Any, **kwargs: Any) -> Any:
-            if actions is None:
-                return self.json({"error": "Slack actions are not configured (SLACK_SIGNING_SECRET)"}, status=404)
-            body = await request.read()
-            headers = dict(request.headers)
-            loop = asyncio.get_running_loop()
-            status, answer = await loop.run_in_executor(None, actions.handle, body, headers)
-            return self.json(answer, status=status)
+            return await view.post(request)
 
 
 def _metrics(parts: WorkerParts) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from urllib.parse import urlencode
 
 import pytest
@@ -41,6 +43,41 @@ def test_a_signed_fresh_request_passes_once():
         v.verify(body, signed(body))  # the same signed request again, inside the 5 minutes
 
 
+class Unlucky(str):
+    """A signature header whose hash takes 0.2 s: the thread looking it up among the signatures
+    seen yields there, as a thread switch at the worst moment would."""
+
+    def __hash__(self) -> int:
+        time.sleep(0.2)
+        return str.__hash__(self)
+
+
+def test_two_copies_of_a_signed_request_at_once_pass_once():
+    """The worker verifies clicks on executor threads: two copies of one signed request
+    arriving together are one click, the other refused as a replay (without the verifier's
+    lock both passed the check before either was remembered)."""
+    v, body = verifier(), click_body()
+    headers = signed(body)
+    headers["X-Slack-Signature"] = Unlucky(headers["X-Slack-Signature"])
+    together = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def send() -> None:
+        together.wait()
+        try:
+            v.verify(body, headers)
+            outcomes.append("passed")
+        except Unauthorized as exc:
+            outcomes.append(exc.reason)
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert sorted(outcomes) == ["passed", "replayed request: this signed request was already handled"]
+
+
 @pytest.mark.parametrize(
     "headers, reason",
     [
@@ -50,8 +87,10 @@ def test_a_signed_fresh_request_passes_once():
         (signed(click_body(alert_id="other")), "does not match"),  # a signature for another body
         ({}, "missing"),  # no signature at all
         ({"X-Slack-Request-Timestamp": "soon", "X-Slack-Signature": "v0=00"}, "bad timestamp"),
+        ({"X-Slack-Request-Timestamp": "\u0661\u0662", "X-Slack-Signature": "v0=00"}, "bad timestamp"),  # int() takes these
+        ({"X-Slack-Request-Timestamp": str(NOW), "X-Slack-Signature": "v0=\xe9"}, "not ASCII"),  # compare_digest raised
     ],
-    ids=["stale", "future", "forged", "other-body", "unsigned", "bad-timestamp"],
+    ids=["stale", "future", "forged", "other-body", "unsigned", "bad-timestamp", "arabic-digits", "non-ascii-signature"],
 )
 def test_refused(headers, reason):
     with pytest.raises(Unauthorized, match=reason):

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
 from detector.actions import ActionHandler, RequestVerifier
 from detector.alerts import Alert
+from detector.blockkit import check
+from detector.delivery import Outbox
 from detector.metrics import METRICS
 from detector.remediation.base import Outcome
 from detector.remediation.ec2 import StopInstance
@@ -242,6 +245,56 @@ def test_auto_unless_objected_a_snooze_cancels(store, slack, tmp_path, moto_url)
     runner.run_once()
     assert state(moto_url, instance) == "running"
     assert ("cancelled", "snoozed") in steps(store) and not any(s == "begun" for s, _ in steps(store))
+
+
+def test_a_grouped_incidents_warning_offers_snooze_and_a_snooze_there_stops_the_action(store, slack, tmp_path,
+                                                                                       moto_url):  # fmt: skip
+    """Two idle hosts of team nlp grouped into one message, which has no buttons: each
+    automatic action's warning in its thread offers Snooze 24h (the alert's own snooze, for
+    anyone) beside Decline (approvers only), so whoever sees it can object. A snooze clicked
+    there, by someone who is no approver, stops that action and not the other; the warning is
+    not rewritten as the alert's message, and the clicker is told."""
+    first, second, wall = run_instance(moto_url), run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    alerts = [incident(first, change="fired"), incident(second, change="fired", alert_id="a2")]
+    store.alerts.record(alerts, version=1)
+    outbox = Outbox(store, runner.notifier, group_wait_s=0, wall=wall)
+    outbox.add(alerts)
+    outbox.deliver_pending()
+    (group,) = slack.calls("chat.postMessage")
+    assert "2 resources of team nlp" in group.text_of_blocks() and not any(b["type"] == "actions" for b in group.blocks)
+    runner.run_once()
+    thread = store.deliveries.thread_of("a1")
+    assert thread is not None and store.deliveries.thread_of("a2") == thread  # one message for both
+    warnings = {w.blocks[-1]["elements"][0]["text"]: w for w in slack.calls("chat.postMessage")[1:]}
+    warnings = {alert_id: w for footer, w in warnings.items() for alert_id in ("a1", "a2") if f"`{alert_id}:" in footer}
+    assert sorted(warnings) == ["a1", "a2"]
+    for alert_id, warning in warnings.items():
+        assert warning.body["thread_ts"] == thread[1]
+        assert "unless this incident is snoozed or declined" in warning.text_of_blocks()
+        (buttons,) = [b for b in warning.blocks if b["type"] == "actions"]
+        assert [(e["text"]["text"], e["action_id"], e["value"], e.get("style")) for e in buttons["elements"]] == [
+            ("Snooze 24h", "burnwatch_snooze", alert_id, None), ("Decline", "burnwatch_decline", alert_id, "danger")]
+        assert check(warning.blocks, warning.body["text"]) == []  # within Block Kit's limits
+    where = json.loads(next(r["result"] for r in store.remediations.steps("a1") if r["step"] == "announced"))
+    payload = {"type": "block_actions", "user": {"id": STRANGER, "username": "someone"},
+               "actions": [{"type": "button", "action_id": "burnwatch_snooze", "value": "a1",
+                            "block_id": next(b for b in warnings["a1"].blocks if b["type"] == "actions")["block_id"]}],
+               "channel": {"id": where["channel"]}, "message": {"ts": where["ts"]},
+               "response_url": slack.response_url}  # fmt: skip
+    body = urlencode({"payload": json.dumps(payload)}).encode()
+    status, answer = handler.handle(body, signed(body))
+    assert (status, answer) == (200, {"ok": True, "action": "snoozed", "alert_id": "a1"})
+    assert slack.calls("chat.update") == []  # the warning is not replaced by the alert's message
+    assert slack.wait_for(lambda r: any(c.method == "response_url" for c in r), timeout=10)
+    (told,) = slack.calls("response_url")
+    assert told.body["response_type"] == "ephemeral" and "Snoozed for 24 hours" in told.body["text"]
+    wall.t += 3600
+    runner.run_once()
+    assert state(moto_url, first) == "running" and state(moto_url, second) in ("stopping", "stopped")
+    assert ("cancelled", "snoozed") in steps(store, "a1") and ("succeeded", "auto") in steps(store, "a2")
+    shown = [u for u in slack.calls("chat.update") if u.body["ts"] == where["ts"]]
+    assert "Not acting (snoozed)" in shown[-1].text_of_blocks() and not any(b["type"] == "actions" for b in shown[-1].blocks)
 
 
 def test_a_resolved_incident_cancels_a_pending_action(store, slack, tmp_path, moto_url):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from detector.actions import ACTION_BLOCK, BUTTONS
 from detector.blockkit import MAX_NOTIFICATION_TEXT, MAX_TEXT, clip, fit
 from detector.remediation.policy import Action
 from detector.slack import code, escape
@@ -15,6 +16,8 @@ __all__ = ["APPROVE", "DECLINE", "action_blocks", "describe_call"]
 
 APPROVE = "burnwatch_approve"
 DECLINE = "burnwatch_decline"
+SNOOZE_LABEL, SNOOZE = next(b for b in BUTTONS if b[1] == "burnwatch_snooze")
+"""The alert's own Snooze 24h (same action id, the alert id as value): on an automatic action's warning."""
 _VERBS = {"stop_instance": "stop", "cull_notebook": "cull the notebook", "scale_to_zero": "scale to zero"}
 
 
@@ -39,7 +42,8 @@ def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]
     what = f"{_VERBS.get(action.kind, action.kind)} {escape(action.resource_id, 120)}"
     call = code(describe_call(action), 1000)
     saves = f" (${action.usd_per_hour:,.2f}/h)" if action.usd_per_hour else ""
-    state, buttons = action.state, []
+    state = action.state
+    buttons: list[tuple[str, str, str | None]] = []  # label, action id, style
     if state == "dry_run":
         text = f":test_tube: Dry run: burnwatch would {what}{saves} by calling {call}. Nothing was called (mode dry_run)."
     elif state == "not_applicable":
@@ -51,7 +55,8 @@ def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]
         due = action.due_at or now
         text = (f":hourglass_flowing_sand: Will {what}{saves} at {rfc3339(due)} (in {format_duration(max(0.0, due - now))}) "
                 f"by calling {call}, unless this incident is snoozed or declined.")  # fmt: skip
-        buttons = [("Decline", DECLINE, "danger")]
+        # Snooze here too: anyone may object, and a grouped incident's message has no buttons.
+        buttons = [(SNOOZE_LABEL, SNOOZE, None), ("Decline", DECLINE, "danger")]
     elif state in ("approved", "begun", "retry"):
         text = f":gear: {what.capitalize()}: approved by {_who(action.decided_by)}; calling {call}."
         if state == "retry":
@@ -74,9 +79,10 @@ def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]
     blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
     if buttons:
         blocks.append({
-            "type": "actions", "block_id": f"burnwatch-action:{action.alert_id}",
+            "type": "actions", "block_id": f"{ACTION_BLOCK}{action.alert_id}",
             "elements": [{"type": "button", "text": {"type": "plain_text", "text": label}, "action_id": action_id,
-                          "value": action.alert_id, "style": style} for label, action_id, style in buttons],
+                          "value": action.alert_id, **({"style": style} if style else {})}
+                         for label, action_id, style in buttons],
         })  # fmt: skip
     footer = f"action {code(action.key)} · mode {action.mode}"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": footer}]})
