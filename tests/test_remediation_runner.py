@@ -111,10 +111,10 @@ def click(handler, action_id: str, user: str, alert_id: str = "a1", response_url
     return int(answer.get("status", status))
 
 
-def events_go_on(store, instance: str, wall: Wall, version: int) -> None:
+def events_go_on(store, instance: str, wall: Wall, version: int, alert_id: str = "a1") -> None:
     """The idle episode's events still arrive as the wall clock moves (its latest event time is now): an
     incident whose events stopped more than an hour ago is never acted on."""
-    store.alerts.record([incident(instance, lasted=wall.t - T0)], version=version)
+    store.alerts.record([incident(instance, lasted=wall.t - T0, alert_id=alert_id)], version=version)
 
 
 def posted(store, *alerts) -> None:
@@ -290,6 +290,8 @@ def test_a_grouped_incidents_warning_offers_snooze_and_a_snooze_there_stops_the_
     (told,) = slack.calls("response_url")
     assert told.body["response_type"] == "ephemeral" and "Snoozed for 24 hours" in told.body["text"]
     wall.t += 3600
+    events_go_on(store, first, wall, version=2)
+    events_go_on(store, second, wall, version=2, alert_id="a2")
     runner.run_once()
     assert state(moto_url, first) == "running" and state(moto_url, second) in ("stopping", "stopped")
     assert ("cancelled", "snoozed") in steps(store, "a1") and ("succeeded", "auto") in steps(store, "a2")
@@ -644,3 +646,26 @@ def test_a_click_is_answered_while_a_call_hangs(store, slack, tmp_path, moto_url
             conn.close()  # the call fails (retried later): the pass ends
         listener.close()
         passing.join(timeout=60)
+
+
+def test_a_snooze_clicked_while_the_pass_runs_stops_the_automatic_action(store, slack, tmp_path, moto_url):
+    """The pass reads the snoozes once; one clicked after that read, before the grace's end is acted on,
+    is read again just before the automatic approval, as a decline stored elsewhere is."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    wall.t += 3600
+    events_go_on(store, instance, wall, version=2)
+    took = runner._take_decisions
+
+    def snoozed_meanwhile(now: float, keys: list[str] | None = None) -> int:
+        if keys:  # the check just before acting: the click lands now, after the pass read the snoozes
+            body = click_body("burnwatch_snooze")
+            assert handler.handle(body, signed(body))[0] == 200
+        return took(now, keys)
+
+    runner._take_decisions = snoozed_meanwhile
+    runner.run_once()
+    assert state(moto_url, instance) == "running"
+    assert ("cancelled", "snoozed") in steps(store) and not any(s in ("approved", "begun") for s, _ in steps(store))

@@ -194,13 +194,15 @@ class ActionRunner:
                     if action.state == "proposed" and action.mode == "auto_unless_objected":
                         if snoozed is None:
                             snoozed = self.store.actions.snoozed(now)
-                        if alert.alert_id in snoozed:
+                        if alert.alert_id not in snoozed and action.due_at is not None and now >= action.due_at and (
+                            action.message is not None  # never before the warning
+                        ) and not self._take_decisions(now, [action.key]):  # an objection just stored elsewhere
+                            snoozed = self.store.actions.snoozed(now)  # and a snooze clicked since this pass read them
+                            if alert.alert_id not in snoozed:
+                                self._step(action, "approved", now, decided_by="auto")
+                        if alert.alert_id in snoozed and action.state == "proposed":
                             self._step(action, "cancelled", now, decided_by="snoozed", result=snoozed[alert.alert_id].reason)
                             self._show(action, now)
-                        elif action.due_at is not None and now >= action.due_at and (
-                                action.message is not None  # never before the warning
-                        ) and not self._take_decisions(now, [action.key]):  # an objection just stored elsewhere
-                            self._step(action, "approved", now, decided_by="auto")
                     if action.state == "approved" or (action.state == "retry" and now >= (action.due_at or 0.0)):
                         self._execute(action, now)
             for key in sorted(self._unannounced):
