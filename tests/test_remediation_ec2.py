@@ -135,3 +135,41 @@ def test_no_credentials_is_reported_not_retried(moto_url, monkeypatch, tmp_path)
 def test_a_request_that_is_not_a_stop_is_refused_before_any_call():
     with pytest.raises(ValueError, match="not a StopInstances request"):
         StopInstance().execute(Call(API, {"InstanceIds": ["i-0123456789abcdef0", "../../etc"]}, REGION))
+
+
+@pytest.mark.parametrize("where", ["tags", "details"])
+def test_an_instance_id_tag_naming_another_instance_is_refused(moto_url, where):
+    """The alert's own instance id is the instance: a tag or detail naming another (a stale or copied
+    label) must not redirect the stop, and which one is meant cannot be told: neither is stopped."""
+    alerted, other = run_instance(moto_url), run_instance(moto_url)
+    stopper = StopInstance(endpoint_url=moto_url, session=session())
+    with pytest.raises(NotApplicable, match=f"on instance {alerted} but its instance_id .* names instance {other}"):
+        stopper.plan(target(alerted, **{where: {"instance_id": other}}))
+    same = stopper.plan(target(alerted, **{where: {"instance_id": alerted}}))
+    assert same.request == {"InstanceIds": [alerted]}
+    junk = stopper.plan(target(alerted, **{where: {"instance_id": "gpu-host-007"}}))  # not an instance id: not read
+    assert junk.request == {"InstanceIds": [alerted]}
+    with pytest.raises(NotApplicable, match="name different instances"):  # a host named otherwise, two ids
+        stopper.plan(target("gpu-host-007", tags={"instance_id": alerted}, details={"instance_id": other}))
+    assert state(moto_url, alerted) == state(moto_url, other) == "running"
+
+
+def test_an_instance_id_tag_never_redirects_an_approved_stop(store, tmp_path, moto_url):
+    """End to end: the alert on one instance carrying another's id in a tag is not applicable (said in
+    its thread), so there is nothing to approve and both instances keep running."""
+    from detector.testing import LocalSlack
+    from tests.test_remediation_runner import APPROVER, Wall, click, incident, posted, setup, steps
+
+    alerted, other = run_instance(moto_url), run_instance(moto_url)
+    with LocalSlack() as slack:
+        runner, handler = setup(store, slack, tmp_path, moto_url, "approve", Wall())
+        alert = incident(alerted)
+        alert.tags["instance_id"] = other
+        posted(store, alert)
+        runner.run_once()
+        assert [s for s, _ in steps(store)] == ["proposed", "not_applicable", "announced"]
+        (message,) = slack.calls("chat.postMessage")
+        assert other in message.text_of_blocks() and "cannot be told" in message.text_of_blocks()
+        assert click(handler, "burnwatch_approve", APPROVER) == 409  # nothing awaits a decision
+        runner.run_once()
+    assert state(moto_url, alerted) == state(moto_url, other) == "running"

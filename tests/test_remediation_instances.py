@@ -5,6 +5,7 @@ on the state they then serve back."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -140,6 +141,34 @@ def test_gce_plan_refuses_what_is_not_an_instance_it_can_name(target, reason):
     with pytest.raises(NotApplicable, match=reason) as caught:
         gce.StopGceInstance().plan(target)
     assert len(caught.value.reason) < 400 and "\n" not in caught.value.reason  # shown on the alert: one short line
+
+
+@pytest.mark.parametrize(
+    "target, said",
+    [
+        (Target(f"projects/{PROJECT}/zones/{ZONE}/instances/gpu-vm-1", account="other-project"),
+         "in project 'ml-training-prod' but the alert's account says 'other-project'"),
+        (Target(f"//compute.googleapis.com/projects/{PROJECT}/zones/{ZONE}/instances/1", details={"project_id": "other-project"}),
+         "project_id detail says 'other-project'"),
+        (Target(f"gce://{PROJECT}/{ZONE}/node-1", tags={"topology.kubernetes.io/zone": "europe-west4-a"}),
+         "in zone 'us-central1-a' but the alert's topology.kubernetes.io/zone tag says 'europe-west4-a'"),
+        (Target(f"gce://{PROJECT}/{ZONE}/node-1", details={"zone": "us-central1-b"}), "zone detail says 'us-central1-b'"),
+        (Target(f"gce://{PROJECT}/{ZONE}/node-1", region="us-central1-c"), "region says 'us-central1-c'"),
+    ],
+)  # fmt: skip
+def test_gce_a_resource_id_the_alert_contradicts_is_refused(target, said):
+    """The instance's path names its project and zone; an alert whose account or zone says otherwise
+    may be about another instance: neither is stopped, and the reason names both."""
+    with pytest.raises(NotApplicable, match=re.escape(said)):
+        gce.StopGceInstance().plan(target)
+
+
+def test_gce_a_resource_id_the_alert_agrees_with_is_planned():
+    """Fields that agree, or that are no project or zone at all (a billing account, a region), are no contradiction."""
+    rid = f"//compute.googleapis.com/projects/{PROJECT}/zones/{ZONE}/instances/1"
+    target = Target(rid, account=PROJECT, region="us-central1", details={"zone": ZONE, "project_id": "01A2B3-C4D5E6"},
+                    tags={"topology.kubernetes.io/zone": ZONE})  # fmt: skip
+    assert gce.StopGceInstance().plan(target).request == {"project": PROJECT, "zone": ZONE, "instance": "1"}
 
 
 # --- Compute Engine: execute ---------------------------------------------------------------

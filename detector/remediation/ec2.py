@@ -22,11 +22,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
+from detector.remediation.workloads import shown
 
 if TYPE_CHECKING:  # boto3 is imported at the first call (~0.5 CPU s of imports a worker start would pay)
     from botocore.exceptions import ClientError
 
-__all__ = ["API", "StopInstance"]
+__all__ = ["API", "StopInstance", "instance_of"]
 
 API = "ec2.StopInstances"
 INSTANCE_ID = re.compile(r"^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
@@ -55,8 +56,9 @@ MANAGERS = (
 
 
 class StopInstance:
-    """Stops an EC2 instance: the alert's ``resource_id`` (or its ``instance_id`` tag or
-    detail) is the instance id, its ``region`` the endpoint's region."""
+    """Stops an EC2 instance: the alert's ``resource_id`` is the instance id (or, where the host is
+    named otherwise, its ``instance_id`` tag or detail: :func:`instance_of`), its ``region`` the
+    endpoint's region."""
 
     kind: ActionKind = "stop_instance"
 
@@ -68,9 +70,7 @@ class StopInstance:
     def plan(self, target: Target) -> Call:
         if target.resource_type in NOT_INSTANCES:
             raise NotApplicable(f"{target.resource_id} is a {target.resource_type}, not an EC2 instance")
-        instance = str(target.details.get("instance_id") or target.tags.get("instance_id") or target.resource_id)
-        if not INSTANCE_ID.fullmatch(instance):
-            raise NotApplicable(f"{instance[:100]!r} is not an EC2 instance id (i-...)")
+        instance = instance_of(target)
         if not REGION.fullmatch(target.region):
             raise NotApplicable(f"no AWS region on the alert (region {target.region[:40]!r})")
         managed = _managed(instance, target.tags)
@@ -136,6 +136,31 @@ class StopInstance:
             client = session.client("ec2", region_name=region, endpoint_url=self._endpoint_url, config=config)
             self._clients[region] = client
         return client
+
+
+def instance_of(target: Target) -> str:
+    """The EC2 instance the alert is about: its ``resource_id`` when that is an instance id, else
+    its ``instance_id`` detail or tag (a host named otherwise). A tag or detail naming another
+    instance than the alert's own is refused: a stale or copied label must not redirect the stop."""
+    named = {f"instance_id {where}": value for where, value in (("detail", target.details.get("instance_id")),
+                                                                ("tag", target.tags.get("instance_id")))
+             if isinstance(value, str) and INSTANCE_ID.fullmatch(value)}  # fmt: skip
+    rid = target.resource_id
+    if INSTANCE_ID.fullmatch(rid):
+        other = {where: value for where, value in named.items() if value != rid}
+        if other:
+            where, value = next(iter(other.items()))
+            raise NotApplicable(f"the alert is on instance {rid} but its {where} names instance {value}: "
+                                "not stopped, as it cannot be told which one is meant")  # fmt: skip
+        return rid
+    ids = sorted(set(named.values()))
+    if len(ids) > 1:
+        raise NotApplicable(f"{shown(rid)}'s instance_id detail and tag name different instances ({', '.join(ids)}): "
+                            "not stopped, as it cannot be told which one is meant")  # fmt: skip
+    if not ids:
+        raise NotApplicable(f"{shown(rid)} is not an EC2 instance id (i-...), and the alert has no instance_id tag or "
+                            "detail that is one")  # fmt: skip
+    return ids[0]
 
 
 def _instances(answer: Mapping[str, Any]) -> list[Mapping[str, Any]]:
