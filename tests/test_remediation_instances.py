@@ -179,7 +179,7 @@ def test_gce_stop_posts_to_the_instance_and_records_the_operation(gce_api):
     ex = gce_stopper(url)
     call = ex.plan(Target(f"//compute.googleapis.com/projects/{PROJECT}/zones/{ZONE}/instances/4518079127640735601"))
     outcome = ex.execute(call)
-    assert outcome.ok, outcome.detail
+    assert outcome.ok and outcome.saves, outcome.detail
     [post] = api.posts()
     assert post.path == f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/4518079127640735601/stop"
     assert post.body in (b"", b"{}")
@@ -287,6 +287,16 @@ def test_gce_an_instance_a_managed_group_keeps_is_not_stopped(gce_api):
     assert "managed instance group" in outcome.detail and "gke-train-gpu-pool-1a2b3c4d-grp" in outcome.detail
     assert "resize" in outcome.detail and api.posts() == []
     assert api.status(PROJECT, ZONE, "gke-train-gpu-pool-1a2b3c4d-x9zq") == "RUNNING"
+
+
+@pytest.mark.parametrize("status", ["TERMINATED", "STOPPING", "SUSPENDED"])
+def test_gce_an_instance_already_stopped_is_not_stopped_again_and_saves_nothing(gce_api, status):
+    """Its owner stopped it since the proposal: a success (nothing is left to do) that saves nothing."""
+    api, url = gce_api
+    api.instances[(PROJECT, ZONE, "gpu-vm-1")]["status"] = status
+    outcome = gce_stopper(url).execute(Call(gce.API, {"project": PROJECT, "zone": ZONE, "instance": "gpu-vm-1"}, url))
+    assert outcome.ok and not outcome.saves and f"was already stopped ({status})" in outcome.detail
+    assert api.posts() == []
 
 
 def test_gce_401_makes_google_auth_refresh_and_then_refuses(gce_api):
@@ -434,6 +444,25 @@ def test_azure_deallocates_and_records_the_operation_without_waiting(azure_api):
     assert api.power(SUB, "ml-gpu", "gpu-vm-1") == "deallocating"
     found = ex.observe(call)
     assert found is not None and found.ok and "PowerState/deallocating" in found.detail
+
+
+@pytest.mark.parametrize("power", ["deallocated", "deallocating"])
+def test_azure_a_vm_already_deallocated_is_not_deallocated_again_and_saves_nothing(azure_api, power):
+    """Its owner deallocated it since the proposal: a success that saves nothing. Its power state
+    comes with the read made before the call (``$expand=instanceView``): no call more."""
+    api, url = azure_api
+    api.vms[(SUB.lower(), "ml-gpu", "gpu-vm-1")] = power
+    outcome = azure_stopper(api, url).execute(azure_stopper(api, url).plan(Target(VM_ID)))
+    assert outcome.ok and not outcome.saves and f"was already stopped (PowerState/{power})" in outcome.detail
+    assert [r.method for r in api.received] == ["GET"]
+
+
+def test_azure_a_vm_merely_powered_off_is_deallocated_and_saves(azure_api):
+    """Powered off (``stopped``), a VM is still billed for its compute: deallocating it saves."""
+    api, url = azure_api
+    api.vms[(SUB.lower(), "ml-gpu", "gpu-vm-1")] = "stopped"
+    outcome = azure_stopper(api, url).execute(azure_stopper(api, url).plan(Target(VM_ID)))
+    assert outcome.ok and outcome.saves and [r.method for r in api.received] == ["GET", "POST"]
 
 
 def test_azure_with_wait_polls_the_async_operation_to_its_end(azure_api):

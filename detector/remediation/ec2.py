@@ -13,6 +13,9 @@ the waste goes on and the instance is lost; Karpenter replaces a node it no long
 alert's tags are read for it when the call is planned (so a dry run says it), and the
 instance's own tags (``DescribeInstances``) just before the call, since an exporter's tags
 may leave the cloud's own out.
+
+An instance that read finds stopped (or ``StopInstances`` answers was: ``PreviousState``) is
+a success that saves nothing (:attr:`Outcome.saves`): its owner stopped it since the proposal.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ RETRYABLE = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingExceptio
                        "ServiceUnavailable", "Unavailable", "RequestTimeout", "RequestTimeoutException"})  # fmt: skip
 """EC2 error codes worth trying again; any 5xx is too. Others (UnauthorizedOperation,
 InvalidInstanceID.NotFound, IncorrectInstanceState...) are refusals: reported, not retried."""
+NOT_RUNNING = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
+"""Instance states that bill no compute (or soon will not): stopping one again saves nothing."""
 NOT_INSTANCES = frozenset({"notebook", "pod", "inference_endpoint", "storage_bucket", "vector_db", "commitment",
                            "run", "project", "deployment"})  # fmt: skip
 _KARPENTER = "a stopped node would be replaced; delete the node (kubectl delete node) and Karpenter removes the instance"
@@ -90,6 +95,9 @@ class StopInstance:
             managed = [m for i in _instances(found) if (m := _managed(i["InstanceId"], _tags(i)))]
             if managed:
                 return Outcome(False, "; ".join(managed)[:500], retryable=False)
+            before = {i["InstanceId"]: i["State"]["Name"] for i in _instances(found)}
+            if all(before.get(i) in NOT_RUNNING for i in ids):  # stopped by hand since the proposal: nothing to save
+                return _already_stopped(before)
             doing = "StopInstances"
             answer = client.stop_instances(InstanceIds=ids)
         except NoCredentialsError:
@@ -98,10 +106,14 @@ class StopInstance:
             return _refusal(exc, doing)
         except BotoCoreError as exc:  # the endpoint unreachable, a timeout: the stop may be tried again safely
             return Outcome(False, f"{type(exc).__name__}: {exc} ({doing})"[:500], retryable=True)
-        states = {i["InstanceId"]: i["CurrentState"]["Name"] for i in answer.get("StoppingInstances", [])}
+        stopping = answer.get("StoppingInstances", [])
+        states = {i["InstanceId"]: i["CurrentState"]["Name"] for i in stopping}
         missing = [i for i in ids if i not in states]
         if missing:
             return Outcome(False, f"StopInstances did not answer for {', '.join(missing)}", retryable=True)
+        previous = {i["InstanceId"]: i.get("PreviousState", {}).get("Name", "") for i in stopping}
+        if all(previous[i] in NOT_RUNNING for i in ids):  # stopped by someone else between the read and the call
+            return _already_stopped(previous)
         return Outcome(True, ", ".join(f"{i}: {s}" for i, s in states.items()))
 
     def observe(self, call: Call) -> Outcome | None:
@@ -161,6 +173,12 @@ def instance_of(target: Target) -> str:
         raise NotApplicable(f"{shown(rid)} is not an EC2 instance id (i-...), and the alert has no instance_id tag or "
                             "detail that is one")  # fmt: skip
     return ids[0]
+
+
+def _already_stopped(states: Mapping[str, str]) -> Outcome:
+    """Success without a saving: the instances were not running when burnwatch came to stop them."""
+    said = ", ".join(f"{i}: {s}" for i, s in states.items())
+    return Outcome(True, f"was already stopped ({said}): nothing saved"[:500], saves=False)
 
 
 def _instances(answer: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -197,6 +197,8 @@ class StopGceInstance:
             return Outcome(ok=False, detail=f"{where} is kept by managed instance group {shown(group, 200)}, which "
                                             "would start it again: resize the group (gcloud compute instance-groups "
                                             "managed resize, or the GKE node pool's size) instead")  # fmt: skip
+        if str(found.status) in STOPPED:  # stopped since the proposal (by its owner): stopping it saves nothing
+            return Outcome(ok=True, detail=f"{where} was already stopped ({found.status}): nothing saved", saves=False)
         try:
             operation = client.stop(project=project, zone=zone, instance=instance, retry=None, timeout=self.timeout_s)
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
