@@ -32,6 +32,7 @@ import structlog
 
 from detector.remediation.policy import Action
 from detector.rules import SLACK_USER_ID, Routing
+from detector.store.remediation import STEP_COLUMNS
 
 if TYPE_CHECKING:
     from detector.remediation.runner import ActionRunner
@@ -148,7 +149,7 @@ def actions_of(conn: Any, alert_ids: Sequence[str]) -> dict[str, list[Action]]:
     """Alert id → its actions' states, rebuilt from ``remediation_actions`` as the runner does."""
     if not alert_ids:
         return {}
-    rows = conn.query(f"SELECT * FROM {conn.db}.remediation_actions WHERE alert_id IN %(ids)s "
+    rows = conn.query(f"SELECT {STEP_COLUMNS} FROM {conn.db}.remediation_actions WHERE alert_id IN %(ids)s "
                       "ORDER BY action_key, at, seq", {"ids": list(alert_ids)})  # fmt: skip
     out: dict[str, list[Action]] = {}
     for action in Action.from_steps(rows).values():

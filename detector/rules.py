@@ -61,6 +61,7 @@ __all__ = [
     "compile_match",
     "explain",
     "load_rules",
+    "matches_everything",
     "parse_rule",
     "validate_rule_files",
 ]
@@ -243,8 +244,9 @@ class Silence(BaseModel):
 
     @model_validator(mode="after")
     def _bounded(self) -> Silence:
-        if self.match == Match() and not self.rules and not self.types:
-            raise ValueError("a silence needs at least one matcher (match, types or rules): one without would hold "
+        if matches_everything(self.match) and not self.rules and not self.types:
+            said = "one without" if self.match == Match() else f"{_shown_match(self.match)} matches every value, so it"
+            raise ValueError(f"a silence needs at least one matcher (match, types or rules): {said} would hold "
                              "back every alert")  # fmt: skip
         if self.until < self.starts:
             raise ValueError(f"until ({self.until.isoformat()}) is before starts ({self.starts.isoformat()})")
@@ -314,6 +316,31 @@ def _compile_selector(selector: Selector) -> Callable[[str | None], bool]:
         return exc is None or not exc.match(value)
 
     return matches
+
+
+def _matches_any_value(selector: Selector) -> bool:
+    """Whether a selector takes every value: one of its globs is only ``*`` (and ``?``: any value
+    that long), and nothing is excluded."""
+    patterns = [selector] if isinstance(selector, str) else list(selector)
+    if any(p.startswith("!") for p in patterns):
+        return False
+    return any("*" in p and set(p) <= {"*", "?"} for p in patterns)
+
+
+def _selectors(match: Match) -> dict[str, Selector]:
+    fields = {a: s for a in ("resource_id", "resource_type", "account", "region", "instance_type")
+              if (s := getattr(match, a)) is not None}  # fmt: skip
+    return {**fields, **{f"tags.{k}": v for k, v in match.tags.items()}}
+
+
+def matches_everything(match: Match) -> bool:
+    """Whether ``match`` narrows nothing: no selector, or only ones like ``resource_id: '*'`` or
+    ``team: '*'``. A silence needs more than that (it would hold back every alert)."""
+    return all(_matches_any_value(s) for s in _selectors(match).values())
+
+
+def _shown_match(match: Match) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in _selectors(match).items())[:200]
 
 
 def compile_match(match: Match) -> Callable[[ResourceInfo], bool]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from detector.rules import Match, RulesInvalid, Silence, load_rules, validate_rule_files
+from detector.rules import Match, RulesInvalid, Silence, load_rules, matches_everything, validate_rule_files
 from detector.suppression.silence import SilenceInvalid
 from detector.units import parse_rfc3339, rfc3339
 
@@ -84,9 +84,10 @@ def add_silence(rules_dir: str | Path, match: Match, *, types: list[str], rules:
                 until: float, reason: str, created_by: str = "") -> Silence:  # fmt: skip
     """Append a silence to ``silences.yaml``; return it (with its new id). One without a matcher
     is refused (:class:`SilenceInvalid`): it would hold back every alert."""
-    if match == Match() and not types and not rules:
-        raise SilenceInvalid("refused: a silence needs at least one matcher (--match KEY=VALUE, --type or --rule); "
-                             "one without would hold back every alert")  # fmt: skip
+    if matches_everything(match) and not types and not rules:
+        said = "one without" if match == Match() else "--match with only '*' patterns matches every value, so it"
+        raise SilenceInvalid(f"refused: a silence needs at least one matcher (--match KEY=VALUE, --type or --rule); "
+                             f"{said} would hold back every alert")  # fmt: skip
     if until <= starts:
         raise SilenceInvalid("refused: the silence would end before it starts")
     rules_dir = Path(rules_dir)

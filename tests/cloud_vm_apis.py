@@ -21,7 +21,8 @@ token over TLS only), path segments compared without case, as ARM does:
 - ``GET .../providers/Microsoft.Compute/locations/{loc}/operations/{id}``: ``{"status": "InProgress"}``
   for ``polls_in_progress`` polls, then ``Succeeded`` (or ``Failed`` with ARM's error); with
   ``?monitor=true`` (the ``Location`` URL), 202 until done, then 200 with no body
-- ``GET .../virtualMachines/{vm}/instanceView``: the power state.
+- ``GET .../virtualMachines/{vm}``: the VM (with ``$expand=instanceView``, its power state too);
+  ``GET .../virtualMachines/{vm}/instanceView``: the power state.
 
 ``fail`` queues error answers and ``hang`` holds requests, for the failure paths.
 """
@@ -234,6 +235,8 @@ class AzureApi(_Api):
                                                   "provisioningState": "Succeeded"}  # fmt: skip
                     if key in self.scale_sets:
                         properties["virtualMachineScaleSet"] = {"id": self.scale_sets[key]}
+                    if "%24expand=instanceView" in query or "$expand=instanceView" in query:
+                        properties["instanceView"] = self._instance_view(key)
                     return 200, {}, {"id": path, "name": name, "type": "Microsoft.Compute/virtualMachines",
                                      "location": "eastus", "properties": properties}  # fmt: skip
                 if verb is None:
@@ -241,12 +244,15 @@ class AzureApi(_Api):
                 if verb.lower() == "deallocate" and method == "POST":
                     return self._deallocate(sub, key)
                 if verb.lower() == "instanceview" and method == "GET":
-                    return 200, {}, {"statuses": [{"code": "ProvisioningState/succeeded", "level": "Info"},
-                                                  {"code": f"PowerState/{self.vms[key]}", "level": "Info"}]}  # fmt: skip
+                    return 200, {}, self._instance_view(key)
                 return _arm_error(405, "The requested resource does not support this method.")
             if (m := _ARM_OPERATION.fullmatch(path)) and method == "GET":
                 return self._poll(m.group(3), monitor="monitor=true" in query)
             return _arm_error(404, "The requested resource was not found.")
+
+    def _instance_view(self, key: tuple[str, str, str]) -> dict[str, Any]:
+        return {"statuses": [{"code": "ProvisioningState/succeeded", "level": "Info"},
+                             {"code": f"PowerState/{self.vms[key]}", "level": "Info"}]}  # fmt: skip
 
     def _deallocate(self, sub: str, key: tuple[str, str, str]) -> tuple[int, dict[str, str], Any]:
         op = f"6a1f0c2e-0d4b-4c55-9a7e-{len(self.operations) + 1:012d}"

@@ -135,3 +135,90 @@ def test_no_credentials_is_reported_not_retried(moto_url, monkeypatch, tmp_path)
 def test_a_request_that_is_not_a_stop_is_refused_before_any_call():
     with pytest.raises(ValueError, match="not a StopInstances request"):
         StopInstance().execute(Call(API, {"InstanceIds": ["i-0123456789abcdef0", "../../etc"]}, REGION))
+
+
+@pytest.mark.parametrize("where", ["tags", "details"])
+def test_an_instance_id_tag_naming_another_instance_is_refused(moto_url, where):
+    """The alert's own instance id is the instance: a tag or detail naming another (a stale or copied
+    label) must not redirect the stop, and which one is meant cannot be told: neither is stopped."""
+    alerted, other = run_instance(moto_url), run_instance(moto_url)
+    stopper = StopInstance(endpoint_url=moto_url, session=session())
+    with pytest.raises(NotApplicable, match=f"on instance {alerted} but its instance_id .* names instance {other}"):
+        stopper.plan(target(alerted, **{where: {"instance_id": other}}))
+    same = stopper.plan(target(alerted, **{where: {"instance_id": alerted}}))
+    assert same.request == {"InstanceIds": [alerted]}
+    junk = stopper.plan(target(alerted, **{where: {"instance_id": "gpu-host-007"}}))  # not an instance id: not read
+    assert junk.request == {"InstanceIds": [alerted]}
+    with pytest.raises(NotApplicable, match="name different instances"):  # a host named otherwise, two ids
+        stopper.plan(target("gpu-host-007", tags={"instance_id": alerted}, details={"instance_id": other}))
+    assert state(moto_url, alerted) == state(moto_url, other) == "running"
+
+
+def test_an_instance_id_tag_never_redirects_an_approved_stop(store, tmp_path, moto_url):
+    """End to end: the alert on one instance carrying another's id in a tag is not applicable (said in
+    its thread), so there is nothing to approve and both instances keep running."""
+    from detector.testing import LocalSlack
+    from tests.test_remediation_runner import APPROVER, Wall, click, incident, posted, setup, steps
+
+    alerted, other = run_instance(moto_url), run_instance(moto_url)
+    with LocalSlack() as slack:
+        runner, handler = setup(store, slack, tmp_path, moto_url, "approve", Wall())
+        alert = incident(alerted)
+        alert.tags["instance_id"] = other
+        posted(store, alert)
+        runner.run_once()
+        assert [s for s, _ in steps(store)] == ["proposed", "not_applicable", "announced"]
+        (message,) = slack.calls("chat.postMessage")
+        assert other in message.text_of_blocks() and "cannot be told" in message.text_of_blocks()
+        assert click(handler, "burnwatch_approve", APPROVER) == 409  # nothing awaits a decision
+        runner.run_once()
+    assert state(moto_url, alerted) == state(moto_url, other) == "running"
+
+
+def test_an_instance_already_stopped_is_a_success_that_saves_nothing(moto_url):
+    """Its owner stopped it since the proposal: nothing is left to do, and nothing is saved by burnwatch."""
+    instance = run_instance(moto_url)
+    ec2(moto_url).stop_instances(InstanceIds=[instance])
+    stopper = StopInstance(endpoint_url=moto_url, session=session())
+    outcome = stopper.execute(stopper.plan(target(instance)))
+    assert outcome.ok and not outcome.saves and "was already stopped" in outcome.detail and instance in outcome.detail
+    running = run_instance(moto_url)
+    assert stopper.execute(stopper.plan(target(running))).saves
+
+
+def test_an_instance_stopped_between_the_read_and_the_call_saves_nothing(moto_url):
+    """StopInstances' own answer says what it was: stopped by someone else just before the call, its
+    PreviousState is not running, so the stop saved nothing."""
+    instance = run_instance(moto_url)
+    client_session = session()
+
+    def owner_stops_it(**_: object) -> None:  # None: the call then goes on (a value would be its answer)
+        ec2(moto_url).stop_instances(InstanceIds=[instance])
+
+    client_session.events.register("before-call.ec2.StopInstances", owner_stops_it)
+    stopper = StopInstance(endpoint_url=moto_url, session=client_session)
+    outcome = stopper.execute(stopper.plan(target(instance)))
+    assert outcome.ok and not outcome.saves and "was already stopped" in outcome.detail
+
+
+def test_an_approved_stop_of_an_instance_stopped_by_hand_records_no_saving(store, tmp_path, moto_url):
+    """End to end: the owner stops the instance after the proposal, an approver then approves. The
+    audit's ``succeeded`` row (which the savings query sums) saves 0 $/h, and Slack says it was
+    already stopped, not what it saves."""
+    from detector.testing import LocalSlack
+    from tests.test_remediation_runner import APPROVER, Wall, click, incident, posted, setup
+
+    instance, wall = run_instance(moto_url), Wall()
+    with LocalSlack() as slack:
+        runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+        posted(store, incident(instance))
+        runner.run_once()
+        ec2(moto_url).stop_instances(InstanceIds=[instance])  # the owner, by hand
+        wall.t += 120
+        assert click(handler, "burnwatch_approve", APPROVER) == 200
+        runner.run_once()
+        done = slack.calls("chat.update")[-1].text_of_blocks()
+    rows = {r["step"]: r for r in store.remediations.steps("a1")}
+    assert rows["proposed"]["usd_per_hour"] == 32.77  # the burn rate when proposed
+    assert rows["succeeded"]["usd_per_hour"] == 0.0 and "was already stopped" in rows["succeeded"]["result"]
+    assert "Done" in done and "was already stopped" in done and "Saves" not in done and "32.77" not in done

@@ -5,6 +5,7 @@ on the state they then serve back."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -142,6 +143,34 @@ def test_gce_plan_refuses_what_is_not_an_instance_it_can_name(target, reason):
     assert len(caught.value.reason) < 400 and "\n" not in caught.value.reason  # shown on the alert: one short line
 
 
+@pytest.mark.parametrize(
+    "target, said",
+    [
+        (Target(f"projects/{PROJECT}/zones/{ZONE}/instances/gpu-vm-1", account="other-project"),
+         "in project 'ml-training-prod' but the alert's account says 'other-project'"),
+        (Target(f"//compute.googleapis.com/projects/{PROJECT}/zones/{ZONE}/instances/1", details={"project_id": "other-project"}),
+         "project_id detail says 'other-project'"),
+        (Target(f"gce://{PROJECT}/{ZONE}/node-1", tags={"topology.kubernetes.io/zone": "europe-west4-a"}),
+         "in zone 'us-central1-a' but the alert's topology.kubernetes.io/zone tag says 'europe-west4-a'"),
+        (Target(f"gce://{PROJECT}/{ZONE}/node-1", details={"zone": "us-central1-b"}), "zone detail says 'us-central1-b'"),
+        (Target(f"gce://{PROJECT}/{ZONE}/node-1", region="us-central1-c"), "region says 'us-central1-c'"),
+    ],
+)  # fmt: skip
+def test_gce_a_resource_id_the_alert_contradicts_is_refused(target, said):
+    """The instance's path names its project and zone; an alert whose account or zone says otherwise
+    may be about another instance: neither is stopped, and the reason names both."""
+    with pytest.raises(NotApplicable, match=re.escape(said)):
+        gce.StopGceInstance().plan(target)
+
+
+def test_gce_a_resource_id_the_alert_agrees_with_is_planned():
+    """Fields that agree, or that are no project or zone at all (a billing account, a region), are no contradiction."""
+    rid = f"//compute.googleapis.com/projects/{PROJECT}/zones/{ZONE}/instances/1"
+    target = Target(rid, account=PROJECT, region="us-central1", details={"zone": ZONE, "project_id": "01A2B3-C4D5E6"},
+                    tags={"topology.kubernetes.io/zone": ZONE})  # fmt: skip
+    assert gce.StopGceInstance().plan(target).request == {"project": PROJECT, "zone": ZONE, "instance": "1"}
+
+
 # --- Compute Engine: execute ---------------------------------------------------------------
 
 
@@ -150,7 +179,7 @@ def test_gce_stop_posts_to_the_instance_and_records_the_operation(gce_api):
     ex = gce_stopper(url)
     call = ex.plan(Target(f"//compute.googleapis.com/projects/{PROJECT}/zones/{ZONE}/instances/4518079127640735601"))
     outcome = ex.execute(call)
-    assert outcome.ok, outcome.detail
+    assert outcome.ok and outcome.saves, outcome.detail
     [post] = api.posts()
     assert post.path == f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/4518079127640735601/stop"
     assert post.body in (b"", b"{}")
@@ -258,6 +287,16 @@ def test_gce_an_instance_a_managed_group_keeps_is_not_stopped(gce_api):
     assert "managed instance group" in outcome.detail and "gke-train-gpu-pool-1a2b3c4d-grp" in outcome.detail
     assert "resize" in outcome.detail and api.posts() == []
     assert api.status(PROJECT, ZONE, "gke-train-gpu-pool-1a2b3c4d-x9zq") == "RUNNING"
+
+
+@pytest.mark.parametrize("status", ["TERMINATED", "STOPPING", "SUSPENDED"])
+def test_gce_an_instance_already_stopped_is_not_stopped_again_and_saves_nothing(gce_api, status):
+    """Its owner stopped it since the proposal: a success (nothing is left to do) that saves nothing."""
+    api, url = gce_api
+    api.instances[(PROJECT, ZONE, "gpu-vm-1")]["status"] = status
+    outcome = gce_stopper(url).execute(Call(gce.API, {"project": PROJECT, "zone": ZONE, "instance": "gpu-vm-1"}, url))
+    assert outcome.ok and not outcome.saves and f"was already stopped ({status})" in outcome.detail
+    assert api.posts() == []
 
 
 def test_gce_401_makes_google_auth_refresh_and_then_refuses(gce_api):
@@ -405,6 +444,25 @@ def test_azure_deallocates_and_records_the_operation_without_waiting(azure_api):
     assert api.power(SUB, "ml-gpu", "gpu-vm-1") == "deallocating"
     found = ex.observe(call)
     assert found is not None and found.ok and "PowerState/deallocating" in found.detail
+
+
+@pytest.mark.parametrize("power", ["deallocated", "deallocating"])
+def test_azure_a_vm_already_deallocated_is_not_deallocated_again_and_saves_nothing(azure_api, power):
+    """Its owner deallocated it since the proposal: a success that saves nothing. Its power state
+    comes with the read made before the call (``$expand=instanceView``): no call more."""
+    api, url = azure_api
+    api.vms[(SUB.lower(), "ml-gpu", "gpu-vm-1")] = power
+    outcome = azure_stopper(api, url).execute(azure_stopper(api, url).plan(Target(VM_ID)))
+    assert outcome.ok and not outcome.saves and f"was already stopped (PowerState/{power})" in outcome.detail
+    assert [r.method for r in api.received] == ["GET"]
+
+
+def test_azure_a_vm_merely_powered_off_is_deallocated_and_saves(azure_api):
+    """Powered off (``stopped``), a VM is still billed for its compute: deallocating it saves."""
+    api, url = azure_api
+    api.vms[(SUB.lower(), "ml-gpu", "gpu-vm-1")] = "stopped"
+    outcome = azure_stopper(api, url).execute(azure_stopper(api, url).plan(Target(VM_ID)))
+    assert outcome.ok and outcome.saves and [r.method for r in api.received] == ["GET", "POST"]
 
 
 def test_azure_with_wait_polls_the_async_operation_to_its_end(azure_api):

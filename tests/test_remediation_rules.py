@@ -46,14 +46,24 @@ def test_no_action_is_notify_only_and_an_action_has_safe_defaults(tmp_path):
         ("    action: {kind: stop_instance, mode: yolo}", "rules.yaml:6 rules[0].action.mode", "Input should be"),
         ("    action: {kind: stop_instance, after: soon}", "rules.yaml:6 rules[0].action.after", "invalid duration"),
         ("    action: {kind: stop_instance, credentials: AKIA}", "rules.yaml:6 rules[0].action.credentials", "unknown key"),
+        # a grace or an after past 30 days: a typo (1000000w for 1000000s) whose due time could not be stored
+        ("    action: {kind: stop_instance, mode: auto_unless_objected, grace: 1000000w}",
+         "rules.yaml:6 rules[0].action.grace", "at most 30d (got 7000000d)"),
+        ("    action: {kind: stop_instance, grace: 31d}", "rules.yaml:6 rules[0].action.grace", "at most 30d"),
+        ("    action: {kind: stop_instance, after: 100000000}", "rules.yaml:6 rules[0].action.after", "at most 30d"),
     ],
-    ids=["kind", "mode", "after", "extra-key"],
-)
+    ids=["kind", "mode", "after", "extra-key", "huge-grace", "grace-31d", "huge-after"],
+)  # fmt: skip
 def test_a_bad_action_is_refused_with_its_line(tmp_path, action, where, message):
     with pytest.raises(RulesInvalid) as caught:
         load_rules(write(tmp_path, action))
     (error,) = caught.value.errors
     assert str(error).startswith(str(tmp_path / where)) and message in error.message
+
+
+def test_a_grace_or_after_of_30_days_is_taken(tmp_path):
+    spec = load_rules(write(tmp_path, "    action: {kind: stop_instance, after: 30d, grace: 720h}")).action_for("idle-gpu")
+    assert spec.after == spec.grace == 30 * 86_400
 
 
 def test_a_kind_that_cannot_end_the_rules_incidents_is_refused(tmp_path):

@@ -107,13 +107,32 @@ def test_a_silence_without_a_matcher_cannot_be_made():
          "silences[0]: a silence needs at least one matcher (match, types or rules)"),
         ("  - {match: {}, starts: 2026-11-01T00:00:00Z, until: 2026-12-01T00:00:00Z, reason: everything}",
          "silences[0]: a silence needs at least one matcher (match, types or rules)"),
+        # matchers that match every value are none
+        ("  - {match: {resource_id: '*'}, starts: 2026-11-01T00:00:00Z, until: 2026-12-01T00:00:00Z, reason: x}",
+         "silences[0]: a silence needs at least one matcher (match, types or rules): resource_id='*' matches every value"),
+        ("  - {match: {tags: {team: '**'}, region: ['*?', us-east-1]}, starts: 2026-11-01T00:00:00Z, "
+         "until: 2026-12-01T00:00:00Z, reason: x}", "would hold back every alert"),
     ],
-)
+)  # fmt: skip
 def test_bad_silences_are_refused_with_their_place(tmp_path, silence, message):
     (tmp_path / "rules.yaml").write_text("rules:\n  - {name: idle-gpu, type: idle_gpu}\nsilences:\n" + silence + "\n")
     with pytest.raises(RulesInvalid) as info:
         load_rules(tmp_path)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "match",
+    ["{resource_id: '*'}, types: [idle_gpu]", "{resource_id: 'i-*'}", "{tags: {team: ['*', '!nlp']}}",
+     "{resource_id: '*', tags: {team: nlp}}"],
+)  # fmt: skip
+def test_a_silence_narrowed_by_something_is_taken(tmp_path, match):
+    """A '*' beside a type, a pattern with more than stars, an exclusion or another selector narrows it."""
+    (tmp_path / "rules.yaml").write_text("rules:\n  - {name: idle-gpu, type: idle_gpu}\nsilences:\n  - {match: "
+                                         f"{match}, starts: 2026-11-01T00:00:00Z, until: 2026-12-01T00:00:00Z, "
+                                         "reason: x}\n")  # fmt: skip
+    (silence,) = load_rules(tmp_path).silences
+    assert silence.reason == "x"
 
 
 def cli(*args: str, rules) -> subprocess.CompletedProcess:
@@ -165,6 +184,8 @@ def test_a_silence_that_has_not_started_lists_as_pending_and_expires_empty(tmp_p
         (["--type", "idle_gpu", "--for", "soon", "--reason", "x"], "invalid duration 'soon'"),
         (["--rule", "no-such-rule", "--for", "1h", "--reason", "x"], "no rule named 'no-such-rule'"),
         (["--for", "1h", "--reason", "x"], "refused: a silence needs at least one matcher (--match KEY=VALUE, --type"),
+        (["--match", "resource_id=*", "--for", "1h", "--reason", "x"], "--match with only '*' patterns matches every"),
+        (["--match", "team=*", "--match", "account=**", "--for", "1h", "--reason", "x"], "would hold back every alert"),
         (["--type", "idle_gpu", "--start", "tomorrow", "--for", "1h", "--reason", "x"],
          "--start 'tomorrow': expected an RFC 3339 time"),
         (["--type", "idle_gpu", "--start", "2026-11-02T00:00:00", "--for", "1h", "--reason", "x"],
@@ -172,8 +193,8 @@ def test_a_silence_that_has_not_started_lists_as_pending_and_expires_empty(tmp_p
         (["--type", "idle_gpu", "--for", "99999999d", "--reason", "x"],  # "year 275817 is out of range" before
          "--for 99999999d: the silence would end after 2200"),
     ],
-    ids=["bad-match", "unknown-type", "bad-duration", "unknown-rule", "no-matcher", "bad-start", "start-without-zone",
-         "ends-never"],
+    ids=["bad-match", "unknown-type", "bad-duration", "unknown-rule", "no-matcher", "match-all-id", "match-all-tags",
+         "bad-start", "start-without-zone", "ends-never"],
 )
 def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, monkeypatch, capsys, args, error):
     """In-process (``streams.cli.main``, as the subprocess runs it): eight cases, two commands
@@ -232,10 +253,12 @@ def backtest_cli(fleet, rules) -> subprocess.CompletedProcess:
 
 def rules_with_silence(tmp_path: Path, *add: str) -> tuple[Path, str]:
     """A copy of the shipped rules with one silence over every resource (``silence add`` with
-    ``add``); its id."""
+    ``add``); its id. It names every rule type the rules have: ``--match resource_type=*`` alone
+    is refused (it would hold back every alert, and likely was not meant to)."""
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
-    out = cli("add", "--match", "resource_type=*", *add, rules=rules)
+    types = [arg for t in sorted({r.source.type for r in load_rules(rules).rules}) for arg in ("--type", t)]
+    out = cli("add", "--match", "resource_type=*", *types, *add, rules=rules)
     assert out.returncode == 0, out.stderr
     return rules, out.stdout.split()[1]
 

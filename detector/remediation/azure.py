@@ -158,7 +158,7 @@ class DeallocateAzureVm:
         except Exception as exc:  # DefaultAzureCredential refusing its settings (a bad AZURE_TOKEN_CREDENTIALS)
             return _failure(exc, f"deallocating {where}: setting up Azure credentials")
         try:
-            vm = vms.get(group, name)
+            vm = vms.get(group, name, expand="instanceView")  # its power state in the same answer
         except Exception as exc:
             return _failure(exc, f"checking {where} before deallocating it", READ)
         scale_set = getattr(getattr(vm, "virtual_machine_scale_set", None), "id", None)
@@ -166,6 +166,9 @@ class DeallocateAzureVm:
             return Outcome(ok=False, detail=f"{where} is an instance of scale set {shown(str(scale_set).rsplit('/', 1)[-1])} "
                                             "(Flexible orchestration), which would replace it or count it against its "
                                             "capacity: scale the scale set instead")  # fmt: skip
+        power = _power_state(getattr(vm, "instance_view", None))
+        if power in DEALLOCATED:  # deallocated since the proposal (by its owner): deallocating it saves nothing
+            return Outcome(ok=True, detail=f"{where} was already stopped ({power}): nothing saved", saves=False)
         try:
             poller = vms.begin_deallocate(group, name, polling=self.wait_s > 0, polling_interval=self.polling_interval_s,
                                           raw_response_hook=first_response)  # fmt: skip
@@ -203,8 +206,7 @@ class DeallocateAzureVm:
             view = self._client(subscription).virtual_machines.instance_view(group, name)
         except Exception:  # cannot tell: the runner reports the action as interrupted
             return None
-        codes = [str(s.code) for s in (view.statuses or []) if s.code]
-        power = next((c for c in codes if c.startswith("PowerState/")), "")
+        power = _power_state(view)
         if power in DEALLOCATED:
             return Outcome(ok=True, detail=f"VM {group}/{name} (subscription {subscription}): {power} (found after a restart)")
         return None
@@ -223,6 +225,12 @@ class DeallocateAzureVm:
                                              connection_timeout=5, read_timeout=self.timeout_s)  # fmt: skip
             self._clients[subscription] = client
         return client
+
+
+def _power_state(view: Any) -> str:
+    """``PowerState/...`` of a VM's instance view; '' when it has none."""
+    codes = [str(s.code) for s in (getattr(view, "statuses", None) or []) if s.code]
+    return next((c for c in codes if c.startswith("PowerState/")), "")
 
 
 def _operation_id(response: Any) -> str:

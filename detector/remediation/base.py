@@ -75,6 +75,9 @@ class Outcome:
     """The API's answer in a line (the new state), or the error."""
     retryable: bool = False
     """A failure worth trying again (throttling, a timeout, a 5xx); False for a refusal."""
+    saves: bool = True
+    """A success that ended spending: False when the call changed nothing that costs (the
+    instance was already stopped), so the audit records no saving for it."""
 
 
 class Executor(Protocol):

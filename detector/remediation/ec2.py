@@ -13,6 +13,9 @@ the waste goes on and the instance is lost; Karpenter replaces a node it no long
 alert's tags are read for it when the call is planned (so a dry run says it), and the
 instance's own tags (``DescribeInstances``) just before the call, since an exporter's tags
 may leave the cloud's own out.
+
+An instance that read finds stopped (or ``StopInstances`` answers was: ``PreviousState``) is
+a success that saves nothing (:attr:`Outcome.saves`): its owner stopped it since the proposal.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
+from detector.remediation.workloads import shown
 
 if TYPE_CHECKING:  # boto3 is imported at the first call (~0.5 CPU s of imports a worker start would pay)
     from botocore.exceptions import ClientError
 
-__all__ = ["API", "StopInstance"]
+__all__ = ["API", "StopInstance", "instance_of"]
 
 API = "ec2.StopInstances"
 INSTANCE_ID = re.compile(r"^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
@@ -35,6 +39,8 @@ RETRYABLE = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingExceptio
                        "ServiceUnavailable", "Unavailable", "RequestTimeout", "RequestTimeoutException"})  # fmt: skip
 """EC2 error codes worth trying again; any 5xx is too. Others (UnauthorizedOperation,
 InvalidInstanceID.NotFound, IncorrectInstanceState...) are refusals: reported, not retried."""
+NOT_RUNNING = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
+"""Instance states that bill no compute (or soon will not): stopping one again saves nothing."""
 NOT_INSTANCES = frozenset({"notebook", "pod", "inference_endpoint", "storage_bucket", "vector_db", "commitment",
                            "run", "project", "deployment"})  # fmt: skip
 _KARPENTER = "a stopped node would be replaced; delete the node (kubectl delete node) and Karpenter removes the instance"
@@ -55,8 +61,9 @@ MANAGERS = (
 
 
 class StopInstance:
-    """Stops an EC2 instance: the alert's ``resource_id`` (or its ``instance_id`` tag or
-    detail) is the instance id, its ``region`` the endpoint's region."""
+    """Stops an EC2 instance: the alert's ``resource_id`` is the instance id (or, where the host is
+    named otherwise, its ``instance_id`` tag or detail: :func:`instance_of`), its ``region`` the
+    endpoint's region."""
 
     kind: ActionKind = "stop_instance"
 
@@ -68,9 +75,7 @@ class StopInstance:
     def plan(self, target: Target) -> Call:
         if target.resource_type in NOT_INSTANCES:
             raise NotApplicable(f"{target.resource_id} is a {target.resource_type}, not an EC2 instance")
-        instance = str(target.details.get("instance_id") or target.tags.get("instance_id") or target.resource_id)
-        if not INSTANCE_ID.fullmatch(instance):
-            raise NotApplicable(f"{instance[:100]!r} is not an EC2 instance id (i-...)")
+        instance = instance_of(target)
         if not REGION.fullmatch(target.region):
             raise NotApplicable(f"no AWS region on the alert (region {target.region[:40]!r})")
         managed = _managed(instance, target.tags)
@@ -90,6 +95,9 @@ class StopInstance:
             managed = [m for i in _instances(found) if (m := _managed(i["InstanceId"], _tags(i)))]
             if managed:
                 return Outcome(False, "; ".join(managed)[:500], retryable=False)
+            before = {i["InstanceId"]: i["State"]["Name"] for i in _instances(found)}
+            if all(before.get(i) in NOT_RUNNING for i in ids):  # stopped by hand since the proposal: nothing to save
+                return _already_stopped(before)
             doing = "StopInstances"
             answer = client.stop_instances(InstanceIds=ids)
         except NoCredentialsError:
@@ -98,10 +106,14 @@ class StopInstance:
             return _refusal(exc, doing)
         except BotoCoreError as exc:  # the endpoint unreachable, a timeout: the stop may be tried again safely
             return Outcome(False, f"{type(exc).__name__}: {exc} ({doing})"[:500], retryable=True)
-        states = {i["InstanceId"]: i["CurrentState"]["Name"] for i in answer.get("StoppingInstances", [])}
+        stopping = answer.get("StoppingInstances", [])
+        states = {i["InstanceId"]: i["CurrentState"]["Name"] for i in stopping}
         missing = [i for i in ids if i not in states]
         if missing:
             return Outcome(False, f"StopInstances did not answer for {', '.join(missing)}", retryable=True)
+        previous = {i["InstanceId"]: i.get("PreviousState", {}).get("Name", "") for i in stopping}
+        if all(previous[i] in NOT_RUNNING for i in ids):  # stopped by someone else between the read and the call
+            return _already_stopped(previous)
         return Outcome(True, ", ".join(f"{i}: {s}" for i, s in states.items()))
 
     def observe(self, call: Call) -> Outcome | None:
@@ -136,6 +148,37 @@ class StopInstance:
             client = session.client("ec2", region_name=region, endpoint_url=self._endpoint_url, config=config)
             self._clients[region] = client
         return client
+
+
+def instance_of(target: Target) -> str:
+    """The EC2 instance the alert is about: its ``resource_id`` when that is an instance id, else
+    its ``instance_id`` detail or tag (a host named otherwise). A tag or detail naming another
+    instance than the alert's own is refused: a stale or copied label must not redirect the stop."""
+    named = {f"instance_id {where}": value for where, value in (("detail", target.details.get("instance_id")),
+                                                                ("tag", target.tags.get("instance_id")))
+             if isinstance(value, str) and INSTANCE_ID.fullmatch(value)}  # fmt: skip
+    rid = target.resource_id
+    if INSTANCE_ID.fullmatch(rid):
+        other = {where: value for where, value in named.items() if value != rid}
+        if other:
+            where, value = next(iter(other.items()))
+            raise NotApplicable(f"the alert is on instance {rid} but its {where} names instance {value}: "
+                                "not stopped, as it cannot be told which one is meant")  # fmt: skip
+        return rid
+    ids = sorted(set(named.values()))
+    if len(ids) > 1:
+        raise NotApplicable(f"{shown(rid)}'s instance_id detail and tag name different instances ({', '.join(ids)}): "
+                            "not stopped, as it cannot be told which one is meant")  # fmt: skip
+    if not ids:
+        raise NotApplicable(f"{shown(rid)} is not an EC2 instance id (i-...), and the alert has no instance_id tag or "
+                            "detail that is one")  # fmt: skip
+    return ids[0]
+
+
+def _already_stopped(states: Mapping[str, str]) -> Outcome:
+    """Success without a saving: the instances were not running when burnwatch came to stop them."""
+    said = ", ".join(f"{i}: {s}" for i, s in states.items())
+    return Outcome(True, f"was already stopped ({said}): nothing saved"[:500], saves=False)
 
 
 def _instances(answer: Mapping[str, Any]) -> list[Mapping[str, Any]]:

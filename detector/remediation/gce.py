@@ -23,6 +23,10 @@ its numeric id: the API accepts either). They are read from the first of:
   tag, the ``topology.kubernetes.io/zone`` tag, or a ``region`` that is a zone
   (``us-central1-a``). The ``project`` tag is the team's project, not a GCP one, and is not read.
 
+A path's project and zone are the instance's; an alert whose account, ``project_id``, zone
+detail or tags, or region (where it is a zone) says otherwise is refused, naming both: it may
+be about another instance.
+
 Every part is checked against GCE's own syntax before it becomes a path segment.
 
 An instance a managed instance group keeps (every GKE node pool's nodes are one's) is not stopped:
@@ -94,12 +98,16 @@ def gce_instance(target: Target) -> tuple[str, str, str]:
     """(project, zone, instance) of ``target``, or :class:`NotApplicable` saying what is missing or wrong."""
     rid = target.resource_id
     m = _FULL.fullmatch(rid) or _PROVIDER_ID.fullmatch(rid)
+    projects = {"account": target.account, "project_id detail": _text(target.details.get("project_id"))}
+    zones = {"zone detail": _text(target.details.get("zone")), **{f"{k} tag": target.tags.get(k, "") for k in ZONE_KEYS}}
     if m is not None:
         project, zone, instance = m.groups()
+        _same(rid, "project", project, projects, PROJECT)
+        _same(rid, "zone", zone, {**zones, "region": target.region}, ZONE)
     else:
         instance = rid
-        project = target.account or _text(target.details.get("project_id"))
-        zone = next((z for z in (_text(target.details.get("zone")), *(target.tags.get(k, "") for k in ZONE_KEYS)) if z), "")
+        project = next((p for p in projects.values() if p), "")
+        zone = next((z for z in zones.values() if z), "")
         if not zone and ZONE.fullmatch(target.region):
             zone = target.region
     if not _instance_name(instance):
@@ -114,6 +122,15 @@ def gce_instance(target: Target) -> tuple[str, str, str]:
     if not ZONE.fullmatch(zone):
         raise NotApplicable(f"{shown(zone)} is not a Compute Engine zone (like us-central1-a)")
     return project, zone, instance
+
+
+def _same(rid: str, what: str, value: str, said: dict[str, str], valid: re.Pattern[str]) -> None:
+    """Refuse a resource id whose project or zone another field of the alert contradicts: which
+    instance is meant cannot be told, and stopping the wrong one is worse than stopping none."""
+    for where, other in said.items():
+        if isinstance(other, str) and valid.fullmatch(other) and other != value:
+            raise NotApplicable(f"{shown(rid, 200)} is in {what} {shown(value)} but the alert's {where} says "
+                                f"{shown(other)}: not stopped, as it cannot be told which instance is meant")  # fmt: skip
 
 
 def _text(value: object) -> str:
@@ -180,6 +197,8 @@ class StopGceInstance:
             return Outcome(ok=False, detail=f"{where} is kept by managed instance group {shown(group, 200)}, which "
                                             "would start it again: resize the group (gcloud compute instance-groups "
                                             "managed resize, or the GKE node pool's size) instead")  # fmt: skip
+        if str(found.status) in STOPPED:  # stopped since the proposal (by its owner): stopping it saves nothing
+            return Outcome(ok=True, detail=f"{where} was already stopped ({found.status}): nothing saved", saves=False)
         try:
             operation = client.stop(project=project, zone=zone, instance=instance, retry=None, timeout=self.timeout_s)
         except Exception as exc:  # every failure becomes the outcome, as the protocol says

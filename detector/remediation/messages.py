@@ -62,8 +62,9 @@ def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]
         if state == "retry":
             text += f" Attempt {action.attempts} failed ({escape(action.result, 1000)}); trying again."
     elif state == "succeeded":
-        text = (f":white_check_mark: Done: {what} ({call} by {_who(action.decided_by)}): {escape(action.result, 1000)}. "
-                f"Saves{saves or ' its cost'}.")  # fmt: skip
+        text = f":white_check_mark: Done: {what} ({call} by {_who(action.decided_by)}): {escape(action.result, 1000)}."
+        if saves:  # none where it was already stopped (the result says so) or its price is unknown
+            text += f" Saves{saves}."
     elif state in ("failed", "gave_up", "interrupted"):
         why = {"failed": "refused", "gave_up": f"failed {action.attempts} times", "interrupted": "interrupted"}[state]
         text = f":x: Could not {what}: {call} {why}: {escape(action.result, 1000)}. Nothing more is tried; act by hand."

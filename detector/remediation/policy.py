@@ -53,6 +53,7 @@ class Action:
     team: str = ""
     call: Call | None = None
     usd_per_hour: float = 0.0
+    """The incident's burn rate when proposed; once ``succeeded``, what the action saves."""
     due_at: float | None = None
     """``auto_unless_objected``: when it acts; ``retry``: when it is tried again (wall clock)."""
     attempts: int = 0
@@ -99,6 +100,8 @@ class Action:
             self.grace = self.due_at - self.proposed_at if self.due_at is not None else 0.0
         if step == "begun":
             self.attempts = max(self.attempts, int(row["attempt"]))
+        if step == "succeeded":  # what it saves: 0 where the instance was not running any more
+            self.usd_per_hour = float(row["usd_per_hour"])
         if step in ("approved", "declined", "cancelled", "dry_run"):
             self.decided_by = row["decided_by"]
         self.state = step

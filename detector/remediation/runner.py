@@ -368,9 +368,10 @@ class ActionRunner:
 
     def _finish(self, action: Action, outcome: Outcome, now: float) -> None:
         if outcome.ok:
-            self._step(action, "succeeded", now, result=outcome.detail, usd_per_hour=action.usd_per_hour)
+            saved = action.usd_per_hour if outcome.saves else 0.0  # 0: it was not running, nothing saved
+            self._step(action, "succeeded", now, result=outcome.detail, usd_per_hour=saved)
             log.info("action_succeeded", action=action.key, call=describe_call(action), result=outcome.detail,
-                     usd_per_hour=action.usd_per_hour)  # fmt: skip
+                     usd_per_hour=saved)  # fmt: skip
         elif outcome.retryable and action.attempts < self.max_attempts:
             wait = self.backoff_s * 2 ** (action.attempts - 1)
             self._step(action, "retry", now, result=outcome.detail, due_at=now + wait)

@@ -8,12 +8,17 @@ Credentials are never part of a rule: executors take them from the environment.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from detector.remediation.base import ActionKind, Mode
-from detector.units import Duration
+from detector.units import Duration, format_duration
 
-__all__ = ["APPLIES_TO", "ActionSpec", "kind_error"]
+__all__ = ["APPLIES_TO", "MAX_WAIT_S", "ActionSpec", "kind_error"]
+
+MAX_WAIT_S = 30 * 86_400.0
+"""The longest ``after`` and ``grace``: 30 days. An incident that must last longer before anything is done
+is one for a person; a grace past it is a typo (``1000000w`` for ``1000000s``), and a time far enough out
+cannot be stored (ClickHouse's DateTime64 ends in 2299)."""
 
 APPLIES_TO: dict[ActionKind, frozenset[str]] = {
     "stop_instance": frozenset({"idle_gpu", "stuck_gpu", "unallocated_gpu", "telemetry_stale"}),
@@ -41,6 +46,15 @@ class ActionSpec(BaseModel):
     (announce, then act after ``grace`` unless snoozed or declined)."""
     grace: Duration = 3600.0
     """``auto_unless_objected`` only: wall-clock time between the announcement and the call."""
+
+    @field_validator("after", "grace")
+    @classmethod
+    def _bounded(cls, value: float) -> float:
+        """A wait past :data:`MAX_WAIT_S` is refused: its due time could not be stored and read back."""
+        if value > MAX_WAIT_S:
+            raise ValueError(f"at most 30d (got {format_duration(value)}); for longer, leave it to a person "
+                             "(mode: approve, or notify_only)")  # fmt: skip
+        return value
 
     @property
     def acts(self) -> bool:

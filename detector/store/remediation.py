@@ -10,10 +10,18 @@ from typing import Any
 
 from detector.store.connection import Connection, ms
 
-__all__ = ["ActionStep", "Remediations"]
+__all__ = ["STEP_COLUMNS", "ActionStep", "Remediations"]
 
 _COLS = ["action_key", "alert_id", "kind", "mode", "step", "decided_by", "rule", "resource_id", "team", "api",
          "request", "endpoint", "result", "usd_per_hour", "attempt", "due_at", "event_time", "at", "seq"]  # fmt: skip
+
+
+STEP_COLUMNS = "* REPLACE (least(due_at, toDateTime64('2299-12-31 23:59:59', 3, 'UTC')) AS due_at)"
+"""What to select of ``remediation_actions``: every column, a ``due_at`` past the end of
+DateTime64 (2299) read as its end. Before ``grace`` was bounded (30 days), ``grace: 1000000w``
+stored a due time in year 21192 that the client cannot turn into a datetime: every read of
+the table failed (recovery, clicks, the incidents page). Read as 2299, such an action stays
+pending (as its grace meant) until it is declined or its incident resolves."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +77,12 @@ class Remediations:
         if not keys:
             return []
         return self.conn.query(
-            f"SELECT * FROM {self.conn.db}.remediation_actions WHERE action_key IN %(keys)s "
+            f"SELECT {STEP_COLUMNS} FROM {self.conn.db}.remediation_actions WHERE action_key IN %(keys)s "
             "AND at >= fromUnixTimestamp64Milli(%(since)s, 'UTC') AND step IN ('approved', 'declined', 'cancelled') "
             "ORDER BY at, seq", {"keys": list(keys), "since": ms(since)})  # fmt: skip
 
     def steps(self, alert_id: str | None = None) -> list[dict[str, Any]]:
         """Every step (of one incident's actions), in the order they were taken."""
         where, params = ("WHERE alert_id = %(id)s", {"id": alert_id}) if alert_id is not None else ("", {})
-        return self.conn.query(f"SELECT * FROM {self.conn.db}.remediation_actions {where} ORDER BY action_key, at, seq",
-                               params)  # fmt: skip
+        return self.conn.query(f"SELECT {STEP_COLUMNS} FROM {self.conn.db}.remediation_actions {where} "
+                               "ORDER BY action_key, at, seq", params)  # fmt: skip

@@ -1,0 +1,48 @@
+"""Reading the audit (``remediation_actions``) back: a row an older version could write must
+never make the table unreadable (recovery, clicks and the incidents page all read it)."""
+
+from __future__ import annotations
+
+import json
+
+from detector.incidents_actions import actions_of
+from detector.remediation.base import Target
+from detector.remediation.ec2 import StopInstance
+from detector.remediation.runner import ActionRunner
+from detector.rules import load_rules
+from detector.store import ActionStep
+from tests import aws
+from tests.aws import run_instance, session, state
+from tests.test_remediation_runner import NOW, Wall, incident, posted, rules_dir
+
+moto_url = aws.moto_url  # the fixture: moto's server on 127.0.0.1
+
+YEAR_21192 = NOW + 1_000_000 * 604_800.0
+"""The due time ``grace: 1000000w`` gave before grace was bounded: past DateTime64's 2299."""
+END = 10_413_792_000.0
+"""2300-01-01 00:00:00 UTC: the stored end of DateTime64(3) is 2299-12-31 23:59:59."""
+
+
+def test_a_due_time_past_2299_stored_by_an_older_version_reads_as_2299(store, tmp_path, moto_url):
+    """The row is read, every reader with it, and the action waits (as its grace meant) instead of acting."""
+    instance, wall = run_instance(moto_url), Wall()
+    posted(store, incident(instance))
+    call = StopInstance().plan(Target.from_alert(incident(instance)))
+    store.remediations.record([ActionStep(
+        alert_id="a1", kind="stop_instance", step="proposed", at=NOW, mode="auto_unless_objected", rule="idle-gpu",
+        resource_id=instance, team="nlp", api=call.api, request=json.dumps(dict(call.request)),
+        endpoint=call.endpoint, usd_per_hour=32.77, due_at=YEAR_21192, event_time=NOW - 3600,
+    )])  # fmt: skip
+    (row,) = store.remediations.steps("a1")
+    assert END - 86_400 < row["due_at"].timestamp() < END
+    assert store.remediations.decisions(["a1:stop_instance"], NOW - 60) == []
+    (shown,) = actions_of(store, ["a1"])["a1"]
+    assert shown.state == "proposed" and shown.due_at is not None and shown.due_at > END - 86_400
+    ruleset = load_rules(rules_dir(tmp_path, "auto_unless_objected"))
+    executors = {"stop_instance": StopInstance(endpoint_url=moto_url, session=session())}
+    runner = ActionRunner(store, executors, lambda: ruleset, None, wall=wall)
+    assert runner.recover() == 1
+    wall.t += 30 * 86_400
+    runner.run_once()
+    assert [r["step"] for r in store.remediations.steps("a1")] == ["proposed"]
+    assert state(moto_url, instance) == "running"
