@@ -10,7 +10,9 @@ from detector.remediation.base import Target
 from detector.remediation.ec2 import StopInstance
 from detector.remediation.runner import ActionRunner
 from detector.rules import load_rules
+from detector.slack import SlackNotifier
 from detector.store import ActionStep
+from detector.testing import LocalSlack
 from tests import aws
 from tests.aws import run_instance, session, state
 from tests.test_remediation_runner import NOW, Wall, incident, posted, rules_dir
@@ -40,9 +42,11 @@ def test_a_due_time_past_2299_stored_by_an_older_version_reads_as_2299(store, tm
     assert shown.state == "proposed" and shown.due_at is not None and shown.due_at > END - 86_400
     ruleset = load_rules(rules_dir(tmp_path, "auto_unless_objected"))
     executors = {"stop_instance": StopInstance(endpoint_url=moto_url, session=session())}
-    runner = ActionRunner(store, executors, lambda: ruleset, None, wall=wall)
-    assert runner.recover() == 1
-    wall.t += 30 * 86_400
-    runner.run_once()
-    assert [r["step"] for r in store.remediations.steps("a1")] == ["proposed"]
+    with LocalSlack() as slack:  # an automatic action warns in Slack first (without one it is not applicable)
+        notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+        runner = ActionRunner(store, executors, lambda: ruleset, notifier, wall=wall)
+        assert runner.recover() == 1
+        wall.t += 30 * 86_400
+        runner.run_once()
+    assert [r["step"] for r in store.remediations.steps("a1")] == ["proposed", "announced"]  # and it waits
     assert state(moto_url, instance) == "running"

@@ -211,7 +211,7 @@ def test_an_approved_stop_of_an_instance_stopped_by_hand_records_no_saving(store
     instance, wall = run_instance(moto_url), Wall()
     with LocalSlack() as slack:
         runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
-        posted(store, incident(instance))
+        posted(store, incident(instance, lasted=4 * 3600))  # its latest event is now
         runner.run_once()
         ec2(moto_url).stop_instances(InstanceIds=[instance])  # the owner, by hand
         wall.t += 120
