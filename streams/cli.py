@@ -458,6 +458,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
                 if not completed:  # a failed or interrupted run leaves no half-written scores behind
                     Path(args.scores).unlink(missing_ok=True)
         source = args.file
+        stray = [(line, reason) for line, reason in result.invalid if reason.startswith("unknown topic")]
+        if stray:  # as replay refuses them: the detection would miss those events, and say nothing
+            shown = "\n".join(f"{args.file}:{line}: {printable(reason)}" for line, reason in stray[:20])
+            more = f"\n... and {len(stray) - 20} more" if len(stray) > 20 else ""
+            raise SystemExit(f"{len(stray)} record(s) on a topic burnwatch does not read (a typo of a topic's name?); "
+                             f"no alerts are shown, as they would miss those events:\n{shown}{more}")  # fmt: skip
     elapsed = time.perf_counter() - started
     if other is not None and result.other is not None:
         _print_comparison(compare(result.alerts, result.other), args.json)

@@ -409,6 +409,9 @@ def test_replay_refuses_the_topics_backtest_refuses(tmp_path):
     fleet.write_text('{"topic": "resource-usage", "key": "h", "value": {}}\n'
                      '{"topic": "gpu_metrics", "key": "h", "value": {}}\n')  # fmt: skip
     refused = burnwatch("backtest", str(fleet))
+    no_traceback(refused)
+    assert refused.returncode == EXIT_FAILED and refused.stdout == "", refused.stdout  # it exited 0, alerts shown
+    assert "1 record(s) on a topic burnwatch does not read" in refused.stderr
     assert f"{fleet}:2: unknown topic 'gpu_metrics'" in refused.stderr
     out = burnwatch("replay", str(fleet), env={"BURNWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1"})  # never reached
     no_traceback(out)
