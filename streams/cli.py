@@ -315,21 +315,27 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_rules_or_exit(path: str | Path) -> RuleSet:
+def _load_rules_or_exit(path: str | Path, option: str = "--rules") -> RuleSet:
+    """The rules at ``path``, or the command ends with every error (``option``: the command's option naming
+    them, if it has one)."""
     from detector.rules import RulesInvalid, load_rules
 
     try:
         return load_rules(path)
     except RulesInvalid as exc:
-        print(f"{exc}{_rules_hint(path)}", file=sys.stderr)
+        print(f"{exc}{_rules_hint(path, option)}", file=sys.stderr)
         raise SystemExit(1) from None
 
 
-def _rules_hint(path: str | Path) -> str:
-    """Where the rules are looked for, when they are not there (a command run outside the checkout)."""
+def _rules_hint(path: str | Path, option: str = "") -> str:
+    """Where the rules are looked for, when they are not there (a command run outside the checkout);
+    ``option``: the command's own option naming them ('' where it has none, as ``simulate``)."""
     if Path(path).exists():
         return ""
-    return (f"\n(the rules are read from {str(path)!r}: --rules or BURNWATCH_RULES names them, and the default "
+    if option == "--compare":
+        return f"\n(the rules to compare with are read from {str(path)!r}, as --compare names them)"
+    named = f"{option} or BURNWATCH_RULES names them" if option else "BURNWATCH_RULES names them"
+    return (f"\n(the rules are read from {str(path)!r}: {named}, and the default "
             "'rules' is relative to the directory the command runs in)")  # fmt: skip
 
 
@@ -413,7 +419,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
                          "leave --jobs out")  # fmt: skip
     metrics = _metrics(args.metrics)
     ruleset = _load_rules_or_exit(args.rules or settings.rules_path)
-    other = _load_rules_or_exit(args.compare) if args.compare else None
+    other = _load_rules_or_exit(args.compare, "--compare") if args.compare else None
     models, scores = None, None
     if scored:  # the anomaly model scores the file's windows too
         from detector.model.train import anomaly_ruleset
@@ -1096,7 +1102,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             start, end = period(store, since)
             _note(f"period: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, the {args.since} before the newest "
                   "event time")  # fmt: skip
-        ruleset = _load_rules_or_exit(settings.rules_path) if REPORTS[args.report].finish is not None else None
+        ruleset = _load_rules_or_exit(settings.rules_path, "") if REPORTS[args.report].finish is not None else None
         rows = run_report(store, args.report, since, args.team or "", ruleset)
     finally:
         store.close()

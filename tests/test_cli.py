@@ -147,11 +147,15 @@ def test_run_outside_the_checkout_a_command_says_where_it_looked_for_the_rules(t
     fleet = tmp_path / "fleet.jsonl"
     fleet.write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BURNWATCH_", "SLACK_"))}
-    for args in (["backtest", str(fleet)], ["simulate", "--hours", "1", "--out", str(tmp_path / "out.jsonl")]):
+    for args, named in ((["backtest", str(fleet)], "'rules': --rules or BURNWATCH_RULES names them"),
+                        (["simulate", "--hours", "1", "--out", str(tmp_path / "out.jsonl")],
+                         "'rules': BURNWATCH_RULES names them"),  # simulate has no --rules: it named one
+                        (["backtest", str(fleet), "--rules", str(ROOT / "rules"), "--compare", "nowhere"],
+                         "read from 'nowhere', as --compare names them")):  # fmt: skip
         out = subprocess.run([sys.executable, "-m", "streams.cli", *args], env=env, cwd=tmp_path, capture_output=True,
                              text=True, timeout=60)  # fmt: skip
         no_traceback(out)
-        assert out.returncode == EXIT_FAILED and "--rules or BURNWATCH_RULES names them" in out.stderr, out.stderr
+        assert out.returncode == EXIT_FAILED and named in out.stderr, out.stderr
 
 
 def test_incidents_say_a_store_named_by_store_came_from_it(tmp_path):
