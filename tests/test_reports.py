@@ -95,9 +95,12 @@ def test_vector_db_fill_and_forecast(filled):
     store, _ = filled
     rows = {r["resource_id"]: r for r in run_report(store, "vector-db", ALL)}
     assert rows and all(0 < r["fill_pct"] <= 100 for r in rows.values())
-    for alert in alerts_of(store, "vector_db_growth"):
-        if alert["status"] == "firing":
-            assert rows[alert["resource_id"]]["forecast_full"]
+    firing = {a["resource_id"] for a in alerts_of(store, "vector_db_growth") if a["status"] == "firing"}
+    for rid in firing:
+        assert rows[rid]["forecast_full"]
+    for rid in set(rows) - firing:  # no forecast: none shown, not a growth of 0 GB a day
+        assert (rows[rid]["forecast_full"], rows[rid]["growth_gb_per_day"], rows[rid]["next_tier"]) == (None, None, None)
+    assert set(rows) - firing, "the fleet should have a database with no growth alert firing"
 
 
 def test_incidents_time_to_acknowledge_and_resolve_and_precision_by_rule(filled):

@@ -1,4 +1,4 @@
--- Vector-DB fill and forecast.
+-- Vector-DB fill and forecast (none where no growth alert is firing: join_use_nulls, not a growth of 0).
 -- Parameters: db (the database: Identifier), since and until (DateTime('UTC')), team (String, '' = every team).
 SELECT resource_id, team, round(size_gb, 1) AS size_gb, round(capacity_gb, 1) AS capacity_gb,
        round(100 * size_gb / nullIf(capacity_gb, 0), 1) AS fill_pct, f.forecast_full AS forecast_full,
@@ -15,3 +15,4 @@ LEFT JOIN (SELECT resource_id, argMax(JSONExtractString(details, 'forecast_full'
            GROUP BY resource_id) AS f ON s.resource_id = f.resource_id
 WHERE ({team:String} = '' OR team = {team:String})
 ORDER BY fill_pct DESC
+SETTINGS join_use_nulls = 1
