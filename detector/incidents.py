@@ -168,6 +168,17 @@ class Incident:
         return self.open and self.burning
 
     @property
+    def rate(self) -> str:
+        """Its dollars per hour as the list shows them: burning, ``sunk`` (what it cost has ended, a failed
+        run), or ``-`` (resolved, or a forecast such as a database filling up, whose dollars are none wasted)."""
+        if self.burning_now:
+            return money(self.usd_per_hour)
+        from detector.detectors import REGISTRY
+
+        forecast = (kind := REGISTRY.get(self.type)) is not None and kind.dollars == ""
+        return "sunk" if self.open and not forecast else "-"
+
+    @property
     def age_s(self) -> float:
         """How long the waste has lasted, in event time: from the episode's start to its
         resolution, or to its latest update while it is open (as the Slack message counts it)."""
@@ -337,7 +348,7 @@ def money(usd: float) -> str:
 
 _TABLE = (
     ("STATE", lambda i: i.state, 0),
-    ("$/H", lambda i: money(i.usd_per_hour) if i.burning_now else "sunk" if i.open else "-", 0),
+    ("$/H", lambda i: i.rate, 0),
     ("$ SO FAR", lambda i: money(i.usd), 0),
     ("AGE", lambda i: format_duration(i.age_s), 0),
     ("TEAM", lambda i: i.team or "-", 20),

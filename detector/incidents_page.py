@@ -76,7 +76,7 @@ def _slack(incident: Incident, workspace_url: str | None) -> str:
 
 
 COLUMNS: tuple[tuple[str, str, Cell], ...] = (
-    ("$/h", "num", lambda i, _: _text(money(i.usd_per_hour)) if i.burning_now else "sunk" if i.open else "-"),
+    ("$/h", "num", lambda i, _: _text(i.rate)),
     ("$ so far", "num", lambda i, _: _text(money(i.usd))),
     ("State", "state", lambda i, _: _text("withdrawn" if i.withdrawn else i.state)),
     ("Age", "num", lambda i, _: _text(format_duration(i.age_s))),

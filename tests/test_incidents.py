@@ -146,6 +146,18 @@ def test_a_failed_run_that_has_ended_is_sunk_not_burning(store):
     assert "burning $35.00/h" in page and page.count(">sunk<") == 2
 
 
+@pytest.mark.parametrize("type_", ["vector_db_growth", "storage_growth"])
+def test_a_forecasts_dollars_per_hour_are_no_burn(store, type_):
+    """A database filling up carries its running cost per hour; it wastes none, and the list's
+    "burning $/h" counted it as if it did."""
+    store.alerts.record([alert("idle", 5.0), alert("filling", 0.2, usd=0.0, type_=type_)], version=1)
+    listed = list_incidents(store, IncidentFilter(), NOW)
+    assert summary(listed) == "2 incidents; 2 open, burning $5.00/h"
+    rows = {line.split()[-1]: line.split() for line in format_table(listed).splitlines()[1:]}
+    assert rows["filling"][1] == "-" and rows["idle"][1] == "$5.00"  # not "sunk": nothing was spent on it
+    assert "burning $5.00/h" in render_page(listed)
+
+
 def test_held_alerts_are_not_incidents(store):
     """Silenced, joined to another incident, held by realert: recorded, never posted, as in the reports."""
     silenced = Hold(kind="silenced", by="s1", reason="silence s1: maintenance")

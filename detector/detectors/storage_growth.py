@@ -72,6 +72,9 @@ class StorageGrowth(GrowthBase):
     )
 
     dollars: ClassVar[str] = ""
+    burning: ClassVar[bool | str] = False
+    """the bucket's whole storage bill, not waste: its news is the growth,
+    and its dollars per hour are no burn (the incidents list counted them)"""
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:

@@ -61,6 +61,9 @@ class VectorDbGrowth(GrowthBase):
     )
 
     dollars: ClassVar[str] = ""
+    burning: ClassVar[bool | str] = False
+    """the database's running cost, not waste: a forecast's news is the date it fills,
+    and its dollars per hour are no burn (the incidents list counted them)"""
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
