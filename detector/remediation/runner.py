@@ -284,7 +284,8 @@ class ActionRunner:
                          reason=f"latest event time is {age:.0f} s old (replay or backlog)")  # fmt: skip
             return
         action = Action(alert.alert_id, spec.kind, mode=spec.mode, rule=alert.rule, resource_id=alert.resource_id,
-                        team=alert.tags.get("team", ""), usd_per_hour=alert.usd_per_hour)  # fmt: skip
+                        team=alert.tags.get(self.ruleset().routing.by_tag, ""),  # the team approvals go by
+                        usd_per_hour=alert.usd_per_hour)  # fmt: skip
         self._actions[action.key] = action
         executor = self.executors.get(spec.kind)
         try:
