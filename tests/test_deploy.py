@@ -248,6 +248,23 @@ def test_the_worker_pod_runs_the_tested_command_with_its_rules_and_secrets(tmp_p
     assert container["envFrom"] == [{"secretRef": {"name": docs["Secret"]["metadata"]["name"]}}]
 
 
+def test_the_liveness_probe_outlasts_the_workers_own_stall_exit():
+    """``/healthz`` answers 503 from a worker's first failed write (a ClickHouse blip): that is for
+    readiness. Liveness must not kill the worker before its own stall exit (status 70 after
+    ``BURNWATCH_STALL_EXIT_S``), or every worker dies in a blip of a minute; nor time out on an
+    answer slowed by a catch-up (1.05 s seen, the default timeout is 1 s)."""
+    docs = {doc["kind"]: doc for doc in K8S}
+    (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    settings = settings_from({e["name"]: e["value"] for e in container["env"] if "value" in e})
+    readiness, liveness = container["readinessProbe"], container["livenessProbe"]
+    # Kubernetes' defaults where a field is not given
+    window = liveness.get("failureThreshold", 3) * liveness.get("periodSeconds", 10)
+    assert window > settings.stall_exit_s, f"liveness fails after {window} s, the worker exits after {settings.stall_exit_s} s"
+    assert readiness["httpGet"]["path"] == "/healthz"
+    for probe in (readiness, liveness):
+        assert probe.get("timeoutSeconds", 1) >= 5
+
+
 def test_the_image_runs_the_cli_with_known_settings():
     dockerfile = (ROOT / "deploy/Dockerfile").read_text()
     entry = json.loads(re.search(r"^ENTRYPOINT (.*)$", dockerfile, re.M).group(1))
