@@ -248,6 +248,23 @@ def test_the_worker_pod_runs_the_tested_command_with_its_rules_and_secrets(tmp_p
     assert container["envFrom"] == [{"secretRef": {"name": docs["Secret"]["metadata"]["name"]}}]
 
 
+def test_the_rules_configmap_carries_the_shipped_prices_routing_and_limits(tmp_path):
+    """A ConfigMap of rules.yaml alone priced every alert on the bridge's usage at $0.00/h: the files
+    read beside the rules are the repository's, byte for byte (they cannot drift), and the worker's
+    loader takes the ConfigMap's files with nothing to warn of."""
+    from detector.rules import consistency_warnings
+
+    data = next(doc for doc in K8S if doc["kind"] == "ConfigMap")["data"]
+    assert sorted(data) == ["limits.yaml", "pricing.yaml", "routing.yaml", "rules.yaml"]
+    for name in ("pricing.yaml", "routing.yaml", "limits.yaml"):
+        assert data[name] == (ROOT / "rules" / name).read_text(), f"{name} differs from rules/{name}"
+        (tmp_path / name).write_text(data[name])
+    (tmp_path / "rules.yaml").write_text(data["rules.yaml"])
+    ruleset = load_rules(tmp_path)
+    assert ruleset.rules and ruleset.pricing.instances
+    assert consistency_warnings(ruleset) == []
+
+
 def test_the_liveness_probe_outlasts_the_workers_own_stall_exit():
     """``/healthz`` answers 503 from a worker's first failed write (a ClickHouse blip): that is for
     readiness. Liveness must not kill the worker before its own stall exit (status 70 after
