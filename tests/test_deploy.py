@@ -24,6 +24,7 @@ from tests.conftest import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 K8S = [doc for doc in yaml.safe_load_all((ROOT / "deploy/k8s/worker.yaml").read_text()) if doc]
+BRIDGE = [doc for doc in yaml.safe_load_all((ROOT / "deploy/k8s/bridge.yaml").read_text()) if doc]
 DASHBOARDS = sorted((ROOT / "deploy/grafana/dashboards").glob("*.json"))
 KNOWN = set(ENV.values())
 
@@ -39,6 +40,24 @@ def settings_from(env: dict[str, str]) -> Settings:
     unknown = sorted(var for var in env if var.startswith(("BURNWATCH_", "SLACK_")) and var not in KNOWN)
     assert not unknown, f"settings the worker does not read: {unknown}"
     return load_settings(environ=env)
+
+
+def secret(name: str) -> dict[str, str]:
+    """The worker manifest's Secret of that name: its keys and values."""
+    (found,) = [doc for doc in K8S if doc["kind"] == "Secret" and doc["metadata"]["name"] == name]
+    return found["stringData"]
+
+
+def pod_env(container: dict) -> dict[str, str]:
+    """A container's variables: values, and keys of the manifest's Secrets (``secretKeyRef``)."""
+    env = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = secret(ref["name"])[ref["key"]]
+    return env
 
 
 def test_compose_file_follows_the_compose_specification():
@@ -160,8 +179,9 @@ def test_billing_dashboard_shows_the_reconcile_report_of_its_time_range(store):
 
 def test_kubernetes_manifests_validate_against_the_kubernetes_schemas():
     kinds = [doc["kind"] for doc in K8S]
-    assert kinds == ["ConfigMap", "Secret", "Deployment", "Service", "ScaledObject"]
-    for doc in K8S:
+    assert kinds == ["ConfigMap", "Secret", "Secret", "Deployment", "Service", "ScaledObject"]
+    assert [doc["kind"] for doc in BRIDGE] == ["ConfigMap", "Deployment"]
+    for doc in K8S + BRIDGE:
         if doc["apiVersion"].startswith("keda.sh/"):
             continue  # a CRD: not in the Kubernetes schemas (checked below)
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
@@ -216,7 +236,7 @@ def test_keda_scales_the_worker_on_its_consumer_lag_up_to_the_partition_count():
     scaled, deployment = docs["ScaledObject"], docs["Deployment"]
     jsonschema.validate(scaled, SCALED_OBJECT)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    settings = settings_from({e["name"]: e["value"] for e in container["env"]})
+    settings = settings_from(pod_env(container))
     spec = scaled["spec"]
     (trigger,) = spec["triggers"]
     assert spec["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
@@ -233,7 +253,7 @@ def test_the_worker_pod_runs_the_tested_command_with_its_rules_and_secrets(tmp_p
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert build_parser().parse_args(container["args"]).func.__name__ == "cmd_worker"
-    settings = settings_from({e["name"]: e["value"] for e in container["env"]})
+    settings = settings_from(pod_env(container))
     port = next(p for p in container["ports"] if p["name"] == "web")["containerPort"]
     assert port == settings.web_port and settings.web_host == "0.0.0.0"
     for probe in ("readinessProbe", "livenessProbe"):
@@ -243,9 +263,115 @@ def test_the_worker_pod_runs_the_tested_command_with_its_rules_and_secrets(tmp_p
     for name, text in docs["ConfigMap"]["data"].items():
         (tmp_path / name).write_text(text)
     assert load_rules(tmp_path).rules  # the loader the worker uses
-    secret_vars = docs["Secret"]["stringData"]
-    settings_from(secret_vars)  # every key is a setting the worker reads
-    assert container["envFrom"] == [{"secretRef": {"name": docs["Secret"]["metadata"]["name"]}}]
+    settings_from(secret("burnwatch-slack"))  # every key is a setting the worker reads
+    assert container["envFrom"] == [{"secretRef": {"name": "burnwatch-slack"}}]
+
+
+def test_the_clickhouse_password_is_in_a_secret_not_in_the_pod_spec():
+    docs = {doc["kind"]: doc for doc in K8S}
+    (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    dsn = next(var for var in container["env"] if var["name"] == "BURNWATCH_CLICKHOUSE_DSN")
+    assert "value" not in dsn and dsn["valueFrom"]["secretKeyRef"]["name"] == "burnwatch-clickhouse"
+    assert not [var for var in container["env"] if "@" in var.get("value", "")]  # no user:password@ in plain env
+    settings = settings_from(pod_env(container))
+    assert settings.clickhouse_dsn.startswith("http://") and settings.clickhouse_dsn.endswith("@clickhouse:8123")
+
+
+def _dockerfile_user() -> int:
+    dockerfile = (ROOT / "deploy/Dockerfile").read_text()
+    (user,) = re.findall(r"^USER (\d+)(?::\d+)?$", dockerfile, re.M)
+    return int(user)
+
+
+@pytest.mark.parametrize("manifest", ["worker", "bridge"])
+def test_pods_run_as_the_images_user_on_a_read_only_root_with_nothing_more(manifest: str):
+    """Never root, no privilege to gain, no capability, the runtime's seccomp profile, a read-only
+    root file system; what the process writes (the worker: Faust's data dir; both: /tmp, matplotlib's
+    cache) is an emptyDir volume. The uid is the image's own user, whose data dir the image makes."""
+    docs = K8S if manifest == "worker" else BRIDGE
+    pod = next(doc for doc in docs if doc["kind"] == "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == _dockerfile_user() != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    empty = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    writable = {Path(m["mountPath"]) for m in container["volumeMounts"] if m["name"] in empty and not m.get("readOnly")}
+    assert Path("/tmp") in writable
+    if manifest == "worker":
+        data_dir = settings_from(pod_env(container)).data_dir
+        assert data_dir in writable
+        dockerfile = (ROOT / "deploy/Dockerfile").read_text()
+        assert f"BURNWATCH_DATA_DIR={data_dir}" in dockerfile
+        assert re.search(rf"mkdir -p {data_dir}\b.*\n.*chown burnwatch:burnwatch {data_dir}\b", dockerfile)
+
+
+def test_the_bridge_pod_runs_the_shipped_config_on_the_workers_topics_and_is_scraped(capsys):
+    """The bridge's ConfigMap is deploy/bridge.yaml byte for byte, which the bridge's loader takes;
+    its command parses as ``burnwatch bridge --config FILE`` on the mounted file; it publishes to the
+    worker's broker with the worker's partition count; its /metrics listens on all interfaces of the
+    pod, on the port Prometheus is told to scrape."""
+    from detector.ingest.config import load_bridge_config
+
+    config_map, deployment = BRIDGE
+    shipped = (ROOT / "deploy/bridge.yaml").read_text()
+    assert config_map["data"] == {"bridge.yaml": shipped}
+    config = load_bridge_config(ROOT / "deploy/bridge.yaml")
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.func.__name__ == "cmd_bridge" and not args.once
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bridge", "--help"])
+    help_text = capsys.readouterr().out
+    assert all(flag in help_text for flag in container["args"] if flag.startswith("--"))
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+    volume = next(v for v in template["spec"]["volumes"] if v["name"] == "config")
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert Path(args.bridge_config) == Path(mount["mountPath"]) / "bridge.yaml"
+    worker = {doc["kind"]: doc for doc in K8S}["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    bridge, worker_settings = settings_from(pod_env(container)), settings_from(pod_env(worker))
+    assert (bridge.kafka_bootstrap, bridge.partitions) == (worker_settings.kafka_bootstrap, worker_settings.partitions)
+    host, _, port = config.listen.rpartition(":")
+    assert host == "0.0.0.0"
+    assert int(port) == next(p for p in container["ports"] if p["name"] == "metrics")["containerPort"]
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == port
+    assert deployment["spec"]["replicas"] == 1  # a second bridge would publish (and bill) every host twice
+
+
+def test_the_rules_configmap_carries_the_shipped_prices_routing_and_limits(tmp_path):
+    """A ConfigMap of rules.yaml alone priced every alert on the bridge's usage at $0.00/h: the files
+    read beside the rules are the repository's, byte for byte (they cannot drift), and the worker's
+    loader takes the ConfigMap's files with nothing to warn of."""
+    from detector.rules import consistency_warnings
+
+    data = next(doc for doc in K8S if doc["kind"] == "ConfigMap")["data"]
+    assert sorted(data) == ["limits.yaml", "pricing.yaml", "routing.yaml", "rules.yaml"]
+    for name in ("pricing.yaml", "routing.yaml", "limits.yaml"):
+        assert data[name] == (ROOT / "rules" / name).read_text(), f"{name} differs from rules/{name}"
+        (tmp_path / name).write_text(data[name])
+    (tmp_path / "rules.yaml").write_text(data["rules.yaml"])
+    ruleset = load_rules(tmp_path)
+    assert ruleset.rules and ruleset.pricing.instances
+    assert consistency_warnings(ruleset) == []
+
+
+def test_the_liveness_probe_outlasts_the_workers_own_stall_exit():
+    """``/healthz`` answers 503 from a worker's first failed write (a ClickHouse blip): that is for
+    readiness. Liveness must not kill the worker before its own stall exit (status 70 after
+    ``BURNWATCH_STALL_EXIT_S``), or every worker dies in a blip of a minute; nor time out on an
+    answer slowed by a catch-up (1.05 s seen, the default timeout is 1 s)."""
+    docs = {doc["kind"]: doc for doc in K8S}
+    (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    settings = settings_from({e["name"]: e["value"] for e in container["env"] if "value" in e})
+    readiness, liveness = container["readinessProbe"], container["livenessProbe"]
+    # Kubernetes' defaults where a field is not given
+    window = liveness.get("failureThreshold", 3) * liveness.get("periodSeconds", 10)
+    assert window > settings.stall_exit_s, f"liveness fails after {window} s, the worker exits after {settings.stall_exit_s} s"
+    assert readiness["httpGet"]["path"] == "/healthz"
+    for probe in (readiness, liveness):
+        assert probe.get("timeoutSeconds", 1) >= 5
 
 
 def test_the_image_runs_the_cli_with_known_settings():
