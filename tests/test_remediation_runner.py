@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -18,6 +19,7 @@ from detector.delivery import Outbox
 from detector.metrics import METRICS
 from detector.remediation.base import Outcome
 from detector.remediation.ec2 import StopInstance
+from detector.remediation.policy import Action
 from detector.remediation.runner import ActionRunner
 from detector.rules import load_rules
 from detector.slack import SlackNotifier
@@ -547,9 +549,11 @@ def test_a_rule_changed_and_reloaded_cancels_its_pending_actions(store, slack, t
 
 
 @pytest.mark.parametrize("mode", ["approve", "auto_unless_objected"])
-def test_an_incident_whose_events_stopped_is_not_acted_on(store, slack, tmp_path, moto_url, mode):
+def test_an_incident_whose_events_stopped_is_not_acted_on_until_they_come_again(store, slack, tmp_path, moto_url, mode):
     """Proposed while its events arrived; then none for over an hour (the exporter died, the host may be
-    gone): neither the approval nor the grace's end acts on what is no longer known."""
+    gone): neither the approval nor the grace's end acts on what is no longer known. The action waits, not
+    cancelled (an hourly detector, a backlog caught up, leave incidents quiet a while): when the events come
+    again it goes ahead."""
     instance, wall = run_instance(moto_url), Wall()
     runner, handler = setup(store, slack, tmp_path, moto_url, mode, wall)
     posted(store, incident(instance, lasted=4 * 3600))  # its latest event is now
@@ -558,10 +562,12 @@ def test_an_incident_whose_events_stopped_is_not_acted_on(store, slack, tmp_path
     if mode == "approve":
         assert click(handler, "burnwatch_approve", APPROVER) == 200
     runner.run_once()
+    runner.run_once()
     assert state(moto_url, instance) == "running"
-    (row,) = [r for r in store.remediations.steps("a1") if r["step"] == "cancelled"]
-    assert row["decided_by"] == "stale" and row["result"].startswith("no events for ")
-    assert "check by hand" in slack.calls("chat.update")[-1].text_of_blocks()
+    assert not any(s in ("begun", "cancelled") for s, _ in steps(store)), steps(store)
+    events_go_on(store, instance, wall, version=2)
+    runner.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped") and steps(store)[-1][0] == "succeeded"
 
 
 def test_without_slack_an_automatic_action_is_not_applicable(store, slack, tmp_path, moto_url):
@@ -614,7 +620,6 @@ def test_a_click_is_answered_while_a_call_hangs(store, slack, tmp_path, moto_url
     """The pass does not hold the clicks' lock while a cloud's API takes its time (a minute a call, four
     tries): a Decline on another incident is answered at once."""
     import socket
-    import threading
     import time
 
     wall = Wall()
@@ -669,3 +674,52 @@ def test_a_snooze_clicked_while_the_pass_runs_stops_the_automatic_action(store, 
     runner.run_once()
     assert state(moto_url, instance) == "running"
     assert ("cancelled", "snoozed") in steps(store) and not any(s in ("approved", "begun") for s, _ in steps(store))
+
+
+class _Blocking:
+    """The real executor's plan; each call waits until the test lets it return."""
+
+    def __init__(self, real):
+        self.real, self.calls, self.release = real, [], threading.Semaphore(0)
+        self.entered = threading.Semaphore(0)
+
+    def plan(self, target):
+        return self.real.plan(target)
+
+    def execute(self, call):
+        self.calls.append(call.request)
+        self.entered.release()
+        self.release.acquire(timeout=30)
+        return Outcome(True, "stopped")
+
+    def observe(self, call):
+        return None  # cannot tell
+
+
+def test_a_decision_taken_during_a_call_is_stored_before_the_begun_that_follows_it(store, slack, tmp_path, moto_url):
+    """The pass releases the clicks' lock during a call; an approval taken meanwhile is stamped at its real time.
+    The pass's next steps come after it in the audit (they were stamped with the time the pass began: b1 read
+    back as approved, not begun, and a worker restarted during its call called it again, blindly)."""
+    first, second, wall = run_instance(moto_url), run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    blocking = _Blocking(runner.executors["stop_instance"])
+    runner.executors = {"stop_instance": blocking}
+    posted(store, incident(first, lasted=4 * 3600, alert_id="a1"), incident(second, lasted=4 * 3600, alert_id="b1"))
+    runner.run_once()
+    assert click(handler, "burnwatch_approve", APPROVER, alert_id="a1") == 200
+    passing = threading.Thread(target=runner.run_once, daemon=True)
+    passing.start()
+    assert blocking.entered.acquire(timeout=30)
+    wall.t += 40  # the call takes 40 s
+    assert click(handler, "burnwatch_approve", APPROVER, alert_id="b1") == 200
+    blocking.release.release()  # a1's call returns
+    assert blocking.entered.acquire(timeout=10), "b1 was not carried out after a1 in the same pass"
+    rebuilt = Action.from_steps(store.remediations.steps("b1"))["b1:stop_instance"]
+    restarted = _Blocking(blocking.real)  # a worker restarted now rebuilds from the audit; its calls return at once
+    for _ in range(3):
+        restarted.release.release()
+    ActionRunner(store, {"stop_instance": restarted}, runner.ruleset, runner.notifier, wall=wall).run_once()
+    blocking.release.release()  # b1's first call returns
+    passing.join(timeout=30)
+    assert rebuilt.state == "begun", f"audit order: {steps(store, 'b1')}; rebuilt state {rebuilt.state}"
+    assert restarted.calls == [], "b1 called again, blindly, by a worker restarted during its call"

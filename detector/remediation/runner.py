@@ -13,7 +13,9 @@ An incident whose latest event time is older than ``fresh_s`` on the wall clock 
 acted on: that is a replay of past events or a backlog, not waste happening now
 (``burnwatch backtest`` runs no worker at all, so it never acts). That is checked when an
 action is proposed and again when it would be carried out (its grace ended, an approval, a
-retry): the events may have stopped in between, and what they said is no longer known.
+retry): the events may have stopped in between, and what they said is no longer known. Then the
+action waits for them (it is not cancelled: a detector that judges hourly, a backlog being caught
+up or an exporter restarting leave an incident quiet a while), and is cancelled if it resolves.
 
 The rules as loaded now decide whether a pending action still goes ahead: one whose rule was
 removed, disabled, set to ``dry_run`` or ``notify_only``, or changed to another kind (or from
@@ -23,7 +25,8 @@ action is never carried out without its warning in Slack: without a Slack notifi
 applicable.
 
 A call to a cloud's API may take a minute; the pass does not hold the lock a click takes
-(:meth:`decide`) while it waits, so an Approve or Decline on another incident is answered at once.
+(:meth:`decide`) while an action's call waits, so an Approve or Decline on another incident is
+answered at once. (The look-ups before a cancellation and after a restart, ``observe``, still hold it.)
 
 With several workers, a decision (a Slack click, the incidents page) may reach a worker that
 does not act. :meth:`ActionRunner.decide` checks it against the stored steps, not memory, and
@@ -186,11 +189,11 @@ class ActionRunner:
                     if action.state == "begun":
                         continue  # its call is under way, or recover() looks it up
                     stop = ("resolved", "the incident resolved") if alert.status == "resolved" else self._withdrawn(action, specs)
-                    if stop is None and self._acts_now(action, now):
-                        stop = self._stale(alert, now)
                     if stop is not None:
                         self._cancel(action, now, *stop)
                         continue
+                    if self._acts_now(action, now) and self._held_stale(action, alert, now):
+                        continue  # acted on once its events come again (or cancelled when it resolves)
                     if action.state == "proposed" and action.mode == "auto_unless_objected":
                         if snoozed is None:
                             snoozed = self.store.actions.snoozed(now)
@@ -205,6 +208,8 @@ class ActionRunner:
                             self._show(action, now)
                     if action.state == "approved" or (action.state == "retry" and now >= (action.due_at or 0.0)):
                         self._execute(action, now)
+                        now = self._wall()  # the call took time, and a click on another thread may have stored
+                        # a step meanwhile: later steps of this pass are stamped after it, so the audit reads in order
             for key in sorted(self._unannounced):
                 if key in self._actions:
                     self._announce(self._actions[key], now)
@@ -232,13 +237,21 @@ class ActionRunner:
         return (action.state == "approved" or (action.state == "retry" and due)
                 or (action.state == "proposed" and action.mode == "auto_unless_objected" and due and warned))  # fmt: skip
 
-    def _stale(self, alert: Alert, now: float) -> tuple[str, str] | None:
-        """("stale", why) if the incident's latest event time is older than ``fresh_s`` on the wall clock."""
+    def _held_stale(self, action: Action, alert: Alert, now: float) -> bool:
+        """Whether the incident's latest event time is older than ``fresh_s`` on the wall clock: then what its
+        events said is no longer known, and the action waits (logged once) instead of acting. It is not
+        cancelled: a detector that judges hourly, a worker catching up a backlog or an exporter restarting
+        leave an incident quiet for a while, and the action goes ahead once its events come again."""
         age = now - alert.updated_at
         if age <= self.fresh_s:
-            return None
-        return "stale", (f"no events for {format_duration(age)} (latest at {rfc3339(alert.updated_at)}): whether the "
-                         "waste goes on is not known; check by hand")  # fmt: skip
+            self._stale_logged.discard(action.key)
+            return False
+        if action.key not in self._stale_logged:
+            self._stale_logged.add(action.key)
+            log.warning("action_held", action=action.key, state=action.state,
+                        reason=f"no events for {format_duration(age)} (latest at {rfc3339(alert.updated_at)}): "
+                               "whether the waste goes on is not known; it waits for them")  # fmt: skip
+        return True
 
     def _cancel(self, action: Action, now: float, who: str, why: str) -> None:
         """Cancel a pending action; one whose call may have taken before (``retry``: an answer timed out) is
