@@ -1016,7 +1016,7 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
               "(BURNWATCH_EVENT_TTL_DAYS sets it)")  # fmt: skip
     try:
         result = store_bill(store, bill)
-        repriced = reprice(store, result.ingest_id, limits.max_usd_per_hour)
+        repriced = reprice(store, result.ingest_id, limits)
         with_telemetry = {r["resource_id"] for r in store.query(telemetry_sql(store.db))} if args.publish_usage else set()
     finally:
         store.close()
@@ -1028,9 +1028,10 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
     else:
         print(f"re-priced {repriced.repriced} incident(s) from the bill (episodes it covers end to end)")
         if repriced.beyond_limits:
-            _note(f"{repriced.beyond_limits} incident(s) not re-priced: the bill charges their resource more than "
-                  f"${limits.max_usd_per_hour:,.2f}/h (limits.yaml's max_usd_per_hour) over the episode, "
-                  f"e.g. {', '.join(map(printable, repriced.some_beyond))}; they keep their events' dollars")  # fmt: skip
+            _note(f"{repriced.beyond_limits} incident(s) not re-priced by this bill: it charges their resource more "
+                  f"over the episode than limits.yaml lets its events claim (max_usd_per_hour ${limits.max_usd_per_hour:,.2f}; "
+                  f"for egress, max_egress_gbit_per_s), on resources {', '.join(map(printable, repriced.some_beyond))}; "
+                  "a corrupt charge? They keep the figures they had")  # fmt: skip
     if args.publish_usage:
         from streams.kafka import publish_records
 

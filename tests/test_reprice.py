@@ -14,6 +14,7 @@ from detector.alerts import Alert
 from detector.billing.ingest import ingest_files
 from detector.billing.reprice import reprice
 from detector.digest import build_digests, render_digest
+from detector.limits import Limits
 from detector.store import EventBatch
 from tests.helpers import T0, fleet_file, store_fleet, usage
 
@@ -116,10 +117,10 @@ def test_a_bill_beyond_the_limits_reprices_nothing_and_says_so(incidents, tmp_pa
     (bill / "gb.csv").write_text(text.replace(",Hours,", ",Requests,"))
     ingest = ingest_files(incidents, bill)
     assert ingest.rows == 72
-    done = reprice(incidents, ingest.ingest_id, max_usd_per_hour=2000.0)
+    done = reprice(incidents, ingest.ingest_id, Limits(max_usd_per_hour=2000.0))
     assert (done.repriced, done.beyond_limits, done.some_beyond) == (1, 1, ["h2"])
     assert set(figures(incidents)) == {"a"} and figures(incidents)["a"]["billed_waste_usd"] == pytest.approx(80.0)
-    assert reprice(incidents, ingest.ingest_id, max_usd_per_hour=1e12).repriced == 2  # the user's limit is theirs
+    assert reprice(incidents, ingest.ingest_id, Limits(max_usd_per_hour=1e12)).repriced == 2  # the user's limit is theirs
 
 
 def _egress_incident(store) -> None:
@@ -166,6 +167,19 @@ def test_an_egress_incident_is_repriced_by_the_bills_network_charges_only(store,
     assert x["billed_waste_usd"] == pytest.approx(30.0 * 18.0 / claimed["usd"])
 
 
+def test_an_egress_incident_is_bounded_by_the_egress_limit_not_the_hourly_one(store, tmp_path):
+    """$5,000 of egress an hour is above max_usd_per_hour ($2,000, an instance's bound) but within what
+    max_egress_gbit_per_s lets an hour of egress cost: re-priced, not called beyond the limits."""
+    _egress_incident(store)
+    network = tmp_path / "network.csv"
+    text = write_bill(network, {"e1": 5000.0}, hours=8).read_text()
+    network.write_text(text.replace(",Compute,", ",Networking,").replace(",Hours,Hours,", ",GB,GB,"))
+    done = reprice(store, ingest_files(store, network).ingest_id, Limits())
+    assert (done.repriced, done.beyond_limits) == (1, 0)
+    tight = Limits(max_egress_gbit_per_s=1.0)  # 450 GB, $112.50 an hour at most
+    assert reprice(store, ingest_files(store, network).ingest_id, tight).beyond_limits == 1
+
+
 def test_a_days_charge_counts_the_hours_it_billed(incidents, tmp_path):
     """A daily bill (Azure's FOCUS export is daily): h1 billed $320 for the 8 hours it ran that day. The
     incident's 4 hours are half of those, $160, not 4/24 of the day ($53.33) as a period's share."""
@@ -175,6 +189,29 @@ def test_a_days_charge_counts_the_hours_it_billed(incidents, tmp_path):
     assert reprice(incidents, ingest_files(incidents, path).ingest_id).repriced == 1
     a = figures(incidents)["a"]
     assert a["billed_usd"] == pytest.approx(160.0) and a["billed_waste_usd"] == pytest.approx(100.0 * 160 / 200)
+
+
+def test_an_hours_charge_billing_more_hours_than_it_lasts_is_that_hours(incidents, tmp_path):
+    """An hourly row billing 8 GPU-hours (GPUs x hours, as Google's export counts them) is its hour's charge:
+    the episode's 4 hours at $40 are $160, where the share of 8 billed hours had made them $20."""
+    path = write_bill(tmp_path / "gpu.csv", {"h1": 40.0}, hours=8)
+    path.write_text(path.read_text().replace(",1,1,Hours,Hours,", ",8,8,Hours,Hours,"))
+    assert reprice(incidents, ingest_files(incidents, path).ingest_id).repriced == 1
+    assert figures(incidents)["a"]["billed_usd"] == pytest.approx(160.0)
+
+
+@pytest.mark.parametrize("quantity", ["-8", ""])
+def test_a_refund_cancels_its_charge_whatever_quantity_it_states(incidents, tmp_path, quantity):
+    """A day's $320 for 8 hours and its -$320 correction (its quantity negative, or not given): the bill
+    charged nothing (shared by hours and by the period, the two had left $106.67)."""
+    bill = tmp_path / "bill"
+    bill.mkdir()
+    for name, usd, hours in (("daily.csv", 320.0, "8"), ("refund.csv", -320.0, quantity)):
+        path = write_bill(bill / name, {"h1": usd}, hours=1)
+        text = path.read_text().replace(iso(T0 + HOUR), iso(T0 + 24 * HOUR))
+        path.write_text(text.replace(",1,1,Hours,Hours,", f",{hours},{hours},Hours,Hours,"))
+    assert reprice(incidents, ingest_files(incidents, bill).ingest_id).repriced == 1
+    assert figures(incidents)["a"]["billed_usd"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_a_bill_in_another_currency_reprices_nothing(incidents, tmp_path):

@@ -29,7 +29,7 @@ from detector.billing.rates import HOUR_UNITS, PRICED_IN
 from detector.limits import Limits
 from detector.store.connection import Connection
 
-__all__ = ["Repriced", "reprice"]
+__all__ = ["MAX_EGRESS_USD_PER_GB", "Repriced", "max_egress_usd_per_hour", "reprice"]
 
 _EGRESS_TYPES = ("egress_runaway",)
 """Incident types whose waste is egress: priced against the bill's network charges."""
@@ -47,19 +47,23 @@ WITH episodes AS (
                           AND charge_category = 'Usage' AND billing_currency = '{priced_in}')
 ),
 charges AS (
-    SELECT resource_id, toFloat64(effective_cost) AS usd,
-           toUnixTimestamp64Milli(charge_period_start) AS p_s, toUnixTimestamp64Milli(charge_period_end) AS p_e,
-           if(consumed_unit IN {hour_units} AND consumed_quantity > 0, toFloat64(consumed_quantity) * 3600000, 0)
-               AS used_ms,
-           service_category = 'Networking' OR consumed_unit IN {data_units} AS network
-    FROM {db}.billing
-    WHERE charge_category = 'Usage' AND billing_currency = '{priced_in}'
-      AND resource_id IN (SELECT resource_id FROM episodes)
+    -- a resource's charges of one kind netted per period (a refund or correction cancels its charge whatever
+    -- quantity it states), with the hours billed in hour units
+    SELECT resource_id, p_s, p_e, network, sum(usd) AS usd, sum(hours) * 3600000 AS used_ms
+    FROM (SELECT resource_id, toFloat64(effective_cost) AS usd,
+                 toUnixTimestamp64Milli(charge_period_start) AS p_s, toUnixTimestamp64Milli(charge_period_end) AS p_e,
+                 if(consumed_unit IN {hour_units}, toFloat64(ifNull(consumed_quantity, 0)), 0) AS hours,
+                 service_category = 'Networking' OR consumed_unit IN {data_units} AS network
+          FROM {db}.billing
+          WHERE charge_category = 'Usage' AND billing_currency = '{priced_in}'
+            AND resource_id IN (SELECT resource_id FROM episodes))
+    GROUP BY resource_id, p_s, p_e, network
 ),
 billed AS (
     SELECT ep.alert_id AS alert_id,
-           -- each charge's share of the episode: of the hours it billed where it says them, else of its period
-           sum(b.usd * if(b.used_ms > 0,
+           -- each period's share of the episode: of the hours it billed where they are fewer than its own (a day
+           -- billing 9 hours of a host), else of the period (an hour billing 8 GPU-hours is that hour's)
+           sum(b.usd * if(b.used_ms > 0 AND b.used_ms < b.p_e - b.p_s,
                           least(1, greatest(0, least(ep.e_ms, b.p_e) - greatest(ep.s_ms, b.p_s)) / b.used_ms),
                           greatest(0, least(ep.e_ms, b.p_e) - greatest(ep.s_ms, b.p_s)) / greatest(1, b.p_e - b.p_s)))
                AS billed_usd,
@@ -84,7 +88,8 @@ claimed AS (
 SELECT ep.alert_id AS alert_id, ep.resource_id AS resource_id, ep.s AS s, ep.e AS e, c.claimed_usd AS claimed_usd,
        b.billed_usd AS billed_usd, ep.waste_usd AS waste_usd,
        ep.waste_usd * greatest(b.billed_usd, 0) / c.claimed_usd AS billed_waste_usd,
-       b.billed_usd <= {{max_usd_per_hour:Float64}} * (ep.e_ms - ep.s_ms) / 3600000 AS within_limits
+       b.billed_usd <= if(ep.egress, {{max_egress_usd_per_hour:Float64}}, {{max_usd_per_hour:Float64}})
+                       * (ep.e_ms - ep.s_ms) / 3600000 AS within_limits
 FROM episodes AS ep
 INNER JOIN billed AS b ON b.alert_id = ep.alert_id
 INNER JOIN claimed AS c ON c.alert_id = ep.alert_id
@@ -99,36 +104,50 @@ FROM ({judged}) WHERE within_limits
 """
 
 _BEYOND = """
-SELECT count() AS n, groupArray(5)(resource_id) AS some FROM ({judged}) WHERE NOT within_limits
+SELECT count() AS n, groupUniqArray(5)(resource_id) AS some FROM ({judged}) WHERE NOT within_limits
 """
 
 
 class Repriced(NamedTuple):
-    """What :func:`reprice` did: incidents re-priced, and those the bill prices beyond ``limits.yaml``."""
+    """What :func:`reprice` did: incidents re-priced, and those the bill prices beyond ``limits.yaml``
+    (``some_beyond``: up to five of their resources)."""
 
     repriced: int
     beyond_limits: int
     some_beyond: list[str]
 
 
-def reprice(store: Connection, ingest_id: str, max_usd_per_hour: float | None = None) -> Repriced:
+def reprice(store: Connection, ingest_id: str, limits: Limits | None = None) -> Repriced:
     """Re-price every incident on a resource of ingest ``ingest_id`` whose episode the bill
     covers end to end. A later bill's figure replaces an earlier one. An incident whose bill
-    charges the resource more than ``max_usd_per_hour`` (``limits.yaml``, the bound its events
-    meet) over the episode's hours keeps its events' figure and is counted in ``beyond_limits``:
-    the reader bounds only charges in hours, and a corrupt charge in another unit (GB, requests)
-    would otherwise price the waste at it."""
+    charges the resource more over the episode's hours than its events may claim (``limits.yaml``:
+    ``max_usd_per_hour``, or for egress ``max_egress_gbit_per_s`` at :data:`MAX_EGRESS_USD_PER_GB`)
+    is not re-priced by this bill, and is counted in ``beyond_limits``: the reader bounds only
+    charges in hours, and a corrupt charge in another unit (GB, requests) would otherwise price the
+    waste at it."""
     db = store.db
-    bound = Limits().max_usd_per_hour if max_usd_per_hour is None else max_usd_per_hour
+    limits = limits or Limits()
     judged = _JUDGED.format(db=db, priced_in=PRICED_IN, egress_types=_sql_tuple(_EGRESS_TYPES),
                             hour_units=_sql_tuple(HOUR_UNITS), data_units=_sql_tuple(_DATA_UNITS))
-    parameters = {"ingest_id": ingest_id, "max_usd_per_hour": bound}
+    parameters = {"ingest_id": ingest_id, "max_usd_per_hour": limits.max_usd_per_hour,
+                  "max_egress_usd_per_hour": max_egress_usd_per_hour(limits)}  # fmt: skip
     with store.lock:
         store.client.command(_INSERT.format(db=db, judged=judged), parameters=parameters)
     (beyond,) = store.query(_BEYOND.format(judged=judged), parameters)
     rows = store.query(f"SELECT uniqExact(alert_id) AS n FROM {db}.alert_billing WHERE ingest_id = {{i:String}}",
                        {"i": ingest_id})
     return Repriced(int(rows[0]["n"]), int(beyond["n"]), list(beyond["some"]))
+
+
+MAX_EGRESS_USD_PER_GB = 0.25
+"""Above any cloud's list price for internet egress (about $0.05-0.23 a GB by region and tier): with
+``max_egress_gbit_per_s`` it bounds what a resource's egress may cost an hour."""
+
+
+def max_egress_usd_per_hour(limits: Limits) -> float:
+    """The most an hour of a resource's egress may cost: ``max_egress_gbit_per_s`` flat out (GB an hour)
+    at :data:`MAX_EGRESS_USD_PER_GB` (400 Gbit/s: 180,000 GB, $45,000 an hour)."""
+    return limits.max_egress_gbit_per_s * 3600 / 8 * MAX_EGRESS_USD_PER_GB
 
 
 def _sql_tuple(values: tuple[str, ...]) -> str:
