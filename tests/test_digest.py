@@ -134,7 +134,11 @@ def fortnight(store):
         change("u", day + 6 * HOUR, 12.0, rule_type="untagged", team="", rid="nb1"),
     ], version=1)  # fmt: skip
     store.remediations.record([ActionStep(alert_id="x", kind="stop_instance", step="succeeded", at=day + 4 * HOUR,
-                                          mode="approve", decided_by="U0APPROVER", resource_id="h1")])  # fmt: skip
+                                          mode="approve", decided_by="U0APPROVER", resource_id="h1", usd_per_hour=10.0),
+                               # h2's owner stopped it first: the action found it stopped, saving nothing (not its fix)
+                               ActionStep(alert_id="y", kind="stop_instance", step="succeeded", at=day + 5 * HOUR,
+                                          mode="approve", decided_by="U0APPROVER", resource_id="h2",
+                                          usd_per_hour=0.0)])  # fmt: skip
     return store, day
 
 

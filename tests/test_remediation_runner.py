@@ -616,6 +616,36 @@ def test_a_stop_whose_answer_timed_out_is_looked_up_before_a_resolution_cancels_
     assert steps(store)[-1] == ("succeeded", APPROVER) and ("cancelled", "resolved") not in steps(store)
 
 
+def test_a_retry_that_finds_the_instance_stopped_credits_the_saving(store, slack, tmp_path, moto_url):
+    """The first call stopped the instance but its answer was lost; the retry reads it stopped. That is the
+    first call's doing: the saving is credited (a stop found already made before any call of ours is not)."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    assert click(handler, "burnwatch_approve", APPROVER) == 200
+    real = runner.executors["stop_instance"]
+
+    class AnswerLost:  # the real stop, whose answer never comes back
+        def plan(self, target):
+            return real.plan(target)
+
+        def execute(self, call):
+            real.execute(call)
+            return Outcome(False, "ReadTimeoutError: the answer timed out", retryable=True)
+
+    runner.executors = {"stop_instance": AnswerLost()}
+    events_go_on(store, instance, wall, version=2)
+    runner.run_once()
+    assert steps(store)[-1][0] == "retry" and state(moto_url, instance) in ("stopping", "stopped")
+    runner.executors = {"stop_instance": real}  # the network is back
+    wall.t += 60
+    events_go_on(store, instance, wall, version=3)
+    runner.run_once()
+    (done,) = [r for r in store.remediations.steps("a1") if r["step"] == "succeeded"]
+    assert done["usd_per_hour"] == 32.77 and "already stopped" in done["result"]
+
+
 def test_a_click_is_answered_while_a_call_hangs(store, slack, tmp_path, moto_url):
     """The pass does not hold the clicks' lock while a cloud's API takes its time (a minute a call, four
     tries): a Decline on another incident is answered at once."""

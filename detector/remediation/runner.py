@@ -382,7 +382,9 @@ class ActionRunner:
 
     def _finish(self, action: Action, outcome: Outcome, now: float) -> None:
         if outcome.ok:
-            saved = action.usd_per_hour if outcome.saves else 0.0  # 0: it was not running, nothing saved
+            # 0: it was not running, nothing saved; unless an earlier attempt of ours may have stopped it (its answer
+            # lost: a retry), which is then the likelier story
+            saved = action.usd_per_hour if outcome.saves or action.attempts > 1 else 0.0
             self._step(action, "succeeded", now, result=outcome.detail, usd_per_hour=saved)
             log.info("action_succeeded", action=action.key, call=describe_call(action), result=outcome.detail,
                      usd_per_hour=saved)  # fmt: skip

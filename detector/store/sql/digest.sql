@@ -1,7 +1,8 @@
 -- The daily digest: per alert posted and ledger kind, its dollars in the waste ledger on one UTC day.
 -- An incident re-priced from the bill (alert_billing) carries billed_ratio (billed / claimed
 -- dollars over its episode); NULL when not re-priced.
--- An incident an action fixed (remediation_actions, step 'succeeded') carries the action's kind and
+-- An incident an action fixed (remediation_actions, step 'succeeded', saving something: one found
+-- already stopped, usd_per_hour 0, was fixed by someone else) carries the action's kind and
 -- who decided it (fixed_kind, fixed_by; '' when none).
 -- Parameters: db (the database), day (Date).
 SELECT a.alert_id AS alert_id, a.type AS type, a.resource_id AS resource_id, a.channel AS channel,
@@ -15,6 +16,7 @@ INNER JOIN (SELECT * FROM {db:Identifier}.alerts FINAL) AS a ON a.alert_id = w.a
 LEFT JOIN (SELECT alert_id, billed_usd, claimed_usd FROM {db:Identifier}.alert_billing FINAL) AS r
     ON r.alert_id = w.alert_id
 LEFT JOIN (SELECT alert_id, argMax(kind, at) AS kind, argMax(decided_by, at) AS decided_by
-           FROM {db:Identifier}.remediation_actions WHERE step = 'succeeded' GROUP BY alert_id) AS f
+           FROM {db:Identifier}.remediation_actions WHERE step = 'succeeded' AND usd_per_hour > 0
+           GROUP BY alert_id) AS f
     ON f.alert_id = w.alert_id
 WHERE a.silenced = ''
