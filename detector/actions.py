@@ -194,11 +194,13 @@ def parse_click(body: bytes) -> Click:
 
 
 def _store_error(exc: BaseException) -> bool:
-    """Whether ``exc`` says the store did not answer or refused: ClickHouse's client's errors (its
-    module is loaded wherever a store is) or a connection's."""
+    """Whether ``exc`` says the store did not answer or refused: ClickHouse's client's database errors (its
+    module is loaded wherever a store is) or a connection's; not a ``ProgrammingError`` (a query of ours that
+    is wrong: a bug, which should show as one)."""
     clickhouse = sys.modules.get("clickhouse_connect.driver.exceptions")
     return isinstance(exc, (ConnectionError, TimeoutError)) or (
-        clickhouse is not None and isinstance(exc, clickhouse.ClickHouseError))
+        clickhouse is not None and isinstance(exc, clickhouse.DatabaseError)
+        and not isinstance(exc, clickhouse.ProgrammingError))
 
 
 SLACK_RESPONSE_ORIGIN = "https://hooks.slack.com"
@@ -307,7 +309,13 @@ class ActionHandler:
             return 200, {"ok": False, "status": 409, "error": what}
         if status != 200:
             return status, {"error": what}
-        self.store.actions.record(click, at=self._clock())
+        try:  # the decision is stored (remediation_actions); this row is the click's own record besides it
+            self.store.actions.record(click, at=self._clock())
+        except Exception as exc:
+            if not _store_error(exc):
+                raise
+            log.warning("slack_action_click_unrecorded", alert_id=click.alert_id, action=click.action,
+                        error=one_line(exc), decision="stored")  # fmt: skip
         log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
         if not getattr(self.remediation, "acting", True):  # the message is updated by the worker that acts
             self._answer(click, f":white_check_mark: {what.capitalize()}: recorded. The worker that carries out "

@@ -646,6 +646,25 @@ def test_a_retry_that_finds_the_instance_stopped_credits_the_saving(store, slack
     assert done["usd_per_hour"] == 32.77 and "already stopped" in done["result"]
 
 
+def test_an_approval_stored_before_the_store_failed_is_answered_as_taken(store, slack, tmp_path, moto_url):
+    """The store stops answering between the decision (stored) and the click's own row: the clicker is not
+    told 'not recorded, try again' (a retry would be refused as decided, and the stop goes ahead)."""
+    from clickhouse_connect.driver.exceptions import OperationalError
+
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance, lasted=4 * 3600))
+    runner.run_once()
+
+    def down(*args, **kwargs):
+        raise OperationalError("Connection refused")
+
+    handler.store.actions.record = down  # the store fails after the decision was stored
+    assert click(handler, "burnwatch_approve", APPROVER) == 200
+    runner.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped") and steps(store)[-1][0] == "succeeded"
+
+
 def test_a_click_is_answered_while_a_call_hangs(store, slack, tmp_path, moto_url):
     """The pass does not hold the clicks' lock while a cloud's API takes its time (a minute a call, four
     tries): a Decline on another incident is answered at once."""
