@@ -467,6 +467,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         source = args.file
         stray = [(line, reason) for line, reason in result.invalid if reason.startswith("unknown topic")]
         if stray:  # as replay refuses them: the detection would miss those events, and say nothing
+            if scores is not None:
+                Path(args.scores).unlink(missing_ok=True)  # no scores of a run refused
             shown = "\n".join(f"{args.file}:{line}: {printable(reason)}" for line, reason in stray[:20])
             more = f"\n... and {len(stray) - 20} more" if len(stray) > 20 else ""
             raise SystemExit(f"{len(stray)} record(s) on a topic burnwatch does not read (a typo of a topic's name?); "
