@@ -282,8 +282,7 @@ class ActionHandler:
         log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id)
         if click.on_action_message:  # an action's warning, not the alert's message: the runner updates it
             if click.action == "snoozed":
-                self._answer(click, ":zzz: Snoozed for 24 hours: a pending automatic action on this incident is not "
-                                    "taken. This message says so at the worker's next pass.")  # fmt: skip
+                self._answer(click, self._snoozed_on_warning(click.alert_id))
         elif self.notifier is not None and click.channel and click.message_ts:
             alert = alert_from_row(row)
             try:
@@ -291,6 +290,19 @@ class ActionHandler:
             except Exception as exc:  # recorded already; the message just does not show it yet
                 log.warning("slack_action_not_shown", alert_id=click.alert_id, error=str(exc))
         return 200, {"ok": True, "action": click.action, "alert_id": click.alert_id}
+
+    def _snoozed_on_warning(self, alert_id: str) -> str:
+        """What a snooze clicked on an automatic action's warning did: held it back, or came too late (its grace
+        ended and the call is under way or done: a snooze stops what is still pending, nothing more)."""
+        from detector.remediation.policy import Action
+
+        late = [a for a in Action.from_steps(self.store.remediations.steps(alert_id)).values()
+                if a.state in ("approved", "begun", "retry", "succeeded")]  # fmt: skip
+        if late:
+            return (f":zzz: Snoozed for 24 hours, but too late for the automatic action: it is {late[0].state} "
+                    "already. Act by hand if it must be undone.")  # fmt: skip
+        return (":zzz: Snoozed for 24 hours: a pending automatic action on this incident is not taken. This "
+                "message says so at the worker's next pass.")  # fmt: skip
 
     def _decide(self, click: Click, tags: dict[str, str]) -> tuple[int, dict[str, Any]]:
         """Approve or Decline: the runner checks who clicked, records it, and acts (or not)."""

@@ -772,3 +772,33 @@ def test_a_decision_taken_during_a_call_is_stored_before_the_begun_that_follows_
     passing.join(timeout=30)
     assert rebuilt.state == "begun", f"audit order: {steps(store, 'b1')}; rebuilt state {rebuilt.state}"
     assert restarted.calls == [], "b1 called again, blindly, by a worker restarted during its call"
+
+
+def test_a_snooze_on_the_warning_while_the_automatic_stop_is_under_way_says_it_came_too_late(store, slack, tmp_path,
+                                                                                               moto_url):  # fmt: skip
+    """The grace ended and the call is under way (the clicks' lock is free meanwhile): a snooze clicked on the
+    warning is recorded, and the clicker is told it stops nothing now, not that the action is not taken."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    posted(store, incident(instance, lasted=4 * 3600))
+    runner.run_once()  # proposed, warned
+    blocking = _Blocking(runner.executors["stop_instance"])
+    runner.executors = {"stop_instance": blocking}
+    wall.t += 3600
+    events_go_on(store, instance, wall, version=2)
+    passing = threading.Thread(target=runner.run_once, daemon=True)
+    passing.start()
+    try:
+        assert blocking.entered.acquire(timeout=30)  # the stop is under way
+        payload = {"type": "block_actions", "user": {"id": STRANGER, "username": "someone"},
+                   "actions": [{"type": "button", "action_id": "burnwatch_snooze", "value": "a1",
+                                "block_id": "burnwatch-action:a1"}],
+                   "channel": {"id": "C42"}, "message": {"ts": "1.1"}, "response_url": slack.response_url}  # fmt: skip
+        body = urlencode({"payload": json.dumps(payload)}).encode()
+        assert handler.handle(body, signed(body))[0] == 200
+        assert slack.wait_for(lambda r: any(c.method == "response_url" for c in r), timeout=10)
+        (told,) = slack.calls("response_url")
+        assert "too late for the automatic action: it is begun already" in told.body["text"], told.body["text"]
+    finally:
+        blocking.release.release()
+        passing.join(timeout=30)
