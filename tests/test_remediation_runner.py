@@ -586,31 +586,42 @@ def test_without_slack_an_automatic_action_is_not_applicable(store, slack, tmp_p
     assert "no Slack is configured" in store.remediations.steps("a1")[-1]["result"]
 
 
-def test_a_stop_whose_answer_timed_out_is_looked_up_before_a_resolution_cancels_it(store, slack, tmp_path, moto_url):
-    """The call took but its answer was lost (a retry is due); the instance stops, the incident resolves:
-    the action is recorded done, with its saving, not 'not acting (resolved)'."""
+class _AnswerLost:
+    """The real stop, whose answer never comes back (a read timeout): the call took, the runner retries."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def plan(self, target):
+        return self.real.plan(target)
+
+    def execute(self, call):
+        self.real.execute(call)
+        return Outcome(False, "ReadTimeoutError: the answer timed out", retryable=True)
+
+    def observe(self, call):
+        return self.real.observe(call)
+
+
+def _stopped_answer_lost(store, slack, tmp_path, moto_url):
+    """An approved stop whose call took and whose answer was lost: (runner, the real executor, instance, wall)."""
     instance, wall = run_instance(moto_url), Wall()
     runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
     posted(store, incident(instance))
     runner.run_once()
     assert click(handler, "burnwatch_approve", APPROVER) == 200
     real = runner.executors["stop_instance"]
-
-    class AnswerLost:  # the real stop, whose answer never comes back
-        def plan(self, target):
-            return real.plan(target)
-
-        def execute(self, call):
-            real.execute(call)
-            return Outcome(False, "ReadTimeoutError: the answer timed out", retryable=True)
-
-        def observe(self, call):
-            return real.observe(call)
-
-    runner.executors = {"stop_instance": AnswerLost()}
+    runner.executors = {"stop_instance": _AnswerLost(real)}
     events_go_on(store, instance, wall, version=2)
     runner.run_once()
     assert steps(store)[-1][0] == "retry" and state(moto_url, instance) in ("stopping", "stopped")
+    return runner, real, instance, wall
+
+
+def test_a_stop_whose_answer_timed_out_is_looked_up_before_a_resolution_cancels_it(store, slack, tmp_path, moto_url):
+    """The call took but its answer was lost (a retry is due); the instance stops, the incident resolves:
+    the action is recorded done, with its saving, not 'not acting (resolved)'."""
+    runner, _, instance, wall = _stopped_answer_lost(store, slack, tmp_path, moto_url)
     store.alerts.record([incident(instance, lasted=wall.t - T0, change="resolved")], version=3)
     runner.run_once()
     assert steps(store)[-1] == ("succeeded", APPROVER) and ("cancelled", "resolved") not in steps(store)
@@ -619,25 +630,7 @@ def test_a_stop_whose_answer_timed_out_is_looked_up_before_a_resolution_cancels_
 def test_a_retry_that_finds_the_instance_stopped_credits_the_saving(store, slack, tmp_path, moto_url):
     """The first call stopped the instance but its answer was lost; the retry reads it stopped. That is the
     first call's doing: the saving is credited (a stop found already made before any call of ours is not)."""
-    instance, wall = run_instance(moto_url), Wall()
-    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
-    posted(store, incident(instance))
-    runner.run_once()
-    assert click(handler, "burnwatch_approve", APPROVER) == 200
-    real = runner.executors["stop_instance"]
-
-    class AnswerLost:  # the real stop, whose answer never comes back
-        def plan(self, target):
-            return real.plan(target)
-
-        def execute(self, call):
-            real.execute(call)
-            return Outcome(False, "ReadTimeoutError: the answer timed out", retryable=True)
-
-    runner.executors = {"stop_instance": AnswerLost()}
-    events_go_on(store, instance, wall, version=2)
-    runner.run_once()
-    assert steps(store)[-1][0] == "retry" and state(moto_url, instance) in ("stopping", "stopped")
+    runner, real, instance, wall = _stopped_answer_lost(store, slack, tmp_path, moto_url)
     runner.executors = {"stop_instance": real}  # the network is back
     wall.t += 60
     events_go_on(store, instance, wall, version=3)
