@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -33,18 +34,20 @@ WORKSPACE = "https://acme.slack.com"
 
 
 class Served:
-    """The views on a real aiohttp server on 127.0.0.1, its loop in a thread of its own (as
-    the worker's web server runs beside its pipeline)."""
+    """Views on a real aiohttp server on 127.0.0.1, its loop in a thread of its own (as the worker's web
+    server runs beside its pipeline): the incident views, or the ``routes`` given ((method, path, handler))."""
 
-    def __init__(self, views: IncidentViews) -> None:
+    def __init__(self, views: IncidentViews | None = None, routes: tuple[tuple[str, str, Any], ...] = ()) -> None:
         self.views = views
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         app = web.Application()
-        app.router.add_get("/api/incidents", views.api)
-        app.router.add_get("/incidents", views.page)
-        app.router.add_post("/incidents", views.decide)
+        if views is not None:
+            routes = (("GET", "/api/incidents", views.api), ("GET", "/incidents", views.page),
+                      ("POST", "/incidents", views.decide), *routes)  # fmt: skip
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler)
         self.runner = web.AppRunner(app)
         self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=30)
 

@@ -6,59 +6,38 @@ that a real worker serves the path."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
 from urllib.parse import urlencode
 
 import pytest
-from aiohttp import web
 from structlog.testing import capture_logs
 
 from detector.actions import ActionHandler, RequestVerifier
 from streams.web import SlackActionsView
 from tests.test_actions import SECRET, click_body, signed
+from tests.test_incidents_page import Served as IncidentsServed
 from tests.test_slack import alert
 
 pytestmark = pytest.mark.integration
 
 
-class Served:
-    """The view on a real aiohttp server on 127.0.0.1, its loop in a thread of its own (as the
-    worker's web server runs beside its pipeline)."""
+class Served(IncidentsServed):
+    """The view on a real aiohttp server (the incident views' test server, with this one route)."""
 
     def __init__(self, view: SlackActionsView) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        app = web.Application()
-        app.router.add_post("/slack/actions", view.post)
-        self.runner = web.AppRunner(app)
-        self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=30)
-
-    async def _start(self) -> int:
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return int(self.runner.addresses[0][1])
+        super().__init__(routes=(("POST", "/slack/actions", view.post),))
 
     def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], dict]:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/slack/actions", data=body, method="POST",
+        request = urllib.request.Request(self.url("/slack/actions"), data=body, method="POST",
                                          headers={"Content-Type": "application/x-www-form-urlencoded", **headers})
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, dict(response.headers), json.loads(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), json.loads(exc.read())
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
-        self.loop.close()
 
 
 def serve(store) -> Served:
