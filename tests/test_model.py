@@ -341,6 +341,26 @@ def test_a_long_silence_starts_the_baselines_again():
     assert all(abs(w.values["metric.v_z"]) < 50 for w in after)
 
 
+@pytest.mark.parametrize("change", [1.00001, 1.001, 1.005])
+def test_a_price_change_far_below_any_meaning_is_no_deviation(change):
+    """A resource whose cost never moved (a price list's constant rate) learns its first move as its whole
+    spread: with a floor of 1e-9 under it, a 0.001 % price change read about 20 deviations out, window after
+    window, and opened an anomaly on every such resource that never closed. A 2x change still reads far out."""
+    def zs(factor: float) -> list[float]:
+        builder, st = WindowBuilder(300.0), WindowState()
+        out = []
+        for i in range(36 * 60 + 1):
+            cost = 0.5 / 60 * (factor if i >= 24 * 60 else 1.0)
+            e = UsageEvent(ts=at(T0 + i * MIN), resource_id="r", resource_type="cpu_instance", interval_s=60.0,
+                           cost_usd=cost)  # fmt: skip
+            if (w := builder.add(st, "r", "cpu_instance", cost, e, e.t)) is not None and w.start >= T0 + 24 * HOUR:
+                out.append(w.values["cost_usd_per_hour_z"])
+        return out
+
+    assert max(abs(z) for z in zs(change)) < 1.0
+    assert max(abs(z) for z in zs(2.0)) > 10.0
+
+
 def test_absurd_metric_values_never_poison_a_resource():
     """Two finite values that sum past the largest float, in one window: the window's mean stays
     finite, and later windows are judged on finite features."""

@@ -156,6 +156,20 @@ def test_the_worker_reads_what_loads_and_is_told_what_does_not(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.parametrize("name", ["gpu_old.skops", "cpu.skops"])
+def test_a_model_in_a_file_not_named_for_its_group_is_refused_naming_it(tmp_path, name):
+    """A backup kept beside the model (gpu_old.skops sorts after gpu.skops, and scored instead of it), or a
+    copy under another group's name (cpu.skops holding gpu's, which left cpu unscored): which model scores
+    is never a matter of how file names sort."""
+    path = artifact().save(tmp_path)
+    (tmp_path / name).write_bytes(path.read_bytes())
+    models, refused = ModelSet.read(tmp_path)
+    assert set(models.artifacts) == {GROUP}
+    assert len(refused) == 1 and refused[0].startswith(f"{tmp_path / name}: a model of group 'gpu' in a file not named")
+    with pytest.raises(ModelRefused, match=name):
+        ModelSet.load(tmp_path)
+
+
 def test_a_new_or_replaced_file_is_a_change(tmp_path):
     models = ModelSet.load(tmp_path)
     (tmp_path / "gpu.pkl").write_bytes(b"")

@@ -531,6 +531,11 @@ class ModelSet:
                 except ModelRefused as exc:
                     refused.append(str(exc))
                     continue
+                if path.name != f"{artifact.group}{SUFFIX}":  # a kept backup (cpu_old) or a copy: which one scores?
+                    refused.append(f"{path}: a model of group {artifact.group!r} in a file not named "
+                                   f"{artifact.group}{SUFFIX}, not loaded (a group's model is that file alone; move "
+                                   "backups out of the model directory)")  # fmt: skip
+                    continue
                 artifacts[artifact.group] = artifact
         return cls(artifacts, signature), refused
 
