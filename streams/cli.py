@@ -875,7 +875,7 @@ def cmd_model(args: argparse.Namespace) -> int:
             print(json.dumps(artifact.meta(), indent=2))
             print(f"{artifact.group}: {artifact.explain()}")
         return 0
-    from detector.model.train import MIN_SAMPLES, anomaly_ruleset, train_from_file, train_from_store
+    from detector.model.train import MIN_SAMPLES, ModelsPartlyWritten, anomaly_ruleset, train_from_file, train_from_store
     from detector.replay import ReplayError
     from detector.units import format_duration, parse_duration, rfc3339
 
@@ -894,19 +894,24 @@ def cmd_model(args: argparse.Namespace) -> int:
     metrics = _metrics(args.metrics)
     ruleset = _with_metrics(anomaly_ruleset, _load_rules_or_exit(args.rules or settings.rules_path), metrics)
     before = _load_models_or_exit(out)
-    if args.from_file:
-        try:
-            artifacts, ts = train_from_file(args.from_file, ruleset, out, until=until, alerts_per_1000h=rate)
-        except ReplayError as exc:
-            raise SystemExit(f"{exc}; nothing was trained") from None
-        except OSError as exc:
-            raise SystemExit(f"{exc.filename or args.from_file}: {exc.strerror}; nothing was trained") from None
-    else:
-        store = _open_store(settings)
-        try:
-            artifacts, ts = train_from_store(store, since, ruleset, out, alerts_per_1000h=rate)
-        finally:
-            store.close()
+    try:
+        if args.from_file:
+            try:
+                artifacts, ts = train_from_file(args.from_file, ruleset, out, until=until, alerts_per_1000h=rate)
+            except ReplayError as exc:
+                raise SystemExit(f"{exc}; nothing was trained") from None
+        else:
+            store = _open_store(settings)
+            try:
+                artifacts, ts = train_from_store(store, since, ruleset, out, alerts_per_1000h=rate)
+            finally:
+                store.close()
+    except ModelsPartlyWritten as exc:
+        replaced = (f"the models of {', '.join(exc.written)} were replaced before it; the others stay as they were"
+                    if exc.written else "no model was replaced")  # fmt: skip
+        raise SystemExit(f"{exc.filename}: {exc.strerror}: {replaced}") from None
+    except OSError as exc:
+        raise SystemExit(f"{exc.filename or args.from_file}: {exc.strerror}; nothing was trained") from None
     trained = {a.group: a for a in artifacts}
 
     def kept(group: str) -> str:

@@ -130,6 +130,18 @@ def test_model_train_from_a_replay_file_trains_the_series_group_up_to_until(caps
     assert not (tmp_path / "data").exists()
 
 
+def test_model_train_that_cannot_write_a_file_says_what_it_replaced(capsys, series, replay, tmp_path):
+    """The file people read (cpu.json) cannot be written (a directory stands in for a full disk): the model
+    file was replaced before it, and the command says so; it said "nothing was trained"."""
+    models = tmp_path / "models"
+    (models / "cpu.json").mkdir(parents=True)
+    code, _, said = burnwatch(capsys, "model", "train", "--from", str(replay), "--until", until(series),
+                              "--metrics", "value", "--dir", str(models), *rules())  # fmt: skip
+    assert code == 1 and "cpu.json" in said and "the models of cpu were replaced before it" in said, said
+    assert "nothing was trained" not in said and "Traceback" not in said
+    assert sorted(ModelSet.load(models).artifacts) == ["cpu"]
+
+
 def test_model_train_until_in_epoch_seconds_and_a_stated_alert_rate(capsys, series, replay, tmp_path):
     models = tmp_path / "models"
     code, out, err = burnwatch(capsys, "model", "train", "--from", str(replay), "--until", str(series.times[100]),

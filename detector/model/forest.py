@@ -219,10 +219,19 @@ class ModelArtifact:
     def save(self, directory: Path, data: bytes | None = None) -> Path:
         """Write the artifact (``data``: its :meth:`to_bytes`, when already made) and its metadata
         for people (``<group>.json``) into ``directory``."""
+        path = self.save_model(directory, data)
+        self.save_meta(directory)
+        return path
+
+    def save_model(self, directory: Path, data: bytes | None = None) -> Path:
+        """The artifact alone, ``<group>.skops``: what scores."""
         path = directory / f"{self.group}{SUFFIX}"
         replace_file(path, self.to_bytes() if data is None else data)
-        (directory / f"{self.group}.json").write_text(json.dumps(self.meta(), indent=2) + "\n")
         return path
+
+    def save_meta(self, directory: Path) -> None:
+        """Its metadata for people, ``<group>.json``."""
+        replace_file(directory / f"{self.group}.json", (json.dumps(self.meta(), indent=2) + "\n").encode())
 
     @classmethod
     def read(cls, path: Path) -> ModelArtifact:

@@ -39,7 +39,8 @@ from detector.rules import RuleSet, compile_rules, parse_rule
 if TYPE_CHECKING:
     from detector.store import Store
 
-__all__ = ["MIN_SAMPLES", "TrainingSet", "anomaly_ruleset", "train", "train_from_file", "train_from_store"]
+__all__ = ["MIN_SAMPLES", "ModelsPartlyWritten", "TrainingSet", "anomaly_ruleset", "train", "train_from_file",
+           "train_from_store"]
 
 MIN_SAMPLES = 48
 """Windows a group needs (after leaving incidents out) to get a model: the calibration fits a
@@ -144,9 +145,25 @@ def train(ts: TrainingSet, alerts: list[Alert], expected: set[str], out_dir: str
                        trained_to=ts.span[1], excluded=left_out, times=[w.start for w in kept], sequences=sequences,
                        resource_hours=hours, persist=ts.persist or 1, alerts_per_1000h=alerts_per_1000h,
                        seed=seed)  # fmt: skip
-        artifact.save(Path(out_dir))
         artifacts.append(artifact)
+    written: list[str] = []
+    try:  # every group fitted before any is written: a fit that fails leaves the directory as it was
+        for artifact in artifacts:
+            artifact.save_model(Path(out_dir))
+            written.append(artifact.group)
+            artifact.save_meta(Path(out_dir))
+    except OSError as exc:
+        raise ModelsPartlyWritten(written, exc) from exc
     return artifacts
+
+
+class ModelsPartlyWritten(OSError):
+    """Writing the models stopped at a file (a full disk, a permission): which groups' models (their
+    ``.skops``, what scores) were replaced before it, so that nobody is told nothing changed when some did."""
+
+    def __init__(self, written: list[str], cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror, cause.filename)
+        self.written = written
 
 
 def _train(run: Callable[[RuleSet, Any], BacktestResult], ruleset: RuleSet, out_dir: str | Path, expected: set[str],
