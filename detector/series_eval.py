@@ -142,7 +142,7 @@ def burnwatch_detector(ruleset: Any, alerts_per_1000h: float | None = None) -> D
     from detector.model.forest import ALERTS_PER_1000H, ModelSet
     from detector.model.train import anomaly_ruleset, train_from_file
     from detector.replay import write_replay
-    from detector.series import METRIC, replay_records
+    from detector.series import METRIC, SeriesError, replay_records
 
     rules = anomaly_ruleset(ruleset, [METRIC])
     rate = ALERTS_PER_1000H if alerts_per_1000h is None else alerts_per_1000h
@@ -154,9 +154,10 @@ def burnwatch_detector(ruleset: Any, alerts_per_1000h: float | None = None) -> D
                 write_replay(replay_records(series), out)
             train_from_file(path, rules, models, until=train_until, alerts_per_1000h=rate)
             result = backtest(path, rules, models=ModelSet.load(models))
-        if result.invalid:  # our own records refused: a bug here, not a detection figure
+        if result.invalid:  # a row burnwatch's events cannot carry (before 1970, days ahead, a step over a day)
             line, reason = result.invalid[0]
-            raise ValueError(f"{series.name}: replay record {line} refused by the decoder: {reason}")
+            raise SeriesError(f"{series.name}: line {line + 1} of its file is refused as burnwatch refuses events: "
+                              f"{reason}; this series cannot be replayed")  # fmt: skip
         return [a.fired_at for a in result.alerts
                 if a.resource_id == series.name and getattr(REGISTRY.get(a.type), "behaviour", False)]  # fmt: skip
 

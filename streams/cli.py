@@ -645,7 +645,10 @@ def _eval_series(args: argparse.Namespace) -> int:
     detectors = {"burnwatch": burnwatch_detector(ruleset), "naive_iforest": naive_forest}
     rows = []
     for s in series:
-        scores = {name: evaluate_series(s, d, args.train_fraction, args.tolerance) for name, d in detectors.items()}
+        try:
+            scores = {name: evaluate_series(s, d, args.train_fraction, args.tolerance) for name, d in detectors.items()}
+        except SeriesError as exc:
+            raise SystemExit(str(exc)) from None
         rows.append((s, scores))
     labelled = {name: sum((sc[name] for s, sc in rows if s.windows), Score()) for name in detectors}
     unlabelled = {name: sum(sc[name].false_alerts for s, sc in rows if not s.windows) for name in detectors}

@@ -222,6 +222,17 @@ def test_eval_series_refuses_a_bad_file_in_one_line(tmp_path):
     assert out.stderr.strip() == f"{tmp_path / 'svc' / 'bad.csv'}:3: column Value: 'oops' is not a number"
 
 
+def test_eval_series_refuses_a_series_burnwatch_cannot_replay_in_one_line(tmp_path):
+    """A series from before 1970: its rows are valid CSV, but no event of burnwatch can carry them. It was a
+    traceback."""
+    write(tmp_path / "svc" / "old.csv", ["1960-01-01T00:00:00Z,1,0", "1960-01-01T01:00:00Z,2,0"])
+    out = subprocess.run([sys.executable, "-m", "streams.cli", "eval", "--series", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("svc/old: line 2 of its file is refused as burnwatch refuses events: timestamp "
+                                 "1960-01-01T00:00:00+00:00 is before 1970"), out.stderr  # fmt: skip
+
+
 def test_series_events_keep_their_metric_through_the_store(store, tmp_path):
     """The generic metric is stored (migration 0011) and read back as the event that was sent."""
     f = write(tmp_path / "ingress" / "i-01.csv", ["2018-04-25T00:00:00Z,10.5,0", "2018-04-25T00:01:00Z,-3,0"])
