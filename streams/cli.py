@@ -436,6 +436,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
                 raise SystemExit(f"--scores {args.scores}: that is the replay file being read; name another file")
             scores = _ScoresFile(_open_for_writing(args.scores, "--scores"))
     started = time.perf_counter()
+    judged = [0]  # with a model and one process: how many windows it judged, to say why if none
     if args.since:
         try:
             since = parse_duration(args.since)
@@ -450,10 +451,16 @@ def cmd_backtest(args: argparse.Namespace) -> int:
                   f"({format_duration(result.span[1] - result.span[0])})") if result.span else "an empty store"  # fmt: skip
     else:
         completed = False
+
+        def counted(windows: list[Any]) -> None:
+            judged[0] += len(windows)
+            if scores is not None:
+                scores.write(windows)
+
+        record = counted if models is not None and args.jobs <= 1 else None
         try:
-            result = backtest(args.file, ruleset, other=other, models=models,
-                              record=scores.write if scores is not None else None, billed=_billed(args, ruleset.limits),
-                              jobs=args.jobs)  # fmt: skip
+            result = backtest(args.file, ruleset, other=other, models=models, record=record,
+                              billed=_billed(args, ruleset.limits), jobs=args.jobs)  # fmt: skip
             completed = True
         except (ReplayError, ShardFailed) as exc:
             raise SystemExit(str(exc)) from None
@@ -497,6 +504,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             _note(f"--scores: no window was judged, {args.scores} holds the header only: {_why_unjudged(models, ruleset)}")
             return EXIT_FAILED
         _note(f"{scores.rows} judged windows written to {args.scores}")
+    elif models is not None and args.file and args.jobs <= 1 and not judged[0]:  # the model did nothing: say why
+        _note(f"--model-dir: the model judged no window, so no alert of it could be here: {_why_unjudged(models, ruleset)}")
     return 0
 
 

@@ -291,6 +291,10 @@ def test_backtest_scores_with_other_metrics_than_training_says_why_nothing_was_j
     assert code == EXIT_FAILED
     assert "no window was judged" in err and "cpu on metrics [value]" in err and "--metrics must name" in err
     assert read_scores(out_csv) == []
+    code, _, err = burnwatch(capsys, "backtest", str(replay), "--model-dir", str(trained), *rules())
+    assert code == 0 and "--model-dir: the model judged no window" in err and "--metrics must name" in err  # it was silent
+    code, _, err = burnwatch(capsys, "backtest", str(replay), "--model-dir", str(trained), "--metrics", "value", *rules())
+    assert code == 0 and "judged no window" not in err, err
 
 
 @pytest.mark.parametrize("argv, said", [
