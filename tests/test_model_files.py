@@ -186,6 +186,21 @@ def test_a_file_whose_ranges_are_not_finite_low_then_high_is_refused(tmp_path, r
         ModelSet.load(tmp_path)
 
 
+@pytest.mark.parametrize("change, said", [
+    ({"trained_from": 1e300}, "trained_from 1e+300 is not a time"),  # loaded, then show and train failed on it
+    ({"trained_to": 1e13}, "trained_to 10000000000000.0 is not a time"),  # past 2200: never replaced by a newer one
+    ({"trained_from": 7200.0}, "trained_from 7200.0 is after trained_to"),
+    ({"samples": -5}, "samples -5 is not a count"),
+    ({"created_at": float("nan")}, "created_at nan is not a time"),
+])  # fmt: skip
+def test_a_file_whose_times_or_counts_are_absurd_is_refused(tmp_path, change, said):
+    saved = artifact()
+    (tmp_path / "gpu.skops").write_bytes(sio.dumps({"meta": {**saved.meta(), **change}, "model": saved.model}))
+    with pytest.raises(ModelRefused) as info:
+        ModelSet.load(tmp_path)
+    assert f"gpu.skops: bad metadata ({said}" in str(info.value)
+
+
 def test_the_threshold_is_recomputed_from_the_calibration_not_read_from_the_file(tmp_path):
     saved = artifact()
     (tmp_path / "gpu.skops").write_bytes(sio.dumps({"meta": {**saved.meta(), "threshold": -5.0}, "model": saved.model}))

@@ -267,6 +267,7 @@ class ModelArtifact:
                 raise ValueError(f"features {artifact.features} are not what this burnwatch computes")
             if not all(math.isfinite(lo) and math.isfinite(hi) and lo <= hi for lo, hi in artifact.ranges):
                 raise ValueError("a feature's range is not two finite numbers, low then high")
+            _check_times(artifact)
             _check_calibration(artifact._calibrated)
             artifact.threshold = artifact._calibrated.score_at(artifact._calibrated.budget)  # not taken from the file
         except (TypeError, ValueError, KeyError) as exc:
@@ -308,6 +309,25 @@ def _check_calibration(cal: Calibration) -> None:
             and 0 < cal.budget <= MAX_EVIDENCE * cal.persist and RATE_BOUNDS[0] <= cal.alerts_per_1000h <= RATE_BOUNDS[1]
             and cal.windows_per_hour > 0):
         raise ValueError("calibration: edge, tail, persistence, budget or rate out of bounds")
+
+
+def _check_times(artifact: ModelArtifact) -> None:
+    """Its training period and creation are times events may carry (1970 to 2200), in order, and its counts
+    whole and not negative: a time of 1e300 loaded, then failed every command that showed it, and a
+    ``trained_to`` far ahead would keep a published model from ever replacing the file."""
+    from detector.events import TS_MAX, TS_MIN
+
+    earliest, latest = TS_MIN.timestamp(), TS_MAX.timestamp()
+    times = {"trained_from": artifact.trained_from, "trained_to": artifact.trained_to, "created_at": artifact.created_at}
+    for name, value in times.items():
+        if not isinstance(value, int | float) or not earliest <= value <= latest:
+            raise ValueError(f"{name} {value!r} is not a time from 1970 to 2200")
+    if artifact.trained_from > artifact.trained_to:
+        raise ValueError(f"trained_from {artifact.trained_from} is after trained_to {artifact.trained_to}")
+    for name in ("samples", "excluded"):
+        value = getattr(artifact, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} {value!r} is not a count")
 
 
 def _check_forest(path: Path, forest: Any, n_features: int) -> None:
