@@ -180,6 +180,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         pricing = load_pricing(settings.rules_path / "pricing.yaml")
     except RulesInvalid as exc:
         raise SystemExit(f"pricing refused:\n{exc}{_rules_hint(settings.rules_path)}") from None
+    named = {opt: Path(path).resolve() for opt, path in (("--out", args.out), ("--labels", args.labels),
+                                                         ("--focus", args.focus)) if path and path != "-"}  # fmt: skip
+    for opt, path in named.items():  # one file named twice kept the last written and lost the other, saying nothing
+        if (twice := [o for o, p in named.items() if p == path and o != opt]):
+            raise SystemExit(f"{opt} and {twice[0]} name the same file {str(path)!r}; name two files")
     # the files are opened before the fleet is simulated: a bad path fails at once
     labels_file = _open_for_writing(args.labels, "--labels") if args.labels else None
     if args.focus and not args.focus.lower().endswith((".parquet", ".csv", ".csv.gz")):

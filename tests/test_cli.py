@@ -333,6 +333,16 @@ def test_missing_files_bad_paths_and_bad_seeds(tmp_path):
     assert not Path(missing).exists()  # --labels failed before anything was written
 
 
+def test_simulate_refuses_one_file_named_for_two_outputs(tmp_path):
+    """--out F --labels F wrote the fleet, then the labels over it (or the other way), exit 0."""
+    fleet = tmp_path / "fleet.jsonl"
+    fleet.write_text("kept\n")
+    out = burnwatch("simulate", "--hours", "1", "--out", str(fleet), "--labels", str(tmp_path / "." / "fleet.jsonl"))
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and "--out and --labels name the same file" in out.stderr, out.stderr
+    assert fleet.read_text() == "kept\n"  # refused before anything was opened
+
+
 def test_simulate_refuses_a_wrong_price_before_writing_anything(tmp_path):
     """simulate prices its fleet with pricing.yaml: a wrong price is refused at its file and line
     (it was a ValueError's traceback), and no --out file is left empty behind it."""
