@@ -884,9 +884,12 @@ def cmd_model(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.dir) if args.dir else settings.model_path
     if args.model_command == "show":
+        if out.exists() and not out.is_dir():
+            raise SystemExit(f"{out}: not a directory (a model directory holds <group>.skops files)")
         models = _load_models_or_exit(out)
         if not models:
-            print(f"no model in {out}: the worker runs rules only")
+            there = "" if out.is_dir() else " (no such directory)"
+            print(f"no model in {out}{there}: the worker runs rules only")
             return 0
         for artifact in models.artifacts.values():
             print(json.dumps(artifact.meta(), indent=2))

@@ -207,6 +207,15 @@ def test_model_train_from_a_file_too_short_to_learn_says_why(capsys, series, tmp
 # -- model show -----------------------------------------------------------------------------------
 
 
+def test_model_show_says_a_directory_that_is_none(capsys, tmp_path):
+    """A mistyped --dir said "no model", as an empty directory does; a file said the same."""
+    code, out, _ = burnwatch(capsys, "model", "show", "--dir", str(tmp_path / "typo"))
+    assert code == 0 and out.strip() == f"no model in {tmp_path / 'typo'} (no such directory): the worker runs rules only"
+    (tmp_path / "file").write_text("")
+    code, _, err = burnwatch(capsys, "model", "show", "--dir", str(tmp_path / "file"))
+    assert code == 1 and err.strip().startswith(f"{tmp_path / 'file'}: not a directory"), err
+
+
 def test_model_show_says_what_each_threshold_means(capsys, trained):
     code, out, err = burnwatch(capsys, "model", "show", "--dir", str(trained))
     assert code == 0, err
