@@ -84,6 +84,9 @@ class Match(BaseModel):
     tags: dict[str, Selector] = {}
 
 
+_MATCH_FIELDS = ("resource_id", "resource_type", "account", "region", "instance_type")
+"""A :class:`Match`'s selectors besides ``tags``: what a silence narrows by and a rule matches on."""
+
 Severity = Literal["info", "warning", "critical"]
 
 
@@ -328,8 +331,7 @@ def _matches_any_value(selector: Selector) -> bool:
 
 
 def _selectors(match: Match) -> dict[str, Selector]:
-    fields = {a: s for a in ("resource_id", "resource_type", "account", "region", "instance_type")
-              if (s := getattr(match, a)) is not None}  # fmt: skip
+    fields = {a: s for a in _MATCH_FIELDS if (s := getattr(match, a)) is not None}
     return {**fields, **{f"tags.{k}": v for k, v in match.tags.items()}}
 
 
@@ -346,7 +348,7 @@ def _shown_match(match: Match) -> str:
 def compile_match(match: Match) -> Callable[[ResourceInfo], bool]:
     """Turn a :class:`Match` into one predicate over a resource. ``team: '!*'`` selects resources without a team tag."""
     checks: list[Callable[[ResourceInfo], bool]] = []
-    for attr in ("resource_id", "resource_type", "account", "region", "instance_type"):
+    for attr in _MATCH_FIELDS:
         selector = getattr(match, attr)
         if selector is not None:
             checks.append(_field_check(attr, _compile_selector(selector)))
