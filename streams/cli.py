@@ -436,8 +436,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             raise SystemExit(f"no model in {model_dir}: nothing to score (train one with `burnwatch model train "
                              "--from FILE`, or point --model-dir at a model directory)")  # fmt: skip
         if args.scores:
-            if Path(args.scores).resolve() == Path(args.file).resolve():
+            target = Path(args.scores).resolve()
+            if target == Path(args.file).resolve():
                 raise SystemExit(f"--scores {args.scores}: that is the replay file being read; name another file")
+            if target.suffix in (".skops", ".pkl") or (target.parent == model_dir.resolve() and target.exists()):
+                raise SystemExit(f"--scores {args.scores}: that is a model's file, which the CSV would replace; "
+                                 "name another file")  # fmt: skip
             scores = _ScoresFile(_open_for_writing(args.scores, "--scores"))
     started = time.perf_counter()
     judged = [0]  # with a model and one process: how many windows it judged, to say why if none

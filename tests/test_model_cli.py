@@ -325,3 +325,16 @@ def test_backtest_scores_refuses_bad_input_in_one_line(capsys, replay, trained, 
     assert said in err, err
     assert not (tmp_path / "scores.csv").exists()  # nothing half-written left behind
     assert replay.stat().st_size > 0  # the replay file is never opened for writing
+
+
+@pytest.mark.parametrize("suffix", [".skops", ".json"])
+def test_backtest_scores_refuses_to_write_over_the_model_it_reads(capsys, replay, trained, suffix):
+    """``--scores`` onto a model's file (its forest, its metadata) emptied it: the CSV was opened for
+    writing, then removed on the refusal that followed. A model's files are never a scores file."""
+    before = {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()}
+    target = trained / next(name for name in before if name.endswith(suffix))
+    code, _, err = burnwatch(capsys, "backtest", str(replay), "--scores", str(target), "--model-dir", str(trained),
+                             "--metrics", "value", *rules())  # fmt: skip
+    assert code == EXIT_FAILED
+    assert "that is a model's file, which the CSV would replace" in err, err
+    assert {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()} == before
