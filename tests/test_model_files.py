@@ -119,6 +119,18 @@ def test_a_file_that_is_not_a_model_is_named(tmp_path, content, reason):
     assert "gpu.skops" not in str(caught.value)  # the good file is not blamed
 
 
+def test_an_empty_model_file_or_a_directory_named_like_one_is_named_without_a_traceback(tmp_path):
+    """An empty file said skops' zip error; a directory named ``cpu.skops`` was an IsADirectoryError
+    traceback out of every command that reads the models."""
+    artifact().save(tmp_path)
+    (tmp_path / "storage.skops").write_bytes(b"")
+    (tmp_path / "cpu.skops").mkdir()
+    models, refused = ModelSet.read(tmp_path)
+    assert sorted(models.artifacts) == ["gpu"]
+    assert any("storage.skops: empty" in r for r in refused), refused
+    assert any("cpu.skops: cannot be read (Is a directory)" in r for r in refused), refused
+
+
 @pytest.mark.parametrize("ranges", [[["low", "high"]], [[0.0, 1.0, 2.0]], [5.0]], ids=["words", "a-triple", "a-number"])
 def test_a_file_whose_ranges_are_not_pairs_of_numbers_is_refused(tmp_path, ranges):
     saved = artifact()

@@ -240,7 +240,12 @@ class ModelArtifact:
         import skops.io as sio
         from sklearn.ensemble import IsolationForest
 
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:  # a directory named like a model, a file nobody may read
+            raise ModelRefused(f"{path}: cannot be read ({exc.strerror})") from None
+        if not data:
+            raise ModelRefused(f"{path}: empty (a copy or a write cut short?); retrain with `burnwatch model train`")
         try:
             untrusted = sorted(set(sio.get_untrusted_types(data=data)) - set(TRUSTED))
             if untrusted:
