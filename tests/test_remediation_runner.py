@@ -565,9 +565,15 @@ def test_an_incident_whose_events_stopped_is_not_acted_on_until_they_come_again(
     runner.run_once()
     assert state(moto_url, instance) == "running"
     assert not any(s in ("begun", "cancelled") for s, _ in steps(store)), steps(store)
+    shown = slack.calls("chat.update")[-1].text_of_blocks()  # it said "calling" while nothing was called
+    assert "waits" in shown and "no events for" in shown, shown
+    assert ":gear:" not in shown and ":hourglass" not in shown, shown  # neither "calling" nor "will, at"
+    if mode == "auto_unless_objected":
+        assert "Snooze" in shown and "Decline" in shown  # it can still be stopped while it waits
     events_go_on(store, instance, wall, version=2)
     runner.run_once()
     assert state(moto_url, instance) in ("stopping", "stopped") and steps(store)[-1][0] == "succeeded"
+    assert "Done" in slack.calls("chat.update")[-1].text_of_blocks()
 
 
 def test_without_slack_an_automatic_action_is_not_applicable(store, slack, tmp_path, moto_url):

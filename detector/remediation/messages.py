@@ -36,9 +36,10 @@ def _who(user: str) -> str:
     return escape(user, 80)
 
 
-def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]]:
+def action_blocks(action: Action, now: float, waiting: str | None = None) -> tuple[str, list[dict[str, Any]]]:
     """(notification text, blocks) for the action's message in its current state; the text is
-    the message's first words, short enough for a phone's notification."""
+    the message's first words, short enough for a phone's notification. ``waiting``: why an action
+    that would act now is held instead (its incident's events stopped)."""
     what = f"{_VERBS.get(action.kind, action.kind)} {escape(action.resource_id, 120)}"
     call = code(describe_call(action), 1000)
     saves = f" (${action.usd_per_hour:,.2f}/h)" if action.usd_per_hour else ""
@@ -51,12 +52,21 @@ def action_blocks(action: Action, now: float) -> tuple[str, list[dict[str, Any]]
     elif state == "proposed" and action.mode == "approve":
         text = f":raised_hand: Proposed: {what}{saves} by calling {call}. An approver decides."
         buttons = [("Approve", APPROVE, "primary"), ("Decline", DECLINE, "danger")]
+    elif state == "proposed" and waiting:
+        text = (f":double_vertical_bar: Would {what}{saves} now by calling {call}, but waits: {escape(waiting, 500)}. "
+                "Snooze or Decline still stop it.")  # fmt: skip
+        buttons = [(SNOOZE_LABEL, SNOOZE, None), ("Decline", DECLINE, "danger")]
     elif state == "proposed":
         due = action.due_at or now
         text = (f":hourglass_flowing_sand: Will {what}{saves} at {rfc3339(due)} (in {format_duration(max(0.0, due - now))}) "
                 f"by calling {call}, unless this incident is snoozed or declined.")  # fmt: skip
         # Snooze here too: anyone may object, and a grouped incident's message has no buttons.
         buttons = [(SNOOZE_LABEL, SNOOZE, None), ("Decline", DECLINE, "danger")]
+    elif state in ("approved", "retry") and waiting:
+        text = (f":double_vertical_bar: {what.capitalize()}: approved by {_who(action.decided_by)}; waits before calling "
+                f"{call}: {escape(waiting, 500)}.")  # fmt: skip
+        if state == "retry":
+            text += f" Attempt {action.attempts} failed ({escape(action.result, 1000)})."
     elif state in ("approved", "begun", "retry"):
         text = f":gear: {what.capitalize()}: approved by {_who(action.decided_by)}; calling {call}."
         if state == "retry":

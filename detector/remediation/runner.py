@@ -95,6 +95,9 @@ class ActionRunner:
         self._acting = False
         """A pass ran here since the last :meth:`reset`: this worker holds the actions in memory."""
         self._stale_logged: set[str] = set()
+        """Alerts whose events were too old to propose on (logged once)."""
+        self._waiting: dict[str, str] = {}
+        """Actions held because their incident's events stopped, and why: said in their message until they act."""
         self._count = 0
         """Steps taken since start."""
         self.wake = threading.Event()
@@ -125,6 +128,7 @@ class ActionRunner:
         """This worker no longer acts (its partitions moved): forget, recover when it acts again."""
         with self._lock:
             self._actions.clear()
+            self._waiting.clear()
             self._recovered = False
             self._acting = False
 
@@ -185,6 +189,7 @@ class ActionRunner:
                             self._maybe_propose(alert, spec, now)
                         continue
                     if action.ended:
+                        self._waiting.pop(action.key, None)
                         continue
                     if action.state == "begun":
                         continue  # its call is under way, or recover() looks it up
@@ -244,13 +249,14 @@ class ActionRunner:
         leave an incident quiet for a while, and the action goes ahead once its events come again."""
         age = now - alert.updated_at
         if age <= self.fresh_s:
-            self._stale_logged.discard(action.key)
+            self._waiting.pop(action.key, None)  # it acts in this pass, and its message says so
             return False
-        if action.key not in self._stale_logged:
-            self._stale_logged.add(action.key)
-            log.warning("action_held", action=action.key, state=action.state,
-                        reason=f"no events for {format_duration(age)} (latest at {rfc3339(alert.updated_at)}): "
-                               "whether the waste goes on is not known; it waits for them")  # fmt: skip
+        if action.key not in self._waiting:
+            why = (f"no events for {format_duration(age)} (latest at {rfc3339(alert.updated_at)}): whether the waste "
+                   "goes on is not known; it waits for them")  # fmt: skip
+            self._waiting[action.key] = why
+            log.warning("action_held", action=action.key, state=action.state, reason=why)
+            self._show(action, now)  # its message said "calling" while nothing was called
         return True
 
     def _cancel(self, action: Action, now: float, who: str, why: str) -> None:
@@ -433,7 +439,7 @@ class ActionRunner:
             return
         try:
             if action.message is not None:
-                self.notifier.update_action(*action.message, *action_blocks(action, now))
+                self.notifier.update_action(*action.message, *action_blocks(action, now, self._waiting.get(action.key)))
             else:
                 thread = self.store.deliveries.thread_of(action.alert_id)
                 if thread is None and self.notifier.threads:
@@ -442,7 +448,7 @@ class ActionRunner:
                 warned = action.state == "proposed" and action.mode == "auto_unless_objected"
                 if warned:  # the grace runs from the warning people can see
                     action.due_at = max(action.due_at or now, now + action.grace)
-                text, blocks = action_blocks(action, now)
+                text, blocks = action_blocks(action, now, self._waiting.get(action.key))
                 thread_ts = parent if "." in parent else ""
                 find = getattr(self.notifier, "find_action", None)
                 found = (find(channel, thread_ts, action.key)
