@@ -1052,6 +1052,11 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
         store.close()
     print(f"ingest {result.ingest_id}: {result.rows:,} charges from {len(result.files)} file(s), "
           f"billed {result.billed_cost:,.2f} {args.currency}, effective {result.effective_cost:,.2f} {args.currency}")
+    if result.overlapping:
+        _note(f"{result.overlapping:,} usage charge(s) of this bill cover time another usage charge of the same resource "
+              "and SKU covers over a period of another length (the same usage exported hourly and daily?), which the "
+              f"billing table counts twice: on {', '.join(map(printable, result.overlapping_resources))}. Keep one "
+              "granularity per resource (docs/billing.md)")  # fmt: skip
     if args.currency != PRICED_IN:
         print(f"a bill in {args.currency} is stored for queries; it prices no event and re-prices no incident "
               f"(burnwatch counts {PRICED_IN})")  # fmt: skip

@@ -157,3 +157,45 @@ def test_ingest_reads_the_rate_bound_beside_the_rules(tmp_path, monkeypatch):
         cli.main(["ingest", "focus", str(FIXTURE)])
     assert "row 1, column EffectiveCost" in str(exc.value) and "above the plausible $50.00/h" in str(exc.value)
     assert "nothing was stored" in str(exc.value)
+
+
+def test_a_month_exported_at_two_granularities_is_said(store, tmp_path):
+    """The same usage exported hourly and then daily (Azure's export is daily, AWS's CUR hourly: a
+    team switching, or both delivered) is two charges for one hour in the ``billing`` view, which
+    counts both: the ingest says which resources, where a restatement or a redelivery says nothing."""
+    hourly = _rows(FIXTURE)
+    first = ingest_files(store, FIXTURE)
+    assert first.overlapping == 0
+    again = ingest_files(store, FIXTURE)  # a redelivery replaces its rows
+    assert again.overlapping == 0
+    daily = [dict(hourly[0], ChargePeriodStart="2026-11-03T00:00:00Z", ChargePeriodEnd="2026-11-04T00:00:00Z",
+                  ConsumedQuantity="24", PricingQuantity="24")]  # fmt: skip
+    result = ingest_files(store, _write(tmp_path / "daily.csv", daily))
+    assert result.overlapping == 1
+    assert result.overlapping_resources == (hourly[0]["ResourceId"],)
+    both = _write(tmp_path / "both.csv", hourly + daily)  # one delivery holding both granularities
+    assert ingest_files(store, both).overlapping == 2  # the daily charge and the hour it covers
+
+
+def test_the_command_says_which_resources_two_granularities_count_twice(tmp_path):
+    from tests.test_cli import burnwatch, no_traceback
+
+    hourly = _rows(FIXTURE)
+    daily = _write(tmp_path / "daily.csv", [dict(hourly[0], ChargePeriodStart="2026-11-03T00:00:00Z",
+                                                 ChargePeriodEnd="2026-11-04T00:00:00Z", ConsumedQuantity="24")])  # fmt: skip
+    env = {"BURNWATCH_DATA_DIR": str(tmp_path / "data"), "BURNWATCH_EVENT_TTL_DAYS": "0"}
+    first = burnwatch("ingest", "focus", str(FIXTURE), env=env)
+    assert first.returncode == 0 and "counts twice" not in first.stderr, first.stderr
+    out = burnwatch("ingest", "focus", str(daily), env=env)
+    no_traceback(out)
+    assert out.returncode == 0, out.stderr
+    assert "1 usage charge(s) of this bill cover time another usage charge" in out.stderr, out.stderr
+    assert f"counts twice: on {hourly[0]['ResourceId']}." in out.stderr
+
+
+def test_the_simulated_fleets_bill_overlaps_nothing(store, tmp_path):
+    """No false alarm on a day's bill of a fleet, ingested twice."""
+    bill = simulate_focus(SimConfig(hours=24, training_hosts=4, notebooks=2, inference_endpoints=1, seed=5), Pricing())
+    path = write_focus(bill, tmp_path / "bill.parquet")
+    assert ingest_files(store, path).overlapping == 0
+    assert ingest_files(store, path).overlapping == 0

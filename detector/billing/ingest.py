@@ -46,6 +46,12 @@ class IngestResult:
     rows: int
     billed_cost: Decimal
     effective_cost: Decimal
+    overlapping: int = 0
+    """Usage charges of this bill over a time another usage charge of the same resource and SKU
+    covers with a period of another length (this bill's, or one stored): the same month exported
+    hourly and daily, which the ``billing`` view would count twice."""
+    overlapping_resources: tuple[str, ...] = ()
+    """A few of their resources, to look at."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ def store_bill(store: Connection, bill: Bill) -> IngestResult:
             client.command(f"ALTER TABLE {db}.{staging} DROP COLUMN row_key, DROP COLUMN ingest_id, "
                            f"DROP COLUMN version")  # fmt: skip
             client.insert_arrow(f"{db}.{staging}", table)
+            overlapping, resources = _overlapping(store, staging)
             client.command(
                 f"INSERT INTO {db}.billing_charges (row_key, ingest_id, version, source, {names}) "
                 f"SELECT reinterpretAsUInt128(sipHash128({identity}, ordinal)), '{ingest_id}', {version}, source, {names} "
@@ -98,11 +105,32 @@ def store_bill(store: Connection, bill: Bill) -> IngestResult:
         finally:
             client.command(f"DROP TABLE IF EXISTS {db}.{staging}")
         result = IngestResult(ingest_id, [str(f) for f in files], table.num_rows,
-                              _total(table, "billed_cost"), _total(table, "effective_cost"))  # fmt: skip
+                              _total(table, "billed_cost"), _total(table, "effective_cost"), overlapping, resources)  # fmt: skip
         client.insert(f"{db}.billing_ingests", [[ingest_id, version, version // 1_000_000, result.files, result.rows,
                                                  result.billed_cost, result.effective_cost]],
                       column_names=["ingest_id", "version", "at", "files", "rows", "billed_cost", "effective_cost"])  # fmt: skip
     return result
+
+
+def _overlapping(store: Connection, staging: str) -> tuple[int, tuple[str, ...]]:
+    """(how many, a few resources): the staged usage charges that a usage charge of the same resource,
+    SKU and unit over a period of another length overlaps, in the staged bill or among those stored. A
+    restatement has the same periods and replaces its rows; another granularity adds to them."""
+    db = store.db
+    # Consumption measured in a unit (not a correction, which adds to what it corrects, nor a fee of no quantity).
+    usage = "charge_category = 'Usage' AND charge_class != 'Correction' AND consumed_quantity > 0 AND resource_id != ''"
+    row = store.client.query(
+        f"SELECT uniqExact(s.resource_id, s.sku_id, s.a, s.b) AS n, groupUniqArray(5)(s.resource_id) AS some FROM "
+        f"(SELECT resource_id, sku_id, consumed_unit, charge_period_start AS a, charge_period_end AS b "
+        f" FROM {db}.{staging} WHERE {usage}) AS s "
+        f"INNER JOIN (SELECT resource_id, sku_id, consumed_unit, charge_period_start AS a, charge_period_end AS b "
+        f" FROM {db}.{staging} WHERE {usage} UNION ALL SELECT resource_id, sku_id, consumed_unit, charge_period_start, "
+        f" charge_period_end FROM {db}.billing "
+        f" WHERE {usage} AND resource_id IN (SELECT resource_id FROM {db}.{staging})) AS o "
+        f"ON s.resource_id = o.resource_id AND s.sku_id = o.sku_id AND s.consumed_unit = o.consumed_unit "
+        f"WHERE o.a < s.b AND s.a < o.b AND o.b - o.a != s.b - s.a"
+    ).first_row
+    return int(row[0]), tuple(sorted(row[1]))
 
 
 def _total(table: pa.Table, column: str) -> Decimal:
