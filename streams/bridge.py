@@ -161,7 +161,11 @@ class Bridge:
 
     async def _fetch(self, url: str, timeout: float) -> bytes:
         if self._session is None:
-            self._session = aiohttp.ClientSession(headers={"Accept": ACCEPT})
+            # No connection pool limit (aiohttp's default is 100): each target has one request in
+            # flight at most, and with a shared limit 100 hung exporters (a zone down, packets dropped)
+            # held every connection until their timeout, failing the healthy ones queued behind them.
+            connector = aiohttp.TCPConnector(limit=0)
+            self._session = aiohttp.ClientSession(headers={"Accept": ACCEPT}, connector=connector)
         limit = self.config.max_bytes
         try:
             async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:

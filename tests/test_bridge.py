@@ -525,3 +525,30 @@ def test_an_unreachable_target_says_why_in_plain_words() -> None:
 
     (error,) = asyncio.run(go())
     assert error.startswith(f"{url}: unreachable: ") and "ssl" not in error
+
+
+@pytest.mark.integration
+def test_more_hung_targets_than_a_connection_pool_holds_delay_no_healthy_one(exporters: Exporters) -> None:
+    """aiohttp's default pool of 100 connections was shared by every target: 150 exporters that hang
+    (a zone down, packets dropped) held them all, and a healthy target queued behind them failed with
+    'no answer within 1s' though it answers at once."""
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    exporters.server.socket.listen(512)  # http.server's backlog of 5 would drop the connections' SYNs
+    exporters.pages["/a/metrics"] = node_a()
+    hung = [Target(url=f"http://{exporters.address}/slow/{i}", timeout=1) for i in range(150)]
+    healthy = Target(url=f"http://{exporters.address}/a/metrics", timeout=1)
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        pass
+
+    async def go() -> list[Any]:
+        bridge = Bridge(BridgeConfig(targets=[*hung, healthy], listen=""), send)
+        try:
+            return await bridge.round()
+        finally:
+            await bridge.close()
+
+    results = asyncio.run(go())
+    assert [r.ok for r in results] == [False] * 150 + [True], results[-1].error
