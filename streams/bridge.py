@@ -25,7 +25,7 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE
-from detector.ingest.config import BridgeConfig, Target, file_sd_targets
+from detector.ingest.config import BridgeConfig, FileSdWatch, Target
 from detector.ingest.dcgm import DcgmMapper
 from detector.ingest.hosts import Host, resolve_host
 from detector.ingest.kube import KubeState, kube_state
@@ -67,8 +67,9 @@ class _Metrics:
         self.messages = Counter("burnwatch_bridge_messages", "Messages published per topic", ["topic"], registry=r)
         self.publish_failures = Counter("burnwatch_bridge_publish_failures", "Messages Kafka did not take",
                                         ["topic"], registry=r)  # fmt: skip
-        self.file_sd_errors = Counter("burnwatch_bridge_file_sd_errors", "file_sd files that could not be read",
-                                      ["file"], registry=r)  # fmt: skip
+        self.file_sd_errors = Counter("burnwatch_bridge_file_sd_errors",
+                                      "file_sd files that could not be read (counted as the error appears)", ["file"],
+                                      registry=r)  # fmt: skip
 
 
 class Bridge:
@@ -80,7 +81,6 @@ class Bridge:
                  base: Path | None = None, clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.config = config
         self._send = send
-        self._base = base
         self._clock = clock
         self.metrics = _Metrics()
         self._mappers: dict[str, DcgmMapper] = {}
@@ -88,43 +88,25 @@ class Bridge:
         self._merged: tuple[tuple[int, ...], KubeState, list[KubeState]] | None = None
         """The fresh states merged, by their ids (the states kept with it, so no id is reused)."""
         self._usage = UsageClock(config.interval)
-        self._file_sd: dict[int, list[Target]] = {}
-        self._file_sd_stamp: dict[int, tuple[tuple[int, int], ...]] = {}
-        self._file_sd_errors: dict[int, list[str]] = {}
-        """The errors of each file_sd entry's latest read (``--once`` reports them as failures)."""
+        self._file_sd = FileSdWatch(config.file_sd, base)
         self._encode = msgspec.json.Encoder()
         self._session: aiohttp.ClientSession | None = None
 
     # -- targets ---------------------------------------------------------------------------
 
     def targets(self) -> list[Target]:
-        """The static targets and those the file_sd files name now (re-read when changed)."""
+        """The static targets and those the file_sd files name now (each re-read when it changes)."""
         found = list(self.config.targets)
-        for i, sd in enumerate(self.config.file_sd):
-            stamp = tuple(self._mtime(name) for name in sd.files)
-            if self._file_sd_stamp.get(i) != stamp:
-                self._file_sd_stamp[i] = stamp
-                targets, errors = file_sd_targets(sd, self._base)
-                self._file_sd_errors[i] = errors
-                for error in errors:
-                    log.warning("file_sd_unreadable", error=error)
-                    self.metrics.file_sd_errors.labels(error.split(":", 1)[0]).inc()
-                if not errors or i not in self._file_sd:
-                    self._file_sd[i] = targets
-            found.extend(self._file_sd.get(i, []))
+        if self.config.file_sd:
+            targets, new_errors = self._file_sd.poll()
+            for file, error in new_errors:
+                log.warning("file_sd_unreadable", error=error)
+                self.metrics.file_sd_errors.labels(file).inc()
+            found.extend(targets)
         unique: dict[tuple[str, str], Target] = {}
         for target in found:
             unique.setdefault((target.address(), target.job), target)
         return list(unique.values())
-
-    def _mtime(self, name: str) -> tuple[int, int]:
-        """(modification time, size) of a file_sd file: what says it changed."""
-        path = Path(name) if self._base is None or Path(name).is_absolute() else self._base / name
-        try:
-            stat = path.stat()
-        except OSError:
-            return -1, -1
-        return stat.st_mtime_ns, stat.st_size
 
     # -- one scrape ------------------------------------------------------------------------
 
@@ -257,8 +239,7 @@ class Bridge:
         read is a failed result of its own (``--once`` checks a config: it must say so)."""
         targets = self.targets()
         first = [t for t in targets if t.job != "dcgm"]
-        results = [ScrapeResult(error.split(":", 1)[0], "file_sd", ok=False, error=error)
-                   for errors in self._file_sd_errors.values() for error in errors]  # fmt: skip
+        results = [ScrapeResult(file, "file_sd", ok=False, error=error) for file, error in self._file_sd.errors]
         results += await asyncio.gather(*(self.scrape(t) for t in first))
         results += await asyncio.gather(*(self.scrape(t) for t in targets if t.job == "dcgm"))
         return results
