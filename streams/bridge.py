@@ -168,6 +168,13 @@ class Bridge:
             else:  # asyncio's refusal has no strerror, a DNS failure a negative errno
                 reason = err.strerror or (os.strerror(err.errno) if err.errno and err.errno > 0 else str(err))
             raise _FetchError(f"{url}: unreachable: {reason}") from None
+        except aiohttp.TooManyRedirects:
+            raise _FetchError(f"{url}: too many redirects") from None
+        except aiohttp.ClientResponseError as exc:  # aiohttp refused the answer: its "400" is its own, no HTTP status
+            raise _FetchError(f"{url}: not a valid HTTP answer: {_one_line(exc.message)}") from None
+        except aiohttp.ClientPayloadError as exc:
+            reason = _one_line(getattr(exc.__cause__, "message", "") or str(exc))  # the parser's error, where it has one
+            raise _FetchError(f"{url}: answer cut short or not decodable: {reason}") from None
         except aiohttp.ClientError as exc:
             raise _FetchError(f"{url}: unreachable: {exc}") from None
         return b"".join(chunks)
@@ -313,6 +320,12 @@ class Bridge:
 
 class _FetchError(Exception):
     pass
+
+
+def _one_line(text: str) -> str:
+    """aiohttp's parser errors on one line: they come over several, with a caret under the byte."""
+    shown = " ".join(line.strip() for line in text.splitlines() if line.strip() not in ("", "^"))
+    return shown if len(shown) <= 200 else shown[:200] + "..."
 
 
 def _billed_by_node(host: Host) -> bool:

@@ -552,3 +552,49 @@ def test_more_hung_targets_than_a_connection_pool_holds_delay_no_healthy_one(exp
 
     results = asyncio.run(go())
     assert [r.ok for r in results] == [False] * 150 + [True], results[-1].error
+
+
+# (what the exporter answers, raw; the error the scrape reports after the target's URL)
+BROKEN_ANSWERS = [
+    # not HTTP at all (a wrong port: an SSH or Redis server); before: "unreachable: 400, message=..."
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+     "not a valid HTTP answer: Bad status line: Expected HTTP/, RTSP/ or ICE/: b'SSH-2.0-OpenSSH_9.6'"),
+    # a proxy that says gzip and sends something else: aiohttp's own "400" read as the exporter's HTTP status
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 8\r\nConnection: close\r\n\r\nnot gzip",
+     "answer cut short or not decodable: Can not decode content-encoding: gzip"),
+    # the exporter died mid-answer
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\nDCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 5\n",
+     "answer cut short or not decodable: Not enough data to satisfy content length header (received 32 of 1000 bytes)."),
+    # a redirect to itself
+    (b"HTTP/1.1 302 Found\r\nLocation: /metrics\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", "too many redirects"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("answer, said", BROKEN_ANSWERS)
+def test_a_broken_http_answer_is_named_for_what_it_is_not_an_http_400(answer: bytes, said: str) -> None:
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        raise AssertionError("nothing to publish")
+
+    async def go() -> str:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        target = Target(url=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics")
+        bridge = Bridge(BridgeConfig(targets=[target], listen=""), send)
+        try:
+            result = await bridge.scrape(target)
+            assert not result.ok
+            return result.error.removeprefix(f"{target.address()}: ")
+        finally:
+            await bridge.close()
+            server.close()
+
+    assert asyncio.run(go()) == said
