@@ -43,7 +43,8 @@ ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 @dataclass
 class ScrapeResult:
-    """What one scrape of one target gave."""
+    """What one scrape of one target gave. ``ok``: the target answered and Kafka took all it gave
+    (``--once`` checks both; the target's ``up`` on /metrics says only the first)."""
 
     target: str
     job: str
@@ -53,6 +54,9 @@ class ScrapeResult:
     gpus: int = 0
     messages: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
+    unpublished: int = 0
+    """Messages Kafka did not take; ``publish_error``: why, for the last of them."""
+    publish_error: str = ""
 
 
 class _Metrics:
@@ -139,6 +143,11 @@ class Bridge:
                       skipped=result.skipped or None)  # fmt: skip
         else:
             log.warning("scrape_failed", target=address, job=target.job, error=result.error)
+        if result.ok and result.unpublished:  # logged per message (publish_failed): not the target's fault
+            sent = sum(result.messages.values())
+            result.ok = False
+            result.error = (f"{address}: scraped, but Kafka did not take {result.unpublished} of "
+                            f"{result.unpublished + sent} messages: {result.publish_error}")  # fmt: skip
         return result
 
     async def _fetch(self, url: str, timeout: float) -> bytes:
@@ -221,7 +230,9 @@ class Bridge:
             await self._send(topic, key, self._encode.encode(events))
         except Exception as exc:  # the broker's fault, not the target's: counted, the next scrape tries again
             self.metrics.publish_failures.labels(topic).inc()
-            log.error("publish_failed", topic=topic, key=key, error=f"{type(exc).__name__}: {exc}")
+            result.unpublished += 1
+            result.publish_error = f"{type(exc).__name__}: {exc}"
+            log.error("publish_failed", topic=topic, key=key, error=result.publish_error)
             return
         self.metrics.messages.labels(topic).inc()
         result.messages[topic] = result.messages.get(topic, 0) + 1

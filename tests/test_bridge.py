@@ -598,3 +598,35 @@ def test_a_broken_http_answer_is_named_for_what_it_is_not_an_http_400(answer: by
             server.close()
 
     assert asyncio.run(go()) == said
+
+
+@pytest.mark.integration
+def test_once_fails_when_kafka_takes_nothing_the_targets_gave(tmp_path: Path, exporters: Exporters) -> None:
+    """`--once` checks a config end to end: before, a round whose every message Kafka refused (a topic
+    it may not write, a message too large) printed 'ok' and exited 0. The target stays up on
+    /metrics: it answered; Kafka's refusals have their own counter."""
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    exporters.pages["/a/metrics"] = node_a()
+    target = Target(url=f"http://{exporters.address}/a/metrics")
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        raise TopicAuthorizationFailedError()
+
+    async def go() -> tuple[list[Any], Bridge]:
+        bridge = Bridge(BridgeConfig(targets=[target], listen=""), send)
+        try:
+            return await bridge.round(), bridge
+        finally:
+            await bridge.close()
+
+    (result,), bridge = asyncio.run(go())
+    assert not result.ok and (result.hosts, result.gpus, result.unpublished) == (1, 8, 1)
+    assert result.error == (f"{target.address()}: scraped, but Kafka did not take 1 of 1 messages: "
+                            "TopicAuthorizationFailedError: [Error 29] TopicAuthorizationFailedError")  # fmt: skip
+    value = bridge.metrics.registry.get_sample_value
+    assert value("burnwatch_bridge_target_up", {"target": target.address(), "job": "dcgm"}) == 1
+    assert value("burnwatch_bridge_publish_failures_total", {"topic": TOPIC_GPU_METRICS}) == 1
