@@ -93,6 +93,8 @@ class Bridge:
         """The fresh states merged, by their ids (the states kept with it, so no id is reused)."""
         self._usage = UsageClock(config.interval)
         self._file_sd = FileSdWatch(config.file_sd, base)
+        self._skip_reasons: dict[str, set[str]] = {}
+        """The reasons each target's samples were skipped for: its series on /metrics, to remove with it."""
         self._encode = msgspec.json.Encoder()
         self._session: aiohttp.ClientSession | None = None
 
@@ -138,6 +140,7 @@ class Bridge:
         self.metrics.up.labels(address, target.job).set(1 if result.ok else 0)
         for reason, n in result.skipped.items():
             self.metrics.skipped.labels(address, reason).inc(n)
+            self._skip_reasons.setdefault(address, set()).add(reason)
         if result.ok:
             log.debug("scraped", target=address, job=target.job, hosts=result.hosts, gpus=result.gpus,
                       skipped=result.skipped or None)  # fmt: skip
@@ -300,8 +303,10 @@ class Bridge:
         series on /metrics (a removed target must not stay ``up``; nodes come and go all day)."""
         self._mappers.pop(address, None)
         self._kube.pop(address, None)
-        for gauge, labels in ((self.metrics.up, (address, job)), *((self.metrics.scrapes, (address, job, r))
-                                                                  for r in ("ok", "failed"))):  # fmt: skip
+        series: list[tuple[Any, tuple[str, ...]]] = [(self.metrics.up, (address, job))]
+        series += [(self.metrics.scrapes, (address, job, r)) for r in ("ok", "failed")]
+        series += [(self.metrics.skipped, (address, reason)) for reason in self._skip_reasons.pop(address, ())]
+        for gauge, labels in series:
             try:
                 gauge.remove(*labels)
             except KeyError:

@@ -630,3 +630,38 @@ def test_once_fails_when_kafka_takes_nothing_the_targets_gave(tmp_path: Path, ex
     value = bridge.metrics.registry.get_sample_value
     assert value("burnwatch_bridge_target_up", {"target": target.address(), "job": "dcgm"}) == 1
     assert value("burnwatch_bridge_publish_failures_total", {"topic": TOPIC_GPU_METRICS}) == 1
+
+
+@pytest.mark.integration
+def test_a_target_file_sd_drops_takes_its_skipped_series_off_metrics(tmp_path: Path, exporters: Exporters) -> None:
+    """Its `up` and `scrapes_total` went with it, its `skipped_total` stayed: with nodes coming and going
+    all day, /metrics grew by a series per departed node and reason."""
+    from detector.ingest.config import load_bridge_config
+    from streams.bridge import Bridge
+
+    exporters.pages["/old/metrics"] = 'DCGM_FI_DEV_GPU_UTIL{Hostname="old-node"} 5\n'  # no gpu label: skipped
+    exporters.pages["/new/metrics"] = node_a()
+    sd = tmp_path / "dcgm.json"
+    sd.write_text(json.dumps([{"targets": [exporters.address], "labels": {"__metrics_path__": "/old/metrics"}}]))
+    (tmp_path / "bridge.yaml").write_text(json.dumps({"interval": "0.1s", "listen": "", "file_sd": [{"files": [str(sd)]}]}))
+    bridge = Bridge(load_bridge_config(tmp_path / "bridge.yaml"), lambda topic, key, value: asyncio.sleep(0))
+    old = f"http://{exporters.address}/old/metrics"
+
+    def series(target: str) -> list[str]:
+        return [line for line in bridge.render_metrics().decode().splitlines() if f'target="{target}"' in line]
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(bridge.run(stop))
+        try:
+            await wait_for(lambda: any("burnwatch_bridge_skipped_total" in line for line in series(old)))
+            sd.write_text(json.dumps([{"targets": [exporters.address], "labels": {"__metrics_path__": "/new/metrics"}}]))
+            await wait_for(lambda: series(f"http://{exporters.address}/new/metrics"))
+            await asyncio.sleep(0.3)  # a scrape of the old target in flight when it was dropped has ended
+        finally:
+            stop.set()
+            await task
+            await bridge.close()
+
+    asyncio.run(go())
+    assert series(old) == []
