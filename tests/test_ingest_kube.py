@@ -359,3 +359,13 @@ def test_a_file_sd_file_renamed_over_with_the_same_size_and_time_is_read_again(t
     os.utime(new, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     new.replace(live)
     assert _addresses(watch.poll()[0]) == ["10.0.0.2:9400"]
+
+
+@pytest.mark.parametrize("address", ["10.0.0.5:94OO", "10.0.0.5:99999", "10.0.0.5:0"])
+def test_a_target_whose_port_is_no_port_is_refused_where_it_is_written(tmp_path: Path, address: str) -> None:
+    """Before: taken, then every scrape failed as 'unreachable: http://10.0.0.5:94OO/metrics', which does not say why."""
+    with pytest.raises(ValueError, match=f"expected a port from 1 to 65535 in '{address}'"):
+        Target(url=address)
+    (tmp_path / "dcgm.json").write_text(json.dumps([{"targets": ["10.0.0.4:9400", address]}]))
+    targets, errors = file_sd_targets(FileSd(files=["dcgm.json"]), tmp_path)
+    assert targets == [] and errors[0].startswith(f"{tmp_path / 'dcgm.json'}: [0].targets[1]: '{address}' is not a host:port")

@@ -59,6 +59,12 @@ class Target(_Model):
         parts = urlsplit(text)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"expected http(s)://host:port/path or host:port, got {url!r}")
+        try:  # a port that is no number or out of range failed every scrape, as 'unreachable: <the URL>'
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ValueError(f"expected a port from 1 to 65535 in {url!r}")
         return text
 
     def address(self) -> str:
