@@ -24,7 +24,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE
-from detector.ingest.config import BridgeConfig, Target, file_sd_targets
+from detector.ingest.config import BridgeConfig, FileSdWatch, Target
 from detector.ingest.dcgm import DcgmMapper
 from detector.ingest.hosts import Host, resolve_host
 from detector.ingest.kube import KubeState, kube_state
@@ -43,7 +43,8 @@ ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 @dataclass
 class ScrapeResult:
-    """What one scrape of one target gave."""
+    """What one scrape of one target gave. ``ok``: the target answered and Kafka took all it gave
+    (``--once`` checks both; the target's ``up`` on /metrics says only the first)."""
 
     target: str
     job: str
@@ -53,6 +54,9 @@ class ScrapeResult:
     gpus: int = 0
     messages: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
+    unpublished: int = 0
+    """Messages Kafka did not take; ``publish_error``: why, for the last of them."""
+    publish_error: str = ""
 
 
 class _Metrics:
@@ -67,8 +71,9 @@ class _Metrics:
         self.messages = Counter("burnwatch_bridge_messages", "Messages published per topic", ["topic"], registry=r)
         self.publish_failures = Counter("burnwatch_bridge_publish_failures", "Messages Kafka did not take",
                                         ["topic"], registry=r)  # fmt: skip
-        self.file_sd_errors = Counter("burnwatch_bridge_file_sd_errors", "file_sd files that could not be read",
-                                      ["file"], registry=r)  # fmt: skip
+        self.file_sd_errors = Counter("burnwatch_bridge_file_sd_errors",
+                                      "file_sd files that could not be read (counted as the error appears)", ["file"],
+                                      registry=r)  # fmt: skip
 
 
 class Bridge:
@@ -80,7 +85,6 @@ class Bridge:
                  base: Path | None = None, clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.config = config
         self._send = send
-        self._base = base
         self._clock = clock
         self.metrics = _Metrics()
         self._mappers: dict[str, DcgmMapper] = {}
@@ -88,43 +92,27 @@ class Bridge:
         self._merged: tuple[tuple[int, ...], KubeState, list[KubeState]] | None = None
         """The fresh states merged, by their ids (the states kept with it, so no id is reused)."""
         self._usage = UsageClock(config.interval)
-        self._file_sd: dict[int, list[Target]] = {}
-        self._file_sd_stamp: dict[int, tuple[tuple[int, int], ...]] = {}
-        self._file_sd_errors: dict[int, list[str]] = {}
-        """The errors of each file_sd entry's latest read (``--once`` reports them as failures)."""
+        self._file_sd = FileSdWatch(config.file_sd, base)
+        self._skip_reasons: dict[str, set[str]] = {}
+        """The reasons each target's samples were skipped for: its series on /metrics, to remove with it."""
         self._encode = msgspec.json.Encoder()
         self._session: aiohttp.ClientSession | None = None
 
     # -- targets ---------------------------------------------------------------------------
 
     def targets(self) -> list[Target]:
-        """The static targets and those the file_sd files name now (re-read when changed)."""
+        """The static targets and those the file_sd files name now (each re-read when it changes)."""
         found = list(self.config.targets)
-        for i, sd in enumerate(self.config.file_sd):
-            stamp = tuple(self._mtime(name) for name in sd.files)
-            if self._file_sd_stamp.get(i) != stamp:
-                self._file_sd_stamp[i] = stamp
-                targets, errors = file_sd_targets(sd, self._base)
-                self._file_sd_errors[i] = errors
-                for error in errors:
-                    log.warning("file_sd_unreadable", error=error)
-                    self.metrics.file_sd_errors.labels(error.split(":", 1)[0]).inc()
-                if not errors or i not in self._file_sd:
-                    self._file_sd[i] = targets
-            found.extend(self._file_sd.get(i, []))
+        if self.config.file_sd:
+            targets, new_errors = self._file_sd.poll()
+            for file, error in new_errors:
+                log.warning("file_sd_unreadable", error=error)
+                self.metrics.file_sd_errors.labels(file).inc()
+            found.extend(targets)
         unique: dict[tuple[str, str], Target] = {}
         for target in found:
             unique.setdefault((target.address(), target.job), target)
         return list(unique.values())
-
-    def _mtime(self, name: str) -> tuple[int, int]:
-        """(modification time, size) of a file_sd file: what says it changed."""
-        path = Path(name) if self._base is None or Path(name).is_absolute() else self._base / name
-        try:
-            stat = path.stat()
-        except OSError:
-            return -1, -1
-        return stat.st_mtime_ns, stat.st_size
 
     # -- one scrape ------------------------------------------------------------------------
 
@@ -152,16 +140,26 @@ class Bridge:
         self.metrics.up.labels(address, target.job).set(1 if result.ok else 0)
         for reason, n in result.skipped.items():
             self.metrics.skipped.labels(address, reason).inc(n)
+            self._skip_reasons.setdefault(address, set()).add(reason)
         if result.ok:
             log.debug("scraped", target=address, job=target.job, hosts=result.hosts, gpus=result.gpus,
                       skipped=result.skipped or None)  # fmt: skip
         else:
             log.warning("scrape_failed", target=address, job=target.job, error=result.error)
+        if result.ok and result.unpublished:  # logged per message (publish_failed): not the target's fault
+            sent = sum(result.messages.values())
+            result.ok = False
+            result.error = (f"{address}: scraped, but Kafka did not take {result.unpublished} of "
+                            f"{result.unpublished + sent} messages: {result.publish_error}")  # fmt: skip
         return result
 
     async def _fetch(self, url: str, timeout: float) -> bytes:
         if self._session is None:
-            self._session = aiohttp.ClientSession(headers={"Accept": ACCEPT})
+            # No connection pool limit (aiohttp's default is 100): each target has one request in
+            # flight at most, and with a shared limit 100 hung exporters (a zone down, packets dropped)
+            # held every connection until their timeout, failing the healthy ones queued behind them.
+            connector = aiohttp.TCPConnector(limit=0)
+            self._session = aiohttp.ClientSession(headers={"Accept": ACCEPT}, connector=connector)
         limit = self.config.max_bytes
         try:
             async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
@@ -182,6 +180,13 @@ class Bridge:
             else:  # asyncio's refusal has no strerror, a DNS failure a negative errno
                 reason = err.strerror or (os.strerror(err.errno) if err.errno and err.errno > 0 else str(err))
             raise _FetchError(f"{url}: unreachable: {reason}") from None
+        except aiohttp.TooManyRedirects:
+            raise _FetchError(f"{url}: too many redirects") from None
+        except aiohttp.ClientResponseError as exc:  # aiohttp refused the answer: its "400" is its own, no HTTP status
+            raise _FetchError(f"{url}: not a valid HTTP answer: {_one_line(exc.message)}") from None
+        except aiohttp.ClientPayloadError as exc:
+            reason = _one_line(getattr(exc.__cause__, "message", "") or str(exc))  # the parser's error, where it has one
+            raise _FetchError(f"{url}: answer cut short or not decodable: {reason}") from None
         except aiohttp.ClientError as exc:
             raise _FetchError(f"{url}: unreachable: {exc}") from None
         return b"".join(chunks)
@@ -228,7 +233,9 @@ class Bridge:
             await self._send(topic, key, self._encode.encode(events))
         except Exception as exc:  # the broker's fault, not the target's: counted, the next scrape tries again
             self.metrics.publish_failures.labels(topic).inc()
-            log.error("publish_failed", topic=topic, key=key, error=f"{type(exc).__name__}: {exc}")
+            result.unpublished += 1
+            result.publish_error = f"{type(exc).__name__}: {exc}"
+            log.error("publish_failed", topic=topic, key=key, error=result.publish_error)
             return
         self.metrics.messages.labels(topic).inc()
         result.messages[topic] = result.messages.get(topic, 0) + 1
@@ -253,8 +260,7 @@ class Bridge:
         read is a failed result of its own (``--once`` checks a config: it must say so)."""
         targets = self.targets()
         first = [t for t in targets if t.job != "dcgm"]
-        results = [ScrapeResult(error.split(":", 1)[0], "file_sd", ok=False, error=error)
-                   for errors in self._file_sd_errors.values() for error in errors]  # fmt: skip
+        results = [ScrapeResult(file, "file_sd", ok=False, error=error) for file, error in self._file_sd.errors]
         results += await asyncio.gather(*(self.scrape(t) for t in first))
         results += await asyncio.gather(*(self.scrape(t) for t in targets if t.job == "dcgm"))
         return results
@@ -297,8 +303,10 @@ class Bridge:
         series on /metrics (a removed target must not stay ``up``; nodes come and go all day)."""
         self._mappers.pop(address, None)
         self._kube.pop(address, None)
-        for gauge, labels in ((self.metrics.up, (address, job)), *((self.metrics.scrapes, (address, job, r))
-                                                                  for r in ("ok", "failed"))):  # fmt: skip
+        series: list[tuple[Any, tuple[str, ...]]] = [(self.metrics.up, (address, job))]
+        series += [(self.metrics.scrapes, (address, job, r)) for r in ("ok", "failed")]
+        series += [(self.metrics.skipped, (address, reason)) for reason in self._skip_reasons.pop(address, ())]
+        for gauge, labels in series:
             try:
                 gauge.remove(*labels)
             except KeyError:
@@ -328,6 +336,12 @@ class Bridge:
 
 class _FetchError(Exception):
     pass
+
+
+def _one_line(text: str) -> str:
+    """aiohttp's parser errors on one line: they come over several, with a caret under the byte."""
+    shown = " ".join(line.strip() for line in text.splitlines() if line.strip() not in ("", "^"))
+    return shown if len(shown) <= 200 else shown[:200] + "..."
 
 
 def _billed_by_node(host: Host) -> bool:

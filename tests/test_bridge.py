@@ -525,3 +525,143 @@ def test_an_unreachable_target_says_why_in_plain_words() -> None:
 
     (error,) = asyncio.run(go())
     assert error.startswith(f"{url}: unreachable: ") and "ssl" not in error
+
+
+@pytest.mark.integration
+def test_more_hung_targets_than_a_connection_pool_holds_delay_no_healthy_one(exporters: Exporters) -> None:
+    """aiohttp's default pool of 100 connections was shared by every target: 150 exporters that hang
+    (a zone down, packets dropped) held them all, and a healthy target queued behind them failed with
+    'no answer within 1s' though it answers at once."""
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    exporters.server.socket.listen(512)  # http.server's backlog of 5 would drop the connections' SYNs
+    exporters.pages["/a/metrics"] = node_a()
+    hung = [Target(url=f"http://{exporters.address}/slow/{i}", timeout=1) for i in range(150)]
+    healthy = Target(url=f"http://{exporters.address}/a/metrics", timeout=1)
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        pass
+
+    async def go() -> list[Any]:
+        bridge = Bridge(BridgeConfig(targets=[*hung, healthy], listen=""), send)
+        try:
+            return await bridge.round()
+        finally:
+            await bridge.close()
+
+    results = asyncio.run(go())
+    assert [r.ok for r in results] == [False] * 150 + [True], results[-1].error
+
+
+# (what the exporter answers, raw; the error the scrape reports after the target's URL)
+BROKEN_ANSWERS = [
+    # not HTTP at all (a wrong port: an SSH or Redis server); before: "unreachable: 400, message=..."
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+     "not a valid HTTP answer: Bad status line: Expected HTTP/, RTSP/ or ICE/: b'SSH-2.0-OpenSSH_9.6'"),
+    # a proxy that says gzip and sends something else: aiohttp's own "400" read as the exporter's HTTP status
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 8\r\nConnection: close\r\n\r\nnot gzip",
+     "answer cut short or not decodable: Can not decode content-encoding: gzip"),
+    # the exporter died mid-answer
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\nDCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 5\n",
+     "answer cut short or not decodable: Not enough data to satisfy content length header (received 32 of 1000 bytes)."),
+    # a redirect to itself
+    (b"HTTP/1.1 302 Found\r\nLocation: /metrics\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", "too many redirects"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("answer, said", BROKEN_ANSWERS)
+def test_a_broken_http_answer_is_named_for_what_it_is_not_an_http_400(answer: bytes, said: str) -> None:
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        raise AssertionError("nothing to publish")
+
+    async def go() -> str:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        target = Target(url=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics")
+        bridge = Bridge(BridgeConfig(targets=[target], listen=""), send)
+        try:
+            result = await bridge.scrape(target)
+            assert not result.ok
+            return result.error.removeprefix(f"{target.address()}: ")
+        finally:
+            await bridge.close()
+            server.close()
+
+    assert asyncio.run(go()) == said
+
+
+@pytest.mark.integration
+def test_once_fails_when_kafka_takes_nothing_the_targets_gave(tmp_path: Path, exporters: Exporters) -> None:
+    """`--once` checks a config end to end: before, a round whose every message Kafka refused (a topic
+    it may not write, a message too large) printed 'ok' and exited 0. The target stays up on
+    /metrics: it answered; Kafka's refusals have their own counter."""
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    exporters.pages["/a/metrics"] = node_a()
+    target = Target(url=f"http://{exporters.address}/a/metrics")
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        raise TopicAuthorizationFailedError()
+
+    async def go() -> tuple[list[Any], Bridge]:
+        bridge = Bridge(BridgeConfig(targets=[target], listen=""), send)
+        try:
+            return await bridge.round(), bridge
+        finally:
+            await bridge.close()
+
+    (result,), bridge = asyncio.run(go())
+    assert not result.ok and (result.hosts, result.gpus, result.unpublished) == (1, 8, 1)
+    assert result.error == (f"{target.address()}: scraped, but Kafka did not take 1 of 1 messages: "
+                            "TopicAuthorizationFailedError: [Error 29] TopicAuthorizationFailedError")  # fmt: skip
+    value = bridge.metrics.registry.get_sample_value
+    assert value("burnwatch_bridge_target_up", {"target": target.address(), "job": "dcgm"}) == 1
+    assert value("burnwatch_bridge_publish_failures_total", {"topic": TOPIC_GPU_METRICS}) == 1
+
+
+@pytest.mark.integration
+def test_a_target_file_sd_drops_takes_its_skipped_series_off_metrics(tmp_path: Path, exporters: Exporters) -> None:
+    """Its `up` and `scrapes_total` went with it, its `skipped_total` stayed: with nodes coming and going
+    all day, /metrics grew by a series per departed node and reason."""
+    from detector.ingest.config import load_bridge_config
+    from streams.bridge import Bridge
+
+    exporters.pages["/old/metrics"] = 'DCGM_FI_DEV_GPU_UTIL{Hostname="old-node"} 5\n'  # no gpu label: skipped
+    exporters.pages["/new/metrics"] = node_a()
+    sd = tmp_path / "dcgm.json"
+    sd.write_text(json.dumps([{"targets": [exporters.address], "labels": {"__metrics_path__": "/old/metrics"}}]))
+    (tmp_path / "bridge.yaml").write_text(json.dumps({"interval": "0.1s", "listen": "", "file_sd": [{"files": [str(sd)]}]}))
+    bridge = Bridge(load_bridge_config(tmp_path / "bridge.yaml"), lambda topic, key, value: asyncio.sleep(0))
+    old = f"http://{exporters.address}/old/metrics"
+
+    def series(target: str) -> list[str]:
+        return [line for line in bridge.render_metrics().decode().splitlines() if f'target="{target}"' in line]
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(bridge.run(stop))
+        try:
+            await wait_for(lambda: any("burnwatch_bridge_skipped_total" in line for line in series(old)))
+            sd.write_text(json.dumps([{"targets": [exporters.address], "labels": {"__metrics_path__": "/new/metrics"}}]))
+            await wait_for(lambda: series(f"http://{exporters.address}/new/metrics"))
+            await asyncio.sleep(0.3)  # a scrape of the old target in flight when it was dropped has ended
+        finally:
+            stop.set()
+            await task
+            await bridge.close()
+
+    asyncio.run(go())
+    assert series(old) == []

@@ -382,3 +382,34 @@ def test_the_image_runs_the_cli_with_known_settings():
     assert build_parser().parse_args(cmd).func.__name__ == "cmd_worker"
     env = dict(re.findall(r"(BURNWATCH_[A-Z_]+)=(\S+)", dockerfile))
     assert settings_from(env).web_host == "0.0.0.0"
+
+
+def test_the_bridge_pods_memory_limit_holds_the_parse_of_the_largest_answer_its_config_takes():
+    """Parsing and mapping an answer takes about 12 times its size: with 512Mi, a 30 MiB
+    kube-state-metrics or /federate answer (the config takes up to max_bytes, 64 MiB) had the pod
+    OOM-killed, and again at each restart. Measured here on a /federate-like answer, scaled to max_bytes."""
+    import tracemalloc
+
+    from detector.ingest.config import load_bridge_config
+    from detector.ingest.dcgm import DcgmMapper
+    from detector.ingest.kube import kube_state
+    from detector.ingest.prometheus import parse_exposition
+
+    line = ('DCGM_FI_DEV_GPU_UTIL{{gpu="{i}",UUID="GPU-8a2b1c3d-4e5f-6789-abcd-{n:012d}",'
+            'pci_bus_id="00000000:07:00.0",device="nvidia{i}",modelName="NVIDIA H100 80GB HBM3",'
+            'Hostname="gpu-node-{h}",container="",namespace="",pod=""}} 0\n')  # fmt: skip
+    body = "".join(line.format(i=n % 8, n=n, h=n // 8) for n in range(8000)).encode()
+    tracemalloc.start()
+    try:
+        samples = parse_exposition(body, "federate")
+        kube_state(samples, 1_796_000_000.0)
+        DcgmMapper().map(samples, t=1_796_000_000.0, instance="federate")
+        per_byte = tracemalloc.get_traced_memory()[1] / len(body)
+    finally:
+        tracemalloc.stop()
+    (container,) = BRIDGE[1]["spec"]["template"]["spec"]["containers"]
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    max_bytes = load_bridge_config(ROOT / "deploy/bridge.yaml").max_bytes
+    needed = 256 * 2**20 + 1.2 * per_byte * max_bytes  # the process itself, and the allocator's slack
+    assert int(limit[:-2]) * 2**20 >= needed, f"{limit} < {needed / 2**20:.0f}Mi ({per_byte:.1f} bytes per byte answered)"

@@ -264,3 +264,108 @@ def test_the_labels_that_say_what_stops_a_pod_are_read_by_default() -> None:
     state = kube_state(parse_exposition(text, "ksm:8080"), T)
     assert state.tags("jhub", "jupyter-dana") == {"hub.jupyter.org/username": "dana"}  # an empty servername: the default server
     assert state.tags("serving", "bert-predictor-x") == {"serving.kserve.io/inferenceservice": "bert"}
+
+
+def _addresses(targets: list[Target]) -> list[str]:
+    return [t.address().split("//")[1].split("/")[0] for t in targets]
+
+
+def test_one_unreadable_file_sd_file_holds_back_no_other_and_a_deleted_one_takes_its_targets(tmp_path: Path) -> None:
+    """Per file, as Prometheus reads them: before, one broken file of an entry froze the whole entry
+    (the other file's new targets were never scraped), and a deleted file's targets were scraped forever."""
+    from detector.ingest.config import FileSdWatch
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps([{"targets": ["10.0.0.1:9400"]}]))
+    b.write_text('[{"targets": ["10.0.0.9:9400"]')  # half written
+    watch = FileSdWatch([FileSd(files=["a.json", "b.json"])], tmp_path)
+    targets, new = watch.poll()
+    assert _addresses(targets) == ["10.0.0.1:9400"] and [f for f, _ in new] == [str(b)]
+
+    a.write_text(json.dumps([{"targets": ["10.0.0.1:9400", "10.0.0.2:9400"]}]))
+    targets, new = watch.poll()
+    assert _addresses(targets) == ["10.0.0.1:9400", "10.0.0.2:9400"]  # taken though b.json is still broken
+    assert new == [] and [f for f, _ in watch.errors] == [str(b)]  # logged once, still reported
+
+    b.write_text(json.dumps([{"targets": ["10.0.0.9:9400"]}]))
+    assert _addresses(watch.poll()[0]) == ["10.0.0.1:9400", "10.0.0.2:9400", "10.0.0.9:9400"] and watch.errors == []
+    b.write_text("")  # truncated by a writer that has not written yet: b's targets stay
+    assert _addresses(watch.poll()[0])[-1] == "10.0.0.9:9400" and watch.errors[0][1].startswith(f"{b}:1: not JSON")
+
+    a.unlink()
+    targets, new = watch.poll()
+    assert _addresses(targets) == ["10.0.0.9:9400"]  # a deleted file's targets are no longer scraped
+    assert new == [(str(a), f"{a}: cannot read: No such file or directory")]
+
+
+def test_file_sd_reads_globs_and_yaml_as_prometheus_does(tmp_path: Path) -> None:
+    """`files: [dir/*.json]` and `.yml` files are what Prometheus' file_sd_configs take; before, a
+    pattern was a file name that did not exist and YAML 'not JSON'."""
+    from detector.ingest.config import FileSdWatch
+
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    (sd / "n1.json").write_text(json.dumps([{"targets": ["10.0.0.1:9400"]}]))
+    (sd / "n2.yml").write_text("- targets: ['10.0.0.2:9400']\n  labels: {cluster: prod}\n")
+    watch = FileSdWatch([FileSd(files=["sd/*.json", "sd/*.yml", "sd/*.yaml"])], tmp_path)
+    targets, _ = watch.poll()
+    assert _addresses(targets) == ["10.0.0.1:9400", "10.0.0.2:9400"] and targets[1].labels == {"cluster": "prod"}
+    assert watch.errors == [(str(sd / "*.yaml"), f"{sd / '*.yaml'}: no file matches")]
+
+    (sd / "n3.json").write_text(json.dumps([{"targets": ["10.0.0.3:9400"]}]))
+    (sd / "n1.json").unlink()  # a file the pattern matched went: no error, its targets go
+    (sd / "n2.yml").write_text("- targets: ['10.0.0.2:9400']\n  labels: {cluster: [prod}\n")
+    targets, new = watch.poll()
+    assert _addresses(targets) == ["10.0.0.3:9400", "10.0.0.2:9400"]  # n2's last good targets kept
+    assert [e for _, e in new] == [f"{sd / 'n2.yml'}:2: not YAML: " + "expected ',' or ']', but got '}'"]
+
+
+@pytest.mark.timeout(20)
+def test_a_hostile_file_sd_file_is_an_error_naming_it_not_a_crash_or_a_hang(tmp_path: Path) -> None:
+    """Before: nested brackets raised RecursionError out of the bridge's loop (it stopped), a symlink
+    to /dev/zero was read until memory ran out, a FIFO blocked the bridge forever."""
+    import os
+
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    (tmp_path / "deep.yaml").write_text("[" * 100_000)
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "latin1.json").write_bytes(b'[{"targets": ["h\xe9te:9400"]}]')
+    files = ["deep.json", "deep.yaml", "zero.json", "fifo.json", "latin1.json"]
+    targets, errors = file_sd_targets(FileSd(files=files), tmp_path)
+    assert targets == []
+    assert errors == [
+        f"{tmp_path / 'deep.json'}: not JSON: nested too deeply",
+        f"{tmp_path / 'deep.yaml'}: not YAML: nested too deeply",
+        f"{tmp_path / 'zero.json'}: cannot read: not a regular file",
+        f"{tmp_path / 'fifo.json'}: cannot read: not a regular file",
+        f"{tmp_path / 'latin1.json'}:1: cannot read: not UTF-8 (byte 0xe9)",
+    ]
+
+
+def test_a_file_sd_file_renamed_over_with_the_same_size_and_time_is_read_again(tmp_path: Path) -> None:
+    """`mv new.json dcgm.json` (or a ConfigMap's symlink swap) from a file written with the same size and a
+    preserved time (`cp -p`, rsync -t): modification time and size alone did not see the change."""
+    import os
+
+    from detector.ingest.config import FileSdWatch
+
+    live, new = tmp_path / "dcgm.json", tmp_path / "new.json"
+    live.write_text(json.dumps([{"targets": ["10.0.0.1:9400"]}]))
+    watch = FileSdWatch([FileSd(files=[str(live)])])
+    assert _addresses(watch.poll()[0]) == ["10.0.0.1:9400"]
+    new.write_text(json.dumps([{"targets": ["10.0.0.2:9400"]}]))
+    stamp = live.stat()
+    os.utime(new, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    new.replace(live)
+    assert _addresses(watch.poll()[0]) == ["10.0.0.2:9400"]
+
+
+@pytest.mark.parametrize("address", ["10.0.0.5:94OO", "10.0.0.5:99999", "10.0.0.5:0"])
+def test_a_target_whose_port_is_no_port_is_refused_where_it_is_written(tmp_path: Path, address: str) -> None:
+    """Before: taken, then every scrape failed as 'unreachable: http://10.0.0.5:94OO/metrics', which does not say why."""
+    with pytest.raises(ValueError, match=f"expected a port from 1 to 65535 in '{address}'"):
+        Target(url=address)
+    (tmp_path / "dcgm.json").write_text(json.dumps([{"targets": ["10.0.0.4:9400", address]}]))
+    targets, errors = file_sd_targets(FileSd(files=["dcgm.json"]), tmp_path)
+    assert targets == [] and errors[0].startswith(f"{tmp_path / 'dcgm.json'}: [0].targets[1]: '{address}' is not a host:port")

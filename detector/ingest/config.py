@@ -8,19 +8,23 @@ Prometheus server reads), which :func:`file_sd_targets` turns into targets.
 
 from __future__ import annotations
 
+import glob
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from detector.ingest.hosts import StaticHost
 from detector.ingest.kube import DEFAULT_TAG_LABELS
-from detector.rules import RuleError, _load_model
+from detector.rules import RuleError, _load_model, parse_yaml
 from detector.units import Duration
 
-__all__ = ["BridgeConfig", "ConfigInvalid", "FileSd", "Target", "file_sd_targets", "load_bridge_config"]
+__all__ = ["BridgeConfig", "ConfigInvalid", "FileSd", "FileSdWatch", "Target", "file_sd_targets", "load_bridge_config"]
 
 Job = Literal["dcgm", "kube-state-metrics", "federate"]
 FEDERATE_MATCH = '{__name__=~"DCGM_FI_.*|kube_.*"}'
@@ -55,6 +59,12 @@ class Target(_Model):
         parts = urlsplit(text)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"expected http(s)://host:port/path or host:port, got {url!r}")
+        try:  # a port that is no number or out of range failed every scrape, as 'unreachable: <the URL>'
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ValueError(f"expected a port from 1 to 65535 in {url!r}")
         return text
 
     def address(self) -> str:
@@ -131,28 +141,125 @@ def load_bridge_config(path: str | Path) -> BridgeConfig:
 
 MAX_FILE_SD_BYTES = 16 * 2**20
 """A file_sd file larger than this (100,000 targets take about 10 MiB) is refused, not read into memory."""
+_GLOB = frozenset("*?[")
+
+
+class FileSdWatch:
+    """The targets the ``file_sd`` entries name now, each file re-read when it changes, as
+    Prometheus reads them: a file that cannot be read (half written, not JSON) keeps the targets
+    it gave before, and alone: the other files' changes are taken; a file that is gone (deleted,
+    no longer matched by its pattern) gives none. ``errors``: those of the files as they are now
+    (``--once`` reports them as failures)."""
+
+    def __init__(self, entries: list[FileSd], base: Path | None = None) -> None:
+        self._entries = entries
+        self._base = base
+        self._files: dict[tuple[int, Path], tuple[tuple[int, ...], list[Target], str]] = {}
+        """(entry, file) -> (the stat it was read at, its targets, the error of that read or '')."""
+        self.errors: list[tuple[str, str]] = []
+        """(file or pattern, message naming it) for each file that could not be read as it is now."""
+
+    def poll(self) -> tuple[list[Target], list[tuple[str, str]]]:
+        """The targets now, and the errors new since the last poll (to log and count once)."""
+        before = set(self.errors)
+        targets: list[Target] = []
+        errors: list[tuple[str, str]] = []
+        seen: set[tuple[int, Path]] = set()
+        for i, sd in enumerate(self._entries):
+            for name in sd.files:
+                pattern = _resolve(name, self._base)
+                paths = [Path(p) for p in sorted(glob.glob(str(pattern)))] if _GLOB & set(pattern.name) else [pattern]
+                if not paths:
+                    errors.append((str(pattern), f"{pattern}: no file matches"))
+                for path in paths:
+                    if (i, path) in seen:
+                        continue
+                    seen.add((i, path))
+                    got, error = self._read(i, path, sd, literal=path == pattern)
+                    targets.extend(got)
+                    if error:
+                        errors.append((str(path), error))
+        for key in [k for k in self._files if k not in seen]:  # matched no longer: its targets go
+            del self._files[key]
+        self.errors = errors
+        return targets, [e for e in errors if e not in before]
+
+    def _read(self, i: int, path: Path, sd: FileSd, literal: bool) -> tuple[list[Target], str]:
+        """A file's targets and error: read again only when its stat changed (a rename over it too)."""
+        try:
+            st = path.stat()
+        except OSError as exc:
+            self._files.pop((i, path), None)
+            gone = isinstance(exc, FileNotFoundError) and not literal  # a file the pattern matched went
+            return [], "" if gone else f"{path}: cannot read: {exc.strerror}"
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        cached = self._files.get((i, path))
+        if cached is not None and cached[0] == stamp:
+            return cached[1], cached[2]
+        try:
+            targets, error = _group_targets(_load_file(path), sd), ""
+        except _Unreadable as exc:
+            targets, error = (cached[1] if cached else []), f"{path}{exc.where}: {exc.reason}"
+        except ValueError as exc:
+            targets, error = (cached[1] if cached else []), f"{path}: {exc}"
+        self._files[(i, path)] = (stamp, targets, error)
+        return targets, error
 
 
 def file_sd_targets(sd: FileSd, base: Path | None = None) -> tuple[list[Target], list[str]]:
     """The targets of one ``file_sd`` entry, and an error per file that could not be read
-    (that file then gives none; the caller keeps what it had, as Prometheus does)."""
-    targets: list[Target] = []
-    errors: list[str] = []
-    for name in sd.files:
-        path = Path(name) if base is None or Path(name).is_absolute() else base / name
+    (that file then gives none)."""
+    targets, errors = FileSdWatch([sd], base).poll()
+    return targets, [message for _, message in errors]
+
+
+class _Unreadable(Exception):
+    """A file_sd file that is no target list: why, and the line where that is known."""
+
+    def __init__(self, reason: str, line: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.where = f":{line}" if line is not None else ""
+
+
+def _resolve(name: str, base: Path | None) -> Path:
+    return Path(name) if base is None or Path(name).is_absolute() else base / name
+
+
+def _load_file(path: Path) -> Any:
+    """A file_sd file's data: YAML for ``.yml``/``.yaml``, JSON otherwise (as Prometheus reads them).
+    What is wrong is :class:`_Unreadable`."""
+    try:
+        # Non-blocking and checked before reading: a FIFO would block the bridge, /dev/zero never end.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise _Unreadable(f"cannot read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Unreadable("cannot read: not a regular file")
+        data = f.read(MAX_FILE_SD_BYTES + 1) if st.st_size <= MAX_FILE_SD_BYTES else b""
+    if st.st_size > MAX_FILE_SD_BYTES or len(data) > MAX_FILE_SD_BYTES:
+        raise _Unreadable(f"larger than {MAX_FILE_SD_BYTES:,} bytes: not a target list")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise _Unreadable(f"cannot read: not UTF-8 (byte 0x{data[exc.start]:02x})", line) from None
+    if path.suffix in (".yml", ".yaml"):
         try:
-            if path.stat().st_size > MAX_FILE_SD_BYTES:
-                errors.append(f"{path}: larger than {MAX_FILE_SD_BYTES:,} bytes: not a target list")
-                continue
-            groups = json.loads(path.read_text())
-            targets.extend(_group_targets(groups, sd))
-        except OSError as exc:
-            errors.append(f"{path}: cannot read: {exc.strerror}")
-        except json.JSONDecodeError as exc:
-            errors.append(f"{path}:{exc.lineno}: not JSON: {exc.msg}")
-        except ValueError as exc:
-            errors.append(f"{path}: {exc}")
-    return targets, errors
+            return parse_yaml(text)[1]
+        except yaml.MarkedYAMLError as exc:
+            line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 1
+            raise _Unreadable(f"not YAML: {exc.problem}", line) from None
+        except yaml.YAMLError as exc:
+            raise _Unreadable(f"not YAML: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _Unreadable(f"not JSON: {exc.msg}", exc.lineno) from None
+    except RecursionError:
+        raise _Unreadable("not JSON: nested too deeply") from None
 
 
 def _group_targets(groups: Any, sd: FileSd) -> list[Target]:
@@ -163,7 +270,7 @@ def _group_targets(groups: Any, sd: FileSd) -> list[Target]:
         if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
             raise ValueError(f'[{i}]: expected {{"targets": ["host:port", ...], "labels": {{...}}}}')
         labels = group.get("labels") or {}
-        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
             raise ValueError(f"[{i}].labels: expected an object of strings")
         scheme = labels.get("__scheme__", "http")
         path = labels.get("__metrics_path__", DEFAULT_PATHS[sd.job])
