@@ -377,6 +377,22 @@ async def serve_metrics(bridge: Bridge, listen: str) -> Any:
     return runner
 
 
+def open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit, and return it: every target
+    is scraped at once on a connection of its own (no pool limit), and a soft limit of 1,024, a
+    shell's default, would fail the round's sockets past it (Go's runtime, Prometheus', does the same)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # an infinite hard limit some kernels refuse as a soft one
+            pass
+    return soft
+
+
 async def run_bridge(config: BridgeConfig, bootstrap: str, *, once: bool = False, base: Path | None = None,
                      stop: asyncio.Event | None = None, partitions: int = 4,
                      replication_factor: int = BROKER_DEFAULT) -> list[ScrapeResult]:  # fmt: skip
@@ -384,6 +400,7 @@ async def run_bridge(config: BridgeConfig, bootstrap: str, *, once: bool = False
     from streams.kafka import ensure_topics
     from streams.kafka import producer as new_producer
 
+    open_files_limit()
     await ensure_topics(bootstrap, partitions, replication_factor=replication_factor)
     producer = new_producer(bootstrap)
     await producer.start()

@@ -554,6 +554,24 @@ def test_more_hung_targets_than_a_connection_pool_holds_delay_no_healthy_one(exp
     assert [r.ok for r in results] == [False] * 150 + [True], results[-1].error
 
 
+def test_the_bridge_raises_its_open_files_limit_to_the_hard_one() -> None:
+    """With no pool limit each target has a socket of its own, all at once: a shell's soft limit of
+    1,024 open files would fail the round past ~1,000 targets, so the bridge takes the hard limit."""
+    import subprocess
+    import sys
+
+    code = ("import resource\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+            "from streams.bridge import open_files_limit\n"
+            "print(open_files_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    said, now, hard = (int(v) for v in out.stdout.split())
+    assert said == now
+    assert now == hard or hard == -1  # RLIM_INFINITY, which some kernels refuse as a soft limit
+    assert now > 256
+
+
 # (what the exporter answers, raw; the error the scrape reports after the target's URL)
 BROKEN_ANSWERS = [
     # not HTTP at all (a wrong port: an SSH or Redis server); before: "unreachable: 400, message=..."
