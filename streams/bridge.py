@@ -30,6 +30,7 @@ from detector.ingest.hosts import Host, resolve_host
 from detector.ingest.kube import KubeState, kube_state
 from detector.ingest.prometheus import ExpositionError, Sample, parse_exposition
 from detector.ingest.usage import UsageClock
+from detector.logs import redact
 from detector.settings import BROKER_DEFAULT
 
 __all__ = ["Bridge", "ScrapeResult"]
@@ -119,14 +120,15 @@ class Bridge:
     async def scrape(self, target: Target) -> ScrapeResult:
         """Fetch, parse, map and publish one target; never raises for the target's faults."""
         address = target.address()
-        result = ScrapeResult(address, target.job, ok=False)
+        shown = redact(address)  # a password in the target's URL never reaches /metrics or --once's lines
+        result = ScrapeResult(shown, target.job, ok=False)
         timeout = target.timeout or self.config.timeout
         try:
             body = await self._fetch(address, timeout)
             t = self._clock()
             samples = await asyncio.to_thread(parse_exposition, body, address)
         except (ExpositionError, _FetchError) as exc:
-            result.error = str(exc)
+            result.error = redact(str(exc))
         else:
             result.ok = True
             if target.labels:
@@ -134,22 +136,22 @@ class Bridge:
             try:
                 await self._publish_samples(target, samples, t, result)
             except Exception as exc:  # a bug of ours on this answer: this scrape fails, the target's task goes on
-                log.exception("scrape_mapping_failed", target=address, job=target.job)
-                result.ok, result.error = False, f"{address}: could not map the samples: {type(exc).__name__}: {exc}"
-        self.metrics.scrapes.labels(address, target.job, "ok" if result.ok else "failed").inc()
-        self.metrics.up.labels(address, target.job).set(1 if result.ok else 0)
+                log.exception("scrape_mapping_failed", target=shown, job=target.job)
+                result.ok, result.error = False, redact(f"{address}: could not map the samples: {type(exc).__name__}: {exc}")
+        self.metrics.scrapes.labels(shown, target.job, "ok" if result.ok else "failed").inc()
+        self.metrics.up.labels(shown, target.job).set(1 if result.ok else 0)
         for reason, n in result.skipped.items():
-            self.metrics.skipped.labels(address, reason).inc(n)
+            self.metrics.skipped.labels(shown, reason).inc(n)
             self._skip_reasons.setdefault(address, set()).add(reason)
         if result.ok:
-            log.debug("scraped", target=address, job=target.job, hosts=result.hosts, gpus=result.gpus,
+            log.debug("scraped", target=shown, job=target.job, hosts=result.hosts, gpus=result.gpus,
                       skipped=result.skipped or None)  # fmt: skip
         else:
-            log.warning("scrape_failed", target=address, job=target.job, error=result.error)
+            log.warning("scrape_failed", target=shown, job=target.job, error=result.error)
         if result.ok and result.unpublished:  # logged per message (publish_failed): not the target's fault
             sent = sum(result.messages.values())
             result.ok = False
-            result.error = (f"{address}: scraped, but Kafka did not take {result.unpublished} of "
+            result.error = (f"{shown}: scraped, but Kafka did not take {result.unpublished} of "
                             f"{result.unpublished + sent} messages: {result.publish_error}")  # fmt: skip
         return result
 
@@ -303,9 +305,10 @@ class Bridge:
         series on /metrics (a removed target must not stay ``up``; nodes come and go all day)."""
         self._mappers.pop(address, None)
         self._kube.pop(address, None)
-        series: list[tuple[Any, tuple[str, ...]]] = [(self.metrics.up, (address, job))]
-        series += [(self.metrics.scrapes, (address, job, r)) for r in ("ok", "failed")]
-        series += [(self.metrics.skipped, (address, reason)) for reason in self._skip_reasons.pop(address, ())]
+        shown = redact(address)  # as scrape() labels its series
+        series: list[tuple[Any, tuple[str, ...]]] = [(self.metrics.up, (shown, job))]
+        series += [(self.metrics.scrapes, (shown, job, r)) for r in ("ok", "failed")]
+        series += [(self.metrics.skipped, (shown, reason)) for reason in self._skip_reasons.pop(address, ())]
         for gauge, labels in series:
             try:
                 gauge.remove(*labels)

@@ -683,3 +683,30 @@ def test_a_target_file_sd_drops_takes_its_skipped_series_off_metrics(tmp_path: P
 
     asyncio.run(go())
     assert series(old) == []
+
+
+def test_a_password_in_a_target_url_reaches_neither_metrics_nor_results(exporters: Exporters) -> None:
+    """A target behind basic auth (``http://user:password@host/metrics``) was labelled with its whole URL
+    on /metrics and in ``--once``'s lines and errors: the password stays out of them."""
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    exporters.pages["/a/metrics"] = node_a()
+    good = Target(url=f"http://scraper:s3cret-pw@{exporters.address}/a/metrics", timeout=5)
+    missing = Target(url=f"http://scraper:s3cret-pw@{exporters.address}/nothing-here", timeout=5)
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        pass
+
+    async def go() -> tuple[list[Any], bytes]:
+        bridge = Bridge(BridgeConfig(targets=[good, missing], listen=""), send)
+        try:
+            return await bridge.round(), bridge.render_metrics()
+        finally:
+            await bridge.close()
+
+    results, page = asyncio.run(go())
+    assert [r.ok for r in results] == [True, False]
+    said = " ".join(f"{r.target} {r.error}" for r in results) + page.decode()
+    assert "s3cret-pw" not in said, said
+    assert results[0].target == f"http://scraper:[redacted]@{exporters.address}/a/metrics"  # still says which
