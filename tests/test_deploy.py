@@ -338,6 +338,8 @@ def test_the_bridge_pod_runs_the_shipped_config_on_the_workers_topics_and_is_scr
     assert int(port) == next(p for p in container["ports"] if p["name"] == "metrics")["containerPort"]
     assert template["metadata"]["annotations"]["prometheus.io/port"] == port
     assert deployment["spec"]["replicas"] == 1  # a second bridge would publish (and bill) every host twice
+    probe = container["livenessProbe"]["httpGet"]  # a bridge whose loop is stuck is restarted
+    assert probe["port"] == "metrics" and probe["path"] == "/metrics"  # the one path serve_metrics answers
 
 
 def test_the_rules_configmap_carries_the_shipped_prices_routing_and_limits(tmp_path):
