@@ -710,3 +710,20 @@ def test_a_password_in_a_target_url_reaches_neither_metrics_nor_results(exporter
     said = " ".join(f"{r.target} {r.error}" for r in results) + page.decode()
     assert "s3cret-pw" not in said, said
     assert results[0].target == f"http://scraper:[redacted]@{exporters.address}/a/metrics"  # still says which
+
+
+def test_a_fleets_targets_are_scraped_spread_over_the_interval_not_in_one_instant() -> None:
+    """Every target's scrapes followed its first by whole intervals, so a fleet's thousands of exporters
+    were fetched, parsed and published in the same instant every 30 s. Each now keeps a phase of its own
+    from its address (stable across restarts), its second scrape half an interval to one and a half after
+    its first."""
+    from streams.bridge import _phase
+
+    addresses = [f"http://10.{i // 250}.{i % 250}.7:9400/metrics" for i in range(2000)]
+    phases = [_phase(a, 30.0) for a in addresses]
+    assert all(15.0 <= p < 45.0 for p in phases)
+    tenths = {int((p - 15.0) / 3.0) for p in phases}
+    assert tenths == set(range(10))  # every tenth of the interval has targets
+    busiest = max(sum(1 for p in phases if int((p - 15.0) / 3.0) == t) for t in range(10))
+    assert busiest < 2000 * 0.15  # none holds much more than its share
+    assert phases == [_phase(a, 30.0) for a in addresses]  # the same after a restart
