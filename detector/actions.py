@@ -36,7 +36,8 @@ from detector.units import one_line
 if TYPE_CHECKING:
     from detector.store import Store
 
-__all__ = ["ACTIONS", "BUTTONS", "DECISIONS", "ActionHandler", "Click", "RequestVerifier", "Unauthorized", "parse_click"]
+__all__ = ["ACTIONS", "BUTTONS", "DECISIONS", "GROUP_BLOCK", "ActionHandler", "Click", "RequestVerifier", "Unauthorized",
+           "parse_click"]  # fmt: skip
 
 log = structlog.get_logger("burnwatch.actions")
 
@@ -48,6 +49,9 @@ DECISIONS = ("approved", "declined")
 ACTION_BLOCK = "burnwatch-action:"
 """An action's message's buttons' ``block_id``, before the alert id (:mod:`detector.remediation.messages`)."""
 BUTTONS = (("Acknowledge", "burnwatch_ack"), ("Snooze 24h", "burnwatch_snooze"), ("Mark as expected", "burnwatch_expected"))
+GROUP_BLOCK = "burnwatch-group:"
+"""A group's message's buttons' ``block_id``, before its first member's alert id: a click there is
+taken for every alert the message opened (:meth:`~detector.store.deliveries.Deliveries.opened_in`)."""
 SNOOZE_S = 86_400.0
 MAX_AGE_S = 300.0
 """Slack's rule, which slack-sdk's verifier applies: a request signed longer ago is refused."""
@@ -129,6 +133,11 @@ class Click:
     """Where Slack takes an answer to this click (an ephemeral message to the clicker)."""
     block_id: str = ""
     """The clicked button's block: :data:`ACTION_BLOCK` and the alert id on an action's message."""
+
+    @property
+    def on_group_message(self) -> bool:
+        """Clicked on a group's message: for each alert it lists."""
+        return self.block_id.startswith(GROUP_BLOCK)
 
     @property
     def on_action_message(self) -> bool:
@@ -274,6 +283,8 @@ class ActionHandler:
             return 404, {"error": f"no alert {click.alert_id!r}"}
         if click.action in DECISIONS:
             return self._decide(click, dict(row["tags"]))
+        if click.on_group_message:
+            return self._handle_group(click)
         now = self._clock()
         until = now + SNOOZE_S if click.action == "snoozed" else None
         self.store.actions.record(click, at=now, until=until)
@@ -290,6 +301,32 @@ class ActionHandler:
             except Exception as exc:  # recorded already; the message just does not show it yet
                 log.warning("slack_action_not_shown", alert_id=click.alert_id, error=str(exc))
         return 200, {"ok": True, "action": click.action, "alert_id": click.alert_id}
+
+    def _handle_group(self, click: Click) -> tuple[int, dict[str, Any]]:
+        """Acknowledge, Snooze or Mark as expected on a group's message: for every alert it opened
+        (those stored as posted in it; the clicked one alone if none is), then the message shows who."""
+        from detector.store import alert_from_row
+
+        members = self.store.deliveries.opened_in(click.channel, click.message_ts) if click.message_ts else []
+        if click.alert_id not in members:  # a group's first member names it: the record is read, or it is one
+            members = [click.alert_id, *members]
+        now = self._clock()
+        until = now + SNOOZE_S if click.action == "snoozed" else None
+        self.store.actions.record(click, at=now, until=until, alert_ids=members)
+        if until is not None and self.outbox is not None:
+            for alert_id in members:
+                self.outbox.snooze(snooze(alert_id, now, until, click.user_name or click.user_id))
+        log.info("slack_action", alert_id=click.alert_id, action=click.action, user=click.user_name or click.user_id,
+                 alerts=len(members))  # fmt: skip
+        rows = [r for r in (self.store.alerts.get(a) for a in members) if r is not None]
+        show = getattr(self.notifier, "show_group_actions", None)
+        if show is not None and click.channel and click.message_ts and rows:
+            try:
+                show([alert_from_row(r) for r in rows], self.store.actions.of(click.alert_id), click.channel,
+                     click.message_ts)  # fmt: skip
+            except Exception as exc:  # recorded already; the message just does not show it yet
+                log.warning("slack_action_not_shown", alert_id=click.alert_id, error=str(exc))
+        return 200, {"ok": True, "action": click.action, "alert_id": click.alert_id, "alerts": len(members)}
 
     def _snoozed_on_warning(self, alert_id: str) -> str:
         """What a snooze clicked on an automatic action's warning did: held it back, or came too late (its grace

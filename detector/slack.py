@@ -31,7 +31,7 @@ from slack_sdk.http_retry.builtin_handlers import (
     ServerErrorRetryHandler,
 )
 
-from detector.actions import BUTTONS
+from detector.actions import BUTTONS, GROUP_BLOCK
 from detector.alerts import Alert, link_fields
 from detector.blockkit import MAX_FIELD_TEXT, MAX_HEADER_TEXT, MAX_NOTIFICATION_TEXT, MAX_TEXT, clip, clip_lines, fit
 from detector.pricing import HOURS_PER_MONTH
@@ -364,9 +364,28 @@ def group_text(alerts: list[Alert]) -> str:
     return clip(text, MAX_NOTIFICATION_TEXT)
 
 
-def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
+_GROUP_LABELS = {"burnwatch_ack": "Acknowledge all", "burnwatch_snooze": "Snooze all 24h",
+                 "burnwatch_expected": "Mark all as expected"}  # fmt: skip
+
+
+def _group_buttons(head: Alert) -> dict[str, Any]:
+    """A group's buttons: each click is taken for every alert the message opened."""
+    return {
+        "type": "actions",
+        "block_id": f"{GROUP_BLOCK}{head.alert_id}",
+        "elements": [
+            {"type": "button", "text": {"type": "plain_text", "text": _GROUP_LABELS[action_id]},
+             "action_id": action_id, "value": head.alert_id,
+             **({"style": "primary"} if action_id == "burnwatch_ack" else {})}
+            for _, action_id in BUTTONS
+        ],
+    }  # fmt: skip
+
+
+def render_group(alerts: list[Alert], actions: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One message listing several openings of one type (untagged resources of one account):
-    the costliest first, as many as fit, then how many more and where to see them all."""
+    the costliest first, as many as fit, then how many more and where to see them all; buttons
+    for them all while any is open, and what people did about them (``actions``)."""
     head = alerts[0]
     rate = sum(a.usd_per_hour for a in alerts if a.burning)
     spent = sum(a.waste_usd for a in alerts)
@@ -401,6 +420,9 @@ def render_group(alerts: list[Alert]) -> list[dict[str, Any]]:
     if head.suggestion:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": clip(f"*Next step:* {head.suggestion}",
                                                                                    MAX_TEXT)}})  # fmt: skip
+    if any(a.status == "firing" and not a.withdrawn for a in alerts):
+        blocks.append(_group_buttons(head))
+    blocks.extend(_action_lines(actions or []))
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"rule {code(head.rule, 200)} · {ids}"}]})
     return fit(blocks)
 
@@ -542,6 +564,17 @@ class SlackNotifier:
         try:
             blocks = render_blocks(alert, actions, self.routing)
             self._web.chat_update(channel=channel, ts=ts, text=notification_text(alert), blocks=_verbatim(blocks))
+        except Exception as exc:
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
+
+    def show_group_actions(self, alerts: list[Alert], actions: list[dict[str, Any]], channel: str, ts: str) -> None:
+        """Edit a group's message to show who acknowledged, snoozed or marked its alerts."""
+        if self._web is None:
+            return  # a webhook message cannot be edited
+        try:
+            blocks = render_group(alerts, actions)
+            self._web.chat_update(channel=channel, ts=ts, text=group_text(alerts), blocks=_verbatim(blocks))
         except Exception as exc:
             status = getattr(getattr(exc, "response", None), "status_code", None)
             raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc

@@ -166,3 +166,43 @@ def test_expected_is_kept_as_feedback_per_rule(store, slack):
     (row,) = store.query(f"SELECT * FROM {store.db}.rule_feedback")
     assert (row["rule"], row["alerts"], row["acknowledged"], row["expected"], row["expected_share"]) == (
         "idle-gpu", 2, 1, 1, 0.5)
+
+
+def _group_click(action_id: str, block: dict, channel: str, ts: str) -> bytes:
+    """A click on a group's button, as Slack sends it: the button's block id and value."""
+    button = next(e for e in block["elements"] if e["action_id"] == action_id)
+    payload = {"type": "block_actions", "user": {"id": "U123", "username": "alice"},
+               "actions": [{"action_id": action_id, "value": button["value"], "block_id": block["block_id"]}],
+               "channel": {"id": channel}, "message": {"ts": ts}}  # fmt: skip
+    return urlencode({"payload": json.dumps(payload)}).encode()
+
+
+def test_a_groups_buttons_act_on_every_alert_it_lists(store, slack):
+    """A group's message (a team's untagged resources, several idle GPUs opened together) had no buttons:
+    nobody could acknowledge or snooze it from Slack. Its buttons act on every alert the message opened,
+    and the message, still the group's, shows who did it; a snoozed member's resolution is not posted."""
+    from tests.test_slack import T0
+
+    members = [alert(alert_id=f"g{i}", fired_at=T0 + 1800 + 30 * i) for i in range(3)]
+    store.alerts.record(members, version=1)
+    handler, outbox = handler_for(store, slack)
+    outbox.add(members)
+    outbox.deliver_pending()
+    (group,) = slack.calls("chat.postMessage")
+    (buttons,) = [b for b in group.blocks if b["type"] == "actions"]
+    assert [e["text"]["text"] for e in buttons["elements"]] == ["Acknowledge all", "Snooze all 24h", "Mark all as expected"]
+    channel, ts = group.response["channel"], group.response["ts"]
+    body = _group_click("burnwatch_snooze", buttons, channel, ts)
+    status, answer = handler.handle(body, signed(body))
+    assert status == 200 and answer["alerts"] == 3
+    rows = store.query(f"SELECT alert_id, action, user_id FROM {store.db}.alert_actions ORDER BY alert_id")
+    assert [(r["alert_id"], r["action"], r["user_id"]) for r in rows] == [(f"g{i}", "snoozed", "U123") for i in range(3)]
+    (update,) = slack.calls("chat.update")
+    shown = update.text_of_blocks()
+    assert (update.body["channel"], update.body["ts"]) == (channel, ts)
+    assert "Snoozed by <@U123>" in shown and all(f"alert `g{i}`" in shown for i in range(3))  # still the group's
+    resolved = alert("resolved", alert_id="g1", fired_at=T0 + 1830)
+    store.alerts.record([resolved], version=2)
+    outbox.add([resolved])
+    outbox.deliver_pending()
+    assert len(slack.calls("chat.postMessage")) == 1  # snoozed: its resolution is recorded, not posted

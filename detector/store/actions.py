@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from detector.store.connection import Connection, ms
@@ -22,11 +23,12 @@ class Actions:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    def record(self, click: Click, at: float, until: float | None = None) -> None:
-        """Record a button click at wall time ``at`` (``until``: a snooze's end)."""
-        row = [click.alert_id, click.action, click.user_id, click.user_name, click.channel, click.message_ts,
-               ms(at), ms(until) if until is not None else None]  # fmt: skip
-        self.conn.insert("alert_actions", [row], column_names=_ACTION_COLS)
+    def record(self, click: Click, at: float, until: float | None = None, alert_ids: Sequence[str] = ()) -> None:
+        """Record a button click at wall time ``at`` (``until``: a snooze's end), on the clicked alert or,
+        for a group's message, on each of ``alert_ids`` (one insert)."""
+        rows = [[alert_id, click.action, click.user_id, click.user_name, click.channel, click.message_ts,
+                 ms(at), ms(until) if until is not None else None] for alert_id in (alert_ids or [click.alert_id])]  # fmt: skip
+        self.conn.insert("alert_actions", rows, column_names=_ACTION_COLS)
 
     def of(self, alert_id: str) -> list[dict[str, Any]]:
         """Clicks on one alert, oldest first."""

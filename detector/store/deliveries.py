@@ -64,6 +64,13 @@ class Deliveries:
                                "WHERE alert_id = %(id)s AND kind = 'fired' LIMIT 1", {"id": alert_id})  # fmt: skip
         return (rows[0]["channel"], rows[0]["message_ts"]) if rows else None
 
+    def opened_in(self, channel: str, message_ts: str) -> list[str]:
+        """The alerts one message opened: a group's members, or the one alert of an incident's message."""
+        rows = self.conn.query(f"SELECT DISTINCT alert_id FROM {self.conn.db}.alert_deliveries FINAL "
+                               "WHERE channel = %(c)s AND message_ts = %(ts)s AND kind = 'fired' ORDER BY alert_id",
+                               {"c": channel, "ts": message_ts})  # fmt: skip
+        return [r["alert_id"] for r in rows]
+
     def attempted(self) -> dict[tuple[str, str], float]:
         """(alert_id, change) of posts begun but not recorded as delivered (maybe in Slack
         already, or about to land there) → wall time of the latest attempt."""
