@@ -1068,6 +1068,10 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
                   f"over the episode than limits.yaml lets its events claim (max_usd_per_hour ${limits.max_usd_per_hour:,.2f}; "
                   f"for egress, max_egress_gbit_per_s), on resources {', '.join(map(printable, repriced.some_beyond))}; "
                   "a corrupt charge? They keep the figures they had")  # fmt: skip
+        if repriced.overlapping:
+            where = ", ".join(map(printable, repriced.some_overlapping))
+            _note(f"{repriced.overlapping} incident(s) not re-priced: their resource's charges overlap one another over "
+                  f"the episode (two granularities of the same hours?), on {where}; they keep the figures they had")  # fmt: skip
     if args.publish_usage:
         from streams.kafka import publish_records
 

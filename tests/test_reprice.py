@@ -191,6 +191,23 @@ def test_a_days_charge_counts_the_hours_it_billed(incidents, tmp_path):
     assert a["billed_usd"] == pytest.approx(160.0) and a["billed_waste_usd"] == pytest.approx(100.0 * 160 / 200)
 
 
+def test_the_same_hours_billed_at_two_granularities_reprice_nothing_and_are_said(incidents, tmp_path):
+    """An hourly export, then a daily one of the same day (both stored: their periods differ, so neither
+    replaces the other): the daily charge's $320 was added to the hours' $160 over the episode, pricing
+    the waste at three times the bill. Overlapping charges re-price nothing; the hourly figure stays."""
+    hourly = ingest_files(incidents, write_bill(tmp_path / "hourly.csv", {"h1": 40.0, "h2": 40.0}, hours=8))
+    assert reprice(incidents, hourly.ingest_id).repriced == 1
+    path = write_bill(tmp_path / "daily.csv", {"h1": 320.0, "h2": 320.0}, hours=1)
+    text = path.read_text().replace(iso(T0 + HOUR), iso(T0 + 24 * HOUR))  # one row over the whole day
+    path.write_text(text.replace(",1,1,Hours,Hours,", ",8,8,Hours,Hours,"))
+    daily = ingest_files(incidents, path)
+    assert daily.overlapping == 2  # said at the ingest
+    done = reprice(incidents, daily.ingest_id)
+    assert (done.overlapping, sorted(done.some_overlapping)) == (2, ["h1", "h2"])
+    assert figures(incidents)["a"]["billed_usd"] == pytest.approx(160.0)  # the hourly bill's, not $160 + $160
+    assert set(figures(incidents)) == {"a"}
+
+
 def test_an_hours_charge_billing_more_hours_than_it_lasts_is_that_hours(incidents, tmp_path):
     """An hourly row billing 8 GPU-hours (GPUs x hours, as Google's export counts them) is its hour's charge:
     the episode's 4 hours at $40 are $160, where the share of 8 billed hours had made them $20."""

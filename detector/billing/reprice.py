@@ -89,7 +89,10 @@ SELECT ep.alert_id AS alert_id, ep.resource_id AS resource_id, ep.s AS s, ep.e A
        b.billed_usd AS billed_usd, ep.waste_usd AS waste_usd,
        ep.waste_usd * greatest(b.billed_usd, 0) / c.claimed_usd AS billed_waste_usd,
        b.billed_usd <= if(ep.egress, {{max_egress_usd_per_hour:Float64}}, {{max_usd_per_hour:Float64}})
-                       * (ep.e_ms - ep.s_ms) / 3600000 AS within_limits
+                       * (ep.e_ms - ep.s_ms) / 3600000 AS within_limits,
+       -- periods that cover more of the episode than it lasted overlap one another: the same hours
+       -- billed at two granularities (an hourly and a daily export of one month), which would count twice
+       b.covered_ms > ep.e_ms - ep.s_ms + 1000 AS overlapping
 FROM episodes AS ep
 INNER JOIN billed AS b ON b.alert_id = ep.alert_id
 INNER JOIN claimed AS c ON c.alert_id = ep.alert_id
@@ -100,21 +103,27 @@ _INSERT = """
 INSERT INTO {db}.alert_billing (alert_id, resource_id, episode_start, episode_end, claimed_usd, billed_usd,
                                  waste_usd, billed_waste_usd, repriced_at, ingest_id)
 SELECT alert_id, resource_id, s, e, claimed_usd, billed_usd, waste_usd, billed_waste_usd, now64(3), {{ingest_id:String}}
-FROM ({judged}) WHERE within_limits
+FROM ({judged}) WHERE within_limits AND NOT overlapping
 """
 
-_BEYOND = """
-SELECT count() AS n, groupUniqArray(5)(resource_id) AS some FROM ({judged}) WHERE NOT within_limits
+_LEFT = """
+SELECT countIf(NOT within_limits AND NOT overlapping) AS n,
+       groupUniqArrayIf(5)(resource_id, NOT within_limits AND NOT overlapping) AS some,
+       countIf(overlapping) AS n_overlapping, groupUniqArrayIf(5)(resource_id, overlapping) AS some_overlapping
+FROM ({judged})
 """
 
 
 class Repriced(NamedTuple):
-    """What :func:`reprice` did: incidents re-priced, and those the bill prices beyond ``limits.yaml``
-    (``some_beyond``: up to five of their resources)."""
+    """What :func:`reprice` did: incidents re-priced, those the bill prices beyond ``limits.yaml``
+    (``some_beyond``: up to five of their resources), and those whose charges overlap one another
+    over the episode (the same hours at two granularities: ``some_overlapping``)."""
 
     repriced: int
     beyond_limits: int
     some_beyond: list[str]
+    overlapping: int
+    some_overlapping: list[str]
 
 
 def reprice(store: Connection, ingest_id: str, limits: Limits | None = None) -> Repriced:
@@ -124,7 +133,7 @@ def reprice(store: Connection, ingest_id: str, limits: Limits | None = None) -> 
     ``max_usd_per_hour``, or for egress ``max_egress_gbit_per_s`` at :data:`MAX_EGRESS_USD_PER_GB`)
     is not re-priced by this bill, and is counted in ``beyond_limits``: the reader bounds only
     charges in hours, and a corrupt charge in another unit (GB, requests) would otherwise price the
-    waste at it."""
+    waste at it. Nor is one whose charges' periods overlap (``overlapping``)."""
     db = store.db
     limits = limits or Limits()
     judged = _JUDGED.format(db=db, priced_in=PRICED_IN, egress_types=_sql_tuple(_EGRESS_TYPES),
@@ -133,10 +142,11 @@ def reprice(store: Connection, ingest_id: str, limits: Limits | None = None) -> 
                   "max_egress_usd_per_hour": max_egress_usd_per_hour(limits)}  # fmt: skip
     with store.lock:
         store.client.command(_INSERT.format(db=db, judged=judged), parameters=parameters)
-    (beyond,) = store.query(_BEYOND.format(judged=judged), parameters)
+    (left,) = store.query(_LEFT.format(judged=judged), parameters)
     rows = store.query(f"SELECT uniqExact(alert_id) AS n FROM {db}.alert_billing WHERE ingest_id = {{i:String}}",
                        {"i": ingest_id})
-    return Repriced(int(rows[0]["n"]), int(beyond["n"]), list(beyond["some"]))
+    return Repriced(int(rows[0]["n"]), int(left["n"]), list(left["some"]), int(left["n_overlapping"]),
+                    list(left["some_overlapping"]))  # fmt: skip
 
 
 MAX_EGRESS_USD_PER_GB = 0.25
