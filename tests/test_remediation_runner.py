@@ -633,6 +633,54 @@ def test_a_stop_whose_answer_timed_out_is_looked_up_before_a_resolution_cancels_
     assert steps(store)[-1] == ("succeeded", APPROVER) and ("cancelled", "resolved") not in steps(store)
 
 
+class _SlowLookup:
+    """The real executor, whose lookup (``observe``) waits until the test lets it answer."""
+
+    def __init__(self, real):
+        self.real, self.entered, self.release = real, threading.Semaphore(0), threading.Semaphore(0)
+
+    def plan(self, target):
+        return self.real.plan(target)
+
+    def execute(self, call):
+        return self.real.execute(call)
+
+    def observe(self, call):
+        self.entered.release()
+        self.release.acquire(timeout=30)
+        return self.real.observe(call)
+
+
+def test_a_click_is_answered_while_a_lookup_before_a_cancellation_hangs(store, slack, tmp_path, moto_url):
+    """A resolution cancels a retry only after the API is asked whether its call took; that lookup ran under
+    the clicks' lock, so a cloud API hanging for a minute held every Approve and Decline with it."""
+    runner, real, instance, wall = _stopped_answer_lost(store, slack, tmp_path, moto_url)
+    other = run_instance(moto_url)
+    posted(store, incident(other, lasted=4 * 3600, alert_id="b1"))
+    events_go_on(store, other, wall, version=3, alert_id="b1")
+    slow = _SlowLookup(real)
+    runner.executors = {"stop_instance": slow}
+    runner.run_once()  # b1 proposed; a1's retry not due yet
+    store.alerts.record([incident(instance, lasted=wall.t - T0, change="resolved")], version=4)
+    passing = threading.Thread(target=runner.run_once, daemon=True)
+    passing.start()
+    try:
+        assert slow.entered.acquire(timeout=30), "the resolution did not look the call up"
+        answered: list[int] = []
+        handler = ActionHandler(RequestVerifier("8f742231b10e8888abcd99yyyzzz85a5", clock=lambda: NOW), store,
+                                runner.notifier, None, clock=wall, remediation=runner, response_origin=slack.api_url)  # fmt: skip
+        clicking = threading.Thread(target=lambda: answered.append(click(handler, "burnwatch_decline", APPROVER,
+                                                                         alert_id="b1")), daemon=True)  # fmt: skip
+        clicking.start()
+        clicking.join(timeout=20)
+        assert answered == [200] and passing.is_alive()  # answered while the lookup still hangs
+    finally:
+        slow.release.release()
+        passing.join(timeout=30)
+    assert steps(store)[-1] == ("succeeded", APPROVER)  # found stopped: done, not cancelled
+    assert steps(store, "b1")[-1] == ("declined", APPROVER)
+
+
 def test_a_retry_that_finds_the_instance_stopped_credits_the_saving(store, slack, tmp_path, moto_url):
     """The first call stopped the instance but its answer was lost; the retry reads it stopped. That is the
     first call's doing: the saving is credited (a stop found already made before any call of ours is not)."""

@@ -263,8 +263,8 @@ class ActionRunner:
         """Cancel a pending action; one whose call may have taken before (``retry``: an answer timed out) is
         looked up first, and recorded as done if it took."""
         if action.state == "retry":
-            observe = getattr(self.executors.get(action.kind), "observe", None)
-            found = observe(action.call) if observe is not None and action.call is not None else None
+            found = self._observe_unlocked(action)
+            now = self._wall()  # the lookup took time: later steps are stamped after what clicks stored meanwhile
             if found is not None and found.ok:
                 self._finish(action, found, now)
                 return
@@ -385,6 +385,23 @@ class ActionRunner:
         finally:
             self._lock.acquire()
         self._finish(action, outcome, self._wall())
+
+    def _observe_unlocked(self, action: Action) -> Outcome | None:
+        """Whether the action's call took, as the API says now (None: it cannot tell), the clicks' lock released
+        while the API takes its time, as during a call (:meth:`_execute`): a lookup hanging for a minute held
+        every Approve and Decline. The action is a ``retry``, which no click decides."""
+        observe = getattr(self.executors.get(action.kind), "observe", None)
+        if observe is None or action.call is None:
+            return None
+        self._lock.release()
+        try:
+            found: Outcome | None = observe(action.call)
+            return found
+        except Exception as exc:  # noqa: BLE001 - an executor's bug: then it cannot tell
+            log.warning("action_lookup_failed", action=action.key, error=f"{type(exc).__name__}: {exc}"[:300])
+            return None
+        finally:
+            self._lock.acquire()
 
     def _finish(self, action: Action, outcome: Outcome, now: float) -> None:
         if outcome.ok:
