@@ -251,9 +251,9 @@ def test_auto_unless_objected_a_snooze_cancels(store, slack, tmp_path, moto_url)
 
 def test_a_grouped_incidents_warning_offers_snooze_and_a_snooze_there_stops_the_action(store, slack, tmp_path,
                                                                                        moto_url):  # fmt: skip
-    """Two idle hosts of team nlp grouped into one message, which has no buttons: each
+    """Two idle hosts of team nlp grouped into one message, whose buttons are for both: each
     automatic action's warning in its thread offers Snooze 24h (the alert's own snooze, for
-    anyone) beside Decline (approvers only), so whoever sees it can object. A snooze clicked
+    anyone) beside Decline (approvers only), so whoever sees it can object to one. A snooze clicked
     there, by someone who is no approver, stops that action and not the other; the warning is
     not rewritten as the alert's message, and the clicker is told."""
     first, second, wall = run_instance(moto_url), run_instance(moto_url), Wall()
@@ -264,7 +264,8 @@ def test_a_grouped_incidents_warning_offers_snooze_and_a_snooze_there_stops_the_
     outbox.add(alerts)
     outbox.deliver_pending()
     (group,) = slack.calls("chat.postMessage")
-    assert "2 resources of team nlp" in group.text_of_blocks() and not any(b["type"] == "actions" for b in group.blocks)
+    assert "2 resources of team nlp" in group.text_of_blocks()
+    assert [b["block_id"] for b in group.blocks if b["type"] == "actions"] == ["burnwatch-group:a1"]  # for both
     runner.run_once()
     thread = store.deliveries.thread_of("a1")
     assert thread is not None and store.deliveries.thread_of("a2") == thread  # one message for both
