@@ -20,6 +20,11 @@ results are built whole too (no streaming). It is not a ClickHouse server: no se
 (a ``SET`` or ``USE`` statement is refused; settings are request parameters; ``readonly`` lets only
 a statement that reads run), no users
 or authentication (it binds to loopback unless told otherwise), no replication.
+
+chdb is clickhouse-local, which confines nothing to the store: ``file()``, ``url()``, ``INTO OUTFILE``,
+``SYSTEM SHUTDOWN`` and the like act as the server's user. A client may do anything to the store
+(workers create, alter and drop its tables), but a statement that reaches outside it is refused
+(:meth:`StoreEngine._check_inside`).
 """
 
 from __future__ import annotations
@@ -76,6 +81,26 @@ _SESSION_STATEMENT = re.compile(rb"\A\s*(SET|USE)\b", re.IGNORECASE)
 _TRAILING_FORMAT = re.compile(rb"\bFORMAT\s+([A-Za-z0-9_]+)\s*;?\s*\Z", re.IGNORECASE)
 _RESULT_STATEMENT = re.compile(rb"\A\s*(SELECT|WITH|SHOW|DESC|DESCRIBE|EXISTS|EXPLAIN|\()", re.IGNORECASE)
 _INTO_OUTFILE = re.compile(rb"\bINTO\s+OUTFILE\b", re.IGNORECASE)
+_OUTSIDE_CLAUSE = re.compile(rb"\bINTO\s+OUTFILE\b|\bFROM\s+INFILE\b|\bdisk\s*\(", re.IGNORECASE)
+"""Clauses (in the engine's single-line form of a statement) that read or write a path of the server's choosing."""
+_OUTSIDE_STATEMENTS = {"Set": "SET", "UseQuery": "USE", "SYSTEM": "SYSTEM", "BackupQuery": "BACKUP",
+                       "RestoreQuery": "RESTORE", "AttachQuery": "ATTACH"}  # fmt: skip
+"""Statements (the root of ``EXPLAIN AST``) refused: SET and USE would change the session every client
+shares; SYSTEM stops or kills the server (SHUTDOWN, KILL); BACKUP, RESTORE and ATTACH name paths."""
+_INSIDE_TABLE_FUNCTIONS = frozenset({
+    "numbers", "numbers_mt", "zeros", "zeros_mt", "values", "view", "viewifpermitted", "viewexplain", "null", "merge",
+    "input", "format", "loop", "generaterandom", "generateseries", "generate_series", "primes", "dictionary",
+    "sqlstandardvalues", "fuzzjson", "fuzzquery", "mergetreeindex", "mergetreeprojection", "mergetreeanalyzeindexes",
+    "mergetreeanalyzeindexesuuid", "mergetreecodecblockcounts", "mergetreetextindex",
+})  # fmt: skip
+_INSIDE_ENGINES = frozenset({
+    "memory", "null", "view", "materializedview", "log", "tinylog", "stripelog", "set", "join", "buffer",
+    "dictionary", "merge", "generaterandom", "alias", "loop",
+})  # fmt: skip
+"""Table functions and engines (lower case) that stay inside the engine; with the ``*MergeTree`` engines (not
+``Replicated*``), the only ones a client may name. Every other one the engine knows (``file``, ``url``, ``s3``,
+``remote``, ``executable``, ``python``, ``File``, ``URL``, ``EmbeddedRocksDB``, ...) reads or writes the server's
+files, reaches the network or reads the server process's memory: refused, and so is one a later chdb adds."""
 READONLY = 164
 _CODE = re.compile(r"Code: (\d+)\.")
 
@@ -86,6 +111,7 @@ CANNOT_DECOMPRESS = 271
 CANNOT_PARSE_INPUT = 27
 TOO_LARGE_REQUEST = 241  # MEMORY_LIMIT_EXCEEDED: the nearest ClickHouse has
 UNKNOWN_EXCEPTION = 1002
+ACCESS_DENIED = 497
 
 
 class StoreError(Exception):
@@ -193,6 +219,23 @@ class StoreEngine:
         """Settings this server SET on the session (chdb's own start-up settings are the baseline)."""
         found = self._conn.query("SELECT version(), timezone(), currentDatabase()", "TabSeparated").bytes()
         self.version, self.timezone, self._database = found.decode().rstrip("\n").split("\t")
+        names = self._conn.query("SELECT name FROM system.table_functions UNION ALL "
+                                 "SELECT name FROM system.table_engines", "TabSeparatedRaw").bytes().decode().split()  # fmt: skip
+        self._outside = frozenset(
+            n.lower()
+            for n in names
+            if n.lower() not in _INSIDE_TABLE_FUNCTIONS | _INSIDE_ENGINES
+            and not (n.lower().endswith("mergetree") and not n.lower().startswith("replicated"))
+        ) | {"file"}
+        """Function and engine names (lower case) a statement may not name (:meth:`_check_inside`)."""
+        words = sorted({*self._outside, "set", "use", "system", "backup", "restore", "attach", "outfile", "infile",
+                        "disk", "dictionary"})  # fmt: skip
+        self._suspect = re.compile(rb"\\|\b(?:" + b"|".join(re.escape(w.encode()) for w in words) + rb")\b", re.IGNORECASE)
+        """A statement with none of these words anywhere (and no backslash, which can spell one in a quoted
+        name) cannot name what :meth:`_check_inside` refuses, so it is not asked of the engine: inserts and
+        the workers' queries run without the extra parse."""
+        self._inside: dict[bytes, None] = {}
+        """Statements judged to stay inside the engine (bounded): a worker sends the same ones again and again."""
 
     def execute(self, request: StoreRequest) -> StoreResponse:
         """Run one statement; raise :class:`StoreError` with ClickHouse's code and message."""
@@ -213,6 +256,7 @@ class StoreEngine:
                     raise StoreError(UNKNOWN_EXCEPTION, "the store is shutting down", status=503)
                 if request.readonly:
                     self._check_reads(request)
+                self._check_inside(request)
                 self._use(request.database)
                 self._apply(request.settings)
                 started = time.perf_counter_ns()
@@ -247,6 +291,40 @@ class StoreEngine:
         if not _RESULT_STATEMENT.match(normal) or _INTO_OUTFILE.search(normal):
             raise StoreError(READONLY, "Cannot execute query in readonly mode: only a statement that reads (SELECT, "
                              "SHOW, DESCRIBE, EXISTS, EXPLAIN) runs", status=403)  # fmt: skip
+
+    def _check_inside(self, request: StoreRequest) -> None:
+        """Refuse a statement that reaches outside the store: reads or writes the server's files (``file()``,
+        ``INTO OUTFILE``, ``FROM INFILE``, a ``File`` table, ``BACKUP``), the network (``url()``, ``s3()``,
+        ``remote()``, a dictionary's source), or stops the server (``SYSTEM SHUTDOWN``), or changes the session
+        every client shares (``SET``, ``USE``, however a comment or a second statement hides them). chdb is
+        clickhouse-local: it confines none of these, and anyone who reaches the port would act as the server's
+        user. Judged on the engine's own reading: one statement (chdb would run each of ``SELECT 1; SET ...``),
+        comments gone, quoted names unescaped."""
+        if request.sql in self._inside or not self._suspect.search(request.sql):
+            return
+        text = request.sql.decode(errors="replace")
+        normal = self._run(f"SELECT formatQuerySingleLine({_string(text)})", "TabSeparatedRaw", {}).bytes().strip()
+        refused = _OUTSIDE_CLAUSE.search(normal)
+        what = " ".join(refused[0].decode().upper().rstrip("(").split()) if refused else None
+        what = "disk()" if what == "DISK" else what
+        if what is None:
+            tree = self._run(b"EXPLAIN AST " + normal, "TabSeparatedRaw", request.params).bytes().decode(errors="replace")
+            lines = tree.splitlines()
+            root = lines[0].split(" ", 1)[0] if lines else ""
+            what = _OUTSIDE_STATEMENTS.get(root)
+            for line in lines:
+                kind, name = (line.split() + ["", ""])[:2]
+                if what is None and kind == "FunctionWithKeyValueArguments":
+                    what = f"a dictionary source ({name})"
+                elif what is None and kind == "Function" and name.lower() in self._outside:
+                    what = f"{name}()"
+        if what is not None:
+            raise StoreError(ACCESS_DENIED, f"{what} is refused: burnwatch store serve keeps its clients inside the "
+                             "store (no files or network of the server's, no stopping it, no session every client "
+                             "shares)", status=403)  # fmt: skip
+        if len(self._inside) >= 4096:
+            self._inside.clear()
+        self._inside[request.sql] = None
 
     def _run(self, sql: str | bytes, fmt: str, params: dict[str, str]) -> Any:
         try:

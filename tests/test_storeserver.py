@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -191,6 +192,55 @@ def test_a_readonly_request_only_reads_and_leaves_the_engine_writable(remote, se
     client.command("CREATE TABLE IF NOT EXISTS default.readonly_probe (x UInt8) ENGINE = Memory")  # still writable
     client.command("DROP TABLE default.readonly_probe")
     client.close()
+
+
+def test_a_client_stays_inside_the_store(server, tmp_path):
+    """chdb is clickhouse-local: it lets a statement read and write any file the server's user can, reach the
+    network, stop the server (SYSTEM SHUTDOWN, SYSTEM KILL) and change the session every client shares. Through
+    the port each of these is refused, however spelled (a comment before a SET made the engine read-only for
+    every worker until a restart; a second statement ran unjudged); what only looks like them still runs."""
+    client = clickhouse_connect.get_client(dsn=server.url)
+    secret, written = tmp_path / "secret.txt", tmp_path / "written.txt"
+    secret.write_text("s3cret\n")
+    refused = [
+        ("SYSTEM SHUTDOWN", "SYSTEM"), ("SYSTEM KILL", "SYSTEM"),
+        ("/* a note */ SET readonly = 1", "SET"), ("-- a note\nUSE system", "USE"),
+        ("SELECT 1; SET readonly = 1", "Multi-statements"),
+        (f"SELECT * FROM file('{secret}', 'LineAsString')", "file()"),
+        (f"SELECT file('{secret}')", "file()"),
+        (f"SELECT `fil\\x65`('{secret}')", "file()"),
+        (f"SELECT 1 INTO OUTFILE '{written}'", "INTO OUTFILE"),
+        (f"INSERT INTO FUNCTION file('{written}', 'TSV', 's String') VALUES ('x')", "file()"),
+        (f"CREATE TABLE default.f (s String) ENGINE = File(LineAsString, '{secret}')", "File()"),
+        (f"CREATE TABLE default.m (s String) ENGINE = MergeTree ORDER BY s SETTINGS disk = disk(type = 'local', "
+         f"path = '{tmp_path}/disk/')", "disk()"),
+        (f"ATTACH TABLE default.a FROM '{tmp_path}' (s String) ENGINE = MergeTree ORDER BY s", "ATTACH"),
+        (f"BACKUP TABLE default.x TO File('{written}')", "BACKUP"),
+        (f"SELECT * FROM url('{server.url}/ping', 'LineAsString')", "url()"),
+        ("CREATE DICTIONARY default.d (k UInt64, v String) PRIMARY KEY k SOURCE(HTTP(url 'http://127.0.0.1:9/' "
+         "format 'TSV')) LAYOUT(FLAT()) LIFETIME(0)", "dictionary source"),
+        ("SELECT * FROM python(x)", "python()"),
+    ]  # fmt: skip
+    for statement, what in refused:
+        with pytest.raises(DatabaseError, match=re.escape(what)) as caught:
+            client.command(statement)
+        assert caught.value.code in (497, 62), statement
+    unquoted = "concat(" + ", ".join(f"char({ord(c)})" for c in str(written)) + ")"  # no quote: split as an insert
+    insert = urllib.request.Request(server.url, data=f"INSERT INTO FUNCTION file({unquoted}, TSV) FORMAT TSV\nx\n".encode())
+    with pytest.raises(urllib.error.HTTPError) as failed:  # the insert's data is run as FROM INFILE by the server
+        urllib.request.urlopen(insert, timeout=10)
+    assert failed.value.headers["X-ClickHouse-Exception-Code"] == "497"
+    assert not written.exists() and not (tmp_path / "disk").exists()
+    assert client.query("SELECT currentDatabase(), getSetting('readonly')").result_rows == [("default", 0)]
+    client.command("CREATE TABLE IF NOT EXISTS default.inside (s String) ENGINE = ReplacingMergeTree ORDER BY s")
+    client.insert("default.inside", [["file"], ["url"]], column_names=["s"])
+    assert client.query("SELECT count() FROM default.inside WHERE s IN ('file', 'url', 'system', 'set')").result_rows \
+        == [(2,)]  # fmt: skip
+    assert client.query("SELECT sum(number), format('{} set', 1), log(1) FROM numbers(4)").result_rows == [(6, "1 set", 0)]
+    client.command("DROP TABLE default.inside")
+    client.close()
+    with urllib.request.urlopen(f"{server.url}/ping", timeout=5) as response:
+        assert response.read() == b"Ok.\n"
 
 
 @pytest.mark.parametrize("compress", ["lz4", "zstd", "gzip", False])
