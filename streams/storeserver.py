@@ -32,6 +32,7 @@ from __future__ import annotations
 import email.parser
 import email.policy
 import gzip
+import ipaddress
 import json
 import os
 import re
@@ -446,6 +447,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 300  # an idle kept-alive connection is closed after this long
     wbufsize = 1 << 16  # headers and body leave in one write, not two
     engine: StoreEngine  # set on the subclass make_server builds
+    loopback: bool  # whether the server is bound to loopback only (set likewise)
 
     def setup(self) -> None:
         super().setup()
@@ -463,7 +465,7 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path != "/":
             self._reply(404, b"Not found\n", {"Content-Type": "text/plain; charset=UTF-8"})
             return
-        self._handle(url.query, b"")
+        self._handle(url.query, b"", reading=True)
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
         url = urlparse(self.path)
@@ -478,10 +480,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._handle(url.query, body)
 
-    def _handle(self, query: str, body: bytes) -> None:
+    def _handle(self, query: str, body: bytes, reading: bool = False) -> None:
+        """Answer one statement; ``reading`` (a GET) lets only a statement that reads run, as ClickHouse does:
+        a link or an image on a web page is a GET, and must not drop the store."""
         url_params = dict(parse_qsl(query, keep_blank_values=True))
         query_id = url_params.get("query_id", "")
         try:
+            self._check_caller()
+            if reading:
+                url_params["readonly"] = "2"
             body = decompress(body, self.headers.get("Content-Encoding", ""))
             if len(body) > MAX_BODY_BYTES:
                 raise StoreError(TOO_LARGE_REQUEST, f"request body over {MAX_BODY_BYTES} bytes", status=413)
@@ -508,6 +515,19 @@ class _Handler(BaseHTTPRequestHandler):
         if response.fmt is not None:
             headers["X-ClickHouse-Format"] = response.fmt
         self._reply(200, response.body, headers)
+
+    def _check_caller(self) -> None:
+        """Refuse a web page's request. With no users or passwords, the port's only guard is who can reach it,
+        and a browser on this machine reaches loopback for any page it shows: a page's POST carries
+        ``Origin`` (no client of the store sends one), and a page that rebinds its own DNS name to 127.0.0.1 sends
+        that name as ``Host``, which a server bound to loopback answers only for a loopback address."""
+        if self.headers.get("Origin"):
+            raise StoreError(ACCESS_DENIED, "a web browser's request (it sent Origin) is refused: the store has no "
+                             "users or passwords", status=403)  # fmt: skip
+        host = urlparse("//" + (self.headers.get("Host") or "")).hostname or ""
+        if self.loopback and host and not _is_loopback(host):
+            raise StoreError(ACCESS_DENIED, f"Host {host[:100]!r} is refused: this server, bound to loopback, answers "
+                             "requests for 127.0.0.1, ::1 or localhost only", status=403)  # fmt: skip
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -591,7 +611,17 @@ class _Server(ThreadingHTTPServer):
 
 def make_server(engine: StoreEngine, host: str = "127.0.0.1", port: int = 8123) -> ThreadingHTTPServer:
     """An HTTP server (not started) answering for ``engine``; ``port`` 0 picks a free one."""
-    return _Server((host, port), type("StoreHandler", (_Handler,), {"engine": engine}))
+    return _Server((host, port), type("StoreHandler", (_Handler,), {"engine": engine, "loopback": _is_loopback(host)}))
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def redact_dsn(dsn: str) -> str:
@@ -614,7 +644,7 @@ def serve(dsn: str, host: str = "127.0.0.1", port: int = 8123) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if not _is_loopback(host):
         log.warning("store_not_on_loopback", host=host,
                     hint="anyone who reaches this port can run any SQL on the store: no users, no TLS")  # fmt: skip
     log.info("store_serving", dsn=redact_dsn(dsn), url=f"http://{host}:{bound}", engine=engine.version)

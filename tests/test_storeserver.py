@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -241,6 +242,35 @@ def test_a_client_stays_inside_the_store(server, tmp_path):
     client.close()
     with urllib.request.urlopen(f"{server.url}/ping", timeout=5) as response:
         assert response.read() == b"Ok.\n"
+
+
+def test_a_web_page_cannot_reach_the_store(server):
+    """The port has no password, and a browser on this machine reaches loopback for any page it shows: a GET
+    (an image, a link) only reads, as on ClickHouse; a page's POST (it carries Origin) and a request for a name
+    rebound to 127.0.0.1 (its Host) are refused. clickhouse-connect, curl and the workers send neither."""
+    client = clickhouse_connect.get_client(dsn=server.url)
+    client.command("CREATE TABLE IF NOT EXISTS default.web_probe (x UInt8) ENGINE = Memory")
+
+    def send(method: str, query: str, headers: dict[str, str]) -> tuple[int, str]:
+        data = query.encode() if method == "POST" else None
+        url = server.url + ("/" if method == "POST" else "/?" + urllib.parse.urlencode({"query": query}))
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=10) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    status, text = send("GET", "DROP TABLE default.web_probe", {})
+    assert status == 403 and text.startswith("Code: 164.") and "readonly" in text
+    assert send("GET", "SELECT 1", {}) == (200, "1\n")
+    status, text = send("POST", "DROP TABLE default.web_probe", {"Origin": "https://evil.example"})
+    assert status == 403 and text.startswith("Code: 497.") and "Origin" in text
+    status, text = send("POST", "DROP TABLE default.web_probe", {"Host": f"rebound.example:{server.port}"})
+    assert status == 403 and "'rebound.example' is refused" in text
+    assert client.command("EXISTS TABLE default.web_probe") == 1
+    assert send("POST", "SELECT 2", {"Host": f"localhost:{server.port}"}) == (200, "2\n")
+    client.command("DROP TABLE default.web_probe")
+    client.close()
 
 
 @pytest.mark.parametrize("compress", ["lz4", "zstd", "gzip", False])
