@@ -9,7 +9,7 @@ interface for the unmodified clickhouse-connect HTTP client
 parameter and/or the body, ``param_*`` server-side parameters (as URL parameters or a
 multipart form), ``database``, ``default_format``, any other parameter as a ClickHouse
 setting for that request, request bodies compressed with ``Content-Encoding`` (lz4, zstd,
-gzip, deflate, br), ``INSERT ... FORMAT F`` followed by its data (run as ``INSERT ... FROM
+gzip, deflate), ``INSERT ... FORMAT F`` followed by its data (run as ``INSERT ... FROM
 INFILE``, as clickhouse-connect's chdb backend does), errors as ``Code: N.
 DB::Exception: ...`` with ``X-ClickHouse-Exception-Code``, and ``GET /ping``.
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
-import gzip
 import ipaddress
 import json
 import os
@@ -45,6 +44,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -385,9 +385,11 @@ def _text(sql: bytes) -> str | bytes:
         return sql  # binary parameters bound into the statement: chdb takes bytes
 
 
-def decompress(body: bytes, encoding: str) -> bytes:
-    """The body of a request sent with ``Content-Encoding``. clickhouse-connect compresses
-    each block as its own lz4 or zstd frame: every frame is read."""
+def decompress(body: bytes, encoding: str, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body of a request sent with ``Content-Encoding``, refused (413) as soon as it passes ``limit``
+    bytes: a small body can expand a thousandfold (a 4 MB gzip body of zeros took the server to 8.8 GB before
+    its size was checked). clickhouse-connect compresses each block as its own lz4 or zstd frame: every frame
+    (every gzip member) is read."""
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
@@ -395,33 +397,45 @@ def decompress(body: bytes, encoding: str) -> bytes:
         if encoding == "lz4":
             import lz4.frame
 
-            parts = []
-            while body:
-                frame = lz4.frame.LZ4FrameDecompressor()
-                parts.append(frame.decompress(body))
-                if not frame.eof:
-                    raise ValueError("truncated lz4 frame")
-                body = frame.unused_data
-            return b"".join(parts)
+            return _inflate(body, lz4.frame.LZ4FrameDecompressor, limit)
         if encoding == "zstd":
             if sys.version_info >= (3, 14):
                 from compression import zstd
             else:
                 from backports import zstd  # what clickhouse-connect depends on (Python < 3.14)
-            return zstd.decompress(body)
+            return _inflate(body, zstd.ZstdDecompressor, limit)
         if encoding in ("gzip", "x-gzip"):
-            return gzip.decompress(body)
+            return _inflate(body, lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), limit)
         if encoding == "deflate":
-            return zlib.decompress(body)
-        if encoding == "br":
-            import brotli
-
-            return brotli.decompress(body)
-    except ImportError:
-        pass
+            return _inflate(body, zlib.decompressobj, limit)
+    except StoreError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any codec failure is the client's body
         raise StoreError(CANNOT_DECOMPRESS, f"Cannot decompress the request body ({encoding}): {exc}", 400) from None
-    raise StoreError(CANNOT_DECOMPRESS, f"Unsupported Content-Encoding {encoding!r}", status=400)
+    raise StoreError(CANNOT_DECOMPRESS, f"Unsupported Content-Encoding {encoding!r} (lz4, zstd, gzip or deflate)", 400)
+
+
+def _inflate(body: bytes, new: Callable[[], Any], limit: int) -> bytes:
+    """Every frame of ``body`` decompressed by a fresh ``new()`` each (zlib's, lz4's and zstd's streaming
+    decompressors), asking each call for no more than what is left under ``limit``."""
+    parts: list[bytes] = []
+    total = 0
+    while body:
+        codec = new()
+        pending = body
+        while True:
+            out = codec.decompress(pending, limit + 1 - total)
+            total += len(out)
+            if total > limit:
+                raise StoreError(TOO_LARGE_REQUEST, f"request body over {limit} bytes once decompressed", status=413)
+            parts.append(out)
+            if codec.eof:
+                break
+            pending = getattr(codec, "unconsumed_tail", b"")  # zlib hands back what it did not read; the others keep it
+            if not out and not pending:
+                raise ValueError("the body ends inside a frame")
+        body = codec.unused_data
+    return b"".join(parts)
 
 
 def form_fields(body: bytes, content_type: str) -> dict[str, str]:

@@ -16,9 +16,11 @@ import socket
 import subprocess
 import sys
 import time
+import tracemalloc
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from pathlib import Path
 
 import clickhouse_connect
@@ -271,6 +273,34 @@ def test_a_web_page_cannot_reach_the_store(server):
     assert send("POST", "SELECT 2", {"Host": f"localhost:{server.port}"}) == (200, "2\n")
     client.command("DROP TABLE default.web_probe")
     client.close()
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "lz4", "zstd"])
+def test_a_compressed_body_is_refused_once_it_passes_the_limit_not_after(encoding):
+    """A small body can expand a thousandfold: a 4 MB gzip body of zeros took the server to 8.8 GB before its size
+    was checked. Decompression stops as soon as the output passes the limit, so a bomb costs about the limit."""
+    import lz4.frame
+    from backports import zstd
+
+    from streams.storeserver import StoreError, decompress
+
+    zeros = b"\0" * (1 << 20)
+    if encoding in ("gzip", "deflate"):
+        codec = zlib.compressobj(9, zlib.DEFLATED, 31 if encoding == "gzip" else 15)
+        bomb = b"".join(codec.compress(zeros) for _ in range(256)) + codec.flush()  # 256 MiB in ~250 kB
+    else:
+        frame = lz4.frame.compress(zeros) if encoding == "lz4" else zstd.compress(zeros)
+        bomb = frame * 256  # 256 frames of 1 MiB each, as clickhouse-connect sends one frame a block
+    assert decompress(bomb, encoding, limit=256 << 20)[-1:] == b"\0"  # a body at the limit is whole
+    tracemalloc.start()
+    try:
+        with pytest.raises(StoreError) as caught:
+            decompress(bomb, encoding, limit=4 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.status == 413 and "over 4194304 bytes once decompressed" in str(caught.value)
+    assert peak < 16 << 20, peak  # what it decompressed stayed near the limit (was the whole 256 MiB)
 
 
 @pytest.mark.parametrize("compress", ["lz4", "zstd", "gzip", False])
