@@ -58,6 +58,11 @@ log = structlog.get_logger("burnwatch.storeserver")
 
 MAX_BODY_BYTES = 1 << 30
 """A request body (decompressed) larger than this is refused: the server holds it in memory."""
+MAX_EXECUTION_S = 300
+"""A statement that sets no ``max_execution_time`` of its own is stopped after this long. The engine runs one
+statement at a time and nothing stops one whose client went away, so an endless query (a cross join typed
+by hand, its ``burnwatch sql`` interrupted) held every worker, and a SIGTERM, until the server was killed.
+clickhouse-connect gives up on a reply after 300 s by default (``send_receive_timeout``)."""
 
 _TRANSPORT_PARAMS = frozenset({
     "query", "database", "default_format", "session_id", "session_timeout", "session_check", "query_id",
@@ -208,10 +213,12 @@ class StoreEngine:
     clients sending the same settings cost no extra statement, and a setting one request
     sent never applies to the next."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, max_execution_s: int = MAX_EXECUTION_S) -> None:
         import chdb
 
         self.dsn = dsn
+        self.max_execution_s = max_execution_s
+        """``max_execution_time`` for a request that sets none (0: none)."""
         self._conn = chdb.connect(engine_path(dsn))
         self._lock = threading.Lock()
         self._closed = False
@@ -259,7 +266,7 @@ class StoreEngine:
                     self._check_reads(request)
                 self._check_inside(request)
                 self._use(request.database)
-                self._apply(request.settings)
+                self._apply({"max_execution_time": str(self.max_execution_s), **request.settings})
                 started = time.perf_counter_ns()
                 result = self._run(_text(sql), request.default_format, request.params)
                 elapsed = time.perf_counter_ns() - started
@@ -647,9 +654,9 @@ def redact_dsn(dsn: str) -> str:
     return urlunparse(url._replace(netloc=netloc))
 
 
-def serve(dsn: str, host: str = "127.0.0.1", port: int = 8123) -> int:
+def serve(dsn: str, host: str = "127.0.0.1", port: int = 8123, max_execution_s: int = MAX_EXECUTION_S) -> int:
     """Own the engine at ``dsn`` and serve it until SIGTERM or SIGINT; returns the exit status."""
-    engine = StoreEngine(dsn)
+    engine = StoreEngine(dsn, max_execution_s)
     server = make_server(engine, host, port)
     bound = server.server_address[1]
 

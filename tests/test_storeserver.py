@@ -406,6 +406,26 @@ def test_two_processes_write_to_one_store_at_once(server, tmp_path):
     setup.close()
 
 
+def test_an_endless_query_whose_client_left_holds_the_engine_no_longer_than_the_limit(tmp_path):
+    """The engine runs one statement at a time, and nothing stops one whose client gave up: an endless query
+    held every other client, and a SIGTERM, until the server was killed. A statement that sets no
+    ``max_execution_time`` is stopped after ``--max-execution-time``."""
+    server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "server.log", "--max-execution-time", "3").wait_ready()
+    try:
+        impatient = clickhouse_connect.get_client(dsn=server.url, send_receive_timeout=1)
+        with pytest.raises(Exception, match="timed out|Read timed out|timeout"):
+            impatient.query("SELECT count() FROM numbers_mt(1000000000000000)")
+        started = time.monotonic()
+        client = clickhouse_connect.get_client(dsn=server.url, send_receive_timeout=60)
+        assert client.command("SELECT 1") == 1
+        assert time.monotonic() - started < 20
+        failed = [e for e in server.log_events("store_request_failed") if e["code"] == 159]
+        assert failed and "TIMEOUT_EXCEEDED" in failed[0]["error"]
+        client.close()
+    finally:
+        assert server.stop(timeout=20) == 0, server.log()
+
+
 def test_serve_refuses_a_dsn_it_cannot_own_without_showing_its_password():
     out = subprocess.run(
         [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", "http://ops:s3cret@127.0.0.1:8123",
