@@ -47,6 +47,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlparse, urlunparse
 
@@ -376,6 +377,12 @@ def engine_path(dsn: str) -> str:
     location = url.netloc.rpartition("@")[2] if url.netloc else url.path
     if location in ("", "memory", ":memory:"):
         return ":memory:"
+    from detector.store.connection import holder
+
+    held_by = holder(Path(location))
+    if held_by is not None:  # chdb would say "Cannot lock file .../status", then "Error initializing EmbeddedServer: ."
+        raise ValueError(f"the store {location} is held by {held_by}: one process at a time opens it (stop that "
+                         "one, or point it at this server instead)")  # fmt: skip
     os.makedirs(location, exist_ok=True)
     return os.path.realpath(location)
 

@@ -426,6 +426,16 @@ def test_an_endless_query_whose_client_left_holds_the_engine_no_longer_than_the_
         assert server.stop(timeout=20) == 0, server.log()
 
 
+def test_a_second_server_on_a_held_store_says_who_holds_it(server):
+    """chdb's own words were two lines about a status file and "Error initializing EmbeddedServer: ."."""
+    dsn = server.proc.args[server.proc.args.index("--dsn") + 1]
+    out = subprocess.run([sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", dsn, "--port", str(free_port())],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1
+    assert f"is held by another process (pid {server.proc.pid}: " in out.stderr and "store serve" in out.stderr
+    assert "EmbeddedServer" not in out.stderr + out.stdout and "Traceback" not in out.stderr
+
+
 def test_serve_refuses_a_dsn_it_cannot_own_without_showing_its_password():
     out = subprocess.run(
         [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", "http://ops:s3cret@127.0.0.1:8123",
