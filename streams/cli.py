@@ -1220,7 +1220,7 @@ def cmd_store_serve(args: argparse.Namespace) -> int:
     embedded = settings.dsn if settings.dsn.startswith("chdb:") else f"chdb://{(settings.data_dir / 'clickhouse').resolve()}"
     dsn = args.dsn or embedded
     try:
-        return serve(dsn, args.host, args.port)
+        return serve(dsn, args.host, args.port, args.max_execution_time)
     except Exception as exc:  # a DSN that is not chdb, a directory another process holds, a port in use
         raise SystemExit(f"store serve {redact_dsn(dsn)} on {args.host}:{args.port}: {exc}") from None
 
@@ -1505,6 +1505,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "else <data dir>/clickhouse)")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback: there is no auth)")
     p.add_argument("--port", type=int, default=8123, help="port (default 8123, ClickHouse's; 0 picks a free one)")
+    p.add_argument("--max-execution-time", type=int, default=300, metavar="S",
+                   help="stop a statement that sets no max_execution_time after S seconds: the engine runs one "
+                   "at a time (default 300, clickhouse-connect's reply timeout; 0: never)")  # fmt: skip
     p.set_defaults(func=cmd_store_serve)
 
     p = sub.add_parser("demo", help="everything on embedded defaults, with a simulated fleet")

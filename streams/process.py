@@ -156,7 +156,8 @@ class StoreServerProcess:
     """``burnwatch store serve`` in a child process, ready once ``GET /ping`` answers: the
     store several workers share (tests, benchmarks). It dies with the thread that started it."""
 
-    def __init__(self, dsn: str, log_path: Path) -> None:
+    def __init__(self, dsn: str, log_path: Path, *args: str) -> None:
+        """``args``: more of ``store serve``'s options (``--max-execution-time 2``)."""
         from streams.embedded import free_port
 
         self.port = free_port()
@@ -165,7 +166,7 @@ class StoreServerProcess:
         env = {**os.environ, "BURNWATCH_LOG_FORMAT": "json"}
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", dsn, "--port", str(self.port)],
+                [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", dsn, "--port", str(self.port), *args],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=die_with_parent(),
             )  # fmt: skip

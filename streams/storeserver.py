@@ -9,7 +9,7 @@ interface for the unmodified clickhouse-connect HTTP client
 parameter and/or the body, ``param_*`` server-side parameters (as URL parameters or a
 multipart form), ``database``, ``default_format``, any other parameter as a ClickHouse
 setting for that request, request bodies compressed with ``Content-Encoding`` (lz4, zstd,
-gzip, deflate, br), ``INSERT ... FORMAT F`` followed by its data (run as ``INSERT ... FROM
+gzip, deflate), ``INSERT ... FORMAT F`` followed by its data (run as ``INSERT ... FROM
 INFILE``, as clickhouse-connect's chdb backend does), errors as ``Code: N.
 DB::Exception: ...`` with ``X-ClickHouse-Exception-Code``, and ``GET /ping``.
 
@@ -20,13 +20,18 @@ results are built whole too (no streaming). It is not a ClickHouse server: no se
 (a ``SET`` or ``USE`` statement is refused; settings are request parameters; ``readonly`` lets only
 a statement that reads run), no users
 or authentication (it binds to loopback unless told otherwise), no replication.
+
+chdb is clickhouse-local, which confines nothing to the store: ``file()``, ``url()``, ``INTO OUTFILE``,
+``SYSTEM SHUTDOWN`` and the like act as the server's user. A client may do anything to the store
+(workers create, alter and drop its tables), but a statement that reaches outside it is refused
+(:meth:`StoreEngine._check_inside`).
 """
 
 from __future__ import annotations
 
 import email.parser
 import email.policy
-import gzip
+import ipaddress
 import json
 import os
 import re
@@ -39,8 +44,10 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlparse, urlunparse
 
@@ -52,6 +59,11 @@ log = structlog.get_logger("burnwatch.storeserver")
 
 MAX_BODY_BYTES = 1 << 30
 """A request body (decompressed) larger than this is refused: the server holds it in memory."""
+MAX_EXECUTION_S = 300
+"""A statement that sets no ``max_execution_time`` of its own is stopped after this long. The engine runs one
+statement at a time and nothing stops one whose client went away, so an endless query (a cross join typed
+by hand, its ``burnwatch sql`` interrupted) held every worker, and a SIGTERM, until the server was killed.
+clickhouse-connect gives up on a reply after 300 s by default (``send_receive_timeout``)."""
 
 _TRANSPORT_PARAMS = frozenset({
     "query", "database", "default_format", "session_id", "session_timeout", "session_check", "query_id",
@@ -76,6 +88,26 @@ _SESSION_STATEMENT = re.compile(rb"\A\s*(SET|USE)\b", re.IGNORECASE)
 _TRAILING_FORMAT = re.compile(rb"\bFORMAT\s+([A-Za-z0-9_]+)\s*;?\s*\Z", re.IGNORECASE)
 _RESULT_STATEMENT = re.compile(rb"\A\s*(SELECT|WITH|SHOW|DESC|DESCRIBE|EXISTS|EXPLAIN|\()", re.IGNORECASE)
 _INTO_OUTFILE = re.compile(rb"\bINTO\s+OUTFILE\b", re.IGNORECASE)
+_OUTSIDE_CLAUSE = re.compile(rb"\bINTO\s+OUTFILE\b|\bFROM\s+INFILE\b|\bdisk\s*\(", re.IGNORECASE)
+"""Clauses (in the engine's single-line form of a statement) that read or write a path of the server's choosing."""
+_OUTSIDE_STATEMENTS = {"Set": "SET", "UseQuery": "USE", "SYSTEM": "SYSTEM", "BackupQuery": "BACKUP",
+                       "RestoreQuery": "RESTORE", "AttachQuery": "ATTACH"}  # fmt: skip
+"""Statements (the root of ``EXPLAIN AST``) refused: SET and USE would change the session every client
+shares; SYSTEM stops or kills the server (SHUTDOWN, KILL); BACKUP, RESTORE and ATTACH name paths."""
+_INSIDE_TABLE_FUNCTIONS = frozenset({
+    "numbers", "numbers_mt", "zeros", "zeros_mt", "values", "view", "viewifpermitted", "viewexplain", "null", "merge",
+    "input", "format", "loop", "generaterandom", "generateseries", "generate_series", "primes", "dictionary",
+    "sqlstandardvalues", "fuzzjson", "fuzzquery", "mergetreeindex", "mergetreeprojection", "mergetreeanalyzeindexes",
+    "mergetreeanalyzeindexesuuid", "mergetreecodecblockcounts", "mergetreetextindex",
+})  # fmt: skip
+_INSIDE_ENGINES = frozenset({
+    "memory", "null", "view", "materializedview", "log", "tinylog", "stripelog", "set", "join", "buffer",
+    "dictionary", "merge", "generaterandom", "alias", "loop",
+})  # fmt: skip
+"""Table functions and engines (lower case) that stay inside the engine; with the ``*MergeTree`` engines (not
+``Replicated*``), the only ones a client may name. Every other one the engine knows (``file``, ``url``, ``s3``,
+``remote``, ``executable``, ``python``, ``File``, ``URL``, ``EmbeddedRocksDB``, ...) reads or writes the server's
+files, reaches the network or reads the server process's memory: refused, and so is one a later chdb adds."""
 READONLY = 164
 _CODE = re.compile(r"Code: (\d+)\.")
 
@@ -86,6 +118,7 @@ CANNOT_DECOMPRESS = 271
 CANNOT_PARSE_INPUT = 27
 TOO_LARGE_REQUEST = 241  # MEMORY_LIMIT_EXCEEDED: the nearest ClickHouse has
 UNKNOWN_EXCEPTION = 1002
+ACCESS_DENIED = 497
 
 
 class StoreError(Exception):
@@ -181,10 +214,12 @@ class StoreEngine:
     clients sending the same settings cost no extra statement, and a setting one request
     sent never applies to the next."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, max_execution_s: int = MAX_EXECUTION_S) -> None:
         import chdb
 
         self.dsn = dsn
+        self.max_execution_s = max_execution_s
+        """``max_execution_time`` for a request that sets none (0: none)."""
         self._conn = chdb.connect(engine_path(dsn))
         self._lock = threading.Lock()
         self._closed = False
@@ -193,6 +228,23 @@ class StoreEngine:
         """Settings this server SET on the session (chdb's own start-up settings are the baseline)."""
         found = self._conn.query("SELECT version(), timezone(), currentDatabase()", "TabSeparated").bytes()
         self.version, self.timezone, self._database = found.decode().rstrip("\n").split("\t")
+        names = self._conn.query("SELECT name FROM system.table_functions UNION ALL "
+                                 "SELECT name FROM system.table_engines", "TabSeparatedRaw").bytes().decode().split()  # fmt: skip
+        self._outside = frozenset(
+            n.lower()
+            for n in names
+            if n.lower() not in _INSIDE_TABLE_FUNCTIONS | _INSIDE_ENGINES
+            and not (n.lower().endswith("mergetree") and not n.lower().startswith("replicated"))
+        ) | {"file"}
+        """Function and engine names (lower case) a statement may not name (:meth:`_check_inside`)."""
+        words = sorted({*self._outside, "set", "use", "system", "backup", "restore", "attach", "outfile", "infile",
+                        "disk", "dictionary"})  # fmt: skip
+        self._suspect = re.compile(rb"\\|\b(?:" + b"|".join(re.escape(w.encode()) for w in words) + rb")\b", re.IGNORECASE)
+        """A statement with none of these words anywhere (and no backslash, which can spell one in a quoted
+        name) cannot name what :meth:`_check_inside` refuses, so it is not asked of the engine: inserts and
+        the workers' queries run without the extra parse."""
+        self._inside: dict[bytes, None] = {}
+        """Statements judged to stay inside the engine (bounded): a worker sends the same ones again and again."""
 
     def execute(self, request: StoreRequest) -> StoreResponse:
         """Run one statement; raise :class:`StoreError` with ClickHouse's code and message."""
@@ -213,8 +265,9 @@ class StoreEngine:
                     raise StoreError(UNKNOWN_EXCEPTION, "the store is shutting down", status=503)
                 if request.readonly:
                     self._check_reads(request)
+                self._check_inside(request)
                 self._use(request.database)
-                self._apply(request.settings)
+                self._apply({"max_execution_time": str(self.max_execution_s), **request.settings})
                 started = time.perf_counter_ns()
                 result = self._run(_text(sql), request.default_format, request.params)
                 elapsed = time.perf_counter_ns() - started
@@ -247,6 +300,40 @@ class StoreEngine:
         if not _RESULT_STATEMENT.match(normal) or _INTO_OUTFILE.search(normal):
             raise StoreError(READONLY, "Cannot execute query in readonly mode: only a statement that reads (SELECT, "
                              "SHOW, DESCRIBE, EXISTS, EXPLAIN) runs", status=403)  # fmt: skip
+
+    def _check_inside(self, request: StoreRequest) -> None:
+        """Refuse a statement that reaches outside the store: reads or writes the server's files (``file()``,
+        ``INTO OUTFILE``, ``FROM INFILE``, a ``File`` table, ``BACKUP``), the network (``url()``, ``s3()``,
+        ``remote()``, a dictionary's source), or stops the server (``SYSTEM SHUTDOWN``), or changes the session
+        every client shares (``SET``, ``USE``, however a comment or a second statement hides them). chdb is
+        clickhouse-local: it confines none of these, and anyone who reaches the port would act as the server's
+        user. Judged on the engine's own reading: one statement (chdb would run each of ``SELECT 1; SET ...``),
+        comments gone, quoted names unescaped."""
+        if request.sql in self._inside or not self._suspect.search(request.sql):
+            return
+        text = request.sql.decode(errors="replace")
+        normal = self._run(f"SELECT formatQuerySingleLine({_string(text)})", "TabSeparatedRaw", {}).bytes().strip()
+        refused = _OUTSIDE_CLAUSE.search(normal)
+        what = " ".join(refused[0].decode().upper().rstrip("(").split()) if refused else None
+        what = "disk()" if what == "DISK" else what
+        if what is None:
+            tree = self._run(b"EXPLAIN AST " + normal, "TabSeparatedRaw", request.params).bytes().decode(errors="replace")
+            lines = tree.splitlines()
+            root = lines[0].split(" ", 1)[0] if lines else ""
+            what = _OUTSIDE_STATEMENTS.get(root)
+            for line in lines:
+                kind, name = (line.split() + ["", ""])[:2]
+                if what is None and kind == "FunctionWithKeyValueArguments":
+                    what = f"a dictionary source ({name})"
+                elif what is None and kind == "Function" and name.lower() in self._outside:
+                    what = f"{name}()"
+        if what is not None:
+            raise StoreError(ACCESS_DENIED, f"{what} is refused: burnwatch store serve keeps its clients inside the "
+                             "store (no files or network of the server's, no stopping it, no session every client "
+                             "shares)", status=403)  # fmt: skip
+        if len(self._inside) >= 4096:
+            self._inside.clear()
+        self._inside[request.sql] = None
 
     def _run(self, sql: str | bytes, fmt: str, params: dict[str, str]) -> Any:
         try:
@@ -290,6 +377,12 @@ def engine_path(dsn: str) -> str:
     location = url.netloc.rpartition("@")[2] if url.netloc else url.path
     if location in ("", "memory", ":memory:"):
         return ":memory:"
+    from detector.store.connection import holder
+
+    held_by = holder(Path(location))
+    if held_by is not None:  # chdb would say "Cannot lock file .../status", then "Error initializing EmbeddedServer: ."
+        raise ValueError(f"the store {location} is held by {held_by}: one process at a time opens it (stop that "
+                         "one, or point it at this server instead)")  # fmt: skip
     os.makedirs(location, exist_ok=True)
     return os.path.realpath(location)
 
@@ -306,9 +399,11 @@ def _text(sql: bytes) -> str | bytes:
         return sql  # binary parameters bound into the statement: chdb takes bytes
 
 
-def decompress(body: bytes, encoding: str) -> bytes:
-    """The body of a request sent with ``Content-Encoding``. clickhouse-connect compresses
-    each block as its own lz4 or zstd frame: every frame is read."""
+def decompress(body: bytes, encoding: str, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body of a request sent with ``Content-Encoding``, refused (413) as soon as it passes ``limit``
+    bytes: a small body can expand a thousandfold (a 4 MB gzip body of zeros took the server to 8.8 GB before
+    its size was checked). clickhouse-connect compresses each block as its own lz4 or zstd frame: every frame
+    (every gzip member) is read."""
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
@@ -316,33 +411,45 @@ def decompress(body: bytes, encoding: str) -> bytes:
         if encoding == "lz4":
             import lz4.frame
 
-            parts = []
-            while body:
-                frame = lz4.frame.LZ4FrameDecompressor()
-                parts.append(frame.decompress(body))
-                if not frame.eof:
-                    raise ValueError("truncated lz4 frame")
-                body = frame.unused_data
-            return b"".join(parts)
+            return _inflate(body, lz4.frame.LZ4FrameDecompressor, limit)
         if encoding == "zstd":
             if sys.version_info >= (3, 14):
                 from compression import zstd
             else:
                 from backports import zstd  # what clickhouse-connect depends on (Python < 3.14)
-            return zstd.decompress(body)
+            return _inflate(body, zstd.ZstdDecompressor, limit)
         if encoding in ("gzip", "x-gzip"):
-            return gzip.decompress(body)
+            return _inflate(body, lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), limit)
         if encoding == "deflate":
-            return zlib.decompress(body)
-        if encoding == "br":
-            import brotli
-
-            return brotli.decompress(body)
-    except ImportError:
-        pass
+            return _inflate(body, zlib.decompressobj, limit)
+    except StoreError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any codec failure is the client's body
         raise StoreError(CANNOT_DECOMPRESS, f"Cannot decompress the request body ({encoding}): {exc}", 400) from None
-    raise StoreError(CANNOT_DECOMPRESS, f"Unsupported Content-Encoding {encoding!r}", status=400)
+    raise StoreError(CANNOT_DECOMPRESS, f"Unsupported Content-Encoding {encoding!r} (lz4, zstd, gzip or deflate)", 400)
+
+
+def _inflate(body: bytes, new: Callable[[], Any], limit: int) -> bytes:
+    """Every frame of ``body`` decompressed by a fresh ``new()`` each (zlib's, lz4's and zstd's streaming
+    decompressors), asking each call for no more than what is left under ``limit``."""
+    parts: list[bytes] = []
+    total = 0
+    while body:
+        codec = new()
+        pending = body
+        while True:
+            out = codec.decompress(pending, limit + 1 - total)
+            total += len(out)
+            if total > limit:
+                raise StoreError(TOO_LARGE_REQUEST, f"request body over {limit} bytes once decompressed", status=413)
+            parts.append(out)
+            if codec.eof:
+                break
+            pending = getattr(codec, "unconsumed_tail", b"")  # zlib hands back what it did not read; the others keep it
+            if not out and not pending:
+                raise ValueError("the body ends inside a frame")
+        body = codec.unused_data
+    return b"".join(parts)
 
 
 def form_fields(body: bytes, content_type: str) -> dict[str, str]:
@@ -368,6 +475,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 300  # an idle kept-alive connection is closed after this long
     wbufsize = 1 << 16  # headers and body leave in one write, not two
     engine: StoreEngine  # set on the subclass make_server builds
+    loopback: bool  # whether the server is bound to loopback only (set likewise)
 
     def setup(self) -> None:
         super().setup()
@@ -385,7 +493,7 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path != "/":
             self._reply(404, b"Not found\n", {"Content-Type": "text/plain; charset=UTF-8"})
             return
-        self._handle(url.query, b"")
+        self._handle(url.query, b"", reading=True)
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
         url = urlparse(self.path)
@@ -400,10 +508,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._handle(url.query, body)
 
-    def _handle(self, query: str, body: bytes) -> None:
+    def _handle(self, query: str, body: bytes, reading: bool = False) -> None:
+        """Answer one statement; ``reading`` (a GET) lets only a statement that reads run, as ClickHouse does:
+        a link or an image on a web page is a GET, and must not drop the store."""
         url_params = dict(parse_qsl(query, keep_blank_values=True))
         query_id = url_params.get("query_id", "")
         try:
+            self._check_caller()
+            if reading:
+                url_params["readonly"] = "2"
             body = decompress(body, self.headers.get("Content-Encoding", ""))
             if len(body) > MAX_BODY_BYTES:
                 raise StoreError(TOO_LARGE_REQUEST, f"request body over {MAX_BODY_BYTES} bytes", status=413)
@@ -430,6 +543,19 @@ class _Handler(BaseHTTPRequestHandler):
         if response.fmt is not None:
             headers["X-ClickHouse-Format"] = response.fmt
         self._reply(200, response.body, headers)
+
+    def _check_caller(self) -> None:
+        """Refuse a web page's request. With no users or passwords, the port's only guard is who can reach it,
+        and a browser on this machine reaches loopback for any page it shows: a page's POST carries
+        ``Origin`` (no client of the store sends one), and a page that rebinds its own DNS name to 127.0.0.1 sends
+        that name as ``Host``, which a server bound to loopback answers only for a loopback address."""
+        if self.headers.get("Origin"):
+            raise StoreError(ACCESS_DENIED, "a web browser's request (it sent Origin) is refused: the store has no "
+                             "users or passwords", status=403)  # fmt: skip
+        host = urlparse("//" + (self.headers.get("Host") or "")).hostname or ""
+        if self.loopback and host and not _is_loopback(host):
+            raise StoreError(ACCESS_DENIED, f"Host {host[:100]!r} is refused: this server, bound to loopback, answers "
+                             "requests for 127.0.0.1, ::1 or localhost only", status=403)  # fmt: skip
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -513,7 +639,17 @@ class _Server(ThreadingHTTPServer):
 
 def make_server(engine: StoreEngine, host: str = "127.0.0.1", port: int = 8123) -> ThreadingHTTPServer:
     """An HTTP server (not started) answering for ``engine``; ``port`` 0 picks a free one."""
-    return _Server((host, port), type("StoreHandler", (_Handler,), {"engine": engine}))
+    return _Server((host, port), type("StoreHandler", (_Handler,), {"engine": engine, "loopback": _is_loopback(host)}))
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def redact_dsn(dsn: str) -> str:
@@ -525,9 +661,9 @@ def redact_dsn(dsn: str) -> str:
     return urlunparse(url._replace(netloc=netloc))
 
 
-def serve(dsn: str, host: str = "127.0.0.1", port: int = 8123) -> int:
+def serve(dsn: str, host: str = "127.0.0.1", port: int = 8123, max_execution_s: int = MAX_EXECUTION_S) -> int:
     """Own the engine at ``dsn`` and serve it until SIGTERM or SIGINT; returns the exit status."""
-    engine = StoreEngine(dsn)
+    engine = StoreEngine(dsn, max_execution_s)
     server = make_server(engine, host, port)
     bound = server.server_address[1]
 
@@ -536,7 +672,7 @@ def serve(dsn: str, host: str = "127.0.0.1", port: int = 8123) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if not _is_loopback(host):
         log.warning("store_not_on_loopback", host=host,
                     hint="anyone who reaches this port can run any SQL on the store: no users, no TLS")  # fmt: skip
     log.info("store_serving", dsn=redact_dsn(dsn), url=f"http://{host}:{bound}", engine=engine.version)

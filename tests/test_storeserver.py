@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import tracemalloc
 import urllib.error
+import urllib.parse
 import urllib.request
+import zlib
 from pathlib import Path
 
 import clickhouse_connect
@@ -193,6 +197,112 @@ def test_a_readonly_request_only_reads_and_leaves_the_engine_writable(remote, se
     client.close()
 
 
+def test_a_client_stays_inside_the_store(server, tmp_path):
+    """chdb is clickhouse-local: it lets a statement read and write any file the server's user can, reach the
+    network, stop the server (SYSTEM SHUTDOWN, SYSTEM KILL) and change the session every client shares. Through
+    the port each of these is refused, however spelled (a comment before a SET made the engine read-only for
+    every worker until a restart; a second statement ran unjudged); what only looks like them still runs."""
+    client = clickhouse_connect.get_client(dsn=server.url)
+    secret, written = tmp_path / "secret.txt", tmp_path / "written.txt"
+    secret.write_text("s3cret\n")
+    refused = [
+        ("SYSTEM SHUTDOWN", "SYSTEM"), ("SYSTEM KILL", "SYSTEM"),
+        ("/* a note */ SET readonly = 1", "SET"), ("-- a note\nUSE system", "USE"),
+        ("SELECT 1; SET readonly = 1", "Multi-statements"),
+        (f"SELECT * FROM file('{secret}', 'LineAsString')", "file()"),
+        (f"SELECT file('{secret}')", "file()"),
+        (f"SELECT `fil\\x65`('{secret}')", "file()"),
+        (f"SELECT 1 INTO OUTFILE '{written}'", "INTO OUTFILE"),
+        (f"INSERT INTO FUNCTION file('{written}', 'TSV', 's String') VALUES ('x')", "file()"),
+        (f"CREATE TABLE default.f (s String) ENGINE = File(LineAsString, '{secret}')", "File()"),
+        (f"CREATE TABLE default.m (s String) ENGINE = MergeTree ORDER BY s SETTINGS disk = disk(type = 'local', "
+         f"path = '{tmp_path}/disk/')", "disk()"),
+        (f"ATTACH TABLE default.a FROM '{tmp_path}' (s String) ENGINE = MergeTree ORDER BY s", "ATTACH"),
+        (f"BACKUP TABLE default.x TO File('{written}')", "BACKUP"),
+        (f"SELECT * FROM url('{server.url}/ping', 'LineAsString')", "url()"),
+        ("CREATE DICTIONARY default.d (k UInt64, v String) PRIMARY KEY k SOURCE(HTTP(url 'http://127.0.0.1:9/' "
+         "format 'TSV')) LAYOUT(FLAT()) LIFETIME(0)", "dictionary source"),
+        ("SELECT * FROM python(x)", "python()"),
+    ]  # fmt: skip
+    for statement, what in refused:
+        with pytest.raises(DatabaseError, match=re.escape(what)) as caught:
+            client.command(statement)
+        assert caught.value.code in (497, 62), statement
+    unquoted = "concat(" + ", ".join(f"char({ord(c)})" for c in str(written)) + ")"  # no quote: split as an insert
+    insert = urllib.request.Request(server.url, data=f"INSERT INTO FUNCTION file({unquoted}, TSV) FORMAT TSV\nx\n".encode())
+    with pytest.raises(urllib.error.HTTPError) as failed:  # the insert's data is run as FROM INFILE by the server
+        urllib.request.urlopen(insert, timeout=10)
+    assert failed.value.headers["X-ClickHouse-Exception-Code"] == "497"
+    assert not written.exists() and not (tmp_path / "disk").exists()
+    assert client.query("SELECT currentDatabase(), getSetting('readonly')").result_rows == [("default", 0)]
+    client.command("CREATE TABLE IF NOT EXISTS default.inside (s String) ENGINE = ReplacingMergeTree ORDER BY s")
+    client.insert("default.inside", [["file"], ["url"]], column_names=["s"])
+    assert client.query("SELECT count() FROM default.inside WHERE s IN ('file', 'url', 'system', 'set')").result_rows \
+        == [(2,)]  # fmt: skip
+    assert client.query("SELECT sum(number), format('{} set', 1), log(1) FROM numbers(4)").result_rows == [(6, "1 set", 0)]
+    client.command("DROP TABLE default.inside")
+    client.close()
+    with urllib.request.urlopen(f"{server.url}/ping", timeout=5) as response:
+        assert response.read() == b"Ok.\n"
+
+
+def test_a_web_page_cannot_reach_the_store(server):
+    """The port has no password, and a browser on this machine reaches loopback for any page it shows: a GET
+    (an image, a link) only reads, as on ClickHouse; a page's POST (it carries Origin) and a request for a name
+    rebound to 127.0.0.1 (its Host) are refused. clickhouse-connect, curl and the workers send neither."""
+    client = clickhouse_connect.get_client(dsn=server.url)
+    client.command("CREATE TABLE IF NOT EXISTS default.web_probe (x UInt8) ENGINE = Memory")
+
+    def send(method: str, query: str, headers: dict[str, str]) -> tuple[int, str]:
+        data = query.encode() if method == "POST" else None
+        url = server.url + ("/" if method == "POST" else "/?" + urllib.parse.urlencode({"query": query}))
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=10) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    status, text = send("GET", "DROP TABLE default.web_probe", {})
+    assert status == 403 and text.startswith("Code: 164.") and "readonly" in text
+    assert send("GET", "SELECT 1", {}) == (200, "1\n")
+    status, text = send("POST", "DROP TABLE default.web_probe", {"Origin": "https://evil.example"})
+    assert status == 403 and text.startswith("Code: 497.") and "Origin" in text
+    status, text = send("POST", "DROP TABLE default.web_probe", {"Host": f"rebound.example:{server.port}"})
+    assert status == 403 and "'rebound.example' is refused" in text
+    assert client.command("EXISTS TABLE default.web_probe") == 1
+    assert send("POST", "SELECT 2", {"Host": f"localhost:{server.port}"}) == (200, "2\n")
+    client.command("DROP TABLE default.web_probe")
+    client.close()
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "lz4", "zstd"])
+def test_a_compressed_body_is_refused_once_it_passes_the_limit_not_after(encoding):
+    """A small body can expand a thousandfold: a 4 MB gzip body of zeros took the server to 8.8 GB before its size
+    was checked. Decompression stops as soon as the output passes the limit, so a bomb costs about the limit."""
+    import lz4.frame
+    from backports import zstd
+
+    from streams.storeserver import StoreError, decompress
+
+    zeros = b"\0" * (1 << 20)
+    if encoding in ("gzip", "deflate"):
+        codec = zlib.compressobj(9, zlib.DEFLATED, 31 if encoding == "gzip" else 15)
+        bomb = b"".join(codec.compress(zeros) for _ in range(256)) + codec.flush()  # 256 MiB in ~250 kB
+    else:
+        frame = lz4.frame.compress(zeros) if encoding == "lz4" else zstd.compress(zeros)
+        bomb = frame * 256  # 256 frames of 1 MiB each, as clickhouse-connect sends one frame a block
+    assert decompress(bomb, encoding, limit=256 << 20)[-1:] == b"\0"  # a body at the limit is whole
+    tracemalloc.start()
+    try:
+        with pytest.raises(StoreError) as caught:
+            decompress(bomb, encoding, limit=4 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.status == 413 and "over 4194304 bytes once decompressed" in str(caught.value)
+    assert peak < 16 << 20, peak  # what it decompressed stayed near the limit (was the whole 256 MiB)
+
+
 @pytest.mark.parametrize("compress", ["lz4", "zstd", "gzip", False])
 def test_compressed_inserts_and_form_encoded_parameters(server, compress):
     """What clickhouse-connect may send: bodies compressed block by block, and long
@@ -294,6 +404,36 @@ def test_two_processes_write_to_one_store_at_once(server, tmp_path):
     versions = setup.query(f"SELECT version FROM {db}.schema_migrations FINAL ORDER BY version").result_rows
     assert [v for (v,) in versions] == [m.version for m in migrations()]
     setup.close()
+
+
+def test_an_endless_query_whose_client_left_holds_the_engine_no_longer_than_the_limit(tmp_path):
+    """The engine runs one statement at a time, and nothing stops one whose client gave up: an endless query
+    held every other client, and a SIGTERM, until the server was killed. A statement that sets no
+    ``max_execution_time`` is stopped after ``--max-execution-time``."""
+    server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "server.log", "--max-execution-time", "3").wait_ready()
+    try:
+        impatient = clickhouse_connect.get_client(dsn=server.url, send_receive_timeout=1)
+        with pytest.raises(Exception, match="timed out|Read timed out|timeout"):
+            impatient.query("SELECT count() FROM numbers_mt(1000000000000000)")
+        started = time.monotonic()
+        client = clickhouse_connect.get_client(dsn=server.url, send_receive_timeout=60)
+        assert client.command("SELECT 1") == 1
+        assert time.monotonic() - started < 20
+        failed = [e for e in server.log_events("store_request_failed") if e["code"] == 159]
+        assert failed and "TIMEOUT_EXCEEDED" in failed[0]["error"]
+        client.close()
+    finally:
+        assert server.stop(timeout=20) == 0, server.log()
+
+
+def test_a_second_server_on_a_held_store_says_who_holds_it(server):
+    """chdb's own words were two lines about a status file and "Error initializing EmbeddedServer: ."."""
+    dsn = server.proc.args[server.proc.args.index("--dsn") + 1]
+    out = subprocess.run([sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", dsn, "--port", str(free_port())],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1
+    assert f"is held by another process (pid {server.proc.pid}: " in out.stderr and "store serve" in out.stderr
+    assert "EmbeddedServer" not in out.stderr + out.stdout and "Traceback" not in out.stderr
 
 
 def test_serve_refuses_a_dsn_it_cannot_own_without_showing_its_password():

@@ -24,7 +24,8 @@ import structlog
 from detector.units import one_line
 
 __all__ = [
-    "Connection", "StoreBusy", "StoreNotFound", "StoreOutdated", "chdb_dir", "connect", "ms", "named_sql", "no_dataframes",
+    "Connection", "StoreBusy", "StoreNotFound", "StoreOutdated", "chdb_dir", "connect", "holder", "ms", "named_sql",
+    "no_dataframes",
 ]  # fmt: skip
 
 log = structlog.get_logger("burnwatch.store")
@@ -76,7 +77,7 @@ def chdb_dir(dsn: str) -> Path | None:
     return None
 
 
-def _holder(directory: Path) -> str | None:
+def holder(directory: Path) -> str | None:
     """Who holds an embedded store (``a running worker (pid N: command)``): the process whose
     pid ClickHouse wrote in the store's ``status`` file, if it still has that file open. None
     when nobody does, or this process does. Read from /proc, so nothing is locked to find out."""
@@ -128,10 +129,10 @@ def connect(dsn: str, create: bool = True, **settings: Any) -> Any:
         if not create and not (directory / "metadata").is_dir():
             raise StoreNotFound(f"no store at {directory}" + (" (the directory holds no ClickHouse data)"
                                                               if directory.exists() else ""))  # fmt: skip
-        holder = _holder(directory)
-        if holder is not None:
+        held_by = holder(directory)
+        if held_by is not None:
             raise StoreBusy(
-                f"the embedded store {directory} is held by {holder}, and one process at a time opens it. To query "
+                f"the embedded store {directory} is held by {held_by}, and one process at a time opens it. To query "
                 "it, stop that process, or have one process own the store and share it: `burnwatch store serve "
                 f"--dsn chdb://{directory}`, then BURNWATCH_CLICKHOUSE_DSN=http://127.0.0.1:8123 for the workers "
                 "and for these commands"
