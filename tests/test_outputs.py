@@ -1099,3 +1099,36 @@ def test_a_redirect_is_not_followed_with_the_token_nor_taken_for_a_delivery(stor
         outbox.deliver_pending()
     assert elsewhere.gets == [] and elsewhere.requests == []
     assert "sent" not in store.outputs.states("a1")[("pager", "fired")]
+
+
+def test_an_output_url_urllib_cannot_send_is_refused_at_load_never_quoted(tmp_path):
+    """Each of these passed the old pattern and then failed every send, for good: a user and
+    password (urllib takes ``user:pw@host`` for the host name: 'Name or service not known',
+    retried forever, with a secret in the file), a control character or non-ASCII letter
+    (http.client refuses them: the error, logged, quoted the URL and its token; the send was
+    taken as maybe sent, so a webhook's alerts were recorded ``unknown``), no host, a bad
+    port, and a stray '%' (Alertmanager answers 422 to a generatorURL with one)."""
+    from detector.rules import RulesInvalid, load_rules
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: idle-gpu\n    type: idle_gpu\n")
+    cases = {
+        "https://user:tok-Zq81@hooks.example.com/x": "a user or password in the URL",
+        "https://hooks.example.com/a\\x01b?token=tok-Zq81": "only printable ASCII",
+        "https://hooks.example.com/bürn?token=tok-Zq81": "only printable ASCII",
+        "https:///x?token=tok-Zq81": "no host",
+        "https://hooks.example.com:99999/x?token=tok-Zq81": "port is not a number",
+        "https://hooks.example.com/x?token=tok-Zq81&fill=50%": "a '%' that does not start an escape",
+    }
+    for url, message in cases.items():
+        for key, extra in [("url", ""), ("generator_url", "    url: http://am:9093\n")]:
+            kind = "webhook\n    secret_env: S" if key == "url" else "alertmanager"
+            (tmp_path / "routing.yaml").write_text(f"outputs:\n  out:\n    kind: {kind}\n{extra}    {key}: \"{url}\"\n")
+            with pytest.raises(RulesInvalid) as caught:
+                load_rules(rules)
+            error = caught.value.errors[-1]
+            assert (error.path, message in error.message) == (f"outputs.out.{key}", True), (url, error)
+            assert "tok-Zq81" not in str(caught.value), url
+    (tmp_path / "routing.yaml").write_text("outputs:\n  out:\n    kind: alertmanager\n    url: http://[::1]:9093\n"
+                                           "    generator_url: https://g.example.com/d?var-host={resource_id}&x=%20\n")
+    assert load_rules(rules).routing.outputs["out"].url == "http://[::1]:9093"  # type: ignore[union-attr]
