@@ -61,6 +61,7 @@ class LocalReceiver:
         self.dedupes = dedupes
         self._failures: list[int] = []
         self._garbled = 0
+        self._cut = 0
         self._redirects: list[str] = []
         self.gets: list[Received] = []
         """GET requests (a client following a redirect turns a POST into one)."""
@@ -95,6 +96,11 @@ class LocalReceiver:
         """Take the next requests whole (delivered), then answer with something not HTTP."""
         with self._lock:
             self._garbled += count
+
+    def cut_next(self, count: int) -> None:
+        """Take the next requests whole (delivered), answer 200, then stall mid-body for 2 s."""
+        with self._lock:
+            self._cut += count
 
     def hang(self, seconds: float) -> None:
         """Take the next requests whole, then answer only after ``seconds`` (a timeout for the sender)."""
@@ -142,6 +148,18 @@ class LocalReceiver:
                     time.sleep(receiver._hang_s)
                 if garbled:
                     self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
+                    self.close_connection = True
+                    return
+                with receiver._lock:
+                    cut = receiver._cut > 0 and status == 200
+                    receiver._cut -= cut
+                if cut:
+                    self.send_response(200)
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self.wfile.write(b"partial")
+                    self.wfile.flush()
+                    time.sleep(2.0)  # the rest never comes in time
                     self.close_connection = True
                     return
                 self.send_response(status)

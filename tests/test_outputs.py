@@ -1132,3 +1132,17 @@ def test_an_output_url_urllib_cannot_send_is_refused_at_load_never_quoted(tmp_pa
     (tmp_path / "routing.yaml").write_text("outputs:\n  out:\n    kind: alertmanager\n    url: http://[::1]:9093\n"
                                            "    generator_url: https://g.example.com/d?var-host={resource_id}&x=%20\n")
     assert load_rules(rules).routing.outputs["out"].url == "http://[::1]:9093"  # type: ignore[union-attr]
+
+
+def test_a_2xx_whose_body_is_cut_off_is_a_delivery_not_a_send_in_doubt(store, secret_env):
+    """The status said it was taken: a body that stalls (or is cut off) after it was read as
+    'no answer', maybe sent, and a webhook that does not dedupe recorded its delivered alert
+    'unknown'."""
+    with LocalReceiver() as receiver:
+        receiver.cut_next(1)
+        outbox = OutputOutbox(store, routing(hook(receiver.url, timeout_s=0.5)), clock=Clock())
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+    assert len(receiver.delivered) == 1
+    assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "sent"}

@@ -33,7 +33,7 @@ def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: f
     request = urllib.request.Request(url, data=body, method="POST", headers={"User-Agent": "burnwatch", **headers})
     try:
         with _OPENER.open(request, timeout=timeout_s) as answer:  # noqa: S310 - http(s) only (validated)
-            answer.read(65536)
+            _drain(answer)
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         text = _head(exc)
@@ -51,6 +51,16 @@ def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: f
         said = " ".join(str(exc).split())[:200]
         raise OutputError(f"{what}: an answer that is not HTTP: {type(exc).__name__} {said}", retryable=True,
                           maybe_sent=True) from None  # fmt: skip
+
+
+def _drain(answer: Any) -> None:
+    """Read (a little of) a 2xx answer's body, which says nothing more: a body cut off or late
+    after the status line must not turn a delivery into a send 'maybe sent' (recorded
+    ``unknown`` by an output that does not dedupe)."""
+    try:
+        answer.read(65536)
+    except (OSError, http.client.HTTPException):
+        pass
 
 
 def _head(exc: Any) -> str:
