@@ -1146,3 +1146,26 @@ def test_a_2xx_whose_body_is_cut_off_is_a_delivery_not_a_send_in_doubt(store, se
         assert outbox.deliver_pending() == 1
     assert len(receiver.delivered) == 1
     assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "sent"}
+
+
+def test_half_a_mail_login_or_one_in_clear_is_refused_at_load(tmp_path):
+    """``username_env`` alone (or ``password_env`` alone) was taken silently: no login was
+    tried, and a server that wants one answered 530 to every mail, each refused for good."""
+    from detector.rules import RulesInvalid, load_rules
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: idle-gpu\n    type: idle_gpu\n")
+    base = "outputs:\n  m:\n    kind: email\n    host: smtp.example.com\n    from: a@example.com\n    to: [b@example.com]\n"
+    cases = {
+        "    username_env: SMTP_USER\n": "username_env without password_env",
+        "    password_env: SMTP_PASSWORD\n": "password_env without username_env",
+        "    tls: none\n    username_env: SMTP_USER\n    password_env: SMTP_PASSWORD\n": "password in clear",
+    }
+    for extra, message in cases.items():
+        (tmp_path / "routing.yaml").write_text(base + extra)
+        with pytest.raises(RulesInvalid) as caught:
+            load_rules(rules)
+        error = caught.value.errors[-1]
+        assert (error.path, message in error.message) == ("outputs.m", True), (extra, error)
+    (tmp_path / "routing.yaml").write_text(base + "    username_env: SMTP_USER\n    password_env: SMTP_PASSWORD\n")
+    assert load_rules(rules).routing.outputs["m"].username_env == "SMTP_USER"  # type: ignore[union-attr]

@@ -152,6 +152,16 @@ class EmailSpec(_Spec):
     to: Annotated[list[Address], Field(min_length=1, max_length=100)]
     timeout_s: Timeout = 30.0
 
+    @model_validator(mode="after")
+    def _credentials(self) -> EmailSpec:
+        if (self.username_env is None) != (self.password_env is None):
+            given, missing = ("username_env", "password_env") if self.password_env is None else ("password_env", "username_env")
+            raise ValueError(f"{given} without {missing}: give both (to log in) or neither (no login is tried, and "
+                             "a server that wants one refuses every mail for good)")  # fmt: skip
+        if self.username_env is not None and self.tls == "none":
+            raise ValueError("a login with tls: none would send the password in clear: use tls: starttls or ssl")
+        return self
+
     @field_validator("sender", "to")
     @classmethod
     def _ascii_unless_smtputf8(cls, value: str | list[str], info: ValidationInfo) -> str | list[str]:
