@@ -242,6 +242,8 @@ class Mailbox:
     def __init__(self) -> None:
         self.messages: list[tuple[list[str], EmailMessage]] = []
         self.failures: list[str] = []
+        self.mail_failures: list[str] = []
+        """What the next MAIL FROM commands are answered (a server wanting a login: 530)."""
         self.quit_reply: str | None = None
         """What QUIT is answered (None: 221, as it should be)."""
 
@@ -249,6 +251,14 @@ class Mailbox:
         from aiosmtpd.smtp import MISSING
 
         return self.quit_reply if self.quit_reply is not None else MISSING
+
+    async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str,  # noqa: N802 - aiosmtpd's
+                          options: list[str]) -> str:  # fmt: skip
+        if self.mail_failures:
+            return self.mail_failures.pop(0)
+        envelope.mail_from = address
+        envelope.mail_options.extend(options)
+        return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's name
         if self.failures:

@@ -1169,3 +1169,24 @@ def test_half_a_mail_login_or_one_in_clear_is_refused_at_load(tmp_path):
         assert (error.path, message in error.message) == ("outputs.m", True), (extra, error)
     (tmp_path / "routing.yaml").write_text(base + "    username_env: SMTP_USER\n    password_env: SMTP_PASSWORD\n")
     assert load_rules(rules).routing.outputs["m"].username_env == "SMTP_USER"  # type: ignore[union-attr]
+
+
+def test_a_wrong_credential_keeps_the_changes_until_it_is_fixed(store, secret_env):
+    """A 401 (the webhook's receiver refusing the signature, a proxy before Alertmanager the
+    token) or an SMTP 530/535 says the credential is wrong, not the message: each change was
+    refused for good, so every alert sent while a secret was being rotated was lost. A secret
+    not set already waits; a wrong one now does too."""
+    clock = Clock()
+    with LocalReceiver() as receiver, smtp_server() as (mailbox, port):
+        receiver.fail_next(2, 401)
+        mailbox.mail_failures = ["530 5.7.0 Authentication required", "535 5.7.8 Authentication credentials invalid"]
+        outbox = OutputOutbox(store, routing({**hook(receiver.url), **mail_output(port)}), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        for _ in range(2):
+            assert outbox.deliver_pending() == 0
+            clock.now += 60
+        assert outbox.deliver_pending() == 2
+    assert len(receiver.delivered) == 1 and len(mailbox.messages) == 1
+    assert "refused" not in store.outputs.states("a1")[("hook", "fired")]
+    assert "refused" not in store.outputs.states("a1")[("mail", "fired")]

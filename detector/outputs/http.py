@@ -13,7 +13,10 @@ from detector.outputs.base import OutputError
 
 __all__ = ["post"]
 
-_RETRY = {408, 425, 429}
+_RETRY = {401, 407, 408, 425, 429}
+"""Besides 5xx. 401 and 407 say the credential (the signing secret, the bearer token) is wrong
+or rotated, not the message: like a secret not set, the changes wait, stored, until it is fixed.
+A 403 can refuse one message (a firewall taking a tag for an attack): refused for good."""
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
