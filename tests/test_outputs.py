@@ -1190,3 +1190,29 @@ def test_a_wrong_credential_keeps_the_changes_until_it_is_fixed(store, secret_en
     assert len(receiver.delivered) == 1 and len(mailbox.messages) == 1
     assert "refused" not in store.outputs.states("a1")[("hook", "fired")]
     assert "refused" not in store.outputs.states("a1")[("mail", "fired")]
+
+
+@pytest.mark.parametrize(("retry_after", "wait_s"), [
+    ("30", 30.0),                               # asked for 30 s: not tried again sooner
+    ("0", 1.0),                                 # the backoff's first step still applies
+    ("Wed, 21 Oct 2099 07:28:00 GMT", 60.0),    # a date far ahead: bounded by max_backoff_s
+    ("99999999999999999999", 60.0),             # a huge number: bounded the same way
+    ("-5", 1.0),                                # negative: ignored
+    ("soon, I promise", 1.0),                   # garbage: ignored
+])  # fmt: skip
+def test_a_receiver_s_retry_after_is_waited_out_within_the_longest_backoff(store, secret_env, retry_after, wait_s):
+    """A 429 (or 503) with Retry-After was retried after 1 s, 2 s... whatever it asked,
+    hammering a rate-limited receiver; now its ask is kept, bounded by ``max_backoff_s``."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        receiver.fail_next(1, 429, retry_after)
+        outbox = OutputOutbox(store, routing(hook(receiver.url)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 0
+        assert outbox.hold_s == pytest.approx(wait_s, abs=0.01)
+        clock.now += wait_s - 0.5
+        assert outbox.deliver_pending() == 0 and len(receiver.requests) == 1  # not asked again sooner
+        clock.now += 0.5
+        assert outbox.deliver_pending() == 1
+    assert len(receiver.delivered) == 1

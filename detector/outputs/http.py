@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import http.client
 import socket
+import time
 import urllib.error
 import urllib.request
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from detector.outputs.base import OutputError
 
-__all__ = ["post"]
+__all__ = ["post", "retry_after"]
 
 _RETRY = {401, 407, 408, 425, 429}
 """Besides 5xx. 401 and 407 say the credential (the signing secret, the bearer token) is wrong
@@ -43,7 +46,8 @@ def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: f
         if 300 <= exc.code < 400:
             text = f"a redirect to {exc.headers.get('Location', '?')[:200]}, not followed: configure the final URL"
         retryable = exc.code in _RETRY or exc.code >= 500
-        raise OutputError(f"{what} answered {exc.code}: {text}", retryable=retryable) from None
+        wait = retry_after(exc.headers.get("Retry-After"), time.time()) if retryable else None
+        raise OutputError(f"{what} answered {exc.code}: {text}", retryable=retryable, retry_after_s=wait) from None
     except (TimeoutError, socket.timeout) as exc:
         raise OutputError(f"{what}: no answer within {timeout_s:g} s", retryable=True, maybe_sent=True) from exc
     except urllib.error.URLError as exc:  # connecting or sending failed: the request never arrived whole
@@ -54,6 +58,24 @@ def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: f
         said = " ".join(str(exc).split())[:200]
         raise OutputError(f"{what}: an answer that is not HTTP: {type(exc).__name__} {said}", retryable=True,
                           maybe_sent=True) from None  # fmt: skip
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """The seconds a ``Retry-After`` header asks for (``120`` or an HTTP date); None when there
+    is none or it says nothing usable (negative, garbage). The outbox bounds it by its longest
+    backoff, so an absurd one (a year, a date far ahead) costs nothing."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, when.timestamp() - now)
 
 
 def _drain(answer: Any) -> None:
