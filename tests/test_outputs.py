@@ -1216,3 +1216,25 @@ def test_a_receiver_s_retry_after_is_waited_out_within_the_longest_backoff(store
         clock.now += 0.5
         assert outbox.deliver_pending() == 1
     assert len(receiver.delivered) == 1
+
+
+def test_an_alert_whose_link_alertmanager_would_refuse_goes_without_it_and_spoils_no_re_send(store, tmp_path):
+    """Alertmanager answers 422 to a whole post if one generatorURL fails Go's URL parser: an
+    event's region with a space, quoted into a link's host name, lost that alert (refused for
+    good) and, in the re-send of every firing alert, all of them (left to expire)."""
+    clock = Clock()
+    links = [{"name": "Console", "url": "https://{region}.console.example.com/ec2?id={resource_id}"}]
+    odd = msgspec.structs.replace(alert(alert_id="a2", resource_id="host-2"), region="us east")
+    with alertmanager(tmp_path) as am:
+        routed = Routing.model_validate({"outputs": am_output(am.url), "send": {"default": ["pager"]}, "links": links})
+        outbox = OutputOutbox(store, routed, clock=clock)
+        stored(store, alert(), odd)
+        outbox.add([alert(), odd])
+        assert outbox.deliver_pending() == 2
+        shown = wait_until(lambda: len(am.alerts()) == 2 and am.alerts(), what="both alerts")
+        urls = {a["labels"]["burnwatch_alert_id"]: a.get("generatorURL", "") for a in shown}
+        assert urls == {"a1": "https://us-east-1.console.example.com/ec2?id=host-1", "a2": ""}
+        clock.now += 60
+        with capture_logs() as logs:
+            outbox.deliver_pending()  # the re-send of both
+    assert [e for e in logs if e["event"] == "output_refresh_refused"] == []
