@@ -59,7 +59,7 @@ class LocalReceiver:
         self.requests: list[Received] = []
         self.delivered: list[Received] = []
         self.dedupes = dedupes
-        self._failures: list[tuple[int, str | None]] = []
+        self._failures: list[tuple[int, str | None, bytes]] = []
         self._garbled = 0
         self._cut = 0
         self._redirects: list[str] = []
@@ -83,10 +83,10 @@ class LocalReceiver:
         self._server.shutdown()
         self._server.server_close()
 
-    def fail_next(self, count: int, status: int = 503, retry_after: str | None = None) -> None:
-        """Answer the next POSTs ``status`` (with ``Retry-After: retry_after`` if given)."""
+    def fail_next(self, count: int, status: int = 503, retry_after: str | None = None, body: bytes = b"ok") -> None:
+        """Answer the next POSTs ``status`` (with ``Retry-After: retry_after`` if given) and ``body``."""
         with self._lock:
-            self._failures += [(status, retry_after)] * count
+            self._failures += [(status, retry_after, body)] * count
 
     def redirect_next(self, location: str) -> None:
         """Answer the next POST with 302 to ``location``."""
@@ -139,7 +139,8 @@ class LocalReceiver:
                     receiver.requests.append(received)
                     garbled = receiver._garbled > 0
                     receiver._garbled -= garbled
-                    status, retry_after = receiver._failures.pop(0) if receiver._failures and not garbled else (200, None)
+                    failure = receiver._failures.pop(0) if receiver._failures and not garbled else (200, None, b"ok")
+                    status, retry_after, answer = failure
                     if status == 200:
                         key = received.headers.get("idempotency-key")
                         seen = {r.headers.get("idempotency-key") for r in receiver.delivered}
@@ -166,9 +167,9 @@ class LocalReceiver:
                 self.send_response(status)
                 if retry_after is not None:
                     self.send_header("Retry-After", retry_after)
-                self.send_header("Content-Length", "2")
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(b"ok")
+                self.wfile.write(answer)
 
         return Handler
 

@@ -1238,3 +1238,39 @@ def test_an_alert_whose_link_alertmanager_would_refuse_goes_without_it_and_spoil
         with capture_logs() as logs:
             outbox.deliver_pending()  # the re-send of both
     assert [e for e in logs if e["event"] == "output_refresh_refused"] == []
+
+
+def test_a_redirected_output_keeps_its_changes_for_the_url_fixed_by_a_reload(store, secret_env):
+    """A redirect says the URL is wrong (http:// where the ingress wants https://), not the
+    message: each change was refused for good, so fixing the URL lost every alert until then.
+    They now wait, retried, and a reload with the final URL delivers them."""
+    clock = Clock()
+    with LocalReceiver() as old, LocalReceiver() as final:
+        old.redirect_next(final.url)
+        old.redirect_next(final.url)
+        outbox = OutputOutbox(store, routing(hook(old.url)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        with capture_logs() as logs:
+            assert outbox.deliver_pending() == 0
+        (said,) = [e for e in logs if e["event"] == "output_delivery_retry"]
+        assert f"a redirect to {final.url}, not followed: configure the final URL" in said["error"]
+        outbox.configure(routing(hook(final.url)))
+        clock.now += 1
+        assert outbox.deliver_pending() == 1
+    assert len(final.delivered) == 1 and final.gets == []
+    assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "not_sent", "sent"}
+
+
+def test_an_error_answer_s_body_reaches_the_log_as_one_printable_line(store, secret_env):
+    """A receiver's error page is quoted in the log (300 bytes): a terminal escape in it went
+    to a console as is."""
+    with LocalReceiver() as receiver:
+        receiver.fail_next(1, 400, body=b"\x1b[2J\x1b]0;pwned\x07bad\r\nrequest" + b"x" * 100_000)
+        outbox = OutputOutbox(store, routing(hook(receiver.url)), clock=Clock())
+        stored(store, alert())
+        outbox.add([alert()])
+        with capture_logs() as logs:
+            outbox.deliver_pending()
+    (said,) = [e for e in logs if e["event"] == "output_delivery_refused"]
+    assert said["reason"].startswith("webhook hook answered 400: [2J ]0;pwned bad request") and said["reason"].isprintable()

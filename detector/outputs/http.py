@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 import time
 import urllib.error
@@ -16,6 +17,7 @@ from detector.outputs.base import OutputError
 
 __all__ = ["post", "retry_after"]
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _RETRY = {401, 407, 408, 425, 429}
 """Besides 5xx. 401 and 407 say the credential (the signing secret, the bearer token) is wrong
 or rotated, not the message: like a secret not set, the changes wait, stored, until it is fixed.
@@ -43,9 +45,10 @@ def post(what: str, url: str, body: bytes, headers: dict[str, str], timeout_s: f
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         text = _head(exc)
-        if 300 <= exc.code < 400:
+        redirect = 300 <= exc.code < 400  # the URL is wrong, not the message: the changes wait for a fixed one
+        if redirect:
             text = f"a redirect to {exc.headers.get('Location', '?')[:200]}, not followed: configure the final URL"
-        retryable = exc.code in _RETRY or exc.code >= 500
+        retryable = redirect or exc.code in _RETRY or exc.code >= 500
         wait = retry_after(exc.headers.get("Retry-After"), time.time()) if retryable else None
         raise OutputError(f"{what} answered {exc.code}: {text}", retryable=retryable, retry_after_s=wait) from None
     except (TimeoutError, socket.timeout) as exc:
@@ -89,7 +92,9 @@ def _drain(answer: Any) -> None:
 
 
 def _head(exc: Any) -> str:
+    """The start of an error answer's body, for the log: one line, no control characters (a
+    terminal escape in it would reach a console)."""
     try:
-        return " ".join(exc.read(300).decode("utf-8", "replace").split())
+        return " ".join(_UNPRINTABLE.sub(" ", exc.read(300).decode("utf-8", "replace")).split())
     except Exception:  # noqa: BLE001 - the body is only for the log
         return ""
