@@ -59,8 +59,9 @@ class LocalReceiver:
         self.requests: list[Received] = []
         self.delivered: list[Received] = []
         self.dedupes = dedupes
-        self._failures: list[int] = []
+        self._failures: list[tuple[int, str | None, bytes]] = []
         self._garbled = 0
+        self._cut = 0
         self._redirects: list[str] = []
         self.gets: list[Received] = []
         """GET requests (a client following a redirect turns a POST into one)."""
@@ -82,9 +83,10 @@ class LocalReceiver:
         self._server.shutdown()
         self._server.server_close()
 
-    def fail_next(self, count: int, status: int = 503) -> None:
+    def fail_next(self, count: int, status: int = 503, retry_after: str | None = None, body: bytes = b"ok") -> None:
+        """Answer the next POSTs ``status`` (with ``Retry-After: retry_after`` if given) and ``body``."""
         with self._lock:
-            self._failures += [status] * count
+            self._failures += [(status, retry_after, body)] * count
 
     def redirect_next(self, location: str) -> None:
         """Answer the next POST with 302 to ``location``."""
@@ -95,6 +97,11 @@ class LocalReceiver:
         """Take the next requests whole (delivered), then answer with something not HTTP."""
         with self._lock:
             self._garbled += count
+
+    def cut_next(self, count: int) -> None:
+        """Take the next requests whole (delivered), answer 200, then stall mid-body for 2 s."""
+        with self._lock:
+            self._cut += count
 
     def hang(self, seconds: float) -> None:
         """Take the next requests whole, then answer only after ``seconds`` (a timeout for the sender)."""
@@ -132,7 +139,8 @@ class LocalReceiver:
                     receiver.requests.append(received)
                     garbled = receiver._garbled > 0
                     receiver._garbled -= garbled
-                    status = receiver._failures.pop(0) if receiver._failures and not garbled else 200
+                    failure = receiver._failures.pop(0) if receiver._failures and not garbled else (200, None, b"ok")
+                    status, retry_after, answer = failure
                     if status == 200:
                         key = received.headers.get("idempotency-key")
                         seen = {r.headers.get("idempotency-key") for r in receiver.delivered}
@@ -144,10 +152,24 @@ class LocalReceiver:
                     self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
                     self.close_connection = True
                     return
+                with receiver._lock:
+                    cut = receiver._cut > 0 and status == 200
+                    receiver._cut -= cut
+                if cut:
+                    self.send_response(200)
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self.wfile.write(b"partial")
+                    self.wfile.flush()
+                    time.sleep(2.0)  # the rest never comes in time
+                    self.close_connection = True
+                    return
                 self.send_response(status)
-                self.send_header("Content-Length", "2")
+                if retry_after is not None:
+                    self.send_header("Retry-After", retry_after)
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(b"ok")
+                self.wfile.write(answer)
 
         return Handler
 
@@ -224,6 +246,8 @@ class Mailbox:
     def __init__(self) -> None:
         self.messages: list[tuple[list[str], EmailMessage]] = []
         self.failures: list[str] = []
+        self.mail_failures: list[str] = []
+        """What the next MAIL FROM commands are answered (a server wanting a login: 530)."""
         self.quit_reply: str | None = None
         """What QUIT is answered (None: 221, as it should be)."""
 
@@ -231,6 +255,14 @@ class Mailbox:
         from aiosmtpd.smtp import MISSING
 
         return self.quit_reply if self.quit_reply is not None else MISSING
+
+    async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str,  # noqa: N802 - aiosmtpd's
+                          options: list[str]) -> str:  # fmt: skip
+        if self.mail_failures:
+            return self.mail_failures.pop(0)
+        envelope.mail_from = address
+        envelope.mail_options.extend(options)
+        return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's name
         if self.failures:

@@ -1099,3 +1099,178 @@ def test_a_redirect_is_not_followed_with_the_token_nor_taken_for_a_delivery(stor
         outbox.deliver_pending()
     assert elsewhere.gets == [] and elsewhere.requests == []
     assert "sent" not in store.outputs.states("a1")[("pager", "fired")]
+
+
+def test_an_output_url_urllib_cannot_send_is_refused_at_load_never_quoted(tmp_path):
+    """Each of these passed the old pattern and then failed every send, for good: a user and
+    password (urllib takes ``user:pw@host`` for the host name: 'Name or service not known',
+    retried forever, with a secret in the file), a control character or non-ASCII letter
+    (http.client refuses them: the error, logged, quoted the URL and its token; the send was
+    taken as maybe sent, so a webhook's alerts were recorded ``unknown``), no host, a bad
+    port, and a stray '%' (Alertmanager answers 422 to a generatorURL with one)."""
+    from detector.rules import RulesInvalid, load_rules
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: idle-gpu\n    type: idle_gpu\n")
+    cases = {
+        "https://user:tok-Zq81@hooks.example.com/x": "a user or password in the URL",
+        "https://hooks.example.com/a\\x01b?token=tok-Zq81": "only printable ASCII",
+        "https://hooks.example.com/bürn?token=tok-Zq81": "only printable ASCII",
+        "https:///x?token=tok-Zq81": "no host",
+        "https://hooks.example.com:99999/x?token=tok-Zq81": "port is not a number",
+        "https://hooks.example.com/x?token=tok-Zq81&fill=50%": "a '%' that does not start an escape",
+    }
+    for url, message in cases.items():
+        for key, extra in [("url", ""), ("generator_url", "    url: http://am:9093\n")]:
+            kind = "webhook\n    secret_env: S" if key == "url" else "alertmanager"
+            (tmp_path / "routing.yaml").write_text(f"outputs:\n  out:\n    kind: {kind}\n{extra}    {key}: \"{url}\"\n")
+            with pytest.raises(RulesInvalid) as caught:
+                load_rules(rules)
+            error = caught.value.errors[-1]
+            assert (error.path, message in error.message) == (f"outputs.out.{key}", True), (url, error)
+            assert "tok-Zq81" not in str(caught.value), url
+    (tmp_path / "routing.yaml").write_text("outputs:\n  out:\n    kind: alertmanager\n    url: http://[::1]:9093\n"
+                                           "    generator_url: https://g.example.com/d?var-host={resource_id}&x=%20\n")
+    assert load_rules(rules).routing.outputs["out"].url == "http://[::1]:9093"  # type: ignore[union-attr]
+
+
+def test_a_2xx_whose_body_is_cut_off_is_a_delivery_not_a_send_in_doubt(store, secret_env):
+    """The status said it was taken: a body that stalls (or is cut off) after it was read as
+    'no answer', maybe sent, and a webhook that does not dedupe recorded its delivered alert
+    'unknown'."""
+    with LocalReceiver() as receiver:
+        receiver.cut_next(1)
+        outbox = OutputOutbox(store, routing(hook(receiver.url, timeout_s=0.5)), clock=Clock())
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+    assert len(receiver.delivered) == 1
+    assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "sent"}
+
+
+def test_half_a_mail_login_or_one_in_clear_is_refused_at_load(tmp_path):
+    """``username_env`` alone (or ``password_env`` alone) was taken silently: no login was
+    tried, and a server that wants one answered 530 to every mail, each refused for good."""
+    from detector.rules import RulesInvalid, load_rules
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: idle-gpu\n    type: idle_gpu\n")
+    base = "outputs:\n  m:\n    kind: email\n    host: smtp.example.com\n    from: a@example.com\n    to: [b@example.com]\n"
+    cases = {
+        "    username_env: SMTP_USER\n": "username_env without password_env",
+        "    password_env: SMTP_PASSWORD\n": "password_env without username_env",
+        "    tls: none\n    username_env: SMTP_USER\n    password_env: SMTP_PASSWORD\n": "password in clear",
+    }
+    for extra, message in cases.items():
+        (tmp_path / "routing.yaml").write_text(base + extra)
+        with pytest.raises(RulesInvalid) as caught:
+            load_rules(rules)
+        error = caught.value.errors[-1]
+        assert (error.path, message in error.message) == ("outputs.m", True), (extra, error)
+    (tmp_path / "routing.yaml").write_text(base + "    username_env: SMTP_USER\n    password_env: SMTP_PASSWORD\n")
+    assert load_rules(rules).routing.outputs["m"].username_env == "SMTP_USER"  # type: ignore[union-attr]
+
+
+def test_a_wrong_credential_keeps_the_changes_until_it_is_fixed(store, secret_env):
+    """A 401 (the webhook's receiver refusing the signature, a proxy before Alertmanager the
+    token) or an SMTP 530/535 says the credential is wrong, not the message: each change was
+    refused for good, so every alert sent while a secret was being rotated was lost. A secret
+    not set already waits; a wrong one now does too."""
+    clock = Clock()
+    with LocalReceiver() as receiver, smtp_server() as (mailbox, port):
+        receiver.fail_next(2, 401)
+        mailbox.mail_failures = ["530 5.7.0 Authentication required", "535 5.7.8 Authentication credentials invalid"]
+        outbox = OutputOutbox(store, routing({**hook(receiver.url), **mail_output(port)}), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        for _ in range(2):
+            assert outbox.deliver_pending() == 0
+            clock.now += 60
+        assert outbox.deliver_pending() == 2
+    assert len(receiver.delivered) == 1 and len(mailbox.messages) == 1
+    assert "refused" not in store.outputs.states("a1")[("hook", "fired")]
+    assert "refused" not in store.outputs.states("a1")[("mail", "fired")]
+
+
+@pytest.mark.parametrize(("retry_after", "wait_s"), [
+    ("30", 30.0),                               # asked for 30 s: not tried again sooner
+    ("0", 1.0),                                 # the backoff's first step still applies
+    ("Wed, 21 Oct 2099 07:28:00 GMT", 60.0),    # a date far ahead: bounded by max_backoff_s
+    ("99999999999999999999", 60.0),             # a huge number: bounded the same way
+    ("-5", 1.0),                                # negative: ignored
+    ("soon, I promise", 1.0),                   # garbage: ignored
+])  # fmt: skip
+def test_a_receiver_s_retry_after_is_waited_out_within_the_longest_backoff(store, secret_env, retry_after, wait_s):
+    """A 429 (or 503) with Retry-After was retried after 1 s, 2 s... whatever it asked,
+    hammering a rate-limited receiver; now its ask is kept, bounded by ``max_backoff_s``."""
+    clock = Clock()
+    with LocalReceiver() as receiver:
+        receiver.fail_next(1, 429, retry_after)
+        outbox = OutputOutbox(store, routing(hook(receiver.url)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 0
+        assert outbox.hold_s == pytest.approx(wait_s, abs=0.01)
+        clock.now += wait_s - 0.5
+        assert outbox.deliver_pending() == 0 and len(receiver.requests) == 1  # not asked again sooner
+        clock.now += 0.5
+        assert outbox.deliver_pending() == 1
+    assert len(receiver.delivered) == 1
+
+
+def test_an_alert_whose_link_alertmanager_would_refuse_goes_without_it_and_spoils_no_re_send(store, tmp_path):
+    """Alertmanager answers 422 to a whole post if one generatorURL fails Go's URL parser: an
+    event's region with a space, quoted into a link's host name, lost that alert (refused for
+    good) and, in the re-send of every firing alert, all of them (left to expire)."""
+    clock = Clock()
+    links = [{"name": "Console", "url": "https://{region}.console.example.com/ec2?id={resource_id}"}]
+    odd = msgspec.structs.replace(alert(alert_id="a2", resource_id="host-2"), region="us east")
+    with alertmanager(tmp_path) as am:
+        routed = Routing.model_validate({"outputs": am_output(am.url), "send": {"default": ["pager"]}, "links": links})
+        outbox = OutputOutbox(store, routed, clock=clock)
+        stored(store, alert(), odd)
+        outbox.add([alert(), odd])
+        assert outbox.deliver_pending() == 2
+        shown = wait_until(lambda: len(am.alerts()) == 2 and am.alerts(), what="both alerts")
+        urls = {a["labels"]["burnwatch_alert_id"]: a.get("generatorURL", "") for a in shown}
+        assert urls == {"a1": "https://us-east-1.console.example.com/ec2?id=host-1", "a2": ""}
+        clock.now += 60
+        with capture_logs() as logs:
+            outbox.deliver_pending()  # the re-send of both
+    assert [e for e in logs if e["event"] == "output_refresh_refused"] == []
+
+
+def test_a_redirected_output_keeps_its_changes_for_the_url_fixed_by_a_reload(store, secret_env):
+    """A redirect says the URL is wrong (http:// where the ingress wants https://), not the
+    message: each change was refused for good, so fixing the URL lost every alert until then.
+    They now wait, retried, and a reload with the final URL delivers them."""
+    clock = Clock()
+    with LocalReceiver() as old, LocalReceiver() as final:
+        old.redirect_next(final.url)
+        old.redirect_next(final.url)
+        outbox = OutputOutbox(store, routing(hook(old.url)), clock=clock)
+        stored(store, alert())
+        outbox.add([alert()])
+        with capture_logs() as logs:
+            assert outbox.deliver_pending() == 0
+        (said,) = [e for e in logs if e["event"] == "output_delivery_retry"]
+        assert f"a redirect to {final.url}, not followed: configure the final URL" in said["error"]
+        outbox.configure(routing(hook(final.url)))
+        clock.now += 1
+        assert outbox.deliver_pending() == 1
+    assert len(final.delivered) == 1 and final.gets == []
+    assert store.outputs.states("a1")[("hook", "fired")] == {"sending", "not_sent", "sent"}
+
+
+def test_an_error_answer_s_body_reaches_the_log_as_one_printable_line(store, secret_env):
+    """A receiver's error page is quoted in the log (300 bytes): a terminal escape in it went
+    to a console as is."""
+    with LocalReceiver() as receiver:
+        receiver.fail_next(1, 400, body=b"\x1b[2J\x1b]0;pwned\x07bad\r\nrequest" + b"x" * 100_000)
+        outbox = OutputOutbox(store, routing(hook(receiver.url)), clock=Clock())
+        stored(store, alert())
+        outbox.add([alert()])
+        with capture_logs() as logs:
+            outbox.deliver_pending()
+    (said,) = [e for e in logs if e["event"] == "output_delivery_refused"]
+    assert said["reason"].startswith("webhook hook answered 400: [2J ]0;pwned bad request") and said["reason"].isprintable()

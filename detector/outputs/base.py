@@ -15,12 +15,15 @@ __all__ = ["Output", "OutputError", "secret"]
 class OutputError(Exception):
     """A send that failed. ``retryable``: try again later (the receiver was down, answered
     5xx or 429); otherwise it refused the message for good. ``maybe_sent``: the request left
-    and no answer came (a timeout, a dropped connection): the receiver may have it."""
+    and no answer came (a timeout, a dropped connection): the receiver may have it.
+    ``retry_after_s``: how long the receiver asked to be left alone (``Retry-After``)."""
 
-    def __init__(self, message: str, *, retryable: bool, maybe_sent: bool = False) -> None:
+    def __init__(self, message: str, *, retryable: bool, maybe_sent: bool = False,
+                 retry_after_s: float | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.retryable = retryable
         self.maybe_sent = maybe_sent
+        self.retry_after_s = retry_after_s
 
 
 class Output(Protocol):

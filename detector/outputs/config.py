@@ -12,6 +12,7 @@ import re
 import string
 from collections.abc import Collection
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -25,7 +26,35 @@ SLACK = "slack"
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
 """The name of an environment variable (never its value)."""
-Url = Annotated[str, Field(pattern=r"^https?://[^\s]+$", max_length=2000)]
+
+
+def _url(value: str) -> str:
+    """An ``http(s)`` URL that urllib can send as written. The value is never quoted back (a
+    token in its query would show in ``rules check``); a user or password in it is refused:
+    urllib sends no basic auth from a URL (it would take ``user:pw@host`` for a host name and
+    fail to resolve it for good), and secrets belong in environment variables."""
+    if not re.fullmatch(r"[!-~]+", value):  # http.client refuses the rest, with an error quoting the URL
+        raise ValueError("not a URL urllib can send: only printable ASCII, no space or control character "
+                         "(a host name in punycode, the rest percent-encoded: %C3%BC for ü)")  # fmt: skip
+    if re.search(r"%(?![0-9A-Fa-f]{2})", value):  # Alertmanager refuses such a generatorURL, and every alert with it
+        raise ValueError("a '%' that does not start an escape such as %20 (write a literal % as %25)")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must start with http:// or https://")
+    if "@" in parts.netloc:
+        raise ValueError("a user or password in the URL (user:password@host) is not supported and would be a "
+                         "secret in the file: give a token by environment variable (bearer_token_env)")  # fmt: skip
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("the port is not a number from 1 to 65535") from None
+    if not parts.hostname or port == 0:
+        raise ValueError("no host" if not parts.hostname else "the port is not a number from 1 to 65535")
+    return value
+
+
+Url = Annotated[str, Field(max_length=2000), AfterValidator(_url)]
+"""An ``http(s)`` URL with a host, in printable ASCII, without user or password."""
 _ADDRESS = re.compile(r"[^@\s<>,;:\"()\[\]\\]+@[^@\s<>,;:\"()\[\]\\]+")
 
 
@@ -122,6 +151,16 @@ class EmailSpec(_Spec):
     sender: Address = Field(alias="from")
     to: Annotated[list[Address], Field(min_length=1, max_length=100)]
     timeout_s: Timeout = 30.0
+
+    @model_validator(mode="after")
+    def _credentials(self) -> EmailSpec:
+        if (self.username_env is None) != (self.password_env is None):
+            given, missing = ("username_env", "password_env") if self.password_env is None else ("password_env", "username_env")
+            raise ValueError(f"{given} without {missing}: give both (to log in) or neither (no login is tried, and "
+                             "a server that wants one refuses every mail for good)")  # fmt: skip
+        if self.username_env is not None and self.tls == "none":
+            raise ValueError("a login with tls: none would send the password in clear: use tls: starttls or ssl")
+        return self
 
     @field_validator("sender", "to")
     @classmethod

@@ -29,6 +29,9 @@ from detector.rules import Routing
 
 __all__ = ["EmailOutput", "header_text"]
 
+_AUTH = {530, 534, 535, 538}
+"""SMTP codes that say the login is missing or wrong, not the message: retried like a 4xx (the
+changes wait, stored, until the credentials are fixed)."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")
 
 
@@ -87,7 +90,7 @@ class EmailOutput:
                 raise OutputError(f"email {self.name}: the server does not offer it: {exc}", retryable=False) from None
             except smtplib.SMTPResponseException as exc:
                 raise OutputError(f"email {self.name}: {exc.smtp_code} {_said(exc)}",
-                                  retryable=400 <= exc.smtp_code < 500) from None  # fmt: skip
+                                  retryable=_retryable(exc.smtp_code)) from None  # fmt: skip
             except (OSError, smtplib.SMTPException) as exc:
                 raise OutputError(f"email {self.name}: {exc}", retryable=True) from None
             try:
@@ -98,10 +101,10 @@ class EmailOutput:
             except smtplib.SMTPRecipientsRefused as exc:
                 codes = [code for code, _ in exc.recipients.values()]
                 raise OutputError(f"email {self.name}: every recipient refused ({codes})",
-                                  retryable=all(400 <= c < 500 for c in codes)) from None  # fmt: skip
+                                  retryable=all(_retryable(c) for c in codes)) from None  # fmt: skip
             except smtplib.SMTPResponseException as exc:  # the server answered: it did not take it
                 raise OutputError(f"email {self.name}: {exc.smtp_code} {_said(exc)}",
-                                  retryable=400 <= exc.smtp_code < 500) from None  # fmt: skip
+                                  retryable=_retryable(exc.smtp_code)) from None  # fmt: skip
             except (OSError, socket.timeout, smtplib.SMTPServerDisconnected) as exc:
                 raise OutputError(f"email {self.name}: cut off while sending: {exc}", retryable=True,
                                   maybe_sent=True) from None  # fmt: skip
@@ -124,6 +127,10 @@ def _quit(smtp: smtplib.SMTP) -> None:
         pass
     finally:
         smtp.close()
+
+
+def _retryable(code: int) -> bool:
+    return 400 <= code < 500 or code in _AUTH
 
 
 def _said(exc: Any) -> str:

@@ -6,9 +6,10 @@ The same guarantees as Slack's outbox (:mod:`detector.delivery`), per output:
 - **stored before sent**: the alert change is in ClickHouse before it is handed here, and
   each send is marked begun in ``output_deliveries`` before the request leaves;
 - **retried with backoff**: a receiver that is down or answers 5xx/429 is tried again (1 s,
-  doubling to ``max_backoff_s``), its queue kept in order; one output's outage holds up the
-  others (one thread) at most one ``timeout_s`` per backoff: after a send with no answer the
-  rest of its queue waits for its next try;
+  doubling to ``max_backoff_s``, or its ``Retry-After`` if longer, up to that), its queue
+  kept in order; one output's outage holds up the others (one thread) at most one
+  ``timeout_s`` per backoff: after a send with no answer the rest of its queue waits for
+  its next try;
 - **never twice**: (alert id, output, change) is the idempotency key; a change recorded
   ``sent``, ``refused`` or ``unknown`` is not sent again, after a restart either
   (:meth:`OutputOutbox.recover`). A send begun and never recorded (a kill, a timeout) may
@@ -286,10 +287,11 @@ class OutputOutbox:
                 lane.backoff = 0.0
             except Exception as exc:  # noqa: BLE001 - the receiver's (OutputError) or the store's
                 self.failed += 1
-                waits.append(self._back_off(lane))
+                wait = self._back_off(lane, exc.retry_after_s if isinstance(exc, OutputError) else None)
+                waits.append(wait)
                 METRICS.outputs.labels(name, "retry").inc()
                 event = "output_delivery_retry" if isinstance(exc, OutputError) else "output_store_error"
-                log.warning(event, output=name, error=str(exc)[:500], retry_in_s=lane.backoff, pending=len(lane.queue))
+                log.warning(event, output=name, error=str(exc)[:500], retry_in_s=round(wait, 3), pending=len(lane.queue))
                 continue
             if lane.output.resend_s and lane.firing:
                 waits.append(max(0.01, lane.next_refresh - self._clock()))
@@ -298,10 +300,14 @@ class OutputOutbox:
         self.hold_s = min(waits) if waits else 0.0
         return sent
 
-    def _back_off(self, lane: _Lane) -> float:
+    def _back_off(self, lane: _Lane, asked_s: float | None = None) -> float:
+        """The wait before the lane's next try: the backoff, or as long as the receiver asked
+        (``Retry-After``) up to ``max_backoff_s``, so a rate-limited receiver is not hammered
+        and an absurd ask (a year) does not hold its alerts for good."""
         lane.backoff = min(max(1.0, lane.backoff * 2), self.max_backoff_s)
-        lane.next_try = self._clock() + lane.backoff
-        return lane.backoff
+        wait = max(lane.backoff, min(asked_s or 0.0, self.max_backoff_s))
+        lane.next_try = self._clock() + wait
+        return wait
 
     def _refresh(self, name: str, lane: _Lane, now: float) -> None:
         """Send the firing alerts again; a refusal is logged (the next re-send is due as usual),
