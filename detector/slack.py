@@ -135,6 +135,23 @@ def _verbatim(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return blocks
 
 
+_CREDENTIALS_REFUSED = frozenset({"invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive",
+                                  "invalid_token", "no_service"})  # fmt: skip
+"""Slack's answers that the token or the webhook is wrong (revoked, rotated, deleted): no message can go
+until it is fixed, so each waits in the outbox, retried, as the other outputs' 401s; refused for good, every
+alert sent until the fix was lost. (``invalid_token`` and ``no_service`` are an incoming webhook's.)"""
+
+
+def _credentials_refused(exc: BaseException) -> bool:
+    """Whether slack-sdk's error is Slack refusing the token (:data:`_CREDENTIALS_REFUSED`)."""
+    response = getattr(exc, "response", None)
+    try:
+        error = response.get("error") if response is not None else None
+    except Exception:  # noqa: BLE001 - an answer that is not JSON
+        return False
+    return error in _CREDENTIALS_REFUSED
+
+
 class SlackError(RuntimeError):
     """Slack refused or could not be reached; ``retryable`` says whether trying again can help,
     ``maybe_posted`` that the request timed out after it was sent (Slack may have taken it)."""
@@ -589,7 +606,8 @@ class SlackNotifier:
             response = self._web.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text, blocks=_verbatim(blocks))
         except Exception as exc:
             status = getattr(getattr(exc, "response", None), "status_code", None)
-            raise SlackError(f"Slack post failed: {exc}", retryable=status is None or status == 429 or status >= 500) from exc
+            raise SlackError(f"Slack post failed: {exc}", retryable=status is None or status == 429 or status >= 500
+                             or _credentials_refused(exc)) from exc  # fmt: skip
         return str(response["channel"]), str(response["ts"])
 
     def update_action(self, channel: str, ts: str, text: str, blocks: list[dict[str, Any]]) -> None:
@@ -627,7 +645,8 @@ class SlackNotifier:
                 if answer.status_code != 200:
                     raise SlackError(
                         f"webhook answered {answer.status_code}: {answer.body}",
-                        retryable=answer.status_code == 429 or answer.status_code >= 500,
+                        retryable=answer.status_code == 429 or answer.status_code >= 500
+                        or answer.body.strip() in _CREDENTIALS_REFUSED,
                     )
                 return self.channel, ""
             if alert is not None and alert.closes and thread is not None:
@@ -648,6 +667,9 @@ class SlackNotifier:
             raise
         except Exception as exc:  # slack-sdk raises SlackApiError, URLError, timeouts...
             status = getattr(getattr(exc, "response", None), "status_code", None)
+            if _credentials_refused(exc):
+                raise SlackError(f"Slack refused the token ({exc.response.get('error')}): every post waits, kept, until "  # type: ignore[attr-defined]
+                                 "SLACK_BOT_TOKEN is a valid one (then restart the worker)", retryable=True) from exc  # fmt: skip
             retryable = status is None or status == 429 or status >= 500
             timed_out = isinstance(exc, TimeoutError) or "timed out" in str(exc)
             raise SlackError(f"Slack delivery failed: {exc}", retryable=retryable, maybe_posted=timed_out) from exc

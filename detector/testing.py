@@ -110,10 +110,14 @@ class LocalSlack:
 
     # -- behaviour -----------------------------------------------------------------
 
-    def fail_next(self, count: int, status: int = 500, retry_after: int | None = None, method: str | None = None) -> None:
+    def fail_next(self, count: int, status: int = 500, retry_after: int | None = None, method: str | None = None,
+                  body: bytes | None = None) -> None:  # fmt: skip
         """Answer the next ``count`` requests (of ``method`` only, if given) with ``status``
-        (429 gets Retry-After)."""
+        (429 gets Retry-After), and ``body`` if given (``{"ok": false, "error": "invalid_auth"}``
+        with 200 is how the Web API refuses a revoked token)."""
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        if body is not None:
+            headers["X-Body"] = body.decode()
         with self._lock:
             self._failures.extend([(status, headers, method)] * count)
 
@@ -192,10 +196,15 @@ class LocalSlack:
                     failure = (window.status, headers)
                 if failure is not None:
                     status, headers = failure
+                    given = headers.get("X-Body")
                     self.send_response(status)
                     for name, value in headers.items():
-                        self.send_header(name, value)
-                    refusal = b'{"ok": false, "error": "ratelimited"}' if status == 429 else b"server error"
+                        if name != "X-Body":
+                            self.send_header(name, value)
+                    refusal = (given.encode() if given is not None else
+                               b'{"ok": false, "error": "ratelimited"}' if status == 429 else b"server error")  # fmt: skip
+                    if given is not None and given.startswith("{"):
+                        self.send_header("Content-Type", "application/json; charset=utf-8")
                     self.send_header("Content-Length", str(len(refusal)))
                     self.end_headers()
                     self.wfile.write(refusal)

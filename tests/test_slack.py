@@ -584,3 +584,21 @@ def test_a_group_of_forecasts_says_what_they_save_not_what_was_spent_so_far():
     group = str(render_group([dear("a"), dear("b")]))
     assert "so far" not in group and "spent" not in group
     assert group.count("net saving $8,461 a month after moving") == 2
+
+
+@pytest.mark.parametrize("error", ["invalid_auth", "token_revoked"])
+def test_a_refused_token_keeps_every_post_waiting_until_it_is_fixed(slack, store, error):
+    """A revoked or rotated bot token: Slack answers ``ok: false, invalid_auth``, which was a permanent
+    refusal, so every alert opened until the token was fixed was dropped. It is retried, kept in the
+    outbox (and in the store across a restart), and posted once the token works."""
+    outbox = Outbox(store, bot(slack), group_wait_s=0)
+    store.alerts.record([alert()], version=1)
+    outbox.add([alert()])
+    slack.fail_next(2, status=200, method="chat.postMessage", body=f'{{"ok": false, "error": "{error}"}}'.encode())
+    for _ in range(2):
+        with pytest.raises(SlackError) as refused:
+            outbox.deliver_pending()
+        assert refused.value.retryable and f"Slack refused the token ({error})" in str(refused.value)
+    assert store.deliveries.undelivered() == [("a1", "fired")]  # kept for a restart too
+    outbox.deliver_pending()  # the token fixed
+    assert len(slack.calls("chat.postMessage")) == 1 and store.deliveries.undelivered() == []
