@@ -78,6 +78,19 @@ def hook(url: str, dedupes: bool = False, timeout_s: float = 5.0) -> dict[str, A
 # -- webhook ------------------------------------------------------------------------------
 
 
+def test_a_signing_secret_mounted_from_a_file_signs_without_its_trailing_newline(store, monkeypatch):
+    """A Kubernetes Secret made with ``--from-file`` puts the file's last newline in the variable; the
+    receiver's copy of the secret has none, so every signature failed (and a 401 waits forever)."""
+    monkeypatch.setenv("BW_HOOK_SECRET", SECRET + "\n")
+    with LocalReceiver() as receiver:
+        outbox = OutputOutbox(store, routing(hook(receiver.url)))
+        stored(store, alert())
+        outbox.add([alert()])
+        assert outbox.deliver_pending() == 1
+    (opened,) = receiver.delivered
+    assert verify(SECRET, opened.headers[TIMESTAMP.lower()], opened.body, opened.headers[SIGNATURE.lower()])
+
+
 def test_the_webhook_posts_signed_json_with_an_idempotency_key(store, secret_env):
     with LocalReceiver() as receiver:
         outbox = OutputOutbox(store, routing(hook(receiver.url)))

@@ -49,16 +49,18 @@ class Output(Protocol):
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def secret(env: str | None, what: str, *, header: bool = False) -> str | None:
+def secret(env: str | None, what: str, *, header: bool = False, trim: bool = False) -> str | None:
     """The value of environment variable ``env`` (read at each send, so a rotated secret is
     picked up); a missing one is a retryable error naming the variable, never a value.
     ``header``: it goes into an HTTP header, so it loses the surrounding whitespace a file
     mounted as a secret ends with, and one with a control character inside (it would end
-    the header: http.client refuses it with an error that prints it) is refused the same way."""
+    the header: http.client refuses it with an error that prints it) is refused the same way.
+    ``trim``: it loses that whitespace too (a signing key: a Secret made ``--from-file`` ends
+    with a newline the receiver's copy does not have, and every signature failed)."""
     if env is None:
         return None
     raw = os.environ.get(env) or ""
-    value = raw.strip() if header else raw
+    value = raw.strip() if header or trim else raw
     register_secrets(raw, value)  # redacted from every log line from now on
     if not value:
         raise OutputError(f"environment variable {env} ({what}) is not set", retryable=True)

@@ -64,7 +64,7 @@ class WebhookOutput:
         return json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode()
 
     def send(self, alert: Alert) -> str:
-        key = secret(self.spec.secret_env, "the webhook's signing secret")
+        key = secret(self.spec.secret_env, "the webhook's signing secret", trim=True)
         assert key is not None
         body = self.body(alert)
         timestamp = str(int(self._clock()))
