@@ -135,6 +135,18 @@ class Settings(BaseSettings):
             raise ValueError("expected chdb:///dir, chdb://memory or http(s)://user:pass@host:8123 (a server)")
         return dsn
 
+    @field_validator("slack_bot_token", "slack_signing_secret", "slack_webhook_url", "slack_channel", mode="before")
+    @classmethod
+    def _trimmed(cls, value: Any) -> Any:
+        """Without the whitespace around it: a Kubernetes Secret made ``--from-file`` ends with the
+        file's newline, which made every Slack call fail (a header with a line break) and every
+        click's signature differ."""
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if isinstance(value, str):
+            return value.strip() or None
+        return value
+
     @field_validator("replication_factor")
     @classmethod
     def _replicas(cls, value: int) -> int:

@@ -27,6 +27,20 @@ def test_environment_variables_keep_their_names():
     assert settings.log_level == "info"  # an empty variable is unset, not an invalid level
 
 
+def test_slack_secrets_mounted_from_files_lose_their_trailing_newline():
+    """A Kubernetes Secret made ``--from-file`` ends with the file's newline: the bot token then made every
+    Slack call fail (a header with a line break) and the signing secret every click's signature differ."""
+    settings = load_settings(environ={"SLACK_BOT_TOKEN": "xoxb-1\n", "SLACK_SIGNING_SECRET": " abc123\r\n",
+                                      "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T/B/x\n",
+                                      "SLACK_CHANNEL": "#ml-cost\n"})  # fmt: skip
+    assert settings.slack_bot_token is not None and settings.slack_bot_token.get_secret_value() == "xoxb-1"
+    assert settings.slack_signing_secret is not None and settings.slack_signing_secret.get_secret_value() == "abc123"
+    assert settings.slack_webhook_url is not None
+    assert settings.slack_webhook_url.get_secret_value() == "https://hooks.slack.com/services/T/B/x"
+    assert settings.slack_channel == "#ml-cost"
+    assert load_settings(environ={"SLACK_BOT_TOKEN": "\n"}).slack_bot_token is None  # blank: unset
+
+
 def test_file_then_environment_then_options(tmp_path):
     config = tmp_path / "burnwatch.yaml"
     config.write_text("partitions: 2\nweb_port: 7000\napp_id: from-file\n")
