@@ -308,8 +308,9 @@ class ActionHandler:
         from detector.store import alert_from_row
 
         members = self.store.deliveries.opened_in(click.channel, click.message_ts) if click.message_ts else []
-        if click.alert_id not in members:  # a group's first member names it: the record is read, or it is one
-            members = [click.alert_id, *members]
+        # The group's first member names it (its head, whose title and rule the message shows): first again when
+        # the message is redrawn; alone if the record is not read.
+        members = [click.alert_id, *(m for m in members if m != click.alert_id)]
         now = self._clock()
         until = now + SNOOZE_S if click.action == "snoozed" else None
         self.store.actions.record(click, at=now, until=until, alert_ids=members)

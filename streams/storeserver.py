@@ -89,7 +89,8 @@ _TRAILING_FORMAT = re.compile(rb"\bFORMAT\s+([A-Za-z0-9_]+)\s*;?\s*\Z", re.IGNOR
 _RESULT_STATEMENT = re.compile(rb"\A\s*(SELECT|WITH|SHOW|DESC|DESCRIBE|EXISTS|EXPLAIN|\()", re.IGNORECASE)
 _INTO_OUTFILE = re.compile(rb"\bINTO\s+OUTFILE\b", re.IGNORECASE)
 _OUTSIDE_CLAUSE = re.compile(rb"\bINTO\s+OUTFILE\b|\bFROM\s+INFILE\b|\bdisk\s*\(", re.IGNORECASE)
-"""Clauses (in the engine's single-line form of a statement) that read or write a path of the server's choosing."""
+"""Clauses (in the engine's single-line form of a statement, outside its literals) that read or write a path of
+the server's choosing."""
 _OUTSIDE_STATEMENTS = {"Set": "SET", "UseQuery": "USE", "SYSTEM": "SYSTEM", "BackupQuery": "BACKUP",
                        "RestoreQuery": "RESTORE", "AttachQuery": "ATTACH"}  # fmt: skip
 """Statements (the root of ``EXPLAIN AST``) refused: SET and USE would change the session every client
@@ -314,6 +315,9 @@ class StoreEngine:
         text = request.sql.decode(errors="replace")
         normal = self._run(f"SELECT formatQuerySingleLine({_string(text)})", "TabSeparatedRaw", {}).bytes().strip()
         refused = _OUTSIDE_CLAUSE.search(normal)
+        if refused:  # on the statement without its literals: a value that only says "disk (" or "into outfile" runs
+            bare = self._run(f"SELECT normalizeQuery({_string(normal.decode(errors='replace'))})", "TabSeparatedRaw", {})
+            refused = _OUTSIDE_CLAUSE.search(bare.bytes().strip())
         what = " ".join(refused[0].decode().upper().rstrip("(").split()) if refused else None
         what = "disk()" if what == "DISK" else what
         if what is None:

@@ -206,3 +206,24 @@ def test_a_groups_buttons_act_on_every_alert_it_lists(store, slack):
     outbox.add([resolved])
     outbox.deliver_pending()
     assert len(slack.calls("chat.postMessage")) == 1  # snoozed: its resolution is recorded, not posted
+
+
+def test_a_groups_message_keeps_its_head_when_a_click_redraws_it(store, slack):
+    """The redrawn message is the one posted: its head (whose title, rule and buttons it shows) stays the
+    alert the buttons name, not whichever member sorts first by id."""
+    from tests.test_slack import T0
+
+    members = [alert(alert_id=i, fired_at=T0 + 1800 + 30 * n) for n, i in enumerate(["z0", "a1", "m2"])]
+    store.alerts.record(members, version=1)
+    handler, outbox = handler_for(store, slack)
+    outbox.add(members)
+    outbox.deliver_pending()
+    (group,) = slack.calls("chat.postMessage")
+    (buttons,) = [b for b in group.blocks if b["type"] == "actions"]
+    body = _group_click("burnwatch_ack", buttons, group.response["channel"], group.response["ts"])
+    assert handler.handle(body, signed(body))[0] == 200
+    (update,) = slack.calls("chat.update")
+    (redrawn,) = [b for b in update.blocks if b["type"] == "actions"]
+    assert redrawn["block_id"] == buttons["block_id"] == "burnwatch-group:z0"
+    ids = [b for b in group.blocks if b["type"] == "context"][-1]["elements"][0]["text"]
+    assert [b for b in update.blocks if b["type"] == "context"][-1]["elements"][0]["text"] == ids

@@ -246,6 +246,27 @@ def test_a_client_stays_inside_the_store(server, tmp_path):
         assert response.read() == b"Ok.\n"
 
 
+def test_a_value_that_only_names_a_refused_clause_runs(server):
+    """The clauses refused (INTO OUTFILE, FROM INFILE, disk()) are looked for in the statement without its
+    values: a resource, a title or a burnwatch sql filter saying "disk (nvme)" or "into outfile" was refused
+    as the clause it only names, while the clause itself, whatever the values beside it, still is."""
+    client = clickhouse_connect.get_client(dsn=server.url)
+    client.command("CREATE TABLE IF NOT EXISTS default.named (s String) ENGINE = MergeTree ORDER BY s")
+    values = ["data-disk(eu)", "disk (nvme)", "dump into outfile", "load from infile"]
+    client.insert("default.named", [[v] for v in values], column_names=["s"])
+    for value in values:
+        assert client.query("SELECT count() FROM default.named WHERE s = %(v)s", parameters={"v": value}).result_rows \
+            == [(1,)], value  # fmt: skip
+    assert client.query("SELECT count() FROM default.named WHERE s LIKE '%disk (%' OR s ILIKE '%INTO OUTFILE%'")\
+        .result_rows == [(2,)]  # fmt: skip
+    for statement, what in [("SELECT 'disk (' AS `x'` INTO OUTFILE '/tmp/burnwatch-named-probe'", "INTO OUTFILE"),
+                            ("SELECT 'into outfile' INTO OUTFILE '/tmp/burnwatch-named-probe'", "INTO OUTFILE")]:  # fmt: skip
+        with pytest.raises(DatabaseError, match=re.escape(what)):
+            client.command(statement)
+    client.command("DROP TABLE default.named")
+    client.close()
+
+
 def test_a_web_page_cannot_reach_the_store(server):
     """The port has no password, and a browser on this machine reaches loopback for any page it shows: a GET
     (an image, a link) only reads, as on ClickHouse; a page's POST (it carries Origin) and a request for a name
