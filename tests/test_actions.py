@@ -177,19 +177,27 @@ def _group_click(action_id: str, block: dict, channel: str, ts: str) -> bytes:
     return urlencode({"payload": json.dumps(payload)}).encode()
 
 
-def test_a_groups_buttons_act_on_every_alert_it_lists(store, slack):
-    """A group's message (a team's untagged resources, several idle GPUs opened together) had no buttons:
-    nobody could acknowledge or snooze it from Slack. Its buttons act on every alert the message opened,
-    and the message, still the group's, shows who did it; a snoozed member's resolution is not posted."""
+def _posted_group(store, slack, alert_ids: list[str]):
+    """Alerts opened together, posted as one group's message: (handler, outbox, the post, its buttons block)."""
     from tests.test_slack import T0
 
-    members = [alert(alert_id=f"g{i}", fired_at=T0 + 1800 + 30 * i) for i in range(3)]
+    members = [alert(alert_id=a, fired_at=T0 + 1800 + 30 * n) for n, a in enumerate(alert_ids)]
     store.alerts.record(members, version=1)
     handler, outbox = handler_for(store, slack)
     outbox.add(members)
     outbox.deliver_pending()
     (group,) = slack.calls("chat.postMessage")
     (buttons,) = [b for b in group.blocks if b["type"] == "actions"]
+    return handler, outbox, group, buttons
+
+
+def test_a_groups_buttons_act_on_every_alert_it_lists(store, slack):
+    """A group's message (a team's untagged resources, several idle GPUs opened together) had no buttons:
+    nobody could acknowledge or snooze it from Slack. Its buttons act on every alert the message opened,
+    and the message, still the group's, shows who did it; a snoozed member's resolution is not posted."""
+    from tests.test_slack import T0
+
+    handler, outbox, group, buttons = _posted_group(store, slack, ["g0", "g1", "g2"])
     assert [e["text"]["text"] for e in buttons["elements"]] == ["Acknowledge all", "Snooze all 24h", "Mark all as expected"]
     channel, ts = group.response["channel"], group.response["ts"]
     body = _group_click("burnwatch_snooze", buttons, channel, ts)
@@ -211,15 +219,7 @@ def test_a_groups_buttons_act_on_every_alert_it_lists(store, slack):
 def test_a_groups_message_keeps_its_head_when_a_click_redraws_it(store, slack):
     """The redrawn message is the one posted: its head (whose title, rule and buttons it shows) stays the
     alert the buttons name, not whichever member sorts first by id."""
-    from tests.test_slack import T0
-
-    members = [alert(alert_id=i, fired_at=T0 + 1800 + 30 * n) for n, i in enumerate(["z0", "a1", "m2"])]
-    store.alerts.record(members, version=1)
-    handler, outbox = handler_for(store, slack)
-    outbox.add(members)
-    outbox.deliver_pending()
-    (group,) = slack.calls("chat.postMessage")
-    (buttons,) = [b for b in group.blocks if b["type"] == "actions"]
+    handler, _, group, buttons = _posted_group(store, slack, ["z0", "a1", "m2"])
     body = _group_click("burnwatch_ack", buttons, group.response["channel"], group.response["ts"])
     assert handler.handle(body, signed(body))[0] == 200
     (update,) = slack.calls("chat.update")
