@@ -641,7 +641,8 @@ class SlackNotifier:
         try:
             if self._web is None:
                 assert self._hook is not None
-                answer = self._hook.send(text=text, blocks=blocks)
+                # No buttons: a webhook does not say its message's ts, so no click could be matched to its alerts.
+                answer = self._hook.send(text=text, blocks=[b for b in blocks if b.get("type") != "actions"])
                 if answer.status_code != 200:
                     raise SlackError(
                         f"webhook answered {answer.status_code}: {answer.body}",

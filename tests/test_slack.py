@@ -360,6 +360,18 @@ def test_webhook(slack):
     assert "gpu-host-007" in hook.text_of_blocks()
 
 
+def test_a_webhooks_messages_carry_no_buttons(slack):
+    """An incoming webhook's message is never recorded by its ts (the webhook does not say it), so no click
+    on it can be matched to its alerts; its buttons (a group's acted on its head alone) are left out, as
+    the README says: a webhook has no threads, buttons, edits or charts."""
+    notifier = SlackNotifier(webhook_url=slack.webhook_url)
+    notifier.post(alert())
+    notifier.post_group([alert(alert_id="g0"), alert(alert_id="g1")])
+    for hook in slack.calls("webhook"):
+        assert not any(b["type"] == "actions" for b in hook.blocks), hook.blocks
+    assert "alert `g1`" in slack.calls("webhook")[-1].text_of_blocks()
+
+
 def test_rate_limit_honours_retry_after_then_delivers_once(slack):
     slack.fail_next(1, status=429, retry_after=1)
     bot(slack).post(alert())
