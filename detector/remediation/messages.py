@@ -60,7 +60,7 @@ def action_blocks(action: Action, now: float, waiting: str | None = None) -> tup
         due = action.due_at or now
         text = (f":hourglass_flowing_sand: Will {what}{saves} at {rfc3339(due)} (in {format_duration(max(0.0, due - now))}) "
                 f"by calling {call}, unless this incident is snoozed or declined.")  # fmt: skip
-        # Snooze here too: anyone may object, and a grouped incident's message has no buttons.
+        # Snooze here too: anyone may object to this one action (a group's message snoozes all its alerts).
         buttons = [(SNOOZE_LABEL, SNOOZE, None), ("Decline", DECLINE, "danger")]
     elif state in ("approved", "retry") and waiting:
         text = (f":double_vertical_bar: {what.capitalize()}: approved by {_who(action.decided_by)}; waits before calling "

@@ -41,7 +41,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -377,14 +378,21 @@ class ActionRunner:
             return
         attempt = action.attempts + 1
         self._step(action, "begun", now, attempt=attempt)  # stored before the call: see recover()
-        self._lock.release()  # a click (decide) is answered while the API takes its time: this action is begun
+        with self._unlocked():  # a click (decide) is answered while the API takes its time: this action is begun
+            try:
+                outcome = executor.execute(call)
+            except Exception as exc:  # noqa: BLE001 - an executor's bug: reported, never retried blindly
+                outcome = Outcome(False, f"{type(exc).__name__}: {exc}"[:500], retryable=False)
+        self._finish(action, outcome, self._wall())
+
+    @contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """The clicks' lock released while a cloud API takes its time (a call, a lookup), taken again after."""
+        self._lock.release()
         try:
-            outcome = executor.execute(call)
-        except Exception as exc:  # noqa: BLE001 - an executor's bug: reported, never retried blindly
-            outcome = Outcome(False, f"{type(exc).__name__}: {exc}"[:500], retryable=False)
+            yield
         finally:
             self._lock.acquire()
-        self._finish(action, outcome, self._wall())
 
     def _observe_unlocked(self, action: Action) -> Outcome | None:
         """Whether the action's call took, as the API says now (None: it cannot tell), the clicks' lock released
@@ -393,15 +401,13 @@ class ActionRunner:
         observe = getattr(self.executors.get(action.kind), "observe", None)
         if observe is None or action.call is None:
             return None
-        self._lock.release()
-        try:
-            found: Outcome | None = observe(action.call)
-            return found
-        except Exception as exc:  # noqa: BLE001 - an executor's bug: then it cannot tell
-            log.warning("action_lookup_failed", action=action.key, error=f"{type(exc).__name__}: {exc}"[:300])
-            return None
-        finally:
-            self._lock.acquire()
+        with self._unlocked():
+            try:
+                found: Outcome | None = observe(action.call)
+                return found
+            except Exception as exc:  # noqa: BLE001 - an executor's bug: then it cannot tell
+                log.warning("action_lookup_failed", action=action.key, error=f"{type(exc).__name__}: {exc}"[:300])
+                return None
 
     def _finish(self, action: Action, outcome: Outcome, now: float) -> None:
         if outcome.ok:
