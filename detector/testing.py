@@ -73,7 +73,7 @@ class LocalSlack:
         """File id → the bytes uploaded for it (files_upload_v2)."""
         self.usergroups: dict[str, list[str]] = {}
         """User group id → its members' user ids (``usergroups.users.list``)."""
-        self._failures: list[tuple[int, dict[str, str], str | None]] = []
+        self._failures: list[tuple[int, dict[str, str], str | None, bytes | None]] = []
         self._hang_s = 0.0
         self.windows: list[FaultWindow] = []
         self._lock = threading.Lock()
@@ -116,10 +116,8 @@ class LocalSlack:
         (429 gets Retry-After), and ``body`` if given (``{"ok": false, "error": "invalid_auth"}``
         with 200 is how the Web API refuses a revoked token)."""
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-        if body is not None:
-            headers["X-Body"] = body.decode()
         with self._lock:
-            self._failures.extend([(status, headers, method)] * count)
+            self._failures.extend([(status, headers, method, body)] * count)
 
     def hang(self, seconds: float) -> None:
         """Hold every request this long before answering (0 to stop)."""
@@ -190,20 +188,18 @@ class LocalSlack:
                 called = self.path.removeprefix("/api/")
                 with slack._lock:
                     index = next((i for i, f in enumerate(slack._failures) if f[2] in (None, called)), None)
-                    failure = slack._failures.pop(index)[:2] if index is not None else None
+                    failure = slack._failures.pop(index) if index is not None else None
                 if failure is None and window is not None and window.status is not None:
                     headers = {"Retry-After": str(window.retry_after)} if window.retry_after is not None else {}
-                    failure = (window.status, headers)
+                    failure = (window.status, headers, None, None)
                 if failure is not None:
-                    status, headers = failure
-                    given = headers.get("X-Body")
+                    status, headers, _, given = failure
                     self.send_response(status)
                     for name, value in headers.items():
-                        if name != "X-Body":
-                            self.send_header(name, value)
-                    refusal = (given.encode() if given is not None else
-                               b'{"ok": false, "error": "ratelimited"}' if status == 429 else b"server error")  # fmt: skip
-                    if given is not None and given.startswith("{"):
+                        self.send_header(name, value)
+                    refusal = given if given is not None else (
+                        b'{"ok": false, "error": "ratelimited"}' if status == 429 else b"server error")  # fmt: skip
+                    if given is not None and given.startswith(b"{"):
                         self.send_header("Content-Type", "application/json; charset=utf-8")
                     self.send_header("Content-Length", str(len(refusal)))
                     self.end_headers()
