@@ -427,6 +427,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     other = _load_rules_or_exit(args.compare, "--compare") if args.compare else None
     models, scores = None, None
     if scored:  # the anomaly model scores the file's windows too
+        from detector.model.forest import SUFFIX
         from detector.model.train import anomaly_ruleset
 
         ruleset = _with_metrics(anomaly_ruleset, ruleset, metrics)
@@ -439,7 +440,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             target = Path(args.scores).resolve()
             if target == Path(args.file).resolve():
                 raise SystemExit(f"--scores {args.scores}: that is the replay file being read; name another file")
-            if target.suffix in (".skops", ".pkl") or (target.parent == model_dir.resolve() and target.exists()):
+            if target.suffix in (SUFFIX, ".pkl") or (target.parent == model_dir.resolve() and target.exists()):
                 raise SystemExit(f"--scores {args.scores}: that is a model's file, which the CSV would replace; "
                                  "name another file")  # fmt: skip
             scores = _ScoresFile(_open_for_writing(args.scores, "--scores"))

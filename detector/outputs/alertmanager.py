@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from detector.alerts import Alert
 from detector.outputs.base import secret
-from detector.outputs.config import AlertmanagerSpec
+from detector.outputs.config import STRAY_PERCENT, AlertmanagerSpec
 from detector.outputs.http import post
 from detector.outputs.payload import cap, link_values, links
 from detector.rules import Routing
@@ -42,7 +42,6 @@ def alertname(alert_type: str) -> str:
 
 
 _HOST = re.compile(r"[A-Za-z0-9\-_.~!$&'()*+,;=\[\]<>\"\x80-\U0010ffff]*")
-_STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def takes_uri(url: str) -> bool:
@@ -63,7 +62,7 @@ def takes_uri(url: str) -> bool:
             return False
     if port and not (port.isascii() and port.isdigit()):
         return False
-    return not _STRAY_PERCENT.search(parts.path + parts.fragment)
+    return not STRAY_PERCENT.search(parts.path + parts.fragment)
 
 
 class AlertmanagerOutput:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 __all__ = [
-    "OUTPUT_KINDS", "SLACK", "AlertmanagerSpec", "EmailSpec", "OutputName", "OutputSpec", "Send", "SlackSpec",
+    "OUTPUT_KINDS", "SLACK", "STRAY_PERCENT", "AlertmanagerSpec", "EmailSpec", "OutputName", "OutputSpec", "Send", "SlackSpec",
     "WebhookSpec", "check_outputs", "check_send", "outputs_for", "template_fields",
 ]  # fmt: skip
 
@@ -28,6 +28,10 @@ EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=1
 """The name of an environment variable (never its value)."""
 
 
+STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+"""A ``%`` that starts no escape such as ``%20``: Go's url.Parse, Alertmanager's, refuses it."""
+
+
 def _url(value: str) -> str:
     """An ``http(s)`` URL that urllib can send as written. The value is never quoted back (a
     token in its query would show in ``rules check``); a user or password in it is refused:
@@ -36,7 +40,7 @@ def _url(value: str) -> str:
     if not re.fullmatch(r"[!-~]+", value):  # http.client refuses the rest, with an error quoting the URL
         raise ValueError("not a URL urllib can send: only printable ASCII, no space or control character "
                          "(a host name in punycode, the rest percent-encoded: %C3%BC for ü)")  # fmt: skip
-    if re.search(r"%(?![0-9A-Fa-f]{2})", value):  # Alertmanager refuses such a generatorURL, and every alert with it
+    if STRAY_PERCENT.search(value):  # Alertmanager refuses such a generatorURL, and every alert with it
         raise ValueError("a '%' that does not start an escape such as %20 (write a literal % as %25)")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https"):
