@@ -17,7 +17,7 @@ pause (``suspend_flow``), seeking to the committed offsets, commits, timers and 
 server. Topics not handed over in bulk still go through Faust's per-message path.
 
 This reaches into Faust's consumer (``_wait_next_records``, ``_acked``, ``_acked_index``,
-``_committed_offset``, ``_read_offset``, ``_add_gap``, ``_commit_every``) and aiokafka's
+``_committed_offset``, ``_gap``, ``_read_offset``, ``_add_gap``, ``_commit_every``) and aiokafka's
 (``_fetch_max_wait_ms``), whose versions the project pins (pyproject.toml); tests/test_bulk.py
 checks that each still exists and runs the path against the embedded broker.
 """
@@ -279,14 +279,25 @@ class BulkConsumer(faust_aiokafka.Consumer):
             raise
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
-        """Each assigned partition's read offset starts afresh; Faust's seek to the committed offsets then sets
-        it. Faust forgets it when the partition is revoked, but a fetch of the generation before that is handed
-        over after the revocation (a worker frozen past the session wakes with one) sets it again
-        (:meth:`_fresh`), and the seek leaves it where nothing is committed: every record below it was then
-        left out as read already, and the partition was never read again (seen with a worker frozen during a
-        backlog's catch-up and given its partition back)."""
+        """Each assigned partition's read offset and commit bookkeeping start afresh; Faust's seek to the
+        committed offsets then sets them. Faust forgets them when the partition is revoked, but what the
+        generation before does after the revocation writes them again, and the seek leaves them where nothing
+        is committed:
+
+        - a fetch handed over late (a worker frozen past the session wakes with one) sets the read offset
+          (:meth:`_fresh`): every record below it was left out as read already, and the partition was never
+          read again (seen with a worker frozen during a backlog's catch-up and given its partition back);
+        - a commit that fails because the group moved on (aiokafka's "already rebalanced") is recorded as made
+          all the same (Faust's ``_commit_offsets``): given the partition back, the worker read it again and
+          acknowledged every offset, each below that offset and so dropped (:meth:`acknowledge`); nothing was
+          committed again until a message past it came, and an idle partition was read whole at each restart
+          (seen with a worker frozen as it committed)."""
         for tp in assigned:
             self._read_offset.pop(tp, None)
+            self._committed_offset.pop(tp, None)
+            self._acked.pop(tp, None)
+            self._acked_index.pop(tp, None)
+            self._gap.pop(tp, None)
         await super().on_partitions_assigned(assigned, generation_id)
 
     def resume_partitions(self, tps: Iterable[TP]) -> None:

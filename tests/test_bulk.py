@@ -304,9 +304,36 @@ def test_a_partition_assigned_again_is_not_read_from_where_a_late_fetch_left_it(
     assert consumer._read_offset[kept] == 40  # a partition not assigned again keeps its own
 
 
+def test_a_partition_assigned_again_commits_what_is_read_again_after_a_commit_lost_in_the_revocation(monkeypatch):
+    """A commit that fails because the group moved on (a worker frozen past the session commits as it
+    wakes: aiokafka's "already rebalanced") is recorded by Faust as made, after its revocation forgot the
+    partition. Given the partition back with nothing committed in Kafka, the worker read it again from 0
+    and acknowledged every offset, each below that offset and so dropped: nothing was committed (the
+    frozen-worker test of tests/test_several_workers.py waited 240 s for it)."""
+    consumer = bookkeeping_consumer()
+    tp, kept = TP("gpu-metrics", 1), TP("gpu-metrics", 2)
+    consumer.acknowledge([message(offset, partition=1) for offset in range(10)])
+    consumer._committed_offset[kept] = 40
+    # Faust's _commit_offsets: the acknowledged run taken, the commit fails, the offset recorded anyway
+    # (here after the revocation had forgotten the partition: on_partitions_revoked pops these four)
+    for bookkeeping in (consumer._committed_offset, consumer._acked, consumer._acked_index, consumer._gap):
+        bookkeeping.pop(tp, None)
+    consumer._committed_offset[tp] = 10
+
+    async def faust_assigns(self, tps, generation_id=0):  # Faust's own: nothing committed, so no seek sets it
+        pass
+
+    monkeypatch.setattr(FaustConsumer, "on_partitions_assigned", faust_assigns)
+    consumer._read_offset = defaultdict(lambda: None)
+    asyncio.run(consumer.on_partitions_assigned({tp}, 3))
+    consumer.acknowledge([message(offset, partition=1) for offset in range(10)])  # read again from 0
+    assert consumer._new_offset(tp) == 10 and consumer._should_commit(tp, 10)
+    assert consumer._committed_offset[kept] == 40  # a partition not assigned again keeps its own
+
+
 def test_the_private_parts_of_faust_and_aiokafka_the_bulk_consumer_uses_still_exist():
     consumer_init = inspect.getsource(FaustConsumer.__init__)
-    for name in ("_acked", "_acked_index", "_committed_offset", "_read_offset", "_commit_every"):
+    for name in ("_acked", "_acked_index", "_committed_offset", "_gap", "_read_offset", "_commit_every"):
         assert f"self.{name} =" in consumer_init, name
     assert FaustConsumer._n_acked == 0
     for method in ("_wait_next_records", "_add_gap", "_new_offset", "perform_seek", "_to_message"):
