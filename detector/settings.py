@@ -24,7 +24,10 @@ from pydantic_settings import PydanticBaseSettingsSource as Source
 
 from detector.units import parse_duration
 
-__all__ = ["ENV", "Settings", "load_settings"]
+__all__ = ["BROKER_DEFAULT", "ENV", "Settings", "load_settings"]
+
+BROKER_DEFAULT = -1
+"""A replication factor of -1: the broker's ``default.replication.factor`` (Kafka 2.4 and later, KIP-464)."""
 
 
 class Settings(BaseSettings):
@@ -45,6 +48,12 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".burnwatch"), validation_alias="BURNWATCH_DATA_DIR")
     app_id: str = Field(default="burnwatch", validation_alias="BURNWATCH_APP_ID")
     partitions: int = Field(default=4, ge=1, validation_alias="BURNWATCH_PARTITIONS")
+    replication_factor: int = Field(default=BROKER_DEFAULT, ge=BROKER_DEFAULT, le=32767,
+                                    validation_alias="BURNWATCH_REPLICATION_FACTOR")  # fmt: skip
+    """Replicas of every topic burnwatch creates (inputs, dead letters, Faust's own); -1: the broker's
+    ``default.replication.factor``, so that a cluster's own policy holds (1 was lost with its one broker,
+    and refused where ``min.insync.replicas`` or a managed cluster asks for more). Topics that exist are
+    left as they are."""
     web_port: int = Field(default=6066, ge=1, le=65535, validation_alias="BURNWATCH_WEB_PORT")
     web_host: str = Field(default="127.0.0.1", validation_alias="BURNWATCH_WEB_HOST")
     web_user_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]{1,64}$",
@@ -136,6 +145,13 @@ class Settings(BaseSettings):
             value = value.get_secret_value()
         if isinstance(value, str):
             return value.strip() or None
+        return value
+
+    @field_validator("replication_factor")
+    @classmethod
+    def _replicas(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("a topic has one replica or more; -1 is the broker's default.replication.factor")
         return value
 
     @field_validator("model_retrain_every", "model_train_since")

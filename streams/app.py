@@ -148,9 +148,9 @@ def run_worker(settings: Settings) -> None:
 
 
 async def _ensure(settings: Settings) -> None:
-    from streams.kafka import ensure_topics
+    from streams.kafka import ensure_worker_topics
 
     try:
-        await ensure_topics(settings.kafka_bootstrap, settings.partitions)
+        await ensure_worker_topics(settings)
     except KafkaError as exc:
         raise SystemExit(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc

@@ -22,7 +22,6 @@ from typing import Any
 import aiohttp
 import msgspec
 import structlog
-from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE
@@ -33,6 +32,7 @@ from detector.ingest.kube import KubeState, kube_state
 from detector.ingest.prometheus import ExpositionError, Sample, parse_exposition
 from detector.ingest.usage import UsageClock
 from detector.logs import redact
+from detector.settings import BROKER_DEFAULT
 
 __all__ = ["Bridge", "ScrapeResult"]
 
@@ -407,13 +407,15 @@ def open_files_limit() -> int:
 
 
 async def run_bridge(config: BridgeConfig, bootstrap: str, *, once: bool = False, base: Path | None = None,
-                     stop: asyncio.Event | None = None, partitions: int = 4) -> list[ScrapeResult]:  # fmt: skip
+                     stop: asyncio.Event | None = None, partitions: int = 4,
+                     replication_factor: int = BROKER_DEFAULT) -> list[ScrapeResult]:  # fmt: skip
     """Publish to Kafka at ``bootstrap``: one round (``once``) or until ``stop``."""
     from streams.kafka import ensure_topics
+    from streams.kafka import producer as new_producer
 
     open_files_limit()
-    await ensure_topics(bootstrap, partitions)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1, max_request_size=8 << 20)
+    await ensure_topics(bootstrap, partitions, replication_factor=replication_factor)
+    producer = new_producer(bootstrap)
     await producer.start()
 
     async def send(topic: str, key: str, value: bytes) -> None:

@@ -151,10 +151,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "worker_starting", store=redact_dsn(settings.dsn), database=settings.clickhouse_database,
         kafka=settings.kafka_bootstrap, rules=str(settings.rules_path),
     )  # fmt: skip
-    from streams.kafka import ensure_topics
+    from streams.kafka import ensure_worker_topics
 
-    bootstrap = settings.kafka_bootstrap
-    _kafka(bootstrap, lambda: ensure_topics(bootstrap, settings.partitions))  # a broker not answering: exit 69
+    _kafka(settings.kafka_bootstrap, lambda: ensure_worker_topics(settings))  # a broker not answering: exit 69
     tune_gc()
     try:
         run_worker(settings)
@@ -210,7 +209,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         encoded = ((topic, key, json.dumps(value).encode()) for _, topic, key, value in records)
 
         async def go() -> int:
-            await ensure_topics(bootstrap, settings.partitions)
+            await ensure_topics(bootstrap, settings.partitions, replication_factor=settings.replication_factor)
             return await publish_records(bootstrap, encoded, speed=args.speed)
 
         n = _kafka(bootstrap, go)
@@ -271,7 +270,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set")
     _check_replay(args.file)
     bootstrap = settings.kafka_bootstrap
-    n = _kafka(bootstrap, lambda: publish_file(bootstrap, args.file, settings.partitions, speed=args.speed))
+    n = _kafka(bootstrap, lambda: publish_file(bootstrap, args.file, settings.partitions, speed=args.speed,
+                                               replication_factor=settings.replication_factor))  # fmt: skip
     print(f"published {n} messages from {args.file}", file=sys.stderr)
     return 0
 
@@ -290,8 +290,8 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set (host:port of the Kafka broker the worker reads)")
     base = Path(args.bridge_config).resolve().parent  # file_sd paths are relative to the config file
     if args.once:
-        results = _kafka(bootstrap, lambda: run_bridge(config, bootstrap, once=True, base=base,
-                                                         partitions=settings.partitions))  # fmt: skip
+        results = _kafka(bootstrap, lambda: run_bridge(config, bootstrap, once=True, base=base, partitions=settings.partitions,
+                                                         replication_factor=settings.replication_factor))  # fmt: skip
         for r in results:
             sent = ", ".join(f"{n} to {topic}" for topic, n in sorted(r.messages.items())) or "nothing published"
             line = f"ok     {r.job:<18} {r.target}: {r.hosts} hosts, {r.gpus} GPUs; {sent}" if r.ok else \
@@ -314,7 +314,8 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await run_bridge(config, bootstrap, base=base, stop=stop, partitions=settings.partitions)
+        await run_bridge(config, bootstrap, base=base, stop=stop, partitions=settings.partitions,
+                         replication_factor=settings.replication_factor)  # fmt: skip
 
     _kafka(bootstrap, go)
     return 0
@@ -1245,6 +1246,7 @@ _ENV_HELP = {
     "data_dir": "local data: the embedded ClickHouse (<data dir>/clickhouse), Faust's state",
     "app_id": "Kafka consumer group: workers with one id share the partitions",
     "partitions": "partitions of the topics it creates",
+    "replication_factor": "replicas of the topics it creates (-1: the broker's default.replication.factor)",
     "web_port": "port of /healthz, /metrics, /slack/actions, /api/incidents, /incidents",
     "web_host": "address that web server binds",
     "batch_max_messages": "a batch closes at this many messages",
@@ -1523,6 +1525,9 @@ def _expected_failure(exc: Exception) -> tuple[str, int] | None:
     traceback is shown). Library types are looked up only if the command imported them."""
     if isinstance(exc, ConnectionError):  # the embedded store held by a worker; a server or broker not answering
         return str(exc), EXIT_UNAVAILABLE
+    kafka = sys.modules.get("streams.kafka")
+    if kafka is not None and isinstance(exc, kafka.TopicsRefused):
+        return str(exc), EXIT_FAILED
     clickhouse = sys.modules.get("clickhouse_connect.driver.exceptions")
     if clickhouse is not None and isinstance(exc, clickhouse.OperationalError):
         return f"ClickHouse is unavailable: {_first_line(exc)}", EXIT_UNAVAILABLE

@@ -389,12 +389,12 @@ async def _walk(bootstrap: str, config_path: Path, exporters: Any) -> int:
     """Run the bridge's rounds back to back until the exporters have served the whole
     simulated time; return how many events it published."""
     import msgspec
-    from aiokafka import AIOKafkaProducer
 
     from detector.ingest.config import load_bridge_config
     from streams.bridge import Bridge
+    from streams.kafka import producer as new_producer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1, max_request_size=8 << 20)
+    producer = new_producer(bootstrap)
     await producer.start()
     events = 0
 

@@ -1,44 +1,102 @@
-"""Kafka plumbing outside Faust: topic creation and the fast replay publisher (aiokafka)."""
+"""Kafka plumbing outside Faust: topic creation and the fast replay publisher (aiokafka).
+
+Every topic burnwatch uses is created here, with ``BURNWATCH_REPLICATION_FACTOR`` replicas
+(the broker's ``default.replication.factor`` unless set), and every producer burnwatch runs
+waits for all in-sync replicas (``acks=all``): a message acknowledged is on every replica the
+topic keeps, which ``min.insync.replicas`` bounds (docs/architecture.md, "Kafka topics")."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
 
 from detector.events import TOPICS
 from detector.replay import read_replay
+from detector.settings import BROKER_DEFAULT, Settings
 
-__all__ = ["DEAD_LETTER_TOPIC", "count_events", "ensure_topics", "file_records", "publish_file", "publish_records"]
+__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "TopicsRefused", "count_events", "create_missing", "ensure_topics",
+           "ensure_worker_topics", "faust_leader_topic", "file_records", "producer", "publish_file",
+           "publish_records"]  # fmt: skip
 
 DEAD_LETTER_TOPIC = "dead-letter"
+ACKS = "all"
+"""What every producer burnwatch runs waits for: the write on all in-sync replicas, as many as the
+topic's ``min.insync.replicas`` at least. ``acks=1`` (the leader alone) loses what a failed leader
+had not copied yet; on one replica both are the same."""
+_TOPIC_EXISTS = 36
+"""Kafka's TOPIC_ALREADY_EXISTS: another worker or bridge created it first."""
 
 
-async def ensure_topics(bootstrap: str, partitions: int, names: Iterable[str] = (*TOPICS, DEAD_LETTER_TOPIC)) -> None:
+class TopicsRefused(RuntimeError):
+    """The broker refused to create a topic (a replication factor above its broker count or
+    below a managed cluster's minimum, a creation policy, no permission)."""
+
+
+def faust_leader_topic(app_id: str) -> str:
+    """The one topic Faust creates for itself (its leader assignor's); the worker creates it first."""
+    return f"{app_id}-__assignor-__leader"
+
+
+def _new_topic(name: str, partitions: int, replication_factor: int) -> NewTopic:
+    """aiokafka's ``NewTopic`` takes -1 only beside a replica assignment; an empty one sends -1 with
+    none, which a broker since Kafka 2.4 (KIP-464) reads as its ``default.replication.factor``."""
+    if replication_factor == BROKER_DEFAULT:
+        return NewTopic(name, num_partitions=partitions, replication_factor=BROKER_DEFAULT, replica_assignments={})
+    return NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
+
+
+async def create_missing(bootstrap: str, topics: Mapping[str, int], replication_factor: int = BROKER_DEFAULT) -> None:
+    """Create the topics (name: partitions) the broker does not have; a refusal raises
+    :class:`TopicsRefused` (aiokafka returns it as an error code, which was taken for success)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [_new_topic(n, p, replication_factor) for n, p in topics.items() if n not in existing]
+        if not missing:
+            return
+        response = await admin.create_topics(missing)
+        refused = [f"{topic} ({rest[0] if rest and rest[0] else f'error {code}'})"  # v0 answers with no message
+                   for topic, code, *rest in response.topic_errors if code not in (0, _TOPIC_EXISTS)]  # fmt: skip
+        if refused:
+            factor = "the broker's default" if replication_factor == BROKER_DEFAULT else replication_factor
+            raise TopicsRefused(f"Kafka at {bootstrap} refused to create topics with replication factor {factor} "
+                                f"(BURNWATCH_REPLICATION_FACTOR): {'; '.join(refused)}. Set the variable, or create "
+                                "the topics up front (docs/architecture.md, 'Kafka topics')")  # fmt: skip
+    finally:
+        await admin.close()
+
+
+async def ensure_topics(bootstrap: str, partitions: int, names: Iterable[str] = (*TOPICS, DEAD_LETTER_TOPIC),
+                        replication_factor: int = BROKER_DEFAULT) -> None:  # fmt: skip
     """Create the topics if missing, with one partition count for all three inputs.
 
     The inputs are co-partitioned by key (resource id), so a resource's usage and
     metrics land on the same partition number and so on the same worker.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names if n not in existing]
-        if missing:
-            try:
-                await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass
-    finally:
-        await admin.close()
+    await create_missing(bootstrap, dict.fromkeys(names, partitions), replication_factor)
+
+
+async def ensure_worker_topics(settings: Settings) -> None:
+    """Every topic a worker uses, Faust's own included, before Faust starts: Faust cannot ask for the
+    broker's default replication factor (its setting refuses -1), so it is left none to create."""
+    topics = dict.fromkeys((*TOPICS, DEAD_LETTER_TOPIC), settings.partitions)
+    topics[faust_leader_topic(settings.app_id)] = 1
+    await create_missing(settings.kafka_bootstrap, topics, settings.replication_factor)
+
+
+def producer(bootstrap: str, **options: Any) -> AIOKafkaProducer:
+    """An aiokafka producer as burnwatch runs them: ``acks=all``, 8 MiB requests (a bridge's message
+    of a large host, a replay's batch)."""
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks=ACKS, linger_ms=5, max_request_size=8 << 20, **options)
 
 
 async def publish_records(
@@ -53,10 +111,8 @@ async def publish_records(
     With ``speed`` the records are paced by their event time (600: ten event-minutes
     per wall-clock second), as a live fleet would send them; without, as fast as possible.
     """
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=1 << 20, max_request_size=8 << 20, acks=1
-    )
-    await producer.start()
+    sender = producer(bootstrap, max_batch_size=1 << 20)
+    await sender.start()
     sent = 0
     origin: tuple[float, float] | None = None
     try:
@@ -70,7 +126,7 @@ async def publish_records(
                     delay = origin[1] + (end - origin[0]) / speed - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
-            pending.append(await producer.send(topic, value=value, key=key.encode()))
+            pending.append(await sender.send(topic, value=value, key=key.encode()))
             sent += 1
             if len(pending) >= 5000 or speed:
                 if len(pending) >= 5000:
@@ -79,9 +135,9 @@ async def publish_records(
                 if on_sent:
                     on_sent(sent)
         await asyncio.gather(*pending)
-        await producer.flush()
+        await sender.flush()
     finally:
-        await producer.stop()
+        await sender.stop()
     return sent
 
 
@@ -114,6 +170,7 @@ def file_records(path: str | Path) -> Iterator[tuple[str, str, bytes]]:
         yield record.topic, record.key, bytes(record.value)
 
 
-async def publish_file(bootstrap: str, path: str | Path, partitions: int, speed: float | None = None) -> int:
-    await ensure_topics(bootstrap, partitions)
+async def publish_file(bootstrap: str, path: str | Path, partitions: int, speed: float | None = None,
+                       replication_factor: int = BROKER_DEFAULT) -> int:  # fmt: skip
+    await ensure_topics(bootstrap, partitions, replication_factor=replication_factor)
     return await publish_records(bootstrap, file_records(path), speed=speed)

@@ -35,7 +35,13 @@ def make_app(settings: Settings) -> faust.App:
         store="memory://",
         datadir=str(settings.data_dir / "faust"),
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        # Every topic the worker uses, Faust's leader topic included, exists before Faust starts
+        # (streams.kafka.ensure_worker_topics, with BURNWATCH_REPLICATION_FACTOR): Faust's own
+        # setting cannot say "the broker's default" (it refuses -1 and makes 0 one replica), so
+        # Faust creates no topic, rather than one of a replication factor nobody chose.
+        topic_allow_declare=False,
+        topic_replication_factor=max(settings.replication_factor, 1),  # what Faust's topics say; it creates none
+        producer_acks=-1,  # "all": the dead-letter records, as every producer burnwatch runs (streams.kafka.ACKS)
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         consumer_auto_offset_reset="earliest",

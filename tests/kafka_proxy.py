@@ -1,7 +1,9 @@
 """A TCP relay between Kafka clients and the embedded broker that can hold back one kind of
 request: a broker slow to answer, at a moment the test chooses. The broker advertises the
 relay's address (:class:`streams.embedded.EmbeddedBroker` ``advertised_port``), so every
-connection a client opens after bootstrapping goes through it too.
+connection a client opens after bootstrapping goes through it too. It also notes what clients
+ask that the embedded broker ignores: each Produce request's ``acks``, each created topic's
+replication factor.
 
 Helpers only, no tests."""
 
@@ -16,8 +18,10 @@ from streams.embedded import free_port
 
 __all__ = ["KafkaProxy", "LATEST"]
 
+PRODUCE = 0
 LIST_OFFSETS = 2
 """The Kafka API key of ListOffsets (aiokafka's OffsetRequest)."""
+CREATE_TOPICS = 19
 LATEST = -1
 """ListOffsets' timestamp asking for a partition's end offset (the high watermark)."""
 
@@ -47,6 +51,59 @@ def list_offsets_timestamps(frame: bytes) -> list[int] | None:
     return stamps
 
 
+def _client_id_end(frame: bytes) -> tuple[str, int]:
+    """A request header's (v1: the versions aiokafka sends for Produce and CreateTopics) client id,
+    and where the request's body starts."""
+    (length,) = struct.unpack_from(">h", frame, 8)
+    return frame[10 : 10 + max(length, 0)].decode(), 10 + max(length, 0)
+
+
+def produce_acks(frame: bytes) -> tuple[str, int] | None:
+    """(client id, acks) of a Produce request (v0 to v8); None for any other request."""
+    api_key, version = struct.unpack_from(">hh", frame, 0)
+    if api_key != PRODUCE:
+        return None
+    if version > 8:
+        raise ValueError(f"Produce v{version}: the relay reads v0 to v8")
+    client_id, at = _client_id_end(frame)
+    if version >= 3:  # transactional_id, a nullable string
+        (length,) = struct.unpack_from(">h", frame, at)
+        at += 2 + max(length, 0)
+    (acks,) = struct.unpack_from(">h", frame, at)
+    return client_id, acks
+
+
+def created_replication_factors(frame: bytes) -> dict[str, int] | None:
+    """topic: replication factor asked of a CreateTopics request (v0 to v4); None for any other request."""
+    api_key, version = struct.unpack_from(">hh", frame, 0)
+    if api_key != CREATE_TOPICS:
+        return None
+    if version > 4:
+        raise ValueError(f"CreateTopics v{version}: the relay reads v0 to v4")
+    _, at = _client_id_end(frame)
+    (topics,) = struct.unpack_from(">i", frame, at)
+    at += 4
+    asked = {}
+    for _ in range(topics):
+        (length,) = struct.unpack_from(">h", frame, at)
+        name = frame[at + 2 : at + 2 + length].decode()
+        at += 2 + length + 4  # the name, num_partitions
+        (asked[name],) = struct.unpack_from(">h", frame, at)
+        at += 2
+        (assignments,) = struct.unpack_from(">i", frame, at)
+        at += 4
+        for _ in range(max(assignments, 0)):
+            (replicas,) = struct.unpack_from(">i", frame, at + 4)
+            at += 8 + 4 * max(replicas, 0)
+        (configs,) = struct.unpack_from(">i", frame, at)
+        at += 4
+        for _ in range(max(configs, 0)):
+            for _ in range(2):  # name, value (nullable)
+                (length,) = struct.unpack_from(">h", frame, at)
+                at += 2 + max(length, 0)
+    return asked
+
+
 def _read_exactly(sock: socket.socket, n: int) -> bytes:
     data = bytearray()
     while len(data) < n:
@@ -70,6 +127,10 @@ class KafkaProxy:
         """Set once a request is being held."""
         self.errors: list[str] = []
         """Requests the relay could not read (passed on as they were)."""
+        self.produced: list[tuple[str, int]] = []
+        """(client id, acks) of each Produce request passed on."""
+        self.replication_asked: dict[str, int] = {}
+        """topic: the replication factor each CreateTopics request passed on asked for it."""
         self._holding = False
         self._released = threading.Event()
         self._closed = False
@@ -113,6 +174,9 @@ class KafkaProxy:
                 frame = _read_exactly(client, struct.unpack(">i", size)[0])
                 try:
                     stamps = list_offsets_timestamps(frame)
+                    if (acks := produce_acks(frame)) is not None:
+                        self.produced.append(acks)
+                    self.replication_asked.update(created_replication_factors(frame) or {})
                 except (ValueError, struct.error) as exc:  # passed on unread, and said
                     self.errors.append(str(exc))
                     stamps = None

@@ -1,0 +1,111 @@
+"""The topics burnwatch creates and how its producers send: every topic with
+``BURNWATCH_REPLICATION_FACTOR`` replicas (the broker's default unless set), every producer
+with ``acks=all``. The embedded broker keeps one copy whatever is asked (it reports the
+replicas asked for), and ignores ``acks``: a relay in front of it (tests.kafka_proxy) reads
+what each request asked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from detector.events import TOPICS
+from detector.ingest.config import load_bridge_config
+from detector.settings import load_settings
+from streams.bridge import run_bridge
+from streams.embedded import EmbeddedBroker, free_port
+from streams.kafka import DEAD_LETTER_TOPIC, ensure_worker_topics, faust_leader_topic, publish_records
+from streams.process import WorkerProcess, worker_env
+from tests.conftest import ROOT
+from tests.kafka_proxy import KafkaProxy
+from tests.test_bridge import Exporters, bare_metal
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+ALL_IN_SYNC = -1
+"""A Produce request's ``acks`` for "all"."""
+
+
+def replicas(bootstrap: str) -> dict[str, set[int]]:
+    """topic: the replica counts of its partitions, as the broker describes them."""
+
+    async def go() -> dict[str, set[int]]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            described = await admin.describe_topics(await admin.list_topics())
+            return {t["topic"]: {len(p["replicas"]) for p in t["partitions"]} for t in described}
+        finally:
+            await admin.close()
+
+    return asyncio.run(go())
+
+
+def test_a_worker_creates_every_topic_it_uses_with_the_replication_factor_set_and_sends_with_acks_all(tmp_path: Path):
+    """BURNWATCH_REPLICATION_FACTOR=3: the inputs, the dead-letter topic and Faust's leader topic
+    are created with 3 replicas (they had 1 whatever the cluster, lost with one broker, refused
+    where a managed cluster asks for 3); Faust creates none of its own. A malformed message is
+    dead-lettered by Faust's producer, and it, like the publisher, asks acks=all."""
+    broker_port = free_port()
+    with KafkaProxy(broker_port) as proxy, \
+            EmbeddedBroker(port=broker_port, advertised_port=proxy.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        env = worker_env(proxy.bootstrap, tmp_path / "data", ROOT / "rules", PARTITIONS,
+                         BURNWATCH_REPLICATION_FACTOR="3")  # fmt: skip
+        worker = WorkerProcess(env, tmp_path / "worker.log").start()
+        try:
+            worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
+            asyncio.run(publish_records(proxy.bootstrap, [("gpu-metrics", "gpu-host-000", b"{not json")]))
+            worker.wait_until(lambda h: h["dead_letters"] >= 1, timeout=60)
+        finally:
+            worker.stop()
+        topics = replicas(proxy.bootstrap)
+    expected = {*TOPICS, DEAD_LETTER_TOPIC, faust_leader_topic("burnwatch")}
+    assert topics == dict.fromkeys(expected, {3}), worker.tail()
+    assert proxy.replication_asked == dict.fromkeys(expected, 3)
+    assert not proxy.errors
+    clients = {client for client, _ in proxy.produced}
+    assert len(clients) == 2, proxy.produced  # the publisher, and the worker's (Faust's) dead-letter producer
+    assert {acks for _, acks in proxy.produced} == {ALL_IN_SYNC}
+
+
+def test_topics_take_the_brokers_default_replication_factor_unless_it_is_set(tmp_path: Path):
+    """Unset, the variable asks the broker's ``default.replication.factor`` (-1, Kafka 2.4+), which the
+    embedded broker accepts (its default: one replica); 0 and below -1 are refused by the settings."""
+    broker_port = free_port()
+    with KafkaProxy(broker_port) as proxy, \
+            EmbeddedBroker(port=broker_port, advertised_port=proxy.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        settings = load_settings(environ={"BURNWATCH_KAFKA_BOOTSTRAP": proxy.bootstrap})
+        assert settings.replication_factor == -1
+        asyncio.run(ensure_worker_topics(settings))
+        asyncio.run(ensure_worker_topics(settings))  # they exist: nothing is asked again, nothing refused
+        topics = replicas(proxy.bootstrap)
+    expected = {*TOPICS, DEAD_LETTER_TOPIC, faust_leader_topic(settings.app_id)}
+    assert proxy.replication_asked == dict.fromkeys(expected, -1) and not proxy.errors
+    assert topics == dict.fromkeys(expected, {1})
+    for bad in ("0", "-2"):
+        with pytest.raises(ValueError, match="BURNWATCH_REPLICATION_FACTOR"):
+            load_settings(environ={"BURNWATCH_REPLICATION_FACTOR": bad})
+
+
+def test_the_bridge_creates_its_topics_with_the_replication_factor_and_sends_with_acks_all(tmp_path: Path):
+    """One round of the bridge (a bare-metal host's dcgm-exporter) through the relay."""
+    broker_port = free_port()
+    with Exporters() as exporters, KafkaProxy(broker_port) as proxy, \
+            EmbeddedBroker(port=broker_port, advertised_port=proxy.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        exporters.pages["/lab/metrics"] = bare_metal()
+        config = tmp_path / "bridge.yaml"
+        config.write_text(json.dumps({
+            "interval": "30s", "listen": "",
+            "targets": [{"url": f"http://{exporters.address}/lab/metrics", "job": "dcgm"}],
+            "hosts": {"lab-box-1": {"resource_id": "i-0lab0001", "instance_type": "g5.xlarge", "region": "us-east-1"}},
+        }))  # fmt: skip
+        (result,) = asyncio.run(run_bridge(load_bridge_config(config), proxy.bootstrap, once=True,
+                                           partitions=PARTITIONS, replication_factor=2))  # fmt: skip
+    assert result.ok and result.messages == {"gpu-metrics": 1}, result
+    assert proxy.replication_asked == dict.fromkeys((*TOPICS, DEAD_LETTER_TOPIC), 2)
+    assert proxy.produced and {acks for _, acks in proxy.produced} == {ALL_IN_SYNC}
