@@ -682,6 +682,29 @@ def test_a_click_is_answered_while_a_lookup_before_a_cancellation_hangs(store, s
     assert steps(store, "b1")[-1] == ("declined", APPROVER)
 
 
+def test_a_worker_whose_partitions_moved_during_the_lookup_before_a_cancellation_writes_nothing(
+        store, slack, tmp_path, moto_url):  # fmt: skip
+    """The clicks' lock is released while the API is asked whether a retry's call took, so the worker's partitions
+    can move meanwhile (reset): the action is then the new holder's, and the old pass wrote its cancel or its
+    result all the same, beside (or against) what the new holder does with it."""
+    runner, real, instance, wall = _stopped_answer_lost(store, slack, tmp_path, moto_url)
+    slow = _SlowLookup(real)
+    runner.executors = {"stop_instance": slow}
+    store.alerts.record([incident(instance, lasted=wall.t - T0, change="resolved")], version=3)
+    passing = threading.Thread(target=runner.run_once, daemon=True)
+    passing.start()
+    try:
+        assert slow.entered.acquire(timeout=30), "the resolution did not look the call up"
+        runner.reset()  # the partitions moved while the lookup hangs
+    finally:
+        slow.release.release()
+        passing.join(timeout=30)
+    assert not passing.is_alive() and steps(store)[-1][0] == "retry"  # nothing written by the worker that moved
+    slow.release.release()  # the next holder's own lookup answers at once
+    runner.run_once()  # acting again (given partition 0 back): recovered from the audit, looked up, done once
+    assert [s for s in steps(store) if s[0] == "succeeded"] == [("succeeded", APPROVER)]
+
+
 def test_a_retry_that_finds_the_instance_stopped_credits_the_saving(store, slack, tmp_path, moto_url):
     """The first call stopped the instance but its answer was lost; the retry reads it stopped. That is the
     first call's doing: the saving is credited (a stop found already made before any call of ours is not)."""

@@ -265,6 +265,11 @@ class ActionRunner:
         looked up first, and recorded as done if it took."""
         if action.state == "retry":
             found = self._observe_unlocked(action)
+            if self._actions.get(action.key) is not action:
+                # The worker's partitions moved during the lookup (reset): the action is the new holder's, which
+                # looks it up itself before deciding; a cancel written from here would contradict what it does.
+                log.info("action_moved_during_lookup", action=action.key)
+                return
             now = self._wall()  # the lookup took time: later steps are stamped after what clicks stored meanwhile
             if found is not None and found.ok:
                 self._finish(action, found, now)
