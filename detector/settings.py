@@ -24,7 +24,7 @@ from pydantic_settings import PydanticBaseSettingsSource as Source
 
 from detector.units import parse_duration
 
-__all__ = ["BROKER_DEFAULT", "ENV", "Settings", "load_settings"]
+__all__ = ["BROKER_DEFAULT", "ENV", "Settings", "bind_host", "load_settings"]
 
 BROKER_DEFAULT = -1
 """A replication factor of -1: the broker's ``default.replication.factor`` (Kafka 2.4 and later, KIP-464)."""
@@ -214,6 +214,18 @@ def _config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: a config file is a mapping of setting: value")
     return loaded
+
+
+EVERY_INTERFACE = ("0.0.0.0", "::", "*")
+"""Hosts that mean "every interface" to whoever writes them, IPv4 and IPv6 alike."""
+
+
+def bind_host(host: str) -> str:
+    """The host a server binds for ``host`` as configured: ``0.0.0.0``, ``::`` or ``*`` become every interface of
+    both families (asyncio's empty host), as Go's and Java's servers read them; a server bound to ``0.0.0.0``
+    alone never answered on an IPv6-only Kubernetes cluster (EKS in IPv6 mode), whose probes and Services
+    reach a pod by its IPv6 address, and one bound to ``::`` alone (asyncio sets IPV6_V6ONLY) missed IPv4."""
+    return "" if host in EVERY_INTERFACE else host
 
 
 def load_settings(config_file: str | Path | None = None, environ: Mapping[str, str] | None = None,

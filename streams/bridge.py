@@ -32,7 +32,7 @@ from detector.ingest.kube import KubeState, kube_state
 from detector.ingest.prometheus import ExpositionError, Sample, parse_exposition
 from detector.ingest.usage import UsageClock
 from detector.logs import redact
-from detector.settings import BROKER_DEFAULT
+from detector.settings import BROKER_DEFAULT, bind_host
 
 __all__ = ["Bridge", "ScrapeResult"]
 
@@ -383,7 +383,7 @@ async def serve_metrics(bridge: Bridge, listen: str) -> Any:
     await runner.setup()
     host, _, port = listen.rpartition(":")
     try:
-        await web.TCPSite(runner, host.strip("[]") or "127.0.0.1", int(port)).start()
+        await web.TCPSite(runner, bind_host(host.strip("[]") or "127.0.0.1"), int(port)).start()
     except OSError as exc:
         await runner.cleanup()
         raise SystemExit(f"bridge: cannot serve /metrics on {listen} (listen in the config): {exc.strerror}") from None

@@ -727,3 +727,57 @@ def test_a_fleets_targets_are_scraped_spread_over_the_interval_not_in_one_instan
     busiest = max(sum(1 for p in phases if int((p - 15.0) / 3.0) == t) for t in range(10))
     assert busiest < 2000 * 0.15  # none holds much more than its share
     assert phases == [_phase(a, 30.0) for a in addresses]  # the same after a restart
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+@pytest.mark.parametrize("listen", ["0.0.0.0", "[::]"])
+def test_metrics_on_every_interface_answers_over_ipv4_and_ipv6(listen: str) -> None:
+    """``0.0.0.0`` (deploy/k8s/bridge.yaml's) bound IPv4 alone: on an IPv6-only cluster (EKS in IPv6 mode) the
+    kubelet's liveness probe reaches the pod by its IPv6 address and restarted the bridge every two minutes.
+    ``::`` bound IPv6 alone (asyncio sets IPV6_V6ONLY). Both mean every interface, as they do to Go's servers."""
+    import aiohttp
+
+    from detector.ingest.config import BridgeConfig
+    from streams.bridge import Bridge, serve_metrics
+    from streams.embedded import free_port
+
+    async def go() -> list[int]:
+        async def send(topic: str, key: str, value: bytes) -> None:
+            pass
+
+        port = free_port()
+        runner = await serve_metrics(Bridge(BridgeConfig(), send), f"{listen}:{port}")
+        try:
+            async with aiohttp.ClientSession() as session:
+                answers = []
+                for host in ("127.0.0.1", "[::1]"):
+                    async with session.get(f"http://{host}:{port}/metrics") as response:
+                        answers.append(response.status)
+                return answers
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(go()) == [200, 200]
+
+
+def test_the_worker_binds_every_interface_for_0_0_0_0_and_what_it_is_told_otherwise() -> None:
+    """The worker's web server (probes, Slack's clicks, Prometheus) as the bridge's /metrics: ``0.0.0.0``, the
+    container files' setting, is IPv6 too."""
+    from detector.settings import Settings
+    from streams.topology import make_app
+
+    apps = {host: make_app(Settings(BURNWATCH_WEB_HOST=host)).conf for host in ("0.0.0.0", "::", "127.0.0.1", "::1")}
+    assert {host: conf.web_bind for host, conf in apps.items()} == {"0.0.0.0": "", "::": "", "127.0.0.1": "127.0.0.1",
+                                                                    "::1": "::1"}  # fmt: skip
+    assert str(apps["::1"].canonical_url) == "http://[::1]:6066"  # "::" was refused: Faust's URL of itself
