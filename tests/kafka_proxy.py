@@ -58,14 +58,22 @@ def _client_id_end(frame: bytes) -> tuple[str, int]:
     return frame[10 : 10 + max(length, 0)].decode(), 10 + max(length, 0)
 
 
+def _request_of(frame: bytes, api_key: int, name: str, max_version: int) -> tuple[int, str, int] | None:
+    """(version, client id, where the body starts) of a request of ``api_key`` the relay reads; None for another."""
+    key, version = struct.unpack_from(">hh", frame, 0)
+    if key != api_key:
+        return None
+    if version > max_version:
+        raise ValueError(f"{name} v{version}: the relay reads v0 to v{max_version}")
+    return version, *_client_id_end(frame)
+
+
 def produce_acks(frame: bytes) -> tuple[str, int] | None:
     """(client id, acks) of a Produce request (v0 to v8); None for any other request."""
-    api_key, version = struct.unpack_from(">hh", frame, 0)
-    if api_key != PRODUCE:
+    request = _request_of(frame, PRODUCE, "Produce", 8)
+    if request is None:
         return None
-    if version > 8:
-        raise ValueError(f"Produce v{version}: the relay reads v0 to v8")
-    client_id, at = _client_id_end(frame)
+    version, client_id, at = request
     if version >= 3:  # transactional_id, a nullable string
         (length,) = struct.unpack_from(">h", frame, at)
         at += 2 + max(length, 0)
@@ -75,12 +83,10 @@ def produce_acks(frame: bytes) -> tuple[str, int] | None:
 
 def created_replication_factors(frame: bytes) -> dict[str, int] | None:
     """topic: replication factor asked of a CreateTopics request (v0 to v4); None for any other request."""
-    api_key, version = struct.unpack_from(">hh", frame, 0)
-    if api_key != CREATE_TOPICS:
+    request = _request_of(frame, CREATE_TOPICS, "CreateTopics", 4)
+    if request is None:
         return None
-    if version > 4:
-        raise ValueError(f"CreateTopics v{version}: the relay reads v0 to v4")
-    _, at = _client_id_end(frame)
+    _, _, at = request
     (topics,) = struct.unpack_from(">i", frame, at)
     at += 4
     asked = {}
