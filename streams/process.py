@@ -156,12 +156,13 @@ class StoreServerProcess:
     """``burnwatch store serve`` in a child process, ready once ``GET /ping`` answers: the
     store several workers share (tests, benchmarks). It dies with the thread that started it."""
 
-    def __init__(self, dsn: str, log_path: Path, *args: str) -> None:
+    def __init__(self, dsn: str, log_path: Path, *args: str, host: str = "127.0.0.1") -> None:
         """``args``: more of ``store serve``'s options (``--max-execution-time 2``)."""
         from streams.embedded import free_port
 
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+        args = ("--host", host, *args)
         self.log_path = log_path
         env = {**os.environ, "BURNWATCH_LOG_FORMAT": "json"}
         with open(log_path, "ab") as log:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
+import errno
 import ipaddress
 import json
 import os
@@ -52,6 +53,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlparse, urlunparse
 
 import structlog
+
+from detector.settings import bind_host
 
 __all__ = ["StoreEngine", "StoreError", "StoreRequest", "StoreResponse", "make_server", "redact_dsn", "serve"]
 
@@ -641,9 +644,32 @@ class _Server(ThreadingHTTPServer):
         log.warning("store_connection_failed", client=client_address[0], error=f"{type(exc).__name__}: {exc}"[:300])
 
 
+class _Server6(_Server):
+    """An IPv6 address (``::1``), or every interface of both families (``0.0.0.0``, ``::``: detector.settings.bind_host)."""
+
+    address_family = socket.AF_INET6
+    every_interface = False
+
+    def server_bind(self) -> None:
+        if self.every_interface:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
 def make_server(engine: StoreEngine, host: str = "127.0.0.1", port: int = 8123) -> ThreadingHTTPServer:
-    """An HTTP server (not started) answering for ``engine``; ``port`` 0 picks a free one."""
-    return _Server((host, port), type("StoreHandler", (_Handler,), {"engine": engine, "loopback": _is_loopback(host)}))
+    """An HTTP server (not started) answering for ``engine``; ``port`` 0 picks a free one. An IPv6 host was
+    refused ("Address family for hostname not supported"), and ``0.0.0.0`` bound IPv4 alone."""
+    handler = type("StoreHandler", (_Handler,), {"engine": engine, "loopback": _is_loopback(host)})
+    every = bind_host(host) == "" and socket.has_ipv6
+    if every or ":" in host:
+        server = type("Server6", (_Server6,), {"every_interface": every})
+        try:
+            return server(("::" if every else host, port), handler)
+        except OSError as exc:
+            if not every or exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise
+            host = "0.0.0.0"  # a kernel without IPv6: IPv4's every interface
+    return _Server((host, port), handler)
 
 
 def _is_loopback(host: str) -> bool:

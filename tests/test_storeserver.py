@@ -525,3 +525,26 @@ def test_a_worker_stores_through_the_server(tmp_path, ruleset):
     finally:
         assert server.stop() == 0, server.log()
     assert not server.log_events("store_request_failed")
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_a_server_on_ipv6_loopback_answers_the_store_and_refuses_a_rebound_host(tmp_path: Path):
+    """``--host ::1`` was refused ("Address family for hostname not supported"): the server was IPv4 only."""
+    server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "store.log", host="::1").wait_ready()
+    try:
+        client = clickhouse_connect.get_client(host="::1", port=server.port)
+        assert client.query("SELECT 1 + 1").result_rows == [(2,)]
+        request = urllib.request.Request(f"{server.url}/?query=SELECT%203", headers={"Host": "rebound.example"})
+        with pytest.raises(urllib.error.HTTPError):  # still loopback: a rebound name is refused
+            urllib.request.urlopen(request, timeout=10)
+    finally:
+        assert server.stop() == 0
