@@ -126,8 +126,10 @@ def parse_rfc3339(text: str, what: str, or_else: str = "") -> float:
 
 
 def epoch(value: datetime) -> float:
-    """Epoch seconds of a DateTime64 read back: clickhouse-connect returns naive UTC datetimes."""
-    return value.replace(tzinfo=timezone.utc).timestamp()
+    """Epoch seconds of a DateTime or DateTime64 read back: clickhouse-connect returns a DateTime64 naive
+    (UTC), a DateTime aware in the store's zone, which is the machine's for the embedded store (not UTC on a
+    laptop in New York): an aware one is read with its zone, never relabelled UTC."""
+    return (value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def one_line(exc: BaseException, limit: int = 500) -> str:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -14,6 +18,8 @@ from detector.slack import SlackNotifier
 from detector.store import EventBatch
 from detector.store.remediation import ActionStep
 from detector.testing import LocalSlack
+from detector.units import epoch
+from tests.conftest import ROOT
 from tests.helpers import T0, usage
 
 HOUR = 3600.0
@@ -232,3 +238,18 @@ def test_a_big_teams_chart_keeps_six_types_apart_and_hostile_names_inert():
         assert _overlaps(_boxes(fig, axis.get_ticklabels())) == []
     assert _overlaps(_boxes(fig, fig.legends[0].get_texts())) == []
     assert digest_chart(d).startswith(b"\x89PNG")
+
+
+def test_a_day_read_back_on_a_machine_outside_utc_is_the_day_recorded():
+    """clickhouse-connect returns a ``DateTime('UTC')`` column (the digests' day, the ledger's hour) in the
+    machine's zone, aware; read as naive UTC, a worker in New York took the day it last sent for 19:00 the
+    day before, and sent no digest again."""
+    assert epoch(datetime(2026, 11, 1, 19, tzinfo=ZoneInfo("America/New_York"))) == T0
+    assert epoch(datetime(2026, 11, 2)) == T0  # a DateTime64: naive, UTC
+    script = ("from detector.store import Store\n"
+              "s = Store.open('chdb://memory')\n"
+              f"s.digests.record({T0}, '', '')\n"
+              "print(s.digests.last_day())\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "TZ": "America/New_York"},
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert float(out.stdout.split()[-1]) == T0
