@@ -164,9 +164,10 @@ def test_billing_dashboard_shows_the_reconcile_report_of_its_time_range(store):
     key = lambda r: (r["day"], r["team"], r["resource_id"])  # noqa: E731
     assert sorted(table, key=key) == sorted(report, key=key)
     series = panel("timeseries", since, until)
-    assert [r["time"].date() for r in series] == sorted({r["day"] for r in report})
+    # the instant's UTC day: clickhouse-connect gives a DateTime in the store's zone, the machine's when embedded
+    assert [r["time"].astimezone(UTC).date() for r in series] == sorted({r["day"] for r in report})
     for point in series:
-        day = [r for r in report if r["day"] == point["time"].date()]
+        day = [r for r in report if r["day"] == point["time"].astimezone(UTC).date()]
         assert point["billed_usd"] == pytest.approx(sum(r["billed_usd"] for r in day))
         assert point["claimed_usd"] == pytest.approx(sum(r["claimed_usd"] for r in day))
     november = datetime(2026, 11, 1, tzinfo=UTC)

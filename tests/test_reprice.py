@@ -292,6 +292,7 @@ def test_a_simulated_fleets_incidents_are_repriced_at_what_its_bill_charged(stor
     from detector.billing.rates import HOUR_UNITS
     from detector.simulate import SimConfig
     from detector.simulate_focus import simulate_focus, write_focus
+    from detector.units import epoch
 
     cfg = SimConfig(hours=30, training_hosts=6, notebooks=8, seed=9)
     store_fleet(store, ruleset, fleet_file(tmp_path / "fleet.jsonl", cfg, ruleset.pricing)[0])
@@ -302,7 +303,7 @@ def test_a_simulated_fleets_incidents_are_repriced_at_what_its_bill_charged(stor
     types = {r["alert_id"]: r["type"] for r in store.query(f"SELECT alert_id, type FROM {store.db}.alerts FINAL")}
     rows = read_focus(path).to_pylist()
     for r in repriced.values():
-        s, e = r["episode_start"].timestamp(), r["episode_end"].timestamp()
+        s, e = epoch(r["episode_start"]), epoch(r["episode_end"])  # naive UTC: .timestamp() reads the machine's zone
         egress = types[r["alert_id"]] == "egress_runaway"
         expected = 0.0
         for c in rows:
