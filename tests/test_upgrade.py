@@ -1,0 +1,53 @@
+"""A store written by another release (an upgrade, a rollback, a rolling deploy mixing two): what this
+release finds there is read, or set aside with a log line that says so, never a worker that exits on
+every start. The old releases themselves run in ``bench/upgrade.py`` (CI has one checkout); here the
+rows they leave are written directly."""
+
+from __future__ import annotations
+
+import msgspec
+from structlog.testing import capture_logs
+
+from detector.engine import Engine
+from tests.helpers import MIN, T0, timeline
+
+EVENTS = timeline(T0, T0 + 60 * MIN, [0.0] * 4, rid="host-1")
+
+
+def fires(engine: Engine, events: list) -> list[tuple[str, str]]:
+    return [(f.rule, f.resource_id) for f in engine.process(events) if f.action == "fire"]
+
+
+def test_a_snapshot_of_a_shape_this_release_cannot_read_starts_the_key_afresh_and_says_so(ruleset):
+    """A snapshot whose resource info is of another shape (a tag map saved as a list: a release that
+    changed it). Restoring it raised out of the batch, and the worker exited 70 on every start (seen:
+    such a row in ``detector_state`` of a store, two starts, two exits with ``pipeline_error``)."""
+    foreign = msgspec.msgpack.encode({"v": 2, "info": {"resource_id": "host-1", "tags": ["a later shape"]},
+                                      "rules": {}, "last_t": T0})  # fmt: skip
+    engine = Engine(ruleset, loader={"host-1": foreign}.get)
+    with capture_logs() as logs:
+        fired = fires(engine, EVENTS)
+    assert fired == fires(Engine(ruleset), EVENTS)  # as a key never seen
+    assert engine.unreadable == {"": 1}
+    [line] = [entry for entry in logs if entry["event"] == "saved_state_unreadable"]
+    assert line["key"] == "host-1" and line["rule"] is None and "info.tags" in line["error"]
+
+
+def test_a_rule_state_of_a_shape_this_release_cannot_read_is_started_afresh_with_one_line(ruleset):
+    """A rule's state another release saved in a shape this one refuses: that rule starts afresh
+    (it did so silently: an upgrade that lost every open episode of a rule said nothing), once logged
+    for however many keys."""
+    first = Engine(ruleset)
+    first.process(EVENTS[: len(EVENTS) // 2] + timeline(T0, T0 + 30 * MIN, [0.0] * 4, rid="host-2"))
+    saved = {}
+    for key in ("host-1", "host-2"):
+        snap = msgspec.msgpack.decode(first.snapshot(key))
+        snap["rules"]["idle-gpu"] = ["a", "shape", "of", "another", "release"]
+        saved[key] = msgspec.msgpack.encode(snap)
+    engine = Engine(ruleset, loader=saved.get)
+    with capture_logs() as logs:
+        engine.process(EVENTS[len(EVENTS) // 2 :] + timeline(T0 + 30 * MIN, T0 + 60 * MIN, [0.0] * 4, rid="host-2"))
+    assert engine.unreadable == {"idle-gpu": 2}
+    [line] = [entry for entry in logs if entry["event"] == "saved_state_unreadable"]
+    assert line["rule"] == "idle-gpu" and line["key"] in saved
+    assert engine.restore("host-3", first.snapshot("host-1")).names  # a readable one is still read whole
