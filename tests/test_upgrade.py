@@ -51,3 +51,20 @@ def test_a_rule_state_of_a_shape_this_release_cannot_read_is_started_afresh_with
     [line] = [entry for entry in logs if entry["event"] == "saved_state_unreadable"]
     assert line["rule"] == "idle-gpu" and line["key"] in saved
     assert engine.restore("host-3", first.snapshot("host-1")).names  # a readable one is still read whole
+
+
+def test_a_store_a_later_release_migrated_is_said_to_be_ahead(store):
+    """A rollback: a later release recorded a migration this one does not know. Its worker and read-only
+    commands run on (migrations only add, and a rollback must run), but say so, naming it: the releases
+    before said nothing, and ran beside the later one's tables as if they were not there."""
+    store.insert("schema_migrations", [[9999, "a_later_release", "0" * 16]], column_names=["version", "name", "checksum"])
+    with capture_logs() as logs:
+        assert store.migrate() == []
+        store.schema.check()
+    ahead = [entry for entry in logs if entry["event"] == "store_ahead_of_release"]
+    assert len(ahead) == 2 and all(entry["unknown_migrations"] == ["9999_a_later_release"] for entry in ahead)
+    with capture_logs() as logs:
+        store.command(f"TRUNCATE TABLE {store.db}.schema_migrations")
+        store.migrate()
+        store.schema.check()
+    assert not [entry for entry in logs if entry["event"] == "store_ahead_of_release"]  # one of its own: nothing said
