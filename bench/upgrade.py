@@ -15,6 +15,8 @@ the embedded broker; Slack is the local stand-in, shared by both versions.
   third, then the old one leaves cleanly (a Kubernetes rolling update); the new one's ``/healthz`` is
   sampled meanwhile (``held_by_other_workers_s``: an old release records no partition progress).
 - ``downgrade``: ``term``, then the old worker started again on the store the new one migrated.
+- ``rollback``: ``term`` the other way round: this checkout's worker takes the first half, the old one the
+  rest (the store stays migrated; "old" and "new" in the report then name the first and the second).
 
 At the end: events stored against the file (each once), stored alerts against backtest's at this
 checkout, and Slack's posts (each incident opened once, each resolution once in its thread).
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,18 +103,23 @@ def events_of(log: Path, *names: str) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", type=Path, required=True)
-    parser.add_argument("--scenario", choices=["term", "kill", "rolling", "downgrade"], required=True)
+    parser.add_argument("--scenario", choices=["term", "kill", "rolling", "downgrade", "rollback"], required=True)
     parser.add_argument("--hours", type=float, default=12)
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--speed", type=float, default=900.0)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--k8s-nodes", type=int, default=0)
+    parser.add_argument("--serving", type=int, default=0)
+    parser.add_argument("--training-jobs", type=int, default=0)
+    parser.add_argument("--notebooks", type=int, default=2)
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="upgrade_"))
     work.mkdir(parents=True, exist_ok=True)
     ruleset = load_rules(ROOT / "rules")
-    cfg = SimConfig(hours=args.hours, training_hosts=args.hosts, notebooks=2, inference_endpoints=1, buckets=1,
-                    vector_dbs=1, cpu_instances=1, seed=args.seed)  # fmt: skip
+    cfg = SimConfig(hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks, inference_endpoints=1, buckets=1,
+                    vector_dbs=1, cpu_instances=1, seed=args.seed, k8s_nodes=args.k8s_nodes,
+                    serving_endpoints=args.serving, training_jobs=args.training_jobs)  # fmt: skip
     fl = fleet(work / "fleet.jsonl", cfg, ruleset)
     n = len(fl.records)
     old_rules, new_rules = work / "rules_old", work / "rules_new"
@@ -145,7 +153,8 @@ def main() -> None:
                 note(f"started {name} ({root})")
                 return worker
 
-            old = start("old", args.old, old_rules)
+            first, second = (ROOT, args.old) if args.scenario == "rollback" else (args.old, ROOT)
+            old = start("old", first, old_rules)
             old.wait_until(lambda h: h["partitions"] > 0, timeout=180)
             pacer = Pacer(broker.bootstrap, fl.records, args.speed)
             pacer.start()
@@ -181,7 +190,7 @@ def main() -> None:
                                             (migrate.stdout + migrate.stderr)[-400:])
                 workers.remove(old)
                 started = time.monotonic()
-                new = start("new", ROOT, new_rules)
+                new = start("new", second, new_rules)
                 new.wait_until(lambda h: h["partitions"] > 0, timeout=180)
                 report["new_start_to_partitions_s"] = round(time.monotonic() - started, 1)
             workers[:] = [new]
@@ -208,6 +217,9 @@ def main() -> None:
         read_env = worker_env("127.0.0.1:1", work / "read", new_rules, PARTITIONS, BURNWATCH_CLICKHOUSE_DSN=dsn)
         counts = stored(read_env)
         alerts = compare_alerts(fl.expected, stored_alerts(read_env))
+        kinds = {a.alert_id: f"{a.type} {a.resource_id} fired {a.fired_at:.0f}" for a in fl.expected}
+        report["alerts_differing"] = {i: kinds.get(i.split(" ")[0], "") for i in alerts.missing + alerts.different_ids}
+        report["expected_by_type"] = dict(sorted(Counter(a.type for a in fl.expected).items()))
         report.update(
             events_file=sum(expected_counts(fl.records).values()), events_stored=counts.total,
             events_doubled=counts.doubled, per_table={t: (counts.rows[t], expected_counts(fl.records)[t]) for t in counts.rows},
