@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--serving", type=int, default=0)
     parser.add_argument("--training-jobs", type=int, default=0)
     parser.add_argument("--notebooks", type=int, default=2)
+    parser.add_argument("--server", choices=["new", "old"], default="new",
+                        help="whose `store serve` the rolling scenario runs (an operator may upgrade it last)")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="upgrade_"))
@@ -138,7 +140,18 @@ def main() -> None:
         with EmbeddedBroker(log_path=work / "broker.log") as broker, LocalSlack() as slack:
             publish(broker.bootstrap, [], partitions=PARTITIONS)
             if args.scenario == "rolling":
-                server = StoreServerProcess(f"chdb://{store_dir}", work / "store.log").wait_ready()
+                server = StoreServerProcess(f"chdb://{store_dir}", work / "store.log")
+                if args.server == "old":  # the same command, from the old checkout
+                    server.proc.kill()
+                    server.proc.wait()
+                    with open(work / "store.log", "ab") as log:
+                        server.proc = subprocess.Popen(
+                            [str(args.old / ".venv/bin/python"), "-m", "streams.cli", "store", "serve", "--dsn",
+                             f"chdb://{store_dir}", "--port", str(server.port)], cwd=args.old, stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=die_with_parent(),
+                        )  # fmt: skip
+                server.wait_ready()
                 dsn = server.url
             else:
                 dsn = f"chdb://{store_dir}"
