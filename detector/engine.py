@@ -911,7 +911,7 @@ class Engine:
         (:meth:`already_seen`); not for a key coming back from eviction, which saw no restart."""
         try:
             snap = self._decoder.decode(data)
-        except msgspec.DecodeError as exc:  # refused on every start, it made the worker exit on every start
+        except msgspec.DecodeError as exc:  # raised out of the batch, it made the worker exit at every start
             self._unreadable(key, "", exc)
             state = self._keys[key] = KeyState(info=ResourceInfo(resource_id=key))
             return state

@@ -66,7 +66,7 @@ class GroupProgress:
         self._logged = -_INF
         self.unrecorded: list[int] = []
         """Usage partitions held elsewhere of which the last read found no progress at all: a holder that has
-        stored nothing yet, or one of a release that records none (before 2026-12-03: a rolling upgrade)."""
+        stored nothing yet, or one of a release that records none (before 2026-12-04: a rolling upgrade)."""
 
     def assign(self, assigned: Collection[TP] | None) -> None:
         """The partitions this worker now holds (None: every one). Nothing is recorded yet for them."""
@@ -142,9 +142,9 @@ class GroupProgress:
             self._logged = now
             note = ("usage partitions other workers hold are not stored this far; a dead worker holds this until "
                     "the group reassigns its partitions")
-            if self.unrecorded:  # what a worker of 2026-12-02 or before beside this one looks like: it records nothing
+            if self.unrecorded:  # a worker from before partition progress (0020) beside this one: it records none
                 note += ("; never_recorded: their holder has recorded no progress at all, a worker stuck before its "
-                         "first write or one of a release before 2026-12-03 (a rolling upgrade), which records "
+                         "first write or one of a release before 2026-12-04 (a rolling upgrade), which records "
                          "none: this worker releases nothing until that one leaves the group")
             log.warning("release_held_by_other_workers", held_s=round(now - self._capped_since),
                         stored_through=cap + self.lateness_s, watermark=watermark, partitions=self.others,
