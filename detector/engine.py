@@ -315,6 +315,9 @@ class Engine:
         self.errors: dict[str, int] = {}
         """Rule name → events its detector raised on (skipped for that rule)."""
         self._errors_logged: set[tuple[str, str, type]] = set()
+        self.unreadable: dict[str, int] = {}
+        """Rule name ('' for a whole snapshot) → saved states :meth:`restore` could not read (another
+        release's shape: an upgrade, a rollback, a rolling deploy) and started afresh."""
         self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
         self._plans: dict[tuple[tuple[str, ...], tuple[Detector[Any], ...]], Plan] = {}
         """A key's rule names and the detectors of a route → its plan (bound steps and slots), one per
@@ -906,7 +909,12 @@ class Engine:
         """Rebuild a key's state from :meth:`snapshot` bytes; state of rules no longer loaded is dropped.
         ``restart``: after a restart or handover, so events read again are checked
         (:meth:`already_seen`); not for a key coming back from eviction, which saw no restart."""
-        snap = self._decoder.decode(data)
+        try:
+            snap = self._decoder.decode(data)
+        except msgspec.DecodeError as exc:  # raised out of the batch, it made the worker exit at every start
+            self._unreadable(key, "", exc)
+            state = self._keys[key] = KeyState(info=ResourceInfo(resource_id=key))
+            return state
         rules: dict[str, Any] = {}
         for name, raw in snap.rules.items():
             rule = self.ruleset.by_name(name)
@@ -916,8 +924,9 @@ class Engine:
                     continue
                 try:
                     rules[name] = read_state(raw, type(rule.detector.new_state()))  # or as saved before
-                except msgspec.ValidationError:
-                    continue  # the rule's state shape changed with a new version: start it afresh
+                except msgspec.DecodeError as exc:
+                    self._unreadable(key, name, exc)  # the rule's state shape changed with a new version: start it afresh
+                    continue
         info = snap.info
         info.resource_id = key
         info.resource_type, info.provider, info.account, info.region, info.instance_type, info.pricing, info.state = (
@@ -930,6 +939,15 @@ class Engine:
         if restart:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
         return state
+
+    def _unreadable(self, key: str, rule: str, exc: Exception) -> None:
+        """Count a saved state of ``rule`` ('' : the whole snapshot) that is started afresh, unread; log the
+        first of each, so that an upgrade's or a rollback's lost state says so without a line per key."""
+        self.unreadable[rule] = count = self.unreadable.get(rule, 0) + 1
+        if count == 1:
+            log.warning("saved_state_unreadable", key=key, rule=rule or None, error=f"{type(exc).__name__}: {exc}",
+                        note=("the rule's" if rule else "the key's") + " state was saved in a shape this release "
+                             "cannot read (another release's): started afresh; further keys alike are not logged")  # fmt: skip
 
     def unread(self, keys: Iterable[str]) -> list[str]:
         """The keys among ``keys`` whose first event would read their state from the store, one

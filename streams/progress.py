@@ -64,6 +64,9 @@ class GroupProgress:
         self._read_at = -_INF
         self._capped_since: float | None = None
         self._logged = -_INF
+        self.unrecorded: list[int] = []
+        """Usage partitions held elsewhere of which the last read found no progress at all: a holder that has
+        stored nothing yet, or one of a release that records none (before 2026-12-04: a rolling upgrade)."""
 
     def assign(self, assigned: Collection[TP] | None) -> None:
         """The partitions this worker now holds (None: every one). Nothing is recorded yet for them."""
@@ -112,6 +115,7 @@ class GroupProgress:
         only as a holder of this ``generation`` said: one of an earlier generation (before a restart or
         a rebalance) said nothing of a backlog since, though what it stored stays stored."""
         found = self.repository.read(TOPIC_RESOURCE_USAGE)
+        self.unrecorded = [p for p in self.others if p not in found]
         now = _generation(generation)
         cap = _INF
         for p in self.others:
@@ -136,7 +140,12 @@ class GroupProgress:
             self._capped_since = now
         elif now - self._capped_since >= 30.0 and now - self._logged >= 30.0:
             self._logged = now
+            note = ("usage partitions other workers hold are not stored this far; a dead worker holds this until "
+                    "the group reassigns its partitions")
+            if self.unrecorded:  # a worker from before partition progress (0020) beside this one: it records none
+                note += ("; never_recorded: their holder has recorded no progress at all, a worker stuck before its "
+                         "first write or one of a release before 2026-12-04 (a rolling upgrade), which records "
+                         "none: this worker releases nothing until that one leaves the group")
             log.warning("release_held_by_other_workers", held_s=round(now - self._capped_since),
                         stored_through=cap + self.lateness_s, watermark=watermark, partitions=self.others,
-                        note="usage partitions other workers hold are not stored this far; a dead worker holds "
-                             "this until the group reassigns its partitions")  # fmt: skip
+                        never_recorded=self.unrecorded, note=note)  # fmt: skip
