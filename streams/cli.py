@@ -753,8 +753,9 @@ def cmd_digest(args: argparse.Namespace) -> int:
     settings = _settings(args)
     try:
         day = datetime.strptime(args.day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
-    except ValueError:
-        raise SystemExit(f"--day {args.day!r}: expected YYYY-MM-DD") from None
+    except ValueError as exc:  # strptime says which: a shape unlike the format, or a day the month lacks
+        said = "expected YYYY-MM-DD" if "does not match format" in str(exc) else f"no such day ({exc})"
+        raise SystemExit(f"--day {args.day!r}: {said}") from None
     store = _open_store(settings)
     try:
         digests = build_digests(store.digests, day)

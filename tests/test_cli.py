@@ -444,6 +444,15 @@ def test_a_model_file_that_is_refused_is_one_line_naming_it(tmp_path, name, cont
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
+@pytest.mark.parametrize(("day", "said"), [("2026-02-29", "no such day (day is out of range for month)"),
+                                           ("yesterday", "expected YYYY-MM-DD")])  # fmt: skip
+def test_digest_of_a_day_no_calendar_has_says_so(day, said):
+    """2026-02-29 is written as asked and is no day: it was told 'expected YYYY-MM-DD'."""
+    out = burnwatch("digest", "--day", day)
+    no_traceback(out)
+    assert out.returncode != 0 and f"--day {day!r}: {said}" in out.stderr, out.stderr
+
+
 def test_digest_prints_what_could_be_saved_apart_from_the_waste(made):
     """The digest's could-be-saved dollars (spot, right-size) are printed on their own line,
     never added to the day's waste total."""
