@@ -405,8 +405,10 @@ async def _commit(app: faust.App, pipeline: Pipeline) -> None:
 
 
 async def _stop_acting(parts: WorkerParts) -> None:
-    """Actions on incidents move with partition 0: stop acting, after any pass in progress (its
-    steps are stored: the next holder reads them), so no action is taken by two workers."""
+    """Actions on incidents move with partition 0: stop acting, so no action is taken by two workers. A
+    pass in progress is waited for, except while it waits on a cloud API with its lock released: the reset
+    lands then, and the pass ends when the API answers, writing nothing more than that answer (a call's
+    outcome: only this worker knows it; ``ActionRunner._moved``)."""
     parts.holds_partition_0 = False
     if parts.actions is not None:
         await asyncio.get_running_loop().run_in_executor(None, parts.actions.reset)

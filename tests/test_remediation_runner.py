@@ -705,6 +705,31 @@ def test_a_worker_whose_partitions_moved_during_the_lookup_before_a_cancellation
     assert [s for s in steps(store) if s[0] == "succeeded"] == [("succeeded", APPROVER)]
 
 
+def test_a_pass_whose_partitions_moved_during_a_lookup_proposes_nothing_again(store, slack, tmp_path, moto_url):
+    """reset() empties the actions while a pass waits on the API with the lock released; the pass went on
+    through its rows, found every later action missing from its emptied memory, and proposed and announced
+    each again (a second message with buttons), from a worker that no longer acts."""
+    runner, real, instance, wall = _stopped_answer_lost(store, slack, tmp_path, moto_url)
+    other = run_instance(moto_url)
+    posted(store, incident(other, lasted=4 * 3600, alert_id="b1"))
+    events_go_on(store, other, wall, version=3, alert_id="b1")
+    slow = _SlowLookup(real)
+    runner.executors = {"stop_instance": slow}
+    runner.run_once()  # b1 proposed and announced; a1's retry not due yet
+    before = steps(store, "b1")
+    assert [s for s, _ in before] == ["proposed", "announced"]
+    store.alerts.record([incident(instance, lasted=wall.t - T0, change="resolved")], version=4)
+    passing = threading.Thread(target=runner.run_once, daemon=True)
+    passing.start()
+    try:
+        assert slow.entered.acquire(timeout=30), "the resolution did not look a1's call up"
+        runner.reset()
+    finally:
+        slow.release.release()
+        passing.join(timeout=30)
+    assert not passing.is_alive() and steps(store, "b1") == before
+
+
 def test_a_retry_that_finds_the_instance_stopped_credits_the_saving(store, slack, tmp_path, moto_url):
     """The first call stopped the instance but its answer was lost; the retry reads it stopped. That is the
     first call's doing: the saving is credited (a stop found already made before any call of ours is not)."""

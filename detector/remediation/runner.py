@@ -101,6 +101,8 @@ class ActionRunner:
         """Actions held because their incident's events stopped, and why: said in their message until they act."""
         self._count = 0
         """Steps taken since start."""
+        self._resets = 0
+        """Times :meth:`reset` ran: a pass that finds it moved while it waited on an API stops there."""
         self.wake = threading.Event()
         """Set by a decision: the worker's timer runs a pass without waiting for its interval."""
 
@@ -126,8 +128,10 @@ class ActionRunner:
             return sum(1 for a in self._actions.values() if not a.ended)
 
     def reset(self) -> None:
-        """This worker no longer acts (its partitions moved): forget, recover when it acts again."""
+        """This worker no longer acts (its partitions moved): forget, recover when it acts again. It can land
+        while a pass waits on a cloud API with the lock released (:meth:`_unlocked`): that pass then ends."""
         with self._lock:
+            self._resets += 1
             self._actions.clear()
             self._waiting.clear()
             self._recovered = False
@@ -158,7 +162,7 @@ class ActionRunner:
             self._acting = True
             if not self._recovered:
                 self.recover()
-            before = self._count
+            before, resets = self._count, self._resets
             self._take_decisions(self._wall())
             ruleset = self.ruleset()
             specs = {r.detector.name: r.source.action for r in ruleset.rules
@@ -197,6 +201,8 @@ class ActionRunner:
                     stop = ("resolved", "the incident resolved") if alert.status == "resolved" else self._withdrawn(action, specs)
                     if stop is not None:
                         self._cancel(action, now, *stop)
+                        if self._resets != resets:
+                            return self._moved(before)
                         continue
                     if self._acts_now(action, now) and self._held_stale(action, alert, now):
                         continue  # acted on once its events come again (or cancelled when it resolves)
@@ -214,12 +220,21 @@ class ActionRunner:
                             self._show(action, now)
                     if action.state == "approved" or (action.state == "retry" and now >= (action.due_at or 0.0)):
                         self._execute(action, now)
+                        if self._resets != resets:
+                            return self._moved(before)
                         now = self._wall()  # the call took time, and a click on another thread may have stored
                         # a step meanwhile: later steps of this pass are stamped after it, so the audit reads in order
             for key in sorted(self._unannounced):
                 if key in self._actions:
                     self._announce(self._actions[key], now)
             return self._count - before
+
+    def _moved(self, before: int) -> int:
+        """End a pass whose worker stopped acting (:meth:`reset`) while it waited on an API: every action it
+        would go on to read is the new holder's, and to this worker's emptied memory each looked unproposed
+        (it proposed and announced them all again, a second message with buttons)."""
+        log.info("actions_pass_ended_moved", steps=self._count - before)
+        return self._count - before
 
     def _withdrawn(self, action: Action, specs: Mapping[str, ActionSpec]) -> tuple[str, str] | None:
         """(who, why) if the rules as loaded now no longer ask for this pending action; None if they do."""
