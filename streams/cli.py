@@ -113,24 +113,26 @@ def _web_port_free(host: str, port: int) -> None:
     import errno
     import socket
 
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    try:  # every address the server binds: 0.0.0.0 is IPv6's every interface too (bind_host)
+        infos = socket.getaddrinfo(bind_host(host) or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError:
         return  # an address the web server will refuse in its own words
-    family, kind, proto, _, address = infos[0]
-    try:
-        probe = socket.socket(family, kind, proto)
-    except OSError:
-        return  # an address family this host lacks (::1 without IPv6): the web server skips it
-    with probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server binds: TIME_WAIT is no owner
+    for family, kind, proto, _, address in infos:
         try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
-                return
-            raise SystemExit(f"BURNWATCH_WEB_PORT {port}: cannot listen on {host}:{port} ({exc.strerror}); another "
-                             "worker on this machine? Give each its own BURNWATCH_WEB_PORT") from None  # fmt: skip
+            probe = socket.socket(family, kind, proto)
+        except OSError:
+            continue  # an address family this host lacks (::1 without IPv6): the web server skips it
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no owner
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio binds it, beside IPv4's
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                    continue
+                raise SystemExit(f"BURNWATCH_WEB_PORT {port}: cannot listen on {host}:{port} ({exc.strerror}); "
+                                 "another worker on this machine? Give each its own BURNWATCH_WEB_PORT") from None  # fmt: skip
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -754,7 +756,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
     try:
         day = datetime.strptime(args.day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
     except ValueError as exc:  # strptime says which: a shape unlike the format, or a day the month lacks
-        said = "expected YYYY-MM-DD" if "does not match format" in str(exc) else f"no such day ({exc})"
+        said = f"no such day ({exc})" if "out of range" in str(exc) else "expected YYYY-MM-DD"
         raise SystemExit(f"--day {args.day!r}: {said}") from None
     store = _open_store(settings)
     try:

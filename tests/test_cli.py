@@ -107,6 +107,25 @@ def test_without_a_store_the_default_data_dir_points_at_the_demos(tmp_path):
     assert not (tmp_path / "clickhouse").exists()
 
 
+def test_a_worker_on_every_interface_whose_ipv6_port_is_taken_says_so_before_it_starts(tmp_path):
+    """0.0.0.0 binds IPv6's every interface too (detector.settings.bind_host): a port taken there alone passed
+    the check made on IPv4's, and Faust failed after the store was opened."""
+    import socket
+
+    with socket.socket(socket.AF_INET6) as taken:
+        try:
+            taken.bind(("::1", 0))
+        except OSError:
+            pytest.skip("this machine has no IPv6 loopback")
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = burnwatch("worker", env={"BURNWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:9", "BURNWATCH_WEB_PORT": str(port),
+                                       "BURNWATCH_WEB_HOST": "0.0.0.0", "BURNWATCH_DATA_DIR": str(tmp_path)})  # fmt: skip
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and f"BURNWATCH_WEB_PORT {port}: cannot listen on 0.0.0.0:{port}" in out.stderr
+    assert not (tmp_path / "clickhouse").exists()
+
+
 def test_a_database_that_is_not_there_is_not_created(made):
     out = burnwatch("query", "waste", env={**made, "BURNWATCH_CLICKHOUSE_DATABASE": "burnwatcj"})
     assert out.returncode == EXIT_FAILED and "has no database 'burnwatcj'" in out.stderr
@@ -445,7 +464,8 @@ def test_a_model_file_that_is_refused_is_one_line_naming_it(tmp_path, name, cont
 
 
 @pytest.mark.parametrize(("day", "said"), [("2026-02-29", "no such day (day is out of range for month)"),
-                                           ("yesterday", "expected YYYY-MM-DD")])  # fmt: skip
+                                           ("yesterday", "expected YYYY-MM-DD"),
+                                           ("2026-02-011", "expected YYYY-MM-DD")])  # fmt: skip
 def test_digest_of_a_day_no_calendar_has_says_so(day, said):
     """2026-02-29 is written as asked and is no day: it was told 'expected YYYY-MM-DD'."""
     out = burnwatch("digest", "--day", day)
