@@ -65,8 +65,9 @@ class GroupProgress:
         self._capped_since: float | None = None
         self._logged = -_INF
         self.unrecorded: list[int] = []
-        """Usage partitions held elsewhere of which the last read found no progress at all: a holder that has
-        stored nothing yet, or one of a release that records none (before 2026-12-04: a rolling upgrade)."""
+        """Usage partitions held elsewhere of which the last read found no progress recorded in this group
+        generation: a holder that has stored nothing since the rebalance, or one of a release that records none
+        (before 2026-12-04: a rolling upgrade, where a row a new worker left in an earlier generation stays)."""
 
     def assign(self, assigned: Collection[TP] | None) -> None:
         """The partitions this worker now holds (None: every one). Nothing is recorded yet for them."""
@@ -115,8 +116,8 @@ class GroupProgress:
         only as a holder of this ``generation`` said: one of an earlier generation (before a restart or
         a rebalance) said nothing of a backlog since, though what it stored stays stored."""
         found = self.repository.read(TOPIC_RESOURCE_USAGE)
-        self.unrecorded = [p for p in self.others if p not in found]
         now = _generation(generation)
+        self.unrecorded = [p for p in self.others if p not in found or found[p][2] != now]
         cap = _INF
         for p in self.others:
             through, done, said_in = found.get(p, (-_INF, False, now))
@@ -143,9 +144,10 @@ class GroupProgress:
             note = ("usage partitions other workers hold are not stored this far; a dead worker holds this until "
                     "the group reassigns its partitions")
             if self.unrecorded:  # a worker from before partition progress (0020) beside this one: it records none
-                note += ("; never_recorded: their holder has recorded no progress at all, a worker stuck before its "
-                         "first write or one of a release before 2026-12-04 (a rolling upgrade), which records "
-                         "none: this worker releases nothing until that one leaves the group")
+                note += ("; unrecorded_since_rebalance: their holder has recorded no progress since the group last "
+                         "rebalanced, a worker stuck before its first write or one of a release before 2026-12-04 "
+                         "(a rolling upgrade), which records none: this worker releases nothing until that one "
+                         "leaves the group")
             log.warning("release_held_by_other_workers", held_s=round(now - self._capped_since),
                         stored_through=cap + self.lateness_s, watermark=watermark, partitions=self.others,
-                        never_recorded=self.unrecorded, note=note)  # fmt: skip
+                        unrecorded_since_rebalance=self.unrecorded, note=note)  # fmt: skip

@@ -87,7 +87,12 @@ def test_a_worker_held_back_by_one_of_a_release_that_records_no_progress_says_so
             group.update(group.read(generation=5), watermark=T0)
             clock[0] += 20.0
     [line] = [entry for entry in logs if entry["event"] == "release_held_by_other_workers"]
-    assert group.cap == float("-inf") and line["never_recorded"] == [1] and "release before 2026-12-04" in line["note"]
-    store.progress.record("resource-usage", [(1, T0 - 600, False)], version=1, generation=5)  # a holder that records
+    assert group.cap == float("-inf") and line["unrecorded_since_rebalance"] == [1]
+    assert "release before 2026-12-04" in line["note"]
+    # A new worker held the partition in an earlier generation and left its row; an old one holds it now.
+    store.progress.record("resource-usage", [(1, T0 - 900, False)], version=1, generation=4)
+    group.update(group.read(generation=5), watermark=T0)
+    assert group.unrecorded == [1] and group.cap == T0 - 960
+    store.progress.record("resource-usage", [(1, T0 - 600, False)], version=2, generation=5)  # a holder that records
     group.update(group.read(generation=5), watermark=T0)
     assert group.unrecorded == [] and group.cap == T0 - 660
