@@ -1,7 +1,7 @@
 """An older release's worker upgraded to this checkout's on one store and one consumer group.
 
-    .venv/bin/python bench/upgrade.py --old /path/to/old/worktree --scenario term|kill|rolling|downgrade
-        [--hours 12] [--hosts 4] [--speed 900] [--workdir DIR]
+    .venv/bin/python bench/upgrade.py --old /path/to/old/worktree --scenario term|kill|rolling|downgrade|rollback
+        [--server old] [--hours 12] [--hosts 4] [--speed 900] [--workdir DIR]
 
 The old release is a git worktree with its own ``.venv`` (``git worktree add DIR SHA && make -C DIR
 install-test``); its worker runs from there, this checkout's from here. A seeded fleet is paced into
