@@ -144,3 +144,15 @@ def burnwatch_in_process(capsys, *argv: str) -> tuple[int, str, str]:
     out = capsys.readouterr()
     assert "Traceback" not in out.err + out.out
     return code, out.out, out.err
+
+
+def ipv6_loopback() -> bool:
+    """Whether this machine can bind ::1 (tests of IPv6 listening skip where it cannot)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from detector.events import TOPIC_GPU_METRICS, TOPIC_RESOURCE_USAGE, EventDecoder, GpuMetric, UsageEvent
 from streams.embedded import EmbeddedBroker
 from tests.exposition import Gpu, dcgm_text, federate_text, gpu_values, ksm_text, merge, node, pod
+from tests.helpers import ipv6_loopback
 from tests.reliability import true_ends
 from tests.test_cli import burnwatch, no_traceback
 
@@ -729,18 +730,7 @@ def test_a_fleets_targets_are_scraped_spread_over_the_interval_not_in_one_instan
     assert phases == [_phase(a, 30.0) for a in addresses]  # the same after a restart
 
 
-def _ipv6_loopback() -> bool:
-    import socket
-
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback")
 @pytest.mark.parametrize("listen", ["0.0.0.0", "[::]"])
 def test_metrics_on_every_interface_answers_over_ipv4_and_ipv6(listen: str) -> None:
     """``0.0.0.0`` (deploy/k8s/bridge.yaml's) bound IPv4 alone: on an IPv6-only cluster (EKS in IPv6 mode) the

@@ -652,17 +652,24 @@ class _SlowLookup:
         return self.real.observe(call)
 
 
-def test_a_click_is_answered_while_a_lookup_before_a_cancellation_hangs(store, slack, tmp_path, moto_url):
-    """A resolution cancels a retry only after the API is asked whether its call took; that lookup ran under
-    the clicks' lock, so a cloud API hanging for a minute held every Approve and Decline with it."""
+def _b1_proposed_a1_resolved_with_a_slow_lookup(store, slack, tmp_path, moto_url):
+    """a1's stop took and its answer was lost (a retry), a second incident b1 proposed and announced, then a1
+    resolved: the next pass looks a1's call up through a lookup that waits for the test. (runner, lookup, wall)"""
     runner, real, instance, wall = _stopped_answer_lost(store, slack, tmp_path, moto_url)
     other = run_instance(moto_url)
     posted(store, incident(other, lasted=4 * 3600, alert_id="b1"))
     events_go_on(store, other, wall, version=3, alert_id="b1")
     slow = _SlowLookup(real)
     runner.executors = {"stop_instance": slow}
-    runner.run_once()  # b1 proposed; a1's retry not due yet
+    runner.run_once()  # b1 proposed and announced; a1's retry not due yet
     store.alerts.record([incident(instance, lasted=wall.t - T0, change="resolved")], version=4)
+    return runner, slow, wall
+
+
+def test_a_click_is_answered_while_a_lookup_before_a_cancellation_hangs(store, slack, tmp_path, moto_url):
+    """A resolution cancels a retry only after the API is asked whether its call took; that lookup ran under
+    the clicks' lock, so a cloud API hanging for a minute held every Approve and Decline with it."""
+    runner, slow, wall = _b1_proposed_a1_resolved_with_a_slow_lookup(store, slack, tmp_path, moto_url)
     passing = threading.Thread(target=runner.run_once, daemon=True)
     passing.start()
     try:
@@ -709,16 +716,9 @@ def test_a_pass_whose_partitions_moved_during_a_lookup_proposes_nothing_again(st
     """reset() empties the actions while a pass waits on the API with the lock released; the pass went on
     through its rows, found every later action missing from its emptied memory, and proposed and announced
     each again (a second message with buttons), from a worker that no longer acts."""
-    runner, real, instance, wall = _stopped_answer_lost(store, slack, tmp_path, moto_url)
-    other = run_instance(moto_url)
-    posted(store, incident(other, lasted=4 * 3600, alert_id="b1"))
-    events_go_on(store, other, wall, version=3, alert_id="b1")
-    slow = _SlowLookup(real)
-    runner.executors = {"stop_instance": slow}
-    runner.run_once()  # b1 proposed and announced; a1's retry not due yet
+    runner, slow, _ = _b1_proposed_a1_resolved_with_a_slow_lookup(store, slack, tmp_path, moto_url)
     before = steps(store, "b1")
     assert [s for s, _ in before] == ["proposed", "announced"]
-    store.alerts.record([incident(instance, lasted=wall.t - T0, change="resolved")], version=4)
     passing = threading.Thread(target=runner.run_once, daemon=True)
     passing.start()
     try:

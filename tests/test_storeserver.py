@@ -37,7 +37,7 @@ from streams.embedded import free_port
 from streams.process import StoreServerProcess as ServerProcess
 from streams.storeserver import redact_dsn
 from tests.conftest import ROOT
-from tests.helpers import MIN, T0, at, scrape, usage
+from tests.helpers import MIN, T0, at, ipv6_loopback, scrape, usage
 
 HOUR = 3600.0
 
@@ -527,16 +527,7 @@ def test_a_worker_stores_through_the_server(tmp_path, ruleset):
     assert not server.log_events("store_request_failed")
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback")
 def test_a_server_on_ipv6_loopback_answers_the_store_and_refuses_a_rebound_host(tmp_path: Path):
     """``--host ::1`` was refused ("Address family for hostname not supported"): the server was IPv4 only."""
     server = ServerProcess(f"chdb://{tmp_path / 'ch'}", tmp_path / "store.log", host="::1").wait_ready()
