@@ -577,6 +577,24 @@ def test_an_incident_whose_events_stopped_is_not_acted_on_until_they_come_again(
     assert "Done" in slack.calls("chat.update")[-1].text_of_blocks()
 
 
+def test_an_incident_stamped_hours_ahead_of_the_clock_is_not_acted_on(store, slack, tmp_path, moto_url):
+    """A host whose clock runs two hours ahead (the decoder takes events up to a day ahead): its incident's age
+    on the wall clock was negative, so it read as fresh for two hours after its events stopped, and was acted
+    on. It waits, saying why, until its events come stamped within the hour; a few minutes ahead acts."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance, lasted=6 * 3600))  # latest event stamped at NOW + 2 h
+    runner.run_once()
+    assert click(handler, "burnwatch_approve", APPROVER) == 200
+    runner.run_once()
+    assert state(moto_url, instance) == "running" and not any(s == "begun" for s, _ in steps(store)), steps(store)
+    shown = slack.calls("chat.update")[-1].text_of_blocks()
+    assert "waits" in shown and "ahead of this worker's clock" in shown, shown
+    store.alerts.record([incident(instance, lasted=wall.t + 600 - T0)], version=2)  # 10 minutes ahead: fresh
+    runner.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped") and steps(store)[-1][0] == "succeeded"
+
+
 def test_without_slack_an_automatic_action_is_not_applicable(store, slack, tmp_path, moto_url):
     """auto_unless_objected acts only after a warning people can see; with no Slack it would act unseen."""
     instance, wall = run_instance(moto_url), Wall()

@@ -262,14 +262,19 @@ class ActionRunner:
         """Whether the incident's latest event time is older than ``fresh_s`` on the wall clock: then what its
         events said is no longer known, and the action waits (logged once) instead of acting. It is not
         cancelled: a detector that judges hourly, a worker catching up a backlog or an exporter restarting
-        leave an incident quiet for a while, and the action goes ahead once its events come again."""
+        leave an incident quiet for a while, and the action goes ahead once its events come again. An incident
+        stamped more than ``fresh_s`` ahead of the wall clock waits too: its host's clock runs ahead (the decoder
+        takes events up to a day ahead), so how long ago its events stopped cannot be told from their times."""
         age = now - alert.updated_at
-        if age <= self.fresh_s:
+        if -self.fresh_s <= age <= self.fresh_s:
             self._waiting.pop(action.key, None)  # it acts in this pass, and its message says so
             return False
         if action.key not in self._waiting:
             why = (f"no events for {format_duration(age)} (latest at {rfc3339(alert.updated_at)}): whether the waste "
-                   "goes on is not known; it waits for them")  # fmt: skip
+                   "goes on is not known; it waits for them") if age > 0 else (
+                   f"its latest event is stamped {format_duration(-age)} ahead of this worker's clock (at "
+                   f"{rfc3339(alert.updated_at)}): the host's clock runs ahead, so whether its events go on cannot "
+                   "be told; it waits for events stamped within the hour (fix the host's clock: NTP)")  # fmt: skip
             self._waiting[action.key] = why
             log.warning("action_held", action=action.key, state=action.state, reason=why)
             self._show(action, now)  # its message said "calling" while nothing was called
