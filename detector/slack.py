@@ -586,15 +586,9 @@ class SlackNotifier:
             raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
 
     def show_group_actions(self, alerts: list[Alert], actions: list[dict[str, Any]], channel: str, ts: str) -> None:
-        """Edit a group's message to show who acknowledged, snoozed or marked its alerts."""
-        if self._web is None:
-            return  # a webhook message cannot be edited
-        try:
-            blocks = render_group(alerts, actions)
-            self._web.chat_update(channel=channel, ts=ts, text=group_text(alerts), blocks=_verbatim(blocks))
-        except Exception as exc:
-            status = getattr(getattr(exc, "response", None), "status_code", None)
-            raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
+        """Edit a group's message to show who acknowledged, snoozed or marked its alerts (a webhook's message
+        cannot be edited: :meth:`update_action` does nothing then)."""
+        self.update_action(channel, ts, group_text(alerts), render_group(alerts, actions))
 
     def post_action(self, channel: str, text: str, blocks: list[dict[str, Any]],
                     thread_ts: str = "") -> tuple[str, str]:  # fmt: skip
