@@ -267,9 +267,8 @@ class StoreEngine:
             with self._lock:
                 if self._closed:
                     raise StoreError(UNKNOWN_EXCEPTION, "the store is shutting down", status=503)
-                if request.readonly:
-                    self._check_reads(request)
-                self._check_inside(request)
+                normal = self._check_reads(request) if request.readonly else None
+                self._check_inside(request, normal)
                 self._use(request.database)
                 self._apply({"max_execution_time": str(self.max_execution_s), **request.settings})
                 started = time.perf_counter_ns()
@@ -293,30 +292,34 @@ class StoreEngine:
         }  # fmt: skip
         return StoreResponse(body, fmt, summary)
 
-    def _check_reads(self, request: StoreRequest) -> None:
-        """A ``readonly`` request runs only a statement that reads. Judged on the engine's own reading of
-        it (``formatQuerySingleLine``): one statement (chdb would run all of ``SELECT 1; TRUNCATE t``),
-        comments gone, ``WITH ... INSERT`` written as the ``INSERT`` it is, ``INTO/**/OUTFILE`` spaced."""
+    def _single_line(self, sql: bytes) -> bytes:
+        """The engine's own reading of a statement (``formatQuerySingleLine``): one statement (chdb would run
+        each of ``SELECT 1; TRUNCATE t``), comments gone, quoted names unescaped, ``INTO/**/OUTFILE`` spaced."""
+        text = sql.decode(errors="replace")  # a statement not in UTF-8 is judged as read, and runs as sent
+        return self._run(f"SELECT formatQuerySingleLine({_string(text)})", "TabSeparatedRaw", {}).bytes().strip()
+
+    def _check_reads(self, request: StoreRequest) -> bytes:
+        """A ``readonly`` request runs only a statement that reads, judged on the engine's reading of it
+        (:meth:`_single_line`: ``WITH ... INSERT`` is the ``INSERT`` it is); returns that reading."""
         if request.data is not None:
             raise StoreError(READONLY, "Cannot execute query in readonly mode: an insert", status=403)
-        text = request.sql.decode(errors="replace")  # a statement not in UTF-8 is judged as read, and runs as sent
-        normal = self._run(f"SELECT formatQuerySingleLine({_string(text)})", "TabSeparatedRaw", {}).bytes().strip()
+        normal = self._single_line(request.sql)
         if not _RESULT_STATEMENT.match(normal) or _INTO_OUTFILE.search(normal):
             raise StoreError(READONLY, "Cannot execute query in readonly mode: only a statement that reads (SELECT, "
                              "SHOW, DESCRIBE, EXISTS, EXPLAIN) runs", status=403)  # fmt: skip
+        return normal
 
-    def _check_inside(self, request: StoreRequest) -> None:
+    def _check_inside(self, request: StoreRequest, normal: bytes | None = None) -> None:
         """Refuse a statement that reaches outside the store: reads or writes the server's files (``file()``,
         ``INTO OUTFILE``, ``FROM INFILE``, a ``File`` table, ``BACKUP``), the network (``url()``, ``s3()``,
         ``remote()``, a dictionary's source), or stops the server (``SYSTEM SHUTDOWN``), or changes the session
         every client shares (``SET``, ``USE``, however a comment or a second statement hides them). chdb is
         clickhouse-local: it confines none of these, and anyone who reaches the port would act as the server's
-        user. Judged on the engine's own reading: one statement (chdb would run each of ``SELECT 1; SET ...``),
-        comments gone, quoted names unescaped."""
+        user. Judged on the engine's own reading (:meth:`_single_line`; ``normal``: made already by
+        :meth:`_check_reads`)."""
         if request.sql in self._inside or not self._suspect.search(request.sql):
             return
-        text = request.sql.decode(errors="replace")
-        normal = self._run(f"SELECT formatQuerySingleLine({_string(text)})", "TabSeparatedRaw", {}).bytes().strip()
+        normal = normal if normal is not None else self._single_line(request.sql)
         refused = _OUTSIDE_CLAUSE.search(normal)
         if refused:  # on the statement without its literals: a value that only says "disk (" or "into outfile" runs
             bare = self._run(f"SELECT normalizeQuery({_string(normal.decode(errors='replace'))})", "TabSeparatedRaw", {})
@@ -645,13 +648,12 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Server6(_Server):
-    """An IPv6 address (``::1``), or every interface of both families (``0.0.0.0``, ``::``: detector.settings.bind_host)."""
+    """An IPv6 address (``::1``); ``::`` is every interface of both families (detector.settings.bind_host)."""
 
     address_family = socket.AF_INET6
-    every_interface = False
 
     def server_bind(self) -> None:
-        if self.every_interface:
+        if self.server_address[0] == "::":
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         super().server_bind()
 
@@ -662,9 +664,8 @@ def make_server(engine: StoreEngine, host: str = "127.0.0.1", port: int = 8123) 
     handler = type("StoreHandler", (_Handler,), {"engine": engine, "loopback": _is_loopback(host)})
     every = bind_host(host) == "" and socket.has_ipv6
     if every or ":" in host:
-        server = type("Server6", (_Server6,), {"every_interface": every})
         try:
-            return server(("::" if every else host, port), handler)
+            return _Server6(("::" if every else host, port), handler)
         except OSError as exc:
             if not every or exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
                 raise
