@@ -24,7 +24,7 @@ from pydantic_settings import PydanticBaseSettingsSource as Source
 
 from detector.units import parse_duration
 
-__all__ = ["BROKER_DEFAULT", "ENV", "Settings", "bind_host", "load_settings"]
+__all__ = ["BROKER_DEFAULT", "ENV", "Settings", "bind_host", "load_settings", "url_host"]
 
 BROKER_DEFAULT = -1
 """A replication factor of -1: the broker's ``default.replication.factor`` (Kafka 2.4 and later, KIP-464)."""
@@ -226,6 +226,11 @@ def bind_host(host: str) -> str:
     alone never answered on an IPv6-only Kubernetes cluster (EKS in IPv6 mode), whose probes and Services
     reach a pod by its IPv6 address, and one bound to ``::`` alone (asyncio sets IPV6_V6ONLY) missed IPv4."""
     return "" if host in EVERY_INTERFACE else host
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets (``http://[::1]:6066``)."""
+    return f"[{host}]" if ":" in host else host
 
 
 def load_settings(config_file: str | Path | None = None, environ: Mapping[str, str] | None = None,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detector.logs import configure_logging, install_redaction, redact, redact_dsn, register_settings
-from detector.settings import ENV, Settings, bind_host, load_settings
+from detector.settings import ENV, Settings, bind_host, load_settings, url_host
 from detector.units import printable
 
 if TYPE_CHECKING:  # imported where used, so the CLI starts fast
@@ -1194,8 +1194,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     except StoreBusy as exc:
         from urllib.parse import urlencode
 
-        host = bind_host(settings.web_host) or "127.0.0.1"  # every interface: this machine's loopback among them
-        host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+        host = url_host(bind_host(settings.web_host) or "127.0.0.1")  # every interface: this machine's loopback among them
         asked = {**({"open": "1"} if args.open else {}), **({"team": flt.team} if flt.team else {}),
                  **({"limit": str(flt.limit)} if args.limit != DEFAULT_LIMIT else {})}  # fmt: skip
         query = f"?{urlencode(asked)}" if asked else ""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from detector.settings import url_host
 from streams.children import die_with_parent
 
 __all__ = ["SESSION_TIMEOUT_S", "StoreServerProcess", "WorkerProcess", "log_events", "stop_group", "worker_env"]
@@ -161,7 +162,7 @@ class StoreServerProcess:
         from streams.embedded import free_port
 
         self.port = free_port()
-        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+        self.url = f"http://{url_host(host)}:{self.port}"
         args = ("--host", host, *args)
         self.log_path = log_path
         env = {**os.environ, "BURNWATCH_LOG_FORMAT": "json"}

@@ -14,7 +14,7 @@ import faust
 from faust.types import TP
 
 from detector.events import TOPICS
-from detector.settings import Settings, bind_host
+from detector.settings import Settings, bind_host, url_host
 from streams.bulk import BulkConsumer, Fetches, install_bulk
 from streams.kafka import DEAD_LETTER_TOPIC
 from streams.membership import Membership
@@ -46,7 +46,7 @@ def make_app(settings: Settings) -> faust.App:
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         consumer_auto_offset_reset="earliest",
         web_port=settings.web_port,
-        web_host=f"[{settings.web_host}]" if ":" in settings.web_host else settings.web_host,  # Faust's URL of itself
+        web_host=url_host(settings.web_host),  # Faust's URL of itself
         web_bind=bind_host(settings.web_host),  # 0.0.0.0: IPv6 too
         producer_max_request_size=8 << 20,
         broker_max_poll_records=settings.batch_max_messages,
