@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from detector.alerts import Alert, AlertManager, from_finding
 from detector.align import EventTimeAligner, message_start
 from detector.billing.rates import BilledRates
+from detector.detectors import Finding
 from detector.detectors.anomaly import Scoring, scoring_during
 from detector.engine import Engine, SeenSample
 from detector.events import EventDecoder, GpuMetric, InvalidMessage, UsageEvent
@@ -99,10 +100,20 @@ class _Detection:
         self.latest: dict[str, Alert] = {}
 
     def feed(self, items: list[tuple[float, Any]]) -> None:
-        for alert in self.manager.handle(self.engine.process_timed(items)):
+        engine = self.engine
+        findings = engine.process_timed(items)
+        if engine.sweep_due:  # where a worker sweeps too: keys quiet past the TTL end their open episodes
+            engine.expire()
+            findings += engine.last_ended
+        self._take(findings)
+
+    def _take(self, findings: list[Finding]) -> None:
+        for alert in self.manager.handle(findings):
             self.latest[alert.alert_id] = alert
 
     def finish(self) -> list[Alert]:
+        self.engine.expire()  # as a worker's sweep on the wall clock does once the stream stops
+        self._take(self.engine.last_ended)
         for finding in self.engine.open_episodes():
             alert = from_finding(finding)
             before = self.latest.get(alert.alert_id)

@@ -14,17 +14,28 @@ store (``fetch``) at its next event, as it was: memory holds the resources that 
 State lives ``state_ttl_s`` of event time after a key's latest event. The rule is decided per key at
 its next event, by that event's time alone: one more than ``state_ttl_s`` after the key's latest
 time starts the key afresh, as a key never seen, before the event is folded in: what it said and
-what its rules tracked are forgotten (an episode left open too: it is not resolved); only its latest
+what its rules tracked are forgotten (an episode left open is resolved, below); only its latest
 time of each kind stays, so that its old life's events read again after a restart are skipped
-(:meth:`Engine.already_seen`), not folded into the new one. So ``backtest``
-(which never sweeps), a worker that ran through the gap, one restarted during it and one that
-evicted the key and reads it back all detect alike, whenever their sweeps ran. Sweeps
-(:meth:`Engine.expire`) only reclaim memory and store rows, of keys whose latest time is more than
+(:meth:`Engine.already_seen`), not folded into the new one. So an engine that never sweeps, a worker
+that ran through the gap, one restarted during it and one that evicted the key and reads it back
+all detect alike, whenever their sweeps ran. Sweeps
+(:meth:`Engine.expire`) reclaim memory and store rows, of keys whose latest time is more than
 ``state_ttl_s`` before the watermark: the rule would start each afresh at any event from the
 watermark on. The one event that can tell is one older than the watermark (out of order: a topic or
 an exporter running behind the others) for a key a sweep has reclaimed, yet within ``state_ttl_s``
 of its latest time: it finds nothing and starts the key afresh, where an engine that had not swept
-would have gone on from its state. An event older than a key's latest time is folded into the state
+would have gone on from its state.
+
+An episode open when its key goes quiet past the TTL is resolved where its key's events stopped
+(:func:`silent_resolutions`, ``reason: went_silent``): a resource that vanishes (terminated with no
+stop event, its node removed, its exporter gone) would otherwise stay an open incident for ever.
+Whichever forgets the state resolves it, from that state, so with the same figures, once: the key's
+next event, or the sweep that reclaims the key (:attr:`Engine.last_ended`; the worker reads the
+states of reclaimed keys that are only in the store, :attr:`Engine.last_unread`). ``backtest``
+sweeps when a worker would (:attr:`Engine.sweep_due`) and once at the end of its data, as a worker's
+sweep on the wall clock does once its stream stops.
+
+An event older than a key's latest time is folded into the state
 the key has (late, by kind), never into one forgotten. A usage event no newer than the key's newest
 usage (sent again, or out of order) leaves what the key says of the resource as the newest said: its
 rules read its own facts (:meth:`Engine._late_info`), the key's other events the newest's, as in time
@@ -61,6 +72,7 @@ import structlog
 from detector.billing.rates import BilledRates
 from detector.detectors import Detector, Finding, ResourceInfo
 from detector.detectors.base import BatchPhase, Behaviour, Context, DetectorBase, intern
+from detector.detectors.episode import SILENT
 from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, RunEvent, UsageEvent
 from detector.floats import enc_hook
@@ -68,7 +80,7 @@ from detector.pricing import Pricer
 from detector.rules import CompiledRule, RuleSet
 from detector.saved import read_state
 
-__all__ = ["Engine", "KeyState", "SeenSample"]
+__all__ = ["Engine", "KeyState", "SeenSample", "silent_resolutions"]
 
 log = structlog.get_logger("burnwatch.engine")
 
@@ -249,6 +261,25 @@ class _KeyContext(Context):
         self._engine._deferred.append((detector, item))
 
 
+def _open_episodes(ruleset: RuleSet, state: KeyState) -> list[Finding]:
+    found = []
+    for rule in ruleset.rules:
+        rule_state = state.rule(rule.detector.name)
+        if rule_state is not None:
+            found.extend(rule.detector.open_episodes(rule_state, state.info))
+    return found
+
+
+def silent_resolutions(ruleset: RuleSet, key: str, state: KeyState, ttl_s: float) -> list[Finding]:
+    """The episodes open in ``key``'s state, resolved as it went quiet past the TTL, ``ttl_s`` (see the
+    module's docstring): at the time and with the dollars each last reached (its
+    :meth:`~detector.detectors.base.Detector.open_episodes` figures), ``reason: went_silent``
+    (:data:`~detector.detectors.episode.SILENT`)."""
+    said = {"reason": SILENT, "silent_s": ttl_s}
+    return [msgspec.structs.replace(f, action="resolve", key=key, details={**f.details, **said})
+            for f in _open_episodes(ruleset, state)]  # fmt: skip
+
+
 class Engine:
     """Folds events into per-key state and returns the detectors' findings."""
 
@@ -298,6 +329,12 @@ class Engine:
         """The watermark at the latest :meth:`expire` (:attr:`sweep_due`)."""
         self.last_evicted = 0
         """Keys the latest :meth:`expire` took out of memory."""
+        self.last_ended: list[Finding] = []
+        """The resolutions of the episodes left open on the keys the latest :meth:`expire` reclaimed
+        from memory (:func:`silent_resolutions`), for the caller to hand to its alert manager."""
+        self.last_unread: list[str] = []
+        """The keys the latest :meth:`expire` reclaimed that were evicted: their state, and any episode
+        left open in it, is in the store (the worker reads them, :meth:`ended_in`)."""
         self._ahead: dict[str, float] = {}
         """Key → the time it vouches for (its second-latest distinct event time), for keys past
         the watermark (at most two between batches)."""
@@ -422,7 +459,8 @@ class Engine:
                 scrape = None
             last_t = state.last_t
             if t > last_t:
-                if t - last_t > ttl and last_t:  # quiet past the TTL: the key starts afresh
+                if t - last_t > ttl and last_t:  # quiet past the TTL: its open episodes end, the key starts afresh
+                    findings.extend(silent_resolutions(self.ruleset, key, state, ttl))
                     state = self._renew(key, state)
                 state.last_t = t
                 if last_t > watermark:  # the key vouches for its time before this one
@@ -804,13 +842,7 @@ class Engine:
 
     def open_episodes(self) -> list[Finding]:
         """Every episode that has fired and not resolved, with its dollars so far."""
-        found = []
-        for state in self._keys.values():
-            for rule in self.ruleset.rules:
-                rule_state = state.rule(rule.detector.name)
-                if rule_state is not None:
-                    found.extend(rule.detector.open_episodes(rule_state, state.info))
-        return found
+        return [f for state in self._keys.values() for f in _open_episodes(self.ruleset, state)]
 
     @property
     def sweep_due(self) -> bool:
@@ -835,12 +867,28 @@ class Engine:
         events are on their way, and the worker keeps the partition they came on."""
         self._swept_at = self.watermark
         horizon = self.watermark - self.state_ttl_s
-        gone = [k for k, s in self._keys.items() if 0.0 < s.last_t < horizon and k not in coming]
-        gone += [k for k, t in self._evicted.items() if t < horizon and k not in coming]
+        keys, ruleset = self._keys, self.ruleset
+        held = [k for k, s in keys.items() if 0.0 < s.last_t < horizon and k not in coming]
+        self.last_unread = [k for k, t in self._evicted.items() if t < horizon and k not in coming]
+        self.last_ended = [f for k in held for f in silent_resolutions(ruleset, k, keys[k], self.state_ttl_s)]
+        gone = held + self.last_unread
         for key in gone:
             self.forget(key)
         self.evict(coming)
         return gone
+
+    def ended_in(self, key: str, data: bytes) -> list[Finding]:
+        """The resolutions of the episodes left open in a saved state of ``key`` (:meth:`snapshot`
+        bytes) that is reclaimed past its TTL without being loaded: an evicted key
+        (:attr:`last_unread`), or one a worker loaded at assignment and never heard from. The key is
+        not held afterwards."""
+        held = self._keys.get(key)
+        state = self.restore(key, data, restart=False)
+        if held is None:
+            self._keys.pop(key, None)
+        else:
+            self._keys[key] = held
+        return silent_resolutions(self.ruleset, key, state, self.state_ttl_s)
 
     def evict(self, coming: Container[str] = frozenset()) -> list[str]:
         """Take keys with no event for ``evict_after_s`` of event time out of memory (the worker

@@ -34,6 +34,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from detector.actions import BUTTONS, GROUP_BLOCK
 from detector.alerts import Alert, link_fields
 from detector.blockkit import MAX_FIELD_TEXT, MAX_HEADER_TEXT, MAX_NOTIFICATION_TEXT, MAX_TEXT, clip, clip_lines, fit
+from detector.detectors.episode import SILENT
 from detector.pricing import HOURS_PER_MONTH
 from detector.rules import Routing
 from detector.units import epoch, format_duration, money, rfc3339
@@ -350,6 +351,10 @@ def _resolution_text(alert: Alert) -> str:
                 + (f": *{money(alert.waste_usd, exact=True)} {alert.dollars}* in total" if alert.dollars else "")
                 + (f", not the {money(was[1], exact=True)} its resolution at {rfc3339(was[0])} said."
                    if alert.dollars and was is not None else "."))  # fmt: skip
+    if alert.details.get("reason") == SILENT:
+        silent = alert.details.get("silent_s")
+        since = f" in the {format_duration(float(silent))} since" if isinstance(silent, (int, float)) else " since"
+        reason = f"its last event; none{since}: the resource is gone, or nothing reports it any more"
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
         + (f" ({reason})" if reason else "")

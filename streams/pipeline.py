@@ -392,7 +392,7 @@ class Pipeline:
                 _CPU_DETECT.inc(time.thread_time() - cpu)
                 if self.engine.sweep_due:
                     await self.drain()  # every earlier batch's states have landed (eviction takes them as saved)
-                    step.expired = self._sweep("event_time")
+                    await self._sweep(step, "event_time")
                 else:
                     await self._drain_previous()
                 loop = asyncio.get_running_loop()
@@ -556,39 +556,65 @@ class Pipeline:
             if not self.ready.is_set():
                 return
             await self.drain()
-            expired = self._sweep("wall_clock")
-            if expired:
-                try:  # no write is queued behind this one (drained, under the lock): a failure here stops none
-                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write_until_stored,
-                                                                     _Step(expired=expired))  # fmt: skip
-                except PipelineStopped:
-                    return
+            step = _Step()
+            try:
+                await self._sweep(step, "wall_clock")
+                if step.expired or step.alerts:
+                    # no write is queued behind this one (drained, under the lock): a failure here stops none
+                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write_until_stored, step)
+            except PipelineStopped:
+                return
+            self._to_deliveries(step.alerts)
+            self._count(step)
 
-    def _sweep(self, trigger: str) -> list[str]:
+    async def _sweep(self, step: _Step, trigger: str) -> None:
         """Expire and evict (:meth:`Engine.expire`) once every state the engine holds is saved or in
         the write about to start: a key evicted now whose latest state that write carries is
         held as it left (:meth:`Engine.evict`) until the next sweep, which comes after the
         write has landed. A key whose next event the aligner holds is neither: expired, it would
-        lose the partition it came on (its state saved under partition 0). Returns the expired
-        keys, whose saved state is to be deleted: with the keys loaded at assignment that have not
-        spoken and whose latest event is as far back (:attr:`saved_times`), which no engine holds.
+        lose the partition it came on (its state saved under partition 0). The expired keys go in
+        ``step.expired``, their saved state to be deleted: with the keys loaded at assignment that have
+        not spoken and whose latest event is as far back (:attr:`saved_times`), which no engine holds.
         A key that is not reclaimed here, or whose delete a kill loses, is reclaimed by the sweeps
-        of the worker that loads it next."""
+        of the worker that loads it next.
+
+        An episode left open on an expired key is resolved (:func:`~detector.engine.silent_resolutions`):
+        the resolutions go in ``step.alerts``, stored by the same write that deletes the states, so a kill
+        between loses neither (a state read again is resolved again, and the alert manager, which knows
+        the stored resolution, drops the repeat). The states only in the store (evicted keys, keys loaded
+        without their bytes) are read for it, in one query, with the partition each was saved under:
+        its holder, this worker, delivers the resolution."""
         engine = self.engine
         coming = HeldKeys(self.aligner)  # gathered only if a key has gone quiet
         expired = engine.expire(coming)  # their next event is read: not quiet
+        ended = list(engine.last_ended)
+        unread = list(engine.last_unread)
         if self.saved_times is not None:
             saved = self.saved_states
             for key in self.saved_times.before(engine.watermark - engine.state_ttl_s, saved):
                 if key not in coming:  # still loaded, not taken by the engine: never spoke
-                    del saved[key]
                     expired.append(key)
+                    unread.append(key)  # (its bytes, if loaded with them, are read again for its partition)
+                    del saved[key]
+        if unread:
+            why = "the states of keys reclaimed past their TTL, for the episodes left open on them"
+            found = await self._ask_store(self.store.states.get_many_placed, unread, "state read", why)
+            for key, (partition, data) in found.items():
+                ended += engine.ended_in(key, data)
+                self._partition_of.setdefault(key, partition)
+        if ended:
+            alerts = self.manager.handle(ended)
+            for alert in alerts:
+                alert.partition = self._partition_of.get(alert.key, -1)
+            step.alerts += alerts
+            log.info("silent_episodes_resolved", alerts=len(alerts), keys=len({a.key for a in alerts}),
+                     note="no events for the state TTL: resolved where their events stopped")  # fmt: skip
         self.forget(expired)
+        step.expired = expired
         METRICS.sweeps.labels(trigger).inc()
         if expired or engine.last_evicted:
             log.info("state_swept", trigger=trigger, watermark=round(engine.watermark, 3), held=len(engine),
                      evicted=engine.last_evicted, expired=len(expired), out_of_memory=engine.evicted)  # fmt: skip
-        return expired
 
     def forget(self, keys: Iterable[str]) -> None:
         """Keys whose state expired: what the pipeline keeps per key goes too."""
@@ -899,13 +925,7 @@ class Pipeline:
                 await before  # its alerts queued and its messages acknowledged first
             except BaseException:  # noqa: BLE001 - raised where it is drained; this batch is not done either
                 return
-        self.outbox.add(step.alerts)
-        if self.outbox.has_work:
-            self.outbox_ready.set()
-        if self.outputs is not None:
-            self.outputs.add(step.alerts)
-            if self.outputs.has_work:
-                self.outputs_ready.set()
+        self._to_deliveries(step.alerts)
         for message, reason in step.dead + step.refused:
             await self._dead_letter(message, reason)
         finished = self._acks.done([message for message, _ in step.dead] + step.done)
@@ -927,6 +947,21 @@ class Pipeline:
         stats.replayed += step.replayed
         stats.read_ahead += step.read_ahead
         stats.dead_letters += len(step.dead) + len(step.refused)
+        self._count(step)
+
+    def _to_deliveries(self, alerts: list[Alert]) -> None:
+        """Stored alert changes to their deliveries: Slack's outbox and the other outputs."""
+        self.outbox.add(alerts)
+        if self.outbox.has_work:
+            self.outbox_ready.set()
+        if self.outputs is not None:
+            self.outputs.add(alerts)
+            if self.outputs.has_work:
+                self.outputs_ready.set()
+
+    def _count(self, step: _Step) -> None:
+        """The alert changes of a stored step in the metrics, the stats and the log."""
+        stats = self.stats
         for alert in step.alerts:
             METRICS.alerts.labels(alert.type, alert.change).inc()
             if alert.change == "fired":

@@ -99,13 +99,13 @@ def test_acks_follow_detection_and_everything_is_stored(store, ruleset):
     assert store.states.load([0]).keys() == {"h1"}
 
 
-def started(store, ruleset, behind: dict[str, bool], **engine_options) -> Pipeline:
-    """A pipeline as a worker (re)starts one: its engine loads the keys' states saved in the
-    store; a topic in ``behind`` is not caught up. The keys not in the partitions' newest save
-    as ones saved long ago: loaded without their bytes, read from the store when they speak
+def started(store, ruleset, behind: dict[str, bool], partitions: tuple[int, ...] = (0,), **engine_options) -> Pipeline:
+    """A pipeline as a worker (re)starts one holding ``partitions``: its engine loads the keys' states
+    saved in the store; a topic in ``behind`` is not caught up. The keys not in the partitions' newest
+    save as ones saved long ago: loaded without their bytes, read from the store when they speak
     (``saved_within_s=0``); their latest times for the sweeps (``saved_times``)."""
     latest: dict[str, float] = {}
-    states = store.states.load([0], saved_within_s=0, latest=latest)
+    states = store.states.load(list(partitions), saved_within_s=0, latest=latest)
     engine = Engine(ruleset, loader=lambda key: store.states.take(states, key), **engine_options)
     pipeline = Pipeline(
         engine=engine, store=store, outbox=Outbox(store, None), manager=remembering_manager(store, ruleset),
@@ -993,9 +993,10 @@ def test_a_key_quiet_past_the_ttl_has_the_alerts_of_backtest_whether_the_worker_
     speaks again, in backtest (which never expires state), in a worker that ran through the
     gap (its sweep reclaimed h1), in one restarted during it that catches up in batches (its
     sweep reclaims h1, loaded with its latest time) and in one that catches up the rest in one
-    batch (h1 restored from the store at its event, no sweep between): the same alerts. Before,
-    a restarted worker and backtest went on from h1's old state and resolved the alert three
-    days on, where the worker that ran through did not."""
+    batch (h1 restored from the store at its event, no sweep between): the same alerts, the idle
+    one resolved at h1's last idle sample, where it went quiet (by the sweep, or by h1's next
+    event). Before, a restarted worker and backtest went on from h1's old state and resolved the
+    alert three days on, where the worker that ran through did not; then every one left it open."""
     from datetime import timezone
 
     import msgspec
@@ -1036,7 +1037,7 @@ def test_a_key_quiet_past_the_ttl_has_the_alerts_of_backtest_whether_the_worker_
     with open(path, "wb") as out:
         write_replay(((0, m.topic, m.key.decode(), msgspec.Raw(m.value)) for m in messages), out)  # type: ignore[union-attr]
     expected = sorted((a.alert_id, a.rule, a.fired_at, a.resolved_at) for a in backtest(path, ruleset).alerts)
-    assert [(rule, fired, resolved) for _, rule, fired, resolved in expected] == [("idle-gpu", T0 + 30 * MIN, None)]
+    assert [(rule, fired, resolved) for _, rule, fired, resolved in expected] == [("idle-gpu", T0 + 30 * MIN, T0 + 89 * MIN)]
 
     def alerts(s) -> list[tuple]:
         return sorted((a["alert_id"], a["rule"], seconds(a["fired_at"]), seconds(a["resolved_at"]))
@@ -1058,6 +1059,95 @@ def test_a_key_quiet_past_the_ttl_has_the_alerts_of_backtest_whether_the_worker_
     assert alerts(store) == expected
     assert alerts(restarted[0]) == expected  # swept
     assert alerts(restarted[1]) == expected  # restored, then started afresh by the rule
+
+
+def test_an_incident_on_a_key_that_never_speaks_again_is_resolved_once_by_the_holder_of_its_partition(
+        store, chdb_client, ruleset, tmp_path):  # fmt: skip
+    """h1 (on partition 3) is idle 90 minutes (an idle alert fires), then is never heard of again
+    (terminated with no stop event), while three hosts go on for three days. Its alert is resolved
+    where it went quiet, once, on its partition (whose holder posts it), as backtest says: by the
+    worker that ran through (h1 held in memory till its sweep), by one that evicted h1 (its state
+    then only in the store), and by one restarted during the gap, which loaded h1 without its
+    bytes and never heard from it, killed after storing the resolution but before the delete of
+    h1's state landed, then restarted again. Before, every one of them left the incident open
+    for ever, the sweep dropping the episode with the state."""
+    from datetime import timezone
+
+    import msgspec
+
+    from detector.backtest import backtest
+    from detector.detectors.episode import SILENT
+    from detector.replay import write_replay
+    from detector.store import Store
+
+    day = 86_400.0
+    offsets: dict[tuple[str, int], int] = {}
+    timed: list[tuple[float, Message]] = []
+
+    def add(t: float, host: str, util: float, partition: int) -> None:
+        for topic in ("resource-usage", "gpu-metrics"):
+            offset = offsets[topic, partition] = offsets.get((topic, partition), -1) + 1
+            made = usage_message(offset, t, host=host) if topic == "resource-usage" else gpu_message(offset, t, util, host)
+            timed.append((t, msgspec.structs.replace(made, partition=partition)))
+
+    for m in range(90):
+        add(T0 + m * MIN, "h1", 1.0, 3)
+    for hour in range(3 * 24 + 1):
+        for host in ("a", "b", "c"):
+            add(T0 + hour * 3600.0, host, 70.0, 0)
+    timed.sort(key=lambda item: item[0])
+    messages = [message for _, message in timed]
+    batches = [messages[i : i + 20] for i in range(0, len(messages), 20)]
+    starts = [timed[messages.index(batch[0])][0] for batch in batches]
+    gap = next(i for i, t in enumerate(starts) if t > T0 + day)
+
+    path = tmp_path / "vanished.jsonl"
+    with open(path, "wb") as out:
+        write_replay(((0, m.topic, m.key.decode(), msgspec.Raw(m.value)) for m in messages), out)  # type: ignore[union-attr]
+    (expected,) = backtest(path, ruleset).alerts
+    assert (expected.status, expected.resolved_at, expected.details["reason"]) == ("resolved", T0 + 89 * MIN, SILENT)
+
+    def h1(s: Store) -> list[tuple]:
+        return [(a["alert_id"], a["status"], a["resolved_at"].replace(tzinfo=timezone.utc).timestamp()
+                 if a["resolved_at"] else None, round(a["waste_usd"], 6), json.loads(a["details"]).get("reason"), a["partition"])
+                for a in s.alerts.latest() if a["resource_id"] == "h1"]  # fmt: skip
+
+    want = [(expected.alert_id, "resolved", T0 + 89 * MIN, round(expected.waste_usd, 6), SILENT, 3)]
+    both = (0, 3)
+
+    def fresh(name: str) -> Store:
+        made = Store(chdb_client, database=f"{store.db}_{name}")
+        chdb_client.command(f"DROP DATABASE IF EXISTS {made.db}")
+        made.migrate()
+        return made
+
+    run_batches(started(store, ruleset, {}, both), batches, [])
+    assert h1(store) == want  # held in memory, then swept
+    assert "h1" not in store.states.load(list(both))
+
+    evicting_store = fresh("evicting")
+    evicting = started(evicting_store, ruleset, {}, both, evict_after_s=3600.0, fetch=evicting_store.states.get)
+    run_batches(evicting, batches[:gap], [])
+    assert evicting.engine.unread(["h1"]) == ["h1"]  # out of memory, its state in the store alone
+    run_batches(evicting, batches[gap:], [])
+    assert h1(evicting_store) == want  # read from the store at the sweep that reclaimed it
+
+    restarted = fresh("restarted")
+    run_batches(started(restarted, ruleset, {}, both), batches[:gap], [])
+    second = started(restarted, ruleset, {}, both, state_ttl_s=2 * day)
+    assert second.saved_states.get("h1", b"") is None  # loaded without its bytes
+    late = next(i for i, t in enumerate(starts) if t > T0 + 2.2 * day)
+    run_batches(second, batches[gap:late], [])
+    assert h1(restarted)[0][1] == "firing"  # not yet past its TTL
+    stopped_before_its_state_write_lands(second, batches[late], restarted)
+    assert h1(restarted) == want  # the resolution stored, with the batch's alerts ...
+    assert "h1" in restarted.states.load(list(both))  # ... but the delete of h1's state lost with the kill
+    third = started(restarted, ruleset, {}, both)
+    run_batches(third, batches[late:], [])
+    assert h1(restarted) == want and "h1" not in restarted.states.load(list(both))
+    (resolutions,) = restarted.client.query(f"SELECT count() FROM {restarted.db}.alerts WHERE alert_id = %(id)s AND "
+                                            "status = 'resolved'", parameters={"id": expected.alert_id}).result_rows[0]
+    assert resolutions == 1  # the third worker resolved it again from the state the kill left: dropped as known
 
 
 def test_a_wall_clock_sweep_deletes_expired_states_once_the_store_takes_writes_again(store, ruleset, monkeypatch):
@@ -1127,8 +1217,8 @@ def test_events_of_a_keys_life_before_read_again_after_a_restart_are_not_folded_
     starts it afresh (the state TTL), and the worker is killed before the consumer commits: the
     next one reads it all again. The restored state (h1's new life, which has had no GPU sample
     yet) must still know the old life's GPU samples as folded, or they go into the new life as
-    new: the idle episode opens again there and h1's busy samples then resolve the alert that
-    the uninterrupted worker (and backtest) leave firing, the old episode being forgotten."""
+    new: the idle episode opens again there and h1's busy samples then resolve it again, where
+    the uninterrupted worker (and backtest) resolve it once, where h1 went quiet."""
     from datetime import timezone
 
     from detector.store import Store
@@ -1153,7 +1243,9 @@ def test_events_of_a_keys_life_before_read_again_after_a_restart_are_not_folded_
                       for a in s.alerts.latest())  # fmt: skip
 
     run_batches(started(store, ruleset, {}), [old_life, renewed, busy], [])
-    assert alerts(store) == [("idle-gpu", T0 + 30 * MIN, None)]  # forgotten with the old life, not resolved
+    ended = alerts(store)
+    assert [(rule, fired) for rule, fired, _ in ended] == [("idle-gpu", T0 + 30 * MIN)]
+    assert ended[0][2] is not None and ended[0][2].replace(tzinfo=timezone.utc).timestamp() == T0 + 89 * MIN  # went quiet
 
     killed = Store(chdb_client, database=store.db + "_k")
     chdb_client.command(f"DROP DATABASE IF EXISTS {killed.db}")

@@ -31,6 +31,20 @@ def alert(change: str = "fired", alert_id: str = "a1", **kw) -> Alert:
 bot = slack_bot
 
 
+def test_a_resolution_of_a_resource_gone_silent_says_so_and_where_its_dollars_stop(slack):
+    """A resource that sent nothing for the state TTL (``went_silent``): its reply says when its last
+    event was, that none came in the two days since, and that it may be gone or unreported, not a
+    bare "went silent"."""
+    notifier = bot(slack)
+    channel, parent = notifier.post(alert())
+    gone = alert("resolved")
+    gone.details.update(reason="went_silent", silent_s=172_800.0)
+    notifier.post(gone, thread=(channel, parent))
+    text = slack.calls("chat.postMessage")[1].text_of_blocks()
+    assert "its last event; none in the 2d since: the resource is gone, or nothing reports it any more" in text
+    assert "$49.16 wasted* in total" in text and "went silent" not in text
+
+
 def test_opening_is_block_kit_with_dollars_owner_and_next_step(slack):
     channel, ts = bot(slack).post(alert())
     (post,) = slack.calls("chat.postMessage")

@@ -11,6 +11,7 @@ import pytest
 
 from detector.alerts import AlertManager, from_finding
 from detector.backtest import backtest
+from detector.detectors.episode import SILENT
 from detector.engine import Engine
 from detector.events import UsageEvent
 from detector.rules import load_rules
@@ -116,10 +117,12 @@ def test_data_resuming_after_expire_after_resolves_as_expired_not_used(ruleset):
 def test_data_resuming_past_the_state_ttl_starts_the_commitment_afresh(ruleset):
     """The same gap with the shipped state TTL (two days of event time after the commitment's
     latest event): the commitment starts afresh when its data resumes (docs/architecture.md,
-    Per-resource state), its episode not resolved, as in a worker whose sweep had reclaimed it.
-    Daily data that stops for ``expire_after`` (2d) has been quiet three days since its latest
-    event, the start of its last day: past the TTL first."""
-    assert actions(findings(ruleset, days((70, 30)) + days((100, 0), start=T0 + 4 * DAY))) == [("fire", T0 + DAY, 30.0)]
+    Per-resource state), its episode resolved where its data stopped (``went_silent``), as in a
+    worker whose sweep had reclaimed it. Daily data that stops for ``expire_after`` (2d) has been
+    quiet three days since its latest event, the start of its last day: past the TTL first."""
+    found = findings(ruleset, days((70, 30)) + days((100, 0), start=T0 + 4 * DAY))
+    assert actions(found) == [("fire", T0 + DAY, 30.0), ("resolve", T0 + DAY, 30.0)]
+    assert found[-1].details["reason"] == SILENT
 
 
 def test_reread_after_judgement_is_not_counted(ruleset):

@@ -25,7 +25,7 @@ from detector.detectors.base import Finding
 
 __all__ = ["CORRECTED", "ENDED", "GAP", "MAX_ENDED_GAPS", "STOP_GAP_S", "WITHDRAWN", "Action", "Ended", "Episode",
            "advance", "after_gap", "due", "end", "ended_of", "fire", "gap_at", "gap_holding", "is_ended", "rebased",
-           "take_back_ended", "with_gaps", "withdraws"]
+           "take_back_ended", "with_gaps", "withdraws", "SILENT"]
 
 Action = Literal["fire", "update", "resolve"]
 
@@ -34,6 +34,12 @@ WITHDRAWN = "withdrawn"
 completed the episode, a stop read after that sample (live, a usage flush read behind the samples).
 Read in event-time order (``backtest``), the stop comes first and no episode fires: the alert never
 stood, and it counts no dollars (:attr:`detector.alerts.Alert.withdrawn`)."""
+
+SILENT = "went_silent"
+"""The ``reason`` of a resolution made because the episode's resource sent no event for the state TTL
+(it vanished: terminated with no stop event, its node removed, its exporter gone), dated where its
+events stopped (:func:`detector.engine.silent_resolutions`); ``silent_s`` in its details says how long.
+Nothing is counted after that: what it cost since, if anything, burnwatch cannot know."""
 
 CORRECTED = "corrected"
 """The details key (True) of a resolution that corrects the one made before for the same episode: a stop

@@ -108,16 +108,23 @@ class States:
         """The latest snapshot of each of these keys that has one (a key never saved, or deleted,
         is absent): what :meth:`get` gives one key, for a batch's quiet keys in one query per
         :data:`GET_MANY_CHUNK` keys, not one look-up each (docs/performance-log.md, "Memory per resource")."""
-        found: dict[str, bytes] = {}
+        return {key: snapshot for key, (_, snapshot) in self.get_many_placed(keys).items()}
+
+    def get_many_placed(self, keys: Sequence[str]) -> dict[str, tuple[int, bytes]]:
+        """:meth:`get_many` with the partition each key was saved under: whoever holds it delivers an
+        alert on the key (a resolution made from a state reclaimed unread, :meth:`Engine.ended_in`)."""
+        found: dict[str, tuple[int, bytes]] = {}
         for i in range(0, len(keys), GET_MANY_CHUNK):
             with self.conn.lock:
                 result = self.conn.client.query(
-                    f"SELECT key, argMax(snapshot, version) AS snapshot, argMax(deleted, version) AS deleted "
+                    f"SELECT key, argMax(partition, version) AS partition, argMax(snapshot, version) AS snapshot, "
+                    f"argMax(deleted, version) AS deleted "
                     f"FROM {self.conn.db}.detector_state WHERE key IN %(keys)s GROUP BY key",
                     parameters={"keys": list(keys[i : i + GET_MANY_CHUNK])},
                     column_formats={"snapshot": "bytes"},
                 )
-            found.update((key, bytes(snapshot)) for key, snapshot, deleted in result.result_rows if not deleted)
+            found.update((key, (int(partition), bytes(snapshot)))
+                         for key, partition, snapshot, deleted in result.result_rows if not deleted)  # fmt: skip
         return found
 
     def delete(self, keys: Sequence[str]) -> None:
