@@ -77,6 +77,10 @@ def test_compose_stack_has_kafka_kraft_clickhouse_two_workers_grafana_and_start_
     assert services["simulator"]["profiles"] == ["sim"]
     for name in ("kafka", "clickhouse", "worker-1", "worker-2", "grafana"):
         assert "healthcheck" in services[name], name
+    # The image's health check asks for a worker's /healthz: the simulator, from the same image, serves none.
+    assert services["simulator"]["healthcheck"] == {"disable": True}
+    dockerfile = (ROOT / "deploy/Dockerfile").read_text()
+    assert "/healthz' % os.environ.get('BURNWATCH_WEB_PORT', '6066')" in dockerfile
     for worker in ("worker-1", "worker-2"):
         assert services[worker]["depends_on"] == {"kafka": {"condition": "service_healthy"},
                                                   "clickhouse": {"condition": "service_healthy"}}  # fmt: skip
