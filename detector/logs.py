@@ -70,6 +70,8 @@ def register_settings(settings: Settings) -> None:
     if values[1]:
         values.append(urlsplit(values[1]).path)  # the webhook's secret part, should a log print only the path
     values.append(urlsplit(settings.dsn).password)
+    kafka_password = settings.kafka_security.password  # aiokafka logs a PLAIN exchange, password and all, at debug level
+    values.append(kafka_password.get_secret_value() if kafka_password is not None else None)
     register_secrets(*values)
 
 

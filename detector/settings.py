@@ -13,15 +13,17 @@ Read with pydantic-settings: each field names its environment variable
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, InitSettingsSource, SettingsConfigDict
 from pydantic_settings import PydanticBaseSettingsSource as Source
 
+from detector.kafka_security import MECHANISMS, KafkaSecurity, Mechanism, Protocol, check_identity, check_trust
 from detector.units import parse_duration
 
 __all__ = ["BROKER_DEFAULT", "ENV", "Settings", "bind_host", "load_settings", "url_host"]
@@ -39,6 +41,27 @@ class Settings(BaseSettings):
 
     kafka_bootstrap: str = Field(default="", validation_alias="BURNWATCH_KAFKA_BOOTSTRAP")
     """host:port[,host:port]; empty starts the embedded broker (demo) or is an error (worker)."""
+    kafka_security_protocol: Protocol = Field(default="PLAINTEXT", validation_alias="BURNWATCH_KAFKA_SECURITY_PROTOCOL")
+    """How every Kafka client burnwatch makes connects (:mod:`detector.kafka_security`): PLAINTEXT, SSL (TLS),
+    SASL_PLAINTEXT or SASL_SSL (SASL over TLS, what managed clusters ask). The settings below are checked
+    against it when they load: one it would not use is refused rather than ignored."""
+    kafka_sasl_mechanism: Mechanism | None = Field(default=None, validate_default=True,
+                                                   validation_alias="BURNWATCH_KAFKA_SASL_MECHANISM")  # fmt: skip
+    kafka_sasl_username: str | None = Field(default=None, validate_default=True,
+                                            validation_alias="BURNWATCH_KAFKA_SASL_USERNAME")  # fmt: skip
+    kafka_sasl_password: SecretStr | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_SASL_PASSWORD")
+    kafka_sasl_password_file: Path | None = Field(default=None, validate_default=True,
+                                                  validation_alias="BURNWATCH_KAFKA_SASL_PASSWORD_FILE")  # fmt: skip
+    """The password in a file (a mounted Kubernetes Secret), read by each client as it is made; instead of
+    ``kafka_sasl_password``, never with it."""
+    kafka_ssl_ca_file: Path | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_SSL_CA_FILE")
+    """A PEM bundle of the CAs that sign the brokers' certificates; unset: the system's trust store."""
+    kafka_ssl_cert_file: Path | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_SSL_CERT_FILE")
+    kafka_ssl_key_file: Path | None = Field(default=None, validate_default=True,
+                                            validation_alias="BURNWATCH_KAFKA_SSL_KEY_FILE")  # fmt: skip
+    """A client certificate and its unencrypted PEM key, for clusters that authenticate clients by TLS (mutual TLS)."""
+    kafka_ssl_check_hostname: bool = Field(default=True, validation_alias="BURNWATCH_KAFKA_SSL_CHECK_HOSTNAME")
+    """Whether a broker's name must match its certificate (the certificate is verified either way)."""
     clickhouse_dsn: str = Field(default="", validation_alias="BURNWATCH_CLICKHOUSE_DSN")
     """``chdb:///abs/dir``, ``chdb://memory`` or ``http://user:pass@host:8123``; empty: embedded under data_dir."""
     clickhouse_database: str = Field(default="burnwatch", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$",
@@ -135,7 +158,8 @@ class Settings(BaseSettings):
             raise ValueError("expected chdb:///dir, chdb://memory or http(s)://user:pass@host:8123 (a server)")
         return dsn
 
-    @field_validator("slack_bot_token", "slack_signing_secret", "slack_webhook_url", "slack_channel", mode="before")
+    @field_validator("slack_bot_token", "slack_signing_secret", "slack_webhook_url", "slack_channel",
+                     "kafka_sasl_username", "kafka_sasl_password", mode="before")  # fmt: skip
     @classmethod
     def _trimmed(cls, value: Any) -> Any:
         """Without the whitespace around it: a Kubernetes Secret made ``--from-file`` ends with the
@@ -146,6 +170,93 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return value.strip() or None
         return value
+
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _kafka_name(cls, value: Any, info: ValidationInfo) -> Any:
+        """Kafka's names in any case; a SASL mechanism burnwatch does not speak (GSSAPI, OAUTHBEARER) is said
+        to be one."""
+        if not isinstance(value, str):
+            return value
+        value = value.strip().upper() or None
+        if info.field_name == "kafka_sasl_mechanism" and value is not None and value not in MECHANISMS:
+            raise ValueError(f"{value} is not supported: burnwatch speaks {', '.join(MECHANISMS)} (a username "
+                             "and a password)")  # fmt: skip
+        return value
+
+    @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file")
+    @classmethod
+    def _with_sasl(cls, value: Any, info: ValidationInfo) -> Any:
+        """SASL settings go with a SASL protocol: the mechanism and the user are needed there, and refused
+        elsewhere (a password set beside PLAINTEXT meant SASL, and would have connected without it)."""
+        protocol = info.data.get("kafka_security_protocol")
+        if protocol is None:  # its own error is reported
+            return value
+        sasl = protocol.startswith("SASL_")
+        if value is not None and not sasl:
+            raise ValueError(f"set, but BURNWATCH_KAFKA_SECURITY_PROTOCOL is {protocol}: SASL settings go with "
+                             "SASL_SSL or SASL_PLAINTEXT")  # fmt: skip
+        if value is None and sasl and info.field_name == "kafka_sasl_mechanism":
+            raise ValueError(f"needed with BURNWATCH_KAFKA_SECURITY_PROTOCOL={protocol}: one of {', '.join(MECHANISMS)}")
+        if value is None and sasl and info.field_name == "kafka_sasl_username":
+            raise ValueError(f"needed with BURNWATCH_KAFKA_SECURITY_PROTOCOL={protocol}")
+        return value
+
+    @field_validator("kafka_sasl_password_file")
+    @classmethod
+    def _one_password(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        """With SASL, the password from the variable or from a readable, non-empty file: one of them."""
+        if not str(info.data.get("kafka_security_protocol", "")).startswith("SASL_") \
+                or "kafka_sasl_password" not in info.data:  # fmt: skip
+            return path
+        given = info.data["kafka_sasl_password"] is not None
+        if given and path is not None:
+            raise ValueError("set beside BURNWATCH_KAFKA_SASL_PASSWORD: give the password one way")
+        if not given and path is None:
+            raise ValueError("BURNWATCH_KAFKA_SASL_PASSWORD, or this file holding it, is needed with "
+                             f"BURNWATCH_KAFKA_SECURITY_PROTOCOL={info.data['kafka_security_protocol']}")  # fmt: skip
+        if path is not None and not _read_secret(path):
+            raise ValueError(f"{path} is empty")
+        return path
+
+    @field_validator("kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file")
+    @classmethod
+    def _with_tls(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        """TLS files go with a TLS protocol, and are read now: a file missing or not PEM is named at start,
+        not found at the first connection."""
+        protocol = info.data.get("kafka_security_protocol")
+        if path is None or protocol is None:
+            return path
+        if protocol not in ("SSL", "SASL_SSL"):
+            raise ValueError(f"set, but BURNWATCH_KAFKA_SECURITY_PROTOCOL is {protocol}: TLS settings go with "
+                             "SSL or SASL_SSL")  # fmt: skip
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
+        if info.field_name == "kafka_ssl_ca_file":
+            try:
+                check_trust(path)
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(f"{path} is not a PEM bundle of CA certificates ({_reason(exc)})") from None
+        return path
+
+    @field_validator("kafka_ssl_key_file")
+    @classmethod
+    def _a_key_pair(cls, key: Path | None, info: ValidationInfo) -> Path | None:
+        """A client certificate and its key, both or neither, and loadable together."""
+        if "kafka_ssl_cert_file" not in info.data:  # its own error is reported
+            return key
+        cert = info.data["kafka_ssl_cert_file"]
+        if cert is None and key is not None:
+            raise ValueError("set without BURNWATCH_KAFKA_SSL_CERT_FILE: the client certificate and its key go together")
+        if cert is not None and key is None:
+            raise ValueError("needed with BURNWATCH_KAFKA_SSL_CERT_FILE: the client certificate's key")
+        if cert is not None and key is not None:
+            try:
+                check_identity(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), cert, key)
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(f"{cert} and {key} are not a PEM certificate and its unencrypted key "
+                                 f"({_reason(exc)})") from None  # fmt: skip
+        return key
 
     @field_validator("replication_factor")
     @classmethod
@@ -174,6 +285,18 @@ class Settings(BaseSettings):
         return "event_ttl_days" in self.model_fields_set
 
     @property
+    def kafka_security(self) -> KafkaSecurity:
+        """How to connect to Kafka, for every client; the password file is read again each time, so that a
+        client made after a Kubernetes Secret's rotation takes the new password."""
+        password = self.kafka_sasl_password
+        if self.kafka_sasl_password_file is not None:
+            password = SecretStr(_read_secret(self.kafka_sasl_password_file))
+        return KafkaSecurity(protocol=self.kafka_security_protocol, mechanism=self.kafka_sasl_mechanism,
+                             username=self.kafka_sasl_username, password=password, ca_file=self.kafka_ssl_ca_file,
+                             cert_file=self.kafka_ssl_cert_file, key_file=self.kafka_ssl_key_file,
+                             check_hostname=self.kafka_ssl_check_hostname)  # fmt: skip
+
+    @property
     def dsn(self) -> str:
         if self.clickhouse_dsn:
             return self.clickhouse_dsn
@@ -186,6 +309,24 @@ class Settings(BaseSettings):
     @property
     def slack_configured(self) -> bool:
         return bool((self.slack_bot_token and self.slack_channel) or self.slack_webhook_url)
+
+
+def _read_secret(path: Path) -> str:
+    """A secret mounted as a file, without the whitespace around it (a Secret made ``--from-file`` ends with a
+    newline); an unreadable file is a ``ValueError`` naming it."""
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it ({_reason(exc)})") from None
+
+
+def _reason(exc: Exception) -> str:
+    """An ``OSError``'s or ``ssl.SSLError``'s reason, without the file name or OpenSSL's source line."""
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
 
 
 ENV: dict[str, str] = {name: str(field.validation_alias) for name, field in Settings.model_fields.items()}
@@ -255,8 +396,11 @@ def load_settings(config_file: str | Path | None = None, environ: Mapping[str, s
                 source = (options or {}).get(name) or f"--{name.replace('_', '-')}"
             elif env.get(ENV.get(name, "")):
                 source = ENV[name]
-            else:
+            elif config_file and {key, name, ENV.get(name)} & from_file.keys():
                 source = f"{config_file}: {name}"
-            shown = "" if name in _SECRET or err["type"] == "extra_forbidden" else f" (got {err.get('input')!r})"
+            else:  # a setting left unset that another one needs: its variable
+                source = ENV.get(name, name)
+            shown = "" if name in _SECRET or err["type"] == "extra_forbidden" or err.get("input") is None \
+                else f" (got {err.get('input')!r})"  # fmt: skip
             lines.append(f"{source}: {err['msg']}{shown}")
         raise ValueError("invalid settings:\n  " + "\n  ".join(lines)) from None

@@ -31,6 +31,7 @@ from detector.ingest.hosts import Host, resolve_host
 from detector.ingest.kube import KubeState, kube_state
 from detector.ingest.prometheus import ExpositionError, Sample, parse_exposition
 from detector.ingest.usage import UsageClock
+from detector.kafka_security import PLAINTEXT, KafkaSecurity
 from detector.logs import redact
 from detector.settings import BROKER_DEFAULT, bind_host
 
@@ -408,14 +409,15 @@ def open_files_limit() -> int:
 
 async def run_bridge(config: BridgeConfig, bootstrap: str, *, once: bool = False, base: Path | None = None,
                      stop: asyncio.Event | None = None, partitions: int = 4,
-                     replication_factor: int = BROKER_DEFAULT) -> list[ScrapeResult]:  # fmt: skip
-    """Publish to Kafka at ``bootstrap``: one round (``once``) or until ``stop``."""
+                     replication_factor: int = BROKER_DEFAULT,
+                     security: KafkaSecurity = PLAINTEXT) -> list[ScrapeResult]:  # fmt: skip
+    """Publish to Kafka at ``bootstrap``, connecting as ``security`` says: one round (``once``) or until ``stop``."""
     from streams.kafka import ensure_topics
     from streams.kafka import producer as new_producer
 
     open_files_limit()
-    await ensure_topics(bootstrap, partitions, replication_factor=replication_factor)
-    producer = new_producer(bootstrap)
+    await ensure_topics(bootstrap, partitions, replication_factor=replication_factor, security=security)
+    producer = new_producer(bootstrap, security)
     await producer.start()
 
     async def send(topic: str, key: str, value: bytes) -> None:

@@ -151,11 +151,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     structlog.get_logger("burnwatch.cli").info(
         "worker_starting", store=redact_dsn(settings.dsn), database=settings.clickhouse_database,
-        kafka=settings.kafka_bootstrap, rules=str(settings.rules_path),
+        kafka=settings.kafka_bootstrap, kafka_security=settings.kafka_security.describe(), rules=str(settings.rules_path),
     )  # fmt: skip
     from streams.kafka import ensure_worker_topics
 
-    _kafka(settings.kafka_bootstrap, lambda: ensure_worker_topics(settings))  # a broker not answering: exit 69
+    _kafka(settings, lambda: ensure_worker_topics(settings))  # a broker not answering: exit 69; refusing: 1
     tune_gc()
     try:
         run_worker(settings)
@@ -211,10 +211,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         encoded = ((topic, key, json.dumps(value).encode()) for _, topic, key, value in records)
 
         async def go() -> int:
-            await ensure_topics(bootstrap, settings.partitions, replication_factor=settings.replication_factor)
-            return await publish_records(bootstrap, encoded, speed=args.speed)
+            await ensure_topics(bootstrap, settings.partitions, replication_factor=settings.replication_factor,
+                                security=settings.kafka_security)  # fmt: skip
+            return await publish_records(bootstrap, encoded, speed=args.speed, security=settings.kafka_security)
 
-        n = _kafka(bootstrap, go)
+        n = _kafka(settings, go)
         print(f"published {n} messages; {len(labels)} labelled waste episodes", file=sys.stderr)
         return 0
     try:
@@ -233,14 +234,23 @@ def _open_for_writing(path: str, option: str, binary: bool = False) -> Any:
         raise SystemExit(f"{option} {path}: {exc.strerror}") from None
 
 
-def _kafka(bootstrap: str, go: Any) -> Any:
-    """Run the coroutine function ``go``; a broker that cannot be reached is a one-line error."""
+def _kafka(settings: Settings, go: Any) -> Any:
+    """Run the coroutine function ``go``; a broker that cannot be reached is a one-line error, and one that
+    refuses burnwatch's TLS or SASL (or whose certificate is not trusted) says why (``KafkaRefused``)."""
     from aiokafka.errors import KafkaError
 
+    from streams.kafka import KafkaRefused, why_refused
+
+    bootstrap = settings.kafka_bootstrap
     try:
         return asyncio.run(go())
     except KafkaError as exc:
-        raise ConnectionError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+        failure = str(exc)
+    refused = None if settings.kafka_security_protocol == "PLAINTEXT" else \
+        asyncio.run(why_refused(bootstrap, settings.kafka_security))  # fmt: skip
+    if refused:
+        raise KafkaRefused(f"Kafka at {bootstrap} refused the connection: {refused}")
+    raise ConnectionError(f"cannot reach Kafka at {bootstrap}: {failure}")
 
 
 def _check_replay(path: str) -> None:
@@ -272,8 +282,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set")
     _check_replay(args.file)
     bootstrap = settings.kafka_bootstrap
-    n = _kafka(bootstrap, lambda: publish_file(bootstrap, args.file, settings.partitions, speed=args.speed,
-                                               replication_factor=settings.replication_factor))  # fmt: skip
+    n = _kafka(settings, lambda: publish_file(bootstrap, args.file, settings.partitions, speed=args.speed,
+                                              replication_factor=settings.replication_factor,
+                                              security=settings.kafka_security))  # fmt: skip
     print(f"published {n} messages from {args.file}", file=sys.stderr)
     return 0
 
@@ -292,8 +303,9 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         raise SystemExit("BURNWATCH_KAFKA_BOOTSTRAP is not set (host:port of the Kafka broker the worker reads)")
     base = Path(args.bridge_config).resolve().parent  # file_sd paths are relative to the config file
     if args.once:
-        results = _kafka(bootstrap, lambda: run_bridge(config, bootstrap, once=True, base=base, partitions=settings.partitions,
-                                                         replication_factor=settings.replication_factor))  # fmt: skip
+        results = _kafka(settings, lambda: run_bridge(config, bootstrap, once=True, base=base, partitions=settings.partitions,
+                                                        replication_factor=settings.replication_factor,
+                                                        security=settings.kafka_security))  # fmt: skip
         for r in results:
             sent = ", ".join(f"{n} to {topic}" for topic, n in sorted(r.messages.items())) or "nothing published"
             line = f"ok     {r.job:<18} {r.target}: {r.hosts} hosts, {r.gpus} GPUs; {sent}" if r.ok else \
@@ -317,9 +329,9 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await run_bridge(config, bootstrap, base=base, stop=stop, partitions=settings.partitions,
-                         replication_factor=settings.replication_factor)  # fmt: skip
+                         replication_factor=settings.replication_factor, security=settings.kafka_security)  # fmt: skip
 
-    _kafka(bootstrap, go)
+    _kafka(settings, go)
     return 0
 
 
@@ -1080,7 +1092,7 @@ def cmd_ingest_focus(args: argparse.Namespace) -> int:
         from streams.kafka import publish_records
 
         records = list(usage_records(bill.table, with_telemetry))
-        n = _kafka(bootstrap, lambda: publish_records(bootstrap, records))
+        n = _kafka(settings, lambda: publish_records(bootstrap, records, security=settings.kafka_security))
         _note(f"published {n} usage events of billed resources without telemetry and of commitments to "
               f"{TOPIC_RESOURCE_USAGE}")
         if instant := over_no_time(bill.table):
@@ -1242,6 +1254,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 _ENV_HELP = {
     "kafka_bootstrap": "host:port[,...] of the Kafka brokers (required)",
+    "kafka_security_protocol": "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+    "kafka_sasl_mechanism": "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with SASL_*)",
+    "kafka_sasl_username": "the SASL user",
+    "kafka_sasl_password": "its password ...",
+    "kafka_sasl_password_file": "... or a file holding it (a mounted Secret)",
+    "kafka_ssl_ca_file": "PEM bundle of the CAs of the brokers' certificates (default: the system's)",
+    "kafka_ssl_cert_file": "client certificate (PEM), for mutual TLS",
+    "kafka_ssl_key_file": "its key (unencrypted PEM)",
+    "kafka_ssl_check_hostname": "a broker's name must match its certificate",
     "clickhouse_dsn": "chdb:///dir, chdb://memory or http://user:pass@host:8123",
     "clickhouse_database": "database of all tables",
     "rules_path": "rules file or directory (pricing, routing, limits beside it)",
@@ -1528,7 +1549,7 @@ def _expected_failure(exc: Exception) -> tuple[str, int] | None:
     if isinstance(exc, ConnectionError):  # the embedded store held by a worker; a server or broker not answering
         return str(exc), EXIT_UNAVAILABLE
     kafka = sys.modules.get("streams.kafka")
-    if kafka is not None and isinstance(exc, kafka.TopicsRefused):
+    if kafka is not None and isinstance(exc, (kafka.TopicsRefused, kafka.KafkaRefused)):
         return str(exc), EXIT_FAILED
     clickhouse = sys.modules.get("clickhouse_connect.driver.exceptions")
     if clickhouse is not None and isinstance(exc, clickhouse.OperationalError):

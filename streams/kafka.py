@@ -3,28 +3,39 @@
 Every topic burnwatch uses is created here, with ``BURNWATCH_REPLICATION_FACTOR`` replicas
 (the broker's ``default.replication.factor`` unless set), and every producer burnwatch runs
 waits for all in-sync replicas (``acks=all``): a message acknowledged is on every replica the
-topic keeps, which ``min.insync.replicas`` bounds (docs/architecture.md, "Kafka topics")."""
+topic keeps, which ``min.insync.replicas`` bounds (docs/architecture.md, "Kafka topics").
+
+Every client, these and Faust's, connects as ``BURNWATCH_KAFKA_SECURITY_PROTOCOL`` and the settings
+beside it say (:class:`detector.kafka_security.KafkaSecurity`): :func:`faust_credentials` is the one
+place that turns them into a client's options, for Faust and, through Faust's own mapping, aiokafka."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import faust
 import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import collect_hosts, create_conn
+from aiokafka.errors import KafkaError, SaslAuthenticationFailed, UnsupportedSaslMechanismError
+from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+from faust.types.auth import CredentialsT
 
 from detector.events import TOPICS
+from detector.kafka_security import PLAINTEXT, KafkaSecurity
 from detector.replay import read_replay
 from detector.settings import BROKER_DEFAULT, Settings
 
-__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "TopicsRefused", "count_events", "create_missing", "ensure_topics",
-           "ensure_worker_topics", "faust_leader_topic", "file_records", "producer", "publish_file",
-           "publish_records"]  # fmt: skip
+__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsRefused", "client_options", "count_events",
+           "create_missing", "ensure_topics", "ensure_worker_topics", "faust_credentials", "faust_leader_topic",
+           "file_records", "producer", "publish_file", "publish_records", "why_refused"]  # fmt: skip
 
 DEAD_LETTER_TOPIC = "dead-letter"
 ACKS = "all"
@@ -40,6 +51,59 @@ class TopicsRefused(RuntimeError):
     below a managed cluster's minimum, a creation policy, no permission)."""
 
 
+_NAME_MISMATCH = (62, 63, 64)
+"""OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, _EMAIL_MISMATCH, _IP_ADDRESS_MISMATCH: a trusted certificate of another name."""
+
+
+class KafkaRefused(RuntimeError):
+    """The brokers refused burnwatch's connection, or burnwatch theirs: SASL credentials refused, a
+    certificate not trusted. Trying again does not help; the message names the settings to check."""
+
+
+def faust_credentials(security: KafkaSecurity) -> CredentialsT | None:
+    """Faust's ``broker_credentials`` for ``security``; None for PLAINTEXT (Faust's default). Faust 0.15
+    hands them to its consumer, its producer and the client it would create topics with."""
+    context = security.ssl_context()
+    if security.sasl:
+        password = security.password.get_secret_value() if security.password is not None else None
+        return faust.SASLCredentials(username=security.username, password=password, ssl_context=context,
+                                     mechanism=security.mechanism)  # fmt: skip
+    return faust.SSLCredentials(context) if context is not None else None
+
+
+def client_options(security: KafkaSecurity) -> dict[str, Any]:
+    """The connection options of an aiokafka client for ``security``, by Faust's own mapping of
+    :func:`faust_credentials`: burnwatch's clients and Faust's connect alike (PLAINTEXT: aiokafka's defaults)."""
+    return dict(credentials_to_aiokafka_auth(faust_credentials(security)))
+
+
+async def why_refused(bootstrap: str, security: KafkaSecurity) -> str | None:
+    """Why the brokers at ``bootstrap`` refuse a connection made as ``security`` says, naming the settings to
+    check; None when none refused one (a broker that does not answer). aiokafka's clients say only that they
+    could not bootstrap, and log the reason."""
+    options = client_options(security)
+    for host, port, _ in collect_hosts(bootstrap, randomize=False):
+        try:
+            conn = await create_conn(host, port, request_timeout_ms=10_000, **options)
+        except SaslAuthenticationFailed as exc:
+            return (f"SASL {security.mechanism} authentication as {security.username!r} failed ({exc}): check "
+                    "BURNWATCH_KAFKA_SASL_USERNAME, BURNWATCH_KAFKA_SASL_PASSWORD (or _FILE) and "
+                    "BURNWATCH_KAFKA_SASL_MECHANISM")  # fmt: skip
+        except UnsupportedSaslMechanismError as exc:
+            return f"{exc}: check BURNWATCH_KAFKA_SASL_MECHANISM"
+        except ssl.SSLCertVerificationError as exc:
+            setting = "BURNWATCH_KAFKA_SSL_CHECK_HOSTNAME" if exc.verify_code in _NAME_MISMATCH else \
+                "BURNWATCH_KAFKA_SSL_CA_FILE (unset: the system's trust store)"  # fmt: skip
+            return f"the broker's TLS certificate is not trusted ({exc.verify_message}): check {setting}"
+        except ssl.SSLError as exc:
+            return (f"the TLS handshake failed ({exc.reason or exc}): check BURNWATCH_KAFKA_SECURITY_PROTOCOL and, "
+                    "where the brokers ask for a client certificate, BURNWATCH_KAFKA_SSL_CERT_FILE")  # fmt: skip
+        except (OSError, KafkaError, asyncio.TimeoutError):
+            continue
+        conn.close()
+    return None
+
+
 def faust_leader_topic(app_id: str) -> str:
     """The one topic Faust creates for itself (its leader assignor's); the worker creates it first."""
     return f"{app_id}-__assignor-__leader"
@@ -53,10 +117,11 @@ def _new_topic(name: str, partitions: int, replication_factor: int) -> NewTopic:
     return NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
 
 
-async def create_missing(bootstrap: str, topics: Mapping[str, int], replication_factor: int = BROKER_DEFAULT) -> None:
+async def create_missing(bootstrap: str, topics: Mapping[str, int], replication_factor: int = BROKER_DEFAULT,
+                         security: KafkaSecurity = PLAINTEXT) -> None:  # fmt: skip
     """Create the topics (name: partitions) the broker does not have; a refusal raises
     :class:`TopicsRefused` (aiokafka returns it as an error code, which was taken for success)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options(security))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -76,13 +141,13 @@ async def create_missing(bootstrap: str, topics: Mapping[str, int], replication_
 
 
 async def ensure_topics(bootstrap: str, partitions: int, names: Iterable[str] = (*TOPICS, DEAD_LETTER_TOPIC),
-                        replication_factor: int = BROKER_DEFAULT) -> None:  # fmt: skip
+                        replication_factor: int = BROKER_DEFAULT, security: KafkaSecurity = PLAINTEXT) -> None:  # fmt: skip
     """Create the topics if missing, with one partition count for all three inputs.
 
     The inputs are co-partitioned by key (resource id), so a resource's usage and
     metrics land on the same partition number and so on the same worker.
     """
-    await create_missing(bootstrap, dict.fromkeys(names, partitions), replication_factor)
+    await create_missing(bootstrap, dict.fromkeys(names, partitions), replication_factor, security)
 
 
 async def ensure_worker_topics(settings: Settings) -> None:
@@ -90,13 +155,14 @@ async def ensure_worker_topics(settings: Settings) -> None:
     broker's default replication factor (its setting refuses -1), so it is left none to create."""
     topics = dict.fromkeys((*TOPICS, DEAD_LETTER_TOPIC), settings.partitions)
     topics[faust_leader_topic(settings.app_id)] = 1
-    await create_missing(settings.kafka_bootstrap, topics, settings.replication_factor)
+    await create_missing(settings.kafka_bootstrap, topics, settings.replication_factor, settings.kafka_security)
 
 
-def producer(bootstrap: str, **options: Any) -> AIOKafkaProducer:
+def producer(bootstrap: str, security: KafkaSecurity = PLAINTEXT, **options: Any) -> AIOKafkaProducer:
     """An aiokafka producer as burnwatch runs them: ``acks=all``, 8 MiB requests (a bridge's message
     of a large host, a replay's batch)."""
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks=ACKS, linger_ms=5, max_request_size=8 << 20, **options)
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks=ACKS, linger_ms=5, max_request_size=8 << 20,
+                            **client_options(security), **options)  # fmt: skip
 
 
 async def publish_records(
@@ -105,13 +171,14 @@ async def publish_records(
     *,
     speed: float | None = None,
     on_sent: Callable[[int], None] | None = None,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> int:
     """Publish ``(topic, key, value)`` records with aiokafka's batching; return the count.
 
     With ``speed`` the records are paced by their event time (600: ten event-minutes
     per wall-clock second), as a live fleet would send them; without, as fast as possible.
     """
-    sender = producer(bootstrap, max_batch_size=1 << 20)
+    sender = producer(bootstrap, security, max_batch_size=1 << 20)
     await sender.start()
     sent = 0
     origin: tuple[float, float] | None = None
@@ -171,6 +238,6 @@ def file_records(path: str | Path) -> Iterator[tuple[str, str, bytes]]:
 
 
 async def publish_file(bootstrap: str, path: str | Path, partitions: int, speed: float | None = None,
-                       replication_factor: int = BROKER_DEFAULT) -> int:  # fmt: skip
-    await ensure_topics(bootstrap, partitions, replication_factor=replication_factor)
-    return await publish_records(bootstrap, file_records(path), speed=speed)
+                       replication_factor: int = BROKER_DEFAULT, security: KafkaSecurity = PLAINTEXT) -> int:  # fmt: skip
+    await ensure_topics(bootstrap, partitions, replication_factor=replication_factor, security=security)
+    return await publish_records(bootstrap, file_records(path), speed=speed, security=security)

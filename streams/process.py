@@ -19,20 +19,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from detector.settings import url_host
+from detector.settings import ENV, url_host
 from streams.children import die_with_parent
 
-__all__ = ["SESSION_TIMEOUT_S", "StoreServerProcess", "WorkerProcess", "log_events", "stop_group", "worker_env"]
+__all__ = ["KAFKA_SECURITY_ENV", "SESSION_TIMEOUT_S", "StoreServerProcess", "WorkerProcess", "log_events", "stop_group",
+           "worker_env"]  # fmt: skip
 
+KAFKA_SECURITY_ENV = [var for name, var in ENV.items() if name.startswith(("kafka_security_", "kafka_sasl_", "kafka_ssl_"))]
+"""The variables of how a worker connects to Kafka (TLS, SASL)."""
 SESSION_TIMEOUT_S = 6
 """The group session timeout of a :func:`worker_env` worker: short, so that a rebalance is quick."""
 
 
 def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **extra: str) -> dict[str, str]:
-    """Environment for a worker on loopback: its own web port, JSON logs, a short session timeout."""
+    """Environment for a worker on loopback: its own web port, JSON logs, a short session timeout, and
+    PLAINTEXT to the embedded broker whatever TLS or SASL settings this process's environment holds
+    (``burnwatch demo`` run where a cluster's are exported; ``extra`` sets them)."""
     from streams.embedded import free_port
 
     return {
+        **dict.fromkeys(KAFKA_SECURITY_ENV, ""),  # an empty variable is unset
         "BURNWATCH_KAFKA_BOOTSTRAP": bootstrap,
         "BURNWATCH_DATA_DIR": str(data_dir),
         "BURNWATCH_RULES": str(rules),
@@ -107,6 +113,15 @@ class WorkerProcess:
                 return last
             time.sleep(poll_s)
         raise TimeoutError(f"worker condition not met in {timeout}s; last health {last}\n{self.tail()}")
+
+    def wait_exit(self, timeout: float) -> int:
+        """The exit status of a worker expected to stop by itself (a start it refuses); ``TimeoutError``, with the
+        log's tail, if it is still running after ``timeout`` seconds."""
+        assert self._proc is not None, "not started"
+        try:
+            return self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"worker still running after {timeout}s\n{self.tail()}") from None
 
     def wait_for_log(self, text: str, timeout: float, poll_s: float = 0.2, after: str | None = None) -> str:
         """Wait until a line containing ``text`` appears in the worker's log (if ``after`` is

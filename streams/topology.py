@@ -16,7 +16,7 @@ from faust.types import TP
 from detector.events import TOPICS
 from detector.settings import Settings, bind_host, url_host
 from streams.bulk import BulkConsumer, Fetches, install_bulk
-from streams.kafka import DEAD_LETTER_TOPIC
+from streams.kafka import DEAD_LETTER_TOPIC, faust_credentials
 from streams.membership import Membership
 from streams.parts import WorkerParts, fail
 from streams.pipeline import Message, PipelineStopped
@@ -32,6 +32,7 @@ def make_app(settings: Settings) -> faust.App:
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
+        broker_credentials=faust_credentials(settings.kafka_security),  # TLS, SASL; None: PLAINTEXT
         store="memory://",
         datadir=str(settings.data_dir / "faust"),
         topic_partitions=settings.partitions,
