@@ -7,11 +7,12 @@ events in one pass, and :func:`compare` says what the change would add or remove
 
 A replay file can be detected over in several processes at once (``jobs``): each takes the keys
 of one shard (``crc32`` of the key modulo the processes: stable from run to run) and detects as a
-single process would. Each reads and decodes the whole file and aligns it as one process would
-(other shards' run events move its event time on without being held), so every engine sees its
-keys' events in the single process's order and at its batch boundaries. Of the other shards'
-resources it takes the usage events (what each resource is: a run's hosts' price, through
-:meth:`Engine.resource`) and each GPU sample's key and time (:class:`SeenSample`: when a host starts
+single process would. Each reads and decodes the whole file and aligns it as one process would,
+so every engine sees its keys' events in the single process's order and at its batch boundaries.
+Of the other shards' resources it takes the usage events (what each resource is: a run's hosts'
+price, through :meth:`Engine.resource`), the run events (no rule runs on them: their projects'
+times move the engine's watermark as in one process, and a sweep by the state TTL resolves what
+one process's would) and each GPU sample's key and time (:class:`SeenSample`: when a host starts
 afresh after going quiet), so what it looks up is what one process would find. The alerts are
 merged in the order one process lists them.
 
@@ -41,7 +42,7 @@ from detector.billing.rates import BilledRates
 from detector.detectors import Finding
 from detector.detectors.anomaly import Scoring, scoring_during
 from detector.engine import Engine, SeenSample
-from detector.events import EventDecoder, GpuMetric, InvalidMessage, UsageEvent
+from detector.events import EventDecoder, GpuMetric, InvalidMessage
 from detector.replay import read_replay
 from detector.rules import RuleSet
 
@@ -177,14 +178,13 @@ def backtest(
 
         def of_shard(topic: str, events: list[Any], owns: Callable[[str], bool]) -> list[Any]:
             """What of a message this shard's engine takes: the events of its keys, every usage event (what
-            the other shards' resources are, for look-ups), and each other host's sample as a SeenSample,
-            one a host and time (when it starts afresh). Other shards' run events are left out; their
-            times move the aligner's event time on (the run's ``start``), so it releases as one process would."""
+            the other shards' resources are, for look-ups), every run event (its project's time moves the
+            engine's watermark as in one process, which the state TTL's sweeps go by; its rules run in its
+            shard alone) and each other host's sample as a SeenSample, one a host and time (when it starts
+            afresh)."""
             kind = type(events[0])  # a message holds one topic's events
-            if kind is UsageEvent:
+            if kind is not GpuMetric:  # usage and run events: the engine skips the rules of other shards' keys
                 return events
-            if kind is not GpuMetric:
-                return [e for e in events if owns(e.key)]
             kept = []
             for e in events:
                 host = e.resource_id

@@ -307,8 +307,8 @@ class Engine:
         """The store's look-up of one key's saved state: how an evicted key comes back."""
         self._foreign = foreign
         """Keys another engine detects for (``backtest --jobs``: one engine a shard of the keys): of those
-        their usage events come here, for what the resource is (:meth:`resource`: a run's hosts), and their
-        GPU samples as :class:`SeenSample`, for when the key starts afresh; no rule runs on them. Their
+        their usage events come here, for what the resource is (:meth:`resource`: a run's hosts), their run
+        events, and their GPU samples as :class:`SeenSample`, for when the key starts afresh; no rule runs on them. Their
         latest time and the TTL rule are kept as for any key, so what :meth:`resource` says of one is what
         one engine holding every key would say. None: every key is this engine's."""
         self._evicted: dict[str, float] = {}
@@ -494,6 +494,8 @@ class Engine:
                     ctx.late = False
                 else:
                     ctx.late = True
+                if foreign is not None and foreign(key):
+                    continue  # another shard's project: its time moves the watermark as in one engine, detected there
                 self._run_t = t
                 route = state.run_route
             if route is None:

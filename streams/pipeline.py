@@ -44,6 +44,7 @@ from detector.metrics import METRICS
 from detector.outputs.outbox import OutputOutbox
 from detector.pricing import Pricing
 from detector.store import Store
+from detector.store import states as _states
 from detector.store.states import SavedTimes, States
 from detector.units import one_line
 from streams.acks import InOrderAcks
@@ -582,8 +583,9 @@ class Pipeline:
         the resolutions go in ``step.alerts``, stored by the same write that deletes the states, so a kill
         between loses neither (a state read again is resolved again, and the alert manager, which knows
         the stored resolution, drops the repeat). The states only in the store (evicted keys, keys loaded
-        without their bytes) are read for it, in one query, with the partition each was saved under:
-        its holder, this worker, delivers the resolution."""
+        without their bytes) are read for it, with the partition each was saved under (its holder, this
+        worker, delivers the resolution): a look-up of its own for each :data:`GET_MANY_CHUNK` keys, so
+        that many keys going quiet together do not make one read past the look-up's bound."""
         engine = self.engine
         coming = HeldKeys(self.aligner)  # gathered only if a key has gone quiet
         expired = engine.expire(coming)  # their next event is read: not quiet
@@ -596,13 +598,16 @@ class Pipeline:
                     expired.append(key)
                     unread.append(key)  # (its bytes, if loaded with them, are read again for its partition)
                     del saved[key]
-        if unread:
-            why = "the states of keys reclaimed past their TTL, for the episodes left open on them"
-            found = await self._ask_store(self.store.states.get_many_placed, unread, "state read", why)
+        why = "the states of keys reclaimed past their TTL, for the episodes left open on them"
+        for i in range(0, len(unread), _states.GET_MANY_CHUNK):  # each chunk a look-up of its own, within its bound
+            chunk = unread[i : i + _states.GET_MANY_CHUNK]
+            found = await self._ask_store(self.store.states.get_many_placed, chunk, "state read", why)
             for key, (partition, data) in found.items():
                 ended += engine.ended_in(key, data)
                 self._partition_of.setdefault(key, partition)
         if ended:
+            if not step.decided_at:  # (the wall clock's sweep: no batch decided before it)
+                step.decided_at = time.time()
             alerts = self.manager.handle(ended)
             for alert in alerts:
                 alert.partition = self._partition_of.get(alert.key, -1)

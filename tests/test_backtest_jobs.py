@@ -154,7 +154,7 @@ def test_a_shard_is_a_stable_hash_of_the_key():
 
 def test_each_shard_sees_its_keys_events_in_the_batches_and_order_of_one_process(tmp_path, messy, ruleset, monkeypatch):
     """The invariant the equality rests on: batch by batch, a shard's engine is given exactly the
-    single process's events of its keys and every usage event, in the same order, and the other
+    single process's events of its keys and every usage and run event, in the same order, and the other
     hosts' samples as their host and time (SeenSample, one a host and time). Its aligner holds only
     those, yet releases at the single process's watermark, so a batch boundary never falls elsewhere."""
     from detector.engine import Engine, SeenSample
@@ -179,7 +179,7 @@ def test_each_shard_sees_its_keys_events_in_the_batches_and_order_of_one_process
         backtest(path, ruleset, shard=shard)
         assert len(batches) == len(whole)
         for k, (mine, one) in enumerate(zip(batches, whole, strict=True)):
-            expected = [item for item in one if item[1] == "UsageEvent" or shard.owns(item[2])]
+            expected = [item for item in one if item[1] in ("UsageEvent", "RunEvent") or shard.owns(item[2])]
             assert [item for item in mine if item[1] != "SeenSample"] == expected, f"shard {i} of 3, batch {k}"
             others = {(t, key) for t, kind, key, _ in one if kind == "GpuMetric" and not shard.owns(key)}
             assert {(t, key) for t, kind, key, _ in mine if kind == "SeenSample"} == others, f"shard {i}, batch {k}"
@@ -305,3 +305,31 @@ def test_a_shard_moves_a_topic_as_one_process_when_its_messages_are_another_shar
     one = backtest(path, ruleset)
     assert [a.type for a in one.alerts if a.key == mine] == ["failed_run_spend"]
     assert listed(backtest(path, ruleset, jobs=2).alerts) == listed(one.alerts)
+
+
+def test_a_run_quiet_past_the_ttl_is_resolved_in_every_shard_as_in_one_process(tmp_path, ruleset):
+    """A project of shard 0 plateaus (its alert fires) and is never heard of again, while three projects
+    of shard 1 go on reporting for three days, and nothing else does. One process's watermark follows
+    them, so the end of its data resolves the plateau (``went_silent``, the TTL being 2 days). Shard 0
+    never sees the other shard's run events: its watermark stayed at the plateau's last event and its
+    alert stayed firing (review of 72134cf)."""
+    from detector.detectors.episode import SILENT
+
+    shard = _Shard(0, 2)
+    host = next(f"host-{i}" for i in range(100) if shard.owns(f"host-{i}"))
+    mine = next(f"proj-{i}" for i in range(100) if shard.owns(f"proj-{i}"))
+    others = [f"proj-{i}" for i in range(100) if not shard.owns(f"proj-{i}")][:3]
+
+    def event(t: float, project: str, step: int | None = None, loss: float | None = None) -> RunEvent:
+        return RunEvent(ts=at(t), run_id=f"run-{project}", status="running", resource_ids=[host], gpu_count=8,
+                        project=project, tags={"team": "nlp", "project": project},
+                        metrics={"val_loss": loss} if loss is not None else {}, step=step)  # fmt: skip
+
+    recs: list[tuple[str, str, Any]] = [("resource-usage", host, usage(T0 + 60 * m, host)) for m in range(5)]
+    recs += [("run-events", mine, event(T0 + 600 * k, mine, step=k, loss=2.0 if k == 1 else 1.0)) for k in range(1, 13)]
+    recs += [("run-events", p, event(T0 + h * 3600.0, p)) for h in range(1, 73) for p in others]
+    path = write(tmp_path / "quiet_run.jsonl", recs)
+    one = backtest(path, ruleset)
+    assert [(a.type, a.status, a.details.get("reason")) for a in one.alerts] == [("plateaued_run", "resolved", SILENT)]
+    for jobs in (2, 3):
+        assert listed(backtest(path, ruleset, jobs=jobs).alerts) == listed(one.alerts)
