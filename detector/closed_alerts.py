@@ -12,6 +12,9 @@ What can still touch an alert after it closed, and why the horizon is the alert 
   the same alert id, and only the delivery records tell it was posted;
 - a group's message: its members' resolutions reply there without editing it, as long as any member
   is open (so a message stays a group's while one of its members' records is kept);
+- the records that stand for a post not made (``UNROUTED``, ``WITHDRAWN_UNPOSTED``, ``snoozed``): a
+  later change of the alert follows them (an unrouted opening's resolution is unrouted too), so they are
+  kept and forgotten with the alert's others, and read back like them;
 - what does not need these records: an ack, snooze or feedback click and the actions runner read the
   store (``deliveries.opened_in`` / ``thread_of``); a snooze is kept apart, on the wall clock; re-pricing
   by a late bill writes ``alert_billing`` and posts nothing; an ``updated`` change edits open alerts only.
@@ -22,6 +25,8 @@ still queued, in doubt or not yet recorded, stay. What is forgotten is not lost:
 any later change of an alert that may have been forgotten (:meth:`ClosedAlerts.may_be_forgotten`: its
 episode started no later than the latest close forgotten) is looked up there before it is judged new.
 That look-up, not the horizon, is what keeps a replay from posting twice; the horizon only makes it rare.
+Detection is left alone (old events are detected again, as ``backtest`` would): the outboxes alone decide
+what was sent.
 
 Event time, not the wall clock: the newest change's time, as the alert manager's horizon goes by its
 newest episode. A replay at 3,000x, a backlog caught up after an outage and live data then forget
