@@ -58,6 +58,8 @@ from tests.receivers import LocalReceiver  # noqa: E402
 from tests.reliability import Worker, publish, slack_env, wait_acknowledged, worker_env  # noqa: E402
 
 PROBE = ROOT / "bench" / "soak_probe"
+RECORDS = ("detector.delivery.Outbox._done", "detector.outputs.outbox._Lane.finished")
+"""The outboxes' records of deliveries made, per day in the report (bounded by ``BURNWATCH_DELIVERY_MEMORY_S``)."""
 DAY = 86_400.0
 _ID = re.compile(rb'"(resource_id|resource_ids)"')
 
@@ -224,8 +226,8 @@ def report(args: argparse.Namespace, cfg: SimConfig, samples: list[dict], probes
     print(f"\n{events:,} events over {args.days:g} simulated days in {wall:.0f} s "
           f"({'churn every %gh' % args.churn_hours if args.churn_hours else 'steady fleet'})")
     print("| sim day | worker RSS MB | child RSS MB | heap blocks (worker) | keys held / evicted | alerts fired / resolved "
-          "| slack delivered |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+          "| slack delivered | records kept: Slack / outputs |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for d in range(0, int(args.days) + 1):
         at = [s for s in samples if s["day"] is not None and s["day"] <= d + 1]
         if not at:
@@ -233,8 +235,9 @@ def report(args: argparse.Namespace, cfg: SimConfig, samples: list[dict], probes
         s = at[-1]
         heap = [p for p in probes if p.get("pid") == worker_pid and p.get("day") is not None and p["day"] <= d + 1]
         blocks = heap[-1]["blocks"] if heap else None
+        kept = [heap[-1]["containers"].get(name, 0) if heap else None for name in RECORDS]
         print(f"| {s['day']:.2f} | {s['rss']:.1f} | {s['child_rss']:.1f} | {blocks} | {s['keys_held']} / {s['keys_evicted']} | "
-              f"{s['alerts_fired']} / {s['alerts_resolved']} | {s['slack_delivered']} |")  # fmt: skip
+              f"{s['alerts_fired']} / {s['alerts_resolved']} | {s['slack_delivered']} | {kept[0]} / {kept[1]} |")  # fmt: skip
     after = [s for s in samples if s["day"] is not None and s["day"] >= 1]
     if after and after[-1].get("store_rss") is not None:
         print(f"store server RSS {after[0]['store_rss']:.0f} → {after[-1]['store_rss']:.0f} MB, "

@@ -24,6 +24,10 @@ Openings wait ``group_wait_s`` in the queue for company: those of one type and o
 group (the team; the account for ``untagged``) that fired within ``group_window_s``
 of event time go out as one message, every alert id recorded against it; their
 resolutions reply in its thread without editing it.
+
+The record of deliveries made is bounded: an alert's records leave memory once it has been closed for
+``forget_after_s`` of event time (:mod:`detector.closed_alerts` says why that is safe, and when a change
+is looked up in the store instead), and a recovery loads only those of open and recently closed alerts.
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from detector.alerts import Alert
+from detector.closed_alerts import DELIVERY_HORIZON_S, TOLD, ClosedAlerts
 from detector.metrics import METRICS
 from detector.slack import SlackError, SlackNotifier
 from detector.store import Store, alert_from_row
+from detector.store.deliveries import Made
 from detector.suppression import Silence
 from detector.units import one_line
 
@@ -67,6 +73,7 @@ class Outbox:
         group_window_s: float = 120.0,
         edit_every_s: float = 60.0,
         landing_s: float = 30.0,
+        forget_after_s: float = DELIVERY_HORIZON_S,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -102,6 +109,9 @@ class Outbox:
         self._queued: set[tuple[str, str]] = set()
         self._queued_at: dict[str, float] = {}
         self._done: dict[tuple[str, str], tuple[str, str]] = {}
+        """(alert id, change) → (channel, ts) of what was delivered (or recorded as handled): of open
+        alerts and those closed within ``forget_after_s`` (:attr:`_closed`); the store holds them all."""
+        self._closed = ClosedAlerts(forget_after_s)
         self._group_ts: set[str] = set()
         """Message ts of group posts: resolutions reply there but do not edit them."""
         self._edits: dict[str, Alert] = {}
@@ -164,6 +174,10 @@ class Outbox:
             self._edits.clear()
             self._publish()
 
+    def remembers(self, alert_id: str) -> bool:
+        """Whether records of ``alert_id``'s deliveries are in memory (tests, inspection)."""
+        return any((alert_id, change) in self._done for change in TOLD)
+
     def _owns(self, alert: Alert) -> bool:
         return self._owned is None or max(alert.partition, 0) in self._owned
 
@@ -174,15 +188,13 @@ class Outbox:
         if self.notifier is None:
             return 0
         self._record_delivered_or_leave()
-        self._done = self.store.deliveries.made()
+        made = self.store.deliveries.remembered(self._closed.recovered(self.store.alerts.newest()))
+        self._done = {}
+        self._remember(made)
         self._done.update(((a, c), (channel, ts)) for a, c, channel, ts, _ in self._unrecorded)  # made, whatever the store says
         snoozed = self.store.actions.snoozed(self._wall())
         with self._lock:
             self._snoozed.update(snoozed)
-        seen: set[str] = set()
-        for (_, kind), (_, ts) in self._done.items():
-            if kind == "fired" and ts:
-                (self._group_ts.add if ts in seen else seen.add)(ts)
         pending = self.store.deliveries.undelivered(sorted(self._owned) if self._owned is not None else None)
         pending_keys = set(pending)
         for key, at in self.store.deliveries.attempted().items():
@@ -191,11 +203,45 @@ class Outbox:
         ids = [alert_id for alert_id, _ in pending]
         rows = {r["alert_id"]: r for r in self.store.alerts.latest("alert_id IN %(ids)s", {"ids": ids})} if pending else {}
         now = self._clock()
-        for alert_id, change in sorted(pending, key=lambda p: _ORDER[p[1]]):  # openings first: a withdrawal is
-            if alert_id in rows:  # dated by its stop, before its opening (and resolution), and drops it only once queued
-                self._enqueue(alert_from_row(rows[alert_id], change), now - self.group_wait_s)
+        # Openings first: a withdrawal is dated by its stop, before its opening (and resolution), and drops it only once queued.
+        recovered = [alert_from_row(rows[a], change) for a, change in sorted(pending, key=lambda p: _ORDER[p[1]]) if a in rows]
+        self._recall(recovered)  # the thread of a change whose alert's records were not loaded
+        for alert in recovered:
+            self._closed.saw(alert)
+            self._enqueue(alert, now - self.group_wait_s)
         self._publish()
         return len(pending)
+
+    def _remember(self, made: Made) -> None:
+        """Take records read from the store into memory, with when their alerts closed."""
+        self._done.update(made.done)
+        self._group_ts |= made.grouped
+        for alert_id, at in made.closed.items():
+            self._closed.closed(alert_id, at)
+
+    def _recall(self, alerts: list[Alert]) -> None:
+        """Read back from the store the records of those of ``alerts`` that memory may have forgotten
+        and lacks (a replay of old events, a withdrawal after a long time): one query, none when none is."""
+        wanted = {a.alert_id for a in alerts if self._closed.may_be_forgotten(a) and ((a.alert_id, "fired") not in self._done
+                  or (a.change != "updated" and (a.alert_id, a.change) not in self._done))}  # fmt: skip
+        if wanted:
+            self._remember(self.store.deliveries.recall(sorted(wanted)))
+
+    def _forget_closed(self) -> None:
+        """Forget the records of alerts closed past the horizon (:mod:`detector.closed_alerts`): only
+        once every delivery made is in the store, so that whatever is forgotten can be read back."""
+        if self._unrecorded:
+            return
+        gone = self._closed.due(self._busy)
+        if not gone:
+            return
+        self._done = {key: done for key, done in self._done.items() if key[0] not in gone}
+        self._group_ts &= {ts for (_, kind), (_, ts) in self._done.items() if kind == "fired"}
+
+    def _busy(self, alert_id: str) -> bool:
+        """Whether a change of ``alert_id`` is queued, in doubt or has an edit waiting: its records stay."""
+        return alert_id in self._edits or any((alert_id, change) in self._queued or (alert_id, change) in self._maybe_posted
+                                              for change in TOLD)  # fmt: skip
 
     def snooze(self, silence: Silence) -> None:
         """Keep the incident a snooze names out of Slack while it is in force (any thread)."""
@@ -224,6 +270,7 @@ class Outbox:
             finally:
                 try:
                     self._record_delivered()  # kept for the next pass if the store refuses
+                    self._forget_closed()
                 finally:
                     self._publish()
 
@@ -309,21 +356,25 @@ class Outbox:
 
     def _take_inbox(self) -> None:
         """Move what :meth:`add` handed over into the delivery thread's own queue and edits. A store
-        error part way (recording a change that goes nowhere) leaves the rest in the inbox, in order,
-        for the next pass."""
+        error part way (reading back forgotten records, recording a change that goes nowhere) leaves
+        the rest in the inbox, in order, for the next pass."""
         with self._lock:
             taken = list(self._inbox)
             self._inbox.clear()
-        for i, (alert, added_at) in enumerate(taken):
-            try:
+        done = 0
+        try:
+            self._recall([alert for alert, _ in taken if self._owns(alert)])
+            for alert, added_at in taken:
                 self._take(alert, added_at)
-            except BaseException:
-                with self._lock:
-                    self._inbox.extendleft(reversed(taken[i:]))
-                raise
+                done += 1
+        except BaseException:
+            with self._lock:
+                self._inbox.extendleft(reversed(taken[done:]))
+            raise
 
     def _take(self, alert: Alert, added_at: float) -> None:
         """One change handed over: into the queue, the edits, or recorded as going nowhere."""
+        self._closed.saw(alert)
         if not self._owns(alert):
             return  # its partition moved on: the new holder recovers it from the store
         if alert.change == "updated":

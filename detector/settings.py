@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     evict_after_s: float = Field(default=3600.0, ge=0, validation_alias="BURNWATCH_EVICT_AFTER_S")
     """A resource with no event for this long (event time) leaves the worker's memory; its state,
     saved in the store, is read back when it speaks again (0: state stays in memory until it expires)."""
+    delivery_memory_s: float = Field(default=7 * 86_400.0, ge=0, validation_alias="BURNWATCH_DELIVERY_MEMORY_S")
+    """A closed alert's delivery records (Slack's, the other outputs') leave the worker's memory this long
+    (event time) after it closed; a change of it after that is looked up in the store. The default is
+    :data:`detector.closed_alerts.DELIVERY_HORIZON_S` (the alert manager's horizon, why: that module)."""
     event_ttl_days: int = Field(default=30, ge=0, validation_alias="BURNWATCH_EVENT_TTL_DAYS")
     """Raw events are deleted this many days after their event time (0: kept forever); the
     hourly and daily rollups are kept. Longer than ``model_train_since``."""

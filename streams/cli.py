@@ -1289,6 +1289,7 @@ _ENV_HELP = {
     "web_origin": "the /incidents page's origin as browsers see it (https://burnwatch.example.com)",
     "web_token_secret": "the key of the page's form tokens, the same on every worker (16 characters or more)",
     "evict_after_s": "seconds of event time without an event before a resource's state leaves memory (0: never)",
+    "delivery_memory_s": "seconds of event time a closed alert's delivery records stay in memory (older: read from the store)",
     "event_writer": "auto, process or thread: where event inserts run",
     "slack_signing_secret": "verifies button clicks on /slack/actions",
     "slack_workspace_url": "https://WORKSPACE.slack.com: incident lists link to each incident's message",

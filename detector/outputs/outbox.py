@@ -21,6 +21,12 @@ A restart recovers only changes stored since the output was first configured, so
 an output does not replay the history to it. Alertmanager's firing alerts are posted again
 every ``resend_s`` (:mod:`detector.outputs.alertmanager`).
 
+The record of changes finished is bounded: an alert's leave memory once it has been closed for
+``forget_after_s`` of event time, and a recovery loads only those of the alerts it recovers. A
+change of an alert that memory may lack (:mod:`detector.closed_alerts`: one that started before the
+latest close forgotten, or before the recovery) is looked up in the store before it is sent: a replay
+of old events sends nothing twice.
+
 Threads, as in Slack's outbox: :meth:`OutputOutbox.add` and :meth:`OutputOutbox.configure`
 run on the worker's event loop and only hand over under a lock; the delivery passes, and
 :meth:`assign` / :meth:`revoke` (partitions moving between workers), run on other threads
@@ -39,6 +45,7 @@ import msgspec
 import structlog
 
 from detector.alerts import Alert
+from detector.closed_alerts import CLOSING, DELIVERY_HORIZON_S, TOLD, ClosedAlerts, closed_at
 from detector.delivery import MAY_POST_AGAIN_S
 from detector.logs import redact
 from detector.metrics import METRICS
@@ -109,6 +116,7 @@ class OutputOutbox:
         *,
         clock: Callable[[], float] = time.monotonic,
         max_backoff_s: float = 60.0,
+        forget_after_s: float = DELIVERY_HORIZON_S,
     ) -> None:
         self.store = store
         self._clock = clock
@@ -125,6 +133,8 @@ class OutputOutbox:
         # The delivery thread's own.
         self.routing = Routing()
         self._lanes: dict[str, _Lane] = {}
+        self._closed = ClosedAlerts(forget_after_s)
+        """When the alerts whose changes the lanes finished closed: their records are forgotten past the horizon."""
         self.hold_s = 0.0
         """After a pass: seconds until a retry or a re-send is due (0: nothing waits)."""
         self.may_post: Callable[[], bool] = lambda: True
@@ -171,6 +181,11 @@ class OutputOutbox:
             with self._lock:
                 self._inbox.extend(items)
 
+    def remembers(self, alert_id: str) -> bool:
+        """Whether an output's record of a change of ``alert_id`` finished is in memory (tests, inspection)."""
+        with self._pass:
+            return any(key[0] == alert_id for lane in self._lanes.values() for key in lane.finished)
+
     # -- the delivery thread ------------------------------------------------------------
 
     def assign(self, partitions: Iterable[int]) -> int:
@@ -200,6 +215,9 @@ class OutputOutbox:
             self._take_config()
             if not self._lanes:
                 return 0
+            newest = self.store.alerts.newest()
+            if newest is not None:  # what finished before this is not loaded, unless still owed
+                self._closed.forgot(newest)
             since = self.store.outputs.enabled_since(list(self._lanes))
             found = 0
             for name, lane in self._lanes.items():
@@ -226,6 +244,7 @@ class OutputOutbox:
                 changes.append("corrected")
             for order, change in enumerate(changes):
                 alert = alert_from_row(row, change)
+                self._closed.saw(alert)
                 key = (alert.alert_id, change)
                 if key in lane.finished:
                     continue
@@ -261,6 +280,7 @@ class OutputOutbox:
             try:
                 return self._deliver()
             finally:
+                self._forget_closed()
                 self._publish()
 
     def _deliver(self) -> int:
@@ -407,7 +427,14 @@ class OutputOutbox:
         with self._lock:
             taken = list(self._inbox)
             self._inbox.clear()
+        try:
+            self._recall(taken)
+        except BaseException:  # the store's: taken again at the next pass
+            with self._lock:
+                self._inbox.extendleft(reversed(taken))
+            raise
         for alert in taken:
+            self._closed.saw(alert)
             if self._owned is not None and max(alert.partition, 0) not in self._owned:
                 continue  # its partition moved on: the new holder recovers it
             names = self.routing.outputs_for(alert.tags, alert.severity) if not alert.silenced else []
@@ -422,6 +449,34 @@ class OutputOutbox:
                         lane.firing[change.alert_id] = msgspec.structs.replace(change, change="fired")
                     continue
                 self._enqueue(lane, change)
+
+    def _recall(self, alerts: list[Alert]) -> None:
+        """Read back from the store, for each output, what it finished of those of ``alerts`` that
+        memory may have forgotten and lacks: one query an output, none when none is."""
+        maybe = [a for a in alerts if a.change != "updated" and self._closed.may_be_forgotten(a)]  # (an update sends nothing)
+        for name, lane in self._lanes.items():
+            wanted = {a.alert_id: a for a in maybe if (a.alert_id, a.change) not in lane.finished}
+            if not wanted:
+                continue
+            finished = self.store.outputs.finished(name, sorted(wanted))
+            lane.finished.update(finished)
+            for alert_id, change in finished:
+                if change in CLOSING:  # closed there: forgotten again in time
+                    self._closed.closed(alert_id, closed_at(wanted[alert_id]))
+
+    def _forget_closed(self) -> None:
+        """Forget what the outputs finished of alerts closed past the horizon (:mod:`detector.closed_alerts`),
+        once every outcome is in the store, so that whatever is forgotten can be read back."""
+        if any(lane.unrecorded for lane in self._lanes.values()):
+            return
+        gone = self._closed.due(self._busy)
+        for lane in self._lanes.values() if gone else ():
+            lane.finished = {key for key in lane.finished if key[0] not in gone}
+
+    def _busy(self, alert_id: str) -> bool:
+        """Whether an output has a change of ``alert_id`` queued, or keeps it open: its records stay."""
+        return any(alert_id in lane.firing or any((alert_id, change) in lane.queued for change in TOLD)
+                   for lane in self._lanes.values())  # fmt: skip
 
     def _take_config(self) -> None:
         with self._lock:

@@ -86,6 +86,11 @@ class Alerts:
             parameters,
         )
 
+    def newest(self) -> float | None:
+        """Event time of the newest alert change stored (None: no alert yet)."""
+        rows = self.conn.query(f"SELECT count() AS n, max(updated_at) AS at FROM {self.conn.db}.alerts")
+        return epoch(rows[0]["at"]) if rows[0]["n"] else None
+
     def get(self, alert_id: str) -> dict[str, Any] | None:
         """The latest state of one alert, or None when there is no such alert."""
         rows = self.latest("alert_id = %(id)s", {"id": alert_id})

@@ -5,14 +5,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from detector.store.connection import Connection, ms
 from detector.units import epoch
 
-__all__ = ["ATTEMPT", "Deliveries"]
+__all__ = ["ATTEMPT", "Deliveries", "Made"]
 
 ATTEMPT = "posting:"
 """Prefix of an ``alert_deliveries`` kind that marks a post begun (``posting:fired``)."""
+
+
+@dataclass
+class Made:
+    """Deliveries made, as the Slack outbox keeps them in memory."""
+
+    done: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    """(alert_id, kind) → (channel, message ts)."""
+    closed: dict[str, float] = field(default_factory=dict)
+    """Alert id → when it closed (:func:`detector.closed_alerts.closed_at`), for those of them closed."""
+    grouped: set[str] = field(default_factory=set)
+    """Message ts of their openings that opened more than one alert: group messages."""
 
 
 class Deliveries:
@@ -50,13 +64,45 @@ class Deliveries:
                          column_names=["alert_id", "kind", "channel", "message_ts", "delivered_at"])  # fmt: skip
 
     def made(self) -> dict[tuple[str, str], tuple[str, str]]:
-        """(alert_id, kind) → (channel, message ts) of every delivery made."""
-        with self.conn.lock:
-            result = self.conn.client.query(
-                f"SELECT alert_id, kind, channel, message_ts FROM {self.conn.db}.alert_deliveries FINAL "
-                "WHERE NOT startsWith(kind, %(attempt)s)", parameters={"attempt": ATTEMPT},
-            )  # fmt: skip
-        return {(r[0], r[1]): (r[2], r[3]) for r in result.result_rows}
+        """(alert_id, kind) → (channel, message ts) of every delivery made (tests, inspection)."""
+        return self.remembered(float("-inf")).done
+
+    def remembered(self, before: float) -> Made:
+        """The deliveries of alerts open, or closed at ``before`` or later (event time): what the Slack
+        outbox keeps in memory (:mod:`detector.closed_alerts`); those of alerts closed earlier are read
+        back by :meth:`recall` when a change of their alert comes again."""
+        if before == float("-inf"):
+            return self._made("1", {})
+        return self._made("(a.closed IS NULL OR a.closed >= %(before)s)", {"before": before})
+
+    def recall(self, alert_ids: Sequence[str]) -> Made:
+        """The deliveries of these alerts (forgotten by the outbox, and wanted again)."""
+        return self._made("d.alert_id IN %(ids)s", {"ids": list(alert_ids)}) if alert_ids else Made()
+
+    def _made(self, where: str, parameters: dict[str, Any]) -> Made:
+        db = self.conn.db
+        rows = self.conn.query(
+            f"""SELECT d.alert_id AS alert_id, d.kind AS kind, d.channel AS channel, d.message_ts AS message_ts,
+                       d.kind = 'fired' AND d.message_ts IN (
+                           SELECT message_ts FROM {db}.alert_deliveries FINAL WHERE kind = 'fired' AND message_ts != ''
+                           GROUP BY message_ts HAVING uniqExact(alert_id) > 1) AS grouped,
+                       a.closed AS closed
+                FROM {db}.alert_deliveries AS d FINAL
+                LEFT JOIN (SELECT alert_id, if(status = 'resolved' AND resolved_at IS NOT NULL,
+                                              toUnixTimestamp64Milli(greatest(episode_start, assumeNotNull(resolved_at))) / 1000,
+                                              NULL) AS closed
+                           FROM {db}.alerts FINAL) AS a ON a.alert_id = d.alert_id
+                WHERE NOT startsWith(d.kind, %(attempt)s) AND {where}""",
+            {"attempt": ATTEMPT, **parameters},
+        )  # fmt: skip
+        made = Made()
+        for r in rows:
+            made.done[(r["alert_id"], r["kind"])] = (r["channel"], r["message_ts"])
+            if r["closed"] is not None:
+                made.closed[r["alert_id"]] = float(r["closed"])
+            if r["grouped"]:
+                made.grouped.add(r["message_ts"])
+        return made
 
     def thread_of(self, alert_id: str) -> tuple[str, str] | None:
         """(channel, message ts) of the message that opened ``alert_id``, if it was posted."""
