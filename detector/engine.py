@@ -27,7 +27,7 @@ of its latest time: it finds nothing and starts the key afresh, where an engine 
 would have gone on from its state.
 
 An episode open when its key goes quiet past the TTL is resolved where its key's events stopped
-(:func:`silent_resolutions`, ``reason: went_silent``): a resource that vanishes (terminated with no
+(:meth:`Engine.silent_resolutions`, ``reason: went_silent``): a resource that vanishes (terminated with no
 stop event, its node removed, its exporter gone) would otherwise stay an open incident for ever.
 Whichever forgets the state resolves it, from that state, so with the same figures, once: the key's
 next event, or the sweep that reclaims the key (:attr:`Engine.last_ended`; the worker reads the
@@ -80,7 +80,7 @@ from detector.pricing import Pricer
 from detector.rules import CompiledRule, RuleSet
 from detector.saved import read_state
 
-__all__ = ["Engine", "KeyState", "SeenSample", "silent_resolutions"]
+__all__ = ["Engine", "KeyState", "SeenSample"]
 
 log = structlog.get_logger("burnwatch.engine")
 
@@ -261,25 +261,6 @@ class _KeyContext(Context):
         self._engine._deferred.append((detector, item))
 
 
-def _open_episodes(ruleset: RuleSet, state: KeyState) -> list[Finding]:
-    found = []
-    for rule in ruleset.rules:
-        rule_state = state.rule(rule.detector.name)
-        if rule_state is not None:
-            found.extend(rule.detector.open_episodes(rule_state, state.info))
-    return found
-
-
-def silent_resolutions(ruleset: RuleSet, key: str, state: KeyState, ttl_s: float) -> list[Finding]:
-    """The episodes open in ``key``'s state, resolved as it went quiet past the TTL, ``ttl_s`` (see the
-    module's docstring): at the time and with the dollars each last reached (its
-    :meth:`~detector.detectors.base.Detector.open_episodes` figures), ``reason: went_silent``
-    (:data:`~detector.detectors.episode.SILENT`)."""
-    said = {"reason": SILENT, "silent_s": ttl_s}
-    return [msgspec.structs.replace(f, action="resolve", key=key, details={**f.details, **said})
-            for f in _open_episodes(ruleset, state)]  # fmt: skip
-
-
 class Engine:
     """Folds events into per-key state and returns the detectors' findings."""
 
@@ -331,10 +312,15 @@ class Engine:
         """Keys the latest :meth:`expire` took out of memory."""
         self.last_ended: list[Finding] = []
         """The resolutions of the episodes left open on the keys the latest :meth:`expire` reclaimed
-        from memory (:func:`silent_resolutions`), for the caller to hand to its alert manager."""
+        from memory (:meth:`silent_resolutions`), for the caller to hand to its alert manager."""
         self.last_unread: list[str] = []
-        """The keys the latest :meth:`expire` reclaimed that were evicted: their state, and any episode
-        left open in it, is in the store (the worker reads them, :meth:`ended_in`)."""
+        """The keys the latest :meth:`expire` reclaimed that were evicted and may hold an open episode
+        (:meth:`may_be_open`): their state is in the store (the worker reads them, :meth:`ended_in`)."""
+        self._maybe_open: set[str] = set()
+        """Keys whose state may hold an open episode: a finding other than a resolution was made on
+        them in their life here, or their state held one when it was restored. A superset (an episode
+        resolved since leaves its key here until the key starts afresh or leaves), kept so that a sweep
+        reads from the store only the states it may have to resolve (:meth:`may_be_open`)."""
         self._ahead: dict[str, float] = {}
         """Key → the time it vouches for (its second-latest distinct event time), for keys past
         the watermark (at most two between batches)."""
@@ -460,7 +446,7 @@ class Engine:
             last_t = state.last_t
             if t > last_t:
                 if t - last_t > ttl and last_t:  # quiet past the TTL: its open episodes end, the key starts afresh
-                    findings.extend(silent_resolutions(self.ruleset, key, state, ttl))
+                    findings.extend(self.silent_resolutions(key, state))
                     state = self._renew(key, state)
                 state.last_t = t
                 if last_t > watermark:  # the key vouches for its time before this one
@@ -524,7 +510,40 @@ class Engine:
             self._advance(ahead)
         if self._deferred:
             findings.extend(self._end_batch())
+        if findings:
+            self._maybe_open.update(f.key or f.resource_id for f in findings if f.action != "resolve")
         return findings
+
+    def may_be_open(self, key: str) -> bool:
+        """Whether ``key``'s state may hold an open episode: saved beside the state, so that a sweep
+        that reclaims the key past its TTL unread reads its state only if so (migration 0024)."""
+        return key in self._maybe_open
+
+    def _open_in(self, key: str, state: KeyState) -> list[Finding]:
+        """The episodes open in ``state``, as ``update`` findings with their dollars so far. A rule whose
+        ``open_episodes`` raises is skipped, counted and logged once per rule and error type, as a step
+        that raises is: a key reclaimed or started afresh must not stop the batch."""
+        found: list[Finding] = []
+        for rule in self.ruleset.rules:
+            rule_state = state.rule(rule.detector.name)
+            if rule_state is None:
+                continue
+            try:
+                found.extend(rule.detector.open_episodes(rule_state, state.info))
+            except Exception as exc:  # noqa: BLE001 - one rule's bug must not stop the rest
+                if self._count_failure(rule.detector, exc, 1, "open_episodes"):
+                    log.error("detector_error", rule=rule.detector.name, type=rule.detector.type, key=key,
+                              phase="open_episodes", error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+        return found
+
+    def silent_resolutions(self, key: str, state: KeyState) -> list[Finding]:
+        """The episodes open in ``key``'s state, resolved as it went quiet past the TTL (see the
+        module's docstring): at the time and with the dollars each last reached (its
+        :meth:`~detector.detectors.base.Detector.open_episodes` figures), ``reason: went_silent``
+        (:data:`~detector.detectors.episode.SILENT`), ``silent_s`` the TTL."""
+        said = {"reason": SILENT, "silent_s": self.state_ttl_s}
+        return [msgspec.structs.replace(f, action="resolve", key=key, details={**f.details, **said})
+                for f in self._open_in(key, state)]  # fmt: skip
 
     def _renew(self, key: str, old: KeyState) -> KeyState:
         """The key's next event came more than ``state_ttl_s`` after its last: it starts afresh, as a
@@ -535,6 +554,7 @@ class Engine:
         new, and one that comes late is late (the new life's first event of each kind is past them)."""
         state = self._keys[key] = KeyState(info=ResourceInfo(resource_id=key))
         state.gpu_t, state.usage_t, state.run_t = old.gpu_t, old.usage_t, old.run_t
+        self._maybe_open.discard(key)
         self._context.point(state)
         return state
 
@@ -844,7 +864,7 @@ class Engine:
 
     def open_episodes(self) -> list[Finding]:
         """Every episode that has fired and not resolved, with its dollars so far."""
-        return [f for state in self._keys.values() for f in _open_episodes(self.ruleset, state)]
+        return [f for key, state in self._keys.items() for f in self._open_in(key, state)]
 
     @property
     def sweep_due(self) -> bool:
@@ -869,11 +889,12 @@ class Engine:
         events are on their way, and the worker keeps the partition they came on."""
         self._swept_at = self.watermark
         horizon = self.watermark - self.state_ttl_s
-        keys, ruleset = self._keys, self.ruleset
+        keys, maybe_open = self._keys, self._maybe_open
         held = [k for k, s in keys.items() if 0.0 < s.last_t < horizon and k not in coming]
-        self.last_unread = [k for k, t in self._evicted.items() if t < horizon and k not in coming]
-        self.last_ended = [f for k in held for f in silent_resolutions(ruleset, k, keys[k], self.state_ttl_s)]
-        gone = held + self.last_unread
+        evicted = [k for k, t in self._evicted.items() if t < horizon and k not in coming]
+        self.last_unread = [k for k in evicted if k in maybe_open]
+        self.last_ended = [f for k in held if k in maybe_open for f in self.silent_resolutions(k, keys[k])]
+        gone = held + evicted
         for key in gone:
             self.forget(key)
         self.evict(coming)
@@ -890,7 +911,7 @@ class Engine:
             self._keys.pop(key, None)
         else:
             self._keys[key] = held
-        return silent_resolutions(self.ruleset, key, state, self.state_ttl_s)
+        return self.silent_resolutions(key, state)
 
     def evict(self, coming: Container[str] = frozenset()) -> list[str]:
         """Take keys with no event for ``evict_after_s`` of event time out of memory (the worker
@@ -922,6 +943,7 @@ class Engine:
         self._evicted.pop(key, None)
         self._leaving.pop(key, None)
         self._read_ahead.pop(key, None)
+        self._maybe_open.discard(key)
         self.dirty.discard(key)
 
     def forget_all(self) -> None:
@@ -934,6 +956,7 @@ class Engine:
         self._evicted.clear()
         self._leaving.clear()
         self._read_ahead = {}
+        self._maybe_open.clear()
         self.dirty.clear()
         self._ahead.clear()
         self.watermark = 0.0
@@ -990,6 +1013,12 @@ class Engine:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
         return state
 
+    def _flagged(self, key: str, state: KeyState) -> KeyState:
+        """A restored key, known to :meth:`may_be_open` if its state holds an open episode."""
+        if self._open_in(key, state):
+            self._maybe_open.add(key)
+        return state
+
     def _unreadable(self, key: str, rule: str, exc: Exception) -> None:
         """Count a saved state of ``rule`` ('' : the whole snapshot) that is started afresh, unread; log the
         first of each, so that an upgrade's or a rollback's lost state says so without a line per key."""
@@ -1021,11 +1050,11 @@ class Engine:
                 ahead = self._read_ahead
                 data = ahead.pop(key) if key in ahead else self._fetch(key)
             if data is not None:
-                return self.restore(key, data, restart=False)
+                return self._flagged(key, self.restore(key, data, restart=False))
             log.error("evicted_state_missing", key=key, note="not in the store: the key starts afresh")
         if self._loader is not None:
             data = self._loader(key)
             if data is not None:
-                return self.restore(key, data)
+                return self._flagged(key, self.restore(key, data))
         state = self._keys[key] = KeyState(info=ResourceInfo(resource_id=key))
         return state

@@ -222,8 +222,9 @@ def install_handover(parts: WorkerParts) -> Handover:
         def load() -> tuple[dict[str, bytes | None], SavedTimes]:
             """Off the event loop: a million keys' rows and their times sorted take seconds."""
             latest: dict[str, float] = {}  # each key's latest event time: the sweeps reclaim those that never speak
-            loaded = store.states.load(partitions, parts.settings.evict_after_s or None, latest)
-            return loaded, SavedTimes(latest)
+            maybe_open: set[str] = set()  # and read those whose state may hold an open episode, to resolve it
+            loaded = store.states.load(partitions, parts.settings.evict_after_s or None, latest, maybe_open)
+            return loaded, SavedTimes(latest, maybe_open)
 
         states, saved_times = await from_store("state load", load, read_only=True)
         if given_up():  # a revocation or a stop came meanwhile: its hook hands everything over

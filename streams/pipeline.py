@@ -209,7 +209,7 @@ class _Step:
     once detection has seen them, like any other."""
     done: list[Message] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
-    states: list[tuple[str, int, bytes, float]] = field(default_factory=list)
+    states: list[tuple[str, int, bytes, float, bool]] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     """Keys whose state expired at this batch's sweep (:meth:`Pipeline._sweep`): their saved
     state is deleted by the batch's write, after its states are saved."""
@@ -579,11 +579,13 @@ class Pipeline:
         A key that is not reclaimed here, or whose delete a kill loses, is reclaimed by the sweeps
         of the worker that loads it next.
 
-        An episode left open on an expired key is resolved (:func:`~detector.engine.silent_resolutions`):
+        An episode left open on an expired key is resolved (:meth:`~detector.engine.Engine.silent_resolutions`):
         the resolutions go in ``step.alerts``, stored by the same write that deletes the states, so a kill
         between loses neither (a state read again is resolved again, and the alert manager, which knows
         the stored resolution, drops the repeat). The states only in the store (evicted keys, keys loaded
-        without their bytes) are read for it, with the partition each was saved under (its holder, this
+        at assignment) that may hold an open episode (:meth:`Engine.may_be_open`, saved beside each state:
+        a key that went quiet with nothing open is deleted unread) are read for it, with the partition each
+        was saved under (its holder, this
         worker, delivers the resolution): a look-up of its own for each :data:`GET_MANY_CHUNK` keys, so
         that many keys going quiet together do not make one read past the look-up's bound."""
         engine = self.engine
@@ -591,12 +593,13 @@ class Pipeline:
         expired = engine.expire(coming)  # their next event is read: not quiet
         ended = list(engine.last_ended)
         unread = list(engine.last_unread)
-        if self.saved_times is not None:
+        if (times := self.saved_times) is not None:
             saved = self.saved_states
-            for key in self.saved_times.before(engine.watermark - engine.state_ttl_s, saved):
+            for key in times.before(engine.watermark - engine.state_ttl_s, saved):
                 if key not in coming:  # still loaded, not taken by the engine: never spoke
                     expired.append(key)
-                    unread.append(key)  # (its bytes, if loaded with them, are read again for its partition)
+                    if times.may_be_open(key):  # (its bytes, if loaded with them, are read again for its partition)
+                        unread.append(key)
                     del saved[key]
         why = "the states of keys reclaimed past their TTL, for the episodes left open on them"
         for i in range(0, len(unread), _states.GET_MANY_CHUNK):  # each chunk a look-up of its own, within its bound
@@ -1101,12 +1104,13 @@ class Pipeline:
             self.stats.fetch_pauses += len(pause)
             self._flow(pause, resume)
 
-    def _dirty_states(self) -> list[tuple[str, int, bytes, float]]:
+    def _dirty_states(self) -> list[tuple[str, int, bytes, float, bool]]:
         engine, states = self.engine, []
         for key in engine.dirty:
             snapshot = engine.snapshot(key)
             if snapshot is not None:
-                states.append((key, self._partition_of.get(key, 0), snapshot, engine.latest_time(key)))
+                states.append((key, self._partition_of.get(key, 0), snapshot, engine.latest_time(key),
+                               engine.may_be_open(key)))  # fmt: skip
         engine.dirty.clear()
         return states
 

@@ -65,7 +65,7 @@ def _parts(outbox_assign: Any, releasing: Any = lambda holder, partitions: {}) -
         app=app, pipeline=_Pipeline(), outputs=None, actions=None, posts_recovered=False, assigned_states={},
         holds_partition_0=False,
         settings=SimpleNamespace(evict_after_s=0, dsn="chdb://memory", clickhouse_database="burnwatch", session_timeout_s=10),
-        store=SimpleNamespace(states=SimpleNamespace(load=lambda partitions, horizon, latest: {}),
+        store=SimpleNamespace(states=SimpleNamespace(load=lambda partitions, horizon, latest, maybe_open: {}),
                               handovers=SimpleNamespace(mark=lambda holder, partitions, releasing: None,
                                                         releasing=releasing)),
         outbox=SimpleNamespace(assign=outbox_assign, revoke=lambda: None), alert_manager=lambda: None,
@@ -106,7 +106,7 @@ def test_the_assignment_returns_while_its_taking_over_waits_and_a_revocation_end
 
     order: list[str] = []
     parts = _parts(lambda partitions: order.append("recovered") or 0, releasing)
-    parts.store.states.load = lambda partitions, horizon, latest: order.append("loaded") or {}
+    parts.store.states.load = lambda partitions, horizon, latest, maybe_open: order.append("loaded") or {}
     parts.outbox.revoke = lambda: order.append("revoked")
     handover = install_handover(parts)  # type: ignore[arg-type]
 

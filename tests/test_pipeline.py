@@ -103,16 +103,18 @@ def started(store, ruleset, behind: dict[str, bool], partitions: tuple[int, ...]
     """A pipeline as a worker (re)starts one holding ``partitions``: its engine loads the keys' states
     saved in the store; a topic in ``behind`` is not caught up. The keys not in the partitions' newest
     save as ones saved long ago: loaded without their bytes, read from the store when they speak
-    (``saved_within_s=0``); their latest times for the sweeps (``saved_times``)."""
+    (``saved_within_s=0``); their latest times and whether each may hold an open episode for the
+    sweeps (``saved_times``), as :mod:`streams.handover` loads them."""
     latest: dict[str, float] = {}
-    states = store.states.load(list(partitions), saved_within_s=0, latest=latest)
+    maybe_open: set[str] = set()
+    states = store.states.load(list(partitions), saved_within_s=0, latest=latest, maybe_open=maybe_open)
     engine = Engine(ruleset, loader=lambda key: store.states.take(states, key), **engine_options)
     pipeline = Pipeline(
         engine=engine, store=store, outbox=Outbox(store, None), manager=remembering_manager(store, ruleset),
         send_dead_letter=lambda key, value: asyncio.sleep(0),
         caught_up=lambda topic, p, offset: not behind.get(topic, False), saved_states=states,
     )  # fmt: skip
-    pipeline.saved_times = SavedTimes(latest)
+    pipeline.saved_times = SavedTimes(latest, maybe_open)
     return pipeline
 
 
@@ -1434,6 +1436,38 @@ def test_the_states_a_sweep_reads_to_resolve_are_read_in_chunks_each_within_the_
 
     assert asyncio.run(go()), "the sweep's read never came back within the look-up's bound"
     assert not set(quiet) & store.states.load([0]).keys()
+
+
+def test_a_sweep_reads_the_saved_states_of_reclaimed_keys_that_may_hold_an_open_episode_alone(store, ruleset, monkeypatch):
+    """h1 idles 40 minutes (its alert fires) and "calm" is busy, then both go quiet for ever while three
+    hosts go on. The worker saves beside each state whether it may hold an open episode; a worker
+    restarted later loads both, and its sweep past their TTL reads h1's state alone
+    (resolving its alert, went_silent) and deletes both: keys that vanish with nothing open cost a
+    delete, not a read and a restore each on the event loop (review of 72134cf: a million such keys
+    held the loop for over a minute)."""
+    from detector.detectors.episode import SILENT
+
+    usage_offsets, gpu_offsets = iter(range(10_000)), iter(range(10_000))
+
+    def minutes(start: float, n: int, hosts: dict[str, float]) -> list[Message]:
+        return [m for k in range(n) for host, util in hosts.items()
+                for m in (usage_message(next(usage_offsets), start + k * MIN, host),
+                          gpu_message(next(gpu_offsets), start + k * MIN, util, host))]  # fmt: skip
+
+    run_batches(started(store, ruleset, {}), [minutes(T0, 40, {"h1": 1.0, "calm": 90.0, "a": 70.0, "b": 70.0, "c": 70.0})], [])
+    flags = dict(store.client.query(f"SELECT key, argMax(maybe_open, version) FROM {store.db}.detector_state "
+                                    "GROUP BY key").result_rows)  # fmt: skip
+    assert flags == {"h1": 1, "calm": 0, "a": 0, "b": 0, "c": 0}
+    restarted = started(store, ruleset, {}, state_ttl_s=3600.0)
+    assert {"h1", "calm"} <= restarted.saved_states.keys()  # loaded, never to speak
+    read: list[str] = []
+    get_many_placed = store.states.get_many_placed
+    monkeypatch.setattr(store.states, "get_many_placed", lambda keys: read.extend(keys) or get_many_placed(keys))
+    run_batches(restarted, [minutes(T0 + 150 * MIN, 3, {"a": 70.0, "b": 70.0, "c": 70.0})], [])
+    assert read == ["h1"]
+    assert not {"h1", "calm"} & store.states.load([0]).keys()
+    (alert,) = [a for a in store.alerts.latest() if a["resource_id"] == "h1"]
+    assert alert["status"] == "resolved" and json.loads(alert["details"])["reason"] == SILENT
 
 
 def test_a_resolution_the_wall_clock_sweep_makes_is_logged_with_when_it_was_decided(store, ruleset, monkeypatch):

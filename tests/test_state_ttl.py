@@ -140,8 +140,9 @@ def test_a_late_event_of_the_life_before_goes_into_the_new_one_as_late(ruleset):
 
 def _vanishing() -> list:
     """host-1 idle for 90 minutes (an idle episode fires), then never heard of again (terminated with
-    no stop event, its node removed); three other hosts go on for three days. Time-sorted."""
-    events = timeline(T0, T0 + 90 * MIN, [0.0] * 4)
+    no stop event, its node removed), as is "calm", busy for those minutes (nothing open); three other
+    hosts go on for three days. Time-sorted."""
+    events = timeline(T0, T0 + 90 * MIN, [0.0] * 4) + timeline(T0, T0 + 90 * MIN, [90.0] * 4, rid="calm")
     for other in OTHERS:
         events += timeline(T0, T0 + 3 * DAY, [70.0, 80.0], rid=other, step=1800.0)
     return sorted(events, key=lambda e: e.ts)
@@ -171,15 +172,16 @@ def test_an_episode_on_a_key_that_never_speaks_again_is_resolved_where_it_went_q
 
     store: dict[str, bytes] = {}
     evicting = Engine(ruleset, evict_after_s=3600.0, fetch=store.get)
-    unread = []
+    unread, gone = [], []
     for batch in _batches(events):
         evicting.process(batch)
         store.update((key, evicting.snapshot(key)) for key in evicting.dirty)  # type: ignore[misc]
         evicting.dirty.clear()
-        evicting.expire()
+        gone += evicting.expire()
         assert not [f for f in evicting.last_ended if f.resource_id == HOST]  # evicted: its state is in the store
         unread += evicting.last_unread
-    assert unread.count(HOST) == 1
+    assert unread.count(HOST) == 1  # its state to be read from the store, for the episode open in it
+    assert "calm" in gone and "calm" not in unread  # nothing open on it: reclaimed unread
     assert _host(evicting.ended_in(HOST, store[HOST])) == expected
 
     path = tmp_path / "vanishing.jsonl"
@@ -190,3 +192,23 @@ def test_an_episode_on_a_key_that_never_speaks_again_is_resolved_where_it_went_q
         alerts = [a for a in backtest(path, ruleset, jobs=jobs).alerts if a.resource_id == HOST]
         assert [(a.status, a.resolved_at, round(a.waste_usd, 6), a.details["reason"]) for a in alerts] == [
             ("resolved", last_idle, round(expected[0][6], 6), SILENT)], f"jobs={jobs}"
+
+
+def test_a_rule_that_raises_telling_its_open_episodes_stops_no_sweep(ruleset, monkeypatch):
+    """A reclaimed key's open episodes are asked of each rule at the sweep and at the key's next
+    event: a rule whose ``open_episodes`` raises there is skipped, counted and logged, as a step that
+    raises is, and the other keys are reclaimed; raised out of the batch, it would stop the worker at
+    every restart (review of 72134cf)."""
+    from detector.detectors.idle_gpu import IdleGpu
+
+    def broken(self, state, resource):
+        raise RuntimeError("a bug in open_episode")
+
+    monkeypatch.setattr(IdleGpu, "open_episode", broken)
+    engine = Engine(ruleset)
+    gone = []
+    for batch in _batches(_vanishing()):
+        engine.process(batch)
+        gone += engine.expire()
+        assert not [f for f in engine.last_ended if f.resource_id == HOST]
+    assert {HOST, "calm"} <= set(gone) and engine.errors["idle-gpu"] >= 1

@@ -38,7 +38,8 @@ stood, and it counts no dollars (:attr:`detector.alerts.Alert.withdrawn`)."""
 SILENT = "went_silent"
 """The ``reason`` of a resolution made because the episode's resource sent no event for the state TTL
 (it vanished: terminated with no stop event, its node removed, its exporter gone), dated where its
-events stopped (:func:`detector.engine.silent_resolutions`); ``silent_s`` in its details says how long.
+events stopped (:meth:`detector.engine.Engine.silent_resolutions`); ``silent_s`` in its details is the TTL,
+at least how long it has been silent.
 Nothing is counted after that: what it cost since, if anything, burnwatch cannot know."""
 
 CORRECTED = "corrected"

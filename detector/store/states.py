@@ -15,7 +15,7 @@ from detector.store.connection import Connection
 
 __all__ = ["SavedTimes", "States"]
 
-_STATE_COLS = ["key", "partition", "snapshot", "deleted", "version", "last_t"]
+_STATE_COLS = ["key", "partition", "snapshot", "deleted", "version", "last_t", "maybe_open"]
 GET_MANY_CHUNK = 10_000
 """Keys per query of :meth:`States.get_many`: a few hundred kB of query text for ids of tens of
 characters (10 MB at most: ids are at most 1,024 characters)."""
@@ -27,17 +27,20 @@ class States:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    def save(self, states: Sequence[tuple[str, int, bytes] | tuple[str, int, bytes, float]], version: int) -> None:
-        """Write (key, partition, snapshot[, latest event time]) rows; the newest version of a key
-        wins. The time (0 when not given: unknown) is what :meth:`load` tells of each key."""
+    def save(self, states: Sequence[tuple[str, int, bytes] | tuple[str, int, bytes, float]
+                                    | tuple[str, int, bytes, float, bool]], version: int) -> None:  # fmt: skip
+        """Write (key, partition, snapshot[, latest event time[, may hold an open episode]]) rows; the
+        newest version of a key wins. The time (0 when not given: unknown) and the flag (true when not
+        given: not known) are what :meth:`load` tells of each key."""
         if not states:
             return
         cols: list[list[Any]] = [[s[0] for s in states], [s[1] for s in states], [s[2] for s in states],
-                [0] * len(states), [version] * len(states), [s[3] if len(s) > 3 else 0.0 for s in states]]  # fmt: skip
+                [0] * len(states), [version] * len(states), [s[3] if len(s) > 3 else 0.0 for s in states],
+                [int(s[4]) if len(s) > 4 else 1 for s in states]]  # fmt: skip
         self.conn.insert("detector_state", cols, column_names=_STATE_COLS, column_oriented=True)
 
     def load(self, partitions: Sequence[int], saved_within_s: float | None = None,
-             latest: dict[str, float] | None = None) -> dict[str, bytes | None]:
+             latest: dict[str, float] | None = None, maybe_open: set[str] | None = None) -> dict[str, bytes | None]:
         """Every live key on these partitions → its latest snapshot; with ``saved_within_s``, only
         the keys saved within that many seconds of the partitions' newest save (a save's version
         is its wall-clock time) come with their snapshot, the rest with None, to be read one by
@@ -46,7 +49,9 @@ class States:
         From the newest save, not from now: after an outage longer than the horizon the keys
         that were live still come with their bytes, and catching up reads none of them one by one.
         ``latest`` is given each key's latest event time, where its state was saved with one
-        (:meth:`save`): what the worker's sweeps reclaim the keys that never speak again by."""
+        (:meth:`save`): what the worker's sweeps reclaim the keys that never speak again by;
+        ``maybe_open`` the keys whose state may hold an open episode, whose snapshots a sweep that
+        reclaims them reads to resolve it."""
         if not partitions:
             return {}
         within_ns = -1 if saved_within_s is None else int(saved_within_s * 1e9)
@@ -55,15 +60,17 @@ class States:
             result = self.conn.client.query(
                 f"WITH (SELECT max(version) FROM {db}.detector_state WHERE partition IN %(partitions)s) AS newest "
                 f"SELECT key, (%(within)s < 0 OR version + %(within)s >= newest) AS recent, "
-                f"if(recent, snapshot, '') AS snapshot, last_t FROM {db}.detector_state FINAL "
+                f"if(recent, snapshot, '') AS snapshot, last_t, maybe_open FROM {db}.detector_state FINAL "
                 "WHERE partition IN %(partitions)s AND deleted = 0",
                 parameters={"partitions": list(partitions), "within": within_ns},
                 column_formats={"snapshot": "bytes"},
             )
         rows = result.result_rows
         if latest is not None:
-            latest.update((key, last_t) for key, _, _, last_t in rows if last_t > 0)
-        return {key: (snapshot if recent else None) for key, recent, snapshot, _ in rows}
+            latest.update((key, last_t) for key, _, _, last_t, _ in rows if last_t > 0)
+        if maybe_open is not None:
+            maybe_open.update(key for key, _, _, _, flag in rows if flag)
+        return {key: (snapshot if recent else None) for key, recent, snapshot, _, _ in rows}
 
     def take(self, loaded: dict[str, bytes | None], key: str) -> bytes | None:
         """A key's snapshot the first time it speaks after :meth:`load`: taken out of ``loaded``
@@ -131,7 +138,7 @@ class States:
         """Tombstone keys whose state expired, so a restart does not bring them back."""
         if not keys:
             return
-        self.conn.insert("detector_state", [[k, 0, b"", 1, time.time_ns(), 0.0] for k in keys], column_names=_STATE_COLS)
+        self.conn.insert("detector_state", [[k, 0, b"", 1, time.time_ns(), 0.0, 0] for k in keys], column_names=_STATE_COLS)
 
 
 class SavedTimes:
@@ -142,9 +149,12 @@ class SavedTimes:
     16 bytes a key (a time in an array, a reference to the key the loaded dict holds) while the
     loaded dict holds it; a key taken from it (it spoke: the engine holds it by its own string) is
     let go of once such keys are half of those held (:meth:`before`), not kept till the next
-    assignment (a key's string is ~70 bytes more)."""
+    assignment (a key's string is ~70 bytes more). It also knows which of them may hold an open
+    episode (:meth:`may_be_open`), saved beside their state: a sweep reads those alone."""
 
-    def __init__(self, latest: dict[str, float]) -> None:
+    def __init__(self, latest: dict[str, float], maybe_open: set[str] | None = None) -> None:
+        self._maybe_open = maybe_open
+        """Keys whose saved state may hold an open episode; None: not known, any may."""
         # Sorted by numpy, which lets go of the GIL while it sorts: built off the event loop at an
         # assignment, a million keys' sort by a Python key function held the loop still for ~1 s.
         times = np.fromiter(latest.values(), dtype=np.float64, count=len(latest))
@@ -152,6 +162,10 @@ class SavedTimes:
         keys = list(latest)
         self._keys: list[str] = [keys[i] for i in order.tolist()]
         self._times = array("d", times[order].tobytes())
+
+    def may_be_open(self, key: str) -> bool:
+        """Whether ``key``'s saved state may hold an open episode (saved so, or before that was saved)."""
+        return self._maybe_open is None or key in self._maybe_open
 
     def before(self, horizon: float, loaded: Collection[str]) -> list[str]:
         """The keys whose latest time is before ``horizon`` still in ``loaded`` (not taken), each
