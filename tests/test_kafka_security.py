@@ -319,3 +319,39 @@ def test_a_server_certificate_not_trusted_is_refused(pki: Pki, tmp_path: Path, r
         else:
             assert code == 1 and f"Kafka at {relay.bootstrap} refused the connection: {said}" in err, err
             assert relay.relayed == 0
+
+
+# -- review: what the password must never show as ---------------------------------------------------
+
+
+@pytest.mark.parametrize("password", ["back\\slash-pw", "quotes-'\"-pw", "pässwörd-ü", "it's-a-pw"])
+def test_a_plain_password_is_redacted_in_aiokafka_debug_log_of_its_token(password):
+    """aiokafka logs the SaslAuthenticate request at debug level, its token a bytes repr: a password with a
+    backslash, a quote or a non-ASCII letter reads escaped there, and was shown whole."""
+    import logging
+
+    from aiokafka.conn import SaslPlainAuthenticator
+    from aiokafka.protocol.admin import SaslAuthenticateRequest_v1
+
+    from detector.logs import RedactingFilter, register_settings
+
+    register_settings(load_settings(environ=sasl_env(mechanism="PLAIN", BURNWATCH_KAFKA_SASL_PASSWORD=password)))
+    token, _ = next(SaslPlainAuthenticator(loop=None, sasl_plain_password=password,
+                                           sasl_plain_username=USER)._authenticator)  # fmt: skip
+    record = logging.LogRecord("aiokafka.conn", logging.DEBUG, __file__, 0, "Request to %s:%d %d: %s",
+                               ("127.0.0.1", 9096, 2, SaslAuthenticateRequest_v1(token)), None)  # fmt: skip
+    shown = str(SaslAuthenticateRequest_v1(token))
+    assert password not in shown or "'" in password  # the bytes repr escapes it (or quotes around it)
+    RedactingFilter().filter(record)
+    logged = record.getMessage()
+    assert "[redacted]" in logged and repr(password.encode())[2:-1] not in logged and password not in logged, logged
+
+
+def test_a_password_put_in_the_file_variable_is_not_echoed():
+    """BURNWATCH_KAFKA_SASL_PASSWORD_FILE holding the password itself (a Secret's key mapped to the wrong
+    variable): the error said "<password>: cannot read it ... (got '<password>')"."""
+    secret = "Sup3r+Secret/ApiSecretValue"
+    for env in (sasl_env(mechanism="PLAIN", BURNWATCH_KAFKA_SASL_PASSWORD="", BURNWATCH_KAFKA_SASL_PASSWORD_FILE=secret),
+                {"BURNWATCH_KAFKA_SASL_PASSWORD_FILE": secret}):  # fmt: skip
+        message = refusal(env)
+        assert "BURNWATCH_KAFKA_SASL_PASSWORD_FILE: Value error" in message and secret not in message, message
