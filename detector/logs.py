@@ -71,8 +71,16 @@ def register_settings(settings: Settings) -> None:
         values.append(urlsplit(values[1]).path)  # the webhook's secret part, should a log print only the path
     values.append(urlsplit(settings.dsn).password)
     kafka_password = settings.kafka_security.password  # aiokafka logs a PLAIN exchange, password and all, at debug level
-    values.append(kafka_password.get_secret_value() if kafka_password is not None else None)
+    if kafka_password is not None:  # as a bytes repr: a backslash, a quote or a non-ASCII letter escaped
+        values += [kafka_password.get_secret_value(), *_in_bytes_repr(kafka_password.get_secret_value())]
     register_secrets(*values)
+
+
+def _in_bytes_repr(secret: str) -> tuple[str, str]:
+    """How ``secret`` reads inside the repr of ``bytes`` holding it in UTF-8 (aiokafka logs a SASL/PLAIN token,
+    ``b'user\\x00user\\x00password'``, at debug level): escaped, with ``'`` escaped (single-quoted) or not."""
+    inner = repr(b'"' + secret.encode())[3:-1]  # the leading '"' makes the repr single-quoted whatever the secret holds
+    return inner, inner.replace("\\'", "'")
 
 
 def redact(text: str) -> str:

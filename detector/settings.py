@@ -219,8 +219,13 @@ class Settings(BaseSettings):
         if not given and path is None:
             raise ValueError("BURNWATCH_KAFKA_SASL_PASSWORD, or this file holding it, is needed with "
                              f"BURNWATCH_KAFKA_SECURITY_PROTOCOL={info.data['kafka_security_protocol']}")  # fmt: skip
-        if path is not None and not _read_secret(path):
-            raise ValueError(f"{path} is empty")
+        if path is not None:
+            try:
+                content = _read_secret(path)
+            except ValueError:  # not "{path}: ...": a password put in this variable by mistake would be shown
+                raise ValueError(f"cannot read the file it names ({_reason_reading(path)})") from None
+            if not content:
+                raise ValueError(f"{path} is empty")
         return path
 
     @field_validator("kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file")
@@ -324,6 +329,15 @@ def _read_secret(path: Path) -> str:
         raise ValueError(f"{path}: cannot read it ({_reason(exc)})") from None
 
 
+def _reason_reading(path: Path) -> str:
+    """Why ``path`` cannot be read as text, without its name."""
+    try:
+        path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        return _reason(exc)
+    return "unreadable"
+
+
 def _reason(exc: Exception) -> str:
     """An ``OSError``'s or ``ssl.SSLError``'s reason, without the file name or OpenSSL's source line."""
     if isinstance(exc, ssl.SSLError) and exc.reason:
@@ -336,6 +350,7 @@ def _reason(exc: Exception) -> str:
 ENV: dict[str, str] = {name: str(field.validation_alias) for name, field in Settings.model_fields.items()}
 """Setting → the environment variable it is read from."""
 _SECRET = {name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation)}
+_SECRET |= {"kafka_sasl_password_file"}  # its value is never echoed either: it may be the password, set in the wrong variable
 """Settings whose bad value is not repeated in the error."""
 
 

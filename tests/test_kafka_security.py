@@ -90,7 +90,7 @@ def test_plaintext_is_the_default_and_adds_nothing_to_any_client():
                                                                          "error, set beside"]),
         (sasl_env(protocol="SASL_PLAINTEXT", BURNWATCH_KAFKA_SASL_PASSWORD="",
                   BURNWATCH_KAFKA_SASL_PASSWORD_FILE="/no/such/file"),
-         ["BURNWATCH_KAFKA_SASL_PASSWORD_FILE: Value error, /no/such/file: cannot read it (No such file or directory)"]),
+         ["BURNWATCH_KAFKA_SASL_PASSWORD_FILE: Value error, cannot read the file it names (No such file or directory)"]),
         # TLS files: missing, or beside a protocol without TLS
         ({"BURNWATCH_KAFKA_SECURITY_PROTOCOL": "SSL", "BURNWATCH_KAFKA_SSL_CA_FILE": "/no/such/ca.pem"},
          ["BURNWATCH_KAFKA_SSL_CA_FILE: Value error, /no/such/ca.pem: no such file"]),
