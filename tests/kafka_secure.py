@@ -315,6 +315,13 @@ class SecureRelay:
                 return False
             await client_out.drain()
 
+    def drop_connections(self) -> None:
+        """Close every connection it holds, as a broker does when the credentials it authenticated are revoked
+        (a rotation); it goes on listening, and a client reconnecting authenticates again."""
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
+        start = asyncio.start_server(self._serve, "127.0.0.1", self.port, ssl=self.tls)
+        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(timeout=10)
+
     def __enter__(self) -> SecureRelay:
         self._thread.start()
         start = asyncio.start_server(self._serve, "127.0.0.1", self.port, ssl=self.tls)

@@ -355,3 +355,46 @@ def test_a_password_put_in_the_file_variable_is_not_echoed():
                 {"BURNWATCH_KAFKA_SASL_PASSWORD_FILE": secret}):  # fmt: skip
         message = refusal(env)
         assert "BURNWATCH_KAFKA_SASL_PASSWORD_FILE: Value error" in message and secret not in message, message
+
+
+@pytest.mark.integration
+def test_a_worker_whose_password_is_rotated_does_not_stay_healthy_unauthenticated(pki: Pki, tmp_path: Path):
+    """The cluster's password rotated while the worker runs (MSK's Secret, a Confluent API key replaced), its
+    mounted Secret updated and its connections dropped. The worker made its clients with the old password and
+    reconnects with it for ever (~60 refused attempts a second here), /healthz "ok", nothing consumed: it
+    must take the new password, or stop (exit 1, saying why) so that its orchestrator restarts it
+    (docs: "a rotated password is taken up by a restart"), or at least not report itself healthy."""
+    import time
+
+    secret = tmp_path / "kafka-password"
+    secret.write_text(PASSWORD + "\n")
+    users = {USER: PASSWORD}
+    broker_port = free_port()
+    with SecureRelay(broker_port, tls=pki.server_context(), users=users, mechanisms=["SCRAM-SHA-512"]) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        env = worker_env(relay.bootstrap, tmp_path / "data", ROOT / "rules", 2,
+                         **sasl_env(ca=pki.ca_file, BURNWATCH_KAFKA_SASL_PASSWORD="",
+                                    BURNWATCH_KAFKA_SASL_PASSWORD_FILE=str(secret)))  # fmt: skip
+        worker = WorkerProcess(env, tmp_path / "worker.log").start()
+        try:
+            worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
+            users[USER] = "rotated-Kafka-pw"
+            secret.write_text("rotated-Kafka-pw\n")
+            authenticated = len(relay.authenticated)
+            relay.drop_connections()
+            deadline, health = time.monotonic() + 45, worker.health()
+            while time.monotonic() < deadline and worker.running and (health is None or health["status"] == "ok"):
+                time.sleep(1)
+                health = worker.health()
+            refused_before = len(relay.refused)
+            time.sleep(3)
+            still_refused = len(relay.refused) > refused_before
+            took_new_password = len(relay.authenticated) > authenticated and not still_refused
+            stopped = not worker.running and worker.wait_exit(1) == 1
+            unhealthy = worker.running and health is not None and health["status"] != "ok"
+            assert stopped or unhealthy or took_new_password, (
+                f"45 s after the rotation: running={worker.running}, /healthz status "
+                f"{health and health['status']}, {len(relay.refused)} connections refused SASL, still being refused: "
+                f"{still_refused}")  # fmt: skip
+        finally:
+            worker.stop()
