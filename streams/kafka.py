@@ -77,11 +77,12 @@ def client_options(security: KafkaSecurity) -> dict[str, Any]:
     return dict(credentials_to_aiokafka_auth(faust_credentials(security)))
 
 
-async def why_refused(bootstrap: str, security: KafkaSecurity) -> str | None:
-    """Why the brokers at ``bootstrap`` refuse a connection made as ``security`` says, naming the settings to
-    check; None when none refused one (a broker that does not answer). aiokafka's clients say only that they
-    could not bootstrap, and log the reason."""
-    options = client_options(security)
+async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[str, Any] | None = None) -> str | None:
+    """Why the brokers at ``bootstrap`` refuse a connection made as ``security`` says (or with the client
+    ``options`` given: a running worker's, made when it started), naming the settings to check; None when
+    none refused one (a broker that does not answer). aiokafka's clients say only that they could not
+    bootstrap, and log the reason."""
+    options = client_options(security) if options is None else options
     for host, port, _ in collect_hosts(bootstrap, randomize=False):
         try:
             conn = await create_conn(host, port, request_timeout_ms=10_000, **options)
