@@ -1,0 +1,67 @@
+"""Review probes of the outboxes' bounded delivery records (031c365): what moves the horizon, and a
+resolution by silence of an incident older than the horizon (72134cf)."""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.closed_alerts import SWEEP_AFTER_CLOSES
+from detector.detectors.episode import SILENT
+from tests.helpers import T0
+from tests.test_delivery_memory import DAY, Worker, episode, finding, hook, opening_ts, slack  # noqa: F401
+
+__all__ = ["hook", "slack"]
+
+
+def test_one_future_dated_change_does_not_stop_the_outboxes_forgetting(store, slack, hook):
+    """One alert dated a year ahead (an exporter's clock): the sweep ran once there, forgetting what was
+    closed, and then never again until event time got an eighth of the horizon past that date, so every
+    alert closed from then on stayed in both outboxes' memory for good, the growth the change set out to
+    end (closed_alerts says a future-dated change makes *more* be forgotten). Now a sweep also comes after
+    SWEEP_AFTER_CLOSES closes: 80 incidents opened and closed over 10 passes leave fewer than that held."""
+    worker = Worker(store, slack, hook.url, forget_after_s=DAY)
+    worker.handle(episode("h-future", T0 + 365 * DAY, hours=None))
+    ids: list[str] = []
+    for n in range(10):
+        findings = [f for d in range(8) for f in episode(f"h{n}-{d}", T0 + (8 * n + d) * 3600, team=f"t{d}")]
+        ids += [a.alert_id for a in worker.handle(findings) if a.change == "fired"]
+    assert len(ids) == 80
+    kept = [i for i in ids if worker.slack.remembers(i)]
+    kept_outputs = [i for i in ids if worker.outputs.remembers(i)]
+    assert len(kept) < SWEEP_AFTER_CLOSES and len(kept_outputs) < SWEEP_AFTER_CLOSES, (len(kept), len(kept_outputs))
+    assert not worker.slack.remembers(ids[0]) and not worker.outputs.remembers(ids[0])
+
+
+@pytest.mark.parametrize("restart", [False, True])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_went_silent_resolution_of_an_incident_older_than_the_horizon_replies_in_its_thread(store, slack, hook,
+                                                                                              restart, grouped):
+    """An idle host opens on day 0 (alone, or in a group message with a host that resolves within the hour),
+    stays idle and reporting until day 9 while other incidents come and go (event time moves, the outboxes
+    forget), then goes quiet: 2 days on, the sweep resolves it where its events stopped (went_silent). The
+    resolution replies once in its opening's thread (the group's, without rewriting it) and reaches the
+    webhook once; by the same worker or one restarted just before."""
+    worker = Worker(store, slack, hook.url)
+    fired = [finding("fire", "h-long", T0, T0 + 1800)]
+    if grouped:
+        fired.append(finding("fire", "h-mate", T0, T0 + 1800))
+    opened = worker.handle(fired)
+    long_id = opened[0].alert_id
+    if grouped:
+        worker.handle([finding("resolve", "h-mate", T0, T0 + 3600)])
+    for d in range(1, 10):
+        worker.handle([finding("update", "h-long", T0, T0 + d * DAY)])
+        worker.handle(episode(f"h-other{d}", T0 + d * DAY + 600))
+    if grouped:
+        assert not worker.slack.remembers(opened[1].alert_id)  # the mate is forgotten by now
+    edits = len(slack.calls("chat.update"))
+    on = Worker(store, slack, hook.url) if restart else worker
+    on.handle(episode("h-later", T0 + 11 * DAY, hours=None))  # event time: 2 days past its last event
+    (resolved,) = on.handle([finding("resolve", "h-long", T0, T0 + 9 * DAY, reason=SILENT, silent_s=2 * DAY)])
+    assert resolved.alert_id == long_id and resolved.change == "resolved"
+    replies = [p for p in slack.calls("chat.postMessage") if f"alert `{long_id}`" in p.text_of_blocks()
+               and p.body.get("thread_ts")]
+    assert len(replies) == 1 and replies[0].body["thread_ts"] == opening_ts(slack, long_id)
+    if grouped:
+        assert len(slack.calls("chat.update")) == edits  # the group's message is not rewritten as its own
+    assert [r.json["status"] for r in hook.delivered if r.json["id"] == long_id] == ["firing", "resolved"]
