@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from detector.closed_alerts import SWEEP_AFTER_CLOSES
-from detector.detectors.episode import SILENT
+from detector.detectors.episode import SILENT, WITHDRAWN
 from tests.helpers import T0
 from tests.test_delivery_memory import DAY, Worker, episode, finding, hook, opening_ts, slack  # noqa: F401
 
@@ -65,3 +65,21 @@ def test_a_went_silent_resolution_of_an_incident_older_than_the_horizon_replies_
     if grouped:
         assert len(slack.calls("chat.update")) == edits  # the group's message is not rewritten as its own
     assert [r.json["status"] for r in hook.delivered if r.json["id"] == long_id] == ["firing", "resolved"]
+
+
+def test_a_withdrawal_of_a_forgotten_group_member_replies_in_the_groups_thread_without_rewriting_it(store, slack, hook):
+    """Two hosts of one team open one message and both resolve on day 0; with a one-day horizon both are
+    forgotten by day 2. The first's fire taken back then (read back from the store: deliveries.recall) replies
+    in the group's thread and leaves the group's message alone: the records read back say it is a group's."""
+    worker = Worker(store, slack, hook.url, forget_after_s=DAY)
+    opened = worker.handle([finding("fire", "g1", T0, T0 + 1800), finding("fire", "g2", T0, T0 + 1800)])
+    (group_ts,) = {p.response["ts"] for p in slack.calls("chat.postMessage")}
+    worker.handle([finding("resolve", "g1", T0, T0 + 5400), finding("resolve", "g2", T0, T0 + 5400)])
+    worker.handle(episode("h-new", T0 + 2 * DAY, hours=None))
+    assert not worker.slack.remembers(opened[0].alert_id) and not worker.slack.remembers(opened[1].alert_id)
+    edits = len(slack.calls("chat.update"))
+    (withdrawn,) = worker.handle([finding("resolve", "g1", T0, T0 + 1700, reason=WITHDRAWN)])
+    assert withdrawn.change == "withdrawn"
+    reply = slack.calls("chat.postMessage")[-1]
+    assert "*Withdrawn*" in reply.text_of_blocks() and reply.body["thread_ts"] == group_ts
+    assert len(slack.calls("chat.update")) == edits
