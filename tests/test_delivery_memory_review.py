@@ -7,6 +7,8 @@ import pytest
 
 from detector.closed_alerts import SWEEP_AFTER_CLOSES
 from detector.detectors.episode import SILENT, WITHDRAWN
+from detector.outputs.outbox import OutputOutbox
+from detector.rules import Routing
 from tests.helpers import T0
 from tests.test_delivery_memory import DAY, Worker, episode, finding, hook, opening_ts, slack  # noqa: F401
 
@@ -83,3 +85,23 @@ def test_a_withdrawal_of_a_forgotten_group_member_replies_in_the_groups_thread_w
     reply = slack.calls("chat.postMessage")[-1]
     assert "*Withdrawn*" in reply.text_of_blocks() and reply.body["thread_ts"] == group_ts
     assert len(slack.calls("chat.update")) == edits
+
+
+def test_an_output_added_by_a_reload_after_the_assignment_sends_a_replayed_old_alert_once(store, slack, hook):
+    """A worker assigned its partitions with no output besides Slack in its routing (the webhook taken out of
+    routing.yaml for a while) gets the webhook back by a reload; the topic is then replayed past the alert
+    manager's horizon. The webhook had day 0's episode already (output_deliveries says so): its lane, added
+    by the reload, was never recovered, and the outbox's recovery, which returns before marking what it did
+    not load when there is no lane, left nothing counted as forgotten, so nothing is looked up: sent again."""
+    worker = Worker(store, slack, hook.url)
+    old = worker.handle(episode("h-old", T0))[0].alert_id
+    worker.handle(episode("h-new", T0 + 9 * DAY, hours=None))
+    sent = len(hook.delivered)
+    later = Worker(store, slack, hook.url)
+    routing = later.outputs.routing
+    later.outputs = OutputOutbox(store, Routing.model_validate({"send": {"default": ["slack"]}}))
+    later.outputs.assign([0])
+    later.outputs.configure(routing)  # the reload
+    again = later.handle(episode("h-old", T0))
+    assert [(a.alert_id, a.change) for a in again] == [(old, "fired"), (old, "resolved")]
+    assert len(hook.delivered) == sent
