@@ -1,4 +1,5 @@
 """Probe (review): the cost of the new store reads as history grows."""
+# ruff: noqa: E501
 import time
 
 import pytest

@@ -36,8 +36,9 @@ def test_one_future_dated_change_does_not_stop_the_outboxes_forgetting(store, sl
 
 @pytest.mark.parametrize("restart", [False, True])
 @pytest.mark.parametrize("grouped", [False, True])
-def test_a_went_silent_resolution_of_an_incident_older_than_the_horizon_replies_in_its_thread(store, slack, hook,
-                                                                                              restart, grouped):
+def test_a_went_silent_resolution_of_an_incident_older_than_the_horizon_replies_in_its_thread(
+    store, slack, hook, restart, grouped
+):
     """An idle host opens on day 0 (alone, or in a group message with a host that resolves within the hour),
     stays idle and reporting until day 9 while other incidents come and go (event time moves, the outboxes
     forget), then goes quiet: 2 days on, the sweep resolves it where its events stopped (went_silent). The
@@ -61,8 +62,9 @@ def test_a_went_silent_resolution_of_an_incident_older_than_the_horizon_replies_
     on.handle(episode("h-later", T0 + 11 * DAY, hours=None))  # event time: 2 days past its last event
     (resolved,) = on.handle([finding("resolve", "h-long", T0, T0 + 9 * DAY, reason=SILENT, silent_s=2 * DAY)])
     assert resolved.alert_id == long_id and resolved.change == "resolved"
-    replies = [p for p in slack.calls("chat.postMessage") if f"alert `{long_id}`" in p.text_of_blocks()
-               and p.body.get("thread_ts")]
+    replies = [
+        p for p in slack.calls("chat.postMessage") if f"alert `{long_id}`" in p.text_of_blocks() and p.body.get("thread_ts")
+    ]
     assert len(replies) == 1 and replies[0].body["thread_ts"] == opening_ts(slack, long_id)
     if grouped:
         assert len(slack.calls("chat.update")) == edits  # the group's message is not rewritten as its own
