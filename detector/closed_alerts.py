@@ -31,7 +31,9 @@ what was sent.
 Event time, not the wall clock: the newest change's time, as the alert manager's horizon goes by its
 newest episode. A replay at 3,000x, a backlog caught up after an outage and live data then forget
 alike, and a worker stopped for a week forgets nothing on its return until event time has moved. A
-future-dated change moves the horizon ahead: more is forgotten, which costs look-ups, never a post.
+future-dated change moves the horizon ahead: more is forgotten, which costs look-ups, never a post; and
+since event time then stands still until it gets there, a sweep also comes once enough alerts have closed
+since the last (:data:`SWEEP_AFTER_CLOSES`, or an eighth of those held), not only when event time moves.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from collections.abc import Callable
 from detector.alerts import Alert
 from detector.suppression.memory import HORIZON_S
 
-__all__ = ["CLOSING", "DELIVERY_HORIZON_S", "TOLD", "ClosedAlerts", "closed_at"]
+__all__ = ["CLOSING", "DELIVERY_HORIZON_S", "SWEEP_AFTER_CLOSES", "TOLD", "ClosedAlerts", "closed_at"]
 
 TOLD = ("fired", "resolved", "withdrawn", "corrected")
 """The changes of an alert an outbox delivers, and keeps a record of."""
@@ -52,6 +54,9 @@ CLOSING = TOLD[1:]
 
 DELIVERY_HORIZON_S = HORIZON_S
 """Event time a closed alert's delivery records stay in an outbox's memory (the alert manager's horizon)."""
+SWEEP_AFTER_CLOSES = 64
+"""Closes since the last sweep (or an eighth of the alerts held, if more) that make a sweep due whatever
+event time did: a future-dated change holds event time still, and the forgetting must not stop with it."""
 
 
 def closed_at(alert: Alert) -> float:
@@ -76,6 +81,8 @@ class ClosedAlerts:
         self._heap: list[tuple[float, str]] = []
         """Their (closed at, alert id), in order; an entry whose time is no longer the alert's is skipped."""
         self._swept_at = -math.inf
+        self._closes_since = 0
+        """Closes told since the last sweep."""
 
     def saw(self, alert: Alert) -> None:
         """A change handed to the outbox: event time moves; a closing one's alert may be forgotten later."""
@@ -89,6 +96,7 @@ class ClosedAlerts:
         if at > self._closed.get(alert_id, -math.inf):
             self._closed[alert_id] = at
             heapq.heappush(self._heap, (at, alert_id))
+            self._closes_since += 1
 
     def recovered(self, newest: float | None) -> float:
         """A recovery read the store, whose newest alert change is at ``newest`` (None: no alert): event
@@ -111,11 +119,14 @@ class ClosedAlerts:
     def due(self, busy: Callable[[str], bool]) -> set[str]:
         """The alerts whose records to forget now: closed more than ``horizon_s`` before the newest
         change and not ``busy`` (a change queued or in doubt: asked again at the next sweep). A sweep
-        runs once event time has moved an eighth of the horizon since the last, so the caller's own
-        clean-up (a scan of what it keeps) is rare."""
-        if self.newest - self._swept_at < self.horizon_s / 8:
+        runs once event time has moved an eighth of the horizon since the last, or once
+        :data:`SWEEP_AFTER_CLOSES` alerts (an eighth of those held, if more) have closed since, so the
+        caller's own clean-up (a scan of what it keeps) is rare."""
+        if (self.newest - self._swept_at < self.horizon_s / 8
+                and self._closes_since < max(SWEEP_AFTER_CLOSES, len(self._closed) // 8)):  # fmt: skip
             return set()
         self._swept_at = self.newest
+        self._closes_since = 0
         horizon = self.newest - self.horizon_s
         gone: set[str] = set()
         kept: list[tuple[float, str]] = []

@@ -213,11 +213,11 @@ class OutputOutbox:
         stored since the output was first configured); load the alerts still firing there."""
         with self._pass:
             self._take_config()
+            newest = self.store.alerts.newest()
+            if newest is not None:  # what finished before this is not loaded, unless still owed (nor by a lane added later)
+                self._closed.forgot(newest)
             if not self._lanes:
                 return 0
-            newest = self.store.alerts.newest()
-            if newest is not None:  # what finished before this is not loaded, unless still owed
-                self._closed.forgot(newest)
             since = self.store.outputs.enabled_since(list(self._lanes))
             found = 0
             for name, lane in self._lanes.items():
@@ -497,6 +497,8 @@ class OutputOutbox:
         added = [name for name in lanes if name not in self._lanes]
         with self._lock:
             self._lanes = lanes
+        if added:  # a new lane knows nothing it may have finished before (a removed output back): looked up
+            self._closed.forgot(self._closed.newest)  # (what came before the last assignment: recover's mark)
         if added:
             try:
                 self.store.outputs.enabled_since(added)

@@ -77,21 +77,26 @@ class Deliveries:
 
     def recall(self, alert_ids: Sequence[str]) -> Made:
         """The deliveries of these alerts (forgotten by the outbox, and wanted again)."""
-        return self._made("d.alert_id IN %(ids)s", {"ids": list(alert_ids)}) if alert_ids else Made()
+        if not alert_ids:
+            return Made()
+        db = self.conn.db  # (the sub-queries narrowed to these alerts: not a scan of every alert on the delivery thread)
+        return self._made("d.alert_id IN %(ids)s", {"ids": list(alert_ids)}, alerts="WHERE alert_id IN %(ids)s",
+                          grouped=f"AND message_ts IN (SELECT message_ts FROM {db}.alert_deliveries "
+                                  "WHERE alert_id IN %(ids)s AND kind = 'fired')")  # fmt: skip
 
-    def _made(self, where: str, parameters: dict[str, Any]) -> Made:
+    def _made(self, where: str, parameters: dict[str, Any], alerts: str = "", grouped: str = "") -> Made:
         db = self.conn.db
         rows = self.conn.query(
             f"""SELECT d.alert_id AS alert_id, d.kind AS kind, d.channel AS channel, d.message_ts AS message_ts,
                        d.kind = 'fired' AND d.message_ts IN (
-                           SELECT message_ts FROM {db}.alert_deliveries FINAL WHERE kind = 'fired' AND message_ts != ''
+                           SELECT message_ts FROM {db}.alert_deliveries FINAL WHERE kind = 'fired' AND message_ts != '' {grouped}
                            GROUP BY message_ts HAVING uniqExact(alert_id) > 1) AS grouped,
                        a.closed AS closed
                 FROM {db}.alert_deliveries AS d FINAL
                 LEFT JOIN (SELECT alert_id, if(status = 'resolved' AND resolved_at IS NOT NULL,
                                               toUnixTimestamp64Milli(greatest(episode_start, assumeNotNull(resolved_at))) / 1000,
                                               NULL) AS closed
-                           FROM {db}.alerts FINAL) AS a ON a.alert_id = d.alert_id
+                           FROM {db}.alerts FINAL {alerts}) AS a ON a.alert_id = d.alert_id
                 WHERE NOT startsWith(d.kind, %(attempt)s) AND {where}""",
             {"attempt": ATTEMPT, **parameters},
         )  # fmt: skip
