@@ -39,13 +39,16 @@ def click(alert_id: str, action: str, user: str = "ana") -> Click:
 
 
 def test_memory_remembers_recent_episodes_and_whether_they_closed(store: Store):
-    """Dedup after a restart: each alert's episode start and whether it resolved, for
-    episodes within the horizon before the newest; older ones are forgotten."""
-    store.alerts.record([alert("old", T0), alert("open", T0 + 6 * DAY), alert("closed", T0 + 8 * DAY, resolved=True)],
+    """Dedup after a restart: each alert's episode start and whether it resolved, for episodes
+    within the horizon before the newest, and those still open however old; older closed ones
+    are forgotten."""
+    store.alerts.record([alert("old", T0, resolved=True), alert("open", T0 + 6 * DAY),
+                         alert("closed", T0 + 8 * DAY, resolved=True), alert("long", T0 - 30 * DAY)],
                         version=1)  # fmt: skip
     assert store.memory.recent_alerts(horizon_s=7 * DAY) == {"open": (T0 + 6 * DAY, False),
-                                                             "closed": (T0 + 8 * DAY, True)}  # fmt: skip
-    assert set(store.memory.recent_alerts(horizon_s=9 * DAY)) == {"old", "open", "closed"}
+                                                             "closed": (T0 + 8 * DAY, True),
+                                                             "long": (T0 - 30 * DAY, False)}  # fmt: skip
+    assert set(store.memory.recent_alerts(horizon_s=9 * DAY)) == {"old", "open", "closed", "long"}
 
 
 def test_memory_reads_the_latest_change_of_each_alert(store: Store):
@@ -154,9 +157,13 @@ def test_memory_tells_held_back_alerts_from_the_last_posted_opening(store: Store
 
 
 def test_memory_of_holds_and_openings_stops_at_the_horizon(store: Store):
-    store.alerts.record([alert("old", T0, held=Hold(kind="realert", by="idle-gpu", reason="realert: r")),
-                         alert("new", T0 + 3 * DAY)], version=1)  # fmt: skip
+    """Past the horizon: the hold of a closed alert is forgotten, an open one's is kept (its resolution is
+    held back as its opening was, however long it lasted)."""
+    hold = Hold(kind="realert", by="idle-gpu", reason="realert: r")
+    store.alerts.record([alert("old", T0, held=hold, resolved=True), alert("new", T0 + 3 * DAY)], version=1)
     assert store.memory.suppression(horizon_s=DAY) == ({("idle-gpu", "h1"): T0 + 3 * DAY}, {})
+    store.alerts.record([alert("open", T0, held=hold)], version=2)
+    assert store.memory.suppression(horizon_s=DAY) == ({("idle-gpu", "h1"): T0 + 3 * DAY}, {"open": hold})
 
 
 # -- deliveries --------------------------------------------------------------------------

@@ -235,16 +235,33 @@ def test_rows_stored_before_the_hold_columns_read_back_as_holds(store, monkeypat
 # -- pruning --------------------------------------------------------------------------
 
 
+def test_an_incident_open_past_the_horizon_stays_remembered_with_why_it_was_held(ruleset):
+    """An idle GPU held back (a realert) and left idle for three horizons: its opening read again is not let
+    through, and its resolution is held back as its opening was, not posted alone as a first sight (the
+    alert manager forgot open episodes by their start: a resolution of a held opening, e.g. went_silent,
+    was posted on its own, and a withdrawal after it was lost). Closed ones are forgotten as before."""
+    manager = AlertManager(ruleset=ruleset, horizon_s=6 * HOUR, prune_every=2)
+    first, second = finding(rid="h1"), finding(rid="h1", start=T0 + HOUR)
+    later = [finding(rid=f"other{i}", start=T0 + (20 + i) * HOUR) for i in range(4)]
+    alerts = manager.handle([first, second, *later])  # pruned past prune_every: h1's two are 19+ hours old
+    assert [a.held.kind if a.held else None for a in alerts[:2]] == [None, "realert"]
+    assert manager.handle([second]) == []  # still open: remembered
+    (resolved,) = manager.handle([finding("resolve", rid="h1", start=T0 + HOUR, at=T0 + 25 * HOUR)])
+    assert resolved.held is not None and resolved.held.kind == "realert"
+
+
 def test_pruning_forgets_old_alerts_and_keeps_recent_ones(ruleset):
-    """Memory is bounded, and pruning it keeps what is still within the horizon: replacing the
-    pruned memory with an empty one lets re-read input open and close alerts twice."""
+    """Memory is bounded, and pruning it keeps what is still within the horizon, and what is still
+    open however old: replacing the pruned memory with an empty one lets re-read input open and
+    close alerts twice."""
     manager = AlertManager(ruleset=ruleset, horizon_s=6 * HOUR, prune_every=4)
     old = [finding(rid=f"old{i}") for i in range(3)]
+    closed = [finding("resolve", rid=f"old{i}", at=T0 + HOUR) for i in range(3)]
     posted, held = finding(rid="h1", start=T0 + 10 * HOUR), finding(rid="h1", start=T0 + 11 * HOUR)
-    alerts = manager.handle(old + [posted, held])  # five remembered, more than prune_every: pruned
-    assert [a.held.kind if a.held else None for a in alerts] == [None, None, None, None, "realert"]
+    alerts = manager.handle(old + closed + [posted, held])  # more remembered than prune_every: pruned
+    assert [a.held.kind if a.held else None for a in alerts] == [None] * 7 + ["realert"]
     assert manager.handle([posted, held]) == []  # within the horizon: still remembered
-    assert len(manager.handle(old)) == 3  # older than the horizon: forgotten
+    assert len(manager.handle(old)) == 3  # closed and older than the horizon: forgotten
     (resolved,) = manager.handle([finding("resolve", rid="h1", start=T0 + 11 * HOUR, at=T0 + 12 * HOUR)])
     assert resolved.held is not None and resolved.held.kind == "realert"  # why it was held back is remembered
     (again,) = manager.handle([finding(rid="h1", start=T0 + 11.5 * HOUR)])

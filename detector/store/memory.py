@@ -23,7 +23,8 @@ class ManagerMemory:
 
     def recent_alerts(self, horizon_s: float = HORIZON_S) -> dict[str, tuple[float, int]]:
         """alert id → (episode start, :class:`~detector.suppression.stages.Stage`) for alerts whose episode
-        started within ``horizon_s`` of event time before the newest: what the alert manager must remember.
+        started within ``horizon_s`` of event time before the newest, and alerts still open however old (as
+        :meth:`~detector.suppression.stages.Dedup.prune` keeps them): what the alert manager must remember.
         A resolution that says corrected (``details``; a correction, or a resolution first let through
         with corrected figures) is :attr:`~detector.suppression.stages.Stage.CORRECTED`: nothing follows it."""
         db = self.conn.db
@@ -31,7 +32,8 @@ class ManagerMemory:
             f"""SELECT alert_id, episode_start,
                        multiIf(status != 'resolved', 0, withdrawn, 2, JSONExtractBool(details, 'corrected'), 3, 1) AS stage
                 FROM {db}.alerts FINAL
-                WHERE episode_start >= (SELECT max(episode_start) FROM {db}.alerts) - toIntervalSecond(%(horizon)s)""",
+                WHERE episode_start >= (SELECT max(episode_start) FROM {db}.alerts) - toIntervalSecond(%(horizon)s)
+                   OR status != 'resolved'""",
             {"horizon": int(horizon_s)},
         )
         return {r["alert_id"]: (epoch(r["episode_start"]), Stage(r["stage"])) for r in rows}
@@ -47,12 +49,14 @@ class ManagerMemory:
     def suppression(self, horizon_s: float = HORIZON_S) -> tuple[dict[tuple[str, str], float], dict[str, Hold]]:
         """For :class:`detector.suppression.AlertMemory`: the fire time of the latest posted
         opening per (rule, resource) that was not withdrawn, for ``realert``; and why each held-back alert was held
-        back, whose later changes stay held back. Within ``horizon_s`` of the newest alert."""
+        back, whose later changes stay held back. Within ``horizon_s`` of the newest alert, and the holds of
+        alerts still open however old (their resolution stays held back too)."""
         db = self.conn.db
         rows = self.conn.query(
             f"""SELECT rule, resource_id, alert_id, fired_at, held, held_by, silenced, withdrawn
                 FROM {db}.alerts FINAL
-                WHERE fired_at >= (SELECT max(fired_at) FROM {db}.alerts) - toIntervalSecond(%(horizon)s)""",
+                WHERE fired_at >= (SELECT max(fired_at) FROM {db}.alerts) - toIntervalSecond(%(horizon)s)
+                   OR (held != '' AND status != 'resolved')""",
             {"horizon": int(horizon_s)},
         )
         last: dict[tuple[str, str], float] = {}

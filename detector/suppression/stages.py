@@ -70,8 +70,12 @@ class Dedup:
         return True
 
     def prune(self, horizon: float) -> None:
-        """Forget episodes that started before ``horizon`` (event time): input that old is not re-read."""
-        self.seen = {k: v for k, v in self.seen.items() if v[0] >= horizon}
+        """Forget episodes that started before ``horizon`` (event time) and have closed: input that old is not
+        re-read. An open one is kept however long it lasts (an idle GPU forgotten for weeks): forgotten, its
+        resolution was taken for a first sight (its opening's hold not known, a withdrawal after it lost) and
+        a re-read of its opening let through again. Open episodes are bounded by the live resources: one
+        whose resource vanished is resolved past the state TTL (``went_silent``)."""
+        self.seen = {k: v for k, v in self.seen.items() if v[0] >= horizon or v[1] == Stage.OPEN}
 
 
 class Route:
