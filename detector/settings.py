@@ -248,6 +248,17 @@ class Settings(BaseSettings):
                 raise ValueError(f"{path} is not a PEM bundle of CA certificates ({_reason(exc)})") from None
         return path
 
+    @field_validator("kafka_ssl_check_hostname")
+    @classmethod
+    def _hostname_with_tls(cls, check: bool, info: ValidationInfo) -> bool:
+        """Turning the check of the brokers' names off goes with a TLS protocol: beside another it would say
+        nothing, and likely means the protocol was meant to be SSL or SASL_SSL."""
+        protocol = info.data.get("kafka_security_protocol")
+        if not check and protocol is not None and protocol not in ("SSL", "SASL_SSL"):
+            raise ValueError(f"set to false, but BURNWATCH_KAFKA_SECURITY_PROTOCOL is {protocol}: TLS settings go "
+                             "with SSL or SASL_SSL")  # fmt: skip
+        return check
+
     @field_validator("kafka_ssl_key_file")
     @classmethod
     def _a_key_pair(cls, key: Path | None, info: ValidationInfo) -> Path | None:

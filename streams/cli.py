@@ -149,10 +149,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from detector.runtime import tune_gc
     from streams.app import run_worker
 
-    structlog.get_logger("burnwatch.cli").info(
+    cli_log = structlog.get_logger("burnwatch.cli")
+    cli_log.info(
         "worker_starting", store=redact_dsn(settings.dsn), database=settings.clickhouse_database,
         kafka=settings.kafka_bootstrap, kafka_security=settings.kafka_security.describe(), rules=str(settings.rules_path),
     )  # fmt: skip
+    if settings.kafka_security_protocol == "SASL_PLAINTEXT" and settings.kafka_sasl_mechanism == "PLAIN":
+        cli_log.warning("kafka_password_in_clear", note="SASL PLAIN over SASL_PLAINTEXT sends the password unencrypted "
+                        "at every connection: use SASL_SSL, or SCRAM, which never sends it")  # fmt: skip
     from streams.kafka import ensure_worker_topics
 
     _kafka(settings, lambda: ensure_worker_topics(settings))  # a broker not answering: exit 69; refusing: 1
@@ -239,17 +243,21 @@ def _kafka(settings: Settings, go: Any) -> Any:
     refuses burnwatch's TLS or SASL (or whose certificate is not trusted) says why (``KafkaRefused``)."""
     from aiokafka.errors import KafkaError
 
-    from streams.kafka import KafkaRefused, why_refused
+    from streams.kafka import KafkaRefused, accepts_connections, why_refused
 
     bootstrap = settings.kafka_bootstrap
     try:
         return asyncio.run(go())
     except KafkaError as exc:
         failure = str(exc)
-    refused = None if settings.kafka_security_protocol == "PLAINTEXT" else \
-        asyncio.run(why_refused(bootstrap, settings.kafka_security))  # fmt: skip
+    protocol = settings.kafka_security_protocol
+    refused = None if protocol == "PLAINTEXT" else asyncio.run(why_refused(bootstrap, settings.kafka_security))
     if refused:
         raise KafkaRefused(f"Kafka at {bootstrap} refused the connection: {refused}")
+    if asyncio.run(accepts_connections(bootstrap)):  # the port answers, Kafka as set does not: the usual first-day slip
+        failure += (f"; the port accepts connections, but not as {protocol}: check BURNWATCH_KAFKA_SECURITY_PROTOCOL "
+                    "and the port (a cluster listens for each protocol on its own: Amazon MSK 9092 plaintext, 9094 "
+                    "TLS, 9096 SASL/SCRAM; Confluent Cloud SASL_SSL on 9092)")  # fmt: skip
     raise ConnectionError(f"cannot reach Kafka at {bootstrap}: {failure}")
 
 

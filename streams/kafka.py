@@ -33,7 +33,7 @@ from detector.kafka_security import PLAINTEXT, KafkaSecurity
 from detector.replay import read_replay
 from detector.settings import BROKER_DEFAULT, Settings
 
-__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsRefused", "client_options", "count_events",
+__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "KafkaRefused", "accepts_connections", "TopicsRefused", "client_options", "count_events",
            "create_missing", "ensure_topics", "ensure_worker_topics", "faust_credentials", "faust_leader_topic",
            "file_records", "producer", "publish_file", "publish_records", "why_refused"]  # fmt: skip
 
@@ -103,6 +103,19 @@ async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[
             continue
         conn.close()
     return None
+
+
+async def accepts_connections(bootstrap: str, timeout_s: float = 3.0) -> bool:
+    """Whether any of the brokers at ``bootstrap`` accepts a TCP connection: one that does, yet no Kafka client
+    could bootstrap from, most likely speaks another protocol on that port (TLS, SASL) than the one set."""
+    for host, port, _ in collect_hosts(bootstrap, randomize=False):
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        except (OSError, asyncio.TimeoutError):
+            continue
+        writer.close()
+        return True
+    return False
 
 
 def faust_leader_topic(app_id: str) -> str:

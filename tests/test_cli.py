@@ -333,6 +333,7 @@ def test_a_server_or_broker_that_does_not_answer(tmp_path):
         out = burnwatch(*args, env={"BURNWATCH_KAFKA_BOOTSTRAP": kafka, "BURNWATCH_DATA_DIR": str(tmp_path)})
         no_traceback(out)
         assert out.returncode == EXIT_UNAVAILABLE and f"cannot reach Kafka at {kafka}" in out.stderr, (args, out.stderr)
+        assert "the port accepts connections" not in out.stderr  # nothing listens there: no hint of a protocol
 
 
 def test_missing_files_bad_paths_and_bad_seeds(tmp_path):

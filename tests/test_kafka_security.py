@@ -96,6 +96,10 @@ def test_plaintext_is_the_default_and_adds_nothing_to_any_client():
          ["BURNWATCH_KAFKA_SSL_CA_FILE: Value error, /no/such/ca.pem: no such file"]),
         (sasl_env(protocol="SASL_PLAINTEXT", BURNWATCH_KAFKA_SSL_CA_FILE="/etc/hostname"),
          ["BURNWATCH_KAFKA_SSL_CA_FILE: Value error, set, but BURNWATCH_KAFKA_SECURITY_PROTOCOL is SASL_PLAINTEXT"]),
+        # hostname checking turned off beside a protocol without TLS: meant SSL or SASL_SSL (review)
+        ({"BURNWATCH_KAFKA_SSL_CHECK_HOSTNAME": "false"},
+         ["BURNWATCH_KAFKA_SSL_CHECK_HOSTNAME: Value error, set to false, but BURNWATCH_KAFKA_SECURITY_PROTOCOL is "
+          "PLAINTEXT"]),
     ],
 )  # fmt: skip
 def test_settings_a_cluster_cannot_use_are_refused_naming_the_setting(environ, said):
@@ -319,6 +323,26 @@ def test_a_server_certificate_not_trusted_is_refused(pki: Pki, tmp_path: Path, r
         else:
             assert code == 1 and f"Kafka at {relay.bootstrap} refused the connection: {said}" in err, err
             assert relay.relayed == 0
+
+
+@pytest.mark.integration
+def test_the_default_protocol_to_a_tls_port_says_to_check_the_protocol(pki: Pki, tmp_path: Path, ruleset, monkeypatch,
+                                                                        capsys):  # fmt: skip
+    """The usual first-day slip: the cluster's TLS (or SASL) port with the protocol left PLAINTEXT. aiokafka only
+    says it could not bootstrap; the port does accept connections, so the error says to check the protocol and
+    the port, each protocol's port named (review: it read as a broker down, exit 69 with nothing to act on)."""
+    monkeypatch.setattr("streams.cli.configure_logging", lambda *a, **k: None)
+    fleet, _ = fleet_file(tmp_path / "fleet.jsonl", SimConfig(hours=0.25, training_hosts=1, notebooks=0),
+                          ruleset.pricing)  # fmt: skip
+    broker_port = free_port()
+    with SecureRelay(broker_port, tls=pki.server_context()) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        for var, value in {"BURNWATCH_KAFKA_BOOTSTRAP": relay.bootstrap, "BURNWATCH_PARTITIONS": "2"}.items():
+            monkeypatch.setenv(var, value)
+        code, _, err = burnwatch_in_process(capsys, "replay", str(fleet))
+    assert code == 69 and f"cannot reach Kafka at {relay.bootstrap}" in err, err
+    assert "the port accepts connections, but not as PLAINTEXT: check BURNWATCH_KAFKA_SECURITY_PROTOCOL" in err, err
+    assert "Traceback" not in err and relay.relayed == 0
 
 
 # -- review: what the password must never show as ---------------------------------------------------
