@@ -585,9 +585,9 @@ class Pipeline:
         the stored resolution, drops the repeat). The states only in the store (evicted keys, keys loaded
         at assignment) that may hold an open episode (:meth:`Engine.may_be_open`, saved beside each state:
         a key that went quiet with nothing open is deleted unread) are read for it, with the partition each
-        was saved under (its holder, this
-        worker, delivers the resolution): a look-up of its own for each :data:`GET_MANY_CHUNK` keys, so
-        that many keys going quiet together do not make one read past the look-up's bound."""
+        was saved under (its holder, this worker, delivers the resolution): a look-up of its own for each
+        :data:`GET_MANY_CHUNK` keys, so that many keys going quiet together do not make one read past the
+        look-up's bound."""
         engine = self.engine
         coming = HeldKeys(self.aligner)  # gathered only if a key has gone quiet
         expired = engine.expire(coming)  # their next event is read: not quiet
