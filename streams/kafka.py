@@ -77,11 +77,14 @@ def client_options(security: KafkaSecurity) -> dict[str, Any]:
     return dict(credentials_to_aiokafka_auth(faust_credentials(security)))
 
 
-async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[str, Any] | None = None) -> str | None:
+async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[str, Any] | None = None, *,
+                      running: bool = False) -> str | None:  # fmt: skip
     """Why the brokers at ``bootstrap`` refuse a connection made as ``security`` says (or with the client
     ``options`` given: a running worker's, made when it started), naming the settings to check; None when
     none refused one (a broker that does not answer). aiokafka's clients say only that they could not
-    bootstrap, and log the reason."""
+    bootstrap, and log the reason. ``running`` (a worker checking the credentials it runs with): only a
+    definite refusal counts (credentials, a certificate), not a handshake cut short (a broker going down
+    in a rolling restart), and one broker that takes the credentials answers."""
     options = client_options(security) if options is None else options
     for host, port, _ in collect_hosts(bootstrap, randomize=False):
         try:
@@ -97,11 +100,15 @@ async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[
                 "BURNWATCH_KAFKA_SSL_CA_FILE (unset: the system's trust store)"  # fmt: skip
             return f"the broker's TLS certificate is not trusted ({exc.verify_message}): check {setting}"
         except ssl.SSLError as exc:
+            if running:
+                continue
             return (f"the TLS handshake failed ({exc.reason or exc}): check BURNWATCH_KAFKA_SECURITY_PROTOCOL and, "
                     "where the brokers ask for a client certificate, BURNWATCH_KAFKA_SSL_CERT_FILE")  # fmt: skip
         except (OSError, KafkaError, asyncio.TimeoutError):
             continue
         conn.close()
+        if running:
+            return None
     return None
 
 

@@ -52,8 +52,9 @@ def _watch_kafka_credentials(parts: WorkerParts) -> None:
     would retry the old password dozens of times a second, consume nothing and report itself healthy (review
     of the TLS/SASL settings). So, on TLS or SASL, every :data:`KAFKA_CHECK_S`: a password file that changed
     stops the worker (exit 70) for its orchestrator to start it again with the new one, and so do the brokers
-    refusing the credentials it started with twice in a row (:func:`~streams.kafka.why_refused` with Faust's
-    own client options), saying why."""
+    refusing the credentials it started with (SASL authentication failed, a certificate not trusted: not a
+    broker down or a handshake cut short by one restarting) twice in a row (:func:`~streams.kafka.why_refused`
+    with Faust's own client options), saying why."""
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
     from streams.kafka import why_refused
@@ -77,7 +78,7 @@ def _watch_kafka_credentials(parts: WorkerParts) -> None:
             if (now.password.get_secret_value() if now.password is not None else None) != secret:
                 fail("kafka_password_changed", setting="BURNWATCH_KAFKA_SASL_PASSWORD_FILE",
                      note="the clients were made with the password read at start: restart to take up the new one")  # fmt: skip
-        refused = await why_refused(settings.kafka_bootstrap, started, options)
+        refused = await why_refused(settings.kafka_bootstrap, started, options, running=True)
         refusals = refusals + 1 if refused is not None else 0
         if refused is not None and refusals >= 2:
             fail("kafka_refused", error=refused,
