@@ -80,7 +80,13 @@ from detector.pricing import Pricer
 from detector.rules import CompiledRule, RuleSet
 from detector.saved import read_state
 
-__all__ = ["Engine", "KeyState", "SeenSample"]
+__all__ = ["RULE_NO_LONGER_APPLIES", "RULE_REMOVED", "Engine", "KeyState", "SeenSample"]
+
+RULE_REMOVED = "rule_removed"
+"""The ``reason`` of an episode resolved because a reload removed its rule (or changed its type)."""
+RULE_NO_LONGER_APPLIES = "rule_no_longer_applies"
+"""The ``reason`` of an episode resolved because its resource changed so that its rule's ``match`` no
+longer takes it (another type, account, region or owner tags)."""
 
 log = structlog.get_logger("burnwatch.engine")
 
@@ -316,6 +322,9 @@ class Engine:
         self.last_unread: list[str] = []
         """The keys the latest :meth:`expire` reclaimed that were evicted and may hold an open episode
         (:meth:`may_be_open`): their state is in the store (the worker reads them, :meth:`ended_in`)."""
+        self._pending: list[Finding] = []
+        """Resolutions made where no step runs (a reload, a route made again), handed on with the
+        findings of the batch that made them, or of the next one."""
         self._maybe_open: set[str] = set()
         """Keys whose state may hold an open episode: a finding other than a resolution was made on
         them in their life here, or their state held one when it was restored. A superset (an episode
@@ -374,7 +383,8 @@ class Engine:
         ``step_scrape`` takes it in one call; findings keep the order of one step per event. A list
         is a scrape already (no check of its samples); one next to more samples of its host at its
         time (a scrape split across messages) is a part of the scrape they make together."""
-        findings: list[Finding] = []
+        findings: list[Finding] = self._pending  # a reload's resolutions, made between batches
+        self._pending = []
         keys = self._keys
         mark_dirty = self.dirty.add
         watermark = self.watermark
@@ -486,6 +496,9 @@ class Engine:
                 route = state.run_route
             if route is None:
                 route = self._route(state, etype)
+                if self._pending:  # episodes of rules that no longer apply to the resource, resolved
+                    findings += self._pending
+                    self._pending = []
             if scrape is not None:
                 found_in = self._scrape(route, state, ctx, key, Scrape(scrape), t)
                 if found_in:
@@ -535,6 +548,22 @@ class Engine:
                     log.error("detector_error", rule=rule.detector.name, type=rule.detector.type, key=key,
                               phase="open_episodes", error=f"{type(exc).__name__}: {exc}")  # fmt: skip
         return found
+
+    def _end_dropped(self, key: str, info: ResourceInfo, dropped: list[tuple[Detector[Any], Any]], reason: str) -> None:
+        """Resolve the episodes open in the states of rules a key is losing (``reason``), dated where each
+        stood, with its dollars so far: dropped with the state, an open incident would stay open for ever."""
+        for detector, rule_state in dropped:
+            if rule_state is None:
+                continue
+            try:
+                found = detector.open_episodes(rule_state, info)
+            except Exception as exc:  # noqa: BLE001 - as for open episodes at a sweep
+                if self._count_failure(detector, exc, 1, "open_episodes"):
+                    log.error("detector_error", rule=detector.name, type=detector.type, key=key,
+                              phase="open_episodes", error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+                continue
+            self._pending += [msgspec.structs.replace(f, action="resolve", key=key, details={**f.details, "reason": reason})
+                              for f in found]  # fmt: skip
 
     def silent_resolutions(self, key: str, state: KeyState) -> list[Finding]:
         """The episodes open in ``key``'s state, resolved as it went quiet past the TTL (see the
@@ -709,7 +738,10 @@ class Engine:
             detectors = [r.for_resource(info) for r in candidates if r.matches(info)]
             live = {r.detector.name for r in self.ruleset.rules if r.matches(info)}
             if not live.issuperset(state.names):
-                kept = [(n, s) for n, s in zip(state.names, state.states, strict=True) if n in live]
+                pairs = list(zip(state.names, state.states, strict=True))
+                gone = [(rule.detector, s) for n, s in pairs if n not in live and (rule := self.ruleset.by_name(n))]
+                self._end_dropped(info.resource_id, info, gone, RULE_NO_LONGER_APPLIES)
+                kept = [(n, s) for n, s in pairs if n in live]
                 self._set_rules(state, [n for n, _ in kept], [s for _, s in kept])
         else:
             detectors = [r.detector for r in candidates]
@@ -843,7 +875,19 @@ class Engine:
 
     def set_ruleset(self, ruleset: RuleSet) -> None:
         """Swap rules in place (hot reload). Open episodes of rules that remain continue
-        with the new params; state of rules removed, or whose type changed, is dropped."""
+        with the new params; state of rules removed, or whose type changed, is dropped, the episodes
+        open in it resolved (``reason: rule_removed``, handed on with the next batch's findings) on the
+        keys held in memory. (A key evicted, or loaded at assignment and not heard from, has its
+        state read with the rules it comes back to: a removed rule's is dropped unread, its episode
+        not resolved.)"""
+        before = self.ruleset
+        for key, state in self._keys.items():
+            gone = []
+            for name, rule_state in zip(state.names, state.states, strict=True):
+                rule, old = ruleset.by_name(name), before.by_name(name)
+                if old is not None and (rule is None or rule.detector.type != old.detector.type):
+                    gone.append((old.detector, rule_state))
+            self._end_dropped(key, state.info, gone, RULE_REMOVED)
         self.ruleset = ruleset
         self.pricer = Pricer(ruleset.pricing, self.billed, say=True)
         self._trackers = _trackers(ruleset)

@@ -1,0 +1,69 @@
+"""An episode open in the state of a rule a key loses is resolved, not dropped with the state: the
+resource changed so that the rule's match no longer takes it, or a reload removed the rule."""
+
+from __future__ import annotations
+
+from detector.backtest import backtest
+from detector.engine import RULE_NO_LONGER_APPLIES, RULE_REMOVED, Engine
+from detector.replay import write_replay
+from detector.rules import load_rules
+from tests.helpers import MIN, T0, scrape, usage
+
+RULES = """\
+rules:
+  - name: idle-gpu
+    type: idle_gpu
+    match: {resource_type: [gpu_instance, notebook]}
+    params: {for: 30m}
+  - name: idle-gpu-nlp
+    type: idle_gpu
+    match: {resource_type: [gpu_instance, notebook], tags: {team: nlp}}
+    params: {for: 20m}
+"""
+
+
+def host_idle(rid: str, team: str, start: float, minutes: int) -> list:
+    events = []
+    for i in range(minutes * 2):
+        t = start + i * 30
+        if i % 2 == 0:
+            events.append(usage(t, rid, tags={"team": team}))
+        events.extend(scrape(t, [0.0] * 4, rid))
+    return events
+
+
+def test_an_episode_of_a_rule_that_no_longer_matches_its_resource_is_resolved(tmp_path):
+    """A host of team nlp idles 40 minutes (both rules fire), then is handed to team vision: idle-gpu-nlp no
+    longer takes it, and its open episode is resolved where it stood (``rule_no_longer_applies``), in the
+    engine and in backtest alike; idle-gpu's goes on. Before, the state was dropped and the alert stayed
+    firing for ever (the incident page, Slack)."""
+    (tmp_path / "rules.yaml").write_text(RULES)
+    ruleset = load_rules(tmp_path)
+    events = host_idle("h", "nlp", T0, 40) + host_idle("h", "vision", T0 + 40 * MIN, 20)
+    found = Engine(ruleset).process(events)
+    nlp = [f for f in found if f.rule == "idle-gpu-nlp"]
+    assert [f.action for f in nlp][0] == "fire" and nlp[-1].action == "resolve"
+    assert nlp[-1].details["reason"] == RULE_NO_LONGER_APPLIES and nlp[-1].at < T0 + 40 * MIN
+    assert [f.action for f in found if f.rule == "idle-gpu" and f.action != "update"] == ["fire"]
+
+    path = tmp_path / "retagged.jsonl"
+    with open(path, "wb") as out:
+        topics = {"UsageEvent": "resource-usage", "GpuMetric": "gpu-metrics"}
+        write_replay(((0, topics[type(e).__name__], e.resource_id, e) for e in events), out)
+    alerts = {a.rule: a for a in backtest(path, ruleset).alerts}
+    assert (alerts["idle-gpu-nlp"].status, alerts["idle-gpu-nlp"].details["reason"]) == ("resolved", RULE_NO_LONGER_APPLIES)
+    assert alerts["idle-gpu"].status == "firing"
+
+
+def test_a_reload_that_removes_a_rule_resolves_its_open_episodes(tmp_path):
+    """idle-gpu-nlp is removed by a reload while its episode on h is open: the next batch's findings
+    resolve it (``rule_removed``), once; idle-gpu's episode goes on."""
+    (tmp_path / "rules.yaml").write_text(RULES)
+    engine = Engine(load_rules(tmp_path))
+    engine.process(host_idle("h", "nlp", T0, 40))
+    (tmp_path / "rules.yaml").write_text(RULES.split("  - name: idle-gpu-nlp")[0])
+    engine.set_ruleset(load_rules(tmp_path))
+    found = engine.process(host_idle("h", "nlp", T0 + 40 * MIN, 5))
+    ended = [f for f in found if f.action == "resolve"]
+    assert [(f.rule, f.details["reason"]) for f in ended] == [("idle-gpu-nlp", RULE_REMOVED)]
+    assert not [f for f in engine.process(host_idle("h", "nlp", T0 + 45 * MIN, 5)) if f.action == "resolve"]
