@@ -879,15 +879,19 @@ class Engine:
         open in it resolved (``reason: rule_removed``, handed on with the next batch's findings) on the
         keys held in memory. (A key evicted, or loaded at assignment and not heard from, has its
         state read with the rules it comes back to: a removed rule's is dropped unread, its episode
-        not resolved.)"""
-        before = self.ruleset
+        not resolved; nor are those of a rule removed while the worker was down, or of keys whose
+        partitions move before the next batch, :meth:`forget_all`.)"""
+        before = {r.detector.name: r for r in self.ruleset.rules}
+        after = {r.detector.name: r for r in ruleset.rules}
         for key, state in self._keys.items():
             gone = []
             for name, rule_state in zip(state.names, state.states, strict=True):
-                rule, old = ruleset.by_name(name), before.by_name(name)
+                rule, old = after.get(name), before.get(name)
                 if old is not None and (rule is None or rule.detector.type != old.detector.type):
                     gone.append((old.detector, rule_state))
-            self._end_dropped(key, state.info, gone, RULE_REMOVED)
+            if gone:
+                self._end_dropped(key, state.info, gone, RULE_REMOVED)
+                self.dirty.add(key)  # saved without the rule's state, with the batch that stores the resolutions
         self.ruleset = ruleset
         self.pricer = Pricer(ruleset.pricing, self.billed, say=True)
         self._trackers = _trackers(ruleset)
@@ -1001,6 +1005,7 @@ class Engine:
         self._leaving.clear()
         self._read_ahead = {}
         self._maybe_open.clear()
+        self._pending = []  # a reload's resolutions of keys no longer here: not this worker's to post
         self.dirty.clear()
         self._ahead.clear()
         self.watermark = 0.0

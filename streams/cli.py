@@ -255,9 +255,9 @@ def _kafka(settings: Settings, go: Any) -> Any:
     if refused:
         raise KafkaRefused(f"Kafka at {bootstrap} refused the connection: {refused}")
     if asyncio.run(accepts_connections(bootstrap)):  # the port answers, Kafka as set does not: the usual first-day slip
-        failure += (f"; the port accepts connections, but not as {protocol}: check BURNWATCH_KAFKA_SECURITY_PROTOCOL "
-                    "and the port (a cluster listens for each protocol on its own: Amazon MSK 9092 plaintext, 9094 "
-                    "TLS, 9096 SASL/SCRAM; Confluent Cloud SASL_SSL on 9092)")  # fmt: skip
+        failure += (f"; the port accepts connections, but not as {protocol}: if Kafka is up, check "
+                    "BURNWATCH_KAFKA_SECURITY_PROTOCOL and the port (a cluster listens for each protocol on its own: "
+                    "Amazon MSK 9092 plaintext, 9094 TLS, 9096 SASL/SCRAM; Confluent Cloud SASL_SSL on 9092)")  # fmt: skip
     raise ConnectionError(f"cannot reach Kafka at {bootstrap}: {failure}")
 
 

@@ -86,7 +86,7 @@ async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[
     definite refusal counts (credentials, a certificate), not a handshake cut short (a broker going down
     in a rolling restart), and one broker that takes the credentials answers."""
     options = client_options(security) if options is None else options
-    for host, port, _ in collect_hosts(bootstrap, randomize=False):
+    for host, port, _ in collect_hosts(bootstrap, randomize=running):  # (running: not always the first broker)
         try:
             conn = await create_conn(host, port, request_timeout_ms=10_000, **options)
         except SaslAuthenticationFailed as exc:

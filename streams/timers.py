@@ -44,17 +44,22 @@ def install_timers(parts: WorkerParts) -> None:
 
 KAFKA_CHECK_S = 15.0
 """How often a worker on TLS or SASL checks that the brokers still take the credentials it started with."""
+REFUSALS_TO_STOP = 3
+"""Checks in a row whose broker refused those credentials before the worker stops: a broker just restarted
+may refuse valid SCRAM credentials for a few seconds, until it has loaded them."""
 
 
 def _watch_kafka_credentials(parts: WorkerParts) -> None:
     """Faust's clients are made once, at start, with the credentials of that moment, and reconnect with them
     for ever: after a rotation (MSK's or Confluent's secret replaced, a client certificate renewed) the worker
     would retry the old password dozens of times a second, consume nothing and report itself healthy (review
-    of the TLS/SASL settings). So, on TLS or SASL, every :data:`KAFKA_CHECK_S`: a password file that changed
-    stops the worker (exit 70) for its orchestrator to start it again with the new one, and so do the brokers
-    refusing the credentials it started with (SASL authentication failed, a certificate not trusted: not a
-    broker down or a handshake cut short by one restarting) twice in a row (:func:`~streams.kafka.why_refused`
-    with Faust's own client options), saying why."""
+    of the TLS/SASL settings). So, on TLS or SASL, every :data:`KAFKA_CHECK_S`: a password file that holds
+    another password at two checks in a row stops the worker (exit 70) for its orchestrator to start it again
+    with the new one (an empty or unreadable file, as one rewritten in place can be for a moment, says
+    nothing), and so do the brokers refusing the credentials it started with at :data:`REFUSALS_TO_STOP`
+    checks in a row, each asking a broker picked at random (SASL authentication failed, a certificate not
+    trusted; not a broker down, nor a handshake cut short by one restarting), saying why
+    (:func:`~streams.kafka.why_refused` with Faust's own client options)."""
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
     from streams.kafka import why_refused
@@ -65,22 +70,24 @@ def _watch_kafka_credentials(parts: WorkerParts) -> None:
         return
     options = dict(credentials_to_aiokafka_auth(app.conf.broker_credentials))
     secret = started.password.get_secret_value() if started.password is not None else None
-    refusals = 0
+    refusals, changes = 0, 0
 
     @app.timer(interval=KAFKA_CHECK_S)
     async def watch_kafka_credentials() -> None:
-        nonlocal refusals
+        nonlocal refusals, changes
         try:
             now = await asyncio.get_running_loop().run_in_executor(None, lambda: settings.kafka_security)
         except ValueError as exc:  # the file mid-rotation, unreadable: the brokers' answer below decides
             log.warning("kafka_password_unreadable", error=one_line(exc))
         else:
-            if (now.password.get_secret_value() if now.password is not None else None) != secret:
+            read = now.password.get_secret_value() if now.password is not None else None
+            changes = changes + 1 if read and read != secret else 0
+            if changes >= 2:
                 fail("kafka_password_changed", setting="BURNWATCH_KAFKA_SASL_PASSWORD_FILE",
                      note="the clients were made with the password read at start: restart to take up the new one")  # fmt: skip
         refused = await why_refused(settings.kafka_bootstrap, started, options, running=True)
         refusals = refusals + 1 if refused is not None else 0
-        if refused is not None and refusals >= 2:
+        if refused is not None and refusals >= REFUSALS_TO_STOP:
             fail("kafka_refused", error=refused,
                  note="the brokers refuse the credentials this worker started with (rotated?): a restart reads "
                       "them again")  # fmt: skip

@@ -67,3 +67,29 @@ def test_a_reload_that_removes_a_rule_resolves_its_open_episodes(tmp_path):
     ended = [f for f in found if f.action == "resolve"]
     assert [(f.rule, f.details["reason"]) for f in ended] == [("idle-gpu-nlp", RULE_REMOVED)]
     assert not [f for f in engine.process(host_idle("h", "nlp", T0 + 45 * MIN, 5)) if f.action == "resolve"]
+
+
+def test_a_reloads_resolutions_go_with_the_keys_when_partitions_move(tmp_path):
+    """A reload queues rule_removed resolutions for the keys held, then the partitions move (forget_all):
+    those keys are another worker's now, and this one must not post their resolutions with its next batch
+    (unplaced: partition -1). Review of 53dbe56: they went out with the next partitions' batch."""
+    (tmp_path / "rules.yaml").write_text(RULES)
+    engine = Engine(load_rules(tmp_path))
+    engine.process(host_idle("h", "nlp", T0, 40))
+    (tmp_path / "rules.yaml").write_text(RULES.split("  - name: idle-gpu-nlp")[0])
+    engine.set_ruleset(load_rules(tmp_path))
+    engine.forget_all()
+    assert [f for f in engine.process(host_idle("other", "vision", T0 + 40 * MIN, 2)) if f.action == "resolve"] == []
+
+
+def test_a_reload_marks_the_keys_whose_rules_it_dropped_dirty(tmp_path):
+    """The batch that stores a reload's resolution saves the key's state without the removed rule's: left
+    clean, the saved state kept the open episode until the key's next event, and a rollback of the rule
+    brought it back under an alert id already resolved (review of 53dbe56)."""
+    (tmp_path / "rules.yaml").write_text(RULES)
+    engine = Engine(load_rules(tmp_path))
+    engine.process(host_idle("h", "nlp", T0, 40))
+    engine.dirty.clear()  # saved
+    (tmp_path / "rules.yaml").write_text(RULES.split("  - name: idle-gpu-nlp")[0])
+    engine.set_ruleset(load_rules(tmp_path))
+    assert [f.key for f in engine.process_timed([]) if f.action == "resolve"] == ["h"] and "h" in engine.dirty
