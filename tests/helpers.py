@@ -47,6 +47,18 @@ def scrape(t: float, utils: list[float], rid: str = "host-1", sm: list[float] | 
     ]  # fmt: skip
 
 
+def idle_host(rid: str, team: str, minutes: int, start: float = T0) -> list:
+    """A host of ``team`` with four GPUs idle for ``minutes`` from ``start``: scrapes every 30 s, a usage
+    event (tagged with the team) every minute."""
+    events: list = []
+    for i in range(minutes * 2):
+        t = start + i * 30
+        if i % 2 == 0:
+            events.append(usage(t, rid, tags={"team": team}))
+        events.extend(scrape(t, [0.0] * 4, rid))
+    return events
+
+
 def timeline(start: float, end: float, utils: list[float], rid: str = "host-1", step: float = 30.0,
              with_usage: bool = True, usd_per_hour: float = 32.0) -> list:
     """Scrapes every ``step`` seconds in [start, end), with a usage event every minute."""

@@ -7,7 +7,7 @@ from detector.backtest import backtest
 from detector.engine import RULE_NO_LONGER_APPLIES, RULE_REMOVED, Engine
 from detector.replay import write_replay
 from detector.rules import load_rules
-from tests.helpers import MIN, T0, scrape, usage
+from tests.helpers import MIN, T0, idle_host
 
 RULES = """\
 rules:
@@ -22,16 +22,6 @@ rules:
 """
 
 
-def host_idle(rid: str, team: str, start: float, minutes: int) -> list:
-    events = []
-    for i in range(minutes * 2):
-        t = start + i * 30
-        if i % 2 == 0:
-            events.append(usage(t, rid, tags={"team": team}))
-        events.extend(scrape(t, [0.0] * 4, rid))
-    return events
-
-
 def test_an_episode_of_a_rule_that_no_longer_matches_its_resource_is_resolved(tmp_path):
     """A host of team nlp idles 40 minutes (both rules fire), then is handed to team vision: idle-gpu-nlp no
     longer takes it, and its open episode is resolved where it stood (``rule_no_longer_applies``), in the
@@ -39,7 +29,7 @@ def test_an_episode_of_a_rule_that_no_longer_matches_its_resource_is_resolved(tm
     firing for ever (the incident page, Slack)."""
     (tmp_path / "rules.yaml").write_text(RULES)
     ruleset = load_rules(tmp_path)
-    events = host_idle("h", "nlp", T0, 40) + host_idle("h", "vision", T0 + 40 * MIN, 20)
+    events = idle_host("h", "nlp", 40, T0) + idle_host("h", "vision", 20, T0 + 40 * MIN)
     found = Engine(ruleset).process(events)
     nlp = [f for f in found if f.rule == "idle-gpu-nlp"]
     assert [f.action for f in nlp][0] == "fire" and nlp[-1].action == "resolve"
@@ -60,13 +50,13 @@ def test_a_reload_that_removes_a_rule_resolves_its_open_episodes(tmp_path):
     resolve it (``rule_removed``), once; idle-gpu's episode goes on."""
     (tmp_path / "rules.yaml").write_text(RULES)
     engine = Engine(load_rules(tmp_path))
-    engine.process(host_idle("h", "nlp", T0, 40))
+    engine.process(idle_host("h", "nlp", 40, T0))
     (tmp_path / "rules.yaml").write_text(RULES.split("  - name: idle-gpu-nlp")[0])
     engine.set_ruleset(load_rules(tmp_path))
-    found = engine.process(host_idle("h", "nlp", T0 + 40 * MIN, 5))
+    found = engine.process(idle_host("h", "nlp", 5, T0 + 40 * MIN))
     ended = [f for f in found if f.action == "resolve"]
     assert [(f.rule, f.details["reason"]) for f in ended] == [("idle-gpu-nlp", RULE_REMOVED)]
-    assert not [f for f in engine.process(host_idle("h", "nlp", T0 + 45 * MIN, 5)) if f.action == "resolve"]
+    assert not [f for f in engine.process(idle_host("h", "nlp", 5, T0 + 45 * MIN)) if f.action == "resolve"]
 
 
 def test_a_reloads_resolutions_go_with_the_keys_when_partitions_move(tmp_path):
@@ -75,11 +65,11 @@ def test_a_reloads_resolutions_go_with_the_keys_when_partitions_move(tmp_path):
     (unplaced: partition -1). Review of 53dbe56: they went out with the next partitions' batch."""
     (tmp_path / "rules.yaml").write_text(RULES)
     engine = Engine(load_rules(tmp_path))
-    engine.process(host_idle("h", "nlp", T0, 40))
+    engine.process(idle_host("h", "nlp", 40, T0))
     (tmp_path / "rules.yaml").write_text(RULES.split("  - name: idle-gpu-nlp")[0])
     engine.set_ruleset(load_rules(tmp_path))
     engine.forget_all()
-    assert [f for f in engine.process(host_idle("other", "vision", T0 + 40 * MIN, 2)) if f.action == "resolve"] == []
+    assert [f for f in engine.process(idle_host("other", "vision", 2, T0 + 40 * MIN)) if f.action == "resolve"] == []
 
 
 def test_a_reload_marks_the_keys_whose_rules_it_dropped_dirty(tmp_path):
@@ -88,7 +78,7 @@ def test_a_reload_marks_the_keys_whose_rules_it_dropped_dirty(tmp_path):
     brought it back under an alert id already resolved (review of 53dbe56)."""
     (tmp_path / "rules.yaml").write_text(RULES)
     engine = Engine(load_rules(tmp_path))
-    engine.process(host_idle("h", "nlp", T0, 40))
+    engine.process(idle_host("h", "nlp", 40, T0))
     engine.dirty.clear()  # saved
     (tmp_path / "rules.yaml").write_text(RULES.split("  - name: idle-gpu-nlp")[0])
     engine.set_ruleset(load_rules(tmp_path))

@@ -11,7 +11,7 @@ import yaml
 from detector.engine import Engine
 from detector.reload import RulesWatcher
 from detector.rules import RulesInvalid, explain, load_rules
-from tests.helpers import MIN, T0, scrape, usage
+from tests.helpers import MIN, T0, idle_host
 
 RULES = """\
 rules:
@@ -26,16 +26,6 @@ rules:
 """
 
 
-def host_idle(rid: str, team: str, minutes: int) -> list:
-    events = []
-    for i in range(minutes * 2):
-        t = T0 + i * 30
-        if i % 2 == 0:
-            events.append(usage(t, rid, tags={"team": team}))
-        events.extend(scrape(t, [0.0] * 4, rid))
-    return events
-
-
 @pytest.fixture
 def rules_dir(tmp_path):
     (tmp_path / "rules.yaml").write_text(RULES)
@@ -44,10 +34,10 @@ def rules_dir(tmp_path):
 
 def test_override_applies_to_the_team_it_selects(rules_dir):
     engine = Engine(load_rules(rules_dir))
-    fired = [f for f in engine.process(host_idle("nlp-host", "nlp", 90) + host_idle("res-host", "research", 90))
+    fired = [f for f in engine.process(idle_host("nlp-host", "nlp", 90) + idle_host("res-host", "research", 90))
              if f.action == "fire"]  # fmt: skip
     assert [(f.resource_id, f.severity) for f in fired] == [("nlp-host", "warning")]  # research waits 2h
-    more = engine.process([e for e in host_idle("res-host", "research", 130) if e.t > T0 + 90 * MIN])
+    more = engine.process([e for e in idle_host("res-host", "research", 130) if e.t > T0 + 90 * MIN])
     assert [(f.resource_id, f.severity, f.fired_at) for f in more if f.action == "fire"] == [
         ("res-host", "info", T0 + 2 * 3600)
     ]
@@ -64,7 +54,7 @@ def test_explain_shows_effective_params(rules_dir):
 def test_edit_is_picked_up_and_open_episodes_continue(rules_dir):
     watcher = RulesWatcher(rules_dir, load_rules(rules_dir))
     engine = Engine(watcher.current)
-    events = host_idle("h", "nlp", 50)
+    events = idle_host("h", "nlp", 50)
     assert [f.action for f in engine.process(events[: len(events) // 2])] == []  # 25 idle minutes
     assert watcher.poll() == (None, None)
     path = rules_dir / "rules.yaml"
