@@ -10,7 +10,6 @@ import asyncio
 from typing import Any, cast
 
 import faust
-from aiokafka.errors import KafkaError
 
 from detector.billing.rates import BilledRates
 from detector.charts import ChartWorker
@@ -130,8 +129,9 @@ def build_worker_app(settings: Settings, store: Store, event_expiry_days: int = 
 
 
 def run_worker(settings: Settings) -> None:
-    """Open the store (creating the schema), then run the Faust worker until stopped."""
-    asyncio.run(_ensure(settings))
+    """Open the store (creating the schema), then run the Faust worker until stopped. Its topics exist:
+    ``burnwatch worker`` made them first (:func:`streams.kafka.ensure_worker_topics`), saying why a
+    broker that refused is refusing."""
     asyncio.set_event_loop(asyncio.new_event_loop())
     settings.data_dir.mkdir(parents=True, exist_ok=True)  # Faust's data; with a server DSN nothing else makes it
     store, expiry_days = Store.open_expiring(settings.dsn, settings.clickhouse_database, settings.event_ttl_days,
@@ -146,12 +146,3 @@ def run_worker(settings: Settings) -> None:
         worker.execute_from_commandline()
     finally:
         store.close()
-
-
-async def _ensure(settings: Settings) -> None:
-    from streams.kafka import ensure_worker_topics
-
-    try:
-        await ensure_worker_topics(settings)
-    except KafkaError as exc:
-        raise SystemExit(f"cannot reach Kafka at {settings.kafka_bootstrap}: {exc}") from exc
