@@ -15,12 +15,16 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-__all__ = ["MECHANISMS", "PLAINTEXT", "PROTOCOLS", "KafkaSecurity", "Mechanism", "Protocol", "check_identity",
-           "check_trust"]  # fmt: skip
+__all__ = ["MECHANISMS", "PLAINTEXT", "PROTOCOLS", "SASL_PROTOCOLS", "TLS_PROTOCOLS", "KafkaSecurity", "Mechanism",
+           "Protocol", "check_identity", "check_trust"]  # fmt: skip
 
 Protocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 Mechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 PROTOCOLS: tuple[Protocol, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+TLS_PROTOCOLS: tuple[Protocol, ...] = ("SSL", "SASL_SSL")
+"""The protocols over TLS: the CA, client certificate and hostname settings go with these alone."""
+SASL_PROTOCOLS: tuple[Protocol, ...] = ("SASL_PLAINTEXT", "SASL_SSL")
+"""The protocols that authenticate with SASL: the mechanism, user and password go with these alone."""
 MECHANISMS: tuple[Mechanism, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 """The SASL mechanisms burnwatch speaks: a username and a password. GSSAPI (Kerberos) and OAUTHBEARER
 (MSK's IAM, Confluent's OAuth) need more than that and are refused when the settings load."""
@@ -63,11 +67,11 @@ class KafkaSecurity:
 
     @property
     def tls(self) -> bool:
-        return self.protocol in ("SSL", "SASL_SSL")
+        return self.protocol in TLS_PROTOCOLS
 
     @property
     def sasl(self) -> bool:
-        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+        return self.protocol in SASL_PROTOCOLS
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context of a connection (None without TLS): certificates always verified, the

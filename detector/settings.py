@@ -23,7 +23,16 @@ from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_va
 from pydantic_settings import BaseSettings, EnvSettingsSource, InitSettingsSource, SettingsConfigDict
 from pydantic_settings import PydanticBaseSettingsSource as Source
 
-from detector.kafka_security import MECHANISMS, KafkaSecurity, Mechanism, Protocol, check_identity, check_trust
+from detector.kafka_security import (
+    MECHANISMS,
+    SASL_PROTOCOLS,
+    TLS_PROTOCOLS,
+    KafkaSecurity,
+    Mechanism,
+    Protocol,
+    check_identity,  # fmt: skip
+    check_trust,
+)
 from detector.units import parse_duration
 
 __all__ = ["BROKER_DEFAULT", "ENV", "Settings", "bind_host", "load_settings", "url_host"]
@@ -196,7 +205,7 @@ class Settings(BaseSettings):
         protocol = info.data.get("kafka_security_protocol")
         if protocol is None:  # its own error is reported
             return value
-        sasl = protocol.startswith("SASL_")
+        sasl = protocol in SASL_PROTOCOLS
         if value is not None and not sasl:
             raise ValueError(f"set, but BURNWATCH_KAFKA_SECURITY_PROTOCOL is {protocol}: SASL settings go with "
                              "SASL_SSL or SASL_PLAINTEXT")  # fmt: skip
@@ -210,7 +219,7 @@ class Settings(BaseSettings):
     @classmethod
     def _one_password(cls, path: Path | None, info: ValidationInfo) -> Path | None:
         """With SASL, the password from the variable or from a readable, non-empty file: one of them."""
-        if not str(info.data.get("kafka_security_protocol", "")).startswith("SASL_") \
+        if info.data.get("kafka_security_protocol") not in SASL_PROTOCOLS \
                 or "kafka_sasl_password" not in info.data:  # fmt: skip
             return path
         given = info.data["kafka_sasl_password"] is not None
@@ -236,9 +245,8 @@ class Settings(BaseSettings):
         protocol = info.data.get("kafka_security_protocol")
         if path is None or protocol is None:
             return path
-        if protocol not in ("SSL", "SASL_SSL"):
-            raise ValueError(f"set, but BURNWATCH_KAFKA_SECURITY_PROTOCOL is {protocol}: TLS settings go with "
-                             "SSL or SASL_SSL")  # fmt: skip
+        if protocol not in TLS_PROTOCOLS:
+            raise ValueError(f"set, but {_not_tls(protocol)}")
         if not path.is_file():
             raise ValueError(f"{path}: no such file")
         if info.field_name == "kafka_ssl_ca_file":
@@ -254,9 +262,8 @@ class Settings(BaseSettings):
         """Turning the check of the brokers' names off goes with a TLS protocol: beside another it would say
         nothing, and likely means the protocol was meant to be SSL or SASL_SSL."""
         protocol = info.data.get("kafka_security_protocol")
-        if not check and protocol is not None and protocol not in ("SSL", "SASL_SSL"):
-            raise ValueError(f"set to false, but BURNWATCH_KAFKA_SECURITY_PROTOCOL is {protocol}: TLS settings go "
-                             "with SSL or SASL_SSL")  # fmt: skip
+        if not check and protocol is not None and protocol not in TLS_PROTOCOLS:
+            raise ValueError(f"set to false, but {_not_tls(protocol)}")
         return check
 
     @field_validator("kafka_ssl_key_file")
@@ -329,6 +336,11 @@ class Settings(BaseSettings):
     @property
     def slack_configured(self) -> bool:
         return bool((self.slack_bot_token and self.slack_channel) or self.slack_webhook_url)
+
+
+def _not_tls(protocol: str) -> str:
+    """Why a TLS setting is refused beside ``protocol``."""
+    return f"BURNWATCH_KAFKA_SECURITY_PROTOCOL is {protocol}: TLS settings go with {' or '.join(TLS_PROTOCOLS)}"
 
 
 def _read_secret(path: Path) -> str:

@@ -33,8 +33,8 @@ from detector.kafka_security import PLAINTEXT, KafkaSecurity
 from detector.replay import read_replay
 from detector.settings import BROKER_DEFAULT, Settings
 
-__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "KafkaRefused", "accepts_connections", "TopicsRefused", "client_options", "count_events",
-           "create_missing", "ensure_topics", "ensure_worker_topics", "faust_credentials", "faust_leader_topic",
+__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsRefused", "accepts_connections", "client_options",
+           "count_events", "create_missing", "ensure_topics", "ensure_worker_topics", "faust_credentials", "faust_leader_topic",
            "file_records", "producer", "publish_file", "publish_records", "why_refused"]  # fmt: skip
 
 DEAD_LETTER_TOPIC = "dead-letter"
@@ -108,7 +108,7 @@ async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[
             continue
         conn.close()
         if running:
-            return None
+            break  # the credentials are taken
     return None
 
 

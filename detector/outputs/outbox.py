@@ -497,9 +497,10 @@ class OutputOutbox:
         added = [name for name in lanes if name not in self._lanes]
         with self._lock:
             self._lanes = lanes
-        if added:  # a new lane knows nothing it may have finished before (a removed output back): looked up
-            self._closed.forgot(self._closed.newest)  # (what came before the last assignment: recover's mark)
         if added:
+            # A new lane knows nothing it may have finished before (a removed output back): looked up
+            # (what came before the last assignment: recover's mark).
+            self._closed.forgot(self._closed.newest)
             try:
                 self.store.outputs.enabled_since(added)
             except Exception as exc:  # noqa: BLE001 - marked at the next recovery
