@@ -303,11 +303,15 @@ class AlertManager:
 
     def handle(self, findings: Iterable[Finding]) -> list[Alert]:
         """Return the alert records to store, in order; held-back ones carry their :class:`Hold`."""
+        return self.take(from_finding(finding) for finding in findings)
+
+    def take(self, changes: Iterable[Alert]) -> list[Alert]:
+        """:meth:`handle` for alert changes made otherwise than from a finding (:mod:`detector.orphaned_alerts`):
+        each is changed in place (its route, its hold), those let through returned in order."""
         out = []
         ruleset = self.ruleset
         silences = ruleset.silences if ruleset is not None else ()
-        for finding in findings:
-            alert = from_finding(finding)
+        for alert in changes:
             first_sight = alert.alert_id not in self._dedup.seen
             if not self._dedup.admit(alert):
                 continue

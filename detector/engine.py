@@ -878,9 +878,10 @@ class Engine:
         with the new params; state of rules removed, or whose type changed, is dropped, the episodes
         open in it resolved (``reason: rule_removed``, handed on with the next batch's findings) on the
         keys held in memory. (A key evicted, or loaded at assignment and not heard from, has its
-        state read with the rules it comes back to: a removed rule's is dropped unread, its episode
-        not resolved; nor are those of a rule removed while the worker was down, or of keys whose
-        partitions move before the next batch, :meth:`forget_all`.)"""
+        state read with the rules it comes back to, a removed rule's dropped unread: the worker resolves
+        its alert from the alert side, as those of a rule removed while it was down,
+        :mod:`detector.orphaned_alerts`. Those of keys whose partitions move before the next batch are
+        the next holder's, :meth:`forget_all`.)"""
         before = {r.detector.name: r for r in self.ruleset.rules}
         after = {r.detector.name: r for r in ruleset.rules}
         for key, state in self._keys.items():

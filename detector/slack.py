@@ -31,6 +31,7 @@ from slack_sdk.http_retry.builtin_handlers import (
     ServerErrorRetryHandler,
 )
 
+from detector import orphaned_alerts
 from detector.actions import BUTTONS, GROUP_BLOCK
 from detector.alerts import Alert, link_fields
 from detector.blockkit import MAX_FIELD_TEXT, MAX_HEADER_TEXT, MAX_NOTIFICATION_TEXT, MAX_TEXT, clip, clip_lines, fit
@@ -355,6 +356,8 @@ def _resolution_text(alert: Alert) -> str:
         silent = alert.details.get("silent_s")
         since = f" in the {format_duration(float(silent))} since" if isinstance(silent, (int, float)) else " since"
         reason = f"its last event; none{since}: the resource is gone, or nothing reports it any more"
+    elif alert.details.get("closed_by") == orphaned_alerts.CLOSED_BY:
+        reason += ": its rule is no longer loaded; the figures are the last it recorded"
     return (
         f":white_check_mark: *Resolved* at {rfc3339(alert.resolved_at or alert.updated_at)}"
         + (f" ({reason})" if reason else "")

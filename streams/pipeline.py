@@ -38,9 +38,10 @@ import structlog
 from detector.alerts import Alert, AlertManager
 from detector.align import EventTimeAligner, HeldKeys, message_start
 from detector.delivery import Outbox
-from detector.engine import Engine
+from detector.engine import RULE_REMOVED, Engine
 from detector.events import Event, InvalidMessage, RunEvent
 from detector.metrics import METRICS
+from detector.orphaned_alerts import loaded_rules, resolutions
 from detector.outputs.outbox import OutputOutbox
 from detector.pricing import Pricing
 from detector.store import Store
@@ -328,6 +329,9 @@ class Pipeline:
         self._acks: InOrderAcks[Message] = InOrderAcks()
         self._retry_max_s = retry_max_s
         self._stopping = threading.Event()
+        self._orphans_due = True
+        """The alerts left open by rules no longer loaded are to be resolved with the next batch
+        (:meth:`_resolve_orphans`): at the start, after each assignment and after a reload that drops a rule."""
         self._stalls: dict[str, tuple[float, str]] = {}
         """What stalls the pipeline now, by cause (:data:`_STORE`, :data:`_MEMBERSHIP`, :data:`_DEAD_LETTER_TOPIC`):
         since when (monotonic) and why. Each cause's stall begins and ends on its own, from the event loop or the
@@ -391,6 +395,8 @@ class Pipeline:
                     cpu = time.thread_time()
                 self._detect(step)
                 _CPU_DETECT.inc(time.thread_time() - cpu)
+                if self._orphans_due:  # after the engine's own (a reload's, exact): the alert manager lets one through
+                    await self._resolve_orphans(step)
                 if self.engine.sweep_due:
                     await self.drain()  # every earlier batch's states have landed (eviction takes them as saved)
                     await self._sweep(step, "event_time")
@@ -624,6 +630,25 @@ class Pipeline:
             log.info("state_swept", trigger=trigger, watermark=round(engine.watermark, 3), held=len(engine),
                      evicted=engine.last_evicted, expired=len(expired), out_of_memory=engine.evicted)  # fmt: skip
 
+    async def _resolve_orphans(self, step: _Step) -> None:
+        """Resolve the alerts still open in the store, of the partitions this worker holds, whose rule is no
+        longer loaded (:mod:`detector.orphaned_alerts`: a rule removed while the worker was down, or by a
+        reload while the key was evicted or not yet heard from), with the figures each last recorded. They
+        go in ``step.alerts``, stored by the batch's write; one that a kill loses before is found open again
+        at the next start. One the engine resolved in this batch, or one an earlier batch resolved whose
+        write is still landing, is let through once by the alert manager."""
+        partitions = None if self._assigned is None else {partition for _, partition in self._assigned}
+        loaded = loaded_rules(self.engine.ruleset)
+        orphans = await self._ask_store(lambda _: self.store.alerts.open_orphans(loaded, partitions), None,
+                                        "orphaned alerts read", "open alerts of rules no longer loaded; retrying")  # fmt: skip
+        self._orphans_due = False
+        if not orphans:
+            return
+        alerts = self.manager.take(resolutions(orphans, RULE_REMOVED))  # (each keeps its partition: its holder posts)
+        step.alerts += alerts
+        log.info("orphaned_alerts_resolved", alerts=len(alerts), rules=sorted({a.rule for a in alerts}),
+                 note="open alerts of rules no longer loaded: resolved with the figures each last recorded")  # fmt: skip
+
     def forget(self, keys: Iterable[str]) -> None:
         """Keys whose state expired: what the pipeline keeps per key goes too."""
         for key in keys:
@@ -653,7 +678,9 @@ class Pipeline:
         alert manager (routes, silences, realert) and Slack's notifier (mentions, links)."""
         config = self.config.current
         if self.engine.ruleset is not config.ruleset:
+            dropped = loaded_rules(self.engine.ruleset).items() - loaded_rules(config.ruleset).items()
             self.engine.set_ruleset(config.ruleset)
+            self._orphans_due = self._orphans_due or bool(dropped)
         if self.manager.ruleset is not config.ruleset:
             self.manager.ruleset = config.ruleset
         notifier = self.outbox.notifier
@@ -1019,6 +1046,7 @@ class Pipeline:
         """Partitions moved: drop every key's cached state (it reloads from the store) and
         whatever the aligner holds (unacknowledged, so it is read again by the new owner)."""
         self._moves += 1
+        self._orphans_due = True  # (the partitions taken over may hold alerts of rules removed meanwhile)
         self._dropped = False  # (the writes of the partitions dropped have all given up: drained before this)
         self.engine.forget_all()
         self.saved_times = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -85,6 +85,19 @@ class Alerts:
             f"SELECT * EXCEPT (version, change) FROM {self.conn.db}.alerts FINAL WHERE {where} ORDER BY fired_at, alert_id",
             parameters,
         )
+
+    def open_orphans(self, loaded: Mapping[str, str], partitions: Collection[int] | None) -> list[Alert]:
+        """The alerts still open whose rule is not in ``loaded`` (rule name → type; one of a loaded name and
+        another type too), of the input partitions ``partitions`` (an alert of partition -1, made before
+        that column: partition 0's; None: all), as last recorded: :mod:`detector.orphaned_alerts`."""
+        where, parameters = "status = 'firing'", dict[str, Any]()
+        if loaded:
+            where += " AND NOT has(arrayZip(%(names)s, %(types)s), (rule, type))"
+            parameters.update(names=list(loaded), types=list(loaded.values()))
+        if partitions is not None:
+            where += " AND greatest(partition, 0) IN %(partitions)s"
+            parameters["partitions"] = sorted(partitions) or [-1]  # (none held: no alert is this worker's)
+        return [alert_from_row(row) for row in self.latest(where, parameters)]
 
     def newest(self) -> float | None:
         """Event time of the newest alert change stored (None: no alert yet)."""

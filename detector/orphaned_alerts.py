@@ -1,0 +1,49 @@
+"""Open alerts whose rule is no longer loaded, resolved from the alert side.
+
+A rule removed from ``rules.yaml`` (or given another type under its name) leaves its open incidents
+with nothing to close them. The engine resolves the ones it can see with exact figures: a hot reload
+resolves the episodes open in the keys it holds (``rule_removed``, :meth:`~detector.engine.Engine.set_ruleset`).
+It cannot see the rest: a key evicted, or loaded at an assignment and not heard from since, has its
+state read later with the rules it comes back to, which drop the removed rule's state unread; and a
+rule removed while the worker was down (a ConfigMap rolled out with the pods) is never removed by a
+reload at all. Those incidents would stay "firing" in Slack and on the incidents page for ever, and
+the alert manager, which keeps open incidents however old, would remember each of them for ever.
+
+So after each assignment and each reload that drops a rule, the worker reads the alerts still open
+in the store for the input partitions it holds, and resolves each whose rule is not loaded with the
+figures it last recorded: resolved at its last change's event time, with the dollars counted to then
+(``reason: rule_removed``, ``closed_by: alert_manager``). The same alert resolved by the engine in the
+same batch is let through once, by the alert manager's dedup, whichever comes first (the engine's
+come first: :meth:`streams.pipeline.Pipeline.process`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from detector.alerts import Alert
+from detector.rules import RuleSet
+
+__all__ = ["CLOSED_BY", "loaded_rules", "resolutions"]
+
+CLOSED_BY = "alert_manager"
+"""``details.closed_by`` of a resolution made here: its figures are the alert's last recorded ones,
+not the engine's exact ones."""
+
+
+def loaded_rules(ruleset: RuleSet) -> dict[str, str]:
+    """Rule name → type of every rule ``ruleset`` detects with: an open alert of another name, or of
+    this name and another type, has no state left to close it."""
+    return {rule.detector.name: rule.detector.type for rule in ruleset.rules}
+
+
+def resolutions(open_alerts: Iterable[Alert], reason: str) -> list[Alert]:
+    """The resolution of each of these open alerts (as the store last recorded them) with the figures it
+    last recorded, for the alert manager to take (:meth:`~detector.alerts.AlertManager.take`): under the
+    id it was stored with, its hold and route left to the alert manager to decide again."""
+    return [msgspec.structs.replace(
+                alert, status="resolved", change="resolved", resolved_at=alert.updated_at, held=None, silenced="",
+                details={**alert.details, "reason": reason, "closed_by": CLOSED_BY}, key=alert.key or alert.resource_id)
+            for alert in open_alerts]  # fmt: skip

@@ -1,0 +1,174 @@
+"""An alert left open by a rule that is no longer loaded is resolved from the alert side, with the figures it
+last recorded: a rule removed while the worker was down, or by a reload while its key was evicted. Before,
+the engine dropped the rule's state unread and the incident stayed "firing" for ever (Slack, the incidents
+page), remembered for ever by the alert manager. A real worker's pipeline on the embedded store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from detector.delivery import Outbox
+from detector.engine import RULE_REMOVED, Engine
+from detector.orphaned_alerts import CLOSED_BY
+from detector.store.states import SavedTimes
+from streams.config import LiveConfig
+from streams.parts import remembering_manager
+from streams.pipeline import Message, Pipeline
+from tests.helpers import MIN, T0, slack_bot
+from tests.test_pipeline import gpu_message, run_batches, usage_message
+
+RULES = """\
+rules:
+  - name: idle-gpu
+    type: idle_gpu
+    match: {resource_type: [gpu_instance, notebook]}
+    params: {for: 30m}
+  - name: idle-gpu-nlp
+    type: idle_gpu
+    match: {resource_type: [gpu_instance, notebook], tags: {team: nlp}}
+    params: {for: 20m}
+"""
+WITHOUT_NLP = RULES.split("  - name: idle-gpu-nlp")[0]
+
+
+class Fleet:
+    """Messages of hosts a minute apart, on partition 0 of each topic, offsets counted on."""
+
+    def __init__(self) -> None:
+        self.usage, self.gpu = iter(range(100_000)), iter(range(100_000))
+
+    def minutes(self, start: float, n: int, hosts: dict[str, float]) -> list[Message]:
+        return [m for k in range(n) for host, util in hosts.items()
+                for m in (usage_message(next(self.usage), start + k * MIN, host),
+                          gpu_message(next(self.gpu), start + k * MIN, util, host))]  # fmt: skip
+
+
+def worker(store, config: LiveConfig, slack=None, **engine_options) -> Pipeline:
+    """A worker's pipeline as it (re)starts on partition 0: the saved states loaded, read back when each key
+    speaks; the alert manager's memory read from the store; ``config`` the rules it reloads; posting to the
+    local Slack server ``slack``, if given."""
+    latest: dict[str, float] = {}
+    maybe_open: set[str] = set()
+    states = store.states.load([0], saved_within_s=0, latest=latest, maybe_open=maybe_open)
+    ruleset = config.current.ruleset
+    engine = Engine(ruleset, loader=lambda key: store.states.take(states, key), fetch=store.states.get, **engine_options)
+    pipeline = Pipeline(engine=engine, store=store, outbox=Outbox(store, slack_bot(slack) if slack else None, group_wait_s=0),
+                        manager=remembering_manager(store, ruleset),
+                        send_dead_letter=lambda key, value: asyncio.sleep(0), config=config, saved_states=states)  # fmt: skip
+    pipeline.saved_times = SavedTimes(latest, maybe_open)
+    pipeline.outbox.assign([0])  # (its posts of partition 0, as an assignment recovers them)
+    return pipeline
+
+
+def alerts_by_rule(store, resource_id: str) -> dict[str, dict]:
+    return {a["rule"]: a for a in store.alerts.latest() if a["resource_id"] == resource_id}
+
+
+def changes(store, alert_id: str) -> list[str]:
+    """Its changes but the cost updates, in order (the history: ``alert_changes``)."""
+    rows = store.client.query(f"SELECT change FROM {store.db}.alert_changes WHERE alert_id = %(id)s ORDER BY at, recorded_at",
+                              parameters={"id": alert_id}).result_rows  # fmt: skip
+    return [r[0] for r in rows if r[0] != "updated"]
+
+
+def posted(slack, restarted: Pipeline) -> list:
+    """What ``restarted`` posts of what it queued, at once (the worker's outbox task, in this thread)."""
+    restarted.outbox.deliver_pending()
+    return slack.calls("chat.postMessage")
+
+
+def test_a_rule_removed_while_the_worker_was_down_has_its_open_alerts_resolved_at_the_start(store, tmp_path, slack):
+    """h1 (team nlp) idles 40 minutes: idle-gpu and idle-gpu-nlp fire. The worker stops; idle-gpu-nlp is removed
+    from the rules; the worker starts again and h1 never speaks again. Its first batch resolves idle-gpu-nlp's
+    alert (rule_removed, closed by the alert manager) at the event time and with the dollars it last recorded,
+    and replies in the opening's thread saying why; idle-gpu's goes on. A second restart changes and posts
+    nothing more."""
+    (tmp_path / "rules.yaml").write_text(RULES)
+    fleet = Fleet()
+    first = worker(store, LiveConfig.load(tmp_path), slack)
+    run_batches(first, [fleet.minutes(T0, 40, {"h1": 1.0, "b": 70.0})], [])
+    openings = posted(slack, first)
+    assert len(openings) == 2 and not any(p.body.get("thread_ts") for p in openings)
+    before = alerts_by_rule(store, "h1")
+    assert {rule: a["status"] for rule, a in before.items()} == {"idle-gpu": "firing", "idle-gpu-nlp": "firing"}
+
+    (tmp_path / "rules.yaml").write_text(WITHOUT_NLP)
+    restarted = worker(store, LiveConfig.load(tmp_path), slack)
+    run_batches(restarted, [fleet.minutes(T0 + 40 * MIN, 3, {"b": 70.0})], [])
+    after = alerts_by_rule(store, "h1")
+    gone, kept = after["idle-gpu-nlp"], after["idle-gpu"]
+    assert gone["status"] == "resolved" and kept["status"] == "firing"
+    details = json.loads(gone["details"])
+    assert (details["reason"], details["closed_by"]) == (RULE_REMOVED, CLOSED_BY)
+    last = before["idle-gpu-nlp"]
+    assert (gone["resolved_at"], gone["waste_usd"]) == (last["updated_at"], last["waste_usd"])
+    assert gone["waste_usd"] > 0 and gone["partition"] == 0
+    assert changes(store, gone["alert_id"]) == ["fired", "resolved"]
+    (reply,) = posted(slack, restarted)[2:]
+    opening_ts = {p.response["ts"] for p in openings if gone["alert_id"] in p.text_of_blocks()}
+    assert reply.body["thread_ts"] in opening_ts
+    assert "rule removed" in reply.text_of_blocks() and "no longer loaded" in reply.text_of_blocks()
+
+    again = worker(store, LiveConfig.load(tmp_path), slack)
+    run_batches(again, [fleet.minutes(T0 + 43 * MIN, 3, {"b": 70.0})], [])
+    assert len(posted(slack, again)) == 3
+    assert changes(store, gone["alert_id"]) == ["fired", "resolved"]
+    assert alerts_by_rule(store, "h1")["idle-gpu"]["status"] == "firing"
+
+
+def test_a_reload_resolves_the_alerts_of_a_removed_rule_on_evicted_keys_too(store, tmp_path):
+    """h1 idles 40 minutes, then goes quiet while b runs on: the worker evicts h1 (its state saved, out of
+    memory). A reload removes idle-gpu-nlp: the engine has no state of h1 to resolve, so the next batch
+    resolves its alert from the alert side; h2, idle and held in memory, has its alert resolved by the
+    engine, exactly, once (not by the alert side too)."""
+    (tmp_path / "rules.yaml").write_text(RULES)
+    config = LiveConfig.load(tmp_path)
+    pipeline = worker(store, config, evict_after_s=600.0)
+    fleet = Fleet()
+    run_batches(pipeline, [fleet.minutes(T0, 40, {"h1": 1.0, "h2": 1.0, "b": 70.0}),
+                           fleet.minutes(T0 + 40 * MIN, 20, {"h2": 1.0, "b": 70.0})], [])  # fmt: skip
+    assert (pipeline.engine.evicted, len(pipeline.engine)) == (1, 2)  # h1 out of memory; h2 and b held
+    assert {a["status"] for r in ("h1", "h2") for a in alerts_by_rule(store, r).values()} == {"firing"}
+
+    (tmp_path / "rules.yaml").write_text(WITHOUT_NLP)
+    new, refused = config.reload()
+    assert refused is None and new is config.current
+    run_batches(pipeline, [fleet.minutes(T0 + 60 * MIN, 2, {"h2": 1.0, "b": 70.0})], [])
+    h1, h2 = alerts_by_rule(store, "h1"), alerts_by_rule(store, "h2")
+    assert [h1["idle-gpu"]["status"], h2["idle-gpu"]["status"]] == ["firing", "firing"]
+    by_alert_side, by_engine = json.loads(h1["idle-gpu-nlp"]["details"]), json.loads(h2["idle-gpu-nlp"]["details"])
+    assert (h1["idle-gpu-nlp"]["status"], by_alert_side["reason"], by_alert_side["closed_by"]) == \
+        ("resolved", RULE_REMOVED, CLOSED_BY)
+    assert (h2["idle-gpu-nlp"]["status"], by_engine["reason"], "closed_by" in by_engine) == ("resolved", RULE_REMOVED, False)
+    assert changes(store, h2["idle-gpu-nlp"]["alert_id"]) == ["fired", "resolved"]
+
+
+def test_a_worker_resolves_the_orphaned_alerts_of_its_own_partitions_only(store, tmp_path, slack):
+    """Two workers: the one holding partition 1 resolves the open alert of a removed rule made on partition 1,
+    not the one made on partition 0 (its holder's to resolve and post), nor one of a rule still loaded."""
+    from detector.alerts import Alert
+
+    def alert(n: int, rule: str, partition: int) -> Alert:
+        return Alert(alert_id=f"a{n}", type="idle_gpu", rule=rule, resource_id=f"h{n}", status="firing", change="fired",
+                     severity="warning", episode_start=T0, fired_at=T0 + 20 * MIN, updated_at=T0 + 30 * MIN,
+                     waste_usd=3.5, usd_per_hour=10.5, partition=partition, tags={"team": "nlp"})  # fmt: skip
+
+    store.alerts.record([alert(1, "idle-gpu-nlp", 0), alert(2, "idle-gpu-nlp", 1), alert(3, "idle-gpu", 1)], version=1)
+    (tmp_path / "rules.yaml").write_text(WITHOUT_NLP)
+    config = LiveConfig.load(tmp_path)
+    pipeline = Pipeline(engine=Engine(config.current.ruleset), store=store, config=config,
+                        outbox=Outbox(store, slack_bot(slack), group_wait_s=0),
+                        manager=remembering_manager(store, config.current.ruleset),
+                        send_dead_letter=lambda key, value: asyncio.sleep(0))  # fmt: skip
+    pipeline.expect([("gpu-metrics", 1), ("resource-usage", 1)])
+    pipeline.outbox.assign([1])
+    gpu = [Message("gpu-metrics", 1, i, b"x", json.dumps([{"ts": T0 + 40 * MIN + i * 60, "resource_id": "x",
+                                                           "gpu_index": 0, "util_pct": 70.0}]).encode())
+           for i in range(2)]  # fmt: skip
+    run_batches(pipeline, [gpu], [])
+    statuses = {a["alert_id"]: (a["status"], a["resolved_at"] is not None) for a in store.alerts.latest()}
+    assert statuses == {"a1": ("firing", False), "a2": ("resolved", True), "a3": ("firing", False)}
+    texts = [p.text_of_blocks() for p in posted(slack, pipeline)]  # (with the openings of partition 1 never posted)
+    assert [t for t in texts if "rule removed" in t] == [t for t in texts if "rule removed" in t and "h2" in t] != []
+    assert not [t for t in texts if "h1" in t]
