@@ -1558,7 +1558,7 @@ def _expected_failure(exc: Exception) -> tuple[str, int] | None:
     if isinstance(exc, ConnectionError):  # the embedded store held by a worker; a server or broker not answering
         return str(exc), EXIT_UNAVAILABLE
     kafka = sys.modules.get("streams.kafka")
-    if kafka is not None and isinstance(exc, (kafka.TopicsRefused, kafka.KafkaRefused)):
+    if kafka is not None and isinstance(exc, (kafka.TopicsRefused, kafka.TopicsMismatched, kafka.KafkaRefused)):
         return str(exc), EXIT_FAILED
     clickhouse = sys.modules.get("clickhouse_connect.driver.exceptions")
     if clickhouse is not None and isinstance(exc, clickhouse.OperationalError):

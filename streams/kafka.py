@@ -33,9 +33,9 @@ from detector.kafka_security import PLAINTEXT, KafkaSecurity
 from detector.replay import read_replay
 from detector.settings import BROKER_DEFAULT, Settings
 
-__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsRefused", "accepts_connections", "client_options",
-           "count_events", "create_missing", "ensure_topics", "ensure_worker_topics", "faust_credentials", "faust_leader_topic",
-           "file_records", "producer", "publish_file", "publish_records", "why_refused"]  # fmt: skip
+__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsMismatched", "TopicsRefused", "accepts_connections",
+           "client_options", "count_events", "create_missing", "ensure_topics", "ensure_worker_topics", "faust_credentials",
+           "faust_leader_topic", "file_records", "producer", "publish_file", "publish_records", "why_refused"]  # fmt: skip
 
 DEAD_LETTER_TOPIC = "dead-letter"
 ACKS = "all"
@@ -49,6 +49,11 @@ _TOPIC_EXISTS = 36
 class TopicsRefused(RuntimeError):
     """The broker refused to create a topic (a replication factor above its broker count or
     below a managed cluster's minimum, a creation policy, no permission)."""
+
+
+class TopicsMismatched(RuntimeError):
+    """The input topics exist with different partition counts: a resource's usage, GPU metrics and runs
+    would be read by different workers, each deciding on part of what it sent."""
 
 
 _NAME_MISMATCH = (62, 63, 64)
@@ -141,11 +146,18 @@ def _new_topic(name: str, partitions: int, replication_factor: int) -> NewTopic:
 async def create_missing(bootstrap: str, topics: Mapping[str, int], replication_factor: int = BROKER_DEFAULT,
                          security: KafkaSecurity = PLAINTEXT) -> None:  # fmt: skip
     """Create the topics (name: partitions) the broker does not have; a refusal raises
-    :class:`TopicsRefused` (aiokafka returns it as an error code, which was taken for success)."""
+    :class:`TopicsRefused` (aiokafka returns it as an error code, which was taken for success). The
+    input topics that exist already must have one partition count (:class:`TopicsMismatched`); an input
+    missing beside them is made with theirs, whatever ``topics`` asks."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options(security))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
+        there = sorted(name for name in TOPICS if name in topics and name in existing)
+        if there:
+            count = _copartitioned(bootstrap, await admin.describe_topics(there))
+            if count is not None:
+                topics = {name: count if name in TOPICS else n for name, n in topics.items()}
         missing = [_new_topic(n, p, replication_factor) for n, p in topics.items() if n not in existing]
         if not missing:
             return
@@ -159,6 +171,25 @@ async def create_missing(bootstrap: str, topics: Mapping[str, int], replication_
                                 "the topics up front (docs/architecture.md, 'Kafka topics')")  # fmt: skip
     finally:
         await admin.close()
+
+
+def _copartitioned(bootstrap: str, described: Iterable[Mapping[str, Any]]) -> int | None:
+    """The partition count of the input topics that exist (``described``: the broker's metadata of them;
+    None: none it could describe now), or :class:`TopicsMismatched` where they differ. Kafka places a key
+    by its hash modulo the count, and the worker's partition assignor gives each partition number of the
+    three inputs to one worker only when all three have as many."""
+    counts = {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code") and t.get("partitions")}
+    if len(set(counts.values())) > 1:
+        said = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
+        most = max(counts.values())
+        fewer = ", ".join(sorted(name for name, n in counts.items() if n < most))
+        raise TopicsMismatched(
+            f"Kafka at {bootstrap}: the input topics have different partition counts ({said}); they must have one, "
+            "or a resource's usage, GPU metrics and runs go to different workers, each seeing part of them. Add "
+            f"partitions to {fewer} to make {most} (kafka-topics.sh --bootstrap-server {bootstrap} --alter --topic "
+            f"NAME --partitions {most}); keys that move start their detection afresh (docs/architecture.md, "
+            "'Kafka topics')")  # fmt: skip
+    return next(iter(counts.values()), None)
 
 
 async def ensure_topics(bootstrap: str, partitions: int, names: Iterable[str] = (*TOPICS, DEAD_LETTER_TOPIC),

@@ -109,3 +109,55 @@ def test_the_bridge_creates_its_topics_with_the_replication_factor_and_sends_wit
     assert result.ok and result.messages == {"gpu-metrics": 1}, result
     assert proxy.replication_asked == dict.fromkeys((*TOPICS, DEAD_LETTER_TOPIC), 2)
     assert proxy.produced and {acks for _, acks in proxy.produced} == {ALL_IN_SYNC}
+
+
+def partition_counts(bootstrap: str) -> dict[str, int]:
+    """topic: its partition count, as the broker describes it."""
+
+    async def go() -> dict[str, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            return {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(await admin.list_topics())}
+        finally:
+            await admin.close()
+
+    return asyncio.run(go())
+
+
+def made_up_front(bootstrap: str, topics: dict[str, int]) -> None:
+    """Topics an operator made before burnwatch ran (their own partition counts)."""
+    from streams.kafka import create_missing
+
+    asyncio.run(create_missing(bootstrap, topics))
+
+
+def test_input_topics_made_with_different_partition_counts_are_refused_by_name(tmp_path: Path, monkeypatch, capsys):
+    """An operator made gpu-metrics with 3 partitions and resource-usage with 2 (say, by infrastructure code,
+    the GPU topic the busier): a host's usage and GPU samples would land on different partition numbers and
+    be read by different workers, each deciding on half of what it sent, with nothing said. The worker
+    refuses to start, exit 1 in one line naming each topic's count and what to do, before Faust starts."""
+    from tests.helpers import burnwatch_in_process
+
+    with EmbeddedBroker(port=free_port(), log_path=tmp_path / "broker.log") as broker:
+        made_up_front(broker.bootstrap, {"resource-usage": 2, "gpu-metrics": 3})
+        monkeypatch.setattr("streams.cli.configure_logging", lambda *a, **k: None)
+        for var, value in worker_env(broker.bootstrap, tmp_path / "data", ROOT / "rules", PARTITIONS).items():
+            monkeypatch.setenv(var, value)
+        code, _, err = burnwatch_in_process(capsys, "worker")
+        counts = partition_counts(broker.bootstrap)
+    assert code == 1 and "Traceback" not in err, err
+    assert "different partition counts (gpu-metrics 3, resource-usage 2)" in err, err
+    assert "--alter --topic NAME --partitions 3" in err and "to resource-usage" in err, err
+    assert "run-events" not in counts  # refused before anything more was made
+
+
+def test_an_input_topic_missing_beside_others_is_made_with_their_partition_count(tmp_path: Path):
+    """resource-usage and gpu-metrics exist with 4 partitions; BURNWATCH_PARTITIONS says 2: run-events is made
+    with 4, as the inputs must have one count, and the dead-letter topic with 2."""
+    with EmbeddedBroker(port=free_port(), log_path=tmp_path / "broker.log") as broker:
+        made_up_front(broker.bootstrap, {"resource-usage": 4, "gpu-metrics": 4})
+        settings = load_settings(environ={"BURNWATCH_KAFKA_BOOTSTRAP": broker.bootstrap, "BURNWATCH_PARTITIONS": "2"})
+        asyncio.run(ensure_worker_topics(settings))
+        counts = partition_counts(broker.bootstrap)
+    assert {name: counts[name] for name in (*TOPICS, DEAD_LETTER_TOPIC)} == {**dict.fromkeys(TOPICS, 4), DEAD_LETTER_TOPIC: 2}
