@@ -9,8 +9,9 @@ rule removed while the worker was down (a ConfigMap rolled out with the pods) is
 reload at all. Those incidents would stay "firing" in Slack and on the incidents page for ever, and
 the alert manager, which keeps open incidents however old, would remember each of them for ever.
 
-So after each assignment and each reload that drops a rule, the worker reads the alerts still open
-in the store for the input partitions it holds, and resolves each whose rule is not loaded with the
+So after each assignment and each reload, the worker reads the alerts still open in the store for the
+input partitions it holds, and resolves each whose rule it does not load, nor the newest rule set any
+worker loaded (:func:`known_rules`: not a worker of an older release in a rolling update), with the
 figures it last recorded: resolved at its last change's event time, with the dollars counted to then
 (``reason: rule_removed``, ``closed_by: alert_manager``). The same alert resolved by the engine in the
 same batch is let through once, by the alert manager's dedup, whichever comes first (the engine's
@@ -19,14 +20,14 @@ come first: :meth:`streams.pipeline.Pipeline.process`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import msgspec
 
 from detector.alerts import Alert
 from detector.rules import RuleSet
 
-__all__ = ["CLOSED_BY", "loaded_rules", "resolutions"]
+__all__ = ["CLOSED_BY", "known_rules", "loaded_rules", "resolutions"]
 
 CLOSED_BY = "alert_manager"
 """``details.closed_by`` of a resolution made here: its figures are the alert's last recorded ones,
@@ -37,6 +38,15 @@ def loaded_rules(ruleset: RuleSet) -> dict[str, str]:
     """Rule name → type of every rule ``ruleset`` detects with: an open alert of another name, or of
     this name and another type, has no state left to close it."""
     return {rule.detector.name: rule.detector.type for rule in ruleset.rules}
+
+
+def known_rules(loaded: Mapping[str, str], newest: Mapping[str, str] | None) -> set[tuple[str, str]]:
+    """The rules an alert may be of without being orphaned: those this worker ``loaded``, and those of the
+    ``newest`` rule set any worker loaded (the store's ``rule_sets``). A rule this worker lacks and the newest
+    set has is not removed: this worker is of an older release, beside newer ones in a rolling update that
+    adds it, and its alerts are theirs to go on with. Where this worker's set is the newest, its own alone.
+    (Name, type) pairs: a rule of one name may be of another type in each."""
+    return set(loaded.items()) | set((newest or {}).items())
 
 
 def resolutions(open_alerts: Iterable[Alert], reason: str) -> list[Alert]:

@@ -23,6 +23,8 @@ import base64
 import functools
 import hashlib
 import math
+import os
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -41,7 +43,7 @@ from detector.delivery import Outbox
 from detector.engine import RULE_REMOVED, Engine
 from detector.events import Event, InvalidMessage, RunEvent
 from detector.metrics import METRICS
-from detector.orphaned_alerts import loaded_rules, resolutions
+from detector.orphaned_alerts import known_rules, loaded_rules, resolutions
 from detector.outputs.outbox import OutputOutbox
 from detector.pricing import Pricing
 from detector.store import Store
@@ -104,6 +106,8 @@ _STORE = "store"
 _MEMBERSHIP = "membership"
 """A stall's cause: a write has waited a session timeout for the group to answer a heartbeat."""
 _DEAD_LETTER_TOPIC = "dead-letter topic"
+_WORKER = f"{socket.gethostname()}/{os.getpid()}"
+"""This worker, as the rule sets it records name it (for people reading ``rule_sets``)."""
 """A stall's cause: the dead-letter topic takes no record."""
 
 
@@ -331,7 +335,9 @@ class Pipeline:
         self._stopping = threading.Event()
         self._orphans_due = True
         """The alerts left open by rules no longer loaded are to be resolved with the next batch
-        (:meth:`_resolve_orphans`): at the start, after each assignment and after a reload that drops a rule."""
+        (:meth:`_resolve_orphans`): at the start, after each assignment and after each reload."""
+        self._rules_recorded: object = None
+        """The rule set last recorded in the store as this worker's (``rule_sets``)."""
         self._stalls: dict[str, tuple[float, str]] = {}
         """What stalls the pipeline now, by cause (:data:`_STORE`, :data:`_MEMBERSHIP`, :data:`_DEAD_LETTER_TOPIC`):
         since when (monotonic) and why. Each cause's stall begins and ends on its own, from the event loop or the
@@ -638,10 +644,17 @@ class Pipeline:
         at the next start. One the engine resolved in this batch, or one an earlier batch resolved whose
         write is still landing, is let through once by the alert manager."""
         partitions = None if self._assigned is None else {partition for _, partition in self._assigned}
-        loaded = loaded_rules(self.engine.ruleset)
-        orphans = await self._ask_store(lambda _: self.store.alerts.open_orphans(loaded, partitions), None,
-                                        "orphaned alerts read", "open alerts of rules no longer loaded; retrying")  # fmt: skip
-        self._orphans_due = False
+        ruleset = self.engine.ruleset
+        loaded, record = loaded_rules(ruleset), self._rules_recorded is not ruleset
+
+        def look_up(_: None) -> list[Alert]:
+            rule_sets = self.store.rule_sets
+            if record:  # first: an alert of a rule only this worker loads is stored after it
+                rule_sets.record(loaded, time.time(), _WORKER)
+            return self.store.alerts.open_orphans(known_rules(loaded, rule_sets.newest()), partitions)
+
+        orphans = await self._ask_store(look_up, None, "orphaned alerts read", "open alerts of rules no longer loaded; retrying")
+        self._orphans_due, self._rules_recorded = False, ruleset
         if not orphans:
             return
         alerts = self.manager.take(resolutions(orphans, RULE_REMOVED))  # (each keeps its partition: its holder posts)
@@ -678,9 +691,8 @@ class Pipeline:
         alert manager (routes, silences, realert) and Slack's notifier (mentions, links)."""
         config = self.config.current
         if self.engine.ruleset is not config.ruleset:
-            dropped = loaded_rules(self.engine.ruleset).items() - loaded_rules(config.ruleset).items()
             self.engine.set_ruleset(config.ruleset)
-            self._orphans_due = self._orphans_due or bool(dropped)
+            self._orphans_due = True  # (recorded with the next batch, for the other workers to know it)
         if self.manager.ruleset is not config.ruleset:
             self.manager.ruleset = config.ruleset
         notifier = self.outbox.notifier

@@ -12,7 +12,7 @@ import pytest
 
 from detector.delivery import Outbox
 from detector.engine import RULE_REMOVED, Engine
-from detector.orphaned_alerts import CLOSED_BY
+from detector.orphaned_alerts import CLOSED_BY, known_rules
 from detector.store.states import SavedTimes
 from streams.config import LiveConfig
 from streams.parts import remembering_manager
@@ -204,26 +204,34 @@ def test_a_rule_put_back_opens_its_incident_again_on_an_evicted_key_as_on_a_held
     assert nlp_open == {"h1", "h2"}
 
 
-@pytest.mark.xfail(strict=True, reason="review of 1e838a2: a rule not loaded here is taken for a rule removed, "
-                   "though a newer worker of a rolling update loads it")
 def test_a_worker_on_older_rules_leaves_open_the_alerts_of_a_rule_only_newer_workers_load(store, tmp_path):
     """Review of 1e838a2. A rolling update adds idle-gpu-nlp: a new worker fires it on h1 (partition 0), then a
     rebalance hands partition 0 to a worker still on the old rules, which has never loaded the rule. It is not
-    removed (the newer workers load it): its incident should stay open. The old worker resolves it as
-    rule_removed and posts that; once a new worker takes the partition back, h1's episode (its state never
-    read by the old worker) goes on under the resolved id, unseen."""
+    removed (the newer workers load it): its incident stays open. (The old worker resolved it as rule_removed
+    and posted that; once a new worker took the partition back, h1's episode went on under the resolved id,
+    unseen.) The newest rule set any worker loaded has the rule (``rule_sets``: the old worker started before the
+    new one), so the old worker leaves it; a worker starting with rules without it (the rule removed, or the
+    update rolled back) resolves it."""
     (tmp_path / "new").mkdir()
     (tmp_path / "old").mkdir()
     (tmp_path / "new" / "rules.yaml").write_text(RULES)
     (tmp_path / "old" / "rules.yaml").write_text(WITHOUT_NLP)
     fleet = Fleet()
+    old = worker(store, LiveConfig.load(tmp_path / "old"))  # running before the update: its rules recorded
+    run_batches(old, [fleet.minutes(T0 - 5 * MIN, 5, {"b": 70.0})], [])
     new = worker(store, LiveConfig.load(tmp_path / "new"))
     run_batches(new, [fleet.minutes(T0, 40, {"h1": 1.0, "b": 70.0})], [])
     assert alerts_by_rule(store, "h1")["idle-gpu-nlp"]["status"] == "firing"
 
-    old = worker(store, LiveConfig.load(tmp_path / "old"))  # (the rebalance: partition 0 to an old worker)
+    old.reset()  # the rebalance: partition 0 back to the old worker, its alert manager's memory read again
+    old.manager = remembering_manager(store, old.engine.ruleset)
+    old.saved_states.update(store.states.load([0], saved_within_s=0))
     run_batches(old, [fleet.minutes(T0 + 40 * MIN, 2, {"b": 70.0})], [])
     assert alerts_by_rule(store, "h1")["idle-gpu-nlp"]["status"] == "firing"
+
+    (tmp_path / "new" / "rules.yaml").write_text(WITHOUT_NLP)  # removed: the newest rule set lacks it too
+    run_batches(worker(store, LiveConfig.load(tmp_path / "new")), [fleet.minutes(T0 + 42 * MIN, 2, {"b": 70.0})], [])
+    assert alerts_by_rule(store, "h1")["idle-gpu-nlp"]["status"] == "resolved"
 
 
 def test_an_assignment_resolves_the_orphaned_alerts_of_the_partitions_it_brings(store, tmp_path):
@@ -294,7 +302,11 @@ def test_the_store_reads_as_orphans_the_open_alerts_of_a_rule_not_loaded_or_load
                          alert(3, "gone", "idle_gpu", -1), alert(4, "gone", "idle_gpu", 3),
                          alert(5, "gone", "idle_gpu", 0, "resolved")], version=1)  # fmt: skip
     loaded = {"idle-gpu": "idle_gpu", "other": "stuck_gpu"}
-    assert [a.alert_id for a in store.alerts.open_orphans(loaded, {0})] == ["a2", "a3"]
-    assert [a.alert_id for a in store.alerts.open_orphans(loaded, None)] == ["a2", "a3", "a4"]
-    assert store.alerts.open_orphans(loaded, set()) == []
-    assert [a.alert_id for a in store.alerts.open_orphans({}, {3})] == ["a4"]
+    known = known_rules(loaded, None)
+    assert [a.alert_id for a in store.alerts.open_orphans(known, {0})] == ["a2", "a3"]
+    assert [a.alert_id for a in store.alerts.open_orphans(known, None)] == ["a2", "a3", "a4"]
+    assert store.alerts.open_orphans(known, set()) == []
+    assert [a.alert_id for a in store.alerts.open_orphans(set(), {3})] == ["a4"]
+    # a newer worker loads idle-gpu as stuck_gpu: its alerts are not this (older) worker's to resolve
+    newer = known_rules(loaded, {"idle-gpu": "stuck_gpu", "gone": "idle_gpu"})
+    assert [a.alert_id for a in store.alerts.open_orphans(newer, None)] == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -86,14 +86,15 @@ class Alerts:
             parameters,
         )
 
-    def open_orphans(self, loaded: Mapping[str, str], partitions: Collection[int] | None) -> list[Alert]:
-        """The alerts still open whose rule is not in ``loaded`` (rule name → type; one of a loaded name and
-        another type too), of the input partitions ``partitions`` (an alert of partition -1, made before
-        that column: partition 0's; None: all), as last recorded: :mod:`detector.orphaned_alerts`."""
+    def open_orphans(self, known: Collection[tuple[str, str]], partitions: Collection[int] | None) -> list[Alert]:
+        """The alerts still open whose (rule, type) is not ``known`` (one of a known name and another type
+        too), of the input partitions ``partitions`` (an alert of partition -1, made before that column:
+        partition 0's; None: all), as last recorded: :mod:`detector.orphaned_alerts`."""
         where, parameters = "status = 'firing'", dict[str, Any]()
-        if loaded:
+        if known:
             where += " AND NOT has(arrayZip(%(names)s, %(types)s), (rule, type))"
-            parameters.update(names=list(loaded), types=list(loaded.values()))
+            pairs = sorted(known)
+            parameters.update(names=[name for name, _ in pairs], types=[type_ for _, type_ in pairs])
         if partitions is not None:
             where += " AND greatest(partition, 0) IN %(partitions)s"
             parameters["partitions"] = sorted(partitions) or [-1]  # (none held: no alert is this worker's)

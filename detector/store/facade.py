@@ -17,6 +17,7 @@ from detector.store.models import ModelArtifacts
 from detector.store.outputs import OutputDeliveries
 from detector.store.progress import PartitionProgress
 from detector.store.remediation import Remediations
+from detector.store.rule_sets import RuleSets
 from detector.store.schema import Schema
 from detector.store.states import States
 
@@ -54,6 +55,8 @@ class Store(Connection):
         """How far each worker has stored the partitions it holds (several workers)."""
         self.handovers = PartitionHandovers(self)
         """Partitions a worker is giving up, until its last write has landed (several workers)."""
+        self.rule_sets = RuleSets(self)
+        """The rules each worker loaded, newest last: a rule removed, or not yet loaded everywhere."""
 
     @classmethod
     def open(cls, dsn: str, database: str = "burnwatch", *, create: bool = True) -> Store:
