@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -1062,6 +1062,31 @@ class Engine:
         if restart:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
         return state
+
+    def held_or_evicted(self, keys: Iterable[str]) -> tuple[list[str], list[str]]:
+        """(held, evicted): which of ``keys`` this engine holds in memory, and which it evicted (saved, out of it)."""
+        keys = list(keys)
+        return [k for k in keys if k in self._keys], [k for k in keys if k in self._evicted]
+
+    def rewrite(self, snapshots: Mapping[str, bytes]) -> list[str]:
+        """Bring these keys, not held (evicted, or loaded at an assignment and not heard from), into memory from
+        their saved states under the rules in force, which drop the states of rules no longer loaded, and mark
+        them dirty: saved again with the next write without those states. A rule removed and put back must not
+        find an episode left open in a state saved before its removal, whose incident was resolved for the
+        removal (:mod:`detector.orphaned_alerts`): it would go on under that resolved id, unseen. A held key is
+        left (its states were dropped by :meth:`set_ruleset`); an evicted one's state just left is taken as it
+        left (:meth:`evict`), before the store's. Returns the keys brought in."""
+        brought = []
+        for key, data in snapshots.items():
+            if key in self._keys:
+                continue
+            evicted = self._evicted.pop(key, None) is not None
+            data = self._leaving.pop(key) if key in self._leaving else data
+            self._read_ahead.pop(key, None)
+            self._flagged(key, self.restore(key, data, restart=not evicted))
+            self.dirty.add(key)
+            brought.append(key)
+        return brought
 
     def _flagged(self, key: str, state: KeyState) -> KeyState:
         """A restored key, known to :meth:`may_be_open` if its state holds an open episode."""

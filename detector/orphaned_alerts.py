@@ -13,9 +13,13 @@ So after each assignment and each reload, the worker reads the alerts still open
 input partitions it holds, and resolves each whose rule it does not load, nor the newest rule set any
 worker loaded (:func:`known_rules`: not a worker of an older release in a rolling update), with the
 figures it last recorded: resolved at its last change's event time, with the dollars counted to then
-(``reason: rule_removed``, ``closed_by: alert_manager``). The same alert resolved by the engine in the
-same batch is let through once, by the alert manager's dedup, whichever comes first (the engine's
-come first: :meth:`streams.pipeline.Pipeline.process`).
+(``reason: rule_removed``, ``closed_by: alert_manager``); the states of their keys that the worker does not
+hold are saved again under the rules in force, without the removed rule's open episode, which a rule put
+back would otherwise resume under the resolved id (:meth:`~detector.engine.Engine.rewrite`). The same
+alert resolved by the engine in the same batch is let through once, by the alert manager's dedup,
+whichever comes first (the engine's come first: :meth:`streams.pipeline.Pipeline.process`). A worker of
+an older release restarted in the middle of a rolling update records the newest rule set: it resolves
+the new rule's incidents on its partitions, as a rollback would.
 """
 
 from __future__ import annotations

@@ -659,8 +659,29 @@ class Pipeline:
             return
         alerts = self.manager.take(resolutions(orphans, RULE_REMOVED))  # (each keeps its partition: its holder posts)
         step.alerts += alerts
+        await self._rewrite_states({orphan.key or orphan.resource_id for orphan in orphans})
+        step.states += self._dirty_states()  # (after the batch's: these keys were not held, so not among them)
         log.info("orphaned_alerts_resolved", alerts=len(alerts), rules=sorted({a.rule for a in alerts}),
                  note="open alerts of rules no longer loaded: resolved with the figures each last recorded")  # fmt: skip
+
+    async def _rewrite_states(self, keys: set[str]) -> None:
+        """Save again, under the rules in force, the states of the orphans' keys that this worker does not hold
+        (evicted, or loaded at its assignment and not heard from): they still hold the removed rule's open
+        episode, which a rule put back would resume under the alert id just resolved (:meth:`Engine.rewrite`).
+        Read off the event loop with the partition each was saved under, which it is saved under again."""
+        engine, saved = self.engine, self.saved_states
+        _, evicted = engine.held_or_evicted(keys)
+        wanted = sorted({*evicted, *(key for key in keys if key in saved)})
+        if not wanted:
+            return
+        found = await self._ask_store(self.store.states.get_many_placed, wanted, "state read",
+                                      "the states of keys whose rule was removed; retrying")  # fmt: skip
+        snapshots = {}
+        for key, (partition, data) in found.items():
+            self._partition_of.setdefault(key, partition)
+            saved.pop(key, None)
+            snapshots[key] = data
+        engine.rewrite(snapshots)
 
     def forget(self, keys: Iterable[str]) -> None:
         """Keys whose state expired: what the pipeline keeps per key goes too."""

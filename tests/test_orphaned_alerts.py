@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-
 from detector.delivery import Outbox
 from detector.engine import RULE_REMOVED, Engine
 from detector.orphaned_alerts import CLOSED_BY, known_rules
@@ -176,8 +174,6 @@ def test_a_worker_resolves_the_orphaned_alerts_of_its_own_partitions_only(store,
     assert not [t for t in texts if "h1" in t]
 
 
-@pytest.mark.xfail(strict=True, reason="review of 1e838a2: an evicted key's saved state keeps the removed rule's open "
-                   "episode, which a rule put back resumes under the id the alert side resolved")
 def test_a_rule_put_back_opens_its_incident_again_on_an_evicted_key_as_on_a_held_one(store, tmp_path):
     """Review of 1e838a2. h1 and h2 idle 40 minutes (both rules fire); h1 goes quiet and is evicted, h2 idles on.
     A reload removes idle-gpu-nlp (the engine resolves h2's, the alert side h1's), a second puts it back (an edit
