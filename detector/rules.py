@@ -525,6 +525,11 @@ def _rule_errors(found: Iterable[Any], prefix: tuple, file: str, lines: dict[tup
         loc = _alias_loc(_clean_loc(prefix + tuple(err["loc"])))
         line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), 0)
         message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden" and len(loc) >= 2 and loc[-2] == "match":
+            near = difflib.get_close_matches(str(loc[-1]), [*_MATCH_FIELDS, "tags"], n=1)
+            message += (f"; did you mean {near[0]!r}?" if near else
+                        f"; match takes {', '.join(_MATCH_FIELDS)} and tags, a tag under tags: "
+                        f"{{tags: {{{loc[-1]}: ...}}}}")  # fmt: skip
         errors.append(RuleError(file, line, _format_path(loc), message))
     return errors
 

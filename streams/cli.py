@@ -1561,6 +1561,10 @@ def _expected_failure(exc: Exception) -> tuple[str, int] | None:
     if kafka is not None and isinstance(exc, (kafka.TopicsRefused, kafka.TopicsMismatched, kafka.KafkaRefused)):
         return str(exc), EXIT_FAILED
     clickhouse = sys.modules.get("clickhouse_connect.driver.exceptions")
+    if clickhouse is not None and isinstance(exc, clickhouse.StreamFailureError) and "DB::Exception" in str(exc):
+        # the engine's own refusal met while the rows stream (a SELECT naming a table or column that is not
+        # there): clickhouse-connect raises it as an OperationalError, but the query is wrong, not the store down
+        return f"ClickHouse refused the query: {_first_line(exc)}", EXIT_FAILED
     if clickhouse is not None and isinstance(exc, clickhouse.OperationalError):
         return f"ClickHouse is unavailable: {_first_line(exc)}", EXIT_UNAVAILABLE
     if clickhouse is not None and isinstance(exc, clickhouse.ClickHouseError):

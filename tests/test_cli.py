@@ -311,6 +311,17 @@ def test_a_query_clickhouse_refuses(made):
     assert out.returncode == EXIT_FAILED and "ClickHouse refused the query: Code: 62" in out.stderr
 
 
+@pytest.mark.parametrize("query", ["SELECT count() FROM burnwatch.alertz", "SELECT nosuchcol FROM burnwatch.alerts"])
+def test_a_select_clickhouse_refuses_is_not_a_store_that_is_unavailable(made, query):
+    """A mistyped table or column in a SELECT fails while its rows stream (clickhouse-connect's
+    StreamFailureError, an OperationalError): it is the query that is wrong, not the store that is
+    down, so exit 1, not 69 ("trying again later may work")."""
+    out = burnwatch("sql", query, env=made)
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED, out.stderr
+    assert "ClickHouse refused the query: Code: " in out.stderr and "unavailable" not in out.stderr
+
+
 def test_the_embedded_store_held_by_another_process(made):
     directory = Path(made["BURNWATCH_DATA_DIR"]) / "clickhouse"
     with store_held(directory) as holder:

@@ -49,6 +49,27 @@ def test_every_error_reported_with_file_line_and_path(tmp_path):
     assert len(info.value.errors) == 3
 
 
+def test_a_tag_written_as_a_selector_of_match_is_refused_saying_where_tags_go(tmp_path):
+    """``match: {team: nlp}`` (the team tag written beside resource_type) selects nothing it could:
+    the refusal says a tag goes under ``tags``; a near miss of a selector is named."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - name: nlp-idle\n"
+        "    type: idle_gpu\n"
+        "    match: {team: nlp}\n"
+        "  - name: typo\n"
+        "    type: idle_gpu\n"
+        "    match: {resource_typ: gpu_instance}\n"
+    )
+    with pytest.raises(RulesInvalid) as info:
+        load_rules(path)
+    lines = str(info.value).splitlines()
+    assert (f"{path}:4 rules[0].match.team: unknown key; match takes resource_id, resource_type, account, region, "
+            "instance_type and tags, a tag under tags: {tags: {team: ...}}") in lines
+    assert f"{path}:7 rules[1].match.resource_typ: unknown key; did you mean 'resource_type'?" in lines
+
+
 def test_an_invalid_rules_overrides_are_checked_in_the_same_round(tmp_path):
     """An override's params are checked against the rule's params; when the rule itself is invalid they
     used to wait for it to be fixed, so a user fixed the file in two rounds. A key the override sets that
