@@ -130,7 +130,10 @@ class Deliveries:
             f"""SELECT alert_id, substring(kind, %(n)s) AS change, max(delivered_at) AS at
                 FROM {db}.alert_deliveries
                 WHERE startsWith(kind, %(attempt)s)
-                  AND (alert_id, change) NOT IN (SELECT alert_id, kind FROM {db}.alert_deliveries)
+                  AND (alert_id, change) NOT IN (
+                      -- the attempted alerts' deliveries alone: not a set of every delivery
+                      SELECT alert_id, kind FROM {db}.alert_deliveries
+                      WHERE alert_id IN (SELECT alert_id FROM {db}.alert_deliveries WHERE startsWith(kind, %(attempt)s)))
                 GROUP BY alert_id, change""",
             {"attempt": ATTEMPT, "n": len(ATTEMPT) + 1},
         )
@@ -161,7 +164,8 @@ class Deliveries:
                     UNION ALL
                     SELECT alert_id, 'corrected' AS change, assumeNotNull(resolved_at) AS at, 3 AS o
                     FROM {db}.alerts AS a FINAL WHERE silenced = '' AND a.change = 'corrected' AND {owned})
-                WHERE (alert_id, change) NOT IN (SELECT alert_id, kind FROM {db}.alert_deliveries)
+                -- one string a pair: a set of (String, String) tuples built and probed 5x slower (1.7 s at a million alerts)
+                WHERE concat(alert_id, '/', change) NOT IN (SELECT concat(alert_id, '/', kind) FROM {db}.alert_deliveries)
                 ORDER BY at, o, alert_id""",
             {"partitions": list(partitions or [])},
         )
