@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, cast
+from typing import Annotated, Any, Literal, Union, cast, get_args
 
 import yaml
 from pydantic import (
@@ -46,11 +46,12 @@ from detector.outputs.config import (
 from detector.pricing import Pricing
 from detector.remediation.spec import ActionSpec, kind_error
 from detector.suppression.silence import Silence as CompiledSilence
-from detector.units import Duration, _parse_percent, format_duration, parse_duration
+from detector.units import Duration, Percent, _parse_percent, format_duration, parse_duration
 
 __all__ = [
     "Approvers",
     "consistency_warnings",
+    "unit_warnings",
     "LINK_FIELDS",
     "Link",
     "Match",
@@ -650,6 +651,44 @@ def _rule_files(path: Path) -> list[Path]:
     if path.is_dir():
         return sorted(p for p in path.glob("*.y*ml") if p.name not in SPECIAL_FILES)
     return [path]
+
+
+def unit_warnings(path: str | Path) -> list[str]:
+    """Numbers the rule files under ``path`` give without a unit where a person may well mean another than
+    the one burnwatch reads: a duration as a bare number is seconds (``for: 30`` is 30 s, where a person
+    may mean minutes: an idle GPU alerted after half a minute, a crash-loop ``loop_window: 6`` of six
+    seconds, which catches no loop), and a percentage below 1 as a bare number is that many percent
+    (``util_below: 0.05`` is 0.05 %, where a person may mean a fraction, 5 %). Valid, so said, not refused:
+    ``file:line field: ...``, for ``rules check`` and the worker's log. Files that do not parse say nothing
+    here (their errors are the loader's)."""
+    duration, percent = get_args(Duration)[1], get_args(Percent)[1]  # their validators, as a field's metadata holds them
+    said: list[str] = []
+    for file in _rule_files(Path(path)) if Path(path).exists() else []:
+        try:
+            lines, data = parse_yaml(_read_text(file))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        items = data.get("rules") if isinstance(data, dict) else None
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            if not isinstance(item, dict):
+                continue
+            cls = REGISTRY.get(item["type"]) if isinstance(item.get("type"), str) else None
+            fields = {(f.alias or name): f.metadata for name, f in cls.Params.model_fields.items()} if cls else {}
+            places: list[tuple[tuple[Any, ...], Any, list[Any]]] = [(("rules", i, "realert"), item.get("realert"), [duration])]
+            for where, params in [(("rules", i, "params"), item.get("params")),
+                                  *((("rules", i, "overrides", j, "params"), o.get("params"))
+                                    for j, o in enumerate(item.get("overrides") or []) if isinstance(o, dict))]:  # fmt: skip
+                if isinstance(params, dict):
+                    places += [((*where, key), raw, fields.get(key, [])) for key, raw in params.items()]
+            for loc, raw, metadata in places:
+                if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw < float("inf"):
+                    continue
+                at = f"{file}:{lines.get(loc, lines.get(loc[:3], 0))} {_format_path(loc)}: {raw:g}"
+                if duration in metadata and not (isinstance(raw, int) and raw % 60 == 0 and raw >= 60):
+                    said.append(f"{at} has no unit: read as {raw:g} seconds; write {raw:g}s to say so, or {raw:g}m")
+                elif percent in metadata and raw < 1:
+                    said.append(f"{at} is read as {raw:g}%, not {raw * 100:g}%; write {raw:g}% to say so, or {raw * 100:g}%")
+    return said
 
 
 def validate_rule_files(path: str | Path) -> tuple[list[tuple[Path, Any]], list[RuleError], list[Silence]]:

@@ -1002,7 +1002,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
-    from detector.rules import RulesInvalid, consistency_warnings, load_rules
+    from detector.rules import RulesInvalid, consistency_warnings, load_rules, unit_warnings
 
     path = args.path or _settings(args).rules_path
     try:
@@ -1015,7 +1015,7 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         print(f"{path}: no rule enabled (allow_no_rules: true): detection is off")
         return 0
     print(f"{path}: {len(ruleset.rules)} enabled rule(s) OK: {', '.join(ruleset.names)}")
-    for warning in consistency_warnings(ruleset):
+    for warning in [*unit_warnings(path), *consistency_warnings(ruleset)]:
         print(f"warning: {warning}")
     return 0
 

@@ -18,7 +18,7 @@ import structlog
 from detector.detectors.anomaly import Scoring, use_scoring
 from detector.events import EventDecoder
 from detector.reload import RulesWatcher
-from detector.rules import Routing, RuleSet, RulesInvalid, consistency_warnings, load_rules
+from detector.rules import Routing, RuleSet, RulesInvalid, consistency_warnings, load_rules, unit_warnings
 
 __all__ = ["Config", "LiveConfig"]
 
@@ -82,3 +82,5 @@ def _warn_inconsistent(ruleset: RuleSet, path: str | Path) -> None:
     """Rules valid one by one that price wrong together (``burnwatch rules check`` says the same)."""
     for warning in consistency_warnings(ruleset):
         log.warning("rules_inconsistent", path=str(path), warning=warning)
+    for warning in unit_warnings(path):
+        log.warning("rules_unit_unsaid", path=str(path), warning=warning)

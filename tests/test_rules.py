@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from structlog.testing import capture_logs
 
 from detector.detectors import ResourceInfo
 from detector.rules import Match, RulesInvalid, compile_match, load_rules
@@ -401,3 +402,44 @@ def test_rules_that_split_a_hosts_idle_hours_are_checked_for_agreeing(tmp_path):
     warnings = consistency_warnings(load_rules(rules))
     assert warnings and all("rule idle-gpu's 10%" in w and "util_below 5% differs" in w for w in warnings), warnings
     assert {w.split(":")[0] for w in warnings} == {"rule partly-idle-gpu", "rule unallocated-gpu"}
+
+
+def test_a_number_without_the_unit_a_person_may_mean_is_said_by_rules_check_and_the_worker(tmp_path):
+    """``for: 30`` is 30 seconds and ``util_below: 0.05`` is 0.05 %: valid, and read as written, but a person
+    may mean 30 minutes and 5 % (an idle GPU alerted after half a minute; a crash-loop window of 6 seconds that
+    catches no loop; a threshold a hundred times too low). ``rules check`` says so at the file and line, as does
+    the worker's log when it loads them; a duration in whole minutes of seconds (``realert: 1800``), a unit
+    written, and the shipped rules say nothing."""
+    from streams.config import LiveConfig
+
+    (tmp_path / "rules.yaml").write_text(
+        "rules:\n"
+        "  - name: idle-gpu\n"
+        "    type: idle_gpu\n"
+        "    params:\n"
+        "      for: 30\n"
+        "      util_below: 0.05\n"
+        "      stale_after: 10m\n"
+        "    realert: 1800\n"
+        "    overrides:\n"
+        "      - match: {tags: {team: nlp}}\n"
+        "        params: {for: 45}\n"
+        "  - name: failed\n"
+        "    type: failed_run_spend\n"
+        "    params: {loop_window: 6, min_usd: 20}\n"
+    )  # fmt: skip
+    out = rules_check(tmp_path)
+    assert out.returncode == 0, out.stderr
+    warned = [line for line in out.stdout.splitlines() if line.startswith("warning:") and "pricing" not in line]
+    file = tmp_path / "rules.yaml"
+    assert warned == [
+        f"warning: {file}:5 rules[0].params.for: 30 has no unit: read as 30 seconds; write 30s to say so, or 30m",
+        f"warning: {file}:6 rules[0].params.util_below: 0.05 is read as 0.05%, not 5%; write 0.05% to say so, or 5%",
+        f"warning: {file}:11 rules[0].overrides[0].params.for: 45 has no unit: read as 45 seconds; write 45s to say so, "
+        "or 45m",
+        f"warning: {file}:14 rules[1].params.loop_window: 6 has no unit: read as 6 seconds; write 6s to say so, or 6m",
+    ]
+    with capture_logs() as logs:
+        LiveConfig.load(tmp_path)
+    assert len([e for e in logs if e["event"] == "rules_unit_unsaid"]) == 4
+    assert not [line for line in rules_check(ROOT / "rules").stdout.splitlines() if "has no unit" in line or "is read as" in line]
