@@ -14,7 +14,9 @@ is a separate, configurable check: :mod:`detector.limits`.
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -22,9 +24,10 @@ from operator import attrgetter
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
+import structlog
 
 from detector.limits import Limits
-from detector.units import format_duration
+from detector.units import format_duration, printable
 
 __all__ = [
     "DAY_S",
@@ -253,6 +256,11 @@ class InvalidMessage(ValueError):
         self.reason = reason
 
 
+_log = structlog.get_logger("burnwatch.events")
+_MAX_UNKNOWN = 1000
+"""Unknown fields an :class:`EventDecoder` looks at for a misspelling: hostile producers may send endless new names."""
+
+
 class EventDecoder:
     """Decodes message values of the three topics into typed events.
 
@@ -286,7 +294,24 @@ class EventDecoder:
         self._max_usd_per_s = self.limits.max_usd_per_hour / 3600.0
         self._max_egress_per_s = self.limits.max_egress_bytes_per_s
         self._bound, self._bound_at = TS_MIN, -math.inf
+        self._unknown: dict[tuple[str, str], str | None] = {}
+        """(topic, field) of unknown fields seen → the contract's field it likely misspells (None: none)."""
         """The latest timestamp accepted as of the clock reading ``_bound_at`` (see :meth:`_decode`)."""
+
+    def _say_misspelled(self, topic: str, extra: dict[str, Any]) -> None:
+        """Say once (a process, a topic, a field) that an unknown field likely misspells one of the contract's:
+        it is kept in ``extra``, as every unknown field is, and the event is read without it (``costUSD`` for
+        ``cost_usd``: the interval priced from the price list, or at $0, with nothing said). Bounded: past
+        ``_MAX_UNKNOWN`` fields seen, no more are looked at."""
+        unknown = self._unknown
+        for name in extra:
+            if (topic, name) in unknown or len(unknown) >= _MAX_UNKNOWN:
+                continue
+            meant = unknown[(topic, name)] = _misspelling_of(name, self._fields[topic])
+            if meant is not None:
+                _log.warning("event_field_unknown", topic=topic, field=printable(name, 80), did_you_mean=meant,
+                             note="kept in extra, as every unknown field is; the event is read without it: "
+                                  "check the exporter's field name (docs/events.md)")  # fmt: skip
 
     def decode(self, topic: str, value: bytes | None) -> list[Event]:
         """Return the events in one message value, or raise :class:`InvalidMessage`."""
@@ -410,6 +435,7 @@ class EventDecoder:
             extra = {k: v for k, v in item.items() if k not in known}
             if extra:
                 fields["extra"] = extra
+                self._say_misspelled(topic, extra)
             try:
                 out.append(self._convert(cls, fields))
             except msgspec.ValidationError as exc:
@@ -434,6 +460,21 @@ class EventDecoder:
         if extra:
             fields["extra"] = extra
         return msgspec.convert(fields, cls)
+
+
+def _misspelling_of(name: str, known: frozenset[str]) -> str | None:
+    """The contract's field that ``name`` likely misspells (``costUSD``, ``cost-usd``, ``cost_ud``: ``cost_usd``),
+    or None: the same letters and digits whatever the case and separators, or one close to them."""
+    folded = {_fold(field): field for field in known}
+    wanted = _fold(name)
+    if wanted in folded:
+        return folded[wanted]
+    close = difflib.get_close_matches(wanted, list(folded), n=1, cutoff=0.85)
+    return folded[close[0]] if close else None
+
+
+def _fold(name: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", name.lower())
 
 
 def _too_deep(extra: dict[str, Any]) -> str | None:

@@ -164,3 +164,21 @@ def test_the_future_bound_follows_the_clock_back_and_names_the_event(topic, even
     with pytest.raises(InvalidMessage, match=r"before 1970-01-01T00:00:00Z - at `\$\[1\]\.ts`"):
         clocked.decode(topic, json.dumps([event, {**event, "ts": "1969-12-31T00:00:00Z"}]).encode())
     assert clocked.decode(topic, json.dumps([event, event]).encode())
+
+
+def test_an_unknown_field_that_misspells_one_of_the_contracts_is_said_once():
+    """``costUSD`` where the contract says ``cost_usd``: kept in ``extra`` as every unknown field is (the contract),
+    and the event read without it, priced from the price list (or at $0) with nothing said: a first day's
+    exporter written by hand. The decoder says so once per topic and field, naming the field it likely meant;
+    a field of its own name (``rack``) is kept and says nothing."""
+    from structlog.testing import capture_logs
+
+    decoder = EventDecoder()
+    usage = {"ts": "2026-11-02T00:00:00Z", "resource_id": "h1", "resource_type": "gpu_instance", "interval_s": 60}
+    with capture_logs() as logs:
+        for _ in range(3):
+            (event,) = decoder.decode("resource-usage", json.dumps({**usage, "costUSD": 5, "rack": "r7"}).encode())
+        decoder.decode("resource-usage", json.dumps({**usage, "cost-usd": 5, "Instance_Typ": "p4d"}).encode())
+    assert event.cost_usd is None and event.extra == {"costUSD": 5, "rack": "r7"}
+    said = [(e["field"], e["did_you_mean"]) for e in logs if e["event"] == "event_field_unknown"]
+    assert said == [("costUSD", "cost_usd"), ("cost-usd", "cost_usd"), ("Instance_Typ", "instance_type")]
