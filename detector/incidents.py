@@ -381,9 +381,11 @@ def format_table(listed: IncidentList) -> str:
 def summary(listed: IncidentList) -> str:
     """One line: how many are shown of how many, and the open ones' dollars per hour (of those
     still burning)."""
-    what = "open incidents" if listed.filter.open_only else "incidents"
+    noun = "incident" if listed.total == 1 else "incidents"
+    what = f"open {noun}" if listed.filter.open_only else noun
     team = f" of team {printable(listed.filter.team, 60)}" if listed.filter.team else ""
     shown = (f"showing {len(listed.incidents)} of {listed.total} {what}{team}" if len(listed.incidents) < listed.total
              else f"{listed.total} {what}{team}")  # fmt: skip
-    burning = f"burning {money(listed.open_usd_per_hour)}/h"
+    burning = (f"burning {money(listed.open_usd_per_hour)}/h" if listed.open_usd_per_hour > 0
+               else "none burning now (their dollars are spent)" if listed.open_total else "none burning")  # fmt: skip
     return f"{shown}, {burning}" if listed.filter.open_only else f"{shown}; {listed.open_total} open, {burning}"

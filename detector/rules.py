@@ -758,6 +758,8 @@ class RuleSet:
     """Rule-file silences (:mod:`detector.suppression.silence`), judged at an opening's event time."""
     routing: Routing = field(default_factory=Routing)
     limits: Limits = field(default_factory=Limits)
+    disabled: frozenset[str] = frozenset()
+    """The names of the rules the files hold disabled (``enabled: false``): for ``rules explain`` to say so."""
 
     def channel_for(self, rule: str, tags: dict[str, str], severity: str = "") -> str:
         """The Slack channel for an alert of ``rule`` on a resource with ``tags`` ('' = the notifier's)."""
@@ -795,6 +797,7 @@ def compile_rules(
     limits: Limits | None = None,
 ) -> RuleSet:
     pricing = pricing or Pricing()
+    rules = list(rules)
     compiled = []
     for rule in rules:
         if not rule.enabled:
@@ -814,7 +817,8 @@ def compile_rules(
         )  # fmt: skip
         for s in silences
     )
-    return RuleSet(tuple(compiled), pricing, compiled_silences, routing or Routing(), limits or Limits())
+    return RuleSet(tuple(compiled), pricing, compiled_silences, routing or Routing(), limits or Limits(),
+                   frozenset(rule.name for rule in rules if not rule.enabled))
 
 
 SPLIT_PARAMS = ("util_below", "for_")
@@ -987,6 +991,8 @@ def explain(ruleset: RuleSet, name: str) -> str:
     """The effective rule ``name`` as YAML: its params after defaults, and each override's
     params after merging, which is what detection uses."""
     rule = ruleset.by_name(name)
+    if rule is None and name in ruleset.disabled:
+        raise KeyError(f"rule {name!r} is disabled (enabled: false): nothing detects with it")
     if rule is None:
         near = difflib.get_close_matches(name, ruleset.names, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else f"; rules: {', '.join(ruleset.names) or '(none enabled)'}"

@@ -304,3 +304,11 @@ def test_the_slack_workspace_setting_takes_only_a_web_address():
 def test_nothing_to_show_says_so(store):
     assert format_table(list_incidents(store, IncidentFilter(open_only=True), NOW)) == "no open incidents\n"
     assert format_table(list_incidents(store, IncidentFilter(team="cv"), NOW)) == "no incidents for team cv\n"
+
+
+def test_one_open_incident_whose_dollars_are_spent_is_said_so_in_one_line(store):
+    """One open incident of a forecast type (its dollars not burning): '1 open incident ..., none burning now',
+    not '1 open incidents ..., burning $0.00/h' (first-day evaluation)."""
+    store.alerts.record([alert("filling", 0.2, usd=0.0, type_="storage_growth")], version=1)
+    listed = list_incidents(store, IncidentFilter(open_only=True), NOW)
+    assert summary(listed) == "1 open incident, none burning now (their dollars are spent)"

@@ -443,3 +443,16 @@ def test_a_number_without_the_unit_a_person_may_mean_is_said_by_rules_check_and_
         LiveConfig.load(tmp_path)
     assert len([e for e in logs if e["event"] == "rules_unit_unsaid"]) == 4
     assert not [line for line in rules_check(ROOT / "rules").stdout.splitlines() if "has no unit" in line or "is read as" in line]
+
+
+def test_rules_explain_of_a_disabled_rule_says_it_is_disabled(tmp_path):
+    """Not 'no enabled rule; did you mean' another: the rule is there, switched off."""
+    from detector.rules import explain
+
+    (tmp_path / "rules.yaml").write_text("rules:\n  - {name: idle-a, type: idle_gpu}\n"
+                                         "  - {name: idle-b, type: idle_gpu, enabled: false}\n")  # fmt: skip
+    ruleset = load_rules(tmp_path)
+    with pytest.raises(KeyError, match="rule 'idle-b' is disabled"):
+        explain(ruleset, "idle-b")
+    with pytest.raises(KeyError, match="did you mean 'idle-a'"):
+        explain(ruleset, "idle-c")
