@@ -12,6 +12,7 @@ Read with pydantic-settings: each field names its environment variable
 
 from __future__ import annotations
 
+import difflib
 import os
 import ssl
 from collections.abc import Mapping
@@ -372,6 +373,8 @@ def _reason(exc: Exception) -> str:
 
 ENV: dict[str, str] = {name: str(field.validation_alias) for name, field in Settings.model_fields.items()}
 """Setting → the environment variable it is read from."""
+_RULE_KEYS = {"rules", "silences", "allow_no_rules", "pricing", "routing", "limits"}
+"""Keys of the rule files, not of settings: a config file that holds them is a rules file given as ``--config``."""
 _SECRET = {name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation)}
 _SECRET |= {"kafka_sasl_password_file"}  # its value is never echoed either: it may be the password, set in the wrong variable
 """Settings whose bad value is not repeated in the error."""
@@ -444,5 +447,11 @@ def load_settings(config_file: str | Path | None = None, environ: Mapping[str, s
                 source = ENV.get(name, name)
             shown = "" if name in _SECRET or err["type"] == "extra_forbidden" or err.get("input") is None \
                 else f" (got {err.get('input')!r})"  # fmt: skip
+            if err["type"] == "extra_forbidden":  # a key no setting has: say which ones there are
+                near = difflib.get_close_matches(key, list(ENV), n=1, cutoff=0.6)
+                shown = (" (rules are read from their own files: rules_path names the folder)" if key in _RULE_KEYS
+                         else f" (did you mean {near[0]!r}?)" if near else "")  # fmt: skip
+                lines.append(f"{source}: not a setting{shown}")
+                continue
             lines.append(f"{source}: {err['msg']}{shown}")
         raise ValueError("invalid settings:\n  " + "\n  ".join(lines)) from None

@@ -64,7 +64,9 @@ def test_settings_alone_read_no_environment(monkeypatch):
         ({"BURNWATCH_LOG_LEVEL": "warn"}, {}, None, "BURNWATCH_LOG_LEVEL: Input should be 'debug', 'info'"),
         ({"BURNWATCH_PARTITIONS": "2"}, {"partitions": 0}, None, "--partitions: Input should be greater"),
         ({}, {}, "batch_max_messages: 0\n", "burnwatch.yaml: batch_max_messages: Input should be greater"),
-        ({}, {}, "partition: 2\n", "burnwatch.yaml: partition: Extra inputs are not permitted"),
+        ({}, {}, "partition: 2\n", "burnwatch.yaml: partition: not a setting (did you mean 'partitions'?)"),
+        # a rules file given as --config: where rules go, not pydantic's "Extra inputs are not permitted"
+        ({}, {}, "rules: []\n", "burnwatch.yaml: rules: not a setting (rules are read from their own files: rules_path"),
         # a relative chdb DSN made its store at the root (/clickhouse), then failed on a database named so
         ({"BURNWATCH_CLICKHOUSE_DSN": "chdb://.burnwatch/clickhouse"}, {}, None,
          "BURNWATCH_CLICKHOUSE_DSN: Value error, an embedded store is chdb:///absolute/directory (three slashes)"),
