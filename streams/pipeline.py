@@ -43,7 +43,7 @@ from detector.delivery import Outbox
 from detector.engine import RULE_REMOVED, Engine
 from detector.events import Event, InvalidMessage, RunEvent
 from detector.metrics import METRICS
-from detector.orphaned_alerts import known_rules, loaded_rules, resolutions
+from detector.orphaned_alerts import known_rules, loaded_rules, resolutions, state_keys
 from detector.outputs.outbox import OutputOutbox
 from detector.pricing import Pricing
 from detector.store import Store
@@ -659,7 +659,7 @@ class Pipeline:
             return
         alerts = self.manager.take(resolutions(orphans, RULE_REMOVED))  # (each keeps its partition: its holder posts)
         step.alerts += alerts
-        await self._rewrite_states({orphan.key or orphan.resource_id for orphan in orphans})
+        await self._rewrite_states({key for orphan in orphans for key in state_keys(orphan)})
         step.states += self._dirty_states()  # (after the batch's: these keys were not held, so not among them)
         log.info("orphaned_alerts_resolved", alerts=len(alerts), rules=sorted({a.rule for a in alerts}),
                  note="open alerts of rules no longer loaded: resolved with the figures each last recorded")  # fmt: skip

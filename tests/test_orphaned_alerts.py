@@ -15,7 +15,7 @@ from detector.store.states import SavedTimes
 from streams.config import LiveConfig
 from streams.parts import remembering_manager
 from streams.pipeline import Message, Pipeline
-from tests.helpers import MIN, T0, slack_bot
+from tests.helpers import MIN, T0, at, slack_bot
 from tests.test_pipeline import gpu_message, run_batches, usage_message
 
 RULES = """\
@@ -306,3 +306,60 @@ def test_the_store_reads_as_orphans_the_open_alerts_of_a_rule_not_loaded_or_load
     # a newer worker loads idle-gpu as stuck_gpu: its alerts are not this (older) worker's to resolve
     newer = known_rules(loaded, {"idle-gpu": "stuck_gpu", "gone": "idle_gpu"})
     assert [a.alert_id for a in store.alerts.open_orphans(newer, None)] == []
+
+
+RUN_RULES = """\
+rules:
+  - name: idle-gpu
+    type: idle_gpu
+    match: {resource_type: [gpu_instance, notebook]}
+    params: {for: 30m}
+  - name: plateaued-run
+    type: plateaued_run
+    params: {metric: val_loss, mode: min, min_delta: 0, patience: 5}
+"""
+WITHOUT_PLATEAU = RUN_RULES.split("  - name: plateaued-run")[0]
+
+
+def test_a_run_rule_put_back_opens_its_incident_again_whose_state_is_the_projects_not_the_runs(store, tmp_path):
+    """Review of 4fab862: a run-event rule's alert is of the run (``resource_id`` r1), its state of the engine key,
+    the project (llm). plateaued-run fires on r1; the worker stops; the rule is removed; the worker starts again
+    (llm loaded, not heard from) and resolves r1's alert from the alert side. Its state must be saved again without
+    the rule's, as a resource's is: the rule put back (a reload), the run plateauing on opens a new incident, not
+    the old episode going on under the id just resolved, every change of it dropped."""
+    (tmp_path / "rules.yaml").write_text(RUN_RULES)
+    runs = iter(range(100_000))
+    usage = iter(range(100_000))
+
+    def minutes(start: float, n: int) -> list[Message]:
+        return [usage_message(next(usage), start + k * MIN, "h1") for k in range(n)]
+
+    def run(t: float, value: float | None, step: int | None, status: str = "running") -> Message:
+        value_ = {"ts": at(t).isoformat(), "run_id": "r1", "status": status, "resource_ids": ["h1"], "gpu_count": 8,
+                  "project": "llm", "tags": {"team": "nlp"}, **({"metrics": {"val_loss": value}, "step": step}
+                                                                 if value is not None else {})}  # fmt: skip
+        return Message("run-events", 0, next(runs), b"llm", json.dumps(value_).encode())
+
+    def evals(start: float, values: list[float], first_step: int) -> list[Message]:
+        return [run(start + (i + 1) * 15 * MIN, v, first_step + i * 1000) for i, v in enumerate(values)]
+
+    first = worker(store, LiveConfig.load(tmp_path))
+    flat = [2.0, 1.5, 1.2, 1.0, 1.01, 1.02, 1.0, 1.03, 1.02]  # its best at the 4th, five evaluations not better
+    batch = minutes(T0, 150) + [run(T0, None, None, "started")] + evals(T0, flat, 1000)
+    run_batches(first, [sorted(batch, key=lambda m: json.loads(m.value)["ts"])], [])
+    (plateau,) = [a for a in store.alerts.latest() if a["rule"] == "plateaued-run"]
+    assert (plateau["resource_id"], plateau["status"]) == ("r1", "firing")
+
+    (tmp_path / "rules.yaml").write_text(WITHOUT_PLATEAU)
+    config = LiveConfig.load(tmp_path)
+    restarted = worker(store, config)
+    run_batches(restarted, [minutes(T0 + 150 * MIN, 3)], [])
+    assert store.alerts.get(plateau["alert_id"])["status"] == "resolved"
+
+    (tmp_path / "rules.yaml").write_text(RUN_RULES)
+    assert config.reload()[1] is None
+    batch = minutes(T0 + 153 * MIN, 120) + evals(T0 + 150 * MIN, [1.0, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07], 10_000)
+    run_batches(restarted, [sorted(batch, key=lambda m: json.loads(m.value)["ts"])], [])
+    firing = [a for a in store.alerts.latest() if a["rule"] == "plateaued-run" and a["status"] == "firing"]
+    assert [a["resource_id"] for a in firing] == ["r1"]
+
