@@ -668,20 +668,22 @@ class Pipeline:
         """Save again, under the rules in force, the states of the orphans' keys that this worker does not hold
         (evicted, or loaded at its assignment and not heard from): they still hold the removed rule's open
         episode, which a rule put back would resume under the alert id just resolved (:meth:`Engine.rewrite`).
-        Read off the event loop with the partition each was saved under, which it is saved under again."""
+        Read off the event loop with the partition each was saved under, which it is saved under again: a look-up
+        of its own for each :data:`GET_MANY_CHUNK` keys, as a sweep's (:meth:`_sweep`), so that a rule removed with
+        many incidents open does not make one read past the look-up's bound, timed out at every try."""
         engine, saved = self.engine, self.saved_states
         _, evicted = engine.held_or_evicted(keys)
         wanted = sorted({*evicted, *(key for key in keys if key in saved)})
-        if not wanted:
-            return
-        found = await self._ask_store(self.store.states.get_many_placed, wanted, "state read",
-                                      "the states of keys whose rule was removed; retrying")  # fmt: skip
-        snapshots = {}
-        for key, (partition, data) in found.items():
-            self._partition_of.setdefault(key, partition)
-            saved.pop(key, None)
-            snapshots[key] = data
-        engine.rewrite(snapshots)
+        for i in range(0, len(wanted), _states.GET_MANY_CHUNK):
+            chunk = wanted[i : i + _states.GET_MANY_CHUNK]
+            found = await self._ask_store(self.store.states.get_many_placed, chunk, "state read",
+                                          "the states of keys whose rule was removed; retrying")  # fmt: skip
+            snapshots = {}
+            for key, (partition, data) in found.items():
+                self._partition_of.setdefault(key, partition)
+                saved.pop(key, None)
+                snapshots[key] = data
+            engine.rewrite(snapshots)
 
     def forget(self, keys: Iterable[str]) -> None:
         """Keys whose state expired: what the pipeline keeps per key goes too."""

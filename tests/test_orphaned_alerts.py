@@ -363,3 +363,54 @@ def test_a_run_rule_put_back_opens_its_incident_again_whose_state_is_the_project
     firing = [a for a in store.alerts.latest() if a["rule"] == "plateaued-run" and a["status"] == "firing"]
     assert [a["resource_id"] for a in firing] == ["r1"]
 
+
+def test_the_states_of_many_orphans_keys_are_read_in_chunks_each_within_the_look_up_bound(store, tmp_path, monkeypatch):
+    """Review of 4fab862: a rule removed while the worker was down had incidents open on many resources, loaded at
+    the start and not heard from. Their states are read to be saved again without the rule's: each chunk of
+    :data:`GET_MANY_CHUNK` keys reads within the look-up's bound here, all of them together do not. Read as one
+    look-up, it timed out at every try and the pipeline stalled for ever under the batch lock, and again after
+    every restart (as the sweep's read did before it was chunked: tests/test_pipeline.py)."""
+    import time
+
+    import streams.pipeline as pipeline_module
+    from detector.alerts import Alert
+    from detector.store import states as states_module
+    from tests.helpers import scrape
+
+    quiet = [f"q{i}" for i in range(40)]
+    (tmp_path / "rules.yaml").write_text(RULES)
+    maker = Engine(LiveConfig.load(tmp_path).current.ruleset)
+    maker.process([e for key in quiet for e in scrape(T0, [1.0, 1.0], key)])
+    store.states.save([(key, 0, maker.snapshot(key), T0) for key in quiet], version=1)
+    store.alerts.record([Alert(alert_id=f"a{key}", type="idle_gpu", rule="idle-gpu-nlp", resource_id=key, status="firing",
+                               change="fired", severity="warning", episode_start=T0, fired_at=T0 + 20 * MIN,
+                               updated_at=T0 + 30 * MIN, waste_usd=3.5, partition=0) for key in quiet], version=1)  # fmt: skip
+    (tmp_path / "rules.yaml").write_text(WITHOUT_NLP)
+    pipeline = worker(store, LiveConfig.load(tmp_path))
+    assert set(pipeline.saved_states) == set(quiet)
+    monkeypatch.setattr(states_module, "GET_MANY_CHUNK", 10)
+    monkeypatch.setattr(pipeline_module, "_LOOKUP_TIMEOUT_S", 1.0)
+    pipeline._retry_max_s = 0.2
+    read = store.states.get_many_placed
+
+    def slow(keys):  # 50 ms a key: a chunk in 0.5 s, the 40 keys in 2 s
+        time.sleep(0.05 * len(keys))
+        return read(keys)
+
+    monkeypatch.setattr(store.states, "get_many_placed", slow)
+
+    async def ack(messages):
+        pass
+
+    async def go() -> bool:
+        try:
+            await asyncio.wait_for(pipeline.process(Fleet().minutes(T0 + 40 * MIN, 2, {"b": 70.0}), ack), 15)
+            await pipeline.drain()
+            return True
+        except asyncio.TimeoutError:
+            pipeline.stop()
+            return False
+
+    assert asyncio.run(go()), "the orphans' states were never read within the look-up's bound"
+    assert {a["status"] for a in store.alerts.latest() if a["rule"] == "idle-gpu-nlp"} == {"resolved"}
+    assert not set(quiet) & set(pipeline.saved_states)
