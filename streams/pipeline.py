@@ -659,18 +659,23 @@ class Pipeline:
             return
         alerts = self.manager.take(resolutions(orphans, RULE_REMOVED))  # (each keeps its partition: its holder posts)
         step.alerts += alerts
-        await self._rewrite_states({key for orphan in orphans for key in state_keys(orphan)})
+        dropped: dict[str, set[str]] = {}  # (a rule of the orphan's name, if loaded, is of another type: its state goes)
+        for orphan in orphans:
+            for key in state_keys(orphan):
+                dropped.setdefault(key, set()).add(orphan.rule)
+        await self._rewrite_states(dropped)
         step.states += self._dirty_states()  # (after the batch's: these keys were not held, so not among them)
         log.info("orphaned_alerts_resolved", alerts=len(alerts), rules=sorted({a.rule for a in alerts}),
                  note="open alerts of rules no longer loaded: resolved with the figures each last recorded")  # fmt: skip
 
-    async def _rewrite_states(self, keys: set[str]) -> None:
+    async def _rewrite_states(self, keys: Mapping[str, set[str]]) -> None:
         """Save again, under the rules in force, the states of the orphans' keys that this worker does not hold
         (evicted, or loaded at its assignment and not heard from): they still hold the removed rule's open
         episode, which a rule put back would resume under the alert id just resolved (:meth:`Engine.rewrite`).
-        Read off the event loop with the partition each was saved under, which it is saved under again: a look-up
-        of its own for each :data:`GET_MANY_CHUNK` keys, as a sweep's (:meth:`_sweep`), so that a rule removed with
-        many incidents open does not make one read past the look-up's bound, timed out at every try."""
+        ``keys``: key → the orphaned alerts' rules, whose states are dropped though a rule of the name is loaded
+        (of another type). Read off the event loop with the partition each was saved under, which it is saved
+        under again: a look-up of its own for each :data:`GET_MANY_CHUNK` keys, as a sweep's (:meth:`_sweep`), so
+        that a rule removed with many incidents open does not make one read past the look-up's bound."""
         engine, saved = self.engine, self.saved_states
         _, evicted = engine.held_or_evicted(keys)
         wanted = sorted({*evicted, *(key for key in keys if key in saved)})
@@ -683,7 +688,7 @@ class Pipeline:
                 self._partition_of.setdefault(key, partition)
                 saved.pop(key, None)
                 snapshots[key] = data
-            engine.rewrite(snapshots)
+            engine.rewrite(snapshots, keys)
 
     def forget(self, keys: Iterable[str]) -> None:
         """Keys whose state expired: what the pipeline keeps per key goes too."""

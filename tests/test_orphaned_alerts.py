@@ -414,3 +414,36 @@ def test_the_states_of_many_orphans_keys_are_read_in_chunks_each_within_the_look
     assert asyncio.run(go()), "the orphans' states were never read within the look-up's bound"
     assert {a["status"] for a in store.alerts.latest() if a["rule"] == "idle-gpu-nlp"} == {"resolved"}
     assert not set(quiet) & set(pipeline.saved_states)
+
+
+def test_a_rule_whose_type_changed_keeps_no_episode_of_its_old_type_on_an_evicted_key_as_on_a_held_one(store, tmp_path):
+    """Review of 4fab862. h1 and h2 idle 40 minutes (idle-gpu-nlp fires on both); h1 goes quiet and is evicted, h2
+    idles on. A reload makes idle-gpu-nlp a stuck_gpu rule: the engine resolves h2's alert and drops its state (another
+    type), the alert side resolves h1's. h1's state saved again must not hold the idle episode either: stuck_gpu's
+    state is of the same class as idle_gpu's (GpuEpisodeState), so the restore read it as the new rule's, open, and
+    the rule went on with it under the alert id just resolved (the id is the rule's name, the resource and the
+    episode's start), every change of it dropped as closed."""
+    from detector.alerts import alert_id
+
+    (tmp_path / "rules.yaml").write_text(RULES)
+    config = LiveConfig.load(tmp_path)
+    pipeline = worker(store, config, evict_after_s=600.0)
+    fleet = Fleet()
+    run_batches(pipeline, [fleet.minutes(T0, 40, {"h1": 1.0, "h2": 1.0, "b": 70.0}),
+                           fleet.minutes(T0 + 40 * MIN, 20, {"h2": 1.0, "b": 70.0})], [])  # fmt: skip
+    assert pipeline.engine.evicted == 1
+    (tmp_path / "rules.yaml").write_text(RULES.replace("    type: idle_gpu\n    match: {resource_type: [gpu_instance, "
+                                                       "notebook], tags", "    type: stuck_gpu\n    match: {resource_type: "
+                                                       "[gpu_instance, notebook], tags"))  # fmt: skip
+    assert config.reload()[1] is None
+    assert config.current.ruleset.by_name("idle-gpu-nlp").detector.type == "stuck_gpu"
+    run_batches(pipeline, [fleet.minutes(T0 + 60 * MIN, 2, {"h2": 1.0, "b": 70.0})], [])
+    resolved = {r: alerts_by_rule(store, r)["idle-gpu-nlp"] for r in ("h1", "h2")}
+    assert {r: a["status"] for r, a in resolved.items()} == {"h1": "resolved", "h2": "resolved"}
+
+    for host in ("h1", "h2"):  # as a worker would restore each (the evicted h1 at its next event, or after a restart)
+        engine = Engine(config.current.ruleset)
+        state = engine.restore(host, store.states.get(host))
+        went_on = [alert_id(f.rule, f.resource_id, f.episode_start) for f in engine._open_in(host, state)
+                   if f.rule == "idle-gpu-nlp"]  # fmt: skip
+        assert went_on == [], (host, went_on, resolved[host]["alert_id"])
