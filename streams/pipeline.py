@@ -106,9 +106,9 @@ _STORE = "store"
 _MEMBERSHIP = "membership"
 """A stall's cause: a write has waited a session timeout for the group to answer a heartbeat."""
 _DEAD_LETTER_TOPIC = "dead-letter topic"
+"""A stall's cause: the dead-letter topic takes no record."""
 _WORKER = f"{socket.gethostname()}/{os.getpid()}"
 """This worker, as the rule sets it records name it (for people reading ``rule_sets``)."""
-"""A stall's cause: the dead-letter topic takes no record."""
 
 
 class FetchQueue(Protocol):
