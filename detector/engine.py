@@ -63,6 +63,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -1068,14 +1069,17 @@ class Engine:
         keys = list(keys)
         return [k for k in keys if k in self._keys], [k for k in keys if k in self._evicted]
 
-    def rewrite(self, snapshots: Mapping[str, bytes]) -> list[str]:
+    def rewrite(self, snapshots: Mapping[str, bytes], dropped: Mapping[str, AbstractSet[str]] | None = None) -> list[str]:
         """Bring these keys, not held (evicted, or loaded at an assignment and not heard from), into memory from
         their saved states under the rules in force, which drop the states of rules no longer loaded, and mark
         them dirty: saved again with the next write without those states. A rule removed and put back must not
         find an episode left open in a state saved before its removal, whose incident was resolved for the
-        removal (:mod:`detector.orphaned_alerts`): it would go on under that resolved id, unseen. A held key is
-        left (its states were dropped by :meth:`set_ruleset`); an evicted one's state just left is taken as it
-        left (:meth:`evict`), before the store's. Returns the keys brought in."""
+        removal (:mod:`detector.orphaned_alerts`): it would go on under that resolved id, unseen. ``dropped``:
+        key → the rules whose states go too though a rule of that name is loaded (now of another type, whose
+        state the restore may read as its own: idle_gpu's and stuck_gpu's are of one class), as
+        :meth:`set_ruleset` drops a held key's. A held key is left (its states were dropped by
+        :meth:`set_ruleset`); an evicted one's state just left is taken as it left (:meth:`evict`), before the
+        store's. Returns the keys brought in."""
         brought = []
         for key, data in snapshots.items():
             if key in self._keys:
@@ -1083,7 +1087,13 @@ class Engine:
             evicted = self._evicted.pop(key, None) is not None
             data = self._leaving.pop(key) if key in self._leaving else data
             self._read_ahead.pop(key, None)
-            self._flagged(key, self.restore(key, data, restart=not evicted))
+            state = self.restore(key, data, restart=not evicted)
+            gone = dropped.get(key) if dropped else None
+            if gone and not gone.isdisjoint(state.names):
+                kept = [(name, rule_state) for name, rule_state in zip(state.names, state.states, strict=True)
+                        if name not in gone]  # fmt: skip
+                self._set_rules(state, [name for name, _ in kept], [rule_state for _, rule_state in kept])
+            self._flagged(key, state)
             self.dirty.add(key)
             brought.append(key)
         return brought

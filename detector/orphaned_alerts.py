@@ -31,7 +31,7 @@ import msgspec
 from detector.alerts import Alert
 from detector.rules import RuleSet
 
-__all__ = ["CLOSED_BY", "known_rules", "loaded_rules", "resolutions"]
+__all__ = ["CLOSED_BY", "known_rules", "loaded_rules", "resolutions", "state_keys"]
 
 CLOSED_BY = "alert_manager"
 """``details.closed_by`` of a resolution made here: its figures are the alert's last recorded ones,
@@ -51,6 +51,20 @@ def known_rules(loaded: Mapping[str, str], newest: Mapping[str, str] | None) -> 
     adds it, and its alerts are theirs to go on with. Where this worker's set is the newest, its own alone.
     (Name, type) pairs: a rule of one name may be of another type in each."""
     return set(loaded.items()) | set((newest or {}).items())
+
+
+def state_keys(alert: Alert) -> set[str]:
+    """The engine keys whose saved state may hold the episode of this open alert (as the store recorded it: without
+    its key). A resource's alert: the resource. A run-event rule's (a run's or a project's alert) is made on the state
+    of the run's project, or of the run when it has none: the project and the run its details name, and the project
+    its resource id names (``project/NAME``). A key named here that is not the alert's is only saved again."""
+    keys = {alert.key or alert.resource_id}
+    if alert.resource_type in ("run", "project"):
+        details = alert.details
+        keys.update(v for v in (details.get("project"), details.get("run_id")) if isinstance(v, str) and v)
+        if alert.resource_type == "project" and alert.resource_id.startswith("project/"):
+            keys.add(alert.resource_id.removeprefix("project/"))
+    return keys
 
 
 def resolutions(open_alerts: Iterable[Alert], reason: str) -> list[Alert]:

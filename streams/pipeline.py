@@ -43,7 +43,7 @@ from detector.delivery import Outbox
 from detector.engine import RULE_REMOVED, Engine
 from detector.events import Event, InvalidMessage, RunEvent
 from detector.metrics import METRICS
-from detector.orphaned_alerts import known_rules, loaded_rules, resolutions
+from detector.orphaned_alerts import known_rules, loaded_rules, resolutions, state_keys
 from detector.outputs.outbox import OutputOutbox
 from detector.pricing import Pricing
 from detector.store import Store
@@ -106,9 +106,9 @@ _STORE = "store"
 _MEMBERSHIP = "membership"
 """A stall's cause: a write has waited a session timeout for the group to answer a heartbeat."""
 _DEAD_LETTER_TOPIC = "dead-letter topic"
+"""A stall's cause: the dead-letter topic takes no record."""
 _WORKER = f"{socket.gethostname()}/{os.getpid()}"
 """This worker, as the rule sets it records name it (for people reading ``rule_sets``)."""
-"""A stall's cause: the dead-letter topic takes no record."""
 
 
 class FetchQueue(Protocol):
@@ -659,29 +659,36 @@ class Pipeline:
             return
         alerts = self.manager.take(resolutions(orphans, RULE_REMOVED))  # (each keeps its partition: its holder posts)
         step.alerts += alerts
-        await self._rewrite_states({orphan.key or orphan.resource_id for orphan in orphans})
+        dropped: dict[str, set[str]] = {}  # (a rule of the orphan's name, if loaded, is of another type: its state goes)
+        for orphan in orphans:
+            for key in state_keys(orphan):
+                dropped.setdefault(key, set()).add(orphan.rule)
+        await self._rewrite_states(dropped)
         step.states += self._dirty_states()  # (after the batch's: these keys were not held, so not among them)
         log.info("orphaned_alerts_resolved", alerts=len(alerts), rules=sorted({a.rule for a in alerts}),
                  note="open alerts of rules no longer loaded: resolved with the figures each last recorded")  # fmt: skip
 
-    async def _rewrite_states(self, keys: set[str]) -> None:
+    async def _rewrite_states(self, keys: Mapping[str, set[str]]) -> None:
         """Save again, under the rules in force, the states of the orphans' keys that this worker does not hold
         (evicted, or loaded at its assignment and not heard from): they still hold the removed rule's open
         episode, which a rule put back would resume under the alert id just resolved (:meth:`Engine.rewrite`).
-        Read off the event loop with the partition each was saved under, which it is saved under again."""
+        ``keys``: key → the orphaned alerts' rules, whose states are dropped though a rule of the name is loaded
+        (of another type). Read off the event loop with the partition each was saved under, which it is saved
+        under again: a look-up of its own for each :data:`GET_MANY_CHUNK` keys, as a sweep's (:meth:`_sweep`), so
+        that a rule removed with many incidents open does not make one read past the look-up's bound."""
         engine, saved = self.engine, self.saved_states
         _, evicted = engine.held_or_evicted(keys)
         wanted = sorted({*evicted, *(key for key in keys if key in saved)})
-        if not wanted:
-            return
-        found = await self._ask_store(self.store.states.get_many_placed, wanted, "state read",
-                                      "the states of keys whose rule was removed; retrying")  # fmt: skip
-        snapshots = {}
-        for key, (partition, data) in found.items():
-            self._partition_of.setdefault(key, partition)
-            saved.pop(key, None)
-            snapshots[key] = data
-        engine.rewrite(snapshots)
+        for i in range(0, len(wanted), _states.GET_MANY_CHUNK):
+            chunk = wanted[i : i + _states.GET_MANY_CHUNK]
+            found = await self._ask_store(self.store.states.get_many_placed, chunk, "state read",
+                                          "the states of keys whose rule was removed; retrying")  # fmt: skip
+            snapshots = {}
+            for key, (partition, data) in found.items():
+                self._partition_of.setdefault(key, partition)
+                saved.pop(key, None)
+                snapshots[key] = data
+            engine.rewrite(snapshots, keys)
 
     def forget(self, keys: Iterable[str]) -> None:
         """Keys whose state expired: what the pipeline keeps per key goes too."""

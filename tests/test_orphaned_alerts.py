@@ -15,7 +15,7 @@ from detector.store.states import SavedTimes
 from streams.config import LiveConfig
 from streams.parts import remembering_manager
 from streams.pipeline import Message, Pipeline
-from tests.helpers import MIN, T0, slack_bot
+from tests.helpers import MIN, T0, at, slack_bot
 from tests.test_pipeline import gpu_message, run_batches, usage_message
 
 RULES = """\
@@ -306,3 +306,144 @@ def test_the_store_reads_as_orphans_the_open_alerts_of_a_rule_not_loaded_or_load
     # a newer worker loads idle-gpu as stuck_gpu: its alerts are not this (older) worker's to resolve
     newer = known_rules(loaded, {"idle-gpu": "stuck_gpu", "gone": "idle_gpu"})
     assert [a.alert_id for a in store.alerts.open_orphans(newer, None)] == []
+
+
+RUN_RULES = """\
+rules:
+  - name: idle-gpu
+    type: idle_gpu
+    match: {resource_type: [gpu_instance, notebook]}
+    params: {for: 30m}
+  - name: plateaued-run
+    type: plateaued_run
+    params: {metric: val_loss, mode: min, min_delta: 0, patience: 5}
+"""
+WITHOUT_PLATEAU = RUN_RULES.split("  - name: plateaued-run")[0]
+
+
+def test_a_run_rule_put_back_opens_its_incident_again_whose_state_is_the_projects_not_the_runs(store, tmp_path):
+    """Review of 4fab862: a run-event rule's alert is of the run (``resource_id`` r1), its state of the engine key,
+    the project (llm). plateaued-run fires on r1; the worker stops; the rule is removed; the worker starts again
+    (llm loaded, not heard from) and resolves r1's alert from the alert side. Its state must be saved again without
+    the rule's, as a resource's is: the rule put back (a reload), the run plateauing on opens a new incident, not
+    the old episode going on under the id just resolved, every change of it dropped."""
+    (tmp_path / "rules.yaml").write_text(RUN_RULES)
+    runs = iter(range(100_000))
+    usage = iter(range(100_000))
+
+    def minutes(start: float, n: int) -> list[Message]:
+        return [usage_message(next(usage), start + k * MIN, "h1") for k in range(n)]
+
+    def run(t: float, value: float | None, step: int | None, status: str = "running") -> Message:
+        value_ = {"ts": at(t).isoformat(), "run_id": "r1", "status": status, "resource_ids": ["h1"], "gpu_count": 8,
+                  "project": "llm", "tags": {"team": "nlp"}, **({"metrics": {"val_loss": value}, "step": step}
+                                                                 if value is not None else {})}  # fmt: skip
+        return Message("run-events", 0, next(runs), b"llm", json.dumps(value_).encode())
+
+    def evals(start: float, values: list[float], first_step: int) -> list[Message]:
+        return [run(start + (i + 1) * 15 * MIN, v, first_step + i * 1000) for i, v in enumerate(values)]
+
+    first = worker(store, LiveConfig.load(tmp_path))
+    flat = [2.0, 1.5, 1.2, 1.0, 1.01, 1.02, 1.0, 1.03, 1.02]  # its best at the 4th, five evaluations not better
+    batch = minutes(T0, 150) + [run(T0, None, None, "started")] + evals(T0, flat, 1000)
+    run_batches(first, [sorted(batch, key=lambda m: json.loads(m.value)["ts"])], [])
+    (plateau,) = [a for a in store.alerts.latest() if a["rule"] == "plateaued-run"]
+    assert (plateau["resource_id"], plateau["status"]) == ("r1", "firing")
+
+    (tmp_path / "rules.yaml").write_text(WITHOUT_PLATEAU)
+    config = LiveConfig.load(tmp_path)
+    restarted = worker(store, config)
+    run_batches(restarted, [minutes(T0 + 150 * MIN, 3)], [])
+    assert store.alerts.get(plateau["alert_id"])["status"] == "resolved"
+
+    (tmp_path / "rules.yaml").write_text(RUN_RULES)
+    assert config.reload()[1] is None
+    batch = minutes(T0 + 153 * MIN, 120) + evals(T0 + 150 * MIN, [1.0, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07], 10_000)
+    run_batches(restarted, [sorted(batch, key=lambda m: json.loads(m.value)["ts"])], [])
+    firing = [a for a in store.alerts.latest() if a["rule"] == "plateaued-run" and a["status"] == "firing"]
+    assert [a["resource_id"] for a in firing] == ["r1"]
+
+
+def test_the_states_of_many_orphans_keys_are_read_in_chunks_each_within_the_look_up_bound(store, tmp_path, monkeypatch):
+    """Review of 4fab862: a rule removed while the worker was down had incidents open on many resources, loaded at
+    the start and not heard from. Their states are read to be saved again without the rule's: each chunk of
+    :data:`GET_MANY_CHUNK` keys reads within the look-up's bound here, all of them together do not. Read as one
+    look-up, it timed out at every try and the pipeline stalled for ever under the batch lock, and again after
+    every restart (as the sweep's read did before it was chunked: tests/test_pipeline.py)."""
+    import time
+
+    import streams.pipeline as pipeline_module
+    from detector.alerts import Alert
+    from detector.store import states as states_module
+    from tests.helpers import scrape
+
+    quiet = [f"q{i}" for i in range(40)]
+    (tmp_path / "rules.yaml").write_text(RULES)
+    maker = Engine(LiveConfig.load(tmp_path).current.ruleset)
+    maker.process([e for key in quiet for e in scrape(T0, [1.0, 1.0], key)])
+    store.states.save([(key, 0, maker.snapshot(key), T0) for key in quiet], version=1)
+    store.alerts.record([Alert(alert_id=f"a{key}", type="idle_gpu", rule="idle-gpu-nlp", resource_id=key, status="firing",
+                               change="fired", severity="warning", episode_start=T0, fired_at=T0 + 20 * MIN,
+                               updated_at=T0 + 30 * MIN, waste_usd=3.5, partition=0) for key in quiet], version=1)  # fmt: skip
+    (tmp_path / "rules.yaml").write_text(WITHOUT_NLP)
+    pipeline = worker(store, LiveConfig.load(tmp_path))
+    assert set(pipeline.saved_states) == set(quiet)
+    monkeypatch.setattr(states_module, "GET_MANY_CHUNK", 10)
+    monkeypatch.setattr(pipeline_module, "_LOOKUP_TIMEOUT_S", 1.0)
+    pipeline._retry_max_s = 0.2
+    read = store.states.get_many_placed
+
+    def slow(keys):  # 50 ms a key: a chunk in 0.5 s, the 40 keys in 2 s
+        time.sleep(0.05 * len(keys))
+        return read(keys)
+
+    monkeypatch.setattr(store.states, "get_many_placed", slow)
+
+    async def ack(messages):
+        pass
+
+    async def go() -> bool:
+        try:
+            await asyncio.wait_for(pipeline.process(Fleet().minutes(T0 + 40 * MIN, 2, {"b": 70.0}), ack), 15)
+            await pipeline.drain()
+            return True
+        except asyncio.TimeoutError:
+            pipeline.stop()
+            return False
+
+    assert asyncio.run(go()), "the orphans' states were never read within the look-up's bound"
+    assert {a["status"] for a in store.alerts.latest() if a["rule"] == "idle-gpu-nlp"} == {"resolved"}
+    assert not set(quiet) & set(pipeline.saved_states)
+
+
+def test_a_rule_whose_type_changed_keeps_no_episode_of_its_old_type_on_an_evicted_key_as_on_a_held_one(store, tmp_path):
+    """Review of 4fab862. h1 and h2 idle 40 minutes (idle-gpu-nlp fires on both); h1 goes quiet and is evicted, h2
+    idles on. A reload makes idle-gpu-nlp a stuck_gpu rule: the engine resolves h2's alert and drops its state (another
+    type), the alert side resolves h1's. h1's state saved again must not hold the idle episode either: stuck_gpu's
+    state is of the same class as idle_gpu's (GpuEpisodeState), so the restore read it as the new rule's, open, and
+    the rule went on with it under the alert id just resolved (the id is the rule's name, the resource and the
+    episode's start), every change of it dropped as closed."""
+    from detector.alerts import alert_id
+
+    (tmp_path / "rules.yaml").write_text(RULES)
+    config = LiveConfig.load(tmp_path)
+    pipeline = worker(store, config, evict_after_s=600.0)
+    fleet = Fleet()
+    run_batches(pipeline, [fleet.minutes(T0, 40, {"h1": 1.0, "h2": 1.0, "b": 70.0}),
+                           fleet.minutes(T0 + 40 * MIN, 20, {"h2": 1.0, "b": 70.0})], [])  # fmt: skip
+    assert pipeline.engine.evicted == 1
+    (tmp_path / "rules.yaml").write_text(RULES.replace("    type: idle_gpu\n    match: {resource_type: [gpu_instance, "
+                                                       "notebook], tags", "    type: stuck_gpu\n    match: {resource_type: "
+                                                       "[gpu_instance, notebook], tags"))  # fmt: skip
+    assert config.reload()[1] is None
+    assert config.current.ruleset.by_name("idle-gpu-nlp").detector.type == "stuck_gpu"
+    run_batches(pipeline, [fleet.minutes(T0 + 60 * MIN, 2, {"h2": 1.0, "b": 70.0})], [])
+    resolved = {r: alerts_by_rule(store, r)["idle-gpu-nlp"] for r in ("h1", "h2")}
+    assert {r: a["status"] for r, a in resolved.items()} == {"h1": "resolved", "h2": "resolved"}
+
+    for host in ("h1", "h2"):  # as a worker would restore each (the evicted h1 at its next event, or after a restart)
+        engine = Engine(config.current.ruleset)
+        state = engine.restore(host, store.states.get(host))
+        went_on = [alert_id(f.rule, f.resource_id, f.episode_start) for f in engine._open_in(host, state)
+                   if f.rule == "idle-gpu-nlp"]  # fmt: skip
+        assert went_on == [], (host, went_on, resolved[host]["alert_id"])
