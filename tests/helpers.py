@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -168,3 +169,21 @@ def ipv6_loopback() -> bool:
         return True
     except OSError:
         return False
+
+
+def slow_state_reads(monkeypatch, store, pipeline) -> None:
+    """Saved states read 50 ms a key, in chunks of 10 keys, with a look-up bound of 1 s: 40 keys read in one
+    look-up would pass the bound at every try (the pipeline stalls), in chunks each is read within it."""
+    import streams.pipeline as pipeline_module
+    from detector.store import states as states_module
+
+    monkeypatch.setattr(states_module, "GET_MANY_CHUNK", 10)
+    monkeypatch.setattr(pipeline_module, "_LOOKUP_TIMEOUT_S", 1.0)
+    pipeline._retry_max_s = 0.2
+    read = store.states.get_many_placed
+
+    def slow(keys):  # a chunk in 0.5 s, the 40 keys in 2 s
+        time.sleep(0.05 * len(keys))
+        return read(keys)
+
+    monkeypatch.setattr(store.states, "get_many_placed", slow)

@@ -16,19 +16,9 @@ from streams.config import LiveConfig
 from streams.parts import remembering_manager
 from streams.pipeline import Message, Pipeline
 from tests.helpers import MIN, T0, at, slack_bot
+from tests.test_dropped_rules import RULES
 from tests.test_pipeline import gpu_message, run_batches, usage_message
 
-RULES = """\
-rules:
-  - name: idle-gpu
-    type: idle_gpu
-    match: {resource_type: [gpu_instance, notebook]}
-    params: {for: 30m}
-  - name: idle-gpu-nlp
-    type: idle_gpu
-    match: {resource_type: [gpu_instance, notebook], tags: {team: nlp}}
-    params: {for: 20m}
-"""
 WITHOUT_NLP = RULES.split("  - name: idle-gpu-nlp")[0]
 
 
@@ -70,6 +60,19 @@ def changes(store, alert_id: str) -> list[str]:
     rows = store.client.query(f"SELECT change FROM {store.db}.alert_changes WHERE alert_id = %(id)s ORDER BY at, recorded_at",
                               parameters={"id": alert_id}).result_rows  # fmt: skip
     return [r[0] for r in rows if r[0] != "updated"]
+
+
+def h1_evicted(store, tmp_path) -> tuple[LiveConfig, Pipeline, Fleet]:
+    """Both rules loaded from ``tmp_path``; h1 and h2 idle 40 minutes (both rules fire on each), then h1 goes quiet
+    while h2 and b go on for 20: the worker has evicted h1 (its state saved, out of memory)."""
+    (tmp_path / "rules.yaml").write_text(RULES)
+    config = LiveConfig.load(tmp_path)
+    pipeline = worker(store, config, evict_after_s=600.0)
+    fleet = Fleet()
+    run_batches(pipeline, [fleet.minutes(T0, 40, {"h1": 1.0, "h2": 1.0, "b": 70.0}),
+                           fleet.minutes(T0 + 40 * MIN, 20, {"h2": 1.0, "b": 70.0})], [])  # fmt: skip
+    assert (pipeline.engine.evicted, len(pipeline.engine)) == (1, 2)  # h1 out of memory; h2 and b held
+    return config, pipeline, fleet
 
 
 def posted(slack, restarted: Pipeline) -> list:
@@ -122,13 +125,7 @@ def test_a_reload_resolves_the_alerts_of_a_removed_rule_on_evicted_keys_too(stor
     memory). A reload removes idle-gpu-nlp: the engine has no state of h1 to resolve, so the next batch
     resolves its alert from the alert side; h2, idle and held in memory, has its alert resolved by the
     engine, exactly, once (not by the alert side too)."""
-    (tmp_path / "rules.yaml").write_text(RULES)
-    config = LiveConfig.load(tmp_path)
-    pipeline = worker(store, config, evict_after_s=600.0)
-    fleet = Fleet()
-    run_batches(pipeline, [fleet.minutes(T0, 40, {"h1": 1.0, "h2": 1.0, "b": 70.0}),
-                           fleet.minutes(T0 + 40 * MIN, 20, {"h2": 1.0, "b": 70.0})], [])  # fmt: skip
-    assert (pipeline.engine.evicted, len(pipeline.engine)) == (1, 2)  # h1 out of memory; h2 and b held
+    config, pipeline, fleet = h1_evicted(store, tmp_path)
     assert {a["status"] for r in ("h1", "h2") for a in alerts_by_rule(store, r).values()} == {"firing"}
 
     (tmp_path / "rules.yaml").write_text(WITHOUT_NLP)
@@ -181,13 +178,7 @@ def test_a_rule_put_back_opens_its_incident_again_on_an_evicted_key_as_on_a_held
     a new episode opens a new incident. h1's saved state still holds the old episode: it goes on under the id
     the alert side resolved, every change of it dropped by the alert manager's dedup, so h1 idles on with no
     incident open until that episode ends (days, for a forgotten GPU)."""
-    (tmp_path / "rules.yaml").write_text(RULES)
-    config = LiveConfig.load(tmp_path)
-    pipeline = worker(store, config, evict_after_s=600.0)
-    fleet = Fleet()
-    run_batches(pipeline, [fleet.minutes(T0, 40, {"h1": 1.0, "h2": 1.0, "b": 70.0}),
-                           fleet.minutes(T0 + 40 * MIN, 20, {"h2": 1.0, "b": 70.0})], [])  # fmt: skip
-    assert pipeline.engine.evicted == 1
+    config, pipeline, fleet = h1_evicted(store, tmp_path)
     (tmp_path / "rules.yaml").write_text(WITHOUT_NLP)
     assert config.reload()[1] is None
     run_batches(pipeline, [fleet.minutes(T0 + 60 * MIN, 2, {"h2": 1.0, "b": 70.0})], [])
@@ -370,12 +361,8 @@ def test_the_states_of_many_orphans_keys_are_read_in_chunks_each_within_the_look
     :data:`GET_MANY_CHUNK` keys reads within the look-up's bound here, all of them together do not. Read as one
     look-up, it timed out at every try and the pipeline stalled for ever under the batch lock, and again after
     every restart (as the sweep's read did before it was chunked: tests/test_pipeline.py)."""
-    import time
-
-    import streams.pipeline as pipeline_module
     from detector.alerts import Alert
-    from detector.store import states as states_module
-    from tests.helpers import scrape
+    from tests.helpers import scrape, slow_state_reads
 
     quiet = [f"q{i}" for i in range(40)]
     (tmp_path / "rules.yaml").write_text(RULES)
@@ -388,16 +375,7 @@ def test_the_states_of_many_orphans_keys_are_read_in_chunks_each_within_the_look
     (tmp_path / "rules.yaml").write_text(WITHOUT_NLP)
     pipeline = worker(store, LiveConfig.load(tmp_path))
     assert set(pipeline.saved_states) == set(quiet)
-    monkeypatch.setattr(states_module, "GET_MANY_CHUNK", 10)
-    monkeypatch.setattr(pipeline_module, "_LOOKUP_TIMEOUT_S", 1.0)
-    pipeline._retry_max_s = 0.2
-    read = store.states.get_many_placed
-
-    def slow(keys):  # 50 ms a key: a chunk in 0.5 s, the 40 keys in 2 s
-        time.sleep(0.05 * len(keys))
-        return read(keys)
-
-    monkeypatch.setattr(store.states, "get_many_placed", slow)
+    slow_state_reads(monkeypatch, store, pipeline)
 
     async def ack(messages):
         pass
@@ -425,13 +403,7 @@ def test_a_rule_whose_type_changed_keeps_no_episode_of_its_old_type_on_an_evicte
     episode's start), every change of it dropped as closed."""
     from detector.alerts import alert_id
 
-    (tmp_path / "rules.yaml").write_text(RULES)
-    config = LiveConfig.load(tmp_path)
-    pipeline = worker(store, config, evict_after_s=600.0)
-    fleet = Fleet()
-    run_batches(pipeline, [fleet.minutes(T0, 40, {"h1": 1.0, "h2": 1.0, "b": 70.0}),
-                           fleet.minutes(T0 + 40 * MIN, 20, {"h2": 1.0, "b": 70.0})], [])  # fmt: skip
-    assert pipeline.engine.evicted == 1
+    config, pipeline, fleet = h1_evicted(store, tmp_path)
     (tmp_path / "rules.yaml").write_text(RULES.replace("    type: idle_gpu\n    match: {resource_type: [gpu_instance, "
                                                        "notebook], tags", "    type: stuck_gpu\n    match: {resource_type: "
                                                        "[gpu_instance, notebook], tags"))  # fmt: skip

@@ -1399,9 +1399,7 @@ def test_the_states_a_sweep_reads_to_resolve_are_read_in_chunks_each_within_the_
     together do not: read as one look-up, the sweep timed out at every try and the pipeline stalled for
     ever under the batch lock, and again after every restart (review of 72134cf: at a million keys of
     2.4 KB, measured 24 us a key to read and 68 us a key to restore on the event loop, on chdb)."""
-    import streams.pipeline as pipeline_module
-    from detector.store import states as states_module
-    from tests.helpers import scrape
+    from tests.helpers import scrape, slow_state_reads
 
     quiet = [f"q{i}" for i in range(40)]
     maker = Engine(ruleset)
@@ -1409,16 +1407,7 @@ def test_the_states_a_sweep_reads_to_resolve_are_read_in_chunks_each_within_the_
     store.states.save([(key, 0, maker.snapshot(key), T0) for key in quiet], version=1)
     pipeline = started(store, ruleset, {}, state_ttl_s=3600.0)
     assert set(pipeline.saved_states) == set(quiet)
-    monkeypatch.setattr(states_module, "GET_MANY_CHUNK", 10)
-    monkeypatch.setattr(pipeline_module, "_LOOKUP_TIMEOUT_S", 1.0)
-    pipeline._retry_max_s = 0.2
-    read = store.states.get_many_placed
-
-    def slow(keys):  # 50 ms a key: a chunk in 0.5 s, the 40 keys in 2 s
-        time.sleep(0.05 * len(keys))
-        return read(keys)
-
-    monkeypatch.setattr(store.states, "get_many_placed", slow)
+    slow_state_reads(monkeypatch, store, pipeline)
     gpu = iter(range(1000))
     batch = [gpu_message(next(gpu), T0 + 150 * MIN + m * MIN, 50.0, host) for m in range(3) for host in ("a", "b", "c")]
 
