@@ -770,7 +770,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
 
     from detector.charts.digest import digest_chart
     from detector.digest import TREND_DAYS, build_digests, offender_dollars, render_digest
-    from detector.units import money
+    from detector.units import money, rfc3339
 
     settings = _settings(args)
     try:
@@ -781,10 +781,13 @@ def cmd_digest(args: argparse.Namespace) -> int:
     store = _open_store(settings)
     try:
         digests = build_digests(store.digests, day)
+        span = None if digests else store.alerts.span()
     finally:
         store.close()
-    if not digests:
-        print(f"nothing burned on {args.day}")
+    if not digests:  # (a day outside the store's alerts says so: a typo of the year reads otherwise as a quiet day)
+        held = (f"the store's alerts run from {rfc3339(span[0])[:10]} to {rfc3339(span[1])[:10]}" if span is not None
+                else "the store holds no alert yet")  # fmt: skip
+        print(f"nothing burned on {args.day} ({held})")
         return 0
     notifier = None
     if args.post:

@@ -485,6 +485,21 @@ def test_digest_of_a_day_no_calendar_has_says_so(day, said):
     assert out.returncode != 0 and f"--day {day!r}: {said}" in out.stderr, out.stderr
 
 
+def test_digest_of_a_day_without_alerts_says_which_days_the_store_holds(made):
+    """A day outside the store's alerts (a typo of the year) read as a quiet day, 'nothing burned', exit 0: it
+    says which days the store's alerts run over (first-day evaluation), and that it holds none yet when so."""
+    out = burnwatch("digest", "--day", "2027-11-02", env=made)
+    no_traceback(out)
+    assert out.returncode == 0 and "nothing burned on 2027-11-02 (the store holds no alert yet)" in out.stdout, out.stdout
+    alerts = ("INSERT INTO burnwatch.alerts (alert_id, type, rule, resource_id, status, change, severity, "
+              "episode_start, fired_at, updated_at, waste_usd, usd_per_hour, details, silenced, version) VALUES "
+              "('a1', 'idle_gpu', 'idle-gpu', 'h1', 'resolved', 'resolved', 'warning', "
+              "'2026-11-02 02:00:00', '2026-11-02 02:30:00', '2026-11-03 06:00:00', 12, 3, '{}', '', 1)")  # fmt: skip
+    store_writes(alerts, env=made)
+    out = burnwatch("digest", "--day", "2027-11-02", env=made)
+    assert "nothing burned on 2027-11-02 (the store's alerts run from 2026-11-02 to 2026-11-03)" in out.stdout, out.stdout
+
+
 def test_digest_prints_what_could_be_saved_apart_from_the_waste(made):
     """The digest's could-be-saved dollars (spot, right-size) are printed on their own line,
     never added to the day's waste total."""

@@ -100,6 +100,12 @@ class Alerts:
             parameters["partitions"] = sorted(partitions) or [-1]  # (none held: no alert is this worker's)
         return [alert_from_row(row) for row in self.latest(where, parameters)]
 
+    def span(self) -> tuple[float, float] | None:
+        """Event time of the first episode's start and the latest change stored (None: no alert yet)."""
+        rows = self.conn.query(f"SELECT count() AS n, min(episode_start) AS first, max(updated_at) AS last "
+                               f"FROM {self.conn.db}.alerts")  # fmt: skip
+        return (epoch(rows[0]["first"]), epoch(rows[0]["last"])) if rows[0]["n"] else None
+
     def newest(self) -> float | None:
         """Event time of the newest alert change stored (None: no alert yet)."""
         rows = self.conn.query(f"SELECT count() AS n, max(updated_at) AS at FROM {self.conn.db}.alerts")
