@@ -11,6 +11,7 @@ rewrites a file a person edits by hand.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +42,28 @@ def parse_match(pairs: list[str]) -> Match:
         else:
             tags[key.removeprefix("tags.")] = value
     return Match(**fields, tags=tags)
+
+
+def tag_warnings(match: Match, rules_dir: Path) -> list[str]:
+    """A tag the silence matches on that the rules beside it never name, and that is close to one they do
+    (``tema=nlp`` where routing goes by ``team``): valid (a tag of any name may be matched), so said, not
+    refused; a silence on a misspelled tag silences nothing, and nothing else would say so."""
+    try:
+        ruleset = load_rules(rules_dir)
+    except RulesInvalid:
+        return []
+    routing = ruleset.routing
+    named = {routing.by_tag, routing.owner_tag}
+    for rule in ruleset.rules:
+        if rule.source is not None:
+            named.update(rule.source.match.tags)
+    said = []
+    for key in match.tags:
+        near = difflib.get_close_matches(key, sorted(named - {key}), n=1, cutoff=0.6) if key not in named else []
+        if near:
+            said.append(f"--match {key}=...: no rule or routing names a tag {key!r}; did you mean {near[0]!r}? "
+                        "(a silence on a tag no resource has silences nothing)")  # fmt: skip
+    return said
 
 
 def parse_time(text: str) -> float:

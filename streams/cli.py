@@ -723,7 +723,7 @@ def cmd_silence(args: argparse.Namespace) -> int:
 
     from detector.events import TS_MAX
     from detector.rules import RulesInvalid
-    from detector.silencing import add_silence, expire_silence, list_silences, now_utc, parse_match, parse_time
+    from detector.silencing import add_silence, expire_silence, list_silences, now_utc, parse_match, parse_time, tag_warnings
     from detector.units import parse_duration
 
     rules_dir = Path(args.rules or _settings(args).rules_path)
@@ -735,12 +735,15 @@ def cmd_silence(args: argparse.Namespace) -> int:
             if until >= TS_MAX.timestamp():
                 raise ValueError(f"--for {args.duration}: the silence would end after {TS_MAX:%Y}; give it an end that "
                                  "comes (a silence for good is a rule's match, or the rule disabled)")  # fmt: skip
+            match = parse_match(args.match or [])
             silence = add_silence(
-                rules_dir, parse_match(args.match or []), types=args.type or [], rules=args.rule or [], starts=starts,
+                rules_dir, match, types=args.type or [], rules=args.rule or [], starts=starts,
                 until=until, reason=args.reason, created_by=args.by or getpass.getuser(),
             )  # fmt: skip
             print(f"silence {silence.id} from {silence.starts.isoformat()} until {silence.until.isoformat()} added to "
                   f"{rules_dir}/silences.yaml; a running worker takes it up within seconds")  # fmt: skip
+            for warning in tag_warnings(match, rules_dir):
+                print(f"warning: {warning}", file=sys.stderr)
         elif args.silence_command == "expire":
             silence = expire_silence(rules_dir, args.id, now)
             print(f"silence {silence.id} expired")

@@ -208,6 +208,20 @@ def test_a_bad_silence_is_refused_and_nothing_is_written(tmp_path, monkeypatch, 
     assert cli_in_process(monkeypatch, capsys, "expire", "deadbeef", rules=rules)[0] == 1
 
 
+def test_a_silence_on_a_tag_close_to_one_the_rules_name_is_added_with_a_warning(tmp_path, monkeypatch, capsys):
+    """``--match tema=nlp``: a tag of any name may be matched, so it is added, but it silences nothing where
+    every resource says ``team``, and nothing else would say so (first-day evaluation): a warning names the
+    tag the routing goes by. ``team=nlp`` says nothing."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    code, _, stderr = cli_in_process(monkeypatch, capsys, "add", "--match", "tema=nlp", "--for", "1h",
+                                          "--reason", "offsite", rules=rules)  # fmt: skip
+    assert code == 0 and "--match tema=...: no rule or routing names a tag 'tema'; did you mean 'team'?" in stderr, stderr
+    code, _, stderr = cli_in_process(monkeypatch, capsys, "add", "--match", "team=nlp", "--for", "1h",
+                                          "--reason", "offsite", rules=rules)  # fmt: skip
+    assert code == 0 and "warning" not in stderr, stderr
+
+
 @pytest.mark.parametrize(
     "text, said",
     [
