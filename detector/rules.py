@@ -14,6 +14,7 @@ import fnmatch
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, cast, get_args
 
@@ -30,6 +31,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from detector.detectors import REGISTRY, Detector, ResourceInfo
 from detector.limits import LIMITS_FILE, Limits
@@ -653,15 +655,33 @@ def _rule_files(path: Path) -> list[Path]:
     return [path]
 
 
+def _unit_validators(info: FieldInfo) -> list[Any]:
+    """A field's validators, those of an optional one's (``patience_for: Duration | None``) included."""
+    return [*info.metadata, *(v for arg in get_args(info.annotation) for v in getattr(arg, "__metadata__", ()))]
+
+
+def _unit_fields(model: type[BaseModel]) -> dict[Any, list[Any]]:
+    """Each key a rule file may give ``model``'s field under (its alias, and its name: ``for`` and ``for_``)
+    with the field's validators."""
+    return {key: _unit_validators(f) for name, f in model.model_fields.items() for key in {name, f.alias or name}}
+
+
+def _written(number: Decimal) -> str:
+    """A number as a person writes it: ``60``, ``0.00001``, ``1000000``, never ``1e-05`` or ``1e+06`` (a
+    duration so written does not parse) nor rounded to six digits (``0.123457`` for ``0.1234567``)."""
+    return format(number.normalize(), "f")
+
+
 def unit_warnings(path: str | Path) -> list[str]:
     """Numbers the rule files under ``path`` give without a unit where a person may well mean another than
     the one burnwatch reads: a duration as a bare number is seconds (``for: 30`` is 30 s, where a person
     may mean minutes: an idle GPU alerted after half a minute, a crash-loop ``loop_window: 6`` of six
-    seconds, which catches no loop), and a percentage below 1 as a bare number is that many percent
-    (``util_below: 0.05`` is 0.05 %, where a person may mean a fraction, 5 %). Valid, so said, not refused:
-    ``file:line field: ...``, for ``rules check`` and the worker's log. Files that do not parse say nothing
-    here (their errors are the loader's)."""
+    seconds, which catches no loop; an action's ``after: 2`` two seconds), and a percentage below 1 as a bare
+    number is that many percent (``util_below: 0.05`` is 0.05 %, where a person may mean a fraction, 5 %).
+    Valid, so said, not refused: ``file:line field: ...``, for ``rules check`` and the worker's log. Files
+    that do not parse, or parse to no valid rule file, say nothing here (their errors are the loader's)."""
     duration, percent = get_args(Duration)[1], get_args(Percent)[1]  # their validators, as a field's metadata holds them
+    action_fields = _unit_fields(ActionSpec)
     said: list[str] = []
     for file in _rule_files(Path(path)) if Path(path).exists() else []:
         try:
@@ -673,21 +693,28 @@ def unit_warnings(path: str | Path) -> list[str]:
             if not isinstance(item, dict):
                 continue
             cls = REGISTRY.get(item["type"]) if isinstance(item.get("type"), str) else None
-            fields = {(f.alias or name): f.metadata for name, f in cls.Params.model_fields.items()} if cls else {}
+            fields = _unit_fields(cls.Params) if cls else {}
+            overrides = item.get("overrides")
             places: list[tuple[tuple[Any, ...], Any, list[Any]]] = [(("rules", i, "realert"), item.get("realert"), [duration])]
-            for where, params in [(("rules", i, "params"), item.get("params")),
-                                  *((("rules", i, "overrides", j, "params"), o.get("params"))
-                                    for j, o in enumerate(item.get("overrides") or []) if isinstance(o, dict))]:  # fmt: skip
+            for where, params, known in [(("rules", i, "params"), item.get("params"), fields),
+                                         (("rules", i, "action"), item.get("action"), action_fields),
+                                         *((("rules", i, "overrides", j, "params"), o.get("params"), fields)
+                                           for j, o in enumerate(overrides if isinstance(overrides, list) else [])
+                                           if isinstance(o, dict))]:  # fmt: skip
                 if isinstance(params, dict):
-                    places += [((*where, key), raw, fields.get(key, [])) for key, raw in params.items()]
+                    places += [((*where, key), raw, known.get(key, [])) for key, raw in params.items()]
             for loc, raw, metadata in places:
                 if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw < float("inf"):
                     continue
-                at = f"{file}:{lines.get(loc, lines.get(loc[:3], 0))} {_format_path(loc)}: {raw:g}"
-                if duration in metadata and not (isinstance(raw, int) and raw % 60 == 0 and raw >= 60):
-                    said.append(f"{at} has no unit: read as {raw:g} seconds; write {raw:g}s to say so, or {raw:g}m")
-                elif percent in metadata and raw < 1:
-                    said.append(f"{at} is read as {raw:g}%, not {raw * 100:g}%; write {raw:g}% to say so, or {raw * 100:g}%")
+                number = Decimal(raw) if isinstance(raw, int) else Decimal(repr(raw))
+                as_written = _written(number)
+                at = f"{file}:{lines.get(loc, lines.get(loc[:3], 0))} {_format_path(loc)}: {as_written}"
+                if duration in metadata and not (raw % 60 == 0 and raw >= 60):
+                    said.append(f"{at} has no unit: read as {as_written} seconds; write {as_written}s to say so, "
+                                f"or {as_written}m")  # fmt: skip
+                elif percent in metadata and number < 1:
+                    said.append(f"{at} is read as {as_written}%, not {_written(number * 100)}%; write {as_written}% "
+                                f"to say so, or {_written(number * 100)}%")  # fmt: skip
     return said
 
 

@@ -27,6 +27,8 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(f"invalid duration {value!r}; expected e.g. 30m")
     if isinstance(value, (int, float)):
+        if isinstance(value, int) and abs(value) > 2**1023:  # math.isfinite would raise OverflowError, not say why
+            raise ValueError("invalid duration: a number too large for a duration; expected e.g. 30m, 6h, 7d")
         if not math.isfinite(value):
             raise ValueError(f"invalid duration {value!r}; expected e.g. 30m, 6h, 7d")
         if value < 0:

@@ -456,3 +456,50 @@ def test_rules_explain_of_a_disabled_rule_says_it_is_disabled(tmp_path):
         explain(ruleset, "idle-b")
     with pytest.raises(KeyError, match="did you mean 'idle-a'"):
         explain(ruleset, "idle-c")
+
+
+def test_unit_warnings_read_a_number_as_written_and_say_nothing_of_whole_minutes_given_as_floats(tmp_path):
+    """``for: 3600.0`` is whole minutes as ``for: 3600`` is (it said "write 3600s to say so, or 3600m": 60 hours);
+    a number is shown as written, never ``1e+06`` (``write 1e+06s`` does not parse) nor rounded to six digits;
+    ``for_`` (the field's name, which the loader takes) and an optional duration (``patience_for``) are looked
+    at as ``for`` is, and so is an action's ``after`` (``after: 2`` acts two seconds in); ``overrides: 5``, which
+    the loader refuses, does not raise here (a reload reads the files again after they were validated)."""
+    from detector.rules import unit_warnings
+
+    (tmp_path / "rules.yaml").write_text(
+        "rules:\n"
+        "  - name: a\n"
+        "    type: idle_gpu\n"
+        "    params: {for: 3600.0, stale_after: 60.0, update_every: 1000000, util_below: 0.1234567}\n"
+        "    realert: 0.00001\n"
+        "    action: {kind: stop_instance, after: 2, mode: approve}\n"
+        "  - name: b\n"
+        "    type: idle_gpu\n"
+        "    params: {for_: 30}\n"
+        "  - name: c\n"
+        "    type: plateaued_run\n"
+        "    params: {patience_for: 45}\n"
+    )  # fmt: skip
+    load_rules(tmp_path)
+    file = tmp_path / "rules.yaml"
+    assert unit_warnings(tmp_path) == [
+        f"{file}:5 rules[0].realert: 0.00001 has no unit: read as 0.00001 seconds; write 0.00001s to say so, or 0.00001m",
+        f"{file}:4 rules[0].params.update_every: 1000000 has no unit: read as 1000000 seconds; write 1000000s to say "
+        "so, or 1000000m",
+        f"{file}:4 rules[0].params.util_below: 0.1234567 is read as 0.1234567%, not 12.34567%; write 0.1234567% to "
+        "say so, or 12.34567%",
+        f"{file}:6 rules[0].action.after: 2 has no unit: read as 2 seconds; write 2s to say so, or 2m",
+        f"{file}:9 rules[1].params.for_: 30 has no unit: read as 30 seconds; write 30s to say so, or 30m",
+        f"{file}:12 rules[2].params.patience_for: 45 has no unit: read as 45 seconds; write 45s to say so, or 45m",
+    ]
+    (tmp_path / "rules.yaml").write_text("rules:\n  - {name: a, type: idle_gpu, params: {for: 30}, overrides: 5}\n")
+    assert unit_warnings(tmp_path) == [f"{file}:2 rules[0].params.for: 30 has no unit: read as 30 seconds; write 30s "
+                                       "to say so, or 30m"]  # fmt: skip
+
+
+def test_a_duration_too_large_for_a_float_is_an_error_of_the_file_not_an_overflow(tmp_path):
+    """``for: 1000…0`` (400 digits, an int to YAML) made ``math.isfinite`` raise OverflowError: ``rules check`` and
+    the worker's load crashed with a traceback where any other bad number is an error at its line."""
+    (tmp_path / "rules.yaml").write_text("rules:\n  - name: a\n    type: idle_gpu\n    params: {for: 1" + "0" * 400 + "}\n")
+    with pytest.raises(RulesInvalid, match=r"rules\.yaml:4 rules\[0\]\.params\.for: .*too large"):
+        load_rules(tmp_path)
