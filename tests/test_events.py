@@ -182,3 +182,20 @@ def test_an_unknown_field_that_misspells_one_of_the_contracts_is_said_once():
     assert event.cost_usd is None and event.extra == {"costUSD": 5, "rack": "r7"}
     said = [(e["field"], e["did_you_mean"]) for e in logs if e["event"] == "event_field_unknown"]
     assert said == [("costUSD", "cost_usd"), ("cost-usd", "cost_usd"), ("Instance_Typ", "instance_type")]
+
+
+def test_a_hostile_producers_long_field_names_are_neither_looked_at_nor_kept():
+    """A field name longer than any misspelling of the contract's (a hostile producer's 900 kB names, a new one a
+    message) was folded and matched by difflib (80 ms a message against 1.5 ms) and kept, 1,000 of them: a
+    gigabyte for the life of the decoder. A field name with control characters is said escaped."""
+    from structlog.testing import capture_logs
+
+    decoder = EventDecoder()
+    usage = {"ts": "2026-11-02T00:00:00Z", "resource_id": "h1", "resource_type": "gpu_instance", "interval_s": 60}
+    with capture_logs() as logs:
+        for i in range(3):
+            decoder.decode("resource-usage", json.dumps({**usage, f"cost_usd{i}" + "-" * 100_000: 5}).encode())
+        decoder.decode("resource-usage", json.dumps({**usage, "cost_usd\x1b[2J": 5}).encode())
+    assert all(len(name) < 100 for _, name in decoder._unknown)
+    said = [(e["field"], e["did_you_mean"]) for e in logs if e["event"] == "event_field_unknown"]
+    assert said == [("cost_usd\\x1b[2J", "cost_usd")]
