@@ -386,6 +386,9 @@ def summary(listed: IncidentList) -> str:
     team = f" of team {printable(listed.filter.team, 60)}" if listed.filter.team else ""
     shown = (f"showing {len(listed.incidents)} of {listed.total} {what}{team}" if len(listed.incidents) < listed.total
              else f"{listed.total} {what}{team}")  # fmt: skip
+    shown_open = [i for i in listed.incidents if i.open]
+    spent = len(shown_open) == listed.open_total and all(i.rate == "sunk" for i in shown_open)  # not a forecast's "-"
     burning = (f"burning {money(listed.open_usd_per_hour)}/h" if listed.open_usd_per_hour > 0
-               else "none burning now (their dollars are spent)" if listed.open_total else "none burning")  # fmt: skip
+               else "none burning now" + (" (their dollars are spent)" if spent else "") if listed.open_total
+               else "none burning")  # fmt: skip
     return f"{shown}, {burning}" if listed.filter.open_only else f"{shown}; {listed.open_total} open, {burning}"

@@ -311,4 +311,15 @@ def test_one_open_incident_whose_dollars_are_spent_is_said_so_in_one_line(store)
     not '1 open incidents ..., burning $0.00/h' (first-day evaluation)."""
     store.alerts.record([alert("filling", 0.2, usd=0.0, type_="storage_growth")], version=1)
     listed = list_incidents(store, IncidentFilter(open_only=True), NOW)
-    assert summary(listed) == "1 open incident, none burning now (their dollars are spent)"
+    assert summary(listed) == "1 open incident, none burning now"
+
+
+def test_open_incidents_none_burning_are_said_spent_only_where_their_dollars_are(store):
+    """'their dollars are spent' is a failed run's that has ended (the list's "sunk"), not a forecast's: a database
+    filling up has spent nothing on it (the list's "-"), and cd5e66c said 'spent' of it too."""
+    run = {"run_id": "r1", "status": "failed", "error": "OOM"}
+    store.alerts.record([alert("run", 300.0, usd=900.0, type_="failed_run_spend", details=run)], version=1)
+    assert summary(list_incidents(store, IncidentFilter(), NOW)) == "1 incident; 1 open, none burning now (their " \
+                                                                     "dollars are spent)"  # fmt: skip
+    store.alerts.record([alert("filling", 0.2, usd=0.0, type_="storage_growth")], version=2)
+    assert summary(list_incidents(store, IncidentFilter(), NOW)) == "2 incidents; 2 open, none burning now"
