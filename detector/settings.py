@@ -34,7 +34,7 @@ from detector.kafka_security import (
     check_identity,  # fmt: skip
     check_trust,
 )
-from detector.units import parse_duration
+from detector.units import parse_duration, printable
 
 __all__ = ["BROKER_DEFAULT", "ENV", "Settings", "bind_host", "load_settings", "url_host"]
 
@@ -373,6 +373,9 @@ def _reason(exc: Exception) -> str:
 
 ENV: dict[str, str] = {name: str(field.validation_alias) for name, field in Settings.model_fields.items()}
 """Setting → the environment variable it is read from."""
+_NAMES = {name.lower(): name for name in [*ENV.values(), *ENV]}  # a name over its variable where they differ in case alone
+"""What a config file's key may be, lower-cased → as written: a setting's name or its variable (BURNWATCH_PARTITIONS),
+for a misspelt key's 'did you mean' in the form it was written in."""
 _RULE_KEYS = {"rules", "silences", "allow_no_rules", "pricing", "routing", "limits"}
 """Keys of the rule files, not of settings: a config file that holds them is a rules file given as ``--config``."""
 _SECRET = {name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation)}
@@ -399,6 +402,8 @@ def _config_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: cannot read config: {exc}") from exc
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: a config file is a mapping of setting: value")
+    if keys := [key for key in loaded if not isinstance(key, str)]:  # pydantic: TypeError 'keywords must be strings'
+        raise ValueError(f"{path}: a config file is a mapping of setting: value; {keys[0]!r} is no setting's name")
     return loaded
 
 
@@ -442,15 +447,15 @@ def load_settings(config_file: str | Path | None = None, environ: Mapping[str, s
             elif env.get(ENV.get(name, "")):
                 source = ENV[name]
             elif config_file and {key, name, ENV.get(name)} & from_file.keys():
-                source = f"{config_file}: {name}"
+                source = f"{config_file}: {printable(name, 80)}"
             else:  # a setting left unset that another one needs: its variable
                 source = ENV.get(name, name)
             shown = "" if name in _SECRET or err["type"] == "extra_forbidden" or err.get("input") is None \
                 else f" (got {err.get('input')!r})"  # fmt: skip
             if err["type"] == "extra_forbidden":  # a key no setting has: say which ones there are
-                near = difflib.get_close_matches(key, list(ENV), n=1, cutoff=0.6)
+                near = difflib.get_close_matches(key.lower(), list(_NAMES), n=1, cutoff=0.6)
                 shown = (" (rules are read from their own files: rules_path names the folder)" if key in _RULE_KEYS
-                         else f" (did you mean {near[0]!r}?)" if near else "")  # fmt: skip
+                         else f" (did you mean {_NAMES[near[0]]!r}?)" if near else "")  # fmt: skip
                 lines.append(f"{source}: not a setting{shown}")
                 continue
             lines.append(f"{source}: {err['msg']}{shown}")

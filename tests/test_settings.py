@@ -67,6 +67,16 @@ def test_settings_alone_read_no_environment(monkeypatch):
         ({}, {}, "partition: 2\n", "burnwatch.yaml: partition: not a setting (did you mean 'partitions'?)"),
         # a rules file given as --config: where rules go, not pydantic's "Extra inputs are not permitted"
         ({}, {}, "rules: []\n", "burnwatch.yaml: rules: not a setting (rules are read from their own files: rules_path"),
+        # a key in its variable's form (BURNWATCH_PARTITIONS: 2 is read) or in capitals is hinted in that form: the hint
+        # looked among the settings' names alone, and said nothing
+        ({}, {}, "BURNWATCH_PARTITON: 2\n",
+         "burnwatch.yaml: BURNWATCH_PARTITON: not a setting (did you mean 'BURNWATCH_PARTITIONS'?)"),
+        ({}, {}, "PARTITIONS: 2\n", "burnwatch.yaml: PARTITIONS: not a setting (did you mean 'partitions'?)"),
+        ({}, {}, "slack_bot_tokn: x\n", "burnwatch.yaml: slack_bot_tokn: not a setting (did you mean 'slack_bot_token'?)"),
+        # an escape sequence in a key is shown escaped, not run by the terminal
+        ({}, {}, '"part\\x1b[2Jitions": 2\n', "burnwatch.yaml: part\\x1b[2Jitions: not a setting"),
+        # a key that is no string (1: 2, null: x) was pydantic's TypeError 'keywords must be strings', a traceback
+        ({}, {}, "1: 2\n", "burnwatch.yaml: a config file is a mapping of setting: value; 1 is no setting's name"),
         # a relative chdb DSN made its store at the root (/clickhouse), then failed on a database named so
         ({"BURNWATCH_CLICKHOUSE_DSN": "chdb://.burnwatch/clickhouse"}, {}, None,
          "BURNWATCH_CLICKHOUSE_DSN: Value error, an embedded store is chdb:///absolute/directory (three slashes)"),
