@@ -222,6 +222,32 @@ def test_a_silence_on_a_tag_close_to_one_the_rules_name_is_added_with_a_warning(
     assert code == 0 and "warning" not in stderr, stderr
 
 
+def test_a_silence_on_a_tag_an_override_or_a_required_tag_names_says_nothing(tmp_path, monkeypatch, capsys):
+    """A tag a rule's override matches on (``owners``), or one the untagged rule requires (``projects``), is named
+    by the rules: a silence on it silences what it says, and was warned of as a misspelling of ``owner`` and
+    ``project``'s neighbour, 'no rule or routing names a tag' (18dc245 looked at the rules' own match alone)."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    (rules / "rules.yaml").write_text(
+        "rules:\n"
+        "  - name: idle-gpu\n"
+        "    type: idle_gpu\n"
+        "    overrides:\n"
+        "      - match: {tags: {owners: ml-infra}}\n"
+        "        params: {for: 2h}\n"
+        "  - name: untagged\n"
+        "    type: untagged\n"
+        "    params: {required_tags: [team, owner, teams]}\n"
+    )  # fmt: skip
+    for tag in ("owners", "teams"):
+        code, _, stderr = cli_in_process(monkeypatch, capsys, "add", "--match", f"{tag}=x", "--for", "1h",
+                                         "--reason", "offsite", rules=rules)  # fmt: skip
+        assert code == 0 and "warning" not in stderr, stderr
+    code, _, stderr = cli_in_process(monkeypatch, capsys, "add", "--match", "ownres=x", "--for", "1h",
+                                     "--reason", "offsite", rules=rules)  # fmt: skip
+    assert code == 0 and "did you mean 'owner" in stderr, stderr
+
+
 @pytest.mark.parametrize(
     "text, said",
     [
