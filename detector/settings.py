@@ -36,7 +36,7 @@ from detector.kafka_security import (
 )
 from detector.units import parse_duration, printable
 
-__all__ = ["BROKER_DEFAULT", "ENV", "Settings", "bind_host", "load_settings", "url_host"]
+__all__ = ["BROKER_DEFAULT", "ENV", "Settings", "bind_host", "load_settings", "unknown_variables", "url_host"]
 
 BROKER_DEFAULT = -1
 """A replication factor of -1: the broker's ``default.replication.factor`` (Kafka 2.4 and later, KIP-464)."""
@@ -376,6 +376,20 @@ ENV: dict[str, str] = {name: str(field.validation_alias) for name, field in Sett
 _NAMES = {name.lower(): name for name in [*ENV.values(), *ENV]}  # a name over its variable where they differ in case alone
 """What a config file's key may be, lower-cased → as written: a setting's name or its variable (BURNWATCH_PARTITIONS),
 for a misspelt key's 'did you mean' in the form it was written in."""
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """``BURNWATCH_`` variables set that no setting reads, each close to one that does: a misspelt variable
+    (``BURNWATCH_PARTITON=8``) is ignored, its setting left at its default, with nothing said. One not close to
+    a setting's (a secret an output's ``secret_env`` names, ``BURNWATCH_HOOK_SECRET``) says nothing."""
+    known = sorted({*ENV.values(), "BURNWATCH_CONFIG"})
+    said = []
+    for var in sorted(environ):
+        if var.startswith("BURNWATCH_") and var not in known:
+            near = difflib.get_close_matches(var, known, n=1, cutoff=0.85)
+            if near:
+                said.append(f"{printable(var, 80)} is no setting's variable and is ignored; did you mean {near[0]}?")
+    return said
+
+
 _RULE_KEYS = {"rules", "silences", "allow_no_rules", "pricing", "routing", "limits"}
 """Keys of the rule files, not of settings: a config file that holds them is a rules file given as ``--config``."""
 _SECRET = {name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation)}

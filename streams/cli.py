@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detector.logs import configure_logging, install_redaction, redact, redact_dsn, register_settings
-from detector.settings import ENV, Settings, bind_host, load_settings, url_host
+from detector.settings import ENV, Settings, bind_host, load_settings, unknown_variables, url_host
 from detector.units import printable
 
 if TYPE_CHECKING:  # imported where used, so the CLI starts fast
@@ -66,7 +67,15 @@ def _settings(args: argparse.Namespace, options: dict[str, str] | None = None, *
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     register_settings(settings)  # from here on, no log line, error or message shows its secrets
+    _say_unknown_variables()
     return settings
+
+
+@functools.cache  # once a command, which may read its settings more than once
+def _say_unknown_variables() -> None:
+    """A misspelt ``BURNWATCH_`` variable is ignored by the settings: said on stderr, not refused."""
+    for warning in unknown_variables(os.environ):
+        _note(f"warning: {warning}")
 
 
 def _note(text: str) -> None:

@@ -127,3 +127,16 @@ def test_every_setting_has_its_line_in_worker_help():
     from streams.cli import _ENV_HELP
 
     assert sorted(set(ENV) - set(_ENV_HELP)) == []
+
+
+def test_a_misspelt_variable_is_said_with_the_one_it_likely_means():
+    """``BURNWATCH_PARTITON=8`` is ignored by the settings (their source reads the variables it knows), the
+    partitions left at the default with nothing said: it is said, with the variable it likely means. One of
+    another name (a secret an output's ``secret_env`` names) and the config file's variable say nothing."""
+    from detector.settings import unknown_variables
+
+    environ = {"BURNWATCH_PARTITON": "8", "BURNWATCH_PARTITIONS": "2", "BURNWATCH_HOOK_SECRET": "s3cret",
+               "BURNWATCH_CONFIG": "/etc/burnwatch.yaml", "PATH": "/usr/bin"}  # fmt: skip
+    assert unknown_variables(environ) == [
+        "BURNWATCH_PARTITON is no setting's variable and is ignored; did you mean BURNWATCH_PARTITIONS?"]
+    assert load_settings(environ={k: v for k, v in environ.items() if k != "BURNWATCH_CONFIG"}).partitions == 2
