@@ -62,7 +62,7 @@ def test_a_store_a_later_release_migrated_is_said_to_be_ahead(store):
         assert store.migrate() == []
         store.schema.check()
     ahead = [entry for entry in logs if entry["event"] == "store_ahead_of_release"]
-    assert len(ahead) == 2 and all(entry["unknown_migrations"] == ["9999_a_later_release"] for entry in ahead)
+    assert len(ahead) == 1 and ahead[0]["unknown_migrations"] == ["9999_a_later_release"]  # (said once, not at each)
     with capture_logs() as logs:
         store.command(f"TRUNCATE TABLE {store.db}.schema_migrations")
         store.migrate()

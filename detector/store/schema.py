@@ -76,14 +76,15 @@ def migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return found
 
 
-def _ahead(applied: dict[int, str], db: str) -> None:
+def _ahead(applied: dict[int, str], db: str, said: set[str]) -> None:
     """Say so when the store holds migrations this release does not know: a later release migrated it (a
     rollback, or an older worker in a rolling deploy). Not refused: migrations only add, and a rollback
     must be able to run; but what the later release's tables and views hold, this one neither writes nor
     reads as that release does, and the releases before 2026-12-07 said nothing."""
     known = {m.version for m in migrations()}
     later = [f"{v:04d}_{name}" for v, name in sorted(applied.items()) if v not in known]
-    if later:
+    if later and not set(later) <= said:  # (once a store: a start migrates it and checks it)
+        said.update(later)
         log.warning("store_ahead_of_release", database=db, unknown_migrations=later,
                     note="a later burnwatch migrated this store: this release runs on it as it is; "
                          "upgrade again rather than run two releases on one store for long")  # fmt: skip
@@ -96,6 +97,8 @@ class Schema:
         self.conn = conn
         self.created = False
         """Whether :meth:`migrate` made this store's tables (it found none)."""
+        self._said_ahead: set[str] = set()
+        """The migrations of a later release this store was said to hold (``store_ahead_of_release``, once)."""
 
     def check(self) -> None:
         """Raise :class:`StoreNotFound` unless the database exists with every migration applied."""
@@ -107,7 +110,7 @@ class Schema:
             if int(client.command(f"EXISTS TABLE {db}.schema_migrations")):
                 rows = client.query(f"SELECT version, name FROM {db}.schema_migrations").result_rows
                 applied = {int(v) for v, _ in rows}
-                _ahead({int(v): name for v, name in rows}, db)
+                _ahead({int(v): name for v, name in rows}, db, self._said_ahead)
         pending = [f"{m.version:04d}_{m.name}" for m in migrations() if m.version not in applied]
         if pending:
             raise StoreOutdated(f"the store's schema is behind this burnwatch ({', '.join(pending)} not applied): "
@@ -128,7 +131,7 @@ class Schema:
             )
             result = client.query(f"SELECT version, checksum, name FROM {db}.schema_migrations FINAL")
             applied = {int(v): c for v, c, _ in result.result_rows}
-            _ahead({int(v): name for v, _, name in result.result_rows}, db)
+            _ahead({int(v): name for v, _, name in result.result_rows}, db, self._said_ahead)
             for migration in migrations():
                 if migration.version in applied:
                     if applied[migration.version] != migration.checksum:
