@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from detector.delivery import Outbox
 from detector.engine import RULE_REMOVED, Engine
 from detector.orphaned_alerts import CLOSED_BY, known_rules
@@ -419,3 +421,61 @@ def test_a_rule_whose_type_changed_keeps_no_episode_of_its_old_type_on_an_evicte
         went_on = [alert_id(f.rule, f.resource_id, f.episode_start) for f in engine._open_in(host, state)
                    if f.rule == "idle-gpu-nlp"]  # fmt: skip
         assert went_on == [], (host, went_on, resolved[host]["alert_id"])
+
+
+@pytest.mark.integration
+def test_a_real_worker_restarted_without_a_rule_replies_in_its_incidents_thread(tmp_path):
+    """End to end, with the embedded broker, a worker process and the local Slack server: an hour of an idle
+    GPU host; the worker posts idle-gpu's incident. It stops; the operator disables the rule (enabled: false)
+    and starts it again; another host's events come. The restarted worker replies in the incident's thread
+    that it is resolved, its rule no longer loaded, and posts nothing else about it."""
+    import shutil
+
+    import yaml
+
+    from detector.testing import LocalSlack
+    from streams.embedded import EmbeddedBroker
+    from streams.kafka import publish_records
+    from streams.process import WorkerProcess, worker_env
+    from tests.conftest import ROOT
+    from tests.test_secrets import publish_idle_host
+
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    with LocalSlack() as slack, EmbeddedBroker(log_path=tmp_path / "broker.log") as broker:
+        env = worker_env(broker.bootstrap, tmp_path / "data", rules, 1, SLACK_BOT_TOKEN="xoxb-local",
+                         SLACK_CHANNEL="#ml-cost", SLACK_BASE_URL=slack.api_url)  # fmt: skip
+        publish_idle_host(broker.bootstrap)
+        worker = WorkerProcess(env, tmp_path / "first.log").start()
+        try:
+            assert slack.wait_for(lambda calls: any("gpu-1" in c.text_of_blocks() and not c.body.get("thread_ts")
+                                                    for c in calls if c.method == "chat.postMessage"), timeout=90), \
+                worker.tail()  # fmt: skip
+        finally:
+            worker.stop()
+        (opening,) = [c for c in slack.calls("chat.postMessage") if "gpu-1" in c.text_of_blocks()
+                      and "Idle GPUs" in c.text_of_blocks() and not c.body.get("thread_ts")]  # fmt: skip
+        posts = len(slack.calls("chat.postMessage"))
+
+        doc = yaml.safe_load((rules / "rules.yaml").read_text())
+        for rule in doc["rules"]:
+            if rule["name"] == "idle-gpu":
+                rule["enabled"] = False
+        (rules / "rules.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        later = [{"ts": at(T0 + 3600 + i * 60).isoformat(), "resource_id": "cpu-1", "resource_type": "cpu_instance",
+                  "cost_usd": 0.1, "interval_s": 60, "tags": {"team": "nlp", "project": "p", "owner": "o"}}
+                 for i in range(3)]  # fmt: skip
+        asyncio.run(publish_records(broker.bootstrap, [("resource-usage", "cpu-1", json.dumps(later).encode())]))
+        worker = WorkerProcess(env, tmp_path / "second.log").start()
+        try:
+            assert slack.wait_for(lambda calls: any(c.body.get("thread_ts") == opening.response["ts"]
+                                                    for c in calls if c.method == "chat.postMessage"), timeout=90), \
+                worker.tail()  # fmt: skip
+            worker.wait_until(lambda health: health["partitions"] > 0, timeout=30)
+        finally:
+            worker.stop()
+        replies = [c for c in slack.calls("chat.postMessage") if c.body.get("thread_ts") == opening.response["ts"]]
+        assert len(replies) == 1 and "rule removed" in replies[0].text_of_blocks(), [r.text_of_blocks() for r in replies]
+        assert "no longer loaded" in replies[0].text_of_blocks()
+        assert not [c for c in slack.calls("chat.postMessage")[posts:] if "gpu-1" in c.text_of_blocks()
+                    and c.body.get("thread_ts") != opening.response["ts"]]  # fmt: skip
