@@ -540,31 +540,29 @@ class Engine:
         found: list[Finding] = []
         for rule in self.ruleset.rules:
             rule_state = state.rule(rule.detector.name)
-            if rule_state is None:
-                continue
-            try:
-                found.extend(rule.detector.open_episodes(rule_state, state.info))
-            except Exception as exc:  # noqa: BLE001 - one rule's bug must not stop the rest
-                if self._count_failure(rule.detector, exc, 1, "open_episodes"):
-                    log.error("detector_error", rule=rule.detector.name, type=rule.detector.type, key=key,
-                              phase="open_episodes", error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            if rule_state is not None:
+                found += self._episodes_of(rule.detector, rule_state, state.info, key)
         return found
+
+    def _episodes_of(self, detector: Detector[Any], rule_state: Any, info: ResourceInfo, key: str) -> list[Finding]:
+        """``detector.open_episodes`` of one rule's state; none where it raises, counted and logged as a step
+        that raises is (once per rule and error type): one rule's bug must not stop the rest."""
+        try:
+            return detector.open_episodes(rule_state, info)
+        except Exception as exc:  # noqa: BLE001 - a detector's bug, whatever it raises
+            if self._count_failure(detector, exc, 1, "open_episodes"):
+                log.error("detector_error", rule=detector.name, type=detector.type, key=key,
+                          phase="open_episodes", error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            return []
 
     def _end_dropped(self, key: str, info: ResourceInfo, dropped: list[tuple[Detector[Any], Any]], reason: str) -> None:
         """Resolve the episodes open in the states of rules a key is losing (``reason``), dated where each
         stood, with its dollars so far: dropped with the state, an open incident would stay open for ever."""
         for detector, rule_state in dropped:
-            if rule_state is None:
-                continue
-            try:
-                found = detector.open_episodes(rule_state, info)
-            except Exception as exc:  # noqa: BLE001 - as for open episodes at a sweep
-                if self._count_failure(detector, exc, 1, "open_episodes"):
-                    log.error("detector_error", rule=detector.name, type=detector.type, key=key,
-                              phase="open_episodes", error=f"{type(exc).__name__}: {exc}")  # fmt: skip
-                continue
-            self._pending += [msgspec.structs.replace(f, action="resolve", key=key, details={**f.details, "reason": reason})
-                              for f in found]  # fmt: skip
+            if rule_state is not None:
+                self._pending += [msgspec.structs.replace(f, action="resolve", key=key,
+                                                          details={**f.details, "reason": reason})
+                                  for f in self._episodes_of(detector, rule_state, info, key)]  # fmt: skip
 
     def silent_resolutions(self, key: str, state: KeyState) -> list[Finding]:
         """The episodes open in ``key``'s state, resolved as it went quiet past the TTL (see the
@@ -1064,12 +1062,11 @@ class Engine:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
         return state
 
-    def held_or_evicted(self, keys: Iterable[str]) -> tuple[list[str], list[str]]:
-        """(held, evicted): which of ``keys`` this engine holds in memory, and which it evicted (saved, out of it)."""
-        keys = list(keys)
-        return [k for k in keys if k in self._keys], [k for k in keys if k in self._evicted]
+    def evicted_among(self, keys: Iterable[str]) -> list[str]:
+        """The keys among ``keys`` this engine evicted (saved, out of memory), just left ones included."""
+        return [k for k in keys if k in self._evicted]
 
-    def rewrite(self, snapshots: Mapping[str, bytes], dropped: Mapping[str, AbstractSet[str]] | None = None) -> list[str]:
+    def rewrite(self, snapshots: Mapping[str, bytes], dropped: Mapping[str, AbstractSet[str]] | None = None) -> None:
         """Bring these keys, not held (evicted, or loaded at an assignment and not heard from), into memory from
         their saved states under the rules in force, which drop the states of rules no longer loaded, and mark
         them dirty: saved again with the next write without those states. A rule removed and put back must not
@@ -1079,8 +1076,7 @@ class Engine:
         state the restore may read as its own: idle_gpu's and stuck_gpu's are of one class), as
         :meth:`set_ruleset` drops a held key's. A held key is left (its states were dropped by
         :meth:`set_ruleset`); an evicted one's state just left is taken as it left (:meth:`evict`), before the
-        store's. Returns the keys brought in."""
-        brought = []
+        store's."""
         for key, data in snapshots.items():
             if key in self._keys:
                 continue
@@ -1095,8 +1091,6 @@ class Engine:
                 self._set_rules(state, [name for name, _ in kept], [rule_state for _, rule_state in kept])
             self._flagged(key, state)
             self.dirty.add(key)
-            brought.append(key)
-        return brought
 
     def _flagged(self, key: str, state: KeyState) -> KeyState:
         """A restored key, known to :meth:`may_be_open` if its state holds an open episode."""

@@ -376,6 +376,8 @@ ENV: dict[str, str] = {name: str(field.validation_alias) for name, field in Sett
 _NAMES = {name.lower(): name for name in [*ENV.values(), *ENV]}  # a name over its variable where they differ in case alone
 """What a config file's key may be, lower-cased → as written: a setting's name or its variable (BURNWATCH_PARTITIONS),
 for a misspelt key's 'did you mean' in the form it was written in."""
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """``BURNWATCH_`` variables set that no setting reads, each close to one that does: a misspelt variable
     (``BURNWATCH_PARTITON=8``) is ignored, its setting left at its default, with nothing said. One not close to
@@ -464,13 +466,12 @@ def load_settings(config_file: str | Path | None = None, environ: Mapping[str, s
                 source = f"{config_file}: {printable(name, 80)}"
             else:  # a setting left unset that another one needs: its variable
                 source = ENV.get(name, name)
-            shown = "" if name in _SECRET or err["type"] == "extra_forbidden" or err.get("input") is None \
-                else f" (got {err.get('input')!r})"  # fmt: skip
-            if err["type"] == "extra_forbidden":  # a key no setting has: say which ones there are
+            if err["type"] == "extra_forbidden":  # a key no setting has: say which one it likely means
                 near = difflib.get_close_matches(key.lower(), list(_NAMES), n=1, cutoff=0.6)
                 shown = (" (rules are read from their own files: rules_path names the folder)" if key in _RULE_KEYS
                          else f" (did you mean {_NAMES[near[0]]!r}?)" if near else "")  # fmt: skip
                 lines.append(f"{source}: not a setting{shown}")
                 continue
+            shown = "" if name in _SECRET or err.get("input") is None else f" (got {err.get('input')!r})"
             lines.append(f"{source}: {err['msg']}{shown}")
         raise ValueError("invalid settings:\n  " + "\n  ".join(lines)) from None

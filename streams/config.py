@@ -79,7 +79,8 @@ class LiveConfig:
 
 
 def _warn_inconsistent(ruleset: RuleSet, path: str | Path) -> None:
-    """Rules valid one by one that price wrong together (``burnwatch rules check`` says the same)."""
+    """Rules valid one by one that price wrong together, and numbers written without the unit a person may mean
+    (``burnwatch rules check`` says the same)."""
     for warning in consistency_warnings(ruleset):
         log.warning("rules_inconsistent", path=str(path), warning=warning)
     for warning in unit_warnings(path):

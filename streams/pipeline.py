@@ -27,7 +27,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -597,9 +597,8 @@ class Pipeline:
         the stored resolution, drops the repeat). The states only in the store (evicted keys, keys loaded
         at assignment) that may hold an open episode (:meth:`Engine.may_be_open`, saved beside each state:
         a key that went quiet with nothing open is deleted unread) are read for it, with the partition each
-        was saved under (its holder, this worker, delivers the resolution): a look-up of its own for each
-        :data:`GET_MANY_CHUNK` keys, so that many keys going quiet together do not make one read past the
-        look-up's bound."""
+        was saved under (its holder, this worker, delivers the resolution), in chunks (:meth:`_placed_states`):
+        many keys may go quiet together."""
         engine = self.engine
         coming = HeldKeys(self.aligner)  # gathered only if a key has gone quiet
         expired = engine.expire(coming)  # their next event is read: not quiet
@@ -614,9 +613,7 @@ class Pipeline:
                         unread.append(key)
                     del saved[key]
         why = "the states of keys reclaimed past their TTL, for the episodes left open on them"
-        for i in range(0, len(unread), _states.GET_MANY_CHUNK):  # each chunk a look-up of its own, within its bound
-            chunk = unread[i : i + _states.GET_MANY_CHUNK]
-            found = await self._ask_store(self.store.states.get_many_placed, chunk, "state read", why)
+        async for found in self._placed_states(unread, why):
             for key, (partition, data) in found.items():
                 ended += engine.ended_in(key, data)
                 self._partition_of.setdefault(key, partition)
@@ -673,22 +670,25 @@ class Pipeline:
         (evicted, or loaded at its assignment and not heard from): they still hold the removed rule's open
         episode, which a rule put back would resume under the alert id just resolved (:meth:`Engine.rewrite`).
         ``keys``: key → the orphaned alerts' rules, whose states are dropped though a rule of the name is loaded
-        (of another type). Read off the event loop with the partition each was saved under, which it is saved
-        under again: a look-up of its own for each :data:`GET_MANY_CHUNK` keys, as a sweep's (:meth:`_sweep`), so
-        that a rule removed with many incidents open does not make one read past the look-up's bound."""
+        (of another type). Read with the partition each was saved under, which it is saved under again, in
+        chunks (:meth:`_placed_states`): a rule removed with many incidents open reads many keys."""
         engine, saved = self.engine, self.saved_states
-        _, evicted = engine.held_or_evicted(keys)
-        wanted = sorted({*evicted, *(key for key in keys if key in saved)})
-        for i in range(0, len(wanted), _states.GET_MANY_CHUNK):
-            chunk = wanted[i : i + _states.GET_MANY_CHUNK]
-            found = await self._ask_store(self.store.states.get_many_placed, chunk, "state read",
-                                          "the states of keys whose rule was removed; retrying")  # fmt: skip
+        wanted = sorted({*engine.evicted_among(keys), *(key for key in keys if key in saved)})
+        async for found in self._placed_states(wanted, "the states of keys whose rule was removed; retrying"):
             snapshots = {}
             for key, (partition, data) in found.items():
                 self._partition_of.setdefault(key, partition)
                 saved.pop(key, None)
                 snapshots[key] = data
             engine.rewrite(snapshots, keys)
+
+    async def _placed_states(self, keys: Sequence[str], why: str) -> AsyncIterator[dict[str, tuple[int, bytes]]]:
+        """The saved states of ``keys`` with the partition each was saved under (``States.get_many_placed``), read
+        off the event loop a look-up of its own for each :data:`GET_MANY_CHUNK` keys: many keys read in one would
+        pass the look-up's bound at every try, and stall the pipeline under the batch lock."""
+        for i in range(0, len(keys), _states.GET_MANY_CHUNK):
+            yield await self._ask_store(self.store.states.get_many_placed, keys[i : i + _states.GET_MANY_CHUNK],
+                                        "state read", why)  # fmt: skip
 
     def forget(self, keys: Iterable[str]) -> None:
         """Keys whose state expired: what the pipeline keeps per key goes too."""
