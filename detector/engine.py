@@ -215,6 +215,10 @@ class _Snapshot(msgspec.Struct, kw_only=True):
     last_t: float
     kind_t: dict[str, float] = {}
     """Empty in snapshots saved before it existed."""
+    types: dict[str, str] = {}
+    """Rule name → the type its state was saved by (empty before it existed; a release before it ignores it):
+    a rule of the name now of another type does not read it as its own (idle_gpu's and stuck_gpu's states
+    are of one class)."""
 
 
 _KIND: dict[type, str] = {GpuMetric: "gpu", UsageEvent: "usage", RunEvent: "run"}
@@ -364,6 +368,18 @@ class Engine:
         """Interval costs and hourly rates seen → one float each: resources of a type and interval cost
         the same, and a float of its own is 24 bytes a key (:meth:`_shared_price`)."""
         self._decoder = msgspec.msgpack.Decoder(_Snapshot)
+        self._types: dict[tuple[str, ...], msgspec.Raw] = {}
+        """A layout of rule names → their types under the rules in force, encoded once (what a snapshot saves)."""
+        self.carry: Mapping[str, str] | None = None
+        """Rule name → type of the rules this engine does not load whose saved states it carries through a
+        restore into its snapshots (:attr:`_carried`): a newer rule set's, loaded by the workers of a newer
+        release beside this one in a rolling update. None: not yet known (after a start, an assignment or a
+        reload), every such state is carried until :meth:`settle_carried` says which."""
+        self._carried: dict[str, dict[str, tuple[str, msgspec.Raw]]] = {}
+        """Key → rule name → (type, '' if not saved; the state's bytes) of the states a restore carried:
+        empty but in a rolling update. Without it a worker of the older release dropped a newer rule's state
+        when the key spoke, and the newer worker that got the key back had lost the rule's open episode: its
+        incident open for ever, and a second one opened."""
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -583,6 +599,7 @@ class Engine:
         state = self._keys[key] = KeyState(info=ResourceInfo(resource_id=key))
         state.gpu_t, state.usage_t, state.run_t = old.gpu_t, old.usage_t, old.run_t
         self._maybe_open.discard(key)
+        self._carried.pop(key, None)
         self._context.point(state)
         return state
 
@@ -897,6 +914,8 @@ class Engine:
         self._trackers = _trackers(ruleset)
         self._tracked.clear()
         self._plans.clear()
+        self._types.clear()
+        self.carry = None  # (until the caller settles it against the newest rule set: :meth:`settle_carried`)
         for state in self._keys.values():
             state.clear_routes()
             kept = []
@@ -907,6 +926,25 @@ class Engine:
                     kept.append((name, rule_state))
             if len(kept) < len(state.names):
                 self._set_rules(state, [n for n, _ in kept], [s for _, s in kept])
+        for key, carried in list(self._carried.items()):
+            self._take_carried(key, self._keys[key], carried)
+
+    def _take_carried(self, key: str, state: KeyState, carried: dict[str, tuple[str, msgspec.Raw]]) -> None:
+        """A reload loads rules whose states the key carried: each becomes the rule's state if of its type; one of
+        a rule now loaded under another type is dropped (a key holds one state a name)."""
+        taken: dict[str, Any] = {}
+        for name in list(carried):
+            rule = self.ruleset.by_name(name)
+            if rule is not None:
+                saved_type, raw = carried.pop(name)
+                if name not in state.names:
+                    self._read_rule(key, rule, saved_type, raw, taken)
+        if taken:
+            self._set_rules(state, [*state.names, *taken], [*state.states, *taken.values()])
+            self._flagged(key, state)
+            self.dirty.add(key)
+        if not carried:
+            del self._carried[key]
 
     # -- end of data, TTL, persistence -------------------------------------------------
 
@@ -953,12 +991,17 @@ class Engine:
         bytes) that is reclaimed past its TTL without being loaded: an evicted key
         (:attr:`last_unread`), or one a worker loaded at assignment and never heard from. The key is
         not held afterwards."""
-        held = self._keys.get(key)
+        held, carried = self._keys.get(key), self._carried.get(key)
         state = self.restore(key, data, restart=False)
         if held is None:
             self._keys.pop(key, None)
+            self._carried.pop(key, None)
         else:
             self._keys[key] = held
+            if carried:
+                self._carried[key] = carried
+            else:
+                self._carried.pop(key, None)
         return self.silent_resolutions(key, state)
 
     def evict(self, coming: Container[str] = frozenset()) -> list[str]:
@@ -976,6 +1019,7 @@ class Engine:
         for key in quiet:
             leaving[key] = self.snapshot(key)  # type: ignore[assignment]  # held: never None
             evicted[key] = self._keys.pop(key).last_t
+            self._carried.pop(key, None)  # (in the snapshot: carried again when the key comes back)
         self.last_evicted = len(quiet)
         return quiet
 
@@ -991,6 +1035,7 @@ class Engine:
         self._evicted.pop(key, None)
         self._leaving.pop(key, None)
         self._read_ahead.pop(key, None)
+        self._carried.pop(key, None)
         self._maybe_open.discard(key)
         self.dirty.discard(key)
 
@@ -1004,6 +1049,8 @@ class Engine:
         self._evicted.clear()
         self._leaving.clear()
         self._read_ahead = {}
+        self._carried.clear()
+        self.carry = None  # (the partitions taken over next: a newer rule set may be recorded since)
         self._maybe_open.clear()
         self._pending = []  # a reload's resolutions of keys no longer here: not this worker's to post
         self.dirty.clear()
@@ -1016,10 +1063,27 @@ class Engine:
         state = self._keys.get(key)
         if state is None:
             return None
+        rules = state.rules
+        types: msgspec.Raw | dict[str, str] = self._types_of(state.names)
+        carried = self._carried.get(key)
+        if carried:
+            types = {**self._loaded_types(state.names), **{n: t for n, (t, _) in carried.items() if t}}
+            rules.update((name, raw) for name, (_, raw) in carried.items())
         return self._encoder.encode(
-            {"v": _SNAPSHOT_VERSION, "info": state.info, "rules": state.rules, "last_t": state.last_t,
-             "kind_t": state.kind_t}
+            {"v": _SNAPSHOT_VERSION, "info": state.info, "rules": rules, "last_t": state.last_t,
+             "kind_t": state.kind_t, "types": types}
         )
+
+    def _loaded_types(self, names: tuple[str, ...]) -> dict[str, str]:
+        """Rule name → type of these rules (a key's: all loaded, since :meth:`set_ruleset` drops the others')."""
+        return {name: rule.detector.type for name in names if (rule := self.ruleset.by_name(name)) is not None}
+
+    def _types_of(self, names: tuple[str, ...]) -> msgspec.Raw:
+        """:meth:`_loaded_types`, encoded once a layout until the rules change."""
+        types = self._types.get(names)
+        if types is None:
+            types = self._types[names] = msgspec.Raw(self._encoder.encode(self._loaded_types(names)))
+        return types
 
     def latest_time(self, key: str) -> float:
         """The time of the key's latest event folded in (0: none, or the key is not held): saved
@@ -1028,7 +1092,9 @@ class Engine:
         return state.last_t if state is not None else 0.0
 
     def restore(self, key: str, data: bytes, *, restart: bool = True) -> KeyState:
-        """Rebuild a key's state from :meth:`snapshot` bytes; state of rules no longer loaded is dropped.
+        """Rebuild a key's state from :meth:`snapshot` bytes. The state of a rule not loaded is carried into its
+        snapshots if a newer rule set may have it (:attr:`carry`), else dropped; one saved by a rule of the name of
+        another type is dropped.
         ``restart``: after a restart or handover, so events read again are checked
         (:meth:`already_seen`); not for a key coming back from eviction, which saw no restart."""
         try:
@@ -1036,19 +1102,19 @@ class Engine:
         except msgspec.DecodeError as exc:  # raised out of the batch, it made the worker exit at every start
             self._unreadable(key, "", exc)
             state = self._keys[key] = KeyState(info=ResourceInfo(resource_id=key))
+            self._carried.pop(key, None)
             return state
         rules: dict[str, Any] = {}
+        carried: dict[str, tuple[str, msgspec.Raw]] = {}
+        saved_types = snap.types
         for name, raw in snap.rules.items():
             rule = self.ruleset.by_name(name)
-            if rule is not None:
-                if rule.detector.lazy and bytes(raw) == _NIL:
-                    rules[name] = None  # a lazy rule that had nothing to track (an eager one's nil is refused below)
-                    continue
-                try:
-                    rules[name] = read_state(raw, type(rule.detector.new_state()))  # or as saved before
-                except msgspec.DecodeError as exc:
-                    self._unreadable(key, name, exc)  # the rule's state shape changed with a new version: start it afresh
-                    continue
+            saved_type = saved_types.get(name, "")
+            if rule is None:
+                if self._carries(name, saved_type):
+                    carried[name] = (saved_type, raw)
+            else:
+                self._read_rule(key, rule, saved_type, raw, rules)
         info = snap.info
         info.resource_id = key
         info.resource_type, info.provider, info.account, info.region, info.instance_type, info.pricing, info.state = (
@@ -1058,9 +1124,54 @@ class Engine:
         state = KeyState(info=snap.info, names=self._names(tuple(rules)), states=tuple(rules.values()),
                          last_t=snap.last_t, kind_t=snap.kind_t)  # fmt: skip
         self._keys[key] = state
+        if carried:
+            self._carried[key] = carried
+        else:
+            self._carried.pop(key, None)
         if restart:
             self._restored_t[key] = (dict(snap.kind_t), snap.last_t)
         return state
+
+    def _read_rule(self, key: str, rule: CompiledRule, saved_type: str, raw: msgspec.Raw, into: dict[str, Any]) -> None:
+        """Read a loaded rule's saved state (of ``saved_type``, '' if not saved) into ``into``, unless it is another
+        type's (not this rule's: its open alert is an orphan's, resolved as one) or unreadable (started afresh)."""
+        name, detector = rule.detector.name, rule.detector
+        if saved_type and saved_type != detector.type:
+            return
+        if detector.lazy and bytes(raw) == _NIL:
+            into[name] = None  # a lazy rule that had nothing to track (an eager one's nil is refused below)
+            return
+        try:
+            into[name] = read_state(raw, type(detector.new_state()))  # or as saved before
+        except msgspec.DecodeError as exc:
+            self._unreadable(key, name, exc)  # the rule's state shape changed with a new version: start it afresh
+
+    def _carries(self, name: str, saved_type: str) -> bool:
+        """A saved state of rule ``name`` (of ``saved_type``, '' if not saved), which this engine does not load, is
+        carried (:attr:`carry`)."""
+        carry = self.carry
+        if carry is None:
+            return True
+        known = carry.get(name)
+        return known is not None and (not saved_type or saved_type == known)
+
+    def settle_carried(self, carry: Mapping[str, str]) -> list[str]:
+        """Say which rules' states not loaded here are carried from now on (:attr:`carry`: a newer rule set's), and
+        drop the carried states of any other (a rule removed: its states carried while that was not yet known).
+        Returns the keys that dropped one, marked dirty: saved again without it, so that a rule put back does not
+        find an episode whose incident was resolved for its removal (:mod:`detector.orphaned_alerts`)."""
+        self.carry = dict(carry)
+        dropped = []
+        for key, carried in list(self._carried.items()):
+            kept = {name: entry for name, entry in carried.items() if self._carries(name, entry[0])}
+            if len(kept) < len(carried):
+                dropped.append(key)
+                self.dirty.add(key)
+                if kept:
+                    self._carried[key] = kept
+                else:
+                    del self._carried[key]
+        return dropped
 
     def evicted_among(self, keys: Iterable[str]) -> list[str]:
         """The keys among ``keys`` this engine evicted (saved, out of memory), just left ones included."""

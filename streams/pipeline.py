@@ -644,14 +644,19 @@ class Pipeline:
         ruleset = self.engine.ruleset
         loaded, record = loaded_rules(ruleset), self._rules_recorded is not ruleset
 
-        def look_up(_: None) -> list[Alert]:
+        def look_up(_: None) -> tuple[list[Alert], dict[str, str] | None]:
             rule_sets = self.store.rule_sets
             if record:  # first: an alert of a rule only this worker loads is stored after it
                 rule_sets.record(loaded, time.time(), _WORKER)
-            return self.store.alerts.open_orphans(known_rules(loaded, rule_sets.newest()), partitions)
+            newest = rule_sets.newest()
+            return self.store.alerts.open_orphans(known_rules(loaded, newest), partitions), newest
 
-        orphans = await self._ask_store(look_up, None, "orphaned alerts read", "open alerts of rules no longer loaded; retrying")
+        orphans, newest = await self._ask_store(look_up, None, "orphaned alerts read",
+                                                "open alerts of rules no longer loaded; retrying")  # fmt: skip
         self._orphans_due, self._rules_recorded = False, ruleset
+        uncarried = set(self.engine.settle_carried({n: t for n, t in (newest or {}).items() if n not in loaded}))
+        if uncarried:  # saved again without the states of removed rules, carried till now (one row a key: a version each)
+            step.states = [row for row in step.states if row[0] not in uncarried] + self._dirty_states()
         if not orphans:
             return
         alerts = self.manager.take(resolutions(orphans, RULE_REMOVED))  # (each keeps its partition: its holder posts)
