@@ -1,5 +1,6 @@
 """How burnwatch's Kafka clients reach a cluster: TLS and SASL, as managed clusters (Amazon MSK,
-Confluent Cloud, Aiven) and self-run ones with TLS + SASL/SCRAM ask.
+Confluent Cloud, Aiven) and self-run ones with TLS + SASL/SCRAM ask, and Amazon MSK's IAM access control
+(SASL OAUTHBEARER with a token signed by the AWS credentials: the only way into MSK Serverless).
 
 One value, :class:`KafkaSecurity`, built once from the settings (``Settings.kafka_security``) and
 handed to every client burnwatch makes; :mod:`streams.kafka` turns it into Faust's credentials and
@@ -8,26 +9,49 @@ aiokafka's options. PLAINTEXT, the default, adds nothing to any client: behaviou
 
 from __future__ import annotations
 
+import re
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import SecretStr
 
-__all__ = ["MECHANISMS", "PLAINTEXT", "PROTOCOLS", "SASL_PROTOCOLS", "TLS_PROTOCOLS", "KafkaSecurity", "Mechanism",
-           "Protocol", "check_identity", "check_trust"]  # fmt: skip
+__all__ = ["AWS_MSK_IAM", "MECHANISMS", "PASSWORD_MECHANISMS", "PLAINTEXT", "PROTOCOLS", "SASL_PROTOCOLS",
+           "TLS_PROTOCOLS", "KafkaSecurity", "Mechanism", "Protocol", "check_identity", "check_trust",
+           "msk_region"]  # fmt: skip
 
 Protocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-Mechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+Mechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "AWS_MSK_IAM"]
 PROTOCOLS: tuple[Protocol, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 TLS_PROTOCOLS: tuple[Protocol, ...] = ("SSL", "SASL_SSL")
 """The protocols over TLS: the CA, client certificate and hostname settings go with these alone."""
 SASL_PROTOCOLS: tuple[Protocol, ...] = ("SASL_PLAINTEXT", "SASL_SSL")
 """The protocols that authenticate with SASL: the mechanism, user and password go with these alone."""
-MECHANISMS: tuple[Mechanism, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-"""The SASL mechanisms burnwatch speaks: a username and a password. GSSAPI (Kerberos) and OAUTHBEARER
-(MSK's IAM, Confluent's OAuth) need more than that and are refused when the settings load."""
+PASSWORD_MECHANISMS: tuple[Mechanism, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+"""The SASL mechanisms that authenticate with a username and a password."""
+AWS_MSK_IAM: Mechanism = "AWS_MSK_IAM"
+"""Amazon MSK's IAM access control (the name MSK's own clients give it): SASL OAUTHBEARER on the wire, the token
+a URL presigned with the AWS credentials the process finds by the AWS SDK's standard chain (IRSA's role on EKS,
+the instance profile, ``AWS_*`` variables); no username or password."""
+MECHANISMS: tuple[Mechanism, ...] = (*PASSWORD_MECHANISMS, AWS_MSK_IAM)
+"""The SASL mechanisms burnwatch speaks. GSSAPI (Kerberos) and OAUTHBEARER with an OAuth server (Confluent's,
+Strimzi's) need more than that and are refused when the settings load."""
+_MSK_HOST = re.compile(r"\.kafka(?:-serverless)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$", re.IGNORECASE)
+"""An MSK broker's name (``b-1.NAME.ID.c2.kafka.us-east-1.amazonaws.com``, ``boot-ID.c1.kafka-serverless.REGION…``),
+the region its third label from the end."""
+
+
+def msk_region(bootstrap: str, environ: Mapping[str, str]) -> str | None:
+    """The AWS region of an MSK cluster: where its brokers' names say (MSK's own names always do), else the AWS
+    SDK's ``AWS_REGION`` or ``AWS_DEFAULT_REGION``; None when neither does."""
+    for address in bootstrap.split(","):
+        host = address.strip().rpartition(":")[0] or address.strip()
+        found = _MSK_HOST.search(host)
+        if found:
+            return found.group(1).lower()
+    return environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None
 
 
 def _no_key_password() -> str:
@@ -64,6 +88,8 @@ class KafkaSecurity:
     key_file: Path | None = None
     """A client certificate and its key (mutual TLS), both or neither."""
     check_hostname: bool = True
+    aws_region: str | None = None
+    """The MSK cluster's AWS region, which its IAM tokens are signed for (:data:`AWS_MSK_IAM`)."""
 
     @property
     def tls(self) -> bool:
@@ -72,6 +98,11 @@ class KafkaSecurity:
     @property
     def sasl(self) -> bool:
         return self.protocol in SASL_PROTOCOLS
+
+    @property
+    def iam(self) -> bool:
+        """Amazon MSK's IAM access control (:data:`AWS_MSK_IAM`)."""
+        return self.sasl and self.mechanism == AWS_MSK_IAM
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context of a connection (None without TLS): certificates always verified, the
@@ -86,6 +117,8 @@ class KafkaSecurity:
 
     def describe(self) -> str:
         """For a log line: the protocol, and the mechanism and user where SASL is used (never the password)."""
+        if self.iam:
+            return f"{self.protocol} {self.mechanism} in {self.aws_region}"
         return f"{self.protocol} {self.mechanism} as {self.username}" if self.sasl else self.protocol
 
 

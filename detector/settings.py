@@ -25,7 +25,9 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, InitSettingsSourc
 from pydantic_settings import PydanticBaseSettingsSource as Source
 
 from detector.kafka_security import (
+    AWS_MSK_IAM,
     MECHANISMS,
+    PASSWORD_MECHANISMS,
     SASL_PROTOCOLS,
     TLS_PROTOCOLS,
     KafkaSecurity,
@@ -33,6 +35,7 @@ from detector.kafka_security import (
     Protocol,
     check_identity,  # fmt: skip
     check_trust,
+    msk_region,
 )
 from detector.units import parse_duration, printable
 
@@ -64,6 +67,10 @@ class Settings(BaseSettings):
                                                   validation_alias="BURNWATCH_KAFKA_SASL_PASSWORD_FILE")  # fmt: skip
     """The password in a file (a mounted Kubernetes Secret), read by each client as it is made; instead of
     ``kafka_sasl_password``, never with it."""
+    kafka_aws_region: str | None = Field(default=None, validate_default=True, pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+$",
+                                         validation_alias="BURNWATCH_KAFKA_AWS_REGION")  # fmt: skip
+    """The MSK cluster's region, with ``BURNWATCH_KAFKA_SASL_MECHANISM=AWS_MSK_IAM`` alone; unset: where its brokers'
+    names say (MSK's own names do), else the AWS SDK's ``AWS_REGION`` or ``AWS_DEFAULT_REGION``."""
     kafka_ssl_ca_file: Path | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_SSL_CA_FILE")
     """A PEM bundle of the CAs that sign the brokers' certificates; unset: the system's trust store."""
     kafka_ssl_cert_file: Path | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_SSL_CERT_FILE")
@@ -194,8 +201,9 @@ class Settings(BaseSettings):
             return value
         value = value.strip().upper() or None
         if info.field_name == "kafka_sasl_mechanism" and value is not None and value not in MECHANISMS:
-            raise ValueError(f"{value} is not supported: burnwatch speaks {', '.join(MECHANISMS)} (a username "
-                             "and a password)")  # fmt: skip
+            raise ValueError(f"{value} is not supported: burnwatch speaks {', '.join(PASSWORD_MECHANISMS)} (a username "
+                             f"and a password) and {AWS_MSK_IAM} (Amazon MSK's IAM access control, OAUTHBEARER on "
+                             "the wire; an OAuth server's tokens are not supported)")  # fmt: skip
         return value
 
     @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file")
@@ -212,7 +220,15 @@ class Settings(BaseSettings):
                              "SASL_SSL or SASL_PLAINTEXT")  # fmt: skip
         if value is None and sasl and info.field_name == "kafka_sasl_mechanism":
             raise ValueError(f"needed with BURNWATCH_KAFKA_SECURITY_PROTOCOL={protocol}: one of {', '.join(MECHANISMS)}")
-        if value is None and sasl and info.field_name == "kafka_sasl_username":
+        if value == AWS_MSK_IAM and protocol != "SASL_SSL":
+            raise ValueError(f"{AWS_MSK_IAM} goes with BURNWATCH_KAFKA_SECURITY_PROTOCOL=SASL_SSL: MSK's IAM listener "
+                             "(port 9098) is TLS")  # fmt: skip
+        iam = info.data.get("kafka_sasl_mechanism") == AWS_MSK_IAM
+        if value is not None and iam and info.field_name != "kafka_sasl_mechanism":
+            raise ValueError(f"set, but BURNWATCH_KAFKA_SASL_MECHANISM is {AWS_MSK_IAM}, which signs with the AWS "
+                             "credentials (IRSA's role, the instance profile, AWS_* variables): no username or "
+                             "password")  # fmt: skip
+        if value is None and sasl and not iam and info.field_name == "kafka_sasl_username":
             raise ValueError(f"needed with BURNWATCH_KAFKA_SECURITY_PROTOCOL={protocol}")
         return value
 
@@ -220,8 +236,8 @@ class Settings(BaseSettings):
     @classmethod
     def _one_password(cls, path: Path | None, info: ValidationInfo) -> Path | None:
         """With SASL, the password from the variable or from a readable, non-empty file: one of them."""
-        if info.data.get("kafka_security_protocol") not in SASL_PROTOCOLS \
-                or "kafka_sasl_password" not in info.data:  # fmt: skip
+        if info.data.get("kafka_security_protocol") not in SASL_PROTOCOLS or "kafka_sasl_password" not in info.data \
+                or info.data.get("kafka_sasl_mechanism") == AWS_MSK_IAM:  # fmt: skip
             return path
         given = info.data["kafka_sasl_password"] is not None
         if given and path is not None:
@@ -237,6 +253,18 @@ class Settings(BaseSettings):
             if not content:
                 raise ValueError(f"{path} is empty")
         return path
+
+    @field_validator("kafka_aws_region")
+    @classmethod
+    def _region_with_iam(cls, region: str | None, info: ValidationInfo) -> str | None:
+        """The region goes with AWS_MSK_IAM alone; unset, it is read from the brokers' names where they say it."""
+        iam = info.data.get("kafka_sasl_mechanism") == AWS_MSK_IAM
+        if region is not None and not iam and "kafka_sasl_mechanism" in info.data:
+            raise ValueError(f"set, but BURNWATCH_KAFKA_SASL_MECHANISM is not {AWS_MSK_IAM}: the region is what MSK's "
+                             "IAM tokens are signed for")  # fmt: skip
+        if region is None and iam:
+            return msk_region(info.data.get("kafka_bootstrap", ""), {})  # (else AWS_REGION, read as a client is made)
+        return region
 
     @field_validator("kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file")
     @classmethod
@@ -319,10 +347,13 @@ class Settings(BaseSettings):
         password = self.kafka_sasl_password
         if self.kafka_sasl_password_file is not None:
             password = SecretStr(_read_secret(self.kafka_sasl_password_file))
+        region = self.kafka_aws_region
+        if region is None and self.kafka_sasl_mechanism == AWS_MSK_IAM:
+            region = msk_region("", os.environ)  # the AWS SDK's own variables, as boto3 reads them
         return KafkaSecurity(protocol=self.kafka_security_protocol, mechanism=self.kafka_sasl_mechanism,
                              username=self.kafka_sasl_username, password=password, ca_file=self.kafka_ssl_ca_file,
                              cert_file=self.kafka_ssl_cert_file, key_file=self.kafka_ssl_key_file,
-                             check_hostname=self.kafka_ssl_check_hostname)  # fmt: skip
+                             check_hostname=self.kafka_ssl_check_hostname, aws_region=region)  # fmt: skip
 
     @property
     def dsn(self) -> str:

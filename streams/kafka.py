@@ -32,6 +32,7 @@ from detector.events import TOPICS
 from detector.kafka_security import PLAINTEXT, KafkaSecurity
 from detector.replay import read_replay
 from detector.settings import BROKER_DEFAULT, Settings
+from streams.kafka_tokens import IamTokenUnavailable, MskIamTokens
 
 __all__ = ["ACKS", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsMismatched", "TopicsRefused", "accepts_connections",
            "client_options", "count_events", "create_missing", "ensure_topics", "ensure_worker_topics", "faust_credentials",
@@ -69,6 +70,8 @@ def faust_credentials(security: KafkaSecurity) -> CredentialsT | None:
     """Faust's ``broker_credentials`` for ``security``; None for PLAINTEXT (Faust's default). Faust 0.15
     hands them to its consumer, its producer and the client it would create topics with."""
     context = security.ssl_context()
+    if security.iam:
+        return faust.OAuthCredentials(oauth_cb=MskIamTokens(security.aws_region), ssl_context=context)
     if security.sasl:
         password = security.password.get_secret_value() if security.password is not None else None
         return faust.SASLCredentials(username=security.username, password=password, ssl_context=context,
@@ -94,7 +97,14 @@ async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[
     for host, port, _ in collect_hosts(bootstrap, randomize=running):  # (running: not always the first broker)
         try:
             conn = await create_conn(host, port, request_timeout_ms=10_000, **options)
+        except IamTokenUnavailable as exc:
+            return str(exc)
         except SaslAuthenticationFailed as exc:
+            if security.iam:
+                return (f"{security.mechanism} authentication in {security.aws_region} failed ({exc}): check the AWS "
+                        "credentials the process runs with (IRSA's role, the instance profile, AWS_* variables), that "
+                        "their IAM policy allows kafka-cluster:Connect on the cluster, and "
+                        "BURNWATCH_KAFKA_AWS_REGION")  # fmt: skip
             return (f"SASL {security.mechanism} authentication as {security.username!r} failed ({exc}): check "
                     "BURNWATCH_KAFKA_SASL_USERNAME, BURNWATCH_KAFKA_SASL_PASSWORD (or _FILE) and "
                     "BURNWATCH_KAFKA_SASL_MECHANISM")  # fmt: skip

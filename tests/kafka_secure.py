@@ -22,7 +22,9 @@ import os
 import ssl
 import struct
 import threading
-from collections.abc import Iterable, Mapping
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -35,7 +37,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from streams.embedded import free_port
 from tests.kafka_proxy import _client_id_end
 
-__all__ = ["MECHANISMS", "Pki", "SecureRelay", "make_pki"]
+__all__ = ["MECHANISMS", "Pki", "SecureRelay", "make_pki", "msk_iam_verifier"]
 
 SASL_HANDSHAKE = 17
 API_VERSIONS = 18
@@ -190,6 +192,69 @@ class _Scram:
         return b"v=" + base64.b64encode(server_signature), True
 
 
+class _OAuthBearer:
+    """RFC 7628, the server's side: one message, ``n,,\\x01auth=Bearer TOKEN\\x01\\x01`` (a GS2 header, then
+    key=value pairs each ended by ^A), the token checked by ``verify``, which names its principal or raises
+    :class:`_Refused`. The client's first message is its last when the token is taken (Kafka's brokers alike)."""
+
+    def __init__(self, verify: Callable[[str], str]) -> None:
+        self.verify = verify
+        self.user: str | None = None
+
+    def step(self, token: bytes) -> tuple[bytes, bool]:
+        header, _, rest = token.decode().partition("\x01")
+        pairs = dict(pair.split("=", 1) for pair in rest.split("\x01") if pair)
+        scheme, _, bearer = pairs.get("auth", "").partition(" ")
+        if not header.startswith(("n,", "y,")) or scheme.lower() != "bearer" or not bearer:
+            raise _Refused("Authentication failed: no bearer token")
+        self.user = self.verify(bearer)
+        return b"", True
+
+
+def msk_iam_verifier(keys: Mapping[str, str], region: str) -> Callable[[str], str]:
+    """What an MSK broker checks of an IAM token, written from AWS's Signature Version 4 documentation rather than
+    with botocore (which signs the client's): the base64url of a URL presigned for ``kafka-cluster:Connect`` at
+    ``kafka.REGION.amazonaws.com``, within its ``X-Amz-Expires`` of its date, signed with the secret of an access
+    key in ``keys`` (access key id → secret). The principal is the access key id."""
+
+    def refused(why: str) -> _Refused:
+        return _Refused(f"Authentication failed: {why}")
+
+    def verify(token: str) -> str:
+        try:
+            url = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        except (ValueError, UnicodeDecodeError):
+            raise refused("the token is not base64url") from None
+        parts = urllib.parse.urlsplit(url)
+        if (parts.scheme, parts.netloc, parts.path or "/") != ("https", f"kafka.{region}.amazonaws.com", "/"):
+            raise refused(f"signed for {parts.netloc}, not this cluster's region {region}")
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        params = dict(query)
+        if params.get("Action") != "kafka-cluster:Connect" or params.get("X-Amz-Algorithm") != "AWS4-HMAC-SHA256":
+            raise refused("not a kafka-cluster:Connect presigned with AWS4-HMAC-SHA256")
+        key_id, day, scope_region, service, terminal = params.get("X-Amz-Credential", "////").split("/")
+        if (scope_region, service, terminal) != (region, "kafka-cluster", "aws4_request") or key_id not in keys:
+            raise refused(f"credential scope {params.get('X-Amz-Credential')!r} is not a known key's in {region}")
+        signed_at = datetime.datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.timezone.utc)
+        age = time.time() - signed_at.timestamp()
+        if not -300 <= age <= int(params["X-Amz-Expires"]):
+            raise refused(f"the token is {age:.0f} s old, past its {params['X-Amz-Expires']} s")
+        canonical_query = "&".join(f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
+                                   for k, v in sorted(query) if k not in ("X-Amz-Signature", "User-Agent"))  # fmt: skip
+        canonical = "\n".join(["GET", "/", canonical_query, f"host:{parts.netloc}\n", params["X-Amz-SignedHeaders"],
+                               hashlib.sha256(b"").hexdigest()])  # fmt: skip
+        to_sign = "\n".join(["AWS4-HMAC-SHA256", params["X-Amz-Date"], f"{day}/{region}/kafka-cluster/aws4_request",
+                             hashlib.sha256(canonical.encode()).hexdigest()])  # fmt: skip
+        key = ("AWS4" + keys[key_id]).encode()
+        for part in (day, region, "kafka-cluster", "aws4_request"):
+            key = hmac.digest(key, part.encode(), "sha256")
+        if not hmac.compare_digest(hmac.new(key, to_sign.encode(), "sha256").hexdigest(), params.get("X-Amz-Signature", "")):
+            raise refused("the signature does not match")
+        return key_id
+
+    return verify
+
+
 def _string(text: str | None) -> bytes:
     if text is None:
         return struct.pack(">h", -1)
@@ -222,11 +287,15 @@ class SecureRelay:
     are answered; anything else closes it, as Kafka does."""
 
     def __init__(self, broker_port: int, *, tls: ssl.SSLContext | None = None, users: Mapping[str, str] | None = None,
-                 mechanisms: Iterable[str] = MECHANISMS) -> None:  # fmt: skip
+                 mechanisms: Iterable[str] = MECHANISMS, tokens: Callable[[str], str] | None = None) -> None:  # fmt: skip
         self.broker_port = broker_port
         self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.tls, self.users, self.mechanisms = tls, users, tuple(mechanisms)
+        self.tokens = tokens
+        """OAUTHBEARER's check of a token (:func:`msk_iam_verifier`): given, the relay asks for SASL and offers it."""
+        if tokens is not None:
+            self.users, self.mechanisms = users or {}, (*self.mechanisms, "OAUTHBEARER")
         self.authenticated: list[tuple[str, str, str]] = []
         """(client id, mechanism, user) of each connection that authenticated."""
         self.refused: list[str] = []
@@ -272,7 +341,7 @@ class SecureRelay:
         """The connection's SASL exchange (Kafka's SaslHandshake, then SaslAuthenticate v0-1); True once it
         authenticated, False when it was refused."""
         assert self.users is not None
-        exchange: _Plain | _Scram | None = None
+        exchange: _Plain | _Scram | _OAuthBearer | None = None
         mechanism = ""
         while True:
             frame = await _read_frame(client_in)
@@ -292,7 +361,9 @@ class SecureRelay:
                     await client_out.drain()
                     self.refused.append(f"{client_id}: SASL mechanism {mechanism} not offered")
                     return False
-                exchange = _Plain(self.users) if mechanism == "PLAIN" else _Scram(mechanism, self.users)
+                exchange = (_Plain(self.users) if mechanism == "PLAIN"
+                            else _OAuthBearer(self.tokens) if mechanism == "OAUTHBEARER" and self.tokens is not None
+                            else _Scram(mechanism, self.users))  # fmt: skip
                 _answer(client_out, correlation, struct.pack(">h", 0) + offered)
             elif api_key == SASL_AUTHENTICATE and exchange is not None and version <= 1:
                 (length,) = struct.unpack_from(">i", frame, at)

@@ -1,0 +1,193 @@
+"""Amazon MSK's IAM access control (``BURNWATCH_KAFKA_SASL_MECHANISM=AWS_MSK_IAM``: the only way into MSK
+Serverless, and what MSK clusters on EKS use with IRSA): SASL OAUTHBEARER over TLS, the token a URL presigned with
+the process's AWS credentials by AWS's own signer. Every client burnwatch makes connects through a relay in front of
+the embedded broker that terminates TLS and checks each token as MSK does, by a Signature Version 4 check written
+from AWS's documentation (:func:`tests.kafka_secure.msk_iam_verifier`), with credentials given as the AWS SDK's
+variables. Nothing reaches AWS: the instance metadata service is turned off and no AWS file is read."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from detector.settings import load_settings
+from detector.simulate import SimConfig
+from streams.embedded import EmbeddedBroker, free_port
+from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, file_records, publish_records, why_refused
+from streams.kafka_tokens import MskIamTokens
+from streams.process import WorkerProcess, worker_env
+from tests.conftest import ROOT
+from tests.helpers import fleet_file
+from tests.kafka_secure import Pki, SecureRelay, make_pki, msk_iam_verifier
+from tests.test_kafka_security import read_back, refusal
+
+KEY_ID, SECRET = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+REGION = "eu-west-1"
+BOOTSTRAP = f"b-1.fleet.abc123.c2.kafka.{REGION}.amazonaws.com:9098"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def aws(monkeypatch, tmp_path: Path) -> dict[str, str]:
+    """The AWS SDK's variables with an access key, and nothing else of AWS's reachable: no metadata service, no
+    shared files (the test's process and the workers it starts alike)."""
+    env = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials")}  # fmt: skip
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ROLE_ARN",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+def msk(broker_port: int, pki: Pki) -> SecureRelay:
+    """MSK's IAM listener in front of the embedded broker on ``broker_port``: TLS, and OAUTHBEARER alone, its tokens
+    checked as MSK checks them, for the test's access key in :data:`REGION`."""
+    return SecureRelay(broker_port, tls=pki.server_context(), mechanisms=[], tokens=msk_iam_verifier({KEY_ID: SECRET}, REGION))
+
+
+def iam_env(ca: Path | None = None, **more: str) -> dict[str, str]:
+    env = {"BURNWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "BURNWATCH_KAFKA_SASL_MECHANISM": "aws_msk_iam"}
+    if ca is not None:
+        env["BURNWATCH_KAFKA_SSL_CA_FILE"] = str(ca)
+    return {**env, **more}
+
+
+# -- the settings -----------------------------------------------------------------------------------
+
+
+def test_the_region_is_read_from_msks_broker_names_or_set(aws):
+    """MSK's broker names hold the region (provisioned and serverless alike); a name that does not, the setting or
+    the AWS SDK's AWS_REGION; no username or password is asked."""
+    settings = load_settings(environ=iam_env(BURNWATCH_KAFKA_BOOTSTRAP=BOOTSTRAP))
+    assert (settings.kafka_security.aws_region, settings.kafka_security.iam) == (REGION, True)
+    assert settings.kafka_security.describe() == f"SASL_SSL AWS_MSK_IAM in {REGION}"
+    serverless = "boot-x1y2.c1.kafka-serverless.ap-southeast-2.amazonaws.com:9098"
+    assert load_settings(environ=iam_env(BURNWATCH_KAFKA_BOOTSTRAP=serverless)).kafka_security.aws_region \
+        == "ap-southeast-2"  # fmt: skip
+    given = iam_env(BURNWATCH_KAFKA_BOOTSTRAP="kafka.internal:9098", BURNWATCH_KAFKA_AWS_REGION="us-west-2")
+    assert load_settings(environ=given).kafka_security.aws_region == "us-west-2"
+    assert load_settings(environ=iam_env(BURNWATCH_KAFKA_BOOTSTRAP="kafka.internal:9098")).kafka_security.aws_region is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "said"),
+    [
+        (iam_env(BURNWATCH_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT"),
+         "BURNWATCH_KAFKA_SASL_MECHANISM: Value error, AWS_MSK_IAM goes with BURNWATCH_KAFKA_SECURITY_PROTOCOL=SASL_SSL"),
+        (iam_env(BURNWATCH_KAFKA_SASL_USERNAME="burnwatch"),
+         "BURNWATCH_KAFKA_SASL_USERNAME: Value error, set, but BURNWATCH_KAFKA_SASL_MECHANISM is AWS_MSK_IAM"),
+        (iam_env(BURNWATCH_KAFKA_SASL_PASSWORD="pw"), "BURNWATCH_KAFKA_SASL_PASSWORD: Value error, set, but"),
+        (iam_env(BURNWATCH_KAFKA_AWS_REGION="Ireland"), "BURNWATCH_KAFKA_AWS_REGION: String should match pattern"),
+        ({"BURNWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "BURNWATCH_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+          "BURNWATCH_KAFKA_SASL_USERNAME": "u", "BURNWATCH_KAFKA_SASL_PASSWORD": "p", "BURNWATCH_KAFKA_AWS_REGION": REGION},
+         "BURNWATCH_KAFKA_AWS_REGION: Value error, set, but BURNWATCH_KAFKA_SASL_MECHANISM is not AWS_MSK_IAM"),
+        (iam_env(BURNWATCH_KAFKA_SASL_MECHANISM="OAUTHBEARER"),
+         "OAUTHBEARER is not supported: burnwatch speaks PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (a username and a "
+         "password) and AWS_MSK_IAM (Amazon MSK's IAM access control"),
+    ],
+)  # fmt: skip
+def test_settings_msk_iam_cannot_use_are_refused_naming_the_setting(environ, said):
+    assert said in refusal(environ)
+
+
+# -- tokens ------------------------------------------------------------------------------------------
+
+
+def test_a_token_is_shared_by_connections_till_a_third_of_its_life_is_left_then_made_anew(aws):
+    """Each token MSK's own check takes; connections opened together get one; once a third of its life (15 minutes)
+    is left, the next connection gets a fresh one."""
+    tokens = MskIamTokens(REGION)
+    verify = msk_iam_verifier({KEY_ID: SECRET}, REGION)
+
+    async def three() -> list[str]:
+        return list(await asyncio.gather(tokens.token(), tokens.token(), tokens.token()))
+
+    first = asyncio.run(three())
+    assert len(set(first)) == 1 and verify(first[0]) == KEY_ID
+    assert tokens._expires_at - tokens._issued_at == pytest.approx(900, abs=2)
+    tokens._issued_at -= 500  # (as if issued 500 s ago: 400 of its 900 s left)
+    tokens._expires_at -= 500
+    assert asyncio.run(tokens.token()) == first[0]
+    tokens._issued_at -= 150  # 250 s left, under a third
+    tokens._expires_at -= 150
+    renewed = asyncio.run(tokens.token())
+    assert verify(renewed) == KEY_ID
+
+
+def test_no_region_or_no_credentials_is_said_at_the_first_connection(aws, monkeypatch, pki: Pki, tmp_path: Path):
+    """A cluster whose brokers' names do not say the region, with no AWS_REGION: the check of the connection says to
+    set BURNWATCH_KAFKA_AWS_REGION; with no AWS credentials anywhere, that none were found; a key MSK does not take,
+    the settings and the IAM policy to check."""
+    broker_port = free_port()
+    with msk(broker_port, pki) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        def why(**more: str) -> str | None:
+            environ = iam_env(pki.ca_file, BURNWATCH_KAFKA_BOOTSTRAP=relay.bootstrap, **more)
+            return asyncio.run(why_refused(relay.bootstrap, load_settings(environ=environ).kafka_security))
+
+        assert "AWS_MSK_IAM needs the cluster's region: set BURNWATCH_KAFKA_AWS_REGION" in why()
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+        assert "no AWS credentials found for AWS_MSK_IAM" in why(BURNWATCH_KAFKA_AWS_REGION=REGION)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAOTHERKEY00000000")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+        said = why(BURNWATCH_KAFKA_AWS_REGION=REGION)
+        assert said is not None and said.startswith(f"AWS_MSK_IAM authentication in {REGION} failed")
+        assert "kafka-cluster:Connect" in said and SECRET not in said
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+        assert why(BURNWATCH_KAFKA_AWS_REGION=REGION) is None
+    assert relay.authenticated and {m for _, m, _ in relay.authenticated} == {"OAUTHBEARER"}
+
+
+def test_the_admin_client_and_the_producer_connect_with_iam_tokens(aws, pki: Pki, tmp_path: Path):
+    """Topics created, messages published and read back through the relay, every connection authenticated by a
+    token MSK's check takes, as the key the AWS variables give."""
+    security = load_settings(environ=iam_env(pki.ca_file, BURNWATCH_KAFKA_AWS_REGION=REGION)).kafka_security
+    broker_port = free_port()
+    with msk(broker_port, pki) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        asyncio.run(ensure_topics(relay.bootstrap, 2, security=security))
+        sent = [(DEAD_LETTER_TOPIC, f"k{i}", f"message {i}".encode()) for i in range(5)]
+        assert asyncio.run(publish_records(relay.bootstrap, sent, security=security)) == 5
+        assert sorted(read_back(relay.bootstrap, security, DEAD_LETTER_TOPIC, 5)) == sorted(v for _, _, v in sent)
+    assert relay.refused == []
+    assert relay.relayed == len(relay.authenticated) > 0
+    assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", KEY_ID)}
+
+
+@pytest.mark.integration
+def test_a_worker_reads_and_writes_through_msk_iam(aws, pki: Pki, tmp_path: Path, ruleset):
+    """The worker on a cluster asking MSK's IAM, its credentials the AWS SDK's variables (as IRSA's would be found):
+    it creates its topics, reads a small fleet (Faust's consumer) and dead-letters a malformed message (Faust's
+    producer), every connection authenticated with a token; the secret key is in no log line."""
+    fleet, _ = fleet_file(tmp_path / "fleet.jsonl", SimConfig(hours=1, training_hosts=1, notebooks=1,
+                                                              inference_endpoints=1), ruleset.pricing)  # fmt: skip
+    records = [*file_records(fleet), ("gpu-metrics", "gpu-host-000", b"{not json")]
+    broker_port = free_port()
+    with msk(broker_port, pki) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        settings = iam_env(pki.ca_file, BURNWATCH_KAFKA_AWS_REGION=REGION, BURNWATCH_LOG_LEVEL="debug")
+        env = worker_env(relay.bootstrap, tmp_path / "data", ROOT / "rules", 2, **settings, **aws)
+        worker = WorkerProcess(env, tmp_path / "worker.log").start()
+        try:
+            worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
+            security = load_settings(environ=env).kafka_security
+            asyncio.run(publish_records(relay.bootstrap, records, security=security))
+            events = count_events(records[:-1])
+            worker.wait_until(lambda h: h["events"] >= events and h["dead_letters"] >= 1, timeout=120)
+        finally:
+            assert worker.stop() == 0, worker.tail()
+    assert relay.refused == [], relay.refused
+    clients = {client for client, _, _ in relay.authenticated}
+    assert any(c.startswith("faust") for c in clients) and any(c.startswith("aiokafka") for c in clients), clients
+    assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", KEY_ID)}
+    assert SECRET not in worker.log_path.read_text()
