@@ -21,6 +21,7 @@ from typing import Any
 
 import faust
 import msgspec
+import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.conn import collect_hosts, create_conn
@@ -34,7 +35,8 @@ from detector.replay import read_replay
 from detector.settings import BROKER_DEFAULT, Settings
 from streams.kafka_tokens import IamTokenUnavailable, MskIamTokens
 
-__all__ = ["ACKS", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsMismatched", "TopicsRefused", "accepts_connections",
+__all__ = ["ACKS", "CREATED_WITHIN_S", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsMismatched", "TopicsNotCreated",
+           "TopicsRefused", "accepts_connections",
            "client_options", "count_events", "create_missing", "ensure_topics", "ensure_worker_topics", "faust_credentials",
            "faust_leader_topic", "file_records", "producer", "publish_file", "publish_records", "why_refused"]  # fmt: skip
 
@@ -45,11 +47,23 @@ topic's ``min.insync.replicas`` at least. ``acks=1`` (the leader alone) loses wh
 had not copied yet; on one replica both are the same."""
 _TOPIC_EXISTS = 36
 """Kafka's TOPIC_ALREADY_EXISTS: another worker or bridge created it first."""
+_TIMED_OUT = 7
+"""Kafka's REQUEST_TIMED_OUT for a topic of a CreateTopics: the controller did not finish within the request's
+timeout, and goes on creating it."""
+CREATED_WITHIN_S = 60.0
+"""How long topics whose creation timed out may take to be listed before the command gives up (exit 69)."""
+
+log = structlog.get_logger("burnwatch.kafka")
 
 
 class TopicsRefused(RuntimeError):
     """The broker refused to create a topic (a replication factor above its broker count or
     below a managed cluster's minimum, a creation policy, no permission)."""
+
+
+class TopicsNotCreated(ConnectionError):
+    """The controller timed out creating topics (Kafka's REQUEST_TIMED_OUT: the creation goes on) and the brokers did
+    not list them within :data:`CREATED_WITHIN_S`: a cluster busy or degraded, worth trying again (exit 69)."""
 
 
 class TopicsMismatched(RuntimeError):
@@ -173,14 +187,35 @@ async def create_missing(bootstrap: str, topics: Mapping[str, int], replication_
             return
         response = await admin.create_topics(missing)
         refused = [f"{topic} ({rest[0] if rest and rest[0] else f'error {code}'})"  # v0 answers with no message
-                   for topic, code, *rest in response.topic_errors if code not in (0, _TOPIC_EXISTS)]  # fmt: skip
+                   for topic, code, *rest in response.topic_errors if code not in (0, _TOPIC_EXISTS, _TIMED_OUT)]  # fmt: skip
         if refused:
             factor = "the broker's default" if replication_factor == BROKER_DEFAULT else replication_factor
             raise TopicsRefused(f"Kafka at {bootstrap} refused to create topics with replication factor {factor} "
                                 f"(BURNWATCH_REPLICATION_FACTOR): {'; '.join(refused)}. Set the variable, or create "
                                 "the topics up front (docs/architecture.md, 'Kafka topics')")  # fmt: skip
+        pending = {topic for topic, code, *_ in response.topic_errors if code == _TIMED_OUT}
+        if pending:
+            await _until_listed(admin, bootstrap, pending)
     finally:
         await admin.close()
+
+
+async def _until_listed(admin: AIOKafkaAdminClient, bootstrap: str, topics: set[str]) -> None:
+    """Wait for topics whose creation timed out on the controller (REQUEST_TIMED_OUT: Kafka goes on creating them)
+    to be listed by the brokers, asking again with backoff; :class:`TopicsNotCreated` past :data:`CREATED_WITHIN_S`.
+    Before, the timeout was read as a refusal: the worker exited 1 telling the user to set the replication factor."""
+    deadline, wait = time.monotonic() + CREATED_WITHIN_S, 0.1
+    while True:
+        missing = topics - set(await admin.list_topics())
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise TopicsNotCreated(f"Kafka at {bootstrap} timed out creating {', '.join(sorted(missing))} and did not "
+                                   f"list them within {CREATED_WITHIN_S:.0f} s: the cluster is busy or degraded; "
+                                   "starting again finds them once created")  # fmt: skip
+        log.info("kafka_topics_pending", topics=sorted(missing), note="the controller timed out creating them; waiting")
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, 2.0)
 
 
 def _copartitioned(bootstrap: str, described: Iterable[Mapping[str, Any]]) -> int | None:

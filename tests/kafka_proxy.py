@@ -86,15 +86,28 @@ def created_replication_factors(frame: bytes) -> dict[str, int] | None:
     request = _request_of(frame, CREATE_TOPICS, "CreateTopics", 4)
     if request is None:
         return None
-    _, _, at = request
+    return {frame[at:end].decode(): factor for at, end, factor in _created(frame, request[2])}
+
+
+def elsewhere(frame: bytes) -> bytes:
+    """A CreateTopics request (v0 to v4) for each topic's name in capitals: another topic, so that those asked for
+    never appear."""
+    out = bytearray(frame)
+    for at, end, _ in _created(frame, _request_of(frame, CREATE_TOPICS, "CreateTopics", 4)[2]):  # type: ignore[index]
+        out[at:end] = frame[at:end].upper()
+    return bytes(out)
+
+
+def _created(frame: bytes, at: int) -> list[tuple[int, int, int]]:
+    """(start, end) of each topic's name in a CreateTopics request's body from ``at``, and its replication factor."""
     (topics,) = struct.unpack_from(">i", frame, at)
     at += 4
-    asked = {}
+    asked = []
     for _ in range(topics):
         (length,) = struct.unpack_from(">h", frame, at)
-        name = frame[at + 2 : at + 2 + length].decode()
+        name = (at + 2, at + 2 + length)
         at += 2 + length + 4  # the name, num_partitions
-        (asked[name],) = struct.unpack_from(">h", frame, at)
+        asked.append((*name, struct.unpack_from(">h", frame, at)[0]))
         at += 2
         (assignments,) = struct.unpack_from(">i", frame, at)
         at += 4
@@ -108,6 +121,31 @@ def created_replication_factors(frame: bytes) -> dict[str, int] | None:
                 (length,) = struct.unpack_from(">h", frame, at)
                 at += 2 + max(length, 0)
     return asked
+
+
+REQUEST_TIMED_OUT = 7
+
+
+def timed_out_topics(frame: bytes, version: int, asked: list[bytes]) -> bytes:
+    """A CreateTopics response (v0 to v4) with each topic created (error 0) answered REQUEST_TIMED_OUT instead, as a
+    controller that did not finish within the request's timeout answers (the creation goes on), each topic named as
+    ``asked`` (the request's names, in order, before :func:`elsewhere`: of the same lengths)."""
+    out = bytearray(frame)
+    at = 4 + (4 if version >= 2 else 0)  # the correlation id, throttle_time_ms
+    (topics,) = struct.unpack_from(">i", frame, at)
+    at += 4
+    for i in range(topics):
+        (length,) = struct.unpack_from(">h", frame, at)
+        if i < len(asked) and len(asked[i]) == length:
+            out[at + 2 : at + 2 + length] = asked[i]
+        at += 2 + length
+        if struct.unpack_from(">h", frame, at)[0] == 0:
+            struct.pack_into(">h", out, at, REQUEST_TIMED_OUT)
+        at += 2
+        if version >= 1:  # error_message (nullable)
+            (length,) = struct.unpack_from(">h", frame, at)
+            at += 2 + max(length, 0)
+    return bytes(out)
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:
@@ -137,6 +175,13 @@ class KafkaProxy:
         """(client id, acks) of each Produce request passed on."""
         self.replication_asked: dict[str, int] = {}
         """topic: the replication factor each CreateTopics request passed on asked for it."""
+        self.creates_time_out = False
+        """Answer each CreateTopics REQUEST_TIMED_OUT (:func:`timed_out_topics`), the topics created all the same."""
+        self.creates_elsewhere = False
+        """With :attr:`creates_time_out`: and pass each CreateTopics on for other topics (:func:`elsewhere`), so that
+        those asked for never appear: a creation that timed out and never finished."""
+        self._timing_out: dict[int, tuple[int, list[bytes]]] = {}
+        """Correlation id → version and topic names of the CreateTopics requests whose answers are rewritten."""
         self._holding = False
         self._released = threading.Event()
         self._closed = False
@@ -189,14 +234,26 @@ class KafkaProxy:
                 if self._holding and stamps is not None and LATEST in stamps:
                     self.held.set()
                     self._released.wait()
+                api_key, version, correlation = struct.unpack_from(">hhi", frame, 0)
+                if api_key == CREATE_TOPICS and self.creates_time_out:
+                    names = [frame[at:end] for at, end, _ in _created(frame, _client_id_end(frame)[1])]
+                    self._timing_out[correlation] = version, names
+                    if self.creates_elsewhere:
+                        frame = elsewhere(frame)
                 broker.sendall(size + frame)
         except OSError:
             self._close_pair(client, broker)
 
     def _responses(self, broker: socket.socket, client: socket.socket) -> None:
+        """Broker to client, a response at a time; the CreateTopics answers :attr:`creates_time_out` rewrites."""
         try:
-            while chunk := broker.recv(65536):
-                client.sendall(chunk)
+            while True:
+                size = _read_exactly(broker, 4)
+                frame = _read_exactly(broker, struct.unpack(">i", size)[0])
+                asked = self._timing_out.pop(struct.unpack_from(">i", frame, 0)[0], None)
+                if asked is not None:
+                    frame = timed_out_topics(frame, *asked)
+                client.sendall(struct.pack(">i", len(frame)) + frame)
         except OSError:
             pass
         self._close_pair(client, broker)

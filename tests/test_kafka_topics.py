@@ -161,3 +161,29 @@ def test_an_input_topic_missing_beside_others_is_made_with_their_partition_count
         asyncio.run(ensure_worker_topics(settings))
         counts = partition_counts(broker.bootstrap)
     assert {name: counts[name] for name in (*TOPICS, DEAD_LETTER_TOPIC)} == {**dict.fromkeys(TOPICS, 4), DEAD_LETTER_TOPIC: 2}
+
+
+def test_topics_whose_creation_timed_out_are_waited_for_not_taken_as_refused(tmp_path: Path, monkeypatch):
+    """A controller that does not finish creating topics within the request's timeout answers REQUEST_TIMED_OUT for
+    each, and goes on creating them (a busy cluster). The worker's topics are then waited for until the brokers list
+    them. Before, the answer was taken for a refusal: exit 1, telling the user to set the replication factor. Topics
+    that never appear stop the command as Kafka unavailable (exit 69: try again), naming them."""
+    import streams.kafka
+    from streams.cli import EXIT_UNAVAILABLE, _expected_failure
+
+    broker_port = free_port()
+    with KafkaProxy(broker_port) as proxy, \
+            EmbeddedBroker(port=broker_port, advertised_port=proxy.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        proxy.creates_time_out = True
+        settings = load_settings(environ={"BURNWATCH_KAFKA_BOOTSTRAP": proxy.bootstrap})
+        asyncio.run(ensure_worker_topics(settings))
+        assert set(replicas(proxy.bootstrap)) == {*TOPICS, DEAD_LETTER_TOPIC, faust_leader_topic(settings.app_id)}
+
+        proxy.creates_elsewhere = True  # the creation never finishes
+        monkeypatch.setattr(streams.kafka, "CREATED_WITHIN_S", 1.0)
+        with pytest.raises(streams.kafka.TopicsNotCreated) as caught:
+            asyncio.run(streams.kafka.create_missing(proxy.bootstrap, {"never-made": PARTITIONS}))
+        assert "never-made" not in replicas(proxy.bootstrap)
+    assert f"Kafka at {proxy.bootstrap} timed out creating never-made and did not list them within 1 s" in str(caught.value)
+    assert _expected_failure(caught.value) == (str(caught.value), EXIT_UNAVAILABLE)
+    assert not proxy.errors
