@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from detector.billing.columns import NORMALIZED, READ_REQUIRED
-from detector.billing.focus import MAX_CELL_BYTES, SCHEMA, FocusError, focus_files, read_focus
+from detector.billing.focus import MAX_CELL_BYTES, SCHEMA, STR_MAP, FocusError, focus_files, read_focus
 
 FIXTURE = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
 
@@ -439,3 +439,21 @@ def test_a_parquet_decimal_too_wide_is_refused_naming_its_row(tmp_path: Path) ->
     pq.write_table(raw, tmp_path / "wide.parquet")
     error = _error(tmp_path / "wide.parquet")
     assert (error.row, error.column) == (2, "BilledCost") and "Decimal(38, 12)" in error.problem, str(error)
+
+
+def test_a_tag_key_with_a_null_value_is_no_tag(tmp_path: Path) -> None:
+    """FOCUS 1.2 (tags.md): Tags "MAY include tag keys with a null value ... depending on the provider's tag
+    finalization process". Such a key says the resource has no value for it: read as the text 'null' it tagged
+    the resource team='null', which the bill's tags then gave its events (untagged said nothing, routing went to
+    a team 'null'). A valueless tag's true stays 'true', as the spec has the provider write it."""
+    rows = _rows()
+    rows[0]["Tags"] = json.dumps({"user:team": None, "user:owner": "ana", "user:gpu": True})
+    row = read_focus(_write(tmp_path / "bill.csv", rows)).to_pylist()[0]
+    assert dict(row["tags"]) == {"user:owner": "ana", "user:gpu": "true"}
+    # Parquet's own map type, a null item beside a value (it was kept as None, which --publish-usage choked on)
+    table = pa.Table.from_pylist(_rows()[:2])
+    i = table.column_names.index("Tags")
+    table = table.set_column(i, "Tags", pa.array([[("user:team", None), ("user:owner", "ana")], None], STR_MAP))
+    pq.write_table(table, tmp_path / "bill.parquet")
+    rows = read_focus(tmp_path / "bill.parquet").to_pylist()
+    assert dict(rows[0]["tags"]) == {"user:owner": "ana"} and dict(rows[1]["tags"]) == {}

@@ -400,7 +400,8 @@ def _tag_pairs(file: Path, source: str, text: str, row: int) -> list[tuple[str, 
         raise FocusError(file, row, source, f"{_show(text)} is not JSON ({e.msg if hasattr(e, 'msg') else e})") from None
     if not isinstance(value, dict):
         raise FocusError(file, row, source, f"{_show(text)} is not a JSON object")
-    pairs = [(str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in value.items()]
+    # A key with a null value has none (tags.md: a provider MAY write such keys): left out, not the text 'null'.
+    pairs = [(str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in value.items() if v is not None]
     try:
         for k, v in pairs:
             k.encode(), v.encode()
@@ -413,9 +414,12 @@ def _to_tags(file: Path, source: str, cells: pa.ChunkedArray) -> pa.Array | pa.C
     t = cells.type
     if pa.types.is_map(t):
         try:
-            return cells.cast(STR_MAP)
+            maps = cells.cast(STR_MAP).combine_chunks()
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             raise FocusError(file, None, source, f"a {t} column where the spec says JSON key-value") from None
+        if maps.items.null_count:  # a key with a null value has none, as in JSON tags (rare: value by value)
+            maps = pa.array([[(k, v) for k, v in m or [] if v is not None] for m in maps.to_pylist()], STR_MAP)
+        return pc.if_else(pc.is_null(maps), _empty_maps(len(maps)), maps) if maps.null_count else maps
     if not _is_text(t):
         raise FocusError(file, None, source, f"a {t} column where the spec says JSON key-value")
     # Parse each distinct value once: a bill repeats the same few tag sets over millions of rows.
