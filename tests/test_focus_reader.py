@@ -457,3 +457,22 @@ def test_a_tag_key_with_a_null_value_is_no_tag(tmp_path: Path) -> None:
     pq.write_table(table, tmp_path / "bill.parquet")
     rows = read_focus(tmp_path / "bill.parquet").to_pylist()
     assert dict(rows[0]["tags"]) == {"user:owner": "ana"} and dict(rows[1]["tags"]) == {}
+
+
+def test_column_names_in_another_case_are_the_specs_columns(tmp_path: Path) -> None:
+    """A bill unloaded through a warehouse that folds identifiers (Snowflake: BILLEDCOST; others: billedcost), or
+    a converter writing ResourceID, names FOCUS's columns in another case. A mandatory one was refused as missing
+    beside its own spelling; a Conditional one (ResourceID, consumedQuantity) was read as absent, with nothing
+    said: every row's resource empty or quantity null, so the bill priced no event and reconciled nothing."""
+    rows = _rows()
+    want = read_focus(_write(tmp_path / "spec.csv", rows)).drop_columns(["x_columns"])
+    for name, fold in [("lower", str.lower), ("upper", str.upper)]:
+        path = _write(tmp_path / f"{name}.csv", [{fold(k): v for k, v in r.items() if not k.startswith("x_")} | {
+            k: v for k, v in r.items() if k.startswith("x_")} for r in rows])  # fmt: skip
+        assert read_focus(path).drop_columns(["x_columns"]).to_pylist() == want.to_pylist(), name
+    renamed = [{("ResourceID" if k == "ResourceId" else k): v for k, v in r.items()} for r in rows]
+    assert read_focus(_write(tmp_path / "id.csv", renamed)).column("resource_id").to_pylist()[0] == "i-0abc"
+    # two spellings of one column, neither the spec's: which one is meant is not guessed
+    both = [{**r, "RESOURCEID": "i-other"} for r in renamed]
+    err = _error(_write(tmp_path / "both.csv", both))
+    assert str(err) == "both.csv: column ResourceId: named twice, as ResourceID and RESOURCEID"

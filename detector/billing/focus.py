@@ -28,6 +28,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from detector.billing.columns import (
+    BY_FOCUS,
     NORMALIZED,
     NOT_NULL,
     READ_REQUIRED,
@@ -215,7 +216,28 @@ def _first(mask: pa.Array | pa.ChunkedArray) -> int | None:
     return None if index is None or index < 0 else int(index)
 
 
+def _spelled_as_focus(file: Path, names: Sequence[str]) -> list[str]:
+    """The header with FOCUS's columns named in another case (a warehouse's BILLEDCOST, a converter's ResourceID)
+    spelt as the spec spells them, where the spec's own spelling is absent: read as absent, a Conditional column
+    was lost with nothing said. Two such spellings of one column are refused: which is meant is not guessed."""
+    spec = {name.casefold(): name for name in (*BY_FOCUS, SERVICE_PROVIDER_NAME)}
+    present = set(names)
+    found: dict[str, str] = {}
+    out = []
+    for name in names:
+        focus = spec.get(name.casefold(), name)
+        if focus == name or focus in present:
+            out.append(name)
+            continue
+        if focus in found:
+            raise FocusError(file, None, focus, f"named twice, as {found[focus]} and {name}")
+        found[focus] = name
+        out.append(focus)
+    return out
+
+
 def _normalize(file: Path, raw: pa.Table, currency: str, max_usd_per_hour: float) -> pa.Table:
+    raw = raw.rename_columns(_spelled_as_focus(file, raw.column_names))
     names = raw.column_names
     present = set(names)
     provider_source = "ProviderName"
