@@ -275,7 +275,7 @@ def test_an_absurd_sample_timestamp_is_refused_and_poisons_nothing(stamp: str) -
     bad = "".join(f"{line}\n" if line.startswith("#") else f"{line} {stamp}\n" for line in lines)
     batches = mapped(merge_pages(good, bad), mapper)
     assert [b.host.name for b in batches] == ["other"]
-    assert mapper.skipped == {"sample timestamp not finite, before 1970 or ahead of the scrape": 1}
+    assert mapper.skipped == {"sample timestamp not finite, over an hour behind or ahead of the scrape": 1}
     later = dcgm_text([Gpu(0, gpu_values(50), "h", ts_ms=int((T + 30) * 1000))])
     assert [b.host.name for b in mapped(later, mapper, t=T + 30)] == ["h"]
 
@@ -319,3 +319,19 @@ def test_a_byte_order_mark_is_no_part_of_the_first_name() -> None:
     assert parse_exposition("\ufeff" + text, TARGET) == parse_exposition(text, TARGET)
     bare = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"  # no HELP line first
     assert [e["gpu_index"] for e in mapped("\ufeff" + bare)[0].events] == [0, 1]
+
+
+def test_a_sample_older_than_the_mapper_remembers_is_refused_not_published_each_scrape() -> None:
+    """A timestamp in seconds where the format has milliseconds (a hand-written exporter's ``1796000000``) parses as
+    1970-01-21, and was published as that GPU's event time. A /federate that answers a series' last sample from
+    long ago (VictoriaMetrics looks back a day) was published at every scrape: the GPU's last time is forgotten
+    after an hour (STATE_TTL_S), so the same old sample was new again each time. Both are refused and counted."""
+    mapper = DcgmMapper()
+    lines = dcgm_text([Gpu(0, gpu_values(50), "h")]).splitlines()
+    seconds = "".join(f"{line}\n" if line.startswith("#") else f"{line} {int(T)}\n" for line in lines)
+    assert mapped(seconds, mapper) == []
+    stale = dcgm_text([Gpu(0, gpu_values(50), "h", ts_ms=int((T - 20 * 3600) * 1000))])
+    assert mapped(stale, mapper) == [] and mapped(stale, mapper, t=T + 30) == []
+    assert mapper.skipped == {"sample timestamp not finite, over an hour behind or ahead of the scrape": 3}
+    recent = dcgm_text([Gpu(0, gpu_values(50), "h", ts_ms=int((T - 300) * 1000))])  # Prometheus' 5-minute lookback
+    assert [b.host.name for b in mapped(recent, mapper)] == ["h"]
