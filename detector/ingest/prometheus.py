@@ -73,8 +73,10 @@ def parse_exposition(text: str | bytes, target: str) -> list[Sample]:
 
 
 def _bad_line(text: str) -> str:
-    """Which line the parser refuses, parsing each line alone (the parser does not say)."""
-    for number, line in enumerate(text.splitlines(), 1):
+    """Which line the parser refuses, parsing each line alone (the parser does not say). Lines end at
+    ``\n`` alone, as the parser reads them: ``splitlines`` also breaks at a label value's U+2028, NEL, form
+    feed or lone CR, which named a good line, or none."""
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
