@@ -4,9 +4,12 @@ as the exporter prints it (tests/exposition.py)."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from detector.events import TOPIC_GPU_METRICS, EventDecoder, GpuMetric
 from detector.ingest.dcgm import DcgmMapper, HostBatch
@@ -338,3 +341,25 @@ def test_a_sample_older_than_the_mapper_remembers_is_refused_not_published_each_
     assert mapper.skipped == {"sample timestamp not finite, over an hour behind or ahead of the scrape": 3}
     recent = dcgm_text([Gpu(0, gpu_values(50), "h", ts_ms=int((T - 300) * 1000))])  # Prometheus' 5-minute lookback
     assert [b.host.name for b in mapped(recent, mapper)] == ["h"]
+
+
+_LABEL_NAMES = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True).filter(lambda n: not n.startswith("__"))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(labels=st.dictionaries(_LABEL_NAMES, st.text(st.characters(exclude_categories=("Cs",)), max_size=20),
+                              min_size=1, max_size=4),
+       value=st.floats(), stamp=st.one_of(st.none(), st.integers(0, 2**53)))  # fmt: skip
+def test_any_sample_the_text_format_allows_is_read_as_written(labels: dict[str, str], value: float,
+                                                             stamp: int | None) -> None:  # fmt: skip
+    """The text format's own bounds: a label value is any UTF-8 with ``\\``, ``"`` and newline escaped (U+2028, NEL,
+    a tab or a lone CR as they are), the value any float (``NaN``, ``+Inf``), the timestamp int64 milliseconds."""
+    escaped = {k: v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for k, v in labels.items()}
+    body = ",".join(f'{k}="{v}"' for k, v in escaped.items())
+    shown = "NaN" if math.isnan(value) else {math.inf: "+Inf", -math.inf: "-Inf"}.get(value, repr(value))
+    line = f"DCGM_FI_DEV_GPU_UTIL{{{body}}} {shown}" + ("" if stamp is None else f" {stamp}")
+    (sample,) = parse_exposition(f"# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
+                                 f"# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n{line}\n", TARGET)  # fmt: skip
+    assert sample.labels == labels
+    assert sample.value == value or math.isnan(value) and math.isnan(sample.value)
+    assert sample.timestamp == (None if stamp is None else stamp / 1000)
