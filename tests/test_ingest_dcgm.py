@@ -212,7 +212,8 @@ def test_workload_and_tags_from_kube_state() -> None:
     (b"\xff\xfe\x00", "not UTF-8 text"),
     # a label value may hold any Unicode but \n (escaped): a line separator, NEL, a form feed or a lone CR in one is
     # part of its line, as the parser reads it; counting them as line breaks named a good line, or none
-    ('x{pod="a\u2028b\x85c\x0cd\re"} 1\nx{pod="f"} 2\nnot a sample\n'.encode(), "line 3 (could not convert string to float): 'not a sample'"),
+    ('x{pod="a\u2028b\x85c\x0cd\re"} 1\nx{pod="f"} 2\nnot a sample\n'.encode(),
+     "line 3 (could not convert string to float): 'not a sample'"),
 ])  # fmt: skip
 def test_garbage_names_target_and_line(body: bytes, reason: str) -> None:
     with pytest.raises(ExpositionError) as err:
