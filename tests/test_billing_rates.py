@@ -97,3 +97,36 @@ def test_untagged_alerts_only_what_is_untagged_in_the_bill_too(fleet_and_bill, r
     after = {a.resource_id for a in billed_alerts if a.type == "untagged"}
     assert before & tagged_in_bill, "some resources untagged in their events must be tagged in the bill"
     assert after == before - tagged_in_bill
+
+
+def test_a_resource_billed_per_gpu_and_per_core_hour_is_priced_per_hour_it_ran(store, ruleset, tmp_path):
+    """A cloud that bills a VM's GPUs and cores as SKUs of their own under the VM's id (Google Cloud: an
+    a2-highgpu-8g's hour is 8 GPU-hours and 96 core-hours, its memory GiB-hours) states ConsumedQuantity in
+    those units. The rate was the hour-unit dollars over the hour-unit quantities, $32.42 / 104 = $0.31 an
+    hour for a $32.42 hour, so every idle-GPU alert on it said a hundredth of what it burned. A period bills
+    no more hours of one resource than it lasts; fewer (a host up 9 hours of a day) still count as stated.
+    The stored bill gives the same rate as the file."""
+    import csv
+
+    with FIXTURE.open(newline="") as f:
+        first = next(csv.DictReader(f))
+    vm = {**first, "ResourceId": "a2-node-1", "ProviderName": "Google Cloud", "x_UsageType": "", "Tags": ""}
+    rows = [{**vm, "SkuId": "GPU", "ConsumedQuantity": "8", "ConsumedUnit": "hour", "EffectiveCost": "29.39",
+             "BilledCost": "29.39"},
+            {**vm, "SkuId": "CORE", "ConsumedQuantity": "96", "ConsumedUnit": "hour", "EffectiveCost": "3.03",
+             "BilledCost": "3.03"},
+            {**vm, "SkuId": "RAM", "ConsumedQuantity": "680", "ConsumedUnit": "gibibyte hour",
+             "EffectiveCost": "2.7", "BilledCost": "2.7"},
+            {**vm, "ResourceId": "a2-node-2", "ChargePeriodStart": "2026-11-03T00:00:00Z",  # a day's charge, up 9 h
+             "ChargePeriodEnd": "2026-11-04T00:00:00Z", "ConsumedQuantity": "9", "ConsumedUnit": "hour",
+             "EffectiveCost": "90", "BilledCost": "90"}]  # fmt: skip
+    path = tmp_path / "gcp.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(first))
+        writer.writeheader()
+        writer.writerows(rows)
+    ingest_files(store, path)
+    t = at(0).replace(year=2026, month=11, day=3, hour=10, minute=30).timestamp()
+    for billed in (BilledRates.from_table(read_focus(path)), BilledRates.from_store(store)):
+        assert billed.hourly("a2-node-1", t) == pytest.approx(32.42)
+        assert billed.hourly("a2-node-2", t) == pytest.approx(10.0)

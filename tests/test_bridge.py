@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -273,7 +274,7 @@ def test_a_config_value_no_bridge_can_run_with_is_refused_at_its_line(tmp_path: 
     assert str(info.value).startswith(f"{path}:1 ") and said in str(info.value), str(info.value)
 
 
-def federated() -> str:
+def federated(ts_ms: int) -> str:
     """A Prometheus that scrapes the cluster's exporters through Kubernetes service discovery
     (target labels namespace/pod/container/instance/job), federated: the GPU's pod labels
     become exported_*, and node-b's exporter says no host name (only its address)."""
@@ -286,13 +287,14 @@ def federated() -> str:
         (cluster_ksm(), {"instance": "10.2.0.8:8080", "job": "kube-state-metrics"}),
         (node_a(), {**dcgm_target, "pod": "nvidia-dcgm-exporter-7xk2p", "instance": "10.0.1.10:9400"}),
         (node_b_anonymous, {**dcgm_target, "pod": "nvidia-dcgm-exporter-q9w4r", "instance": "10.0.1.11:9400"}),
-    ], ts_ms=1_796_000_000_250)  # fmt: skip
+    ], ts_ms=ts_ms)  # fmt: skip
 
 
 @pytest.mark.integration
 def test_federate(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker) -> None:
     """The second path: an existing Prometheus' /federate, many hosts per response, samples with their timestamps."""
-    exporters.pages["/federate"] = federated()
+    scraped = int(time.time() - 20) * 1000 + 250  # Prometheus' scrape, seconds before: a federate answer is live
+    exporters.pages["/federate"] = federated(scraped)
     path = tmp_path / "bridge.yaml"
     path.write_text(f"listen: ''\ntargets:\n  - url: http://{exporters.address}\n    job: federate\n")
     before = {k: len(v) for k, v in decoded(read_topic(broker.bootstrap, TOPIC_GPU_METRICS), TOPIC_GPU_METRICS).items()}
@@ -307,7 +309,7 @@ def test_federate(tmp_path: Path, exporters: Exporters, broker: EmbeddedBroker) 
     # one message per host; node-b known only by its address, found through the node's internal IP
     assert {k: len(v) for k, v in new.items()} == {"i-0aaa111": 1, "gpu-node-b": 1}
     a: list[GpuMetric] = new["i-0aaa111"][0]
-    assert {e.ts.isoformat() for e in a} == {"2026-11-30T00:53:20.250000+00:00"}  # Prometheus' timestamp
+    assert {e.ts.timestamp() for e in a} == {scraped / 1000}  # Prometheus' timestamp
     assert [(e.pod, e.namespace, e.container) for e in a[:1]] == [("train-6c5d8-abcde", "ml", "trainer")]  # not the exporter's
     assert [e.allocated for e in a] == [True] * 5 + [False] * 3
     b: list[GpuMetric] = new["gpu-node-b"][0]

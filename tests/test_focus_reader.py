@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from detector.billing.columns import NORMALIZED, READ_REQUIRED
-from detector.billing.focus import MAX_CELL_BYTES, SCHEMA, FocusError, focus_files, read_focus
+from detector.billing.focus import MAX_CELL_BYTES, SCHEMA, STR_MAP, FocusError, focus_files, read_focus
 
 FIXTURE = Path(__file__).parent / "data" / "focus" / "charges-1.2.csv"
 
@@ -439,3 +439,40 @@ def test_a_parquet_decimal_too_wide_is_refused_naming_its_row(tmp_path: Path) ->
     pq.write_table(raw, tmp_path / "wide.parquet")
     error = _error(tmp_path / "wide.parquet")
     assert (error.row, error.column) == (2, "BilledCost") and "Decimal(38, 12)" in error.problem, str(error)
+
+
+def test_a_tag_key_with_a_null_value_is_no_tag(tmp_path: Path) -> None:
+    """FOCUS 1.2 (tags.md): Tags "MAY include tag keys with a null value ... depending on the provider's tag
+    finalization process". Such a key says the resource has no value for it: read as the text 'null' it tagged
+    the resource team='null', which the bill's tags then gave its events (untagged said nothing, routing went to
+    a team 'null'). A valueless tag's true stays 'true', as the spec has the provider write it."""
+    rows = _rows()
+    rows[0]["Tags"] = json.dumps({"user:team": None, "user:owner": "ana", "user:gpu": True})
+    row = read_focus(_write(tmp_path / "bill.csv", rows)).to_pylist()[0]
+    assert dict(row["tags"]) == {"user:owner": "ana", "user:gpu": "true"}
+    # Parquet's own map type, a null item beside a value (it was kept as None, which --publish-usage choked on)
+    table = pa.Table.from_pylist(_rows()[:2])
+    i = table.column_names.index("Tags")
+    table = table.set_column(i, "Tags", pa.array([[("user:team", None), ("user:owner", "ana")], None], STR_MAP))
+    pq.write_table(table, tmp_path / "bill.parquet")
+    rows = read_focus(tmp_path / "bill.parquet").to_pylist()
+    assert dict(rows[0]["tags"]) == {"user:owner": "ana"} and dict(rows[1]["tags"]) == {}
+
+
+def test_column_names_in_another_case_are_the_specs_columns(tmp_path: Path) -> None:
+    """A bill unloaded through a warehouse that folds identifiers (Snowflake: BILLEDCOST; others: billedcost), or
+    a converter writing ResourceID, names FOCUS's columns in another case. A mandatory one was refused as missing
+    beside its own spelling; a Conditional one (ResourceID, consumedQuantity) was read as absent, with nothing
+    said: every row's resource empty or quantity null, so the bill priced no event and reconciled nothing."""
+    rows = _rows()
+    want = read_focus(_write(tmp_path / "spec.csv", rows)).drop_columns(["x_columns"])
+    for name, fold in [("lower", str.lower), ("upper", str.upper)]:
+        path = _write(tmp_path / f"{name}.csv", [{fold(k): v for k, v in r.items() if not k.startswith("x_")} | {
+            k: v for k, v in r.items() if k.startswith("x_")} for r in rows])  # fmt: skip
+        assert read_focus(path).drop_columns(["x_columns"]).to_pylist() == want.to_pylist(), name
+    renamed = [{("ResourceID" if k == "ResourceId" else k): v for k, v in r.items()} for r in rows]
+    assert read_focus(_write(tmp_path / "id.csv", renamed)).column("resource_id").to_pylist()[0] == "i-0abc"
+    # two spellings of one column, neither the spec's: which one is meant is not guessed
+    both = [{**r, "RESOURCEID": "i-other"} for r in renamed]
+    err = _error(_write(tmp_path / "both.csv", both))
+    assert str(err) == "both.csv: column ResourceId: named twice, as ResourceID and RESOURCEID"

@@ -4,9 +4,12 @@ as the exporter prints it (tests/exposition.py)."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from detector.events import TOPIC_GPU_METRICS, EventDecoder, GpuMetric
 from detector.ingest.dcgm import DcgmMapper, HostBatch
@@ -207,6 +210,10 @@ def test_workload_and_tags_from_kube_state() -> None:
     (b"<html><body>Not the exporter</body></html>", "line 1 (invalid metric name)"),
     (b"# HELP x y\n# TYPE x gauge\nx{gpu=\"0\" 1\n", "line 3"),
     (b"\xff\xfe\x00", "not UTF-8 text"),
+    # a label value may hold any Unicode but \n (escaped): a line separator, NEL, a form feed or a lone CR in one is
+    # part of its line, as the parser reads it; counting them as line breaks named a good line, or none
+    ('x{pod="a\u2028b\x85c\x0cd\re"} 1\nx{pod="f"} 2\nnot a sample\n'.encode(),
+     "line 3 (could not convert string to float): 'not a sample'"),
 ])  # fmt: skip
 def test_garbage_names_target_and_line(body: bytes, reason: str) -> None:
     with pytest.raises(ExpositionError) as err:
@@ -275,7 +282,7 @@ def test_an_absurd_sample_timestamp_is_refused_and_poisons_nothing(stamp: str) -
     bad = "".join(f"{line}\n" if line.startswith("#") else f"{line} {stamp}\n" for line in lines)
     batches = mapped(merge_pages(good, bad), mapper)
     assert [b.host.name for b in batches] == ["other"]
-    assert mapper.skipped == {"sample timestamp not finite, before 1970 or ahead of the scrape": 1}
+    assert mapper.skipped == {"sample timestamp not finite, over an hour behind or ahead of the scrape": 1}
     later = dcgm_text([Gpu(0, gpu_values(50), "h", ts_ms=int((T + 30) * 1000))])
     assert [b.host.name for b in mapped(later, mapper, t=T + 30)] == ["h"]
 
@@ -319,3 +326,41 @@ def test_a_byte_order_mark_is_no_part_of_the_first_name() -> None:
     assert parse_exposition("\ufeff" + text, TARGET) == parse_exposition(text, TARGET)
     bare = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"  # no HELP line first
     assert [e["gpu_index"] for e in mapped("\ufeff" + bare)[0].events] == [0, 1]
+
+
+def test_a_sample_older_than_the_mapper_remembers_is_refused_not_published_each_scrape() -> None:
+    """A timestamp in seconds where the format has milliseconds (a hand-written exporter's ``1796000000``) parses as
+    1970-01-21, and was published as that GPU's event time. A /federate that answers a series' last sample from
+    long ago (VictoriaMetrics looks back a day) was published at every scrape: the GPU's last time is forgotten
+    after an hour (STATE_TTL_S), so the same old sample was new again each time. Both are refused and counted."""
+    mapper = DcgmMapper()
+    lines = dcgm_text([Gpu(0, gpu_values(50), "h")]).splitlines()
+    seconds = "".join(f"{line}\n" if line.startswith("#") else f"{line} {int(T)}\n" for line in lines)
+    assert mapped(seconds, mapper) == []
+    stale = dcgm_text([Gpu(0, gpu_values(50), "h", ts_ms=int((T - 20 * 3600) * 1000))])
+    assert mapped(stale, mapper) == [] and mapped(stale, mapper, t=T + 30) == []
+    assert mapper.skipped == {"sample timestamp not finite, over an hour behind or ahead of the scrape": 3}
+    recent = dcgm_text([Gpu(0, gpu_values(50), "h", ts_ms=int((T - 300) * 1000))])  # Prometheus' 5-minute lookback
+    assert [b.host.name for b in mapped(recent, mapper)] == ["h"]
+
+
+_LABEL_NAMES = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True).filter(lambda n: not n.startswith("__"))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(labels=st.dictionaries(_LABEL_NAMES, st.text(st.characters(exclude_categories=("Cs",)), max_size=20),
+                              min_size=1, max_size=4),
+       value=st.floats(), stamp=st.one_of(st.none(), st.integers(0, 2**53)))  # fmt: skip
+def test_any_sample_the_text_format_allows_is_read_as_written(labels: dict[str, str], value: float,
+                                                             stamp: int | None) -> None:  # fmt: skip
+    """The text format's own bounds: a label value is any UTF-8 with ``\\``, ``"`` and newline escaped (U+2028, NEL,
+    a tab or a lone CR as they are), the value any float (``NaN``, ``+Inf``), the timestamp int64 milliseconds."""
+    escaped = {k: v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for k, v in labels.items()}
+    body = ",".join(f'{k}="{v}"' for k, v in escaped.items())
+    shown = "NaN" if math.isnan(value) else {math.inf: "+Inf", -math.inf: "-Inf"}.get(value, repr(value))
+    line = f"DCGM_FI_DEV_GPU_UTIL{{{body}}} {shown}" + ("" if stamp is None else f" {stamp}")
+    (sample,) = parse_exposition(f"# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
+                                 f"# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n{line}\n", TARGET)  # fmt: skip
+    assert sample.labels == labels
+    assert sample.value == value or math.isnan(value) and math.isnan(sample.value)
+    assert sample.timestamp == (None if stamp is None else stamp / 1000)

@@ -369,3 +369,22 @@ def test_a_target_whose_port_is_no_port_is_refused_where_it_is_written(tmp_path:
     (tmp_path / "dcgm.json").write_text(json.dumps([{"targets": ["10.0.0.4:9400", address]}]))
     targets, errors = file_sd_targets(FileSd(files=["dcgm.json"]), tmp_path)
     assert targets == [] and errors[0].startswith(f"{tmp_path / 'dcgm.json'}: [0].targets[1]: '{address}' is not a host:port")
+
+
+def test_a_federate_answers_stale_series_describe_no_node_or_pod_now() -> None:
+    """A /federate that looks back far (VictoriaMetrics: a day) answers the last samples of a node removed and a
+    pod deleted hours ago, with their old timestamps. The node is billed by its usage events and its pod's GPUs
+    count as requested: what is over an hour behind the scrape is no cluster state now (as the GPU samples)."""
+    from detector.ingest.hosts import resolve_host
+    from detector.ingest.usage import UsageClock
+
+    live = ksm_text(merge(node("n1", "aws:///us-east-1a/i-0n1", "p4d.24xlarge", "us-east-1", 8),
+                          pod("ml", "train", "n1", 8)), ts_ms=int((T - 20) * 1000))  # fmt: skip
+    gone = ksm_text(merge(node("n2", "aws:///us-east-1a/i-0n2", "p4d.24xlarge", "us-east-1", 8),
+                          pod("ml", "old", "n2", 8)), ts_ms=int((T - 20 * 3600) * 1000))  # fmt: skip
+    clock = UsageClock(30.0)
+    for t in (T, T + 30, T + 60):
+        state = kube_state(parse_exposition(live, "ksm") + parse_exposition(gone, "ksm"), t)
+        assert set(state.nodes) == {"n1"} and state.gpu_pods == {("ml", "train")}
+        billed = [clock.event(resolve_host(n.name, state, {}), t) for n in state.nodes.values()]
+    assert [e["resource_id"] for e in billed if e] == ["i-0n1"]

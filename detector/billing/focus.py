@@ -28,6 +28,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from detector.billing.columns import (
+    BY_FOCUS,
     NORMALIZED,
     NOT_NULL,
     READ_REQUIRED,
@@ -215,7 +216,28 @@ def _first(mask: pa.Array | pa.ChunkedArray) -> int | None:
     return None if index is None or index < 0 else int(index)
 
 
+def _spelled_as_focus(file: Path, names: Sequence[str]) -> list[str]:
+    """The header with FOCUS's columns named in another case (a warehouse's BILLEDCOST, a converter's ResourceID)
+    spelt as the spec spells them, where the spec's own spelling is absent: read as absent, a Conditional column
+    was lost with nothing said. Two such spellings of one column are refused: which is meant is not guessed."""
+    spec = {name.casefold(): name for name in (*BY_FOCUS, SERVICE_PROVIDER_NAME)}
+    present = set(names)
+    found: dict[str, str] = {}
+    out = []
+    for name in names:
+        focus = spec.get(name.casefold(), name)
+        if focus == name or focus in present:
+            out.append(name)
+            continue
+        if focus in found:
+            raise FocusError(file, None, focus, f"named twice, as {found[focus]} and {name}")
+        found[focus] = name
+        out.append(focus)
+    return out
+
+
 def _normalize(file: Path, raw: pa.Table, currency: str, max_usd_per_hour: float) -> pa.Table:
+    raw = raw.rename_columns(_spelled_as_focus(file, raw.column_names))
     names = raw.column_names
     present = set(names)
     provider_source = "ProviderName"
@@ -400,7 +422,8 @@ def _tag_pairs(file: Path, source: str, text: str, row: int) -> list[tuple[str, 
         raise FocusError(file, row, source, f"{_show(text)} is not JSON ({e.msg if hasattr(e, 'msg') else e})") from None
     if not isinstance(value, dict):
         raise FocusError(file, row, source, f"{_show(text)} is not a JSON object")
-    pairs = [(str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in value.items()]
+    # A key with a null value has none (tags.md: a provider MAY write such keys): left out, not the text 'null'.
+    pairs = [(str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in value.items() if v is not None]
     try:
         for k, v in pairs:
             k.encode(), v.encode()
@@ -413,9 +436,12 @@ def _to_tags(file: Path, source: str, cells: pa.ChunkedArray) -> pa.Array | pa.C
     t = cells.type
     if pa.types.is_map(t):
         try:
-            return cells.cast(STR_MAP)
+            maps = cells.cast(STR_MAP).combine_chunks()
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             raise FocusError(file, None, source, f"a {t} column where the spec says JSON key-value") from None
+        if maps.items.null_count:  # a key with a null value has none, as in JSON tags (rare: value by value)
+            maps = pa.array([[(k, v) for k, v in m or [] if v is not None] for m in maps.to_pylist()], STR_MAP)
+        return pc.if_else(pc.is_null(maps), _empty_maps(len(maps)), maps) if maps.null_count else maps
     if not _is_text(t):
         raise FocusError(file, None, source, f"a {t} column where the spec says JSON key-value")
     # Parse each distinct value once: a bill repeats the same few tag sets over millions of rows.

@@ -14,8 +14,9 @@ price of the hour. For a usage event without ``cost_usd`` the pricer asks here f
 3. else nothing: the price list applies.
 
 A rate is EffectiveCost over ConsumedQuantity for usage measured in hours (instances,
-notebooks, endpoints); a commitment's unused rows and usage in other units (GB-months,
-requests) price no hour. A correction (``ChargeClass = Correction``) is spread over the
+notebooks, endpoints), the quantity at most the charge period's length (a VM billed as
+8 GPU-hours and 96 core-hours an hour ran one hour); a commitment's unused rows and usage
+in other units (GB-months, requests) price no hour. A correction (``ChargeClass = Correction``) is spread over the
 billed hours of the period it restates. Tags: the bill's tags are the finalised ones, so they fill in any
 tag a resource's events lack (:meth:`BilledRates.fill_tags`); AWS's ``user:`` prefix of
 user-defined tags is dropped, so ``user:team`` is the ``team`` the rules require.
@@ -60,7 +61,12 @@ class BilledRates:
         spans: dict[str, list[dict[str, Any]]] = {}
         for p in sorted(periods, key=lambda p: (p["resource_id"], p["start"])):
             if p["hours"] and p["hours"] > 0:
-                spans.setdefault(p["resource_id"], []).append({**p, "usd": float(p["usd"]), "hours": float(p["hours"])})
+                # A period bills no more hours of one resource than it lasts: quantities beyond (a VM's hour as 8
+                # GPU-hours and 96 core-hours, SKUs of their own) are units of it, not hours it ran, as re-pricing
+                # reads them. Fewer (a day's charge for 9 hours) are the hours it ran.
+                hours = min(float(p["hours"]), (float(p["end"]) - float(p["start"])) / 3600.0)
+                if hours > 0:
+                    spans.setdefault(p["resource_id"], []).append({**p, "usd": float(p["usd"]), "hours": hours})
         for c in corrections:
             covered = [p for p in spans.get(c["resource_id"], []) if c["start"] <= p["start"] and p["end"] <= c["end"]]
             hours = sum(p["hours"] for p in covered)

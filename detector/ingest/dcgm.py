@@ -27,7 +27,7 @@ from detector.events import GpuMetric
 from detector.ingest.hosts import Host, StaticHost, resolve_host
 from detector.ingest.kube import KubeState
 from detector.ingest.labels import label
-from detector.ingest.prometheus import Sample, instance_host, plausible_time
+from detector.ingest.prometheus import MAX_BEHIND_S, Sample, instance_host, plausible_time
 from detector.units import rfc3339
 
 __all__ = ["DcgmMapper", "HostBatch", "event_time"]
@@ -46,8 +46,9 @@ RATIOS = {
 FIELDS = frozenset({GPU_UTIL, POWER, ENERGY, *FB, *RATIOS})
 SLACK = 0.01
 """A ratio up to 1 % beyond 0..1 (rounding in the exporter) is clamped; further out it is refused."""
-STATE_TTL_S = 3600.0
-"""A GPU not seen for this long is forgotten (its energy reading and last time): memory stays bounded."""
+STATE_TTL_S = MAX_BEHIND_S
+"""A GPU not seen for this long is forgotten (its energy reading and last time): memory stays bounded. No longer
+than a sample's timestamp may lag the scrape, or a sample older than it would be published again each scrape."""
 
 
 def event_time(t: float) -> str:
@@ -170,7 +171,7 @@ class DcgmMapper:
         first = util_sample or next(iter(unit.values.values()))
         te = first.timestamp if first.timestamp is not None else t
         if not plausible_time(te, t):
-            self.skipped["sample timestamp not finite, before 1970 or ahead of the scrape"] += 1
+            self.skipped["sample timestamp not finite, over an hour behind or ahead of the scrape"] += 1
             return None
         last = self._last.get(unit.key)
         if last is not None and te <= last:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from detector.ingest.labels import label
-from detector.ingest.prometheus import Sample, plausible_time
+from detector.ingest.prometheus import MAX_BEHIND_S, Sample, plausible_time
 
 __all__ = ["DEFAULT_TAG_LABELS", "KubeState", "Node", "instance_id", "kube_state"]
 
@@ -147,12 +147,15 @@ class KubeState:
 
 
 def kube_state(samples: Iterable[Sample], t: float, tag_labels: Iterable[str] = DEFAULT_TAG_LABELS) -> KubeState:
-    """Index the ``kube_*`` samples of one scrape (other names are ignored)."""
+    """Index the ``kube_*`` samples of one scrape (other names are ignored). A sample over
+    :data:`MAX_BEHIND_S` behind ``t`` is no state now: a /federate that looks back far
+    (VictoriaMetrics: a day) answers the last samples of nodes removed and pods deleted."""
     wanted = {f"label_{_sanitize(name)}": name for name in tag_labels}
     state = KubeState(t=t)
     by_name: dict[str, list[Sample]] = {}
+    stale = t - MAX_BEHIND_S
     for s in samples:
-        if s.name.startswith("kube_"):
+        if s.name.startswith("kube_") and (s.timestamp is None or not s.timestamp < stale):
             by_name.setdefault(s.name, []).append(s)
 
     def node(name: str) -> Node:

@@ -15,13 +15,18 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["MAX_AHEAD_S", "ExpositionError", "Sample", "instance_host", "parse_exposition", "plausible_time"]
+__all__ = ["MAX_AHEAD_S", "MAX_BEHIND_S", "ExpositionError", "Sample", "instance_host", "parse_exposition", "plausible_time"]
 
 MAX_LINE_SHOWN = 120
 MAX_AHEAD_S = 300.0
 """A sample timestamp further than this ahead of the bridge's clock is not an event time (clock
 skew between Prometheus and the bridge is seconds): refused, or one absurd line would move a
 GPU's event time into the future and every later sample of it would look old."""
+MAX_BEHIND_S = 3600.0
+"""A sample timestamp further than this behind the bridge's clock is not a live scrape's: a timestamp in
+seconds where the format has milliseconds (1970-01-21), or a /federate answering a series' last sample from
+long ago (VictoriaMetrics looks back a day; Prometheus 5 minutes). The DCGM mapper forgets a GPU's last time
+after as long (``STATE_TTL_S``): older, the same sample would be new again at every scrape."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +73,10 @@ def parse_exposition(text: str | bytes, target: str) -> list[Sample]:
 
 
 def _bad_line(text: str) -> str:
-    """Which line the parser refuses, parsing each line alone (the parser does not say)."""
-    for number, line in enumerate(text.splitlines(), 1):
+    """Which line the parser refuses, parsing each line alone (the parser does not say). Lines end at
+    ``\n`` alone, as the parser reads them: ``splitlines`` also breaks at a label value's U+2028, NEL, form
+    feed or lone CR, which named a good line, or none."""
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -82,9 +89,9 @@ def _bad_line(text: str) -> str:
 
 
 def plausible_time(timestamp: float, now: float) -> bool:
-    """Whether a sample's timestamp can be an event time: finite, after 1970, at most
-    :data:`MAX_AHEAD_S` ahead of ``now`` (a ``NaN`` or ``1e14`` parses, and cannot)."""
-    return math.isfinite(timestamp) and 0 < timestamp <= now + MAX_AHEAD_S
+    """Whether a sample's timestamp can be an event time: finite, at most :data:`MAX_BEHIND_S` behind
+    ``now`` and :data:`MAX_AHEAD_S` ahead of it (a ``NaN``, ``1e14`` or seconds for milliseconds parse)."""
+    return math.isfinite(timestamp) and now - MAX_BEHIND_S <= timestamp <= now + MAX_AHEAD_S
 
 
 def instance_host(instance: str) -> str:
