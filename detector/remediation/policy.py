@@ -14,7 +14,8 @@ rebuilt from its audit steps (``remediation_actions``), in the order they were t
 - ``declined``, ``cancelled`` (resolved, snoozed), ``not_applicable``, ``interrupted``
   (begun by a worker that died, and not found done: left for a person) end it.
 - ``refused`` (a click by someone not allowed) and ``announced`` (its Slack message)
-  change nothing.
+  change nothing, nor does an ``approved`` or ``declined`` stored after the first decision
+  (two workers' clicks at once: the first stored wins, wherever the later one lands).
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ class Action:
                 self.due_at = _epoch(row["due_at"])
             return
         if step in _PASSIVE:
+            return
+        if step in ("approved", "declined") and not self.awaits_decision:
+            # A second decision, stored by another worker that read the action pending before the first was taken
+            # (or the call made): the first decision stored is the action's. Taken as its state, a late approval
+            # would have a restarted worker carry the action out again, and a late decline undo a stop's record.
             return
         if step == "proposed":
             self.mode, self.rule, self.resource_id, self.team = row["mode"], row["rule"], row["resource_id"], row["team"]
