@@ -76,7 +76,16 @@ def test_scaling_again_changes_nothing(api):
     assert ex.execute(call).ok
     again = ex.execute(call)
     assert again.ok and "already at 0" in again.detail
+    assert not again.saves  # its succeeded step credits no saving: nothing was running (docs/actions.md)
     assert len(api.patches()) == 1
+
+
+def test_an_inference_service_already_at_min_replicas_zero_saves_nothing(api):
+    api.add_object("serving.kserve.io", "v1beta1", "inferenceservices", "serving", "bert", "InferenceService",
+                   {"predictor": {"minReplicas": 0, "model": {"modelFormat": {"name": "pytorch"}}}})  # fmt: skip
+    outcome = ScaleToZero().execute(Call(api=KSERVE_API, request={"namespace": "serving", "name": "bert", "min_replicas": 0}))
+    assert outcome.ok and "already had minReplicas 0" in outcome.detail and not outcome.saves
+    assert api.patches() == []
 
 
 def test_a_deployment_another_controller_owns_is_left_alone(api):
@@ -149,6 +158,7 @@ def test_a_notebook_already_stopped_keeps_its_stop_time(api):
     ex = KubeflowCuller(clock=lambda: NOW)
     outcome = ex.execute(ex.plan(pods({"namespace": "kf", "pod": "nb-0", "workload": "Notebook/nb"})))
     assert outcome.ok and "already stopped" in outcome.detail
+    assert not outcome.saves  # stopped by Kubeflow's own culler or its owner since the proposal: no saving credited
     assert api.patches() == []
 
 

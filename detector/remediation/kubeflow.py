@@ -96,7 +96,8 @@ class KubeflowCuller:
             )
             annotations = ((current or {}).get("metadata") or {}).get("annotations") or {}
             if ANNOTATION in annotations:
-                return Outcome(ok=True, detail=f"{where} was already stopped ({ANNOTATION}={shown(annotations[ANNOTATION])})")
+                return Outcome(ok=True, detail=f"{where} was already stopped ({ANNOTATION}={shown(annotations[ANNOTATION])})",
+                               saves=False)
             at = rfc3339(self.clock())
             api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
                                                {"metadata": {"annotations": {ANNOTATION: at}}},

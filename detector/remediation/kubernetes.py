@@ -102,7 +102,7 @@ class ScaleToZero:
                                                 "back; act on that instead")  # fmt: skip
             before = deployment.spec.replicas if deployment.spec and deployment.spec.replicas is not None else 1
             if before == 0:
-                return Outcome(ok=True, detail=f"{where} was already at 0 replicas")
+                return Outcome(ok=True, detail=f"{where} was already at 0 replicas", saves=False)
             scale = apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}},
                                                            field_manager=FIELD_MANAGER, _request_timeout=self.kube.timeout,
                                                            _content_type=MERGE_PATCH)  # fmt: skip
@@ -127,7 +127,7 @@ class ScaleToZero:
             predictor = ((current or {}).get("spec") or {}).get("predictor") or {}
             before = predictor.get("minReplicas")
             if before == 0:
-                return Outcome(ok=True, detail=f"{where} already had minReplicas 0")
+                return Outcome(ok=True, detail=f"{where} already had minReplicas 0", saves=False)
             api.patch_namespaced_custom_object(group, version, namespace, plural, name,
                                                {"spec": {"predictor": {"minReplicas": 0}}},
                                                field_manager=FIELD_MANAGER, _request_timeout=self.kube.timeout,
