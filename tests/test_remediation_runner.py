@@ -966,3 +966,28 @@ def test_a_decision_after_another_is_read_back_as_the_first():
                          ([proposed, approved, begun, done, approved], "succeeded")]:
         (action,) = Action.from_steps(rows).values()
         assert (action.state, action.decided_by) == (state_, rows[1]["decided_by"]), rows
+
+
+def test_a_rule_moved_from_dry_run_to_approve_proposes_on_the_incident_it_ran_dry_on(store, slack, tmp_path, moto_url):
+    """Rolling a rule out: it runs as a dry run, people read what it would do, then it is set to approve. The
+    incident its dry run was about, still burning, gets the proposal (a new message in its thread, with
+    Approve): the dry run had taken the action's key (alert_id:kind), and an ended action was never proposed
+    again, so nothing was ever offered on it."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "dry_run", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    assert steps(store) == [("proposed", ""), ("dry_run", "dry_run"), ("announced", "")]
+    now = _rules_now(tmp_path, "{kind: stop_instance, after: 2h, mode: approve}")
+    runner.ruleset = lambda: now
+    wall.t += 600
+    events_go_on(store, instance, wall, version=2)
+    runner.run_once()
+    dry, proposal = slack.calls("chat.postMessage")
+    assert "Dry run" in dry.text_of_blocks() and "Proposed" in proposal.text_of_blocks()
+    assert click(handler, "burnwatch_approve", APPROVER) == 200
+    runner.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped")
+    assert [s for s, _ in steps(store)][3:] == ["proposed", "announced", "approved", "begun", "succeeded"]
+    restarted, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    assert restarted.recover() == 0 and restarted.run_once() == 0  # acted once; the dry run is not proposed again
