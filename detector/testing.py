@@ -75,6 +75,9 @@ class LocalSlack:
         """User group id → its members' user ids (``usergroups.users.list``)."""
         self._failures: list[tuple[int, dict[str, str], str | None, bytes | None]] = []
         self._hang_s = 0.0
+        self._holds: dict[str, threading.Event] = {}
+        self.held = 0
+        """Requests that arrived at a held method (:meth:`hold`)."""
         self.windows: list[FaultWindow] = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -122,6 +125,24 @@ class LocalSlack:
     def hang(self, seconds: float) -> None:
         """Hold every request this long before answering (0 to stop)."""
         self._hang_s = seconds
+
+    def hold(self, method: str) -> threading.Event:
+        """Hold every request to ``method`` until the returned event is set (a slow answer that the
+        test ends when it wants: no fixed sleep); :attr:`held` counts those that arrived."""
+        gate = threading.Event()
+        self._holds[method] = gate
+        return gate
+
+    def wait_held(self, count: int = 1, timeout: float = 30.0) -> bool:
+        """Block until ``count`` requests wait at a held method, or the timeout passes."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.held < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
 
     def fail_window(self, start_in: float, duration: float, *, status: int | None = None,
                     retry_after: int | None = None, hang_s: float = 0.0) -> FaultWindow:  # fmt: skip
@@ -186,6 +207,12 @@ class LocalSlack:
                 if slack._hang_s or (window is not None and window.hang_s):
                     time.sleep(max(slack._hang_s, window.hang_s if window is not None else 0.0))
                 called = self.path.removeprefix("/api/")
+                gate = slack._holds.get(called)
+                if gate is not None:
+                    with slack._cond:
+                        slack.held += 1
+                        slack._cond.notify_all()
+                    gate.wait(60)
                 with slack._lock:
                     index = next((i for i, f in enumerate(slack._failures) if f[2] in (None, called)), None)
                     failure = slack._failures.pop(index) if index is not None else None

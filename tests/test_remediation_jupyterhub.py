@@ -21,7 +21,7 @@ import pytest
 import urllib3
 
 from detector.remediation.base import Call, NotApplicable, Target
-from detector.remediation.jupyterhub import API, API_NAMED, JupyterHubCuller
+from detector.remediation.jupyterhub import API, API_NAMED, JupyterHubCuller, _outcome
 from streams.children import die_with_parent
 from streams.embedded import free_port
 
@@ -259,3 +259,11 @@ def test_an_api_url_with_a_password_is_refused_without_quoting_it(monkeypatch):
     with pytest.raises(ValueError, match="user or password") as caught:
         JupyterHubCuller()
     assert "s3cret-pw" not in str(caught.value)
+
+
+def test_a_server_an_older_hub_says_is_not_running_saves_nothing():
+    """Hubs before 5.0 answer 400 "not running" to stopping a stopped server (the idle culler got there first):
+    a success, as asked, whose succeeded step credits no saving (docs/actions.md, the audit table)."""
+    outcome = _outcome(400, "carol's server is not running", "carol's server")
+    assert outcome.ok and "was not running" in outcome.detail and not outcome.saves
+    assert _outcome(204, "", "carol's server").saves

@@ -76,7 +76,16 @@ def test_scaling_again_changes_nothing(api):
     assert ex.execute(call).ok
     again = ex.execute(call)
     assert again.ok and "already at 0" in again.detail
+    assert not again.saves  # its succeeded step credits no saving: nothing was running (docs/actions.md)
     assert len(api.patches()) == 1
+
+
+def test_an_inference_service_already_at_min_replicas_zero_saves_nothing(api):
+    api.add_object("serving.kserve.io", "v1beta1", "inferenceservices", "serving", "bert", "InferenceService",
+                   {"predictor": {"minReplicas": 0, "model": {"modelFormat": {"name": "pytorch"}}}})  # fmt: skip
+    outcome = ScaleToZero().execute(Call(api=KSERVE_API, request={"namespace": "serving", "name": "bert", "min_replicas": 0}))
+    assert outcome.ok and "already had minReplicas 0" in outcome.detail and not outcome.saves
+    assert api.patches() == []
 
 
 def test_a_deployment_another_controller_owns_is_left_alone(api):
@@ -149,6 +158,7 @@ def test_a_notebook_already_stopped_keeps_its_stop_time(api):
     ex = KubeflowCuller(clock=lambda: NOW)
     outcome = ex.execute(ex.plan(pods({"namespace": "kf", "pod": "nb-0", "workload": "Notebook/nb"})))
     assert outcome.ok and "already stopped" in outcome.detail
+    assert not outcome.saves  # stopped by Kubeflow's own culler or its owner since the proposal: no saving credited
     assert api.patches() == []
 
 
@@ -260,3 +270,54 @@ def test_in_a_pod_without_a_service_account_token_the_kubeconfig_is_used(api, mo
     outcome = ScaleToZero().execute(_deployment_call()[1])
     assert outcome.ok, outcome.detail
     assert api.received[0].authorization == f"Bearer {api.token}"
+
+
+def test_a_scale_or_a_cull_whose_answer_was_lost_is_found_done(api):
+    """``observe``: after a worker died mid-call, or before a retry whose answer timed out is cancelled, the
+    API server is asked whether the call took. A workload at 0 or a notebook carrying the annotation is done;
+    one that is not, or cannot be read, is not known done (None: the runner reports it for a person)."""
+    api.add_deployment("serving", "llm", replicas=2)
+    api.add_object("serving.kserve.io", "v1beta1", "inferenceservices", "serving", "bert", "InferenceService",
+                   {"predictor": {"minReplicas": 1}})  # fmt: skip
+    api.add_object("kubeflow.org", "v1", "notebooks", "kf", "nb", "Notebook", {})
+    scale, deployment = _deployment_call()
+    isvc = Call(api=KSERVE_API, request={"namespace": "serving", "name": "bert", "min_replicas": 0})
+    notebooks = CullNotebook(kubeflow=KubeflowCuller(clock=lambda: NOW))
+    notebook = notebooks.plan(pods({"namespace": "kf", "pod": "nb-0", "workload": "Notebook/nb"}))
+    assert scale.observe(deployment) is None and scale.observe(isvc) is None and notebooks.observe(notebook) is None
+    for ex, call in ((scale, deployment), (scale, isvc), (notebooks, notebook)):
+        assert ex.execute(call).ok
+    for ex, call in ((scale, deployment), (scale, isvc), (notebooks, notebook)):
+        found = ex.observe(call)
+        assert found is not None and found.ok, call
+    assert "Deployment serving/llm is at 0" in scale.observe(deployment).detail  # type: ignore[union-attr]
+    api.failures = [503]
+    assert scale.observe(deployment) is None  # cannot tell
+    gone = Call(api=DEPLOYMENT_API, request={"namespace": "serving", "name": "nope", "replicas": 0})
+    assert scale.observe(gone) is None
+
+
+def test_a_scale_begun_by_a_worker_that_died_is_found_done_not_reported_interrupted(api, store):
+    """The worker died after storing ``begun`` and the patch landed: on restart the runner asks the API server
+    (as it asks EC2) and records the action done, where it said 'interrupted ... act by hand' about a
+    Deployment that was at 0."""
+    import json
+
+    from detector.remediation.runner import ActionRunner
+    from detector.rules import RuleSet
+    from detector.store import ActionStep
+
+    api.add_deployment("serving", "llm", replicas=0)  # the call had landed before the worker died
+    api.add_deployment("serving", "asr", replicas=3)  # this one had not
+    for alert_id, name in (("a1", "llm"), ("a2", "asr")):
+        common = dict(alert_id=alert_id, kind="scale_to_zero", mode="approve", rule="idle-gpu", resource_id="i-0abc",
+                      api=DEPLOYMENT_API, request=json.dumps({"namespace": "serving", "name": name, "replicas": 0}),
+                      endpoint="kubernetes (in-cluster, else the current context)")  # fmt: skip
+        store.remediations.record([ActionStep(step="proposed", at=1_800_000_000 - 60, usd_per_hour=12.0, **common),
+                                   ActionStep(step="approved", at=1_800_000_000 - 30, decided_by="U0LEAD", **common),
+                                   ActionStep(step="begun", at=1_800_000_000 - 29, attempt=1, **common)])  # fmt: skip
+    runner = ActionRunner(store, {"scale_to_zero": ScaleToZero()}, RuleSet, wall=lambda: 1_800_000_000)
+    assert runner.recover() == 0
+    assert [r["step"] for r in store.remediations.steps("a1")][-1] == "succeeded"
+    assert [r["step"] for r in store.remediations.steps("a2")][-1] == "interrupted"
+    assert len(api.patches()) == 0  # nothing called again

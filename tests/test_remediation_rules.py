@@ -51,14 +51,27 @@ def test_no_action_is_notify_only_and_an_action_has_safe_defaults(tmp_path):
          "rules.yaml:6 rules[0].action.grace", "at most 30d (got 7000000d)"),
         ("    action: {kind: stop_instance, grace: 31d}", "rules.yaml:6 rules[0].action.grace", "at most 30d"),
         ("    action: {kind: stop_instance, after: 100000000}", "rules.yaml:6 rules[0].action.after", "at most 30d"),
+        # an automatic action's warning nobody has the time to object to: acting at the pass after it
+        ("    action: {kind: stop_instance, mode: auto_unless_objected, grace: 0s}", "rules.yaml:6 rules[0].action",
+         "grace: at least 5m for mode auto_unless_objected (got 0m)"),
+        ("    action: {kind: stop_instance, mode: auto_unless_objected, grace: 30}", "rules.yaml:6 rules[0].action",
+         "(got 30s)"),
     ],
-    ids=["kind", "mode", "after", "extra-key", "huge-grace", "grace-31d", "huge-after"],
+    ids=["kind", "mode", "after", "extra-key", "huge-grace", "grace-31d", "huge-after", "no-grace", "grace-30-seconds"],
 )  # fmt: skip
 def test_a_bad_action_is_refused_with_its_line(tmp_path, action, where, message):
     with pytest.raises(RulesInvalid) as caught:
         load_rules(write(tmp_path, action))
     (error,) = caught.value.errors
     assert str(error).startswith(str(tmp_path / where)) and message in error.message
+
+
+def test_a_short_grace_is_taken_where_nothing_acts_automatically(tmp_path):
+    spec = load_rules(write(tmp_path, "    action: {kind: stop_instance, mode: approve, grace: 0s}")).action_for("idle-gpu")
+    assert spec.grace == 0
+    spec = load_rules(write(tmp_path, "    action: {kind: stop_instance, mode: auto_unless_objected, grace: 5m}")
+                      ).action_for("idle-gpu")  # fmt: skip
+    assert spec.grace == 300
 
 
 def test_a_grace_or_after_of_30_days_is_taken(tmp_path):

@@ -916,3 +916,78 @@ def test_a_snooze_on_the_warning_while_the_automatic_stop_is_under_way_says_it_c
     finally:
         blocking.release.release()
         passing.join(timeout=30)
+
+
+def test_a_decision_stored_after_the_action_was_carried_out_changes_nothing(store, slack, tmp_path, moto_url):
+    """Two approvers click at once on two workers. The click on the worker that does not act reads the action
+    pending, then waits on Slack (its user group's members) while the acting worker takes the other click and
+    stops the instance: its approval is stored after the stop. It changes nothing: the first decision stored wins,
+    and a restarted worker does not read the late approval as the action's state and act a second time."""
+    instance, wall = run_instance(moto_url), Wall()
+    with LocalSlack() as slow:
+        slow.usergroups["S0NLPLEADS"] = [GROUPIE]
+        gate = slow.hold("usergroups.users.list")
+        acting, here = setup(store, slack, tmp_path, moto_url, "approve", wall)
+        _, elsewhere = setup(store, slow, tmp_path, moto_url, "approve", wall)
+        posted(store, incident(instance))
+        acting.run_once()
+        late: list[int] = []
+        clicking = threading.Thread(target=lambda: late.append(click(elsewhere, "burnwatch_approve", GROUPIE)))
+        clicking.start()
+        try:
+            assert slow.wait_held(timeout=10)  # it read the action pending and asks Slack who is in the group
+            assert click(here, "burnwatch_approve", APPROVER) == 200
+            acting.run_once()
+            assert state(moto_url, instance) in ("stopping", "stopped")
+        finally:
+            gate.set()
+            clicking.join(timeout=30)
+    assert late and not clicking.is_alive()
+    (action,) = Action.from_steps(store.remediations.steps("a1")).values()
+    assert (action.state, action.decided_by) == ("succeeded", APPROVER)
+    restarted, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    restarted.recover()
+    restarted.run_once()
+    assert [s for s, _ in steps(store)].count("begun") == 1
+    assert restarted.run_once() == 0
+
+
+def test_a_decision_after_another_is_read_back_as_the_first():
+    """The stored steps of a race between two workers' clicks: the first decision is the action's, wherever
+    the later ones land (before the call, or after it ended); a late decline does not undo a stop."""
+    common = {"alert_id": "a1", "kind": "stop_instance", "mode": "approve", "rule": "idle-gpu", "resource_id": "i-1",
+              "team": "nlp", "api": "ec2.StopInstances", "request": '{"InstanceIds": ["i-1"]}', "endpoint": "us-east-1",
+              "usd_per_hour": 32.77, "attempt": 0, "due_at": None, "decided_by": "", "result": "", "at": 1.0}
+    proposed, approved = {**common, "step": "proposed"}, {**common, "step": "approved", "decided_by": APPROVER}
+    declined = {**common, "step": "declined", "decided_by": GROUPIE}
+    begun, done = {**common, "step": "begun", "attempt": 1}, {**common, "step": "succeeded", "attempt": 1}
+    for rows, state_ in [([proposed, approved, declined], "approved"), ([proposed, declined, approved], "declined"),
+                         ([proposed, approved, begun, done, declined], "succeeded"),
+                         ([proposed, approved, begun, done, approved], "succeeded")]:
+        (action,) = Action.from_steps(rows).values()
+        assert (action.state, action.decided_by) == (state_, rows[1]["decided_by"]), rows
+
+
+def test_a_rule_moved_from_dry_run_to_approve_proposes_on_the_incident_it_ran_dry_on(store, slack, tmp_path, moto_url):
+    """Rolling a rule out: it runs as a dry run, people read what it would do, then it is set to approve. The
+    incident its dry run was about, still burning, gets the proposal (a new message in its thread, with
+    Approve): the dry run had taken the action's key (alert_id:kind), and an ended action was never proposed
+    again, so nothing was ever offered on it."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "dry_run", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    assert steps(store) == [("proposed", ""), ("dry_run", "dry_run"), ("announced", "")]
+    now = _rules_now(tmp_path, "{kind: stop_instance, after: 2h, mode: approve}")
+    runner.ruleset = lambda: now
+    wall.t += 600
+    events_go_on(store, instance, wall, version=2)
+    runner.run_once()
+    dry, proposal = slack.calls("chat.postMessage")
+    assert "Dry run" in dry.text_of_blocks() and "Proposed" in proposal.text_of_blocks()
+    assert click(handler, "burnwatch_approve", APPROVER) == 200
+    runner.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped")
+    assert [s for s, _ in steps(store)][3:] == ["proposed", "announced", "approved", "begun", "succeeded"]
+    restarted, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    assert restarted.recover() == 0 and restarted.run_once() == 0  # acted once; the dry run is not proposed again

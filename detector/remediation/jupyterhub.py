@@ -145,7 +145,7 @@ def _outcome(status: int, message: str, who: str) -> Outcome:
         return Outcome(ok=True, detail=f"stopping {who} (the hub accepted; it finishes in the background)")
     said = f": {message}" if message else ""
     if status == 400 and "not running" in message:
-        return Outcome(ok=True, detail=f"{who} was not running{said}")
+        return Outcome(ok=True, detail=f"{who} was not running{said}", saves=False)
     if status == 400 and ("pending" in message or "please wait" in message):
         return Outcome(ok=False, detail=f"{who} is starting or stopping (HTTP 400{said})", retryable=True)
     if status == 404:

@@ -79,6 +79,27 @@ class KubeflowCuller:
                     request={"group": GROUP, "version": VERSION, "plural": PLURAL, "namespace": pod.namespace, "name": name,
                              "annotation": ANNOTATION})  # fmt: skip
 
+    def observe(self, call: Call) -> Outcome | None:
+        """Whether the call took, as the API server says now (after a worker died mid-call, or before a ``retry``
+        is cancelled): the outcome if the notebook carries the stop annotation, None if not or if it cannot be
+        read (the runner then reports it for a person)."""
+        namespace, name = call.request.get("namespace"), call.request.get("name")
+        if call.api != API or not valid_namespace(namespace) or not valid_name(name):
+            return None
+        assert isinstance(namespace, str) and isinstance(name, str)
+        try:
+            from kubernetes.client import CustomObjectsApi  # (at the first call: see kubeclient)
+
+            current: Any = CustomObjectsApi(self.kube.api()).get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.kube.timeout)  # fmt: skip
+        except Exception:  # noqa: BLE001 - cannot tell: the runner reports the action for a person
+            return None
+        annotations = ((current or {}).get("metadata") or {}).get("annotations") or {}
+        if ANNOTATION not in annotations:
+            return None
+        return Outcome(ok=True, detail=f"notebook {namespace}/{name} is stopped ({ANNOTATION}="
+                                       f"{shown(annotations[ANNOTATION])}; found after the call's answer was lost)")  # fmt: skip
+
     def execute(self, call: Call) -> Outcome:
         if call.api != API:
             return Outcome(ok=False, detail=f"refused: the Kubeflow culler does not make {shown(call.api)} calls")
@@ -96,7 +117,8 @@ class KubeflowCuller:
             )
             annotations = ((current or {}).get("metadata") or {}).get("annotations") or {}
             if ANNOTATION in annotations:
-                return Outcome(ok=True, detail=f"{where} was already stopped ({ANNOTATION}={shown(annotations[ANNOTATION])})")
+                return Outcome(ok=True, detail=f"{where} was already stopped ({ANNOTATION}={shown(annotations[ANNOTATION])})",
+                               saves=False)
             at = rfc3339(self.clock())
             api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
                                                {"metadata": {"annotations": {ANNOTATION: at}}},

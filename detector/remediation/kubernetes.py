@@ -88,6 +88,33 @@ class ScaleToZero:
             return self._inference_service(namespace, name)
         return Outcome(ok=False, detail=f"refused: scale_to_zero does not make {call.api!r} calls")
 
+    def observe(self, call: Call) -> Outcome | None:
+        """Whether the call took, as the API server says now: after a worker died mid-call, or before an action
+        whose answer timed out (a ``retry``) is cancelled. The outcome if the workload is at zero, None if it is
+        not or cannot be read (the runner then reports it for a person, never calls again blindly)."""
+        namespace, name = call.request.get("namespace"), call.request.get("name")
+        if not valid_namespace(namespace) or not valid_name(name) or call.api not in (DEPLOYMENT_API, KSERVE_API):
+            return None
+        assert isinstance(namespace, str) and isinstance(name, str)
+        try:
+            if call.api == DEPLOYMENT_API:
+                from kubernetes.client import AppsV1Api  # (at the first call: see kubeclient)
+
+                deployment = AppsV1Api(self.kube.api()).read_namespaced_deployment(
+                    name, namespace, _request_timeout=self.kube.timeout)  # fmt: skip
+                where, zero = f"Deployment {namespace}/{name}", bool(deployment.spec and deployment.spec.replicas == 0)
+            else:
+                from kubernetes.client import CustomObjectsApi  # (at the first call: see kubeclient)
+
+                group, version, plural = KSERVE
+                current: Any = CustomObjectsApi(self.kube.api()).get_namespaced_custom_object(
+                    group, version, namespace, plural, name, _request_timeout=self.kube.timeout)  # fmt: skip
+                predictor = ((current or {}).get("spec") or {}).get("predictor") or {}
+                where, zero = f"InferenceService {namespace}/{name}", predictor.get("minReplicas") == 0
+        except Exception:  # noqa: BLE001 - cannot tell: the runner reports the action for a person
+            return None
+        return Outcome(ok=True, detail=f"{where} is at 0 (found after the call's answer was lost)") if zero else None
+
     def _deployment(self, namespace: str, name: str) -> Outcome:
         where = f"Deployment {namespace}/{name}"
         try:
@@ -102,7 +129,7 @@ class ScaleToZero:
                                                 "back; act on that instead")  # fmt: skip
             before = deployment.spec.replicas if deployment.spec and deployment.spec.replicas is not None else 1
             if before == 0:
-                return Outcome(ok=True, detail=f"{where} was already at 0 replicas")
+                return Outcome(ok=True, detail=f"{where} was already at 0 replicas", saves=False)
             scale = apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}},
                                                            field_manager=FIELD_MANAGER, _request_timeout=self.kube.timeout,
                                                            _content_type=MERGE_PATCH)  # fmt: skip
@@ -127,7 +154,7 @@ class ScaleToZero:
             predictor = ((current or {}).get("spec") or {}).get("predictor") or {}
             before = predictor.get("minReplicas")
             if before == 0:
-                return Outcome(ok=True, detail=f"{where} already had minReplicas 0")
+                return Outcome(ok=True, detail=f"{where} already had minReplicas 0", saves=False)
             api.patch_namespaced_custom_object(group, version, namespace, plural, name,
                                                {"spec": {"predictor": {"minReplicas": 0}}},
                                                field_manager=FIELD_MANAGER, _request_timeout=self.kube.timeout,

@@ -43,3 +43,10 @@ class CullNotebook:
         if call.api.startswith("jupyterhub.") and self.jupyterhub is not None:
             return self.jupyterhub.execute(call)
         return Outcome(ok=False, detail=f"refused: no executor configured for {call.api!r}")
+
+    def observe(self, call: Call) -> Outcome | None:
+        """Kubeflow's look-up (:meth:`KubeflowCuller.observe`); None for a JupyterHub call (the hub's token may
+        not read servers: the runner reports the action for a person) or one no culler here makes."""
+        if call.api.startswith("kubeflow.org/") and self.kubeflow is not None:
+            return self.kubeflow.observe(call)
+        return None

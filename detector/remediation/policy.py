@@ -6,7 +6,8 @@ rebuilt from its audit steps (``remediation_actions``), in the order they were t
 
 - ``proposed``: the incident lasted the rule's ``after`` (event time) and still fires;
   the call is planned (what will be called is what was shown). Then, by mode:
-  ``dry_run`` → ``dry_run`` (ended, never called); ``approve`` → waits for a click;
+  ``dry_run`` → ``dry_run`` (ended, never called; ``proposed`` again, with a new message,
+  if its rule is later set to another mode while the incident fires); ``approve`` → waits for a click;
   ``auto_unless_objected`` → acts at ``due_at`` (wall clock) unless snoozed or declined.
 - ``approved`` (a Slack user id, or ``auto``) → ``begun`` (stored before the call) →
   ``succeeded`` | ``retry`` (a retryable failure; tried again at ``due_at``) |
@@ -14,7 +15,8 @@ rebuilt from its audit steps (``remediation_actions``), in the order they were t
 - ``declined``, ``cancelled`` (resolved, snoozed), ``not_applicable``, ``interrupted``
   (begun by a worker that died, and not found done: left for a person) end it.
 - ``refused`` (a click by someone not allowed) and ``announced`` (its Slack message)
-  change nothing.
+  change nothing, nor does an ``approved`` or ``declined`` stored after the first decision
+  (two workers' clicks at once: the first stored wins, wherever the later one lands).
 """
 
 from __future__ import annotations
@@ -88,8 +90,14 @@ class Action:
             return
         if step in _PASSIVE:
             return
-        if step == "proposed":
+        if step in ("approved", "declined") and not self.awaits_decision:
+            # A second decision, stored by another worker that read the action pending before the first was taken
+            # (or the call made): the first decision stored is the action's. Taken as its state, a late approval
+            # would have a restarted worker carry the action out again, and a late decline undo a stop's record.
+            return
+        if step == "proposed":  # the first step; again after a dry run, when its rule now asks for it in earnest
             self.mode, self.rule, self.resource_id, self.team = row["mode"], row["rule"], row["resource_id"], row["team"]
+            self.message, self.decided_by = None, ""
             self.usd_per_hour = float(row["usd_per_hour"])
             if row["api"]:
                 self.call = Call(api=row["api"], request=json.loads(row["request"] or "{}"), endpoint=row["endpoint"])

@@ -189,7 +189,7 @@ class ActionRunner:
                     kinds.add(spec.kind)
                 for kind in sorted(kinds):
                     action = self._actions.get(f"{alert.alert_id}:{kind}")
-                    if action is None:
+                    if action is None or self._ran_dry(action, spec):
                         if spec is not None and alert.status == "firing":
                             self._maybe_propose(alert, spec, now)
                         continue
@@ -235,6 +235,12 @@ class ActionRunner:
         (it proposed and announced them all again, a second message with buttons)."""
         log.info("actions_pass_ended_moved", steps=self._count - before)
         return self._count - before
+
+    @staticmethod
+    def _ran_dry(action: Action, spec: ActionSpec | None) -> bool:
+        """Whether ``action`` was a dry run of what its rule now asks for in earnest: proposed again (same key,
+        a new message), or the incident people watched the dry run on would never be offered the action."""
+        return action.state == "dry_run" and spec is not None and spec.kind == action.kind and spec.mode != "dry_run"
 
     def _withdrawn(self, action: Action, specs: Mapping[str, ActionSpec]) -> tuple[str, str] | None:
         """(who, why) if the rules as loaded now no longer ask for this pending action; None if they do."""

@@ -8,17 +8,22 @@ Credentials are never part of a rule: executors take them from the environment.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from detector.remediation.base import ActionKind, Mode
 from detector.units import Duration, format_duration
 
-__all__ = ["APPLIES_TO", "MAX_WAIT_S", "ActionSpec", "kind_error"]
+__all__ = ["APPLIES_TO", "MAX_WAIT_S", "MIN_GRACE_S", "ActionSpec", "kind_error"]
 
 MAX_WAIT_S = 30 * 86_400.0
 """The longest ``after`` and ``grace``: 30 days. An incident that must last longer before anything is done
 is one for a person; a grace past it is a typo (``1000000w`` for ``1000000s``), and a time far enough out
 cannot be stored (ClickHouse's DateTime64 ends in 2299)."""
+
+MIN_GRACE_S = 300.0
+"""The shortest ``grace`` of ``auto_unless_objected``: 5 minutes. Shorter, the call is made at the pass after the
+warning (seconds), before anyone could read it and object: an automatic action with no objection, which no mode
+offers (``grace: 0s``; ``grace: 30``, thirty seconds, for 30 minutes)."""
 
 APPLIES_TO: dict[ActionKind, frozenset[str]] = {
     "stop_instance": frozenset({"idle_gpu", "stuck_gpu", "unallocated_gpu", "telemetry_stale"}),
@@ -55,6 +60,15 @@ class ActionSpec(BaseModel):
             raise ValueError(f"at most 30d (got {format_duration(value)}); for longer, leave it to a person "
                              "(mode: approve, or notify_only)")  # fmt: skip
         return value
+
+    @model_validator(mode="after")
+    def _objectable(self) -> ActionSpec:
+        """An automatic action's grace must leave people the time to object (:data:`MIN_GRACE_S`)."""
+        if self.mode == "auto_unless_objected" and self.grace < MIN_GRACE_S:
+            raise ValueError(f"grace: at least {format_duration(MIN_GRACE_S)} for mode auto_unless_objected (got "
+                             f"{format_duration(self.grace)}): shorter, it acts before anyone could read its warning "
+                             "and object; use mode approve to decide each one")  # fmt: skip
+        return self
 
     @property
     def acts(self) -> bool:
