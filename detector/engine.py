@@ -546,8 +546,9 @@ class Engine:
 
     def may_be_open(self, key: str) -> bool:
         """Whether ``key``'s state may hold an open episode: saved beside the state, so that a sweep
-        that reclaims the key past its TTL unread reads its state only if so (migration 0024)."""
-        return key in self._maybe_open
+        that reclaims the key past its TTL unread reads its state only if so (migration 0024). A key that carries
+        states (:attr:`_carried`) may: this engine cannot read them, and a newer worker's sweep resolves them."""
+        return key in self._maybe_open or key in self._carried
 
     def _open_in(self, key: str, state: KeyState) -> list[Finding]:
         """The episodes open in ``state``, as ``update`` findings with their dollars so far. A rule whose

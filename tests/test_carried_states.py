@@ -6,6 +6,8 @@ rule of the name of another type never reads a state as its own."""
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 
 from detector.engine import Engine
@@ -159,3 +161,31 @@ def test_an_evicted_key_takes_its_carried_states_out_of_memory_and_back(tmp_path
     older.process(idle_host("h", "nlp", 5, T0 + 61 * MIN))
     (nlp,) = [f for f in older.open_episodes() if f.rule == "idle-gpu-nlp" and f.resource_id == "h"]
     assert nlp.episode_start == fired[0].episode_start and nlp.waste_usd > fired[0].waste_usd
+
+
+def test_a_key_whose_carried_state_holds_an_open_episode_is_saved_as_may_be_open(store, tmp_path):
+    """Review of 2ddb96e. A new worker fires idle-gpu-nlp on h1 (20 minutes idle; idle-gpu, 30 minutes, not yet); a
+    worker on the old rules gets partition 0 while h1 idles 2 minutes more, then h1 goes quiet for good and a new
+    worker holds partition 0 again. Past the TTL, its sweep resolves the episode (went silent). (The old worker saved
+    h1 as holding no open episode, its own rules' alone asked: the new worker's sweep deleted h1's state unread, and
+    the incident the carried state held open stayed open for ever.)"""
+    (tmp_path / "new").mkdir()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new" / "rules.yaml").write_text(RULES)
+    (tmp_path / "old" / "rules.yaml").write_text(WITHOUT_NLP)
+    fleet = Fleet()
+    old = worker(store, LiveConfig.load(tmp_path / "old"), state_ttl_s=3600.0)
+    run_batches(old, [fleet.minutes(T0 - 5 * MIN, 5, {"b": 70.0})], [])
+    new = worker(store, LiveConfig.load(tmp_path / "new"), state_ttl_s=3600.0)
+    run_batches(new, [fleet.minutes(T0, 25, {"h1": 1.0, "b": 70.0})], [])
+    assert {r: a["status"] for r, a in alerts_by_rule(store, "h1").items()} == {"idle-gpu-nlp": "firing"}
+
+    handed_back(store, old)
+    run_batches(old, [fleet.minutes(T0 + 25 * MIN, 2, {"h1": 1.0, "b": 70.0})], [])
+    assert "idle-gpu-nlp" in msgspec.msgpack.decode(store.states.get("h1"))["rules"]
+
+    again = worker(store, LiveConfig.load(tmp_path / "new"), state_ttl_s=3600.0)  # h1 loaded, never heard from
+    run_batches(again, [fleet.minutes(T0 + 27 * MIN, 70, {"b": 70.0})], [])
+    (nlp,) = nlp_alerts(store, "h1")
+    assert nlp["status"] == "resolved" and json.loads(nlp["details"])["reason"] == "went_silent"
+    assert store.states.get("h1") is None
