@@ -1113,7 +1113,7 @@ class Engine:
             saved_type = saved_types.get(name, "")
             if rule is None:
                 if self._carries(name, saved_type):
-                    carried[name] = (saved_type, raw)
+                    carried[name] = (saved_type, raw.copy())  # (a view of ``data``: it kept the whole snapshot alive)
             else:
                 self._read_rule(key, rule, saved_type, raw, rules)
         info = snap.info

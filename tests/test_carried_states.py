@@ -7,6 +7,7 @@ rule of the name of another type never reads a state as its own."""
 from __future__ import annotations
 
 import json
+import sys
 
 import msgspec
 
@@ -189,3 +190,16 @@ def test_a_key_whose_carried_state_holds_an_open_episode_is_saved_as_may_be_open
     (nlp,) = nlp_alerts(store, "h1")
     assert nlp["status"] == "resolved" and json.loads(nlp["details"])["reason"] == "went_silent"
     assert store.states.get("h1") is None
+
+
+def test_a_carried_state_holds_its_own_bytes_not_the_whole_snapshots(tmp_path):
+    """Review of 2ddb96e. A carried state is a view of the bytes read (msgspec.Raw): kept as it was, it kept the whole
+    snapshot it was read from alive (~3.5 kB a key, every rule's state and the resource), where the engine holds a
+    key in a few hundred bytes; a worker of the older release given a newer one's partitions held every key's twice."""
+    newer, older = Engine(rules_in(tmp_path, "new", RULES)), Engine(rules_in(tmp_path, "old", WITHOUT_NLP))
+    newer.process(idle_host("h", "nlp", 40, T0))
+    data = newer.snapshot("h")
+    before = sys.getrefcount(data)
+    older.restore("h", data)
+    assert sys.getrefcount(data) == before
+    assert "idle-gpu-nlp" in msgspec.msgpack.decode(older.snapshot("h"))["rules"]
