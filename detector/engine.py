@@ -921,9 +921,10 @@ class Engine:
             state.clear_routes()
             kept = []
             for name, rule_state in zip(state.names, state.states, strict=True):
-                rule = ruleset.by_name(name)
-                if rule is not None and (isinstance(rule_state, rule.detector.State)
-                                         or (rule_state is None and rule.detector.lazy)):  # fmt: skip
+                rule, old = ruleset.by_name(name), before.get(name)
+                # (a rule now of another type: its state was resolved above, and dropped, though of one class)
+                if (rule is not None and (old is None or old.detector.type == rule.detector.type)
+                        and (isinstance(rule_state, rule.detector.State) or (rule_state is None and rule.detector.lazy))):
                     kept.append((name, rule_state))
             if len(kept) < len(state.names):
                 self._set_rules(state, [n for n, _ in kept], [s for _, s in kept])
