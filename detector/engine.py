@@ -939,12 +939,12 @@ class Engine:
             rule = self.ruleset.by_name(name)
             if rule is not None:
                 saved_type, raw = carried.pop(name)
+                self.dirty.add(key)  # (saved again: with the state taken, or without one not taken)
                 if name not in state.names:
                     self._read_rule(key, rule, saved_type, raw, taken)
         if taken:
             self._set_rules(state, [*state.names, *taken], [*state.states, *taken.values()])
             self._flagged(key, state)
-            self.dirty.add(key)
         if not carried:
             del self._carried[key]
 

@@ -203,3 +203,20 @@ def test_a_carried_state_holds_its_own_bytes_not_the_whole_snapshots(tmp_path):
     older.restore("h", data)
     assert sys.getrefcount(data) == before
     assert "idle-gpu-nlp" in msgspec.msgpack.decode(older.snapshot("h"))["rules"]
+
+
+def test_a_reload_that_loads_a_carried_rule_as_another_type_saves_the_key_again_without_its_state(tmp_path):
+    """Review of 2ddb96e. An engine without idle-gpu-nlp carries h's idle state of it, saved; a reload loads the name as a
+    stuck_gpu rule: the carried state is not the rule's, and goes: h is dirty, saved again without it, as a reload
+    saves a held key whose rule's state it dropped. (Left clean, the saved state kept the idle episode, whose alert the
+    worker's look-up resolves as an orphan's for the type change, for a worker of the idle rule to go on with under the
+    id just resolved.)"""
+    newer, older = Engine(rules_in(tmp_path, "new", RULES)), Engine(rules_in(tmp_path, "old", WITHOUT_NLP))
+    newer.process(idle_host("h", "nlp", 40, T0))
+    older.restore("h", newer.snapshot("h"))
+    older.dirty.clear()  # saved, carrying the state
+    older.set_ruleset(rules_in(tmp_path, "stuck", RULES.replace("  - name: idle-gpu-nlp\n    type: idle_gpu",
+                                                                "  - name: idle-gpu-nlp\n    type: stuck_gpu")))  # fmt: skip
+    assert "h" in older.dirty
+    saved = msgspec.msgpack.decode(older.snapshot("h"))
+    assert "idle-gpu-nlp" not in saved["rules"] and "idle-gpu-nlp" not in saved["types"]
