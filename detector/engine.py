@@ -546,8 +546,9 @@ class Engine:
 
     def may_be_open(self, key: str) -> bool:
         """Whether ``key``'s state may hold an open episode: saved beside the state, so that a sweep
-        that reclaims the key past its TTL unread reads its state only if so (migration 0024)."""
-        return key in self._maybe_open
+        that reclaims the key past its TTL unread reads its state only if so (migration 0024). A key that carries
+        states (:attr:`_carried`) may: this engine cannot read them, and a newer worker's sweep resolves them."""
+        return key in self._maybe_open or key in self._carried
 
     def _open_in(self, key: str, state: KeyState) -> list[Finding]:
         """The episodes open in ``state``, as ``update`` findings with their dollars so far. A rule whose
@@ -920,9 +921,10 @@ class Engine:
             state.clear_routes()
             kept = []
             for name, rule_state in zip(state.names, state.states, strict=True):
-                rule = ruleset.by_name(name)
-                if rule is not None and (isinstance(rule_state, rule.detector.State)
-                                         or (rule_state is None and rule.detector.lazy)):  # fmt: skip
+                rule, old = ruleset.by_name(name), before.get(name)
+                # (a rule now of another type: its state was resolved above, and dropped, though of one class)
+                if (rule is not None and (old is None or old.detector.type == rule.detector.type)
+                        and (isinstance(rule_state, rule.detector.State) or (rule_state is None and rule.detector.lazy))):
                     kept.append((name, rule_state))
             if len(kept) < len(state.names):
                 self._set_rules(state, [n for n, _ in kept], [s for _, s in kept])
@@ -937,12 +939,12 @@ class Engine:
             rule = self.ruleset.by_name(name)
             if rule is not None:
                 saved_type, raw = carried.pop(name)
+                self.dirty.add(key)  # (saved again: with the state taken, or without one not taken)
                 if name not in state.names:
                     self._read_rule(key, rule, saved_type, raw, taken)
         if taken:
             self._set_rules(state, [*state.names, *taken], [*state.states, *taken.values()])
             self._flagged(key, state)
-            self.dirty.add(key)
         if not carried:
             del self._carried[key]
 
@@ -1112,7 +1114,7 @@ class Engine:
             saved_type = saved_types.get(name, "")
             if rule is None:
                 if self._carries(name, saved_type):
-                    carried[name] = (saved_type, raw)
+                    carried[name] = (saved_type, raw.copy())  # (a view of ``data``: it kept the whole snapshot alive)
             else:
                 self._read_rule(key, rule, saved_type, raw, rules)
         info = snap.info

@@ -6,6 +6,9 @@ rule of the name of another type never reads a state as its own."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import msgspec
 
 from detector.engine import Engine
@@ -159,3 +162,61 @@ def test_an_evicted_key_takes_its_carried_states_out_of_memory_and_back(tmp_path
     older.process(idle_host("h", "nlp", 5, T0 + 61 * MIN))
     (nlp,) = [f for f in older.open_episodes() if f.rule == "idle-gpu-nlp" and f.resource_id == "h"]
     assert nlp.episode_start == fired[0].episode_start and nlp.waste_usd > fired[0].waste_usd
+
+
+def test_a_key_whose_carried_state_holds_an_open_episode_is_saved_as_may_be_open(store, tmp_path):
+    """Review of 2ddb96e. A new worker fires idle-gpu-nlp on h1 (20 minutes idle; idle-gpu, 30 minutes, not yet); a
+    worker on the old rules gets partition 0 while h1 idles 2 minutes more, then h1 goes quiet for good and a new
+    worker holds partition 0 again. Past the TTL, its sweep resolves the episode (went silent). (The old worker saved
+    h1 as holding no open episode, its own rules' alone asked: the new worker's sweep deleted h1's state unread, and
+    the incident the carried state held open stayed open for ever.)"""
+    (tmp_path / "new").mkdir()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new" / "rules.yaml").write_text(RULES)
+    (tmp_path / "old" / "rules.yaml").write_text(WITHOUT_NLP)
+    fleet = Fleet()
+    old = worker(store, LiveConfig.load(tmp_path / "old"), state_ttl_s=3600.0)
+    run_batches(old, [fleet.minutes(T0 - 5 * MIN, 5, {"b": 70.0})], [])
+    new = worker(store, LiveConfig.load(tmp_path / "new"), state_ttl_s=3600.0)
+    run_batches(new, [fleet.minutes(T0, 25, {"h1": 1.0, "b": 70.0})], [])
+    assert {r: a["status"] for r, a in alerts_by_rule(store, "h1").items()} == {"idle-gpu-nlp": "firing"}
+
+    handed_back(store, old)
+    run_batches(old, [fleet.minutes(T0 + 25 * MIN, 2, {"h1": 1.0, "b": 70.0})], [])
+    assert "idle-gpu-nlp" in msgspec.msgpack.decode(store.states.get("h1"))["rules"]
+
+    again = worker(store, LiveConfig.load(tmp_path / "new"), state_ttl_s=3600.0)  # h1 loaded, never heard from
+    run_batches(again, [fleet.minutes(T0 + 27 * MIN, 70, {"b": 70.0})], [])
+    (nlp,) = nlp_alerts(store, "h1")
+    assert nlp["status"] == "resolved" and json.loads(nlp["details"])["reason"] == "went_silent"
+    assert store.states.get("h1") is None
+
+
+def test_a_carried_state_holds_its_own_bytes_not_the_whole_snapshots(tmp_path):
+    """Review of 2ddb96e. A carried state is a view of the bytes read (msgspec.Raw): kept as it was, it kept the whole
+    snapshot it was read from alive (~3.5 kB a key, every rule's state and the resource), where the engine holds a
+    key in a few hundred bytes; a worker of the older release given a newer one's partitions held every key's twice."""
+    newer, older = Engine(rules_in(tmp_path, "new", RULES)), Engine(rules_in(tmp_path, "old", WITHOUT_NLP))
+    newer.process(idle_host("h", "nlp", 40, T0))
+    data = newer.snapshot("h")
+    before = sys.getrefcount(data)
+    older.restore("h", data)
+    assert sys.getrefcount(data) == before
+    assert "idle-gpu-nlp" in msgspec.msgpack.decode(older.snapshot("h"))["rules"]
+
+
+def test_a_reload_that_loads_a_carried_rule_as_another_type_saves_the_key_again_without_its_state(tmp_path):
+    """Review of 2ddb96e. An engine without idle-gpu-nlp carries h's idle state of it, saved; a reload loads the name as a
+    stuck_gpu rule: the carried state is not the rule's, and goes: h is dirty, saved again without it, as a reload
+    saves a held key whose rule's state it dropped. (Left clean, the saved state kept the idle episode, whose alert the
+    worker's look-up resolves as an orphan's for the type change, for a worker of the idle rule to go on with under the
+    id just resolved.)"""
+    newer, older = Engine(rules_in(tmp_path, "new", RULES)), Engine(rules_in(tmp_path, "old", WITHOUT_NLP))
+    newer.process(idle_host("h", "nlp", 40, T0))
+    older.restore("h", newer.snapshot("h"))
+    older.dirty.clear()  # saved, carrying the state
+    older.set_ruleset(rules_in(tmp_path, "stuck", RULES.replace("  - name: idle-gpu-nlp\n    type: idle_gpu",
+                                                                "  - name: idle-gpu-nlp\n    type: stuck_gpu")))  # fmt: skip
+    assert "h" in older.dirty
+    saved = msgspec.msgpack.decode(older.snapshot("h"))
+    assert "idle-gpu-nlp" not in saved["rules"] and "idle-gpu-nlp" not in saved["types"]

@@ -83,3 +83,28 @@ def test_a_reload_marks_the_keys_whose_rules_it_dropped_dirty(tmp_path):
     (tmp_path / "rules.yaml").write_text(RULES.split("  - name: idle-gpu-nlp")[0])
     engine.set_ruleset(load_rules(tmp_path))
     assert [f.key for f in engine.process_timed([]) if f.action == "resolve"] == ["h"] and "h" in engine.dirty
+
+
+def test_a_reload_that_changes_a_rules_type_drops_its_state_on_a_held_key_of_one_class_too(tmp_path):
+    """Review of 2ddb96e. A reload makes idle-gpu-nlp a stuck_gpu rule while its idle episode on h is open: the episode
+    is resolved (``rule_removed``) and its state dropped, though stuck_gpu's state is of the same class (GpuEpisodeState).
+    h's GPUs then look hung for half an hour: the rule opens an episode of its own. (The state was kept, its idle
+    episode open: the stuck rule went on with it, under the alert id just resolved, every change of it dropped as
+    closed, and the hung GPUs had no incident.)"""
+    from detector.events import GpuMetric
+    from tests.helpers import at, usage
+
+    (tmp_path / "rules.yaml").write_text(RULES)
+    engine = Engine(load_rules(tmp_path))
+    engine.process(idle_host("h", "nlp", 40, T0))
+    (tmp_path / "rules.yaml").write_text(RULES.replace("  - name: idle-gpu-nlp\n    type: idle_gpu",
+                                                       "  - name: idle-gpu-nlp\n    type: stuck_gpu"))  # fmt: skip
+    engine.set_ruleset(load_rules(tmp_path))
+    assert [f.rule for f in engine.open_episodes()] == ["idle-gpu"]
+    hung = [e for i in range(60)
+            for e in ([usage(T0 + 40 * MIN + i * 30, "h", tags={"team": "nlp"})] if i % 2 == 0 else [])
+            + [GpuMetric(ts=at(T0 + 40 * MIN + i * 30), resource_id="h", gpu_index=g, model="A100", util_pct=100.0,
+                         sm_active=0.0, power_w=70.0) for g in range(4)]]  # fmt: skip
+    nlp = [f for f in engine.process(hung) if f.rule == "idle-gpu-nlp" and f.action != "update"]
+    assert [(f.action, f.details.get("reason")) for f in nlp] == [("resolve", RULE_REMOVED), ("fire", None)]
+    assert nlp[1].type == "stuck_gpu" and nlp[1].episode_start == T0 + 40 * MIN
