@@ -46,7 +46,7 @@ from detector.outputs.config import (
     template_fields,
 )
 from detector.pricing import Pricing
-from detector.remediation.spec import ActionSpec, kind_error
+from detector.remediation.spec import ActionSpec, kind_error, mode_error
 from detector.suppression.silence import Silence as CompiledSilence
 from detector.units import Duration, Percent, _parse_percent, format_duration, parse_duration
 
@@ -599,8 +599,11 @@ def _validate_file(path: Path) -> _RuleFile:
             errors.extend(_override_errors_beside(item, i, file, lines))
             continue
         refused = kind_error(rule.action.kind, rule.type)
+        field = "kind"
+        if refused is None and rule.action.acts:
+            refused, field = mode_error(rule.action.mode, rule.type), "mode"
         if refused:
-            loc = ("rules", i, "action", "kind")
+            loc = ("rules", i, "action", field)
             errors.append(RuleError(file, lines.get(loc, lines.get(("rules", i), 0)), _format_path(loc), refused))
             continue
         override_errors = []

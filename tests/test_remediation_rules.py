@@ -123,3 +123,31 @@ def test_a_refused_edit_keeps_the_actions_in_force(tmp_path):
     new, refused = config.reload()
     assert new is None and refused is not None
     assert config.current.ruleset.action_for("idle-gpu").mode == "approve"
+
+
+STALE = """\
+rules:
+  - name: gpu-metrics-stale
+    type: telemetry_stale
+    match: {{resource_type: gpu_instance}}
+{action}
+"""
+
+
+def test_a_telemetry_stale_rule_stops_a_machine_only_on_a_persons_approval(tmp_path):
+    """telemetry_stale fires because a host's GPU metrics stopped coming (its exporter crashed): the machine may be
+    training. An automatic stop is refused at the line, whatever the grace, as a bad rules file is (the old rules
+    kept on a reload); approve and dry_run are taken. Before, auto_unless_objected stopped such a machine, busy or
+    not, once its grace passed with nobody objecting."""
+    with pytest.raises(RulesInvalid) as caught:
+        load_rules(write(tmp_path, "    action: {kind: stop_instance, mode: auto_unless_objected, grace: 2h}", rule=STALE))
+    (error,) = caught.value.errors
+    assert str(error).startswith(str(tmp_path / "rules.yaml:5 rules[0].action.mode"))
+    assert "cannot act on a telemetry_stale incident" in error.message and "use mode approve" in error.message
+    for mode in ("approve", "dry_run"):
+        spec = load_rules(write(tmp_path, f"    action: {{kind: stop_instance, mode: {mode}}}", rule=STALE)).action_for(
+            "gpu-metrics-stale")  # fmt: skip
+        assert (spec.kind, spec.mode) == ("stop_instance", mode)
+    spec = load_rules(write(tmp_path, "    action: {kind: stop_instance, mode: auto_unless_objected, grace: 2h}")
+                      ).action_for("idle-gpu")  # fmt: skip
+    assert spec.mode == "auto_unless_objected"  # an idle GPU's samples say the machine does nothing

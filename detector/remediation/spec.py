@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from detector.remediation.base import ActionKind, Mode
 from detector.units import Duration, format_duration
 
-__all__ = ["APPLIES_TO", "MAX_WAIT_S", "MIN_GRACE_S", "ActionSpec", "kind_error"]
+__all__ = ["APPLIES_TO", "ATTENDED_ONLY", "MAX_WAIT_S", "MIN_GRACE_S", "ActionSpec", "kind_error", "mode_error"]
 
 MAX_WAIT_S = 30 * 86_400.0
 """The longest ``after`` and ``grace``: 30 days. An incident that must last longer before anything is done
@@ -34,6 +34,13 @@ APPLIES_TO: dict[ActionKind, frozenset[str]] = {
 applies to every type. Rules on spend that stopping a machine would not end (a failed
 run's cost, untagged spend, a commitment, storage growth) or on a machine still partly
 busy (``partly_idle_gpu``: stopping it would kill the busy GPUs' work) take no action."""
+
+
+ATTENDED_ONLY: frozenset[str] = frozenset({"telemetry_stale"})
+"""Rule types whose incidents say nothing of whether the machine is busy: their actions are ``dry_run`` or
+``approve``, never automatic. ``telemetry_stale`` fires because the GPU metrics stopped coming (the exporter
+crashed, its port blocked); the machine may be training. Stale telemetry must not read as idle (DESIGN.md), and an
+automatic stop would kill the job with nobody having looked."""
 
 
 class ActionSpec(BaseModel):
@@ -73,6 +80,15 @@ class ActionSpec(BaseModel):
     @property
     def acts(self) -> bool:
         return self.kind != "notify_only"
+
+
+def mode_error(mode: str, rule_type: str) -> str | None:
+    """Why ``mode`` makes no sense on a rule of ``rule_type`` (None: it does): an automatic mode where the incident
+    says nothing of the machine's work (:data:`ATTENDED_ONLY`)."""
+    if mode != "auto_unless_objected" or rule_type not in ATTENDED_ONLY:
+        return None
+    return (f"mode auto_unless_objected cannot act on a {rule_type} incident: it fires because the GPU metrics stopped "
+            "coming, which says nothing of whether the machine is busy; use mode approve, for a person to look first")  # fmt: skip
 
 
 def kind_error(kind: str, rule_type: str) -> str | None:
