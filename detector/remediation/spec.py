@@ -88,7 +88,8 @@ def mode_error(mode: str, rule_type: str) -> str | None:
     if mode != "auto_unless_objected" or rule_type not in ATTENDED_ONLY:
         return None
     return (f"mode auto_unless_objected cannot act on a {rule_type} incident: it fires because the GPU metrics stopped "
-            "coming, which says nothing of whether the machine is busy; use mode approve, for a person to look first")  # fmt: skip
+            "coming, which says nothing of whether the machine is busy; use mode approve, for a person to look "
+            "first")  # fmt: skip
 
 
 def kind_error(kind: str, rule_type: str) -> str | None:
