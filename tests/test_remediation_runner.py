@@ -991,3 +991,31 @@ def test_a_rule_moved_from_dry_run_to_approve_proposes_on_the_incident_it_ran_dr
     assert [s for s, _ in steps(store)][3:] == ["proposed", "announced", "approved", "begun", "succeeded"]
     restarted, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
     assert restarted.recover() == 0 and restarted.run_once() == 0  # acted once; the dry run is not proposed again
+
+
+def test_actions_stopped_by_setting_the_rules_to_dry_run_are_proposed_again_once_set_back(store, slack, tmp_path,
+                                                                                         moto_url):  # fmt: skip
+    """The documented way to stop every action at once is to set the rules' actions to dry_run: the pending proposal
+    is cancelled ("rules"). Set back to approve, the incident, still burning, gets a new proposal it can be approved
+    from. Before, the cancelled action kept its key (alert_id:kind) and was never proposed again in that episode."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    posted(store, incident(instance))
+    runner.run_once()
+    assert steps(store)[0] == ("proposed", "")
+    stopped = _rules_now(tmp_path, "{kind: stop_instance, after: 2h, mode: dry_run}")
+    runner.ruleset = lambda: stopped
+    wall.t += 300
+    events_go_on(store, instance, wall, version=2)
+    runner.run_once()
+    assert ("cancelled", "rules") in steps(store)
+    back = _rules_now(tmp_path, "{kind: stop_instance, after: 2h, mode: approve}")
+    runner.ruleset = lambda: back
+    wall.t += 300
+    events_go_on(store, instance, wall, version=3)
+    runner.run_once()
+    assert [s for s, _ in steps(store)].count("proposed") == 2
+    assert click(handler, "burnwatch_approve", APPROVER) == 200
+    runner.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped")
+    assert [s for s, _ in steps(store)][-3:] == ["approved", "begun", "succeeded"]

@@ -189,7 +189,7 @@ class ActionRunner:
                     kinds.add(spec.kind)
                 for kind in sorted(kinds):
                     action = self._actions.get(f"{alert.alert_id}:{kind}")
-                    if action is None or self._ran_dry(action, spec):
+                    if action is None or self._asked_again(action, spec):
                         if spec is not None and alert.status == "firing":
                             self._maybe_propose(alert, spec, now)
                         continue
@@ -237,10 +237,14 @@ class ActionRunner:
         return self._count - before
 
     @staticmethod
-    def _ran_dry(action: Action, spec: ActionSpec | None) -> bool:
-        """Whether ``action`` was a dry run of what its rule now asks for in earnest: proposed again (same key,
-        a new message), or the incident people watched the dry run on would never be offered the action."""
-        return action.state == "dry_run" and spec is not None and spec.kind == action.kind and spec.mode != "dry_run"
+    def _asked_again(action: Action, spec: ActionSpec | None) -> bool:
+        """Whether ``action`` ended without acting because of the rules, and its rule now asks for it in earnest: a dry
+        run (a rule rolled out after watching its dry runs), or one the rules withdrew (every action set to dry_run to
+        stop them all, then set back; a mode changed from auto_unless_objected to approve). Proposed again (same key,
+        a new message): or the incident, still burning, would never be offered the action again."""
+        if spec is None or spec.kind != action.kind or spec.mode == "dry_run":
+            return False
+        return action.state == "dry_run" or (action.state == "cancelled" and action.decided_by == "rules")
 
     def _withdrawn(self, action: Action, specs: Mapping[str, ActionSpec]) -> tuple[str, str] | None:
         """(who, why) if the rules as loaded now no longer ask for this pending action; None if they do."""
