@@ -11,6 +11,7 @@ by the host's resource id. What the samples mean is decided in
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import time
 import zlib
@@ -128,7 +129,9 @@ class Bridge:
         try:
             body = await self._fetch(address, timeout)
             t = self._clock()
-            samples = await asyncio.to_thread(parse_exposition, body, address)
+            long_lines: collections.Counter[str] = collections.Counter()
+            samples = await asyncio.to_thread(parse_exposition, body, address, long_lines)
+            result.skipped.update(long_lines)
         except (ExpositionError, _FetchError) as exc:
             result.error = redact(str(exc))
         else:

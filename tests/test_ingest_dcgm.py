@@ -364,3 +364,26 @@ def test_any_sample_the_text_format_allows_is_read_as_written(labels: dict[str, 
     assert sample.labels == labels
     assert sample.value == value or math.isnan(value) and math.isnan(sample.value)
     assert sample.timestamp == (None if stamp is None else stamp / 1000)
+
+
+def test_a_line_longer_than_any_series_the_bridge_reads_is_left_out_and_counted() -> None:
+    """kube-state-metrics exporting a pod's annotations whole (--metric-annotations-allowlist=pods=[*]: a last-applied
+    configuration of JSON, each quote escaped), or a hostile target: prometheus-client's parser copies the value at
+    each escaped quote, so one line of a MiB took it seconds and one of several MiB hours, holding the bridge's parse
+    thread. A line over MAX_LINE_CHARS is left unparsed and counted; the samples around it are read as before."""
+    from collections import Counter
+
+    from detector.ingest.prometheus import LONG_LINE, MAX_LINE_CHARS
+
+    annotation = '\\"k\\":' * (1 << 18)  # 1.5 MiB of escaped quotes
+    text = ('DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",Hostname="h"} 37\n'
+            f'kube_pod_annotations{{pod="p",annotation_last_applied="{annotation}"}} 1\n'
+            'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-b",Hostname="h"} 38\n')  # fmt: skip
+    assert len(annotation) > MAX_LINE_CHARS
+    skipped: Counter[str] = Counter()
+    samples = parse_exposition(text, "http://ksm:8080/metrics", skipped)
+    assert [(s.name, s.labels["gpu"], s.value) for s in samples] == [("DCGM_FI_DEV_GPU_UTIL", "0", 37.0),
+                                                                     ("DCGM_FI_DEV_GPU_UTIL", "1", 38.0)]  # fmt: skip
+    assert skipped == {LONG_LINE: 1} and LONG_LINE == "line over 64 KiB (not parsed)"
+    long_label = "x" * (MAX_LINE_CHARS - 100)  # under the bound: read as it is
+    assert parse_exposition(f'kube_pod_labels{{label_a="{long_label}"}} 1\n', "ksm")[0].labels["label_a"] == long_label

@@ -10,14 +10,25 @@ clear error naming the target and the offending line instead of a traceback.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["MAX_AHEAD_S", "MAX_BEHIND_S", "ExpositionError", "Sample", "instance_host", "parse_exposition", "plausible_time"]
+__all__ = ["LONG_LINE", "MAX_AHEAD_S", "MAX_BEHIND_S", "MAX_LINE_CHARS", "ExpositionError", "Sample", "instance_host",
+           "parse_exposition", "plausible_time"]  # fmt: skip
 
 MAX_LINE_SHOWN = 120
+MAX_LINE_CHARS = 64 << 10
+"""A line longer than this is left unparsed, and counted (:data:`LONG_LINE`). No series the bridge reads comes
+near it (a GPU's sample is a few hundred characters; a pod's labels, each value at most 63, a few KiB); what does is
+an annotation exported whole (kube-state-metrics' ``kube_pod_annotations`` with a pod's last-applied
+configuration, up to Kubernetes' 256 KiB) or a hostile target. prometheus-client's parser copies a label value at
+each escaped quote in it: parse time grows with the square of the line (a 256 KiB annotation ~0.4 s, a few MiB
+hours), and one such line held the bridge's parsing thread for as long."""
+LONG_LINE = f"line over {MAX_LINE_CHARS >> 10} KiB (not parsed)"
+"""The skip reason of a line over :data:`MAX_LINE_CHARS`, on the bridge's ``burnwatch_bridge_skipped``."""
 MAX_AHEAD_S = 300.0
 """A sample timestamp further than this ahead of the bridge's clock is not an event time (clock
 skew between Prometheus and the bridge is seconds): refused, or one absurd line would move a
@@ -48,17 +59,25 @@ class ExpositionError(ValueError):
         self.reason = reason
 
 
-def parse_exposition(text: str | bytes, target: str) -> list[Sample]:
+def parse_exposition(text: str | bytes, target: str, skipped: Counter[str] | None = None) -> list[Sample]:
     """Every sample of one response, in order. Counters are named as their family
     (the parser's OpenMetrics view adds ``_total`` to a counter exposed without it:
     ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` stays that, as the exporter spells it).
-    Samples whose value is not finite (``NaN``, ``+Inf``) are kept: the mappers decide."""
+    Samples whose value is not finite (``NaN``, ``+Inf``) are kept: the mappers decide. Lines over
+    :data:`MAX_LINE_CHARS` are left out, counted in ``skipped`` (:data:`LONG_LINE`)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ExpositionError(target, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     text = text.removeprefix("\ufeff")  # a byte-order mark would become part of the first metric's name
+    if len(text) > MAX_LINE_CHARS:
+        lines = text.split("\n")
+        kept = [line for line in lines if len(line) <= MAX_LINE_CHARS]
+        if len(kept) < len(lines):
+            text = "\n".join(kept)
+            if skipped is not None:
+                skipped[LONG_LINE] += len(lines) - len(kept)
     try:
         families = list(text_string_to_metric_families(text))
     except Exception:  # the parser raises bare ValueError, IndexError...: find the line ourselves
