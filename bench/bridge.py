@@ -58,10 +58,14 @@ async def _rounds(kube_url: str, dcgm_urls: list[str], rounds: int) -> tuple[lis
         published[topic] = published.get(topic, 0) + 1
 
     targets = [Target(url=kube_url, job="kube-state-metrics")] + [Target(url=url) for url in dcgm_urls]
-    bridge = Bridge(BridgeConfig(targets=targets, kubernetes=True, listen=""), sink)
+    # The bridge's clock is the simulated time the pages of its round carry (one scrape of each exporter a
+    # round), as the demo's is: on the wall clock it refuses every sample as over an hour behind its scrape.
+    now = START
+    bridge = Bridge(BridgeConfig(targets=targets, kubernetes=True, listen=""), sink, clock=lambda: now)
     cpu: list[float] = []
     try:
         for i in range(rounds):
+            now = START + i * SCRAPE_S
             published.clear()
             started = time.process_time()
             results = await bridge.round()
@@ -70,6 +74,9 @@ async def _rounds(kube_url: str, dcgm_urls: list[str], rounds: int) -> tuple[lis
             failed = [r.error for r in results if not r.ok]
             if failed:
                 raise SystemExit(f"round {i + 1}: {len(failed)} scrapes failed, the first: {failed[0]}")
+            if not published.get("gpu-metrics"):  # a bridge that drops every sample is no bridge to time
+                skipped = {reason: n for r in results for reason, n in r.skipped.items()}
+                raise SystemExit(f"round {i + 1}: the bridge published no GPU metrics (skipped: {skipped})")
     finally:
         await bridge.close()
     return cpu, dict(published)

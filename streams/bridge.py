@@ -43,6 +43,8 @@ log = structlog.get_logger("burnwatch.bridge")
 KUBE_FRESH_INTERVALS = 5
 """kube-state-metrics state older than this many scrape intervals is not used (allocation unknown)."""
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+STALE_KUBE = "kube-state-metrics sample over an hour behind the scrape (a node or pod gone)"
+"""The skipped reason of the ``kube_*`` samples :func:`kube_state` leaves out (``KubeState.stale``)."""
 
 
 @dataclass
@@ -201,6 +203,8 @@ class Bridge:
     async def _publish_samples(self, target: Target, samples: list[Sample], t: float, result: ScrapeResult) -> None:
         if target.job in ("kube-state-metrics", "federate"):
             state = kube_state(samples, t, self.config.tag_labels)
+            if state.stale:
+                result.skipped[STALE_KUBE] = result.skipped.get(STALE_KUBE, 0) + state.stale
             if target.job == "kube-state-metrics" or state.nodes:
                 self._kube[target.address()] = state
                 await self._publish_node_usage(state, t, result)

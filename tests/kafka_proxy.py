@@ -180,8 +180,10 @@ class KafkaProxy:
         self.creates_elsewhere = False
         """With :attr:`creates_time_out`: and pass each CreateTopics on for other topics (:func:`elsewhere`), so that
         those asked for never appear: a creation that timed out and never finished."""
-        self._timing_out: dict[int, tuple[int, list[bytes]]] = {}
-        """Correlation id → version and topic names of the CreateTopics requests whose answers are rewritten."""
+        self._timing_out: dict[tuple[socket.socket, int], tuple[int, list[bytes]]] = {}
+        """(client connection, correlation id) → version and topic names of the CreateTopics requests whose answers
+        are rewritten. Per connection: each numbers its requests from 0, so another connection's answer of the same
+        id (an ApiVersions) was taken for the CreateTopics', mangled, and the relay's thread died on it."""
         self._holding = False
         self._released = threading.Event()
         self._closed = False
@@ -237,7 +239,7 @@ class KafkaProxy:
                 api_key, version, correlation = struct.unpack_from(">hhi", frame, 0)
                 if api_key == CREATE_TOPICS and self.creates_time_out:
                     names = [frame[at:end] for at, end, _ in _created(frame, _client_id_end(frame)[1])]
-                    self._timing_out[correlation] = version, names
+                    self._timing_out[(client, correlation)] = version, names
                     if self.creates_elsewhere:
                         frame = elsewhere(frame)
                 broker.sendall(size + frame)
@@ -250,7 +252,7 @@ class KafkaProxy:
             while True:
                 size = _read_exactly(broker, 4)
                 frame = _read_exactly(broker, struct.unpack(">i", size)[0])
-                asked = self._timing_out.pop(struct.unpack_from(">i", frame, 0)[0], None)
+                asked = self._timing_out.pop((client, struct.unpack_from(">i", frame, 0)[0]), None)
                 if asked is not None:
                     frame = timed_out_topics(frame, *asked)
                 client.sendall(struct.pack(">i", len(frame)) + frame)

@@ -130,3 +130,29 @@ def test_a_resource_billed_per_gpu_and_per_core_hour_is_priced_per_hour_it_ran(s
     for billed in (BilledRates.from_table(read_focus(path)), BilledRates.from_store(store)):
         assert billed.hourly("a2-node-1", t) == pytest.approx(32.42)
         assert billed.hourly("a2-node-2", t) == pytest.approx(10.0)
+
+
+def test_an_instance_types_rate_is_per_instance_hour_where_one_id_bills_several(ruleset, tmp_path):
+    """The rate the bill shows for an instance type prices a resource the bill does not know yet, as the
+    price list would: per instance-hour. An EC2 capacity reservation bills its unused instances under its
+    own id (UnusedBox:p5.48xlarge, 3 hours an hour of 8 reserved, 5 in use under their instances' ids); a
+    SageMaker endpoint its instances under the endpoint's. Capping that id's hours at the hour's length
+    (what its own rate needs, a VM's SKUs being units of its hour) made the type's rate $786.56 over 6
+    hours, $131.09 where every instance-hour cost $98.32: a new p5's events, and their waste, a third over
+    the bill."""
+    import csv
+
+    with FIXTURE.open(newline="") as f:
+        first = next(csv.DictReader(f))
+    running = [{**first, "ResourceId": f"i-0run{i}"} for i in range(5)]
+    unused = {**first, "ResourceId": "cr-0p5", "x_UsageType": "USE1-UnusedBox:p5.48xlarge", "ConsumedQuantity": "3",
+              "EffectiveCost": "294.96", "BilledCost": "294.96"}  # fmt: skip
+    path = tmp_path / "reserved.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(first))
+        writer.writeheader()
+        writer.writerows([*running, unused])
+    t = at(0).replace(year=2026, month=11, day=3, hour=10, minute=30).timestamp()
+    billed = BilledRates.from_table(read_focus(path))
+    assert billed.hourly("i-new", t, "p5.48xlarge", "us-east-1") == pytest.approx(98.32)
+    assert Pricer(ruleset.pricing, billed).cost(usage("i-new", t)).usd == pytest.approx(98.32)

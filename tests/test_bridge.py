@@ -773,3 +773,39 @@ def test_the_worker_binds_every_interface_for_0_0_0_0_and_what_it_is_told_otherw
     assert {host: conf.web_bind for host, conf in apps.items()} == {"0.0.0.0": "", "::": "", "127.0.0.1": "127.0.0.1",
                                                                     "::1": "::1"}  # fmt: skip
     assert str(apps["::1"].canonical_url) == "http://[::1]:6066"  # "::" was refused: Faust's URL of itself
+
+
+@pytest.mark.integration
+def test_kube_state_samples_over_an_hour_behind_are_counted_where_they_are_left_out(exporters: Exporters) -> None:
+    """A /federate's kube-state-metrics samples over an hour behind the scrape are left out (dce94fe): a node
+    removed or a pod deleted hours ago. A federate whose kube-state-metrics stopped an hour ago, or a bridge
+    whose clock runs an hour ahead, lost every node that way with nothing said, where the GPU samples so old
+    are counted: the left-out samples are counted among the scrape's skipped, on /metrics and in --once."""
+    from detector.ingest.config import BridgeConfig, Target
+    from streams.bridge import Bridge
+
+    t = 1_796_000_000.0
+    live, old = int((t - 20) * 1000), int((t - 5 * 3600) * 1000)
+    page = ksm_text(merge(node("n1", "aws:///us-east-1a/i-0n1", "p4d.24xlarge", "us-east-1", 8),
+                          node("n2", "aws:///us-east-1a/i-0n2", "p4d.24xlarge", "us-east-1", 8)), ts_ms=live)  # fmt: skip
+    lines = [line.replace(f" {live}", f" {old}") if 'node="n2"' in line else line for line in page.splitlines()]
+    gone = sum(1 for line in lines if line.endswith(f" {old}"))
+    exporters.pages["/federate"] = "\n".join(lines) + "\n"
+    target = Target(url=f"http://{exporters.address}/federate", job="federate")
+
+    async def send(topic: str, key: str, value: bytes) -> None:
+        pass
+
+    async def go() -> Any:
+        bridge = Bridge(BridgeConfig(targets=[target], listen=""), send, clock=lambda: t)
+        try:
+            result = await bridge.scrape(target)
+            return result, bridge.kube(t), bridge.render_metrics().decode()
+        finally:
+            await bridge.close()
+
+    result, state, metrics = asyncio.run(go())
+    assert result.ok and state is not None and set(state.nodes) == {"n1"}
+    reason = "kube-state-metrics sample over an hour behind the scrape (a node or pod gone)"
+    assert gone and result.skipped == {reason: gone}
+    assert f'reason="{reason}"' in metrics

@@ -197,3 +197,20 @@ def test_the_energy_counter_is_the_integral_of_the_draw(nodes):
     assert watts == pytest.approx(node.max_power * 0.8, rel=0.01)
     readings = [energy(T0 + hour * HOUR) for hour in range(0, 24, 2)]
     assert readings == sorted(readings) and readings[-1] > readings[0]
+
+
+def test_the_bridge_benchmark_measures_a_bridge_that_publishes(tmp_path: Path) -> None:
+    """``bench/bridge.py`` times the bridge on fake exporters serving simulated time (2026-01-01); the bridge
+    ran on the wall clock, so once it refused samples over an hour behind its scrape (a33d466, dce94fe) every
+    GPU sample and every kube-state-metrics sample was refused: its rounds published nothing and the figures
+    timed a bridge that parses and drops. Its clock follows the rounds' simulated time, as the demo's does."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bridge.json"
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, str(root / "bench" / "bridge.py"), "--nodes", "1", "--rounds", "3",
+                    "--json", str(out)], check=True, capture_output=True, timeout=240)  # fmt: skip
+    published = json.loads(out.read_text())["messages_per_round"]
+    assert published == {"gpu-metrics": 1, "resource-usage": 1}

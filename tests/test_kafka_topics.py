@@ -187,3 +187,37 @@ def test_topics_whose_creation_timed_out_are_waited_for_not_taken_as_refused(tmp
     assert f"Kafka at {proxy.bootstrap} timed out creating never-made and did not list them within 1 s" in str(caught.value)
     assert _expected_failure(caught.value) == (str(caught.value), EXIT_UNAVAILABLE)
     assert not proxy.errors
+
+
+def test_the_relay_rewrites_the_create_topics_answer_of_its_own_connection_only(tmp_path: Path):
+    """The relay rewrites a CreateTopics answer found by its correlation id. Each connection numbers its requests
+    from 0, so with the ids kept for all connections at once another connection's answer of the same id arriving
+    first (an ApiVersions while a large CreateTopics is being made) was rewritten as the CreateTopics': the relay's
+    thread died on it (struct.error), that client waited for ever, and the CreateTopics came back unrewritten."""
+    import socket
+    import struct
+
+    from aiokafka.protocol.admin import ApiVersionRequest_v0, ApiVersionResponse_v0, CreateTopicsRequest_v2
+
+    def send(sock: socket.socket, request: object, correlation: int) -> None:
+        body = request.build_request_header(correlation_id=correlation, client_id="t").encode() + request.encode()  # type: ignore[attr-defined]
+        sock.sendall(struct.pack(">i", len(body)) + body)
+
+    def answer(sock: socket.socket) -> bytes:
+        with sock.makefile("rb") as f:
+            return f.read(struct.unpack(">i", f.read(4))[0])
+
+    broker_port = free_port()
+    with KafkaProxy(broker_port) as proxy, \
+            EmbeddedBroker(port=broker_port, advertised_port=proxy.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        proxy.creates_time_out = True
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as a, \
+                socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as b:  # fmt: skip
+            many = CreateTopicsRequest_v2(create_topic_requests=[("many", 50_000, 1, [], [])], timeout=30_000,
+                                          validate_only=False)  # fmt: skip
+            send(a, many, 7)  # tens of milliseconds to make: b's answer comes first
+            send(b, ApiVersionRequest_v0(), 7)
+            versions = ApiVersionResponse_v0.decode(answer(b)[4:])
+            created = CreateTopicsRequest_v2.RESPONSE_TYPE.decode(answer(a)[4:])
+    assert versions.error_code == 0
+    assert [(topic, code) for topic, code, *_ in created.topic_errors] == [("many", 7)]  # REQUEST_TIMED_OUT

@@ -10,7 +10,7 @@ price of the hour. For a usage event without ``cost_usd`` the pricer asks here f
    latest one when the event is newer than the bill (a bill lags by hours to a day);
 2. else the rate the bill shows for its instance type, region and pricing model
    (``x_UsageType`` ``BoxUsage:p5.48xlarge``; FOCUS PricingCategory Standard, Dynamic,
-   Committed), for a resource the bill does not know yet;
+   Committed), per instance-hour billed as the price list's, for a resource the bill does not know yet;
 3. else nothing: the price list applies.
 
 A rate is EffectiveCost over ConsumedQuantity for usage measured in hours (instances,
@@ -63,10 +63,13 @@ class BilledRates:
             if p["hours"] and p["hours"] > 0:
                 # A period bills no more hours of one resource than it lasts: quantities beyond (a VM's hour as 8
                 # GPU-hours and 96 core-hours, SKUs of their own) are units of it, not hours it ran, as re-pricing
-                # reads them. Fewer (a day's charge for 9 hours) are the hours it ran.
+                # reads them. Fewer (a day's charge for 9 hours) are the hours it ran. The instance type's rate
+                # keeps the hours as billed ("billed_hours"): one id billing several instances of it (a capacity
+                # reservation's unused ones, an endpoint's) bills an instance-hour each, as the price list prices.
                 hours = min(float(p["hours"]), (float(p["end"]) - float(p["start"])) / 3600.0)
                 if hours > 0:
-                    spans.setdefault(p["resource_id"], []).append({**p, "usd": float(p["usd"]), "hours": hours})
+                    spans.setdefault(p["resource_id"], []).append({**p, "usd": float(p["usd"]), "hours": hours,
+                                                                   "billed_hours": float(p["hours"])})  # fmt: skip
         for c in corrections:
             covered = [p for p in spans.get(c["resource_id"], []) if c["start"] <= p["start"] and p["end"] <= c["end"]]
             hours = sum(p["hours"] for p in covered)
@@ -81,7 +84,7 @@ class BilledRates:
                     kind = (instance_type, p.get("region") or "", _PRICING.get(p.get("pricing_category") or "", "on_demand"))
                     totals = by_kind.setdefault(kind, [0.0, 0.0])
                     totals[0] += p["usd"]
-                    totals[1] += p["hours"]
+                    totals[1] += p["billed_hours"]
         self._starts = {rid: [float(p["start"]) for p in ps] for rid, ps in spans.items()}
         self._rates = {rid: [max(p["usd"] / p["hours"], 0.0) for p in ps] for rid, ps in spans.items()}
         self._by_kind = {k: max(usd / hours, 0.0) for k, (usd, hours) in by_kind.items() if hours > 0}

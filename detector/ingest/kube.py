@@ -118,6 +118,9 @@ class KubeState:
     """Whether the scrape had ``kube_node_info`` (kube-state-metrics can run without node metrics)."""
     gpu_pods: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, pod) of the unfinished pods that request a GPU."""
+    stale: int = 0
+    """``kube_*`` samples left out as over :data:`MAX_BEHIND_S` behind the scrape: the bridge counts them
+    among the scrape's skipped, so a federate whose kube-state-metrics stopped loses no node unsaid."""
     _by_ip: dict[str, str] = field(default_factory=dict)
 
     def node(self, host: str) -> Node | None:
@@ -155,8 +158,12 @@ def kube_state(samples: Iterable[Sample], t: float, tag_labels: Iterable[str] = 
     by_name: dict[str, list[Sample]] = {}
     stale = t - MAX_BEHIND_S
     for s in samples:
-        if s.name.startswith("kube_") and (s.timestamp is None or not s.timestamp < stale):
-            by_name.setdefault(s.name, []).append(s)
+        if not s.name.startswith("kube_"):
+            continue
+        if s.timestamp is not None and s.timestamp < stale:
+            state.stale += 1
+            continue
+        by_name.setdefault(s.name, []).append(s)
 
     def node(name: str) -> Node:
         if name not in state.nodes:
