@@ -18,12 +18,12 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-__all__ = ["AWS_MSK_IAM", "MECHANISMS", "PASSWORD_MECHANISMS", "PLAINTEXT", "PROTOCOLS", "SASL_PROTOCOLS",
+__all__ = ["AWS_MSK_IAM", "MECHANISMS", "OAUTHBEARER", "PASSWORD_MECHANISMS", "PLAINTEXT", "PROTOCOLS", "SASL_PROTOCOLS",
            "TLS_PROTOCOLS", "KafkaSecurity", "Mechanism", "Protocol", "check_identity", "check_trust",
            "msk_region"]  # fmt: skip
 
 Protocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-Mechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "AWS_MSK_IAM"]
+Mechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "AWS_MSK_IAM", "OAUTHBEARER"]
 PROTOCOLS: tuple[Protocol, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 TLS_PROTOCOLS: tuple[Protocol, ...] = ("SSL", "SASL_SSL")
 """The protocols over TLS: the CA, client certificate and hostname settings go with these alone."""
@@ -35,9 +35,13 @@ AWS_MSK_IAM: Mechanism = "AWS_MSK_IAM"
 """Amazon MSK's IAM access control (the name MSK's own clients give it): SASL OAUTHBEARER on the wire, the token
 a URL presigned with the AWS credentials the process finds by the AWS SDK's standard chain (IRSA's role on EKS,
 the instance profile, ``AWS_*`` variables); no username or password."""
-MECHANISMS: tuple[Mechanism, ...] = (*PASSWORD_MECHANISMS, AWS_MSK_IAM)
-"""The SASL mechanisms burnwatch speaks. GSSAPI (Kerberos) and OAUTHBEARER with an OAuth server (Confluent's,
-Strimzi's) need more than that and are refused when the settings load."""
+OAUTHBEARER: Mechanism = "OAUTHBEARER"
+"""SASL OAUTHBEARER with an OAuth 2.0 server's tokens (Confluent Cloud's identity pools, Strimzi and Redpanda with
+Keycloak or another OIDC provider): each client takes a token by the client credentials grant (RFC 6749 4.4) from
+the token endpoint, the SASL username the client id and the password its secret."""
+MECHANISMS: tuple[Mechanism, ...] = (*PASSWORD_MECHANISMS, AWS_MSK_IAM, OAUTHBEARER)
+"""The SASL mechanisms burnwatch speaks. GSSAPI (Kerberos) needs more than settings can give and is refused when
+the settings load."""
 _MSK_HOST = re.compile(r"\.kafka(?:-serverless)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$", re.IGNORECASE)
 """An MSK broker's name (``b-1.NAME.ID.c2.kafka.us-east-1.amazonaws.com``, ``boot-ID.c1.kafka-serverless.REGION…``),
 the region its third label from the end."""
@@ -90,6 +94,11 @@ class KafkaSecurity:
     check_hostname: bool = True
     aws_region: str | None = None
     """The MSK cluster's AWS region, which its IAM tokens are signed for (:data:`AWS_MSK_IAM`)."""
+    oauth_token_url: str | None = None
+    """The OAuth server's token endpoint (:data:`OAUTHBEARER`)."""
+    oauth_scope: str | None = None
+    oauth_extensions: tuple[tuple[str, str], ...] = ()
+    """SASL extensions sent beside the token (RFC 7628): Confluent Cloud's ``logicalCluster`` and ``identityPoolId``."""
 
     @property
     def tls(self) -> bool:
@@ -103,6 +112,11 @@ class KafkaSecurity:
     def iam(self) -> bool:
         """Amazon MSK's IAM access control (:data:`AWS_MSK_IAM`)."""
         return self.sasl and self.mechanism == AWS_MSK_IAM
+
+    @property
+    def oauth(self) -> bool:
+        """Tokens of an OAuth server (:data:`OAUTHBEARER`)."""
+        return self.sasl and self.mechanism == OAUTHBEARER
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context of a connection (None without TLS): certificates always verified, the
@@ -119,6 +133,8 @@ class KafkaSecurity:
         """For a log line: the protocol, and the mechanism and user where SASL is used (never the password)."""
         if self.iam:
             return f"{self.protocol} {self.mechanism} in {self.aws_region}"
+        if self.oauth:
+            return f"{self.protocol} {self.mechanism} as client {self.username} of {self.oauth_token_url}"
         return f"{self.protocol} {self.mechanism} as {self.username}" if self.sasl else self.protocol
 
 

@@ -47,6 +47,9 @@ _PATTERNS = (
     (re.compile(r"xox[abeoprs]-[A-Za-z0-9-]+"), REDACTED),
     (re.compile(r"(hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[^\s\"'<>]+"), r"\1" + REDACTED),
     (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@\"'<>]*:)[^@\s/\"'<>]+@"), r"\1" + REDACTED + "@"),
+    # a bearer token (RFC 6750's characters): aiokafka logs a SASL OAUTHBEARER exchange, ``auth=Bearer TOKEN``,
+    # at debug level, an OAuth server's token or an MSK IAM one (a presigned URL), each good for minutes or hours
+    (re.compile(r"(\b[Bb]earer[ =]+)[A-Za-z0-9\-._~+/]+=*"), r"\1" + REDACTED),
 )
 _secrets: tuple[str, ...] = ()
 _lock = threading.Lock()

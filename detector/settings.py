@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import ssl
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +29,7 @@ from pydantic_settings import PydanticBaseSettingsSource as Source
 from detector.kafka_security import (
     AWS_MSK_IAM,
     MECHANISMS,
+    OAUTHBEARER,
     PASSWORD_MECHANISMS,
     SASL_PROTOCOLS,
     TLS_PROTOCOLS,
@@ -71,6 +74,16 @@ class Settings(BaseSettings):
                                          validation_alias="BURNWATCH_KAFKA_AWS_REGION")  # fmt: skip
     """The MSK cluster's region, with ``BURNWATCH_KAFKA_SASL_MECHANISM=AWS_MSK_IAM`` alone; unset: where its brokers'
     names say (MSK's own names do), else the AWS SDK's ``AWS_REGION`` or ``AWS_DEFAULT_REGION``."""
+    kafka_oauth_token_url: str | None = Field(default=None, validate_default=True,
+                                              validation_alias="BURNWATCH_KAFKA_OAUTH_TOKEN_URL")  # fmt: skip
+    """With ``BURNWATCH_KAFKA_SASL_MECHANISM=OAUTHBEARER`` (and needed there): the OAuth server's token endpoint, which
+    each client asks for a token by the client credentials grant, as the client ``kafka_sasl_username`` with the
+    secret ``kafka_sasl_password`` (or its file). https, or http to this machine alone: the secret goes with it."""
+    kafka_oauth_scope: str | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_OAUTH_SCOPE")
+    """The scope asked with each token (space-separated), where the server wants one."""
+    kafka_oauth_extensions: str | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_OAUTH_EXTENSIONS")
+    """SASL extensions sent beside each token, ``key=value,key=value`` (Confluent Cloud:
+    ``logicalCluster=lkc-abc12,identityPoolId=pool-AbCd``)."""
     kafka_ssl_ca_file: Path | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_SSL_CA_FILE")
     """A PEM bundle of the CAs that sign the brokers' certificates; unset: the system's trust store."""
     kafka_ssl_cert_file: Path | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_SSL_CERT_FILE")
@@ -202,8 +215,8 @@ class Settings(BaseSettings):
         value = value.strip().upper() or None
         if info.field_name == "kafka_sasl_mechanism" and value is not None and value not in MECHANISMS:
             raise ValueError(f"{value} is not supported: burnwatch speaks {', '.join(PASSWORD_MECHANISMS)} (a username "
-                             f"and a password) and {AWS_MSK_IAM} (Amazon MSK's IAM access control, OAUTHBEARER on "
-                             "the wire; an OAuth server's tokens are not supported)")  # fmt: skip
+                             f"and a password), {OAUTHBEARER} (an OAuth server's tokens) and {AWS_MSK_IAM} (Amazon "
+                             "MSK's IAM access control)")  # fmt: skip
         return value
 
     @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file")
@@ -253,6 +266,30 @@ class Settings(BaseSettings):
             if not content:
                 raise ValueError(f"{path} is empty")
         return path
+
+    @field_validator("kafka_oauth_token_url", "kafka_oauth_scope", "kafka_oauth_extensions")
+    @classmethod
+    def _with_oauth(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """The OAuth settings go with OAUTHBEARER alone, where the token endpoint is needed: https, or http to this
+        machine (the client secret goes with each request); extensions as RFC 7628 has them (a key of letters)."""
+        if "kafka_sasl_mechanism" not in info.data:  # its own error is reported
+            return value
+        value = value.strip() or None if isinstance(value, str) else value
+        oauth = info.data["kafka_sasl_mechanism"] == OAUTHBEARER
+        if value is not None and not oauth:
+            raise ValueError(f"set, but BURNWATCH_KAFKA_SASL_MECHANISM is not {OAUTHBEARER}")
+        if info.field_name == "kafka_oauth_token_url" and oauth:
+            if value is None:
+                raise ValueError(f"needed with BURNWATCH_KAFKA_SASL_MECHANISM={OAUTHBEARER}: the OAuth server's token "
+                                 "endpoint (https://...)")  # fmt: skip
+            parts = urllib.parse.urlsplit(value)
+            loopback = parts.hostname in ("localhost", "127.0.0.1", "::1")
+            if parts.scheme != "https" and not (parts.scheme == "http" and loopback) or not parts.hostname:
+                raise ValueError("expected an https:// URL (http:// to this machine alone): the client secret goes "
+                                 "with each request")  # fmt: skip
+        if info.field_name == "kafka_oauth_extensions" and value is not None:
+            oauth_extensions(value)
+        return value
 
     @field_validator("kafka_aws_region")
     @classmethod
@@ -353,7 +390,9 @@ class Settings(BaseSettings):
         return KafkaSecurity(protocol=self.kafka_security_protocol, mechanism=self.kafka_sasl_mechanism,
                              username=self.kafka_sasl_username, password=password, ca_file=self.kafka_ssl_ca_file,
                              cert_file=self.kafka_ssl_cert_file, key_file=self.kafka_ssl_key_file,
-                             check_hostname=self.kafka_ssl_check_hostname, aws_region=region)  # fmt: skip
+                             check_hostname=self.kafka_ssl_check_hostname, aws_region=region,
+                             oauth_token_url=self.kafka_oauth_token_url, oauth_scope=self.kafka_oauth_scope,
+                             oauth_extensions=oauth_extensions(self.kafka_oauth_extensions or ""))  # fmt: skip
 
     @property
     def dsn(self) -> str:
@@ -373,6 +412,26 @@ class Settings(BaseSettings):
 def _not_tls(protocol: str) -> str:
     """Why a TLS setting is refused beside ``protocol``."""
     return f"BURNWATCH_KAFKA_SECURITY_PROTOCOL is {protocol}: TLS settings go with {' or '.join(TLS_PROTOCOLS)}"
+
+
+_EXTENSION_KEY = re.compile(r"^[A-Za-z]+$")
+
+
+def oauth_extensions(text: str) -> tuple[tuple[str, str], ...]:
+    """``key=value,key=value`` as SASL OAUTHBEARER extensions (RFC 7628 3.1: a key of letters, not ``auth``; a value
+    of printable characters); a ``ValueError`` naming the one that is not."""
+    pairs = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not _EXTENSION_KEY.match(key) or key.lower() == "auth":
+            raise ValueError(f"{item!r} is not key=value with a key of letters (not 'auth')")
+        if not value or not value.isprintable():
+            raise ValueError(f"{key}: its value is empty or not printable")
+        pairs.append((key, value))
+    return tuple(pairs)
 
 
 def _read_secret(path: Path) -> str:

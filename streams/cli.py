@@ -1278,7 +1278,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 _ENV_HELP = {
     "kafka_bootstrap": "host:port[,...] of the Kafka brokers (required)",
     "kafka_security_protocol": "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
-    "kafka_sasl_mechanism": "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or AWS_MSK_IAM (with SASL_*)",
+    "kafka_sasl_mechanism": "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM (with SASL_*)",
+    "kafka_oauth_token_url": "with OAUTHBEARER: the token endpoint (SASL user and password: client id, secret)",
+    "kafka_oauth_scope": "with OAUTHBEARER: the scope asked with each token",
+    "kafka_oauth_extensions": "with OAUTHBEARER: SASL extensions, key=value,... (Confluent's logicalCluster)",
     "kafka_aws_region": "the MSK cluster's region, with AWS_MSK_IAM (default: from the brokers' names, AWS_REGION)",
     "kafka_sasl_username": "the SASL user",
     "kafka_sasl_password": "its password ...",

@@ -33,7 +33,7 @@ from detector.events import TOPICS
 from detector.kafka_security import PLAINTEXT, KafkaSecurity
 from detector.replay import read_replay
 from detector.settings import BROKER_DEFAULT, Settings
-from streams.kafka_tokens import IamTokenUnavailable, MskIamTokens
+from streams.kafka_tokens import MskIamTokens, OAuthTokens, TokenUnavailable
 
 __all__ = ["ACKS", "CREATED_WITHIN_S", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsMismatched", "TopicsNotCreated",
            "TopicsRefused", "accepts_connections",
@@ -86,6 +86,11 @@ def faust_credentials(security: KafkaSecurity) -> CredentialsT | None:
     context = security.ssl_context()
     if security.iam:
         return faust.OAuthCredentials(oauth_cb=MskIamTokens(security.aws_region), ssl_context=context)
+    if security.oauth:
+        secret = security.password.get_secret_value() if security.password is not None else ""
+        tokens = OAuthTokens(security.oauth_token_url or "", security.username or "", secret, security.oauth_scope,
+                             dict(security.oauth_extensions))  # fmt: skip
+        return faust.OAuthCredentials(oauth_cb=tokens, ssl_context=context)
     if security.sasl:
         password = security.password.get_secret_value() if security.password is not None else None
         return faust.SASLCredentials(username=security.username, password=password, ssl_context=context,
@@ -111,7 +116,7 @@ async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[
     for host, port, _ in collect_hosts(bootstrap, randomize=running):  # (running: not always the first broker)
         try:
             conn = await create_conn(host, port, request_timeout_ms=10_000, **options)
-        except IamTokenUnavailable as exc:
+        except TokenUnavailable as exc:
             return str(exc)
         except SaslAuthenticationFailed as exc:
             if security.iam:
@@ -119,6 +124,10 @@ async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[
                         "credentials the process runs with (IRSA's role, the instance profile, AWS_* variables), that "
                         "their IAM policy allows kafka-cluster:Connect on the cluster, and "
                         "BURNWATCH_KAFKA_AWS_REGION")  # fmt: skip
+            if security.oauth:
+                return (f"OAUTHBEARER authentication as client {security.username!r} failed ({exc}): the brokers do "
+                        f"not take the tokens of {security.oauth_token_url}: check BURNWATCH_KAFKA_OAUTH_TOKEN_URL, "
+                        "BURNWATCH_KAFKA_OAUTH_SCOPE and BURNWATCH_KAFKA_OAUTH_EXTENSIONS")  # fmt: skip
             return (f"SASL {security.mechanism} authentication as {security.username!r} failed ({exc}): check "
                     "BURNWATCH_KAFKA_SASL_USERNAME, BURNWATCH_KAFKA_SASL_PASSWORD (or _FILE) and "
                     "BURNWATCH_KAFKA_SASL_MECHANISM")  # fmt: skip

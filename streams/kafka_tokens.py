@@ -1,16 +1,25 @@
-"""The SASL OAUTHBEARER tokens of Amazon MSK's IAM access control (:data:`detector.kafka_security.AWS_MSK_IAM`).
+"""The tokens of SASL OAUTHBEARER: Amazon MSK's IAM access control (:data:`detector.kafka_security.AWS_MSK_IAM`) and
+an OAuth 2.0 server's (:data:`detector.kafka_security.OAUTHBEARER`).
 
-A token is a URL presigned for ``kafka-cluster:Connect`` in the cluster's region with the AWS credentials the
+An MSK token is a URL presigned for ``kafka-cluster:Connect`` in the cluster's region with the AWS credentials the
 process finds by the AWS SDK's standard chain (``AWS_*`` variables, IRSA's web identity on EKS, the shared files,
-the instance profile), made by AWS's own signer (``aws-msk-iam-sasl-signer-python``). It is good for 15 minutes;
-a broker closes a connection whose token has expired, and the client connects again with a fresh one, so each is
-made anew once a third of its life is left, and shared by the connections made until then.
+the instance profile), made by AWS's own signer (``aws-msk-iam-sasl-signer-python``), good for 15 minutes. An OAuth
+server's is taken from its token endpoint by the client credentials grant (RFC 6749 4.4), the client id and secret
+sent as HTTP Basic credentials, as Kafka's own Java client sends them (KIP-768). A broker closes a connection whose
+token has expired, and the client connects again with a fresh one: each is made anew once a third of its life is
+left, and shared by the connections made until then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
 
 import botocore.session
 from aiokafka.abc import AbstractTokenProvider
@@ -18,15 +27,43 @@ from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
 from botocore.credentials import CredentialProvider, Credentials
 from botocore.exceptions import BotoCoreError, ClientError
 
-__all__ = ["IamTokenUnavailable", "MskIamTokens"]
+__all__ = ["MskIamTokens", "OAuthTokens", "TokenUnavailable"]
 
 _RENEW_WITHIN = 1 / 3
 """The share of a token's life left when the next connection gets a new one."""
+_TOKEN_TIMEOUT_S = 10.0
+"""How long the OAuth server may take to answer a token request."""
 
 
-class IamTokenUnavailable(RuntimeError):
-    """No token can be made: the region is unknown, or no AWS credentials are found or can be loaded. The message
-    says which, and what to set."""
+class TokenUnavailable(RuntimeError):
+    """No token can be made: the region is unknown, no AWS credentials are found, or the OAuth server refuses the
+    client or does not answer. The message says which, and what to check; never a secret."""
+
+
+class _Tokens(AbstractTokenProvider):
+    """One token at a time, made in a thread (the AWS chain may call STS or the instance metadata service; the OAuth
+    server is a round trip) and shared by the connections opened while more than a third of its life is left."""
+
+    def __init__(self) -> None:
+        self._token = ""
+        self._expires_at = 0.0
+        self._issued_at = 0.0
+        self._lock: asyncio.Lock | None = None
+
+    async def token(self) -> str:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # connections opened together share one token
+            now = time.time()
+            if self._token and self._expires_at - now > (self._expires_at - self._issued_at) * _RENEW_WITHIN:
+                return self._token
+            self._token, self._expires_at = await asyncio.to_thread(self._make)
+            self._issued_at = now
+            return self._token
+
+    def _make(self) -> tuple[str, float]:
+        """A new token and when it expires (epoch seconds)."""
+        raise NotImplementedError
 
 
 class _Chain(CredentialProvider):
@@ -44,41 +81,83 @@ class _Chain(CredentialProvider):
             found = self._session.get_credentials()
             frozen = found.get_frozen_credentials() if found is not None else None
         except (BotoCoreError, ClientError) as exc:
-            raise IamTokenUnavailable(f"AWS credentials for AWS_MSK_IAM could not be loaded ({exc})") from None
+            raise TokenUnavailable(f"AWS credentials for AWS_MSK_IAM could not be loaded ({exc})") from None
         if frozen is None or not frozen.access_key or not frozen.secret_key:
-            raise IamTokenUnavailable("no AWS credentials found for AWS_MSK_IAM: the AWS SDK's chain (AWS_ACCESS_KEY_ID "
-                                      "and AWS_SECRET_ACCESS_KEY, IRSA's AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE, "
-                                      "AWS_PROFILE's files, the instance profile) gave none")  # fmt: skip
+            raise TokenUnavailable("no AWS credentials found for AWS_MSK_IAM: the AWS SDK's chain (AWS_ACCESS_KEY_ID "
+                                   "and AWS_SECRET_ACCESS_KEY, IRSA's AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE, "
+                                   "AWS_PROFILE's files, the instance profile) gave none")  # fmt: skip
         return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
 
 
-class MskIamTokens(AbstractTokenProvider):
+class MskIamTokens(_Tokens):
     """aiokafka's token provider for MSK's IAM in ``region`` (None: not known, an error at the first connection)."""
 
     def __init__(self, region: str | None) -> None:
+        super().__init__()
         self.region = region
         self._chain: _Chain | None = None
-        self._token = ""
-        self._expires_at = 0.0
-        self._issued_at = 0.0
-        self._lock: asyncio.Lock | None = None
 
-    async def token(self) -> str:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:  # connections opened together share one token
-            now = time.time()
-            if self._token and self._expires_at - now > (self._expires_at - self._issued_at) * _RENEW_WITHIN:
-                return self._token
-            self._token, expires_ms = await asyncio.to_thread(self._make)  # (the chain may call STS or the IMDS)
-            self._issued_at, self._expires_at = now, expires_ms / 1000
-            return self._token
-
-    def _make(self) -> tuple[str, int]:
+    def _make(self) -> tuple[str, float]:
         if not self.region:
-            raise IamTokenUnavailable("AWS_MSK_IAM needs the cluster's region: set BURNWATCH_KAFKA_AWS_REGION (the "
-                                      "brokers' names do not say it, nor AWS_REGION or AWS_DEFAULT_REGION)")  # fmt: skip
+            raise TokenUnavailable("AWS_MSK_IAM needs the cluster's region: set BURNWATCH_KAFKA_AWS_REGION (the "
+                                   "brokers' names do not say it, nor AWS_REGION or AWS_DEFAULT_REGION)")  # fmt: skip
         if self._chain is None:
             self._chain = _Chain()
         token, expires_ms = MSKAuthTokenProvider.generate_auth_token_from_credentials_provider(self.region, self._chain)
-        return token, int(expires_ms)
+        return token, int(expires_ms) / 1000
+
+
+class OAuthTokens(_Tokens):
+    """aiokafka's token provider for an OAuth server's token endpoint ``url``, as ``client_id`` with ``secret``;
+    ``scope`` asked where given, ``extensions`` sent beside each token."""
+
+    def __init__(self, url: str, client_id: str, secret: str, scope: str | None = None,
+                 extensions: Mapping[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__()
+        self.url, self.scope = url, scope
+        self._authorization = "Basic " + base64.b64encode(
+            f"{urllib.parse.quote(client_id, safe='')}:{urllib.parse.quote(secret, safe='')}".encode()).decode()
+        self._extensions = dict(extensions or {})
+
+    def extensions(self) -> dict[str, str]:
+        return dict(self._extensions)
+
+    def _make(self) -> tuple[str, float]:
+        form = {"grant_type": "client_credentials", **({"scope": self.scope} if self.scope else {})}
+        request = urllib.request.Request(self.url, data=urllib.parse.urlencode(form).encode(), method="POST", headers={
+            "Authorization": self._authorization, "Content-Type": "application/x-www-form-urlencoded",
+            "Accept": "application/json"})  # fmt: skip
+        now = time.time()
+        try:
+            with urllib.request.urlopen(request, timeout=_TOKEN_TIMEOUT_S) as answer:  # noqa: S310 - https checked
+                body = answer.read(1 << 20)
+        except urllib.error.HTTPError as exc:
+            raise TokenUnavailable(f"the OAuth server at {self.url} refused a token ({exc.code} "
+                                   f"{_oauth_error(exc.read(1 << 16))}): check BURNWATCH_KAFKA_SASL_USERNAME (the client "
+                                   "id), BURNWATCH_KAFKA_SASL_PASSWORD (or _FILE: its secret) and "
+                                   "BURNWATCH_KAFKA_OAUTH_SCOPE") from None  # fmt: skip
+        except (OSError, ValueError) as exc:  # URLError, a timeout, a connection refused
+            why = getattr(exc, "reason", exc)
+            raise TokenUnavailable(f"the OAuth server at {self.url} did not answer a token request ({why}): check "
+                                   "BURNWATCH_KAFKA_OAUTH_TOKEN_URL") from None  # fmt: skip
+        try:
+            answer_json = json.loads(body)
+            token = answer_json["access_token"]
+            life = float(answer_json.get("expires_in", 3600))
+        except (ValueError, KeyError, TypeError):
+            raise TokenUnavailable(f"the OAuth server at {self.url} answered no access_token (not an OAuth token "
+                                   "endpoint? check BURNWATCH_KAFKA_OAUTH_TOKEN_URL)") from None  # fmt: skip
+        if not isinstance(token, str) or not token or not life > 0:
+            raise TokenUnavailable(f"the OAuth server at {self.url} answered an empty token or no lifetime")
+        return token, now + min(life, 86_400.0)
+
+
+def _oauth_error(body: bytes) -> str:
+    """The error an OAuth server says (RFC 6749 5.2: ``error``, ``error_description``), shortened; its status alone if
+    it says none."""
+    try:
+        said = json.loads(body)
+        text = " ".join(str(said[k]) for k in ("error", "error_description") if isinstance(said, dict) and said.get(k))
+    except ValueError:
+        text = ""
+    return text[:300] or "no reason given"

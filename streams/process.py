@@ -25,8 +25,8 @@ from streams.children import die_with_parent
 __all__ = ["KAFKA_SECURITY_ENV", "SESSION_TIMEOUT_S", "StoreServerProcess", "WorkerProcess", "log_events", "stop_group",
            "worker_env"]  # fmt: skip
 
-KAFKA_SECURITY_ENV = [var for name, var in ENV.items()
-                      if name.startswith(("kafka_security_", "kafka_sasl_", "kafka_ssl_", "kafka_aws_"))]  # fmt: skip
+_KAFKA_SECURITY = ("kafka_security_", "kafka_sasl_", "kafka_ssl_", "kafka_aws_", "kafka_oauth_")
+KAFKA_SECURITY_ENV = [var for name, var in ENV.items() if name.startswith(_KAFKA_SECURITY)]
 """The variables of how a worker connects to Kafka (TLS, SASL)."""
 SESSION_TIMEOUT_S = 6
 """The group session timeout of a :func:`worker_env` worker: short, so that a rebalance is quick."""

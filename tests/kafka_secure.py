@@ -17,7 +17,9 @@ import base64
 import datetime
 import hashlib
 import hmac
+import http.server
 import ipaddress
+import json
 import os
 import ssl
 import struct
@@ -37,7 +39,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from streams.embedded import free_port
 from tests.kafka_proxy import _client_id_end
 
-__all__ = ["MECHANISMS", "Pki", "SecureRelay", "make_pki", "msk_iam_verifier"]
+__all__ = ["MECHANISMS", "OAuthServer", "Pki", "SecureRelay", "make_pki", "msk_iam_verifier"]
 
 SASL_HANDSHAKE = 17
 API_VERSIONS = 18
@@ -200,15 +202,77 @@ class _OAuthBearer:
     def __init__(self, verify: Callable[[str], str]) -> None:
         self.verify = verify
         self.user: str | None = None
+        self.extensions: dict[str, str] = {}
+        """The SASL extensions sent beside the token (every key=value pair but ``auth``)."""
 
     def step(self, token: bytes) -> tuple[bytes, bool]:
         header, _, rest = token.decode().partition("\x01")
         pairs = dict(pair.split("=", 1) for pair in rest.split("\x01") if pair)
-        scheme, _, bearer = pairs.get("auth", "").partition(" ")
+        scheme, _, bearer = pairs.pop("auth", "").partition(" ")
         if not header.startswith(("n,", "y,")) or scheme.lower() != "bearer" or not bearer:
             raise _Refused("Authentication failed: no bearer token")
-        self.user = self.verify(bearer)
+        self.user, self.extensions = self.verify(bearer), pairs
         return b"", True
+
+
+class OAuthServer:
+    """An OAuth 2.0 server's token endpoint on 127.0.0.1 (``server.url``), the client credentials grant alone
+    (RFC 6749 4.4): the client's id and secret as HTTP Basic credentials, the scope checked where ``scope`` is given.
+    Each token it issues (random, good for ``life_s``) is what :meth:`verify` takes, naming the client; requests
+    and what each was answered are in :attr:`asked`."""
+
+    def __init__(self, clients: Mapping[str, str], scope: str | None = None, life_s: float = 3600.0) -> None:
+        self.clients, self.scope, self.life_s = clients, scope, life_s
+        self.issued: dict[str, str] = {}
+        self.asked: list[tuple[str, int]] = []
+        """(client id, or '' if none was given, HTTP status) of each token request."""
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()))
+                scheme, _, credentials = self.headers.get("Authorization", "").partition(" ")
+                client, _, secret = (base64.b64decode(credentials).decode().partition(":") if scheme == "Basic"
+                                     else ("", "", ""))  # fmt: skip
+                client, secret = urllib.parse.unquote(client), urllib.parse.unquote(secret)
+                if form.get("grant_type") != "client_credentials":
+                    status, body = 400, {"error": "unsupported_grant_type"}
+                elif server.clients.get(client) != secret or not client:
+                    status, body = 401, {"error": "invalid_client", "error_description": "Invalid client credentials"}
+                elif server.scope is not None and form.get("scope") != server.scope:
+                    status, body = 400, {"error": "invalid_scope"}
+                else:
+                    token = base64.urlsafe_b64encode(os.urandom(24)).decode()
+                    server.issued[token] = client
+                    status, body = 200, {"access_token": token, "token_type": "Bearer", "expires_in": server.life_s}
+                server.asked.append((client, status))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._http.server_address[1]}/oauth2/token"
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+
+    def verify(self, token: str) -> str:
+        """The client a token was issued to, as a broker's OAUTHBEARER check would find it; refused if none."""
+        if token not in self.issued:
+            raise _Refused("Authentication failed: the token is not one the OAuth server issued")
+        return self.issued[token]
+
+    def __enter__(self) -> OAuthServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.shutdown()
+        self._http.server_close()
 
 
 def msk_iam_verifier(keys: Mapping[str, str], region: str) -> Callable[[str], str]:
@@ -293,6 +357,8 @@ class SecureRelay:
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.tls, self.users, self.mechanisms = tls, users, tuple(mechanisms)
         self.tokens = tokens
+        self.extensions: list[dict[str, str]] = []
+        """The SASL extensions of each OAUTHBEARER connection that authenticated."""
         """OAUTHBEARER's check of a token (:func:`msk_iam_verifier`): given, the relay asks for SASL and offers it."""
         if tokens is not None:
             self.users, self.mechanisms = users or {}, (*self.mechanisms, "OAUTHBEARER")
@@ -380,6 +446,8 @@ class SecureRelay:
                 if done:
                     await client_out.drain()
                     self.authenticated.append((client_id, mechanism, exchange.user or ""))
+                    if isinstance(exchange, _OAuthBearer):
+                        self.extensions.append(exchange.extensions)
                     return True
             else:
                 self.refused.append(f"{client_id}: request {api_key} v{version} before authentication")

@@ -8,6 +8,7 @@ variables. Nothing reaches AWS: the instance metadata service is turned off and 
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -90,9 +91,9 @@ def test_the_region_is_read_from_msks_broker_names_or_set(aws):
         ({"BURNWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "BURNWATCH_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
           "BURNWATCH_KAFKA_SASL_USERNAME": "u", "BURNWATCH_KAFKA_SASL_PASSWORD": "p", "BURNWATCH_KAFKA_AWS_REGION": REGION},
          "BURNWATCH_KAFKA_AWS_REGION: Value error, set, but BURNWATCH_KAFKA_SASL_MECHANISM is not AWS_MSK_IAM"),
-        (iam_env(BURNWATCH_KAFKA_SASL_MECHANISM="OAUTHBEARER"),
-         "OAUTHBEARER is not supported: burnwatch speaks PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (a username and a "
-         "password) and AWS_MSK_IAM (Amazon MSK's IAM access control"),
+        (iam_env(BURNWATCH_KAFKA_SASL_MECHANISM="GSSAPI"),
+         "GSSAPI is not supported: burnwatch speaks PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (a username and a "
+         "password), OAUTHBEARER (an OAuth server's tokens) and AWS_MSK_IAM (Amazon MSK's IAM access control)"),
     ],
 )  # fmt: skip
 def test_settings_msk_iam_cannot_use_are_refused_naming_the_setting(environ, said):
@@ -190,4 +191,7 @@ def test_a_worker_reads_and_writes_through_msk_iam(aws, pki: Pki, tmp_path: Path
     clients = {client for client, _, _ in relay.authenticated}
     assert any(c.startswith("faust") for c in clients) and any(c.startswith("aiokafka") for c in clients), clients
     assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", KEY_ID)}
-    assert SECRET not in worker.log_path.read_text()
+    log = worker.log_path.read_text()
+    assert SECRET not in log
+    sent = re.findall(r"auth=Bearer ([^\\']+)", log)  # aiokafka logs each SASL exchange at debug level
+    assert sent and set(sent) == {"[redacted]"}, sent[:3]  # a token opens the cluster for 15 minutes

@@ -79,7 +79,8 @@ def test_plaintext_is_the_default_and_adds_nothing_to_any_client():
           "BURNWATCH_KAFKA_SASL_USERNAME: Value error, needed", "BURNWATCH_KAFKA_SASL_PASSWORD, or this file"]),
         # mechanisms that need more than a user and a password
         (sasl_env(mechanism="GSSAPI"), ["BURNWATCH_KAFKA_SASL_MECHANISM: Value error, GSSAPI is not supported"]),
-        (sasl_env(mechanism="OAUTHBEARER"), ["BURNWATCH_KAFKA_SASL_MECHANISM: Value error, OAUTHBEARER is not supported"]),
+        (sasl_env(mechanism="OAUTHBEARER"), ["BURNWATCH_KAFKA_OAUTH_TOKEN_URL: Value error, needed with "
+                                             "BURNWATCH_KAFKA_SASL_MECHANISM=OAUTHBEARER"]),
         # a protocol Kafka does not have
         ({"BURNWATCH_KAFKA_SECURITY_PROTOCOL": "TLS"}, ["BURNWATCH_KAFKA_SECURITY_PROTOCOL: Input should be"]),
         # a password beside PLAINTEXT meant SASL: refused, not ignored

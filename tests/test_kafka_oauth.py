@@ -1,0 +1,143 @@
+"""SASL OAUTHBEARER with an OAuth 2.0 server's tokens (``BURNWATCH_KAFKA_SASL_MECHANISM=OAUTHBEARER``: Confluent
+Cloud's identity pools, Strimzi or Redpanda with Keycloak or another OIDC provider): each client takes a token from
+the token endpoint by the client credentials grant, the SASL username the client id and the password its secret,
+and sends it with the extensions set. Every client burnwatch makes connects through a relay in front of the
+embedded broker that terminates TLS and takes only the tokens a local token endpoint issued
+(:class:`tests.kafka_secure.OAuthServer`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from detector.settings import load_settings
+from detector.simulate import SimConfig
+from streams.embedded import EmbeddedBroker, free_port
+from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, file_records, publish_records, why_refused
+from streams.process import WorkerProcess, worker_env
+from tests.conftest import ROOT
+from tests.helpers import fleet_file
+from tests.kafka_secure import OAuthServer, Pki, SecureRelay, make_pki
+from tests.test_kafka_security import read_back, refusal
+
+CLIENT, SECRET = "burnwatch-worker", "oauth-client-s3cret"
+SCOPE = "kafka"
+EXTENSIONS = {"logicalCluster": "lkc-abc12", "identityPoolId": "pool-AbCd"}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def oauth_env(url: str, ca: Path | None = None, **more: str) -> dict[str, str]:
+    env = {"BURNWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "BURNWATCH_KAFKA_SASL_MECHANISM": "oauthbearer",
+           "BURNWATCH_KAFKA_SASL_USERNAME": CLIENT, "BURNWATCH_KAFKA_SASL_PASSWORD": SECRET,
+           "BURNWATCH_KAFKA_OAUTH_TOKEN_URL": url, "BURNWATCH_KAFKA_OAUTH_SCOPE": SCOPE,
+           "BURNWATCH_KAFKA_OAUTH_EXTENSIONS": ",".join(f"{k}={v}" for k, v in EXTENSIONS.items())}  # fmt: skip
+    if ca is not None:
+        env["BURNWATCH_KAFKA_SSL_CA_FILE"] = str(ca)
+    return {**env, **more}
+
+
+@pytest.mark.parametrize(
+    ("environ", "said"),
+    [
+        (oauth_env("https://login.example/token", BURNWATCH_KAFKA_OAUTH_TOKEN_URL=""),
+         "BURNWATCH_KAFKA_OAUTH_TOKEN_URL: Value error, needed with BURNWATCH_KAFKA_SASL_MECHANISM=OAUTHBEARER"),
+        (oauth_env("http://login.example/token"),
+         "BURNWATCH_KAFKA_OAUTH_TOKEN_URL: Value error, expected an https:// URL (http:// to this machine alone)"),
+        (oauth_env("https://login.example/token", BURNWATCH_KAFKA_SASL_USERNAME=""),
+         "BURNWATCH_KAFKA_SASL_USERNAME: Value error, needed"),
+        (oauth_env("https://login.example/token", BURNWATCH_KAFKA_SASL_PASSWORD=""),
+         "BURNWATCH_KAFKA_SASL_PASSWORD, or this file holding it, is needed"),
+        (oauth_env("https://login.example/token", BURNWATCH_KAFKA_OAUTH_EXTENSIONS="auth=x"),
+         "BURNWATCH_KAFKA_OAUTH_EXTENSIONS: Value error, 'auth=x' is not key=value with a key of letters"),
+        (oauth_env("https://login.example/token", BURNWATCH_KAFKA_OAUTH_EXTENSIONS="logical-cluster=lkc"),
+         "is not key=value with a key of letters"),
+        ({"BURNWATCH_KAFKA_OAUTH_TOKEN_URL": "https://login.example/token"},
+         "BURNWATCH_KAFKA_OAUTH_TOKEN_URL: Value error, set, but BURNWATCH_KAFKA_SASL_MECHANISM is not OAUTHBEARER"),
+    ],
+)  # fmt: skip
+def test_oauth_settings_that_cannot_work_are_refused_naming_the_setting(environ, said):
+    assert said in refusal(environ)
+    assert SECRET not in refusal(environ)
+
+
+def test_the_clients_connect_with_the_oauth_servers_tokens_and_extensions(pki: Pki, tmp_path: Path):
+    """Topics created, messages published and read back through the relay, each connection authenticated by a token
+    the OAuth server issued to the client, with the extensions set; connections opened together share a token."""
+    broker_port = free_port()
+    with OAuthServer({CLIENT: SECRET}, scope=SCOPE) as oauth, \
+            SecureRelay(broker_port, tls=pki.server_context(), mechanisms=[], tokens=oauth.verify) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        security = load_settings(environ=oauth_env(oauth.url, pki.ca_file)).kafka_security
+        assert security.describe() == f"SASL_SSL OAUTHBEARER as client {CLIENT} of {oauth.url}"
+        asyncio.run(ensure_topics(relay.bootstrap, 2, security=security))
+        sent = [(DEAD_LETTER_TOPIC, f"k{i}", f"message {i}".encode()) for i in range(5)]
+        assert asyncio.run(publish_records(relay.bootstrap, sent, security=security)) == 5
+        assert sorted(read_back(relay.bootstrap, security, DEAD_LETTER_TOPIC, 5)) == sorted(v for _, _, v in sent)
+    assert relay.refused == []
+    assert relay.relayed == len(relay.authenticated) > 0
+    assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", CLIENT)}
+    assert relay.extensions and all(e == EXTENSIONS for e in relay.extensions)
+    assert {status for _, status in oauth.asked} == {200} and len(oauth.asked) < len(relay.authenticated)
+
+
+def test_a_refused_client_or_an_absent_server_is_said_in_one_line(pki: Pki, tmp_path: Path):
+    """A wrong client secret: the OAuth server's own reason, and the settings to check, never the secret; a token
+    endpoint that does not answer: the URL to check; a token the brokers do not take: the OAuth settings."""
+    broker_port = free_port()
+    with OAuthServer({CLIENT: SECRET}, scope=SCOPE) as oauth, OAuthServer({CLIENT: SECRET}) as other, \
+            SecureRelay(broker_port, tls=pki.server_context(), mechanisms=[], tokens=oauth.verify) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        def why(url: str, **more: str) -> str | None:
+            security = load_settings(environ=oauth_env(url, pki.ca_file, **more)).kafka_security
+            return asyncio.run(why_refused(relay.bootstrap, security))
+
+        said = why(oauth.url, BURNWATCH_KAFKA_SASL_PASSWORD="wrong-secret")
+        assert said is not None and f"the OAuth server at {oauth.url} refused a token (401 invalid_client" in said
+        assert "BURNWATCH_KAFKA_SASL_PASSWORD" in said and "wrong-secret" not in said and SECRET not in said
+        gone = f"http://127.0.0.1:{free_port()}/token"
+        said = why(gone)
+        assert said is not None and said.startswith(f"the OAuth server at {gone} did not answer a token request")
+        said = why(other.url)  # a token of another server: the brokers refuse it
+        assert said is not None and said.startswith(f"OAUTHBEARER authentication as client '{CLIENT}' failed")
+        assert why(oauth.url) is None
+
+
+@pytest.mark.integration
+def test_a_worker_reads_and_writes_with_oauth_tokens(pki: Pki, tmp_path: Path, ruleset):
+    """The worker on a cluster asking OAUTHBEARER, the client secret a mounted file: it creates its topics, reads a
+    small fleet (Faust's consumer) and dead-letters a malformed message (Faust's producer), every connection with a
+    token the server issued and the extensions; the secret and the tokens are in no log line, at debug level either."""
+    secret = tmp_path / "oauth-secret"
+    secret.write_text(SECRET + "\n")
+    fleet, _ = fleet_file(tmp_path / "fleet.jsonl", SimConfig(hours=1, training_hosts=1, notebooks=1,
+                                                              inference_endpoints=1), ruleset.pricing)  # fmt: skip
+    records = [*file_records(fleet), ("gpu-metrics", "gpu-host-000", b"{not json")]
+    broker_port = free_port()
+    with OAuthServer({CLIENT: SECRET}, scope=SCOPE) as oauth, \
+            SecureRelay(broker_port, tls=pki.server_context(), mechanisms=[], tokens=oauth.verify) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        settings = oauth_env(oauth.url, pki.ca_file, BURNWATCH_KAFKA_SASL_PASSWORD="",
+                             BURNWATCH_KAFKA_SASL_PASSWORD_FILE=str(secret), BURNWATCH_LOG_LEVEL="debug")  # fmt: skip
+        env = worker_env(relay.bootstrap, tmp_path / "data", ROOT / "rules", 2, **settings)
+        worker = WorkerProcess(env, tmp_path / "worker.log").start()
+        try:
+            worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
+            security = load_settings(environ=env).kafka_security
+            asyncio.run(publish_records(relay.bootstrap, records, security=security))
+            events = count_events(records[:-1])
+            worker.wait_until(lambda h: h["events"] >= events and h["dead_letters"] >= 1, timeout=120)
+        finally:
+            assert worker.stop() == 0, worker.tail()
+    assert relay.refused == [], relay.refused
+    clients = {client for client, _, _ in relay.authenticated}
+    assert any(c.startswith("faust") for c in clients) and any(c.startswith("aiokafka") for c in clients), clients
+    assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", CLIENT)}
+    log = worker.log_path.read_text()
+    assert SECRET not in log and oauth.issued and not any(token in log for token in oauth.issued)
+    assert "auth=Bearer [redacted]" in log  # aiokafka logs each SASL exchange at debug level
