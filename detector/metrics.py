@@ -9,10 +9,10 @@ Prometheus scrapes, from callbacks the worker registers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["METRICS", "Metrics"]
 
@@ -63,16 +63,26 @@ class Metrics:
                                         ["group"], buckets=(0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 5.0), registry=r)  # fmt: skip
         self.anomaly_unscored = Counter("burnwatch_anomaly_unscored", "Closed windows not scored because the group's "
                                         "model was trained on other features (retrain)", ["group"], registry=r)  # fmt: skip
+        self.rules_refused = Gauge("burnwatch_rules_refused", "1 while the rule files on disk are refused (the "
+                                   "worker detects with the last valid ones; a worker started now would not "
+                                   "start): the errors are on /healthz and in the rules_refused log line",
+                                   registry=r)  # fmt: skip
+        self.partitions = Gauge("burnwatch_partitions_assigned", "Partitions this worker holds (each a partition "
+                                "number of every input topic, keyed alike); 0 until the group has settled: summed "
+                                "over the group, BURNWATCH_PARTITIONS when every partition is read", registry=r)  # fmt: skip
         self._lag: Callable[[], Iterable[tuple[str, int, int]]] | None = None
         self._freshness: Callable[[], float | None] | None = None
+        self._detector_errors: Callable[[], Mapping[str, int]] | None = None
         r.register(self)  # the gauges read at scrape time
 
-    def watch(self, lag: Callable[[], Iterable[tuple[str, int, int]]], freshness: Callable[[], float | None]) -> None:
+    def watch(self, lag: Callable[[], Iterable[tuple[str, int, int]]], freshness: Callable[[], float | None],
+              detector_errors: Callable[[], Mapping[str, int]] | None = None) -> None:  # fmt: skip
         """``lag()`` gives (topic, partition, messages behind); ``freshness()`` the seconds between
-        now and the newest event time detected."""
-        self._lag, self._freshness = lag, freshness
+        now and the newest event time detected; ``detector_errors()`` rule name → events its rule
+        raised on (skipped for that rule) since the start."""
+        self._lag, self._freshness, self._detector_errors = lag, freshness, detector_errors
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         lag = GaugeMetricFamily("burnwatch_consumer_lag", "Messages not yet consumed, per input partition",
                                 labels=["topic", "partition"])  # fmt: skip
         for topic, partition, behind in self._lag() if self._lag else ():
@@ -81,6 +91,11 @@ class Metrics:
         fresh = self._freshness() if self._freshness else None
         yield GaugeMetricFamily("burnwatch_event_time_lag_seconds", "Wall clock minus the newest event time detected",
                                 value=fresh if fresh is not None else 0.0)  # fmt: skip
+        errors = CounterMetricFamily("burnwatch_detector_errors", "Events a rule raised on, skipped for that rule "
+                                     "(logged once per rule and error type: detector_error)", labels=["rule"])  # fmt: skip
+        for rule, n in sorted((self._detector_errors() if self._detector_errors else {}).items()):
+            errors.add_metric([rule], n)
+        yield errors
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
