@@ -288,8 +288,7 @@ def _metrics(parts: WorkerParts) -> None:
     METRICS.keys_evicted.set_function(lambda: engine.evicted)
     METRICS.partitions.set_function(lambda: pipeline.stats.partitions)
     METRICS.rules_refused.set_function(lambda: 1 if parts.config.refused is not None else 0)
-    METRICS.watch(lag=consumer_lag, freshness=lambda: time.time() - engine.watermark if engine.watermark else None,
-                  detector_errors=lambda: dict(engine.errors))  # fmt: skip
+    METRICS.watch(lag=consumer_lag, watermark=lambda: engine.watermark, detector_errors=lambda: dict(engine.errors))
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:

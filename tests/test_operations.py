@@ -45,6 +45,9 @@ def test_a_refused_rules_edit_shows_on_metrics_and_healthz_until_a_valid_one_loa
             metrics = scrape(worker.port)
             assert sample(metrics, "burnwatch_rules_refused") == 0
             assert sample(metrics, "burnwatch_partitions_assigned") == 2
+            # nothing read yet: no freshness claimed, and the event time is 0, which a staleness alert catches
+            assert not re.search(r"^burnwatch_event_time_lag_seconds ", metrics, re.M)
+            assert sample(metrics, "burnwatch_event_time_seconds") == 0
 
             good = (rules / "rules.yaml").read_text()
             (rules / "rules.yaml").write_text(good.replace("for: 30m", "for: 30 minutes", 1))
@@ -64,8 +67,25 @@ def test_detector_errors_are_a_counter_per_rule_on_metrics():
     them, ``/metrics`` did not, so nothing alerted on a rule that had stopped detecting."""
     metrics = Metrics()
     errors = {"idle-gpu": 3}
-    metrics.watch(lag=list, freshness=lambda: None, detector_errors=lambda: errors)
+    metrics.watch(lag=list, watermark=lambda: 0.0, detector_errors=lambda: errors)
     text = metrics.render().decode()
     assert re.search(r'^burnwatch_detector_errors_total\{rule="idle-gpu"\} 3\.0$', text, re.M)
     errors["idle-gpu"] = 5
     assert 'burnwatch_detector_errors_total{rule="idle-gpu"} 5.0' in metrics.render().decode()
+
+
+def test_event_time_freshness_is_not_claimed_before_any_event_is_detected():
+    """``burnwatch_event_time_lag_seconds`` read 0 (perfectly fresh) on a worker that had detected nothing: a
+    worker restarted while the exporters or the bridge were down cleared the staleness alert that had fired
+    before, with still nothing flowing. Now the lag has no sample until an event is detected, and
+    ``burnwatch_event_time_seconds`` (the newest event time detected, 0 before any) lets the alert be
+    ``time() - max(burnwatch_event_time_seconds) > 900``, which a restart does not clear."""
+    metrics = Metrics()
+    watermark = 0.0
+    metrics.watch(lag=list, watermark=lambda: watermark, clock=lambda: 1_800_000_600.0)
+    text = metrics.render().decode()
+    assert "burnwatch_event_time_seconds 0.0" in text
+    assert not re.search(r"^burnwatch_event_time_lag_seconds ", text, re.M)
+    watermark = 1_800_000_000.0
+    text = metrics.render().decode()
+    assert "burnwatch_event_time_lag_seconds 600.0" in text and "burnwatch_event_time_seconds 1.8e+09" in text
