@@ -9,10 +9,11 @@ Prometheus scrapes, from callbacks the worker registers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["METRICS", "Metrics"]
 
@@ -63,24 +64,49 @@ class Metrics:
                                         ["group"], buckets=(0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 5.0), registry=r)  # fmt: skip
         self.anomaly_unscored = Counter("burnwatch_anomaly_unscored", "Closed windows not scored because the group's "
                                         "model was trained on other features (retrain)", ["group"], registry=r)  # fmt: skip
+        self.rules_refused = Gauge("burnwatch_rules_refused", "1 while the rule files on disk are refused (the "
+                                   "worker detects with the last valid ones; a worker started now would not "
+                                   "start): the errors are on /healthz and in the rules_refused log line",
+                                   registry=r)  # fmt: skip
+        self.partitions = Gauge("burnwatch_partitions_assigned", "Partitions this worker holds (each a partition "
+                                "number of every input topic, keyed alike); 0 until the group has settled: summed "
+                                "over the group, BURNWATCH_PARTITIONS when every partition is read", registry=r)  # fmt: skip
         self._lag: Callable[[], Iterable[tuple[str, int, int]]] | None = None
-        self._freshness: Callable[[], float | None] | None = None
+        self._watermark: Callable[[], float] | None = None
+        self._clock: Callable[[], float] = time.time
+        self._detector_errors: Callable[[], Mapping[str, int]] | None = None
         r.register(self)  # the gauges read at scrape time
 
-    def watch(self, lag: Callable[[], Iterable[tuple[str, int, int]]], freshness: Callable[[], float | None]) -> None:
-        """``lag()`` gives (topic, partition, messages behind); ``freshness()`` the seconds between
-        now and the newest event time detected."""
-        self._lag, self._freshness = lag, freshness
+    def watch(self, lag: Callable[[], Iterable[tuple[str, int, int]]], watermark: Callable[[], float],
+              detector_errors: Callable[[], Mapping[str, int]] | None = None,
+              clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        """``lag()`` gives (topic, partition, messages behind); ``watermark()`` the newest event time
+        detected (epoch seconds, 0 before any); ``detector_errors()`` rule name → events its rule
+        raised on (skipped for that rule) since the start."""
+        self._lag, self._watermark, self._detector_errors, self._clock = lag, watermark, detector_errors, clock
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         lag = GaugeMetricFamily("burnwatch_consumer_lag", "Messages not yet consumed, per input partition",
                                 labels=["topic", "partition"])  # fmt: skip
         for topic, partition, behind in self._lag() if self._lag else ():
             lag.add_metric([topic, str(partition)], behind)
         yield lag
-        fresh = self._freshness() if self._freshness else None
-        yield GaugeMetricFamily("burnwatch_event_time_lag_seconds", "Wall clock minus the newest event time detected",
-                                value=fresh if fresh is not None else 0.0)  # fmt: skip
+        # Before any event is detected there is no lag to say: 0 claimed a worker restarted while nothing
+        # flowed was fresh, clearing the staleness alert. The event time itself reads 0 then, which an alert
+        # on time() - max(burnwatch_event_time_seconds) catches.
+        watermark = self._watermark() if self._watermark else 0.0
+        yield GaugeMetricFamily("burnwatch_event_time_seconds", "The newest event time detected (epoch seconds; "
+                                "0 before any, since the start or the last rebalance)", value=watermark)  # fmt: skip
+        fresh = GaugeMetricFamily("burnwatch_event_time_lag_seconds", "Wall clock minus the newest event time "
+                                  "detected; no sample before any is detected")  # fmt: skip
+        if watermark:
+            fresh.add_metric([], self._clock() - watermark)
+        yield fresh
+        errors = CounterMetricFamily("burnwatch_detector_errors", "Events a rule raised on, skipped for that rule "
+                                     "(logged once per rule and error type: detector_error)", labels=["rule"])  # fmt: skip
+        for rule, n in sorted((self._detector_errors() if self._detector_errors else {}).items()):
+            errors.add_metric([rule], n)
+        yield errors
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -17,6 +17,9 @@ class RulesWatcher:
     def __init__(self, path: str | Path, current: RuleSet) -> None:
         self.path = Path(path)
         self.current = current
+        self.refused: RulesInvalid | None = None
+        """The errors of the files on disk while they are refused (the rules in force are older ones, and a
+        worker started now would refuse to start); None once a valid edit loads."""
         self._stamp = self._fingerprint()
 
     def _fingerprint(self) -> tuple:
@@ -43,6 +46,7 @@ class RulesWatcher:
         try:
             ruleset = load_rules(self.path)
         except RulesInvalid as exc:
+            self.refused = exc
             return None, exc
-        self.current = ruleset
+        self.current, self.refused = ruleset, None
         return ruleset, None

@@ -63,6 +63,11 @@ class LiveConfig:
         _warn_inconsistent(ruleset, rules_path)
         return cls(Config.of(ruleset), rules_path)
 
+    @property
+    def refused(self) -> RulesInvalid | None:
+        """The errors of the rule files on disk while the worker refuses them (``/healthz``, ``/metrics``)."""
+        return self._watcher.refused if self._watcher is not None else None
+
     def reload(self) -> tuple[Config | None, RulesInvalid | None]:
         """Blocking (files): (the new snapshot, None) after a valid edit, now current;
         (None, every error) after an invalid one, the snapshot in force kept; (None, None)

@@ -286,8 +286,9 @@ def _metrics(parts: WorkerParts) -> None:
     METRICS.stalled_seconds.set_function(pipeline.stalled_for)
     METRICS.keys_held.set_function(lambda: len(engine))
     METRICS.keys_evicted.set_function(lambda: engine.evicted)
-    METRICS.watch(lag=consumer_lag,
-                  freshness=lambda: time.time() - engine.watermark if engine.watermark else None)  # fmt: skip
+    METRICS.partitions.set_function(lambda: pipeline.stats.partitions)
+    METRICS.rules_refused.set_function(lambda: 1 if parts.config.refused is not None else 0)
+    METRICS.watch(lag=consumer_lag, watermark=lambda: engine.watermark, detector_errors=lambda: dict(engine.errors))
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
@@ -296,7 +297,7 @@ def _metrics(parts: WorkerParts) -> None:
 
 
 def _healthz(parts: WorkerParts) -> None:
-    pipeline, engine, outbox = parts.pipeline, parts.engine, parts.outbox
+    pipeline, engine, outbox, config = parts.pipeline, parts.engine, parts.outbox, parts.config
     membership = pipeline.membership
 
     @parts.app.page("/healthz")
@@ -329,6 +330,8 @@ def _healthz(parts: WorkerParts) -> None:
                 "fetch_pauses": s.fetch_pauses,
                 "dead_letters": s.dead_letters,
                 "detector_errors": engine.errors,
+                # the rule files on disk refused (their errors): the rules in force are older, a start would fail
+                "rules_refused": "; ".join(map(str, refused.errors)) if (refused := config.refused) else None,
                 "alerts_fired": s.alerts_fired,
                 "alerts_resolved": s.alerts_resolved,
                 # null while the posts the partitions' previous holder left in the store are being
