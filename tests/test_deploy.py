@@ -184,7 +184,7 @@ def test_billing_dashboard_shows_the_reconcile_report_of_its_time_range(store):
 
 def test_kubernetes_manifests_validate_against_the_kubernetes_schemas():
     kinds = [doc["kind"] for doc in K8S]
-    assert kinds == ["ConfigMap", "Secret", "Secret", "Deployment", "Service", "ScaledObject"]
+    assert kinds == ["ConfigMap", "Secret", "Secret", "Deployment", "PodDisruptionBudget", "Service", "ScaledObject"]
     assert [doc["kind"] for doc in BRIDGE] == ["ConfigMap", "Deployment"]
     for doc in K8S + BRIDGE:
         if doc["apiVersion"].startswith("keda.sh/"):
@@ -251,6 +251,19 @@ def test_keda_scales_the_worker_on_its_consumer_lag_up_to_the_partition_count():
     assert trigger["metadata"]["consumerGroup"] == settings.app_id  # Faust's group is the app id
     assert trigger["metadata"]["bootstrapServers"] == settings.kafka_bootstrap
     assert trigger["metadata"]["allowIdleConsumers"] == "false"
+
+
+def test_workers_leave_one_at_a_time_in_a_rollout_and_a_drain():
+    """Each worker that joins or leaves rebalances the group (every partition's state handed over): a rollout
+    replaces one pod at a time, the new one first, and a drain evicts one at a time (a PodDisruptionBudget on the
+    worker pods). Without them a drain could evict every worker at once."""
+    docs = {doc["kind"]: doc for doc in K8S}
+    deployment, budget = docs["Deployment"], docs["PodDisruptionBudget"]
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}  # fmt: skip
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 
 
 def test_the_worker_pod_runs_the_tested_command_with_its_rules_and_secrets(tmp_path):
