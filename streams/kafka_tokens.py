@@ -4,16 +4,21 @@ A token is a URL presigned for ``kafka-cluster:Connect`` in the cluster's region
 process finds by the AWS SDK's standard chain (``AWS_*`` variables, IRSA's web identity on EKS, the shared files,
 the instance profile), made by AWS's own signer (``aws-msk-iam-sasl-signer-python``). It is good for 15 minutes;
 a broker closes a connection whose token has expired, and the client connects again with a fresh one, so each is
-made anew once a third of its life is left, and shared by the connections made until then.
+made anew once a third of its life is left, and shared by the connections made until then. Credentials that cannot
+be loaded then (STS unreachable for a while) leave the token in hand in use while it is good; after that, each
+connection fails as one that could not be made, which aiokafka's clients retry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import botocore.session
+import structlog
 from aiokafka.abc import AbstractTokenProvider
+from aiokafka.errors import KafkaConnectionError
 from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
 from botocore.credentials import CredentialProvider, Credentials
 from botocore.exceptions import BotoCoreError, ClientError
@@ -23,10 +28,15 @@ __all__ = ["IamTokenUnavailable", "MskIamTokens"]
 _RENEW_WITHIN = 1 / 3
 """The share of a token's life left when the next connection gets a new one."""
 
+log = structlog.get_logger("burnwatch.kafka")
 
-class IamTokenUnavailable(RuntimeError):
+
+class IamTokenUnavailable(KafkaConnectionError):
     """No token can be made: the region is unknown, or no AWS credentials are found or can be loaded. The message
-    says which, and what to set."""
+    says which, and what to set. A connection that could not be made, to aiokafka: its clients retry it (any other
+    error ends the consumer's fetcher, the producer's sender or the metadata updates for good)."""
+
+    __str__ = Exception.__str__  # the message alone, not aiokafka's "IamTokenUnavailable: ..."
 
 
 class _Chain(CredentialProvider):
@@ -43,7 +53,7 @@ class _Chain(CredentialProvider):
         try:
             found = self._session.get_credentials()
             frozen = found.get_frozen_credentials() if found is not None else None
-        except (BotoCoreError, ClientError) as exc:
+        except (BotoCoreError, ClientError, OSError, RuntimeError) as exc:  # (OSError: IRSA's token file)
             raise IamTokenUnavailable(f"AWS credentials for AWS_MSK_IAM could not be loaded ({exc})") from None
         if frozen is None or not frozen.access_key or not frozen.secret_key:
             raise IamTokenUnavailable("no AWS credentials found for AWS_MSK_IAM: the AWS SDK's chain (AWS_ACCESS_KEY_ID "
@@ -61,17 +71,27 @@ class MskIamTokens(AbstractTokenProvider):
         self._token = ""
         self._expires_at = 0.0
         self._issued_at = 0.0
-        self._lock: asyncio.Lock | None = None
+        self._lock = threading.Lock()
+        """A thread's lock, taken off the event loops: one provider serves clients on several loops (Faust's consumer
+        runs on a loop of its own, in a thread of its own), which an asyncio lock cannot."""
 
     async def token(self) -> str:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:  # connections opened together share one token
+        return await asyncio.to_thread(self._current)  # (the chain may call STS or the IMDS)
+
+    def _current(self) -> str:
+        with self._lock:  # connections opened together share one token
             now = time.time()
-            if self._token and self._expires_at - now > (self._expires_at - self._issued_at) * _RENEW_WITHIN:
+            left = self._expires_at - now
+            if self._token and left > (self._expires_at - self._issued_at) * _RENEW_WITHIN:
                 return self._token
-            self._token, expires_ms = await asyncio.to_thread(self._make)  # (the chain may call STS or the IMDS)
-            self._issued_at, self._expires_at = now, expires_ms / 1000
+            try:
+                token, expires_ms = self._make()
+            except IamTokenUnavailable as exc:
+                if self._token and left > 0:  # the one in hand is still good: try again at the next connection
+                    log.warning("kafka_iam_token_not_renewed", error=str(exc), token_left_s=round(left))
+                    return self._token
+                raise
+            self._token, self._issued_at, self._expires_at = token, now, expires_ms / 1000
             return self._token
 
     def _make(self) -> tuple[str, int]:
