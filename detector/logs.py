@@ -9,8 +9,9 @@ and replaced by ``[redacted]`` wherever they would be written: in our structlog
 events, in every stdlib record (slack-sdk logs a webhook's whole URL at debug level;
 Faust, aiokafka, urllib3 and clickhouse-connect log through the same handler), in
 tracebacks, and in the CLI's messages. Patterns catch what was not registered:
-Slack tokens (``xoxb-…``), webhook paths (``hooks.slack.com/services/…``) and the
-password in ``scheme://user:password@host``.
+Slack tokens (``xoxb-…``), webhook paths (``hooks.slack.com/services/…``), the
+password in ``scheme://user:password@host``, and OAUTHBEARER tokens and SigV4 signatures
+(Amazon MSK's IAM tokens, which aiokafka and botocore log at debug level).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ _PATTERNS = (
     (re.compile(r"xox[abeoprs]-[A-Za-z0-9-]+"), REDACTED),
     (re.compile(r"(hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[^\s\"'<>]+"), r"\1" + REDACTED),
     (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@\"'<>]*:)[^@\s/\"'<>]+@"), r"\1" + REDACTED + "@"),
+    # An OAUTHBEARER token (MSK's IAM: a presigned URL, a bearer credential for 15 minutes) in the SASL exchange
+    # aiokafka logs at debug level; a presigned URL's signature, and the one botocore logs at debug level after the
+    # request it signs (the two make the token again).
+    (re.compile(r"(auth=bearer )[A-Za-z0-9._~+/-]+=*", re.IGNORECASE), r"\1" + REDACTED),
+    (re.compile(r"(X-Amz-Signature=|Signature:\s*)[0-9a-f]{64}\b"), r"\1" + REDACTED),
 )
 _secrets: tuple[str, ...] = ()
 _lock = threading.Lock()

@@ -8,6 +8,8 @@ variables. Nothing reaches AWS: the instance metadata service is turned off and 
 from __future__ import annotations
 
 import asyncio
+import base64
+import re
 import sys
 import threading
 import time
@@ -337,4 +339,10 @@ def test_a_worker_reads_and_writes_through_msk_iam(aws, pki: Pki, tmp_path: Path
     clients = {client for client, _, _ in relay.authenticated}
     assert any(c.startswith("faust") for c in clients) and any(c.startswith("aiokafka") for c in clients), clients
     assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", KEY_ID)}
-    assert SECRET not in worker.log_path.read_text()
+    log = worker.log_path.read_text()
+    assert SECRET not in log
+    # A token is a bearer credential for 15 minutes: at debug level aiokafka logs the OAUTHBEARER exchange, and
+    # botocore the request it presigns and then its signature, which together make the token again.
+    assert "auth=Bearer [redacted]" in log and "Signature:\\n[redacted]" in log  # (logged, redacted)
+    assert base64.urlsafe_b64encode(b"https://kafka.").decode() not in log  # every token begins so
+    assert not re.search(r"Signature:(\\n|\s)*[0-9a-f]{64}", log)
