@@ -9,8 +9,9 @@ and replaced by ``[redacted]`` wherever they would be written: in our structlog
 events, in every stdlib record (slack-sdk logs a webhook's whole URL at debug level;
 Faust, aiokafka, urllib3 and clickhouse-connect log through the same handler), in
 tracebacks, and in the CLI's messages. Patterns catch what was not registered:
-Slack tokens (``xoxb-…``), webhook paths (``hooks.slack.com/services/…``) and the
-password in ``scheme://user:password@host``.
+Slack tokens (``xoxb-…``), webhook paths (``hooks.slack.com/services/…``), the
+password in ``scheme://user:password@host``, and OAUTHBEARER tokens and SigV4 signatures
+(Amazon MSK's IAM tokens, which aiokafka and botocore log at debug level).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ _PATTERNS = (
     # a bearer token (RFC 6750's characters): aiokafka logs a SASL OAUTHBEARER exchange, ``auth=Bearer TOKEN``,
     # at debug level, an OAuth server's token or an MSK IAM one (a presigned URL), each good for minutes or hours
     (re.compile(r"(\b[Bb]earer[ =]+)[A-Za-z0-9\-._~+/]+=*"), r"\1" + REDACTED),
+    # a presigned URL's signature, and the one botocore logs at debug level after the request it signs (the two
+    # make an MSK IAM token again)
+    (re.compile(r"(X-Amz-Signature=|Signature:\s*)[0-9a-f]{64}\b"), r"\1" + REDACTED),
 )
 _secrets: tuple[str, ...] = ()
 _lock = threading.Lock()

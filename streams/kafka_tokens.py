@@ -7,7 +7,9 @@ the instance profile), made by AWS's own signer (``aws-msk-iam-sasl-signer-pytho
 server's is taken from its token endpoint by the client credentials grant (RFC 6749 4.4), the client id and secret
 sent as HTTP Basic credentials, as Kafka's own Java client sends them (KIP-768). A broker closes a connection whose
 token has expired, and the client connects again with a fresh one: each is made anew once a third of its life is
-left, and shared by the connections made until then.
+left, and shared by the connections made until then. One that cannot be made then (STS or the OAuth server
+unreachable for a while) leaves the token in hand in use while it is good; after that, each connection fails as one
+that could not be made, which aiokafka's clients retry.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -22,7 +25,9 @@ import urllib.request
 from collections.abc import Mapping
 
 import botocore.session
+import structlog
 from aiokafka.abc import AbstractTokenProvider
+from aiokafka.errors import KafkaConnectionError
 from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
 from botocore.credentials import CredentialProvider, Credentials
 from botocore.exceptions import BotoCoreError, ClientError
@@ -34,10 +39,16 @@ _RENEW_WITHIN = 1 / 3
 _TOKEN_TIMEOUT_S = 10.0
 """How long the OAuth server may take to answer a token request."""
 
+log = structlog.get_logger("burnwatch.kafka")
 
-class TokenUnavailable(RuntimeError):
+
+class TokenUnavailable(KafkaConnectionError):
     """No token can be made: the region is unknown, no AWS credentials are found, or the OAuth server refuses the
-    client or does not answer. The message says which, and what to check; never a secret."""
+    client or does not answer. The message says which, and what to check; never a secret. A connection that could
+    not be made, to aiokafka: its clients retry it (any other error ends the consumer's fetcher, the producer's sender
+    or the metadata updates for good)."""
+
+    __str__ = Exception.__str__  # the message alone, not aiokafka's "TokenUnavailable: ..."
 
 
 class _Tokens(AbstractTokenProvider):
@@ -48,21 +59,31 @@ class _Tokens(AbstractTokenProvider):
         self._token = ""
         self._expires_at = 0.0
         self._issued_at = 0.0
-        self._lock: asyncio.Lock | None = None
+        self._lock = threading.Lock()
+        """A thread's lock, taken off the event loops: one provider serves clients on several loops (Faust's consumer
+        runs on a loop of its own, in a thread of its own), which an asyncio lock cannot."""
 
     async def token(self) -> str:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:  # connections opened together share one token
+        return await asyncio.to_thread(self._current)
+
+    def _current(self) -> str:
+        with self._lock:  # connections opened together share one token
             now = time.time()
-            if self._token and self._expires_at - now > (self._expires_at - self._issued_at) * _RENEW_WITHIN:
+            left = self._expires_at - now
+            if self._token and left > (self._expires_at - self._issued_at) * _RENEW_WITHIN:
                 return self._token
-            self._token, self._expires_at = await asyncio.to_thread(self._make)
-            self._issued_at = now
+            try:
+                token, expires_at = self._make()
+            except TokenUnavailable as exc:
+                if self._token and left > 0:  # the one in hand is still good: try again at the next connection
+                    log.warning("kafka_token_not_renewed", error=str(exc), token_left_s=round(left))
+                    return self._token
+                raise
+            self._token, self._issued_at, self._expires_at = token, now, expires_at
             return self._token
 
     def _make(self) -> tuple[str, float]:
-        """A new token and when it expires (epoch seconds)."""
+        """A new token and when it expires (epoch seconds); :class:`TokenUnavailable` if none can be made."""
         raise NotImplementedError
 
 
@@ -80,7 +101,7 @@ class _Chain(CredentialProvider):
         try:
             found = self._session.get_credentials()
             frozen = found.get_frozen_credentials() if found is not None else None
-        except (BotoCoreError, ClientError) as exc:
+        except (BotoCoreError, ClientError, OSError, RuntimeError) as exc:  # (OSError: IRSA's token file)
             raise TokenUnavailable(f"AWS credentials for AWS_MSK_IAM could not be loaded ({exc})") from None
         if frozen is None or not frozen.access_key or not frozen.secret_key:
             raise TokenUnavailable("no AWS credentials found for AWS_MSK_IAM: the AWS SDK's chain (AWS_ACCESS_KEY_ID "

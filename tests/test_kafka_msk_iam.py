@@ -8,19 +8,33 @@ variables. Nothing reaches AWS: the instance metadata service is turned off and 
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from detector.settings import load_settings
 from detector.simulate import SimConfig
 from streams.embedded import EmbeddedBroker, free_port
-from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, file_records, publish_records, why_refused
+from streams.kafka import (
+    DEAD_LETTER_TOPIC,
+    client_options,
+    count_events,
+    ensure_topics,
+    faust_credentials,
+    file_records,
+    publish_records,
+    why_refused,
+)
 from streams.kafka_tokens import MskIamTokens
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
-from tests.helpers import fleet_file
+from tests.helpers import burnwatch_in_process, fleet_file
 from tests.kafka_secure import Pki, SecureRelay, make_pki, msk_iam_verifier
 from tests.test_kafka_security import read_back, refusal
 
@@ -53,6 +67,26 @@ def msk(broker_port: int, pki: Pki) -> SecureRelay:
     """MSK's IAM listener in front of the embedded broker on ``broker_port``: TLS, and OAUTHBEARER alone, its tokens
     checked as MSK checks them, for the test's access key in :data:`REGION`."""
     return SecureRelay(broker_port, tls=pki.server_context(), mechanisms=[], tokens=msk_iam_verifier({KEY_ID: SECRET}, REGION))
+
+
+def credential_process(monkeypatch, tmp_path: Path, *, down: Path, delay_s: float = 0.0) -> None:
+    """The process's AWS credentials from a ``credential_process`` (as IRSA's are from STS): temporary ones, within
+    the 10 minutes before their end in which botocore loads them anew at every use, after ``delay_s``; while the
+    file ``down`` is there, none (STS unreachable, throttling)."""
+    script = tmp_path / "aws-credentials.py"
+    script.write_text(f"""import datetime, json, pathlib, sys, time
+time.sleep({delay_s})
+if pathlib.Path({str(down)!r}).exists():
+    sys.exit("STS is unavailable")
+expiry = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=5)
+print(json.dumps({{"Version": 1, "AccessKeyId": {KEY_ID!r}, "SecretAccessKey": {SECRET!r}, "SessionToken": "session",
+                  "Expiration": expiry.isoformat()}}))
+""")
+    config = tmp_path / "aws-config"
+    config.write_text(f"[default]\ncredential_process = {sys.executable} {script}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
 
 
 def iam_env(ca: Path | None = None, **more: str) -> dict[str, str]:
@@ -124,6 +158,96 @@ def test_a_token_is_shared_by_connections_till_a_third_of_its_life_is_left_then_
     assert verify(renewed) == KEY_ID
 
 
+def test_one_provider_serves_clients_on_several_event_loops(aws, monkeypatch, tmp_path: Path):
+    """Faust's consumer runs on an event loop of its own, in a thread of its own, and shares the worker's token
+    provider (its broker_credentials) with the producer and the credentials check on the worker's loop. Tokens asked
+    for on two loops at once while the credentials take a moment to load (STS): each loop gets the one token, at the
+    first and at a renewal. (Red before: the second loop waited on an asyncio lock the first released from its own
+    thread, which never woke it; at the next contention, "bound to a different event loop".)"""
+    credential_process(monkeypatch, tmp_path, down=tmp_path / "sts-down", delay_s=1.0)
+    security = load_settings(environ=iam_env(BURNWATCH_KAFKA_AWS_REGION=REGION)).kafka_security
+    tokens = faust_credentials(security).oauth_cb
+    verify = msk_iam_verifier({KEY_ID: SECRET}, REGION)
+
+    def together() -> list[str]:
+        got: list[str] = []
+        start = threading.Barrier(2)
+
+        def on_a_loop_of_its_own() -> None:
+            start.wait()
+            got.append(asyncio.run(tokens.token()))
+
+        threads = [threading.Thread(target=on_a_loop_of_its_own, daemon=True) for _ in range(2)]
+        began = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=15)
+        assert time.monotonic() - began < 10 and len(got) == 2, got
+        return got
+
+    first = together()
+    assert first[0] == first[1] and verify(first[0]) == KEY_ID
+    tokens._issued_at -= 650  # (a third of its life left: the next asks for a new one)
+    tokens._expires_at -= 650
+    renewed = together()
+    assert renewed[0] == renewed[1] != first[0] and verify(renewed[0]) == KEY_ID
+
+
+def test_credentials_failing_for_a_while_stop_no_client(aws, monkeypatch, pki: Pki, tmp_path: Path):
+    """The AWS credentials unavailable when a token is due for renewal (STS unreachable for a while): the token in
+    hand, still good, serves the connections made meanwhile; once it has expired too, the clients retry, and go on
+    when the credentials are back. (Red before: the error reached aiokafka as no error of a connection, which ended
+    the consumer's fetcher for good: it read nothing ever after.)"""
+    down = tmp_path / "sts-down"
+    credential_process(monkeypatch, tmp_path, down=down)
+    security = load_settings(environ=iam_env(pki.ca_file, BURNWATCH_KAFKA_AWS_REGION=REGION)).kafka_security
+    broker_port = free_port()
+    with msk(broker_port, pki) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        asyncio.run(ensure_topics(relay.bootstrap, 2, security=security))
+
+        async def go() -> None:
+            options = client_options(security)
+            tokens = options["sasl_oauth_token_provider"]
+            producer = AIOKafkaProducer(bootstrap_servers=relay.bootstrap, **options)
+            consumer = AIOKafkaConsumer(bootstrap_servers=relay.bootstrap, enable_auto_commit=False, **options)
+            await producer.start()
+            await consumer.start()
+            consumer.assign([TopicPartition(DEAD_LETTER_TOPIC, p) for p in range(2)])
+            await consumer.seek_to_beginning()
+
+            async def passes(value: bytes) -> None:
+                await asyncio.wait_for(producer.send_and_wait(DEAD_LETTER_TOPIC, value, partition=0), 30)
+                async with asyncio.timeout(30):
+                    while True:
+                        records = [r.value for rs in (await consumer.getmany(timeout_ms=500)).values() for r in rs]
+                        if value in records:
+                            return
+
+            async def dropped() -> None:  # (the brokers close connections: a restart, a token's end)
+                await asyncio.get_running_loop().run_in_executor(None, relay.drop_connections)
+
+            try:
+                await passes(b"before")
+                down.touch()
+                tokens._issued_at, tokens._expires_at = time.time() - 700, time.time() + 200  # due, 200 s left
+                await dropped()
+                await passes(b"while the token in hand is good")
+                tokens._expires_at = time.time() - 1
+                await dropped()
+                await asyncio.sleep(3)  # every connection fails meanwhile
+                down.unlink()
+                await passes(b"once the credentials are back")
+            finally:
+                await consumer.stop()
+                await producer.stop()
+
+        asyncio.run(go())
+    refused = [why for why in relay.refused if not why.startswith("IncompleteReadError")]  # (closed for want of a token)
+    assert refused == [], refused  # no token refused: none sent past its end
+
+
 def test_no_region_or_no_credentials_is_said_at_the_first_connection(aws, monkeypatch, pki: Pki, tmp_path: Path):
     """A cluster whose brokers' names do not say the region, with no AWS_REGION: the check of the connection says to
     set BURNWATCH_KAFKA_AWS_REGION; with no AWS credentials anywhere, that none were found; a key MSK does not take,
@@ -147,6 +271,30 @@ def test_no_region_or_no_credentials_is_said_at_the_first_connection(aws, monkey
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
         assert why(BURNWATCH_KAFKA_AWS_REGION=REGION) is None
     assert relay.authenticated and {m for _, m, _ in relay.authenticated} == {"OAUTHBEARER"}
+
+
+@pytest.mark.integration
+def test_a_command_says_in_one_line_what_iam_lacks(aws, monkeypatch, capsys, pki: Pki, tmp_path: Path, ruleset):
+    """``burnwatch replay`` (``worker`` alike: both make their topics first) with no region known, then with no AWS
+    credentials: exit 1 and the line saying what to set, no traceback, nothing sent. (Red before: the error was no
+    Kafka error to the command, which showed a traceback.)"""
+    monkeypatch.setattr("streams.cli.configure_logging", lambda *a, **k: None)
+    fleet, _ = fleet_file(tmp_path / "fleet.jsonl", SimConfig(hours=0.25, training_hosts=1, notebooks=0),
+                          ruleset.pricing)  # fmt: skip
+    broker_port = free_port()
+    with msk(broker_port, pki) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        for var, value in {**iam_env(pki.ca_file), "BURNWATCH_KAFKA_BOOTSTRAP": relay.bootstrap,
+                           "BURNWATCH_PARTITIONS": "2"}.items():  # fmt: skip
+            monkeypatch.setenv(var, value)
+        code, _, err = burnwatch_in_process(capsys, "replay", str(fleet))
+        assert code == 1 and f"Kafka at {relay.bootstrap} refused the connection: AWS_MSK_IAM needs the cluster's " \
+            "region: set BURNWATCH_KAFKA_AWS_REGION" in err, err  # fmt: skip
+        monkeypatch.setenv("BURNWATCH_KAFKA_AWS_REGION", REGION)
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        code, _, err = burnwatch_in_process(capsys, "replay", str(fleet))
+        assert code == 1 and f"Kafka at {relay.bootstrap} refused the connection: no AWS credentials found" in err, err
+    assert "Traceback" not in err and relay.relayed == 0
 
 
 def test_the_admin_client_and_the_producer_connect_with_iam_tokens(aws, pki: Pki, tmp_path: Path):
@@ -193,5 +341,8 @@ def test_a_worker_reads_and_writes_through_msk_iam(aws, pki: Pki, tmp_path: Path
     assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", KEY_ID)}
     log = worker.log_path.read_text()
     assert SECRET not in log
-    sent = re.findall(r"auth=Bearer ([^\\']+)", log)  # aiokafka logs each SASL exchange at debug level
-    assert sent and set(sent) == {"[redacted]"}, sent[:3]  # a token opens the cluster for 15 minutes
+    # A token is a bearer credential for 15 minutes: at debug level aiokafka logs the OAUTHBEARER exchange, and
+    # botocore the request it presigns and then its signature, which together make the token again.
+    assert "auth=Bearer [redacted]" in log and "Signature:\\n[redacted]" in log  # (logged, redacted)
+    assert base64.urlsafe_b64encode(b"https://kafka.").decode() not in log  # every token begins so
+    assert not re.search(r"Signature:(\\n|\s)*[0-9a-f]{64}", log)
