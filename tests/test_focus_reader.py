@@ -476,3 +476,13 @@ def test_column_names_in_another_case_are_the_specs_columns(tmp_path: Path) -> N
     both = [{**r, "RESOURCEID": "i-other"} for r in renamed]
     err = _error(_write(tmp_path / "both.csv", both))
     assert str(err) == "both.csv: column ResourceId: named twice, as ResourceID and RESOURCEID"
+
+
+def test_text_cells_are_read_without_the_blanks_around_them(tmp_path: Path) -> None:
+    """A hand-edited or spreadsheet-exported bill pads cells: " i-0abc " matched no event's resource id (the bill
+    priced and reconciled nothing of it) and " USD" no currency. Read as the values they hold."""
+    rows = _rows()
+    rows[0] = {**rows[0], "ResourceId": f"  {rows[0]['ResourceId']}\t", "ServiceName": f" {rows[0]['ServiceName']} "}
+    table = read_focus(_write(tmp_path / "padded.csv", rows))
+    assert table.column("resource_id")[0].as_py() == _rows()[0]["ResourceId"]
+    assert table.column("service_name")[0].as_py() == _rows()[0]["ServiceName"]

@@ -297,8 +297,8 @@ def _convert(file: Path, col: Column, source: str, cells: pa.ChunkedArray | None
             missing = _first(pc.equal(cells, ""))
         if missing is not None:
             raise FocusError(file, missing + 1, source, "empty, but the spec does not allow null here")
-    if col.kind == "string":
-        return _to_string(file, source, cells).fill_null("")
+    if col.kind == "string":  # without the blanks around a value: " i-0abc " matches no event's resource
+        return pc.utf8_trim_whitespace(_to_string(file, source, cells).fill_null(""))
     if col.kind == "decimal":
         return _to_decimal(file, source, cells)
     if col.kind == "datetime":
