@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -42,22 +43,28 @@ class TokenUnavailable(RuntimeError):
 
 class _Tokens(AbstractTokenProvider):
     """One token at a time, made in a thread (the AWS chain may call STS or the instance metadata service; the OAuth
-    server is a round trip) and shared by the connections opened while more than a third of its life is left."""
+    server is a round trip) and shared by the connections opened while more than a third of its life is left.
+
+    The connections are opened on more than one event loop: Faust runs its consumer on a loop of its own, in its own
+    thread, and its producer on the worker's, with one provider between them. So the token is looked up and made in
+    a thread, under a thread lock: an asyncio lock belongs to one loop (a second loop waiting on it was not woken
+    when it was released, or raised ``RuntimeError``)."""
 
     def __init__(self) -> None:
         self._token = ""
         self._expires_at = 0.0
         self._issued_at = 0.0
-        self._lock: asyncio.Lock | None = None
+        self._lock = threading.Lock()
 
     async def token(self) -> str:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:  # connections opened together share one token
+        return await asyncio.to_thread(self._current)
+
+    def _current(self) -> str:
+        with self._lock:  # connections opened together share one token
             now = time.time()
             if self._token and self._expires_at - now > (self._expires_at - self._issued_at) * _RENEW_WITHIN:
                 return self._token
-            self._token, self._expires_at = await asyncio.to_thread(self._make)
+            self._token, self._expires_at = self._make()
             self._issued_at = now
             return self._token
 

@@ -8,6 +8,8 @@ embedded broker that terminates TLS and takes only the tokens a local token endp
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from detector.settings import load_settings
 from detector.simulate import SimConfig
 from streams.embedded import EmbeddedBroker, free_port
 from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, file_records, publish_records, why_refused
+from streams.kafka_tokens import OAuthTokens
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
 from tests.helpers import fleet_file
@@ -141,3 +144,35 @@ def test_a_worker_reads_and_writes_with_oauth_tokens(pki: Pki, tmp_path: Path, r
     log = worker.log_path.read_text()
     assert SECRET not in log and oauth.issued and not any(token in log for token in oauth.issued)
     assert "auth=Bearer [redacted]" in log  # aiokafka logs each SASL exchange at debug level
+
+
+def test_one_token_is_shared_by_clients_on_two_event_loops():
+    """Faust runs its consumer on an event loop of its own, in its own thread, and its producer on the worker's: the
+    one token provider of the credentials serves both. Asked on the two loops at once, the second waits for the first's
+    token and takes it. Before, the two waited on an asyncio lock of one loop: the second loop was never woken when
+    the first released it (a wait as long as that loop had nothing else to do), and once the lock was bound to one
+    loop, a wait on the other raised RuntimeError in that client's connection."""
+    with OAuthServer({CLIENT: SECRET}, life_s=3, delay_s=0.5) as oauth:
+        tokens = OAuthTokens(oauth.url, CLIENT, SECRET)
+        for again in (False, True):  # the second time, a token due for renewal, and two other loops
+            time.sleep(2.1 if again else 0)
+            got: dict[int, object] = {}
+
+            def on_its_own_loop(n: int, got: dict[int, object] = got) -> None:
+                start = time.monotonic()
+                try:
+                    got[n] = (asyncio.run(asyncio.wait_for(tokens.token(), 10)), time.monotonic() - start)
+                except Exception as exc:  # noqa: BLE001 - the test's answer
+                    got[n] = exc
+
+            threads = [threading.Thread(target=on_its_own_loop, args=(n,)) for n in range(2)]
+            threads[0].start()
+            time.sleep(0.2)  # the first asks the server
+            threads[1].start()
+            for thread in threads:
+                thread.join(15)
+            assert all(isinstance(g, tuple) for g in got.values()) and len(got) == 2, got
+            (first, _), (second, waited) = got[0], got[1]
+            assert first == second and first in oauth.issued
+            assert waited < 2, waited
+    assert len(oauth.asked) == 2  # one request each time
