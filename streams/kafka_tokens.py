@@ -23,12 +23,15 @@ import urllib.request
 from collections.abc import Mapping
 
 import botocore.session
+import structlog
 from aiokafka.abc import AbstractTokenProvider
 from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
 from botocore.credentials import CredentialProvider, Credentials
 from botocore.exceptions import BotoCoreError, ClientError
 
 __all__ = ["MskIamTokens", "OAuthTokens", "TokenUnavailable"]
+
+log = structlog.get_logger("burnwatch.kafka")
 
 _RENEW_WITHIN = 1 / 3
 """The share of a token's life left when the next connection gets a new one."""
@@ -38,7 +41,12 @@ _TOKEN_TIMEOUT_S = 10.0
 
 class TokenUnavailable(RuntimeError):
     """No token can be made: the region is unknown, no AWS credentials are found, or the OAuth server refuses the
-    client or does not answer. The message says which, and what to check; never a secret."""
+    client or does not answer. The message says which, and what to check; never a secret. ``transient``: the server
+    did not answer, or failed (5xx, 429), which says nothing of the credentials, and may pass."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class _Tokens(AbstractTokenProvider):
@@ -64,7 +72,13 @@ class _Tokens(AbstractTokenProvider):
             now = time.time()
             if self._token and self._expires_at - now > (self._expires_at - self._issued_at) * _RENEW_WITHIN:
                 return self._token
-            self._token, self._expires_at = self._make()
+            try:
+                self._token, self._expires_at = self._make()
+            except TokenUnavailable as exc:
+                if self._token and self._expires_at > time.time():  # the next connection tries again
+                    log.warning("kafka_token_not_renewed", error=str(exc), good_for_s=round(self._expires_at - now))
+                    return self._token
+                raise
             self._issued_at = now
             return self._token
 
@@ -142,11 +156,12 @@ class OAuthTokens(_Tokens):
             raise TokenUnavailable(f"the OAuth server at {self.url} refused a token ({exc.code} "
                                    f"{_oauth_error(exc.read(1 << 16))}): check BURNWATCH_KAFKA_SASL_USERNAME (the client "
                                    "id), BURNWATCH_KAFKA_SASL_PASSWORD (or _FILE: its secret) and "
-                                   "BURNWATCH_KAFKA_OAUTH_SCOPE") from None  # fmt: skip
+                                   "BURNWATCH_KAFKA_OAUTH_SCOPE",
+                                   transient=exc.code >= 500 or exc.code == 429) from None  # fmt: skip
         except (OSError, ValueError) as exc:  # URLError, a timeout, a connection refused
             why = getattr(exc, "reason", exc)
             raise TokenUnavailable(f"the OAuth server at {self.url} did not answer a token request ({why}): check "
-                                   "BURNWATCH_KAFKA_OAUTH_TOKEN_URL") from None  # fmt: skip
+                                   "BURNWATCH_KAFKA_OAUTH_TOKEN_URL", transient=isinstance(exc, OSError)) from None  # fmt: skip
         try:
             answer_json = json.loads(body)
             token = answer_json["access_token"]

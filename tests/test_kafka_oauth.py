@@ -17,7 +17,15 @@ import pytest
 from detector.settings import load_settings
 from detector.simulate import SimConfig
 from streams.embedded import EmbeddedBroker, free_port
-from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, file_records, publish_records, why_refused
+from streams.kafka import (
+    DEAD_LETTER_TOPIC,
+    client_options,
+    count_events,
+    ensure_topics,
+    file_records,
+    publish_records,
+    why_refused,
+)
 from streams.kafka_tokens import OAuthTokens
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
@@ -176,3 +184,27 @@ def test_one_token_is_shared_by_clients_on_two_event_loops():
             assert first == second and first in oauth.issued
             assert waited < 2, waited
     assert len(oauth.asked) == 2  # one request each time
+
+
+def test_an_oauth_server_gone_neither_takes_back_a_good_token_nor_reads_as_a_refusal(pki: Pki, tmp_path: Path):
+    """The OAuth server down (a restart, an outage) when a token is due for renewal: the connections opened meanwhile
+    take the token in hand while it is good, and a running worker's check of its credentials does not count the
+    server's silence as the brokers refusing them (three in a row stop the worker: every worker of the group at once,
+    to start again against the same absent server). Before, the renewal's failure was raised to each connection with
+    the token still good for a third of its life, and the check stopped the worker 45 s into the outage."""
+    broker_port = free_port()
+    with OAuthServer({CLIENT: SECRET}, scope=SCOPE, life_s=3) as oauth, \
+            SecureRelay(broker_port, tls=pki.server_context(), mechanisms=[], tokens=oauth.verify) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        security = load_settings(environ=oauth_env(oauth.url, pki.ca_file)).kafka_security
+        options = client_options(security)  # a running worker's, one token provider
+        assert asyncio.run(why_refused(relay.bootstrap, security, options, running=True)) is None
+        time.sleep(2.2)  # due for renewal, good for 0.8 s more
+        oauth.__exit__()
+        assert asyncio.run(why_refused(relay.bootstrap, security, options, running=True)) is None
+        assert len(relay.authenticated) == 2
+        time.sleep(1)  # expired: no connection can be made, nor is one refused
+        assert asyncio.run(why_refused(relay.bootstrap, security, options, running=True)) is None
+        said = asyncio.run(why_refused(relay.bootstrap, security))  # burnwatch starting, or checking: said
+        assert said is not None and said.startswith(f"the OAuth server at {oauth.url} did not answer"), said
+
