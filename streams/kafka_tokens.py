@@ -150,9 +150,13 @@ class OAuthTokens(_Tokens):
             "Accept": "application/json"})  # fmt: skip
         now = time.time()
         try:
-            with urllib.request.urlopen(request, timeout=_TOKEN_TIMEOUT_S) as answer:  # noqa: S310 - https checked
+            with _OPENER.open(request, timeout=_TOKEN_TIMEOUT_S) as answer:
                 body = answer.read(1 << 20)
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise TokenUnavailable(f"the OAuth server at {self.url} answered a redirect ({exc.code}) to "
+                                       f"{exc.headers.get('Location', '?')}, not followed with the client secret: set "
+                                       "BURNWATCH_KAFKA_OAUTH_TOKEN_URL to the token endpoint itself") from None  # fmt: skip
             raise TokenUnavailable(f"the OAuth server at {self.url} refused a token ({exc.code} "
                                    f"{_oauth_error(exc.read(1 << 16))}): check BURNWATCH_KAFKA_SASL_USERNAME (the client "
                                    "id), BURNWATCH_KAFKA_SASL_PASSWORD (or _FILE: its secret) and "
@@ -172,6 +176,18 @@ class OAuthTokens(_Tokens):
         if not isinstance(token, str) or not token or not life > 0:
             raise TokenUnavailable(f"the OAuth server at {self.url} answered an empty token or no lifetime")
         return token, now + min(life, 86_400.0)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as it is (an ``HTTPError``), not followed: urllib sends the Authorization header on as it
+    was, the client secret, to any host the redirect names, http:// too."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+"""The token requests' (proxies as the environment says, the system's trust store for https)."""
 
 
 def _oauth_error(body: bytes) -> str:

@@ -8,6 +8,7 @@ embedded broker that terminates TLS and takes only the tokens a local token endp
 from __future__ import annotations
 
 import asyncio
+import http.server
 import threading
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from streams.kafka import (
     publish_records,
     why_refused,
 )
-from streams.kafka_tokens import OAuthTokens
+from streams.kafka_tokens import OAuthTokens, TokenUnavailable
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
 from tests.helpers import fleet_file
@@ -208,3 +209,39 @@ def test_an_oauth_server_gone_neither_takes_back_a_good_token_nor_reads_as_a_ref
         said = asyncio.run(why_refused(relay.bootstrap, security))  # burnwatch starting, or checking: said
         assert said is not None and said.startswith(f"the OAuth server at {oauth.url} did not answer"), said
 
+
+def test_a_token_endpoint_that_redirects_is_not_followed_with_the_client_secret():
+    """A token URL answered by a redirect (a path mistyped, a front redirecting elsewhere, to http:// even): the client
+    secret is not sent on to where it points, and the line names it. Before, urllib followed a 301/302/303 (as a GET)
+    with the Authorization header as it was, to any host, in the clear to an http:// one."""
+    seen: list[str] = []  # the Authorization header of each request, where it points
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            if self.path == "/elsewhere":
+                seen.append(self.headers.get("Authorization", ""))
+                self.send_response(404)
+            else:
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = answer  # noqa: N815 - http.server's names
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/token"
+        with pytest.raises(TokenUnavailable) as caught:
+            asyncio.run(OAuthTokens(url, CLIENT, SECRET).token())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == []
+    said = str(caught.value)
+    assert said.startswith(f"the OAuth server at {url} answered a redirect (302) to http://localhost:"), said
+    assert "BURNWATCH_KAFKA_OAUTH_TOKEN_URL" in said and SECRET not in said
