@@ -111,12 +111,15 @@ async def why_refused(bootstrap: str, security: KafkaSecurity, options: Mapping[
     none refused one (a broker that does not answer). aiokafka's clients say only that they could not
     bootstrap, and log the reason. ``running`` (a worker checking the credentials it runs with): only a
     definite refusal counts (credentials, a certificate), not a handshake cut short (a broker going down
-    in a rolling restart), and one broker that takes the credentials answers."""
+    in a rolling restart) nor an OAuth server that does not answer, and one broker that takes the credentials
+    answers."""
     options = client_options(security) if options is None else options
     for host, port, _ in collect_hosts(bootstrap, randomize=running):  # (running: not always the first broker)
         try:
             conn = await create_conn(host, port, request_timeout_ms=10_000, **options)
         except TokenUnavailable as exc:
+            if running and exc.transient:  # the OAuth server silent: not the brokers refusing the credentials
+                return None
             return str(exc)
         except SaslAuthenticationFailed as exc:
             if security.iam:

@@ -46,22 +46,30 @@ class TokenUnavailable(KafkaConnectionError):
     """No token can be made: the region is unknown, no AWS credentials are found, or the OAuth server refuses the
     client or does not answer. The message says which, and what to check; never a secret. A connection that could
     not be made, to aiokafka: its clients retry it (any other error ends the consumer's fetcher, the producer's sender
-    or the metadata updates for good)."""
+    or the metadata updates for good). ``transient``: the server did not answer, or failed (5xx, 429), which says
+    nothing of the credentials, and may pass."""
 
     __str__ = Exception.__str__  # the message alone, not aiokafka's "TokenUnavailable: ..."
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class _Tokens(AbstractTokenProvider):
     """One token at a time, made in a thread (the AWS chain may call STS or the instance metadata service; the OAuth
-    server is a round trip) and shared by the connections opened while more than a third of its life is left."""
+    server is a round trip) and shared by the connections opened while more than a third of its life is left.
+
+    The connections are opened on more than one event loop: Faust runs its consumer on a loop of its own, in its own
+    thread, and its producer on the worker's, with one provider between them. So the token is looked up and made in
+    a thread, under a thread lock: an asyncio lock belongs to one loop (a second loop waiting on it was not woken
+    when it was released, or raised ``RuntimeError``)."""
 
     def __init__(self) -> None:
         self._token = ""
         self._expires_at = 0.0
         self._issued_at = 0.0
         self._lock = threading.Lock()
-        """A thread's lock, taken off the event loops: one provider serves clients on several loops (Faust's consumer
-        runs on a loop of its own, in a thread of its own), which an asyncio lock cannot."""
 
     async def token(self) -> str:
         return await asyncio.to_thread(self._current)
@@ -102,7 +110,8 @@ class _Chain(CredentialProvider):
             found = self._session.get_credentials()
             frozen = found.get_frozen_credentials() if found is not None else None
         except (BotoCoreError, ClientError, OSError, RuntimeError) as exc:  # (OSError: IRSA's token file)
-            raise TokenUnavailable(f"AWS credentials for AWS_MSK_IAM could not be loaded ({exc})") from None
+            raise TokenUnavailable(f"AWS credentials for AWS_MSK_IAM could not be loaded ({exc})",
+                                   transient=True) from None  # (STS or the metadata service unreachable: may pass)
         if frozen is None or not frozen.access_key or not frozen.secret_key:
             raise TokenUnavailable("no AWS credentials found for AWS_MSK_IAM: the AWS SDK's chain (AWS_ACCESS_KEY_ID "
                                    "and AWS_SECRET_ACCESS_KEY, IRSA's AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE, "
@@ -150,17 +159,22 @@ class OAuthTokens(_Tokens):
             "Accept": "application/json"})  # fmt: skip
         now = time.time()
         try:
-            with urllib.request.urlopen(request, timeout=_TOKEN_TIMEOUT_S) as answer:  # noqa: S310 - https checked
+            with _OPENER.open(request, timeout=_TOKEN_TIMEOUT_S) as answer:
                 body = answer.read(1 << 20)
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise TokenUnavailable(f"the OAuth server at {self.url} answered a redirect ({exc.code}) to "
+                                       f"{exc.headers.get('Location', '?')}, not followed with the client secret: set "
+                                       "BURNWATCH_KAFKA_OAUTH_TOKEN_URL to the token endpoint itself") from None  # fmt: skip
             raise TokenUnavailable(f"the OAuth server at {self.url} refused a token ({exc.code} "
                                    f"{_oauth_error(exc.read(1 << 16))}): check BURNWATCH_KAFKA_SASL_USERNAME (the client "
                                    "id), BURNWATCH_KAFKA_SASL_PASSWORD (or _FILE: its secret) and "
-                                   "BURNWATCH_KAFKA_OAUTH_SCOPE") from None  # fmt: skip
+                                   "BURNWATCH_KAFKA_OAUTH_SCOPE",
+                                   transient=exc.code >= 500 or exc.code == 429) from None  # fmt: skip
         except (OSError, ValueError) as exc:  # URLError, a timeout, a connection refused
             why = getattr(exc, "reason", exc)
             raise TokenUnavailable(f"the OAuth server at {self.url} did not answer a token request ({why}): check "
-                                   "BURNWATCH_KAFKA_OAUTH_TOKEN_URL") from None  # fmt: skip
+                                   "BURNWATCH_KAFKA_OAUTH_TOKEN_URL", transient=isinstance(exc, OSError)) from None  # fmt: skip
         try:
             answer_json = json.loads(body)
             token = answer_json["access_token"]
@@ -182,3 +196,15 @@ def _oauth_error(body: bytes) -> str:
     except ValueError:
         text = ""
     return text[:300] or "no reason given"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as it is (an ``HTTPError``), not followed: urllib sends the Authorization header on as it
+    was, the client secret, to any host the redirect names, http:// too."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+"""The token requests' (proxies as the environment says, the system's trust store for https)."""

@@ -218,11 +218,12 @@ class _OAuthBearer:
 class OAuthServer:
     """An OAuth 2.0 server's token endpoint on 127.0.0.1 (``server.url``), the client credentials grant alone
     (RFC 6749 4.4): the client's id and secret as HTTP Basic credentials, the scope checked where ``scope`` is given.
-    Each token it issues (random, good for ``life_s``) is what :meth:`verify` takes, naming the client; requests
-    and what each was answered are in :attr:`asked`."""
+    Each token it issues (random, good for ``life_s``) is what :meth:`verify` takes, naming the client; each request
+    is answered after ``delay_s``; requests and what each was answered are in :attr:`asked`."""
 
-    def __init__(self, clients: Mapping[str, str], scope: str | None = None, life_s: float = 3600.0) -> None:
-        self.clients, self.scope, self.life_s = clients, scope, life_s
+    def __init__(self, clients: Mapping[str, str], scope: str | None = None, life_s: float = 3600.0,
+                 delay_s: float = 0.0) -> None:  # fmt: skip
+        self.clients, self.scope, self.life_s, self.delay_s = clients, scope, life_s, delay_s
         self.issued: dict[str, str] = {}
         self.asked: list[tuple[str, int]] = []
         """(client id, or '' if none was given, HTTP status) of each token request."""
@@ -235,6 +236,7 @@ class OAuthServer:
                 client, _, secret = (base64.b64decode(credentials).decode().partition(":") if scheme == "Basic"
                                      else ("", "", ""))  # fmt: skip
                 client, secret = urllib.parse.unquote(client), urllib.parse.unquote(secret)
+                time.sleep(server.delay_s)  # a server far away, or busy
                 if form.get("grant_type") != "client_credentials":
                     status, body = 400, {"error": "unsupported_grant_type"}
                 elif server.clients.get(client) != secret or not client:

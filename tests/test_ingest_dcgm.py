@@ -387,3 +387,17 @@ def test_a_line_longer_than_any_series_the_bridge_reads_is_left_out_and_counted(
     assert skipped == {LONG_LINE: 1} and LONG_LINE == "line over 64 KiB (not parsed)"
     long_label = "x" * (MAX_LINE_CHARS - 100)  # under the bound: read as it is
     assert parse_exposition(f'kube_pod_labels{{label_a="{long_label}"}} 1\n', "ksm")[0].labels["label_a"] == long_label
+
+
+def test_a_bad_line_after_a_long_one_is_named_by_its_own_line_number() -> None:
+    """A line over MAX_LINE_CHARS left out, a bad line after it is still named by its number in the target's answer,
+    as a person finds it there (``curl ... | sed -n 3p``). Before, the long line was removed from the text parsed,
+    and every line after it was named by the number before it."""
+    from collections import Counter
+
+    from detector.ingest.prometheus import MAX_LINE_CHARS
+
+    text = f'up 1\nkube_pod_annotations{{a="{"x" * (MAX_LINE_CHARS + 1)}"}} 1\nDCGM_FI_DEV_GPU_UTIL{{gpu="0" 37\n'
+    with pytest.raises(ExpositionError) as caught:
+        parse_exposition(text, "http://ksm:8080/metrics", Counter())
+    assert "not Prometheus text at line 3 " in str(caught.value), caught.value

@@ -8,6 +8,9 @@ embedded broker that terminates TLS and takes only the tokens a local token endp
 from __future__ import annotations
 
 import asyncio
+import http.server
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,16 @@ import pytest
 from detector.settings import load_settings
 from detector.simulate import SimConfig
 from streams.embedded import EmbeddedBroker, free_port
-from streams.kafka import DEAD_LETTER_TOPIC, count_events, ensure_topics, file_records, publish_records, why_refused
+from streams.kafka import (
+    DEAD_LETTER_TOPIC,
+    client_options,
+    count_events,
+    ensure_topics,
+    file_records,
+    publish_records,
+    why_refused,
+)
+from streams.kafka_tokens import OAuthTokens, TokenUnavailable
 from streams.process import WorkerProcess, worker_env
 from tests.conftest import ROOT
 from tests.helpers import fleet_file
@@ -141,3 +153,95 @@ def test_a_worker_reads_and_writes_with_oauth_tokens(pki: Pki, tmp_path: Path, r
     log = worker.log_path.read_text()
     assert SECRET not in log and oauth.issued and not any(token in log for token in oauth.issued)
     assert "auth=Bearer [redacted]" in log  # aiokafka logs each SASL exchange at debug level
+
+
+def test_one_token_is_shared_by_clients_on_two_event_loops():
+    """Faust runs its consumer on an event loop of its own, in its own thread, and its producer on the worker's: the
+    one token provider of the credentials serves both. Asked on the two loops at once, the second waits for the first's
+    token and takes it. Before, the two waited on an asyncio lock of one loop: the second loop was never woken when
+    the first released it (a wait as long as that loop had nothing else to do), and once the lock was bound to one
+    loop, a wait on the other raised RuntimeError in that client's connection."""
+    with OAuthServer({CLIENT: SECRET}, life_s=3, delay_s=0.5) as oauth:
+        tokens = OAuthTokens(oauth.url, CLIENT, SECRET)
+        for again in (False, True):  # the second time, a token due for renewal, and two other loops
+            time.sleep(2.1 if again else 0)
+            got: dict[int, object] = {}
+
+            def on_its_own_loop(n: int, got: dict[int, object] = got) -> None:
+                start = time.monotonic()
+                try:
+                    got[n] = (asyncio.run(asyncio.wait_for(tokens.token(), 10)), time.monotonic() - start)
+                except Exception as exc:  # noqa: BLE001 - the test's answer
+                    got[n] = exc
+
+            threads = [threading.Thread(target=on_its_own_loop, args=(n,)) for n in range(2)]
+            threads[0].start()
+            time.sleep(0.2)  # the first asks the server
+            threads[1].start()
+            for thread in threads:
+                thread.join(15)
+            assert all(isinstance(g, tuple) for g in got.values()) and len(got) == 2, got
+            (first, _), (second, waited) = got[0], got[1]
+            assert first == second and first in oauth.issued
+            assert waited < 2, waited
+    assert len(oauth.asked) == 2  # one request each time
+
+
+def test_an_oauth_server_gone_neither_takes_back_a_good_token_nor_reads_as_a_refusal(pki: Pki, tmp_path: Path):
+    """The OAuth server down (a restart, an outage) when a token is due for renewal: the connections opened meanwhile
+    take the token in hand while it is good, and a running worker's check of its credentials does not count the
+    server's silence as the brokers refusing them (three in a row stop the worker: every worker of the group at once,
+    to start again against the same absent server). Before, the renewal's failure was raised to each connection with
+    the token still good for a third of its life, and the check stopped the worker 45 s into the outage."""
+    broker_port = free_port()
+    with OAuthServer({CLIENT: SECRET}, scope=SCOPE, life_s=3) as oauth, \
+            SecureRelay(broker_port, tls=pki.server_context(), mechanisms=[], tokens=oauth.verify) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        security = load_settings(environ=oauth_env(oauth.url, pki.ca_file)).kafka_security
+        options = client_options(security)  # a running worker's, one token provider
+        assert asyncio.run(why_refused(relay.bootstrap, security, options, running=True)) is None
+        time.sleep(2.2)  # due for renewal, good for 0.8 s more
+        oauth.__exit__()
+        assert asyncio.run(why_refused(relay.bootstrap, security, options, running=True)) is None
+        assert len(relay.authenticated) == 2
+        time.sleep(1)  # expired: no connection can be made, nor is one refused
+        assert asyncio.run(why_refused(relay.bootstrap, security, options, running=True)) is None
+        said = asyncio.run(why_refused(relay.bootstrap, security))  # burnwatch starting, or checking: said
+        assert said is not None and said.startswith(f"the OAuth server at {oauth.url} did not answer"), said
+
+
+def test_a_token_endpoint_that_redirects_is_not_followed_with_the_client_secret():
+    """A token URL answered by a redirect (a path mistyped, a front redirecting elsewhere, to http:// even): the client
+    secret is not sent on to where it points, and the line names it. Before, urllib followed a 301/302/303 (as a GET)
+    with the Authorization header as it was, to any host, in the clear to an http:// one."""
+    seen: list[str] = []  # the Authorization header of each request, where it points
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            if self.path == "/elsewhere":
+                seen.append(self.headers.get("Authorization", ""))
+                self.send_response(404)
+            else:
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = answer  # noqa: N815 - http.server's names
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/token"
+        with pytest.raises(TokenUnavailable) as caught:
+            asyncio.run(OAuthTokens(url, CLIENT, SECRET).token())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == []
+    said = str(caught.value)
+    assert said.startswith(f"the OAuth server at {url} answered a redirect (302) to http://localhost:"), said
+    assert "BURNWATCH_KAFKA_OAUTH_TOKEN_URL" in said and SECRET not in said

@@ -1019,3 +1019,30 @@ def test_actions_stopped_by_setting_the_rules_to_dry_run_are_proposed_again_once
     runner.run_once()
     assert state(moto_url, instance) in ("stopping", "stopped")
     assert [s for s, _ in steps(store)][-3:] == ["approved", "begun", "succeeded"]
+
+
+def test_an_action_proposed_again_is_not_cancelled_again_by_the_rules_cancellation_before_it(store, slack, tmp_path,
+                                                                                           moto_url):  # fmt: skip
+    """An auto_unless_objected action whose rule is changed to approve is cancelled ("rules") and proposed again at the
+    next pass. The acting worker reads, each pass, the decisions stored for its pending actions since their proposal
+    (less the clock skew allowed between workers, 5 minutes): the cancellation just before the new proposal is among
+    them. Taken as the new proposal's decision, it cancelled that too, which was proposed again at the next pass, a
+    new message each time, for 5 minutes, and an approval clicked meanwhile was lost behind it."""
+    instance, wall = run_instance(moto_url), Wall()
+    runner, handler = setup(store, slack, tmp_path, moto_url, "auto_unless_objected", wall)
+    posted(store, incident(instance))
+    events_go_on(store, instance, wall, version=2)
+    runner.run_once()
+    assert steps(store)[:2] == [("proposed", ""), ("announced", "")]
+    approve = _rules_now(tmp_path, "{kind: stop_instance, after: 2h, mode: approve}")
+    runner.ruleset = lambda: approve
+    for version in range(3, 7):  # passes 30 s apart
+        wall.t += 30
+        events_go_on(store, instance, wall, version=version)
+        runner.run_once()
+    assert [s for s, _ in steps(store)].count("cancelled") == 1
+    assert [s for s, _ in steps(store)].count("proposed") == 2, steps(store)
+    assert click(handler, "burnwatch_approve", APPROVER) == 200
+    runner.run_once()
+    assert state(moto_url, instance) in ("stopping", "stopped")
+    assert [s for s, _ in steps(store)][-3:] == ["approved", "begun", "succeeded"]

@@ -73,11 +73,11 @@ def parse_exposition(text: str | bytes, target: str, skipped: Counter[str] | Non
     text = text.removeprefix("\ufeff")  # a byte-order mark would become part of the first metric's name
     if len(text) > MAX_LINE_CHARS:
         lines = text.split("\n")
-        kept = [line for line in lines if len(line) <= MAX_LINE_CHARS]
-        if len(kept) < len(lines):
-            text = "\n".join(kept)
+        long = sum(len(line) > MAX_LINE_CHARS for line in lines)
+        if long:  # left blank, not removed: a bad line after it is named by its own number (_bad_line)
+            text = "\n".join("" if len(line) > MAX_LINE_CHARS else line for line in lines)
             if skipped is not None:
-                skipped[LONG_LINE] += len(lines) - len(kept)
+                skipped[LONG_LINE] += long
     try:
         families = list(text_string_to_metric_families(text))
     except Exception:  # the parser raises bare ValueError, IndexError...: find the line ourselves

@@ -55,7 +55,7 @@ from detector.remediation.policy import Action, may_approve
 from detector.remediation.spec import ActionSpec
 from detector.rules import RuleSet
 from detector.store import ActionStep, Store, alert_from_row
-from detector.units import format_duration, rfc3339
+from detector.units import epoch, format_duration, rfc3339
 
 __all__ = ["ActionRunner"]
 
@@ -321,6 +321,11 @@ class ActionRunner:
             action = pending.get(row["action_key"])
             if action is None or not action.awaits_decision:
                 continue  # decided already (a later decision changes nothing)
+            if row["step"] == "cancelled" and epoch(row["at"]) < action.proposed_at:
+                # An earlier proposal's end (the rules withdrew it: proposed again since, _asked_again). A cancellation
+                # is the acting worker's, on the clock its proposals are stamped by, never a lagging worker's click:
+                # taken, it cancelled each new proposal at the next pass, for as long as the skew allowance reaches.
+                continue
             action.apply(row)
             taken += 1
             log.info("action_decided_elsewhere", action=action.key, step=row["step"], user=row["decided_by"])
