@@ -24,19 +24,17 @@ from streams.embedded import EmbeddedBroker, free_port
 from streams.kafka import (
     DEAD_LETTER_TOPIC,
     client_options,
-    count_events,
     ensure_topics,
     faust_credentials,
     file_records,
-    publish_records,
     why_refused,
 )
 from streams.kafka_tokens import MskIamTokens
-from streams.process import WorkerProcess, worker_env
+from streams.process import worker_env
 from tests.conftest import ROOT
 from tests.helpers import burnwatch_in_process, fleet_file
 from tests.kafka_secure import Pki, SecureRelay, make_pki, msk_iam_verifier
-from tests.test_kafka_security import read_back, refusal
+from tests.test_kafka_security import admin_and_producer_through, refusal, worker_through
 
 KEY_ID, SECRET = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 REGION = "eu-west-1"
@@ -304,10 +302,7 @@ def test_the_admin_client_and_the_producer_connect_with_iam_tokens(aws, pki: Pki
     broker_port = free_port()
     with msk(broker_port, pki) as relay, \
             EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
-        asyncio.run(ensure_topics(relay.bootstrap, 2, security=security))
-        sent = [(DEAD_LETTER_TOPIC, f"k{i}", f"message {i}".encode()) for i in range(5)]
-        assert asyncio.run(publish_records(relay.bootstrap, sent, security=security)) == 5
-        assert sorted(read_back(relay.bootstrap, security, DEAD_LETTER_TOPIC, 5)) == sorted(v for _, _, v in sent)
+        admin_and_producer_through(relay, security)
     assert relay.refused == []
     assert relay.relayed == len(relay.authenticated) > 0
     assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", KEY_ID)}
@@ -326,20 +321,8 @@ def test_a_worker_reads_and_writes_through_msk_iam(aws, pki: Pki, tmp_path: Path
             EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
         settings = iam_env(pki.ca_file, BURNWATCH_KAFKA_AWS_REGION=REGION, BURNWATCH_LOG_LEVEL="debug")
         env = worker_env(relay.bootstrap, tmp_path / "data", ROOT / "rules", 2, **settings, **aws)
-        worker = WorkerProcess(env, tmp_path / "worker.log").start()
-        try:
-            worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
-            security = load_settings(environ=env).kafka_security
-            asyncio.run(publish_records(relay.bootstrap, records, security=security))
-            events = count_events(records[:-1])
-            worker.wait_until(lambda h: h["events"] >= events and h["dead_letters"] >= 1, timeout=120)
-        finally:
-            assert worker.stop() == 0, worker.tail()
-    assert relay.refused == [], relay.refused
-    clients = {client for client, _, _ in relay.authenticated}
-    assert any(c.startswith("faust") for c in clients) and any(c.startswith("aiokafka") for c in clients), clients
+        log = worker_through(relay, env, records, tmp_path / "worker.log")
     assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", KEY_ID)}
-    log = worker.log_path.read_text()
     assert SECRET not in log
     # A token is a bearer credential for 15 minutes: at debug level aiokafka logs the OAUTHBEARER exchange, and
     # botocore the request it presigns and then its signature, which together make the token again.

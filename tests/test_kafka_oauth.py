@@ -19,20 +19,16 @@ from detector.settings import load_settings
 from detector.simulate import SimConfig
 from streams.embedded import EmbeddedBroker, free_port
 from streams.kafka import (
-    DEAD_LETTER_TOPIC,
     client_options,
-    count_events,
-    ensure_topics,
     file_records,
-    publish_records,
     why_refused,
 )
 from streams.kafka_tokens import OAuthTokens, TokenUnavailable
-from streams.process import WorkerProcess, worker_env
+from streams.process import worker_env
 from tests.conftest import ROOT
 from tests.helpers import fleet_file
 from tests.kafka_secure import OAuthServer, Pki, SecureRelay, make_pki
-from tests.test_kafka_security import read_back, refusal
+from tests.test_kafka_security import admin_and_producer_through, refusal, worker_through
 
 CLIENT, SECRET = "burnwatch-worker", "oauth-client-s3cret"
 SCOPE = "kafka"
@@ -87,10 +83,7 @@ def test_the_clients_connect_with_the_oauth_servers_tokens_and_extensions(pki: P
             EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
         security = load_settings(environ=oauth_env(oauth.url, pki.ca_file)).kafka_security
         assert security.describe() == f"SASL_SSL OAUTHBEARER as client {CLIENT} of {oauth.url}"
-        asyncio.run(ensure_topics(relay.bootstrap, 2, security=security))
-        sent = [(DEAD_LETTER_TOPIC, f"k{i}", f"message {i}".encode()) for i in range(5)]
-        assert asyncio.run(publish_records(relay.bootstrap, sent, security=security)) == 5
-        assert sorted(read_back(relay.bootstrap, security, DEAD_LETTER_TOPIC, 5)) == sorted(v for _, _, v in sent)
+        admin_and_producer_through(relay, security)
     assert relay.refused == []
     assert relay.relayed == len(relay.authenticated) > 0
     assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", CLIENT)}
@@ -137,20 +130,8 @@ def test_a_worker_reads_and_writes_with_oauth_tokens(pki: Pki, tmp_path: Path, r
         settings = oauth_env(oauth.url, pki.ca_file, BURNWATCH_KAFKA_SASL_PASSWORD="",
                              BURNWATCH_KAFKA_SASL_PASSWORD_FILE=str(secret), BURNWATCH_LOG_LEVEL="debug")  # fmt: skip
         env = worker_env(relay.bootstrap, tmp_path / "data", ROOT / "rules", 2, **settings)
-        worker = WorkerProcess(env, tmp_path / "worker.log").start()
-        try:
-            worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
-            security = load_settings(environ=env).kafka_security
-            asyncio.run(publish_records(relay.bootstrap, records, security=security))
-            events = count_events(records[:-1])
-            worker.wait_until(lambda h: h["events"] >= events and h["dead_letters"] >= 1, timeout=120)
-        finally:
-            assert worker.stop() == 0, worker.tail()
-    assert relay.refused == [], relay.refused
-    clients = {client for client, _, _ in relay.authenticated}
-    assert any(c.startswith("faust") for c in clients) and any(c.startswith("aiokafka") for c in clients), clients
+        log = worker_through(relay, env, records, tmp_path / "worker.log")
     assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", CLIENT)}
-    log = worker.log_path.read_text()
     assert SECRET not in log and oauth.issued and not any(token in log for token in oauth.issued)
     assert "auth=Bearer [redacted]" in log  # aiokafka logs each SASL exchange at debug level
 

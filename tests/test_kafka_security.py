@@ -218,14 +218,38 @@ def test_the_admin_client_and_the_producer_connect_as_the_settings_say(pki: Pki,
     broker_port = free_port()
     with SecureRelay(broker_port, tls=tls, users={USER: PASSWORD} if mechanism else None) as relay, \
             EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
-        asyncio.run(ensure_topics(relay.bootstrap, 2, security=security))
-        sent = [(DEAD_LETTER_TOPIC, f"k{i}", f"message {i}".encode()) for i in range(5)]
-        assert asyncio.run(publish_records(relay.bootstrap, sent, security=security)) == 5
-        assert sorted(read_back(relay.bootstrap, security, DEAD_LETTER_TOPIC, 5)) == sorted(v for _, _, v in sent)
+        admin_and_producer_through(relay, security)
     assert relay.refused == []
     if mechanism:
         assert relay.relayed == len(relay.authenticated) > 0
         assert {(m, user) for _, m, user in relay.authenticated} == {(mechanism, USER)}
+
+
+def admin_and_producer_through(relay: SecureRelay, security: KafkaSecurity) -> None:
+    """Topics created, five messages published and read back through ``relay`` as ``security`` says."""
+    asyncio.run(ensure_topics(relay.bootstrap, 2, security=security))
+    sent = [(DEAD_LETTER_TOPIC, f"k{i}", f"message {i}".encode()) for i in range(5)]
+    assert asyncio.run(publish_records(relay.bootstrap, sent, security=security)) == 5
+    assert sorted(read_back(relay.bootstrap, security, DEAD_LETTER_TOPIC, 5)) == sorted(v for _, _, v in sent)
+
+
+def worker_through(relay: SecureRelay, env: dict[str, str], records: list[tuple[str, str, bytes]], log_path: Path) -> str:
+    """A real worker with ``env`` reading ``records`` (the last one malformed) published through ``relay``: it takes
+    every event and dead-letters the last, every connection through the relay, Faust's clients and aiokafka's alike,
+    none refused. Its log."""
+    worker = WorkerProcess(env, log_path).start()
+    try:
+        worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
+        security = load_settings(environ=env).kafka_security
+        asyncio.run(publish_records(relay.bootstrap, records, security=security))
+        events = count_events(records[:-1])
+        worker.wait_until(lambda h: h["events"] >= events and h["dead_letters"] >= 1, timeout=120)
+    finally:
+        assert worker.stop() == 0, worker.tail()
+    assert relay.refused == [], relay.refused
+    clients = {client for client, _, _ in relay.authenticated}
+    assert any(c.startswith("faust") for c in clients) and any(c.startswith("aiokafka") for c in clients), clients
+    return worker.log_path.read_text()
 
 
 @pytest.mark.integration
@@ -252,21 +276,9 @@ def test_a_worker_reads_and_writes_through_sasl_ssl(pki: Pki, tmp_path: Path, ru
             EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
         env = worker_env(relay.bootstrap, tmp_path / "data", ROOT / "rules", 2,
                          **sasl_env(mechanism=mechanism, ca=pki.ca_file, **given))  # fmt: skip
-        worker = WorkerProcess(env, tmp_path / "worker.log").start()
-        try:
-            worker.wait_until(lambda h: h["partitions"] > 0, timeout=120)
-            security = load_settings(environ=env).kafka_security
-            asyncio.run(publish_records(relay.bootstrap, records, security=security))
-            events = count_events(records[:-1])
-            worker.wait_until(lambda h: h["events"] >= events and h["dead_letters"] >= 1, timeout=120)
-        finally:
-            assert worker.stop() == 0, worker.tail()
-    assert relay.refused == [], relay.refused
-    clients = {client for client, _, _ in relay.authenticated}
-    assert any(c.startswith("faust") for c in clients) and any(c.startswith("aiokafka") for c in clients), clients
+        log = worker_through(relay, env, records, tmp_path / "worker.log")
     assert {(m, user) for _, m, user in relay.authenticated} == {(mechanism, USER)}
     assert relay.relayed == len(relay.authenticated)
-    log = worker.log_path.read_text()
     assert PASSWORD not in log
     if password == "variable":
         assert "SaslAuthenticate" in log  # the exchange was logged, redacted
