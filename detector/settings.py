@@ -288,7 +288,7 @@ class Settings(BaseSettings):
                 raise ValueError("expected an https:// URL (http:// to this machine alone): the client secret goes "
                                  "with each request")  # fmt: skip
         if info.field_name == "kafka_oauth_extensions" and value is not None:
-            oauth_extensions(value)
+            _oauth_extensions(value)
         return value
 
     @field_validator("kafka_aws_region")
@@ -392,7 +392,7 @@ class Settings(BaseSettings):
                              cert_file=self.kafka_ssl_cert_file, key_file=self.kafka_ssl_key_file,
                              check_hostname=self.kafka_ssl_check_hostname, aws_region=region,
                              oauth_token_url=self.kafka_oauth_token_url, oauth_scope=self.kafka_oauth_scope,
-                             oauth_extensions=oauth_extensions(self.kafka_oauth_extensions or ""))  # fmt: skip
+                             oauth_extensions=_oauth_extensions(self.kafka_oauth_extensions or ""))  # fmt: skip
 
     @property
     def dsn(self) -> str:
@@ -417,9 +417,9 @@ def _not_tls(protocol: str) -> str:
 _EXTENSION_KEY = re.compile(r"^[A-Za-z]+$")
 
 
-def oauth_extensions(text: str) -> tuple[tuple[str, str], ...]:
+def _oauth_extensions(text: str) -> tuple[tuple[str, str], ...]:
     """``key=value,key=value`` as SASL OAUTHBEARER extensions (RFC 7628 3.1: a key of letters, not ``auth``; a value
-    of printable characters); a ``ValueError`` naming the one that is not."""
+    of printable ASCII); a ``ValueError`` naming the one that is not."""
     pairs = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
@@ -428,8 +428,8 @@ def oauth_extensions(text: str) -> tuple[tuple[str, str], ...]:
         key, value = key.strip(), value.strip()
         if not sep or not _EXTENSION_KEY.match(key) or key.lower() == "auth":
             raise ValueError(f"{item!r} is not key=value with a key of letters (not 'auth')")
-        if not value or not value.isprintable():
-            raise ValueError(f"{key}: its value is empty or not printable")
+        if not value or not (value.isascii() and value.isprintable()):
+            raise ValueError(f"{key}: its value is empty, or not printable ASCII")
         pairs.append((key, value))
     return tuple(pairs)
 

@@ -65,6 +65,8 @@ def oauth_env(url: str, ca: Path | None = None, **more: str) -> dict[str, str]:
          "BURNWATCH_KAFKA_OAUTH_EXTENSIONS: Value error, 'auth=x' is not key=value with a key of letters"),
         (oauth_env("https://login.example/token", BURNWATCH_KAFKA_OAUTH_EXTENSIONS="logical-cluster=lkc"),
          "is not key=value with a key of letters"),
+        (oauth_env("https://login.example/token", BURNWATCH_KAFKA_OAUTH_EXTENSIONS="logicalCluster=lkc-é"),
+         "logicalCluster: its value is empty, or not printable ASCII"),  # RFC 7628: VCHAR
         ({"BURNWATCH_KAFKA_OAUTH_TOKEN_URL": "https://login.example/token"},
          "BURNWATCH_KAFKA_OAUTH_TOKEN_URL: Value error, set, but BURNWATCH_KAFKA_SASL_MECHANISM is not OAUTHBEARER"),
     ],
