@@ -33,7 +33,7 @@ from detector.events import TOPICS
 from detector.kafka_security import PLAINTEXT, KafkaSecurity
 from detector.replay import read_replay
 from detector.settings import BROKER_DEFAULT, Settings
-from streams.kafka_tokens import MskIamTokens, OAuthTokens, TokenUnavailable
+from streams.kafka_tokens import OAuthTokens, TokenUnavailable
 
 __all__ = ["ACKS", "CREATED_WITHIN_S", "DEAD_LETTER_TOPIC", "KafkaRefused", "TopicsMismatched", "TopicsNotCreated",
            "TopicsRefused", "accepts_connections",
@@ -85,6 +85,8 @@ def faust_credentials(security: KafkaSecurity) -> CredentialsT | None:
     hands them to its consumer, its producer and the client it would create topics with."""
     context = security.ssl_context()
     if security.iam:
+        from streams.msk_iam_tokens import MskIamTokens  # (botocore at the first use, not at every command's start)
+
         return faust.OAuthCredentials(oauth_cb=MskIamTokens(security.aws_region), ssl_context=context)
     if security.oauth:
         secret = security.password.get_secret_value() if security.password is not None else ""

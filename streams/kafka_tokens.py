@@ -1,12 +1,9 @@
-"""The tokens of SASL OAUTHBEARER: Amazon MSK's IAM access control (:data:`detector.kafka_security.AWS_MSK_IAM`) and
-an OAuth 2.0 server's (:data:`detector.kafka_security.OAUTHBEARER`).
+"""The tokens of SASL OAUTHBEARER: an OAuth 2.0 server's (:data:`detector.kafka_security.OAUTHBEARER`), and what
+Amazon MSK's IAM tokens share with them (:mod:`streams.msk_iam_tokens`).
 
-An MSK token is a URL presigned for ``kafka-cluster:Connect`` in the cluster's region with the AWS credentials the
-process finds by the AWS SDK's standard chain (``AWS_*`` variables, IRSA's web identity on EKS, the shared files,
-the instance profile), made by AWS's own signer (``aws-msk-iam-sasl-signer-python``), good for 15 minutes. An OAuth
-server's is taken from its token endpoint by the client credentials grant (RFC 6749 4.4), the client id and secret
-sent as HTTP Basic credentials, as Kafka's own Java client sends them (KIP-768). A broker closes a connection whose
-token has expired, and the client connects again with a fresh one: each is made anew once a third of its life is
+An OAuth server's token is taken from its token endpoint by the client credentials grant (RFC 6749 4.4), the
+client id and secret sent as HTTP Basic credentials, each form-encoded first (RFC 6749 2.3.1). A broker closes a
+connection whose token has expired, and the client connects again with a fresh one: each is made anew once a third of its life is
 left, and shared by the connections made until then. One that cannot be made then (STS or the OAuth server
 unreachable for a while) leaves the token in hand in use while it is good; after that, each connection fails as one
 that could not be made, which aiokafka's clients retry.
@@ -24,15 +21,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 
-import botocore.session
 import structlog
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.errors import KafkaConnectionError
-from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
-from botocore.credentials import CredentialProvider, Credentials
-from botocore.exceptions import BotoCoreError, ClientError
 
-__all__ = ["MskIamTokens", "OAuthTokens", "TokenUnavailable"]
+__all__ = ["OAuthTokens", "SharedTokens", "TokenUnavailable"]
 
 _RENEW_WITHIN = 1 / 3
 """The share of a token's life left when the next connection gets a new one."""
@@ -56,7 +49,7 @@ class TokenUnavailable(KafkaConnectionError):
         self.transient = transient
 
 
-class _Tokens(AbstractTokenProvider):
+class SharedTokens(AbstractTokenProvider):
     """One token at a time, made in a thread (the AWS chain may call STS or the instance metadata service; the OAuth
     server is a round trip) and shared by the connections opened while more than a third of its life is left.
 
@@ -95,49 +88,7 @@ class _Tokens(AbstractTokenProvider):
         raise NotImplementedError
 
 
-class _Chain(CredentialProvider):
-    """The AWS SDK's standard chain, resolved once by one botocore session: credentials that expire (IRSA's, an
-    instance profile's) are refreshed by botocore as they near their end."""
-
-    METHOD = "burnwatch-default-chain"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._session = botocore.session.Session()
-
-    def load(self) -> Credentials:
-        try:
-            found = self._session.get_credentials()
-            frozen = found.get_frozen_credentials() if found is not None else None
-        except (BotoCoreError, ClientError, OSError, RuntimeError) as exc:  # (OSError: IRSA's token file)
-            raise TokenUnavailable(f"AWS credentials for AWS_MSK_IAM could not be loaded ({exc})",
-                                   transient=True) from None  # (STS or the metadata service unreachable: may pass)
-        if frozen is None or not frozen.access_key or not frozen.secret_key:
-            raise TokenUnavailable("no AWS credentials found for AWS_MSK_IAM: the AWS SDK's chain (AWS_ACCESS_KEY_ID "
-                                   "and AWS_SECRET_ACCESS_KEY, IRSA's AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE, "
-                                   "AWS_PROFILE's files, the instance profile) gave none")  # fmt: skip
-        return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
-
-
-class MskIamTokens(_Tokens):
-    """aiokafka's token provider for MSK's IAM in ``region`` (None: not known, an error at the first connection)."""
-
-    def __init__(self, region: str | None) -> None:
-        super().__init__()
-        self.region = region
-        self._chain: _Chain | None = None
-
-    def _make(self) -> tuple[str, float]:
-        if not self.region:
-            raise TokenUnavailable("AWS_MSK_IAM needs the cluster's region: set BURNWATCH_KAFKA_AWS_REGION (the "
-                                   "brokers' names do not say it, nor AWS_REGION or AWS_DEFAULT_REGION)")  # fmt: skip
-        if self._chain is None:
-            self._chain = _Chain()
-        token, expires_ms = MSKAuthTokenProvider.generate_auth_token_from_credentials_provider(self.region, self._chain)
-        return token, int(expires_ms) / 1000
-
-
-class OAuthTokens(_Tokens):
+class OAuthTokens(SharedTokens):
     """aiokafka's token provider for an OAuth server's token endpoint ``url``, as ``client_id`` with ``secret``;
     ``scope`` asked where given, ``extensions`` sent beside each token."""
 

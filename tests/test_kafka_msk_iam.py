@@ -29,7 +29,7 @@ from streams.kafka import (
     file_records,
     why_refused,
 )
-from streams.kafka_tokens import MskIamTokens
+from streams.msk_iam_tokens import MskIamTokens
 from streams.process import worker_env
 from tests.conftest import ROOT
 from tests.helpers import burnwatch_in_process, fleet_file
