@@ -94,7 +94,7 @@ class KubeflowCuller:
                 GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.kube.timeout)  # fmt: skip
         except Exception:  # noqa: BLE001 - cannot tell: the runner reports the action for a person
             return None
-        annotations = ((current or {}).get("metadata") or {}).get("annotations") or {}
+        annotations = _annotations(current)
         if ANNOTATION not in annotations:
             return None
         return Outcome(ok=True, detail=f"notebook {namespace}/{name} is stopped ({ANNOTATION}="
@@ -115,7 +115,7 @@ class KubeflowCuller:
             current: Any = api.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.kube.timeout
             )
-            annotations = ((current or {}).get("metadata") or {}).get("annotations") or {}
+            annotations = _annotations(current)
             if ANNOTATION in annotations:
                 return Outcome(ok=True, detail=f"{where} was already stopped ({ANNOTATION}={shown(annotations[ANNOTATION])})",
                                saves=False)
@@ -127,3 +127,9 @@ class KubeflowCuller:
         except Exception as exc:  # every failure becomes the outcome, as the protocol says
             return failure(exc, f"stopping {where}")
         return Outcome(ok=True, detail=f"stopped {where}: {ANNOTATION}={at} (remove the annotation to start it again)")
+
+
+def _annotations(notebook: Any) -> Mapping[str, Any]:
+    """A Notebook's annotations (empty where it has none): its stop annotation is what stopping it sets, and what the
+    look-up after a lost answer reads."""
+    return ((notebook or {}).get("metadata") or {}).get("annotations") or {}

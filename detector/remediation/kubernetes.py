@@ -20,6 +20,7 @@ workload scaled to zero); a GitOps tool that owns the manifest (Argo CD, Flux) m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from detector.remediation.base import ActionKind, Call, NotApplicable, Outcome, Target
@@ -102,15 +103,14 @@ class ScaleToZero:
 
                 deployment = AppsV1Api(self.kube.api()).read_namespaced_deployment(
                     name, namespace, _request_timeout=self.kube.timeout)  # fmt: skip
-                where, zero = f"Deployment {namespace}/{name}", bool(deployment.spec and deployment.spec.replicas == 0)
+                where, zero = f"Deployment {namespace}/{name}", _replicas(deployment) == 0
             else:
                 from kubernetes.client import CustomObjectsApi  # (at the first call: see kubeclient)
 
                 group, version, plural = KSERVE
                 current: Any = CustomObjectsApi(self.kube.api()).get_namespaced_custom_object(
                     group, version, namespace, plural, name, _request_timeout=self.kube.timeout)  # fmt: skip
-                predictor = ((current or {}).get("spec") or {}).get("predictor") or {}
-                where, zero = f"InferenceService {namespace}/{name}", predictor.get("minReplicas") == 0
+                where, zero = f"InferenceService {namespace}/{name}", _predictor(current).get("minReplicas") == 0
         except Exception:  # noqa: BLE001 - cannot tell: the runner reports the action for a person
             return None
         return Outcome(ok=True, detail=f"{where} is at 0 (found after the call's answer was lost)") if zero else None
@@ -127,7 +127,7 @@ class ScaleToZero:
             if owner is not None:
                 return Outcome(ok=False, detail=f"{where} is managed by {owner.kind}/{owner.name}: it would scale it "
                                                 "back; act on that instead")  # fmt: skip
-            before = deployment.spec.replicas if deployment.spec and deployment.spec.replicas is not None else 1
+            before = _replicas(deployment)
             if before == 0:
                 return Outcome(ok=True, detail=f"{where} was already at 0 replicas", saves=False)
             scale = apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}},
@@ -151,8 +151,7 @@ class ScaleToZero:
             current: Any = api.get_namespaced_custom_object(
                 group, version, namespace, plural, name, _request_timeout=self.kube.timeout
             )
-            predictor = ((current or {}).get("spec") or {}).get("predictor") or {}
-            before = predictor.get("minReplicas")
+            before = _predictor(current).get("minReplicas")
             if before == 0:
                 return Outcome(ok=True, detail=f"{where} already had minReplicas 0", saves=False)
             api.patch_namespaced_custom_object(group, version, namespace, plural, name,
@@ -169,3 +168,13 @@ class ScaleToZero:
             was = "unset (KServe's default, 1)" if before is None else shown(before)
             undo = f"{patch} --type=json -p '{remove}'"
         return Outcome(ok=True, detail=f"set {where} minReplicas from {was} to 0 (previous minReplicas: {was}; to undo: {undo})")
+
+
+def _replicas(deployment: Any) -> int:
+    """A Deployment's replicas (unset: Kubernetes' default, 1): what scaling and the look-up after a lost answer read."""
+    return deployment.spec.replicas if deployment.spec and deployment.spec.replicas is not None else 1
+
+
+def _predictor(service: Any) -> Mapping[str, Any]:
+    """An InferenceService's ``spec.predictor`` (empty where it has none)."""
+    return ((service or {}).get("spec") or {}).get("predictor") or {}
