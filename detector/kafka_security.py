@@ -99,6 +99,8 @@ class KafkaSecurity:
     oauth_scope: str | None = None
     oauth_extensions: tuple[tuple[str, str], ...] = ()
     """SASL extensions sent beside the token (RFC 7628): Confluent Cloud's ``logicalCluster`` and ``identityPoolId``."""
+    oauth_ca_file: Path | None = None
+    """A PEM bundle of the CAs that sign the token endpoint's certificate; None: the system's trust store."""
 
     @property
     def tls(self) -> bool:

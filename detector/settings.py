@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     kafka_oauth_extensions: str | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_OAUTH_EXTENSIONS")
     """SASL extensions sent beside each token, ``key=value,key=value`` (Confluent Cloud:
     ``logicalCluster=lkc-abc12,identityPoolId=pool-AbCd``)."""
+    kafka_oauth_ca_file: Path | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_OAUTH_CA_FILE")
+    """A PEM bundle of the CAs that sign the token endpoint's certificate (a Keycloak or another OIDC server behind a
+    private CA, often not the brokers'); unset: the system's trust store (``SSL_CERT_FILE`` where set)."""
     kafka_ssl_ca_file: Path | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_SSL_CA_FILE")
     """A PEM bundle of the CAs that sign the brokers' certificates; unset: the system's trust store."""
     kafka_ssl_cert_file: Path | None = Field(default=None, validation_alias="BURNWATCH_KAFKA_SSL_CERT_FILE")
@@ -291,6 +294,17 @@ class Settings(BaseSettings):
             _oauth_extensions(value)
         return value
 
+    @field_validator("kafka_oauth_ca_file")
+    @classmethod
+    def _oauth_ca(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        """The token endpoint's CAs go with OAUTHBEARER alone, and are read now: a file missing or not PEM is named at
+        start, not found at the first token."""
+        if path is None or "kafka_sasl_mechanism" not in info.data:
+            return path
+        if info.data["kafka_sasl_mechanism"] != OAUTHBEARER:
+            raise ValueError(f"set, but BURNWATCH_KAFKA_SASL_MECHANISM is not {OAUTHBEARER}")
+        return _ca_bundle(path)
+
     @field_validator("kafka_aws_region")
     @classmethod
     def _region_with_iam(cls, region: str | None, info: ValidationInfo) -> str | None:
@@ -313,13 +327,10 @@ class Settings(BaseSettings):
             return path
         if protocol not in TLS_PROTOCOLS:
             raise ValueError(f"set, but {_not_tls(protocol)}")
+        if info.field_name == "kafka_ssl_ca_file":
+            return _ca_bundle(path)
         if not path.is_file():
             raise ValueError(f"{path}: no such file")
-        if info.field_name == "kafka_ssl_ca_file":
-            try:
-                check_trust(path)
-            except (ssl.SSLError, OSError) as exc:
-                raise ValueError(f"{path} is not a PEM bundle of CA certificates ({_reason(exc)})") from None
         return path
 
     @field_validator("kafka_ssl_check_hostname")
@@ -392,7 +403,8 @@ class Settings(BaseSettings):
                              cert_file=self.kafka_ssl_cert_file, key_file=self.kafka_ssl_key_file,
                              check_hostname=self.kafka_ssl_check_hostname, aws_region=region,
                              oauth_token_url=self.kafka_oauth_token_url, oauth_scope=self.kafka_oauth_scope,
-                             oauth_extensions=_oauth_extensions(self.kafka_oauth_extensions or ""))  # fmt: skip
+                             oauth_extensions=_oauth_extensions(self.kafka_oauth_extensions or ""),
+                             oauth_ca_file=self.kafka_oauth_ca_file)  # fmt: skip
 
     @property
     def dsn(self) -> str:
@@ -412,6 +424,17 @@ class Settings(BaseSettings):
 def _not_tls(protocol: str) -> str:
     """Why a TLS setting is refused beside ``protocol``."""
     return f"BURNWATCH_KAFKA_SECURITY_PROTOCOL is {protocol}: TLS settings go with {' or '.join(TLS_PROTOCOLS)}"
+
+
+def _ca_bundle(path: Path) -> Path:
+    """``path`` if it is a readable PEM bundle of CA certificates; else a ``ValueError`` saying what it is."""
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    try:
+        check_trust(path)
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"{path} is not a PEM bundle of CA certificates ({_reason(exc)})") from None
+    return path
 
 
 _EXTENSION_KEY = re.compile(r"^[A-Za-z]+$")

@@ -1282,6 +1282,7 @@ _ENV_HELP = {
     "kafka_oauth_token_url": "with OAUTHBEARER: the token endpoint (SASL user and password: client id, secret)",
     "kafka_oauth_scope": "with OAUTHBEARER: the scope asked with each token",
     "kafka_oauth_extensions": "with OAUTHBEARER: SASL extensions, key=value,... (Confluent's logicalCluster)",
+    "kafka_oauth_ca_file": "with OAUTHBEARER: PEM bundle of the token endpoint's CAs (default: the system's)",
     "kafka_aws_region": "the MSK cluster's region, with AWS_MSK_IAM (default: from the brokers' names, AWS_REGION)",
     "kafka_sasl_username": "the SASL user",
     "kafka_sasl_password": "its password ...",

@@ -91,7 +91,7 @@ def faust_credentials(security: KafkaSecurity) -> CredentialsT | None:
     if security.oauth:
         secret = security.password.get_secret_value() if security.password is not None else ""
         tokens = OAuthTokens(security.oauth_token_url or "", security.username or "", secret, security.oauth_scope,
-                             dict(security.oauth_extensions))  # fmt: skip
+                             dict(security.oauth_extensions), security.oauth_ca_file)  # fmt: skip
         return faust.OAuthCredentials(oauth_cb=tokens, ssl_context=context)
     if security.sasl:
         password = security.password.get_secret_value() if security.password is not None else None

@@ -13,17 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import json
+import math
+import ssl
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 
 import structlog
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.errors import KafkaConnectionError
+
+from detector.kafka_security import check_trust
 
 __all__ = ["OAuthTokens", "SharedTokens", "TokenUnavailable"]
 
@@ -31,6 +37,11 @@ _RENEW_WITHIN = 1 / 3
 """The share of a token's life left when the next connection gets a new one."""
 _TOKEN_TIMEOUT_S = 10.0
 """How long the OAuth server may take to answer a token request."""
+_UNSAID_LIFE_S = 3600.0
+"""A token's life where the server says none (no ``expires_in``) and it is no JWT with an ``exp``: an hour, the
+commonest lifetime of client credentials tokens."""
+_MOST_LIFE_S = 86_400.0
+"""The longest life a token is kept for, whatever the server says."""
 
 log = structlog.get_logger("burnwatch.kafka")
 
@@ -93,9 +104,10 @@ class OAuthTokens(SharedTokens):
     ``scope`` asked where given, ``extensions`` sent beside each token."""
 
     def __init__(self, url: str, client_id: str, secret: str, scope: str | None = None,
-                 extensions: Mapping[str, str] | None = None) -> None:  # fmt: skip
+                 extensions: Mapping[str, str] | None = None, ca_file: Path | None = None) -> None:  # fmt: skip
         super().__init__()
         self.url, self.scope = url, scope
+        self._opener = _OPENER if ca_file is None else _opener(check_trust(ca_file))
         self._authorization = "Basic " + base64.b64encode(
             f"{urllib.parse.quote(client_id, safe='')}:{urllib.parse.quote(secret, safe='')}".encode()).decode()
         self._extensions = dict(extensions or {})
@@ -110,7 +122,7 @@ class OAuthTokens(SharedTokens):
             "Accept": "application/json"})  # fmt: skip
         now = time.time()
         try:
-            with _OPENER.open(request, timeout=_TOKEN_TIMEOUT_S) as answer:
+            with self._opener.open(request, timeout=_TOKEN_TIMEOUT_S) as answer:
                 body = answer.read(1 << 20)
         except urllib.error.HTTPError as exc:
             if 300 <= exc.code < 400:
@@ -122,20 +134,56 @@ class OAuthTokens(SharedTokens):
                                    "id), BURNWATCH_KAFKA_SASL_PASSWORD (or _FILE: its secret) and "
                                    "BURNWATCH_KAFKA_OAUTH_SCOPE",
                                    transient=exc.code >= 500 or exc.code == 429) from None  # fmt: skip
-        except (OSError, ValueError) as exc:  # URLError, a timeout, a connection refused
+        except (OSError, ValueError) as exc:  # URLError, a timeout, a connection refused, a certificate not trusted
             why = getattr(exc, "reason", exc)
+            if isinstance(why, ssl.SSLCertVerificationError):  # says nothing of the server's health: not transient
+                raise TokenUnavailable(f"the OAuth server at {self.url} has a certificate this machine does not trust "
+                                       f"({why.verify_message}): set BURNWATCH_KAFKA_OAUTH_CA_FILE to its CAs' PEM "
+                                       "bundle") from None  # fmt: skip
             raise TokenUnavailable(f"the OAuth server at {self.url} did not answer a token request ({why}): check "
                                    "BURNWATCH_KAFKA_OAUTH_TOKEN_URL", transient=isinstance(exc, OSError)) from None  # fmt: skip
         try:
             answer_json = json.loads(body)
             token = answer_json["access_token"]
-            life = float(answer_json.get("expires_in", 3600))
-        except (ValueError, KeyError, TypeError):
+            said_life = answer_json.get("expires_in")
+            life = float(said_life) if said_life is not None else None
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise TokenUnavailable(f"the OAuth server at {self.url} answered no access_token (not an OAuth token "
                                    "endpoint? check BURNWATCH_KAFKA_OAUTH_TOKEN_URL)") from None  # fmt: skip
-        if not isinstance(token, str) or not token or not life > 0:
-            raise TokenUnavailable(f"the OAuth server at {self.url} answered an empty token or no lifetime")
-        return token, now + min(life, 86_400.0)
+        if not isinstance(token, str) or not token:
+            raise TokenUnavailable(f"the OAuth server at {self.url} answered an empty token")
+        if life is None:  # RFC 6749 only recommends expires_in: a JWT says its own expiry
+            expires = _jwt_expiry(token)
+            if expires is not None and expires <= now:
+                raise TokenUnavailable(f"the OAuth server at {self.url} answered a token that expired "
+                                       f"{now - expires:.0f} s ago (its exp): is this machine's clock or the "
+                                       "server's wrong?")  # fmt: skip
+            life = expires - now if expires is not None else _UNSAID_LIFE_S
+            if expires is None:
+                log.warning("kafka_token_life_unknown", url=self.url, assumed_s=_UNSAID_LIFE_S)
+        if not life > 0:  # NaN too
+            raise TokenUnavailable(f"the OAuth server at {self.url} answered a token with no lifetime "
+                                   f"(expires_in {said_life!r})")  # fmt: skip
+        return token, now + min(life, _MOST_LIFE_S)
+
+
+def _jwt_expiry(token: str) -> float | None:
+    """A JWT's ``exp`` (RFC 7519 4.1.4: epoch seconds) read without checking its signature (the broker checks it: this
+    only says when to ask for the next); None where the token is no JWT or has no numeric ``exp``."""
+    parts = token.split(".")
+    if len(parts) != 3 or len(parts[1]) > 1 << 16:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, binascii.Error, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    expires = claims.get("exp") if isinstance(claims, dict) else None
+    if isinstance(expires, bool) or not isinstance(expires, int | float):
+        return None
+    try:
+        return float(expires) if math.isfinite(expires) else None  # (1e999 reads as inf)
+    except OverflowError:  # an int beyond a float's range
+        return None
 
 
 def _oauth_error(body: bytes) -> str:
@@ -157,5 +205,11 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
-"""The token requests' (proxies as the environment says, the system's trust store for https)."""
+def _opener(context: ssl.SSLContext | None = None) -> urllib.request.OpenerDirector:
+    """An opener of token requests that follows no redirect: proxies as the environment says, https verified against
+    ``context``'s CAs (None: the system's trust store)."""
+    return urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=context))
+
+
+_OPENER = _opener()
+"""The token requests' where no CA bundle of the token endpoint is set."""

@@ -219,11 +219,13 @@ class OAuthServer:
     """An OAuth 2.0 server's token endpoint on 127.0.0.1 (``server.url``), the client credentials grant alone
     (RFC 6749 4.4): the client's id and secret as HTTP Basic credentials, the scope checked where ``scope`` is given.
     Each token it issues (random, good for ``life_s``) is what :meth:`verify` takes, naming the client; each request
-    is answered after ``delay_s``; requests and what each was answered are in :attr:`asked`."""
+    is answered after ``delay_s``; requests and what each was answered are in :attr:`asked`. With ``jwt`` each token
+    is a JWT whose ``exp`` says its life, and the answer has no ``expires_in`` (RFC 6749 only recommends it); with
+    ``tls`` the endpoint is ``https://`` (its certificate the context's)."""
 
     def __init__(self, clients: Mapping[str, str], scope: str | None = None, life_s: float = 3600.0,
-                 delay_s: float = 0.0) -> None:  # fmt: skip
-        self.clients, self.scope, self.life_s, self.delay_s = clients, scope, life_s, delay_s
+                 delay_s: float = 0.0, jwt: bool = False, tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
+        self.clients, self.scope, self.life_s, self.delay_s, self.jwt = clients, scope, life_s, delay_s, jwt
         self.issued: dict[str, str] = {}
         self.asked: list[tuple[str, int]] = []
         """(client id, or '' if none was given, HTTP status) of each token request."""
@@ -245,8 +247,14 @@ class OAuthServer:
                     status, body = 400, {"error": "invalid_scope"}
                 else:
                     token = base64.urlsafe_b64encode(os.urandom(24)).decode()
+                    answer: dict[str, object] = {"token_type": "Bearer", "expires_in": server.life_s}
+                    if server.jwt:
+                        claims = {"sub": client, "exp": int(time.time() + server.life_s), "jti": token}
+                        token = ".".join(base64.urlsafe_b64encode(json.dumps(part).encode()).decode().rstrip("=")
+                                         for part in ({"alg": "RS256", "typ": "JWT"}, claims)) + ".c2lnbmF0dXJl"
+                        del answer["expires_in"]
                     server.issued[token] = client
-                    status, body = 200, {"access_token": token, "token_type": "Bearer", "expires_in": server.life_s}
+                    status, body = 200, {"access_token": token, **answer}
                 server.asked.append((client, status))
                 data = json.dumps(body).encode()
                 self.send_response(status)
@@ -259,7 +267,9 @@ class OAuthServer:
                 pass
 
         self._http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._http.server_address[1]}/oauth2/token"
+        if tls is not None:
+            self._http.socket = tls.wrap_socket(self._http.socket, server_side=True)
+        self.url = f"http{'s' if tls else ''}://127.0.0.1:{self._http.server_address[1]}/oauth2/token"
         self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
 
     def verify(self, token: str) -> str:

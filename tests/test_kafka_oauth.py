@@ -8,7 +8,9 @@ embedded broker that terminates TLS and takes only the tokens a local token endp
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.server
+import json
 import threading
 import time
 from pathlib import Path
@@ -228,3 +230,89 @@ def test_a_token_endpoint_that_redirects_is_not_followed_with_the_client_secret(
     said = str(caught.value)
     assert said.startswith(f"the OAuth server at {url} answered a redirect (302) to http://localhost:"), said
     assert "BURNWATCH_KAFKA_OAUTH_TOKEN_URL" in said and SECRET not in said
+
+
+def test_a_token_endpoint_behind_a_private_ca_is_trusted_by_its_own_bundle(pki: Pki, tmp_path: Path):
+    """A Keycloak behind the company's CA, which the brokers' certificates need not share: its bundle set by
+    BURNWATCH_KAFKA_OAUTH_CA_FILE, the clients take tokens from it and connect. Without it the line says the
+    certificate is not trusted and which setting trusts it (before, only SSL_CERT_FILE could, for every https call of
+    the process, and the line read as a server that did not answer, retried as if it might)."""
+    broker_port = free_port()
+    with OAuthServer({CLIENT: SECRET}, scope=SCOPE, tls=pki.server_context()) as oauth, \
+            SecureRelay(broker_port, tls=pki.server_context(), mechanisms=[], tokens=oauth.verify) as relay, \
+            EmbeddedBroker(port=broker_port, advertised_port=relay.port, log_path=tmp_path / "broker.log"):  # fmt: skip
+        assert oauth.url.startswith("https://")
+        untrusting = load_settings(environ=oauth_env(oauth.url, pki.ca_file)).kafka_security
+        said = asyncio.run(why_refused(relay.bootstrap, untrusting))
+        assert said is not None and said.startswith(f"the OAuth server at {oauth.url} has a certificate this machine "
+                                                     "does not trust"), said  # fmt: skip
+        assert said.endswith("set BURNWATCH_KAFKA_OAUTH_CA_FILE to its CAs' PEM bundle")
+        with pytest.raises(TokenUnavailable) as caught:
+            asyncio.run(OAuthTokens(oauth.url, CLIENT, SECRET).token())
+        assert not caught.value.transient  # another try meets the same certificate
+        trusting = load_settings(environ=oauth_env(oauth.url, pki.ca_file,
+                                                   BURNWATCH_KAFKA_OAUTH_CA_FILE=str(pki.ca_file))).kafka_security  # fmt: skip
+        assert asyncio.run(why_refused(relay.bootstrap, trusting)) is None
+    assert {(m, user) for _, m, user in relay.authenticated} == {("OAUTHBEARER", CLIENT)}
+
+
+@pytest.mark.parametrize(
+    ("environ", "said"),
+    [
+        (oauth_env("https://login.example/token", BURNWATCH_KAFKA_OAUTH_CA_FILE="/nonexistent/ca.pem"),
+         "BURNWATCH_KAFKA_OAUTH_CA_FILE: Value error, /nonexistent/ca.pem: no such file"),
+        (oauth_env("https://login.example/token", BURNWATCH_KAFKA_OAUTH_CA_FILE=__file__),
+         f"BURNWATCH_KAFKA_OAUTH_CA_FILE: Value error, {__file__} is not a PEM bundle of CA certificates"),
+        ({"BURNWATCH_KAFKA_OAUTH_CA_FILE": __file__},
+         "BURNWATCH_KAFKA_OAUTH_CA_FILE: Value error, set, but BURNWATCH_KAFKA_SASL_MECHANISM is not OAUTHBEARER"),
+    ],
+)  # fmt: skip
+def test_a_token_endpoint_ca_bundle_that_cannot_work_is_refused_at_start(environ, said):
+    assert said in refusal(environ)
+
+
+def test_a_jwt_without_expires_in_is_renewed_by_its_exp():
+    """A server that answers no ``expires_in`` (RFC 6749 only recommends it): a JWT's ``exp`` says when the token
+    dies, and it is renewed with a third of that life left. Before, every such token was taken as good for an hour,
+    and a 3-second (or 5-minute) token was handed to connections long after the brokers refused it."""
+    with OAuthServer({CLIENT: SECRET}, life_s=3, jwt=True) as oauth:
+        tokens = OAuthTokens(oauth.url, CLIENT, SECRET)
+        first = asyncio.run(tokens.token())
+        assert first.count(".") == 2 and asyncio.run(tokens.token()) == first
+        time.sleep(2.2)  # exp is a whole second: 2 to 3 s of life, a third of it left by now
+        assert asyncio.run(tokens.token()) != first
+    assert len(oauth.asked) == 2
+
+
+@pytest.mark.parametrize("payload", [b'{"exp": 1}', b'{"sub": "x"}', b"not json", b'{"exp": 1e999}',
+                                     b'{"exp": true}', b"[" * 5000 + b"]" * 5000])  # fmt: skip
+def test_a_token_that_is_no_jwt_with_a_future_exp_is_said_or_taken_for_an_hour(payload: bytes):
+    """An ``exp`` already past is a clock to check, said in one line; a token with no readable ``exp`` (no JWT, none
+    said, absurd) is kept an hour, the commonest life, and never raises anything but a clear line."""
+    token = "eyJhbGciOiJub25lIn0." + base64.urlsafe_b64encode(payload).decode().rstrip("=") + ".sig"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"access_token": token, "token_type": "Bearer"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tokens = OAuthTokens(f"http://127.0.0.1:{server.server_address[1]}/token", CLIENT, SECRET)
+        if payload == b'{"exp": 1}':
+            with pytest.raises(TokenUnavailable, match=r"answered a token that expired \d+ s ago \(its exp\): is this "
+                                                       "machine's clock or the server's wrong"):  # fmt: skip
+                asyncio.run(tokens.token())
+        else:
+            assert asyncio.run(tokens.token()) == token
+            assert 3590 < tokens._expires_at - time.time() <= 3600
+    finally:
+        server.shutdown()
+        server.server_close()
