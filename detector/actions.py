@@ -336,6 +336,9 @@ class ActionHandler:
 
         late = [a for a in Action.from_steps(self.store.remediations.steps(alert_id)).values()
                 if a.state in ("approved", "begun", "retry", "succeeded")]  # fmt: skip
+        if late and late[0].stoppable:
+            return (":zzz: Snoozed for 24 hours, but too late for the automatic action: it was approved, and waits to "
+                    "be tried again. Decline stops it.")  # fmt: skip
         if late:
             return (f":zzz: Snoozed for 24 hours, but too late for the automatic action: it is {late[0].state} "
                     "already. Act by hand if it must be undone.")  # fmt: skip

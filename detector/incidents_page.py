@@ -110,8 +110,11 @@ def _state(action: Action, now: float) -> str:
                 f"unless snoozed or declined, calling {call}")  # fmt: skip
     if state in ("approved", "begun"):
         return f"Approved{by}: calling {call}"
+    if state == "retry" and action.stop_asked_by:
+        return (f"Declined by {_text(action.stop_asked_by)} after attempt {action.attempts} failed "
+                f"({_text(action.result)}): tried no more once that attempt is looked up")  # fmt: skip
     if state == "retry":
-        return f"Approved{by}: attempt {action.attempts} failed ({_text(action.result)}); trying again"
+        return f"Approved{by}: attempt {action.attempts} failed ({_text(action.result)}); trying again unless declined"
     if state == "succeeded":
         return f"Done{by}: {call}: {_text(action.result)}"
     if state in ("failed", "gave_up", "interrupted"):
@@ -124,10 +127,12 @@ def _state(action: Action, now: float) -> str:
 
 
 def _buttons(action: Action, token: str) -> str:
-    if not action.awaits_decision:
+    if not (action.awaits_decision or action.stoppable):
         return ""
     choices = [("approve", "Approve"), ("decline", "Decline")]
-    if action.mode == "auto_unless_objected":
+    if action.stoppable:  # approved, and waiting to be tried again: a Decline stops the retries
+        choices = [("decline", "Decline")]
+    elif action.mode == "auto_unless_objected":
         choices = [("approve", "Approve now"), ("decline", "Object"), ("snooze", "Snooze 24h")]
     buttons = "".join(f'<button type="submit" name="decision" value="{value}">{label}</button>' for value, label in choices)
     return ('<form class="decide" method="post" action="incidents">'
@@ -142,7 +147,7 @@ def action_cell(actions: list[Action], now: float, token: str | None = None) -> 
     if not actions:
         return "-"
     lines = [f'<div class="state-{_text(a.state)}" data-action="{_text(a.key)}">{_state(a, now)}</div>' for a in actions]
-    waiting = [a for a in actions if a.awaits_decision]
+    waiting = [a for a in actions if a.awaits_decision or a.stoppable]
     if token is not None and waiting:
         lines.append(_buttons(waiting[0], token))
     return "".join(lines)

@@ -1046,3 +1046,109 @@ def test_an_action_proposed_again_is_not_cancelled_again_by_the_rules_cancellati
     runner.run_once()
     assert state(moto_url, instance) in ("stopping", "stopped")
     assert [s for s, _ in steps(store)][-3:] == ["approved", "begun", "succeeded"]
+
+
+def _approved_then_throttled(store, slack, tmp_path, wall: Wall):
+    """Two workers; an approved stop whose first call EC2 refuses as throttled (a retry, 60 s on), approved through
+    the acting worker's own handler: (acting runner, the other worker's handler, the failing EC2)."""
+    server = Ec2Errors(503, "RequestLimitExceeded", failing="StopInstances")
+    acting, here, elsewhere = two_workers(store, slack, tmp_path, server.url, "approve", wall)
+    acting.backoff_s = 60
+    posted(store, incident("i-0123456789abcdef0"))
+    acting.run_once()
+    assert click(here, "burnwatch_approve", APPROVER) == 200
+    events_go_on(store, "i-0123456789abcdef0", wall, version=2)
+    acting.run_once()
+    assert steps(store)[-2:] == [("begun", APPROVER), ("retry", APPROVER)]
+    return acting, elsewhere, server
+
+
+def test_a_decline_stops_an_action_waiting_to_be_tried_again(store, slack, tmp_path):
+    """An approved stop that EC2 throttled waits a minute to be tried again, and its message offers a Decline: clicked
+    (on a worker that does not act), the action is tried no more, on the acting worker and after a restart, and the
+    message says who stopped it. Before, a retry had no button and a Decline was answered 'no action awaits a
+    decision': once approved, nobody could stop it but a resolution, for up to four attempts."""
+    wall = Wall()
+    acting, elsewhere, server = _approved_then_throttled(store, slack, tmp_path, wall)
+    try:
+        retrying = slack.calls("chat.update")[-1]
+        assert "unless declined" in retrying.text_of_blocks()
+        buttons = [e["action_id"] for b in retrying.blocks if b["type"] == "actions" for e in b["elements"]]
+        assert buttons == ["burnwatch_decline"]
+        assert click(elsewhere, "burnwatch_approve", APPROVER) == 409  # approved already
+        assert click(elsewhere, "burnwatch_decline", STRANGER) == 403  # an approver's say alone
+        assert click(elsewhere, "burnwatch_decline", GROUPIE) == 200
+        assert click(elsewhere, "burnwatch_decline", APPROVER) == 409  # stopped already
+        stops = server.actions.count("StopInstances")
+        for _ in range(4):
+            wall.t += 120
+            events_go_on(store, "i-0123456789abcdef0", wall, version=3)
+            acting.run_once()
+        assert server.actions.count("StopInstances") == stops
+        assert steps(store)[-1] == ("cancelled", GROUPIE)
+        assert f"Not acting (<@{GROUPIE}>)" in slack.calls("chat.update")[-1].text_of_blocks()
+        restarted, _ = setup(store, slack, tmp_path, server.url, "approve", wall)
+        wall.t += 600
+        restarted.run_once()
+        assert server.actions.count("StopInstances") == stops
+    finally:
+        server.close()
+
+
+def test_a_decline_of_a_retry_on_the_acting_worker_is_taken_at_once(store, slack, tmp_path):
+    """Clicked through the acting worker itself: its memory takes the stop, and its next pass tries nothing."""
+    wall = Wall()
+    acting, _, server = _approved_then_throttled(store, slack, tmp_path, wall)
+    _, here = setup(store, slack, tmp_path, server.url, "approve", wall)
+    here.remediation = acting
+    try:
+        assert click(here, "burnwatch_decline", APPROVER) == 200
+        assert "declined by" in slack.calls("chat.update")[-1].text_of_blocks()
+        stops = server.actions.count("StopInstances")
+        wall.t += 120
+        events_go_on(store, "i-0123456789abcdef0", wall, version=3)
+        acting.run_once()
+        assert server.actions.count("StopInstances") == stops and steps(store)[-1] == ("cancelled", APPROVER)
+    finally:
+        server.close()
+
+
+def test_a_declined_retry_whose_last_call_took_is_recorded_done(store, slack, tmp_path, moto_url):
+    """The stop took but its answer was lost (a retry), then someone declines: the lookup the Decline waits for finds
+    the instance stopped, and the action is recorded done, not 'will not stop' over a stopped instance."""
+    runner, _, instance, wall = _stopped_answer_lost(store, slack, tmp_path, moto_url)
+    _, elsewhere = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    assert click(elsewhere, "burnwatch_decline", GROUPIE) == 200
+    wall.t += 1
+    runner.run_once()
+    assert steps(store)[-2:] == [("declined", GROUPIE), ("succeeded", APPROVER)]
+    assert "Done" in slack.calls("chat.update")[-1].text_of_blocks()
+    assert state(moto_url, instance) in ("stopping", "stopped")
+
+
+def test_a_late_decline_of_an_approved_action_is_no_stop_of_its_retry(store, slack, tmp_path):
+    """A Decline stored before the approved call was first tried (two approvers clicking at once: the approval won)
+    is the approval's late twin, not a stop: its retry goes ahead, on the acting worker and after a restart alike."""
+    wall = Wall()
+    server = Ec2Errors(503, "RequestLimitExceeded", failing="StopInstances")
+    try:
+        runner, handler = setup(store, slack, tmp_path, server.url, "approve", wall, backoff_s=60)
+        posted(store, incident("i-0123456789abcdef0"))
+        runner.run_once()
+        assert click(handler, "burnwatch_approve", APPROVER) == 200
+        (action,) = Action.from_steps(store.remediations.steps("a1")).values()
+        row = ActionStep(alert_id="a1", kind="stop_instance", step="declined", at=wall.t, mode="approve",
+                         decided_by=GROUPIE, rule="idle-gpu", resource_id=action.resource_id, team="nlp")  # fmt: skip
+        store.remediations.record([row])  # another worker's, which read the action pending
+        events_go_on(store, "i-0123456789abcdef0", wall, version=2)
+        wall.t += 1
+        runner.run_once()
+        assert steps(store)[-1] == ("retry", APPROVER)
+        wall.t += 61
+        events_go_on(store, "i-0123456789abcdef0", wall, version=3)
+        runner.run_once()
+        assert [s for s, _ in steps(store)].count("begun") == 2  # (each attempt is boto's few calls)
+        (action,) = Action.from_steps(store.remediations.steps("a1")).values()
+        assert action.stoppable and not action.stop_asked_by
+    finally:
+        server.close()

@@ -62,15 +62,23 @@ def action_blocks(action: Action, now: float, waiting: str | None = None) -> tup
                 f"by calling {call}, unless this incident is snoozed or declined.")  # fmt: skip
         # Snooze here too: anyone may object to this one action (a group's message snoozes all its alerts).
         buttons = [(SNOOZE_LABEL, SNOOZE, None), ("Decline", DECLINE, "danger")]
+    elif state == "retry" and action.stop_asked_by:
+        text = (f":no_entry_sign: {what.capitalize()}: declined by {_who(action.stop_asked_by)} after attempt "
+                f"{action.attempts} failed ({escape(action.result, 1000)}); tried no more once burnwatch has looked up "
+                "whether that attempt took.")  # fmt: skip
     elif state in ("approved", "retry") and waiting:
         text = (f":double_vertical_bar: {what.capitalize()}: approved by {_who(action.decided_by)}; waits before calling "
                 f"{call}: {escape(waiting, 500)}.")  # fmt: skip
         if state == "retry":
-            text += f" Attempt {action.attempts} failed ({escape(action.result, 1000)})."
+            text += f" Attempt {action.attempts} failed ({escape(action.result, 1000)}). Decline stops it."
+            buttons = [("Decline", DECLINE, "danger")]
     elif state in ("approved", "begun", "retry"):
         text = f":gear: {what.capitalize()}: approved by {_who(action.decided_by)}; calling {call}."
         if state == "retry":
-            text += f" Attempt {action.attempts} failed ({escape(action.result, 1000)}); trying again."
+            due = action.due_at or now
+            text += (f" Attempt {action.attempts} failed ({escape(action.result, 1000)}); trying again at {rfc3339(due)} "
+                     f"(in {format_duration(max(0.0, due - now))}) unless declined.")  # fmt: skip
+            buttons = [("Decline", DECLINE, "danger")]
     elif state == "succeeded":
         text = f":white_check_mark: Done: {what} ({call} by {_who(action.decided_by)}): {escape(action.result, 1000)}."
         if saves:  # none where it was already stopped (the result says so) or its price is unknown
@@ -81,7 +89,7 @@ def action_blocks(action: Action, now: float, waiting: str | None = None) -> tup
     elif state == "declined":
         text = f":no_entry_sign: Declined by {_who(action.decided_by)}: burnwatch will not {what}."
     elif state == "cancelled":
-        text = f":heavy_minus_sign: Not acting ({escape(action.decided_by, 80)}): burnwatch will not {what}."
+        text = f":heavy_minus_sign: Not acting ({_who(action.decided_by)}): burnwatch will not {what}."
         if action.result and action.decided_by != "resolved":  # the snooze's reason, the rule's change, the silence of events
             text += f" {escape(action.result, 1000)}."
     else:

@@ -66,6 +66,10 @@ class Action:
     grace: float = 0.0
     """``auto_unless_objected``: wall time from the warning to the call (counted from the
     announcement: nobody is warned before the message is in Slack)."""
+    retried_at: float | None = None
+    """When its first attempt failed and it was set to be tried again (wall clock); None before."""
+    stop_asked_by: str = ""
+    """Who declined it after that (:meth:`stoppable`): no attempt more, once the last one is looked up."""
 
     @property
     def key(self) -> str:
@@ -79,6 +83,12 @@ class Action:
     def awaits_decision(self) -> bool:
         return self.state == "proposed" and self.mode in ("approve", "auto_unless_objected")
 
+    @property
+    def stoppable(self) -> bool:
+        """Approved, tried, and waiting to be tried again: a Decline still stops it (the retries, not the attempt
+        made, which is looked up first)."""
+        return self.state == "retry" and not self.stop_asked_by
+
     def apply(self, row: dict[str, Any]) -> None:
         """Take one stored step (a row of ``remediation_actions``) into account."""
         step = row["step"]
@@ -90,6 +100,11 @@ class Action:
             return
         if step in _PASSIVE:
             return
+        if step == "declined" and self.retried_at is not None and self.state in ("retry", "begun"):
+            # A Decline while it waits to be tried again (or while an attempt after that is made): it is tried no
+            # more. Its state stays until the attempt made is looked up, as a resolution's cancellation does.
+            self.stop_asked_by = self.stop_asked_by or row["decided_by"]
+            return
         if step in ("approved", "declined") and not self.awaits_decision:
             # A second decision, stored by another worker that read the action pending before the first was taken
             # (or the call made): the first decision stored is the action's. Taken as its state, a late approval
@@ -97,12 +112,14 @@ class Action:
             return
         if step == "proposed":  # the first step; again after a dry run, when its rule now asks for it in earnest
             self.mode, self.rule, self.resource_id, self.team = row["mode"], row["rule"], row["resource_id"], row["team"]
-            self.message, self.decided_by = None, ""
+            self.message, self.decided_by, self.retried_at, self.stop_asked_by = None, "", None, ""
             self.usd_per_hour = float(row["usd_per_hour"])
             if row["api"]:
                 self.call = Call(api=row["api"], request=json.loads(row["request"] or "{}"), endpoint=row["endpoint"])
         if step in ("proposed", "retry"):
             self.due_at = _epoch(row.get("due_at"))
+        if step == "retry" and self.retried_at is None:
+            self.retried_at = _epoch(row["at"])
         if step == "proposed":
             self.proposed_at = _epoch(row["at"]) or 0.0
             self.grace = self.due_at - self.proposed_at if self.due_at is not None else 0.0

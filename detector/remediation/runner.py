@@ -198,6 +198,13 @@ class ActionRunner:
                         continue
                     if action.state == "begun":
                         continue  # its call is under way, or recover() looks it up
+                    if action.stoppable and now >= (action.due_at or 0.0):
+                        self._take_decisions(now, [action.key])  # a Decline stored elsewhere since the pass began
+                    if action.state == "retry" and action.stop_asked_by:
+                        self._cancel(action, now, action.stop_asked_by, "declined while it waited to be tried again")
+                        if self._resets != resets:
+                            return self._moved(before)
+                        continue
                     stop = ("resolved", "the incident resolved") if alert.status == "resolved" else self._withdrawn(action, specs)
                     if stop is not None:
                         self._cancel(action, now, *stop)
@@ -312,15 +319,17 @@ class ActionRunner:
         """Take in the decisions another worker stored for actions held here pending (one
         query, bounded by their keys and proposal times); returns how many were taken. The
         first decision stored wins, as :meth:`decide` refuses any after it."""
-        pending = {k: a for k, a in self._actions.items() if a.awaits_decision and (keys is None or k in keys)}
+        pending = {k: a for k, a in self._actions.items()
+                   if (a.awaits_decision or a.stoppable) and (keys is None or k in keys)}  # fmt: skip
         if not pending:
             return 0
-        since = min(a.proposed_at for a in pending.values()) - _SKEW_S
+        since = min(a.proposed_at if a.awaits_decision else a.retried_at or 0.0 for a in pending.values()) - _SKEW_S
         taken = 0
         for row in self.store.remediations.decisions(sorted(pending), since):
             action = pending.get(row["action_key"])
-            if action is None or not action.awaits_decision:
-                continue  # decided already (a later decision changes nothing)
+            if action is None or not (action.awaits_decision or action.stoppable and row["step"] == "declined"
+                                      and epoch(row["at"]) >= (action.retried_at or 0.0)):  # fmt: skip
+                continue  # decided already (a later decision changes nothing); a retry is stopped by a Decline alone
             if row["step"] == "cancelled" and epoch(row["at"]) < action.proposed_at:
                 # An earlier proposal's end (the rules withdrew it: proposed again since, _asked_again). A cancellation
                 # is the acting worker's, on the clock its proposals are stamped by, never a lagging worker's click:
@@ -384,11 +393,15 @@ class ActionRunner:
             held = self._acting and self._recovered
             if held:  # the acting worker: its memory takes in what others stored meanwhile
                 for key, action in stored.items():
-                    if not action.awaits_decision and key in self._actions and self._actions[key].awaits_decision:
+                    mine = self._actions.get(key)
+                    if mine is not None and (mine.awaits_decision and not action.awaits_decision
+                                             or mine.stoppable and action.stop_asked_by):  # fmt: skip
                         self._actions[key] = action
                 stored = {k: self._actions.setdefault(k, a) for k, a in stored.items()}
             waiting = [a for a in stored.values() if a.awaits_decision]
-            if not waiting:
+            # Declined while it waits to try again (an API throttled or down): tried no more. Not approved again: it is.
+            stopping = [] if approve else [a for a in stored.values() if a.stoppable]
+            if not waiting and not stopping:
                 return 409, f"no action on alert {alert_id} awaits a decision"
             members = getattr(self.notifier, "group_members", None)
             allowed, why = may_approve(self.ruleset().routing, tags, user_id, members)
@@ -402,6 +415,16 @@ class ActionRunner:
                 log.info("action_decided", action=action.key, user=user_id, approved=approve, acting=held)
                 if held:  # elsewhere the acting worker updates the message when it takes the decision
                     self._show(action, now)
+            for action in stopping if allowed else ():
+                # Stamped after the retry it stops, whatever this worker's clock says: every worker orders the steps
+                # by time, and one read before the retry is an approval's late twin, not a stop (Action.apply).
+                self._step(action, "declined", max(now, (action.retried_at or now) + 0.001), decided_by=user_id)
+                log.info("action_stop_asked", action=action.key, user=user_id, attempts=action.attempts, acting=held)
+                if held:
+                    self._show(action, now)
+            for action in stopping if not allowed else ():
+                self._step(action, "refused", now, decided_by=user_id, result=why)
+                log.warning("action_click_refused", action=action.key, user=user_id, reason=why)
             if not allowed:
                 return 403, why
             self.wake.set()
