@@ -117,6 +117,9 @@ class Outbox:
         self._edits: dict[str, Alert] = {}
         """Alert id → its latest cost update not yet shown on its message."""
         self._edited_at: dict[str, float] = {}
+        self._unedited: set[str] = set()
+        """Alert ids whose message Slack refused to edit for good (deleted): their cost updates are not tried
+        again (one refusal a minute each, logged, until they close)."""
         self._unrecorded: list[tuple[str, str, str, str, float]] = []
         """Deliveries made and not yet in the store (alert id, change, channel, ts, wall time of the
         post): written with the next post's mark, before that post, or at the end of the pass: one
@@ -172,6 +175,7 @@ class Outbox:
             self._queued.clear()
             self._queued_at.clear()
             self._edits.clear()
+            self._unedited.clear()
             self._publish()
 
     def remembers(self, alert_id: str) -> bool:
@@ -378,11 +382,13 @@ class Outbox:
         if not self._owns(alert):
             return  # its partition moved on: the new holder recovers it from the store
         if alert.change == "updated":
-            self._edits[alert.alert_id] = alert  # only the latest matters
+            if alert.alert_id not in self._unedited:
+                self._edits[alert.alert_id] = alert  # only the latest matters
             return
         if alert.closes:
             self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
             self._edited_at.pop(alert.alert_id, None)
+            self._unedited.discard(alert.alert_id)
         self._enqueue(alert, added_at)
 
     def _withdrawn_unposted(self, alert_id: str) -> bool:
@@ -506,7 +512,16 @@ class Outbox:
                 due_in.append(wait)
                 continue
             assert self.notifier is not None
-            self.notifier.edit(alert, thread, self.store.actions.of(alert_id))  # SlackError propagates: retried
+            try:
+                self.notifier.edit(alert, thread, self.store.actions.of(alert_id))
+            except SlackError as exc:
+                if exc.retryable:
+                    raise  # Slack down or busy: the pass is retried with backoff, the edit kept
+                # Refused for good (the message was deleted in Slack: message_not_found): it was raised as a
+                # retry, every pass, forever, holding up the other incidents' edits and, backed off, every post.
+                log.warning("slack_edit_refused", alert_id=alert_id, error=one_line(exc),
+                            note="the message cannot be edited; its resolution still replies in its thread")  # fmt: skip
+                self._unedited.add(alert_id)
             self._edited_at[alert_id] = now
             del self._edits[alert_id]
         if due_in:

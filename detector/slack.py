@@ -154,6 +154,14 @@ def _credentials_refused(exc: BaseException) -> bool:
     return error in _CREDENTIALS_REFUSED
 
 
+def _retryable(exc: BaseException) -> bool:
+    """Whether trying again can help after slack-sdk's own retries: no answer, 429, a 5xx, or the
+    token refused (waited out until it is fixed). Any other refusal (``message_not_found``: the
+    message was deleted in Slack, ``channel_not_found``, ``is_archived``) is Slack's for good."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status is None or status == 429 or status >= 500 or _credentials_refused(exc)
+
+
 class SlackError(RuntimeError):
     """Slack refused or could not be reached; ``retryable`` says whether trying again can help,
     ``maybe_posted`` that the request timed out after it was sent (Slack may have taken it)."""
@@ -590,8 +598,7 @@ class SlackNotifier:
             blocks = render_blocks(alert, actions, self.routing)
             self._web.chat_update(channel=channel, ts=ts, text=notification_text(alert), blocks=_verbatim(blocks))
         except Exception as exc:
-            status = getattr(getattr(exc, "response", None), "status_code", None)
-            raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
+            raise SlackError(f"Slack update failed: {exc}", retryable=_retryable(exc)) from exc
 
     def show_group_actions(self, alerts: list[Alert], actions: list[dict[str, Any]], channel: str, ts: str) -> None:
         """Edit a group's message to show who acknowledged, snoozed or marked its alerts (a webhook's message
@@ -607,9 +614,7 @@ class SlackNotifier:
         try:
             response = self._web.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text, blocks=_verbatim(blocks))
         except Exception as exc:
-            status = getattr(getattr(exc, "response", None), "status_code", None)
-            raise SlackError(f"Slack post failed: {exc}", retryable=status is None or status == 429 or status >= 500
-                             or _credentials_refused(exc)) from exc  # fmt: skip
+            raise SlackError(f"Slack post failed: {exc}", retryable=_retryable(exc)) from exc
         return str(response["channel"]), str(response["ts"])
 
     def update_action(self, channel: str, ts: str, text: str, blocks: list[dict[str, Any]]) -> None:
@@ -619,8 +624,7 @@ class SlackNotifier:
         try:
             self._web.chat_update(channel=channel, ts=ts, text=text, blocks=_verbatim(blocks))
         except Exception as exc:
-            status = getattr(getattr(exc, "response", None), "status_code", None)
-            raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
+            raise SlackError(f"Slack update failed: {exc}", retryable=_retryable(exc)) from exc
 
     def group_members(self, group_id: str) -> set[str]:
         """User ids in a Slack user group (``usergroups.users.list``, scope ``usergroups:read``):

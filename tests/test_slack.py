@@ -594,6 +594,30 @@ def test_a_resolution_whose_parent_edit_fails_is_not_replied_twice(slack, store)
     assert len(replies) == 1 and store.deliveries.undelivered() == []
 
 
+def test_an_edit_slack_refuses_for_good_holds_up_neither_the_other_edits_nor_the_posts(slack, store):
+    """Someone deleted an incident's message in Slack: its cost update's ``chat.update`` is refused
+    (``message_not_found``, for good). It was raised as a retry every pass, forever, so the other
+    incidents' edits behind it never went out and every post waited on the backoff. The refused edit is
+    dropped (its later updates with it); the rest go on, and the resolution still replies."""
+    now = [0.0]
+    outbox = Outbox(store, bot(slack), group_wait_s=0, edit_every_s=60.0, clock=lambda: now[0])
+    vision = {"team": "vision", "owner": "dana", "project": "det"}  # another team: its own message
+    outbox.add([alert(), alert(alert_id="b1", tags=vision)])
+    outbox.deliver_pending()
+    deleted, kept = (p.response["ts"] for p in slack.calls("chat.postMessage"))
+    slack.fail_next(1, status=200, method="chat.update", body=b'{"ok": false, "error": "message_not_found"}')
+    outbox.add([alert("updated", waste_usd=20.0), alert("updated", alert_id="b1", waste_usd=20.0, tags=vision)])
+    outbox.deliver_pending()  # raised SlackError before
+    assert [u.body["ts"] for u in slack.calls("chat.update")] == [kept]
+    now[0] += 61
+    outbox.add([alert("updated", waste_usd=25.0), alert(alert_id="c1", tags={"team": "infra"})])
+    assert outbox.deliver_pending() == 1 and not outbox.has_work
+    assert [u.body["ts"] for u in slack.calls("chat.update")] == [kept]  # the deleted message is not tried again
+    outbox.add([alert("resolved")])
+    outbox.deliver_pending()
+    assert slack.calls("chat.postMessage")[-1].body["thread_ts"] == deleted
+
+
 def test_a_group_of_forecasts_says_what_they_save_not_what_was_spent_so_far():
     """wrong_region's dollars are a month's saving to come: a group of them (a team's p4d fleet in
     Tokyo fires together) lists each with its facts, never "$8,460 so far" or "$0.00 spent"."""
