@@ -568,6 +568,31 @@ def test_a_group_message_that_timed_out_but_landed_is_not_edited_for_one_member(
     assert reply.body["thread_ts"] == group.response["ts"] and slack.calls("chat.update") == []
 
 
+def test_a_large_group_whose_post_timed_out_but_landed_posts_no_member_twice(slack, store):
+    """150 untagged resources of one account fire together (a first day). Their one message named the first
+    ~100 alert ids (the rest cut to "48 more"), so after its post timed out but landed the other 48 were not
+    found in the channel and were posted again; and each member was looked for with its own
+    ``conversations.history``, 150 reads at once, a burst Slack rate-limits (a read refused counts as not
+    found: posted again). A group message holds at most MAX_GROUP openings, every one named, and the
+    members in doubt are looked for in one read."""
+    notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=1)
+    outbox = Outbox(store, notifier, group_wait_s=0, landing_s=0)
+    members = [untagged(f"{i:016x}", "ml-prod", f"host-{i}") for i in range(150)]  # ids as long as real ones
+    store.alerts.record(members, version=1)
+    outbox.add(members)
+    slack.hang(1.5)
+    with pytest.raises(SlackError):
+        outbox.deliver_pending()
+    slack.hang(0)
+    assert slack.wait_for(lambda reqs: any(r.method == "chat.postMessage" for r in reqs), timeout=10)
+    outbox.deliver_pending()
+    posts = slack.calls("chat.postMessage")
+    opened = [int(p.body["text"].split(": ")[1].split()[0]) for p in posts]  # "Untagged spend: 100 resources in..."
+    assert sum(opened) == 150, opened  # 150 and 48 before: 48 resources opened twice
+    assert [sum(f"alert `{m.alert_id}`" in p.text_of_blocks() for p in posts) for m in members] == [1] * 150
+    assert len(slack.calls("conversations.history")) == 1 and store.deliveries.undelivered() == []
+
+
 def test_a_post_that_timed_out_and_never_landed_is_posted(slack, store):
     notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=1)
     outbox = Outbox(store, notifier, group_wait_s=0)
