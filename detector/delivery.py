@@ -42,7 +42,7 @@ import structlog
 from detector.alerts import Alert
 from detector.closed_alerts import DELIVERY_HORIZON_S, TOLD, ClosedAlerts
 from detector.metrics import METRICS
-from detector.slack import SlackError, SlackNotifier
+from detector.slack import MAX_GROUP, SlackError, SlackNotifier
 from detector.store import Store, alert_from_row
 from detector.store.deliveries import Made
 from detector.suppression import Silence
@@ -117,6 +117,9 @@ class Outbox:
         self._edits: dict[str, Alert] = {}
         """Alert id → its latest cost update not yet shown on its message."""
         self._edited_at: dict[str, float] = {}
+        self._unedited: set[str] = set()
+        """Alert ids whose message Slack refused to edit for good (deleted): their cost updates are not tried
+        again (one refusal a minute each, logged, until they close)."""
         self._unrecorded: list[tuple[str, str, str, str, float]] = []
         """Deliveries made and not yet in the store (alert id, change, channel, ts, wall time of the
         post): written with the next post's mark, before that post, or at the end of the pass: one
@@ -172,6 +175,7 @@ class Outbox:
             self._queued.clear()
             self._queued_at.clear()
             self._edits.clear()
+            self._unedited.clear()
             self._publish()
 
     def remembers(self, alert_id: str) -> bool:
@@ -314,7 +318,8 @@ class Outbox:
                 if wait > 0:  # a post cut off by a timeout or a kill may still land: look after it could
                     self.hold_s = wait
                     return sent
-                found = [a for a in doubtful if self._found(a, [a], self._done.get((a.alert_id, "fired")))]
+                opened = self._openings_posted(doubtful)
+                found = [a for a in doubtful if self._found(a, [a], self._done.get((a.alert_id, "fired")), opened)]
                 if found:
                     continue  # those are delivered; the rest forms its message again
             if not self.may_post():  # asked again shortly: the revocation that may follow drops the queue
@@ -378,11 +383,13 @@ class Outbox:
         if not self._owns(alert):
             return  # its partition moved on: the new holder recovers it from the store
         if alert.change == "updated":
-            self._edits[alert.alert_id] = alert  # only the latest matters
+            if alert.alert_id not in self._unedited:
+                self._edits[alert.alert_id] = alert  # only the latest matters
             return
         if alert.closes:
             self._edits.pop(alert.alert_id, None)  # the resolution rewrites the message anyway
             self._edited_at.pop(alert.alert_id, None)
+            self._unedited.discard(alert.alert_id)
         self._enqueue(alert, added_at)
 
     def _withdrawn_unposted(self, alert_id: str) -> bool:
@@ -413,8 +420,22 @@ class Outbox:
         self._queued.add(key)
         self._queued_at.setdefault(alert.alert_id, added_at)
 
-    def _found(self, alert: Alert, group: list[Alert], thread: tuple[str, str] | None) -> bool:
-        """Whether a post that may have landed is in Slack: if so it is recorded as delivered."""
+    def _openings_posted(self, doubtful: list[Alert]) -> dict[str, tuple[str, str]]:
+        """Which of the openings in ``doubtful`` are in their channel: one read of each channel's history."""
+        assert self.notifier is not None
+        by_channel: dict[str, list[str]] = {}
+        for a in doubtful:
+            if a.change == "fired":
+                by_channel.setdefault(a.channel or self.notifier.channel, []).append(a.alert_id)
+        found: dict[str, tuple[str, str]] = {}
+        for channel, ids in by_channel.items():
+            found.update(self.notifier.find_openings(ids, channel))
+        return found
+
+    def _found(self, alert: Alert, group: list[Alert], thread: tuple[str, str] | None,
+               opened: dict[str, tuple[str, str]] | None = None) -> bool:  # fmt: skip
+        """Whether a post that may have landed is in Slack: if so it is recorded as delivered (an opening's
+        message looked up in ``opened`` when given: :meth:`_openings_posted`)."""
         assert self.notifier is not None
         for member in group:
             self._maybe_posted.pop((member.alert_id, member.change), None)
@@ -431,6 +452,8 @@ class Outbox:
                 said = found is not None
             if found is None and alert.change == "resolved":  # a resolution said before it was taken back or corrected
                 found = self.notifier.find_posted(alert.alert_id, thread[0], thread_ts=thread[1])
+        elif opened is not None:
+            found = opened.get(alert.alert_id)
         else:
             found = self.notifier.find_posted(alert.alert_id, alert.channel or self.notifier.channel)
         if found is None:
@@ -506,7 +529,16 @@ class Outbox:
                 due_in.append(wait)
                 continue
             assert self.notifier is not None
-            self.notifier.edit(alert, thread, self.store.actions.of(alert_id))  # SlackError propagates: retried
+            try:
+                self.notifier.edit(alert, thread, self.store.actions.of(alert_id))
+            except SlackError as exc:
+                if exc.retryable:
+                    raise  # Slack down or busy: the pass is retried with backoff, the edit kept
+                # Refused for good (the message was deleted in Slack: message_not_found): it was raised as a
+                # retry, every pass, forever, holding up the other incidents' edits and, backed off, every post.
+                log.warning("slack_edit_refused", alert_id=alert_id, error=one_line(exc),
+                            note="the message cannot be edited; its resolution still replies in its thread")  # fmt: skip
+                self._unedited.add(alert_id)
             self._edited_at[alert_id] = now
             del self._edits[alert_id]
         if due_in:
@@ -525,7 +557,7 @@ class Outbox:
         return [a for a in self._queue
                 if a.change == "fired" and a.type == alert.type and a.group == group
                 and a.channel == alert.channel and abs(a.fired_at - alert.fired_at) <= self.group_window_s
-                and (a.alert_id, a.change) not in self._done]  # fmt: skip
+                and (a.alert_id, a.change) not in self._done][:MAX_GROUP]  # fmt: skip
 
     def _drop(self, group: list[Alert]) -> None:
         ids = {(a.alert_id, a.change) for a in group}

@@ -43,7 +43,7 @@ from detector.units import epoch, format_duration, money, rfc3339
 if TYPE_CHECKING:  # detector.digest imports this module
     from detector.digest import Digest
 
-__all__ = ["SlackError", "SlackNotifier", "block_objects", "code", "escape", "group_text", "notification_text",
+__all__ = ["MAX_GROUP", "SlackError", "SlackNotifier", "block_objects", "code", "escape", "group_text", "notification_text",
            "render_blocks", "render_group", "render_resolution"]
 
 log = structlog.get_logger("burnwatch.slack")
@@ -64,6 +64,10 @@ _BIDI = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
 """Bidi embeddings, overrides and isolates: one in an id would turn the rest of its line
 around, so "$412 so far" after it could read as something else."""
 _USER_ID = re.compile(r"[UW][A-Z0-9]{2,}")
+MAX_GROUP = 100
+"""The most openings one group message holds: each one's id ("alert `0123456789abcdef`", 27 characters
+with its separator) fits its last line, so a message whose answer was lost (a timeout, a kill) is found in
+the channel member by member (:meth:`SlackNotifier.find_openings`). A bigger group is several messages."""
 
 
 def escape(value: object, limit: int = 0) -> str:
@@ -152,6 +156,14 @@ def _credentials_refused(exc: BaseException) -> bool:
     except Exception:  # noqa: BLE001 - an answer that is not JSON
         return False
     return error in _CREDENTIALS_REFUSED
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Whether trying again can help after slack-sdk's own retries: no answer, 429, a 5xx, or the
+    token refused (waited out until it is fixed). Any other refusal (``message_not_found``: the
+    message was deleted in Slack, ``channel_not_found``, ``is_archived``) is Slack's for good."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status is None or status == 429 or status >= 500 or _credentials_refused(exc)
 
 
 class SlackError(RuntimeError):
@@ -519,6 +531,8 @@ class SlackNotifier:
         ``correction``: one that corrects it, not its resolution), if any: after a timeout or a
         worker's death, Slack may have posted what we never heard back about. None when it is not
         there or cannot be looked up (then the caller posts: at least once beats never)."""
+        if thread_ts is None and not withdrawal and not correction:
+            return self.find_openings([alert_id], channel, limit).get(alert_id)
         history = self._history(channel, thread_ts, limit)
         if history is None:
             return None
@@ -530,6 +544,22 @@ class SlackNotifier:
             if message.get("ts") != thread_ts and needle in blocks and mark in blocks:
                 return str(history.get("channel") or channel), str(message["ts"])
         return None
+
+    def find_openings(self, alert_ids: list[str], channel: str, limit: int = 200) -> dict[str, tuple[str, str]]:
+        """Alert id → (channel, ts) of the message in ``channel`` that opens it, for those of ``alert_ids``
+        there, from one read of the channel's history: a group's members in doubt after a timeout are
+        looked for together (one ``conversations.history`` each was a burst Slack rate-limits, read as
+        "not there", and posted again). Empty when it cannot be read."""
+        history = self._history(channel, None, limit)
+        if history is None:
+            return {}
+        found: dict[str, tuple[str, str]] = {}
+        for message in history.get("messages", []):
+            blocks = json.dumps(message.get("blocks", []))
+            for alert_id in alert_ids:
+                if alert_id not in found and f"alert `{alert_id}`" in blocks:
+                    found[alert_id] = (str(history.get("channel") or channel), str(message["ts"]))
+        return found
 
     def _history(self, channel: str, thread_ts: str | None, limit: int) -> Any:
         """The channel's latest messages (with ``thread_ts``: that thread's replies), or None
@@ -590,8 +620,7 @@ class SlackNotifier:
             blocks = render_blocks(alert, actions, self.routing)
             self._web.chat_update(channel=channel, ts=ts, text=notification_text(alert), blocks=_verbatim(blocks))
         except Exception as exc:
-            status = getattr(getattr(exc, "response", None), "status_code", None)
-            raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
+            raise SlackError(f"Slack update failed: {exc}", retryable=_retryable(exc)) from exc
 
     def show_group_actions(self, alerts: list[Alert], actions: list[dict[str, Any]], channel: str, ts: str) -> None:
         """Edit a group's message to show who acknowledged, snoozed or marked its alerts (a webhook's message
@@ -607,9 +636,7 @@ class SlackNotifier:
         try:
             response = self._web.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text, blocks=_verbatim(blocks))
         except Exception as exc:
-            status = getattr(getattr(exc, "response", None), "status_code", None)
-            raise SlackError(f"Slack post failed: {exc}", retryable=status is None or status == 429 or status >= 500
-                             or _credentials_refused(exc)) from exc  # fmt: skip
+            raise SlackError(f"Slack post failed: {exc}", retryable=_retryable(exc)) from exc
         return str(response["channel"]), str(response["ts"])
 
     def update_action(self, channel: str, ts: str, text: str, blocks: list[dict[str, Any]]) -> None:
@@ -619,8 +646,7 @@ class SlackNotifier:
         try:
             self._web.chat_update(channel=channel, ts=ts, text=text, blocks=_verbatim(blocks))
         except Exception as exc:
-            status = getattr(getattr(exc, "response", None), "status_code", None)
-            raise SlackError(f"Slack update failed: {exc}", retryable=status is None or status >= 500) from exc
+            raise SlackError(f"Slack update failed: {exc}", retryable=_retryable(exc)) from exc
 
     def group_members(self, group_id: str) -> set[str]:
         """User ids in a Slack user group (``usergroups.users.list``, scope ``usergroups:read``):

@@ -100,9 +100,14 @@ def money(usd: float, exact: bool = False) -> str:
     has it) and whole dollars from there ("$412", "$1,234"): no figure is off by more than half
     a percent. ``exact``: to the cent, as the bill is ("$1,234.56"), for totals a person adds
     up or holds against the bill. A credit is "-$5.00", never "$-5.00"; a figure that is not
-    a number (a bad price upstream) is "$?", never "$nan" or "$inf"."""
+    a number (a bad price upstream) is "$?", never "$nan" or "$inf". A figure above zero that
+    rounds to no cent is "under $0.01" (not "<$0.01": "<" is markup in Slack's mrkdwn), never
+    "$0.00": an untagged 100 GB bucket's $0.004/h read "$0.00/h" beside its "$2.92/month", as
+    if it cost nothing."""
     if not math.isfinite(usd):
         return "$?"
+    if 0 < usd < 0.005:
+        return "under $0.01"
     sign = "-" if usd < 0 and round(abs(usd), 2) > 0 else ""
     cents = exact or abs(usd) < 100
     return f"{sign}${abs(usd):,.2f}" if cents else f"{sign}${abs(usd):,.0f}"

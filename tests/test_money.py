@@ -34,6 +34,8 @@ BROKEN = ("$nan", "$inf", "$-", "nan/h", "inf/h")
         (-5.0, "-$5.00", "-$5.00"),  # a credit
         (-1234.0, "-$1,234", "-$1,234.00"),
         (-0.001, "$0.00", "$0.00"),  # no "-$0.00"
+        (0.004, "under $0.01", "under $0.01"),  # a small bucket's rate an hour: not "$0.00", as if it cost nothing
+        (0.005, "$0.01", "$0.01"),
         (math.nan, "$?", "$?"),
         (math.inf, "$?", "$?"),
         (-math.inf, "$?", "$?"),
@@ -67,6 +69,18 @@ def test_a_figure_reads_the_same_on_the_phone_and_on_the_chart():
     a = alert()
     assert "$412 so far, $32.77/h" in notification_text(a)
     assert headline_of(a) == "$412 wasted · $32.77/h"
+
+
+def test_a_rate_under_half_a_cent_is_not_shown_as_nothing(slack):
+    """An untagged 100 GB bucket burns $0.004 an hour: its message said "$0.00/h ($2.92/month if left)",
+    as if it cost nothing, and its phone notification "$0.00 so far, $0.00/h"."""
+    from tests.helpers import slack_bot
+
+    small = alert(resource_id="bucket-7", waste_usd=0.003, usd_per_hour=0.004)
+    slack_bot(slack).post(small)
+    (post,) = slack.calls("chat.postMessage")
+    assert "under $0.01/h ($2.92/month if left)" in post.text_of_blocks() and "$0.00" not in post.text_of_blocks()
+    assert post.body["text"].endswith("under $0.01 so far, under $0.01/h")
 
 
 @pytest.mark.parametrize(

@@ -568,6 +568,31 @@ def test_a_group_message_that_timed_out_but_landed_is_not_edited_for_one_member(
     assert reply.body["thread_ts"] == group.response["ts"] and slack.calls("chat.update") == []
 
 
+def test_a_large_group_whose_post_timed_out_but_landed_posts_no_member_twice(slack, store):
+    """150 untagged resources of one account fire together (a first day). Their one message named the first
+    ~100 alert ids (the rest cut to "48 more"), so after its post timed out but landed the other 48 were not
+    found in the channel and were posted again; and each member was looked for with its own
+    ``conversations.history``, 150 reads at once, a burst Slack rate-limits (a read refused counts as not
+    found: posted again). A group message holds at most MAX_GROUP openings, every one named, and the
+    members in doubt are looked for in one read."""
+    notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=1)
+    outbox = Outbox(store, notifier, group_wait_s=0, landing_s=0)
+    members = [untagged(f"{i:016x}", "ml-prod", f"host-{i}") for i in range(150)]  # ids as long as real ones
+    store.alerts.record(members, version=1)
+    outbox.add(members)
+    slack.hang(1.5)
+    with pytest.raises(SlackError):
+        outbox.deliver_pending()
+    slack.hang(0)
+    assert slack.wait_for(lambda reqs: any(r.method == "chat.postMessage" for r in reqs), timeout=10)
+    outbox.deliver_pending()
+    posts = slack.calls("chat.postMessage")
+    opened = [int(p.body["text"].split(": ")[1].split()[0]) for p in posts]  # "Untagged spend: 100 resources in..."
+    assert sum(opened) == 150, opened  # 150 and 48 before: 48 resources opened twice
+    assert [sum(f"alert `{m.alert_id}`" in p.text_of_blocks() for p in posts) for m in members] == [1] * 150
+    assert len(slack.calls("conversations.history")) == 1 and store.deliveries.undelivered() == []
+
+
 def test_a_post_that_timed_out_and_never_landed_is_posted(slack, store):
     notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=1)
     outbox = Outbox(store, notifier, group_wait_s=0)
@@ -592,6 +617,30 @@ def test_a_resolution_whose_parent_edit_fails_is_not_replied_twice(slack, store)
     outbox.deliver_pending()
     replies = [p for p in slack.calls("chat.postMessage") if "thread_ts" in p.body]
     assert len(replies) == 1 and store.deliveries.undelivered() == []
+
+
+def test_an_edit_slack_refuses_for_good_holds_up_neither_the_other_edits_nor_the_posts(slack, store):
+    """Someone deleted an incident's message in Slack: its cost update's ``chat.update`` is refused
+    (``message_not_found``, for good). It was raised as a retry every pass, forever, so the other
+    incidents' edits behind it never went out and every post waited on the backoff. The refused edit is
+    dropped (its later updates with it); the rest go on, and the resolution still replies."""
+    now = [0.0]
+    outbox = Outbox(store, bot(slack), group_wait_s=0, edit_every_s=60.0, clock=lambda: now[0])
+    vision = {"team": "vision", "owner": "dana", "project": "det"}  # another team: its own message
+    outbox.add([alert(), alert(alert_id="b1", tags=vision)])
+    outbox.deliver_pending()
+    deleted, kept = (p.response["ts"] for p in slack.calls("chat.postMessage"))
+    slack.fail_next(1, status=200, method="chat.update", body=b'{"ok": false, "error": "message_not_found"}')
+    outbox.add([alert("updated", waste_usd=20.0), alert("updated", alert_id="b1", waste_usd=20.0, tags=vision)])
+    outbox.deliver_pending()  # raised SlackError before
+    assert [u.body["ts"] for u in slack.calls("chat.update")] == [kept]
+    now[0] += 61
+    outbox.add([alert("updated", waste_usd=25.0), alert(alert_id="c1", tags={"team": "infra"})])
+    assert outbox.deliver_pending() == 1 and not outbox.has_work
+    assert [u.body["ts"] for u in slack.calls("chat.update")] == [kept]  # the deleted message is not tried again
+    outbox.add([alert("resolved")])
+    outbox.deliver_pending()
+    assert slack.calls("chat.postMessage")[-1].body["thread_ts"] == deleted
 
 
 def test_a_group_of_forecasts_says_what_they_save_not_what_was_spent_so_far():
