@@ -148,14 +148,29 @@ until it is fixed, so each waits in the outbox, retried, as the other outputs' 4
 alert sent until the fix was lost. (``invalid_token`` and ``no_service`` are an incoming webhook's.)"""
 
 
-def _credentials_refused(exc: BaseException) -> bool:
-    """Whether slack-sdk's error is Slack refusing the token (:data:`_CREDENTIALS_REFUSED`)."""
+_CHANNEL_REFUSED = {
+    "not_in_channel": "invite the burnwatch app to it (/invite @burnwatch), or route to another in routing.yaml",
+    "channel_not_found": "check its name in routing.yaml (a private channel needs the app invited first)",
+    "is_archived": "unarchive it, or route to another in routing.yaml",
+}
+"""Slack's answers that the channel a routing rule names cannot take the bot's messages, and what fixes each: the
+message goes to SLACK_CHANNEL with a note instead (the commonest first-day mistake is a team's channel the app was
+never invited to; each of its alerts was refused for good, logged, and posted nowhere)."""
+
+
+def _error_of(exc: BaseException) -> str | None:
+    """Slack's ``error`` in slack-sdk's exception, if it carries an answer."""
     response = getattr(exc, "response", None)
     try:
         error = response.get("error") if response is not None else None
     except Exception:  # noqa: BLE001 - an answer that is not JSON
-        return False
-    return error in _CREDENTIALS_REFUSED
+        return None
+    return error if isinstance(error, str) else None
+
+
+def _credentials_refused(exc: BaseException) -> bool:
+    """Whether slack-sdk's error is Slack refusing the token (:data:`_CREDENTIALS_REFUSED`)."""
+    return _error_of(exc) in _CREDENTIALS_REFUSED
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -690,7 +705,20 @@ class SlackNotifier:
                         log.warning("slack_parent_edit_failed", alert_id=alert.alert_id, error=str(exc)[:500])
                 return channel, parent_ts
             channel = channel or self.channel
-            response = self._web.chat_postMessage(channel=channel, text=text, blocks=blocks)
+            try:
+                response = self._web.chat_postMessage(channel=channel, text=text, blocks=blocks)
+            except Exception as exc:  # noqa: BLE001 - a routed channel that refuses: the default one instead
+                refused = _error_of(exc)
+                if channel == self.channel or refused not in _CHANNEL_REFUSED:
+                    raise
+                log.warning("slack_channel_refused", channel=channel, error=refused, posted_to=self.channel,
+                            fix=_CHANNEL_REFUSED[refused])  # fmt: skip
+                note = {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(
+                    f":warning: Meant for {escape(channel, 200)}, which Slack refused ({refused}): "
+                    f"{_CHANNEL_REFUSED[refused]}. Posted here meanwhile.", MAX_TEXT)}]}  # fmt: skip
+                at = 1 if blocks and blocks[0].get("type") == "header" else 0  # under the headline
+                response = self._web.chat_postMessage(channel=self.channel, text=text,
+                                                      blocks=_verbatim(fit([*blocks[:at], note, *blocks[at:]])))  # fmt: skip
             return str(response["channel"]), str(response["ts"])
         except SlackError:
             raise

@@ -677,3 +677,31 @@ def test_a_refused_token_keeps_every_post_waiting_until_it_is_fixed(slack, store
     assert store.deliveries.undelivered() == [("a1", "fired")]  # kept for a restart too
     outbox.deliver_pending()  # the token fixed
     assert len(slack.calls("chat.postMessage")) == 1 and store.deliveries.undelivered() == []
+
+
+@pytest.mark.parametrize("refusal", ["not_in_channel", "channel_not_found", "is_archived"])
+def test_an_opening_a_routed_channel_refuses_goes_to_the_default_channel_saying_why(slack, refusal):
+    """A team's channel the app was never invited to (the commonest first-day mistake), misspelt, or archived: the
+    opening goes to SLACK_CHANNEL with a line naming the channel, Slack's answer and the fix, and its resolution
+    replies in that thread. Before, Slack's refusal was one for good: each of the team's alerts was logged and posted
+    nowhere."""
+    notifier = bot(slack)
+    slack.fail_next(1, 200, method="chat.postMessage", body=f'{{"ok": false, "error": "{refusal}"}}'.encode())
+    channel, parent = notifier.post(alert(channel="#nlp-cost"))
+    (posted,) = slack.calls("chat.postMessage")  # (the local Slack records only what it took)
+    assert posted.body["channel"] == "#ml-cost" == channel and parent
+    text = posted.text_of_blocks()
+    assert f"Meant for #nlp-cost, which Slack refused ({refusal})" in text and "Posted here meanwhile" in text
+    assert "gpu-host-007" in text and "$32.77/h" in text and posted.blocks[0]["type"] == "header"
+    notifier.post(alert("resolved", channel="#nlp-cost"), thread=(channel, parent))
+    reply = slack.calls("chat.postMessage")[-1]
+    assert (reply.body["channel"], reply.body["thread_ts"]) == ("#ml-cost", parent)
+
+
+def test_the_default_channel_refusing_is_still_a_refusal(slack):
+    """SLACK_CHANNEL itself refused: nowhere else to go, a refusal for good as before (logged, not retried)."""
+    slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "not_in_channel"}')
+    with pytest.raises(SlackError) as caught:
+        bot(slack).post(alert())
+    assert not caught.value.retryable and "not_in_channel" in str(caught.value)
+    assert slack.calls("chat.postMessage") == []  # not posted again (the refusal was the one answer of its kind)
