@@ -26,6 +26,7 @@ from detector.outputs.base import OutputError, secret
 from detector.outputs.config import EmailSpec
 from detector.outputs.payload import alert_fields, cap
 from detector.rules import Routing
+from detector.units import money
 
 __all__ = ["EmailOutput", "header_text"]
 
@@ -145,13 +146,13 @@ def _rows(fields: dict[str, Any]) -> list[tuple[str, str]]:
         ("Rule", f"{fields['rule']} ({fields['type']})"), ("Resource", res["id"]),
         ("Account / region", f"{res['account']} / {res['region']}"), ("Instance type", res["instance_type"]),
         ("Team", fields["team"]), ("Owner", fields["owner"]),
-        (f"Dollars {fields['dollars_are'] or 'so far'}", f"${fields['dollars_so_far']:,.2f}"),
-        ("Burn rate", f"${fields['usd_per_hour']:,.2f}/h"), ("Episode start", fields["episode_start"]),
+        (f"Dollars {fields['dollars_are'] or 'so far'}", money(fields["dollars_so_far"], exact=True)),
+        ("Burn rate", f"{money(fields['usd_per_hour'])}/h"), ("Episode start", fields["episode_start"]),
     ]  # fmt: skip
     if fields["resolved_at"]:
         rows.append(("Resolved at", fields["resolved_at"]))
     if fields["corrects"]:  # a correction: what the resolution it replaces said
-        rows.append(("Corrected from", f"${fields['corrects']['dollars_so_far']:,.2f} at {fields['corrects']['resolved_at']}"))
+        rows.append(("Corrected from", f"{money(fields['corrects']['dollars_so_far'], exact=True)} at {fields['corrects']['resolved_at']}"))
     rows += [(k, v) for k, v in fields["facts"]]
     return [(k, v) for k, v in rows if v]
 

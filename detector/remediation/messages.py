@@ -10,7 +10,7 @@ from detector.actions import ACTION_BLOCK, BUTTONS
 from detector.blockkit import MAX_NOTIFICATION_TEXT, MAX_TEXT, clip, fit
 from detector.remediation.policy import Action
 from detector.slack import code, escape
-from detector.units import format_duration, rfc3339
+from detector.units import format_duration, money, rfc3339
 
 __all__ = ["APPROVE", "DECLINE", "action_blocks", "describe_call"]
 
@@ -42,7 +42,7 @@ def action_blocks(action: Action, now: float, waiting: str | None = None) -> tup
     that would act now is held instead (its incident's events stopped)."""
     what = f"{_VERBS.get(action.kind, action.kind)} {escape(action.resource_id, 120)}"
     call = code(describe_call(action), 1000)
-    saves = f" (${action.usd_per_hour:,.2f}/h)" if action.usd_per_hour else ""
+    saves = f" ({money(action.usd_per_hour)}/h)" if action.usd_per_hour else ""
     state = action.state
     buttons: list[tuple[str, str, str | None]] = []  # label, action id, style
     if state == "dry_run":
