@@ -317,3 +317,75 @@ def test_a_day_and_more_of_regular_intervals_holds_the_pairs_held_before(gap, ba
         assert old is None or st.baseline == old
     if gap in (60.0, 300.0):  # every bucket has egress: a day's starts are a run or two, not a pair per bucket
         assert len(st.spans or ()) <= 4
+
+
+DAY = 24 * HOUR
+
+
+def nightly(minutes_of_day: int, length_min: int, factor: float, base: float = 20.0, shift=lambda day: 0):
+    """``base`` GB/h, and ``factor`` times it for ``length_min`` from ``minutes_of_day`` each day (moved
+    by ``shift(day)`` minutes): a scheduled backup or export."""
+    def rate(i: int) -> float:
+        day, minute = divmod(i, 24 * 60)
+        start = minutes_of_day + shift(day)
+        return base * factor if start <= minute < start + length_min else base
+    return rate
+
+
+def test_a_nightly_backup_is_not_a_runaway_every_night(ruleset):
+    # 600 GB every night from 02:00 for 40 minutes (45x the usual rate), for five days, its start a few
+    # minutes late some nights. The first night is before min_history; the second is told (once is not
+    # yet a schedule); from the third it is a schedule, seen the two nights before, not a runaway.
+    events = series(nightly(120, 40, 45, shift=lambda day: (0, 7, -4, 9, 2)[day]), 5 * 24 * 60)
+    assert {(f.action, f.episode_start) for f in findings(ruleset, events)} == {
+        ("fire", T0 + DAY + 2 * HOUR + 7 * MIN), ("update", T0 + DAY + 2 * HOUR + 7 * MIN),
+        ("resolve", T0 + DAY + 2 * HOUR + 7 * MIN)}  # fmt: skip
+
+
+def test_a_runaway_at_the_time_of_the_nightly_backup_fires_once_it_outlasts_it(ruleset):
+    # The backup of the fourth night never stops: it fires once it has run well past the nights before.
+    rate = nightly(120, 40, 45)
+    events = series(lambda i: rate(i) if i < 3 * 24 * 60 + 120 else 20 * 45, 3 * 24 * 60 + 6 * 60)
+    fire = [f for f in findings(ruleset, events) if f.action == "fire"][-1]
+    start = T0 + 3 * DAY + 2 * HOUR
+    assert fire.episode_start == start
+    assert start + 40 * MIN < fire.fired_at <= start + 90 * MIN
+    assert fire.details["excess_gb"] == pytest.approx((fire.fired_at - start + MIN) / HOUR * 20 * 44, rel=0.02)
+
+
+def test_a_burst_at_another_time_than_the_nights_before_still_fires(ruleset):
+    rate = nightly(120, 40, 45)
+    events = series(lambda i: 20 * 45 if 3 * 24 * 60 + 14 * 60 <= i < 3 * 24 * 60 + 15 * 60 else rate(i), 4 * 24 * 60)
+    _, fire = [f for f in findings(ruleset, events) if f.action == "fire"]  # the second night's, and this
+    assert fire.episode_start == T0 + 3 * DAY + 14 * HOUR
+
+
+def test_the_nights_before_are_kept_through_a_restart(ruleset):
+    # The worker restarts from its snapshot between two nights: the next backup is still a schedule.
+    events = series(nightly(120, 40, 45), 3 * 24 * 60)
+    cut = 2 * 24 * 60 + 60
+    first = Engine(ruleset)
+    fires = [f.episode_start for f in findings(ruleset, events) if f.action == "fire"]
+    assert fires == [f.episode_start for f in first.process(events[:cut]) if f.action == "fire"] == [T0 + DAY + 2 * HOUR]
+    saved = first.snapshot("etl-1")
+    assert saved is not None
+    second = Engine(ruleset)
+    second.restore("etl-1", saved)
+    assert [f for f in second.process(events[cut:]) if f.type == "egress_runaway"] == []
+
+
+@pytest.mark.parametrize("minutes, gb", [(1, 100.0), (2, 200.0)], ids=["one-interval", "two-intervals"])
+def test_a_checkpoint_upload_of_a_minute_or_two_is_not_a_runaway(ruleset, minutes, gb):
+    # 8 h at 20 GB/h, then a 100 GB checkpoint (or two) uploaded flat out: hundreds of times the usual
+    # rate, but for a minute or two. A 15-minute window's rate passes 5x at once; it is no runaway.
+    start = 8 * 60
+    events = series(lambda i: gb / minutes * 60 if start <= i < start + minutes else 20.0, 10 * 60)
+    assert findings(ruleset, events) == []
+
+
+def test_a_runaway_fires_once_it_has_lasted_min_burst(ruleset):
+    start = 8 * 60
+    events = series(lambda i: 6000.0 if i >= start else 20.0, 9 * 60)
+    (fire,) = [f for f in findings(ruleset, events) if f.action == "fire"]
+    assert fire.episode_start == T0 + 8 * HOUR and fire.fired_at == T0 + 8 * HOUR + 2 * MIN  # its third minute
+    assert fire.details["excess_gb"] == pytest.approx(3 * (6000 - 20) / 60, rel=0.01)

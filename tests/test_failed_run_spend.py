@@ -149,3 +149,38 @@ def test_a_project_whose_runs_all_ended_keeps_no_table_they_grew(ruleset):
     open_runs = [s.runs for s in states] + [states[2].fired]
     assert all(d == {} and sys.getsizeof(d) == sys.getsizeof({}) for d in open_runs)
     assert states[0].loop_tags == {} and states[0].fired_at is None
+
+
+def test_a_run_id_retried_by_its_controller_is_a_crash_loop(ruleset):
+    # A Kubernetes Job (or an Airflow task) retried under its own name: each attempt starts after the
+    # last failed, 15 minutes at $32/h ($8) each. Three in an hour is a crash loop, not re-reads.
+    runs = []
+    for k in range(3):
+        start = T0 + HOUR + k * 20 * MIN
+        runs += [run(start, "job-train", "started", error="ImportError"),
+                 run(start + 15 * MIN, "job-train", "failed", error="ImportError")]  # fmt: skip
+    (fire,) = findings(ruleset, *runs)
+    assert fire.resource_id == "project/llm" and fire.details["crash_loop"] is True
+    assert fire.details["failed_runs"] == 3 and fire.fired_at == T0 + HOUR + 55 * MIN
+    assert fire.waste_usd == pytest.approx(24.0, rel=1e-3)
+
+
+def test_a_run_id_used_again_fails_on_its_own(ruleset):
+    # A nightly job of a fixed name fails for three hours, then again the next night: two alerts.
+    runs = [run(T0 + HOUR, "nightly", "started"), run(T0 + 4 * HOUR, "nightly", "failed"),
+            run(T0 + 8 * HOUR, "nightly", "started"), run(T0 + 11 * HOUR, "nightly", "failed")]  # fmt: skip
+    found = findings(ruleset, *runs)
+    assert [(f.action, f.resource_id, f.fired_at) for f in found] == [
+        ("fire", "nightly", T0 + 4 * HOUR), ("fire", "nightly", T0 + 11 * HOUR)]  # fmt: skip
+    assert [f.waste_usd for f in found] == [pytest.approx(96.0, rel=1e-4)] * 2
+
+
+def test_a_retried_run_ids_events_reread_fail_nothing_again(ruleset):
+    # After a restart the attempts' events are read again, the second attempt still running.
+    runs = [run(T0 + HOUR, "job", "started"), run(T0 + 3 * HOUR, "job", "failed"), run(T0 + 4 * HOUR, "job", "started")]
+    events = sorted(billed() + runs, key=lambda e: e.ts)
+    engine = Engine(ruleset)
+    assert len([f for f in engine.process(events) if f.type == "failed_run_spend"]) == 1
+    assert [f for f in engine.process(runs) if f.type == "failed_run_spend"] == []
+    (second,) = [f for f in engine.process([run(T0 + 6 * HOUR, "job", "failed")]) if f.type == "failed_run_spend"]
+    assert second.episode_start == T0 + 4 * HOUR and second.waste_usd == pytest.approx(64.0, rel=1e-4)

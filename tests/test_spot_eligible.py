@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from detector.engine import Engine
@@ -72,3 +73,13 @@ def test_reread_events_do_not_reopen_the_run(ruleset):
     engine = Engine(ruleset)
     assert len([f for f in engine.process(events) if f.type == "spot_eligible"]) == 2
     assert [f for f in engine.process(events[-100:]) if f.type == "spot_eligible"] == []
+
+
+def test_a_run_id_used_again_the_next_night_is_judged_again(ruleset):
+    # A nightly job of a fixed name (an Airflow task, a CronJob's Job): six hours each night, on demand.
+    night = 24 * HOUR
+    events = life(6) + [msgspec.structs.replace(e, ts=at(e.ts.timestamp() + night)) for e in life(6)]
+    found = findings(ruleset, events)
+    assert [(f.action, f.at) for f in found] == [
+        ("fire", T0 + 5 * HOUR), ("resolve", T0 + 7 * HOUR),
+        ("fire", T0 + night + 5 * HOUR), ("resolve", T0 + night + 7 * HOUR)]  # fmt: skip

@@ -10,18 +10,23 @@ Example rule::
         baseline: 24h        # the baseline is the median 5-minute rate over this trailing time
         min_history: 6h      # judge nothing before this much baseline exists
         min_excess_usd_per_hour: 1   # and the excess must cost at least this much
+        min_burst: 3m        # over the multiple this long (a checkpoint upload takes a minute or two)
         resolve_multiple: 2  # resolved once the last 5 minutes are back under this multiple
       severity: warning
 
 Why these defaults: egress anomalies in practice (a loop re-downloading a dataset
 across regions, a misrouted replication, a public bucket being scraped) run at tens
-of times normal; a 5x multiple over a 15-minute window ignores checkpoint uploads of a
-few minutes and diurnal traffic (day peaks are 1.5-3x the daily median), and the
+of times normal; a 5x multiple over a 15-minute window ignores diurnal traffic (day peaks
+are 1.5-3x the daily median) and checkpoint uploads of a few minutes at a few times the usual
+rate, and ``min_burst`` (3 minutes over the multiple) one at hundreds of times it for a minute or
+two (100 GB at 10 Gbit/s); the
 median over 24 hours is not dragged up by the runaway itself (5-minute buckets inside
 an open episode are left out of it). The dollar floor keeps a tiny resource's 10x
 jump quiet. Each destination class (same region, inter-region, internet; see
 ``rules/pricing.yaml``) has its own baseline and price. The dollars are the egress in
-excess of the baseline since the first runaway interval.
+excess of the baseline since the first runaway interval. A burst that began a day after one
+and two days after another at about the same time (a nightly backup; or a week) is a schedule,
+told only once it outlasts the one before by half (:data:`SCHEDULE_PERIODS_S`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,21 @@ from detector.units import Duration, Money
 
 __all__ = ["EgressRunaway", "EgressRunawayParams", "EgressRunawayState"]
 
+SCHEDULE_PERIODS_S = (86_400.0, 7 * 86_400.0)
+"""A burst that began about a day after one and two days after another (or a week and two weeks) is a
+schedule's (a nightly backup, a weekly export: cron and backup tools run daily or weekly), not a
+runaway. Twice, not once: a resource with a few unrelated bursts a day finds one near the same time
+the day before now and then (a runaway that comes back every 8 to 14 hours, once in a few days)."""
+SCHEDULE_SLACK_S = 900.0
+"""How far its start may move from the earlier one's: cron starts a job at the same minute each day,
+and its transfer follows a dump or a queue of minutes. Wider, a resource with a few unrelated
+bursts a day would find one near the same time the day before too often (an hour: one in five)."""
+SCHEDULE_OVERRUN = 1.5
+"""A scheduled burst that lasts this many times its earlier self (plus ``window``) is a runaway after
+all: a backup stuck in a retry loop."""
+MAX_BURSTS = 64
+"""Bursts kept per destination (two weeks of a few a day)."""
+
 BUCKET_S = 300.0
 """Baseline resolution: the median is taken over 5-minute rates. A bucket's start is a whole multiple
 of it (an event time is a datetime's, well under 2^53 s), so ``start + k * BUCKET_S`` is exact."""
@@ -56,6 +76,10 @@ class EgressRunawayParams(Params):
     baseline: Duration = Field(default=86_400.0, gt=0)
     min_history: Duration = Field(default=6 * 3600.0, ge=0)
     min_excess_usd_per_hour: Money = 1.0
+    min_burst: Duration = Field(default=180.0, ge=0)
+    """Over the multiple this long (from its first interval's start to its latest's end) before firing:
+    a checkpoint of 100 GB leaves in a minute or two at 10 Gbit/s, hundreds of times the usual rate,
+    and a window's rate passes the multiple at its first interval."""
     resolve_multiple: float = Field(default=2.0, ge=1)
     update_every: Duration = Field(default=900.0, gt=0)
 
@@ -92,6 +116,12 @@ class DestinationState(Episode, kw_only=True):
     excess_bytes: float = 0.0
     rate: float = 0.0
     """The short-window rate at the latest interval, bytes/s."""
+    burst_since: float | None = None
+    """The start of the burst over the multiple going on, judged or not (``above_since`` only from
+    ``min_history``, and it keeps the burst out of the baseline: this does not)."""
+    bursts: FloatArray | None = None
+    """(start, end) of the bursts over the multiple of the past week, flattened, oldest first, fired or
+    not (None: none): what a burst at the same time of day, or of the week, is measured against."""
 
     def __post_init__(self) -> None:
         if (self.rates is None) != (self.spans is None) or not _runs(self.spans or floats(), len(self.rates or ())):
@@ -154,6 +184,19 @@ def _runs(spans: FloatArray, buckets: int) -> bool:
             return False
         end, total = start + count * BUCKET_S, total + count
     return total == buckets
+
+
+def _remember_burst(st: DestinationState, start: float, end: float) -> None:
+    """Keep the burst from ``start`` to ``end``; forget those begun over two weeks (and the slack) before it."""
+    bursts = st.bursts if st.bursts is not None else floats()
+    bursts.extend((start, end))
+    horizon = start - 2 * (SCHEDULE_PERIODS_S[-1] + SCHEDULE_SLACK_S)
+    old = 0
+    while old < len(bursts) - 2 and (bursts[old] < horizon or len(bursts) - old > 2 * MAX_BURSTS):
+        old += 2
+    if old:
+        del bursts[:old]
+    st.bursts = bursts
 
 
 _NONE: dict[str, DestinationState] = {}
@@ -223,7 +266,10 @@ class EgressRunaway(DetectorBase):
         self._add_to_window(st, t, size, interval)
         self._add_to_baseline(st, t, size, interval)
         base = st.baseline
-        if base is None or t - st.first_t < self.params.min_history:
+        if base is None:
+            return []
+        if t - st.first_t < self.params.min_history:
+            self._follow_burst(st, t, size > self.params.multiple * base * interval)  # a schedule is seen from the start
             return []
         price = self._price(dest)
         excess = max(0.0, size - base * interval)
@@ -235,15 +281,19 @@ class EgressRunaway(DetectorBase):
                 st.pending_bytes += excess
             else:
                 st.above_since, st.pending_bytes = None, 0.0
+            self._follow_burst(st, t, st.above_since is not None)
             excess_usd_h = (st.rate - base) * 3600.0 / GB * price
             if st.above_since is not None and st.rate > self.params.multiple * base \
-                    and excess_usd_h >= self.params.min_excess_usd_per_hour:  # fmt: skip
+                    and excess_usd_h >= self.params.min_excess_usd_per_hour \
+                    and t + interval - st.above_since >= self.params.min_burst \
+                    and not self._scheduled(st, t):  # fmt: skip
                 st.excess_bytes = st.pending_bytes
                 found.append(self._finding(fire(st, since=st.above_since, fired_at=t, at=t), st, dest, resource, t))
             return found
         st.excess_bytes += excess
         if self._recent_rate(st, t) <= self.params.resolve_multiple * base or resource.state == "terminated":
             found.extend(end(st, partial(self._finding, "resolve", st, dest, resource, t, reason="rate_back_to_baseline")))
+            self._follow_burst(st, t, False)
         elif due(st, t, self.params.update_every):
             found.append(self._finding("update", st, dest, resource, t))
         return found
@@ -253,6 +303,37 @@ class EgressRunaway(DetectorBase):
             if st.fired_at is not None:
                 return self._finding("update", st, dest, resource, st.last_t)
         return None
+
+    # -- schedules -----------------------------------------------------------------
+
+    @staticmethod
+    def _follow_burst(st: DestinationState, t: float, above: bool) -> None:
+        """Open a burst at its first interval over the multiple; at the first under it, keep it (with its
+        start and end) among the bursts a later one is measured against."""
+        if above:
+            if st.burst_since is None:
+                st.burst_since = t
+        elif st.burst_since is not None:
+            _remember_burst(st, st.burst_since, t)
+            st.burst_since = None
+
+    def _scheduled(self, st: DestinationState, t: float) -> bool:
+        """Whether the open burst began a period (a day or a week) after one and two periods after another,
+        each within :data:`SCHEDULE_SLACK_S` a period, and has not yet outlasted the latest of them (see
+        :data:`SCHEDULE_OVERRUN`)."""
+        bursts, since = st.bursts, st.burst_since
+        if not bursts or since is None:
+            return False
+        starts = bursts[0::2]
+        for period in SCHEDULE_PERIODS_S:
+            if not any(abs(since - start - 2 * period) <= 2 * SCHEDULE_SLACK_S for start in starts):
+                continue
+            for i in range(0, len(bursts), 2):
+                start, end = bursts[i], bursts[i + 1]
+                if abs(since - start - period) <= SCHEDULE_SLACK_S \
+                        and t - since <= (end - start) * SCHEDULE_OVERRUN + self.params.window:  # fmt: skip
+                    return True
+        return False
 
     # -- rates --------------------------------------------------------------------
 

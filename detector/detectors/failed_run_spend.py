@@ -107,8 +107,11 @@ class FailedRunSpend(DetectorBase):
         if type(event) is not RunEvent:
             return []
         st, ev = state, event
-        if ev.run_id in st.ended:
+        ended_at = st.ended.get(ev.run_id)
+        if ended_at is not None and t <= ended_at:
             return []  # a re-read event of a run that already ended
+        # (Later than its end, the id is used again: a Job or task retried under its own name, a
+        # scheduled job's fixed name. A new attempt; its end replaces the time kept.)
         st.last_t = max(st.last_t, t)
         found = self._maybe_end_loop(st, t, resource)
         run = follow(st.runs, ev, t)

@@ -87,8 +87,11 @@ class SpotEligible(DetectorBase):
         ]
 
     def step(self, state: SpotEligibleState, ctx: Context, event: Event, t: float) -> list[Finding]:
-        if type(event) is not RunEvent or event.run_id in state.ended:
+        if type(event) is not RunEvent:
             return []
+        ended_at = state.ended.get(event.run_id)
+        if ended_at is not None and t <= ended_at:
+            return []  # a re-read event of a run that ended; a later one is the id used again (a new run)
         st = state
         st.last_t = max(st.last_t, t)
         follow(st.runs, event, t)
