@@ -115,11 +115,14 @@ def period(store: Connection, since_s: float) -> tuple[datetime, datetime]:
     """[since, until): until is the newest event time in the store rounded up to a whole
     hour (a time on the hour stays), since is ``since_s`` before it. Whole hours, because
     the reports read hourly rollups: a period ending a second past the hour would start a
-    second past the hour too, and leave out its first rollup (``--since 1d`` read 23 hours). A period
-    reaching back past 1970, where no event is (``--since 36500d``), starts there."""
+    second past the hour too, and leave out its first rollup (``--since 1d`` read 23 hours). So the start
+    is on the hour too: a ``since_s`` of part of an hour reaches back to the hour that holds it
+    (``--since 90m`` is 2 hours; starting at 22:30 had left the 22:00 rollup out, and ``--since 30m``
+    read nothing). A period reaching back past 1970, where no event is (``--since 36500d``), starts there."""
     newest = newest_event_time(store) or 0.0
     until = math.ceil(newest / 3600) * 3600
-    return (datetime.fromtimestamp(max(until - since_s, 0.0), tz=timezone.utc),
+    since = math.floor((until - since_s) / 3600) * 3600
+    return (datetime.fromtimestamp(max(since, 0), tz=timezone.utc),
             datetime.fromtimestamp(until, tz=timezone.utc))  # fmt: skip
 
 

@@ -1174,6 +1174,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         since = parse_duration(args.since)
     except ValueError as exc:
         raise SystemExit(f"--since: {exc}") from None
+    if since <= 0:  # an empty period: every report would say "(no rows)", as if nothing had happened
+        raise SystemExit(f"--since {args.since}: the period is empty; give a length, e.g. 1h, 1d, 7d")
     settings = _settings(args)
     store = _open_store(settings)
     try:
@@ -1181,8 +1183,9 @@ def cmd_query(args: argparse.Namespace) -> int:
             _note("the store holds no events yet")
         else:
             start, end = period(store, since)
+            whole = ", to whole hours" if since % 3600 else ""
             _note(f"period: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, the {args.since} before the newest "
-                  "event time")  # fmt: skip
+                  f"event time{whole}")  # fmt: skip
         ruleset = _load_rules_or_exit(settings.rules_path, "") if REPORTS[args.report].finish is not None else None
         rows = run_report(store, args.report, since, args.team or "", ruleset)
     finally:

@@ -232,6 +232,15 @@ def test_query_says_its_store_and_period(made):
     assert out.returncode == 0 and out.stdout == "(no rows)\n", out.stderr
 
 
+def test_query_refuses_an_empty_period(tmp_path):
+    """``--since 0d`` read an empty period and printed "(no rows)" for every report, as if nothing had
+    burned; it is refused before any store is opened."""
+    out = burnwatch("query", "waste", "--since", "0d", env={"BURNWATCH_DATA_DIR": str(tmp_path)})
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and out.stdout == "", out.stdout
+    assert out.stderr.strip() == "--since 0d: the period is empty; give a length, e.g. 1h, 1d, 7d"
+
+
 # -- figure 6: db migrate and model train ---------------------------------------------------------
 
 
