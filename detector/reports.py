@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from detector.store.connection import named_sql
-from detector.units import printable
+from detector.units import csv_cell, printable
 
 if TYPE_CHECKING:
     from detector.store.connection import Connection
@@ -137,7 +137,8 @@ def run_report(store: Connection, name: str, since_s: float, team: str = "", rul
 
 
 def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
-    """``table`` (aligned columns), ``csv`` (with a header) or ``json`` (one object per line)."""
+    """``table`` (aligned columns), ``csv`` (with a header; text a spreadsheet would run as a formula
+    gets a leading ``'``: :func:`csv_cell`) or ``json`` (one object per line)."""
     return "".join(format_blocks(list(rows[0]) if rows else [], [[list(r.values()) for r in rows]], fmt))
 
 
@@ -156,9 +157,9 @@ def format_blocks(names: Sequence[str], blocks: Iterable[Sequence[Sequence[Any]]
             out = io.StringIO()
             writer = csv.writer(out, lineterminator="\n")
             if widths is None:
-                writer.writerow(names)
+                writer.writerow([csv_cell(n) for n in names])
                 widths = []
-            writer.writerows(["" if v is None else v for v in row] for row in block)
+            writer.writerows(["" if v is None else csv_cell(v) if isinstance(v, str) else v for v in row] for row in block)
             yield out.getvalue()
             continue
         cells = [["" if v is None else printable(v) for v in row] for row in block]

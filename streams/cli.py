@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from detector.logs import configure_logging, install_redaction, redact, redact_dsn, register_settings
 from detector.settings import ENV, Settings, bind_host, load_settings, unknown_variables, url_host
-from detector.units import printable
+from detector.units import csv_cell, printable
 
 if TYPE_CHECKING:  # imported where used, so the CLI starts fast
     from detector.backtest import RuleDiff
@@ -553,13 +553,6 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 SCORE_COLUMNS = ("resource_id", "group", "window_start", "window_end", "score", "threshold", "evidence", "run", "budget",
                  "decision", "rule_tracking")  # fmt: skip
 """``backtest --scores``: one row per judged window (:class:`detector.detectors.anomaly.ScoredWindow`)."""
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-"""What makes a spreadsheet read a cell as a formula (CSV injection): such text gets a leading ``'``."""
-
-
-def _cell(text: str) -> str:
-    """A text cell a spreadsheet shows as text: resource ids come from the events, anyone's input."""
-    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 class _ScoresFile:
@@ -578,8 +571,8 @@ class _ScoresFile:
     def write(self, windows: list[Any]) -> None:
         t = self._rfc3339
         self._writer.writerows(
-            (_cell(w.resource_id), _cell(w.group), t(w.start), t(w.end), str(float(w.score)), str(float(w.threshold)),
-             str(float(w.evidence)), str(float(w.run)), str(float(w.budget)), _cell(w.decision),
+            (csv_cell(w.resource_id), csv_cell(w.group), t(w.start), t(w.end), str(float(w.score)), str(float(w.threshold)),
+             str(float(w.evidence)), str(float(w.run)), str(float(w.budget)), csv_cell(w.decision),
              "true" if w.rule_tracking else "false")
             for w in windows
         )  # fmt: skip

@@ -260,3 +260,14 @@ def test_reconcile_says_egress_is_missing_from_the_bill_beside_a_discount(store,
     (row,) = run_report(store, "reconcile", ALL)
     assert row["billed_usd"] == pytest.approx(24 * 9.2) and row["claimed_usd"] > 24 * 10.0 + 24 * 1.0
     assert row["why"] == "list vs effective price, and the bill has no network charges for it"
+
+
+def test_csv_text_cells_a_spreadsheet_would_run_are_shown_as_text():
+    """Resource ids and tags come from the events (anyone's input): ``query reconcile --format csv``
+    opened in a spreadsheet ran a resource id ``=cmd|' /C calc'!A0`` or a team ``=1+1`` as a formula.
+    Such text gets a leading ``'`` as ``backtest --scores`` gives it; numbers (a credit's -5.0) stay numbers."""
+    rows = [{"resource_id": "=cmd|' /C calc'!A0", "team": "@SUM(A1)", "owner": "+1", "why": "-x", "tab": "\tx",
+             "usd": -5.0, "plain": "gpu-host-1"}]  # fmt: skip
+    lines = format_rows(rows, "csv").splitlines()
+    assert lines[1] == "'=cmd|' /C calc'!A0,'@SUM(A1),'+1,'-x,'\tx,-5.0,gpu-host-1"
+    assert format_rows(rows, "json").count("'") == 2  # JSON and the table show the text as it is
