@@ -136,6 +136,18 @@ def run_report(store: Connection, name: str, since_s: float, team: str = "", rul
     return report.finish(rows, ruleset) if report.finish is not None else rows
 
 
+def _json_value(value: Any) -> Any:
+    """A value JSON can carry: a float that is not finite (``0/0``, ``1/0`` in a query) is null, not
+    Python's ``NaN`` / ``Infinity``, which JSON parsers other than Python's (jq) refuse."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):  # a ClickHouse Array or Tuple
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):  # a Map
+        return {k: _json_value(v) for k, v in value.items()}
+    return value
+
+
 def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
     """``table`` (aligned columns), ``csv`` (with a header; text a spreadsheet would run as a formula
     gets a leading ``'``: :func:`csv_cell`) or ``json`` (one object per line)."""
@@ -151,7 +163,8 @@ def format_blocks(names: Sequence[str], blocks: Iterable[Sequence[Sequence[Any]]
         if not block:
             continue
         if fmt == "json":
-            yield "".join(json.dumps(dict(zip(names, row, strict=True)), default=str) + "\n" for row in block)
+            yield "".join(json.dumps({n: _json_value(v) for n, v in zip(names, row, strict=True)}, default=str,
+                                     allow_nan=False) + "\n" for row in block)  # fmt: skip
             continue
         if fmt == "csv":
             out = io.StringIO()

@@ -271,3 +271,14 @@ def test_csv_text_cells_a_spreadsheet_would_run_are_shown_as_text():
     lines = format_rows(rows, "csv").splitlines()
     assert lines[1] == "'=cmd|' /C calc'!A0,'@SUM(A1),'+1,'-x,'\tx,-5.0,gpu-host-1"
     assert format_rows(rows, "json").count("'") == 2  # JSON and the table show the text as it is
+
+
+def test_json_rows_are_json_even_with_a_value_that_is_not_a_number():
+    """``burnwatch sql "SELECT 0/0 AS x" --format json`` wrote ``{"x": NaN}``, which no JSON parser but
+    Python's reads (jq refuses it): a value that is not a finite number is null, as JSON has no other."""
+    import json
+
+    text = format_rows([{"x": float("nan"), "y": float("inf"), "z": -float("inf"), "ok": 1.5,
+                         "arr": [1.0, float("nan")], "map": {"a": float("nan")}, "tup": (float("inf"), "s")}], "json")
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {text}")) == {
+        "x": None, "y": None, "z": None, "ok": 1.5, "arr": [1.0, None], "map": {"a": None}, "tup": [None, "s"]}
