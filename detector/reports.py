@@ -28,7 +28,7 @@ from detector.units import csv_cell, printable
 if TYPE_CHECKING:
     from detector.store.connection import Connection
 
-__all__ = ["REPORTS", "Report", "format_rows", "newest_event_time", "period", "run_report"]
+__all__ = ["REPORTS", "Report", "format_rows", "known_teams", "newest_event_time", "period", "run_report"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,21 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, dict):  # a Map
         return {k: _json_value(v) for k, v in value.items()}
     return value
+
+
+def known_teams(store: Connection, team: str, most: int = 12) -> tuple[bool, list[str]]:
+    """Whether ``team`` is a team the store knows (a ``team`` tag of its usage, its alerts or its bill,
+    as the reports read them; ``(untagged)`` always is), and up to ``most`` of the teams it knows: what a report that found no
+    row for ``--team`` says, so a typo (``Research`` for ``research``) does not read as a team that
+    wasted nothing."""
+    rows = store.query(
+        f"SELECT team FROM (SELECT DISTINCT team FROM {store.db}.usage_hourly "
+        f"UNION DISTINCT SELECT DISTINCT tags['team'] AS team FROM {store.db}.alerts "
+        f"UNION DISTINCT SELECT DISTINCT if(tags['team'] != '', tags['team'], tags['user:team']) AS team "
+        f"FROM {store.db}.billing) WHERE team != '' ORDER BY team"
+    )  # fmt: skip
+    teams = [r["team"] for r in rows]
+    return team == "(untagged)" or team in teams, teams[:most] + (["..."] if len(teams) > most else [])
 
 
 def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:

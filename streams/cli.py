@@ -1157,12 +1157,12 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from detector.reports import REPORTS, format_rows, newest_event_time, period, run_report
+    from detector.reports import REPORTS, format_rows, known_teams, newest_event_time, period, run_report
     from detector.units import parse_duration
 
     if args.report not in REPORTS:
-        known = "\n".join(f"  {name:<12} {r.title}" for name, r in REPORTS.items())
-        raise SystemExit(f"unknown report {args.report!r}; the reports:\n{known}")
+        reports = "\n".join(f"  {name:<12} {r.title}" for name, r in REPORTS.items())
+        raise SystemExit(f"unknown report {args.report!r}; the reports:\n{reports}")
     try:
         since = parse_duration(args.since)
     except ValueError as exc:
@@ -1181,8 +1181,12 @@ def cmd_query(args: argparse.Namespace) -> int:
                   f"event time{whole}")  # fmt: skip
         ruleset = _load_rules_or_exit(settings.rules_path, "") if REPORTS[args.report].finish is not None else None
         rows = run_report(store, args.report, since, args.team or "", ruleset)
+        known, teams = known_teams(store, args.team) if args.team and not rows else (True, [])
     finally:
         store.close()
+    if not known:  # a typo or a team of another store: not "(no rows)", which reads as a team that wasted nothing
+        raise SystemExit(f"--team {printable(args.team, 60)}: no such team in this store (team tags are matched "
+                         f"exactly); its teams: {', '.join(printable(t, 40) for t in teams) or '(none)'}")  # fmt: skip
     sys.stdout.write(format_rows(rows, args.format))
     return 0
 
