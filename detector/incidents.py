@@ -216,7 +216,8 @@ class IncidentList:
     total: int
     open_total: int
     open_usd_per_hour: float
-    """Of the open ones that still burn (not those whose money is sunk)."""
+    """Of the open ones that still burn (not those whose money is sunk), each resource once: the fastest
+    of its incidents (:data:`_COUNT`)."""
     filter: IncidentFilter
     as_of: float
     """The wall time the states were judged at (a snooze runs until a wall time)."""
@@ -278,10 +279,14 @@ ORDER BY {_ORDER}
 SETTINGS join_use_nulls = 1
 """
 _COUNT = f"""
-SELECT count() AS total, countIf(status != 'resolved') AS open_total,
-       sumIf(usd_per_hour, status != 'resolved' AND {{burning}} = 1) AS open_usd_per_hour
-FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
+SELECT sum(n) AS total, sum(open_n) AS open_total, sum(rate) AS open_usd_per_hour
+FROM (SELECT resource_id, count() AS n, countIf(status != 'resolved') AS open_n,
+             maxIf(usd_per_hour, status != 'resolved' AND {{burning}} = 1) AS rate
+      FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE} GROUP BY resource_id)
 """
+"""The totals. The open dollars per hour count each resource once, at the fastest of its open incidents
+still burning, as the daily digest does: an untagged host's idle GPUs and its untagged spend burn the
+same dollars (summed, the host counted twice)."""
 
 
 @cache

@@ -23,12 +23,12 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from detector.store.connection import named_sql
-from detector.units import printable
+from detector.units import csv_cell, printable
 
 if TYPE_CHECKING:
     from detector.store.connection import Connection
 
-__all__ = ["REPORTS", "Report", "format_rows", "newest_event_time", "period", "run_report"]
+__all__ = ["REPORTS", "Report", "format_rows", "known_teams", "newest_event_time", "period", "run_report"]
 
 
 @dataclass(frozen=True)
@@ -115,11 +115,14 @@ def period(store: Connection, since_s: float) -> tuple[datetime, datetime]:
     """[since, until): until is the newest event time in the store rounded up to a whole
     hour (a time on the hour stays), since is ``since_s`` before it. Whole hours, because
     the reports read hourly rollups: a period ending a second past the hour would start a
-    second past the hour too, and leave out its first rollup (``--since 1d`` read 23 hours). A period
-    reaching back past 1970, where no event is (``--since 36500d``), starts there."""
+    second past the hour too, and leave out its first rollup (``--since 1d`` read 23 hours). So the start
+    is on the hour too: a ``since_s`` of part of an hour reaches back to the hour that holds it
+    (``--since 90m`` is 2 hours; starting at 22:30 had left the 22:00 rollup out, and ``--since 30m``
+    read nothing). A period reaching back past 1970, where no event is (``--since 36500d``), starts there."""
     newest = newest_event_time(store) or 0.0
     until = math.ceil(newest / 3600) * 3600
-    return (datetime.fromtimestamp(max(until - since_s, 0.0), tz=timezone.utc),
+    since = math.floor((until - since_s) / 3600) * 3600
+    return (datetime.fromtimestamp(max(since, 0), tz=timezone.utc),
             datetime.fromtimestamp(until, tz=timezone.utc))  # fmt: skip
 
 
@@ -133,8 +136,36 @@ def run_report(store: Connection, name: str, since_s: float, team: str = "", rul
     return report.finish(rows, ruleset) if report.finish is not None else rows
 
 
+def _json_value(value: Any) -> Any:
+    """A value JSON can carry: a float that is not finite (``0/0``, ``1/0`` in a query) is null, not
+    Python's ``NaN`` / ``Infinity``, which JSON parsers other than Python's (jq) refuse."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):  # a ClickHouse Array or Tuple
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):  # a Map
+        return {k: _json_value(v) for k, v in value.items()}
+    return value
+
+
+def known_teams(store: Connection, team: str, most: int = 12) -> tuple[bool, list[str]]:
+    """Whether ``team`` is a team the store knows (a ``team`` tag of its usage, its alerts or its bill,
+    as the reports read them; ``(untagged)`` always is), and up to ``most`` of the teams it knows: what a report that found no
+    row for ``--team`` says, so a typo (``Research`` for ``research``) does not read as a team that
+    wasted nothing."""
+    rows = store.query(
+        f"SELECT team FROM (SELECT DISTINCT team FROM {store.db}.usage_hourly "
+        f"UNION DISTINCT SELECT DISTINCT tags['team'] AS team FROM {store.db}.alerts "
+        f"UNION DISTINCT SELECT DISTINCT if(tags['team'] != '', tags['team'], tags['user:team']) AS team "
+        f"FROM {store.db}.billing) WHERE team != '' ORDER BY team"
+    )  # fmt: skip
+    teams = [r["team"] for r in rows]
+    return team == "(untagged)" or team in teams, teams[:most] + (["..."] if len(teams) > most else [])
+
+
 def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:
-    """``table`` (aligned columns), ``csv`` (with a header) or ``json`` (one object per line)."""
+    """``table`` (aligned columns), ``csv`` (with a header; text a spreadsheet would run as a formula
+    gets a leading ``'``: :func:`csv_cell`) or ``json`` (one object per line)."""
     return "".join(format_blocks(list(rows[0]) if rows else [], [[list(r.values()) for r in rows]], fmt))
 
 
@@ -147,15 +178,16 @@ def format_blocks(names: Sequence[str], blocks: Iterable[Sequence[Sequence[Any]]
         if not block:
             continue
         if fmt == "json":
-            yield "".join(json.dumps(dict(zip(names, row, strict=True)), default=str) + "\n" for row in block)
+            yield "".join(json.dumps({n: _json_value(v) for n, v in zip(names, row, strict=True)}, default=str,
+                                     allow_nan=False) + "\n" for row in block)  # fmt: skip
             continue
         if fmt == "csv":
             out = io.StringIO()
             writer = csv.writer(out, lineterminator="\n")
             if widths is None:
-                writer.writerow(names)
+                writer.writerow([csv_cell(n) for n in names])
                 widths = []
-            writer.writerows(["" if v is None else v for v in row] for row in block)
+            writer.writerows(["" if v is None else csv_cell(v) if isinstance(v, str) else v for v in row] for row in block)
             yield out.getvalue()
             continue
         cells = [["" if v is None else printable(v) for v in row] for row in block]

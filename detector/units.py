@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-__all__ = ["Duration", "Money", "Percent", "epoch", "format_duration", "money", "one_line", "parse_duration", "printable",
-           "rfc3339"]
+__all__ = ["FORMULA_START", "Duration", "Money", "Percent", "csv_cell", "epoch", "format_duration", "money", "one_line",
+           "parse_duration", "printable", "rfc3339"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
@@ -111,6 +111,16 @@ def money(usd: float, exact: bool = False) -> str:
     sign = "-" if usd < 0 and round(abs(usd), 2) > 0 else ""
     cents = exact or abs(usd) < 100
     return f"{sign}${abs(usd):,.2f}" if cents else f"{sign}${abs(usd):,.0f}"
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What makes a spreadsheet read a cell as a formula (CSV injection): such text gets a leading ``'``."""
+
+
+def csv_cell(text: str) -> str:
+    """A text cell a spreadsheet shows as text, not runs: resource ids and tags come from the events,
+    anyone's input (``=HYPERLINK(...)``, ``=cmd|...``). Every CSV burnwatch writes passes its text here."""
+    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 def rfc3339(t: float) -> str:

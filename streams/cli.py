@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from detector.logs import configure_logging, install_redaction, redact, redact_dsn, register_settings
 from detector.settings import ENV, Settings, bind_host, load_settings, unknown_variables, url_host
-from detector.units import printable
+from detector.units import csv_cell, printable
 
 if TYPE_CHECKING:  # imported where used, so the CLI starts fast
     from detector.backtest import RuleDiff
@@ -553,13 +553,6 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 SCORE_COLUMNS = ("resource_id", "group", "window_start", "window_end", "score", "threshold", "evidence", "run", "budget",
                  "decision", "rule_tracking")  # fmt: skip
 """``backtest --scores``: one row per judged window (:class:`detector.detectors.anomaly.ScoredWindow`)."""
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-"""What makes a spreadsheet read a cell as a formula (CSV injection): such text gets a leading ``'``."""
-
-
-def _cell(text: str) -> str:
-    """A text cell a spreadsheet shows as text: resource ids come from the events, anyone's input."""
-    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 class _ScoresFile:
@@ -578,8 +571,8 @@ class _ScoresFile:
     def write(self, windows: list[Any]) -> None:
         t = self._rfc3339
         self._writer.writerows(
-            (_cell(w.resource_id), _cell(w.group), t(w.start), t(w.end), str(float(w.score)), str(float(w.threshold)),
-             str(float(w.evidence)), str(float(w.run)), str(float(w.budget)), _cell(w.decision),
+            (csv_cell(w.resource_id), csv_cell(w.group), t(w.start), t(w.end), str(float(w.score)), str(float(w.threshold)),
+             str(float(w.evidence)), str(float(w.run)), str(float(w.budget)), csv_cell(w.decision),
              "true" if w.rule_tracking else "false")
             for w in windows
         )  # fmt: skip
@@ -1164,16 +1157,18 @@ def cmd_db_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from detector.reports import REPORTS, format_rows, newest_event_time, period, run_report
+    from detector.reports import REPORTS, format_rows, known_teams, newest_event_time, period, run_report
     from detector.units import parse_duration
 
     if args.report not in REPORTS:
-        known = "\n".join(f"  {name:<12} {r.title}" for name, r in REPORTS.items())
-        raise SystemExit(f"unknown report {args.report!r}; the reports:\n{known}")
+        reports = "\n".join(f"  {name:<12} {r.title}" for name, r in REPORTS.items())
+        raise SystemExit(f"unknown report {args.report!r}; the reports:\n{reports}")
     try:
         since = parse_duration(args.since)
     except ValueError as exc:
         raise SystemExit(f"--since: {exc}") from None
+    if since <= 0:  # an empty period: every report would say "(no rows)", as if nothing had happened
+        raise SystemExit(f"--since {args.since}: the period is empty; give a length, e.g. 1h, 1d, 7d")
     settings = _settings(args)
     store = _open_store(settings)
     try:
@@ -1181,12 +1176,17 @@ def cmd_query(args: argparse.Namespace) -> int:
             _note("the store holds no events yet")
         else:
             start, end = period(store, since)
+            whole = ", to whole hours" if since % 3600 else ""
             _note(f"period: {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, the {args.since} before the newest "
-                  "event time")  # fmt: skip
+                  f"event time{whole}")  # fmt: skip
         ruleset = _load_rules_or_exit(settings.rules_path, "") if REPORTS[args.report].finish is not None else None
         rows = run_report(store, args.report, since, args.team or "", ruleset)
+        known, teams = known_teams(store, args.team) if args.team and not rows else (True, [])
     finally:
         store.close()
+    if not known:  # a typo or a team of another store: not "(no rows)", which reads as a team that wasted nothing
+        raise SystemExit(f"--team {printable(args.team, 60)}: no such team in this store (team tags are matched "
+                         f"exactly); its teams: {', '.join(printable(t, 40) for t in teams) or '(none)'}")  # fmt: skip
     sys.stdout.write(format_rows(rows, args.format))
     return 0
 

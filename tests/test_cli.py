@@ -232,6 +232,30 @@ def test_query_says_its_store_and_period(made):
     assert out.returncode == 0 and out.stdout == "(no rows)\n", out.stderr
 
 
+def test_query_refuses_an_empty_period(tmp_path):
+    """``--since 0d`` read an empty period and printed "(no rows)" for every report, as if nothing had
+    burned; it is refused before any store is opened."""
+    out = burnwatch("query", "waste", "--since", "0d", env={"BURNWATCH_DATA_DIR": str(tmp_path)})
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and out.stdout == "", out.stdout
+    assert out.stderr.strip() == "--since 0d: the period is empty; give a length, e.g. 1h, 1d, 7d"
+
+
+def test_query_says_a_team_the_store_does_not_know(made):
+    """``--team Research`` (the tag is ``research``) printed "(no rows)", which reads as a team that
+    wasted nothing; a team no usage, alert or bill of the store names is one line naming the teams it has,
+    exit 1. A known team with nothing in the period is still "(no rows)"."""
+    store_writes("INSERT INTO burnwatch.resource_usage (ts, resource_id, resource_type, interval_s, usd, tags) "
+                 "VALUES (now64(3), 'h1', 'gpu_instance', 60, 1, map('team', 'research'))", env=made)  # fmt: skip
+    out = burnwatch("query", "failed-runs", "--team", "Research", env=made)
+    no_traceback(out)
+    assert out.returncode == EXIT_FAILED and out.stdout == "", out.stdout
+    assert out.stderr.splitlines()[-1] == ("--team Research: no such team in this store (team tags are matched exactly); "
+                                           "its teams: research")  # fmt: skip
+    out = burnwatch("query", "failed-runs", "--team", "research", env=made)
+    assert out.returncode == 0 and out.stdout == "(no rows)\n", out.stderr
+
+
 # -- figure 6: db migrate and model train ---------------------------------------------------------
 
 

@@ -64,3 +64,16 @@ def test_the_period_ends_at_the_end_of_the_newest_hour(store):
 def test_an_empty_store_has_no_newest_event_time(store):
     assert newest_event_time(store) is None
     assert run_report(store, "untagged", DAY) == []
+
+
+def test_a_since_of_part_of_an_hour_reaches_back_to_the_whole_hour(store):
+    """The reports read hourly rollups keyed by the hour's start: a period starting at 22:30 left the
+    22:00 rollup out, so ``--since 90m`` read one hour (and ``untagged`` said half the burn rate, over the
+    two hours dateDiff counts) and ``--since 30m`` read none. It now starts on the hour before."""
+    _fill(store, hours=3)
+    since, until = period(store, 1.5 * HOUR)
+    assert (since.timestamp(), until.timestamp()) == (T0 + 1 * HOUR, T0 + 3 * HOUR)
+    (untagged,) = run_report(store, "untagged", 1.5 * HOUR)
+    assert untagged["usd"] == 20.0 and untagged["usd_per_hour"] == 10.0
+    (untagged,) = run_report(store, "untagged", 30 * MIN)
+    assert untagged["usd"] == 10.0 and untagged["usd_per_hour"] == 10.0

@@ -121,6 +121,19 @@ def test_open_ones_first_by_dollars_per_hour_then_the_latest_resolved(store):
     assert (listed.total, listed.open_total, listed.open_usd_per_hour) == (6, 4, pytest.approx(123.5))
 
 
+def test_the_open_dollars_per_hour_count_a_resource_once(store):
+    """An untagged host whose GPUs sit idle has two incidents open, idle GPUs and untagged spend, each at the
+    host's $55.04/h: the host burns $55.04/h, not $110.08 (the demo's notebook-003 was counted twice). Per
+    resource the fastest of its open incidents, as the daily digest counts them."""
+    store.alerts.record([alert("idle", 55.04, rid="h8", team=""), alert("untagged", 55.04, rid="h8", team="",
+                                                                        type_="untagged"),
+                         alert("other", 10.0, rid="h9")], version=1)  # fmt: skip
+    listed = list_incidents(store, IncidentFilter(open_only=True), NOW)
+    assert (listed.total, listed.open_total, listed.open_usd_per_hour) == (3, 3, pytest.approx(65.04))
+    assert summary(listed) == "3 open incidents, burning $65.04/h"
+    assert list_incidents(store, IncidentFilter(team="nlp"), NOW).open_usd_per_hour == pytest.approx(10.0)
+
+
 def test_a_failed_run_that_has_ended_is_sunk_not_burning(store):
     """A failed run's $/h is what it cost while it ran: it burns nothing now, so it is not in
     the open dollars per hour, shows no $/h, and comes after those still burning (by dollars).

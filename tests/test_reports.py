@@ -231,3 +231,54 @@ def test_reconcile_puts_the_events_dollars_against_the_bill(filled, ruleset, tmp
                                                       for r in differ]  # fmt: skip
     billed = {r["ResourceId"] for r in bill.rows if r["ResourceId"]}
     assert billed <= {r["resource_id"] for r in rows}
+
+
+def test_reconcile_says_egress_is_missing_from_the_bill_beside_a_discount(store, tmp_path):
+    """A host list-priced at $10/h that sent 100 GB an hour, on a bill at 8 % off with no network
+    charges: nearly all of the difference is the egress the bill does not carry. The report said
+    "list vs effective price (discount or commitment)", sending the analyst after a $19 discount to
+    explain a $200 gap; it now says both."""
+    import csv
+
+    from detector.billing.ingest import ingest_files
+    from detector.store import EventBatch
+    from tests.helpers import T0, usage
+    from tests.test_reprice import store_pricing, write_bill
+
+    batch = EventBatch()
+    batch.extend([msgspec.structs.replace(usage(T0 + k * 3600, "e1", usd_per_hour=10.0, interval_s=3600),
+                                          egress_bytes=100 * 10**9, dest_region="eu-west-1") for k in range(24)])  # fmt: skip
+    store.events.insert(batch, store_pricing())
+    path = write_bill(tmp_path / "bill.csv", {"e1": 9.2}, hours=24)
+    rows = list(csv.reader(path.open(newline="")))
+    list_cost = rows[0].index("ListCost")
+    for row in rows[1:]:
+        row[list_cost] = "10.00"
+    with path.open("w", newline="") as out:
+        csv.writer(out).writerows(rows)
+    ingest_files(store, path)
+    (row,) = run_report(store, "reconcile", ALL)
+    assert row["billed_usd"] == pytest.approx(24 * 9.2) and row["claimed_usd"] > 24 * 10.0 + 24 * 1.0
+    assert row["why"] == "list vs effective price, and the bill has no network charges for it"
+
+
+def test_csv_text_cells_a_spreadsheet_would_run_are_shown_as_text():
+    """Resource ids and tags come from the events (anyone's input): ``query reconcile --format csv``
+    opened in a spreadsheet ran a resource id ``=cmd|' /C calc'!A0`` or a team ``=1+1`` as a formula.
+    Such text gets a leading ``'`` as ``backtest --scores`` gives it; numbers (a credit's -5.0) stay numbers."""
+    rows = [{"resource_id": "=cmd|' /C calc'!A0", "team": "@SUM(A1)", "owner": "+1", "why": "-x", "tab": "\tx",
+             "usd": -5.0, "plain": "gpu-host-1"}]  # fmt: skip
+    lines = format_rows(rows, "csv").splitlines()
+    assert lines[1] == "'=cmd|' /C calc'!A0,'@SUM(A1),'+1,'-x,'\tx,-5.0,gpu-host-1"
+    assert format_rows(rows, "json").count("'") == 2  # JSON and the table show the text as it is
+
+
+def test_json_rows_are_json_even_with_a_value_that_is_not_a_number():
+    """``burnwatch sql "SELECT 0/0 AS x" --format json`` wrote ``{"x": NaN}``, which no JSON parser but
+    Python's reads (jq refuses it): a value that is not a finite number is null, as JSON has no other."""
+    import json
+
+    text = format_rows([{"x": float("nan"), "y": float("inf"), "z": -float("inf"), "ok": 1.5,
+                         "arr": [1.0, float("nan")], "map": {"a": float("nan")}, "tup": (float("inf"), "s")}], "json")
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {text}")) == {
+        "x": None, "y": None, "z": None, "ok": 1.5, "arr": [1.0, None], "map": {"a": None}, "tup": [None, "s"]}
