@@ -80,6 +80,7 @@ from detector.floats import enc_hook
 from detector.pricing import Pricer
 from detector.rules import CompiledRule, RuleSet
 from detector.saved import read_state
+from detector.tag_names import TagNames
 
 __all__ = ["RULE_NO_LONGER_APPLIES", "RULE_REMOVED", "Engine", "KeyState", "SeenSample"]
 
@@ -363,7 +364,9 @@ class Engine:
         """Tuples of rule names seen → one shared tuple each (:attr:`KeyState.names`)."""
         self._context = _KeyContext(self)
         self._tags: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
-        """Tag sets seen → one shared dict each (resources of a team carry the same tags)."""
+        """Tag sets seen → one shared dict each (resources of a team carry the same tags), completed with the keys
+        the rules name in their spelling (:mod:`detector.tag_names`: ``Team`` is also ``team``)."""
+        self._tag_names = TagNames(ruleset.named_tags)
         self._prices: dict[float, float] = {}
         """Interval costs and hourly rates seen → one float each: resources of a type and interval cost
         the same, and a float of its own is 24 bytes a key (:meth:`_shared_price`)."""
@@ -834,9 +837,11 @@ class Engine:
             info.pricing = _intern(ev.pricing)
         if ev.state != info.state:
             info.state = _intern(ev.state)
-        if tags != info.tags:
-            info.tags = self._shared_tags(tags)
-            changed = True
+        if tags != info.tags:  # (or the tags as written beside the keys the rules name: compared as completed)
+            shared = self._shared_tags(tags)
+            if shared != info.tags:
+                info.tags = shared
+                changed = True
         pricer = self.pricer
         usd, rate = pricer.interval(ev)
         listed = pricer.pricing.instances.get(ev.instance_type) if ev.instance_type else None
@@ -882,7 +887,8 @@ class Engine:
         if shared is None:
             if len(self._tags) >= _MAX_TAG_SETS:
                 self._tags.clear()
-            shared = self._tags[items] = {_intern(k): _intern(v) for k, v in items}
+            completed = self._tag_names.complete(tags)
+            shared = self._tags[items] = {_intern(k): _intern(v) for k, v in completed.items()}
         return shared
 
     def set_billed(self, billed: BilledRates | None) -> None:
@@ -912,6 +918,9 @@ class Engine:
                 self.dirty.add(key)  # saved without the rule's state, with the batch that stores the resolutions
         self.ruleset = ruleset
         self.pricer = Pricer(ruleset.pricing, self.billed, say=True)
+        if (names := TagNames(ruleset.named_tags)) != self._tag_names:
+            self._tag_names = names
+            self._tags.clear()  # (a held key's tags are completed anew at its next usage event)
         self._trackers = _trackers(ruleset)
         self._tracked.clear()
         self._plans.clear()

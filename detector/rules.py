@@ -791,6 +791,17 @@ class RuleSet:
     disabled: frozenset[str] = frozenset()
     """The names of the rules the files hold disabled (``enabled: false``): for ``rules explain`` to say so."""
 
+    @property
+    def named_tags(self) -> frozenset[str]:
+        """The tag keys the rules and routing name: routing's team and owner tags, the rules' and their overrides'
+        ``match: tags``, the tags ``untagged`` requires."""
+        named = {self.routing.by_tag, self.routing.owner_tag}
+        for rule in self.rules:
+            if rule.source is not None:
+                named.update(rule.source.match.tags, *(o.match.tags for o in rule.source.overrides))
+                named.update(getattr(rule.source.params, "required_tags", ()))
+        return frozenset(named)
+
     def channel_for(self, rule: str, tags: dict[str, str], severity: str = "") -> str:
         """The Slack channel for an alert of ``rule`` on a resource with ``tags`` ('' = the notifier's)."""
         compiled = self.by_name(rule)

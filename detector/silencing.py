@@ -52,12 +52,7 @@ def tag_warnings(match: Match, rules_dir: Path) -> list[str]:
         ruleset = load_rules(rules_dir)
     except RulesInvalid:
         return []
-    routing = ruleset.routing
-    named = {routing.by_tag, routing.owner_tag}
-    for rule in ruleset.rules:
-        if rule.source is not None:  # its match, its overrides' (a variant for a team), the tags it requires (untagged)
-            named.update(rule.source.match.tags, *(o.match.tags for o in rule.source.overrides))
-            named.update(getattr(rule.source.params, "required_tags", ()))
+    named = set(ruleset.named_tags)
     said = []
     for key in match.tags:
         near = difflib.get_close_matches(key, sorted(named - {key}), n=1, cutoff=0.6) if key not in named else []

@@ -74,3 +74,28 @@ def test_unattributed_spend_per_account_is_a_view(ruleset, store):
     last = {a.alert_id: a for a in alerts}.values()
     assert row["usd"] == pytest.approx(round(sum(a.waste_usd for a in last), 2))
     assert row["usd_per_hour_now"] == pytest.approx(6.0 + 3.0)
+
+
+@pytest.mark.parametrize("tags", [{"Team": "nlp", "Project": "llm", "Owner": "alice"},
+                                  {"TEAM": "nlp", "user:Project": "llm"}])  # fmt: skip
+def test_tags_in_another_case_are_the_tags_the_rules_name(ruleset, tags):
+    """A fleet tagging as AWS's examples do (``Team``, ``Project``; ``user:Project`` from a Cost and Usage Report):
+    tagged, not untagged; its alerts carry ``team`` for routing, the digest and the store's reports, beside the keys
+    as written. Before, every resource of such a fleet was untagged (an alert each on day one), its alerts went to
+    the default channel and its waste to no team."""
+    assert untagged_findings(ruleset, run_for(120, tags)) == []
+    idle = [usage(T0 + i * MIN, "r1", tags=tags, usd_per_hour=6.0) for i in range(120)]
+    engine = Engine(ruleset)
+    engine.process(idle)
+    info = engine.resource("r1")
+    assert info is not None and info.tags["team"] == "nlp" and info.tags["project"] == "llm"
+    assert all(info.tags[k] == v for k, v in tags.items())  # as written, too
+    assert info.tags[ruleset.routing.by_tag] == "nlp"  # what routing reads
+
+
+def test_the_key_as_the_rules_spell_it_wins_over_another_case(ruleset):
+    """Both written (``team`` and ``Team``): the rules' own spelling is read; one empty is filled by the other."""
+    engine = Engine(ruleset)
+    engine.process([usage(T0, "r1", tags={"Team": "vision", "team": "nlp", "project": "", "PROJECT": "llm"})])
+    info = engine.resource("r1")
+    assert info is not None and (info.tags["team"], info.tags["project"]) == ("nlp", "llm")

@@ -1,0 +1,49 @@
+"""Tag keys as the configuration spells them, whatever case a fleet writes them in.
+
+Rules and routing name tags in lower case (``team``, ``project``, ``owner``: ``routing.yaml``'s ``by_tag`` and
+``owner_tag``, ``untagged``'s ``required_tags``), and the store's reports read ``tags['team']``. AWS's own examples
+and many fleets write ``Team``, ``Project``, ``Owner``; a Cost and Usage Report exports them as ``user:Team``. Read
+as written, every resource of such a fleet was untagged (an alert each on day one), its alerts went to the default
+channel and its waste to no team. So a resource's tags gain the configured spelling of a key that differs from one
+only in case (or by CUR's ``user:`` prefix), beside the key as written, unless the configured key is there already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+__all__ = ["DEFAULT_NAMES", "TagNames"]
+
+DEFAULT_NAMES = ("team", "project", "owner")
+"""Read by the store's reports and the digest whatever the rules say."""
+
+
+class TagNames:
+    """The configured tag keys, and how a resource's tags are completed with them."""
+
+    def __init__(self, names: Iterable[str] = DEFAULT_NAMES) -> None:
+        self.names = frozenset(n for n in (*DEFAULT_NAMES, *names) if n)
+        self._by_folded = {_fold(n): n for n in sorted(self.names)}
+
+    def complete(self, tags: Mapping[str, str]) -> dict[str, str]:
+        """``tags`` with the configured spelling of each key that folds to one (``Team`` → ``team``) and whose
+        configured key is absent or empty; the keys as written are kept. The first such key written wins."""
+        extra: dict[str, str] = {}
+        for key, value in tags.items():
+            if key in self.names or not value:
+                continue
+            name = self._by_folded.get(_fold(key))
+            if name is not None and not tags.get(name) and name not in extra:
+                extra[name] = value
+        return {**tags, **extra} if extra else dict(tags)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TagNames) and other.names == self.names
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _fold(key: str) -> str:
+    """A key as compared: without CUR's ``user:`` prefix, in lower case."""
+    key = key.casefold()
+    return key[5:] if key.startswith("user:") else key
