@@ -1218,3 +1218,35 @@ def test_a_decline_clicked_while_a_retry_is_under_way_stops_the_retries_after_it
     events_go_on(store, instance, wall, version=7)
     restarted.run_once()
     assert throttled.calls == 2 and state(moto_url, instance) == "running"
+
+
+def test_a_late_decline_stamped_by_a_clock_ahead_is_no_stop_of_the_retry(store, slack, tmp_path):
+    """Two approvers click at once on two workers: the approval is stored first, the Decline is its late twin, read
+    with the action pending. The declining worker's clock runs two minutes ahead (within the 5 minutes allowed), so
+    its Decline is stamped after the retry that followed the approval at once (EC2 throttled the call): it was taken
+    as a stop of that retry, by the acting worker and by any worker rebuilding from the audit, though nobody
+    declined the retry (docs/actions.md: a Decline that raced the approval changes nothing)."""
+    wall = Wall()
+    server = Ec2Errors(503, "RequestLimitExceeded", failing="StopInstances")
+    try:
+        runner, handler = setup(store, slack, tmp_path, server.url, "approve", wall, backoff_s=60)
+        posted(store, incident("i-0123456789abcdef0"))
+        runner.run_once()
+        (pending,) = Action.from_steps(store.remediations.steps("a1")).values()  # what the other worker read
+        assert click(handler, "burnwatch_approve", APPROVER) == 200
+        events_go_on(store, "i-0123456789abcdef0", wall, version=2)
+        wall.t += 1
+        runner.run_once()
+        assert steps(store)[-1] == ("retry", APPROVER)
+        row = ActionStep(alert_id="a1", kind="stop_instance", step="declined", at=wall.t + 120, mode="approve",
+                         decided_by=GROUPIE, rule="idle-gpu", resource_id=pending.resource_id, team="nlp",
+                         attempt=pending.attempts)  # fmt: skip
+        store.remediations.record([row])  # as decide() on the other worker stores it, on its clock
+        (rebuilt,) = Action.from_steps(store.remediations.steps("a1")).values()
+        assert rebuilt.stoppable and not rebuilt.stop_asked_by
+        wall.t += 61
+        events_go_on(store, "i-0123456789abcdef0", wall, version=3)
+        runner.run_once()
+        assert [s for s, _ in steps(store)].count("begun") == 2 and ("cancelled", GROUPIE) not in steps(store)
+    finally:
+        server.close()

@@ -327,7 +327,7 @@ class ActionRunner:
         taken = 0
         for row in self.store.remediations.decisions(sorted(pending), since):
             action = pending.get(row["action_key"])
-            if action is None or not (action.awaits_decision or action.stoppable and row["step"] == "declined"
+            if action is None or not (action.awaits_decision or action.stoppable and action.stops(row)
                                       and epoch(row["at"]) >= (action.retried_at or 0.0)):  # fmt: skip
                 continue  # decided already (a later decision changes nothing); a retry is stopped by a Decline alone
             if row["step"] == "cancelled" and epoch(row["at"]) < action.proposed_at:
