@@ -27,6 +27,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
+from detector import units
 from detector.units import epoch, format_duration, printable, rfc3339
 
 if TYPE_CHECKING:
@@ -348,7 +349,9 @@ def list_incidents(conn: Connection, flt: IncidentFilter, now: float) -> Inciden
 
 
 def money(usd: float) -> str:
-    return f"${usd:,.2f}"
+    """To the cent, as Slack's message says it (:func:`detector.units.money`): 'under $0.01' for a figure above zero
+    that rounds to no cent, never '$0.00' beside a Slack message saying it burns; '-$5.00' for a credit."""
+    return units.money(usd, exact=True)
 
 
 _TABLE = (

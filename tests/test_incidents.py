@@ -336,3 +336,15 @@ def test_open_incidents_none_burning_are_said_spent_only_where_their_dollars_are
                                                                      "dollars are spent)"  # fmt: skip
     store.alerts.record([alert("filling", 0.2, usd=0.0, type_="storage_growth")], version=2)
     assert summary(list_incidents(store, IncidentFilter(), NOW)) == "2 incidents; 2 open, none burning now"
+
+
+def test_a_rate_under_half_a_cent_reads_as_in_slack_not_as_nothing(store):
+    """An untagged 100 GB bucket burns $0.004 an hour: its Slack message says 'under $0.01/h' (e18aaf5), and the
+    list, its summary and the page said '$0.00' and 'burning $0.00/h' of the same incident, as if it cost nothing."""
+    store.alerts.record([alert("bucket", 0.004, usd=0.003)], version=1)
+    listed = list_incidents(store, IncidentFilter(open_only=True), NOW)
+    row = format_table(listed).splitlines()[1]
+    assert row.startswith("firing  under $0.01  under $0.01  ") and "$0.00" not in row
+    assert summary(listed) == "1 open incident, burning under $0.01/h"
+    page = render_page(listed)
+    assert "burning under $0.01/h" in page and "$0.00" not in page

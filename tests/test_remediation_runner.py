@@ -1152,3 +1152,101 @@ def test_a_late_decline_of_an_approved_action_is_no_stop_of_its_retry(store, sla
         assert action.stoppable and not action.stop_asked_by
     finally:
         server.close()
+
+
+class _ThrottledAgain:
+    """The real plan and lookup; EC2 throttles every call, the second one answering only when the test lets it."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, 0
+        self.entered, self.release = threading.Semaphore(0), threading.Semaphore(0)
+
+    def plan(self, target):
+        return self.real.plan(target)
+
+    def execute(self, call):
+        self.calls += 1
+        if self.calls == 2:
+            self.entered.release()
+            self.release.acquire(timeout=30)
+        return Outcome(False, "ClientError: RequestLimitExceeded (throttled)", retryable=True)
+
+    def observe(self, call):
+        return self.real.observe(call)
+
+
+@pytest.mark.parametrize("where", ["acting", "elsewhere"])
+def test_a_decline_clicked_while_a_retry_is_under_way_stops_the_retries_after_it(store, slack, tmp_path, moto_url,
+                                                                                 where):  # fmt: skip
+    """The retry's message offers Decline, and keeps it while the retry's call is under way (a throttled EC2 may take
+    a minute): a Decline clicked then, on the acting worker or another, is taken, and once that attempt fails the
+    action is tried no more, on the acting worker or after a restart. Before, it was answered 'no action awaits a
+    decision' and the retries went on."""
+    instance, wall = run_instance(moto_url), Wall()
+    acting, here, elsewhere = two_workers(store, slack, tmp_path, moto_url, "approve", wall)
+    throttled = _ThrottledAgain(acting.executors["stop_instance"])
+    acting.executors = {"stop_instance": throttled}
+    posted(store, incident(instance))
+    acting.run_once()
+    assert click(here, "burnwatch_approve", APPROVER) == 200
+    events_go_on(store, instance, wall, version=2)
+    acting.run_once()
+    assert steps(store)[-1] == ("retry", APPROVER)
+    wall.t += 31
+    events_go_on(store, instance, wall, version=3)
+    passing = threading.Thread(target=acting.run_once, daemon=True)
+    passing.start()
+    try:
+        assert throttled.entered.acquire(timeout=30)
+        buttons = [e["action_id"] for b in slack.calls("chat.update")[-1].blocks if b["type"] == "actions"
+                   for e in b["elements"]]  # fmt: skip
+        assert buttons == ["burnwatch_decline"]  # the message people see while the retry's call is made
+        wall.t += 5
+        assert click(here if where == "acting" else elsewhere, "burnwatch_decline", APPROVER) == 200
+    finally:
+        throttled.release.release()
+        passing.join(timeout=30)
+    assert steps(store)[-1] == ("retry", APPROVER)
+    for version in (4, 5, 6):
+        wall.t += 300
+        events_go_on(store, instance, wall, version=version)
+        acting.run_once()
+    assert throttled.calls == 2 and steps(store)[-1] == ("cancelled", APPROVER)
+    restarted, _ = setup(store, slack, tmp_path, moto_url, "approve", wall)
+    restarted.executors = {"stop_instance": throttled}
+    wall.t += 300
+    events_go_on(store, instance, wall, version=7)
+    restarted.run_once()
+    assert throttled.calls == 2 and state(moto_url, instance) == "running"
+
+
+def test_a_late_decline_stamped_by_a_clock_ahead_is_no_stop_of_the_retry(store, slack, tmp_path):
+    """Two approvers click at once on two workers: the approval is stored first, the Decline is its late twin, read
+    with the action pending. The declining worker's clock runs two minutes ahead (within the 5 minutes allowed), so
+    its Decline is stamped after the retry that followed the approval at once (EC2 throttled the call): it was taken
+    as a stop of that retry, by the acting worker and by any worker rebuilding from the audit, though nobody
+    declined the retry (docs/actions.md: a Decline that raced the approval changes nothing)."""
+    wall = Wall()
+    server = Ec2Errors(503, "RequestLimitExceeded", failing="StopInstances")
+    try:
+        runner, handler = setup(store, slack, tmp_path, server.url, "approve", wall, backoff_s=60)
+        posted(store, incident("i-0123456789abcdef0"))
+        runner.run_once()
+        (pending,) = Action.from_steps(store.remediations.steps("a1")).values()  # what the other worker read
+        assert click(handler, "burnwatch_approve", APPROVER) == 200
+        events_go_on(store, "i-0123456789abcdef0", wall, version=2)
+        wall.t += 1
+        runner.run_once()
+        assert steps(store)[-1] == ("retry", APPROVER)
+        row = ActionStep(alert_id="a1", kind="stop_instance", step="declined", at=wall.t + 120, mode="approve",
+                         decided_by=GROUPIE, rule="idle-gpu", resource_id=pending.resource_id, team="nlp",
+                         attempt=pending.attempts)  # fmt: skip
+        store.remediations.record([row])  # as decide() on the other worker stores it, on its clock
+        (rebuilt,) = Action.from_steps(store.remediations.steps("a1")).values()
+        assert rebuilt.stoppable and not rebuilt.stop_asked_by
+        wall.t += 61
+        events_go_on(store, "i-0123456789abcdef0", wall, version=3)
+        runner.run_once()
+        assert [s for s, _ in steps(store)].count("begun") == 2 and ("cancelled", GROUPIE) not in steps(store)
+    finally:
+        server.close()

@@ -70,6 +70,9 @@ class Action:
     """When its first attempt failed and it was set to be tried again (wall clock); None before."""
     stop_asked_by: str = ""
     """Who declined it after that (:meth:`stoppable`): no attempt more, once the last one is looked up."""
+    attempts_before: int = 0
+    """Its attempts when last proposed: a Decline stored with no more (``attempt``) was clicked with it pending,
+    the late twin of its approval, whatever clock stamped it after the retry: no stop (:meth:`stops`)."""
 
     @property
     def key(self) -> str:
@@ -89,6 +92,13 @@ class Action:
         made, which is looked up first)."""
         return self.state == "retry" and not self.stop_asked_by
 
+    def stops(self, row: dict[str, Any]) -> bool:
+        """Whether the stored ``declined`` ``row`` stops its retries: clicked once an attempt was made (its
+        ``attempt``, what the clicking worker read), not with the action pending. Ordered by the clicking worker's
+        clock, a pending one's Decline (two approvers at once, the approval stored first) lands after the retry
+        where that clock runs ahead of the acting worker's by more than the call took."""
+        return row["step"] == "declined" and int(row.get("attempt") or 0) > self.attempts_before
+
     def apply(self, row: dict[str, Any]) -> None:
         """Take one stored step (a row of ``remediation_actions``) into account."""
         step = row["step"]
@@ -100,7 +110,7 @@ class Action:
             return
         if step in _PASSIVE:
             return
-        if step == "declined" and self.retried_at is not None and self.state in ("retry", "begun"):
+        if self.stops(row) and self.retried_at is not None and self.state in ("retry", "begun"):
             # A Decline while it waits to be tried again (or while an attempt after that is made): it is tried no
             # more. Its state stays until the attempt made is looked up, as a resolution's cancellation does.
             self.stop_asked_by = self.stop_asked_by or row["decided_by"]
@@ -113,6 +123,7 @@ class Action:
         if step == "proposed":  # the first step; again after a dry run, when its rule now asks for it in earnest
             self.mode, self.rule, self.resource_id, self.team = row["mode"], row["rule"], row["resource_id"], row["team"]
             self.message, self.decided_by, self.retried_at, self.stop_asked_by = None, "", None, ""
+            self.attempts_before = self.attempts
             self.usd_per_hour = float(row["usd_per_hour"])
             if row["api"]:
                 self.call = Call(api=row["api"], request=json.loads(row["request"] or "{}"), endpoint=row["endpoint"])

@@ -327,7 +327,7 @@ class ActionRunner:
         taken = 0
         for row in self.store.remediations.decisions(sorted(pending), since):
             action = pending.get(row["action_key"])
-            if action is None or not (action.awaits_decision or action.stoppable and row["step"] == "declined"
+            if action is None or not (action.awaits_decision or action.stoppable and action.stops(row)
                                       and epoch(row["at"]) >= (action.retried_at or 0.0)):  # fmt: skip
                 continue  # decided already (a later decision changes nothing); a retry is stopped by a Decline alone
             if row["step"] == "cancelled" and epoch(row["at"]) < action.proposed_at:
@@ -400,7 +400,10 @@ class ActionRunner:
                 stored = {k: self._actions.setdefault(k, a) for k, a in stored.items()}
             waiting = [a for a in stored.values() if a.awaits_decision]
             # Declined while it waits to try again (an API throttled or down): tried no more. Not approved again: it is.
-            stopping = [] if approve else [a for a in stored.values() if a.stoppable]
+            # Or while a retry's call is under way (begun after a retry: its message still offers Decline, and an
+            # EC2 throttling it may take a minute): that attempt goes on, none after it (Action.apply).
+            stopping = [] if approve else [a for a in stored.values() if a.stoppable or (
+                a.state == "begun" and a.retried_at is not None and not a.stop_asked_by)]  # fmt: skip
             if not waiting and not stopping:
                 return 409, f"no action on alert {alert_id} awaits a decision"
             members = getattr(self.notifier, "group_members", None)
