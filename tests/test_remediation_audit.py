@@ -51,3 +51,16 @@ def test_a_due_time_past_2299_stored_by_an_older_version_reads_as_2299(store, tm
         runner.run_once()
     assert [r["step"] for r in store.remediations.steps("a1")] == ["proposed", "announced"]  # and it waits
     assert state(moto_url, instance) == "running"
+
+
+def test_a_step_without_a_due_time_reads_back_without_one(store):
+    """A step stored with no due time (an approval, an announcement of an approve-mode action) reads back with none.
+    ClickHouse's least() ignores a NULL since 24.12 (chdb 4 here): the cap above read every such row as due in 2299,
+    so an approve-mode action rebuilt from the audit had a grace of centuries, and one approved before its Slack
+    message was announced and then throttled waited till 2299 to be tried again after a restart."""
+    store.remediations.record([ActionStep(alert_id="a1", kind="stop_instance", step=step, at=NOW + i, mode="approve",
+                                          rule="idle-gpu", resource_id="i-0abc", team="nlp", due_at=None)
+                               for i, step in enumerate(("proposed", "approved"))])  # fmt: skip
+    assert [r["due_at"] for r in store.remediations.steps("a1")] == [None, None]
+    (shown,) = actions_of(store, ["a1"])["a1"]
+    assert shown.due_at is None and shown.grace == 0.0

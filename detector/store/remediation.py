@@ -16,7 +16,8 @@ _COLS = ["action_key", "alert_id", "kind", "mode", "step", "decided_by", "rule",
          "request", "endpoint", "result", "usd_per_hour", "attempt", "due_at", "event_time", "at", "seq"]  # fmt: skip
 
 
-STEP_COLUMNS = "* REPLACE (least(due_at, toDateTime64('2299-12-31 23:59:59', 3, 'UTC')) AS due_at)"
+STEP_COLUMNS = ("* REPLACE (if(isNull(due_at), NULL, least(due_at, toDateTime64('2299-12-31 23:59:59', 3, 'UTC'))) "
+                "AS due_at)")
 """What to select of ``remediation_actions``: every column, a ``due_at`` past the end of
 DateTime64 (2299) read as its end. Before ``grace`` was bounded (30 days), ``grace: 1000000w``
 stored a due time in year 21192 that the client cannot turn into a datetime: every read of
