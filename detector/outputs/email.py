@@ -152,7 +152,8 @@ def _rows(fields: dict[str, Any]) -> list[tuple[str, str]]:
     if fields["resolved_at"]:
         rows.append(("Resolved at", fields["resolved_at"]))
     if fields["corrects"]:  # a correction: what the resolution it replaces said
-        rows.append(("Corrected from", f"{money(fields['corrects']['dollars_so_far'], exact=True)} at {fields['corrects']['resolved_at']}"))
+        was = fields["corrects"]
+        rows.append(("Corrected from", f"{money(was['dollars_so_far'], exact=True)} at {was['resolved_at']}"))
     rows += [(k, v) for k, v in fields["facts"]]
     return [(k, v) for k, v in rows if v]
 
