@@ -19,7 +19,7 @@ from detector.rules import RuleSet
 from detector.suppression.hold import Hold
 from detector.suppression.memory import HORIZON_S, AlertMemory
 from detector.suppression.stages import Dedup, Inhibit, Realert, Route, Silencing
-from detector.units import format_duration, rfc3339
+from detector.units import format_duration, money, rfc3339
 
 __all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "burning", "burning_sql", "from_finding", "link_fields"]
 
@@ -201,21 +201,22 @@ class Alert(msgspec.Struct, kw_only=True):
                     "nothing counted")  # fmt: skip
         if self.corrected:
             was = self.corrects if self.change == "corrected" else None  # (a resolution said nothing else before)
-            money = f": ${self.waste_usd:,.2f} {self.dollars}" if self.dollars else ""
+            spent = f": {money(self.waste_usd, exact=True)} {self.dollars}" if self.dollars else ""
             return (f"CORRECTED {self.title} on {self.resource_id} ({who}): it had stopped at "
                     f"{rfc3339(self.resolved_at or self.updated_at)}, read late; ended after "
-                    f"{format_duration(self.duration_s)}" + money
-                    + (f" (not ${was[1]:,.2f})" if money and was is not None else ""))  # fmt: skip
+                    f"{format_duration(self.duration_s)}" + spent
+                    + (f" (not {money(was[1], exact=True)})" if spent and was is not None else ""))  # fmt: skip
         if self.status == "resolved":
             reason = str(self.details.get("reason", "")).replace("_", " ")
-            money = f": ${self.waste_usd:,.2f} {self.dollars}" if self.dollars else ""
+            spent = f": {money(self.waste_usd, exact=True)} {self.dollars}" if self.dollars else ""
             return (
                 f"RESOLVED {self.title} on {self.resource_id} ({who}) after {format_duration(self.duration_s)}"
-                + money + (f" ({reason})" if reason else "")
+                + spent + (f" ({reason})" if reason else "")
             )
-        money = f": ${self.waste_usd:,.2f} so far, ${self.usd_per_hour:,.2f}/h" if self.dollars else f" ({facts})"
+        spent = (f": {money(self.waste_usd, exact=True)} so far, {money(self.usd_per_hour, exact=True)}/h" if self.dollars
+                 else f" ({facts})")  # fmt: skip
         since = format_duration(self.duration_s)
-        return f"{self.severity.upper()} {self.title} on {self.resource_id} ({who}) for {since}" + money
+        return f"{self.severity.upper()} {self.title} on {self.resource_id} ({who}) for {since}" + spent
 
     def to_json(self) -> dict[str, Any]:
         """The record ``backtest --json`` prints: times in RFC 3339 event time."""

@@ -421,15 +421,22 @@ class Outbox:
         self._queued_at.setdefault(alert.alert_id, added_at)
 
     def _openings_posted(self, doubtful: list[Alert]) -> dict[str, tuple[str, str]]:
-        """Which of the openings in ``doubtful`` are in their channel: one read of each channel's history."""
+        """Which of the openings in ``doubtful`` are in their channel: one read of each channel's history. Those
+        routed elsewhere and not found there are looked for in SLACK_CHANNEL too, in one more read: a routed
+        channel that refuses the app (``not_in_channel``...) has its openings posted there instead
+        (:meth:`~detector.slack.SlackNotifier._send`), and one not found would be posted again."""
         assert self.notifier is not None
+        default = self.notifier.channel
         by_channel: dict[str, list[str]] = {}
         for a in doubtful:
             if a.change == "fired":
-                by_channel.setdefault(a.channel or self.notifier.channel, []).append(a.alert_id)
+                by_channel.setdefault(a.channel or default, []).append(a.alert_id)
         found: dict[str, tuple[str, str]] = {}
         for channel, ids in by_channel.items():
             found.update(self.notifier.find_openings(ids, channel))
+        elsewhere = [i for channel, ids in by_channel.items() if channel != default for i in ids if i not in found]
+        if elsewhere:
+            found.update(self.notifier.find_openings(elsewhere, default))
         return found
 
     def _found(self, alert: Alert, group: list[Alert], thread: tuple[str, str] | None,

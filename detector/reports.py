@@ -148,19 +148,35 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+_BILL_TEAM = "if(tags['team'] != '', tags['team'], tags['user:team'])"
+"""The team a bill's charge is of, as the reconcile report reads it."""
+
+
 def known_teams(store: Connection, team: str, most: int = 12) -> tuple[bool, list[str]]:
     """Whether ``team`` is a team the store knows (a ``team`` tag of its usage, its alerts or its bill,
-    as the reports read them; ``(untagged)`` always is), and up to ``most`` of the teams it knows: what a report that found no
-    row for ``--team`` says, so a typo (``Research`` for ``research``) does not read as a team that
-    wasted nothing."""
+    as the reports read them; ``(untagged)`` always is), and, when it is not, up to ``most`` of the teams
+    it knows: what a report that found no row for ``--team`` says, so a typo (``Research`` for
+    ``research``) does not read as a team that wasted nothing. A known team is found at its first row,
+    the rollups, then the alerts, then the bill: the store's whole history is read only for a team none
+    names. The bill is read from its charges of ingests on record, not through the ``billing`` view,
+    which sorts every charge ever ingested to keep each one's latest version (a team tag an ingest since
+    replaced still counts as known)."""
+    db = store.db
+    bill = f"{db}.billing_charges WHERE ingest_id IN (SELECT ingest_id FROM {db}.billing_ingests)"
+    if team == "(untagged)":
+        return True, []
+    for source in (f"{db}.usage_hourly WHERE team = {{team:String}}",
+                   f"{db}.alerts WHERE tags['team'] = {{team:String}}",
+                   f"{bill} AND {_BILL_TEAM} = {{team:String}}"):  # fmt: skip
+        if store.query(f"SELECT 1 AS found FROM {source} LIMIT 1", {"team": team}):
+            return True, []
     rows = store.query(
-        f"SELECT team FROM (SELECT DISTINCT team FROM {store.db}.usage_hourly "
-        f"UNION DISTINCT SELECT DISTINCT tags['team'] AS team FROM {store.db}.alerts "
-        f"UNION DISTINCT SELECT DISTINCT if(tags['team'] != '', tags['team'], tags['user:team']) AS team "
-        f"FROM {store.db}.billing) WHERE team != '' ORDER BY team"
+        f"SELECT team FROM (SELECT DISTINCT team FROM {db}.usage_hourly "
+        f"UNION DISTINCT SELECT DISTINCT tags['team'] AS team FROM {db}.alerts "
+        f"UNION DISTINCT SELECT DISTINCT {_BILL_TEAM} AS team FROM {bill}) WHERE team != '' ORDER BY team"
     )  # fmt: skip
     teams = [r["team"] for r in rows]
-    return team == "(untagged)" or team in teams, teams[:most] + (["..."] if len(teams) > most else [])
+    return team in teams, teams[:most] + (["..."] if len(teams) > most else [])
 
 
 def format_rows(rows: list[dict[str, Any]], fmt: str) -> str:

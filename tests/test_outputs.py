@@ -1287,3 +1287,19 @@ def test_an_error_answer_s_body_reaches_the_log_as_one_printable_line(store, sec
             outbox.deliver_pending()
     (said,) = [e for e in logs if e["event"] == "output_delivery_refused"]
     assert said["reason"].startswith("webhook hook answered 400: [2J ]0;pwned bad request") and said["reason"].isprintable()
+
+
+def test_an_email_s_subject_writes_its_dollars_as_its_body_does(store):
+    """An untagged 100 GB bucket burning $0.004 an hour: 53ccf1d made the body say "under $0.01/h" (money()), but
+    the subject, the one line a mailbox lists, still said "$0.00 so far, $0.00/h", as if it cost nothing (and a
+    NaN rate "$nan/h"): the subject is the alert's summary, which wrote its own dollars."""
+    cheap = msgspec.structs.replace(alert(), waste_usd=0.003, usd_per_hour=0.004)
+    with smtp_server() as (mailbox, port):
+        outbox = OutputOutbox(store, routing(mail_output(port)))
+        stored(store, cheap)
+        outbox.add([cheap])
+        assert outbox.deliver_pending() == 1
+    ((_, mail),) = mailbox.messages
+    assert "Burn rate: under $0.01/h" in mail.get_body(("plain",)).get_content()
+    assert "under $0.01 so far, under $0.01/h" in mail["Subject"] and "$0.00" not in mail["Subject"], mail["Subject"]
+    assert "$?/h" in msgspec.structs.replace(cheap, usd_per_hour=float("nan")).summary()

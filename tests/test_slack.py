@@ -703,3 +703,21 @@ def test_the_default_channel_refusing_is_still_a_refusal(slack):
         bot(slack).post(alert())
     assert not caught.value.retryable and "not_in_channel" in str(caught.value)
     assert slack.calls("chat.postMessage") == []  # not posted again (the refusal was the one answer of its kind)
+
+
+def test_an_opening_posted_to_the_default_channel_and_in_doubt_is_found_there(slack, store):
+    """The routed channel refused the app, so the opening went to SLACK_CHANNEL; the worker died before
+    recording it (or the post timed out after Slack took it). The next worker looked for it in the routed
+    channel alone, where it is not (and which a real Slack will not even let it read), and posted it again:
+    a second message, and a second refusal note, for one alert. It is looked for in SLACK_CHANNEL too."""
+    opened = alert(alert_id="r1", channel="#nlp-cost")
+    store.alerts.record([opened], version=1)
+    store.deliveries.record_attempt(["r1"], "fired")  # begun...
+    slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "not_in_channel"}')
+    landed = bot(slack).post(opened)  # ...and it landed in #ml-cost, never recorded
+    assert landed[0] == "#ml-cost"
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    restarted.recover()
+    restarted.deliver_pending()
+    assert len(slack.calls("chat.postMessage")) == 1, [p.body["channel"] for p in slack.calls("chat.postMessage")]
+    assert store.deliveries.made()[("r1", "fired")] == landed and store.deliveries.undelivered() == []
