@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from detector.logs import configure_logging, install_redaction, redact, redact_dsn, register_settings
 from detector.settings import ENV, Settings, bind_host, load_settings, unknown_variables, url_host
-from detector.units import csv_cell, printable
+from detector.units import csv_cell, money, printable
 
 if TYPE_CHECKING:  # imported where used, so the CLI starts fast
     from detector.backtest import RuleDiff
@@ -600,8 +600,8 @@ def _print_comparison(diff: RuleDiff, as_json: bool) -> None:
             for alert in alerts:
                 print(json.dumps({"change": change, **alert.to_json()}))
         return
-    print(f"The change would add {len(diff.added)} alerts (${diff.added_usd:,.2f}) and remove "
-          f"{len(diff.removed)} (${diff.removed_usd:,.2f}); {len(diff.kept)} stay "
+    print(f"The change would add {len(diff.added)} alerts ({money(diff.added_usd, exact=True)}) and remove "
+          f"{len(diff.removed)} ({money(diff.removed_usd, exact=True)}); {len(diff.kept)} stay "
           f"(their dollars change by ${diff.kept_usd_change:+,.2f}).")  # fmt: skip
     by_type: dict[str, list[int]] = {}
     for column, alerts in ((0, diff.added), (1, diff.removed)):

@@ -54,7 +54,7 @@ from detector.detectors.base import Context, DetectorBase, Finding, Params, Reso
 from detector.detectors.episode import Episode, due, end, fire
 from detector.events import Event, UsageEvent
 from detector.pricing import Pricing, usd_over
-from detector.units import Duration, Money, figure
+from detector.units import Duration, Money, figure, money
 
 __all__ = ["InferenceScaleToZero", "InferenceScaleToZeroParams", "InferenceScaleToZeroState", "schedule_text"]
 
@@ -167,7 +167,7 @@ class InferenceScaleToZero(DetectorBase):
         if len(pairs) != len(runs):
             return cls.suggestion
         where = zone if isinstance(zone, str) and _ZONE_NAME.fullmatch(zone) else "UTC"
-        return f"Scale to zero {schedule_text(pairs)} ({where}): saves ${week:,.2f}/week. " + cls.suggestion
+        return f"Scale to zero {schedule_text(pairs)} ({where}): saves {money(week, exact=True)}/week. " + cls.suggestion
 
     def step(self, state: InferenceScaleToZeroState, ctx: Context, event: Event, t: float) -> list[Finding]:
         st, res = state, ctx.resource

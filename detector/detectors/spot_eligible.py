@@ -36,7 +36,7 @@ from detector.detectors.episode import Episode, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, follow, hosts_of
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
-from detector.units import Duration, Money
+from detector.units import Duration, Money, money
 
 __all__ = ["SpotEligible", "SpotEligibleParams", "SpotEligibleState"]
 
@@ -81,9 +81,10 @@ class SpotEligible(DetectorBase):
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
+        spot, saving = (money(details.get(k, 0), exact=True) for k in ("spot_usd_per_hour", "saving_usd_per_hour"))
         return [
             ("Run", f"`{details.get('run_id')}` on {details.get('instance_type')}"),
-            ("Spot", f"${details.get('spot_usd_per_hour', 0):,.2f}/h, saving ${details.get('saving_usd_per_hour', 0):,.2f}/h"),
+            ("Spot", f"{spot}/h, saving {saving}/h"),
         ]
 
     def step(self, state: SpotEligibleState, ctx: Context, event: Event, t: float) -> list[Finding]:

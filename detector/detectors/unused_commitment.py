@@ -49,7 +49,7 @@ from pydantic import Field, field_validator
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
 from detector.detectors.episode import Episode, advance, end
 from detector.events import Event, UsageEvent
-from detector.units import Duration, Money, Percent
+from detector.units import Duration, Money, Percent, money
 
 __all__ = ["UnusedCommitment", "UnusedCommitmentParams", "UnusedCommitmentState"]
 
@@ -155,7 +155,7 @@ class UnusedCommitment(DetectorBase):
         return [
             ("Commitment", f"{named or 'commitment'}: {details.get('commitment_name') or '(no name)'}"),
             ("Unused share", f"{100 * float(details.get('unused_share', 0.0)):.1f} % on {details.get('day', '?')}"),
-            ("Used vs unused per day", f"${used:,.2f} used, ${unused:,.2f} unused"),
+            ("Used vs unused per day", f"{money(used, exact=True)} used, {money(unused, exact=True)} unused"),
             ("Days unused", str(details.get("days", 0))),
         ]  # fmt: skip
 
