@@ -389,3 +389,48 @@ def test_a_runaway_fires_once_it_has_lasted_min_burst(ruleset):
     (fire,) = [f for f in findings(ruleset, events) if f.action == "fire"]
     assert fire.episode_start == T0 + 8 * HOUR and fire.fired_at == T0 + 8 * HOUR + 2 * MIN  # its third minute
     assert fire.details["excess_gb"] == pytest.approx(3 * (6000 - 20) / 60, rel=0.01)
+
+
+def pulsed(start: int, minutes: int, on: int = 2, off: int = 1, factor: float = 50.0, base: float = 20.0):
+    """``base`` GB/h, and from minute ``start`` for ``minutes``: ``on`` minutes at ``factor`` times it, then
+    ``off`` at it, over and over (a loop that downloads a shard flat out, then works on it a minute)."""
+    return lambda i: base * factor if start <= i < start + minutes and (i - start) % (on + off) < on else base
+
+
+def test_a_runaway_in_pulses_shorter_than_min_burst_fires_from_its_first(ruleset):
+    # Three hours of 2 minutes at 50x, 1 minute at the usual rate: 33x the usual rate, 1,960 GB of excess.
+    # No run of intervals over the multiple lasts min_burst (3 minutes), so it was never told: it is a
+    # runaway from the first pulse, as an open episode lasts through a minute under the multiple, and it
+    # fires once over the multiple min_burst after that, dated and priced from it.
+    events = series(pulsed(8 * 60, 3 * 60), 12 * 60)
+    found = findings(ruleset, events)
+    (fire,) = [f for f in found if f.action == "fire"]
+    (resolve,) = [f for f in found if f.action == "resolve"]
+    assert fire.episode_start == resolve.episode_start == T0 + 8 * HOUR
+    assert fire.fired_at == T0 + 8 * HOUR + 3 * MIN  # the second pulse's first minute
+    assert fire.details["excess_gb"] == pytest.approx(3 * (1000 - 20) / 60, rel=0.01)  # the minutes over so far
+    assert resolve.details["excess_gb"] == pytest.approx(120 * (1000 - 20) / 60, rel=0.01)
+    assert resolve.waste_usd == pytest.approx(1960 * 0.09, rel=0.01)
+
+
+@pytest.mark.parametrize("minutes", [1, 2], ids=["one-interval", "two-intervals"])
+def test_checkpoint_uploads_apart_are_each_no_runaway(ruleset, minutes):
+    # A 100 GB checkpoint every 20 minutes for two hours: each over before min_burst, and the one before
+    # back under the resolve multiple by the next.
+    start = 8 * 60
+    events = series(lambda i: 100.0 / minutes * 60 if i >= start and (i - start) % 20 < minutes and i < start + 120
+                    else 20.0, 11 * 60)  # fmt: skip
+    assert findings(ruleset, events) == []
+
+
+@pytest.mark.parametrize("cut", range(8 * 60 - 1, 8 * 60 + 6))
+def test_a_restart_before_a_pulsed_runaway_fires_changes_no_alert(ruleset, cut):
+    events = series(pulsed(8 * 60, 60), 10 * 60)
+    whole = findings(ruleset, events)
+    first = Engine(ruleset)
+    before = [f for f in first.process(events[:cut]) if f.type == "egress_runaway"]
+    saved = first.snapshot("etl-1")
+    assert saved is not None
+    second = Engine(ruleset)
+    second.restore("etl-1", saved)
+    assert before + [f for f in second.process(events[cut:]) if f.type == "egress_runaway"] == whole

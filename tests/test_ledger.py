@@ -400,3 +400,33 @@ def test_an_endpoint_cheaper_on_the_api_saves_only_what_idle_hours_and_batching_
                          alert("api", "build_or_call", 18.0, T0, T0 + 2 * HOUR)], version=1)  # fmt: skip
     assert ledger(store) == pytest.approx({("s2z", "waste"): 10.0, ("batch", "could_save"): 3.0,
                                            ("api", "could_save"): 7.0})
+
+
+def test_a_run_id_retried_in_a_crash_loop_claims_each_attempt_once(store):
+    """A Job retried under its own name (failed_run_spend judges each attempt a run of its own): its first
+    attempt cost enough to be alerted alone, then it failed twice more, a crash loop of the three. The
+    ledger told a loop's run alerted alone by its id alone, so it claimed the first attempt's $25 and not
+    the $50 of the two after it, which no alert claimed either."""
+    billed(store, 3, 60.0)
+    start = T0 + 0.4567  # a start to the microsecond, as run events give it
+    attempts = [{"run_id": "job", "start": start + k * HOUR, "end": start + k * HOUR + 25 * 60, "usd": 25.0,
+                 "resource_ids": ["h1"]} for k in range(3)]  # fmt: skip
+    store.alerts.record([
+        alert("job-1", "failed_run_spend", 25.0, start, start + 25 * 60, rid="job",
+              details={"run_id": "job", "resource_ids": ["h1"]}),
+        alert("loop", "failed_run_spend", 75.0, T0, T0 + 2 * HOUR + 25 * 60, rid="project/p",
+              details={"crash_loop": True, "runs": attempts}),
+    ], version=1)  # fmt: skip
+    assert ledger(store) == pytest.approx({("job-1", "waste"): 25.0, ("loop", "waste"): 50.0})
+
+
+def test_a_loop_saved_without_its_runs_starts_still_leaves_out_a_run_alerted_alone(store):
+    """A crash loop recorded before its runs carried their start (the ledger's first shape) names them by id."""
+    billed(store, 3, 10.0)
+    loop = {"crash_loop": True, "runs": [{"run_id": "a", "end": T0 + HOUR / 2, "usd": 5.0, "resource_ids": ["h1"]},
+                                         {"run_id": "b", "end": T0 + 1.5 * HOUR, "usd": 5.0, "resource_ids": ["h1"]}]}
+    store.alerts.record([
+        alert("run-a", "failed_run_spend", 5.0, T0, T0 + HOUR / 2, rid="a", details={"run_id": "a", "resource_ids": ["h1"]}),
+        alert("loop", "failed_run_spend", 10.0, T0, T0 + 1.5 * HOUR, rid="project/p", details=loop),
+    ], version=1)  # fmt: skip
+    assert sum(ledger(store).values()) == pytest.approx(10.0)

@@ -79,7 +79,8 @@ class EgressRunawayParams(Params):
     min_burst: Duration = Field(default=180.0, ge=0)
     """Over the multiple this long (from its first interval's start to its latest's end) before firing:
     a checkpoint of 100 GB leaves in a minute or two at 10 Gbit/s, hundreds of times the usual rate,
-    and a window's rate passes the multiple at its first interval."""
+    and a window's rate passes the multiple at its first interval. Minutes under the multiple between
+    do not end it (a runaway in pulses), the recent rate back under ``resolve_multiple`` does."""
     resolve_multiple: float = Field(default=2.0, ge=1)
     update_every: Duration = Field(default=900.0, gt=0)
 
@@ -275,7 +276,14 @@ class EgressRunaway(DetectorBase):
         excess = max(0.0, size - base * interval)
         found: list[Finding] = []
         if st.fired_at is None:
-            if size > self.params.multiple * base * interval:
+            over = size > self.params.multiple * base * interval
+            if st.since is not None:  # a runaway but for min_burst: it lasts as an open episode would
+                st.pending_bytes += excess
+                if self._recent_rate(st, t) <= self.params.resolve_multiple * base or resource.state == "terminated":
+                    st.clear()  # it ended before min_burst (a checkpoint upload): nothing said
+                    self._follow_burst(st, t, False)
+                    return found
+            elif over:
                 if st.above_since is None:
                     st.above_since = t
                 st.pending_bytes += excess
@@ -283,12 +291,12 @@ class EgressRunaway(DetectorBase):
                 st.above_since, st.pending_bytes = None, 0.0
             self._follow_burst(st, t, st.above_since is not None)
             excess_usd_h = (st.rate - base) * 3600.0 / GB * price
-            if st.above_since is not None and st.rate > self.params.multiple * base \
-                    and excess_usd_h >= self.params.min_excess_usd_per_hour \
-                    and t + interval - st.above_since >= self.params.min_burst \
-                    and not self._scheduled(st, t):  # fmt: skip
+            if st.since is None and st.above_since is not None and st.rate > self.params.multiple * base \
+                    and excess_usd_h >= self.params.min_excess_usd_per_hour and not self._scheduled(st, t):  # fmt: skip
+                st.since = st.above_since  # a runaway from here: it fires once min_burst is over the multiple
+            if st.since is not None and over and t + interval - st.since >= self.params.min_burst:
                 st.excess_bytes = st.pending_bytes
-                found.append(self._finding(fire(st, since=st.above_since, fired_at=t, at=t), st, dest, resource, t))
+                found.append(self._finding(fire(st, since=st.since, fired_at=t, at=t), st, dest, resource, t))
             return found
         st.excess_bytes += excess
         if self._recent_rate(st, t) <= self.params.resolve_multiple * base or resource.state == "terminated":
