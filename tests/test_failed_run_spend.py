@@ -184,3 +184,18 @@ def test_a_retried_run_ids_events_reread_fail_nothing_again(ruleset):
     assert [f for f in engine.process(runs) if f.type == "failed_run_spend"] == []
     (second,) = [f for f in engine.process([run(T0 + 6 * HOUR, "job", "failed")]) if f.type == "failed_run_spend"]
     assert second.episode_start == T0 + 4 * HOUR and second.waste_usd == pytest.approx(64.0, rel=1e-4)
+
+
+def test_a_straggling_event_of_a_failed_run_is_no_new_attempt(ruleset):
+    """The tracker's last heartbeat, or a second 'failed' from its controller, a minute after the run failed: the
+    run's own (one failure, one alert), where a 'started' of the id later would be a retry."""
+    runs = [run(T0 + HOUR, "job", "started"), run(T0 + 3 * HOUR, "job", "failed"),
+            run(T0 + 3 * HOUR + 40, "job", "running")]  # fmt: skip
+    engine = Engine(ruleset)
+    found = [f for f in engine.process(sorted(billed() + runs, key=lambda e: e.ts)) if f.type == "failed_run_spend"]
+    assert [(f.action, f.waste_usd) for f in found] == [("fire", pytest.approx(64.0, rel=1e-4))]
+    key = engine._keys["llm"]
+    assert [key.rule(name).runs for name in ("failed-run-spend", "plateaued-run", "spot-eligible")] == [{}] * 3
+    (retried,) = [f for f in engine.process([run(T0 + 3 * HOUR + 60, "job", "started"), run(T0 + 4 * HOUR, "job", "failed")])
+                  if f.type == "failed_run_spend"]  # fmt: skip
+    assert retried.episode_start == T0 + 3 * HOUR + 60  # a started of the id a minute on: a retry

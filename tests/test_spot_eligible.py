@@ -83,3 +83,17 @@ def test_a_run_id_used_again_the_next_night_is_judged_again(ruleset):
     assert [(f.action, f.at) for f in found] == [
         ("fire", T0 + 5 * HOUR), ("resolve", T0 + 7 * HOUR),
         ("fire", T0 + night + 5 * HOUR), ("resolve", T0 + night + 7 * HOUR)]  # fmt: skip
+
+
+def test_a_heartbeat_sent_just_after_the_run_ended_opens_no_run(ruleset):
+    """A run tracker's heartbeat thread beats once more after the run reported its end (or its clock runs a little
+    ahead): the run's straggler, not a new run with that id. Taken as one (as a reused id is), it opened a run that
+    never ends: a spot alert four hours on for a run that no longer existed, never resolved."""
+    events = life(6)
+    end = T0 + 7 * HOUR
+    events += [host(end + 120 * MIN + i * MIN) for i in range(300)]
+    events += [run(end + 30, "running")]
+    other = [msgspec.structs.replace(run(end + 5 * HOUR, status), run_id="r2", resource_ids=["host-2"])
+             for status in ("started", "succeeded")]  # another run of the project: its events judge r1 too
+    found = findings(ruleset, sorted(events + other, key=lambda e: e.ts))
+    assert [(f.action, f.at) for f in found] == [("fire", T0 + 5 * HOUR), ("resolve", end)]

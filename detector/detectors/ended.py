@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["SMALL", "Ended", "digest"]
+__all__ = ["SMALL", "STRAGGLER_S", "Ended", "digest", "is_past"]
 
 if TYPE_CHECKING:
     Digests = array[int]
@@ -43,6 +43,23 @@ _NO_TIMES: Times = array("d")
 """No run ended (never appended to: a new ``Ended`` makes its own arrays at its first run)."""
 _SAVED = re.compile(r"#[0-9a-f]{16}")
 """A saved run: its digest in hex (:meth:`Ended.saved`)."""
+
+
+STRAGGLER_S = 300.0
+"""How long after a run's end an event of its id other than ``started`` is the run's straggler (a heartbeat
+thread's last beat sent after the end was, or stamped by a clock a little ahead), not a new attempt: five
+minutes, more than the heartbeat intervals run trackers use (30-60 s)."""
+
+
+def is_past(ended_at: float | None, status: str, t: float) -> bool:
+    """Whether an event of an ended run's id at ``t`` belongs to that run and changes nothing: a re-read
+    (dated up to its end), or a straggler (:data:`STRAGGLER_S`). Else the id is used again, a new run: a
+    Job or task retried by its controller under its own name (its ``started``), a scheduled job's fixed
+    name. Before 2026-12-07 every later event was the old run's (a retried Job's crash loop went unseen);
+    then for a while any later one was a new run, a straggling heartbeat too (a run that never ends)."""
+    if ended_at is None or t <= ended_at:
+        return ended_at is not None
+    return status != "started" and t - ended_at <= STRAGGLER_S
 
 
 @lru_cache(maxsize=4096)

@@ -32,7 +32,7 @@ import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
-from detector.detectors.ended import Ended
+from detector.detectors.ended import Ended, is_past
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, follow, hosts_of
 from detector.events import Event, RunEvent
@@ -107,11 +107,10 @@ class FailedRunSpend(DetectorBase):
         if type(event) is not RunEvent:
             return []
         st, ev = state, event
-        ended_at = st.ended.get(ev.run_id)
-        if ended_at is not None and t <= ended_at:
-            return []  # a re-read event of a run that already ended
-        # (Later than its end, the id is used again: a Job or task retried under its own name, a
-        # scheduled job's fixed name. A new attempt; its end replaces the time kept.)
+        if is_past(st.ended.get(ev.run_id), ev.status, t):
+            return []  # a re-read or straggling event of a run that already ended
+        # (Else the id is used again: a Job or task retried under its own name, a scheduled job's fixed
+        # name. A new attempt; its end replaces the time kept.)
         st.last_t = max(st.last_t, t)
         found = self._maybe_end_loop(st, t, resource)
         run = follow(st.runs, ev, t)

@@ -44,7 +44,7 @@ import msgspec
 from pydantic import Field, model_validator
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
-from detector.detectors.ended import Ended
+from detector.detectors.ended import Ended, is_past
 from detector.detectors.episode import Episode, due, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, hosts_of, refresh
 from detector.events import Event, RunEvent
@@ -168,9 +168,9 @@ class PlateauedRun(DetectorBase):
             return []
         st, ev = state, event
         ended_at = st.ended.get(ev.run_id)
+        if is_past(ended_at, ev.status, t):
+            return []  # a re-read or straggling event of the ended run
         if ended_at is not None:
-            if t <= ended_at:
-                return []  # a re-read event of the ended run
             st.ended.discard(ev.run_id)  # the id used again later (a scheduled job's fixed name): a new run
         found: list[Finding] = []
         if t >= st.scan_at:

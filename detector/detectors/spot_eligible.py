@@ -31,7 +31,7 @@ import msgspec
 from pydantic import Field
 
 from detector.detectors.base import Context, DetectorBase, Finding, Params, ResourceInfo, make_finding
-from detector.detectors.ended import Ended
+from detector.detectors.ended import Ended, is_past
 from detector.detectors.episode import Episode, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, follow, hosts_of
 from detector.events import Event, RunEvent
@@ -90,9 +90,8 @@ class SpotEligible(DetectorBase):
     def step(self, state: SpotEligibleState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if type(event) is not RunEvent:
             return []
-        ended_at = state.ended.get(event.run_id)
-        if ended_at is not None and t <= ended_at:
-            return []  # a re-read event of a run that ended; a later one is the id used again (a new run)
+        if is_past(state.ended.get(event.run_id), event.status, t):
+            return []  # a re-read or straggling event of a run that ended; else the id used again (a new run)
         st = state
         st.last_t = max(st.last_t, t)
         follow(st.runs, event, t)
