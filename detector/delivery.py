@@ -51,7 +51,8 @@ from detector.units import one_line
 __all__ = ["UNROUTED", "WITHDRAWN_UNPOSTED", "Outbox"]
 
 UNROUTED = ("", "unrouted")
-"""The (channel, ts) recorded for a change ``routing.yaml`` sends elsewhere than Slack."""
+"""The (channel, ts) recorded for a change that is not Slack's: one ``routing.yaml`` sends elsewhere, or one of an
+alert closed before Slack was set up (:meth:`Deliveries.start_slack`)."""
 WITHDRAWN_UNPOSTED = ("", "withdrawn")
 """The (channel, ts) recorded for the opening and the withdrawal of a fire withdrawn before it was posted."""
 MAY_POST_AGAIN_S = 0.5
@@ -104,6 +105,8 @@ class Outbox:
         """Held by a delivery pass, and by :meth:`assign` / :meth:`revoke`, which change what it works on."""
         self._owned: set[int] | None = None
         """Input partitions whose alerts this outbox delivers (None: all, a single worker)."""
+        self._started = False
+        """Whether this outbox has marked the store as posting to Slack (:meth:`Deliveries.start_slack`)."""
         # The delivery thread's own.
         self._queue: deque[Alert] = deque()
         self._queued: set[tuple[str, str]] = set()
@@ -191,6 +194,12 @@ class Outbox:
         Slack before posting."""
         if self.notifier is None:
             return 0
+        if not self._started:
+            marked = self.store.deliveries.start_slack(UNROUTED)
+            if marked:
+                log.info("slack_started", history_not_posted=marked,
+                         note="changes of alerts closed before Slack was set up; the open ones are posted")  # fmt: skip
+            self._started = True
         self._record_delivered_or_leave()
         made = self.store.deliveries.remembered(self._closed.recovered(self.store.alerts.newest()))
         self._done = {}

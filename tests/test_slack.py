@@ -145,6 +145,7 @@ def test_a_fire_withdrawn_before_it_was_posted_is_not_posted_after_a_restart_eit
     opened = alert(alert_id="w1")
     withdrawn = msgspec.structs.replace(alert("resolved", alert_id="w1", waste_usd=0.0), resolved_at=T0 + 1770,
                                         details={"gpu_count": 8, "reason": "withdrawn"})  # fmt: skip
+    assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0  # the worker that died started with Slack
     store.alerts.record([opened], version=1)
     store.alerts.record([withdrawn], version=2)
     outbox = Outbox(store, bot(slack), group_wait_s=0.0)
@@ -721,3 +722,26 @@ def test_an_opening_posted_to_the_default_channel_and_in_doubt_is_found_there(sl
     restarted.deliver_pending()
     assert len(slack.calls("chat.postMessage")) == 1, [p.body["channel"] for p in slack.calls("chat.postMessage")]
     assert store.deliveries.made()[("r1", "fired")] == landed and store.deliveries.undelivered() == []
+
+
+def test_slack_set_up_on_a_store_with_history_posts_the_open_incidents_not_the_history(slack, store):
+    """The worker ran without Slack for a while (its alerts in ClickHouse alone), then SLACK_BOT_TOKEN was set: the
+    incidents still open are posted, and those closed before are not (their openings and resolutions, a day's
+    history in a burst, stale). Before, every alert the store held was posted at that start, in order. A store that
+    has posted to Slack before owes its undelivered changes as ever; the history is left alone once."""
+    closed, open_ = alert("resolved", alert_id="c1"), alert(alert_id="o1")
+    store.alerts.record([alert(alert_id="c1")], version=1)
+    store.alerts.record([closed, open_], version=2)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert outbox.recover() == 1
+    outbox.deliver_pending()
+    (posted,) = slack.calls("chat.postMessage")
+    assert "alert `o1`" in posted.text_of_blocks()
+    store.alerts.record([alert("resolved", alert_id="o1")], version=3)  # the open one resolves: replied in its thread
+    store.alerts.record([alert(alert_id="n1")], version=4)  # a new one while the worker is down: owed
+    again = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert again.recover() == 2
+    again.deliver_pending()
+    later = slack.calls("chat.postMessage")[1:]
+    assert sorted(p.body.get("thread_ts", "") for p in later) == ["", posted.response["ts"]]  # a reply, an opening
+    assert any("alert `n1`" in p.text_of_blocks() for p in later if "thread_ts" not in p.body)

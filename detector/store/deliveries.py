@@ -139,6 +139,30 @@ class Deliveries:
         )
         return {(r["alert_id"], r["change"]): epoch(r["at"]) for r in rows}
 
+    def start_slack(self, marker: tuple[str, str]) -> int:
+        """Mark that Slack posts from this store on (once: a row of ``output_deliveries``, output ``slack:bot``,
+        state ``enabled``). The first time, in a store whose alerts Slack never heard of (the worker ran without
+        Slack, then SLACK_BOT_TOKEN was set), the changes of the alerts already closed are recorded as handled
+        with ``marker``, so the recovery that follows posts the incidents still open, not the history: a day's
+        openings and resolutions in a burst, stale. A store that has posted to Slack before is left as it is (its
+        undelivered changes are owed). Returns how many changes were marked."""
+        db = self.conn.db
+        if self.conn.query(f"SELECT 1 AS x FROM {db}.output_deliveries WHERE output = 'slack:bot' "
+                           "AND state = 'enabled' LIMIT 1"):  # fmt: skip
+            return 0
+        marked = 0
+        if not self.conn.query(f"SELECT 1 AS x FROM {db}.alert_deliveries LIMIT 1"):
+            rows = self.conn.query(
+                f"""SELECT alert_id, kind FROM {db}.alerts FINAL
+                    ARRAY JOIN arrayConcat(['fired', 'resolved'], if(change IN ('withdrawn', 'corrected'), [change], []))
+                        AS kind
+                    WHERE status = 'resolved'""")  # fmt: skip
+            self.record_many([(r["alert_id"], r["kind"], *marker) for r in rows])
+            marked = len(rows)
+        self.conn.insert("output_deliveries", [["", "slack:bot", "", "enabled", ""]],
+                         column_names=["alert_id", "output", "change", "state", "detail"])  # fmt: skip
+        return marked
+
     def undelivered(self, partitions: Sequence[int] | None = None) -> list[tuple[str, str]]:
         """(alert_id, change) pairs people should have heard of but have not, oldest first: the
         outbox after a restart or a rebalance. Read from the alerts' latest state alone (every
