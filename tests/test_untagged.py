@@ -111,6 +111,30 @@ def _rules_copy(tmp_path):
     return tmp_path
 
 
+def test_a_reload_that_names_a_tag_completes_the_tags_held(tmp_path):
+    """A reload adds ``costcenter`` to ``required_tags``; the fleet writes ``CostCenter``. The resources held read
+    it as the rules spell it from the reload on, as an engine started with the new rules does. Before, a key whose
+    tags had gained nothing (``team``, ``project`` as written) was never completed again (its tags compared equal
+    at each usage event): an untagged alert for each such resource, until a restart."""
+    rules = _rules_copy(tmp_path)
+    tags = {"team": "nlp", "project": "llm", "CostCenter": "cc1"}
+
+    def running(start: int, minutes: int) -> list:
+        return [usage(T0 + (start + i) * MIN, "r1", tags=tags, usd_per_hour=6.0) for i in range(minutes)]
+
+    engine = Engine(load_rules(rules))
+    engine.process(running(0, 30))
+    text = (rules / "rules.yaml").read_text().replace("required_tags: [team, project]",
+                                                      "required_tags: [team, project, costcenter]")
+    (rules / "rules.yaml").write_text(text)
+    reloaded = load_rules(rules)
+    engine.set_ruleset(reloaded)
+    info = engine.resource("r1")
+    assert info is not None and info.tags["costcenter"] == "cc1"
+    assert [f for f in engine.process(running(30, 120)) if f.type == "untagged"] == []
+    assert [f for f in Engine(reloaded).process(running(0, 150)) if f.type == "untagged"] == []
+
+
 @pytest.mark.parametrize("written", ["team", "Team", "TEAM"])
 def test_a_key_the_routing_spells_in_another_case_is_the_team_too(tmp_path, written):
     """``routing.yaml`` names ``by_tag: Team`` (as a fleet tagging ``Team`` wrote it before tags were read in any
