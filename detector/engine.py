@@ -920,7 +920,9 @@ class Engine:
         self.pricer = Pricer(ruleset.pricing, self.billed, say=True)
         if (names := TagNames(ruleset.named_tags)) != self._tag_names:
             self._tag_names = names
-            self._tags.clear()  # (a held key's tags are completed anew at its next usage event)
+            self._tags.clear()
+            for state in self._keys.values():  # completed anew now: tags that gained nothing read as written, and
+                state.info.tags = self._shared_tags(state.info.tags)  # compare equal at every later usage event
         self._trackers = _trackers(ruleset)
         self._tracked.clear()
         self._plans.clear()

@@ -23,18 +23,24 @@ class TagNames:
 
     def __init__(self, names: Iterable[str] = DEFAULT_NAMES) -> None:
         self.names = frozenset(n for n in (*DEFAULT_NAMES, *names) if n)
-        self._by_folded = {_fold(n): n for n in sorted(self.names)}
+        self._by_folded: dict[str, tuple[str, ...]] = {}
+        """A key as compared → every configured spelling of it (``routing``'s ``Team`` beside the store's ``team``)."""
+        for name in sorted(self.names):
+            self._by_folded[_fold(name)] = (*self._by_folded.get(_fold(name), ()), name)
 
     def complete(self, tags: Mapping[str, str]) -> dict[str, str]:
-        """``tags`` with the configured spelling of each key that folds to one (``Team`` → ``team``) and whose
-        configured key is absent or empty; the keys as written are kept. The first such key written wins."""
+        """``tags`` with each configured spelling of a key that folds to one (``Team`` → ``team``; with ``by_tag:
+        Team``, ``team`` → ``Team`` too) whose configured key is absent or empty; the keys as written are kept.
+        A key written in a configured spelling is read first, then the first other one written."""
+        names = self.names
         extra: dict[str, str] = {}
-        for key, value in tags.items():
-            if key in self.names or not value:
-                continue
-            name = self._by_folded.get(_fold(key))
-            if name is not None and not tags.get(name) and name not in extra:
-                extra[name] = value
+        for configured in (True, False):
+            for key, value in tags.items():
+                if not value or (key in names) is not configured:
+                    continue
+                for name in self._by_folded.get(_fold(key), ()):
+                    if name != key and not tags.get(name) and name not in extra:
+                        extra[name] = value
         return {**tags, **extra} if extra else dict(tags)
 
     def __eq__(self, other: object) -> bool:

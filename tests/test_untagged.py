@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from detector.engine import Engine
+from detector.rules import load_rules
+from tests.conftest import ROOT
 from tests.helpers import MIN, T0, usage
 
 TAGGED = {"team": "nlp", "project": "llm", "owner": "alice"}
@@ -99,3 +103,62 @@ def test_the_key_as_the_rules_spell_it_wins_over_another_case(ruleset):
     engine.process([usage(T0, "r1", tags={"Team": "vision", "team": "nlp", "project": "", "PROJECT": "llm"})])
     info = engine.resource("r1")
     assert info is not None and (info.tags["team"], info.tags["project"]) == ("nlp", "llm")
+
+
+def _rules_copy(tmp_path):
+    for path in (ROOT / "rules").iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path
+
+
+def test_a_reload_that_names_a_tag_completes_the_tags_held(tmp_path):
+    """A reload adds ``costcenter`` to ``required_tags``; the fleet writes ``CostCenter``. The resources held read
+    it as the rules spell it from the reload on, as an engine started with the new rules does. Before, a key whose
+    tags had gained nothing (``team``, ``project`` as written) was never completed again (its tags compared equal
+    at each usage event): an untagged alert for each such resource, until a restart."""
+    rules = _rules_copy(tmp_path)
+    tags = {"team": "nlp", "project": "llm", "CostCenter": "cc1"}
+
+    def running(start: int, minutes: int) -> list:
+        return [usage(T0 + (start + i) * MIN, "r1", tags=tags, usd_per_hour=6.0) for i in range(minutes)]
+
+    engine = Engine(load_rules(rules))
+    engine.process(running(0, 30))
+    text = (rules / "rules.yaml").read_text().replace("required_tags: [team, project]",
+                                                      "required_tags: [team, project, costcenter]")
+    (rules / "rules.yaml").write_text(text)
+    reloaded = load_rules(rules)
+    engine.set_ruleset(reloaded)
+    info = engine.resource("r1")
+    assert info is not None and info.tags["costcenter"] == "cc1"
+    assert [f for f in engine.process(running(30, 120)) if f.type == "untagged"] == []
+    assert [f for f in Engine(reloaded).process(running(0, 150)) if f.type == "untagged"] == []
+
+
+@pytest.mark.parametrize("written", ["team", "Team", "TEAM"])
+def test_a_key_the_routing_spells_in_another_case_is_the_team_too(tmp_path, written):
+    """``routing.yaml`` names ``by_tag: Team`` (as a fleet tagging ``Team`` wrote it before tags were read in any
+    case), and the store's reports read ``team``: a resource tagged either way, or ``TEAM``, carries both, routed
+    to its team's channel and counted as its team's. Before, one key folding to another the rules name (``Team``,
+    ``team``) was left alone: ``team`` went to the default channel, ``Team``'s waste to no team."""
+    rules = _rules_copy(tmp_path)
+    text = (rules / "routing.yaml").read_text()
+    (rules / "routing.yaml").write_text(text.replace("by_tag: team", "by_tag: Team")
+                                        .replace("channels: {}", 'channels: {nlp: "#nlp-cost"}'))  # fmt: skip
+    ruleset = load_rules(rules)
+    engine = Engine(ruleset)
+    engine.process([usage(T0, "r1", tags={written: "nlp", "project": "llm"})])
+    info = engine.resource("r1")
+    assert info is not None and (info.tags["team"], info.tags["Team"]) == ("nlp", "nlp")
+    assert ruleset.channel_for("untagged", info.tags) == "#nlp-cost"
+
+
+def test_a_key_the_rules_spell_is_read_before_another_spelling_of_it(tmp_path):
+    """``by_tag: Team`` and the store's ``team`` both named: a resource writing ``team`` and ``TEAM`` differently
+    gets ``Team`` from ``team``, the rules' own spelling, wherever ``TEAM`` stands among its tags."""
+    rules = _rules_copy(tmp_path)
+    (rules / "routing.yaml").write_text((rules / "routing.yaml").read_text().replace("by_tag: team", "by_tag: Team"))
+    engine = Engine(load_rules(rules))
+    engine.process([usage(T0, "r1", tags={"TEAM": "vision", "team": "nlp"})])
+    info = engine.resource("r1")
+    assert info is not None and (info.tags["Team"], info.tags["team"]) == ("nlp", "nlp")
