@@ -19,6 +19,7 @@ from detector.rules import RuleSet
 from detector.suppression.hold import Hold
 from detector.suppression.memory import HORIZON_S, AlertMemory
 from detector.suppression.stages import Dedup, Inhibit, Realert, Route, Silencing
+from detector.tag_names import TagNames
 from detector.units import format_duration, money, rfc3339
 
 __all__ = ["Alert", "AlertManager", "AlertMemory", "alert_id", "burning", "burning_sql", "from_finding", "link_fields"]
@@ -244,7 +245,9 @@ class Alert(msgspec.Struct, kw_only=True):
         }
 
 
-def from_finding(finding: Finding) -> Alert:
+def from_finding(finding: Finding, names: TagNames | None = None) -> Alert:
+    """The alert change a finding makes; ``names``: its tags gain the spelling of the keys the rules name (a run's
+    tags are its events' own, as written, where a resource's are completed by the engine)."""
     res = finding.resource
     resolved = finding.action == "resolve"
     return Alert(
@@ -265,7 +268,7 @@ def from_finding(finding: Finding) -> Alert:
         account=res.account if res else "",
         region=res.region if res else "",
         instance_type=res.instance_type if res else "",
-        tags=dict(res.tags) if res else {},
+        tags=(names.complete(res.tags) if names is not None else dict(res.tags)) if res else {},
         details=dict(finding.details),
         key=finding.key or finding.resource_id,
     )
@@ -304,7 +307,8 @@ class AlertManager:
 
     def handle(self, findings: Iterable[Finding]) -> list[Alert]:
         """Return the alert records to store, in order; held-back ones carry their :class:`Hold`."""
-        return self.take(from_finding(finding) for finding in findings)
+        names = self.ruleset.tag_names if self.ruleset is not None else None
+        return self.take(from_finding(finding, names) for finding in findings)
 
     def take(self, changes: Iterable[Alert]) -> list[Alert]:
         """:meth:`handle` for alert changes made otherwise than from a finding (:mod:`detector.orphaned_alerts`):

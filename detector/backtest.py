@@ -115,8 +115,9 @@ class _Detection:
     def finish(self) -> list[Alert]:
         self.engine.expire()  # as a worker's sweep on the wall clock does once the stream stops
         self._take(self.engine.last_ended)
+        names = self.manager.ruleset.tag_names if self.manager.ruleset is not None else None
         for finding in self.engine.open_episodes():
-            alert = from_finding(finding)
+            alert = from_finding(finding, names)
             before = self.latest.get(alert.alert_id)
             if before is not None:  # its latest figures, as routed and held back when it opened
                 alert.channel, alert.held, alert.silenced = before.channel, before.held, before.silenced

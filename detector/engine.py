@@ -80,7 +80,6 @@ from detector.floats import enc_hook
 from detector.pricing import Pricer
 from detector.rules import CompiledRule, RuleSet
 from detector.saved import read_state
-from detector.tag_names import TagNames
 
 __all__ = ["RULE_NO_LONGER_APPLIES", "RULE_REMOVED", "Engine", "KeyState", "SeenSample"]
 
@@ -366,7 +365,7 @@ class Engine:
         self._tags: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         """Tag sets seen → one shared dict each (resources of a team carry the same tags), completed with the keys
         the rules name in their spelling (:mod:`detector.tag_names`: ``Team`` is also ``team``)."""
-        self._tag_names = TagNames(ruleset.named_tags)
+        self._tag_names = ruleset.tag_names
         self._prices: dict[float, float] = {}
         """Interval costs and hourly rates seen → one float each: resources of a type and interval cost
         the same, and a float of its own is 24 bytes a key (:meth:`_shared_price`)."""
@@ -918,7 +917,7 @@ class Engine:
                 self.dirty.add(key)  # saved without the rule's state, with the batch that stores the resolutions
         self.ruleset = ruleset
         self.pricer = Pricer(ruleset.pricing, self.billed, say=True)
-        if (names := TagNames(ruleset.named_tags)) != self._tag_names:
+        if (names := ruleset.tag_names) != self._tag_names:
             self._tag_names = names
             self._tags.clear()
             for state in self._keys.values():  # completed anew now: tags that gained nothing read as written, and

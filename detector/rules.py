@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, cast, get_args
 
@@ -48,6 +49,7 @@ from detector.outputs.config import (
 from detector.pricing import Pricing
 from detector.remediation.spec import ActionSpec, kind_error, mode_error
 from detector.suppression.silence import Silence as CompiledSilence
+from detector.tag_names import TagNames
 from detector.units import Duration, Percent, _parse_percent, format_duration, parse_duration
 
 __all__ = [
@@ -790,6 +792,11 @@ class RuleSet:
     limits: Limits = field(default_factory=Limits)
     disabled: frozenset[str] = frozenset()
     """The names of the rules the files hold disabled (``enabled: false``): for ``rules explain`` to say so."""
+
+    @cached_property
+    def tag_names(self) -> TagNames:
+        """How a resource's or a run's tags gain the spelling of the keys the rules name (:mod:`detector.tag_names`)."""
+        return TagNames(self.named_tags)
 
     @property
     def named_tags(self) -> frozenset[str]:

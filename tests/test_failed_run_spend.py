@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from detector.engine import Engine
@@ -199,3 +200,15 @@ def test_a_straggling_event_of_a_failed_run_is_no_new_attempt(ruleset):
     (retried,) = [f for f in engine.process([run(T0 + 3 * HOUR + 60, "job", "started"), run(T0 + 4 * HOUR, "job", "failed")])
                   if f.type == "failed_run_spend"]  # fmt: skip
     assert retried.episode_start == T0 + 3 * HOUR + 60  # a started of the id a minute on: a retry
+
+
+def test_a_run_tagged_in_another_case_is_the_teams(ruleset):
+    """A run's alert takes its tags from its events, as written: a run tagged Team (as its hosts are, on a fleet
+    tagging as AWS's examples do) routed to the default channel and its waste went to no team, where its hosts' own
+    alerts read team. Its alert's tags gain the rules' spelling too."""
+    from detector.alerts import AlertManager
+
+    failed = [msgspec.structs.replace(r, tags={"Team": "nlp", "Owner": "alice"})
+              for r in (run(T0 + HOUR, "r1", "started"), run(T0 + 3 * HOUR, "r1", "failed"))]  # fmt: skip
+    (alert,) = AlertManager(ruleset=ruleset).handle(findings(ruleset, *failed))
+    assert (alert.tags["team"], alert.tags["owner"], alert.tags["Team"]) == ("nlp", "alice", "nlp")
