@@ -212,3 +212,21 @@ def test_a_run_tagged_in_another_case_is_the_teams(ruleset):
               for r in (run(T0 + HOUR, "r1", "started"), run(T0 + 3 * HOUR, "r1", "failed"))]  # fmt: skip
     (alert,) = AlertManager(ruleset=ruleset).handle(findings(ruleset, *failed))
     assert (alert.tags["team"], alert.tags["owner"], alert.tags["Team"]) == ("nlp", "alice", "nlp")
+
+
+def test_a_retry_started_and_failed_within_minutes_of_the_failure_is_a_failure_of_its_own(ruleset):
+    """A Job retried within seconds of its failure under its own name (its 'started', then its 'failed' a minute on):
+    each attempt ends with its own failure, however soon after the attempt before it, and three of them are a crash
+    loop. Taken for the failed run's stragglers (within 5 minutes of its end), the retries' failures counted for
+    nothing and their runs never ended: no crash loop, and spot_eligible judged a run that no longer ran."""
+    end = T0 + 3 * HOUR
+    runs = [run(T0 + HOUR, "job", "started"), run(end, "job", "failed"),
+            run(end + 30, "job", "started"), run(end + 90, "job", "failed"),
+            run(end + 120, "job", "started"), run(end + 180, "job", "failed")]  # fmt: skip
+    engine = Engine(ruleset)
+    found = [f for f in engine.process(sorted(billed() + runs, key=lambda e: e.ts)) if f.type == "failed_run_spend"]
+    assert [(f.action, f.resource_id, f.fired_at) for f in found] == [
+        ("fire", "job", end), ("fire", "project/llm", end + 180)]  # fmt: skip
+    assert found[1].details["failed_runs"] == 3
+    key = engine._keys["llm"]
+    assert [key.rule(name).runs for name in ("failed-run-spend", "plateaued-run", "spot-eligible")] == [{}] * 3

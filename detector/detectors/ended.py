@@ -51,15 +51,18 @@ thread's last beat sent after the end was, or stamped by a clock a little ahead)
 minutes, more than the heartbeat intervals run trackers use (30-60 s)."""
 
 
-def is_past(ended_at: float | None, status: str, t: float) -> bool:
+def is_past(ended_at: float | None, status: str, t: float, running: bool = False) -> bool:
     """Whether an event of an ended run's id at ``t`` belongs to that run and changes nothing: a re-read
     (dated up to its end), or a straggler (:data:`STRAGGLER_S`). Else the id is used again, a new run: a
     Job or task retried by its controller under its own name (its ``started``), a scheduled job's fixed
-    name. Before 2026-12-07 every later event was the old run's (a retried Job's crash loop went unseen);
-    then for a while any later one was a new run, a straggling heartbeat too (a run that never ends)."""
+    name. ``running``: a run of the id is open again (a retry's ``started`` came after the end): an event
+    past the end is that attempt's, not a straggler, however soon (a crash loop retrying within seconds
+    ends each attempt with its own ``failed``). Before 2026-12-07 every later event was the old run's (a
+    retried Job's crash loop went unseen); then for a while any later one was a new run, a straggling
+    heartbeat too (a run that never ends)."""
     if ended_at is None or t <= ended_at:
         return ended_at is not None
-    return status != "started" and t - ended_at <= STRAGGLER_S
+    return not running and status != "started" and t - ended_at <= STRAGGLER_S
 
 
 @lru_cache(maxsize=4096)

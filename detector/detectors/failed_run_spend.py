@@ -107,7 +107,7 @@ class FailedRunSpend(DetectorBase):
         if type(event) is not RunEvent:
             return []
         st, ev = state, event
-        if is_past(st.ended.get(ev.run_id), ev.status, t):
+        if is_past(st.ended.get(ev.run_id), ev.status, t, running=ev.run_id in st.runs):
             return []  # a re-read or straggling event of a run that already ended
         # (Else the id is used again: a Job or task retried under its own name, a scheduled job's fixed
         # name. A new attempt; its end replaces the time kept.)

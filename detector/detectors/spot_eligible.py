@@ -90,7 +90,7 @@ class SpotEligible(DetectorBase):
     def step(self, state: SpotEligibleState, ctx: Context, event: Event, t: float) -> list[Finding]:
         if type(event) is not RunEvent:
             return []
-        if is_past(state.ended.get(event.run_id), event.status, t):
+        if is_past(state.ended.get(event.run_id), event.status, t, running=event.run_id in state.runs):
             return []  # a re-read or straggling event of a run that ended; else the id used again (a new run)
         st = state
         st.last_t = max(st.last_t, t)
