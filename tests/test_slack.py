@@ -745,3 +745,36 @@ def test_slack_set_up_on_a_store_with_history_posts_the_open_incidents_not_the_h
     later = slack.calls("chat.postMessage")[1:]
     assert sorted(p.body.get("thread_ts", "") for p in later) == ["", posted.response["ts"]]  # a reply, an opening
     assert any("alert `n1`" in p.text_of_blocks() for p in later if "thread_ts" not in p.body)
+
+
+class _RowsRead:
+    """The store's real ClickHouse client, counting the rows its queries bring into Python."""
+
+    def __init__(self, client) -> None:
+        self._client = client
+        self.rows = 0
+
+    def query(self, *args, **kwargs):
+        result = self._client.query(*args, **kwargs)
+        if not str(args[0]).startswith("DESCRIBE"):  # (an insert's column types)
+            self.rows += len(result.result_rows)
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def test_slack_set_up_on_a_store_of_many_alerts_marks_the_history_in_the_store(chdb_client, store):
+    """The history is marked by the store, not read into the worker and written back: a store of millions of
+    closed alerts brought every one (and its changes, two rows or three) into Python at the first recovery with
+    Slack, gigabytes of rows the worker held before its first post, in the rebalance's assignment."""
+    store.alerts.record([alert("resolved", alert_id=f"c{i}") for i in range(200)], version=1)
+    store.alerts.record([alert(alert_id="o1")], version=1)
+    from detector.delivery import UNROUTED
+    from detector.store import Store
+
+    counted = _RowsRead(chdb_client)
+    assert Store(counted, store.db).deliveries.start_slack(UNROUTED) == 400
+    assert counted.rows <= 3, counted.rows  # the checks and the count, not the alerts
+    made = store.deliveries.made()
+    assert len(made) == 400 and made[("c7", "resolved")] == UNROUTED and ("o1", "fired") not in made
