@@ -1126,15 +1126,22 @@ def test_a_declined_retry_whose_last_call_took_is_recorded_done(store, slack, tm
     assert state(moto_url, instance) in ("stopping", "stopped")
 
 
+def _proposed_on_a_throttling_ec2(store, slack, tmp_path, wall: Wall):
+    """An approve-mode stop proposed on one worker, against an EC2 that throttles every StopInstances (a retry 60 s
+    on): (the EC2, to close; the runner; its click handler)."""
+    server = Ec2Errors(503, "RequestLimitExceeded", failing="StopInstances")
+    runner, handler = setup(store, slack, tmp_path, server.url, "approve", wall, backoff_s=60)
+    posted(store, incident("i-0123456789abcdef0"))
+    runner.run_once()
+    return server, runner, handler
+
+
 def test_a_late_decline_of_an_approved_action_is_no_stop_of_its_retry(store, slack, tmp_path):
     """A Decline stored before the approved call was first tried (two approvers clicking at once: the approval won)
     is the approval's late twin, not a stop: its retry goes ahead, on the acting worker and after a restart alike."""
     wall = Wall()
-    server = Ec2Errors(503, "RequestLimitExceeded", failing="StopInstances")
+    server, runner, handler = _proposed_on_a_throttling_ec2(store, slack, tmp_path, wall)
     try:
-        runner, handler = setup(store, slack, tmp_path, server.url, "approve", wall, backoff_s=60)
-        posted(store, incident("i-0123456789abcdef0"))
-        runner.run_once()
         assert click(handler, "burnwatch_approve", APPROVER) == 200
         (action,) = Action.from_steps(store.remediations.steps("a1")).values()
         row = ActionStep(alert_id="a1", kind="stop_instance", step="declined", at=wall.t, mode="approve",
@@ -1227,11 +1234,8 @@ def test_a_late_decline_stamped_by_a_clock_ahead_is_no_stop_of_the_retry(store, 
     as a stop of that retry, by the acting worker and by any worker rebuilding from the audit, though nobody
     declined the retry (docs/actions.md: a Decline that raced the approval changes nothing)."""
     wall = Wall()
-    server = Ec2Errors(503, "RequestLimitExceeded", failing="StopInstances")
+    server, runner, handler = _proposed_on_a_throttling_ec2(store, slack, tmp_path, wall)
     try:
-        runner, handler = setup(store, slack, tmp_path, server.url, "approve", wall, backoff_s=60)
-        posted(store, incident("i-0123456789abcdef0"))
-        runner.run_once()
         (pending,) = Action.from_steps(store.remediations.steps("a1")).values()  # what the other worker read
         assert click(handler, "burnwatch_approve", APPROVER) == 200
         events_go_on(store, "i-0123456789abcdef0", wall, version=2)
