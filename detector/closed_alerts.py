@@ -12,7 +12,7 @@ What can still touch an alert after it closed, and why the horizon is the alert 
   the same alert id, and only the delivery records tell it was posted;
 - a group's message: its members' resolutions reply there without editing it, as long as any member
   is open (so a message stays a group's while one of its members' records is kept);
-- the records that stand for a post not made (``UNROUTED``, ``WITHDRAWN_UNPOSTED``, ``snoozed``): a
+- the records that stand for a post not made (``UNROUTED``, ``REFUSED``, ``WITHDRAWN_UNPOSTED``, ``snoozed``): a
   later change of the alert follows them (an unrouted opening's resolution is unrouted too), so they are
   kept and forgotten with the alert's others, and read back like them;
 - what does not need these records: an ack, snooze or feedback click and the actions runner read the

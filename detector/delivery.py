@@ -48,11 +48,15 @@ from detector.store.deliveries import Made
 from detector.suppression import Silence
 from detector.units import one_line
 
-__all__ = ["UNROUTED", "WITHDRAWN_UNPOSTED", "Outbox"]
+__all__ = ["REFUSED", "UNROUTED", "WITHDRAWN_UNPOSTED", "Outbox"]
 
 UNROUTED = ("", "unrouted")
 """The (channel, ts) recorded for a change that is not Slack's: one ``routing.yaml`` sends elsewhere, or one of an
 alert closed before Slack was set up (:meth:`Deliveries.start_slack`)."""
+REFUSED = ("", "refused")
+"""The (channel, ts) recorded for a post Slack refused for good (SLACK_CHANNEL itself ``not_in_channel`` or
+``is_archived``, ``invalid_blocks``, ``msg_too_long``): kept, so a restart or a rebalance does not try it again, nor
+every such post of the store's history at each one; a later change of its alert follows it."""
 WITHDRAWN_UNPOSTED = ("", "withdrawn")
 """The (channel, ts) recorded for the opening and the withdrawal of a fire withdrawn before it was posted."""
 MAY_POST_AGAIN_S = 0.5
@@ -354,6 +358,9 @@ class Outbox:
                     raise
                 log.error("slack_delivery_refused", alert_ids=[a.alert_id for a in group], change=alert.change,
                           reason=str(exc))  # fmt: skip
+                refused = [(a.alert_id, a.change) for a in group]
+                self.store.deliveries.record_many([(*key, *REFUSED) for key in refused])
+                self._done.update(dict.fromkeys(refused, REFUSED))
                 self._drop(group)
                 continue
             self._delivered(group, channel, ts)
@@ -421,6 +428,10 @@ class Outbox:
             return
         if alert.change != "fired" and alert.withdrawn and self._withdrawn_unposted(alert.alert_id):
             return  # (live, and after a restart: recover queues the opening, then this)
+        if alert.change != "fired" and self._done.get((alert.alert_id, "fired")) == REFUSED:
+            self.store.deliveries.record(alert.alert_id, alert.change, *REFUSED)  # no thread to reply in
+            self._done[key] = REFUSED
+            return
         if self.wants is not None and (not self.wants(alert) or self._done.get((alert.alert_id, "fired")) == UNROUTED):
             self.store.deliveries.record(alert.alert_id, alert.change, *UNROUTED)  # its resolution follows its opening
             self._done[key] = UNROUTED
@@ -536,7 +547,7 @@ class Outbox:
                 del self._edits[alert_id]
                 continue
             thread = self._done.get((alert_id, "fired"))
-            if thread is None or not thread[1] or thread[1] in self._group_ts or thread == UNROUTED:
+            if thread is None or not thread[1] or thread[1] in self._group_ts or thread in (UNROUTED, REFUSED):
                 if thread is not None:  # a group's message, a webhook's, or none (routed elsewhere): nothing to edit
                     del self._edits[alert_id]
                 continue  # not posted yet: wait for the opening

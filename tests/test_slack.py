@@ -778,3 +778,29 @@ def test_slack_set_up_on_a_store_of_many_alerts_marks_the_history_in_the_store(c
     assert counted.rows <= 3, counted.rows  # the checks and the count, not the alerts
     made = store.deliveries.made()
     assert len(made) == 400 and made[("c7", "resolved")] == UNROUTED and ("o1", "fired") not in made
+
+
+def test_a_post_slack_refuses_for_good_is_not_tried_again_at_each_restart(slack, store):
+    """SLACK_CHANNEL refuses the app (not invited), or a message is refused (invalid_blocks): the refusal is
+    recorded, so a restart or a rebalance does not try the post again, nor every such post of the store's history at
+    each one (until fixed, then all of them in a burst), and the alert's resolution, with no thread to reply in, is
+    not tried either. Before, a refusal was logged and dropped: the outbox's recovery found it undelivered at every
+    restart."""
+    assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0  # Slack set up on this store
+    store.alerts.record([alert(alert_id="r1")], version=1)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    outbox.add([alert(alert_id="r1")])
+    slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "not_in_channel"}')
+    assert outbox.deliver_pending() == 0 and slack.calls("chat.postMessage") == []
+    assert store.deliveries.undelivered() == []
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0)
+    assert restarted.recover() == 0
+    store.alerts.record([alert("resolved", alert_id="r1")], version=2)
+    restarted.add([alert("resolved", alert_id="r1")])
+    restarted.deliver_pending()
+    assert slack.calls("chat.postMessage") == [] and store.deliveries.undelivered() == []
+    store.alerts.record([alert(alert_id="r2")], version=3)  # once fixed, new alerts are posted
+    restarted.add([alert(alert_id="r2")])
+    restarted.deliver_pending()
+    (posted,) = slack.calls("chat.postMessage")
+    assert "alert `r2`" in posted.text_of_blocks()
