@@ -325,6 +325,11 @@ class Outbox:
             if group is None:
                 return sent  # waiting for the rest of its group
             thread = self._done.get((alert.alert_id, "fired"))
+            if alert.change != "fired" and thread == REFUSED:  # queued before its opening was refused: as _enqueue's
+                self.store.deliveries.record(alert.alert_id, alert.change, *REFUSED)
+                self._done[key] = REFUSED
+                self._drop([alert])
+                continue
             doubtful = [a for a in group if (a.alert_id, a.change) in self._maybe_posted]
             if doubtful:  # any member of the message, not only its first: a group may form anew after a restart
                 wait = max(self._maybe_posted[(a.alert_id, a.change)] for a in doubtful) - self._wall()

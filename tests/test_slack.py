@@ -804,3 +804,21 @@ def test_a_post_slack_refuses_for_good_is_not_tried_again_at_each_restart(slack,
     restarted.deliver_pending()
     (posted,) = slack.calls("chat.postMessage")
     assert "alert `r2`" in posted.text_of_blocks()
+
+
+def test_a_resolution_queued_behind_its_refused_opening_is_recorded_refused_not_posted(slack, store):
+    """A backlog brings an alert's opening and resolution in one batch, and Slack refuses the opening for good:
+    the resolution, already queued, has no thread to reply in either, and is recorded as refused as a later one is.
+    Before, it was sent with the marker for a thread: a chat.postMessage to channel '' in thread 'refused' (Slack's
+    channel_not_found, one more refusal logged), and through a webhook the orphan 'resolved' message of an
+    incident no one was told of."""
+    assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0
+    store.alerts.record([alert(alert_id="q1"), alert("resolved", alert_id="q1")], version=1)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    outbox.add([alert(alert_id="q1"), alert("resolved", alert_id="q1")])
+    slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "invalid_blocks"}')
+    assert outbox.deliver_pending() == 0
+    assert slack.calls("chat.postMessage") == [] and outbox.failed == 1
+    made = store.deliveries.made()
+    assert made[("q1", "fired")] == made[("q1", "resolved")] == ("", "refused")
+    assert store.deliveries.undelivered() == []
