@@ -324,12 +324,10 @@ class Outbox:
             group = self._group_of(alert)
             if group is None:
                 return sent  # waiting for the rest of its group
-            thread = self._done.get((alert.alert_id, "fired"))
-            if alert.change != "fired" and thread == REFUSED:  # queued before its opening was refused: as _enqueue's
-                self.store.deliveries.record(alert.alert_id, alert.change, *REFUSED)
-                self._done[key] = REFUSED
+            if self._follows_refused(alert):  # queued before its opening was refused
                 self._drop([alert])
                 continue
+            thread = self._done.get((alert.alert_id, "fired"))
             doubtful = [a for a in group if (a.alert_id, a.change) in self._maybe_posted]
             if doubtful:  # any member of the message, not only its first: a group may form anew after a restart
                 wait = max(self._maybe_posted[(a.alert_id, a.change)] for a in doubtful) - self._wall()
@@ -433,9 +431,7 @@ class Outbox:
             return
         if alert.change != "fired" and alert.withdrawn and self._withdrawn_unposted(alert.alert_id):
             return  # (live, and after a restart: recover queues the opening, then this)
-        if alert.change != "fired" and self._done.get((alert.alert_id, "fired")) == REFUSED:
-            self.store.deliveries.record(alert.alert_id, alert.change, *REFUSED)  # no thread to reply in
-            self._done[key] = REFUSED
+        if self._follows_refused(alert):
             return
         if self.wants is not None and (not self.wants(alert) or self._done.get((alert.alert_id, "fired")) == UNROUTED):
             self.store.deliveries.record(alert.alert_id, alert.change, *UNROUTED)  # its resolution follows its opening
@@ -444,6 +440,15 @@ class Outbox:
         self._queue.append(alert)
         self._queued.add(key)
         self._queued_at.setdefault(alert.alert_id, added_at)
+
+    def _follows_refused(self, alert: Alert) -> bool:
+        """Whether ``alert``'s change follows its opening, which Slack refused for good: then it is recorded so too
+        (no thread to reply in), as it comes or where it waits queued."""
+        if alert.change == "fired" or self._done.get((alert.alert_id, "fired")) != REFUSED:
+            return False
+        self.store.deliveries.record(alert.alert_id, alert.change, *REFUSED)
+        self._done[(alert.alert_id, alert.change)] = REFUSED
+        return True
 
     def _openings_posted(self, doubtful: list[Alert]) -> dict[str, tuple[str, str]]:
         """Which of the openings in ``doubtful`` are in their channel: one read of each channel's history. Those

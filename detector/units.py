@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 
 __all__ = ["FORMULA_START", "Duration", "Money", "Percent", "csv_cell", "epoch", "format_duration", "money", "one_line",
-           "parse_duration", "printable", "rfc3339"]
+           "parse_duration", "printable", "rfc3339", "string_literal"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
@@ -115,6 +115,11 @@ def money(usd: float, exact: bool = False) -> str:
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 """What makes a spreadsheet read a cell as a formula (CSV injection): such text gets a leading ``'``."""
+
+
+def string_literal(text: str) -> str:
+    """``text`` as a ClickHouse string literal, for a statement that takes no parameters."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def csv_cell(text: str) -> str:

@@ -55,6 +55,7 @@ from urllib.parse import parse_qsl, urlparse, urlunparse
 import structlog
 
 from detector.settings import bind_host
+from detector.units import string_literal
 
 __all__ = ["StoreEngine", "StoreError", "StoreRequest", "StoreResponse", "make_server", "redact_dsn", "serve"]
 
@@ -296,7 +297,7 @@ class StoreEngine:
         """The engine's own reading of a statement (``formatQuerySingleLine``): one statement (chdb would run
         each of ``SELECT 1; TRUNCATE t``), comments gone, quoted names unescaped, ``INTO/**/OUTFILE`` spaced."""
         text = sql.decode(errors="replace")  # a statement not in UTF-8 is judged as read, and runs as sent
-        return self._run(f"SELECT formatQuerySingleLine({_string(text)})", "TabSeparatedRaw", {}).bytes().strip()
+        return self._run(f"SELECT formatQuerySingleLine({string_literal(text)})", "TabSeparatedRaw", {}).bytes().strip()
 
     def _check_reads(self, request: StoreRequest) -> bytes:
         """A ``readonly`` request runs only a statement that reads, judged on the engine's reading of it
@@ -322,7 +323,7 @@ class StoreEngine:
         normal = normal if normal is not None else self._single_line(request.sql)
         refused = _OUTSIDE_CLAUSE.search(normal)
         if refused:  # on the statement without its literals: a value that only says "disk (" or "into outfile" runs
-            bare = self._run(f"SELECT normalizeQuery({_string(normal.decode(errors='replace'))})", "TabSeparatedRaw", {})
+            bare = self._run(f"SELECT normalizeQuery({string_literal(normal.decode(errors='replace'))})", "TabSeparatedRaw", {})
             refused = _OUTSIDE_CLAUSE.search(bare.bytes().strip())
         what = " ".join(refused[0].decode().upper().rstrip("(").split()) if refused else None
         what = "disk()" if what == "DISK" else what
@@ -367,7 +368,7 @@ class StoreEngine:
             del self._settings[name]
         for name, value in settings.items():
             if self._settings.get(name) != value:
-                self._run(f"SET {name} = {_string(value)}", "TabSeparated", {})
+                self._run(f"SET {name} = {string_literal(value)}", "TabSeparated", {})
                 self._settings[name] = value
 
     def close(self) -> None:
@@ -395,11 +396,6 @@ def engine_path(dsn: str) -> str:
                          "one, or point it at this server instead)")  # fmt: skip
     os.makedirs(location, exist_ok=True)
     return os.path.realpath(location)
-
-
-def _string(text: str) -> str:
-    """``text`` as a ClickHouse string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _text(sql: bytes) -> str | bytes:

@@ -121,7 +121,7 @@ class DestinationState(Episode, kw_only=True):
     """The start of the burst over the multiple going on, judged or not (``above_since`` only from
     ``min_history``, and it keeps the burst out of the baseline: this does not)."""
     bursts: FloatArray | None = None
-    """(start, end) of the bursts over the multiple of the past week, flattened, oldest first, fired or
+    """(start, end) of the bursts over the multiple of the past two weeks, flattened, oldest first, fired or
     not (None: none): what a burst at the same time of day, or of the week, is measured against."""
 
     def __post_init__(self) -> None:

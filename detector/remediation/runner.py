@@ -409,25 +409,21 @@ class ActionRunner:
             members = getattr(self.notifier, "group_members", None)
             allowed, why = may_approve(self.ruleset().routing, tags, user_id, members)
             now = self._wall()
-            for action in waiting:
+            for action, stop in [*((a, False) for a in waiting), *((a, True) for a in stopping)]:
                 if not allowed:
                     self._step(action, "refused", now, decided_by=user_id, result=why)
                     log.warning("action_click_refused", action=action.key, user=user_id, reason=why)
                     continue
-                self._step(action, "approved" if approve else "declined", now, decided_by=user_id)
-                log.info("action_decided", action=action.key, user=user_id, approved=approve, acting=held)
+                if stop:
+                    # Stamped after the retry it stops, whatever this worker's clock says: every worker orders the
+                    # steps by time, and one read before the retry is an approval's late twin, not a stop (Action.apply).
+                    self._step(action, "declined", max(now, (action.retried_at or now) + 0.001), decided_by=user_id)
+                    log.info("action_stop_asked", action=action.key, user=user_id, attempts=action.attempts, acting=held)
+                else:
+                    self._step(action, "approved" if approve else "declined", now, decided_by=user_id)
+                    log.info("action_decided", action=action.key, user=user_id, approved=approve, acting=held)
                 if held:  # elsewhere the acting worker updates the message when it takes the decision
                     self._show(action, now)
-            for action in stopping if allowed else ():
-                # Stamped after the retry it stops, whatever this worker's clock says: every worker orders the steps
-                # by time, and one read before the retry is an approval's late twin, not a stop (Action.apply).
-                self._step(action, "declined", max(now, (action.retried_at or now) + 0.001), decided_by=user_id)
-                log.info("action_stop_asked", action=action.key, user=user_id, attempts=action.attempts, acting=held)
-                if held:
-                    self._show(action, now)
-            for action in stopping if not allowed else ():
-                self._step(action, "refused", now, decided_by=user_id, result=why)
-                log.warning("action_click_refused", action=action.key, user=user_id, reason=why)
             if not allowed:
                 return 403, why
             self.wake.set()

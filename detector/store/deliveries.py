@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detector.store.connection import Connection, ms
-from detector.units import epoch
+from detector.units import epoch, string_literal
 
 __all__ = ["ATTEMPT", "Deliveries", "Made"]
 
@@ -160,7 +160,7 @@ class Deliveries:
                            WHERE status = 'resolved'""")  # fmt: skip
             marked = int(self.conn.query(f"SELECT count() AS n {history}")[0]["n"])
             if marked:
-                channel, ts = (_quoted(part) for part in marker)
+                channel, ts = (string_literal(part) for part in marker)
                 self.conn.command(f"INSERT INTO {db}.alert_deliveries (alert_id, kind, channel, message_ts) "
                                   f"SELECT alert_id, kind, {channel}, {ts} {history}")  # fmt: skip
         self.conn.insert("output_deliveries", [["", "slack:bot", "", "enabled", ""]],
@@ -199,7 +199,3 @@ class Deliveries:
         )
         return [(r["alert_id"], r["change"]) for r in rows]
 
-
-def _quoted(value: str) -> str:
-    """A string literal of ClickHouse's SQL."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
