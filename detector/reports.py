@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from detector.store.connection import named_sql
+from detector.tag_names import stored_tag
 from detector.units import csv_cell, printable
 
 if TYPE_CHECKING:
@@ -148,8 +149,8 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-_BILL_TEAM = "if(tags['team'] != '', tags['team'], tags['user:team'])"
-"""The team a bill's charge is of, as the reconcile report reads it."""
+_BILL_TEAM = stored_tag("team")
+"""The team a bill's charge is of, as the reconcile report reads it (``team``, ``Team``, ``user:Team``)."""
 
 
 def known_teams(store: Connection, team: str, most: int = 12) -> tuple[bool, list[str]]:

@@ -1,18 +1,19 @@
 """Tag keys as the configuration spells them, whatever case a fleet writes them in.
 
 Rules and routing name tags in lower case (``team``, ``project``, ``owner``: ``routing.yaml``'s ``by_tag`` and
-``owner_tag``, ``untagged``'s ``required_tags``), and the store's reports read ``tags['team']``. AWS's own examples
+``owner_tag``, ``untagged``'s ``required_tags``), and the store's reports read ``team``. AWS's own examples
 and many fleets write ``Team``, ``Project``, ``Owner``; a Cost and Usage Report exports them as ``user:Team``. Read
 as written, every resource of such a fleet was untagged (an alert each on day one), its alerts went to the default
 channel and its waste to no team. So a resource's tags gain the configured spelling of a key that differs from one
 only in case (or by CUR's ``user:`` prefix), beside the key as written, unless the configured key is there already.
+The store keeps tags as written, and its rollups and reports read them the same way (:func:`stored_tag`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-__all__ = ["DEFAULT_NAMES", "TagNames"]
+__all__ = ["DEFAULT_NAMES", "TagNames", "stored_tag"]
 
 DEFAULT_NAMES = ("team", "project", "owner")
 """Read by the store's reports and the digest whatever the rules say."""
@@ -47,6 +48,18 @@ class TagNames:
         return isinstance(other, TagNames) and other.names == self.names
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def stored_tag(name: str, column: str = "tags") -> str:
+    """A ClickHouse expression for the value of tag ``name`` (a lower-case key, as the store's reports name
+    them) in the Map ``column`` as it was written: the key itself if not empty, else the first non-empty key
+    that folds to it (``Team``, ``TEAM``, ``user:Team``), as :meth:`TagNames.complete` reads an event's tags.
+    The stored events and the bill keep their tags as written, so the rollups and reports read them so."""
+    if name != _fold(name) or not name.isidentifier():
+        raise ValueError(f"stored_tag: {name!r} is not a lower-case tag name")
+    key = f"{column}['{name}']"
+    return (f"if({key} != '', {key}, arrayFirst(v -> v != '', mapValues(mapFilter((k, v) -> lowerUTF8(k) IN "
+            f"('{name}', 'user:{name}'), {column}))))")
 
 
 def _fold(key: str) -> str:

@@ -305,3 +305,61 @@ def test_a_known_team_is_told_without_reading_every_bill(store):
         store.command("SET max_rows_to_read = 0")
     assert known_teams(store, "team3")[0]  # a team only the bill names
     assert known_teams(store, "Team3") == (False, ["nlp", *(f"team{i}" for i in range(7))])
+
+
+def test_tags_in_another_case_are_the_teams_of_the_reports(store, ruleset, tmp_path):
+    """A fleet tagging as AWS's examples do (``Team``, ``OWNER``, a Cost and Usage Report's ``user:Project``):
+    detection reads them as the rules' ``team``, ``owner`` and ``project``, but the hourly rollup read
+    ``tags['team']`` alone, so ``query untagged`` listed every such resource, ``egress`` showed it of no team,
+    and reconcile's teams were "(untagged)", while its alerts named the team. The key itself wins where it is
+    written and not empty; else the first key written that folds to it."""
+    from detector.reports import known_teams
+
+    tags = {"cpu-a": {"Team": "nlp", "user:Project": "llm", "OWNER": "ann"},
+            "cpu-b": {"team": "", "TEAM": "vision", "Team": "later", "owner": "bo", "Owner": "ignored"},
+            "cpu-c": {"Owner": "cy", "steam": "not-a-team", "user:teams": "nor-this"}}  # fmt: skip
+    lines = []
+    for minute in range(120):
+        for i, (rid, tag) in enumerate(tags.items()):
+            event = {"ts": f"2026-11-02T{minute // 60:02d}:{minute % 60:02d}:00Z", "resource_id": rid,
+                     "resource_type": "cpu_instance", "provider": "aws", "account": f"acct-{i}",
+                     "region": "us-east-1", "instance_type": "c6i.4xlarge", "pricing": "on_demand",
+                     "state": "running", "interval_s": 60.0, "tags": tag, "egress_bytes": 10**9,
+                     "dest_region": "eu-west-1"}  # fmt: skip
+            lines.append(msgspec.json.encode({"topic": "resource-usage", "key": rid, "value": event}))
+    path = tmp_path / "tagged.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    store_fleet(store, ruleset, path)
+    db = store.db
+    # A bill that tags as a CUR exports: a resource only the bill has, of team 'ml'.
+    store.command(f"INSERT INTO {db}.billing_ingests (ingest_id, version, at) VALUES ('i1', 1, now64(3))")
+    store.command(f"INSERT INTO {db}.billing_charges (row_key, ingest_id, version, resource_id, charge_period_start, "
+                  "billing_period_start, effective_cost, tags) VALUES (1, 'i1', 1, 'cpu-d', "
+                  "toDateTime64('2026-11-02 00:00:00', 3, 'UTC'), toDateTime64('2026-11-01 00:00:00', 3, 'UTC'), 5, "
+                  "map('user:Team', 'ml'))")  # fmt: skip
+
+    rollup = {r["resource_id"]: (r["team"], r["project"], r["owner"]) for r in store.query(
+        f"SELECT resource_id, anyLast(team) AS team, anyLast(project) AS project, anyLast(owner) AS owner "
+        f"FROM {db}.cost_hourly GROUP BY resource_id")}  # fmt: skip
+    assert rollup == {"cpu-a": ("nlp", "llm", "ann"), "cpu-b": ("vision", "", "bo"), "cpu-c": ("", "", "cy")}
+    assert [(r["account"], r["resources"]) for r in run_report(store, "untagged", ALL)] == [("acct-2", 1)]
+    assert [(r["top_resource"], r["resources"]) for r in run_report(store, "egress", ALL, team="vision")] == [
+        ("cpu-b", 1)]
+    reconciled = {r["resource_id"]: r["team"] for r in run_report(store, "reconcile", ALL)}
+    assert reconciled == {"cpu-a": "nlp", "cpu-b": "vision", "cpu-c": "(untagged)", "cpu-d": "ml"}
+    assert known_teams(store, "vision")[0] and known_teams(store, "ml")[0]
+    assert known_teams(store, "later") == (False, ["ml", "nlp", "vision"])
+
+
+def test_reports_of_events_and_bills_read_tags_in_any_case():
+    """Each report that reads the stored events' or the bill's tags (kept as written) reads ``team`` as
+    ``tag_names.stored_tag`` writes it; those reading alerts (whose tags detection completed) read the key."""
+    from detector.store.schema import migrations
+    from detector.tag_names import stored_tag
+
+    for name, report in REPORTS.items():
+        rest = report.sql.replace(stored_tag("team"), "")
+        if "resource_usage" in rest or "billing" in rest:
+            assert "tags['team']" not in rest, f"{name}.sql reads the team tag as written"
+    rollup = next(m for m in migrations() if m.version == 27).statements("db")[0]
+    assert all(stored_tag(t) in rollup for t in ("team", "project", "owner"))

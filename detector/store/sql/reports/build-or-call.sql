@@ -13,7 +13,7 @@ SELECT resource_id, resource_type, model, team,
        max(h_unmeasured_out) AS peak_unmeasured_requests_per_h
 FROM (SELECT resource_id, toStartOfHour(ts) AS hour,
              anyLast(toString(resource_type)) AS resource_type, anyLast(tags[{model_tag:String}]) AS model,
-             anyLast(tags['team']) AS team, sum(toFloat64(interval_s)) AS h_running_s, sum(usd) AS h_usd,
+             anyLast(if(tags['team'] != '', tags['team'], arrayFirst(v -> v != '', mapValues(mapFilter((k, v) -> lowerUTF8(k) IN ('team', 'user:team'), tags))))) AS team, sum(toFloat64(interval_s)) AS h_running_s, sum(usd) AS h_usd,
              sum(ifNull(requests, 0)) AS h_requests, sum(greatest(0, metrics['input_tokens'])) AS h_input,
              sum(greatest(0, metrics['output_tokens'])) AS h_output, max(mapContains(metrics, 'output_tokens')) AS h_measured,
              sumIf(ifNull(requests, 0), NOT mapContains(metrics, 'input_tokens')) AS h_unmeasured_in,

@@ -31,7 +31,7 @@ FROM (
           GROUP BY day, resource_id) AS c
     FULL OUTER JOIN
          (SELECT toDate(charge_period_start) AS day, resource_id,
-                 anyLast(if(tags['team'] != '', tags['team'], tags['user:team'])) AS team,
+                 anyLast(if(tags['team'] != '', tags['team'], arrayFirst(v -> v != '', mapValues(mapFilter((k, v) -> lowerUTF8(k) IN ('team', 'user:team'), tags))))) AS team,
                  toFloat64(sum(effective_cost)) AS usd, count() AS rows,
                  toFloat64(sumIf(consumed_quantity, consumed_unit IN ('Hours', 'Hrs', 'Hour'))) AS hours,
                  toFloat64(sumIf(effective_cost, charge_category = 'Credit')) AS credits,

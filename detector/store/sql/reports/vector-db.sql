@@ -3,7 +3,7 @@
 SELECT resource_id, team, round(size_gb, 1) AS size_gb, round(capacity_gb, 1) AS capacity_gb,
        round(100 * size_gb / nullIf(capacity_gb, 0), 1) AS fill_pct, f.forecast_full AS forecast_full,
        f.growth_gb_per_day AS growth_gb_per_day, f.next_tier AS next_tier
-FROM (SELECT resource_id, argMax(tags['team'], ts) AS team, argMax(storage_bytes, ts) / 1e9 AS size_gb,
+FROM (SELECT resource_id, argMax(if(tags['team'] != '', tags['team'], arrayFirst(v -> v != '', mapValues(mapFilter((k, v) -> lowerUTF8(k) IN ('team', 'user:team'), tags)))), ts) AS team, argMax(storage_bytes, ts) / 1e9 AS size_gb,
              argMax(capacity_bytes, ts) / 1e9 AS capacity_gb
       FROM {db:Identifier}.resource_usage
       WHERE resource_type = 'vector_db' AND ts >= {since:DateTime('UTC')} AND ts < {until:DateTime('UTC')}
