@@ -58,6 +58,9 @@ class Metrics:
                                "(ok, retry, refused, unknown)", ["output", "outcome"], registry=r)  # fmt: skip
         self.slack = Counter("burnwatch_slack_requests", "Slack deliveries by outcome (ok, retry, refused)",
                              ["outcome"], registry=r)  # fmt: skip
+        self.slack_channels_refusing = Gauge("burnwatch_slack_channels_refusing", "Slack channels whose last post "
+                                             "Slack refused for good (the app not invited, the channel archived or "
+                                             "not found): which and why on /healthz (slack_refusing)", registry=r)  # fmt: skip
         self.actions = Counter("burnwatch_actions", "Steps of actions on incidents by kind and step (proposed, approved, "
                                "succeeded, failed, refused...; docs/actions.md)", ["kind", "step"], registry=r)  # fmt: skip
         self.anomaly_scores = Histogram("burnwatch_anomaly_score", "Anomaly scores of closed windows (higher = odder)",

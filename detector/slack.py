@@ -524,6 +524,10 @@ class SlackNotifier:
         self.channel = channel or "webhook"
         self.routing = Routing()
         """Owner mentions and links; the worker replaces it when the rules reload."""
+        self.refusing: dict[str, str] = {}
+        """Channels whose last post Slack refused for good → its answer and the fix (``/healthz``, a gauge): a
+        routed channel's alerts go to ``channel`` meanwhile, with a note; ``channel``'s own are posted nowhere.
+        A channel leaves it at its next post Slack takes."""
 
     @property
     def threads(self) -> bool:
@@ -672,6 +676,14 @@ class SlackNotifier:
         users: list[Any] = answer.get("users", [])
         return {str(u) for u in users}
 
+    def _refused_by(self, channel: str, exc: BaseException) -> str | None:
+        """Slack's answer if it is that ``channel`` cannot take the bot's messages (then noted in :attr:`refusing`)."""
+        refused = _error_of(exc)
+        if refused not in _CHANNEL_REFUSED:
+            return None
+        self.refusing[channel] = f"{refused}: {_CHANNEL_REFUSED[refused]}"
+        return refused
+
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
         """One message for several openings of one type and group (untagged resources of one account)."""
         head = alerts[0]
@@ -708,8 +720,8 @@ class SlackNotifier:
             try:
                 response = self._web.chat_postMessage(channel=channel, text=text, blocks=blocks)
             except Exception as exc:  # noqa: BLE001 - a routed channel that refuses: the default one instead
-                refused = _error_of(exc)
-                if channel == self.channel or refused not in _CHANNEL_REFUSED:
+                refused = self._refused_by(channel, exc)
+                if refused is None or channel == self.channel:
                     raise
                 log.warning("slack_channel_refused", channel=channel, error=refused, posted_to=self.channel,
                             fix=_CHANNEL_REFUSED[refused])  # fmt: skip
@@ -717,8 +729,15 @@ class SlackNotifier:
                     f":warning: Meant for {escape(channel, 200)}, which Slack refused ({refused}): "
                     f"{_CHANNEL_REFUSED[refused]}. Posted here meanwhile.", MAX_TEXT)}]}  # fmt: skip
                 at = 1 if blocks and blocks[0].get("type") == "header" else 0  # under the headline
-                response = self._web.chat_postMessage(channel=self.channel, text=text,
-                                                      blocks=_verbatim(fit([*blocks[:at], note, *blocks[at:]])))  # fmt: skip
+                try:
+                    response = self._web.chat_postMessage(channel=self.channel, text=text,
+                                                          blocks=_verbatim(fit([*blocks[:at], note, *blocks[at:]])))  # fmt: skip
+                except Exception as fallback:
+                    self._refused_by(self.channel, fallback)
+                    raise
+            else:
+                self.refusing.pop(channel, None)
+            self.refusing.pop(self.channel, None)  # it took this one, or the one it stood in for
             return str(response["channel"]), str(response["ts"])
         except SlackError:
             raise

@@ -288,6 +288,8 @@ def _metrics(parts: WorkerParts) -> None:
     METRICS.keys_evicted.set_function(lambda: engine.evicted)
     METRICS.partitions.set_function(lambda: pipeline.stats.partitions)
     METRICS.rules_refused.set_function(lambda: 1 if parts.config.refused is not None else 0)
+    outbox = parts.outbox
+    METRICS.slack_channels_refusing.set_function(lambda: len(outbox.notifier.refusing) if outbox.notifier else 0)
     METRICS.watch(lag=consumer_lag, watermark=lambda: engine.watermark, detector_errors=lambda: dict(engine.errors))
 
     @app.page("/metrics")
@@ -338,6 +340,9 @@ def _healthz(parts: WorkerParts) -> None:
                 # recovered: "0" then would tell an operator (or a test) that nothing waits
                 "slack_pending": parts.slack_pending,
                 "slack_delivered": outbox.delivered,
+                # channels whose last post Slack refused for good, and the fix: a routed one's alerts go to
+                # SLACK_CHANNEL meanwhile; SLACK_CHANNEL's own are recorded refused, posted nowhere
+                "slack_refusing": dict(outbox.notifier.refusing) if outbox.notifier is not None else {},
                 "outputs_pending": parts.outputs_pending,
                 "outputs_delivered": parts.outputs.delivered if parts.outputs is not None else 0,
             },

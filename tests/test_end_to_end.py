@@ -155,6 +155,8 @@ def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset)
             assert re.search(r'^burnwatch_consumer_lag\{partition="0",topic="gpu-metrics"\} 0\.0$', metrics, re.M)
             assert re.search(r'^burnwatch_dead_letters_total [1-9]', metrics, re.M)
             assert re.search(r'^burnwatch_slack_requests_total\{outcome="ok"\} [1-9]', metrics, re.M)
+            assert re.search(r"^burnwatch_slack_channels_refusing 0\.0$", metrics, re.M)
+            assert worker.health()["slack_refusing"] == {}  # every channel took the app's posts
             assert "burnwatch_clickhouse_insert_seconds_bucket" in metrics and "burnwatch_batch_seconds_count" in metrics
         finally:
             assert worker.stop() == 0, worker.tail()

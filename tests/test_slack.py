@@ -695,15 +695,33 @@ def test_an_opening_a_routed_channel_refuses_goes_to_the_default_channel_saying_
     notifier.post(alert("resolved", channel="#nlp-cost"), thread=(channel, parent))
     reply = slack.calls("chat.postMessage")[-1]
     assert (reply.body["channel"], reply.body["thread_ts"]) == ("#ml-cost", parent)
+    # said on /healthz (slack_refusing) and its gauge until the channel takes a post (the app invited)
+    assert list(notifier.refusing) == ["#nlp-cost"] and notifier.refusing["#nlp-cost"].startswith(refusal)
+    assert notifier.post(alert(alert_id="a2", channel="#nlp-cost"))[0] == "#nlp-cost" and notifier.refusing == {}
 
 
 def test_the_default_channel_refusing_is_still_a_refusal(slack):
     """SLACK_CHANNEL itself refused: nowhere else to go, a refusal for good as before (logged, not retried)."""
     slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "not_in_channel"}')
+    notifier = bot(slack)
     with pytest.raises(SlackError) as caught:
-        bot(slack).post(alert())
+        notifier.post(alert())
     assert not caught.value.retryable and "not_in_channel" in str(caught.value)
     assert slack.calls("chat.postMessage") == []  # not posted again (the refusal was the one answer of its kind)
+    assert list(notifier.refusing) == ["#ml-cost"] and "/invite @burnwatch" in notifier.refusing["#ml-cost"]
+    notifier.post(alert(alert_id="a2"))  # the app invited
+    assert notifier.refusing == {}
+
+
+def test_the_default_channel_refusing_a_routed_ones_alert_is_said_of_both(slack):
+    """The routed channel refused, and so did SLACK_CHANNEL, where its alert went instead: both are refusing."""
+    notifier = bot(slack)
+    slack.fail_next(2, 200, method="chat.postMessage", body=b'{"ok": false, "error": "is_archived"}')
+    with pytest.raises(SlackError):
+        notifier.post(alert(channel="#nlp-cost"))
+    assert sorted(notifier.refusing) == ["#ml-cost", "#nlp-cost"]
+    notifier.post(alert(alert_id="a2"))
+    assert list(notifier.refusing) == ["#nlp-cost"]  # SLACK_CHANNEL takes posts again; the routed one not known
 
 
 def test_an_opening_posted_to_the_default_channel_and_in_doubt_is_found_there(slack, store):
