@@ -144,6 +144,10 @@ class Incident:
     marked_expected: bool = False
     slack_channel: str | None = None
     slack_ts: str | None = None
+    slack_post: str = "pending"
+    """What became of its opening's Slack post: ``posted``, ``pending`` (not yet, or no Slack), ``refused`` (Slack
+    refused it for good), ``not_routed`` (routing sends it elsewhere, or it closed before Slack was set up),
+    ``snoozed``, ``withdrawn`` (taken back before it was posted)."""
     burning: bool = True
     """Whether its ``usd_per_hour`` is still being spent while it is open (False: the money
     is sunk, a failed run that has ended)."""
@@ -203,7 +207,7 @@ class Incident:
             "acknowledged_by": self.acknowledged_by, "acknowledged_at": t(self.acknowledged_at),
             "snoozed_until": t(self.snoozed_until), "snoozed_by": self.snoozed_by,
             "marked_expected": self.marked_expected, "slack_channel": self.slack_channel, "slack_ts": self.slack_ts,
-            "slack_url": slack_permalink(slack_workspace_url, self.slack_channel, self.slack_ts),
+            "slack_post": self.slack_post, "slack_url": slack_permalink(slack_workspace_url, self.slack_channel, self.slack_ts),
             "tags": dict(self.tags), "burning": self.burning, "withdrawn": self.withdrawn,
         }  # fmt: skip
 
@@ -326,9 +330,24 @@ def _incident(row: dict[str, Any], now: float) -> Incident:
         tags=dict(row["tags"]), acknowledged_by=row["acked_by"] if acked_at is not None else None,
         acknowledged_at=acked_at, snoozed_until=snoozed_until,
         snoozed_by=row["snoozed_by"] if snoozed_until is not None else None, marked_expected=bool(row["expected"]),
-        slack_channel=row["slack_channel"] or None, slack_ts=row["slack_ts"] or None, burning=bool(row["burning"]),
+        **_slack_post(row["slack_channel"], row["slack_ts"]), burning=bool(row["burning"]),
         withdrawn=bool(row["withdrawn"]),
     )  # fmt: skip
+
+
+_NOT_POSTED = {"refused": "refused", "unrouted": "not_routed", "snoozed": "snoozed", "withdrawn": "withdrawn"}
+"""The delivery records of an opening that made no post (``detector.delivery``'s markers: no channel, a word as
+its ts) → its ``slack_post``."""
+
+
+def _slack_post(channel: str | None, ts: str | None) -> dict[str, Any]:
+    """An opening's delivery record as the incident's Slack fields: a marker is no channel and no ts (a client
+    building a link from ``slack_ts: "refused"`` linked to nothing), and says what became of the post."""
+    if channel is None and ts is None:
+        return {"slack_post": "pending"}
+    if not channel and ts in _NOT_POSTED:
+        return {"slack_post": _NOT_POSTED[ts]}
+    return {"slack_channel": channel or None, "slack_ts": ts or None, "slack_post": "posted"}
 
 
 def list_incidents(conn: Connection, flt: IncidentFilter, now: float) -> IncidentList:

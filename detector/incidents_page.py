@@ -72,7 +72,9 @@ def _text(value: object) -> str:
 
 def _slack(incident: Incident, workspace_url: str | None) -> str:
     url = slack_permalink(workspace_url, incident.slack_channel, incident.slack_ts)
-    return f'<a href="{_text(url)}" rel="noopener noreferrer">Slack</a>' if url else ""
+    if url:
+        return f'<a href="{_text(url)}" rel="noopener noreferrer">Slack</a>'
+    return "refused" if incident.slack_post == "refused" else ""  # the worker's /healthz says which channel
 
 
 COLUMNS: tuple[tuple[str, str, Cell], ...] = (

@@ -286,12 +286,33 @@ def test_the_json_of_an_incident_keeps_its_documented_fields(store):
         "alert_id", "state", "type", "rule", "severity", "resource_id", "resource_type", "team", "owner", "account",
         "region", "instance_type", "usd", "usd_per_hour", "age_s", "episode_start", "fired_at", "updated_at",
         "resolved_at", "acknowledged_by", "acknowledged_at", "snoozed_until", "snoozed_by", "marked_expected",
-        "slack_channel", "slack_ts", "slack_url", "tags", "burning", "withdrawn",
+        "slack_channel", "slack_ts", "slack_post", "slack_url", "tags", "burning", "withdrawn",
     }  # fmt: skip (docs/incidents.md lists these)
     assert one["usd"] == 12.35 and one["usd_per_hour"] == 3.25 and one["age_s"] == 5400
     assert one["episode_start"] == "2026-09-21T14:13:20Z" and one["resolved_at"] is None
     assert one["slack_url"] == "https://acme.slack.com/archives/C0123ABC/p1790000060123456"
+    assert one["slack_post"] == "posted"
     assert body["filter"] == {"open": True, "team": None, "limit": 100}
+
+
+def test_an_opening_that_made_no_post_has_no_slack_ts_and_says_why(store):
+    """The delivery records of an opening Slack refused, or that routing sent elsewhere, carry a word where a post's
+    ts goes: the JSON said ``slack_ts: "refused"`` (a client building a link from it linked to nothing, one testing
+    for null took it as posted). Now no channel and no ts, and ``slack_post`` says what became of it."""
+    from detector.delivery import REFUSED, UNROUTED, WITHDRAWN_UNPOSTED
+
+    made = {"refused": REFUSED, "unrouted": UNROUTED, "withdrawn": WITHDRAWN_UNPOSTED, "snoozed": ("", "snoozed"),
+            "webhook": ("webhook", ""), "bot": ("C0123ABC", "1790000060.123456")}  # fmt: skip
+    store.alerts.record([alert(name, 1.0) for name in [*made, "pending"]], version=1)
+    store.deliveries.record_many([(name, "fired", *record) for name, record in made.items()])
+    body = list_incidents(store, IncidentFilter(), NOW).to_json("https://acme.slack.com")
+    got = {i["alert_id"]: (i["slack_post"], i["slack_channel"], i["slack_ts"]) for i in body["incidents"]}
+    assert got == {"refused": ("refused", None, None), "unrouted": ("not_routed", None, None),
+                   "withdrawn": ("withdrawn", None, None), "snoozed": ("snoozed", None, None),
+                   "webhook": ("posted", "webhook", None), "bot": ("posted", "C0123ABC", "1790000060.123456"),
+                   "pending": ("pending", None, None)}  # fmt: skip
+    page = render_page(list_incidents(store, IncidentFilter(), NOW), "https://acme.slack.com")
+    assert page.count('<td class="slack">refused</td>') == 1 and page.count(">Slack</a>") == 1
 
 
 def test_the_table_is_for_a_terminal(store):
