@@ -602,7 +602,8 @@ def _print_comparison(diff: RuleDiff, as_json: bool) -> None:
         return
     print(f"The change would add {len(diff.added)} alerts ({money(diff.added_usd, exact=True)}) and remove "
           f"{len(diff.removed)} ({money(diff.removed_usd, exact=True)}); {len(diff.kept)} stay "
-          f"(their dollars change by ${diff.kept_usd_change:+,.2f}).")  # fmt: skip
+          f"(their dollars change by {'+' if diff.kept_usd_change >= 0.005 else ''}"
+          f"{money(diff.kept_usd_change, exact=True)}).")  # fmt: skip
     by_type: dict[str, list[int]] = {}
     for column, alerts in ((0, diff.added), (1, diff.removed)):
         for alert in alerts:

@@ -114,3 +114,19 @@ def test_compare_prints_what_a_rules_change_adds_and_removes(small, tmp_path):
     assert changes and {c["change"] for c in changes} == {"removed"}  # waiting longer only drops alerts
     assert {c["type"] for c in changes} == {"idle_gpu"}
     assert all(c["episode_start"] < c["fired_at"] for c in changes)
+
+
+@pytest.mark.parametrize(("change", "said"), [(-5.0, "-$5.00"), (1234.5, "+$1,234.50"), (0.0, "$0.00"),
+                                              (0.004, "under $0.01")])  # fmt: skip
+def test_compare_says_the_dollars_of_the_alerts_both_find_as_money(capsys, change, said):
+    """A rules change that shortens the kept alerts' episodes printed "their dollars change by $-5.00"."""
+    from detector.alerts import Alert
+    from detector.backtest import RuleDiff
+    from streams.cli import _print_comparison
+
+    def one(usd: float) -> Alert:
+        return Alert(alert_id="a", type="idle_gpu", rule="idle-gpu", resource_id="h", status="firing", change="fired",
+                     severity="warning", episode_start=0.0, fired_at=60.0, updated_at=60.0, waste_usd=usd)  # fmt: skip
+
+    _print_comparison(RuleDiff(added=[], removed=[], kept=[(one(10.0), one(10.0 + change))]), as_json=False)
+    assert f"(their dollars change by {said})." in capsys.readouterr().out
