@@ -111,7 +111,12 @@ def test_incidents_time_to_acknowledge_and_resolve_and_precision_by_rule(filled)
     store.deliveries.record(acked["alert_id"], "fired", "#ml-cost", "1.0")
     store.actions.record(Click("acknowledged", acked["alert_id"], "U1", "alice", "#ml-cost", "1.0"), posted + 300)
     store.actions.record(Click("expected", expected["alert_id"], "U2", "bob", "#ml-cost", "2.0"), posted + 60)
+    # Slack refused this opening (recorded so), acknowledged on the incidents page: no post to count from
+    refused = idle[2]
+    store.deliveries.record(refused["alert_id"], "fired", "", "refused")
+    store.actions.record(Click("acknowledged", refused["alert_id"], "U1", "alice", "", ""), posted + 120)
     incidents = {r["alert_id"]: r for r in run_report(store, "incidents", ALL)}
+    assert incidents[refused["alert_id"]]["minutes_to_ack"] is None
     assert len(incidents) == len([a for a in store.alerts.latest() if not a["silenced"]])
     row = incidents[acked["alert_id"]]
     assert row["acked_by"] == "alice" and row["minutes_to_ack"] == pytest.approx(5.0, abs=0.2)
@@ -120,7 +125,7 @@ def test_incidents_time_to_acknowledge_and_resolve_and_precision_by_rule(filled)
     assert incidents[resolved["alert_id"]]["hours_to_resolve"] == pytest.approx(hours, abs=0.01)
     precision = {r["rule"]: r for r in run_report(store, "precision", ALL)}
     rule = precision[acked["rule"]]
-    assert (rule["acknowledged"], rule["expected"], rule["precision"]) == (1, 1, 0.5)
+    assert (rule["acknowledged"], rule["expected"], rule["precision"]) == (2, 1, 0.667)
     assert rule["alerts"] == len(idle)
 
 

@@ -1,4 +1,6 @@
 -- Incidents with time to acknowledge and resolve (those that stood: a withdrawn fire never did).
+-- Time to acknowledge counts from the Slack post; an opening that made none (its record a marker:
+-- refused, not Slack's, snoozed, withdrawn: detector/delivery.py) has none.
 -- Parameters: db (the database: Identifier), since and until (DateTime('UTC')), team (String, '' = every team).
 SELECT a.alert_id AS alert_id, a.type AS type, a.resource_id AS resource_id, a.team AS team, a.status AS status,
        a.fired_at AS fired_at, round(a.waste_usd, 2) AS usd,
@@ -12,7 +14,8 @@ FROM (SELECT alert_id, type, resource_id, tags['team'] AS team, status, fired_at
 LEFT JOIN (SELECT alert_id, min(at) AS acked_at, argMin(user_name, at) AS acked_by
            FROM {db:Identifier}.alert_actions WHERE action = 'acknowledged' GROUP BY alert_id) AS x ON a.alert_id = x.alert_id
 LEFT JOIN (SELECT alert_id, min(delivered_at) AS posted_at FROM {db:Identifier}.alert_deliveries
-           WHERE kind = 'fired' GROUP BY alert_id) AS d ON a.alert_id = d.alert_id
+           WHERE kind = 'fired' AND NOT (channel = '' AND message_ts IN ('refused', 'unrouted', 'snoozed', 'withdrawn'))
+           GROUP BY alert_id) AS d ON a.alert_id = d.alert_id
 WHERE ({team:String} = '' OR a.team = {team:String})
 ORDER BY a.fired_at
 SETTINGS join_use_nulls = 1
