@@ -735,9 +735,9 @@ class SlackNotifier:
                 except Exception as fallback:
                     self._refused_by(self.channel, fallback)
                     raise
+                self.refusing.pop(self.channel, None)
             else:
                 self.refusing.pop(channel, None)
-            self.refusing.pop(self.channel, None)  # it took this one, or the one it stood in for
             return str(response["channel"]), str(response["ts"])
         except SlackError:
             raise

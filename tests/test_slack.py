@@ -720,7 +720,9 @@ def test_the_default_channel_refusing_a_routed_ones_alert_is_said_of_both(slack)
     with pytest.raises(SlackError):
         notifier.post(alert(channel="#nlp-cost"))
     assert sorted(notifier.refusing) == ["#ml-cost", "#nlp-cost"]
-    notifier.post(alert(alert_id="a2"))
+    notifier.post(alert(alert_id="a2", channel="#vision-cost"))  # another routed channel's post says nothing of it
+    assert sorted(notifier.refusing) == ["#ml-cost", "#nlp-cost"]
+    notifier.post(alert(alert_id="a3"))
     assert list(notifier.refusing) == ["#nlp-cost"]  # SLACK_CHANNEL takes posts again; the routed one not known
 
 
