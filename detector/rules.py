@@ -809,6 +809,15 @@ class RuleSet:
                 named.update(getattr(rule.source.params, "required_tags", ()))
         return frozenset(named)
 
+    @property
+    def channels(self) -> frozenset[str]:
+        """Every Slack channel :meth:`channel_for` may name (the notifier's own, '', aside): rules' routes,
+        routing's ``by_severity``, ``channels`` and ``default_channel``."""
+        routing = self.routing
+        named = {routing.default_channel, *routing.channels.values(), *routing.by_severity.values()}
+        named.update(r.source.route.channel for r in self.rules if r.source is not None and r.source.route is not None)
+        return frozenset(named - {""})
+
     def channel_for(self, rule: str, tags: dict[str, str], severity: str = "") -> str:
         """The Slack channel for an alert of ``rule`` on a resource with ``tags`` ('' = the notifier's)."""
         compiled = self.by_name(rule)

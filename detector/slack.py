@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -675,6 +675,14 @@ class SlackNotifier:
         answer = self._web.usergroups_users_list(usergroup=group_id)
         users: list[Any] = answer.get("users", [])
         return {str(u) for u in users}
+
+    def routed_to(self, channels: Collection[str]) -> None:
+        """The rules reloaded, and routing names only ``channels`` now: a channel in :attr:`refusing` it names no
+        longer leaves it (the fix for a misspelt channel is often routing's, and no post goes there again to clear
+        it); SLACK_CHANNEL stays, and a channel still named stays until it takes a post."""
+        for channel in list(self.refusing):  # (a copy: the delivery thread may change it meanwhile)
+            if channel != self.channel and channel not in channels:
+                self.refusing.pop(channel, None)
 
     def _refused_by(self, channel: str, exc: BaseException) -> str | None:
         """Slack's answer if it is that ``channel`` cannot take the bot's messages (then noted in :attr:`refusing`)."""

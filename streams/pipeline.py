@@ -731,6 +731,7 @@ class Pipeline:
         notifier = self.outbox.notifier
         if notifier is not None and notifier.routing is not config.routing:
             notifier.routing = config.routing
+            notifier.routed_to(config.ruleset.channels)
         if self.outputs is not None and self._outputs_routing is not config.routing:
             self._outputs_routing = config.routing
             self.outputs.configure(config.routing)

@@ -163,3 +163,30 @@ def test_a_batch_written_after_a_reload_keeps_the_prices_it_was_read_with(mode, 
     assert [(r["t"], r["egress_usd"]) for r in rows] == [(T0, old), (T0 + MIN, old), (T0 + 2 * MIN, new)]
     if mode == "process":  # the second and third batches prepared as read and stored from that, no write by the child
         assert exchanges[2:] == [("prepare", 0.09), ("prepare", 4.5)]
+
+
+def test_a_channel_routing_no_longer_names_leaves_the_refusing_channels(store, tmp_path):
+    """A misspelt team channel (``channel_not_found``) fixed in ``routing.yaml``, as that refusal's fix usually is:
+    no post goes to the old name again, so it stayed on /healthz's ``slack_refusing`` and the gauge until a restart.
+    At the reload it leaves them; a channel still routed, and SLACK_CHANNEL, stay until they take a post."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    edit(rules / "routing.yaml", lambda r: r.update(channels={"nlp": "#nlp-cots", "cv": "#cv-cost"}))
+    config = LiveConfig.load(rules)
+
+    async def send_dead_letter(key, value):
+        pass
+
+    with LocalSlack() as slack:
+        notifier = SlackNotifier(token="x", channel="#fallback", base_url=slack.api_url)
+        pipeline = Pipeline(engine=Engine(config.current.ruleset), store=store, outbox=Outbox(store, notifier),
+                            manager=AlertManager(ruleset=config.current.ruleset), send_dead_letter=send_dead_letter,
+                            config=config)  # fmt: skip
+        pipeline.configure()
+        notifier.refusing.update({"#nlp-cots": "channel_not_found", "#cv-cost": "not_in_channel",
+                                  "#fallback": "is_archived"})  # fmt: skip
+        edit(rules / "routing.yaml", lambda r: r.update(channels={"nlp": "#nlp-cost", "cv": "#cv-cost"}))
+        new, refused = config.reload()
+        assert refused is None and new is config.current
+        pipeline.configure()
+        assert sorted(notifier.refusing) == ["#cv-cost", "#fallback"]
