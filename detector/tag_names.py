@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-__all__ = ["DEFAULT_NAMES", "TagNames", "stored_tag"]
+__all__ = ["DEFAULT_NAMES", "TagNames", "fold", "stored_tag"]
 
 DEFAULT_NAMES = ("team", "project", "owner")
 """Read by the store's reports and the digest whatever the rules say."""
@@ -27,7 +27,7 @@ class TagNames:
         self._by_folded: dict[str, tuple[str, ...]] = {}
         """A key as compared → every configured spelling of it (``routing``'s ``Team`` beside the store's ``team``)."""
         for name in sorted(self.names):
-            self._by_folded[_fold(name)] = (*self._by_folded.get(_fold(name), ()), name)
+            self._by_folded[fold(name)] = (*self._by_folded.get(fold(name), ()), name)
 
     def complete(self, tags: Mapping[str, str]) -> dict[str, str]:
         """``tags`` with each configured spelling of a key that folds to one (``Team`` → ``team``; with ``by_tag:
@@ -39,7 +39,7 @@ class TagNames:
             for key, value in tags.items():
                 if not value or (key in names) is not configured:
                     continue
-                for name in self._by_folded.get(_fold(key), ()):
+                for name in self._by_folded.get(fold(key), ()):
                     if name != key and not tags.get(name) and name not in extra:
                         extra[name] = value
         return {**tags, **extra} if extra else dict(tags)
@@ -55,14 +55,14 @@ def stored_tag(name: str, column: str = "tags") -> str:
     them) in the Map ``column`` as it was written: the key itself if not empty, else the first non-empty key
     that folds to it (``Team``, ``TEAM``, ``user:Team``), as :meth:`TagNames.complete` reads an event's tags.
     The stored events and the bill keep their tags as written, so the rollups and reports read them so."""
-    if name != _fold(name) or not name.isidentifier():
+    if name != fold(name) or not name.isidentifier():
         raise ValueError(f"stored_tag: {name!r} is not a lower-case tag name")
     key = f"{column}['{name}']"
     return (f"if({key} != '', {key}, arrayFirst(v -> v != '', mapValues(mapFilter((k, v) -> lowerUTF8(k) IN "
             f"('{name}', 'user:{name}'), {column}))))")
 
 
-def _fold(key: str) -> str:
-    """A key as compared: without CUR's ``user:`` prefix, in lower case."""
+def fold(key: str) -> str:
+    """A key as compared: without CUR's ``user:`` prefix, in lower case (``Team``, ``user:TEAM`` → ``team``)."""
     key = key.casefold()
     return key[5:] if key.startswith("user:") else key

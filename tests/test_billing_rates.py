@@ -156,3 +156,13 @@ def test_an_instance_types_rate_is_per_instance_hour_where_one_id_bills_several(
     billed = BilledRates.from_table(read_focus(path))
     assert billed.hourly("i-new", t, "p5.48xlarge", "us-east-1") == pytest.approx(98.32)
     assert Pricer(ruleset.pricing, billed).cost(usage("i-new", t)).usd == pytest.approx(98.32)
+
+
+def test_an_events_tag_in_another_case_wins_over_the_bills():
+    """The events tag ``Team: nlp``, the bill (a CUR's ``user:team``) ``team: vision``: the bill's key was added beside
+    the event's, and the rules read their own spelling first, so the resource's alerts went to vision. The events'
+    tags win in any case; the bill fills what they lack or leave empty."""
+    billed = BilledRates([], tags={"i-1": {"team": "vision", "cost-center": "42", "Owner": "bob"}})
+    assert billed.fill_tags("i-1", {"Team": "nlp", "owner": ""}) == {"cost-center": "42", "Owner": "bob", "Team": "nlp"}
+    assert billed.fill_tags("i-1", {"TEAM": ""}) == {"team": "vision", "cost-center": "42", "Owner": "bob"}
+    assert billed.fill_tags("i-2", {"Team": "nlp"}) == {"Team": "nlp"}

@@ -28,6 +28,8 @@ import bisect
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from detector.tag_names import fold
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -103,11 +105,13 @@ class BilledRates:
         return self._by_kind.get((instance_type, region, pricing))
 
     def fill_tags(self, resource_id: str, tags: dict[str, str]) -> dict[str, str]:
-        """``tags`` with what the bill adds: a key the events lack or leave empty."""
+        """``tags`` with what the bill adds: a key the events lack or leave empty, in any case (an event's ``Team``
+        is its ``team``: the bill's ``team`` beside it would be read first, :class:`detector.tag_names.TagNames`)."""
         billed = self._tags.get(resource_id)
         if not billed or all(tags.get(k) for k in billed):
             return tags
-        return {**billed, **{k: v for k, v in tags.items() if v}}
+        written = {fold(k) for k, v in tags.items() if v}
+        return {**{k: v for k, v in billed.items() if fold(k) not in written}, **{k: v for k, v in tags.items() if v}}
 
     @classmethod
     def from_table(cls, table: pa.Table) -> BilledRates:
