@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-__all__ = ["DEFAULT_NAMES", "TagNames", "fold", "stored_tag"]
+__all__ = ["DEFAULT_NAMES", "TagNames", "fold", "stored_tag", "tag_value"]
 
 DEFAULT_NAMES = ("team", "project", "owner")
 """Read by the store's reports and the digest whatever the rules say."""
@@ -48,6 +48,16 @@ class TagNames:
         return isinstance(other, TagNames) and other.names == self.names
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def tag_value(tags: Mapping[str, str], name: str) -> str:
+    """The value of tag ``name`` (a lower-case key) in ``tags`` as written: the key itself if not empty, else the
+    first non-empty key that folds to it (``Owner``, ``user:OWNER``), as :func:`stored_tag` reads it in SQL. For
+    what is read from an event's tags before they are completed (a run event's owner in its alert's details)."""
+    value = tags.get(name)
+    if value:
+        return value
+    return next((v for k, v in tags.items() if v and fold(k) == name), "")
 
 
 def stored_tag(name: str, column: str = "tags") -> str:

@@ -212,6 +212,7 @@ def test_a_run_tagged_in_another_case_is_the_teams(ruleset):
               for r in (run(T0 + HOUR, "r1", "started"), run(T0 + 3 * HOUR, "r1", "failed"))]  # fmt: skip
     (alert,) = AlertManager(ruleset=ruleset).handle(findings(ruleset, *failed))
     assert (alert.tags["team"], alert.tags["owner"], alert.tags["Team"]) == ("nlp", "alice", "nlp")
+    assert alert.details["owner"] == "alice"  # the owner its message names, read from the run's Owner too
 
 
 def test_a_retry_started_and_failed_within_minutes_of_the_failure_is_a_failure_of_its_own(ruleset):

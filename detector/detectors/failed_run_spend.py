@@ -37,6 +37,7 @@ from detector.detectors.episode import Episode, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, follow, hosts_of
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
+from detector.tag_names import tag_value
 from detector.units import Duration, Money
 
 __all__ = ["FailedRunSpend", "FailedRunSpendParams", "FailedRunSpendState"]
@@ -138,7 +139,7 @@ class FailedRunSpend(DetectorBase):
             return found
         if len(st.failures) >= self.params.loop_runs and sum(f.usd for f in st.failures) >= self.params.min_usd:
             action = fire(st, since=st.failures[0].t, fired_at=t, at=t)
-            st.loop_tags = {**run.tags, "project": ev.project or run.tags.get("project", "")}
+            st.loop_tags = {**run.tags, "project": ev.project or tag_value(run.tags, "project")}
             found.append(self._loop_finding(action, st, resource, t))
             return found
         if usd >= self.params.min_usd:
@@ -181,10 +182,10 @@ class FailedRunSpend(DetectorBase):
     def _run_finding(self, ev: RunEvent, run: RunState, failure: Failure, host: ResourceInfo) -> Finding:
         res = ResourceInfo(resource_id=ev.run_id, resource_type="run", account=host.account, region=host.region,
                            instance_type=host.instance_type, state="terminated",
-                           tags={**run.tags, "project": ev.project or run.tags.get("project", "")})  # fmt: skip
+                           tags={**run.tags, "project": ev.project or tag_value(run.tags, "project")})  # fmt: skip
         hours = failure.t - run.start
         details = {
-            "run_id": ev.run_id, "project": ev.project, "owner": run.tags.get("owner", ""),
+            "run_id": ev.run_id, "project": ev.project, "owner": tag_value(run.tags, "owner"),
             "error": ev.error, "status": ev.status, "gpu_hours": round(failure.gpu_hours, 3),
             "resource_ids": list(run.resource_ids), "run_s": round(hours, 3), "min_usd": self.params.min_usd,
         }  # fmt: skip

@@ -49,6 +49,7 @@ from detector.detectors.episode import Episode, due, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, hosts_of, refresh
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
+from detector.tag_names import tag_value
 from detector.units import Duration
 
 __all__ = ["PlateauedRun", "PlateauedRunParams", "PlateauedRunState", "mode_of"]
@@ -271,11 +272,11 @@ class PlateauedRun(DetectorBase):
             w.account, w.region, w.instance_type = host.account, host.region, host.instance_type
         hourly, gpus = w.hourly, w.gpus or w.run.gpu_count
         run = w.run
-        tags = {**run.tags, "project": run.project or run.tags.get("project", "")}
+        tags = {**run.tags, "project": run.project or tag_value(run.tags, "project")}
         res = ResourceInfo(resource_id=w.run_id, resource_type="run", account=w.account, region=w.region,
                            instance_type=w.instance_type, state="running", tags=tags)  # fmt: skip
         details = {
-            "run_id": w.run_id, "project": run.project, "owner": run.tags.get("owner", ""),
+            "run_id": w.run_id, "project": run.project, "owner": tag_value(run.tags, "owner"),
             "metric": self.params.metric, "mode": self.params.mode, "best": w.best, "best_step": w.best_step,
             "latest": w.last_value, "evaluations_since_best": w.stale, "gpu_count": gpus,
             "resource_ids": list(run.resource_ids), "plateau_s": round(max(0.0, at - w.since), 3), **extra,

@@ -36,6 +36,7 @@ from detector.detectors.episode import Episode, end, fire
 from detector.detectors.runs import Fleet, RunState, emptied, follow, hosts_of
 from detector.events import Event, RunEvent
 from detector.pricing import usd_over
+from detector.tag_names import tag_value
 from detector.units import Duration, Money, money
 
 __all__ = ["SpotEligible", "SpotEligibleParams", "SpotEligibleState"]
@@ -146,7 +147,7 @@ class SpotEligible(DetectorBase):
                            instance_type=c.instance_type, pricing="on_demand", state="running", tags=dict(run.tags))  # fmt: skip
         runtime = max(0.0, at - run.start)
         details = {
-            "run_id": run_id, "project": run.project, "owner": run.tags.get("owner", ""),
+            "run_id": run_id, "project": run.project, "owner": tag_value(run.tags, "owner"),
             "instance_type": c.instance_type, "resource_ids": list(run.resource_ids),
             "spot_usd_per_hour": round(c.spot_usd_h, 4), "saving_usd_per_hour": round(c.saving_usd_h, 4),
             "run_s": round(runtime, 3), **extra,
