@@ -111,6 +111,9 @@ class Outbox:
         """Input partitions whose alerts this outbox delivers (None: all, a single worker)."""
         self._started = False
         """Whether this outbox has marked the store as posting to Slack (:meth:`Deliveries.start_slack`)."""
+        self._refused_again = True
+        """Whether openings recorded refused may wait to be posted again (:meth:`_post_refused_again`): at the start
+        and each assignment (refused before, by this worker or another), and once SLACK_CHANNEL has refused one."""
         # The delivery thread's own.
         self._queue: deque[Alert] = deque()
         self._queued: set[tuple[str, str]] = set()
@@ -205,6 +208,7 @@ class Outbox:
                          note="changes of alerts closed before Slack was set up; the open ones are posted")  # fmt: skip
             self._started = True
         self._record_delivered_or_leave()
+        self._refused_again = True
         made = self.store.deliveries.remembered(self._closed.recovered(self.store.alerts.newest()))
         self._done = {}
         self._remember(made)
@@ -310,6 +314,7 @@ class Outbox:
         self.hold_s = 0.0
         self._take_inbox()
         self._refresh_snoozes()
+        self._post_refused_again()
         while self._queue and self.notifier is not None:
             alert = self._queue[0]
             key = (alert.alert_id, alert.change)
@@ -365,12 +370,14 @@ class Outbox:
                 self.store.deliveries.record_many([(*key, *REFUSED) for key in refused])
                 self._done.update(dict.fromkeys(refused, REFUSED))
                 self._drop(group)
+                self._refused_again = self._refused_again or self.notifier.channel in self.notifier.refusing
                 continue
             self._delivered(group, channel, ts)
             METRICS.slack.labels("ok").inc()
             if self.on_opened is not None and len(group) == 1 and alert.change == "fired" and ts:
                 self.on_opened(alert, channel, ts)
             sent += 1
+            self._post_refused_again()
         if self._edits and self.notifier is not None and self.notifier.threads and not self.may_post():
             self.hold_s = MAY_POST_AGAIN_S  # the edits, asked again shortly (the queue may be empty: nothing else wakes it)
         elif self._edits and self.notifier is not None and self.notifier.threads:
@@ -440,6 +447,27 @@ class Outbox:
         self._queue.append(alert)
         self._queued.add(key)
         self._queued_at.setdefault(alert.alert_id, added_at)
+
+    def _post_refused_again(self) -> None:
+        """SLACK_CHANNEL takes posts (the app invited at last, the channel unarchived): queue the openings recorded
+        refused of incidents still open, of the partitions held, to be posted as they stand now. Before, each stayed
+        out of Slack for good, however long it burned on. Done once SLACK_CHANNEL has taken a post (an alert's, a
+        digest's), once a start or an assignment and once after each refusal of SLACK_CHANNEL itself: a message
+        Slack refuses for what it says (``invalid_blocks``) is tried once more a start, not at every post."""
+        if not self._refused_again or self.notifier is None or not self.notifier.default_took_post:
+            return
+        self._refused_again = False
+        ids = self.store.deliveries.refused_openings(REFUSED, sorted(self._owned) if self._owned is not None else None)
+        ids = [a for a in ids if (a, "fired") not in self._queued]
+        if not ids:
+            return
+        now = self._clock()
+        rows = self.store.alerts.latest("alert_id IN %(ids)s", {"ids": ids})
+        for alert in sorted((alert_from_row(row, "fired") for row in rows), key=lambda a: (a.fired_at, a.alert_id)):
+            if self._done.get((alert.alert_id, "fired")) in (REFUSED, None):
+                self._done.pop((alert.alert_id, "fired"), None)
+                self._enqueue(alert, now - self.group_wait_s)
+        log.info("slack_refused_openings_posted_again", alerts=len(ids))
 
     def _follows_refused(self, alert: Alert) -> bool:
         """Whether ``alert``'s change follows its opening, which Slack refused for good: then it is recorded so too

@@ -528,6 +528,9 @@ class SlackNotifier:
         """Channels whose last post Slack refused for good → its answer and the fix (``/healthz``, a gauge): a
         routed channel's alerts go to ``channel`` meanwhile, with a note; ``channel``'s own are posted nowhere.
         A channel leaves it at its next post Slack takes."""
+        self.default_took_post = False
+        """Whether ``channel`` (or the webhook) has taken a post since it last refused one for good: the outbox then
+        posts again the openings it recorded refused (:meth:`detector.delivery.Outbox.deliver_pending`)."""
 
     @property
     def threads(self) -> bool:
@@ -690,6 +693,8 @@ class SlackNotifier:
         if refused not in _CHANNEL_REFUSED:
             return None
         self.refusing[channel] = f"{refused}: {_CHANNEL_REFUSED[refused]}"
+        if channel == self.channel:
+            self.default_took_post = False
         return refused
 
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
@@ -712,6 +717,7 @@ class SlackNotifier:
                         retryable=answer.status_code == 429 or answer.status_code >= 500
                         or answer.body.strip() in _CREDENTIALS_REFUSED,
                     )
+                self.default_took_post = True
                 return self.channel, ""
             if alert is not None and alert.closes and thread is not None:
                 channel, parent_ts = thread
@@ -744,8 +750,10 @@ class SlackNotifier:
                     self._refused_by(self.channel, fallback)
                     raise
                 self.refusing.pop(self.channel, None)
+                self.default_took_post = True
             else:
                 self.refusing.pop(channel, None)
+                self.default_took_post = self.default_took_post or channel == self.channel
             return str(response["channel"]), str(response["ts"])
         except SlackError:
             raise

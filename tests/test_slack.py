@@ -842,3 +842,62 @@ def test_a_resolution_queued_behind_its_refused_opening_is_recorded_refused_not_
     made = store.deliveries.made()
     assert made[("q1", "fired")] == made[("q1", "resolved")] == ("", "refused")
     assert store.deliveries.undelivered() == []
+
+
+def test_openings_refused_while_the_app_was_not_invited_are_posted_once_it_is(slack, store):
+    """SLACK_CHANNEL refused the app (not invited) while incidents opened: their openings were recorded refused, and
+    once the app was invited they stayed out of Slack for good, however long they burned on (only new ones were
+    posted). Now the first post SLACK_CHANNEL takes brings those of incidents still open, as they stand, oldest first;
+    one that has resolved meanwhile stays out, and nothing is posted twice, at that pass or after a restart."""
+    assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0  # Slack set up on this store
+    refused = [alert(alert_id=f"r{i}", fired_at=T0 + 1800 + 300 * i) for i in range(3)]  # apart: not one group
+    store.alerts.record(refused, version=1)
+    notifier = bot(slack)
+    outbox = Outbox(store, notifier, group_wait_s=0.0)
+    outbox.add(refused)
+    slack.fail_next(3, 200, method="chat.postMessage", body=b'{"ok": false, "error": "not_in_channel"}')
+    assert outbox.deliver_pending() == 0 and slack.calls("chat.postMessage") == []
+    assert "#ml-cost" in notifier.refusing
+    store.alerts.record([alert("resolved", alert_id="r1")], version=2)  # resolved before the app was invited
+    outbox.add([alert("resolved", alert_id="r1")])
+    outbox.deliver_pending()
+    assert slack.calls("chat.postMessage") == []  # (recorded refused: no thread to reply in)
+
+    store.alerts.record([alert(alert_id="n1", fired_at=T0 + 3600)], version=3)  # the app invited, then a new one
+    outbox.add([alert(alert_id="n1", fired_at=T0 + 3600)])
+    outbox.deliver_pending()
+    posted = [p.text_of_blocks() for p in slack.calls("chat.postMessage")]
+    assert [next(i for i in ("n1", "r0", "r2") if f"alert `{i}`" in text) for text in posted] == ["n1", "r0", "r2"]
+    made = store.deliveries.made()
+    assert made[("r0", "fired")][1] not in ("", "refused") and made[("r1", "fired")] == ("", "refused")
+    assert notifier.refusing == {}
+
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0)  # nothing owed, nothing posted again
+    restarted.recover()
+    store.alerts.record([alert(alert_id="n2", fired_at=T0 + 7200)], version=4)
+    restarted.add([alert(alert_id="n2", fired_at=T0 + 7200)])
+    restarted.deliver_pending()
+    assert len(slack.calls("chat.postMessage")) == 4
+
+
+def test_a_message_slack_refuses_for_itself_is_tried_again_once_a_start_not_at_every_post(slack, store):
+    """An opening refused for what it says (``invalid_blocks``), SLACK_CHANNEL taking other posts: it is tried again
+    once a start (at the first pass after SLACK_CHANNEL took a post, here a digest's), never at each post after."""
+    assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0
+    notifier = bot(slack)
+    outbox = Outbox(store, notifier, group_wait_s=0.0)
+    store.alerts.record([alert(alert_id="bad")], version=1)
+    outbox.add([alert(alert_id="bad")])
+    slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "invalid_blocks"}')
+    outbox.deliver_pending()
+    assert outbox.failed == 1 and slack.calls("chat.postMessage") == []
+    notifier.post(alert(alert_id="digest-stand-in", fired_at=T0))  # SLACK_CHANNEL takes a post outside the outbox
+    slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "invalid_blocks"}')
+    outbox.deliver_pending()  # tried again: refused again
+    assert outbox.failed == 2
+    for i in range(3):  # then never again, however many posts follow
+        store.alerts.record([alert(alert_id=f"ok{i}", fired_at=T0 + 3600 + 300 * i)], version=2 + i)
+        outbox.add([alert(alert_id=f"ok{i}", fired_at=T0 + 3600 + 300 * i)])
+        outbox.deliver_pending()
+    assert len(slack.calls("chat.postMessage")) == 4 and outbox.failed == 2
+    assert store.deliveries.made()[("bad", "fired")] == ("", "refused")

@@ -167,6 +167,23 @@ class Deliveries:
                          column_names=["alert_id", "output", "change", "state", "detail"])  # fmt: skip
         return marked
 
+    def refused_openings(self, marker: tuple[str, str], partitions: Sequence[int] | None = None) -> list[str]:
+        """Alerts still firing whose opening is recorded with ``marker`` (Slack refused it for good), oldest first:
+        posted again once SLACK_CHANNEL takes posts (the app invited at last). ``partitions`` as :meth:`undelivered`."""
+        db = self.conn.db
+        owned = "1"
+        if partitions is not None:
+            owned = "if(partition < 0, 0, partition) IN %(partitions)s" if partitions else "0"
+        rows = self.conn.query(
+            f"""SELECT alert_id FROM {db}.alerts FINAL
+                WHERE silenced = '' AND status = 'firing' AND {owned} AND alert_id IN (
+                    SELECT alert_id FROM {db}.alert_deliveries FINAL
+                    WHERE kind = 'fired' AND channel = %(channel)s AND message_ts = %(ts)s)
+                ORDER BY fired_at, alert_id""",
+            {"partitions": list(partitions or []), "channel": marker[0], "ts": marker[1]},
+        )  # fmt: skip
+        return [r["alert_id"] for r in rows]
+
     def undelivered(self, partitions: Sequence[int] | None = None) -> list[tuple[str, str]]:
         """(alert_id, change) pairs people should have heard of but have not, oldest first: the
         outbox after a restart or a rebalance. Read from the alerts' latest state alone (every
