@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from detector.store.connection import Connection
 
 __all__ = [
-    "DEFAULT_LIMIT", "MAX_LIMIT", "STATES", "Incident", "IncidentFilter", "IncidentList", "InvalidFilter",
+    "DEFAULT_LIMIT", "MAX_LIMIT", "MAX_OFFSET", "STATES", "Incident", "IncidentFilter", "IncidentList", "InvalidFilter",
     "format_table", "list_incidents", "money", "slack_permalink", "summary",
 ]  # fmt: skip
 
@@ -43,6 +43,8 @@ STATES: tuple[State, ...] = ("firing", "acknowledged", "snoozed", "resolved")
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 """The most incidents one answer holds: a page or a terminal with more is not read."""
+MAX_OFFSET = 1_000_000
+"""The most incidents a page may start past (``offset``): the rest of a long list is read page by page."""
 MAX_TEAM = 128
 _TRUE, _FALSE = {"", "1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -64,15 +66,19 @@ def _shown(value: str, limit: int = 40) -> str:
 @dataclass(frozen=True)
 class IncidentFilter:
     """Which incidents: ``open_only`` (not resolved), ``team`` (the ``team`` tag; None: all)
-    and at most ``limit`` of them (1 to :data:`MAX_LIMIT`)."""
+    and at most ``limit`` of them (1 to :data:`MAX_LIMIT`), after the first ``offset`` in the list's order:
+    a fleet with more than :data:`MAX_LIMIT` incidents is read page by page, not cut off at the first."""
 
     open_only: bool = False
     team: str | None = None
     limit: int = DEFAULT_LIMIT
+    offset: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.limit <= MAX_LIMIT:
             raise InvalidFilter(f"limit: {self.limit} is not between 1 and {MAX_LIMIT}")
+        if not 0 <= self.offset <= MAX_OFFSET:
+            raise InvalidFilter(f"offset: {self.offset} is not between 0 and {MAX_OFFSET}")
         if self.team is not None:
             if len(self.team) > MAX_TEAM:
                 raise InvalidFilter(f"team: longer than {MAX_TEAM} characters")
@@ -80,7 +86,7 @@ class IncidentFilter:
                 raise InvalidFilter("team: control characters are not allowed")
 
     @classmethod
-    def from_query(cls, query: Mapping[str, Sequence[str]], *, allowed: Sequence[str] = ("open", "team", "limit"),
+    def from_query(cls, query: Mapping[str, Sequence[str]], *, allowed: Sequence[str] = ("open", "team", "limit", "offset"),
                    open_only: bool = False) -> IncidentFilter:  # fmt: skip
         """The filter a query string asks for (``query``: each name with all its values, as
         ``urllib.parse.parse_qs`` or aiohttp's ``MultiDict.getall`` give them). ``allowed``:
@@ -106,10 +112,21 @@ class IncidentFilter:
             if not text.isascii() or not text.isdigit() or len(text) > 6:
                 raise InvalidFilter(f"limit: {_shown(values['limit'])} is not a whole number from 1 to {MAX_LIMIT}")
             limit = int(text)
-        return cls(open_only=open_only, team=values.get("team") or None, limit=limit)
+        offset = 0
+        if "offset" in values:
+            text = values["offset"].strip()
+            if not text.isascii() or not text.isdigit() or len(text) > 7:
+                raise InvalidFilter(f"offset: {_shown(values['offset'])} is not a whole number from 0 to {MAX_OFFSET}")
+            offset = int(text)
+        return cls(open_only=open_only, team=values.get("team") or None, limit=limit, offset=offset)
 
     def to_json(self) -> dict[str, Any]:
-        return {"open": self.open_only, "team": self.team, "limit": self.limit}
+        return {"open": self.open_only, "team": self.team, "limit": self.limit, "offset": self.offset}
+
+    @property
+    def next_offset(self) -> int:
+        """Where the page after this one starts."""
+        return self.offset + self.limit
 
 
 @dataclass(frozen=True)
@@ -271,7 +288,7 @@ FROM (SELECT alert_id, type, rule, severity, resource_id, resource_type, account
              waste_usd, usd_per_hour, episode_start, fired_at, updated_at, resolved_at, tags, {{burning}} AS burning,
              withdrawn
       FROM {{db:Identifier}}.alerts FINAL WHERE {_WHERE}
-      ORDER BY {_ORDER} LIMIT {{limit:UInt32}}) AS a
+      ORDER BY {_ORDER} LIMIT {{limit:UInt32}} OFFSET {{offset:UInt32}}) AS a
 LEFT JOIN (SELECT alert_id, minIfOrNull(at, action = 'acknowledged') AS acked_at,
                   argMinIf(if(user_name != '', user_name, user_id), at, action = 'acknowledged') AS acked_by,
                   maxIfOrNull(until, action = 'snoozed') AS snoozed_until,
@@ -355,7 +372,7 @@ def list_incidents(conn: Connection, flt: IncidentFilter, now: float) -> Inciden
     queries made under the connection's lock together, so a worker's web thread may call this
     while its pipeline writes: no write of this process lands between the rows and the totals
     (which would show 3 rows under "showing all 2", or "3 of 4" with nothing more to show)."""
-    params = {"db": conn.db, "open_only": flt.open_only, "team": flt.team or "", "limit": flt.limit}
+    params = {"db": conn.db, "open_only": flt.open_only, "team": flt.team or "", "limit": flt.limit, "offset": flt.offset}
     rows_sql, count_sql = _queries()
     with conn.lock:
         found, totals = conn.client.query(rows_sql, parameters=params), conn.client.query(count_sql, parameters=params)
@@ -411,8 +428,13 @@ def summary(listed: IncidentList) -> str:
     noun = "incident" if listed.total == 1 else "incidents"
     what = f"open {noun}" if listed.filter.open_only else noun
     team = f" of team {printable(listed.filter.team, 60)}" if listed.filter.team else ""
-    shown = (f"showing {len(listed.incidents)} of {listed.total} {what}{team}" if len(listed.incidents) < listed.total
-             else f"{listed.total} {what}{team}")  # fmt: skip
+    first = listed.filter.offset
+    if first and listed.incidents:
+        shown = f"showing {first + 1}-{first + len(listed.incidents)} of {listed.total} {what}{team}"
+    elif len(listed.incidents) < listed.total:
+        shown = f"showing {len(listed.incidents)} of {listed.total} {what}{team}"
+    else:
+        shown = f"{listed.total} {what}{team}"
     shown_open = [i for i in listed.incidents if i.open]
     spent = len(shown_open) == listed.open_total and all(i.rate == "sunk" for i in shown_open)  # not a forecast's "-"
     burning = (f"burning {money(listed.open_usd_per_hour)}/h" if listed.open_usd_per_hour > 0

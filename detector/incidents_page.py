@@ -190,16 +190,30 @@ def render_page(listed: IncidentList, workspace_url: str | None = None,
         '<form method="get" action=""><label>Team <input name="team" maxlength="128" '
         f'value="{_text(flt.team or "")}"></label> <button type="submit">Show</button></form>'
     )
-    if not listed.incidents:
+    if not listed.incidents and listed.total and flt.offset:
+        back = urlencode({**({"team": flt.team} if flt.team else {}), "limit": flt.limit})
+        parts.append(f'<p class="empty">No open incidents{team} past the first {listed.total}: '
+                     f'<a href="?{_text(back)}">the first page</a>.</p>')  # fmt: skip
+    elif not listed.incidents:
         parts.append(f'<p class="empty">No open incidents{team}.</p>')
     else:
         shown, total = len(listed.incidents), listed.total
         if shown < total:
-            more = ""
-            if flt.limit < MAX_LIMIT:
-                query = urlencode({**({"team": flt.team} if flt.team else {}), "limit": MAX_LIMIT})
-                more = f' <a href="?{_text(query)}">show up to {MAX_LIMIT}</a>'
-            parts.append(f'<p class="cap">Showing {shown} of {total} open incidents, highest $/h first.{more}</p>')
+            team_q = {"team": flt.team} if flt.team else {}
+            links = []
+            if flt.offset:
+                back = urlencode({**team_q, "limit": flt.limit, **({"offset": max(0, flt.offset - flt.limit)}
+                                                                    if flt.offset > flt.limit else {})})  # fmt: skip
+                links.append(f'<a href="?{_text(back)}">previous {flt.limit}</a>')
+            if flt.offset + shown < total:
+                ahead = urlencode({**team_q, "limit": flt.limit, "offset": flt.next_offset})
+                links.append(f'<a href="?{_text(ahead)}">next {min(flt.limit, total - flt.offset - shown)}</a>')
+            if flt.limit < MAX_LIMIT and not flt.offset:
+                query = urlencode({**team_q, "limit": MAX_LIMIT})
+                links.append(f'<a href="?{_text(query)}">show up to {MAX_LIMIT}</a>')
+            which = f"{flt.offset + 1}–{flt.offset + shown}" if flt.offset else f"{shown}"
+            more = (" " + " · ".join(links)) if links else ""
+            parts.append(f'<p class="cap">Showing {which} of {total} open incidents, highest $/h first.{more}</p>')
         else:
             parts.append(f'<p class="cap">Showing all {total} open incidents, highest $/h first.</p>')
         shown_actions = actions if actions and any(actions.get(i.alert_id) for i in listed.incidents) else None

@@ -8,7 +8,9 @@ Slack cannot be reached from CI, so slack-sdk is pointed here (``base_url`` /
 the webhook URL) and the tests assert on what this server received. It can be
 told to answer 429 with Retry-After, 500, or to hang, to exercise delivery: for the
 next requests (:meth:`LocalSlack.fail_next`, :meth:`LocalSlack.hang`) or during windows
-of wall-clock time (:meth:`LocalSlack.fail_window`), as an outage would.
+of wall-clock time (:meth:`LocalSlack.fail_window`), as an outage would; and it can hold
+``chat.postMessage`` to a rate per channel (:meth:`LocalSlack.limit_rate`), answering 429 with
+Retry-After past it, as Slack does (about one message a second per channel).
 
 Like Slack, it refuses a message outside Block Kit's limits (``chat.postMessage`` and
 ``chat.update`` answer ``invalid_blocks``, a webhook 400), judged by
@@ -18,6 +20,7 @@ Like Slack, it refuses a message outside Block Kit's limits (``chat.postMessage`
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -79,6 +82,11 @@ class LocalSlack:
         self.held = 0
         """Requests that arrived at a held method (:meth:`hold`)."""
         self.windows: list[FaultWindow] = []
+        self._rate: tuple[float, float] | None = None
+        self._buckets: dict[str, tuple[float, float]] = {}
+        """Channel → (tokens, monotonic time they were counted) of :meth:`limit_rate`."""
+        self.throttled = 0
+        """``chat.postMessage`` requests answered 429 by :meth:`limit_rate` (not in :attr:`requests`)."""
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._ts = 0
@@ -155,6 +163,29 @@ class LocalSlack:
         with self._lock:
             self.windows.append(window)
         return window
+
+    def limit_rate(self, per_s: float = 1.0, burst: float = 1.0) -> None:
+        """Take at most ``per_s`` ``chat.postMessage`` a second per channel (a burst of ``burst``), as Slack does:
+        one past it is answered 429 with the whole seconds until the next is taken as Retry-After."""
+        with self._lock:
+            self._rate = (per_s, burst)
+            self._buckets.clear()
+
+    def _throttle(self, channel: str) -> int:
+        """0 when a post to ``channel`` is within :meth:`limit_rate`'s rate (and counts), else the Retry-After."""
+        with self._lock:
+            if self._rate is None:
+                return 0
+            per_s, burst = self._rate
+            now = time.monotonic()
+            tokens, at = self._buckets.get(channel, (burst, now))
+            tokens = min(burst, tokens + (now - at) * per_s)
+            if tokens >= 1.0:
+                self._buckets[channel] = (tokens - 1.0, now)
+                return 0
+            self._buckets[channel] = (tokens, now)
+            self.throttled += 1
+            return max(1, math.ceil((1.0 - tokens) / per_s))
 
     def _window_at(self, t: float) -> FaultWindow | None:
         with self._lock:
@@ -238,6 +269,16 @@ class LocalSlack:
                 else:
                     body = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
                 status = 200
+                wait = slack._throttle(str(body.get("channel", ""))) if called == "chat.postMessage" else 0
+                if wait:
+                    refusal = b'{"ok": false, "error": "ratelimited"}'
+                    self.send_response(429)
+                    self.send_header("Retry-After", str(wait))
+                    self.send_header("Content-Type", "application/json; charset=utf-8")
+                    self.send_header("Content-Length", str(len(refusal)))
+                    self.end_headers()
+                    self.wfile.write(refusal)
+                    return
                 if self.path.startswith("/services/"):
                     method, reply = "webhook", b"ok"
                     if slack._refusal(body):

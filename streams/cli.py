@@ -1217,11 +1217,11 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
-    from detector.incidents import DEFAULT_LIMIT, IncidentFilter, InvalidFilter, format_table, list_incidents, summary
+    from detector.incidents import DEFAULT_LIMIT, MAX_LIMIT, IncidentFilter, InvalidFilter, format_table, list_incidents, summary
     from detector.store import StoreBusy
 
     try:
-        flt = IncidentFilter(open_only=args.open, team=args.team or None, limit=args.limit)
+        flt = IncidentFilter(open_only=args.open, team=args.team or None, limit=args.limit, offset=args.offset)
     except InvalidFilter as exc:
         raise SystemExit(f"--{exc}") from None
     settings = _settings(args, {"clickhouse_dsn": "--store"}, clickhouse_dsn=args.store)
@@ -1232,7 +1232,8 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 
         host = url_host(bind_host(settings.web_host) or "127.0.0.1")  # every interface: this machine's loopback among them
         asked = {**({"open": "1"} if args.open else {}), **({"team": flt.team} if flt.team else {}),
-                 **({"limit": str(flt.limit)} if args.limit != DEFAULT_LIMIT else {})}  # fmt: skip
+                 **({"limit": str(flt.limit)} if args.limit != DEFAULT_LIMIT else {}),
+                 **({"offset": str(flt.offset)} if flt.offset else {})}  # fmt: skip
         query = f"?{urlencode(asked)}" if asked else ""
         raise StoreBusy(f"{exc}. A running worker serves this list itself: curl "
                         f"'http://{host}:{settings.web_port}/api/incidents{query}' (JSON), or open "
@@ -1246,7 +1247,10 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_table(listed))
         if listed.incidents:
-            more = " (--limit shows more)" if len(listed.incidents) < listed.total else ""
+            more = ""
+            if flt.offset + len(listed.incidents) < listed.total:  # --limit alone stops at MAX_LIMIT: say how to go on
+                more = f" (--offset {flt.next_offset} shows the next" + (", --limit more at once)" if flt.limit < MAX_LIMIT
+                                                                          else ")")  # fmt: skip
             _note(summary(listed) + more)
     return 0
 
@@ -1547,6 +1551,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="table (for a terminal) or json (the document /api/incidents serves)")
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"at most this many, 1 to {MAX_LIMIT} "
                    f"(default {DEFAULT_LIMIT})")
+    p.add_argument("--offset", type=int, default=0, help="skip this many first, in the list's order (the next page: "
+                   "the offset plus the limit)")
     p.add_argument("--store", metavar="DSN", help="chdb:///dir or http://user:pass@host:8123 (default: "
                    "BURNWATCH_CLICKHOUSE_DSN, else <data dir>/clickhouse)")
     p.set_defaults(func=cmd_incidents)

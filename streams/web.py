@@ -150,7 +150,7 @@ class IncidentViews:
     async def page(self, request: web.Request) -> web.Response:
         """The open incidents as a page, highest dollars per hour first: ``?team=T&limit=N``."""
         try:
-            flt = IncidentFilter.from_query(_query(request), allowed=("team", "limit"), open_only=True)
+            flt = IncidentFilter.from_query(_query(request), allowed=("team", "limit", "offset"), open_only=True)
         except InvalidFilter as exc:
             return _html(render_error(400, str(exc)), 400)
         busy = self._busy(as_json=False)

@@ -199,6 +199,22 @@ def test_filters_team_open_and_limit_with_the_totals_of_all_that_match(store):
     assert list_incidents(store, IncidentFilter(team="nlp"), NOW).total == 6
 
 
+def test_a_list_longer_than_the_most_one_answer_holds_is_read_page_by_page(store):
+    """A fleet with more incidents than MAX_LIMIT could see only its first MAX_LIMIT (the page said "Showing 1000 of
+    2400" and `--limit shows more` when it could not): ``offset`` reads on, each incident on one page only."""
+    store.alerts.record([alert(f"n{i}", float(i)) for i in range(5)], version=1)
+    pages = [ids(list_incidents(store, IncidentFilter(open_only=True, limit=2, offset=o), NOW)) for o in (0, 2, 4)]
+    assert pages == [["n4", "n3"], ["n2", "n1"], ["n0"]]
+    second = list_incidents(store, IncidentFilter.from_query({"open": ["1"], "limit": ["2"], "offset": ["2"]}), NOW)
+    assert (second.total, second.to_json()["filter"]["offset"]) == (5, 2)
+    assert summary(second) == "showing 3-4 of 5 open incidents, burning $10.00/h"
+    page = render_page(second)
+    assert "Showing 3–4 of 5 open incidents" in page
+    assert 'href="?limit=2&amp;offset=4">next 1</a>' in page and 'href="?limit=2">previous 2</a>' in page
+    with pytest.raises(InvalidFilter, match="offset: '-1' is not a whole number"):
+        IncidentFilter.from_query({"offset": ["-1"]})
+
+
 class WriterWaiting:
     """The store's lock, except that a writer waits on it (the worker's pipeline, beside the web
     thread): the first time it is let go, the writer takes it and writes."""
@@ -292,7 +308,7 @@ def test_the_json_of_an_incident_keeps_its_documented_fields(store):
     assert one["episode_start"] == "2026-09-21T14:13:20Z" and one["resolved_at"] is None
     assert one["slack_url"] == "https://acme.slack.com/archives/C0123ABC/p1790000060123456"
     assert one["slack_post"] == "posted"
-    assert body["filter"] == {"open": True, "team": None, "limit": 100}
+    assert body["filter"] == {"open": True, "team": None, "limit": 100, "offset": 0}
 
 
 def test_an_opening_that_made_no_post_has_no_slack_ts_and_says_why(store):

@@ -64,7 +64,7 @@ def test_json_with_filters_is_the_endpoints_document(seeded):
                     env={**seeded, "SLACK_WORKSPACE_URL": "https://acme.slack.com"})  # fmt: skip
     assert out.returncode == 0, out.stderr
     body = json.loads(out.stdout)
-    assert body["filter"] == {"open": True, "team": "nlp", "limit": 1}
+    assert body["filter"] == {"open": True, "team": "nlp", "limit": 1, "offset": 0}
     assert (body["total"], body["shown"], body["open_total"], body["open_usd_per_hour"]) == (2, 1, 2, 99.5)
     (big,) = body["incidents"]
     assert (big["alert_id"], big["state"], big["owner"]) == ("big", "firing", "ines")

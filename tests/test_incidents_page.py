@@ -203,7 +203,7 @@ def test_hundreds_of_incidents_are_capped_highest_dollars_per_hour_first(store, 
     page.goto(served.url("/incidents"))
     rows = page.locator("tbody tr")
     assert rows.count() == 100
-    assert page.inner_text(".cap") == "Showing 100 of 300 open incidents, highest $/h first. show up to 1000"
+    assert page.inner_text(".cap") == "Showing 100 of 300 open incidents, highest $/h first. next 100 · show up to 1000"
     assert "300 open, burning $" in page.inner_text(".summary")
     shown = [float(t.strip("$").replace(",", "")) for t in page.locator("tbody td.num:nth-child(1)").all_inner_texts()]
     assert shown == [round(r, 2) for r in sorted(rates, reverse=True)[:100]]
