@@ -569,10 +569,11 @@ class _ScoresFile:
         self._writer.writerow(SCORE_COLUMNS)
 
     def write(self, windows: list[Any]) -> None:
+        """``+ 0.0``: evidence of a window as common as any is ``-log10(1)``, which floats write ``-0.0``."""
         t = self._rfc3339
         self._writer.writerows(
             (csv_cell(w.resource_id), csv_cell(w.group), t(w.start), t(w.end), str(float(w.score)), str(float(w.threshold)),
-             str(float(w.evidence)), str(float(w.run)), str(float(w.budget)), csv_cell(w.decision),
+             str(float(w.evidence) + 0.0), str(float(w.run) + 0.0), str(float(w.budget)), csv_cell(w.decision),
              "true" if w.rule_tracking else "false")
             for w in windows
         )  # fmt: skip

@@ -115,8 +115,10 @@ def _as_typed(path: Path) -> str:
 
 
 def follow_up_commands(settings: Settings, workdir: Path, hours: float, first_day: str | None,
-                       config: str | None = None) -> list[str]:  # fmt: skip
-    """Commands that read the demo's store, runnable verbatim from the current directory."""
+                       config: str | None = None, billed: bool = True, egress: bool = True) -> list[str]:  # fmt: skip
+    """Commands that read the demo's store, runnable verbatim from the current directory. ``billed`` and
+    ``egress``: whether the fleet has a stored bill and egress, without which ``query reconcile`` lists
+    every resource "not billed (yet)" and ``query egress`` prints "(no rows)"."""
     store = f"chdb://{workdir.resolve() / 'clickhouse'}"  # a DSN set in this shell would win over a data directory
     env = (f"BURNWATCH_CLICKHOUSE_DSN={shlex.quote(store)} " if settings.clickhouse_dsn
            else f"BURNWATCH_DATA_DIR={shlex.quote(_as_typed(workdir))} ")  # fmt: skip
@@ -125,13 +127,12 @@ def follow_up_commands(settings: Settings, workdir: Path, hours: float, first_da
     db = settings.clickhouse_database
     sql = (f"SELECT type, count() AS alerts, round(sum(waste_usd), 2) AS usd FROM {db}.alerts FINAL "
            "WHERE silenced = '' GROUP BY type ORDER BY usd DESC")  # fmt: skip
-    commands = [
-        f"{burnwatch} query waste --since {since}",
-        f"{burnwatch} query idle-gpus --since {since}",
-        f"{burnwatch} query egress --since {since}",
-        f'{burnwatch} sql "{sql}"',  # no character a shell expands inside double quotes
-    ]
-    commands.append(f"{burnwatch} query reconcile --since {since}")
+    commands = [f"{burnwatch} query waste --since {since}", f"{burnwatch} query idle-gpus --since {since}"]
+    if egress:
+        commands.append(f"{burnwatch} query egress --since {since}")
+    commands.append(f'{burnwatch} sql "{sql}"')  # no character a shell expands inside double quotes
+    if billed:
+        commands.append(f"{burnwatch} query reconcile --since {since}")
     if first_day:
         commands.append(f"{burnwatch} digest --day {first_day}")
     return commands
@@ -221,15 +222,16 @@ def _fresh_workdir(settings: Settings) -> Path:
 
 
 def _closing(settings: Settings, pipeline: _Pipeline, labels: list, hours: float, config: str | None,
-             postmortem: str = POSTMORTEM_SQL) -> None:  # fmt: skip
-    """The summary, the post-mortem query and the commands that read the demo's store."""
+             postmortem: str = POSTMORTEM_SQL, bridge: bool = False) -> None:  # fmt: skip
+    """The summary, the post-mortem query and the commands that read the demo's store (``bridge``: the
+    bridge demo's, whose Kubernetes nodes have no bill and send no egress)."""
     first_day = _summary(pipeline.dsn, settings.clickhouse_database, labels, postmortem)
     _say()
     workdir = pipeline.workdir
     _say(f"The demo's worker has stopped; these commands read its store, {workdir / 'clickhouse'} (not the default "
          "store):")  # fmt: skip
     _say()
-    for command in follow_up_commands(settings, workdir, hours, first_day, config):
+    for command in follow_up_commands(settings, workdir, hours, first_day, config, billed=not bridge, egress=not bridge):
         _say(f"    {command}")
 
 
@@ -349,7 +351,7 @@ def run_bridge_demo(settings: Settings, hours: float = BRIDGE_HOURS, config: str
             health = pipeline.drain(n_events)
             _say(f"The bridge published {n_events:,} events; the worker processed {health['events']:,} "
                  f"({health['dead_letters']} to dead-letter) in {pipeline.wall_s():.0f}s of wall time.")  # fmt: skip
-            _closing(settings, pipeline, labels, hours, config, POSTMORTEM_PODS_SQL)
+            _closing(settings, pipeline, labels, hours, config, POSTMORTEM_PODS_SQL, bridge=True)
         return 0
     except KeyboardInterrupt:
         _say("\ninterrupted; stopping")

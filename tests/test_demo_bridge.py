@@ -39,6 +39,10 @@ def test_the_bridge_path_finds_gpus_idle_beside_busy_ones_and_gpus_nobody_reques
     assert published > 0
     found, injected = map(int, re.search(r"(\d+) of (\d+) injected episodes found", stdout).groups())
     assert found == injected > 0
+    # its follow-up commands are those with something to show: this fleet has no bill and no egress, where
+    # `query reconcile` listed every node "not billed (yet)" and `query egress` printed "(no rows)"
+    follow_up = stdout[stdout.index("these commands read its store"):]
+    assert "query waste" in follow_up and "query reconcile" not in follow_up and "query egress" not in follow_up
     config = (tmp_path / "demo" / "bridge.yaml").read_text()
     assert "job: kube-state-metrics" in config and config.count("job: dcgm") == 4
     wait_for(lambda: not started_by(run), 30, "every process the demo started to stop")

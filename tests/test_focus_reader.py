@@ -6,6 +6,7 @@ import csv
 import gzip
 import io
 import json
+import re
 import shutil
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -146,6 +147,16 @@ def test_empty_directory_and_other_extensions_are_refused(tmp_path: Path) -> Non
     other.write_text("{}")
     with pytest.raises(FocusError, match=r"bill\.json: not a FOCUS export"):
         focus_files(other)
+
+
+def test_a_path_that_is_no_bill_is_named_as_typed(tmp_path: Path) -> None:
+    """`ingest focus exports/2026-11/` with no such directory said `2026-11: no such file or directory`,
+    which reads as a file named 2026-11 somewhere: the path given is named whole."""
+    missing = tmp_path / "exports" / "2026-11"
+    with pytest.raises(FocusError, match=re.escape(f"{missing}: no such file or directory")):
+        focus_files(missing)
+    with pytest.raises(FocusError, match=re.escape(f"{tmp_path}: no FOCUS files")):
+        focus_files(tmp_path)
 
 
 def test_header_only_file_is_zero_rows(tmp_path: Path) -> None:

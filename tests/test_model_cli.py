@@ -249,6 +249,8 @@ def test_backtest_scores_writes_every_judged_window(capsys, series, replay, trai
     assert all(math.isfinite(float(r[k])) for r in rows for k in ("score", "threshold", "evidence", "run", "budget"))
     assert {r["decision"] for r in rows} <= {"normal", "unusual", "alert", "open"}
     assert {r["rule_tracking"] for r in rows} <= {"true", "false"}
+    # evidence is -log10 of a share, never below 0: a window as common as any read "-0.0"
+    assert not [r for r in rows for k in ("evidence", "run") if r[k].startswith("-")]
     alerts = [r for r in rows if r["decision"] == "alert"]
     assert [r["window_start"] for r in alerts] == [rfc3339(series.times[SPIKE])]
     spike = alerts[0]

@@ -457,6 +457,19 @@ def test_a_second_server_on_a_held_store_says_who_holds_it(server):
     assert "EmbeddedServer" not in out.stderr + out.stdout and "Traceback" not in out.stderr
 
 
+def test_a_command_on_a_served_store_is_pointed_at_the_server(server):
+    """A command opening the directory a ``store serve`` holds was told to start ``store serve`` and use
+    port 8123: the server already runs, and on a port of its own. It is now told the server's address."""
+    dsn = server.proc.args[server.proc.args.index("--dsn") + 1]
+    clickhouse_connect.get_client(dsn=server.url).command("CREATE DATABASE IF NOT EXISTS t_pointed")  # a store there
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BURNWATCH_", "SLACK_"))}
+    out = subprocess.run([sys.executable, "-m", "streams.cli", "sql", "SELECT 1"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**env, "BURNWATCH_CLICKHOUSE_DSN": dsn})  # fmt: skip
+    assert out.returncode == 69, out.stderr
+    assert f"BURNWATCH_CLICKHOUSE_DSN={server.url}" in out.stderr, out.stderr
+    assert "have one process own the store" not in out.stderr and "Traceback" not in out.stderr
+
+
 def test_serve_refuses_a_dsn_it_cannot_own_without_showing_its_password():
     out = subprocess.run(
         [sys.executable, "-m", "streams.cli", "store", "serve", "--dsn", "http://ops:s3cret@127.0.0.1:8123",

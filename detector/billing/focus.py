@@ -59,9 +59,12 @@ SCHEMA = pa.schema(
 
 
 class FocusError(ValueError):
-    """A FOCUS file burnwatch refuses, with where: file, 1-based data row (or None) and column (or None)."""
+    """A FOCUS file burnwatch refuses, with where: file, 1-based data row (or None) and column (or None).
+    The message names a file by its name (one of a directory's); ``whole`` names the path as given, for a
+    path that is itself refused (missing, not a bill), where a bare name would point nowhere."""
 
-    def __init__(self, file: Path | str, row: int | None, column: str | None, problem: str) -> None:
+    def __init__(self, file: Path | str, row: int | None, column: str | None, problem: str,
+                 whole: bool = False) -> None:  # fmt: skip
         self.file = str(file)
         self.row = row
         self.column = column
@@ -71,7 +74,7 @@ class FocusError(ValueError):
             where.append(f"row {row}")
         if column is not None:
             where.append(f"column {column}")
-        prefix = ": ".join([Path(self.file).name] + ([", ".join(where)] if where else []))
+        prefix = ": ".join([self.file if whole else Path(self.file).name] + ([", ".join(where)] if where else []))
         super().__init__(f"{prefix}: {problem}")
 
 
@@ -81,12 +84,12 @@ def focus_files(path: Path | str) -> list[Path]:
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(SUFFIXES))
         if not files:
-            raise FocusError(p, None, None, f"no FOCUS files ({', '.join(SUFFIXES)}) in this directory")
+            raise FocusError(p, None, None, f"no FOCUS files ({', '.join(SUFFIXES)}) in this directory", whole=True)
         return files
     if not p.is_file():
-        raise FocusError(p, None, None, "no such file or directory")
+        raise FocusError(p, None, None, "no such file or directory", whole=True)
     if not p.name.endswith(SUFFIXES):
-        raise FocusError(p, None, None, f"not a FOCUS export: the name must end in {', '.join(SUFFIXES)}")
+        raise FocusError(p, None, None, f"not a FOCUS export: the name must end in {', '.join(SUFFIXES)}", whole=True)
     return [p]
 
 

@@ -77,10 +77,10 @@ def chdb_dir(dsn: str) -> Path | None:
     return None
 
 
-def holder(directory: Path) -> str | None:
-    """Who holds an embedded store (``a running worker (pid N: command)``): the process whose
-    pid ClickHouse wrote in the store's ``status`` file, if it still has that file open. None
-    when nobody does, or this process does. Read from /proc, so nothing is locked to find out."""
+def _holding(directory: Path) -> tuple[int, list[str]] | None:
+    """The pid and command line of the process holding an embedded store: the process whose pid
+    ClickHouse wrote in the store's ``status`` file, if it still has that file open. None when nobody
+    does, or this process does. Read from /proc, so nothing is locked to find out."""
     status = directory / "status"
     try:
         found = re.search(r"PID: (\d+)", status.read_text(errors="replace"))
@@ -106,11 +106,42 @@ def holder(directory: Path) -> str | None:
         if target not in opened:
             return None
     try:
-        command = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
-        command = ""
+        argv = []
+    return pid, [a for a in argv if a]
+
+
+def holder(directory: Path) -> str | None:
+    """Who holds an embedded store (``a running worker (pid N: command)``); None when nobody does,
+    or this process does."""
+    found = _holding(directory)
+    if found is None:
+        return None
+    pid, argv = found
+    command = " ".join(" ".join(argv).split())
     what = "a running worker" if " worker" in command else "another process"
     return f"{what} (pid {pid}" + (f": {command[:120]}" if command else "") + ")"
+
+
+def served_at(argv: list[str]) -> str | None:
+    """The URL a ``burnwatch store serve`` command line serves its store at, as a local client reaches it;
+    None when ``argv`` is no ``store serve`` or its port was picked at its start (``--port 0``)."""
+    at = next((i for i in range(len(argv) - 1) if argv[i:i + 2] == ["store", "serve"]), None)
+    if at is None:
+        return None
+    options = {"--host": "127.0.0.1", "--port": "8123"}  # store serve's defaults
+    rest = argv[at + 2:]
+    for i, arg in enumerate(rest):
+        name, equals, value = arg.partition("=")
+        if name in options:
+            options[name] = value if equals else (rest[i + 1] if i + 1 < len(rest) else "")
+    host, port = options["--host"], options["--port"]
+    if not port.isdigit() or int(port) == 0:
+        return None
+    if host in ("", "0.0.0.0", "::"):  # every interface: loopback among them
+        host = "127.0.0.1"
+    return f"http://{f'[{host}]' if ':' in host else host}:{int(port)}"
 
 
 def connect(dsn: str, create: bool = True, **settings: Any) -> Any:
@@ -129,6 +160,13 @@ def connect(dsn: str, create: bool = True, **settings: Any) -> Any:
         if not create and not (directory / "metadata").is_dir():
             raise StoreNotFound(f"no store at {directory}" + (" (the directory holds no ClickHouse data)"
                                                               if directory.exists() else ""))  # fmt: skip
+        found = _holding(directory)
+        url = served_at(found[1]) if found is not None else None
+        if found is not None and url is not None:
+            raise StoreBusy(
+                f"the embedded store {directory} is held by `burnwatch store serve` (pid {found[0]}), which serves "
+                f"it: run this command with BURNWATCH_CLICKHOUSE_DSN={url}"
+            )
         held_by = holder(directory)
         if held_by is not None:
             raise StoreBusy(
