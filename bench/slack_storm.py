@@ -3,7 +3,7 @@ Outbox and SlackNotifier, delivered by a loop that does what the worker's ``deli
 (:mod:`streams.timers`: a pass when woken, back again after ``hold_s``, a failure retried after 1 s doubling
 to 60 s), against :class:`detector.testing.LocalSlack` with :meth:`~detector.testing.LocalSlack.limit_rate`.
 
-    .venv/bin/python bench/slack_storm.py [HOSTS] [SPREAD_S] [--resolve]
+    .venv/bin/python bench/slack_storm.py [HOSTS] [SPREAD_S] [--resolve] [--other] [--group-wait=S]
 
 HOSTS idle_gpu openings of one team, firing evenly over SPREAD_S seconds of wall time (live: event time is
 wall time), as a cluster's jobs ending at night leave its hosts idle; with --resolve, then their resolutions
@@ -68,7 +68,8 @@ def main() -> None:
         store = Store.open(f"chdb://{tmp}/ch")
         store.migrate()
         notifier = SlackNotifier(token="xoxb-bench", channel="#ml-cost", base_url=slack.api_url, timeout=10)
-        outbox = Outbox(store, notifier)
+        wait = next((float(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--group-wait=")), 30.0)
+        outbox = Outbox(store, notifier, group_wait_s=wait)  # the worker's BURNWATCH_SLACK_GROUP_WAIT_S
         wake, stop, log = threading.Event(), threading.Event(), []
         worker = threading.Thread(target=deliver_loop, args=(outbox, wake, stop, log), daemon=True)
         worker.start()

@@ -174,6 +174,11 @@ class Settings(BaseSettings):
     worker; or always in the worker's writer thread (``thread``)."""
     slack_charts: bool = Field(default=True, validation_alias="BURNWATCH_SLACK_CHARTS")
     """Attach a chart of the metric in each incident's thread (bot token only)."""
+    slack_group_wait_s: float = Field(default=30.0, ge=0, le=600, validation_alias="BURNWATCH_SLACK_GROUP_WAIT_S")
+    """How long a new opening waits in the Slack outbox for others of its type and team (the account for
+    ``untagged``) fired within two minutes of it, to go out as one message: Alertmanager's ``group_wait``, 30 s.
+    A cluster's jobs ending at night idle hundreds of hosts within minutes; at the 2 s it was, a storm of 300 was
+    75 messages (docs/architecture.md, "Alert volume"). Every opening is that much later in Slack."""
     slack_signing_secret: SecretStr | None = Field(default=None, validation_alias="SLACK_SIGNING_SECRET")
     """Verifies button clicks sent to ``/slack/actions``; without it the endpoint refuses them."""
     slack_workspace_url: str | None = Field(default=None, pattern=r"^https?://[^\s\"'<>]+$",

@@ -88,7 +88,8 @@ def build_worker_app(settings: Settings, store: Store, event_expiry_days: int = 
                     billed=billed if len(billed) else None, evict_after_s=settings.evict_after_s or None,
                     fetch=store.states.get)  # fmt: skip
     engine.directory = HostDirectory(store.history)  # a run's hosts held by another worker
-    outbox = Outbox(store, _notifier(settings), forget_after_s=settings.delivery_memory_s)
+    outbox = Outbox(store, _notifier(settings), group_wait_s=settings.slack_group_wait_s,
+                    forget_after_s=settings.delivery_memory_s)  # fmt: skip
     outbox.wants = lambda alert: SLACK in config.current.routing.outputs_for(alert.tags, alert.severity)
     # Webhook, Alertmanager, email (docs/outputs.md).
     outputs = OutputOutbox(store, config.current.routing, forget_after_s=settings.delivery_memory_s)

@@ -1328,6 +1328,7 @@ _ENV_HELP = {
     "slack_signing_secret": "verifies button clicks on /slack/actions",
     "slack_workspace_url": "https://WORKSPACE.slack.com: incident lists link to each incident's message",
     "slack_charts": "a chart in each incident's thread",
+    "slack_group_wait_s": "seconds a new opening waits for others of its type and team, to go out as one message",
     "model_dir": "anomaly model artifacts (default <data dir>/models)",
     "model_retrain_every": "retrain on this schedule, e.g. 24h (default: never)",
     "model_train_since": "history a retraining reads",

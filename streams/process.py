@@ -48,6 +48,7 @@ def worker_env(bootstrap: str, data_dir: Path, rules: Path, partitions: int, **e
         "BURNWATCH_LOG_FORMAT": "json",
         "BURNWATCH_SESSION_TIMEOUT_S": str(SESSION_TIMEOUT_S),
         "BURNWATCH_EVENT_TTL_DAYS": "0",  # simulated and replayed fleets are dated in the past: keep them
+        "BURNWATCH_SLACK_GROUP_WAIT_S": "2",  # a test's or a demo's few alerts: no 30 s a post
         **extra,
     }
 

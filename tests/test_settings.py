@@ -90,6 +90,8 @@ def test_settings_alone_read_no_environment(monkeypatch):
         ({"BURNWATCH_MODEL_RETRAIN_EVERY": "daily"}, {}, None,
          "BURNWATCH_MODEL_RETRAIN_EVERY: Value error, invalid duration 'daily'"),
         ({"BURNWATCH_MODEL_TRAIN_SINCE": "two weeks"}, {}, None, "BURNWATCH_MODEL_TRAIN_SINCE: Value error, invalid duration"),
+        ({"BURNWATCH_SLACK_GROUP_WAIT_S": "-1"}, {}, None,
+         "BURNWATCH_SLACK_GROUP_WAIT_S: Input should be greater than or equal to 0"),
     ],
 )
 def test_a_bad_value_names_its_variable(tmp_path, environ, overrides, config, expected):
@@ -140,3 +142,9 @@ def test_a_misspelt_variable_is_said_with_the_one_it_likely_means():
     assert unknown_variables(environ) == [
         "BURNWATCH_PARTITON is no setting's variable and is ignored; did you mean BURNWATCH_PARTITIONS?"]
     assert load_settings(environ={k: v for k, v in environ.items() if k != "BURNWATCH_CONFIG"}).partitions == 2
+
+
+def test_openings_wait_thirty_seconds_for_company_unless_told_otherwise():
+    """Alertmanager's group_wait: a storm of hosts going idle at once is a few messages (2 s made it 75 of 300)."""
+    assert load_settings(None, environ={}).slack_group_wait_s == 30.0
+    assert load_settings(None, environ={"BURNWATCH_SLACK_GROUP_WAIT_S": "0"}).slack_group_wait_s == 0.0
