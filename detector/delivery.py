@@ -457,14 +457,14 @@ class Outbox:
         Slack refuses for what it says (``invalid_blocks``) is tried once more a start, not at every post."""
         if not self._refused_again or self.notifier is None or not self.notifier.default_took_post:
             return
-        self._refused_again = False
         refused = self.store.deliveries.refused_openings(REFUSED, sorted(self._owned) if self._owned is not None else None)
         attempted = {a: at for a, at in refused if (a, "fired") not in self._queued}
         ids = list(attempted)
+        rows = self.store.alerts.latest("alert_id IN %(ids)s", {"ids": ids}) if ids else []
+        self._refused_again = False  # once read: a store error above leaves it for the next pass
         if not ids:
             return
         now = self._clock()
-        rows = self.store.alerts.latest("alert_id IN %(ids)s", {"ids": ids})
         for alert in sorted((alert_from_row(row, "fired") for row in rows), key=lambda a: (a.fired_at, a.alert_id)):
             key = (alert.alert_id, "fired")
             if self._done.get(key) in (REFUSED, None):

@@ -950,3 +950,30 @@ def test_an_opening_posted_again_and_killed_before_its_record_is_looked_for_not_
     restarted.deliver_pending()
     reply = slack.calls("chat.postMessage")[-1]
     assert reply.body.get("thread_ts") == openings[0].response["ts"] and "alert `r0`" in reply.text_of_blocks()
+
+
+def test_openings_refused_are_posted_again_after_the_store_failed_the_pass_that_would_have(slack, store):
+    """The pass that was to post the refused openings again could not read them (the store down a moment): it gave
+    up its turn first, so they stayed out of Slack until the next start or refusal of SLACK_CHANNEL. Now the next
+    pass reads them again."""
+    assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0
+    store.alerts.record([alert(alert_id="r0")], version=1)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    outbox.add([alert(alert_id="r0")])
+    slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "not_in_channel"}')
+    outbox.deliver_pending()
+
+    real = store.deliveries.refused_openings
+
+    def down(*args, **kwargs):
+        raise ConnectionError("ClickHouse unavailable")
+
+    store.deliveries.refused_openings = down  # the app invited, a new one opens, the store down meanwhile
+    store.alerts.record([alert(alert_id="n1", fired_at=T0 + 3600)], version=2)
+    outbox.add([alert(alert_id="n1", fired_at=T0 + 3600)])
+    with pytest.raises(ConnectionError):
+        outbox.deliver_pending()
+    store.deliveries.refused_openings = real
+    outbox.deliver_pending()  # the delivery thread's next pass
+    posted = [next(i for i in ("n1", "r0") if f"alert `{i}`" in p.text_of_blocks()) for p in slack.calls("chat.postMessage")]
+    assert posted == ["n1", "r0"]
