@@ -367,7 +367,8 @@ class Outbox:
                 log.error("slack_delivery_refused", alert_ids=[a.alert_id for a in group], change=alert.change,
                           reason=str(exc))  # fmt: skip
                 refused = [(a.alert_id, a.change) for a in group]
-                self.store.deliveries.record_many([(*key, *REFUSED) for key in refused])
+                # Stamped on this clock, as its attempt was: a post of the opening begun after it is one made again.
+                self.store.deliveries.record_made([(*key, *REFUSED, time.time()) for key in refused])
                 self._done.update(dict.fromkeys(refused, REFUSED))
                 self._drop(group)
                 self._refused_again = self._refused_again or self.notifier.channel in self.notifier.refusing
@@ -456,16 +457,20 @@ class Outbox:
         Slack refuses for what it says (``invalid_blocks``) is tried once more a start, not at every post."""
         if not self._refused_again or self.notifier is None or not self.notifier.default_took_post:
             return
-        self._refused_again = False
-        ids = self.store.deliveries.refused_openings(REFUSED, sorted(self._owned) if self._owned is not None else None)
-        ids = [a for a in ids if (a, "fired") not in self._queued]
+        refused = self.store.deliveries.refused_openings(REFUSED, sorted(self._owned) if self._owned is not None else None)
+        attempted = {a: at for a, at in refused if (a, "fired") not in self._queued}
+        ids = list(attempted)
+        rows = self.store.alerts.latest("alert_id IN %(ids)s", {"ids": ids}) if ids else []
+        self._refused_again = False  # once read: a store error above leaves it for the next pass
         if not ids:
             return
         now = self._clock()
-        rows = self.store.alerts.latest("alert_id IN %(ids)s", {"ids": ids})
         for alert in sorted((alert_from_row(row, "fired") for row in rows), key=lambda a: (a.fired_at, a.alert_id)):
-            if self._done.get((alert.alert_id, "fired")) in (REFUSED, None):
-                self._done.pop((alert.alert_id, "fired"), None)
+            key = (alert.alert_id, "fired")
+            if self._done.get(key) in (REFUSED, None):
+                self._done.pop(key, None)
+                if attempted[alert.alert_id]:  # posted again before, never recorded: looked for in Slack first
+                    self._maybe_posted[key] = max(self._maybe_posted.get(key, 0.0), attempted[alert.alert_id] + self.landing_s)
                 self._enqueue(alert, now - self.group_wait_s)
         log.info("slack_refused_openings_posted_again", alerts=len(ids))
 

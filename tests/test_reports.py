@@ -127,6 +127,12 @@ def test_incidents_time_to_acknowledge_and_resolve_and_precision_by_rule(filled)
     rule = precision[acked["rule"]]
     assert (rule["acknowledged"], rule["expected"], rule["precision"]) == (2, 1, 0.667)
     assert rule["alerts"] == len(idle)
+    # The app invited an hour later: the refused opening posted then (Outbox._post_refused_again), after the click.
+    # Acknowledged before Slack had it, it has no time to acknowledge from Slack (it said -58 minutes).
+    store.deliveries.record_made([(refused["alert_id"], "fired", "#ml-cost", "9.0", posted + 3600)])
+    incidents = {r["alert_id"]: r for r in run_report(store, "incidents", ALL)}
+    assert incidents[refused["alert_id"]]["minutes_to_ack"] is None
+    assert incidents[acked["alert_id"]]["minutes_to_ack"] == pytest.approx(5.0, abs=0.2)
 
 
 

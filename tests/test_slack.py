@@ -901,3 +901,79 @@ def test_a_message_slack_refuses_for_itself_is_tried_again_once_a_start_not_at_e
         outbox.deliver_pending()
     assert len(slack.calls("chat.postMessage")) == 4 and outbox.failed == 2
     assert store.deliveries.made()[("bad", "fired")] == ("", "refused")
+
+
+def test_an_opening_posted_again_and_killed_before_its_record_is_looked_for_not_posted_twice(slack, store):
+    """A refused opening posted again once SLACK_CHANNEL took a post, and the worker killed before that post's record
+    was written: the store still said refused, and its mark of the post begun was ignored (the opening was recorded,
+    as refused), so the restarted worker posted it a second time at its first post. A post begun after the refusal is
+    now in doubt: looked for in Slack first, found there, recorded and not posted again; its resolution replies there."""
+    assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0
+    store.alerts.record([alert(alert_id="r0")], version=1)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    outbox.add([alert(alert_id="r0")])
+    slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "not_in_channel"}')
+    outbox.deliver_pending()
+    assert store.deliveries.made()[("r0", "fired")] == ("", "refused")
+
+    class Killed(Exception):
+        """The worker died here."""
+
+    real = store.deliveries.record_made
+
+    def dies_at_the_end_of_the_pass(rows):
+        if any(row[0] == "r0" and row[1] == "fired" for row in rows):
+            raise Killed  # r0's re-post made, its record never written
+        real(rows)
+
+    store.deliveries.record_made = dies_at_the_end_of_the_pass  # the app invited, then a new one opens
+    store.alerts.record([alert(alert_id="n1", fired_at=T0 + 3600)], version=2)
+    outbox.add([alert(alert_id="n1", fired_at=T0 + 3600)])
+    with pytest.raises(Killed):
+        outbox.deliver_pending()
+    store.deliveries.record_made = real
+    assert ["n1", "r0"] == [next(i for i in ("n1", "r0") if f"alert `{i}`" in p.text_of_blocks())
+                            for p in slack.calls("chat.postMessage")]
+    assert store.deliveries.made()[("r0", "fired")] == ("", "refused")
+
+    restarted = Outbox(store, bot(slack), group_wait_s=0.0, landing_s=0.0)
+    restarted.recover()
+    store.alerts.record([alert(alert_id="n2", fired_at=T0 + 7200)], version=3)
+    restarted.add([alert(alert_id="n2", fired_at=T0 + 7200)])
+    restarted.deliver_pending()
+    restarted.deliver_pending()
+    openings = [p for p in slack.calls("chat.postMessage") if "alert `r0`" in p.text_of_blocks()]
+    assert len(openings) == 1
+    assert store.deliveries.made()[("r0", "fired")][1] == openings[0].response["ts"]
+    store.alerts.record([alert("resolved", alert_id="r0")], version=4)
+    restarted.add([alert("resolved", alert_id="r0")])
+    restarted.deliver_pending()
+    reply = slack.calls("chat.postMessage")[-1]
+    assert reply.body.get("thread_ts") == openings[0].response["ts"] and "alert `r0`" in reply.text_of_blocks()
+
+
+def test_openings_refused_are_posted_again_after_the_store_failed_the_pass_that_would_have(slack, store):
+    """The pass that was to post the refused openings again could not read them (the store down a moment): it gave
+    up its turn first, so they stayed out of Slack until the next start or refusal of SLACK_CHANNEL. Now the next
+    pass reads them again."""
+    assert Outbox(store, bot(slack), group_wait_s=0.0).recover() == 0
+    store.alerts.record([alert(alert_id="r0")], version=1)
+    outbox = Outbox(store, bot(slack), group_wait_s=0.0)
+    outbox.add([alert(alert_id="r0")])
+    slack.fail_next(1, 200, method="chat.postMessage", body=b'{"ok": false, "error": "not_in_channel"}')
+    outbox.deliver_pending()
+
+    real = store.deliveries.refused_openings
+
+    def down(*args, **kwargs):
+        raise ConnectionError("ClickHouse unavailable")
+
+    store.deliveries.refused_openings = down  # the app invited, a new one opens, the store down meanwhile
+    store.alerts.record([alert(alert_id="n1", fired_at=T0 + 3600)], version=2)
+    outbox.add([alert(alert_id="n1", fired_at=T0 + 3600)])
+    with pytest.raises(ConnectionError):
+        outbox.deliver_pending()
+    store.deliveries.refused_openings = real
+    outbox.deliver_pending()  # the delivery thread's next pass
+    posted = [next(i for i in ("n1", "r0") if f"alert `{i}`" in p.text_of_blocks()) for p in slack.calls("chat.postMessage")]
+    assert posted == ["n1", "r0"]

@@ -167,22 +167,31 @@ class Deliveries:
                          column_names=["alert_id", "output", "change", "state", "detail"])  # fmt: skip
         return marked
 
-    def refused_openings(self, marker: tuple[str, str], partitions: Sequence[int] | None = None) -> list[str]:
+    def refused_openings(self, marker: tuple[str, str], partitions: Sequence[int] | None = None) -> list[tuple[str, float]]:
         """Alerts still firing whose opening is recorded with ``marker`` (Slack refused it for good), oldest first:
-        posted again once SLACK_CHANNEL takes posts (the app invited at last). ``partitions`` as :meth:`undelivered`."""
+        posted again once SLACK_CHANNEL takes posts (the app invited at last). ``partitions`` as :meth:`undelivered`.
+        Each with the wall time of the latest post of its opening begun after it was recorded refused (0: none): a
+        post again made and never recorded (the worker killed, a timeout, a rebalance) may be in Slack already, and
+        :meth:`attempted` does not say it (its opening is recorded, as refused)."""
         db = self.conn.db
         owned = "1"
         if partitions is not None:
-            owned = "if(partition < 0, 0, partition) IN %(partitions)s" if partitions else "0"
+            owned = "if(a.partition < 0, 0, a.partition) IN %(partitions)s" if partitions else "0"
+        refused = (f"SELECT alert_id, delivered_at AS at FROM {db}.alert_deliveries FINAL "
+                   "WHERE kind = 'fired' AND channel = %(channel)s AND message_ts = %(ts)s")  # fmt: skip
         rows = self.conn.query(
-            f"""SELECT alert_id FROM {db}.alerts FINAL
-                WHERE silenced = '' AND status = 'firing' AND {owned} AND alert_id IN (
-                    SELECT alert_id FROM {db}.alert_deliveries FINAL
-                    WHERE kind = 'fired' AND channel = %(channel)s AND message_ts = %(ts)s)
-                ORDER BY fired_at, alert_id""",
-            {"partitions": list(partitions or []), "channel": marker[0], "ts": marker[1]},
+            f"""SELECT a.alert_id AS alert_id,
+                       if(p.at > r.at, toUnixTimestamp64Milli(p.at) / 1000, 0) AS attempted
+                FROM {db}.alerts AS a FINAL
+                INNER JOIN ({refused}) AS r ON r.alert_id = a.alert_id
+                LEFT JOIN (SELECT alert_id, max(delivered_at) AS at FROM {db}.alert_deliveries
+                           WHERE kind = %(attempt)s AND alert_id IN (SELECT alert_id FROM ({refused}))
+                           GROUP BY alert_id) AS p ON p.alert_id = a.alert_id
+                WHERE a.silenced = '' AND a.status = 'firing' AND {owned}
+                ORDER BY a.fired_at, a.alert_id""",
+            {"partitions": list(partitions or []), "channel": marker[0], "ts": marker[1], "attempt": ATTEMPT + "fired"},
         )  # fmt: skip
-        return [r["alert_id"] for r in rows]
+        return [(r["alert_id"], float(r["attempted"])) for r in rows]
 
     def undelivered(self, partitions: Sequence[int] | None = None) -> list[tuple[str, str]]:
         """(alert_id, change) pairs people should have heard of but have not, oldest first: the

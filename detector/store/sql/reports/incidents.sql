@@ -1,10 +1,11 @@
 -- Incidents with time to acknowledge and resolve (those that stood: a withdrawn fire never did).
 -- Time to acknowledge counts from the Slack post; an opening that made none (its record a marker:
--- refused, not Slack's, snoozed, withdrawn: detector/delivery.py) has none.
+-- refused, not Slack's, snoozed, withdrawn: detector/delivery.py) has none, nor one acknowledged before
+-- its post (on the incidents page while Slack refused it, posted once the app was invited).
 -- Parameters: db (the database: Identifier), since and until (DateTime('UTC')), team (String, '' = every team).
 SELECT a.alert_id AS alert_id, a.type AS type, a.resource_id AS resource_id, a.team AS team, a.status AS status,
        a.fired_at AS fired_at, round(a.waste_usd, 2) AS usd,
-       if(x.acked_at IS NULL OR d.posted_at IS NULL, NULL,
+       if(x.acked_at IS NULL OR d.posted_at IS NULL OR x.acked_at < d.posted_at, NULL,
           round(dateDiff('second', d.posted_at, x.acked_at) / 60, 1)) AS minutes_to_ack,
        x.acked_by AS acked_by,
        if(a.resolved_at IS NULL, NULL, round(dateDiff('second', a.fired_at, a.resolved_at) / 3600, 2)) AS hours_to_resolve
