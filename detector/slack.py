@@ -158,6 +158,16 @@ message goes to SLACK_CHANNEL with a note instead (the commonest first-day mista
 never invited to; each of its alerts was refused for good, logged, and posted nowhere)."""
 
 
+_WEBHOOK_REFUSED = {
+    "channel_is_archived": "unarchive its channel, or make the webhook for another (SLACK_WEBHOOK_URL)",
+    "channel_not_found": "the webhook's channel is gone: make one for another (SLACK_WEBHOOK_URL)",
+    "action_prohibited": "an admin restricted posting to its channel: ask them, or use another (SLACK_WEBHOOK_URL)",
+    "posting_to_general_channel_denied": "only admins may post to its channel: use another (SLACK_WEBHOOK_URL)",
+}
+"""An incoming webhook's answers that its channel takes no message (Slack's "Handling errors" for webhooks), and what
+fixes each: as :data:`_CHANNEL_REFUSED` for a bot, said on ``/healthz`` until a post is taken."""
+
+
 def _error_of(exc: BaseException) -> str | None:
     """Slack's ``error`` in slack-sdk's exception, if it carries an answer."""
     response = getattr(exc, "response", None)
@@ -712,11 +722,15 @@ class SlackNotifier:
                 # No buttons: a webhook does not say its message's ts, so no click could be matched to its alerts.
                 answer = self._hook.send(text=text, blocks=[b for b in blocks if b.get("type") != "actions"])
                 if answer.status_code != 200:
+                    if (said := answer.body.strip()) in _WEBHOOK_REFUSED:
+                        self.refusing[self.channel] = f"{said}: {_WEBHOOK_REFUSED[said]}"
+                        self.default_took_post = False
                     raise SlackError(
                         f"webhook answered {answer.status_code}: {answer.body}",
                         retryable=answer.status_code == 429 or answer.status_code >= 500
                         or answer.body.strip() in _CREDENTIALS_REFUSED,
                     )
+                self.refusing.pop(self.channel, None)
                 self.default_took_post = True
                 return self.channel, ""
             if alert is not None and alert.closes and thread is not None:

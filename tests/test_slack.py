@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 
@@ -977,3 +979,22 @@ def test_openings_refused_are_posted_again_after_the_store_failed_the_pass_that_
     outbox.deliver_pending()  # the delivery thread's next pass
     posted = [next(i for i in ("n1", "r0") if f"alert `{i}`" in p.text_of_blocks()) for p in slack.calls("chat.postMessage")]
     assert posted == ["n1", "r0"]
+
+
+def test_openings_a_webhooks_archived_channel_refused_are_posted_once_it_takes_posts(slack, store):
+    """Through an incoming webhook whose channel was archived (Slack answers 410 ``channel_is_archived``): the channel
+    is on /healthz with the fix, and once it is unarchived the openings refused meanwhile of incidents still open are
+    posted, as a bot's are. Before, a webhook's refusal never said so, and they waited for the next start."""
+    notifier = SlackNotifier(webhook_url=slack.webhook_url)
+    assert Outbox(store, notifier, group_wait_s=0.0).recover() == 0
+    outbox = Outbox(store, notifier, group_wait_s=0.0)
+    store.alerts.record([alert(alert_id="w1")], version=1)
+    outbox.add([alert(alert_id="w1")])
+    slack.fail_next(1, 410, body=b"channel_is_archived")
+    outbox.deliver_pending()
+    assert slack.calls("webhook") == [] and "unarchive" in notifier.refusing["webhook"]
+    store.alerts.record([alert(alert_id="w2", fired_at=T0 + 3600)], version=2)  # unarchived, then a new one
+    outbox.add([alert(alert_id="w2", fired_at=T0 + 3600)])
+    outbox.deliver_pending()
+    posted = [re.findall(r"alert `([^`]+)`", h.text_of_blocks()) for h in slack.calls("webhook")]
+    assert posted == [["w2"], ["w1"]] and notifier.refusing == {}
