@@ -328,7 +328,7 @@ class Outbox:
                 continue
             group = self._group_of(alert)
             if group is None:
-                return sent  # waiting for the rest of its group
+                break  # waiting for the rest of its group; the edits below go on meanwhile
             if self._follows_refused(alert):  # queued before its opening was refused
                 self._drop([alert])
                 continue

@@ -489,6 +489,21 @@ def test_untagged_resources_of_one_account_are_one_message(slack, store):
     assert slack.calls("chat.update") == [] and slack.calls("chat.postMessage")[-1].body["thread_ts"] == posts[0].response["ts"]
 
 
+def test_growing_dollars_are_shown_while_an_opening_waits_for_company(slack, store):
+    """An opening collecting its group for 30 s stops no incident's cost edit (until 2026-12-08 the pass
+    returned before the edits, so a storm of openings, one group collecting after another, kept every open
+    incident's dollars as they were for as long as it lasted)."""
+    now = [1000.0]
+    outbox = Outbox(store, bot(slack), group_wait_s=30.0, clock=lambda: now[0])
+    outbox.add([alert(alert_id="p1", tags={"team": "vision"})])
+    now[0] += 31.0
+    assert outbox.deliver_pending() == 1
+    outbox.add([alert(alert_id="w1"), alert("updated", alert_id="p1", tags={"team": "vision"}, waste_usd=20.0)])
+    assert outbox.deliver_pending() == 0 and outbox.hold_s == pytest.approx(30.0)  # w1 collects
+    (update,) = slack.calls("chat.update")
+    assert "$20.00" in update.text_of_blocks()
+
+
 def test_growing_dollars_edit_the_message_at_most_once_a_minute(slack, store):
     now = [0.0]
     outbox = Outbox(store, bot(slack), group_wait_s=0, edit_every_s=60.0, clock=lambda: now[0])
