@@ -1,4 +1,4 @@
-"""The outbox: every opening and resolution reaches Slack once, in order.
+"""The outbox: every opening and resolution reaches Slack once, each incident's in order.
 
 Alerts are written to ClickHouse before they are queued here, and every
 delivery is recorded there too, so after a crash or a rebalance the outbox is
@@ -23,7 +23,8 @@ stored and not posted, so no post is made by two workers.
 Openings wait ``group_wait_s`` in the queue for company: those of one type and one
 group (the team; the account for ``untagged``) that fired within ``group_window_s``
 of event time go out as one message, every alert id recorded against it; their
-resolutions reply in its thread without editing it.
+resolutions reply in its thread without editing it. The wait holds up only the opening
+and the later changes of its incident: the rest of the queue goes on past it.
 
 The record of deliveries made is bounded: an alert's records leave memory once it has been closed for
 ``forget_after_s`` of event time (:mod:`detector.closed_alerts` says why that is safe, and when a change
@@ -282,7 +283,7 @@ class Outbox:
                 self._inbox.extend(items)
 
     def deliver_pending(self) -> int:
-        """Deliver queued changes in order (the delivery thread). A retryable failure stops
+        """Deliver queued changes, each incident's in order (the delivery thread). A retryable failure stops
         the pass and leaves the rest queued (raise :class:`SlackError`); a permanent one is
         logged and skipped."""
         with self._pass:
@@ -315,8 +316,17 @@ class Outbox:
         self._take_inbox()
         self._refresh_snoozes()
         self._post_refused_again()
-        while self._queue and self.notifier is not None:
-            alert = self._queue[0]
+        held: set[str] = set()  # incidents whose opening collects its group: it and their later changes wait
+        at, size = 0, len(self._queue)
+        while self.notifier is not None:
+            if len(self._queue) != size:  # posted or dropped: look again from the start (a group takes held openings too)
+                held = {alert_id for alert_id in held if (alert_id, "fired") in self._queued}
+                at, size = 0, len(self._queue)
+            while at < size and self._queue[at].alert_id in held:
+                at += 1
+            if at == size:
+                break
+            alert = self._queue[at]
             key = (alert.alert_id, alert.change)
             if key in self._done:
                 self._drop([alert])
@@ -327,8 +337,9 @@ class Outbox:
                 self._drop([alert])
                 continue
             group = self._group_of(alert)
-            if group is None:
-                return sent  # waiting for the rest of its group
+            if group is None:  # waiting for the rest of its group: the rest of the queue goes on, then the edits
+                held.add(alert.alert_id)
+                continue
             if self._follows_refused(alert):  # queued before its opening was refused
                 self._drop([alert])
                 continue
@@ -337,7 +348,7 @@ class Outbox:
             if doubtful:  # any member of the message, not only its first: a group may form anew after a restart
                 wait = max(self._maybe_posted[(a.alert_id, a.change)] for a in doubtful) - self._wall()
                 if wait > 0:  # a post cut off by a timeout or a kill may still land: look after it could
-                    self.hold_s = wait
+                    self.hold_s = min(self.hold_s or wait, wait)  # (or sooner, a group held before it due)
                     return sent
                 opened = self._openings_posted(doubtful)
                 found = [a for a in doubtful if self._found(a, [a], self._done.get((a.alert_id, "fired")), opened)]
@@ -622,7 +633,8 @@ class Outbox:
             return [alert]
         waited = self._clock() - self._queued_at.get(alert.alert_id, 0.0)
         if waited < self.group_wait_s:
-            self.hold_s = self.group_wait_s - waited
+            due_in = self.group_wait_s - waited
+            self.hold_s = min(self.hold_s or due_in, due_in)  # the soonest of the groups collecting
             return None
         return [a for a in self._queue
                 if a.change == "fired" and a.type == alert.type and a.group == group

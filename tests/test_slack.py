@@ -491,6 +491,48 @@ def test_untagged_resources_of_one_account_are_one_message(slack, store):
     assert slack.calls("chat.update") == [] and slack.calls("chat.postMessage")[-1].body["thread_ts"] == posts[0].response["ts"]
 
 
+def test_an_opening_waiting_for_company_holds_up_no_other_incidents_change(slack, store):
+    """The wait for company (``BURNWATCH_SLACK_GROUP_WAIT_S``, 30 s in the worker) is an opening's own: another
+    team's resolution queued behind it goes out now, not when the group is due (until 2026-12-08 the queue stopped
+    at the first opening still collecting, so every change behind it waited up to the whole 30 s). The waiting
+    opening's own resolution still follows it."""
+    now = [1000.0]
+    vision = {"team": "vision", "owner": "bob", "project": "cv"}
+    outbox = Outbox(store, bot(slack), group_wait_s=30.0, clock=lambda: now[0])
+    outbox.add([alert(alert_id="p1", tags=vision)])
+    now[0] += 31.0
+    assert outbox.deliver_pending() == 1  # p1's opening, its wait over
+    outbox.add([alert(alert_id="w1"), alert("resolved", alert_id="p1", tags=vision), alert("resolved", alert_id="w1")])
+    assert outbox.deliver_pending() == 1 and outbox.hold_s == pytest.approx(30.0)  # p1's resolution; w1 collects
+    posts = slack.calls("chat.postMessage")
+    assert len(posts) == 2 and posts[1].body["thread_ts"] == posts[0].response["ts"] and len(outbox) == 2
+    now[0] += 10.0
+    outbox.add([alert(alert_id="x1", tags={"team": "infra"})])  # another group collecting, due 10 s after w1's
+    assert outbox.deliver_pending() == 0 and outbox.hold_s == pytest.approx(20.0)  # the sooner: w1's
+    now[0] += 21.0
+    assert outbox.deliver_pending() == 2 and outbox.hold_s == pytest.approx(9.0)  # w1's opening, its resolution
+    posts = slack.calls("chat.postMessage")
+    assert "thread_ts" not in posts[2].body and posts[3].body["thread_ts"] == posts[2].response["ts"]
+    assert "w1" in posts[2].text_of_blocks() and len(outbox) == 1
+    now[0] += 10.0
+    assert outbox.deliver_pending() == 1 and "x1" in slack.calls("chat.postMessage")[4].text_of_blocks()
+
+
+def test_growing_dollars_are_shown_while_an_opening_waits_for_company(slack, store):
+    """An opening collecting its group for 30 s stops no incident's cost edit (until 2026-12-08 the pass
+    returned before the edits, so a storm of openings, one group collecting after another, kept every open
+    incident's dollars as they were for as long as it lasted)."""
+    now = [1000.0]
+    outbox = Outbox(store, bot(slack), group_wait_s=30.0, clock=lambda: now[0])
+    outbox.add([alert(alert_id="p1", tags={"team": "vision"})])
+    now[0] += 31.0
+    assert outbox.deliver_pending() == 1
+    outbox.add([alert(alert_id="w1"), alert("updated", alert_id="p1", tags={"team": "vision"}, waste_usd=20.0)])
+    assert outbox.deliver_pending() == 0 and outbox.hold_s == pytest.approx(30.0)  # w1 collects
+    (update,) = slack.calls("chat.update")
+    assert "$20.00" in update.text_of_blocks()
+
+
 def test_growing_dollars_edit_the_message_at_most_once_a_minute(slack, store):
     now = [0.0]
     outbox = Outbox(store, bot(slack), group_wait_s=0, edit_every_s=60.0, clock=lambda: now[0])
