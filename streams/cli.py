@@ -1568,7 +1568,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback: there is no auth)")
     p.add_argument("--port", type=functools.partial(_whole, most=65535, zero="a free one"), default=8123,
                    help="port (default 8123, ClickHouse's; 0 picks a free one)")  # fmt: skip
-    p.add_argument("--max-execution-time", type=functools.partial(_whole, what="seconds", most=10**9, zero="never"), default=300, metavar="S",
+    p.add_argument("--max-execution-time", type=functools.partial(_whole, what="seconds", most=10**9, zero="never"),
+                   default=300, metavar="S",
                    help="stop a statement that sets no max_execution_time after S seconds: the engine runs one "
                    "at a time (default 300, clickhouse-connect's reply timeout; 0: never)")  # fmt: skip
     p.set_defaults(func=cmd_store_serve)
