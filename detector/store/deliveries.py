@@ -17,6 +17,14 @@ ATTEMPT = "posting:"
 """Prefix of an ``alert_deliveries`` kind that marks a post begun (``posting:fired``)."""
 
 
+def owned_by(partitions: Sequence[int] | None, column: str = "partition") -> str:
+    """A condition on an alert's input ``column``: the alerts of keys on ``partitions`` (bound as ``%(partitions)s``;
+    those of unknown partition, -1, count as partition 0's), or all (None)."""
+    if partitions is None:
+        return "1"
+    return f"if({column} < 0, 0, {column}) IN %(partitions)s" if partitions else "0"
+
+
 @dataclass
 class Made:
     """Deliveries made, as the Slack outbox keeps them in memory."""
@@ -174,9 +182,7 @@ class Deliveries:
         post again made and never recorded (the worker killed, a timeout, a rebalance) may be in Slack already, and
         :meth:`attempted` does not say it (its opening is recorded, as refused)."""
         db = self.conn.db
-        owned = "1"
-        if partitions is not None:
-            owned = "if(a.partition < 0, 0, a.partition) IN %(partitions)s" if partitions else "0"
+        owned = owned_by(partitions, "a.partition")
         refused = (f"SELECT alert_id, delivered_at AS at FROM {db}.alert_deliveries FINAL "
                    "WHERE kind = 'fired' AND channel = %(channel)s AND message_ts = %(ts)s")  # fmt: skip
         rows = self.conn.query(
@@ -202,9 +208,7 @@ class Deliveries:
         ``partitions``: only the alerts of keys on these input partitions (those of
         unknown partition count as partition 0's)."""
         db = self.conn.db
-        owned = "1"
-        if partitions is not None:
-            owned = "if(partition < 0, 0, partition) IN %(partitions)s" if partitions else "0"
+        owned = owned_by(partitions)
         rows = self.conn.query(
             f"""SELECT alert_id, change FROM (
                     SELECT alert_id, 'fired' AS change, fired_at AS at, 0 AS o FROM {db}.alerts FINAL

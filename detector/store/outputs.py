@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from detector.store.connection import Connection
+from detector.store.deliveries import owned_by
 from detector.units import epoch
 
 __all__ = ["FINAL_STATES", "OutputDeliveries"]
@@ -55,9 +56,7 @@ class OutputDeliveries:
         firing one too (re-sent while firing). ``partitions``: only the alerts of keys on those input
         partitions (None: all). Routing is the caller's to apply."""
         db = self.conn.db
-        owned = "1"
-        if partitions is not None:
-            owned = "if(partition < 0, 0, partition) IN %(partitions)s" if partitions else "0"
+        owned = owned_by(partitions)
         done = (f"SELECT alert_id FROM {db}.output_deliveries WHERE output = %(o)s AND state IN %(final)s "
                 "AND change = ")  # fmt: skip
         return self.conn.query(
