@@ -1189,8 +1189,24 @@ def cmd_query(args: argparse.Namespace) -> int:
     if not known:  # a typo or a team of another store: not "(no rows)", which reads as a team that wasted nothing
         raise SystemExit(f"--team {printable(args.team, 60)}: no such team in this store (team tags are matched "
                          f"exactly); its teams: {', '.join(printable(t, 40) for t in teams) or '(none)'}")  # fmt: skip
-    sys.stdout.write(format_rows(rows, args.format))
+    shown, cut = _first_rows(rows, args.limit, args.format)
+    sys.stdout.write(format_rows(shown, args.format))
+    if cut:
+        _note(cut)
     return 0
+
+
+TABLE_ROWS = 100
+"""The rows ``query`` shows as a table unless ``--limit`` says otherwise (csv and json: all)."""
+
+
+def _first_rows(rows: list[dict[str, Any]], limit: int | None, fmt: str) -> tuple[list[dict[str, Any]], str]:
+    """The rows ``query`` prints, and what it says of those it leaves out ('' for none): a fleet's incidents over
+    days are thousands of rows, which a table in a terminal buries; cut, never silently."""
+    most = limit if limit is not None else (TABLE_ROWS if fmt == "table" else 0)
+    if not most or len(rows) <= most:
+        return rows, ""
+    return rows[:most], f"(the first {most:,} of {len(rows):,} rows: --limit 0 shows them all, --format csv for a spreadsheet)"
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -1537,6 +1553,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", default="7d", help="period before the newest stored event time (default 7d)")
     p.add_argument("--team", help="only this team (the team tag)")
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--limit", type=functools.partial(_whole, what="rows", zero="all"), default=None,
+                   help=f"show the first N rows (default {TABLE_ROWS} as a table, all as csv or json; 0: all)")
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("sql", help="run a query against the store")

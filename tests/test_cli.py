@@ -571,3 +571,16 @@ def test_digest_prints_what_was_fixed_what_stayed_open_and_writes_its_chart(made
     assert "open: h2 (idle_gpu, vision) $10.00/h; $60.00 that day" in out.stdout, out.stdout
     assert "last 14 days: 11-02 $100" in out.stdout, out.stdout
     assert chart.read_bytes().startswith(b"\x89PNG")
+
+
+def test_query_shows_a_table_of_at_most_a_hundred_rows_unless_told_and_says_so():
+    """``query incidents --since 2d`` on a fleet of 3,200 GPUs printed 4,398 rows, with nothing said of how many."""
+    from streams.cli import _first_rows
+
+    rows = [{"n": i} for i in range(250)]
+    shown, said = _first_rows(rows, None, "table")
+    assert shown == rows[:100] and said.startswith("(the first 100 of 250 rows: --limit 0 shows them all")
+    assert _first_rows(rows, None, "csv") == (rows, "") and _first_rows(rows, 0, "table") == (rows, "")
+    assert _first_rows(rows, 7, "json")[0] == rows[:7] and _first_rows(rows[:5], None, "table") == (rows[:5], "")
+    out = burnwatch("query", "waste", "--limit", "-1")
+    assert out.returncode == 2 and "argument --limit: takes 0 (all) or more, not -1" in out.stderr
