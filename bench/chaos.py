@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--second-worker", action="store_true",
                         help="a second worker joins and leaves (both on one `burnwatch store serve`)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, store)")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for the workers (e.g. BURNWATCH_SLACK_GROUP_WAIT_S=30, the default outside tests)")
     args = parser.parse_args(argv)
+    extra = dict(item.split("=", 1) for item in args.env)
 
     ruleset = load_rules(ROOT / "rules")
     cfg = SimConfig(hours=args.hours, training_hosts=args.hosts, notebooks=max(1, args.hosts // 2),
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             with EmbeddedBroker(log_path=workdir / "broker.log") as broker, LocalSlack() as slack:
                 report = chaos(workdir, ruleset, broker.bootstrap, slack, seed=args.seed, cfg=cfg, kills=args.kills,
                                speed=args.speed, rules_dir=workdir / "rules", slack_faults=not args.no_slack_faults,
-                               timeout=900, store_url=server.url if server else None,
+                               timeout=900, store_url=server.url if server else None, extra_env=extra,
                                log=lambda line: print(line, file=sys.stderr))  # fmt: skip
         finally:
             if server is not None:
