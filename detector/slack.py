@@ -702,10 +702,20 @@ class SlackNotifier:
         refused = _error_of(exc)
         if refused not in _CHANNEL_REFUSED:
             return None
-        self.refusing[channel] = f"{refused}: {_CHANNEL_REFUSED[refused]}"
+        self._refuses(channel, refused, _CHANNEL_REFUSED[refused])
+        return refused
+
+    def _refuses(self, channel: str, answer: str, fix: str) -> None:
+        """``channel`` refused a post for good: said (:attr:`refusing`) until it takes one."""
+        self.refusing[channel] = f"{answer}: {fix}"
         if channel == self.channel:
             self.default_took_post = False
-        return refused
+
+    def _took(self, channel: str) -> None:
+        """``channel`` took a post: it refuses no more."""
+        self.refusing.pop(channel, None)
+        if channel == self.channel:
+            self.default_took_post = True
 
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
         """One message for several openings of one type and group (untagged resources of one account)."""
@@ -723,15 +733,13 @@ class SlackNotifier:
                 answer = self._hook.send(text=text, blocks=[b for b in blocks if b.get("type") != "actions"])
                 if answer.status_code != 200:
                     if (said := answer.body.strip()) in _WEBHOOK_REFUSED:
-                        self.refusing[self.channel] = f"{said}: {_WEBHOOK_REFUSED[said]}"
-                        self.default_took_post = False
+                        self._refuses(self.channel, said, _WEBHOOK_REFUSED[said])
                     raise SlackError(
                         f"webhook answered {answer.status_code}: {answer.body}",
                         retryable=answer.status_code == 429 or answer.status_code >= 500
                         or answer.body.strip() in _CREDENTIALS_REFUSED,
                     )
-                self.refusing.pop(self.channel, None)
-                self.default_took_post = True
+                self._took(self.channel)
                 return self.channel, ""
             if alert is not None and alert.closes and thread is not None:
                 channel, parent_ts = thread
@@ -763,11 +771,9 @@ class SlackNotifier:
                 except Exception as fallback:
                     self._refused_by(self.channel, fallback)
                     raise
-                self.refusing.pop(self.channel, None)
-                self.default_took_post = True
+                self._took(self.channel)
             else:
-                self.refusing.pop(channel, None)
-                self.default_took_post = self.default_took_post or channel == self.channel
+                self._took(channel)
             return str(response["channel"]), str(response["ts"])
         except SlackError:
             raise
