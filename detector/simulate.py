@@ -127,6 +127,9 @@ class SimConfig:
     training_jobs: int = 0
     """Hosts running training jobs seen through their input pipelines (host gauges) and validation
     metrics (run events): data-starved and plateaued runs; see :mod:`detector.simulate_training`."""
+    cpu_notebooks: int = 0
+    """Notebooks without GPUs, their Jupyter activity in their usage: some left running overnight;
+    see :mod:`detector.simulate_notebooks`."""
 
     @classmethod
     def messy(cls, **kw: Any) -> SimConfig:
@@ -754,7 +757,7 @@ def simulate(cfg: SimConfig, pricing: Pricing) -> tuple[Iterator[Record], list[L
     from detector.simulate_training import training_fleet  # it builds on this module's labels
 
     added = ((cfg.k8s_nodes, _k8s_fleet), (cfg.choices, _choices), (cfg.serving_endpoints, _serving_fleet),
-             (cfg.training_jobs, training_fleet))  # fmt: skip
+             (cfg.training_jobs, training_fleet), (cfg.cpu_notebooks, _cpu_notebook_fleet))  # fmt: skip
     for count, part in added:
         if count:
             records, part_labels = part(cfg, pricing, b.end)
@@ -789,6 +792,15 @@ def _k8s_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[R
         streams.append(_batched(_usage_records(_k8s_resource(node, cfg, end), cfg, end), cfg.usage_flush_s))
         labels += simulate_k8s.k8s_labels(node, cfg.start, end, cfg.scrape_s)
     return delivered(streams, cfg, "k8s-delivery"), labels
+
+
+def _cpu_notebook_fleet(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:
+    """The CPU notebooks' usage records (their own random streams) and labels."""
+    from detector.simulate_notebooks import cpu_notebooks  # it builds on this module's labels
+
+    streams, labels = cpu_notebooks(cfg.cpu_notebooks, cfg.seed, cfg.start, end, cfg.usage_interval_s, cfg.usage_flush_s,
+                                    pricing)  # fmt: skip
+    return delivered(streams, cfg, "notebook-delivery"), labels
 
 
 def _choices(cfg: SimConfig, pricing: Pricing, end: float) -> tuple[Iterator[Record], list[Label]]:

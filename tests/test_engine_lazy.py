@@ -22,7 +22,8 @@ from detector.simulate import SimConfig
 from tests.helpers import MIN, T0, at, fleet_file, timeline, usage
 
 SMALL = {"hours": 4.0, "training_hosts": 3, "notebooks": 2, "inference_endpoints": 1, "buckets": 1, "vector_dbs": 1,
-         "cpu_instances": 2, "k8s_nodes": 2, "seed": 4, "serving_endpoints": 10, "choices": 1}  # fmt: skip
+         "cpu_instances": 2, "k8s_nodes": 2, "seed": 4, "serving_endpoints": 10, "choices": 1,
+         "cpu_notebooks": 2}  # fmt: skip
 """A fleet with a resource untagged, Kubernetes nodes and hosts off it, egress and none, endpoints on spot
 alone and spread, and endpoints serving a named model and none (seed 4)."""
 
@@ -50,7 +51,7 @@ def _batches(path: Path) -> list[list[tuple[float, Any]]]:
 def test_the_shipped_rules_that_are_lazy(ruleset):
     """Those whose state most resources would hold at its defaults (the bench's memory figures)."""
     assert {d.type for d in _lazy(ruleset)} == {"unallocated_gpu", "egress_runaway", "untagged", "anomaly", "build_or_call",
-                                           "spot_without_redundancy"}
+                                           "spot_without_redundancy", "idle_notebook"}
 
 
 @pytest.mark.parametrize("windows", [False, True], ids=["rules only", "windows built"])
@@ -110,11 +111,18 @@ CASES: list[tuple[str, list[Any]]] = [
     ("every GPU free", [_sample(g, False) for g in range(2)]),
     ("a GPU held", [_sample(0, True), _sample(1, None)]),
     ("one sample", [_sample(0, False)]),
+    ("a CPU notebook's activity", [msgspec.structs.replace(usage(T0, resource_type="notebook"), instance_type="m6i.2xlarge",
+                                                           metrics={"last_activity": T0 - 3600.0})]),
+    ("a CPU notebook's usage", [msgspec.structs.replace(usage(T0, resource_type="notebook"), instance_type="m6i.2xlarge")]),
 ]
 
 
 def _context(events: list[Any]) -> Context:
     first = events[0]
+    if getattr(first, "instance_type", "") == "m6i.2xlarge":  # (a CPU notebook)
+        return Context(ResourceInfo(resource_id="host-1", resource_type="notebook", instance_type="m6i.2xlarge",
+                                    region="us-east-1", state=first.state, usd_per_hour=0.384, interval_usd=0.384 / 60,
+                                    tags=first.tags))  # fmt: skip
     return Context(ResourceInfo(resource_id="host-1", resource_type="gpu_instance", instance_type="p4d.24xlarge",
                                 region="us-east-1", state=getattr(first, "state", "running"), usd_per_hour=32.0,
                                 gpus=8, interval_usd=32.0 / 60, tags=getattr(first, "tags", {})))  # fmt: skip

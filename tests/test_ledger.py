@@ -202,6 +202,19 @@ def test_idle_before_untagged_on_the_same_hours(store):
     assert ledger(store) == pytest.approx({("idle", "waste"): 10.0, ("untag", "waste"): 10.0})
 
 
+def test_an_idle_notebook_untagged_counts_once_and_caps_what_could_be_saved(store):
+    """A CPU notebook idle for one of its two hours and untagged throughout: $10 idle, $10 untagged (migration
+    0028 gave idle_notebook its place: before it the ledger left it out). An hour left idle is not one spot
+    could save on: what could be saved stays within the bill less the idle hour's waste."""
+    billed(store, 2, 10.0)
+    store.alerts.record([alert("idle", "idle_notebook", 10.0, T0, T0 + HOUR),
+                         alert("untag", "untagged", 20.0, T0, T0 + 2 * HOUR, team="")], version=1)  # fmt: skip
+    assert ledger(store) == pytest.approx({("idle", "waste"): 10.0, ("untag", "waste"): 10.0})
+    run = {"run_id": "r1", "resource_ids": ["h1"]}
+    store.alerts.record([alert("spot", "spot_eligible", 20.0, T0, T0 + 2 * HOUR, rid="r1", details=run)], version=2)
+    assert ledger(store)[("spot", "could_save")] == pytest.approx(10.0)
+
+
 def test_could_be_saved_is_apart_from_waste_and_never_on_wasted_dollars(store):
     """A failed run on spot-eligible capacity: its spend is wasted; spot saves nothing on wasted
     dollars, and what could be saved is its own total (here, on the hour the run did not fail)."""

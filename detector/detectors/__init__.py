@@ -14,6 +14,7 @@ from detector.detectors.data_starved_training import DataStarvedTraining
 from detector.detectors.egress_runaway import EgressRunaway
 from detector.detectors.failed_run_spend import FailedRunSpend
 from detector.detectors.idle_gpu import IdleGpu
+from detector.detectors.idle_notebook import IdleNotebook
 from detector.detectors.inference_overprovisioned import InferenceOverprovisioned
 from detector.detectors.inference_scale_to_zero import InferenceScaleToZero
 from detector.detectors.inference_unbatched import InferenceUnbatched
@@ -37,7 +38,7 @@ REGISTRY: dict[str, type[Detector]] = {
     for cls in (IdleGpu, PartlyIdleGpu, UnallocatedGpu, StuckGpu, TelemetryStale, Untagged, EgressRunaway, FailedRunSpend,
                 VectorDbGrowth, StorageGrowth, InferenceOverprovisioned, SpotEligible, UnusedCommitment, Anomaly,
                 InferenceScaleToZero, InferenceUnbatched, SpotWithoutRedundancy, BuildOrCall, WrongRegion,
-                DataStarvedTraining, PlateauedRun)
+                DataStarvedTraining, PlateauedRun, IdleNotebook)
 }
 
 

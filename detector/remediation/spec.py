@@ -27,7 +27,7 @@ offers (``grace: 0s``; ``grace: 30``, thirty seconds, for 30 minutes)."""
 
 APPLIES_TO: dict[ActionKind, frozenset[str]] = {
     "stop_instance": frozenset({"idle_gpu", "stuck_gpu", "unallocated_gpu", "telemetry_stale"}),
-    "cull_notebook": frozenset({"idle_gpu", "stuck_gpu", "unallocated_gpu"}),
+    "cull_notebook": frozenset({"idle_gpu", "idle_notebook", "stuck_gpu", "unallocated_gpu"}),
     "scale_to_zero": frozenset({"idle_gpu", "stuck_gpu", "inference_overprovisioned", "unallocated_gpu"}),
 }
 """Rule types whose incidents each kind can end. A kind absent here (``notify_only``)
