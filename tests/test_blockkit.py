@@ -182,6 +182,7 @@ LONG = {"gpu_model": HUGE, "gpu_count": 8, "gpus_unallocated": 8, "gpus_idle": l
 DETAILS: dict[str, dict[str, Any]] = {
     "idle_gpu": LONG, "partly_idle_gpu": LONG, "unallocated_gpu": LONG, "stuck_gpu": LONG, "telemetry_stale": LONG,
     "untagged": {"missing_tags": [HUGE] * 20},
+    "idle_notebook": {"idle_s": 1e308, "for_s": 1e9, "last_activity": 99_999_999_999.0, "reason": HUGE},
     "egress_runaway": {"destination": HUGE, "dest_region": HUGE, "excess_gb": 1e9, "usd_per_gb": 0.09,
                        "rate_gb_per_hour": 1e6, "baseline_gb_per_hour": 1.0},
     "failed_run_spend": {"run_id": HUGE, "status": HUGE, "error": HUGE, "gpu_hours": 1e6, "crash_loop": True,

@@ -66,6 +66,8 @@ NOT_CHARTED = {
                              "the scrapes beside the host gauges is to do)",
     "plateaued_run": "not yet: run metrics are stored in the run events' extra column, not a series the "
                      "chart queries read",
+    "idle_notebook": "the news is one time, the last activity, which the alert gives with the hours since; a "
+                     "chart of a flat line of no activity would add nothing",
 }
 """Types without a chart, and why (docs/charts.md says the same)."""
 
