@@ -139,6 +139,9 @@ class Outbox:
         """Posts that timed out, or were begun by a worker that died → wall time after which they
         are looked for in Slack (a request cut off may still land until then), then sent if absent."""
         self.landing_s = landing_s
+        self._throttled: dict[str, float] = {}
+        """Channel → the clock until which Slack asked its posts to wait (a 429's Retry-After): its changes wait,
+        the other channels' go on, so one team's storm does not hold up another team's alerts."""
         self._snoozes_read = clock()
         self.failed = 0
         self.hold_s = 0.0
@@ -316,13 +319,16 @@ class Outbox:
         self._take_inbox()
         self._refresh_snoozes()
         self._post_refused_again()
+        now = self._clock()
+        self._throttled = {channel: until for channel, until in self._throttled.items() if until > now}
         held: set[str] = set()  # incidents whose opening collects its group: it and their later changes wait
+        paced: set[str] = set()  # incidents whose channel Slack throttled: their changes wait for it (all in that channel)
         at, size = 0, len(self._queue)
         while self.notifier is not None:
             if len(self._queue) != size:  # posted or dropped: look again from the start (a group takes held openings too)
                 held = {alert_id for alert_id in held if (alert_id, "fired") in self._queued}
                 at, size = 0, len(self._queue)
-            while at < size and self._queue[at].alert_id in held:
+            while at < size and (self._queue[at].alert_id in held or self._queue[at].alert_id in paced):
                 at += 1
             if at == size:
                 break
@@ -354,6 +360,12 @@ class Outbox:
                 found = [a for a in doubtful if self._found(a, [a], self._done.get((a.alert_id, "fired")), opened)]
                 if found:
                     continue  # those are delivered; the rest forms its message again
+            channel = self.notifier.destination(alert, thread)
+            wait = self._throttled.get(channel, 0.0) - self._clock()
+            if wait > 0:  # the channel's posts wait for Slack's Retry-After; the next channel's go on
+                paced.update(a.alert_id for a in group)
+                self.hold_s = min(self.hold_s or wait, wait)
+                continue
             if not self.may_post():  # asked again shortly: the revocation that may follow drops the queue
                 self.hold_s = MAY_POST_AGAIN_S
                 return sent
@@ -373,6 +385,12 @@ class Outbox:
                 if exc.maybe_posted:
                     landed_by = self._wall() + self.landing_s
                     self._maybe_posted.update(((a.alert_id, a.change), landed_by) for a in group)
+                if exc.throttled is not None:  # Slack took none of it: that channel waits, the others go on
+                    self._throttled[exc.throttled] = self._clock() + exc.retry_after_s
+                    paced.update(a.alert_id for a in group)
+                    self.hold_s = min(self.hold_s or exc.retry_after_s, exc.retry_after_s)
+                    log.info("slack_channel_throttled", channel=exc.throttled, retry_after_s=exc.retry_after_s)
+                    continue
                 if exc.retryable:
                     raise
                 log.error("slack_delivery_refused", alert_ids=[a.alert_id for a in group], change=alert.change,

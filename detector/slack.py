@@ -17,6 +17,7 @@ it into mentions either. Our own mentions (``routing.yaml`` ``users``) and links
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
@@ -193,12 +194,33 @@ def _retryable(exc: BaseException) -> bool:
 
 class SlackError(RuntimeError):
     """Slack refused or could not be reached; ``retryable`` says whether trying again can help,
-    ``maybe_posted`` that the request timed out after it was sent (Slack may have taken it)."""
+    ``maybe_posted`` that the request timed out after it was sent (Slack may have taken it),
+    ``throttled`` the channel whose post Slack answered 429 (None: not that), ``retry_after_s`` when to try it again."""
 
-    def __init__(self, message: str, retryable: bool, maybe_posted: bool = False) -> None:
+    def __init__(self, message: str, retryable: bool, maybe_posted: bool = False, throttled: str | None = None,
+                 retry_after_s: float = 0.0) -> None:  # fmt: skip
         super().__init__(message)
         self.retryable = retryable
         self.maybe_posted = maybe_posted
+        self.throttled = throttled
+        self.retry_after_s = retry_after_s
+
+
+MAX_RETRY_AFTER_S = 300.0
+"""The longest Retry-After taken as it is: a channel told to wait longer is tried again then (an answer of days
+would hold its alerts back for good)."""
+
+
+def _retry_after(exc: BaseException) -> float:
+    """Seconds a 429 asks to wait (its Retry-After header; 1 when absent or not a number), at most
+    :data:`MAX_RETRY_AFTER_S`."""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    try:
+        value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), None)
+        wait = float(value[0] if isinstance(value, list) else value) if value is not None else 1.0
+    except (TypeError, ValueError):
+        wait = 1.0
+    return min(max(wait, 1.0), MAX_RETRY_AFTER_S) if math.isfinite(wait) else 1.0
 
 
 def _owner(alert: Alert, routing: Routing) -> str:
@@ -499,9 +521,20 @@ def render_resolution(alert: Alert) -> list[dict[str, Any]]:
     ])  # fmt: skip
 
 
-def _retry_handlers() -> list:
+def _raise_if_throttled(channel: str, exc: BaseException) -> None:
+    """A 429 to a post in ``channel``: :class:`SlackError` saying so, with the wait Slack asked for."""
+    if getattr(getattr(exc, "response", None), "status_code", None) == 429:
+        wait = _retry_after(exc)
+        raise SlackError(f"Slack throttled posts to {channel} for {wait:.0f}s (429)", retryable=True, throttled=channel,
+                         retry_after_s=wait) from exc  # fmt: skip
+
+
+def _retry_handlers(rate_limited: bool = True) -> list:
+    """slack-sdk's retries: a 5xx and a lost connection twice, and a 429 twice after its Retry-After unless
+    ``rate_limited`` is False (the alerts' posts: the outbox paces a throttled channel and posts the others'
+    meanwhile, where waiting in the call would hold up every channel)."""
     return [
-        RateLimitErrorRetryHandler(max_retry_count=2),
+        *([RateLimitErrorRetryHandler(max_retry_count=2)] if rate_limited else []),
         ServerErrorRetryHandler(max_retry_count=2),
         ConnectionErrorRetryHandler(max_retry_count=2),
     ]
@@ -525,9 +558,14 @@ class SlackNotifier:
             self._web: WebClient | None = WebClient(
                 token=token, timeout=timeout, retry_handlers=_retry_handlers(), base_url=base_url or WebClient.BASE_URL
             )
+            self._posts: WebClient | None = WebClient(
+                token=token, timeout=timeout, retry_handlers=_retry_handlers(rate_limited=False),
+                base_url=base_url or WebClient.BASE_URL,
+            )
+            """The alerts' posts (:meth:`_send`): a 429 is the outbox's to pace, per channel."""
             self._hook: WebhookClient | None = None
         elif webhook_url:
-            self._web = None
+            self._web = self._posts = None
             self._hook = WebhookClient(webhook_url, timeout=timeout, retry_handlers=_retry_handlers())
         else:
             raise ValueError("Slack needs a bot token and channel, or a webhook URL")
@@ -717,6 +755,16 @@ class SlackNotifier:
         if channel == self.channel:
             self.default_took_post = True
 
+    def destination(self, alert: Alert, thread: tuple[str, str] | None = None) -> str:
+        """The channel a change of ``alert`` is posted to (``thread``: its opening's, where a resolution replies):
+        its routed channel, or ``channel`` while that one refuses the app (:meth:`_send`'s fallback)."""
+        if self._web is None:
+            return self.channel
+        if alert.closes and thread is not None:
+            return thread[0]
+        routed = alert.channel or self.channel
+        return self.channel if routed in self.refusing else routed
+
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
         """One message for several openings of one type and group (untagged resources of one account)."""
         head = alerts[0]
@@ -741,11 +789,17 @@ class SlackNotifier:
                     )
                 self._took(self.channel)
                 return self.channel, ""
+            posts = self._posts
+            assert posts is not None
             if alert is not None and alert.closes and thread is not None:
                 channel, parent_ts = thread
-                self._web.chat_postMessage(
-                    channel=channel, thread_ts=parent_ts, text=text, blocks=_verbatim(render_resolution(alert))
-                )
+                try:
+                    posts.chat_postMessage(
+                        channel=channel, thread_ts=parent_ts, text=text, blocks=_verbatim(render_resolution(alert))
+                    )
+                except Exception as exc:
+                    _raise_if_throttled(channel, exc)
+                    raise
                 if edit_parent:  # the reply is the delivery: a failed edit must not send it again
                     try:
                         self._web.chat_update(channel=channel, ts=parent_ts, text=text, blocks=blocks)
@@ -754,8 +808,9 @@ class SlackNotifier:
                 return channel, parent_ts
             channel = channel or self.channel
             try:
-                response = self._web.chat_postMessage(channel=channel, text=text, blocks=blocks)
+                response = posts.chat_postMessage(channel=channel, text=text, blocks=blocks)
             except Exception as exc:  # noqa: BLE001 - a routed channel that refuses: the default one instead
+                _raise_if_throttled(channel, exc)
                 refused = self._refused_by(channel, exc)
                 if refused is None or channel == self.channel:
                     raise
@@ -766,9 +821,10 @@ class SlackNotifier:
                     f"{_CHANNEL_REFUSED[refused]}. Posted here meanwhile.", MAX_TEXT)}]}  # fmt: skip
                 at = 1 if blocks and blocks[0].get("type") == "header" else 0  # under the headline
                 try:
-                    response = self._web.chat_postMessage(channel=self.channel, text=text,
-                                                          blocks=_verbatim(fit([*blocks[:at], note, *blocks[at:]])))  # fmt: skip
+                    response = posts.chat_postMessage(channel=self.channel, text=text,
+                                                      blocks=_verbatim(fit([*blocks[:at], note, *blocks[at:]])))  # fmt: skip
                 except Exception as fallback:
+                    _raise_if_throttled(self.channel, fallback)
                     self._refused_by(self.channel, fallback)
                     raise
                 self._took(self.channel)

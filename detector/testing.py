@@ -121,7 +121,7 @@ class LocalSlack:
 
     # -- behaviour -----------------------------------------------------------------
 
-    def fail_next(self, count: int, status: int = 500, retry_after: int | None = None, method: str | None = None,
+    def fail_next(self, count: int, status: int = 500, retry_after: int | str | None = None, method: str | None = None,
                   body: bytes | None = None) -> None:  # fmt: skip
         """Answer the next ``count`` requests (of ``method`` only, if given) with ``status``
         (429 gets Retry-After), and ``body`` if given (``{"ok": false, "error": "invalid_auth"}``

@@ -6,6 +6,8 @@ import time
 import urllib.error
 import urllib.request
 
+import msgspec
+
 from detector.testing import LocalSlack
 
 
@@ -76,3 +78,38 @@ def test_a_storm_of_resolutions_through_a_rate_limited_channel_is_posted_once_ea
         replies = [r for r in slack.calls("chat.postMessage") if "thread_ts" in r.body]
         assert slack.throttled > 0
         assert sorted(r.text_of_blocks().split("alert `")[1][:3].rstrip("`") for r in replies) == sorted(ids)
+
+
+def test_a_throttled_channel_waits_and_the_other_channels_alerts_go_on(store):
+    """One team's channel throttled (Slack's one post a second per channel, here one in 3 s): its next changes
+    wait for Retry-After while another team's opening, queued behind them, is posted in the same pass; then
+    the waiting ones go, each once, each incident's in order. Before, the pass slept in slack-sdk's retry and
+    every channel waited."""
+    from detector.delivery import Outbox
+    from detector.slack import SlackNotifier
+    from tests.test_outbox_crash import idle
+
+    def routed(alert, channel):
+        return msgspec.structs.replace(alert, channel=channel)
+
+    with LocalSlack() as slack:
+        notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=5)
+        outbox = Outbox(store, notifier, group_wait_s=0)
+        slack.limit_rate(per_s=1 / 3, burst=1)
+        nlp = [routed(idle(alert_id=f"n{i}"), "#nlp-cost") for i in range(3)]
+        vision = routed(idle(alert_id="v0"), "#vision-cost")
+        store.alerts.record([*nlp, vision], version=1)
+        outbox.add(nlp)
+        outbox.add([routed(idle("resolved", alert_id="n0"), "#nlp-cost")])
+        outbox.add([vision])
+        assert outbox.deliver_pending() == 2  # n0's opening and vision's; n0's resolution waits behind n1, n2
+        posted = [r.body["channel"] for r in slack.calls("chat.postMessage")]
+        assert posted == ["#nlp-cost", "#vision-cost"] and slack.throttled == 1
+        assert 0 < outbox.hold_s <= 3  # come back when Slack said
+        deadline = time.monotonic() + 30
+        while outbox.has_work and time.monotonic() < deadline:
+            outbox.deliver_pending()
+            time.sleep(min(outbox.hold_s, 0.5))
+        calls = [r for r in slack.calls("chat.postMessage") if r.body["channel"] == "#nlp-cost"]
+        said = [("reply " if "thread_ts" in r.body else "") + r.text_of_blocks().split("alert `")[1][:2] for r in calls]
+        assert said == ["n0", "n1", "n2", "reply n0"] or said == ["n0", "n1", "reply n0", "n2"], said

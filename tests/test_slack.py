@@ -389,10 +389,35 @@ def test_a_webhooks_messages_carry_no_buttons(slack):
     assert "alert `g1`" in slack.calls("webhook")[-1].text_of_blocks()
 
 
-def test_rate_limit_honours_retry_after_then_delivers_once(slack):
-    slack.fail_next(1, status=429, retry_after=1)
-    bot(slack).post(alert())
-    assert len(slack.calls("chat.postMessage")) == 1  # the 429 was retried, and not recorded as a post
+def test_a_throttled_post_says_its_channel_and_the_wait_for_the_outbox_to_pace_it(slack):
+    """An alert's post answered 429 is not waited out in the call (that would hold every channel's alerts):
+    the error names the channel and Slack's Retry-After, and nothing was posted."""
+    slack.fail_next(1, status=429, retry_after=7)
+    with pytest.raises(SlackError) as info:
+        bot(slack).post(alert(channel="#nlp-cost"))
+    assert info.value.retryable and info.value.throttled == "#nlp-cost" and info.value.retry_after_s == 7
+    assert slack.calls("chat.postMessage") == []  # a refused post is not a post
+    bot(slack).post(alert(channel="#nlp-cost"))
+    assert len(slack.calls("chat.postMessage")) == 1
+
+
+@pytest.mark.parametrize(("header", "wait"), [(None, 1.0), ("0", 1.0), ("abc", 1.0), ("nan", 1.0), ("86400", 300.0),
+                                               ("2.5", 2.5)])  # fmt: skip
+def test_a_retry_after_is_read_within_bounds(slack, header, wait):
+    """A Retry-After that is not a number, none, or days long: a second, or at most five minutes."""
+    slack.fail_next(1, status=429, retry_after=header)
+    with pytest.raises(SlackError) as info:
+        bot(slack).post(alert())
+    assert info.value.retry_after_s == wait
+
+
+def test_other_calls_still_wait_out_a_429(slack):
+    """Edits, charts and look-ups keep slack-sdk's own retry after Retry-After: only the alerts' posts are paced."""
+    notifier = bot(slack)
+    channel, ts = notifier.post(alert())
+    slack.fail_next(1, status=429, retry_after=1, method="chat.update")
+    notifier.edit(alert(), (channel, ts))
+    assert len(slack.calls("chat.update")) == 1
 
 
 def test_server_errors_are_retryable_and_client_errors_are_not(slack):
