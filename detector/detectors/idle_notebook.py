@@ -24,8 +24,9 @@ Jupyter's own idea of activity in ``metrics``, as the exporter read it at the en
 
 GPU notebooks are ``idle_gpu``'s: their GPU samples say more than the kernel does, and the two
 rules would price the same hours. A notebook whose instance type has GPUs (``rules/pricing.yaml``)
-or that sends a GPU sample is never this rule's; one that fired before its first GPU sample
-resolves (``reason: has_gpus``).
+or that sends a GPU sample (after its first usage event: samples come every 30 s, and one before
+any usage is not remembered, so that a GPU notebook holds no state for this rule) is never this
+rule's; one that fired before its first GPU sample resolves (``reason: has_gpus``).
 
 The idle spell starts at ``last_activity``, or where the notebook last started running when that
 is later (a stop ends the spell: a notebook restarted at 08:00 after a night stopped is not idle
@@ -128,8 +129,8 @@ class IdleNotebook(DetectorBase):
         the key's others that carries activity figures; an interval without them is not counted."""
         if ctx.resource.gpus > 0:
             return False  # (its instance type has GPUs: nothing to remember)
-        if type(event) is GpuMetric:
-            return True
+        if type(event) is GpuMetric:  # (before its first usage event nothing says it is a notebook billed without GPUs:
+            return ctx.resource.known  # its samples keep coming, and the first after that one is remembered)
         if type(event) is not UsageEvent or ctx.late or event.state != "running":
             return False
         metrics = event.metrics
@@ -144,7 +145,7 @@ class IdleNotebook(DetectorBase):
         if resource.gpus > 0:  # (what its instance type says is read again at every event: nothing kept)
             return self._ended(state, resource, t, "has_gpus")
         if type(event) is GpuMetric:
-            return self._has_gpus(state, resource, t)
+            return self._has_gpus(state, resource, t) if resource.known else []
         if type(event) is not UsageEvent or state.has_gpus or t <= state.last_t:
             return []
         state.last_t = t
