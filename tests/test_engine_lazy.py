@@ -114,6 +114,8 @@ CASES: list[tuple[str, list[Any]]] = [
     ("a CPU notebook's activity", [msgspec.structs.replace(usage(T0, resource_type="notebook"), instance_type="m6i.2xlarge",
                                                            metrics={"last_activity": T0 - 3600.0})]),
     ("a CPU notebook's usage", [msgspec.structs.replace(usage(T0, resource_type="notebook"), instance_type="m6i.2xlarge")]),
+    ("a CPU notebook stopped", [msgspec.structs.replace(usage(T0, resource_type="notebook", state="stopped"),
+                                                        instance_type="m6i.2xlarge", metrics={"last_activity": T0 - 3600.0})]),
 ]
 
 

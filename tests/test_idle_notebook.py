@@ -3,6 +3,7 @@ read it (``metrics.last_activity``, ``metrics.kernels_busy``), stops, GPUs, late
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from detector.alerts import AlertManager
@@ -178,3 +179,71 @@ def test_the_slack_message_says_since_when_and_what_to_do(ruleset):
     text = str(render_blocks(alerts[0]))
     assert "Idle notebooks" in text and "2026-11-02 00:05 UTC" in text and "idle shutdown" in text
     assert "$0.38" in text  # an hour of it
+
+
+def test_a_late_interval_of_the_notebook_s_old_gpu_instance_type_changes_nothing(ruleset):
+    """A g5 notebook resized to m6i at 01:00, idle since: an hour-0 interval read again (its type then had GPUs)
+    is a re-read, not news that the notebook has GPUs: the open alert stays open."""
+    events = [nb(T0 + i * 300, last=T0, instance_type="g5.xlarge") for i in range(12)]
+    events += quiet(T0 + HOUR, T0 + 5 * HOUR, last=T0 + HOUR)
+    engine = Engine(ruleset)
+    (fire,) = opened_and_closed(findings(ruleset, events, engine))
+    assert fire.episode_start == T0 + HOUR
+    assert findings(ruleset, [nb(T0 + 300, last=T0, instance_type="g5.xlarge")], engine) == []
+    assert [f.episode_start for f in engine.open_episodes() if f.type == "idle_notebook"] == [T0 + HOUR]
+
+
+def test_a_stop_read_late_withdraws_what_in_time_order_never_lasted_three_hours(ruleset):
+    """Idle from midnight, stopped 02:00-02:05, running again since: in time order the spell began anew
+    at 02:05 and no alert by 04:00. The stop read after the intervals to 04:00 withdraws the 03:00 fire."""
+    before, after = quiet(T0, T0 + 2 * HOUR, last=T0), quiet(T0 + 2 * HOUR + 300, T0 + 4 * HOUR, last=T0)
+    stop = nb(T0 + 2 * HOUR, state="stopped")
+    assert findings(ruleset, before + [stop] + after) == []
+    engine = Engine(ruleset)
+    found = opened_and_closed(findings(ruleset, before + after + [stop], engine))
+    assert [f.action for f in found] == ["fire", "resolve"] and found[-1].details["reason"] == "withdrawn"
+    assert AlertManager(ruleset=ruleset).handle(found)[-1].withdrawn
+    assert [f for f in engine.open_episodes() if f.type == "idle_notebook"] == []
+    (fire,) = opened_and_closed(findings(ruleset, quiet(T0 + 4 * HOUR, T0 + 6 * HOUR, last=T0), engine))
+    assert fire.episode_start == T0 + 2 * HOUR + 300  # the spell after the stop, as in time order
+
+
+def test_a_stop_read_late_after_the_fire_resolves_there_with_the_dollars_before_it(ruleset):
+    events = quiet(T0, T0 + 4 * HOUR, last=T0) + quiet(T0 + 4 * HOUR + 300, T0 + 5 * HOUR, last=T0)
+    found = opened_and_closed(findings(ruleset, events + [nb(T0 + 4 * HOUR, state="stopped")]))
+    assert [f.action for f in found] == ["fire", "resolve"]
+    assert found[-1].details["reason"] == "instance_stopped" and found[-1].at == T0 + 4 * HOUR
+    assert found[-1].waste_usd <= RATE * 4 + 1e-6
+
+
+def test_activity_heard_late_takes_back_no_less_than_was_counted_when_the_price_changed(ruleset):
+    """Billed $10 a 5-minute interval until 04:00, then $0.001 (cost_usd, as a billing export says):
+    activity at 03:30 heard at 04:00. The spell's bill is 42 intervals, $420: never more."""
+    dear = [msgspec.structs.replace(e, cost_usd=10.0) for e in quiet(T0, T0 + 4 * HOUR, last=T0)]
+    cheap = msgspec.structs.replace(nb(T0 + 4 * HOUR, last=T0 + 3.5 * HOUR), cost_usd=0.001)
+    (_, resolve) = opened_and_closed(findings(ruleset, dear + [cheap]))
+    assert resolve.details["reason"] == "notebook_active" and resolve.at == T0 + 3.5 * HOUR
+    assert resolve.waste_usd <= 420.0 + 1e-6
+
+
+@pytest.mark.parametrize("ending", ["busy", "stopped", "active"])
+def test_an_interval_counted_past_the_end_of_the_spell_is_taken_back(ruleset, ending):
+    """Hourly intervals (a billing export); a 5-minute interval at 04:30 (the exporter's own) ends the
+    spell there: the hour 04:00-05:00 counted in full is counted to 04:30 only."""
+    events = quiet(T0, T0 + 5 * HOUR, last=T0, step=HOUR, interval_s=HOUR)
+    t = T0 + 4.5 * HOUR
+    events.append({"busy": nb(t, last=T0, busy=1), "stopped": nb(t, state="stopped"),
+                   "active": nb(t, last=t + 60)}[ending])  # fmt: skip
+    (_, resolve) = opened_and_closed(findings(ruleset, events))
+    assert resolve.waste_usd <= RATE * (resolve.at - T0) / HOUR + 1e-6
+
+
+def test_after_an_interval_of_a_type_with_gpus_the_spell_starts_anew(ruleset):
+    """Idle from midnight on m6i, an interval on g5 at 04:00 (resized), m6i again from 04:05 with the same last
+    activity: the alert resolved at 04:00 (has_gpus) stays resolved, and the spell after the resize is one of
+    its own, from 04:05 (the same start would be the same alert id: its fire, after the resolve, lost)."""
+    events = quiet(T0, T0 + 4 * HOUR, last=T0) + [nb(T0 + 4 * HOUR, last=T0, instance_type="g5.xlarge")]
+    events += quiet(T0 + 4 * HOUR + 300, T0 + 8 * HOUR, last=T0)
+    found = opened_and_closed(findings(ruleset, events))
+    assert [(f.action, f.episode_start) for f in found] == [("fire", T0), ("resolve", T0), ("fire", T0 + 4 * HOUR + 300)]
+    assert found[1].details["reason"] == "has_gpus"

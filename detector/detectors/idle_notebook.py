@@ -33,8 +33,9 @@ is later (a stop ends the spell: a notebook restarted at 08:00 after a night sto
 since yesterday), or at the first interval burnwatch saw of it (a spell that began before it was
 watched is dated from then: its start and dollars are what was seen). It fires when ``for`` has
 passed; it resolves when the activity moves past the spell's start (at that activity), when a
-kernel is busy, or when the notebook stops. An interval without ``last_activity`` is not counted
-(silence is not evidence) and changes nothing.
+kernel is busy, or when the notebook stops (a stop read late too: where it came, as in time order).
+An interval of an instance type with GPUs (a resize) ends the spell, and the next starts after it.
+An interval without ``last_activity`` is not counted (silence is not evidence) and changes nothing.
 
 Dollars: the billed cost of the running intervals inside the spell, an interval the spell began
 in counted for its idle share; per hour, the notebook's price.
@@ -60,7 +61,6 @@ from detector.detectors.base import Context, DetectorBase, Finding, Params, Reso
 from detector.detectors.episode import WITHDRAWN, Episode, advance, end
 from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.pricing import usd_over
 from detector.units import Duration, format_duration
 
 __all__ = ["ACTIVITY", "BUSY", "IdleNotebook", "IdleNotebookParams", "IdleNotebookState"]
@@ -90,12 +90,17 @@ class IdleNotebookState(Episode, kw_only=True):
     activity: float = -math.inf
     """The latest ``last_activity`` read (a reading older than it changes nothing)."""
     idle_usd: float = 0.0
+    peak_usd_per_s: float = 0.0
+    """The highest rate (dollars a second) of the intervals counted in the spell: time counted and taken
+    back (activity heard late, a stop read late) is taken back at it, so what stays is never more than
+    was counted before that time, whatever the intervals cost (``cost_usd`` varies; a gap counted nothing)."""
     has_gpus: bool = False
     """A GPU sample came, or its instance type has GPUs: ``idle_gpu``'s, never this rule's."""
 
     def clear(self) -> None:
         super().clear()
         self.idle_usd = 0.0
+        self.peak_usd_per_s = 0.0
 
 
 class IdleNotebook(DetectorBase):
@@ -142,17 +147,25 @@ class IdleNotebook(DetectorBase):
 
     def step(self, state: IdleNotebookState, ctx: Context, event: Event, t: float) -> list[Finding]:
         resource = ctx.resource
-        if resource.gpus > 0:  # (what its instance type says is read again at every event: nothing kept)
-            return self._ended(state, resource, t, "has_gpus")
+        usage = type(event) is UsageEvent
+        if usage:
+            if t <= state.last_t:  # (before its instance type is read: an old interval of a type with GPUs is old news)
+                return self._late(state, resource, t, event)  # type: ignore[arg-type]
+            state.last_t = t
+        if resource.gpus > 0:  # (what its instance type says is read again at every event)
+            if usage and state.first_seen != math.inf:  # (a spell starts no earlier than after it, as after a stop)
+                state.running_since = max(state.running_since, t + event.interval_s)  # type: ignore[union-attr]
+            return self._ends_at(state, resource, t, "has_gpus")
         if type(event) is GpuMetric:
             return self._has_gpus(state, resource, t) if resource.known else []
-        if type(event) is not UsageEvent or state.has_gpus or t <= state.last_t:
+        if not usage or state.has_gpus:
             return []
-        state.last_t = t
+        assert type(event) is UsageEvent
         end_t = t + event.interval_s
         if event.state != "running":
-            state.running_since = end_t  # (a spell starts no earlier than the next running interval)
-            return self._ended(state, resource, t, "instance_" + event.state)
+            if state.first_seen != math.inf:  # (before any activity figures: no spell to start later, nothing kept)
+                state.running_since = end_t  # (a spell starts no earlier than the next running interval)
+            return self._ends_at(state, resource, t, "instance_" + event.state)
         metrics = event.metrics
         last = metrics.get(ACTIVITY)
         busy = metrics.get(BUSY)
@@ -163,7 +176,7 @@ class IdleNotebook(DetectorBase):
         found: list[Finding] = []
         if busy is not None and busy > 0:
             state.activity = max(state.activity, end_t)  # (computing through the interval: idle from its end at the earliest)
-            return self._ended(state, resource, t, "kernel_busy")
+            return self._ends_at(state, resource, t, "kernel_busy")
         if last is not None and last > state.activity:
             state.activity = min(last, end_t)  # (a clock ahead of ours: active now)
             if state.since is not None and state.activity > state.since:
@@ -188,8 +201,36 @@ class IdleNotebook(DetectorBase):
         start = max(t, since, st.counted_until)
         if until <= start:
             return
-        st.idle_usd += res.interval_usd * (until - start) / (end_t - t) if end_t > t else 0.0
+        if end_t > t:
+            per_s = res.interval_usd / (end_t - t)
+            st.idle_usd += per_s * (until - start)
+            st.peak_usd_per_s = max(st.peak_usd_per_s, per_s)
         st.counted_until = until
+
+    def _late(self, st: IdleNotebookState, res: ResourceInfo, t: float, event: UsageEvent) -> list[Finding]:
+        """An interval ``[t, ...]`` read after later ones changes nothing (an old reading, an interval read
+        again, one of an instance type with GPUs before a resize), but for a stop (a stop read late is a stop,
+        :class:`~detector.detectors.base.Context`): in time order it ended the spell if it came within it. A stop
+        folded in before ended its spell, and the spell after it began past it: read again, it changes nothing."""
+        since = st.since
+        if since is None or event.state == "running" or t < since:
+            return []
+        st.running_since = max(st.running_since, t + event.interval_s)  # (a spell starts no earlier than after it)
+        return self._ends_at(st, res, t, "instance_" + event.state)
+
+    def _ends_at(self, st: IdleNotebookState, res: ResourceInfo, at: float, reason: str) -> list[Finding]:
+        """The spell ends at ``at``: what was counted past it is taken back; a fire after it is withdrawn
+        (in time order the spell never lasted ``for``), else resolved with ``reason``."""
+        if st.since is None:
+            return []
+        at = max(at, st.since)
+        if st.counted_until > at:
+            st.idle_usd = max(0.0, st.idle_usd - st.peak_usd_per_s * (st.counted_until - at))
+            st.counted_until = at
+        if st.fired_at is not None and at < st.fired_at:
+            st.idle_usd = 0.0
+            return self._ended(st, res, at, WITHDRAWN)
+        return self._ended(st, res, at, reason)
 
     def _active(self, st: IdleNotebookState, res: ResourceInfo, t: float, end_t: float) -> list[Finding]:
         """Activity at :attr:`~IdleNotebookState.activity`, after the spell's start, read in the interval
@@ -199,15 +240,7 @@ class IdleNotebook(DetectorBase):
         at = st.activity
         if at >= t:
             self._count(st, res, t, end_t, until=at)
-        elif st.counted_until > at:
-            excess = st.counted_until - at
-            if res.usd_per_hour is not None:
-                st.idle_usd = max(0.0, st.idle_usd - usd_over(res.usd_per_hour, excess))
-            st.counted_until = at
-        if st.fired_at is not None and at < st.fired_at:
-            st.idle_usd = 0.0
-            return self._ended(st, res, at, WITHDRAWN)
-        return self._ended(st, res, at, "notebook_active")
+        return self._ends_at(st, res, at, "notebook_active")
 
     def _ended(self, st: IdleNotebookState, res: ResourceInfo, at: float, reason: str) -> list[Finding]:
         """The spell ends at ``at``: its resolution if it fired; a candidate ends silently."""
