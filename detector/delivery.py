@@ -60,6 +60,10 @@ REFUSED = ("", "refused")
 every such post of the store's history at each one; a later change of its alert follows it."""
 WITHDRAWN_UNPOSTED = ("", "withdrawn")
 """The (channel, ts) recorded for the opening and the withdrawal of a fire withdrawn before it was posted."""
+MAX_CHANNEL_IDS = 10_000
+"""Channel names whose ids are kept (:attr:`Outbox._channel_ids`): more than a workspace routes to."""
+PACED_S = 60.0
+"""How long after a channel's latest 429 its posts go out at most one a second (:attr:`Outbox._paced`)."""
 MAY_POST_AGAIN_S = 0.5
 """How soon a pass that found :attr:`Outbox.may_post` false comes back."""
 
@@ -140,8 +144,15 @@ class Outbox:
         are looked for in Slack (a request cut off may still land until then), then sent if absent."""
         self.landing_s = landing_s
         self._throttled: dict[str, float] = {}
-        """Channel → the clock until which Slack asked its posts to wait (a 429's Retry-After): its changes wait,
-        the other channels' go on, so one team's storm does not hold up another team's alerts."""
+        """Channel → the clock until which its posts wait (a 429's Retry-After; then, while it is :attr:`_paced`, a
+        second after each post): its changes wait, the other channels' go on, so one team's storm does not hold up
+        another team's alerts."""
+        self._channel_ids: dict[str, str] = {}
+        """A channel's name as routed (``#nlp-cost``) → its id, as Slack answered a post to it: the replies in its
+        threads name it by id, and it is paced as one channel."""
+        self._paced: dict[str, float] = {}
+        """Channel → the clock until which it is posted to at most once a second (Slack's rate for a channel): a
+        minute after its latest 429, so that a storm goes out at the rate Slack takes rather than one 429 a post."""
         self._snoozes_read = clock()
         self.failed = 0
         self.hold_s = 0.0
@@ -321,6 +332,7 @@ class Outbox:
         self._post_refused_again()
         now = self._clock()
         self._throttled = {channel: until for channel, until in self._throttled.items() if until > now}
+        self._paced = {channel: until for channel, until in self._paced.items() if until > now}
         held: set[str] = set()  # incidents whose opening collects its group: it and their later changes wait
         paced: set[str] = set()  # incidents whose channel Slack throttled: their changes wait for it (all in that channel)
         at, size = 0, len(self._queue)
@@ -360,8 +372,9 @@ class Outbox:
                 found = [a for a in doubtful if self._found(a, [a], self._done.get((a.alert_id, "fired")), opened)]
                 if found:
                     continue  # those are delivered; the rest forms its message again
-            channel = self.notifier.destination(alert, thread)
-            wait = self._throttled.get(channel, 0.0) - self._clock()
+            to = self.notifier.destination(alert, thread)  # a name it is routed by, or the id a thread is in
+            to = self._channel_ids.get(to, to)  # (one key a channel: Slack answers a post by name with its id)
+            wait = self._throttled.get(to, 0.0) - self._clock()
             if wait > 0:  # the channel's posts wait for Slack's Retry-After; the next channel's go on
                 paced.update(a.alert_id for a in group)
                 self.hold_s = min(self.hold_s or wait, wait)
@@ -386,10 +399,12 @@ class Outbox:
                     landed_by = self._wall() + self.landing_s
                     self._maybe_posted.update(((a.alert_id, a.change), landed_by) for a in group)
                 if exc.throttled is not None:  # Slack took none of it: that channel waits, the others go on
-                    self._throttled[exc.throttled] = self._clock() + exc.retry_after_s
+                    throttled = self._channel_ids.get(exc.throttled, exc.throttled)
+                    self._throttled[throttled] = self._clock() + exc.retry_after_s
+                    self._paced[throttled] = self._clock() + PACED_S
                     paced.update(a.alert_id for a in group)
                     self.hold_s = min(self.hold_s or exc.retry_after_s, exc.retry_after_s)
-                    log.info("slack_channel_throttled", channel=exc.throttled, retry_after_s=exc.retry_after_s)
+                    log.debug("slack_channel_throttled", channel=exc.throttled, retry_after_s=exc.retry_after_s)
                     continue
                 if exc.retryable:
                     raise
@@ -403,6 +418,14 @@ class Outbox:
                 self._refused_again = self._refused_again or self.notifier.channel in self.notifier.refusing
                 continue
             self._delivered(group, channel, ts)
+            if channel and channel != to and len(self._channel_ids) < MAX_CHANNEL_IDS:
+                self._channel_ids[to] = channel
+                for table in (self._throttled, self._paced):  # (kept by its id from now on)
+                    if to in table:
+                        table[channel] = max(table.pop(to), table.get(channel, 0.0))
+                to = channel
+            if self._paced.get(to, 0.0) > self._clock():  # (one a second, while Slack throttles the channel)
+                self._throttled[to] = self._clock() + 1.0
             METRICS.slack.labels("ok").inc()
             if self.on_opened is not None and len(group) == 1 and alert.change == "fired" and ts:
                 self.on_opened(alert, channel, ts)

@@ -95,7 +95,8 @@ class IdleNotebookState(Episode, kw_only=True):
     back (activity heard late, a stop read late) is taken back at it, so what stays is never more than
     was counted before that time, whatever the intervals cost (``cost_usd`` varies; a gap counted nothing)."""
     has_gpus: bool = False
-    """A GPU sample came, or its instance type has GPUs: ``idle_gpu``'s, never this rule's."""
+    """A GPU sample came after its first usage event: ``idle_gpu``'s, never this rule's (an instance type with
+    GPUs is read again from the resource at every event, not kept here)."""
 
     def clear(self) -> None:
         super().clear()
