@@ -52,7 +52,7 @@ def cpu_notebooks(count: int, seed: int, start: float, end: float, step: float, 
         mornings = [first for first, _ in spans[1:]] + [end]  # (the last night lasts to the end of the data)
         for (_, evening), morning in zip(spans, mornings, strict=True):
             seen = max(evening, start)  # (a night begun before the data is dated from its first interval, as the rule does)
-            if morning - seen >= MIN_IDLE_S and not any(a < morning and seen < b for a, b in stopped):
+            if evening < end and morning - seen >= MIN_IDLE_S and not any(a < morning and seen < b for a, b in stopped):
                 labels.append(Label("idle_notebook", rid, seen, morning, hourly, "left running overnight"))
     return streams, labels
 
@@ -74,7 +74,7 @@ def _activity(rng: random.Random, start: float, end: float, step: float) -> list
     while day < end:
         first = day + 9 * 3600 + rng.uniform(0, 45) * 60
         last = day + 17 * 3600 + rng.uniform(0, 90) * 60
-        if last <= end:
+        if first < end:  # (a day the data ends in: its activity up to there)
             spans.append((first, last))
         day += 86_400
     return spans

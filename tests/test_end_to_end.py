@@ -78,8 +78,8 @@ def sql(env: dict[str, str], query: str) -> list[dict]:
 
 
 def test_fleet_through_kafka_faust_clickhouse_and_slack(tmp_path: Path, ruleset):
-    records, labels = simulate(SimConfig(hours=16, training_hosts=8, notebooks=4, inference_endpoints=2, seed=4),
-                               ruleset.pricing)  # fmt: skip
+    records, labels = simulate(SimConfig(hours=16, training_hosts=8, notebooks=4, inference_endpoints=2, seed=4,
+                                         cpu_notebooks=2), ruleset.pricing)  # fmt: skip
     replay = tmp_path / "fleet.jsonl"
     with open(replay, "wb") as out:
         write_replay(records, out)
