@@ -21,7 +21,8 @@ They also include ``CHOICES`` sets of workloads whose cost is a choice
 of hourly usage from before the fleet's start.
 
 They also include ``TRAINING_JOBS`` training hosts seen through host gauges and run metrics
-(:mod:`detector.simulate_training`: ``data_starved_training``, ``plateaued_run``).
+(:mod:`detector.simulate_training`: ``data_starved_training``, ``plateaued_run``), and ``CPU_NOTEBOOKS``
+notebooks without GPUs seen through their Jupyter activity (:mod:`detector.simulate_notebooks`: ``idle_notebook``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from detector.replay import write_replay
 from detector.rules import RuleSet
 from detector.simulate import Label, SimConfig, simulate
 
-__all__ = ["CHOICES", "K8S_NODES", "MATCH_SLACK_S", "SERVING_ENDPOINTS", "TRAINING_JOBS", "TypeScore", "evaluate",
-           "match", "score"]
+__all__ = ["CHOICES", "CPU_NOTEBOOKS", "K8S_NODES", "MATCH_SLACK_S", "SERVING_ENDPOINTS", "TRAINING_JOBS", "TypeScore",
+           "evaluate", "match", "score"]
 
 K8S_NODES = 4
 """Shared Kubernetes GPU nodes in each evaluated fleet (one of each kind the simulator has)."""
@@ -51,6 +52,9 @@ SERVING_ENDPOINTS = 20
 TRAINING_JOBS = 6
 """Training hosts seen through host gauges and run metrics (:mod:`detector.simulate_training`): every
 kind of job on each over 48 hours (``data_starved_training``, ``plateaued_run`` and their look-alikes)."""
+CPU_NOTEBOOKS = 4
+"""Notebooks without GPUs (:mod:`detector.simulate_notebooks`): nights stopped and nights left running
+(``idle_notebook``), working days as negatives, activity heard through JupyterHub's 5-minute reports."""
 
 
 @dataclass
@@ -152,7 +156,7 @@ def score(alerts: Iterable[Alert], labels: Iterable[Label]) -> dict[str, TypeSco
 def evaluate(
     ruleset: RuleSet, seeds: Sequence[int], hours: float = 48.0, messy: bool = False, k8s_nodes: int = K8S_NODES,
     bill: bool = False, serving_endpoints: int = SERVING_ENDPOINTS, choices: int = CHOICES,
-    training_jobs: int = TRAINING_JOBS,
+    training_jobs: int = TRAINING_JOBS, cpu_notebooks: int = CPU_NOTEBOOKS,
 ) -> tuple[dict[str, TypeScore], list[dict]]:
     """Score the rules over one simulated fleet per seed (delivered messily: lost scrapes,
     jitter, duplicates, delays, with ``messy``); return the totals and each run's. With
@@ -165,7 +169,7 @@ def evaluate(
         for seed in seeds:
             fleet = SimConfig.messy if messy else SimConfig
             cfg = fleet(hours=hours, seed=seed, k8s_nodes=k8s_nodes, serving_endpoints=serving_endpoints, choices=choices,
-                        training_jobs=training_jobs)
+                        training_jobs=training_jobs, cpu_notebooks=cpu_notebooks)
             records, labels = simulate(cfg, ruleset.pricing)
             path = Path(tmp) / f"fleet-{seed}.jsonl"
             with open(path, "wb") as out:

@@ -186,7 +186,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cfg = SimConfig(
         hours=args.hours, training_hosts=args.hosts, notebooks=args.notebooks,
         inference_endpoints=args.inference, seed=args.seed, k8s_nodes=args.k8s_nodes, choices=args.choices,
-        serving_endpoints=args.serving, training_jobs=args.training_jobs,
+        serving_endpoints=args.serving, training_jobs=args.training_jobs, cpu_notebooks=args.cpu_notebooks,
     )  # fmt: skip
     bootstrap = settings.kafka_bootstrap
     if args.publish and not bootstrap:
@@ -1405,6 +1405,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(burnwatch eval uses 20)")
     p.add_argument("--training-jobs", type=_count, default=0,
                    help="hosts whose jobs starve on their input or plateau, with look-alikes (burnwatch eval uses 6)")
+    p.add_argument("--cpu-notebooks", type=_count, default=0,
+                   help="notebooks without GPUs, their Jupyter activity in their usage, some left running overnight "
+                        "(burnwatch eval uses 4)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", default="-", help="replay file to write ('-' for stdout)")
     p.add_argument("--labels", help="write the ground-truth labels (JSON lines) here")
