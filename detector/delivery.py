@@ -418,12 +418,15 @@ class Outbox:
                 self._refused_again = self._refused_again or self.notifier.channel in self.notifier.refusing
                 continue
             self._delivered(group, channel, ts)
-            if channel and channel != to and len(self._channel_ids) < MAX_CHANNEL_IDS:
-                self._channel_ids[to] = channel
+            # The name it went to, known now: SLACK_CHANNEL's if its own refused it just now, its own if it took it
+            # again (``to`` was the other one then: Slack's answer is that one's id, not ``to``'s).
+            went = self.notifier.destination(alert, thread)
+            if channel and went != channel != self._channel_ids.get(went) and len(self._channel_ids) < MAX_CHANNEL_IDS:
+                self._channel_ids[went] = channel
                 for table in (self._throttled, self._paced):  # (kept by its id from now on)
-                    if to in table:
-                        table[channel] = max(table.pop(to), table.get(channel, 0.0))
-                to = channel
+                    if went in table:
+                        table[channel] = max(table.pop(went), table.get(channel, 0.0))
+            to = channel or to
             if self._paced.get(to, 0.0) > self._clock():  # (one a second, while Slack throttles the channel)
                 self._throttled[to] = self._clock() + 1.0
             METRICS.slack.labels("ok").inc()

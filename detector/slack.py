@@ -220,7 +220,7 @@ def _retry_after(exc: BaseException) -> float:
         wait = float(value[0] if isinstance(value, list) else value) if value is not None else 1.0
     except (TypeError, ValueError):
         wait = 1.0
-    return min(max(wait, 1.0), MAX_RETRY_AFTER_S) if math.isfinite(wait) else 1.0
+    return 1.0 if math.isnan(wait) else min(max(wait, 1.0), MAX_RETRY_AFTER_S)  # ("inf": longer than days)
 
 
 def _owner(alert: Alert, routing: Routing) -> str:
@@ -529,6 +529,10 @@ def _raise_if_throttled(channel: str, exc: BaseException) -> None:
                          retry_after_s=wait) from exc  # fmt: skip
 
 
+def _not_paced(channel: str, exc: BaseException) -> None:
+    """A post the outbox does not pace: its 429 (after slack-sdk's retries) is a retryable failure like any other."""
+
+
 def _retry_handlers(rate_limited: bool = True) -> list:
     """slack-sdk's retries: a 5xx and a lost connection twice, and a 429 twice after its Retry-After unless
     ``rate_limited`` is False (the alerts' posts: the outbox paces a throttled channel and posts the others'
@@ -592,7 +596,7 @@ class SlackNotifier:
         what people did about it: ``actions``)."""
         blocks = render_blocks(alert, actions, self.routing)
         return self._send(alert.channel, notification_text(alert), blocks, alert=alert, thread=thread,
-                          edit_parent=edit_parent)  # fmt: skip
+                          edit_parent=edit_parent, paced=True)  # fmt: skip
 
     def find_posted(self, alert_id: str, channel: str, limit: int = 200, thread_ts: str | None = None,
                     withdrawal: bool = False, correction: bool = False) -> tuple[str, str] | None:  # fmt: skip
@@ -768,11 +772,14 @@ class SlackNotifier:
     def post_group(self, alerts: list[Alert]) -> tuple[str, str]:
         """One message for several openings of one type and group (untagged resources of one account)."""
         head = alerts[0]
-        return self._send(head.channel, group_text(alerts), render_group(alerts))
+        return self._send(head.channel, group_text(alerts), render_group(alerts), paced=True)
 
     def _send(self, channel: str, text: str, blocks: list[dict[str, Any]], alert: Alert | None = None,
-              thread: tuple[str, str] | None = None, edit_parent: bool = True) -> tuple[str, str]:  # fmt: skip
-        """Every message leaves through here (``text`` already escaped by the caller)."""
+              thread: tuple[str, str] | None = None, edit_parent: bool = True,
+              paced: bool = False) -> tuple[str, str]:  # fmt: skip
+        """Every message leaves through here (``text`` already escaped by the caller). ``paced``: an alert's post, a
+        429 raised at once for the outbox to pace its channel (:func:`_raise_if_throttled`); the others (a digest, an
+        action's message) wait out a 429 in slack-sdk's retry, as edits do: nothing paces them."""
         blocks = _verbatim(blocks)
         try:
             if self._web is None:
@@ -789,8 +796,9 @@ class SlackNotifier:
                     )
                 self._took(self.channel)
                 return self.channel, ""
-            posts = self._posts
+            posts = self._posts if paced else self._web
             assert posts is not None
+            throttled = _raise_if_throttled if paced else _not_paced
             if alert is not None and alert.closes and thread is not None:
                 channel, parent_ts = thread
                 try:
@@ -798,7 +806,7 @@ class SlackNotifier:
                         channel=channel, thread_ts=parent_ts, text=text, blocks=_verbatim(render_resolution(alert))
                     )
                 except Exception as exc:
-                    _raise_if_throttled(channel, exc)
+                    throttled(channel, exc)
                     raise
                 if edit_parent:  # the reply is the delivery: a failed edit must not send it again
                     try:
@@ -810,7 +818,7 @@ class SlackNotifier:
             try:
                 response = posts.chat_postMessage(channel=channel, text=text, blocks=blocks)
             except Exception as exc:  # noqa: BLE001 - a routed channel that refuses: the default one instead
-                _raise_if_throttled(channel, exc)
+                throttled(channel, exc)
                 refused = self._refused_by(channel, exc)
                 if refused is None or channel == self.channel:
                     raise
@@ -824,7 +832,7 @@ class SlackNotifier:
                     response = posts.chat_postMessage(channel=self.channel, text=text,
                                                       blocks=_verbatim(fit([*blocks[:at], note, *blocks[at:]])))  # fmt: skip
                 except Exception as fallback:
-                    _raise_if_throttled(self.channel, fallback)
+                    throttled(self.channel, fallback)
                     self._refused_by(self.channel, fallback)
                     raise
                 self._took(self.channel)

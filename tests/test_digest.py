@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from detector.alerts import Alert
 from detector.charts.digest import digest_chart, digest_figure
 from detector.detectors import REGISTRY
 from detector.digest import DAY_S, Digest, build_digests, render_digest, send_due_digests
-from detector.slack import SlackNotifier
+from detector.slack import SlackError, SlackNotifier
 from detector.store import EventBatch
 from detector.store.remediation import ActionStep
 from detector.testing import LocalSlack
@@ -253,3 +254,24 @@ def test_a_day_read_back_on_a_machine_outside_utc_is_the_day_recorded():
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "TZ": "America/New_York"},
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert float(out.stdout.split()[-1]) == T0
+
+
+def test_a_429_to_one_channels_digest_does_not_lose_it(history):
+    """Slack answers 429 once to the second channel's digest of a day: slack-sdk waits its Retry-After and posts it
+    (the outbox paces only the alerts' posts). Raised instead, the day is recorded by the first channel's digest
+    and the second's is never posted."""
+    with LocalSlack() as slack:
+        notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+        assert send_due_digests(history.digests, notifier, watermark=T0 + 3 * HOUR) == []
+        post_digest = notifier.post_digest
+
+        def busy_second(d, *args):
+            if d.channel == "#oncall":
+                slack.fail_next(1, status=429, retry_after=1, method="chat.postMessage")
+            return post_digest(d, *args)
+
+        notifier.post_digest = busy_second  # type: ignore[method-assign]
+        with contextlib.suppress(SlackError):  # (the timer logs it and calls again, 15 s later)
+            send_due_digests(history.digests, notifier, watermark=T0 + DAY_S + 900)
+        send_due_digests(history.digests, notifier, watermark=T0 + DAY_S + 1800)
+        assert [p.body["channel"] for p in slack.calls("chat.postMessage")] == ["#ml-cost", "#oncall"]

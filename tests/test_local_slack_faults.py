@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -113,3 +114,51 @@ def test_a_throttled_channel_waits_and_the_other_channels_alerts_go_on(store):
         calls = [r for r in slack.calls("chat.postMessage") if r.body["channel"] == "#nlp-cost"]
         said = [("reply " if "thread_ts" in r.body else "") + r.text_of_blocks().split("alert `")[1][:2] for r in calls]
         assert said == ["n0", "n1", "n2", "reply n0"] or said == ["n0", "n1", "reply n0", "n2"], said
+
+
+class IdSlack(LocalSlack):
+    """Slack as it is: a post to a channel by name is answered with the channel's id."""
+
+    IDS = {"#ml-cost": "CML", "#nlp-cost": "CNLP", "#vision-cost": "CVIS"}
+
+    def _reply(self, method, body):
+        answer = json.loads(super()._reply(method, body))
+        if method == "chat.postMessage" and answer.get("ok"):
+            answer["channel"] = self.IDS.get(answer["channel"], answer["channel"])
+        return json.dumps(answer).encode()
+
+
+NOT_IN_CHANNEL = b'{"ok": false, "error": "not_in_channel"}'
+
+
+def test_a_fallback_post_does_not_map_the_routed_channel_to_slack_channels_id(store):
+    """A routed channel that refused the app has its opening posted to SLACK_CHANNEL (answered with SLACK_CHANNEL's
+    id); once invited, it takes posts again. A 429 to it then holds its own alerts only: SLACK_CHANNEL's, queued
+    behind, are posted in the same pass (the outbox had taken the fallback's answer for the routed channel's id,
+    and paced the two channels as one)."""
+    from detector.delivery import Outbox
+    from detector.slack import SlackNotifier
+    from tests.test_outbox_crash import idle
+
+    def routed(alert, channel):
+        return msgspec.structs.replace(alert, channel=channel)
+
+    with IdSlack() as slack:
+        notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=5)
+        outbox = Outbox(store, notifier, group_wait_s=0)
+        d0, d1 = (routed(idle(alert_id=f"d{i}"), "#ml-cost") for i in range(2))
+        n0, n1, n2 = (routed(idle(alert_id=f"n{i}"), "#nlp-cost") for i in range(3))
+        store.alerts.record([d0, d1, n0, n1, n2], version=1)
+        outbox.add([d0])
+        assert outbox.deliver_pending() == 1  # SLACK_CHANNEL's own: "#ml-cost" is CML
+        slack.fail_next(1, status=200, body=NOT_IN_CHANNEL, method="chat.postMessage")
+        outbox.add([n0])
+        assert outbox.deliver_pending() == 1  # posted to #ml-cost meanwhile, with a note
+        assert [r.body["channel"] for r in slack.calls("chat.postMessage")] == ["#ml-cost", "#ml-cost"]
+        outbox.add([n1])
+        assert outbox.deliver_pending() == 1  # the app invited: #nlp-cost takes it
+        assert slack.calls("chat.postMessage")[-1].body["channel"] == "#nlp-cost"
+        slack.fail_next(1, status=429, retry_after=30, method="chat.postMessage")
+        outbox.add([n2, d1])
+        assert outbox.deliver_pending() == 1  # n2 waits for #nlp-cost's Retry-After; d1 goes on
+        assert slack.calls("chat.postMessage")[-1].body["channel"] == "#ml-cost"

@@ -1065,3 +1065,20 @@ def test_openings_a_webhooks_archived_channel_refused_are_posted_once_it_takes_p
     outbox.deliver_pending()
     posted = [re.findall(r"alert `([^`]+)`", h.text_of_blocks()) for h in slack.calls("webhook")]
     assert posted == [["w2"], ["w1"]] and notifier.refusing == {}
+
+
+def test_an_infinite_retry_after_waits_the_longest(slack):
+    """A Retry-After past what a float holds ("inf", "1e999") asks for longer than days: five minutes, not one second."""
+    for header in ("inf", "1e999"):
+        slack.fail_next(1, status=429, retry_after=header)
+        with pytest.raises(SlackError) as info:
+            bot(slack).post(alert())
+        assert info.value.retry_after_s == 300.0, header
+
+
+def test_an_actions_message_posted_outside_a_thread_still_waits_out_a_429(slack):
+    """Only the alerts' posts are paced by the outbox: an action's message with no thread to reply in (posted
+    through the same path) keeps slack-sdk's retry after Retry-After, as before."""
+    slack.fail_next(1, status=429, retry_after=1, method="chat.postMessage")
+    channel, ts = bot(slack).post_action("#ml-cost", "stopping gpu-host-007", [])
+    assert channel == "#ml-cost" and ts and len(slack.calls("chat.postMessage")) == 1
