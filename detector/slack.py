@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
+import time
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -214,7 +216,11 @@ would hold its alerts back for good)."""
 def _retry_after(exc: BaseException) -> float:
     """Seconds a 429 asks to wait (its Retry-After header; 1 when absent or not a number), at most
     :data:`MAX_RETRY_AFTER_S`."""
-    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    return _retry_after_in(getattr(getattr(exc, "response", None), "headers", None) or {})
+
+
+def _retry_after_in(headers: Any) -> float:
+    """:func:`_retry_after` of a response's headers (slack-sdk's: a list of values a name, or one)."""
     try:
         value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), None)
         wait = float(value[0] if isinstance(value, list) else value) if value is not None else 1.0
@@ -533,12 +539,34 @@ def _not_paced(channel: str, exc: BaseException) -> None:
     """A post the outbox does not pace: its 429 (after slack-sdk's retries) is a retryable failure like any other."""
 
 
+MAX_IN_CALL_WAIT_S = 30.0
+"""The longest Retry-After a call waits out in itself (an edit, a look-up, a digest, a webhook's post): one asking
+more fails the call, retryable, and the delivery task's backoff takes it from there."""
+
+
+class _BoundedRateLimitRetry(RateLimitErrorRetryHandler):
+    """slack-sdk's retry after a 429, waiting what Retry-After says (a fraction read as one, not refused) only up to
+    :data:`MAX_IN_CALL_WAIT_S`: slack-sdk's own sleeps whatever it is told, a day included, on the delivery thread
+    every channel's alerts wait on, and fails the call on ``2.5``."""
+
+    def _can_retry(self, *, state: Any, request: Any, response: Any = None, error: Any = None) -> bool:
+        return (response is not None and response.status_code == 429
+                and _retry_after_in(response.headers) <= MAX_IN_CALL_WAIT_S)  # fmt: skip
+
+    def prepare_for_next_attempt(self, *, state: Any, request: Any, response: Any = None, error: Any = None) -> None:
+        if response is None:
+            raise error
+        state.next_attempt_requested = True
+        time.sleep(_retry_after_in(response.headers) + random.random())  # (slack-sdk's jitter)
+        state.increment_current_attempt()
+
+
 def _retry_handlers(rate_limited: bool = True) -> list:
-    """slack-sdk's retries: a 5xx and a lost connection twice, and a 429 twice after its Retry-After unless
-    ``rate_limited`` is False (the alerts' posts: the outbox paces a throttled channel and posts the others'
-    meanwhile, where waiting in the call would hold up every channel)."""
+    """slack-sdk's retries: a 5xx and a lost connection twice, and a 429 twice after its Retry-After (up to
+    :data:`MAX_IN_CALL_WAIT_S`) unless ``rate_limited`` is False (the alerts' posts: the outbox paces a throttled
+    channel and posts the others' meanwhile, where waiting in the call would hold up every channel)."""
     return [
-        *([RateLimitErrorRetryHandler(max_retry_count=2)] if rate_limited else []),
+        *([_BoundedRateLimitRetry(max_retry_count=2)] if rate_limited else []),
         ServerErrorRetryHandler(max_retry_count=2),
         ConnectionErrorRetryHandler(max_retry_count=2),
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import msgspec
 import pytest
@@ -1082,3 +1083,21 @@ def test_an_actions_message_posted_outside_a_thread_still_waits_out_a_429(slack)
     slack.fail_next(1, status=429, retry_after=1, method="chat.postMessage")
     channel, ts = bot(slack).post_action("#ml-cost", "stopping gpu-host-007", [])
     assert channel == "#ml-cost" and ts and len(slack.calls("chat.postMessage")) == 1
+
+
+@pytest.mark.parametrize(("header", "waits"), [("2.5", True), ("86400", False), ("31", False)])
+def test_an_edit_waits_out_a_short_retry_after_and_fails_a_long_one_at_once(slack, header, waits):
+    """slack-sdk's own retry slept whatever Retry-After said, a day included, on the delivery thread every channel's
+    alerts wait on, and failed on a fraction: an edit now waits up to 30 s in the call, and past it fails, retryable,
+    for the delivery task's backoff."""
+    notifier = bot(slack)
+    channel, ts = notifier.post(alert())
+    slack.fail_next(1, status=429, retry_after=header, method="chat.update")
+    started = time.monotonic()
+    if waits:
+        notifier.edit(alert(), (channel, ts))
+        assert len(slack.calls("chat.update")) == 1 and time.monotonic() - started >= 2.5
+    else:
+        with pytest.raises(SlackError) as info:
+            notifier.edit(alert(), (channel, ts))
+        assert info.value.retryable and time.monotonic() - started < 10
