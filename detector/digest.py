@@ -38,7 +38,7 @@ from detector.slack import code, escape
 from detector.store.digests import Digests
 from detector.units import epoch, money
 
-__all__ = ["TREND_DAYS", "Digest", "build_digests", "digest_text", "render_digest", "send_due_digests", "type_title"]
+__all__ = ["DAY_DONE", "TREND_DAYS", "Digest", "build_digests", "digest_text", "render_digest", "send_due_digests", "type_title"]
 
 TREND_DAYS = 14
 """Days the digest's chart shows, the digest's own the last."""
@@ -249,6 +249,12 @@ def offender_dollars(o: dict[str, Any]) -> str:
     return f"{billed} billed (the alert said so too)" if billed == said else f"{billed} billed (alert said {said})"
 
 
+DAY_DONE = "*"
+"""The channel recorded for a day whose digests are all posted (no Slack channel's name has a ``*``): a day some of
+whose channels' posts failed is taken up again at the next call, those already recorded left out. Stores written
+before it (days recorded by their channels alone, '' for none) are read as not done, their channels as posted."""
+
+
 def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: float = 600.0,
                      may_post: Callable[[], bool] = lambda: True) -> list[Digest]:  # fmt: skip
     """Post the digest of every finished day not yet sent: a day is finished once the
@@ -259,21 +265,22 @@ def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: f
         return []
     last = repo.last_day()
     if last is None:
-        repo.record(watermark - watermark % DAY_S - DAY_S, "", "")  # the day before the stream began
+        repo.record(watermark - watermark % DAY_S - DAY_S, DAY_DONE, "")  # the day before the stream began
         return []
     from detector.charts.digest import digest_chart
 
     sent: list[Digest] = []
-    day = last + DAY_S
+    posted = repo.channels(last)
+    day = last if DAY_DONE not in posted else last + DAY_S  # (a day some of whose channels' digests failed: the rest now)
     while day + DAY_S + settle_s <= watermark:
-        digests = build_digests(repo, day)
+        digests = [d for d in build_digests(repo, day) if d.channel not in posted]
         if digests and not may_post():  # (asked once a day: a day's channels are posted together, then recorded)
             return sent
         for d in digests:
             channel, ts = notifier.post_digest(d, render_digest(d), digest_chart(d) if d.by_type else None)
             repo.record(day, d.channel, ts)
             sent.append(d)
-        if not digests:
-            repo.record(day, "", "")  # nothing burned that day: remembered, not posted
+        repo.record(day, DAY_DONE, "")  # every channel's posted, or nothing burned that day
         day += DAY_S
+        posted = set()
     return sent

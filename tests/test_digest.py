@@ -275,3 +275,29 @@ def test_a_429_to_one_channels_digest_does_not_lose_it(history):
             send_due_digests(history.digests, notifier, watermark=T0 + DAY_S + 900)
         send_due_digests(history.digests, notifier, watermark=T0 + DAY_S + 1800)
         assert [p.body["channel"] for p in slack.calls("chat.postMessage")] == ["#ml-cost", "#oncall"]
+
+
+def test_a_channels_digest_that_failed_is_posted_at_the_next_call_and_none_twice(history):
+    """Slack answers 500 past slack-sdk's retries to the second channel's digest of a day: the call fails after
+    the first channel's was posted and recorded. The next call posts the second channel's, not the first's again,
+    and goes on to the next day. Before, the first channel's record made the day done: the second's was lost."""
+    with LocalSlack() as slack:
+        notifier = SlackNotifier(token="xoxb-test", channel="#ml-cost", base_url=slack.api_url, timeout=2)
+        assert send_due_digests(history.digests, notifier, watermark=T0 + 3 * HOUR) == []
+        post_digest = notifier.post_digest
+
+        def failing_second(d, *args):
+            if d.channel == "#oncall":
+                slack.fail_next(3, status=500, method="chat.postMessage")  # (slack-sdk tries three times)
+            return post_digest(d, *args)
+
+        notifier.post_digest = failing_second  # type: ignore[method-assign]
+        with pytest.raises(SlackError):
+            send_due_digests(history.digests, notifier, watermark=T0 + DAY_S + 900)
+        assert [p.body["channel"] for p in slack.calls("chat.postMessage")] == ["#ml-cost"]
+        notifier.post_digest = post_digest  # type: ignore[method-assign]
+        again = send_due_digests(history.digests, notifier, watermark=T0 + DAY_S + 1800)
+        assert [d.channel for d in again] == ["#oncall"]
+        assert [p.body["channel"] for p in slack.calls("chat.postMessage")] == ["#ml-cost", "#oncall"]
+        assert send_due_digests(history.digests, notifier, watermark=T0 + 2 * DAY_S + 1800) == []  # (nothing burned)
+        assert [p.body["channel"] for p in slack.calls("chat.postMessage")] == ["#ml-cost", "#oncall"]

@@ -36,6 +36,13 @@ class Digests:
         rows = self.conn.query(f"SELECT max(day) AS day, count() AS n FROM {self.conn.db}.digests")
         return epoch(rows[0]["day"]) if rows and rows[0]["n"] else None
 
+    def channels(self, day: float) -> set[str]:
+        """The channels the digest of the day starting at ``day`` was recorded as sent to ('' for ``SLACK_CHANNEL``;
+        :data:`detector.digest.DAY_DONE` among them once the day is done)."""
+        rows = self.conn.query(f"SELECT DISTINCT channel FROM {self.conn.db}.digests WHERE day = %(day)s",
+                               parameters={"day": int(day)})  # fmt: skip
+        return {str(row["channel"]) for row in rows}
+
     def record(self, day: float, channel: str, message_ts: str) -> None:
         """Record a day's digest as sent to ``channel`` ('' with no ts: nothing to post that day)."""
         self.conn.insert("digests", [[int(day), channel, message_ts]], column_names=["day", "channel", "message_ts"])
