@@ -35,7 +35,7 @@ from detector.detectors import REGISTRY
 from detector.events import DAY_S
 from detector.pricing import HOURS_PER_MONTH
 from detector.slack import code, escape
-from detector.store.digests import Digests
+from detector.store.digests import DAY_DONE, Digests
 from detector.units import epoch, money
 
 __all__ = ["DAY_DONE", "TREND_DAYS", "Digest", "build_digests", "digest_text", "render_digest", "send_due_digests", "type_title"]
@@ -247,12 +247,6 @@ def offender_dollars(o: dict[str, Any]) -> str:
         return money(o["usd"], exact=True)
     billed, said = money(o["billed_usd"], exact=True), money(o["usd"], exact=True)
     return f"{billed} billed (the alert said so too)" if billed == said else f"{billed} billed (alert said {said})"
-
-
-DAY_DONE = "*"
-"""The channel recorded for a day whose digests are all posted (no Slack channel's name has a ``*``): a day some of
-whose channels' posts failed is taken up again at the next call, those already recorded left out. Stores written
-before it (days recorded by their channels alone, '' for none) are read as not done, their channels as posted."""
 
 
 def send_due_digests(repo: Digests, notifier: Any, watermark: float, settle_s: float = 600.0,

@@ -8,7 +8,13 @@ from typing import Any
 from detector.store.connection import Connection
 from detector.units import epoch
 
-__all__ = ["Digests"]
+__all__ = ["DAY_DONE", "Digests"]
+
+DAY_DONE = "*"
+"""The channel recorded for a day whose digests are all posted (no Slack channel's name has a ``*``): a day some of
+whose channels' posts failed is taken up again at the next call (:func:`detector.digest.send_due_digests`), those
+already recorded left out. In a store written before it, '' with no message (nothing to post that day, or the day
+before the stream began) reads as it; a day's other records as its channels posted."""
 
 
 class Digests:
@@ -38,10 +44,13 @@ class Digests:
 
     def channels(self, day: float) -> set[str]:
         """The channels the digest of the day starting at ``day`` was recorded as sent to ('' for ``SLACK_CHANNEL``;
-        :data:`detector.digest.DAY_DONE` among them once the day is done)."""
-        rows = self.conn.query(f"SELECT DISTINCT channel FROM {self.conn.db}.digests WHERE day = %(day)s",
-                               parameters={"day": int(day)})  # fmt: skip
-        return {str(row["channel"]) for row in rows}
+        :data:`DAY_DONE` among them once the day is done)."""
+        rows = self.conn.query(f"SELECT DISTINCT channel, message_ts = '' AS bare FROM {self.conn.db}.digests "
+                               "WHERE day = %(day)s", parameters={"day": int(day)})  # fmt: skip
+        # (a store written before the mark: '' with no message is a day recorded done, as it read then; so does a
+        # webhook's digest of the default channel, which has no ts: a later channel's that failed is then not taken
+        # up again, as before)
+        return {DAY_DONE if row["channel"] == "" and row["bare"] else str(row["channel"]) for row in rows}
 
     def record(self, day: float, channel: str, message_ts: str) -> None:
         """Record a day's digest as sent to ``channel`` ('' with no ts: nothing to post that day)."""
