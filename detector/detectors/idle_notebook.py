@@ -61,9 +61,12 @@ from detector.detectors.base import Context, DetectorBase, Finding, Params, Reso
 from detector.detectors.episode import WITHDRAWN, Episode, advance, end
 from detector.detectors.scrape import Scrape
 from detector.events import Event, GpuMetric, UsageEvent
-from detector.units import Duration, format_duration
+from detector.units import Duration
 
 __all__ = ["ACTIVITY", "BUSY", "IdleNotebook", "IdleNotebookParams", "IdleNotebookState"]
+
+_Y2K = 946_684_800.0
+"""2000-01-01 UTC: a last activity before it is not a time a server saw (shown as none)."""
 
 ACTIVITY = "last_activity"
 """The ``UsageEvent.metrics`` name of the server's last activity, Unix seconds."""
@@ -120,15 +123,12 @@ class IdleNotebook(DetectorBase):
 
     @staticmethod
     def facts(details: dict[str, Any]) -> list[tuple[str, str]]:
-        facts = []
+        """The last activity as a time (how long it has been idle is the message's duration already); none for a
+        reading that is no time (Jupyter's are this century's: 0 or 1970 is a value never set)."""
         last = details.get("last_activity")
-        if isinstance(last, (int, float)) and not isinstance(last, bool) and math.isfinite(last) and 0 <= last < 1e11:
-            when = datetime.fromtimestamp(last, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-            facts.append(("Last activity", when))
-        idle = details.get("idle_s")
-        if isinstance(idle, (int, float)) and not isinstance(idle, bool):
-            facts.append(("Idle for", format_duration(idle)))
-        return facts
+        if isinstance(last, (int, float)) and not isinstance(last, bool) and math.isfinite(last) and _Y2K <= last < 1e11:
+            return [("Last activity", datetime.fromtimestamp(last, timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))]
+        return []
 
     def starts(self, ctx: Context, event: Event) -> bool:
         """A GPU sample (the notebook is ``idle_gpu``'s: remembered), or a running interval newer than
