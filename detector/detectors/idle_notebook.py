@@ -81,8 +81,6 @@ class IdleNotebookParams(Params):
 
 
 class IdleNotebookState(Episode, kw_only=True):
-    last_t: float = 0.0
-    """Start of the latest usage interval folded: a re-read one changes nothing."""
     counted_until: float = 0.0
     """End of the latest interval whose idle time was counted in the spell."""
     running_since: float = -math.inf
@@ -149,10 +147,9 @@ class IdleNotebook(DetectorBase):
     def step(self, state: IdleNotebookState, ctx: Context, event: Event, t: float) -> list[Finding]:
         resource = ctx.resource
         usage = type(event) is UsageEvent
-        if usage:
-            if t <= state.last_t:  # (before its instance type is read: an old interval of a type with GPUs is old news)
-                return self._late(state, resource, t, event)  # type: ignore[arg-type]
-            state.last_t = t
+        if usage and ctx.late:  # no newer than the key's newest interval; asked before its instance type is read,
+            # so that an interval of a type with GPUs read again after a resize does not end the spell
+            return self._late(state, resource, t, event)  # type: ignore[arg-type]
         if resource.gpus > 0:  # (what its instance type says is read again at every event)
             if usage and state.first_seen != math.inf:  # (a spell starts no earlier than after it, as after a stop)
                 state.running_since = max(state.running_since, t + event.interval_s)  # type: ignore[union-attr]
